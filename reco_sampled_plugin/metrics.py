@@ -1,0 +1,84 @@
+"""Single-relevant-item metrics M(r) (Krichene & Rendle, section 3.1, eq. 7-13).
+
+For one relevant item at 1-based rank ``r`` among ``n`` candidates (the relevant item included):
+
+===============  ==============================
+AUC              (n - r) / (n - 1)
+Precision@k      [r <= k] / k
+Recall@k, Hit@k  [r <= k]
+TP@k             [r <= k]          (|T| = 1, so min(k, |T|) = 1)
+AP@k, TAP@k      [r <= k] / r      (= RR@k)
+NDCG@k           [r <= k] / log2(r + 1)
+===============  ==============================
+
+Without ``@k`` the cut-off is ``n``. A sampled metric applies the same M to the sampled rank
+r~ in 1..m+1 with ``n = m + 1`` candidates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._checks import as_tensor, check_ranks_in_range
+from .metric_names import MetricSpec, parse_metric
+
+__all__ = ["metric_values", "metric_curve"]
+
+
+def _metric_from_float_ranks(spec: MetricSpec, r: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """M(r) on float64 ranks ``r`` and candidate counts ``n`` (broadcast), no validation."""
+    kind, k = spec.kind, spec.k
+    if kind == "auc":
+        return (n - r) / (n - 1)
+    inside = torch.ones_like(r, dtype=torch.bool) if k is None else (r <= k)
+    if kind == "precision":
+        value = torch.full_like(r, 1.0 / k)
+    elif kind in ("recall", "hit", "trunc_precision"):
+        value = torch.ones_like(r)
+    elif kind in ("ap", "trunc_ap", "rr"):
+        value = 1.0 / r
+    elif kind == "ndcg":
+        value = math.log(2.0) / torch.log1p(r)
+    else:  # pragma: no cover - MetricSpec validates kinds
+        raise ValueError(f"metric: unsupported kind {kind!r}")
+    return torch.where(inside, value, torch.zeros_like(value))
+
+
+def metric_values(metric: str | MetricSpec, ranks, n_items) -> torch.Tensor:
+    """M(r) for single-relevant-item ranks of any shape, as float64 on the ranks' device.
+
+    Args:
+        metric: a name such as ``"ndcg@10"``, ``"recall@10"``, ``"ap"``, ``"mrr"``, ``"auc"``.
+        ranks: 1-based ranks (int or float tensor, any shape; fractional ranks from
+            ``ties="average"`` are allowed).
+        n_items: number of candidates ``n`` (the relevant item included): an int or a tensor
+            broadcastable against ``ranks`` (per-instance candidate counts).
+
+    Raises:
+        ValueError: unknown metric, ranks outside 1..n, n < 1 (n < 2 for AUC), or a cut-off
+            ``k`` larger than the candidate list.
+    """
+    spec = parse_metric(metric)
+    r = as_tensor(ranks, "ranks")
+    n = as_tensor(n_items, "n_items", device=r.device)
+    if n.is_floating_point() and not bool((n == torch.round(n)).all()):
+        raise ValueError("n_items: must be whole numbers (the number of candidates)")
+    n = n.to(torch.float64)
+    r = r.to(torch.float64)
+    if n.numel() and bool((n < 1).any()):
+        raise ValueError(f"n_items: must be >= 1, got {n.min().item():g}")
+    if spec.kind == "auc" and n.numel() and bool((n < 2).any()):
+        raise ValueError("n_items: AUC needs at least 2 candidates")
+    if spec.k is not None and n.numel() and spec.k > float(n.max()):
+        raise ValueError(f"metric: k = {spec.k} is larger than the candidate list (n_items = {int(n.max())})")
+    check_ranks_in_range(r, n)
+    return _metric_from_float_ranks(spec, r, n)
+
+
+def metric_curve(metric: str | MetricSpec, n_items: int, device=None) -> torch.Tensor:
+    """The whole table M(1), ..., M(n) as a float64 vector of length ``n_items`` (index 0 is r = 1)."""
+    spec = parse_metric(metric)
+    r = torch.arange(1, n_items + 1, dtype=torch.float64, device=device)
+    return metric_values(spec, r, n_items)
