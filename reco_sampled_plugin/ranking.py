@@ -1,0 +1,369 @@
+"""Exact and sampled ranks of held-out relevant items, from a batch of scores (any device).
+
+Conventions: ranks are 1-based (1 = best); a higher score ranks higher. Positives and exclusions
+come as a (B, n) boolean mask or a (B, P) int64 index tensor padded with -1. Output ranks have the
+padded layout (B, P) (for a mask input: positives in ascending item order) with 0 in padded slots.
+
+Tie policies (for items with exactly equal scores):
+
+* ``"pessimistic"`` (default): tied items rank above the positive, rank = #{candidates with s >= s_p};
+* ``"optimistic"``: they rank below, rank = 1 + #{candidates with s > s_p};
+* ``"average"``: the mean of the two (float ranks, halves possible);
+* ``"random"``: a seeded uniformly random order of each tie group, consistent across the positives
+  of a row (two tied positives never share a rank).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ._checks import check_int, check_same_device
+from ._inputs import as_padded_index, check_scores
+from .counting import count_beating, count_tied_before, item_keys
+
+__all__ = ["TIES", "exact_ranks", "sampled_ranks", "candidate_counts", "SampledRanks"]
+
+TIES = ("pessimistic", "optimistic", "average", "random")
+
+
+def _check_ties(ties: str) -> str:
+    if ties not in TIES:
+        raise ValueError(f"ties: unknown policy {ties!r}; use one of {TIES}")
+    return ties
+
+
+def _row_seeds(batch: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    seeds = torch.randint(0, 2**31 - 1, (batch, 1), generator=generator, device=gen_device, dtype=torch.int64)
+    return seeds.to(device)
+
+
+def _gather_padded(scores: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    valid = idx >= 0
+    return scores.gather(1, idx.clamp(min=0)), valid
+
+
+def _removed_counts(
+    removed_scores: torch.Tensor,
+    removed_valid: torch.Tensor,
+    removed_idx: torch.Tensor,
+    pos_scores: torch.Tensor,
+    pos_idx: torch.Tensor,
+    inclusive: bool,
+) -> torch.Tensor:
+    """How many removed items (excluded, or other positives) beat each positive; never the positive itself."""
+    cmp = removed_scores.unsqueeze(1) >= pos_scores.unsqueeze(2) if inclusive else removed_scores.unsqueeze(1) > pos_scores.unsqueeze(2)
+    keep = removed_valid.unsqueeze(1) & (removed_idx.unsqueeze(1) != pos_idx.unsqueeze(2))
+    return (cmp & keep).sum(-1)
+
+
+def _removed_tied_before(
+    removed_scores, removed_valid, removed_idx, pos_scores, pos_idx, pos_keys, row_seed
+) -> torch.Tensor:
+    keys = item_keys(removed_idx.clamp(min=0), row_seed)
+    cmp = (removed_scores.unsqueeze(1) == pos_scores.unsqueeze(2)) & (keys.unsqueeze(1) < pos_keys.unsqueeze(2))
+    keep = removed_valid.unsqueeze(1) & (removed_idx.unsqueeze(1) != pos_idx.unsqueeze(2))
+    return (cmp & keep).sum(-1)
+
+
+def _prepare(scores, positives, exclude, check_finite):
+    scores = check_scores(scores, check_finite)
+    b, n = scores.shape
+    pos = as_padded_index(positives, n, b, "positives", scores.device)
+    exc = None
+    if exclude is not None:
+        exc = as_padded_index(exclude, n, b, "exclude", scores.device)
+        if pos.numel() and exc.numel():
+            clash = (pos.unsqueeze(2) == exc.unsqueeze(1)) & (pos.unsqueeze(2) >= 0)
+            if bool(clash.any()):
+                rows = clash.any(2).any(1)
+                raise ValueError(
+                    f"exclude: {int(rows.sum())} row(s) exclude one of their own positives "
+                    f"(first: row {int(rows.nonzero()[0, 0])}); a relevant item cannot also be excluded"
+                )
+    return scores, pos, exc
+
+
+def candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tensor | None, count_other_positives: bool = True) -> torch.Tensor:
+    """Candidates per row: n_items minus excluded items (minus the other positives when they do not compete).
+
+    ``positives`` and ``exclude`` are padded (B, P) index tensors (-1 padding).
+    """
+    n_exc = (exclude >= 0).sum(1) if exclude is not None else torch.zeros(positives.shape[0], dtype=torch.int64, device=positives.device)
+    n = n_items - n_exc
+    if not count_other_positives:
+        n = n - (positives >= 0).sum(1) + 1
+    return n
+
+
+def exact_ranks(
+    scores: torch.Tensor,
+    positives: torch.Tensor,
+    exclude: torch.Tensor | None = None,
+    ties: str = "pessimistic",
+    *,
+    count_other_positives: bool = True,
+    generator: torch.Generator | None = None,
+    check_finite: bool = True,
+) -> torch.Tensor:
+    """1-based rank of every positive among the non-excluded items of its row.
+
+    Args:
+        scores: (B, n) scores of every item for B users (any floating dtype and device).
+        positives: held-out relevant items: (B, n) bool mask, (B, P) int64 padded with -1, or (B,).
+        exclude: items to leave out of the ranking (training items), same forms; None for none.
+        ties: ``"pessimistic"`` (default), ``"optimistic"``, ``"average"`` or ``"random"``.
+        count_other_positives: True (default) ranks each positive among all candidates, the other
+            positives included (the ranking every full-list metric uses); False ranks it among the
+            irrelevant candidates only, the rank that sampled metrics estimate.
+        generator: seeds ``ties="random"``.
+        check_finite: raise on NaN or inf scores (one extra pass over ``scores``).
+
+    Returns:
+        (B, P) ranks in the positives' padded layout, 0 in padded slots; int64, or float64 for
+        ``ties="average"``.
+    """
+    _check_ties(ties)
+    scores, pos, exc = _prepare(scores, positives, exclude, check_finite)
+    pos_scores, pos_valid = _gather_padded(scores, pos)
+    removed = [exc] if exc is not None else []
+    if not count_other_positives:
+        removed.append(pos)
+    if removed:
+        rem_idx = torch.cat(removed, dim=1)
+        rem_scores, rem_valid = _gather_padded(scores, rem_idx)
+    # counts over the whole row, then subtract what removed items contributed
+    if ties in ("pessimistic", "average"):
+        ge = count_beating(scores, pos_scores, inclusive=True)  # includes the positive itself
+        if removed:
+            ge = ge - _removed_counts(rem_scores, rem_valid, rem_idx, pos_scores, pos, inclusive=True)
+    if ties in ("optimistic", "average", "random"):
+        gt = count_beating(scores, pos_scores, inclusive=False)
+        if removed:
+            gt = gt - _removed_counts(rem_scores, rem_valid, rem_idx, pos_scores, pos, inclusive=False)
+    if ties == "pessimistic":
+        ranks = ge
+    elif ties == "optimistic":
+        ranks = gt + 1
+    elif ties == "average":
+        ranks = (ge + gt + 1).to(torch.float64) / 2
+    else:
+        seeds = _row_seeds(scores.shape[0], generator, scores.device)
+        pos_keys = item_keys(pos.clamp(min=0), seeds)
+        tb = count_tied_before(scores, pos_scores, pos_keys, seeds)
+        if removed:
+            tb = tb - _removed_tied_before(rem_scores, rem_valid, rem_idx, pos_scores, pos, pos_keys, seeds)
+        ranks = gt + 1 + tb
+    return torch.where(pos_valid, ranks, torch.zeros_like(ranks))
+
+
+class SampledRanks(NamedTuple):
+    """Result of :func:`sampled_ranks`.
+
+    ranks: (B, P) sampled ranks r~ in 1..m+1 (0 in padded slots).
+    n_candidates: (B,) int64, n = the irrelevant items each draw could come from, plus the relevant
+        item itself (catalogue minus excluded items minus the row's positives, plus 1).
+    negatives: (B, P, m) int64 indices of the drawn irrelevant items (-1 in padded slots).
+    """
+
+    ranks: torch.Tensor
+    n_candidates: torch.Tensor
+    negatives: torch.Tensor
+
+
+def _forbidden_sorted(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int) -> torch.Tensor:
+    forb = pos if exc is None else torch.cat([pos, exc], dim=1)
+    forb = torch.where(forb >= 0, forb, torch.full_like(forb, n_items))  # padding sorts last
+    return torch.sort(forb, dim=1).values
+
+
+def _uniform_positions(n_allowed: torch.Tensor, shape: tuple[int, ...], generator, device) -> torch.Tensor:
+    """Uniform integers in [0, n_allowed[b]) of the given (B, ...) shape."""
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    u = torch.rand(shape, generator=generator, device=gen_device, dtype=torch.float64).to(device)
+    view = n_allowed.view((-1,) + (1,) * (len(shape) - 1)).to(torch.float64)
+    return torch.minimum((u * view).floor().to(torch.int64), view.to(torch.int64) - 1)
+
+
+def _position_to_item(positions: torch.Tensor, forb_sorted: torch.Tensor, n_items: int) -> torch.Tensor:
+    """Map the u-th allowed position to its item index, skipping the sorted forbidden items of the row."""
+    b = positions.shape[0]
+    q = forb_sorted.shape[1]
+    if q == 0:
+        return positions
+    # g_i = forb_i - i = allowed items below forbidden item i (non-decreasing); padding -> huge
+    g = forb_sorted - torch.arange(q, device=forb_sorted.device)
+    g = torch.where(forb_sorted < n_items, g, torch.full_like(g, torch.iinfo(torch.int64).max))
+    flat = positions.reshape(b, -1)
+    shift = torch.searchsorted(g.contiguous(), flat.contiguous(), right=True)
+    return (flat + shift).reshape(positions.shape)
+
+
+def _draw_uniform(pos, exc, n_items, m, replacement, generator, device) -> torch.Tensor:
+    b, p = pos.shape
+    forb = _forbidden_sorted(pos, exc, n_items)
+    n_allowed = n_items - (forb < n_items).sum(1)
+    if not replacement:
+        too_few = n_allowed < m
+        if bool(too_few.any()):
+            raise ValueError(
+                f"n_samples: m = {m} draws without replacement, but {int(too_few.sum())} row(s) have fewer "
+                f"irrelevant candidates (smallest: {int(n_allowed.min())})"
+            )
+    if bool((n_allowed < 1).any()):
+        raise ValueError("positives: some row has no irrelevant candidate left to sample from")
+    positions = _uniform_positions(n_allowed, (b, p, m), generator, device)
+    if not replacement:
+        positions = _make_distinct(positions, n_allowed, generator, device)
+    return _position_to_item(positions, forb, n_items)
+
+
+def _make_distinct(positions: torch.Tensor, n_allowed: torch.Tensor, generator, device) -> torch.Tensor:
+    """Resample duplicate draws within each (row, positive) until all m draws are distinct.
+
+    When m is a large fraction of the pool, a random permutation of the pool is used instead.
+    """
+    b, p, m = positions.shape
+    if 4 * m >= int(n_allowed.min()):
+        width = int(n_allowed.max())
+        gen_device = generator.device if generator is not None else torch.device("cpu")
+        keys = torch.rand((b, p, width), generator=generator, device=gen_device).to(device)
+        beyond = torch.arange(width, device=device).view(1, 1, -1) >= n_allowed.view(-1, 1, 1)
+        keys = keys.masked_fill(beyond, 2.0)
+        return torch.topk(keys, m, dim=2, largest=False).indices
+    for _ in range(1000):  # each round redraws only the duplicates: expected rounds are few
+        srt, order = torch.sort(positions, dim=2)
+        dup_sorted = torch.zeros_like(srt, dtype=torch.bool)
+        dup_sorted[..., 1:] = srt[..., 1:] == srt[..., :-1]
+        if not bool(dup_sorted.any()):
+            return positions
+        dup = torch.zeros_like(dup_sorted).scatter(2, order, dup_sorted)
+        fresh = _uniform_positions(n_allowed, (b, p, m), generator, device)
+        positions = torch.where(dup, fresh, positions)
+    raise RuntimeError("could not draw distinct samples; please report this")  # pragma: no cover
+
+
+def _draw_popularity(pos, exc, n_items, m, replacement, popularity, generator, device) -> torch.Tensor:
+    b, p = pos.shape
+    w = torch.as_tensor(popularity, device=device).to(torch.float64)
+    if w.shape != (n_items,):
+        raise ValueError(f"popularity: expected one weight per item, shape ({n_items},), got {tuple(w.shape)}")
+    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+        raise ValueError("popularity: weights must be finite and non-negative")
+    probs = w.unsqueeze(0).repeat(b, 1)
+    forb = pos if exc is None else torch.cat([pos, exc], dim=1)
+    rows = torch.arange(b, device=device).unsqueeze(1).expand_as(forb)
+    valid = forb >= 0
+    probs[rows[valid], forb[valid]] = 0.0
+    support = (probs > 0).sum(1)
+    need = m if not replacement else 1
+    if bool((support < need).any()):
+        raise ValueError(
+            f"popularity: {int((support < need).sum())} row(s) have fewer than {need} irrelevant items with positive weight"
+        )
+    gen_device = generator.device if generator is not None else torch.device("cpu")
+    if replacement:
+        draws = torch.multinomial(probs.to(gen_device), p * m, replacement=True, generator=generator)
+        return draws.to(device).view(b, p, m)
+    rep = probs.repeat_interleave(p, dim=0) if p > 0 else probs[:0]
+    draws = torch.multinomial(rep.to(gen_device), m, replacement=False, generator=generator)
+    return draws.to(device).view(b, p, m)
+
+
+def sampled_ranks(
+    scores: torch.Tensor,
+    positives: torch.Tensor,
+    n_samples: int | None = None,
+    exclude: torch.Tensor | None = None,
+    replacement: bool = True,
+    popularity: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    *,
+    negatives: torch.Tensor | None = None,
+    ties: str = "pessimistic",
+    check_finite: bool = True,
+) -> SampledRanks:
+    """Rank each positive against its own m sampled irrelevant items.
+
+    For every positive, m items are drawn from the row's irrelevant candidates (never a positive
+    of the row, never an excluded item): uniformly with replacement (the binomial law),
+    uniformly without replacement (hypergeometric), or proportionally to ``popularity``.
+    The sampled rank is r~ = 1 + #{drawn items scoring higher} (ties per ``ties``), in 1..m+1.
+
+    Args:
+        scores: (B, n) scores.
+        positives: (B, n) bool mask, (B, P) int64 padded with -1, or (B,).
+        n_samples: m, the number of irrelevant items per positive (inferred from ``negatives``).
+        exclude: items never drawn and never ranked (training items), same forms as positives.
+        replacement: draw with replacement (default) or without.
+        popularity: optional (n,) non-negative weights for popularity-weighted draws.
+        generator: a ``torch.Generator`` for reproducible draws (and random tie-breaking).
+        negatives: pre-drawn irrelevant items instead of drawing: (B, m) shared by the row's
+            positives (NCF-style files with 99 negatives per user) or (B, P, m).
+        ties: tie policy as in :func:`exact_ranks`.
+
+    Returns:
+        :class:`SampledRanks` (ranks, n_candidates, negatives).
+    """
+    _check_ties(ties)
+    scores, pos, exc = _prepare(scores, positives, exclude, check_finite)
+    b, n = scores.shape
+    p = pos.shape[1]
+    device = scores.device
+    if negatives is not None:
+        neg = torch.as_tensor(negatives)
+        check_same_device(scores=scores, negatives=neg)
+        if neg.is_floating_point() or neg.dtype == torch.bool:
+            raise ValueError(f"negatives: expected integer item indices, got dtype {neg.dtype}")
+        neg = neg.to(torch.int64)
+        if neg.dim() == 2:
+            if neg.shape[0] != b:
+                raise ValueError(f"negatives: expected shape ({b}, m) or ({b}, {p}, m), got {tuple(neg.shape)}")
+            neg = neg.unsqueeze(1).expand(b, p, neg.shape[1])
+        if neg.dim() != 3 or neg.shape[:2] != (b, p):
+            raise ValueError(f"negatives: expected shape ({b}, m) or ({b}, {p}, m), got {tuple(neg.shape)}")
+        if n_samples is not None and check_int(n_samples, "n_samples", 1) != neg.shape[2]:
+            raise ValueError(f"n_samples: {n_samples} disagrees with the {neg.shape[2]} negatives given per positive")
+        m = neg.shape[2]
+        if m < 1:
+            raise ValueError("negatives: need at least one negative per positive")
+        if bool((neg < 0).any()) or bool((neg >= n).any()):
+            raise ValueError(f"negatives: item indices must lie in 0..{n - 1}")
+        forb = pos if exc is None else torch.cat([pos, exc], dim=1)
+        hit = (neg.reshape(b, -1, 1) == forb.unsqueeze(1)) & (forb.unsqueeze(1) >= 0)
+        if bool(hit.any()):
+            rows = hit.any(2).any(1)
+            raise ValueError(
+                f"negatives: {int(rows.sum())} row(s) draw a positive or excluded item as a negative "
+                f"(first: row {int(rows.nonzero()[0, 0])})"
+            )
+    else:
+        if n_samples is None:
+            raise ValueError("n_samples: required unless negatives are given")
+        m = check_int(n_samples, "n_samples", minimum=1)
+        if popularity is not None:
+            neg = _draw_popularity(pos, exc, n, m, replacement, popularity, generator, device)
+        else:
+            neg = _draw_uniform(pos, exc, n, m, replacement, generator, device)
+    pos_scores, pos_valid = _gather_padded(scores, pos)
+    neg_scores = scores.gather(1, neg.reshape(b, -1)).reshape(b, p, m)
+    above = neg_scores > pos_scores.unsqueeze(2)
+    if ties == "optimistic":
+        ranks = above.sum(2) + 1
+    else:
+        tied = neg_scores == pos_scores.unsqueeze(2)
+        if ties == "pessimistic":
+            ranks = above.sum(2) + tied.sum(2) + 1
+        elif ties == "average":
+            ranks = (above.sum(2) + 1).to(torch.float64) + tied.sum(2).to(torch.float64) / 2
+        else:
+            seeds = _row_seeds(b, generator, device)
+            pos_keys = item_keys(pos.clamp(min=0), seeds)
+            neg_keys = item_keys(neg, seeds.unsqueeze(2))
+            ranks = above.sum(2) + (tied & (neg_keys < pos_keys.unsqueeze(2))).sum(2) + 1
+    ranks = torch.where(pos_valid, ranks, torch.zeros_like(ranks))
+    neg = torch.where(pos_valid.unsqueeze(2), neg, torch.full_like(neg, -1))
+    n_cand = candidate_counts(n, pos, exc, count_other_positives=False)
+    return SampledRanks(ranks, n_cand, neg)

@@ -1,0 +1,239 @@
+"""Per-user ranking metrics for users with one or more relevant items (recometrics' definitions).
+
+Given the exact 1-based ranks of a user's |T| relevant items among that user's ``n`` candidates
+(other relevant items competing, training items excluded), with r_(1) < r_(2) < ... sorted:
+
+============  =====================================================================
+P@k           hits@k / k                        (hits@k = #{i : r_i <= k})
+TP@k          hits@k / min(k, |T|)
+R@k           hits@k / |T|
+AP@k          (1 / |T|) * sum_{j : r_(j) <= k} j / r_(j)
+TAP@k         the same sum / min(k, |T|)
+NDCG@k        sum_{r_i <= k} g_i / log2(r_i + 1)  /  IDCG@k (gains g = 1, or graded relevance)
+Hit@k         [hits@k > 0]
+RR@k          1 / r_(1) if r_(1) <= k else 0
+ROC_AUC       sum_j (N - (r_(j) - j)) / (|T| N),    N = n - |T| irrelevant candidates
+PR_AUC        AP@n
+============  =====================================================================
+
+Without ``@k`` the cut-off is the user's ``n``. NaN rules (recometrics): a user without relevant
+items, or a single candidate, gets NaN everywhere; P@k, TP@k, R@k and Hit@k are NaN when the user has k or fewer
+candidates (they would not depend on the ranking); every metric but NDCG is NaN when the user
+has no irrelevant candidate left. NaN users are left out of means (:func:`mean_metrics` says how many).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable, Sequence
+
+import torch
+
+from ._checks import as_tensor
+from .metric_names import MetricSpec, parse_metric
+from .ranking import candidate_counts, exact_ranks
+
+__all__ = ["user_metric_values", "per_user_metrics", "mean_metrics", "DEFAULT_METRICS"]
+
+DEFAULT_METRICS = (
+    "precision@10",
+    "tp@10",
+    "recall@10",
+    "ap@10",
+    "tap@10",
+    "ndcg@10",
+    "hit@10",
+    "rr@10",
+    "auc",
+    "pr_auc",
+)
+
+
+class _SortedRanks:
+    """Ranks sorted per user with padding at +inf, and the derived quantities every metric shares."""
+
+    def __init__(self, ranks: torch.Tensor, n_candidates: torch.Tensor, relevance: torch.Tensor | None):
+        r = ranks.to(torch.float64)
+        valid = r > 0
+        r = torch.where(valid, r, torch.full_like(r, math.inf))
+        self.ranks, order = torch.sort(r, dim=1)
+        self.valid = torch.isfinite(self.ranks)
+        self.n_pos = valid.sum(1).to(torch.float64)
+        self.n = n_candidates.to(torch.float64)
+        p = r.shape[1]
+        self.position = torch.arange(1, p + 1, dtype=torch.float64, device=r.device).expand_as(self.ranks)
+        self.gain = None if relevance is None else relevance.to(torch.float64).gather(1, order).masked_fill(~self.valid, 0.0)
+
+    def cutoff(self, spec: MetricSpec) -> torch.Tensor:
+        return self.n if spec.k is None else torch.full_like(self.n, float(spec.k))
+
+
+def _values(spec: MetricSpec, s: _SortedRanks) -> torch.Tensor:
+    k = s.cutoff(spec)
+    inside = s.ranks <= k.unsqueeze(1)
+    hits = inside.sum(1).to(torch.float64)
+    t = s.n_pos
+    kind = spec.kind
+    if kind == "precision":
+        out = hits / k
+    elif kind == "trunc_precision":
+        out = hits / torch.minimum(k, t)
+    elif kind == "recall":
+        out = hits / t
+    elif kind == "hit":
+        out = (hits > 0).to(torch.float64)
+    elif kind in ("ap", "trunc_ap"):
+        prec_at_hit = torch.where(inside, s.position / s.ranks, torch.zeros_like(s.ranks))
+        total = prec_at_hit.sum(1)
+        out = total / (t if kind == "ap" else torch.minimum(k, t))
+    elif kind == "rr":
+        first = s.ranks[:, 0] if s.ranks.shape[1] else torch.full_like(t, math.inf)
+        out = torch.where(first <= k, 1.0 / first, torch.zeros_like(first))
+    elif kind == "ndcg":
+        discount = math.log(2.0) / torch.log1p(torch.where(s.valid, s.ranks, torch.ones_like(s.ranks)))
+        gain = torch.ones_like(s.ranks) if s.gain is None else s.gain
+        dcg = torch.where(inside, gain * discount, torch.zeros_like(discount)).sum(1)
+        ideal_gain = torch.where(s.valid, gain, torch.zeros_like(gain))
+        ideal_gain = torch.sort(ideal_gain, dim=1, descending=True).values
+        ideal_disc = math.log(2.0) / torch.log1p(s.position)
+        idcg = torch.where(s.position <= k.unsqueeze(1), ideal_gain * ideal_disc, torch.zeros_like(ideal_disc)).sum(1)
+        out = dcg / idcg
+        out = torch.where(idcg > 0, out, torch.full_like(out, math.nan))
+    elif kind == "auc":
+        n_neg = s.n - t
+        beaten = torch.where(s.valid, n_neg.unsqueeze(1) - (s.ranks - s.position), torch.zeros_like(s.ranks))
+        out = beaten.sum(1) / (t * n_neg)
+    else:  # pragma: no cover
+        raise ValueError(f"metric: unsupported kind {kind!r}")
+    nan = (t == 0) | (s.n <= 1)
+    if kind in ("precision", "trunc_precision", "recall", "hit"):
+        nan = nan | (s.n <= k)
+    if kind != "ndcg":
+        nan = nan | (s.n - t <= 0)
+    return torch.where(nan, torch.full_like(out, math.nan), out)
+
+
+def _check_rank_inputs(ranks, n_candidates, relevance):
+    r = as_tensor(ranks, "ranks")
+    if r.dim() == 1:
+        r = r.unsqueeze(1)
+    if r.dim() != 2:
+        raise ValueError(f"ranks: expected (users x positives) padded with 0, got shape {tuple(r.shape)}")
+    n = as_tensor(n_candidates, "n_candidates", device=r.device)
+    if n.dim() == 0:
+        n = n.expand(r.shape[0])
+    if n.shape != (r.shape[0],):
+        raise ValueError(f"n_candidates: expected shape ({r.shape[0]},), got {tuple(n.shape)}")
+    if r.numel() and (bool((r < 0).any()) or bool((r > n.unsqueeze(1)).any())):
+        raise ValueError("ranks: must lie in 1..n_candidates (0 marks padding)")
+    rel = None
+    if relevance is not None:
+        rel = as_tensor(relevance, "relevance", device=r.device)
+        if rel.dim() == 1:
+            rel = rel.unsqueeze(1)
+        if rel.shape != r.shape:
+            raise ValueError(f"relevance: expected the ranks' shape {tuple(r.shape)}, got {tuple(rel.shape)}")
+        if not bool(torch.isfinite(rel.to(torch.float64)).all()) or bool((rel < 0).any()):
+            raise ValueError("relevance: graded relevance must be finite and non-negative")
+    return r, n, rel
+
+
+def user_metric_values(metric: str | MetricSpec, ranks, n_candidates, relevance=None) -> torch.Tensor:
+    """One metric per user from the exact ranks of that user's relevant items.
+
+    Args:
+        metric: e.g. ``"ndcg@10"``, ``"ap@10"``, ``"auc"``, ``"pr_auc"``.
+        ranks: (B, P) 1-based exact ranks among the user's candidates, padded with 0
+            (as returned by :func:`exact_ranks` with ``count_other_positives=True``).
+        n_candidates: (B,) candidates per user (the catalogue minus excluded items).
+        relevance: optional (B, P) non-negative graded relevance for NDCG (binary otherwise).
+
+    Returns:
+        (B,) float64 values, NaN where the metric is undefined for that user (see module doc).
+    """
+    spec = parse_metric(metric)
+    r, n, rel = _check_rank_inputs(ranks, n_candidates, relevance)
+    return _values(spec, _SortedRanks(r, n, rel))
+
+
+def _expand(metrics: Iterable[str | MetricSpec], cumulative: bool) -> list[MetricSpec]:
+    specs = [parse_metric(m) for m in metrics]
+    if not cumulative:
+        return specs
+    out: list[MetricSpec] = []
+    for spec in specs:
+        if spec.k is None:
+            out.append(spec)
+        else:
+            out.extend(MetricSpec(spec.kind, k) for k in range(1, spec.k + 1))
+    return out
+
+
+def per_user_metrics(
+    scores: torch.Tensor,
+    positives: torch.Tensor,
+    metrics: Sequence[str | MetricSpec] = DEFAULT_METRICS,
+    exclude: torch.Tensor | None = None,
+    relevance: torch.Tensor | None = None,
+    ties: str = "pessimistic",
+    *,
+    cumulative: bool = False,
+    as_frame: bool = True,
+    generator: torch.Generator | None = None,
+    check_finite: bool = True,
+):
+    """Per-user metrics straight from a score batch, like recometrics' ``calc_reco_metrics(as_df=True)``.
+
+    Args:
+        scores: (B, n) scores.
+        positives: relevant items, (B, n) bool mask or (B, P) int64 padded with -1.
+        metrics: metric names; default: the ten of the catalogue at k = 10.
+        exclude: training items to leave out of the ranking.
+        relevance: graded relevance for NDCG: (B, n) dense values read at the positives, or (B, P)
+            aligned with padded index positives.
+        ties: tie policy of :func:`exact_ranks`.
+        cumulative: expand every ``metric@k`` into ``metric@1 .. metric@k``.
+        as_frame: return a pandas DataFrame (recometrics column names, e.g. ``NDCG@10``, ``ROC_AUC``);
+            False returns a dict of (B,) float64 tensors keyed the same way.
+    """
+    specs = _expand(metrics, cumulative)
+    ranks = exact_ranks(scores, positives, exclude, ties, generator=generator, check_finite=check_finite)
+    from ._inputs import as_padded_index
+
+    b, n = scores.shape
+    pos = as_padded_index(positives, n, b, "positives", scores.device)
+    exc = None if exclude is None else as_padded_index(exclude, n, b, "exclude", scores.device)
+    n_cand = candidate_counts(n, pos, exc)
+    rel = None
+    if relevance is not None:
+        rel = torch.as_tensor(relevance, device=scores.device)
+        if rel.shape == (b, n):
+            rel = rel.gather(1, pos.clamp(min=0)).masked_fill(pos < 0, 0)
+    for spec in specs:
+        if spec.k is not None and spec.k > n:
+            raise ValueError(f"metrics: k = {spec.k} in {str(spec)!r} is larger than the candidate list ({n} items)")
+    r, n_cand, rel = _check_rank_inputs(ranks, n_cand, rel)
+    sorted_ranks = _SortedRanks(r, n_cand, rel)
+    result = {spec.column: _values(spec, sorted_ranks) for spec in specs}
+    if not as_frame:
+        return result
+    try:
+        import pandas as pd
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("per_user_metrics(as_frame=True) needs pandas: pip install 'reco-sampled-plugin[pandas]'") from exc
+    return pd.DataFrame({name: v.detach().cpu().numpy() for name, v in result.items()})
+
+
+def mean_metrics(values) -> dict[str, tuple[float, int, int]]:
+    """Mean of each metric over users with a defined value: {name: (mean, n_used, n_nan)}.
+
+    ``values`` is a DataFrame or dict of per-user values from :func:`per_user_metrics`.
+    """
+    out = {}
+    items = values.items() if isinstance(values, dict) else ((c, values[c]) for c in values.columns)
+    for name, v in items:
+        t = torch.as_tensor(v if isinstance(v, torch.Tensor) else v.to_numpy(), dtype=torch.float64)
+        ok = ~torch.isnan(t)
+        used = int(ok.sum())
+        out[name] = (float(t[ok].mean()) if used else math.nan, used, int(t.numel() - used))
+    return out
