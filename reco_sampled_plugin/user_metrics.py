@@ -232,7 +232,7 @@ def mean_metrics(values) -> dict[str, tuple[float, int, int]]:
     out = {}
     items = values.items() if isinstance(values, dict) else ((c, values[c]) for c in values.columns)
     for name, v in items:
-        t = torch.as_tensor(v if isinstance(v, torch.Tensor) else v.to_numpy(), dtype=torch.float64)
+        t = v.to(torch.float64) if isinstance(v, torch.Tensor) else torch.tensor(v.to_numpy(dtype="float64", copy=True))
         ok = ~torch.isnan(t)
         used = int(ok.sum())
         out[name] = (float(t[ok].mean()) if used else math.nan, used, int(t.numel() - used))

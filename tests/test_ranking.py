@@ -1,0 +1,228 @@
+"""Exact and sampled ranks against brute force, laws, and invariants."""
+
+import numpy as np
+import pytest
+import scipy.stats as st
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+
+from reco_sampled_plugin import exact_ranks, sampled_ranks
+from reco_sampled_plugin import counting
+
+
+def brute_ranks(scores, pos, exc, ties, count_other=True):
+    """Rank by sorting each row in Python: the oracle."""
+    out = np.zeros(pos.shape, dtype=float)
+    for b in range(scores.shape[0]):
+        excluded = set(int(e) for e in exc[b] if e >= 0) if exc is not None else set()
+        positives = [int(p) for p in pos[b] if p >= 0]
+        for j, p in enumerate(pos[b]):
+            if p < 0:
+                continue
+            others = [i for i in range(scores.shape[1]) if i not in excluded and i != p]
+            if not count_other:
+                others = [i for i in others if i not in positives]
+            s = scores[b]
+            gt = sum(s[i] > s[p] for i in others)
+            eq = sum(s[i] == s[p] for i in others)
+            out[b, j] = {"pessimistic": 1 + gt + eq, "optimistic": 1 + gt, "average": 1 + gt + eq / 2}[ties]
+    return out
+
+
+def random_problem(rng, b=7, n=30, p=4, e=5, levels=None):
+    scores = rng.standard_normal((b, n)) if levels is None else rng.integers(0, levels, (b, n)).astype(float)
+    pos = np.full((b, p), -1)
+    exc = np.full((b, e), -1)
+    for i in range(b):
+        items = rng.permutation(n)
+        k = rng.integers(1, p + 1)
+        pos[i, :k] = items[:k]
+        q = rng.integers(0, e + 1)
+        exc[i, :q] = items[k : k + q]
+    return scores, pos, exc
+
+
+@pytest.mark.parametrize("ties", ["pessimistic", "optimistic", "average"])
+@pytest.mark.parametrize("levels", [None, 3])
+@pytest.mark.parametrize("count_other", [True, False])
+def test_exact_ranks_match_brute_force(ties, levels, count_other):
+    rng = np.random.default_rng(1)
+    scores, pos, exc = random_problem(rng, levels=levels)
+    got = exact_ranks(torch.tensor(scores), torch.tensor(pos), torch.tensor(exc), ties, count_other_positives=count_other)
+    np.testing.assert_array_equal(got.numpy(), brute_ranks(scores, pos, exc, ties, count_other))
+
+
+def test_mask_and_index_inputs_agree():
+    rng = np.random.default_rng(2)
+    scores, pos, exc = random_problem(rng)
+    s = torch.tensor(scores)
+    pos_mask = torch.zeros(s.shape, dtype=torch.bool)
+    exc_mask = torch.zeros(s.shape, dtype=torch.bool)
+    for b in range(s.shape[0]):
+        pos_mask[b, pos[b][pos[b] >= 0]] = True
+        exc_mask[b, exc[b][exc[b] >= 0]] = True
+    by_mask = exact_ranks(s, pos_mask, exc_mask)
+    by_index = exact_ranks(s, torch.tensor(pos), torch.tensor(exc))
+    # mask layout lists positives in ascending item order
+    for b in range(s.shape[0]):
+        want = sorted(zip(pos[b][pos[b] >= 0], by_index[b][pos[b] >= 0].tolist()))
+        assert by_mask[b][: len(want)].tolist() == [r for _, r in want]
+
+
+def test_random_ties_are_a_permutation_within_tie_groups(gen):
+    # every item tied: ranks of the positives must be distinct, uniform over 1..n_candidates
+    n, reps = 8, 4000
+    scores = torch.zeros(reps, n)
+    pos = torch.tensor([[0, 3]]).repeat(reps, 1)
+    exc = torch.tensor([[5]]).repeat(reps, 1)
+    r = exact_ranks(scores, pos, exc, "random", generator=gen)
+    assert (r[:, 0] != r[:, 1]).all()
+    counts = torch.bincount(r[:, 0])[1:].numpy()
+    assert counts.shape == (n - 1,)  # 7 candidates: ranks 1..7, each reached
+    chi2 = st.chisquare(counts)
+    assert chi2.pvalue > 1e-3
+    # reproducible from the generator
+    r2 = exact_ranks(scores, pos, exc, "random", generator=torch.Generator().manual_seed(12345))
+    assert torch.equal(r, r2)
+
+
+def test_compiled_and_eager_counts_agree():
+    torch.manual_seed(0)
+    scores = torch.randn(64, 20_000)
+    scores[:, :50] = 0.0  # ties
+    pos = torch.randint(0, 20_000, (64, 5))
+    pos[:, 0] = 3
+    ref = torch.gather(scores, 1, pos)
+    counting.set_backend("eager")
+    try:
+        eager = [counting.count_beating(scores, ref, inc) for inc in (False, True)]
+        seeds = torch.arange(64).unsqueeze(1)
+        keys = counting.item_keys(pos, seeds)
+        eager_tb = counting.count_tied_before(scores, ref, keys, seeds)
+        counting.set_backend("compiled")
+        compiled = [counting.count_beating(scores, ref, inc) for inc in (False, True)]
+        compiled_tb = counting.count_tied_before(scores, ref, keys, seeds)
+    finally:
+        counting.set_backend("auto")
+    for a, b in zip(eager, compiled):
+        assert torch.equal(a, b)
+    assert torch.equal(eager_tb, compiled_tb)
+    assert (eager_tb[:, 0] > 0).any()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=hs.integers(0, 10_000), levels=hs.sampled_from([None, 2, 5]), ties=hs.sampled_from(["pessimistic", "optimistic", "average"]))
+def test_rank_invariants(seed, levels, ties):
+    rng = np.random.default_rng(seed)
+    scores, pos, exc = random_problem(rng, b=3, n=12, levels=levels)
+    s, p, e = torch.tensor(scores), torch.tensor(pos), torch.tensor(exc)
+    base = exact_ranks(s, p, e, ties)
+    # permuting the items (and relabelling indices) leaves ranks unchanged
+    perm = torch.tensor(rng.permutation(s.shape[1]))
+    inv = torch.argsort(perm)
+    relabel = lambda idx: torch.where(idx >= 0, inv[idx.clamp(min=0)], idx)  # noqa: E731
+    assert torch.equal(exact_ranks(s[:, perm], relabel(p), relabel(e), ties), base)
+    # excluded items never count: changing their scores changes nothing
+    s2 = s.clone()
+    for b in range(s.shape[0]):
+        idx = e[b][e[b] >= 0]
+        s2[b, idx] = torch.tensor(rng.standard_normal(len(idx)) * 100)
+    assert torch.equal(exact_ranks(s2, p, e, ties), base)
+    # raising a positive's score never worsens its rank
+    s3 = s.clone()
+    s3[0, p[0, 0]] += 0.5
+    assert exact_ranks(s3, p, e, ties)[0, 0] <= base[0, 0]
+    # ranks lie in 1..n_candidates
+    valid = p >= 0
+    n_cand = s.shape[1] - (e >= 0).sum(1, keepdim=True)
+    assert ((base[valid] >= 1).all()) and (base <= n_cand).all()
+
+
+@pytest.mark.parametrize("replacement,law", [(True, "binomial"), (False, "hypergeometric")])
+def test_sampled_rank_histogram_follows_the_law(replacement, law, gen):
+    # one positive per row at a known exact rank among the irrelevant candidates
+    n_items, m, users = 60, 10, 20_000
+    scores = torch.arange(n_items, 0, -1, dtype=torch.float64).repeat(users, 1)  # item i has rank i + 1
+    pos = torch.full((users, 1), 20)  # exact rank 21 among all
+    exc = torch.tensor([[0, 59]]).repeat(users, 1)  # excluded: one above, one below
+    res = sampled_ranks(scores, pos, m, exc, replacement=replacement, generator=gen)
+    n = int(res.n_candidates[0])
+    assert n == n_items - 2 and (res.n_candidates == n).all()
+    r_exact = 20  # 19 non-excluded items above it
+    observed = torch.bincount(res.ranks[:, 0], minlength=m + 2)[1:].numpy()
+    j = np.arange(m + 1)
+    probs = st.binom(m, (r_exact - 1) / (n - 1)).pmf(j) if law == "binomial" else st.hypergeom(n - 1, r_exact - 1, m).pmf(j)
+    expected = probs * users
+    keep = expected > 5
+    obs = np.append(observed[keep], observed[~keep].sum())
+    exp = np.append(expected[keep], expected[~keep].sum())
+    assert st.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3
+    # negatives never hit positives or excluded items; without replacement they are distinct
+    neg = res.negatives[:, 0, :]
+    assert not torch.isin(neg, torch.tensor([0, 20, 59])).any()
+    if not replacement:
+        assert (torch.sort(neg, 1).values.diff(dim=1) > 0).all()
+
+
+def test_sampled_auc_unbiased_by_simulation(gen):
+    n_items, m, users = 200, 20, 5000
+    torch.manual_seed(3)
+    scores = torch.randn(users, n_items, dtype=torch.float64)
+    pos = torch.randint(0, n_items, (users, 1))
+    r = exact_ranks(scores, pos)[:, 0].double()
+    exact_auc = ((n_items - r) / (n_items - 1)).mean()
+    res = sampled_ranks(scores, pos, m, generator=gen)
+    sampled_auc = (m + 1 - res.ranks[:, 0].double()) / m
+    se = sampled_auc.std() / users**0.5
+    assert abs(float(sampled_auc.mean() - exact_auc)) < 4 * float(se)
+
+
+def test_popularity_sampling_follows_weights(gen):
+    n_items, users, m = 6, 20_000, 3
+    scores = torch.randn(users, n_items)
+    pos = torch.zeros(users, 1, dtype=torch.int64)
+    w = torch.tensor([5.0, 1.0, 2.0, 3.0, 0.0, 4.0])
+    res = sampled_ranks(scores, pos, m, popularity=w, generator=gen)
+    counts = torch.bincount(res.negatives.reshape(-1), minlength=n_items).double()
+    assert counts[0] == 0 and counts[4] == 0
+    expected = w[1:].clone(); expected[3] = 0
+    freq = counts[1:] / counts.sum()
+    np.testing.assert_allclose(freq.numpy(), (expected / expected.sum()).numpy(), atol=0.01)
+    res2 = sampled_ranks(scores, pos, 3, popularity=w, replacement=False, generator=gen)
+    assert (torch.sort(res2.negatives[:, 0], 1).values.diff(dim=1) > 0).all()
+
+
+def test_predrawn_negatives_ncf_style():
+    scores = torch.tensor([[0.1, 0.9, 0.5, 0.3, 0.7], [0.5, 0.4, 0.3, 0.2, 0.1]])
+    pos = torch.tensor([0, 4])
+    neg = torch.tensor([[1, 2, 3], [0, 1, 2]])
+    res = sampled_ranks(scores, pos, negatives=neg)
+    assert res.ranks[:, 0].tolist() == [4, 4]
+    assert res.n_candidates.tolist() == [5, 5]
+    with pytest.raises(ValueError, match="negatives"):
+        sampled_ranks(scores, pos, negatives=torch.tensor([[0, 2, 3], [0, 1, 2]]))
+
+
+def test_bad_input_errors_name_the_argument():
+    s = torch.randn(3, 10)
+    with pytest.raises(ValueError, match="scores: NaN or inf in 1 of 3 rows"):
+        bad = s.clone(); bad[1, 2] = float("nan")
+        exact_ranks(bad, torch.tensor([0, 1, 2]))
+    with pytest.raises(ValueError, match="scores"):
+        exact_ranks(torch.randn(10), torch.tensor([0]))
+    with pytest.raises(ValueError, match="positives"):
+        exact_ranks(s, torch.tensor([0, 1, 10]))
+    with pytest.raises(ValueError, match="positives"):
+        exact_ranks(s, torch.tensor([[0, 0], [1, -1], [2, -1]]))
+    with pytest.raises(ValueError, match="exclude"):
+        exact_ranks(s, torch.tensor([0, 1, 2]), exclude=torch.tensor([[0], [5], [6]]))
+    with pytest.raises(ValueError, match="ties"):
+        exact_ranks(s, torch.tensor([0, 1, 2]), ties="first")
+    with pytest.raises(ValueError, match="n_samples"):
+        sampled_ranks(s, torch.tensor([0, 1, 2]), 10, replacement=False)
+    with pytest.raises(ValueError, match="positives"):
+        exact_ranks(s, torch.zeros(3, 9, dtype=torch.bool))
+    if torch.cuda.is_available():  # pragma: no cover - exercised on GPU machines
+        with pytest.raises(ValueError, match="devices"):
+            exact_ranks(s.cuda(), torch.tensor([0, 1, 2]))
