@@ -64,7 +64,13 @@ def check_scores(scores, check_finite: bool = True) -> torch.Tensor:
     if not scores.is_floating_point():
         raise ValueError(f"scores: expected a floating dtype, got {scores.dtype}")
     if check_finite and scores.numel():
-        bad_rows = (~torch.isfinite(scores)).any(1)
+        # a row sum is NaN or inf whenever the row holds a NaN or an inf: one fast vectorised
+        # reduction; rows it flags (possibly by overflow alone) are then checked element-wise
+        flagged = ~torch.isfinite(scores.sum(1))
+        if not bool(flagged.any()):
+            return scores
+        bad_rows = torch.zeros_like(flagged)
+        bad_rows[flagged] = (~torch.isfinite(scores[flagged])).any(1)
         if bool(bad_rows.any()):
             raise ValueError(
                 f"scores: NaN or inf in {int(bad_rows.sum())} of {scores.shape[0]} rows "

@@ -226,3 +226,14 @@ def test_bad_input_errors_name_the_argument():
     if torch.cuda.is_available():  # pragma: no cover - exercised on GPU machines
         with pytest.raises(ValueError, match="devices"):
             exact_ranks(s.cuda(), torch.tensor([0, 1, 2]))
+
+
+def test_finite_check_catches_inf_and_ignores_overflowing_sums():
+    big = torch.full((2, 4), 3e38, dtype=torch.float32)  # row sums overflow, values are finite
+    assert exact_ranks(big, torch.tensor([0, 1])).tolist() == [[4], [4]]
+    for bad_value in (float("inf"), float("-inf"), float("nan")):
+        s = torch.randn(5, 6)
+        s[3, 1] = bad_value
+        s[4, 0] = bad_value
+        with pytest.raises(ValueError, match="NaN or inf in 2 of 5 rows"):
+            exact_ranks(s, torch.tensor([0, 1, 2, 3, 4]))
