@@ -35,10 +35,10 @@ __all__ = [
     "load_ml100k",
 ]
 
-_USER_NAMES = {"user", "user_id", "userid", "uid", "u", "users"}
-_ITEM_NAMES = {"item", "item_id", "itemid", "iid", "i", "movie", "movie_id", "movieid", "items"}
-_RATING_NAMES = {"rating", "ratings", "score", "value", "r", "label"}
-_TIME_NAMES = {"timestamp", "time", "ts", "t", "date", "datetime"}
+_USER_NAMES = {"user", "user_id", "userid", "uid", "users"}
+_ITEM_NAMES = {"item", "item_id", "itemid", "iid", "movie", "movie_id", "movieid", "items"}
+_RATING_NAMES = {"rating", "ratings", "score", "value", "label"}
+_TIME_NAMES = {"timestamp", "time", "ts", "date", "datetime"}
 _KNOWN_NAMES = _USER_NAMES | _ITEM_NAMES | _RATING_NAMES | _TIME_NAMES
 _SEPARATORS = ("\t", "::", ",", ";")
 
