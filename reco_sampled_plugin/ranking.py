@@ -221,18 +221,23 @@ def _draw_uniform(pos, exc, n_items, m, replacement, generator, device) -> torch
 
 
 def _make_distinct(positions: torch.Tensor, n_allowed: torch.Tensor, generator, device) -> torch.Tensor:
-    """Resample duplicate draws within each (row, positive) until all m draws are distinct.
+    """Make the m draws of each (row, positive) distinct: uniform draws without replacement.
 
-    When m is a large fraction of the pool, a random permutation of the pool is used instead.
+    Rows whose pool is small (n_allowed <= 4m) take the m smallest of random keys over the pool
+    (memory B x P x 4m at most); the others redraw duplicates until none are left (few rounds,
+    since duplicates are rare there).
     """
     b, p, m = positions.shape
-    if 4 * m >= int(n_allowed.min()):
-        width = int(n_allowed.max())
+    small = n_allowed <= 4 * m
+    if bool(small.any()):
+        rows = small.nonzero().squeeze(1)
+        width = int(n_allowed[rows].max())
         gen_device = generator.device if generator is not None else torch.device("cpu")
-        keys = torch.rand((b, p, width), generator=generator, device=gen_device).to(device)
-        beyond = torch.arange(width, device=device).view(1, 1, -1) >= n_allowed.view(-1, 1, 1)
+        keys = torch.rand((rows.numel(), p, width), generator=generator, device=gen_device).to(device)
+        beyond = torch.arange(width, device=device).view(1, 1, -1) >= n_allowed[rows].view(-1, 1, 1)
         keys = keys.masked_fill(beyond, 2.0)
-        return torch.topk(keys, m, dim=2, largest=False).indices
+        positions = positions.clone()
+        positions[rows] = torch.topk(keys, m, dim=2, largest=False).indices
     for _ in range(1000):  # each round redraws only the duplicates: expected rounds are few
         srt, order = torch.sort(positions, dim=2)
         dup_sorted = torch.zeros_like(srt, dtype=torch.bool)
@@ -245,31 +250,45 @@ def _make_distinct(positions: torch.Tensor, n_allowed: torch.Tensor, generator, 
     raise RuntimeError("could not draw distinct samples; please report this")  # pragma: no cover
 
 
+# elements of the (rows x n) probability block built for popularity draws
+_POPULARITY_BLOCK = 1 << 24
+
+
 def _draw_popularity(pos, exc, n_items, m, replacement, popularity, generator, device) -> torch.Tensor:
+    """Draw m items per positive with probability proportional to ``popularity`` among the allowed
+    items, in blocks of rows so memory stays bounded for catalogues in the millions."""
     b, p = pos.shape
     w = torch.as_tensor(popularity, device=device).to(torch.float64)
     if w.shape != (n_items,):
         raise ValueError(f"popularity: expected one weight per item, shape ({n_items},), got {tuple(w.shape)}")
     if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
         raise ValueError("popularity: weights must be finite and non-negative")
-    probs = w.unsqueeze(0).repeat(b, 1)
     forb = pos if exc is None else torch.cat([pos, exc], dim=1)
-    rows = torch.arange(b, device=device).unsqueeze(1).expand_as(forb)
-    valid = forb >= 0
-    probs[rows[valid], forb[valid]] = 0.0
-    support = (probs > 0).sum(1)
-    need = m if not replacement else 1
-    if bool((support < need).any()):
-        raise ValueError(
-            f"popularity: {int((support < need).sum())} row(s) have fewer than {need} irrelevant items with positive weight"
-        )
     gen_device = generator.device if generator is not None else torch.device("cpu")
-    if replacement:
-        draws = torch.multinomial(probs.to(gen_device), p * m, replacement=True, generator=generator)
-        return draws.to(device).view(b, p, m)
-    rep = probs.repeat_interleave(p, dim=0) if p > 0 else probs[:0]
-    draws = torch.multinomial(rep.to(gen_device), m, replacement=False, generator=generator)
-    return draws.to(device).view(b, p, m)
+    out = torch.empty((b, p, m), dtype=torch.int64, device=device)
+    reps = 1 if replacement else max(p, 1)
+    block = max(1, _POPULARITY_BLOCK // (n_items * reps))
+    need = m if not replacement else 1
+    for start in range(0, b, block):  # row blocks bound memory; each block is vectorised
+        sl = slice(start, min(start + block, b))
+        f = forb[sl]
+        probs = w.unsqueeze(0).repeat(f.shape[0], 1)
+        rows = torch.arange(f.shape[0], device=device).unsqueeze(1).expand_as(f)
+        valid = f >= 0
+        probs[rows[valid], f[valid]] = 0.0
+        short = (probs > 0).sum(1) < need
+        if bool(short.any()):
+            raise ValueError(
+                f"popularity: {int(short.sum())} row(s) have fewer than {need} irrelevant items with positive weight"
+            )
+        if p == 0:
+            continue
+        if replacement:
+            draws = torch.multinomial(probs.to(gen_device), p * m, replacement=True, generator=generator)
+        else:
+            draws = torch.multinomial(probs.repeat_interleave(p, dim=0).to(gen_device), m, replacement=False, generator=generator)
+        out[sl] = draws.to(device).view(-1, p, m)
+    return out
 
 
 def sampled_ranks(

@@ -237,3 +237,16 @@ def test_finite_check_catches_inf_and_ignores_overflowing_sums():
         s[4, 0] = bad_value
         with pytest.raises(ValueError, match="NaN or inf in 2 of 5 rows"):
             exact_ranks(s, torch.tensor([0, 1, 2, 3, 4]))
+
+
+def test_without_replacement_mixed_pool_sizes(gen):
+    # one row with a tiny pool (keys path), one with a large pool (rejection path)
+    n_items, m = 400, 5
+    scores = torch.randn(2, n_items)
+    exclude = torch.full((2, n_items - 8), -1)
+    exclude[0] = torch.arange(8, n_items)  # row 0: 7 irrelevant candidates left
+    res = sampled_ranks(scores, torch.tensor([0, 0]), m, exclude, replacement=False, generator=gen)
+    assert res.n_candidates.tolist() == [8, n_items]
+    for row in res.negatives[:, 0]:
+        assert len(set(row.tolist())) == m
+    assert (res.negatives[0] < 8).all() and (res.negatives[0] > 0).all()
