@@ -127,6 +127,11 @@ def exact_ranks(
     """
     _check_ties(ties)
     scores, pos, exc = _prepare(scores, positives, exclude, check_finite)
+    return _exact_ranks_prepared(scores, pos, exc, ties, count_other_positives, generator)
+
+
+def _exact_ranks_prepared(scores, pos, exc, ties, count_other_positives=True, generator=None) -> torch.Tensor:
+    """:func:`exact_ranks` on validated inputs: padded (B, P) positives and (B, E) exclusions."""
     pos_scores, pos_valid = _gather_padded(scores, pos)
     removed = [exc] if exc is not None else []
     if not count_other_positives:

@@ -31,7 +31,7 @@ import torch
 
 from ._checks import as_tensor
 from .metric_names import MetricSpec, parse_metric
-from .ranking import candidate_counts, exact_ranks
+from .ranking import _check_ties, _exact_ranks_prepared, _prepare, candidate_counts
 
 __all__ = ["user_metric_values", "per_user_metrics", "mean_metrics", "DEFAULT_METRICS"]
 
@@ -197,21 +197,19 @@ def per_user_metrics(
             False returns a dict of (B,) float64 tensors keyed the same way.
     """
     specs = _expand(metrics, cumulative)
-    ranks = exact_ranks(scores, positives, exclude, ties, generator=generator, check_finite=check_finite)
-    from ._inputs import as_padded_index
-
+    _check_ties(ties)
+    scores, pos, exc = _prepare(scores, positives, exclude, check_finite)
     b, n = scores.shape
-    pos = as_padded_index(positives, n, b, "positives", scores.device)
-    exc = None if exclude is None else as_padded_index(exclude, n, b, "exclude", scores.device)
+    for spec in specs:
+        if spec.k is not None and spec.k > n:
+            raise ValueError(f"metrics: k = {spec.k} in {str(spec)!r} is larger than the candidate list ({n} items)")
+    ranks = _exact_ranks_prepared(scores, pos, exc, ties, True, generator)
     n_cand = candidate_counts(n, pos, exc)
     rel = None
     if relevance is not None:
         rel = torch.as_tensor(relevance, device=scores.device)
         if rel.shape == (b, n):
             rel = rel.gather(1, pos.clamp(min=0)).masked_fill(pos < 0, 0)
-    for spec in specs:
-        if spec.k is not None and spec.k > n:
-            raise ValueError(f"metrics: k = {spec.k} in {str(spec)!r} is larger than the candidate list ({n} items)")
     r, n_cand, rel = _check_rank_inputs(ranks, n_cand, rel)
     sorted_ranks = _SortedRanks(r, n_cand, rel)
     result = {spec.column: _values(spec, sorted_ranks) for spec in specs}
