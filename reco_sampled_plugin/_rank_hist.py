@@ -1,0 +1,265 @@
+"""Sampled-rank histograms and cumulative metric sums shared by the mapping and rank-distribution estimators.
+
+A :class:`RankHistogram` is the sufficient statistic of a sampled evaluation: for every distinct
+pair (n, m) of candidate count and sample size, the counts of sampled ranks r~ = 1..m+1. It is
+additive (batches, epochs and processes combine with :meth:`RankHistogram.merge`), so the
+estimators never touch per-user data.
+
+Conventions (package-wide): ``n`` = candidates of one instance (the relevant item included),
+``m`` = sampled irrelevant items, ``r`` exact rank in 1..n, ``r~`` sampled rank in 1..m+1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+from scipy import special
+
+from .metric_names import MetricSpec
+from .metrics import _metric_from_float_ranks
+
+__all__ = ["RankHistogram", "sampled_rank_histogram", "as_histogram", "cumulative_metric", "metric_integral"]
+
+
+@dataclass(frozen=True)
+class RankHistogram:
+    """Counts of sampled ranks per (n, m) group.
+
+    Attributes:
+        n_items: (G,) int64, candidates n of each group (relevant item included).
+        n_samples: (G,) int64, sampled irrelevant items m of each group.
+        counts: G float64 arrays; ``counts[g][i - 1]`` is the (weighted) number of positives of group g
+            with sampled rank r~ = i, i = 1..m_g+1.
+    """
+
+    n_items: np.ndarray
+    n_samples: np.ndarray
+    counts: tuple[np.ndarray, ...]
+
+    def __post_init__(self) -> None:
+        n = np.asarray(self.n_items, dtype=np.int64).reshape(-1)
+        m = np.asarray(self.n_samples, dtype=np.int64).reshape(-1)
+        counts = tuple(np.asarray(c, dtype=np.float64).reshape(-1) for c in self.counts)
+        if not (len(n) == len(m) == len(counts)):
+            raise ValueError("RankHistogram: n_items, n_samples and counts need one entry per group")
+        for g, (ng, mg, cg) in enumerate(zip(n, m, counts)):
+            if mg < 1:
+                raise ValueError(f"n_samples: must be >= 1, got {mg} in group {g}")
+            if ng < 2:
+                raise ValueError(f"n_items: need at least 2 candidates, got {ng} in group {g}")
+            if cg.shape != (mg + 1,):
+                raise ValueError(f"counts: group {g} has m = {mg} and needs {mg + 1} counts, got {cg.shape[0]}")
+            if not np.all(np.isfinite(cg)) or np.any(cg < 0):
+                raise ValueError(f"counts: group {g} has negative or non-finite counts")
+        object.__setattr__(self, "n_items", n)
+        object.__setattr__(self, "n_samples", m)
+        object.__setattr__(self, "counts", counts)
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.counts)
+
+    @property
+    def totals(self) -> np.ndarray:
+        """(G,) total count per group."""
+        return np.array([c.sum() for c in self.counts], dtype=np.float64)
+
+    @property
+    def total(self) -> float:
+        """Total (weighted) number of positives."""
+        return float(self.totals.sum())
+
+    def merge(self, other: "RankHistogram") -> "RankHistogram":
+        """Sum of two histograms (groups with equal (n, m) are added)."""
+        table: dict[tuple[int, int], np.ndarray] = {}
+        for h in (self, other):
+            for ng, mg, cg in zip(h.n_items, h.n_samples, h.counts):
+                key = (int(ng), int(mg))
+                table[key] = table[key] + cg if key in table else cg.copy()
+        keys = sorted(table)
+        return RankHistogram(
+            np.array([k[0] for k in keys], dtype=np.int64),
+            np.array([k[1] for k in keys], dtype=np.int64),
+            tuple(table[k] for k in keys),
+        )
+
+    def check_nonempty(self) -> None:
+        """Raise a ValueError when no positive was counted."""
+        if self.n_groups == 0 or self.total <= 0:
+            raise ValueError("sampled_ranks: the histogram is empty (no positive with a sampled rank)")
+
+
+def _flat(x, name: str) -> torch.Tensor:
+    t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
+    return t.reshape(-1)
+
+
+def sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights=None) -> RankHistogram:
+    """Histogram of sampled ranks, grouped by (n, m).
+
+    Args:
+        sampled_ranks: sampled ranks r~ in 1..m+1 (any shape, tensor or array, any device); 0 marks padding
+            (as in :func:`reco_sampled_plugin.sampled_ranks`) and is ignored.
+        n_items: candidates n, an int or per-positive values broadcastable against ``sampled_ranks``.
+        n_samples: m, an int or per-positive values (adaptive sampling gives positives different m).
+        weights: optional non-negative per-positive weights (default 1).
+
+    Returns:
+        :class:`RankHistogram` (computed with one ``bincount``; vectorised, no loop over positives).
+    """
+    if isinstance(sampled_ranks, RankHistogram):
+        return sampled_ranks
+    r = sampled_ranks if isinstance(sampled_ranks, torch.Tensor) else torch.as_tensor(np.asarray(sampled_ranks))
+    if r.is_floating_point():
+        if not bool(torch.isfinite(r).all()) or bool((r != torch.round(r)).any()):
+            raise ValueError("sampled_ranks: need whole-number sampled ranks (no NaN, no halves)")
+    dev = r.device
+    n = torch.as_tensor(n_items if isinstance(n_items, torch.Tensor) else np.asarray(n_items), device=dev)
+    m = torch.as_tensor(n_samples if isinstance(n_samples, torch.Tensor) else np.asarray(n_samples), device=dev)
+    w = None if weights is None else torch.as_tensor(
+        weights if isinstance(weights, torch.Tensor) else np.asarray(weights), device=dev
+    )
+    tensors = [r, n, m] if w is None else [r, n, m, w]
+    try:
+        tensors = torch.broadcast_tensors(*tensors)
+    except RuntimeError:
+        raise ValueError("n_items / n_samples / weights: must broadcast against sampled_ranks") from None
+    r = tensors[0].reshape(-1).to(torch.int64)
+    n = tensors[1].reshape(-1)
+    m = tensors[2].reshape(-1)
+    if n.is_floating_point() and bool((n != torch.round(n)).any()):
+        raise ValueError("n_items: must be whole numbers")
+    if m.is_floating_point() and bool((m != torch.round(m)).any()):
+        raise ValueError("n_samples: must be whole numbers")
+    n = n.to(torch.int64)
+    m = m.to(torch.int64)
+    keep = r != 0
+    if w is not None:
+        w = tensors[3].reshape(-1).to(torch.float64)
+        if bool((w < 0).any()) or not bool(torch.isfinite(w).all()):
+            raise ValueError("weights: must be finite and non-negative")
+        w = w[keep]
+    r, n, m = r[keep], n[keep], m[keep]
+    if r.numel() == 0:
+        return RankHistogram(np.zeros(0, np.int64), np.zeros(0, np.int64), ())
+    if bool((m < 1).any()):
+        raise ValueError("n_samples: must be >= 1")
+    if bool((n < 2).any()):
+        raise ValueError("n_items: need at least 2 candidates (the relevant item and one irrelevant item)")
+    if bool((r < 1).any()) or bool((r > m + 1).any()):
+        bad = (r < 1) | (r > m + 1)
+        raise ValueError(
+            f"sampled_ranks: {int(bad.sum())} value(s) outside 1..m+1 (m = n_samples), e.g. {int(r[bad][0])}"
+        )
+    if n.numel() and bool((n == n[0]).all()) and bool((m == m[0]).all()):  # one group: a single bincount
+        m0 = int(m[0])
+        counts = torch.bincount(r - 1, weights=w, minlength=m0 + 1).to(torch.float64).cpu().numpy()
+        return RankHistogram(np.array([int(n[0])]), np.array([m0]), (counts,))
+    m_span = int(m.max()) + 1
+    uniq_key, inverse = torch.unique(n * m_span + m, return_inverse=True)
+    un, um = uniq_key // m_span, uniq_key % m_span
+    m_max = int(um.max())
+    flat = inverse * (m_max + 1) + (r - 1)
+    counts = torch.bincount(flat, weights=w, minlength=uniq_key.shape[0] * (m_max + 1)).to(torch.float64)
+    counts = counts.reshape(uniq_key.shape[0], m_max + 1).cpu().numpy()
+    un, um = un.cpu().numpy(), um.cpu().numpy()
+    return RankHistogram(un.copy(), um.copy(), tuple(counts[g, : um[g] + 1].copy() for g in range(len(un))))
+
+
+def as_histogram(sampled_ranks, n_items=None, n_samples=None, weights=None) -> RankHistogram:
+    """Pass a :class:`RankHistogram` through, or build one from per-positive sampled ranks."""
+    if isinstance(sampled_ranks, RankHistogram):
+        return sampled_ranks
+    if n_items is None or n_samples is None:
+        raise ValueError("n_items and n_samples are required unless sampled_ranks is a RankHistogram")
+    return sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights)
+
+
+# --------------------------------------------------------------------------------------------------
+# cumulative metric sums C(j) = sum_{R=1}^{j} M(R) without materialising M over 1..n
+
+_NDCG_EXACT = 8192
+
+
+@lru_cache(maxsize=1)
+def _ndcg_prefix() -> np.ndarray:
+    r = np.arange(1, _NDCG_EXACT + 1, dtype=np.float64)
+    return np.concatenate([[0.0], np.cumsum(math.log(2.0) / np.log1p(r))])
+
+
+def _ndcg_sum(j: np.ndarray) -> np.ndarray:
+    """sum_{R=1}^{j} ln2 / ln(R + 1): exact up to 8192, Euler-Maclaurin (midpoint form) beyond (error < 1e-14)."""
+    j = np.asarray(j, dtype=np.float64)
+    prefix = _ndcg_prefix()
+    small = j <= _NDCG_EXACT
+    out = np.empty_like(j)
+    out[small] = prefix[j[small].astype(np.int64)]
+    if np.any(~small):
+        a = float(_NDCG_EXACT) + 0.5
+        b = j[~small] + 0.5
+        ln2 = math.log(2.0)
+
+        def integral(x):  # antiderivative of ln2 / ln(x + 1) is ln2 * li(x + 1) = ln2 * Ei(ln(x + 1))
+            return ln2 * special.expi(np.log1p(x))
+
+        def gprime(x):
+            return -ln2 / ((x + 1.0) * np.log1p(x) ** 2)
+
+        # sum_{R=A}^{B} g(R) = int_{A-1/2}^{B+1/2} g - (g'(B+1/2) - g'(A-1/2)) / 24 + O(g''')
+        out[~small] = prefix[-1] + (integral(b) - integral(a)) - (gprime(b) - gprime(a)) / 24.0
+    return out
+
+
+def cumulative_metric(spec: MetricSpec, j, n: float) -> np.ndarray:
+    """C(j) = sum_{R=1}^{j} M(R) for whole numbers j in 0..n (float64), n candidates.
+
+    Closed forms (harmonic numbers through digamma, AUC's arithmetic series) or a short exact sum plus
+    Euler-Maclaurin (NDCG), so the cost does not depend on n.
+    """
+    j = np.asarray(j, dtype=np.float64)
+    jj = j if spec.k is None else np.minimum(j, float(spec.k))
+    kind = spec.kind
+    if kind in ("recall", "hit", "trunc_precision"):
+        return jj.copy()
+    if kind == "precision":
+        return jj / float(spec.k)
+    if kind in ("ap", "trunc_ap", "rr"):
+        return special.digamma(jj + 1.0) + np.euler_gamma
+    if kind == "ndcg":
+        return _ndcg_sum(jj)
+    if kind == "auc":
+        return (jj * n - jj * (jj + 1.0) / 2.0) / (n - 1.0)
+    raise ValueError(f"metric: unsupported kind {kind!r}")  # pragma: no cover
+
+
+def metric_at(spec: MetricSpec, r, n: float) -> np.ndarray:
+    """M(r) for whole-number ranks r in 1..n (float64 numpy)."""
+    rt = torch.as_tensor(np.asarray(r, dtype=np.float64))
+    return _metric_from_float_ranks(spec, rt, torch.tensor(float(n), dtype=torch.float64)).numpy()
+
+
+def metric_integral(spec: MetricSpec, x, n: float) -> np.ndarray:
+    """S(x) = integral_0^x M(ceil(t)) dt for real x in [0, n]: the cumulative sum with linear interpolation.
+
+    For whole x, S(x) = C(x); a rank distribution uniform on the real interval (lo, hi] has metric mean
+    (S(hi) - S(lo)) / (hi - lo).
+    """
+    x = np.clip(np.asarray(x, dtype=np.float64), 0.0, float(n))
+    fl = np.floor(x)
+    frac = x - fl
+    nxt = np.minimum(fl + 1.0, float(n))
+    return cumulative_metric(spec, fl, n) + frac * metric_at(spec, nxt, n)
+
+
+def interval_mean_metric(spec: MetricSpec, lo, hi, n: float) -> np.ndarray:
+    """Mean of M over a rank uniform on (lo, hi] (real bounds, 0 <= lo < hi <= n)."""
+    lo = np.asarray(lo, dtype=np.float64)
+    hi = np.asarray(hi, dtype=np.float64)
+    width = hi - lo
+    if np.any(width <= 0):
+        raise ValueError("interval_mean_metric: empty interval")  # pragma: no cover - internal
+    return (metric_integral(spec, hi, n) - metric_integral(spec, lo, n)) / width

@@ -1,0 +1,177 @@
+"""One entry point for every estimator of a global metric from sampled ranks.
+
+``estimate(metric, sampled_ranks, n_items, n_samples, method=...)`` works on the sampled-rank
+histogram (built once, any device, per-positive n and m allowed) and returns the value with its
+standard error:
+
+==================  =======================================================================================
+method              estimator
+==================  =======================================================================================
+``linear``          Li et al. eq. 9 mapping, interpolated between mapped points (``mapping.py``)
+``bound``           Li et al. eq. 13
+``beta``            Li et al. eq. 16-17 with the given ``a`` (a = 1: eq. 18)
+``beta_fit``        Li et al. eq. 19: a fitted on these sampled ranks
+``mle``             rank distribution by EM, then sum_R P^(R) M(R) (``rank_distribution.py``)
+``mes``             maximum-entropy-regularised rank distribution
+``none``            the uncorrected sampled metric            (correction tables, ``corrections.py``)
+``rank_estimate``   Krichene & Rendle eq. 20
+``ls``, ``cls``     minimal-bias least squares, monotone constrained least squares (eq. 21-23)
+``bv``              bias-variance trade-off (eq. 24-25) with ``gamma`` and ``prior``
+``bv_mle``          ``bv`` with the prior p(r) estimated by ``mle`` on the same sampled ranks
+==================  =======================================================================================
+
+Standard errors: for table methods (mapping and corrections) the sample standard deviation of the
+per-positive table values over sqrt(#positives); for ``mle``/``mes`` a multinomial bootstrap of the
+histogram (see ``rank_distribution``). ``bv_mle`` ignores the uncertainty of its estimated prior.
+The correction methods need ``reco_sampled_plugin.corrections`` (imported lazily).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._rank_hist import RankHistogram, as_histogram
+from .mapping import MAPPING_METHODS, mapping_estimate
+from .metric_names import parse_metric
+from .rank_distribution import RANK_DISTRIBUTION_METHODS, estimate_rank_distribution
+
+__all__ = ["ESTIMATORS", "estimate", "EstimatorResult"]
+
+CORRECTION_METHODS = ("none", "rank_estimate", "ls", "cls", "bv")
+ESTIMATORS = MAPPING_METHODS + RANK_DISTRIBUTION_METHODS + CORRECTION_METHODS + ("bv_mle",)
+# vector priors up to this many ranks (the corrections enumerate them exactly); a callable beyond
+_VECTOR_PRIOR_MAX = 2_000_000
+
+
+@dataclass(frozen=True)
+class EstimatorResult:
+    """Value and standard error of an estimated global metric.
+
+    Attributes:
+        value: the estimate.
+        stderr: its standard error (``math.inf`` when the data do not identify it; see ``flags``).
+        n_instances: number (total weight) of positives.
+        details: estimator-specific information (method, fitted parameters, convergence, ...).
+        flags: explicit warnings (``top_unresolved``, ``all_at_top``, ``not_converged``, ...).
+    """
+
+    value: float
+    stderr: float
+    n_instances: float
+    details: dict = field(default_factory=dict)
+    flags: tuple[str, ...] = ()
+
+
+def _result(value: float, stderr: float | None, n: float, details: dict, flags) -> EstimatorResult:
+    if not math.isfinite(value):
+        raise ValueError(f"estimate: the estimator produced a non-finite value ({value}); details: {details}")
+    if stderr is None:
+        raise ValueError("estimate: no standard error available (n_bootstrap < 2); ask for n_bootstrap >= 2")
+    se = float(stderr)
+    details = dict(details)
+    details["flags"] = tuple(flags)
+    return EstimatorResult(float(value), se, float(n), details, tuple(flags))
+
+
+def _table_estimate(hist: RankHistogram, tables: list[np.ndarray]) -> tuple[float, float]:
+    total = hist.total
+    value = sum(float(np.dot(c, t)) for c, t in zip(hist.counts, tables)) / total
+    ss = sum(float(np.dot(c, (t - value) ** 2)) for c, t in zip(hist.counts, tables))
+    return value, (math.sqrt(ss / (total * (total - 1.0))) if total > 1 else math.inf)
+
+
+def _correction(spec, hist: RankHistogram, method: str, sampling: str, gamma: float, prior, rounding: str, prior_for_n=None):
+    try:
+        from . import corrections
+    except ImportError as exc:  # pragma: no cover - the corrections module ships with the package
+        raise ValueError(f"method {method!r}: the corrections module is not available ({exc})") from None
+    tables = []
+    for n, m in zip(hist.n_items, hist.n_samples):  # one table per (n, m) group, cached by corrections
+        p = prior if prior_for_n is None else prior_for_n(int(n))
+        t = corrections.correction_table(spec, int(n), int(m), method, gamma, sampling, p, rounding=rounding)
+        tables.append(t.cpu().numpy())
+    return _table_estimate(hist, tables)
+
+
+def estimate(
+    metric,
+    sampled_ranks,
+    n_items=None,
+    n_samples=None,
+    method: str = "mle",
+    *,
+    sampling: str = "binomial",
+    weights=None,
+    a: float | None = None,
+    gamma: float = 0.1,
+    prior=None,
+    rounding: str = "floor",
+    **options,
+) -> EstimatorResult:
+    """Estimate a global (full-catalogue) metric from sampled ranks, with a standard error.
+
+    Args:
+        metric: metric name (``"hit@10"``, ``"ndcg@10"``, ``"ap"``, ``"auc"``, ...).
+        sampled_ranks: sampled ranks r~ in 1..m+1 (any shape, tensor or array, 0 = padding), or a
+            :class:`~reco_sampled_plugin._rank_hist.RankHistogram`.
+        n_items: n, candidates per instance (int or per-positive values).
+        n_samples: m, sampled irrelevant items (int or per-positive values, e.g. from adaptive sampling).
+        method: one of :data:`ESTIMATORS` (see the module docstring).
+        sampling: ``"binomial"`` (with replacement) or ``"hypergeometric"`` (rank-distribution and
+            correction methods; the mapping functions assume neither).
+        weights: optional per-positive weights.
+        a: Beta shape for ``beta`` (starting value for ``beta_fit``).
+        gamma, prior, rounding: passed to the corrections (``bv``, ``ls``, ``cls``, ``rank_estimate``).
+        **options: passed to :func:`~reco_sampled_plugin.rank_distribution.estimate_rank_distribution`
+            (``n_bootstrap``, ``tol``, ``max_iter``, ``lam``, ``seed``...) for ``mle``, ``mes``, ``bv_mle``.
+
+    Returns:
+        :class:`EstimatorResult` (value, stderr, n_instances, details, flags).
+
+    Raises:
+        ValueError: unknown method, empty histogram, cut-off K above n, invalid sizes, or options that the
+            method does not take.
+    """
+    spec = parse_metric(metric)
+    if method not in ESTIMATORS:
+        raise ValueError(f"method: unknown estimator {method!r}; use one of {ESTIMATORS}")
+    hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
+    hist.check_nonempty()
+    if spec.k is not None and spec.k > int(hist.n_items[hist.totals > 0].min()):
+        raise ValueError(
+            f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(hist.n_items.min())})"
+        )
+    if options and method not in RANK_DISTRIBUTION_METHODS + ("bv_mle",):
+        raise ValueError(f"method {method!r} takes no options {sorted(options)}")
+    if method in MAPPING_METHODS:
+        res = mapping_estimate(spec, hist, method=method, a=a)
+        return _result(res.value, res.stderr, res.n_instances, res.details, res.flags)
+    if method in RANK_DISTRIBUTION_METHODS:
+        dist = estimate_rank_distribution(hist, method=method, sampling=sampling, **options)
+        res = dist.metric(spec)
+        return _result(res.value, res.stderr, res.n_instances, res.details, res.flags)
+    flags: list[str] = []
+    details: dict = {"method": method, "metric": str(spec)}
+    if method == "bv_mle":
+        dist = estimate_rank_distribution(hist, method="mle", sampling=sampling, **{"n_bootstrap": 0, **options})
+        flags += [f for f in dist.flags if f in ("not_converged", "pooled_n", "all_at_top")]
+
+        def prior_for_n(n: int, _dist=dist):
+            return _dist.prior(n) if n <= _VECTOR_PRIOR_MAX else (lambda r, nn: _dist.pmf(np.clip(np.rint(r), 1, nn)))
+
+        value, se = _correction(spec, hist, "bv", sampling, gamma, None, rounding, prior_for_n)
+        details.update({"gamma": gamma, "prior": "mle", "mle_iterations": dist.iterations})
+    else:
+        value, se = _correction(spec, hist, method, sampling, gamma, prior, rounding)
+        details.update({"gamma": gamma if method == "bv" else None})
+    resolution = (hist.n_items - 1.0) / (hist.n_samples + 1.0) + 1.0
+    at_top = np.array([c[0] > 0 for c in hist.counts])  # groups with positives at r~ = 1
+    if spec.k is not None and np.any(spec.k < resolution[at_top]):
+        flags.append("top_unresolved")
+        if all(c[1:].sum() == 0 for c in hist.counts):
+            flags.append("all_at_top")
+            se = math.inf
+    return _result(value, se, hist.total, details, flags)

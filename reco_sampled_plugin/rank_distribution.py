@@ -1,0 +1,623 @@
+"""Global rank distribution estimated from sampled ranks (Jin et al., AAAI 2021; Li et al., AAAI 2023).
+
+The histogram of sampled ranks (m + 1 counts per (n, m) group) is a sufficient statistic for the
+distribution P(R) of the exact ranks under the sampling law:
+
+    P(r~ = i) = sum_R P(R) P(r~ = i | R),   P(r~ | R) binomial or hypergeometric (``sampling_laws``).
+
+We estimate P(R) and then any metric at any cut-off as sum_R P^(R) M(R).
+
+Grid (cost independent of n): P(R) is piecewise constant on cells of exact ranks. Cell widths are
+max(1, min(delta R, kappa sqrt(R (n - 1)/m))): single ranks at the top (R < 1/delta), geometric growth
+(relative width delta) below, and in the tail at most kappa times the spread sqrt(p/m) of the sampled
+rank on the p = (R - 1)/(n - 1) scale; a few hundred cells for any n. Every group's n is a cell edge.
+P(r~ | cell) averages the law over up to 8 ranks spread evenly through the cell.
+
+Per-instance candidate counts: group g with n_g candidates sees the common P(R) truncated to
+1..n_g (P_g(R) = P(R)/Z_g). The EM treats the ranks cut off above n_g as missing data (the classic
+EM for truncated samples), so the observed-data likelihood still never decreases. More than
+``max_groups`` distinct (n, m) pairs are pooled into quantile bins of n (an approximation, reported).
+
+Estimators:
+
+* ``mle``: maximum likelihood by EM, started from the uniform P(R); stops when the log-likelihood
+  gains less than ``tol`` per positive in an iteration (or after ``max_iter``, flagged).
+* ``mes``: maximum-entropy-regularised likelihood, our reading of Jin et al.'s MES: maximise
+  (1/M) loglik + lam * H(P), H the entropy of P over ranks (maximal for the uniform P), solved with
+  scipy's L-BFGS-B over softmax logits. Default lam = (m + 1)/(2 M): one nat of entropy is worth the
+  expected excess fit of a saturated model of the m + 1 sampled-rank frequencies.
+
+Standard errors: bootstrap over the histogram multinomial (M positives resampled with the observed
+sampled-rank frequencies), each replicate refitted (EM warm-started from the fit, batched over
+replicates; MES refitted one by one). They cover sampling noise, not the bias of the grid or of the
+unidentified top (see the ``top_unresolved`` flag: below about (n - 1)/(m + 1) the data hardly constrain
+the shape of P(R), which then comes from the uniform start or the entropy term).
+
+Adaptive sampling (Li et al., AAAI 2023): :func:`adaptive_sampled_ranks` gives positives ranked first
+more samples (doubling m until they are not first or a cap is reached). Stopping on r~ = 1 multiplies
+the likelihood of an instance by a factor that does not depend on R, so the estimators simply take the
+per-positive sample sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import torch
+from scipy import optimize
+
+from ._rank_hist import RankHistogram, as_histogram, interval_mean_metric
+from .metric_names import parse_metric
+from .sampling_laws import check_law, log_sampled_rank_pmf
+
+__all__ = [
+    "RANK_DISTRIBUTION_METHODS",
+    "RankDistribution",
+    "DistributionEstimate",
+    "rank_grid",
+    "estimate_rank_distribution",
+    "simulate_sampled_ranks",
+    "adaptive_sampled_ranks",
+    "adaptive_sampled_ranks_from_exact",
+]
+
+RANK_DISTRIBUTION_METHODS = ("mle", "mes")
+_SUBPOINTS = 8
+
+
+# --------------------------------------------------------------------------------------------- grid
+@lru_cache(maxsize=64)
+def _grid(n: int, m: int, delta: float, kappa: float) -> np.ndarray:
+    edges = [0]
+    e = 0
+    scale = (n - 1.0) / m
+    while e < n:  # one step per cell (a few hundred): not a loop over items
+        r = e + 1.0
+        w = max(1, int(min(delta * r, kappa * math.sqrt(r * scale))))
+        e = min(n, e + w)
+        edges.append(e)
+    return np.asarray(edges, dtype=np.int64)
+
+
+def rank_grid(n_items: int, n_samples: int, delta: float = 0.05, kappa: float = 0.25, extra_edges=()) -> np.ndarray:
+    """Cell edges e_0 = 0 < e_1 < ... < e_C = n; cell c holds the exact ranks e_c + 1 .. e_{c+1}."""
+    edges = _grid(int(n_items), int(n_samples), float(delta), float(kappa))
+    if len(extra_edges):
+        edges = np.union1d(edges, np.asarray(extra_edges, dtype=np.int64))
+    return edges
+
+
+def _cell_points(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Up to 8 ranks per cell spread evenly through it, and their weights (rows sum to 1)."""
+    lo = edges[:-1]
+    width = np.diff(edges)
+    j = np.arange(_SUBPOINTS)
+    even = lo[:, None] + 1 + np.floor((j[None, :] + 0.5) * width[:, None] / _SUBPOINTS).astype(np.int64)
+    every = lo[:, None] + 1 + np.minimum(j[None, :], width[:, None] - 1)
+    narrow = width[:, None] < _SUBPOINTS
+    pts = np.where(narrow, every, even)
+    wts = np.where(narrow, (j[None, :] < width[:, None]) / width[:, None].astype(np.float64), 1.0 / _SUBPOINTS)
+    return pts, wts
+
+
+# ------------------------------------------------------------------------------------------- model
+@dataclass
+class _Model:
+    edges: np.ndarray  # (C + 1,)
+    n: np.ndarray  # (G,) candidates per group
+    m: np.ndarray  # (G,) samples per group
+    counts: np.ndarray  # (G, m_max + 1) zero-padded
+    lik: np.ndarray  # (G, C, m_max + 1): P(r~ = i | cell, group); zero rows for cells above n_g
+    inside: np.ndarray  # (G, C) bool: cell within 1..n_g
+    pooled: bool  # groups were pooled into bins of n
+
+    @property
+    def widths(self) -> np.ndarray:
+        return np.diff(self.edges).astype(np.float64)
+
+
+def _pool_groups(hist: RankHistogram, max_groups: int) -> tuple[RankHistogram, bool]:
+    if hist.n_groups <= max_groups:
+        return hist, False
+    out: RankHistogram | None = None
+    for mval in np.unique(hist.n_samples):
+        idx = np.flatnonzero(hist.n_samples == mval)
+        n_m = hist.n_items[idx]
+        tot = hist.totals[idx]
+        bins = max(1, max_groups // len(np.unique(hist.n_samples)))
+        order = np.argsort(n_m)
+        cum = np.cumsum(tot[order]) / tot.sum()
+        label = np.minimum((cum * bins - 1e-12).astype(np.int64), bins - 1)
+        for b in np.unique(label):
+            members = idx[order[label == b]]
+            w = hist.totals[members]
+            ns = hist.n_items[members]  # sorted ascending (members follow the order of n)
+            half = np.searchsorted(np.cumsum(w), 0.5 * w.sum()) if w.sum() > 0 else 0
+            rep = max(int(ns[min(half, len(ns) - 1)]), int(mval) + 1)  # count-weighted median n of the bin
+            c = np.sum([hist.counts[g] for g in members], axis=0)
+            part = RankHistogram(np.array([rep]), np.array([mval]), (c,))
+            out = part if out is None else out.merge(part)
+    return out, True
+
+
+def _build_model(hist: RankHistogram, sampling: str, max_groups: int, delta: float, kappa: float) -> _Model:
+    law = check_law(sampling)
+    hist, pooled = _pool_groups(hist, max_groups)
+    n_max = int(hist.n_items.max())
+    m_max = int(hist.n_samples.max())
+    if law == "hypergeometric" and np.any(hist.n_samples > hist.n_items - 1):
+        raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (n - 1 >= m)")
+    edges = rank_grid(n_max, m_max, delta, kappa, extra_edges=hist.n_items)
+    pts, wts = _cell_points(edges)
+    G, C = hist.n_groups, len(edges) - 1
+    lik = np.zeros((G, C, m_max + 1))
+    inside = np.zeros((G, C), dtype=bool)
+    counts = np.zeros((G, m_max + 1))
+    for g in range(G):  # one pass per (n, m) group, at most max_groups
+        n_g, m_g = int(hist.n_items[g]), int(hist.n_samples[g])
+        c_in = int(np.searchsorted(edges, n_g)) # cells 0..c_in-1 lie within 1..n_g (n_g is an edge)
+        inside[g, :c_in] = True
+        p = pts[:c_in]
+        logp = log_sampled_rank_pmf(torch.from_numpy(p.astype(np.float64)), n_g, m_g, law).numpy()
+        lik[g, :c_in, : m_g + 1] = np.einsum("cs,csi->ci", wts[:c_in], np.exp(logp))
+        counts[g, : m_g + 1] = hist.counts[g]
+    return _Model(edges, hist.n_items.copy(), hist.n_samples.copy(), counts, lik, inside, pooled)
+
+
+def _loglik(model: _Model, pi: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
+    """Observed-data log-likelihood for pi of shape (..., C); counts (..., G, m_max + 1)."""
+    counts = model.counts if counts is None else counts
+    prob = np.einsum("...c,gci->...gi", pi, model.lik)
+    z = np.einsum("...c,gc->...g", pi, model.inside.astype(np.float64))
+    with np.errstate(divide="ignore"):
+        term = np.where(counts > 0, counts * np.log(np.where(counts > 0, prob, 1.0)), 0.0)
+    return term.sum(axis=(-1, -2)) - (counts.sum(-1) * np.log(z)).sum(-1)
+
+
+def _em_step(model: _Model, pi: np.ndarray, counts: np.ndarray, totals_g: np.ndarray, has: np.ndarray) -> np.ndarray:
+    """One EM update of the truncated mixture (observed counts plus the phantom ranks above each n_g)."""
+    inside = model.inside.astype(np.float64)
+    prob = np.einsum("...c,gci->...gi", pi, model.lik)
+    ratio = np.where(has, counts / np.where(has, prob, 1.0), 0.0)
+    expected = pi * np.einsum("gci,...gi->...c", model.lik, ratio)
+    z = np.einsum("...c,gc->...g", pi, inside)
+    phantom = pi * np.einsum("...g,gc->...c", totals_g / z, 1.0 - inside)
+    new = expected + phantom
+    return new / new.sum(-1, keepdims=True)
+
+
+def _em(model: _Model, pi0: np.ndarray, counts: np.ndarray, tol: float, max_iter: int, trace: bool = False):
+    """EM accelerated by SQUAREM (Varadhan & Roland 2008, scheme S3) with a monotone safeguard.
+
+    pi0 (..., C), counts (..., G, m_max + 1); batched over leading axes (bootstrap replicates). Each cycle
+    takes two EM steps, extrapolates, and keeps the extrapolated point only where it does not lower the
+    log-likelihood (else the plain two-step EM point), so the log-likelihood never decreases. Stops when
+    a cycle gains less than ``tol`` per positive. Returns pi, EM steps, converged, trace.
+    """
+    pi = pi0.copy()
+    totals_g = counts.sum(-1)
+    total = totals_g.sum(-1)
+    has = counts > 0
+    ll_prev = _loglik(model, pi, counts)
+    lls = [float(np.sum(ll_prev))] if trace else []
+    converged = False
+    steps = 0
+    while steps < max_iter:  # cycles, each vectorised over cells, ranks and replicates
+        p1 = _em_step(model, pi, counts, totals_g, has)
+        p2 = _em_step(model, p1, counts, totals_g, has)
+        steps += 2
+        r = p1 - pi
+        v = p2 - p1 - r
+        rn = np.sqrt(np.sum(r * r, -1, keepdims=True))
+        vn = np.sqrt(np.sum(v * v, -1, keepdims=True))
+        alpha = np.minimum(-1.0, -rn / np.maximum(vn, 1e-300))
+        ext = pi - 2.0 * alpha * r + alpha * alpha * v
+        ext = np.maximum(ext, 1e-300 * pi)  # stay inside the simplex (and off exact zeros of the support)
+        ext = ext / ext.sum(-1, keepdims=True)
+        ext = _em_step(model, ext, counts, totals_g, has)
+        steps += 1
+        ll_ext = _loglik(model, ext, counts)
+        ll_p2 = _loglik(model, p2, counts)
+        take = ll_ext >= ll_p2
+        new = np.where(np.asarray(take)[..., None], ext, p2)
+        ll = np.where(take, ll_ext, ll_p2)
+        if trace:
+            lls.append(float(np.sum(ll)))
+        gain = np.max((ll - ll_prev) / total)
+        pi, ll_prev = new, ll
+        if gain < tol:
+            converged = True
+            break
+    return pi, steps, converged, lls
+
+
+def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol: float, max_iter: int, trace=False):
+    """Maximise loglik/M + lam * H(P) over softmax logits with L-BFGS-B; returns pi, result, objective trace."""
+    widths = model.widths
+    logw = np.log(widths)
+    inside = model.inside.astype(np.float64)
+    total = counts.sum()
+    totals_g = counts.sum(-1)
+    has = counts > 0
+
+    def unpack(theta):
+        z = theta + logw
+        z = z - z.max()
+        pi = np.exp(z)
+        return pi / pi.sum()
+
+    def objective(theta):
+        pi = unpack(theta)
+        prob = np.einsum("c,gci->gi", pi, model.lik)
+        zg = inside @ pi
+        safe = np.where(has, prob, 1.0)
+        ll = float(np.sum(np.where(has, counts * np.log(safe), 0.0)) - np.dot(totals_g, np.log(zg)))
+        per_rank = np.maximum(pi / widths, 1e-300)
+        ent = -float(np.dot(pi, np.log(per_rank)))
+        f = -ll / total - lam * ent
+        dll = np.einsum("gci,gi->c", model.lik, np.where(has, counts / safe, 0.0)) - (totals_g / zg) @ inside
+        grad_pi = -dll / total + lam * (np.log(per_rank) + 1.0)
+        grad = pi * (grad_pi - np.dot(pi, grad_pi))
+        return f, grad
+
+    values = []
+    theta0 = np.log(np.maximum(pi0, 1e-300)) - logw
+    res = optimize.minimize(
+        objective,
+        theta0,
+        jac=True,
+        method="L-BFGS-B",
+        callback=(lambda xk: values.append(objective(xk)[0])) if trace else None,
+        options={"maxiter": max_iter, "ftol": tol, "gtol": 1e-12, "maxcor": 20},
+    )
+    return unpack(res.x), res, values
+
+
+# ------------------------------------------------------------------------------------------ results
+@dataclass(frozen=True)
+class DistributionEstimate:
+    """A metric computed from an estimated rank distribution.
+
+    Attributes:
+        value: sum_R P^(R) M(R) averaged over the (n, m) groups by their share of positives.
+        stderr: bootstrap standard error (nan-free; ``math.inf`` where the value is not identified,
+            ``None`` when no bootstrap was run).
+        n_instances: number (total weight) of positives.
+        details: method, iterations, convergence, metric, resolution per group.
+        flags: ``"top_unresolved"`` (cut-off below the resolution (n - 1)/(m + 1) + 1 of a group with
+            positives at r~ = 1: their exact ranks may lie anywhere below it),
+            ``"all_at_top"`` (every positive at r~ = 1; stderr inf), ``"not_converged"``, ``"pooled_n"``.
+    """
+
+    value: float
+    stderr: float | None
+    n_instances: float
+    details: dict = field(default_factory=dict)
+    flags: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, eq=False)
+class RankDistribution:
+    """Estimated P(R), piecewise constant on the cells (edges[c], edges[c+1]].
+
+    Attributes:
+        edges: (C + 1,) int64 cell edges on the exact-rank scale (edges[-1] = largest n).
+        probs: (C,) float64 probability of each cell (sums to 1).
+        method: ``"mle"`` or ``"mes"``.
+        loglik: observed-data log-likelihood of the fit.
+        iterations: EM iterations or L-BFGS-B iterations.
+        converged: whether the stopping rule was met.
+        bootstrap: (B, C) refitted cell probabilities (empty when ``n_bootstrap=0``).
+        histogram: the (possibly pooled) histogram the fit used.
+        flags: ``"not_converged"``, ``"pooled_n"``, ``"all_at_top"``.
+        loglik_trace: per-iteration log-likelihoods (EM) or objectives (MES) when ``trace=True``.
+    """
+
+    edges: np.ndarray
+    probs: np.ndarray
+    method: str
+    loglik: float
+    iterations: int
+    converged: bool
+    bootstrap: np.ndarray
+    histogram: RankHistogram
+    flags: tuple[str, ...] = ()
+    loglik_trace: tuple[float, ...] = ()
+    details: dict = field(default_factory=dict)
+
+    @property
+    def n_items(self) -> int:
+        return int(self.edges[-1])
+
+    def pmf(self, r) -> np.ndarray:
+        """P^(R = r) for whole ranks r in 1..n (uniform within each cell)."""
+        r = np.asarray(r, dtype=np.int64)
+        if r.size and (r.min() < 1 or r.max() > self.n_items):
+            raise ValueError(f"r: ranks must lie in 1..{self.n_items}")
+        c = np.searchsorted(self.edges, r, side="left") - 1
+        return self.probs[c] / np.diff(self.edges)[c]
+
+    def cdf(self, k) -> np.ndarray:
+        """P^(R <= k), i.e. the estimated HR@k of the largest group (whole k in 0..n)."""
+        k = np.asarray(k, dtype=np.float64)
+        cum = np.concatenate([[0.0], np.cumsum(self.probs)])
+        return np.interp(k, self.edges.astype(np.float64), cum)
+
+    def prior(self, n_items: int | None = None) -> np.ndarray:
+        """The distribution as a prior vector p(r), r = 1..n (truncated to n_items and renormalised)."""
+        n = self.n_items if n_items is None else int(n_items)
+        if n < 1 or n > self.n_items:
+            raise ValueError(f"n_items: must lie in 1..{self.n_items}")
+        p = self.pmf(np.arange(1, n + 1))
+        return p / p.sum()
+
+    def as_prior(self):
+        """Callable ``fn(r, n=None)`` -> weights P^(R = r) (real r rounded to the nearest rank, clipped to 1..n):
+        the callable-prior interface of ``priors.py`` (which normalises over 1..n)."""
+        top = self.n_items
+
+        def fn(r, n=None):
+            hi = top if n is None else min(int(n), top)
+            return self.pmf(np.clip(np.rint(np.asarray(r, dtype=np.float64)), 1, hi).astype(np.int64))
+
+        return fn
+
+    def _metric_from_probs(self, spec, probs: np.ndarray) -> np.ndarray:
+        hist = self.histogram
+        totals = hist.totals
+        value = np.zeros(probs.shape[:-1])
+        for g in range(hist.n_groups):  # per (n, m) group, at most max_groups
+            if totals[g] == 0:
+                continue
+            n_g = int(hist.n_items[g])
+            c_in = int(np.searchsorted(self.edges, n_g))
+            means = interval_mean_metric(spec, self.edges[:c_in], self.edges[1 : c_in + 1], n_g)
+            p = probs[..., :c_in]
+            value = value + totals[g] * (p @ means) / p.sum(-1)
+        return value / totals.sum()
+
+    def metric(self, metric) -> DistributionEstimate:
+        """Estimate sum_R P^(R) M(R) (each group's P^ truncated to its n) with a bootstrap standard error."""
+        spec = parse_metric(metric)
+        hist = self.histogram
+        if spec.k is not None and spec.k > int(hist.n_items[hist.totals > 0].min()):
+            raise ValueError(
+                f"metric: cut-off K = {spec.k} is larger than the catalogue of some positives "
+                f"(n_items = {int(hist.n_items.min())})"
+            )
+        value = float(self._metric_from_probs(spec, self.probs))
+        stderr = None
+        if self.bootstrap.shape[0] >= 2:
+            boot = self._metric_from_probs(spec, self.bootstrap)
+            stderr = float(np.std(boot, ddof=1))
+        flags = [f for f in self.flags if f in ("not_converged", "pooled_n")]
+        resolution = (hist.n_items - 1.0) / (hist.n_samples + 1.0) + 1.0
+        occupied = np.array([c[0] > 0 for c in hist.counts])  # groups with positives at r~ = 1
+        if spec.k is not None and np.any(spec.k < resolution[occupied]):
+            flags.append("top_unresolved")
+            if "all_at_top" in self.flags:
+                flags.append("all_at_top")
+                stderr = math.inf
+        details = {
+            "method": self.method,
+            "metric": str(spec),
+            "iterations": self.iterations,
+            "converged": self.converged,
+            "resolution": resolution.tolist(),
+            "n_bootstrap": int(self.bootstrap.shape[0]),
+            "n_cells": int(len(self.probs)),
+        }
+        return DistributionEstimate(value, stderr, hist.total, details, tuple(flags))
+
+
+# ---------------------------------------------------------------------------------------- estimator
+def estimate_rank_distribution(
+    sampled_ranks,
+    n_items=None,
+    n_samples=None,
+    method: str = "mle",
+    sampling: str = "binomial",
+    weights=None,
+    n_bootstrap: int | None = None,
+    seed: int = 0,
+    tol: float = 1e-7,
+    max_iter: int = 5000,
+    lam: float | None = None,
+    max_groups: int = 16,
+    delta: float = 0.05,
+    kappa: float = 0.25,
+    trace: bool = False,
+) -> RankDistribution:
+    """Estimate the distribution of exact ranks from sampled ranks (``mle`` by EM or ``mes``).
+
+    Args:
+        sampled_ranks: sampled ranks r~ (any shape, 0 = padding) or a :class:`RankHistogram`.
+        n_items: n, an int or per-positive candidate counts.
+        n_samples: m, an int or per-positive sample sizes (adaptive sampling).
+        method: ``"mle"`` (EM) or ``"mes"`` (maximum-entropy-regularised, L-BFGS-B).
+        sampling: ``"binomial"`` (with replacement) or ``"hypergeometric"``.
+        weights: optional per-positive weights.
+        n_bootstrap: multinomial bootstrap replicates for standard errors (default 32 for mle, 16 for mes;
+            0 disables them).
+        seed: bootstrap seed.
+        tol: EM stops when an iteration gains less than ``tol`` log-likelihood per positive; MES uses it as
+            L-BFGS-B's ``ftol``.
+        max_iter: iteration cap (reaching it sets ``converged=False`` and the ``not_converged`` flag).
+        lam: MES entropy weight (default (m + 1)/(2 M)).
+        max_groups: distinct (n, m) pairs beyond which n is pooled into quantile bins.
+        delta, kappa: grid resolution (see the module docstring).
+        trace: keep the per-iteration log-likelihood (EM) or objective (MES) in ``loglik_trace``.
+
+    Raises:
+        ValueError: empty histogram, unknown method or law, m > n - 1 without replacement.
+    """
+    if method not in RANK_DISTRIBUTION_METHODS:
+        raise ValueError(f"method: unknown rank-distribution method {method!r}; use one of {RANK_DISTRIBUTION_METHODS}")
+    hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
+    hist.check_nonempty()
+    model = _build_model(hist, sampling, max_groups, delta, kappa)
+    widths = model.widths
+    pi0 = widths / widths.sum()  # uniform over ranks
+    flags: list[str] = []
+    if model.pooled:
+        flags.append("pooled_n")
+    if all(c[1:].sum() == 0 for c in hist.counts):
+        flags.append("all_at_top")
+    if method == "mle":
+        pi, iters, converged, lls = _em(model, pi0, model.counts, tol, max_iter, trace)
+        traced = tuple(float(v) for v in lls)
+    else:
+        total = float(model.counts.sum())
+        lam_used = (float(model.m.max()) + 1.0) / (2.0 * total) if lam is None else float(lam)
+        if not math.isfinite(lam_used) or lam_used < 0:
+            raise ValueError(f"lam: must be a finite number >= 0, got {lam}")
+        pi, res, values = _mes_fit(model, model.counts, lam_used, pi0, tol, max_iter, trace)
+        iters, converged = int(res.nit), bool(res.success)
+        traced = tuple(float(v) for v in values)
+    if not converged:
+        flags.append("not_converged")
+    B = (32 if method == "mle" else 16) if n_bootstrap is None else int(n_bootstrap)
+    if B < 0:
+        raise ValueError(f"n_bootstrap: must be >= 0, got {B}")
+    boot = np.zeros((0, len(pi)))
+    if B > 0:
+        rng = np.random.default_rng(seed)
+        flat = model.counts.reshape(-1)
+        total = flat.sum()
+        draws = rng.multinomial(int(round(total)), flat / total, size=B).astype(np.float64)
+        draws = draws.reshape((B,) + model.counts.shape)
+        if method == "mle":
+            start = np.broadcast_to(pi, (B, len(pi)))
+            boot, _, _, _ = _em(model, start, draws, tol, max_iter)
+        else:
+            boot = np.stack([_mes_fit(model, draws[b], lam_used, pi, tol, max_iter)[0] for b in range(B)])
+    pooled_hist = RankHistogram(model.n, model.m, tuple(model.counts[g, : model.m[g] + 1] for g in range(len(model.n))))
+    details = {"sampling": check_law(sampling), "n_cells": len(pi)}
+    if method == "mes":
+        details["lam"] = lam_used
+    return RankDistribution(
+        edges=model.edges,
+        probs=pi,
+        method=method,
+        loglik=float(_loglik(model, pi)),
+        iterations=int(iters),
+        converged=bool(converged),
+        bootstrap=boot,
+        histogram=pooled_hist,
+        flags=tuple(flags),
+        loglik_trace=traced,
+        details=details,
+    )
+
+
+# ------------------------------------------------------------------------------ simulation, adaptive
+def simulate_sampled_ranks(
+    exact_ranks, n_items, n_samples, sampling: str = "binomial", generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Draw sampled ranks r~ = 1 + j given exact ranks r (j from the sampling law), vectorised, int64.
+
+    ``n_items`` and ``n_samples`` may be per-positive tensors. The hypergeometric draw uses numpy
+    seeded from ``generator``.
+    """
+    law = check_law(sampling)
+    r = torch.as_tensor(exact_ranks).to(torch.float64)
+    n = torch.as_tensor(n_items, dtype=torch.float64, device=r.device)
+    m = torch.as_tensor(n_samples, dtype=torch.float64, device=r.device)
+    r, n, m = torch.broadcast_tensors(r, n, m)
+    if r.numel() and (bool((r < 1).any()) or bool((r > n).any())):
+        raise ValueError("exact_ranks: must lie in 1..n_items")
+    if law == "binomial":
+        p = (r - 1) / (n - 1)
+        if generator is None:
+            j = torch.binomial(m, p)
+        else:
+            j = torch.binomial(m, p, generator=generator)
+        return (j + 1).to(torch.int64)
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+    rng = np.random.default_rng(seed)
+    rn, nn, mn = (x.cpu().numpy().astype(np.int64) for x in (r, n, m))
+    if np.any(mn > nn - 1):
+        raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates")
+    j = rng.hypergeometric(rn - 1, nn - rn, mn) if rn.size else np.zeros_like(rn)
+    return torch.as_tensor(j + 1, dtype=torch.int64, device=r.device)
+
+
+def adaptive_sampled_ranks_from_exact(
+    exact_ranks, n_items, n_samples: int, max_samples: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Adaptive sampling simulated from exact ranks (with replacement): positives with r~ = 1 draw as many new
+    samples again (m doubles) until r~ > 1 or m reaches ``max_samples``.
+
+    Returns:
+        (sampled ranks among the final m, final m per positive), int64 tensors shaped like ``exact_ranks``.
+    """
+    m0 = int(n_samples)
+    cap = int(max_samples)
+    if m0 < 1 or cap < m0:
+        raise ValueError(f"n_samples, max_samples: need 1 <= n_samples <= max_samples, got {m0}, {cap}")
+    r = torch.as_tensor(exact_ranks)
+    n = torch.as_tensor(n_items, dtype=torch.float64, device=r.device).expand(r.shape)
+    ranks = simulate_sampled_ranks(r, n, m0, "binomial", generator)
+    m = torch.full_like(ranks, m0)
+    while True:  # at most log2(cap / m0) stages, each vectorised over positives
+        need = (ranks == 1) & (m * 2 <= cap)
+        if not bool(need.any()):
+            break
+        extra = simulate_sampled_ranks(r[need], n[need], m[need].to(torch.float64), "binomial", generator)
+        ranks[need] = extra  # no earlier sample beat it, so its rank among 2m is 1 + (beats among the new m)
+        m[need] = m[need] * 2
+    return ranks, m
+
+
+def adaptive_sampled_ranks(
+    scores: torch.Tensor,
+    positives,
+    n_samples: int,
+    max_samples: int,
+    exclude=None,
+    generator: torch.Generator | None = None,
+    ties: str = "pessimistic",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Adaptive sampled ranks from scores (Li et al., AAAI 2023), uniform sampling with replacement.
+
+    Each positive is first ranked against m = ``n_samples`` drawn items; while it ranks first and 2m does not
+    exceed ``max_samples``, it draws m more items (so m doubles) and its rank becomes 1 + #{new items
+    scoring higher}. Stages redraw only for rows that still need it.
+
+    Returns:
+        (ranks, sizes): (B, P) int64 sampled ranks among each positive's final sample (0 in padded slots) and
+        the final m per positive (0 in padded slots).
+    """
+    from .ranking import sampled_ranks  # ranking is owned elsewhere; imported where used
+
+    m0 = int(n_samples)
+    cap = int(max_samples)
+    if m0 < 1 or cap < m0:
+        raise ValueError(f"n_samples, max_samples: need 1 <= n_samples <= max_samples, got {m0}, {cap}")
+    first = sampled_ranks(scores, positives, m0, exclude=exclude, replacement=True, generator=generator, ties=ties)
+    ranks = first.ranks.clone()
+    valid = ranks > 0
+    sizes = torch.where(valid, torch.full_like(ranks, m0), torch.zeros_like(ranks))
+    m_cur = m0
+    while m_cur * 2 <= cap:  # stages, not a loop over positives
+        need = (ranks == 1) & (sizes == m_cur)
+        if not bool(need.any()):
+            break
+        rows = need.any(1)
+        pos_rows = positives[rows] if isinstance(positives, torch.Tensor) else torch.as_tensor(positives)[rows]
+        exc_rows = None if exclude is None else torch.as_tensor(exclude)[rows]
+        more = sampled_ranks(
+            scores[rows], pos_rows, m_cur, exclude=exc_rows, replacement=True, generator=generator, ties=ties
+        ).ranks
+        sub_need = need[rows]
+        sub_ranks = ranks[rows]
+        sub_sizes = sizes[rows]
+        sub_ranks[sub_need] = more[sub_need]
+        sub_sizes[sub_need] = 2 * m_cur
+        ranks[rows] = sub_ranks
+        sizes[rows] = sub_sizes
+        m_cur *= 2
+    return ranks, sizes

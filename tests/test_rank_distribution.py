@@ -1,0 +1,197 @@
+"""Rank-distribution estimators (mle, mes), adaptive sampling and the estimate() dispatcher (issue 4)."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from reco_sampled_plugin._rank_hist import sampled_rank_histogram
+from reco_sampled_plugin.estimators import ESTIMATORS, estimate
+from reco_sampled_plugin.metrics import metric_values
+from reco_sampled_plugin.rank_distribution import (
+    adaptive_sampled_ranks,
+    adaptive_sampled_ranks_from_exact,
+    estimate_rank_distribution,
+    rank_grid,
+    simulate_sampled_ranks,
+)
+
+N, M, USERS = 10_000, 100, 20_000
+
+
+def _exact(users=USERS, n=N, seed=0):
+    """A two-part synthetic rank distribution: 40% near the top (geometric, mean 30), 60% lognormal."""
+    rng = np.random.default_rng(seed)
+    top = rng.geometric(1 / 30, size=int(0.4 * users))
+    tail = np.exp(rng.normal(np.log(800), 1.3, size=users - top.size)).astype(np.int64) + 1
+    return torch.as_tensor(np.clip(np.concatenate([top, tail]), 1, n))
+
+
+@pytest.fixture(scope="module")
+def data():
+    exact = _exact()
+    sampled = simulate_sampled_ranks(exact, N, M, generator=torch.Generator().manual_seed(7))
+    return exact, sampled
+
+
+@pytest.fixture(scope="module")
+def mle_fit(data):
+    return estimate_rank_distribution(data[1], N, M, method="mle", n_bootstrap=24, trace=True)
+
+
+def test_grid_is_small_and_covers_every_rank():
+    for n, m in [(10_000, 100), (10_000_000, 100), (100_000_000, 10_000)]:
+        e = rank_grid(n, m)
+        assert e[0] == 0 and e[-1] == n and np.all(np.diff(e) >= 1)
+        assert len(e) < 2500
+        np.testing.assert_array_equal(e[1:21], np.arange(1, 21))  # single ranks at the top
+
+
+METRICS = ["hit@200", "hit@1000", "ndcg@500", "ndcg", "auc"]
+
+
+def test_mle_recovers_known_distribution(data, mle_fit):
+    exact, _ = data
+    assert mle_fit.converged and np.isclose(mle_fit.probs.sum(), 1.0)
+    for name in METRICS:
+        res = mle_fit.metric(name)
+        true = float(metric_values(name, exact, N).mean())
+        assert res.stderr is not None and 0 < res.stderr < 0.05
+        assert abs(res.value - true) <= 4 * res.stderr, (name, res.value, true, res.stderr)
+    # the uncorrected sampled metric is far off at the same cut-offs (the estimator is doing the work)
+    sampled_ndcg = float(metric_values("ndcg", data[1], M + 1).mean())
+    assert abs(sampled_ndcg - float(metric_values("ndcg", exact, N).mean())) > 0.1
+
+
+def test_em_loglik_never_decreases(mle_fit, data):
+    tr = np.array(mle_fit.loglik_trace)
+    assert len(tr) > 3
+    assert np.all(np.diff(tr) >= -1e-9 * abs(tr[-1]))
+    assert tr[-1] > tr[0] + 100  # it does move away from the uniform start
+    hyp = estimate_rank_distribution(data[1][:3000], N, M, sampling="hypergeometric", n_bootstrap=0, trace=True)
+    t2 = np.array(hyp.loglik_trace)
+    assert np.all(np.diff(t2) >= -1e-9 * abs(t2[-1]))
+
+
+def test_mes_objective_decreases_and_recovers(data):
+    exact, sampled = data
+    fit = estimate_rank_distribution(sampled, N, M, method="mes", n_bootstrap=6, trace=True)
+    tr = np.array(fit.loglik_trace)
+    assert fit.converged and len(tr) > 3
+    assert np.all(np.diff(tr) <= 1e-12 * abs(tr[0]))
+    for name in ("hit@1000", "ndcg"):
+        res = fit.metric(name)
+        true = float(metric_values(name, exact, N).mean())
+        assert abs(res.value - true) <= 4 * res.stderr + 0.005, (name, res.value, true, res.stderr)
+
+
+def test_hypergeometric_and_per_user_candidates():
+    rng = np.random.default_rng(3)
+    exact = _exact(8000, n=3000, seed=3)
+    n_user = torch.as_tensor(rng.choice([3000, 2500, 2000], size=exact.numel()))
+    exact = torch.minimum(exact, n_user)
+    sampled = simulate_sampled_ranks(exact, n_user, 50, "hypergeometric", generator=torch.Generator().manual_seed(1))
+    hist = sampled_rank_histogram(sampled, n_user, 50)
+    assert hist.n_groups == 3
+    fit = estimate_rank_distribution(hist, sampling="hypergeometric", n_bootstrap=16)
+    assert set(fit.edges.tolist()) >= {2000, 2500, 3000}  # every n is a cell edge
+    for name in ("hit@300", "ndcg"):
+        res = fit.metric(name)
+        true = float(metric_values(name, exact, n_user).mean())
+        assert abs(res.value - true) <= 4 * res.stderr + 0.005, (name, res.value, true, res.stderr)
+
+
+def test_pooling_many_candidate_counts_is_reported():
+    rng = np.random.default_rng(4)
+    n_user = torch.as_tensor(rng.integers(1500, 1700, size=2000))
+    exact = torch.as_tensor(rng.integers(1, 1500, size=2000))
+    sampled = simulate_sampled_ranks(exact, n_user, 20, generator=torch.Generator().manual_seed(2))
+    fit = estimate_rank_distribution(sampled, n_user, 20, n_bootstrap=0, max_groups=4)
+    assert "pooled_n" in fit.flags and fit.histogram.n_groups <= 4
+    assert fit.histogram.total == 2000
+
+
+def test_prior_from_fit(mle_fit):
+    p = mle_fit.prior()
+    assert p.shape == (N,) and np.all(p >= 0) and p.sum() == pytest.approx(1.0)
+    fn = mle_fit.as_prior()
+    np.testing.assert_allclose(fn(np.arange(1, N + 1), N), mle_fit.pmf(np.arange(1, N + 1)))
+    corrections = pytest.importorskip("reco_sampled_plugin.corrections")
+    t_vec = corrections.correction_table("hit@200", N, M, "bv", 0.1, prior=p).numpy()
+    t_fn = corrections.correction_table("hit@200", N, M, "bv", 0.1, prior=fn).numpy()
+    assert np.all(np.isfinite(t_vec)) and t_vec.shape == (M + 1,)
+    np.testing.assert_allclose(t_fn, t_vec, atol=0.02)  # callable: composite quadrature of a step function
+    assert mle_fit.cdf(N) == pytest.approx(1.0)
+    assert mle_fit.cdf(500) == pytest.approx(p[:500].sum(), rel=1e-9)
+
+
+def test_adaptive_sampling_from_exact_ranks():
+    exact = _exact(10_000, seed=5)
+    ranks, sizes = adaptive_sampled_ranks_from_exact(exact, N, 50, 400, generator=torch.Generator().manual_seed(0))
+    assert set(sizes.unique().tolist()) <= {50, 100, 200, 400}
+    assert bool(((ranks == 1) <= (sizes == 400)).all())  # only capped positives stay at r~ = 1
+    assert bool((ranks <= sizes + 1).all())
+    plain = simulate_sampled_ranks(exact, N, 50, generator=torch.Generator().manual_seed(0))
+    fit_a = estimate_rank_distribution(ranks, N, sizes, n_bootstrap=12)
+    fit_p = estimate_rank_distribution(plain, N, 50, n_bootstrap=0)
+    true = float((exact <= 50).double().mean())
+    ra = fit_a.metric("hit@50")
+    assert abs(ra.value - true) <= 4 * ra.stderr + 0.005
+    # the positives left at r~ = 1 have 400 samples: resolution 1 + 9999/401 < 50, so the top is resolved;
+    # with 50 samples it is not (resolution ~197)
+    assert "top_unresolved" not in ra.flags
+    assert "top_unresolved" in fit_p.metric("hit@50").flags
+
+
+def test_adaptive_sampling_from_scores():
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(64, 500, generator=gen)
+    positives = torch.randint(0, 500, (64, 1), generator=gen)
+    scores[torch.arange(32), positives[:32, 0]] = 10.0  # half the positives score best: they hit the cap
+    ranks, sizes = adaptive_sampled_ranks(scores, positives, 8, 64, generator=gen)
+    assert ranks.shape == (64, 1)
+    assert bool((sizes[:32] == 64).all()) and bool((ranks[:32] == 1).all())
+    assert bool(((ranks == 1) <= (sizes == 64)).all())
+    assert bool((ranks <= sizes + 1).all()) and bool((ranks >= 1).all())
+
+
+def test_blind_spot_and_bad_input():
+    top = torch.ones(500, dtype=torch.int64)
+    fit = estimate_rank_distribution(top, N, M, n_bootstrap=4)
+    res = fit.metric("hit@10")
+    assert "all_at_top" in res.flags and "top_unresolved" in res.flags and res.stderr == math.inf
+    assert math.isfinite(res.value)
+    with pytest.raises(ValueError, match="empty"):
+        estimate_rank_distribution(torch.zeros(4, dtype=torch.int64), N, M)
+    with pytest.raises(ValueError, match="method"):
+        estimate_rank_distribution(top, N, M, method="magic")
+    with pytest.raises(ValueError, match="larger than the catalogue"):
+        fit.metric(f"hit@{N + 1}")
+    slow = estimate_rank_distribution(torch.tensor([1, 5, 30, 101]), N, M, n_bootstrap=0, max_iter=2)
+    assert not slow.converged and "not_converged" in slow.flags
+    assert "not_converged" in slow.metric("hit@1000").flags
+    with pytest.raises(ValueError, match="n_samples"):
+        estimate_rank_distribution(torch.tensor([1, 2]), 50, 60, sampling="hypergeometric")
+
+
+def test_dispatcher_every_method(data):
+    exact, sampled = data
+    sub = sampled[:4000]
+    true = float(metric_values("hit@500", exact[:4000], N).mean())
+    for method in ESTIMATORS:
+        kw = {"a": 0.5} if method == "beta" else {}
+        if method in ("mle", "mes", "bv_mle"):
+            kw["n_bootstrap"] = 4
+        res = estimate("ndcg@20", sub, N, M, method=method, **kw)
+        assert math.isfinite(res.value) and res.stderr > 0 and res.n_instances == 4000, method
+    good = estimate("hit@500", sub, N, M, method="mle", n_bootstrap=8)
+    assert abs(good.value - true) < 4 * good.stderr + 0.01
+    with pytest.raises(ValueError, match="unknown estimator"):
+        estimate("hit@10", sub, N, M, method="nope")
+    with pytest.raises(ValueError, match="takes no options"):
+        estimate("hit@10", sub, N, M, method="bound", n_bootstrap=3)
+    with pytest.raises(ValueError, match="larger than the catalogue"):
+        estimate(f"hit@{N + 5}", sub, N, M, method="bound")
+    blind = estimate("hit@5", torch.ones(50, dtype=torch.int64), N, M, method="bv")
+    assert blind.stderr == math.inf and "all_at_top" in blind.flags
