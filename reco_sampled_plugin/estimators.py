@@ -29,11 +29,11 @@ The correction methods need ``reco_sampled_plugin.corrections`` (imported lazily
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from ._rank_hist import RankHistogram, as_histogram
+from .estimate import Estimate
 from .mapping import MAPPING_METHODS, mapping_estimate
 from .metric_names import parse_metric
 from .rank_distribution import RANK_DISTRIBUTION_METHODS, estimate_rank_distribution
@@ -46,26 +46,11 @@ ESTIMATORS = MAPPING_METHODS + RANK_DISTRIBUTION_METHODS + CORRECTION_METHODS + 
 _VECTOR_PRIOR_MAX = 2_000_000
 
 
-@dataclass(frozen=True)
-class EstimatorResult:
-    """Value and standard error of an estimated global metric.
-
-    Attributes:
-        value: the estimate.
-        stderr: its standard error (``math.inf`` when the data do not identify it; see ``flags``).
-        n_instances: number (total weight) of positives.
-        details: estimator-specific information (method, fitted parameters, convergence, ...).
-        flags: explicit warnings (``top_unresolved``, ``all_at_top``, ``not_converged``, ...).
-    """
-
-    value: float
-    stderr: float
-    n_instances: float
-    details: dict = field(default_factory=dict)
-    flags: tuple[str, ...] = ()
+# the dispatcher returns the package-wide Estimate (value, stderr, n_instances, details, flags)
+EstimatorResult = Estimate
 
 
-def _result(value: float, stderr: float | None, n: float, details: dict, flags) -> EstimatorResult:
+def _result(value: float, stderr: float | None, n: float, details: dict, flags) -> Estimate:
     if not math.isfinite(value):
         raise ValueError(f"estimate: the estimator produced a non-finite value ({value}); details: {details}")
     if stderr is None:
@@ -73,7 +58,7 @@ def _result(value: float, stderr: float | None, n: float, details: dict, flags) 
     se = float(stderr)
     details = dict(details)
     details["flags"] = tuple(flags)
-    return EstimatorResult(float(value), se, float(n), details, tuple(flags))
+    return Estimate(float(value), se, float(n), details, tuple(flags))
 
 
 def _table_estimate(hist: RankHistogram, tables: list[np.ndarray]) -> tuple[float, float]:

@@ -517,32 +517,14 @@ def estimate_rank_distribution(
 def simulate_sampled_ranks(
     exact_ranks, n_items, n_samples, sampling: str = "binomial", generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """Draw sampled ranks r~ = 1 + j given exact ranks r (j from the sampling law), vectorised, int64.
+    """Draw sampled ranks r~ = 1 + j given exact ranks r (j from the sampling law), int64, on the
+    ranks' device. ``n_items`` and ``n_samples`` may be per-positive tensors; ``generator`` seeds
+    the draw (see :func:`reco_sampled_plugin.simulate.draw_sampled_ranks`)."""
+    from .simulate import draw_sampled_ranks
 
-    ``n_items`` and ``n_samples`` may be per-positive tensors. The hypergeometric draw uses numpy
-    seeded from ``generator``.
-    """
-    law = check_law(sampling)
-    r = torch.as_tensor(exact_ranks).to(torch.float64)
-    n = torch.as_tensor(n_items, dtype=torch.float64, device=r.device)
-    m = torch.as_tensor(n_samples, dtype=torch.float64, device=r.device)
-    r, n, m = torch.broadcast_tensors(r, n, m)
-    if r.numel() and (bool((r < 1).any()) or bool((r > n).any())):
-        raise ValueError("exact_ranks: must lie in 1..n_items")
-    if law == "binomial":
-        p = (r - 1) / (n - 1)
-        if generator is None:
-            j = torch.binomial(m, p)
-        else:
-            j = torch.binomial(m, p, generator=generator)
-        return (j + 1).to(torch.int64)
+    r = torch.as_tensor(exact_ranks)
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-    rng = np.random.default_rng(seed)
-    rn, nn, mn = (x.cpu().numpy().astype(np.int64) for x in (r, n, m))
-    if np.any(mn > nn - 1):
-        raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates")
-    j = rng.hypergeometric(rn - 1, nn - rn, mn) if rn.size else np.zeros_like(rn)
-    return torch.as_tensor(j + 1, dtype=torch.int64, device=r.device)
+    return draw_sampled_ranks(r, n_items, n_samples, sampling, repeats=1, seed=seed)[0].to(r.device)
 
 
 def adaptive_sampled_ranks_from_exact(

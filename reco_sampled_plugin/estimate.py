@@ -1,0 +1,61 @@
+"""The value every estimator returns: a point estimate with its standard error."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+__all__ = ["Estimate"]
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A metric estimate averaged over evaluation instances.
+
+    Attributes:
+        value: the estimate (mean over instances).
+        stderr: its standard error over the instances (sample std / sqrt(n_instances); 0 for one instance).
+        n_instances: number of evaluated instances (relevant items; a total weight when weighted).
+        details: estimator-specific extras (method, gamma, sampling law, ...); treat as read-only.
+        flags: explicit warnings instead of silent numbers: ``top_unresolved`` (the cut-off lies
+            where the sampled data cannot resolve ranks), ``all_at_top`` (every positive at r~ = 1;
+            stderr is inf), ``not_converged``, ``fit_not_converged``, ``pooled_n``.
+    """
+
+    value: float
+    stderr: float
+    n_instances: int | float
+    details: Mapping[str, Any] = field(default_factory=dict)
+    flags: tuple[str, ...] = ()
+
+    def interval(self, level: float = 0.95) -> tuple[float, float]:
+        """Normal-approximation confidence interval at ``level``."""
+        if not 0.0 < level < 1.0:
+            raise ValueError(f"level: must lie in (0, 1), got {level}")
+        from statistics import NormalDist
+
+        z = NormalDist().inv_cdf(0.5 + level / 2)
+        return (self.value - z * self.stderr, self.value + z * self.stderr)
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+    def __repr__(self) -> str:
+        extra = "" if not self.details else f", details={dict(self.details)!r}"
+        if self.flags:
+            extra += f", flags={self.flags!r}"
+        return f"Estimate(value={self.value:.6g}, stderr={self.stderr:.3g}, n_instances={self.n_instances}{extra})"
+
+    @staticmethod
+    def from_values(values, details: Mapping[str, Any] | None = None) -> "Estimate":
+        """Mean and standard error (ddof = 1) of per-instance values (a 1-D torch tensor or sequence)."""
+        import torch
+
+        v = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+        n = int(v.numel())
+        if n == 0:
+            raise ValueError("values: no instances to average")
+        mean = float(v.mean())
+        se = float(v.std(correction=1) / math.sqrt(n)) if n > 1 else 0.0
+        return Estimate(mean, se, n, dict(details or {}))

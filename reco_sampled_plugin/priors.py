@@ -1,0 +1,220 @@
+"""Priors p(r) over exact ranks r = 1..n, used to weight the bias of a correction (Krichene & Rendle
+eq. 21-26; Li et al. section 3.2 for the Beta prior).
+
+A prior is anything that yields p(r) weights. The contract (:class:`Prior`) has two parts:
+
+* ``weights(n)``: the exact probabilities p(1..n) (float64, >= 0, summing to 1), used when the
+  correction is built by enumerating every rank (small n, or a :class:`VectorPrior`);
+* ``density(r, n)``: p at *real* ranks r >= 1 (unnormalised is fine), smooth in r away from the head,
+  or ``None`` when the prior can only be enumerated. For large n the correction enumerates the head
+  exactly and integrates the tail with composite Gauss rules (quadrature.py) on ``density``; the
+  rule's total mass renormalises it.
+
+The uniform prior is special-cased (``is_uniform``): its sums are exact Gauss quadrature at any n.
+A non-uniform prior breaks that polynomial exactness; the composite rule's measured relative error is
+below 1e-10 for the Beta prior (tests/test_corrections.py), and a VectorPrior is always enumerated
+(O(n m^2), exact). Later estimators (MLE priors) plug in by subclassing :class:`Prior`; ``key`` makes
+correction tables cacheable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Callable, Hashable
+
+import numpy as np
+import torch
+
+__all__ = [
+    "Prior",
+    "UniformPrior",
+    "BetaPrior",
+    "VectorPrior",
+    "CallablePrior",
+    "as_prior",
+    "fit_beta_prior",
+    "empirical_prior",
+]
+
+
+class Prior:
+    """Base class: a distribution p(r) over exact ranks 1..n (see the module docstring)."""
+
+    is_uniform: bool = False
+
+    @property
+    def key(self) -> Hashable:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def weights(self, n: int) -> np.ndarray:  # pragma: no cover - abstract
+        """Exact p(1..n) as a float64 array summing to 1."""
+        raise NotImplementedError
+
+    def density(self, r: np.ndarray, n: int) -> np.ndarray | None:
+        """p at real ranks ``r`` (unnormalised), or None when only :meth:`weights` is available."""
+        return None
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Prior) and self.key == other.key
+
+
+class UniformPrior(Prior):
+    """p(r) = 1/n (the paper's default)."""
+
+    is_uniform = True
+
+    @property
+    def key(self) -> Hashable:
+        return ("uniform",)
+
+    def weights(self, n: int) -> np.ndarray:
+        return np.full(n, 1.0 / n)
+
+    def density(self, r: np.ndarray, n: int) -> np.ndarray:
+        return np.full(np.shape(r), 1.0 / n)
+
+    def __repr__(self) -> str:
+        return "UniformPrior()"
+
+
+class BetaPrior(Prior):
+    """Beta(a, 1) over the normalised rank (Li et al. eq. 14): p(r) = (r/n)^a - ((r-1)/n)^a.
+
+    The density a x^(a-1) is integrated over the cell ((r-1)/n, r/n], so p sums to 1 exactly and is
+    finite at r = 1 even for a < 1 (Li et al. write ((r-1)/(n-1))^(a-1) / (n-1), infinite at r = 1;
+    the two agree to O(1/n) elsewhere). a < 1 puts mass at the top; a = 1 is the uniform prior.
+    """
+
+    def __init__(self, a: float):
+        a = float(a)
+        if not np.isfinite(a) or a <= 0:
+            raise ValueError(f"prior: Beta parameter a must be a positive finite number, got {a}")
+        self.a = a
+
+    @property
+    def key(self) -> Hashable:
+        return ("beta", self.a)
+
+    def density(self, r: np.ndarray, n: int) -> np.ndarray:
+        r = np.asarray(r, dtype=np.float64)
+        # (r/n)^a (1 - (1 - 1/r)^a), computed without cancellation (log1p(-1) = -inf at r = 1 is exact)
+        with np.errstate(divide="ignore"):
+            return np.exp(self.a * (np.log(r) - np.log(n))) * -np.expm1(self.a * np.log1p(-1.0 / r))
+
+    def weights(self, n: int) -> np.ndarray:
+        p = self.density(np.arange(1, n + 1, dtype=np.float64), n)
+        return p / p.sum()
+
+    def __repr__(self) -> str:
+        return f"BetaPrior(a={self.a:g})"
+
+
+class VectorPrior(Prior):
+    """A user-given vector p(1..n) (index 0 is r = 1); always enumerated exactly."""
+
+    def __init__(self, p, atol: float = 1e-8):
+        arr = p.detach().cpu().numpy() if isinstance(p, torch.Tensor) else np.asarray(p)
+        arr = np.asarray(arr, dtype=np.float64).reshape(-1)
+        if arr.size == 0 or not np.all(np.isfinite(arr)):
+            raise ValueError("prior: the vector must be non-empty and finite")
+        if np.any(arr < 0):
+            raise ValueError(f"prior: probabilities must be >= 0, found {arr.min():g}")
+        if abs(arr.sum() - 1.0) > atol:
+            raise ValueError(f"prior: probabilities must sum to one, got {arr.sum():.12g}")
+        self.p = arr / arr.sum()
+        self.p.setflags(write=False)
+        self._key = ("vector", arr.size, hashlib.sha1(self.p.tobytes()).hexdigest())
+
+    @property
+    def key(self) -> Hashable:
+        return self._key
+
+    def weights(self, n: int) -> np.ndarray:
+        if n != self.p.size:
+            raise ValueError(f"prior: vector has length {self.p.size} but n_items = {n}; give one entry per exact rank")
+        return self.p
+
+    def __repr__(self) -> str:
+        return f"VectorPrior(n={self.p.size})"
+
+
+class CallablePrior(Prior):
+    """p(r) ∝ fn(r, n) for real ranks r (float64 array) and an int n; normalised over the ranks.
+
+    ``fn`` must return finite values >= 0 and be smooth in r beyond the first few hundred ranks
+    (the tail is integrated by composite Gauss rules).
+    """
+
+    def __init__(self, fn: Callable[[np.ndarray, int], np.ndarray]):
+        if not callable(fn):
+            raise ValueError("prior: expected a callable fn(r, n)")
+        self.fn = fn
+
+    @property
+    def key(self) -> Hashable:
+        return ("callable", self.fn)
+
+    def density(self, r: np.ndarray, n: int) -> np.ndarray:
+        out = np.asarray(self.fn(np.asarray(r, dtype=np.float64), n), dtype=np.float64)
+        out = np.broadcast_to(out, np.shape(r))
+        if not np.all(np.isfinite(out)) or np.any(out < 0):
+            raise ValueError("prior: the callable returned negative or non-finite values")
+        return out
+
+    def weights(self, n: int) -> np.ndarray:
+        p = self.density(np.arange(1, n + 1, dtype=np.float64), n)
+        if p.sum() <= 0:
+            raise ValueError("prior: the callable's values sum to zero")
+        return p / p.sum()
+
+    def __repr__(self) -> str:
+        return f"CallablePrior({getattr(self.fn, '__name__', self.fn)!r})"
+
+
+def as_prior(prior, n_items: int | None = None) -> Prior:
+    """Normalise ``prior``: None / "uniform" -> UniformPrior; a Prior; ("beta", a) -> BetaPrior;
+    an array / tensor -> VectorPrior (length must be n_items); a callable -> CallablePrior."""
+    if prior is None or (isinstance(prior, str) and prior.lower() == "uniform"):
+        return UniformPrior()
+    if isinstance(prior, Prior):
+        result = prior
+    elif isinstance(prior, tuple) and len(prior) == 2 and prior[0] == "beta":
+        result = BetaPrior(prior[1])
+    elif isinstance(prior, str):
+        raise ValueError(f"prior: unknown name {prior!r}; use 'uniform', ('beta', a), a vector or a callable")
+    elif callable(prior):
+        result = CallablePrior(prior)
+    else:
+        result = VectorPrior(prior)
+    if n_items is not None and isinstance(result, VectorPrior) and result.p.size != n_items:
+        raise ValueError(f"prior: vector has length {result.p.size} but n_items = {n_items}")
+    return result
+
+
+def fit_beta_prior(sampled_ranks, n_samples: int) -> BetaPrior:
+    """A Beta(a, 1) prior fitted to sampled ranks by the method of moments.
+
+    Under either law E[(r~ - 1) / m] = E[(r - 1) / (n - 1)], and under Beta(a, 1) that mean is
+    a / (a + 1); so a = mu / (1 - mu) with mu the mean of (r~ - 1)/m, clipped to [1e-3, 1e3].
+    A simple hook: maximum-likelihood priors (next issue) return a :class:`Prior` the same way.
+    """
+    r = torch.as_tensor(sampled_ranks).to(torch.float64).reshape(-1)
+    if r.numel() == 0:
+        raise ValueError("sampled_ranks: empty")
+    if bool((r < 1).any()) or bool((r > n_samples + 1).any()):
+        raise ValueError(f"sampled_ranks: values must lie in 1..m+1 = 1..{n_samples + 1}")
+    mu = float(((r - 1) / n_samples).mean())
+    mu = min(max(mu, 1e-6), 1 - 1e-6)
+    return BetaPrior(float(np.clip(mu / (1 - mu), 1e-3, 1e3)))
+
+
+def empirical_prior(exact_ranks, n_items: int, smoothing: float = 1.0) -> VectorPrior:
+    """Histogram of exact ranks with additive smoothing ``smoothing`` per rank, as a VectorPrior."""
+    r = torch.as_tensor(exact_ranks).reshape(-1).to(torch.int64).cpu().numpy()
+    if r.size and (r.min() < 1 or r.max() > n_items):
+        raise ValueError(f"exact_ranks: values must lie in 1..n_items = 1..{n_items}")
+    counts = np.bincount(r - 1, minlength=n_items).astype(np.float64) + float(smoothing)
+    return VectorPrior(counts / counts.sum())

@@ -1,0 +1,46 @@
+"""Draw sampled ranks r~ given exact ranks r (Krichene & Rendle section 4.3): the Monte Carlo
+counterpart of sampling_laws.py, for repeat-the-sampling experiments (Table 2 and Table 4)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ._checks import check_int
+from .sampling_laws import check_law
+
+__all__ = ["draw_sampled_ranks"]
+
+
+def draw_sampled_ranks(
+    exact_ranks, n_items, n_samples, sampling: str = "binomial", repeats: int = 1, seed: int | None = 0
+) -> torch.Tensor:
+    """Sampled ranks for ``repeats`` independent draws: int64 tensor (repeats, *shape), CPU.
+
+    r~ - 1 ~ Binomial(m, (r-1)/(n-1)) (with replacement) or Hypergeometric(n-1, r-1, m) (without).
+    ``n_items`` and ``n_samples`` are ints or per-instance counts broadcastable to the ranks
+    (per-positive m serves adaptive sampling); ``seed`` fixes the draws.
+    """
+    law = check_law(sampling)
+    reps = check_int(repeats, "repeats", minimum=1)
+    r = torch.as_tensor(exact_ranks).detach().cpu().to(torch.int64).numpy()
+    m_arr = torch.as_tensor(n_samples).detach().cpu()
+    if m_arr.is_floating_point() and not bool((m_arr == torch.round(m_arr)).all()):
+        raise ValueError("n_samples: must be whole numbers")
+    m_np = m_arr.to(torch.int64).numpy()
+    if m_np.size and m_np.min() < 1:
+        raise ValueError(f"n_samples: must be >= 1, got {int(m_np.min())}")
+    r, n, m = np.broadcast_arrays(r, torch.as_tensor(n_items).detach().cpu().to(torch.int64).numpy(), m_np)
+    if r.size and (np.any(r < 1) or np.any(r > n)):
+        raise ValueError("exact_ranks: values must lie in 1..n_items (1-based)")
+    if r.size and np.any(n < 2):
+        raise ValueError("n_items: need at least 2 candidates")
+    rng = np.random.default_rng(seed)
+    size = (reps,) + r.shape
+    if law == "binomial":
+        j = rng.binomial(m, (r - 1) / np.maximum(n - 1, 1), size=size)
+    else:
+        if r.size and np.any(n - 1 < m):
+            raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (m < n_items)")
+        j = rng.hypergeometric(r - 1, n - r, m, size=size)
+    return torch.from_numpy(np.asarray(j, dtype=np.int64) + 1)

@@ -1,0 +1,367 @@
+"""Correction tables (Krichene & Rendle section 5) against brute force with the explicit A matrix,
+closed forms and the paper's running example."""
+
+import functools
+
+import numpy as np
+import pytest
+import scipy.optimize
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as hs
+from numpy.polynomial import legendre
+
+from reco_sampled_plugin.corrections import (
+    _table,
+    correction_table,
+    design_rule,
+    expected_corrected,
+    table_bias,
+)
+from reco_sampled_plugin.metric_names import parse_metric
+from reco_sampled_plugin.metrics import metric_curve, metric_values
+from reco_sampled_plugin.priors import BetaPrior, CallablePrior, UniformPrior, VectorPrior, as_prior
+from reco_sampled_plugin.quadrature import pmf_at_ranks
+from reco_sampled_plugin.sampling_laws import sampled_rank_pmf
+
+LAWS = ["binomial", "hypergeometric"]
+TABLE1 = {
+    "A": [100, 100, 100, 100, 100],
+    "B": [40, 40, 8437, 9266, 4482],
+    "C": [212, 2, 743, 5342, 1548],
+}
+
+
+@functools.lru_cache(maxsize=16)
+def _pmf(n, m, law):
+    return sampled_rank_pmf(torch.arange(1, n + 1), n, m, law).numpy()
+
+
+def brute(metric, n, m, law, p=None):
+    """Explicit A (n x (m+1)) from sampling_laws (an implementation independent of quadrature.py)."""
+    pmf = _pmf(n, m, law)
+    p = np.full(n, 1.0 / n) if p is None else np.asarray(p, dtype=np.float64)
+    mv = metric_curve(metric, n).numpy()
+    gram = pmf.T @ (p[:, None] * pmf)
+    h = pmf.T @ (p * mv)
+    c = p @ pmf
+    return pmf, p, mv, gram, h, c
+
+
+def brute_bv(metric, n, m, law, gamma, p=None):
+    _, _, _, gram, h, c = brute(metric, n, m, law, p)
+    if gamma == 1:
+        return h / c
+    return np.linalg.solve((1 - gamma) * gram + gamma * np.diag(c), h)
+
+
+def brute_bias(x, pmf, p, mv):
+    return float(p @ (pmf @ x - mv) ** 2)
+
+
+def rel(a, b):
+    return np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max()
+
+
+# ---------------------------------------------------------------- brute-force agreement
+
+
+@pytest.mark.parametrize("law", LAWS)
+@pytest.mark.parametrize("metric", ["recall@10", "ndcg@10", "precision@5", "ap", "ndcg", "rr@20", "auc"])
+@pytest.mark.parametrize("n,m", [(300, 50), (20_000, 100)])
+def test_bv_matches_brute_force(law, metric, n, m):
+    for gamma in (1.0, 0.1, 0.01, 0.001):
+        got = correction_table(metric, n, m, "bv", gamma, law).numpy()
+        want = brute_bv(metric, n, m, law, gamma)
+        assert rel(got, want) < 1e-9, (gamma, rel(got, want))
+
+
+@pytest.mark.parametrize("law", LAWS)
+@pytest.mark.parametrize(
+    "prior",
+    [
+        BetaPrior(0.5),
+        BetaPrior(2.0),
+        CallablePrior(lambda r, n: np.exp(-r / 3000.0)),
+        ("beta", 0.3),
+    ],
+    ids=["beta0.5", "beta2", "callable", "tuple-beta0.3"],
+)
+def test_non_uniform_priors_match_brute_force(law, prior):
+    """Composite-rule path (n > 4 (m + 2)): measured relative error < 1e-9 against enumeration."""
+    n, m = 20_000, 50
+    p = as_prior(prior).weights(n)
+    for metric in ("ndcg@10", "ap", "auc"):
+        for gamma in (1.0, 0.1, 0.01):
+            got = correction_table(metric, n, m, "bv", gamma, law, prior).numpy()
+            want = brute_bv(metric, n, m, law, gamma, p)
+            assert rel(got, want) < 1e-9, (metric, gamma, rel(got, want))
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_vector_prior_is_enumerated_exactly(law):
+    n, m = 5_000, 40
+    rng = np.random.default_rng(0)
+    p = rng.gamma(0.3, size=n)
+    p /= p.sum()
+    got = correction_table("recall@10", n, m, "bv", 0.1, law, torch.tensor(p)).numpy()
+    assert rel(got, brute_bv("recall@10", n, m, law, 0.1, p)) < 1e-10
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_uniform_prior_rows_are_exact_quadrature(law):
+    # the rule for a cut-off metric: enumerated head + Gauss tail, exact for P P' and M P
+    n, m = 50_000, 30
+    spec = parse_metric("ndcg@10")
+    r, w = design_rule(spec, n, m, UniformPrior())
+    assert r.size < 100 and abs(w.sum() - 1) < 1e-13
+    pmf, p, mv, gram, h, c = brute("ndcg@10", n, m, law)
+    pq = pmf_at_ranks(r, n, m, law)
+    mq = metric_values("ndcg@10", torch.tensor(np.clip(np.round(r), 1, n)), n).numpy() * (r == np.round(r))
+    assert rel((pq * w[:, None]).T @ pq, gram) < 1e-12
+    assert rel((w * mq) @ pq, h) < 1e-12
+
+
+# ---------------------------------------------------------------- the methods' defining properties
+
+
+@pytest.mark.parametrize("law", LAWS)
+@pytest.mark.parametrize("metric", ["ndcg@10", "ap", "recall@5"])
+def test_gamma_one_is_posterior_mean(law, metric):
+    """eq. 26: M^(r~) = sum_r p(r | r~) M(r), by Bayes with the explicit joint table."""
+    n, m = 2_000, 30
+    pmf, p, mv, *_ = brute(metric, n, m, law)
+    joint = p[:, None] * pmf  # p(r, r~)
+    want = (joint * mv[:, None]).sum(0) / joint.sum(0)
+    got = correction_table(metric, n, m, "bv", 1.0, law).numpy()
+    assert rel(got, want) < 1e-12
+
+
+def _brute_cls(pmf, p, mv):
+    sw = np.sqrt(p)
+    a = sw[:, None] * pmf
+    z = np.cumsum(a, axis=1)
+    design = np.hstack([z[:, :-1], z[:, -1:], -z[:, -1:]])
+    sol, _ = scipy.optimize.nnls(design, sw * mv, maxiter=10_000)
+    d = np.concatenate([sol[:-2], [sol[-2] - sol[-1]]])
+    return np.cumsum(d[::-1])[::-1]
+
+
+@pytest.mark.parametrize("law", LAWS)
+@pytest.mark.parametrize("metric", ["recall@10", "ndcg@10", "ap"])
+def test_cls_matches_brute_force_and_is_monotone(law, metric):
+    n, m = 3_000, 30
+    pmf, p, mv, *_ = brute(metric, n, m, law)
+    got = correction_table(metric, n, m, "cls", sampling=law).numpy()
+    want = _brute_cls(pmf, p, mv)
+    assert np.all(np.diff(got) <= 1e-12)
+    b_got, b_want = brute_bias(got, pmf, p, mv), brute_bias(want, pmf, p, mv)
+    assert b_got <= b_want * (1 + 1e-6) + 1e-15
+    # the optimum beats every other monotone table
+    for other in ("none", "rank_estimate"):
+        x = correction_table(metric, n, m, other, sampling=law).numpy()
+        assert b_got <= brute_bias(x, pmf, p, mv)
+    assert b_got <= brute_bias(correction_table(metric, n, m, "bv", 1.0, law).numpy(), pmf, p, mv)
+
+
+@given(
+    metric=hs.sampled_from(["recall@10", "ndcg@10", "ap", "rr", "precision@3", "ndcg", "auc"]),
+    n=hs.integers(60, 10**7),
+    m=hs.integers(10, 150),
+    law=hs.sampled_from(LAWS),
+)
+@settings(max_examples=25, deadline=None)
+def test_cls_is_monotone_non_increasing(metric, n, m, law):
+    n = max(n, m + 2)
+    table = correction_table(metric, n, m, "cls", sampling=law).numpy()
+    assert np.all(np.isfinite(table))
+    assert np.all(np.diff(table) <= 1e-12 * max(1.0, np.abs(table).max()))
+
+
+def _oracle_min_bias(metric, n, m, p):
+    """min over degree-m polynomials q of sum_r p(r) (q(r) - M(r))^2 (well-conditioned Legendre basis):
+    the exact-arithmetic minimum of eq. 21, since span{P(r~ = i | r)} is all degree <= m polynomials."""
+    r = np.arange(1, n + 1, dtype=np.float64)
+    v = legendre.legvander(2 * (r - 1) / (n - 1) - 1, m) * np.sqrt(p)[:, None]
+    b = metric_curve(metric, n).numpy() * np.sqrt(p)
+    q, _ = np.linalg.qr(v)
+    res = b - q @ (q.T @ b)
+    return float(res @ res)
+
+
+@pytest.mark.parametrize("law", LAWS)
+@pytest.mark.parametrize("metric", ["recall@10", "ndcg@10", "ap"])
+def test_ls_is_minimal_bias_within_float64(law, metric):
+    """ls: bias never below the exact minimum, within a factor 2 of it (the rest needs coefficients
+    beyond 1e10, see docs), and below bv for every gamma and below cls; coefficients stay bounded."""
+    n, m = 5_000, 60
+    pmf, p, mv, *_ = brute(metric, n, m, law)
+    oracle = _oracle_min_bias(metric, n, m, p)
+    ls = correction_table(metric, n, m, "ls", sampling=law).numpy()
+    b_ls = brute_bias(ls, pmf, p, mv)
+    assert oracle * (1 - 1e-9) <= b_ls <= 2 * oracle
+    assert np.abs(ls).max() < 1e9
+    for gamma in (1e-3, 1e-2, 0.1, 1.0):
+        assert b_ls < brute_bias(correction_table(metric, n, m, "bv", gamma, law).numpy(), pmf, p, mv)
+    assert b_ls < brute_bias(correction_table(metric, n, m, "cls", sampling=law).numpy(), pmf, p, mv)
+    # fast path (quadrature) and explicit A reach the same bias (coefficients ~1e5 cancel in P @ x: 1e-6)
+    assert abs(table_bias(ls, metric, n, m, law) - b_ls) < 1e-6 * b_ls
+
+
+@pytest.mark.parametrize("law", LAWS)
+@pytest.mark.parametrize("metric", ["recall@10", "ap", "ndcg@10"])
+def test_bv_moves_from_posterior_mean_towards_minimal_bias(law, metric):
+    n, m = 5_000, 50
+    pmf, p, mv, *_ = brute(metric, n, m, law)
+    gammas = [1.0, 0.5, 0.1, 0.03, 0.01, 1e-3, 1e-4]
+    biases, variances = [], []
+    for g in gammas:
+        x = correction_table(metric, n, m, "bv", g, law).numpy()
+        mean = pmf @ x
+        biases.append(float(p @ (mean - mv) ** 2))
+        variances.append(float(p @ (pmf @ x**2 - mean**2)))
+    assert all(b1 >= b2 * (1 - 1e-9) for b1, b2 in zip(biases, biases[1:]))
+    assert all(v1 <= v2 * (1 + 1e-9) for v1, v2 in zip(variances, variances[1:]))
+    oracle = _oracle_min_bias(metric, n, m, p)
+    assert biases[-1] < 0.75 * biases[0] and biases[-1] >= oracle * (1 - 1e-9)
+    # the end of the path: gamma = 0 is the minimal-bias solution
+    np.testing.assert_array_equal(
+        correction_table(metric, n, m, "bv", 0.0, law).numpy(), correction_table(metric, n, m, "ls", sampling=law).numpy()
+    )
+
+
+@pytest.mark.parametrize("law", LAWS)
+@pytest.mark.parametrize("n", [3_000, 200_000])
+def test_auc_recovered_without_bias(law, n):
+    m = 50
+    ranks = torch.unique(torch.cat([torch.arange(1, 200), torch.linspace(1, n, 500).round().long(), torch.tensor([n])]))
+    exact = metric_values("auc", ranks, n)
+    for method, kw in [("none", {}), ("rank_estimate", {"rounding": "linear"}), ("ls", {}), ("cls", {})]:
+        got = expected_corrected("auc", ranks, n, m, method, sampling=law, **kw)
+        assert torch.abs(got - exact).max() < 1e-9, method
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_recall_at_10_bv_closer_to_exact_than_uncorrected_for_m_10_to_1000(law):
+    """Uniform prior: E_r E[M^(r~) | r] = sum_i c_i M^_i. Every m in 10..100, then every 50th to 1000."""
+    n = 10_000
+    exact = 10 / n
+    spec = parse_metric("recall@10")
+    for m in list(range(10, 101)) + list(range(150, 1001, 50)):
+        r, w = design_rule(spec, n, m, UniformPrior())
+        c = w @ pmf_at_ranks(r, n, m, law)
+        corrected = float(c @ correction_table("recall@10", n, m, "bv", 0.1, law).numpy())
+        uncorrected = float(c @ correction_table("recall@10", n, m, "none", sampling=law).numpy())
+        assert abs(corrected - exact) < abs(uncorrected - exact), m
+
+
+def test_rank_estimate_closed_forms():
+    n, m = 10_000, 99
+    i = np.arange(1, m + 2)
+    r_hat = 1 + (n - 1) * (i - 1) / m
+    floor = correction_table("ndcg@10", n, m, "rank_estimate").numpy()
+    np.testing.assert_allclose(floor, metric_values("ndcg@10", torch.tensor(np.floor(r_hat)), n).numpy(), rtol=1e-15)
+    lin = correction_table("auc", n, m, "rank_estimate", rounding="linear").numpy()
+    np.testing.assert_allclose(lin, (n - r_hat) / (n - 1), rtol=1e-13, atol=1e-15)
+    lin_ap = correction_table("ap", n, m, "rank_estimate", rounding="linear").numpy()
+    lo = np.floor(r_hat)
+    want = (1 / lo) * (1 - (r_hat - lo)) + (1 / np.minimum(lo + 1, n)) * (r_hat - lo)
+    np.testing.assert_allclose(lin_ap, want, rtol=1e-13)
+    none = correction_table("ndcg@10", n, m, "none").numpy()
+    np.testing.assert_allclose(none, metric_values("ndcg@10", torch.tensor(i), m + 1).numpy())
+
+
+# ---------------------------------------------------------------- the paper's running example
+
+
+def _expected_means(metric, method, gamma, law):
+    n, m = 10_000, 99
+    out = {}
+    for name, ranks in TABLE1.items():
+        out[name] = float(expected_corrected(metric, torch.tensor(ranks), n, m, method, gamma, law).mean())
+    return out
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_running_example_bv_gamma_0001_puts_c_first(law):
+    for metric in ("ap", "ndcg", "recall@10"):
+        exact = {k: float(metric_values(metric, torch.tensor(v), 10_000).mean()) for k, v in TABLE1.items()}
+        assert max(exact, key=exact.get) == "C"
+        sampled = _expected_means(metric, "none", 0.0, law)
+        assert max(sampled, key=sampled.get) != "C", metric
+        bv = _expected_means(metric, "bv", 0.001, law)
+        assert max(bv, key=bv.get) == "C", (metric, bv)
+    # the trade-off: with gamma = 0.1 (more variance penalty, more bias) C is not first for any of them
+    for metric in ("ap", "ndcg", "recall@10"):
+        bv = _expected_means(metric, "bv", 0.1, law)
+        assert max(bv, key=bv.get) != "C", (metric, bv)
+
+
+# ---------------------------------------------------------------- robustness, caching, errors
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_no_nan_or_inf_at_extreme_sizes(law):
+    for method, gamma in [("none", 0), ("rank_estimate", 0), ("bv", 0.1), ("cls", 0), ("ls", 0)]:
+        for metric in ("recall@10", "auc"):
+            t = correction_table(metric, 10**8, 1000, method, gamma, law)
+            assert t.shape == (1001,) and t.dtype == torch.float64 and torch.isfinite(t).all()
+    t = correction_table("ndcg@10", 10**8, 10**4, "none", sampling=law)
+    assert torch.isfinite(t).all()
+    t = correction_table("ndcg@10", 10**8, 10**4, "rank_estimate", sampling=law, rounding="linear")
+    assert torch.isfinite(t).all()
+    t = correction_table("ap", 10**8, 200, "bv", 0.1, law)
+    assert torch.isfinite(t).all()
+    # small n: every sampled rank is reachable or filled, never 0/0
+    t = correction_table("recall@1", 2, 50, "bv", 1.0, "binomial")
+    assert torch.isfinite(t).all()
+
+
+@pytest.mark.slow
+def test_no_nan_posterior_mean_m_10000():
+    t = correction_table("ndcg@10", 10**8, 10**4, "bv", 1.0, "binomial")
+    assert t.shape == (10_001,) and torch.isfinite(t).all()
+    assert torch.all(t[:-1] >= t[1:] - 1e-15)  # posterior mean of a monotone metric is monotone
+
+
+def test_tables_are_cached_and_fresh_tensors():
+    _table.cache_clear()
+    a = correction_table("ndcg@10", 12_345, 50, "bv", 0.1)
+    b = correction_table("ndcg@10", 12_345, 50, "bv", 0.1)
+    assert _table.cache_info().hits == 1
+    assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
+    a[0] = 42.0  # mutating a returned tensor does not touch the cache
+    assert correction_table("ndcg@10", 12_345, 50, "bv", 0.1)[0] != 42.0
+
+
+@pytest.mark.parametrize(
+    "kwargs,name",
+    [
+        (dict(n_items=100, n_samples=100, sampling="hypergeometric"), "n_samples"),
+        (dict(n_items=100, n_samples=150, sampling="hypergeometric"), "n_samples"),
+        (dict(gamma=-0.1), "gamma"),
+        (dict(gamma=1.5), "gamma"),
+        (dict(gamma=float("nan")), "gamma"),
+        (dict(method="magic"), "method"),
+        (dict(prior=np.full(99, 1 / 99)), "prior"),
+        (dict(prior=np.r_[-0.1, np.full(99, 1.1 / 99)]), "prior"),
+        (dict(prior=np.full(100, 0.02)), "prior"),
+        (dict(prior=lambda r, n: -r), "prior"),
+        (dict(prior=("beta", -1.0)), "prior"),
+        (dict(sampling="poisson"), "sampling"),
+        (dict(n_items=1), "n_items"),
+        (dict(n_samples=0), "n_samples"),
+        (dict(metric="ndcg@500"), "metric"),
+        (dict(metric="foo@3"), "metric"),
+    ],
+)
+def test_bad_input_names_the_argument(kwargs, name):
+    args = dict(metric="ndcg@10", n_items=100, n_samples=20, method="bv", gamma=0.1, sampling="binomial", prior=None)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=name):
+        correction_table(**args)
+
+
+def test_device_argument_and_dtype():
+    t = correction_table("recall@10", 1000, 20, device="cpu")
+    assert t.device.type == "cpu" and t.dtype == torch.float64
