@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/reco-sampled demo
+	$(BIN)/reco-sampled reproduce --out reports/reproduce
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q

@@ -1,0 +1,141 @@
+"""Read sampled ranks from files: a plain rank file, or NCF-style test files plus a score file.
+
+Rank file (``reco-sampled estimate FILE``): one relevant item per line, ``sampled_rank[,n_candidates[,n_samples]]``
+separated by commas, tabs or spaces; an optional header line; ``#`` comments. Missing columns take
+the ``--n-items`` / ``--n-samples`` defaults.
+
+NCF files (He et al.'s format): ``X.test.rating`` lines ``user<TAB>item[<TAB>...]`` (one held-out item
+per user), ``X.test.negative`` lines ``(user,item)<TAB>neg_1<TAB>...<TAB>neg_m``, and a score file with
+lines ``user item score`` covering every (user, item) pair that is ranked.
+
+Every malformed line raises a ValueError with the file name and the 1-based line number.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["RankFile", "read_rank_file", "read_ncf"]
+
+_SPLIT = re.compile(r"[,\t ;]+")
+
+
+@dataclass(frozen=True)
+class RankFile:
+    """Sampled ranks with per-positive candidate counts n and sample sizes m (int64 arrays)."""
+
+    ranks: np.ndarray
+    n_items: np.ndarray
+    n_samples: np.ndarray
+
+
+def _lines(path: Path):
+    if not path.exists():
+        raise ValueError(f"{path}: no such file")
+    with open(path, encoding="utf-8") as fh:
+        for number, line in enumerate(fh, start=1):
+            text = line.split("#", 1)[0].strip()
+            if text:
+                yield number, text
+
+
+def _int(field: str, path: Path, number: int, what: str) -> int:
+    try:
+        value = float(field)
+    except ValueError:
+        raise ValueError(f"{path}:{number}: {what} {field!r} is not a number") from None
+    if value != int(value):
+        raise ValueError(f"{path}:{number}: {what} {field!r} is not a whole number")
+    return int(value)
+
+
+def read_rank_file(path, n_items: int | None = None, n_samples: int | None = None) -> RankFile:
+    """Read a rank file (see the module doc); validates 1 <= r~ <= m + 1 and m < n."""
+    path = Path(path)
+    ranks, ns, ms = [], [], []
+    first = True
+    for number, text in _lines(path):
+        fields = [f for f in _SPLIT.split(text) if f]
+        if first and not re.fullmatch(r"[-+]?\d+(\.0*)?", fields[0]):
+            first = False
+            continue  # header
+        first = False
+        if len(fields) > 3:
+            raise ValueError(f"{path}:{number}: expected 'rank[,n_candidates[,n_samples]]', got {len(fields)} fields")
+        r = _int(fields[0], path, number, "rank")
+        n = _int(fields[1], path, number, "n_candidates") if len(fields) > 1 else n_items
+        m = _int(fields[2], path, number, "n_samples") if len(fields) > 2 else n_samples
+        if n is None:
+            raise ValueError(f"{path}:{number}: no candidate count on the line and no --n-items given")
+        if m is None:
+            raise ValueError(f"{path}:{number}: no sample size on the line and no --n-samples given")
+        if m < 1 or n < 2 or m >= n + 10**12:
+            raise ValueError(f"{path}:{number}: need n_candidates >= 2 and n_samples >= 1, got n = {n}, m = {m}")
+        if not 1 <= r <= m + 1:
+            raise ValueError(f"{path}:{number}: sampled rank {r} outside 1..m+1 = 1..{m + 1}")
+        ranks.append(r)
+        ns.append(n)
+        ms.append(m)
+    if not ranks:
+        raise ValueError(f"{path}: no ranks found")
+    return RankFile(np.asarray(ranks, dtype=np.int64), np.asarray(ns, dtype=np.int64), np.asarray(ms, dtype=np.int64))
+
+
+def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pessimistic") -> RankFile:
+    """Sampled ranks of NCF-style test files: each held-out item against its listed negatives.
+
+    ``n_items`` is the number of candidates per user (n, the held-out item included) that the
+    negatives were drawn from. Ties count against the held-out item (``pessimistic``) or for it
+    (``optimistic``).
+    """
+    test_rating, test_negative, scores = Path(test_rating), Path(test_negative), Path(scores)
+    if ties not in ("pessimistic", "optimistic"):
+        raise ValueError(f"ties: use 'pessimistic' or 'optimistic', got {ties!r}")
+    held_out: dict[int, int] = {}
+    for number, text in _lines(test_rating):
+        fields = [f for f in _SPLIT.split(text) if f]
+        if len(fields) < 2:
+            raise ValueError(f"{test_rating}:{number}: expected 'user<TAB>item', got {text!r}")
+        held_out[_int(fields[0], test_rating, number, "user")] = _int(fields[1], test_rating, number, "item")
+    score: dict[tuple[int, int], float] = {}
+    for number, text in _lines(scores):
+        fields = [f for f in _SPLIT.split(text) if f]
+        if len(fields) != 3:
+            raise ValueError(f"{scores}:{number}: expected 'user item score', got {text!r}")
+        try:
+            s = float(fields[2])
+        except ValueError:
+            raise ValueError(f"{scores}:{number}: score {fields[2]!r} is not a number") from None
+        if not np.isfinite(s):
+            raise ValueError(f"{scores}:{number}: score is NaN or inf")
+        score[(_int(fields[0], scores, number, "user"), _int(fields[1], scores, number, "item"))] = s
+    ranks, ms = [], []
+    pat = re.compile(r"^\(\s*(\d+)\s*,\s*(\d+)\s*\)\s*(.*)$")
+    for number, text in _lines(test_negative):
+        match = pat.match(text)
+        if match is None:
+            raise ValueError(f"{test_negative}:{number}: expected '(user,item)<TAB>neg_1<TAB>...', got {text[:40]!r}")
+        u, i = int(match.group(1)), int(match.group(2))
+        if held_out.get(u) != i:
+            raise ValueError(f"{test_negative}:{number}: ({u},{i}) is not the held-out pair of {test_rating.name}")
+        negs = [_int(f, test_negative, number, "negative item") for f in _SPLIT.split(match.group(3).strip()) if f]
+        if not negs:
+            raise ValueError(f"{test_negative}:{number}: no negatives listed")
+        try:
+            s_pos = score[(u, i)]
+            s_neg = np.array([score[(u, j)] for j in negs])
+        except KeyError as exc:
+            raise ValueError(f"{test_negative}:{number}: no score for (user, item) {exc.args[0]} in {scores.name}") from None
+        beats = (s_neg >= s_pos) if ties == "pessimistic" else (s_neg > s_pos)
+        ranks.append(1 + int(beats.sum()))
+        ms.append(len(negs))
+    if not ranks:
+        raise ValueError(f"{test_negative}: no test lines found")
+    m = np.asarray(ms, dtype=np.int64)
+    if int(m.max()) >= n_items:
+        raise ValueError(f"n_items: {n_items} candidates cannot hold {int(m.max())} distinct negatives plus the held-out item")
+    return RankFile(np.asarray(ranks, dtype=np.int64), np.full(len(ranks), n_items, dtype=np.int64), m)

@@ -1,0 +1,303 @@
+"""The main job: reproduce Krichene & Rendle's and Li et al.'s experiments on real data.
+
+Pipeline (``reco-sampled reproduce``): load a user,item[,rating,timestamp] file (default: MovieLens
+100k from the ``recbole`` wheel), binarise, hold out each user's last event (Krichene & Rendle
+section 6), train the paper's three recommenders (section 9: iALS d = 16, lambda = 10, alpha = 0.2;
+item-kNN q = 3; item-kNN q = 1, k' = 10) plus popularity, rank every test item exactly among the
+user's candidates (the catalogue minus the user's training items), and compute
+
+* the exact rank distributions (Figure 5),
+* Table 3: exact, expected sampled and expected corrected metrics with Monte Carlo standard
+  deviations over ``repeats`` sampling runs, plus Li et al.'s mapping estimators,
+* Table 4: how many of the runs order each pair of recommenders as the exact metric does,
+* Figure 6: expected Recall@10 against m, uncorrected and ``bv`` (gamma = 0.1),
+* Li et al.'s SHR-vs-HR mapping (sampled hit ratio at k against exact HR at f(k)).
+
+This module computes; :mod:`reco_sampled_plugin.report` writes Markdown, CSV and PNG.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from .consistency import consistency_report
+from .corrections import expected_corrected
+from .datasets import binarize, leave_last_out, load_interactions, ml100k_path
+from .mapping import mapping, mapping_table
+from .metrics import metric_values
+from .ranking import exact_ranks
+from .sampling_laws import expected_sampled
+from .simulate import draw_sampled_ranks
+
+__all__ = ["ReproduceConfig", "ReproduceResult", "run_reproduce", "exact_ranks_for_split"]
+
+PAPER_METRICS = ("recall@10", "ndcg@10", "ap", "auc")
+PAPER_METHODS = ("none", "rank_estimate", "cls", "bv:1", "bv:0.1", "bv:0.01", "bv:0.001")
+MAPPING_METHODS = ("bound", "beta:1")
+
+
+@dataclass
+class ReproduceConfig:
+    """Settings of :func:`run_reproduce` (defaults: the paper's setup on MovieLens 100k)."""
+
+    data: str | None = None  # None: ml-100k from the recbole wheel
+    n_samples: int = 100
+    repeats: int = 100
+    seed: int = 0
+    sampling: str = "binomial"
+    metrics: Sequence[str] = PAPER_METRICS
+    methods: Sequence[str] = PAPER_METHODS
+    mapping_methods: Sequence[str] = MAPPING_METHODS
+    m_grid: Sequence[int] = (10, 20, 50, 100, 200, 500, 1000)
+    als_iterations: int = 20
+    batch_size: int = 1024
+    n_spread: float = 0.02  # Figure 6: users share a correction table when their n differ by < 2%
+
+
+@dataclass
+class ReproduceResult:
+    """Everything the report shows, as plain data."""
+
+    config: ReproduceConfig
+    dataset: dict
+    ranks: dict[str, torch.Tensor]  # recommender -> exact 1-based ranks of the test items
+    n_candidates: torch.Tensor  # candidates per test user
+    table3: list[dict]
+    table4: list[dict]
+    figure6: dict  # {"m": [...], "exact": {rec: v}, "none": {rec: [...]}, "bv:0.1": {rec: [...]}}
+    mapping_curves: dict  # rec -> {"k", "f_bound", "shr", "hr_at_f", "exact_hr"}
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _progress(total: int, desc: str, enabled: bool):
+    """A tqdm bar when tqdm is installed and progress is wanted; a silent stand-in otherwise."""
+    if enabled:
+        try:
+            from tqdm.auto import tqdm
+
+            return tqdm(total=total, desc=desc, leave=False)
+        except ImportError:  # pragma: no cover - tqdm ships with the test extra
+            pass
+
+    class _Null:
+        def update(self, n: int = 1) -> None: ...
+        def close(self) -> None: ...
+
+    return _Null()
+
+
+def exact_ranks_for_split(models: dict, train, test_items: np.ndarray, batch_size: int = 1024, progress: bool = False):
+    """Exact ranks of each user's test item for each model, training items excluded.
+
+    Returns ({model: (U,) int64 ranks}, (U,) candidate counts, test user indices).
+    """
+    users = np.flatnonzero(test_items >= 0)
+    n_items = train.shape[1]
+    n_train = np.diff(train.indptr)[users]
+    n_cand = torch.tensor(n_items - n_train, dtype=torch.int64)
+    out = {}
+    bar = _progress(len(models) * math.ceil(len(users) / batch_size), "exact ranks", progress)
+    for name, model in models.items():
+        parts = []
+        for start in range(0, len(users), batch_size):  # batches of users; each batch vectorised
+            u = users[start : start + batch_size]
+            block = train[u]
+            width = max(int(np.diff(block.indptr).max()), 1) if len(u) else 1
+            exclude = torch.full((len(u), width), -1, dtype=torch.int64)
+            row = np.repeat(np.arange(len(u)), np.diff(block.indptr))
+            slot = np.arange(block.nnz) - np.repeat(block.indptr[:-1], np.diff(block.indptr))
+            exclude[row, slot] = torch.from_numpy(block.indices.astype(np.int64))
+            scores = model.score(torch.from_numpy(u)).cpu()
+            parts.append(exact_ranks(scores, torch.from_numpy(test_items[u].astype(np.int64)), exclude)[:, 0])
+            bar.update()
+        out[name] = torch.cat(parts)
+    bar.close()
+    return out, n_cand, users
+
+
+def _mapping_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[dict], dict]:
+    """Li et al.'s mapping estimators as table methods: expected value and Monte Carlo sd per
+    (metric, recommender), and the per-run means for the ordering counts."""
+    rows: list[dict] = []
+    run_means: dict = {}
+    uniq, inverse = torch.unique(n_cand, return_inverse=True)
+    for metric in cfg.metrics:
+        run_means[metric] = {}
+        for label in cfg.mapping_methods:
+            method, _, arg = label.partition(":")
+            a = float(arg) if arg else None
+            tables = torch.from_numpy(
+                np.stack([mapping_table(metric, int(n), cfg.n_samples, method, a) for n in uniq.tolist()])
+            )
+            run_means[metric][f"map:{label}"] = {
+                name: tables[inverse.unsqueeze(0), draws[name] - 1].mean(dim=1) for name in ranks
+            }
+    for metric in cfg.metrics:
+        for name in ranks:
+            row = {"metric": metric, "recommender": name}
+            for label in cfg.mapping_methods:
+                v = run_means[metric][f"map:{label}"][name]
+                row[f"map:{label}"] = float(v.mean())
+                row[f"map:{label} sd"] = float(v.std())
+            rows.append(row)
+    return rows, run_means
+
+
+def _ordering_counts(exact: dict, run_means: dict) -> dict:
+    counts = {}
+    names = list(exact)
+    for a, b in combinations(names, 2):
+        sign_exact = (exact[a] > exact[b]) - (exact[a] < exact[b])
+        counts[f"{a} vs {b}"] = int((torch.sign(run_means[a] - run_means[b]) == sign_exact).sum())
+    return counts
+
+
+def _mapping_curves(ranks, n_cand, m: int, seed: int) -> dict:
+    """For each recommender: SHR@k (one sampling run), f(k) by ``bound`` and ``beta`` (a = 1), and
+    the exact HR at those cut-offs (Li et al., Figure 1 / Table 5)."""
+    n = int(torch.median(n_cand.double()).round())
+    k = np.arange(1, m + 2)
+    curves = {}
+    for i, (name, r) in enumerate(ranks.items()):
+        sampled = draw_sampled_ranks(r, n_cand, m, repeats=1, seed=seed + 31 * i)[0]
+        shr = np.array([float((sampled <= kk).double().mean()) for kk in k])
+        f_bound = mapping(k, n, m, "bound")
+        f_beta = mapping(k, n, m, "beta", a=1.0)
+        # exact HR at a (possibly fractional) cut-off K: fraction of ranks <= K
+        r_sorted = np.sort(r.numpy())
+        hr = lambda K: np.searchsorted(r_sorted, np.floor(K), side="right") / len(r_sorted)  # noqa: E731
+        curves[name] = {
+            "k": k.tolist(),
+            "shr": shr.tolist(),
+            "f_bound": np.asarray(f_bound, dtype=float).tolist(),
+            "f_beta": np.asarray(f_beta, dtype=float).tolist(),
+            "hr_at_f_bound": hr(np.asarray(f_bound, dtype=float)).tolist(),
+            "hr_at_f_beta": hr(np.asarray(f_beta, dtype=float)).tolist(),
+            "n_items": n,
+        }
+    return curves
+
+
+def _n_groups(n_cand: torch.Tensor, spread: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Geometric bins of relative width ``spread`` over the candidate counts: (representative n per
+    bin, bin index per user). The representative is the bin's median count."""
+    logn = torch.log(n_cand.double())
+    bins = torch.floor((logn - logn.min()) / math.log1p(spread)).to(torch.int64)
+    uniq, inverse = torch.unique(bins, return_inverse=True)
+    reps = torch.stack([n_cand[inverse == g].double().median() for g in range(len(uniq))]).round().to(torch.int64)
+    return reps, inverse
+
+
+def _expected_corrected_grouped(metric, ranks, n_cand, m, sampling, spread) -> torch.Tensor:
+    """E[M^(r~) | r] per user with the ``bv`` (gamma = 0.1) table of the user's n-bin (see :func:`_n_groups`);
+    the sampling law uses each user's own n. ``spread = 0`` gives one table per distinct n (exact)."""
+    from .corrections import correction_table
+    from .sampling_laws import sampled_rank_pmf
+
+    if spread <= 0:
+        return expected_corrected(metric, ranks, n_cand, m, "bv", 0.1, sampling)
+    reps, inverse = _n_groups(n_cand, spread)
+    tables = torch.stack([correction_table(metric, int(n), m, "bv", 0.1, sampling) for n in reps.tolist()])
+    pmf = sampled_rank_pmf(ranks, n_cand, m, sampling)  # (U, m + 1)
+    return (pmf * tables[inverse]).sum(1)
+
+
+def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool = True, log: Callable[[str], None] | None = None) -> ReproduceResult:
+    """Run the whole experiment; see the module docstring. ``log`` receives one line per stage."""
+    cfg = cfg or ReproduceConfig()
+    say = log or (lambda s: None)
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    path = cfg.data or ml100k_path()
+    inter = binarize(load_interactions(path))
+    split = leave_last_out(inter)
+    dataset = {
+        "path": str(path),
+        "users": int(split.n_users),
+        "items": int(split.n_items),
+        "events": int(len(inter)),
+        "test_users": int(split.n_test),
+    }
+    if split.n_test < 2:
+        raise ValueError(f"data: {path} leaves fewer than 2 users with a held-out event; nothing to evaluate")
+    timings["load"] = time.perf_counter() - t0
+    say(f"data: {dataset['users']:,} users, {dataset['items']:,} items, {dataset['events']:,} events, "
+        f"{dataset['test_users']:,} held-out events ({timings['load']:.1f} s)")
+
+    from .baselines import train_all
+
+    t = time.perf_counter()
+    models = train_all(split.train, seed=cfg.seed, als_iterations=cfg.als_iterations)
+    timings["train"] = time.perf_counter() - t
+    say(f"trained {', '.join(models)} ({timings['train']:.1f} s)")
+
+    t = time.perf_counter()
+    ranks, n_cand, _ = exact_ranks_for_split(models, split.train, split.test_items, cfg.batch_size, progress)
+    timings["rank"] = time.perf_counter() - t
+    say(f"exact ranks of {len(n_cand):,} test items among {int(n_cand.min()):,}-{int(n_cand.max()):,} candidates ({timings['rank']:.1f} s)")
+
+    m = cfg.n_samples
+    if m >= int(n_cand.min()) and cfg.sampling == "hypergeometric":
+        raise ValueError(f"n_samples: m = {m} draws without replacement exceed some user's {int(n_cand.min()) - 1} irrelevant items")
+
+    t = time.perf_counter()
+    bar = _progress(2, "tables 3 and 4", progress)
+    report = consistency_report(ranks, n_cand, m, cfg.metrics, cfg.methods, cfg.repeats, cfg.sampling, seed=cfg.seed)
+    bar.update()
+    names = list(ranks)
+    draws = {
+        name: draw_sampled_ranks(ranks[name], n_cand, m, cfg.sampling, cfg.repeats, cfg.seed + 7919 * i)
+        for i, name in enumerate(names)
+    }
+    map_rows, map_runs = _mapping_rows(ranks, n_cand, cfg, draws)
+    bar.update()
+    bar.close()
+    table3 = report["table3"]
+    for row, extra in zip(table3, map_rows):
+        assert row["metric"] == extra["metric"] and row["recommender"] == extra["recommender"]
+        row.update({k: v for k, v in extra.items() if k not in ("metric", "recommender")})
+    table4 = report["table4"]
+    for row in table4:
+        exact = {name: float(metric_values(row["metric"], ranks[name], n_cand).mean()) for name in names}
+        for label, runs in map_runs[row["metric"]].items():
+            row[label] = _ordering_counts(exact, runs)[row["pair"]]
+    timings["tables"] = time.perf_counter() - t
+    say(f"tables 3 and 4: {len(cfg.metrics)} metrics x {len(cfg.methods) + len(cfg.mapping_methods)} estimators, "
+        f"{cfg.repeats} sampling runs ({timings['tables']:.1f} s)")
+
+    t = time.perf_counter()
+    grid = [mm for mm in cfg.m_grid if cfg.sampling == "binomial" or mm < int(n_cand.min())]
+    figure6 = {"m": grid, "exact": {}, "none": {}, "bv:0.1": {}}
+    bar = _progress(len(grid) * len(names), "Figure 6", progress)
+    for name in names:
+        figure6["exact"][name] = float(metric_values("recall@10", ranks[name], n_cand).mean())
+        figure6["none"][name], figure6["bv:0.1"][name] = [], []
+        for mm in grid:
+            figure6["none"][name].append(float(expected_sampled("recall@10", ranks[name], n_cand, mm, cfg.sampling).mean()))
+            figure6["bv:0.1"][name].append(
+                float(_expected_corrected_grouped("recall@10", ranks[name], n_cand, mm, cfg.sampling, cfg.n_spread).mean())
+            )
+            bar.update()
+    bar.close()
+    # measured error of sharing tables across n-bins, at the m of Table 3 (whose per-n tables exist)
+    if "bv:0.1" in cfg.methods:
+        figure6["grouping_error"] = max(
+            abs(float(_expected_corrected_grouped("recall@10", r, n_cand, m, cfg.sampling, cfg.n_spread).mean())
+                - float(_expected_corrected_grouped("recall@10", r, n_cand, m, cfg.sampling, 0.0).mean()))
+            for r in ranks.values()
+        )
+    timings["figure6"] = time.perf_counter() - t
+    say(f"Figure 6: expected Recall@10 for m in {grid} ({timings['figure6']:.1f} s)")
+
+    t = time.perf_counter()
+    curves = _mapping_curves(ranks, n_cand, m, cfg.seed)
+    timings["mapping"] = time.perf_counter() - t
+    timings["total"] = time.perf_counter() - t0
+    return ReproduceResult(cfg, dataset, ranks, n_cand, table3, table4, figure6, curves, timings)
