@@ -1,0 +1,609 @@
+"""Ranking metrics straight from factor matrices and sparse interactions (recometrics' ``calc_reco_metrics``).
+
+A model scores item j for user u as ``a_u . b_j (+ bias_j)``. :func:`evaluate_factors` computes those scores in
+user batches on the factors' device into one reused buffer, sets every training item of the batch to -inf (so it
+never competes), counts for each test item how many candidates beat it (compiled compare-and-count kernels,
+``counting.py``), and derives every metric of recometrics from those exact ranks, per user.
+
+Conventions (recometrics'):
+
+* rows of ``X_train`` / ``X_test`` are users, columns items; a stored non-zero of ``X_test`` is a relevant item and
+  its value the graded relevance used by NDCG (values may be negative: NDCG then divides by the ideal DCG of the
+  positive values only and is NaN when no value is positive; every other metric treats the item as relevant);
+  a stored non-zero of ``X_train`` is excluded from the ranking. Explicit zeros are dropped.
+* candidates of a user: n_cand = n_items - |train row|; irrelevant candidates: n_cand - |test row|.
+* column names ``P@k``, ``TP@k``, ``R@k``, ``AP@k``, ``TAP@k``, ``NDCG@k``, ``Hit@k``, ``RR@k``, ``ROC_AUC``,
+  ``PR_AUC`` (``P@1 .. P@k`` with ``cumulative=True``).
+
+NaN rules (a user's row is NaN in every column when any holds):
+
+* no test item, or fewer test items than ``min_pos_test``;
+* fewer than max(``min_items_pool``, k, 2) candidates (k: the largest cut-off asked for);
+* no training item while ``consider_cold_start=False``;
+* a non-finite score among its candidates, or all its candidates scored equal.
+
+Per metric: P, TP, R and Hit@k are NaN when the user has k or fewer candidates; every metric but NDCG is NaN when
+all candidates are relevant. Where recometrics (0.1.6) departs from its own documentation we follow the
+documentation and say so: it ignores ``min_pos_test`` > 1; without noise it reports NaN when the top k scores tie
+(so every user at k = 1 unless ROC AUC is asked for); it makes NDCG NaN for users with exactly k candidates when
+no AP, TAP, RR or AUC column is asked for; with ``cumulative=True`` it reports NDCG@|T| in place of NDCG@k' for
+k' > |T|. Ties: recometrics sorts without a defined tie order; here ``ties`` picks a policy of
+:func:`~reco_sampled_plugin.ranking.exact_ranks` and ``break_ties_with_noise`` adds its Uniform(-1e-12, 1e-12) noise
+(seeded) before ranking.
+
+Sampled side: ``n_samples=m`` draws m irrelevant items per test item from the same score buffer and returns their
+sampled ranks next to the exact single-item ranks; ``correction=`` adds corrected estimates
+(:func:`reco_sampled_plugin.estimate`) next to the exact and the uncorrected sampled values, in the same pass.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from ._checks import check_int
+from .metric_names import MetricSpec, parse_metric
+from .ranking import _check_ties, _exact_ranks_prepared, sampled_ranks
+from .user_metrics import _SortedRanks, _values
+
+__all__ = ["evaluate_factors", "FactorEvaluation", "SampledEvaluation", "RECOMETRICS_METRICS"]
+
+# recometrics' metric order (its column order), and its defaults (precision, average_precision, ndcg)
+RECOMETRICS_METRICS = ("precision", "tp", "recall", "ap", "tap", "ndcg", "hit", "rr", "roc_auc", "pr_auc")
+_DEFAULT_METRICS = ("precision", "ap", "ndcg")
+_NAME_ALIASES = {
+    "trunc_average_precision": "tap",
+    "truncated_average_precision": "tap",
+    "average_precision": "ap",
+    "trunc_precision": "tp",
+}
+_WHOLE_LIST = ("auc", "roc_auc", "rocauc", "pr_auc", "prauc")
+# elements of the (users x items) score buffer when batch_size is not given (256 MiB in float32)
+_BUFFER_ELEMENTS = 1 << 26
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# inputs
+
+
+@dataclass(frozen=True)
+class _CSR:
+    """Canonical CSR arrays on the CPU: sorted, no duplicates, no explicit zeros."""
+
+    indptr: np.ndarray  # int64 (n_rows + 1)
+    indices: np.ndarray  # int64
+    data: np.ndarray  # float64
+    shape: tuple[int, int]
+
+    @property
+    def row_counts(self) -> np.ndarray:
+        return np.diff(self.indptr)
+
+
+def _to_csr(x, name: str) -> _CSR:
+    """scipy sparse (any format), torch sparse (any layout) or a dense array/tensor -> :class:`_CSR`."""
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+        if t.layout == torch.strided:
+            if t.dim() != 2:
+                raise ValueError(f"{name}: expected a (users x items) matrix, got shape {tuple(t.shape)}")
+            t = t.to_sparse_coo()
+        else:
+            t = t.to_sparse_coo()
+        t = t.coalesce().cpu()
+        rows, cols = t.indices().numpy()
+        data = t.values().to(torch.float64).numpy()
+        shape = (int(t.shape[0]), int(t.shape[1]))
+        m = sp.csr_matrix((data, (rows, cols)), shape=shape)
+    elif sp.issparse(x):
+        if x.ndim != 2:
+            raise ValueError(f"{name}: expected a 2-D sparse matrix, got {x.ndim} dimensions")
+        m = sp.csr_matrix(x, copy=True)  # canonicalised below: never touch the caller's arrays
+    else:
+        arr = np.asarray(x)
+        if arr.ndim != 2:
+            raise ValueError(f"{name}: expected a (users x items) matrix, got shape {arr.shape}")
+        m = sp.csr_matrix(arr)
+    if m.dtype.kind not in "biuf":
+        raise ValueError(f"{name}: expected real values, got dtype {m.dtype}")
+    m.sum_duplicates()
+    m.eliminate_zeros()
+    data = m.data.astype(np.float64, copy=False)
+    if not np.isfinite(data).all():
+        raise ValueError(f"{name}: contains NaN or inf values")
+    return _CSR(m.indptr.astype(np.int64), m.indices.astype(np.int64), data, (int(m.shape[0]), int(m.shape[1])))
+
+
+def _as_factor(x, name: str, ndim: int) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+    else:
+        arr = np.asarray(x)
+        if arr.dtype.kind not in "biuf":
+            raise ValueError(f"{name}: expected real numbers, got dtype {arr.dtype}")
+        t = torch.from_numpy(np.ascontiguousarray(arr))
+    if t.dim() != ndim:
+        want = "a (rows x factors) matrix" if ndim == 2 else "a vector"
+        raise ValueError(f"{name}: expected {want}, got shape {tuple(t.shape)}")
+    if t.is_complex() or t.dtype == torch.bool:
+        raise ValueError(f"{name}: expected real numbers, got dtype {t.dtype}")
+    return t
+
+
+def _gather_rows(csr: _CSR, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Stored entries of the given rows, flat: (row within the batch, slot within the row, item, value)."""
+    starts = csr.indptr[rows]
+    counts = csr.indptr[rows + 1] - starts
+    offsets = np.cumsum(counts) - counts
+    row_of = np.repeat(np.arange(len(rows)), counts)
+    slot = np.arange(int(counts.sum())) - np.repeat(offsets, counts)
+    src = np.repeat(starts, counts) + slot
+    return row_of, slot, csr.indices[src], csr.data[src]
+
+
+def _padded(n_rows: int, row_of: np.ndarray, slot: np.ndarray, values: np.ndarray, fill) -> np.ndarray:
+    """Flat entries -> (n_rows, widest row) array padded with ``fill``. Vectorised."""
+    width = int(slot.max()) + 1 if slot.size else 0
+    out = np.full((n_rows, width), fill, dtype=values.dtype)
+    out[row_of, slot] = values
+    return out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# metric names
+
+
+def _metric_specs(metrics, k: int, cumulative: bool) -> tuple[list[MetricSpec], list[MetricSpec]]:
+    """(base specs, output specs) from recometrics-style names; names without ``@`` take ``k``."""
+    if metrics is None:
+        names: Sequence[Any] = _DEFAULT_METRICS
+    elif isinstance(metrics, str):
+        names = RECOMETRICS_METRICS if metrics.lower() == "all" else (metrics,)
+    else:
+        names = list(metrics)
+    if not names:
+        raise ValueError("metrics: ask for at least one metric")
+    base: list[MetricSpec] = []
+    for name in names:
+        if isinstance(name, MetricSpec):
+            spec = name
+        elif not isinstance(name, str):
+            raise ValueError(f"metrics: expected metric names such as 'ndcg' or 'ndcg@10', got {name!r}")
+        elif "@" in name:
+            spec = parse_metric(name)
+        else:
+            key = name.strip().lower().replace("-", "_")
+            key = _NAME_ALIASES.get(key, key)
+            spec = parse_metric(key if key in _WHOLE_LIST else f"{key}@{k}")
+        if spec not in base:
+            base.append(spec)
+    out: list[MetricSpec] = []
+    for spec in base:
+        if cumulative and spec.k is not None:
+            out.extend(MetricSpec(spec.kind, j) for j in range(1, spec.k + 1))
+        else:
+            out.append(spec)
+    return base, out
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# per-batch metrics
+
+
+def _ndcg(spec: MetricSpec, s: _SortedRanks) -> torch.Tensor:
+    """NDCG with recometrics' handling of negative relevance: DCG sums the raw values of the hits, the ideal DCG
+    the positive values only; NaN when no value is positive (or no test item, or fewer than 2 candidates)."""
+    k = s.cutoff(spec)
+    inside = s.ranks <= k.unsqueeze(1)
+    discount = math.log(2.0) / torch.log1p(torch.where(s.valid, s.ranks, torch.ones_like(s.ranks)))
+    dcg = torch.where(inside, s.gain * discount, torch.zeros_like(discount)).sum(1)
+    ideal = torch.sort(s.gain.clamp(min=0.0), dim=1, descending=True).values
+    ideal_disc = math.log(2.0) / torch.log1p(s.position)
+    idcg = torch.where(s.position <= k.unsqueeze(1), ideal * ideal_disc, torch.zeros_like(ideal)).sum(1)
+    nan = (s.n_pos == 0) | (s.n <= 1) | ~(idcg > 0)
+    return torch.where(nan, torch.full_like(dcg, math.nan), dcg / torch.where(idcg > 0, idcg, torch.ones_like(idcg)))
+
+
+def _all_tied(scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """For the given rows: are all candidates (entries > -inf) equal to ``ref`` (a candidate's score)?"""
+    block = scores[rows]
+    return ((block == ref.unsqueeze(1)) | (block == -math.inf)).all(1)
+
+
+@dataclass(frozen=True)
+class SampledEvaluation:
+    """Per test item of the evaluated users (flat, in user order), from :func:`evaluate_factors` with ``n_samples``.
+
+    users: (N,) int64 user (row) index; items: (N,) int64 test item.
+    sampled_ranks: (N,) rank r~ in 1..m+1 among the item and its m sampled irrelevant items.
+    exact_ranks: (N,) exact rank among the user's irrelevant candidates and the item itself (other test items
+        left out: the single-relevant-item rank that sampled metrics estimate); float64 for ``ties="average"``.
+    n_candidates: (N,) n for that rank: irrelevant candidates + 1.
+    n_samples: m.
+    """
+
+    users: torch.Tensor
+    items: torch.Tensor
+    sampled_ranks: torch.Tensor
+    exact_ranks: torch.Tensor
+    n_candidates: torch.Tensor
+    n_samples: int
+
+
+@dataclass(frozen=True)
+class FactorEvaluation:
+    """Result of :func:`evaluate_factors` when ``n_samples`` is given.
+
+    metrics: the per-user exact metrics (DataFrame or dict of tensors, as without sampling).
+    sampled: :class:`SampledEvaluation`, the per-item sampled and exact single-item ranks.
+    summary: per metric (rows, recometrics names): ``exact`` (mean single-item metric over the test items),
+        ``sampled`` (uncorrected sampled metric), and with ``correction``: ``corrected`` and ``stderr``
+        (a DataFrame when ``as_df``, else a dict of dicts).
+    estimates: {column name: :class:`~reco_sampled_plugin.Estimate`} with ``correction``; empty otherwise.
+    """
+
+    metrics: Any
+    sampled: SampledEvaluation
+    summary: Any
+    estimates: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the entry point
+
+
+def evaluate_factors(
+    X_train,
+    X_test,
+    user_factors=None,
+    item_factors=None,
+    k: int = 5,
+    item_biases=None,
+    metrics: Sequence[str] | str | None = None,
+    *,
+    cumulative: bool = False,
+    min_pos_test: int = 1,
+    min_items_pool: int = 2,
+    consider_cold_start: bool = True,
+    ties: str = "pessimistic",
+    break_ties_with_noise: bool = False,
+    seed: int = 1,
+    as_df: bool = True,
+    rename_k: bool = True,
+    batch_size: int | None = None,
+    device: torch.device | str | None = None,
+    dtype: torch.dtype | None = None,
+    n_samples: int | None = None,
+    replacement: bool = True,
+    popularity=None,
+    correction: str | None = None,
+    gamma: float = 0.1,
+):
+    """Per-user ranking metrics of a factor model, like recometrics' ``calc_reco_metrics`` (see the module doc).
+
+    Args:
+        X_train: (users x items) training interactions (excluded from the ranking): scipy sparse (CSR, COO, ...),
+            torch sparse (COO, CSR), or dense; ``None`` for none (then cold-start users count).
+        X_test: (users x items) test interactions, same forms; values are graded relevance for NDCG.
+        user_factors: (users x d) numpy array or torch tensor (float32 or float64), or None with ``item_biases``
+            only (a non-personalised model).
+        item_factors: (items x d), same forms; None together with ``user_factors``.
+        k: the cut-off of metrics named without ``@`` (recometrics' ``k``); with ``cumulative`` columns 1..k.
+        item_biases: optional (items,) scores added to every user's scores.
+        metrics: names (``"precision"``, ``"tp"``, ``"recall"``, ``"ap"``, ``"tap"``, ``"ndcg"``, ``"hit"``,
+            ``"rr"``, ``"roc_auc"``, ``"pr_auc"``, or any with ``@k``), ``"all"`` for the ten, or None for
+            recometrics' defaults (precision, average precision, NDCG).
+        cumulative: every metric at every cut-off 1..k.
+        min_pos_test, min_items_pool, consider_cold_start: users failing them get NaN (module doc).
+        ties: tie policy for exactly equal scores (``"pessimistic"``, ``"optimistic"``, ``"average"``,
+            ``"random"``).
+        break_ties_with_noise: add Uniform(-1e-12, 1e-12) noise to the scores first (recometrics' option;
+            its default there is True), seeded by ``seed``.
+        seed: seeds the noise, random tie-breaking and sampling.
+        as_df: a pandas DataFrame (recometrics' columns), else a dict {column: (users,) float64 tensor}.
+        rename_k: False names columns of the ``k`` cut-off ``P@K`` rather than ``P@5`` (not cumulative).
+        batch_size: users per score batch (default: a buffer of about 2**26 scores).
+        device: where scores are computed (default: the factors' device).
+        dtype: score dtype (default float32 when every factor is float32, else float64, as recometrics).
+        n_samples: m; also rank every test item against m sampled irrelevant items (returns a
+            :class:`FactorEvaluation`).
+        replacement, popularity: sampling law (uniform with replacement: binomial; without: hypergeometric;
+            popularity-weighted draws take no correction).
+        correction: an estimator of :data:`reco_sampled_plugin.ESTIMATORS` (``"bv"``, ``"cls"``, ``"mle"``...) for
+            corrected estimates next to the exact values; ``gamma`` for ``bv``.
+
+    Returns:
+        The per-user metrics (DataFrame or dict), or a :class:`FactorEvaluation` when ``n_samples`` is given.
+
+    Raises:
+        ValueError: naming the argument, for shape mismatches, a test item also in the user's training row,
+            non-finite interaction values, bad options.
+    """
+    k = check_int(k, "k", minimum=1)
+    min_pos_test = check_int(min_pos_test, "min_pos_test", minimum=1)
+    min_items_pool = check_int(min_items_pool, "min_items_pool", minimum=1)
+    seed = check_int(seed, "seed", minimum=0)
+    _check_ties(ties)
+    base_specs, specs = _metric_specs(metrics, k, bool(cumulative))
+
+    test = _to_csr(X_test, "X_test")
+    n_users, n_items = test.shape
+    if n_users == 0 or n_items == 0:
+        raise ValueError(f"X_test: empty matrix of shape {test.shape}")
+    if X_train is None:
+        train = _CSR(np.zeros(n_users + 1, np.int64), np.zeros(0, np.int64), np.zeros(0), test.shape)
+        consider_cold_start = True
+    else:
+        train = _to_csr(X_train, "X_train")
+        if train.shape != test.shape:
+            raise ValueError(f"X_train: shape {train.shape} differs from X_test's {test.shape} (users x items)")
+    k_pool = max([k] + [s.k for s in specs if s.k is not None])
+    if k_pool > n_items:
+        raise ValueError(f"k: cut-off {k_pool} is larger than the number of items ({n_items})")
+
+    # factors -> one (users x d') and one (items x d') matrix on the device; biases become an extra factor
+    if (user_factors is None) != (item_factors is None):
+        raise ValueError("user_factors, item_factors: pass both, or neither (with item_biases only)")
+    bias = None if item_biases is None else _as_factor(item_biases, "item_biases", 1)
+    if user_factors is None:
+        if bias is None:
+            raise ValueError("item_biases: required when user_factors and item_factors are None")
+        a_mat = None
+        b_mat = None
+        ref = bias
+    else:
+        a_mat = _as_factor(user_factors, "user_factors", 2)
+        b_mat = _as_factor(item_factors, "item_factors", 2)
+        ref = a_mat
+        if a_mat.shape[0] != n_users:
+            raise ValueError(f"user_factors: {a_mat.shape[0]} rows but X_test has {n_users} users")
+        if b_mat.shape[0] != n_items:
+            raise ValueError(f"item_factors: {b_mat.shape[0]} rows but X_test has {n_items} items")
+        if a_mat.shape[1] != b_mat.shape[1]:
+            raise ValueError(
+                f"item_factors: {b_mat.shape[1]} factors but user_factors has {a_mat.shape[1]} (they must match)"
+            )
+    if bias is not None and bias.shape[0] != n_items:
+        raise ValueError(f"item_biases: {bias.shape[0]} values but X_test has {n_items} items")
+    dev = torch.device(device) if device is not None else ref.device
+    if dtype is None:
+        all32 = all(t.dtype == torch.float32 for t in (a_mat, b_mat, bias) if t is not None)
+        dtype = torch.float32 if all32 else torch.float64
+    if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype: expected a floating dtype, got {dtype}")
+    if a_mat is not None:
+        a_mat = a_mat.to(device=dev, dtype=dtype)
+        b_mat = b_mat.to(device=dev, dtype=dtype)
+        if bias is not None:  # recometrics' layout: [A, 1] . [B, bias]
+            a_mat = torch.cat([a_mat, torch.ones((n_users, 1), dtype=dtype, device=dev)], 1)
+            b_mat = torch.cat([b_mat, bias.to(device=dev, dtype=dtype).unsqueeze(1)], 1)
+    elif bias is not None:
+        bias = bias.to(device=dev, dtype=dtype)
+
+    # train/test overlap: a test item must not be a training item of the same user
+    if train.indices.size and test.indices.size:
+        tr = sp.csr_matrix((np.ones(train.indices.size), train.indices, train.indptr), shape=train.shape)
+        te = sp.csr_matrix((np.ones(test.indices.size), test.indices, test.indptr), shape=test.shape)
+        both = tr.multiply(te).tocsr()
+        both.eliminate_zeros()
+        if both.nnz:
+            users_bad = np.flatnonzero(np.diff(both.indptr))
+            raise ValueError(
+                f"X_test: {users_bad.size} user(s) have test items that are also in X_train "
+                f"(first: user {int(users_bad[0])}, item {int(both.indices[both.indptr[users_bad[0]]])}); "
+                "train and test must not overlap for a user"
+            )
+
+    # users evaluated at all (recometrics' criteria) and users whose factors give non-finite scores
+    n_tr = train.row_counts
+    n_te = test.row_counts
+    n_cand = n_items - n_tr
+    valid = (n_te > 0) & (n_te >= min_pos_test) & (n_cand >= max(min_items_pool, k_pool, 2))
+    if not consider_cold_start:
+        valid &= n_tr > 0
+    maybe_inf = np.zeros(n_users, dtype=bool)
+    if a_mat is not None:
+        finite_users = torch.isfinite(a_mat).all(1).cpu().numpy()
+        item_ok = torch.isfinite(b_mat).all(1)
+        # Cauchy-Schwarz: |a.b| <= |a| |b|; rows whose bound could overflow get an exact check on their scores
+        big = torch.finfo(dtype).max / 4
+        norm_a = torch.linalg.vector_norm(torch.nan_to_num(a_mat.double()), dim=1)
+        norm_b = torch.linalg.vector_norm(torch.nan_to_num(b_mat.double()), dim=1).max()
+        maybe_inf = (norm_a * norm_b >= big).cpu().numpy()
+    else:
+        finite_users = np.ones(n_users, dtype=bool)
+        item_ok = torch.isfinite(bias)
+    bad_items = np.flatnonzero(~item_ok.cpu().numpy())
+    if bad_items.size:  # users that keep a non-finite item among their candidates
+        excluded_bad = np.bincount(
+            np.repeat(np.arange(n_users), n_tr)[np.isin(train.indices, bad_items)], minlength=n_users
+        )
+        finite_users &= excluded_bad == bad_items.size
+    valid &= finite_users
+    users = np.flatnonzero(valid)
+
+    # outputs (NaN = not evaluated)
+    results = {s.column: torch.full((n_users,), math.nan, dtype=torch.float64, device=dev) for s in specs}
+    if n_samples is not None:
+        m = check_int(n_samples, "n_samples", minimum=1)
+        if correction is not None and popularity is not None:
+            raise ValueError("correction: the corrections assume uniform sampling; drop popularity or correction")
+        sampled_parts: list[tuple[torch.Tensor, ...]] = []
+    elif correction is not None:
+        raise ValueError("correction: needs n_samples (the number of sampled irrelevant items per test item)")
+
+    if batch_size is None:
+        batch_size = max(1, min(4096, _BUFFER_ELEMENTS // n_items))
+    batch_size = check_int(batch_size, "batch_size", minimum=1)
+    width = min(batch_size, max(len(users), 1))
+    buf = torch.empty((width, n_items), dtype=dtype, device=dev)
+    noise = torch.empty_like(buf) if break_ties_with_noise else None
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    need_values = any(s.kind == "ndcg" for s in specs)
+
+    for start in range(0, len(users), batch_size):  # user batches bound memory; each batch is vectorised
+        rows_np = users[start : start + batch_size]
+        b = len(rows_np)
+        rows = torch.from_numpy(rows_np).to(dev)
+        scores = buf[:b]
+        if a_mat is not None:
+            torch.matmul(a_mat.index_select(0, rows), b_mat.T, out=scores)
+        else:
+            scores.copy_(bias.unsqueeze(0).expand(b, n_items))
+        ex_row, ex_slot, ex_item, _ = _gather_rows(train, rows_np)
+        te_row, te_slot, te_item, te_val = _gather_rows(test, rows_np)
+        pos = torch.from_numpy(_padded(b, te_row, te_slot, te_item, -1)).to(dev)
+        n_cand_b = torch.from_numpy(n_cand[rows_np]).to(dev)
+        nan_rows = torch.zeros(b, dtype=torch.bool, device=dev)
+        if maybe_inf[rows_np].any():  # exact check of the candidates where the norms allow overflow (rare)
+            flag_np = np.flatnonzero(maybe_inf[rows_np])
+            flag = torch.from_numpy(flag_np).to(dev)
+            bad = ~torch.isfinite(scores[flag])
+            local = np.full(b, -1)
+            local[flag_np] = np.arange(flag_np.size)
+            sel = local[ex_row] >= 0  # excluded items of the flagged rows do not count
+            bad[torch.from_numpy(local[ex_row][sel]).to(dev), torch.from_numpy(ex_item[sel]).to(dev)] = False
+            nan_rows[flag] = bad.any(1)
+        # excluded items never compete: -inf scores them below every candidate (flat indices: no padding)
+        if ex_item.size:
+            scores[torch.from_numpy(ex_row).to(dev), torch.from_numpy(ex_item).to(dev)] = -math.inf
+        pos_scores = scores.gather(1, pos[:, :1])[:, 0]
+        if break_ties_with_noise:  # recometrics checks for all-equal scores before adding noise
+            nan_rows |= _all_tied(scores, torch.arange(b, device=dev), pos_scores)
+            noise.uniform_(-1e-12, 1e-12, generator=gen)
+            scores.add_(noise[:b])
+        ranks = _exact_ranks_prepared(scores, pos, None, ties, True, gen)
+        if not break_ties_with_noise:
+            first = ranks[:, 0]
+            if ties == "pessimistic":
+                flag = first == n_cand_b
+            elif ties == "optimistic":
+                flag = first == 1
+            elif ties == "average":
+                flag = first * 2 == (n_cand_b + 1)
+            else:
+                flag = torch.ones(b, dtype=torch.bool, device=dev)
+            flagged = flag.nonzero().squeeze(1)
+            if flagged.numel():
+                nan_rows[flagged] |= _all_tied(scores, flagged, pos_scores[flagged]) & (n_cand_b[flagged] > 1)
+        rel = torch.from_numpy(_padded(b, te_row, te_slot, te_val, 0.0)).to(dev) if need_values else None
+        s = _SortedRanks(ranks, n_cand_b, rel)
+        for spec in specs:
+            vals = _ndcg(spec, s) if spec.kind == "ndcg" else _values(spec, s)
+            results[spec.column][rows] = torch.where(nan_rows, torch.full_like(vals, math.nan), vals)
+        if n_samples is not None:  # sampling needs the exclusions as a padded index (never drawn)
+            exc = torch.from_numpy(_padded(b, ex_row, ex_slot, ex_item, -1)).to(dev)
+            sampled_parts.append(
+                _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, m, replacement, popularity, gen, ties)
+            )
+
+    names = [s.column for s in specs]
+    if not rename_k and not cumulative:
+        renamed = {}
+        for s in specs:
+            col = s.column
+            renamed[col] = col[: -len(str(k))] + "K" if s.k == k else col
+        results = {renamed[c]: v for c, v in results.items()}
+        names = [renamed[c] for c in names]
+    per_user = _output(results, names, as_df)
+    if n_samples is None:
+        return per_user
+    return _sampled_result(per_user, sampled_parts, base_specs, m, replacement, correction, gamma, as_df, dev)
+
+
+def _output(results: dict, names: list[str], as_df: bool):
+    if not as_df:
+        return {name: results[name] for name in names}
+    try:
+        import pandas as pd
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("evaluate_factors(as_df=True) needs pandas; pass as_df=False for tensors") from exc
+    return pd.DataFrame({name: results[name].detach().cpu().numpy() for name in names})
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# sampled side
+
+
+def _single_item_ranks(scores, pos, ranks, ties, gen) -> torch.Tensor:
+    """Exact rank of each test item among the irrelevant candidates and itself: the full rank minus the other
+    test items that beat it (read from the same buffer, so bit-identical comparisons)."""
+    if ties == "random":
+        return _exact_ranks_prepared(scores, pos, None, ties, False, gen)
+    ps = scores.gather(1, pos.clamp(min=0))
+    valid = pos >= 0
+    other = valid.unsqueeze(1) & valid.unsqueeze(2) & ~torch.eye(pos.shape[1], dtype=torch.bool, device=pos.device)
+    ge = ((ps.unsqueeze(1) >= ps.unsqueeze(2)) & other).sum(2)
+    gt = ((ps.unsqueeze(1) > ps.unsqueeze(2)) & other).sum(2)
+    if ties == "pessimistic":
+        return ranks - ge
+    if ties == "optimistic":
+        return ranks - gt
+    return ranks - (ge + gt).to(torch.float64) / 2
+
+
+def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, m, replacement, popularity, gen, ties):
+    n_pos = (pos >= 0).sum(1)
+    keep = ~nan_rows & (n_cand_b - n_pos >= 1)  # rows with an irrelevant candidate to draw
+    if not bool(keep.all()):
+        idx = keep.nonzero().squeeze(1)
+        scores, pos, exc, ranks, rows = scores[idx], pos[idx], exc[idx], ranks[idx], rows[idx]
+    if pos.shape[0] == 0:
+        empty = torch.zeros(0, dtype=torch.int64, device=pos.device)
+        return empty, empty, empty, empty.to(ranks.dtype), empty
+    res = sampled_ranks(
+        scores, pos, m, exclude=exc if exc.shape[1] else None, replacement=replacement, popularity=popularity,
+        generator=gen, ties=ties, check_finite=False,
+    )
+    single = _single_item_ranks(scores, pos, ranks, ties, gen)
+    valid = pos >= 0
+    users = rows.unsqueeze(1).expand_as(pos)[valid]
+    n_single = res.n_candidates.unsqueeze(1).expand_as(pos)[valid]
+    return users, pos[valid], res.ranks[valid], single[valid], n_single
+
+
+def _sampled_result(per_user, parts, base_specs, m, replacement, correction, gamma, as_df, dev):
+    from .metrics import _metric_from_float_ranks
+
+    if parts:
+        users, items, sranks, eranks, n_single = (torch.cat([p[i] for p in parts]) for i in range(5))
+    else:
+        z = torch.zeros(0, dtype=torch.int64, device=dev)
+        users, items, sranks, eranks, n_single = z, z, z, z, z
+    sampled = SampledEvaluation(users, items, sranks, eranks, n_single, m)
+    summary: dict[str, dict[str, float]] = {}
+    estimates: dict = {}
+    law = "binomial" if replacement else "hypergeometric"
+    for spec in base_specs:
+        row: dict[str, float] = {"n_instances": float(users.numel())}
+        if users.numel():
+            n_f = n_single.to(torch.float64)
+            row["exact"] = float(_metric_from_float_ranks(spec, eranks.to(torch.float64), n_f).mean())
+            row["sampled"] = float(
+                _metric_from_float_ranks(spec, sranks.to(torch.float64), torch.full_like(n_f, m + 1.0)).mean()
+            )
+        else:
+            row["exact"] = row["sampled"] = math.nan
+        if correction is not None:
+            from .estimators import estimate  # lazily: the estimators pull in scipy-heavy modules
+
+            if users.numel() == 0:
+                raise ValueError("correction: no test item could be sampled (no evaluated user)")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                est = estimate(spec, sranks, n_single, m, method=correction, sampling=law, gamma=gamma)
+            estimates[spec.column] = est
+            row["corrected"] = float(est.value)
+            row["stderr"] = float(est.stderr)
+        summary[spec.column] = row
+    if as_df:
+        import pandas as pd
+
+        summary = pd.DataFrame.from_dict(summary, orient="index")
+    return FactorEvaluation(per_user, sampled, summary, estimates)
