@@ -11,6 +11,7 @@ from .consistency import consistency_report, ordering_agreement
 from .corrections import METHODS, clear_correction_cache, correction_table, expected_corrected, table_bias
 from .estimate import Estimate
 from .estimators import ESTIMATORS, estimate
+from .factors import FactorEvaluation, evaluate_factors
 from .mapping import (
     BetaFit,
     dataset_beta,
@@ -33,6 +34,7 @@ from .rank_distribution import (
 from .ranking import SampledRanks, candidate_counts, exact_ranks, sampled_ranks
 from .sampling_laws import expected_sampled, log_sampled_rank_pmf, sampled_rank_pmf
 from .simulate import draw_sampled_ranks
+from .splits import leave_last_out_split, split_train_test
 from .uncertainty import corrected_metric, corrected_values, paired_difference
 from .user_metrics import DEFAULT_METRICS, mean_metrics, per_user_metrics, user_metric_values
 
@@ -92,4 +94,9 @@ __all__ = [
     "simulate_sampled_ranks",
     "RankHistogram",
     "sampled_rank_histogram",
+    # recometrics parity (issue 8)
+    "evaluate_factors",
+    "FactorEvaluation",
+    "split_train_test",
+    "leave_last_out_split",
 ]
