@@ -1,0 +1,251 @@
+"""Framework-free pieces shared by the torchmetrics and Lightning adapters.
+
+* :class:`RankingBatch`: what a step (or a user scoring function) hands to the adapters.
+* Keyed negative sampling: the m irrelevant items of a positive are a pure function of
+  (seed, instance id, positive item), drawn with a counter-based hash instead of a stateful
+  generator. The same instance therefore gets the same sampled rank whichever process, batch or
+  position evaluates it: one process and many processes give identical histograms.
+* DistributedSampler padding: which rows of a process are the duplicates the sampler appends.
+* Histogram rows -> :class:`~reco_sampled_plugin.RankHistogram` (optionally pooling n).
+
+Nothing here imports torchmetrics or Lightning.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping, NamedTuple
+
+import numpy as np
+import torch
+
+from reco_sampled_plugin._inputs import as_padded_index
+from reco_sampled_plugin._rank_hist import RankHistogram
+from reco_sampled_plugin.rank_distribution import _pool_groups
+from reco_sampled_plugin.ranking import _forbidden_sorted, _position_to_item, candidate_counts
+
+__all__ = [
+    "RankingBatch",
+    "as_ranking_batch",
+    "ADAPTER_TIES",
+    "keyed_uniform",
+    "keyed_negatives",
+    "keyed_sampled_ranks",
+    "padded_inputs",
+    "histogram_from_rows",
+    "metric_key",
+    "estimator_label",
+]
+
+# ties the adapters support: deterministic ones (``random`` would depend on the batch layout)
+ADAPTER_TIES = ("pessimistic", "optimistic", "average")
+_M32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B9
+
+
+class RankingBatch(NamedTuple):
+    """One batch of an evaluation, as the adapters consume it.
+
+    scores: (B, n) scores of every item for B instances (users), on any device.
+    positives: held-out relevant items: (B, n) bool mask, (B, P) int64 padded with -1, or (B,).
+    exclude: items left out of the ranking (training items), same forms, or None.
+    ids: optional (B,) int64 instance ids (user indices). They key the sampled negatives, so an
+        instance gets the same negatives whatever batch or process evaluates it.
+    """
+
+    scores: torch.Tensor
+    positives: torch.Tensor
+    exclude: torch.Tensor | None = None
+    ids: torch.Tensor | None = None
+
+
+def as_ranking_batch(obj: Any, where: str = "validation_step") -> RankingBatch:
+    """Read a :class:`RankingBatch` from a mapping (keys ``scores``, ``positives``, optional
+    ``exclude``, ``ids``) or an object with those attributes."""
+    if isinstance(obj, RankingBatch):
+        return obj
+    if isinstance(obj, Mapping):
+        get = obj.get
+    else:
+        def get(key, default=None):
+            return getattr(obj, key, default)
+    scores, positives = get("scores"), get("positives")
+    if not isinstance(scores, torch.Tensor) or positives is None:
+        raise ValueError(
+            f"{where}: expected a dict (or object) with 'scores' (B x n tensor), 'positives' and optionally "
+            f"'exclude' and 'ids'; got {type(obj).__name__}"
+            + (f" with keys {sorted(obj)}" if isinstance(obj, Mapping) else "")
+            + ". Return them from the step or pass score_fn= to the callback."
+        )
+    return RankingBatch(scores, positives, get("exclude"), get("ids"))
+
+
+def check_ties(ties: str) -> str:
+    if ties not in ADAPTER_TIES:
+        raise ValueError(f"ties: the adapters support the deterministic policies {ADAPTER_TIES}, got {ties!r}")
+    return ties
+
+
+def padded_inputs(scores: torch.Tensor, positives, exclude) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Positives and exclusions as (B, P) / (B, E) int64 tensors padded with -1 (validated once)."""
+    b, n = scores.shape
+    pos = as_padded_index(positives, n, b, "positives", scores.device)
+    exc = None if exclude is None else as_padded_index(exclude, n, b, "exclude", scores.device)
+    return pos, exc
+
+
+# ------------------------------------------------------------------------------ keyed draws
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A bijective 32-bit mix (xorshift-multiply) on int64 tensors holding 32-bit values."""
+    x = x & _M32
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & _M32
+    x = ((x ^ (x >> 16)) * 0x45D9F3B) & _M32
+    return x ^ (x >> 16)
+
+
+def _absorb(h: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+    """Fold a 64-bit integer into a 32-bit hash state (low and high words)."""
+    h = _mix32(h ^ (part & _M32))
+    return _mix32(h ^ ((part >> 32) & _M32) ^ _GOLDEN)
+
+
+def keyed_uniform(seed: int, *parts: torch.Tensor) -> torch.Tensor:
+    """Uniform float64 numbers in [0, 1) that are a pure function of (seed, *parts).
+
+    ``parts`` are int64 tensors broadcast together; two independent 32-bit hash chains give the
+    53 bits of each number. The chains grow with the parts, so put small (per-row) parts first; the
+    last part must lie in 0..2**32 - 1 (a draw counter), it is folded in with a single mix.
+    """
+    device = parts[0].device
+    h1 = _mix32(torch.tensor(((seed * 2 + 1) & _M32) ^ _GOLDEN, dtype=torch.int64, device=device))
+    h2 = _mix32(torch.tensor((((seed >> 32) * 2 + 0x51ED27) & _M32) ^ 0x85EBCA6B, dtype=torch.int64, device=device))
+    *head, last = parts
+    for p in head:
+        h1 = _absorb(h1, p)
+        h2 = _absorb(h2, p ^ 0x27D4EB2F)
+    # the last part (the largest tensor: draw indices, slots) is a small non-negative counter: one mix
+    h1 = _mix32(h1 ^ last)
+    h2 = _mix32(h2 ^ (last * 0x2C1B3C6D))
+    top = h1 >> 5  # 27 bits
+    low = h2 >> 6  # 26 bits
+    return (top * (1 << 26) + low).to(torch.float64) * (2.0**-53)
+
+
+def keyed_negatives(
+    pos: torch.Tensor,
+    exc: torch.Tensor | None,
+    n_items: int,
+    n_samples: int,
+    ids: torch.Tensor,
+    seed: int = 0,
+    replacement: bool = True,
+) -> torch.Tensor:
+    """(B, P, m) irrelevant items per positive, uniform over the row's allowed items, keyed by
+    (seed, ids[b], pos[b, p], draw index); never a positive or an excluded item of the row.
+
+    With ``replacement=False`` the m items of a positive are distinct (small pools take the m
+    smallest keyed keys over the whole pool, larger ones redraw duplicates with fresh keys).
+    """
+    b, p = pos.shape
+    m = n_samples
+    device = pos.device
+    forb = _forbidden_sorted(pos, exc, n_items)
+    n_allowed = n_items - (forb < n_items).sum(1)
+    if bool((n_allowed < (1 if replacement else m)).any()):
+        need = "one irrelevant candidate" if replacement else f"m = {m} irrelevant candidates (no replacement)"
+        raise ValueError(f"n_samples: some row has fewer than {need} left to sample from")
+    row = ids.to(device=device, dtype=torch.int64).view(b, 1, 1)
+    item = pos.view(b, p, 1)
+    draw = torch.arange(m, device=device, dtype=torch.int64).view(1, 1, m)
+    view = n_allowed.view(b, 1, 1).to(torch.float64)
+
+    def positions(round_: int) -> torch.Tensor:
+        u = keyed_uniform(seed, torch.tensor(round_, device=device), row, item, draw)
+        return torch.minimum((u * view).floor().to(torch.int64), view.to(torch.int64) - 1)
+
+    pos_idx = positions(0)
+    if not replacement:
+        small = n_allowed <= 4 * m
+        if bool(small.any()):
+            rows = small.nonzero().squeeze(1)
+            width = int(n_allowed[rows].max())
+            slots = torch.arange(width, device=device, dtype=torch.int64).view(1, 1, -1)
+            keys = keyed_uniform(seed, torch.tensor(-1, device=device), row[rows], item[rows], slots)
+            keys = keys.masked_fill(slots >= n_allowed[rows].view(-1, 1, 1), 2.0)
+            pos_idx[rows] = torch.topk(keys, m, dim=2, largest=False).indices
+        for round_ in range(1, 10_000):  # duplicates are rare where the pool is large: few rounds
+            srt, order = torch.sort(pos_idx, dim=2)
+            dup_sorted = torch.zeros_like(srt, dtype=torch.bool)
+            dup_sorted[..., 1:] = srt[..., 1:] == srt[..., :-1]
+            if not bool(dup_sorted.any()):
+                break
+            dup = torch.zeros_like(dup_sorted).scatter(2, order, dup_sorted)
+            pos_idx = torch.where(dup, positions(round_), pos_idx)
+    return _position_to_item(pos_idx, forb, n_items)
+
+
+def keyed_sampled_ranks(
+    scores: torch.Tensor,
+    pos: torch.Tensor,
+    exc: torch.Tensor | None,
+    n_samples: int,
+    ids: torch.Tensor,
+    seed: int = 0,
+    replacement: bool = True,
+    ties: str = "pessimistic",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sampled ranks r~ (B, P; 0 in padded slots) and candidate counts n (B,) with keyed negatives.
+
+    Same definition as :func:`reco_sampled_plugin.sampled_ranks` (r~ = 1 + #{drawn items scoring
+    higher}, ties per ``ties``; n = catalogue - excluded - other positives), on already validated
+    padded inputs.
+    """
+    b, n_items = scores.shape
+    p = pos.shape[1]
+    neg = keyed_negatives(pos, exc, n_items, n_samples, ids, seed, replacement)
+    valid = pos >= 0
+    pos_scores = scores.gather(1, pos.clamp(min=0))
+    neg_scores = scores.gather(1, neg.reshape(b, -1)).reshape(b, p, n_samples)
+    above = (neg_scores > pos_scores.unsqueeze(2)).sum(2)
+    if ties == "optimistic":
+        ranks = above + 1
+    else:
+        tied = (neg_scores == pos_scores.unsqueeze(2)).sum(2)
+        ranks = above + tied + 1 if ties == "pessimistic" else (above + 1).to(torch.float64) + tied / 2
+    ranks = torch.where(valid, ranks, torch.zeros_like(ranks))
+    return ranks, candidate_counts(n_items, pos, exc, count_other_positives=False)
+
+
+# -------------------------------------------------------------------------------- histograms
+def histogram_from_rows(counts: np.ndarray, n_items: int, n_samples: int, max_groups: int | None) -> RankHistogram:
+    """RankHistogram from dense rows: ``counts[e]`` holds the sampled-rank counts of instances with
+    n = n_items - e candidates. Groups are ordered by n; more than ``max_groups`` distinct n are
+    pooled into quantile bins (the core's ``mle`` pooling: count-weighted median n per bin)."""
+    rows = np.flatnonzero(counts.sum(1) > 0)[::-1]  # ascending n
+    hist = RankHistogram(
+        np.asarray(n_items - rows, dtype=np.int64),
+        np.full(len(rows), n_samples, dtype=np.int64),
+        tuple(np.array(counts[r], dtype=np.float64) for r in rows),
+    )
+    if max_groups is not None and hist.n_groups > max_groups:
+        hist, _ = _pool_groups(hist, max_groups)
+    return hist
+
+
+# ------------------------------------------------------------------------------------- names
+def estimator_label(method: str) -> str:
+    """Display label of an estimator: ``none`` is the plain sampled metric."""
+    return "sampled" if method == "none" else method
+
+
+def metric_key(metric: str) -> str:
+    """A logger-safe form of a metric name: ``ndcg@10`` -> ``ndcg_at_10`` (MLflow rejects ``@``)."""
+    return str(metric).replace("@", "_at_")
+
+
+def stderr_from_sums(s1: float, s2: float, count: float) -> float:
+    """Standard error of a mean from the sum, the sum of squares and the count."""
+    if count <= 1:
+        return math.inf if count < 1 else 0.0
+    var = max(s2 - s1 * s1 / count, 0.0) / (count - 1.0)
+    return math.sqrt(var / count)

@@ -1,0 +1,420 @@
+"""Lightning callback: exact, sampled and corrected ranking metrics during validation and test.
+
+Attach :class:`RankingMetricsCallback` to a ``Trainer``. Batch by batch it turns the scores of the
+step into ranks on the module's device and adds them to two torchmetrics states
+(:mod:`reco_sampled_plugin.adapters.torchmetrics`); at epoch end it syncs them across processes
+(a sum), runs every configured estimator and logs the values with ``log_dict``, so every Lightning
+logger (TensorBoard, CSV, MLflow, W&B...) receives them and ``ModelCheckpoint`` / ``EarlyStopping``
+can monitor them.
+
+Protocol (see docs/lightning.md): either ``validation_step`` / ``test_step`` returns a dict (or a
+:class:`RankingBatch`) with ``scores`` (B x n), ``positives``, optional ``exclude`` and ``ids``, or
+the callback gets ``score_fn(pl_module, batch)`` returning the same.
+
+Both namespaces are supported: ``lightning.pytorch`` and ``pytorch_lightning`` each need their own
+``Callback`` base, so the class is built per namespace. ``RankingMetricsCallback`` is the one for
+``lightning.pytorch`` when installed (else ``pytorch_lightning``); ``PLRankingMetricsCallback`` is
+the ``pytorch_lightning`` one; :func:`callback_class` builds either.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import warnings
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+from torch.utils.data import DistributedSampler
+
+from reco_sampled_plugin.estimate import Estimate
+
+from ._shared import RankingBatch, as_ranking_batch, estimator_label, metric_key, padded_inputs
+from .torchmetrics import ExactRankingMetrics, SampledRankingMetrics
+
+__all__ = ["RankingMetricsCallback", "PLRankingMetricsCallback", "RankingBatch", "callback_class", "NAMESPACES"]
+
+NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
+_STAGES = {"validate": "val", "test": "test"}
+
+
+def _find_distributed_sampler(dataloader) -> DistributedSampler | None:
+    for holder in (getattr(dataloader, "batch_sampler", None), dataloader):
+        sampler = getattr(holder, "sampler", None)
+        if isinstance(sampler, DistributedSampler):
+            return sampler
+    return None
+
+
+class _LoaderState:
+    """Per (stage, dataloader) bookkeeping of one epoch: the metric states and the row position."""
+
+    def __init__(self, exact: ExactRankingMetrics | None, sampled: SampledRankingMetrics | None, sampler) -> None:
+        self.exact = exact
+        self.sampled = sampled
+        self.sampler = sampler
+        self.rows = 0
+
+    def positions(self, batch: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Global positions of the next ``batch`` rows, and the padding mask (None: no padding).
+
+        A ``DistributedSampler`` (shuffled or not) hands process r the sample at global position
+        r + i * W as its i-th sample and pads positions >= len(dataset) with repeats; those rows
+        are dropped. Without such a sampler, the position is the running row count.
+        """
+        local = torch.arange(self.rows, self.rows + batch, device=device, dtype=torch.int64)
+        self.rows += batch
+        s = self.sampler
+        if s is None:
+            return local, None
+        glob = s.rank + local * s.num_replicas
+        n = len(s.dataset)
+        return glob, (glob < n) if (not s.drop_last and s.total_size > n) else None
+
+
+class _RankingMetricsLogic:
+    """The callback's behaviour, independent of the Lightning namespace (mixed into its Callback)."""
+
+    def __init__(
+        self,
+        metrics: str | Iterable[str] = ("ndcg@10", "recall@10"),
+        *,
+        exact: bool = True,
+        n_samples: int | None = 100,
+        estimators: Sequence[str] = ("none", "bv"),
+        estimator_options: Mapping[str, Mapping[str, Any]] | None = None,
+        replacement: bool = True,
+        seed: int = 0,
+        ties: str = "pessimistic",
+        count_other_positives: bool = False,
+        max_n_groups: int | None = 64,
+        check_finite: bool | str = "positives",
+        score_fn: Callable[[Any, Any], Any] | None = None,
+        stages: Sequence[str] = ("validate", "test"),
+        headline: tuple[str, str] | None = None,
+        prefix: str = "",
+        log_stderr: bool = False,
+        dedup_padding: bool = True,
+        progress: bool = True,
+        plot_every_n_epochs: int | None = None,
+    ) -> None:
+        super().__init__()
+        if not exact and n_samples is None:
+            raise ValueError("exact=False and n_samples=None: nothing to compute")
+        bad = [s for s in stages if s not in _STAGES]
+        if bad:
+            raise ValueError(f"stages: unknown {bad}; use 'validate' and/or 'test'")
+        self._exact_kwargs = dict(metrics=metrics, ties=ties, count_other_positives=count_other_positives, check_finite=check_finite)
+        self._sampled_kwargs = dict(
+            metrics=metrics,
+            n_samples=n_samples,
+            estimators=estimators,
+            estimator_options=estimator_options,
+            replacement=replacement,
+            seed=seed,
+            ties=ties,
+            max_n_groups=max_n_groups,
+            check_finite=False,  # the exact pass (or the first update) checks
+        )
+        # validate every option now, not at the first batch
+        probe_exact = ExactRankingMetrics(**self._exact_kwargs)
+        probe_sampled = SampledRankingMetrics(**self._sampled_kwargs) if n_samples is not None else None
+        self.exact = exact
+        self.n_samples = n_samples
+        self.check_finite = check_finite
+        self.metric_names = probe_exact.metric_names
+        self.labels = (("exact",) if exact else ()) + (
+            tuple(estimator_label(e) for e in probe_sampled.estimators) if probe_sampled else ()
+        )
+        if headline is None:
+            pick = "exact" if exact else next((lab for lab in self.labels if lab != "sampled"), self.labels[0])
+            headline = (self.metric_names[0], pick)
+        h_metric = str(_parse(headline[0]))
+        if h_metric not in self.metric_names or headline[1] not in self.labels:
+            raise ValueError(f"headline: {headline!r} is not among metrics {self.metric_names} x {self.labels}")
+        self.headline = (h_metric, headline[1])
+        self.score_fn = score_fn
+        self.stages = tuple(stages)
+        self.prefix = prefix
+        self.log_stderr = log_stderr
+        self.dedup_padding = dedup_padding
+        self.progress = progress
+        if plot_every_n_epochs is not None and plot_every_n_epochs < 1:
+            raise ValueError("plot_every_n_epochs: a positive integer or None")
+        self.plot_every_n_epochs = plot_every_n_epochs
+        self._states: dict[tuple[str, int], _LoaderState] = {}
+        self.results: dict[str, dict[str, Estimate]] = {}
+        self.history: dict[str, list[dict[str, float]]] = {}
+        self.plots: list[str] = []
+
+    # ----------------------------------------------------------------------------- names
+    def key(self, metric: str, label: str, stage: str = "validate", dataloader_idx: int = 0) -> str:
+        """The logged name of one value, e.g. ``val/ndcg_at_10/bv``."""
+        return f"{self._stage_prefix(stage, dataloader_idx)}/{metric_key(str(_parse(metric)))}/{label}"
+
+    def _stage_prefix(self, stage: str, dataloader_idx: int) -> str:
+        base = f"{self.prefix}{_STAGES[stage]}"
+        return base if dataloader_idx == 0 else f"{base}_dl{dataloader_idx}"
+
+    @property
+    def monitor(self) -> str:
+        """Name of the headline value during validation (for ``ModelCheckpoint`` / ``EarlyStopping``,
+        mode ``"max"``): e.g. ``val_ndcg_at_10``. It has no ``/``, so checkpoint file names stay flat."""
+        return self.headline_key("validate")
+
+    def headline_key(self, stage: str = "validate", dataloader_idx: int = 0) -> str:
+        return f"{self._stage_prefix(stage, dataloader_idx)}_{metric_key(self.headline[0])}"
+
+    # ---------------------------------------------------------------------------- states
+    def _state(self, trainer, pl_module, stage: str, dataloader_idx: int) -> _LoaderState:
+        st = self._states.get((stage, dataloader_idx))
+        if st is None:
+            device = pl_module.device
+            exact = ExactRankingMetrics(**self._exact_kwargs).to(device) if self.exact else None
+            sampled = SampledRankingMetrics(**self._sampled_kwargs).to(device) if self.n_samples is not None else None
+            loaders = trainer.val_dataloaders if stage == "validate" else trainer.test_dataloaders
+            if isinstance(loaders, Mapping):
+                loaders = list(loaders.values())
+            if isinstance(loaders, (list, tuple)):
+                loader = loaders[dataloader_idx] if dataloader_idx < len(loaders) else None
+            else:
+                loader = loaders if dataloader_idx == 0 else None
+            sampler = _find_distributed_sampler(loader) if loader is not None else None
+            st = self._states[(stage, dataloader_idx)] = _LoaderState(exact, sampled, sampler)
+        return st
+
+    def _reset(self, stage: str) -> None:
+        for key in [k for k in self._states if k[0] == stage]:
+            del self._states[key]
+
+    # ---------------------------------------------------------------------------- batches
+    def _batch_end(self, trainer, pl_module, outputs, batch, stage: str, dataloader_idx: int) -> None:
+        if stage not in self.stages or trainer.sanity_checking:
+            return
+        where = "validation_step" if stage == "validate" else "test_step"
+        if self.score_fn is not None:
+            rb = as_ranking_batch(self.score_fn(pl_module, batch), "score_fn")
+        else:
+            rb = as_ranking_batch(outputs, where)
+        st = self._state(trainer, pl_module, stage, dataloader_idx)
+        scores = rb.scores.detach()
+        pos, exc = padded_inputs(scores, rb.positives, rb.exclude)
+        glob, keep = st.positions(scores.shape[0], scores.device)
+        if not self.dedup_padding:
+            keep = None
+        ids = glob if rb.ids is None else torch.as_tensor(rb.ids, device=scores.device)
+        if st.exact is not None:
+            st.exact.update_padded(scores, pos, exc, keep)
+        if st.sampled is not None:
+            if st.exact is None and self.check_finite:
+                from .torchmetrics import _check_scores
+
+                _check_scores(scores, pos, self.check_finite)
+            st.sampled.update_padded(scores, pos, exc, ids, keep)
+
+    # -------------------------------------------------------------------------- epoch end
+    def _epoch_end(self, trainer, pl_module, stage: str) -> None:
+        if stage not in self.stages:
+            return
+        if trainer.sanity_checking:
+            self._reset(stage)
+            return
+        states = sorted((k[1], v) for k, v in self._states.items() if k[0] == stage)
+        values: dict[str, float] = {}
+        results: dict[str, Estimate] = {}
+        bar = self.progress and trainer.is_global_zero and getattr(trainer, "progress_bar_callback", None) is not None
+        for idx, st in states:
+            if st.sampler is not None and st.rows > st.sampler.num_samples:
+                warnings.warn(
+                    f"RankingMetricsCallback: {st.rows} score rows on this process but its DistributedSampler "
+                    f"yields {st.sampler.num_samples} samples; rows must be samples for padding to be dropped",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            est: dict[str, Estimate] = {}
+            if st.exact is not None:
+                est.update(st.exact.estimates())
+            if st.sampled is not None:
+                est.update(st.sampled.estimates(progress=_tqdm_wrapper(stage) if bar else None))
+            for name, e in est.items():
+                metric, label = name.rsplit("/", 1)
+                k = self.key(metric, label, stage, idx)
+                results[k] = e
+                values[k] = e.value
+                if self.log_stderr:
+                    values[f"{k}_stderr"] = e.stderr
+            h = self.key(self.headline[0], self.headline[1], stage, idx)
+            if h in values:
+                values[self.headline_key(stage, idx)] = values[h]
+        self._reset(stage)
+        if not values:
+            return
+        self.results[stage] = results
+        self.history.setdefault(stage, []).append({"epoch": trainer.current_epoch, **values})
+        # every process holds the same synced values: the mean over processes is the value itself
+        pl_module.log_dict(values, on_step=False, on_epoch=True, sync_dist=True, add_dataloader_idx=False)
+        if self.plot_every_n_epochs and trainer.is_global_zero:
+            if len(self.history[stage]) % self.plot_every_n_epochs == 0 or stage == "test":
+                self._plot(trainer, stage)
+
+    # ------------------------------------------------------------------------------- plot
+    def _plot(self, trainer, stage: str) -> None:
+        """Sampled vs corrected vs exact values over epochs, one panel per metric, to the loggers."""
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+
+        hist = self.history[stage]
+        epochs = [row["epoch"] for row in hist]
+        fig, axes = plt.subplots(1, len(self.metric_names), figsize=(4.2 * len(self.metric_names), 3.4), squeeze=False)
+        for ax, metric in zip(axes[0], self.metric_names):
+            for label in self.labels:
+                k = self.key(metric, label, stage)
+                ys = [row.get(k, math.nan) for row in hist]
+                style = {"exact": dict(color="black", lw=2.2), "sampled": dict(ls="--")}.get(label, {})
+                ax.plot(epochs, ys, marker="o", ms=3, label=label, **style)
+            ax.set_title(f"{metric} ({_STAGES[stage]})")
+            ax.set_xlabel("epoch")
+            ax.grid(alpha=0.3)
+        axes[0][0].legend(fontsize=8)
+        fig.tight_layout()
+        tag = f"{self.prefix}{_STAGES[stage]}/ranking_metrics"
+        epoch = trainer.current_epoch
+        fname = f"{self.prefix}{_STAGES[stage]}_ranking_metrics_epoch{epoch:04d}.png"
+        for logger in trainer.loggers:
+            exp = getattr(logger, "experiment", None)
+            kind = type(logger).__name__
+            if kind == "TensorBoardLogger" and hasattr(exp, "add_figure"):
+                exp.add_figure(tag, fig, global_step=trainer.global_step, close=False)
+            elif kind == "MLFlowLogger" and hasattr(exp, "log_figure"):
+                exp.log_figure(logger.run_id, fig, f"ranking_metrics/{fname}")
+            elif kind == "WandbLogger" and hasattr(logger, "log_image"):
+                logger.log_image(key=tag, images=[fig])
+            else:
+                folder = getattr(logger, "log_dir", None) or trainer.default_root_dir
+                path = os.path.join(folder, "ranking_metrics", fname)
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fig.savefig(path, dpi=90)
+                self.plots.append(path)
+        if not trainer.loggers:
+            path = os.path.join(trainer.default_root_dir, "ranking_metrics", fname)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fig.savefig(path, dpi=90)
+            self.plots.append(path)
+        plt.close(fig)
+
+    # ------------------------------------------------------------------------------ hooks
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._batch_end(trainer, pl_module, outputs, batch, "validate", dataloader_idx)
+
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+        self._batch_end(trainer, pl_module, outputs, batch, "test", dataloader_idx)
+
+    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+        self._reset("validate")
+
+    def on_test_epoch_start(self, trainer, pl_module) -> None:
+        self._reset("test")
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        self._epoch_end(trainer, pl_module, "validate")
+
+    def on_test_epoch_end(self, trainer, pl_module) -> None:
+        self._epoch_end(trainer, pl_module, "test")
+
+
+def _parse(metric: str):
+    from reco_sampled_plugin.metric_names import parse_metric
+
+    return parse_metric(metric)
+
+
+def _tqdm_wrapper(stage: str) -> Callable[[Iterable], Iterable]:
+    def wrap(jobs):
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:  # pragma: no cover - Lightning depends on tqdm
+            return jobs
+        return tqdm(jobs, desc=f"ranking metrics ({_STAGES[stage]})", leave=False, unit="estimate")
+
+    return wrap
+
+
+# ------------------------------------------------------------------------ per-namespace classes
+_CLASSES: dict[str, type] = {}
+
+
+def _available(namespace: str) -> bool:
+    try:
+        importlib.import_module(namespace)
+    except ImportError:
+        return False
+    return True
+
+
+def _default_namespace() -> str:
+    for ns in NAMESPACES:
+        if _available(ns):
+            return ns
+    raise ImportError(
+        "reco_sampled_plugin.adapters.lightning needs Lightning: pip install lightning (or pytorch-lightning)"
+    )
+
+
+def callback_class(namespace: str | None = None) -> type:
+    """The callback class for ``"lightning.pytorch"`` or ``"pytorch_lightning"`` (default: whichever
+    is installed, ``lightning.pytorch`` first). Built once per namespace."""
+    ns = namespace or _default_namespace()
+    if ns not in NAMESPACES:
+        raise ValueError(f"namespace: use one of {NAMESPACES}, got {ns!r}")
+    cls = _CLASSES.get(ns)
+    if cls is None:
+        base = importlib.import_module(ns).Callback
+        name = "RankingMetricsCallback" if ns == _default_namespace() else "PLRankingMetricsCallback"
+        cls = type(
+            name,
+            (_RankingMetricsLogic, base),
+            {"__module__": __name__, "__qualname__": name, "__doc__": _CALLBACK_DOC.format(namespace=ns)},
+        )
+        _CLASSES[ns] = cls
+    return cls
+
+
+_CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace}``.
+
+    Args:
+        metrics: metric names (``"ndcg@10"``, ``"recall@10"``, ``"hit@10"``, ``"mrr"``, ``"auc"``...).
+        exact: compute exact (full-catalogue) metrics.
+        n_samples: m sampled irrelevant items per relevant item (None: no sampled metrics).
+        estimators: estimators run on the sampled ranks (``"none"`` = plain sampled metric, corrections
+            ``rank_estimate``/``ls``/``cls``/``bv``/``bv_mle``, mappings ``linear``/``bound``/``beta``/
+            ``beta_fit``, rank distributions ``mle``/``mes``).
+        estimator_options: per-estimator keyword arguments, e.g. ``{{"mle": {{"n_bootstrap": 8}}}}``.
+        replacement, seed, ties, count_other_positives, max_n_groups, check_finite: see
+            :class:`~reco_sampled_plugin.adapters.torchmetrics.SampledRankingMetrics`.
+        score_fn: ``score_fn(pl_module, batch)`` -> dict / RankingBatch; default: the step's output.
+        stages: ``("validate", "test")`` or a subset.
+        headline: (metric, label) also logged as ``val_<metric>`` (see :attr:`monitor`); default the
+            first metric, exact if computed, else the first corrected estimator.
+        prefix: prepended to every logged name.
+        log_stderr: also log ``<name>_stderr``.
+        dedup_padding: drop the rows a DistributedSampler pads with (default True).
+        progress: a tqdm bar over the epoch-end estimators (rank zero, when the trainer shows progress).
+        plot_every_n_epochs: every k epochs, plot exact vs sampled vs corrected values over epochs
+            to the loggers (TensorBoard figure, MLflow artifact, W&B image, else a PNG in the log dir).
+
+    Logged names: ``{{prefix}}val/<metric>/<label>`` (``@`` written ``_at_``), e.g. ``val/ndcg_at_10/exact``,
+    ``val/ndcg_at_10/sampled``, ``val/ndcg_at_10/bv``; ``test/...`` in testing; ``_dl<k>`` after the stage
+    for dataloader k > 0. After each epoch, :attr:`results` maps those names to Estimate objects
+    (float64 value, stderr) and :attr:`history` keeps the values per epoch.
+    """
+
+
+def __getattr__(name: str):
+    if name == "RankingMetricsCallback":
+        return callback_class()
+    if name == "PLRankingMetricsCallback":
+        return callback_class("pytorch_lightning")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,343 @@
+"""torchmetrics ``Metric`` classes for exact, sampled and corrected ranking metrics.
+
+Two metrics, usable in a plain torch loop or inside Lightning; their states are sufficient
+statistics declared with ``dist_reduce_fx`` "sum" (or "max"), so distributed sync is a sum and
+memory does not grow with the number of users:
+
+* :class:`ExactRankingMetrics`: per configured metric the sum and the sum of squares of M(r) over
+  relevant items, and their count (K x 2 + 1 numbers).
+* :class:`SampledRankingMetrics`: the sampled-rank histogram, m + 1 counts per distinct candidate
+  count n (one row per n = n_items - e, e = excluded items + other positives of the row), so at most
+  n_items x (m + 1) numbers whatever the number of users. At ``compute`` the histogram goes to
+  :func:`reco_sampled_plugin.estimators.estimate` once per (metric, estimator): the plain sampled
+  metric (``none``), each correction (``rank_estimate``, ``ls``, ``cls``, ``bv``, ``bv_mle``),
+  the mappings of Li et al. (``linear``, ``bound``, ``beta``, ``beta_fit``) and the rank-distribution
+  estimators (``mle``, ``mes``).
+
+Results are per relevant item (the single-relevant-item form M(r) of the papers): with one held-out
+item per user, per user. Negatives are keyed by (seed, instance id, positive item), see
+``adapters/_shared.py``; pass ``ids`` (user indices) to make results independent of batching and of
+the number of processes. Rows with ``keep`` False (e.g. DistributedSampler padding) are not counted.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+from torchmetrics import Metric
+
+from reco_sampled_plugin.estimate import Estimate
+from reco_sampled_plugin.estimators import ESTIMATORS, estimate
+from reco_sampled_plugin.metric_names import parse_metric
+from reco_sampled_plugin.metrics import metric_values
+from reco_sampled_plugin.ranking import _exact_ranks_prepared, candidate_counts
+
+from ._shared import (
+    check_ties,
+    estimator_label,
+    histogram_from_rows,
+    keyed_sampled_ranks,
+    padded_inputs,
+    stderr_from_sums,
+)
+
+__all__ = ["ExactRankingMetrics", "SampledRankingMetrics"]
+
+
+def _metric_names(metrics: str | Iterable[str]) -> tuple[str, ...]:
+    names = (metrics,) if isinstance(metrics, str) else tuple(metrics)
+    if not names:
+        raise ValueError("metrics: give at least one metric name, e.g. ('ndcg@10', 'recall@10')")
+    return tuple(str(parse_metric(m)) for m in names)
+
+
+def _check_finite_option(value) -> bool | str:
+    if value not in (True, False, "positives"):
+        raise ValueError(f"check_finite: expected True, False or 'positives', got {value!r}")
+    return value
+
+
+def _check_scores(scores: torch.Tensor, pos: torch.Tensor, check_finite) -> None:
+    """``True``: every score finite (one pass over the matrix); ``"positives"``: the relevant items' scores."""
+    if check_finite is True:
+        bad = ~torch.isfinite(scores.sum(1))
+        if bool(bad.any()) and bool((~torch.isfinite(scores[bad])).any()):
+            raise ValueError("scores: NaN or inf in the score matrix; ranks would be meaningless")
+    elif check_finite == "positives" and pos.numel():
+        ps = scores.gather(1, pos.clamp(min=0))
+        if not bool(torch.isfinite(ps[pos >= 0]).all()):
+            raise ValueError("scores: NaN or inf score for a relevant item; ranks would be meaningless")
+
+
+def _keep_mask(keep, batch: int, device) -> torch.Tensor | None:
+    if keep is None:
+        return None
+    k = torch.as_tensor(keep, device=device)
+    if k.dtype != torch.bool or k.shape != (batch,):
+        raise ValueError(f"keep: expected a ({batch},) bool tensor, got {tuple(k.shape)} {k.dtype}")
+    return k
+
+
+class ExactRankingMetrics(Metric):
+    """Exact (full-catalogue) ranking metrics, averaged over relevant items.
+
+    Args:
+        metrics: names such as ``"ndcg@10"``, ``"recall@10"``, ``"mrr"``, ``"auc"``.
+        ties: ``"pessimistic"`` (default), ``"optimistic"`` or ``"average"``.
+        count_other_positives: False (default) ranks each relevant item among the irrelevant
+            candidates only (the quantity sampled metrics estimate; the same as True with one
+            held-out item per user); True ranks it among all candidates, the other positives included.
+        check_finite: ``"positives"`` (default: the relevant items' scores), True (every score: one
+            extra pass over the matrix) or False.
+
+    ``update(scores, positives, exclude=None, keep=None)``; ``compute()`` returns
+    ``{"<metric>/exact": float64 tensor}``; :meth:`estimates` returns :class:`Estimate` objects with
+    standard errors.
+    """
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = True
+
+    def __init__(
+        self,
+        metrics: str | Iterable[str] = ("ndcg@10", "recall@10"),
+        *,
+        ties: str = "pessimistic",
+        count_other_positives: bool = False,
+        check_finite: bool | str = "positives",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.metric_names = _metric_names(metrics)
+        self.specs = tuple(parse_metric(m) for m in self.metric_names)
+        self.ties = check_ties(ties)
+        self.count_other_positives = bool(count_other_positives)
+        self.check_finite = _check_finite_option(check_finite)
+        self.add_state("sums", torch.zeros(len(self.specs), 2, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, scores: torch.Tensor, positives, exclude=None, keep: torch.Tensor | None = None) -> None:
+        """Add a batch: (B, n) scores, positives and exclusions (bool masks or padded indices)."""
+        pos, exc = padded_inputs(scores, positives, exclude)
+        self.update_padded(scores, pos, exc, keep)
+
+    def update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, keep=None) -> None:
+        """:meth:`update` on validated padded index tensors (as from ``_shared.padded_inputs``)."""
+        self._update_padded(scores, pos, exc, keep)
+
+    def _update_padded(self, scores, pos, exc, keep) -> None:
+        if not scores.is_floating_point() or scores.dim() != 2:
+            raise ValueError(f"scores: expected a floating (B, n) matrix, got {tuple(scores.shape)} {scores.dtype}")
+        _check_scores(scores, pos, self.check_finite)
+        ranks = _exact_ranks_prepared(scores, pos, exc, self.ties, self.count_other_positives)
+        n = candidate_counts(scores.shape[1], pos, exc, self.count_other_positives)
+        valid = pos >= 0
+        k = _keep_mask(keep, scores.shape[0], scores.device)
+        if k is not None:
+            valid = valid & k.unsqueeze(1)
+        r = ranks[valid]
+        nn = n.unsqueeze(1).expand_as(pos)[valid]
+        rows = []
+        for spec in self.specs:
+            v = metric_values(spec, r, nn) if r.numel() else torch.zeros(0, dtype=torch.float64, device=r.device)
+            rows.append(torch.stack([v.sum(), (v * v).sum()]))
+        self.sums += torch.stack(rows).to(self.sums.device)
+        self.count += float(r.numel())
+
+    def _estimates(self) -> dict[str, Estimate]:
+        count = float(self.count)
+        sums = self.sums.detach().cpu().tolist()
+        out = {}
+        for name, (s1, s2) in zip(self.metric_names, sums):
+            value = s1 / count if count > 0 else math.nan
+            se = stderr_from_sums(s1, s2, count) if count > 0 else math.nan
+            out[f"{name}/exact"] = Estimate(value, se, count, {"method": "exact", "metric": name})
+        return out
+
+    def estimates(self) -> dict[str, Estimate]:
+        """``{"<metric>/exact": Estimate}`` over everything seen (synced across processes)."""
+        with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=True):
+            return self._estimates()
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        return {k: torch.tensor(e.value, dtype=torch.float64) for k, e in self._estimates().items()}
+
+
+class SampledRankingMetrics(Metric):
+    """Sampled metrics (m irrelevant items per relevant item) and their corrected estimates.
+
+    Args:
+        metrics: metric names (``"ndcg@10"``, ``"hit@10"``, ``"auc"``...).
+        n_samples: m, sampled irrelevant items per relevant item (RecBole's ``uni100``: m = 100).
+        estimators: methods of :func:`reco_sampled_plugin.estimate`; ``"none"`` is the plain sampled
+            metric (reported as ``sampled``). Default: ``("none", "bv")``.
+        estimator_options: per-method keyword arguments, e.g. ``{"bv": {"gamma": 0.1},
+            "mle": {"n_bootstrap": 8}, "beta": {"a": 0.5}}``.
+        replacement: draw with replacement (binomial law, default) or without (hypergeometric).
+        seed: key of the negative draws (same seed, same instance id -> same negatives).
+        ties: ``"pessimistic"`` (default), ``"optimistic"`` or ``"average"``.
+        max_n_groups: at most this many distinct candidate counts n are handed to the estimators;
+            beyond, n is pooled into count-quantile bins (count-weighted median n per bin), as the
+            core's ``mle`` does. None: every distinct n gets its own exact table (one correction table
+            per n, slow with hundreds of distinct n). Default 64.
+        check_finite: as in :class:`ExactRankingMetrics`.
+
+    ``update(scores, positives, exclude=None, ids=None, keep=None)``: ``ids`` (B,) instance ids key
+    the negatives (default: a running row counter, which depends on batch order). ``compute()``
+    returns ``{"<metric>/<label>": float64 tensor}``; :meth:`estimates` the :class:`Estimate` objects;
+    :meth:`histogram` the synced :class:`~reco_sampled_plugin.RankHistogram`.
+    """
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = True
+
+    def __init__(
+        self,
+        metrics: str | Iterable[str] = ("ndcg@10", "recall@10"),
+        n_samples: int = 100,
+        estimators: Sequence[str] = ("none", "bv"),
+        *,
+        estimator_options: Mapping[str, Mapping[str, Any]] | None = None,
+        replacement: bool = True,
+        seed: int = 0,
+        ties: str = "pessimistic",
+        max_n_groups: int | None = 64,
+        check_finite: bool | str = "positives",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.metric_names = _metric_names(metrics)
+        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
+            raise ValueError(f"n_samples: expected a positive integer m, got {n_samples!r}")
+        self.n_samples = n_samples
+        self.estimators = (estimators,) if isinstance(estimators, str) else tuple(estimators)
+        unknown = [e for e in self.estimators if e not in ESTIMATORS]
+        if unknown or not self.estimators:
+            raise ValueError(f"estimators: unknown {unknown}; use some of {ESTIMATORS}")
+        self.estimator_options = {k: dict(v) for k, v in (estimator_options or {}).items()}
+        bad = sorted(set(self.estimator_options) - set(self.estimators))
+        if bad:
+            raise ValueError(f"estimator_options: given for {bad}, which are not among estimators {self.estimators}")
+        self.replacement = bool(replacement)
+        self.sampling = "binomial" if self.replacement else "hypergeometric"
+        self.seed = int(seed)
+        self.ties = check_ties(ties)
+        if max_n_groups is not None and (not isinstance(max_n_groups, int) or max_n_groups < 1):
+            raise ValueError(f"max_n_groups: expected a positive integer or None, got {max_n_groups!r}")
+        self.max_n_groups = max_n_groups
+        self.check_finite = _check_finite_option(check_finite)
+        # rows e = 0.. of m + 1 counts for n = n_items - e; rows are added as larger e appear
+        self.add_state("hist", torch.zeros(0, n_samples + 1, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("n_items", torch.zeros((), dtype=torch.int64), dist_reduce_fx="max")
+        self._rows_seen = 0  # default instance keys when no ids are given
+
+    # ------------------------------------------------------------------------------- update
+    def update(self, scores: torch.Tensor, positives, exclude=None, ids=None, keep: torch.Tensor | None = None) -> None:
+        """Add a batch: (B, n) scores, positives, exclusions, optional instance ids and keep mask."""
+        pos, exc = padded_inputs(scores, positives, exclude)
+        self._update_padded(scores, pos, exc, ids, keep)
+
+    def update_padded(self, scores, pos, exc, ids=None, keep=None) -> None:
+        """:meth:`update` on validated padded index tensors."""
+        self._update_padded(scores, pos, exc, ids, keep)
+
+    def _update_padded(self, scores, pos, exc, ids, keep) -> None:
+        if not scores.is_floating_point() or scores.dim() != 2:
+            raise ValueError(f"scores: expected a floating (B, n) matrix, got {tuple(scores.shape)} {scores.dtype}")
+        b, n_items = scores.shape
+        if int(self.n_items) not in (0, n_items):
+            raise ValueError(f"scores: {n_items} items, but earlier batches had {int(self.n_items)}")
+        _check_scores(scores, pos, self.check_finite)
+        if ids is None:
+            ids = torch.arange(self._rows_seen, self._rows_seen + b, device=scores.device)
+        else:
+            ids = torch.as_tensor(ids, device=scores.device)
+            if ids.shape != (b,) or ids.is_floating_point() or ids.dtype == torch.bool:
+                raise ValueError(f"ids: expected ({b},) integer instance ids, got {tuple(ids.shape)} {ids.dtype}")
+        self._rows_seen += b
+        ranks, n_cand = keyed_sampled_ranks(
+            scores, pos, exc, self.n_samples, ids, self.seed, self.replacement, self.ties
+        )
+        if ranks.is_floating_point():  # "average" ties give halves: the histogram needs whole ranks
+            raise ValueError("ties: 'average' gives fractional sampled ranks; use 'pessimistic' or 'optimistic'")
+        valid = pos >= 0
+        k = _keep_mask(keep, b, scores.device)
+        if k is not None:
+            valid = valid & k.unsqueeze(1)
+        e = (n_items - n_cand).unsqueeze(1).expand_as(pos)[valid]
+        r = ranks[valid]
+        self.n_items = torch.tensor(n_items, dtype=torch.int64, device=self.n_items.device)
+        if r.numel() == 0:
+            return
+        width = self.n_samples + 1
+        rows = int(e.max()) + 1
+        if rows > self.hist.shape[0]:
+            grow = torch.zeros(rows - self.hist.shape[0], width, dtype=self.hist.dtype, device=self.hist.device)
+            self.hist = torch.cat([self.hist, grow])
+        counts = torch.bincount(e * width + (r - 1), minlength=rows * width).to(torch.float64)
+        self.hist[:rows] += counts.view(rows, width).to(self.hist.device)
+
+    # ------------------------------------------------------------------------------ sync
+    def _sync_dist(self, dist_sync_fn=None, process_group=None) -> None:
+        """Pad every process's histogram to the same number of rows, then let torchmetrics sum."""
+        import torch.distributed as dist
+
+        group = process_group or self.process_group
+        rows = torch.tensor([self.hist.shape[0]], dtype=torch.int64, device=self.hist.device)
+        dist.all_reduce(rows, op=dist.ReduceOp.MAX, group=group)
+        extra = int(rows.item()) - self.hist.shape[0]
+        if extra > 0:
+            pad = torch.zeros(extra, self.hist.shape[1], dtype=self.hist.dtype, device=self.hist.device)
+            self.hist = torch.cat([self.hist, pad])
+        if dist_sync_fn is None:
+            super()._sync_dist(process_group=process_group)
+        else:
+            super()._sync_dist(dist_sync_fn, process_group)
+
+    # ---------------------------------------------------------------------------- compute
+    def _histogram(self):
+        counts = self.hist.detach().to("cpu", torch.float64).numpy()
+        return histogram_from_rows(counts, int(self.n_items), self.n_samples, self.max_n_groups)
+
+    def histogram(self):
+        """The synced sampled-rank histogram (:class:`~reco_sampled_plugin.RankHistogram`), pooled as configured."""
+        with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=True):
+            return self._histogram()
+
+    def _estimates(self, progress: Callable[[Iterable], Iterable] | None = None) -> dict[str, Estimate]:
+        hist = self._histogram()
+        jobs = [(m, e) for m in self.metric_names for e in self.estimators]
+        out: dict[str, Estimate] = {}
+        nan = Estimate(math.nan, math.nan, hist.total if hist.n_groups else 0.0, {}, ())
+        for metric, method in progress(jobs) if progress is not None else jobs:
+            key = f"{metric}/{estimator_label(method)}"
+            if hist.n_groups == 0 or hist.total <= 0:
+                out[key] = nan
+                continue
+            opts = dict(self.estimator_options.get(method, {}))
+            try:
+                out[key] = estimate(metric, hist, method=method, sampling=self.sampling, **opts)
+            except ValueError as exc:  # one failing estimator must not take the others (or training) down
+                warnings.warn(f"{key}: estimator failed ({exc}); reported as NaN", RuntimeWarning, stacklevel=2)
+                out[key] = Estimate(math.nan, math.nan, hist.total, {"error": str(exc)}, ())
+        return out
+
+    def estimates(self, progress: Callable[[Iterable], Iterable] | None = None) -> dict[str, Estimate]:
+        """``{"<metric>/<label>": Estimate}`` for every metric and estimator (synced across processes).
+
+        ``progress`` wraps the list of (metric, estimator) jobs, e.g. ``tqdm.tqdm``.
+        """
+        with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=True):
+            return self._estimates(progress)
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        return {k: torch.tensor(e.value, dtype=torch.float64) for k, e in self._estimates().items()}
+
+    def reset(self) -> None:
+        super().reset()
+        self._rows_seen = 0

@@ -1,0 +1,94 @@
+"""Small synthetic LightningModule and callbacks for the Lightning adapter tests (importable by
+ddp_spawn children, which unpickle these classes by module name)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from torch.utils.data import Dataset
+
+import lightning.pytorch as pl
+
+N_USERS, N_ITEMS, DIM = 37, 240, 8
+
+
+def synthetic_data(seed: int = 0):
+    """Scores' factors, per-user positives (1 or 2, padded with -1) and exclusions (0..40 items)."""
+    g = torch.Generator().manual_seed(seed)
+    users = torch.randn(N_USERS, DIM, generator=g)
+    items = torch.randn(N_ITEMS, DIM, generator=g)
+    order = torch.argsort(torch.rand(N_USERS, N_ITEMS, generator=g), dim=1)
+    positives = order[:, :2].clone()
+    positives[torch.arange(N_USERS) % 3 != 0, 1] = -1  # every third user has two relevant items
+    exclude = torch.zeros(N_USERS, N_ITEMS, dtype=torch.bool)
+    for u in range(N_USERS):  # varying exclusion counts: n differs per user and per process
+        exclude[u, order[u, 2 : 2 + (u * 7) % 41]] = True
+    return users, items, positives, exclude
+
+
+class UserDataset(Dataset):
+    """Item i is user ``index[i]``: (user id, positives row, exclusion row)."""
+
+    def __init__(self, index=None, seed: int = 0) -> None:
+        _, _, self.positives, self.exclude = synthetic_data(seed)
+        self.index = list(range(N_USERS)) if index is None else list(index)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, i):
+        u = self.index[i]
+        return u, self.positives[u], self.exclude[u]
+
+
+class SyntheticModule(pl.LightningModule):
+    """Fixed factor model; ``validation_step`` follows the callback protocol unless ``protocol='score_fn'``."""
+
+    def __init__(self, return_ids: bool = True, protocol: str = "step", seed: int = 0) -> None:
+        super().__init__()
+        users, items, _, _ = synthetic_data(seed)
+        self.users = torch.nn.Parameter(users)
+        self.items = torch.nn.Parameter(items)
+        self.return_ids = return_ids
+        self.protocol = protocol
+
+    def outputs(self, batch) -> dict:
+        ids, positives, exclude = batch
+        out = {"scores": self.users[ids] @ self.items.T, "positives": positives, "exclude": exclude}
+        if self.return_ids:
+            out["ids"] = ids
+        return out
+
+    def validation_step(self, batch, batch_idx):
+        return self.outputs(batch) if self.protocol == "step" else None
+
+    test_step = validation_step
+
+    def training_step(self, batch, batch_idx):  # no optimisation: the tests evaluate a fixed model
+        return None
+
+    def configure_optimizers(self):  # pragma: no cover
+        return torch.optim.SGD(self.parameters(), lr=0.0)
+
+
+def score_fn(pl_module, batch):
+    """The user scoring function of the protocol (module-level, so it pickles)."""
+    return pl_module.outputs(batch)
+
+
+class DumpResults(pl.Callback):
+    """After each validation epoch, every process writes its callbacks' float64 results to JSON."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        out = {}
+        for cb in trainer.callbacks:
+            if hasattr(cb, "results") and "validate" in getattr(cb, "results", {}):
+                out.update({k: [e.value, e.stderr, e.n_instances] for k, e in cb.results["validate"].items()})
+        path = os.path.join(self.folder, f"rank{trainer.global_rank}_of{trainer.world_size}.json")
+        with open(path, "w") as f:
+            json.dump(out, f)

@@ -1,0 +1,195 @@
+"""torchmetrics Metric classes in a plain torch loop equal the functional core; keyed negative sampling."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("torchmetrics")
+
+from reco_sampled_plugin import estimate, exact_ranks, metric_values, sampled_ranks  # noqa: E402
+from reco_sampled_plugin._rank_hist import sampled_rank_histogram  # noqa: E402
+from reco_sampled_plugin.adapters._shared import (  # noqa: E402
+    keyed_negatives,
+    keyed_sampled_ranks,
+    keyed_uniform,
+    padded_inputs,
+)
+from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
+from reco_sampled_plugin.estimate import Estimate  # noqa: E402
+from reco_sampled_plugin.rank_distribution import _pool_groups  # noqa: E402
+
+METRICS = ("ndcg@10", "recall@5", "rr", "auc")  # canonical names (keys of the results)
+
+
+def _data(users=61, n=300, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(users, n, generator=g, dtype=torch.float64)
+    scores[:, :20] = torch.round(scores[:, :20])  # ties
+    order = torch.argsort(torch.rand(users, n, generator=g), dim=1)
+    pos = order[:, :3].clone()
+    pos[torch.arange(users) % 2 == 0, 1:] = -1  # one or three relevant items per user
+    exclude = torch.zeros(users, n, dtype=torch.bool)
+    for u in range(users):
+        exclude[u, order[u, 3 : 3 + (u * 13) % 57]] = True
+    return scores, pos, exclude
+
+
+def _loop(metric, batches, **update):
+    for s, p, e, i in batches:
+        metric.update(s, p, e, **({"ids": i} if i is not None and isinstance(metric, SampledRankingMetrics) else {}))
+    return metric
+
+
+def _batches(scores, pos, exc, size, order=None, ids=True):
+    idx = torch.arange(scores.shape[0]) if order is None else order
+    for s in range(0, len(idx), size):
+        j = idx[s : s + size]
+        yield scores[j], pos[j], exc[j], (j if ids else None)
+
+
+@pytest.mark.parametrize("ties", ["pessimistic", "optimistic", "average"])
+@pytest.mark.parametrize("count_other", [False, True])
+def test_exact_metric_equals_functional_core(ties, count_other):
+    scores, pos, exc = _data()
+    m = _loop(ExactRankingMetrics(METRICS, ties=ties, count_other_positives=count_other), _batches(scores, pos, exc, 16))
+    r = exact_ranks(scores, pos, exc, ties=ties, count_other_positives=count_other)
+    n_cand = 300 - exc.sum(1) - (0 if count_other else (pos >= 0).sum(1) - 1)
+    valid = pos >= 0
+    est = m.estimates()
+    out = m.compute()
+    for name in METRICS:
+        v = metric_values(name, r[valid], n_cand.unsqueeze(1).expand_as(pos)[valid])
+        ref = Estimate.from_values(v)
+        assert est[f"{name}/exact"].value == pytest.approx(ref.value, abs=1e-12)
+        assert est[f"{name}/exact"].stderr == pytest.approx(ref.stderr, rel=1e-9)
+        assert est[f"{name}/exact"].n_instances == ref.n_instances == int(valid.sum())
+        assert float(out[f"{name}/exact"]) == est[f"{name}/exact"].value
+
+
+ESTIMATORS = ("none", "rank_estimate", "cls", "bv", "bound", "beta_fit", "mle")
+OPTIONS = {"bv": {"gamma": 0.2}, "mle": {"n_bootstrap": 3}}
+
+
+def test_sampled_metric_equals_functional_core():
+    scores, pos, exc = _data()
+    m = SampledRankingMetrics(METRICS, n_samples=30, estimators=ESTIMATORS, estimator_options=OPTIONS, max_n_groups=None)
+    _loop(m, _batches(scores, pos, exc, 16))
+    p, e = padded_inputs(scores, pos, exc)
+    ranks, n_cand = keyed_sampled_ranks(scores, p, e, 30, torch.arange(scores.shape[0]))
+    hist = m.histogram()
+    assert hist.n_groups == len(torch.unique(n_cand)) > 20 and hist.total == int((pos >= 0).sum())
+    est = m.estimates()
+    assert len(est) == len(METRICS) * len(ESTIMATORS)
+    for name in METRICS:
+        for method in ESTIMATORS:
+            ref = estimate(name, ranks, n_cand.unsqueeze(1), 30, method=method, **OPTIONS.get(method, {}))
+            got = est[f"{name}/{'sampled' if method == 'none' else method}"]
+            assert got.value == pytest.approx(ref.value, abs=1e-12), (name, method)
+            assert got.stderr == pytest.approx(ref.stderr, rel=1e-9, abs=1e-15), (name, method)
+    # pooled n groups: the same as the core estimator on the core's pooled histogram
+    pooled = SampledRankingMetrics(METRICS, n_samples=30, estimators=("bv", "cls"), max_n_groups=8)
+    _loop(pooled, _batches(scores, pos, exc, 16))
+    ph = _pool_groups(sampled_rank_histogram(ranks, n_cand.unsqueeze(1), 30), 8)[0]
+    for name in METRICS:
+        for method in ("bv", "cls"):
+            assert float(pooled.compute()[f"{name}/{method}"]) == pytest.approx(estimate(name, ph, method=method).value, abs=1e-12)
+
+
+def test_batching_and_order_do_not_matter_with_ids():
+    scores, pos, exc = _data()
+    kw = dict(metrics=("ndcg@10", "hit@10"), n_samples=25, estimators=("none", "bv"))
+    a = _loop(SampledRankingMetrics(**kw), _batches(scores, pos, exc, 7))
+    b = _loop(SampledRankingMetrics(**kw), _batches(scores, pos, exc, 61, order=torch.randperm(61, generator=torch.Generator().manual_seed(3))))
+    assert torch.equal(a.hist, b.hist)
+    assert a.compute() == b.compute()
+    # without ids the running row count keys the draws: same order, any batch size, same result
+    c = _loop(SampledRankingMetrics(**kw), _batches(scores, pos, exc, 5, ids=False))
+    assert torch.equal(a.hist, c.hist)
+    # another seed draws other negatives
+    d = _loop(SampledRankingMetrics(**kw, seed=1), _batches(scores, pos, exc, 7))
+    assert not torch.equal(a.hist, d.hist)
+
+
+def test_keep_mask_drops_rows_and_reset():
+    scores, pos, exc = _data()
+    keep = torch.arange(61) % 4 != 1
+    ex, sm = ExactRankingMetrics(METRICS), SampledRankingMetrics(METRICS, n_samples=10, estimators=("none",))
+    ex.update(scores, pos, exc, keep=keep)
+    sm.update(scores, pos, exc, ids=torch.arange(61), keep=keep)
+    ex2, sm2 = ExactRankingMetrics(METRICS), SampledRankingMetrics(METRICS, n_samples=10, estimators=("none",))
+    ex2.update(scores[keep], pos[keep], exc[keep])
+    sm2.update(scores[keep], pos[keep], exc[keep], ids=torch.arange(61)[keep])
+    assert torch.allclose(ex.sums, ex2.sums, rtol=0, atol=1e-12) and ex.count == ex2.count
+    assert torch.equal(sm.hist, sm2.hist)
+    sm.reset()
+    assert sm.hist.shape == (0, 11)
+    assert all(math.isnan(float(v)) for v in sm.compute().values())
+
+
+def test_state_does_not_grow_with_users():
+    g = torch.Generator().manual_seed(1)
+    m = SampledRankingMetrics("hit@10", n_samples=50, estimators=("none",))
+    for _ in range(20):  # 20,000 users with the same number of excluded items
+        scores = torch.randn(1000, 500, generator=g)
+        pos = torch.randint(0, 500, (1000,), generator=g)
+        exc = (pos.unsqueeze(1) + torch.arange(1, 6)) % 500
+        m.update(scores, pos, exc)
+    assert m.hist.shape == (6, 51)  # n = 500 - 5 only: rows e = 0..5, one used
+    assert m.histogram().n_groups == 1 and m.histogram().total == 20_000
+
+
+def test_keyed_ranks_match_core_sampled_ranks_with_the_same_negatives():
+    scores, pos, exc = _data()
+    p, e = padded_inputs(scores, pos, exc)
+    ids = torch.arange(61) * 7 + 3
+    for replacement in (True, False):
+        neg = keyed_negatives(p, e, 300, 40, ids, seed=5, replacement=replacement)
+        ours, n_ours = keyed_sampled_ranks(scores, p, e, 40, ids, seed=5, replacement=replacement)
+        core = sampled_ranks(scores, p, exclude=e, negatives=neg)  # validates: no positive or excluded item drawn
+        assert torch.equal(ours, core.ranks) and torch.equal(n_ours, core.n_candidates)
+        if not replacement:
+            srt = torch.sort(neg, dim=2).values
+            assert not bool(((srt[..., 1:] == srt[..., :-1]) & (srt[..., 1:] >= 0)).any())
+
+
+def test_keyed_draws_are_uniform_and_follow_the_binomial_law():
+    u = keyed_uniform(7, torch.arange(200_000))
+    assert 0 <= float(u.min()) and float(u.max()) < 1
+    counts = np.histogram(u.numpy(), bins=50, range=(0, 1))[0]
+    chi2 = float(((counts - 4000.0) ** 2 / 4000.0).sum())
+    assert chi2 < 90  # 49 degrees of freedom: p ~ 3e-4
+    # small pool without replacement: every item equally likely
+    pos = torch.zeros(20_000, 1, dtype=torch.int64)
+    neg = keyed_negatives(pos, None, 13, 5, torch.arange(20_000), replacement=False)
+    freq = torch.bincount(neg.reshape(-1), minlength=13)[1:].double()
+    assert freq.sum() == 100_000 and float(((freq - freq.mean()) ** 2 / freq.mean()).sum()) < 40  # 11 dof
+    # r~ - 1 ~ Binomial(m, (r - 1)/(n - 1)) for a relevant item of exact rank r
+    n, m, r, users = 1000, 30, 201, 4000
+    scores = -torch.arange(n, dtype=torch.float64).repeat(users, 1)  # item i has exact rank i + 1
+    ranks, _ = keyed_sampled_ranks(scores, torch.full((users, 1), r - 1), None, m, torch.arange(users))
+    x = ranks.double() - 1
+    p = (r - 1) / (n - 1)
+    assert float(x.mean()) == pytest.approx(m * p, abs=4 * math.sqrt(m * p * (1 - p) / users))
+    assert float(x.var()) == pytest.approx(m * p * (1 - p), rel=0.1)
+
+
+def test_validation_errors():
+    with pytest.raises(ValueError, match="estimators"):
+        SampledRankingMetrics("hit@10", estimators=("nope",))
+    with pytest.raises(ValueError, match="estimator_options"):
+        SampledRankingMetrics("hit@10", estimators=("none",), estimator_options={"mle": {}})
+    with pytest.raises(ValueError, match="ties"):
+        ExactRankingMetrics("hit@10", ties="random")
+    scores, pos, exc = _data()
+    bad = scores.clone()
+    bad[3, int(pos[3, 0])] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        ExactRankingMetrics("hit@10").update(bad, pos, exc)
+    m = SampledRankingMetrics("hit@10", n_samples=5, estimators=("none",))
+    m.update(scores, pos, exc)
+    with pytest.raises(ValueError, match="items"):
+        m.update(scores[:, :200], torch.zeros(61, dtype=torch.int64))
