@@ -100,12 +100,50 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_recbole(args: argparse.Namespace, extra: list[str]) -> int:  # pragma: no cover - exercised by adapter tests
+def _recbole_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="reco-sampled recbole",
+        description="RecBole's run_recbole with the plugin's metrics registered (and RecBole 1.2.1 patched to run "
+                    "on numpy 2, torch >= 2.6, pandas 3). Any other --key=value is a RecBole config override, "
+                    "e.g. --epochs=2 --metrics=\"['Recall','CorrectedRecall']\" --rsp_m=100.",
+    )
+    p.add_argument("--model", "-m", default="BPR", help="RecBole model name (default BPR)")
+    p.add_argument("--dataset", "-d", default="ml-100k", help="dataset name (default ml-100k)")
+    p.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
+    p.add_argument("--nosave", action="store_true", help="do not save the trained model")
+    return p
+
+
+def _cmd_recbole(argv: list[str]) -> int:
+    args, overrides = _recbole_parser().parse_known_args(argv)
+    for item in overrides:
+        if not item.startswith("--") or "=" not in item:
+            raise ValueError(f"recbole: config overrides take the form --key=value, got {item!r}")
     try:
-        from .adapters.recbole import main as recbole_main
+        from .adapters.recbole import run_recbole
     except ImportError as exc:
-        raise ValueError(f"recbole: the RecBole adapter is not available ({exc}); install the 'recbole' extra") from None
-    return int(recbole_main(extra) or 0)
+        raise ValueError(f"recbole: the RecBole adapter needs the 'recbole' extra ({exc})") from None
+    config_dict = {}
+    if args.dataset == "ml-100k" and not any(o.startswith("--data_path=") for o in overrides):
+        from .datasets import ml100k_path
+        import os
+
+        # the copy inside the recbole wheel: RecBole would otherwise try to download it
+        config_dict["data_path"] = os.path.dirname(os.path.dirname(ml100k_path()))
+    # RecBole's Config reads --key=value overrides from sys.argv itself
+    saved_argv = sys.argv
+    sys.argv = [saved_argv[0]] + overrides
+    try:
+        result = run_recbole(model=args.model, dataset=args.dataset, config_file_list=args.config or None,
+                             config_dict=config_dict, saved=not args.nosave)
+    finally:
+        sys.argv = saved_argv
+    for split in ("best_valid_result", "test_result"):
+        values = result.get(split) or {}
+        print(f"{split}:")
+        for key, value in values.items():
+            print(f"  {key:36s} {float(value):.4f}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,8 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--scores", help="'user item score' lines for the NCF pairs")
     est.set_defaults(func=_cmd_estimate)
 
-    rb = sub.add_parser("recbole", help="RecBole's run_recbole with the plugin's metrics registered", add_help=False)
-    rb.set_defaults(func=None, recbole=True)
+    sub.add_parser("recbole", help="RecBole's run_recbole with the plugin's metrics registered (see recbole --help)",
+                   add_help=False)
     return parser
 
 
@@ -174,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if argv and argv[0] == "recbole":
         try:
-            return _cmd_recbole(argparse.Namespace(), argv[1:])
+            return _cmd_recbole(argv[1:])
         except ValueError as exc:
             print(f"reco-sampled: error: {exc}", file=sys.stderr)
             return 2

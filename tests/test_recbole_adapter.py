@@ -1,0 +1,262 @@
+"""The RecBole adapter on real RecBole runs (MovieLens 100k shipped in RecBole's wheel, CPU, short)."""
+
+from __future__ import annotations
+
+import glob
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+pytest.importorskip("recbole")
+
+from reco_sampled_plugin.adapters import recbole as rb  # noqa: E402  (registers the plugin)
+
+pytestmark = pytest.mark.slow
+
+import recbole  # noqa: E402
+from recbole.config import Config  # noqa: E402
+from recbole.data import create_dataset, data_preparation  # noqa: E402
+from recbole.trainer import Trainer  # noqa: E402
+from recbole.utils import get_model, init_seed  # noqa: E402
+
+DATA_PATH = os.path.join(os.path.dirname(recbole.__file__), "dataset_example")
+BASE = {
+    "data_path": DATA_PATH,
+    "device": "cpu",
+    "use_gpu": False,
+    "show_progress": False,
+    "embedding_size": 16,
+    "learning_rate": 0.01,
+    "train_batch_size": 4096,
+    "eval_batch_size": 1 << 20,
+    "topk": [10],
+    "metric_decimal_place": 12,
+    "seed": 2020,
+    "reproducibility": True,
+    "checkpoint_dir": "saved",
+}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """RecBole writes log/, log_tensorboard/ and saved/ relative to the working directory."""
+    path = tmp_path_factory.mktemp("recbole")
+    old = os.getcwd()
+    os.chdir(path)
+    yield path
+    os.chdir(old)
+
+
+def _prepare(model: str, extra: dict):
+    config = Config(model=model, dataset="ml-100k", config_dict={**BASE, **extra})
+    init_seed(config["seed"], config["reproducibility"])
+    dataset = create_dataset(config)
+    train, valid, test = data_preparation(config, dataset)
+    return config, train, valid, test
+
+
+def _evaluate(trainer, data):
+    """trainer.evaluate, also returning the DataStruct the evaluator saw."""
+    seen = {}
+    original = trainer.evaluator.evaluate
+
+    def capture(struct):
+        seen["struct"] = struct
+        return original(struct)
+
+    trainer.evaluator.evaluate = capture
+    try:
+        result = trainer.evaluate(data, load_best_model=False)
+    finally:
+        trainer.evaluator.evaluate = original
+    return result, seen["struct"]
+
+
+FULL_METRICS = ["Recall", "NDCG", "MRR", "GAUC", "ExactRecall", "ExactNDCG", "ExactMRR", "CorrectedRecall"]
+
+
+@pytest.fixture(scope="module")
+def bpr(workdir):
+    """BPR trained for 2 epochs, evaluated on the test split in full mode (exact ranks of every positive)."""
+    config, train, valid, test = _prepare(
+        "BPR",
+        {"epochs": 2, "metrics": FULL_METRICS, "valid_metric": "ExactRecall@10", "rsp_m": 100,
+         "rsp_full_ranks": True, "rsp_ties": "average", "rsp_stderr": True},
+    )
+    init_seed(config["seed"], config["reproducibility"])
+    model = get_model("BPR")(config, train._dataset)
+    trainer = Trainer(config, model)
+    trainer.fit(train, valid, saved=False, show_progress=False)
+    result, struct = _evaluate(trainer, test)
+    return {"config": config, "model": model, "trainer": trainer, "result": result, "struct": struct}
+
+
+@pytest.fixture(scope="module")
+def bpr_uni100(bpr):
+    """The same trained model evaluated in uni100 mode on the same test split."""
+    metrics = ["Recall", "CorrectedRecall", "MappedHit", "RankDistRecall"]
+    config, _, _, test = _prepare("BPR", {"eval_args": {"mode": "uni100"}, "metrics": metrics,
+                                          "valid_metric": "CorrectedRecall@10", "rsp_bootstrap": 4})
+    trainer = Trainer(config, bpr["model"])
+    result, struct = _evaluate(trainer, test)
+    return {"result": result, "struct": struct}
+
+
+def test_registration_in_place_idempotent_lowercase():
+    from recbole.evaluator import register as reg
+    from recbole.utils import EvaluatorType
+
+    before = (len(reg.metrics_dict), len(reg.metric_types), len(reg.smaller_metrics))
+    rb.register()
+    rb.register()
+    assert (len(reg.metrics_dict), len(reg.metric_types), len(reg.smaller_metrics)) == before
+    for name, cls in rb.metric_classes().items():
+        assert name == name.lower() and reg.metrics_dict[name] is cls
+        assert reg.metric_types[name] == EvaluatorType.RANKING
+        assert reg.metric_information[name] == [rb.PLUGIN_KEY]
+        assert name not in reg.smaller_metrics  # every plugin metric is bigger-is-better
+    for name in ("correctedrecall", "correctedndcg", "correctedap", "mappedhit", "rankdistrecall", "exactmrr"):
+        assert name in reg.metrics_dict
+    config = Config(model="BPR", dataset="ml-100k",
+                    config_dict={**BASE, "metrics": ["CorrectedRecall"], "valid_metric": "CorrectedRecall@10", "rsp_m": 50})
+    assert config["valid_metric_bigger"] is True
+
+
+def test_full_mode_exact_equals_recbole(bpr):
+    res = bpr["result"]
+    for name in ("recall@10", "ndcg@10", "mrr@10"):
+        assert res[f"exact{name}"] == pytest.approx(float(res[name]), abs=1e-10), name
+    assert res["recall@10"] > 0.02  # a trained model, not a constant one
+
+
+def test_full_mode_rank_sums_equal_meanrank(bpr):
+    struct = bpr["struct"]
+    cols = rb.positive_table(struct)
+    meanrank = struct.get("rec.meanrank")  # per user: sum of positive ranks (average ties), #candidates, #positives
+    users = cols["user"].to(torch.int64)
+    sums = torch.zeros(meanrank.shape[0], dtype=torch.float64).index_add_(0, users, cols["rank_full"])
+    assert torch.all(cols["rank_full"] >= 1)
+    np.testing.assert_allclose(sums.numpy(), meanrank[:, 0].double().numpy(), rtol=0, atol=1e-6)
+    counts = torch.bincount(users, minlength=meanrank.shape[0]).double()
+    np.testing.assert_array_equal(counts.numpy(), meanrank[:, 2].double().numpy())
+    # candidates: RecBole's non-excluded items (its -inf scores start at argmin) minus the other positives
+    n_user = meanrank[:, 1].double()[users]  # argmin of the sorted row = number of finite scores
+    np.testing.assert_array_equal(cols["n_candidates"].numpy(), (n_user - cols["n_positives"] + 1).numpy())
+
+
+def test_full_mode_side_by_side_and_stderr(bpr):
+    res = bpr["result"]
+    exact, sampled, corrected = (res["correctedrecall@10_exact"], res["correctedrecall@10_sampled"], res["correctedrecall@10"])
+    se = res["correctedrecall@10_stderr"]
+    assert sampled > 3 * exact  # sampled Recall@10 with m = 100 overstates the full-catalogue value
+    assert abs(corrected - exact) < 4 * se + 0.01
+
+
+def test_uni100_sampled_ranks_follow_binomial_law(bpr, bpr_uni100):
+    full = rb.positive_table(bpr["struct"])
+    samp = rb.positive_table(bpr_uni100["struct"])
+    key_full = {(int(u), int(i)): j for j, (u, i) in enumerate(zip(full["uid"], full["item"]))}
+    idx = np.array([key_full[(int(u), int(i))] for u, i in zip(samp["uid"], samp["item"])])
+    assert len(idx) == len(key_full)  # the same held-out pairs in both modes
+    r = full["rank_irrelevant"].numpy()[idx]
+    n = full["n_candidates"].numpy()[idx]
+    np.testing.assert_array_equal(samp["n_candidates"].numpy(), n)  # the sampler's pool = the exact ranking's
+    m = samp["m"].numpy()
+    assert np.all(m == 100)
+    k = samp["sampled_rank"].numpy() - 1
+    untied = r == np.round(r)  # average ranks of float32 score ties are halves: leave those few out
+    assert untied.mean() > 0.99
+    r, n, m, k = r[untied], n[untied], m[untied], k[untied]
+    p = (r - 1) / (n - 1)
+    z = (k.sum() - (m * p).sum()) / math.sqrt((m * p * (1 - p)).sum())
+    assert abs(z) < 4, z
+    rng = np.random.default_rng(0)  # randomised PIT: uniform on (0, 1) under the binomial law
+    u = stats.binom.cdf(k - 1, m, p) + rng.uniform(size=k.shape) * stats.binom.pmf(k, m, p)
+    assert stats.kstest(u, "uniform").pvalue > 1e-3
+
+
+def test_uni100_corrected_closer_than_recbole_sampled(bpr, bpr_uni100):
+    res, full = bpr_uni100["result"], bpr["result"]
+    corrected, recbole_sampled = res["correctedrecall@10"], float(res["recall@10"])
+    for exact in (full["correctedrecall@10_exact"], float(full["recall@10"])):
+        assert abs(corrected - exact) < abs(recbole_sampled - exact)
+    # every estimator family reports, with the plain sampled metric of the papers side by side
+    for key in ("mappedhit@10", "rankdistrecall@10", "correctedrecall@10_sampled"):
+        assert 0.0 <= res[key] <= 1.0
+    assert "correctedrecall@10_exact" not in res  # no exact ranks in a sampled mode
+
+
+@pytest.mark.parametrize(
+    "extra, key",
+    [
+        ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_correction": "magic"}, "rsp_correction"),
+        ({"metrics": ["CorrectedNDCG"], "rsp_m": 100, "rsp_gamma": 1.5}, "rsp_gamma"),
+        ({"metrics": ["MappedHit"], "rsp_m": 100, "rsp_mapping": "spline"}, "rsp_mapping"),
+        ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_rank_dist": "em"}, "rsp_rank_dist"),
+        ({"metrics": ["CorrectedRecall"]}, "rsp_m"),
+        ({"metrics": ["CorrectedRecall"], "eval_args": {"mode": "uni100"}, "rsp_m": 50}, "rsp_m"),
+        ({"metrics": ["CorrectedRecall"], "eval_args": {"mode": "labeled"}}, "eval_args.mode"),
+        ({"metrics": ["ExactRecall"], "eval_args": {"mode": "uni100"}}, "eval_args.mode"),
+        ({"metrics": ["MappedHit"], "eval_args": {"mode": "pop100"}}, "eval_args.mode"),
+        ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_gama": 0.2}, "rsp_gama"),
+        ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_prior": "jeffreys"}, "rsp_prior"),
+    ],
+)
+def test_bad_config_fails_before_training(extra, key):
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        Config(model="BPR", dataset="ml-100k", config_dict={**BASE, **extra})
+
+
+def test_lightgcn_under_compat_with_tensorboard(workdir, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a TensorBoard directory of its own
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from reco_sampled_plugin.adapters import _recbole_compat
+
+    assert "scipy" in _recbole_compat.applied()  # LightGCN needs dok_matrix._update (scipy >= 1.15)
+    config, train, valid, test = _prepare(
+        "LightGCN",
+        {"epochs": 1, "n_layers": 1, "metrics": ["Recall", "CorrectedRecall", "CorrectedNDCG", "MappedHit"],
+         "valid_metric": "CorrectedRecall@10", "rsp_m": 100},
+    )
+    init_seed(config["seed"], config["reproducibility"])
+    model = get_model("LightGCN")(config, train._dataset)
+    trainer = Trainer(config, model)
+    best_score, best_result = trainer.fit(train, valid, saved=True, show_progress=False)
+    assert best_score == best_result["correctedrecall@10"]  # valid_metric on a plugin metric
+    result = trainer.evaluate(test, load_best_model=True)  # RecBole's own checkpoint (torch >= 2.6)
+    assert 0.0 <= result["correctedrecall@10"] <= 1.0
+    trainer.tensorboard.flush()
+    files = glob.glob(os.path.join(trainer.tensorboard.log_dir, "events.out.tfevents.*"))
+    assert files
+    acc = EventAccumulator(trainer.tensorboard.log_dir)
+    acc.Reload()
+    tags = acc.Tags()["scalars"]
+    for tag in ("reco_sampled/valid/correctedrecall@10", "reco_sampled/test/correctedrecall@10",
+                "reco_sampled/test/mappedhit@10", "reco_sampled/test/correctedrecall@10_exact"):
+        assert tag in tags, tags
+    [event] = acc.Scalars("reco_sampled/test/correctedrecall@10")
+    assert event.value == pytest.approx(result["correctedrecall@10"], abs=1e-6)
+
+
+def test_run_recbole_wrapper_logs_plugin_results(workdir, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO)
+    result = rb.run_recbole(
+        model="BPR",
+        dataset="ml-100k",
+        config_dict={**BASE, "epochs": 1, "metrics": ["Recall", "CorrectedRecall", "ExactRecall"], "rsp_m": 100,
+                     "valid_metric": "Recall@10"},
+        saved=False,
+    )
+    test = result["test_result"]
+    assert test["exactrecall@10"] == pytest.approx(float(test["recall@10"]), abs=1e-10)
+    assert "correctedrecall@10" in result["best_valid_result"]
+    # RecBole's logger (the root logger; pytest holds it, so RecBole's own log file stays empty here)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("test result" in msg and "correctedrecall@10" in msg for msg in messages)
