@@ -22,7 +22,16 @@ from scipy import special
 from .metric_names import MetricSpec
 from .metrics import _metric_from_float_ranks
 
-__all__ = ["RankHistogram", "sampled_rank_histogram", "as_histogram", "cumulative_metric", "metric_integral"]
+__all__ = [
+    "RankHistogram",
+    "sampled_rank_histogram",
+    "as_histogram",
+    "n_grid",
+    "pool_by_n",
+    "cumulative_metric",
+    "metric_integral",
+    "interval_mean_metrics",
+]
 
 
 @dataclass(frozen=True)
@@ -180,6 +189,75 @@ def as_histogram(sampled_ranks, n_items=None, n_samples=None, weights=None) -> R
 
 
 # --------------------------------------------------------------------------------------------------
+# grouping candidate counts n (catalogue minus each user's training items) onto a geometric grid
+
+
+def check_spread(max_rel_n_spread) -> float | None:
+    """Validate ``max_rel_n_spread`` (None, or a number > 0), raising a ValueError naming it."""
+    if max_rel_n_spread is None:
+        return None
+    try:
+        s = float(max_rel_n_spread)
+    except (TypeError, ValueError):
+        raise ValueError(f"max_rel_n_spread: expected None or a number > 0, got {max_rel_n_spread!r}") from None
+    if not (math.isfinite(s) and s > 0):
+        raise ValueError(f"max_rel_n_spread: expected None or a finite number > 0, got {max_rel_n_spread!r}")
+    return s
+
+
+def n_grid(n_min: int, n_max: int, max_rel_n_spread: float) -> np.ndarray:
+    """Geometric grid of whole candidate counts from ``n_min`` to ``n_max`` (both included) whose
+    consecutive nodes differ by a factor of at most about 1 + ``max_rel_n_spread`` (int64, ascending)."""
+    n_min, n_max = int(n_min), int(n_max)
+    s = check_spread(max_rel_n_spread)
+    if n_max <= n_min or s is None:
+        return np.array([n_min], dtype=np.int64)
+    steps = max(1, math.ceil(math.log(n_max / n_min) / math.log1p(s) - 1e-12))
+    g = np.rint(n_min * (n_max / n_min) ** (np.arange(steps + 1) / steps)).astype(np.int64)
+    g[0], g[-1] = n_min, n_max
+    return np.unique(g)
+
+
+def pool_by_n(hist: RankHistogram, max_rel_n_spread: float | None) -> RankHistogram:
+    """Move every (n, m) group onto a geometric grid of candidate counts (per m), splitting its counts
+    between the two neighbouring grid nodes n_j <= n <= n_j+1 with weights linear in 1/(n - 1).
+
+    Any estimator that is a mean of per-positive table values T_n[r~] (corrections, mappings) then uses
+    the interpolated table (1 - t) T_{n_j} + t T_{n_j+1} for a positive with candidate count n, i.e. tables
+    are built for the grid nodes only. Interpolation in 1/(n - 1), the scale of the sampled rank
+    ((n - 1)/m exact ranks per sampled rank), makes the error second order in the spread; measured
+    errors are in docs/corrections.md. ``None`` returns ``hist`` unchanged. Total counts are preserved.
+    """
+    s = check_spread(max_rel_n_spread)
+    if s is None or hist.n_groups <= 1:
+        return hist
+    n_out: list[int] = []
+    m_out: list[int] = []
+    c_out: list[np.ndarray] = []
+    for mval in np.unique(hist.n_samples):  # one grid per sample size (adaptive sampling: a few)
+        idx = np.flatnonzero(hist.n_samples == mval)
+        ns = hist.n_items[idx]
+        grid = n_grid(int(ns.min()), int(ns.max()), s)
+        acc = np.zeros((len(grid), int(mval) + 1))
+        j = np.clip(np.searchsorted(grid, ns, side="right") - 1, 0, max(len(grid) - 2, 0))
+        if len(grid) == 1:
+            t = np.zeros(len(ns))
+        else:
+            x = 1.0 / (ns - 1.0)
+            x0, x1 = 1.0 / (grid[j] - 1.0), 1.0 / (grid[j + 1] - 1.0)
+            t = np.clip((x - x0) / (x1 - x0), 0.0, 1.0)
+        for g, jj, tt in zip(idx, j, t):  # one pass over the (n, m) groups (hundreds), not over users
+            acc[jj] += (1.0 - tt) * hist.counts[g]
+            if tt > 0:
+                acc[jj + 1] += tt * hist.counts[g]
+        keep = acc.sum(axis=1) > 0
+        n_out += grid[keep].tolist()
+        m_out += [int(mval)] * int(keep.sum())
+        c_out += list(acc[keep])
+    return RankHistogram(np.asarray(n_out, dtype=np.int64), np.asarray(m_out, dtype=np.int64), tuple(c_out))
+
+
+# --------------------------------------------------------------------------------------------------
 # cumulative metric sums C(j) = sum_{R=1}^{j} M(R) without materialising M over 1..n
 
 _NDCG_EXACT = 8192
@@ -263,3 +341,47 @@ def interval_mean_metric(spec: MetricSpec, lo, hi, n: float) -> np.ndarray:
     if np.any(width <= 0):
         raise ValueError("interval_mean_metric: empty interval")  # pragma: no cover - internal
     return (metric_integral(spec, hi, n) - metric_integral(spec, lo, n)) / width
+
+
+@lru_cache(maxsize=64)
+def _cutoff_prefix(specs: tuple[MetricSpec, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """For cut-off metrics (M = 0 beyond k, independent of n): M(j + 1) padded with a 0 column and the
+    prefix sums C(j), j = 0..K_max, as (S, K_max + 1) arrays (read-only)."""
+    k_max = max(sp.k for sp in specs)
+    r = np.arange(1, k_max + 1, dtype=np.float64)
+    vals = np.stack([metric_at(sp, r, float(k_max)) for sp in specs])
+    mpad = np.concatenate([vals, np.zeros((len(specs), 1))], axis=1)
+    prefix = np.concatenate([np.zeros((len(specs), 1)), np.cumsum(vals, axis=1)], axis=1)
+    mpad.setflags(write=False)
+    prefix.setflags(write=False)
+    return mpad, prefix
+
+
+def interval_mean_metrics(specs, lo, hi, n: float) -> np.ndarray:
+    """:func:`interval_mean_metric` for several metrics at once: (len(specs), len(lo)) float64.
+
+    Cut-off metrics share one prefix-sum table over ranks 1..K_max (cost O(S K_max + S len(lo)), any n);
+    other metrics (AUC, AP, NDCG without cut-off) go one by one.
+    """
+    specs = tuple(specs)
+    lo = np.asarray(lo, dtype=np.float64)
+    hi = np.asarray(hi, dtype=np.float64)
+    out = np.empty((len(specs), lo.size))
+    cut = [i for i, sp in enumerate(specs) if sp.k is not None and sp.kind != "auc"]
+    for i in range(len(specs)):
+        if i not in cut:
+            out[i] = interval_mean_metric(specs[i], lo, hi, n)
+    if cut:
+        if np.any(hi - lo <= 0):
+            raise ValueError("interval_mean_metric: empty interval")  # pragma: no cover - internal
+        mpad, prefix = _cutoff_prefix(tuple(specs[i] for i in cut))
+        k_max = prefix.shape[1] - 1
+
+        def integral(x: np.ndarray) -> np.ndarray:
+            x = np.clip(x, 0.0, min(float(n), float(k_max)))
+            fl = np.floor(x)
+            idx = fl.astype(np.int64)
+            return prefix[:, idx] + (x - fl) * mpad[:, idx]
+
+        out[cut] = (integral(hi) - integral(lo)) / (hi - lo)
+    return out

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import special
 
-from ._rank_hist import RankHistogram, as_histogram, interval_mean_metric
+from ._rank_hist import RankHistogram, as_histogram, interval_mean_metric, interval_mean_metrics
 from .metric_names import MetricSpec, parse_metric
 
 __all__ = [
@@ -45,6 +45,7 @@ __all__ = [
     "mapped_points",
     "MappedPoints",
     "mapping_table",
+    "mapping_tables",
     "mapping_estimate",
     "MappedEstimate",
     "dataset_beta",
@@ -279,6 +280,21 @@ def mapping_table(metric, n_items: int, n_samples: int, method: str = "bound", a
             f"method {method!r}: the mapping is not strictly increasing (n_items - 1 = {n - 1} < n_samples = {m}?)"
         )
     return interval_mean_metric(spec, edges[:-1], edges[1:], n)
+
+
+def mapping_tables(metrics, n_items: int, n_samples: int, method: str = "bound", a: float | None = None) -> np.ndarray:
+    """:func:`mapping_table` for several metrics from one mapping: float64 (len(metrics), m + 1)."""
+    specs = [parse_metric(mt) for mt in ([metrics] if isinstance(metrics, (str, MetricSpec)) else metrics)]
+    n, m = _check_nm(n_items, n_samples)
+    for spec in specs:
+        if spec.k is not None and spec.k > n:
+            raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {n})")
+    edges = np.concatenate([[0.0], _full_mapping(n, m, method, a)])
+    if np.any(np.diff(edges) <= 0):
+        raise ValueError(
+            f"method {method!r}: the mapping is not strictly increasing (n_items - 1 = {n - 1} < n_samples = {m}?)"
+        )
+    return interval_mean_metrics(specs, edges[:-1], edges[1:], n)
 
 
 @dataclass(frozen=True)

@@ -47,9 +47,16 @@ from functools import lru_cache
 
 import numpy as np
 import torch
-from scipy import optimize
+from scipy import optimize, sparse
 
-from ._rank_hist import RankHistogram, as_histogram, interval_mean_metric
+from ._rank_hist import (
+    RankHistogram,
+    as_histogram,
+    check_spread,
+    interval_mean_metric,
+    interval_mean_metrics,
+    pool_by_n,
+)
 from .metric_names import parse_metric
 from .sampling_laws import check_law, log_sampled_rank_pmf
 
@@ -59,12 +66,17 @@ __all__ = [
     "DistributionEstimate",
     "rank_grid",
     "estimate_rank_distribution",
+    "estimate_rank_distributions",
     "simulate_sampled_ranks",
     "adaptive_sampled_ranks",
     "adaptive_sampled_ranks_from_exact",
 ]
 
 RANK_DISTRIBUTION_METHODS = ("mle", "mes")
+_LIK_FLOOR = 1e-16
+# likelihood matrices with at most this share of non-zeros are multiplied as sparse matrices (the products
+# are memory-bound; sparse kernels are single-threaded and measured faster than dense BLAS there)
+_SPARSE_MAX_DENSITY = 0.3
 _SUBPOINTS = 8
 
 
@@ -113,13 +125,45 @@ class _Model:
     lik: np.ndarray  # (G, C, m_max + 1): P(r~ = i | cell, group); zero rows for cells above n_g
     inside: np.ndarray  # (G, C) bool: cell within 1..n_g
     pooled: bool  # groups were pooled into bins of n
+    lik2: np.ndarray | None = None  # (C, G (m_max + 1)): lik laid out for one matmul per EM product
+    inside_f: np.ndarray | None = None  # (C, G) float64
+    lik2_sparse: sparse.csr_matrix | None = None  # the same, sparse (for single fits)
+
+    def __post_init__(self) -> None:
+        if self.lik2 is None:
+            self.lik2 = np.ascontiguousarray(self.lik.transpose(1, 0, 2).reshape(self.lik.shape[1], -1))
+        if self.inside_f is None:
+            self.inside_f = np.ascontiguousarray(self.inside.T.astype(np.float64))
+        if self.lik2_sparse is None and np.count_nonzero(self.lik2) <= _SPARSE_MAX_DENSITY * self.lik2.size:
+            self.lik2_sparse = sparse.csr_matrix(self.lik2)
 
     @property
     def widths(self) -> np.ndarray:
         return np.diff(self.edges).astype(np.float64)
 
+    def mix(self, pi: np.ndarray) -> np.ndarray:
+        """P(r~ = i | group) = sum_c pi_c lik[g, c, i] for pi of shape (..., C): (..., G, m_max + 1)."""
+        flat = pi.reshape(-1, pi.shape[-1])
+        if self.lik2_sparse is not None:
+            out = np.asarray(self.lik2_sparse.T @ flat.T).T
+        else:
+            out = flat @ self.lik2
+        return out.reshape(pi.shape[:-1] + self.lik.shape[::2])
 
-def _pool_groups(hist: RankHistogram, max_groups: int) -> tuple[RankHistogram, bool]:
+    def back(self, ratio: np.ndarray) -> np.ndarray:
+        """sum_{g, i} lik[g, c, i] ratio[..., g, i]: (..., C)."""
+        flat = ratio.reshape(-1, ratio.shape[-2] * ratio.shape[-1])
+        if self.lik2_sparse is not None:
+            out = np.asarray(self.lik2_sparse @ flat.T).T
+        else:
+            out = flat @ self.lik2.T
+        return out.reshape(ratio.shape[:-2] + (-1,))
+
+
+def _pool_groups(hist: RankHistogram, max_groups: int, max_rel_n_spread: float | None = None) -> tuple[RankHistogram, bool]:
+    if max_rel_n_spread is not None:
+        pooled = pool_by_n(hist, max_rel_n_spread)
+        return pooled, pooled.n_groups != hist.n_groups or bool(np.any(pooled.n_items != hist.n_items))
     if hist.n_groups <= max_groups:
         return hist, False
     out: RankHistogram | None = None
@@ -143,35 +187,59 @@ def _pool_groups(hist: RankHistogram, max_groups: int) -> tuple[RankHistogram, b
     return out, True
 
 
-def _build_model(hist: RankHistogram, sampling: str, max_groups: int, delta: float, kappa: float) -> _Model:
-    law = check_law(sampling)
-    hist, pooled = _pool_groups(hist, max_groups)
-    n_max = int(hist.n_items.max())
-    m_max = int(hist.n_samples.max())
-    if law == "hypergeometric" and np.any(hist.n_samples > hist.n_items - 1):
-        raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (n - 1 >= m)")
-    edges = rank_grid(n_max, m_max, delta, kappa, extra_edges=hist.n_items)
+@lru_cache(maxsize=32)
+def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa: float):
+    """Grid edges, P(r~ | cell, group) and the inside mask for groups (n_g, m_g): depends on the groups'
+    sizes only, not on the counts, so it is cached (repeated fits on new draws of the same users reuse it)."""
+    n_arr = np.asarray(n_items, dtype=np.int64)
+    n_max = int(n_arr.max())
+    m_max = int(max(n_samples))
+    edges = rank_grid(n_max, m_max, delta, kappa, extra_edges=n_arr)
     pts, wts = _cell_points(edges)
-    G, C = hist.n_groups, len(edges) - 1
+    G, C = len(n_items), len(edges) - 1
     lik = np.zeros((G, C, m_max + 1))
     inside = np.zeros((G, C), dtype=bool)
-    counts = np.zeros((G, m_max + 1))
-    for g in range(G):  # one pass per (n, m) group, at most max_groups
-        n_g, m_g = int(hist.n_items[g]), int(hist.n_samples[g])
-        c_in = int(np.searchsorted(edges, n_g)) # cells 0..c_in-1 lie within 1..n_g (n_g is an edge)
+    for g in range(G):  # one pass per (n, m) group
+        n_g, m_g = int(n_items[g]), int(n_samples[g])
+        c_in = int(np.searchsorted(edges, n_g))  # cells 0..c_in-1 lie within 1..n_g (n_g is an edge)
         inside[g, :c_in] = True
         p = pts[:c_in]
         logp = log_sampled_rank_pmf(torch.from_numpy(p.astype(np.float64)), n_g, m_g, law).numpy()
         lik[g, :c_in, : m_g + 1] = np.einsum("cs,csi->ci", wts[:c_in], np.exp(logp))
-        counts[g, : m_g + 1] = hist.counts[g]
-    return _Model(edges, hist.n_items.copy(), hist.n_samples.copy(), counts, lik, inside, pooled)
+    # drop probabilities below 1e-16 (each row sums to 1): every mixture probability changes by less than
+    # 1e-16 absolute (observed ones are >= ~1e-8, so < 1e-8 relative), no subnormal numbers slow the
+    # matmuls, and the likelihood matrix becomes sparse (~20% non-zeros at m = 500)
+    lik[lik < _LIK_FLOOR] = 0.0
+    model = _Model(edges, n_arr, np.asarray(n_samples, dtype=np.int64), np.zeros((G, m_max + 1)), lik, inside, False)
+    for arr in (edges, lik, inside, model.lik2, model.inside_f):
+        arr.setflags(write=False)
+    return model
+
+
+def _build_model(
+    hist: RankHistogram, sampling: str, max_groups: int, delta: float, kappa: float, max_rel_n_spread=None
+) -> _Model:
+    law = check_law(sampling)
+    hist, pooled = _pool_groups(hist, max_groups, max_rel_n_spread)
+    if law == "hypergeometric" and np.any(hist.n_samples > hist.n_items - 1):
+        raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (n - 1 >= m)")
+    base = _likelihood(
+        tuple(int(v) for v in hist.n_items), tuple(int(v) for v in hist.n_samples), law, float(delta), float(kappa)
+    )
+    counts = np.zeros_like(base.counts)
+    for g in range(hist.n_groups):
+        counts[g, : int(hist.n_samples[g]) + 1] = hist.counts[g]
+    return _Model(
+        base.edges, hist.n_items.copy(), hist.n_samples.copy(), counts, base.lik, base.inside, pooled,
+        base.lik2, base.inside_f, base.lik2_sparse,
+    )
 
 
 def _loglik(model: _Model, pi: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
     """Observed-data log-likelihood for pi of shape (..., C); counts (..., G, m_max + 1)."""
     counts = model.counts if counts is None else counts
-    prob = np.einsum("...c,gci->...gi", pi, model.lik)
-    z = np.einsum("...c,gc->...g", pi, model.inside.astype(np.float64))
+    prob = model.mix(pi)
+    z = pi @ model.inside_f
     with np.errstate(divide="ignore"):
         term = np.where(counts > 0, counts * np.log(np.where(counts > 0, prob, 1.0)), 0.0)
     return term.sum(axis=(-1, -2)) - (counts.sum(-1) * np.log(z)).sum(-1)
@@ -179,59 +247,72 @@ def _loglik(model: _Model, pi: np.ndarray, counts: np.ndarray | None = None) -> 
 
 def _em_step(model: _Model, pi: np.ndarray, counts: np.ndarray, totals_g: np.ndarray, has: np.ndarray) -> np.ndarray:
     """One EM update of the truncated mixture (observed counts plus the phantom ranks above each n_g)."""
-    inside = model.inside.astype(np.float64)
-    prob = np.einsum("...c,gci->...gi", pi, model.lik)
+    prob = model.mix(pi)
     ratio = np.where(has, counts / np.where(has, prob, 1.0), 0.0)
-    expected = pi * np.einsum("gci,...gi->...c", model.lik, ratio)
-    z = np.einsum("...c,gc->...g", pi, inside)
-    phantom = pi * np.einsum("...g,gc->...c", totals_g / z, 1.0 - inside)
+    expected = pi * model.back(ratio)
+    z = pi @ model.inside_f
+    phantom = pi * ((totals_g / z) @ (1.0 - model.inside_f.T))
     new = expected + phantom
     return new / new.sum(-1, keepdims=True)
 
 
-def _em(model: _Model, pi0: np.ndarray, counts: np.ndarray, tol: float, max_iter: int, trace: bool = False):
-    """EM accelerated by SQUAREM (Varadhan & Roland 2008, scheme S3) with a monotone safeguard.
+def _em_batched(model: _Model, pi0: np.ndarray, counts: np.ndarray, tol: float, max_iter: int, trace: bool = False):
+    """EM accelerated by SQUAREM (Varadhan & Roland 2008, scheme S3) with a monotone safeguard, for a batch.
 
-    pi0 (..., C), counts (..., G, m_max + 1); batched over leading axes (bootstrap replicates). Each cycle
-    takes two EM steps, extrapolates, and keeps the extrapolated point only where it does not lower the
-    log-likelihood (else the plain two-step EM point), so the log-likelihood never decreases. Stops when
-    a cycle gains less than ``tol`` per positive. Returns pi, EM steps, converged, trace.
+    pi0 (B, C), counts (B, G, m_max + 1). Each cycle takes two EM steps, extrapolates, and keeps the
+    extrapolated point only where it does not lower the log-likelihood (else the plain two-step EM point), so
+    the log-likelihood never decreases. Each problem stops on its own when a cycle gains less than ``tol`` per
+    positive (it is then frozen, so a batched fit equals the single fits); the remaining ones share one matmul
+    per EM product. Returns pi (B, C), EM steps (B,), converged (B,), trace of the summed log-likelihood.
     """
-    pi = pi0.copy()
-    totals_g = counts.sum(-1)
-    total = totals_g.sum(-1)
-    has = counts > 0
+    pi = np.array(pi0, dtype=np.float64)
+    batch = pi.shape[0]
+    totals_all = counts.sum(-1)
+    total_all = totals_all.sum(-1)
+    has_all = counts > 0
     ll_prev = _loglik(model, pi, counts)
     lls = [float(np.sum(ll_prev))] if trace else []
-    converged = False
-    steps = 0
-    while steps < max_iter:  # cycles, each vectorised over cells, ranks and replicates
-        p1 = _em_step(model, pi, counts, totals_g, has)
-        p2 = _em_step(model, p1, counts, totals_g, has)
-        steps += 2
-        r = p1 - pi
+    steps = np.zeros(batch, dtype=np.int64)
+    converged = np.zeros(batch, dtype=bool)
+    active = np.arange(batch)
+    while active.size and int(steps[active[0]]) < max_iter:  # cycles; each vectorised over the active batch
+        p0, cnt, tg, has = pi[active], counts[active], totals_all[active], has_all[active]
+        p1 = _em_step(model, p0, cnt, tg, has)
+        p2 = _em_step(model, p1, cnt, tg, has)
+        r = p1 - p0
         v = p2 - p1 - r
         rn = np.sqrt(np.sum(r * r, -1, keepdims=True))
         vn = np.sqrt(np.sum(v * v, -1, keepdims=True))
         alpha = np.minimum(-1.0, -rn / np.maximum(vn, 1e-300))
-        ext = pi - 2.0 * alpha * r + alpha * alpha * v
-        ext = np.maximum(ext, 1e-300 * pi)  # stay inside the simplex (and off exact zeros of the support)
+        ext = p0 - 2.0 * alpha * r + alpha * alpha * v
+        ext = np.maximum(ext, 1e-300 * p0)  # stay inside the simplex (and off exact zeros of the support)
         ext = ext / ext.sum(-1, keepdims=True)
-        ext = _em_step(model, ext, counts, totals_g, has)
-        steps += 1
-        ll_ext = _loglik(model, ext, counts)
-        ll_p2 = _loglik(model, p2, counts)
+        ext = _em_step(model, ext, cnt, tg, has)
+        steps[active] += 3
+        ll_ext = _loglik(model, ext, cnt)
+        ll_p2 = _loglik(model, p2, cnt)
         take = ll_ext >= ll_p2
-        new = np.where(np.asarray(take)[..., None], ext, p2)
+        new = np.where(take[:, None], ext, p2)
         ll = np.where(take, ll_ext, ll_p2)
+        gain = (ll - ll_prev[active]) / total_all[active]
+        pi[active], ll_prev[active] = new, ll
         if trace:
-            lls.append(float(np.sum(ll)))
-        gain = np.max((ll - ll_prev) / total)
-        pi, ll_prev = new, ll
-        if gain < tol:
-            converged = True
-            break
+            lls.append(float(np.sum(ll_prev)))
+        done = gain < tol
+        converged[active[done]] = True
+        active = active[~done]
     return pi, steps, converged, lls
+
+
+def _em(model: _Model, pi0: np.ndarray, counts: np.ndarray, tol: float, max_iter: int, trace: bool = False):
+    """:func:`_em_batched` for pi0 (..., C) and counts (..., G, m_max + 1); returns pi (..., C), the largest
+    step count, whether every problem converged, and the trace."""
+    lead = np.broadcast_shapes(pi0.shape[:-1], counts.shape[:-2])
+    b = int(np.prod(lead)) if lead else 1
+    pi_b = np.broadcast_to(pi0, lead + pi0.shape[-1:]).reshape(b, -1)
+    cnt_b = np.broadcast_to(counts, lead + counts.shape[-2:]).reshape((b,) + counts.shape[-2:])
+    pi, steps, conv, lls = _em_batched(model, pi_b, cnt_b, tol, max_iter, trace)
+    return pi.reshape(lead + pi0.shape[-1:]), int(steps.max()), bool(conv.all()), lls
 
 
 def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol: float, max_iter: int, trace=False):
@@ -251,14 +332,14 @@ def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol
 
     def objective(theta):
         pi = unpack(theta)
-        prob = np.einsum("c,gci->gi", pi, model.lik)
+        prob = model.mix(pi)
         zg = inside @ pi
         safe = np.where(has, prob, 1.0)
         ll = float(np.sum(np.where(has, counts * np.log(safe), 0.0)) - np.dot(totals_g, np.log(zg)))
         per_rank = np.maximum(pi / widths, 1e-300)
         ent = -float(np.dot(pi, np.log(per_rank)))
         f = -ll / total - lam * ent
-        dll = np.einsum("gci,gi->c", model.lik, np.where(has, counts / safe, 0.0)) - (totals_g / zg) @ inside
+        dll = model.back(np.where(has, counts / safe, 0.0)) - (totals_g / zg) @ inside
         grad_pi = -dll / total + lam * (np.log(per_rank) + 1.0)
         grad = pi * (grad_pi - np.dot(pi, grad_pi))
         return f, grad
@@ -327,6 +408,7 @@ class RankDistribution:
     flags: tuple[str, ...] = ()
     loglik_trace: tuple[float, ...] = ()
     details: dict = field(default_factory=dict)
+    lik: np.ndarray | None = field(default=None, repr=False)  # (G, C, m_max + 1) P(r~ | cell, group), shared
 
     @property
     def n_items(self) -> int:
@@ -379,9 +461,39 @@ class RankDistribution:
             value = value + totals[g] * (p @ means) / p.sum(-1)
         return value / totals.sum()
 
-    def metric(self, metric) -> DistributionEstimate:
-        """Estimate sum_R P^(R) M(R) (each group's P^ truncated to its n) with a bootstrap standard error."""
+    def _posterior_stderr(self, spec, means_by_group: list) -> float:
+        """sd of the per-positive posterior means E^[M(R) | r~, n_g] over sqrt(M) (their mean is the
+        estimate at an exact EM fixed point); ignores the uncertainty of P^ itself."""
+        hist = self.histogram
+        total = hist.total
+        vals, wts = [], []
+        for g in range(hist.n_groups):
+            means = means_by_group[g]
+            if means is None:
+                continue
+            c_in = len(means)
+            m_g = int(hist.n_samples[g])
+            joint = self.probs[:c_in, None] * self.lik[g, :c_in, : m_g + 1]  # (C_in, m_g + 1)
+            den = joint.sum(0)
+            post = np.where(den > 0, (means @ joint) / np.where(den > 0, den, 1.0), 0.0)
+            vals.append(post)
+            wts.append(hist.counts[g])
+        v, w = np.concatenate(vals), np.concatenate(wts)
+        mean = float(np.dot(w, v)) / total
+        ss = float(np.dot(w, (v - mean) ** 2))
+        return math.sqrt(ss / (total * (total - 1.0))) if total > 1 else math.inf
+
+    def metric(self, metric, stderr: str = "auto") -> DistributionEstimate:
+        """Estimate sum_R P^(R) M(R) (each group's P^ truncated to its n) with a standard error.
+
+        ``stderr``: ``"bootstrap"`` (the refitted replicates; None when there are none), ``"posterior"`` (sd of
+        the per-positive posterior means of M over sqrt(#positives): cheap, ignores the uncertainty of P^ and
+        so is smaller than the bootstrap where the data hardly constrain P^), or ``"auto"`` (bootstrap when
+        replicates exist, else posterior).
+        """
         spec = parse_metric(metric)
+        if stderr not in ("auto", "bootstrap", "posterior"):
+            raise ValueError(f"stderr: use 'auto', 'bootstrap' or 'posterior', got {stderr!r}")
         hist = self.histogram
         if spec.k is not None and spec.k > int(hist.n_items[hist.totals > 0].min()):
             raise ValueError(
@@ -389,10 +501,20 @@ class RankDistribution:
                 f"(n_items = {int(hist.n_items.min())})"
             )
         value = float(self._metric_from_probs(spec, self.probs))
-        stderr = None
-        if self.bootstrap.shape[0] >= 2:
+        se = None
+        kind = "bootstrap" if stderr == "bootstrap" or (stderr == "auto" and self.bootstrap.shape[0] >= 2) else "posterior"
+        if kind == "bootstrap" and self.bootstrap.shape[0] >= 2:
             boot = self._metric_from_probs(spec, self.bootstrap)
-            stderr = float(np.std(boot, ddof=1))
+            se = float(np.std(boot, ddof=1))
+        elif kind == "posterior" and self.lik is not None:
+            means = [
+                interval_mean_metric(spec, self.edges[:c], self.edges[1 : c + 1], int(n))
+                if t > 0 else None
+                for n, t, c in zip(
+                    hist.n_items, hist.totals, np.searchsorted(self.edges, hist.n_items).astype(np.int64)
+                )
+            ]
+            se = self._posterior_stderr(spec, means)
         flags = [f for f in self.flags if f in ("not_converged", "pooled_n")]
         resolution = (hist.n_items - 1.0) / (hist.n_samples + 1.0) + 1.0
         occupied = np.array([c[0] > 0 for c in hist.counts])  # groups with positives at r~ = 1
@@ -400,7 +522,7 @@ class RankDistribution:
             flags.append("top_unresolved")
             if "all_at_top" in self.flags:
                 flags.append("all_at_top")
-                stderr = math.inf
+                se = math.inf
         details = {
             "method": self.method,
             "metric": str(spec),
@@ -409,8 +531,36 @@ class RankDistribution:
             "resolution": resolution.tolist(),
             "n_bootstrap": int(self.bootstrap.shape[0]),
             "n_cells": int(len(self.probs)),
+            "stderr_method": kind if se is not None else None,
         }
-        return DistributionEstimate(value, stderr, hist.total, details, tuple(flags))
+        return DistributionEstimate(value, se, hist.total, details, tuple(flags))
+
+    def metrics(self, metrics, stderr: str = "auto") -> dict:
+        """:meth:`metric` for several metrics from this one fit: ``{str(spec): DistributionEstimate}``.
+
+        Cut-off metrics share one prefix-sum table (``interval_mean_metrics``), so K = 1..50 of two metrics
+        cost little more than one."""
+        specs = [parse_metric(mt) for mt in metrics]
+        return {str(sp): self.metric(sp, stderr=stderr) for sp in specs}
+
+    def values(self, metrics) -> np.ndarray:
+        """Point estimates only (no standard errors, no flags) for several metrics: float64 (len(metrics),)."""
+        specs = tuple(parse_metric(mt) for mt in metrics)
+        hist = self.histogram
+        totals = hist.totals
+        for spec in specs:
+            if spec.k is not None and spec.k > int(hist.n_items[totals > 0].min()):
+                raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue of some positives")
+        out = np.zeros(len(specs))
+        for g in range(hist.n_groups):  # per (n, m) group
+            if totals[g] == 0:
+                continue
+            n_g = int(hist.n_items[g])
+            c_in = int(np.searchsorted(self.edges, n_g))
+            means = interval_mean_metrics(specs, self.edges[:c_in], self.edges[1 : c_in + 1], n_g)
+            p = self.probs[:c_in]
+            out += totals[g] * (means @ p) / p.sum()
+        return out / totals.sum()
 
 
 # ---------------------------------------------------------------------------------------- estimator
@@ -430,6 +580,7 @@ def estimate_rank_distribution(
     delta: float = 0.05,
     kappa: float = 0.25,
     trace: bool = False,
+    max_rel_n_spread: float | None = None,
 ) -> RankDistribution:
     """Estimate the distribution of exact ranks from sampled ranks (``mle`` by EM or ``mes``).
 
@@ -447,7 +598,11 @@ def estimate_rank_distribution(
             L-BFGS-B's ``ftol``.
         max_iter: iteration cap (reaching it sets ``converged=False`` and the ``not_converged`` flag).
         lam: MES entropy weight (default (m + 1)/(2 M)).
-        max_groups: distinct (n, m) pairs beyond which n is pooled into quantile bins.
+        max_groups: distinct (n, m) pairs beyond which n is pooled into quantile bins (when
+            ``max_rel_n_spread`` is None).
+        max_rel_n_spread: instead of quantile bins, move the groups onto a geometric grid of n (consecutive
+            nodes within a factor 1 + s), each group's counts split between its two neighbouring nodes
+            (``_rank_hist.pool_by_n``; the same grid as the corrections use). Flagged ``pooled_n``.
         delta, kappa: grid resolution (see the module docstring).
         trace: keep the per-iteration log-likelihood (EM) or objective (MES) in ``loglik_trace``.
 
@@ -458,7 +613,7 @@ def estimate_rank_distribution(
         raise ValueError(f"method: unknown rank-distribution method {method!r}; use one of {RANK_DISTRIBUTION_METHODS}")
     hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
     hist.check_nonempty()
-    model = _build_model(hist, sampling, max_groups, delta, kappa)
+    model = _build_model(hist, sampling, max_groups, delta, kappa, check_spread(max_rel_n_spread))
     widths = model.widths
     pi0 = widths / widths.sum()  # uniform over ranks
     flags: list[str] = []
@@ -510,7 +665,82 @@ def estimate_rank_distribution(
         flags=tuple(flags),
         loglik_trace=traced,
         details=details,
+        lik=model.lik,
     )
+
+
+def estimate_rank_distributions(
+    histograms,
+    method: str = "mle",
+    sampling: str = "binomial",
+    *,
+    tol: float = 1e-7,
+    max_iter: int = 5000,
+    lam: float | None = None,
+    max_groups: int = 16,
+    delta: float = 0.05,
+    kappa: float = 0.25,
+    max_rel_n_spread: float | None = None,
+) -> list[RankDistribution]:
+    """:func:`estimate_rank_distribution` (no bootstrap) for many histograms of the same users at once,
+    e.g. the repeats of a sampling experiment.
+
+    When every (pooled) histogram has the same (n, m) groups, the likelihood is built once and the fits
+    are batched: ``mle`` runs one batched EM in which each problem stops on its own rule (results equal
+    the single fits up to rounding); ``mes`` runs one L-BFGS-B per histogram on the shared likelihood.
+    Otherwise the histograms are fitted one by one. Standard errors: ``RankDistribution.metric`` with
+    ``stderr="posterior"``.
+    """
+    if method not in RANK_DISTRIBUTION_METHODS:
+        raise ValueError(f"method: unknown rank-distribution method {method!r}; use one of {RANK_DISTRIBUTION_METHODS}")
+    hists = [as_histogram(h) for h in histograms]
+    if not hists:
+        return []
+    for h in hists:
+        h.check_nonempty()
+    spread = check_spread(max_rel_n_spread)
+    pooled = [_pool_groups(h, max_groups, spread) for h in hists]
+    keys = {(tuple(p.n_items.tolist()), tuple(p.n_samples.tolist())) for p, _ in pooled}
+    kw = dict(method=method, sampling=sampling, n_bootstrap=0, tol=tol, max_iter=max_iter, lam=lam,
+              max_groups=max_groups, delta=delta, kappa=kappa, max_rel_n_spread=spread)
+    if len(keys) != 1:  # different group structures: no shared likelihood
+        return [estimate_rank_distribution(h, **kw) for h in hists]
+    law = check_law(sampling)
+    model = _build_model(hists[0], law, max_groups, delta, kappa, spread)
+    counts = np.zeros((len(hists),) + model.counts.shape)
+    for b, (p, _) in enumerate(pooled):
+        for g in range(p.n_groups):
+            counts[b, g, : int(p.n_samples[g]) + 1] = p.counts[g]
+    widths = model.widths
+    pi0 = np.broadcast_to(widths / widths.sum(), (len(hists), len(widths)))
+    total = counts.sum(axis=(1, 2))
+    if method == "mle":
+        pi, steps, conv, _ = _em_batched(model, pi0, counts, tol, max_iter)
+        iters, lam_used = steps, None
+    else:  # one L-BFGS-B run per histogram on the shared (sparse) likelihood
+        lam_used = (float(model.m.max()) + 1.0) / (2.0 * total) if lam is None else np.full(len(hists), float(lam))
+        if not np.all(np.isfinite(lam_used)) or np.any(lam_used < 0):
+            raise ValueError(f"lam: must be a finite number >= 0, got {lam}")
+        fits = [_mes_fit(model, counts[b], float(lam_used[b]), pi0[b], tol, max_iter) for b in range(len(hists))]
+        pi = np.stack([f[0] for f in fits])
+        iters = np.array([int(f[1].nit) for f in fits])
+        conv = np.array([bool(f[1].success) for f in fits])
+    lls = _loglik(model, pi, counts)
+    out = []
+    for b, (h, (p, was_pooled)) in enumerate(zip(hists, pooled)):
+        flags = (["pooled_n"] if was_pooled else []) + (["all_at_top"] if all(c[1:].sum() == 0 for c in h.counts) else [])
+        if not conv[b]:
+            flags.append("not_converged")
+        pooled_hist = RankHistogram(model.n, model.m, tuple(counts[b, g, : model.m[g] + 1] for g in range(len(model.n))))
+        details = {"sampling": law, "n_cells": len(widths), "batched": len(hists)}
+        if lam_used is not None:
+            details["lam"] = float(lam_used[b])
+        out.append(RankDistribution(
+            edges=model.edges, probs=pi[b], method=method, loglik=float(lls[b]), iterations=int(iters[b]),
+            converged=bool(conv[b]), bootstrap=np.zeros((0, len(widths))), histogram=pooled_hist,
+            flags=tuple(flags), details=details, lik=model.lik,
+        ))
+    return out
 
 
 # ------------------------------------------------------------------------------ simulation, adaptive
