@@ -33,7 +33,7 @@ import math
 
 import numpy as np
 
-from ._rank_hist import RankHistogram, as_histogram, pool_by_n
+from ._rank_hist import RankHistogram, as_histogram, metric_at, pool_by_n
 from .estimate import Estimate
 from .mapping import MAPPING_METHODS, mapping_estimate
 from .metric_names import parse_metric
@@ -51,12 +51,24 @@ _VECTOR_PRIOR_MAX = 2_000_000
 EstimatorResult = Estimate
 
 
-def _result(value: float, stderr: float | None, n: float, details: dict, flags) -> Estimate:
+def _metric_bounds(spec, hist: RankHistogram) -> tuple[float, float]:
+    """[min, max] of M(r) over r in 1..n_g of every group (M is non-increasing in r)."""
+    lo = min(float(metric_at(spec, [int(n)], float(n))[0]) for n in np.unique(hist.n_items))
+    hi = max(float(metric_at(spec, [1], float(n))[0]) for n in np.unique(hist.n_items))
+    return lo, hi
+
+
+def _result(value: float, stderr: float | None, n: float, details: dict, flags, bounds=None) -> Estimate:
+    """Package the estimate; ``bounds`` (lo, hi): the metric's range, a value outside it is flagged
+    ``outside_metric_range`` (e.g. ``ls``, whose minimal-bias table has huge alternating entries)."""
     if not math.isfinite(value):
         raise ValueError(f"estimate: the estimator produced a non-finite value ({value}); details: {details}")
     if stderr is None:
         raise ValueError("estimate: no standard error available (n_bootstrap < 2); ask for n_bootstrap >= 2")
     se = float(stderr)
+    flags = tuple(flags)
+    if bounds is not None and not (bounds[0] <= value <= bounds[1]) and "outside_metric_range" not in flags:
+        flags += ("outside_metric_range",)
     details = dict(details)
     details["flags"] = tuple(flags)
     return Estimate(float(value), se, float(n), details, tuple(flags))
@@ -147,15 +159,16 @@ def estimate(
         raise ValueError(
             f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(hist.n_items.min())})"
         )
+    bounds = _metric_bounds(spec, hist)
     if options and method not in RANK_DISTRIBUTION_METHODS + ("bv_mle",):
         raise ValueError(f"method {method!r} takes no options {sorted(options)}")
     if method in MAPPING_METHODS:
         res = mapping_estimate(spec, hist, method=method, a=a)
-        return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag))
+        return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds)
     if method in RANK_DISTRIBUTION_METHODS:
         dist = estimate_rank_distribution(hist, method=method, sampling=sampling, **options)
         res = dist.metric(spec)
-        return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag))
+        return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds)
     flags: list[str] = list(pool_flag)
     details: dict = {"method": method, "metric": str(spec)}
     if method == "bv_mle":
@@ -163,7 +176,7 @@ def estimate(
         flags += [f for f in dist.flags if f in ("not_converged", "pooled_n", "all_at_top") and f not in flags]
 
         def prior_for_n(n: int, _dist=dist):
-            return _dist.prior(n) if n <= _VECTOR_PRIOR_MAX else (lambda r, nn: _dist.pmf(np.clip(np.rint(r), 1, nn)))
+            return _dist.prior(n) if n <= _VECTOR_PRIOR_MAX else _dist.as_prior()
 
         value, se = _correction(spec, hist, "bv", sampling, gamma, None, rounding, prior_for_n)
         details.update({"gamma": gamma, "prior": "mle", "mle_iterations": dist.iterations})
@@ -177,4 +190,4 @@ def estimate(
         if all(c[1:].sum() == 0 for c in hist.counts):
             flags.append("all_at_top")
             se = math.inf
-    return _result(value, se, hist.total, details, flags)
+    return _result(value, se, hist.total, details, flags, bounds)

@@ -365,3 +365,22 @@ def test_bad_input_names_the_argument(kwargs, name):
 def test_device_argument_and_dtype():
     t = correction_table("recall@10", 1000, 20, device="cpu")
     assert t.device.type == "cpu" and t.dtype == torch.float64
+
+
+def test_ls_variance_is_flagged_not_hidden():
+    """Plain least squares (minimal bias, eq. 21 without constraint) has a table of huge alternating entries
+    at n >> m: its estimate can leave the metric's range. estimate() says so; cls and bv stay inside."""
+    from reco_sampled_plugin import estimate
+    from reco_sampled_plugin.rank_distribution import simulate_sampled_ranks
+
+    rng = np.random.default_rng(0)
+    n = 1600
+    r = np.clip(np.ceil(rng.beta(0.4, 3.0, size=3000) * n).astype(np.int64), 1, n)
+    sampled = simulate_sampled_ranks(torch.as_tensor(r), n, 100, generator=torch.Generator().manual_seed(1))
+    table = correction_table("hit@10", n, 100, "ls").numpy()
+    assert np.abs(table).max() > 100  # the minimal-bias solution itself, not a numerical accident
+    ls = estimate("hit@10", sampled, n, 100, method="ls")
+    assert not 0.0 <= ls.value <= 1.0 and "outside_metric_range" in ls.flags
+    for method in ("cls", "bv"):
+        res = estimate("hit@10", sampled, n, 100, method=method)
+        assert 0.0 <= res.value <= 1.0 and "outside_metric_range" not in res.flags
