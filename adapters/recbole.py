@@ -440,31 +440,39 @@ def _simulate(scores, pos_u, pos_i, s_pos, settings: _Settings, generator: torch
     the user) and return the sampled ranks."""
     b, n_tot = scores.shape
     m = int(settings.m)
-    allowed = torch.isfinite(scores)
-    allowed[pos_u, pos_i] = False
     npos = pos_u.shape[0]
     if settings.replacement:
+        # excluded items score -inf (RecBole; any non-finite score counts as excluded); the user's positives are set to -inf on a copy, so one gather
+        # of the drawn items' scores also tells which draws to reject and redraw (a few %, shrinking subset)
+        work = scores.clone()
+        work[pos_u, pos_i] = -math.inf
         neg = torch.randint(0, n_tot, (npos, m), generator=generator)
-        bad = ~allowed[pos_u.unsqueeze(1), neg]
-        for _ in range(10_000):  # rejection sampling: a few rounds (rejects are the few excluded items)
-            if not bool(bad.any()):
+        s_neg = work[pos_u.unsqueeze(1), neg]
+        flat_s = s_neg.view(-1)
+        row = pos_u.repeat_interleave(m)
+        todo = (~torch.isfinite(flat_s)).nonzero().squeeze(1)
+        for _ in range(10_000):  # rejection sampling over the rejected draws only
+            if todo.numel() == 0:
                 break
-            idx = bad.nonzero(as_tuple=True)
-            neg[idx] = torch.randint(0, n_tot, (idx[0].shape[0],), generator=generator)
-            bad[idx] = ~allowed[pos_u[idx[0]], neg[idx]]
+            redraw = torch.randint(0, n_tot, (todo.numel(),), generator=generator)
+            new = work[row[todo], redraw]
+            flat_s[todo] = new
+            todo = todo[~torch.isfinite(new)]
         else:  # pragma: no cover - a user with no irrelevant candidate
             raise ValueError("rsp_m: some user has no irrelevant candidate item to sample")
-    else:
-        n_allowed = allowed.sum(1)
-        if bool((n_allowed[pos_u] < m).any()):
-            raise ValueError(f"rsp_m: {m} draws without replacement exceed some user's {int(n_allowed.min())} irrelevant items")
-        neg = torch.empty((npos, m), dtype=torch.int64)
-        chunk = max(1, (1 << 22) // max(n_tot, 1))
-        for start in range(0, npos, chunk):  # m smallest of random keys over the allowed items
-            sl = slice(start, start + chunk)
-            keys = torch.rand((pos_u[sl].shape[0], n_tot), generator=generator)
-            keys = keys.masked_fill(~allowed[pos_u[sl]], 2.0)
-            neg[sl] = torch.topk(keys, m, dim=1, largest=False).indices
+        return _sampled_from_scores(s_neg, s_pos, settings.ties, generator)
+    allowed = torch.isfinite(scores)  # without replacement: the m smallest of random keys over allowed items
+    allowed[pos_u, pos_i] = False
+    n_allowed = allowed.sum(1)
+    if bool((n_allowed[pos_u] < m).any()):
+        raise ValueError(f"rsp_m: {m} draws without replacement exceed some user's {int(n_allowed.min())} irrelevant items")
+    neg = torch.empty((npos, m), dtype=torch.int64)
+    chunk = max(1, (1 << 22) // max(n_tot, 1))
+    for start in range(0, npos, chunk):
+        sl = slice(start, start + chunk)
+        keys = torch.rand((pos_u[sl].shape[0], n_tot), generator=generator)
+        keys = keys.masked_fill(~allowed[pos_u[sl]], 2.0)
+        neg[sl] = torch.topk(keys, m, dim=1, largest=False).indices
     s_neg = scores[pos_u.unsqueeze(1), neg]
     return _sampled_from_scores(s_neg, s_pos, settings.ties, generator)
 
@@ -504,8 +512,15 @@ def _grid_n(n: torch.Tensor, step: float, floor: torch.Tensor) -> torch.Tensor:
     return torch.maximum(out, floor)
 
 
+# full-sort batches are buffered and processed together once they hold this many scores (and at the end
+# of the evaluation): RecBole's default eval_batch_size gives 2 users per batch on ml-100k, and a few dozen
+# small torch calls per batch would cost more than RecBole's own evaluation. 2^24 float32 = 64 MiB.
+_BUFFER_ELEMENTS = 1 << 24
+
+
 def _collect(collector, scores: torch.Tensor, interaction, positive_u, positive_i) -> None:
-    """Per-positive ranks of one evaluation batch, appended to the collector's DataStruct."""
+    """Per-positive ranks of one evaluation batch: full-sort batches are buffered (see ``_BUFFER_ELEMENTS``)
+    and processed by :func:`_flush`; sampled-mode batches (their own negatives) are processed at once."""
     settings = collector.__dict__.get("_rsp_settings_now") or _settings(collector.config)
     collector._rsp_settings_now = settings  # validated once per evaluation (reset by get_data_struct)
     if settings is None or positive_u is None:
@@ -513,52 +528,94 @@ def _collect(collector, scores: torch.Tensor, interaction, positive_u, positive_
     scores = scores.detach().to("cpu")
     pos_u = positive_u.detach().to("cpu", torch.int64)
     pos_i = positive_i.detach().to("cpu", torch.int64)
-    b = scores.shape[0]
-    offset = getattr(collector, "_rsp_user_offset", 0)
-    if offset == 0 or getattr(collector, "_rsp_generator", None) is None:
+    if len(interaction) != scores.shape[0]:  # sampled modes: k_u (1 + N) rows per user
+        _flush(collector)
+        _collect_sampled(collector, settings, scores, interaction, pos_u, pos_i)
+        return
+    uid_field = collector.config["USER_ID_FIELD"]
+    uids = interaction[uid_field].cpu() if uid_field in interaction.interaction else None
+    buf = collector.__dict__.setdefault("_rsp_buffer", [])
+    buf.append((scores, pos_u, pos_i, uids))
+    collector._rsp_buffered = getattr(collector, "_rsp_buffered", 0) + scores.numel()
+    if collector._rsp_buffered >= _BUFFER_ELEMENTS:
+        _flush(collector)
+
+
+def _generator(collector, settings: _Settings) -> torch.Generator:
+    if getattr(collector, "_rsp_generator", None) is None:
         collector._rsp_generator = torch.Generator().manual_seed(settings.seed)
-    generator = collector._rsp_generator
-    counts = torch.bincount(pos_u, minlength=b)
-    s_pos = scores[pos_u, pos_i]
-    npos = pos_u.shape[0]
-    table = torch.zeros((npos, _N_COLS), dtype=torch.float64)
-    table[:, _USER] = (pos_u + offset).to(torch.float64)
+    return collector._rsp_generator
+
+
+def _new_table(collector, pos_u: torch.Tensor, pos_i: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    table = torch.zeros((pos_u.shape[0], _N_COLS), dtype=torch.float64)
+    table[:, _USER] = (pos_u + getattr(collector, "_rsp_user_offset", 0)).to(torch.float64)
     table[:, _N_POS] = counts[pos_u].to(torch.float64)
     table[:, _ITEM] = pos_i.to(torch.float64)
-    uid_field = collector.config["USER_ID_FIELD"]
-    eval_data = getattr(collector, "_rsp_eval_data", None)
-    # full sort: one interaction row per user; sampled modes: k_u (1 + N) rows per user
-    if len(interaction) == b:
-        if uid_field in interaction.interaction:
-            table[:, _UID] = interaction[uid_field].cpu()[pos_u].to(torch.float64)
-        n_full = torch.isfinite(scores).sum(1)  # RecBole set padding and history items to -inf
-        n_irr = (n_full - counts + 1)[pos_u]
-        if settings.needs_exact or settings.side_by_side or settings.full_ranks:
-            r_full, r_irr = _exact_full_mode(scores, pos_u, pos_i, s_pos, counts, settings)
-            table[:, _R_FULL] = r_full
-            table[:, _R_IRR] = r_irr
-        if settings.m is not None:
-            table[:, _R_SAMPLED] = _simulate(scores, pos_u, pos_i, s_pos, settings, generator)
-            table[:, _M] = float(settings.m)
-    else:
-        neg_items, pos_rows, n_draws = _neg_layout(interaction, collector.config["ITEM_ID_FIELD"], pos_u, pos_i, counts)
-        s_neg = scores[pos_u.unsqueeze(1), neg_items]
-        table[:, _R_SAMPLED] = _sampled_from_scores(s_neg, s_pos, settings.ties, generator)
-        table[:, _M] = float(n_draws)
-        sampler = getattr(eval_data, "_sampler", None)
-        used = getattr(sampler, "used_ids", None)
-        if used is None:
-            raise RuntimeError(
-                "reco_sampled_plugin: sampled evaluation needs the evaluation dataloader's sampler (RecBole's "
-                "Trainer.evaluate passes it); evaluate through a RecBole Trainer"
-            )
-        uids = interaction[uid_field].cpu()[pos_rows].numpy()
-        table[:, _UID] = torch.as_tensor(uids, dtype=torch.float64)
-        n_used = torch.as_tensor(np.fromiter((len(used[u]) for u in uids), dtype=np.int64, count=len(uids)))
-        n_irr = scores.shape[1] - n_used  # item_num (padding included) minus the user's used items
-    table[:, _N_IRR] = n_irr.to(torch.float64)
-    collector._rsp_user_offset = offset + b
+    return table
+
+
+def _store(collector, table: torch.Tensor, n_users: int) -> None:
+    collector._rsp_user_offset = getattr(collector, "_rsp_user_offset", 0) + n_users
     collector.__dict__.setdefault("_rsp_tables", []).append(table)  # concatenated once, in get_data_struct
+
+
+def _flush(collector) -> None:
+    """Process the buffered full-sort batches as one batch (users stacked in arrival order)."""
+    buf = collector.__dict__.pop("_rsp_buffer", None)
+    collector._rsp_buffered = 0
+    if not buf:
+        return
+    settings = collector._rsp_settings_now
+    if len(buf) == 1:
+        scores, pos_u, pos_i, uids = buf[0]
+    else:
+        rows = torch.tensor([b[0].shape[0] for b in buf])
+        starts = torch.cumsum(rows, 0) - rows
+        scores = torch.cat([b[0] for b in buf])
+        pos_u = torch.cat([b[1] + int(st) for b, st in zip(buf, starts)])
+        pos_i = torch.cat([b[2] for b in buf])
+        uids = None if any(b[3] is None for b in buf) else torch.cat([b[3] for b in buf])
+    b = scores.shape[0]
+    counts = torch.bincount(pos_u, minlength=b)
+    s_pos = scores[pos_u, pos_i]
+    table = _new_table(collector, pos_u, pos_i, counts)
+    if uids is not None:
+        table[:, _UID] = uids[pos_u].to(torch.float64)
+    n_full = torch.isfinite(scores).sum(1)  # RecBole set padding and history items to -inf
+    table[:, _N_IRR] = (n_full - counts + 1)[pos_u].to(torch.float64)
+    if settings.needs_exact or settings.side_by_side or settings.full_ranks:
+        r_full, r_irr = _exact_full_mode(scores, pos_u, pos_i, s_pos, counts, settings)
+        table[:, _R_FULL] = r_full
+        table[:, _R_IRR] = r_irr
+    if settings.m is not None:
+        table[:, _R_SAMPLED] = _simulate(scores, pos_u, pos_i, s_pos, settings, _generator(collector, settings))
+        table[:, _M] = float(settings.m)
+    _store(collector, table, b)
+
+
+def _collect_sampled(collector, settings: _Settings, scores, interaction, pos_u, pos_i) -> None:
+    """uniN / popN batches: each positive's sampled rank against its own N negatives."""
+    b = scores.shape[0]
+    counts = torch.bincount(pos_u, minlength=b)
+    s_pos = scores[pos_u, pos_i]
+    table = _new_table(collector, pos_u, pos_i, counts)
+    neg_items, pos_rows, n_draws = _neg_layout(interaction, collector.config["ITEM_ID_FIELD"], pos_u, pos_i, counts)
+    s_neg = scores[pos_u.unsqueeze(1), neg_items]
+    table[:, _R_SAMPLED] = _sampled_from_scores(s_neg, s_pos, settings.ties, _generator(collector, settings))
+    table[:, _M] = float(n_draws)
+    sampler = getattr(getattr(collector, "_rsp_eval_data", None), "_sampler", None)
+    used = getattr(sampler, "used_ids", None)
+    if used is None:
+        raise RuntimeError(
+            "reco_sampled_plugin: sampled evaluation needs the evaluation dataloader's sampler (RecBole's "
+            "Trainer.evaluate passes it); evaluate through a RecBole Trainer"
+        )
+    uids = interaction[collector.config["USER_ID_FIELD"]].cpu()[pos_rows].numpy()
+    table[:, _UID] = torch.as_tensor(uids, dtype=torch.float64)
+    n_used = torch.as_tensor(np.fromiter((len(used[u]) for u in uids), dtype=np.int64, count=len(uids)))
+    table[:, _N_IRR] = (scores.shape[1] - n_used).to(torch.float64)  # item_num (padding included) minus used
+    _store(collector, table, b)
 
 
 # ---------------------------------------------------------------------------------------- metrics
@@ -792,6 +849,8 @@ def _wrap_collector() -> None:
             _collect(self, scores_tensor, interaction, positive_u, positive_i)
 
     def get_data_struct(self):
+        if self.__dict__.get("_rsp_buffer"):
+            _flush(self)
         tables = self.__dict__.pop("_rsp_tables", None)
         if tables:
             self.data_struct.set(PLUGIN_KEY, torch.cat(tables))
@@ -831,6 +890,8 @@ def _wrap_trainer() -> None:
             collector._rsp_generator = None
             collector._rsp_settings_now = None
             collector.__dict__.pop("_rsp_tables", None)
+            collector.__dict__.pop("_rsp_buffer", None)
+            collector._rsp_buffered = 0
         result = original(self, eval_data, *args, **kwargs)
         settings = _settings(self.config) if result else None
         writer = getattr(self, "tensorboard", None)

@@ -33,10 +33,13 @@ import math
 
 import numpy as np
 
-from ._rank_hist import RankHistogram, as_histogram, metric_at, pool_by_n
+import torch
+
+from ._rank_hist import RankHistogram, as_histogram, pool_by_n
 from .estimate import Estimate
 from .mapping import MAPPING_METHODS, mapping_estimate
 from .metric_names import parse_metric
+from .metrics import _metric_from_float_ranks
 from .rank_distribution import RANK_DISTRIBUTION_METHODS, estimate_rank_distribution
 
 __all__ = ["ESTIMATORS", "estimate", "EstimatorResult"]
@@ -53,9 +56,11 @@ EstimatorResult = Estimate
 
 def _metric_bounds(spec, hist: RankHistogram) -> tuple[float, float]:
     """[min, max] of M(r) over r in 1..n_g of every group (M is non-increasing in r)."""
-    lo = min(float(metric_at(spec, [int(n)], float(n))[0]) for n in np.unique(hist.n_items))
-    hi = max(float(metric_at(spec, [1], float(n))[0]) for n in np.unique(hist.n_items))
-    return lo, hi
+    ns = np.unique(hist.n_items).astype(np.float64)
+    n_t = torch.from_numpy(ns)
+    lo = _metric_from_float_ranks(spec, n_t, n_t).min()
+    hi = _metric_from_float_ranks(spec, torch.ones_like(n_t), n_t).max()
+    return float(lo), float(hi)
 
 
 def _result(value: float, stderr: float | None, n: float, details: dict, flags, bounds=None) -> Estimate:
