@@ -226,7 +226,7 @@ def pool_by_n(hist: RankHistogram, max_rel_n_spread: float | None) -> RankHistog
     the interpolated table (1 - t) T_{n_j} + t T_{n_j+1} for a positive with candidate count n, i.e. tables
     are built for the grid nodes only. Interpolation in 1/(n - 1), the scale of the sampled rank
     ((n - 1)/m exact ranks per sampled rank), makes the error second order in the spread; measured
-    errors are in docs/corrections.md. ``None`` returns ``hist`` unchanged. Total counts are preserved.
+    errors are in docs/estimators.md. ``None`` returns ``hist`` unchanged. Total counts are preserved.
     """
     s = check_spread(max_rel_n_spread)
     if s is None or hist.n_groups <= 1:

@@ -78,3 +78,62 @@ def test_issue_claim_bv_orders_every_pair_at_least_as_often(ml100k):
     for metric in METRICS:
         for pair, count_none in out["counts"][metric]["none"].items():
             assert out["counts"][metric]["bv:0.1"][pair] >= count_none, (metric, pair)
+
+
+@pytest.fixture(scope="module")
+def rank_distribution_runs(ml100k):
+    """m = 100, 20 repeats: HR@10 and NDCG@10 from the uncorrected metric and batched mle / mes fits."""
+    from reco_sampled_plugin._rank_hist import pool_by_n, sampled_rank_histogram
+    from reco_sampled_plugin.metrics import metric_values
+    from reco_sampled_plugin.rank_distribution import estimate_rank_distributions
+    from reco_sampled_plugin.simulate import draw_sampled_ranks
+
+    ranks, n, _ = ml100k
+    metrics, m, repeats = ["hit@10", "ndcg@10"], 100, 20
+    exact, est = {}, {"none": {}, "mle": {}, "mes": {}}
+    for i, (name, r) in enumerate(ranks.items()):
+        exact[name] = np.array([float(metric_values(mt, r, n).mean()) for mt in metrics])
+        draws = draw_sampled_ranks(r.numpy(), n.numpy(), m, repeats=repeats, seed=100 + i)
+        est["none"][name] = np.stack(
+            [[float(metric_values(mt, torch.as_tensor(d), m + 1).mean()) for mt in metrics] for d in draws]
+        )
+        hists = [pool_by_n(sampled_rank_histogram(d, n.numpy(), m), 0.1) for d in draws]
+        for method in ("mle", "mes"):
+            est[method][name] = np.stack([f.values(metrics) for f in estimate_rank_distributions(hists, method)])
+
+    def rel_err(method):  # (recommenders, metrics)
+        return np.array([np.mean(np.abs(est[method][k] - exact[k]) / exact[k], axis=0) for k in ranks])
+
+    def agreement(method):  # per (pair, metric) with exact values > 5% apart: share of repeats ordered right
+        out, names = [], list(ranks)
+        for a in range(len(names)):
+            for b in range(a + 1, len(names)):
+                ea, eb = exact[names[a]], exact[names[b]]
+                same = np.sign(est[method][names[a]] - est[method][names[b]]) == np.sign(ea - eb)
+                out.extend(same.mean(axis=0)[np.abs(ea - eb) / np.maximum(ea, eb) > 0.05])
+        return np.array(out)
+
+    best = min(("mle", "mes"), key=lambda mt: rel_err(mt).mean())
+    return best, rel_err, agreement
+
+
+def test_best_rank_distribution_estimator_beats_uncorrected(rank_distribution_runs):
+    """Issue 4 (docs/estimators.md; full table: benchmarks/accuracy_ml100k.py). At m = 100 the better of
+    mle / mes has a smaller mean relative error than the uncorrected sampled metric for HR@10 and NDCG@10
+    on every recommender; on ordering it fixes what the uncorrected metric gets wrong: every pair the
+    uncorrected metric orders wrongly in most repeats it orders rightly in most, and its worst pair is
+    better. (Its mean agreement is lower: see the xfail below.)"""
+    best, rel_err, agreement = rank_distribution_runs
+    assert np.all(rel_err(best) < rel_err("none")), (best, rel_err(best), rel_err("none"))
+    assert np.all(rel_err(best) < 0.5)  # the uncorrected metric is off by 300-600% here
+    ours, plain = agreement(best), agreement("none")
+    assert np.any(plain < 0.5)  # the case exists on this data (HR@10, ItemKNN q=3 vs q=1)
+    assert np.all(ours[plain < 0.5] > 0.5), (ours, plain)
+    assert ours.min() > plain.min()
+
+
+@pytest.mark.xfail(strict=True, reason="false on ml-100k: the uncorrected metric orders most pairs right "
+                   "every time (low variance), the estimators trade that for variance (docs/estimators.md)")
+def test_issue_claim_best_rank_distribution_orders_pairs_at_least_as_often(rank_distribution_runs):
+    best, _, agreement = rank_distribution_runs
+    assert agreement(best).mean() >= agreement("none").mean()
