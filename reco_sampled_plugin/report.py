@@ -19,7 +19,8 @@ def _fmt(v) -> str:
 
 
 def _estimator_labels(result: ReproduceResult) -> list[str]:
-    return list(result.config.methods) + [f"map:{m}" for m in result.config.mapping_methods]
+    cfg = result.config
+    return list(cfg.methods) + [f"map:{m}" for m in cfg.mapping_methods] + list(cfg.rank_dist_methods)
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
@@ -57,7 +58,9 @@ def _markdown(result: ReproduceResult, figures: dict[str, str]) -> str:
         f"Sampling: m = {cfg.n_samples}, {cfg.sampling}, {cfg.repeats} runs, seed {cfg.seed}.",
         "",
         "Estimators: `none` is the plain sampled metric; `rank_estimate`, `cls`, `bv:gamma` are Krichene & Rendle's "
-        "corrections (uniform prior); `map:bound` and `map:beta:1` are Li et al.'s mappings applied as tables.",
+        "corrections (uniform prior); `map:bound` and `map:beta:1` are Li et al.'s mappings applied as tables; "
+        "`mes` and `mle` estimate the rank distribution from each run's sampled ranks and read every metric from it "
+        "(docs/estimators.md compares them all).",
         "",
         "## Table 3: exact, expected sampled and corrected metrics (mean, and sd over runs)",
         "",
@@ -200,12 +203,13 @@ def write_report(result: ReproduceResult, out_dir: str | os.PathLike, plots: boo
 
 def summary_lines(result: ReproduceResult, metric: str = "recall@10") -> list[str]:
     """A short terminal summary: exact vs sampled vs corrected for one metric, and the ordering verdict."""
-    labels = ["none", "bv:0.1", "map:bound"]
-    lines = [f"{metric}: exact vs expected sampled (none) and corrected, m = {result.config.n_samples}"]
+    first = result.table3[0] if result.table3 else {}
+    labels = [lab for lab in ("none", "bv:0.1", "map:bound", "mes") if lab in first]
+    lines = [f"{metric}: exact vs expected sampled (none), corrected and estimated, m = {result.config.n_samples}"]
     lines.append(f"{'recommender':22}{'exact':>9}" + "".join(f"{lab:>12}" for lab in labels))
     for row in result.table3:
         if row["metric"] == metric:
-            lines.append(f"{row['recommender']:22}{row['exact']:9.4f}" + "".join(f"{row.get(lab, float('nan')):12.4f}" for lab in labels))
+            lines.append(f"{row['recommender']:22}{row['exact']:9.4f}" + "".join(f"{row[lab]:12.4f}" for lab in labels))
     v = ordering_verdicts(result, metric)
     if v["misordered_by_none"]:
         for p in v["misordered_by_none"]:

@@ -41,6 +41,7 @@ __all__ = ["ReproduceConfig", "ReproduceResult", "run_reproduce", "exact_ranks_f
 PAPER_METRICS = ("recall@10", "ndcg@10", "ap", "auc")
 PAPER_METHODS = ("none", "rank_estimate", "cls", "bv:1", "bv:0.1", "bv:0.01", "bv:0.001")
 MAPPING_METHODS = ("bound", "beta:1")
+RANK_DIST_METHODS = ("mes", "mle")
 
 
 @dataclass
@@ -55,6 +56,7 @@ class ReproduceConfig:
     metrics: Sequence[str] = PAPER_METRICS
     methods: Sequence[str] = PAPER_METHODS
     mapping_methods: Sequence[str] = MAPPING_METHODS
+    rank_dist_methods: Sequence[str] = RANK_DIST_METHODS  # fitted per run (batched EM / L-BFGS-B)
     m_grid: Sequence[int] = (10, 20, 50, 100, 200, 500, 1000)
     als_iterations: int = 20
     batch_size: int = 1024
@@ -148,6 +150,35 @@ def _mapping_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[dict
                 row[f"map:{label} sd"] = float(v.std())
             rows.append(row)
     return rows, run_means
+
+
+def _rank_dist_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[dict], dict]:
+    """Rank-distribution estimators (``mle``, ``mes``): one fit per run (histograms moved onto a 10% grid
+    of n, fits batched over the runs), every metric read from the fit; rows and per-run values as
+    :func:`_mapping_rows`."""
+    from ._rank_hist import pool_by_n, sampled_rank_histogram
+    from .rank_distribution import estimate_rank_distributions
+
+    metrics = list(cfg.metrics)
+    per_run: dict = {metric: {} for metric in metrics}
+    n_np = n_cand.numpy()
+    for name in ranks:
+        hists = [pool_by_n(sampled_rank_histogram(d, n_np, cfg.n_samples), 0.1) for d in draws[name].numpy()]
+        for method in cfg.rank_dist_methods:
+            fits = estimate_rank_distributions(hists, method, sampling=cfg.sampling)
+            values = torch.from_numpy(np.stack([f.values(metrics) for f in fits]))  # (runs, metrics)
+            for s, metric in enumerate(metrics):
+                per_run[metric].setdefault(method, {})[name] = values[:, s]
+    rows = []
+    for metric in metrics:
+        for name in ranks:
+            row = {"metric": metric, "recommender": name}
+            for method in cfg.rank_dist_methods:
+                v = per_run[metric][method][name]
+                row[method] = float(v.mean())
+                row[f"{method} sd"] = float(v.std())
+            rows.append(row)
+    return rows, per_run
 
 
 def _ordering_counts(exact: dict, run_means: dict) -> dict:
@@ -248,7 +279,7 @@ def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool = True, log
         raise ValueError(f"n_samples: m = {m} draws without replacement exceed some user's {int(n_cand.min()) - 1} irrelevant items")
 
     t = time.perf_counter()
-    bar = _progress(2, "tables 3 and 4", progress)
+    bar = _progress(3, "tables 3 and 4", progress)
     report = consistency_report(ranks, n_cand, m, cfg.metrics, cfg.methods, cfg.repeats, cfg.sampling, seed=cfg.seed)
     bar.update()
     names = list(ranks)
@@ -258,18 +289,22 @@ def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool = True, log
     }
     map_rows, map_runs = _mapping_rows(ranks, n_cand, cfg, draws)
     bar.update()
+    rd_rows, rd_runs = _rank_dist_rows(ranks, n_cand, cfg, draws)
+    bar.update()
     bar.close()
     table3 = report["table3"]
-    for row, extra in zip(table3, map_rows):
-        assert row["metric"] == extra["metric"] and row["recommender"] == extra["recommender"]
+    for row, extra, extra_rd in zip(table3, map_rows, rd_rows):
+        assert row["metric"] == extra["metric"] == extra_rd["metric"]
+        assert row["recommender"] == extra["recommender"] == extra_rd["recommender"]
         row.update({k: v for k, v in extra.items() if k not in ("metric", "recommender")})
+        row.update({k: v for k, v in extra_rd.items() if k not in ("metric", "recommender")})
     table4 = report["table4"]
     for row in table4:
         exact = {name: float(metric_values(row["metric"], ranks[name], n_cand).mean()) for name in names}
-        for label, runs in map_runs[row["metric"]].items():
+        for label, runs in list(map_runs[row["metric"]].items()) + list(rd_runs[row["metric"]].items()):
             row[label] = _ordering_counts(exact, runs)[row["pair"]]
     timings["tables"] = time.perf_counter() - t
-    say(f"tables 3 and 4: {len(cfg.metrics)} metrics x {len(cfg.methods) + len(cfg.mapping_methods)} estimators, "
+    say(f"tables 3 and 4: {len(cfg.metrics)} metrics x {len(cfg.methods) + len(cfg.mapping_methods) + len(cfg.rank_dist_methods)} estimators, "
         f"{cfg.repeats} sampling runs ({timings['tables']:.1f} s)")
 
     t = time.perf_counter()

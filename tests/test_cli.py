@@ -25,6 +25,8 @@ def small_run(tmp_path_factory):
 
 def test_reproduce_report_is_internally_consistent(small_run):
     result, out = small_run
+    header = next(line for line in (out / "report.md").read_text().splitlines() if line.startswith("| metric | recommender"))
+    assert header.rstrip(" |").endswith("| mes | mle")
     assert {p.name for p in out.iterdir()} >= {"report.md", "table3.csv", "table4.csv", "figure6.csv", "ranks.csv",
                                                "figure5_rank_distribution.png", "figure6_recall_vs_m.png", "mapping_shr_vs_hr.png"}
     with open(out / "ranks.csv") as fh:
@@ -41,6 +43,12 @@ def test_reproduce_report_is_internally_consistent(small_run):
         assert float(row["none"]) == pytest.approx(expected, abs=1e-10)
         # Monte Carlo sd over 30 runs of a mean over 943 users: positive and small
         assert 0 < float(row["none sd"]) < 0.05
+        # rank-distribution estimators, fitted per run: far closer to the exact value than the sampled
+        # metric (3-6x too large here), within a few of their own run-to-run sd plus 30% (docs/estimators.md)
+        for method in ("mes", "mle"):
+            value, sd = float(row[method]), float(row[f"{method} sd"])
+            assert abs(value - exact) < abs(float(row["none"]) - exact) / 2, (method, row)
+            assert 0 < sd < 0.05 and abs(value - exact) < 3 * sd + 0.3 * exact, (method, row)
     # the ranks really are exact ranks: the iALS HR@10 of the baselines' test (0.129)
     assert float(metric_values("recall@10", result.ranks["iALS"], n).mean()) == pytest.approx(0.1294, abs=5e-4)
 
