@@ -48,12 +48,15 @@ def get_backend() -> str:
 # --- kernels (pure tensor functions; compiled on demand) -------------------------------------------
 
 
+# The compiled kernels accumulate in int32 (counts are at most n < 2^31; `_run` checks): the generated
+# reduction vectorises over int32 lanes, about twice as fast on CPU as an int64 accumulator (measured
+# 21 vs 39 ms for 1,024 x 100,000 scores x 5 references). Callers get int64.
 def _kernel_gt(scores: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    return (scores.unsqueeze(1) > ref.unsqueeze(2)).sum(-1, dtype=torch.int64)
+    return (scores.unsqueeze(1) > ref.unsqueeze(2)).sum(-1, dtype=torch.int32)
 
 
 def _kernel_ge(scores: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    return (scores.unsqueeze(1) >= ref.unsqueeze(2)).sum(-1, dtype=torch.int64)
+    return (scores.unsqueeze(1) >= ref.unsqueeze(2)).sum(-1, dtype=torch.int32)
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
@@ -79,7 +82,7 @@ def _kernel_tied_before(scores: torch.Tensor, ref: torch.Tensor, ref_keys: torch
     keys = item_keys(cols.unsqueeze(0), row_seed)  # (B, n)
     tied = scores.unsqueeze(1) == ref.unsqueeze(2)
     before = keys.unsqueeze(1) < ref_keys.unsqueeze(2)
-    return (tied & before).sum(-1, dtype=torch.int64)
+    return (tied & before).sum(-1, dtype=torch.int32)
 
 
 _KERNELS: dict[str, Callable] = {
@@ -124,11 +127,11 @@ def _eager(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Ten
 def _run(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
     work = scores.shape[0] * scores.shape[1] * max(ref.shape[1], 1)
     use_compiled = _backend == "compiled" or (_backend == "auto" and work >= _COMPILE_MIN_WORK)
-    if use_compiled:
+    if use_compiled and scores.shape[1] < 2**31 - 1:  # int32 accumulators
         fn = _get_compiled(name)
         if fn is not None:
             try:
-                return fn(scores, ref, *extra)
+                return fn(scores, ref, *extra).to(torch.int64)
             except Exception as exc:  # compilation unavailable (no compiler, no triton...): fall back once
                 _compile_failed.add(name)
                 warnings.warn(
