@@ -19,10 +19,9 @@ from typing import Any, Mapping, NamedTuple
 import numpy as np
 import torch
 
-from reco_sampled_plugin._inputs import as_padded_index
-from reco_sampled_plugin._rank_hist import RankHistogram
-from reco_sampled_plugin.rank_distribution import _pool_groups
-from reco_sampled_plugin.ranking import _forbidden_sorted, _position_to_item, candidate_counts
+from reco_sampled_plugin import RankHistogram
+from reco_sampled_plugin.rank_distribution import pool_groups
+from reco_sampled_plugin.ranking import allowed_position_to_item, as_padded_index, candidate_counts, forbidden_sorted
 
 __all__ = [
     "RankingBatch",
@@ -149,7 +148,7 @@ def keyed_negatives(
     b, p = pos.shape
     m = n_samples
     device = pos.device
-    forb = _forbidden_sorted(pos, exc, n_items)
+    forb = forbidden_sorted(pos, exc, n_items)
     n_allowed = n_items - (forb < n_items).sum(1)
     if bool((n_allowed < (1 if replacement else m)).any()):
         need = "one irrelevant candidate" if replacement else f"m = {m} irrelevant candidates (no replacement)"
@@ -181,7 +180,7 @@ def keyed_negatives(
                 break
             dup = torch.zeros_like(dup_sorted).scatter(2, order, dup_sorted)
             pos_idx = torch.where(dup, positions(round_), pos_idx)
-    return _position_to_item(pos_idx, forb, n_items)
+    return allowed_position_to_item(pos_idx, forb, n_items)
 
 
 def keyed_sampled_ranks(
@@ -228,7 +227,7 @@ def histogram_from_rows(counts: np.ndarray, n_items: int, n_samples: int, max_gr
         tuple(np.array(counts[r], dtype=np.float64) for r in rows),
     )
     if max_groups is not None and hist.n_groups > max_groups:
-        hist, _ = _pool_groups(hist, max_groups)
+        hist, _ = pool_groups(hist, max_groups)
     return hist
 
 

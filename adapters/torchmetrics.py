@@ -33,7 +33,7 @@ from reco_sampled_plugin.estimate import Estimate
 from reco_sampled_plugin.estimators import ESTIMATORS, estimate
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_values
-from reco_sampled_plugin.ranking import _exact_ranks_prepared, candidate_counts
+from reco_sampled_plugin.ranking import exact_ranks_padded, candidate_counts
 
 from ._shared import (
     check_ties,
@@ -133,7 +133,7 @@ class ExactRankingMetrics(Metric):
         if not scores.is_floating_point() or scores.dim() != 2:
             raise ValueError(f"scores: expected a floating (B, n) matrix, got {tuple(scores.shape)} {scores.dtype}")
         _check_scores(scores, pos, self.check_finite)
-        ranks = _exact_ranks_prepared(scores, pos, exc, self.ties, self.count_other_positives)
+        ranks = exact_ranks_padded(scores, pos, exc, self.ties, self.count_other_positives)
         n = candidate_counts(scores.shape[1], pos, exc, self.count_other_positives)
         valid = pos >= 0
         k = _keep_mask(keep, scores.shape[0], scores.device)

@@ -49,7 +49,7 @@ import torch
 
 from ._checks import check_int
 from .metric_names import MetricSpec, parse_metric
-from .ranking import _check_ties, _exact_ranks_prepared, sampled_ranks
+from .ranking import _check_ties, exact_ranks_padded, sampled_ranks
 from .user_metrics import _SortedRanks, _values
 
 __all__ = ["evaluate_factors", "FactorEvaluation", "SampledEvaluation", "RECOMETRICS_METRICS"]
@@ -478,7 +478,7 @@ def evaluate_factors(
             nan_rows |= _all_tied(scores, torch.arange(b, device=dev), pos_scores)
             noise.uniform_(-1e-12, 1e-12, generator=gen)
             scores.add_(noise[:b])
-        ranks = _exact_ranks_prepared(scores, pos, None, ties, True, gen)
+        ranks = exact_ranks_padded(scores, pos, None, ties, True, gen)
         if not break_ties_with_noise:
             first = ranks[:, 0]
             if ties == "pessimistic":
@@ -535,7 +535,7 @@ def _single_item_ranks(scores, pos, ranks, ties, gen) -> torch.Tensor:
     """Exact rank of each test item among the irrelevant candidates and itself: the full rank minus the other
     test items that beat it (read from the same buffer, so bit-identical comparisons)."""
     if ties == "random":
-        return _exact_ranks_prepared(scores, pos, None, ties, False, gen)
+        return exact_ranks_padded(scores, pos, None, ties, False, gen)
     ps = scores.gather(1, pos.clamp(min=0))
     valid = pos >= 0
     other = valid.unsqueeze(1) & valid.unsqueeze(2) & ~torch.eye(pos.shape[1], dtype=torch.bool, device=pos.device)

@@ -29,11 +29,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 from scipy import special
 
-from ._rank_hist import RankHistogram, as_histogram, interval_mean_metric, interval_mean_metrics
+from ._rank_hist import RankHistogram, as_histogram, interval_mean_metrics
 from .metric_names import MetricSpec, parse_metric
 
 __all__ = [
@@ -267,34 +268,33 @@ def mapping_table(metric, n_items: int, n_samples: int, method: str = "bound", a
     """Per-sampled-rank estimate T[i - 1], i = 1..m+1: the mean of M over the global ranks (f(i-1), f(i)].
 
     With f(0) = 0 this is the piecewise-linear interpolation of the mapped points described in the module
-    docstring; for HR@K, sum_i h_i T_i / M equals SHR@k at K = f(k).
+    docstring; for HR@K, sum_i h_i T_i / M equals SHR@k at K = f(k). A fresh float64 array (tables are
+    cached by arguments).
     """
-    spec = parse_metric(metric)
-    n, m = _check_nm(n_items, n_samples)
-    if spec.k is not None and spec.k > n:
-        raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {n})")
-    f = _full_mapping(n, m, method, a)
-    edges = np.concatenate([[0.0], f])
-    if np.any(np.diff(edges) <= 0):
-        raise ValueError(
-            f"method {method!r}: the mapping is not strictly increasing (n_items - 1 = {n - 1} < n_samples = {m}?)"
-        )
-    return interval_mean_metric(spec, edges[:-1], edges[1:], n)
+    return mapping_tables([metric], n_items, n_samples, method, a)[0].copy()
 
 
 def mapping_tables(metrics, n_items: int, n_samples: int, method: str = "bound", a: float | None = None) -> np.ndarray:
-    """:func:`mapping_table` for several metrics from one mapping: float64 (len(metrics), m + 1)."""
-    specs = [parse_metric(mt) for mt in ([metrics] if isinstance(metrics, (str, MetricSpec)) else metrics)]
+    """:func:`mapping_table` for several metrics from one mapping: float64 (len(metrics), m + 1), read-only
+    (cached by arguments: the estimators reuse the tables of every (n, m) group across calls)."""
+    specs = tuple(parse_metric(mt) for mt in ([metrics] if isinstance(metrics, (str, MetricSpec)) else metrics))
     n, m = _check_nm(n_items, n_samples)
     for spec in specs:
         if spec.k is not None and spec.k > n:
             raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {n})")
+    return _mapping_tables(specs, n, m, method, None if a is None else float(a))
+
+
+@lru_cache(maxsize=1024)
+def _mapping_tables(specs: tuple, n: int, m: int, method: str, a: float | None) -> np.ndarray:
     edges = np.concatenate([[0.0], _full_mapping(n, m, method, a)])
     if np.any(np.diff(edges) <= 0):
         raise ValueError(
             f"method {method!r}: the mapping is not strictly increasing (n_items - 1 = {n - 1} < n_samples = {m}?)"
         )
-    return interval_mean_metrics(specs, edges[:-1], edges[1:], n)
+    out = interval_mean_metrics(specs, edges[:-1], edges[1:], n)
+    out.setflags(write=False)
+    return out
 
 
 @dataclass(frozen=True)

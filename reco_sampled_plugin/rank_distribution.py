@@ -67,6 +67,7 @@ __all__ = [
     "RankDistribution",
     "DistributionEstimate",
     "rank_grid",
+    "pool_groups",
     "estimate_rank_distribution",
     "estimate_rank_distributions",
     "simulate_sampled_ranks",
@@ -165,31 +166,40 @@ class _Model:
         return out.reshape(ratio.shape[:-2] + (-1,))
 
 
-def _pool_groups(hist: RankHistogram, max_groups: int, max_rel_n_spread: float | None = None) -> tuple[RankHistogram, bool]:
+def pool_groups(hist: RankHistogram, max_groups: int, max_rel_n_spread: float | None = None) -> tuple[RankHistogram, bool]:
+    """Fewer (n, m) groups for the likelihood: onto a geometric grid of n (``max_rel_n_spread``, see
+    :func:`~reco_sampled_plugin._rank_hist.pool_by_n`), or else, beyond ``max_groups`` groups, into
+    quantile bins of n (count-weighted median n per bin). Returns (histogram, whether it changed)."""
     if max_rel_n_spread is not None:
         pooled = pool_by_n(hist, max_rel_n_spread)
         return pooled, pooled.n_groups != hist.n_groups or bool(np.any(pooled.n_items != hist.n_items))
     if hist.n_groups <= max_groups:
         return hist, False
-    out: RankHistogram | None = None
-    for mval in np.unique(hist.n_samples):
+    sizes = np.unique(hist.n_samples)
+    bins = max(1, max_groups // len(sizes))
+    reps: dict[tuple[int, int], np.ndarray] = {}
+    for mval in sizes:  # one pass per sample size (a few), vectorised over the groups of that size
         idx = np.flatnonzero(hist.n_samples == mval)
-        n_m = hist.n_items[idx]
-        tot = hist.totals[idx]
-        bins = max(1, max_groups // len(np.unique(hist.n_samples)))
-        order = np.argsort(n_m)
-        cum = np.cumsum(tot[order]) / tot.sum()
+        order = idx[np.argsort(hist.n_items[idx], kind="stable")]
+        tot = hist.totals[order]
+        cum = np.cumsum(tot) / tot.sum()
         label = np.minimum((cum * bins - 1e-12).astype(np.int64), bins - 1)
+        stacked = np.stack([hist.counts[g] for g in order])
         for b in np.unique(label):
-            members = idx[order[label == b]]
-            w = hist.totals[members]
-            ns = hist.n_items[members]  # sorted ascending (members follow the order of n)
+            sel = label == b
+            w, ns = tot[sel], hist.n_items[order[sel]]  # ns ascending
             half = np.searchsorted(np.cumsum(w), 0.5 * w.sum()) if w.sum() > 0 else 0
             rep = max(int(ns[min(half, len(ns) - 1)]), int(mval) + 1)  # count-weighted median n of the bin
-            c = np.sum([hist.counts[g] for g in members], axis=0)
-            part = RankHistogram(np.array([rep]), np.array([mval]), (c,))
-            out = part if out is None else out.merge(part)
-    return out, True
+            key = (rep, int(mval))
+            c = stacked[sel].sum(axis=0)
+            reps[key] = reps[key] + c if key in reps else c
+    keys = sorted(reps)
+    pooled = RankHistogram(
+        np.array([k[0] for k in keys], dtype=np.int64),
+        np.array([k[1] for k in keys], dtype=np.int64),
+        tuple(reps[k] for k in keys),
+    )
+    return pooled, True
 
 
 @lru_cache(maxsize=32)
@@ -225,7 +235,7 @@ def _build_model(
     hist: RankHistogram, sampling: str, max_groups: int, delta: float, kappa: float, max_rel_n_spread=None
 ) -> _Model:
     law = check_law(sampling)
-    hist, pooled = _pool_groups(hist, max_groups, max_rel_n_spread)
+    hist, pooled = pool_groups(hist, max_groups, max_rel_n_spread)
     if law == "hypergeometric" and np.any(hist.n_samples > hist.n_items - 1):
         raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (n - 1 >= m)")
     base = _likelihood(
@@ -730,7 +740,7 @@ def estimate_rank_distributions(
     for h in hists:
         h.check_nonempty()
     spread = check_spread(max_rel_n_spread)
-    pooled = [_pool_groups(h, max_groups, spread) for h in hists]
+    pooled = [pool_groups(h, max_groups, spread) for h in hists]
     keys = {(tuple(p.n_items.tolist()), tuple(p.n_samples.tolist())) for p, _ in pooled}
     kw = dict(method=method, sampling=sampling, n_bootstrap=0, tol=tol, max_iter=max_iter, lam=lam,
               max_groups=max_groups, delta=delta, kappa=kappa, max_rel_n_spread=spread)

@@ -23,7 +23,18 @@ from ._checks import check_int, check_same_device
 from ._inputs import as_padded_index, check_scores
 from .counting import count_beating, count_tied_before, item_keys
 
-__all__ = ["TIES", "exact_ranks", "sampled_ranks", "candidate_counts", "SampledRanks"]
+__all__ = [
+    "TIES",
+    "exact_ranks",
+    "sampled_ranks",
+    "candidate_counts",
+    "SampledRanks",
+    # building blocks on validated, padded inputs (used by the adapters)
+    "as_padded_index",
+    "exact_ranks_padded",
+    "forbidden_sorted",
+    "allowed_position_to_item",
+]
 
 TIES = ("pessimistic", "optimistic", "average", "random")
 
@@ -127,11 +138,12 @@ def exact_ranks(
     """
     _check_ties(ties)
     scores, pos, exc = _prepare(scores, positives, exclude, check_finite)
-    return _exact_ranks_prepared(scores, pos, exc, ties, count_other_positives, generator)
+    return exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator)
 
 
-def _exact_ranks_prepared(scores, pos, exc, ties, count_other_positives=True, generator=None) -> torch.Tensor:
-    """:func:`exact_ranks` on validated inputs: padded (B, P) positives and (B, E) exclusions."""
+def exact_ranks_padded(scores, pos, exc, ties, count_other_positives=True, generator=None) -> torch.Tensor:
+    """:func:`exact_ranks` on validated inputs: (B, n) scores, padded (B, P) positives and (B, E)
+    exclusions (-1 padding, see :func:`as_padded_index`), no input checks; (B, P) 1-based ranks."""
     pos_scores, pos_valid = _gather_padded(scores, pos)
     removed = [exc] if exc is not None else []
     if not count_other_positives:
@@ -178,7 +190,9 @@ class SampledRanks(NamedTuple):
     negatives: torch.Tensor
 
 
-def _forbidden_sorted(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int) -> torch.Tensor:
+def forbidden_sorted(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int) -> torch.Tensor:
+    """Per row, the positives and excluded items (padded (B, P) / (B, E) indices, -1 padding) sorted
+    ascending, padding replaced by ``n_items`` (sorts last): the items a sampler must skip."""
     forb = pos if exc is None else torch.cat([pos, exc], dim=1)
     forb = torch.where(forb >= 0, forb, torch.full_like(forb, n_items))  # padding sorts last
     return torch.sort(forb, dim=1).values
@@ -192,8 +206,9 @@ def _uniform_positions(n_allowed: torch.Tensor, shape: tuple[int, ...], generato
     return torch.minimum((u * view).floor().to(torch.int64), view.to(torch.int64) - 1)
 
 
-def _position_to_item(positions: torch.Tensor, forb_sorted: torch.Tensor, n_items: int) -> torch.Tensor:
-    """Map the u-th allowed position to its item index, skipping the sorted forbidden items of the row."""
+def allowed_position_to_item(positions: torch.Tensor, forb_sorted: torch.Tensor, n_items: int) -> torch.Tensor:
+    """Map the u-th allowed position (0-based, (B, K)) to its item index, skipping the row's sorted
+    forbidden items (:func:`forbidden_sorted`): uniform positions become uniform irrelevant items."""
     b = positions.shape[0]
     q = forb_sorted.shape[1]
     if q == 0:
@@ -208,7 +223,7 @@ def _position_to_item(positions: torch.Tensor, forb_sorted: torch.Tensor, n_item
 
 def _draw_uniform(pos, exc, n_items, m, replacement, generator, device) -> torch.Tensor:
     b, p = pos.shape
-    forb = _forbidden_sorted(pos, exc, n_items)
+    forb = forbidden_sorted(pos, exc, n_items)
     n_allowed = n_items - (forb < n_items).sum(1)
     if not replacement:
         too_few = n_allowed < m
@@ -222,7 +237,7 @@ def _draw_uniform(pos, exc, n_items, m, replacement, generator, device) -> torch
     positions = _uniform_positions(n_allowed, (b, p, m), generator, device)
     if not replacement:
         positions = _make_distinct(positions, n_allowed, generator, device)
-    return _position_to_item(positions, forb, n_items)
+    return allowed_position_to_item(positions, forb, n_items)
 
 
 def _make_distinct(positions: torch.Tensor, n_allowed: torch.Tensor, generator, device) -> torch.Tensor:

@@ -31,7 +31,7 @@ import torch
 
 from ._checks import as_tensor
 from .metric_names import MetricSpec, parse_metric
-from .ranking import _check_ties, _exact_ranks_prepared, _prepare, candidate_counts
+from .ranking import _check_ties, exact_ranks_padded, _prepare, candidate_counts
 
 __all__ = ["user_metric_values", "per_user_metrics", "mean_metrics", "DEFAULT_METRICS"]
 
@@ -203,7 +203,7 @@ def per_user_metrics(
     for spec in specs:
         if spec.k is not None and spec.k > n:
             raise ValueError(f"metrics: k = {spec.k} in {str(spec)!r} is larger than the candidate list ({n} items)")
-    ranks = _exact_ranks_prepared(scores, pos, exc, ties, True, generator)
+    ranks = exact_ranks_padded(scores, pos, exc, ties, True, generator)
     n_cand = candidate_counts(n, pos, exc)
     rel = None
     if relevance is not None:

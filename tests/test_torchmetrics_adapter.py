@@ -20,7 +20,7 @@ from reco_sampled_plugin.adapters._shared import (  # noqa: E402
 )
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
 from reco_sampled_plugin.estimate import Estimate  # noqa: E402
-from reco_sampled_plugin.rank_distribution import _pool_groups  # noqa: E402
+from reco_sampled_plugin.rank_distribution import pool_groups  # noqa: E402
 
 METRICS = ("ndcg@10", "recall@5", "rr", "auc")  # canonical names (keys of the results)
 
@@ -93,7 +93,7 @@ def test_sampled_metric_equals_functional_core():
     # pooled n groups: the same as the core estimator on the core's pooled histogram
     pooled = SampledRankingMetrics(METRICS, n_samples=30, estimators=("bv", "cls"), max_n_groups=8)
     _loop(pooled, _batches(scores, pos, exc, 16))
-    ph = _pool_groups(sampled_rank_histogram(ranks, n_cand.unsqueeze(1), 30), 8)[0]
+    ph = pool_groups(sampled_rank_histogram(ranks, n_cand.unsqueeze(1), 30), 8)[0]
     for name in METRICS:
         for method in ("bv", "cls"):
             assert float(pooled.compute()[f"{name}/{method}"]) == pytest.approx(estimate(name, ph, method=method).value, abs=1e-12)
