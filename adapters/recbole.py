@@ -82,7 +82,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_n_grid": 0.01,  # relative grid the candidate counts n are rounded to (0: exact per-user n)
     "rsp_side_by_side": True,  # also report <name>_sampled (and <name>_exact in full mode)
     "rsp_stderr": False,  # also report <name>_stderr
-    "rsp_full_ranks": False,  # full mode: exact ranks of every positive (default: only the top ranks)
+    "rsp_full_ranks": False,  # full mode: exact ranks of every positive (else top ranks, unless rsp_m counts them all)
     "rsp_tensorboard": True,  # write the plugin's values to RecBole's TensorBoard writer
 }
 
@@ -435,6 +435,48 @@ def _exact_full_mode(scores, pos_u, pos_i, s_pos, counts, settings: _Settings):
     return r_full, r_irr
 
 
+# full-mode counts per positive by one compiled compare-and-count over each user's row against the user's
+# padded positives: B x n x max|T_u| comparisons. Used when max|T_u| is at most this (else topk + draws).
+_PADDED_MAX_POSITIVES = 256
+
+
+def _padded_full_counts(scores, pos_u, s_pos, counts, ties: str):
+    """#(items scoring >= / > each positive) over the user's whole row (the positive itself included in
+    ``ge``), from one compiled count against the (B, max |T_u|) padded positives; ``gt`` is None for
+    pessimistic ties (not needed)."""
+    from reco_sampled_plugin.counting import count_beating
+
+    b = scores.shape[0]
+    starts = torch.cumsum(counts, 0) - counts
+    slot = torch.arange(pos_u.shape[0]) - starts[pos_u]
+    ref = torch.full((b, max(int(counts.max()), 1)), math.inf, dtype=scores.dtype)
+    ref[pos_u, slot] = s_pos
+    ge = count_beating(scores, ref, inclusive=True)[pos_u, slot]
+    gt = None if ties == "pessimistic" else count_beating(scores, ref, inclusive=False)[pos_u, slot]
+    return ge, gt
+
+
+def _binomial_sampled(ge_irr, gt_irr, n_irr_items, m: int, ties: str, generator: torch.Generator) -> torch.Tensor:
+    """Sampled ranks of uniform sampling with replacement drawn from the exact counts: each of the m draws
+    is an irrelevant item scoring >= the positive with probability ge_irr / N (N irrelevant candidates), so
+    r~ = 1 + Binomial(m, ge_irr / N) (pessimistic), 1 + Binomial(m, gt_irr / N) (optimistic); ``average``
+    splits the draws into above / tied / below and places the positive uniformly among the tied ones, as
+    :func:`_sampled_from_scores` does with drawn items. Same law as drawing items, ~1e4 draws instead of 1e6."""
+    n_items = n_irr_items.to(torch.float64).clamp(min=1.0)
+    trials = torch.full_like(n_items, float(m))
+    if ties == "pessimistic":
+        return 1.0 + torch.binomial(trials, (ge_irr.to(torch.float64) / n_items).clamp(0.0, 1.0), generator=generator)
+    gt = gt_irr.to(torch.float64)
+    above = torch.binomial(trials, (gt / n_items).clamp(0.0, 1.0), generator=generator)
+    if ties == "optimistic":
+        return above + 1.0
+    eq = (ge_irr.to(torch.float64) - gt).clamp(min=0.0)
+    rest = (n_items - gt).clamp(min=1.0)
+    tied = torch.binomial(trials - above, (eq / rest).clamp(0.0, 1.0), generator=generator)
+    u = torch.rand(tied.shape, generator=generator, dtype=torch.float64)
+    return above + 1.0 + torch.floor(u * (tied + 1.0))
+
+
 def _simulate(scores, pos_u, pos_i, s_pos, settings: _Settings, generator: torch.Generator):
     """Draw m irrelevant items per positive among the user's candidates (finite scores, not a positive of
     the user) and return the sampled ranks."""
@@ -583,12 +625,25 @@ def _flush(collector) -> None:
     if uids is not None:
         table[:, _UID] = uids[pos_u].to(torch.float64)
     n_full = torch.isfinite(scores).sum(1)  # RecBole set padding and history items to -inf
-    table[:, _N_IRR] = (n_full - counts + 1)[pos_u].to(torch.float64)
-    if settings.needs_exact or settings.side_by_side or settings.full_ranks:
+    n_irr = (n_full - counts + 1)[pos_u]
+    table[:, _N_IRR] = n_irr.to(torch.float64)
+    padded = int(counts.max()) <= _PADDED_MAX_POSITIVES and (settings.full_ranks or (settings.m is not None and settings.replacement))
+    if padded:  # exact ranks of every positive, and sampled ranks drawn from them
+        ge, gt = _padded_full_counts(scores, pos_u, s_pos, counts, settings.ties)
+        other_ge, other_gt = _other_positive_counts(pos_u, s_pos, counts)
+        table[:, _R_FULL] = _ranks_from_counts(ge, ge if gt is None else gt, settings.ties)
+        table[:, _R_IRR] = _ranks_from_counts(ge - other_ge, ge - other_ge if gt is None else gt - other_gt, settings.ties)
+        if settings.m is not None and settings.replacement:
+            ge_irr = ge - 1 - other_ge  # irrelevant candidates scoring >= the positive
+            gt_irr = None if gt is None else gt - other_gt
+            table[:, _R_SAMPLED] = _binomial_sampled(ge_irr, gt_irr, n_irr - 1, int(settings.m), settings.ties,
+                                                     _generator(collector, settings))
+            table[:, _M] = float(settings.m)
+    elif settings.needs_exact or settings.side_by_side or settings.full_ranks:
         r_full, r_irr = _exact_full_mode(scores, pos_u, pos_i, s_pos, counts, settings)
         table[:, _R_FULL] = r_full
         table[:, _R_IRR] = r_irr
-    if settings.m is not None:
+    if settings.m is not None and not (padded and settings.replacement):
         table[:, _R_SAMPLED] = _simulate(scores, pos_u, pos_i, s_pos, settings, _generator(collector, settings))
         table[:, _M] = float(settings.m)
     _store(collector, table, b)

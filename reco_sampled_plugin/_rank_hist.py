@@ -55,18 +55,28 @@ class RankHistogram:
         counts = tuple(np.asarray(c, dtype=np.float64).reshape(-1) for c in self.counts)
         if not (len(n) == len(m) == len(counts)):
             raise ValueError("RankHistogram: n_items, n_samples and counts need one entry per group")
-        for g, (ng, mg, cg) in enumerate(zip(n, m, counts)):
-            if mg < 1:
-                raise ValueError(f"n_samples: must be >= 1, got {mg} in group {g}")
-            if ng < 2:
-                raise ValueError(f"n_items: need at least 2 candidates, got {ng} in group {g}")
-            if cg.shape != (mg + 1,):
-                raise ValueError(f"counts: group {g} has m = {mg} and needs {mg + 1} counts, got {cg.shape[0]}")
-            if not np.all(np.isfinite(cg)) or np.any(cg < 0):
-                raise ValueError(f"counts: group {g} has negative or non-finite counts")
+        if len(n):  # vectorised checks; the first offending group is named
+            sizes = np.fromiter((c.shape[0] for c in counts), dtype=np.int64, count=len(counts))
+            flat = np.concatenate(counts) if counts else np.zeros(0)
+            bad_count = ~np.isfinite(flat) | (flat < 0)
+            owner = np.repeat(np.arange(len(n)), sizes)
+            for mask, msg in (
+                (m < 1, lambda g: f"n_samples: must be >= 1, got {m[g]} in group {g}"),
+                (n < 2, lambda g: f"n_items: need at least 2 candidates, got {n[g]} in group {g}"),
+                (sizes != m + 1, lambda g: f"counts: group {g} has m = {m[g]} and needs {m[g] + 1} counts, got {sizes[g]}"),
+            ):
+                if mask.any():
+                    raise ValueError(msg(int(np.flatnonzero(mask)[0])))
+            if bad_count.any():
+                raise ValueError(f"counts: group {int(owner[np.flatnonzero(bad_count)[0]])} has negative or non-finite counts")
+            totals = np.add.reduceat(flat, np.concatenate([[0], np.cumsum(sizes)[:-1]])) if flat.size else np.zeros(len(n))
+        else:
+            totals = np.zeros(0)
+        totals.setflags(write=False)
         object.__setattr__(self, "n_items", n)
         object.__setattr__(self, "n_samples", m)
         object.__setattr__(self, "counts", counts)
+        object.__setattr__(self, "_totals", totals)
 
     @property
     def n_groups(self) -> int:
@@ -74,8 +84,8 @@ class RankHistogram:
 
     @property
     def totals(self) -> np.ndarray:
-        """(G,) total count per group."""
-        return np.array([c.sum() for c in self.counts], dtype=np.float64)
+        """(G,) total count per group (computed once; read-only)."""
+        return self._totals
 
     @property
     def total(self) -> float:

@@ -84,9 +84,12 @@ def _merge_flags(flags, extra) -> tuple:
 
 
 def _table_estimate(hist: RankHistogram, tables: list[np.ndarray]) -> tuple[float, float]:
+    """Mean of the per-positive table values T_g[r~] and its standard error, over all groups at once."""
     total = hist.total
-    value = sum(float(np.dot(c, t)) for c, t in zip(hist.counts, tables)) / total
-    ss = sum(float(np.dot(c, (t - value) ** 2)) for c, t in zip(hist.counts, tables))
+    counts = np.concatenate(hist.counts)
+    values = np.concatenate(tables)
+    value = float(counts @ values) / total
+    ss = float(counts @ (values - value) ** 2)
     return value, (math.sqrt(ss / (total * (total - 1.0))) if total > 1 else math.inf)
 
 
@@ -95,11 +98,11 @@ def _correction(spec, hist: RankHistogram, method: str, sampling: str, gamma: fl
         from . import corrections
     except ImportError as exc:  # pragma: no cover - the corrections module ships with the package
         raise ValueError(f"method {method!r}: the corrections module is not available ({exc})") from None
-    tables = []
-    for n, m in zip(hist.n_items, hist.n_samples):  # one table per (n, m) group, cached by corrections
-        p = prior if prior_for_n is None else prior_for_n(int(n))
-        t = corrections.correction_table(spec, int(n), int(m), method, gamma, sampling, p, rounding=rounding)
-        tables.append(t.cpu().numpy())
+    tables = [  # one table per (n, m) group, cached (read-only) by the corrections module
+        corrections._table_numpy(spec, int(n), int(m), method, gamma, sampling,
+                                 prior if prior_for_n is None else prior_for_n(int(n)), rounding)
+        for n, m in zip(hist.n_items, hist.n_samples)
+    ]
     return _table_estimate(hist, tables)
 
 

@@ -283,3 +283,42 @@ def test_buffered_flushes_give_the_same_table(bpr, monkeypatch):
     a, b = small["sampled_rank"].numpy() - 1, default["sampled_rank"].numpy() - 1
     se = np.sqrt(a.var() / a.size + b.var() / b.size)
     assert abs(a.mean() - b.mean()) < 4 * se
+
+
+@pytest.mark.parametrize("ties", ["pessimistic", "average"])
+def test_binomial_sampling_matches_item_draws(bpr, monkeypatch, ties):
+    """Full mode with replacement draws each sampled rank from the exact counts (1 + Binomial(m, p)) instead
+    of drawing m items: same ranks where both are exact, and the sampled ranks follow the law of the item
+    draws (checked against the exact expectation m p and against the item-draw path)."""
+    config, _, _, test = _prepare("BPR", {"metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10",
+                                          "rsp_m": 100, "rsp_ties": ties})
+    trainer = Trainer(config, bpr["model"])
+    binom = rb.positive_table(_evaluate(trainer, test)[1])
+    monkeypatch.setattr(rb, "_PADDED_MAX_POSITIVES", 0)  # topk for exact ranks, m drawn items per positive
+    items = rb.positive_table(_evaluate(trainer, test)[1])
+    known = items["rank_irrelevant"] > 0  # the topk path knows ranks up to max(topk) only
+    assert int(known.sum()) > 100 and bool((binom["rank_irrelevant"] >= 1).all())
+    np.testing.assert_array_equal(binom["rank_irrelevant"][known].numpy(), items["rank_irrelevant"][known].numpy())
+    np.testing.assert_array_equal(binom["n_candidates"].numpy(), items["n_candidates"].numpy())
+    m = 100.0
+    p = ((binom["rank_irrelevant"] - 1) / (binom["n_candidates"] - 1)).numpy()  # average ties: mean position
+    for table in (binom, items):
+        hits = table["sampled_rank"].numpy() - 1
+        se = np.sqrt(np.sum(m * p * (1 - p)) + (hits.size / 4 if ties == "average" else 0.0))  # + tie placement
+        assert abs(hits.sum() - m * p.sum()) < 4 * se, (ties, hits.sum(), m * p.sum(), se)
+        # deterministic ends: nothing irrelevant above -> r~ = 1; everything above -> r~ = m + 1
+        top = table["rank_irrelevant"] == 1
+        assert int(top.sum()) > 0 and bool((table["sampled_rank"][top] == 1).all())
+
+
+def test_binomial_sampled_law():
+    """1 + Binomial(m, ge/N) per positive (pessimistic), gt/N (optimistic), average between them."""
+    g = torch.Generator().manual_seed(0)
+    n = torch.full((200_000,), 1000)
+    ge, gt = torch.full((200_000,), 300), torch.full((200_000,), 200)
+    for ties, p in (("pessimistic", 0.3), ("optimistic", 0.2), ("average", 0.25)):
+        r = rb._binomial_sampled(ge, gt, n, 50, ties, g)
+        assert abs(float(r.mean()) - (1 + 50 * p)) < 4 * math.sqrt(50 * 0.3 * 0.7 / 200_000) + 1e-3, ties
+        assert int(r.min()) >= 1 and int(r.max()) <= 51
+    assert bool((rb._binomial_sampled(torch.zeros(5), None, torch.full((5,), 10), 7, "pessimistic", g) == 1).all())
+    assert bool((rb._binomial_sampled(torch.full((5,), 10), None, torch.full((5,), 10), 7, "pessimistic", g) == 8).all())
