@@ -89,7 +89,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
             raise ValueError("--n-items: required with NCF files (the candidates each user's negatives came from)")
         data = read_ncf(args.ncf_rating, args.ncf_negative, args.scores, args.n_items)
     metrics = args.metric or ["recall@10", "ndcg@10"]
-    methods = args.method or ["none", "bv", "mle"]
+    methods = args.method or ["none", "bv", "mes"]
     print(f"{len(data.ranks):,} sampled ranks; n {int(data.n_items.min()):,}..{int(data.n_items.max()):,}; m {int(data.n_samples.min())}..{int(data.n_samples.max())}")
     print(f"{'metric':12}{'method':14}{'estimate':>11}{'stderr':>10}  flags")
     for metric in metrics:
@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--n-items", type=int, help="candidates n when the file has no such column")
     est.add_argument("--n-samples", "-m", type=int, help="sampled items m when the file has no such column")
     est.add_argument("--metric", action="append", help="metric (repeatable; default recall@10 and ndcg@10)")
-    est.add_argument("--method", action="append", help="estimator (repeatable; default none, bv, mle)")
+    est.add_argument("--method", action="append", help="estimator (repeatable; default none, bv, mes)")
     est.add_argument("--gamma", type=float, default=0.1)
     est.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial")
     est.add_argument("--ncf-rating", help="NCF .test.rating file")
