@@ -686,7 +686,10 @@ def estimate_rank_distribution(
         draws = rng.multinomial(int(round(total)), flat / total, size=B).astype(np.float64)
         draws = draws.reshape((B,) + model.counts.shape)
         if method == "mle":
-            start = np.broadcast_to(pi, (B, len(pi)))
+            # each replicate repeats the whole procedure from the same uniform start and stopping rule:
+            # the EM stops well before the NPMLE (which overfits), so its result depends on where it starts,
+            # and replicates warm-started at the fit would stop at once and understate the spread
+            start = np.broadcast_to(pi0, (B, len(pi)))
             boot, _, _, _ = _em(model, start, draws, tol, max_iter)
         else:
             boot = np.stack([_mes_fit(model, draws[b], lam_used, pi, tol, max_iter)[0] for b in range(B)])

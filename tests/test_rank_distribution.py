@@ -222,3 +222,22 @@ def test_bv_with_mle_prior_on_many_candidate_counts():
     assert np.isfinite(res.value) and np.isfinite(res.stderr)
     # the sampling noise of HR@50 itself is sqrt(p (1 - p) / 4000) ~ 0.007; bias of bv stays within a few of it
     assert abs(res.value - truth) < 5 * res.stderr + 0.01
+
+
+def test_mle_bootstrap_stderr_is_calibrated():
+    """Over 30 independent samplings the bootstrap standard error of mle matches the actual spread of the
+    estimates (each replicate reruns the whole early-stopped EM from the uniform start). The sd of 30
+    values has a relative standard error of ~13%, so the ratio must lie in 0.6..1.6 (3-4 sigma)."""
+    rng = np.random.default_rng(1)
+    n, m = 2000, 100
+    exact = torch.as_tensor(np.clip(np.ceil(rng.beta(0.5, 4.0, size=5000) * n).astype(np.int64), 1, n))
+    values, ses = [], []
+    for rep in range(30):
+        s = simulate_sampled_ranks(exact, n, m, generator=torch.Generator().manual_seed(rep))
+        r = estimate_rank_distribution(s, n, m, method="mle", n_bootstrap=32, seed=rep).metric("hit@100")
+        values.append(r.value)
+        ses.append(r.stderr)
+    ratio = float(np.mean(ses)) / float(np.std(values, ddof=1))
+    assert 0.6 < ratio < 1.6, ratio
+    truth = float((exact <= 100).double().mean())
+    assert abs(np.mean(values) - truth) < 3 * np.std(values, ddof=1) / np.sqrt(30) + 0.01
