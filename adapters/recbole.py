@@ -75,7 +75,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_prior": "uniform",  # ls/cls/bv prior: uniform, mle (bv only), or [beta, a]
     "rsp_mapping": "bound",  # Mapped*: linear, bound, beta, beta_fit
     "rsp_mapping_a": None,  # Mapped* with beta: the Beta shape a (default 1); beta_fit: the start value
-    "rsp_rank_dist": "mle",  # RankDist*: mle, mes
+    "rsp_rank_dist": "mes",  # RankDist*: mes (default: more accurate, docs/estimators.md) or mle
     "rsp_bootstrap": 8,  # RankDist*: bootstrap replicates for the standard error (>= 2)
     "rsp_weighting": "user",  # user: each user counts once (weight 1/|T_u|, as RecBole averages); item
     "rsp_ties": "pessimistic",  # pessimistic, optimistic, average

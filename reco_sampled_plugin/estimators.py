@@ -111,7 +111,7 @@ def estimate(
     sampled_ranks,
     n_items=None,
     n_samples=None,
-    method: str = "mle",
+    method: str = "mes",
     *,
     sampling: str = "binomial",
     weights=None,
@@ -130,7 +130,8 @@ def estimate(
             :class:`~reco_sampled_plugin._rank_hist.RankHistogram`.
         n_items: n, candidates per instance (int or per-positive values).
         n_samples: m, sampled irrelevant items (int or per-positive values, e.g. from adaptive sampling).
-        method: one of :data:`ESTIMATORS` (see the module docstring).
+        method: one of :data:`ESTIMATORS` (see the module docstring); default ``mes``, the most accurate
+            rank-distribution estimator on ml-100k (docs/estimators.md).
         sampling: ``"binomial"`` (with replacement) or ``"hypergeometric"`` (rank-distribution and
             correction methods; the mapping functions assume neither).
         weights: optional per-positive weights.
