@@ -58,7 +58,8 @@ def _markdown(result: ReproduceResult, figures: dict[str, str]) -> str:
         f"Sampling: m = {cfg.n_samples}, {cfg.sampling}, {cfg.repeats} runs, seed {cfg.seed}.",
         "",
         "Estimators: `none` is the plain sampled metric; `rank_estimate`, `cls`, `bv:gamma` are Krichene & Rendle's "
-        "corrections (uniform prior); `map:bound` and `map:beta:1` are Li et al.'s mappings applied as tables; "
+        "corrections (uniform prior); `map:linear`, `map:bound` and `map:beta:1` are Li et al.'s mappings applied as "
+        "tables, `map:beta_fit` fits a per run (eq. 19); "
         "`mes` and `mle` estimate the rank distribution from each run's sampled ranks and read every metric from it "
         "(docs/estimators.md compares them all).",
         "",

@@ -30,7 +30,7 @@ import torch
 from .consistency import consistency_report
 from .corrections import expected_corrected
 from .datasets import binarize, leave_last_out, load_interactions, ml100k_path
-from .mapping import mapping, mapping_table
+from .mapping import mapping, mapping_table, mapping_tables
 from .metrics import metric_values
 from .ranking import exact_ranks
 from .sampling_laws import expected_sampled
@@ -40,7 +40,7 @@ __all__ = ["ReproduceConfig", "ReproduceResult", "run_reproduce", "exact_ranks_f
 
 PAPER_METRICS = ("recall@10", "ndcg@10", "ap", "auc")
 PAPER_METHODS = ("none", "rank_estimate", "cls", "bv:1", "bv:0.1", "bv:0.01", "bv:0.001")
-MAPPING_METHODS = ("bound", "beta:1")
+MAPPING_METHODS = ("linear", "bound", "beta:1", "beta_fit")
 RANK_DIST_METHODS = ("mes", "mle")
 
 
@@ -130,9 +130,14 @@ def _mapping_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[dict
     rows: list[dict] = []
     run_means: dict = {}
     uniq, inverse = torch.unique(n_cand, return_inverse=True)
+    if "beta_fit" in cfg.mapping_methods:  # a fitted per run (eq. 19): tables on the 10% grid of n
+        fitted = _beta_fit_runs(ranks, n_cand, cfg, draws)
     for metric in cfg.metrics:
         run_means[metric] = {}
         for label in cfg.mapping_methods:
+            if label == "beta_fit":
+                run_means[metric]["map:beta_fit"] = {name: fitted[name][:, list(cfg.metrics).index(metric)] for name in ranks}
+                continue
             method, _, arg = label.partition(":")
             a = float(arg) if arg else None
             tables = torch.from_numpy(
@@ -150,6 +155,25 @@ def _mapping_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[dict
                 row[f"map:{label} sd"] = float(v.std())
             rows.append(row)
     return rows, run_means
+
+
+def _beta_fit_runs(ranks, n_cand, cfg: ReproduceConfig, draws) -> dict:
+    """Li et al.'s ``beta_fit`` per run: a from the run's sampled ranks (eq. 19), then the Beta mapping tables
+    of every metric on the 10% grid of n (``pool_by_n``); returns recommender -> (runs, metrics) values."""
+    from ._rank_hist import pool_by_n, sampled_rank_histogram
+    from .mapping import fit_beta
+
+    n_np = n_cand.numpy()
+    out = {}
+    for name in ranks:
+        values = []
+        for d in draws[name].numpy():
+            hist = pool_by_n(sampled_rank_histogram(d, n_np, cfg.n_samples), 0.1)
+            a = fit_beta(hist).a
+            tables = [mapping_tables(list(cfg.metrics), int(n), cfg.n_samples, "beta", a) for n in hist.n_items]
+            values.append(sum(t @ c for t, c in zip(tables, hist.counts)) / hist.total)
+        out[name] = torch.from_numpy(np.stack(values))
+    return out
 
 
 def _rank_dist_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[dict], dict]:

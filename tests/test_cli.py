@@ -17,7 +17,7 @@ from reco_sampled_plugin.reproduce import ReproduceConfig, run_reproduce
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     cfg = ReproduceConfig(metrics=("recall@10", "ndcg@10"), methods=("none", "bv:0.1"), repeats=30,
-                          m_grid=(10, 100), mapping_methods=("bound",))
+                          m_grid=(10, 100), mapping_methods=("bound", "beta_fit"))
     result = run_reproduce(cfg, progress=False)
     out = write_report(result, tmp_path_factory.mktemp("report"))
     return result, out
@@ -45,7 +45,7 @@ def test_reproduce_report_is_internally_consistent(small_run):
         assert 0 < float(row["none sd"]) < 0.05
         # rank-distribution estimators, fitted per run: far closer to the exact value than the sampled
         # metric (3-6x too large here), within a few of their own run-to-run sd plus 30% (docs/estimators.md)
-        for method in ("mes", "mle"):
+        for method in ("mes", "mle", "map:beta_fit"):
             value, sd = float(row[method]), float(row[f"{method} sd"])
             assert abs(value - exact) < abs(float(row["none"]) - exact) / 2, (method, row)
             assert 0 < sd < 0.05 and abs(value - exact) < 3 * sd + 0.3 * exact, (method, row)
