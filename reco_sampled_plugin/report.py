@@ -60,7 +60,8 @@ def _markdown(result: ReproduceResult, figures: dict[str, str]) -> str:
         "Estimators: `none` is the plain sampled metric; `rank_estimate`, `cls`, `bv:gamma` are Krichene & Rendle's "
         "corrections (uniform prior); `map:linear`, `map:bound` and `map:beta:1` are Li et al.'s mappings applied as "
         "tables, `map:beta_fit` fits a per run (eq. 19); "
-        "`mes` and `mle` estimate the rank distribution from each run's sampled ranks and read every metric from it "
+        "`mes` and `mle` estimate the rank distribution from each run's sampled ranks and read every metric from it, "
+        "`bv_mle` is `bv` (gamma = 0.1) with that run's `mle` fit as prior "
         "(docs/estimators.md compares them all).",
         "",
         "## Table 3: exact, expected sampled and corrected metrics (mean, and sd over runs)",

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from .consistency import consistency_report
-from .corrections import expected_corrected
+from .corrections import correction_tables, expected_corrected
 from .datasets import binarize, leave_last_out, load_interactions, ml100k_path
 from .mapping import mapping, mapping_table, mapping_tables
 from .metrics import metric_values
@@ -41,7 +41,7 @@ __all__ = ["ReproduceConfig", "ReproduceResult", "run_reproduce", "exact_ranks_f
 PAPER_METRICS = ("recall@10", "ndcg@10", "ap", "auc")
 PAPER_METHODS = ("none", "rank_estimate", "cls", "bv:1", "bv:0.1", "bv:0.01", "bv:0.001")
 MAPPING_METHODS = ("linear", "bound", "beta:1", "beta_fit")
-RANK_DIST_METHODS = ("mes", "mle")
+RANK_DIST_METHODS = ("mes", "mle", "bv_mle")  # bv_mle: bv (gamma = 0.1) with each run's mle fit as prior
 
 
 @dataclass
@@ -178,8 +178,8 @@ def _beta_fit_runs(ranks, n_cand, cfg: ReproduceConfig, draws) -> dict:
 
 def _rank_dist_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[dict], dict]:
     """Rank-distribution estimators (``mle``, ``mes``): one fit per run (histograms moved onto a 10% grid
-    of n, fits batched over the runs), every metric read from the fit; rows and per-run values as
-    :func:`_mapping_rows`."""
+    of n, fits batched over the runs), every metric read from the fit; ``bv_mle``: ``bv`` (gamma = 0.1) with
+    the run's ``mle`` fit as prior. Rows and per-run values as :func:`_mapping_rows`."""
     from ._rank_hist import pool_by_n, sampled_rank_histogram
     from .rank_distribution import estimate_rank_distributions
 
@@ -188,9 +188,19 @@ def _rank_dist_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[di
     n_np = n_cand.numpy()
     for name in ranks:
         hists = [pool_by_n(sampled_rank_histogram(d, n_np, cfg.n_samples), 0.1) for d in draws[name].numpy()]
+        fits = {}
         for method in cfg.rank_dist_methods:
-            fits = estimate_rank_distributions(hists, method, sampling=cfg.sampling)
-            values = torch.from_numpy(np.stack([f.values(metrics) for f in fits]))  # (runs, metrics)
+            fit_method = "mle" if method == "bv_mle" else method
+            if fit_method not in fits:
+                fits[fit_method] = estimate_rank_distributions(hists, fit_method, sampling=cfg.sampling)
+            if method == "bv_mle":  # bv (gamma = 0.1) with each run's mle fit as the prior p(r)
+                values = torch.from_numpy(np.stack([
+                    sum(correction_tables(metrics, int(n), cfg.n_samples, "bv", 0.1, cfg.sampling, prior=fit.prior(int(n))) @ c
+                        for n, c in zip(h.n_items, h.counts)) / h.total
+                    for h, fit in zip(hists, fits["mle"])
+                ]))
+            else:
+                values = torch.from_numpy(np.stack([f.values(metrics) for f in fits[method]]))  # (runs, metrics)
             for s, metric in enumerate(metrics):
                 per_run[metric].setdefault(method, {})[name] = values[:, s]
     rows = []

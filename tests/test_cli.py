@@ -17,7 +17,8 @@ from reco_sampled_plugin.reproduce import ReproduceConfig, run_reproduce
 @pytest.fixture(scope="module")
 def small_run(tmp_path_factory):
     cfg = ReproduceConfig(metrics=("recall@10", "ndcg@10"), methods=("none", "bv:0.1"), repeats=30,
-                          m_grid=(10, 100), mapping_methods=("bound", "beta_fit"))
+                          m_grid=(10, 100), mapping_methods=("bound", "beta_fit"),
+                          rank_dist_methods=("mes", "mle", "bv_mle"))
     result = run_reproduce(cfg, progress=False)
     out = write_report(result, tmp_path_factory.mktemp("report"))
     return result, out
@@ -26,7 +27,7 @@ def small_run(tmp_path_factory):
 def test_reproduce_report_is_internally_consistent(small_run):
     result, out = small_run
     header = next(line for line in (out / "report.md").read_text().splitlines() if line.startswith("| metric | recommender"))
-    assert header.rstrip(" |").endswith("| mes | mle")
+    assert header.rstrip(" |").endswith("| mes | mle | bv_mle")
     assert {p.name for p in out.iterdir()} >= {"report.md", "table3.csv", "table4.csv", "figure6.csv", "ranks.csv",
                                                "figure5_rank_distribution.png", "figure6_recall_vs_m.png", "mapping_shr_vs_hr.png"}
     with open(out / "ranks.csv") as fh:
@@ -45,7 +46,7 @@ def test_reproduce_report_is_internally_consistent(small_run):
         assert 0 < float(row["none sd"]) < 0.05
         # rank-distribution estimators, fitted per run: far closer to the exact value than the sampled
         # metric (3-6x too large here), within a few of their own run-to-run sd plus 30% (docs/estimators.md)
-        for method in ("mes", "mle", "map:beta_fit"):
+        for method in ("mes", "mle", "bv_mle", "map:beta_fit"):
             value, sd = float(row[method]), float(row[f"{method} sd"])
             assert abs(value - exact) < abs(float(row["none"]) - exact) / 2, (method, row)
             assert 0 < sd < 0.05 and abs(value - exact) < 3 * sd + 0.3 * exact, (method, row)
