@@ -13,9 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-pl = pytest.importorskip("lightning.pytorch")
-pytest.importorskip("torchmetrics")
-
+import lightning.pytorch as pl
 from torch.utils.data import DataLoader  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -116,7 +114,8 @@ def test_sanity_check_is_ignored_and_test_stage_logs(tmp_path):
 
 
 def test_pytorch_lightning_namespace(tmp_path):
-    ptl = pytest.importorskip("pytorch_lightning")
+    import pytorch_lightning as ptl
+
     cls = callback_class("pytorch_lightning")
     assert issubclass(cls, ptl.Callback) and not issubclass(cls, pl.Callback)
     assert issubclass(callback_class("lightning.pytorch"), pl.Callback)
@@ -200,7 +199,8 @@ def test_example_tensorboard_logger(tmp_path, example):
 
 @pytest.mark.slow
 def test_example_mlflow_logger(tmp_path, example):
-    mlflow = pytest.importorskip("mlflow")
+    import mlflow
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         trainer, cb = example["main"](epochs=2, logger="mlflow", out=str(tmp_path))

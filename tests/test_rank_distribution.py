@@ -117,7 +117,8 @@ def test_prior_from_fit(mle_fit):
     assert p.shape == (N,) and np.all(p >= 0) and p.sum() == pytest.approx(1.0)
     fn = mle_fit.as_prior()
     np.testing.assert_allclose(fn(np.arange(1, N + 1), N), mle_fit.pmf(np.arange(1, N + 1)))
-    corrections = pytest.importorskip("reco_sampled_plugin.corrections")
+    from reco_sampled_plugin import corrections
+
     t_vec = corrections.correction_table("hit@200", N, M, "bv", 0.1, prior=p).numpy()
     t_fn = corrections.correction_table("hit@200", N, M, "bv", 0.1, prior=fn).numpy()
     assert np.all(np.isfinite(t_vec)) and t_vec.shape == (M + 1,)

@@ -11,8 +11,6 @@ import pytest
 import torch
 from scipy import stats
 
-pytest.importorskip("recbole")
-
 from reco_sampled_plugin.adapters import recbole as rb  # noqa: E402  (registers the plugin)
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("recbole")
-
 from reco_sampled_plugin.adapters import _recbole_compat as compat  # noqa: E402
 from reco_sampled_plugin.adapters import recbole as rb  # noqa: E402,F401  (applies the layer)
 

@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("torchmetrics")
-
 from reco_sampled_plugin import estimate, exact_ranks, metric_values, sampled_ranks  # noqa: E402
 from reco_sampled_plugin._rank_hist import sampled_rank_histogram  # noqa: E402
 from reco_sampled_plugin.adapters._shared import (  # noqa: E402

@@ -148,7 +148,8 @@ def test_consistency_report_structure():
     # Table 2 (NOTATION.md): analytic expected sampled AP of A is .637
     row_a = next(r for r in rep["table3"] if r["metric"] == "ap" and r["recommender"] == "A")
     assert abs(row_a["none"] - 0.637) < 5e-4 and row_a["none sd"] > 0
-    pd = pytest.importorskip("pandas")
+    import pandas as pd
+
     frames = consistency_report(TABLE1, 10_000, 99, ["ap"], ["none"], repeats=0, as_frame=True)
     assert isinstance(frames["table3"], pd.DataFrame) and frames["table4"].empty
 
