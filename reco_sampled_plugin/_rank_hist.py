@@ -106,6 +106,10 @@ class RankHistogram:
             tuple(table[k] for k in keys),
         )
 
+    def same_groups(self, other: "RankHistogram") -> bool:
+        """True when both histograms have the same (n, m) groups in the same order."""
+        return np.array_equal(self.n_items, other.n_items) and np.array_equal(self.n_samples, other.n_samples)
+
     def check_nonempty(self) -> None:
         """Raise a ValueError when no positive was counted."""
         if self.n_groups == 0 or self.total <= 0:

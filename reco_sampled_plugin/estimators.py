@@ -160,9 +160,7 @@ def estimate(
     hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
     hist.check_nonempty()
     pooled = pool_by_n(hist, max_rel_n_spread)
-    pool_flag = ["pooled_n"] if pooled is not hist and (
-        pooled.n_groups != hist.n_groups or np.any(pooled.n_items != hist.n_items)
-    ) else []
+    pool_flag = [] if pooled.same_groups(hist) else ["pooled_n"]
     hist = pooled
     if spec.k is not None and spec.k > int(hist.n_items[hist.totals > 0].min()):
         raise ValueError(

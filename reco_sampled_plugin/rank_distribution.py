@@ -30,8 +30,9 @@ Estimators:
   earlier default growing with m, (m + 1)/(2 M), over-smoothed at m = 500 (HR@10 30% low on ml-100k).
 
 Standard errors: bootstrap over the histogram multinomial (M positives resampled with the observed
-sampled-rank frequencies), each replicate refitted (EM warm-started from the fit, batched over
-replicates; MES refitted one by one). They cover sampling noise, not the bias of the grid or of the
+sampled-rank frequencies), each replicate refitted: ``mle`` reruns the early-stopped EM from the same
+uniform start (batched over replicates; warm starts at the fit would stop at once and understate the
+spread), ``mes`` (a concave problem) is refitted from the fit, one by one. They cover sampling noise, not the bias of the grid or of the
 unidentified top (see the ``top_unresolved`` flag: below about (n - 1)/(m + 1) the data hardly constrain
 the shape of P(R), which then comes from the uniform start or the entropy term).
 
@@ -172,7 +173,7 @@ def pool_groups(hist: RankHistogram, max_groups: int, max_rel_n_spread: float | 
     quantile bins of n (count-weighted median n per bin). Returns (histogram, whether it changed)."""
     if max_rel_n_spread is not None:
         pooled = pool_by_n(hist, max_rel_n_spread)
-        return pooled, pooled.n_groups != hist.n_groups or bool(np.any(pooled.n_items != hist.n_items))
+        return pooled, not pooled.same_groups(hist)
     if hist.n_groups <= max_groups:
         return hist, False
     sizes = np.unique(hist.n_samples)
@@ -328,6 +329,14 @@ def _em(model: _Model, pi0: np.ndarray, counts: np.ndarray, tol: float, max_iter
     cnt_b = np.broadcast_to(counts, lead + counts.shape[-2:]).reshape((b,) + counts.shape[-2:])
     pi, steps, conv, lls = _em_batched(model, pi_b, cnt_b, tol, max_iter, trace)
     return pi.reshape(lead + pi0.shape[-1:]), int(steps.max()), bool(conv.all()), lls
+
+
+def _mes_lambda(total, lam: float | None):
+    """The MES entropy weight: ``MES_LAMBDA`` / M by default (M positives, scalar or per histogram)."""
+    lam_used = MES_LAMBDA / np.asarray(total, dtype=np.float64) if lam is None else np.full(np.shape(total), float(lam))
+    if not np.all(np.isfinite(lam_used)) or np.any(lam_used < 0):
+        raise ValueError(f"lam: must be a finite number >= 0, got {lam}")
+    return lam_used
 
 
 def _mes_start(model: _Model, pi0: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -487,19 +496,24 @@ class RankDistribution:
 
         return fn
 
-    def _metric_from_probs(self, spec, probs: np.ndarray) -> np.ndarray:
+    def _metrics_from_probs(self, specs: tuple, probs: np.ndarray) -> np.ndarray:
+        """sum_R P(R) M(R), each group's P truncated to its n, averaged over the groups by their positives:
+        (..., len(specs)) for probs (..., C) (the fit, or bootstrap replicates)."""
         hist = self.histogram
         totals = hist.totals
-        value = np.zeros(probs.shape[:-1])
+        value = np.zeros(probs.shape[:-1] + (len(specs),))
         for g in range(hist.n_groups):  # per (n, m) group, at most max_groups
             if totals[g] == 0:
                 continue
             n_g = int(hist.n_items[g])
             c_in = int(np.searchsorted(self.edges, n_g))
-            means = interval_mean_metric(spec, self.edges[:c_in], self.edges[1 : c_in + 1], n_g)
+            means = interval_mean_metrics(specs, self.edges[:c_in], self.edges[1 : c_in + 1], n_g)  # (S, C_in)
             p = probs[..., :c_in]
-            value = value + totals[g] * (p @ means) / p.sum(-1)
+            value = value + totals[g] * (p @ means.T) / p.sum(-1, keepdims=True)
         return value / totals.sum()
+
+    def _metric_from_probs(self, spec, probs: np.ndarray) -> np.ndarray:
+        return self._metrics_from_probs((spec,), probs)[..., 0]
 
     def _posterior_stderr(self, spec, means_by_group: list) -> float:
         """sd of the per-positive posterior means E^[M(R) | r~, n_g] over sqrt(M) (their mean is the
@@ -587,20 +601,10 @@ class RankDistribution:
         """Point estimates only (no standard errors, no flags) for several metrics: float64 (len(metrics),)."""
         specs = tuple(parse_metric(mt) for mt in metrics)
         hist = self.histogram
-        totals = hist.totals
         for spec in specs:
-            if spec.k is not None and spec.k > int(hist.n_items[totals > 0].min()):
+            if spec.k is not None and spec.k > int(hist.n_items[hist.totals > 0].min()):
                 raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue of some positives")
-        out = np.zeros(len(specs))
-        for g in range(hist.n_groups):  # per (n, m) group
-            if totals[g] == 0:
-                continue
-            n_g = int(hist.n_items[g])
-            c_in = int(np.searchsorted(self.edges, n_g))
-            means = interval_mean_metrics(specs, self.edges[:c_in], self.edges[1 : c_in + 1], n_g)
-            p = self.probs[:c_in]
-            out += totals[g] * (means @ p) / p.sum()
-        return out / totals.sum()
+        return self._metrics_from_probs(specs, self.probs)
 
 
 # ---------------------------------------------------------------------------------------- estimator
@@ -665,10 +669,7 @@ def estimate_rank_distribution(
         pi, iters, converged, lls = _em(model, pi0, model.counts, tol, max_iter, trace)
         traced = tuple(float(v) for v in lls)
     else:
-        total = float(model.counts.sum())
-        lam_used = MES_LAMBDA / total if lam is None else float(lam)
-        if not math.isfinite(lam_used) or lam_used < 0:
-            raise ValueError(f"lam: must be a finite number >= 0, got {lam}")
+        lam_used = float(_mes_lambda(model.counts.sum(), lam))
         start = _mes_start(model, pi0, model.counts)
         pi, res, values = _mes_fit(model, model.counts, lam_used, start, tol, max_iter, trace)
         iters, converged = int(res.nit), bool(res.success)
@@ -762,9 +763,7 @@ def estimate_rank_distributions(
         pi, steps, conv, _ = _em_batched(model, pi0, counts, tol, max_iter)
         iters, lam_used = steps, None
     else:  # one L-BFGS-B run per histogram on the shared (sparse) likelihood
-        lam_used = MES_LAMBDA / total if lam is None else np.full(len(hists), float(lam))
-        if not np.all(np.isfinite(lam_used)) or np.any(lam_used < 0):
-            raise ValueError(f"lam: must be a finite number >= 0, got {lam}")
+        lam_used = _mes_lambda(total, lam)
         start = _mes_start(model, pi0, counts)
         fits = [_mes_fit(model, counts[b], float(lam_used[b]), start[b], tol, max_iter) for b in range(len(hists))]
         pi = np.stack([f[0] for f in fits])

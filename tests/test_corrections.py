@@ -20,7 +20,7 @@ from reco_sampled_plugin.corrections import (
 )
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_curve, metric_values
-from reco_sampled_plugin.priors import BetaPrior, CallablePrior, UniformPrior, VectorPrior, as_prior
+from reco_sampled_plugin.priors import BetaPrior, CallablePrior, UniformPrior, as_prior
 from reco_sampled_plugin.quadrature import pmf_at_ranks
 from reco_sampled_plugin.sampling_laws import sampled_rank_pmf
 

@@ -1,7 +1,5 @@
 """Metric catalogue: names, M(r) closed forms, the paper's Table 1, torchmetrics parity, the demo."""
 
-import math
-
 import numpy as np
 import pytest
 import torch
