@@ -34,8 +34,9 @@ import torch
 from reco_sampled_plugin.estimators import estimate
 from reco_sampled_plugin.mapping import MAPPING_METHODS
 from reco_sampled_plugin.metric_names import parse_metric
-from reco_sampled_plugin.metrics import metric_values
+from reco_sampled_plugin.metrics import _metric_from_float_ranks
 from reco_sampled_plugin.rank_distribution import RANK_DISTRIBUTION_METHODS
+from reco_sampled_plugin._rank_hist import sampled_rank_histogram
 
 from . import _recbole_compat
 
@@ -82,7 +83,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_n_grid": 0.01,  # relative grid the candidate counts n are rounded to (0: exact per-user n)
     "rsp_side_by_side": True,  # also report <name>_sampled (and <name>_exact in full mode)
     "rsp_stderr": False,  # also report <name>_stderr
-    "rsp_full_ranks": False,  # full mode: exact ranks of every positive (else top ranks, unless rsp_m counts them all)
+    "rsp_full_ranks": False,  # full mode: exact ranks of every positive even with > 64 positives per user on average
     "rsp_tensorboard": True,  # write the plugin's values to RecBole's TensorBoard writer
 }
 
@@ -377,56 +378,58 @@ def _sampled_from_scores(neg: torch.Tensor, pos: torch.Tensor, ties: str, genera
     return (above + 1).to(torch.float64) + torch.floor(u * (tied + 1).to(torch.float64))
 
 
+def _descending_score_keys(s: torch.Tensor) -> torch.Tensor:
+    """int64 keys in [0, 2^32) ordering the scores from highest to lowest, equal exactly for equal scores:
+    the IEEE bits of float32 (float16 / bfloat16 convert exactly) made monotonic; dense ranks otherwise."""
+    if s.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        bits = (s.to(torch.float32) + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0.0 becomes +0.0
+        bits = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed-integer order = float order
+        return 0x7FFFFFFF - bits
+    uniq, inverse = torch.unique(s, sorted=True, return_inverse=True)
+    return uniq.shape[0] - 1 - inverse
+
+
 def _other_positive_counts(pos_u: torch.Tensor, s_pos: torch.Tensor, counts: torch.Tensor):
-    """#(other positives of the same user scoring >= / > each positive)."""
-    b = counts.shape[0]
-    kmax = int(counts.max()) if counts.numel() else 0
-    starts = torch.cumsum(counts, 0) - counts
-    slot = torch.arange(pos_u.shape[0]) - starts[pos_u]
-    pad = torch.full((b, max(kmax, 1)), -math.inf, dtype=s_pos.dtype)
-    pad[pos_u, slot] = s_pos
-    rows = pad[pos_u]
-    ge = (rows >= s_pos.unsqueeze(1)).sum(1) - 1  # minus the positive itself
-    gt = (rows > s_pos.unsqueeze(1)).sum(1)
+    """#(other positives of the same user scoring >= / > each positive), from one integer sort of the
+    positives by (user, score descending): within a user, the positives above are those before its run
+    of equal scores."""
+    n = pos_u.shape[0]
+    if n == 0:
+        return torch.zeros_like(pos_u), torch.zeros_like(pos_u)
+    key, order = torch.sort((pos_u << 32) + _descending_score_keys(s_pos))
+    new_run = torch.ones(n, dtype=torch.bool)
+    new_run[1:] = key[1:] != key[:-1]  # a run: one user's positives with one score
+    run_id = torch.cumsum(new_run, 0) - 1
+    run_len = torch.bincount(run_id)
+    run_end = torch.cumsum(run_len, 0)[run_id]
+    user_start = (torch.cumsum(counts, 0) - counts)[pos_u[order]]
+    gt, ge = torch.empty_like(pos_u), torch.empty_like(pos_u)
+    gt[order] = run_end - run_len[run_id] - user_start
+    ge[order] = run_end - user_start - 1  # minus the positive itself
     return ge, gt
 
 
-def _exact_full_mode(scores, pos_u, pos_i, s_pos, counts, settings: _Settings):
-    """Exact ranks (full list, and among irrelevant items) of every positive.
-
-    Default: ranks up to the largest ``topk`` are exact (from one ``torch.topk`` of size max(topk) + max |T_u|),
-    ranks beyond are marked -1 (every cut-off metric is 0 there). ``rsp_full_ranks``: all ranks (one
-    compare-and-count pass over each positive's row).
-    """
-    from reco_sampled_plugin.counting import count_beating
+def _topk_full_mode(scores, pos_u, s_pos, counts, settings: _Settings):
+    """Exact ranks (full list, and among irrelevant items) up to the largest ``topk``, for users with many
+    positives (see :data:`_COUNT_MAX_MEAN_POSITIVES`): one ``torch.topk`` of size max(topk) + max |T_u|;
+    ranks beyond are marked -1 (every cut-off metric is 0 there)."""
+    from reco_sampled_plugin.counting import count_beating_rows
 
     n_tot = scores.shape[1]
-    if settings.full_ranks:
-        ge = torch.empty_like(pos_u)
-        gt = torch.empty_like(pos_u)
-        chunk = max(1, (1 << 22) // max(n_tot, 1))
-        for start in range(0, pos_u.shape[0], chunk):  # bounded memory: rows of the chunk's positives
-            sl = slice(start, start + chunk)
-            rows = scores[pos_u[sl]]
-            ge[sl] = count_beating(rows, s_pos[sl].unsqueeze(1), inclusive=True).squeeze(1)
-            gt[sl] = count_beating(rows, s_pos[sl].unsqueeze(1), inclusive=False).squeeze(1)
-        known = torch.ones_like(pos_u, dtype=torch.bool)
-    else:
-        kmax = int(counts.max()) if counts.numel() else 0
-        ktop = min(n_tot, max(settings.topk) + kmax)
-        vals = torch.topk(scores, ktop, dim=1).values  # (B, ktop), descending
-        rows = vals[pos_u]
-        ge = (rows >= s_pos.unsqueeze(1)).sum(1)
-        gt = (rows > s_pos.unsqueeze(1)).sum(1)
-        last = vals[pos_u, -1]
-        known = (ge < ktop) | (ktop == n_tot)  # every item scoring >= s_pos lies in the top
-        tie_edge = (~known) & (s_pos == last)  # ties across the edge of the top: count on the full row
-        if bool(tie_edge.any()):
-            idx = tie_edge.nonzero().squeeze(1)
-            full = scores[pos_u[idx]]
-            ge[idx] = count_beating(full, s_pos[idx].unsqueeze(1), inclusive=True).squeeze(1)
-            gt[idx] = count_beating(full, s_pos[idx].unsqueeze(1), inclusive=False).squeeze(1)
-            known[idx] = True
+    kmax = int(counts.max()) if counts.numel() else 0
+    ktop = min(n_tot, max(settings.topk) + kmax)
+    vals = torch.topk(scores, ktop, dim=1).values  # (B, ktop), descending
+    rows = vals[pos_u]
+    ge = (rows >= s_pos.unsqueeze(1)).sum(1)
+    gt = (rows > s_pos.unsqueeze(1)).sum(1)
+    last = vals[pos_u, -1]
+    known = (ge < ktop) | (ktop == n_tot)  # every item scoring >= s_pos lies in the top
+    tie_edge = (~known) & (s_pos == last)  # ties across the edge of the top: count on the full row
+    if bool(tie_edge.any()):
+        idx = tie_edge.nonzero().squeeze(1)
+        ge[idx] = count_beating_rows(scores, pos_u[idx], s_pos[idx], inclusive=True)
+        gt[idx] = count_beating_rows(scores, pos_u[idx], s_pos[idx], inclusive=False)
+        known[idx] = True
     other_ge, other_gt = _other_positive_counts(pos_u, s_pos, counts)
     r_full = _ranks_from_counts(ge, gt, settings.ties)
     r_irr = _ranks_from_counts(ge - other_ge, gt - other_gt, settings.ties)
@@ -435,25 +438,25 @@ def _exact_full_mode(scores, pos_u, pos_i, s_pos, counts, settings: _Settings):
     return r_full, r_irr
 
 
-# full-mode counts per positive by one compiled compare-and-count over each user's row against the user's
-# padded positives: B x n x max|T_u| comparisons. Used when max|T_u| is at most this (else topk + draws).
-_PADDED_MAX_POSITIVES = 256
+# Full mode counts, for every positive, the items of its user's row scoring >= / > it (one compiled pass of
+# |T_u| x n comparisons per user, no padding): exact ranks of every positive, and simulated sampled ranks
+# drawn from them. With more held-out items per user than this on average, a top-k of each row is cheaper
+# (exact ranks up to max(topk), simulated ranks from drawn items); ``rsp_full_ranks`` always counts.
+_COUNT_MAX_MEAN_POSITIVES = 64
 
 
-def _padded_full_counts(scores, pos_u, s_pos, counts, ties: str):
-    """#(items scoring >= / > each positive) over the user's whole row (the positive itself included in
-    ``ge``), from one compiled count against the (B, max |T_u|) padded positives; ``gt`` is None for
-    pessimistic ties (not needed)."""
-    from reco_sampled_plugin.counting import count_beating
+def _full_counts(scores, pos_u, s_pos, ties: str):
+    """#(items scoring >= each positive) over its user's whole row (itself included), #(items scoring >
+    it) (None for pessimistic ties: not needed), and each row's candidate count (items with a score above
+    -inf: RecBole sets padding and history items to -inf; NaN scores never count), from one compiled
+    count (the candidate counts ride along as one extra reference per row)."""
+    from reco_sampled_plugin.counting import count_beating_rows
 
-    b = scores.shape[0]
-    starts = torch.cumsum(counts, 0) - counts
-    slot = torch.arange(pos_u.shape[0]) - starts[pos_u]
-    ref = torch.full((b, max(int(counts.max()), 1)), math.inf, dtype=scores.dtype)
-    ref[pos_u, slot] = s_pos
-    ge = count_beating(scores, ref, inclusive=True)[pos_u, slot]
-    gt = None if ties == "pessimistic" else count_beating(scores, ref, inclusive=False)[pos_u, slot]
-    return ge, gt
+    b, npos = scores.shape[0], pos_u.shape[0]
+    lowest = torch.full((b,), torch.finfo(scores.dtype).min, dtype=scores.dtype)
+    both = count_beating_rows(scores, torch.cat([pos_u, torch.arange(b)]), torch.cat([s_pos, lowest]), inclusive=True)
+    gt = None if ties == "pessimistic" else count_beating_rows(scores, pos_u, s_pos, inclusive=False)
+    return both[:npos], gt, both[npos:]
 
 
 def _binomial_sampled(ge_irr, gt_irr, n_irr_items, m: int, ties: str, generator: torch.Generator) -> torch.Tensor:
@@ -561,24 +564,22 @@ _BUFFER_ELEMENTS = 1 << 24
 
 
 def _collect(collector, scores: torch.Tensor, interaction, positive_u, positive_i) -> None:
-    """Per-positive ranks of one evaluation batch: full-sort batches are buffered (see ``_BUFFER_ELEMENTS``)
-    and processed by :func:`_flush`; sampled-mode batches (their own negatives) are processed at once."""
+    """Per-positive ranks of one evaluation batch: full-sort batches are buffered as they are (references,
+    no copy: RecBole scores each batch into a new tensor; see ``_BUFFER_ELEMENTS``) and processed by
+    :func:`_flush`; sampled-mode batches (their own negatives) are processed at once."""
     settings = collector.__dict__.get("_rsp_settings_now") or _settings(collector.config)
     collector._rsp_settings_now = settings  # validated once per evaluation (reset by get_data_struct)
     if settings is None or positive_u is None:
         return
-    scores = scores.detach().to("cpu")
-    pos_u = positive_u.detach().to("cpu", torch.int64)
-    pos_i = positive_i.detach().to("cpu", torch.int64)
     if len(interaction) != scores.shape[0]:  # sampled modes: k_u (1 + N) rows per user
         _flush(collector)
-        _collect_sampled(collector, settings, scores, interaction, pos_u, pos_i)
+        _collect_sampled(collector, settings, scores.detach().to("cpu"), interaction,
+                         positive_u.detach().to("cpu", torch.int64), positive_i.detach().to("cpu", torch.int64))
         return
-    uid_field = collector.config["USER_ID_FIELD"]
-    uids = interaction[uid_field].cpu() if uid_field in interaction.interaction else None
-    buf = collector.__dict__.setdefault("_rsp_buffer", [])
-    buf.append((scores, pos_u, pos_i, uids))
-    collector._rsp_buffered = getattr(collector, "_rsp_buffered", 0) + scores.numel()
+    # the first full-sort batch of an evaluation (or after a flush) opens the buffer; the wrapped
+    # eval_batch_collect appends the next ones directly
+    collector._rsp_buffer = [(scores, scores._version, positive_u, positive_i, interaction)]
+    collector._rsp_buffered = scores.numel()
     if collector._rsp_buffered >= _BUFFER_ELEMENTS:
         _flush(collector)
 
@@ -602,49 +603,69 @@ def _store(collector, table: torch.Tensor, n_users: int) -> None:
     collector.__dict__.setdefault("_rsp_tables", []).append(table)  # concatenated once, in get_data_struct
 
 
+def _unbuffer(collector, buf: list):
+    """Stack the buffered full-sort batches (users in arrival order): CPU scores, the positives' rows and
+    items, and the users' ids (None when the batches carry none)."""
+    if any(sc._version != version for sc, version, *_ in buf):
+        raise RuntimeError(
+            "reco_sampled_plugin: the scores of an earlier evaluation batch were modified in place after RecBole "
+            "collected them (a model that reuses its score buffer across batches?); the plugin reads them when "
+            "the evaluation ends. Return a new tensor from full_sort_predict."
+        )
+    uid_field = collector.config["USER_ID_FIELD"]
+    uids = [b[4].interaction.get(uid_field) for b in buf]
+    if len(buf) == 1:
+        scores, _, pos_u, pos_i, _ = buf[0]
+    else:
+        rows = torch.tensor([b[0].shape[0] for b in buf])
+        lens = torch.tensor([b[2].shape[0] for b in buf])
+        scores = torch.cat([b[0] for b in buf])
+        pos_u = torch.cat([b[2] for b in buf]).to("cpu", torch.int64) + torch.repeat_interleave(torch.cumsum(rows, 0) - rows, lens)
+        pos_i = torch.cat([b[3] for b in buf])
+    uid = None if any(u is None for u in uids) else (uids[0] if len(uids) == 1 else torch.cat(uids)).cpu()
+    return scores.detach().to("cpu"), pos_u.to("cpu", torch.int64), pos_i.to("cpu", torch.int64), uid
+
+
 def _flush(collector) -> None:
-    """Process the buffered full-sort batches as one batch (users stacked in arrival order)."""
+    """Process the buffered full-sort batches as one batch."""
     buf = collector.__dict__.pop("_rsp_buffer", None)
     collector._rsp_buffered = 0
     if not buf:
         return
     settings = collector._rsp_settings_now
-    if len(buf) == 1:
-        scores, pos_u, pos_i, uids = buf[0]
-    else:
-        rows = torch.tensor([b[0].shape[0] for b in buf])
-        starts = torch.cumsum(rows, 0) - rows
-        scores = torch.cat([b[0] for b in buf])
-        pos_u = torch.cat([b[1] + int(st) for b, st in zip(buf, starts)])
-        pos_i = torch.cat([b[2] for b in buf])
-        uids = None if any(b[3] is None for b in buf) else torch.cat([b[3] for b in buf])
+    scores, pos_u, pos_i, uids = _unbuffer(collector, buf)
+    del buf
     b = scores.shape[0]
     counts = torch.bincount(pos_u, minlength=b)
     s_pos = scores[pos_u, pos_i]
+    if bool(torch.isnan(s_pos).any()):
+        raise ValueError(f"reco_sampled_plugin: the model scored {int(torch.isnan(s_pos).sum())} held-out item(s) NaN; "
+                         "their ranks are undefined")
     table = _new_table(collector, pos_u, pos_i, counts)
     if uids is not None:
         table[:, _UID] = uids[pos_u].to(torch.float64)
-    n_full = torch.isfinite(scores).sum(1)  # RecBole set padding and history items to -inf
-    n_irr = (n_full - counts + 1)[pos_u]
-    table[:, _N_IRR] = n_irr.to(torch.float64)
-    padded = int(counts.max()) <= _PADDED_MAX_POSITIVES and (settings.full_ranks or (settings.m is not None and settings.replacement))
-    if padded:  # exact ranks of every positive, and sampled ranks drawn from them
-        ge, gt = _padded_full_counts(scores, pos_u, s_pos, counts, settings.ties)
+    counted = settings.full_ranks or pos_u.shape[0] <= _COUNT_MAX_MEAN_POSITIVES * b
+    if counted:  # exact ranks of every positive (and sampled ranks drawn from them)
+        ge, gt, n_full = _full_counts(scores, pos_u, s_pos, settings.ties)
         other_ge, other_gt = _other_positive_counts(pos_u, s_pos, counts)
-        table[:, _R_FULL] = _ranks_from_counts(ge, ge if gt is None else gt, settings.ties)
-        table[:, _R_IRR] = _ranks_from_counts(ge - other_ge, ge - other_ge if gt is None else gt - other_gt, settings.ties)
-        if settings.m is not None and settings.replacement:
-            ge_irr = ge - 1 - other_ge  # irrelevant candidates scoring >= the positive
-            gt_irr = None if gt is None else gt - other_gt
-            table[:, _R_SAMPLED] = _binomial_sampled(ge_irr, gt_irr, n_irr - 1, int(settings.m), settings.ties,
-                                                     _generator(collector, settings))
-            table[:, _M] = float(settings.m)
-    elif settings.needs_exact or settings.side_by_side or settings.full_ranks:
-        r_full, r_irr = _exact_full_mode(scores, pos_u, pos_i, s_pos, counts, settings)
-        table[:, _R_FULL] = r_full
-        table[:, _R_IRR] = r_irr
-    if settings.m is not None and not (padded and settings.replacement):
-        table[:, _R_SAMPLED] = _simulate(scores, pos_u, pos_i, s_pos, settings, _generator(collector, settings))
+        gt = ge if gt is None else gt
+        table[:, _R_FULL] = _ranks_from_counts(ge, gt, settings.ties)
+        table[:, _R_IRR] = _ranks_from_counts(ge - other_ge, gt - other_gt, settings.ties)
+    else:
+        from reco_sampled_plugin.counting import count_beating_rows
+
+        lowest = torch.full((b,), torch.finfo(scores.dtype).min, dtype=scores.dtype)
+        n_full = count_beating_rows(scores, torch.arange(b), lowest, inclusive=True)
+        if settings.needs_exact or settings.side_by_side:
+            table[:, _R_FULL], table[:, _R_IRR] = _topk_full_mode(scores, pos_u, s_pos, counts, settings)
+    n_irr = (n_full - counts + 1)[pos_u]  # irrelevant candidates + the positive itself
+    table[:, _N_IRR] = n_irr.to(torch.float64)
+    if settings.m is not None:
+        if counted and settings.replacement:
+            table[:, _R_SAMPLED] = _binomial_sampled(ge - 1 - other_ge, gt - other_gt, n_irr - 1, int(settings.m),
+                                                     settings.ties, _generator(collector, settings))
+        else:
+            table[:, _R_SAMPLED] = _simulate(scores, pos_u, pos_i, s_pos, settings, _generator(collector, settings))
         table[:, _M] = float(settings.m)
     _store(collector, table, b)
 
@@ -730,11 +751,14 @@ def _weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> float:
 
 
 def _capped_metric(spec, ranks: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-    """M(r) where ranks beyond the computed top (-1) score 0 (cut-off metrics only reach here)."""
+    """M(r) of the table's ranks (valid by construction: no re-validation), where ranks beyond the computed
+    top (-1) score 0 (cut-off metrics only reach here)."""
     known = ranks > 0
+    if bool(known.all()):
+        return _metric_from_float_ranks(spec, ranks, n)
     out = torch.zeros_like(ranks)
     if bool(known.any()):
-        out[known] = metric_values(spec, ranks[known], n[known])
+        out[known] = _metric_from_float_ranks(spec, ranks[known], n[known])
     return out
 
 
@@ -755,19 +779,14 @@ class _EstimatedMetric(_Metric):
         s = self.settings
         spec = parse_metric(self.kind if k is None else f"{self.kind}@{k}")
         key = self._key(k)
-        sampled = table[:, _R_SAMPLED]
-        have = sampled > 0
-        r, n, m, w = sampled[have], table[have, _N_IRR], table[have, _M], weights[have]
+        r, m, w, hist = _sampled_inputs(table, weights, s, spec.k or 2)
         law = "binomial" if s.replacement else "hypergeometric"
-        n_est = _grid_n(n, s.n_grid, torch.maximum(m + 1, torch.full_like(m, float(spec.k or 2))))
-        if law == "hypergeometric":
-            n_est = torch.maximum(n_est, m + 1)
-        result = estimate(spec, r, n_est, m, sampling=law, weights=w, **self._method_kwargs())
+        result = estimate(spec, hist, sampling=law, **self._method_kwargs())
         out = {key: self._round(result.value)}
         if s.stderr:
             out[f"{key}_stderr"] = self._round(result.stderr)
         if s.side_by_side:
-            out[f"{key}_sampled"] = self._round(_weighted_mean(metric_values(spec, r, m + 1), w))
+            out[f"{key}_sampled"] = self._round(_weighted_mean(_metric_from_float_ranks(spec, r, m + 1), w))
             r_irr = table[:, _R_IRR]
             if bool((r_irr != 0).all()):
                 if spec.k is None and bool((r_irr < 0).any()):  # pragma: no cover - full ranks are forced for AUC
@@ -775,6 +794,23 @@ class _EstimatedMetric(_Metric):
                 exact = _capped_metric(spec, r_irr, table[:, _N_IRR])
                 out[f"{key}_exact"] = self._round(_weighted_mean(exact, weights))
         return out
+
+
+def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_floor: int):
+    """Sampled ranks, m, weights and their rank histogram (candidate counts on the ``rsp_n_grid`` grid, at
+    least max(m + 1, K)) of the positives that have a sampled rank; computed once per evaluation table and
+    shared by every estimated metric (cached on the table, which RecBole hands to each metric)."""
+    cache = table.__dict__.setdefault("_rsp_cache", {})
+    key = (s.weighting, s.n_grid, s.replacement, k_floor)
+    if key not in cache:
+        sampled = table[:, _R_SAMPLED]
+        have = sampled > 0
+        r, n, m, w = sampled[have], table[have, _N_IRR], table[have, _M], weights[have]
+        n_est = _grid_n(n, s.n_grid, torch.clamp(m + 1, min=float(k_floor)))
+        if not s.replacement:
+            n_est = torch.maximum(n_est, m + 1)
+        cache[key] = (r, m, w, sampled_rank_histogram(r, n_est, m, weights=w))
+    return cache[key]
 
 
 class _ExactMetric(_Metric):
@@ -900,7 +936,13 @@ def _wrap_collector() -> None:
 
     def eval_batch_collect(self, scores_tensor, interaction, positive_u, positive_i):
         collect(self, scores_tensor, interaction, positive_u, positive_i)
-        if self.register.need(PLUGIN_KEY):
+        buf = self.__dict__.get("_rsp_buffer")
+        if buf is not None and len(interaction) == scores_tensor.shape[0]:  # full mode, buffering: append only
+            buf.append((scores_tensor, scores_tensor._version, positive_u, positive_i, interaction))
+            self._rsp_buffered += scores_tensor.numel()
+            if self._rsp_buffered >= _BUFFER_ELEMENTS:
+                _flush(self)
+        elif self.register.need(PLUGIN_KEY):
             _collect(self, scores_tensor, interaction, positive_u, positive_i)
 
     def get_data_struct(self):

@@ -19,10 +19,12 @@ from typing import Callable
 
 import torch
 
-__all__ = ["count_beating", "count_tied_before", "item_keys", "set_backend", "get_backend"]
+__all__ = ["count_beating", "count_beating_rows", "count_tied_before", "item_keys", "set_backend", "get_backend"]
 
 # below this many comparisons (B * P * n) the eager path is faster than calling a compiled kernel
 _COMPILE_MIN_WORK = 1 << 24
+# the same for the row-indexed kernel (its eager path gathers rows: slower per comparison)
+_COMPILE_MIN_WORK_ROWS = 1 << 20
 # elements of the B x P x chunk boolean temporary in the eager path
 _EAGER_CHUNK_ELEMENTS = 1 << 22
 
@@ -59,6 +61,16 @@ def _kernel_ge(scores: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return (scores.unsqueeze(1) >= ref.unsqueeze(2)).sum(-1, dtype=torch.int32)
 
 
+# one reference per positive against its own row (an indirect row index): no padding to the largest
+# number of positives per row; the compiled kernel reads the row in place (no gathered copy)
+def _kernel_rows_gt(scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    return (scores[rows] > ref.unsqueeze(1)).sum(-1, dtype=torch.int32)
+
+
+def _kernel_rows_ge(scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    return (scores[rows] >= ref.unsqueeze(1)).sum(-1, dtype=torch.int32)
+
+
 def _mix32(x: torch.Tensor) -> torch.Tensor:
     """A bijective 32-bit integer mix (xorshift-multiply), on int64 tensors holding 32-bit values."""
     mask = 0xFFFFFFFF
@@ -89,6 +101,8 @@ _KERNELS: dict[str, Callable] = {
     "gt": _kernel_gt,
     "ge": _kernel_ge,
     "tied_before": _kernel_tied_before,
+    "rows_gt": _kernel_rows_gt,
+    "rows_ge": _kernel_rows_ge,
 }
 
 
@@ -106,6 +120,8 @@ def _get_compiled(name: str) -> Callable | None:
 
 
 def _eager(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+    if name.startswith("rows_"):
+        return _eager_rows(name == "rows_ge", scores, *extra, ref)
     b, n = scores.shape
     p = max(ref.shape[1], 1)
     chunk = max(1, _EAGER_CHUNK_ELEMENTS // max(b * p, 1))
@@ -124,14 +140,30 @@ def _eager(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Ten
     return out
 
 
+def _eager_rows(inclusive: bool, scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    chunk = max(1, _EAGER_CHUNK_ELEMENTS // max(scores.shape[1], 1))
+    out = torch.empty(ref.shape, dtype=torch.int64, device=scores.device)
+    for start in range(0, ref.shape[0], chunk):  # chunks of positives bound the gathered rows
+        sl = slice(start, start + chunk)
+        block = scores[rows[sl]]
+        t = ref[sl].unsqueeze(1)
+        out[sl] = (block >= t if inclusive else block > t).sum(-1)
+    return out
+
+
 def _run(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
-    work = scores.shape[0] * scores.shape[1] * max(ref.shape[1], 1)
+    if name.startswith("rows_"):  # (rows, ref) per positive: compiled from a smaller size (no padding)
+        work = scores.shape[1] * ref.shape[0] * (_COMPILE_MIN_WORK // _COMPILE_MIN_WORK_ROWS)
+        fn_args: tuple = (extra[0], ref)
+    else:
+        work = scores.shape[0] * scores.shape[1] * max(ref.shape[1], 1)
+        fn_args = (ref, *extra)
     use_compiled = _backend == "compiled" or (_backend == "auto" and work >= _COMPILE_MIN_WORK)
     if use_compiled and scores.shape[1] < 2**31 - 1:  # int32 accumulators
         fn = _get_compiled(name)
         if fn is not None:
             try:
-                return fn(scores, ref, *extra).to(torch.int64)
+                return fn(scores, *fn_args).to(torch.int64)
             except Exception as exc:  # compilation unavailable (no compiler, no triton...): fall back once
                 _compile_failed.add(name)
                 warnings.warn(
@@ -155,6 +187,25 @@ def count_beating(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool = Fal
         (B, P) int64 counts.
     """
     return _run("ge" if inclusive else "gt", scores, ref)
+
+
+def count_beating_rows(scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor, inclusive: bool = False) -> torch.Tensor:
+    """Count, for each positive j, the entries of ``scores[rows[j], :]`` that are > ``ref[j]`` (>= if
+    ``inclusive``): one reference per positive against its own row, for rows with different numbers of
+    positives (no padding to the largest, unlike :func:`count_beating`).
+
+    Args:
+        scores: (B, n) floating scores.
+        rows: (N,) int64 row of each positive, in 0..B-1.
+        ref: (N,) reference scores, same dtype and device as ``scores``.
+        inclusive: count ties too (``>=``).
+
+    Returns:
+        (N,) int64 counts.
+    """
+    if rows.shape != ref.shape or rows.dim() != 1:
+        raise ValueError(f"rows / ref: expected two 1-D tensors of one length, got {tuple(rows.shape)} and {tuple(ref.shape)}")
+    return _run("rows_ge" if inclusive else "rows_gt", scores, ref, rows)
 
 
 def count_tied_before(scores: torch.Tensor, ref: torch.Tensor, ref_keys: torch.Tensor, row_seed: torch.Tensor) -> torch.Tensor:

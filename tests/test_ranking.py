@@ -1,5 +1,7 @@
 """Exact and sampled ranks against brute force, laws, and invariants."""
 
+import math
+
 import numpy as np
 import pytest
 import scipy.stats as st
@@ -109,6 +111,35 @@ def test_compiled_and_eager_counts_agree():
         assert torch.equal(a, b)
     assert torch.equal(eager_tb, compiled_tb)
     assert (eager_tb[:, 0] > 0).any()
+
+
+def test_row_indexed_counts_match_brute_force_on_both_backends():
+    """count_beating_rows: one reference per positive against its own row (users with 1 to 40 positives,
+    ties, -inf exclusions), compiled and eager, equal to a brute-force numpy count."""
+    torch.manual_seed(1)
+    scores = torch.randn(50, 3_000)
+    scores[:, :40] = 0.5  # ties
+    scores[:, 40:90] = -math.inf  # excluded items
+    per_user = torch.randint(1, 41, (50,))
+    rows = torch.repeat_interleave(torch.arange(50), per_user)
+    cols = torch.randint(0, 3_000, rows.shape)
+    cols[::7] = 3  # some positives tied
+    ref = scores[rows, cols]
+    s_np, r_np, ref_np = scores.numpy(), rows.numpy(), ref.numpy()
+    brute = {inc: np.array([(s_np[r] >= t).sum() if inc else (s_np[r] > t).sum() for r, t in zip(r_np, ref_np)])
+             for inc in (False, True)}
+    try:
+        for backend in ("eager", "compiled"):
+            counting.set_backend(backend)
+            for inc in (False, True):
+                got = counting.count_beating_rows(scores, rows, ref, inclusive=inc)
+                assert got.dtype == torch.int64
+                np.testing.assert_array_equal(got.numpy(), brute[inc], err_msg=f"{backend} inclusive={inc}")
+    finally:
+        counting.set_backend("auto")
+    assert (brute[True] - brute[False]).max() >= 40  # the ties were exercised
+    with pytest.raises(ValueError, match="rows / ref"):
+        counting.count_beating_rows(scores, rows[:-1], ref)
 
 
 @settings(max_examples=40, deadline=None)

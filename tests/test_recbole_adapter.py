@@ -292,7 +292,7 @@ def test_binomial_sampling_matches_item_draws(bpr, monkeypatch, ties):
                                           "rsp_m": 100, "rsp_ties": ties})
     trainer = Trainer(config, bpr["model"])
     binom = rb.positive_table(_evaluate(trainer, test)[1])
-    monkeypatch.setattr(rb, "_PADDED_MAX_POSITIVES", 0)  # topk for exact ranks, m drawn items per positive
+    monkeypatch.setattr(rb, "_COUNT_MAX_MEAN_POSITIVES", 0)  # topk for exact ranks, m drawn items per positive
     items = rb.positive_table(_evaluate(trainer, test)[1])
     known = items["rank_irrelevant"] > 0  # the topk path knows ranks up to max(topk) only
     assert int(known.sum()) > 100 and bool((binom["rank_irrelevant"] >= 1).all())
@@ -307,6 +307,50 @@ def test_binomial_sampling_matches_item_draws(bpr, monkeypatch, ties):
         # deterministic ends: nothing irrelevant above -> r~ = 1; everything above -> r~ = m + 1
         top = table["rank_irrelevant"] == 1
         assert int(top.sum()) > 0 and bool((table["sampled_rank"][top] == 1).all())
+
+
+def test_reused_score_buffer_and_nan_scores_raise(bpr, monkeypatch):
+    """Buffered batches are read when the evaluation ends: a model that writes every batch's scores into
+    one persistent tensor is caught (tensor version counter), not silently ranked on the last batch's
+    scores; NaN scores of held-out items are named, not ranked."""
+    config, _, _, test = _prepare("BPR", {"eval_batch_size": 4096, "metrics": ["Recall", "CorrectedRecall"],
+                                          "valid_metric": "Recall@10", "rsp_m": 100})
+    model = bpr["model"]
+    trainer = Trainer(config, model)
+    original = type(model).full_sort_predict
+    shared = {}
+
+    def reused(self, interaction):
+        scores = original(self, interaction)
+        out = shared.setdefault(scores.numel(), torch.empty_like(scores))
+        return out.copy_(scores)
+
+    monkeypatch.setattr(type(model), "full_sort_predict", reused)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        trainer.evaluate(test, load_best_model=False)
+    monkeypatch.setattr(type(model), "full_sort_predict", lambda self, inter: torch.full_like(original(self, inter), math.nan))
+    with pytest.raises(ValueError, match="NaN"):
+        Trainer(config, model).evaluate(test, load_best_model=False)
+
+
+def test_other_positive_counts_match_brute_force():
+    """#(other positives of the same user scoring >= / > each positive), ties and unsorted users included."""
+    g = torch.Generator().manual_seed(3)
+    counts = torch.tensor([3, 0, 5, 1, 4])
+    pos_u = torch.repeat_interleave(torch.arange(5), counts)[torch.randperm(13, generator=g)]
+    s_pos = torch.randint(0, 3, (13,), generator=g).to(torch.float32)  # many ties
+    s_pos = s_pos - 1.0  # negative, zero and positive scores
+    s_pos[s_pos == 0] = torch.tensor([0.0, -0.0]).repeat(7)[: int((s_pos == 0).sum())]  # -0.0 ties +0.0
+    same = pos_u.unsqueeze(0) == pos_u.unsqueeze(1)
+    for dtype in (torch.float32, torch.float64, torch.float16):
+        s = s_pos.to(dtype)
+        ge, gt = rb._other_positive_counts(pos_u, s, counts)
+        ge_bf = (same & (s.unsqueeze(0) >= s.unsqueeze(1))).sum(1) - 1
+        gt_bf = (same & (s.unsqueeze(0) > s.unsqueeze(1))).sum(1)
+        assert torch.equal(ge, ge_bf) and torch.equal(gt, gt_bf), dtype
+        assert int((ge - gt).max()) >= 1  # ties were exercised
+    empty = torch.zeros(0, dtype=torch.int64)
+    assert rb._other_positive_counts(empty, torch.zeros(0), torch.zeros(2, dtype=torch.int64))[0].numel() == 0
 
 
 def test_binomial_sampled_law():
