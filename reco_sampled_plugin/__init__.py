@@ -36,7 +36,8 @@ from .sampling_laws import expected_sampled, log_sampled_rank_pmf, sampled_rank_
 from .simulate import draw_sampled_ranks
 from .splits import leave_last_out_split, split_train_test
 from .uncertainty import corrected_metric, corrected_values, paired_difference
-from .user_metrics import DEFAULT_METRICS, mean_metrics, per_user_metrics, user_metric_values
+from .factor_ranks import exact_ranks_from_factors
+from .user_metrics import DEFAULT_METRICS, mean_metrics, per_user_metrics, per_user_metrics_from_factors, user_metric_values
 
 __version__ = "0.1.0"
 
@@ -47,10 +48,12 @@ __all__ = [
     "metric_values",
     "metric_curve",
     "exact_ranks",
+    "exact_ranks_from_factors",
     "sampled_ranks",
     "SampledRanks",
     "candidate_counts",
     "per_user_metrics",
+    "per_user_metrics_from_factors",
     "user_metric_values",
     "mean_metrics",
     "DEFAULT_METRICS",

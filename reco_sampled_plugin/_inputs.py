@@ -6,7 +6,7 @@ import torch
 
 from ._checks import check_same_device
 
-__all__ = ["as_padded_index", "check_scores", "mask_to_padded"]
+__all__ = ["as_padded_index", "check_finite_rows", "check_scores", "mask_to_padded"]
 
 
 def mask_to_padded(mask: torch.Tensor) -> torch.Tensor:
@@ -70,10 +70,15 @@ def check_scores(scores, check_finite: bool = True) -> torch.Tensor:
         lo, hi = torch.aminmax(scores)
         if bool(torch.isfinite(lo) & torch.isfinite(hi)):
             return scores
-        bad_rows = (~torch.isfinite(scores)).any(1)
-        if bool(bad_rows.any()):
-            raise ValueError(
-                f"scores: NaN or inf in {int(bad_rows.sum())} of {scores.shape[0]} rows "
-                f"(first bad row {int(bad_rows.nonzero()[0, 0])}); ranks would be meaningless"
-            )
+        check_finite_rows(torch.isfinite(scores).all(1))
     return scores
+
+
+def check_finite_rows(finite_rows: torch.Tensor) -> None:
+    """Raise the scores' NaN/inf ValueError (how many rows, the first one) unless every row is finite."""
+    bad_rows = ~finite_rows
+    if bool(bad_rows.any()):
+        raise ValueError(
+            f"scores: NaN or inf in {int(bad_rows.sum())} of {bad_rows.shape[0]} rows "
+            f"(first bad row {int(bad_rows.nonzero()[0, 0])}); ranks would be meaningless"
+        )

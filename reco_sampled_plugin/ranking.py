@@ -20,8 +20,8 @@ from typing import NamedTuple
 import torch
 
 from ._checks import check_int, check_same_device
-from ._inputs import as_padded_index, check_scores
-from .counting import count_beating, count_tied_before, item_keys
+from ._inputs import as_padded_index, check_finite_rows, check_scores
+from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
 
 __all__ = [
     "TIES",
@@ -82,10 +82,17 @@ def _removed_tied_before(
 def _prepare(scores, positives, exclude, check_finite):
     scores = check_scores(scores, check_finite)
     b, n = scores.shape
-    pos = as_padded_index(positives, n, b, "positives", scores.device)
+    pos, exc = prepare_index(positives, exclude, b, n, scores.device)
+    return scores, pos, exc
+
+
+def prepare_index(positives, exclude, b: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Positives and exclusions of B rows over n items as padded (B, P) / (B, E) int64 indices (-1 padding),
+    validated: in range, no positive also excluded (a ValueError naming the argument)."""
+    pos = as_padded_index(positives, n, b, "positives", device)
     exc = None
     if exclude is not None:
-        exc = as_padded_index(exclude, n, b, "exclude", scores.device)
+        exc = as_padded_index(exclude, n, b, "exclude", device)
         if pos.numel() and exc.numel():
             clash = (pos.unsqueeze(2) == exc.unsqueeze(1)) & (pos.unsqueeze(2) >= 0)
             if bool(clash.any()):
@@ -94,7 +101,7 @@ def _prepare(scores, positives, exclude, check_finite):
                     f"exclude: {int(rows.sum())} row(s) exclude one of their own positives "
                     f"(first: row {int(rows.nonzero()[0, 0])}); a relevant item cannot also be excluded"
                 )
-    return scores, pos, exc
+    return pos, exc
 
 
 def candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tensor | None, count_other_positives: bool = True) -> torch.Tensor:
@@ -130,20 +137,34 @@ def exact_ranks(
             positives included (the ranking every full-list metric uses); False ranks it among the
             irrelevant candidates only, the rank that sampled metrics estimate.
         generator: seeds ``ties="random"``.
-        check_finite: raise on NaN or inf scores (one extra pass over ``scores``).
+        check_finite: raise on NaN or inf scores (checked in the counting pass over ``scores``).
 
     Returns:
         (B, P) ranks in the positives' padded layout, 0 in padded slots; int64, or float64 for
         ``ties="average"``.
     """
     _check_ties(ties)
-    scores, pos, exc = _prepare(scores, positives, exclude, check_finite)
-    return exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator)
+    scores, pos, exc = _prepare(scores, positives, exclude, False)
+    return exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator, check_finite=check_finite)
 
 
-def exact_ranks_padded(scores, pos, exc, ties, count_other_positives=True, generator=None) -> torch.Tensor:
+def exact_ranks_padded(scores, pos, exc, ties, count_other_positives=True, generator=None, *, check_finite: bool = False) -> torch.Tensor:
     """:func:`exact_ranks` on validated inputs: (B, n) scores, padded (B, P) positives and (B, E)
-    exclusions (-1 padding, see :func:`as_padded_index`), no input checks; (B, P) 1-based ranks."""
+    exclusions (-1 padding, see :func:`as_padded_index`), no input checks except, with ``check_finite``,
+    the NaN/inf check of the scores (done by the counting pass itself); (B, P) 1-based ranks."""
+    if check_finite and pos.shape[1] == 0:
+        check_scores(scores, True)
+        check_finite = False
+
+    def count(ref: torch.Tensor, inclusive: bool) -> torch.Tensor:  # the first count also checks the scores
+        nonlocal check_finite
+        if not check_finite:
+            return count_beating(scores, ref, inclusive=inclusive)
+        counts, finite_rows = count_beating_checked(scores, ref, inclusive=inclusive)
+        check_finite_rows(finite_rows)
+        check_finite = False
+        return counts
+
     pos_scores, pos_valid = _gather_padded(scores, pos)
     removed = [exc] if exc is not None else []
     if not count_other_positives:
@@ -153,11 +174,11 @@ def exact_ranks_padded(scores, pos, exc, ties, count_other_positives=True, gener
         rem_scores, rem_valid = _gather_padded(scores, rem_idx)
     # counts over the whole row, then subtract what removed items contributed
     if ties in ("pessimistic", "average"):
-        ge = count_beating(scores, pos_scores, inclusive=True)  # includes the positive itself
+        ge = count(pos_scores, True)  # includes the positive itself
         if removed:
             ge = ge - _removed_counts(rem_scores, rem_valid, rem_idx, pos_scores, pos, inclusive=True)
     if ties in ("optimistic", "average", "random"):
-        gt = count_beating(scores, pos_scores, inclusive=False)
+        gt = count(pos_scores, False)
         if removed:
             gt = gt - _removed_counts(rem_scores, rem_valid, rem_idx, pos_scores, pos, inclusive=False)
     if ties == "pessimistic":

@@ -31,9 +31,9 @@ import torch
 
 from ._checks import as_tensor
 from .metric_names import MetricSpec, parse_metric
-from .ranking import _check_ties, exact_ranks_padded, _prepare, candidate_counts
+from .ranking import _check_ties, _prepare, candidate_counts, exact_ranks_padded, prepare_index
 
-__all__ = ["user_metric_values", "per_user_metrics", "mean_metrics", "DEFAULT_METRICS"]
+__all__ = ["user_metric_values", "per_user_metrics", "per_user_metrics_from_factors", "mean_metrics", "DEFAULT_METRICS"]
 
 DEFAULT_METRICS = (
     "precision@10",
@@ -198,16 +198,50 @@ def per_user_metrics(
     """
     specs = _expand(metrics, cumulative)
     _check_ties(ties)
-    scores, pos, exc = _prepare(scores, positives, exclude, check_finite)
+    scores, pos, exc = _prepare(scores, positives, exclude, False)
     b, n = scores.shape
     for spec in specs:
         if spec.k is not None and spec.k > n:
             raise ValueError(f"metrics: k = {spec.k} in {str(spec)!r} is larger than the candidate list ({n} items)")
-    ranks = exact_ranks_padded(scores, pos, exc, ties, True, generator)
+    ranks = exact_ranks_padded(scores, pos, exc, ties, True, generator, check_finite=check_finite)
+    return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame)
+
+
+def per_user_metrics_from_factors(
+    user_factors: torch.Tensor,
+    item_factors: torch.Tensor,
+    positives: torch.Tensor,
+    metrics: Sequence[str | MetricSpec] = DEFAULT_METRICS,
+    exclude: torch.Tensor | None = None,
+    relevance: torch.Tensor | None = None,
+    ties: str = "pessimistic",
+    *,
+    cumulative: bool = False,
+    as_frame: bool = True,
+):
+    """:func:`per_user_metrics` of the scores ``user_factors @ item_factors.T`` without storing them: ranks
+    from :func:`~reco_sampled_plugin.factor_ranks.exact_ranks_from_factors` (cache-sized score tiles;
+    NaN/inf factors raise). Arguments as in :func:`per_user_metrics`; ``ties`` pessimistic, optimistic or
+    average."""
+    from .factor_ranks import exact_ranks_from_factors
+
+    specs = _expand(metrics, cumulative)
+    n = int(item_factors.shape[0])
+    for spec in specs:
+        if spec.k is not None and spec.k > n:
+            raise ValueError(f"metrics: k = {spec.k} in {str(spec)!r} is larger than the candidate list ({n} items)")
+    ranks = exact_ranks_from_factors(user_factors, item_factors, positives, exclude, ties)
+    pos, exc = prepare_index(positives, exclude, ranks.shape[0], n, ranks.device)
+    return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame)
+
+
+def _metrics_from_ranks(specs, ranks, pos, exc, n: int, relevance, as_frame: bool):
+    """The per-user values of ``specs`` from padded exact ranks (other positives competing)."""
+    b = pos.shape[0]
     n_cand = candidate_counts(n, pos, exc)
     rel = None
     if relevance is not None:
-        rel = torch.as_tensor(relevance, device=scores.device)
+        rel = torch.as_tensor(relevance, device=ranks.device)
         if rel.shape == (b, n):
             rel = rel.gather(1, pos.clamp(min=0)).masked_fill(pos < 0, 0)
     r, n_cand, rel = _check_rank_inputs(ranks, n_cand, rel)

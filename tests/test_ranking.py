@@ -113,6 +113,41 @@ def test_compiled_and_eager_counts_agree():
     assert (eager_tb[:, 0] > 0).any()
 
 
+@pytest.mark.parametrize("p", [1, 5, 7, 11])
+def test_grouped_compiled_counts_and_fused_finite_check(p):
+    """Padded counts run in compiled passes of up to 5 references (7 -> 4 + 3, 11 -> 4 + 4 + 3): equal to
+    the eager counts; the same pass flags exactly the rows holding NaN, +inf or -inf, on both backends."""
+    torch.manual_seed(p)
+    scores = torch.randn(40, 9_000)
+    scores[:, :30] = 0.25  # ties
+    ref = torch.cat([scores[:, 30 + torch.randperm(8_000)[: p - 1]], torch.full((40, 1), 0.25)], 1)[:, :p]
+    bad = scores.clone()
+    bad[3, 100], bad[17, 5], bad[29, 8_999] = math.nan, math.inf, -math.inf
+    want = {}
+    try:
+        for backend in ("eager", "compiled"):
+            counting.set_backend(backend)
+            for inc in (False, True):
+                counts = counting.count_beating(scores, ref, inclusive=inc)
+                checked, finite = counting.count_beating_checked(scores, ref, inclusive=inc)
+                assert torch.equal(counts, checked) and bool(finite.all())
+                want.setdefault(inc, counts)
+                assert torch.equal(counts, want[inc]), (backend, inc)
+                _, finite_bad = counting.count_beating_checked(bad, ref, inclusive=inc)
+                assert finite_bad.nonzero().numel() == 37 and set((~finite_bad).nonzero().flatten().tolist()) == {3, 17, 29}
+    finally:
+        counting.set_backend("auto")
+    brute = (scores.unsqueeze(1) >= ref.unsqueeze(2)).sum(-1)
+    assert torch.equal(want[True], brute)
+    pos = torch.tensor([[0, 40]] * 40)
+    try:
+        counting.set_backend("compiled")
+        with pytest.raises(ValueError, match=r"NaN or inf in 3 of 40 rows \(first bad row 3\)"):
+            exact_ranks(bad, pos)
+    finally:
+        counting.set_backend("auto")
+
+
 def test_row_indexed_counts_match_brute_force_on_both_backends():
     """count_beating_rows: one reference per positive against its own row (users with 1 to 40 positives,
     ties, -inf exclusions), compiled and eager, equal to a brute-force numpy count."""

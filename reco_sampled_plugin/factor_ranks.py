@@ -1,0 +1,150 @@
+"""Exact ranks straight from factor matrices: the scores are computed tile by tile and never stored.
+
+For a factor model the scores of B users are ``U @ V.T`` (B x n). Ranking them the usual way writes the
+whole B x n matrix to memory and reads it back to count, for each held-out item, the items that score
+higher. Here each (B_t x C) tile of scores is computed into a small reused buffer (about 2^23 scores,
+cache-sized), counted against the positives' scores while it is hot, and overwritten by the next tile:
+the count costs no extra trip to memory and the full matrix never exists (BENCHMARKS.md: faster than
+the score matmul alone into a full buffer).
+
+Scores are compared as float values of the tile matmul; a positive's own score comes from one dot product
+per positive. Positives and excluded items are set to -inf in each tile (they do not count as other
+items); positives are then compared with each other on their dot-product scores, so a positive never
+counts itself and every comparison between two positives uses the same two numbers. Ranks equal
+:func:`~reco_sampled_plugin.ranking.exact_ranks` on ``U @ V.T`` except where another item's score lies
+within float rounding of a positive's (the two computations may round the same product differently;
+identical with exactly representable scores, tested).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .counting import count_beating_tile
+from .ranking import _check_ties, exact_ranks, prepare_index
+
+__all__ = ["exact_ranks_from_factors"]
+
+#: scores per tile (B_t x C): 2^23 float32 = 32 MiB, reused for every tile (fewer, larger tiles: each
+#: compiled count call has a fixed cost of about 0.3 ms).
+TILE_ELEMENTS = 1 << 23
+# items per tile (C) at most; users per tile B_t = TILE_ELEMENTS // C
+_TILE_ITEMS = 1 << 14
+
+
+def _factor(x, name: str) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        x = torch.as_tensor(x)
+    if x.dim() != 2 or not x.is_floating_point():
+        raise ValueError(f"{name}: expected a 2-D floating tensor, got shape {tuple(x.shape)} and dtype {x.dtype}")
+    return x
+
+
+# the item factors are usually the same tensor for every user batch: their largest norm is cached
+# (keyed by identity, storage, version counter and shape, so an in-place update recomputes it)
+_item_norm: tuple[tuple, float] | None = None
+
+
+def _max_norm(x: torch.Tensor, name: str, cache: bool = False) -> float:
+    """Largest row norm (float64), raising when a factor is NaN or inf (then the norm is not finite)."""
+    global _item_norm
+    key = (id(x), x.data_ptr(), x._version, tuple(x.shape), x.dtype, x.device)
+    if cache and _item_norm is not None and _item_norm[0] == key:
+        return _item_norm[1]
+    norms = torch.linalg.vector_norm(x, dim=1, dtype=torch.float64)  # float64: no overflow from finite values
+    if not bool(torch.isfinite(norms).all()):
+        raise ValueError(f"{name}: contains NaN or inf")
+    value = float(norms.max()) if norms.numel() else 0.0
+    if cache:
+        _item_norm = (key, value)
+    return value
+
+
+def exact_ranks_from_factors(
+    user_factors: torch.Tensor,
+    item_factors: torch.Tensor,
+    positives: torch.Tensor,
+    exclude: torch.Tensor | None = None,
+    ties: str = "pessimistic",
+    *,
+    count_other_positives: bool = True,
+    tile_elements: int = TILE_ELEMENTS,
+) -> torch.Tensor:
+    """1-based rank of every positive among the non-excluded items, scores = ``user_factors @ item_factors.T``.
+
+    Args:
+        user_factors: (B, d) user factors (any floating dtype and device).
+        item_factors: (n, d) item factors, same dtype and device.
+        positives: held-out relevant items: (B, n) bool mask, (B, P) int64 padded with -1, or (B,).
+        exclude: items to leave out of the ranking (training items), same forms; None for none.
+        ties: ``"pessimistic"`` (default), ``"optimistic"`` or ``"average"`` (``"random"``: use
+            :func:`~reco_sampled_plugin.ranking.exact_ranks` on the score matrix).
+        count_other_positives: as in :func:`~reco_sampled_plugin.ranking.exact_ranks`.
+        tile_elements: scores per tile (memory: one tile of the factors' dtype).
+
+    Returns:
+        (B, P) ranks in the positives' padded layout, 0 in padded slots; int64, or float64 for ``average``.
+
+    Raises:
+        ValueError: shapes, dtypes or devices that do not match, NaN or inf factors, ``ties="random"``,
+            invalid positives / exclusions (as :func:`~reco_sampled_plugin.ranking.exact_ranks`).
+    """
+    _check_ties(ties)
+    if ties == "random":
+        raise ValueError("ties: 'random' is not supported from factors; use exact_ranks(user_factors @ item_factors.T, ...)")
+    u = _factor(user_factors, "user_factors")
+    v = _factor(item_factors, "item_factors")
+    if u.shape[1] != v.shape[1]:
+        raise ValueError(f"item_factors: {v.shape[1]} factors but user_factors has {u.shape[1]} (they must match)")
+    if u.dtype != v.dtype or u.device != v.device:
+        raise ValueError(f"item_factors: dtype/device {v.dtype}/{v.device} differ from user_factors' {u.dtype}/{u.device}")
+    b, n = u.shape[0], v.shape[0]
+    if n == 0:
+        raise ValueError("item_factors: no items")
+    pos, exc = prepare_index(positives, exclude, b, n, u.device)
+    if b == 0 or pos.shape[1] == 0:
+        return torch.zeros(pos.shape, dtype=torch.float64 if ties == "average" else torch.int64, device=u.device)
+    # no score can overflow when |u| |v| stays below the dtype's largest value (Cauchy-Schwarz); otherwise rank
+    # the materialized scores, whose NaN/inf check then names the rows
+    bound = _max_norm(u, "user_factors") * _max_norm(v, "item_factors", cache=True)
+    if not bound < torch.finfo(u.dtype).max / 4:
+        return exact_ranks(u @ v.T, pos, exc, ties, count_other_positives=count_other_positives)
+
+    valid = pos >= 0
+    s_pos = torch.bmm(v[pos.clamp(min=0)], u.unsqueeze(2)).squeeze(2)  # (B, P) dot products
+    s_pos = s_pos.masked_fill(~valid, math.inf)  # padded slots: nothing beats +inf
+    masked = pos if exc is None else torch.cat([pos, exc], 1)  # -inf in every tile: never counted as items
+    need_ge = ties in ("pessimistic", "average")
+    need_gt = ties in ("optimistic", "average")
+    ge = torch.zeros(pos.shape, dtype=torch.int64, device=u.device)
+    gt = torch.zeros(pos.shape, dtype=torch.int64, device=u.device)
+    cols = min(n, _TILE_ITEMS, max(1, int(tile_elements)))
+    rows = max(1, int(tile_elements) // cols)
+    buf = torch.empty((min(rows, b), cols), dtype=u.dtype, device=u.device)
+    for r0 in range(0, b, rows):
+        r1 = min(b, r0 + rows)
+        u_t, ref, m_t = u[r0:r1], s_pos[r0:r1], masked[r0:r1]
+        for c0 in range(0, n, cols):
+            c1 = min(n, c0 + cols)
+            tile = buf[: r1 - r0, : c1 - c0]
+            torch.matmul(u_t, v[c0:c1].T, out=tile)
+            hit = (m_t >= c0) & (m_t < c1)
+            rr, slot = hit.nonzero(as_tuple=True)
+            tile[rr, m_t[rr, slot] - c0] = -math.inf
+            if need_ge:
+                ge[r0:r1] += count_beating_tile(tile, ref, inclusive=True)
+            if need_gt:
+                gt[r0:r1] += count_beating_tile(tile, ref, inclusive=False)
+    if count_other_positives:  # the other positives, compared on the same dot-product scores
+        other = valid.unsqueeze(1) & valid.unsqueeze(2) & ~torch.eye(pos.shape[1], dtype=torch.bool, device=u.device)
+        ge += ((s_pos.unsqueeze(1) >= s_pos.unsqueeze(2)) & other).sum(2)
+        gt += ((s_pos.unsqueeze(1) > s_pos.unsqueeze(2)) & other).sum(2)
+    if ties == "pessimistic":
+        ranks = ge + 1
+    elif ties == "optimistic":
+        ranks = gt + 1
+    else:
+        ranks = (ge + gt + 2).to(torch.float64) / 2
+    return torch.where(valid, ranks, torch.zeros_like(ranks))

@@ -1,0 +1,83 @@
+"""Ranks and per-user metrics straight from factors (score tiles, never stored) against the materialized scores."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from reco_sampled_plugin import counting, exact_ranks, exact_ranks_from_factors, per_user_metrics, per_user_metrics_from_factors
+
+
+def _problem(seed: int, b=37, n=1_000, d=6, integer=True, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    if integer:  # small integers: every score exact in float32, many exact ties
+        u = torch.randint(-2, 3, (b, d), generator=g).to(dtype)
+        v = torch.randint(-2, 3, (n, d), generator=g).to(dtype)
+    else:
+        u = torch.randn(b, d, generator=g, dtype=dtype)
+        v = torch.randn(n, d, generator=g, dtype=dtype)
+    perm = torch.stack([torch.randperm(n, generator=g) for _ in range(b)])
+    pos = perm[:, :6].clone()
+    pos[::3, 4:] = -1  # padded slots
+    exc = perm[:, 6:26].clone()
+    exc[::4, 10:] = -1
+    return u, v, pos, exc
+
+
+@pytest.mark.parametrize("ties", ["pessimistic", "optimistic", "average"])
+@pytest.mark.parametrize("other", [True, False])
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+def test_equal_to_exact_ranks_on_materialized_scores_with_ties(ties, other, backend):
+    """Exactly representable scores (many ties): identical to exact_ranks(U @ V.T) for every tie policy,
+    with exclusions, padding, other positives competing or not, and tiles that cut rows and columns."""
+    u, v, pos, exc = _problem(1)
+    want = exact_ranks(u @ v.T, pos, exc, ties, count_other_positives=other)
+    try:
+        counting.set_backend(backend)
+        for tile in (1 << 22, 3 * 128, 1_000 * 7):
+            got = exact_ranks_from_factors(u, v, pos, exc, ties, count_other_positives=other, tile_elements=tile)
+            assert got.dtype == want.dtype
+            assert torch.equal(got, want), (ties, other, tile)
+    finally:
+        counting.set_backend("auto")
+    assert bool((want[pos >= 0] > 1).any()) and bool((want[pos < 0] == 0).all())
+
+
+def test_equal_on_random_float64_factors_and_large_tiles():
+    u, v, pos, exc = _problem(2, b=300, n=20_000, d=16, integer=False, dtype=torch.float64)
+    want = exact_ranks(u @ v.T, pos, exc)
+    assert torch.equal(exact_ranks_from_factors(u, v, pos, exc), want)
+    assert torch.equal(exact_ranks_from_factors(u, v, pos[:, 0]), exact_ranks(u @ v.T, pos[:, 0]))
+
+
+def test_per_user_metrics_from_factors_equal_the_score_path():
+    u, v, pos, exc = _problem(3)
+    a = per_user_metrics(u @ v.T, pos, exclude=exc, as_frame=False)
+    b = per_user_metrics_from_factors(u, v, pos, exclude=exc, as_frame=False)
+    assert list(a) == list(b) and len(a) == 10
+    for name in a:
+        np.testing.assert_array_equal(a[name].numpy(), b[name].numpy(), err_msg=name)
+    frame = per_user_metrics_from_factors(u, v, pos, ["ndcg@5", "auc"], exclude=exc)
+    assert list(frame.columns) == ["NDCG@5", "ROC_AUC"] and len(frame) == u.shape[0]
+
+
+def test_bad_inputs_name_the_argument():
+    u, v, pos, exc = _problem(4)
+    with pytest.raises(ValueError, match="user_factors: contains NaN"):
+        exact_ranks_from_factors(u.clone().index_fill_(0, torch.tensor([2]), math.nan), v, pos)
+    with pytest.raises(ValueError, match="item_factors: 5 factors"):
+        exact_ranks_from_factors(u, v[:, :5], pos)
+    with pytest.raises(ValueError, match="item_factors: dtype"):
+        exact_ranks_from_factors(u, v.double(), pos)
+    with pytest.raises(ValueError, match="ties: 'random'"):
+        exact_ranks_from_factors(u, v, pos, ties="random")
+    with pytest.raises(ValueError, match="exclude: .* exclude one of their own positives"):
+        exact_ranks_from_factors(u, v, pos, torch.cat([exc, pos[:, :1]], 1))
+    with pytest.raises(ValueError, match="k = 2000"):
+        per_user_metrics_from_factors(u, v, pos, ["ndcg@2000"])
+    # factors whose scores could overflow: ranked on the materialized scores, whose check names the rows
+    big = u.clone()
+    big[5] = 3e38
+    with pytest.raises(ValueError, match="NaN or inf in"):
+        exact_ranks_from_factors(big, v, pos)
