@@ -195,6 +195,8 @@ def per_user_metrics(
         cumulative: expand every ``metric@k`` into ``metric@1 .. metric@k``.
         as_frame: return a pandas DataFrame (recometrics column names, e.g. ``NDCG@10``, ``ROC_AUC``);
             False returns a dict of (B,) float64 tensors keyed the same way.
+        check_finite: raise a ValueError naming the rows with NaN or inf scores (checked inside the
+            counting pass; nearly free).
     """
     specs = _expand(metrics, cumulative)
     _check_ties(ties)
