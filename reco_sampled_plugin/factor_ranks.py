@@ -2,7 +2,7 @@
 
 For a factor model the scores of B users are ``U @ V.T`` (B x n). Ranking them the usual way writes the
 whole B x n matrix to memory and reads it back to count, for each held-out item, the items that score
-higher. Here each (B_t x C) tile of scores is computed into a small reused buffer (about 2^23 scores,
+higher. Here each (B_t x C) tile of scores is computed into a small reused buffer (about 2^22 scores,
 cache-sized), counted against the positives' scores while it is hot, and overwritten by the next tile:
 the count costs no extra trip to memory and the full matrix never exists (BENCHMARKS.md: faster than
 the score matmul alone into a full buffer).
@@ -27,11 +27,12 @@ from .ranking import _check_ties, exact_ranks, prepare_index
 
 __all__ = ["exact_ranks_from_factors"]
 
-#: scores per tile (B_t x C): 2^23 float32 = 32 MiB, reused for every tile (fewer, larger tiles: each
-#: compiled count call has a fixed cost of about 0.3 ms).
-TILE_ELEMENTS = 1 << 23
+#: scores per tile (B_t x C): 2^22 float32 = 16 MiB, reused for every tile. Measured for 1,024 users x
+#: 100,000 items (d = 64, 5 positives, 20 exclusions): C = 8,192 with 2^22 scores 80 ms, C = 16,384 with 2^23
+#: 85 ms, C = 16,384 with 2^24 121 ms; the score matmul alone into a full buffer 84 ms.
+TILE_ELEMENTS = 1 << 22
 # items per tile (C) at most; users per tile B_t = TILE_ELEMENTS // C
-_TILE_ITEMS = 1 << 14
+_TILE_ITEMS = 1 << 13
 
 
 def _factor(x, name: str) -> torch.Tensor:
