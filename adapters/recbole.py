@@ -652,10 +652,7 @@ def _flush(collector) -> None:
         table[:, _R_FULL] = _ranks_from_counts(ge, gt, settings.ties)
         table[:, _R_IRR] = _ranks_from_counts(ge - other_ge, gt - other_gt, settings.ties)
     else:
-        from reco_sampled_plugin.counting import count_beating_rows
-
-        lowest = torch.full((b,), torch.finfo(scores.dtype).min, dtype=scores.dtype)
-        n_full = count_beating_rows(scores, torch.arange(b), lowest, inclusive=True)
+        n_full = _full_counts(scores, pos_u[:0], s_pos[:0], "pessimistic")[2]  # candidate counts only
         if settings.needs_exact or settings.side_by_side:
             table[:, _R_FULL], table[:, _R_IRR] = _topk_full_mode(scores, pos_u, s_pos, counts, settings)
     n_irr = (n_full - counts + 1)[pos_u]  # irrelevant candidates + the positive itself

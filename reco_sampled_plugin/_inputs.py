@@ -6,7 +6,7 @@ import torch
 
 from ._checks import check_same_device
 
-__all__ = ["as_padded_index", "check_finite_rows", "check_scores", "mask_to_padded"]
+__all__ = ["as_padded_index", "check_finite_rows", "check_scores", "finite_rows", "mask_to_padded"]
 
 
 def mask_to_padded(mask: torch.Tensor) -> torch.Tensor:
@@ -63,15 +63,20 @@ def check_scores(scores, check_finite: bool = True) -> torch.Tensor:
         raise ValueError(f"scores: expected a (users x items) matrix, got shape {tuple(scores.shape)}")
     if not scores.is_floating_point():
         raise ValueError(f"scores: expected a floating dtype, got {scores.dtype}")
-    if check_finite and scores.numel():
-        # min and max of the whole matrix are finite iff every score is (both propagate NaN): one
-        # vectorised pass (aminmax: 8.7 ms for 1e8 float32 here, vs 13 ms for row sums and 345 ms for
-        # isfinite().all()); only when it fails are the bad rows located element-wise
-        lo, hi = torch.aminmax(scores)
-        if bool(torch.isfinite(lo) & torch.isfinite(hi)):
-            return scores
-        check_finite_rows(torch.isfinite(scores).all(1))
+    if check_finite:
+        check_finite_rows(finite_rows(scores))
     return scores
+
+
+def finite_rows(scores: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: rows of a (B, n) score matrix without NaN or inf. Min and max of the whole matrix are
+    finite iff every score is (both propagate NaN): one vectorised pass (aminmax: 8.7 ms for 1e8 float32,
+    vs 13 ms for row sums and 345 ms for isfinite().all()); only when it fails are rows checked one by one."""
+    if scores.numel():
+        lo, hi = torch.aminmax(scores)
+        if not bool(torch.isfinite(lo) & torch.isfinite(hi)):
+            return torch.isfinite(scores).all(1)
+    return torch.ones(scores.shape[0], dtype=torch.bool, device=scores.device)
 
 
 def check_finite_rows(finite_rows: torch.Tensor) -> None:

@@ -20,6 +20,8 @@ from typing import Callable
 
 import torch
 
+from ._inputs import finite_rows
+
 __all__ = ["count_beating", "count_beating_checked", "count_beating_tile", "count_beating_rows", "count_tied_before", "item_keys", "set_backend", "get_backend"]
 
 # below this many comparisons (B * P * n) the eager path is faster than calling a compiled kernel
@@ -167,8 +169,11 @@ def _eager_rows(inclusive: bool, scores: torch.Tensor, rows: torch.Tensor, ref: 
     return out
 
 
-def _use_compiled(work: int, n: int) -> bool:
-    return (_backend == "compiled" or (_backend == "auto" and work >= _COMPILE_MIN_WORK)) and n < 2**31 - 1  # int32
+def _use_compiled(work: int, n: int, tile: bool = False) -> bool:
+    """Compiled kernel or eager path: large inputs (any size for a tile of a tiled loop) unless the backend
+    says otherwise; int32 accumulators need n < 2^31."""
+    wanted = _backend != "eager" if tile else _backend == "compiled" or (_backend == "auto" and work >= _COMPILE_MIN_WORK)
+    return wanted and n < 2**31 - 1
 
 
 def _compile_failure(name: str, exc: Exception) -> None:
@@ -198,14 +203,6 @@ def _run(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Tenso
     return _eager(name, scores, ref, *extra)
 
 
-def _finite_rows_eager(scores: torch.Tensor) -> torch.Tensor:
-    """(B,) bool: rows without NaN or inf (one aminmax pass; rows located only when it fails)."""
-    lo, hi = torch.aminmax(scores) if scores.numel() else (torch.zeros(()), torch.zeros(()))
-    if bool(torch.isfinite(lo) & torch.isfinite(hi)):
-        return torch.ones(scores.shape[0], dtype=torch.bool, device=scores.device)
-    return torch.isfinite(scores).all(1)
-
-
 def _padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool, finite: bool, tile: bool = False):
     """Counts (B, P) int64 of scores beating each padded reference, and (when ``finite``) the (B,) bool
     finite rows; compiled in passes of up to ``_GROUP`` references, else eager (small inputs unless
@@ -213,8 +210,7 @@ def _padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool, finite: bo
     b, n = scores.shape
     p = ref.shape[1]
     family = "ge" if inclusive else "gt"
-    compiled = (_backend != "eager" and n < 2**31 - 1) if tile else _use_compiled(b * n * p, n)
-    if p and compiled and family not in _compile_failed:
+    if p and _use_compiled(b * n * p, n, tile) and family not in _compile_failed:
         size = math.ceil(p / math.ceil(p / _GROUP))  # balanced groups of at most _GROUP references
         try:
             parts, row_sums = [], None
@@ -227,7 +223,7 @@ def _padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool, finite: bo
             return counts, (row_sums == 0 if finite else None)
         except Exception as exc:  # compilation unavailable (no compiler...): fall back once
             _compile_failure(family, exc)
-    return _eager(family, scores, ref), (_finite_rows_eager(scores) if finite else None)
+    return _eager(family, scores, ref), (finite_rows(scores) if finite else None)
 
 
 def count_beating(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool = False) -> torch.Tensor:

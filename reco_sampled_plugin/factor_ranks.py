@@ -92,6 +92,12 @@ def exact_ranks_from_factors(
         ValueError: shapes, dtypes or devices that do not match, NaN or inf factors, ``ties="random"``,
             invalid positives / exclusions (as :func:`~reco_sampled_plugin.ranking.exact_ranks`).
     """
+    return _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives, tile_elements)[0]
+
+
+def _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives=True,
+                        tile_elements=TILE_ELEMENTS):
+    """:func:`exact_ranks_from_factors`, also returning the validated padded positives and exclusions."""
     _check_ties(ties)
     if ties == "random":
         raise ValueError("ties: 'random' is not supported from factors; use exact_ranks(user_factors @ item_factors.T, ...)")
@@ -106,12 +112,12 @@ def exact_ranks_from_factors(
         raise ValueError("item_factors: no items")
     pos, exc = prepare_index(positives, exclude, b, n, u.device)
     if b == 0 or pos.shape[1] == 0:
-        return torch.zeros(pos.shape, dtype=torch.float64 if ties == "average" else torch.int64, device=u.device)
+        return torch.zeros(pos.shape, dtype=torch.float64 if ties == "average" else torch.int64, device=u.device), pos, exc
     # no score can overflow when |u| |v| stays below the dtype's largest value (Cauchy-Schwarz); otherwise rank
     # the materialized scores, whose NaN/inf check then names the rows
     bound = _max_norm(u, "user_factors") * _max_norm(v, "item_factors", cache=True)
     if not bound < torch.finfo(u.dtype).max / 4:
-        return exact_ranks(u @ v.T, pos, exc, ties, count_other_positives=count_other_positives)
+        return exact_ranks(u @ v.T, pos, exc, ties, count_other_positives=count_other_positives), pos, exc
 
     valid = pos >= 0
     s_pos = torch.bmm(v[pos.clamp(min=0)], u.unsqueeze(2)).squeeze(2)  # (B, P) dot products
@@ -148,4 +154,4 @@ def exact_ranks_from_factors(
         ranks = gt + 1
     else:
         ranks = (ge + gt + 2).to(torch.float64) / 2
-    return torch.where(valid, ranks, torch.zeros_like(ranks))
+    return torch.where(valid, ranks, torch.zeros_like(ranks)), pos, exc

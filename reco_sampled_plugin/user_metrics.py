@@ -31,7 +31,7 @@ import torch
 
 from ._checks import as_tensor
 from .metric_names import MetricSpec, parse_metric
-from .ranking import _check_ties, _prepare, candidate_counts, exact_ranks_padded, prepare_index
+from .ranking import _check_ties, _prepare, candidate_counts, exact_ranks_padded
 
 __all__ = ["user_metric_values", "per_user_metrics", "per_user_metrics_from_factors", "mean_metrics", "DEFAULT_METRICS"]
 
@@ -225,15 +225,14 @@ def per_user_metrics_from_factors(
     from :func:`~reco_sampled_plugin.factor_ranks.exact_ranks_from_factors` (cache-sized score tiles;
     NaN/inf factors raise). Arguments as in :func:`per_user_metrics`; ``ties`` pessimistic, optimistic or
     average."""
-    from .factor_ranks import exact_ranks_from_factors
+    from .factor_ranks import _ranks_from_factors
 
     specs = _expand(metrics, cumulative)
     n = int(item_factors.shape[0])
     for spec in specs:
         if spec.k is not None and spec.k > n:
             raise ValueError(f"metrics: k = {spec.k} in {str(spec)!r} is larger than the candidate list ({n} items)")
-    ranks = exact_ranks_from_factors(user_factors, item_factors, positives, exclude, ties)
-    pos, exc = prepare_index(positives, exclude, ranks.shape[0], n, ranks.device)
+    ranks, pos, exc = _ranks_from_factors(user_factors, item_factors, positives, exclude, ties)
     return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame)
 
 
