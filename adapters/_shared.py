@@ -1,6 +1,7 @@
 """Framework-free pieces shared by the torchmetrics and Lightning adapters.
 
-* :class:`RankingBatch`: what a step (or a user scoring function) hands to the adapters.
+* :class:`RankingBatch` / :class:`FactorBatch`: what a step (or a user scoring function) hands to the
+  adapters: scores, or the factors they come from.
 * Keyed negative sampling: the m irrelevant items of a positive are a pure function of
   (seed, instance id, positive item), drawn with a counter-based hash instead of a stateful
   generator. The same instance therefore gets the same sampled rank whichever process, batch or
@@ -20,16 +21,19 @@ import numpy as np
 import torch
 
 from reco_sampled_plugin import RankHistogram
+from reco_sampled_plugin.factor_ranks import positive_scores
 from reco_sampled_plugin.rank_distribution import pool_groups
 from reco_sampled_plugin.ranking import allowed_position_to_item, as_padded_index, candidate_counts, forbidden_sorted
 
 __all__ = [
     "RankingBatch",
+    "FactorBatch",
     "as_ranking_batch",
     "ADAPTER_TIES",
     "keyed_uniform",
     "keyed_negatives",
     "keyed_sampled_ranks",
+    "keyed_sampled_ranks_from_factors",
     "padded_inputs",
     "histogram_from_rows",
     "metric_key",
@@ -58,10 +62,31 @@ class RankingBatch(NamedTuple):
     ids: torch.Tensor | None = None
 
 
-def as_ranking_batch(obj: Any, where: str = "validation_step") -> RankingBatch:
+class FactorBatch(NamedTuple):
+    """One batch of a factor model, handed over as factors instead of scores.
+
+    The scores are ``user_factors @ item_factors.T + item_bias``; the adapters compute them in
+    cache-sized tiles and count while they are hot (:mod:`reco_sampled_plugin.factor_ranks`), so the
+    (B, n) matrix is never stored: evaluating costs about what computing the scores alone would.
+
+    user_factors: (B, d) factors of the B instances. item_factors: (n, d) factors of every item (the
+    same tensor each batch; its largest norm is cached). item_bias: optional (n,) per-item offset.
+    positives, exclude, ids: as in :class:`RankingBatch`.
+    """
+
+    user_factors: torch.Tensor
+    item_factors: torch.Tensor
+    positives: torch.Tensor
+    exclude: torch.Tensor | None = None
+    ids: torch.Tensor | None = None
+    item_bias: torch.Tensor | None = None
+
+
+def as_ranking_batch(obj: Any, where: str = "validation_step") -> RankingBatch | FactorBatch:
     """Read a :class:`RankingBatch` from a mapping (keys ``scores``, ``positives``, optional
-    ``exclude``, ``ids``) or an object with those attributes."""
-    if isinstance(obj, RankingBatch):
+    ``exclude``, ``ids``) or an object with those attributes; a :class:`FactorBatch` when it holds
+    ``user_factors`` and ``item_factors`` (optional ``item_bias``) instead of ``scores``."""
+    if isinstance(obj, (RankingBatch, FactorBatch)):
         return obj
     if isinstance(obj, Mapping):
         get = obj.get
@@ -69,10 +94,13 @@ def as_ranking_batch(obj: Any, where: str = "validation_step") -> RankingBatch:
         def get(key, default=None):
             return getattr(obj, key, default)
     scores, positives = get("scores"), get("positives")
+    uf, vf = get("user_factors"), get("item_factors")
+    if positives is not None and scores is None and isinstance(uf, torch.Tensor) and isinstance(vf, torch.Tensor):
+        return FactorBatch(uf, vf, positives, get("exclude"), get("ids"), get("item_bias"))
     if not isinstance(scores, torch.Tensor) or positives is None:
         raise ValueError(
-            f"{where}: expected a dict (or object) with 'scores' (B x n tensor), 'positives' and optionally "
-            f"'exclude' and 'ids'; got {type(obj).__name__}"
+            f"{where}: expected a dict (or object) with 'scores' (B x n tensor) or 'user_factors' (B x d) and "
+            f"'item_factors' (n x d), 'positives' and optionally 'exclude' and 'ids'; got {type(obj).__name__}"
             + (f" with keys {sorted(obj)}" if isinstance(obj, Mapping) else "")
             + ". Return them from the step or pass score_fn= to the callback."
         )
@@ -202,17 +230,47 @@ def keyed_sampled_ranks(
     b, n_items = scores.shape
     p = pos.shape[1]
     neg = keyed_negatives(pos, exc, n_items, n_samples, ids, seed, replacement)
-    valid = pos >= 0
     pos_scores = scores.gather(1, pos.clamp(min=0))
     neg_scores = scores.gather(1, neg.reshape(b, -1)).reshape(b, p, n_samples)
+    ranks = _ranks_among_drawn(pos_scores, neg_scores, pos >= 0, ties)
+    return ranks, candidate_counts(n_items, pos, exc, count_other_positives=False)
+
+
+@torch.no_grad()
+def keyed_sampled_ranks_from_factors(
+    u: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    pos: torch.Tensor,
+    exc: torch.Tensor | None,
+    n_samples: int,
+    ids: torch.Tensor,
+    seed: int = 0,
+    replacement: bool = True,
+    ties: str = "pessimistic",
+    pos_scores: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`keyed_sampled_ranks` of the scores ``u @ v.T + bias`` without forming them: the same keyed
+    negatives, scored by one dot product each (as the positives, whose scores may be passed in)."""
+    b, n_items = u.shape[0], v.shape[0]
+    p = pos.shape[1]
+    neg = keyed_negatives(pos, exc, n_items, n_samples, ids, seed, replacement)
+    if pos_scores is None:
+        pos_scores = positive_scores(u, v, bias, pos)
+    neg_scores = positive_scores(u, v, bias, neg.reshape(b, -1)).reshape(b, p, n_samples)
+    ranks = _ranks_among_drawn(pos_scores, neg_scores, pos >= 0, ties)
+    return ranks, candidate_counts(n_items, pos, exc, count_other_positives=False)
+
+
+def _ranks_among_drawn(pos_scores: torch.Tensor, neg_scores: torch.Tensor, valid: torch.Tensor, ties: str) -> torch.Tensor:
+    """1 + drawn items scoring above each positive (ties per ``ties``); 0 where ``valid`` is False."""
     above = (neg_scores > pos_scores.unsqueeze(2)).sum(2)
     if ties == "optimistic":
         ranks = above + 1
     else:
         tied = (neg_scores == pos_scores.unsqueeze(2)).sum(2)
         ranks = above + tied + 1 if ties == "pessimistic" else (above + 1).to(torch.float64) + tied / 2
-    ranks = torch.where(valid, ranks, torch.zeros_like(ranks))
-    return ranks, candidate_counts(n_items, pos, exc, count_other_positives=False)
+    return torch.where(valid, ranks, torch.zeros_like(ranks))
 
 
 # -------------------------------------------------------------------------------- histograms

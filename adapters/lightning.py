@@ -9,7 +9,10 @@ can monitor them.
 
 Protocol (see docs/lightning.md): either ``validation_step`` / ``test_step`` returns a dict (or a
 :class:`RankingBatch`) with ``scores`` (B x n), ``positives``, optional ``exclude`` and ``ids``, or
-the callback gets ``score_fn(pl_module, batch)`` returning the same.
+the callback gets ``score_fn(pl_module, batch)`` returning the same. A factor model may hand over
+``user_factors`` (B x d), ``item_factors`` (n x d) and optional ``item_bias`` (n,) instead of
+``scores`` (a :class:`FactorBatch`): the scores are then computed in cache-sized tiles and counted
+while hot, never stored, so the metrics cost about what the scores alone would.
 
 Both namespaces are supported: ``lightning.pytorch`` and ``pytorch_lightning`` each need their own
 ``Callback`` base, so the class is built per namespace. ``RankingMetricsCallback`` is the one for
@@ -30,10 +33,20 @@ from torch.utils.data import DistributedSampler
 
 from reco_sampled_plugin.estimate import Estimate
 
-from ._shared import RankingBatch, as_ranking_batch, estimator_label, metric_key, padded_inputs
-from .torchmetrics import ExactRankingMetrics, SampledRankingMetrics
+from reco_sampled_plugin.factor_ranks import check_factors
+from reco_sampled_plugin.ranking import prepare_index
 
-__all__ = ["RankingMetricsCallback", "PLRankingMetricsCallback", "RankingBatch", "callback_class", "NAMESPACES"]
+from ._shared import FactorBatch, RankingBatch, as_ranking_batch, estimator_label, metric_key, padded_inputs
+from .torchmetrics import ExactRankingMetrics, SampledRankingMetrics, check_finite_factors
+
+__all__ = [
+    "RankingMetricsCallback",
+    "PLRankingMetricsCallback",
+    "RankingBatch",
+    "FactorBatch",
+    "callback_class",
+    "NAMESPACES",
+]
 
 NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
 _STAGES = {"validate": "val", "test": "test"}
@@ -198,12 +211,12 @@ class _RankingMetricsLogic:
         else:
             rb = as_ranking_batch(outputs, where)
         st = self._state(trainer, pl_module, stage, dataloader_idx)
+        if isinstance(rb, FactorBatch):
+            self._factor_batch(st, rb)
+            return
         scores = rb.scores.detach()
         pos, exc = padded_inputs(scores, rb.positives, rb.exclude)
-        glob, keep = st.positions(scores.shape[0], scores.device)
-        if not self.dedup_padding:
-            keep = None
-        ids = glob if rb.ids is None else torch.as_tensor(rb.ids, device=scores.device)
+        ids, keep = self._ids_keep(st, scores.shape[0], scores.device, rb.ids)
         if st.exact is not None:
             st.exact.update_padded(scores, pos, exc, keep)
         if st.sampled is not None:
@@ -212,6 +225,30 @@ class _RankingMetricsLogic:
 
                 _check_scores(scores, pos, self.check_finite)
             st.sampled.update_padded(scores, pos, exc, ids, keep)
+
+    def _factor_batch(self, st: _LoaderState, fb: FactorBatch) -> None:
+        """Ranks from factors: exact ranks from cache-sized score tiles, sampled ranks from dot products
+        with the keyed negatives; the (B, n) scores are never formed."""
+        # no_grad rather than detach: a detached parameter inside Lightning's inference mode is an
+        # inference tensor, which has no version counter to key the cached item-factor norm
+        with torch.no_grad():
+            u, v, bias = check_factors(fb.user_factors, fb.item_factors, fb.item_bias)
+            pos, exc = prepare_index(fb.positives, fb.exclude, u.shape[0], v.shape[0], u.device)
+            ids, keep = self._ids_keep(st, u.shape[0], u.device, fb.ids)
+            s_pos = None
+            if st.exact is not None:
+                s_pos = st.exact.update_factors_padded(u, v, bias, pos, exc, keep)
+            elif self.check_finite:
+                check_finite_factors(u, v, bias)
+            if st.sampled is not None:
+                st.sampled.update_factors_padded(u, v, bias, pos, exc, ids, keep, s_pos)
+
+    def _ids_keep(self, st: _LoaderState, b: int, device, ids) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Instance ids of the next ``b`` rows (the step's, else their global positions) and the keep mask."""
+        glob, keep = st.positions(b, device)
+        if not self.dedup_padding:
+            keep = None
+        return (glob if ids is None else torch.as_tensor(ids, device=device)), keep
 
     # -------------------------------------------------------------------------- epoch end
     def _epoch_end(self, trainer, pl_module, stage: str) -> None:
@@ -394,7 +431,8 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
         estimator_options: per-estimator keyword arguments, e.g. ``{{"mle": {{"n_bootstrap": 8}}}}``.
         replacement, seed, ties, count_other_positives, max_n_groups, check_finite: see
             :class:`~reco_sampled_plugin.adapters.torchmetrics.SampledRankingMetrics`.
-        score_fn: ``score_fn(pl_module, batch)`` -> dict / RankingBatch; default: the step's output.
+        score_fn: ``score_fn(pl_module, batch)`` -> dict / RankingBatch / FactorBatch; default: the
+            step's output.
         stages: ``("validate", "test")`` or a subset.
         headline: (metric, label) also logged as ``val_<metric>`` (see :attr:`monitor`); default the
             first metric, exact if computed, else the first corrected estimator.

@@ -33,13 +33,15 @@ from reco_sampled_plugin.estimate import Estimate
 from reco_sampled_plugin.estimators import ESTIMATORS, estimate
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_values
-from reco_sampled_plugin.ranking import exact_ranks_padded, candidate_counts
+from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
+from reco_sampled_plugin.ranking import candidate_counts, exact_ranks_padded, prepare_index
 
 from ._shared import (
     check_ties,
     estimator_label,
     histogram_from_rows,
     keyed_sampled_ranks,
+    keyed_sampled_ranks_from_factors,
     padded_inputs,
     stderr_from_sums,
 )
@@ -72,6 +74,13 @@ def _check_scores(scores: torch.Tensor, pos: torch.Tensor, check_finite) -> None
             raise ValueError("scores: NaN or inf score for a relevant item; ranks would be meaningless")
 
 
+def check_finite_factors(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Raise when a factor or bias is NaN or inf (then scores would be; the exact path checks this itself)."""
+    for x, name in ((u, "user_factors"), (v, "item_factors"), (bias, "item_bias")):
+        if x is not None and not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name}: contains NaN or inf; ranks would be meaningless")
+
+
 def _keep_mask(keep, batch: int, device) -> torch.Tensor | None:
     if keep is None:
         return None
@@ -93,7 +102,9 @@ class ExactRankingMetrics(Metric):
         check_finite: ``"positives"`` (default: the relevant items' scores), True (every score: one
             extra pass over the matrix) or False.
 
-    ``update(scores, positives, exclude=None, keep=None)``; ``compute()`` returns
+    ``update(scores, positives, exclude=None, keep=None)``, or ``update_factors(user_factors,
+    item_factors, positives, exclude=None, keep=None, item_bias=None)`` for a factor model (scores in
+    cache-sized tiles, never stored); ``compute()`` returns
     ``{"<metric>/exact": float64 tensor}``; :meth:`estimates` returns :class:`Estimate` objects with
     standard errors.
     """
@@ -134,9 +145,26 @@ class ExactRankingMetrics(Metric):
             raise ValueError(f"scores: expected a floating (B, n) matrix, got {tuple(scores.shape)} {scores.dtype}")
         _check_scores(scores, pos, self.check_finite)
         ranks = exact_ranks_padded(scores, pos, exc, self.ties, self.count_other_positives)
-        n = candidate_counts(scores.shape[1], pos, exc, self.count_other_positives)
+        self._add_ranks(ranks, pos, exc, scores.shape[1], keep)
+
+    def update_factors(self, user_factors, item_factors, positives, exclude=None, keep=None, item_bias=None) -> None:
+        """:meth:`update` for the scores ``user_factors @ item_factors.T (+ item_bias)``, computed in
+        cache-sized tiles and never stored (:func:`~reco_sampled_plugin.exact_ranks_from_factors`);
+        NaN/inf factors raise."""
+        u, v, bias = check_factors(user_factors, item_factors, item_bias)
+        pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device)
+        self.update_factors_padded(u, v, bias, pos, exc, keep)
+
+    def update_factors_padded(self, u, v, bias, pos, exc, keep=None) -> torch.Tensor | None:
+        """:meth:`update_factors` on validated inputs; returns the positives' scores (for sampled ranks)."""
+        ranks, s_pos = factor_ranks_padded(u, v, bias, pos, exc, self.ties, self.count_other_positives)
+        self._add_ranks(ranks, pos, exc, v.shape[0], keep)
+        return s_pos
+
+    def _add_ranks(self, ranks, pos, exc, n_items: int, keep) -> None:
+        n = candidate_counts(n_items, pos, exc, self.count_other_positives)
         valid = pos >= 0
-        k = _keep_mask(keep, scores.shape[0], scores.device)
+        k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
             valid = valid & k.unsqueeze(1)
         r = ranks[valid]
@@ -250,23 +278,54 @@ class SampledRankingMetrics(Metric):
         if not scores.is_floating_point() or scores.dim() != 2:
             raise ValueError(f"scores: expected a floating (B, n) matrix, got {tuple(scores.shape)} {scores.dtype}")
         b, n_items = scores.shape
-        if int(self.n_items) not in (0, n_items):
-            raise ValueError(f"scores: {n_items} items, but earlier batches had {int(self.n_items)}")
+        self._check_n_items(n_items)
         _check_scores(scores, pos, self.check_finite)
-        if ids is None:
-            ids = torch.arange(self._rows_seen, self._rows_seen + b, device=scores.device)
-        else:
-            ids = torch.as_tensor(ids, device=scores.device)
-            if ids.shape != (b,) or ids.is_floating_point() or ids.dtype == torch.bool:
-                raise ValueError(f"ids: expected ({b},) integer instance ids, got {tuple(ids.shape)} {ids.dtype}")
-        self._rows_seen += b
+        ids = self._ids(ids, b, scores.device)
         ranks, n_cand = keyed_sampled_ranks(
             scores, pos, exc, self.n_samples, ids, self.seed, self.replacement, self.ties
         )
+        self._add_ranks(ranks, n_cand, pos, n_items, keep)
+
+    def update_factors(self, user_factors, item_factors, positives, exclude=None, ids=None, keep=None,
+                       item_bias=None) -> None:
+        """:meth:`update` for the scores ``user_factors @ item_factors.T (+ item_bias)`` without forming
+        them: the keyed negatives (the same items as from scores) are scored by one dot product each."""
+        u, v, bias = check_factors(user_factors, item_factors, item_bias)
+        pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device)
+        if self.check_finite:
+            check_finite_factors(u, v, bias)
+        self.update_factors_padded(u, v, bias, pos, exc, ids, keep)
+
+    def update_factors_padded(self, u, v, bias, pos, exc, ids=None, keep=None, pos_scores=None) -> None:
+        """:meth:`update_factors` on validated inputs (``pos_scores``: the positives' dot-product scores
+        when already computed, e.g. by :meth:`ExactRankingMetrics.update_factors_padded`)."""
+        b, n_items = u.shape[0], v.shape[0]
+        self._check_n_items(n_items)
+        ids = self._ids(ids, b, u.device)
+        ranks, n_cand = keyed_sampled_ranks_from_factors(
+            u, v, bias, pos, exc, self.n_samples, ids, self.seed, self.replacement, self.ties, pos_scores
+        )
+        self._add_ranks(ranks, n_cand, pos, n_items, keep)
+
+    def _check_n_items(self, n_items: int) -> None:
+        if int(self.n_items) not in (0, n_items):
+            raise ValueError(f"scores: {n_items} items, but earlier batches had {int(self.n_items)}")
+
+    def _ids(self, ids, b: int, device) -> torch.Tensor:
+        if ids is None:
+            ids = torch.arange(self._rows_seen, self._rows_seen + b, device=device)
+        else:
+            ids = torch.as_tensor(ids, device=device)
+            if ids.shape != (b,) or ids.is_floating_point() or ids.dtype == torch.bool:
+                raise ValueError(f"ids: expected ({b},) integer instance ids, got {tuple(ids.shape)} {ids.dtype}")
+        self._rows_seen += b
+        return ids
+
+    def _add_ranks(self, ranks, n_cand, pos, n_items: int, keep) -> None:
         if ranks.is_floating_point():  # "average" ties give halves: the histogram needs whole ranks
             raise ValueError("ties: 'average' gives fractional sampled ranks; use 'pessimistic' or 'optimistic'")
         valid = pos >= 0
-        k = _keep_mask(keep, b, scores.device)
+        k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
             valid = valid & k.unsqueeze(1)
         e = (n_items - n_cand).unsqueeze(1).expand_as(pos)[valid]

@@ -11,7 +11,11 @@ cold first epoch is reported separately. Overhead = median(callback) / median(pl
 1. The example: MF (d = 32) on MovieLens 100k, 943 users x 1,682 items, batch 256; hit@10, ndcg@10 and
    AUC, exact + sampled (m = 100) + cls + bv + bound (examples/lightning/mf_ml100k.py).
 2. Synthetic: U users x 100,000 items, d = 64, batch 256, 1 relevant and 50 excluded items per user;
-   ndcg@10 and hit@10, exact + sampled (m = 100) + bv.
+   ndcg@10 and hit@10, exact + sampled (m = 100) + bv. Twice: the step returns the scores, or it hands
+   over its factors (``user_factors``, ``item_factors``), from which the callback computes the scores
+   in cache-sized tiles itself; the plain run is the step that computes the scores into a full matrix.
+   Last, the factor hand-over against the cheapest scoring there is: the same cache-sized tiles,
+   computed and discarded (what is left is the callback's own work: counting, sampled ranks, estimates).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import lightning.pytorch as pl
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "lightning"))
 
 from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback  # noqa: E402
+from reco_sampled_plugin.factor_ranks import _TILE_ITEMS, TILE_ELEMENTS  # noqa: E402
 
 
 class Synthetic(pl.LightningModule):
@@ -49,6 +54,33 @@ class Synthetic(pl.LightningModule):
         return {"scores": self.user[users] @ self.item.T, "positives": p[:, 0], "exclude": p[:, 1:], "ids": users}
 
 
+class SyntheticTiledScoring(Synthetic):
+    """The scoring floor without a full matrix: the step computes every score in the cache-sized tiles the
+    factor path uses (matmul into one reused buffer) and keeps none, i.e. scoring at its cheapest."""
+
+    def validation_step(self, batch, batch_idx):
+        (users,) = batch
+        u, v = self.user[users], self.item
+        cols = min(v.shape[0], _TILE_ITEMS)
+        rows = max(1, TILE_ELEMENTS // cols)
+        buf = torch.empty(min(rows, u.shape[0]), cols)
+        for r0 in range(0, u.shape[0], rows):
+            for c0 in range(0, v.shape[0], cols):
+                tile = buf[: min(u.shape[0], r0 + rows) - r0, : min(v.shape[0], c0 + cols) - c0]
+                torch.matmul(u[r0:r0 + rows], v[c0:c0 + cols].T, out=tile)
+        return None
+
+
+class SyntheticFactors(Synthetic):
+    """The same model, whose step hands the callback its factors instead of the scores (a FactorBatch)."""
+
+    def validation_step(self, batch, batch_idx):
+        (users,) = batch
+        p = self.picks[users]
+        return {"user_factors": self.user[users], "item_factors": self.item, "positives": p[:, 0],
+                "exclude": p[:, 1:], "ids": users}
+
+
 def _trainer(callbacks):
     return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
@@ -62,13 +94,15 @@ def _time(model, loader, make_callback) -> float:
     return time.perf_counter() - t
 
 
-def measure(name: str, model, loader, make_callback, repeats: int) -> dict:
-    cold_cb = _time(model, loader, make_callback)
+def measure(name: str, model, loader, make_callback, repeats: int, cb_model=None) -> dict:
+    """``model`` scores (the plain run); ``cb_model`` (default ``model``) is the one run with the callback."""
+    cb_model = model if cb_model is None else cb_model
+    cold_cb = _time(cb_model, loader, make_callback)
     cold_plain = _time(model, loader, lambda: None)
     plain, with_cb = [], []
     for _ in range(repeats):
         plain.append(_time(model, loader, lambda: None))
-        with_cb.append(_time(model, loader, make_callback))
+        with_cb.append(_time(cb_model, loader, make_callback))
     p, c = statistics.median(plain), statistics.median(with_cb)
     row = dict(case=name, plain=p, callback=c, overhead=c / p - 1.0, cold=cold_cb / cold_plain - 1.0,
                plain_min=min(plain), callback_min=min(with_cb))
@@ -100,9 +134,15 @@ def main() -> None:
                                                            progress=False), args.repeats))
     model = Synthetic(args.users, args.items)
     loader = DataLoader(TensorDataset(torch.arange(args.users)), batch_size=256)
-    rows.append(measure(f"synthetic ({args.users:,} x {args.items:,}, d = 64)", model, loader,
-                        lambda: RankingMetricsCallback(("ndcg@10", "hit@10"), n_samples=100,
-                                                       estimators=("none", "bv"), progress=False), args.repeats))
+    make = lambda: RankingMetricsCallback(("ndcg@10", "hit@10"), n_samples=100, estimators=("none", "bv"),  # noqa: E731
+                                          progress=False)
+    rows.append(measure(f"synthetic ({args.users:,} x {args.items:,}, d = 64), step returns scores", model, loader,
+                        make, args.repeats))
+    factors = SyntheticFactors(args.users, args.items)
+    rows.append(measure(f"synthetic ({args.users:,} x {args.items:,}, d = 64), step returns factors", model, loader,
+                        make, args.repeats, cb_model=factors))
+    rows.append(measure(f"synthetic ({args.users:,} x {args.items:,}, d = 64), factors vs tiled scoring", 
+                        SyntheticTiledScoring(args.users, args.items), loader, make, args.repeats, cb_model=factors))
     print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 

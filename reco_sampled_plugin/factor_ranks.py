@@ -1,6 +1,6 @@
 """Exact ranks straight from factor matrices: the scores are computed tile by tile and never stored.
 
-For a factor model the scores of B users are ``U @ V.T`` (B x n). Ranking them the usual way writes the
+For a factor model the scores of B users are ``U @ V.T`` (B x n), plus an optional per-item bias. Ranking them the usual way writes the
 whole B x n matrix to memory and reads it back to count, for each held-out item, the items that score
 higher. Here each (B_t x C) tile of scores is computed into a small reused buffer (about 2^22 scores,
 cache-sized), counted against the positives' scores while it is hot, and overwritten by the next tile:
@@ -25,7 +25,7 @@ import torch
 from .counting import count_beating_tile
 from .ranking import _check_ties, exact_ranks, prepare_index
 
-__all__ = ["exact_ranks_from_factors"]
+__all__ = ["exact_ranks_from_factors", "check_factors", "factor_ranks_padded", "positive_scores"]
 
 #: scores per tile (B_t x C): 2^22 float32 = 16 MiB, reused for every tile. Measured for 1,024 users x
 #: 100,000 items (d = 64, 5 positives, 20 exclusions): C = 8,192 with 2^22 scores 80 ms, C = 16,384 with 2^23
@@ -51,7 +51,8 @@ _item_norm: tuple[tuple, float] | None = None
 def _max_norm(x: torch.Tensor, name: str, cache: bool = False) -> float:
     """Largest row norm (float64), raising when a factor is NaN or inf (then the norm is not finite)."""
     global _item_norm
-    key = (id(x), x.data_ptr(), x._version, tuple(x.shape), x.dtype, x.device)
+    cache = cache and not x.is_inference()  # inference tensors have no version counter: never cached
+    key = (id(x), x.data_ptr(), x._version, tuple(x.shape), x.dtype, x.device) if cache else None
     if cache and _item_norm is not None and _item_norm[0] == key:
         return _item_norm[1]
     norms = torch.linalg.vector_norm(x, dim=1, dtype=torch.float64)  # float64: no overflow from finite values
@@ -63,6 +64,14 @@ def _max_norm(x: torch.Tensor, name: str, cache: bool = False) -> float:
     return value
 
 
+def _max_abs(x: torch.Tensor) -> float:
+    """Largest absolute value (float64), raising when ``x`` holds NaN or inf."""
+    m = x.detach().abs().max().to(torch.float64) if x.numel() else torch.zeros((), dtype=torch.float64)
+    if not bool(torch.isfinite(m)):
+        raise ValueError("item_bias: contains NaN or inf")
+    return float(m)
+
+
 def exact_ranks_from_factors(
     user_factors: torch.Tensor,
     item_factors: torch.Tensor,
@@ -70,10 +79,12 @@ def exact_ranks_from_factors(
     exclude: torch.Tensor | None = None,
     ties: str = "pessimistic",
     *,
+    item_bias: torch.Tensor | None = None,
     count_other_positives: bool = True,
     tile_elements: int = TILE_ELEMENTS,
 ) -> torch.Tensor:
-    """1-based rank of every positive among the non-excluded items, scores = ``user_factors @ item_factors.T``.
+    """1-based rank of every positive among the non-excluded items, scores = ``user_factors @ item_factors.T
+    (+ item_bias)``.
 
     Args:
         user_factors: (B, d) user factors (any floating dtype and device).
@@ -82,6 +93,7 @@ def exact_ranks_from_factors(
         exclude: items to leave out of the ranking (training items), same forms; None for none.
         ties: ``"pessimistic"`` (default), ``"optimistic"`` or ``"average"`` (``"random"``: use
             :func:`~reco_sampled_plugin.ranking.exact_ranks` on the score matrix).
+        item_bias: optional (n,) score offset per item (an MF model's item bias), same dtype and device.
         count_other_positives: as in :func:`~reco_sampled_plugin.ranking.exact_ranks`.
         tile_elements: scores per tile (memory: one tile of the factors' dtype).
 
@@ -89,39 +101,86 @@ def exact_ranks_from_factors(
         (B, P) ranks in the positives' padded layout, 0 in padded slots; int64, or float64 for ``average``.
 
     Raises:
-        ValueError: shapes, dtypes or devices that do not match, NaN or inf factors, ``ties="random"``,
-            invalid positives / exclusions (as :func:`~reco_sampled_plugin.ranking.exact_ranks`).
+        ValueError: shapes, dtypes or devices that do not match, NaN or inf factors or biases,
+            ``ties="random"``, invalid positives / exclusions (as :func:`~reco_sampled_plugin.ranking.exact_ranks`).
     """
-    return _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives, tile_elements)[0]
+    return _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives,
+                               tile_elements, item_bias)[0]
 
 
-def _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives=True,
-                        tile_elements=TILE_ELEMENTS):
-    """:func:`exact_ranks_from_factors`, also returning the validated padded positives and exclusions."""
-    _check_ties(ties)
-    if ties == "random":
-        raise ValueError("ties: 'random' is not supported from factors; use exact_ranks(user_factors @ item_factors.T, ...)")
+def check_factors(user_factors, item_factors, item_bias=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Validated (B, d) user factors, (n, d) item factors and optional (n,) item bias (same dtype and device)."""
     u = _factor(user_factors, "user_factors")
     v = _factor(item_factors, "item_factors")
     if u.shape[1] != v.shape[1]:
         raise ValueError(f"item_factors: {v.shape[1]} factors but user_factors has {u.shape[1]} (they must match)")
     if u.dtype != v.dtype or u.device != v.device:
         raise ValueError(f"item_factors: dtype/device {v.dtype}/{v.device} differ from user_factors' {u.dtype}/{u.device}")
-    b, n = u.shape[0], v.shape[0]
-    if n == 0:
+    if v.shape[0] == 0:
         raise ValueError("item_factors: no items")
-    pos, exc = prepare_index(positives, exclude, b, n, u.device)
+    if item_bias is not None:
+        if not isinstance(item_bias, torch.Tensor):
+            item_bias = torch.as_tensor(item_bias, dtype=v.dtype, device=v.device)
+        if item_bias.shape != (v.shape[0],) or item_bias.dtype != v.dtype or item_bias.device != v.device:
+            raise ValueError(
+                f"item_bias: expected ({v.shape[0]},) {v.dtype} on {v.device} like item_factors, got "
+                f"{tuple(item_bias.shape)} {item_bias.dtype} on {item_bias.device}"
+            )
+    return u, v, item_bias
+
+
+def _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives=True,
+                        tile_elements=TILE_ELEMENTS, item_bias=None):
+    """:func:`exact_ranks_from_factors`, also returning the validated padded positives and exclusions."""
+    _check_ties(ties)
+    if ties == "random":
+        raise ValueError("ties: 'random' is not supported from factors; use exact_ranks(user_factors @ item_factors.T, ...)")
+    u, v, bias = check_factors(user_factors, item_factors, item_bias)
+    pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device)
+    ranks, _ = factor_ranks_padded(u, v, bias, pos, exc, ties, count_other_positives, tile_elements)
+    return ranks, pos, exc
+
+
+def positive_scores(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, items: torch.Tensor) -> torch.Tensor:
+    """Scores of the (B, K) items ``items`` (-1 padding allowed: scored as item 0) for the B users, by one
+    dot product each (plus the item bias): the numbers every comparison with those items uses."""
+    idx = items.clamp(min=0)
+    s = torch.bmm(v[idx], u.unsqueeze(2)).squeeze(2)
+    return s if bias is None else s + bias[idx]
+
+
+@torch.no_grad()
+def factor_ranks_padded(
+    u: torch.Tensor,
+    v: torch.Tensor,
+    bias: torch.Tensor | None,
+    pos: torch.Tensor,
+    exc: torch.Tensor | None,
+    ties: str = "pessimistic",
+    count_other_positives: bool = True,
+    tile_elements: int = TILE_ELEMENTS,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Exact ranks from validated factors (:func:`check_factors`) and padded indices
+    (:func:`~reco_sampled_plugin.ranking.prepare_index`); ``ties`` pessimistic, optimistic or average.
+
+    Returns the (B, P) ranks and the positives' (B, P) dot-product scores (+inf in padded slots), or None
+    in their place when the factors could overflow and the materialized scores were ranked instead.
+    """
+    b, n = u.shape[0], v.shape[0]
     if b == 0 or pos.shape[1] == 0:
-        return torch.zeros(pos.shape, dtype=torch.float64 if ties == "average" else torch.int64, device=u.device), pos, exc
-    # no score can overflow when |u| |v| stays below the dtype's largest value (Cauchy-Schwarz); otherwise rank
-    # the materialized scores, whose NaN/inf check then names the rows
+        dtype = torch.float64 if ties == "average" else torch.int64
+        return torch.zeros(pos.shape, dtype=dtype, device=u.device), torch.zeros(pos.shape, dtype=u.dtype, device=u.device)
+    # no score can overflow when |u| |v| + |bias| stays below the dtype's largest value (Cauchy-Schwarz);
+    # otherwise rank the materialized scores, whose NaN/inf check then names the rows
     bound = _max_norm(u, "user_factors") * _max_norm(v, "item_factors", cache=True)
+    if bias is not None:
+        bound += _max_abs(bias)
     if not bound < torch.finfo(u.dtype).max / 4:
-        return exact_ranks(u @ v.T, pos, exc, ties, count_other_positives=count_other_positives), pos, exc
+        scores = u @ v.T if bias is None else torch.addmm(bias, u, v.T)
+        return exact_ranks(scores, pos, exc, ties, count_other_positives=count_other_positives), None
 
     valid = pos >= 0
-    s_pos = torch.bmm(v[pos.clamp(min=0)], u.unsqueeze(2)).squeeze(2)  # (B, P) dot products
-    s_pos = s_pos.masked_fill(~valid, math.inf)  # padded slots: nothing beats +inf
+    s_pos = positive_scores(u, v, bias, pos).masked_fill(~valid, math.inf)  # padded slots: nothing beats +inf
     masked = pos if exc is None else torch.cat([pos, exc], 1)  # -inf in every tile: never counted as items
     need_ge = ties in ("pessimistic", "average")
     need_gt = ties in ("optimistic", "average")
@@ -136,7 +195,10 @@ def _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, co
         for c0 in range(0, n, cols):
             c1 = min(n, c0 + cols)
             tile = buf[: r1 - r0, : c1 - c0]
-            torch.matmul(u_t, v[c0:c1].T, out=tile)
+            if bias is None:
+                torch.matmul(u_t, v[c0:c1].T, out=tile)
+            else:
+                torch.addmm(bias[c0:c1], u_t, v[c0:c1].T, out=tile)
             hit = (m_t >= c0) & (m_t < c1)
             rr, slot = hit.nonzero(as_tuple=True)
             tile[rr, m_t[rr, slot] - c0] = -math.inf
@@ -154,4 +216,4 @@ def _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, co
         ranks = gt + 1
     else:
         ranks = (ge + gt + 2).to(torch.float64) / 2
-    return torch.where(valid, ranks, torch.zeros_like(ranks)), pos, exc
+    return torch.where(valid, ranks, torch.zeros_like(ranks)), s_pos

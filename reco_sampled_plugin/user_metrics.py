@@ -220,11 +220,12 @@ def per_user_metrics_from_factors(
     *,
     cumulative: bool = False,
     as_frame: bool = True,
+    item_bias: torch.Tensor | None = None,
 ):
-    """:func:`per_user_metrics` of the scores ``user_factors @ item_factors.T`` without storing them: ranks
-    from :func:`~reco_sampled_plugin.factor_ranks.exact_ranks_from_factors` (cache-sized score tiles;
-    NaN/inf factors raise). Arguments as in :func:`per_user_metrics`; ``ties`` pessimistic, optimistic or
-    average."""
+    """:func:`per_user_metrics` of the scores ``user_factors @ item_factors.T`` (+ ``item_bias``, (n,))
+    without storing them: ranks from :func:`~reco_sampled_plugin.factor_ranks.exact_ranks_from_factors`
+    (cache-sized score tiles; NaN/inf factors raise). Arguments as in :func:`per_user_metrics`; ``ties``
+    pessimistic, optimistic or average."""
     from .factor_ranks import _ranks_from_factors
 
     specs = _expand(metrics, cumulative)
@@ -232,7 +233,7 @@ def per_user_metrics_from_factors(
     for spec in specs:
         if spec.k is not None and spec.k > n:
             raise ValueError(f"metrics: k = {spec.k} in {str(spec)!r} is larger than the candidate list ({n} items)")
-    ranks, pos, exc = _ranks_from_factors(user_factors, item_factors, positives, exclude, ties)
+    ranks, pos, exc = _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, item_bias=item_bias)
     return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame)
 
 

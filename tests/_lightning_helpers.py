@@ -44,7 +44,8 @@ class UserDataset(Dataset):
 
 
 class SyntheticModule(pl.LightningModule):
-    """Fixed factor model; ``validation_step`` follows the callback protocol unless ``protocol='score_fn'``."""
+    """Fixed factor model; ``validation_step`` returns scores (``protocol='step'``), its factors
+    (``'factors'``) or nothing (``'score_fn'``: the callback calls :func:`score_fn`)."""
 
     def __init__(self, return_ids: bool = True, protocol: str = "step", seed: int = 0) -> None:
         super().__init__()
@@ -56,13 +57,16 @@ class SyntheticModule(pl.LightningModule):
 
     def outputs(self, batch) -> dict:
         ids, positives, exclude = batch
-        out = {"scores": self.users[ids] @ self.items.T, "positives": positives, "exclude": exclude}
+        if self.protocol == "factors":  # a FactorBatch: the callback computes the scores itself
+            out = {"user_factors": self.users[ids], "item_factors": self.items, "positives": positives, "exclude": exclude}
+        else:
+            out = {"scores": self.users[ids] @ self.items.T, "positives": positives, "exclude": exclude}
         if self.return_ids:
             out["ids"] = ids
         return out
 
     def validation_step(self, batch, batch_idx):
-        return self.outputs(batch) if self.protocol == "step" else None
+        return self.outputs(batch) if self.protocol in ("step", "factors") else None
 
     test_step = validation_step
 

@@ -81,3 +81,40 @@ def test_bad_inputs_name_the_argument():
     big[5] = 3e38
     with pytest.raises(ValueError, match="NaN or inf in"):
         exact_ranks_from_factors(big, v, pos)
+
+
+@pytest.mark.parametrize("ties", ["pessimistic", "optimistic", "average"])
+def test_item_bias_equals_ranking_the_biased_scores(ties):
+    """An MF model's item bias (score = <u, v_i> + b_i): identical to exact_ranks(U @ V.T + b), ties included
+    (small integers and halves: every score exact), across tiles; per-user metrics likewise."""
+    u, v, pos, exc = _problem(5)
+    g = torch.Generator().manual_seed(5)
+    bias = torch.randint(-4, 5, (v.shape[0],), generator=g).to(v.dtype) / 2
+    want = exact_ranks(u @ v.T + bias, pos, exc, ties)
+    for tile in (1 << 22, 5 * 256):
+        assert torch.equal(exact_ranks_from_factors(u, v, pos, exc, ties, item_bias=bias, tile_elements=tile), want)
+    assert not torch.equal(exact_ranks_from_factors(u, v, pos, exc, ties), want)  # the bias matters here
+    a = per_user_metrics_from_factors(u, v, pos, ["ndcg@10", "auc"], exclude=exc, item_bias=bias, as_frame=False)
+    b = per_user_metrics(u @ v.T + bias, pos, ["ndcg@10", "auc"], exclude=exc, as_frame=False)
+    for name in a:
+        np.testing.assert_array_equal(a[name].numpy(), b[name].numpy(), err_msg=name)
+
+
+def test_item_bias_errors_and_inference_tensors():
+    u, v, pos, _ = _problem(6)
+    with pytest.raises(ValueError, match=r"item_bias: expected \(1000,\)"):
+        exact_ranks_from_factors(u, v, pos, item_bias=torch.zeros(999))
+    with pytest.raises(ValueError, match="item_bias: expected"):
+        exact_ranks_from_factors(u, v, pos, item_bias=torch.zeros(1000, dtype=torch.float64))
+    with pytest.raises(ValueError, match="item_bias: contains NaN"):
+        exact_ranks_from_factors(u, v, pos, item_bias=torch.zeros(1000).index_fill_(0, torch.tensor([7]), math.nan))
+    # Lightning evaluates under inference mode: inference tensors have no version counter (norm not cached)
+    want = exact_ranks(u @ v.T, pos)
+    with torch.inference_mode():
+        ui, vi = u.clone(), v.clone()
+        assert vi.is_inference()
+        assert torch.equal(exact_ranks_from_factors(ui, vi, pos), want)
+        vi[pos[0, 0]] = 100.0  # changed in place: a cached norm would be stale and miss the overflow bound
+        assert torch.equal(exact_ranks_from_factors(ui, vi, pos), exact_ranks(ui @ vi.T, pos))
+    # factors that require grad are ranked without autograd (ranks are not differentiable)
+    assert torch.equal(exact_ranks_from_factors(u.requires_grad_(), v, pos), want)

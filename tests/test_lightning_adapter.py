@@ -70,8 +70,10 @@ def _values(cb, stage="validate"):
 
 
 # ------------------------------------------------------------------------------------ protocol
-@pytest.mark.parametrize("protocol", ["step", "score_fn"])
+@pytest.mark.parametrize("protocol", ["step", "score_fn", "factors"])
 def test_step_protocol_and_score_fn_equal_plain_loop(tmp_path, protocol):
+    """Scores from the step, from score_fn, or the step's factors (scored in tiles by the callback): the
+    same values as the torchmetrics classes fed the score matrix in a plain loop."""
     cb = RankingMetricsCallback(METRICS, score_fn=H.score_fn if protocol == "score_fn" else None, **OPTS)
     trainer = _trainer(tmp_path, [cb])
     trainer.validate(H.SyntheticModule(protocol=protocol), _loader(), verbose=False)

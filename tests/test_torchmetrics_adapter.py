@@ -191,3 +191,54 @@ def test_validation_errors():
     m.update(scores, pos, exc)
     with pytest.raises(ValueError, match="items"):
         m.update(scores[:, :200], torch.zeros(61, dtype=torch.int64))
+
+
+@pytest.mark.parametrize("ties", ["pessimistic", "optimistic"])
+def test_update_factors_equals_update_on_the_score_matrix(ties):
+    """update_factors (scores computed in tiles, negatives scored by dot products) gives the same states as
+    update on U @ V.T + b: small integer factors and half-integer biases make every score exact, with many
+    ties; the sampled histogram comes from the same keyed negatives."""
+    g = torch.Generator().manual_seed(3)
+    users, n, d = 45, 700, 5
+    u = torch.randint(-2, 3, (users, d), generator=g).float()
+    v = torch.randint(-2, 3, (n, d), generator=g).float()
+    bias = torch.randint(-3, 4, (n,), generator=g).float() / 2
+    order = torch.argsort(torch.rand(users, n, generator=g), dim=1)
+    pos = order[:, :3].clone()
+    pos[::2, 1:] = -1
+    exc = order[:, 3:40].clone()
+    exc[::3, 20:] = -1
+    kw = dict(ties=ties)
+    a, b = ExactRankingMetrics(METRICS, **kw), ExactRankingMetrics(METRICS, **kw)
+    sa = SampledRankingMetrics(METRICS, n_samples=25, estimators=("none", "bv"), max_n_groups=None, **kw)
+    sb = SampledRankingMetrics(METRICS, n_samples=25, estimators=("none", "bv"), max_n_groups=None, **kw)
+    for s in range(0, users, 16):
+        j = slice(s, s + 16)
+        ids = torch.arange(users)[j]
+        a.update(u[j] @ v.T + bias, pos[j], exc[j])
+        b.update_factors(u[j], v, pos[j], exc[j], item_bias=bias)
+        sa.update(u[j] @ v.T + bias, pos[j], exc[j], ids=ids)
+        sb.update_factors(u[j], v, pos[j], exc[j], ids=ids, item_bias=bias)
+    assert torch.equal(a.sums, b.sums) and float(a.count) == float(b.count) == int((pos >= 0).sum())
+    assert torch.equal(sa.hist, sb.hist) and sa.hist.sum() == int((pos >= 0).sum())
+    assert sa.hist[:, 1:].sum() > 0  # not every positive first among its draws: ranks are informative
+    ea, eb = sa.estimates(), sb.estimates()
+    assert {k: e.value for k, e in ea.items()} == {k: e.value for k, e in eb.items()}
+
+
+def test_update_factors_checks_its_inputs():
+    g = torch.Generator().manual_seed(4)
+    u, v = torch.randn(6, 4, generator=g), torch.randn(50, 4, generator=g)
+    pos = torch.arange(6)
+    sampled = SampledRankingMetrics("ndcg@10", n_samples=10)
+    with pytest.raises(ValueError, match="item_factors: contains NaN"):
+        sampled.update_factors(u, v.clone().index_fill_(0, torch.tensor([40]), math.nan), pos)
+    with pytest.raises(ValueError, match="user_factors: contains NaN"):
+        ExactRankingMetrics("ndcg@10").update_factors(u.clone().fill_(math.inf), v, pos)
+    with pytest.raises(ValueError, match="item_factors: 3 factors"):
+        sampled.update_factors(u, v[:, :3], pos)
+    with pytest.raises(ValueError, match="positives: item indices"):
+        sampled.update_factors(u, v, pos + 50)
+    with pytest.raises(ValueError, match="ids: expected"):
+        sampled.update_factors(u, v, pos, ids=torch.zeros(5, dtype=torch.int64))
+    SampledRankingMetrics("ndcg@10", n_samples=10, check_finite=False).update_factors(u, v, pos)  # no check: fine
