@@ -606,22 +606,23 @@ def _store(collector, table: torch.Tensor, n_users: int) -> None:
 def _unbuffer(collector, buf: list):
     """Stack the buffered full-sort batches (users in arrival order): CPU scores, the positives' rows and
     items, and the users' ids (None when the batches carry none)."""
-    if any(sc._version != version for sc, version, *_ in buf):
+    scs, versions, pus, pis, inters = zip(*buf)  # one transpose of the buffer, then whole-list calls
+    if [sc._version for sc in scs] != list(versions):
         raise RuntimeError(
             "reco_sampled_plugin: the scores of an earlier evaluation batch were modified in place after RecBole "
             "collected them (a model that reuses its score buffer across batches?); the plugin reads them when "
             "the evaluation ends. Return a new tensor from full_sort_predict."
         )
     uid_field = collector.config["USER_ID_FIELD"]
-    uids = [b[4].interaction.get(uid_field) for b in buf]
+    uids = [inter.interaction.get(uid_field) for inter in inters]
     if len(buf) == 1:
-        scores, _, pos_u, pos_i, _ = buf[0]
+        scores, pos_u, pos_i = scs[0], pus[0], pis[0]
     else:
-        rows = torch.tensor([b[0].shape[0] for b in buf])
-        lens = torch.tensor([b[2].shape[0] for b in buf])
-        scores = torch.cat([b[0] for b in buf])
-        pos_u = torch.cat([b[2] for b in buf]).to("cpu", torch.int64) + torch.repeat_interleave(torch.cumsum(rows, 0) - rows, lens)
-        pos_i = torch.cat([b[3] for b in buf])
+        rows = torch.tensor([sc.shape[0] for sc in scs])
+        lens = torch.tensor([pu.shape[0] for pu in pus])
+        scores = torch.cat(scs)
+        pos_u = torch.cat(pus).to("cpu", torch.int64) + torch.repeat_interleave(torch.cumsum(rows, 0) - rows, lens)
+        pos_i = torch.cat(pis)
     uid = None if any(u is None for u in uids) else (uids[0] if len(uids) == 1 else torch.cat(uids)).cpu()
     return scores.detach().to("cpu"), pos_u.to("cpu", torch.int64), pos_i.to("cpu", torch.int64), uid
 
