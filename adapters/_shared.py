@@ -136,26 +136,45 @@ def _absorb(h: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
     return _mix32(h ^ ((part >> 32) & _M32) ^ _GOLDEN)
 
 
-def keyed_uniform(seed: int, *parts: torch.Tensor) -> torch.Tensor:
+def keyed_uniform(seed: int, *parts: int | torch.Tensor) -> torch.Tensor:
     """Uniform float64 numbers in [0, 1) that are a pure function of (seed, *parts).
 
     ``parts`` are int64 tensors broadcast together; two independent 32-bit hash chains give the
     53 bits of each number. The chains grow with the parts, so put small (per-row) parts first; the
-    last part must lie in 0..2**32 - 1 (a draw counter), it is folded in with a single mix.
+    last part must lie in 0..2**32 - 1 (a draw counter), it is folded in with a single mix. Leading
+    parts may be Python ints (a round counter): they are folded in Python, with the same result as
+    the same values in tensors.
     """
+    h1 = _mix32(((seed * 2 + 1) & _M32) ^ _GOLDEN)
+    h2 = _mix32((((seed >> 32) * 2 + 0x51ED27) & _M32) ^ 0x85EBCA6B)
+    parts = list(parts)
+    while parts and not isinstance(parts[0], torch.Tensor):  # the same arithmetic on Python ints
+        p = int(parts.pop(0))
+        h1, h2 = _absorb(h1, p), _absorb(h2, p ^ 0x27D4EB2F)
+    if not parts:
+        raise ValueError("keyed_uniform: the last part must be a tensor (the draw counter)")
     device = parts[0].device
-    h1 = _mix32(torch.tensor(((seed * 2 + 1) & _M32) ^ _GOLDEN, dtype=torch.int64, device=device))
-    h2 = _mix32(torch.tensor((((seed >> 32) * 2 + 0x51ED27) & _M32) ^ 0x85EBCA6B, dtype=torch.int64, device=device))
+    parts = [p if isinstance(p, torch.Tensor) else torch.tensor(int(p), device=device) for p in parts]
+    # both chains in one (2, ...) tensor: half the elementwise calls on these small tensors (dispatch-bound);
+    # parts are left-padded to one rank so the chain axis stays in front under broadcasting
+    rank = max(p.dim() for p in parts)
+    parts = [p.reshape((1,) * (rank - p.dim()) + tuple(p.shape)) for p in parts]
+    chain = (2,) + (1,) * rank
+    h = torch.tensor([h1, h2], dtype=torch.int64, device=device).view(chain)
     *head, last = parts
+    xor = _CHAIN_XOR.to(device).view(chain)
     for p in head:
-        h1 = _absorb(h1, p)
-        h2 = _absorb(h2, p ^ 0x27D4EB2F)
+        h = _absorb(h, p.unsqueeze(0) ^ xor)
     # the last part (the largest tensor: draw indices, slots) is a small non-negative counter: one mix
-    h1 = _mix32(h1 ^ last)
-    h2 = _mix32(h2 ^ (last * 0x2C1B3C6D))
-    top = h1 >> 5  # 27 bits
-    low = h2 >> 6  # 26 bits
+    h = _mix32(h ^ (last.unsqueeze(0) * _CHAIN_MUL.to(device).view(chain)))
+    top = h[0] >> 5  # 27 bits
+    low = h[1] >> 6  # 26 bits
     return (top * (1 << 26) + low).to(torch.float64) * (2.0**-53)
+
+
+# per-chain constants: the second chain absorbs part ^ 0x27D4EB2F and mixes in last * 0x2C1B3C6D
+_CHAIN_XOR = torch.tensor([0, 0x27D4EB2F], dtype=torch.int64)
+_CHAIN_MUL = torch.tensor([1, 0x2C1B3C6D], dtype=torch.int64)
 
 
 def keyed_negatives(
@@ -187,7 +206,7 @@ def keyed_negatives(
     view = n_allowed.view(b, 1, 1).to(torch.float64)
 
     def positions(round_: int) -> torch.Tensor:
-        u = keyed_uniform(seed, torch.tensor(round_, device=device), row, item, draw)
+        u = keyed_uniform(seed, round_, row, item, draw)
         return torch.minimum((u * view).floor().to(torch.int64), view.to(torch.int64) - 1)
 
     pos_idx = positions(0)
@@ -197,7 +216,7 @@ def keyed_negatives(
             rows = small.nonzero().squeeze(1)
             width = int(n_allowed[rows].max())
             slots = torch.arange(width, device=device, dtype=torch.int64).view(1, 1, -1)
-            keys = keyed_uniform(seed, torch.tensor(-1, device=device), row[rows], item[rows], slots)
+            keys = keyed_uniform(seed, -1, row[rows], item[rows], slots)
             keys = keys.masked_fill(slots >= n_allowed[rows].view(-1, 1, 1), 2.0)
             pos_idx[rows] = torch.topk(keys, m, dim=2, largest=False).indices
         for round_ in range(1, 10_000):  # duplicates are rare where the pool is large: few rounds

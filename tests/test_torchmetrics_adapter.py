@@ -175,6 +175,28 @@ def test_keyed_draws_are_uniform_and_follow_the_binomial_law():
     assert float(x.var()) == pytest.approx(m * p * (1 - p), rel=0.1)
 
 
+# the hash of seed 3, round 0, ids 0 and 9, item 5, draws 0..3 (pinned: the keyed negatives of a run must not
+# change between releases or backends)
+_PINNED = [0.9351047086198584, 0.32336245026899335, 0.439275215185174, 0.7109518099663392]
+
+
+def test_keyed_hash_is_pinned_and_takes_int_parts():
+    """The keyed stream is pinned (a run's negatives must not change between releases); leading Python-int
+    parts (the round counter, negative ones included) equal the same values as tensors; parts of
+    different ranks broadcast right-aligned."""
+    row = torch.tensor([0, 9]).view(2, 1, 1)
+    item = torch.tensor([5]).view(1, 1, 1)
+    draw = torch.arange(4).view(1, 1, 4)
+    a = keyed_uniform(3, 0, row, item, draw)
+    assert torch.equal(a, keyed_uniform(3, torch.tensor(0), row, item, draw))
+    assert a[0, 0].tolist() == _PINNED
+    c = keyed_uniform(3, -1, row, torch.arange(700).view(1, 700, 1), torch.arange(4))
+    assert c.shape == (2, 700, 4) and torch.equal(c, keyed_uniform(3, torch.tensor(-1), row, torch.arange(700).view(700, 1), draw))
+    assert torch.equal(c[:, 5:6], keyed_uniform(3, -1, row, item, draw))
+    with pytest.raises(ValueError, match="last part must be a tensor"):
+        keyed_uniform(3, 1, 2)
+
+
 def test_validation_errors():
     with pytest.raises(ValueError, match="estimators"):
         SampledRankingMetrics("hit@10", estimators=("nope",))
