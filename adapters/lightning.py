@@ -33,11 +33,11 @@ from torch.utils.data import DistributedSampler
 
 from reco_sampled_plugin.estimate import Estimate
 
-from reco_sampled_plugin.factor_ranks import check_factors
+from reco_sampled_plugin.factor_ranks import check_factors, check_finite_factors
 from reco_sampled_plugin.ranking import prepare_index
 
 from ._shared import FactorBatch, RankingBatch, as_ranking_batch, estimator_label, metric_key, padded_inputs
-from .torchmetrics import ExactRankingMetrics, SampledRankingMetrics, check_finite_factors
+from .torchmetrics import ExactRankingMetrics, SampledRankingMetrics
 
 __all__ = [
     "RankingMetricsCallback",
@@ -229,19 +229,18 @@ class _RankingMetricsLogic:
     def _factor_batch(self, st: _LoaderState, fb: FactorBatch) -> None:
         """Ranks from factors: exact ranks from cache-sized score tiles, sampled ranks from dot products
         with the keyed negatives; the (B, n) scores are never formed."""
-        # no_grad rather than detach: a detached parameter inside Lightning's inference mode is an
-        # inference tensor, which has no version counter to key the cached item-factor norm
-        with torch.no_grad():
-            u, v, bias = check_factors(fb.user_factors, fb.item_factors, fb.item_bias)
-            pos, exc = prepare_index(fb.positives, fb.exclude, u.shape[0], v.shape[0], u.device)
-            ids, keep = self._ids_keep(st, u.shape[0], u.device, fb.ids)
-            s_pos = None
-            if st.exact is not None:
-                s_pos = st.exact.update_factors_padded(u, v, bias, pos, exc, keep)
-            elif self.check_finite:
-                check_finite_factors(u, v, bias)
-            if st.sampled is not None:
-                st.sampled.update_factors_padded(u, v, bias, pos, exc, ids, keep, s_pos)
+        # not detached (the factor kernels run under no_grad): a detached parameter inside Lightning's
+        # inference mode is an inference tensor, with no version counter to key the cached item-factor norm
+        u, v, bias = check_factors(fb.user_factors, fb.item_factors, fb.item_bias)
+        pos, exc = prepare_index(fb.positives, fb.exclude, u.shape[0], v.shape[0], u.device)
+        ids, keep = self._ids_keep(st, u.shape[0], u.device, fb.ids)
+        s_pos = None
+        if st.exact is not None:
+            s_pos = st.exact.update_factors_padded(u, v, bias, pos, exc, keep)
+        elif self.check_finite:
+            check_finite_factors(u, v, bias)
+        if st.sampled is not None:
+            st.sampled.update_factors_padded(u, v, bias, pos, exc, ids, keep, s_pos)
 
     def _ids_keep(self, st: _LoaderState, b: int, device, ids) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Instance ids of the next ``b`` rows (the step's, else their global positions) and the keep mask."""

@@ -33,7 +33,7 @@ from reco_sampled_plugin.estimate import Estimate
 from reco_sampled_plugin.estimators import ESTIMATORS, estimate
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_values
-from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
+from reco_sampled_plugin.factor_ranks import check_factors, check_finite_factors, factor_ranks_padded
 from reco_sampled_plugin.ranking import candidate_counts, exact_ranks_padded, prepare_index
 
 from ._shared import (
@@ -72,13 +72,6 @@ def _check_scores(scores: torch.Tensor, pos: torch.Tensor, check_finite) -> None
         ps = scores.gather(1, pos.clamp(min=0))
         if not bool(torch.isfinite(ps[pos >= 0]).all()):
             raise ValueError("scores: NaN or inf score for a relevant item; ranks would be meaningless")
-
-
-def check_finite_factors(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> None:
-    """Raise when a factor or bias is NaN or inf (then scores would be; the exact path checks this itself)."""
-    for x, name in ((u, "user_factors"), (v, "item_factors"), (bias, "item_bias")):
-        if x is not None and not bool(torch.isfinite(x).all()):
-            raise ValueError(f"{name}: contains NaN or inf; ranks would be meaningless")
 
 
 def _keep_mask(keep, batch: int, device) -> torch.Tensor | None:

@@ -25,7 +25,7 @@ import torch
 from .counting import count_beating_tile
 from .ranking import _check_ties, exact_ranks, prepare_index
 
-__all__ = ["exact_ranks_from_factors", "check_factors", "factor_ranks_padded", "positive_scores"]
+__all__ = ["exact_ranks_from_factors", "check_factors", "check_finite_factors", "factor_ranks_padded", "positive_scores"]
 
 #: scores per tile (B_t x C): 2^22 float32 = 16 MiB, reused for every tile. Measured for 1,024 users x
 #: 100,000 items (d = 64, 5 positives, 20 exclusions): C = 8,192 with 2^22 scores 80 ms, C = 16,384 with 2^23
@@ -127,6 +127,14 @@ def check_factors(user_factors, item_factors, item_bias=None) -> tuple[torch.Ten
                 f"{tuple(item_bias.shape)} {item_bias.dtype} on {item_bias.device}"
             )
     return u, v, item_bias
+
+
+def check_finite_factors(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    """Raise when a factor or bias is NaN or inf (then scores would be). :func:`factor_ranks_padded` checks
+    this itself (through the norms of its overflow bound); sampled ranks alone need this."""
+    for x, name in ((u, "user_factors"), (v, "item_factors"), (bias, "item_bias")):
+        if x is not None and not bool(torch.isfinite(x).all()):
+            raise ValueError(f"{name}: contains NaN or inf; ranks would be meaningless")
 
 
 def _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives=True,
