@@ -36,7 +36,7 @@ from reco_sampled_plugin.mapping import MAPPING_METHODS
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import _metric_from_float_ranks
 from reco_sampled_plugin.rank_distribution import RANK_DISTRIBUTION_METHODS
-from reco_sampled_plugin._rank_hist import sampled_rank_histogram
+from reco_sampled_plugin._rank_hist import _bincount_histogram, sampled_rank_histogram
 
 from . import _recbole_compat
 
@@ -807,7 +807,11 @@ def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_
         n_est = _grid_n(n, s.n_grid, torch.clamp(m + 1, min=float(k_floor)))
         if not s.replacement:
             n_est = torch.maximum(n_est, m + 1)
-        cache[key] = (r, m, w, sampled_rank_histogram(r, n_est, m, weights=w))
+        if r.shape[0]:  # whole numbers in range by construction: no re-validation
+            hist = _bincount_histogram(r.to(torch.int64), n_est.to(torch.int64), m.to(torch.int64), w)
+        else:
+            hist = sampled_rank_histogram(r, n_est, m, weights=w)  # the empty histogram
+        cache[key] = (r, m, w, hist)
     return cache[key]
 
 

@@ -69,14 +69,18 @@ class RankHistogram:
                     raise ValueError(msg(int(np.flatnonzero(mask)[0])))
             if bad_count.any():
                 raise ValueError(f"counts: group {int(owner[np.flatnonzero(bad_count)[0]])} has negative or non-finite counts")
-            totals = np.add.reduceat(flat, np.concatenate([[0], np.cumsum(sizes)[:-1]])) if flat.size else np.zeros(len(n))
+            starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            totals = np.add.reduceat(flat, starts) if flat.size else np.zeros(len(n))
         else:
-            totals = np.zeros(0)
+            totals, flat, starts = np.zeros(0), np.zeros(0), np.zeros(0, np.int64)
         totals.setflags(write=False)
+        flat.setflags(write=False)
         object.__setattr__(self, "n_items", n)
         object.__setattr__(self, "n_samples", m)
         object.__setattr__(self, "counts", counts)
         object.__setattr__(self, "_totals", totals)
+        object.__setattr__(self, "_flat", flat)
+        object.__setattr__(self, "_starts", starts)
 
     @property
     def n_groups(self) -> int:
@@ -86,6 +90,22 @@ class RankHistogram:
     def totals(self) -> np.ndarray:
         """(G,) total count per group (computed once; read-only)."""
         return self._totals
+
+    @property
+    def flat_counts(self) -> np.ndarray:
+        """Every group's counts concatenated in group order (read-only; what tables are dotted with)."""
+        return self._flat
+
+    @property
+    def top_counts(self) -> np.ndarray:
+        """(G,) count of each group at sampled rank r~ = 1."""
+        return self._flat[self._starts]
+
+    def all_at_top(self) -> bool:
+        """True when no positive has a sampled rank above 1 (every count lies at r~ = 1)."""
+        rest = np.ones(self._flat.shape[0], dtype=bool)
+        rest[self._starts] = False
+        return not bool(self._flat[rest].any())
 
     @property
     def total(self) -> float:
@@ -178,7 +198,15 @@ def sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights=None) -> R
         raise ValueError(
             f"sampled_ranks: {int(bad.sum())} value(s) outside 1..m+1 (m = n_samples), e.g. {int(r[bad][0])}"
         )
-    if n.numel() and bool((n == n[0]).all()) and bool((m == m[0]).all()):  # one group: a single bincount
+    return _bincount_histogram(r, n, m, w)
+
+
+def _bincount_histogram(r: torch.Tensor, n: torch.Tensor, m: torch.Tensor, w: torch.Tensor | None) -> RankHistogram:
+    """The histogram of valid inputs (int64 r in 1..m+1, n >= 2, m >= 1; float64 weights or None; one
+    dimension, equal lengths, not empty): one ``bincount`` over (group, r~). For callers whose ranks are
+    valid by construction (adapters building them from their own tables); others use
+    :func:`sampled_rank_histogram`, which checks first."""
+    if bool((n == n[0]).all()) and bool((m == m[0]).all()):  # one group: a single bincount
         m0 = int(m[0])
         counts = torch.bincount(r - 1, weights=w, minlength=m0 + 1).to(torch.float64).cpu().numpy()
         return RankHistogram(np.array([int(n[0])]), np.array([m0]), (counts,))

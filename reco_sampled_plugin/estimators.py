@@ -30,6 +30,7 @@ The correction methods need ``reco_sampled_plugin.corrections`` (imported lazily
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -56,8 +57,12 @@ EstimatorResult = Estimate
 
 def _metric_bounds(spec, hist: RankHistogram) -> tuple[float, float]:
     """[min, max] of M(r) over r in 1..n_g of every group (M is non-increasing in r)."""
-    ns = np.unique(hist.n_items).astype(np.float64)
-    n_t = torch.from_numpy(ns)
+    return _bounds_for(spec, tuple(np.unique(hist.n_items).tolist()))
+
+
+@lru_cache(maxsize=256)
+def _bounds_for(spec, ns: tuple) -> tuple[float, float]:
+    n_t = torch.tensor(ns, dtype=torch.float64)
     lo = _metric_from_float_ranks(spec, n_t, n_t).min()
     hi = _metric_from_float_ranks(spec, torch.ones_like(n_t), n_t).max()
     return float(lo), float(hi)
@@ -83,11 +88,11 @@ def _merge_flags(flags, extra) -> tuple:
     return tuple(flags) + tuple(f for f in extra if f not in flags)
 
 
-def _table_estimate(hist: RankHistogram, tables: list[np.ndarray]) -> tuple[float, float]:
-    """Mean of the per-positive table values T_g[r~] and its standard error, over all groups at once."""
+def _table_estimate(hist: RankHistogram, values: np.ndarray) -> tuple[float, float]:
+    """Mean of the per-positive table values T_g[r~] and its standard error, over all groups at once
+    (``values``: the groups' tables concatenated in group order)."""
     total = hist.total
-    counts = np.concatenate(hist.counts)
-    values = np.concatenate(tables)
+    counts = hist.flat_counts
     value = float(counts @ values) / total
     ss = float(counts @ (values - value) ** 2)
     return value, (math.sqrt(ss / (total * (total - 1.0))) if total > 1 else math.inf)
@@ -98,12 +103,14 @@ def _correction(spec, hist: RankHistogram, method: str, sampling: str, gamma: fl
         from . import corrections
     except ImportError as exc:  # pragma: no cover - the corrections module ships with the package
         raise ValueError(f"method {method!r}: the corrections module is not available ({exc})") from None
-    tables = [  # one table per (n, m) group, cached (read-only) by the corrections module
-        corrections._table_numpy(spec, int(n), int(m), method, gamma, sampling,
-                                 prior if prior_for_n is None else prior_for_n(int(n)), rounding)
-        for n, m in zip(hist.n_items, hist.n_samples)
-    ]
-    return _table_estimate(hist, tables)
+    if prior_for_n is None:  # every group's table, concatenated (cached as a whole by the corrections module)
+        values = corrections.stacked_tables(spec, hist.n_items, hist.n_samples, method, gamma, sampling, prior, rounding)
+    else:
+        values = np.concatenate([
+            corrections._table_numpy(spec, int(n), int(m), method, gamma, sampling, prior_for_n(int(n)), rounding)
+            for n, m in zip(hist.n_items, hist.n_samples)
+        ])
+    return _table_estimate(hist, values)
 
 
 def estimate(
@@ -191,10 +198,10 @@ def estimate(
         value, se = _correction(spec, hist, method, sampling, gamma, prior, rounding)
         details.update({"gamma": gamma if method == "bv" else None})
     resolution = (hist.n_items - 1.0) / (hist.n_samples + 1.0) + 1.0
-    at_top = np.array([c[0] > 0 for c in hist.counts])  # groups with positives at r~ = 1
+    at_top = hist.top_counts > 0  # groups with positives at r~ = 1
     if spec.k is not None and np.any(spec.k < resolution[at_top]):
         flags.append("top_unresolved")
-        if all(c[1:].sum() == 0 for c in hist.counts):
+        if hist.all_at_top():
             flags.append("all_at_top")
             se = math.inf
     return _result(value, se, hist.total, details, flags, bounds)

@@ -285,6 +285,17 @@ def mapping_tables(metrics, n_items: int, n_samples: int, method: str = "bound",
     return _mapping_tables(specs, n, m, method, None if a is None else float(a))
 
 
+@lru_cache(maxsize=256)
+def _stacked_mapping(spec: MetricSpec, n: tuple, m: tuple, method: str, a: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """Every (n, m) group's table concatenated in group order, and each group's first mapped point f(1)
+    (both read-only; cached as a whole: a repeated evaluation has the same groups)."""
+    values = np.concatenate([mapping_tables([spec], ng, mg, method, a)[0] for ng, mg in zip(n, m)])
+    first = np.array([_full_mapping(ng, mg, method, a)[0] for ng, mg in zip(n, m)], dtype=np.float64)
+    values.setflags(write=False)
+    first.setflags(write=False)
+    return values, first
+
+
 @lru_cache(maxsize=1024)
 def _mapping_tables(specs: tuple, n: int, m: int, method: str, a: float | None) -> np.ndarray:
     edges = np.concatenate([[0.0], _full_mapping(n, m, method, a)])
@@ -343,19 +354,17 @@ def mapping_estimate(
     flags: list[str] = []
     if fit is not None and not fit.converged:
         flags.append("fit_not_converged")
-    tables = []
-    first_points = []
-    for n, m in zip(hist.n_items, hist.n_samples):
-        tables.append(mapping_table(spec, int(n), int(m), base, a_used))
-        first_points.append(float(_full_mapping(int(n), int(m), base, a_used)[0]))
+    values, first = _stacked_mapping(spec, tuple(int(v) for v in hist.n_items), tuple(int(v) for v in hist.n_samples), base, a_used)
     total = hist.total
-    value = sum(float(np.dot(c, t)) for c, t in zip(hist.counts, tables)) / total
-    ss = sum(float(np.dot(c, (t - value) ** 2)) for c, t in zip(hist.counts, tables))
+    counts = hist.flat_counts
+    value = float(counts @ values) / total
+    ss = float(counts @ (values - value) ** 2)
     stderr = math.sqrt(ss / (total * (total - 1.0))) if total > 1 else math.inf
-    occupied = [g for g, c in enumerate(hist.counts) if c[0] > 0]  # groups with positives at r~ = 1
-    if spec.k is not None and any(spec.k < first_points[g] for g in occupied):
+    first_points = first.tolist()
+    occupied = hist.top_counts > 0  # groups with positives at r~ = 1
+    if spec.k is not None and bool(np.any(spec.k < first[occupied])):
         flags.append("top_unresolved")
-        if all(c[1:].sum() == 0 for c in hist.counts):
+        if hist.all_at_top():
             flags.append("all_at_top")
             stderr = math.inf
     details = {

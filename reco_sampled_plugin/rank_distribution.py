@@ -571,7 +571,7 @@ class RankDistribution:
             se = self._posterior_stderr(spec, means)
         flags = [f for f in self.flags if f in ("not_converged", "pooled_n")]
         resolution = (hist.n_items - 1.0) / (hist.n_samples + 1.0) + 1.0
-        occupied = np.array([c[0] > 0 for c in hist.counts])  # groups with positives at r~ = 1
+        occupied = hist.top_counts > 0  # groups with positives at r~ = 1
         if spec.k is not None and np.any(spec.k < resolution[occupied]):
             flags.append("top_unresolved")
             if "all_at_top" in self.flags:
@@ -663,7 +663,7 @@ def estimate_rank_distribution(
     flags: list[str] = []
     if model.pooled:
         flags.append("pooled_n")
-    if all(c[1:].sum() == 0 for c in hist.counts):
+    if hist.all_at_top():
         flags.append("all_at_top")
     if method == "mle":
         pi, iters, converged, lls = _em(model, pi0, model.counts, tol, max_iter, trace)
@@ -772,7 +772,7 @@ def estimate_rank_distributions(
     lls = _loglik(model, pi, counts)
     out = []
     for b, (h, (p, was_pooled)) in enumerate(zip(hists, pooled)):
-        flags = (["pooled_n"] if was_pooled else []) + (["all_at_top"] if all(c[1:].sum() == 0 for c in h.counts) else [])
+        flags = (["pooled_n"] if was_pooled else []) + (["all_at_top"] if h.all_at_top() else [])
         if not conv[b]:
             flags.append("not_converged")
         pooled_hist = RankHistogram(model.n, model.m, tuple(counts[b, g, : model.m[g] + 1] for g in range(len(model.n))))

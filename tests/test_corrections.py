@@ -12,8 +12,11 @@ from hypothesis import strategies as hs
 from numpy.polynomial import legendre
 
 from reco_sampled_plugin.corrections import (
+    _stacked,
     _table,
+    clear_correction_cache,
     correction_table,
+    stacked_tables,
     design_rule,
     expected_corrected,
     table_bias,
@@ -332,6 +335,27 @@ def test_tables_are_cached_and_fresh_tensors():
     assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
     a[0] = 42.0  # mutating a returned tensor does not touch the cache
     assert correction_table("ndcg@10", 12_345, 50, "bv", 0.1)[0] != 42.0
+
+
+@pytest.mark.parametrize("prior", [None, ("beta", 2.0), np.full(300, 1 / 300)])
+def test_stacked_tables_are_the_groups_tables_and_cached_whole(prior):
+    """What the estimators dot with a histogram: every (n, m) group's table in group order; cached as one
+    entry for hashable priors (a repeated evaluation has the same groups), per group for a vector prior."""
+    clear_correction_cache()
+    n, m = np.array([300, 300, 300]), np.array([10, 20, 5])
+    if prior is None or isinstance(prior, tuple):
+        n = np.array([300, 451, 1000])
+    args = ("recall@5", n, m, "bv", 0.1, "binomial", prior, "floor")
+    out = stacked_tables(*args)
+    expected = np.concatenate([correction_table("recall@5", int(a), int(b), "bv", 0.1, "binomial", prior).numpy()
+                               for a, b in zip(n, m)])
+    np.testing.assert_array_equal(out, expected)
+    assert not out.flags.writeable
+    again = stacked_tables(*args)
+    hashable = not isinstance(prior, np.ndarray)
+    assert (again is out) == hashable and _stacked.cache_info().hits == int(hashable)
+    clear_correction_cache()
+    assert _stacked.cache_info().currsize == 0 and _table.cache_info().currsize == 0
 
 
 @pytest.mark.parametrize(

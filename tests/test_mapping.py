@@ -11,6 +11,7 @@ from scipy import special
 
 from reco_sampled_plugin._rank_hist import (
     RankHistogram,
+    _bincount_histogram,
     cumulative_metric,
     interval_mean_metric,
     sampled_rank_histogram,
@@ -114,6 +115,13 @@ def test_histogram_is_additive(rows):
     rest = sampled_rank_histogram(r[half:], n[half:], m[half:])
     merged = rest if parts is None or parts.n_groups == 0 else parts.merge(rest)
     assert merged.total == whole.total == len(rows)
+    # derived views: concatenated counts, counts at r~ = 1, all-at-top
+    np.testing.assert_array_equal(whole.flat_counts, np.concatenate(whole.counts))
+    np.testing.assert_array_equal(whole.top_counts, [c[0] for c in whole.counts])
+    assert whole.all_at_top() == all(c[1:].sum() == 0 for c in whole.counts) == bool((r == 1).all())
+    # the unchecked builder the adapters use gives the same histogram
+    trusted = _bincount_histogram(r, n, m, None)
+    assert trusted.same_groups(whole) and all(np.array_equal(a, b) for a, b in zip(trusted.counts, whole.counts))
     for g in range(whole.n_groups):
         j = int(np.flatnonzero((merged.n_items == whole.n_items[g]) & (merged.n_samples == whole.n_samples[g]))[0])
         np.testing.assert_array_equal(merged.counts[j], whole.counts[g])
@@ -176,6 +184,22 @@ def test_mapping_estimate_tracks_global_hit_rate():
         est = mapping_estimate(f"hit@{K}", sampled, n, m, "beta", a=a)
         assert abs(est.value - true) < 4 * est.stderr + 0.01
         assert est.flags == ()
+
+
+@pytest.mark.parametrize("method", ["bound", "linear", "beta"])
+def test_mapping_estimate_over_groups_is_the_weighted_table_mean(method):
+    """Several (n, m) groups: the estimate is sum_g sum_i h_gi T_g[i] / total with each group's own table
+    (the stacked, cached tables change nothing), its stderr the per-positive sample sd over sqrt(total)."""
+    g = torch.Generator().manual_seed(5)
+    n = torch.tensor([60, 61, 200, 200, 5000]).repeat(40)
+    m = torch.tensor([9, 9, 9, 20, 20]).repeat(40)
+    r = (torch.rand(200, generator=g) * (m + 1).to(torch.float32)).floor().to(torch.int64) + 1
+    for _ in range(2):  # the second call reads the cached stacked tables
+        est = mapping_estimate("ndcg@5", r, n, m, method, a=0.7 if method == "beta" else None)
+        values = np.array([mapping_table("ndcg@5", int(a), int(b), method, 0.7 if method == "beta" else None)[int(k) - 1]
+                           for a, b, k in zip(n, m, r)])
+        assert est.value == pytest.approx(values.mean(), rel=1e-12)
+        assert est.stderr == pytest.approx(values.std(ddof=1) / math.sqrt(values.size), rel=1e-9)
 
 
 def test_fit_beta_fixed_point():
