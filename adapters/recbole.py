@@ -557,16 +557,103 @@ def _grid_n(n: torch.Tensor, step: float, floor: torch.Tensor) -> torch.Tensor:
     return torch.maximum(out, floor)
 
 
-# full-sort batches are buffered and processed together once they hold this many scores (and at the end
+# full-sort batches are gathered and processed together once they hold this many scores (and at the end
 # of the evaluation): RecBole's default eval_batch_size gives 2 users per batch on ml-100k, and a few dozen
 # small torch calls per batch would cost more than RecBole's own evaluation. 2^24 float32 = 64 MiB.
 _BUFFER_ELEMENTS = 1 << 24
 
 
+class _Staging:
+    """CPU full-sort batches copied, as they arrive, into numpy buffers that are reused across evaluations.
+
+    Copying each batch while it is hot (a few slice assignments) lets RecBole free and reuse the batch's
+    memory at once; holding 472 score tensors until the end of an ml-100k evaluation instead spreads them
+    over fresh memory and costs more (measured in BENCHMARKS.md), and the copies need no check that the
+    model did not write into an earlier batch's scores. Rows are users in arrival order; ``pu`` holds each
+    positive's row within its batch until :meth:`take` adds the rows of the batches before it.
+    """
+
+    __slots__ = ("scores", "pu", "pi", "uid", "marks", "used", "npos", "nrows", "n_cols", "dtype", "uid_field", "has_uid")
+
+    def __init__(self) -> None:
+        self.scores = np.empty(0, np.float32)
+        self.pu = np.empty(0, np.int64)
+        self.pi = np.empty(0, np.int64)
+        self.uid = np.empty(0, np.int64)
+        self.marks: list[tuple[int, int]] = []  # (first row, end of the positives) of each batch
+        self.used = self.npos = self.nrows = self.n_cols = 0
+        self.dtype = None
+        self.uid_field = None
+        self.has_uid = True
+
+    def open(self, scores: torch.Tensor, a: np.ndarray, uid_field: str) -> None:
+        """Start gathering batches shaped and typed like ``scores`` (rows, items) (``a``: its numpy view)."""
+        self.used = self.npos = self.nrows = 0
+        self.marks = []
+        self.n_cols, self.dtype, self.uid_field, self.has_uid = a.shape[1], scores.dtype, uid_field, True
+        if self.scores.dtype != a.dtype:
+            self.scores = np.empty(0, a.dtype)
+
+    def add(self, scores: torch.Tensor, interaction, positive_u: torch.Tensor, positive_i: torch.Tensor) -> bool:
+        """Copy one batch; False (nothing copied) when it does not fit the open shape, dtype or device."""
+        if scores.dtype is not self.dtype:
+            return False
+        try:
+            a = scores.numpy()  # CPU tensors only (RecBole evaluates under no_grad)
+            u = positive_u.numpy()
+            i = positive_i.numpy()
+        except (TypeError, RuntimeError, AttributeError):  # another device, autograd, no positives
+            return False
+        if a.ndim != 2 or a.shape[1] != self.n_cols:
+            return False
+        b = a.shape[0]
+        p, q, r = self.used, self.npos, self.nrows
+        e, f = p + a.size, q + u.shape[0]
+        if e > self.scores.shape[0] or f > self.pu.shape[0] or r + b > self.uid.shape[0]:
+            self._grow(e, f, r + b)
+        self.scores[p:e] = a.reshape(-1)
+        self.pu[q:f] = u
+        self.pi[q:f] = i
+        self.marks.append((r, f))
+        if self.has_uid:
+            uid = interaction.interaction.get(self.uid_field)
+            if uid is None:
+                self.has_uid = False
+            else:
+                self.uid[r : r + b] = uid.numpy()
+        self.used, self.npos, self.nrows = e, f, r + b
+        return True
+
+    def _grow(self, scores: int, positives: int, rows: int) -> None:
+        def grown(old: np.ndarray, used: int, need: int) -> np.ndarray:
+            if need <= old.shape[0]:
+                return old
+            new = np.empty(max(need, 2 * old.shape[0]), old.dtype)
+            new[:used] = old[:used]
+            return new
+
+        self.scores = grown(self.scores, self.used, scores)
+        self.pu = grown(self.pu, self.npos, positives)
+        self.pi = grown(self.pi, self.npos, positives)
+        self.uid = grown(self.uid, self.nrows, rows)
+
+    def take(self):
+        """The gathered batches as tensors: scores (rows, items) and uids (views of the buffers: read before
+        the next :meth:`open`), the positives' global rows and items."""
+        marks = np.array(self.marks, dtype=np.int64).reshape(-1, 2)
+        ends = marks[:, 1]
+        sizes = np.diff(ends, prepend=0)
+        pu = self.pu[: self.npos] + np.repeat(marks[:, 0], sizes)  # rows of the batches before
+        scores = torch.from_numpy(self.scores[: self.used]).view(self.nrows, self.n_cols)
+        uid = torch.from_numpy(self.uid[: self.nrows]) if self.has_uid else None
+        return scores, torch.from_numpy(pu), torch.from_numpy(self.pi[: self.npos]), uid
+
+
 def _collect(collector, scores: torch.Tensor, interaction, positive_u, positive_i) -> None:
-    """Per-positive ranks of one evaluation batch: full-sort batches are buffered as they are (references,
-    no copy: RecBole scores each batch into a new tensor; see ``_BUFFER_ELEMENTS``) and processed by
-    :func:`_flush`; sampled-mode batches (their own negatives) are processed at once."""
+    """Per-positive ranks of one evaluation batch: full-sort batches are gathered (CPU: copied into a
+    :class:`_Staging`; other devices: held by reference, RecBole scores each batch into a new tensor; see
+    ``_BUFFER_ELEMENTS``) and processed by :func:`_flush`; sampled-mode batches (their own negatives) are
+    processed at once."""
     settings = collector.__dict__.get("_rsp_settings_now") or _settings(collector.config)
     collector._rsp_settings_now = settings  # validated once per evaluation (reset by get_data_struct)
     if settings is None or positive_u is None:
@@ -576,12 +663,32 @@ def _collect(collector, scores: torch.Tensor, interaction, positive_u, positive_
         _collect_sampled(collector, settings, scores.detach().to("cpu"), interaction,
                          positive_u.detach().to("cpu", torch.int64), positive_i.detach().to("cpu", torch.int64))
         return
-    # the first full-sort batch of an evaluation (or after a flush) opens the buffer; the wrapped
-    # eval_batch_collect appends the next ones directly
+    # the first full-sort batch of an evaluation (or after a flush) opens the staging or the buffer; the
+    # wrapped eval_batch_collect adds the next ones directly
+    _flush(collector)
+    a = None
+    if _STAGE_ON_CPU and scores.device.type == "cpu" and not scores.requires_grad and scores.dim() == 2:
+        try:
+            a = scores.numpy()
+        except TypeError:  # a dtype numpy lacks (bfloat16): held by reference
+            a = None
+    if a is not None:
+        stage = collector.__dict__.get("_rsp_stage") or _Staging()
+        collector._rsp_stage = stage
+        stage.open(scores, a, collector.config["USER_ID_FIELD"])
+        if stage.add(scores, interaction, positive_u, positive_i):
+            collector._rsp_staging = stage
+            if stage.used >= _BUFFER_ELEMENTS:
+                _flush(collector)
+            return
     collector._rsp_buffer = [(scores, scores._version, positive_u, positive_i, interaction)]
     collector._rsp_buffered = scores.numel()
     if collector._rsp_buffered >= _BUFFER_ELEMENTS:
         _flush(collector)
+
+
+# CPU full-sort batches are copied into a _Staging (False: held by reference like other devices; tests)
+_STAGE_ON_CPU = True
 
 
 def _generator(collector, settings: _Settings) -> torch.Generator:
@@ -628,14 +735,22 @@ def _unbuffer(collector, buf: list):
 
 
 def _flush(collector) -> None:
-    """Process the buffered full-sort batches as one batch."""
+    """Process the gathered full-sort batches (staged copies or buffered references) as one batch."""
+    stage = collector.__dict__.pop("_rsp_staging", None)
     buf = collector.__dict__.pop("_rsp_buffer", None)
     collector._rsp_buffered = 0
-    if not buf:
-        return
+    if stage is not None and stage.nrows:
+        _process_full(collector, *stage.take())
+        stage.nrows = 0
+    elif buf:
+        data = _unbuffer(collector, buf)
+        del buf
+        _process_full(collector, *data)
+
+
+def _process_full(collector, scores: torch.Tensor, pos_u: torch.Tensor, pos_i: torch.Tensor, uids) -> None:
+    """Per-positive table of full-sort users (CPU scores, global rows of the positives, their items, ids)."""
     settings = collector._rsp_settings_now
-    scores, pos_u, pos_i, uids = _unbuffer(collector, buf)
-    del buf
     b = scores.shape[0]
     counts = torch.bincount(pos_u, minlength=b)
     s_pos = scores[pos_u, pos_i]
@@ -730,11 +845,7 @@ class _Metric:
         table = dataobject.get(PLUGIN_KEY)
         if table.shape[0] == 0:
             raise ValueError(f"{self.name}: no held-out items were evaluated")
-        users = table[:, _USER].to(torch.int64)
-        if self.settings.weighting == "user":
-            weights = 1.0 / table[:, _N_POS]
-        else:
-            weights = torch.ones(table.shape[0], dtype=torch.float64)
+        users, weights = _users_and_weights(table, self.settings.weighting)
         out: dict[str, float] = {}
         for k in self._cutoffs():
             out.update(self._values(table, users, weights, k))
@@ -744,16 +855,44 @@ class _Metric:
         raise NotImplementedError
 
 
+def _table_cache(table: torch.Tensor) -> dict:
+    """Per-evaluation values shared by the plugin's metrics, cached on the table RecBole hands to each."""
+    return table.__dict__.setdefault("_rsp_cache", {})
+
+
+def _users_and_weights(table: torch.Tensor, weighting: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each positive's user row and weight (``user``: 1/|T_u|, each user counts once; ``item``: 1)."""
+    cache = _table_cache(table)
+    key = ("weights", weighting)
+    if key not in cache:
+        users = table[:, _USER].to(torch.int64)
+        weights = 1.0 / table[:, _N_POS] if weighting == "user" else torch.ones(table.shape[0], dtype=torch.float64)
+        cache[key] = (users, weights)
+    return cache[key]
+
+
+def _exact_ranks(table: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
+    """The exact ranks among irrelevant items and whether all are known (none beyond the computed top), or
+    None when the table has none (sampled modes)."""
+    cache = _table_cache(table)
+    if "exact" not in cache:
+        r_irr = table[:, _R_IRR]
+        cache["exact"] = (r_irr, bool((r_irr > 0).all())) if bool((r_irr != 0).all()) else None
+    return cache["exact"]
+
+
 def _weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> float:
-    return float((values * weights).sum() / weights.sum())
+    return float(values @ weights) / float(weights.sum())
 
 
-def _capped_metric(spec, ranks: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+def _capped_metric(spec, ranks: torch.Tensor, n: torch.Tensor, all_known: bool | None = None) -> torch.Tensor:
     """M(r) of the table's ranks (valid by construction: no re-validation), where ranks beyond the computed
-    top (-1) score 0 (cut-off metrics only reach here)."""
-    known = ranks > 0
-    if bool(known.all()):
+    top (-1) score 0 (cut-off metrics only reach here). ``all_known``: whether every rank is > 0, if known."""
+    if all_known is None:
+        all_known = bool((ranks > 0).all())
+    if all_known:
         return _metric_from_float_ranks(spec, ranks, n)
+    known = ranks > 0
     out = torch.zeros_like(ranks)
     if bool(known.any()):
         out[known] = _metric_from_float_ranks(spec, ranks[known], n[known])
@@ -777,41 +916,46 @@ class _EstimatedMetric(_Metric):
         s = self.settings
         spec = parse_metric(self.kind if k is None else f"{self.kind}@{k}")
         key = self._key(k)
-        r, m, w, hist = _sampled_inputs(table, weights, s, spec.k or 2)
+        r, m1, w, hist = _sampled_inputs(table, weights, s, spec.k or 2)
         law = "binomial" if s.replacement else "hypergeometric"
         result = estimate(spec, hist, sampling=law, **self._method_kwargs())
         out = {key: self._round(result.value)}
         if s.stderr:
             out[f"{key}_stderr"] = self._round(result.stderr)
         if s.side_by_side:
-            out[f"{key}_sampled"] = self._round(_weighted_mean(_metric_from_float_ranks(spec, r, m + 1), w))
-            r_irr = table[:, _R_IRR]
-            if bool((r_irr != 0).all()):
-                if spec.k is None and bool((r_irr < 0).any()):  # pragma: no cover - full ranks are forced for AUC
+            out[f"{key}_sampled"] = self._round(_weighted_mean(_metric_from_float_ranks(spec, r, m1), w))
+            exact = _exact_ranks(table)
+            if exact is not None:
+                r_irr, all_known = exact
+                if spec.k is None and not all_known:  # pragma: no cover - full ranks are forced for AUC
                     raise RuntimeError("reco_sampled_plugin: exact ranks beyond the top for a metric without cut-off")
-                exact = _capped_metric(spec, r_irr, table[:, _N_IRR])
-                out[f"{key}_exact"] = self._round(_weighted_mean(exact, weights))
+                values = _capped_metric(spec, r_irr, table[:, _N_IRR], all_known)
+                out[f"{key}_exact"] = self._round(_weighted_mean(values, weights))
         return out
 
 
 def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_floor: int):
-    """Sampled ranks, m, weights and their rank histogram (candidate counts on the ``rsp_n_grid`` grid, at
-    least max(m + 1, K)) of the positives that have a sampled rank; computed once per evaluation table and
-    shared by every estimated metric (cached on the table, which RecBole hands to each metric)."""
-    cache = table.__dict__.setdefault("_rsp_cache", {})
+    """Sampled ranks, m + 1, weights and their rank histogram (candidate counts on the ``rsp_n_grid`` grid,
+    at least max(m + 1, K)) of the positives that have a sampled rank; computed once per evaluation table
+    and shared by every estimated metric (cached on the table, which RecBole hands to each metric)."""
+    cache = _table_cache(table)
     key = (s.weighting, s.n_grid, s.replacement, k_floor)
     if key not in cache:
         sampled = table[:, _R_SAMPLED]
         have = sampled > 0
-        r, n, m, w = sampled[have], table[have, _N_IRR], table[have, _M], weights[have]
-        n_est = _grid_n(n, s.n_grid, torch.clamp(m + 1, min=float(k_floor)))
+        if bool(have.all()):  # full mode with rsp_m, or a sampled mode: every positive
+            r, n, m, w = sampled, table[:, _N_IRR], table[:, _M], weights
+        else:
+            r, n, m, w = sampled[have], table[have, _N_IRR], table[have, _M], weights[have]
+        m1 = m + 1
+        n_est = _grid_n(n, s.n_grid, torch.clamp(m1, min=float(k_floor)))
         if not s.replacement:
-            n_est = torch.maximum(n_est, m + 1)
+            n_est = torch.maximum(n_est, m1)
         if r.shape[0]:  # whole numbers in range by construction: no re-validation
             hist = _bincount_histogram(r.to(torch.int64), n_est.to(torch.int64), m.to(torch.int64), w)
         else:
             hist = sampled_rank_histogram(r, n_est, m, weights=w)  # the empty histogram
-        cache[key] = (r, m, w, hist)
+        cache[key] = (r, m1, w, hist)
     return cache[key]
 
 
@@ -938,6 +1082,12 @@ def _wrap_collector() -> None:
 
     def eval_batch_collect(self, scores_tensor, interaction, positive_u, positive_i):
         collect(self, scores_tensor, interaction, positive_u, positive_i)
+        stage = self.__dict__.get("_rsp_staging")
+        if stage is not None and len(interaction) == scores_tensor.shape[0]:  # full mode, staging: copy only
+            if stage.add(scores_tensor, interaction, positive_u, positive_i):
+                if stage.used >= _BUFFER_ELEMENTS:
+                    _flush(self)
+                return
         buf = self.__dict__.get("_rsp_buffer")
         if buf is not None and len(interaction) == scores_tensor.shape[0]:  # full mode, buffering: append only
             buf.append((scores_tensor, scores_tensor._version, positive_u, positive_i, interaction))
@@ -948,7 +1098,7 @@ def _wrap_collector() -> None:
             _collect(self, scores_tensor, interaction, positive_u, positive_i)
 
     def get_data_struct(self):
-        if self.__dict__.get("_rsp_buffer"):
+        if self.__dict__.get("_rsp_buffer") or self.__dict__.get("_rsp_staging"):
             _flush(self)
         tables = self.__dict__.pop("_rsp_tables", None)
         if tables:
@@ -990,6 +1140,7 @@ def _wrap_trainer() -> None:
             collector._rsp_settings_now = None
             collector.__dict__.pop("_rsp_tables", None)
             collector.__dict__.pop("_rsp_buffer", None)
+            collector.__dict__.pop("_rsp_staging", None)
             collector._rsp_buffered = 0
         result = original(self, eval_data, *args, **kwargs)
         settings = _settings(self.config) if result else None

@@ -260,18 +260,22 @@ def test_run_recbole_wrapper_logs_plugin_results(workdir, caplog):
     assert any("test result" in msg and "correctedrecall@10" in msg for msg in messages)
 
 
-def test_buffered_flushes_give_the_same_table(bpr, monkeypatch):
-    """Full-sort batches are buffered and processed together. With RecBole's default small batches (2 users
-    each), flushing every few users (a small buffer) gives the same exact ranks, candidate counts, users
-    and ids as one flush at the end, and sampled ranks from the same law."""
+@pytest.mark.parametrize("staged", [True, False], ids=["copied", "referenced"])
+def test_buffered_flushes_give_the_same_table(bpr, monkeypatch, staged):
+    """Full-sort batches are gathered (CPU: copied into reused buffers; other devices: held by reference)
+    and processed together. With RecBole's default small batches (2 users each), flushing every few users
+    gives the same exact ranks, candidate counts, users and ids as one flush at the end, and sampled ranks
+    from the same law; both ways of gathering give the same table."""
     config, _, _, test = _prepare("BPR", {"eval_batch_size": 4096, "metrics": FULL_METRICS, "valid_metric": "ExactRecall@10",
                                           "rsp_m": 100, "rsp_full_ranks": True, "rsp_ties": "average"})
     trainer = Trainer(config, bpr["model"])
     default = rb.positive_table(_evaluate(trainer, test)[1])
+    monkeypatch.setattr(rb, "_STAGE_ON_CPU", staged)
     flushes = []
     original = rb._flush
     monkeypatch.setattr(rb, "_BUFFER_ELEMENTS", 5 * 1700)  # ~5 users of ml-100k per flush
-    monkeypatch.setattr(rb, "_flush", lambda c: (flushes.append(bool(c.__dict__.get("_rsp_buffer"))), original(c)))
+    active = "_rsp_staging" if staged else "_rsp_buffer"
+    monkeypatch.setattr(rb, "_flush", lambda c: (flushes.append(bool(c.__dict__.get(active))), original(c)))
     small = rb.positive_table(_evaluate(trainer, test)[1])
     assert sum(flushes) > 100  # many flushes of a few batches each
     for col in ("user", "rank_full", "rank_irrelevant", "n_candidates", "n_positives", "uid", "item"):
@@ -309,14 +313,16 @@ def test_binomial_sampling_matches_item_draws(bpr, monkeypatch, ties):
         assert int(top.sum()) > 0 and bool((table["sampled_rank"][top] == 1).all())
 
 
-def test_reused_score_buffer_and_nan_scores_raise(bpr, monkeypatch):
-    """Buffered batches are read when the evaluation ends: a model that writes every batch's scores into
-    one persistent tensor is caught (tensor version counter), not silently ranked on the last batch's
-    scores; NaN scores of held-out items are named, not ranked."""
+def test_reused_score_buffer_is_copied_or_caught_and_nan_scores_raise(bpr, monkeypatch):
+    """A model that writes every batch's scores into one persistent tensor: on CPU the plugin copies each
+    batch as it arrives, so the table equals the ordinary model's; batches held by reference (other devices)
+    are read when the evaluation ends, so the reuse is caught (tensor version counter), not silently ranked
+    on the last batch's scores. NaN scores of held-out items are named, not ranked."""
     config, _, _, test = _prepare("BPR", {"eval_batch_size": 4096, "metrics": ["Recall", "CorrectedRecall"],
                                           "valid_metric": "Recall@10", "rsp_m": 100})
     model = bpr["model"]
     trainer = Trainer(config, model)
+    plain = rb.positive_table(_evaluate(trainer, test)[1])
     original = type(model).full_sort_predict
     shared = {}
 
@@ -326,11 +332,80 @@ def test_reused_score_buffer_and_nan_scores_raise(bpr, monkeypatch):
         return out.copy_(scores)
 
     monkeypatch.setattr(type(model), "full_sort_predict", reused)
+    copied = rb.positive_table(_evaluate(trainer, test)[1])
+    for col in ("rank_full", "rank_irrelevant", "n_candidates", "uid", "item"):
+        np.testing.assert_array_equal(copied[col].numpy(), plain[col].numpy(), err_msg=col)
+    monkeypatch.setattr(rb, "_STAGE_ON_CPU", False)
     with pytest.raises(RuntimeError, match="modified in place"):
         trainer.evaluate(test, load_best_model=False)
+    monkeypatch.setattr(rb, "_STAGE_ON_CPU", True)
     monkeypatch.setattr(type(model), "full_sort_predict", lambda self, inter: torch.full_like(original(self, inter), math.nan))
     with pytest.raises(ValueError, match="NaN"):
         Trainer(config, model).evaluate(test, load_best_model=False)
+
+
+def test_score_dtypes_staged_or_referenced_give_the_same_table(bpr, monkeypatch):
+    """Models scoring in float64 or bfloat16 (numpy has no bfloat16: those batches are held by reference)
+    give the same table through either way of gathering, within one collector whose staging buffers
+    change dtype between evaluations."""
+    config, _, _, test = _prepare("BPR", {"metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10", "rsp_m": 100})
+    model = bpr["model"]
+    trainer = Trainer(config, model)
+    original = type(model).full_sort_predict
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float32):
+        monkeypatch.setattr(type(model), "full_sort_predict", lambda self, inter, d=dtype: original(self, inter).to(d))
+        tables = []
+        for staged in (True, False):
+            monkeypatch.setattr(rb, "_STAGE_ON_CPU", staged)
+            tables.append(rb.positive_table(_evaluate(trainer, test)[1]))
+        for col in COLUMNS_COMPARED:
+            np.testing.assert_array_equal(tables[0][col].numpy(), tables[1][col].numpy(), err_msg=f"{dtype} {col}")
+    assert trainer.eval_collector._rsp_stage.scores.dtype == np.float32
+
+
+COLUMNS_COMPARED = ("user", "rank_full", "rank_irrelevant", "n_candidates", "sampled_rank", "n_positives", "uid", "item")
+
+
+def test_staging_copies_batches_and_rejects_what_it_cannot_hold():
+    """The CPU staging of full-sort batches: copies (not views) of every batch in arrival order, positives
+    moved to global rows, buffers grown without losing data and reused by the next evaluation; a batch of
+    another dtype or width, or one that needs autograd, is refused (the caller flushes and re-opens)."""
+
+    class Inter:  # the part of RecBole's Interaction the staging reads
+        def __init__(self, uid):
+            self.interaction = {} if uid is None else {"user_id": uid}
+
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for b in (2, 3, 1, 2, 2, 3):  # more than the first buffers hold: grows several times
+        scores = torch.randn(b, 7, generator=g)
+        k = torch.randint(1, 4, (b,), generator=g)
+        pu = torch.repeat_interleave(torch.arange(b), k)
+        pi = torch.randint(1, 7, (pu.shape[0],), generator=g)
+        batches.append((scores, torch.randint(0, 100, (b,), generator=g), pu, pi))
+    stage = rb._Staging()
+    for evaluation in range(2):  # the second evaluation reuses the grown buffers
+        stage.open(batches[0][0], batches[0][0].numpy(), "user_id")
+        for scores, uid, pu, pi in batches:
+            passed = scores.clone()
+            assert stage.add(passed, Inter(uid), pu, pi)
+            passed.fill_(math.nan)  # the model reuses / overwrites its tensor: the staged copy is unaffected
+        got_scores, got_u, got_i, got_uid = stage.take()
+        rows = torch.tensor([sc.shape[0] for sc, _, _, _ in batches])
+        offsets = torch.cumsum(rows, 0) - rows
+        assert torch.equal(got_scores, torch.cat([sc for sc, _, _, _ in batches]))
+        assert torch.equal(got_u, torch.cat([pu + o for (_, _, pu, _), o in zip(batches, offsets)]))
+        assert torch.equal(got_i, torch.cat([pi for _, _, _, pi in batches]))
+        assert torch.equal(got_uid, torch.cat([u for _, u, _, _ in batches]))
+    capacity = stage.scores.shape[0]
+    stage.open(batches[0][0], batches[0][0].numpy(), "user_id")
+    scores, uid, pu, pi = batches[0]
+    assert not stage.add(scores.double(), Inter(uid), pu, pi)  # another dtype
+    assert not stage.add(torch.randn(2, 8), Inter(uid), pu, pi)  # another width
+    assert not stage.add(torch.randn(2, 7, requires_grad=True), Inter(uid), pu, pi)  # autograd: no numpy view
+    assert not stage.add(scores, Inter(uid), None, pi)  # no positives
+    assert stage.nrows == 0 and stage.scores.shape[0] == capacity
+    assert stage.add(scores, Inter(None), pu, pi) and stage.take()[3] is None  # batches without user ids
 
 
 def test_other_positive_counts_match_brute_force():
