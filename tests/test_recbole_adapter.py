@@ -12,6 +12,7 @@ import torch
 from scipy import stats
 
 from reco_sampled_plugin.adapters import recbole as rb  # noqa: E402  (registers the plugin)
+from reco_sampled_plugin.adapters import _recbole_ranks as rr  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -270,12 +271,12 @@ def test_buffered_flushes_give_the_same_table(bpr, monkeypatch, staged):
                                           "rsp_m": 100, "rsp_full_ranks": True, "rsp_ties": "average"})
     trainer = Trainer(config, bpr["model"])
     default = rb.positive_table(_evaluate(trainer, test)[1])
-    monkeypatch.setattr(rb, "_STAGE_ON_CPU", staged)
+    monkeypatch.setattr(rr, "_STAGE_ON_CPU", staged)
     flushes = []
-    original = rb._flush
-    monkeypatch.setattr(rb, "_BUFFER_ELEMENTS", 5 * 1700)  # ~5 users of ml-100k per flush
+    original = rr._flush
+    monkeypatch.setattr(rr, "_BUFFER_ELEMENTS", 5 * 1700)  # ~5 users of ml-100k per flush
     active = "_rsp_staging" if staged else "_rsp_buffer"
-    monkeypatch.setattr(rb, "_flush", lambda c: (flushes.append(bool(c.__dict__.get(active))), original(c)))
+    monkeypatch.setattr(rr, "_flush", lambda c: (flushes.append(bool(c.__dict__.get(active))), original(c)))
     small = rb.positive_table(_evaluate(trainer, test)[1])
     assert sum(flushes) > 100  # many flushes of a few batches each
     for col in ("user", "rank_full", "rank_irrelevant", "n_candidates", "n_positives", "uid", "item"):
@@ -296,7 +297,7 @@ def test_binomial_sampling_matches_item_draws(bpr, monkeypatch, ties):
                                           "rsp_m": 100, "rsp_ties": ties})
     trainer = Trainer(config, bpr["model"])
     binom = rb.positive_table(_evaluate(trainer, test)[1])
-    monkeypatch.setattr(rb, "_COUNT_MAX_MEAN_POSITIVES", 0)  # topk for exact ranks, m drawn items per positive
+    monkeypatch.setattr(rr, "_COUNT_MAX_MEAN_POSITIVES", 0)  # topk for exact ranks, m drawn items per positive
     items = rb.positive_table(_evaluate(trainer, test)[1])
     known = items["rank_irrelevant"] > 0  # the topk path knows ranks up to max(topk) only
     assert int(known.sum()) > 100 and bool((binom["rank_irrelevant"] >= 1).all())
@@ -335,10 +336,10 @@ def test_reused_score_buffer_is_copied_or_caught_and_nan_scores_raise(bpr, monke
     copied = rb.positive_table(_evaluate(trainer, test)[1])
     for col in ("rank_full", "rank_irrelevant", "n_candidates", "uid", "item"):
         np.testing.assert_array_equal(copied[col].numpy(), plain[col].numpy(), err_msg=col)
-    monkeypatch.setattr(rb, "_STAGE_ON_CPU", False)
+    monkeypatch.setattr(rr, "_STAGE_ON_CPU", False)
     with pytest.raises(RuntimeError, match="modified in place"):
         trainer.evaluate(test, load_best_model=False)
-    monkeypatch.setattr(rb, "_STAGE_ON_CPU", True)
+    monkeypatch.setattr(rr, "_STAGE_ON_CPU", True)
     monkeypatch.setattr(type(model), "full_sort_predict", lambda self, inter: torch.full_like(original(self, inter), math.nan))
     with pytest.raises(ValueError, match="NaN"):
         Trainer(config, model).evaluate(test, load_best_model=False)
@@ -356,7 +357,7 @@ def test_score_dtypes_staged_or_referenced_give_the_same_table(bpr, monkeypatch)
         monkeypatch.setattr(type(model), "full_sort_predict", lambda self, inter, d=dtype: original(self, inter).to(d))
         tables = []
         for staged in (True, False):
-            monkeypatch.setattr(rb, "_STAGE_ON_CPU", staged)
+            monkeypatch.setattr(rr, "_STAGE_ON_CPU", staged)
             tables.append(rb.positive_table(_evaluate(trainer, test)[1]))
         for col in COLUMNS_COMPARED:
             np.testing.assert_array_equal(tables[0][col].numpy(), tables[1][col].numpy(), err_msg=f"{dtype} {col}")
@@ -383,7 +384,7 @@ def test_staging_copies_batches_and_rejects_what_it_cannot_hold():
         pu = torch.repeat_interleave(torch.arange(b), k)
         pi = torch.randint(1, 7, (pu.shape[0],), generator=g)
         batches.append((scores, torch.randint(0, 100, (b,), generator=g), pu, pi))
-    stage = rb._Staging()
+    stage = rr._Staging()
     for evaluation in range(2):  # the second evaluation reuses the grown buffers
         stage.open(batches[0][0], batches[0][0].numpy(), "user_id")
         for scores, uid, pu, pi in batches:
@@ -419,13 +420,13 @@ def test_other_positive_counts_match_brute_force():
     same = pos_u.unsqueeze(0) == pos_u.unsqueeze(1)
     for dtype in (torch.float32, torch.float64, torch.float16):
         s = s_pos.to(dtype)
-        ge, gt = rb._other_positive_counts(pos_u, s, counts)
+        ge, gt = rr._other_positive_counts(pos_u, s, counts)
         ge_bf = (same & (s.unsqueeze(0) >= s.unsqueeze(1))).sum(1) - 1
         gt_bf = (same & (s.unsqueeze(0) > s.unsqueeze(1))).sum(1)
         assert torch.equal(ge, ge_bf) and torch.equal(gt, gt_bf), dtype
         assert int((ge - gt).max()) >= 1  # ties were exercised
     empty = torch.zeros(0, dtype=torch.int64)
-    assert rb._other_positive_counts(empty, torch.zeros(0), torch.zeros(2, dtype=torch.int64))[0].numel() == 0
+    assert rr._other_positive_counts(empty, torch.zeros(0), torch.zeros(2, dtype=torch.int64))[0].numel() == 0
 
 
 def test_binomial_sampled_law():
@@ -434,8 +435,8 @@ def test_binomial_sampled_law():
     n = torch.full((200_000,), 1000)
     ge, gt = torch.full((200_000,), 300), torch.full((200_000,), 200)
     for ties, p in (("pessimistic", 0.3), ("optimistic", 0.2), ("average", 0.25)):
-        r = rb._binomial_sampled(ge, gt, n, 50, ties, g)
+        r = rr._binomial_sampled(ge, gt, n, 50, ties, g)
         assert abs(float(r.mean()) - (1 + 50 * p)) < 4 * math.sqrt(50 * 0.3 * 0.7 / 200_000) + 1e-3, ties
         assert int(r.min()) >= 1 and int(r.max()) <= 51
-    assert bool((rb._binomial_sampled(torch.zeros(5), None, torch.full((5,), 10), 7, "pessimistic", g) == 1).all())
-    assert bool((rb._binomial_sampled(torch.full((5,), 10), None, torch.full((5,), 10), 7, "pessimistic", g) == 8).all())
+    assert bool((rr._binomial_sampled(torch.zeros(5), None, torch.full((5,), 10), 7, "pessimistic", g) == 1).all())
+    assert bool((rr._binomial_sampled(torch.full((5,), 10), None, torch.full((5,), 10), 7, "pessimistic", g) == 8).all())

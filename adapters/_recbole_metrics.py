@@ -1,0 +1,265 @@
+"""RecBole adapter, metrics: the plugin's metric classes, computed from the per-positive table.
+
+Four families (:data:`~._recbole_settings.FAMILIES`): ``Corrected*``, ``Mapped*`` and ``RankDist*`` estimate a
+full-catalogue metric from sampled ranks (:func:`reco_sampled_plugin.estimators.estimate`); ``Exact*``
+recompute RecBole's list metrics from exact ranks. Values shared by the metrics of one evaluation (weights,
+the rank histogram) are computed once and cached on the table RecBole hands to each.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from reco_sampled_plugin._rank_hist import _bincount_histogram, sampled_rank_histogram
+from reco_sampled_plugin.estimators import estimate
+from reco_sampled_plugin.metric_names import parse_metric
+from reco_sampled_plugin.metrics import _metric_from_float_ranks
+
+from ._recbole_ranks import _M, _N_IRR, _N_POS, _R_FULL, _R_IRR, _R_SAMPLED, _USER, PLUGIN_KEY
+from ._recbole_settings import _ESTIMATED_KINDS, FAMILIES, _Settings, _settings
+
+#: the public module the classes are documented in (``reco_sampled_plugin.adapters.recbole``)
+_PUBLIC_MODULE = __name__.rsplit(".", 1)[0] + ".recbole"
+
+
+def _grid_n(n: torch.Tensor, step: float, floor: torch.Tensor) -> torch.Tensor:
+    """Round candidate counts to a geometric grid (relative step ``step``) so tables are shared."""
+    if step <= 0:
+        return n
+    lg = math.log1p(step)
+    out = torch.round(torch.exp(torch.round(torch.log(n) / lg) * lg))
+    return torch.maximum(out, floor)
+
+
+def _recbole():
+    from recbole.evaluator.base_metric import AbstractMetric
+    from recbole.utils import EvaluatorType
+
+    return AbstractMetric, EvaluatorType
+
+
+class _Metric:
+    """Shared implementation of the plugin's RecBole metrics (mixed into RecBole's AbstractMetric)."""
+
+    family: str = ""
+    kind: str = ""  # core kind ("recall", ...) or RecBole list metric ("Recall", ...) for the exact family
+    metric_need = [PLUGIN_KEY]
+    smaller = False
+
+    def __init__(self, config) -> None:
+        super().__init__(config)  # type: ignore[call-arg]
+        self.config = config
+        self.settings = _settings(config)
+        if self.settings is None:  # constructed outside a config that names it
+            raise ValueError("metrics: the plugin metric is not listed in the config's metrics")
+        self.name = type(self).__name__.lower()
+
+    # keys and values -------------------------------------------------------------------------
+    def _cutoffs(self) -> list[int | None]:
+        return [None] if self.kind == "auc" else list(self.settings.topk)
+
+    def _key(self, k: int | None) -> str:
+        return self.name if k is None else f"{self.name}@{k}"
+
+    def _round(self, value: float) -> float:
+        return round(float(value), self.settings.decimal_place)
+
+    def calculate_metric(self, dataobject) -> dict:
+        table = dataobject.get(PLUGIN_KEY)
+        if table.shape[0] == 0:
+            raise ValueError(f"{self.name}: no held-out items were evaluated")
+        users, weights = _users_and_weights(table, self.settings.weighting)
+        out: dict[str, float] = {}
+        for k in self._cutoffs():
+            out.update(self._values(table, users, weights, k))
+        return out
+
+    def _values(self, table, users, weights, k) -> dict:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+
+def _table_cache(table: torch.Tensor) -> dict:
+    """Per-evaluation values shared by the plugin's metrics, cached on the table RecBole hands to each."""
+    return table.__dict__.setdefault("_rsp_cache", {})
+
+
+def _users_and_weights(table: torch.Tensor, weighting: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each positive's user row and weight (``user``: 1/|T_u|, each user counts once; ``item``: 1)."""
+    cache = _table_cache(table)
+    key = ("weights", weighting)
+    if key not in cache:
+        users = table[:, _USER].to(torch.int64)
+        weights = 1.0 / table[:, _N_POS] if weighting == "user" else torch.ones(table.shape[0], dtype=torch.float64)
+        cache[key] = (users, weights)
+    return cache[key]
+
+
+def _exact_ranks(table: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
+    """The exact ranks among irrelevant items and whether all are known (none beyond the computed top), or
+    None when the table has none (sampled modes)."""
+    cache = _table_cache(table)
+    if "exact" not in cache:
+        r_irr = table[:, _R_IRR]
+        cache["exact"] = (r_irr, bool((r_irr > 0).all())) if bool((r_irr != 0).all()) else None
+    return cache["exact"]
+
+
+def _weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> float:
+    return float(values @ weights) / float(weights.sum())
+
+
+def _capped_metric(spec, ranks: torch.Tensor, n: torch.Tensor, all_known: bool | None = None) -> torch.Tensor:
+    """M(r) of the table's ranks (valid by construction: no re-validation), where ranks beyond the computed
+    top (-1) score 0 (cut-off metrics only reach here). ``all_known``: whether every rank is > 0, if known."""
+    if all_known is None:
+        all_known = bool((ranks > 0).all())
+    if all_known:
+        return _metric_from_float_ranks(spec, ranks, n)
+    known = ranks > 0
+    out = torch.zeros_like(ranks)
+    if bool(known.any()):
+        out[known] = _metric_from_float_ranks(spec, ranks[known], n[known])
+    return out
+
+
+class _EstimatedMetric(_Metric):
+    """A full-catalogue metric estimated from sampled ranks (corrections, mappings, rank distributions)."""
+
+    def _method_kwargs(self) -> dict:
+        s = self.settings
+        if self.family == "corrected":
+            if s.prior == "mle":
+                return {"method": "bv_mle", "gamma": s.gamma}
+            return {"method": s.correction, "gamma": s.gamma, "prior": s.prior}
+        if self.family == "mapped":
+            return {"method": s.mapping, "a": s.mapping_a}
+        return {"method": s.rank_dist, "n_bootstrap": s.bootstrap, "seed": s.seed}
+
+    def _values(self, table, users, weights, k) -> dict:
+        s = self.settings
+        spec = parse_metric(self.kind if k is None else f"{self.kind}@{k}")
+        key = self._key(k)
+        r, m1, w, hist = _sampled_inputs(table, weights, s, spec.k or 2)
+        law = "binomial" if s.replacement else "hypergeometric"
+        result = estimate(spec, hist, sampling=law, **self._method_kwargs())
+        out = {key: self._round(result.value)}
+        if s.stderr:
+            out[f"{key}_stderr"] = self._round(result.stderr)
+        if s.side_by_side:
+            out[f"{key}_sampled"] = self._round(_weighted_mean(_metric_from_float_ranks(spec, r, m1), w))
+            exact = _exact_ranks(table)
+            if exact is not None:
+                r_irr, all_known = exact
+                if spec.k is None and not all_known:  # pragma: no cover - full ranks are forced for AUC
+                    raise RuntimeError("reco_sampled_plugin: exact ranks beyond the top for a metric without cut-off")
+                values = _capped_metric(spec, r_irr, table[:, _N_IRR], all_known)
+                out[f"{key}_exact"] = self._round(_weighted_mean(values, weights))
+        return out
+
+
+def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_floor: int):
+    """Sampled ranks, m + 1, weights and their rank histogram (candidate counts on the ``rsp_n_grid`` grid,
+    at least max(m + 1, K)) of the positives that have a sampled rank; computed once per evaluation table
+    and shared by every estimated metric (cached on the table, which RecBole hands to each metric)."""
+    cache = _table_cache(table)
+    key = (s.weighting, s.n_grid, s.replacement, k_floor)
+    if key not in cache:
+        sampled = table[:, _R_SAMPLED]
+        have = sampled > 0
+        if bool(have.all()):  # full mode with rsp_m, or a sampled mode: every positive
+            r, n, m, w = sampled, table[:, _N_IRR], table[:, _M], weights
+        else:
+            r, n, m, w = sampled[have], table[have, _N_IRR], table[have, _M], weights[have]
+        m1 = m + 1
+        n_est = _grid_n(n, s.n_grid, torch.clamp(m1, min=float(k_floor)))
+        if not s.replacement:
+            n_est = torch.maximum(n_est, m1)
+        if r.shape[0]:  # whole numbers in range by construction: no re-validation
+            hist = _bincount_histogram(r.to(torch.int64), n_est.to(torch.int64), m.to(torch.int64), w)
+        else:
+            hist = sampled_rank_histogram(r, n_est, m, weights=w)  # the empty histogram
+        cache[key] = (r, m1, w, hist)
+    return cache[key]
+
+
+class _ExactMetric(_Metric):
+    """RecBole's list metric (same definition and averaging over users) from the plugin's exact ranks."""
+
+    def _values(self, table, users, weights, k) -> dict:
+        r = table[:, _R_FULL]
+        n_users = int(users.max()) + 1
+        hit = ((r > 0) & (r <= k)).to(torch.float64)
+        n_pos = torch.zeros(n_users, dtype=torch.float64).scatter_reduce_(0, users, table[:, _N_POS], "amax", include_self=False)
+        present = torch.zeros(n_users, dtype=torch.bool)
+        present[users] = True
+        hits_u = torch.zeros(n_users, dtype=torch.float64).index_add_(0, users, hit)
+        kind = self.kind
+        if kind == "Recall":
+            per_user = hits_u / n_pos.clamp(min=1)
+        elif kind == "Hit":
+            per_user = (hits_u > 0).to(torch.float64)
+        elif kind == "Precision":
+            per_user = hits_u / k
+        elif kind == "NDCG":
+            dcg = torch.where(hit > 0, 1.0 / torch.log2(r.clamp(min=1) + 1.0), torch.zeros_like(r))
+            dcg_u = torch.zeros(n_users, dtype=torch.float64).index_add_(0, users, dcg)
+            ideal_len = torch.clamp(n_pos, max=k).to(torch.int64)
+            ideal = torch.cumsum(1.0 / torch.log2(torch.arange(2, k + 2, dtype=torch.float64)), 0)
+            per_user = dcg_u / ideal[(ideal_len - 1).clamp(min=0)]
+        elif kind == "MRR":
+            rr = torch.where(hit > 0, 1.0 / r.clamp(min=1), torch.zeros_like(r))
+            per_user = torch.zeros(n_users, dtype=torch.float64).scatter_reduce_(0, users, rr, "amax", include_self=True)
+        elif kind == "MAP":
+            # AP@k = sum over hits of (hits up to and including it) / rank, divided by min(|T_u|, k)
+            order = torch.argsort(users * (k + 2) + torch.where(hit > 0, r, torch.full_like(r, k + 1)))
+            u_sorted, h_sorted, r_sorted = users[order], hit[order], r[order]
+            cum = torch.cumsum(h_sorted, 0)
+            start = torch.zeros(n_users, dtype=torch.float64).scatter_reduce_(0, u_sorted, cum - h_sorted, "amin", include_self=False)
+            within = cum - start[u_sorted]
+            terms = torch.where(h_sorted > 0, within / r_sorted.clamp(min=1), torch.zeros_like(r_sorted))
+            ap_u = torch.zeros(n_users, dtype=torch.float64).index_add_(0, u_sorted, terms)
+            per_user = ap_u / torch.clamp(n_pos, max=k).clamp(min=1)
+        else:  # pragma: no cover - the class table lists the kinds
+            raise ValueError(f"unknown exact metric {kind!r}")
+        return {self._key(k): self._round(float(per_user[present].mean()))}
+
+
+def _build_classes() -> dict[str, type]:
+    AbstractMetric, EvaluatorType = _recbole()
+    classes: dict[str, type] = {}
+    for family, (prefix, kinds) in FAMILIES.items():
+        base = _ExactMetric if family == "exact" else _EstimatedMetric
+        for kind in kinds:
+            name = prefix + kind
+            core_kind = kind if family == "exact" else _ESTIMATED_KINDS[kind]
+            doc = (
+                f"RecBole's {kind}@k recomputed from the plugin's exact ranks (full mode)."
+                if family == "exact"
+                else f"{kind} estimated from sampled ranks by the {family} estimators (see docs/recbole.md)."
+            )
+            cls = type(
+                name,
+                (base, AbstractMetric),
+                {
+                    "family": family,
+                    "kind": core_kind,
+                    "metric_type": EvaluatorType.RANKING,
+                    "metric_need": [PLUGIN_KEY],
+                    "smaller": False,
+                    "__doc__": doc,
+                    "__module__": _PUBLIC_MODULE,
+                },
+            )
+            classes[name.lower()] = cls
+    return classes
+
+
+_METRIC_CLASSES: dict[str, type] = _build_classes()
+
+
+def metric_classes() -> dict[str, type]:
+    """The plugin's RecBole metric classes by lower-case name (as RecBole registers them)."""
+    return dict(_METRIC_CLASSES)
+

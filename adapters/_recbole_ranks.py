@@ -1,0 +1,531 @@
+"""RecBole adapter, rank collection: the per-positive table built from RecBole's evaluation batches.
+
+RecBole 1.2.1 gives metrics no per-positive ranks, so the wrapped ``Collector`` hands every batch to
+:func:`collect_batch`. Every held-out (user, item) pair becomes one row of a float64 table
+(:data:`COLUMNS`) with its exact rank (full mode), its sampled rank (``uniN`` / ``popN`` modes: against its
+own N draws; full mode with ``rsp_m``: simulated) and its user's candidate count. Full-sort batches are
+gathered (CPU: copied into reused buffers as they arrive; other devices: held by reference) and ranked
+together when the evaluation ends (:func:`finish_collection`) or the buffer is full.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ._recbole_settings import _Settings, _settings
+
+__all__ = ["PLUGIN_KEY", "COLUMNS", "positive_table", "collect_batch", "finish_collection", "reset_collection"]
+
+#: DataStruct key under which the wrapped collector stores the per-positive table.
+PLUGIN_KEY = "rsp.ranks"
+
+# columns of the per-positive table (float64, one row per held-out (user, item) pair)
+_USER, _R_FULL, _R_IRR, _N_IRR, _R_SAMPLED, _M, _N_POS, _UID, _ITEM = range(9)
+_N_COLS = 9
+#: Column names of the per-positive table stored under :data:`PLUGIN_KEY` (see :func:`positive_table`).
+COLUMNS = ("user", "rank_full", "rank_irrelevant", "n_candidates", "sampled_rank", "m", "n_positives", "uid", "item")
+# rank columns: 0 = not available (sampled modes have no exact rank), -1 = beyond the computed top
+_BEYOND = -1.0
+
+def positive_table(dataobject) -> dict[str, torch.Tensor]:
+    """The per-positive table a RecBole ``DataStruct`` holds for the plugin, as named columns.
+
+    ``rank_full`` / ``rank_irrelevant``: exact rank among all candidates / among the irrelevant ones
+    (full mode; 0 = not available, -1 = beyond the computed top), ``n_candidates``: irrelevant items + 1,
+    ``sampled_rank`` / ``m``: sampled rank and sample size (0 = none), ``n_positives``: |T_u|, ``user``:
+    row of the user in the evaluation, ``uid`` / ``item``: RecBole's internal ids.
+    """
+    table = dataobject.get(PLUGIN_KEY)
+    return {name: table[:, i] for i, name in enumerate(COLUMNS)}
+
+
+# -------------------------------------------------------------------------------- rank collection
+def _ranks_from_counts(ge: torch.Tensor, gt: torch.Tensor, ties: str) -> torch.Tensor:
+    """Rank from #(s >= s_pos) (the positive included) and #(s > s_pos), as float64."""
+    ge = ge.to(torch.float64)
+    gt = gt.to(torch.float64)
+    if ties == "pessimistic":
+        return ge
+    if ties == "optimistic":
+        return gt + 1.0
+    return (ge + gt + 1.0) / 2.0
+
+
+def _sampled_from_scores(neg: torch.Tensor, pos: torch.Tensor, ties: str, generator: torch.Generator | None) -> torch.Tensor:
+    """Sampled rank 1 + #(sampled items above the positive) per row of ``neg`` (Npos, m); ties per policy
+    (``average``: tied items are ordered at random, whose expectation is the average rank)."""
+    above = (neg > pos.unsqueeze(1)).sum(1)
+    if ties == "optimistic":
+        return (above + 1).to(torch.float64)
+    tied = (neg == pos.unsqueeze(1)).sum(1)
+    if ties == "pessimistic":
+        return (above + tied + 1).to(torch.float64)
+    u = torch.rand(tied.shape, generator=generator, dtype=torch.float64)
+    return (above + 1).to(torch.float64) + torch.floor(u * (tied + 1).to(torch.float64))
+
+
+def _descending_score_keys(s: torch.Tensor) -> torch.Tensor:
+    """int64 keys in [0, 2^32) ordering the scores from highest to lowest, equal exactly for equal scores:
+    the IEEE bits of float32 (float16 / bfloat16 convert exactly) made monotonic; dense ranks otherwise."""
+    if s.dtype in (torch.float32, torch.float16, torch.bfloat16):
+        bits = (s.to(torch.float32) + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0.0 becomes +0.0
+        bits = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed-integer order = float order
+        return 0x7FFFFFFF - bits
+    uniq, inverse = torch.unique(s, sorted=True, return_inverse=True)
+    return uniq.shape[0] - 1 - inverse
+
+
+def _other_positive_counts(pos_u: torch.Tensor, s_pos: torch.Tensor, counts: torch.Tensor):
+    """#(other positives of the same user scoring >= / > each positive), from one integer sort of the
+    positives by (user, score descending): within a user, the positives above are those before its run
+    of equal scores."""
+    n = pos_u.shape[0]
+    if n == 0:
+        return torch.zeros_like(pos_u), torch.zeros_like(pos_u)
+    key, order = torch.sort((pos_u << 32) + _descending_score_keys(s_pos))
+    new_run = torch.ones(n, dtype=torch.bool)
+    new_run[1:] = key[1:] != key[:-1]  # a run: one user's positives with one score
+    run_id = torch.cumsum(new_run, 0) - 1
+    run_len = torch.bincount(run_id)
+    run_end = torch.cumsum(run_len, 0)[run_id]
+    user_start = (torch.cumsum(counts, 0) - counts)[pos_u[order]]
+    gt, ge = torch.empty_like(pos_u), torch.empty_like(pos_u)
+    gt[order] = run_end - run_len[run_id] - user_start
+    ge[order] = run_end - user_start - 1  # minus the positive itself
+    return ge, gt
+
+
+def _topk_full_mode(scores, pos_u, s_pos, counts, settings: _Settings):
+    """Exact ranks (full list, and among irrelevant items) up to the largest ``topk``, for users with many
+    positives (see :data:`_COUNT_MAX_MEAN_POSITIVES`): one ``torch.topk`` of size max(topk) + max |T_u|;
+    ranks beyond are marked -1 (every cut-off metric is 0 there)."""
+    from reco_sampled_plugin.counting import count_beating_rows
+
+    n_tot = scores.shape[1]
+    kmax = int(counts.max()) if counts.numel() else 0
+    ktop = min(n_tot, max(settings.topk) + kmax)
+    vals = torch.topk(scores, ktop, dim=1).values  # (B, ktop), descending
+    rows = vals[pos_u]
+    ge = (rows >= s_pos.unsqueeze(1)).sum(1)
+    gt = (rows > s_pos.unsqueeze(1)).sum(1)
+    last = vals[pos_u, -1]
+    known = (ge < ktop) | (ktop == n_tot)  # every item scoring >= s_pos lies in the top
+    tie_edge = (~known) & (s_pos == last)  # ties across the edge of the top: count on the full row
+    if bool(tie_edge.any()):
+        idx = tie_edge.nonzero().squeeze(1)
+        ge[idx] = count_beating_rows(scores, pos_u[idx], s_pos[idx], inclusive=True)
+        gt[idx] = count_beating_rows(scores, pos_u[idx], s_pos[idx], inclusive=False)
+        known[idx] = True
+    other_ge, other_gt = _other_positive_counts(pos_u, s_pos, counts)
+    r_full = _ranks_from_counts(ge, gt, settings.ties)
+    r_irr = _ranks_from_counts(ge - other_ge, gt - other_gt, settings.ties)
+    r_full = torch.where(known, r_full, torch.full_like(r_full, _BEYOND))
+    r_irr = torch.where(known, r_irr, torch.full_like(r_irr, _BEYOND))
+    return r_full, r_irr
+
+
+# Full mode counts, for every positive, the items of its user's row scoring >= / > it (one compiled pass of
+# |T_u| x n comparisons per user, no padding): exact ranks of every positive, and simulated sampled ranks
+# drawn from them. With more held-out items per user than this on average, a top-k of each row is cheaper
+# (exact ranks up to max(topk), simulated ranks from drawn items); ``rsp_full_ranks`` always counts.
+_COUNT_MAX_MEAN_POSITIVES = 64
+
+
+def _full_counts(scores, pos_u, s_pos, ties: str):
+    """#(items scoring >= each positive) over its user's whole row (itself included), #(items scoring >
+    it) (None for pessimistic ties: not needed), and each row's candidate count (items with a score above
+    -inf: RecBole sets padding and history items to -inf; NaN scores never count), from one compiled
+    count (the candidate counts ride along as one extra reference per row)."""
+    from reco_sampled_plugin.counting import count_beating_rows
+
+    b, npos = scores.shape[0], pos_u.shape[0]
+    lowest = torch.full((b,), torch.finfo(scores.dtype).min, dtype=scores.dtype)
+    both = count_beating_rows(scores, torch.cat([pos_u, torch.arange(b)]), torch.cat([s_pos, lowest]), inclusive=True)
+    gt = None if ties == "pessimistic" else count_beating_rows(scores, pos_u, s_pos, inclusive=False)
+    return both[:npos], gt, both[npos:]
+
+
+def _binomial_sampled(ge_irr, gt_irr, n_irr_items, m: int, ties: str, generator: torch.Generator) -> torch.Tensor:
+    """Sampled ranks of uniform sampling with replacement drawn from the exact counts: each of the m draws
+    is an irrelevant item scoring >= the positive with probability ge_irr / N (N irrelevant candidates), so
+    r~ = 1 + Binomial(m, ge_irr / N) (pessimistic), 1 + Binomial(m, gt_irr / N) (optimistic); ``average``
+    splits the draws into above / tied / below and places the positive uniformly among the tied ones, as
+    :func:`_sampled_from_scores` does with drawn items. Same law as drawing items, ~1e4 draws instead of 1e6."""
+    n_items = n_irr_items.to(torch.float64).clamp(min=1.0)
+    trials = torch.full_like(n_items, float(m))
+    if ties == "pessimistic":
+        return 1.0 + torch.binomial(trials, (ge_irr.to(torch.float64) / n_items).clamp(0.0, 1.0), generator=generator)
+    gt = gt_irr.to(torch.float64)
+    above = torch.binomial(trials, (gt / n_items).clamp(0.0, 1.0), generator=generator)
+    if ties == "optimistic":
+        return above + 1.0
+    eq = (ge_irr.to(torch.float64) - gt).clamp(min=0.0)
+    rest = (n_items - gt).clamp(min=1.0)
+    tied = torch.binomial(trials - above, (eq / rest).clamp(0.0, 1.0), generator=generator)
+    u = torch.rand(tied.shape, generator=generator, dtype=torch.float64)
+    return above + 1.0 + torch.floor(u * (tied + 1.0))
+
+
+def _simulate(scores, pos_u, pos_i, s_pos, settings: _Settings, generator: torch.Generator):
+    """Draw m irrelevant items per positive among the user's candidates (finite scores, not a positive of
+    the user) and return the sampled ranks."""
+    b, n_tot = scores.shape
+    m = int(settings.m)
+    npos = pos_u.shape[0]
+    if settings.replacement:
+        # excluded items score -inf (RecBole; any non-finite score counts as excluded); the user's positives are set to -inf on a copy, so one gather
+        # of the drawn items' scores also tells which draws to reject and redraw (a few %, shrinking subset)
+        work = scores.clone()
+        work[pos_u, pos_i] = -math.inf
+        neg = torch.randint(0, n_tot, (npos, m), generator=generator)
+        s_neg = work[pos_u.unsqueeze(1), neg]
+        flat_s = s_neg.view(-1)
+        row = pos_u.repeat_interleave(m)
+        todo = (~torch.isfinite(flat_s)).nonzero().squeeze(1)
+        for _ in range(10_000):  # rejection sampling over the rejected draws only
+            if todo.numel() == 0:
+                break
+            redraw = torch.randint(0, n_tot, (todo.numel(),), generator=generator)
+            new = work[row[todo], redraw]
+            flat_s[todo] = new
+            todo = todo[~torch.isfinite(new)]
+        else:  # pragma: no cover - a user with no irrelevant candidate
+            raise ValueError("rsp_m: some user has no irrelevant candidate item to sample")
+        return _sampled_from_scores(s_neg, s_pos, settings.ties, generator)
+    allowed = torch.isfinite(scores)  # without replacement: the m smallest of random keys over allowed items
+    allowed[pos_u, pos_i] = False
+    n_allowed = allowed.sum(1)
+    if bool((n_allowed[pos_u] < m).any()):
+        raise ValueError(f"rsp_m: {m} draws without replacement exceed some user's {int(n_allowed.min())} irrelevant items")
+    neg = torch.empty((npos, m), dtype=torch.int64)
+    chunk = max(1, (1 << 22) // max(n_tot, 1))
+    for start in range(0, npos, chunk):
+        sl = slice(start, start + chunk)
+        keys = torch.rand((pos_u[sl].shape[0], n_tot), generator=generator)
+        keys = keys.masked_fill(~allowed[pos_u[sl]], 2.0)
+        neg[sl] = torch.topk(keys, m, dim=1, largest=False).indices
+    s_neg = scores[pos_u.unsqueeze(1), neg]
+    return _sampled_from_scores(s_neg, s_pos, settings.ties, generator)
+
+
+def _neg_layout(interaction, iid_field: str, pos_u, pos_i, counts):
+    """Rows of each positive's own N negatives in a NegSampleEvalDataLoader batch.
+
+    A user with k positives occupies k (1 + N) consecutive rows: its k positives, then negative j of
+    positive i at offset k + j k + i (``Sampler.sample_by_key_ids`` tiles the user's positives).
+    """
+    items = interaction[iid_field].cpu()
+    total = int(counts.sum())
+    rows = items.shape[0]
+    if total == 0 or rows % total:
+        raise RuntimeError(f"reco_sampled_plugin: unexpected sampled-evaluation layout ({rows} rows for {total} positives)")
+    n_draws = rows // total - 1
+    if n_draws < 1:
+        raise RuntimeError("reco_sampled_plugin: the sampled evaluation batch holds no negative items")
+    block_start = torch.cumsum(counts * (1 + n_draws), 0) - counts * (1 + n_draws)
+    pos_start = torch.cumsum(counts, 0) - counts
+    local = torch.arange(pos_u.shape[0]) - pos_start[pos_u]
+    k = counts[pos_u]
+    pos_rows = block_start[pos_u] + local
+    if not bool((items[pos_rows] == pos_i).all()):
+        raise RuntimeError("reco_sampled_plugin: positives are not where RecBole's sampled layout puts them")
+    j = torch.arange(n_draws)
+    neg_rows = (block_start[pos_u] + k + local).unsqueeze(1) + j.unsqueeze(0) * k.unsqueeze(1)
+    return items[neg_rows], pos_rows, n_draws
+
+
+# full-sort batches are gathered and processed together once they hold this many scores (and at the end
+# of the evaluation): RecBole's default eval_batch_size gives 2 users per batch on ml-100k, and a few dozen
+# small torch calls per batch would cost more than RecBole's own evaluation. 2^24 float32 = 64 MiB.
+_BUFFER_ELEMENTS = 1 << 24
+
+
+class _Staging:
+    """CPU full-sort batches copied, as they arrive, into numpy buffers that are reused across evaluations.
+
+    Copying each batch while it is hot (a few slice assignments) lets RecBole free and reuse the batch's
+    memory at once; holding 472 score tensors until the end of an ml-100k evaluation instead spreads them
+    over fresh memory and costs more (measured in BENCHMARKS.md), and the copies need no check that the
+    model did not write into an earlier batch's scores. Rows are users in arrival order; ``pu`` holds each
+    positive's row within its batch until :meth:`take` adds the rows of the batches before it.
+    """
+
+    __slots__ = ("scores", "pu", "pi", "uid", "marks", "used", "npos", "nrows", "n_cols", "dtype", "uid_field", "has_uid")
+
+    def __init__(self) -> None:
+        self.scores = np.empty(0, np.float32)
+        self.pu = np.empty(0, np.int64)
+        self.pi = np.empty(0, np.int64)
+        self.uid = np.empty(0, np.int64)
+        self.marks: list[tuple[int, int]] = []  # (first row, end of the positives) of each batch
+        self.used = self.npos = self.nrows = self.n_cols = 0
+        self.dtype = None
+        self.uid_field = None
+        self.has_uid = True
+
+    def open(self, scores: torch.Tensor, a: np.ndarray, uid_field: str) -> None:
+        """Start gathering batches shaped and typed like ``scores`` (rows, items) (``a``: its numpy view)."""
+        self.used = self.npos = self.nrows = 0
+        self.marks = []
+        self.n_cols, self.dtype, self.uid_field, self.has_uid = a.shape[1], scores.dtype, uid_field, True
+        if self.scores.dtype != a.dtype:
+            self.scores = np.empty(0, a.dtype)
+
+    def add(self, scores: torch.Tensor, interaction, positive_u: torch.Tensor, positive_i: torch.Tensor) -> bool:
+        """Copy one batch; False (nothing copied) when it does not fit the open shape, dtype or device."""
+        if scores.dtype is not self.dtype:
+            return False
+        try:
+            a = scores.numpy()  # CPU tensors only (RecBole evaluates under no_grad)
+            u = positive_u.numpy()
+            i = positive_i.numpy()
+        except (TypeError, RuntimeError, AttributeError):  # another device, autograd, no positives
+            return False
+        if a.ndim != 2 or a.shape[1] != self.n_cols:
+            return False
+        b = a.shape[0]
+        p, q, r = self.used, self.npos, self.nrows
+        e, f = p + a.size, q + u.shape[0]
+        if e > self.scores.shape[0] or f > self.pu.shape[0] or r + b > self.uid.shape[0]:
+            self._grow(e, f, r + b)
+        self.scores[p:e] = a.reshape(-1)
+        self.pu[q:f] = u
+        self.pi[q:f] = i
+        self.marks.append((r, f))
+        if self.has_uid:
+            uid = interaction.interaction.get(self.uid_field)
+            if uid is None:
+                self.has_uid = False
+            else:
+                self.uid[r : r + b] = uid.numpy()
+        self.used, self.npos, self.nrows = e, f, r + b
+        return True
+
+    def _grow(self, scores: int, positives: int, rows: int) -> None:
+        def grown(old: np.ndarray, used: int, need: int) -> np.ndarray:
+            if need <= old.shape[0]:
+                return old
+            new = np.empty(max(need, 2 * old.shape[0]), old.dtype)
+            new[:used] = old[:used]
+            return new
+
+        self.scores = grown(self.scores, self.used, scores)
+        self.pu = grown(self.pu, self.npos, positives)
+        self.pi = grown(self.pi, self.npos, positives)
+        self.uid = grown(self.uid, self.nrows, rows)
+
+    def take(self):
+        """The gathered batches as tensors: scores (rows, items) and uids (views of the buffers: read before
+        the next :meth:`open`), the positives' global rows and items."""
+        marks = np.array(self.marks, dtype=np.int64).reshape(-1, 2)
+        ends = marks[:, 1]
+        sizes = np.diff(ends, prepend=0)
+        pu = self.pu[: self.npos] + np.repeat(marks[:, 0], sizes)  # rows of the batches before
+        scores = torch.from_numpy(self.scores[: self.used]).view(self.nrows, self.n_cols)
+        uid = torch.from_numpy(self.uid[: self.nrows]) if self.has_uid else None
+        return scores, torch.from_numpy(pu), torch.from_numpy(self.pi[: self.npos]), uid
+
+
+def _collect(collector, scores: torch.Tensor, interaction, positive_u, positive_i) -> None:
+    """Per-positive ranks of one evaluation batch: full-sort batches are gathered (CPU: copied into a
+    :class:`_Staging`; other devices: held by reference, RecBole scores each batch into a new tensor; see
+    ``_BUFFER_ELEMENTS``) and processed by :func:`_flush`; sampled-mode batches (their own negatives) are
+    processed at once."""
+    settings = collector.__dict__.get("_rsp_settings_now") or _settings(collector.config)
+    collector._rsp_settings_now = settings  # validated once per evaluation (reset by get_data_struct)
+    if settings is None or positive_u is None:
+        return
+    if len(interaction) != scores.shape[0]:  # sampled modes: k_u (1 + N) rows per user
+        _flush(collector)
+        _collect_sampled(collector, settings, scores.detach().to("cpu"), interaction,
+                         positive_u.detach().to("cpu", torch.int64), positive_i.detach().to("cpu", torch.int64))
+        return
+    # the first full-sort batch of an evaluation (or after a flush) opens the staging or the buffer; the
+    # wrapped eval_batch_collect adds the next ones directly
+    _flush(collector)
+    a = None
+    if _STAGE_ON_CPU and scores.device.type == "cpu" and not scores.requires_grad and scores.dim() == 2:
+        try:
+            a = scores.numpy()
+        except TypeError:  # a dtype numpy lacks (bfloat16): held by reference
+            a = None
+    if a is not None:
+        stage = collector.__dict__.get("_rsp_stage") or _Staging()
+        collector._rsp_stage = stage
+        stage.open(scores, a, collector.config["USER_ID_FIELD"])
+        if stage.add(scores, interaction, positive_u, positive_i):
+            collector._rsp_staging = stage
+            if stage.used >= _BUFFER_ELEMENTS:
+                _flush(collector)
+            return
+    collector._rsp_buffer = [(scores, scores._version, positive_u, positive_i, interaction)]
+    collector._rsp_buffered = scores.numel()
+    if collector._rsp_buffered >= _BUFFER_ELEMENTS:
+        _flush(collector)
+
+
+# CPU full-sort batches are copied into a _Staging (False: held by reference like other devices; tests)
+_STAGE_ON_CPU = True
+
+
+def _generator(collector, settings: _Settings) -> torch.Generator:
+    if getattr(collector, "_rsp_generator", None) is None:
+        collector._rsp_generator = torch.Generator().manual_seed(settings.seed)
+    return collector._rsp_generator
+
+
+def _new_table(collector, pos_u: torch.Tensor, pos_i: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    table = torch.zeros((pos_u.shape[0], _N_COLS), dtype=torch.float64)
+    table[:, _USER] = (pos_u + getattr(collector, "_rsp_user_offset", 0)).to(torch.float64)
+    table[:, _N_POS] = counts[pos_u].to(torch.float64)
+    table[:, _ITEM] = pos_i.to(torch.float64)
+    return table
+
+
+def _store(collector, table: torch.Tensor, n_users: int) -> None:
+    collector._rsp_user_offset = getattr(collector, "_rsp_user_offset", 0) + n_users
+    collector.__dict__.setdefault("_rsp_tables", []).append(table)  # concatenated once, in get_data_struct
+
+
+def _unbuffer(collector, buf: list):
+    """Stack the buffered full-sort batches (users in arrival order): CPU scores, the positives' rows and
+    items, and the users' ids (None when the batches carry none)."""
+    scs, versions, pus, pis, inters = zip(*buf)  # one transpose of the buffer, then whole-list calls
+    if [sc._version for sc in scs] != list(versions):
+        raise RuntimeError(
+            "reco_sampled_plugin: the scores of an earlier evaluation batch were modified in place after RecBole "
+            "collected them (a model that reuses its score buffer across batches?); the plugin reads them when "
+            "the evaluation ends. Return a new tensor from full_sort_predict."
+        )
+    uid_field = collector.config["USER_ID_FIELD"]
+    uids = [inter.interaction.get(uid_field) for inter in inters]
+    if len(buf) == 1:
+        scores, pos_u, pos_i = scs[0], pus[0], pis[0]
+    else:
+        rows = torch.tensor([sc.shape[0] for sc in scs])
+        lens = torch.tensor([pu.shape[0] for pu in pus])
+        scores = torch.cat(scs)
+        pos_u = torch.cat(pus).to("cpu", torch.int64) + torch.repeat_interleave(torch.cumsum(rows, 0) - rows, lens)
+        pos_i = torch.cat(pis)
+    uid = None if any(u is None for u in uids) else (uids[0] if len(uids) == 1 else torch.cat(uids)).cpu()
+    return scores.detach().to("cpu"), pos_u.to("cpu", torch.int64), pos_i.to("cpu", torch.int64), uid
+
+
+def _flush(collector) -> None:
+    """Process the gathered full-sort batches (staged copies or buffered references) as one batch."""
+    stage = collector.__dict__.pop("_rsp_staging", None)
+    buf = collector.__dict__.pop("_rsp_buffer", None)
+    collector._rsp_buffered = 0
+    if stage is not None and stage.nrows:
+        _process_full(collector, *stage.take())
+        stage.nrows = 0
+    elif buf:
+        data = _unbuffer(collector, buf)
+        del buf
+        _process_full(collector, *data)
+
+
+def _process_full(collector, scores: torch.Tensor, pos_u: torch.Tensor, pos_i: torch.Tensor, uids) -> None:
+    """Per-positive table of full-sort users (CPU scores, global rows of the positives, their items, ids)."""
+    settings = collector._rsp_settings_now
+    b = scores.shape[0]
+    counts = torch.bincount(pos_u, minlength=b)
+    s_pos = scores[pos_u, pos_i]
+    if bool(torch.isnan(s_pos).any()):
+        raise ValueError(f"reco_sampled_plugin: the model scored {int(torch.isnan(s_pos).sum())} held-out item(s) NaN; "
+                         "their ranks are undefined")
+    table = _new_table(collector, pos_u, pos_i, counts)
+    if uids is not None:
+        table[:, _UID] = uids[pos_u].to(torch.float64)
+    counted = settings.full_ranks or pos_u.shape[0] <= _COUNT_MAX_MEAN_POSITIVES * b
+    if counted:  # exact ranks of every positive (and sampled ranks drawn from them)
+        ge, gt, n_full = _full_counts(scores, pos_u, s_pos, settings.ties)
+        other_ge, other_gt = _other_positive_counts(pos_u, s_pos, counts)
+        gt = ge if gt is None else gt
+        table[:, _R_FULL] = _ranks_from_counts(ge, gt, settings.ties)
+        table[:, _R_IRR] = _ranks_from_counts(ge - other_ge, gt - other_gt, settings.ties)
+    else:
+        n_full = _full_counts(scores, pos_u[:0], s_pos[:0], "pessimistic")[2]  # candidate counts only
+        if settings.needs_exact or settings.side_by_side:
+            table[:, _R_FULL], table[:, _R_IRR] = _topk_full_mode(scores, pos_u, s_pos, counts, settings)
+    n_irr = (n_full - counts + 1)[pos_u]  # irrelevant candidates + the positive itself
+    table[:, _N_IRR] = n_irr.to(torch.float64)
+    if settings.m is not None:
+        if counted and settings.replacement:
+            table[:, _R_SAMPLED] = _binomial_sampled(ge - 1 - other_ge, gt - other_gt, n_irr - 1, int(settings.m),
+                                                     settings.ties, _generator(collector, settings))
+        else:
+            table[:, _R_SAMPLED] = _simulate(scores, pos_u, pos_i, s_pos, settings, _generator(collector, settings))
+        table[:, _M] = float(settings.m)
+    _store(collector, table, b)
+
+
+def _collect_sampled(collector, settings: _Settings, scores, interaction, pos_u, pos_i) -> None:
+    """uniN / popN batches: each positive's sampled rank against its own N negatives."""
+    b = scores.shape[0]
+    counts = torch.bincount(pos_u, minlength=b)
+    s_pos = scores[pos_u, pos_i]
+    table = _new_table(collector, pos_u, pos_i, counts)
+    neg_items, pos_rows, n_draws = _neg_layout(interaction, collector.config["ITEM_ID_FIELD"], pos_u, pos_i, counts)
+    s_neg = scores[pos_u.unsqueeze(1), neg_items]
+    table[:, _R_SAMPLED] = _sampled_from_scores(s_neg, s_pos, settings.ties, _generator(collector, settings))
+    table[:, _M] = float(n_draws)
+    sampler = getattr(getattr(collector, "_rsp_eval_data", None), "_sampler", None)
+    used = getattr(sampler, "used_ids", None)
+    if used is None:
+        raise RuntimeError(
+            "reco_sampled_plugin: sampled evaluation needs the evaluation dataloader's sampler (RecBole's "
+            "Trainer.evaluate passes it); evaluate through a RecBole Trainer"
+        )
+    uids = interaction[collector.config["USER_ID_FIELD"]].cpu()[pos_rows].numpy()
+    table[:, _UID] = torch.as_tensor(uids, dtype=torch.float64)
+    n_used = torch.as_tensor(np.fromiter((len(used[u]) for u in uids), dtype=np.int64, count=len(uids)))
+    table[:, _N_IRR] = (scores.shape[1] - n_used).to(torch.float64)  # item_num (padding included) minus used
+    _store(collector, table, b)
+
+
+# ----------------------------------------------------------------------------- collector hooks
+def collect_batch(collector, scores_tensor, interaction, positive_u, positive_i) -> None:
+    """After RecBole's own ``eval_batch_collect``: stage or buffer a full-sort batch (the common case, kept
+    to a few attribute reads and copies), else start collecting (first batch) or rank a sampled batch."""
+    stage = collector.__dict__.get("_rsp_staging")
+    if stage is not None and len(interaction) == scores_tensor.shape[0]:  # full mode, staging: copy only
+        if stage.add(scores_tensor, interaction, positive_u, positive_i):
+            if stage.used >= _BUFFER_ELEMENTS:
+                _flush(collector)
+            return
+    buf = collector.__dict__.get("_rsp_buffer")
+    if buf is not None and len(interaction) == scores_tensor.shape[0]:  # full mode, buffering: append only
+        buf.append((scores_tensor, scores_tensor._version, positive_u, positive_i, interaction))
+        collector._rsp_buffered += scores_tensor.numel()
+        if collector._rsp_buffered >= _BUFFER_ELEMENTS:
+            _flush(collector)
+    elif collector.register.need(PLUGIN_KEY):
+        _collect(collector, scores_tensor, interaction, positive_u, positive_i)
+
+
+def finish_collection(collector) -> None:
+    """Before RecBole builds its ``DataStruct``: rank what is gathered and put the table under
+    :data:`PLUGIN_KEY` (if any positive was collected)."""
+    if collector.__dict__.get("_rsp_buffer") or collector.__dict__.get("_rsp_staging"):
+        _flush(collector)
+    tables = collector.__dict__.pop("_rsp_tables", None)
+    if tables:
+        collector.data_struct.set(PLUGIN_KEY, torch.cat(tables))
+
+
+def reset_collection(collector, eval_data=None) -> None:
+    """Forget everything of a previous (possibly interrupted) evaluation; ``eval_data``: the dataloader of
+    the next one (its sampler tells sampled modes each user's used items). The staging buffers stay."""
+    if eval_data is not None:
+        collector._rsp_eval_data = eval_data
+    collector._rsp_user_offset = 0
+    collector._rsp_generator = None
+    collector._rsp_settings_now = None
+    collector.__dict__.pop("_rsp_tables", None)
+    collector.__dict__.pop("_rsp_buffer", None)
+    collector.__dict__.pop("_rsp_staging", None)
+    collector._rsp_buffered = 0

@@ -1,0 +1,309 @@
+"""RecBole adapter, configuration: the plugin's config keys, metric names and their validation.
+
+Every key starts with ``rsp_`` (:data:`CONFIG_DEFAULTS`); :func:`validate_config` checks them together with
+RecBole's own ``metrics``, ``eval_args`` and ``topk`` and returns the frozen settings every other part of the
+adapter reads, raising a ValueError that names the offending key before any data is loaded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from reco_sampled_plugin.mapping import MAPPING_METHODS
+from reco_sampled_plugin.rank_distribution import RANK_DISTRIBUTION_METHODS
+
+#: Every plugin config key with its default (``None``: see docs/recbole.md).
+CONFIG_DEFAULTS: dict[str, Any] = {
+    "rsp_m": None,  # simulated sample size m in full mode (uniN: must equal N if given)
+    "rsp_replacement": True,  # simulated draws with replacement (binomial law) or without (hypergeometric)
+    "rsp_seed": None,  # seed of the simulated draws (default: RecBole's `seed`)
+    "rsp_correction": "bv",  # Corrected*: none, rank_estimate, ls, cls, bv
+    "rsp_gamma": 0.1,  # bv: bias-variance weight in [0, 1]
+    "rsp_prior": "uniform",  # ls/cls/bv prior: uniform, mle (bv only), or [beta, a]
+    "rsp_mapping": "bound",  # Mapped*: linear, bound, beta, beta_fit
+    "rsp_mapping_a": None,  # Mapped* with beta: the Beta shape a (default 1); beta_fit: the start value
+    "rsp_rank_dist": "mes",  # RankDist*: mes (default: more accurate, docs/estimators.md) or mle
+    "rsp_bootstrap": 8,  # RankDist*: bootstrap replicates for the standard error (>= 2)
+    "rsp_weighting": "user",  # user: each user counts once (weight 1/|T_u|, as RecBole averages); item
+    "rsp_ties": "pessimistic",  # pessimistic, optimistic, average
+    "rsp_n_grid": 0.01,  # relative grid the candidate counts n are rounded to (0: exact per-user n)
+    "rsp_side_by_side": True,  # also report <name>_sampled (and <name>_exact in full mode)
+    "rsp_stderr": False,  # also report <name>_stderr
+    "rsp_full_ranks": False,  # full mode: exact ranks of every positive even with > 64 positives per user on average
+    "rsp_tensorboard": True,  # write the plugin's values to RecBole's TensorBoard writer
+}
+
+_TIES = ("pessimistic", "optimistic", "average")
+_CORRECTIONS = ("none", "rank_estimate", "ls", "cls", "bv")
+
+# metric class suffix -> core metric kind (single relevant item form)
+_ESTIMATED_KINDS = {
+    "Recall": "recall",
+    "Hit": "hit",
+    "NDCG": "ndcg",
+    "AP": "ap",
+    "MRR": "rr",
+    "Precision": "precision",
+    "AUC": "auc",
+}
+# RecBole's list conventions, computed from the plugin's exact ranks
+_EXACT_KINDS = ("Recall", "Hit", "NDCG", "MRR", "Precision", "MAP")
+
+#: family -> (class name prefix, metric kinds)
+FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "corrected": ("Corrected", tuple(_ESTIMATED_KINDS)),
+    "mapped": ("Mapped", tuple(_ESTIMATED_KINDS)),
+    "rankdist": ("RankDist", tuple(_ESTIMATED_KINDS)),
+    "exact": ("Exact", _EXACT_KINDS),
+}
+
+#: lower-case metric name -> family (as RecBole registers the classes)
+METRIC_FAMILIES: dict[str, str] = {
+    (prefix + kind).lower(): family for family, (prefix, kinds) in FAMILIES.items() for kind in kinds
+}
+
+
+# ------------------------------------------------------------------------------------ configuration
+@dataclass(frozen=True)
+class _Settings:
+    metrics: tuple[str, ...]  # lower-case plugin metric names in the config
+    modes: dict  # phase -> RecBole eval mode string
+    m: int | None
+    replacement: bool
+    seed: int
+    correction: str
+    gamma: float
+    prior: Any
+    mapping: str
+    mapping_a: float | None
+    rank_dist: str
+    bootstrap: int
+    weighting: str
+    ties: str
+    n_grid: float
+    side_by_side: bool
+    stderr: bool
+    full_ranks: bool
+    tensorboard: bool
+    topk: tuple[int, ...]
+    decimal_place: int
+
+    @property
+    def needs_exact(self) -> bool:
+        return any(_family_of(name) == "exact" for name in self.metrics)
+
+
+def _family_of(name: str) -> str:
+    return METRIC_FAMILIES[name.lower()]
+
+
+def _get(config, key: str):
+    value = config[key]
+    return CONFIG_DEFAULTS[key] if value is None else value
+
+
+def _config_keys(config) -> list[str]:
+    final = getattr(config, "final_config_dict", None)
+    keys = final.keys() if isinstance(final, dict) else (config.keys() if hasattr(config, "keys") else [])
+    return [k for k in keys if isinstance(k, str) and k.startswith("rsp_")]
+
+
+def _modes(config) -> dict:
+    eval_args = config["eval_args"] or {}
+    mode = eval_args.get("mode", "full")
+    if isinstance(mode, str):
+        return {"valid": mode, "test": mode}
+    return {"valid": mode.get("valid", "full"), "test": mode.get("test", "full")}
+
+
+def _sample_num(mode: str) -> int | None:
+    if mode[:3] in ("uni", "pop") and mode[3:].isdigit():
+        return int(mode[3:])
+    return None
+
+
+def _as_int(value, key: str, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
+        raise ValueError(f"{key}: expected an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def _as_bool(value, key: str) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{key}: expected true or false, got {value!r}")
+    return bool(value)
+
+
+def _parse_prior(value, correction: str):
+    if isinstance(value, str) and value.lower() in ("uniform", "none"):
+        return None
+    if isinstance(value, str) and value.lower() == "mle":
+        if correction != "bv":
+            raise ValueError(f"rsp_prior: 'mle' (prior estimated from the sampled ranks) needs rsp_correction: bv, got {correction!r}")
+        return "mle"
+    if isinstance(value, (list, tuple)) and len(value) == 2 and str(value[0]).lower() == "beta":
+        try:
+            a = float(value[1])
+        except (TypeError, ValueError):
+            a = float("nan")
+        if not (a > 0 and math.isfinite(a)):
+            raise ValueError(f"rsp_prior: the Beta prior needs a positive shape a, got {value[1]!r}")
+        return ("beta", a)
+    raise ValueError(f"rsp_prior: expected 'uniform', 'mle' or [beta, a], got {value!r}")
+
+
+def plugin_metrics_in(config) -> tuple[str, ...]:
+    """Lower-case names of the plugin metrics listed in a RecBole config's ``metrics``."""
+    metrics = config["metrics"] or []
+    if isinstance(metrics, str):
+        metrics = [metrics]
+    return tuple(m.lower() for m in metrics if isinstance(m, str) and m.lower() in METRIC_FAMILIES)
+
+
+def validate_config(config) -> _Settings | None:
+    """Check the plugin keys of a RecBole ``Config`` (or any mapping with ``[]``); None without plugin metrics.
+
+    Raises:
+        ValueError naming the offending key: unknown ``rsp_*`` key, unknown method, gamma outside [0, 1],
+        a plugin metric in ``labeled`` mode, ``rsp_m`` missing (full mode) or different from N (uniN), ...
+    """
+    names = plugin_metrics_in(config)
+    unknown = sorted(set(_config_keys(config)) - set(CONFIG_DEFAULTS))
+    if unknown:
+        raise ValueError(f"{unknown[0]}: unknown reco_sampled_plugin key; known keys: {sorted(CONFIG_DEFAULTS)}")
+    if not names:
+        return None
+    families = {_family_of(n) for n in names}
+    estimators = families - {"exact"}
+    modes = _modes(config)
+    for phase, mode in modes.items():
+        if not isinstance(mode, str):
+            raise ValueError(f"eval_args.mode: expected a string for {phase}, got {mode!r}")
+        if mode == "labeled":
+            raise ValueError(
+                f"eval_args.mode: plugin metric {names[0]!r} needs a ranking evaluation (full, uniN or popN), "
+                f"but the {phase} mode is 'labeled' (no ranks)"
+            )
+        if mode != "full" and _sample_num(mode) is None:
+            raise ValueError(f"eval_args.mode: unsupported mode {mode!r} for the plugin metrics")
+        if mode != "full" and "exact" in families:
+            raise ValueError(
+                f"eval_args.mode: {[n for n in names if _family_of(n) == 'exact'][0]!r} needs exact ranks "
+                f"(full mode), but the {phase} mode is {mode!r}"
+            )
+    correction = str(_get(config, "rsp_correction")).lower()
+    if correction not in _CORRECTIONS:
+        raise ValueError(f"rsp_correction: unknown correction method {correction!r}; use one of {_CORRECTIONS}")
+    gamma_raw = _get(config, "rsp_gamma")
+    try:
+        gamma = float(gamma_raw)
+    except (TypeError, ValueError):
+        raise ValueError(f"rsp_gamma: expected a number in [0, 1], got {gamma_raw!r}") from None
+    if not (0.0 <= gamma <= 1.0):
+        raise ValueError(f"rsp_gamma: must lie in [0, 1], got {gamma_raw!r}")
+    prior = _parse_prior(_get(config, "rsp_prior"), correction)
+    mapping = str(_get(config, "rsp_mapping")).lower()
+    if mapping not in MAPPING_METHODS:
+        raise ValueError(f"rsp_mapping: unknown mapping method {mapping!r}; use one of {MAPPING_METHODS}")
+    mapping_a = config["rsp_mapping_a"]
+    if mapping_a is not None:
+        try:
+            mapping_a = float(mapping_a)
+        except (TypeError, ValueError):
+            mapping_a = float("nan")
+        if not (mapping_a > 0 and math.isfinite(mapping_a)):
+            raise ValueError(f"rsp_mapping_a: expected a positive number, got {config['rsp_mapping_a']!r}")
+    if mapping == "beta" and mapping_a is None:
+        mapping_a = 1.0
+    rank_dist = str(_get(config, "rsp_rank_dist")).lower()
+    if rank_dist not in RANK_DISTRIBUTION_METHODS:
+        raise ValueError(f"rsp_rank_dist: unknown rank-distribution method {rank_dist!r}; use one of {RANK_DISTRIBUTION_METHODS}")
+    bootstrap = _as_int(_get(config, "rsp_bootstrap"), "rsp_bootstrap", 2)
+    weighting = str(_get(config, "rsp_weighting")).lower()
+    if weighting not in ("user", "item"):
+        raise ValueError(f"rsp_weighting: expected 'user' or 'item', got {weighting!r}")
+    ties = str(_get(config, "rsp_ties")).lower()
+    if ties not in _TIES:
+        raise ValueError(f"rsp_ties: expected one of {_TIES}, got {ties!r}")
+    n_grid_raw = _get(config, "rsp_n_grid")
+    try:
+        n_grid = float(n_grid_raw)
+    except (TypeError, ValueError):
+        n_grid = float("nan")
+    if not (0.0 <= n_grid <= 0.1):
+        raise ValueError(f"rsp_n_grid: expected a relative step in [0, 0.1], got {n_grid_raw!r}")
+    replacement = _as_bool(_get(config, "rsp_replacement"), "rsp_replacement")
+    m_raw = config["rsp_m"]
+    m = None if m_raw is None else _as_int(m_raw, "rsp_m", 1)
+    for phase, mode in modes.items():
+        n_draws = _sample_num(mode)
+        if n_draws is not None and estimators:
+            if m is not None and m != n_draws:
+                raise ValueError(f"rsp_m: {m} disagrees with the {phase} mode {mode!r}, which samples {n_draws} items")
+            if not replacement:
+                raise ValueError(f"rsp_replacement: RecBole's {mode!r} mode draws with replacement; set rsp_replacement: true")
+            if mode.startswith("pop"):
+                bad = [n for n in names if _family_of(n) in ("mapped", "rankdist")]
+                if bad or ("corrected" in families and correction != "none"):
+                    raise ValueError(
+                        f"eval_args.mode: {mode!r} draws items by popularity, but the estimators assume uniform draws "
+                        f"({(bad or [n for n in names if _family_of(n) == 'corrected'])[0]!r}); use 'uni{n_draws}', or "
+                        "rsp_correction: none to report the plain sampled metric"
+                    )
+        if mode == "full" and estimators and m is None:
+            est = [n for n in names if _family_of(n) != "exact"][0]
+            raise ValueError(
+                f"rsp_m: {est!r} estimates a full-catalogue metric from sampled ranks; in full mode set rsp_m "
+                "(e.g. 100) so the plugin simulates sampling, or evaluate in 'uniN' mode"
+            )
+    seed_raw = config["rsp_seed"]
+    seed = _as_int(seed_raw, "rsp_seed", 0) if seed_raw is not None else int(config["seed"] or 0)
+    topk = config["topk"] or [10]
+    topk = (topk,) if isinstance(topk, int) else tuple(int(k) for k in topk)
+    full_ranks = _as_bool(_get(config, "rsp_full_ranks"), "rsp_full_ranks") or any(n.endswith("auc") for n in names)
+    decimal = config["metric_decimal_place"]
+    return _Settings(
+        metrics=names,
+        modes=modes,
+        m=m,
+        replacement=replacement,
+        seed=seed,
+        correction=correction,
+        gamma=gamma,
+        prior=prior,
+        mapping=mapping,
+        mapping_a=mapping_a,
+        rank_dist=rank_dist,
+        bootstrap=bootstrap,
+        weighting=weighting,
+        ties=ties,
+        n_grid=n_grid,
+        side_by_side=_as_bool(_get(config, "rsp_side_by_side"), "rsp_side_by_side"),
+        stderr=_as_bool(_get(config, "rsp_stderr"), "rsp_stderr"),
+        full_ranks=full_ranks,
+        tensorboard=_as_bool(_get(config, "rsp_tensorboard"), "rsp_tensorboard"),
+        topk=topk,
+        decimal_place=4 if decimal is None else int(decimal),
+    )
+
+
+def _settings_key(config) -> str:
+    keys = ["metrics", "eval_args", "topk", "seed", "metric_decimal_place", *sorted(_config_keys(config))]
+    return repr([(k, config[k]) for k in keys])
+
+
+def _settings(config) -> _Settings | None:
+    """Validated settings, cached on the config object while the relevant keys stay unchanged."""
+    key = _settings_key(config)
+    cached = config.__dict__.get("_rsp_settings") if hasattr(config, "__dict__") else None
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    settings = validate_config(config)
+    if hasattr(config, "__dict__"):
+        config.__dict__["_rsp_settings"] = (key, settings)
+    return settings
+
