@@ -132,6 +132,14 @@ def _as_int(value, key: str, minimum: int) -> int:
     return int(value)
 
 
+def _choice(config, key: str, choices: tuple[str, ...], what: str) -> str:
+    """The lower-cased value of a key that names one of ``choices``."""
+    value = str(_get(config, key)).lower()
+    if value not in choices:
+        raise ValueError(f"{key}: unknown {what} {value!r}; use one of {choices}")
+    return value
+
+
 def _as_bool(value, key: str) -> bool:
     if not isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{key}: expected true or false, got {value!r}")
@@ -195,9 +203,7 @@ def validate_config(config) -> _Settings | None:
                 f"eval_args.mode: {[n for n in names if _family_of(n) == 'exact'][0]!r} needs exact ranks "
                 f"(full mode), but the {phase} mode is {mode!r}"
             )
-    correction = str(_get(config, "rsp_correction")).lower()
-    if correction not in _CORRECTIONS:
-        raise ValueError(f"rsp_correction: unknown correction method {correction!r}; use one of {_CORRECTIONS}")
+    correction = _choice(config, "rsp_correction", _CORRECTIONS, "correction method")
     gamma_raw = _get(config, "rsp_gamma")
     try:
         gamma = float(gamma_raw)
@@ -206,9 +212,7 @@ def validate_config(config) -> _Settings | None:
     if not (0.0 <= gamma <= 1.0):
         raise ValueError(f"rsp_gamma: must lie in [0, 1], got {gamma_raw!r}")
     prior = _parse_prior(_get(config, "rsp_prior"), correction)
-    mapping = str(_get(config, "rsp_mapping")).lower()
-    if mapping not in MAPPING_METHODS:
-        raise ValueError(f"rsp_mapping: unknown mapping method {mapping!r}; use one of {MAPPING_METHODS}")
+    mapping = _choice(config, "rsp_mapping", MAPPING_METHODS, "mapping method")
     mapping_a = config["rsp_mapping_a"]
     if mapping_a is not None:
         try:
@@ -219,16 +223,10 @@ def validate_config(config) -> _Settings | None:
             raise ValueError(f"rsp_mapping_a: expected a positive number, got {config['rsp_mapping_a']!r}")
     if mapping == "beta" and mapping_a is None:
         mapping_a = 1.0
-    rank_dist = str(_get(config, "rsp_rank_dist")).lower()
-    if rank_dist not in RANK_DISTRIBUTION_METHODS:
-        raise ValueError(f"rsp_rank_dist: unknown rank-distribution method {rank_dist!r}; use one of {RANK_DISTRIBUTION_METHODS}")
+    rank_dist = _choice(config, "rsp_rank_dist", RANK_DISTRIBUTION_METHODS, "rank-distribution method")
     bootstrap = _as_int(_get(config, "rsp_bootstrap"), "rsp_bootstrap", 2)
-    weighting = str(_get(config, "rsp_weighting")).lower()
-    if weighting not in ("user", "item"):
-        raise ValueError(f"rsp_weighting: expected 'user' or 'item', got {weighting!r}")
-    ties = str(_get(config, "rsp_ties")).lower()
-    if ties not in _TIES:
-        raise ValueError(f"rsp_ties: expected one of {_TIES}, got {ties!r}")
+    weighting = _choice(config, "rsp_weighting", ("user", "item"), "weighting")
+    ties = _choice(config, "rsp_ties", _TIES, "tie policy")
     n_grid_raw = _get(config, "rsp_n_grid")
     try:
         n_grid = float(n_grid_raw)
