@@ -3,9 +3,10 @@
 RecBole 1.2.1 gives metrics no per-positive ranks, so the wrapped ``Collector`` hands every batch to
 :func:`collect_batch`. Every held-out (user, item) pair becomes one row of a float64 table
 (:data:`COLUMNS`) with its exact rank (full mode), its sampled rank (``uniN`` / ``popN`` modes: against its
-own N draws; full mode with ``rsp_m``: simulated) and its user's candidate count. Full-sort batches are
-gathered (CPU: copied into reused buffers as they arrive; other devices: held by reference) and ranked
-together when the evaluation ends (:func:`finish_collection`) or the buffer is full.
+own N draws; full mode with ``rsp_m``: simulated) and its user's candidate count. Batches are gathered
+(CPU: copied into reused buffers as they arrive; other devices: full-sort batches held by reference,
+sampled-mode batches ranked at once) and ranked together when the evaluation ends
+(:func:`finish_collection`) or the buffer is full.
 """
 
 from __future__ import annotations
@@ -211,13 +212,13 @@ def _simulate(scores, pos_u, pos_i, s_pos, settings: _Settings, generator: torch
     return _sampled_from_scores(s_neg, s_pos, settings.ties, generator)
 
 
-def _neg_layout(interaction, iid_field: str, pos_u, pos_i, counts):
-    """Rows of each positive's own N negatives in a NegSampleEvalDataLoader batch.
+def _neg_layout(items: torch.Tensor, pos_u, pos_i, counts):
+    """Rows of each positive's own N negatives in NegSampleEvalDataLoader batches (``items``: the item
+    column of one batch, or of consecutive batches concatenated: each holds whole user blocks).
 
     A user with k positives occupies k (1 + N) consecutive rows: its k positives, then negative j of
     positive i at offset k + j k + i (``Sampler.sample_by_key_ids`` tiles the user's positives).
     """
-    items = interaction[iid_field].cpu()
     total = int(counts.sum())
     rows = items.shape[0]
     if total == 0 or rows % total:
@@ -244,67 +245,88 @@ _BUFFER_ELEMENTS = 1 << 24
 
 
 class _Staging:
-    """CPU full-sort batches copied, as they arrive, into numpy buffers that are reused across evaluations.
+    """CPU evaluation batches copied, as they arrive, into numpy buffers that are reused across evaluations.
 
     Copying each batch while it is hot (a few slice assignments) lets RecBole free and reuse the batch's
     memory at once; holding 472 score tensors until the end of an ml-100k evaluation instead spreads them
     over fresh memory and costs more (measured in BENCHMARKS.md), and the copies need no check that the
-    model did not write into an earlier batch's scores. Rows are users in arrival order; ``pu`` holds each
-    positive's row within its batch until :meth:`take` adds the rows of the batches before it.
+    model did not write into an earlier batch's scores. Rows of ``scores`` are users in arrival order;
+    ``pu`` holds each positive's row within its batch until :meth:`take` adds the rows of the batches before
+    it. Full-sort batches keep each row's user id; sampled-mode batches (``uniN`` / ``popN``, opened with an
+    item field) keep the item and user id of every interaction row instead, RecBole's layout of each
+    user's positives and negatives (:func:`_neg_layout`).
     """
 
-    __slots__ = ("scores", "pu", "pi", "uid", "marks", "used", "npos", "nrows", "n_cols", "dtype", "uid_field", "has_uid")
+    __slots__ = ("scores", "pu", "pi", "uid", "items", "marks", "used", "npos", "nrows", "nitems",
+                 "n_cols", "dtype", "uid_field", "item_field", "has_uid")
 
     def __init__(self) -> None:
         self.scores = np.empty(0, np.float32)
         self.pu = np.empty(0, np.int64)
         self.pi = np.empty(0, np.int64)
-        self.uid = np.empty(0, np.int64)
+        self.uid = np.empty(0, np.int64)  # full sort: per row of scores; sampled: per interaction row
+        self.items = np.empty(0, np.int64)  # sampled: per interaction row
         self.marks: list[tuple[int, int]] = []  # (first row, end of the positives) of each batch
-        self.used = self.npos = self.nrows = self.n_cols = 0
+        self.used = self.npos = self.nrows = self.nitems = self.n_cols = 0
         self.dtype = None
-        self.uid_field = None
+        self.uid_field = self.item_field = None
         self.has_uid = True
 
-    def open(self, scores: torch.Tensor, a: np.ndarray, uid_field: str) -> None:
-        """Start gathering batches shaped and typed like ``scores`` (rows, items) (``a``: its numpy view)."""
-        self.used = self.npos = self.nrows = 0
+    @property
+    def sampled(self) -> bool:
+        return self.item_field is not None
+
+    def open(self, scores: torch.Tensor, a: np.ndarray, uid_field: str, item_field: str | None = None) -> None:
+        """Start gathering batches shaped and typed like ``scores`` (rows, items) (``a``: its numpy view);
+        ``item_field`` given: sampled-mode batches."""
+        self.used = self.npos = self.nrows = self.nitems = 0
         self.marks = []
-        self.n_cols, self.dtype, self.uid_field, self.has_uid = a.shape[1], scores.dtype, uid_field, True
+        self.n_cols, self.dtype, self.has_uid = a.shape[1], scores.dtype, True
+        self.uid_field, self.item_field = uid_field, item_field
         if self.scores.dtype != a.dtype:
             self.scores = np.empty(0, a.dtype)
 
     def add(self, scores: torch.Tensor, interaction, positive_u: torch.Tensor, positive_i: torch.Tensor) -> bool:
-        """Copy one batch; False (nothing copied) when it does not fit the open shape, dtype or device."""
+        """Copy one batch; False (nothing copied) when it does not fit the open kind, shape, dtype or device."""
         if scores.dtype is not self.dtype:
             return False
         try:
             a = scores.numpy()  # CPU tensors only (RecBole evaluates under no_grad)
             u = positive_u.numpy()
             i = positive_i.numpy()
-        except (TypeError, RuntimeError, AttributeError):  # another device, autograd, no positives
+            if self.item_field is None:
+                rows_uid = interaction.interaction.get(self.uid_field) if self.has_uid else None
+                rows_uid = None if rows_uid is None else rows_uid.numpy()
+                rows_item = None
+            else:  # sampled: every row's item and user (both needed)
+                rows_item = interaction.interaction[self.item_field].numpy()
+                rows_uid = interaction.interaction[self.uid_field].numpy()
+        except (TypeError, RuntimeError, AttributeError, KeyError):  # another device, autograd, no positives or ids
             return False
         if a.ndim != 2 or a.shape[1] != self.n_cols:
             return False
         b = a.shape[0]
-        p, q, r = self.used, self.npos, self.nrows
+        p, q, r, t = self.used, self.npos, self.nrows, self.nitems
         e, f = p + a.size, q + u.shape[0]
-        if e > self.scores.shape[0] or f > self.pu.shape[0] or r + b > self.uid.shape[0]:
-            self._grow(e, f, r + b)
+        t_end = t if rows_item is None else t + rows_item.shape[0]
+        id_end = (r + b) if rows_item is None else t_end
+        if e > self.scores.shape[0] or f > self.pu.shape[0] or id_end > self.uid.shape[0] or t_end > self.items.shape[0]:
+            self._grow(e, f, id_end, t_end)
         self.scores[p:e] = a.reshape(-1)
         self.pu[q:f] = u
         self.pi[q:f] = i
         self.marks.append((r, f))
-        if self.has_uid:
-            uid = interaction.interaction.get(self.uid_field)
-            if uid is None:
-                self.has_uid = False
-            else:
-                self.uid[r : r + b] = uid.numpy()
-        self.used, self.npos, self.nrows = e, f, r + b
+        if rows_item is not None:
+            self.items[t:t_end] = rows_item
+            self.uid[t:t_end] = rows_uid
+        elif rows_uid is None:
+            self.has_uid = False
+        else:
+            self.uid[r : r + b] = rows_uid
+        self.used, self.npos, self.nrows, self.nitems = e, f, r + b, t_end
         return True
 
-    def _grow(self, scores: int, positives: int, rows: int) -> None:
+    def _grow(self, scores: int, positives: int, ids: int, items: int) -> None:
         def grown(old: np.ndarray, used: int, need: int) -> np.ndarray:
             if need <= old.shape[0]:
                 return old
@@ -315,36 +337,35 @@ class _Staging:
         self.scores = grown(self.scores, self.used, scores)
         self.pu = grown(self.pu, self.npos, positives)
         self.pi = grown(self.pi, self.npos, positives)
-        self.uid = grown(self.uid, self.nrows, rows)
+        self.uid = grown(self.uid, self.nitems if self.sampled else self.nrows, ids)
+        self.items = grown(self.items, self.nitems, items)
 
     def take(self):
-        """The gathered batches as tensors: scores (rows, items) and uids (views of the buffers: read before
-        the next :meth:`open`), the positives' global rows and items."""
+        """The gathered batches as tensors: scores (rows, items), the positives' global rows and items, and
+        (full sort) the rows' user ids or None, or (sampled) the interaction rows' items and user ids. Views
+        of the buffers: read before the next :meth:`open`."""
         marks = np.array(self.marks, dtype=np.int64).reshape(-1, 2)
-        ends = marks[:, 1]
-        sizes = np.diff(ends, prepend=0)
+        sizes = np.diff(marks[:, 1], prepend=0)
         pu = self.pu[: self.npos] + np.repeat(marks[:, 0], sizes)  # rows of the batches before
         scores = torch.from_numpy(self.scores[: self.used]).view(self.nrows, self.n_cols)
-        uid = torch.from_numpy(self.uid[: self.nrows]) if self.has_uid else None
-        return scores, torch.from_numpy(pu), torch.from_numpy(self.pi[: self.npos]), uid
+        out = (scores, torch.from_numpy(pu), torch.from_numpy(self.pi[: self.npos]))
+        if self.sampled:
+            return out + (torch.from_numpy(self.items[: self.nitems]), torch.from_numpy(self.uid[: self.nitems]))
+        return out + (torch.from_numpy(self.uid[: self.nrows]) if self.has_uid else None,)
 
 
 def _collect(collector, scores: torch.Tensor, interaction, positive_u, positive_i) -> None:
-    """Per-positive ranks of one evaluation batch: full-sort batches are gathered (CPU: copied into a
-    :class:`_Staging`; other devices: held by reference, RecBole scores each batch into a new tensor; see
-    ``_BUFFER_ELEMENTS``) and processed by :func:`_flush`; sampled-mode batches (their own negatives) are
-    processed at once."""
+    """Per-positive ranks of one evaluation batch, the first of its kind: on the CPU it opens a
+    :class:`_Staging` that copies this and the next batches (processed together by :func:`_flush`, see
+    ``_BUFFER_ELEMENTS``); on other devices full-sort batches are held by reference (RecBole scores each
+    batch into a new tensor) and sampled-mode batches (their own negatives) are processed at once."""
     settings = collector.__dict__.get("_rsp_settings_now") or _settings(collector.config)
     collector._rsp_settings_now = settings  # validated once per evaluation (reset by get_data_struct)
     if settings is None or positive_u is None:
         return
-    if len(interaction) != scores.shape[0]:  # sampled modes: k_u (1 + N) rows per user
-        _flush(collector)
-        _collect_sampled(collector, settings, scores.detach().to("cpu"), interaction,
-                         positive_u.detach().to("cpu", torch.int64), positive_i.detach().to("cpu", torch.int64))
-        return
-    # the first full-sort batch of an evaluation (or after a flush) opens the staging or the buffer; the
-    # wrapped eval_batch_collect adds the next ones directly
+    sampled = len(interaction) != scores.shape[0]  # sampled modes: k_u (1 + N) rows per user
+    # the first batch of an evaluation (or after a flush, or of another kind) opens the staging (CPU) or
+    # the buffer (full mode, other devices); the wrapped eval_batch_collect adds the next ones directly
     _flush(collector)
     a = None
     if _STAGE_ON_CPU and scores.device.type == "cpu" and not scores.requires_grad and scores.dim() == 2:
@@ -355,12 +376,16 @@ def _collect(collector, scores: torch.Tensor, interaction, positive_u, positive_
     if a is not None:
         stage = collector.__dict__.get("_rsp_stage") or _Staging()
         collector._rsp_stage = stage
-        stage.open(scores, a, collector.config["USER_ID_FIELD"])
+        config = collector.config
+        stage.open(scores, a, config["USER_ID_FIELD"], config["ITEM_ID_FIELD"] if sampled else None)
         if stage.add(scores, interaction, positive_u, positive_i):
             collector._rsp_staging = stage
             if stage.used >= _BUFFER_ELEMENTS:
                 _flush(collector)
             return
+    if sampled:
+        _collect_sampled(collector, scores, interaction, positive_u, positive_i)
+        return
     collector._rsp_buffer = [(scores, scores._version, positive_u, positive_i, interaction)]
     collector._rsp_buffered = scores.numel()
     if collector._rsp_buffered >= _BUFFER_ELEMENTS:
@@ -420,8 +445,9 @@ def _flush(collector) -> None:
     buf = collector.__dict__.pop("_rsp_buffer", None)
     collector._rsp_buffered = 0
     if stage is not None and stage.nrows:
-        _process_full(collector, *stage.take())
+        data = stage.take()
         stage.nrows = 0
+        (_process_sampled if stage.sampled else _process_full)(collector, *data)
     elif buf:
         data = _unbuffer(collector, buf)
         del buf
@@ -463,16 +489,35 @@ def _process_full(collector, scores: torch.Tensor, pos_u: torch.Tensor, pos_i: t
     _store(collector, table, b)
 
 
-def _collect_sampled(collector, settings: _Settings, scores, interaction, pos_u, pos_i) -> None:
-    """uniN / popN batches: each positive's sampled rank against its own N negatives."""
+def _collect_sampled(collector, scores: torch.Tensor, interaction, pos_u: torch.Tensor, pos_i: torch.Tensor) -> None:
+    """One uniN / popN batch processed at once (batches the staging cannot copy: other devices)."""
+    config = collector.config
+    _process_sampled(collector, scores.detach().to("cpu"), pos_u.detach().to("cpu", torch.int64),
+                     pos_i.detach().to("cpu", torch.int64), interaction[config["ITEM_ID_FIELD"]].cpu(),
+                     interaction[config["USER_ID_FIELD"]].cpu())
+
+
+def _process_sampled(collector, scores, pos_u, pos_i, items, row_uids) -> None:
+    """uniN / popN users: each positive's sampled rank against its own N negatives (``items`` / ``row_uids``:
+    the item and user id of every row of the batches, in RecBole's layout)."""
+    settings = collector._rsp_settings_now
     b = scores.shape[0]
     counts = torch.bincount(pos_u, minlength=b)
     s_pos = scores[pos_u, pos_i]
     table = _new_table(collector, pos_u, pos_i, counts)
-    neg_items, pos_rows, n_draws = _neg_layout(interaction, collector.config["ITEM_ID_FIELD"], pos_u, pos_i, counts)
+    neg_items, pos_rows, n_draws = _neg_layout(items, pos_u, pos_i, counts)
     s_neg = scores[pos_u.unsqueeze(1), neg_items]
     table[:, _R_SAMPLED] = _sampled_from_scores(s_neg, s_pos, settings.ties, _generator(collector, settings))
     table[:, _M] = float(n_draws)
+    uids = row_uids[pos_rows]
+    table[:, _UID] = uids.to(torch.float64)
+    table[:, _N_IRR] = (scores.shape[1] - _used_counts(collector, uids)).to(torch.float64)  # item_num (padding included) minus used
+    _store(collector, table, b)
+
+
+def _used_counts(collector, uids: torch.Tensor) -> torch.Tensor:
+    """How many items the evaluation's sampler excludes for each user id (``used_ids``: RecBole's per-user
+    sets of items never drawn as negatives); the per-user sizes are computed once per sampler phase."""
     sampler = getattr(getattr(collector, "_rsp_eval_data", None), "_sampler", None)
     used = getattr(sampler, "used_ids", None)
     if used is None:
@@ -480,11 +525,11 @@ def _collect_sampled(collector, settings: _Settings, scores, interaction, pos_u,
             "reco_sampled_plugin: sampled evaluation needs the evaluation dataloader's sampler (RecBole's "
             "Trainer.evaluate passes it); evaluate through a RecBole Trainer"
         )
-    uids = interaction[collector.config["USER_ID_FIELD"]].cpu()[pos_rows].numpy()
-    table[:, _UID] = torch.as_tensor(uids, dtype=torch.float64)
-    n_used = torch.as_tensor(np.fromiter((len(used[u]) for u in uids), dtype=np.int64, count=len(uids)))
-    table[:, _N_IRR] = (scores.shape[1] - n_used).to(torch.float64)  # item_num (padding included) minus used
-    _store(collector, table, b)
+    cached = sampler.__dict__.get("_rsp_used_sizes")
+    if cached is None or cached[0] is not used:
+        sizes = torch.as_tensor(np.fromiter((len(u) for u in used), dtype=np.int64, count=len(used)))
+        cached = sampler.__dict__["_rsp_used_sizes"] = (used, sizes)
+    return cached[1][uids]
 
 
 # ----------------------------------------------------------------------------- collector hooks
@@ -492,7 +537,7 @@ def collect_batch(collector, scores_tensor, interaction, positive_u, positive_i)
     """After RecBole's own ``eval_batch_collect``: stage or buffer a full-sort batch (the common case, kept
     to a few attribute reads and copies), else start collecting (first batch) or rank a sampled batch."""
     stage = collector.__dict__.get("_rsp_staging")
-    if stage is not None and len(interaction) == scores_tensor.shape[0]:  # full mode, staging: copy only
+    if stage is not None and (len(interaction) != scores_tensor.shape[0]) == stage.sampled:  # staging: copy only
         if stage.add(scores_tensor, interaction, positive_u, positive_i):
             if stage.used >= _BUFFER_ELEMENTS:
                 _flush(collector)

@@ -26,6 +26,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--m", type=int, default=100)
     parser.add_argument("--eval-batch-size", type=int, default=4096, help="RecBole's eval_batch_size (4096: its default, 2 users per batch)")
+    parser.add_argument("--mode", default="full", help="RecBole's evaluation mode: full (default) or uniN / popN (e.g. uni100)")
     parser.add_argument("--by-reference", action="store_true", help="also time the plugin holding CPU batches by reference")
     args = parser.parse_args()
 
@@ -43,13 +44,13 @@ def main() -> None:
         "data_path": os.path.join(os.path.dirname(recbole.__file__), "dataset_example"),
         "device": "cpu", "use_gpu": False, "show_progress": False, "epochs": args.epochs,
         "embedding_size": 64, "learning_rate": 0.01, "topk": [10], "valid_metric": "Recall@10",
-        "eval_batch_size": args.eval_batch_size,
+        "eval_batch_size": args.eval_batch_size, "eval_args": {"mode": args.mode},
     }
     recbole_metrics = ["Recall", "NDCG", "MRR"]
     plugin_metrics = recbole_metrics + ["CorrectedRecall", "CorrectedNDCG", "MappedHit"]
     os.chdir(tempfile.mkdtemp(prefix="bench_recbole_"))
     cfg_plain = Config(model="BPR", dataset="ml-100k", config_dict={**base, "metrics": recbole_metrics})
-    cfg_plugin = Config(model="BPR", dataset="ml-100k", config_dict={**base, "metrics": plugin_metrics, "rsp_m": args.m})
+    cfg_plugin = Config(model="BPR", dataset="ml-100k", config_dict={**base, "metrics": plugin_metrics, "rsp_m": args.m if args.mode == "full" else None})
     init_seed(cfg_plain["seed"], True)
     train, valid, _ = data_preparation(cfg_plain, create_dataset(cfg_plain))
     model = get_model("BPR")(cfg_plain, train._dataset)
@@ -72,7 +73,7 @@ def main() -> None:
             times[name].append(time.perf_counter() - t0)
     med = {name: statistics.median(v) for name, v in times.items()}
     best = {name: min(v) for name, v in times.items()}
-    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, repeats {args.repeats}, m = {args.m}, "
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, repeats {args.repeats}, mode {args.mode}, m = {args.m}, "
           f"eval_batch_size {args.eval_batch_size}, load average {os.getloadavg()[0]:.1f}")
     print("| configuration | median (ms) | best (ms) |")
     print("|---|---|---|")

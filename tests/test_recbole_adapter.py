@@ -178,6 +178,34 @@ def test_uni100_sampled_ranks_follow_binomial_law(bpr, bpr_uni100):
     assert stats.kstest(u, "uniform").pvalue > 1e-3
 
 
+def test_uni100_staged_batches_give_the_per_batch_table(bpr, monkeypatch):
+    """uni100 batches (RecBole's default eval_batch_size: a few users each) are copied as they arrive and
+    ranked together, in one flush or in many small ones: the same table as ranking each batch at once
+    (the path of other devices). RecBole draws new negatives at every evaluation: each starts from the same
+    seed. Pessimistic ties: the plugin draws nothing, so every column agrees exactly."""
+    config, _, _, test = _prepare("BPR", {"eval_args": {"mode": "uni100"}, "eval_batch_size": 4096,
+                                          "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "CorrectedRecall@10"})
+    trainer = Trainer(config, bpr["model"])
+
+    def table():
+        init_seed(config["seed"], config["reproducibility"])
+        return rb.positive_table(_evaluate(trainer, test)[1])
+
+    staged = table()
+    flushes = []
+    original = rr._flush
+    monkeypatch.setattr(rr, "_flush", lambda c: (flushes.append(bool(c.__dict__.get("_rsp_staging"))), original(c)))
+    monkeypatch.setattr(rr, "_BUFFER_ELEMENTS", 20 * 1700)  # ~20 users per flush
+    small = table()
+    assert sum(flushes) > 20
+    monkeypatch.setattr(rr, "_STAGE_ON_CPU", False)
+    per_batch = table()
+    assert staged["user"].shape[0] > 9000 and bool((staged["m"] == 100).all())
+    for col in COLUMNS_COMPARED + ("m",):
+        np.testing.assert_array_equal(staged[col].numpy(), per_batch[col].numpy(), err_msg=col)
+        np.testing.assert_array_equal(small[col].numpy(), per_batch[col].numpy(), err_msg=col)
+
+
 def test_uni100_corrected_closer_than_recbole_sampled(bpr, bpr_uni100):
     res, full = bpr_uni100["result"], bpr["result"]
     corrected, recbole_sampled = res["correctedrecall@10"], float(res["recall@10"])
@@ -407,6 +435,15 @@ def test_staging_copies_batches_and_rejects_what_it_cannot_hold():
     assert not stage.add(scores, Inter(uid), None, pi)  # no positives
     assert stage.nrows == 0 and stage.scores.shape[0] == capacity
     assert stage.add(scores, Inter(None), pu, pi) and stage.take()[3] is None  # batches without user ids
+    # sampled mode: every interaction row's item and user id are kept (RecBole's layout), both required
+    stage.open(scores, scores.numpy(), "user_id", "item_id")
+    rows = Inter(torch.arange(10))
+    rows.interaction["item_id"] = torch.arange(100, 110)
+    assert not stage.add(scores, Inter(torch.arange(10)), pu, pi)  # no item column
+    assert stage.add(scores, rows, pu, pi) and stage.add(scores, rows, pu, pi)
+    got = stage.take()
+    assert len(got) == 5 and torch.equal(got[3], torch.arange(100, 110).repeat(2)) and torch.equal(got[4], torch.arange(10).repeat(2))
+    assert torch.equal(got[1], torch.cat([pu, pu + scores.shape[0]]))
 
 
 def test_other_positive_counts_match_brute_force():
