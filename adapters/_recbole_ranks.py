@@ -174,6 +174,35 @@ def _binomial_sampled(ge_irr, gt_irr, n_irr_items, m: int, ties: str, generator:
     return above + 1.0 + torch.floor(u * (tied + 1.0))
 
 
+def _hypergeometric_sampled(ge_irr, gt_irr, n_irr_items, m: int, ties: str, generator: torch.Generator) -> torch.Tensor:
+    """Sampled ranks of uniform sampling without replacement drawn from the exact counts: of m distinct
+    irrelevant items drawn from N, the number scoring >= the positive is Hypergeometric(N, ge_irr, m), so
+    r~ = 1 + that (pessimistic; ``gt_irr`` for optimistic); ``average`` draws the tied items among the
+    remaining draws (a multivariate hypergeometric, one margin at a time) and places the positive uniformly
+    among them, as :func:`_sampled_from_scores` does with drawn items. Exact (numpy's sampler, seeded from
+    ``generator``); ~1e4 draws instead of a random ranking of every candidate per positive.
+
+    Raises:
+        ValueError: some user has fewer than m irrelevant candidates.
+    """
+    n_items = n_irr_items.cpu().numpy().astype(np.int64)
+    if n_items.size and int(n_items.min()) < m:
+        raise ValueError(f"rsp_m: {m} draws without replacement exceed some user's {int(n_items.min())} irrelevant items")
+    rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator)))
+    gt = np.clip(gt_irr.cpu().numpy().astype(np.int64), 0, n_items)
+    if ties == "pessimistic":
+        ge = np.clip(ge_irr.cpu().numpy().astype(np.int64), 0, n_items)
+        return torch.from_numpy(1.0 + rng.hypergeometric(ge, n_items - ge, m).astype(np.float64))
+    above = rng.hypergeometric(gt, n_items - gt, m)
+    if ties == "optimistic":
+        return torch.from_numpy(above.astype(np.float64) + 1.0)
+    eq = np.clip(ge_irr.cpu().numpy().astype(np.int64) - gt, 0, n_items - gt)
+    rest = n_items - gt  # the items not above, from which the other m - above draws come
+    tied = rng.hypergeometric(eq, rest - eq, m - above)
+    u = rng.random(tied.shape[0])
+    return torch.from_numpy(above + 1.0 + np.floor(u * (tied + 1.0)))
+
+
 def _simulate(scores, pos_u, pos_i, s_pos, settings: _Settings, generator: torch.Generator):
     """Draw m irrelevant items per positive among the user's candidates (finite scores, not a positive of
     the user) and return the sampled ranks."""
@@ -484,9 +513,10 @@ def _process_full(collector, scores: torch.Tensor, pos_u: torch.Tensor, pos_i: t
     n_irr = (n_full - counts + 1)[pos_u]  # irrelevant candidates + the positive itself
     table[:, _N_IRR] = n_irr.to(torch.float64)
     if settings.m is not None:
-        if counted and settings.replacement:
-            table[:, _R_SAMPLED] = _binomial_sampled(ge - 1 - other_ge, gt - other_gt, n_irr - 1, int(settings.m),
-                                                     settings.ties, _generator(collector, settings))
+        if counted:  # drawn from the exact counts: the law of drawing m items, ~1e4 draws
+            draw = _binomial_sampled if settings.replacement else _hypergeometric_sampled
+            table[:, _R_SAMPLED] = draw(ge - 1 - other_ge, gt - other_gt, n_irr - 1, int(settings.m),
+                                        settings.ties, _generator(collector, settings))
         else:
             table[:, _R_SAMPLED] = _simulate(scores, pos_u, pos_i, s_pos, settings, _generator(collector, settings))
         table[:, _M] = float(settings.m)

@@ -27,6 +27,7 @@ def main() -> None:
     parser.add_argument("--m", type=int, default=100)
     parser.add_argument("--eval-batch-size", type=int, default=4096, help="RecBole's eval_batch_size (4096: its default, 2 users per batch)")
     parser.add_argument("--mode", default="full", help="RecBole's evaluation mode: full (default) or uniN / popN (e.g. uni100)")
+    parser.add_argument("--without-replacement", action="store_true", help="simulated sampling without replacement (rsp_replacement: false)")
     parser.add_argument("--by-reference", action="store_true", help="also time the plugin holding CPU batches by reference")
     args = parser.parse_args()
 
@@ -50,7 +51,8 @@ def main() -> None:
     plugin_metrics = recbole_metrics + ["CorrectedRecall", "CorrectedNDCG", "MappedHit"]
     os.chdir(tempfile.mkdtemp(prefix="bench_recbole_"))
     cfg_plain = Config(model="BPR", dataset="ml-100k", config_dict={**base, "metrics": recbole_metrics})
-    cfg_plugin = Config(model="BPR", dataset="ml-100k", config_dict={**base, "metrics": plugin_metrics, "rsp_m": args.m if args.mode == "full" else None})
+    cfg_plugin = Config(model="BPR", dataset="ml-100k", config_dict={**base, "metrics": plugin_metrics, "rsp_m": args.m if args.mode == "full" else None,
+                                                                             "rsp_replacement": not args.without_replacement})
     init_seed(cfg_plain["seed"], True)
     train, valid, _ = data_preparation(cfg_plain, create_dataset(cfg_plain))
     model = get_model("BPR")(cfg_plain, train._dataset)

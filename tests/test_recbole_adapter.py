@@ -316,13 +316,15 @@ def test_buffered_flushes_give_the_same_table(bpr, monkeypatch, staged):
     assert abs(a.mean() - b.mean()) < 4 * se
 
 
+@pytest.mark.parametrize("replacement", [True, False], ids=["binomial", "hypergeometric"])
 @pytest.mark.parametrize("ties", ["pessimistic", "average"])
-def test_binomial_sampling_matches_item_draws(bpr, monkeypatch, ties):
-    """Full mode with replacement draws each sampled rank from the exact counts (1 + Binomial(m, p)) instead
-    of drawing m items: same ranks where both are exact, and the sampled ranks follow the law of the item
-    draws (checked against the exact expectation m p and against the item-draw path)."""
+def test_binomial_sampling_matches_item_draws(bpr, monkeypatch, ties, replacement):
+    """Full mode draws each sampled rank from the exact counts (1 + Binomial(m, p) with replacement,
+    1 + Hypergeometric(N, a, m) without) instead of drawing m items: same ranks where both are exact, and the
+    sampled ranks follow the law of the item draws (checked against the exact expectation m p and against
+    the item-draw path)."""
     config, _, _, test = _prepare("BPR", {"metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10",
-                                          "rsp_m": 100, "rsp_ties": ties})
+                                          "rsp_m": 100, "rsp_ties": ties, "rsp_replacement": replacement})
     trainer = Trainer(config, bpr["model"])
     binom = rb.positive_table(_evaluate(trainer, test)[1])
     monkeypatch.setattr(rr, "_COUNT_MAX_MEAN_POSITIVES", 0)  # topk for exact ranks, m drawn items per positive
@@ -336,6 +338,7 @@ def test_binomial_sampling_matches_item_draws(bpr, monkeypatch, ties):
     for table in (binom, items):
         hits = table["sampled_rank"].numpy() - 1
         se = np.sqrt(np.sum(m * p * (1 - p)) + (hits.size / 4 if ties == "average" else 0.0))  # + tie placement
+        # (without replacement the variance is smaller by (N - m) / (N - 1): the bound stays valid)
         assert abs(hits.sum() - m * p.sum()) < 4 * se, (ties, hits.sum(), m * p.sum(), se)
         # deterministic ends: nothing irrelevant above -> r~ = 1; everything above -> r~ = m + 1
         top = table["rank_irrelevant"] == 1
@@ -464,6 +467,28 @@ def test_other_positive_counts_match_brute_force():
         assert int((ge - gt).max()) >= 1  # ties were exercised
     empty = torch.zeros(0, dtype=torch.int64)
     assert rr._other_positive_counts(empty, torch.zeros(0), torch.zeros(2, dtype=torch.int64))[0].numel() == 0
+
+
+def test_hypergeometric_sampled_law():
+    """Without replacement: 1 + Hypergeometric(N, a, m) (mean m a / N, variance with the finite-population
+    factor (N - m) / (N - 1)); drawing every item gives the exact count; too few items raise."""
+    g = torch.Generator().manual_seed(0)
+    size, n_items, m = 200_000, 1000, 50
+    n = torch.full((size,), n_items)
+    ge, gt = torch.full((size,), 300), torch.full((size,), 200)
+    for ties, p in (("pessimistic", 0.3), ("optimistic", 0.2), ("average", 0.25)):
+        r = rr._hypergeometric_sampled(ge, gt, n, m, ties, g)
+        var = m * 0.3 * 0.7 * (n_items - m) / (n_items - 1)
+        assert abs(float(r.mean()) - (1 + m * p)) < 4 * math.sqrt(var / size) + 1e-3, ties
+        assert int(r.min()) >= 1 and int(r.max()) <= m + 1
+        if ties == "pessimistic":  # the finite-population variance (9.98), not the binomial one (10.5)
+            assert float(r.var()) == pytest.approx(var, rel=0.02)
+    few = torch.tensor([7, 0, 3, 10])
+    assert torch.equal(rr._hypergeometric_sampled(few, few, torch.full((4,), 10), 10, "pessimistic", g), 1.0 + few.double())
+    tied = rr._hypergeometric_sampled(torch.tensor([9]), torch.tensor([4]), torch.tensor([10]), 10, "average", g)
+    assert 5 <= float(tied) <= 10  # above = 4 exactly, then placed among the 5 tied items
+    with pytest.raises(ValueError, match="rsp_m"):
+        rr._hypergeometric_sampled(few, few, torch.full((4,), 10), 11, "pessimistic", g)
 
 
 def test_binomial_sampled_law():
