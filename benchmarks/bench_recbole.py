@@ -8,7 +8,10 @@ simulated uniform sampling with m items per held-out item, corrected and mapped 
 plugin evaluation builds the correction tables (cached afterwards); it is reported separately.
 ``--by-reference`` adds a third configuration: the plugin with CPU batches held by reference until the
 evaluation ends (the path other devices take) instead of copied into its reused buffers as they arrive.
-Run from any directory: RecBole's log/ and saved/ folders go to a temporary directory.
+Fitted rank distributions (RankDist* metrics) are cleared before every evaluation: the same model evaluated
+again would reuse its fit, a model in training changes every epoch. Correction tables stay cached (they
+depend on n and m only). Run from any directory: RecBole's log/ and saved/ folders go to a temporary
+directory.
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ def main() -> None:
     parser.add_argument("--m", type=int, default=100)
     parser.add_argument("--eval-batch-size", type=int, default=4096, help="RecBole's eval_batch_size (4096: its default, 2 users per batch)")
     parser.add_argument("--mode", default="full", help="RecBole's evaluation mode: full (default) or uniN / popN (e.g. uni100)")
+    parser.add_argument("--plugin-metrics", default="CorrectedRecall,CorrectedNDCG,MappedHit",
+                        help="comma-separated plugin metrics added to RecBole's Recall, NDCG, MRR")
     parser.add_argument("--without-replacement", action="store_true", help="simulated sampling without replacement (rsp_replacement: false)")
     parser.add_argument("--by-reference", action="store_true", help="also time the plugin holding CPU batches by reference")
     args = parser.parse_args()
 
+    from reco_sampled_plugin import estimators
     from reco_sampled_plugin.adapters import _recbole_ranks as ranks
     import reco_sampled_plugin.adapters.recbole  # noqa: F401  (registers the plugin)
 
@@ -48,7 +54,7 @@ def main() -> None:
         "eval_batch_size": args.eval_batch_size, "eval_args": {"mode": args.mode},
     }
     recbole_metrics = ["Recall", "NDCG", "MRR"]
-    plugin_metrics = recbole_metrics + ["CorrectedRecall", "CorrectedNDCG", "MappedHit"]
+    plugin_metrics = recbole_metrics + [m for m in args.plugin_metrics.split(",") if m]
     os.chdir(tempfile.mkdtemp(prefix="bench_recbole_"))
     cfg_plain = Config(model="BPR", dataset="ml-100k", config_dict={**base, "metrics": recbole_metrics})
     cfg_plugin = Config(model="BPR", dataset="ml-100k", config_dict={**base, "metrics": plugin_metrics, "rsp_m": args.m if args.mode == "full" else None,
@@ -70,6 +76,7 @@ def main() -> None:
     for _ in range(args.repeats):  # interleaved, so load on the machine hits both alike
         for name, trainer in trainers.items():
             ranks._STAGE_ON_CPU = staged[name]
+            estimators._FITS.clear()  # a trained model changes every epoch: rank distributions are refitted
             t0 = time.perf_counter()
             trainer.evaluate(valid, load_best_model=False)
             times[name].append(time.perf_counter() - t0)

@@ -25,11 +25,16 @@ per-positive table values over sqrt(#positives); for ``mle``/``mes`` a multinomi
 histogram (see ``rank_distribution``), or with ``n_bootstrap=0`` the cheap posterior standard error
 (sd of the per-positive posterior means; ignores the uncertainty of the fitted distribution). ``bv_mle`` ignores the uncertainty of its estimated prior.
 The correction methods need ``reco_sampled_plugin.corrections`` (imported lazily).
+Fitted rank distributions (``mle``, ``mes``, the prior of ``bv_mle``) of the last few histograms are kept:
+estimating several metrics from one histogram with one method and options fits once (fits are
+deterministic: the bootstrap is seeded).
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from functools import lru_cache
 
 import numpy as np
@@ -113,6 +118,35 @@ def _correction(spec, hist: RankHistogram, method: str, sampling: str, gamma: fl
     return _table_estimate(hist, values)
 
 
+# fitted rank distributions of the last few (histogram, method, options): estimating several metrics
+# from one evaluation's histogram fits once (the fit, with its bootstrap, dominates their cost)
+_FITS: OrderedDict = OrderedDict()
+_FITS_MAX = 8
+_FITS_LOCK = threading.Lock()
+
+
+def _fitted_distribution(hist: RankHistogram, method: str, sampling: str, options: dict):
+    """:func:`estimate_rank_distribution` of ``hist``, reused while the same histogram (same groups and
+    counts), method, law and options come back; options that cannot be hashed are fitted every time."""
+    try:
+        key = (hist.n_items.tobytes(), hist.n_samples.tobytes(), hist.flat_counts.tobytes(), method, sampling,
+               tuple(sorted(options.items())))
+        hash(key)
+    except TypeError:
+        return estimate_rank_distribution(hist, method=method, sampling=sampling, **options)
+    with _FITS_LOCK:
+        dist = _FITS.get(key)
+        if dist is not None:
+            _FITS.move_to_end(key)
+            return dist
+    dist = estimate_rank_distribution(hist, method=method, sampling=sampling, **options)
+    with _FITS_LOCK:
+        _FITS[key] = dist
+        while len(_FITS) > _FITS_MAX:
+            _FITS.popitem(last=False)
+    return dist
+
+
 def estimate(
     metric,
     sampled_ranks,
@@ -180,13 +214,13 @@ def estimate(
         res = mapping_estimate(spec, hist, method=method, a=a)
         return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds)
     if method in RANK_DISTRIBUTION_METHODS:
-        dist = estimate_rank_distribution(hist, method=method, sampling=sampling, **options)
+        dist = _fitted_distribution(hist, method, sampling, options)
         res = dist.metric(spec)
         return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds)
     flags: list[str] = list(pool_flag)
     details: dict = {"method": method, "metric": str(spec)}
     if method == "bv_mle":
-        dist = estimate_rank_distribution(hist, method="mle", sampling=sampling, **{"n_bootstrap": 0, **options})
+        dist = _fitted_distribution(hist, "mle", sampling, {"n_bootstrap": 0, **options})
         flags += [f for f in dist.flags if f in ("not_converged", "pooled_n", "all_at_top") and f not in flags]
 
         def prior_for_n(n: int, _dist=dist):

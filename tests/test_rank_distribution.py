@@ -198,6 +198,31 @@ def test_dispatcher_every_method(data):
     assert blind.stderr == math.inf and "all_at_top" in blind.flags
 
 
+@pytest.mark.parametrize("method", ["mes", "mle", "bv_mle"])
+def test_several_metrics_from_one_histogram_fit_once(data, monkeypatch, method):
+    """estimate() keeps the fitted rank distribution of recent (histogram, method, options): a second metric
+    of the same histogram reuses it, with the values of a fresh fit; other counts or options refit."""
+    from reco_sampled_plugin import estimators
+
+    hist = sampled_rank_histogram(data[1][:3000], N, M)
+    fits = []
+    real = estimators.estimate_rank_distribution
+    monkeypatch.setattr(estimators, "estimate_rank_distribution", lambda *a, **k: fits.append(1) or real(*a, **k))
+    estimators._FITS.clear()
+    opts = {"n_bootstrap": 4}
+    first = [estimate(m, hist, method=method, **opts) for m in ("hit@100", "ndcg@50", "hit@100")]
+    assert len(fits) == 1
+    estimators._FITS.clear()
+    again = [estimate(m, hist, method=method, **opts) for m in ("hit@100", "ndcg@50")]
+    assert len(fits) == 2  # one fit per cleared cache, whatever the number of metrics
+    for a, b in zip(first, again):
+        assert (a.value, a.stderr, a.flags) == (b.value, b.stderr, b.flags)
+    assert first[0].value == first[2].value
+    estimate("hit@100", sampled_rank_histogram(data[1][:2999], N, M), method=method, **opts)  # other counts
+    estimate("hit@100", hist, method=method, n_bootstrap=5)  # other options
+    assert len(fits) == 4
+
+
 def test_prior_beyond_the_fitted_range_extends_the_tail(mle_fit):
     """A user with more candidates than the largest fitted group: the last cell's per-rank mass carries on."""
     p = mle_fit.prior(N + 50)
