@@ -27,7 +27,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--m", type=int, default=100)
+    parser.add_argument("--m", type=int, default=100, help="rsp_m in full mode (0: no simulated sampling)")
     parser.add_argument("--eval-batch-size", type=int, default=4096, help="RecBole's eval_batch_size (4096: its default, 2 users per batch)")
     parser.add_argument("--mode", default="full", help="RecBole's evaluation mode: full (default) or uniN / popN (e.g. uni100)")
     parser.add_argument("--plugin-metrics", default="CorrectedRecall,CorrectedNDCG,MappedHit",
@@ -57,7 +57,7 @@ def main() -> None:
     plugin_metrics = recbole_metrics + [m for m in args.plugin_metrics.split(",") if m]
     os.chdir(tempfile.mkdtemp(prefix="bench_recbole_"))
     cfg_plain = Config(model="BPR", dataset="ml-100k", config_dict={**base, "metrics": recbole_metrics})
-    cfg_plugin = Config(model="BPR", dataset="ml-100k", config_dict={**base, "metrics": plugin_metrics, "rsp_m": args.m if args.mode == "full" else None,
+    cfg_plugin = Config(model="BPR", dataset="ml-100k", config_dict={**base, "metrics": plugin_metrics, "rsp_m": args.m if args.mode == "full" and args.m else None,
                                                                              "rsp_replacement": not args.without_replacement})
     init_seed(cfg_plain["seed"], True)
     train, valid, _ = data_preparation(cfg_plain, create_dataset(cfg_plain))
