@@ -178,12 +178,13 @@ def test_uni100_sampled_ranks_follow_binomial_law(bpr, bpr_uni100):
     assert stats.kstest(u, "uniform").pvalue > 1e-3
 
 
-def test_uni100_staged_batches_give_the_per_batch_table(bpr, monkeypatch):
-    """uni100 batches (RecBole's default eval_batch_size: a few users each) are copied as they arrive and
+@pytest.mark.parametrize("mode", ["uni100", "pop100"])
+def test_uni100_staged_batches_give_the_per_batch_table(bpr, monkeypatch, mode):
+    """uni100 / pop100 batches (RecBole's default eval_batch_size: a few users each) are copied as they arrive and
     ranked together, in one flush or in many small ones: the same table as ranking each batch at once
     (the path of other devices). RecBole draws new negatives at every evaluation: each starts from the same
     seed. Pessimistic ties: the plugin draws nothing, so every column agrees exactly."""
-    config, _, _, test = _prepare("BPR", {"eval_args": {"mode": "uni100"}, "eval_batch_size": 4096,
+    config, _, _, test = _prepare("BPR", {"eval_args": {"mode": mode}, "eval_batch_size": 4096, "rsp_correction": "none",
                                           "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "CorrectedRecall@10"})
     trainer = Trainer(config, bpr["model"])
 
