@@ -291,7 +291,7 @@ class _Staging:
     """
 
     __slots__ = ("scores", "pu", "pi", "uid", "items", "marks", "used", "npos", "nrows", "nitems",
-                 "n_cols", "dtype", "uid_field", "item_field", "has_uid")
+                 "n_cols", "dtype", "uid_field", "item_field", "sampled", "has_uid")
 
     def __init__(self) -> None:
         self.scores = np.empty(0, np.float32)
@@ -303,11 +303,8 @@ class _Staging:
         self.used = self.npos = self.nrows = self.nitems = self.n_cols = 0
         self.dtype = None
         self.uid_field = self.item_field = None
+        self.sampled = False
         self.has_uid = True
-
-    @property
-    def sampled(self) -> bool:
-        return self.item_field is not None
 
     def open(self, scores: torch.Tensor, a: np.ndarray, uid_field: str, item_field: str | None = None) -> None:
         """Start gathering batches shaped and typed like ``scores`` (rows, items) (``a``: its numpy view);
@@ -315,7 +312,7 @@ class _Staging:
         self.used = self.npos = self.nrows = self.nitems = 0
         self.marks = []
         self.n_cols, self.dtype, self.has_uid = a.shape[1], scores.dtype, True
-        self.uid_field, self.item_field = uid_field, item_field
+        self.uid_field, self.item_field, self.sampled = uid_field, item_field, item_field is not None
         if self.scores.dtype != a.dtype:
             self.scores = np.empty(0, a.dtype)
 
