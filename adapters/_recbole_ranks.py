@@ -31,6 +31,7 @@ COLUMNS = ("user", "rank_full", "rank_irrelevant", "n_candidates", "sampled_rank
 # rank columns: 0 = not available (sampled modes have no exact rank), -1 = beyond the computed top
 _BEYOND = -1.0
 
+
 def positive_table(dataobject) -> dict[str, torch.Tensor]:
     """The per-positive table a RecBole ``DataStruct`` holds for the plugin, as named columns.
 
