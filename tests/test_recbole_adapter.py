@@ -192,10 +192,11 @@ def test_uni100_staged_batches_give_the_per_batch_table(bpr, monkeypatch, mode):
         init_seed(config["seed"], config["reproducibility"])
         return rb.positive_table(_evaluate(trainer, test)[1])
 
-    staged = table()
     flushes = []
     original = rr._flush
     monkeypatch.setattr(rr, "_flush", lambda c: (flushes.append(bool(c.__dict__.get("_rsp_staging"))), original(c)))
+    staged = table()
+    assert sum(flushes) == 1  # the ~300 batches ranked together once, when the evaluation ends
     monkeypatch.setattr(rr, "_BUFFER_ELEMENTS", 20 * 1700)  # ~20 users per flush
     small = table()
     assert sum(flushes) > 20
@@ -299,13 +300,14 @@ def test_buffered_flushes_give_the_same_table(bpr, monkeypatch, staged):
     config, _, _, test = _prepare("BPR", {"eval_batch_size": 4096, "metrics": FULL_METRICS, "valid_metric": "ExactRecall@10",
                                           "rsp_m": 100, "rsp_full_ranks": True, "rsp_ties": "average"})
     trainer = Trainer(config, bpr["model"])
-    default = rb.positive_table(_evaluate(trainer, test)[1])
     monkeypatch.setattr(rr, "_STAGE_ON_CPU", staged)
     flushes = []
     original = rr._flush
-    monkeypatch.setattr(rr, "_BUFFER_ELEMENTS", 5 * 1700)  # ~5 users of ml-100k per flush
     active = "_rsp_staging" if staged else "_rsp_buffer"
     monkeypatch.setattr(rr, "_flush", lambda c: (flushes.append(bool(c.__dict__.get(active))), original(c)))
+    default = rb.positive_table(_evaluate(trainer, test)[1])
+    assert sum(flushes) == 1  # the 472 batches ranked together once, when the evaluation ends
+    monkeypatch.setattr(rr, "_BUFFER_ELEMENTS", 5 * 1700)  # ~5 users of ml-100k per flush
     small = rb.positive_table(_evaluate(trainer, test)[1])
     assert sum(flushes) > 100  # many flushes of a few batches each
     for col in ("user", "rank_full", "rank_irrelevant", "n_candidates", "n_positives", "uid", "item"):
