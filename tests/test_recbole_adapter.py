@@ -380,14 +380,14 @@ def test_reused_score_buffer_is_copied_or_caught_and_nan_scores_raise(bpr, monke
 
 
 def test_score_dtypes_staged_or_referenced_give_the_same_table(bpr, monkeypatch):
-    """Models scoring in float64 or bfloat16 (numpy has no bfloat16: those batches are held by reference)
+    """Models scoring in float64, float16 or bfloat16 (numpy has no bfloat16: those batches are held by reference)
     give the same table through either way of gathering, within one collector whose staging buffers
     change dtype between evaluations."""
     config, _, _, test = _prepare("BPR", {"metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10", "rsp_m": 100})
     model = bpr["model"]
     trainer = Trainer(config, model)
     original = type(model).full_sort_predict
-    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float32):
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.float32):
         monkeypatch.setattr(type(model), "full_sort_predict", lambda self, inter, d=dtype: original(self, inter).to(d))
         tables = []
         for staged in (True, False):
