@@ -471,7 +471,8 @@ def _unbuffer(collector, buf: list):
 
 
 def _flush(collector) -> None:
-    """Process the gathered full-sort batches (staged copies or buffered references) as one batch."""
+    """Rank the gathered batches together: staged copies (full-sort or sampled mode) or buffered
+    full-sort references."""
     stage = collector.__dict__.pop("_rsp_staging", None)
     buf = collector.__dict__.pop("_rsp_buffer", None)
     collector._rsp_buffered = 0
