@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 
-from reco_sampled_plugin._rank_hist import _bincount_histogram, sampled_rank_histogram
+from reco_sampled_plugin._rank_hist import _bincount_histogram, _group_ids, sampled_rank_histogram
+from reco_sampled_plugin.corrections import stacked_tables
 from reco_sampled_plugin.estimators import estimate
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import _metric_from_float_ranks
@@ -24,13 +26,12 @@ from ._recbole_settings import _ESTIMATED_KINDS, FAMILIES, _Settings, _settings
 _PUBLIC_MODULE = __name__.rsplit(".", 1)[0] + ".recbole"
 
 
-def _grid_n(n: torch.Tensor, step: float, floor: torch.Tensor) -> torch.Tensor:
-    """Round candidate counts to a geometric grid (relative step ``step``) so tables are shared."""
-    if step <= 0:
-        return n
+def _grid_n(n: np.ndarray, step: float) -> np.ndarray:
+    """Round candidate counts to a geometric grid (relative step ``step``) so tables are shared: computed
+    once per distinct count (each user's positives share one)."""
+    values, index = _group_ids(n.astype(np.int64))
     lg = math.log1p(step)
-    out = torch.round(torch.exp(torch.round(torch.log(n) / lg) * lg))
-    return torch.maximum(out, floor)
+    return np.round(np.exp(np.round(np.log(values) / lg) * lg))[index]
 
 
 def _recbole():
@@ -141,14 +142,16 @@ class _EstimatedMetric(_Metric):
         s = self.settings
         spec = parse_metric(self.kind if k is None else f"{self.kind}@{k}")
         key = self._key(k)
-        r, m1, w, hist = _sampled_inputs(table, weights, s, spec.k or 2)
+        hist = _sampled_inputs(table, weights, s, spec.k or 2)
         law = "binomial" if s.replacement else "hypergeometric"
         result = estimate(spec, hist, sampling=law, **self._method_kwargs())
         out = {key: self._round(result.value)}
         if s.stderr:
             out[f"{key}_stderr"] = self._round(result.stderr)
         if s.side_by_side:
-            out[f"{key}_sampled"] = self._round(_weighted_mean(_metric_from_float_ranks(spec, r, m1), w))
+            # the sampled metric, mean of M(r~) over m + 1 candidates: the uncorrected table dotted with the histogram
+            values = stacked_tables(spec, hist.n_items, hist.n_samples, "none", 0.0, law, None, "floor")
+            out[f"{key}_sampled"] = self._round(float(hist.flat_counts @ values) / hist.total)
             exact = _exact_ranks(table)
             if exact is not None:
                 r_irr, all_known = exact
@@ -160,27 +163,25 @@ class _EstimatedMetric(_Metric):
 
 
 def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_floor: int):
-    """Sampled ranks, m + 1, weights and their rank histogram (candidate counts on the ``rsp_n_grid`` grid,
-    at least max(m + 1, K)) of the positives that have a sampled rank; computed once per evaluation table
-    and shared by every estimated metric (cached on the table, which RecBole hands to each metric)."""
+    """The rank histogram (candidate counts on the ``rsp_n_grid`` grid, at least max(m + 1, K)) of the
+    positives that have a sampled rank, with their weights; computed once per evaluation table and shared
+    by every estimated metric (cached on the table, which RecBole hands to each metric)."""
     cache = _table_cache(table)
     key = (s.weighting, s.n_grid, s.replacement, k_floor)
     if key not in cache:
-        sampled = table[:, _R_SAMPLED]
+        columns = table.numpy()
+        sampled = columns[:, _R_SAMPLED]
         have = sampled > 0
-        if bool(have.all()):  # full mode with rsp_m, or a sampled mode: every positive
-            r, n, m, w = sampled, table[:, _N_IRR], table[:, _M], weights
-        else:
-            r, n, m, w = sampled[have], table[have, _N_IRR], table[have, _M], weights[have]
+        rows = slice(None) if have.all() else have  # full mode with rsp_m, or a sampled mode: every positive
+        r, n, m, w = sampled[rows], columns[rows, _N_IRR], columns[rows, _M], weights.numpy()[rows]
         m1 = m + 1
-        n_est = _grid_n(n, s.n_grid, torch.clamp(m1, min=float(k_floor)))
+        n_est = np.maximum(_grid_n(n, s.n_grid), np.maximum(m1, float(k_floor))) if s.n_grid > 0 else n
         if not s.replacement:
-            n_est = torch.maximum(n_est, m1)
+            n_est = np.maximum(n_est, m1)
         if r.shape[0]:  # whole numbers in range by construction: no re-validation
-            hist = _bincount_histogram(r.to(torch.int64), n_est.to(torch.int64), m.to(torch.int64), w)
+            cache[key] = _bincount_histogram(r, n_est, m, w)
         else:
-            hist = sampled_rank_histogram(r, n_est, m, weights=w)  # the empty histogram
-        cache[key] = (r, m1, w, hist)
+            cache[key] = sampled_rank_histogram(r, n_est, m, weights=w)  # the empty histogram
     return cache[key]
 
 

@@ -82,6 +82,23 @@ class RankHistogram:
         object.__setattr__(self, "_flat", flat)
         object.__setattr__(self, "_starts", starts)
 
+    @classmethod
+    def _trusted(cls, n: np.ndarray, m: np.ndarray, counts: np.ndarray) -> "RankHistogram":
+        """A histogram from valid parts built by this package (int64 n >= 2, m >= 1; ``counts`` (G, W) float64
+        with finite non-negative entries, row g holding group g's m_g + 1 counts first): no re-validation."""
+        self = object.__new__(cls)
+        sizes = m + 1
+        counts.setflags(write=False)
+        rows = tuple(counts[g, : sizes[g]] for g in range(counts.shape[0]))  # read-only views
+        flat = counts.reshape(-1) if (sizes == counts.shape[1]).all() else np.concatenate(rows)
+        flat.setflags(write=False)
+        starts = (np.cumsum(sizes) - sizes).astype(np.int64)
+        totals = np.add.reduceat(flat, starts)
+        totals.setflags(write=False)
+        for name, value in (("n_items", n), ("n_samples", m), ("counts", rows), ("_totals", totals), ("_flat", flat), ("_starts", starts)):
+            object.__setattr__(self, name, value)
+        return self
+
     @property
     def n_groups(self) -> int:
         return len(self.counts)
@@ -201,24 +218,40 @@ def sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights=None) -> R
     return _bincount_histogram(r, n, m, w)
 
 
-def _bincount_histogram(r: torch.Tensor, n: torch.Tensor, m: torch.Tensor, w: torch.Tensor | None) -> RankHistogram:
-    """The histogram of valid inputs (int64 r in 1..m+1, n >= 2, m >= 1; float64 weights or None; one
-    dimension, equal lengths, not empty): one ``bincount`` over (group, r~). For callers whose ranks are
-    valid by construction (adapters building them from their own tables); others use
+def _group_ids(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted distinct values of non-negative int64 ``key`` and each entry's index among them: one
+    ``bincount`` over the key range when that range is small (candidate counts: a few thousand), else a
+    sort (``np.unique``)."""
+    lo, hi = int(key.min()), int(key.max())
+    if hi - lo <= 4 * key.shape[0] + 4096:
+        present = np.bincount(key - lo, minlength=hi - lo + 1) > 0
+        return np.flatnonzero(present) + lo, (np.cumsum(present) - 1)[key - lo]
+    return np.unique(key, return_inverse=True)
+
+
+def _numpy(x) -> np.ndarray:
+    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def _bincount_histogram(r, n, m, w) -> RankHistogram:
+    """The histogram of valid inputs (integer r in 1..m+1, n >= 2, m >= 1; float64 weights or None; 1-D
+    tensors or arrays of equal length, not empty): one ``bincount`` over (group, r~) in numpy. For callers
+    whose ranks are valid by construction (adapters building them from their own tables); others use
     :func:`sampled_rank_histogram`, which checks first."""
-    if bool((n == n[0]).all()) and bool((m == m[0]).all()):  # one group: a single bincount
-        m0 = int(m[0])
-        counts = torch.bincount(r - 1, weights=w, minlength=m0 + 1).to(torch.float64).cpu().numpy()
-        return RankHistogram(np.array([int(n[0])]), np.array([m0]), (counts,))
-    m_span = int(m.max()) + 1
-    uniq_key, inverse = torch.unique(n * m_span + m, return_inverse=True)
-    un, um = uniq_key // m_span, uniq_key % m_span
-    m_max = int(um.max())
-    flat = inverse * (m_max + 1) + (r - 1)
-    counts = torch.bincount(flat, weights=w, minlength=uniq_key.shape[0] * (m_max + 1)).to(torch.float64)
-    counts = counts.reshape(uniq_key.shape[0], m_max + 1).cpu().numpy()
-    un, um = un.cpu().numpy(), um.cpu().numpy()
-    return RankHistogram(un.copy(), um.copy(), tuple(counts[g, : um[g] + 1].copy() for g in range(len(un))))
+    r, n, m = (_numpy(x).astype(np.int64, copy=False) for x in (r, n, m))
+    w = None if w is None else _numpy(w).astype(np.float64, copy=False)
+    m0 = m[0]
+    if (m == m0).all():  # one sample size (the common case): groups are the distinct n
+        un, gid = _group_ids(n)
+        um = np.full(un.shape[0], m0, dtype=np.int64)
+    else:
+        span = int(m.max()) + 1
+        key, gid = _group_ids(n * span + m)
+        un, um = key // span, key % span
+    width = int(um.max()) + 1
+    counts = np.bincount(gid * width + (r - 1), weights=w, minlength=un.shape[0] * width)
+    counts = counts.astype(np.float64, copy=False).reshape(un.shape[0], width)
+    return RankHistogram._trusted(un, um, counts)
 
 
 def as_histogram(sampled_ranks, n_items=None, n_samples=None, weights=None) -> RankHistogram:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from scipy import special
 
 from reco_sampled_plugin._rank_hist import (
+    _group_ids,
     RankHistogram,
     _bincount_histogram,
     cumulative_metric,
@@ -125,6 +126,41 @@ def test_histogram_is_additive(rows):
     for g in range(whole.n_groups):
         j = int(np.flatnonzero((merged.n_items == whole.n_items[g]) & (merged.n_samples == whole.n_samples[g]))[0])
         np.testing.assert_array_equal(merged.counts[j], whole.counts[g])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 50), st.integers(0, 10**9)), min_size=1, max_size=60))
+def test_group_ids_match_unique(values):
+    """Distinct keys and each key's group: the bincount path (small ranges) and the sort path agree with np.unique."""
+    key = np.array(values, dtype=np.int64)
+    uniq, index = _group_ids(key)
+    expect, expect_index = np.unique(key, return_inverse=True)
+    np.testing.assert_array_equal(uniq, expect)
+    np.testing.assert_array_equal(index, expect_index.reshape(-1))
+    np.testing.assert_array_equal(uniq[index], key)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 12), st.integers(2, 5000), st.sampled_from([3, 5, 11]), st.floats(0.0, 3.0)),
+                min_size=1, max_size=50))
+def test_trusted_histogram_matches_brute_force(rows):
+    """The unchecked builder, weighted, with several sample sizes: the counts a loop over positives adds up,
+    the same read-only views as a checked histogram of those counts."""
+    r = np.array([min(x[0], x[2] + 1) for x in rows])
+    n, m, w = (np.array([x[i] for x in rows]) for i in (1, 2, 3))
+    expect: dict[tuple[int, int], np.ndarray] = {}
+    for ri, ni, mi, wi in zip(r, n, m, w):
+        expect.setdefault((int(ni), int(mi)), np.zeros(int(mi) + 1))[ri - 1] += wi
+    hist = _bincount_histogram(torch.from_numpy(r), n, torch.from_numpy(m), w)
+    keys = sorted(expect)
+    checked = RankHistogram(np.array([k[0] for k in keys]), np.array([k[1] for k in keys]), tuple(expect[k] for k in keys))
+    assert hist.same_groups(checked)
+    for got, want in zip(hist.counts, checked.counts):
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(hist.flat_counts, checked.flat_counts, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(hist.totals, checked.totals, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(hist.top_counts, [c[0] for c in hist.counts])
+    assert not hist.flat_counts.flags.writeable and not hist.counts[0].flags.writeable
 
 
 @pytest.mark.parametrize("name", ["ndcg", "ndcg@30", "ap", "rr@5", "auc", "recall@7", "precision@7", "hit@9000"])

@@ -153,6 +153,12 @@ def test_full_mode_side_by_side_and_stderr(bpr):
     se = res["correctedrecall@10_stderr"]
     assert sampled > 3 * exact  # sampled Recall@10 with m = 100 overstates the full-catalogue value
     assert abs(corrected - exact) < 4 * se + 0.01
+    # brute force from the per-positive table: each user counts once (weights 1/|T_u|, rsp_weighting: user)
+    cols = rb.positive_table(bpr["struct"])
+    w = 1.0 / cols["n_positives"].numpy()
+    for key, ranks in (("sampled", cols["sampled_rank"]), ("exact", cols["rank_irrelevant"])):
+        expect = float(((ranks.numpy() <= 10) * w).sum() / w.sum())
+        assert res[f"correctedrecall@10_{key}"] == pytest.approx(expect, abs=5e-5), key
 
 
 def test_uni100_sampled_ranks_follow_binomial_law(bpr, bpr_uni100):
