@@ -69,26 +69,28 @@ def _sampled_from_scores(neg: torch.Tensor, pos: torch.Tensor, ties: str, genera
     return (above + 1).to(torch.float64) + torch.floor(u * (tied + 1).to(torch.float64))
 
 
-def _descending_score_keys(s: torch.Tensor) -> torch.Tensor:
+def _descending_score_keys(s: np.ndarray) -> np.ndarray:
     """int64 keys in [0, 2^32) ordering the scores from highest to lowest, equal exactly for equal scores:
-    the IEEE bits of float32 (float16 / bfloat16 convert exactly) made monotonic; dense ranks otherwise."""
-    if s.dtype in (torch.float32, torch.float16, torch.bfloat16):
-        bits = (s.to(torch.float32) + 0.0).view(torch.int32).to(torch.int64)  # + 0.0: -0.0 becomes +0.0
-        bits = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed-integer order = float order
+    the IEEE bits of float32 (float16 converts exactly) made monotonic; dense ranks otherwise."""
+    if s.dtype in (np.float32, np.float16):
+        bits = (s.astype(np.float32) + np.float32(0.0)).view(np.int32).astype(np.int64)  # + 0: -0.0 becomes +0.0
+        bits = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # signed-integer order = float order
         return 0x7FFFFFFF - bits
-    uniq, inverse = torch.unique(s, sorted=True, return_inverse=True)
-    return uniq.shape[0] - 1 - inverse
+    uniq, inverse = np.unique(s, return_inverse=True)
+    return uniq.shape[0] - 1 - inverse.reshape(-1)
 
 
 def _other_positive_counts(pos_u: torch.Tensor, s_pos: torch.Tensor, counts: torch.Tensor):
     """#(other positives of the same user scoring >= / > each positive), from one integer sort of the
     positives by (user, score descending): within a user, the positives above are those before its run
-    of equal scores. On CPU arrays in numpy: a stable sort (timsort) uses the runs of positives already in
-    user order, and the dozen small steps cost a fraction of torch's per-call overhead."""
+    of equal scores. In numpy: a stable sort (timsort) uses the runs of positives already in user order,
+    and the dozen small steps cost a fraction of torch's per-call overhead."""
     n = pos_u.shape[0]
     if n == 0:
         return torch.zeros_like(pos_u), torch.zeros_like(pos_u)
-    key = ((pos_u << 32) + _descending_score_keys(s_pos)).cpu().numpy()
+    s = s_pos.to(torch.float32) if s_pos.dtype == torch.bfloat16 else s_pos  # exact; numpy has no bfloat16
+    users = pos_u.cpu().numpy()
+    key = (users << 32) + _descending_score_keys(s.cpu().numpy())
     order = np.argsort(key, kind="stable")
     key = key[order]
     new_run = np.ones(n, dtype=bool)
@@ -97,7 +99,7 @@ def _other_positive_counts(pos_u: torch.Tensor, s_pos: torch.Tensor, counts: tor
     run_len = np.bincount(run_id)
     run_end = np.cumsum(run_len)[run_id]
     c = counts.cpu().numpy()
-    user_start = (np.cumsum(c) - c)[pos_u.cpu().numpy()[order]]
+    user_start = (np.cumsum(c) - c)[users[order]]
     gt, ge = np.empty(n, np.int64), np.empty(n, np.int64)
     gt[order] = run_end - run_len[run_id] - user_start
     ge[order] = run_end - user_start - 1  # minus the positive itself
@@ -300,7 +302,7 @@ class _Staging:
         self.pi = np.empty(0, np.int64)
         self.uid = np.empty(0, np.int64)  # full sort: per row of scores; sampled: per interaction row
         self.items = np.empty(0, np.int64)  # sampled: per interaction row
-        self.marks: list[tuple[int, int]] = []  # (first row, end of the positives) of each batch
+        self.marks: list[int] = []  # first row, end of the positives, of each batch in turn
         self.used = self.npos = self.nrows = self.nitems = self.n_cols = 0
         self.dtype = None
         self.uid_field = self.item_field = None
@@ -346,7 +348,7 @@ class _Staging:
         self.scores[p:e] = a.reshape(-1)
         self.pu[q:f] = u
         self.pi[q:f] = i
-        self.marks.append((r, f))
+        self.marks += (r, f)
         if rows_item is not None:
             self.items[t:t_end] = rows_item
             self.uid[t:t_end] = rows_uid
@@ -375,7 +377,7 @@ class _Staging:
         """The gathered batches as tensors: scores (rows, items), the positives' global rows and items, and
         (full sort) the rows' user ids or None, or (sampled) the interaction rows' items and user ids. Views
         of the buffers: read before the next :meth:`open`."""
-        marks = np.array(self.marks, dtype=np.int64).reshape(-1, 2)
+        marks = np.array(self.marks, dtype=np.int64).reshape(-1, 2)  # flat ints: one fast conversion
         sizes = np.diff(marks[:, 1], prepend=0)
         pu = self.pu[: self.npos] + np.repeat(marks[:, 0], sizes)  # rows of the batches before
         scores = torch.from_numpy(self.scores[: self.used]).view(self.nrows, self.n_cols)

@@ -467,7 +467,7 @@ def test_other_positive_counts_match_brute_force():
     s_pos = s_pos - 1.0  # negative, zero and positive scores
     s_pos[s_pos == 0] = torch.tensor([0.0, -0.0]).repeat(7)[: int((s_pos == 0).sum())]  # -0.0 ties +0.0
     same = pos_u.unsqueeze(0) == pos_u.unsqueeze(1)
-    for dtype in (torch.float32, torch.float64, torch.float16):
+    for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
         s = s_pos.to(dtype)
         ge, gt = rr._other_positive_counts(pos_u, s, counts)
         ge_bf = (same & (s.unsqueeze(0) >= s.unsqueeze(1))).sum(1) - 1
