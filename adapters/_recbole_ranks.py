@@ -587,14 +587,16 @@ def collect_batch(collector, scores_tensor, interaction, positive_u, positive_i)
         _collect(collector, scores_tensor, interaction, positive_u, positive_i)
 
 
-def finish_collection(collector) -> None:
-    """Before RecBole builds its ``DataStruct``: rank what is gathered and put the table under
-    :data:`PLUGIN_KEY` (if any positive was collected)."""
+def finish_collection(collector) -> torch.Tensor | None:
+    """When the evaluation ends: rank what is gathered and return the per-positive table (None if no
+    positive was collected), for the caller to put under :data:`PLUGIN_KEY` of the ``DataStruct`` RecBole
+    returns (after RecBole's deep copy of its own data: the table is built fresh for every evaluation)."""
     if collector.__dict__.get("_rsp_buffer") or collector.__dict__.get("_rsp_staging"):
         _flush(collector)
     tables = collector.__dict__.pop("_rsp_tables", None)
-    if tables:
-        collector.data_struct.set(PLUGIN_KEY, torch.cat(tables))
+    if not tables:
+        return None
+    return tables[0] if len(tables) == 1 else torch.cat(tables)
 
 
 def reset_collection(collector, eval_data=None) -> None:

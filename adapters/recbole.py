@@ -83,10 +83,10 @@ def _wrap_collector() -> None:
         collect_batch(self, scores_tensor, interaction, positive_u, positive_i)
 
     def get_data_struct(self):
-        finish_collection(self)
+        table = finish_collection(self)
         struct = get_struct(self)
-        if PLUGIN_KEY in self.data_struct:
-            del self.data_struct[PLUGIN_KEY]
+        if table is not None:
+            struct.set(PLUGIN_KEY, table)
         reset_collection(self)
         return struct
 

@@ -40,29 +40,15 @@ def main() -> None:
     from reco_sampled_plugin.adapters import _recbole_ranks as ranks
     import reco_sampled_plugin.adapters.recbole  # noqa: F401  (registers the plugin)
 
-    import recbole
     import torch
-    from recbole.config import Config
-    from recbole.data import create_dataset, data_preparation
     from recbole.trainer import Trainer
-    from recbole.utils import get_model, init_seed
 
-    base = {
-        "data_path": os.path.join(os.path.dirname(recbole.__file__), "dataset_example"),
-        "device": "cpu", "use_gpu": False, "show_progress": False, "epochs": args.epochs,
-        "embedding_size": 64, "learning_rate": 0.01, "topk": [10], "valid_metric": "Recall@10",
-        "eval_batch_size": args.eval_batch_size, "eval_args": {"mode": args.mode},
-    }
     recbole_metrics = ["Recall", "NDCG", "MRR"]
     plugin_metrics = recbole_metrics + [m for m in args.plugin_metrics.split(",") if m]
-    os.chdir(tempfile.mkdtemp(prefix="bench_recbole_"))
-    cfg_plain = Config(model="BPR", dataset="ml-100k", config_dict={**base, "metrics": recbole_metrics})
-    cfg_plugin = Config(model="BPR", dataset="ml-100k", config_dict={**base, "metrics": plugin_metrics, "rsp_m": args.m if args.mode == "full" and args.m else None,
-                                                                             "rsp_replacement": not args.without_replacement})
-    init_seed(cfg_plain["seed"], True)
-    train, valid, _ = data_preparation(cfg_plain, create_dataset(cfg_plain))
-    model = get_model("BPR")(cfg_plain, train._dataset)
-    Trainer(cfg_plain, model).fit(train, None, saved=False, show_progress=False)
+    config, valid, model = trained_bpr(args.epochs, args.eval_batch_size, args.mode)
+    cfg_plain = config(metrics=recbole_metrics)
+    cfg_plugin = config(metrics=plugin_metrics, rsp_m=args.m if args.mode == "full" and args.m else None,
+                        rsp_replacement=not args.without_replacement)
     trainers = {"RecBole metrics only": Trainer(cfg_plain, model), "with the plugin's metrics": Trainer(cfg_plugin, model)}
     staged = {name: True for name in trainers}
     if args.by_reference:
@@ -96,6 +82,34 @@ def main() -> None:
               f"best {100 * (best[plug_name] / best[base_name] - 1):+.1f}%, median of the {args.repeats} paired ratios {100 * (paired - 1):+.1f}% "
               f"({1e3 * added:+.1f} ms)")
     print(f"first plugin evaluation (builds the correction tables): {1e3 * cold:.0f} ms")
+
+
+def trained_bpr(epochs: int, eval_batch_size: int, mode: str = "full"):
+    """BPR trained on ml-100k (the copy in RecBole's wheel), in a temporary working directory: a function
+    that builds a RecBole ``Config`` from extra keys, the validation dataloader, and the model."""
+    import recbole
+    from recbole.config import Config
+    from recbole.data import create_dataset, data_preparation
+    from recbole.trainer import Trainer
+    from recbole.utils import get_model, init_seed
+
+    base = {
+        "data_path": os.path.join(os.path.dirname(recbole.__file__), "dataset_example"),
+        "device": "cpu", "use_gpu": False, "show_progress": False, "epochs": epochs,
+        "embedding_size": 64, "learning_rate": 0.01, "topk": [10], "valid_metric": "Recall@10",
+        "eval_batch_size": eval_batch_size, "eval_args": {"mode": mode},
+    }
+    os.chdir(tempfile.mkdtemp(prefix="bench_recbole_"))
+
+    def config(**extra):
+        return Config(model="BPR", dataset="ml-100k", config_dict={**base, **extra})
+
+    cfg = config(metrics=["Recall"])
+    init_seed(cfg["seed"], True)
+    train, valid, _ = data_preparation(cfg, create_dataset(cfg))
+    model = get_model("BPR")(cfg, train._dataset)
+    Trainer(cfg, model).fit(train, None, saved=False, show_progress=False)
+    return config, valid, model
 
 
 if __name__ == "__main__":
