@@ -14,7 +14,6 @@ import numpy as np
 import torch
 
 from reco_sampled_plugin._rank_hist import _bincount_histogram, _group_ids, sampled_rank_histogram
-from reco_sampled_plugin.corrections import stacked_tables
 from reco_sampled_plugin.estimators import estimate
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import _metric_from_float_ranks
@@ -149,9 +148,7 @@ class _EstimatedMetric(_Metric):
         if s.stderr:
             out[f"{key}_stderr"] = self._round(result.stderr)
         if s.side_by_side:
-            # the sampled metric, mean of M(r~) over m + 1 candidates: the uncorrected table dotted with the histogram
-            values = stacked_tables(spec, hist.n_items, hist.n_samples, "none", 0.0, law, None, "floor")
-            out[f"{key}_sampled"] = self._round(float(hist.flat_counts @ values) / hist.total)
+            out[f"{key}_sampled"] = self._round(hist.sampled_metric(spec))
             exact = _exact_ranks(table)
             if exact is not None:
                 r_irr, all_known = exact
@@ -169,11 +166,11 @@ def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_
     cache = _table_cache(table)
     key = (s.weighting, s.n_grid, s.replacement, k_floor)
     if key not in cache:
-        columns = table.numpy()
+        columns = table.numpy(force=True)  # the adapter's tables live on the CPU: a view
         sampled = columns[:, _R_SAMPLED]
         have = sampled > 0
         rows = slice(None) if have.all() else have  # full mode with rsp_m, or a sampled mode: every positive
-        r, n, m, w = sampled[rows], columns[rows, _N_IRR], columns[rows, _M], weights.numpy()[rows]
+        r, n, m, w = sampled[rows], columns[rows, _N_IRR], columns[rows, _M], weights.numpy(force=True)[rows]
         m1 = m + 1
         n_est = np.maximum(_grid_n(n, s.n_grid), np.maximum(m1, float(k_floor))) if s.n_grid > 0 else n
         if not s.replacement:

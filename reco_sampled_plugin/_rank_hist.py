@@ -42,7 +42,8 @@ class RankHistogram:
         n_items: (G,) int64, candidates n of each group (relevant item included).
         n_samples: (G,) int64, sampled irrelevant items m of each group.
         counts: G float64 arrays; ``counts[g][i - 1]`` is the (weighted) number of positives of group g
-            with sampled rank r~ = i, i = 1..m_g+1.
+            with sampled rank r~ = i, i = 1..m_g+1 (treat as read-only: histograms built from ranks hold
+            read-only views).
     """
 
     n_items: np.ndarray
@@ -128,6 +129,15 @@ class RankHistogram:
     def total(self) -> float:
         """Total (weighted) number of positives."""
         return float(self.totals.sum())
+
+    def sampled_metric(self, spec: MetricSpec) -> float:
+        """The uncorrected sampled metric: the (weighted) mean of M(r~) over lists of m + 1 candidates."""
+        m = self.n_samples
+        value = 0.0
+        for mg in np.unique(m):  # usually one sample size: the groups' counts summed, then one dot product
+            summed = self._flat[self._starts[m == mg][:, None] + np.arange(mg + 1)].sum(0)
+            value += float(summed @ _sampled_curve(spec, int(mg)))
+        return value / self.total
 
     def merge(self, other: "RankHistogram") -> "RankHistogram":
         """Sum of two histograms (groups with equal (n, m) are added)."""
@@ -222,6 +232,8 @@ def _group_ids(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The sorted distinct values of non-negative int64 ``key`` and each entry's index among them: one
     ``bincount`` over the key range when that range is small (candidate counts: a few thousand), else a
     sort (``np.unique``)."""
+    if key.shape[0] == 0:
+        return key.copy(), np.zeros(0, np.int64)
     lo, hi = int(key.min()), int(key.max())
     if hi - lo <= 4 * key.shape[0] + 4096:
         present = np.bincount(key - lo, minlength=hi - lo + 1) > 0
@@ -248,6 +260,10 @@ def _bincount_histogram(r, n, m, w) -> RankHistogram:
         span = int(m.max()) + 1
         key, gid = _group_ids(n * span + m)
         un, um = key // span, key % span
+    if un[0] < 2 or um.min() < 1:  # O(groups): the checks of the validating constructor that can fail here
+        g = 0 if un[0] < 2 else int(np.argmin(um))
+        raise ValueError(f"n_items: need at least 2 candidates, got {un[g]} in group {g}" if un[0] < 2
+                         else f"n_samples: must be >= 1, got {um[g]} in group {g}")
     width = int(um.max()) + 1
     counts = np.bincount(gid * width + (r - 1), weights=w, minlength=un.shape[0] * width)
     counts = counts.astype(np.float64, copy=False).reshape(un.shape[0], width)
@@ -393,6 +409,14 @@ def metric_at(spec: MetricSpec, r, n: float) -> np.ndarray:
     """M(r) for whole-number ranks r in 1..n (float64 numpy)."""
     rt = torch.as_tensor(np.asarray(r, dtype=np.float64))
     return _metric_from_float_ranks(spec, rt, torch.tensor(float(n), dtype=torch.float64)).numpy()
+
+
+@lru_cache(maxsize=256)
+def _sampled_curve(spec: MetricSpec, m: int) -> np.ndarray:
+    """M(1), ..., M(m + 1) on a sampled list of m + 1 candidates (read-only, cached)."""
+    curve = metric_at(spec, np.arange(1, m + 2), m + 1)
+    curve.setflags(write=False)
+    return curve
 
 
 def metric_integral(spec: MetricSpec, x, n: float) -> np.ndarray:

@@ -161,6 +161,22 @@ def test_trusted_histogram_matches_brute_force(rows):
     np.testing.assert_allclose(hist.totals, checked.totals, rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(hist.top_counts, [c[0] for c in hist.counts])
     assert not hist.flat_counts.flags.writeable and not hist.counts[0].flags.writeable
+    # the uncorrected sampled metric: the weighted mean of M(r~) over m + 1 candidates, positive by positive
+    if w.sum() > 0:
+        closed_forms = {"recall@3": (r <= 3) * 1.0, "ndcg@5": (r <= 5) / np.log2(r + 1.0), "mrr": 1.0 / r, "auc": (m + 1.0 - r) / m}
+        for name, values in closed_forms.items():
+            assert hist.sampled_metric(parse_metric(name)) == pytest.approx(float(values @ w / w.sum()), rel=1e-12, abs=1e-14)
+
+
+def test_trusted_histogram_refuses_what_the_checked_one_refuses():
+    """A group without an irrelevant candidate (n = 1), or m = 0, raises as the validating constructor does;
+    no key gives no group."""
+    with pytest.raises(ValueError, match="n_items: need at least 2 candidates, got 1"):
+        _bincount_histogram(np.array([1, 2]), np.array([1, 5]), np.array([3, 3]), None)
+    with pytest.raises(ValueError, match="n_samples: must be >= 1"):
+        _bincount_histogram(np.array([1, 1]), np.array([4, 5]), np.array([2, 0]), None)
+    uniq, index = _group_ids(np.zeros(0, np.int64))
+    assert uniq.shape == index.shape == (0,)
 
 
 @pytest.mark.parametrize("name", ["ndcg", "ndcg@30", "ap", "rr@5", "auc", "recall@7", "precision@7", "hit@9000"])
