@@ -19,6 +19,7 @@ identical with exactly representable scores, tested).
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 
@@ -43,24 +44,25 @@ def _factor(x, name: str) -> torch.Tensor:
     return x
 
 
-# the item factors are usually the same tensor for every user batch: their largest norm is cached
-# (keyed by identity, storage, version counter and shape, so an in-place update recomputes it)
-_item_norm: tuple[tuple, float] | None = None
+# the item factors are usually the same tensor for every user batch: their largest norm is cached, held
+# with a weak reference to that very tensor (a new tensor can reuse a freed one's id and address) and
+# keyed by its storage, version counter and shape (an in-place update recomputes it)
+_item_norm: tuple[weakref.ref, tuple, float] | None = None
 
 
 def _max_norm(x: torch.Tensor, name: str, cache: bool = False) -> float:
     """Largest row norm (float64), raising when a factor is NaN or inf (then the norm is not finite)."""
     global _item_norm
     cache = cache and not x.is_inference()  # inference tensors have no version counter: never cached
-    key = (id(x), x.data_ptr(), x._version, tuple(x.shape), x.dtype, x.device) if cache else None
-    if cache and _item_norm is not None and _item_norm[0] == key:
-        return _item_norm[1]
+    key = (x.data_ptr(), x._version, tuple(x.shape), x.dtype, x.device) if cache else None
+    if cache and _item_norm is not None and _item_norm[0]() is x and _item_norm[1] == key:
+        return _item_norm[2]
     norms = torch.linalg.vector_norm(x, dim=1, dtype=torch.float64)  # float64: no overflow from finite values
     if not bool(torch.isfinite(norms).all()):
         raise ValueError(f"{name}: contains NaN or inf")
     value = float(norms.max()) if norms.numel() else 0.0
     if cache:
-        _item_norm = (key, value)
+        _item_norm = (weakref.ref(x), key, value)
     return value
 
 

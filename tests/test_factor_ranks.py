@@ -118,3 +118,24 @@ def test_item_bias_errors_and_inference_tensors():
         assert torch.equal(exact_ranks_from_factors(ui, vi, pos), exact_ranks(ui @ vi.T, pos))
     # factors that require grad are ranked without autograd (ranks are not differentiable)
     assert torch.equal(exact_ranks_from_factors(u.requires_grad_(), v, pos), want)
+
+
+def test_item_norm_cache_never_serves_a_new_tensor():
+    """The cached item-factor norm belongs to one tensor object: an item tower returning a new tensor every
+    batch (which can land on a freed tensor's id and address, version 0) is checked every time."""
+    from reco_sampled_plugin import factor_ranks
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(200, 8, generator=g)
+    bad = torch.zeros(200, 8)
+    bad[:4] = math.nan
+    u, pos = -torch.ones(4, 8), torch.arange(4).unsqueeze(1)
+    for step in range(60):  # alternate clean and NaN towers; addresses get reused within a few steps
+        v = base + (bad if step % 2 else 0.0)
+        if step % 2:
+            with pytest.raises(ValueError, match="contains NaN"):
+                exact_ranks_from_factors(u, v, pos)
+        else:
+            exact_ranks_from_factors(u, v, pos)
+            assert factor_ranks._item_norm is not None and factor_ranks._item_norm[0]() is v  # cached for v itself
+        del v
