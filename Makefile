@@ -1,5 +1,5 @@
 # The two commands of the README: `make demo` and `make test`. Both create .venv and install
-# the project with everything it needs (CPU torch pinned, so no multi-GB CUDA build is pulled).
+# the project with everything it needs (torch pinned and installed first: the CPU build where pip finds one, see README).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin

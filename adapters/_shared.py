@@ -23,7 +23,7 @@ import torch
 from reco_sampled_plugin import RankHistogram
 from reco_sampled_plugin.factor_ranks import positive_scores
 from reco_sampled_plugin.rank_distribution import pool_groups
-from reco_sampled_plugin.ranking import allowed_position_to_item, as_padded_index, candidate_counts, forbidden_sorted
+from reco_sampled_plugin.ranking import allowed_position_to_item, candidate_counts, forbidden_sorted, prepare_index
 
 __all__ = [
     "RankingBatch",
@@ -114,11 +114,10 @@ def check_ties(ties: str) -> str:
 
 
 def padded_inputs(scores: torch.Tensor, positives, exclude) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Positives and exclusions as (B, P) / (B, E) int64 tensors padded with -1 (validated once)."""
+    """Positives and exclusions as (B, P) / (B, E) int64 tensors padded with -1, validated once (in range,
+    no duplicates, no positive also excluded)."""
     b, n = scores.shape
-    pos = as_padded_index(positives, n, b, "positives", scores.device)
-    exc = None if exclude is None else as_padded_index(exclude, n, b, "exclude", scores.device)
-    return pos, exc
+    return prepare_index(positives, exclude, b, n, scores.device)
 
 
 # ------------------------------------------------------------------------------ keyed draws
@@ -195,6 +194,13 @@ def keyed_negatives(
     b, p = pos.shape
     m = n_samples
     device = pos.device
+    active = (pos >= 0).any(1)
+    if not bool(active.all()):  # rows without a positive draw nothing (item 0 fills their slots): their pool
+        out = torch.zeros((b, p, m), dtype=torch.int64, device=device)  # may be too small to sample from
+        if bool(active.any()):  # the keys do not depend on a row's position: the same draws as in the full batch
+            out[active] = keyed_negatives(pos[active], None if exc is None else exc[active], n_items, n_samples,
+                                          ids.to(device)[active], seed, replacement)
+        return out
     forb = forbidden_sorted(pos, exc, n_items)
     n_allowed = n_items - (forb < n_items).sum(1)
     if bool((n_allowed < (1 if replacement else m)).any()):

@@ -5,7 +5,8 @@ statistics declared with ``dist_reduce_fx`` "sum" (or "max"), so distributed syn
 memory does not grow with the number of users:
 
 * :class:`ExactRankingMetrics`: per configured metric the sum and the sum of squares of M(r) over
-  relevant items, and their count (K x 2 + 1 numbers).
+  relevant items and how many it was defined for (AUC needs an irrelevant candidate), and the number of
+  relevant items seen (K x 3 + 1 numbers).
 * :class:`SampledRankingMetrics`: the sampled-rank histogram, m + 1 counts per distinct candidate
   count n (one row per n = n_items - e, e = excluded items + other positives of the row), so at most
   n_items x (m + 1) numbers whatever the number of users. At ``compute`` the histogram goes to
@@ -32,7 +33,7 @@ from torchmetrics import Metric
 from reco_sampled_plugin.estimate import Estimate
 from reco_sampled_plugin.estimators import ESTIMATORS, estimate
 from reco_sampled_plugin.metric_names import parse_metric
-from reco_sampled_plugin.metrics import metric_values
+from reco_sampled_plugin.metrics import _metric_from_float_ranks
 from reco_sampled_plugin.factor_ranks import check_factors, check_finite_factors, factor_ranks_padded
 from reco_sampled_plugin.ranking import candidate_counts, exact_ranks_padded, prepare_index
 
@@ -53,7 +54,11 @@ def _metric_names(metrics: str | Iterable[str]) -> tuple[str, ...]:
     names = (metrics,) if isinstance(metrics, str) else tuple(metrics)
     if not names:
         raise ValueError("metrics: give at least one metric name, e.g. ('ndcg@10', 'recall@10')")
-    return tuple(str(parse_metric(m)) for m in names)
+    canonical = tuple(str(parse_metric(m)) for m in names)  # the names results are keyed and logged under
+    for i, c in enumerate(canonical):
+        if c in canonical[:i]:
+            raise ValueError(f"metrics: {names[canonical.index(c)]!r} and {names[i]!r} name the same metric ({c!r})")
+    return canonical
 
 
 def _check_finite_option(value) -> bool | str:
@@ -81,6 +86,20 @@ def _keep_mask(keep, batch: int, device) -> torch.Tensor | None:
     if k.dtype != torch.bool or k.shape != (batch,):
         raise ValueError(f"keep: expected a ({batch},) bool tensor, got {tuple(k.shape)} {k.dtype}")
     return k
+
+
+def _updated(metric: Metric) -> None:
+    """What torchmetrics' wrapped ``update`` does before a batch, for the entry points it does not wrap
+    (``update_padded``, ``update_factors_padded``): a cached ``compute()`` result is stale now."""
+    metric._computed = None
+    metric._update_count += 1
+
+
+def _pad_rows(hist: torch.Tensor, rows: int) -> torch.Tensor:
+    """``hist`` with zero rows appended up to ``rows`` (histogram rows grow as larger exclusions appear)."""
+    if hist.shape[0] >= rows:
+        return hist
+    return torch.cat([hist, hist.new_zeros(rows - hist.shape[0], hist.shape[1])])
 
 
 class ExactRankingMetrics(Metric):
@@ -121,16 +140,18 @@ class ExactRankingMetrics(Metric):
         self.ties = check_ties(ties)
         self.count_other_positives = bool(count_other_positives)
         self.check_finite = _check_finite_option(check_finite)
-        self.add_state("sums", torch.zeros(len(self.specs), 2, dtype=torch.float64), dist_reduce_fx="sum")
+        # per metric: sum of M(r), sum of M(r)^2, number of relevant items it is defined for
+        self.add_state("sums", torch.zeros(len(self.specs), 3, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, scores: torch.Tensor, positives, exclude=None, keep: torch.Tensor | None = None) -> None:
         """Add a batch: (B, n) scores, positives and exclusions (bool masks or padded indices)."""
         pos, exc = padded_inputs(scores, positives, exclude)
-        self.update_padded(scores, pos, exc, keep)
+        self._update_padded(scores, pos, exc, keep)
 
     def update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, keep=None) -> None:
         """:meth:`update` on validated padded index tensors (as from ``_shared.padded_inputs``)."""
+        _updated(self)
         self._update_padded(scores, pos, exc, keep)
 
     def _update_padded(self, scores, pos, exc, keep) -> None:
@@ -150,6 +171,7 @@ class ExactRankingMetrics(Metric):
 
     def update_factors_padded(self, u, v, bias, pos, exc, keep=None) -> torch.Tensor | None:
         """:meth:`update_factors` on validated inputs; returns the positives' scores (for sampled ranks)."""
+        _updated(self)
         ranks, s_pos = factor_ranks_padded(u, v, bias, pos, exc, self.ties, self.count_other_positives)
         self._add_ranks(ranks, pos, exc, v.shape[0], keep)
         return s_pos
@@ -160,20 +182,21 @@ class ExactRankingMetrics(Metric):
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
             valid = valid & k.unsqueeze(1)
-        r = ranks[valid]
-        nn = n.unsqueeze(1).expand_as(pos)[valid]
+        r = ranks[valid].to(torch.float64)  # in 1..n by construction
+        nn = n.unsqueeze(1).expand_as(pos)[valid].to(torch.float64)
         rows = []
         for spec in self.specs:
-            v = metric_values(spec, r, nn) if r.numel() else torch.zeros(0, dtype=torch.float64, device=r.device)
-            rows.append(torch.stack([v.sum(), (v * v).sum()]))
+            v = _metric_from_float_ranks(spec, r, nn)  # a cut-off k >= n is defined: [r <= k]
+            if spec.kind == "auc":
+                v = v[nn > 1]  # AUC needs an irrelevant candidate: left out where there is none
+            rows.append(torch.stack([v.sum(), (v * v).sum(), torch.tensor(float(v.numel()), dtype=torch.float64, device=v.device)]))
         self.sums += torch.stack(rows).to(self.sums.device)
         self.count += float(r.numel())
 
     def _estimates(self) -> dict[str, Estimate]:
-        count = float(self.count)
         sums = self.sums.detach().cpu().tolist()
         out = {}
-        for name, (s1, s2) in zip(self.metric_names, sums):
+        for name, (s1, s2, count) in zip(self.metric_names, sums):
             value = s1 / count if count > 0 else math.nan
             se = stderr_from_sums(s1, s2, count) if count > 0 else math.nan
             out[f"{name}/exact"] = Estimate(value, se, count, {"method": "exact", "metric": name})
@@ -248,6 +271,9 @@ class SampledRankingMetrics(Metric):
         self.sampling = "binomial" if self.replacement else "hypergeometric"
         self.seed = int(seed)
         self.ties = check_ties(ties)
+        if self.ties == "average":
+            raise ValueError("ties: 'average' gives fractional sampled ranks; sampled metrics take 'pessimistic' or "
+                             "'optimistic' (exact metrics alone accept 'average': n_samples=None in the callback)")
         if max_n_groups is not None and (not isinstance(max_n_groups, int) or max_n_groups < 1):
             raise ValueError(f"max_n_groups: expected a positive integer or None, got {max_n_groups!r}")
         self.max_n_groups = max_n_groups
@@ -256,6 +282,7 @@ class SampledRankingMetrics(Metric):
         self.add_state("hist", torch.zeros(0, n_samples + 1, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("n_items", torch.zeros((), dtype=torch.int64), dist_reduce_fx="max")
         self._rows_seen = 0  # default instance keys when no ids are given
+        self._in_forward = False
 
     # ------------------------------------------------------------------------------- update
     def update(self, scores: torch.Tensor, positives, exclude=None, ids=None, keep: torch.Tensor | None = None) -> None:
@@ -265,6 +292,7 @@ class SampledRankingMetrics(Metric):
 
     def update_padded(self, scores, pos, exc, ids=None, keep=None) -> None:
         """:meth:`update` on validated padded index tensors."""
+        _updated(self)
         self._update_padded(scores, pos, exc, ids, keep)
 
     def _update_padded(self, scores, pos, exc, ids, keep) -> None:
@@ -292,6 +320,7 @@ class SampledRankingMetrics(Metric):
     def update_factors_padded(self, u, v, bias, pos, exc, ids=None, keep=None, pos_scores=None) -> None:
         """:meth:`update_factors` on validated inputs (``pos_scores``: the positives' dot-product scores
         when already computed, e.g. by :meth:`ExactRankingMetrics.update_factors_padded`)."""
+        _updated(self)
         b, n_items = u.shape[0], v.shape[0]
         self._check_n_items(n_items)
         ids = self._ids(ids, b, u.device)
@@ -315,8 +344,6 @@ class SampledRankingMetrics(Metric):
         return ids
 
     def _add_ranks(self, ranks, n_cand, pos, n_items: int, keep) -> None:
-        if ranks.is_floating_point():  # "average" ties give halves: the histogram needs whole ranks
-            raise ValueError("ties: 'average' gives fractional sampled ranks; use 'pessimistic' or 'optimistic'")
         valid = pos >= 0
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
@@ -342,14 +369,25 @@ class SampledRankingMetrics(Metric):
         group = process_group or self.process_group
         rows = torch.tensor([self.hist.shape[0]], dtype=torch.int64, device=self.hist.device)
         dist.all_reduce(rows, op=dist.ReduceOp.MAX, group=group)
-        extra = int(rows.item()) - self.hist.shape[0]
-        if extra > 0:
-            pad = torch.zeros(extra, self.hist.shape[1], dtype=self.hist.dtype, device=self.hist.device)
-            self.hist = torch.cat([self.hist, pad])
+        self.hist = _pad_rows(self.hist, int(rows.item()))
         if dist_sync_fn is None:
             super()._sync_dist(process_group=process_group)
         else:
             super()._sync_dist(dist_sync_fn, process_group)
+
+    def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
+        """``forward`` and ``merge_state`` add another state: both histograms padded to the same rows first."""
+        other = incoming_state["hist"]
+        rows = max(self.hist.shape[0], other.shape[0])
+        self.hist = _pad_rows(self.hist, rows)
+        super()._reduce_states({**incoming_state, "hist": _pad_rows(other.to(self.hist.device), rows)})
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._in_forward = True  # torchmetrics resets the state before the batch's update: not the row counter
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            self._in_forward = False
 
     # ---------------------------------------------------------------------------- compute
     def _histogram(self):
@@ -392,4 +430,5 @@ class SampledRankingMetrics(Metric):
 
     def reset(self) -> None:
         super().reset()
-        self._rows_seen = 0
+        if not self._in_forward:
+            self._rows_seen = 0

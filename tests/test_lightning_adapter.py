@@ -260,3 +260,11 @@ def test_ddp_two_processes_equal_one(tmp_path):
     # the duplicate changes something (so dedup is not vacuous)
     assert any(abs(r0["raw_" + k][0] - r0[k][0]) > 1e-6 for k in dedup_keys)
     assert not any(math.isnan(v[0]) for v in r0.values())
+
+
+def test_callback_refuses_average_ties_with_sampled_metrics_when_built():
+    """'average' ties give fractional sampled ranks: refused when the callback is built (not at the first
+    validation batch); exact metrics alone take them."""
+    with pytest.raises(ValueError, match="ties: 'average'"):
+        RankingMetricsCallback(("ndcg@10",), ties="average", n_samples=20)
+    assert RankingMetricsCallback(("ndcg@10",), ties="average", n_samples=None).n_samples is None

@@ -264,3 +264,126 @@ def test_update_factors_checks_its_inputs():
     with pytest.raises(ValueError, match="ids: expected"):
         sampled.update_factors(u, v, pos, ids=torch.zeros(5, dtype=torch.int64))
     SampledRankingMetrics("ndcg@10", n_samples=10, check_finite=False).update_factors(u, v, pos)  # no check: fine
+
+
+def test_forward_and_merge_state_equal_update():
+    """``forward`` (a batch's value, then its state added to the running one) and ``merge_state`` combine
+    histograms with different numbers of rows (rows appear as larger exclusions do); without ids, forward
+    keeps the running row counter that keys the draws."""
+    scores, pos, exc = _data()
+    kw = dict(metrics=("ndcg@10", "hit@10"), n_samples=25, estimators=("none",))
+    want = _loop(SampledRankingMetrics(**kw), _batches(scores, pos, exc, 7, ids=False))
+    fwd = SampledRankingMetrics(**kw)
+    for s, p, e, _ in _batches(scores, pos, exc, 7, ids=False):
+        fwd(s, p, e)
+    assert torch.equal(fwd.hist, want.hist) and fwd._rows_seen == 61
+    assert fwd.compute() == want.compute()
+    # one positive per user and no exclusions: every batch adds to row 0 only (the first forward broadcast to nothing)
+    one = SampledRankingMetrics(**kw), SampledRankingMetrics(**kw)
+    for s in range(0, 61, 10):
+        one[0](scores[s : s + 10], pos[s : s + 10, 0], ids=torch.arange(s, min(s + 10, 61)))
+        one[1].update(scores[s : s + 10], pos[s : s + 10, 0], ids=torch.arange(s, min(s + 10, 61)))
+    assert torch.equal(one[0].hist, one[1].hist) and float(one[0].hist.sum()) == 61
+    # merge_state: a state with fewer rows (no exclusions) and one with more
+    a, b = SampledRankingMetrics(**kw), SampledRankingMetrics(**kw)
+    a.update(scores[:30], pos[:30, 0], ids=torch.arange(30))
+    b.update(scores[30:], pos[30:], exc[30:], ids=torch.arange(30, 61))
+    both = SampledRankingMetrics(**kw)
+    both.update(scores[:30], pos[:30, 0], ids=torch.arange(30))
+    both.update(scores[30:], pos[30:], exc[30:], ids=torch.arange(30, 61))
+    assert a.hist.shape[0] < b.hist.shape[0]
+    a.merge_state(b)
+    assert torch.equal(a.hist, both.hist) and a.compute() == both.compute()
+    ex = ExactRankingMetrics(METRICS)
+    for s, p, e, _ in _batches(scores, pos, exc, 7):
+        ex(s, p, e)
+    assert torch.allclose(ex.sums, _loop(ExactRankingMetrics(METRICS), _batches(scores, pos, exc, 7)).sums, rtol=0, atol=1e-12)
+
+
+def test_compute_is_fresh_after_every_entry_point():
+    """``update_factors`` / ``update_padded`` bypass torchmetrics' wrapped ``update``: a cached ``compute()``
+    value must still be dropped (and no 'compute before update' warning raised)."""
+    import warnings
+
+    g = torch.Generator().manual_seed(0)
+    u, v = torch.randn(40, 8, generator=g), torch.randn(300, 8, generator=g)
+    pos = torch.randint(0, 300, (40,), generator=g)
+    for metric in (ExactRankingMetrics("ndcg@10"), SampledRankingMetrics("ndcg@10", n_samples=20, estimators=("none",))):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            metric.update_factors(u[:20], v, pos[:20], **({"ids": torch.arange(20)} if isinstance(metric, SampledRankingMetrics) else {}))
+            first = metric.compute()
+            metric.update_factors(u[20:], v, pos[20:], **({"ids": torch.arange(20, 40)} if isinstance(metric, SampledRankingMetrics) else {}))
+            second = metric.compute()
+        assert second == {k: torch.tensor(e.value, dtype=torch.float64) for k, e in metric.estimates().items()}
+        assert first != second
+        s, p = u @ v.T, pos.unsqueeze(1)
+        metric.reset()
+        metric.update_padded(s[:20], p[:20], None, *((torch.arange(20),) if isinstance(metric, SampledRankingMetrics) else ()))
+        first = metric.compute()
+        metric.update_padded(s[20:], p[20:], None, *((torch.arange(20, 40),) if isinstance(metric, SampledRankingMetrics) else ()))
+        assert metric.compute() != first
+
+
+def test_exact_metrics_do_not_depend_on_which_users_share_a_batch():
+    """A user with fewer candidates than the cut-off (M(r) = [r <= k] is defined) alone in a batch gives the
+    same sums as in a mixed batch; AUC leaves out relevant items without an irrelevant candidate (n = 1)."""
+    scores = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0, -2.0], [0.5, 1.0, 0.0, 2.0, 3.0, 4.0]])
+    pos = torch.tensor([[1], [0]])
+    exc = torch.tensor([[0, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    exc[0, 1] = False  # row 0: candidates {0, 1, 4, 5} (n = 4 < k = 5), the positive (item 1) at rank 2
+    metrics = ("recall@5", "ndcg@5", "auc")
+    together, apart = ExactRankingMetrics(metrics), ExactRankingMetrics(metrics)
+    together.update(scores, pos, exc)
+    apart.update(scores[:1], pos[:1], exc[:1])
+    apart.update(scores[1:], pos[1:], exc[1:])
+    assert torch.allclose(together.sums, apart.sums, rtol=0, atol=1e-15)
+    est = together.estimates()
+    # row 0: rank 2 of 4; row 1: rank 5 of 6 (items 5, 4, 3, 1 score higher)
+    assert est["recall@5/exact"].value == pytest.approx((1 + 1) / 2)
+    assert est["ndcg@5/exact"].value == pytest.approx((1 / math.log2(3) + 1 / math.log2(6)) / 2)
+    assert est["auc/exact"].value == pytest.approx(((4 - 2) / 3 + (6 - 5) / 5) / 2)
+    lone = ExactRankingMetrics(("auc", "hit@3"))
+    lone.update(torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([[0]]), torch.tensor([[1, 2]]))  # only the positive is left
+    est = lone.estimates()
+    assert math.isnan(est["auc/exact"].value) and est["auc/exact"].n_instances == 0
+    assert est["hit@3/exact"].value == 1.0 and est["hit@3/exact"].n_instances == 1
+
+
+def test_positive_also_excluded_and_average_ties_are_refused():
+    """A training mask that still holds a held-out item is a ValueError on the score path too (it would shrink
+    the candidate count and corrupt the sampler's item map); 'average' ties are refused when sampled metrics
+    are built (fractional sampled ranks), not at the first batch."""
+    scores, pos, exc = _data()
+    leak = exc.clone()
+    leak[5, int(pos[5, 0])] = True
+    for metric in (ExactRankingMetrics("hit@10"), SampledRankingMetrics("hit@10", n_samples=5, estimators=("none",))):
+        with pytest.raises(ValueError, match="exclude one of their own positives"):
+            metric.update(scores, pos, leak)
+    with pytest.raises(ValueError, match="ties: 'average'"):
+        SampledRankingMetrics("hit@10", ties="average")
+    ExactRankingMetrics("hit@10", ties="average")  # exact metrics take it
+
+
+def test_rows_without_positives_need_no_sample_pool():
+    """Without replacement, a row with no relevant item (or only padding) draws nothing, so a small pool there
+    is fine; the other rows draw exactly what they draw in a batch of their own."""
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(4, 30, generator=g)
+    pos = torch.tensor([[2, 5], [-1, -1], [7, -1], [-1, -1]])
+    exc = torch.full((4, 28), -1)
+    exc[1] = torch.arange(2, 30)  # row 1: 2 items left, fewer than m
+    kw = dict(metrics=("hit@3",), n_samples=10, estimators=("none",), replacement=False)
+    a, b = SampledRankingMetrics(**kw), SampledRankingMetrics(**kw)
+    a.update(scores, pos, exc, ids=torch.arange(4))
+    b.update(scores[[0, 2]], pos[[0, 2]], exc[[0, 2]], ids=torch.tensor([0, 2]))
+    assert torch.equal(a.hist, b.hist) and float(a.hist.sum()) == 3
+    with pytest.raises(ValueError, match="fewer than m = 10"):
+        a.update(scores[1:2], torch.tensor([[0]]), exc[1:2], ids=torch.tensor([9]))
+
+
+def test_metric_names_are_canonical_and_distinct():
+    m = ExactRankingMetrics(("mrr", "hr@10"))
+    assert m.metric_names == ("rr", "hit@10")
+    with pytest.raises(ValueError, match="'mrr' and 'rr' name the same metric"):
+        SampledRankingMetrics(("mrr", "rr"))
