@@ -68,22 +68,36 @@ class _LoaderState:
         self.sampled = sampled
         self.sampler = sampler
         self.rows = 0
+        self.rows_not_samples = False
 
     def positions(self, batch: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Global positions of the next ``batch`` rows, and the padding mask (None: no padding).
 
         A ``DistributedSampler`` (shuffled or not) hands process r the sample at global position
         r + i * W as its i-th sample and pads positions >= len(dataset) with repeats; those rows
-        are dropped. Without such a sampler, the position is the running row count.
+        are dropped. Without such a sampler, the position is the running row count. More score rows
+        than the sampler's samples (a dataset whose samples hold several users): rows are not samples,
+        nothing is dropped from that batch on (warned once).
         """
         local = torch.arange(self.rows, self.rows + batch, device=device, dtype=torch.int64)
         self.rows += batch
         s = self.sampler
+        if s is not None and self.rows > s.num_samples:
+            if not self.rows_not_samples:
+                self.rows_not_samples = True
+                warnings.warn(
+                    f"RankingMetricsCallback: more score rows ({self.rows}) on this process than its DistributedSampler "
+                    f"yields samples ({s.num_samples}): rows are not samples, so its padding cannot be told apart "
+                    "and is no longer dropped (return one score row per sample, or pass ids and dedup_padding=False)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
         if s is None:
             return local, None
         glob = s.rank + local * s.num_replicas
         n = len(s.dataset)
-        return glob, (glob < n) if (not s.drop_last and s.total_size > n) else None
+        padded = not s.drop_last and s.total_size > n and not self.rows_not_samples
+        return glob, (glob < n) if padded else None
 
 
 class _RankingMetricsLogic:
@@ -261,13 +275,6 @@ class _RankingMetricsLogic:
         results: dict[str, Estimate] = {}
         bar = self.progress and trainer.is_global_zero and getattr(trainer, "progress_bar_callback", None) is not None
         for idx, st in states:
-            if st.sampler is not None and st.rows > st.sampler.num_samples:
-                warnings.warn(
-                    f"RankingMetricsCallback: {st.rows} score rows on this process but its DistributedSampler "
-                    f"yields {st.sampler.num_samples} samples; rows must be samples for padding to be dropped",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
             est: dict[str, Estimate] = {}
             if st.exact is not None:
                 est.update(st.exact.estimates())

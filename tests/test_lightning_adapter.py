@@ -268,3 +268,20 @@ def test_callback_refuses_average_ties_with_sampled_metrics_when_built():
     with pytest.raises(ValueError, match="ties: 'average'"):
         RankingMetricsCallback(("ndcg@10",), ties="average", n_samples=20)
     assert RankingMetricsCallback(("ndcg@10",), ties="average", n_samples=None).n_samples is None
+
+
+def test_padding_is_dropped_only_while_rows_are_samples():
+    """A DistributedSampler pads the last positions with repeats (dropped); when a process sees more score rows
+    than samples (samples holding several users) rows are not samples: nothing is dropped, with a warning."""
+    from torch.utils.data import DistributedSampler
+
+    from reco_sampled_plugin.adapters.lightning import _LoaderState
+
+    sampler = DistributedSampler(list(range(5)), num_replicas=2, rank=1, shuffle=False)  # positions 1, 3, 5 (padding)
+    st = _LoaderState(None, None, sampler)
+    glob, keep = st.positions(3, "cpu")
+    assert glob.tolist() == [1, 3, 5] and keep.tolist() == [True, True, False]
+    st = _LoaderState(None, None, sampler)
+    with pytest.warns(RuntimeWarning, match="rows are not samples"):
+        glob, keep = st.positions(4, "cpu")
+    assert keep is None and glob.tolist() == [1, 3, 5, 7]
