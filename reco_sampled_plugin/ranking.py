@@ -93,10 +93,12 @@ def prepare_index(positives, exclude, b: int, n: int, device) -> tuple[torch.Ten
     exc = None
     if exclude is not None:
         exc = as_padded_index(exclude, n, b, "exclude", device)
-        if pos.numel() and exc.numel():
-            clash = (pos.unsqueeze(2) == exc.unsqueeze(1)) & (pos.unsqueeze(2) >= 0)
+        if pos.numel() and exc.numel():  # each positive looked up in its row's sorted exclusions: O(B (P + E))
+            srt = torch.sort(exc, dim=1).values  # memory, not a (B, P, E) comparison
+            at = torch.searchsorted(srt, pos.contiguous()).clamp(max=srt.shape[1] - 1)
+            clash = (srt.gather(1, at) == pos) & (pos >= 0)
             if bool(clash.any()):
-                rows = clash.any(2).any(1)
+                rows = clash.any(1)
                 raise ValueError(
                     f"exclude: {int(rows.sum())} row(s) exclude one of their own positives "
                     f"(first: row {int(rows.nonzero()[0, 0])}); a relevant item cannot also be excluded"

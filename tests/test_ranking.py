@@ -316,3 +316,25 @@ def test_without_replacement_mixed_pool_sizes(gen):
     for row in res.negatives[:, 0]:
         assert len(set(row.tolist())) == m
     assert (res.negatives[0] < 8).all() and (res.negatives[0] > 0).all()
+
+
+@settings(max_examples=60, deadline=None)
+@given(hs.integers(0, 2**31 - 1), hs.integers(1, 6), hs.integers(1, 8))
+def test_positive_also_excluded_matches_brute_force(seed, n_pos, n_exc):
+    """The overlap check (each positive looked up in its row's sorted exclusions) raises exactly when some
+    row excludes one of its own positives, naming how many rows do."""
+    from reco_sampled_plugin.ranking import prepare_index
+
+    g = torch.Generator().manual_seed(seed)
+    b, n = 6, 15
+    pos = torch.stack([torch.randperm(n, generator=g)[:n_pos] for _ in range(b)])
+    exc = torch.stack([torch.randperm(n, generator=g)[:n_exc] for _ in range(b)])
+    pos[torch.rand(b, n_pos, generator=g) < 0.3] = -1
+    exc[torch.rand(b, n_exc, generator=g) < 0.3] = -1
+    clash_rows = int(((pos.unsqueeze(2) == exc.unsqueeze(1)) & (pos.unsqueeze(2) >= 0)).any(2).any(1).sum())
+    if clash_rows:
+        with pytest.raises(ValueError, match=f"exclude: {clash_rows} row\\(s\\) exclude one of their own positives"):
+            prepare_index(pos, exc, b, n, "cpu")
+    else:
+        got_pos, got_exc = prepare_index(pos, exc, b, n, "cpu")
+        assert torch.equal(got_pos, pos) and torch.equal(got_exc, exc)
