@@ -42,8 +42,7 @@ class RankHistogram:
         n_items: (G,) int64, candidates n of each group (relevant item included).
         n_samples: (G,) int64, sampled irrelevant items m of each group.
         counts: G float64 arrays; ``counts[g][i - 1]`` is the (weighted) number of positives of group g
-            with sampled rank r~ = i, i = 1..m_g+1 (treat as read-only: histograms built from ranks hold
-            read-only views).
+            with sampled rank r~ = i, i = 1..m_g+1 (read-only copies: a histogram never changes).
     """
 
     n_items: np.ndarray
@@ -51,9 +50,12 @@ class RankHistogram:
     counts: tuple[np.ndarray, ...]
 
     def __post_init__(self) -> None:
-        n = np.asarray(self.n_items, dtype=np.int64).reshape(-1)
-        m = np.asarray(self.n_samples, dtype=np.int64).reshape(-1)
-        counts = tuple(np.asarray(c, dtype=np.float64).reshape(-1) for c in self.counts)
+        # copies, read-only: the totals, the concatenated counts and the estimators' fit cache read them later
+        n = np.array(self.n_items, dtype=np.int64).reshape(-1)
+        m = np.array(self.n_samples, dtype=np.int64).reshape(-1)
+        counts = tuple(np.array(c, dtype=np.float64).reshape(-1) for c in self.counts)
+        for a in (n, m, *counts):
+            a.setflags(write=False)
         if not (len(n) == len(m) == len(counts)):
             raise ValueError("RankHistogram: n_items, n_samples and counts need one entry per group")
         if len(n):  # vectorised checks; the first offending group is named
@@ -96,6 +98,8 @@ class RankHistogram:
         starts = (np.cumsum(sizes) - sizes).astype(np.int64)
         totals = np.add.reduceat(flat, starts)
         totals.setflags(write=False)
+        n.setflags(write=False)
+        m.setflags(write=False)
         for name, value in (("n_items", n), ("n_samples", m), ("counts", rows), ("_totals", totals), ("_flat", flat), ("_starts", starts)):
             object.__setattr__(self, name, value)
         return self
@@ -138,6 +142,13 @@ class RankHistogram:
             summed = self._flat[self._starts[m == mg][:, None] + np.arange(mg + 1)].sum(0)
             value += float(summed @ _sampled_curve(spec, int(mg)))
         return value / self.total
+
+    def without_empty_groups(self) -> "RankHistogram":
+        """This histogram without its (n, m) groups of total count 0 (itself when it has none)."""
+        keep = np.flatnonzero(self._totals > 0)
+        if keep.shape[0] == self.n_groups:
+            return self
+        return RankHistogram(self.n_items[keep], self.n_samples[keep], tuple(self.counts[g] for g in keep))
 
     def merge(self, other: "RankHistogram") -> "RankHistogram":
         """Sum of two histograms (groups with equal (n, m) are added)."""
@@ -271,12 +282,14 @@ def _bincount_histogram(r, n, m, w) -> RankHistogram:
 
 
 def as_histogram(sampled_ranks, n_items=None, n_samples=None, weights=None) -> RankHistogram:
-    """Pass a :class:`RankHistogram` through, or build one from per-positive sampled ranks."""
-    if isinstance(sampled_ranks, RankHistogram):
-        return sampled_ranks
-    if n_items is None or n_samples is None:
-        raise ValueError("n_items and n_samples are required unless sampled_ranks is a RankHistogram")
-    return sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights)
+    """A :class:`RankHistogram` as given, or built from per-positive sampled ranks; either way without its
+    groups of total count 0 (zero weights): an empty group must not move an estimate (its n would still
+    stretch a rank grid) or fail a check of its own."""
+    if not isinstance(sampled_ranks, RankHistogram):
+        if n_items is None or n_samples is None:
+            raise ValueError("n_items and n_samples are required unless sampled_ranks is a RankHistogram")
+        sampled_ranks = sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights)
+    return sampled_ranks.without_empty_groups()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -20,7 +20,8 @@ class Estimate:
         details: estimator-specific extras (method, gamma, sampling law, ...); treat as read-only.
         flags: explicit warnings instead of silent numbers: ``top_unresolved`` (the cut-off lies
             where the sampled data cannot resolve ranks), ``all_at_top`` (every positive at r~ = 1;
-            stderr is inf), ``not_converged``, ``fit_not_converged``, ``pooled_n``.
+            stderr is inf), ``few_instances`` (total weight at most 1: stderr inf), ``not_converged``,
+            ``fit_not_converged``, ``pooled_n``, ``outside_metric_range``.
     """
 
     value: float

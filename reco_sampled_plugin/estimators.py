@@ -82,6 +82,9 @@ def _result(value: float, stderr: float | None, n: float, details: dict, flags, 
         raise ValueError("estimate: no standard error available (n_bootstrap < 2); ask for n_bootstrap >= 2")
     se = float(stderr)
     flags = tuple(flags)
+    if math.isnan(se) or float(n) <= 1.0:  # one instance (total weight <= 1): no spread to measure
+        se = math.inf
+        flags += ("few_instances",) if "few_instances" not in flags else ()
     if bounds is not None and not (bounds[0] <= value <= bounds[1]) and "outside_metric_range" not in flags:
         flags += ("outside_metric_range",)
     details = dict(details)
@@ -175,7 +178,9 @@ def estimate(
             rank-distribution estimator on ml-100k (docs/estimators.md).
         sampling: ``"binomial"`` (with replacement) or ``"hypergeometric"`` (rank-distribution and
             correction methods; the mapping functions assume neither).
-        weights: optional per-positive weights.
+        weights: optional per-positive frequency weights: their sum is the number of instances that
+            standard errors (and bootstraps) assume, so scale them to it (e.g. 1/|T_u| per positive: one
+            per user); a total of at most 1 gives stderr inf, flagged ``few_instances``.
         a: Beta shape for ``beta`` (starting value for ``beta_fit``).
         gamma, prior, rounding: passed to the corrections (``bv``, ``ls``, ``cls``, ``rank_estimate``).
         max_rel_n_spread: None (every distinct candidate count n gets its own table or likelihood) or s > 0:

@@ -680,10 +680,10 @@ def estimate_rank_distribution(
     if B < 0:
         raise ValueError(f"n_bootstrap: must be >= 0, got {B}")
     boot = np.zeros((0, len(pi)))
-    if B > 0:
+    flat = model.counts.reshape(-1)
+    total = flat.sum()
+    if B > 0 and round(total) >= 2:  # a bootstrap of fewer than 2 instances has no spread (stderr inf)
         rng = np.random.default_rng(seed)
-        flat = model.counts.reshape(-1)
-        total = flat.sum()
         draws = rng.multinomial(int(round(total)), flat / total, size=B).astype(np.float64)
         draws = draws.reshape((B,) + model.counts.shape)
         if method == "mle":

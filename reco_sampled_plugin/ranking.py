@@ -113,8 +113,8 @@ def candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tenso
     """
     n_exc = (exclude >= 0).sum(1) if exclude is not None else torch.zeros(positives.shape[0], dtype=torch.int64, device=positives.device)
     n = n_items - n_exc
-    if not count_other_positives:
-        n = n - (positives >= 0).sum(1) + 1
+    if not count_other_positives:  # a row without a positive: its irrelevant items only
+        n = n - ((positives >= 0).sum(1) - 1).clamp(min=0)
     return n
 
 
@@ -204,7 +204,8 @@ class SampledRanks(NamedTuple):
 
     ranks: (B, P) sampled ranks r~ in 1..m+1 (0 in padded slots).
     n_candidates: (B,) int64, n = the irrelevant items each draw could come from, plus the relevant
-        item itself (catalogue minus excluded items minus the row's positives, plus 1).
+        item itself (catalogue minus excluded items minus the row's positives, plus 1; a row without a
+        positive: its irrelevant items).
     negatives: (B, P, m) int64 indices of the drawn irrelevant items (-1 in padded slots).
     """
 
@@ -242,6 +243,21 @@ def allowed_position_to_item(positions: torch.Tensor, forb_sorted: torch.Tensor,
     flat = positions.reshape(b, -1)
     shift = torch.searchsorted(g.contiguous(), flat.contiguous(), right=True)
     return (flat + shift).reshape(positions.shape)
+
+
+def _draw_for_rows_with_positives(pos, exc, n_items, m, replacement, popularity, generator, device) -> torch.Tensor:
+    """(B, P, m) draws; rows without a positive draw nothing (item 0 fills their slots, masked later), so
+    their pools need not hold m items. A batch where every row has a positive draws as it always did."""
+    active = (pos >= 0).any(1)
+    if not bool(active.all()):
+        out = torch.zeros((pos.shape[0], pos.shape[1], m), dtype=torch.int64, device=device)
+        if bool(active.any()):
+            out[active] = _draw_for_rows_with_positives(pos[active], None if exc is None else exc[active], n_items, m,
+                                                        replacement, popularity, generator, device)
+        return out
+    if popularity is not None:
+        return _draw_popularity(pos, exc, n_items, m, replacement, popularity, generator, device)
+    return _draw_uniform(pos, exc, n_items, m, replacement, generator, device)
 
 
 def _draw_uniform(pos, exc, n_items, m, replacement, generator, device) -> torch.Tensor:
@@ -405,10 +421,7 @@ def sampled_ranks(
         if n_samples is None:
             raise ValueError("n_samples: required unless negatives are given")
         m = check_int(n_samples, "n_samples", minimum=1)
-        if popularity is not None:
-            neg = _draw_popularity(pos, exc, n, m, replacement, popularity, generator, device)
-        else:
-            neg = _draw_uniform(pos, exc, n, m, replacement, generator, device)
+        neg = _draw_for_rows_with_positives(pos, exc, n, m, replacement, popularity, generator, device)
     pos_scores, pos_valid = _gather_padded(scores, pos)
     neg_scores = scores.gather(1, neg.reshape(b, -1)).reshape(b, p, m)
     above = neg_scores > pos_scores.unsqueeze(2)

@@ -268,3 +268,38 @@ def test_mle_bootstrap_stderr_is_calibrated():
     assert 0.6 < ratio < 1.6, ratio
     truth = float((exact <= 100).double().mean())
     assert abs(np.mean(values) - truth) < 3 * np.std(values, ddof=1) / np.sqrt(30) + 0.01
+
+
+@pytest.mark.parametrize("method", ["mes", "mle", "bv", "none", "bound"])
+def test_zero_weight_and_empty_groups_do_not_move_estimates(method):
+    """A positive of weight 0 (or an (n, m) group of total 0) is not data: the estimate equals the one without
+    it (its n used to stretch the rank grid of mes: 0.34 -> 0.999)."""
+    from reco_sampled_plugin import RankHistogram, estimate
+
+    r, n = torch.tensor([1, 2, 3, 2, 4]), torch.tensor([10, 10, 10, 12, 12])
+    base = estimate("recall@3", r, n, 3, method=method)
+    padded = estimate("recall@3", torch.cat([r, torch.tensor([3])]), torch.cat([n, torch.tensor([5000])]), 3,
+                      method=method, weights=torch.tensor([1.0] * 5 + [0.0]))
+    assert padded.value == pytest.approx(base.value, rel=1e-12) and padded.stderr == pytest.approx(base.stderr, rel=1e-9)
+    c = np.array([1.0, 2.0, 1.0, 0.0])
+    h = RankHistogram(np.array([10]), np.array([3]), (c,))
+    with_empty = RankHistogram(np.array([10, 5000]), np.array([3, 3]), (c, np.zeros(4)))
+    assert estimate("recall@3", with_empty, method=method).value == pytest.approx(estimate("recall@3", h, method=method).value, rel=1e-12)
+
+
+def test_histogram_copies_its_inputs_and_few_instances_are_flagged():
+    """A histogram never changes after it is built (the estimators cache fits by its bytes), and a total weight of
+    at most 1 gives an infinite standard error with a flag, never NaN."""
+    from reco_sampled_plugin import RankHistogram, estimate
+    from reco_sampled_plugin.estimators import ESTIMATORS
+
+    c = np.array([3.0, 2.0, 1.0, 0.0])
+    h = RankHistogram(np.array([50]), np.array([3]), (c,))
+    before = estimate("recall@2", h, method="mle").value
+    c[:] = [0.0, 0.0, 1.0, 5.0]  # the caller reuses its array
+    assert h.counts[0].tolist() == [3.0, 2.0, 1.0, 0.0] and h.total == 6.0 and not h.counts[0].flags.writeable
+    assert estimate("recall@2", h, method="mle").value == before
+    for method in ESTIMATORS:
+        extra = {"a": 0.5} if method == "beta" else {}
+        e = estimate("recall@2", torch.tensor([1, 2, 3, 1]), 50, 3, method=method, weights=torch.full((4,), 0.1), **extra)
+        assert math.isfinite(e.value) and e.stderr == math.inf and "few_instances" in e.flags, method

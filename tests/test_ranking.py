@@ -338,3 +338,21 @@ def test_positive_also_excluded_matches_brute_force(seed, n_pos, n_exc):
     else:
         got_pos, got_exc = prepare_index(pos, exc, b, n, "cpu")
         assert torch.equal(got_pos, pos) and torch.equal(got_exc, exc)
+
+
+@pytest.mark.parametrize("popularity", [False, True])
+def test_rows_without_positives_draw_nothing(popularity):
+    """A row with no relevant item needs no pool to sample from (even one with every item excluded), gets
+    rank 0 and n = its irrelevant items; a batch where every row has one draws exactly as before."""
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(3, 6, generator=g)
+    pos = torch.tensor([[1, -1], [-1, -1], [-1, -1]])
+    exc = torch.tensor([[-1, -1, -1, -1, -1, -1], [0, 2, 3, 4, -1, -1], [0, 1, 2, 3, 4, 5]])
+    kw = dict(n_samples=3, replacement=False, popularity=torch.ones(6) if popularity else None)
+    out = sampled_ranks(scores, pos, exclude=exc, generator=torch.Generator().manual_seed(1), **kw)
+    alone = sampled_ranks(scores[:1], pos[:1], exclude=exc[:1], generator=torch.Generator().manual_seed(1), **kw)
+    assert torch.equal(out.ranks[:1], alone.ranks) and torch.equal(out.negatives[:1], alone.negatives)
+    assert out.ranks[1:].eq(0).all() and out.negatives[1:].eq(-1).all()
+    assert out.n_candidates.tolist() == [6, 2, 0]
+    with pytest.raises(ValueError, match="fewer"):
+        sampled_ranks(scores[1:2], torch.tensor([[1]]), exclude=exc[1:2], generator=torch.Generator().manual_seed(1), **kw)
