@@ -80,14 +80,16 @@ def _descending_score_keys(s: np.ndarray) -> np.ndarray:
     return uniq.shape[0] - 1 - inverse.reshape(-1)
 
 
-def _other_positive_counts(pos_u: torch.Tensor, s_pos: torch.Tensor, counts: torch.Tensor):
-    """#(other positives of the same user scoring >= / > each positive), from one integer sort of the
-    positives by (user, score descending): within a user, the positives above are those before its run
-    of equal scores. In numpy: a stable sort (timsort) uses the runs of positives already in user order,
-    and the dozen small steps cost a fraction of torch's per-call overhead."""
+def _other_positive_counts(pos_u: torch.Tensor, s_pos: torch.Tensor, counts: torch.Tensor, tied_before: bool = False):
+    """#(other positives of the same user scoring >= / > each positive), and with ``tied_before`` #(those
+    with an equal score listed before it), from one integer sort of the positives by (user, score
+    descending): within a user, the positives above are those before its run of equal scores, and the
+    stable sort keeps a run in the positives' order. In numpy: a stable sort (timsort) uses the runs of
+    positives already in user order, and the dozen small steps cost a fraction of torch's per-call overhead."""
     n = pos_u.shape[0]
     if n == 0:
-        return torch.zeros_like(pos_u), torch.zeros_like(pos_u)
+        zero = torch.zeros_like(pos_u)
+        return (zero, zero, zero) if tied_before else (zero, zero)
     s = s_pos.to(torch.float32) if s_pos.dtype == torch.bfloat16 else s_pos  # exact; numpy has no bfloat16
     users = pos_u.cpu().numpy()
     key = (users << 32) + _descending_score_keys(s.cpu().numpy())
@@ -101,9 +103,24 @@ def _other_positive_counts(pos_u: torch.Tensor, s_pos: torch.Tensor, counts: tor
     c = counts.cpu().numpy()
     user_start = (np.cumsum(c) - c)[users[order]]
     gt, ge = np.empty(n, np.int64), np.empty(n, np.int64)
-    gt[order] = run_end - run_len[run_id] - user_start
+    run_start = run_end - run_len[run_id]
+    gt[order] = run_start - user_start
     ge[order] = run_end - user_start - 1  # minus the positive itself
-    return torch.from_numpy(ge).to(pos_u.device), torch.from_numpy(gt).to(pos_u.device)
+    out = (torch.from_numpy(ge).to(pos_u.device), torch.from_numpy(gt).to(pos_u.device))
+    if not tied_before:
+        return out
+    tb = np.empty(n, np.int64)
+    tb[order] = np.arange(n) - run_start
+    return out + (torch.from_numpy(tb).to(pos_u.device),)
+
+
+def _full_ranks(ge, gt, other_ge, other_gt, tied_before, ties: str) -> torch.Tensor:
+    """Ranks among all candidates, the other positives included, from the counts over the row: relevant items
+    tied with each other are placed in their listed order under the deterministic policies (as
+    :func:`reco_sampled_plugin.exact_ranks`: an ordering, never two at one rank); ``average`` splits ties."""
+    if ties == "average":
+        return _ranks_from_counts(ge, gt, ties)
+    return _ranks_from_counts(ge - (other_ge - other_gt) + tied_before, gt + tied_before, ties)
 
 
 def _topk_full_mode(scores, pos_u, s_pos, counts, settings: _Settings):
@@ -127,8 +144,8 @@ def _topk_full_mode(scores, pos_u, s_pos, counts, settings: _Settings):
         ge[idx] = count_beating_rows(scores, pos_u[idx], s_pos[idx], inclusive=True)
         gt[idx] = count_beating_rows(scores, pos_u[idx], s_pos[idx], inclusive=False)
         known[idx] = True
-    other_ge, other_gt = _other_positive_counts(pos_u, s_pos, counts)
-    r_full = _ranks_from_counts(ge, gt, settings.ties)
+    other_ge, other_gt, tied_before = _other_positive_counts(pos_u, s_pos, counts, tied_before=True)
+    r_full = _full_ranks(ge, gt, other_ge, other_gt, tied_before, settings.ties)
     r_irr = _ranks_from_counts(ge - other_ge, gt - other_gt, settings.ties)
     r_full = torch.where(known, r_full, torch.full_like(r_full, _BEYOND))
     r_irr = torch.where(known, r_irr, torch.full_like(r_irr, _BEYOND))
@@ -503,9 +520,9 @@ def _process_full(collector, scores: torch.Tensor, pos_u: torch.Tensor, pos_i: t
     counted = settings.full_ranks or pos_u.shape[0] <= _COUNT_MAX_MEAN_POSITIVES * b
     if counted:  # exact ranks of every positive (and sampled ranks drawn from them)
         ge, gt, n_full = _full_counts(scores, pos_u, s_pos, settings.ties)
-        other_ge, other_gt = _other_positive_counts(pos_u, s_pos, counts)
+        other_ge, other_gt, tied_before = _other_positive_counts(pos_u, s_pos, counts, tied_before=True)
         gt = ge if gt is None else gt
-        table[:, _R_FULL] = _ranks_from_counts(ge, gt, settings.ties)
+        table[:, _R_FULL] = _full_ranks(ge, gt, other_ge, other_gt, tied_before, settings.ties)
         table[:, _R_IRR] = _ranks_from_counts(ge - other_ge, gt - other_gt, settings.ties)
     else:
         n_full = _full_counts(scores, pos_u[:0], s_pos[:0], "pessimistic")[2]  # candidate counts only

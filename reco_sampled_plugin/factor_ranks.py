@@ -24,7 +24,7 @@ import weakref
 import torch
 
 from .counting import count_beating_tile
-from .ranking import _check_ties, exact_ranks, prepare_index
+from .ranking import _check_ties, exact_ranks, prepare_index, tied_positives
 
 __all__ = ["exact_ranks_from_factors", "check_factors", "check_finite_factors", "factor_ranks_padded", "positive_scores"]
 
@@ -220,6 +220,10 @@ def factor_ranks_padded(
         other = valid.unsqueeze(1) & valid.unsqueeze(2) & ~torch.eye(pos.shape[1], dtype=torch.bool, device=u.device)
         ge += ((s_pos.unsqueeze(1) >= s_pos.unsqueeze(2)) & other).sum(2)
         gt += ((s_pos.unsqueeze(1) > s_pos.unsqueeze(2)) & other).sum(2)
+        if ties != "average":  # tied relevant items in slot order, as exact_ranks
+            before, after = tied_positives(s_pos, valid)
+            ge -= after
+            gt += before
     if ties == "pessimistic":
         ranks = ge + 1
     elif ties == "optimistic":

@@ -49,7 +49,7 @@ import torch
 
 from ._checks import check_int
 from .metric_names import MetricSpec, parse_metric
-from .ranking import _check_ties, exact_ranks_padded, sampled_ranks
+from .ranking import _check_ties, exact_ranks_padded, sampled_ranks, tied_positives
 from .user_metrics import _SortedRanks, _values
 
 __all__ = ["evaluate_factors", "FactorEvaluation", "SampledEvaluation", "RECOMETRICS_METRICS"]
@@ -479,14 +479,13 @@ def evaluate_factors(
             noise.uniform_(-1e-12, 1e-12, generator=gen)
             scores.add_(noise[:b])
         ranks = exact_ranks_padded(scores, pos, None, ties, True, gen)
-        if not break_ties_with_noise:
-            first = ranks[:, 0]
+        if not break_ties_with_noise:  # all scores tied: the last relevant item at n (pessimistic), the first at 1
             if ties == "pessimistic":
-                flag = first == n_cand_b
+                flag = ranks.max(1).values == n_cand_b
             elif ties == "optimistic":
-                flag = first == 1
+                flag = torch.where(pos >= 0, ranks, torch.full_like(ranks, n_items + 1)).min(1).values == 1
             elif ties == "average":
-                flag = first * 2 == (n_cand_b + 1)
+                flag = ranks[:, 0] * 2 == (n_cand_b + 1)
             else:
                 flag = torch.ones(b, dtype=torch.bool, device=dev)
             flagged = flag.nonzero().squeeze(1)
@@ -541,10 +540,8 @@ def _single_item_ranks(scores, pos, ranks, ties, gen) -> torch.Tensor:
     other = valid.unsqueeze(1) & valid.unsqueeze(2) & ~torch.eye(pos.shape[1], dtype=torch.bool, device=pos.device)
     ge = ((ps.unsqueeze(1) >= ps.unsqueeze(2)) & other).sum(2)
     gt = ((ps.unsqueeze(1) > ps.unsqueeze(2)) & other).sum(2)
-    if ties == "pessimistic":
-        return ranks - ge
-    if ties == "optimistic":
-        return ranks - gt
+    if ties in ("pessimistic", "optimistic"):  # the full rank counts the tied test items before it in slot order
+        return ranks - gt - tied_positives(ps, valid)[0]
     return ranks - (ge + gt).to(torch.float64) / 2
 
 

@@ -134,7 +134,8 @@ def exact_ranks(
         scores: (B, n) scores of every item for B users (any floating dtype and device).
         positives: held-out relevant items: (B, n) bool mask, (B, P) int64 padded with -1, or (B,).
         exclude: items to leave out of the ranking (training items), same forms; None for none.
-        ties: ``"pessimistic"`` (default), ``"optimistic"``, ``"average"`` or ``"random"``.
+        ties: ``"pessimistic"`` (default), ``"optimistic"``, ``"average"`` or ``"random"``; relevant items tied
+            with each other are placed in slot order by the first two (their ranks form an ordering).
         count_other_positives: True (default) ranks each positive among all candidates, the other
             positives included (the ranking every full-list metric uses); False ranks it among the
             irrelevant candidates only, the rank that sampled metrics estimate.
@@ -148,6 +149,19 @@ def exact_ranks(
     _check_ties(ties)
     scores, pos, exc = _prepare(scores, positives, exclude, False)
     return exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator, check_finite=check_finite)
+
+
+def tied_positives(pos_scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, P) counts of the other valid positives of the row with an equal score that come before / after
+    each positive in slot order. Deterministic tie policies place tied relevant items in slot order, so
+    their ranks form an ordering (two tied relevant items at ranks 1 and 2, never both 1 or both 2, which
+    would give P@1 = 2 or an AUC above 1)."""
+    p = pos_scores.shape[1]
+    tied = (pos_scores.unsqueeze(2) == pos_scores.unsqueeze(1)) & valid.unsqueeze(1) & valid.unsqueeze(2)
+    slot = torch.arange(p, device=pos_scores.device)
+    before = (tied & (slot.view(1, 1, p) < slot.view(1, p, 1))).sum(2)
+    after = (tied & (slot.view(1, 1, p) > slot.view(1, p, 1))).sum(2)
+    return before, after
 
 
 def exact_ranks_padded(scores, pos, exc, ties, count_other_positives=True, generator=None, *, check_finite: bool = False) -> torch.Tensor:
@@ -183,6 +197,12 @@ def exact_ranks_padded(scores, pos, exc, ties, count_other_positives=True, gener
         gt = count(pos_scores, False)
         if removed:
             gt = gt - _removed_counts(rem_scores, rem_valid, rem_idx, pos_scores, pos, inclusive=False)
+    if count_other_positives and ties in ("pessimistic", "optimistic") and pos.shape[1] > 1:
+        before, after = tied_positives(pos_scores, pos_valid)  # tied relevant items in slot order
+        if ties == "pessimistic":
+            ge = ge - after
+        else:
+            gt = gt + before
     if ties == "pessimistic":
         ranks = ge
     elif ties == "optimistic":

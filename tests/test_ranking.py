@@ -14,7 +14,8 @@ from reco_sampled_plugin import counting
 
 
 def brute_ranks(scores, pos, exc, ties, count_other=True):
-    """Rank by sorting each row in Python: the oracle."""
+    """Rank by counting over each row in Python: the oracle. Relevant items tied with each other are placed in
+    slot order under the deterministic policies (their ranks form an ordering); ``average`` splits every tie."""
     out = np.zeros(pos.shape, dtype=float)
     for b in range(scores.shape[0]):
         excluded = set(int(e) for e in exc[b] if e >= 0) if exc is not None else set()
@@ -28,7 +29,10 @@ def brute_ranks(scores, pos, exc, ties, count_other=True):
             s = scores[b]
             gt = sum(s[i] > s[p] for i in others)
             eq = sum(s[i] == s[p] for i in others)
-            out[b, j] = {"pessimistic": 1 + gt + eq, "optimistic": 1 + gt, "average": 1 + gt + eq / 2}[ties]
+            eq_irr = sum(s[i] == s[p] for i in others if i not in positives)
+            tied_pos_before = sum(s[int(q)] == s[p] for q in pos[b][:j] if q >= 0) if count_other else 0
+            out[b, j] = {"pessimistic": 1 + gt + eq_irr + tied_pos_before, "optimistic": 1 + gt + tied_pos_before,
+                         "average": 1 + gt + eq / 2}[ties]
     return out
 
 
@@ -356,3 +360,19 @@ def test_rows_without_positives_draw_nothing(popularity):
     assert out.n_candidates.tolist() == [6, 2, 0]
     with pytest.raises(ValueError, match="fewer"):
         sampled_ranks(scores[1:2], torch.tensor([[1]]), exclude=exc[1:2], generator=torch.Generator().manual_seed(1), **kw)
+
+
+@pytest.mark.parametrize("ties", ["pessimistic", "optimistic"])
+def test_tied_relevant_items_form_an_ordering(ties):
+    """Two relevant items with one score (popularity or integer scores tie often) take ranks 1 and 2 in slot
+    order, so list metrics stay possible: P@1 = 1 and AUC = 1, never P@1 = 2 or AUC > 1 (nor P@1 = 0)."""
+    from reco_sampled_plugin import per_user_metrics
+
+    scores = torch.tensor([[7.0, 7.0, 3.0, 1.0, 0.0, 2.0]])
+    pos = torch.tensor([[0, 1]])
+    assert exact_ranks(scores, pos, ties=ties).tolist() == [[1, 2]]
+    assert exact_ranks(scores, torch.tensor([[1, 0]]), ties=ties).tolist() == [[1, 2]]  # slot order, not item order
+    df = per_user_metrics(scores, pos, ["precision@1", "hit@1", "auc"], ties=ties)
+    assert df.iloc[0].tolist() == [1.0, 1.0, 1.0]
+    tied_irrelevant = torch.tensor([[7.0, 7.0, 7.0, 1.0]])  # an irrelevant item tied too: the policy decides its place
+    assert exact_ranks(tied_irrelevant, pos, ties=ties).tolist() == ([[2, 3]] if ties == "pessimistic" else [[1, 2]])

@@ -474,8 +474,18 @@ def test_other_positive_counts_match_brute_force():
         gt_bf = (same & (s.unsqueeze(0) > s.unsqueeze(1))).sum(1)
         assert torch.equal(ge, ge_bf) and torch.equal(gt, gt_bf), dtype
         assert int((ge - gt).max()) >= 1  # ties were exercised
+        # tied positives listed earlier (deterministic ties place tied relevant items in listed order)
+        tb = rr._other_positive_counts(pos_u, s, counts, tied_before=True)[2]
+        earlier = torch.arange(13).unsqueeze(0) < torch.arange(13).unsqueeze(1)
+        assert torch.equal(tb, (same & (s.unsqueeze(0) == s.unsqueeze(1)) & earlier).sum(1)), dtype
+        for ties in ("pessimistic", "optimistic"):  # with no other item tied: the tied positives' ranks are an ordering
+            full = rr._full_ranks(ge + 1, gt, ge, gt, tb, ties)
+            for u in range(5):
+                mine = full[pos_u == u]
+                assert sorted(mine.tolist()) == list(range(1, len(mine) + 1)), (dtype, ties)
     empty = torch.zeros(0, dtype=torch.int64)
     assert rr._other_positive_counts(empty, torch.zeros(0), torch.zeros(2, dtype=torch.int64))[0].numel() == 0
+    assert len(rr._other_positive_counts(empty, torch.zeros(0), torch.zeros(2, dtype=torch.int64), tied_before=True)) == 3
 
 
 def test_hypergeometric_sampled_law():
