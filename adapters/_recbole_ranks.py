@@ -571,6 +571,10 @@ def _used_counts(collector, uids: torch.Tensor) -> torch.Tensor:
     """How many items the evaluation's sampler excludes for each user id (``used_ids``: RecBole's per-user
     sets of items never drawn as negatives); the per-user sizes are computed once per sampler phase."""
     sampler = getattr(getattr(collector, "_rsp_eval_data", None), "_sampler", None)
+    from recbole.sampler import RepeatableSampler
+
+    if isinstance(sampler, RepeatableSampler):  # sequential models: each row excludes only its own target
+        return torch.ones_like(uids)  # (its used_ids hold the last batch's targets by row, not by user)
     used = getattr(sampler, "used_ids", None)
     if used is None:
         raise RuntimeError(

@@ -521,3 +521,24 @@ def test_binomial_sampled_law():
         assert int(r.min()) >= 1 and int(r.max()) <= 51
     assert bool((rr._binomial_sampled(torch.zeros(5), None, torch.full((5,), 10), 7, "pessimistic", g) == 1).all())
     assert bool((rr._binomial_sampled(torch.full((5,), 10), None, torch.full((5,), 10), 7, "pessimistic", g) == 8).all())
+
+
+def test_sequential_model_in_uni100_mode(workdir):
+    """A sequential model (GRU4Rec) in uni100: RecBole's RepeatableSampler excludes only each row's own target
+    (its used_ids hold the last batch's rows, not users'), so n = item_num - 1, as in full mode; small batches
+    used to crash indexing used_ids by user id."""
+    config, train, _, test = _prepare("GRU4Rec", {
+        "epochs": 1, "hidden_size": 16, "embedding_size": 16, "train_neg_sample_args": None, "loss_type": "CE",
+        "eval_args": {"split": {"LS": "valid_and_test"}, "order": "TO", "group_by": "user", "mode": "uni100"},
+        "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10", "eval_batch_size": 2048})
+    init_seed(config["seed"], config["reproducibility"])
+    model = get_model("GRU4Rec")(config, train._dataset)
+    trainer = Trainer(config, model)
+    trainer.fit(train, None, saved=False, show_progress=False)
+    result, struct = _evaluate(trainer, test)
+    cols = rb.positive_table(struct)
+    item_num = test._dataset.item_num
+    assert cols["user"].shape[0] == test._dataset.user_num - 1  # one held-out item per user (id 0 is padding)
+    assert bool((cols["n_candidates"] == item_num - 1).all()) and bool((cols["m"] == 100).all())
+    assert bool((cols["sampled_rank"] >= 1).all()) and bool((cols["sampled_rank"] <= 101).all())
+    assert 0.0 <= result["correctedrecall@10"] <= 1.0
