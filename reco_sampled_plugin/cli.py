@@ -79,7 +79,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     from .rank_files import read_ncf, read_rank_file
 
     if args.file is not None:
-        if args.ncf_negative or args.scores:
+        if args.ncf_rating or args.ncf_negative or args.scores:
             raise ValueError("estimate: give either a rank FILE or --ncf-rating/--ncf-negative/--scores, not both")
         data = read_rank_file(args.file, args.n_items, args.n_samples)
     else:
@@ -90,6 +90,14 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         data = read_ncf(args.ncf_rating, args.ncf_negative, args.scores, args.n_items)
     metrics = args.metric or ["recall@10", "ndcg@10"]
     methods = args.method or ["none", "bv", "mes"]
+    from .estimators import ESTIMATORS
+    from .metric_names import parse_metric
+
+    for metric in metrics:  # every name checked before anything is printed
+        parse_metric(metric)
+    unknown = [m for m in methods if m not in ESTIMATORS]
+    if unknown:
+        raise ValueError(f"--method: unknown {unknown}; use some of {ESTIMATORS}")
     print(f"{len(data.ranks):,} sampled ranks; n {int(data.n_items.min()):,}..{int(data.n_items.max()):,}; m {int(data.n_samples.min())}..{int(data.n_samples.max())}")
     print(f"{'metric':12}{'method':14}{'estimate':>11}{'stderr':>10}  flags")
     for metric in metrics:

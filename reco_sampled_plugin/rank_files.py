@@ -13,6 +13,7 @@ Every malformed line raises a ValueError with the file name and the 1-based line
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,8 @@ import numpy as np
 __all__ = ["RankFile", "read_rank_file", "read_ncf"]
 
 _SPLIT = re.compile(r"[,\t ;]+")
+# rank files: one comma, semicolon or tab between fields (an empty field is an error), or runs of spaces
+_FIELDS = re.compile(r" *[,;\t] *| +")
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,7 @@ class RankFile:
 def _lines(path: Path):
     if not path.exists():
         raise ValueError(f"{path}: no such file")
-    with open(path, encoding="utf-8") as fh:
+    with open(path, encoding="utf-8-sig") as fh:  # a byte-order mark is not part of the first field
         for number, line in enumerate(fh, start=1):
             text = line.split("#", 1)[0].strip()
             if text:
@@ -48,22 +51,27 @@ def _int(field: str, path: Path, number: int, what: str) -> int:
         value = float(field)
     except ValueError:
         raise ValueError(f"{path}:{number}: {what} {field!r} is not a number") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{path}:{number}: {what} {field!r} is not finite")
     if value != int(value):
         raise ValueError(f"{path}:{number}: {what} {field!r} is not a whole number")
     return int(value)
 
 
 def read_rank_file(path, n_items: int | None = None, n_samples: int | None = None) -> RankFile:
-    """Read a rank file (see the module doc); validates 1 <= r~ <= m + 1 and m < n."""
+    """Read a rank file (see the module doc); validates 1 <= r~ <= m + 1, n >= 2 and m >= 1 (m may exceed
+    n - 1 for draws with replacement; the estimators check it for the hypergeometric law)."""
     path = Path(path)
     ranks, ns, ms = [], [], []
     first = True
     for number, text in _lines(path):
-        fields = [f for f in _SPLIT.split(text) if f]
-        if first and not re.fullmatch(r"[-+]?\d+(\.0*)?", fields[0]):
+        fields = _FIELDS.split(text)
+        if first and not any(ch.isdigit() for ch in fields[0]):
             first = False
-            continue  # header
+            continue  # a header (a first field without digits); a malformed number is reported below
         first = False
+        if "" in fields:
+            raise ValueError(f"{path}:{number}: empty field in {text!r}")
         if len(fields) > 3:
             raise ValueError(f"{path}:{number}: expected 'rank[,n_candidates[,n_samples]]', got {len(fields)} fields")
         r = _int(fields[0], path, number, "rank")
@@ -73,7 +81,7 @@ def read_rank_file(path, n_items: int | None = None, n_samples: int | None = Non
             raise ValueError(f"{path}:{number}: no candidate count on the line and no --n-items given")
         if m is None:
             raise ValueError(f"{path}:{number}: no sample size on the line and no --n-samples given")
-        if m < 1 or n < 2 or m >= n + 10**12:
+        if m < 1 or n < 2:
             raise ValueError(f"{path}:{number}: need n_candidates >= 2 and n_samples >= 1, got n = {n}, m = {m}")
         if not 1 <= r <= m + 1:
             raise ValueError(f"{path}:{number}: sampled rank {r} outside 1..m+1 = 1..{m + 1}")
@@ -100,7 +108,10 @@ def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pess
         fields = [f for f in _SPLIT.split(text) if f]
         if len(fields) < 2:
             raise ValueError(f"{test_rating}:{number}: expected 'user<TAB>item', got {text!r}")
-        held_out[_int(fields[0], test_rating, number, "user")] = _int(fields[1], test_rating, number, "item")
+        user = _int(fields[0], test_rating, number, "user")
+        if user in held_out:
+            raise ValueError(f"{test_rating}:{number}: user {user} listed twice (one held-out item per user)")
+        held_out[user] = _int(fields[1], test_rating, number, "item")
     score: dict[tuple[int, int], float] = {}
     for number, text in _lines(scores):
         fields = [f for f in _SPLIT.split(text) if f]
@@ -112,7 +123,10 @@ def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pess
             raise ValueError(f"{scores}:{number}: score {fields[2]!r} is not a number") from None
         if not np.isfinite(s):
             raise ValueError(f"{scores}:{number}: score is NaN or inf")
-        score[(_int(fields[0], scores, number, "user"), _int(fields[1], scores, number, "item"))] = s
+        pair = (_int(fields[0], scores, number, "user"), _int(fields[1], scores, number, "item"))
+        if pair in score:
+            raise ValueError(f"{scores}:{number}: (user, item) {pair} scored twice")
+        score[pair] = s
     ranks, ms = [], []
     pat = re.compile(r"^\(\s*(\d+)\s*,\s*(\d+)\s*\)\s*(.*)$")
     for number, text in _lines(test_negative):
@@ -125,6 +139,8 @@ def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pess
         negs = [_int(f, test_negative, number, "negative item") for f in _SPLIT.split(match.group(3).strip()) if f]
         if not negs:
             raise ValueError(f"{test_negative}:{number}: no negatives listed")
+        if i in negs:
+            raise ValueError(f"{test_negative}:{number}: the held-out item {i} is listed among its own negatives")
         try:
             s_pos = score[(u, i)]
             s_neg = np.array([score[(u, j)] for j in negs])

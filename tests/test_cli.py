@@ -114,7 +114,10 @@ def test_estimate_command_ncf_files(tmp_path, capsys):
 @pytest.mark.parametrize(
     "content,match",
     [("1,100,10\n2,100,x\n", ":2: n_samples 'x' is not a number"), ("1,100,10\n12,100,10\n", ":2: sampled rank 12 outside"),
-     ("1,100,10,3\n", ":1: expected"), ("", "no ranks found")],
+     ("1,100,10,3\n", ":1: expected"), ("", "no ranks found"),
+     ("1.5,100,10\n2,100,10\n", ":1: rank '1.5' is not a whole number"),  # not a header: it has digits
+     ("2,100,10\ninf,100,10\n", ":2: rank 'inf' is not finite"), ("2,100,10\nnan,100,10\n", ":2: rank 'nan' is not finite"),
+     ("1,,10\n", ":1: empty field"), ("1,100,10\n2;100;;10\n", ":2: empty field")],
 )
 def test_estimate_errors_name_the_line(tmp_path, capsys, content, match):
     f = tmp_path / "bad.txt"
@@ -131,3 +134,42 @@ def test_missing_file_and_help(tmp_path, capsys):
     for cmd in ([], ["demo"], ["reproduce"], ["table"], ["estimate"]):
         proc = subprocess.run([sys.executable, "-m", "reco_sampled_plugin.cli", *cmd, "--help"], capture_output=True, text=True)
         assert proc.returncode == 0 and "usage: reco-sampled" in proc.stdout
+
+
+def test_rank_file_header_bom_and_separators(tmp_path):
+    """A header is a first line whose first field has no digit; a byte-order mark is ignored; commas,
+    semicolons, tabs or runs of spaces separate fields; m may exceed n - 1 (draws with replacement)."""
+    from reco_sampled_plugin.rank_files import read_rank_file
+
+    f = tmp_path / "r.txt"
+    f.write_bytes("\ufeffrank,n,m\n1, 100, 10\n2;100;10\n3\t100\t10\n4   5   10  # m > n - 1\n".encode("utf-8"))
+    data = read_rank_file(f)
+    assert data.ranks.tolist() == [1, 2, 3, 4] and data.n_items.tolist() == [100, 100, 100, 5]
+    f.write_bytes("\ufeff1,100,10\n2,100,10\n".encode("utf-8"))
+    assert read_rank_file(f).ranks.tolist() == [1, 2]  # the first data line is not taken for a header
+
+
+@pytest.mark.parametrize(
+    "rating,negative,scores,match",
+    [("0\t5\n0\t6\n", "(0,5)\t1\n", "0 5 1\n0 1 0\n", "x.test.rating:2: user 0 listed twice"),
+     ("0\t5\n", "(0,5)\t1\t5\n", "0 5 1\n0 1 0\n", "x.test.negative:1: the held-out item 5 is listed among its own negatives"),
+     ("0\t5\n", "(0,5)\t1\n", "0 5 1\n0 1 0\n0 5 2\n", "s.txt:3: (user, item) (0, 5) scored twice")],
+)
+def test_ncf_files_refuse_inconsistent_lines(tmp_path, rating, negative, scores, match):
+    from reco_sampled_plugin.rank_files import read_ncf
+
+    (tmp_path / "x.test.rating").write_text(rating)
+    (tmp_path / "x.test.negative").write_text(negative)
+    (tmp_path / "s.txt").write_text(scores)
+    with pytest.raises(ValueError, match=match.replace("(", r"\(").replace(")", r"\)")):
+        read_ncf(tmp_path / "x.test.rating", tmp_path / "x.test.negative", tmp_path / "s.txt", n_items=10)
+
+
+def test_estimate_checks_names_before_printing_and_refuses_mixed_inputs(tmp_path, capsys):
+    f = tmp_path / "r.txt"
+    f.write_text("1,100,10\n")
+    assert main(["estimate", str(f), "--method", "nope"]) == 2
+    captured = capsys.readouterr()
+    assert "unknown ['nope']" in captured.err and captured.out == ""
+    assert main(["estimate", str(f), "--ncf-rating", str(f)]) == 2
+    assert "not both" in capsys.readouterr().err
