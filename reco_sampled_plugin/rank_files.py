@@ -1,7 +1,8 @@
 """Read sampled ranks from files: a plain rank file, or NCF-style test files plus a score file.
 
 Rank file (``reco-sampled estimate FILE``): one relevant item per line, ``sampled_rank[,n_candidates[,n_samples]]``
-separated by commas, tabs or spaces; an optional header line; ``#`` comments. Missing columns take
+separated by one comma, semicolon or tab (an empty field is an error) or by spaces; an optional header
+line (its first field has no digit); ``#`` comments. Missing columns take
 the ``--n-items`` / ``--n-samples`` defaults.
 
 NCF files (He et al.'s format): ``X.test.rating`` lines ``user<TAB>item[<TAB>...]`` (one held-out item
