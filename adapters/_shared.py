@@ -23,7 +23,13 @@ import torch
 from reco_sampled_plugin import RankHistogram
 from reco_sampled_plugin.factor_ranks import positive_scores
 from reco_sampled_plugin.rank_distribution import pool_groups
-from reco_sampled_plugin.ranking import allowed_position_to_item, candidate_counts, forbidden_sorted, prepare_index
+from reco_sampled_plugin.ranking import (
+    allowed_position_to_item,
+    candidate_counts,
+    draws_for_rows_with_positives,
+    forbidden_sorted,
+    prepare_index,
+)
 
 __all__ = [
     "RankingBatch",
@@ -191,16 +197,18 @@ def keyed_negatives(
     With ``replacement=False`` the m items of a positive are distinct (small pools take the m
     smallest keyed keys over the whole pool, larger ones redraw duplicates with fresh keys).
     """
+    # rows without a positive draw nothing; the keys do not depend on a row's position, so the other rows
+    # draw what they draw in a batch of their own
+    ids = ids.to(device=pos.device, dtype=torch.int64)
+    return draws_for_rows_with_positives(
+        pos, exc, n_samples,
+        lambda p, e, rows: _keyed_negatives(p, e, n_items, n_samples, ids if rows is None else ids[rows], seed, replacement))
+
+
+def _keyed_negatives(pos, exc, n_items: int, n_samples: int, ids: torch.Tensor, seed: int, replacement: bool) -> torch.Tensor:
     b, p = pos.shape
     m = n_samples
     device = pos.device
-    active = (pos >= 0).any(1)
-    if not bool(active.all()):  # rows without a positive draw nothing (item 0 fills their slots): their pool
-        out = torch.zeros((b, p, m), dtype=torch.int64, device=device)  # may be too small to sample from
-        if bool(active.any()):  # the keys do not depend on a row's position: the same draws as in the full batch
-            out[active] = keyed_negatives(pos[active], None if exc is None else exc[active], n_items, n_samples,
-                                          ids.to(device)[active], seed, replacement)
-        return out
     forb = forbidden_sorted(pos, exc, n_items)
     n_allowed = n_items - (forb < n_items).sum(1)
     if bool((n_allowed < (1 if replacement else m)).any()):

@@ -265,19 +265,24 @@ def allowed_position_to_item(positions: torch.Tensor, forb_sorted: torch.Tensor,
     return (flat + shift).reshape(positions.shape)
 
 
-def _draw_for_rows_with_positives(pos, exc, n_items, m, replacement, popularity, generator, device) -> torch.Tensor:
-    """(B, P, m) draws; rows without a positive draw nothing (item 0 fills their slots, masked later), so
-    their pools need not hold m items. A batch where every row has a positive draws as it always did."""
+def draws_for_rows_with_positives(pos: torch.Tensor, exc: torch.Tensor | None, m: int, draw) -> torch.Tensor:
+    """(B, P, m) negatives from ``draw(pos, exc, rows)`` for the rows that have a positive only (``rows``: their
+    bool mask, None when every row has one, so such a batch draws as it always did). Rows without a positive
+    draw nothing (item 0 fills their slots; callers mask padded slots), so their pools need not hold m items."""
     active = (pos >= 0).any(1)
-    if not bool(active.all()):
-        out = torch.zeros((pos.shape[0], pos.shape[1], m), dtype=torch.int64, device=device)
-        if bool(active.any()):
-            out[active] = _draw_for_rows_with_positives(pos[active], None if exc is None else exc[active], n_items, m,
-                                                        replacement, popularity, generator, device)
-        return out
+    if bool(active.all()):
+        return draw(pos, exc, None)
+    out = torch.zeros((pos.shape[0], pos.shape[1], m), dtype=torch.int64, device=pos.device)
+    if bool(active.any()):
+        out[active] = draw(pos[active], None if exc is None else exc[active], active)
+    return out
+
+
+def _draw_for_rows_with_positives(pos, exc, n_items, m, replacement, popularity, generator, device) -> torch.Tensor:
     if popularity is not None:
-        return _draw_popularity(pos, exc, n_items, m, replacement, popularity, generator, device)
-    return _draw_uniform(pos, exc, n_items, m, replacement, generator, device)
+        return draws_for_rows_with_positives(
+            pos, exc, m, lambda p, e, _: _draw_popularity(p, e, n_items, m, replacement, popularity, generator, device))
+    return draws_for_rows_with_positives(pos, exc, m, lambda p, e, _: _draw_uniform(p, e, n_items, m, replacement, generator, device))
 
 
 def _draw_uniform(pos, exc, n_items, m, replacement, generator, device) -> torch.Tensor:
