@@ -19,7 +19,8 @@ class Estimate:
         n_instances: number of evaluated instances (relevant items; a total weight when weighted).
         details: estimator-specific extras (method, gamma, sampling law, ...); treat as read-only.
         flags: explicit warnings instead of silent numbers: ``top_unresolved`` (the cut-off lies
-            where the sampled data cannot resolve ranks), ``all_at_top`` (every positive at r~ = 1;
+            where the sampled data cannot resolve ranks: :meth:`interval` then also spans what the data cannot
+            identify), ``all_at_top`` (every positive at r~ = 1;
             stderr is inf), ``few_instances`` (total weight at most 1: stderr inf), ``not_converged``,
             ``fit_not_converged``, ``pooled_n``, ``outside_metric_range``.
     """
@@ -29,15 +30,35 @@ class Estimate:
     n_instances: int | float
     details: Mapping[str, Any] = field(default_factory=dict)
     flags: tuple[str, ...] = ()
+    identification: Any = field(default=None, compare=False, repr=False)
+    """``identification.Identification`` where the metric depends on the unresolved top (else None)."""
 
-    def interval(self, level: float = 0.95) -> tuple[float, float]:
-        """Normal-approximation confidence interval at ``level``."""
-        if not 0.0 < level < 1.0:
-            raise ValueError(f"level: must lie in (0, 1), got {level}")
+    def sampling_interval(self, level: float = 0.95) -> tuple[float, float]:
+        """Normal-approximation interval value +- z stderr: sampling noise only."""
+        if not (isinstance(level, (int, float)) and 0.0 < level < 1.0):
+            raise ValueError(f"level: must lie in (0, 1), got {level!r}")
         from statistics import NormalDist
 
         z = NormalDist().inv_cdf(0.5 + level / 2)
         return (self.value - z * self.stderr, self.value + z * self.stderr)
+
+    def interval(self, level: float = 0.95) -> tuple[float, float]:
+        """Confidence interval at ``level`` that is honest about the unresolved top.
+
+        Where the metric is identified by the data (:attr:`identification` is None) this is
+        :meth:`sampling_interval`. Where it depends on the shape of the rank distribution inside the first
+        sampled bin (flag ``top_unresolved``), it is the hull of the sampling interval and the identified
+        interval (every rank distribution consistent with the data and the documented shape assumption, see
+        ``reco_sampled_plugin.identification``), clipped to the metric's range. Never NaN.
+        """
+        lo, hi = self.sampling_interval(level)
+        if self.identification is None:
+            return (lo, hi)
+        ident = self.identification.interval(level)
+        lo = ident.lo if math.isnan(lo) else min(lo, ident.lo)
+        hi = ident.hi if math.isnan(hi) else max(hi, ident.hi)
+        r_lo, r_hi = self.identification.metric_range
+        return (max(lo, r_lo), min(hi, r_hi))
 
     def __float__(self) -> float:
         return float(self.value)

@@ -43,6 +43,7 @@ import torch
 
 from ._rank_hist import RankHistogram, as_histogram, pool_by_n
 from .estimate import Estimate
+from .identification import Identification, TopShape, top_sensitive
 from .mapping import MAPPING_METHODS, mapping_estimate
 from .metric_names import parse_metric
 from .metrics import _metric_from_float_ranks
@@ -73,9 +74,11 @@ def _bounds_for(spec, ns: tuple) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _result(value: float, stderr: float | None, n: float, details: dict, flags, bounds=None) -> Estimate:
+def _result(value: float, stderr: float | None, n: float, details: dict, flags, bounds=None, identification=None) -> Estimate:
     """Package the estimate; ``bounds`` (lo, hi): the metric's range, a value outside it is flagged
-    ``outside_metric_range`` (e.g. ``ls``, whose minimal-bias table has huge alternating entries)."""
+    ``outside_metric_range`` (e.g. ``ls``, whose minimal-bias table has huge alternating entries);
+    ``identification``: where the metric depends on the unresolved top, what widens the interval (flagged
+    ``top_unresolved``)."""
     if not math.isfinite(value):
         raise ValueError(f"estimate: the estimator produced a non-finite value ({value}); details: {details}")
     if stderr is None:
@@ -87,9 +90,13 @@ def _result(value: float, stderr: float | None, n: float, details: dict, flags, 
         flags += ("few_instances",) if "few_instances" not in flags else ()
     if bounds is not None and not (bounds[0] <= value <= bounds[1]) and "outside_metric_range" not in flags:
         flags += ("outside_metric_range",)
+    if identification is not None and "top_unresolved" not in flags:
+        flags += ("top_unresolved",)
     details = dict(details)
     details["flags"] = tuple(flags)
-    return Estimate(float(value), se, float(n), details, tuple(flags))
+    if identification is not None:
+        details["interval"] = "identified"
+    return Estimate(float(value), se, float(n), details, tuple(flags), identification)
 
 
 def _merge_flags(flags, extra) -> tuple:
@@ -164,6 +171,7 @@ def estimate(
     prior=None,
     rounding: str = "floor",
     max_rel_n_spread: float | None = None,
+    top_shape: TopShape | None = None,
     **options,
 ) -> EstimatorResult:
     """Estimate a global (full-catalogue) metric from sampled ranks, with a standard error.
@@ -188,13 +196,19 @@ def estimate(
             group split between its two neighbouring nodes linearly in 1/(n - 1) (``_rank_hist.pool_by_n``);
             far fewer tables, error measured in docs/estimators.md (s = 0.1 on ml-100k: < 1e-2 relative, < 2e-3 absolute).
             Flagged ``pooled_n`` when it changed the groups.
+        top_shape: the shape assumption of the identified interval (``identification.TopShape``; default:
+            density non-increasing over the first two resolution widths, no steeper than 1/r over the first).
         **options: passed to :func:`~reco_sampled_plugin.rank_distribution.estimate_rank_distribution`
             (``n_bootstrap``, ``tol``, ``max_iter``, ``lam``, ``seed``...) for ``mle``, ``mes``, ``bv_mle``.
             ``n_bootstrap=0`` skips the bootstrap: the standard error is then the cheap posterior one
             (``RankDistribution.metric(stderr="posterior")``, ``details["stderr_method"]``).
 
     Returns:
-        :class:`EstimatorResult` (value, stderr, n_instances, details, flags).
+        :class:`EstimatorResult` (value, stderr, n_instances, details, flags). Where the metric depends on the
+        shape of the rank distribution inside the first sampled bin (a cut-off below the resolution
+        (n - 1)/(m + 1) + 1, or AP/RR/NDCG without cut-off; flag ``top_unresolved``), ``interval(level)``
+        also spans every value the data allow under ``top_shape`` (``identification.py``); the ``none``
+        method (the sampled metric itself, not an estimate of the global one) keeps its sampling interval.
 
     Raises:
         ValueError: unknown method, empty histogram, cut-off K above n, invalid sizes, or options that the
@@ -215,13 +229,18 @@ def estimate(
     bounds = _metric_bounds(spec, hist)
     if options and method not in RANK_DISTRIBUTION_METHODS + ("bv_mle",):
         raise ValueError(f"method {method!r} takes no options {sorted(options)}")
+    if top_shape is not None and not isinstance(top_shape, TopShape):
+        raise ValueError(f"top_shape: expected an identification.TopShape, got {type(top_shape).__name__}")
+    ident = Identification(spec, hist, sampling, top_shape) if method != "none" and top_sensitive(spec, hist) else None
     if method in MAPPING_METHODS:
         res = mapping_estimate(spec, hist, method=method, a=a)
-        return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds)
+        return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds,
+                       ident)
     if method in RANK_DISTRIBUTION_METHODS:
         dist = _fitted_distribution(hist, method, sampling, options)
         res = dist.metric(spec)
-        return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds)
+        return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds,
+                       ident)
     flags: list[str] = list(pool_flag)
     details: dict = {"method": method, "metric": str(spec)}
     if method == "bv_mle":
@@ -243,4 +262,4 @@ def estimate(
         if hist.all_at_top():
             flags.append("all_at_top")
             se = math.inf
-    return _result(value, se, hist.total, details, flags, bounds)
+    return _result(value, se, hist.total, details, flags, bounds, ident)

@@ -204,13 +204,15 @@ def pool_groups(hist: RankHistogram, max_groups: int, max_rel_n_spread: float | 
 
 
 @lru_cache(maxsize=32)
-def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa: float):
+def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa: float, extra_edges: tuple = ()):
     """Grid edges, P(r~ | cell, group) and the inside mask for groups (n_g, m_g): depends on the groups'
-    sizes only, not on the counts, so it is cached (repeated fits on new draws of the same users reuse it)."""
+    sizes only, not on the counts, so it is cached (repeated fits on new draws of the same users reuse it).
+    ``extra_edges``: more cell edges (whole ranks below n_max), e.g. the bounds of the shape zones."""
     n_arr = np.asarray(n_items, dtype=np.int64)
     n_max = int(n_arr.max())
     m_max = int(max(n_samples))
-    edges = rank_grid(n_max, m_max, delta, kappa, extra_edges=n_arr)
+    extra = np.asarray([e for e in extra_edges if 0 < e < n_max], dtype=np.int64)
+    edges = rank_grid(n_max, m_max, delta, kappa, extra_edges=np.concatenate([n_arr, extra]))
     pts, wts = _cell_points(edges)
     G, C = len(n_items), len(edges) - 1
     lik = np.zeros((G, C, m_max + 1))
@@ -233,14 +235,16 @@ def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa:
 
 
 def _build_model(
-    hist: RankHistogram, sampling: str, max_groups: int, delta: float, kappa: float, max_rel_n_spread=None
+    hist: RankHistogram, sampling: str, max_groups: int, delta: float, kappa: float, max_rel_n_spread=None,
+    extra_edges: tuple = (),
 ) -> _Model:
     law = check_law(sampling)
     hist, pooled = pool_groups(hist, max_groups, max_rel_n_spread)
     if law == "hypergeometric" and np.any(hist.n_samples > hist.n_items - 1):
         raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (n - 1 >= m)")
     base = _likelihood(
-        tuple(int(v) for v in hist.n_items), tuple(int(v) for v in hist.n_samples), law, float(delta), float(kappa)
+        tuple(int(v) for v in hist.n_items), tuple(int(v) for v in hist.n_samples), law, float(delta), float(kappa),
+        tuple(int(e) for e in extra_edges),
     )
     counts = np.zeros_like(base.counts)
     for g in range(hist.n_groups):

@@ -1,0 +1,367 @@
+"""Honest intervals where the sampled data cannot resolve the top: partial identification by linear programming.
+
+One sampled rank covers about b = (n - 1)/(m + 1) + 1 exact ranks (the *resolution*). For a cut-off K < b the
+histogram of sampled ranks does not say how the rank distribution P(R) is shaped inside the first sampled bin,
+so the metric is only *partially identified*: every P(R) that reproduces the histogram (within sampling noise)
+and obeys a shape assumption is equally consistent with the data, and the interval must span their metrics.
+
+The shape assumption (:class:`TopShape`, stated in docs/estimators.md), on the per-rank density p(r) = P(R = r):
+
+* **monotone top**: p(r) is non-increasing over the first ``monotone_widths`` resolution widths (ranks
+  1 .. monotone_widths * b): a recommender's relevant items are at least as likely at rank r as at rank r + 1
+  near the top of its list;
+* **bounded steepness**: r^gamma p(r) is non-decreasing over the first ``decay_widths`` resolution widths, i.e. the
+  density falls no faster than r^-gamma there (gamma = 1: no more concentrated than a log-uniform law).
+
+Uniform and r^-gamma tops are the extremes it allows; the within-bin shares HR@10 / HR@b of real recommenders
+measured in NOTATION.md (ml-100k 0.60-0.79, ml-latest-small 0.14-0.23) lie between them. A spike at rank 1 (a
+recommender that gets many items exactly right, HR@1 much larger than HR@2 - HR@1) breaks the assumption.
+
+The interval at level 1 - alpha (:func:`identified_interval`) is built in three steps:
+
+1. **Data band**: the pooled cumulative shares of sampled ranks, F(i) = P(r~ <= i) at checkpoints
+   i = 1, 2, 3, 5, 9, 17, ... < m + 1 (per distinct m), each within a Wilson score band at the Bonferroni level
+   alpha / (2 J) (J checkpoints): a simultaneous 1 - alpha confidence set for what the histogram shows.
+2. **Linear programs** over P on the rank grid of ``rank_distribution`` (single ranks at the top): minimise and
+   maximise the metric sum_g (N_g / N) sum_R P_g(R) M(R) subject to the band and the shape constraints. Groups with
+   fewer candidates n_g see P truncated to 1..n_g; the truncation masses Z_g = P(R <= n_g) are held at a maximum
+   likelihood fit's values (they depend on the far tail only), which makes every constraint linear.
+3. **Which users**: the exact metric of the evaluated users is a finite-sample draw, not P's expectation: which of
+   the users inside the top bin sit above K is not identified at all. The LP bounds are widened by
+   z * sqrt(M(1) * bound / N) (an upper bound on the standard deviation of that allocation), z at 1 - alpha / 2.
+
+Where the LP is infeasible, the data contradict the assumption: the steepness constraint, then monotonicity are
+dropped (flag ``shape_rejected``). Sampling laws: with and without replacement, per-group n and m fixed by the
+design (adaptive sampling, where m depends on the outcome, is not covered by the band: see docs/estimators.md).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+import numpy as np
+from scipy import optimize
+
+from ._rank_hist import RankHistogram, as_histogram, interval_mean_metric
+from .metric_names import MetricSpec, parse_metric
+from .sampling_laws import check_law
+
+__all__ = ["TopShape", "IdentifiedInterval", "Identification", "identified_interval", "top_sensitive", "resolution"]
+
+# metrics without a cut-off whose value comes mostly from the top of the list
+_TOP_KINDS_WITHOUT_CUTOFF = ("ap", "trunc_ap", "rr", "ndcg")
+
+
+@dataclass(frozen=True)
+class TopShape:
+    """The shape assumption behind the identified intervals (see the module docstring).
+
+    Attributes:
+        gamma: steepest allowed fall of the density at the top, p(r) proportional to r^-gamma (1: log-uniform).
+        decay_widths: the steepness bound holds over ranks 1 .. decay_widths * b.
+        monotone_widths: the density is non-increasing over ranks 1 .. monotone_widths * b.
+    """
+
+    gamma: float = 1.0
+    decay_widths: float = 1.0
+    monotone_widths: float = 2.0
+
+    def __post_init__(self) -> None:
+        for name in ("gamma", "decay_widths", "monotone_widths"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"shape: {name} must be a finite number >= 0, got {v!r}")
+
+
+@dataclass(frozen=True)
+class IdentifiedInterval:
+    """Bounds of a metric over the rank distributions consistent with the data and the shape assumption.
+
+    Attributes:
+        lo, hi: the interval (LP bounds widened for the allocation of users, clipped to the metric's range).
+        lp_lo, lp_hi: the LP bounds alone (expected metric under the extreme distributions).
+        level: confidence level of the data band.
+        flags: ``shape_rejected`` (the data contradict the assumption; constraints were dropped),
+            ``identification_failed`` (no LP solution: the interval is the metric's whole range).
+    """
+
+    lo: float
+    hi: float
+    lp_lo: float
+    lp_hi: float
+    level: float
+    flags: tuple[str, ...] = ()
+    details: dict = field(default_factory=dict)
+
+
+def resolution(hist: RankHistogram) -> np.ndarray:
+    """Exact ranks covered by one sampled rank per group: (n - 1)/(m + 1) + 1."""
+    return (hist.n_items - 1.0) / (hist.n_samples + 1.0) + 1.0
+
+
+def top_sensitive(spec: MetricSpec, hist: RankHistogram) -> bool:
+    """Whether the metric depends on the shape of P(R) inside the first sampled bin: a cut-off below the
+    resolution of a group with positives at r~ = 1, or a top-weighted metric without cut-off (AP, RR, NDCG)."""
+    occupied = hist.top_counts > 0
+    if not np.any(occupied):
+        return False
+    if spec.k is None:
+        return spec.kind in _TOP_KINDS_WITHOUT_CUTOFF
+    return bool(np.any(spec.k < resolution(hist)[occupied]))
+
+
+def _checkpoints(m: int) -> np.ndarray:
+    """1, 2, 3, 5, 9, 17, ... (i -> 2 i - 1) up to m (cumulative shares at m + 1 are 1 by definition)."""
+    pts = [1, 2, 3]
+    while 2 * pts[-1] - 1 <= m:
+        pts.append(2 * pts[-1] - 1)
+    return np.asarray([p for p in pts if p <= m], dtype=np.int64)
+
+
+def _wilson(p: np.ndarray, n: float, z: float) -> tuple[np.ndarray, np.ndarray]:
+    denom = 1.0 + z * z / n
+    centre = (p + z * z / (2.0 * n)) / denom
+    half = z * np.sqrt(p * (1.0 - p) / n + z * z / (4.0 * n * n)) / denom
+    return np.clip(centre - half, 0.0, 1.0), np.clip(centre + half, 0.0, 1.0)
+
+
+@dataclass
+class _Program:
+    """The LP of one histogram, law and shape at one level (the metric enters only the objective)."""
+
+    edges: np.ndarray
+    inside: np.ndarray  # (G, C) bool
+    weights: np.ndarray  # (G,) N_g / N / Z_g
+    n_items: np.ndarray
+    a_ub: np.ndarray
+    b_ub: np.ndarray
+    a_eq: np.ndarray
+    b_eq: np.ndarray
+    total: float
+    flags: tuple[str, ...]
+
+
+def _shape_rows(edges: np.ndarray, zone_end: int, gamma: float | None) -> np.ndarray:
+    """Rows of A P <= 0 for cells inside ranks 1..zone_end: monotone density (gamma None) or r^gamma p(r)
+    non-decreasing (cell means of r^-gamma as the reference shape)."""
+    c_zone = int(np.searchsorted(edges, zone_end, side="right")) - 1  # cells fully inside 1..zone_end
+    if c_zone < 2:
+        return np.zeros((0, len(edges) - 1))
+    widths = np.diff(edges[: c_zone + 1]).astype(np.float64)
+    if gamma is None:
+        ref = np.ones(c_zone)
+    else:
+        r = np.arange(1, int(edges[c_zone]) + 1, dtype=np.float64)
+        ref = np.add.reduceat(r ** (-gamma), edges[:c_zone]) / widths
+    rows = np.zeros((c_zone - 1, len(edges) - 1))
+    idx = np.arange(c_zone - 1)
+    # density d_c = P_c / w_c; constraint d_{c+1} / ref_{c+1} <= d_c / ref_c (monotone: ref = 1) or the
+    # reverse for the steepness bound: d_c / ref_c <= d_{c+1} / ref_{c+1}
+    sign = 1.0 if gamma is None else -1.0
+    rows[idx, idx + 1] = sign / (widths[1:] * ref[1:])
+    rows[idx, idx] = -sign / (widths[:-1] * ref[:-1])
+    scale = np.abs(rows).max(axis=1, keepdims=True)
+    return rows / scale
+
+
+_CACHE: OrderedDict = OrderedDict()
+_CACHE_MAX = 16
+_CACHE_LOCK = threading.Lock()
+
+
+def _program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int) -> _Program:
+    key = (hist.n_items.tobytes(), hist.n_samples.tobytes(), hist.flat_counts.tobytes(), law, shape, level, relax,
+           max_groups)
+    with _CACHE_LOCK:
+        prog = _CACHE.get(key)
+        if prog is not None:
+            _CACHE.move_to_end(key)
+            return prog
+    prog = _build_program(hist, law, shape, level, relax, max_groups)
+    with _CACHE_LOCK:
+        _CACHE[key] = prog
+        while len(_CACHE) > _CACHE_MAX:
+            _CACHE.popitem(last=False)
+    return prog
+
+
+def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int):
+    from .rank_distribution import _build_model, estimate_rank_distribution, pool_groups
+
+    pooled, _ = pool_groups(hist, max_groups)
+    occupied = pooled.totals > 0
+    b = float(resolution(pooled)[occupied].max())
+    mono_end = int(math.ceil(shape.monotone_widths * b))
+    decay_end = int(math.ceil(shape.decay_widths * b))
+    model = _build_model(pooled, law, max_groups, 0.05, 0.25, extra_edges=(mono_end, decay_end))
+    edges, lik = model.edges, model.lik
+    G, C = lik.shape[0], lik.shape[1]
+    totals = model.counts.sum(-1)
+    total = float(totals.sum())
+    n_max = int(model.n.max())
+    # truncation masses from a maximum-likelihood fit (they depend on the far tail only)
+    if np.all(model.n == n_max):
+        z_g = np.ones(G)
+    else:
+        fit = estimate_rank_distribution(pooled, "mle", sampling=law, n_bootstrap=0, max_groups=max_groups)
+        cum = np.concatenate([[0.0], np.cumsum(fit.probs)])
+        z_g = np.interp(model.n.astype(np.float64), fit.edges.astype(np.float64), cum)
+        z_g = np.maximum(z_g, 1e-12)
+    inside = model.inside
+    weights = totals / total / z_g
+    # data band: per distinct m, cumulative pooled shares at the checkpoints, simultaneous by Bonferroni
+    classes = np.unique(model.m[occupied | (totals > 0)])
+    cps = [_checkpoints(int(mv)) for mv in classes]
+    n_checks = max(1, sum(len(c) for c in cps))
+    z_band = NormalDist().inv_cdf(1.0 - (1.0 - level) / (2.0 * n_checks))
+    cum_lik = np.cumsum(lik, axis=2)  # (G, C, m_max + 1): P(r~ <= i + 1 | cell, group)
+    cum_counts = np.cumsum(model.counts, axis=1)
+    rows, lo_b, hi_b = [], [], []
+    for mv, pts in zip(classes, cps):
+        sel = np.flatnonzero(model.m == mv)
+        n_cls = float(totals[sel].sum())
+        if n_cls <= 0:
+            continue
+        for i in pts:
+            expected = np.einsum("g,gc->c", totals[sel] / n_cls / z_g[sel], cum_lik[sel, :, i - 1] * inside[sel])
+            share = float(cum_counts[sel, i - 1].sum()) / n_cls
+            lo, hi = _wilson(np.array([share]), n_cls, z_band)
+            rows.append(expected)
+            lo_b.append(float(lo[0]))
+            hi_b.append(float(hi[0]))
+    a_data = np.asarray(rows).reshape(-1, C)
+    a_ub = [a_data, -a_data]
+    b_ub = [np.asarray(hi_b), -np.asarray(lo_b)]
+    if relax < 2:
+        mono = _shape_rows(edges, mono_end, None)
+        a_ub.append(mono)
+        b_ub.append(np.zeros(len(mono)))
+    if relax < 1 and shape.gamma > 0:
+        dec = _shape_rows(edges, decay_end, float(shape.gamma))
+        a_ub.append(dec)
+        b_ub.append(np.zeros(len(dec)))
+    a_eq = [np.ones((1, C))]
+    b_eq = [1.0]
+    for g in range(G):
+        if model.n[g] < n_max:
+            a_eq.append(inside[g][None, :].astype(np.float64))
+            b_eq.append(float(z_g[g]))
+    flags = ("shape_rejected",) if relax else ()
+    return _Program(edges, inside, weights, model.n, np.concatenate(a_ub), np.concatenate(b_ub), np.concatenate(a_eq),
+                    np.asarray(b_eq), total, flags)
+
+
+def _objective(spec: MetricSpec, prog: _Program) -> np.ndarray:
+    c = np.zeros(len(prog.edges) - 1)
+    for g, n_g in enumerate(prog.n_items):
+        c_in = int(np.count_nonzero(prog.inside[g]))
+        if prog.weights[g] == 0:
+            continue
+        c[:c_in] += prog.weights[g] * interval_mean_metric(spec, prog.edges[:c_in], prog.edges[1 : c_in + 1], int(n_g))
+    return c
+
+
+def _solve(c: np.ndarray, prog: _Program, sense: float):
+    res = optimize.linprog(sense * c, A_ub=prog.a_ub, b_ub=prog.b_ub, A_eq=prog.a_eq, b_eq=prog.b_eq,
+                           bounds=(0.0, 1.0), method="highs")
+    return res
+
+
+def identified_interval(
+    metric,
+    sampled_ranks,
+    n_items=None,
+    n_samples=None,
+    level: float = 0.95,
+    *,
+    sampling: str = "binomial",
+    weights=None,
+    shape: TopShape | None = None,
+    max_groups: int = 16,
+) -> IdentifiedInterval:
+    """The interval of a global metric over every rank distribution that fits the sampled ranks and the
+    shape assumption (module docstring), at confidence ``level``.
+
+    Args:
+        metric: metric name or spec.
+        sampled_ranks: sampled ranks (0 = padding) or a :class:`RankHistogram`; ``n_items``, ``n_samples``,
+            ``weights`` as in :func:`~reco_sampled_plugin.estimators.estimate`.
+        level: in (0, 1).
+        sampling: ``"binomial"`` or ``"hypergeometric"``.
+        shape: the :class:`TopShape` assumption (default: monotone over 2 b, no steeper than 1/r over b).
+
+    Raises:
+        ValueError: bad level, law, shape, empty histogram, cut-off above n.
+    """
+    spec = parse_metric(metric)
+    if not (isinstance(level, (int, float)) and 0.0 < level < 1.0):
+        raise ValueError(f"level: must lie in (0, 1), got {level!r}")
+    shape = TopShape() if shape is None else shape
+    if not isinstance(shape, TopShape):
+        raise ValueError(f"shape: expected a TopShape, got {type(shape).__name__}")
+    law = check_law(sampling)
+    hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
+    hist.check_nonempty()
+    hist = hist.without_empty_groups()
+    if spec.k is not None and spec.k > int(hist.n_items.min()):
+        raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(hist.n_items.min())})")
+    lo_range, hi_range = _metric_range(spec, hist)
+    flags: tuple[str, ...] = ()
+    lp_lo = lp_hi = math.nan
+    for relax in range(3):
+        prog = _program(hist, law, shape, float(level), relax, int(max_groups))
+        c = _objective(spec, prog)
+        r_lo, r_hi = _solve(c, prog, 1.0), _solve(c, prog, -1.0)
+        if r_lo.status == 0 and r_hi.status == 0:
+            lp_lo, lp_hi = float(c @ r_lo.x), float(c @ r_hi.x)
+            flags = prog.flags
+            break
+    else:
+        return IdentifiedInterval(lo_range, hi_range, lo_range, hi_range, float(level), ("identification_failed",))
+    lp_lo, lp_hi = max(lp_lo, lo_range), min(max(lp_hi, lp_lo), hi_range)
+    z = NormalDist().inv_cdf(0.5 + level / 2.0)
+    top = float(_top_value(spec, hist))
+    total = max(prog.total, 1.0)
+    lo = lp_lo - z * math.sqrt(top * max(lp_lo - lo_range, 0.0) / total)
+    hi = lp_hi + z * math.sqrt(top * max(lp_hi - lo_range, 0.0) / total)
+    lo, hi = max(lo, lo_range), min(hi, hi_range)
+    details = {"resolution": resolution(hist).tolist(), "shape": shape, "n_cells": len(prog.edges) - 1}
+    return IdentifiedInterval(lo, hi, lp_lo, lp_hi, float(level), flags, details)
+
+
+def _metric_range(spec: MetricSpec, hist: RankHistogram) -> tuple[float, float]:
+    from .estimators import _metric_bounds
+
+    return _metric_bounds(spec, hist)
+
+
+def _top_value(spec: MetricSpec, hist: RankHistogram) -> float:
+    """M(1) - min M: the largest change of one instance's metric (the allocation's per-user spread bound)."""
+    lo, hi = _metric_range(spec, hist)
+    return hi - lo
+
+
+class Identification:
+    """What an :class:`~reco_sampled_plugin.estimate.Estimate` needs to widen its interval: the histogram, metric,
+    law and shape; identified intervals are computed on first use per level and kept (picklable)."""
+
+    def __init__(self, spec: MetricSpec, hist: RankHistogram, sampling: str, shape: TopShape | None = None) -> None:
+        self.spec = spec
+        self.hist = hist
+        self.sampling = check_law(sampling)
+        self.shape = TopShape() if shape is None else shape
+        self.metric_range = _metric_range(spec, hist)
+        self._cache: dict = {}
+
+    def interval(self, level: float = 0.95) -> IdentifiedInterval:
+        key = float(level)
+        if key not in self._cache:
+            self._cache[key] = identified_interval(self.spec, self.hist, level=key, sampling=self.sampling, shape=self.shape)
+        return self._cache[key]
+
+    def __repr__(self) -> str:
+        return f"Identification({self.spec}, shape={self.shape})"

@@ -1,0 +1,177 @@
+"""Identified intervals (issue 16): containment of the identified set by brute force, coverage on ml-100k with
+known exact ranks, and the Estimate.interval contract."""
+
+from __future__ import annotations
+
+import math
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+import reco_sampled_plugin as rsp
+from reco_sampled_plugin._rank_hist import RankHistogram
+from reco_sampled_plugin.identification import TopShape, identified_interval, top_sensitive
+from reco_sampled_plugin.metric_names import parse_metric
+from reco_sampled_plugin.metrics import metric_values
+from reco_sampled_plugin.sampling_laws import sampled_rank_pmf
+from reco_sampled_plugin.simulate import draw_sampled_ranks
+
+N_ITEMS, M = 400, 9  # resolution b = 399 / 10 + 1 = 40.9: K = 1..40 lie inside the first sampled bin
+
+
+def _law_matrix(n: int, m: int) -> np.ndarray:
+    """P(r~ = i | R = r), r = 1..n (rows)."""
+    return sampled_rank_pmf(torch.arange(1, n + 1), n, m, "binomial").numpy()
+
+
+def _expected_histogram(p: np.ndarray, n: int, m: int, total: float) -> RankHistogram:
+    return RankHistogram(np.array([n]), np.array([m]), (total * (p @ _law_matrix(n, m)),))
+
+
+def _top_shape_density(rng: np.random.Generator, n: int, b: float, gamma: float) -> np.ndarray:
+    """A random density obeying TopShape(gamma, 1, 2): r^-gamma times a random non-decreasing factor over 1..b,
+    non-increasing over 1..2b, anything positive beyond."""
+    r = np.arange(1, n + 1, dtype=np.float64)
+    g = np.maximum.accumulate(rng.gamma(0.3, size=n))  # non-decreasing
+    top = r ** (-rng.uniform(0, gamma)) * (g / g.max()) ** rng.uniform(0, 1)
+    p = top.copy()
+    cut = int(math.ceil(b))
+    # within 1..b: r^gamma p non-decreasing holds for r^-a with a <= gamma times a non-decreasing g;
+    # beyond 1..b keep the density non-increasing up to 2b, then a random tail below it
+    p = np.minimum.accumulate(p)
+    tail_level = p[min(2 * cut, n) - 1]
+    p[2 * cut:] = tail_level * rng.uniform(0.05, 1.0, size=n - 2 * cut) * rng.uniform(0.2, 1.0)
+    return p / p.sum()
+
+
+def _in_class(p: np.ndarray, b: float, gamma: float) -> bool:
+    r = np.arange(1, len(p) + 1, dtype=np.float64)
+    cut = int(math.ceil(b))
+    mono = np.all(np.diff(p[: 2 * cut]) <= 1e-15)
+    steep = np.all(np.diff((r**gamma * p)[:cut]) >= -1e-15)
+    return bool(mono and steep)
+
+
+@pytest.mark.parametrize("metric", ["hit@1", "hit@5", "ndcg@10", "hit@20", "mrr"])
+def test_identified_interval_contains_every_distribution_of_the_class(metric):
+    """Brute force on small n: distributions of the shape class whose expected histograms equal the observed one
+    (large N, no noise) must all have their metric inside the LP bounds; and the bounds are attained closely by
+    the extreme shapes (the interval is not the metric's whole range)."""
+    rng = np.random.default_rng(7)
+    b = (N_ITEMS - 1) / (M + 1) + 1
+    spec = parse_metric(metric)
+    r = np.arange(1, N_ITEMS + 1)
+    mvals = metric_values(spec, torch.from_numpy(r), N_ITEMS).numpy()
+    checked = 0
+    for _ in range(40):
+        p = _top_shape_density(rng, N_ITEMS, b, 1.0)
+        if not _in_class(p, b, 1.0):
+            continue
+        hist = _expected_histogram(p, N_ITEMS, M, 1e6)
+        iv = identified_interval(spec, hist, level=0.95)
+        truth = float(p @ mvals)
+        assert iv.lp_lo - 1e-9 <= truth <= iv.lp_hi + 1e-9, (truth, iv)
+        assert iv.lo <= iv.lp_lo and iv.hi >= iv.lp_hi
+        assert "shape_rejected" not in iv.flags
+        checked += 1
+    assert checked >= 20
+
+
+def test_bounds_match_the_extreme_shapes_of_the_first_bin():
+    """Uniform and 1/r tops are in the class: with the data of a uniform top (no noise), the lower LP bound of
+    HR@K sits at the uniform value, and the 1/r top's value lies inside; a narrower class (gamma = 0.5) gives
+    a narrower interval that still contains both values it allows."""
+    n, m = 2000, 19  # b = 101
+    r = np.arange(1, n + 1, dtype=np.float64)
+    uniform_top = np.where(r <= 300, 1.0, 0.2)
+    uniform_top /= uniform_top.sum()
+    hist = _expected_histogram(uniform_top, n, m, 1e7)
+    wide = identified_interval("hit@10", hist)
+    narrow = identified_interval("hit@10", hist, shape=TopShape(gamma=0.5))
+    truth = float(uniform_top[:10].sum())
+    assert wide.lp_lo == pytest.approx(truth, rel=0.05)
+    assert narrow.lp_hi < wide.lp_hi
+    assert narrow.lp_lo <= truth <= narrow.lp_hi
+    # the whole range of HR@10 would be [0, 1]: the interval is a few times the value, not the range
+    assert wide.hi < 0.5
+
+
+def test_identified_interval_covers_on_ml100k_and_is_wider_than_sampling():
+    """Coverage of Estimate.interval(0.95) for the default estimator on ml-100k sampled at m = 100 (fixed seed):
+    20 repeats x 2 recommenders x 3 unresolved metrics. With true coverage 0.95 the count of misses out of 120 is
+    Binomial(120, 0.05): mean 6, sd 2.4; more than 18 misses (coverage < 0.85) is a > 5 sd event."""
+    from reco_sampled_plugin import baselines, datasets
+    from reco_sampled_plugin.ranking import exact_ranks
+
+    split = datasets.load_ml100k()
+    users = split.test_users
+    test = torch.from_numpy(split.test_items[users])
+    train = split.train[users]
+    exclude = torch.from_numpy(train.toarray() > 0)
+    n_u = (split.n_items - np.diff(train.indptr)).astype(np.int64)
+    models = {"pop": baselines.Popularity().fit(split.train), "knn": baselines.ItemKNN(q=3).fit(split.train)}
+    misses, total, widths = 0, 0, []
+    for i, model in enumerate(models.values()):
+        r = exact_ranks(model.score(users), test, exclude, count_other_positives=False).reshape(-1).numpy()
+        draws = draw_sampled_ranks(r, n_u, 100, repeats=20, seed=11 + i)
+        for metric in ("hit@1", "hit@10", "ndcg@10"):
+            exact = float(metric_values(metric, torch.from_numpy(r), torch.from_numpy(n_u)).mean())
+            for d in draws:
+                est = rsp.estimate(metric, d, n_u, 100, n_bootstrap=0)
+                assert "top_unresolved" in est.flags and est.identification is not None
+                lo, hi = est.interval(0.95)
+                s_lo, s_hi = est.sampling_interval(0.95)
+                assert lo <= s_lo and hi >= s_hi
+                widths.append((hi - lo) / (s_hi - s_lo))
+                misses += not (lo <= exact <= hi)
+                total += 1
+    assert misses <= 18, f"{misses} of {total} intervals missed"
+    assert np.median(widths) > 1.0
+
+
+def test_resolved_metrics_keep_the_sampling_interval():
+    rng = np.random.default_rng(0)
+    n, m = 300, 99  # b = 4: K = 10 is resolved
+    ranks = rng.integers(1, m + 2, size=500)
+    for metric in ("hit@10", "ndcg@20", "auc"):
+        est = rsp.estimate(metric, ranks, n, m, method="bv")
+        assert est.identification is None
+        assert est.interval(0.9) == est.sampling_interval(0.9)
+    # the uncorrected sampled metric estimates the sampled metric: never widened
+    est = rsp.estimate("hit@1", ranks, 10_000, m, method="none")
+    assert est.identification is None
+    assert top_sensitive(parse_metric("hit@1"), RankHistogram(np.array([10_000]), np.array([m]),
+                                                               (np.bincount(ranks, minlength=m + 2)[1:],)))
+
+
+@pytest.mark.parametrize("method", ["mes", "mle", "bv", "cls", "bound", "beta_fit", "rank_estimate", "bv_mle"])
+def test_every_estimator_gets_the_identified_interval(method):
+    rng = np.random.default_rng(1)
+    ranks = np.minimum(rng.geometric(0.3, size=400), 101)
+    est = rsp.estimate("ndcg@10", ranks, 20_000, 100, method=method, **({"n_bootstrap": 0} if method in ("mes", "mle") else {}))
+    lo, hi = est.interval()
+    assert est.identification is not None and "top_unresolved" in est.flags
+    assert 0.0 <= lo <= hi <= 1.0 and not math.isnan(lo) and not math.isnan(hi)
+    assert (lo, hi) == est.interval(0.95)  # cached per level
+    assert pickle.loads(pickle.dumps(est)).interval() == (lo, hi)
+
+
+def test_all_at_top_gives_a_finite_honest_interval():
+    ranks = np.ones(50, dtype=np.int64)
+    est = rsp.estimate("hit@10", ranks, 50_000, 100, method="bv")
+    assert math.isinf(est.stderr)
+    lo, hi = est.interval()
+    assert 0.0 <= lo < hi <= 1.0
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="level"):
+        identified_interval("hit@10", [1, 2, 3], 1000, 10, level=1.5)
+    with pytest.raises(ValueError, match="shape"):
+        TopShape(gamma=float("nan"))
+    with pytest.raises(ValueError, match="top_shape"):
+        rsp.estimate("hit@10", [1, 2, 3], 1000, 10, method="bv", top_shape="steep")
+    with pytest.raises(ValueError, match="level"):
+        rsp.estimate("hit@10", [1, 2, 3], 1000, 10, method="bv").interval(0.0)
