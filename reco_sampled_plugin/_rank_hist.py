@@ -104,6 +104,23 @@ class RankHistogram:
             object.__setattr__(self, name, value)
         return self
 
+    @classmethod
+    def _trusted_ragged(cls, n: np.ndarray, m: np.ndarray, flat: np.ndarray) -> "RankHistogram":
+        """:meth:`_trusted` from the groups' counts laid end to end (``flat``, group g's m_g + 1 counts after
+        those of groups 0..g-1)."""
+        self = object.__new__(cls)
+        sizes = m + 1
+        flat.setflags(write=False)
+        starts = (np.cumsum(sizes) - sizes).astype(np.int64)
+        rows = tuple(np.split(flat, starts[1:])) if len(starts) else ()
+        totals = np.add.reduceat(flat, starts)
+        totals.setflags(write=False)
+        n.setflags(write=False)
+        m.setflags(write=False)
+        for name, value in (("n_items", n), ("n_samples", m), ("counts", rows), ("_totals", totals), ("_flat", flat), ("_starts", starts)):
+            object.__setattr__(self, name, value)
+        return self
+
     @property
     def n_groups(self) -> int:
         return len(self.counts)
@@ -276,9 +293,14 @@ def _bincount_histogram(r, n, m, w) -> RankHistogram:
         raise ValueError(f"n_items: need at least 2 candidates, got {un[g]} in group {g}" if un[0] < 2
                          else f"n_samples: must be >= 1, got {um[g]} in group {g}")
     width = int(um.max()) + 1
-    counts = np.bincount(gid * width + (r - 1), weights=w, minlength=un.shape[0] * width)
-    counts = counts.astype(np.float64, copy=False).reshape(un.shape[0], width)
-    return RankHistogram._trusted(un, um, counts)
+    if un.shape[0] * width <= 4 * (int((um + 1).sum()) + 1024):  # widths alike: one dense (G, W) block
+        counts = np.bincount(gid * width + (r - 1), weights=w, minlength=un.shape[0] * width)
+        counts = counts.astype(np.float64, copy=False).reshape(un.shape[0], width)
+        return RankHistogram._trusted(un, um, counts)
+    # widths that differ (adaptive sampling: m up to 32 m): a ragged layout, group g at offset[g]
+    offsets = np.concatenate([[0], np.cumsum(um + 1)]).astype(np.int64)
+    flat = np.bincount(offsets[gid] + (r - 1), weights=w, minlength=int(offsets[-1])).astype(np.float64, copy=False)
+    return RankHistogram._trusted_ragged(un, um, flat)
 
 
 def as_histogram(sampled_ranks, n_items=None, n_samples=None, weights=None) -> RankHistogram:

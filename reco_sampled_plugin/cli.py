@@ -99,12 +99,13 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"--method: unknown {unknown}; use some of {ESTIMATORS}")
     print(f"{len(data.ranks):,} sampled ranks; n {int(data.n_items.min()):,}..{int(data.n_items.max()):,}; m {int(data.n_samples.min())}..{int(data.n_samples.max())}")
-    print(f"{'metric':12}{'method':14}{'estimate':>11}{'stderr':>10}  flags")
+    print(f"{'metric':12}{'method':14}{'estimate':>11}{'stderr':>10}{'95% interval':>22}  flags")
     for metric in metrics:
         for method in methods:
             est = estimate(metric, data.ranks, data.n_items, data.n_samples, method=method, gamma=args.gamma, sampling=args.sampling)
             flags = ",".join(est.flags) if est.flags else ""
-            print(f"{metric:12}{method:14}{est.value:11.5f}{est.stderr:10.5f}  {flags}")
+            lo, hi = est.interval(0.95)  # widened where the top is unresolved (docs/estimators.md)
+            print(f"{metric:12}{method:14}{est.value:11.5f}{est.stderr:10.5f}{f'[{lo:.5f}, {hi:.5f}]':>22}  {flags}")
     return 0
 
 

@@ -190,39 +190,44 @@ def _program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax
 
 
 def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int):
-    from .rank_distribution import _build_model, estimate_rank_distribution, pool_groups
+    from .rank_distribution import dense_likelihood, estimate_rank_distribution, model_grid, pool_groups
 
     pooled, _ = pool_groups(hist, max_groups)
+    if law == "hypergeometric" and np.any(pooled.n_samples > pooled.n_items - 1):
+        raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (n - 1 >= m)")
     occupied = pooled.totals > 0
     b = float(resolution(pooled)[occupied].max())
     mono_end = int(math.ceil(shape.monotone_widths * b))
     decay_end = int(math.ceil(shape.decay_widths * b))
-    model = _build_model(pooled, law, max_groups, 0.05, 0.25, extra_edges=(mono_end, decay_end))
-    edges, lik = model.edges, model.lik
+    edges = model_grid(pooled.n_items, pooled.n_samples, extra_edges=(mono_end, decay_end))
+    lik, inside = dense_likelihood(edges, pooled.n_items, pooled.n_samples, law)  # (G, C, m_max + 1)
     G, C = lik.shape[0], lik.shape[1]
-    totals = model.counts.sum(-1)
+    counts = np.zeros((G, lik.shape[2]))
+    for g in range(G):
+        counts[g, : int(pooled.n_samples[g]) + 1] = pooled.counts[g]
+    totals = counts.sum(-1)
     total = float(totals.sum())
-    n_max = int(model.n.max())
+    n_items, n_samples = pooled.n_items, pooled.n_samples
+    n_max = int(n_items.max())
     # truncation masses from a maximum-likelihood fit (they depend on the far tail only)
-    if np.all(model.n == n_max):
+    if np.all(n_items == n_max):
         z_g = np.ones(G)
     else:
         fit = estimate_rank_distribution(pooled, "mle", sampling=law, n_bootstrap=0, max_groups=max_groups)
         cum = np.concatenate([[0.0], np.cumsum(fit.probs)])
-        z_g = np.interp(model.n.astype(np.float64), fit.edges.astype(np.float64), cum)
+        z_g = np.interp(n_items.astype(np.float64), fit.edges.astype(np.float64), cum)
         z_g = np.maximum(z_g, 1e-12)
-    inside = model.inside
     weights = totals / total / z_g
     # data band: per distinct m, cumulative pooled shares at the checkpoints, simultaneous by Bonferroni
-    classes = np.unique(model.m[occupied | (totals > 0)])
+    classes = np.unique(n_samples[totals > 0])
     cps = [_checkpoints(int(mv)) for mv in classes]
     n_checks = max(1, sum(len(c) for c in cps))
     z_band = NormalDist().inv_cdf(1.0 - (1.0 - level) / (2.0 * n_checks))
     cum_lik = np.cumsum(lik, axis=2)  # (G, C, m_max + 1): P(r~ <= i + 1 | cell, group)
-    cum_counts = np.cumsum(model.counts, axis=1)
+    cum_counts = np.cumsum(counts, axis=1)
     rows, lo_b, hi_b = [], [], []
     for mv, pts in zip(classes, cps):
-        sel = np.flatnonzero(model.m == mv)
+        sel = np.flatnonzero(n_samples == mv)
         n_cls = float(totals[sel].sum())
         if n_cls <= 0:
             continue
@@ -247,11 +252,11 @@ def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float,
     a_eq = [np.ones((1, C))]
     b_eq = [1.0]
     for g in range(G):
-        if model.n[g] < n_max:
+        if n_items[g] < n_max:
             a_eq.append(inside[g][None, :].astype(np.float64))
             b_eq.append(float(z_g[g]))
     flags = ("shape_rejected",) if relax else ()
-    return _Program(edges, inside, weights, model.n, np.concatenate(a_ub), np.concatenate(b_ub), np.concatenate(a_eq),
+    return _Program(edges, inside, weights, n_items, np.concatenate(a_ub), np.concatenate(b_ub), np.concatenate(a_eq),
                     np.asarray(b_eq), total, flags)
 
 

@@ -50,7 +50,7 @@ from functools import lru_cache
 
 import numpy as np
 import torch
-from scipy import optimize, sparse
+from scipy import optimize, sparse, special
 
 from ._rank_hist import (
     RankHistogram,
@@ -125,57 +125,106 @@ def _cell_points(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 # ------------------------------------------------------------------------------------------- model
 @dataclass
 class _Model:
+    """The likelihood on the observed support: only the K (group, r~) columns that hold counts enter the
+    likelihood (and every bootstrap draw stays on them), so the cost follows the data, not m_max x groups
+    (adaptive sampling: m up to 32 m in a dozen groups, a few hundred occupied columns)."""
+
     edges: np.ndarray  # (C + 1,)
     n: np.ndarray  # (G,) candidates per group
     m: np.ndarray  # (G,) samples per group
-    counts: np.ndarray  # (G, m_max + 1) zero-padded
-    lik: np.ndarray  # (G, C, m_max + 1): P(r~ = i | cell, group); zero rows for cells above n_g
+    cols: np.ndarray  # (K, 2) int64: (group, i) of each column, i = r~ - 1
+    counts: np.ndarray  # (K,) counts of the fitted histogram on the columns
+    lik: np.ndarray  # (C, K): P(r~ = i | cell, group) on the columns; zero for cells above n_g
     inside: np.ndarray  # (G, C) bool: cell within 1..n_g
     pooled: bool  # groups were pooled into bins of n
-    lik2: np.ndarray | None = None  # (C, G (m_max + 1)): lik laid out for one matmul per EM product
+    onehot: np.ndarray | None = None  # (K, G) float64: column -> group
     inside_f: np.ndarray | None = None  # (C, G) float64
-    lik2_sparse: sparse.csr_matrix | None = None  # the same, sparse (for single fits)
+    lik_sparse: sparse.csr_matrix | None = None  # lik, sparse when mostly zeros (single-threaded, faster there)
 
     def __post_init__(self) -> None:
-        if self.lik2 is None:
-            self.lik2 = np.ascontiguousarray(self.lik.transpose(1, 0, 2).reshape(self.lik.shape[1], -1))
+        if self.onehot is None:
+            self.onehot = np.zeros((len(self.cols), len(self.n)))
+            self.onehot[np.arange(len(self.cols)), self.cols[:, 0]] = 1.0
         if self.inside_f is None:
             self.inside_f = np.ascontiguousarray(self.inside.T.astype(np.float64))
-        if self.lik2_sparse is None and np.count_nonzero(self.lik2) <= _SPARSE_MAX_DENSITY * self.lik2.size:
-            self.lik2_sparse = sparse.csr_matrix(self.lik2)
+        if self.lik_sparse is None and np.count_nonzero(self.lik) <= _SPARSE_MAX_DENSITY * self.lik.size:
+            self.lik_sparse = sparse.csr_matrix(self.lik)
 
     @property
     def widths(self) -> np.ndarray:
         return np.diff(self.edges).astype(np.float64)
 
+    def totals(self, counts: np.ndarray) -> np.ndarray:
+        """Positives per group for counts (..., K): (..., G)."""
+        return counts @ self.onehot
+
     def mix(self, pi: np.ndarray) -> np.ndarray:
-        """P(r~ = i | group) = sum_c pi_c lik[g, c, i] for pi of shape (..., C): (..., G, m_max + 1)."""
+        """P(r~ = i | group) = sum_c pi_c lik[c, k] on the columns, for pi of shape (..., C): (..., K)."""
         flat = pi.reshape(-1, pi.shape[-1])
-        if self.lik2_sparse is not None:
-            out = np.asarray(self.lik2_sparse.T @ flat.T).T
-        else:
-            out = flat @ self.lik2
-        return out.reshape(pi.shape[:-1] + self.lik.shape[::2])
+        out = np.asarray(self.lik_sparse.T @ flat.T).T if self.lik_sparse is not None else flat @ self.lik
+        return out.reshape(pi.shape[:-1] + (self.lik.shape[1],))
 
     def back(self, ratio: np.ndarray) -> np.ndarray:
-        """sum_{g, i} lik[g, c, i] ratio[..., g, i]: (..., C)."""
-        flat = ratio.reshape(-1, ratio.shape[-2] * ratio.shape[-1])
-        if self.lik2_sparse is not None:
-            out = np.asarray(self.lik2_sparse @ flat.T).T
-        else:
-            out = flat @ self.lik2.T
-        return out.reshape(ratio.shape[:-2] + (-1,))
+        """sum_k lik[c, k] ratio[..., k]: (..., C)."""
+        flat = ratio.reshape(-1, ratio.shape[-1])
+        out = np.asarray(self.lik_sparse @ flat.T).T if self.lik_sparse is not None else flat @ self.lik.T
+        return out.reshape(ratio.shape[:-1] + (-1,))
+
+    def group_counts(self, counts: np.ndarray) -> tuple:
+        """Counts (K,) back to one (m_g + 1,) array per group."""
+        out = [np.zeros(int(mg) + 1) for mg in self.m]
+        for (g, i), c in zip(self.cols.tolist(), counts.tolist()):  # K entries (occupied columns), not items
+            out[g][i] = c
+        return tuple(out)
+
+
+# more distinct sample sizes than this are pooled onto a geometric grid of m (``_pool_m``); adaptive sampling
+# (m, 2m, ..., 32m) and a few samplers stay exact
+_MAX_EXACT_M = 8
+_M_SPREAD = 0.1
+
+
+def _pool_m(hist: RankHistogram, spread: float = _M_SPREAD) -> RankHistogram:
+    """Many distinct m (e.g. m proportional to each user's n): groups whose m lie within a factor 1 + spread
+    are moved to the largest m' of their bin, with n' - 1 = (n - 1) m' / m so that the expected number of
+    sampled items above a positive, m (R - 1)/(n - 1), is unchanged for every R (the binomial laws then agree
+    up to O(1/m) at the top, and in variance by at most the spread deep in the list). Counts keep their r~
+    (r~ <= m + 1 <= m' + 1). Exact for the top; the approximation is flagged ``pooled_n`` by the callers."""
+    um = np.unique(hist.n_samples)
+    edges = [int(um[0])]
+    for v in um[1:].tolist():  # bins over the distinct m (hundreds at most), not over positives
+        if v > edges[-1] * (1.0 + spread):
+            edges.append(int(v))
+    starts = np.asarray(edges)
+    bin_of = np.searchsorted(starts, hist.n_samples, side="right") - 1
+    top = np.array([int(um[(um >= lo) & ((um < starts[k + 1]) if k + 1 < len(starts) else True)].max())
+                    for k, lo in enumerate(starts)])
+    m_new = top[bin_of]
+    n_new = 1 + np.rint((hist.n_items - 1.0) * m_new / hist.n_samples).astype(np.int64)
+    span = int(m_new.max()) + 1
+    keys, gid = np.unique(n_new * span + m_new, return_inverse=True)
+    n_out, m_out = keys // span, keys % span
+    offsets = np.concatenate([[0], np.cumsum(m_out + 1)])
+    sizes = hist.n_samples + 1
+    owner = np.repeat(np.arange(hist.n_groups), sizes)
+    pos = np.arange(len(owner)) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # r~ - 1 within each group
+    flat = np.bincount(offsets[gid[owner]] + pos, weights=hist.flat_counts, minlength=int(offsets[-1]))
+    return RankHistogram(n_out, m_out, tuple(np.split(flat, offsets[1:-1])))
 
 
 def pool_groups(hist: RankHistogram, max_groups: int, max_rel_n_spread: float | None = None) -> tuple[RankHistogram, bool]:
     """Fewer (n, m) groups for the likelihood: onto a geometric grid of n (``max_rel_n_spread``, see
     :func:`~reco_sampled_plugin._rank_hist.pool_by_n`), or else, beyond ``max_groups`` groups, into
-    quantile bins of n (count-weighted median n per bin). Returns (histogram, whether it changed)."""
+    quantile bins of n (count-weighted median n per bin). More than ``_MAX_EXACT_M`` distinct m are first
+    pooled onto a geometric grid of m (:func:`_pool_m`). Returns (histogram, whether it changed)."""
+    m_pooled = len(np.unique(hist.n_samples)) > _MAX_EXACT_M
+    if m_pooled:
+        hist = _pool_m(hist)
     if max_rel_n_spread is not None:
         pooled = pool_by_n(hist, max_rel_n_spread)
-        return pooled, not pooled.same_groups(hist)
+        return pooled, m_pooled or not pooled.same_groups(hist)
     if hist.n_groups <= max_groups:
-        return hist, False
+        return hist, m_pooled
     sizes = np.unique(hist.n_samples)
     bins = max(1, max_groups // len(sizes))
     reps: dict[tuple[int, int], np.ndarray] = {}
@@ -203,66 +252,129 @@ def pool_groups(hist: RankHistogram, max_groups: int, max_rel_n_spread: float | 
     return pooled, True
 
 
-@lru_cache(maxsize=32)
-def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa: float, extra_edges: tuple = ()):
-    """Grid edges, P(r~ | cell, group) and the inside mask for groups (n_g, m_g): depends on the groups'
-    sizes only, not on the counts, so it is cached (repeated fits on new draws of the same users reuse it).
-    ``extra_edges``: more cell edges (whole ranks below n_max), e.g. the bounds of the shape zones."""
+def model_grid(n_items, n_samples, delta: float = 0.05, kappa: float = 0.25, extra_edges=()) -> np.ndarray:
+    """The cell edges of a fit over groups (n_g, m_g): :func:`rank_grid` of the largest n and m, with every
+    n_g and the ``extra_edges`` (whole ranks below n_max) as edges."""
     n_arr = np.asarray(n_items, dtype=np.int64)
     n_max = int(n_arr.max())
-    m_max = int(max(n_samples))
     extra = np.asarray([e for e in extra_edges if 0 < e < n_max], dtype=np.int64)
-    edges = rank_grid(n_max, m_max, delta, kappa, extra_edges=np.concatenate([n_arr, extra]))
+    return rank_grid(n_max, int(max(n_samples)), delta, kappa, extra_edges=np.concatenate([n_arr, extra]))
+
+
+def dense_likelihood(edges: np.ndarray, n_items, n_samples, law: str) -> tuple[np.ndarray, np.ndarray]:
+    """P(r~ = i | cell, group) for every i (G, C, m_max + 1) and the inside mask (G, C): each cell's law
+    averaged over up to 8 ranks spread through it (``_cell_points``)."""
     pts, wts = _cell_points(edges)
     G, C = len(n_items), len(edges) - 1
+    m_max = int(max(n_samples))
     lik = np.zeros((G, C, m_max + 1))
     inside = np.zeros((G, C), dtype=bool)
     for g in range(G):  # one pass per (n, m) group
         n_g, m_g = int(n_items[g]), int(n_samples[g])
         c_in = int(np.searchsorted(edges, n_g))  # cells 0..c_in-1 lie within 1..n_g (n_g is an edge)
         inside[g, :c_in] = True
-        p = pts[:c_in]
-        logp = log_sampled_rank_pmf(torch.from_numpy(p.astype(np.float64)), n_g, m_g, law).numpy()
+        logp = log_sampled_rank_pmf(torch.from_numpy(pts[:c_in].astype(np.float64)), n_g, m_g, law).numpy()
         lik[g, :c_in, : m_g + 1] = np.einsum("cs,csi->ci", wts[:c_in], np.exp(logp))
+    return lik, inside
+
+
+def _binomial_columns(pts: np.ndarray, n: int, m: int, i: np.ndarray) -> np.ndarray:
+    """log Binomial(i; m, (r - 1)/(n - 1)) at ranks ``pts`` (..., S) and successes ``i`` (K,): (..., S, K).
+    Pointwise (no full rows), so the cost is the occupied columns, not m; log p and log(1 - p) once per rank."""
+    p = (pts.astype(np.float64) - 1.0) / (n - 1.0)
+    with np.errstate(divide="ignore"):
+        logp, log1mp = np.log(p)[..., None], np.log1p(-p)[..., None]
+    j = i.astype(np.float64)
+    log_c = math.lgamma(m + 1.0) - special.gammaln(j + 1.0) - special.gammaln(m - j + 1.0)
+    # 0 log 0 = 0: j = 0 at p = 0 and m - j = 0 at p = 1 contribute nothing
+    with np.errstate(invalid="ignore"):
+        a = np.where(j > 0, j * logp, 0.0)
+        b = np.where(m - j > 0, (m - j) * log1mp, 0.0)
+    return log_c + a + b
+
+
+@lru_cache(maxsize=32)
+def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa: float, extra_edges: tuple = (),
+                support: tuple = ()):
+    """Grid edges, P(r~ | cell, group) on the ``support`` columns (flat keys g (m_max + 1) + i) and the inside
+    mask for groups (n_g, m_g). Depends on sizes and support only, not on the counts, so it is cached (repeated
+    fits on new draws of the same users reuse it). ``extra_edges``: more cell edges, e.g. shape-zone bounds."""
+    n_arr = np.asarray(n_items, dtype=np.int64)
+    m_arr = np.asarray(n_samples, dtype=np.int64)
+    m_max = int(m_arr.max())
+    edges = model_grid(n_arr, m_arr, delta, kappa, extra_edges)
+    keys = np.asarray(support, dtype=np.int64)
+    cols = np.stack([keys // (m_max + 1), keys % (m_max + 1)], axis=1) if len(keys) else np.zeros((0, 2), np.int64)
+    G, C = len(n_items), len(edges) - 1
+    lik = np.zeros((C, len(cols)))
+    inside = np.zeros((G, C), dtype=bool)
+    pts, wts = _cell_points(edges)
+    for g in range(G):  # one pass per (n, m) group
+        n_g, m_g = int(n_arr[g]), int(m_arr[g])
+        c_in = int(np.searchsorted(edges, n_g))  # cells 0..c_in-1 lie within 1..n_g (n_g is an edge)
+        inside[g, :c_in] = True
+        sel = np.flatnonzero(cols[:, 0] == g)
+        if not len(sel):
+            continue
+        if law == "binomial":
+            logp = _binomial_columns(pts[:c_in], n_g, m_g, cols[sel, 1])  # (c_in, S, K_g)
+        else:  # the ratio recurrence needs whole rows (hypergeometric designs have few, moderate m)
+            full = log_sampled_rank_pmf(torch.from_numpy(pts[:c_in].astype(np.float64)), n_g, m_g, law).numpy()
+            logp = full[..., cols[sel, 1]]
+        lik[:c_in, sel] = np.einsum("cs,csk->ck", wts[:c_in], np.exp(logp))
     # drop probabilities below 1e-16 (each row sums to 1): every mixture probability changes by less than
     # 1e-16 absolute (observed ones are >= ~1e-8, so < 1e-8 relative), no subnormal numbers slow the
     # matmuls, and the likelihood matrix becomes sparse (~20% non-zeros at m = 500)
     lik[lik < _LIK_FLOOR] = 0.0
-    model = _Model(edges, n_arr, np.asarray(n_samples, dtype=np.int64), np.zeros((G, m_max + 1)), lik, inside, False)
-    for arr in (edges, lik, inside, model.lik2, model.inside_f):
+    model = _Model(edges, n_arr, m_arr, cols, np.zeros(len(cols)), lik, inside, False)
+    for arr in (edges, lik, inside, cols, model.onehot, model.inside_f):
         arr.setflags(write=False)
     return model
 
 
+def _support(hists, m_max: int) -> tuple:
+    """Flat keys g (m_max + 1) + i of the columns occupied in any of the histograms (same groups)."""
+    keys = set()
+    for h in hists:
+        for g, c in enumerate(h.counts):
+            keys.update((g * (m_max + 1) + np.flatnonzero(np.asarray(c) > 0)).tolist())
+    return tuple(sorted(keys))
+
+
+def _flat_counts(model: _Model, hist: RankHistogram) -> np.ndarray:
+    """A histogram with the model's groups as counts on the model's columns (K,)."""
+    return np.array([hist.counts[g][i] for g, i in model.cols.tolist()], dtype=np.float64)
+
+
 def _build_model(
     hist: RankHistogram, sampling: str, max_groups: int, delta: float, kappa: float, max_rel_n_spread=None,
-    extra_edges: tuple = (),
+    extra_edges: tuple = (), others=(),
 ) -> _Model:
+    """The model of ``hist`` (pooled), its counts on the columns; ``others``: more pooled histograms with the
+    same groups whose columns must be in the support (batched fits)."""
     law = check_law(sampling)
     hist, pooled = pool_groups(hist, max_groups, max_rel_n_spread)
     if law == "hypergeometric" and np.any(hist.n_samples > hist.n_items - 1):
         raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (n - 1 >= m)")
+    m_max = int(hist.n_samples.max())
     base = _likelihood(
         tuple(int(v) for v in hist.n_items), tuple(int(v) for v in hist.n_samples), law, float(delta), float(kappa),
-        tuple(int(e) for e in extra_edges),
+        tuple(int(e) for e in extra_edges), _support((hist,) + tuple(others), m_max),
     )
-    counts = np.zeros_like(base.counts)
-    for g in range(hist.n_groups):
-        counts[g, : int(hist.n_samples[g]) + 1] = hist.counts[g]
-    return _Model(
-        base.edges, hist.n_items.copy(), hist.n_samples.copy(), counts, base.lik, base.inside, pooled,
-        base.lik2, base.inside_f, base.lik2_sparse,
-    )
+    model = _Model(base.edges, hist.n_items.copy(), hist.n_samples.copy(), base.cols, np.zeros(len(base.cols)),
+                   base.lik, base.inside, pooled, base.onehot, base.inside_f, base.lik_sparse)
+    model.counts = _flat_counts(model, hist)
+    return model
 
 
 def _loglik(model: _Model, pi: np.ndarray, counts: np.ndarray | None = None) -> np.ndarray:
-    """Observed-data log-likelihood for pi of shape (..., C); counts (..., G, m_max + 1)."""
+    """Observed-data log-likelihood for pi of shape (..., C); counts (..., K)."""
     counts = model.counts if counts is None else counts
     prob = model.mix(pi)
     z = pi @ model.inside_f
     with np.errstate(divide="ignore"):
         term = np.where(counts > 0, counts * np.log(np.where(counts > 0, prob, 1.0)), 0.0)
-    return term.sum(axis=(-1, -2)) - (counts.sum(-1) * np.log(z)).sum(-1)
+    return term.sum(axis=-1) - (model.totals(counts) * np.log(z)).sum(-1)
 
 
 def _em_step(model: _Model, pi: np.ndarray, counts: np.ndarray, totals_g: np.ndarray, has: np.ndarray) -> np.ndarray:
@@ -279,7 +391,7 @@ def _em_step(model: _Model, pi: np.ndarray, counts: np.ndarray, totals_g: np.nda
 def _em_batched(model: _Model, pi0: np.ndarray, counts: np.ndarray, tol: float, max_iter: int, trace: bool = False):
     """EM accelerated by SQUAREM (Varadhan & Roland 2008, scheme S3) with a monotone safeguard, for a batch.
 
-    pi0 (B, C), counts (B, G, m_max + 1). Each cycle takes two EM steps, extrapolates, and keeps the
+    pi0 (B, C), counts (B, K). Each cycle takes two EM steps, extrapolates, and keeps the
     extrapolated point only where it does not lower the log-likelihood (else the plain two-step EM point), so
     the log-likelihood never decreases. Each problem stops on its own when a cycle gains less than ``tol`` per
     positive (it is then frozen, so a batched fit equals the single fits); the remaining ones share one matmul
@@ -287,7 +399,7 @@ def _em_batched(model: _Model, pi0: np.ndarray, counts: np.ndarray, tol: float, 
     """
     pi = np.array(pi0, dtype=np.float64)
     batch = pi.shape[0]
-    totals_all = counts.sum(-1)
+    totals_all = model.totals(counts)
     total_all = totals_all.sum(-1)
     has_all = counts > 0
     ll_prev = _loglik(model, pi, counts)
@@ -325,12 +437,12 @@ def _em_batched(model: _Model, pi0: np.ndarray, counts: np.ndarray, tol: float, 
 
 
 def _em(model: _Model, pi0: np.ndarray, counts: np.ndarray, tol: float, max_iter: int, trace: bool = False):
-    """:func:`_em_batched` for pi0 (..., C) and counts (..., G, m_max + 1); returns pi (..., C), the largest
+    """:func:`_em_batched` for pi0 (..., C) and counts (..., K); returns pi (..., C), the largest
     step count, whether every problem converged, and the trace."""
-    lead = np.broadcast_shapes(pi0.shape[:-1], counts.shape[:-2])
+    lead = np.broadcast_shapes(pi0.shape[:-1], counts.shape[:-1])
     b = int(np.prod(lead)) if lead else 1
     pi_b = np.broadcast_to(pi0, lead + pi0.shape[-1:]).reshape(b, -1)
-    cnt_b = np.broadcast_to(counts, lead + counts.shape[-2:]).reshape((b,) + counts.shape[-2:])
+    cnt_b = np.broadcast_to(counts, lead + counts.shape[-1:]).reshape((b,) + counts.shape[-1:])
     pi, steps, conv, lls = _em_batched(model, pi_b, cnt_b, tol, max_iter, trace)
     return pi.reshape(lead + pi0.shape[-1:]), int(steps.max()), bool(conv.all()), lls
 
@@ -352,13 +464,45 @@ def _mes_start(model: _Model, pi0: np.ndarray, counts: np.ndarray) -> np.ndarray
     return 0.9 * pi + 0.1 * pi0
 
 
-def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol: float, max_iter: int, trace=False):
-    """Maximise loglik/M + lam * H(P) over softmax logits with L-BFGS-B; returns pi, result, objective trace."""
-    widths = model.widths
+def _check_beta(beta, method: str) -> float:
+    if not (isinstance(beta, (int, float)) and not isinstance(beta, bool) and math.isfinite(beta) and 0 <= beta <= 2):
+        raise ValueError(f"beta: must be a number in [0, 2], got {beta!r}")
+    if beta and method != "mes":
+        raise ValueError(f"beta: only the 'mes' method takes a base measure, got method {method!r}")
+    return float(beta)
+
+
+def _reference_measure(edges: np.ndarray, beta: float) -> np.ndarray:
+    """nu_c = sum of r^-beta over the ranks of cell c (beta = 0: the cell widths): the base measure of the
+    entropy, whose maximiser spreads each cell's mass like r^-beta (beta = 1: uniform in log r)."""
+    if beta == 0.0:
+        return np.diff(edges).astype(np.float64)
+    lo = edges[:-1].astype(np.float64)
+    hi = edges[1:].astype(np.float64)
+    head = np.arange(1, 65, dtype=np.float64) ** (-beta)  # exact sums over ranks 1..64, the integral beyond
+    cum = np.concatenate([[0.0], np.cumsum(head)])
+
+    def partial(x):  # sum_{r=1}^{x} r^-beta
+        x = np.asarray(x)
+        small = np.minimum(x, 64.0).astype(np.int64)
+        if beta == 1.0:
+            tail = np.log((x + 0.5) / 64.5)
+        else:
+            tail = ((x + 0.5) ** (1.0 - beta) - 64.5 ** (1.0 - beta)) / (1.0 - beta)
+        return cum[small] + np.where(x > 64, tail, 0.0)
+
+    return np.maximum(partial(hi) - partial(lo), 1e-300)
+
+
+def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol: float, max_iter: int, trace=False,
+             beta: float = 0.0):
+    """Maximise loglik/M + lam * H(P) over softmax logits with L-BFGS-B; returns pi, result, objective trace.
+    H is the entropy relative to the base measure r^-beta (``_reference_measure``; beta = 0: uniform over ranks)."""
+    widths = _reference_measure(model.edges, beta)
     logw = np.log(widths)
     inside = model.inside.astype(np.float64)
     total = counts.sum()
-    totals_g = counts.sum(-1)
+    totals_g = model.totals(counts)
     has = counts > 0
 
     def unpack(theta):
@@ -445,7 +589,8 @@ class RankDistribution:
     flags: tuple[str, ...] = ()
     loglik_trace: tuple[float, ...] = ()
     details: dict = field(default_factory=dict)
-    lik: np.ndarray | None = field(default=None, repr=False)  # (G, C, m_max + 1) P(r~ | cell, group), shared
+    lik: np.ndarray | None = field(default=None, repr=False)  # (C, K) P(r~ | cell, group) on occupied columns
+    lik_cols: np.ndarray | None = field(default=None, repr=False)  # (K, 2) (group, r~ - 1) of those columns
 
     @property
     def n_items(self) -> int:
@@ -521,22 +666,21 @@ class RankDistribution:
 
     def _posterior_stderr(self, spec, means_by_group: list) -> float:
         """sd of the per-positive posterior means E^[M(R) | r~, n_g] over sqrt(M) (their mean is the
-        estimate at an exact EM fixed point); ignores the uncertainty of P^ itself."""
+        estimate at an exact EM fixed point); ignores the uncertainty of P^ itself. Computed on the occupied
+        (group, r~) columns of the likelihood (``lik`` (C, K), ``lik_cols`` (K, 2))."""
         hist = self.histogram
         total = hist.total
-        vals, wts = [], []
-        for g in range(hist.n_groups):
-            means = means_by_group[g]
-            if means is None:
-                continue
-            c_in = len(means)
-            m_g = int(hist.n_samples[g])
-            joint = self.probs[:c_in, None] * self.lik[g, :c_in, : m_g + 1]  # (C_in, m_g + 1)
-            den = joint.sum(0)
-            post = np.where(den > 0, (means @ joint) / np.where(den > 0, den, 1.0), 0.0)
-            vals.append(post)
-            wts.append(hist.counts[g])
-        v, w = np.concatenate(vals), np.concatenate(wts)
+        cols = self.lik_cols
+        C = len(self.probs)
+        means = np.zeros((C, hist.n_groups))
+        for g, mg in enumerate(means_by_group):
+            if mg is not None:
+                means[: len(mg), g] = mg
+        joint = self.probs[:, None] * self.lik  # (C, K)
+        den = joint.sum(0)
+        num = np.einsum("ck,ck->k", means[:, cols[:, 0]], joint)
+        v = np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
+        w = np.array([hist.counts[g][i] for g, i in cols.tolist()], dtype=np.float64)
         mean = float(np.dot(w, v)) / total
         ss = float(np.dot(w, (v - mean) ** 2))
         return math.sqrt(ss / (total * (total - 1.0))) if total > 1 else math.inf
@@ -629,6 +773,7 @@ def estimate_rank_distribution(
     kappa: float = 0.25,
     trace: bool = False,
     max_rel_n_spread: float | None = None,
+    beta: float = 0.0,
 ) -> RankDistribution:
     """Estimate the distribution of exact ranks from sampled ranks (``mle`` by EM or ``mes``).
 
@@ -653,12 +798,16 @@ def estimate_rank_distribution(
             (``_rank_hist.pool_by_n``; the same grid as the corrections use). Flagged ``pooled_n``.
         delta, kappa: grid resolution (see the module docstring).
         trace: keep the per-iteration log-likelihood (EM) or objective (MES) in ``loglik_trace``.
+        beta: MES only: the entropy is taken relative to the base measure r^-beta (0: uniform over ranks, the
+            default; 1: uniform in log r), which is how the fit spreads mass the data do not place. Measured in
+            docs/estimators.md: beta > 0 is worse on both data sets.
 
     Raises:
         ValueError: empty histogram, unknown method or law, m > n - 1 without replacement.
     """
     if method not in RANK_DISTRIBUTION_METHODS:
         raise ValueError(f"method: unknown rank-distribution method {method!r}; use one of {RANK_DISTRIBUTION_METHODS}")
+    beta = _check_beta(beta, method)
     hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
     hist.check_nonempty()
     model = _build_model(hist, sampling, max_groups, delta, kappa, check_spread(max_rel_n_spread))
@@ -675,7 +824,7 @@ def estimate_rank_distribution(
     else:
         lam_used = float(_mes_lambda(model.counts.sum(), lam))
         start = _mes_start(model, pi0, model.counts)
-        pi, res, values = _mes_fit(model, model.counts, lam_used, start, tol, max_iter, trace)
+        pi, res, values = _mes_fit(model, model.counts, lam_used, start, tol, max_iter, trace, beta)
         iters, converged = int(res.nit), bool(res.success)
         traced = tuple(float(v) for v in values)
     if not converged:
@@ -684,12 +833,11 @@ def estimate_rank_distribution(
     if B < 0:
         raise ValueError(f"n_bootstrap: must be >= 0, got {B}")
     boot = np.zeros((0, len(pi)))
-    flat = model.counts.reshape(-1)
+    flat = model.counts
     total = flat.sum()
     if B > 0 and round(total) >= 2:  # a bootstrap of fewer than 2 instances has no spread (stderr inf)
         rng = np.random.default_rng(seed)
         draws = rng.multinomial(int(round(total)), flat / total, size=B).astype(np.float64)
-        draws = draws.reshape((B,) + model.counts.shape)
         if method == "mle":
             # each replicate repeats the whole procedure from the same uniform start and stopping rule:
             # the EM stops well before the NPMLE (which overfits), so its result depends on where it starts,
@@ -697,8 +845,10 @@ def estimate_rank_distribution(
             start = np.broadcast_to(pi0, (B, len(pi)))
             boot, _, _, _ = _em(model, start, draws, tol, max_iter)
         else:
-            boot = np.stack([_mes_fit(model, draws[b], lam_used, pi, tol, max_iter)[0] for b in range(B)])
-    pooled_hist = RankHistogram(model.n, model.m, tuple(model.counts[g, : model.m[g] + 1] for g in range(len(model.n))))
+            # one by one: a joint L-BFGS-B run over the stacked replicates stops when the summed objective
+            # settles, with the replicates still near the warm start (bootstrap spread 1.5-2.7x too small, measured)
+            boot = np.stack([_mes_fit(model, draws[b], lam_used, pi, tol, max_iter, beta=beta)[0] for b in range(B)])
+    pooled_hist = RankHistogram(model.n, model.m, model.group_counts(model.counts))
     details = {"sampling": check_law(sampling), "n_cells": len(pi)}
     if method == "mes":
         details["lam"] = lam_used
@@ -715,6 +865,7 @@ def estimate_rank_distribution(
         loglik_trace=traced,
         details=details,
         lik=model.lik,
+        lik_cols=model.cols,
     )
 
 
@@ -730,6 +881,7 @@ def estimate_rank_distributions(
     delta: float = 0.05,
     kappa: float = 0.25,
     max_rel_n_spread: float | None = None,
+    beta: float = 0.0,
 ) -> list[RankDistribution]:
     """:func:`estimate_rank_distribution` (no bootstrap) for many histograms of the same users at once,
     e.g. the repeats of a sampling experiment.
@@ -742,6 +894,7 @@ def estimate_rank_distributions(
     """
     if method not in RANK_DISTRIBUTION_METHODS:
         raise ValueError(f"method: unknown rank-distribution method {method!r}; use one of {RANK_DISTRIBUTION_METHODS}")
+    beta = _check_beta(beta, method)
     hists = [as_histogram(h) for h in histograms]
     if not hists:
         return []
@@ -751,25 +904,23 @@ def estimate_rank_distributions(
     pooled = [pool_groups(h, max_groups, spread) for h in hists]
     keys = {(tuple(p.n_items.tolist()), tuple(p.n_samples.tolist())) for p, _ in pooled}
     kw = dict(method=method, sampling=sampling, n_bootstrap=0, tol=tol, max_iter=max_iter, lam=lam,
-              max_groups=max_groups, delta=delta, kappa=kappa, max_rel_n_spread=spread)
+              max_groups=max_groups, delta=delta, kappa=kappa, max_rel_n_spread=spread, beta=beta)
     if len(keys) != 1:  # different group structures: no shared likelihood
         return [estimate_rank_distribution(h, **kw) for h in hists]
     law = check_law(sampling)
-    model = _build_model(hists[0], law, max_groups, delta, kappa, spread)
-    counts = np.zeros((len(hists),) + model.counts.shape)
-    for b, (p, _) in enumerate(pooled):
-        for g in range(p.n_groups):
-            counts[b, g, : int(p.n_samples[g]) + 1] = p.counts[g]
+    model = _build_model(hists[0], law, max_groups, delta, kappa, spread, others=[p for p, _ in pooled[1:]])
+    counts = np.stack([_flat_counts(model, p) for p, _ in pooled])  # (B, K) on the union of occupied columns
     widths = model.widths
     pi0 = np.broadcast_to(widths / widths.sum(), (len(hists), len(widths)))
-    total = counts.sum(axis=(1, 2))
+    total = counts.sum(axis=1)
     if method == "mle":
         pi, steps, conv, _ = _em_batched(model, pi0, counts, tol, max_iter)
         iters, lam_used = steps, None
     else:  # one L-BFGS-B run per histogram on the shared (sparse) likelihood
         lam_used = _mes_lambda(total, lam)
         start = _mes_start(model, pi0, counts)
-        fits = [_mes_fit(model, counts[b], float(lam_used[b]), start[b], tol, max_iter) for b in range(len(hists))]
+        fits = [_mes_fit(model, counts[b], float(lam_used[b]), start[b], tol, max_iter, beta=beta)
+                for b in range(len(hists))]
         pi = np.stack([f[0] for f in fits])
         iters = np.array([int(f[1].nit) for f in fits])
         conv = np.array([bool(f[1].success) for f in fits])
@@ -779,14 +930,14 @@ def estimate_rank_distributions(
         flags = (["pooled_n"] if was_pooled else []) + (["all_at_top"] if h.all_at_top() else [])
         if not conv[b]:
             flags.append("not_converged")
-        pooled_hist = RankHistogram(model.n, model.m, tuple(counts[b, g, : model.m[g] + 1] for g in range(len(model.n))))
+        pooled_hist = RankHistogram(model.n, model.m, model.group_counts(counts[b]))
         details = {"sampling": law, "n_cells": len(widths), "batched": len(hists)}
         if lam_used is not None:
             details["lam"] = float(lam_used[b])
         out.append(RankDistribution(
             edges=model.edges, probs=pi[b], method=method, loglik=float(lls[b]), iterations=int(iters[b]),
             converged=bool(conv[b]), bootstrap=np.zeros((0, len(widths))), histogram=pooled_hist,
-            flags=tuple(flags), details=details, lik=model.lik,
+            flags=tuple(flags), details=details, lik=model.lik, lik_cols=model.cols,
         ))
     return out
 

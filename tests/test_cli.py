@@ -97,6 +97,26 @@ def test_estimate_command_rank_file(tmp_path, capsys):
     assert abs(value - truth) < 4 * se  # sampled AUC is unbiased
 
 
+def test_estimate_command_prints_the_honest_interval(tmp_path, capsys):
+    """HR@1 at n = 20,000, m = 100 is unresolved: the printed interval is the estimate's (identified) interval,
+    wider than value +- 1.96 stderr and containing the exact value."""
+    import reco_sampled_plugin as rsp
+
+    gen = np.random.default_rng(3)
+    exact = np.minimum(gen.geometric(1 / 3000, size=800), 20_000)
+    sampled = 1 + gen.binomial(100, (exact - 1) / 19_999)
+    f = tmp_path / "ranks.csv"
+    f.write_text("rank,n_candidates,n_samples\n" + "\n".join(f"{r},20000,100" for r in sampled) + "\n")
+    assert main(["estimate", str(f), "--metric", "hit@1", "--method", "bv"]) == 0
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("hit@1 ")][0]
+    value, se = map(float, line.split()[2:4])
+    lo, hi = (float(x) for x in line[line.index("[") + 1 : line.index("]")].split(","))
+    est = rsp.estimate("hit@1", sampled, 20_000, 100, method="bv")
+    assert (lo, hi) == pytest.approx(est.interval(0.95), abs=1e-5)
+    assert hi - lo > 2 * 1.96 * se and "top_unresolved" in line
+    assert lo <= float(np.mean(exact <= 1)) <= hi
+
+
 def test_estimate_command_ncf_files(tmp_path, capsys):
     (tmp_path / "x.test.rating").write_text("0\t5\t5\t0\n1\t6\t4\t0\n")
     (tmp_path / "x.test.negative").write_text("(0,5)\t1\t2\t3\n(1,6)\t1\t2\t3\n")

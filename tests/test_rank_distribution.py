@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from reco_sampled_plugin._rank_hist import sampled_rank_histogram
+from reco_sampled_plugin._rank_hist import as_histogram, sampled_rank_histogram
 from reco_sampled_plugin.estimators import ESTIMATORS, estimate
 from reco_sampled_plugin.metrics import metric_values
 from reco_sampled_plugin.rank_distribution import (
@@ -16,6 +16,7 @@ from reco_sampled_plugin.rank_distribution import (
     rank_grid,
     simulate_sampled_ranks,
 )
+from reco_sampled_plugin.simulate import draw_sampled_ranks
 
 N, M, USERS = 10_000, 100, 20_000
 
@@ -303,3 +304,125 @@ def test_histogram_copies_its_inputs_and_few_instances_are_flagged():
         extra = {"a": 0.5} if method == "beta" else {}
         e = estimate("recall@2", torch.tensor([1, 2, 3, 1]), 50, 3, method=method, weights=torch.full((4,), 0.1), **extra)
         assert math.isfinite(e.value) and e.stderr == math.inf and "few_instances" in e.flags, method
+
+
+def test_likelihood_on_occupied_columns_equals_the_dense_law():
+    """The fit's likelihood holds only the occupied (group, r~) columns, evaluated pointwise (binomial) or cut
+    from whole rows (hypergeometric): every column equals the dense law of ``dense_likelihood`` at that column."""
+    from reco_sampled_plugin.rank_distribution import _build_model, dense_likelihood
+
+    rng = np.random.default_rng(4)
+    n = rng.integers(300, 900, size=400)
+    m = rng.choice([10, 20, 40], size=400)
+    exact = np.minimum(rng.geometric(0.02, size=400), n)
+    for law in ("binomial", "hypergeometric"):
+        r = draw_sampled_ranks(exact, n, m, sampling=law, repeats=1, seed=1)[0]
+        hist = as_histogram(r, n, m)
+        model = _build_model(hist, law, 16, 0.05, 0.25)
+        dense, inside = dense_likelihood(model.edges, model.n, model.m, law)
+        dense[dense < 1e-16] = 0.0
+        g, i = model.cols[:, 0], model.cols[:, 1]
+        np.testing.assert_allclose(model.lik, dense[g, :, i].T, rtol=1e-10, atol=1e-300)
+        np.testing.assert_array_equal(model.inside, inside)
+        # the columns are exactly the occupied ones, and the flat counts rebuild the pooled histogram
+        assert np.all(model.counts > 0) and model.counts.sum() == pytest.approx(hist.total)
+
+
+def test_adaptive_fit_likelihood_equals_the_dense_law():
+    """Adaptive sampled ranks (m doubling 50 -> 1600, six groups): the log-likelihood of the fit on the occupied
+    columns equals the log-likelihood under the dense law over every r~ column (brute force)."""
+    from reco_sampled_plugin import rank_distribution as rd
+
+    rng = np.random.default_rng(5)
+    exact = np.minimum(rng.geometric(1 / 400, size=2000), 5000)
+    gen = torch.Generator().manual_seed(2)
+    ranks, sizes = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 5000, 50, 1600, gen)
+    fit = estimate_rank_distribution(ranks, 5000, sizes, method="mle", n_bootstrap=0)
+    model = rd._build_model(as_histogram(ranks, 5000, sizes), "binomial", 16, 0.05, 0.25)
+    dense, _ = rd.dense_likelihood(model.edges, model.n, model.m, "binomial")
+    dense[dense < 1e-16] = 0.0
+    counts = np.zeros(dense.shape[::2])
+    for (g, i), c in zip(model.cols.tolist(), model.counts.tolist()):
+        counts[g, i] = c
+    pi = fit.probs
+    prob = np.einsum("c,gci->gi", pi, dense)
+    ll_dense = float(np.sum(np.where(counts > 0, counts * np.log(np.where(counts > 0, prob, 1.0)), 0.0)))
+    assert fit.loglik == pytest.approx(ll_dense, rel=1e-10)
+    assert fit.converged
+    # sanity: HR@50 near the truth (0.127; early-stopped EM from 2000 positives: about 2 sd of its spread)
+    assert fit.cdf(50) == pytest.approx(float(np.mean(exact <= 50)), abs=0.05)
+
+
+def test_mes_base_measure_beta():
+    """With the data saying nothing (huge entropy weight), mes returns its base measure: uniform over ranks
+    (beta = 0) or r^-1 (beta = 1): pmf(1) / pmf(10) = 1 and 10."""
+    rng = np.random.default_rng(0)
+    ranks = rng.integers(1, 12, size=200)
+    flat = estimate_rank_distribution(ranks, 1000, 10, method="mes", lam=1e6, n_bootstrap=0)
+    tilted = estimate_rank_distribution(ranks, 1000, 10, method="mes", lam=1e6, n_bootstrap=0, beta=1.0)
+    assert flat.pmf(1) / flat.pmf(10) == pytest.approx(1.0, rel=0.03)
+    assert tilted.pmf(1) / tilted.pmf(10) == pytest.approx(10.0, rel=0.03)
+    with pytest.raises(ValueError, match="beta"):
+        estimate_rank_distribution(ranks, 1000, 10, method="mle", beta=0.5)
+    with pytest.raises(ValueError, match="beta"):
+        estimate_rank_distribution(ranks, 1000, 10, method="mes", beta=float("nan"))
+
+
+def test_histogram_with_very_different_widths_matches_brute_force():
+    """Adaptive-like designs (many n groups at m = 10, a few at m = 2000) take the ragged layout: every
+    group's counts equal a direct bincount, and the histogram equals the validating constructor's."""
+    from reco_sampled_plugin._rank_hist import RankHistogram
+
+    rng = np.random.default_rng(3)
+    size = 6000
+    n = rng.integers(3000, 3400, size=size)
+    m = np.where(rng.random(size) < 0.98, 10, 2000)
+    r = 1 + rng.integers(0, m + 1)
+    w = rng.random(size)
+    h = sampled_rank_histogram(r, n, m, weights=w)
+    assert h.n_groups > 300 and h.n_groups * 2001 > 4 * (int((h.n_samples + 1).sum()) + 1024)  # ragged path
+    for g in range(h.n_groups):
+        sel = (n == h.n_items[g]) & (m == h.n_samples[g])
+        np.testing.assert_allclose(h.counts[g], np.bincount(r[sel] - 1, weights=w[sel], minlength=h.n_samples[g] + 1))
+    again = RankHistogram(h.n_items, h.n_samples, h.counts)
+    np.testing.assert_array_equal(again.flat_counts, h.flat_counts)
+    np.testing.assert_allclose(again.totals, h.totals)
+    assert not h.counts[0].flags.writeable
+
+
+def test_many_sample_sizes_are_pooled_onto_a_grid_of_m(monkeypatch):
+    """m proportional to each user's n (60 distinct m): groups move to the largest m' of their bin with
+    n' - 1 = (n - 1) m' / m (counts and r~ kept, brute force), the fit is flagged pooled_n, and its estimates
+    agree with the unpooled fit on the exact laws."""
+    from reco_sampled_plugin import rank_distribution as rd
+
+    rng = np.random.default_rng(8)
+    size = 4000
+    n = rng.integers(2000, 8000, size=size)
+    m = np.maximum(n // 60, 20)
+    exact = np.minimum(np.exp(rng.normal(np.log(200), 1.5, size=size)).astype(np.int64) + 1, n)
+    r = draw_sampled_ranks(exact, n, m, repeats=1, seed=4)[0].numpy()
+    hist = sampled_rank_histogram(r, n, m)
+    assert len(np.unique(hist.n_samples)) > rd._MAX_EXACT_M
+    pooled = rd._pool_m(hist)
+    assert pooled.total == pytest.approx(hist.total)
+    assert len(np.unique(pooled.n_samples)) < len(np.unique(hist.n_samples))
+    bins, start = {}, None  # the rule, walked by hand: a bin starts at m0 and takes every m <= 1.1 m0
+    for v in sorted(set(hist.n_samples.tolist())):
+        start = v if start is None or v > start * 1.1 else start
+        bins.setdefault(start, []).append(v)
+    top = {v: max(vs) for vs in bins.values() for v in vs}
+    where = {(int(a), int(b)): k for k, (a, b) in enumerate(zip(pooled.n_items, pooled.n_samples))}
+    expected = [np.zeros(int(mm) + 1) for mm in pooled.n_samples]
+    for g in range(hist.n_groups):
+        mg, m_new = int(hist.n_samples[g]), top[int(hist.n_samples[g])]
+        k = where[(1 + round((int(hist.n_items[g]) - 1) * m_new / mg), m_new)]
+        expected[k][: mg + 1] += hist.counts[g]
+    for k in range(pooled.n_groups):
+        np.testing.assert_allclose(pooled.counts[k], expected[k])
+    fit = estimate_rank_distribution(hist, method="mle", n_bootstrap=0)
+    assert "pooled_n" in fit.flags
+    monkeypatch.setattr(rd, "_MAX_EXACT_M", 10_000)
+    exact_fit = estimate_rank_distribution(hist, method="mle", n_bootstrap=0, max_groups=200)
+    for metric in ("hit@50", "hit@500", "ndcg@100", "auc"):
+        assert fit.metric(metric).value == pytest.approx(exact_fit.metric(metric).value, abs=0.01, rel=0.05)
