@@ -147,6 +147,9 @@ class _EstimatedMetric(_Metric):
         out = {key: self._round(result.value)}
         if s.stderr:
             out[f"{key}_stderr"] = self._round(result.stderr)
+        if s.interval:
+            lo, hi = result.interval(0.95)
+            out[f"{key}_lo"], out[f"{key}_hi"] = self._round(lo), self._round(hi)
         if s.side_by_side:
             out[f"{key}_sampled"] = self._round(hist.sampled_metric(spec))
             exact = _exact_ranks(table)

@@ -33,6 +33,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_n_grid": 0.01,  # relative grid the candidate counts n are rounded to (0: exact per-user n)
     "rsp_side_by_side": True,  # also report <name>_sampled (and <name>_exact in full mode)
     "rsp_stderr": False,  # also report <name>_stderr
+    "rsp_interval": False,  # also report <name>_lo and <name>_hi, the 95% interval (widened where the top is unresolved)
     "rsp_full_ranks": False,  # full mode: exact ranks of every positive even with > 64 positives per user on average
     "rsp_tensorboard": True,  # write the plugin's values to RecBole's TensorBoard writer
 }
@@ -87,6 +88,7 @@ class _Settings:
     n_grid: float
     side_by_side: bool
     stderr: bool
+    interval: bool
     full_ranks: bool
     tensorboard: bool
     topk: tuple[int, ...]
@@ -282,6 +284,7 @@ def validate_config(config) -> _Settings | None:
         n_grid=n_grid,
         side_by_side=_as_bool(_get(config, "rsp_side_by_side"), "rsp_side_by_side"),
         stderr=_as_bool(_get(config, "rsp_stderr"), "rsp_stderr"),
+        interval=_as_bool(_get(config, "rsp_interval"), "rsp_interval"),
         full_ranks=full_ranks,
         tensorboard=_as_bool(_get(config, "rsp_tensorboard"), "rsp_tensorboard"),
         topk=topk,

@@ -122,6 +122,7 @@ class _RankingMetricsLogic:
         headline: tuple[str, str] | None = None,
         prefix: str = "",
         log_stderr: bool = False,
+        log_interval: bool = False,
         dedup_padding: bool = True,
         progress: bool = True,
         plot_every_n_epochs: int | None = None,
@@ -165,6 +166,7 @@ class _RankingMetricsLogic:
         self.stages = tuple(stages)
         self.prefix = prefix
         self.log_stderr = log_stderr
+        self.log_interval = bool(log_interval)
         self.dedup_padding = dedup_padding
         self.progress = progress
         if plot_every_n_epochs is not None and plot_every_n_epochs < 1:
@@ -287,6 +289,9 @@ class _RankingMetricsLogic:
                 values[k] = e.value
                 if self.log_stderr:
                     values[f"{k}_stderr"] = e.stderr
+                if self.log_interval and label != "exact":
+                    # the 95% interval, widened where the top is unresolved (docs/estimators.md)
+                    values[f"{k}_lo"], values[f"{k}_hi"] = e.interval(0.95)
             h = self.key(self.headline[0], self.headline[1], stage, idx)
             if h in values:
                 values[self.headline_key(stage, idx)] = values[h]
@@ -444,6 +449,8 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
             first metric, exact if computed, else the first corrected estimator.
         prefix: prepended to every logged name.
         log_stderr: also log ``<name>_stderr``.
+        log_interval: also log ``<name>_lo`` and ``<name>_hi``, the 95% interval of each estimate
+            (``Estimate.interval``: honest about the unresolved top; not for the exact values).
         dedup_padding: drop the rows a DistributedSampler pads with (default True).
         progress: a tqdm bar over the epoch-end estimators (rank zero, when the trainer shows progress).
         plot_every_n_epochs: every k epochs, plot exact vs sampled vs corrected values over epochs

@@ -102,7 +102,7 @@ def test_missing_protocol_raises_a_clear_error(tmp_path):
 
 
 def test_sanity_check_is_ignored_and_test_stage_logs(tmp_path):
-    cb = RankingMetricsCallback(METRICS, log_stderr=True, **OPTS)
+    cb = RankingMetricsCallback(METRICS, log_stderr=True, log_interval=True, **OPTS)
     model = H.SyntheticModule()
     trainer = _trainer(tmp_path, [cb], max_epochs=1, limit_train_batches=1, num_sanity_val_steps=2)
     trainer.fit(model, _loader(), _loader())
@@ -113,6 +113,10 @@ def test_sanity_check_is_ignored_and_test_stage_logs(tmp_path):
     assert cb.results["test"]["test/ndcg_at_10/exact"].value == pytest.approx(expected["val/ndcg_at_10/exact"].value, abs=1e-12)
     assert "test_ndcg_at_10" in trainer.callback_metrics
     assert "test/ndcg_at_10/bv_stderr" in trainer.callback_metrics
+    est = cb.results["test"]["test/ndcg_at_10/bv"]
+    lo, hi = (float(trainer.callback_metrics[f"test/ndcg_at_10/bv_{end}"]) for end in ("lo", "hi"))
+    assert (lo, hi) == pytest.approx(est.interval(0.95), abs=1e-6) and lo <= est.value <= hi
+    assert "test/ndcg_at_10/exact_lo" not in trainer.callback_metrics
 
 
 def test_pytorch_lightning_namespace(tmp_path):

@@ -84,7 +84,7 @@ def bpr(workdir):
     config, train, valid, test = _prepare(
         "BPR",
         {"epochs": 2, "metrics": FULL_METRICS, "valid_metric": "ExactRecall@10", "rsp_m": 100,
-         "rsp_full_ranks": True, "rsp_ties": "average", "rsp_stderr": True},
+         "rsp_full_ranks": True, "rsp_ties": "average", "rsp_stderr": True, "rsp_interval": True},
     )
     init_seed(config["seed"], config["reproducibility"])
     model = get_model("BPR")(config, train._dataset)
@@ -153,6 +153,11 @@ def test_full_mode_side_by_side_and_stderr(bpr):
     se = res["correctedrecall@10_stderr"]
     assert sampled > 3 * exact  # sampled Recall@10 with m = 100 overstates the full-catalogue value
     assert abs(corrected - exact) < 4 * se + 0.01
+    # rsp_interval: K = 10 lies below the resolution (~17 on ml-100k at m = 100): the interval is the identified one,
+    # wider than corrected +- 1.96 se, and it holds the exact value
+    lo, hi = res["correctedrecall@10_lo"], res["correctedrecall@10_hi"]
+    assert lo <= min(corrected, exact) and max(corrected, exact) <= hi
+    assert hi - lo > 2 * 1.96 * se
     # brute force from the per-positive table: each user counts once (weights 1/|T_u|, rsp_weighting: user)
     cols = rb.positive_table(bpr["struct"])
     w = 1.0 / cols["n_positives"].numpy()
