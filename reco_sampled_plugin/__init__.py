@@ -12,6 +12,7 @@ from .corrections import METHODS, clear_correction_cache, correction_table, expe
 from .estimate import Estimate
 from .estimators import ESTIMATORS, estimate
 from .factors import FactorEvaluation, evaluate_factors
+from .identification import IdentifiedInterval, TopShape, identified_interval
 from .mapping import (
     BetaFit,
     dataset_beta,
@@ -97,6 +98,10 @@ __all__ = [
     "simulate_sampled_ranks",
     "RankHistogram",
     "sampled_rank_histogram",
+    # honest intervals where the top is unresolved (issue 16)
+    "TopShape",
+    "identified_interval",
+    "IdentifiedInterval",
     # recometrics parity (issue 8)
     "evaluate_factors",
     "FactorEvaluation",

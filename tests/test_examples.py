@@ -16,6 +16,19 @@ def test_core_quickstart(capsys, monkeypatch):
     assert "recall@10" in out and "expected sampled" in out and "ROC_AUC" in out
 
 
+def test_intervals_at_scale_example(capsys, monkeypatch):
+    """The honest interval holds the exact value for both recommenders and metrics, and is wider than the
+    sampling interval (ml-latest-small, m = 100: K = 10 is inside the first sampled bin)."""
+    monkeypatch.setattr(sys, "argv", ["intervals_at_scale.py"])
+    runpy.run_path(str(EXAMPLES / "intervals_at_scale.py"), run_name="__main__")
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if "top_unresolved" in ln]
+    assert len(rows) == 4
+    for row in rows:
+        exact = float(row.split()[2])
+        (s_lo, s_hi), (lo, hi) = (tuple(float(x) for x in part.split("]")[0].split(",")) for part in row.split("[")[1:3])
+        assert lo <= exact <= hi and lo <= max(s_lo, 0.0) and hi >= s_hi and hi - lo > s_hi - max(s_lo, 0.0)  # clipped at 0
+
+
 @pytest.mark.slow
 def test_recbole_example(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["run_bpr_ml100k.py", "--workdir", str(tmp_path)])
