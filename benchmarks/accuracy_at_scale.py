@@ -55,23 +55,9 @@ Z95 = NormalDist().inv_cdf(0.975)
 
 def exact_rank_data(dataset: str, seed: int = 0):
     from reco_sampled_plugin import baselines, datasets
-    from reco_sampled_plugin.ranking import exact_ranks
 
     split = datasets.load_ml100k() if dataset == "ml-100k" else datasets.load_ml_latest_small()
-    users = split.test_users
-    test = torch.from_numpy(split.test_items[users])
-    train = split.train[users]
-    n_u = (split.n_items - np.diff(train.indptr)).astype(np.int64)
-    models = baselines.train_benchmark(split.train, seed=seed)
-    ranks = {}
-    for name, model in models.items():
-        out = []
-        for lo in range(0, len(users), 256):  # bounded memory: 256 users x n items at a time
-            sl = slice(lo, lo + 256)
-            exclude = torch.from_numpy(train[sl].toarray() > 0)
-            out.append(exact_ranks(model.score(users[sl]), test[sl], exclude, count_other_positives=False).reshape(-1))
-        ranks[name] = torch.cat(out).numpy()
-    return ranks, n_u
+    return baselines.held_out_ranks(baselines.train_benchmark(split.train, seed=seed), split)
 
 
 def oracle_values(r: np.ndarray, n_u: np.ndarray, draws: torch.Tensor, m: int, metrics) -> np.ndarray:

@@ -64,20 +64,9 @@ ESTIMATOR_ORDER = tuple(TABLE_ESTIMATORS) + FITTED_ESTIMATORS
 def exact_rank_data(seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Exact ranks of the test item for every recommender of ``train_all`` on ml-100k, and n per user."""
     from reco_sampled_plugin import baselines, datasets
-    from reco_sampled_plugin.ranking import exact_ranks
 
     split = datasets.load_ml100k()
-    users = split.test_users
-    test = torch.from_numpy(split.test_items[users])
-    train = split.train[users]
-    exclude = torch.from_numpy(train.toarray() > 0)
-    n_u = (split.n_items - np.diff(train.indptr)).astype(np.int64)
-    models = baselines.train_all(split.train, seed=seed)
-    ranks = {
-        name: exact_ranks(model.score(users), test, exclude, count_other_positives=False).reshape(-1).numpy()
-        for name, model in models.items()
-    }
-    return ranks, n_u
+    return baselines.held_out_ranks(baselines.train_all(split.train, seed=seed), split)
 
 
 def _stack_counts(hists) -> tuple[np.ndarray, np.ndarray, int]:

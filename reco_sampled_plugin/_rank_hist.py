@@ -89,20 +89,12 @@ class RankHistogram:
     def _trusted(cls, n: np.ndarray, m: np.ndarray, counts: np.ndarray) -> "RankHistogram":
         """A histogram from valid parts built by this package (int64 n >= 2, m >= 1; ``counts`` (G, W) float64
         with finite non-negative entries, row g holding group g's m_g + 1 counts first): no re-validation."""
-        self = object.__new__(cls)
         sizes = m + 1
-        counts.setflags(write=False)
-        rows = tuple(counts[g, : sizes[g]] for g in range(counts.shape[0]))  # read-only views
-        flat = counts.reshape(-1) if (sizes == counts.shape[1]).all() else np.concatenate(rows)
-        flat.setflags(write=False)
-        starts = (np.cumsum(sizes) - sizes).astype(np.int64)
-        totals = np.add.reduceat(flat, starts)
-        totals.setflags(write=False)
-        n.setflags(write=False)
-        m.setflags(write=False)
-        for name, value in (("n_items", n), ("n_samples", m), ("counts", rows), ("_totals", totals), ("_flat", flat), ("_starts", starts)):
-            object.__setattr__(self, name, value)
-        return self
+        if (sizes == counts.shape[1]).all():
+            flat = counts.reshape(-1)
+        else:
+            flat = np.concatenate([counts[g, : sizes[g]] for g in range(counts.shape[0])])
+        return cls._trusted_ragged(n, m, flat)
 
     @classmethod
     def _trusted_ragged(cls, n: np.ndarray, m: np.ndarray, flat: np.ndarray) -> "RankHistogram":

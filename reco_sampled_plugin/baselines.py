@@ -21,7 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-__all__ = ["Recommender", "Popularity", "ItemKNN", "ImplicitALS", "EASE", "train_all", "train_benchmark"]
+__all__ = ["Recommender", "Popularity", "ItemKNN", "ImplicitALS", "EASE", "train_all", "train_benchmark", "held_out_ranks"]
 
 
 def _as_binary_csr(train) -> sp.csr_matrix:
@@ -366,3 +366,27 @@ def train_all(
         Popularity(device=device),
     ]
     return {m.name: m.fit(train) for m in models}
+
+
+def held_out_ranks(models: dict, split, batch_users: int = 256) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Exact rank of each test user's held-out item among the items outside its training row, per model.
+
+    ``split``: a :class:`~reco_sampled_plugin.datasets.LeaveLastOutSplit`. Returns ({name: int64 ranks},
+    n per user), both over ``split.test_users`` in order; the ranks are single-item ranks (other positives do not
+    count: there are none), n = items minus the user's training items. Users are scored ``batch_users`` at a time
+    (bounded memory: batch x items scores)."""
+    from .ranking import exact_ranks
+
+    users = split.test_users
+    test = torch.from_numpy(split.test_items[users])
+    train = split.train[users]
+    n_u = (split.n_items - np.diff(train.indptr)).astype(np.int64)
+    out = {}
+    for name, model in models.items():
+        parts = []
+        for lo in range(0, len(users), batch_users):
+            sl = slice(lo, lo + batch_users)
+            exclude = torch.from_numpy(train[sl].toarray() > 0)
+            parts.append(exact_ranks(model.score(users[sl]), test[sl], exclude, count_other_positives=False).reshape(-1))
+        out[name] = torch.cat(parts).numpy()
+    return out, n_u

@@ -259,3 +259,50 @@ def test_scores_on_cuda_match_cpu():
         cpu, gpu = make("cpu").fit(x).score(users), make("cuda").fit(x).score(users)
         assert gpu.device.type == "cuda"
         torch.testing.assert_close(gpu.cpu(), cpu, rtol=1e-5, atol=1e-6)
+
+
+def test_ease_matches_per_item_ridge_regressions():
+    """EASE's closed form B = I - P diagMat(1/diag P) equals, column by column, the ridge regression of item j on
+    the other items (the zero-diagonal constraint solved directly): an independent oracle."""
+    from reco_sampled_plugin.baselines import EASE
+
+    rng = np.random.default_rng(0)
+    x = sp.csr_matrix((rng.random((40, 12)) < 0.3).astype(np.float64))
+    reg = 3.0
+    model = EASE(reg).fit(x)
+    b = model.weights.double().numpy()
+    dense = x.toarray()
+    for j in range(12):
+        others = [i for i in range(12) if i != j]
+        a = dense[:, others]
+        col = np.linalg.solve(a.T @ a + reg * np.eye(11), a.T @ dense[:, j])
+        np.testing.assert_allclose(b[others, j], col, rtol=1e-4, atol=1e-6)
+        assert b[j, j] == 0.0
+    np.testing.assert_allclose(model.score(np.arange(40)).double().numpy(), dense @ b, rtol=1e-5, atol=1e-6)
+    assert model.name == "EASE(3)"
+    with pytest.raises(ValueError, match="reg"):
+        EASE(0.0)
+
+
+def test_held_out_ranks_match_brute_force(tmp_path):
+    """held_out_ranks (batched, training items excluded) against a per-user loop in numpy, pessimistic ties."""
+    from reco_sampled_plugin import datasets
+    from reco_sampled_plugin.baselines import held_out_ranks
+
+    rng = np.random.default_rng(1)
+    lines = ["user,item,rating,timestamp"] + [f"u{u},i{rng.integers(0, 30)},1,{t}" for t, u in
+                                              enumerate(rng.integers(0, 25, size=300))]
+    path = tmp_path / "x.csv"
+    path.write_text("\n".join(lines) + "\n")
+    split = datasets.leave_last_out(datasets.binarize(datasets.load_interactions(path)))
+    models = {"pop": Popularity().fit(split.train), "knn": ItemKNN(q=1).fit(split.train)}
+    ranks, n_u = held_out_ranks(models, split, batch_users=7)
+    train = split.train.toarray() > 0
+    for name, model in models.items():
+        for k, u in enumerate(split.test_users):
+            s = model.score([u])[0].double().numpy()
+            t = split.test_items[u]
+            cand = ~train[u]
+            cand[t] = False
+            assert ranks[name][k] == 1 + int(np.sum(s[cand] >= s[t]))
+            assert n_u[k] == split.n_items - train[u].sum()
