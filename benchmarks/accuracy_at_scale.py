@@ -260,6 +260,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--bound-only", action="store_true", help="only the common-shape bound table (from exact ranks)")
+    ap.add_argument("--from-csv", nargs="+", help="no run: tables and plot from these accuracy_at_scale.csv files")
     args = ap.parse_args()
     if args.bound_only:
         print("| data set | m | metric | within-bin shares M / HR@b (min..max over recommenders) | "
@@ -277,12 +278,13 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    rows = []
-    for ds in args.datasets:
-        rows += run(ds, args.ms, args.repeats, args.seed)
-    df = pd.DataFrame(rows)
+    if args.from_csv:  # e.g. the two data sets run as two processes, one per core
+        df = pd.concat([pd.read_csv(f) for f in args.from_csv], ignore_index=True)
+    else:
+        df = pd.DataFrame([row for ds in args.datasets for row in run(ds, args.ms, args.repeats, args.seed)])
     df.to_csv(out / "accuracy_at_scale.csv", index=False)
-    md = markdown(df, args.repeats) + f"\nTotal {time.perf_counter() - t0:.0f} s.\n"
+    repeats = args.repeats
+    md = markdown(df, repeats) + f"\nTotal {time.perf_counter() - t0:.0f} s.\n"
     (out / "accuracy_at_scale.md").write_text(md)
     plot(df, out / "accuracy_at_scale.png")
     print(md)

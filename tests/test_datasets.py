@@ -289,3 +289,32 @@ def test_raw_ids_round_trip_through_a_file(rows):
     assert list(inter.user_ids) == list(dict.fromkeys(r[0] for r in rows))
     assert list(inter.item_ids) == list(dict.fromkeys(r[1] for r in rows))
     assert inter.timestamp.tolist() == [float(r[3]) for r in rows]
+
+
+def test_ml_latest_small_vendored_with_its_licence_and_split():
+    """The vendored MovieLens latest-small: read through gzip, the GroupLens README (licence) beside it, the
+    file's own counts (100,836 ratings of 610 users on 9,724 rated movies, plus one last line of a user with a
+    single event), and a leave-last-out split whose test items are each user's latest event (brute force)."""
+    import gzip
+    import os
+
+    from reco_sampled_plugin.datasets import load_ml_latest_small, ml_latest_small_path
+
+    path = ml_latest_small_path()
+    readme = os.path.join(os.path.dirname(path), "README.txt")
+    assert "Usage License" in open(readme, encoding="utf-8").read()
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        lines = fh.read().splitlines()
+    assert lines[0] == "userId,movieId,rating,timestamp" and len(lines) == 1 + 100_837
+    split = load_ml_latest_small()
+    inter = split.interactions
+    assert (inter.n_users, inter.n_items, len(inter)) == (611, 9725, 100_837)
+    assert split.n_test == 610 and split.n_single == 1  # the appended user with one event keeps it in train
+    assert split.n_train + split.n_test == 100_837 - split.n_dropped_duplicates
+    users = split.test_users
+    for u in users[:: 37]:
+        rows = np.flatnonzero(inter.user == u)
+        latest = rows[np.lexsort((rows, inter.timestamp[rows]))[-1]]
+        assert split.test_items[u] == inter.item[latest] and split.train[u, split.test_items[u]] == 0
+    n_u = split.n_items - np.diff(split.train[users].indptr)
+    assert (n_u.min(), n_u.max()) == (7028, 9706)  # every user rated >= 20 movies; about 96 exact ranks per sampled rank at m = 100
