@@ -78,6 +78,7 @@ __all__ = [
 
 RANK_DISTRIBUTION_METHODS = ("mle", "mes")
 _LIK_FLOOR = 1e-16
+_PROB_FLOOR = 1e-250  # smallest mixture probability the MES objective takes the log of (ratios stay < 1e256)
 # MES entropy weight per positive: lam = MES_LAMBDA / M (see the module docstring)
 MES_LAMBDA = 10.0
 _MES_WARM_STEPS = 25  # EM (SQUAREM) cycles that start the MES fit
@@ -514,8 +515,10 @@ def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol
     def objective(theta):
         pi = unpack(theta)
         prob = model.mix(pi)
-        zg = inside @ pi
-        safe = np.where(has, prob, 1.0)
+        # floors: far out in a line search the softmax can underflow to exact zeros on every cell that explains
+        # an observed column (log 0, 0 / 0): the objective then stays finite and steep instead of NaN
+        zg = np.maximum(inside @ pi, _PROB_FLOOR)
+        safe = np.where(has, np.maximum(prob, _PROB_FLOOR), 1.0)
         ll = float(np.sum(np.where(has, counts * np.log(safe), 0.0)) - np.dot(totals_g, np.log(zg)))
         per_rank = np.maximum(pi / widths, 1e-300)
         ent = -float(np.dot(pi, np.log(per_rank)))
