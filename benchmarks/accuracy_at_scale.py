@@ -7,7 +7,8 @@ estimator of ``accuracy_ml100k.run_experiment`` estimates HR@K and NDCG@K, K in 
 
 Reported per (data set, m, recommender, metric, estimator): mean estimate, relative error, and for the 95%
 interval of ``Estimate.interval`` (the sampling interval value +- 1.96 stderr, widened by the identified
-interval of ``identification.py`` where K lies below the resolution (n - 1)/(m + 1) + 1):
+interval of ``identification.py`` where the metric depends on the unresolved top: K below the resolution
+(n - 1)/(m + 1) + 1, or NDCG at any K where one sampled rank spans two or more exact ranks):
 **coverage** (share of repeats whose interval contains the exact value), **median width**, and the width
 relative to the sampling interval alone. Standard errors: table estimators (corrections, mappings, ``beta_fit``,
 ``bv_mle``) the sd of the per-positive table values over sqrt(N), as ``estimate()``; ``mle`` / ``mes`` the
@@ -39,7 +40,8 @@ from accuracy_ml100k import TABLE_ESTIMATORS, run_experiment  # noqa: E402
 
 from reco_sampled_plugin._rank_hist import pool_by_n, sampled_rank_histogram  # noqa: E402
 from reco_sampled_plugin.corrections import correction_tables  # noqa: E402
-from reco_sampled_plugin.identification import identified_interval, resolution  # noqa: E402
+from reco_sampled_plugin.identification import identified_interval, top_sensitive  # noqa: E402
+from reco_sampled_plugin.metric_names import parse_metric  # noqa: E402
 from reco_sampled_plugin.mapping import fit_beta, mapping_tables  # noqa: E402
 from reco_sampled_plugin.metrics import metric_values  # noqa: E402
 from reco_sampled_plugin.rank_distribution import estimate_rank_distribution, estimate_rank_distributions  # noqa: E402
@@ -156,11 +158,9 @@ def run(dataset: str, ms, repeats: int, seed: int, log=print):
         for name, r in ranks.items():
             draws, raw_hists = draws_by[name]
             oracle = oracle_values(r, n_u, draws, m, metrics)
-            b_max = float(resolution(raw_hists[0]).max())
-            ident = {}
+            ident = {}  # where estimate() widens the interval (identification.top_sensitive)
             for s, mt in enumerate(metrics):
-                k = int(mt.split("@")[1])
-                if k < b_max:
+                if top_sensitive(parse_metric(mt), raw_hists[0]):
                     ivs = [identified_interval(mt, h, level=0.95) for h in raw_hists]
                     ident[s] = (np.array([iv.lo for iv in ivs]), np.array([iv.hi for iv in ivs]))
             for s, mt in enumerate(metrics):
@@ -214,7 +214,7 @@ def markdown(df, repeats) -> str:
             lines.append(f"| `{est}` | " + " | ".join(f"{cov.loc[est, m]:.2f}" for m in cov.columns) + " |")
         lines.append("")
     unres = df[(df.estimator == "mes") & df.unresolved]
-    lines += ["**`mes` where K lies below the resolution: median width of the honest interval relative to the "
+    lines += ["**`mes` where the top is unresolved: median width of the honest interval relative to the "
               "sampling interval**: " + ", ".join(f"{ds} {unres[unres.dataset == ds].width_vs_sampling.median():.1f}x"
                                                   for ds in unres.dataset.unique()), ""]
     return "\n".join(lines)

@@ -7,9 +7,9 @@ and obeys a shape assumption is equally consistent with the data, and the interv
 
 The shape assumption (:class:`TopShape`, stated in docs/estimators.md), on the per-rank density p(r) = P(R = r):
 
-* **monotone top**: p(r) is non-increasing over the first ``monotone_widths`` resolution widths (ranks
-  1 .. monotone_widths * b): a recommender's relevant items are at least as likely at rank r as at rank r + 1
-  near the top of its list;
+* **monotone top**: p(r) is non-increasing over the first ``monotone_widths`` resolution widths and over twice
+  the cut-off (ranks 1 .. max(monotone_widths * b, 2 K)): a recommender's relevant items are at least as likely
+  at rank r as at rank r + 1 near the top of its list;
 * **bounded steepness**: r^gamma p(r) is non-decreasing over the first ``decay_widths`` resolution widths, i.e. the
   density falls no faster than r^-gamma there (gamma = 1: no more concentrated than a log-uniform law).
 
@@ -52,8 +52,9 @@ from .sampling_laws import check_law
 
 __all__ = ["TopShape", "IdentifiedInterval", "Identification", "identified_interval", "top_sensitive", "resolution"]
 
-# metrics without a cut-off whose value comes mostly from the top of the list
-_TOP_KINDS_WITHOUT_CUTOFF = ("ap", "trunc_ap", "rr", "ndcg")
+# metrics whose per-rank weight falls inside the first sampled bin (1/r, 1/log2(r + 1)): the bin's shape matters
+# for them at every cut-off
+_TOP_KINDS = ("ap", "trunc_ap", "rr", "ndcg")
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ class TopShape:
     Attributes:
         gamma: steepest allowed fall of the density at the top, p(r) proportional to r^-gamma (1: log-uniform).
         decay_widths: the steepness bound holds over ranks 1 .. decay_widths * b.
-        monotone_widths: the density is non-increasing over ranks 1 .. monotone_widths * b.
+        monotone_widths: the density is non-increasing over ranks 1 .. max(monotone_widths * b, 2 K).
     """
 
     gamma: float = 1.0
@@ -104,14 +105,16 @@ def resolution(hist: RankHistogram) -> np.ndarray:
 
 
 def top_sensitive(spec: MetricSpec, hist: RankHistogram) -> bool:
-    """Whether the metric depends on the shape of P(R) inside the first sampled bin: a cut-off below the
-    resolution of a group with positives at r~ = 1, or a top-weighted metric without cut-off (AP, RR, NDCG)."""
+    """Whether the metric depends on the shape of P(R) inside the first sampled bin of a group with positives
+    at r~ = 1: a cut-off below its resolution b, or a metric whose weight changes inside the bin (AP, RR, NDCG,
+    with or without cut-off) where the bin spans two or more ranks (b >= 2)."""
     occupied = hist.top_counts > 0
     if not np.any(occupied):
         return False
-    if spec.k is None:
-        return spec.kind in _TOP_KINDS_WITHOUT_CUTOFF
-    return bool(np.any(spec.k < resolution(hist)[occupied]))
+    b = resolution(hist)[occupied]
+    if spec.kind in _TOP_KINDS and np.any(b >= 2.0):
+        return True
+    return spec.k is not None and bool(np.any(spec.k < b))
 
 
 def _checkpoints(m: int) -> np.ndarray:
@@ -173,15 +176,16 @@ _CACHE_MAX = 16
 _CACHE_LOCK = threading.Lock()
 
 
-def _program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int) -> _Program:
+def _program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int,
+             cutoff: int = 0) -> _Program:
     key = (hist.n_items.tobytes(), hist.n_samples.tobytes(), hist.flat_counts.tobytes(), law, shape, level, relax,
-           max_groups)
+           max_groups, cutoff)
     with _CACHE_LOCK:
         prog = _CACHE.get(key)
         if prog is not None:
             _CACHE.move_to_end(key)
             return prog
-    prog = _build_program(hist, law, shape, level, relax, max_groups)
+    prog = _build_program(hist, law, shape, level, relax, max_groups, cutoff)
     with _CACHE_LOCK:
         _CACHE[key] = prog
         while len(_CACHE) > _CACHE_MAX:
@@ -189,7 +193,8 @@ def _program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax
     return prog
 
 
-def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int):
+def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int,
+                   cutoff: int = 0):
     from .rank_distribution import dense_likelihood, estimate_rank_distribution, model_grid, pool_groups
 
     pooled, _ = pool_groups(hist, max_groups)
@@ -197,7 +202,7 @@ def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float,
         raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (n - 1 >= m)")
     occupied = pooled.totals > 0
     b = float(resolution(pooled)[occupied].max())
-    mono_end = int(math.ceil(shape.monotone_widths * b))
+    mono_end = min(int(math.ceil(max(shape.monotone_widths * b, 2 * cutoff))), int(pooled.n_items.min()))
     decay_end = int(math.ceil(shape.decay_widths * b))
     edges = model_grid(pooled.n_items, pooled.n_samples, extra_edges=(mono_end, decay_end))
     lik, inside = dense_likelihood(edges, pooled.n_items, pooled.n_samples, law)  # (G, C, m_max + 1)
@@ -318,7 +323,7 @@ def identified_interval(
     flags: tuple[str, ...] = ()
     lp_lo = lp_hi = math.nan
     for relax in range(3):
-        prog = _program(hist, law, shape, float(level), relax, int(max_groups))
+        prog = _program(hist, law, shape, float(level), relax, int(max_groups), int(spec.k or 0))
         c = _objective(spec, prog)
         r_lo, r_hi = _solve(c, prog, 1.0), _solve(c, prog, -1.0)
         if r_lo.status == 0 and r_hi.status == 0:

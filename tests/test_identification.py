@@ -127,12 +127,17 @@ def test_identified_interval_covers_on_ml100k_and_is_wider_than_sampling():
 
 def test_resolved_metrics_keep_the_sampling_interval():
     rng = np.random.default_rng(0)
-    n, m = 300, 99  # b = 4: K = 10 is resolved
+    n, m = 300, 99  # b = 4: K = 10 is resolved for hit rates
     ranks = rng.integers(1, m + 2, size=500)
-    for metric in ("hit@10", "ndcg@20", "auc"):
+    for metric in ("hit@10", "recall@20", "precision@50", "auc"):
         est = rsp.estimate(metric, ranks, n, m, method="bv")
         assert est.identification is None
         assert est.interval(0.9) == est.sampling_interval(0.9)
+    # NDCG and RR weigh ranks 1..4 of the first bin differently: the bin's shape still matters at K = 20
+    for metric in ("ndcg@20", "mrr", "ap@50"):
+        assert rsp.estimate(metric, ranks, n, m, method="bv").identification is not None
+    # one sampled rank per exact rank (b < 2): nothing is unresolved
+    assert rsp.estimate("ndcg@10", ranks, 100, 99, method="bv").identification is None  # b = 1.99
     # the uncorrected sampled metric estimates the sampled metric: never widened
     est = rsp.estimate("hit@1", ranks, 10_000, m, method="none")
     assert est.identification is None
