@@ -87,7 +87,9 @@ class IdentifiedInterval:
         lp_lo, lp_hi: the LP bounds alone (expected metric under the extreme distributions).
         level: confidence level of the data band.
         flags: ``shape_rejected`` (the data contradict the assumption; constraints were dropped),
-            ``identification_failed`` (no LP solution: the interval is the metric's whole range).
+            ``identification_failed`` (no LP solution: the interval is the metric's whole range),
+            ``several_m`` (groups with different m: the band takes each m as fixed by the design, which
+            adaptive sampling, where m depends on the outcome, is not).
     """
 
     lo: float
@@ -339,6 +341,8 @@ def identified_interval(
     lo = lp_lo - z * math.sqrt(top * max(lp_lo - lo_range, 0.0) / total)
     hi = lp_hi + z * math.sqrt(top * max(lp_hi - lo_range, 0.0) / total)
     lo, hi = max(lo, lo_range), min(hi, hi_range)
+    if len(np.unique(hist.n_samples)) > 1:
+        flags += ("several_m",)
     details = {"resolution": resolution(hist).tolist(), "shape": shape, "n_cells": len(prog.edges) - 1}
     return IdentifiedInterval(lo, hi, lp_lo, lp_hi, float(level), flags, details)
 

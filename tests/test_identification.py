@@ -174,3 +174,12 @@ def test_bad_input():
         rsp.estimate("hit@10", [1, 2, 3], 1000, 10, method="bv", top_shape="steep")
     with pytest.raises(ValueError, match="level"):
         rsp.estimate("hit@10", [1, 2, 3], 1000, 10, method="bv").interval(0.0)
+
+
+def test_several_sample_sizes_are_flagged():
+    rng = np.random.default_rng(2)
+    ranks = rng.integers(1, 12, size=300)
+    m = np.where(np.arange(300) % 2 == 0, 10, 20)
+    iv = identified_interval("hit@5", np.minimum(ranks, m + 1), 2000, m)
+    assert "several_m" in iv.flags and iv.lo <= iv.hi
+    assert "several_m" not in identified_interval("hit@5", np.minimum(ranks, 11), 2000, 10).flags
