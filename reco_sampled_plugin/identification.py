@@ -333,7 +333,8 @@ def identified_interval(
             flags = prog.flags
             break
     else:
-        return IdentifiedInterval(lo_range, hi_range, lo_range, hi_range, float(level), ("identification_failed",))
+        flags = ("identification_failed",) + (("several_m",) if len(np.unique(hist.n_samples)) > 1 else ())
+        return IdentifiedInterval(lo_range, hi_range, lo_range, hi_range, float(level), flags)
     lp_lo, lp_hi = max(lp_lo, lo_range), min(max(lp_hi, lp_lo), hi_range)
     z = NormalDist().inv_cdf(0.5 + level / 2.0)
     top = float(_top_value(spec, hist))

@@ -176,10 +176,15 @@ def test_bad_input():
         rsp.estimate("hit@10", [1, 2, 3], 1000, 10, method="bv").interval(0.0)
 
 
-def test_several_sample_sizes_are_flagged():
+def test_several_sample_sizes_are_flagged_and_contradictions_give_the_whole_range():
     rng = np.random.default_rng(2)
-    ranks = rng.integers(1, 12, size=300)
-    m = np.where(np.arange(300) % 2 == 0, 10, 20)
-    iv = identified_interval("hit@5", np.minimum(ranks, m + 1), 2000, m)
-    assert "several_m" in iv.flags and iv.lo <= iv.hi
-    assert "several_m" not in identified_interval("hit@5", np.minimum(ranks, 11), 2000, 10).flags
+    exact = np.minimum(rng.geometric(1 / 300, size=600), 2000)
+    m = np.where(np.arange(600) % 2 == 0, 10, 20)
+    sampled = draw_sampled_ranks(exact, 2000, m, repeats=1, seed=1)[0]
+    iv = identified_interval("hit@5", sampled, 2000, m)
+    assert "several_m" in iv.flags and 0.0 <= iv.lo <= iv.hi <= 1.0 and "identification_failed" not in iv.flags
+    assert "several_m" not in identified_interval("hit@5", sampled[m == 10], 2000, 10).flags
+    # every m = 20 positive in r~ 1..3 while the m = 10 ones spread over 1..11: no P(R) fits both bands
+    bad = np.concatenate([rng.integers(1, 12, size=300), rng.integers(1, 4, size=300)])
+    iv = identified_interval("hit@5", bad, 2000, np.repeat([10, 20], 300))
+    assert iv.flags == ("identification_failed", "several_m") and (iv.lo, iv.hi) == (0.0, 1.0)
