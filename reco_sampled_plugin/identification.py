@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 
 import numpy as np
-from scipy import optimize
+from scipy import optimize, special, stats
 
 from ._rank_hist import RankHistogram, as_histogram, interval_mean_metric
 from .metric_names import MetricSpec, parse_metric
@@ -197,7 +197,7 @@ def _program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax
 
 def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int,
                    cutoff: int = 0):
-    from .rank_distribution import dense_likelihood, estimate_rank_distribution, model_grid, pool_groups
+    from .rank_distribution import estimate_rank_distribution, model_grid, pool_groups
 
     pooled, _ = pool_groups(hist, max_groups)
     if law == "hypergeometric" and np.any(pooled.n_samples > pooled.n_items - 1):
@@ -207,14 +207,11 @@ def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float,
     mono_end = min(int(math.ceil(max(shape.monotone_widths * b, 2 * cutoff))), int(pooled.n_items.min()))
     decay_end = int(math.ceil(shape.decay_widths * b))
     edges = model_grid(pooled.n_items, pooled.n_samples, extra_edges=(mono_end, decay_end))
-    lik, inside = dense_likelihood(edges, pooled.n_items, pooled.n_samples, law)  # (G, C, m_max + 1)
-    G, C = lik.shape[0], lik.shape[1]
-    counts = np.zeros((G, lik.shape[2]))
-    for g in range(G):
-        counts[g, : int(pooled.n_samples[g]) + 1] = pooled.counts[g]
-    totals = counts.sum(-1)
-    total = float(totals.sum())
     n_items, n_samples = pooled.n_items, pooled.n_samples
+    G, C = len(n_items), len(edges) - 1
+    inside = np.arange(C)[None, :] < np.searchsorted(edges, n_items)[:, None]  # cell within 1..n_g
+    totals = pooled.totals.astype(np.float64)
+    total = float(totals.sum())
     n_max = int(n_items.max())
     # truncation masses from a maximum-likelihood fit (they depend on the far tail only)
     if np.all(n_items == n_max):
@@ -230,17 +227,16 @@ def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float,
     cps = [_checkpoints(int(mv)) for mv in classes]
     n_checks = max(1, sum(len(c) for c in cps))
     z_band = NormalDist().inv_cdf(1.0 - (1.0 - level) / (2.0 * n_checks))
-    cum_lik = np.cumsum(lik, axis=2)  # (G, C, m_max + 1): P(r~ <= i + 1 | cell, group)
-    cum_counts = np.cumsum(counts, axis=1)
     rows, lo_b, hi_b = [], [], []
     for mv, pts in zip(classes, cps):
         sel = np.flatnonzero(n_samples == mv)
         n_cls = float(totals[sel].sum())
         if n_cls <= 0:
             continue
-        for i in pts:
-            expected = np.einsum("g,gc->c", totals[sel] / n_cls / z_g[sel], cum_lik[sel, :, i - 1] * inside[sel])
-            share = float(cum_counts[sel, i - 1].sum()) / n_cls
+        cdf = np.stack([_cell_cdf(edges, int(n_items[g]), int(mv), pts, law) for g in sel])  # (G_m, C, J)
+        for j, i in enumerate(pts):
+            expected = np.einsum("g,gc->c", totals[sel] / n_cls / z_g[sel], cdf[:, :, j] * inside[sel])
+            share = float(sum(pooled.counts[g][:i].sum() for g in sel)) / n_cls
             lo, hi = _wilson(np.array([share]), n_cls, z_band)
             rows.append(expected)
             lo_b.append(float(lo[0]))
@@ -265,6 +261,25 @@ def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float,
     flags = ("shape_rejected",) if relax else ()
     return _Program(edges, inside, weights, n_items, np.concatenate(a_ub), np.concatenate(b_ub), np.concatenate(a_eq),
                     np.asarray(b_eq), total, flags)
+
+
+def _cell_cdf(edges: np.ndarray, n: int, m: int, checkpoints: np.ndarray, law: str) -> np.ndarray:
+    """P(r~ <= i | cell) for the checkpoints i (C, J), zero for cells above n: each cell's law averaged over the
+    ranks of ``rank_distribution._cell_points``, as the fits do; the binomial cdf is the regularised incomplete
+    beta (``special.bdtr``), so no (m + 1)-wide rows are built."""
+    from .rank_distribution import _cell_points
+
+    pts, wts = _cell_points(edges)
+    c_in = int(np.searchsorted(edges, n))
+    r = pts[:c_in].astype(np.float64)[..., None]  # (c_in, S, 1)
+    k = checkpoints.astype(np.float64) - 1.0  # r~ <= i  <=>  j <= i - 1
+    if law == "binomial":
+        cdf = special.bdtr(k, m, np.clip((r - 1.0) / (n - 1.0), 0.0, 1.0))
+    else:
+        cdf = stats.hypergeom.cdf(k, n - 1, r - 1.0, m)
+    out = np.zeros((len(edges) - 1, len(checkpoints)))
+    out[:c_in] = np.einsum("cs,csj->cj", wts[:c_in], cdf)
+    return out
 
 
 def _objective(spec: MetricSpec, prog: _Program) -> np.ndarray:
