@@ -62,7 +62,6 @@ class RankHistogram:
             sizes = np.fromiter((c.shape[0] for c in counts), dtype=np.int64, count=len(counts))
             flat = np.concatenate(counts) if counts else np.zeros(0)
             bad_count = ~np.isfinite(flat) | (flat < 0)
-            owner = np.repeat(np.arange(len(n)), sizes)
             for mask, msg in (
                 (m < 1, lambda g: f"n_samples: must be >= 1, got {m[g]} in group {g}"),
                 (n < 2, lambda g: f"n_items: need at least 2 candidates, got {n[g]} in group {g}"),
@@ -71,7 +70,9 @@ class RankHistogram:
                 if mask.any():
                     raise ValueError(msg(int(np.flatnonzero(mask)[0])))
             if bad_count.any():
-                raise ValueError(f"counts: group {int(owner[np.flatnonzero(bad_count)[0]])} has negative or non-finite counts")
+                first = int(np.flatnonzero(bad_count)[0])
+                owner = int(np.searchsorted(np.cumsum(sizes), first, side="right"))
+                raise ValueError(f"counts: group {owner} has negative or non-finite counts")
             starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
             totals = np.add.reduceat(flat, starts) if flat.size else np.zeros(len(n))
         else:

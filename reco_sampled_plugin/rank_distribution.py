@@ -196,10 +196,10 @@ def _pool_m(hist: RankHistogram, spread: float = _M_SPREAD) -> RankHistogram:
     for v in um[1:].tolist():  # bins over the distinct m (hundreds at most), not over positives
         if v > edges[-1] * (1.0 + spread):
             edges.append(int(v))
-    starts = np.asarray(edges)
-    bin_of = np.searchsorted(starts, hist.n_samples, side="right") - 1
-    top = np.array([int(um[(um >= lo) & ((um < starts[k + 1]) if k + 1 < len(starts) else True)].max())
-                    for k, lo in enumerate(starts)])
+    bin_lo = np.asarray(edges)
+    bin_of = np.searchsorted(bin_lo, hist.n_samples, side="right") - 1
+    top = np.array([int(um[(um >= lo) & ((um < bin_lo[k + 1]) if k + 1 < len(bin_lo) else True)].max())
+                    for k, lo in enumerate(bin_lo)])
     m_new = top[bin_of]
     n_new = 1 + np.rint((hist.n_items - 1.0) * m_new / hist.n_samples).astype(np.int64)
     span = int(m_new.max()) + 1
@@ -207,9 +207,12 @@ def _pool_m(hist: RankHistogram, spread: float = _M_SPREAD) -> RankHistogram:
     n_out, m_out = keys // span, keys % span
     offsets = np.concatenate([[0], np.cumsum(m_out + 1)])
     sizes = hist.n_samples + 1
-    owner = np.repeat(np.arange(hist.n_groups), sizes)
-    pos = np.arange(len(owner)) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # r~ - 1 within each group
-    flat = np.bincount(offsets[gid[owner]] + pos, weights=hist.flat_counts, minlength=int(offsets[-1]))
+    starts = np.cumsum(sizes) - sizes
+    counts = hist.flat_counts
+    nz = np.flatnonzero(counts)  # occupied entries only (at most one per positive), not sum(m + 1)
+    owner = np.searchsorted(starts, nz, side="right") - 1
+    pos = nz - starts[owner]  # r~ - 1 within its group
+    flat = np.bincount(offsets[gid[owner]] + pos, weights=counts[nz], minlength=int(offsets[-1]))
     return RankHistogram(n_out, m_out, tuple(np.split(flat, offsets[1:-1])))
 
 
