@@ -56,7 +56,7 @@ def main() -> None:
     torch.set_num_threads(2)
     print(f"{args.positives:,} positives; best of {args.repeats}; estimate('hit@10', hist, method=...) with its "
           "default bootstrap")
-    print(f"| design | groups | histogram | mes | mle |\n|---|---|---|---|---|")
+    print("| design | groups | histogram | mes | mle |\n|---|---|---|---|---|")
     for name, ranks, n_u, m_u in designs(args.positives, args.n_items):
         if args.skip_many_m and "adversarial" in name:
             continue
