@@ -197,7 +197,7 @@ def estimate(
             far fewer tables, error measured in docs/estimators.md (s = 0.1 on ml-100k: < 1e-2 relative, < 2e-3 absolute).
             Flagged ``pooled_n`` when it changed the groups.
         top_shape: the shape assumption of the identified interval (``identification.TopShape``; default:
-            density non-increasing over the first two resolution widths, no steeper than 1/r over the first).
+            density non-increasing over the first max(2 b, 2 K) ranks, no steeper than 1/r over the first b).
         **options: passed to :func:`~reco_sampled_plugin.rank_distribution.estimate_rank_distribution`
             (``n_bootstrap``, ``tol``, ``max_iter``, ``lam``, ``seed``...) for ``mle``, ``mes``, ``bv_mle``.
             ``n_bootstrap=0`` skips the bootstrap: the standard error is then the cheap posterior one
@@ -206,7 +206,7 @@ def estimate(
     Returns:
         :class:`EstimatorResult` (value, stderr, n_instances, details, flags). Where the metric depends on the
         shape of the rank distribution inside the first sampled bin (a cut-off below the resolution
-        (n - 1)/(m + 1) + 1, or AP/RR/NDCG without cut-off; flag ``top_unresolved``), ``interval(level)``
+        b = (n - 1)/(m + 1) + 1, or AP/RR/NDCG once b >= 2; flag ``top_unresolved``), ``interval(level)``
         also spans every value the data allow under ``top_shape`` (``identification.py``); the ``none``
         method (the sampled metric itself, not an estimate of the global one) keeps its sampling interval.
 

@@ -336,18 +336,22 @@ def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa:
     return model
 
 
+def _occupied(hist: RankHistogram) -> tuple[np.ndarray, np.ndarray]:
+    """(group, r~ - 1) of the histogram's non-zero counts, from its flat layout (no loop over groups)."""
+    nz = np.flatnonzero(hist.flat_counts)
+    g = np.searchsorted(hist._starts, nz, side="right") - 1
+    return g, nz - hist._starts[g]
+
+
 def _support(hists, m_max: int) -> tuple:
     """Flat keys g (m_max + 1) + i of the columns occupied in any of the histograms (same groups)."""
-    keys = set()
-    for h in hists:
-        for g, c in enumerate(h.counts):
-            keys.update((g * (m_max + 1) + np.flatnonzero(np.asarray(c) > 0)).tolist())
-    return tuple(sorted(keys))
+    keys = [g * (m_max + 1) + i for g, i in map(_occupied, hists)]
+    return tuple(np.unique(np.concatenate(keys)).tolist())
 
 
 def _flat_counts(model: _Model, hist: RankHistogram) -> np.ndarray:
     """A histogram with the model's groups as counts on the model's columns (K,)."""
-    return np.array([hist.counts[g][i] for g, i in model.cols.tolist()], dtype=np.float64)
+    return np.asarray(hist.flat_counts[hist._starts[model.cols[:, 0]] + model.cols[:, 1]], dtype=np.float64)
 
 
 def _build_model(
@@ -686,7 +690,7 @@ class RankDistribution:
         den = joint.sum(0)
         num = np.einsum("ck,ck->k", means[:, cols[:, 0]], joint)
         v = np.where(den > 0, num / np.where(den > 0, den, 1.0), 0.0)
-        w = np.array([hist.counts[g][i] for g, i in cols.tolist()], dtype=np.float64)
+        w = hist.flat_counts[hist._starts[cols[:, 0]] + cols[:, 1]]
         mean = float(np.dot(w, v)) / total
         ss = float(np.dot(w, (v - mean) ** 2))
         return math.sqrt(ss / (total * (total - 1.0))) if total > 1 else math.inf
