@@ -173,10 +173,11 @@ class _Model:
 
     def group_counts(self, counts: np.ndarray) -> tuple:
         """Counts (K,) back to one (m_g + 1,) array per group."""
-        out = [np.zeros(int(mg) + 1) for mg in self.m]
-        for (g, i), c in zip(self.cols.tolist(), counts.tolist()):  # K entries (occupied columns), not items
-            out[g][i] = c
-        return tuple(out)
+        sizes = self.m + 1
+        starts = np.cumsum(sizes) - sizes
+        flat = np.zeros(int(sizes.sum()))
+        flat[starts[self.cols[:, 0]] + self.cols[:, 1]] = counts
+        return tuple(np.split(flat, starts[1:]))
 
 
 # more distinct sample sizes than this are pooled onto a geometric grid of m (``_pool_m``); adaptive sampling
