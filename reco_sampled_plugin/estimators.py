@@ -32,6 +32,7 @@ deterministic: the bootstrap is seeded).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections import OrderedDict
@@ -42,8 +43,9 @@ import numpy as np
 import torch
 
 from ._rank_hist import RankHistogram, as_histogram, pool_by_n
+from .adaptive import ADAPTIVE_METHODS, AdaptiveDesign, adaptive_cost, check_adaptive_histogram
 from .estimate import Estimate
-from .identification import Identification, TopShape, top_sensitive
+from .identification import Identification, TopShape, _design, top_sensitive
 from .mapping import MAPPING_METHODS, mapping_estimate
 from .metric_names import parse_metric
 from .metrics import _metric_from_float_ranks
@@ -97,6 +99,23 @@ def _result(value: float, stderr: float | None, n: float, details: dict, flags, 
     if identification is not None:
         details["interval"] = "identified"
     return Estimate(float(value), se, float(n), details, tuple(flags), identification)
+
+
+def _with_adaptive(result: Estimate, hist: RankHistogram, design: AdaptiveDesign, top_shape) -> Estimate:
+    """The estimate of adaptive ranks: the identified interval under the stopping law, the cost in
+    ``details["adaptive"]``, ``cap_reached`` where positives still rank first at the cap and the metric depends
+    on the top there."""
+    ident = result.identification
+    if ident is not None:
+        ident = Identification(ident.spec, ident.hist, ident.sampling, top_shape, adaptive=design)
+    cost = adaptive_cost(hist, design)
+    flags = tuple(result.flags)
+    if ident is not None and cost.share_first_at_cap > 0 and "cap_reached" not in flags:
+        flags += ("cap_reached",)
+    details = dict(result.details)
+    details["adaptive"] = cost.as_dict()
+    details["flags"] = flags
+    return dataclasses.replace(result, details=details, flags=flags, identification=ident)
 
 
 def _merge_flags(flags, extra) -> tuple:
@@ -172,6 +191,7 @@ def estimate(
     rounding: str = "floor",
     max_rel_n_spread: float | None = None,
     top_shape: TopShape | None = None,
+    adaptive=None,
     **options,
 ) -> EstimatorResult:
     """Estimate a global (full-catalogue) metric from sampled ranks, with a standard error.
@@ -198,6 +218,12 @@ def estimate(
             Flagged ``pooled_n`` when it changed the groups.
         top_shape: the shape assumption of the identified interval (``identification.TopShape``; default:
             density non-increasing over the first max(2 b, 2 K) ranks, no steeper than 1/r over the first b).
+        adaptive: the design when the ranks come from adaptive sampling (``n_samples`` then holds each positive's
+            final m): an :class:`~reco_sampled_plugin.adaptive.AdaptiveDesign` or ``(m, adaptive_max)``. Only
+            ``mes``, ``mle`` and ``none`` take it (the likelihood ignores the stopping rule; fixed-m tables do
+            not); the sizes are checked against the design, ``details["adaptive"]`` reports the cost (mean and
+            largest m per positive, share at the cap, share still first there) and ``cap_reached`` flags a
+            metric that still depends on the top at the cap's resolution.
         **options: passed to :func:`~reco_sampled_plugin.rank_distribution.estimate_rank_distribution`
             (``n_bootstrap``, ``tol``, ``max_iter``, ``lam``, ``seed``...) for ``mle``, ``mes``, ``bv_mle``.
             ``n_bootstrap=0`` skips the bootstrap: the standard error is then the cheap posterior one
@@ -219,6 +245,19 @@ def estimate(
         raise ValueError(f"method: unknown estimator {method!r}; use one of {ESTIMATORS}")
     hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
     hist.check_nonempty()
+    design = _design(adaptive)
+    if design is not None:
+        if method not in ADAPTIVE_METHODS:
+            raise ValueError(
+                f"method {method!r} assumes one fixed m per positive; adaptive sampling needs a likelihood "
+                f"estimator: one of {ADAPTIVE_METHODS}"
+            )
+        if sampling != "binomial":
+            raise ValueError("sampling: adaptive sampling draws with replacement (binomial law)")
+        check_adaptive_histogram(hist, design)
+        result = estimate(spec, hist, method=method, sampling=sampling, max_rel_n_spread=max_rel_n_spread,
+                          top_shape=top_shape, **options)
+        return _with_adaptive(result, hist, design, top_shape)
     pooled = pool_by_n(hist, max_rel_n_spread)
     pool_flag = [] if pooled.same_groups(hist) else ["pooled_n"]
     hist = pooled

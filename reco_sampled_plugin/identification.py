@@ -32,7 +32,7 @@ The interval at level 1 - alpha (:func:`identified_interval`) is built in three 
 
 Where the LP is infeasible, the data contradict the assumption: the steepness constraint, then monotonicity are
 dropped (flag ``shape_rejected``). Sampling laws: with and without replacement, per-group n and m fixed by the
-design (adaptive sampling, where m depends on the outcome, is not covered by the band: see docs/estimators.md).
+design, or adaptive sampling declared with ``adaptive=`` (then the band uses the stopping law of ``adaptive.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ import numpy as np
 from scipy import optimize, special, stats
 
 from ._rank_hist import RankHistogram, as_histogram, interval_mean_metric
+from .adaptive import AdaptiveDesign, adaptive_design, check_adaptive_histogram, stage_event_cdf
 from .metric_names import MetricSpec, parse_metric
 from .sampling_laws import check_law
 
@@ -88,8 +89,8 @@ class IdentifiedInterval:
         level: confidence level of the data band.
         flags: ``shape_rejected`` (the data contradict the assumption; constraints were dropped),
             ``identification_failed`` (no LP solution: the interval is the metric's whole range),
-            ``several_m`` (groups with different m: the band takes each m as fixed by the design, which
-            adaptive sampling, where m depends on the outcome, is not).
+            ``several_m`` (groups with different m and no adaptive design declared: the band takes each m as
+            fixed by the design).
     """
 
     lo: float
@@ -179,15 +180,15 @@ _CACHE_LOCK = threading.Lock()
 
 
 def _program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int,
-             cutoff: int = 0) -> _Program:
+             cutoff: int = 0, adaptive: AdaptiveDesign | None = None) -> _Program:
     key = (hist.n_items.tobytes(), hist.n_samples.tobytes(), hist.flat_counts.tobytes(), law, shape, level, relax,
-           max_groups, cutoff)
+           max_groups, cutoff, adaptive)
     with _CACHE_LOCK:
         prog = _CACHE.get(key)
         if prog is not None:
             _CACHE.move_to_end(key)
             return prog
-    prog = _build_program(hist, law, shape, level, relax, max_groups, cutoff)
+    prog = _build_program(hist, law, shape, level, relax, max_groups, cutoff, adaptive)
     with _CACHE_LOCK:
         _CACHE[key] = prog
         while len(_CACHE) > _CACHE_MAX:
@@ -196,17 +197,22 @@ def _program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax
 
 
 def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int,
-                   cutoff: int = 0):
+                   cutoff: int = 0, adaptive: AdaptiveDesign | None = None):
     from .rank_distribution import estimate_rank_distribution, model_grid, pool_groups
 
     pooled, _ = pool_groups(hist, max_groups)
     if law == "hypergeometric" and np.any(pooled.n_samples > pooled.n_items - 1):
         raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (n - 1 >= m)")
     occupied = pooled.totals > 0
+    if adaptive is not None and np.any(pooled.top_counts > 0):  # the top is resolved down to the cap's bin
+        occupied = pooled.top_counts > 0
     b = float(resolution(pooled)[occupied].max())
     mono_end = min(int(math.ceil(max(shape.monotone_widths * b, 2 * cutoff))), int(pooled.n_items.min()))
     decay_end = int(math.ceil(shape.decay_widths * b))
-    edges = model_grid(pooled.n_items, pooled.n_samples, extra_edges=(mono_end, decay_end))
+    # adaptive: the band groups positives by n alone (their final m depends on R)
+    n_class, n_tot = _n_classes(hist, max_groups) if adaptive is not None else (np.zeros(0, np.int64), None)
+    edges = model_grid(np.concatenate([pooled.n_items, n_class]), pooled.n_samples,
+                       extra_edges=(mono_end, decay_end))
     n_items, n_samples = pooled.n_items, pooled.n_samples
     G, C = len(n_items), len(edges) - 1
     inside = np.arange(C)[None, :] < np.searchsorted(edges, n_items)[:, None]  # cell within 1..n_g
@@ -214,34 +220,22 @@ def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float,
     total = float(totals.sum())
     n_max = int(n_items.max())
     # truncation masses from a maximum-likelihood fit (they depend on the far tail only)
-    if np.all(n_items == n_max):
-        z_g = np.ones(G)
-    else:
+    fit_cum = None
+    if not (np.all(n_items == n_max) and np.all(n_class == n_max)):
         fit = estimate_rank_distribution(pooled, "mle", sampling=law, n_bootstrap=0, max_groups=max_groups)
-        cum = np.concatenate([[0.0], np.cumsum(fit.probs)])
-        z_g = np.interp(n_items.astype(np.float64), fit.edges.astype(np.float64), cum)
-        z_g = np.maximum(z_g, 1e-12)
+        fit_cum = (fit.edges.astype(np.float64), np.concatenate([[0.0], np.cumsum(fit.probs)]))
+
+    def mass(ns: np.ndarray) -> np.ndarray:
+        if fit_cum is None:
+            return np.ones(len(ns))
+        return np.maximum(np.interp(ns.astype(np.float64), *fit_cum), 1e-12)
+
+    z_g = mass(n_items)
     weights = totals / total / z_g
-    # data band: per distinct m, cumulative pooled shares at the checkpoints, simultaneous by Bonferroni
-    classes = np.unique(n_samples[totals > 0])
-    cps = [_checkpoints(int(mv)) for mv in classes]
-    n_checks = max(1, sum(len(c) for c in cps))
-    z_band = NormalDist().inv_cdf(1.0 - (1.0 - level) / (2.0 * n_checks))
-    rows, lo_b, hi_b = [], [], []
-    for mv, pts in zip(classes, cps):
-        sel = np.flatnonzero(n_samples == mv)
-        n_cls = float(totals[sel].sum())
-        if n_cls <= 0:
-            continue
-        cdf = np.stack([_cell_cdf(edges, int(n_items[g]), int(mv), pts, law) for g in sel])  # (G_m, C, J)
-        for j, i in enumerate(pts):
-            expected = np.einsum("g,gc->c", totals[sel] / n_cls / z_g[sel], cdf[:, :, j] * inside[sel])
-            share = float(sum(pooled.counts[g][:i].sum() for g in sel)) / n_cls
-            lo, hi = _wilson(np.array([share]), n_cls, z_band)
-            rows.append(expected)
-            lo_b.append(float(lo[0]))
-            hi_b.append(float(hi[0]))
-    a_data = np.asarray(rows).reshape(-1, C)
+    if adaptive is None:
+        a_data, lo_b, hi_b = _fixed_band(pooled, edges, inside, z_g, law, level)
+    else:
+        a_data, lo_b, hi_b = _adaptive_band(pooled, edges, n_class, n_tot, mass(n_class), adaptive, level)
     a_ub = [a_data, -a_data]
     b_ub = [np.asarray(hi_b), -np.asarray(lo_b)]
     if relax < 2:
@@ -261,6 +255,83 @@ def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float,
     flags = ("shape_rejected",) if relax else ()
     return _Program(edges, inside, weights, n_items, np.concatenate(a_ub), np.concatenate(b_ub), np.concatenate(a_eq),
                     np.asarray(b_eq), total, flags)
+
+
+def _fixed_band(pooled: RankHistogram, edges: np.ndarray, inside: np.ndarray, z_g: np.ndarray, law: str,
+                level: float) -> tuple[np.ndarray, list, list]:
+    """Band rows for designs with m fixed per group: per distinct m, the cumulative pooled shares at the
+    checkpoints, simultaneous by Bonferroni. Returns (rows (J, C), lower, upper)."""
+    n_items, n_samples = pooled.n_items, pooled.n_samples
+    totals = pooled.totals.astype(np.float64)
+    C = len(edges) - 1
+    classes = np.unique(n_samples[totals > 0])
+    cps = [_checkpoints(int(mv)) for mv in classes]
+    n_checks = max(1, sum(len(c) for c in cps))
+    z_band = NormalDist().inv_cdf(1.0 - (1.0 - level) / (2.0 * n_checks))
+    rows, lo_b, hi_b = [], [], []
+    for mv, pts in zip(classes, cps):
+        sel = np.flatnonzero(n_samples == mv)
+        n_cls = float(totals[sel].sum())
+        if n_cls <= 0:
+            continue
+        cdf = np.stack([_cell_cdf(edges, int(n_items[g]), int(mv), pts, law) for g in sel])  # (G_m, C, J)
+        for j, i in enumerate(pts):
+            expected = np.einsum("g,gc->c", totals[sel] / n_cls / z_g[sel], cdf[:, :, j] * inside[sel])
+            share = float(sum(pooled.counts[g][:i].sum() for g in sel)) / n_cls
+            lo, hi = _wilson(np.array([share]), n_cls, z_band)
+            rows.append(expected)
+            lo_b.append(float(lo[0]))
+            hi_b.append(float(hi[0]))
+    return np.asarray(rows).reshape(-1, C), lo_b, hi_b
+
+
+def _n_classes(hist: RankHistogram, max_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """Candidate counts of the positives whatever their final m: (representative n, positives) per class, at
+    most ``max_groups`` classes (count-weighted median n of quantile bins, as ``pool_groups``)."""
+    from .rank_distribution import pool_groups
+
+    ns, inv = np.unique(hist.n_items, return_inverse=True)
+    tot = np.bincount(inv, weights=hist.totals, minlength=len(ns))
+    keep = tot > 0
+    ns, tot = ns[keep], tot[keep]
+    collapsed = RankHistogram(ns, np.ones(len(ns), np.int64), tuple(np.array([t, 0.0]) for t in tot))
+    pooled, _ = pool_groups(collapsed, max_groups)
+    return pooled.n_items, pooled.totals.astype(np.float64)
+
+
+def _adaptive_band(pooled: RankHistogram, edges: np.ndarray, n_class: np.ndarray, n_tot: np.ndarray,
+                   z_class: np.ndarray, design: AdaptiveDesign, level: float) -> tuple[np.ndarray, list, list]:
+    """Band rows for adaptive sampling: shares of the nested events E(s, i) (``adaptive.stage_event_cdf``) at
+    checkpoints i of each stage's new draws, over every positive, simultaneous by Bonferroni."""
+    from .rank_distribution import _cell_points
+
+    stages = design.stages
+    news = np.diff(np.concatenate([[0], stages]))
+    cps = [_checkpoints(int(v)) for v in news]
+    n_checks = max(1, sum(len(c) for c in cps))
+    z_band = NormalDist().inv_cdf(1.0 - (1.0 - level) / (2.0 * n_checks))
+    total = float(n_tot.sum())
+    C = len(edges) - 1
+    pts, wts = _cell_points(edges)
+    totals = pooled.totals.astype(np.float64)
+    m_g = pooled.n_samples
+    rows, lo_b, hi_b = [], [], []
+    for s, (size, chk) in enumerate(zip(stages, cps)):
+        expected = np.zeros((len(chk), C))
+        for n_c, w_c, z_c in zip(n_class, n_tot / total, z_class):  # a few n classes
+            c_in = int(np.searchsorted(edges, int(n_c)))
+            p = (pts[:c_in].astype(np.float64) - 1.0) / (float(n_c) - 1.0)
+            cdf = stage_event_cdf(p, design, s, chk)  # (c_in, S, J)
+            expected[:, :c_in] += (w_c / z_c) * np.einsum("cs,csj->jc", wts[:c_in], cdf)
+        beyond = float(totals[m_g > size].sum())
+        here = np.flatnonzero(m_g == size)
+        for j, i in enumerate(chk):
+            share = (beyond + float(sum(pooled.counts[g][:i].sum() for g in here))) / total
+            lo, hi = _wilson(np.array([share]), total, z_band)
+            rows.append(expected[j])
+            lo_b.append(float(lo[0]))
+            hi_b.append(float(hi[0]))
+    return np.asarray(rows).reshape(-1, C), lo_b, hi_b
 
 
 def _cell_cdf(edges: np.ndarray, n: int, m: int, checkpoints: np.ndarray, law: str) -> np.ndarray:
@@ -309,6 +380,7 @@ def identified_interval(
     weights=None,
     shape: TopShape | None = None,
     max_groups: int = 16,
+    adaptive=None,
 ) -> IdentifiedInterval:
     """The interval of a global metric over every rank distribution that fits the sampled ranks and the
     shape assumption (module docstring), at confidence ``level``.
@@ -320,6 +392,9 @@ def identified_interval(
         level: in (0, 1).
         sampling: ``"binomial"`` or ``"hypergeometric"``.
         shape: the :class:`TopShape` assumption (default: monotone over 2 b, no steeper than 1/r over b).
+        adaptive: an :class:`~reco_sampled_plugin.adaptive.AdaptiveDesign` (or (m, adaptive_max)) when the ranks
+            come from adaptive sampling (``n_samples`` then holds each positive's final m): the band then uses the
+            stopping law (``adaptive.stage_event_cdf``), and the top is resolved down to the cap's bin.
 
     Raises:
         ValueError: bad level, law, shape, empty histogram, cut-off above n.
@@ -334,13 +409,19 @@ def identified_interval(
     hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
     hist.check_nonempty()
     hist = hist.without_empty_groups()
+    design = _design(adaptive)
+    if design is not None:
+        if law != "binomial":
+            raise ValueError("sampling: adaptive sampling draws with replacement (binomial law)")
+        check_adaptive_histogram(hist, design)
+    several_m = design is None and len(np.unique(hist.n_samples)) > 1
     if spec.k is not None and spec.k > int(hist.n_items.min()):
         raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(hist.n_items.min())})")
     lo_range, hi_range = _metric_range(spec, hist)
     flags: tuple[str, ...] = ()
     lp_lo = lp_hi = math.nan
     for relax in range(3):
-        prog = _program(hist, law, shape, float(level), relax, int(max_groups), int(spec.k or 0))
+        prog = _program(hist, law, shape, float(level), relax, int(max_groups), int(spec.k or 0), design)
         c = _objective(spec, prog)
         r_lo, r_hi = _solve(c, prog, 1.0), _solve(c, prog, -1.0)
         if r_lo.status == 0 and r_hi.status == 0:
@@ -348,7 +429,7 @@ def identified_interval(
             flags = prog.flags
             break
     else:
-        flags = ("identification_failed",) + (("several_m",) if len(np.unique(hist.n_samples)) > 1 else ())
+        flags = ("identification_failed",) + (("several_m",) if several_m else ())
         return IdentifiedInterval(lo_range, hi_range, lo_range, hi_range, float(level), flags)
     lp_lo, lp_hi = max(lp_lo, lo_range), min(max(lp_hi, lp_lo), hi_range)
     z = NormalDist().inv_cdf(0.5 + level / 2.0)
@@ -357,10 +438,23 @@ def identified_interval(
     lo = lp_lo - z * math.sqrt(top * max(lp_lo - lo_range, 0.0) / total)
     hi = lp_hi + z * math.sqrt(top * max(lp_hi - lo_range, 0.0) / total)
     lo, hi = max(lo, lo_range), min(hi, hi_range)
-    if len(np.unique(hist.n_samples)) > 1:
+    if several_m:
         flags += ("several_m",)
     details = {"resolution": resolution(hist).tolist(), "shape": shape, "n_cells": len(prog.edges) - 1}
+    if design is not None:
+        details["adaptive"] = design
     return IdentifiedInterval(lo, hi, lp_lo, lp_hi, float(level), flags, details)
+
+
+def _design(adaptive) -> AdaptiveDesign | None:
+    """An AdaptiveDesign from a design, an (m, adaptive_max) pair, or None."""
+    if adaptive is None or isinstance(adaptive, AdaptiveDesign):
+        return adaptive
+    try:
+        m, cap = adaptive
+    except (TypeError, ValueError):
+        raise ValueError(f"adaptive: expected an AdaptiveDesign or (n_samples, adaptive_max), got {adaptive!r}") from None
+    return adaptive_design(m, cap)
 
 
 def _metric_range(spec: MetricSpec, hist: RankHistogram) -> tuple[float, float]:
@@ -379,18 +473,21 @@ class Identification:
     """What an :class:`~reco_sampled_plugin.estimate.Estimate` needs to widen its interval: the histogram, metric,
     law and shape; identified intervals are computed on first use per level and kept (picklable)."""
 
-    def __init__(self, spec: MetricSpec, hist: RankHistogram, sampling: str, shape: TopShape | None = None) -> None:
+    def __init__(self, spec: MetricSpec, hist: RankHistogram, sampling: str, shape: TopShape | None = None,
+                 adaptive: AdaptiveDesign | None = None) -> None:
         self.spec = spec
         self.hist = hist
         self.sampling = check_law(sampling)
         self.shape = TopShape() if shape is None else shape
+        self.adaptive = adaptive
         self.metric_range = _metric_range(spec, hist)
         self._cache: dict = {}
 
     def interval(self, level: float = 0.95) -> IdentifiedInterval:
         key = float(level)
         if key not in self._cache:
-            self._cache[key] = identified_interval(self.spec, self.hist, level=key, sampling=self.sampling, shape=self.shape)
+            self._cache[key] = identified_interval(self.spec, self.hist, level=key, sampling=self.sampling,
+                                                   shape=self.shape, adaptive=self.adaptive)
         return self._cache[key]
 
     def __repr__(self) -> str:

@@ -36,10 +36,9 @@ spread), ``mes`` (a concave problem) is refitted from the fit, one by one. They 
 unidentified top (see the ``top_unresolved`` flag: below about (n - 1)/(m + 1) the data hardly constrain
 the shape of P(R), which then comes from the uniform start or the entropy term).
 
-Adaptive sampling (Li et al., AAAI 2023): :func:`adaptive_sampled_ranks` gives positives ranked first
-more samples (doubling m until they are not first or a cap is reached). Stopping on r~ = 1 multiplies
-the likelihood of an instance by a factor that does not depend on R, so the estimators simply take the
-per-positive sample sizes.
+Adaptive sampling (Li et al., AAAI 2023; ``adaptive.py``): positives ranked first get more samples (doubling m
+until they are not first or a cap is reached). Stopping on r~ = 1 multiplies the likelihood of an instance by a
+factor that does not depend on R, so the estimators simply take the per-positive final sample sizes.
 """
 
 from __future__ import annotations
@@ -62,6 +61,9 @@ from ._rank_hist import (
 )
 from .metric_names import parse_metric
 from .sampling_laws import check_law, log_sampled_rank_pmf
+
+# adaptive draws live in ``adaptive``; importable from here as before
+from .adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact  # noqa: E402,F401
 
 __all__ = [
     "RANK_DISTRIBUTION_METHODS",
@@ -965,81 +967,3 @@ def simulate_sampled_ranks(
     r = torch.as_tensor(exact_ranks)
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
     return draw_sampled_ranks(r, n_items, n_samples, sampling, repeats=1, seed=seed)[0].to(r.device)
-
-
-def adaptive_sampled_ranks_from_exact(
-    exact_ranks, n_items, n_samples: int, max_samples: int, generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Adaptive sampling simulated from exact ranks (with replacement): positives with r~ = 1 draw as many new
-    samples again (m doubles) until r~ > 1 or m reaches ``max_samples``.
-
-    Returns:
-        (sampled ranks among the final m, final m per positive), int64 tensors shaped like ``exact_ranks``.
-    """
-    m0 = int(n_samples)
-    cap = int(max_samples)
-    if m0 < 1 or cap < m0:
-        raise ValueError(f"n_samples, max_samples: need 1 <= n_samples <= max_samples, got {m0}, {cap}")
-    r = torch.as_tensor(exact_ranks)
-    n = torch.as_tensor(n_items, dtype=torch.float64, device=r.device).expand(r.shape)
-    ranks = simulate_sampled_ranks(r, n, m0, "binomial", generator)
-    m = torch.full_like(ranks, m0)
-    while True:  # at most log2(cap / m0) stages, each vectorised over positives
-        need = (ranks == 1) & (m * 2 <= cap)
-        if not bool(need.any()):
-            break
-        extra = simulate_sampled_ranks(r[need], n[need], m[need].to(torch.float64), "binomial", generator)
-        ranks[need] = extra  # no earlier sample beat it, so its rank among 2m is 1 + (beats among the new m)
-        m[need] = m[need] * 2
-    return ranks, m
-
-
-def adaptive_sampled_ranks(
-    scores: torch.Tensor,
-    positives,
-    n_samples: int,
-    max_samples: int,
-    exclude=None,
-    generator: torch.Generator | None = None,
-    ties: str = "pessimistic",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Adaptive sampled ranks from scores (Li et al., AAAI 2023), uniform sampling with replacement.
-
-    Each positive is first ranked against m = ``n_samples`` drawn items; while it ranks first and 2m does not
-    exceed ``max_samples``, it draws m more items (so m doubles) and its rank becomes 1 + #{new items
-    scoring higher}. Stages redraw only for rows that still need it.
-
-    Returns:
-        (ranks, sizes): (B, P) int64 sampled ranks among each positive's final sample (0 in padded slots) and
-        the final m per positive (0 in padded slots).
-    """
-    from .ranking import sampled_ranks  # ranking is owned elsewhere; imported where used
-
-    m0 = int(n_samples)
-    cap = int(max_samples)
-    if m0 < 1 or cap < m0:
-        raise ValueError(f"n_samples, max_samples: need 1 <= n_samples <= max_samples, got {m0}, {cap}")
-    first = sampled_ranks(scores, positives, m0, exclude=exclude, replacement=True, generator=generator, ties=ties)
-    ranks = first.ranks.clone()
-    valid = ranks > 0
-    sizes = torch.where(valid, torch.full_like(ranks, m0), torch.zeros_like(ranks))
-    m_cur = m0
-    while m_cur * 2 <= cap:  # stages, not a loop over positives
-        need = (ranks == 1) & (sizes == m_cur)
-        if not bool(need.any()):
-            break
-        rows = need.any(1)
-        pos_rows = positives[rows] if isinstance(positives, torch.Tensor) else torch.as_tensor(positives)[rows]
-        exc_rows = None if exclude is None else torch.as_tensor(exclude)[rows]
-        more = sampled_ranks(
-            scores[rows], pos_rows, m_cur, exclude=exc_rows, replacement=True, generator=generator, ties=ties
-        ).ranks
-        sub_need = need[rows]
-        sub_ranks = ranks[rows]
-        sub_sizes = sizes[rows]
-        sub_ranks[sub_need] = more[sub_need]
-        sub_sizes[sub_need] = 2 * m_cur
-        ranks[rows] = sub_ranks
-        sizes[rows] = sub_sizes
-        m_cur *= 2
-    return ranks, sizes

@@ -1,0 +1,229 @@
+"""Adaptive sampling (Li et al., AAAI 2023): its design, its draws, its law and what it cost.
+
+A positive is first ranked against m = ``n_samples`` sampled irrelevant items. While it ranks first (r~ = 1) and
+2m does not exceed ``adaptive_max``, it draws m more items (so its sample size doubles) and its rank becomes
+1 + #{new items scoring higher} (no earlier item beat it). The stages are M_s = m 2^s, s = 0..S, with
+M_S = the largest m 2^s <= ``adaptive_max`` (the *cap*).
+
+Likelihood (with replacement, p = (R - 1)/(n - 1)): a positive that stops at stage s with j = r~ - 1 beats has
+probability (1 - p)^(M_s / 2) Binomial(j; M_s / 2, p) (s >= 1), which is C(M_s / 2, j) / C(M_s, j) times
+Binomial(j; M_s, p): a factor that does not depend on R. So ``mle`` and ``mes`` take the final (n, M, r~) as if
+M had been fixed (``rank_distribution``); estimators built from fixed-m tables (the corrections, the mappings) do
+not apply and are refused.
+
+Identification (``identification.py``): the band uses the nested events E(s, i) = {M_final > M_s} or
+{M_final = M_s and r~ <= i}, whose probability given R is (1 - p)^(M_{s-1}) Bdtr(i - 1; M_s - M_{s-1}, p)
+(:func:`stage_event_cdf`, M_{-1} = 0).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from scipy import special
+
+from ._checks import check_int
+
+__all__ = [
+    "AdaptiveDesign",
+    "AdaptiveCost",
+    "adaptive_design",
+    "adaptive_cost",
+    "check_adaptive_histogram",
+    "stage_event_cdf",
+    "adaptive_sampled_ranks",
+    "adaptive_sampled_ranks_from_exact",
+]
+
+# estimators whose likelihood takes adaptive sample sizes as given (module docstring); ``none`` reports the
+# uncorrected sampled metric
+ADAPTIVE_METHODS = ("mes", "mle", "none")
+
+
+@dataclass(frozen=True)
+class AdaptiveDesign:
+    """Start m and cap of adaptive sampling (the cap is rounded down to m 2^s: :attr:`cap`)."""
+
+    n_samples: int
+    adaptive_max: int
+
+    def __post_init__(self) -> None:
+        m = check_int(self.n_samples, "n_samples", minimum=1)
+        cap = check_int(self.adaptive_max, "adaptive_max", minimum=1)
+        if cap < m:
+            raise ValueError(f"adaptive_max: must be at least n_samples (m = {m}), got {cap}")
+        object.__setattr__(self, "n_samples", m)
+        object.__setattr__(self, "adaptive_max", cap)
+
+    @property
+    def stages(self) -> np.ndarray:
+        """Sample sizes M_s = m 2^s <= adaptive_max (int64, ascending)."""
+        s = int(math.floor(math.log2(self.adaptive_max / self.n_samples) + 1e-12))
+        return self.n_samples * (2 ** np.arange(s + 1, dtype=np.int64))
+
+    @property
+    def cap(self) -> int:
+        """The largest stage size (m 2^S <= adaptive_max)."""
+        return int(self.stages[-1])
+
+
+def adaptive_design(n_samples, adaptive_max) -> AdaptiveDesign | None:
+    """The design of the entry points' ``n_samples`` / ``adaptive_max`` pair (None without a cap)."""
+    if adaptive_max is None:
+        return None
+    if isinstance(adaptive_max, AdaptiveDesign):
+        return adaptive_max
+    if n_samples is None:
+        raise ValueError("adaptive_max: needs n_samples (the first stage's sample size m)")
+    return AdaptiveDesign(n_samples, adaptive_max)
+
+
+@dataclass(frozen=True)
+class AdaptiveCost:
+    """What adaptive sampling cost, per positive (weighted like the histogram).
+
+    mean_samples, max_samples: sampled irrelevant items per positive (final M; the positive is scored too).
+    share_at_cap: share of positives that reached the cap; share_first_at_cap: of those still ranked first there
+    (their rank is resolved no finer than (n - 1)/(cap + 1) + 1). start, cap: the design.
+    """
+
+    mean_samples: float
+    max_samples: int
+    share_at_cap: float
+    share_first_at_cap: float
+    start: int
+    cap: int
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in ("mean_samples", "max_samples", "share_at_cap", "share_first_at_cap",
+                                              "start", "cap")}
+
+
+def check_adaptive_histogram(hist, design: AdaptiveDesign) -> None:
+    """Raise ValueError where the histogram cannot come from ``design``: a sample size that is not a stage, or a
+    positive ranked first below the cap (it would have drawn more)."""
+    occupied = hist.totals > 0
+    stages = design.stages
+    bad = occupied & ~np.isin(hist.n_samples, stages)
+    if bad.any():
+        raise ValueError(
+            f"n_samples: size {int(hist.n_samples[bad][0])} is not a stage of adaptive sampling from m = "
+            f"{design.n_samples} to adaptive_max = {design.adaptive_max} (sizes {stages.tolist()})"
+        )
+    early = occupied & (hist.n_samples < design.cap) & (hist.top_counts > 0)
+    if early.any():
+        raise ValueError(
+            f"sampled_ranks: positives ranked first among m = {int(hist.n_samples[early][0])} samples stopped "
+            f"below the cap {design.cap}; adaptive sampling draws more for them (was adaptive_max meant?)"
+        )
+
+
+def adaptive_cost(hist, design: AdaptiveDesign) -> AdaptiveCost:
+    """:class:`AdaptiveCost` of a histogram of adaptive ranks (groups keyed by (n, final M))."""
+    tot = hist.totals
+    total = float(tot.sum())
+    if total <= 0:
+        return AdaptiveCost(math.nan, 0, math.nan, math.nan, design.n_samples, design.cap)
+    at_cap = hist.n_samples >= design.cap
+    return AdaptiveCost(
+        mean_samples=float(tot @ hist.n_samples) / total,
+        max_samples=int(hist.n_samples[tot > 0].max()),
+        share_at_cap=float(tot[at_cap].sum()) / total,
+        share_first_at_cap=float(hist.top_counts[at_cap].sum()) / total,
+        start=design.n_samples,
+        cap=design.cap,
+    )
+
+
+def stage_event_cdf(p: np.ndarray, design: AdaptiveDesign, stage: int, i: np.ndarray) -> np.ndarray:
+    """P(E(stage, i) | p) for p = (R - 1)/(n - 1) (...,) and cut points i (J,): (..., J) (module docstring)."""
+    stages = design.stages
+    before = 0 if stage == 0 else int(stages[stage - 1])
+    new = int(stages[stage]) - before
+    p = np.clip(np.asarray(p, dtype=np.float64), 0.0, 1.0)[..., None]
+    k = np.asarray(i, dtype=np.float64) - 1.0
+    with np.errstate(divide="ignore"):  # p = 1: log 0 = -inf, survival 0
+        survive = np.exp(before * np.log1p(-p)) if before else np.ones_like(p)
+    return survive * special.bdtr(k, new, p)
+
+
+# ------------------------------------------------------------------------------------------------ draws
+def adaptive_sampled_ranks_from_exact(
+    exact_ranks, n_items, n_samples: int, max_samples: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Adaptive sampling simulated from exact ranks (with replacement): positives with r~ = 1 draw as many new
+    samples again (m doubles) until r~ > 1 or m reaches ``max_samples`` (rounded down to m 2^s).
+
+    Returns:
+        (sampled ranks among the final m, final m per positive), int64 tensors shaped like ``exact_ranks``.
+    """
+    from .rank_distribution import simulate_sampled_ranks
+
+    design = AdaptiveDesign(n_samples, max_samples)
+    m0, cap = design.n_samples, design.cap
+    r = torch.as_tensor(exact_ranks)
+    n = torch.as_tensor(n_items, dtype=torch.float64, device=r.device).expand(r.shape)
+    ranks = simulate_sampled_ranks(r, n, m0, "binomial", generator)
+    m = torch.full_like(ranks, m0)
+    m_cur = m0
+    while m_cur * 2 <= cap:  # at most log2(cap / m0) stages, each vectorised over positives
+        need = (ranks == 1) & (m == m_cur)
+        if not bool(need.any()):
+            break
+        extra = simulate_sampled_ranks(r[need], n[need], m_cur, "binomial", generator)
+        ranks[need] = extra  # no earlier sample beat it, so its rank among 2m is 1 + (beats among the new m)
+        m[need] = 2 * m_cur
+        m_cur *= 2
+    return ranks, m
+
+
+def adaptive_sampled_ranks(
+    scores: torch.Tensor,
+    positives,
+    n_samples: int,
+    max_samples: int,
+    exclude=None,
+    generator: torch.Generator | None = None,
+    ties: str = "pessimistic",
+    *,
+    check_finite: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Adaptive sampled ranks from scores (Li et al., AAAI 2023), uniform sampling with replacement.
+
+    Each positive is first ranked against m = ``n_samples`` drawn items; while it ranks first and 2m does not
+    exceed ``max_samples``, it draws m more items (so m doubles) and its rank becomes 1 + #{new items
+    scoring higher}. Stages redraw only for rows that still need it (at most log2(max_samples / m) stages).
+
+    Returns:
+        (ranks, sizes): (B, P) sampled ranks among each positive's final sample (0 in padded slots; float64
+        for ``ties="average"``) and the final m per positive (int64, 0 in padded slots).
+    """
+    from .ranking import sampled_ranks
+
+    design = AdaptiveDesign(n_samples, max_samples)
+    m0, cap = design.n_samples, design.cap
+    first = sampled_ranks(scores, positives, m0, exclude=exclude, replacement=True, generator=generator, ties=ties,
+                          check_finite=check_finite)
+    ranks = first.ranks.clone()
+    valid = ranks > 0
+    sizes = torch.where(valid, torch.full_like(ranks, m0, dtype=torch.int64), torch.zeros_like(ranks, dtype=torch.int64))
+    pos_t = torch.as_tensor(positives, device=scores.device) if not isinstance(positives, torch.Tensor) else positives
+    exc_t = None if exclude is None else torch.as_tensor(exclude, device=scores.device)
+    m_cur = m0
+    while m_cur * 2 <= cap:  # stages, not a loop over positives
+        need = (ranks == 1) & (sizes == m_cur)
+        idx = need.any(1).nonzero().squeeze(1)
+        if idx.numel() == 0:
+            break
+        more = sampled_ranks(
+            scores[idx], pos_t[idx], m_cur, exclude=None if exc_t is None else exc_t[idx], replacement=True,
+            generator=generator, ties=ties, check_finite=False,
+        ).ranks
+        sub_need = need[idx]
+        ranks[idx] = torch.where(sub_need, more.to(ranks.dtype), ranks[idx])
+        sizes[idx] = torch.where(sub_need, torch.full_like(sizes[idx], 2 * m_cur), sizes[idx])
+        m_cur *= 2
+    return ranks, sizes
