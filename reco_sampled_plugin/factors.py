@@ -33,7 +33,8 @@ k' > |T|. Ties: recometrics sorts without a defined tie order; here ``ties`` pic
 
 Sampled side: ``n_samples=m`` draws m irrelevant items per test item from the same score buffer and returns their
 sampled ranks next to the exact single-item ranks; ``correction=`` adds corrected estimates
-(:func:`reco_sampled_plugin.estimate`) next to the exact and the uncorrected sampled values, in the same pass.
+(:func:`reco_sampled_plugin.estimate`) next to the exact and the uncorrected sampled values, in the same pass;
+``adaptive_max=M`` samples adaptively (m doubling for test items ranked first, up to M) and reports the cost.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ import torch
 
 from ._checks import check_int
 from .metric_names import MetricSpec, parse_metric
-from .ranking import _check_ties, exact_ranks_padded, sampled_ranks, tied_positives
+from ._rank_hist import as_histogram
+from .adaptive import ADAPTIVE_METHODS, adaptive_cost, adaptive_design, adaptive_sampled_ranks
+from .ranking import _check_ties, candidate_counts, exact_ranks_padded, sampled_ranks, tied_positives
 from .user_metrics import _SortedRanks, _values
 
 __all__ = ["evaluate_factors", "FactorEvaluation", "SampledEvaluation", "RECOMETRICS_METRICS"]
@@ -225,7 +228,9 @@ class SampledEvaluation:
     exact_ranks: (N,) exact rank among the user's irrelevant candidates and the item itself (other test items
         left out: the single-relevant-item rank that sampled metrics estimate); float64 for ``ties="average"``.
     n_candidates: (N,) n for that rank: irrelevant candidates + 1.
-    n_samples: m.
+    n_samples: m (the first stage's m with adaptive sampling).
+    sample_sizes: (N,) int64 final m of each test item (all m without adaptive sampling).
+    adaptive_max: the cap of adaptive sampling, or None.
     """
 
     users: torch.Tensor
@@ -234,6 +239,8 @@ class SampledEvaluation:
     exact_ranks: torch.Tensor
     n_candidates: torch.Tensor
     n_samples: int
+    sample_sizes: torch.Tensor | None = None
+    adaptive_max: int | None = None
 
 
 @dataclass(frozen=True)
@@ -243,8 +250,9 @@ class FactorEvaluation:
     metrics: the per-user exact metrics (DataFrame or dict of tensors, as without sampling).
     sampled: :class:`SampledEvaluation`, the per-item sampled and exact single-item ranks.
     summary: per metric (rows, recometrics names): ``exact`` (mean single-item metric over the test items),
-        ``sampled`` (uncorrected sampled metric), and with ``correction``: ``corrected`` and ``stderr``
-        (a DataFrame when ``as_df``, else a dict of dicts).
+        ``sampled`` (uncorrected sampled metric), and with ``correction``: ``corrected``, ``stderr`` and the 95%
+        interval ``lo``, ``hi`` (``Estimate.interval``); with ``adaptive_max`` the cost: ``mean_samples``,
+        ``max_samples``, ``share_at_cap`` (a DataFrame when ``as_df``, else a dict of dicts).
     estimates: {column name: :class:`~reco_sampled_plugin.Estimate`} with ``correction``; empty otherwise.
     """
 
@@ -284,6 +292,7 @@ def evaluate_factors(
     popularity=None,
     correction: str | None = None,
     gamma: float = 0.1,
+    adaptive_max: int | None = None,
 ):
     """Per-user ranking metrics of a factor model, like recometrics' ``calc_reco_metrics`` (see the module doc).
 
@@ -317,6 +326,9 @@ def evaluate_factors(
             popularity-weighted draws take no correction).
         correction: an estimator of :data:`reco_sampled_plugin.ESTIMATORS` (``"bv"``, ``"cls"``, ``"mle"``...) for
             corrected estimates next to the exact values; ``gamma`` for ``bv``.
+        adaptive_max: adaptive sampling (``reco_sampled_plugin.adaptive``): a test item ranked first among its m
+            samples draws m more (m doubles) until it is not first or m would exceed ``adaptive_max``; uniform
+            with replacement only; ``correction`` then one of ``mes``, ``mle``, ``none``.
 
     Returns:
         The per-user metrics (DataFrame or dict), or a :class:`FactorEvaluation` when ``n_samples`` is given.
@@ -434,9 +446,20 @@ def evaluate_factors(
         m = check_int(n_samples, "n_samples", minimum=1)
         if correction is not None and popularity is not None:
             raise ValueError("correction: the corrections assume uniform sampling; drop popularity or correction")
+        design = adaptive_design(m, adaptive_max)
+        if design is not None:
+            if not replacement or popularity is not None:
+                raise ValueError("adaptive_max: adaptive sampling draws uniformly with replacement "
+                                 "(replacement=True, popularity=None)")
+            if correction is not None and correction not in ADAPTIVE_METHODS:
+                raise ValueError(f"correction: {correction!r} assumes one fixed m per test item; with adaptive_max "
+                                 f"use one of {ADAPTIVE_METHODS}")
         sampled_parts: list[tuple[torch.Tensor, ...]] = []
-    elif correction is not None:
-        raise ValueError("correction: needs n_samples (the number of sampled irrelevant items per test item)")
+    elif correction is not None or adaptive_max is not None:
+        name = "correction" if correction is not None else "adaptive_max"
+        raise ValueError(f"{name}: needs n_samples (the number of sampled irrelevant items per test item)")
+    else:
+        design = None
 
     if batch_size is None:
         batch_size = max(1, min(4096, _BUFFER_ELEMENTS // n_items))
@@ -499,7 +522,8 @@ def evaluate_factors(
         if n_samples is not None:  # sampling needs the exclusions as a padded index (never drawn)
             exc = torch.from_numpy(_padded(b, ex_row, ex_slot, ex_item, -1)).to(dev)
             sampled_parts.append(
-                _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, m, replacement, popularity, gen, ties)
+                _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, m, replacement, popularity, gen, ties,
+                              design)
             )
 
     names = [s.column for s in specs]
@@ -513,7 +537,7 @@ def evaluate_factors(
     per_user = _output(results, names, as_df)
     if n_samples is None:
         return per_user
-    return _sampled_result(per_user, sampled_parts, base_specs, m, replacement, correction, gamma, as_df, dev)
+    return _sampled_result(per_user, sampled_parts, base_specs, m, replacement, correction, gamma, as_df, dev, design)
 
 
 def _output(results: dict, names: list[str], as_df: bool):
@@ -545,7 +569,7 @@ def _single_item_ranks(scores, pos, ranks, ties, gen) -> torch.Tensor:
     return ranks - (ge + gt).to(torch.float64) / 2
 
 
-def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, m, replacement, popularity, gen, ties):
+def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, m, replacement, popularity, gen, ties, design=None):
     n_pos = (pos >= 0).sum(1)
     keep = ~nan_rows & (n_cand_b - n_pos >= 1)  # rows with an irrelevant candidate to draw
     if not bool(keep.all()):
@@ -553,27 +577,39 @@ def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, m, replacem
         scores, pos, exc, ranks, rows = scores[idx], pos[idx], exc[idx], ranks[idx], rows[idx]
     if pos.shape[0] == 0:
         empty = torch.zeros(0, dtype=torch.int64, device=pos.device)
-        return empty, empty, empty, empty.to(ranks.dtype), empty
-    res = sampled_ranks(
-        scores, pos, m, exclude=exc if exc.shape[1] else None, replacement=replacement, popularity=popularity,
-        generator=gen, ties=ties, check_finite=False,
-    )
+        return empty, empty, empty, empty.to(ranks.dtype), empty, empty
+    exc_arg = exc if exc.shape[1] else None
+    if design is None:
+        res = sampled_ranks(
+            scores, pos, m, exclude=exc_arg, replacement=replacement, popularity=popularity,
+            generator=gen, ties=ties, check_finite=False,
+        )
+        s_ranks, n_cand = res.ranks, res.n_candidates
+        sizes = torch.full_like(pos, m)
+    else:
+        s_ranks, sizes = adaptive_sampled_ranks(scores, pos, design.n_samples, design.adaptive_max, exclude=exc_arg,
+                                                generator=gen, ties=ties, check_finite=False)
+        n_cand = candidate_counts(scores.shape[1], pos, exc_arg, count_other_positives=False)
     single = _single_item_ranks(scores, pos, ranks, ties, gen)
     valid = pos >= 0
     users = rows.unsqueeze(1).expand_as(pos)[valid]
-    n_single = res.n_candidates.unsqueeze(1).expand_as(pos)[valid]
-    return users, pos[valid], res.ranks[valid], single[valid], n_single
+    n_single = n_cand.unsqueeze(1).expand_as(pos)[valid]
+    return users, pos[valid], s_ranks[valid], single[valid], n_single, sizes[valid]
 
 
-def _sampled_result(per_user, parts, base_specs, m, replacement, correction, gamma, as_df, dev):
+def _sampled_result(per_user, parts, base_specs, m, replacement, correction, gamma, as_df, dev, design=None):
     from .metrics import _metric_from_float_ranks
 
     if parts:
-        users, items, sranks, eranks, n_single = (torch.cat([p[i] for p in parts]) for i in range(5))
+        users, items, sranks, eranks, n_single, sizes = (torch.cat([p[i] for p in parts]) for i in range(6))
     else:
         z = torch.zeros(0, dtype=torch.int64, device=dev)
-        users, items, sranks, eranks, n_single = z, z, z, z, z
-    sampled = SampledEvaluation(users, items, sranks, eranks, n_single, m)
+        users, items, sranks, eranks, n_single, sizes = z, z, z, z, z, z
+    cap = None if design is None else design.adaptive_max
+    sampled = SampledEvaluation(users, items, sranks, eranks, n_single, m, sizes, cap)
+    cost = None
+    if design is not None and users.numel():
+        cost = adaptive_cost(as_histogram(sranks, n_single, sizes), design).as_dict()
     summary: dict[str, dict[str, float]] = {}
     estimates: dict = {}
     law = "binomial" if replacement else "hypergeometric"
@@ -583,7 +619,7 @@ def _sampled_result(per_user, parts, base_specs, m, replacement, correction, gam
             n_f = n_single.to(torch.float64)
             row["exact"] = float(_metric_from_float_ranks(spec, eranks.to(torch.float64), n_f).mean())
             row["sampled"] = float(
-                _metric_from_float_ranks(spec, sranks.to(torch.float64), torch.full_like(n_f, m + 1.0)).mean()
+                _metric_from_float_ranks(spec, sranks.to(torch.float64), sizes.to(torch.float64) + 1.0).mean()
             )
         else:
             row["exact"] = row["sampled"] = math.nan
@@ -594,10 +630,16 @@ def _sampled_result(per_user, parts, base_specs, m, replacement, correction, gam
                 raise ValueError("correction: no test item could be sampled (no evaluated user)")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                est = estimate(spec, sranks, n_single, m, method=correction, sampling=law, gamma=gamma)
+                if design is None:
+                    est = estimate(spec, sranks, n_single, m, method=correction, sampling=law, gamma=gamma)
+                else:
+                    est = estimate(spec, sranks, n_single, sizes, method=correction, adaptive=design)
             estimates[spec.column] = est
             row["corrected"] = float(est.value)
             row["stderr"] = float(est.stderr)
+            row["lo"], row["hi"] = (float(v) for v in est.interval(0.95))
+        if cost is not None:
+            row.update({k: cost[k] for k in ("mean_samples", "max_samples", "share_at_cap")})
         summary[spec.column] = row
     if as_df:
         import pandas as pd

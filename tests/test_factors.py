@@ -357,3 +357,45 @@ def test_sampled_side_with_corrections():
     rec = bv.summary["R@10"]
     assert abs(rec["corrected"] - rec["exact"]) < abs(rec["sampled"] - rec["exact"])
     assert math.isfinite(rec["stderr"]) and rec["stderr"] > 0
+
+
+def test_adaptive_sampling_equals_the_core_on_the_same_draws():
+    """evaluate_factors(adaptive_max=) draws exactly what adaptive_sampled_ranks draws from the same scores and
+    generator, and its estimates are estimate(adaptive=) of those draws, with the cost next to them."""
+    from reco_sampled_plugin import estimate
+    from reco_sampled_plugin.adaptive import adaptive_sampled_ranks
+
+    x_train, x_test, a, b = _uniform_rows(200, 3000, 10, 2, 4)
+    res = evaluate_factors(x_train, x_test, a, b, k=10, metrics=["ndcg", "hit"], n_samples=10, adaptive_max=160,
+                           correction="mes", seed=5)
+    s = res.sampled
+    assert s.adaptive_max == 160 and s.n_samples == 10
+    assert set(s.sample_sizes.unique().tolist()) <= {10, 20, 40, 80, 160}
+    assert not bool(((s.sampled_ranks == 1) & (s.sample_sizes < 160)).any())
+    # the core on the same scores (training items at -inf, as the buffer holds them) and the same generator
+    scores = torch.tensor(a @ b.T, dtype=torch.float64)
+    scores[torch.tensor(x_train.toarray() != 0)] = -math.inf
+    pos = torch.tensor(np.stack([np.sort(x_test[u].indices) for u in range(200)]))
+    exc = torch.tensor(np.stack([np.sort(x_train[u].indices) for u in range(200)]))
+    ranks, sizes = adaptive_sampled_ranks(scores, pos, 10, 160, exclude=exc,
+                                          generator=torch.Generator().manual_seed(5), check_finite=False)
+    order = torch.argsort(s.users * 3000 + s.items)
+    assert torch.equal(s.sampled_ranks[order], ranks.reshape(-1))
+    assert torch.equal(s.sample_sizes[order], sizes.reshape(-1))
+    for name in ("NDCG@10", "Hit@10"):
+        core = estimate(name.lower(), s.sampled_ranks, s.n_candidates, s.sample_sizes, adaptive=(10, 160))
+        assert res.estimates[name].value == core.value and res.estimates[name].stderr == core.stderr
+        row = res.summary.loc[name]
+        assert row["mean_samples"] == pytest.approx(float(s.sample_sizes.double().mean()))
+        assert row["max_samples"] == int(s.sample_sizes.max())
+        assert row["share_at_cap"] == pytest.approx(float((s.sample_sizes == 160).double().mean()))
+        assert row["lo"] <= row["corrected"] <= row["hi"]
+    for kwargs, msg in (
+        ({"adaptive_max": 5}, "adaptive_max"),
+        ({"adaptive_max": 160, "replacement": False}, "with replacement"),
+        ({"adaptive_max": 160, "correction": "bv"}, "fixed m"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            evaluate_factors(x_train, x_test, a, b, k=10, n_samples=10, **kwargs)
+    with pytest.raises(ValueError, match="adaptive_max: needs n_samples"):
+        evaluate_factors(x_train, x_test, a, b, k=10, adaptive_max=160)
