@@ -15,7 +15,7 @@ Nothing here imports torchmetrics or Lightning.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 import torch
@@ -319,6 +319,62 @@ def histogram_from_rows(counts: np.ndarray, n_items: int, n_samples: int, max_gr
     )
     if max_groups is not None and hist.n_groups > max_groups:
         hist, _ = pool_groups(hist, max_groups)
+    return hist
+
+
+def keyed_adaptive_ranks(
+    draw: Callable[[torch.Tensor, int, int], torch.Tensor], first: torch.Tensor, design, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Adaptive sampling with keyed draws (``reco_sampled_plugin.adaptive``): ``first`` (B, P) are the ranks among
+    the first m; ``draw(rows, m_new, stage_seed)`` ranks the positives of ``rows`` against m_new fresh keyed items.
+    Stage s >= 1 keys its draws by :func:`stage_seed` (seed, s), so a positive's draws do not depend on batching.
+    Returns (ranks, final sizes), (B, P) int64 (0 in padded slots); one host check per stage (at most
+    log2(cap / m) of them), none per positive."""
+    ranks = first.clone()
+    sizes = torch.where(ranks > 0, torch.full_like(ranks, design.n_samples), torch.zeros_like(ranks))
+    stages = design.stages.tolist()
+    for s in range(1, len(stages)):
+        need = (ranks == 1) & (sizes == stages[s - 1])
+        rows = need.any(1).nonzero().squeeze(1)
+        if rows.numel() == 0:
+            break
+        more = draw(rows, stages[s] - stages[s - 1], stage_seed(seed, s))
+        sub = need[rows]
+        ranks[rows] = torch.where(sub, more, ranks[rows])
+        sizes[rows] = torch.where(sub, torch.full_like(more, stages[s]), sizes[rows])
+    return ranks, sizes
+
+
+def stage_seed(seed: int, stage: int) -> int:
+    """The key of adaptive stage ``stage``'s draws (stage 0: ``seed`` itself)."""
+    return int(seed) if stage == 0 else (int(seed) * 1_000_003 + 7919 * int(stage)) % (2**31 - 1)
+
+
+def adaptive_columns(design) -> tuple[np.ndarray, int]:
+    """Column offset of each stage in an adaptive histogram row (stage s holds r~ = 1..new_s + 1, new_s the
+    stage's fresh draws) and the row width sum_s (new_s + 1)."""
+    news = np.diff(np.concatenate([[0], design.stages]))
+    offsets = np.concatenate([[0], np.cumsum(news + 1)])
+    return offsets[:-1], int(offsets[-1])
+
+
+def adaptive_histogram_from_rows(counts: np.ndarray, n_items: int, design, max_groups: int | None) -> RankHistogram:
+    """RankHistogram (groups (n, M_s)) from adaptive rows: ``counts[e]`` holds, stage after stage, the counts of
+    r~ = 1..new_s + 1 of instances with n = n_items - e that stopped at stage s (:func:`adaptive_columns`)."""
+    offsets, _ = adaptive_columns(design)
+    news = np.diff(np.concatenate([[0], design.stages]))
+    ns, ms, rows_out = [], [], []
+    for s, size in enumerate(design.stages.tolist()):  # a few stages
+        block = counts[:, offsets[s] : offsets[s] + news[s] + 1]
+        rows = np.flatnonzero(block.sum(1) > 0)[::-1]  # ascending n
+        full = np.zeros((len(rows), size + 1))
+        full[:, : news[s] + 1] = block[rows]
+        ns.extend((n_items - rows).tolist())
+        ms.extend([size] * len(rows))
+        rows_out.extend(full)
+    hist = RankHistogram(np.asarray(ns, dtype=np.int64), np.asarray(ms, dtype=np.int64), tuple(rows_out))
+    if max_groups is not None and hist.n_groups > max_groups * len(design.stages):
+        hist, _ = pool_groups(hist, max_groups * len(design.stages))
     return hist
 
 

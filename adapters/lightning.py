@@ -126,6 +126,7 @@ class _RankingMetricsLogic:
         dedup_padding: bool = True,
         progress: bool = True,
         plot_every_n_epochs: int | None = None,
+        adaptive_max: int | None = None,
     ) -> None:
         super().__init__()
         if not exact and n_samples is None:
@@ -144,6 +145,7 @@ class _RankingMetricsLogic:
             ties=ties,
             max_n_groups=max_n_groups,
             check_finite=False,  # the exact pass (or the first update) checks
+            adaptive_max=adaptive_max,
         )
         # validate every option now, not at the first batch
         probe_exact = ExactRankingMetrics(**self._exact_kwargs)
@@ -281,7 +283,13 @@ class _RankingMetricsLogic:
             if st.exact is not None:
                 est.update(st.exact.estimates())
             if st.sampled is not None:
-                est.update(st.sampled.estimates(progress=_tqdm_wrapper(stage) if bar else None))
+                sampled_est = st.sampled.estimates(progress=_tqdm_wrapper(stage) if bar else None)
+                est.update(sampled_est)
+                cost = next((e.details["adaptive"] for e in sampled_est.values() if "adaptive" in e.details), None)
+                if cost is not None:  # what adaptive sampling cost, once per loader
+                    prefix = self._stage_prefix(stage, idx)
+                    for name in ("mean_samples", "max_samples", "share_at_cap"):
+                        values[f"{prefix}/adaptive/{name}"] = float(cost[name])
             for name, e in est.items():
                 metric, label = name.rsplit("/", 1)
                 k = self.key(metric, label, stage, idx)
@@ -455,6 +463,9 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
         progress: a tqdm bar over the epoch-end estimators (rank zero, when the trainer shows progress).
         plot_every_n_epochs: every k epochs, plot exact vs sampled vs corrected values over epochs
             to the loggers (TensorBoard figure, MLflow artifact, W&B image, else a PNG in the log dir).
+        adaptive_max: adaptive sampling up to this many samples per relevant item (estimators ``mes``,
+            ``mle``, ``none``); the cost is logged as ``val/adaptive/mean_samples``, ``.../max_samples`` and
+            ``.../share_at_cap``.
 
     Logged names: ``{{prefix}}val/<metric>/<label>`` (``@`` written ``_at_``), e.g. ``val/ndcg_at_10/exact``,
     ``val/ndcg_at_10/sampled``, ``val/ndcg_at_10/bv``; ``test/...`` in testing; ``_dl<k>`` after the stage

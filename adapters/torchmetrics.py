@@ -37,8 +37,13 @@ from reco_sampled_plugin.metrics import _metric_from_float_ranks
 from reco_sampled_plugin.factor_ranks import check_factors, check_finite_factors, factor_ranks_padded
 from reco_sampled_plugin.ranking import candidate_counts, exact_ranks_padded, prepare_index
 
+from reco_sampled_plugin.adaptive import ADAPTIVE_METHODS, adaptive_design
+
 from ._shared import (
+    adaptive_columns,
+    adaptive_histogram_from_rows,
     check_ties,
+    keyed_adaptive_ranks,
     estimator_label,
     histogram_from_rows,
     keyed_sampled_ranks,
@@ -229,6 +234,11 @@ class SampledRankingMetrics(Metric):
             core's ``mle`` does. None: every distinct n gets its own exact table (one correction table
             per n, slow with hundreds of distinct n). Default 64.
         check_finite: as in :class:`ExactRankingMetrics`.
+        adaptive_max: adaptive sampling (``reco_sampled_plugin.adaptive``): a relevant item ranked first among
+            its m draws draws m more (keyed per stage) until it is not first or m would exceed ``adaptive_max``.
+            With replacement only; estimators ``mes``, ``mle``, ``none``. The state becomes one row per n of
+            sum over stages of (new draws + 1) counts (about ``adaptive_max`` numbers per distinct n); each
+            estimate's ``details["adaptive"]`` holds the cost (mean and largest m, share at the cap).
 
     ``update(scores, positives, exclude=None, ids=None, keep=None)``: ``ids`` (B,) instance ids key
     the negatives (default: a running row counter, which depends on batch order). ``compute()``
@@ -252,6 +262,7 @@ class SampledRankingMetrics(Metric):
         ties: str = "pessimistic",
         max_n_groups: int | None = 64,
         check_finite: bool | str = "positives",
+        adaptive_max: int | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -259,6 +270,8 @@ class SampledRankingMetrics(Metric):
         if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
             raise ValueError(f"n_samples: expected a positive integer m, got {n_samples!r}")
         self.n_samples = n_samples
+        self.design = adaptive_design(n_samples, adaptive_max)
+        self.adaptive_max = adaptive_max
         self.estimators = (estimators,) if isinstance(estimators, str) else tuple(estimators)
         unknown = [e for e in self.estimators if e not in ESTIMATORS]
         if unknown or not self.estimators:
@@ -269,6 +282,13 @@ class SampledRankingMetrics(Metric):
             raise ValueError(f"estimator_options: given for {bad}, which are not among estimators {self.estimators}")
         self.replacement = bool(replacement)
         self.sampling = "binomial" if self.replacement else "hypergeometric"
+        if self.design is not None:
+            if not self.replacement:
+                raise ValueError("adaptive_max: adaptive sampling draws with replacement (replacement=True)")
+            bad = [e for e in self.estimators if e not in ADAPTIVE_METHODS]
+            if bad:
+                raise ValueError(f"estimators: {bad} assume one fixed m per relevant item; with adaptive_max use "
+                                 f"some of {ADAPTIVE_METHODS}")
         self.seed = int(seed)
         self.ties = check_ties(ties)
         if self.ties == "average":
@@ -279,7 +299,8 @@ class SampledRankingMetrics(Metric):
         self.max_n_groups = max_n_groups
         self.check_finite = _check_finite_option(check_finite)
         # rows e = 0.. of m + 1 counts for n = n_items - e; rows are added as larger e appear
-        self.add_state("hist", torch.zeros(0, n_samples + 1, dtype=torch.float64), dist_reduce_fx="sum")
+        width = n_samples + 1 if self.design is None else adaptive_columns(self.design)[1]
+        self.add_state("hist", torch.zeros(0, width, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("n_items", torch.zeros((), dtype=torch.int64), dist_reduce_fx="max")
         self._rows_seen = 0  # default instance keys when no ids are given
         self._in_forward = False
@@ -305,7 +326,14 @@ class SampledRankingMetrics(Metric):
         ranks, n_cand = keyed_sampled_ranks(
             scores, pos, exc, self.n_samples, ids, self.seed, self.replacement, self.ties
         )
-        self._add_ranks(ranks, n_cand, pos, n_items, keep)
+        sizes = None
+        if self.design is not None:
+            def draw(rows, m_new, seed):
+                return keyed_sampled_ranks(scores[rows], pos[rows], None if exc is None else exc[rows], m_new,
+                                           ids[rows], seed, True, self.ties)[0]
+
+            ranks, sizes = keyed_adaptive_ranks(draw, ranks, self.design, self.seed)
+        self._add_ranks(ranks, n_cand, pos, n_items, keep, sizes)
 
     def update_factors(self, user_factors, item_factors, positives, exclude=None, ids=None, keep=None,
                        item_bias=None) -> None:
@@ -327,7 +355,15 @@ class SampledRankingMetrics(Metric):
         ranks, n_cand = keyed_sampled_ranks_from_factors(
             u, v, bias, pos, exc, self.n_samples, ids, self.seed, self.replacement, self.ties, pos_scores
         )
-        self._add_ranks(ranks, n_cand, pos, n_items, keep)
+        sizes = None
+        if self.design is not None:
+            def draw(rows, m_new, seed):
+                return keyed_sampled_ranks_from_factors(
+                    u[rows], v, bias, pos[rows], None if exc is None else exc[rows], m_new, ids[rows], seed, True,
+                    self.ties, None if pos_scores is None else pos_scores[rows])[0]
+
+            ranks, sizes = keyed_adaptive_ranks(draw, ranks, self.design, self.seed)
+        self._add_ranks(ranks, n_cand, pos, n_items, keep, sizes)
 
     def _check_n_items(self, n_items: int) -> None:
         if int(self.n_items) not in (0, n_items):
@@ -343,7 +379,7 @@ class SampledRankingMetrics(Metric):
         self._rows_seen += b
         return ids
 
-    def _add_ranks(self, ranks, n_cand, pos, n_items: int, keep) -> None:
+    def _add_ranks(self, ranks, n_cand, pos, n_items: int, keep, sizes=None) -> None:
         valid = pos >= 0
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
@@ -353,12 +389,17 @@ class SampledRankingMetrics(Metric):
         self.n_items = torch.tensor(n_items, dtype=torch.int64, device=self.n_items.device)
         if r.numel() == 0:
             return
-        width = self.n_samples + 1
+        width = self.hist.shape[1]
+        col = r - 1
+        if sizes is not None:  # stage s = log2(M / m) starts at its column offset
+            offsets, _ = adaptive_columns(self.design)
+            stage = torch.log2(sizes[valid].to(torch.float64) / self.n_samples).round().to(torch.int64)
+            col = col + torch.as_tensor(offsets, device=r.device)[stage]
         rows = int(e.max()) + 1
         if rows > self.hist.shape[0]:
             grow = torch.zeros(rows - self.hist.shape[0], width, dtype=self.hist.dtype, device=self.hist.device)
             self.hist = torch.cat([self.hist, grow])
-        counts = torch.bincount(e * width + (r - 1), minlength=rows * width).to(torch.float64)
+        counts = torch.bincount(e * width + col, minlength=rows * width).to(torch.float64)
         self.hist[:rows] += counts.view(rows, width).to(self.hist.device)
 
     # ------------------------------------------------------------------------------ sync
@@ -392,6 +433,8 @@ class SampledRankingMetrics(Metric):
     # ---------------------------------------------------------------------------- compute
     def _histogram(self):
         counts = self.hist.detach().to("cpu", torch.float64).numpy()
+        if self.design is not None:
+            return adaptive_histogram_from_rows(counts, int(self.n_items), self.design, self.max_n_groups)
         return histogram_from_rows(counts, int(self.n_items), self.n_samples, self.max_n_groups)
 
     def histogram(self):
@@ -411,6 +454,8 @@ class SampledRankingMetrics(Metric):
                 continue
             opts = dict(self.estimator_options.get(method, {}))
             try:
+                if self.design is not None:
+                    opts["adaptive"] = self.design
                 out[key] = estimate(metric, hist, method=method, sampling=self.sampling, **opts)
             except ValueError as exc:  # one failing estimator must not take the others (or training) down
                 warnings.warn(f"{key}: estimator failed ({exc}); reported as NaN", RuntimeWarning, stacklevel=2)

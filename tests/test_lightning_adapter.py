@@ -236,8 +236,12 @@ def test_ddp_two_processes_equal_one(tmp_path):
     the negatives are keyed by the global sample position, which the callback derives from the sampler."""
     opts = dict(OPTS, estimators=("none", "bv", "bound", "cls"))
 
+    adaptive = dict(n_samples=5, adaptive_max=40, estimators=("none", "mes"), max_n_groups=None,
+                    estimator_options={"mes": {"n_bootstrap": 4}})
+
     def callbacks():
-        return [RankingMetricsCallback(METRICS, **opts), RankingMetricsCallback(METRICS, prefix="raw_", dedup_padding=False, **opts)]
+        return [RankingMetricsCallback(METRICS, **opts), RankingMetricsCallback(METRICS, prefix="raw_", dedup_padding=False, **opts),
+                RankingMetricsCallback(METRICS, prefix="ad_", exact=False, **adaptive)]
 
     two = _spawned(tmp_path, "ddp", callbacks(), _loader(batch_size=8), devices=2, strategy="ddp_spawn", return_ids=False)
     one = _spawned(tmp_path, "one", callbacks(), _loader(batch_size=8), devices=1, return_ids=False)
@@ -250,7 +254,14 @@ def test_ddp_two_processes_equal_one(tmp_path):
     assert n_pos == 50 and int((positives[0] >= 0).sum()) == 2
     r0, r1 = two["rank0_of2.json"], two["rank1_of2.json"]
     ref, ref_padded = one["rank0_of1.json"], padded["rank0_of1.json"]
-    dedup_keys = [k for k in ref if not k.startswith("raw_")]
+    dedup_keys = [k for k in ref if not k.startswith(("raw_", "ad_"))]
+    adaptive_keys = [k for k in ref if k.startswith("ad_")]
+    assert len(adaptive_keys) == len(METRICS) * 2
+    for k in adaptive_keys:  # adaptive states (rows of every stage) sync as a sum too
+        assert r0[k] == r1[k], k
+        for a, b in zip(r0[k], ref[k]):
+            assert a == pytest.approx(b, abs=1e-9, rel=0), k
+        assert r0[k][2] == n_pos
     assert len(dedup_keys) == len(METRICS) * 5
     for k in dedup_keys:
         assert r0[k] == r1[k], k  # every process holds the same synced result

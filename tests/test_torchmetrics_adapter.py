@@ -387,3 +387,54 @@ def test_metric_names_are_canonical_and_distinct():
     assert m.metric_names == ("rr", "hit@10")
     with pytest.raises(ValueError, match="'mrr' and 'rr' name the same metric"):
         SampledRankingMetrics(("mrr", "rr"))
+
+
+def test_adaptive_metric_equals_the_core_on_the_same_draws():
+    """adaptive_max: the keyed stage draws with the stopping rule applied by hand (stage s keyed by
+    stage_seed(seed, s)) give the ranks and sizes whose core estimate(adaptive=) the metric returns, whatever the
+    batching; the cost is in the details; bad options are refused."""
+    from reco_sampled_plugin.adapters._shared import stage_seed
+
+    scores, pos_mask, exclude = _data(users=80, n=400, seed=3)
+    pos, exc = padded_inputs(scores, pos_mask, exclude)
+    ids = torch.arange(80)
+    opts = dict(n_samples=4, adaptive_max=32, estimators=("none", "mes"), max_n_groups=None, seed=7,
+                estimator_options={"mes": {"n_bootstrap": 0}})
+    one = SampledRankingMetrics(("ndcg@10", "hit@5"), **opts)
+    one.update(scores, pos_mask, exclude, ids=ids)
+    split = SampledRankingMetrics(("ndcg@10", "hit@5"), **opts)
+    for lo, hi in ((0, 13), (13, 50), (50, 80)):
+        split.update(scores[lo:hi], pos_mask[lo:hi], exclude[lo:hi], ids=ids[lo:hi])
+    # by hand: every stage's keyed ranks for every positive, then the first stage where it is not first
+    stages = [4, 8, 16, 32]
+    per_stage = [keyed_sampled_ranks(scores, pos, exc, new, ids, stage_seed(7, s))[0]
+                 for s, new in enumerate([4, 4, 8, 16])]
+    n_cand = keyed_sampled_ranks(scores, pos, exc, 4, ids, 7)[1]
+    ranks = per_stage[0].clone()
+    sizes = torch.full_like(ranks, 4)
+    done = ranks != 1
+    for s in range(1, 4):
+        go = ~done
+        ranks[go] = per_stage[s][go]
+        sizes[go] = stages[s]
+        done = done | (ranks != 1)
+    valid = pos >= 0
+    r, m = ranks[valid], sizes[valid]
+    n = n_cand.unsqueeze(1).expand_as(pos)[valid]
+    assert not bool(((r == 1) & (m < 32)).any()) and bool((m > 4).any())
+    got_one, got_split = one.estimates(), split.estimates()
+    for metric in ("ndcg@10", "hit@5"):
+        for method in ("none", "mes"):
+            core = estimate(metric, r, n, m, method=method, adaptive=(4, 32), **({"n_bootstrap": 0} if method == "mes" else {}))
+            key = f"{metric}/{'sampled' if method == 'none' else method}"
+            assert got_one[key].value == pytest.approx(core.value, rel=1e-12, abs=1e-15), key
+            assert got_split[key].value == pytest.approx(core.value, rel=1e-12, abs=1e-15), key
+            cost = got_one[key].details["adaptive"]
+            assert cost["mean_samples"] == pytest.approx(float(m.double().mean()))
+            assert cost["share_at_cap"] == pytest.approx(float((m == 32).double().mean()))
+    with pytest.raises(ValueError, match="adaptive_max"):
+        SampledRankingMetrics(("ndcg@10",), n_samples=4, adaptive_max=2, estimators=("mes",))
+    with pytest.raises(ValueError, match="fixed m"):
+        SampledRankingMetrics(("ndcg@10",), n_samples=4, adaptive_max=32, estimators=("bv",))
+    with pytest.raises(ValueError, match="replacement"):
+        SampledRankingMetrics(("ndcg@10",), n_samples=4, adaptive_max=32, estimators=("mes",), replacement=False)
