@@ -143,8 +143,14 @@ class _EstimatedMetric(_Metric):
         key = self._key(k)
         hist = _sampled_inputs(table, weights, s, spec.k or 2)
         law = "binomial" if s.replacement else "hypergeometric"
-        result = estimate(spec, hist, sampling=law, **self._method_kwargs())
+        adaptive = {} if s.adaptive_max is None else {"adaptive": (s.m, s.adaptive_max)}
+        result = estimate(spec, hist, sampling=law, **self._method_kwargs(), **adaptive)
         out = {key: self._round(result.value)}
+        if s.adaptive_max is not None:  # what adaptive sampling cost (weighted like the estimate)
+            cost = result.details["adaptive"]
+            out[f"{key}_mean_samples"] = self._round(cost["mean_samples"])
+            out[f"{key}_max_samples"] = int(cost["max_samples"])
+            out[f"{key}_share_at_cap"] = self._round(cost["share_at_cap"])
         if s.stderr:
             out[f"{key}_stderr"] = self._round(result.stderr)
         if s.interval:

@@ -194,6 +194,25 @@ def _binomial_sampled(ge_irr, gt_irr, n_irr_items, m: int, ties: str, generator:
     return above + 1.0 + torch.floor(u * (tied + 1.0))
 
 
+def _adaptive_from_counts(first, ge_irr, gt_irr, n_irr_items, settings: _Settings, generator):
+    """Adaptive sampling (``reco_sampled_plugin.adaptive``) drawn from the exact counts: positives still first
+    draw the stage's new items (m doubling) by :func:`_binomial_sampled`, until not first or at the cap.
+    Returns (sampled ranks among the final m, final m), float64 per positive; one check per stage."""
+    from reco_sampled_plugin.adaptive import AdaptiveDesign
+
+    stages = AdaptiveDesign(int(settings.m), int(settings.adaptive_max)).stages.tolist()
+    ranks = first.clone()
+    sizes = torch.full_like(ranks, float(stages[0]))
+    for s in range(1, len(stages)):
+        need = ((ranks == 1.0) & (sizes == stages[s - 1])).nonzero().squeeze(1)
+        if need.numel() == 0:
+            break
+        ranks[need] = _binomial_sampled(ge_irr[need], gt_irr[need], n_irr_items[need], stages[s] - stages[s - 1],
+                                        settings.ties, generator)
+        sizes[need] = float(stages[s])
+    return ranks, sizes
+
+
 def _hypergeometric_sampled(ge_irr, gt_irr, n_irr_items, m: int, ties: str, generator: torch.Generator) -> torch.Tensor:
     """Sampled ranks of uniform sampling without replacement drawn from the exact counts: of m distinct
     irrelevant items drawn from N, the number scoring >= the positive is Hypergeometric(N, ge_irr, m), so
@@ -517,7 +536,8 @@ def _process_full(collector, scores: torch.Tensor, pos_u: torch.Tensor, pos_i: t
     table = _new_table(collector, pos_u, pos_i, counts)
     if uids is not None:
         table[:, _UID] = uids[pos_u].to(torch.float64)
-    counted = settings.full_ranks or pos_u.shape[0] <= _COUNT_MAX_MEAN_POSITIVES * b
+    # adaptive sampling is drawn from the exact counts, so it always counts
+    counted = settings.full_ranks or settings.adaptive_max is not None or pos_u.shape[0] <= _COUNT_MAX_MEAN_POSITIVES * b
     if counted:  # exact ranks of every positive (and sampled ranks drawn from them)
         ge, gt, n_full = _full_counts(scores, pos_u, s_pos, settings.ties)
         other_ge, other_gt, tied_before = _other_positive_counts(pos_u, s_pos, counts, tied_before=True)
@@ -533,11 +553,16 @@ def _process_full(collector, scores: torch.Tensor, pos_u: torch.Tensor, pos_i: t
     if settings.m is not None:
         if counted:  # drawn from the exact counts: the law of drawing m items, ~1e4 draws
             draw = _binomial_sampled if settings.replacement else _hypergeometric_sampled
-            table[:, _R_SAMPLED] = draw(ge - 1 - other_ge, gt - other_gt, n_irr - 1, int(settings.m),
-                                        settings.ties, _generator(collector, settings))
+            gen = _generator(collector, settings)
+            ge_irr, gt_irr = ge - 1 - other_ge, gt - other_gt
+            table[:, _R_SAMPLED] = draw(ge_irr, gt_irr, n_irr - 1, int(settings.m), settings.ties, gen)
+            table[:, _M] = float(settings.m)
+            if settings.adaptive_max is not None:
+                table[:, _R_SAMPLED], table[:, _M] = _adaptive_from_counts(
+                    table[:, _R_SAMPLED], ge_irr, gt_irr, n_irr - 1, settings, gen)
         else:
             table[:, _R_SAMPLED] = _simulate(scores, pos_u, pos_i, s_pos, settings, _generator(collector, settings))
-        table[:, _M] = float(settings.m)
+            table[:, _M] = float(settings.m)
     _store(collector, table, b)
 
 

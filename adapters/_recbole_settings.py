@@ -19,6 +19,7 @@ from reco_sampled_plugin.rank_distribution import RANK_DISTRIBUTION_METHODS
 #: Every plugin config key with its default (``None``: see docs/recbole.md).
 CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_m": None,  # simulated sample size m in full mode (uniN: must equal N if given)
+    "rsp_adaptive_max": None,  # full mode: adaptive sampling from rsp_m up to this many samples (RankDist* only)
     "rsp_replacement": True,  # simulated draws with replacement (binomial law) or without (hypergeometric)
     "rsp_seed": None,  # seed of the simulated draws (default: RecBole's `seed`)
     "rsp_correction": "bv",  # Corrected*: none, rank_estimate, ls, cls, bv
@@ -93,6 +94,7 @@ class _Settings:
     tensorboard: bool
     topk: tuple[int, ...]
     decimal_place: int
+    adaptive_max: int | None = None
 
     @property
     def needs_exact(self) -> bool:
@@ -260,6 +262,7 @@ def validate_config(config) -> _Settings | None:
                 f"rsp_m: {est!r} estimates a full-catalogue metric from sampled ranks; in full mode set rsp_m "
                 "(e.g. 100) so the plugin simulates sampling, or evaluate in 'uniN' mode"
             )
+    adaptive_max = _adaptive_max(config, modes, names, m, replacement)
     seed_raw = config["rsp_seed"]
     seed = _as_int(seed_raw, "rsp_seed", 0) if seed_raw is not None else int(config["seed"] or 0)
     topk = config["topk"] or [10]
@@ -289,7 +292,38 @@ def validate_config(config) -> _Settings | None:
         tensorboard=_as_bool(_get(config, "rsp_tensorboard"), "rsp_tensorboard"),
         topk=topk,
         decimal_place=4 if decimal is None else int(decimal),
+        adaptive_max=adaptive_max,
     )
+
+
+def _adaptive_max(config, modes: dict, names: tuple, m: int | None, replacement: bool) -> int | None:
+    """``rsp_adaptive_max``: adaptive sampling is simulated from exact ranks, so full mode only (RecBole's uniN
+    draws its N items once per positive and cannot draw more), from ``rsp_m``, with replacement, for the
+    likelihood estimators (RankDist*)."""
+    raw = config["rsp_adaptive_max"]
+    if raw is None:
+        return None
+    cap = _as_int(raw, "rsp_adaptive_max", 1)
+    for phase, mode in modes.items():
+        if mode != "full":
+            raise ValueError(
+                f"rsp_adaptive_max: RecBole's {mode!r} mode ({phase}) draws its {_sample_num(mode)} items once per "
+                "positive and cannot draw more; adaptive sampling needs full mode with rsp_m (the plugin then "
+                "simulates the draws from exact ranks)"
+            )
+    if m is None:
+        raise ValueError("rsp_adaptive_max: needs rsp_m, the first stage's sample size")
+    if cap < m:
+        raise ValueError(f"rsp_adaptive_max: must be at least rsp_m ({m}), got {cap}")
+    if not replacement:
+        raise ValueError("rsp_adaptive_max: adaptive sampling draws with replacement; set rsp_replacement: true")
+    fixed = [n for n in names if _family_of(n) in ("corrected", "mapped")]
+    if fixed:
+        raise ValueError(
+            f"rsp_adaptive_max: {fixed[0]!r} assumes one fixed m per positive; with adaptive sampling use the "
+            "RankDist* metrics (rsp_rank_dist: mes or mle)"
+        )
+    return cap
 
 
 def _settings_key(config) -> str:
