@@ -1,4 +1,4 @@
-"""The ``reco-sampled`` command line: ``demo``, ``reproduce``, ``table``, ``estimate``, ``recbole``."""
+"""The ``reco-sampled`` command line: ``demo``, ``reproduce``, ``table``, ``estimate``, ``plan``, ``recbole``."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         seed=args.seed,
         sampling=args.sampling,
+        adaptive_max=args.adaptive_max,
     )
     if args.quick:
         cfg.m_grid = (10, 100, 1000)
@@ -89,7 +90,16 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
             raise ValueError("--n-items: required with NCF files (the candidates each user's negatives came from)")
         data = read_ncf(args.ncf_rating, args.ncf_negative, args.scores, args.n_items)
     metrics = args.metric or ["recall@10", "ndcg@10"]
-    methods = args.method or ["none", "bv", "mes"]
+    adaptive = None
+    if args.adaptive_max is not None:  # the file's m column holds each positive's final m
+        from .adaptive import ADAPTIVE_METHODS
+
+        if args.n_samples is None:
+            raise ValueError("--adaptive-max: give --n-samples, the first stage's m of the adaptive sampling")
+        adaptive = (args.n_samples, args.adaptive_max)
+        methods = args.method or [m for m in ("none", "mes") if m in ADAPTIVE_METHODS]
+    else:
+        methods = args.method or ["none", "bv", "mes"]
     from .estimators import ESTIMATORS
     from .metric_names import parse_metric
 
@@ -99,10 +109,27 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"--method: unknown {unknown}; use some of {ESTIMATORS}")
     print(f"{len(data.ranks):,} sampled ranks; n {int(data.n_items.min()):,}..{int(data.n_items.max()):,}; m {int(data.n_samples.min())}..{int(data.n_samples.max())}")
+    extra = {} if adaptive is None else {"adaptive": adaptive}
+    if adaptive is not None:
+        from ._rank_hist import as_histogram
+        from .adaptive import AdaptiveDesign, adaptive_cost, check_adaptive_histogram
+
+        design = AdaptiveDesign(*adaptive)
+        hist = as_histogram(data.ranks, data.n_items, data.n_samples)
+        check_adaptive_histogram(hist, design)
+        cost = adaptive_cost(hist, design)
+        print(f"adaptive sampling m = {design.n_samples} -> {design.cap}: {cost.mean_samples:.1f} samples per positive "
+              f"on average (max {cost.max_samples}); {100 * cost.share_at_cap:.1f}% reached the cap, "
+              f"{100 * cost.share_first_at_cap:.1f}% still ranked first there")
     print(f"{'metric':12}{'method':14}{'estimate':>11}{'stderr':>10}{'95% interval':>22}  flags")
     for metric in metrics:
         for method in methods:
-            est = estimate(metric, data.ranks, data.n_items, data.n_samples, method=method, gamma=args.gamma, sampling=args.sampling)
+            if adaptive is None:
+                est = estimate(metric, data.ranks, data.n_items, data.n_samples, method=method, gamma=args.gamma,
+                               sampling=args.sampling)
+            else:
+                est = estimate(metric, data.ranks, data.n_items, data.n_samples, method=method, sampling=args.sampling,
+                               **extra)
             flags = ",".join(est.flags) if est.flags else ""
             lo, hi = est.interval(0.95)  # widened where the top is unresolved (docs/estimators.md)
             print(f"{metric:12}{method:14}{est.value:11.5f}{est.stderr:10.5f}{f'[{lo:.5f}, {hi:.5f}]':>22}  {flags}")
@@ -182,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     rep.add_argument("--quick", action="store_true", help="fewer values of m for Figure 6")
     rep.add_argument("--quiet", action="store_true", help="no progress output")
+    rep.add_argument("--adaptive-max", type=int, metavar="M",
+                     help="also sample adaptively (m doubling for positives ranked first, up to M): rows "
+                          "'adaptive:mes' in Tables 3 and 4, with the cost"),
     rep.set_defaults(func=_cmd_reproduce)
 
     tab = sub.add_parser("table", help="print or save a correction table (one value per sampled rank 1..m+1)")
@@ -206,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--method", action="append", help="estimator (repeatable; default none, bv, mes)")
     est.add_argument("--gamma", type=float, default=0.1)
     est.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial")
+    est.add_argument("--adaptive-max", type=int, metavar="M",
+                     help="the ranks come from adaptive sampling from --n-samples up to M (the file's m column: "
+                          "each positive's final m); estimators mes, mle, none")
     est.add_argument("--ncf-rating", help="NCF .test.rating file")
     est.add_argument("--ncf-negative", help="NCF .test.negative file")
     est.add_argument("--scores", help="'user item score' lines for the NCF pairs")

@@ -11,7 +11,9 @@ user's candidates (the catalogue minus the user's training items), and compute
   deviations over ``repeats`` sampling runs, plus Li et al.'s mapping estimators,
 * Table 4: how many of the runs order each pair of recommenders as the exact metric does,
 * Figure 6: expected Recall@10 against m, uncorrected and ``bv`` (gamma = 0.1),
-* Li et al.'s SHR-vs-HR mapping (sampled hit ratio at k against exact HR at f(k)).
+* Li et al.'s SHR-vs-HR mapping (sampled hit ratio at k against exact HR at f(k)),
+* with ``adaptive_max``: adaptive sampling (m doubling for positives ranked first, up to the cap; Li et al.,
+  AAAI 2023) in Tables 3 and 4 (``adaptive:mes``), with its cost (mean m per positive, share at the cap).
 
 This module computes; :mod:`reco_sampled_plugin.report` writes Markdown, CSV and PNG.
 """
@@ -61,6 +63,7 @@ class ReproduceConfig:
     als_iterations: int = 20
     batch_size: int = 1024
     n_spread: float = 0.02  # Figure 6: users share a correction table when their n differ by < 2%
+    adaptive_max: int | None = None  # adaptive sampling from n_samples up to this cap (Tables 3 and 4)
 
 
 @dataclass
@@ -215,6 +218,39 @@ def _rank_dist_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[di
     return rows, per_run
 
 
+def _adaptive_rows(ranks, n_cand, cfg: ReproduceConfig) -> tuple[list[dict], dict]:
+    """Adaptive sampling (``adaptive.py``) from the exact ranks, ``repeats`` runs drawn at once, one ``mes`` fit
+    per run (histograms on the 10% grid of n, groups keyed by (n, final m)): rows with the mean, sd and the cost
+    (mean m per positive, share at the cap), and the per-run values as :func:`_mapping_rows`."""
+    from ._rank_hist import pool_by_n, sampled_rank_histogram
+    from .adaptive import AdaptiveDesign, adaptive_sampled_ranks_from_exact
+    from .rank_distribution import estimate_rank_distributions
+
+    design = AdaptiveDesign(cfg.n_samples, cfg.adaptive_max)
+    metrics = list(cfg.metrics)
+    per_run: dict = {metric: {"adaptive:mes": {}} for metric in metrics}
+    cost: dict = {}
+    n_np = n_cand.numpy()
+    for i, (name, r) in enumerate(ranks.items()):
+        gen = torch.Generator().manual_seed(cfg.seed + 104_729 * (i + 1))
+        runs = r.unsqueeze(0).expand(cfg.repeats, -1)
+        s_ranks, sizes = adaptive_sampled_ranks_from_exact(runs, n_cand, design.n_samples, design.cap, gen)
+        hists = [pool_by_n(sampled_rank_histogram(d, n_np, z), 0.1) for d, z in zip(s_ranks.numpy(), sizes.numpy())]
+        fits = estimate_rank_distributions(hists, "mes", sampling="binomial")
+        values = torch.from_numpy(np.stack([f.values(metrics) for f in fits]))
+        for k, metric in enumerate(metrics):
+            per_run[metric]["adaptive:mes"][name] = values[:, k]
+        cost[name] = (float(sizes.double().mean()), float((sizes == design.cap).double().mean()))
+    rows = []
+    for metric in metrics:
+        for name in ranks:
+            v = per_run[metric]["adaptive:mes"][name]
+            rows.append({"metric": metric, "recommender": name, "adaptive:mes": float(v.mean()),
+                         "adaptive:mes sd": float(v.std()), "adaptive mean m": cost[name][0],
+                         "adaptive share at cap": cost[name][1]})
+    return rows, per_run
+
+
 def _ordering_counts(exact: dict, run_means: dict) -> dict:
     counts = {}
     names = list(exact)
@@ -309,6 +345,12 @@ def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool = True, log
     say(f"exact ranks of {len(n_cand):,} test items among {int(n_cand.min()):,}-{int(n_cand.max()):,} candidates ({timings['rank']:.1f} s)")
 
     m = cfg.n_samples
+    if cfg.adaptive_max is not None:
+        from .adaptive import AdaptiveDesign
+
+        AdaptiveDesign(m, cfg.adaptive_max)  # checks the cap
+        if cfg.sampling != "binomial":
+            raise ValueError("adaptive_max: adaptive sampling draws with replacement; use sampling='binomial'")
     if m >= int(n_cand.min()) and cfg.sampling == "hypergeometric":
         raise ValueError(f"n_samples: m = {m} draws without replacement exceed some user's {int(n_cand.min()) - 1} irrelevant items")
 
@@ -325,17 +367,22 @@ def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool = True, log
     bar.update()
     rd_rows, rd_runs = _rank_dist_rows(ranks, n_cand, cfg, draws)
     bar.update()
+    if cfg.adaptive_max is not None:
+        ad_rows, ad_runs = _adaptive_rows(ranks, n_cand, cfg)
+    else:
+        ad_rows, ad_runs = [{} for _ in rd_rows], {metric: {} for metric in cfg.metrics}
     bar.close()
     table3 = report["table3"]
-    for row, extra, extra_rd in zip(table3, map_rows, rd_rows):
-        assert row["metric"] == extra["metric"] == extra_rd["metric"]
+    for row, extra, extra_rd, extra_ad in zip(table3, map_rows, rd_rows, ad_rows):
+        assert row["metric"] == extra["metric"] == extra_rd["metric"] == extra_ad.get("metric", row["metric"])
         assert row["recommender"] == extra["recommender"] == extra_rd["recommender"]
-        row.update({k: v for k, v in extra.items() if k not in ("metric", "recommender")})
-        row.update({k: v for k, v in extra_rd.items() if k not in ("metric", "recommender")})
+        for more in (extra, extra_rd, extra_ad):
+            row.update({k: v for k, v in more.items() if k not in ("metric", "recommender")})
     table4 = report["table4"]
     for row in table4:
         exact = {name: float(metric_values(row["metric"], ranks[name], n_cand).mean()) for name in names}
-        for label, runs in list(map_runs[row["metric"]].items()) + list(rd_runs[row["metric"]].items()):
+        runs_by_label = list(map_runs[row["metric"]].items()) + list(rd_runs[row["metric"]].items())
+        for label, runs in runs_by_label + list(ad_runs[row["metric"]].items()):
             row[label] = _ordering_counts(exact, runs)[row["pair"]]
     timings["tables"] = time.perf_counter() - t
     say(f"tables 3 and 4: {len(cfg.metrics)} metrics x {len(cfg.methods) + len(cfg.mapping_methods) + len(cfg.rank_dist_methods)} estimators, "
