@@ -7,6 +7,7 @@ of an instance (the relevant item included), m the sampled irrelevant items.
 """
 
 from ._rank_hist import RankHistogram, sampled_rank_histogram
+from .adaptive import AdaptiveCost, AdaptiveDesign, adaptive_cost
 from .consistency import consistency_report, ordering_agreement
 from .corrections import METHODS, clear_correction_cache, correction_table, expected_corrected, table_bias
 from .estimate import Estimate
@@ -25,13 +26,8 @@ from .mapping import (
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_curve, metric_values
 from .priors import BetaPrior, CallablePrior, Prior, UniformPrior, VectorPrior, empirical_prior, fit_beta_prior
-from .rank_distribution import (
-    RankDistribution,
-    adaptive_sampled_ranks,
-    adaptive_sampled_ranks_from_exact,
-    estimate_rank_distribution,
-    simulate_sampled_ranks,
-)
+from .adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact
+from .rank_distribution import RankDistribution, estimate_rank_distribution, simulate_sampled_ranks
 from .ranking import SampledRanks, candidate_counts, exact_ranks, sampled_ranks
 from .sampling_laws import expected_sampled, log_sampled_rank_pmf, sampled_rank_pmf
 from .simulate import draw_sampled_ranks
@@ -102,6 +98,10 @@ __all__ = [
     "TopShape",
     "identified_interval",
     "IdentifiedInterval",
+    # adaptive sampling everywhere (issue 17)
+    "AdaptiveDesign",
+    "AdaptiveCost",
+    "adaptive_cost",
     # recometrics parity (issue 8)
     "evaluate_factors",
     "FactorEvaluation",

@@ -3,7 +3,9 @@
 Rank file (``reco-sampled estimate FILE``): one relevant item per line, ``sampled_rank[,n_candidates[,n_samples]]``
 separated by one comma, semicolon or tab (an empty field is an error) or by spaces; an optional header
 line (its first field has no digit); ``#`` comments. Missing columns take
-the ``--n-items`` / ``--n-samples`` defaults.
+the ``--n-items`` / ``--n-samples`` defaults. Adaptive sampling (``--adaptive-max M``, ``--n-samples`` = the first
+stage's m): ``n_samples`` holds each positive's *final* m (m, 2m, 4m, ... up to M) and ``sampled_rank`` its rank
+among those; e.g. ``1,9000,3200`` (still first at the cap) and ``3,9000,400`` (third after two doublings).
 
 NCF files (He et al.'s format): ``X.test.rating`` lines ``user<TAB>item[<TAB>...]`` (one held-out item
 per user), ``X.test.negative`` lines ``(user,item)<TAB>neg_1<TAB>...<TAB>neg_m``, and a score file with
