@@ -22,7 +22,8 @@ class Estimate:
             where the sampled data cannot resolve ranks: :meth:`interval` then also spans what the data cannot
             identify), ``all_at_top`` (every positive at r~ = 1;
             stderr is inf), ``few_instances`` (total weight at most 1: stderr inf), ``not_converged``,
-            ``fit_not_converged``, ``pooled_n``, ``outside_metric_range``.
+            ``fit_not_converged``, ``pooled_n``, ``outside_metric_range``, ``cap_reached`` (adaptive sampling:
+            positives still rank first at the cap and the metric depends on the cap's bin).
     """
 
     value: float
