@@ -226,6 +226,10 @@ def build_parser() -> argparse.ArgumentParser:
     tab.add_argument("--out", help="write CSV here instead of printing")
     tab.set_defaults(func=_cmd_table)
 
+    from .planner import add_plan_parser
+
+    add_plan_parser(sub)
+
     est = sub.add_parser("estimate", help="estimate exact metrics from a file of sampled ranks or from NCF files",
                          description="FILE: one line per relevant item 'rank[,n_candidates[,n_samples]]'. "
                                      "Or NCF-style files (.test.rating, .test.negative) plus a 'user item score' file.")

@@ -246,7 +246,9 @@ def pool_groups(hist: RankHistogram, max_groups: int, max_rel_n_spread: float | 
             sel = label == b
             w, ns = tot[sel], hist.n_items[order[sel]]  # ns ascending
             half = np.searchsorted(np.cumsum(w), 0.5 * w.sum()) if w.sum() > 0 else 0
-            rep = max(int(ns[min(half, len(ns) - 1)]), int(mval) + 1)  # count-weighted median n of the bin
+            # the count-weighted median n of the bin: one of its groups' n, so valid for either law (no floor at
+            # m + 1: with replacement m may exceed n - 1, e.g. adaptive stages beyond the catalogue)
+            rep = int(ns[min(half, len(ns) - 1)])
             key = (rep, int(mval))
             c = stacked[sel].sum(axis=0)
             reps[key] = reps[key] + c if key in reps else c

@@ -1,0 +1,294 @@
+"""The planner (issue 17 part 2): forecasts that match simulation on real recommenders, the default family, the
+recommendation, the table, bad input and the ``plan`` subcommand."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from reco_sampled_plugin import estimate
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
+from reco_sampled_plugin.metrics import metric_values
+from reco_sampled_plugin.planner import (
+    DEFAULT_FAMILY,
+    DesignForecast,
+    Plan,
+    add_plan_parser,
+    default_designs,
+    plan,
+    run_plan,
+)
+from reco_sampled_plugin.rank_distribution import simulate_sampled_ranks
+
+DESIGNS = [(100, None), (100, 3200)]
+PILOT = (100, 6400)  # one adaptive draw: m = 100 doubling up to 6400
+REPEATS = 40  # Monte Carlo repeats, both for the plan and for the simulation
+TOLERANCE = 0.30
+# designs whose forecast misses the tolerance for a reason investigated (see the reason): reported as xfail, any other
+# miss fails
+KNOWN_MISSES = {
+    ("ml-latest-small", "Popularity", "ndcg@10"): {
+        "adaptive 100->3200": (
+            "over-predicted in 4 of 4 pilot draws (ratio 1.3-1.65): 25 of 610 users rank in the top 10 of n ~ 9,700, "
+            "and the adaptive pilot cannot resolve ranks near K (positives there stop doubling at m = 100-800, 12-100 "
+            "exact ranks per sampled rank); its fit has a bump at ranks 6-11 that the real, flat top lacks, and mes "
+            "is ~14% low on data drawn from the bump but unbiased on the real data"
+        ),
+    },
+}
+
+
+# ------------------------------------------------------------------------------------ real recommenders
+@pytest.fixture(scope="module")
+def exact_rank_sets():
+    """Exact ranks of the held-out item (leave-last-out) for two cheap recommenders of different shape on each data
+    set: ItemKNN(q=3) (Krichene & Rendle's Y) and popularity. About 8 s in all (ItemKNN on ml-latest-small ~4 s)."""
+    from reco_sampled_plugin import baselines, datasets
+
+    out = {}
+    for name, loader in (("ml-100k", datasets.load_ml100k), ("ml-latest-small", datasets.load_ml_latest_small)):
+        split = loader()
+        models = {"ItemKNN(q=3)": baselines.ItemKNN(q=3).fit(split.train),
+                  "Popularity": baselines.Popularity().fit(split.train)}
+        ranks, n_u = baselines.held_out_ranks(models, split)
+        for model, r in ranks.items():
+            out[(name, model)] = (r, n_u)
+    return out
+
+
+def simulated_errors(r: np.ndarray, n_u: np.ndarray, metric: str, m: int, cap, repeats: int, seed: int,
+                     resample_users: bool) -> tuple[float, float]:
+    """Relative RMSE (and its Monte Carlo standard error) of ``mes`` on sampled ranks drawn from the real exact ranks.
+
+    Each repeat draws the design's sampled ranks and compares the estimate with the exact metric of that repeat's
+    users: the real users (``resample_users=False``) or the real users resampled with replacement (True: the
+    expectation over user sets that the plan forecasts, since its truth is each drawn set's exact metric)."""
+    gen = torch.Generator().manual_seed(seed)
+    rng = np.random.default_rng(seed)
+    err, truths = np.empty(repeats), np.empty(repeats)
+    for j in range(repeats):
+        idx = rng.integers(0, len(r), len(r)) if resample_users else np.arange(len(r))
+        rt, nt = torch.from_numpy(r[idx]), torch.from_numpy(n_u[idx])
+        truths[j] = float(metric_values(metric, rt, nt).mean())
+        if cap is None:
+            s = simulate_sampled_ranks(rt, nt, m, "binomial", gen)
+            value = estimate(metric, s, nt, m, n_bootstrap=0).value
+        else:
+            s, sizes = adaptive_sampled_ranks_from_exact(rt, nt, m, cap, gen)
+            value = estimate(metric, s, nt, sizes, adaptive=(m, cap), n_bootstrap=0).value
+        err[j] = value - truths[j]
+    scale = truths.mean()
+    mse = err.mean() ** 2 + err.var(ddof=1)
+    se = np.std(err**2, ddof=1) / math.sqrt(repeats) / (2.0 * math.sqrt(mse))
+    return math.sqrt(mse) / scale, se / scale
+
+
+@pytest.mark.parametrize("metric", ["ndcg@10", "hit@10"])
+@pytest.mark.parametrize("model", ["ItemKNN(q=3)", "Popularity"])
+@pytest.mark.parametrize("dataset", ["ml-100k", "ml-latest-small"])
+def test_prediction_matches_simulation(exact_rank_sets, dataset, model, metric):
+    """Predicted (a plan from one adaptive pilot drawn from the exact ranks) and simulated relative errors agree
+    within 30% for fixed m = 100 and adaptive 100 -> 3200.
+
+    The simulation resamples the users in every repeat: the plan's error is over fresh sets of users (its truth is
+    each set's exact metric), and a fixed set's error differs from that expectation by the luck of that set (at
+    K below the resolution, how its first-bin positives split around K), which no plan can know (the fixed-set
+    numbers are in the planner's report)."""
+    r, n_u = exact_rank_sets[(dataset, model)]
+    gen = torch.Generator().manual_seed(2024)
+    pilot, sizes = adaptive_sampled_ranks_from_exact(torch.from_numpy(r), torch.from_numpy(n_u), *PILOT, gen)
+    result = plan(n_u, len(n_u), metric, 0.1, pilot=pilot, pilot_n_items=n_u, pilot_n_samples=sizes,
+                  pilot_adaptive=PILOT, designs=DESIGNS, repeats=REPEATS, seed=1)
+    assert result.shape_source.startswith("pilot")
+    assert [(f.n_samples, f.adaptive_max) for f in result.forecasts] == DESIGNS
+    misses = {}
+    for forecast, (m, cap) in zip(result.forecasts, DESIGNS):
+        sim, sim_se = simulated_errors(r, n_u, metric, m, cap, REPEATS, seed=7, resample_users=True)
+        ratio = forecast.rel_error / sim
+        print(f"{dataset} {model} {metric} {forecast.label}: predicted {forecast.rel_error:.3f} "
+              f"(+- {forecast.rel_error_se:.3f}), simulated {sim:.3f} (+- {sim_se:.3f}), ratio {ratio:.2f}")
+        if abs(ratio - 1.0) > TOLERANCE:
+            misses[forecast.label] = (round(float(forecast.rel_error), 3), round(float(sim), 3))
+    known = KNOWN_MISSES.get((dataset, model, metric), {})
+    assert set(misses) <= set(known), misses
+    if misses:
+        pytest.xfail("; ".join(f"{label} {misses[label]}: {known[label]}" for label in misses))
+
+
+# ------------------------------------------------------------------------------------------- default family
+def test_default_family_truth_and_source():
+    n, users, repeats = 10_000, 2000, 10
+    result = plan(n, users, "hit@10", 0.05, designs=[(100, None), (2000, None)], repeats=repeats, seed=3)
+    assert result.shape_source == DEFAULT_FAMILY
+    harmonic = np.cumsum(1.0 / np.arange(1, n + 1))
+    expected = 0.5 * harmonic[9] / harmonic[-1] + 0.5 * 10 / n  # HR@10 of the 50/50 mixture
+    se = math.sqrt(expected * (1 - expected) / (users * repeats))
+    assert abs(result.truth - expected) <= 4 * se
+    coarse, fine = result.forecasts
+    # m = 100 cannot resolve K = 10 (b = 100): mes is biased low; m = 2000 (b = 6) much less so
+    assert coarse.rel_bias < 0 and abs(coarse.rel_bias) > abs(fine.rel_bias)
+    assert coarse.resolution == pytest.approx((n - 1) / 101 + 1)
+    for f in result.forecasts:
+        assert f.rel_error == pytest.approx(math.hypot(f.rel_bias, f.rel_sd))
+        assert f.mean_samples == f.n_samples and f.adaptive_max is None
+
+
+def test_default_designs_grid():
+    assert default_designs(10_000) == [(50, None), (100, None), (200, None), (500, None), (1000, None), (2000, None),
+                                       (100, 800), (100, 3200), (100, 12800)]
+    # up to the first cap >= n - 1; fixed m < n - 1
+    assert default_designs(1000) == [(50, None), (100, None), (200, None), (500, None), (100, 800), (100, 3200)]
+    # small catalogues start adaptive sampling lower (m0 = (n - 1) // 8), caps rounded down to m0 2^s
+    assert default_designs(300) == [(50, None), (100, None), (200, None), (37, 592)]
+    assert default_designs(10_000, method="bv") == [(m, None) for m in (50, 100, 200, 500, 1000, 2000)]
+
+
+def test_adaptive_cost_and_pilot_rescaling():
+    """An adaptive design's cost is its mean final m; a pilot on another catalogue is rescaled on the p scale (a
+    uniform pilot stays uniform: AUC 0.5)."""
+    gen = torch.Generator().manual_seed(5)
+    exact = torch.randint(1, 1001, (3000,), generator=gen)
+    pilot = simulate_sampled_ranks(exact, 1000, 100, "binomial", gen)
+    result = plan(20_000, 1000, "auc", 0.05, pilot=pilot, pilot_n_items=1000, pilot_n_samples=100,
+                  designs=[(100, None), (50, 400)], repeats=4, seed=0)
+    assert result.shape_source.startswith("pilot")
+    assert result.truth == pytest.approx(0.5, abs=0.03)
+    fixed, adaptive = result.forecasts
+    assert fixed.mean_samples == 100
+    assert 50 <= adaptive.mean_samples < 100  # few positives rank first among 50 when ranks are uniform
+    assert adaptive.adaptive_max == 400
+
+
+# ----------------------------------------------------------------------------------------- recommendation
+@pytest.fixture(scope="module")
+def small_plan():
+    return plan(5000, 1500, "ndcg@10", 0.10, designs=[(50, None), (1000, None), (100, 3200)], repeats=6, seed=2)
+
+
+def _with_target(p: Plan, target: float) -> Plan:
+    return plan(p.n_items, p.n_users, p.metric, target, designs=[(f.n_samples, f.adaptive_max) for f in p.forecasts],
+                repeats=p.repeats, seed=p.seed)
+
+
+def test_recommended_is_cheapest_meeting_target(small_plan):
+    generous = _with_target(small_plan, 10.0)
+    assert all(f.meets_target for f in generous.forecasts)
+    assert generous.recommended == min(generous.forecasts, key=lambda f: f.mean_samples)
+    assert generous.recommended.label == "m = 50"
+    # a middle target: the recommendation meets it and nothing cheaper does
+    errors = sorted(f.rel_error for f in small_plan.forecasts)
+    middle = _with_target(small_plan, (errors[0] + errors[1]) / 2)
+    rec = middle.recommended
+    assert rec is not None and rec.meets_target and rec.rel_error == errors[0]
+    assert not any(f.meets_target for f in middle.forecasts if f.mean_samples < rec.mean_samples)
+    # same seed, same forecasts whatever the target
+    assert [f.rel_error for f in middle.forecasts] == [f.rel_error for f in small_plan.forecasts]
+
+
+def test_none_meets_target(small_plan):
+    strict = _with_target(small_plan, 1e-6)
+    assert strict.recommended is None
+    assert not any(f.meets_target for f in strict.forecasts)
+    assert "no sampled design meets" in strict.format()
+    assert "rank all items" in strict.format()
+
+
+def test_format_contents(small_plan):
+    text = small_plan.format()
+    for needle in ("ndcg@10", "5,000", "1,500 users", "10.0%", DEFAULT_FAMILY, "m = 50", "m = 1000",
+                   "adaptive 100->3200", "full ranking", "rel.error", "Recommendation:"):
+        assert needle in text, needle
+    assert text.splitlines()[-1].startswith("Recommendation:")
+    assert len([line for line in text.splitlines() if line.startswith(("m = ", "adaptive "))]) == 3
+    assert isinstance(small_plan.forecasts[0], DesignForecast)
+
+
+# -------------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(n_items=1), "n_items"),
+        (dict(n_items=0), "n_items"),
+        (dict(n_users=0), "n_users"),
+        (dict(target_rel_error=0.0), "target_rel_error"),
+        (dict(target_rel_error=-0.1), "target_rel_error"),
+        (dict(target_rel_error=float("nan")), "target_rel_error"),
+        (dict(metric="foo@10"), "metric"),
+        (dict(metric="hit@10", n_items=8), "cut-off"),
+        (dict(designs=[(100, 50)]), "cap"),
+        (dict(designs=[(1999, None)]), "rank all items"),
+        (dict(designs=[(0, None)]), "m"),
+        (dict(designs=[100]), "designs"),
+        (dict(designs=[]), "no candidate design"),
+        (dict(designs=[(50, 400)], method="bv"), "adaptive"),
+        (dict(method="nope"), "method"),
+        (dict(repeats=1), "repeats"),
+        (dict(n_items=np.full(10, 2000)), "per-user"),
+        (dict(pilot=np.array([1, 2, 3])), "pilot"),
+        (dict(pilot=np.array([1, 2, 3]), pilot_n_items=2000), "pilot"),
+        (dict(pilot_n_items=2000, pilot_n_samples=50), "without pilot"),
+        # an adaptive pilot whose positive ranks first below the cap cannot come from that design
+        (dict(pilot=np.array([1, 3]), pilot_n_items=2000, pilot_n_samples=np.array([50, 50]), pilot_adaptive=(50, 400)),
+         "stopped below the cap"),
+    ],
+)
+def test_bad_input(kwargs, match):
+    args = dict(n_items=2000, n_users=100, metric="hit@10", target_rel_error=0.1, designs=[(50, None)], repeats=2)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        plan(args.pop("n_items"), args.pop("n_users"), args.pop("metric"), args.pop("target_rel_error"), **args)
+
+
+# ------------------------------------------------------------------------------------------------- CLI
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="reco-sampled")
+    add_plan_parser(parser.add_subparsers(dest="command"))
+    return parser
+
+
+def test_cli_plan(capsys):
+    args = _parser().parse_args(["plan", "--n-items", "3000", "--users", "400", "--metric", "ndcg@10",
+                                 "--target-rel-error", "0.5", "--repeats", "3", "--design", "100",
+                                 "--design", "50:800"])
+    assert args.func is run_plan
+    assert run_plan(args) == 0
+    out = capsys.readouterr().out
+    assert "m = 100" in out and "adaptive 50->800" in out and DEFAULT_FAMILY in out
+    assert out.strip().splitlines()[-1].startswith("Recommendation:")
+
+
+def test_cli_plan_with_adaptive_pilot(tmp_path, capsys):
+    gen = torch.Generator().manual_seed(11)
+    n = 3000
+    exact = torch.randint(1, 301, (500,), generator=gen)  # a recommender that ranks every positive in the top 10%
+    ranks, sizes = adaptive_sampled_ranks_from_exact(exact, n, 50, 800, gen)
+    path = tmp_path / "pilot.csv"
+    path.write_text("rank,n_candidates,n_samples\n" + "".join(f"{r},{n},{m}\n" for r, m in zip(ranks.tolist(),
+                                                                                               sizes.tolist())))
+    args = _parser().parse_args(["plan", "--n-items", "6000", "--users", "300", "--metric", "hit@10",
+                                 "--target-rel-error", "0.2", "--pilot", str(path), "--pilot-n-samples", "50",
+                                 "--pilot-adaptive-max", "800", "--repeats", "3", "--design", "200"])
+    assert run_plan(args) == 0
+    out = capsys.readouterr().out
+    assert "pilot: mes fit on 500 sampled ranks" in out and "adaptive m = 50->800" in out
+
+
+def test_cli_plan_errors(tmp_path):
+    parser = _parser()
+    args = parser.parse_args(["plan", "--n-items", "3000", "--users", "400", "--metric", "ndcg@10",
+                              "--target-rel-error", "0.1", "--pilot-adaptive-max", "800"])
+    with pytest.raises(ValueError, match="without --pilot"):
+        run_plan(args)
+    with pytest.raises(SystemExit):  # argparse rejects a malformed design
+        parser.parse_args(["plan", "--n-items", "3000", "--users", "400", "--metric", "ndcg@10",
+                           "--target-rel-error", "0.1", "--design", "a:b"])
+    bad = tmp_path / "bad.csv"
+    bad.write_text("0\n")
+    args = parser.parse_args(["plan", "--n-items", "3000", "--users", "400", "--metric", "ndcg@10",
+                              "--target-rel-error", "0.1", "--pilot", str(bad), "--pilot-n-samples", "100"])
+    with pytest.raises(ValueError):
+        run_plan(args)
