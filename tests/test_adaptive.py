@@ -177,3 +177,19 @@ def test_adaptive_identified_interval_covers_truth():
     w_f = np.subtract(*hr_fixed.interval()[::-1])
     w_a = np.subtract(*hr_adaptive.interval()[::-1])
     assert w_a < 0.25 * w_f
+
+
+def test_pooling_keeps_adaptive_groups_inside_the_catalogue():
+    """Regression: quantile pooling of many (n, m) groups kept each bin's n at least m + 1, which moved adaptive
+    stages with m > n (a cap beyond the catalogue, legal with replacement) outside it; a pooled group's n must be
+    one of its groups' n."""
+    from reco_sampled_plugin.rank_distribution import pool_groups
+
+    n_u = np.random.default_rng(0).integers(900, 1700, 900)
+    exact = np.minimum(_log_uniform_ranks(2000, 900, 1), n_u)
+    ranks, sizes = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), torch.as_tensor(n_u), 100, 3200,
+                                                     generator=torch.Generator().manual_seed(2))
+    hist = as_histogram(ranks, torch.as_tensor(n_u), sizes)
+    pooled, changed = pool_groups(hist, 16)
+    assert changed and pooled.n_items.max() <= n_u.max() and pooled.n_items.min() >= n_u.min()
+    assert set(pooled.n_samples.tolist()) == set(hist.n_samples.tolist())
