@@ -29,6 +29,25 @@ def test_intervals_at_scale_example(capsys, monkeypatch):
         assert lo <= exact <= hi and lo <= max(s_lo, 0.0) and hi >= s_hi and hi - lo > s_hi - max(s_lo, 0.0)  # clipped at 0
 
 
+def test_adaptive_at_scale_example(capsys, monkeypatch):
+    """The plan recommends the adaptive design; adaptive sampling from the scores lands closer to the exact value
+    than fixed m = 100 with a narrower interval that still holds it, and reports its cost (ml-latest-small)."""
+    monkeypatch.setattr(sys, "argv", ["adaptive_at_scale.py"])
+    runpy.run_path(str(EXAMPLES / "adaptive_at_scale.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert "Recommendation: adaptive 100->3200" in out
+    rows = [ln.split() for ln in out.splitlines() if ln.startswith(("Popularity", "iALS")) and "[" in ln]
+    assert len(rows) == 8
+    for fixed, adaptive in zip(rows[0::2], rows[1::2]):
+        assert fixed[4] == "100" and adaptive[4] == "100->3200"
+        exact, f_est, a_est = float(fixed[5]), float(fixed[6]), float(adaptive[6])
+        assert float(adaptive[5]) == exact and abs(a_est - exact) < abs(f_est - exact)
+        f_lo, f_hi = float(fixed[7].strip("[,")), float(fixed[8].strip("]"))
+        a_lo, a_hi = float(adaptive[7].strip("[,")), float(adaptive[8].strip("]"))
+        assert a_lo <= exact <= a_hi and a_hi - a_lo < f_hi - f_lo
+        assert 100 < float(adaptive[9]) < 3200 and 0 < float(adaptive[10]) < 0.2
+
+
 @pytest.mark.slow
 def test_recbole_example(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["run_bpr_ml100k.py", "--workdir", str(tmp_path)])
