@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torch.utils.data import DistributedSampler
 
+from reco_sampled_plugin._options import check_bool, check_count
 from reco_sampled_plugin.estimate import Estimate
 
 from reco_sampled_plugin.factor_ranks import check_factors, check_finite_factors
@@ -116,7 +117,7 @@ class _RankingMetricsLogic:
         ties: str = "pessimistic",
         count_other_positives: bool = False,
         max_n_groups: int | None = 64,
-        check_finite: bool | str = "positives",
+        check_finite: bool | str = True,
         score_fn: Callable[[Any, Any], Any] | None = None,
         stages: Sequence[str] = ("validate", "test"),
         headline: tuple[str, str] | None = None,
@@ -129,11 +130,25 @@ class _RankingMetricsLogic:
         adaptive_max: int | None = None,
     ) -> None:
         super().__init__()
+        exact = check_bool(exact, "exact")
         if not exact and n_samples is None:
             raise ValueError("exact=False and n_samples=None: nothing to compute")
+        if isinstance(stages, str):  # one stage named alone, not its letters
+            stages = (stages,)
         bad = [s for s in stages if s not in _STAGES]
-        if bad:
+        if bad or not stages:
             raise ValueError(f"stages: unknown {bad}; use 'validate' and/or 'test'")
+        log_stderr = check_bool(log_stderr, "log_stderr")
+        log_interval = check_bool(log_interval, "log_interval")
+        dedup_padding = check_bool(dedup_padding, "dedup_padding")
+        progress = check_bool(progress, "progress")
+        if not isinstance(prefix, str):
+            raise ValueError(f"prefix: expected a string, got {prefix!r}")
+        if score_fn is not None and not callable(score_fn):
+            raise ValueError(f"score_fn: expected a callable score_fn(pl_module, batch) or None, got {score_fn!r}")
+        if headline is not None and (isinstance(headline, str) or not isinstance(headline, (tuple, list))
+                                     or len(headline) != 2):
+            raise ValueError(f"headline: expected a (metric, label) pair such as ('ndcg@10', 'exact'), got {headline!r}")
         self._exact_kwargs = dict(metrics=metrics, ties=ties, count_other_positives=count_other_positives, check_finite=check_finite)
         self._sampled_kwargs = dict(
             metrics=metrics,
@@ -171,9 +186,8 @@ class _RankingMetricsLogic:
         self.log_interval = bool(log_interval)
         self.dedup_padding = dedup_padding
         self.progress = progress
-        if plot_every_n_epochs is not None and plot_every_n_epochs < 1:
-            raise ValueError("plot_every_n_epochs: a positive integer or None")
-        self.plot_every_n_epochs = plot_every_n_epochs
+        self.plot_every_n_epochs = (None if plot_every_n_epochs is None
+                                    else check_count(plot_every_n_epochs, "plot_every_n_epochs", 1))
         self._states: dict[tuple[str, int], _LoaderState] = {}
         self.results: dict[str, dict[str, Estimate]] = {}
         self.history: dict[str, list[dict[str, float]]] = {}
@@ -447,9 +461,15 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
         estimators: estimators run on the sampled ranks (``"none"`` = plain sampled metric, corrections
             ``rank_estimate``/``ls``/``cls``/``bv``/``bv_mle``, mappings ``linear``/``bound``/``beta``/
             ``beta_fit``, rank distributions ``mle``/``mes``).
-        estimator_options: per-estimator keyword arguments, e.g. ``{{"mle": {{"n_bootstrap": 8}}}}``.
-        replacement, seed, ties, count_other_positives, max_n_groups, check_finite: see
+        estimator_options: per-estimator keyword arguments, e.g. ``{{"mle": {{"n_bootstrap": 8}}}}``; checked
+            when the callback is built (an unknown or invalid option is a ValueError naming it).
+        replacement, seed, ties, count_other_positives, max_n_groups: see
             :class:`~reco_sampled_plugin.adapters.torchmetrics.SampledRankingMetrics`.
+        check_finite: True (default: NaN or inf anywhere in a step's scores is a ValueError; checked in the
+            exact metrics' counting pass at no measurable cost, or by one extra pass when ``exact=False``),
+            ``"positives"`` (only the relevant items' scores: faster without exact metrics, but a NaN irrelevant
+            score then goes unnoticed) or False. Cost measured in
+            :mod:`reco_sampled_plugin.adapters.torchmetrics`.
         score_fn: ``score_fn(pl_module, batch)`` -> dict / RankingBatch / FactorBatch; default: the
             step's output.
         stages: ``("validate", "test")`` or a subset.
@@ -470,7 +490,9 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
     Logged names: ``{{prefix}}val/<metric>/<label>`` (``@`` written ``_at_``), e.g. ``val/ndcg_at_10/exact``,
     ``val/ndcg_at_10/sampled``, ``val/ndcg_at_10/bv``; ``test/...`` in testing; ``_dl<k>`` after the stage
     for dataloader k > 0. After each epoch, :attr:`results` maps those names to Estimate objects
-    (float64 value, stderr) and :attr:`history` keeps the values per epoch.
+    (float64 value, stderr) and :attr:`history` keeps the values per epoch. A value that could not be computed is
+    logged as NaN and its Estimate flagged: ``no_instances`` (nothing counted, e.g. every row dropped as padding),
+    ``estimator_failed`` (with a warning); one relevant item gives stderr inf, flagged ``few_instances``.
     """
 
 

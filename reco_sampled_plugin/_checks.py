@@ -1,15 +1,39 @@
-"""Input validation shared by the core: every error is a ValueError (or TypeError) naming the argument."""
+"""Input validation shared by the core: every error is a ValueError (or TypeError) naming the argument.
+
+One helper per kind of argument, used by every public entry point that takes it:
+
+* :func:`check_sizes` -- n_items / n_samples (and other counts) given as an int or per-instance values;
+* :func:`check_rank_values` -- exact or sampled ranks (1-based; 0 is padding only where an API says so);
+* :func:`check_weights` -- non-negative weights (per-positive weights, popularity, relevance);
+* :func:`check_ranks_in_range` -- ranks inside 1..n.
+"""
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 __all__ = [
+    "MAX_SIZE",
+    "MAX_TOTAL_WEIGHT",
     "as_tensor",
     "check_same_device",
     "check_int",
+    "check_sizes",
+    "check_rank_values",
+    "check_weights",
     "check_ranks_in_range",
 ]
+
+#: Largest candidate count n or sample size m accepted anywhere (2^40, about 1.1e12 items). Below it every
+#: rank is exact in float64 (2^53) and products such as (n - 1) m of the rank-estimate table stay inside
+#: int64 for m up to 2^20; far beyond any catalogue.
+MAX_SIZE = 1 << 40
+#: Largest total weight of a histogram (2^53): the number of instances its standard errors assume; beyond
+#: it the bootstrap's integer draw count and products of totals leave exact float64 / int64 arithmetic.
+MAX_TOTAL_WEIGHT = float(1 << 53)
 
 
 def as_tensor(x, name: str, dtype: torch.dtype | None = None, device: torch.device | None = None) -> torch.Tensor:
@@ -36,24 +60,187 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
         raise ValueError(f"tensors are on different devices: {listing}; move them to one device")
 
 
-def check_int(value, name: str, minimum: int | None = None) -> int:
-    """Return ``value`` as an int, raising a ValueError naming ``name`` if it is not an integer >= minimum."""
+def check_int(value, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """Return ``value`` as an int, raising a ValueError naming ``name`` if it is not an integer in
+    minimum..maximum (bools and floats are refused)."""
     if isinstance(value, bool) or not isinstance(value, (int,)) and not (
         isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point()
+        and value.dtype != torch.bool and not value.is_complex()
     ):
-        try:
-            import numpy as np
-
-            if isinstance(value, np.integer):
-                value = int(value)
-            else:
-                raise TypeError
-        except TypeError:
+        if isinstance(value, np.integer):
+            value = int(value)
+        else:
             raise ValueError(f"{name}: expected an integer, got {value!r}") from None
     value = int(value)
     if minimum is not None and value < minimum:
         raise ValueError(f"{name}: must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}: must be <= {maximum}, got {value}")
     return value
+
+
+def _numeric(x, name: str, what: str, device: torch.device | None = None) -> torch.Tensor:
+    """``x`` as a real numeric tensor (tensors keep their dtype and device; arrays, lists and Python numbers
+    go through numpy, so 1e300 stays a finite float64 instead of overflowing float32). Bools and complex
+    numbers are refused with a ValueError naming ``name``."""
+    if isinstance(x, torch.Tensor):
+        t = x
+    else:
+        if isinstance(x, (bool, np.bool_)):
+            raise ValueError(f"{name}: expected {what}, got the bool {x!r}")
+        try:
+            a = np.asarray(x)
+        except Exception as exc:  # ragged lists and the like
+            raise ValueError(f"{name}: expected {what}, got {type(x).__name__} ({exc})") from None
+        if a.dtype.kind not in "biufc":
+            raise ValueError(f"{name}: expected {what}, got {type(x).__name__} of dtype {a.dtype}")
+        if a.dtype.kind == "u" and a.dtype.itemsize == 8:  # torch has little uint64 support
+            if a.size and a.max() > np.iinfo(np.int64).max:
+                raise ValueError(f"{name}: values too large, got {a.max()}")
+            a = a.astype(np.int64)
+        if not a.flags.writeable:  # torch warns on read-only arrays (a RankHistogram's, for one)
+            a = a.copy()
+        t = torch.as_tensor(a)
+    if t.dtype == torch.bool:
+        raise ValueError(f"{name}: expected {what}, got booleans (dtype {t.dtype})")
+    if t.is_complex():
+        raise ValueError(f"{name}: expected {what}, got complex numbers (dtype {t.dtype})")
+    if device is not None and t.device != device:
+        t = t.to(device)
+    return t
+
+
+def _first(t: torch.Tensor, bad: torch.Tensor):
+    return t[bad].reshape(-1)[0].item()
+
+
+def _show(v) -> str:
+    """A count for a message: whole numbers as integers (2^62 as 4611686018427387904, not 4.6e+18)."""
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2.0**63:
+        return str(int(v))
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def check_sizes(
+    x,
+    name: str,
+    minimum: int | None = 1,
+    *,
+    like: torch.Tensor | None = None,
+    like_name: str = "ranks",
+    exact: bool = False,
+    maximum: int | None = MAX_SIZE,
+    device: torch.device | None = None,
+    one: bool = False,
+):
+    """Validate counts such as n_items (candidates) or n_samples (m), given as one number or per instance.
+
+    Whole numbers (integer dtype, or floats without a fractional part), finite, in minimum..maximum; bools and
+    complex numbers are refused. With ``like`` (the ranks they belong to) the values must broadcast against
+    ``like``'s shape (``exact``: broadcast *to* it, one value per instance or one for all).
+
+    Returns:
+        an ``int`` when ``x`` is a Python or numpy scalar (or ``one``: a single number is expected, in any
+        form), else an int64 tensor (on ``device`` when given).
+
+    Raises:
+        ValueError naming ``name``.
+    """
+    scalar = isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
+    t = _numeric(x, name, "whole numbers (a count)", device)
+    if t.numel():
+        if t.is_floating_point():
+            t64 = t.to(torch.float64)
+            finite = torch.isfinite(t64)
+            whole = finite & (t64 == torch.round(t64))
+            lo_hi = torch.stack([whole.all().to(torch.float64), finite.all().to(torch.float64),
+                                 t64.masked_fill(~finite, math.inf).min(), t64.masked_fill(~finite, -math.inf).max()])
+            ok_whole, ok_finite, lo, hi = lo_hi.tolist()  # one host synchronisation
+            if not ok_finite:
+                raise ValueError(f"{name}: must be finite whole numbers (a count), got {_first(t, ~finite)}")
+            if not ok_whole:
+                raise ValueError(f"{name}: must be whole numbers (a count), got {_first(t, ~whole)}")
+        else:
+            lo, hi = (int(v) for v in torch.stack([t.min(), t.max()]).tolist())
+        if minimum is not None and lo < minimum:
+            raise ValueError(f"{name}: must be >= {minimum}, got {_show(lo)}")
+        if maximum is not None and hi > maximum:
+            why = " = 2^40 (larger counts leave exact int64 / float64 arithmetic)" if maximum == MAX_SIZE else ""
+            raise ValueError(f"{name}: must be <= {maximum}{why}, got {_show(hi)}")
+    t = t.to(torch.int64)
+    if like is not None:
+        try:
+            shape = torch.broadcast_shapes(t.shape, like.shape)
+        except RuntimeError:
+            shape = None
+        if shape is None or (exact and shape != like.shape):
+            how = "broadcast to" if exact else "broadcast against"
+            raise ValueError(
+                f"{name}: shape {tuple(t.shape)} does not {how} the shape {tuple(like.shape)} of {like_name} "
+                "(give one value, or one per instance)"
+            )
+    if one and t.numel() != 1:
+        raise ValueError(f"{name}: expected one number, got shape {tuple(t.shape)}")
+    if scalar or one:
+        return int(t)
+    return t
+
+
+def check_rank_values(x, name: str, *, whole: bool = False, padding: bool = False,
+                      device: torch.device | None = None) -> torch.Tensor:
+    """Validate rank inputs (exact or sampled, 1-based): an integer tensor, or floats (fractional ranks come
+    from ``ties="average"``; ``whole`` refuses them) without NaN or inf. Bools and complex numbers are refused:
+    a bool mask is not a rank. NaN is an error, never padding (``padding``: the API pads with 0). Returns the
+    ranks as a tensor of their own dtype; the range (1..n) is :func:`check_ranks_in_range`'s job.
+
+    Raises:
+        ValueError naming ``name``.
+    """
+    t = _numeric(x, name, "ranks (1-based integers" + (", 0 for padding)" if padding else ")"), device)
+    if t.is_floating_point() and t.numel():
+        finite = torch.isfinite(t)
+        good = finite & (t == torch.round(t)) if whole else finite
+        if not bool(good.all()):
+            if not bool(finite.all()):
+                pad = " (pad with 0, not NaN)" if padding else ""
+                raise ValueError(f"{name}: contains NaN or inf{pad}; ranks are 1-based numbers")
+            raise ValueError(f"{name}: must be whole-number ranks, got {_first(t, ~good)}")
+    return t
+
+
+def check_weights(x, name: str, *, like: torch.Tensor | None = None, like_name: str = "sampled_ranks",
+                  max_total: float | None = None, device: torch.device | None = None) -> torch.Tensor:
+    """Validate non-negative weights: real numbers (no bools, no complex), finite, >= 0, whose total is finite
+    in float64 (and at most ``max_total``). With ``like`` they must broadcast against its shape.
+
+    Returns:
+        the weights as a float64 tensor (on ``device`` when given).
+
+    Raises:
+        ValueError naming ``name``.
+    """
+    t = _numeric(x, name, "non-negative real weights", device).to(torch.float64)
+    if t.numel():
+        lo, hi, total = torch.stack([t.min(), t.max(), t.sum()]).tolist()  # NaN propagates to min and max
+        if math.isnan(lo) or math.isnan(hi) or math.isinf(hi) or math.isinf(lo):
+            raise ValueError(f"{name}: must be finite, got {_first(t, ~torch.isfinite(t))}")
+        if lo < 0:
+            raise ValueError(f"{name}: must be >= 0, got {lo:g}")
+        if not math.isfinite(total):
+            raise ValueError(f"{name}: the total overflows float64 (largest weight {hi:g}); scale the weights down")
+        if max_total is not None and total > max_total:
+            raise ValueError(
+                f"{name}: the total {total:g} exceeds {max_total:g}, the most instances standard errors can count "
+                "exactly; scale the weights down (their total is the number of instances)"
+            )
+    if like is not None:
+        try:
+            torch.broadcast_shapes(t.shape, like.shape)
+        except RuntimeError:
+            raise ValueError(
+                f"{name}: shape {tuple(t.shape)} does not broadcast against the shape {tuple(like.shape)} of {like_name}"
+            ) from None
+    return t
 
 
 def check_ranks_in_range(ranks: torch.Tensor, upper: torch.Tensor | int, name: str = "ranks") -> None:

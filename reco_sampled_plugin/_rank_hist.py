@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from scipy import special
 
+from ._checks import MAX_SIZE, MAX_TOTAL_WEIGHT, check_rank_values, check_sizes, check_weights
 from .metric_names import MetricSpec
 from .metrics import _metric_from_float_ranks
 
@@ -32,6 +33,12 @@ __all__ = [
     "metric_integral",
     "interval_mean_metrics",
 ]
+
+
+def _size_array(x, name: str) -> np.ndarray:
+    """A fresh 1-D int64 copy of group sizes, refused unless whole, finite and real (``check_sizes``)."""
+    v = check_sizes(x, name, None, maximum=None)
+    return np.array(v.cpu().numpy() if isinstance(v, torch.Tensor) else v, dtype=np.int64).reshape(-1)
 
 
 @dataclass(frozen=True)
@@ -51,8 +58,9 @@ class RankHistogram:
 
     def __post_init__(self) -> None:
         # copies, read-only: the totals, the concatenated counts and the estimators' fit cache read them later
-        n = np.array(self.n_items, dtype=np.int64).reshape(-1)
-        m = np.array(self.n_samples, dtype=np.int64).reshape(-1)
+        # whole, finite, real (check_sizes); the ranges are checked per group below
+        n = _size_array(self.n_items, "n_items")
+        m = _size_array(self.n_samples, "n_samples")
         counts = tuple(np.array(c, dtype=np.float64).reshape(-1) for c in self.counts)
         for a in (n, m, *counts):
             a.setflags(write=False)
@@ -64,7 +72,9 @@ class RankHistogram:
             bad_count = ~np.isfinite(flat) | (flat < 0)
             for mask, msg in (
                 (m < 1, lambda g: f"n_samples: must be >= 1, got {m[g]} in group {g}"),
+                (m > MAX_SIZE, lambda g: f"n_samples: must be <= {MAX_SIZE}, got {m[g]} in group {g}"),
                 (n < 2, lambda g: f"n_items: need at least 2 candidates, got {n[g]} in group {g}"),
+                (n > MAX_SIZE, lambda g: f"n_items: must be <= {MAX_SIZE} = 2^40, got {n[g]} in group {g}"),
                 (sizes != m + 1, lambda g: f"counts: group {g} has m = {m[g]} and needs {m[g] + 1} counts, got {sizes[g]}"),
             ):
                 if mask.any():
@@ -75,6 +85,11 @@ class RankHistogram:
                 raise ValueError(f"counts: group {owner} has negative or non-finite counts")
             starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
             totals = np.add.reduceat(flat, starts) if flat.size else np.zeros(len(n))
+            if not totals.sum() <= MAX_TOTAL_WEIGHT:  # also catches a total that overflowed to inf
+                raise ValueError(
+                    f"counts: the total {totals.sum():g} exceeds {MAX_TOTAL_WEIGHT:g}, the most instances standard "
+                    "errors and bootstraps can count exactly; scale the counts (weights) down"
+                )
         else:
             totals, flat, starts = np.zeros(0), np.zeros(0), np.zeros(0, np.int64)
         totals.setflags(write=False)
@@ -204,35 +219,20 @@ def sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights=None) -> R
     """
     if isinstance(sampled_ranks, RankHistogram):
         return sampled_ranks
-    r = sampled_ranks if isinstance(sampled_ranks, torch.Tensor) else torch.as_tensor(np.asarray(sampled_ranks))
-    if r.is_floating_point():
-        if not bool(torch.isfinite(r).all()) or bool((r != torch.round(r)).any()):
-            raise ValueError("sampled_ranks: need whole-number sampled ranks (no NaN, no halves)")
+    r = check_rank_values(sampled_ranks, "sampled_ranks", whole=True, padding=True)
     dev = r.device
-    n = torch.as_tensor(n_items if isinstance(n_items, torch.Tensor) else np.asarray(n_items), device=dev)
-    m = torch.as_tensor(n_samples if isinstance(n_samples, torch.Tensor) else np.asarray(n_samples), device=dev)
-    w = None if weights is None else torch.as_tensor(
-        weights if isinstance(weights, torch.Tensor) else np.asarray(weights), device=dev
-    )
-    tensors = [r, n, m] if w is None else [r, n, m, w]
-    try:
-        tensors = torch.broadcast_tensors(*tensors)
-    except RuntimeError:
-        raise ValueError("n_items / n_samples / weights: must broadcast against sampled_ranks") from None
+    # minimum 0: padded slots may carry 0 (adaptive sizes); the kept positives are checked below
+    n = check_sizes(n_items, "n_items", 0, like=r, like_name="sampled_ranks", device=dev)
+    m = check_sizes(n_samples, "n_samples", 0, like=r, like_name="sampled_ranks", device=dev)
+    w = None if weights is None else check_weights(weights, "weights", like=r, max_total=MAX_TOTAL_WEIGHT, device=dev)
+    tensors = [torch.as_tensor(x, dtype=torch.int64, device=dev) if i else x for i, x in enumerate((r, n, m))]
+    tensors = torch.broadcast_tensors(*(tensors if w is None else tensors + [w]))
     r = tensors[0].reshape(-1).to(torch.int64)
     n = tensors[1].reshape(-1)
     m = tensors[2].reshape(-1)
-    if n.is_floating_point() and bool((n != torch.round(n)).any()):
-        raise ValueError("n_items: must be whole numbers")
-    if m.is_floating_point() and bool((m != torch.round(m)).any()):
-        raise ValueError("n_samples: must be whole numbers")
-    n = n.to(torch.int64)
-    m = m.to(torch.int64)
     keep = r != 0
     if w is not None:
-        w = tensors[3].reshape(-1).to(torch.float64)
-        if bool((w < 0).any()) or not bool(torch.isfinite(w).all()):
-            raise ValueError("weights: must be finite and non-negative")
+        w = tensors[3].reshape(-1)
         w = w[keep]
     r, n, m = r[keep], n[keep], m[keep]
     if r.numel() == 0:

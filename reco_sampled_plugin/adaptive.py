@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from scipy import special
 
-from ._checks import check_int
+from ._checks import check_int, check_rank_values, check_sizes
 
 __all__ = [
     "AdaptiveDesign",
@@ -164,8 +164,9 @@ def adaptive_sampled_ranks_from_exact(
 
     design = AdaptiveDesign(n_samples, max_samples)
     m0, cap = design.n_samples, design.cap
-    r = torch.as_tensor(exact_ranks)
-    n = torch.as_tensor(n_items, dtype=torch.float64, device=r.device).expand(r.shape)
+    r = check_rank_values(exact_ranks, "exact_ranks", whole=True)
+    n = check_sizes(n_items, "n_items", 2, like=r, like_name="exact_ranks", exact=True, device=r.device)
+    n = torch.as_tensor(n, dtype=torch.float64, device=r.device).expand(r.shape)
     ranks = simulate_sampled_ranks(r, n, m0, "binomial", generator)
     m = torch.full_like(ranks, m0)
     m_cur = m0

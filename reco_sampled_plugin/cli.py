@@ -10,6 +10,14 @@ from . import __version__
 __all__ = ["main", "build_parser"]
 
 
+def _check_int_arguments(args: argparse.Namespace) -> None:
+    """Every integer option within int64 (``--n-items 10**30`` is a ValueError naming the option, not an
+    OverflowError deep inside)."""
+    for name, value in vars(args).items():
+        if isinstance(value, int) and not isinstance(value, bool) and not -(2**63) <= value < 2**63:
+            raise ValueError(f"--{name.replace('_', '-')}: {value} is out of range (a 64-bit integer, below 2**63)")
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .toy import format_table, toy_table
 
@@ -79,6 +87,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     from .estimators import estimate
     from .rank_files import read_ncf, read_rank_file
 
+    from ._options import check_fraction
+
+    check_fraction(args.gamma, "--gamma")  # before anything is read or printed (NaN would reach bv otherwise)
     if args.file is not None:
         if args.ncf_rating or args.ncf_negative or args.scores:
             raise ValueError("estimate: give either a rank FILE or --ncf-rating/--ncf-negative/--scores, not both")
@@ -238,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--n-samples", "-m", type=int, help="sampled items m when the file has no such column")
     est.add_argument("--metric", action="append", help="metric (repeatable; default recall@10 and ndcg@10)")
     est.add_argument("--method", action="append", help="estimator (repeatable; default none, bv, mes)")
-    est.add_argument("--gamma", type=float, default=0.1)
+    est.add_argument("--gamma", type=float, default=0.1, help="bias-variance trade-off of bv, in [0, 1] (default 0.1)")
     est.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial")
     est.add_argument("--adaptive-max", type=int, metavar="M",
                      help="the ranks come from adaptive sampling from --n-samples up to M (the file's m column: "
@@ -253,23 +264,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# errors that bad input (arguments, files, folders) ends in: one line on stderr and exit status 2, not a traceback
+_USER_ERRORS = (ValueError, UnicodeDecodeError, OverflowError, FileNotFoundError, IsADirectoryError,
+                NotADirectoryError, PermissionError)
+
+
+def _message(exc: BaseException) -> str:
+    """One line for a user error: an OS error as ``<path>: <reason>``."""
+    if isinstance(exc, OSError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    if isinstance(exc, OverflowError):
+        return f"a number is too large ({exc})"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"an input file is not UTF-8 text ({exc.reason} at byte {exc.start})"
+    return str(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if argv and argv[0] == "recbole":
         try:
             return _cmd_recbole(argv[1:])
-        except ValueError as exc:
-            print(f"reco-sampled: error: {exc}", file=sys.stderr)
+        except _USER_ERRORS as exc:
+            print(f"reco-sampled: error: {_message(exc)}", file=sys.stderr)
             return 2
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
     try:
+        _check_int_arguments(args)
         return args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"reco-sampled: error: {exc}", file=sys.stderr)
+    except _USER_ERRORS as exc:
+        print(f"reco-sampled: error: {_message(exc)}", file=sys.stderr)
         return 2
 
 

@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from ._options import check_seed
 from .corrections import check_gamma, check_method, expected_corrected, tables_for_counts
 from .metrics import metric_values
 from .simulate import draw_sampled_ranks
@@ -42,6 +43,26 @@ def parse_method(label: str) -> tuple[str, float, str]:
     elif arg:
         raise ValueError(f"method: {name!r} takes no argument, got {label!r}")
     return method, gamma, rounding
+
+
+def _check_repeats(repeats, allow_zero: bool) -> int:
+    """``repeats`` as an int: at least 2 runs (a standard deviation over runs needs two; one run would
+    report NaN), or 0 to skip the Monte Carlo part where that is allowed."""
+    if isinstance(repeats, bool) or not hasattr(repeats, "__index__") or "float" in str(getattr(repeats, "dtype", "")):
+        raise ValueError(f"repeats: expected an integer >= 2{' (or 0)' if allow_zero else ''}, got {repeats!r}")
+    r = int(repeats.__index__())
+    if r == 0 and allow_zero:
+        return 0
+    if r < 2:
+        raise ValueError(
+            f"repeats: need at least 2 sampling runs (the spread over runs needs two){'; 0 skips them' if allow_zero else ''}, "
+            f"got {r}"
+        )
+    return r
+
+
+def _check_seed(seed):
+    return None if seed is None else check_seed(seed, "seed")
 
 
 def _prepare(exact_ranks: Mapping[str, object], n_items):
@@ -75,11 +96,15 @@ def ordering_agreement(
     Args:
         exact_ranks: recommender name -> exact 1-based ranks on the same instances.
         n_items: n per instance (int or tensor). n_samples: m. sampling: law of the draws and tables.
+        repeats: sampling runs, an integer >= 2 (``means`` feeds standard deviations over runs).
+        seed: an integer >= 0 (None: unseeded draws).
 
     Returns:
         ``{"repeats": R, "counts": {metric: {method: {"A vs B": count}}}, "exact": {metric: {name: value}},
         "means": {metric: {method: {name: [R per-run values]}}}}``
     """
+    repeats = _check_repeats(repeats, allow_zero=False)
+    seed = _check_seed(seed)
     ranks, n = _prepare(exact_ranks, n_items)
     names = list(ranks)
     draws = {
@@ -122,8 +147,12 @@ def consistency_report(
     ``table3``: one row per (metric, recommender) with ``exact`` and, per method, the expected corrected
     value E[M^(r~)] averaged over the instances (``none`` is the expected sampled metric), and the Monte
     Carlo standard deviation over ``repeats`` runs as ``<method> sd``. ``table4``: one row per (pair,
-    metric) with the ordering counts per method. ``repeats=0`` skips the Monte Carlo part.
+    metric) with the ordering counts per method. ``repeats=0`` skips the Monte Carlo part; otherwise it must be
+    an integer >= 2 (a standard deviation over one run does not exist): anything else is a ValueError naming
+    ``repeats``.
     """
+    repeats = _check_repeats(repeats, allow_zero=True)
+    seed = _check_seed(seed)
     ranks, n = _prepare(exact_ranks, n_items)
     table3 = []
     mc = (

@@ -42,7 +42,7 @@ import scipy.linalg
 import scipy.optimize
 import torch
 
-from ._checks import check_int
+from ._checks import check_int, check_rank_values, check_ranks_in_range, check_sizes
 from .metric_names import MetricSpec, parse_metric
 from .metrics import _metric_from_float_ranks
 from .priors import Prior, as_prior
@@ -77,6 +77,11 @@ _METHOD_ALIASES = {
 _POLY_KINDS = frozenset({"recall", "hit", "precision", "trunc_precision", "auc"})
 # singular values below this fraction of the largest are dropped by the ``ls`` solver
 LS_RCOND = 1e-10
+#: largest m of the tables that solve a system (``ls``, ``cls``, ``bv``): O(m^2) memory and O(m^3) time
+#: (m = 1e4: ~1e12 flops, docs/corrections.md); a larger m is refused rather than tried
+MAX_SOLVED_SAMPLES = 10_000
+#: largest m of the lookup tables (``none``, ``rank_estimate``): (n - 1)(r~ - 1) exact in int64 for n <= 2^40
+MAX_LOOKUP_SAMPLES = 1 << 20
 
 
 def check_method(method: str) -> str:
@@ -97,9 +102,19 @@ def check_gamma(gamma) -> float:
     return g
 
 
-def _check_sizes(spec: MetricSpec, n_items, n_samples, law: str) -> tuple[int, int]:
-    n = check_int(n_items, "n_items", minimum=2)
-    m = check_int(n_samples, "n_samples", minimum=1)
+def _check_sizes(spec: MetricSpec, n_items, n_samples, law: str, method: str | None = None) -> tuple[int, int]:
+    """n and m of one table: n in 2..MAX_SIZE; m >= 1 and at most MAX_SOLVED_SAMPLES for the methods that
+    solve a system (``ls``, ``cls``, ``bv``; ``method=None``: the same bound), MAX_LOOKUP_SAMPLES for
+    ``none`` / ``rank_estimate`` (one entry per r~)."""
+    n = check_sizes(n_items, "n_items", 2, one=True)
+    m_max = MAX_LOOKUP_SAMPLES if method in ("none", "rank_estimate") else MAX_SOLVED_SAMPLES
+    m = check_sizes(n_samples, "n_samples", 1, one=True, maximum=None)
+    if m > m_max:
+        why = (
+            "the documented limit of the ls / cls / bv tables: they need O(m^2) memory and O(m^3) time"
+            if m_max == MAX_SOLVED_SAMPLES else "so that (n - 1)(r~ - 1) stays exact in int64"
+        )
+        raise ValueError(f"n_samples: m = {m} is above {m_max}, {why}")
     if law == "hypergeometric" and m >= n:
         raise ValueError(
             f"n_samples: m = {m} draws without replacement need m < n_items = {n} "
@@ -272,7 +287,7 @@ def _table_numpy(metric, n_items, n_samples, method, gamma, sampling, prior, rou
     method = check_method(method)
     gamma = check_gamma(gamma)
     law = check_law(sampling)
-    n, m = _check_sizes(spec, n_items, n_samples, law)
+    n, m = _check_sizes(spec, n_items, n_samples, law, method)
     if rounding not in ("floor", "linear"):
         raise ValueError(f"rounding: use 'floor' or 'linear', got {rounding!r}")
     prior_obj = as_prior(prior, n)
@@ -419,8 +434,7 @@ def correction_tables(
     g = check_gamma(gamma)
     law = check_law(sampling)
     for sp in specs:
-        n, m = _check_sizes(sp, n_items, n_samples, law)
-    n, m = _check_sizes(specs[0], n_items, n_samples, law)
+        n, m = _check_sizes(sp, n_items, n_samples, law, method_n)
     if method_n == "bv" and g == 0.0:
         method_n = "ls"
     if method_n in ("ls", "cls", "bv"):
@@ -473,10 +487,14 @@ def expected_corrected(
     """
     from .sampling_laws import log_sampled_rank_pmf
 
-    r = torch.as_tensor(exact_ranks).to("cpu")
-    n = torch.as_tensor(n_items).to("cpu", torch.int64)
-    r, n = torch.broadcast_tensors(r, n)
+    r = check_rank_values(exact_ranks, "exact_ranks").to("cpu")
+    n = check_sizes(n_items, "n_items", 2, like=r, like_name="exact_ranks")
+    r, n = torch.broadcast_tensors(r, torch.as_tensor(n, dtype=torch.int64))
     m = check_int(n_samples, "n_samples", minimum=1)
+    check_ranks_in_range(r, n, "exact_ranks")
+    if r.numel() == 0:  # an empty batch: no values; the settings are still checked
+        parse_metric(metric), check_method(method), check_gamma(gamma), check_law(sampling)
+        return torch.empty(r.shape, dtype=torch.float64)
     tables, inverse = tables_for_counts(metric, n, m, method, gamma, sampling, prior, rounding)
     pairs = torch.stack([r.reshape(-1).to(torch.float64), n.reshape(-1).to(torch.float64)], dim=1)
     uniq, inv_pairs = torch.unique(pairs, dim=0, return_inverse=True)
@@ -502,5 +520,7 @@ def table_bias(
     x = np.asarray(torch.as_tensor(table, dtype=torch.float64).cpu().numpy(), dtype=np.float64)
     if x.shape != (m + 1,):
         raise ValueError(f"table: expected length m + 1 = {m + 1}, got {x.shape}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("table: contains NaN or inf")
     p, w, mv = _weighted_system(spec, n, m, law, as_prior(prior, n))
     return float(w @ (p @ x - mv) ** 2)

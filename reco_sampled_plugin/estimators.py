@@ -49,12 +49,69 @@ from .identification import Identification, TopShape, _design, top_sensitive
 from .mapping import MAPPING_METHODS, mapping_estimate
 from .metric_names import parse_metric
 from .metrics import _metric_from_float_ranks
-from .rank_distribution import RANK_DISTRIBUTION_METHODS, estimate_rank_distribution
+from ._options import check_choice, check_fraction, check_law, check_options
+from .rank_distribution import RANK_DISTRIBUTION_METHODS, check_fit_options, estimate_rank_distribution
 
-__all__ = ["ESTIMATORS", "estimate", "EstimatorResult"]
+__all__ = ["ESTIMATORS", "METHOD_OPTIONS", "estimate", "EstimatorResult", "check_estimator_options"]
 
 CORRECTION_METHODS = ("none", "rank_estimate", "ls", "cls", "bv")
 ESTIMATORS = MAPPING_METHODS + RANK_DISTRIBUTION_METHODS + CORRECTION_METHODS + ("bv_mle",)
+# the options of the rank-distribution fit (``estimate_rank_distribution``) that ``estimate`` passes on
+_FIT_OPTIONS = ("n_bootstrap", "seed", "tol", "max_iter", "max_groups", "delta", "kappa", "trace")
+# the keyword arguments each method uses besides the data, ``sampling``, ``weights`` and ``adaptive``:
+# ``estimate(**options)`` refuses any other extra option, naming it and listing these
+METHOD_OPTIONS = {
+    "linear": (),
+    "bound": (),
+    "beta": ("a",),
+    "beta_fit": ("a",),
+    "mle": _FIT_OPTIONS,
+    "mes": _FIT_OPTIONS + ("lam", "beta"),
+    "none": (),
+    "rank_estimate": ("rounding",),
+    "ls": ("prior",),
+    "cls": ("prior",),
+    "bv": ("gamma", "prior"),
+    "bv_mle": ("gamma",) + _FIT_OPTIONS,  # the fit options of the mle prior
+}
+# keyword arguments of ``estimate`` itself that every method takes
+_COMMON_OPTIONS = ("max_rel_n_spread", "top_shape")
+_NAMED_OPTIONS = ("a", "gamma", "prior", "rounding")
+
+
+def check_estimator_options(method: str, options, where: str | None = None) -> dict:
+    """Validate the keyword arguments ``options`` of ``estimate(..., method=method, **options)`` without data
+    (e.g. when a metric class is constructed, long before its first ``compute``): every key must be one the
+    method uses (:data:`METHOD_OPTIONS`, plus ``max_rel_n_spread`` and ``top_shape``) and every value valid.
+    Raises a ValueError naming the option; returns the options as a dict."""
+    if method not in ESTIMATORS:
+        raise ValueError(f"method: unknown estimator {method!r}; use one of {ESTIMATORS}")
+    where = where or f"estimate(method={method!r})"
+    opts = check_options(options, METHOD_OPTIONS[method] + _COMMON_OPTIONS, where)
+    if "gamma" in opts:
+        check_fraction(opts["gamma"], "gamma")
+    if "rounding" in opts:
+        check_choice(opts["rounding"], ("floor", "linear"), "rounding")
+    if "a" in opts and opts["a"] is not None:
+        from .mapping import _check_a
+
+        _check_a(opts["a"])
+    if "prior" in opts and opts["prior"] is not None:
+        from .priors import as_prior
+
+        as_prior(opts["prior"])  # the type and values; a vector's length is checked against n at compute
+    if "max_rel_n_spread" in opts:
+        from ._rank_hist import check_spread
+
+        check_spread(opts["max_rel_n_spread"])
+    if opts.get("top_shape") is not None and not isinstance(opts["top_shape"], TopShape):
+        raise ValueError(f"top_shape: expected an identification.TopShape, got {type(opts['top_shape']).__name__}")
+    fit = {k: v for k, v in opts.items() if k in _FIT_OPTIONS + ("lam", "beta")}
+    if method in RANK_DISTRIBUTION_METHODS + ("bv_mle",):
+        check_fit_options("mle" if method == "bv_mle" else method, **fit)
+    return opts
+
+
 # vector priors up to this many ranks (the corrections enumerate them exactly); a callable beyond
 _VECTOR_PRIOR_MAX = 2_000_000
 
@@ -243,6 +300,16 @@ def estimate(
     spec = parse_metric(metric)
     if method not in ESTIMATORS:
         raise ValueError(f"method: unknown estimator {method!r}; use one of {ESTIMATORS}")
+    # every option before any work: an unknown one is named (not a TypeError deep inside), an invalid value
+    # (tol=nan, gamma=nan, an unknown sampling law that a mapping would ignore) is a ValueError naming it
+    sampling = check_law(sampling)
+    gamma = check_fraction(gamma, "gamma")
+    rounding = check_choice(rounding, ("floor", "linear"), "rounding")
+    if options:
+        check_options(options, tuple(k for k in METHOD_OPTIONS[method] if k not in _NAMED_OPTIONS),
+                      f"estimate(method={method!r})")
+    if method in RANK_DISTRIBUTION_METHODS + ("bv_mle",):
+        check_fit_options("mle" if method == "bv_mle" else method, sampling, **options)
     hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
     hist.check_nonempty()
     design = _design(adaptive)
@@ -266,8 +333,6 @@ def estimate(
             f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(hist.n_items.min())})"
         )
     bounds = _metric_bounds(spec, hist)
-    if options and method not in RANK_DISTRIBUTION_METHODS + ("bv_mle",):
-        raise ValueError(f"method {method!r} takes no options {sorted(options)}")
     if top_shape is not None and not isinstance(top_shape, TopShape):
         raise ValueError(f"top_shape: expected an identification.TopShape, got {type(top_shape).__name__}")
     ident = Identification(spec, hist, sampling, top_shape) if method != "none" and top_sensitive(spec, hist) else None

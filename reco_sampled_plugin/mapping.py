@@ -34,6 +34,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
+from ._options import check_count, check_positive_float
 from ._rank_hist import RankHistogram, as_histogram, interval_mean_metrics
 from .metric_names import MetricSpec, parse_metric
 
@@ -77,13 +78,13 @@ def _log_beta_g(m: int, a: float) -> np.ndarray:
     return np.logaddexp.accumulate(log_t)
 
 
-def _check_a(a) -> float:
+def _check_a(a, name: str = "a") -> float:
     if a is None:
-        raise ValueError("a: method 'beta' needs the Beta shape a > 0 (a = 1 is eq. 18; use fit_beta for eq. 19)")
-    a = float(a)
-    if not math.isfinite(a) or a <= 0:
-        raise ValueError(f"a: the Beta shape must be a finite number > 0, got {a}")
-    return a
+        raise ValueError(f"{name}: method 'beta' needs the Beta shape a > 0 (a = 1 is eq. 18; use fit_beta for eq. 19)")
+    try:
+        return check_positive_float(a, name)
+    except ValueError:
+        raise ValueError(f"{name}: the Beta shape must be a finite number > 0, got {a!r}") from None
 
 
 def _full_mapping(n: int, m: int, method: str, a: float | None) -> np.ndarray:
@@ -177,11 +178,13 @@ def fit_beta(
 
     Raises:
         ValueError: empty histogram, or every positive at the last sampled rank (the likelihood grows without
-            bound in a: no fixed point).
+            bound in a: no fixed point); ``a0`` or ``tol`` not a finite number > 0, ``max_iter`` not an integer >= 1.
     """
+    a = _check_a(a0, "a0")
+    tol = check_positive_float(tol, "tol")
+    max_iter = check_count(max_iter, "max_iter", 1)
     hist = as_histogram(sampled_ranks, n_items, n_samples)
     hist.check_nonempty()
-    a = _check_a(a0)
     if all(c[:-1].sum() == 0 for c in hist.counts):
         raise ValueError("sampled_ranks: every positive is at the last sampled rank m+1; eq. 19 has no fixed point")
     total = hist.total
@@ -244,7 +247,7 @@ class MappedPoints:
 
 def _resolve_a(method: str, a, hist: RankHistogram) -> tuple[str, float | None, BetaFit | None]:
     if method == "beta_fit":
-        fit = fit_beta(hist, a0=1.0 if a is None else a)
+        fit = fit_beta(hist, a0=1.0 if a is None else _check_a(a))
         return "beta", fit.a, fit
     if method == "beta":
         return "beta", _check_a(a), None

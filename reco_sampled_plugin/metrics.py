@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from ._checks import as_tensor, check_ranks_in_range
+from ._checks import check_rank_values, check_ranks_in_range, check_sizes
 from .metric_names import MetricSpec, parse_metric
 
 __all__ = ["metric_values", "metric_curve"]
@@ -61,16 +61,10 @@ def metric_values(metric: str | MetricSpec, ranks, n_items) -> torch.Tensor:
             ``k`` larger than the candidate list.
     """
     spec = parse_metric(metric)
-    r = as_tensor(ranks, "ranks")
-    n = as_tensor(n_items, "n_items", device=r.device)
-    if n.is_floating_point() and not bool((n == torch.round(n)).all()):
-        raise ValueError("n_items: must be whole numbers (the number of candidates)")
-    n = n.to(torch.float64)
+    r = check_rank_values(ranks, "ranks")
+    n = check_sizes(n_items, "n_items", 2 if spec.kind == "auc" else 1, like=r, device=r.device)
+    n = torch.as_tensor(n, dtype=torch.float64, device=r.device)
     r = r.to(torch.float64)
-    if n.numel() and bool((n < 1).any()):
-        raise ValueError(f"n_items: must be >= 1, got {n.min().item():g}")
-    if spec.kind == "auc" and n.numel() and bool((n < 2).any()):
-        raise ValueError("n_items: AUC needs at least 2 candidates")
     if spec.k is not None and n.numel() and spec.k > float(n.max()):
         raise ValueError(f"metric: k = {spec.k} is larger than the candidate list (n_items = {int(n.max())})")
     check_ranks_in_range(r, n)
@@ -80,5 +74,6 @@ def metric_values(metric: str | MetricSpec, ranks, n_items) -> torch.Tensor:
 def metric_curve(metric: str | MetricSpec, n_items: int, device=None) -> torch.Tensor:
     """The whole table M(1), ..., M(n) as a float64 vector of length ``n_items`` (index 0 is r = 1)."""
     spec = parse_metric(metric)
+    n_items = check_sizes(n_items, "n_items", 2 if spec.kind == "auc" else 1, one=True)
     r = torch.arange(1, n_items + 1, dtype=torch.float64, device=device)
     return metric_values(spec, r, n_items)

@@ -59,6 +59,7 @@ from ._rank_hist import (
     interval_mean_metrics,
     pool_by_n,
 )
+from ._options import check_bool, check_count, check_nonnegative_float, check_positive_float, check_seed
 from .metric_names import parse_metric
 from .sampling_laws import check_law, log_sampled_rank_pmf
 
@@ -477,6 +478,33 @@ def _mes_start(model: _Model, pi0: np.ndarray, counts: np.ndarray) -> np.ndarray
     return 0.9 * pi + 0.1 * pi0
 
 
+def check_fit_options(method: str, sampling="binomial", *, tol=1e-7, max_iter=5000, lam=None, max_groups=16,
+                      delta=0.05, kappa=0.25, beta=0.0, n_bootstrap=None, seed=0, trace=False) -> dict:
+    """Validate the options of :func:`estimate_rank_distribution` before any work (a NaN ``tol`` would keep
+    the EM running to ``max_iter``, a ``delta`` of 0 would give one cell per rank): a ValueError naming the
+    option; returns them normalised (``sampling`` as its canonical law name)."""
+    if method not in RANK_DISTRIBUTION_METHODS:
+        raise ValueError(f"method: unknown rank-distribution method {method!r}; use one of {RANK_DISTRIBUTION_METHODS}")
+    out = {
+        "sampling": check_law(sampling),
+        "tol": check_positive_float(tol, "tol"),
+        "max_iter": check_count(max_iter, "max_iter", 1),
+        "lam": None,
+        "max_groups": check_count(max_groups, "max_groups", 1),
+        "delta": check_positive_float(delta, "delta"),
+        "kappa": check_positive_float(kappa, "kappa"),
+        "beta": _check_beta(beta, method),
+        "n_bootstrap": None if n_bootstrap is None else check_count(n_bootstrap, "n_bootstrap", 0),
+        "seed": check_seed(seed, "seed"),
+        "trace": check_bool(trace, "trace"),
+    }
+    if lam is not None:
+        if method != "mes":
+            raise ValueError(f"lam: only the 'mes' method takes an entropy weight, got method {method!r}")
+        out["lam"] = check_nonnegative_float(lam, "lam")
+    return out
+
+
 def _check_beta(beta, method: str) -> float:
     if not (isinstance(beta, (int, float)) and not isinstance(beta, bool) and math.isfinite(beta) and 0 <= beta <= 2):
         raise ValueError(f"beta: must be a number in [0, 2], got {beta!r}")
@@ -818,11 +846,15 @@ def estimate_rank_distribution(
             docs/estimators.md: beta > 0 is worse on both data sets.
 
     Raises:
-        ValueError: empty histogram, unknown method or law, m > n - 1 without replacement.
+        ValueError: empty histogram, unknown method or law, m > n - 1 without replacement, or an invalid option
+            (``tol``, ``delta``, ``kappa`` finite > 0; ``max_iter``, ``max_groups`` integers >= 1; ``n_bootstrap``,
+            ``seed`` integers >= 0; ``lam`` finite >= 0 and for ``mes`` only; ``trace`` a bool), named in the message.
     """
-    if method not in RANK_DISTRIBUTION_METHODS:
-        raise ValueError(f"method: unknown rank-distribution method {method!r}; use one of {RANK_DISTRIBUTION_METHODS}")
-    beta = _check_beta(beta, method)
+    opts = check_fit_options(method, sampling, tol=tol, max_iter=max_iter, lam=lam, max_groups=max_groups,
+                             delta=delta, kappa=kappa, beta=beta, n_bootstrap=n_bootstrap, seed=seed, trace=trace)
+    sampling, tol, max_iter, lam, max_groups = (opts[k] for k in ("sampling", "tol", "max_iter", "lam", "max_groups"))
+    delta, kappa, beta, n_bootstrap, seed, trace = (opts[k] for k in ("delta", "kappa", "beta", "n_bootstrap", "seed",
+                                                                      "trace"))
     hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
     hist.check_nonempty()
     model = _build_model(hist, sampling, max_groups, delta, kappa, check_spread(max_rel_n_spread))
@@ -844,9 +876,7 @@ def estimate_rank_distribution(
         traced = tuple(float(v) for v in values)
     if not converged:
         flags.append("not_converged")
-    B = (32 if method == "mle" else 16) if n_bootstrap is None else int(n_bootstrap)
-    if B < 0:
-        raise ValueError(f"n_bootstrap: must be >= 0, got {B}")
+    B = (32 if method == "mle" else 16) if n_bootstrap is None else n_bootstrap
     boot = np.zeros((0, len(pi)))
     flat = model.counts
     total = flat.sum()
@@ -907,9 +937,10 @@ def estimate_rank_distributions(
     Otherwise the histograms are fitted one by one. Standard errors: ``RankDistribution.metric`` with
     ``stderr="posterior"``.
     """
-    if method not in RANK_DISTRIBUTION_METHODS:
-        raise ValueError(f"method: unknown rank-distribution method {method!r}; use one of {RANK_DISTRIBUTION_METHODS}")
-    beta = _check_beta(beta, method)
+    opts = check_fit_options(method, sampling, tol=tol, max_iter=max_iter, lam=lam, max_groups=max_groups,
+                             delta=delta, kappa=kappa, beta=beta)
+    sampling, tol, max_iter, lam, max_groups = (opts[k] for k in ("sampling", "tol", "max_iter", "lam", "max_groups"))
+    delta, kappa, beta = opts["delta"], opts["kappa"], opts["beta"]
     hists = [as_histogram(h) for h in histograms]
     if not hists:
         return []
@@ -966,6 +997,8 @@ def simulate_sampled_ranks(
     the draw (see :func:`reco_sampled_plugin.simulate.draw_sampled_ranks`)."""
     from .simulate import draw_sampled_ranks
 
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
     r = torch.as_tensor(exact_ranks)
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
     return draw_sampled_ranks(r, n_items, n_samples, sampling, repeats=1, seed=seed)[0].to(r.device)

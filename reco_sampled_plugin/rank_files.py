@@ -11,7 +11,9 @@ NCF files (He et al.'s format): ``X.test.rating`` lines ``user<TAB>item[<TAB>...
 per user), ``X.test.negative`` lines ``(user,item)<TAB>neg_1<TAB>...<TAB>neg_m``, and a score file with
 lines ``user item score`` covering every (user, item) pair that is ranked.
 
-Every malformed line raises a ValueError with the file name and the 1-based line number.
+Every malformed line raises a ValueError with the file name and the 1-based line number; so does a field
+outside int64 (e.g. ``1e20``) or a line that is not UTF-8 text. A path that is a directory or cannot be read is
+a ValueError naming it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ __all__ = ["RankFile", "read_rank_file", "read_ncf"]
 _SPLIT = re.compile(r"[,\t ;]+")
 # rank files: one comma, semicolon or tab between fields (an empty field is an error), or runs of spaces
 _FIELDS = re.compile(r" *[,;\t] *| +")
+_WHOLE = re.compile(r"[+-]?[0-9]+")
+_INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -39,26 +43,61 @@ class RankFile:
     n_samples: np.ndarray
 
 
+_NEWLINE = re.compile(r"\r\n|\r|\n")  # the line ends of text mode (universal newlines)
+
+
 def _lines(path: Path):
+    """(1-based line number, text without its ``#`` comment) of every non-blank line. Decoded line by line, so
+    a byte that is not UTF-8 is reported on its own line (a text-mode read decodes whole blocks at once)."""
     if not path.exists():
         raise ValueError(f"{path}: no such file")
-    with open(path, encoding="utf-8-sig") as fh:  # a byte-order mark is not part of the first field
-        for number, line in enumerate(fh, start=1):
-            text = line.split("#", 1)[0].strip()
-            if text:
-                yield number, text
+    if path.is_dir():
+        raise ValueError(f"{path}: is a directory, not a file")
+    try:
+        fh = open(path, "rb")
+    except PermissionError:
+        raise ValueError(f"{path}: permission denied (cannot read the file)") from None
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    with fh:
+        number = 0
+        for raw in fh:
+            try:
+                chunk = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                before = len(_NEWLINE.findall(raw[: exc.start].decode("utf-8")))
+                raise ValueError(f"{path}:{number + 1 + before}: not UTF-8 text ({exc.reason}); "
+                                 "is this a text file of ranks?") from None
+            if number == 0:
+                chunk = chunk.removeprefix("\ufeff")  # a byte-order mark is not part of the first field
+            pieces = _NEWLINE.split(chunk)
+            if pieces[-1] == "":
+                pieces.pop()  # the end of the last line
+            for line in pieces:
+                number += 1
+                text = line.split("#", 1)[0].strip()
+                if text:
+                    yield number, text
 
 
 def _int(field: str, path: Path, number: int, what: str) -> int:
-    try:
-        value = float(field)
-    except ValueError:
-        raise ValueError(f"{path}:{number}: {what} {field!r} is not a number") from None
-    if not math.isfinite(value):
-        raise ValueError(f"{path}:{number}: {what} {field!r} is not finite")
-    if value != int(value):
-        raise ValueError(f"{path}:{number}: {what} {field!r} is not a whole number")
-    return int(value)
+    """A whole number within int64: digits are read exactly (no rounding through a float above 2**53);
+    ``3.0`` or ``1e3`` are accepted when whole."""
+    if _WHOLE.fullmatch(field):
+        value = int(field)
+    else:
+        try:
+            f = float(field)
+        except ValueError:
+            raise ValueError(f"{path}:{number}: {what} {field!r} is not a number") from None
+        if not math.isfinite(f):
+            raise ValueError(f"{path}:{number}: {what} {field!r} is not finite")
+        if f != int(f):
+            raise ValueError(f"{path}:{number}: {what} {field!r} is not a whole number")
+        value = int(f)
+    if not -_INT64_MAX - 1 <= value <= _INT64_MAX:
+        raise ValueError(f"{path}:{number}: {what} {field!r} is out of range (a 64-bit integer, below 2**63)")
+    return value
 
 
 def read_rank_file(path, n_items: int | None = None, n_samples: int | None = None) -> RankFile:

@@ -15,11 +15,12 @@ Tie policies (for items with exactly equal scores):
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
 
-from ._checks import check_int, check_same_device
+from ._checks import check_int, check_same_device, check_sizes, check_weights
 from ._inputs import as_padded_index, check_finite_rows, check_scores
 from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
 
@@ -89,6 +90,11 @@ def _prepare(scores, positives, exclude, check_finite):
 def prepare_index(positives, exclude, b: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Positives and exclusions of B rows over n items as padded (B, P) / (B, E) int64 indices (-1 padding),
     validated: in range, no positive also excluded (a ValueError naming the argument)."""
+    if n == 0:  # an empty catalogue: nothing to rank (an empty (B, 0) mask still gives (B, 0) ranks)
+        given = positives if isinstance(positives, torch.Tensor) else torch.as_tensor(positives)
+        if given.dtype != torch.bool and given.numel():
+            raise ValueError("scores: has 0 items (columns), so there is nothing to rank the positives among; "
+                             "give scores for the whole catalogue")
     pos = as_padded_index(positives, n, b, "positives", device)
     exc = None
     if exclude is not None:
@@ -111,6 +117,7 @@ def candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tenso
 
     ``positives`` and ``exclude`` are padded (B, P) index tensors (-1 padding).
     """
+    n_items = check_sizes(n_items, "n_items", 0)
     n_exc = (exclude >= 0).sum(1) if exclude is not None else torch.zeros(positives.shape[0], dtype=torch.int64, device=positives.device)
     n = n_items - n_exc
     if not count_other_positives:  # a row without a positive: its irrelevant items only
@@ -260,7 +267,7 @@ def allowed_position_to_item(positions: torch.Tensor, forb_sorted: torch.Tensor,
     # g_i = forb_i - i = allowed items below forbidden item i (non-decreasing); padding -> huge
     g = forb_sorted - torch.arange(q, device=forb_sorted.device)
     g = torch.where(forb_sorted < n_items, g, torch.full_like(g, torch.iinfo(torch.int64).max))
-    flat = positions.reshape(b, -1)
+    flat = positions.reshape(b, math.prod(positions.shape[1:]))  # not -1: b may be 0
     shift = torch.searchsorted(g.contiguous(), flat.contiguous(), right=True)
     return (flat + shift).reshape(positions.shape)
 
@@ -338,15 +345,19 @@ def _make_distinct(positions: torch.Tensor, n_allowed: torch.Tensor, generator, 
 _POPULARITY_BLOCK = 1 << 24
 
 
+def check_popularity(popularity, n_items: int, device) -> torch.Tensor:
+    """(n,) float64 popularity weights on ``device``: finite, >= 0, a finite total (:func:`check_weights`)."""
+    w = check_weights(popularity, "popularity", device=device)
+    if w.shape != (n_items,):
+        raise ValueError(f"popularity: expected one weight per item, shape ({n_items},), got {tuple(w.shape)}")
+    return w
+
+
 def _draw_popularity(pos, exc, n_items, m, replacement, popularity, generator, device) -> torch.Tensor:
     """Draw m items per positive with probability proportional to ``popularity`` among the allowed
     items, in blocks of rows so memory stays bounded for catalogues in the millions."""
     b, p = pos.shape
-    w = torch.as_tensor(popularity, device=device).to(torch.float64)
-    if w.shape != (n_items,):
-        raise ValueError(f"popularity: expected one weight per item, shape ({n_items},), got {tuple(w.shape)}")
-    if not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
-        raise ValueError("popularity: weights must be finite and non-negative")
+    w = torch.as_tensor(popularity, dtype=torch.float64, device=device)  # validated by sampled_ranks (check_popularity)
     forb = pos if exc is None else torch.cat([pos, exc], dim=1)
     gen_device = generator.device if generator is not None else torch.device("cpu")
     out = torch.empty((b, p, m), dtype=torch.int64, device=device)
@@ -435,7 +446,7 @@ def sampled_ranks(
         if bool((neg < 0).any()) or bool((neg >= n).any()):
             raise ValueError(f"negatives: item indices must lie in 0..{n - 1}")
         forb = pos if exc is None else torch.cat([pos, exc], dim=1)
-        hit = (neg.reshape(b, -1, 1) == forb.unsqueeze(1)) & (forb.unsqueeze(1) >= 0)
+        hit = (neg.reshape(b, p * m, 1) == forb.unsqueeze(1)) & (forb.unsqueeze(1) >= 0)
         if bool(hit.any()):
             rows = hit.any(2).any(1)
             raise ValueError(
@@ -446,9 +457,11 @@ def sampled_ranks(
         if n_samples is None:
             raise ValueError("n_samples: required unless negatives are given")
         m = check_int(n_samples, "n_samples", minimum=1)
+        if popularity is not None:  # checked once per call, also when no row has a positive
+            popularity = check_popularity(popularity, n, device)
         neg = _draw_for_rows_with_positives(pos, exc, n, m, replacement, popularity, generator, device)
     pos_scores, pos_valid = _gather_padded(scores, pos)
-    neg_scores = scores.gather(1, neg.reshape(b, -1)).reshape(b, p, m)
+    neg_scores = scores.gather(1, neg.reshape(b, p * m)).reshape(b, p, m)
     above = neg_scores > pos_scores.unsqueeze(2)
     if ties == "optimistic":
         ranks = above.sum(2) + 1

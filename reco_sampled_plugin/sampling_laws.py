@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import as_tensor, check_int, check_ranks_in_range
+from ._checks import MAX_SIZE, check_int, check_rank_values, check_ranks_in_range, check_sizes
 from .metric_names import MetricSpec, parse_metric
 from .metrics import _metric_from_float_ranks
 
@@ -74,12 +74,12 @@ def _log_pmf_hypergeometric(r: torch.Tensor, n: torch.Tensor, m: int) -> torch.T
 
 def _prepare(ranks, n_items, n_samples, sampling) -> tuple[torch.Tensor, torch.Tensor, int, str]:
     law = check_law(sampling)
-    m = check_int(n_samples, "n_samples", minimum=1)
-    r = as_tensor(ranks, "ranks")
-    n = as_tensor(n_items, "n_items", device=r.device)
-    r, n = torch.broadcast_tensors(r.to(torch.float64), n.to(torch.float64))
-    if n.numel() and bool((n < 2).any()):
-        raise ValueError("n_items: need at least 2 candidates (the relevant item and one irrelevant item)")
+    m = check_int(n_samples, "n_samples", minimum=1, maximum=MAX_SIZE)
+    r = check_rank_values(ranks, "ranks")
+    # n >= 2: the relevant item and one irrelevant item
+    n = check_sizes(n_items, "n_items", 2, like=r, device=r.device)
+    n = torch.as_tensor(n, dtype=torch.float64, device=r.device)
+    r, n = torch.broadcast_tensors(r.to(torch.float64), n)
     check_ranks_in_range(r, n)
     if law == "hypergeometric":
         if n.numel() and m > float((n - 1).min()):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._checks import check_int
+from ._checks import check_int, check_rank_values, check_sizes
 from .sampling_laws import check_law
 
 __all__ = ["draw_sampled_ranks"]
@@ -23,14 +23,10 @@ def draw_sampled_ranks(
     """
     law = check_law(sampling)
     reps = check_int(repeats, "repeats", minimum=1)
-    r = torch.as_tensor(exact_ranks).detach().cpu().to(torch.int64).numpy()
-    m_arr = torch.as_tensor(n_samples).detach().cpu()
-    if m_arr.is_floating_point() and not bool((m_arr == torch.round(m_arr)).all()):
-        raise ValueError("n_samples: must be whole numbers")
-    m_np = m_arr.to(torch.int64).numpy()
-    if m_np.size and m_np.min() < 1:
-        raise ValueError(f"n_samples: must be >= 1, got {int(m_np.min())}")
-    r, n, m = np.broadcast_arrays(r, torch.as_tensor(n_items).detach().cpu().to(torch.int64).numpy(), m_np)
+    r_t = check_rank_values(exact_ranks, "exact_ranks", whole=True).detach().cpu()
+    n_t = check_sizes(n_items, "n_items", 2, like=r_t, like_name="exact_ranks", device=torch.device("cpu"))
+    m_t = check_sizes(n_samples, "n_samples", 1, like=r_t, like_name="exact_ranks", device=torch.device("cpu"))
+    r, n, m = np.broadcast_arrays(*(torch.as_tensor(x, dtype=torch.int64).numpy() for x in (r_t, n_t, m_t)))
     if r.size and (np.any(r < 1) or np.any(r > n)):
         raise ValueError("exact_ranks: values must lie in 1..n_items (1-based)")
     if r.size and np.any(n < 2):

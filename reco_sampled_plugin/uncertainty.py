@@ -19,7 +19,7 @@ from statistics import NormalDist
 import numpy as np
 import torch
 
-from ._checks import check_int
+from ._checks import check_int, check_rank_values, check_sizes
 from ._rank_hist import check_spread
 from .corrections import _table_numpy, check_gamma, check_method, n_interpolation, tables_for_counts
 from .estimate import Estimate
@@ -30,16 +30,21 @@ __all__ = ["corrected_values", "corrected_metric", "paired_difference"]
 
 
 def _check_sampled(sampled_ranks, m: int) -> torch.Tensor:
-    r = torch.as_tensor(sampled_ranks)
-    if r.is_floating_point():
-        if not bool(torch.isfinite(r).all()) or not bool((r == torch.round(r)).all()):
-            raise ValueError("sampled_ranks: must be whole numbers in 1..m+1")
-    elif r.dtype == torch.bool or r.is_complex():
-        raise ValueError("sampled_ranks: expected integer ranks")
+    r = check_rank_values(sampled_ranks, "sampled_ranks", whole=True)
     if r.numel() and (bool((r < 1).any()) or bool((r > m + 1).any())):
         bad = r[(r < 1) | (r > m + 1)].reshape(-1)[0].item()
         raise ValueError(f"sampled_ranks: values must lie in 1..m+1 = 1..{m + 1} (1-based), found {bad}")
     return r.to(torch.int64)
+
+
+def _spread_measured(est: Estimate) -> Estimate:
+    """``est`` where its instances have a spread to measure; for a single instance (no sample standard
+    deviation exists) the standard error is inf and the estimate flagged ``few_instances``, as ``estimate()``
+    does: one instance must never read as an exactly known value."""
+    if est.n_instances > 1:
+        return est
+    flags = tuple(est.flags) + (() if "few_instances" in est.flags else ("few_instances",))
+    return Estimate(est.value, math.inf, est.n_instances, {**dict(est.details), "flags": flags}, flags)
 
 
 def corrected_values(
@@ -63,11 +68,12 @@ def corrected_values(
     """
     m = check_int(n_samples, "n_samples", minimum=1)
     r = _check_sampled(sampled_ranks, m)
-    n = torch.as_tensor(n_items)
-    if n.is_floating_point() and not bool((n == torch.round(n)).all()):
-        raise ValueError("n_items: must be whole numbers")
-    n = torch.broadcast_to(n.to(torch.int64).to(r.device), r.shape) if r.dim() else n.to(torch.int64)
+    n = check_sizes(n_items, "n_items", 2, like=r, like_name="sampled_ranks", exact=True, device=r.device)
+    n = torch.broadcast_to(torch.as_tensor(n, dtype=torch.int64, device=r.device), r.shape)
     spread = check_spread(max_rel_n_spread)
+    if r.numel() == 0:  # an empty batch (the end of a loop): no values; the settings are still checked
+        parse_metric(metric), check_method(method), check_gamma(gamma), check_law(sampling)
+        return torch.empty(r.shape, dtype=torch.float64, device=r.device)
     if spread is not None and n.numel():
         grid, j, t = n_interpolation(n.reshape(-1), spread)
         rows = [_table_numpy(metric, int(v), m, method, gamma, sampling, prior, rounding) for v in grid.tolist()]
@@ -109,13 +115,16 @@ def corrected_metric(
             consecutive nodes within a factor 1 + s, interpolated in 1/(n - 1) (module docstring).
 
     Returns:
-        :class:`Estimate` (value, stderr over instances, n_instances, details with the settings).
+        :class:`Estimate` (value, stderr over instances, n_instances, details with the settings); a single
+        instance gives stderr inf and the flag ``few_instances``.
     """
     spec = parse_metric(metric)
     values = corrected_values(
         spec, sampled_ranks, n_items, n_samples, method, gamma, sampling, prior, rounding=rounding,
         max_rel_n_spread=max_rel_n_spread,
     )
+    if values.numel() == 0:
+        raise ValueError("sampled_ranks: empty, no instance to average (corrected_values gives per-instance values)")
     details = {
         "metric": str(spec),
         "method": check_method(method),
@@ -124,7 +133,7 @@ def corrected_metric(
         "n_samples": int(n_samples),
         "max_rel_n_spread": max_rel_n_spread,
     }
-    return Estimate.from_values(values.detach().cpu(), details)
+    return _spread_measured(Estimate.from_values(values.detach().cpu(), details))
 
 
 def paired_difference(
@@ -144,7 +153,9 @@ def paired_difference(
 
     ``details["prob_a_better"]`` is the normal-approximation probability that A's metric exceeds B's,
     Phi(value / stderr); ``details["prob_ordering_holds"]`` is that of the observed ordering,
-    Phi(|value| / stderr) (1 when the difference is exactly known, 0.5 for a zero difference).
+    Phi(|value| / stderr) (1 when every instance has the same non-zero difference, 0.5 for a zero
+    difference). A single instance has no measurable spread: stderr inf, flag ``few_instances``, and both
+    probabilities 0.5 (no evidence either way), never certainty.
     """
     a = torch.as_tensor(sampled_ranks_a)
     b = torch.as_tensor(sampled_ranks_b)
@@ -152,8 +163,10 @@ def paired_difference(
         raise ValueError(f"sampled_ranks_b: shape {tuple(b.shape)} differs from sampled_ranks_a {tuple(a.shape)}")
     va = corrected_values(metric, a, n_items, n_samples, method, gamma, sampling, prior, rounding=rounding)
     vb = corrected_values(metric, b.to(a.device), n_items, n_samples, method, gamma, sampling, prior, rounding=rounding)
-    est = Estimate.from_values((va - vb).detach().cpu())
-    if est.stderr > 0:
+    est = _spread_measured(Estimate.from_values((va - vb).detach().cpu()))
+    if math.isinf(est.stderr):  # one instance: no spread to measure, so no evidence for either ordering
+        p_a = 0.5
+    elif est.stderr > 0:
         z = est.value / est.stderr
         p_a = NormalDist().cdf(z)
     else:
@@ -164,5 +177,6 @@ def paired_difference(
         "gamma": check_gamma(gamma),
         "prob_a_better": p_a,
         "prob_ordering_holds": max(p_a, 1 - p_a) if not math.isnan(p_a) else 0.5,
+        "flags": est.flags,
     }
-    return Estimate(est.value, est.stderr, est.n_instances, details)
+    return Estimate(est.value, est.stderr, est.n_instances, details, est.flags)

@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ._checks import as_tensor
+from ._checks import as_tensor, check_rank_values, check_sizes, check_weights
 from .metric_names import MetricSpec, parse_metric
 from .ranking import _check_ties, _prepare, candidate_counts, exact_ranks_padded
 
@@ -114,12 +114,12 @@ def _values(spec: MetricSpec, s: _SortedRanks) -> torch.Tensor:
 
 
 def _check_rank_inputs(ranks, n_candidates, relevance):
-    r = as_tensor(ranks, "ranks")
+    r = check_rank_values(ranks, "ranks", padding=True)
     if r.dim() == 1:
         r = r.unsqueeze(1)
     if r.dim() != 2:
         raise ValueError(f"ranks: expected (users x positives) padded with 0, got shape {tuple(r.shape)}")
-    n = as_tensor(n_candidates, "n_candidates", device=r.device)
+    n = torch.as_tensor(check_sizes(n_candidates, "n_candidates", 0, device=r.device), device=r.device)
     if n.dim() == 0:
         n = n.expand(r.shape[0])
     if n.shape != (r.shape[0],):
@@ -133,9 +133,41 @@ def _check_rank_inputs(ranks, n_candidates, relevance):
             rel = rel.unsqueeze(1)
         if rel.shape != r.shape:
             raise ValueError(f"relevance: expected the ranks' shape {tuple(r.shape)}, got {tuple(rel.shape)}")
-        if not bool(torch.isfinite(rel.to(torch.float64)).all()) or bool((rel < 0).any()):
-            raise ValueError("relevance: graded relevance must be finite and non-negative")
+        if rel.dtype != torch.bool:  # binary relevance as a mask is fine; graded relevance must be weights
+            rel = check_weights(rel, "relevance")
     return r, n, rel
+
+
+def _check_one_ordering(s: "_SortedRanks", integer: bool) -> None:
+    """Raise unless each user's ranks can be those of distinct relevant items (``ranks`` of user_metric_values).
+
+    Integer ranks (every tie policy but ``"average"``) must be distinct within a user: two relevant items at
+    rank 1 would give P@1 = 2. Fractional ranks (``ties="average"``: a tie group shares its mean position) must
+    be averages of distinct positions 1..n: sorted, the j smallest sum to at least 1 + ... + j and the j largest
+    to at most n + (n - 1) + ... + (n - j + 1) (an AUC outside [0, 1] otherwise)."""
+    r, valid = s.ranks, s.valid
+    if r.shape[1] < 2 or r.shape[0] == 0:
+        return
+    if integer:
+        bad = ((r[:, 1:] == r[:, :-1]) & valid[:, 1:]).any(1)
+    else:
+        r0 = torch.where(valid, r, torch.zeros_like(r))
+        prefix = torch.cumsum(r0, 1)
+        j = s.position
+        suffix = prefix[:, -1:] - (prefix - r0)  # sum of the ranks from this one to the user's last
+        top = s.n_pos.unsqueeze(1) - j + 1  # how many ranks that is
+        n = s.n.unsqueeze(1)
+        tol = 1e-9 * torch.clamp(n, min=1.0) * j
+        low = prefix < j * (j + 1) / 2 - tol
+        high = suffix > top * n - top * (top - 1) / 2 + tol
+        bad = ((low | high) & valid).any(1)
+    if bool(bad.any()):
+        row = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"ranks: {int(bad.sum())} user(s) list ranks that distinct relevant items cannot have (first: row {row}, "
+            f"{s.ranks[row][s.valid[row]].tolist()}); each relevant item of a user has its own rank, as exact_ranks "
+            "returns them (count_other_positives=True)"
+        )
 
 
 def user_metric_values(metric: str | MetricSpec, ranks, n_candidates, relevance=None) -> torch.Tensor:
@@ -150,10 +182,17 @@ def user_metric_values(metric: str | MetricSpec, ranks, n_candidates, relevance=
 
     Returns:
         (B,) float64 values, NaN where the metric is undefined for that user (see module doc).
+
+    Raises:
+        ValueError naming the argument: ranks that are bool, complex, NaN, outside 0..n_candidates, or that
+        distinct relevant items cannot have (the same integer rank twice in a row, e.g. ``[[1, 1]]``);
+        n_candidates that are not whole counts or not one per user.
     """
     spec = parse_metric(metric)
     r, n, rel = _check_rank_inputs(ranks, n_candidates, relevance)
-    return _values(spec, _SortedRanks(r, n, rel))
+    sorted_ranks = _SortedRanks(r, n, rel)
+    _check_one_ordering(sorted_ranks, not r.is_floating_point())
+    return _values(spec, sorted_ranks)
 
 
 def _expand(metrics: Iterable[str | MetricSpec], cumulative: bool) -> list[MetricSpec]:

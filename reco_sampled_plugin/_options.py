@@ -1,0 +1,119 @@
+"""Validation of options (keyword arguments that tune an estimator, a fit or a command): one helper per kind.
+
+Every helper raises a ``ValueError`` whose message starts with the argument's name, so bad input never ends
+as a deep TypeError, a silent NaN, a loop that never stops (``tol=nan``) or an option that is ignored.
+Sizes, ranks and weights are validated in ``_checks``.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from .sampling_laws import check_law  # the one sampling-law check of the package
+
+__all__ = [
+    "check_options",
+    "check_positive_float",
+    "check_nonnegative_float",
+    "check_fraction",
+    "check_count",
+    "check_seed",
+    "check_bool",
+    "check_choice",
+    "check_law",
+]
+
+
+def check_options(options: Mapping, allowed: Iterable[str], where: str) -> dict:
+    """``options`` as a dict, raising a ValueError naming every unknown key and listing the allowed ones."""
+    if not isinstance(options, Mapping):
+        raise ValueError(f"{where}: options must be a mapping of keyword arguments, got {type(options).__name__}")
+    allowed = tuple(allowed)
+    unknown = [k for k in options if k not in allowed]
+    if unknown:
+        names = ", ".join(repr(k) for k in unknown)
+        if not allowed:
+            raise ValueError(f"{names}: unknown option(s); {where} takes no options")
+        raise ValueError(f"{names}: unknown option(s) of {where}; allowed options: {', '.join(allowed)}")
+    return dict(options)
+
+
+def _real(x, name: str, what: str) -> float:
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        # numpy / torch scalars are numbers.Real or have __float__; strings and containers are refused
+        if isinstance(x, (str, bytes, bool)) or not hasattr(x, "__float__") or getattr(x, "ndim", 0):
+            raise ValueError(f"{name}: expected {what}, got {x!r}")
+    try:
+        return float(x)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{name}: expected {what}, got {x!r}") from None
+
+
+def check_positive_float(x, name: str) -> float:
+    """``x`` as a float, raising a ValueError naming ``name`` unless it is a finite number > 0."""
+    v = _real(x, name, "a finite number > 0")
+    if not (math.isfinite(v) and v > 0):
+        raise ValueError(f"{name}: expected a finite number > 0, got {x!r}")
+    return v
+
+
+def check_nonnegative_float(x, name: str) -> float:
+    """``x`` as a float, raising a ValueError naming ``name`` unless it is a finite number >= 0."""
+    v = _real(x, name, "a finite number >= 0")
+    if not (math.isfinite(v) and v >= 0):
+        raise ValueError(f"{name}: expected a finite number >= 0, got {x!r}")
+    return v
+
+
+def check_fraction(x, name: str) -> float:
+    """``x`` as a float, raising a ValueError naming ``name`` unless it lies in [0, 1] (NaN refused)."""
+    v = _real(x, name, "a number in [0, 1]")
+    if not (0.0 <= v <= 1.0):
+        raise ValueError(f"{name}: must lie in [0, 1], got {x!r}")
+    return v
+
+
+def check_count(x, name: str, minimum: int = 0) -> int:
+    """``x`` as an int, raising a ValueError naming ``name`` unless it is an integer >= ``minimum`` (a Python,
+    numpy or 0-d integer torch value; not a bool, not a float such as 2.5 or 1e3)."""
+    dtype = str(getattr(x, "dtype", ""))
+    if isinstance(x, bool) or "bool" in dtype or "float" in dtype or "complex" in dtype or getattr(x, "ndim", 0) \
+            or not hasattr(x, "__index__"):
+        raise ValueError(f"{name}: expected an integer >= {minimum}, got {x!r}")
+    try:
+        v = int(x.__index__())
+    except (TypeError, ValueError, RuntimeError):
+        raise ValueError(f"{name}: expected an integer >= {minimum}, got {x!r}") from None
+    if v < minimum:
+        raise ValueError(f"{name}: must be an integer >= {minimum}, got {v}")
+    return v
+
+
+def check_seed(x, name: str = "seed") -> int:
+    """A random seed: an integer in 0 .. 2**63 - 1."""
+    v = check_count(x, name, 0)
+    if v > 2**63 - 1:
+        raise ValueError(f"{name}: must be an integer in 0..2**63 - 1, got {v}")
+    return v
+
+
+def check_bool(x, name: str) -> bool:
+    """``x`` as a bool, raising a ValueError naming ``name`` unless it is True or False (numpy bools too)."""
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    raise ValueError(f"{name}: expected True or False, got {x!r}")
+
+
+def check_choice(x, choices: Iterable, name: str):
+    """``x`` itself, raising a ValueError naming ``name`` and listing ``choices`` unless it is one of them
+    (same type and value: ``1`` is not ``True``)."""
+    choices = tuple(choices)
+    for c in choices:
+        if type(c) is type(x) and c == x:
+            return c
+    listing = ", ".join(repr(c) for c in choices)
+    raise ValueError(f"{name}: expected one of {listing}, got {x!r}")

@@ -1,0 +1,464 @@
+"""Issue 18: bad input to the core gives a ValueError naming the argument (never NaN, a deep RuntimeError, a
+hang or a wrong number); empty batches give empty results. Classes: empty batches, sizes (n_items / n_samples),
+rank inputs, overflow. Validation lives in ``_checks.py`` (check_sizes, check_rank_values, check_weights)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import reco_sampled_plugin as rsp
+from reco_sampled_plugin._checks import MAX_SIZE, MAX_TOTAL_WEIGHT, check_rank_values, check_sizes, check_weights
+
+L = torch.long
+
+
+def _gen(seed: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+# ------------------------------------------------------------------------------------------ empty batches
+@pytest.mark.parametrize(
+    "positives, kwargs",
+    [
+        (torch.zeros(0, 1, dtype=L), {}),
+        (torch.zeros(0, 10, dtype=torch.bool), {}),
+        (torch.zeros(0, 1, dtype=L), {"replacement": False}),
+        (torch.zeros(0, 1, dtype=L), {"popularity": torch.ones(10)}),
+        (torch.zeros(0, 1, dtype=L), {"ties": "random"}),
+        (torch.zeros(0, 1, dtype=L), {"ties": "average"}),
+    ],
+)
+def test_sampled_ranks_of_zero_users_are_empty(positives, kwargs):
+    out = rsp.sampled_ranks(torch.zeros(0, 10), positives, 3, generator=_gen(), **kwargs)
+    p = positives.shape[1] if positives.dtype != torch.bool else 0
+    assert out.ranks.shape == (0, p)
+    assert out.n_candidates.shape == (0,) and out.n_candidates.dtype == torch.int64
+    assert out.negatives.shape == (0, p, 3) and out.negatives.dtype == torch.int64
+
+
+def test_sampled_ranks_of_zero_users_with_given_negatives():
+    out = rsp.sampled_ranks(torch.zeros(0, 10), torch.zeros(0, 1, dtype=L), negatives=torch.zeros(0, 4, dtype=L))
+    assert out.ranks.shape == (0, 1) and out.negatives.shape == (0, 1, 4)
+
+
+def test_zero_user_batch_matches_the_end_of_a_loop():
+    """A loop over user batches whose last batch is empty: the concatenation equals the one-shot result."""
+    scores = torch.rand(5, 30, generator=_gen(1))
+    pos = torch.tensor([[0, 1], [2, -1], [3, 4], [5, -1], [6, 7]])
+    whole = rsp.sampled_ranks(scores, pos, 4, generator=_gen(2))
+    g = _gen(2)
+    parts = [rsp.sampled_ranks(scores[s:s + 5], pos[s:s + 5], 4, generator=g) for s in (0, 5)]
+    assert parts[1].ranks.shape == (0, 2)
+    assert torch.equal(torch.cat([p.ranks for p in parts]), whole.ranks)
+    assert torch.equal(torch.cat([p.n_candidates for p in parts]), whole.n_candidates)
+
+
+def test_adaptive_sampled_ranks_of_zero_users_are_empty():
+    ranks, sizes = rsp.adaptive_sampled_ranks(torch.zeros(0, 10), torch.zeros(0, 1, dtype=L), 2, 8, generator=_gen())
+    assert ranks.shape == (0, 1) and sizes.shape == (0, 1) and sizes.dtype == torch.int64
+
+
+def test_exact_ranks_of_zero_users_are_empty():
+    r = rsp.exact_ranks(torch.zeros(0, 10), torch.zeros(0, 1, dtype=L), torch.zeros(0, 2, dtype=L))
+    assert r.shape == (0, 1) and r.dtype == torch.int64
+
+
+@pytest.mark.parametrize("positives", [torch.zeros(3, 1, dtype=L), torch.full((3, 1), -1), torch.zeros(3, dtype=L)])
+def test_zero_items_is_a_value_error_naming_scores(positives):
+    with pytest.raises(ValueError, match="scores: has 0 items"):
+        rsp.exact_ranks(torch.zeros(3, 0), positives)
+    with pytest.raises(ValueError, match="scores: has 0 items"):
+        rsp.sampled_ranks(torch.zeros(3, 0), positives, 2)
+    with pytest.raises(ValueError, match="scores: has 0 items"):
+        rsp.per_user_metrics(torch.zeros(3, 0), positives, metrics=["auc"], as_frame=False)
+
+
+def test_zero_items_with_an_empty_mask_gives_empty_ranks():
+    r = rsp.exact_ranks(torch.zeros(3, 0), torch.zeros(3, 0, dtype=torch.bool))
+    assert r.shape == (3, 0)
+    s = rsp.sampled_ranks(torch.zeros(3, 0), torch.zeros(3, 0, dtype=torch.bool), 2)
+    assert s.ranks.shape == (3, 0) and s.negatives.shape == (3, 0, 2)
+
+
+def test_empty_rank_vectors_give_empty_values():
+    empty = torch.zeros(0, dtype=L)
+    for out in (
+        rsp.metric_values("ndcg@10", empty, 20),
+        rsp.expected_sampled("ndcg@10", empty, 20, 10),
+        rsp.corrected_values("ndcg@10", empty, 20, 10),
+        rsp.corrected_values("ndcg@10", empty, torch.zeros(0, dtype=L), 10),
+        rsp.expected_corrected("ndcg@10", empty, 20, 10),
+    ):
+        assert out.shape == (0,) and out.dtype == torch.float64
+    assert rsp.sampled_rank_pmf(empty, 20, 10).shape == (0, 11)
+    assert rsp.draw_sampled_ranks(empty, 20, 10).shape == (1, 0)
+    assert rsp.sampled_rank_histogram(empty, 20, 10).n_groups == 0
+    assert rsp.user_metric_values("ndcg@10", torch.zeros(0, 2, dtype=L), torch.zeros(0, dtype=L)).shape == (0,)
+
+
+def test_empty_batch_still_checks_the_settings():
+    with pytest.raises(ValueError, match="method"):
+        rsp.corrected_values("ndcg@10", torch.zeros(0, dtype=L), 20, 10, method="nope")
+    with pytest.raises(ValueError, match="n_items"):
+        rsp.corrected_values("ndcg@10", torch.zeros(0, dtype=L), float("nan"), 10)
+
+
+def test_corrected_metric_of_nothing_names_sampled_ranks():
+    with pytest.raises(ValueError, match="sampled_ranks"):
+        rsp.corrected_metric("ndcg@10", torch.zeros(0, dtype=L), 20, 10)
+
+
+# ----------------------------------------------------------------------------------------------- sizes
+@pytest.mark.parametrize(
+    "n_items",
+    [float("inf"), float("nan"), 2.5, True, torch.tensor([True, True]), torch.tensor([20 + 0j, 30 + 0j]),
+     torch.tensor([float("inf"), 20.0]), 2**62, "ten"],
+)
+def test_metric_values_bad_n_items(n_items):
+    with pytest.raises(ValueError, match="n_items"):
+        rsp.metric_values("auc", torch.tensor([1, 1]), n_items)
+
+
+def test_metric_values_auc_inf_n_is_an_error_not_nan():
+    with pytest.raises(ValueError, match="n_items"):
+        rsp.metric_values("auc", 1, float("inf"))
+
+
+def test_metric_values_n_items_of_the_wrong_shape():
+    with pytest.raises(ValueError, match="n_items: shape"):
+        rsp.metric_values("hit@1", torch.tensor([1, 1, 1]), torch.tensor([2, 3]))
+
+
+def test_metric_values_whole_float_n_and_per_instance_n_still_work():
+    v = rsp.metric_values("auc", torch.tensor([1, 3, 5]), torch.tensor([5.0, 5.0, 9.0]))
+    assert torch.allclose(v, torch.tensor([1.0, 0.5, 0.5], dtype=torch.float64))
+    assert torch.allclose(rsp.metric_values("auc", torch.tensor([2]), 3.0), torch.tensor([0.5], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("n_items", [True, 0, 1.5, float("nan")])
+def test_metric_curve_bad_n_items(n_items):
+    with pytest.raises(ValueError, match="n_items"):
+        rsp.metric_curve("auc", n_items)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda n: rsp.expected_sampled("hit@10", torch.tensor([1, 2]), n, 10),
+        lambda n: rsp.sampled_rank_pmf(torch.tensor([1, 2]), n, 10),
+        lambda n: rsp.corrected_values("hit@10", torch.tensor([1, 2]), n, 10),
+        lambda n: rsp.expected_corrected("hit@10", torch.tensor([1, 2]), n, 10),
+        lambda n: rsp.draw_sampled_ranks(torch.tensor([1, 2]), n, 10),
+        lambda n: rsp.simulate_sampled_ranks(torch.tensor([1, 2]), n, 10),
+        lambda n: rsp.sampled_rank_histogram(torch.tensor([1, 2]), n, 10),
+        lambda n: rsp.estimate("hit@10", torch.tensor([1, 2]), n, 10),
+        lambda n: rsp.adaptive_sampled_ranks_from_exact(torch.tensor([1, 2]), n, 2, 8),
+        lambda n: rsp.correction_table("hit@10", n, 10),
+    ],
+)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 100.5, True, torch.tensor([100 + 0j, 100 + 0j]), 1e30])
+def test_bad_n_items_everywhere(fn, bad):
+    with pytest.raises(ValueError, match="n_items"):
+        fn(bad)
+
+
+def test_expected_sampled_nan_n_is_an_error_not_nan():
+    with pytest.raises(ValueError, match="n_items"):
+        rsp.expected_sampled("hit@10", torch.tensor([1, 2]), float("nan"), 10)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda n: rsp.expected_sampled("hit@10", torch.tensor([1, 2, 3]), n, 10),
+        lambda n: rsp.corrected_metric("hit@10", torch.tensor([1, 2, 3]), n, 10),
+        lambda n: rsp.corrected_values("hit@10", torch.tensor([1, 2, 3]), n, 10),
+        lambda n: rsp.expected_corrected("hit@10", torch.tensor([1, 2, 3]), n, 10),
+        lambda n: rsp.draw_sampled_ranks(torch.tensor([1, 2, 3]), n, 10),
+        lambda n: rsp.sampled_rank_histogram(torch.tensor([1, 2, 3]), n, 10),
+        lambda n: rsp.adaptive_sampled_ranks_from_exact(torch.tensor([1, 2, 3]), n, 2, 8),
+    ],
+)
+def test_n_items_of_the_wrong_shape(fn):
+    with pytest.raises(ValueError, match="n_items: shape"):
+        fn(torch.tensor([100, 100]))
+
+
+def test_corrected_values_n_must_broadcast_to_the_ranks():
+    with pytest.raises(ValueError, match="n_items: shape"):
+        rsp.corrected_values("hit@1", torch.tensor(1), torch.tensor([100, 200]), 10)
+    v = rsp.corrected_values("hit@1", torch.tensor([1, 1]), torch.tensor([100.0, 100.0]), 10, method="none")
+    assert torch.equal(v, torch.ones(2, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 2.5, True, 0])
+def test_bad_n_samples_of_draws_and_histograms(bad):
+    with pytest.raises(ValueError, match="n_samples"):
+        rsp.draw_sampled_ranks(torch.tensor([1, 2]), 20, bad)
+    with pytest.raises(ValueError, match="n_samples"):
+        rsp.sampled_rank_histogram(torch.tensor([1, 2]), 100, bad)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), 10.5, torch.tensor([True])])
+def test_user_metric_values_bad_n_candidates(bad):
+    with pytest.raises(ValueError, match="n_candidates"):
+        rsp.user_metric_values("auc", torch.tensor([[1, 2]]), bad)
+
+
+def test_candidate_counts_bad_n_items():
+    with pytest.raises(ValueError, match="n_items"):
+        rsp.candidate_counts(float("nan"), torch.zeros(1, 1, dtype=L), None)
+    assert torch.equal(rsp.candidate_counts(10, torch.tensor([[0, 1]]), torch.tensor([[5, -1]])), torch.tensor([9]))
+
+
+@pytest.mark.parametrize("n", [np.array([100.5]), np.array([np.nan]), np.array([True])])
+def test_rank_histogram_bad_n_items(n):
+    with pytest.raises(ValueError, match="n_items"):
+        rsp.RankHistogram(n, np.array([10]), (np.ones(11),))
+
+
+def test_correction_table_whole_float_n_is_that_n():
+    assert torch.equal(rsp.correction_table("hit@10", 100.0, 10, "rank_estimate"),
+                       rsp.correction_table("hit@10", 100, 10, "rank_estimate"))
+
+
+# ------------------------------------------------------------------------------------------ rank inputs
+@pytest.mark.parametrize("ranks", [torch.tensor([True, True]), [True, True], torch.tensor([1 + 0j, 2 + 0j])])
+def test_estimate_refuses_bool_and_complex_ranks(ranks):
+    with pytest.raises(ValueError, match="sampled_ranks"):
+        rsp.estimate("hit@10", ranks, 100, 10)
+    with pytest.raises(ValueError, match="sampled_ranks"):
+        rsp.sampled_rank_histogram(ranks, 100, 10)
+    with pytest.raises(ValueError, match="sampled_ranks"):
+        rsp.estimate_rank_distribution(ranks, 100, 10, n_bootstrap=0)
+    with pytest.raises(ValueError, match="sampled_ranks"):
+        rsp.corrected_values("hit@10", ranks, 100, 10)
+
+
+def test_nan_sampled_rank_is_an_error_not_padding():
+    with pytest.raises(ValueError, match="sampled_ranks: contains NaN"):
+        rsp.sampled_rank_histogram(torch.tensor([1.0, float("nan")]), 100, 10)
+    # 0 is the padding: ignored
+    h = rsp.sampled_rank_histogram(torch.tensor([1.0, 0.0, 3.0]), 100, 10)
+    assert h.total == 2.0 and h.counts[0][0] == 1.0 and h.counts[0][2] == 1.0
+
+
+@pytest.mark.parametrize(
+    "fn, name",
+    [
+        (lambda r: rsp.metric_values("hit@1", r, 10), "ranks"),
+        (lambda r: rsp.expected_sampled("hit@1", r, 10, 3), "ranks"),
+        (lambda r: rsp.sampled_rank_pmf(r, 10, 3), "ranks"),
+        (lambda r: rsp.expected_corrected("hit@1", r, 10, 3), "exact_ranks"),
+        (lambda r: rsp.draw_sampled_ranks(r, 10, 3), "exact_ranks"),
+        (lambda r: rsp.simulate_sampled_ranks(r, 10, 3), "exact_ranks"),
+        (lambda r: rsp.adaptive_sampled_ranks_from_exact(r, 100, 2, 8), "exact_ranks"),
+    ],
+)
+@pytest.mark.parametrize("ranks", [torch.tensor([True]), torch.tensor([1 + 0j]), torch.tensor([float("nan")])])
+def test_bad_exact_rank_values(fn, name, ranks):
+    with pytest.raises(ValueError, match=name):
+        fn(ranks)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda r: rsp.draw_sampled_ranks(r, 10, 3),
+        lambda r: rsp.simulate_sampled_ranks(r, 10, 3),
+        lambda r: rsp.adaptive_sampled_ranks_from_exact(r, 100, 2, 8),
+    ],
+)
+def test_draws_need_whole_exact_ranks(fn):
+    """1.5 used to be truncated to rank 1 silently."""
+    with pytest.raises(ValueError, match="exact_ranks: must be whole"):
+        fn(torch.tensor([1.5]))
+
+
+def test_fractional_ranks_still_accepted_where_documented():
+    v = rsp.metric_values("auc", torch.tensor([1.5]), 3)
+    assert torch.allclose(v, torch.tensor([0.75], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("ranks", [torch.tensor([[1, 1]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[3, 2, 3, 0]])])
+def test_user_metric_values_refuses_duplicate_ranks(ranks):
+    """user_metric_values takes exact_ranks(count_other_positives=True): one rank per relevant item."""
+    with pytest.raises(ValueError, match="ranks: 1 user"):
+        rsp.user_metric_values("precision@1", ranks, 10)
+
+
+def test_user_metric_values_precision_was_above_one():
+    with pytest.raises(ValueError, match="ranks"):
+        rsp.user_metric_values("precision@1", torch.tensor([[1, 1]]), 10)
+    with pytest.raises(ValueError, match="ranks"):  # AUC 1.0625 before
+        rsp.user_metric_values("auc", torch.tensor([[1, 1]]), 10)
+    with pytest.raises(ValueError, match="ranks"):  # two items at the last rank: AUC below 0
+        rsp.user_metric_values("auc", torch.tensor([[10.0, 10.0]]), 10)
+
+
+def test_user_metric_values_valid_rank_sets():
+    assert torch.allclose(rsp.user_metric_values("precision@2", torch.tensor([[1, 3, 0]]), 10),
+                          torch.tensor([0.5], dtype=torch.float64))
+    # three tied relevant items at positions 1..3 share the average rank 2 (ties="average"): allowed
+    assert torch.allclose(rsp.user_metric_values("auc", torch.tensor([[2.0, 2.0, 2.0]]), 10),
+                          torch.tensor([1.0], dtype=torch.float64))
+    # padding 0 repeats freely; the rows are independent
+    v = rsp.user_metric_values("hit@1", torch.tensor([[1, 0, 0], [2, 1, 0]]), torch.tensor([10, 10]))
+    assert torch.equal(v, torch.tensor([1.0, 1.0], dtype=torch.float64))
+
+
+def test_user_metric_values_agree_with_per_user_metrics():
+    scores = torch.rand(6, 40, generator=_gen(3))
+    pos = torch.tensor([[0, 1, 2], [3, -1, -1], [4, 5, -1], [6, 7, 8], [9, -1, -1], [10, 11, 12]])
+    for ties in ("pessimistic", "average", "random"):
+        ranks = rsp.exact_ranks(scores, pos, ties=ties, generator=_gen(4))
+        direct = rsp.user_metric_values("ndcg@10", ranks, 40)
+        frame = rsp.per_user_metrics(scores, pos, metrics=["ndcg@10"], ties=ties, generator=_gen(4), as_frame=False)
+        assert torch.allclose(direct, frame["NDCG@10"], equal_nan=True)
+
+
+@pytest.mark.parametrize("ranks", [torch.tensor([[float("nan"), 1.0]]), torch.tensor([[True]]), torch.tensor([[1 + 0j]])])
+def test_user_metric_values_bad_rank_values(ranks):
+    with pytest.raises(ValueError, match="ranks"):
+        rsp.user_metric_values("hit@1", ranks, 10)
+
+
+def test_check_rank_values_keeps_dtype_and_names_the_argument():
+    assert check_rank_values(torch.tensor([1, 2]), "r").dtype == torch.int64
+    assert check_rank_values([1.5], "r").dtype == torch.float64
+    with pytest.raises(ValueError, match="my_ranks"):
+        check_rank_values(np.array([True]), "my_ranks")
+
+
+# ---------------------------------------------------------------------------------------------- overflow
+@pytest.mark.parametrize("weights", [torch.tensor([1e300, 1e300], dtype=torch.float64), [1e300, 1e300]])
+@pytest.mark.parametrize("method", ["mes", "bv", "linear"])
+def test_estimate_weights_whose_total_overflows(weights, method):
+    with pytest.raises(ValueError, match="weights"):
+        rsp.estimate("hit@10", torch.tensor([1, 2]), 100, 10, method, weights=weights)
+
+
+@pytest.mark.parametrize("weights", [[-1.0, 1.0], [float("nan"), 1.0], [float("inf"), 1.0], torch.tensor([True, False]),
+                                     [1.0, 1.0, 1.0]])
+def test_bad_weights(weights):
+    with pytest.raises(ValueError, match="weights"):
+        rsp.sampled_rank_histogram(torch.tensor([1, 2]), 100, 10, weights=weights)
+
+
+def test_large_valid_weights_give_the_right_numbers():
+    """Equal weights do not move the value; the standard error shrinks with the total (no overflow to 0)."""
+    ranks = torch.tensor([1, 2, 3, 1, 5])
+    plain = rsp.estimate("hit@10", ranks, 100, 10, "bv")
+    heavy = rsp.estimate("hit@10", ranks, 100, 10, "bv", weights=[1e6] * 5)
+    assert heavy.value == pytest.approx(plain.value, rel=1e-12)
+    assert 0.0 < heavy.stderr < plain.stderr and math.isfinite(heavy.stderr)
+    # sd over sqrt(total - 1): the unweighted stderr scaled by sqrt((5 - 1) / (5e6 - 1))
+    assert heavy.stderr == pytest.approx(plain.stderr * math.sqrt(4.0 / (5e6 - 1.0)), rel=1e-9)
+
+
+def test_rank_histogram_counts_whose_total_overflows():
+    with pytest.raises(ValueError, match="counts"):
+        rsp.RankHistogram(np.array([100]), np.array([10]), (np.full(11, 1e300),))
+
+
+def test_popularity_weights_are_float64_and_scale_free():
+    """A list of 1e300 used to become float32 inf; only the ratios matter."""
+    scores = torch.rand(4, 50, generator=_gen(0))
+    pos = torch.tensor([0, 1, 2, 3])
+    big = rsp.sampled_ranks(scores, pos, 5, popularity=[1e300] * 25 + [3e300] * 25, generator=_gen(1))
+    small = rsp.sampled_ranks(scores, pos, 5, popularity=[1.0] * 25 + [3.0] * 25, generator=_gen(1))
+    assert torch.equal(big.negatives, small.negatives) and torch.equal(big.ranks, small.ranks)
+    assert bool(((big.ranks >= 1) & (big.ranks <= 6)).all())
+
+
+@pytest.mark.parametrize("popularity", [torch.full((10,), 1e308, dtype=torch.float64), torch.ones(10, dtype=torch.bool),
+                                        torch.tensor([float("nan")] + [1.0] * 9), torch.tensor([-1.0] + [1.0] * 9),
+                                        torch.ones(9)])
+@pytest.mark.parametrize("replacement", [True, False])
+def test_bad_popularity(popularity, replacement):
+    with pytest.raises(ValueError, match="popularity"):
+        rsp.sampled_ranks(torch.rand(2, 10), torch.tensor([0, 1]), 3, replacement=replacement, popularity=popularity)
+
+
+def test_bad_popularity_is_refused_even_without_positives():
+    with pytest.raises(ValueError, match="popularity"):
+        rsp.sampled_ranks(torch.rand(2, 10), torch.full((2, 1), -1), 3, popularity=torch.full((10,), float("nan")))
+
+
+def test_correction_table_n_beyond_exact_arithmetic():
+    """n = 2^62 overflowed int64 in rank_estimate and put AUC above 1."""
+    with pytest.raises(ValueError, match="n_items"):
+        rsp.correction_table("auc", 2**62, 10, "rank_estimate")
+    with pytest.raises(ValueError, match="n_items"):
+        rsp.correction_table("auc", MAX_SIZE + 1, 10, "bv")
+    for method in ("rank_estimate", "none", "bv"):  # the largest n still gives tables inside AUC's range
+        table = rsp.correction_table("auc", MAX_SIZE, 10, method)
+        assert bool(torch.isfinite(table).all())
+        assert float(table.min()) >= -1e-9 and float(table.max()) <= 1.0 + 1e-9
+    table = rsp.correction_table("auc", MAX_SIZE, 10, "rank_estimate")
+    assert float(table[0]) == 1.0 and float(table[-1]) == 0.0
+
+
+def test_correction_table_m_limit_is_enforced_before_allocating():
+    with pytest.raises(ValueError, match="n_samples"):
+        rsp.correction_table("hit@10", 200000, 100000, "bv")
+    with pytest.raises(ValueError, match="n_samples"):
+        rsp.correction_table("hit@10", 200000, 10001, "ls")
+    with pytest.raises(ValueError, match="n_samples"):
+        rsp.correction_table("hit@10", 200000, 10001, "cls")
+    # lookup tables (no system to solve) keep working beyond 1e4, e.g. adaptive caps with ``none``
+    table = rsp.correction_table("hit@10", 200000, 20000, "none")
+    assert table.shape == (20001,) and float(table[:10].sum()) == 10.0 and float(table[10:].sum()) == 0.0
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda n: rsp.metric_values("auc", torch.tensor([2]), n),
+        lambda n: rsp.expected_sampled("auc", torch.tensor([2]), n, 10),
+        lambda n: rsp.corrected_values("auc", torch.tensor([2]), n, 10),
+        lambda n: rsp.sampled_rank_histogram(torch.tensor([2]), n, 10),
+    ],
+)
+def test_n_above_the_exact_range_everywhere(fn):
+    with pytest.raises(ValueError, match="n_items"):
+        fn(2**62)
+    with pytest.raises(ValueError, match="n_items"):
+        fn(torch.tensor([2**62]))
+
+
+def test_metric_values_at_the_largest_n_are_inside_the_range():
+    v = rsp.metric_values("auc", torch.tensor([1, 2**39, MAX_SIZE]), MAX_SIZE)
+    assert v[0] == 1.0 and v[2] == 0.0 and abs(float(v[1]) - 0.5) < 1e-9
+
+
+# -------------------------------------------------------------------------------------------- helpers
+def test_check_sizes_forms():
+    assert check_sizes(10, "n") == 10 and isinstance(check_sizes(10, "n"), int)
+    assert check_sizes(np.int64(10), "n") == 10
+    assert check_sizes(10.0, "n") == 10
+    t = check_sizes(torch.tensor([3.0, 4.0]), "n", 2)
+    assert t.dtype == torch.int64 and t.tolist() == [3, 4]
+    assert check_sizes(torch.tensor([7]), "n", one=True) == 7
+    with pytest.raises(ValueError, match="n: expected one number"):
+        check_sizes(torch.tensor([7, 8]), "n", one=True)
+    with pytest.raises(ValueError, match="n: must be >= 2, got 1"):
+        check_sizes(torch.tensor([1, 3]), "n", 2)
+    with pytest.raises(ValueError, match="n: shape"):
+        check_sizes(torch.tensor([2, 3]), "n", like=torch.zeros(3))
+    with pytest.raises(ValueError, match="n: shape"):
+        check_sizes(torch.tensor([2, 3]), "n", like=torch.zeros(()), exact=True)
+
+
+def test_check_weights():
+    w = check_weights([1e300, 2e300], "w")
+    assert w.dtype == torch.float64 and float(w[1]) == 2e300
+    with pytest.raises(ValueError, match="w: the total overflows"):
+        check_weights([1e308] * 3, "w")
+    with pytest.raises(ValueError, match="w: the total"):
+        check_weights([MAX_TOTAL_WEIGHT, 2.0], "w", max_total=MAX_TOTAL_WEIGHT)
+    assert check_weights(torch.zeros(0), "w").shape == (0,)

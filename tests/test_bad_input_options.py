@@ -1,0 +1,415 @@
+"""Issue 18: bad options, dishonest uncertainty, adapter defaults and CLI input give a ValueError naming the
+argument (or an honest result: stderr inf with a flag), never a deep TypeError, a silent NaN, a hang or a
+wrong number."""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import reco_sampled_plugin as rsp
+from reco_sampled_plugin import (
+    consistency_report,
+    corrected_metric,
+    estimate,
+    estimate_rank_distribution,
+    fit_beta,
+    mapping,
+    ordering_agreement,
+    paired_difference,
+    simulate_sampled_ranks,
+)
+from reco_sampled_plugin._options import (
+    check_bool,
+    check_choice,
+    check_count,
+    check_fraction,
+    check_options,
+    check_positive_float,
+)
+from reco_sampled_plugin.estimators import ESTIMATORS, METHOD_OPTIONS, check_estimator_options
+from reco_sampled_plugin.rank_distribution import estimate_rank_distributions
+
+R2 = torch.tensor([1, 2])
+RANKS = torch.tensor([1, 2, 3, 5, 9, 11, 4, 2, 7, 1])
+
+
+# ------------------------------------------------------------------------------------------- options
+def test_unknown_option_is_named_with_the_allowed_ones():
+    with pytest.raises(ValueError, match="'foo'") as err:
+        estimate("hit@10", R2, 100, 10, method="mes", foo=1)
+    assert "n_bootstrap" in str(err.value) and "lam" in str(err.value)  # the allowed options are listed
+    with pytest.raises(ValueError, match="'foo'.*allowed options: n_bootstrap"):
+        estimate("hit@10", R2, 100, 10, method="mle", foo=1)
+    with pytest.raises(ValueError, match="'foo'"):
+        estimate("hit@10", R2, 100, 10, method="bv_mle", foo=1)
+    for method in ("bound", "linear", "none", "bv", "ls"):  # methods without extra options
+        with pytest.raises(ValueError, match="'n_bootstrap'.*takes no options"):
+            estimate("hit@10", R2, 100, 10, method=method, n_bootstrap=3)
+    # an option of another method is not silently ignored either
+    with pytest.raises(ValueError, match="'lam'"):
+        estimate("hit@10", R2, 100, 10, method="mle", lam=0.1)
+    with pytest.raises(ValueError, match="'beta'"):
+        estimate("hit@10", R2, 100, 10, method="bv_mle", beta=1.0)
+
+
+BAD_FIT_OPTIONS = [
+    ("tol", math.nan), ("tol", 0), ("tol", -1e-7), ("tol", math.inf), ("tol", "1e-7"),
+    ("max_iter", 0), ("max_iter", -1), ("max_iter", 2.5), ("max_iter", True),
+    ("n_bootstrap", -1), ("n_bootstrap", 1.5), ("n_bootstrap", True),
+    ("seed", -1), ("seed", 1.5), ("seed", "0"),
+    ("delta", 0), ("delta", math.nan), ("kappa", -1), ("kappa", math.inf),
+    ("max_groups", 0), ("max_groups", 2.0), ("trace", "yes"), ("beta", math.nan),
+]
+
+
+@pytest.mark.parametrize("method", ["mle", "mes"])
+@pytest.mark.parametrize("name,value", BAD_FIT_OPTIONS)
+def test_fit_options_are_validated_at_the_entry(method, name, value):
+    t0 = time.perf_counter()
+    with pytest.raises(ValueError, match=f"^'?{name}'?: "):  # beta for mle: 'beta': unknown option of mle
+        estimate("hit@10", R2, 100, 10, method=method, **{name: value})
+    with pytest.raises(ValueError, match=f"^{name}: "):
+        estimate_rank_distribution(R2, 100, 10, method=method, **{name: value})
+    assert time.perf_counter() - t0 < 5  # refused before any fit (tol=nan used to run the fit to max_iter)
+
+
+def test_lam_is_checked_and_only_for_mes():
+    with pytest.raises(ValueError, match="^lam: "):
+        estimate("hit@10", R2, 100, 10, method="mes", lam=math.nan)
+    with pytest.raises(ValueError, match="^lam: "):
+        estimate("hit@10", R2, 100, 10, method="mes", lam=-1.0)
+    with pytest.raises(ValueError, match="^lam: only the 'mes'"):
+        estimate_rank_distribution(R2, 100, 10, method="mle", lam=0.5)
+    # valid options still work and give a real number
+    fit = estimate_rank_distribution(RANKS, 100, 10, method="mes", lam=0.5, n_bootstrap=0, tol=1e-6, max_iter=50)
+    assert fit.details["lam"] == 0.5 and abs(fit.probs.sum() - 1) < 1e-9
+
+
+def test_batched_fits_validate_their_options():
+    hist = rsp.sampled_rank_histogram(RANKS, 100, 10)
+    for name, value in (("tol", math.nan), ("max_iter", 0), ("delta", 0.0), ("kappa", math.nan), ("max_groups", 0)):
+        with pytest.raises(ValueError, match=f"^{name}: "):
+            estimate_rank_distributions([hist, hist], **{name: value})
+    with pytest.raises(ValueError, match="^sampling: "):
+        estimate_rank_distributions([hist], sampling="xyz")
+
+
+@pytest.mark.parametrize("method", ["bv", "bv_mle", "none", "mes", "bound"])
+def test_gamma_must_be_a_finite_fraction(method):
+    for gamma in (math.nan, -0.1, 1.5, math.inf, "0.1"):
+        with pytest.raises(ValueError, match="^gamma: "):
+            estimate("hit@10", R2, 100, 10, method=method, gamma=gamma)
+    ok = estimate("hit@10", RANKS, 100, 10, method="bv", gamma=1.0)
+    assert 0.0 <= ok.value <= 1.0 and ok.details["gamma"] == 1.0
+
+
+@pytest.mark.parametrize("method", ESTIMATORS)
+def test_unknown_sampling_law_is_refused_by_every_method(method):
+    with pytest.raises(ValueError, match="^sampling: unknown law 'xyz'"):
+        estimate("hit@10", R2, 100, 10, method=method, sampling="xyz")
+
+
+def test_mapping_with_an_unknown_law_no_longer_gives_a_number():
+    with pytest.raises(ValueError, match="sampling"):
+        estimate("hit@10", torch.tensor([1, 2]), 100, 10, method="bound", sampling="xyz")
+    # the same call with a valid law: the documented mapping value (both positives above f(k) of HR@10)
+    assert estimate("hit@10", torch.tensor([1, 2]), 100, 10, method="bound", sampling="binomial").value == 0.75
+
+
+def test_rounding_is_validated():
+    with pytest.raises(ValueError, match="^rounding: "):
+        estimate("hit@10", R2, 100, 10, method="rank_estimate", rounding="ceil")
+
+
+def test_check_estimator_options_without_data():
+    assert check_estimator_options("bv", {"gamma": 0.2}) == {"gamma": 0.2}
+    with pytest.raises(ValueError, match="'a'.*allowed options: gamma, prior"):
+        check_estimator_options("bv", {"a": 0.5})
+    with pytest.raises(ValueError, match="'sampling'"):
+        check_estimator_options("mle", {"sampling": "binomial"})
+    with pytest.raises(ValueError, match="^tol: "):
+        check_estimator_options("bv_mle", {"tol": math.nan})
+    with pytest.raises(ValueError, match="^a: "):
+        check_estimator_options("beta", {"a": -1})
+    with pytest.raises(ValueError, match="^max_rel_n_spread: "):
+        check_estimator_options("none", {"max_rel_n_spread": math.nan})
+    with pytest.raises(ValueError, match="^top_shape: "):
+        check_estimator_options("bv", {"top_shape": "flat"})
+    with pytest.raises(ValueError, match="^method: "):
+        check_estimator_options("nope", {})
+    assert set(METHOD_OPTIONS) == set(ESTIMATORS)
+
+
+def test_mapping_options():
+    with pytest.raises(ValueError, match="^tol: "):
+        fit_beta(RANKS, 100, 10, tol=math.nan)
+    with pytest.raises(ValueError, match="^max_iter: "):
+        fit_beta(RANKS, 100, 10, max_iter=2.5)
+    with pytest.raises(ValueError, match="^max_iter: "):
+        fit_beta(RANKS, 100, 10, max_iter=-1)
+    with pytest.raises(ValueError, match="^a0: "):
+        fit_beta(RANKS, 100, 10, a0="x")
+    with pytest.raises(ValueError, match="^a: "):
+        mapping(1, 100, 10, "beta", a="x")
+    with pytest.raises(ValueError, match="^a: "):
+        estimate("hit@10", RANKS, 100, 10, method="beta_fit", a=math.nan)
+    fit = fit_beta(RANKS, 100, 10, tol=1e-10, max_iter=200)
+    assert fit.converged and 0 < fit.a < 10
+
+
+def test_simulate_generator_is_checked():
+    with pytest.raises(ValueError, match="^generator: "):
+        simulate_sampled_ranks(RANKS, 100, 10, generator="x")
+    draws = simulate_sampled_ranks(RANKS, 100, 10, generator=torch.Generator().manual_seed(0))
+    assert draws.shape == RANKS.shape and int(draws.min()) >= 1 and int(draws.max()) <= 11
+
+
+def test_option_helpers():
+    with pytest.raises(ValueError, match="'foo', 'bar': unknown option"):
+        check_options({"foo": 1, "bar": 2, "a": 3}, ("a",), "f()")
+    assert check_positive_float(np.float32(0.5), "x") == 0.5
+    for bad in (math.nan, 0, -1, "1", None, True):
+        with pytest.raises(ValueError, match="^x: "):
+            check_positive_float(bad, "x")
+    assert check_fraction(torch.tensor(0.25), "g") == 0.25
+    assert check_count(np.int64(3), "n", 1) == 3 and check_count(torch.tensor(3), "n", 1) == 3
+    for bad in (2.5, 3.0, True, "3", torch.tensor(3.0), torch.tensor([3]), None):
+        with pytest.raises(ValueError, match="^n: "):
+            check_count(bad, "n", 1)
+    assert check_bool(np.bool_(True), "b") is True
+    with pytest.raises(ValueError, match="^b: "):
+        check_bool(1, "b")
+    assert check_choice(True, (True, False, "positives"), "c") is True
+    with pytest.raises(ValueError, match="^c: "):
+        check_choice(1, (True, False, "positives"), "c")
+
+
+# ---------------------------------------------------------------------------- honesty of uncertainty
+def test_paired_difference_on_one_instance_is_not_certain():
+    d = paired_difference("hit@10", torch.tensor([1]), torch.tensor([2]), 100, 10)
+    assert math.isinf(d.stderr) and "few_instances" in d.flags and d.n_instances == 1
+    assert d.details["prob_a_better"] == 0.5 and d.details["prob_ordering_holds"] == 0.5
+    assert math.isfinite(d.value) and d.value > 0  # the point difference itself is still reported
+    lo, hi = d.sampling_interval()
+    assert lo == -math.inf and hi == math.inf
+    # two instances: a measured spread, a real probability
+    d2 = paired_difference("hit@10", torch.tensor([1, 3]), torch.tensor([2, 9]), 100, 10)
+    va = rsp.corrected_values("hit@10", torch.tensor([1, 3]), 100, 10)
+    vb = rsp.corrected_values("hit@10", torch.tensor([2, 9]), 100, 10)
+    diff = (va - vb).numpy()
+    assert d2.stderr == pytest.approx(diff.std(ddof=1) / math.sqrt(2), rel=1e-12)
+    assert 0.5 < d2.details["prob_a_better"] < 1.0 and d2.flags == ()
+
+
+def test_corrected_metric_on_one_instance_is_flagged():
+    e = corrected_metric("ndcg@10", torch.tensor([3]), 100, 10)
+    assert math.isinf(e.stderr) and e.flags == ("few_instances",) and e.n_instances == 1
+    e2 = corrected_metric("ndcg@10", torch.tensor([3, 5]), 100, 10)
+    assert math.isfinite(e2.stderr) and e2.stderr > 0 and e2.flags == ()
+
+
+TWO = {"a": torch.tensor([1, 5, 30, 2]), "b": torch.tensor([2, 3, 40, 9])}
+
+
+@pytest.mark.parametrize("repeats", [1, -3, 2.5, True, "10", None])
+def test_consistency_report_repeats(repeats):
+    with pytest.raises(ValueError, match="^repeats: "):
+        consistency_report(TWO, 100, 10, ["hit@10"], ["none"], repeats=repeats)
+
+
+def test_consistency_report_real_spread_and_skip():
+    rep = consistency_report(TWO, 100, 10, ["hit@10"], ["none"], repeats=2, seed=0)
+    sds = [row["none sd"] for row in rep["table3"]]
+    assert all(math.isfinite(s) and s >= 0 for s in sds)
+    skipped = consistency_report(TWO, 100, 10, ["hit@10"], ["none"], repeats=0)
+    assert skipped["table4"] == [] and "none sd" not in skipped["table3"][0]
+    with pytest.raises(ValueError, match="^repeats: "):
+        ordering_agreement(TWO, 100, 10, ["hit@10"], ["none"], repeats=1)
+    with pytest.raises(ValueError, match="^seed: "):
+        ordering_agreement(TWO, 100, 10, ["hit@10"], ["none"], repeats=5, seed=1.5)
+
+
+# ------------------------------------------------------------------------------------------- adapters
+def _scores_with_nan_irrelevant():
+    g = torch.Generator().manual_seed(0)
+    s = torch.randn(4, 50, generator=g)
+    pos = torch.tensor([[0], [1], [2], [3]])
+    bad = s.clone()
+    bad[0, 30] = math.nan  # an irrelevant item
+    return s, bad, pos
+
+
+def test_torchmetrics_default_refuses_a_nan_irrelevant_score():
+    from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
+
+    s, bad, pos = _scores_with_nan_irrelevant()
+    assert ExactRankingMetrics().check_finite is True and SampledRankingMetrics().check_finite is True
+    with pytest.raises(ValueError, match="scores: NaN or inf in 1 of 4 rows"):
+        ExactRankingMetrics(("auc",)).update(bad, pos)
+    with pytest.raises(ValueError, match="scores: NaN or inf"):
+        SampledRankingMetrics(("auc",), n_samples=10).update(bad, pos)
+    # the checked counting pass gives exactly the unchecked result on finite scores
+    a, b = ExactRankingMetrics(("auc", "ndcg@10")), ExactRankingMetrics(("auc", "ndcg@10"), check_finite=False)
+    a.update(s, pos)
+    b.update(s, pos)
+    assert torch.equal(a.sums, b.sums)
+    # the fast check is an explicit opt-in (and documented to miss irrelevant scores)
+    fast = ExactRankingMetrics(("auc",), check_finite="positives")
+    fast.update(bad, pos)
+    assert math.isfinite(float(fast.compute()["auc/exact"]))
+
+
+def test_torchmetrics_options_are_checked_at_construction():
+    from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
+
+    with pytest.raises(ValueError, match="^gamma: "):
+        SampledRankingMetrics("hit@10", 10, ("bv",), estimator_options={"bv": {"gamma": math.nan}})
+    with pytest.raises(ValueError, match="'foo'.*estimator_options\\['mle'\\]"):
+        SampledRankingMetrics("hit@10", 10, ("mle",), estimator_options={"mle": {"foo": 1}})
+    with pytest.raises(ValueError, match="'sampling'"):  # set by replacement=, not an estimator option
+        SampledRankingMetrics("hit@10", 10, ("mle",), estimator_options={"mle": {"sampling": "binomial"}})
+    with pytest.raises(ValueError, match="^tol: "):
+        SampledRankingMetrics("hit@10", 10, ("mes",), estimator_options={"mes": {"tol": math.nan}})
+    with pytest.raises(ValueError, match="^check_finite: "):
+        ExactRankingMetrics(check_finite=1)
+    with pytest.raises(ValueError, match="^count_other_positives: "):
+        ExactRankingMetrics(count_other_positives="no")
+    with pytest.raises(ValueError, match="^replacement: "):
+        SampledRankingMetrics(replacement="no")
+    with pytest.raises(ValueError, match="^seed: "):
+        SampledRankingMetrics(seed=1.5)
+    with pytest.raises(ValueError, match="^max_n_groups: "):
+        SampledRankingMetrics(max_n_groups=True)
+
+
+def test_torchmetrics_nothing_kept_is_flagged_not_a_silent_nan():
+    from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
+
+    s, _, pos = _scores_with_nan_irrelevant()
+    none_kept = torch.zeros(4, dtype=torch.bool)
+    sm = SampledRankingMetrics("hit@10", 10, ("none", "bv"))
+    sm.update(s, pos, keep=none_kept)
+    ex = ExactRankingMetrics("hit@10")
+    ex.update(s, pos, keep=none_kept)
+    for metric in (sm, ex):
+        assert all(math.isnan(float(v)) for v in metric.compute().values())  # as before any update
+        for e in metric.estimates().values():
+            assert math.isnan(e.value) and e.flags == ("no_instances",) and e.n_instances == 0
+
+
+def test_torchmetrics_one_instance_and_failed_estimator_are_flagged():
+    from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
+
+    s, _, pos = _scores_with_nan_irrelevant()
+    ex = ExactRankingMetrics("hit@10")
+    ex.update(s[:1], pos[:1])
+    e = ex.estimates()["hit@10/exact"]
+    assert e.value in (0.0, 1.0) and math.isinf(e.stderr) and e.flags == ("few_instances",)
+    sm = SampledRankingMetrics(("hit@60", "hit@10"), 10, ("bound",))  # hit@60: cut-off above the 50 items
+    sm.update(s, pos)
+    with pytest.warns(RuntimeWarning, match="estimator failed"):
+        est = sm.estimates()
+    assert math.isnan(est["hit@60/bound"].value) and est["hit@60/bound"].flags == ("estimator_failed",)
+    assert math.isfinite(est["hit@10/bound"].value) and "estimator_failed" not in est["hit@10/bound"].flags
+
+
+def test_lightning_callback_options():
+    pytest.importorskip("lightning")
+    from reco_sampled_plugin.adapters.lightning import callback_class
+
+    cb_cls = callback_class()
+    assert cb_cls().check_finite is True
+    assert cb_cls(stages="validate").stages == ("validate",)  # one stage by name, not its letters
+    for kw, name in ((dict(plot_every_n_epochs=1.5), "plot_every_n_epochs"), (dict(log_stderr="no"), "log_stderr"),
+                     (dict(log_interval="x"), "log_interval"), (dict(dedup_padding=None), "dedup_padding"),
+                     (dict(progress="yes"), "progress"), (dict(prefix=3), "prefix"), (dict(score_fn=3), "score_fn"),
+                     (dict(exact="no"), "exact"), (dict(headline="ndcg@10"), "headline"),
+                     (dict(estimator_options={"bv": {"gamma": math.nan}}), "gamma"),
+                     (dict(estimators=("mes",), estimator_options={"mes": {"foo": 1}}), "foo"),
+                     (dict(check_finite="all"), "check_finite")):
+        with pytest.raises(ValueError, match=name):
+            cb_cls(**kw)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+def _main(argv, capsys):
+    from reco_sampled_plugin.cli import main
+
+    rc = main(argv)
+    return rc, capsys.readouterr().err
+
+
+def test_cli_directory_and_unreadable_files(tmp_path, capsys):
+    rc, err = _main(["estimate", str(tmp_path)], capsys)
+    assert rc == 2 and err.startswith("reco-sampled: error:") and "is a directory" in err and "Traceback" not in err
+    f = tmp_path / "bin.txt"
+    f.write_bytes(b"1,100,10\n2,100,10\n3,100,\xff10\n")
+    rc, err = _main(["estimate", str(f)], capsys)
+    assert rc == 2 and f"{f}:3: not UTF-8 text" in err  # the line of the bad byte, not the block's first
+
+
+def test_cli_permission_and_os_errors(tmp_path, capsys, monkeypatch):
+    from reco_sampled_plugin import cli, rank_files
+
+    f = tmp_path / "r.txt"
+    f.write_text("1,100,10\n")
+
+    def denied(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(f))
+
+    monkeypatch.setattr(rank_files, "open", denied, raising=False)
+    rc, err = _main(["estimate", str(f)], capsys)
+    assert rc == 2 and f"{f}: permission denied" in err
+    monkeypatch.undo()
+    # OS errors from elsewhere (e.g. --out is a folder) and overflow are one line too
+    rc, err = _main(["table", "hit@10", "--n-items", "100", "-m", "10", "--out", str(tmp_path)], capsys)
+    assert rc == 2 and err.strip() == f"reco-sampled: error: {tmp_path}: Is a directory"
+
+    def overflow(args):
+        raise OverflowError("Python int too large to convert to C long")
+
+    monkeypatch.setattr(cli, "_cmd_table", overflow)
+    rc, err = _main(["table", "hit@10", "--n-items", "100", "-m", "10"], capsys)
+    assert rc == 2 and "too large" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("field,column", [("1e20", "n_candidates"), ("9223372036854775808", "n_candidates"),
+                                          ("-9223372036854775809", "n_candidates")])
+def test_cli_rank_file_fields_within_int64(tmp_path, capsys, field, column):
+    f = tmp_path / "r.txt"
+    f.write_text(f"1,100,10\n1,{field},10\n")
+    rc, err = _main(["estimate", str(f)], capsys)
+    assert rc == 2 and f"{f}:2: {column} '{field}' is out of range" in err
+
+
+def test_rank_file_integers_are_read_exactly(tmp_path):
+    from reco_sampled_plugin.rank_files import read_rank_file
+
+    f = tmp_path / "r.txt"
+    f.write_text("9007199254740993,100,10\n")  # 2**53 + 1: a float would read ...992
+    with pytest.raises(ValueError, match="sampled rank 9007199254740993 outside"):
+        read_rank_file(f)
+    f.write_text("3.0,1e3,10\n2,1000,10\r4,1000,10\r\n")  # whole floats still accepted; all line ends
+    data = read_rank_file(f)
+    assert data.ranks.tolist() == [3, 2, 4] and data.n_items.tolist() == [1000] * 3
+
+
+def test_cli_integer_and_gamma_arguments(tmp_path, capsys):
+    f = tmp_path / "r.txt"
+    f.write_text("1\n2\n")
+    for argv, name in ((["estimate", str(f), "--n-items", str(10**20), "-m", "10"], "--n-items: "),
+                       (["table", "hit@10", "--n-items", "100", "-m", str(-(2**63) - 1)], "--n-samples: "),
+                       (["estimate", str(f), "--n-items", "100", "-m", "10", "--gamma", "nan"], "--gamma: "),
+                       (["table", "hit@10", "--n-items", "100", "-m", "10", "--gamma", "2"], "gamma: ")):
+        rc, err = _main(argv, capsys)
+        assert rc == 2 and err.startswith("reco-sampled: error: ") and name in err and "Traceback" not in err
+    from reco_sampled_plugin.cli import main
+
+    assert main(["estimate", str(f), "--n-items", "100", "-m", "10", "--gamma", "nan"]) == 2
+    assert capsys.readouterr().out == ""  # refused before the table header is printed
