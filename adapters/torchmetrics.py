@@ -54,6 +54,7 @@ from reco_sampled_plugin.metrics import _metric_from_float_ranks
 from reco_sampled_plugin.factor_ranks import check_factors, check_finite_factors, factor_ranks_padded
 from reco_sampled_plugin.ranking import candidate_counts, exact_ranks_padded, prepare_index
 
+from reco_sampled_plugin._checks import MAX_SAMPLES
 from reco_sampled_plugin.adaptive import ADAPTIVE_METHODS, adaptive_design
 
 from ._shared import (
@@ -302,6 +303,8 @@ class SampledRankingMetrics(Metric):
         self.metric_names = _metric_names(metrics)
         if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
             raise ValueError(f"n_samples: expected a positive integer m, got {n_samples!r}")
+        if n_samples > MAX_SAMPLES:  # the state holds m + 1 counts per distinct n
+            raise ValueError(f"n_samples: at most {MAX_SAMPLES} sampled items per relevant item, got {n_samples}")
         self.n_samples = n_samples
         self.design = adaptive_design(n_samples, adaptive_max)
         self.adaptive_max = adaptive_max

@@ -18,6 +18,7 @@ import torch
 __all__ = [
     "MAX_SIZE",
     "MAX_TOTAL_WEIGHT",
+    "MAX_SAMPLES",
     "as_tensor",
     "check_same_device",
     "check_int",
@@ -31,6 +32,10 @@ __all__ = [
 #: rank is exact in float64 (2^53) and products such as (n - 1) m of the rank-estimate table stay inside
 #: int64 for m up to 2^20; far beyond any catalogue.
 MAX_SIZE = 1 << 40
+#: Largest number of sampled items m per positive (2^24, about 1.7e7): a histogram group holds m + 1 counts
+#: (128 MiB of float64 at the limit) and a draw B x P x m indices; useful designs use m = 10..1e4 (adaptive caps
+#: up to ~1e5). Beyond it a ValueError names ``n_samples`` instead of an allocation failure.
+MAX_SAMPLES = 1 << 24
 #: Largest total weight of a histogram (2^53): the number of instances its standard errors assume; beyond
 #: it the bootstrap's integer draw count and products of totals leave exact float64 / int64 arithmetic.
 MAX_TOTAL_WEIGHT = float(1 << 53)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from scipy import special
 
-from ._checks import MAX_SIZE, MAX_TOTAL_WEIGHT, check_rank_values, check_sizes, check_weights
+from ._checks import MAX_SAMPLES, MAX_SIZE, MAX_TOTAL_WEIGHT, check_rank_values, check_sizes, check_weights
 from .metric_names import MetricSpec
 from .metrics import _metric_from_float_ranks
 
@@ -223,7 +223,7 @@ def sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights=None) -> R
     dev = r.device
     # minimum 0: padded slots may carry 0 (adaptive sizes); the kept positives are checked below
     n = check_sizes(n_items, "n_items", 0, like=r, like_name="sampled_ranks", device=dev)
-    m = check_sizes(n_samples, "n_samples", 0, like=r, like_name="sampled_ranks", device=dev)
+    m = check_sizes(n_samples, "n_samples", 0, like=r, like_name="sampled_ranks", device=dev, maximum=MAX_SAMPLES)
     w = None if weights is None else check_weights(weights, "weights", like=r, max_total=MAX_TOTAL_WEIGHT, device=dev)
     tensors = [torch.as_tensor(x, dtype=torch.int64, device=dev) if i else x for i, x in enumerate((r, n, m))]
     tensors = torch.broadcast_tensors(*(tensors if w is None else tensors + [w]))

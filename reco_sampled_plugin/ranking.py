@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import check_int, check_same_device, check_sizes, check_weights
+from ._checks import MAX_SAMPLES, check_int, check_same_device, check_sizes, check_weights
 from ._inputs import as_padded_index, check_finite_rows, check_scores
 from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
 
@@ -456,7 +456,7 @@ def sampled_ranks(
     else:
         if n_samples is None:
             raise ValueError("n_samples: required unless negatives are given")
-        m = check_int(n_samples, "n_samples", minimum=1)
+        m = check_int(n_samples, "n_samples", minimum=1, maximum=MAX_SAMPLES)
         if popularity is not None:  # checked once per call, also when no row has a positive
             popularity = check_popularity(popularity, n, device)
         neg = _draw_for_rows_with_positives(pos, exc, n, m, replacement, popularity, generator, device)

@@ -462,3 +462,18 @@ def test_check_weights():
     with pytest.raises(ValueError, match="w: the total"):
         check_weights([MAX_TOTAL_WEIGHT, 2.0], "w", max_total=MAX_TOTAL_WEIGHT)
     assert check_weights(torch.zeros(0), "w").shape == (0,)
+
+
+def test_huge_sample_sizes_are_refused_before_allocating():
+    """n_samples beyond MAX_SAMPLES (2^24): a ValueError naming it, not an allocation failure (sampled_ranks draws
+    B x P x m items; a histogram holds m + 1 counts per group; an adaptive cap bounds both)."""
+    import reco_sampled_plugin as rsp
+    from reco_sampled_plugin._checks import MAX_SAMPLES
+
+    with pytest.raises(ValueError, match="n_samples"):
+        rsp.sampled_ranks(torch.randn(2, 50), torch.tensor([[1], [2]]), MAX_SAMPLES + 1)
+    with pytest.raises(ValueError, match="n_samples"):
+        rsp.estimate("hit@10", torch.tensor([1, 2]), 100, 10**10)
+    with pytest.raises(ValueError, match="adaptive_max"):
+        rsp.AdaptiveDesign(100, 10**12)
+    assert rsp.estimate("hit@10", torch.tensor([1, 2, 15]), 10**6, 20_000, method="none").value == pytest.approx(2 / 3)

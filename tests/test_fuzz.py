@@ -180,3 +180,64 @@ def test_sampled_and_exact_ranks(b, n, p, m, dtype, poison):
 
     _contract(lambda: rsp.exact_ranks(scores, pos), names, check_ranks)
     _contract(lambda: rsp.sampled_ranks(scores, pos, m, generator=g), names, check_ranks)
+
+
+# ---------------------------------------------------------------------------------------- torchmetrics, CLI
+@FAST
+@given(m=sizes, cap=st.one_of(st.none(), sizes), est=st.sampled_from([("none",), ("bv",), ("mes",), ("magic",)]),
+       opt=st.sampled_from([{}, {"gamma": float("nan")}, {"n_bootstrap": -1}, {"foo": 1}, {"tol": 0.0}]),
+       poison=st.sampled_from([None, math.nan, math.inf]), keep_all=st.booleans())
+def test_sampled_ranking_metrics(m, cap, est, opt, poison, keep_all):
+    from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+
+    options = {est[0]: opt} if opt else None
+    metric = _contract(
+        lambda: SampledRankingMetrics(("ndcg@10", "auc"), n_samples=m, estimators=est, estimator_options=options,
+                                      adaptive_max=cap),
+        ("n_samples", "adaptive_max", "estimators", "estimator_options", "gamma", "n_bootstrap", "foo", "tol"))
+    if metric is None:
+        return
+    g = torch.Generator().manual_seed(1)
+    scores = torch.randn(6, 200, generator=g)
+    if poison is not None:
+        scores[2, 7] = poison  # an irrelevant item: the default check_finite=True must see it
+    pos = torch.tensor([[0], [1], [2], [3], [4], [5]])
+    keep = torch.ones(6, dtype=torch.bool) if keep_all else torch.zeros(6, dtype=torch.bool)
+    if _contract(lambda: metric.update(scores, pos, keep=keep), ("scores", "n_samples")) is None and poison is not None:
+        return
+    for key, e in metric.estimates().items():
+        if keep_all:
+            assert math.isfinite(e.value) and 0.0 <= e.value <= 1.0 + 1e-12, (key, e)
+        else:
+            assert math.isnan(e.value) and "no_instances" in e.flags, (key, e)
+
+
+@FAST
+@given(lines=st.lists(st.one_of(
+    st.tuples(st.integers(-3, 300), st.integers(-3, 5000), st.integers(-3, 200)).map(lambda t: f"{t[0]},{t[1]},{t[2]}"),
+    st.sampled_from(["1e20,1000,100", "1.5,1000,100", "abc", "", "3,,100", "2;1000;100", "# comment",
+                     "9999999999999999999999,10,10", "1,2,3,4"]),
+), min_size=0, max_size=6))
+def test_cli_estimate_rank_files(lines, tmp_path_factory):
+    """Any rank file: exit 0 with a table, or exit 2 with one line 'reco-sampled: error: ...'; never a traceback."""
+    import contextlib
+    import io
+
+    from reco_sampled_plugin.cli import main
+
+    path = tmp_path_factory.mktemp("fuzz") / "ranks.csv"
+    path.write_text("\n".join(lines) + "\n")
+    err, out = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+        try:
+            code = main(["estimate", str(path), "--metric", "hit@10", "--method", "none"])
+        except SystemExit as exc:  # argparse usage errors
+            code = exc.code
+        except Exception as exc:  # noqa: BLE001
+            pytest.fail(f"traceback from the CLI: {type(exc).__name__}: {exc}")
+    assert code in (0, 2)
+    if code == 2:
+        text = err.getvalue().strip()
+        assert text.startswith("reco-sampled: error:") and "\n" not in text, text
+    else:
+        assert "hit@10" in out.getvalue()
