@@ -164,6 +164,8 @@ def adaptive_sampled_ranks_from_exact(
 
     design = AdaptiveDesign(n_samples, max_samples)
     m0, cap = design.n_samples, design.cap
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
     r = check_rank_values(exact_ranks, "exact_ranks", whole=True)
     n = check_sizes(n_items, "n_items", 2, like=r, like_name="exact_ranks", exact=True, device=r.device)
     n = torch.as_tensor(n, dtype=torch.float64, device=r.device).expand(r.shape)

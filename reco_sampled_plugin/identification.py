@@ -46,6 +46,7 @@ from statistics import NormalDist
 import numpy as np
 from scipy import optimize, special, stats
 
+from ._checks import check_int
 from ._rank_hist import RankHistogram, as_histogram, interval_mean_metric
 from .adaptive import AdaptiveDesign, adaptive_design, check_adaptive_histogram, stage_event_cdf
 from .metric_names import MetricSpec, parse_metric
@@ -406,6 +407,7 @@ def identified_interval(
     if not isinstance(shape, TopShape):
         raise ValueError(f"shape: expected a TopShape, got {type(shape).__name__}")
     law = check_law(sampling)
+    max_groups = check_int(max_groups, "max_groups", minimum=1)
     hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
     hist.check_nonempty()
     hist = hist.without_empty_groups()

@@ -216,5 +216,10 @@ def empirical_prior(exact_ranks, n_items: int, smoothing: float = 1.0) -> Vector
     r = torch.as_tensor(exact_ranks).reshape(-1).to(torch.int64).cpu().numpy()
     if r.size and (r.min() < 1 or r.max() > n_items):
         raise ValueError(f"exact_ranks: values must lie in 1..n_items = 1..{n_items}")
-    counts = np.bincount(r - 1, minlength=n_items).astype(np.float64) + float(smoothing)
+    from ._options import check_nonnegative_float
+
+    smoothing = check_nonnegative_float(smoothing, "smoothing")
+    counts = np.bincount(r - 1, minlength=n_items).astype(np.float64) + smoothing
+    if counts.sum() <= 0:
+        raise ValueError("smoothing: with no exact ranks, smoothing must be > 0 (the prior would be empty)")
     return VectorPrior(counts / counts.sum())

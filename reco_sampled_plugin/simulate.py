@@ -31,6 +31,10 @@ def draw_sampled_ranks(
         raise ValueError("exact_ranks: values must lie in 1..n_items (1-based)")
     if r.size and np.any(n < 2):
         raise ValueError("n_items: need at least 2 candidates")
+    if seed is not None:
+        from ._options import check_seed
+
+        seed = check_seed(seed, "seed")
     rng = np.random.default_rng(seed)
     size = (reps,) + r.shape
     if law == "binomial":

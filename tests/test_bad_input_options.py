@@ -413,3 +413,21 @@ def test_cli_integer_and_gamma_arguments(tmp_path, capsys):
 
     assert main(["estimate", str(f), "--n-items", "100", "-m", "10", "--gamma", "nan"]) == 2
     assert capsys.readouterr().out == ""  # refused before the table header is printed
+
+
+def test_seed_generator_groups_and_smoothing_are_named():
+    """Siblings found by the options pass: a float seed, a non-generator, max_groups = 0, negative smoothing."""
+    import reco_sampled_plugin as rsp
+    from reco_sampled_plugin.priors import empirical_prior
+
+    with pytest.raises(ValueError, match="seed"):
+        rsp.draw_sampled_ranks(torch.tensor([1, 2]), 100, 10, seed=1.5)
+    with pytest.raises(ValueError, match="generator"):
+        rsp.adaptive_sampled_ranks_from_exact(torch.tensor([1, 2]), 100, 10, 40, generator="x")
+    with pytest.raises(ValueError, match="max_groups"):
+        rsp.identified_interval("hit@5", torch.tensor([1, 2, 3]), 1000, 10, max_groups=0)
+    for bad in (-5.0, float("nan")):
+        with pytest.raises(ValueError, match="smoothing"):
+            empirical_prior(torch.tensor([1, 2]), 10, smoothing=bad)
+    prior = empirical_prior(torch.tensor([1, 1, 2]), 4, smoothing=0.0)
+    assert list(prior.p) == pytest.approx([2 / 3, 1 / 3, 0.0, 0.0])
