@@ -390,8 +390,9 @@ def metric_key(metric: str) -> str:
 
 
 def stderr_from_sums(s1: float, s2: float, count: float) -> float:
-    """Standard error of a mean from the sum, the sum of squares and the count."""
+    """Standard error of a mean from the sum, the sum of squares and the count (inf for at most one instance: no
+    spread to measure)."""
     if count <= 1:
-        return math.inf if count < 1 else 0.0
+        return math.inf
     var = max(s2 - s1 * s1 / count, 0.0) / (count - 1.0)
     return math.sqrt(var / count)

@@ -197,8 +197,13 @@ def load_interactions(
     """
     path = os.fspath(path)
     opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", newline=None) as fh:
-        lines = fh.read().splitlines()
+    try:
+        with opener(path, "rt", encoding="utf-8", newline=None) as fh:
+            lines = fh.read().splitlines()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except (IsADirectoryError, PermissionError) as exc:
+        raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
     first = next((k for k, line in enumerate(lines) if line.strip()), None)
     if first is None:
         raise ValueError(f"{path}: no interactions (the file is empty)")

@@ -15,7 +15,8 @@ class Estimate:
 
     Attributes:
         value: the estimate (mean over instances).
-        stderr: its standard error over the instances (sample std / sqrt(n_instances); 0 for one instance).
+        stderr: its standard error over the instances (sample std / sqrt(n_instances); inf for one instance,
+            flagged ``few_instances``: one instance has no spread to measure).
         n_instances: number of evaluated instances (relevant items; a total weight when weighted).
         details: estimator-specific extras (method, gamma, sampling law, ...); treat as read-only.
         flags: explicit warnings instead of silent numbers: ``top_unresolved`` (the cut-off lies
@@ -72,7 +73,8 @@ class Estimate:
 
     @staticmethod
     def from_values(values, details: Mapping[str, Any] | None = None) -> "Estimate":
-        """Mean and standard error (ddof = 1) of per-instance values (a 1-D torch tensor or sequence)."""
+        """Mean and standard error (ddof = 1) of per-instance values (a 1-D torch tensor or sequence); one instance:
+        stderr inf and the flag ``few_instances`` (never an exactly known value)."""
         import torch
 
         v = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
@@ -80,5 +82,8 @@ class Estimate:
         if n == 0:
             raise ValueError("values: no instances to average")
         mean = float(v.mean())
-        se = float(v.std(correction=1) / math.sqrt(n)) if n > 1 else 0.0
+        if n == 1:
+            flags = ("few_instances",)
+            return Estimate(mean, math.inf, n, {**dict(details or {}), "flags": flags}, flags)
+        se = float(v.std(correction=1) / math.sqrt(n))
         return Estimate(mean, se, n, dict(details or {}))

@@ -431,3 +431,14 @@ def test_seed_generator_groups_and_smoothing_are_named():
             empirical_prior(torch.tensor([1, 2]), 10, smoothing=bad)
     prior = empirical_prior(torch.tensor([1, 1, 2]), 4, smoothing=0.0)
     assert list(prior.p) == pytest.approx([2 / 3, 1 / 3, 0.0, 0.0])
+
+
+def test_interaction_files_that_cannot_be_read_name_the_path(tmp_path):
+    from reco_sampled_plugin.datasets import load_interactions
+
+    bad = tmp_path / "latin1.csv"
+    bad.write_bytes("1,2,5,\xe9\n".encode("latin-1"))
+    with pytest.raises(ValueError, match="latin1.csv.*UTF-8"):
+        load_interactions(str(bad))
+    with pytest.raises(ValueError, match="cannot read"):
+        load_interactions(str(tmp_path))

@@ -28,7 +28,8 @@ def test_estimate_dataclass():
     assert math.isclose(hi - e.value, 1.959963984540054 * e.stderr)
     with pytest.raises(AttributeError):
         e.value = 3.0  # frozen
-    assert Estimate.from_values([7.0]).stderr == 0.0
+    one = Estimate.from_values([7.0])  # one instance: no spread to measure, never an exactly known value
+    assert one.value == 7.0 and math.isinf(one.stderr) and one.flags == ("few_instances",)
 
 
 def test_corrected_metric_is_table_lookup_mean(gen):
