@@ -17,3 +17,24 @@ os.environ.setdefault("RECO_SAMPLED_BACKEND", "auto")
 @pytest.fixture
 def gen():
     return torch.Generator().manual_seed(12345)
+
+
+# Devices every device-parametrised test runs on: the CPU always, CUDA when this machine has it (issue 19).
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES)
+def device(request) -> torch.device:
+    """Each available device in turn (``cpu``; ``cuda`` too on a GPU machine)."""
+    return torch.device(request.param)
+
+
+@pytest.fixture(params=["eager", "compiled"])
+def backend(request):
+    """Each counting backend in turn (``reco_sampled_plugin.counting.set_backend``), restored afterwards."""
+    from reco_sampled_plugin import counting
+
+    before = counting.get_backend()
+    counting.set_backend(request.param)
+    yield request.param
+    counting.set_backend(before)
