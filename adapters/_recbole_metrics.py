@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from reco_sampled_plugin._rank_hist import _bincount_histogram, _group_ids, sampled_rank_histogram
-from reco_sampled_plugin.estimators import estimate
+from reco_sampled_plugin.estimators import METHOD_OPTIONS, estimate
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import _metric_from_float_ranks
 
@@ -132,9 +132,10 @@ class _EstimatedMetric(_Metric):
         if self.family == "corrected":
             if s.prior == "mle":
                 return {"method": "bv_mle", "gamma": s.gamma}
-            return {"method": s.correction, "gamma": s.gamma, "prior": s.prior}
+            options = {"gamma": s.gamma, "prior": s.prior}  # only those the method uses (estimate refuses others)
+            return {"method": s.correction, **{k: v for k, v in options.items() if k in METHOD_OPTIONS[s.correction]}}
         if self.family == "mapped":
-            return {"method": s.mapping, "a": s.mapping_a}
+            return {"method": s.mapping, **({"a": s.mapping_a} if "a" in METHOD_OPTIONS[s.mapping] else {})}
         return {"method": s.rank_dist, "n_bootstrap": s.bootstrap, "seed": s.seed}
 
     def _values(self, table, users, weights, k) -> dict:

@@ -168,6 +168,18 @@ def _parse_prior(value, correction: str):
     raise ValueError(f"rsp_prior: expected 'uniform', 'mle' or [beta, a], got {value!r}")
 
 
+def _refuse_unused_keys(families: set, correction: str, gamma: float, prior, mapping: str, mapping_a) -> None:
+    """A key set for a listed metric family whose method does not use it is an error, not silently ignored
+    (rsp_gamma with rsp_correction: ls, rsp_prior with none / rank_estimate, rsp_mapping_a with linear / bound)."""
+    if "corrected" in families:
+        if gamma != CONFIG_DEFAULTS["rsp_gamma"] and correction != "bv":
+            raise ValueError(f"rsp_gamma: only rsp_correction: bv uses it, but the correction is {correction!r}")
+        if prior is not None and correction not in ("ls", "cls", "bv"):
+            raise ValueError(f"rsp_prior: only rsp_correction ls, cls and bv use a prior, but the correction is {correction!r}")
+    if "mapped" in families and mapping_a is not None and mapping not in ("beta", "beta_fit"):
+        raise ValueError(f"rsp_mapping_a: only rsp_mapping beta and beta_fit use it, but the mapping is {mapping!r}")
+
+
 def plugin_metrics_in(config) -> tuple[str, ...]:
     """Lower-case names of the plugin metrics listed in a RecBole config's ``metrics``."""
     metrics = config["metrics"] or []
@@ -227,6 +239,7 @@ def validate_config(config) -> _Settings | None:
             raise ValueError(f"rsp_mapping_a: expected a positive number, got {config['rsp_mapping_a']!r}")
     if mapping == "beta" and mapping_a is None:
         mapping_a = 1.0
+    _refuse_unused_keys(families, correction, gamma, prior, mapping, mapping_a)
     rank_dist = _choice(config, "rsp_rank_dist", RANK_DISTRIBUTION_METHODS, "rank-distribution method")
     bootstrap = _as_int(_get(config, "rsp_bootstrap"), "rsp_bootstrap", 2)
     weighting = _choice(config, "rsp_weighting", ("user", "item"), "weighting")

@@ -84,7 +84,7 @@ def _cmd_table(args: argparse.Namespace) -> int:
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
-    from .estimators import estimate
+    from .estimators import METHOD_OPTIONS, estimate
     from .rank_files import read_ncf, read_rank_file
 
     from ._options import check_fraction
@@ -136,8 +136,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     for metric in metrics:
         for method in methods:
             if adaptive is None:
-                est = estimate(metric, data.ranks, data.n_items, data.n_samples, method=method, gamma=args.gamma,
-                               sampling=args.sampling)
+                gamma = {"gamma": args.gamma} if "gamma" in METHOD_OPTIONS[method] else {}
+                est = estimate(metric, data.ranks, data.n_items, data.n_samples, method=method, sampling=args.sampling,
+                               **gamma)
             else:
                 est = estimate(metric, data.ranks, data.n_items, data.n_samples, method=method, sampling=args.sampling,
                                **extra)

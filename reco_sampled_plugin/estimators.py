@@ -79,6 +79,19 @@ _COMMON_OPTIONS = ("max_rel_n_spread", "top_shape")
 _NAMED_OPTIONS = ("a", "gamma", "prior", "rounding")
 
 
+def _refuse_unused(method: str, named: dict) -> None:
+    """Raise a ValueError naming the first of ``estimate``'s named options (a, gamma, prior, rounding) that was
+    given (not None) although ``method`` does not use it."""
+    for key, value in named.items():
+        if value is not None and key not in METHOD_OPTIONS[method]:
+            takes = [k for k in METHOD_OPTIONS[method] if k in _NAMED_OPTIONS]
+            users = [m for m, opts in METHOD_OPTIONS.items() if key in opts]
+            raise ValueError(
+                f"{key}: method {method!r} does not use it (it takes {', '.join(takes) or 'none of a, gamma, prior, rounding'}"
+                f"; {key} is an option of {', '.join(users)})"
+            )
+
+
 def check_estimator_options(method: str, options, where: str | None = None) -> dict:
     """Validate the keyword arguments ``options`` of ``estimate(..., method=method, **options)`` without data
     (e.g. when a metric class is constructed, long before its first ``compute``): every key must be one the
@@ -243,9 +256,9 @@ def estimate(
     sampling: str = "binomial",
     weights=None,
     a: float | None = None,
-    gamma: float = 0.1,
+    gamma: float | None = None,
     prior=None,
-    rounding: str = "floor",
+    rounding: str | None = None,
     max_rel_n_spread: float | None = None,
     top_shape: TopShape | None = None,
     adaptive=None,
@@ -266,8 +279,12 @@ def estimate(
         weights: optional per-positive frequency weights: their sum is the number of instances that
             standard errors (and bootstraps) assume, so scale them to it (e.g. 1/|T_u| per positive: one
             per user); a total of at most 1 gives stderr inf, flagged ``few_instances``.
-        a: Beta shape for ``beta`` (starting value for ``beta_fit``).
-        gamma, prior, rounding: passed to the corrections (``bv``, ``ls``, ``cls``, ``rank_estimate``).
+        a: Beta shape for ``beta`` (required there; a = 1 is eq. 18), the starting value for ``beta_fit``.
+        gamma, prior, rounding: the corrections' options: ``gamma`` for ``bv`` and ``bv_mle`` (default 0.1),
+            ``prior`` for ``ls``, ``cls`` and ``bv`` (default uniform), ``rounding`` for ``rank_estimate``
+            (default ``"floor"``). None means the default; a value given to a method that does not use it is
+            a ValueError (it would otherwise be ignored silently), as is any other option the method does
+            not take (:data:`METHOD_OPTIONS`).
         max_rel_n_spread: None (every distinct candidate count n gets its own table or likelihood) or s > 0:
             counts are moved onto a geometric grid of n (consecutive nodes within a factor 1 + s), each
             group split between its two neighbouring nodes linearly in 1/(n - 1) (``_rank_hist.pool_by_n``);
@@ -303,8 +320,9 @@ def estimate(
     # every option before any work: an unknown one is named (not a TypeError deep inside), an invalid value
     # (tol=nan, gamma=nan, an unknown sampling law that a mapping would ignore) is a ValueError naming it
     sampling = check_law(sampling)
-    gamma = check_fraction(gamma, "gamma")
-    rounding = check_choice(rounding, ("floor", "linear"), "rounding")
+    _refuse_unused(method, {"a": a, "gamma": gamma, "prior": prior, "rounding": rounding})
+    gamma = 0.1 if gamma is None else check_fraction(gamma, "gamma")
+    rounding = "floor" if rounding is None else check_choice(rounding, ("floor", "linear"), "rounding")
     if options:
         check_options(options, tuple(k for k in METHOD_OPTIONS[method] if k not in _NAMED_OPTIONS),
                       f"estimate(method={method!r})")

@@ -631,7 +631,8 @@ def _sampled_result(per_user, parts, base_specs, m, replacement, correction, gam
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 if design is None:
-                    est = estimate(spec, sranks, n_single, m, method=correction, sampling=law, gamma=gamma)
+                    uses_gamma = {"gamma": gamma} if correction in ("bv", "bv_mle") else {}
+                    est = estimate(spec, sranks, n_single, m, method=correction, sampling=law, **uses_gamma)
                 else:
                     est = estimate(spec, sranks, n_single, sizes, method=correction, adaptive=design)
             estimates[spec.column] = est

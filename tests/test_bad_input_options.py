@@ -442,3 +442,54 @@ def test_interaction_files_that_cannot_be_read_name_the_path(tmp_path):
         load_interactions(str(bad))
     with pytest.raises(ValueError, match="cannot read"):
         load_interactions(str(tmp_path))
+
+
+# --- options a method does not use are refused, not ignored (issue 18) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "method, option, value",
+    [("linear", "a", 2.0), ("bound", "a", 0.5), ("mes", "a", 1.0), ("mes", "gamma", 0.3), ("ls", "gamma", 0.3),
+     ("bv_mle", "prior", "uniform"), ("mle", "prior", None), ("bv", "rounding", "linear"), ("none", "rounding", "floor"),
+     ("rank_estimate", "prior", rsp.BetaPrior(0.5) if hasattr(rsp, "BetaPrior") else "uniform")],
+)
+def test_an_option_the_method_does_not_use_is_named(method, option, value):
+    if value is None:  # None means "the default": always accepted
+        assert math.isfinite(estimate("hit@10", RANKS, 100, 10, method=method, **{option: value}).value)
+        return
+    with pytest.raises(ValueError, match=f"^{option}: method {method!r} does not use it") as info:
+        estimate("hit@10", RANKS, 100, 10, method=method, **{option: value})
+    users = [m for m, opts in METHOD_OPTIONS.items() if option in opts]
+    assert users and all(m in str(info.value) for m in users)  # the message says which methods do take it
+
+
+def test_each_named_option_still_reaches_its_method():
+    base = estimate("ndcg@10", RANKS, 100, 10, method="bv").value
+    assert estimate("ndcg@10", RANKS, 100, 10, method="bv", gamma=0.1).value == base  # the default, explicit
+    assert estimate("ndcg@10", RANKS, 100, 10, method="bv", gamma=1.0).value != base
+    assert estimate("hit@10", RANKS, 100, 10, method="beta", a=3.0).value != estimate("hit@10", RANKS, 100, 10,
+                                                                                   method="beta", a=1.0).value
+    floor = estimate("ndcg@10", RANKS, 100, 10, method="rank_estimate").value
+    assert estimate("ndcg@10", RANKS, 100, 10, method="rank_estimate", rounding="linear").value != floor
+
+
+@pytest.mark.parametrize(
+    "extra, key",
+    [
+        ({"metrics": ["CorrectedRecall"], "rsp_correction": "ls", "rsp_gamma": 0.3}, "rsp_gamma: only rsp_correction: bv"),
+        ({"metrics": ["CorrectedRecall"], "rsp_correction": "none", "rsp_prior": ["beta", 0.5]}, "rsp_prior: only"),
+        ({"metrics": ["MappedHit"], "rsp_mapping": "bound", "rsp_mapping_a": 2.0}, "rsp_mapping_a: only"),
+    ],
+)
+def test_recbole_keys_unused_by_the_chosen_method_are_refused(extra, key):
+    from recbole.config import Config
+
+    from reco_sampled_plugin.adapters import recbole as _plugin  # noqa: F401  (registers the metrics)
+    from test_recbole_adapter import BASE
+
+    with pytest.raises(ValueError, match=f"^{key}"):
+        Config(model="BPR", dataset="ml-100k", config_dict={**BASE, "rsp_m": 100, **extra})
+    # the same key with a method that uses it is fine
+    fixed = {"rsp_correction": "bv"} if "rsp_correction" in extra and "rsp_gamma" in extra else \
+        {"rsp_correction": "ls"} if "rsp_prior" in extra else {"rsp_mapping": "beta"}
+    Config(model="BPR", dataset="ml-100k", config_dict={**BASE, "rsp_m": 100, **extra, **fixed})
