@@ -22,7 +22,9 @@ __all__ = [
     "as_tensor",
     "check_same_device",
     "check_int",
+    "check_size",
     "check_sizes",
+    "check_not_meta",
     "check_rank_values",
     "check_weights",
     "check_ranks_in_range",
@@ -41,10 +43,17 @@ MAX_SAMPLES = 1 << 24
 MAX_TOTAL_WEIGHT = float(1 << 53)
 
 
+def check_not_meta(t: torch.Tensor, name: str) -> torch.Tensor:
+    """``t`` unless it is a ``meta`` tensor (shape only, no values: nothing can be ranked or counted from it)."""
+    if t.device.type == "meta":
+        raise ValueError(f"{name}: a 'meta' tensor holds no values; move it to a real device (cpu, cuda, ...)")
+    return t
+
+
 def as_tensor(x, name: str, dtype: torch.dtype | None = None, device: torch.device | None = None) -> torch.Tensor:
     """Convert ``x`` (tensor, array, list or scalar) to a tensor, keeping tensors on their device."""
     if isinstance(x, torch.Tensor):
-        t = x
+        t = check_not_meta(x, name)
     else:
         try:
             t = torch.as_tensor(x)
@@ -66,22 +75,32 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
 
 
 def check_int(value, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
-    """Return ``value`` as an int, raising a ValueError naming ``name`` if it is not an integer in
-    minimum..maximum (bools and floats are refused)."""
-    if isinstance(value, bool) or not isinstance(value, (int,)) and not (
-        isinstance(value, torch.Tensor) and value.numel() == 1 and not value.is_floating_point()
-        and value.dtype != torch.bool and not value.is_complex()
-    ):
-        if isinstance(value, np.integer):
-            value = int(value)
-        else:
-            raise ValueError(f"{name}: expected an integer, got {value!r}") from None
-    value = int(value)
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name}: must be >= {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise ValueError(f"{name}: must be <= {maximum}, got {value}")
-    return value
+    """The one check of an integer option (a seed, an iteration count, a batch size, k...): ``value`` as an int,
+    raising a ValueError naming ``name`` unless it is a Python, numpy or 0-d torch integer in minimum..maximum.
+    Bools, floats (even 3.0), complex numbers and arrays are refused. Sizes (n, m) that may arrive as whole
+    floats go through :func:`check_size` instead."""
+    dtype = str(getattr(value, "dtype", ""))
+    bad_type = (isinstance(value, (bool, np.bool_)) or any(k in dtype for k in ("bool", "float", "complex"))
+                or getattr(value, "ndim", 0) or not hasattr(value, "__index__"))
+    try:
+        v = None if bad_type else int(value.__index__())
+    except (TypeError, ValueError, RuntimeError):
+        v = None
+    if v is None:
+        bound = "" if minimum is None else f" >= {minimum}"
+        raise ValueError(f"{name}: expected an integer{bound}, got {value!r}") from None
+    if minimum is not None and v < minimum:
+        raise ValueError(f"{name}: must be >= {minimum}, got {v}")
+    if maximum is not None and v > maximum:
+        raise ValueError(f"{name}: must be <= {maximum}, got {v}")
+    return v
+
+
+def check_size(value, name: str, minimum: int = 1, maximum: int = MAX_SIZE) -> int:
+    """One size such as n_items (n) or n_samples (m) as an int: a whole number of any real type (100, 100.0,
+    np.int32(100), a one-element tensor), finite, in minimum..maximum; the same rule as :func:`check_sizes`
+    for per-instance sizes, so ``n_samples=10.0`` is accepted wherever ``n_items=100.0`` is."""
+    return check_sizes(value, name, minimum, maximum=maximum, one=True)
 
 
 def _numeric(x, name: str, what: str, device: torch.device | None = None) -> torch.Tensor:
@@ -89,7 +108,7 @@ def _numeric(x, name: str, what: str, device: torch.device | None = None) -> tor
     go through numpy, so 1e300 stays a finite float64 instead of overflowing float32). Bools and complex
     numbers are refused with a ValueError naming ``name``."""
     if isinstance(x, torch.Tensor):
-        t = x
+        t = check_not_meta(x, name)
     else:
         if isinstance(x, (bool, np.bool_)):
             raise ValueError(f"{name}: expected {what}, got the bool {x!r}")

@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from .sampling_laws import check_law  # the one sampling-law check of the package
+from ._checks import check_int  # the one integer check of the package
 
 __all__ = [
     "check_options",
@@ -78,19 +79,9 @@ def check_fraction(x, name: str) -> float:
 
 
 def check_count(x, name: str, minimum: int = 0) -> int:
-    """``x`` as an int, raising a ValueError naming ``name`` unless it is an integer >= ``minimum`` (a Python,
-    numpy or 0-d integer torch value; not a bool, not a float such as 2.5 or 1e3)."""
-    dtype = str(getattr(x, "dtype", ""))
-    if isinstance(x, bool) or "bool" in dtype or "float" in dtype or "complex" in dtype or getattr(x, "ndim", 0) \
-            or not hasattr(x, "__index__"):
-        raise ValueError(f"{name}: expected an integer >= {minimum}, got {x!r}")
-    try:
-        v = int(x.__index__())
-    except (TypeError, ValueError, RuntimeError):
-        raise ValueError(f"{name}: expected an integer >= {minimum}, got {x!r}") from None
-    if v < minimum:
-        raise ValueError(f"{name}: must be an integer >= {minimum}, got {v}")
-    return v
+    """An integer option >= ``minimum`` (:func:`~reco_sampled_plugin._checks.check_int`: Python, numpy or 0-d
+    integer torch values; not a bool, not a float such as 2.5 or 1e3)."""
+    return check_int(x, name, minimum)
 
 
 def check_seed(x, name: str = "seed") -> int:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from scipy import special
 
-from ._checks import MAX_SAMPLES, check_int, check_rank_values, check_sizes
+from ._checks import MAX_SAMPLES, check_rank_values, check_size, check_sizes
 
 __all__ = [
     "AdaptiveDesign",
@@ -51,8 +51,8 @@ class AdaptiveDesign:
     adaptive_max: int
 
     def __post_init__(self) -> None:
-        m = check_int(self.n_samples, "n_samples", minimum=1)
-        cap = check_int(self.adaptive_max, "adaptive_max", minimum=1, maximum=MAX_SAMPLES)
+        m = check_size(self.n_samples, "n_samples", 1, MAX_SAMPLES)
+        cap = check_size(self.adaptive_max, "adaptive_max", 1, MAX_SAMPLES)
         if cap < m:
             raise ValueError(f"adaptive_max: must be at least n_samples (m = {m}), got {cap}")
         object.__setattr__(self, "n_samples", m)

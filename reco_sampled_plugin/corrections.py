@@ -42,7 +42,7 @@ import scipy.linalg
 import scipy.optimize
 import torch
 
-from ._checks import check_int, check_rank_values, check_ranks_in_range, check_sizes
+from ._checks import MAX_SAMPLES, check_rank_values, check_ranks_in_range, check_size, check_sizes
 from .metric_names import MetricSpec, parse_metric
 from .metrics import _metric_from_float_ranks
 from .priors import Prior, as_prior
@@ -490,7 +490,7 @@ def expected_corrected(
     r = check_rank_values(exact_ranks, "exact_ranks").to("cpu")
     n = check_sizes(n_items, "n_items", 2, like=r, like_name="exact_ranks")
     r, n = torch.broadcast_tensors(r, torch.as_tensor(n, dtype=torch.int64))
-    m = check_int(n_samples, "n_samples", minimum=1)
+    m = check_size(n_samples, "n_samples", 1, MAX_SAMPLES)
     check_ranks_in_range(r, n, "exact_ranks")
     if r.numel() == 0:  # an empty batch: no values; the settings are still checked
         parse_metric(metric), check_method(method), check_gamma(gamma), check_law(sampling)

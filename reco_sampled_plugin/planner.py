@@ -59,7 +59,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ._checks import check_int
+from ._checks import MAX_SAMPLES, check_int, check_size
 from .adaptive import ADAPTIVE_METHODS, AdaptiveDesign, check_adaptive_histogram
 from .metric_names import MetricSpec, parse_metric
 
@@ -292,12 +292,12 @@ def _check_design(design, n_min: int, method: str) -> tuple[int, int | None]:
         m, cap = design
     except (TypeError, ValueError):
         raise ValueError(f"designs: each design is (m, cap_or_None), got {design!r}") from None
-    m = check_int(m, "designs: m", minimum=1)
+    m = check_size(m, "designs: m", 1, MAX_SAMPLES)
     if cap is None:
         if m >= n_min - 1:
             raise ValueError(f"designs: m = {m} is not below n_items - 1 = {n_min - 1}; rank all items instead")
         return m, None
-    cap = check_int(cap, "designs: cap", minimum=1)
+    cap = check_size(cap, "designs: cap", 1, MAX_SAMPLES)
     if cap < m:
         raise ValueError(f"designs: the adaptive cap {cap} is below its first-stage m = {m}")
     if method not in ADAPTIVE_METHODS:
@@ -314,7 +314,7 @@ def default_designs(n_items: int, method: str = "mes") -> list[tuple[int, int | 
     caps of :data:`DEFAULT_ADAPTIVE_CAPS` that are at least 2 m0, up to and including the first cap >= n - 1 (a
     larger one resolves nothing more); adaptive designs only for ``mes``, ``mle`` and ``none``.
     """
-    n = check_int(n_items, "n_items", minimum=2)
+    n = check_size(n_items, "n_items", 2)
     out: list[tuple[int, int | None]] = [(m, None) for m in DEFAULT_FIXED_M if m < n - 1]
     if method in ADAPTIVE_METHODS:
         m0 = min(DEFAULT_ADAPTIVE_START, max(1, (n - 1) // 8))
@@ -351,7 +351,7 @@ def _one_thread():
 def _check_inputs(n_items, n_users, target, repeats):
     n_users = check_int(n_users, "n_users", minimum=1)
     if np.ndim(n_items) == 0:
-        n_scalar = check_int(n_items, "n_items", minimum=2)
+        n_scalar = check_size(n_items, "n_items", 2)
         n_u = np.full(n_users, n_scalar, dtype=np.int64)
         n_keep: int | np.ndarray = n_scalar
     else:

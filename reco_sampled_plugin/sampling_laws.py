@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import MAX_SIZE, check_int, check_rank_values, check_ranks_in_range, check_sizes
+from ._checks import MAX_SIZE, check_rank_values, check_ranks_in_range, check_size, check_sizes
 from .metric_names import MetricSpec, parse_metric
 from .metrics import _metric_from_float_ranks
 
@@ -74,7 +74,7 @@ def _log_pmf_hypergeometric(r: torch.Tensor, n: torch.Tensor, m: int) -> torch.T
 
 def _prepare(ranks, n_items, n_samples, sampling) -> tuple[torch.Tensor, torch.Tensor, int, str]:
     law = check_law(sampling)
-    m = check_int(n_samples, "n_samples", minimum=1, maximum=MAX_SIZE)
+    m = check_size(n_samples, "n_samples", 1, MAX_SIZE)
     r = check_rank_values(ranks, "ranks")
     # n >= 2: the relevant item and one irrelevant item
     n = check_sizes(n_items, "n_items", 2, like=r, device=r.device)

@@ -30,6 +30,8 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 
+from ._checks import check_int
+
 __all__ = ["split_train_test", "leave_last_out_split", "SPLIT_TYPES"]
 
 SPLIT_TYPES = ("separated", "all", "joined")
@@ -78,10 +80,6 @@ def _check_fraction(value: float, name: str) -> float:
     return v
 
 
-def _check_count(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
-        raise ValueError(f"{name}: expected an integer >= {minimum}, got {value!r}")
-    return int(value)
 
 
 def _pick_test_items(indptr: np.ndarray, n_test: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -143,9 +141,9 @@ def split_train_test(
     if split_type not in SPLIT_TYPES:
         raise ValueError(f"split_type: expected one of {SPLIT_TYPES}, got {split_type!r}")
     items_test_fraction = _check_fraction(items_test_fraction, "items_test_fraction")
-    min_items_pool = _check_count(min_items_pool, "min_items_pool", 0)
-    min_pos_test = _check_count(min_pos_test, "min_pos_test", 0)
-    seed = _check_count(seed, "seed", 0)
+    min_items_pool = check_int(min_items_pool, "min_items_pool", 0)
+    min_pos_test = check_int(min_pos_test, "min_pos_test", 0)
+    seed = check_int(seed, "seed", 0)
     m, as_array = _as_csr(X)
     n_users, n_items = m.shape
     if n_users == 0 or n_items == 0 or m.nnz == 0:
@@ -163,7 +161,7 @@ def split_train_test(
         raise ValueError(f"X: needs at least 2 users (rows) for split_type={split_type!r}")
     if max_test_users is None or max_test_users == 0:
         max_test_users = n_users
-    max_test_users = _check_count(max_test_users, "max_test_users", 1)
+    max_test_users = check_int(max_test_users, "max_test_users", 1)
     if users_test_fraction is not None:
         frac = _check_fraction(users_test_fraction, "users_test_fraction")
         target = n_users * frac

@@ -19,7 +19,7 @@ from statistics import NormalDist
 import numpy as np
 import torch
 
-from ._checks import check_int, check_rank_values, check_sizes
+from ._checks import MAX_SAMPLES, check_rank_values, check_size, check_sizes
 from ._rank_hist import check_spread
 from .corrections import _table_numpy, check_gamma, check_method, n_interpolation, tables_for_counts
 from .estimate import Estimate
@@ -66,7 +66,7 @@ def corrected_values(
     ``max_rel_n_spread``: None (a table per distinct n, exact) or s > 0 (tables on a geometric grid of n,
     interpolated in 1/(n - 1); see the module docstring).
     """
-    m = check_int(n_samples, "n_samples", minimum=1)
+    m = check_size(n_samples, "n_samples", 1, MAX_SAMPLES)
     r = _check_sampled(sampled_ranks, m)
     n = check_sizes(n_items, "n_items", 2, like=r, like_name="sampled_ranks", exact=True, device=r.device)
     n = torch.broadcast_to(torch.as_tensor(n, dtype=torch.int64, device=r.device), r.shape)

@@ -477,3 +477,60 @@ def test_huge_sample_sizes_are_refused_before_allocating():
     with pytest.raises(ValueError, match="adaptive_max"):
         rsp.AdaptiveDesign(100, 10**12)
     assert rsp.estimate("hit@10", torch.tensor([1, 2, 15]), 10**6, 20_000, method="none").value == pytest.approx(2 / 3)
+
+
+# --- one rule per kind of argument (issue 18): sizes accept whole numbers of any type, options only integers -----
+
+
+def test_whole_float_sizes_are_accepted_for_n_and_m_alike():
+    r = torch.tensor([1, 2, 5])
+    for m in (10, 10.0, np.float64(10.0), np.int32(10), torch.tensor(10)):
+        assert rsp.expected_sampled("ndcg@10", torch.tensor([3, 40]), 100.0, m).shape == (2,)
+        assert math.isfinite(rsp.corrected_metric("ndcg@10", r, 100.0, m).value)
+        assert rsp.correction_table("ndcg@10", 100, m, "bv").shape == (11,)
+        assert rsp.adaptive.AdaptiveDesign(m, 40.0).cap == 40
+    for bad in (10.5, math.inf, math.nan, "10", True):
+        for call in (lambda v: rsp.expected_sampled("ndcg@10", torch.tensor([3]), 100, v),
+                     lambda v: rsp.correction_table("ndcg@10", 100, v, "bv"),
+                     lambda v: rsp.adaptive.AdaptiveDesign(v, 40)):
+            with pytest.raises(ValueError, match="^n_samples: "):
+                call(bad)
+
+
+def test_integer_options_refuse_floats_bools_and_arrays():
+    from reco_sampled_plugin._checks import check_int
+    from reco_sampled_plugin._options import check_count
+
+    assert check_int(np.int64(3), "k", 1) == 3 and check_int(torch.tensor(3), "k") == 3
+    for bad in (3.0, True, np.float32(3), torch.tensor([3]), torch.tensor(3.0), "3", None, 2 + 0j):
+        with pytest.raises(ValueError, match="^k: expected an integer"):
+            check_int(bad, "k", 1)
+        with pytest.raises(ValueError, match="^k: expected an integer"):
+            check_count(bad, "k", 1)
+    with pytest.raises(ValueError, match="^k: must be >= 1, got 0"):
+        check_int(0, "k", 1)
+    with pytest.raises(ValueError, match="^k: must be <= 5, got 6"):
+        check_int(6, "k", 1, 5)
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda meta: rsp.metric_values("ndcg@10", meta([1, 2]), 50), "ranks"),
+        (lambda meta: rsp.metric_values("ndcg@10", torch.tensor([1, 2]), meta(50)), "n_items"),
+        (lambda meta: rsp.estimate("ndcg@10", meta([1, 2, 3]), 50, 10), "sampled_ranks"),
+        (lambda meta: rsp.expected_sampled("ndcg@10", meta([1, 2, 3]), 50, 10), "ranks"),
+        (lambda meta: rsp.corrected_metric("ndcg@10", meta([1, 2, 3]), 50, 10), "sampled_ranks"),
+        (lambda meta: rsp.sampled_rank_histogram(meta([1, 2, 3]), 50, 10), "sampled_ranks"),
+        (lambda meta: rsp.exact_ranks(meta([[0.1, 0.2]]).float(), torch.tensor([0])), "scores"),
+        (lambda meta: rsp.exact_ranks(torch.rand(1, 5), meta([0])), "positives"),
+        (lambda meta: rsp.exact_ranks_from_factors(meta([[0.1, 0.2]]).float(), torch.rand(5, 2), torch.tensor([0])),
+         "factors"),
+    ],
+)
+def test_meta_tensors_are_refused_with_the_argument_named(call, name):
+    def meta(values):
+        return torch.tensor(values).to("meta")
+
+    with pytest.raises(ValueError, match=name):
+        call(meta)
