@@ -32,7 +32,7 @@ import torch
 
 from .metric_names import MetricSpec
 
-__all__ = ["expected_metric_values", "undefined_users", "ideal_dcg"]
+__all__ = ["expected_metric_values", "expected_dcg", "undefined_users", "ideal_dcg"]
 
 
 def undefined_users(kind: str, k: torch.Tensor, t: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
@@ -98,31 +98,22 @@ def expected_metric_values(
     ordered = torch.sort(key, dim=1).values.contiguous()
     above = torch.searchsorted(ordered, key.contiguous(), side="left").to(torch.float64)
     j = torch.searchsorted(ordered, key.contiguous(), side="right").to(torch.float64) - above
-    last = torch.minimum(hi, kk)  # last position of the group inside the cut-off
-    inside = torch.where(valid, torch.clamp(last - lo + 1, min=0), torch.zeros_like(lo))  # its positions <= k
+    inside = torch.where(valid, torch.clamp(torch.minimum(hi, kk) - lo + 1, min=0), torch.zeros_like(lo))  # positions <= k
     kind = spec.kind
     if kind in ("precision", "trunc_precision", "recall"):
         hits = (inside / g).sum(1)
         out = hits / {"precision": k, "trunc_precision": torch.minimum(k, t), "recall": t}[kind]
-    elif kind in ("ndcg", "ap", "trunc_ap"):
-        if max_position is None:
-            max_position = int(torch.where(valid, hi, torch.zeros_like(hi)).max()) if hi.numel() else 0
-        top = max(1, min(int(max_position), spec.k if spec.k is not None else int(max_position)))
-        p = torch.arange(1, top + 1, dtype=torch.float64, device=lo.device)
-        table = _cumulative(math.log(2.0) / torch.log1p(p) if kind == "ndcg" else 1.0 / p)
-        end = torch.clamp(last, 0, top).long()
-        start = torch.clamp(lo - 1, 0, top).long()
-        partial = torch.where(inside > 0, table[end] - table[start], torch.zeros_like(lo))  # sum over the group's positions <= k
-        if kind == "ndcg":
-            gains = torch.ones_like(lo) if gain is None else gain.to(torch.float64)
-            gains = torch.where(valid, gains, torch.zeros_like(gains))
-            dcg = (gains * partial / g).sum(1)
-            idcg = ideal_dcg(gains, valid, k)
-            out = torch.where(idcg > 0, dcg / idcg, torch.full_like(dcg, math.nan))
-        else:
-            share = torch.where(g > 1, (j - 1) / torch.clamp(g - 1, min=1), torch.zeros_like(g))
-            per_item = torch.where(inside > 0, ((above + 1 - share * lo) * partial + share * inside) / g, torch.zeros_like(lo))
-            out = per_item.sum(1) / (t if kind == "ap" else torch.minimum(k, t))
+    elif kind == "ndcg":
+        gains = torch.ones_like(lo) if gain is None else gain.to(torch.float64)
+        gains = torch.where(valid, gains, torch.zeros_like(gains))
+        dcg = expected_dcg(lo, hi, gains, spec.k, k, max_position)
+        idcg = ideal_dcg(gains, valid, k)
+        out = torch.where(idcg > 0, dcg / idcg, torch.full_like(dcg, math.nan))
+    elif kind in ("ap", "trunc_ap"):
+        partial = _group_sums(lo, hi, kk, inside, spec.k, max_position, "reciprocal")
+        share = torch.where(g > 1, (j - 1) / torch.clamp(g - 1, min=1), torch.zeros_like(g))
+        per_item = torch.where(inside > 0, ((above + 1 - share * lo) * partial + share * inside) / g, torch.zeros_like(lo))
+        out = per_item.sum(1) / (t if kind == "ap" else torch.minimum(k, t))
     elif kind == "hit":
         c = kk - lo + 1  # positions of a straddling group inside the cut-off
         log_none = _log_choose(torch.clamp(g - j, min=0), torch.clamp(c, min=0)) - _log_choose(g, torch.clamp(c, 0, None).minimum(g))
@@ -140,6 +131,34 @@ def expected_metric_values(
     else:  # pragma: no cover - MetricSpec validates kinds
         raise ValueError(f"metric: unsupported kind {kind!r}")
     return torch.where(undefined_users(kind, k, t, n), torch.full_like(out, math.nan), out)
+
+
+def _group_sums(lo, hi, kk, inside, k: int | None, max_position: int | None, what: str) -> torch.Tensor:
+    """(B, P): sum over each group's positions p = lo .. min(hi, k) of 1 / log2(p + 1) (``"discount"``) or 1 / p
+    (``"reciprocal"``), from a prefix-sum table up to the largest position needed; 0 where none is inside k."""
+    valid = lo > 0
+    if max_position is None:  # one synchronisation: the table's length
+        max_position = int(torch.where(valid, hi, torch.zeros_like(hi)).max()) if hi.numel() else 0
+    top = max(1, min(int(max_position), k if k is not None else int(max_position)))
+    p = torch.arange(1, top + 1, dtype=torch.float64, device=lo.device)
+    table = _cumulative(math.log(2.0) / torch.log1p(p) if what == "discount" else 1.0 / p)
+    end = torch.clamp(torch.minimum(hi, kk), 0, top).long()
+    start = torch.clamp(lo - 1, 0, top).long()
+    return torch.where(inside > 0, table[end] - table[start], torch.zeros_like(lo))
+
+
+def expected_dcg(lo: torch.Tensor, hi: torch.Tensor, gain: torch.Tensor, k: int | None, cutoff: torch.Tensor,
+                 max_position: int | None = None) -> torch.Tensor:
+    """(B,) expected DCG@k over random orders of tied items: sum_i gain_i * mean of 1 / log2(p + 1) over the
+    positions p = lo_i .. hi_i of item i's tie group, counting p <= k only. ``lo``, ``hi``, ``gain``: (B, P)
+    float64, 0 in padded slots (any real gains, negative ones included); ``k`` the metric's cut-off (None: per
+    user ``cutoff``, (B,), e.g. the candidate counts); ``max_position`` bounds every ``hi`` (None: computed)."""
+    valid = lo > 0
+    kk = cutoff.to(torch.float64).unsqueeze(1)
+    g = torch.where(valid, hi - lo + 1, torch.ones_like(lo))
+    inside = torch.where(valid, torch.clamp(torch.minimum(hi, kk) - lo + 1, min=0), torch.zeros_like(lo))
+    partial = _group_sums(lo, hi, kk, inside, k, max_position, "discount")
+    return (torch.where(valid, gain, torch.zeros_like(gain)) * partial / g).sum(1)
 
 
 def _expected_reciprocal_rank(lo, g, j, above, valid, k) -> torch.Tensor:
