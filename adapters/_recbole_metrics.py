@@ -136,7 +136,9 @@ class _EstimatedMetric(_Metric):
             return {"method": s.correction, **{k: v for k, v in options.items() if k in METHOD_OPTIONS[s.correction]}}
         if self.family == "mapped":
             return {"method": s.mapping, **({"a": s.mapping_a} if "a" in METHOD_OPTIONS[s.mapping] else {})}
-        return {"method": s.rank_dist, "n_bootstrap": s.bootstrap, "seed": s.seed}
+        # the bootstrap (rsp_bootstrap refits) only feeds the standard error and the interval: without either,
+        # one fit (same value; the cheap posterior standard error is computed and not reported)
+        return {"method": s.rank_dist, "n_bootstrap": s.bootstrap if s.stderr or s.interval else 0, "seed": s.seed}
 
     def _values(self, table, users, weights, k) -> dict:
         s = self.settings

@@ -37,6 +37,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_interval": False,  # also report <name>_lo and <name>_hi, the 95% interval (widened where the top is unresolved)
     "rsp_full_ranks": False,  # full mode: exact ranks of every positive even with > 64 positives per user on average
     "rsp_tensorboard": True,  # write the plugin's values to RecBole's TensorBoard writer
+    "rsp_check_finite": True,  # NaN / +inf anywhere in the scores is an error; "positives" or false: held-out items only
 }
 
 _TIES = ("pessimistic", "optimistic", "average")
@@ -95,6 +96,7 @@ class _Settings:
     topk: tuple[int, ...]
     decimal_place: int
     adaptive_max: int | None = None
+    check_finite: bool | str = True  # True, False or "positives" (False and "positives": held-out items' scores only)
 
     @property
     def needs_exact(self) -> bool:
@@ -306,7 +308,18 @@ def validate_config(config) -> _Settings | None:
         topk=topk,
         decimal_place=4 if decimal is None else int(decimal),
         adaptive_max=adaptive_max,
+        check_finite=_check_finite(_get(config, "rsp_check_finite")),
     )
+
+
+def _check_finite(value) -> bool | str:
+    """``rsp_check_finite``: true (default), false, or "positives" (the same as false here: RecBole's -inf marks
+    excluded items, so only the held-out items' scores are then checked)."""
+    if isinstance(value, str) and value.lower() == "positives":
+        return "positives"
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"rsp_check_finite: expected true, false or 'positives', got {value!r}")
+    return bool(value)
 
 
 def _adaptive_max(config, modes: dict, names: tuple, m: int | None, replacement: bool) -> int | None:

@@ -14,6 +14,7 @@ Nothing here imports torchmetrics or Lightning.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -21,12 +22,10 @@ import numpy as np
 import torch
 
 from reco_sampled_plugin import RankHistogram
-from reco_sampled_plugin.factor_ranks import positive_scores
 from reco_sampled_plugin.rank_distribution import pool_groups
 from reco_sampled_plugin.ranking import (
     allowed_position_to_item,
     candidate_counts,
-    draws_for_rows_with_positives,
     forbidden_sorted,
     prepare_index,
 )
@@ -40,6 +39,7 @@ __all__ = [
     "keyed_negatives",
     "keyed_sampled_ranks",
     "keyed_sampled_ranks_from_factors",
+    "DeviceChecks",
     "padded_inputs",
     "histogram_from_rows",
     "metric_key",
@@ -159,27 +159,92 @@ def keyed_uniform(seed: int, *parts: int | torch.Tensor) -> torch.Tensor:
     if not parts:
         raise ValueError("keyed_uniform: the last part must be a tensor (the draw counter)")
     device = parts[0].device
-    parts = [p if isinstance(p, torch.Tensor) else torch.tensor(int(p), device=device) for p in parts]
+    parts = [p if isinstance(p, torch.Tensor) else torch.full((), int(p), dtype=torch.int64, device=device) for p in parts]
     # both chains in one (2, ...) tensor: half the elementwise calls on these small tensors (dispatch-bound);
     # parts are left-padded to one rank so the chain axis stays in front under broadcasting
     rank = max(p.dim() for p in parts)
     parts = [p.reshape((1,) * (rank - p.dim()) + tuple(p.shape)) for p in parts]
+    if device.type == "cpu" and rank:  # in cache-sized blocks of the leading axis: the same numbers, faster
+        shape = [max(sizes) for sizes in zip(*(p.shape for p in parts))]
+        step = max(1, _HASH_BLOCK // max(1, math.prod(shape[1:])))
+        if shape[0] > step:
+            return torch.cat([_hash_chains(h1, h2, [q if q.shape[0] == 1 else q[i:i + step] for q in parts], device)
+                              for i in range(0, shape[0], step)])
+    return _hash_chains(h1, h2, parts, device)
+
+
+# numbers hashed at a time on the CPU: the dozen int64 temporaries of a block stay in cache (4096 x 100 draws: 18 ms
+# at once, 3.9 ms in blocks of 2^16 on the shared 2-core machine, 1 thread; small batches are one block as before)
+_HASH_BLOCK = 1 << 16
+
+
+def _hash_chains(h1: int, h2: int, parts: list[torch.Tensor], device) -> torch.Tensor:
+    """:func:`keyed_uniform` of int64 tensor parts of one rank (the chains' states ``h1``, ``h2`` after the leading
+    Python-int parts)."""
+    rank = parts[0].dim()
     chain = (2,) + (1,) * rank
-    h = torch.tensor([h1, h2], dtype=torch.int64, device=device).view(chain)
+    first, xor, mul = _chain_constants(device)
+    # (h1, h2) built on the device from Python scalars (a kernel argument, not a host-to-device copy)
+    h = (first * h1 + (1 - first) * h2).view(chain)
     *head, last = parts
-    xor = _CHAIN_XOR.to(device).view(chain)
+    xor = xor.view(chain)
     for p in head:
         h = _absorb(h, p.unsqueeze(0) ^ xor)
     # the last part (the largest tensor: draw indices, slots) is a small non-negative counter: one mix
-    h = _mix32(h ^ (last.unsqueeze(0) * _CHAIN_MUL.to(device).view(chain)))
+    h = _mix32(h ^ (last.unsqueeze(0) * mul.view(chain)))
     top = h[0] >> 5  # 27 bits
     low = h[1] >> 6  # 26 bits
     return (top * (1 << 26) + low).to(torch.float64) * (2.0**-53)
 
 
 # per-chain constants: the second chain absorbs part ^ 0x27D4EB2F and mixes in last * 0x2C1B3C6D
+_CHAIN_FIRST = torch.tensor([1, 0], dtype=torch.int64)
 _CHAIN_XOR = torch.tensor([0, 0x27D4EB2F], dtype=torch.int64)
 _CHAIN_MUL = torch.tensor([1, 0x2C1B3C6D], dtype=torch.int64)
+_DEVICE_CONSTANTS: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _chain_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chain constants on ``device``, copied there once (a host-to-device copy per call would wait for the
+    device: pageable memory)."""
+    out = _DEVICE_CONSTANTS.get(device)
+    if out is None:
+        out = _DEVICE_CONSTANTS[device] = tuple(c.to(device) for c in (_CHAIN_FIRST, _CHAIN_XOR, _CHAIN_MUL))
+    return out
+
+
+class DeviceChecks:
+    """Validation flags kept on the device and read back together: one host synchronisation for every check of
+    a batch (and any small values the host needs anyway), instead of one per check.
+
+    ``add(flag, message)``: a 0-dim bool tensor, True when the check failed. ``read(*values)``: reads every flag
+    and the given 0-dim integer tensors at once, raises ValueError with the first failed check's message, and
+    returns the values as Python ints. Until ``read``, nothing waits for the device.
+    """
+
+    def __init__(self) -> None:
+        self._flags: list[torch.Tensor] = []
+        self._messages: list[str | Callable[[], str]] = []
+
+    def add(self, flag: torch.Tensor, message: str | Callable[[], str]) -> None:
+        self._flags.append(flag.reshape(()))
+        self._messages.append(message)
+
+    def __len__(self) -> int:
+        return len(self._flags)
+
+    def read(self, *values: torch.Tensor) -> list[int]:
+        parts = [f.to(torch.int64) for f in self._flags] + [v.reshape(()).to(torch.int64) for v in values]
+        if not parts:
+            return []
+        device = parts[0].device
+        got = torch.stack([x if x.device == device else x.to(device) for x in parts]).tolist()  # the one sync
+        flags, out = got[: len(self._flags)], got[len(self._flags):]
+        self._flags, messages, self._messages = [], self._messages, []
+        for bad, message in zip(flags, messages):
+            if bad:
+                raise ValueError(message() if callable(message) else message)
+        return out
 
 
 def keyed_negatives(
@@ -190,58 +255,79 @@ def keyed_negatives(
     ids: torch.Tensor,
     seed: int = 0,
     replacement: bool = True,
+    checks: DeviceChecks | None = None,
 ) -> torch.Tensor:
     """(B, P, m) irrelevant items per positive, uniform over the row's allowed items, keyed by
     (seed, ids[b], pos[b, p], draw index); never a positive or an excluded item of the row.
 
     With ``replacement=False`` the m items of a positive are distinct (small pools take the m
     smallest keyed keys over the whole pool, larger ones redraw duplicates with fresh keys).
+
+    Rows without a positive draw nothing (item 0 fills their slots; callers mask padded slots), so their pools
+    need not hold m items; the keys do not depend on a row's position, so the other rows draw what they draw
+    in a batch of their own. The check that every row with a positive has enough items to draw from is added
+    to ``checks`` (read later, with the caller's other checks: no host synchronisation here), or read at once
+    when ``checks`` is None. With replacement nothing here waits for the device; without, one read (small pools,
+    fused with the checks) and one per duplicate-redraw round after the first two.
     """
-    # rows without a positive draw nothing; the keys do not depend on a row's position, so the other rows
-    # draw what they draw in a batch of their own
-    ids = ids.to(device=pos.device, dtype=torch.int64)
-    return draws_for_rows_with_positives(
-        pos, exc, n_samples,
-        lambda p, e, rows: _keyed_negatives(p, e, n_items, n_samples, ids if rows is None else ids[rows], seed, replacement))
+    own = checks is None
+    checks = DeviceChecks() if own else checks
+    ids = ids if ids.device == pos.device and ids.dtype == torch.int64 else ids.to(device=pos.device, dtype=torch.int64)
+    neg = _keyed_negatives(pos, exc, n_items, n_samples, ids, seed, replacement, checks)
+    if own and len(checks):
+        checks.read()
+    return neg
 
 
-def _keyed_negatives(pos, exc, n_items: int, n_samples: int, ids: torch.Tensor, seed: int, replacement: bool) -> torch.Tensor:
+def _keyed_negatives(pos, exc, n_items: int, n_samples: int, ids: torch.Tensor, seed: int, replacement: bool,
+                     checks: DeviceChecks | None) -> torch.Tensor:
     b, p = pos.shape
     m = n_samples
     device = pos.device
     forb = forbidden_sorted(pos, exc, n_items)
     n_allowed = n_items - (forb < n_items).sum(1)
-    if bool((n_allowed < (1 if replacement else m)).any()):
+    active = (pos >= 0).any(1)
+    if checks is not None:
         need = "one irrelevant candidate" if replacement else f"m = {m} irrelevant candidates (no replacement)"
-        raise ValueError(f"n_samples: some row has fewer than {need} left to sample from")
-    row = ids.to(device=device, dtype=torch.int64).view(b, 1, 1)
+        checks.add((active & (n_allowed < (1 if replacement else m))).any(),
+                   f"n_samples: some row has fewer than {need} left to sample from")
+    row = ids.view(b, 1, 1)
     item = pos.view(b, p, 1)
     draw = torch.arange(m, device=device, dtype=torch.int64).view(1, 1, m)
-    view = n_allowed.view(b, 1, 1).to(torch.float64)
+    pool = n_allowed.clamp(min=1)  # rows without a positive (or failing the check) draw in range all the same
+    view = pool.view(b, 1, 1).to(torch.float64)
+    top = pool.view(b, 1, 1) - 1
 
     def positions(round_: int) -> torch.Tensor:
         u = keyed_uniform(seed, round_, row, item, draw)
-        return torch.minimum((u * view).floor().to(torch.int64), view.to(torch.int64) - 1)
+        return torch.minimum((u * view).floor().to(torch.int64), top)
 
     pos_idx = positions(0)
     if not replacement:
-        small = n_allowed <= 4 * m
-        if bool(small.any()):
-            rows = small.nonzero().squeeze(1)
-            width = int(n_allowed[rows].max())
+        small = active & (n_allowed <= 4 * m)
+        # one read: the checks and whether (and how wide) small pools are, before drawing from them
+        any_small, width = (checks or DeviceChecks()).read(small.any(), torch.where(small, n_allowed, 0).max()
+                                                            if b else torch.zeros((), dtype=torch.int64))
+        if any_small:  # every row computed (keys are per row: the same as a batch of the small rows alone)
+            width = max(width, m)
             slots = torch.arange(width, device=device, dtype=torch.int64).view(1, 1, -1)
-            keys = keyed_uniform(seed, -1, row[rows], item[rows], slots)
-            keys = keys.masked_fill(slots >= n_allowed[rows].view(-1, 1, 1), 2.0)
-            pos_idx[rows] = torch.topk(keys, m, dim=2, largest=False).indices
-        for round_ in range(1, 10_000):  # duplicates are rare where the pool is large: few rounds
+            keys = keyed_uniform(seed, -1, row, item, slots)
+            keys = keys.masked_fill(slots >= n_allowed.view(-1, 1, 1), 2.0)
+            pos_idx = torch.where(small.view(b, 1, 1), torch.topk(keys, m, dim=2, largest=False).indices, pos_idx)
+        # duplicates are rare where the pool is large: few rounds. The first two run unchecked (a round without a
+        # duplicate changes nothing, so this is the same draw), then one read per round until none is left
+        live = active.view(b, 1, 1) & (n_allowed >= m).view(b, 1, 1)  # rows that can have m distinct items
+        for round_ in range(1, 10_000):
             srt, order = torch.sort(pos_idx, dim=2)
             dup_sorted = torch.zeros_like(srt, dtype=torch.bool)
-            dup_sorted[..., 1:] = srt[..., 1:] == srt[..., :-1]
-            if not bool(dup_sorted.any()):
+            dup_sorted[..., 1:] = (srt[..., 1:] == srt[..., :-1]) & live
+            if round_ > 2 and not bool(dup_sorted.any()):
                 break
             dup = torch.zeros_like(dup_sorted).scatter(2, order, dup_sorted)
             pos_idx = torch.where(dup, positions(round_), pos_idx)
-    return allowed_position_to_item(pos_idx, forb, n_items)
+    neg = allowed_position_to_item(pos_idx, forb, n_items)
+    # rows without a positive: item 0, as a batch of their own would hold (and always a valid index)
+    return torch.where(active.view(b, 1, 1), neg.clamp(max=max(n_items - 1, 0)), torch.zeros_like(neg))
 
 
 def keyed_sampled_ranks(
@@ -253,20 +339,57 @@ def keyed_sampled_ranks(
     seed: int = 0,
     replacement: bool = True,
     ties: str = "pessimistic",
+    checks: DeviceChecks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sampled ranks r~ (B, P; 0 in padded slots) and candidate counts n (B,) with keyed negatives.
 
     Same definition as :func:`reco_sampled_plugin.sampled_ranks` (r~ = 1 + #{drawn items scoring
     higher}, ties per ``ties``; n = catalogue - excluded - other positives), on already validated
-    padded inputs.
+    padded inputs. ``checks``: see :func:`keyed_negatives` (None: checked here).
     """
+    ranks = keyed_ranks_only(scores, pos, exc, n_samples, ids, seed, replacement, ties, checks)
+    return ranks, candidate_counts(scores.shape[1], pos, exc, count_other_positives=False)
+
+
+def keyed_ranks_only(scores, pos, exc, n_samples: int, ids, seed: int = 0, replacement: bool = True,
+                     ties: str = "pessimistic", checks: DeviceChecks | None = None) -> torch.Tensor:
+    """The ranks of :func:`keyed_sampled_ranks` alone (adaptive stages need no candidate counts)."""
     b, n_items = scores.shape
     p = pos.shape[1]
-    neg = keyed_negatives(pos, exc, n_items, n_samples, ids, seed, replacement)
+    neg = keyed_negatives(pos, exc, n_items, n_samples, ids, seed, replacement, checks)
     pos_scores = scores.gather(1, pos.clamp(min=0))
-    neg_scores = scores.gather(1, neg.reshape(b, -1)).reshape(b, p, n_samples)
-    ranks = _ranks_among_drawn(pos_scores, neg_scores, pos >= 0, ties)
-    return ranks, candidate_counts(n_items, pos, exc, count_other_positives=False)
+    neg_scores = scores.gather(1, neg.reshape(b, p * n_samples)).reshape(b, p, n_samples)
+    return _ranks_among_drawn(pos_scores, neg_scores, pos >= 0, ties)
+
+
+# gathered item factors per chunk (elements): a (B, K, d) gather of every drawn item at once would be
+# B x P m x d numbers, d times the draws themselves
+GATHER_ELEMENTS = 1 << 20
+
+
+def item_scores(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, items: torch.Tensor,
+                max_elements: int = GATHER_ELEMENTS) -> torch.Tensor:
+    """Scores ``u[b] . v[items[b, k]] (+ bias)`` of (B, K) items (-1: scored as item 0), by one dot product each
+    (as :func:`~reco_sampled_plugin.factor_ranks.positive_scores`), gathering at most about ``max_elements`` item
+    factors at a time (chunks over K): no (B, K, d) temporary."""
+    b, k = items.shape
+    d = v.shape[1]
+    step = max(1, max_elements // max(1, b * d))
+    if step >= k:
+        return _dot_scores(u, v, bias, items)
+    return torch.cat([_dot_scores(u, v, bias, items[:, c:c + step]) for c in range(0, k, step)], dim=1)
+
+
+def _dot_scores(u, v, bias, items):
+    """:func:`~reco_sampled_plugin.factor_ranks.positive_scores` (the same ``bmm``, so the same numbers) with the
+    factors gathered by ``index_select`` (a contiguous row copy: 4-5x faster on the CPU than advanced indexing)."""
+    b, k = items.shape
+    idx = items.clamp(min=0).reshape(b * k)
+    # autocast off, as the core's tiles and dot products: the factors' own dtype, rounded alike
+    off = torch.autocast(u.device.type, enabled=False) if torch.amp.is_autocast_available(u.device.type) else None
+    with off if off is not None else contextlib.nullcontext():
+        s = torch.bmm(v.index_select(0, idx).view(b, k, v.shape[1]), u.unsqueeze(2)).view(b, k)
+    return s if bias is None else s + bias.index_select(0, idx).view(b, k)
 
 
 @torch.no_grad()
@@ -282,17 +405,26 @@ def keyed_sampled_ranks_from_factors(
     replacement: bool = True,
     ties: str = "pessimistic",
     pos_scores: torch.Tensor | None = None,
+    checks: DeviceChecks | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`keyed_sampled_ranks` of the scores ``u @ v.T + bias`` without forming them: the same keyed
-    negatives, scored by one dot product each (as the positives, whose scores may be passed in)."""
+    negatives, scored by one dot product each (as the positives, whose scores may be passed in), their factors
+    gathered in chunks (:func:`item_scores`)."""
+    ranks = keyed_factor_ranks_only(u, v, bias, pos, exc, n_samples, ids, seed, replacement, ties, pos_scores, checks)
+    return ranks, candidate_counts(v.shape[0], pos, exc, count_other_positives=False)
+
+
+@torch.no_grad()
+def keyed_factor_ranks_only(u, v, bias, pos, exc, n_samples: int, ids, seed: int = 0, replacement: bool = True,
+                            ties: str = "pessimistic", pos_scores=None, checks: DeviceChecks | None = None) -> torch.Tensor:
+    """The ranks of :func:`keyed_sampled_ranks_from_factors` alone."""
     b, n_items = u.shape[0], v.shape[0]
     p = pos.shape[1]
-    neg = keyed_negatives(pos, exc, n_items, n_samples, ids, seed, replacement)
+    neg = keyed_negatives(pos, exc, n_items, n_samples, ids, seed, replacement, checks)
     if pos_scores is None:
-        pos_scores = positive_scores(u, v, bias, pos)
-    neg_scores = positive_scores(u, v, bias, neg.reshape(b, -1)).reshape(b, p, n_samples)
-    ranks = _ranks_among_drawn(pos_scores, neg_scores, pos >= 0, ties)
-    return ranks, candidate_counts(n_items, pos, exc, count_other_positives=False)
+        pos_scores = item_scores(u, v, bias, pos)
+    neg_scores = item_scores(u, v, bias, neg.reshape(b, p * n_samples)).reshape(b, p, n_samples)
+    return _ranks_among_drawn(pos_scores, neg_scores, pos >= 0, ties)
 
 
 def _ranks_among_drawn(pos_scores: torch.Tensor, neg_scores: torch.Tensor, valid: torch.Tensor, ties: str) -> torch.Tensor:
@@ -328,16 +460,17 @@ def keyed_adaptive_ranks(
     """Adaptive sampling with keyed draws (``reco_sampled_plugin.adaptive``): ``first`` (B, P) are the ranks among
     the first m; ``draw(rows, m_new, stage_seed)`` ranks the positives of ``rows`` against m_new fresh keyed items.
     Stage s >= 1 keys its draws by :func:`stage_seed` (seed, s), so a positive's draws do not depend on batching.
-    Returns (ranks, final sizes), (B, P) int64 (0 in padded slots); one host check per stage (at most
-    log2(cap / m) of them), none per positive."""
+    Returns (ranks, final sizes), (B, P) int64 (0 in padded slots).
+
+    One host synchronisation per stage (the rows that go on: a data-dependent size), log2(cap / m) of them
+    whatever the data: a stage nobody reaches draws for no row (empty tensors) rather than ending the loop, so a
+    batch costs the same number of synchronisations whatever its ranks."""
     ranks = first.clone()
     sizes = torch.where(ranks > 0, torch.full_like(ranks, design.n_samples), torch.zeros_like(ranks))
     stages = design.stages.tolist()
     for s in range(1, len(stages)):
         need = (ranks == 1) & (sizes == stages[s - 1])
         rows = need.any(1).nonzero().squeeze(1)
-        if rows.numel() == 0:
-            break
         more = draw(rows, stages[s] - stages[s - 1], stage_seed(seed, s))
         sub = need[rows]
         ranks[rows] = torch.where(sub, more, ranks[rows])

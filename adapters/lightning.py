@@ -34,7 +34,7 @@ from torch.utils.data import DistributedSampler
 from reco_sampled_plugin._options import check_bool, check_count
 from reco_sampled_plugin.estimate import Estimate
 
-from reco_sampled_plugin.factor_ranks import check_factors, check_finite_factors
+from reco_sampled_plugin.factor_ranks import check_factors
 from reco_sampled_plugin.ranking import prepare_index
 
 from ._shared import FactorBatch, RankingBatch, as_ranking_batch, estimator_label, metric_key, padded_inputs
@@ -217,7 +217,9 @@ class _RankingMetricsLogic:
         if st is None:
             device = pl_module.device
             exact = ExactRankingMetrics(**self._exact_kwargs).to(device) if self.exact else None
-            sampled = SampledRankingMetrics(**self._sampled_kwargs).to(device) if self.n_samples is not None else None
+            # without exact metrics the sampled update checks the scores itself, in its one validation read
+            kw = self._sampled_kwargs if self.exact else {**self._sampled_kwargs, "check_finite": self.check_finite}
+            sampled = SampledRankingMetrics(**kw).to(device) if self.n_samples is not None else None
             loaders = trainer.val_dataloaders if stage == "validate" else trainer.test_dataloaders
             if isinstance(loaders, Mapping):
                 loaders = list(loaders.values())
@@ -252,10 +254,6 @@ class _RankingMetricsLogic:
         if st.exact is not None:
             st.exact.update_padded(scores, pos, exc, keep)
         if st.sampled is not None:
-            if st.exact is None and self.check_finite:
-                from .torchmetrics import _check_scores
-
-                _check_scores(scores, pos, self.check_finite)
             st.sampled.update_padded(scores, pos, exc, ids, keep)
 
     def _factor_batch(self, st: _LoaderState, fb: FactorBatch) -> None:
@@ -267,12 +265,11 @@ class _RankingMetricsLogic:
         pos, exc = prepare_index(fb.positives, fb.exclude, u.shape[0], v.shape[0], u.device)
         ids, keep = self._ids_keep(st, u.shape[0], u.device, fb.ids)
         s_pos = None
-        if st.exact is not None:
+        if st.exact is not None:  # checks the factors (through its overflow bound)
             s_pos = st.exact.update_factors_padded(u, v, bias, pos, exc, keep)
-        elif self.check_finite:
-            check_finite_factors(u, v, bias)
-        if st.sampled is not None:
-            st.sampled.update_factors_padded(u, v, bias, pos, exc, ids, keep, s_pos)
+        if st.sampled is not None:  # alone, it checks them in its one validation read
+            st.sampled.update_factors_padded(u, v, bias, pos, exc, ids, keep, s_pos,
+                                             check_finite=st.exact is None and bool(self.check_finite))
 
     def _ids_keep(self, st: _LoaderState, b: int, device, ids) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Instance ids of the next ``b`` rows (the step's, else their global positions) and the keep mask."""

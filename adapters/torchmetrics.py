@@ -34,7 +34,15 @@ which reads every score anyway: 11.3 ms per update with the check vs 11.4 ms wit
 :class:`SampledRankingMetrics` on scores only reads m items per relevant item, so the check is one extra pass:
 9.7 ms vs 2.1 ms per update (about 5 ms per 1e8 scores, small beside computing them). ``"positives"`` (only the
 relevant items' scores: a NaN irrelevant score then goes unnoticed) or ``False`` are opt-in speed for trusted
-scores.
+scores. (The sampled check is now one ``aminmax`` pass, finite iff both ends are, as the core's ``finite_rows``.)
+
+On an accelerator an update waits for the device a fixed number of times whatever B and n: every check of a
+sampled batch (finite scores or factors, pools large enough to draw from) is kept on the device and read back in
+one synchronisation (``_shared.DeviceChecks``), plus one per adaptive stage (which rows go on) and, without
+replacement, one duplicate check; exact metrics add none of their own (masked sums). Nothing per batch reads a
+state back: histogram rows are grown from the batch's shapes (e <= E + P - 1) and filled by an accumulating
+scatter, and the catalogue size is checked against the host's record. ``tests/test_gpu_readiness_adapters.py``
+counts them.
 """
 
 from __future__ import annotations
@@ -51,17 +59,20 @@ from reco_sampled_plugin.estimate import Estimate
 from reco_sampled_plugin.estimators import ESTIMATORS, check_estimator_options, estimate
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import _metric_from_float_ranks
-from reco_sampled_plugin.factor_ranks import check_factors, check_finite_factors, factor_ranks_padded
+from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
 from reco_sampled_plugin.ranking import candidate_counts, exact_ranks_padded, prepare_index
 
 from reco_sampled_plugin._checks import MAX_SAMPLES
 from reco_sampled_plugin.adaptive import ADAPTIVE_METHODS, adaptive_design
 
 from ._shared import (
+    DeviceChecks,
     adaptive_columns,
     adaptive_histogram_from_rows,
     check_ties,
     keyed_adaptive_ranks,
+    keyed_factor_ranks_only,
+    keyed_ranks_only,
     estimator_label,
     histogram_from_rows,
     keyed_sampled_ranks,
@@ -93,16 +104,35 @@ def _empty_estimate(n_instances: float, details: dict) -> Estimate:
     return Estimate(math.nan, math.nan, n_instances, {**details, "flags": ("no_instances",)}, ("no_instances",))
 
 
-def _check_scores(scores: torch.Tensor, pos: torch.Tensor, check_finite) -> None:
-    """``True``: every score finite (one pass over the matrix); ``"positives"``: the relevant items' scores."""
-    if check_finite is True:
-        bad = ~torch.isfinite(scores.sum(1))
-        if bool(bad.any()) and bool((~torch.isfinite(scores[bad])).any()):
-            raise ValueError("scores: NaN or inf in the score matrix; ranks would be meaningless")
+def _check_scores(scores: torch.Tensor, pos: torch.Tensor, check_finite, checks: DeviceChecks | None = None) -> None:
+    """``True``: every score finite (one pass over the matrix); ``"positives"``: the relevant items' scores.
+
+    The failure flag is added to ``checks`` (read later with the batch's other checks: one host synchronisation
+    for all of them), or read at once when ``checks`` is None."""
+    own = checks is None
+    checks = DeviceChecks() if own else checks
+    if check_finite is True and scores.numel():
+        lo, hi = torch.aminmax(scores)  # both propagate NaN: finite iff every score is (one pass, no temporary)
+        checks.add(~(torch.isfinite(lo) & torch.isfinite(hi)),
+                   "scores: NaN or inf in the score matrix; ranks would be meaningless")
     elif check_finite == "positives" and pos.numel():
         ps = scores.gather(1, pos.clamp(min=0))
-        if not bool(torch.isfinite(ps[pos >= 0]).all()):
-            raise ValueError("scores: NaN or inf score for a relevant item; ranks would be meaningless")
+        checks.add(~(torch.isfinite(ps) | (pos < 0)).all(),
+                   "scores: NaN or inf score for a relevant item; ranks would be meaningless")
+    if own and len(checks):
+        checks.read()
+
+
+def _check_factors_finite(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, checks: DeviceChecks) -> None:
+    """NaN or inf factors or bias (then scores would be), as flags in ``checks`` (no synchronisation here)."""
+    for x, name in ((u, "user_factors"), (v, "item_factors"), (bias, "item_bias")):
+        if x is not None and x.numel():
+            checks.add(~torch.isfinite(x).all(), f"{name}: contains NaN or inf; ranks would be meaningless")
+
+
+def _to(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``x`` on ``device`` (no call at all when it is there already)."""
+    return x if x.device == device else x.to(device)
 
 
 def _keep_mask(keep, batch: int, device) -> torch.Tensor | None:
@@ -187,7 +217,7 @@ class ExactRankingMetrics(Metric):
         if self.check_finite is True:  # in the counting pass, which reads every score anyway (free)
             ranks = exact_ranks_padded(scores, pos, exc, self.ties, self.count_other_positives, check_finite=True)
         else:
-            _check_scores(scores, pos, self.check_finite)
+            _check_scores(scores, pos, self.check_finite)  # "positives": one read; False: nothing
             ranks = exact_ranks_padded(scores, pos, exc, self.ties, self.count_other_positives)
         self._add_ranks(ranks, pos, exc, scores.shape[1], keep)
 
@@ -207,21 +237,24 @@ class ExactRankingMetrics(Metric):
         return s_pos
 
     def _add_ranks(self, ranks, pos, exc, n_items: int, keep) -> None:
+        """Sums over the valid slots as masked sums over every slot: no boolean indexing, nothing read back."""
         n = candidate_counts(n_items, pos, exc, self.count_other_positives)
         valid = pos >= 0
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
             valid = valid & k.unsqueeze(1)
-        r = ranks[valid].to(torch.float64)  # in 1..n by construction
-        nn = n.unsqueeze(1).expand_as(pos)[valid].to(torch.float64)
+        # padded slots get a harmless rank 1 of 2 candidates (then weight 0): no inf or NaN to mask
+        r = torch.where(valid, ranks.to(torch.float64), 1.0)  # in 1..n by construction
+        nn = torch.where(valid, n.unsqueeze(1).to(torch.float64), 2.0)
+        w = valid.to(torch.float64)
         rows = []
         for spec in self.specs:
             v = _metric_from_float_ranks(spec, r, nn)  # a cut-off k >= n is defined: [r <= k]
-            if spec.kind == "auc":
-                v = v[nn > 1]  # AUC needs an irrelevant candidate: left out where there is none
-            rows.append(torch.stack([v.sum(), (v * v).sum(), torch.tensor(float(v.numel()), dtype=torch.float64, device=v.device)]))
-        self.sums += torch.stack(rows).to(self.sums.device)
-        self.count += float(r.numel())
+            wk = w * (nn > 1) if spec.kind == "auc" else w  # AUC needs an irrelevant candidate: left out otherwise
+            v = v * wk
+            rows.append(torch.stack([v.sum(), (v * v).sum(), wk.sum()]))
+        self.sums += _to(torch.stack(rows), self.sums.device)
+        self.count += _to(w.sum(), self.count.device)
 
     def _estimates(self) -> dict[str, Estimate]:
         sums = self.sums.detach().cpu().tolist()
@@ -345,6 +378,8 @@ class SampledRankingMetrics(Metric):
         self.add_state("n_items", torch.zeros((), dtype=torch.int64), dist_reduce_fx="max")
         self._rows_seen = 0  # default instance keys when no ids are given
         self._in_forward = False
+        self._n_items_host: int | None = 0  # the catalogue size this process's batches had (None: read the state)
+        self._offsets: dict = {}
 
     # ------------------------------------------------------------------------------- update
     def update(self, scores: torch.Tensor, positives, exclude=None, ids=None, keep: torch.Tensor | None = None) -> None:
@@ -362,19 +397,21 @@ class SampledRankingMetrics(Metric):
             raise ValueError(f"scores: expected a floating (B, n) matrix, got {tuple(scores.shape)} {scores.dtype}")
         b, n_items = scores.shape
         self._check_n_items(n_items)
-        _check_scores(scores, pos, self.check_finite)
+        checks = DeviceChecks()  # every check of the batch, read back once
+        _check_scores(scores, pos, self.check_finite, checks)
         ids = self._ids(ids, b, scores.device)
         ranks, n_cand = keyed_sampled_ranks(
-            scores, pos, exc, self.n_samples, ids, self.seed, self.replacement, self.ties
+            scores, pos, exc, self.n_samples, ids, self.seed, self.replacement, self.ties, checks
         )
+        checks.read()  # the batch's one validation read (without replacement, read with the small-pool sizes)
         sizes = None
         if self.design is not None:
-            def draw(rows, m_new, seed):
-                return keyed_sampled_ranks(scores[rows], pos[rows], None if exc is None else exc[rows], m_new,
-                                           ids[rows], seed, True, self.ties)[0]
+            def draw(rows, m_new, seed):  # the pools were checked at stage 0: nothing to check (or read) here
+                return keyed_ranks_only(scores[rows], pos[rows], None if exc is None else exc[rows], m_new,
+                                        ids[rows], seed, True, self.ties, DeviceChecks())
 
             ranks, sizes = keyed_adaptive_ranks(draw, ranks, self.design, self.seed)
-        self._add_ranks(ranks, n_cand, pos, n_items, keep, sizes)
+        self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
 
     def update_factors(self, user_factors, item_factors, positives, exclude=None, ids=None, keep=None,
                        item_bias=None) -> None:
@@ -382,33 +419,43 @@ class SampledRankingMetrics(Metric):
         them: the keyed negatives (the same items as from scores) are scored by one dot product each."""
         u, v, bias = check_factors(user_factors, item_factors, item_bias)
         pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device)
-        if self.check_finite:
-            check_finite_factors(u, v, bias)
-        self.update_factors_padded(u, v, bias, pos, exc, ids, keep)
+        self.update_factors_padded(u, v, bias, pos, exc, ids, keep, check_finite=bool(self.check_finite))
 
-    def update_factors_padded(self, u, v, bias, pos, exc, ids=None, keep=None, pos_scores=None) -> None:
+    def update_factors_padded(self, u, v, bias, pos, exc, ids=None, keep=None, pos_scores=None,
+                              check_finite: bool = False) -> None:
         """:meth:`update_factors` on validated inputs (``pos_scores``: the positives' dot-product scores
-        when already computed, e.g. by :meth:`ExactRankingMetrics.update_factors_padded`)."""
+        when already computed, e.g. by :meth:`ExactRankingMetrics.update_factors_padded`; ``check_finite``: also
+        refuse NaN or inf factors, in the batch's one validation read)."""
         _updated(self)
         b, n_items = u.shape[0], v.shape[0]
         self._check_n_items(n_items)
+        checks = DeviceChecks()
+        if check_finite:
+            _check_factors_finite(u, v, bias, checks)
         ids = self._ids(ids, b, u.device)
         ranks, n_cand = keyed_sampled_ranks_from_factors(
-            u, v, bias, pos, exc, self.n_samples, ids, self.seed, self.replacement, self.ties, pos_scores
+            u, v, bias, pos, exc, self.n_samples, ids, self.seed, self.replacement, self.ties, pos_scores, checks
         )
+        checks.read()
         sizes = None
         if self.design is not None:
             def draw(rows, m_new, seed):
-                return keyed_sampled_ranks_from_factors(
+                return keyed_factor_ranks_only(
                     u[rows], v, bias, pos[rows], None if exc is None else exc[rows], m_new, ids[rows], seed, True,
-                    self.ties, None if pos_scores is None else pos_scores[rows])[0]
+                    self.ties, None if pos_scores is None else pos_scores[rows], DeviceChecks())
 
             ranks, sizes = keyed_adaptive_ranks(draw, ranks, self.design, self.seed)
-        self._add_ranks(ranks, n_cand, pos, n_items, keep, sizes)
+        self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
 
     def _check_n_items(self, n_items: int) -> None:
-        if int(self.n_items) not in (0, n_items):
-            raise ValueError(f"scores: {n_items} items, but earlier batches had {int(self.n_items)}")
+        """Every batch has the same catalogue. The host keeps the size it saw (no read of the device state per
+        batch); only a state it did not fill itself (after ``reset``, merged or loaded) is read, once."""
+        seen = self._n_items_host
+        if seen is None:
+            seen = int(self.n_items)
+        if seen not in (0, n_items):
+            raise ValueError(f"scores: {n_items} items, but earlier batches had {seen}")
+        self._n_items_host = n_items
 
     def _ids(self, ids, b: int, device) -> torch.Tensor:
         if ids is None:
@@ -420,28 +467,41 @@ class SampledRankingMetrics(Metric):
         self._rows_seen += b
         return ids
 
-    def _add_ranks(self, ranks, n_cand, pos, n_items: int, keep, sizes=None) -> None:
+    def _add_ranks(self, ranks, n_cand, pos, exc, n_items: int, keep, sizes=None) -> None:
+        """Add the valid slots' (e, r~) to the histogram by an accumulating scatter over every slot (weight 0
+        where not valid): no boolean indexing, no data-dependent size, nothing read back. The rows needed are
+        known from the shapes: e = excluded items + other positives <= E + P - 1 (and < n_items)."""
         valid = pos >= 0
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
             valid = valid & k.unsqueeze(1)
-        e = (n_items - n_cand).unsqueeze(1).expand_as(pos)[valid]
-        r = ranks[valid]
-        self.n_items = torch.tensor(n_items, dtype=torch.int64, device=self.n_items.device)
-        if r.numel() == 0:
+        self.n_items = torch.full((), n_items, dtype=torch.int64, device=self.n_items.device)
+        if valid.numel() == 0:
             return
         width = self.hist.shape[1]
-        col = r - 1
+        rows = min((0 if exc is None else exc.shape[1]) + pos.shape[1], n_items)
+        e = (n_items - n_cand).unsqueeze(1)
+        col = ranks - 1
         if sizes is not None:  # stage s = log2(M / m) starts at its column offset
-            offsets, _ = adaptive_columns(self.design)
-            stage = torch.log2(sizes[valid].to(torch.float64) / self.n_samples).round().to(torch.int64)
-            col = col + torch.as_tensor(offsets, device=r.device)[stage]
-        rows = int(e.max()) + 1
+            stage = torch.log2(torch.where(valid, sizes, self.n_samples).to(torch.float64) / self.n_samples)
+            col = col + self._stage_offsets(ranks.device)[stage.round().to(torch.int64)]
+        idx = torch.where(valid, e * width + col, 0).reshape(-1)
+        w = valid.to(self.hist.dtype).reshape(-1)
         if rows > self.hist.shape[0]:
             grow = torch.zeros(rows - self.hist.shape[0], width, dtype=self.hist.dtype, device=self.hist.device)
             self.hist = torch.cat([self.hist, grow])
-        counts = torch.bincount(e * width + col, minlength=rows * width).to(torch.float64)
-        self.hist[:rows] += counts.view(rows, width).to(self.hist.device)
+        elif not self.hist.is_contiguous():
+            self.hist = self.hist.contiguous()
+        dev = self.hist.device
+        self.hist.view(-1).index_put_((_to(idx, dev),), _to(w, dev), accumulate=True)
+
+    def _stage_offsets(self, device) -> torch.Tensor:
+        """Column offset of each adaptive stage (:func:`adaptive_columns`) on ``device``, copied there once."""
+        cached = self._offsets.get(device)
+        if cached is None:
+            offsets, _ = adaptive_columns(self.design)
+            cached = self._offsets[device] = torch.as_tensor(offsets, dtype=torch.int64).to(device)
+        return cached
 
     # ------------------------------------------------------------------------------ sync
     def _sync_dist(self, dist_sync_fn=None, process_group=None) -> None:
@@ -460,6 +520,7 @@ class SampledRankingMetrics(Metric):
     def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
         """``forward`` and ``merge_state`` add another state: both histograms padded to the same rows first."""
         other = incoming_state["hist"]
+        self._n_items_host = None  # n_items now also comes from the other state: read it at the next batch
         rows = max(self.hist.shape[0], other.shape[0])
         self.hist = _pad_rows(self.hist, rows)
         super()._reduce_states({**incoming_state, "hist": _pad_rows(other.to(self.hist.device), rows)})
@@ -516,5 +577,7 @@ class SampledRankingMetrics(Metric):
 
     def reset(self) -> None:
         super().reset()
+        self._n_items_host = None  # forward restores the accumulated state after its reset: read it once
         if not self._in_forward:
             self._rows_seen = 0
+            self._n_items_host = 0

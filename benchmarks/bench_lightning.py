@@ -1,6 +1,7 @@
 """Overhead of the Lightning ranking-metrics callback per validation epoch, relative to scoring itself.
 
     python benchmarks/bench_lightning.py [--repeats 5] [--users 4096] [--items 100000]
+    python benchmarks/bench_lightning.py --scale [--repeats 3] [--threads 1] [--profile]
 
 Two cases, each timed as ``trainer.validate`` without the callback (the step computes the scores and
 returns them: the cost of scoring) and with it (ranks, histogram updates, epoch-end estimators and
@@ -17,12 +18,20 @@ cold first epoch is reported separately. Overhead = median(callback) / median(pl
    in cache-sized tiles itself; the plain run is the step that computes the scores into a full matrix.
    Last, the factor hand-over against the cheapest scoring there is: the same cache-sized tiles,
    computed and discarded (what is left is the callback's own work: counting, sampled ranks, estimates).
+3. ``--scale`` (alone): the callback at scale, 20,000 users x 100,000 items, d = 64, batch 1,024 (an evaluation
+   epoch of 2e9 scores): a Trainer running ``validate()`` without the callback (the step computes and returns
+   the scores) and with it (the same step; or the step handing over its factors). ``--profile`` adds a cProfile
+   of one warm callback epoch (the functions where its time goes). ``--threads`` sets torch's intra-op threads
+   (on a machine shared with other jobs, 1 avoids OpenMP threads waiting for each other's time slices).
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import statistics
 import sys
 import time
@@ -98,11 +107,15 @@ def _trainer(callbacks):
                       enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
 
 
+_CPU: list[float] = []  # process CPU time of each _time call (robust to other jobs' load, unlike the wall clock)
+
+
 def _time(model, loader, make_callback) -> float:
     cb = make_callback()
     trainer = _trainer([cb] if cb is not None else [])
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     trainer.validate(model, loader, verbose=False)
+    _CPU.append(time.process_time() - c)
     return time.perf_counter() - t
 
 
@@ -111,17 +124,20 @@ def measure(name: str, model, loader, make_callback, repeats: int, cb_model=None
     cb_model = model if cb_model is None else cb_model
     cold_cb = _time(cb_model, loader, make_callback)
     cold_plain = _time(model, loader, lambda: None)
-    plain, with_cb = [], []
+    plain, with_cb, cpu_plain, cpu_cb = [], [], [], []
     for _ in range(repeats):
         plain.append(_time(model, loader, lambda: None))
+        cpu_plain.append(_CPU[-1])
         with_cb.append(_time(cb_model, loader, make_callback))
+        cpu_cb.append(_CPU[-1])
     p, c = statistics.median(plain), statistics.median(with_cb)
+    cp, cc = statistics.median(cpu_plain), statistics.median(cpu_cb)
     row = dict(case=name, plain=p, callback=c, overhead=c / p - 1.0, cold=cold_cb / cold_plain - 1.0,
-               plain_min=min(plain), callback_min=min(with_cb))
+               plain_min=min(plain), callback_min=min(with_cb), cpu_plain=cp, cpu_callback=cc, cpu_overhead=cc / cp - 1.0)
     print(f"{name}: scoring epoch {p * 1e3:.1f} ms (min {min(plain) * 1e3:.1f}), with callback {c * 1e3:.1f} ms "
           f"(min {min(with_cb) * 1e3:.1f}): overhead {row['overhead'] * 100:.1f}% "
-          f"(min/min {(min(with_cb) / min(plain) - 1) * 100:.1f}%); cold first epoch {row['cold'] * 100:.0f}%",
-          flush=True)
+          f"(min/min {(min(with_cb) / min(plain) - 1) * 100:.1f}%); process CPU time {cp * 1e3:.0f} vs {cc * 1e3:.0f} ms: "
+          f"{row['cpu_overhead'] * 100:.1f}%; cold first epoch {row['cold'] * 100:.0f}%", flush=True)
     return row
 
 
@@ -131,10 +147,20 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=4096)
     parser.add_argument("--items", type=int, default=100_000)
     parser.add_argument("--skip-example", action="store_true")
+    parser.add_argument("--scale", action="store_true", help="only the at-scale mode (20,000 x 100,000)")
+    parser.add_argument("--batch-size", type=int, default=None, help="default 256 (1,024 with --scale)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--profile", action="store_true", help="cProfile one warm callback epoch (--scale)")
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
+    if args.scale:
+        scale(args)
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
+        return
     rows = []
     if not args.skip_example:
         import mf_ml100k as ex
@@ -148,7 +174,7 @@ def main() -> None:
         rows.append(measure(f"example: Lightning's log_dict of {n_values} constants alone (the floor)", model,
                             eval_loader, lambda: LogOnly(n_values), args.repeats))
     model = Synthetic(args.users, args.items)
-    loader = DataLoader(TensorDataset(torch.arange(args.users)), batch_size=256)
+    loader = DataLoader(TensorDataset(torch.arange(args.users)), batch_size=args.batch_size or 256)
     make = lambda: RankingMetricsCallback(("ndcg@10", "hit@10"), n_samples=100, estimators=("none", "bv"),  # noqa: E731
                                           progress=False)
     rows.append(measure(f"synthetic ({args.users:,} x {args.items:,}, d = 64), step returns scores", model, loader,
@@ -159,6 +185,35 @@ def main() -> None:
     rows.append(measure(f"synthetic ({args.users:,} x {args.items:,}, d = 64), factors vs tiled scoring", 
                         SyntheticTiledScoring(args.users, args.items), loader, make, args.repeats, cb_model=factors))
     print(f"load average after: {os.getloadavg()[0]:.2f}")
+
+
+def scale(args) -> list[dict]:
+    """The at-scale mode: 20,000 users (unless --users is given) x 100,000 items, d = 64."""
+    users = 20_000 if args.users == parser_default("users") else args.users
+    batch = args.batch_size or 1024
+    loader = DataLoader(TensorDataset(torch.arange(users)), batch_size=batch)
+    make = lambda: RankingMetricsCallback(("ndcg@10", "hit@10"), n_samples=100, estimators=("none", "bv"),  # noqa: E731
+                                          progress=False)
+    model, factors = Synthetic(users, args.items), SyntheticFactors(users, args.items)
+    tag = f"scale ({users:,} x {args.items:,}, d = 64, batch {batch})"
+    rows = [measure(f"{tag}, step returns scores", model, loader, make, args.repeats),
+            measure(f"{tag}, step returns factors (vs the step computing the scores)", model, loader, make,
+                    args.repeats, cb_model=factors)]
+    if args.profile:
+        for name, m in (("scores", model), ("factors", factors)):
+            prof = cProfile.Profile()
+            prof.enable()
+            _time(m, loader, make)
+            prof.disable()
+            out = io.StringIO()
+            pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(14)
+            print(f"--- profile, one epoch with the callback, step returns {name} (sorted by own time)")
+            print("\n".join(ln for ln in out.getvalue().splitlines() if ln.strip())[:6000])
+    return rows
+
+
+def parser_default(name: str):
+    return {"users": 4096, "items": 100_000}[name]
 
 
 if __name__ == "__main__":

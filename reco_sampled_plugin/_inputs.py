@@ -1,42 +1,140 @@
-"""Normalise the ways users pass positives and exclusions: boolean masks or padded index tensors."""
+"""Normalise the ways users pass positives and exclusions: boolean masks or padded index tensors.
+
+Validation is fused for accelerators: each check is computed as a 0-d tensor (a :class:`Check`) and all of a
+call's checks reach the host in one ``tolist()`` (:func:`run_checks`), one synchronisation instead of one per
+condition; the error of the first failing check (in the order given) is raised.
+"""
 
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import torch
 
-from ._checks import check_same_device
+from ._checks import check_not_meta, check_same_device
 
-__all__ = ["as_padded_index", "check_finite_rows", "check_scores", "finite_rows", "mask_to_padded"]
+__all__ = ["as_padded_index", "check_finite_rows", "check_scores", "finite_rows", "mask_to_padded",
+           "Check", "run_checks", "pending_index", "finite_check", "sparse_masks", "SparseMasks"]
 
 
-def mask_to_padded(mask: torch.Tensor) -> torch.Tensor:
-    """(B, n) boolean mask -> (B, P) int64 item indices in ascending order, padded with -1."""
-    b = mask.shape[0]
-    counts = mask.sum(1)
-    width = int(counts.max()) if b else 0
-    out = torch.full((b, width), -1, dtype=torch.int64, device=mask.device)
-    if width == 0:
+class Check(NamedTuple):
+    """A deferred validity condition: ``bad`` a 0-d tensor (True or non-zero = invalid), ``fail`` raises its error
+    (it may read more values back; it only runs on invalid input)."""
+
+    bad: torch.Tensor
+    fail: Callable[[], None]
+
+
+def run_checks(checks: list[Check], values: list[torch.Tensor] = ()) -> list[int]:
+    """Read every check's flag and the 0-d integer ``values`` back in one host synchronisation; raise the first
+    failing check's error, else return the values as Python ints."""
+    if not checks and not values:
+        return []
+    flat = torch.stack([t.reshape(()).to(torch.int64) for t in list(values) + [c.bad for c in checks]])
+    host = flat.tolist()  # the one synchronisation
+    for c, bad in zip(checks, host[len(values):]):
+        if bad:
+            c.fail()
+    return host[: len(values)]
+
+
+def _words(mask: torch.Tensor) -> torch.Tensor:
+    """A (B, n) bool mask as (B, ceil(n / 8)) int64 words of 8 items each (zero padding), in item order."""
+    b, n = mask.shape
+    m = mask.contiguous()
+    if m.storage_offset() % 8:  # int64 words need 8-byte aligned storage
+        m = m.clone()
+    if n % 8:
+        m = torch.nn.functional.pad(m.view(torch.uint8), (0, 8 - n % 8))
+    return m.view(torch.uint8).view(torch.int64) if b else m.new_zeros((0, (n + 7) // 8), dtype=torch.int64)
+
+
+class SparseMasks(NamedTuple):
+    """The set entries of one or more (B, n) boolean masks of one shape, from one pass (:func:`sparse_masks`).
+
+    widths: per mask, a 0-d int64 tensor, the most True entries in a row (not read back yet).
+    overlap: a 0-d bool tensor, True when two masks share an entry (two or more masks), else None.
+    finish: ``finish(widths)`` with the widths as Python ints -> the (B, width) int64 padded index tensors.
+    """
+
+    widths: list
+    overlap: torch.Tensor | None
+    finish: Callable[[list[int]], list[torch.Tensor]]
+
+
+def sparse_masks(masks: list[torch.Tensor]) -> SparseMasks:
+    """Set entries of (B, n) bool masks as padded indices, the masks scanned as 64-bit words (8 items each):
+    one ``nonzero`` over the words non-zero in any mask (one synchronisation, a pass over n / 8 words per mask),
+    then only the few non-zero words are read; the rest is O(B P) work, no per-row loop, no (B, n) temporary."""
+    b, n = masks[0].shape
+    device = masks[0].device
+    words = [_words(m) for m in masks]
+    union = words[0]  # one mask: its words as they are; several: non-zero flags, 8x smaller than an OR of words
+    if len(words) > 1:
+        union = words[0] != 0
+        for w in words[1:]:
+            union |= w != 0
+    rows, cols = union.nonzero(as_tuple=True)  # row-major: rows ascending, words ascending within a row
+    k = rows.numel()
+    got = [w[rows, cols] for w in words]  # (K,) the non-zero words of each mask
+    hits = [g.view(torch.uint8).view(k, 8) != 0 for g in got]  # their bytes, in item order
+    items = (cols.unsqueeze(1) * 8 + torch.arange(8, device=device)).reshape(-1)
+    row8 = rows.unsqueeze(1).expand(k, 8).reshape(-1)
+    counts = [torch.zeros(b, dtype=torch.int64, device=device).index_add_(0, rows, h.sum(1)) for h in hits]
+    widths = [c.max() if b else torch.zeros((), dtype=torch.int64, device=device) for c in counts]
+    overlap = None
+    if len(masks) > 1:
+        both = got[0]
+        for g in got[1:]:
+            both = both & g
+        overlap = (both != 0).any()
+
+    def finish(ws: list[int]) -> list[torch.Tensor]:
+        out = []
+        for h, c, width in zip(hits, counts, ws):
+            hit = h.reshape(-1)
+            starts = torch.cumsum(c, 0) - c  # entries of the rows before
+            slot = torch.cumsum(hit, 0) - 1 - starts[row8]
+            slot = torch.where(hit, slot, torch.full_like(slot, width))  # non-entries: a spare column
+            padded = torch.full((b, width + 1), -1, dtype=torch.int64, device=device)
+            padded.view(-1).scatter_(0, row8 * (width + 1) + slot, items)
+            out.append(padded[:, :width])
         return out
-    rows, cols = mask.nonzero(as_tuple=True)
-    starts = torch.cumsum(counts, 0) - counts
-    slot = torch.arange(rows.numel(), device=mask.device) - starts[rows]
-    out[rows, slot] = cols
-    return out
+
+    return SparseMasks(widths, overlap, finish)
 
 
-def as_padded_index(x, n_items: int, batch: int, name: str, device: torch.device) -> torch.Tensor:
-    """Positives or exclusions as a (B, P) int64 index tensor padded with -1.
+def mask_to_padded(mask: torch.Tensor, width: int | None = None) -> torch.Tensor:
+    """(B, n) boolean mask -> (B, P) int64 item indices in ascending order, padded with -1.
 
-    Accepts a (B, n) boolean mask, a (B, P) integer tensor padded with -1, or a (B,) integer tensor
-    (one item per row). Raises a ValueError naming ``name`` on wrong shape, dtype, range or duplicates.
+    ``width`` (P): the most True entries of a row, when known (else read back). :func:`sparse_masks`: the mask
+    is scanned as 64-bit words, temporaries O(B n / 8 + B P).
+    """
+    b, n = mask.shape
+    if b == 0 or n == 0:
+        return torch.full((b, 0), -1, dtype=torch.int64, device=mask.device)
+    sm = sparse_masks([mask])
+    if width is None:
+        width = int(sm.widths[0])
+    return sm.finish([width])[0]
+
+
+def pending_index(x, n_items: int, batch: int, name: str, device: torch.device):
+    """Shape and dtype checks of positives or exclusions (raised now), the value checks deferred.
+
+    Returns:
+        (tensor, is_mask, checks): a (B, n) bool mask (``is_mask`` True: no value to check, see
+        :func:`sparse_masks`) or a (B, P) int64 index tensor padded with -1 (``is_mask`` None); ``checks`` the
+        deferred :class:`Check` list (range, duplicates) for :func:`run_checks`.
     """
     if not isinstance(x, torch.Tensor):
         x = torch.as_tensor(x)
     check_same_device(scores=torch.empty(0, device=device), **{name: x})
+    check_not_meta(x, name)
     if x.dtype == torch.bool:
         if x.shape != (batch, n_items):
             raise ValueError(f"{name}: a boolean mask must have the scores' shape {(batch, n_items)}, got {tuple(x.shape)}")
-        return mask_to_padded(x)
+        return x, True, []
     if x.is_floating_point() or x.is_complex():
         raise ValueError(f"{name}: expected a boolean mask or an integer index tensor, got dtype {x.dtype}")
     if x.dim() == 1:
@@ -44,28 +142,63 @@ def as_padded_index(x, n_items: int, batch: int, name: str, device: torch.device
     if x.dim() != 2 or x.shape[0] != batch:
         raise ValueError(f"{name}: expected shape ({batch}, P) (padded with -1) or ({batch},), got {tuple(x.shape)}")
     x = x.to(torch.int64)
+    checks: list[Check] = []
     if x.numel():
-        if bool((x < -1).any()) or bool((x >= n_items).any()):
+        def bad_range():
             raise ValueError(f"{name}: item indices must lie in 0..{n_items - 1} (or -1 for padding)")
+
+        checks.append(Check(((x < -1) | (x >= n_items)).any(), bad_range))
         if x.shape[1] > 1:
             srt = torch.sort(x, dim=1).values
             dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
-            if bool(dup.any()):
+
+            def bad_dup():
                 raise ValueError(f"{name}: {int(dup.any(1).sum())} row(s) list the same item twice")
-    return x
+
+            checks.append(Check(dup.any(), bad_dup))
+    return x, None, checks
+
+
+def as_padded_index(x, n_items: int, batch: int, name: str, device: torch.device) -> torch.Tensor:
+    """Positives or exclusions as a (B, P) int64 index tensor padded with -1.
+
+    Accepts a (B, n) boolean mask, a (B, P) integer tensor padded with -1, or a (B,) integer tensor
+    (one item per row). Raises a ValueError naming ``name`` on wrong shape, dtype, range or duplicates.
+    One host synchronisation (the checks, or a mask's width).
+    """
+    t, is_mask, checks = pending_index(x, n_items, batch, name, device)
+    if is_mask is None:
+        run_checks(checks)
+        return t
+    return mask_to_padded(t)
 
 
 def check_scores(scores, check_finite: bool = True) -> torch.Tensor:
     """Validate a (B, n) floating score matrix."""
+    scores = _score_tensor(scores)
+    if check_finite:
+        run_checks([finite_check(scores)])
+    return scores
+
+
+def _score_tensor(scores) -> torch.Tensor:
     if not isinstance(scores, torch.Tensor):
         scores = torch.as_tensor(scores)
     if scores.dim() != 2:
         raise ValueError(f"scores: expected a (users x items) matrix, got shape {tuple(scores.shape)}")
     if not scores.is_floating_point():
         raise ValueError(f"scores: expected a floating dtype, got {scores.dtype}")
-    if check_finite:
-        check_finite_rows(finite_rows(scores))
-    return scores
+    return check_not_meta(scores, "scores")
+
+
+def finite_check(scores: torch.Tensor) -> Check:
+    """The NaN/inf check of a (B, n) score matrix as a deferred :class:`Check`: min and max of the whole matrix
+    are finite iff every score is (both propagate NaN), one vectorised pass (aminmax); rows are only examined,
+    for the message, when it fails."""
+    if not scores.numel():
+        return Check(torch.zeros((), dtype=torch.bool, device=scores.device), lambda: None)
+    lo, hi = torch.aminmax(scores)
+    return Check(~(torch.isfinite(lo) & torch.isfinite(hi)), lambda: check_finite_rows(torch.isfinite(scores).all(1)))
 
 
 def finite_rows(scores: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,6 @@ from typing import Callable
 
 import torch
 
-from ._inputs import finite_rows
 
 __all__ = ["count_beating", "count_beating_checked", "count_beating_tile", "count_beating_rows", "count_tied_before", "item_keys", "set_backend", "get_backend"]
 
@@ -108,16 +107,25 @@ def item_keys(columns: torch.Tensor, row_seed: torch.Tensor) -> torch.Tensor:
     return _mix32(columns + row_seed)
 
 
-def _kernel_tied_before(scores: torch.Tensor, ref: torch.Tensor, ref_keys: torch.Tensor, row_seed: torch.Tensor) -> torch.Tensor:
-    cols = torch.arange(scores.shape[1], device=scores.device, dtype=torch.int64)
-    keys = item_keys(cols.unsqueeze(0), row_seed)  # (B, n)
-    tied = scores.unsqueeze(1) == ref.unsqueeze(2)
-    before = keys.unsqueeze(1) < ref_keys.unsqueeze(2)
-    return (tied & before).sum(-1, dtype=torch.int32)
+# tied items with a smaller key, p references per pass ("tb{p}"), like the multi kernels: should it ever run
+# eagerly (compile errors suppressed), its temporaries are (B, n), never (B, p, n)
+_TIED_TEMPLATE = """
+def kernel(scores, ref, ref_keys, row_seed, cols):
+    keys = item_keys(cols, row_seed)
+    counts = [((scores == ref[:, j : j + 1]) & (keys < ref_keys[:, j : j + 1])).sum(1, dtype=torch.int32) for j in range({p})]
+    return torch.stack(counts, 1)
+"""
+
+
+def _tied_kernel(p: int) -> Callable:
+    """(scores (B, n), ref (B, p), ref_keys (B, p), row_seed (B, 1), cols (1, n)) -> int32 (B, p) tied items with
+    smaller keys."""
+    namespace: dict = {"torch": torch, "item_keys": item_keys}
+    exec(compile(_TIED_TEMPLATE.format(p=p), f"<reco_sampled_plugin.counting tb{p}>", "exec"), namespace)
+    return namespace["kernel"]
 
 
 _KERNELS: dict[str, Callable] = {
-    "tied_before": _kernel_tied_before,
     "rows_gt": _kernel_rows_gt,
     "rows_ge": _kernel_rows_ge,
 }
@@ -131,18 +139,29 @@ def _get_compiled(name: str) -> Callable | None:
         with _lock:
             fn = _compiled.get(name)
             if fn is None:
-                kernel = _KERNELS.get(name) or _multi_kernel(int(name[2:]), name.startswith("ge"))
+                kernel = _KERNELS.get(name) or (
+                    _tied_kernel(int(name[2:])) if name.startswith("tb") else _multi_kernel(int(name[2:]), name.startswith("ge")))
                 fn = torch.compile(kernel, dynamic=True)
                 _compiled[name] = fn
     return fn
 
 
+def _finite_rows(scores: torch.Tensor) -> torch.Tensor:
+    """(B,) bool: rows without NaN or inf, from each row's min and max (one pass, nothing read back)."""
+    if scores.shape[1] == 0:
+        return torch.ones(scores.shape[0], dtype=torch.bool, device=scores.device)
+    lo, hi = torch.aminmax(scores, dim=1)
+    return torch.isfinite(lo) & torch.isfinite(hi)
+
+
 def _eager(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
+    """The eager kernels in item chunks: the B x P x chunk boolean temporary stays within the score block (B x n)
+    and ``_EAGER_CHUNK_ELEMENTS``."""
     if name.startswith("rows_"):
         return _eager_rows(name == "rows_ge", scores, *extra, ref)
     b, n = scores.shape
     p = max(ref.shape[1], 1)
-    chunk = max(1, _EAGER_CHUNK_ELEMENTS // max(b * p, 1))
+    chunk = max(1, min(_EAGER_CHUNK_ELEMENTS, b * n) // max(b * p, 1))
     out = torch.zeros(ref.shape, dtype=torch.int64, device=scores.device)
     for start in range(0, n, chunk):  # item chunks bound the temporary; each chunk is vectorised
         block = scores[:, start : start + chunk]
@@ -159,7 +178,7 @@ def _eager(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Ten
 
 
 def _eager_rows(inclusive: bool, scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    chunk = max(1, _EAGER_CHUNK_ELEMENTS // max(scores.shape[1], 1))
+    chunk = max(1, min(_EAGER_CHUNK_ELEMENTS // max(scores.shape[1], 1), scores.shape[0]))  # rows within the score block
     out = torch.empty(ref.shape, dtype=torch.int64, device=scores.device)
     for start in range(0, ref.shape[0], chunk):  # chunks of positives bound the gathered rows
         sl = slice(start, start + chunk)
@@ -173,10 +192,30 @@ def _use_compiled(work: int, n: int, tile: bool = False) -> bool:
     """Compiled kernel or eager path: large inputs (any size for a tile of a tiled loop) unless the backend
     says otherwise; int32 accumulators need n < 2^31."""
     wanted = _backend != "eager" if tile else _backend == "compiled" or (_backend == "auto" and work >= _COMPILE_MIN_WORK)
-    return wanted and n < 2**31 - 1
+    return wanted and n < 2**31 - 1 and not _dynamo_disabled()
+
+
+def _dynamo_disabled() -> bool:
+    """torch.compile switched off (``TORCHDYNAMO_DISABLE=1``): its functions would run the kernels eagerly, unchunked."""
+    try:
+        import torch._dynamo
+
+        return bool(torch._dynamo.config.disable)
+    except Exception:  # pragma: no cover - no dynamo in this build
+        return True
+
+
+def _is_oom(exc: BaseException) -> bool:
+    """An out-of-memory error (the input is too large, not a compiler problem): re-raised, never a fallback."""
+    oom = getattr(torch, "OutOfMemoryError", None)
+    return (oom is not None and isinstance(exc, oom)) or (isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower())
 
 
 def _compile_failure(name: str, exc: Exception) -> None:
+    """A failed compiled kernel: re-raise out-of-memory errors; otherwise warn once and use the eager path for
+    this kernel from now on."""
+    if _is_oom(exc):
+        raise exc
     _compile_failed.add(name)
     warnings.warn(
         f"reco_sampled_plugin: torch.compile of the counting kernel failed ({type(exc).__name__}: "
@@ -223,7 +262,7 @@ def _padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool, finite: bo
             return counts, (row_sums == 0 if finite else None)
         except Exception as exc:  # compilation unavailable (no compiler...): fall back once
             _compile_failure(family, exc)
-    return _eager(family, scores, ref), (finite_rows(scores) if finite else None)
+    return _eager(family, scores, ref), (_finite_rows(scores) if finite else None)
 
 
 def count_beating(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool = False) -> torch.Tensor:
@@ -277,5 +316,20 @@ def count_beating_rows(scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tens
 
 def count_tied_before(scores: torch.Tensor, ref: torch.Tensor, ref_keys: torch.Tensor, row_seed: torch.Tensor) -> torch.Tensor:
     """Count the entries of ``scores[b, :]`` equal to ``ref[b, p]`` whose :func:`item_keys` key is
-    smaller than ``ref_keys[b, p]``: the tied items a seeded random tie-break puts in front."""
-    return _run("tied_before", scores, ref, ref_keys, row_seed)
+    smaller than ``ref_keys[b, p]``: the tied items a seeded random tie-break puts in front.
+    (B, P) int64; compiled in passes of up to ``_GROUP`` references for large inputs, else eager in chunks."""
+    b, n = scores.shape
+    p = ref.shape[1]
+    if p and _use_compiled(b * n * p, n) and "tb" not in _compile_failed:
+        size = math.ceil(p / math.ceil(p / _GROUP))
+        try:
+            parts = []
+            cols = torch.arange(n, device=scores.device, dtype=torch.int64).unsqueeze(0)  # (1, n) item indices
+            for start in range(0, p, size):
+                sl = slice(start, start + size)
+                fn = _get_compiled(f"tb{min(size, p - start)}")
+                parts.append(fn(scores, ref[:, sl].contiguous(), ref_keys[:, sl].contiguous(), row_seed, cols))
+            return (parts[0] if len(parts) == 1 else torch.cat(parts, 1)).to(torch.int64)
+        except Exception as exc:  # compilation unavailable: fall back once (out-of-memory errors propagate)
+            _compile_failure("tb", exc)
+    return _eager("tied_before", scores, ref, ref_keys, row_seed)

@@ -1,39 +1,97 @@
 """Exact ranks straight from factor matrices: the scores are computed tile by tile and never stored.
 
-For a factor model the scores of B users are ``U @ V.T`` (B x n), plus an optional per-item bias. Ranking them the usual way writes the
-whole B x n matrix to memory and reads it back to count, for each held-out item, the items that score
-higher. Here each (B_t x C) tile of scores is computed into a small reused buffer (about 2^22 scores,
-cache-sized), counted against the positives' scores while it is hot, and overwritten by the next tile:
-the count costs no extra trip to memory and the full matrix never exists (BENCHMARKS.md: faster than
-the score matmul alone into a full buffer).
+For a factor model the scores of B users are ``U @ V.T`` (B x n), plus an optional per-item bias. Ranking them the
+usual way writes the whole B x n matrix to memory and reads it back to count, for each held-out item, the items
+that score higher. Here each (B_t x C) tile of scores is computed into one reused buffer, counted against the
+positives' scores while it is hot, and overwritten by the next tile: the count costs no extra trip to memory and
+the full matrix never exists. Tiles are cache-sized on the CPU and large on an accelerator (:func:`tile_shape`).
+
+GPU-readiness (issue 19): a call reads the device once (the overflow bound below, one stacked read) besides the
+validation of the positives and exclusions; the tile loop never synchronises (excluded items and positives are
+written as -inf by an ``index_fill_`` whose out-of-tile entries land on a spare element past the tile), so the
+count is the same for any B and n. Temporaries: one tile, the (B, P + E) indices, and gathered factors in chunks
+of at most ``_GATHER_ELEMENTS`` elements (never B x n, never B x K x d).
 
 Scores are compared as float values of the tile matmul; a positive's own score comes from one dot product
-per positive. Positives and excluded items are set to -inf in each tile (they do not count as other
-items); positives are then compared with each other on their dot-product scores, so a positive never
-counts itself and every comparison between two positives uses the same two numbers. Ranks equal
+per positive (:func:`positive_scores`). Positives and excluded items are set to -inf in each tile (they do not
+count as other items); positives are then compared with each other on their dot-product scores, so a positive
+never counts itself and every comparison between two positives uses the same two numbers. Ranks equal
 :func:`~reco_sampled_plugin.ranking.exact_ranks` on ``U @ V.T`` except where another item's score lies
 within float rounding of a positive's (the two computations may round the same product differently;
 identical with exactly representable scores, tested).
+
+Precision: tiles and dot products are computed in the factors' dtype with autocast disabled (under
+``torch.autocast`` the tiles and the dot products would otherwise be cast to bfloat16/float16 by different rules;
+ranks under autocast equal those without, tested). TF32 (``torch.backends.cuda.matmul.allow_tf32``, or
+``torch.set_float32_matmul_precision("high")``) is process-global state and is left as the caller set it: with
+TF32 allowed the tile matmul rounds its float32 inputs to TF32 (~1e-3 relative) and the positives' batched dot
+products may or may not (cuBLAS picks the kernel), so another item's score within that rounding of a positive's
+may be counted on the wrong side. Turn TF32 off for float32-exact ranks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import weakref
 
 import torch
 
 from .counting import count_beating_tile
-from .ranking import _check_ties, exact_ranks, prepare_index, tied_positives
+from .ranking import TIE_BOUNDS, _check_ties, exact_ranks, exact_ranks_padded, prepare_index, tied_positives
 
-__all__ = ["exact_ranks_from_factors", "check_factors", "check_finite_factors", "factor_ranks_padded", "positive_scores"]
+__all__ = [
+    "exact_ranks_from_factors",
+    "check_factors",
+    "check_finite_factors",
+    "factor_ranks_padded",
+    "positive_scores",
+    "tile_shape",
+]
 
-#: scores per tile (B_t x C): 2^22 float32 = 16 MiB, reused for every tile. Measured for 1,024 users x
-#: 100,000 items (d = 64, 5 positives, 20 exclusions): C = 8,192 with 2^22 scores 80 ms, C = 16,384 with 2^23
-#: 85 ms, C = 16,384 with 2^24 121 ms; the score matmul alone into a full buffer 84 ms.
-TILE_ELEMENTS = 1 << 22
-# items per tile (C) at most; users per tile B_t = TILE_ELEMENTS // C
-_TILE_ITEMS = 1 << 13
+#: scores per tile (B_t x C) on the CPU: 2^21 float32 = 8 MiB, reused for every tile (cache-sized: the count
+#: reads the tile while the matmul's output is still in cache). Measured (issue 19; 4,096 users x 100,000 items,
+#: d = 64, 5 positives, 50 exclusions; one thread, CPU time, best of 5 interleaved, on a shared and noisy
+#: machine), as a share of the score matmul alone into a full buffer, at batches of 256 / 1,024 / 4,096 users:
+#: C <= 4,096 items with 2^21 scores 0.85 / 0.86 / 0.88; 2^22 0.86 / 0.80 / 0.83; 2^20 0.83 / 0.85 / 0.87;
+#: 2^19 0.77 / 0.77 / 0.79. C <= 8,192 with 2^22 (the former default) took 0.64-0.79 s per 4,096 users against
+#: 0.62-0.70 s for C <= 4,096 in an earlier run. Narrower tiles cost more calls, larger ones fall out of cache.
+TILE_ELEMENTS = 1 << 21
+# items per tile (C) at most on the CPU; users per tile B_t = TILE_ELEMENTS // C (balanced, see tile_shape)
+_TILE_ITEMS = 1 << 12
+#: scores per tile on an accelerator (CUDA...): 2^26 float32 = 256 MiB; the whole batch when it fits (a 1,024-user
+#: batch of 65,536 items is one tile): few, large kernels, no per-tile launch overhead to amortise.
+ACCELERATOR_TILE_ELEMENTS = 1 << 26
+# gathered item-factor elements per chunk of :func:`positive_scores` (B x K_chunk x d; as the adapters' item_scores)
+_GATHER_ELEMENTS = 1 << 20
+
+
+def tile_shape(b: int, n: int, device: torch.device | str = "cpu", tile_elements: int | None = None) -> tuple[int, int]:
+    """(rows B_t, columns C) of the score tiles for B users x n items on ``device``.
+
+    ``tile_elements`` scores per tile (default :data:`TILE_ELEMENTS` on the CPU, :data:`ACCELERATOR_TILE_ELEMENTS`
+    elsewhere). On the CPU a tile spans at most ``_TILE_ITEMS`` items (rows of a cache-sized tile stay long enough
+    for the count's vector loop); elsewhere whole rows when they fit. Rows and columns are then balanced (near-equal
+    blocks, no small remainder tile) without exceeding ``tile_elements``.
+    """
+    cpu = torch.device(device).type == "cpu"
+    if tile_elements is None:
+        tile_elements = TILE_ELEMENTS if cpu else ACCELERATOR_TILE_ELEMENTS
+    elements = max(1, int(tile_elements))
+    b, n = max(1, int(b)), max(1, int(n))
+    cols = min(n, elements, _TILE_ITEMS if cpu else n)
+    cols = -(-n // -(-n // cols))  # balanced: as few blocks, of near-equal widths (no thin last block)
+    rows = min(b, max(1, elements // cols))
+    rows = -(-b // -(-b // rows))
+    return rows, cols
+
+
+def _exact_precision(device: torch.device):
+    """Autocast off on ``device``: tiles and dot products in the factors' own dtype, rounded alike."""
+    available = getattr(torch.amp, "is_autocast_available", None)  # torch >= 2.4; cpu and cuda before
+    if available(device.type) if available is not None else device.type in ("cpu", "cuda"):
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _factor(x, name: str) -> torch.Tensor:
@@ -50,28 +108,38 @@ def _factor(x, name: str) -> torch.Tensor:
 _item_norm: tuple[weakref.ref, tuple, float] | None = None
 
 
-def _max_norm(x: torch.Tensor, name: str, cache: bool = False) -> float:
-    """Largest row norm (float64), raising when a factor is NaN or inf (then the norm is not finite)."""
+def _row_norm_max(x: torch.Tensor) -> torch.Tensor:
+    """Largest row norm of a 2-D ``x`` as a float64 0-d tensor on its device: NaN or inf when ``x`` holds one
+    (float64 norms: no overflow from finite float32 values)."""
+    if x.shape[0] == 0:
+        return torch.zeros((), dtype=torch.float64, device=x.device)
+    return torch.linalg.vector_norm(x.detach(), dim=1, dtype=torch.float64).amax()
+
+
+def _overflow_bound(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> float:
+    """Cauchy-Schwarz bound on every |score|, ``max |u_b| max |v_j| + max |bias_j|`` (float64), read from the
+    device in one stacked transfer (the only host synchronisation of the factor path; the item factors' norm
+    is cached per tensor). Raises ValueError naming the first of the factors or bias holding NaN or inf."""
     global _item_norm
-    cache = cache and not x.is_inference()  # inference tensors have no version counter: never cached
-    key = (x.data_ptr(), x._version, tuple(x.shape), x.dtype, x.device) if cache else None
-    if cache and _item_norm is not None and _item_norm[0]() is x and _item_norm[1] == key:
-        return _item_norm[2]
-    norms = torch.linalg.vector_norm(x, dim=1, dtype=torch.float64)  # float64: no overflow from finite values
-    if not bool(torch.isfinite(norms).all()):
-        raise ValueError(f"{name}: contains NaN or inf")
-    value = float(norms.max()) if norms.numel() else 0.0
-    if cache:
-        _item_norm = (weakref.ref(x), key, value)
-    return value
-
-
-def _max_abs(x: torch.Tensor) -> float:
-    """Largest absolute value (float64), raising when ``x`` holds NaN or inf."""
-    m = x.detach().abs().max().to(torch.float64) if x.numel() else torch.zeros((), dtype=torch.float64)
-    if not bool(torch.isfinite(m)):
-        raise ValueError("item_bias: contains NaN or inf")
-    return float(m)
+    cache = not v.is_inference()  # inference tensors have no version counter: never cached
+    key = (v.data_ptr(), v._version, tuple(v.shape), v.dtype, v.device) if cache else None
+    cached = cache and _item_norm is not None and _item_norm[0]() is v and _item_norm[1] == key
+    parts = {"user_factors": _row_norm_max(u)}
+    if not cached:
+        parts["item_factors"] = _row_norm_max(v)
+    if bias is not None:
+        parts["item_bias"] = bias.detach().abs().amax().to(torch.float64)
+    values = dict(zip(parts, torch.stack(list(parts.values())).tolist()))  # the one read-back
+    for name, value in values.items():
+        if not math.isfinite(value):
+            raise ValueError(f"{name}: contains NaN or inf")
+    if cached:
+        v_norm = _item_norm[2]
+    else:
+        v_norm = values["item_factors"]
+        if cache:
+            _item_norm = (weakref.ref(v), key, v_norm)
+    return values["user_factors"] * v_norm + values.get("item_bias", 0.0)
 
 
 def exact_ranks_from_factors(
@@ -83,7 +151,7 @@ def exact_ranks_from_factors(
     *,
     item_bias: torch.Tensor | None = None,
     count_other_positives: bool = True,
-    tile_elements: int = TILE_ELEMENTS,
+    tile_elements: int | None = None,
 ) -> torch.Tensor:
     """1-based rank of every positive among the non-excluded items, scores = ``user_factors @ item_factors.T
     (+ item_bias)``.
@@ -97,7 +165,8 @@ def exact_ranks_from_factors(
             :func:`~reco_sampled_plugin.ranking.exact_ranks` on the score matrix).
         item_bias: optional (n,) score offset per item (an MF model's item bias), same dtype and device.
         count_other_positives: as in :func:`~reco_sampled_plugin.ranking.exact_ranks`.
-        tile_elements: scores per tile (memory: one tile of the factors' dtype).
+        tile_elements: scores per tile (memory: one tile of the factors' dtype); default per device,
+            :func:`tile_shape`.
 
     Returns:
         (B, P) ranks in the positives' padded layout, 0 in padded slots; int64, or float64 for ``average``.
@@ -133,16 +202,19 @@ def check_factors(user_factors, item_factors, item_bias=None) -> tuple[torch.Ten
 
 def check_finite_factors(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None) -> None:
     """Raise when a factor or bias is NaN or inf (then scores would be). :func:`factor_ranks_padded` checks
-    this itself (through the norms of its overflow bound); sampled ranks alone need this."""
-    for x, name in ((u, "user_factors"), (v, "item_factors"), (bias, "item_bias")):
-        if x is not None and not bool(torch.isfinite(x).all()):
+    this itself (through the norms of its overflow bound); sampled ranks alone need this. One host read."""
+    given = [(x, name) for x, name in ((u, "user_factors"), (v, "item_factors"), (bias, "item_bias")) if x is not None]
+    finite = torch.stack([torch.isfinite(x).all() for x, _ in given]).tolist()
+    for ok, (_, name) in zip(finite, given):
+        if not ok:
             raise ValueError(f"{name}: contains NaN or inf; ranks would be meaningless")
 
 
 def _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives=True,
-                        tile_elements=TILE_ELEMENTS, item_bias=None):
+                        tile_elements=None, item_bias=None):
     """:func:`exact_ranks_from_factors`, also returning the validated padded positives and exclusions."""
-    _check_ties(ties)
+    if ties != TIE_BOUNDS:
+        _check_ties(ties)
     if ties == "random":
         raise ValueError("ties: 'random' is not supported from factors; use exact_ranks(user_factors @ item_factors.T, ...)")
     u, v, bias = check_factors(user_factors, item_factors, item_bias)
@@ -153,10 +225,22 @@ def _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, co
 
 def positive_scores(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, items: torch.Tensor) -> torch.Tensor:
     """Scores of the (B, K) items ``items`` (-1 padding allowed: scored as item 0) for the B users, by one
-    dot product each (plus the item bias): the numbers every comparison with those items uses."""
-    idx = items.clamp(min=0)
-    s = torch.bmm(v[idx], u.unsqueeze(2)).squeeze(2)
-    return s if bias is None else s + bias[idx]
+    dot product each (plus the item bias): the numbers every comparison with those items uses.
+
+    Computed with autocast off (in the factors' dtype, as the tiles of :func:`factor_ranks_padded`) and in
+    chunks of items, so the gathered item factors never exceed about ``_GATHER_ELEMENTS`` (B x K_chunk x d)
+    elements whatever K (e.g. P positives x m sampled items).
+    """
+    b, k = items.shape
+    step = max(1, _GATHER_ELEMENTS // max(b * u.shape[1], 1))
+    parts = []
+    with _exact_precision(u.device):
+        for c0 in range(0, max(k, 1), step):
+            idx = items[:, c0 : c0 + step].clamp(min=0)
+            rows = v.index_select(0, idx.reshape(-1)).view(b, idx.shape[1], v.shape[1])  # (B, K_chunk, d)
+            s = torch.bmm(rows, u.unsqueeze(2)).squeeze(2)
+            parts.append(s if bias is None else s + bias.index_select(0, idx.reshape(-1)).view(idx.shape))
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 
 @torch.no_grad()
@@ -168,59 +252,75 @@ def factor_ranks_padded(
     exc: torch.Tensor | None,
     ties: str = "pessimistic",
     count_other_positives: bool = True,
-    tile_elements: int = TILE_ELEMENTS,
+    tile_elements: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Exact ranks from validated factors (:func:`check_factors`) and padded indices
     (:func:`~reco_sampled_plugin.ranking.prepare_index`); ``ties`` pessimistic, optimistic or average.
 
+    One host synchronisation (the overflow bound), none per tile; tiles per :func:`tile_shape`; autocast off.
     Returns the (B, P) ranks and the positives' (B, P) dot-product scores (+inf in padded slots), or None
     in their place when the factors could overflow and the materialized scores were ranked instead.
     """
-    b, n = u.shape[0], v.shape[0]
-    if b == 0 or pos.shape[1] == 0:
+    if u.shape[0] == 0 or pos.shape[1] == 0:
         dtype = torch.float64 if ties == "average" else torch.int64
-        return torch.zeros(pos.shape, dtype=dtype, device=u.device), torch.zeros(pos.shape, dtype=u.dtype, device=u.device)
-    # no score can overflow when |u| |v| + |bias| stays below the dtype's largest value (Cauchy-Schwarz);
-    # otherwise rank the materialized scores, whose NaN/inf check then names the rows
-    bound = _max_norm(u, "user_factors") * _max_norm(v, "item_factors", cache=True)
-    if bias is not None:
-        bound += _max_abs(bias)
-    if not bound < torch.finfo(u.dtype).max / 4:
-        scores = u @ v.T if bias is None else torch.addmm(bias, u, v.T)
-        return exact_ranks(scores, pos, exc, ties, count_other_positives=count_other_positives), None
+        shape = (*pos.shape, 2) if ties == TIE_BOUNDS else pos.shape
+        return torch.zeros(shape, dtype=dtype, device=u.device), torch.zeros(pos.shape, dtype=u.dtype, device=u.device)
+    with _exact_precision(u.device):
+        # no score can overflow when |u| |v| + |bias| stays below the dtype's largest value (Cauchy-Schwarz);
+        # otherwise rank the materialized scores, whose NaN/inf check then names the rows
+        if not _overflow_bound(u, v, bias) < torch.finfo(u.dtype).max / 4:
+            scores = u @ v.T if bias is None else torch.addmm(bias, u, v.T)
+            if ties == TIE_BOUNDS:
+                return exact_ranks_padded(scores, pos, exc, ties, count_other_positives, check_finite=True), None
+            return exact_ranks(scores, pos, exc, ties, count_other_positives=count_other_positives), None
+        return _tiled_ranks(u, v, bias, pos, exc, ties, count_other_positives, tile_elements)
 
+
+def _tiled_ranks(u, v, bias, pos, exc, ties, count_other_positives, tile_elements):
+    """:func:`factor_ranks_padded` once the scores cannot overflow: the tile loop (no host sync in it)."""
+    b, n = u.shape[0], v.shape[0]
+    dev = u.device
     valid = pos >= 0
     s_pos = positive_scores(u, v, bias, pos).masked_fill(~valid, math.inf)  # padded slots: nothing beats +inf
     masked = pos if exc is None else torch.cat([pos, exc], 1)  # -inf in every tile: never counted as items
-    need_ge = ties in ("pessimistic", "average")
-    need_gt = ties in ("optimistic", "average")
-    ge = torch.zeros(pos.shape, dtype=torch.int64, device=u.device)
-    gt = torch.zeros(pos.shape, dtype=torch.int64, device=u.device)
-    cols = min(n, _TILE_ITEMS, max(1, int(tile_elements)))
-    rows = max(1, int(tile_elements) // cols)
-    buf = torch.empty((min(rows, b), cols), dtype=u.dtype, device=u.device)
+    need_ge = ties in ("pessimistic", "average", TIE_BOUNDS)
+    need_gt = ties in ("optimistic", "average", TIE_BOUNDS)
+    ge = torch.zeros(pos.shape, dtype=torch.int64, device=dev)
+    gt = torch.zeros(pos.shape, dtype=torch.int64, device=dev)
+    rows, cols = tile_shape(b, n, dev, tile_elements)
+    # one flat buffer: each tile is a contiguous (r x w) view of its start. A masked item j of tile row i lies in
+    # column block j // cols at flat offset i * w + j % cols; those of other blocks (and padding) are sent to the
+    # spare element past the largest tile: a fixed-size -inf write per tile, no host sync
+    spare = rows * cols
+    flat = torch.empty(spare + 1, dtype=u.dtype, device=dev)
+    block = torch.where(masked >= 0, masked // cols, -1)
+    line = torch.arange(rows, device=dev).unsqueeze(1)
+    last = (n - 1) // cols
     for r0 in range(0, b, rows):
         r1 = min(b, r0 + rows)
-        u_t, ref, m_t = u[r0:r1], s_pos[r0:r1], masked[r0:r1]
-        for c0 in range(0, n, cols):
+        u_t, ref, blk_t = u[r0:r1], s_pos[r0:r1], block[r0:r1]
+        col = masked[r0:r1] % cols
+        offset = line[: r1 - r0] * cols + col
+        for j, c0 in enumerate(range(0, n, cols)):
             c1 = min(n, c0 + cols)
-            tile = buf[: r1 - r0, : c1 - c0]
+            w = c1 - c0
+            tile = flat[: (r1 - r0) * w].view(r1 - r0, w)
             if bias is None:
                 torch.matmul(u_t, v[c0:c1].T, out=tile)
             else:
                 torch.addmm(bias[c0:c1], u_t, v[c0:c1].T, out=tile)
-            hit = (m_t >= c0) & (m_t < c1)
-            rr, slot = hit.nonzero(as_tuple=True)
-            tile[rr, m_t[rr, slot] - c0] = -math.inf
+            if j == last and w != cols:  # a narrower last block: its rows are w apart
+                offset = line[: r1 - r0] * w + col
+            flat.index_fill_(0, torch.where(blk_t == j, offset, spare).view(-1), -math.inf)
             if need_ge:
                 ge[r0:r1] += count_beating_tile(tile, ref, inclusive=True)
             if need_gt:
                 gt[r0:r1] += count_beating_tile(tile, ref, inclusive=False)
     if count_other_positives:  # the other positives, compared on the same dot-product scores
-        other = valid.unsqueeze(1) & valid.unsqueeze(2) & ~torch.eye(pos.shape[1], dtype=torch.bool, device=u.device)
+        other = valid.unsqueeze(1) & valid.unsqueeze(2) & ~torch.eye(pos.shape[1], dtype=torch.bool, device=dev)
         ge += ((s_pos.unsqueeze(1) >= s_pos.unsqueeze(2)) & other).sum(2)
         gt += ((s_pos.unsqueeze(1) > s_pos.unsqueeze(2)) & other).sum(2)
-        if ties != "average":  # tied relevant items in slot order, as exact_ranks
+        if ties not in ("average", TIE_BOUNDS):  # tied relevant items in slot order, as exact_ranks
             before, after = tied_positives(s_pos, valid)
             ge -= after
             gt += before
@@ -228,6 +328,8 @@ def factor_ranks_padded(
         ranks = ge + 1
     elif ties == "optimistic":
         ranks = gt + 1
+    elif ties == TIE_BOUNDS:  # [lo, hi]: the positive's tie group (ties="average" metrics take expectations over it)
+        return torch.where(valid.unsqueeze(-1), torch.stack([gt + 1, ge + 1], -1), 0), s_pos
     else:
         ranks = (ge + gt + 2).to(torch.float64) / 2
     return torch.where(valid, ranks, torch.zeros_like(ranks)), s_pos

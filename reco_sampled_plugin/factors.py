@@ -48,12 +48,14 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ._checks import check_int
+from ._checks import MAX_SAMPLES, check_int, check_size
+from ._options import check_fraction
 from .metric_names import MetricSpec, parse_metric
 from ._rank_hist import as_histogram
 from .adaptive import ADAPTIVE_METHODS, adaptive_cost, adaptive_design, adaptive_sampled_ranks
-from .ranking import _check_ties, candidate_counts, exact_ranks_padded, sampled_ranks, tied_positives
+from .ranking import TIE_BOUNDS, _check_ties, candidate_counts, exact_ranks_padded, sampled_ranks, tied_positives
 from .user_metrics import _SortedRanks, _values
+from .tie_expectation import expected_dcg, expected_metric_values
 
 __all__ = ["evaluate_factors", "FactorEvaluation", "SampledEvaluation", "RECOMETRICS_METRICS"]
 
@@ -199,13 +201,15 @@ def _metric_specs(metrics, k: int, cumulative: bool) -> tuple[list[MetricSpec], 
 # per-batch metrics
 
 
-def _ndcg(spec: MetricSpec, s: _SortedRanks) -> torch.Tensor:
+def _ndcg(spec: MetricSpec, s: _SortedRanks, dcg: torch.Tensor | None = None) -> torch.Tensor:
     """NDCG with recometrics' handling of negative relevance: DCG sums the raw values of the hits, the ideal DCG
-    the positive values only; NaN when no value is positive (or no test item, or fewer than 2 candidates)."""
+    the positive values only; NaN when no value is positive (or no test item, or fewer than 2 candidates).
+    ``dcg``: the (B,) DCG when given (the expectation over tie orders of ``ties="average"``)."""
     k = s.cutoff(spec)
-    inside = s.ranks <= k.unsqueeze(1)
-    discount = math.log(2.0) / torch.log1p(torch.where(s.valid, s.ranks, torch.ones_like(s.ranks)))
-    dcg = torch.where(inside, s.gain * discount, torch.zeros_like(discount)).sum(1)
+    if dcg is None:
+        inside = s.ranks <= k.unsqueeze(1)
+        discount = math.log(2.0) / torch.log1p(torch.where(s.valid, s.ranks, torch.ones_like(s.ranks)))
+        dcg = torch.where(inside, s.gain * discount, torch.zeros_like(discount)).sum(1)
     ideal = torch.sort(s.gain.clamp(min=0.0), dim=1, descending=True).values
     ideal_disc = math.log(2.0) / torch.log1p(s.position)
     idcg = torch.where(s.position <= k.unsqueeze(1), ideal * ideal_disc, torch.zeros_like(ideal)).sum(1)
@@ -291,7 +295,7 @@ def evaluate_factors(
     replacement: bool = True,
     popularity=None,
     correction: str | None = None,
-    gamma: float = 0.1,
+    gamma: float | None = None,
     adaptive_max: int | None = None,
 ):
     """Per-user ranking metrics of a factor model, like recometrics' ``calc_reco_metrics`` (see the module doc).
@@ -325,7 +329,8 @@ def evaluate_factors(
         replacement, popularity: sampling law (uniform with replacement: binomial; without: hypergeometric;
             popularity-weighted draws take no correction).
         correction: an estimator of :data:`reco_sampled_plugin.ESTIMATORS` (``"bv"``, ``"cls"``, ``"mle"``...) for
-            corrected estimates next to the exact values; ``gamma`` for ``bv``.
+            corrected estimates next to the exact values; ``gamma`` for ``bv`` and ``bv_mle`` (default 0.1; given
+            with another correction it is a ValueError, not ignored).
         adaptive_max: adaptive sampling (``reco_sampled_plugin.adaptive``): a test item ranked first among its m
             samples draws m more (m doubles) until it is not first or m would exceed ``adaptive_max``; uniform
             with replacement only; ``correction`` then one of ``mes``, ``mle``, ``none``.
@@ -443,7 +448,16 @@ def evaluate_factors(
     # outputs (NaN = not evaluated)
     results = {s.column: torch.full((n_users,), math.nan, dtype=torch.float64, device=dev) for s in specs}
     if n_samples is not None:
-        m = check_int(n_samples, "n_samples", minimum=1)
+        m = check_size(n_samples, "n_samples", 1, MAX_SAMPLES)
+        if correction is not None:
+            from .estimators import ESTIMATORS  # lazily: the estimators pull in scipy-heavy modules
+
+            if correction not in ESTIMATORS:
+                raise ValueError(f"correction: unknown estimator {correction!r}; use one of {ESTIMATORS}")
+        if gamma is not None:
+            if correction not in ("bv", "bv_mle"):
+                raise ValueError(f"gamma: only the corrections 'bv' and 'bv_mle' use it, got correction={correction!r}")
+            gamma = check_fraction(gamma, "gamma")
         if correction is not None and popularity is not None:
             raise ValueError("correction: the corrections assume uniform sampling; drop popularity or correction")
         design = adaptive_design(m, adaptive_max)
@@ -455,8 +469,8 @@ def evaluate_factors(
                 raise ValueError(f"correction: {correction!r} assumes one fixed m per test item; with adaptive_max "
                                  f"use one of {ADAPTIVE_METHODS}")
         sampled_parts: list[tuple[torch.Tensor, ...]] = []
-    elif correction is not None or adaptive_max is not None:
-        name = "correction" if correction is not None else "adaptive_max"
+    elif correction is not None or adaptive_max is not None or gamma is not None:
+        name = "correction" if correction is not None else "adaptive_max" if adaptive_max is not None else "gamma"
         raise ValueError(f"{name}: needs n_samples (the number of sampled irrelevant items per test item)")
     else:
         design = None
@@ -501,7 +515,11 @@ def evaluate_factors(
             nan_rows |= _all_tied(scores, torch.arange(b, device=dev), pos_scores)
             noise.uniform_(-1e-12, 1e-12, generator=gen)
             scores.add_(noise[:b])
-        ranks = exact_ranks_padded(scores, pos, None, ties, True, gen)
+        if ties == "average":  # tie groups [lo, hi]: the metrics are expectations over the orders of tied items
+            bounds = exact_ranks_padded(scores, pos, None, TIE_BOUNDS, True, gen)
+            ranks = bounds.sum(-1).to(torch.float64) / 2  # the average rank (0 in padded slots)
+        else:
+            bounds, ranks = None, exact_ranks_padded(scores, pos, None, ties, True, gen)
         if not break_ties_with_noise:  # all scores tied: the last relevant item at n (pessimistic), the first at 1
             if ties == "pessimistic":
                 flag = ranks.max(1).values == n_cand_b
@@ -517,7 +535,14 @@ def evaluate_factors(
         rel = torch.from_numpy(_padded(b, te_row, te_slot, te_val, 0.0)).to(dev) if need_values else None
         s = _SortedRanks(ranks, n_cand_b, rel)
         for spec in specs:
-            vals = _ndcg(spec, s) if spec.kind == "ndcg" else _values(spec, s)
+            if bounds is None:
+                vals = _ndcg(spec, s) if spec.kind == "ndcg" else _values(spec, s)
+            elif spec.kind == "ndcg":
+                vals = _ndcg(spec, s, expected_dcg(bounds[..., 0].double(), bounds[..., 1].double(),
+                                                   rel.double() if rel is not None else (pos >= 0).double(), spec.k,
+                                                   s.cutoff(spec), n_items))
+            else:
+                vals = expected_metric_values(spec, bounds[..., 0], bounds[..., 1], n_cand_b, max_position=n_items)
             results[spec.column][rows] = torch.where(nan_rows, torch.full_like(vals, math.nan), vals)
         if n_samples is not None:  # sampling needs the exclusions as a padded index (never drawn)
             exc = torch.from_numpy(_padded(b, ex_row, ex_slot, ex_item, -1)).to(dev)

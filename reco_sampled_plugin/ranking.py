@@ -20,9 +20,10 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import MAX_SAMPLES, check_int, check_same_device, check_sizes, check_weights
-from ._inputs import as_padded_index, check_finite_rows, check_scores
-from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
+from ._checks import MAX_SAMPLES, MAX_SIZE, check_int, check_not_meta, check_same_device, check_sizes, check_weights
+from ._inputs import (Check, _score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
+                      pending_index, run_checks, sparse_masks)
+from .counting import _finite_rows, count_beating, count_beating_checked, count_tied_before, item_keys
 
 __all__ = [
     "TIES",
@@ -38,6 +39,9 @@ __all__ = [
 ]
 
 TIES = ("pessimistic", "optimistic", "average", "random")
+#: internal tie "policy" of the ranking kernels: (B, P, 2) int64 [lo, hi], the first and last position of each
+#: positive's tie group (other positives competing), from which ties="average" metrics take their expectation
+TIE_BOUNDS = "bounds"
 
 
 def _check_ties(ties: str) -> str:
@@ -47,9 +51,20 @@ def _check_ties(ties: str) -> str:
 
 
 def _row_seeds(batch: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    gen_device = generator.device if generator is not None else torch.device("cpu")
-    seeds = torch.randint(0, 2**31 - 1, (batch, 1), generator=generator, device=gen_device, dtype=torch.int64)
-    return seeds.to(device)
+    """(B, 1) int64 seeds on ``device`` (drawn there, or on the generator's device and moved once)."""
+    if generator is None:
+        return torch.randint(0, 2**31 - 1, (batch, 1), device=device, dtype=torch.int64)
+    seeds = torch.randint(0, 2**31 - 1, (batch, 1), generator=generator, device=generator.device, dtype=torch.int64)
+    return seeds if seeds.device == torch.device(device) else seeds.to(device)
+
+
+def _rand(shape: tuple[int, ...], generator: torch.Generator | None, device, dtype=torch.float64) -> torch.Tensor:
+    """Uniform numbers in [0, 1) on ``device``: drawn there by its default generator, or by ``generator`` on its own
+    device and moved once."""
+    if generator is None:
+        return torch.rand(shape, device=device, dtype=dtype)
+    u = torch.rand(shape, generator=generator, device=generator.device, dtype=dtype)
+    return u if u.device == torch.device(device) else u.to(device)
 
 
 def _gather_padded(scores: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,55 +75,99 @@ def _gather_padded(scores: torch.Tensor, idx: torch.Tensor) -> tuple[torch.Tenso
 def _removed_counts(
     removed_scores: torch.Tensor,
     removed_valid: torch.Tensor,
-    removed_idx: torch.Tensor,
     pos_scores: torch.Tensor,
-    pos_idx: torch.Tensor,
     inclusive: bool,
+    self_removed: bool,
 ) -> torch.Tensor:
-    """How many removed items (excluded, or other positives) beat each positive; never the positive itself."""
-    cmp = removed_scores.unsqueeze(1) >= pos_scores.unsqueeze(2) if inclusive else removed_scores.unsqueeze(1) > pos_scores.unsqueeze(2)
-    keep = removed_valid.unsqueeze(1) & (removed_idx.unsqueeze(1) != pos_idx.unsqueeze(2))
-    return (cmp & keep).sum(-1)
+    """(B, P) how many removed items (excluded, or other positives) beat each positive (>= if ``inclusive``), never
+    the positive itself (``self_removed``: the positives are among the removed items, each once). The row's removed
+    scores are sorted once and each positive looked up (searchsorted): O(B (P + R)) memory, no (B, P, R) compare."""
+    r = removed_scores.shape[1]
+    low = torch.full_like(removed_scores, -math.inf)
+    srt = torch.sort(torch.where(removed_valid, removed_scores, low), dim=1).values  # padding first
+    at = torch.searchsorted(srt, pos_scores.contiguous(), right=not inclusive)
+    counts = torch.minimum(r - at, removed_valid.sum(1, keepdim=True))  # the padding is a prefix: never counted
+    if self_removed and inclusive:
+        counts = counts - 1  # its own score (only read at valid positives)
+    return counts
 
 
-def _removed_tied_before(
-    removed_scores, removed_valid, removed_idx, pos_scores, pos_idx, pos_keys, row_seed
-) -> torch.Tensor:
-    keys = item_keys(removed_idx.clamp(min=0), row_seed)
-    cmp = (removed_scores.unsqueeze(1) == pos_scores.unsqueeze(2)) & (keys.unsqueeze(1) < pos_keys.unsqueeze(2))
-    keep = removed_valid.unsqueeze(1) & (removed_idx.unsqueeze(1) != pos_idx.unsqueeze(2))
-    return (cmp & keep).sum(-1)
+def _removed_tied_before(rem_scores, rem_valid, rem_idx, pos_scores, pos_keys, row_seed) -> torch.Tensor:
+    """(B, P) removed items tied with each positive whose :func:`item_keys` key is smaller (never the positive
+    itself: same key). Scores become order-preserving integer codes per row (their place among the row's removed
+    and positive scores); (code, key) pairs pack into one int64, sorted once and searched: O(B (P + R)) memory."""
+    both = torch.sort(torch.cat([rem_scores, pos_scores], 1), dim=1).values
+    code_rem = torch.searchsorted(both, rem_scores.contiguous())  # equal scores, equal codes; < 2^31
+    code_pos = torch.searchsorted(both, pos_scores.contiguous())
+    keys = item_keys(rem_idx.clamp(min=0), row_seed)  # 32-bit
+    packed = torch.where(rem_valid, code_rem * (1 << 32) + keys, torch.full_like(keys, torch.iinfo(torch.int64).max))
+    packed = torch.sort(packed, dim=1).values
+    below_key = torch.searchsorted(packed, code_pos * (1 << 32) + pos_keys)  # (code, key) < the positive's
+    below_score = torch.searchsorted(packed, code_pos * (1 << 32))  # code < the positive's
+    return below_key - below_score
 
 
 def _prepare(scores, positives, exclude, check_finite):
-    scores = check_scores(scores, check_finite)
+    scores = _score_tensor(scores)
     b, n = scores.shape
-    pos, exc = prepare_index(positives, exclude, b, n, scores.device)
+    first = [finite_check(scores)] if check_finite else []  # read back with the index checks: one synchronisation
+    pos, exc = _prepare_index(positives, exclude, b, n, scores.device, first)
     return scores, pos, exc
 
 
 def prepare_index(positives, exclude, b: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Positives and exclusions of B rows over n items as padded (B, P) / (B, E) int64 indices (-1 padding),
-    validated: in range, no positive also excluded (a ValueError naming the argument)."""
+    validated: in range, no positive also excluded (a ValueError naming the argument). Every check is read back
+    in one host synchronisation (two when one argument is a mask and the other an index tensor)."""
+    return _prepare_index(positives, exclude, b, n, device, [])
+
+
+def _clash_error(rows: torch.Tensor) -> None:
+    raise ValueError(
+        f"exclude: {int(rows.sum())} row(s) exclude one of their own positives "
+        f"(first: row {int(rows.nonzero()[0, 0])}); a relevant item cannot also be excluded"
+    )
+
+
+def _clash_check(pos: torch.Tensor, exc: torch.Tensor) -> Check:
+    """Each positive looked up in its row's sorted exclusions: O(B (P + E)) memory, not a (B, P, E) comparison."""
+    srt = torch.sort(exc, dim=1).values
+    at = torch.searchsorted(srt, pos.contiguous()).clamp(max=srt.shape[1] - 1)
+    clash = (srt.gather(1, at) == pos) & (pos >= 0)
+    return Check(clash.any(), lambda: _clash_error(clash.any(1)))
+
+
+def _prepare_index(positives, exclude, b: int, n: int, device, first: list[Check]):
     if n == 0:  # an empty catalogue: nothing to rank (an empty (B, 0) mask still gives (B, 0) ranks)
         given = positives if isinstance(positives, torch.Tensor) else torch.as_tensor(positives)
         if given.dtype != torch.bool and given.numel():
             raise ValueError("scores: has 0 items (columns), so there is nothing to rank the positives among; "
                              "give scores for the whole catalogue")
-    pos = as_padded_index(positives, n, b, "positives", device)
-    exc = None
+    pos, pos_mask, checks = pending_index(positives, n, b, "positives", device)
+    checks = list(first) + checks
+    exc = exc_mask = None
     if exclude is not None:
-        exc = as_padded_index(exclude, n, b, "exclude", device)
-        if pos.numel() and exc.numel():  # each positive looked up in its row's sorted exclusions: O(B (P + E))
-            srt = torch.sort(exc, dim=1).values  # memory, not a (B, P, E) comparison
-            at = torch.searchsorted(srt, pos.contiguous()).clamp(max=srt.shape[1] - 1)
-            clash = (srt.gather(1, at) == pos) & (pos >= 0)
-            if bool(clash.any()):
-                rows = clash.any(1)
-                raise ValueError(
-                    f"exclude: {int(rows.sum())} row(s) exclude one of their own positives "
-                    f"(first: row {int(rows.nonzero()[0, 0])}); a relevant item cannot also be excluded"
-                )
+        exc, exc_mask, exc_checks = pending_index(exclude, n, b, "exclude", device)
+        checks += exc_checks
+    masks = [t for t, is_mask in ((pos, pos_mask), (exc, exc_mask)) if is_mask and b and n]
+    widths: list[torch.Tensor] = []
+    if masks:  # one pass over the masks' words, one nonzero (a synchronisation) for both
+        sparse = sparse_masks(masks)
+        widths = sparse.widths
+        if sparse.overlap is not None:
+            pm, em = pos, exc
+            checks.append(Check(sparse.overlap, lambda: _clash_error((pm & em).any(1))))
+    elif exc is not None and not pos_mask and not exc_mask and pos.numel() and exc.numel():
+        checks.append(_clash_check(pos, exc))
+    values = run_checks(checks, widths)  # every check (and the masks' widths) in one synchronisation
+    if masks:
+        padded = sparse.finish(values)
+    if pos_mask:
+        pos = padded.pop(0) if b and n else torch.full((b, 0), -1, dtype=torch.int64, device=device)
+    if exc_mask:
+        exc = padded.pop(0) if b and n else torch.full((b, 0), -1, dtype=torch.int64, device=device)
+    if exclude is not None and bool(pos_mask) != bool(exc_mask) and pos.numel() and exc.numel():
+        run_checks([_clash_check(pos, exc)])  # a mask and an index tensor: checked once both are indices
     return pos, exc
 
 
@@ -117,7 +176,8 @@ def candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tenso
 
     ``positives`` and ``exclude`` are padded (B, P) index tensors (-1 padding).
     """
-    n_items = check_sizes(n_items, "n_items", 0)
+    if type(n_items) is not int or not 0 <= n_items <= MAX_SIZE:  # a valid Python int needs no tensor check
+        n_items = check_sizes(n_items, "n_items", 0)
     n_exc = (exclude >= 0).sum(1) if exclude is not None else torch.zeros(positives.shape[0], dtype=torch.int64, device=positives.device)
     n = n_items - n_exc
     if not count_other_positives:  # a row without a positive: its irrelevant items only
@@ -175,16 +235,28 @@ def exact_ranks_padded(scores, pos, exc, ties, count_other_positives=True, gener
     """:func:`exact_ranks` on validated inputs: (B, n) scores, padded (B, P) positives and (B, E)
     exclusions (-1 padding, see :func:`as_padded_index`), no input checks except, with ``check_finite``,
     the NaN/inf check of the scores (done by the counting pass itself); (B, P) 1-based ranks."""
+    return _exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator, check_finite, True)[0]
+
+
+def _exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator, check_finite: bool, raise_now: bool):
+    """(ranks, finite rows): with ``check_finite``, the (B,) bool rows free of NaN/inf from the counting pass, raised
+    on at once (``raise_now``) or returned unread (None without ``check_finite``), for a caller that reads them
+    back with its results (one synchronisation fewer)."""
+    finite = None
     if check_finite and pos.shape[1] == 0:
-        check_scores(scores, True)
+        if raise_now:
+            check_scores(scores, True)
+        else:
+            finite = _finite_rows(scores)
         check_finite = False
 
     def count(ref: torch.Tensor, inclusive: bool) -> torch.Tensor:  # the first count also checks the scores
-        nonlocal check_finite
+        nonlocal check_finite, finite
         if not check_finite:
             return count_beating(scores, ref, inclusive=inclusive)
-        counts, finite_rows = count_beating_checked(scores, ref, inclusive=inclusive)
-        check_finite_rows(finite_rows)
+        counts, finite = count_beating_checked(scores, ref, inclusive=inclusive)
+        if raise_now:
+            check_finite_rows(finite)
         check_finite = False
         return counts
 
@@ -196,14 +268,14 @@ def exact_ranks_padded(scores, pos, exc, ties, count_other_positives=True, gener
         rem_idx = torch.cat(removed, dim=1)
         rem_scores, rem_valid = _gather_padded(scores, rem_idx)
     # counts over the whole row, then subtract what removed items contributed
-    if ties in ("pessimistic", "average"):
+    if ties in ("pessimistic", "average", TIE_BOUNDS):
         ge = count(pos_scores, True)  # includes the positive itself
         if removed:
-            ge = ge - _removed_counts(rem_scores, rem_valid, rem_idx, pos_scores, pos, inclusive=True)
-    if ties in ("optimistic", "average", "random"):
+            ge = ge - _removed_counts(rem_scores, rem_valid, pos_scores, True, not count_other_positives)
+    if ties in ("optimistic", "average", "random", TIE_BOUNDS):
         gt = count(pos_scores, False)
         if removed:
-            gt = gt - _removed_counts(rem_scores, rem_valid, rem_idx, pos_scores, pos, inclusive=False)
+            gt = gt - _removed_counts(rem_scores, rem_valid, pos_scores, False, not count_other_positives)
     if count_other_positives and ties in ("pessimistic", "optimistic") and pos.shape[1] > 1:
         before, after = tied_positives(pos_scores, pos_valid)  # tied relevant items in slot order
         if ties == "pessimistic":
@@ -216,14 +288,16 @@ def exact_ranks_padded(scores, pos, exc, ties, count_other_positives=True, gener
         ranks = gt + 1
     elif ties == "average":
         ranks = (ge + gt + 1).to(torch.float64) / 2
+    elif ties == TIE_BOUNDS:  # first and last position of the tie group (relevant items not put in slot order)
+        return torch.where(pos_valid.unsqueeze(-1), torch.stack([gt + 1, ge], -1), 0), finite
     else:
         seeds = _row_seeds(scores.shape[0], generator, scores.device)
         pos_keys = item_keys(pos.clamp(min=0), seeds)
         tb = count_tied_before(scores, pos_scores, pos_keys, seeds)
         if removed:
-            tb = tb - _removed_tied_before(rem_scores, rem_valid, rem_idx, pos_scores, pos, pos_keys, seeds)
+            tb = tb - _removed_tied_before(rem_scores, rem_valid, rem_idx, pos_scores, pos_keys, seeds)
         ranks = gt + 1 + tb
-    return torch.where(pos_valid, ranks, torch.zeros_like(ranks))
+    return torch.where(pos_valid, ranks, torch.zeros_like(ranks)), finite
 
 
 class SampledRanks(NamedTuple):
@@ -250,9 +324,8 @@ def forbidden_sorted(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int) 
 
 
 def _uniform_positions(n_allowed: torch.Tensor, shape: tuple[int, ...], generator, device) -> torch.Tensor:
-    """Uniform integers in [0, n_allowed[b]) of the given (B, ...) shape."""
-    gen_device = generator.device if generator is not None else torch.device("cpu")
-    u = torch.rand(shape, generator=generator, device=gen_device, dtype=torch.float64).to(device)
+    """Uniform integers in [0, n_allowed[b]) of the given (B, ...) shape, on ``device`` (see :func:`_rand`)."""
+    u = _rand(shape, generator, device)
     view = n_allowed.view((-1,) + (1,) * (len(shape) - 1)).to(torch.float64)
     return torch.minimum((u * view).floor().to(torch.int64), view.to(torch.int64) - 1)
 
@@ -285,60 +358,128 @@ def draws_for_rows_with_positives(pos: torch.Tensor, exc: torch.Tensor | None, m
     return out
 
 
-def _draw_for_rows_with_positives(pos, exc, n_items, m, replacement, popularity, generator, device) -> torch.Tensor:
-    if popularity is not None:
-        return draws_for_rows_with_positives(
-            pos, exc, m, lambda p, e, _: _draw_popularity(p, e, n_items, m, replacement, popularity, generator, device))
-    return draws_for_rows_with_positives(pos, exc, m, lambda p, e, _: _draw_uniform(p, e, n_items, m, replacement, generator, device))
+# redraw rounds of sampling without replacement run before the one check for duplicates left (each round
+# redraws only the duplicates, from the items not yet drawn: after two rounds some are left in rare batches)
+_REDRAW_ROUNDS = 2
 
 
-def _draw_uniform(pos, exc, n_items, m, replacement, generator, device) -> torch.Tensor:
+def _later_duplicates(x: torch.Tensor, fresh: torch.Tensor | None = None) -> torch.Tensor:
+    """(..., m) bool: the entries of ``x`` equal to another entry that takes precedence: entries not ``fresh``
+    (kept from earlier rounds) first, then position order. Kept entries stay, so repeated redraws of the marked
+    ones take the first m distinct values of an i.i.d. stream: draws without replacement (successive sampling)."""
+    order1 = None
+    if fresh is not None:
+        order1 = torch.sort(fresh.to(torch.uint8), dim=-1, stable=True).indices  # kept first, in position order
+        x = x.gather(-1, order1)
+    srt, order = torch.sort(x, dim=-1, stable=True)
+    dup_sorted = torch.zeros_like(srt, dtype=torch.bool)
+    dup_sorted[..., 1:] = srt[..., 1:] == srt[..., :-1]
+    if order1 is not None:
+        order = order1.gather(-1, order)
+    return torch.zeros_like(dup_sorted).scatter(-1, order, dup_sorted)
+
+
+def _draw_negatives(pos, exc, n_items, m, replacement, popularity, generator, device) -> torch.Tensor:
+    """(B, P, m) irrelevant items for each positive (rows without a positive: item 0, the caller masks them).
+
+    Every pool check (and whether all rows have a positive, whether some pool is small) reaches the host in one
+    synchronisation; rows without a positive are then left out of the draw (more synchronisations, only then)."""
     b, p = pos.shape
+    if p == 0:  # no positive anywhere: nothing to draw, nothing to check
+        return torch.zeros((b, p, m), dtype=torch.int64, device=device)
+    active = (pos >= 0).any(1)
     forb = forbidden_sorted(pos, exc, n_items)
     n_allowed = n_items - (forb < n_items).sum(1)
-    if not replacement:
-        too_few = n_allowed < m
-        if bool(too_few.any()):
-            raise ValueError(
-                f"n_samples: m = {m} draws without replacement, but {int(too_few.sum())} row(s) have fewer "
-                f"irrelevant candidates (smallest: {int(n_allowed.min())})"
-            )
-    if bool((n_allowed < 1).any()):
-        raise ValueError("positives: some row has no irrelevant candidate left to sample from")
+    checks: list[Check] = []
+    values = [active.all()]
+    small = None
+    if popularity is None:
+        if not replacement:
+            too_few = active & (n_allowed < m)
+
+            def few():
+                raise ValueError(
+                    f"n_samples: m = {m} draws without replacement, but {int(too_few.sum())} row(s) have fewer "
+                    f"irrelevant candidates (smallest: {int(n_allowed[active].min())})")
+
+            checks.append(Check(too_few.any(), few))
+            small = active & (n_allowed <= 4 * m)
+            values.append(small.any())
+
+        def empty():
+            raise ValueError("positives: some row has no irrelevant candidate left to sample from")
+
+        checks.append(Check((active & (n_allowed < 1)).any(), empty))
+    else:
+        need = 1 if replacement else m
+        weighted = popularity > 0
+        forbidden_weighted = weighted[forb.clamp(max=max(n_items - 1, 0))] & (forb < n_items)
+        short = active & (weighted.sum() - forbidden_weighted.sum(1) < need)
+
+        def few_weighted():
+            raise ValueError(f"popularity: {int(short.sum())} row(s) have fewer than {need} irrelevant items with positive weight")
+
+        checks.append(Check(short.any(), few_weighted))
+    host = run_checks(checks, values) if b else [1, 0]
+    any_small = small is not None and bool(host[1])
+
+    def draw(f, n_allow, sm):
+        if popularity is not None:
+            return _draw_popularity(f, n_items, p, m, replacement, popularity, generator, device)
+        return _draw_uniform(f, n_allow, sm, n_items, p, m, replacement, generator, device)
+
+    if host[0]:
+        return draw(forb, n_allowed, small if any_small else None)
+    out = torch.zeros((b, p, m), dtype=torch.int64, device=device)
+    rows = active.nonzero().squeeze(1)  # rows without a positive draw nothing: a batch of the others
+    if rows.numel():
+        out[rows] = draw(forb[rows], n_allowed[rows], small[rows] if any_small else None)
+    return out
+
+
+def _draw_uniform(forb, n_allowed, small, n_items, p, m, replacement, generator, device) -> torch.Tensor:
+    b = forb.shape[0]
     positions = _uniform_positions(n_allowed, (b, p, m), generator, device)
     if not replacement:
-        positions = _make_distinct(positions, n_allowed, generator, device)
+        positions = _make_distinct(positions, n_allowed, generator, device, small, n_items)
     return allowed_position_to_item(positions, forb, n_items)
 
 
-def _make_distinct(positions: torch.Tensor, n_allowed: torch.Tensor, generator, device) -> torch.Tensor:
+def _make_distinct(positions: torch.Tensor, n_allowed: torch.Tensor, generator, device, small=None,
+                   n_items: int | None = None) -> torch.Tensor:
     """Make the m draws of each (row, positive) distinct: uniform draws without replacement.
 
-    Rows whose pool is small (n_allowed <= 4m) take the m smallest of random keys over the pool
-    (memory B x P x 4m at most); the others redraw duplicates until none are left (few rounds,
-    since duplicates are rare there).
+    Rows of ``small`` (pool n_allowed <= 4m) take the m smallest of random keys over the pool (memory
+    B x P x 4m); in the others each round redraws the duplicates uniformly among the positions not drawn yet
+    (:func:`allowed_position_to_item`), so only duplicates among the redrawn ones remain: rare. A fixed number
+    of rounds, then one check (a further round per check in the rare batch that still has some).
     """
     b, p, m = positions.shape
-    small = n_allowed <= 4 * m
-    if bool(small.any()):
-        rows = small.nonzero().squeeze(1)
-        width = int(n_allowed[rows].max())
-        gen_device = generator.device if generator is not None else torch.device("cpu")
-        keys = torch.rand((rows.numel(), p, width), generator=generator, device=gen_device).to(device)
-        beyond = torch.arange(width, device=device).view(1, 1, -1) >= n_allowed[rows].view(-1, 1, 1)
+    if small is not None:
+        width = 4 * m if n_items is None else max(min(4 * m, n_items), m)
+        keys = _rand((b, p, width), generator, device, torch.float32)
+        beyond = torch.arange(width, device=device).view(1, 1, -1) >= n_allowed.view(-1, 1, 1)
         keys = keys.masked_fill(beyond, 2.0)
-        positions = positions.clone()
-        positions[rows] = torch.topk(keys, m, dim=2, largest=False).indices
-    for _ in range(1000):  # each round redraws only the duplicates: expected rounds are few
-        srt, order = torch.sort(positions, dim=2)
-        dup_sorted = torch.zeros_like(srt, dtype=torch.bool)
-        dup_sorted[..., 1:] = srt[..., 1:] == srt[..., :-1]
-        if not bool(dup_sorted.any()):
-            return positions
-        dup = torch.zeros_like(dup_sorted).scatter(2, order, dup_sorted)
-        fresh = _uniform_positions(n_allowed, (b, p, m), generator, device)
-        positions = torch.where(dup, fresh, positions)
-    raise RuntimeError("could not draw distinct samples; please report this")  # pragma: no cover
+        picked = torch.topk(keys, m, dim=2, largest=False).indices
+        positions = torch.where(small.view(-1, 1, 1), picked, positions)
+    sentinel = torch.iinfo(torch.int64).max // 2  # above every position: marks the slots being redrawn
+
+    def redraw(positions, dup):
+        kept = torch.sort(torch.where(dup, torch.full_like(positions, sentinel), positions), dim=2).values
+        left = (n_allowed.view(-1, 1) - m + dup.sum(2)).to(torch.float64).unsqueeze(2)  # positions not drawn yet
+        u = _rand((b, p, m), generator, device)
+        fresh = torch.minimum((u * left).floor(), left - 1).clamp(min=0).to(torch.int64)
+        fresh = allowed_position_to_item(fresh.view(b * p, m), kept.view(b * p, m), sentinel).view(b, p, m)
+        return torch.where(dup, fresh, positions)
+
+    dup = _later_duplicates(positions)
+    for _ in range(_REDRAW_ROUNDS):  # no synchronisation: a round without duplicates changes nothing
+        positions = redraw(positions, dup)
+        dup = _later_duplicates(positions)
+    while bool(dup.any()):  # one check; rarely true
+        positions = redraw(positions, dup)
+        dup = _later_duplicates(positions)
+    return positions
 
 
 # elements of the (rows x n) probability block built for popularity draws
@@ -353,36 +494,75 @@ def check_popularity(popularity, n_items: int, device) -> torch.Tensor:
     return w
 
 
-def _draw_popularity(pos, exc, n_items, m, replacement, popularity, generator, device) -> torch.Tensor:
-    """Draw m items per positive with probability proportional to ``popularity`` among the allowed
-    items, in blocks of rows so memory stays bounded for catalogues in the millions."""
-    b, p = pos.shape
-    w = torch.as_tensor(popularity, dtype=torch.float64, device=device)  # validated by sampled_ranks (check_popularity)
-    forb = pos if exc is None else torch.cat([pos, exc], dim=1)
-    gen_device = generator.device if generator is not None else torch.device("cpu")
+class _WeightBlock(NamedTuple):
+    probs: torch.Tensor  # (r, n) float64 weights, 0 at the row's forbidden items
+    cdf: torch.Tensor  # (r, n) cumulative weights
+    total: torch.Tensor  # (r, 1)
+
+    @staticmethod
+    def build(w: torch.Tensor, forb: torch.Tensor, n_items: int) -> "_WeightBlock":
+        keep = (forb >= n_items).to(torch.float64)  # padding (n_items) multiplies the last item by 1
+        probs = w.unsqueeze(0).repeat(forb.shape[0], 1)
+        probs.scatter_reduce_(1, forb.clamp(max=n_items - 1), keep, reduce="prod")
+        cdf = torch.cumsum(probs, 1)
+        return _WeightBlock(probs, cdf, cdf[:, -1:])
+
+    def item(self, t: torch.Tensor) -> torch.Tensor:
+        """(r, K) thresholds in [0, total) -> the items whose cumulative weight interval holds them."""
+        top = torch.nextafter(self.total, torch.zeros_like(self.total))
+        at = torch.searchsorted(self.cdf, torch.minimum(t, top).contiguous(), right=True)
+        return at.clamp(max=self.cdf.shape[1] - 1)
+
+    def redraw(self, draws: torch.Tensor, dup: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        """Draws proportional to the weights among the items of each (row, positive) not kept (kept: not ``dup``):
+        the u-quantile of the weights left. The kept items split the catalogue into intervals; G_i = cdf(k_i) -
+        (weight of the first i kept items) says which interval holds the quantile, then one search of the cdf."""
+        r, p, m = draws.shape
+        n = self.cdf.shape[1]
+        ks = torch.sort(torch.where(dup, torch.full_like(draws, n), draws), dim=-1).values  # kept, padding last
+        valid = ks < n
+        kc = ks.clamp(max=n - 1).view(r, p * m)
+        wk = torch.where(valid, self.probs.gather(1, kc).view(r, p, m), torch.zeros((), dtype=torch.float64, device=ks.device))
+        cum = torch.cumsum(wk, -1)
+        t = u * (self.total.view(r, 1, 1) - cum[..., -1:])
+        g = torch.where(valid, self.cdf.gather(1, kc).view(r, p, m) - cum, torch.full_like(cum, math.inf))
+        below = torch.searchsorted(g, t, right=True)  # kept items wholly below the quantile
+        shift = torch.cat([torch.zeros_like(cum[..., :1]), cum], -1).gather(-1, below)
+        return self.item((t + shift).view(r, p * m)).view(r, p, m)
+
+
+def _draw_popularity(forb, n_items, p, m, replacement, w, generator, device) -> torch.Tensor:
+    """Draw m items per positive with probability proportional to ``w`` among the allowed items (``forb``: the
+    row's sorted forbidden items, :func:`forbidden_sorted`): inverse-cdf lookups of uniform numbers, on the
+    scores' device, in blocks of rows so the (rows x n) cumulative weights stay bounded. Without replacement the
+    duplicates are redrawn among the items not drawn yet (:meth:`_WeightBlock.redraw`), a fixed number of rounds,
+    then one check for all blocks."""
+    b = forb.shape[0]
     out = torch.empty((b, p, m), dtype=torch.int64, device=device)
-    reps = 1 if replacement else max(p, 1)
-    block = max(1, _POPULARITY_BLOCK // (n_items * reps))
-    need = m if not replacement else 1
-    for start in range(0, b, block):  # row blocks bound memory; each block is vectorised
-        sl = slice(start, min(start + block, b))
-        f = forb[sl]
-        probs = w.unsqueeze(0).repeat(f.shape[0], 1)
-        rows = torch.arange(f.shape[0], device=device).unsqueeze(1).expand_as(f)
-        valid = f >= 0
-        probs[rows[valid], f[valid]] = 0.0
-        short = (probs > 0).sum(1) < need
-        if bool(short.any()):
-            raise ValueError(
-                f"popularity: {int(short.sum())} row(s) have fewer than {need} irrelevant items with positive weight"
-            )
-        if p == 0:
-            continue
-        if replacement:
-            draws = torch.multinomial(probs.to(gen_device), p * m, replacement=True, generator=generator)
-        else:
-            draws = torch.multinomial(probs.repeat_interleave(p, dim=0).to(gen_device), m, replacement=False, generator=generator)
-        out[sl] = draws.to(device).view(-1, p, m)
+    dups = None if replacement else torch.zeros((b, p, m), dtype=torch.bool, device=device)
+    block = max(1, _POPULARITY_BLOCK // max(n_items, 1))
+    blocks = [slice(start, min(start + block, b)) for start in range(0, b, block)]
+    rounds = 1 if replacement else 1 + _REDRAW_ROUNDS
+    u_all = _rand((rounds, b, p, m), generator, device)  # every block's and round's numbers in one draw (one move)
+    for sl in blocks:  # row blocks bound memory; each block is vectorised
+        wb = _WeightBlock.build(w, forb[sl], n_items)
+        r = wb.cdf.shape[0]
+        u = u_all[:, sl]
+        draws = wb.item(u[0].reshape(r, p * m) * wb.total).view(r, p, m)
+        if not replacement:
+            dup = _later_duplicates(draws)
+            for k in range(1, rounds):
+                draws = torch.where(dup, wb.redraw(draws, dup, u[k]), draws)
+                dup = _later_duplicates(draws, dup)
+            dups[sl] = dup
+        out[sl] = draws
+    while dups is not None and bool(dups.any()):  # one check; rarely true (a round per block per check)
+        u_all = _rand((b, p, m), generator, device)
+        for sl in blocks:
+            wb = _WeightBlock.build(w, forb[sl], n_items)
+            draws, dup = out[sl], dups[sl]
+            draws = torch.where(dup, wb.redraw(draws, dup, u_all[sl]), draws)
+            out[sl], dups[sl] = draws, _later_duplicates(draws, dup)
     return out
 
 
@@ -429,6 +609,7 @@ def sampled_ranks(
     if negatives is not None:
         neg = torch.as_tensor(negatives)
         check_same_device(scores=scores, negatives=neg)
+        check_not_meta(neg, "negatives")
         if neg.is_floating_point() or neg.dtype == torch.bool:
             raise ValueError(f"negatives: expected integer item indices, got dtype {neg.dtype}")
         neg = neg.to(torch.int64)
@@ -443,23 +624,33 @@ def sampled_ranks(
         m = neg.shape[2]
         if m < 1:
             raise ValueError("negatives: need at least one negative per positive")
-        if bool((neg < 0).any()) or bool((neg >= n).any()):
+        flat = neg.reshape(b, p * m)
+
+        def out_of_range():
             raise ValueError(f"negatives: item indices must lie in 0..{n - 1}")
-        forb = pos if exc is None else torch.cat([pos, exc], dim=1)
-        hit = (neg.reshape(b, p * m, 1) == forb.unsqueeze(1)) & (forb.unsqueeze(1) >= 0)
-        if bool(hit.any()):
-            rows = hit.any(2).any(1)
-            raise ValueError(
-                f"negatives: {int(rows.sum())} row(s) draw a positive or excluded item as a negative "
-                f"(first: row {int(rows.nonzero()[0, 0])})"
-            )
+
+        checks = [Check(((flat < 0) | (flat >= n)).any(), out_of_range)]
+        forb = forbidden_sorted(pos, exc, n)
+        if forb.shape[1] and flat.numel():  # each negative looked up in its row's sorted forbidden items
+            at = torch.searchsorted(forb, flat.contiguous()).clamp(max=forb.shape[1] - 1)
+            hit = forb.gather(1, at) == flat  # padding (n) never equals an index in range
+
+            def drawn_forbidden():
+                rows = hit.any(1)
+                raise ValueError(
+                    f"negatives: {int(rows.sum())} row(s) draw a positive or excluded item as a negative "
+                    f"(first: row {int(rows.nonzero()[0, 0])})"
+                )
+
+            checks.append(Check(hit.any(), drawn_forbidden))
+        run_checks(checks)
     else:
         if n_samples is None:
             raise ValueError("n_samples: required unless negatives are given")
         m = check_int(n_samples, "n_samples", minimum=1, maximum=MAX_SAMPLES)
         if popularity is not None:  # checked once per call, also when no row has a positive
             popularity = check_popularity(popularity, n, device)
-        neg = _draw_for_rows_with_positives(pos, exc, n, m, replacement, popularity, generator, device)
+        neg = _draw_negatives(pos, exc, n, m, replacement, popularity, generator, device)
     pos_scores, pos_valid = _gather_padded(scores, pos)
     neg_scores = scores.gather(1, neg.reshape(b, p * m)).reshape(b, p, m)
     above = neg_scores > pos_scores.unsqueeze(2)

@@ -31,7 +31,9 @@ import torch
 
 from ._checks import as_tensor, check_rank_values, check_sizes, check_weights
 from .metric_names import MetricSpec, parse_metric
-from .ranking import _check_ties, _prepare, candidate_counts, exact_ranks_padded
+from ._inputs import check_finite_rows
+from .ranking import TIE_BOUNDS, _check_ties, _exact_ranks_padded, _prepare, candidate_counts
+from .tie_expectation import expected_metric_values, ideal_dcg, undefined_users
 
 __all__ = ["user_metric_values", "per_user_metrics", "per_user_metrics_from_factors", "mean_metrics", "DEFAULT_METRICS"]
 
@@ -93,10 +95,7 @@ def _values(spec: MetricSpec, s: _SortedRanks) -> torch.Tensor:
         discount = math.log(2.0) / torch.log1p(torch.where(s.valid, s.ranks, torch.ones_like(s.ranks)))
         gain = torch.ones_like(s.ranks) if s.gain is None else s.gain
         dcg = torch.where(inside, gain * discount, torch.zeros_like(discount)).sum(1)
-        ideal_gain = torch.where(s.valid, gain, torch.zeros_like(gain))
-        ideal_gain = torch.sort(ideal_gain, dim=1, descending=True).values
-        ideal_disc = math.log(2.0) / torch.log1p(s.position)
-        idcg = torch.where(s.position <= k.unsqueeze(1), ideal_gain * ideal_disc, torch.zeros_like(ideal_disc)).sum(1)
+        idcg = ideal_dcg(gain, s.valid, k)  # the ideal order does not depend on the ranks (nor on the gains' slots)
         out = dcg / idcg
         out = torch.where(idcg > 0, out, torch.full_like(out, math.nan))
     elif kind == "auc":
@@ -105,12 +104,7 @@ def _values(spec: MetricSpec, s: _SortedRanks) -> torch.Tensor:
         out = beaten.sum(1) / (t * n_neg)
     else:  # pragma: no cover
         raise ValueError(f"metric: unsupported kind {kind!r}")
-    nan = (t == 0) | (s.n <= 1)
-    if kind in ("precision", "trunc_precision", "recall", "hit"):
-        nan = nan | (s.n <= k)
-    if kind != "ndcg":
-        nan = nan | (s.n - t <= 0)
-    return torch.where(nan, torch.full_like(out, math.nan), out)
+    return torch.where(undefined_users(kind, k, t, s.n), torch.full_like(out, math.nan), out)
 
 
 def _check_rank_inputs(ranks, n_candidates, relevance):
@@ -126,16 +120,20 @@ def _check_rank_inputs(ranks, n_candidates, relevance):
         raise ValueError(f"n_candidates: expected shape ({r.shape[0]},), got {tuple(n.shape)}")
     if r.numel() and (bool((r < 0).any()) or bool((r > n.unsqueeze(1)).any())):
         raise ValueError("ranks: must lie in 1..n_candidates (0 marks padding)")
-    rel = None
-    if relevance is not None:
-        rel = as_tensor(relevance, "relevance", device=r.device)
-        if rel.dim() == 1:
-            rel = rel.unsqueeze(1)
-        if rel.shape != r.shape:
-            raise ValueError(f"relevance: expected the ranks' shape {tuple(r.shape)}, got {tuple(rel.shape)}")
-        if rel.dtype != torch.bool:  # binary relevance as a mask is fine; graded relevance must be weights
-            rel = check_weights(rel, "relevance")
+    rel = None if relevance is None else _check_relevance(relevance, r)
     return r, n, rel
+
+
+def _check_relevance(relevance, r: torch.Tensor) -> torch.Tensor:
+    """Relevance aligned with the (B, P) ranks ``r``: a bool mask, or non-negative weights."""
+    rel = as_tensor(relevance, "relevance", device=r.device)
+    if rel.dim() == 1:
+        rel = rel.unsqueeze(1)
+    if rel.shape != r.shape:
+        raise ValueError(f"relevance: expected the ranks' shape {tuple(r.shape)}, got {tuple(rel.shape)}")
+    if rel.dtype != torch.bool:  # binary relevance as a mask is fine; graded relevance must be weights
+        rel = check_weights(rel, "relevance")
+    return rel
 
 
 def _check_one_ordering(s: "_SortedRanks", integer: bool) -> None:
@@ -244,8 +242,11 @@ def per_user_metrics(
     for spec in specs:
         if spec.k is not None and spec.k > n:
             raise ValueError(f"metrics: k = {spec.k} in {str(spec)!r} is larger than the candidate list ({n} items)")
-    ranks = exact_ranks_padded(scores, pos, exc, ties, True, generator, check_finite=check_finite)
-    return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame)
+    # the NaN/inf rows come from the counting pass and are read back with the results (one synchronisation fewer);
+    # ties="average": each positive's tie group [lo, hi], over whose orders the metrics take their expectation
+    kernel_ties = TIE_BOUNDS if ties == "average" else ties
+    ranks, finite = _exact_ranks_padded(scores, pos, exc, kernel_ties, True, generator, check_finite, False)
+    return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame, finite)
 
 
 def per_user_metrics_from_factors(
@@ -272,12 +273,20 @@ def per_user_metrics_from_factors(
     for spec in specs:
         if spec.k is not None and spec.k > n:
             raise ValueError(f"metrics: k = {spec.k} in {str(spec)!r} is larger than the candidate list ({n} items)")
-    ranks, pos, exc = _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, item_bias=item_bias)
+    _check_ties(ties)
+    kernel_ties = TIE_BOUNDS if ties == "average" else ties
+    ranks, pos, exc = _ranks_from_factors(user_factors, item_factors, positives, exclude, kernel_ties, item_bias=item_bias)
     return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame)
 
 
-def _metrics_from_ranks(specs, ranks, pos, exc, n: int, relevance, as_frame: bool):
-    """The per-user values of ``specs`` from padded exact ranks (other positives competing)."""
+def _metrics_from_ranks(specs, ranks, pos, exc, n: int, relevance, as_frame: bool, finite: torch.Tensor | None = None):
+    """The per-user values of ``specs`` from padded exact ranks (other positives competing), or from (B, P, 2)
+    tie groups [lo, hi] (``ties="average"``: expectations over the orders of tied items). ``finite``: (B,) bool
+    rows of the scores free of NaN/inf, not read yet: checked with the frame's copy to the host (or before
+    relevance is validated / a dict is returned)."""
+    if finite is not None and (relevance is not None or not as_frame):
+        check_finite_rows(finite)  # the scores' error first
+        finite = None
     b = pos.shape[0]
     n_cand = candidate_counts(n, pos, exc)
     rel = None
@@ -285,16 +294,33 @@ def _metrics_from_ranks(specs, ranks, pos, exc, n: int, relevance, as_frame: boo
         rel = torch.as_tensor(relevance, device=ranks.device)
         if rel.shape == (b, n):
             rel = rel.gather(1, pos.clamp(min=0)).masked_fill(pos < 0, 0)
-    r, n_cand, rel = _check_rank_inputs(ranks, n_cand, rel)
-    sorted_ranks = _SortedRanks(r, n_cand, rel)
-    result = {spec.column: _values(spec, sorted_ranks) for spec in specs}
+    bounds = ranks if ranks.dim() == 3 else None
+    if bounds is not None:
+        ranks = bounds[..., 0]
+    if rel is not None:  # the ranks and counts come from exact_ranks: valid by construction, only relevance is checked
+        rel = _check_relevance(rel, ranks)
+    if bounds is not None:
+        result = {spec.column: expected_metric_values(spec, bounds[..., 0], bounds[..., 1], n_cand, rel, max_position=n)
+                  for spec in specs}
+    else:
+        sorted_ranks = _SortedRanks(ranks, n_cand, rel)
+        result = {spec.column: _values(spec, sorted_ranks) for spec in specs}
     if not as_frame:
         return result
     try:
         import pandas as pd
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ImportError("per_user_metrics(as_frame=True) needs pandas: pip install 'reco-sampled-plugin[pandas]'") from exc
-    return pd.DataFrame({name: v.detach().cpu().numpy() for name, v in result.items()})
+    names = list(result)
+    cols = [result[name].detach() for name in names] + ([finite.to(torch.float64)] if finite is not None else [])
+    if not cols:
+        return pd.DataFrame({})
+    host = torch.stack(cols, 1).cpu().numpy()  # one copy to the host for the frame (and the finite rows)
+    if finite is not None:
+        if not host[:, -1].all():
+            check_finite_rows(torch.from_numpy(host[:, -1] > 0))
+        host = host[:, :-1]
+    return pd.DataFrame(host, columns=names)
 
 
 def mean_metrics(values) -> dict[str, tuple[float, int, int]]:
@@ -302,11 +328,18 @@ def mean_metrics(values) -> dict[str, tuple[float, int, int]]:
 
     ``values`` is a DataFrame or dict of per-user values from :func:`per_user_metrics`.
     """
-    out = {}
-    items = values.items() if isinstance(values, dict) else ((c, values[c]) for c in values.columns)
-    for name, v in items:
-        t = v.to(torch.float64) if isinstance(v, torch.Tensor) else torch.tensor(v.to_numpy(dtype="float64", copy=True))
+    items = list(values.items() if isinstance(values, dict) else ((c, values[c]) for c in values.columns))
+    if not items:
+        return {}
+    cols = [v.to(torch.float64) if isinstance(v, torch.Tensor) else torch.tensor(v.to_numpy(dtype="float64", copy=True))
+            for _, v in items]
+    device = cols[0].device
+    stats = []
+    for t in cols:  # per metric (B,) values: mean over the defined ones, nothing read back yet
+        t = t.reshape(-1).to(device)
         ok = ~torch.isnan(t)
-        used = int(ok.sum())
-        out[name] = (float(t[ok].mean()) if used else math.nan, used, int(t.numel() - used))
-    return out
+        used = ok.sum()
+        mean = torch.where(ok, t, torch.zeros_like(t)).sum() / used  # NaN when no user has a value
+        stats.append(torch.stack([mean, used.to(torch.float64), (t.numel() - used).to(torch.float64)]))
+    host = torch.stack(stats).tolist()  # one synchronisation for every metric
+    return {name: (m if used else math.nan, int(used), int(nan)) for (name, _), (m, used, nan) in zip(items, host)}

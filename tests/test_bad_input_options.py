@@ -493,3 +493,25 @@ def test_recbole_keys_unused_by_the_chosen_method_are_refused(extra, key):
     fixed = {"rsp_correction": "bv"} if "rsp_correction" in extra and "rsp_gamma" in extra else \
         {"rsp_correction": "ls"} if "rsp_prior" in extra else {"rsp_mapping": "beta"}
     Config(model="BPR", dataset="ml-100k", config_dict={**BASE, "rsp_m": 100, **extra, **fixed})
+
+
+def test_evaluate_factors_gamma_and_correction_are_checked_before_any_work():
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(0)
+    ones = lambda k: np.ones(k)  # noqa: E731
+    train = sp.random(20, 30, density=0.2, format="csr", random_state=rng, data_rvs=ones)
+    test = sp.random(20, 30, density=0.1, format="csr", random_state=rng, data_rvs=ones)
+    test = test - test.multiply(train)
+    test.eliminate_zeros()
+    u, v = rng.standard_normal((20, 4)), rng.standard_normal((30, 4))
+    for kwargs, match in (({"n_samples": 5, "correction": "ls", "gamma": 0.3}, "^gamma: only the corrections"),
+                          ({"n_samples": 5, "correction": "magic"}, "^correction: unknown estimator 'magic'"),
+                          ({"gamma": 0.2}, "^gamma: needs n_samples"),
+                          ({"n_samples": 5, "correction": "bv", "gamma": math.nan}, "^gamma: ")):
+        with pytest.raises(ValueError, match=match):
+            rsp.evaluate_factors(train, test, u, v, **kwargs)
+    # a whole-float n_samples is a size like any other; gamma reaches bv
+    a = rsp.evaluate_factors(train, test, u, v, n_samples=5.0, correction="bv", gamma=1.0, seed=3).summary
+    b = rsp.evaluate_factors(train, test, u, v, n_samples=5, correction="bv", seed=3).summary
+    assert (a["sampled"] == b["sampled"]).all() and (a["corrected"] != b["corrected"]).any()

@@ -469,14 +469,19 @@ def test_staging_copies_batches_and_rejects_what_it_cannot_hold():
     assert torch.equal(got[1], torch.cat([pu, pu + scores.shape[0]]))
 
 
-def test_other_positive_counts_match_brute_force():
-    """#(other positives of the same user scoring >= / > each positive), ties and unsorted users included."""
+@pytest.mark.parametrize("where", ["dispatch", "device_code"])
+def test_other_positive_counts_match_brute_force(device, monkeypatch, where):
+    """#(other positives of the same user scoring >= / > each positive), ties and unsorted users included; on
+    the positives' device (numpy on the CPU; ``device_code``: the torch code of other devices, on this one)."""
+    if where == "device_code":
+        monkeypatch.setattr(rr, "_other_positive_counts_host", rr._other_positive_counts_device)
     g = torch.Generator().manual_seed(3)
     counts = torch.tensor([3, 0, 5, 1, 4])
     pos_u = torch.repeat_interleave(torch.arange(5), counts)[torch.randperm(13, generator=g)]
     s_pos = torch.randint(0, 3, (13,), generator=g).to(torch.float32)  # many ties
     s_pos = s_pos - 1.0  # negative, zero and positive scores
     s_pos[s_pos == 0] = torch.tensor([0.0, -0.0]).repeat(7)[: int((s_pos == 0).sum())]  # -0.0 ties +0.0
+    counts, pos_u, s_pos = counts.to(device), pos_u.to(device), s_pos.to(device)
     same = pos_u.unsqueeze(0) == pos_u.unsqueeze(1)
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
         s = s_pos.to(dtype)
@@ -487,51 +492,57 @@ def test_other_positive_counts_match_brute_force():
         assert int((ge - gt).max()) >= 1  # ties were exercised
         # tied positives listed earlier (deterministic ties place tied relevant items in listed order)
         tb = rr._other_positive_counts(pos_u, s, counts, tied_before=True)[2]
-        earlier = torch.arange(13).unsqueeze(0) < torch.arange(13).unsqueeze(1)
+        earlier = torch.arange(13, device=device).unsqueeze(0) < torch.arange(13, device=device).unsqueeze(1)
         assert torch.equal(tb, (same & (s.unsqueeze(0) == s.unsqueeze(1)) & earlier).sum(1)), dtype
         for ties in ("pessimistic", "optimistic"):  # with no other item tied: the tied positives' ranks are an ordering
             full = rr._full_ranks(ge + 1, gt, ge, gt, tb, ties)
             for u in range(5):
                 mine = full[pos_u == u]
                 assert sorted(mine.tolist()) == list(range(1, len(mine) + 1)), (dtype, ties)
-    empty = torch.zeros(0, dtype=torch.int64)
+    empty = torch.zeros(0, dtype=torch.int64, device=device)
     assert rr._other_positive_counts(empty, torch.zeros(0), torch.zeros(2, dtype=torch.int64))[0].numel() == 0
     assert len(rr._other_positive_counts(empty, torch.zeros(0), torch.zeros(2, dtype=torch.int64), tied_before=True)) == 3
 
 
-def test_hypergeometric_sampled_law():
+def test_hypergeometric_sampled_law(device):
     """Without replacement: 1 + Hypergeometric(N, a, m) (mean m a / N, variance with the finite-population
-    factor (N - m) / (N - 1)); drawing every item gives the exact count; too few items raise."""
-    g = torch.Generator().manual_seed(0)
+    factor (N - m) / (N - 1)); drawing every item gives the exact count; too few items raise. The draws come
+    back on the counts' device."""
+    g = torch.Generator(device=device).manual_seed(0)
     size, n_items, m = 200_000, 1000, 50
-    n = torch.full((size,), n_items)
-    ge, gt = torch.full((size,), 300), torch.full((size,), 200)
+    n = torch.full((size,), n_items, device=device)
+    ge, gt = torch.full((size,), 300, device=device), torch.full((size,), 200, device=device)
     for ties, p in (("pessimistic", 0.3), ("optimistic", 0.2), ("average", 0.25)):
         r = rr._hypergeometric_sampled(ge, gt, n, m, ties, g)
+        assert r.device.type == device.type
         var = m * 0.3 * 0.7 * (n_items - m) / (n_items - 1)
         assert abs(float(r.mean()) - (1 + m * p)) < 4 * math.sqrt(var / size) + 1e-3, ties
         assert int(r.min()) >= 1 and int(r.max()) <= m + 1
         if ties == "pessimistic":  # the finite-population variance (9.98), not the binomial one (10.5)
             assert float(r.var()) == pytest.approx(var, rel=0.02)
-    few = torch.tensor([7, 0, 3, 10])
-    assert torch.equal(rr._hypergeometric_sampled(few, few, torch.full((4,), 10), 10, "pessimistic", g), 1.0 + few.double())
-    tied = rr._hypergeometric_sampled(torch.tensor([9]), torch.tensor([4]), torch.tensor([10]), 10, "average", g)
+    few = torch.tensor([7, 0, 3, 10], device=device)
+    ten = torch.full((4,), 10, device=device)
+    assert torch.equal(rr._hypergeometric_sampled(few, few, ten, 10, "pessimistic", g), 1.0 + few.double())
+    one = [torch.tensor([v], device=device) for v in (9, 4, 10)]
+    tied = rr._hypergeometric_sampled(*one, 10, "average", g)
     assert 5 <= float(tied) <= 10  # above = 4 exactly, then placed among the 5 tied items
     with pytest.raises(ValueError, match="rsp_m"):
-        rr._hypergeometric_sampled(few, few, torch.full((4,), 10), 11, "pessimistic", g)
+        rr._hypergeometric_sampled(few, few, ten, 11, "pessimistic", g)
 
 
-def test_binomial_sampled_law():
-    """1 + Binomial(m, ge/N) per positive (pessimistic), gt/N (optimistic), average between them."""
-    g = torch.Generator().manual_seed(0)
-    n = torch.full((200_000,), 1000)
-    ge, gt = torch.full((200_000,), 300), torch.full((200_000,), 200)
+def test_binomial_sampled_law(device):
+    """1 + Binomial(m, ge/N) per positive (pessimistic), gt/N (optimistic), average between them; on the
+    counts' device."""
+    g = torch.Generator(device=device).manual_seed(0)
+    n = torch.full((200_000,), 1000, device=device)
+    ge, gt = torch.full((200_000,), 300, device=device), torch.full((200_000,), 200, device=device)
     for ties, p in (("pessimistic", 0.3), ("optimistic", 0.2), ("average", 0.25)):
         r = rr._binomial_sampled(ge, gt, n, 50, ties, g)
         assert abs(float(r.mean()) - (1 + 50 * p)) < 4 * math.sqrt(50 * 0.3 * 0.7 / 200_000) + 1e-3, ties
         assert int(r.min()) >= 1 and int(r.max()) <= 51
-    assert bool((rr._binomial_sampled(torch.zeros(5), None, torch.full((5,), 10), 7, "pessimistic", g) == 1).all())
-    assert bool((rr._binomial_sampled(torch.full((5,), 10), None, torch.full((5,), 10), 7, "pessimistic", g) == 8).all())
+    ten = torch.full((5,), 10, device=device)
+    assert bool((rr._binomial_sampled(torch.zeros(5, device=device), None, ten, 7, "pessimistic", g) == 1).all())
+    assert bool((rr._binomial_sampled(ten, None, ten, 7, "pessimistic", g) == 8).all())
 
 
 def test_sequential_model_in_uni100_mode(workdir):
@@ -579,3 +590,18 @@ def test_full_mode_adaptive_sampling_equals_the_core(bpr):
         assert res[f"{name}_share_at_cap"] == pytest.approx(float(((m == 320) * w).sum() / w.sum()), abs=1e-9)
     # the adaptive estimate lands near the exact value (ml-100k, m = 20 -> 320)
     assert abs(res["rankdistrecall@10"] - res["exactrecall@10"]) < 0.35 * res["exactrecall@10"]
+
+
+def test_rankdist_bootstrap_only_for_a_standard_error():
+    """RankDist* refit the rank distribution rsp_bootstrap times only when a standard error or an interval is
+    reported (the estimate itself is the one fit either way)."""
+    from reco_sampled_plugin.adapters import _recbole_metrics as rm
+
+    def kwargs(**extra):
+        config = Config(model="BPR", dataset="ml-100k", config_dict={
+            **BASE, "metrics": ["RankDistRecall"], "valid_metric": "RankDistRecall@10", "rsp_m": 100, **extra})
+        return rm.metric_classes()["rankdistrecall"](config)._method_kwargs()
+
+    assert kwargs()["n_bootstrap"] == 0
+    assert kwargs(rsp_stderr=True)["n_bootstrap"] == 8
+    assert kwargs(rsp_interval=True, rsp_bootstrap=4)["n_bootstrap"] == 4

@@ -23,6 +23,10 @@ from reco_sampled_plugin.rank_distribution import pool_groups  # noqa: E402
 METRICS = ("ndcg@10", "recall@5", "rr", "auc")  # canonical names (keys of the results)
 
 
+def _on(device, *tensors):
+    return tuple(t.to(device) for t in tensors)
+
+
 def _data(users=61, n=300, seed=0):
     g = torch.Generator().manual_seed(seed)
     scores = torch.randn(users, n, generator=g, dtype=torch.float64)
@@ -51,8 +55,8 @@ def _batches(scores, pos, exc, size, order=None, ids=True):
 
 @pytest.mark.parametrize("ties", ["pessimistic", "optimistic", "average"])
 @pytest.mark.parametrize("count_other", [False, True])
-def test_exact_metric_equals_functional_core(ties, count_other):
-    scores, pos, exc = _data()
+def test_exact_metric_equals_functional_core(ties, count_other, device):
+    scores, pos, exc = _on(device, *_data())
     m = _loop(ExactRankingMetrics(METRICS, ties=ties, count_other_positives=count_other), _batches(scores, pos, exc, 16))
     r = exact_ranks(scores, pos, exc, ties=ties, count_other_positives=count_other)
     n_cand = 300 - exc.sum(1) - (0 if count_other else (pos >= 0).sum(1) - 1)
@@ -72,8 +76,8 @@ ESTIMATORS = ("none", "rank_estimate", "cls", "bv", "bound", "beta_fit", "mle")
 OPTIONS = {"bv": {"gamma": 0.2}, "mle": {"n_bootstrap": 3}}
 
 
-def test_sampled_metric_equals_functional_core():
-    scores, pos, exc = _data()
+def test_sampled_metric_equals_functional_core(device):
+    scores, pos, exc = _on(device, *_data())
     m = SampledRankingMetrics(METRICS, n_samples=30, estimators=ESTIMATORS, estimator_options=OPTIONS, max_n_groups=None)
     _loop(m, _batches(scores, pos, exc, 16))
     p, e = padded_inputs(scores, pos, exc)
@@ -97,8 +101,8 @@ def test_sampled_metric_equals_functional_core():
             assert float(pooled.compute()[f"{name}/{method}"]) == pytest.approx(estimate(name, ph, method=method).value, abs=1e-12)
 
 
-def test_batching_and_order_do_not_matter_with_ids():
-    scores, pos, exc = _data()
+def test_batching_and_order_do_not_matter_with_ids(device):
+    scores, pos, exc = _on(device, *_data())
     kw = dict(metrics=("ndcg@10", "hit@10"), n_samples=25, estimators=("none", "bv"))
     a = _loop(SampledRankingMetrics(**kw), _batches(scores, pos, exc, 7))
     b = _loop(SampledRankingMetrics(**kw), _batches(scores, pos, exc, 61, order=torch.randperm(61, generator=torch.Generator().manual_seed(3))))
@@ -112,15 +116,15 @@ def test_batching_and_order_do_not_matter_with_ids():
     assert not torch.equal(a.hist, d.hist)
 
 
-def test_keep_mask_drops_rows_and_reset():
-    scores, pos, exc = _data()
-    keep = torch.arange(61) % 4 != 1
+def test_keep_mask_drops_rows_and_reset(device):
+    scores, pos, exc = _on(device, *_data())
+    keep = torch.arange(61, device=device) % 4 != 1
     ex, sm = ExactRankingMetrics(METRICS), SampledRankingMetrics(METRICS, n_samples=10, estimators=("none",))
     ex.update(scores, pos, exc, keep=keep)
     sm.update(scores, pos, exc, ids=torch.arange(61), keep=keep)
     ex2, sm2 = ExactRankingMetrics(METRICS), SampledRankingMetrics(METRICS, n_samples=10, estimators=("none",))
     ex2.update(scores[keep], pos[keep], exc[keep])
-    sm2.update(scores[keep], pos[keep], exc[keep], ids=torch.arange(61)[keep])
+    sm2.update(scores[keep], pos[keep], exc[keep], ids=torch.arange(61, device=device)[keep])
     assert torch.allclose(ex.sums, ex2.sums, rtol=0, atol=1e-12) and ex.count == ex2.count
     assert torch.equal(sm.hist, sm2.hist)
     sm.reset()
@@ -197,14 +201,36 @@ def test_keyed_hash_is_pinned_and_takes_int_parts():
         keyed_uniform(3, 1, 2)
 
 
-def test_validation_errors():
+def test_keyed_hash_in_cache_sized_blocks_is_the_same_stream():
+    """On the CPU large draws are hashed in blocks of the leading axis (temporaries in cache): the same numbers as
+    each row hashed alone (and as the pinned stream), whatever the block size."""
+    from reco_sampled_plugin.adapters import _shared
+
+    row = torch.arange(700).view(700, 1, 1) * 13 + 1
+    item = torch.arange(700 * 2).view(700, 2, 1) % 997
+    draw = torch.arange(100).view(1, 1, 100)
+    big = keyed_uniform(3, 0, row, item, draw)  # 140,000 numbers: several blocks
+    assert big.shape == (700, 2, 100)
+    for r in (0, 1, 327, 699):
+        assert torch.equal(big[r], keyed_uniform(3, 0, row[r], item[r], draw[0]))
+    before = _shared._HASH_BLOCK
+    try:
+        _shared._HASH_BLOCK = 1 << 30
+        assert torch.equal(big, keyed_uniform(3, 0, row, item, draw))
+    finally:
+        _shared._HASH_BLOCK = before
+    flat = keyed_uniform(7, torch.arange(200_000))
+    assert torch.equal(flat[123_456:123_460], keyed_uniform(7, torch.arange(123_456, 123_460)))
+
+
+def test_validation_errors(device):
     with pytest.raises(ValueError, match="estimators"):
         SampledRankingMetrics("hit@10", estimators=("nope",))
     with pytest.raises(ValueError, match="estimator_options"):
         SampledRankingMetrics("hit@10", estimators=("none",), estimator_options={"mle": {}})
     with pytest.raises(ValueError, match="ties"):
         ExactRankingMetrics("hit@10", ties="random")
-    scores, pos, exc = _data()
+    scores, pos, exc = _on(device, *_data())
     bad = scores.clone()
     bad[3, int(pos[3, 0])] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
@@ -212,11 +238,11 @@ def test_validation_errors():
     m = SampledRankingMetrics("hit@10", n_samples=5, estimators=("none",))
     m.update(scores, pos, exc)
     with pytest.raises(ValueError, match="items"):
-        m.update(scores[:, :200], torch.zeros(61, dtype=torch.int64))
+        m.update(scores[:, :200], torch.zeros(61, dtype=torch.int64, device=device))
 
 
 @pytest.mark.parametrize("ties", ["pessimistic", "optimistic"])
-def test_update_factors_equals_update_on_the_score_matrix(ties):
+def test_update_factors_equals_update_on_the_score_matrix(ties, device):
     """update_factors (scores computed in tiles, negatives scored by dot products) gives the same states as
     update on U @ V.T + b: small integer factors and half-integer biases make every score exact, with many
     ties; the sampled histogram comes from the same keyed negatives."""
@@ -230,6 +256,7 @@ def test_update_factors_equals_update_on_the_score_matrix(ties):
     pos[::2, 1:] = -1
     exc = order[:, 3:40].clone()
     exc[::3, 20:] = -1
+    u, v, bias, pos, exc = _on(device, u, v, bias, pos, exc)
     kw = dict(ties=ties)
     a, b = ExactRankingMetrics(METRICS, **kw), ExactRankingMetrics(METRICS, **kw)
     sa = SampledRankingMetrics(METRICS, n_samples=25, estimators=("none", "bv"), max_n_groups=None, **kw)
@@ -365,7 +392,7 @@ def test_positive_also_excluded_and_average_ties_are_refused():
     ExactRankingMetrics("hit@10", ties="average")  # exact metrics take it
 
 
-def test_rows_without_positives_need_no_sample_pool():
+def test_rows_without_positives_need_no_sample_pool(device):
     """Without replacement, a row with no relevant item (or only padding) draws nothing, so a small pool there
     is fine; the other rows draw exactly what they draw in a batch of their own."""
     g = torch.Generator().manual_seed(0)
@@ -373,13 +400,14 @@ def test_rows_without_positives_need_no_sample_pool():
     pos = torch.tensor([[2, 5], [-1, -1], [7, -1], [-1, -1]])
     exc = torch.full((4, 28), -1)
     exc[1] = torch.arange(2, 30)  # row 1: 2 items left, fewer than m
+    scores, pos, exc = _on(device, scores, pos, exc)
     kw = dict(metrics=("hit@3",), n_samples=10, estimators=("none",), replacement=False)
     a, b = SampledRankingMetrics(**kw), SampledRankingMetrics(**kw)
     a.update(scores, pos, exc, ids=torch.arange(4))
     b.update(scores[[0, 2]], pos[[0, 2]], exc[[0, 2]], ids=torch.tensor([0, 2]))
     assert torch.equal(a.hist, b.hist) and float(a.hist.sum()) == 3
     with pytest.raises(ValueError, match="fewer than m = 10"):
-        a.update(scores[1:2], torch.tensor([[0]]), exc[1:2], ids=torch.tensor([9]))
+        a.update(scores[1:2], torch.tensor([[0]], device=device), exc[1:2], ids=torch.tensor([9]))
 
 
 def test_metric_names_are_canonical_and_distinct():

@@ -1,0 +1,236 @@
+"""GPU readiness of the torchmetrics classes and the Lightning callback (issue 19), probed on any device.
+
+* Host synchronisations per ``update`` (and per callback batch): counted with ``tests/_budgets.count_syncs``,
+  split into the core functions the adapters call (``prepare_index``, ``exact_ranks_padded``,
+  ``factor_ranks_padded``, ``candidate_counts``...: their budget is the core's) and the adapters' own. The adapters'
+  own count is a fixed number whatever the batch size B and the catalogue size n: one validation read per batch
+  (every check of the batch fused), plus one per adaptive stage, plus one duplicate check without replacement.
+* Temporaries: the largest tensor an ``update`` builds stays within the score block (or one factor tile / gather
+  chunk) plus O(B (P + E + m)); never B x P m x d gathered factors or B x n x P comparisons.
+* Device: states live on the metric's device, keyed draws on the inputs' device.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _budgets import SyncCounter, peak_temporary  # noqa: E402
+
+from reco_sampled_plugin.adapters import _shared  # noqa: E402
+from reco_sampled_plugin.adapters import torchmetrics as tm  # noqa: E402
+from reco_sampled_plugin.adapters._shared import GATHER_ELEMENTS, keyed_negatives, padded_inputs  # noqa: E402
+from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
+from reco_sampled_plugin.factor_ranks import TILE_ELEMENTS  # noqa: E402
+
+# the adapters' own host synchronisations per update (beyond the core functions they call)
+OWN = {
+    "exact": 0,  # the NaN/inf check is the core counting pass's; sums are masked sums, kept on the device
+    "exact_positives": 1,  # check_finite="positives": one read of the relevant items' check
+    "sampled": 1,  # the one validation read (scores finite, sample pools large enough)
+    "sampled_noreplace": 2,  # + one duplicate check after the two unchecked redraw rounds
+    "sampled_adaptive": 1 + 3,  # + one per adaptive stage after the first (m = 20, cap 160: 20, 40, 80, 160)
+    "exact_factors": 0,
+    "sampled_factors": 1,  # the validation read, the factors' NaN/inf check fused into it
+    "sampled_factors_adaptive": 1 + 3,
+}
+# the core's budget for what one update calls of it (validation of the indices, the exact counts / the factor
+# tiles' overflow bound): at most 4, like exact_ranks and sampled_ranks themselves
+CORE_BUDGET = 4
+# the core functions (of reco_sampled_plugin) each adapter module calls: their syncs are the core's budget
+_CORE = {
+    _shared: ("prepare_index", "candidate_counts", "forbidden_sorted", "allowed_position_to_item"),
+    tm: ("prepare_index", "candidate_counts", "exact_ranks_padded", "factor_ranks_padded", "check_factors",
+         "_metric_from_float_ranks"),
+}
+SIZES = [(8, 500), (64, 3000)]  # two batch sizes and two catalogue sizes, together and crossed
+SIZES = SIZES + [(8, 3000), (64, 500)]
+
+
+def _data(b, n, device, p=2, e=5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(b, n, generator=g)
+    order = torch.argsort(torch.rand(b, n, generator=g), 1)
+    pos = order[:, :p].clone()
+    pos[1::2, 1] = -1  # every other user has one relevant item
+    exc = order[:, p : p + e].clone()
+    exc[::3, -1] = -1
+    return scores.to(device), pos.to(device), exc.to(device), torch.arange(b, device=device)
+
+
+@contextlib.contextmanager
+def _core_attributed(monkeypatch, extra=()):
+    """Count the syncs made inside the core functions the adapters call: yields a dict whose ``"core"`` grows
+    while a ``count_syncs`` counter (the innermost torch function mode) is active."""
+    box = {"core": 0, "counter": None}
+
+    def wrap(f):
+        def inner(*a, **kw):
+            c = box["counter"]
+            before = c.count if c is not None else 0
+            out = f(*a, **kw)
+            if c is not None:
+                box["core"] += c.count - before
+            return out
+        return inner
+
+    seen = {}
+    for module, names in list(_CORE.items()) + list(extra):
+        for name in names:
+            f = getattr(module, name)
+            if f not in seen:
+                seen[f] = wrap(f)
+            monkeypatch.setattr(module, name, seen[f])
+    yield box
+
+
+def _counted(box, fn, *args, **kwargs):
+    """(total, core, own) syncs of one call, and the counter's calls (a SyncCounter, as ``count_syncs`` uses)."""
+    box["core"] = 0
+    with SyncCounter() as counter:
+        box["counter"] = counter
+        try:
+            fn(*args, **kwargs)
+        finally:
+            box["counter"] = None
+    return counter.count, box["core"], counter.count - box["core"], counter.calls
+
+
+def _case(name):
+    kw = dict(metrics=("ndcg@10", "hit@5", "auc"), n_samples=20, estimators=("none",))
+    if name.startswith("exact"):
+        return ExactRankingMetrics(kw["metrics"], check_finite="positives" if name == "exact_positives" else True)
+    if "noreplace" in name:
+        kw["replacement"] = False
+    if "adaptive" in name:
+        kw["adaptive_max"] = 160
+    return SampledRankingMetrics(**kw)
+
+
+def _update(metric, name, scores, pos, exc, ids, factors):
+    if "factors" in name:
+        u, v = factors
+        if name.startswith("exact"):
+            return metric.update_factors(u, v, pos, exc)
+        return metric.update_factors(u, v, pos, exc, ids=ids)
+    if name.startswith("exact"):
+        return metric.update(scores, pos, exc)
+    return metric.update(scores, pos, exc, ids=ids)
+
+
+@pytest.mark.parametrize("name", list(OWN))
+def test_update_syncs_are_constant_in_batch_and_catalogue_size(name, device, monkeypatch):
+    """Total, core and own synchronisations of an update (the second: the first may read a fresh state) are the
+    same for B in (8, 64) and n in (500, 3000); the adapter's own count is OWN[name], the total at most
+    CORE_BUDGET + OWN[name]."""
+    got = []
+    with _core_attributed(monkeypatch) as box:
+        for b, n in SIZES:
+            scores, pos, exc, ids = _data(b, n, device)
+            g = torch.Generator().manual_seed(b + n)
+            factors = (torch.randn(b, 16, generator=g).to(device), torch.randn(n, 16, generator=g).to(device))
+            metric = _case(name).to(device)
+            _update(metric, name, scores, pos, exc, ids, factors)
+            total, core, own, calls = _counted(box, _update, metric, name, scores, pos, exc, ids, factors)
+            got.append((total, core, own))
+            assert own <= OWN[name], (name, b, n, own, dict(calls))
+    assert len(set(got)) == 1, got
+    assert got[0][2] == OWN[name], got
+    assert got[0][1] <= CORE_BUDGET and got[0][0] <= CORE_BUDGET + OWN[name], got
+
+
+def test_callback_batch_syncs_are_constant(device, monkeypatch):
+    """The Lightning callback's per-batch work (``on_validation_batch_end``: padding, ids, exact and sampled
+    updates), with scores and with factors: the same count for two B and two n; its own syncs: the sampled
+    metric's one validation read."""
+    pytest.importorskip("lightning")
+    from reco_sampled_plugin.adapters import lightning as lt
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
+
+    trainer = SimpleNamespace(sanity_checking=False, val_dataloaders=None, test_dataloaders=None)
+    module = SimpleNamespace(device=device)
+    extra = [(lt, ("check_factors", "prepare_index"))]
+    for protocol, exact in (("scores", True), ("scores", False), ("factors", True), ("factors", False)):
+        got = []
+        with _core_attributed(monkeypatch, extra) as box:
+            for b, n in SIZES:
+                scores, pos, exc, ids = _data(b, n, device)
+                if protocol == "scores":
+                    out = {"scores": scores, "positives": pos, "exclude": exc, "ids": ids}
+                else:
+                    g = torch.Generator().manual_seed(b)
+                    out = {"user_factors": torch.randn(b, 16, generator=g).to(device),
+                           "item_factors": torch.randn(n, 16, generator=g).to(device),
+                           "positives": pos, "exclude": exc, "ids": ids}
+                cb = RankingMetricsCallback(("ndcg@10", "hit@5"), exact=exact, n_samples=20, estimators=("none",),
+                                            progress=False)
+                cb.on_validation_batch_end(trainer, module, out, None, 0)
+                total, core, own, calls = _counted(box, cb.on_validation_batch_end, trainer, module, out, None, 1)
+                got.append((total, core, own))
+        assert len(set(got)) == 1, (protocol, exact, got)
+        assert got[0][2] == 1, (protocol, exact, got, dict(calls))
+        assert got[0][0] <= CORE_BUDGET + 1, (protocol, exact, got, dict(calls))
+
+
+def test_states_and_draws_live_on_the_metric_device(device):
+    scores, pos, exc, ids = _data(16, 400, device)
+    ex = ExactRankingMetrics(("ndcg@10",)).to(device)
+    sm = SampledRankingMetrics(("ndcg@10",), n_samples=20, estimators=("none",)).to(device)
+    ad = SampledRankingMetrics(("ndcg@10",), n_samples=20, estimators=("none",), adaptive_max=80).to(device)
+    ex.update(scores, pos, exc)
+    sm.update(scores, pos, exc, ids=ids)
+    ad.update(scores, pos, exc, ids=ids)
+    for t in (ex.sums, ex.count, sm.hist, sm.n_items, ad.hist, ad.n_items):
+        assert t.device.type == device.type
+    p, e = padded_inputs(scores, pos, exc)
+    assert keyed_negatives(p, e, 400, 20, ids).device.type == device.type
+    # the histogram counts every relevant item once, on the device, whatever the device
+    assert float(sm.hist.sum()) == float(ad.hist.sum()) == int((pos >= 0).sum())
+    assert float(ex.count) == int((pos >= 0).sum())
+
+
+@pytest.mark.parametrize("name", ["exact", "sampled", "sampled_noreplace", "sampled_adaptive"])
+def test_update_temporaries_stay_within_the_score_block(name, monkeypatch):
+    """From scores: nothing larger than the (B, n) score block itself plus O(B P (P + E + m)) (keyed hashes,
+    drawn scores, removed-item comparisons): no B x n x P comparison. The exact metrics' counting pass is the
+    core's (``counting.count_beating``, whose temporaries are the core's budget): stubbed here, so what is
+    measured is the adapter's own work around it."""
+    b, n, p, e, m = 64, 3000, 2, 5, 20
+    scores, pos, exc, ids = _data(b, n, "cpu", p, e)
+    metric = _case(name)
+    if name == "exact":
+        monkeypatch.setattr(tm, "exact_ranks_padded", lambda s, pos, *a, **k: torch.ones_like(pos))
+    _update(metric, name, scores, pos, exc, ids, None)
+    _, rec = peak_temporary(_update, metric, name, scores, pos, exc, ids, None)
+    bound = max(b * n, 8 * b * p * (p + e + m))
+    assert rec.peak <= bound, (rec.peak, rec.op)
+    assert rec.peak < b * n * p
+
+
+@pytest.mark.parametrize("name", ["exact_factors", "sampled_factors", "sampled_factors_adaptive"])
+def test_factor_update_temporaries_stay_within_a_tile(name):
+    """From factors: the largest temporary is one score tile or one gather chunk of drawn items' factors (or
+    O(B P m) draws), never the B x P m x d gathered factors nor the B x n scores."""
+    b, n, d, p, e = 512, 20_000, 64, 2, 5
+    scores, pos, exc, ids = _data(b, 10, "cpu", p, e)
+    g = torch.Generator().manual_seed(0)
+    u, v = torch.randn(b, d, generator=g), torch.randn(n, d, generator=g)
+    order = torch.argsort(torch.rand(b, n, generator=g), 1)
+    pos, exc = order[:, :p].clone(), order[:, p:p + e].clone()
+    pos[1::2, 1] = -1
+    metric = _case(name)
+    kw = dict(metrics=("ndcg@10",), n_samples=100, estimators=("none",))
+    if name.startswith("sampled"):
+        metric = SampledRankingMetrics(**kw, adaptive_max=400 if "adaptive" in name else None)
+    _update(metric, name, None, pos, exc, ids, (u, v))
+    _, rec = peak_temporary(_update, metric, name, None, pos, exc, ids, (u, v))
+    m = 100
+    assert b * p * m * d > TILE_ELEMENTS  # the unchunked gather would exceed the bound
+    bound = max(TILE_ELEMENTS, GATHER_ELEMENTS + b * d, 8 * b * p * (p + e + m))
+    assert rec.peak <= bound, (rec.peak, rec.op)

@@ -1,0 +1,375 @@
+"""GPU-readiness of the core hot paths, checked on the CPU (issue 19).
+
+* host synchronisations per call (``_budgets.SyncCounter``): at most 4, the same for any B and n;
+* the largest temporary (``_budgets.PeakTemporary``): the score block (B x n) plus O(B (P + E + P m));
+* random numbers drawn on the scores' device; out-of-memory errors of compiled kernels propagate;
+* results unchanged: ranks against an argsort oracle, sampled ranks against their laws (chi-square).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import scipy.stats as st
+import torch
+from _budgets import count_syncs, peak_temporary
+
+import reco_sampled_plugin as rsp
+from reco_sampled_plugin import counting
+from reco_sampled_plugin.ranking import _rand, _row_seeds
+
+SYNC_BUDGET = 4
+SIZES = [(8, 1_000), (48, 12_000)]  # (B, n)
+P, E, M = 3, 20, 50
+
+
+def _problem(b: int, n: int, device, seed: int = 0, p: int = P, e: int = E):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(b, n, generator=g)
+    idx = torch.rand(b, n, generator=g).argsort(1)[:, : p + e]  # distinct items per row
+    pos, exc = idx[:, :p].clone(), idx[:, p:].clone()
+    pos[0, -1] = -1  # padding
+    exc[1, :3] = -1
+    return scores.to(device), pos.to(device), exc.to(device)
+
+
+def _masks(scores, pos, exc):
+    pm = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, pos.clamp(min=0), pos >= 0)
+    em = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, exc.clamp(min=0), exc >= 0)
+    return pm, em
+
+
+def _weights(n: int, device):
+    return (torch.rand(n, generator=torch.Generator().manual_seed(5)) + 0.1).to(device)
+
+
+def _calls(scores, pos, exc):
+    n = scores.shape[1]
+    gen = torch.Generator().manual_seed(1)
+    pm, em = _masks(scores, pos, exc)
+    w = _weights(n, scores.device)
+    return {
+        "exact": lambda: rsp.exact_ranks(scores, pos, exc),
+        "exact_average": lambda: rsp.exact_ranks(scores, pos, exc, "average", count_other_positives=False),
+        "exact_random": lambda: rsp.exact_ranks(scores, pos, exc, "random", generator=gen),
+        "exact_masks": lambda: rsp.exact_ranks(scores, pm, exclude=em),
+        "sampled": lambda: rsp.sampled_ranks(scores, pos, M, exc, generator=gen),
+        "sampled_no_replacement": lambda: rsp.sampled_ranks(scores, pos, M, exc, replacement=False, generator=gen),
+        "sampled_default_generator": lambda: rsp.sampled_ranks(scores, pos, M, exc, replacement=False),
+        "popularity": lambda: rsp.sampled_ranks(scores, pos, M, exc, popularity=w, generator=gen),
+        "popularity_no_replacement": lambda: rsp.sampled_ranks(scores, pos, M, exc, replacement=False, popularity=w,
+                                                               generator=gen),
+        "per_user_metrics": lambda: rsp.per_user_metrics(scores, pos, ["ndcg@10", "recall@10", "auc"], exc),
+        "per_user_metrics_dict": lambda: rsp.per_user_metrics(scores, pos, ["ndcg@10", "ap@5"], exc, as_frame=False),
+        "per_user_metrics_masks": lambda: rsp.per_user_metrics(scores, pm, ["ndcg@10", "recall@10"], em),
+        "sampled_masks": lambda: rsp.sampled_ranks(scores, pm, M, em, replacement=False, generator=gen),
+    }
+
+
+CALLS = list(_calls(*_problem(2, 100, "cpu")))
+
+
+@pytest.mark.parametrize("name", CALLS)
+def test_host_synchronisations_within_budget_and_independent_of_size(name, device, backend):
+    counts = {}
+    for b, n in SIZES:
+        fn = _calls(*_problem(b, n, device))[name]
+        fn()  # compile outside the counter
+        _, counter = count_syncs(fn)
+        counts[(b, n)] = (counter.count, dict(counter.calls))
+    assert all(c <= SYNC_BUDGET for c, _ in counts.values()), counts
+    assert len({c for c, _ in counts.values()}) == 1, counts
+
+
+@pytest.mark.parametrize("name", CALLS)
+def test_largest_temporary_is_the_score_block_plus_small_terms(name, device, backend):
+    for b, n in SIZES:
+        fn = _calls(*_problem(b, n, device))[name]
+        fn()
+        _, rec = peak_temporary(fn)
+        bound = b * n + 6 * b * (P + E + P * M)
+        assert rec.peak <= bound, (b, n, rec.peak, rec.op)
+
+
+@pytest.mark.parametrize("p", [1, 3, 12])
+def test_eager_counting_temporary_stays_within_the_score_block(p):
+    scores = torch.randn(16, 3_000)
+    ref = scores[:, :p].clone()
+    before = counting.get_backend()
+    counting.set_backend("eager")
+    try:
+        for inclusive in (False, True):
+            out, rec = peak_temporary(counting.count_beating, scores, ref, inclusive)
+            assert rec.peak <= scores.numel(), (rec.peak, rec.op)
+            assert torch.equal(out, (scores.unsqueeze(1) >= ref.unsqueeze(2) if inclusive else scores.unsqueeze(1) > ref.unsqueeze(2)).sum(2))
+        seeds = torch.arange(16).unsqueeze(1)
+        keys = counting.item_keys(torch.arange(p).expand(16, p), seeds)
+        _, rec = peak_temporary(counting.count_tied_before, scores, ref, keys, seeds)
+        assert rec.peak <= scores.numel(), (rec.peak, rec.op)
+    finally:
+        counting.set_backend(before)
+
+
+def test_random_numbers_live_on_the_scores_device(device):
+    u = _rand((3, 4), None, device)
+    assert u.device.type == device.type and u.dtype == torch.float64
+    g = torch.Generator(device=device).manual_seed(0)
+    assert _rand((3, 4), g, device).device.type == device.type
+    assert _row_seeds(5, None, device).device.type == device.type
+    assert _row_seeds(5, torch.Generator().manual_seed(0), device).device.type == device.type
+    scores, pos, exc = _problem(6, 400, device)
+    for kw in ({}, {"replacement": False}, {"popularity": _weights(400, device)},
+               {"popularity": _weights(400, device), "replacement": False}):
+        for gen in (None, torch.Generator().manual_seed(3)):
+            res = rsp.sampled_ranks(scores, pos, 10, exc, generator=gen, **kw)
+            assert res.ranks.device.type == res.negatives.device.type == device.type
+            valid = pos >= 0
+            neg = res.negatives[valid]  # (V, m): never a positive or excluded item
+            assert (neg >= 0).all() and (neg < 400).all()
+            forb = torch.cat([pos, exc], 1)
+            rows = valid.nonzero()[:, 0]
+            assert not (neg.unsqueeze(2) == forb[rows].unsqueeze(1)).any()
+            if kw.get("replacement") is False:
+                assert (neg.sort(1).values.diff(dim=1) > 0).all()
+
+
+# --- results unchanged: an argsort oracle -----------------------------------------------------------------
+
+
+def _oracle(scores, pos, exc, ties, count_other, seeds=None):
+    """Rank of each positive = its place in an argsort of the row's candidates (lexsort: score descending, then
+    the tie order the policy prescribes)."""
+    from reco_sampled_plugin.counting import item_keys
+
+    s = scores.numpy()
+    out = np.zeros(pos.shape, dtype=float)
+    for b in range(s.shape[0]):
+        excluded = {int(e) for e in exc[b] if e >= 0}
+        slots = {int(q): j for j, q in enumerate(pos[b]) if q >= 0}
+        keys = item_keys(torch.arange(s.shape[1]), seeds[b]).numpy() if seeds is not None else None
+        for j, p in enumerate(pos[b].tolist()):
+            if p < 0:
+                continue
+            cand = np.array([i for i in range(s.shape[1]) if i not in excluded and (count_other or i == p or i not in slots)])
+            relevant = np.array([i in slots for i in cand])
+            slot = np.array([slots.get(int(i), 0) for i in cand])
+            me = cand == p
+
+            def place(*tie_keys):  # lexsort: the last key is the primary one
+                order = np.lexsort(tuple(tie_keys) + (-s[b, cand],))
+                return int(np.nonzero(me[order])[0][0]) + 1
+
+            if ties == "pessimistic":
+                out[b, j] = place(slot, relevant)  # irrelevant first, then relevant in slot order
+            elif ties == "optimistic":
+                out[b, j] = place(slot, ~relevant)
+            elif ties == "average":
+                out[b, j] = (place(me) + place(~me)) / 2  # every tied item above, every tied item below
+            else:
+                out[b, j] = place(keys[cand])
+    return out
+
+
+@pytest.mark.parametrize("ties", rsp.ranking.TIES)
+@pytest.mark.parametrize("count_other", [True, False])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_ranks_match_an_argsort_oracle_with_ties(ties, count_other, seed, device, backend):
+    g = torch.Generator().manual_seed(seed)
+    b, n = 9, 60
+    scores = torch.randint(0, 6, (b, n), generator=g).double()  # many ties
+    idx = torch.rand(b, n, generator=g).argsort(1)
+    pos, exc = idx[:, :4].clone(), idx[:, 4:14].clone()
+    pos[torch.rand(b, 4, generator=g) < 0.25] = -1
+    exc[torch.rand(b, 10, generator=g) < 0.3] = -1
+    pos[2] = -1  # a row without a positive
+    gen = torch.Generator().manual_seed(7)
+    seeds = torch.randint(0, 2**31 - 1, (b, 1), generator=torch.Generator().manual_seed(7)) if ties == "random" else None
+    got = rsp.exact_ranks(scores.to(device), pos.to(device), exc.to(device), ties, count_other_positives=count_other,
+                          generator=gen)
+    want = _oracle(scores, pos, exc, ties, count_other, seeds)
+    np.testing.assert_array_equal(got.cpu().double().numpy(), want)
+    pm, em = _masks(scores, pos, exc)
+    by_mask = rsp.exact_ranks(scores.to(device), pm.to(device), em.to(device), ties, count_other_positives=count_other,
+                              generator=torch.Generator().manual_seed(7))
+    order = torch.where(pos >= 0, pos, torch.full_like(pos, n)).sort(1)  # masks give positives in item order
+    expect = torch.as_tensor(want).gather(1, order.indices)[:, : by_mask.shape[1]]
+    if ties != "random" and not (count_other and ties in ("pessimistic", "optimistic")):  # slot order differs
+        np.testing.assert_array_equal(by_mask.cpu().double().numpy(), expect.numpy())
+
+
+def test_mask_and_index_forms_agree_and_mask_conversion_is_exact():
+    from reco_sampled_plugin._inputs import mask_to_padded
+
+    g = torch.Generator().manual_seed(3)
+    for n in (1, 7, 8, 13, 64, 1001):
+        mask = torch.rand(11, n, generator=g) < 0.3
+        mask[4] = False
+        mask[5] = True
+        got = mask_to_padded(mask)
+        width = int(mask.sum(1).max())
+        want = torch.full((11, width), -1, dtype=torch.int64)
+        for b in range(11):
+            items = mask[b].nonzero()[:, 0]
+            want[b, : items.numel()] = items
+        assert torch.equal(got, want)
+        assert torch.equal(mask_to_padded(mask, width), want)
+        sliced = torch.rand(11, n + 5, generator=g)[:, 2 : n + 2] < 0.3  # not contiguous
+        assert torch.equal(mask_to_padded(sliced), mask_to_padded(sliced.contiguous()))
+
+
+def test_fused_validation_keeps_the_errors():
+    s = torch.randn(3, 10)
+    with pytest.raises(ValueError, match="positives: item indices"):
+        rsp.exact_ranks(s, torch.tensor([[0, 11], [1, -1], [2, -1]]), exclude=torch.tensor([[0], [1], [2]]))
+    with pytest.raises(ValueError, match="positives: 1 row"):
+        rsp.exact_ranks(s, torch.tensor([[0, 0], [1, -1], [2, -1]]), exclude=torch.tensor([[5], [5], [5]]))
+    with pytest.raises(ValueError, match="exclude: 2 row"):
+        rsp.exact_ranks(s, torch.tensor([0, 1, 2]), exclude=torch.tensor([[0], [1], [3]]))
+    pm = torch.zeros(3, 10, dtype=torch.bool)
+    pm[:, 0] = True
+    em = torch.zeros(3, 10, dtype=torch.bool)
+    em[1:, 0] = True
+    with pytest.raises(ValueError, match="exclude: 2 row.*first: row 1"):
+        rsp.exact_ranks(s, pm, exclude=em)
+    with pytest.raises(ValueError, match="exclude: 1 row"):
+        rsp.exact_ranks(s, pm, exclude=torch.tensor([[-1], [0], [4]]))
+    bad = s.clone()
+    bad[2, 3] = math.nan
+    with pytest.raises(ValueError, match="scores: NaN or inf in 1 of 3 rows"):
+        rsp.sampled_ranks(bad, torch.tensor([0, 1, 2]), 3)
+    with pytest.raises(ValueError, match="negatives: 1 row"):
+        rsp.sampled_ranks(s, torch.tensor([0, 1, 2]), negatives=torch.tensor([[3, 4], [5, 1], [6, 7]]))
+    for as_frame in (True, False):
+        with pytest.raises(ValueError, match="scores: NaN or inf in 1 of 3 rows"):
+            rsp.per_user_metrics(bad, torch.tensor([0, 1, 2]), ["ndcg@3"], as_frame=as_frame)
+        with pytest.raises(ValueError, match="scores: NaN or inf in 1 of 3 rows"):
+            rsp.per_user_metrics(bad, torch.tensor([0, 1, 2]), ["ndcg@3"], relevance=torch.ones(3), as_frame=as_frame)
+    with pytest.raises(ValueError, match="negatives: item indices"):
+        rsp.sampled_ranks(s, torch.tensor([0, 1, 2]), negatives=torch.tensor([[3, 4], [5, 10], [6, 7]]))
+
+
+# --- sampled ranks follow their laws ----------------------------------------------------------------------
+
+
+def _chi2_pvalue(observed, probs):
+    expected = probs * observed.sum()
+    keep = expected > 5
+    obs, exp = observed[keep].astype(float), expected[keep]
+    if (~keep).any():  # the rare outcomes pooled into one cell
+        obs, exp = np.append(obs, observed[~keep].sum()), np.append(exp, expected[~keep].sum())
+    return st.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
+
+
+@pytest.mark.parametrize("n_items,m", [(30, 10), (2_000, 40)])  # a small pool (keys) and a large one (redraws)
+def test_uniform_without_replacement_is_hypergeometric(n_items, m):
+    users = 12_000
+    scores = torch.arange(n_items, 0, -1, dtype=torch.float64).repeat(users, 1)  # item i has rank i + 1
+    r_item = n_items // 3
+    res = rsp.sampled_ranks(scores, torch.full((users, 1), r_item), m, replacement=False,
+                            generator=torch.Generator().manual_seed(11))
+    observed = torch.bincount(res.ranks[:, 0], minlength=m + 2)[1:].numpy()
+    probs = st.hypergeom(n_items - 1, r_item, m).pmf(np.arange(m + 1))
+    assert _chi2_pvalue(observed, probs) > 1e-3
+    assert (res.negatives[:, 0].sort(1).values.diff(dim=1) > 0).all()
+
+
+def _successive_sampling_pairs(w):
+    """P({a, b}) for two draws without replacement proportional to w (successive sampling)."""
+    total = w.sum()
+    out = {}
+    for a in range(len(w)):
+        for b in range(len(w)):
+            if a != b and w[a] > 0 and w[b] > 0:
+                key = (min(a, b), max(a, b))
+                out[key] = out.get(key, 0.0) + w[a] / total * w[b] / (total - w[a])
+    return out
+
+
+@pytest.mark.parametrize("weights", [[5.0, 1.0, 2.0, 3.0, 0.0, 4.0], [1.0, 1e6, 1.0, 2.0, 0.5, 3.0]])
+def test_popularity_without_replacement_is_successive_sampling(weights):
+    """Pairs drawn without replacement proportionally to the weights (item 0 is the positive, never drawn): the
+    law of torch.multinomial(replacement=False); a dominant weight does not stall the duplicate redraws."""
+    users = 20_000
+    w = torch.tensor(weights, dtype=torch.float64)
+    scores = torch.randn(users, len(weights), generator=torch.Generator().manual_seed(0))
+    res = rsp.sampled_ranks(scores, torch.full((users, 1), 0), 2, replacement=False, popularity=w,
+                            generator=torch.Generator().manual_seed(2))
+    neg = res.negatives[:, 0].sort(1).values
+    assert (neg[:, 0] != neg[:, 1]).all() and (neg != 0).all()
+    ww = w.numpy().copy()
+    ww[0] = 0.0
+    law = _successive_sampling_pairs(ww)
+    keys = sorted(law)
+    code = {k: i for i, k in enumerate(keys)}
+    observed = np.bincount([code[(int(a), int(b))] for a, b in neg.tolist()], minlength=len(keys))
+    probs = np.array([law[k] for k in keys])
+    assert _chi2_pvalue(observed, probs / probs.sum()) > 1e-3
+    # every allowed item of positive weight but one: the redraws of a dominant item's duplicates still end
+    n_pos = int((w[1:] > 0).sum())
+    full = rsp.sampled_ranks(scores, torch.full((users, 1), 0), n_pos - 1, replacement=False, popularity=w,
+                             generator=torch.Generator().manual_seed(3))
+    assert (full.negatives[:, 0].sort(1).values.diff(dim=1) > 0).all()
+
+
+def test_popularity_with_replacement_follows_the_weights_on_device(device):
+    users, n = 20_000, 7
+    w = torch.tensor([0.0, 1.0, 2.0, 3.0, 0.5, 4.0, 1.5], device=device)
+    scores = torch.randn(users, n, device=device)
+    res = rsp.sampled_ranks(scores, torch.full((users, 1), 3, device=device), 3, popularity=w)
+    counts = torch.bincount(res.negatives.reshape(-1).cpu(), minlength=n).numpy()
+    probs = w.cpu().numpy().copy()
+    probs[3] = 0.0
+    assert counts[0] == 0 and counts[3] == 0
+    keep = probs > 0
+    assert _chi2_pvalue(counts[keep], probs[keep] / probs[keep].sum()) > 1e-3
+
+
+# --- compiled kernels: failures fall back, out-of-memory errors propagate -------------------------------
+
+
+def test_out_of_memory_in_a_compiled_kernel_propagates(monkeypatch):
+    monkeypatch.setattr(counting, "_compile_failed", set())
+    monkeypatch.setattr(counting, "_backend", "compiled")
+    scores = torch.randn(4, 300)
+    ref = scores[:, :2].clone()
+    calls = []
+
+    def oom(*args):
+        calls.append(1)
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(counting, "_get_compiled", lambda name: oom)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(torch.OutOfMemoryError):
+            counting.count_beating(scores, ref)
+        with pytest.raises(RuntimeError, match="out of memory"):
+            counting.count_tied_before(scores, ref, torch.zeros(4, 2, dtype=torch.int64), torch.zeros(4, 1, dtype=torch.int64))
+    assert not counting._compile_failed  # not taken for a compile failure
+    with pytest.raises(torch.OutOfMemoryError):
+        counting.count_beating(scores, ref)  # the compiled kernel is still the one called
+    assert len(calls) == 3
+
+
+def test_a_failing_compiled_kernel_warns_once_and_falls_back_to_the_chunked_eager_path(monkeypatch):
+    monkeypatch.setattr(counting, "_compile_failed", set())
+    monkeypatch.setattr(counting, "_backend", "compiled")
+    scores = torch.randn(6, 500)
+    ref = scores[:, :3].clone()
+    want = (scores.unsqueeze(1) > ref.unsqueeze(2)).sum(2)
+
+    def broken(*args):
+        raise RuntimeError("no C compiler found")
+
+    monkeypatch.setattr(counting, "_get_compiled", lambda name: broken)
+    with pytest.warns(RuntimeWarning, match="no C compiler found"):
+        got = counting.count_beating(scores, ref)
+    assert torch.equal(got, want)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got, rec = peak_temporary(counting.count_beating, scores, ref)  # no second warning; eager in chunks
+    assert torch.equal(got, want) and rec.peak <= scores.numel()
+    assert "gt" in counting._compile_failed
