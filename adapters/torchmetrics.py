@@ -60,7 +60,8 @@ from reco_sampled_plugin.estimators import ESTIMATORS, check_estimator_options, 
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import _metric_from_float_ranks
 from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
-from reco_sampled_plugin.ranking import candidate_counts, exact_ranks_padded, prepare_index
+from reco_sampled_plugin.ranking import TIE_BOUNDS, candidate_counts, exact_ranks_padded, prepare_index
+from reco_sampled_plugin.tie_expectation import expected_single_item_values
 
 from reco_sampled_plugin._checks import MAX_SAMPLES
 from reco_sampled_plugin.adaptive import ADAPTIVE_METHODS, adaptive_design
@@ -214,11 +215,12 @@ class ExactRankingMetrics(Metric):
     def _update_padded(self, scores, pos, exc, keep) -> None:
         if not scores.is_floating_point() or scores.dim() != 2:
             raise ValueError(f"scores: expected a floating (B, n) matrix, got {tuple(scores.shape)} {scores.dtype}")
+        ties = self._kernel_ties
         if self.check_finite is True:  # in the counting pass, which reads every score anyway (free)
-            ranks = exact_ranks_padded(scores, pos, exc, self.ties, self.count_other_positives, check_finite=True)
+            ranks = exact_ranks_padded(scores, pos, exc, ties, self.count_other_positives, check_finite=True)
         else:
             _check_scores(scores, pos, self.check_finite)  # "positives": one read; False: nothing
-            ranks = exact_ranks_padded(scores, pos, exc, self.ties, self.count_other_positives)
+            ranks = exact_ranks_padded(scores, pos, exc, ties, self.count_other_positives)
         self._add_ranks(ranks, pos, exc, scores.shape[1], keep)
 
     def update_factors(self, user_factors, item_factors, positives, exclude=None, keep=None, item_bias=None) -> None:
@@ -232,12 +234,22 @@ class ExactRankingMetrics(Metric):
     def update_factors_padded(self, u, v, bias, pos, exc, keep=None) -> torch.Tensor | None:
         """:meth:`update_factors` on validated inputs; returns the positives' scores (for sampled ranks)."""
         _updated(self)
-        ranks, s_pos = factor_ranks_padded(u, v, bias, pos, exc, self.ties, self.count_other_positives)
+        ranks, s_pos = factor_ranks_padded(u, v, bias, pos, exc, self._kernel_ties, self.count_other_positives)
         self._add_ranks(ranks, pos, exc, v.shape[0], keep)
         return s_pos
 
+    @property
+    def _kernel_ties(self) -> str:
+        """``average``: the ranking kernels return each positive's tie group [lo, hi] (metrics = expectations)."""
+        return TIE_BOUNDS if self.ties == "average" else self.ties
+
     def _add_ranks(self, ranks, pos, exc, n_items: int, keep) -> None:
-        """Sums over the valid slots as masked sums over every slot: no boolean indexing, nothing read back."""
+        """Sums over the valid slots as masked sums over every slot: no boolean indexing, nothing read back.
+        ``ranks``: (B, P), or (B, P, 2) tie groups [lo, hi] for ``ties="average"`` (each M(r) is then its mean
+        over the group's positions: the expectation over the orders of the tie)."""
+        bounds = ranks if ranks.dim() == 3 else None
+        if bounds is not None:
+            ranks = bounds[..., 0]
         n = candidate_counts(n_items, pos, exc, self.count_other_positives)
         valid = pos >= 0
         k = _keep_mask(keep, pos.shape[0], pos.device)
@@ -248,8 +260,13 @@ class ExactRankingMetrics(Metric):
         nn = torch.where(valid, n.unsqueeze(1).to(torch.float64), 2.0)
         w = valid.to(torch.float64)
         rows = []
+        if bounds is not None:
+            hi = torch.where(valid, bounds[..., 1].to(torch.float64), 1.0)
         for spec in self.specs:
-            v = _metric_from_float_ranks(spec, r, nn)  # a cut-off k >= n is defined: [r <= k]
+            if bounds is None:
+                v = _metric_from_float_ranks(spec, r, nn)  # a cut-off k >= n is defined: [r <= k]
+            else:
+                v = expected_single_item_values(spec, r, hi, nn, max_position=n_items)
             wk = w * (nn > 1) if spec.kind == "auc" else w  # AUC needs an irrelevant candidate: left out otherwise
             v = v * wk
             rows.append(torch.stack([v.sum(), (v * v).sum(), wk.sum()]))

@@ -8,7 +8,10 @@ Tie policies (for items with exactly equal scores):
 
 * ``"pessimistic"`` (default): tied items rank above the positive, rank = #{candidates with s >= s_p};
 * ``"optimistic"``: they rank below, rank = 1 + #{candidates with s > s_p};
-* ``"average"``: the mean of the two (float ranks, halves possible);
+* ``"average"``: the mean of the two (float ranks, halves possible); the per-user metrics
+  (:func:`~reco_sampled_plugin.user_metrics.per_user_metrics`, ``evaluate_factors``) then report each
+  metric's expectation over uniformly random orders of the tie groups (``tie_expectation``), not the metric
+  at the mean rank (which would count three relevant items tied at the top as P@2 = 1.5);
 * ``"random"``: a seeded uniformly random order of each tie group, consistent across the positives
   of a row (two tied positives never share a rank).
 """

@@ -32,7 +32,7 @@ import torch
 
 from .metric_names import MetricSpec
 
-__all__ = ["expected_metric_values", "expected_dcg", "undefined_users", "ideal_dcg"]
+__all__ = ["expected_metric_values", "expected_single_item_values", "expected_dcg", "undefined_users", "ideal_dcg"]
 
 
 def undefined_users(kind: str, k: torch.Tensor, t: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
@@ -181,3 +181,25 @@ def _expected_reciprocal_rank(lo, g, j, above, valid, k) -> torch.Tensor:
     log_p = _log_choose(torch.clamp(g1 - 1 - tt, min=0), torch.clamp(j1 - 1, min=0)) - _log_choose(g1, j1)
     terms = torch.where(tt <= span, torch.exp(log_p) / (lo1 + tt), torch.zeros_like(log_p))
     return torch.where(has, terms.sum(1), torch.zeros_like(k))
+
+
+def expected_single_item_values(spec: MetricSpec, lo: torch.Tensor, hi: torch.Tensor, n_items: torch.Tensor,
+                                max_position: int | None = None) -> torch.Tensor:
+    """The single-relevant-item metric M(r) of the papers (``metrics.metric_values``) averaged over the positions
+    r = lo .. hi of the item's tie group (``ties="average"``): its expectation over the orders of the tie, where
+    M at the mean rank would count an item tied with one other at the top as HR@1 = 0 rather than 0.5.
+
+    ``lo``, ``hi``: 1-based positions, any shape (lo = hi: M(lo)); ``n_items``: candidates, broadcastable;
+    ``max_position`` bounds every ``hi`` (None: computed, one synchronisation). Returns float64."""
+    lo, hi = lo.to(torch.float64), hi.to(torch.float64)
+    n = torch.as_tensor(n_items, dtype=torch.float64, device=lo.device).expand_as(lo)
+    if spec.kind == "auc":  # linear in r: M of the mean position
+        return (n - (lo + hi) / 2) / (n - 1)
+    g = hi - lo + 1
+    cut = hi if spec.k is None else torch.full_like(lo, float(spec.k))
+    inside = torch.clamp(torch.minimum(hi, cut) - lo + 1, min=0)
+    if spec.kind in ("precision", "recall", "hit", "trunc_precision"):
+        return inside / g / (float(spec.k) if spec.kind == "precision" else 1.0)
+    what = "discount" if spec.kind == "ndcg" else "reciprocal"  # ap, trunc_ap, rr: 1 / r for one relevant item
+    flat = [t.reshape(-1, 1) for t in (lo, hi, cut, inside)]
+    return (_group_sums(*flat, spec.k, max_position, what) / g.reshape(-1, 1)).reshape(lo.shape)

@@ -228,7 +228,9 @@ def per_user_metrics(
         exclude: training items to leave out of the ranking.
         relevance: graded relevance for NDCG: (B, n) dense values read at the positives, or (B, P)
             aligned with padded index positives.
-        ties: tie policy of :func:`exact_ranks`.
+        ties: tie policy of :func:`exact_ranks`; with ``"average"`` every metric is its expectation over uniformly
+            random orders of each group of tied items (:mod:`~reco_sampled_plugin.tie_expectation`: exact, in
+            closed form), e.g. HR@1 = 0.5 for a relevant item tied with one irrelevant item at the top.
         cumulative: expand every ``metric@k`` into ``metric@1 .. metric@k``.
         as_frame: return a pandas DataFrame (recometrics column names, e.g. ``NDCG@10``, ``ROC_AUC``);
             False returns a dict of (B,) float64 tensors keyed the same way.

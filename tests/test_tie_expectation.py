@@ -84,3 +84,102 @@ def test_without_ties_it_is_the_metric_of_the_ranks(name):
     want = user_metric_values(spec, ranks, n_cand)
     got = expected_metric_values(spec, ranks, ranks, n_cand, max_position=n)
     torch.testing.assert_close(got, want, equal_nan=True, rtol=0, atol=1e-12)
+
+
+def _per_user_brute_force(names, scores, pos, exc):
+    """Per user: the mean over every order of the candidates consistent with the scores (excluded items left out)."""
+    out = {name: [] for name in names}
+    for u in range(scores.shape[0]):
+        cand = [i for i in range(scores.shape[1]) if i not in exc[u].tolist()]
+        s = scores[u, cand]
+        rel = torch.tensor([cand.index(int(i)) for i in pos[u] if i >= 0])
+        for name in names:
+            out[name].append(_brute_force(parse_metric(name), s, rel, None))
+    return out
+
+
+def test_per_user_metrics_average_ties_are_expectations():
+    import reco_sampled_plugin as rsp
+
+    g = torch.Generator().manual_seed(11)
+    b, n = 5, 8
+    scores = torch.randint(0, 3, (b, n), generator=g).double()  # heavy ties
+    order = torch.stack([torch.randperm(n, generator=g) for _ in range(b)])
+    pos = order[:, :3].clone()
+    pos[1, 2] = -1
+    exc = order[:, 3:4].clone()
+    names = ["precision@2", "recall@3", "ndcg@3", "ap@3", "hit@1", "rr@3", "auc"]
+    got = rsp.per_user_metrics(scores, pos, names, exclude=exc, ties="average", as_frame=False)
+    want = _per_user_brute_force(names, scores, pos, exc)
+    for name in names:
+        column = parse_metric(name).column
+        torch.testing.assert_close(got[column], torch.tensor(want[name], dtype=torch.float64), equal_nan=True)
+    # from factors (integer-valued scores: the tiles compute them exactly) the same numbers
+    u = scores  # scores = u @ v.T with v the identity
+    via_factors = rsp.per_user_metrics_from_factors(u, torch.eye(n, dtype=torch.float64), pos, names, exclude=exc,
+                                                   ties="average", as_frame=False)
+    for name in names:
+        column = parse_metric(name).column
+        torch.testing.assert_close(via_factors[column], got[column], equal_nan=True)
+
+
+def test_evaluate_factors_average_ties_are_expectations():
+    import numpy as np
+    import scipy.sparse as sp
+
+    import reco_sampled_plugin as rsp
+
+    g = torch.Generator().manual_seed(5)
+    b, n = 6, 7
+    u = torch.randint(0, 2, (b, n), generator=g).double()  # scores u @ I: ties everywhere
+    order = torch.stack([torch.randperm(n, generator=g) for _ in range(b)])
+    test = np.zeros((b, n))
+    train = np.zeros((b, n))
+    for r in range(b):
+        test[r, order[r, :2].numpy()] = 1
+        train[r, order[r, 2].item()] = 1
+    names = ["precision@2", "ndcg@3", "hit@1", "rr@3", "ap@3"]
+    frame = rsp.evaluate_factors(sp.csr_matrix(train), sp.csr_matrix(test), u.numpy(), np.eye(n), metrics=names,
+                                 ties="average", min_items_pool=2)
+    pos = order[:, :2]
+    exc = order[:, 2:3]
+    want = _per_user_brute_force(names, u, pos, exc)
+    for name in names:
+        column = parse_metric(name).column
+        np.testing.assert_allclose(frame[column].to_numpy(), np.array(want[name]), atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["hit@1", "hit@3", "precision@2", "recall@3", "ndcg@3", "ndcg", "ap", "mrr", "rr@2",
+                                  "auc"])
+def test_single_item_expectation_is_the_mean_of_m_over_the_tie_group(name):
+    from reco_sampled_plugin.metrics import metric_values
+    from reco_sampled_plugin.tie_expectation import expected_single_item_values
+
+    n = 12
+    lo = torch.tensor([1, 1, 2, 3, 5, 12, 4])
+    hi = torch.tensor([1, 2, 6, 3, 12, 12, 9])
+    want = torch.stack([metric_values(name, torch.arange(int(a), int(b) + 1), n).mean() for a, b in zip(lo, hi)])
+    got = expected_single_item_values(parse_metric(name), lo, hi, n, max_position=n)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_torchmetrics_exact_average_ties_are_expectations():
+    from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics
+    from reco_sampled_plugin.metrics import metric_values
+
+    # one relevant item tied with one irrelevant item at the top, another tied with two items lower down
+    scores = torch.tensor([[3.0, 3.0, 1.0, 0.0], [5.0, 2.0, 2.0, 2.0]])
+    pos = torch.tensor([[0], [3]])
+    names = ["hit@1", "ndcg@2", "mrr", "auc"]
+    metric = ExactRankingMetrics(names, ties="average")
+    metric.update(scores, pos)
+    got = metric.compute()
+    groups = [(1, 2), (2, 4)]  # positions of each relevant item's tie group among its 4 candidates
+    for name in names:
+        want = sum(float(metric_values(name, torch.arange(a, b + 1), 4).mean()) for a, b in groups) / 2
+        key = {"mrr": "rr/exact"}.get(name, f"{name}/exact")
+        assert float(got[key]) == pytest.approx(want, abs=1e-12), (name, got[key])
+    # the same from factors (scores = u @ I)
+    metric_f = ExactRankingMetrics(names, ties="average")
+    metric_f.update_factors(scores, torch.eye(4), pos)
+    assert {k: float(v) for k, v in metric_f.compute().items()} == pytest.approx({k: float(v) for k, v in got.items()})

@@ -63,8 +63,22 @@ def test_exact_metric_equals_functional_core(ties, count_other, device):
     valid = pos >= 0
     est = m.estimates()
     out = m.compute()
+    n_flat = n_cand.unsqueeze(1).expand_as(pos)[valid]
+    if ties == "average":  # the expectation over the orders of each tie group: M averaged over its positions
+        cand = ~exc
+        if not count_other:
+            is_pos = torch.zeros_like(scores, dtype=torch.long).scatter_add_(1, pos.clamp(min=0), valid.long()) > 0
+            cand = cand & ~is_pos
+        s_pos = scores.gather(1, pos.clamp(min=0))
+        above = ((scores.unsqueeze(1) > s_pos.unsqueeze(2)) & cand.unsqueeze(1)).sum(2)
+        at_least = ((scores.unsqueeze(1) >= s_pos.unsqueeze(2)) & cand.unsqueeze(1)).sum(2) + (0 if count_other else 1)
+        groups = list(zip((above + 1)[valid].tolist(), at_least[valid].tolist(), n_flat.tolist()))
     for name in METRICS:
-        v = metric_values(name, r[valid], n_cand.unsqueeze(1).expand_as(pos)[valid])
+        if ties == "average":
+            v = torch.stack([metric_values(name, torch.arange(lo, hi + 1, device=scores.device), n).mean()
+                             for lo, hi, n in groups])
+        else:
+            v = metric_values(name, r[valid], n_flat)
         ref = Estimate.from_values(v)
         assert est[f"{name}/exact"].value == pytest.approx(ref.value, abs=1e-12)
         assert est[f"{name}/exact"].stderr == pytest.approx(ref.stderr, rel=1e-9)
