@@ -14,6 +14,16 @@ settings.load_profile("fast")
 os.environ.setdefault("RECO_SAMPLED_BACKEND", "auto")
 
 
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A working directory of the module's own: RecBole writes log/, log_tensorboard/ and saved/ relative to it."""
+    path = tmp_path_factory.mktemp("workdir")
+    old = os.getcwd()
+    os.chdir(path)
+    yield path
+    os.chdir(old)
+
+
 @pytest.fixture
 def gen():
     return torch.Generator().manual_seed(12345)

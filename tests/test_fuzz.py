@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 import reco_sampled_plugin as rsp
@@ -73,9 +73,11 @@ def _contract(call, names, check=None):
     except ValueError as exc:
         msg = str(exc)
         assert any(name in msg for name in names), f"ValueError does not name an argument {names}: {msg}"
+        event("refused")
         return None
     except Exception as exc:  # noqa: BLE001 - the point: nothing else may escape
         pytest.fail(f"{type(exc).__name__} instead of a ValueError naming one of {names}: {exc}")
+    event("accepted")
     if check is not None:
         check(out)
     return out

@@ -12,34 +12,17 @@ import math
 import os
 
 import numpy as np
-import pytest
 import scipy.sparse as sp
 import torch
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reco_sampled_plugin as rsp
+from test_fuzz import _contract  # the one contract check of the fuzzing suites
 
 FAST = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 # a real Trainer per example costs ~0.3 s: fewer examples there (the long profile still runs 2000)
 FEW = settings(suppress_health_check=[HealthCheck.too_slow], max_examples=15) if settings().max_examples <= 40 else FAST
-
-
-def _contract(call, names, check=None):
-    """Run ``call``; a ValueError must name one of ``names``; any other exception fails; ``check`` the result."""
-    try:
-        out = call()
-    except ValueError as exc:
-        msg = str(exc)
-        assert any(name in msg for name in names), f"ValueError does not name one of {names}: {msg}"
-        event("refused")
-        return None
-    except Exception as exc:  # noqa: BLE001 - the point: nothing else may escape
-        pytest.fail(f"{type(exc).__name__} instead of a ValueError naming one of {names}: {exc}")
-    event("accepted")
-    if check is not None:
-        check(out)
-    return out
 
 
 def _unit_or_flagged_nan(est) -> None:

@@ -37,15 +37,6 @@ UNI = {"metrics": ["Recall", "CorrectedRecall"], "eval_args": {"mode": "uni5"}, 
 FLUSH_SYNCS = 1
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("recbole_gpu")
-    old = os.getcwd()
-    os.chdir(path)
-    yield path
-    os.chdir(old)
-
-
 @pytest.fixture
 def device_code(monkeypatch):
     """On the CPU the adapter counts each user's other positives in numpy (faster there; its host copies are

@@ -40,16 +40,6 @@ BASE = {
 }
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    """RecBole writes log/, log_tensorboard/ and saved/ relative to the working directory."""
-    path = tmp_path_factory.mktemp("recbole")
-    old = os.getcwd()
-    os.chdir(path)
-    yield path
-    os.chdir(old)
-
-
 def _prepare(model: str, extra: dict):
     config = Config(model=model, dataset="ml-100k", config_dict={**BASE, **extra})
     init_seed(config["seed"], config["reproducibility"])
