@@ -61,7 +61,7 @@ from ._rank_hist import (
 )
 from ._options import check_bool, check_count, check_nonnegative_float, check_positive_float, check_seed
 from .metric_names import parse_metric
-from .sampling_laws import check_law, log_sampled_rank_pmf
+from .sampling_laws import check_law, _log_sampled_rank_pmf
 
 # adaptive draws live in ``adaptive``; importable from here as before
 from .adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact  # noqa: E402,F401
@@ -283,7 +283,7 @@ def dense_likelihood(edges: np.ndarray, n_items, n_samples, law: str) -> tuple[n
         n_g, m_g = int(n_items[g]), int(n_samples[g])
         c_in = int(np.searchsorted(edges, n_g))  # cells 0..c_in-1 lie within 1..n_g (n_g is an edge)
         inside[g, :c_in] = True
-        logp = log_sampled_rank_pmf(torch.from_numpy(pts[:c_in].astype(np.float64)), n_g, m_g, law).numpy()
+        logp = _log_sampled_rank_pmf(torch.from_numpy(pts[:c_in].astype(np.float64)), n_g, m_g, law).numpy()
         lik[g, :c_in, : m_g + 1] = np.einsum("cs,csi->ci", wts[:c_in], np.exp(logp))
     return lik, inside
 
@@ -329,7 +329,7 @@ def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa:
         if law == "binomial":
             logp = _binomial_columns(pts[:c_in], n_g, m_g, cols[sel, 1])  # (c_in, S, K_g)
         else:  # the ratio recurrence needs whole rows (hypergeometric designs have few, moderate m)
-            full = log_sampled_rank_pmf(torch.from_numpy(pts[:c_in].astype(np.float64)), n_g, m_g, law).numpy()
+            full = _log_sampled_rank_pmf(torch.from_numpy(pts[:c_in].astype(np.float64)), n_g, m_g, law).numpy()
             logp = full[..., cols[sel, 1]]
         lik[:c_in, sel] = np.einsum("cs,csk->ck", wts[:c_in], np.exp(logp))
     # drop probabilities below 1e-16 (each row sums to 1): every mixture probability changes by less than

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import MAX_SIZE, check_rank_values, check_ranks_in_range, check_size, check_sizes
+from ._checks import MAX_SAMPLES, check_rank_values, check_ranks_in_range, check_size, check_sizes
 from .metric_names import MetricSpec, parse_metric
 from .metrics import _metric_from_float_ranks
 
@@ -33,6 +33,10 @@ _ALIASES = {
 }
 # elements of the (ranks x (m + 1)) work matrix per chunk
 _CHUNK_ELEMENTS = 1 << 22
+
+
+# largest table of P(r~ | r) that log_sampled_rank_pmf returns (elements): 2^27 float64 = 1 GiB
+_MAX_PMF_ELEMENTS = 1 << 27
 
 
 def check_law(sampling: str) -> str:
@@ -74,7 +78,7 @@ def _log_pmf_hypergeometric(r: torch.Tensor, n: torch.Tensor, m: int) -> torch.T
 
 def _prepare(ranks, n_items, n_samples, sampling) -> tuple[torch.Tensor, torch.Tensor, int, str]:
     law = check_law(sampling)
-    m = check_size(n_samples, "n_samples", 1, MAX_SIZE)
+    m = check_size(n_samples, "n_samples", 1, MAX_SAMPLES)  # every law's support has m + 1 entries per rank
     r = check_rank_values(ranks, "ranks")
     # n >= 2: the relevant item and one irrelevant item
     n = check_sizes(n_items, "n_items", 2, like=r, device=r.device)
@@ -107,6 +111,18 @@ def log_sampled_rank_pmf(ranks, n_items, n_samples: int, sampling: str = "binomi
         n_samples: ``m``, the number of sampled irrelevant items.
         sampling: ``"binomial"`` (with replacement) or ``"hypergeometric"`` (without).
     """
+    r, n, m, law = _prepare(ranks, n_items, n_samples, sampling)
+    if r.numel() * (m + 1) > _MAX_PMF_ELEMENTS:  # a user asked for the whole table: refuse before allocating it
+        raise ValueError(
+            f"n_samples: the table P(r~ | r) of {r.numel()} rank(s) x (m + 1 = {m + 1}) values exceeds 2^27 "
+            "(1 GiB of float64); ask for fewer ranks at a time (expected_sampled computes its sums in chunks)"
+        )
+    return _log_pmf_unchecked(r, n, m, law)
+
+
+def _log_sampled_rank_pmf(ranks, n_items, n_samples: int, sampling: str = "binomial") -> torch.Tensor:
+    """:func:`log_sampled_rank_pmf` without the bound on the table's size, for the package's own callers (they size
+    their chunks themselves)."""
     r, n, m, law = _prepare(ranks, n_items, n_samples, sampling)
     return _log_pmf_unchecked(r, n, m, law)
 

@@ -534,3 +534,16 @@ def test_meta_tensors_are_refused_with_the_argument_named(call, name):
 
     with pytest.raises(ValueError, match=name):
         call(meta)
+
+
+def test_huge_m_in_the_sampling_laws_is_refused_before_allocating():
+    # found by the long fuzzing profile: n_samples = 2^31 allocated a (m + 1)-long table per rank (OOM-killed at 24 GB)
+    for m in (2**31, 2**24 + 1):
+        with pytest.raises(ValueError, match="^n_samples: must be <= 16777216"):
+            rsp.expected_sampled("ndcg@10", torch.tensor([3, 40]), 2**35, m)
+        with pytest.raises(ValueError, match="^n_samples: "):
+            rsp.sampled_rank_pmf(torch.tensor([3]), 2**35, m)
+    # a table the caller asked for whole is bounded too (2^27 values), the chunked expectation is not
+    with pytest.raises(ValueError, match=r"^n_samples: the table P\(r~ \| r\) of 12 rank\(s\)"):
+        rsp.sampled_rank_pmf(torch.arange(1, 13).reshape(3, 4), 2**30, 2**24)
+    assert rsp.sampled_rank_pmf(torch.tensor([1, 5]), 10**6, 1000).shape == (2, 1001)
