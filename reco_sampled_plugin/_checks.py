@@ -188,7 +188,9 @@ def check_sizes(
             lo, hi = (int(v) for v in torch.stack([t.min(), t.max()]).tolist())
         if minimum is not None and lo < minimum:
             raise ValueError(f"{name}: must be >= {minimum}, got {_show(lo)}")
-        if maximum is not None and hi > maximum:
+        if maximum is None:  # no bound of the caller's: still one an int64 holds exactly (2^63 would wrap around)
+            maximum = 1 << 62
+        if hi > maximum:
             why = " = 2^40 (larger counts leave exact int64 / float64 arithmetic)" if maximum == MAX_SIZE else ""
             raise ValueError(f"{name}: must be <= {maximum}{why}, got {_show(hi)}")
     t = t.to(torch.int64)

@@ -547,3 +547,10 @@ def test_huge_m_in_the_sampling_laws_is_refused_before_allocating():
     with pytest.raises(ValueError, match=r"^n_samples: the table P\(r~ \| r\) of 12 rank\(s\)"):
         rsp.sampled_rank_pmf(torch.arange(1, 13).reshape(3, 4), 2**30, 2**24)
     assert rsp.sampled_rank_pmf(torch.tensor([1, 5]), 10**6, 1000).shape == (2, 1001)
+
+
+def test_sizes_beyond_int64_are_refused_not_wrapped():
+    # found by the long fuzzing profile: m = 2.0**63 became -2^63 in int64 and reached the quadrature
+    for m in (2.0**63, 9.223372036854776e18, 1e30):
+        with pytest.raises(ValueError, match="^n_samples: must be <= "):
+            rsp.correction_table("hit@10", 10, m, "bv")
