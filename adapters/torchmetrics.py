@@ -57,7 +57,7 @@ from torchmetrics import Metric
 from reco_sampled_plugin._options import check_bool, check_choice, check_count, check_seed
 from reco_sampled_plugin.estimate import Estimate
 from reco_sampled_plugin.estimators import ESTIMATORS, check_estimator_options, estimate
-from reco_sampled_plugin.metric_names import parse_metric
+from reco_sampled_plugin.metric_names import MetricSpec, parse_metric
 from reco_sampled_plugin.metrics import _metric_from_float_ranks
 from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
 from reco_sampled_plugin.ranking import TIE_BOUNDS, candidate_counts, exact_ranks_padded, prepare_index
@@ -86,7 +86,11 @@ __all__ = ["ExactRankingMetrics", "SampledRankingMetrics"]
 
 
 def _metric_names(metrics: str | Iterable[str]) -> tuple[str, ...]:
+    if not isinstance(metrics, (str, Iterable)):
+        raise ValueError(f"metrics: expected a metric name or an iterable of them, got {metrics!r}")
     names = (metrics,) if isinstance(metrics, str) else tuple(metrics)
+    if not all(isinstance(m, (str, MetricSpec)) for m in names):
+        raise ValueError(f"metrics: expected metric names (strings), got {names!r}")
     if not names:
         raise ValueError("metrics: give at least one metric name, e.g. ('ndcg@10', 'recall@10')")
     canonical = tuple(str(parse_metric(m)) for m in names)  # the names results are keyed and logged under

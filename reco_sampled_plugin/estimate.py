@@ -34,6 +34,8 @@ class Estimate:
     flags: tuple[str, ...] = ()
     identification: Any = field(default=None, compare=False, repr=False)
     """``identification.Identification`` where the metric depends on the unresolved top (else None)."""
+    metric_range: tuple[float, float] | None = field(default=None, compare=False, repr=False)
+    """The metric's range (e.g. (0, 1)) when the estimator knows it: :meth:`interval` never leaves it."""
 
     def sampling_interval(self, level: float = 0.95) -> tuple[float, float]:
         """Normal-approximation interval value +- z stderr: sampling noise only."""
@@ -48,14 +50,19 @@ class Estimate:
         """Confidence interval at ``level`` that is honest about the unresolved top.
 
         Where the metric is identified by the data (:attr:`identification` is None) this is
-        :meth:`sampling_interval`. Where it depends on the shape of the rank distribution inside the first
+        :meth:`sampling_interval`, clipped to :attr:`metric_range` when known (a Wald interval of a small HR@10
+        would otherwise reach below 0; the clipped set keeps its coverage, the metric cannot lie outside).
+        Where it depends on the shape of the rank distribution inside the first
         sampled bin (flag ``top_unresolved``), it is the hull of the sampling interval and the identified
         interval (every rank distribution consistent with the data and the documented shape assumption, see
         ``reco_sampled_plugin.identification``), clipped to the metric's range. Never NaN.
         """
         lo, hi = self.sampling_interval(level)
         if self.identification is None:
-            return (lo, hi)
+            if self.metric_range is None:
+                return (lo, hi)
+            r_lo, r_hi = self.metric_range  # a metric of [0, 1] is never negative: the interval says so too
+            return (max(lo, r_lo), min(hi, r_hi))
         ident = self.identification.interval(level)
         lo = ident.lo if math.isnan(lo) else min(lo, ident.lo)
         hi = ident.hi if math.isnan(hi) else max(hi, ident.hi)

@@ -168,7 +168,8 @@ def _result(value: float, stderr: float | None, n: float, details: dict, flags, 
     details["flags"] = tuple(flags)
     if identification is not None:
         details["interval"] = "identified"
-    return Estimate(float(value), se, float(n), details, tuple(flags), identification)
+    metric_range = None if bounds is None else (float(bounds[0]), float(bounds[1]))
+    return Estimate(float(value), se, float(n), details, tuple(flags), identification, metric_range)
 
 
 def _with_adaptive(result: Estimate, hist: RankHistogram, design: AdaptiveDesign, top_shape) -> Estimate:

@@ -515,3 +515,16 @@ def test_evaluate_factors_gamma_and_correction_are_checked_before_any_work():
     a = rsp.evaluate_factors(train, test, u, v, n_samples=5.0, correction="bv", gamma=1.0, seed=3).summary
     b = rsp.evaluate_factors(train, test, u, v, n_samples=5, correction="bv", seed=3).summary
     assert (a["sampled"] == b["sampled"]).all() and (a["corrected"] != b["corrected"]).any()
+
+
+def test_intervals_never_leave_the_metric_range():
+    # found by the long fuzzing profile: evaluate_factors' summary reported lo < 0 for HR@3 (a Wald interval of a
+    # small proportion); the estimate's interval is now clipped to the metric's range in every branch
+    ranks = torch.tensor([1] + [30] * 39)  # one hit in 40: HR@10 near 0, identified (n = 50, m = 30: b < 10)
+    est = estimate("hit@10", ranks, 50, 30, method="none")
+    assert est.identification is None and est.metric_range == (0.0, 1.0)
+    lo, hi = est.interval(0.95)
+    raw_lo, raw_hi = est.sampling_interval(0.95)
+    assert raw_lo < 0.0 == lo and hi == raw_hi  # the raw interval left the range; the honest one does not
+    few = estimate("hit@10", torch.tensor([1]), 50, 30, method="none")  # one instance: stderr inf
+    assert few.interval(0.95) == (0.0, 1.0)
