@@ -286,9 +286,10 @@ class ExactRankingMetrics(Metric):
                 out[f"{name}/exact"] = _empty_estimate(count, details)
             elif count <= 1:  # one relevant item: no spread to measure
                 out[f"{name}/exact"] = Estimate(s1 / count, math.inf, count, {**details, "flags": ("few_instances",)},
-                                                ("few_instances",))
-            else:
-                out[f"{name}/exact"] = Estimate(s1 / count, stderr_from_sums(s1, s2, count), count, details)
+                                                ("few_instances",), metric_range=(0.0, 1.0))
+            else:  # every metric of the catalogue lies in [0, 1]: so does its interval
+                out[f"{name}/exact"] = Estimate(s1 / count, stderr_from_sums(s1, s2, count), count, details,
+                                                metric_range=(0.0, 1.0))
         return out
 
     def estimates(self) -> dict[str, Estimate]:

@@ -61,13 +61,11 @@ class Estimate:
         if self.identification is None:
             if self.metric_range is None:
                 return (lo, hi)
-            r_lo, r_hi = self.metric_range  # a metric of [0, 1] is never negative: the interval says so too
-            return (max(lo, r_lo), min(hi, r_hi))
+            return _clamp(lo, hi, self.metric_range)  # a metric of [0, 1] is never negative: the interval says so
         ident = self.identification.interval(level)
         lo = ident.lo if math.isnan(lo) else min(lo, ident.lo)
         hi = ident.hi if math.isnan(hi) else max(hi, ident.hi)
-        r_lo, r_hi = self.identification.metric_range
-        return (max(lo, r_lo), min(hi, r_hi))
+        return _clamp(lo, hi, self.identification.metric_range)
 
     def __float__(self) -> float:
         return float(self.value)
@@ -94,3 +92,10 @@ class Estimate:
             return Estimate(mean, math.inf, n, {**dict(details or {}), "flags": flags}, flags)
         se = float(v.std(correction=1) / math.sqrt(n))
         return Estimate(mean, se, n, dict(details or {}))
+
+
+def _clamp(lo: float, hi: float, metric_range: tuple[float, float]) -> tuple[float, float]:
+    """Each end of the interval moved into the metric's range (an interval wholly outside it, around an unbounded
+    estimator's out-of-range value, becomes the nearest end of the range: (0, 0), never lo > hi)."""
+    r_lo, r_hi = metric_range
+    return (min(max(lo, r_lo), r_hi), max(min(hi, r_hi), r_lo))

@@ -378,6 +378,14 @@ def _build_model(
     model = _Model(base.edges, hist.n_items.copy(), hist.n_samples.copy(), base.cols, np.zeros(len(base.cols)),
                    base.lik, base.inside, pooled, base.onehot, base.inside_f, base.lik_sparse)
     model.counts = _flat_counts(model, hist)
+    possible = np.asarray((model.lik > 0).sum(axis=0)).reshape(-1) > 0  # some rank can produce the column's r~
+    if np.any((model.counts > 0) & ~possible):
+        g, i = model.cols[np.flatnonzero((model.counts > 0) & ~possible)[0]]
+        raise ValueError(
+            f"sampled_ranks: r~ = {int(i) + 1} cannot occur with n_items = {int(model.n[g])} and n_samples = "
+            f"{int(model.m[g])} under the {law} law (no exact rank gives it a probability; with n_items = 2 every "
+            "draw is the one irrelevant item, so r~ is 1 or m + 1): the ranks, n or m are not those of one design"
+        )
     return model
 
 

@@ -554,3 +554,12 @@ def test_sizes_beyond_int64_are_refused_not_wrapped():
     for m in (2.0**63, 9.223372036854776e18, 1e30):
         with pytest.raises(ValueError, match="^n_samples: must be <= "):
             rsp.correction_table("hit@10", 10, m, "bv")
+
+
+def test_sampled_ranks_impossible_under_the_law_are_named():
+    # found by the long fuzzing profile: n = 2 leaves one irrelevant item, so r~ is 1 or m + 1; an observed r~ = 2
+    # has probability 0 under every rank distribution and the EM divided by it
+    for method in ("mle", "mes"):
+        with pytest.raises(ValueError, match=r"^sampled_ranks: r~ = 2 cannot occur with n_items = 2"):
+            rsp.estimate("ndcg", torch.tensor([2]), 2, 2, method=method)
+    assert math.isfinite(rsp.estimate("ndcg", torch.tensor([3, 1, 3]), 2, 2, method="mle").value)

@@ -528,3 +528,8 @@ def test_intervals_never_leave_the_metric_range():
     assert raw_lo < 0.0 == lo and hi == raw_hi  # the raw interval left the range; the honest one does not
     few = estimate("hit@10", torch.tensor([1]), 50, 30, method="none")  # one instance: stderr inf
     assert few.interval(0.95) == (0.0, 1.0)
+    # an interval wholly below the range (around a negative bv value) clamps to (0, 0), never lo > hi
+    from reco_sampled_plugin.estimate import Estimate
+
+    below = Estimate(-0.05, 0.01, 100.0, flags=("outside_metric_range",), metric_range=(0.0, 1.0))
+    assert below.interval(0.95) == (0.0, 0.0)
