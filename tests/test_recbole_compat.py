@@ -1,4 +1,4 @@
-"""One test per fix of the RecBole compatibility layer (adapters/_recbole_compat.py)."""
+"""One test per fix of the RecBole compatibility layer (reco_sampled_plugin/adapters/_recbole_compat.py)."""
 
 from __future__ import annotations
 

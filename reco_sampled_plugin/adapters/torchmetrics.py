@@ -17,7 +17,7 @@ memory does not grow with the number of users:
 
 Results are per relevant item (the single-relevant-item form M(r) of the papers): with one held-out
 item per user, per user. Negatives are keyed by (seed, instance id, positive item), see
-``adapters/_shared.py``; pass ``ids`` (user indices) to make results independent of batching and of
+``reco_sampled_plugin/adapters/_shared.py``; pass ``ids`` (user indices) to make results independent of batching and of
 the number of processes. Rows with ``keep`` False (e.g. DistributedSampler padding) are not counted.
 
 Nothing counted (no update, every row dropped by ``keep``, or AUC without an irrelevant candidate): ``compute()``
