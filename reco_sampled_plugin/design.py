@@ -1,0 +1,233 @@
+"""Sampling designs: how the irrelevant items of a sampled evaluation are drawn, as one validated object.
+
+A :class:`SamplingDesign` is data, like a correction table: every entry point that samples or estimates takes
+one (or an int m, which means uniform with replacement) and none re-validates its parts. A draw returns
+:class:`~reco_sampled_plugin.ranking.SampledRanks` that carry their design, so ``estimate(metric, sampled)``
+needs nothing else and an estimator cannot be applied to a design it does not support (the estimator registry,
+``registry.py``, says which designs each estimator takes).
+
+==================================  ========================================================================
+design                              law of the sampled rank r~ given the exact rank r (NOTATION.md)
+==================================  ========================================================================
+``SamplingDesign(m)``               r~ - 1 ~ Binomial(m, (r - 1)/(n - 1))           (``law == "binomial"``)
+``SamplingDesign(m,                 r~ - 1 ~ Hypergeometric(n - 1, r - 1, m)    (``law == "hypergeometric"``)
+replacement=False)``
+``SamplingDesign(m,                 stages M_s = m 2^s <= adaptive_max; a positive still first draws M_s more
+adaptive_max=cap)``                 (Li et al., AAAI 2023; ``adaptive.py``): Binomial at the final M, times a
+                                    factor free of r
+``SamplingDesign(m,                 r~ - 1 ~ Binomial(m, q(A)), q the popularity law renormalised over the
+popularity=w)``                     row's irrelevant items, A the items above the positive (``law ==
+                                    "popularity"``; no estimator corrects it yet)
+==================================  ========================================================================
+
+Adding a design (docs/architecture.md): a keyword here, validated in ``__post_init__``, a ``law`` name, the draw
+in ``ranking.py`` (or ``adaptive.py``), and the ``supports_*`` flag the registry's entries declare.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ._checks import MAX_SAMPLES, check_size
+
+__all__ = ["SamplingDesign", "AdaptiveDesign", "as_design", "adaptive_design", "coerce_adaptive"]
+
+
+@dataclass(frozen=True)
+class AdaptiveDesign:
+    """Start m and cap of adaptive sampling (the cap is rounded down to m 2^s: :attr:`cap`)."""
+
+    n_samples: int
+    adaptive_max: int
+
+    def __post_init__(self) -> None:
+        m = check_size(self.n_samples, "n_samples", 1, MAX_SAMPLES)
+        cap = check_size(self.adaptive_max, "adaptive_max", 1, MAX_SAMPLES)
+        if cap < m:
+            raise ValueError(f"adaptive_max: must be at least n_samples (m = {m}), got {cap}")
+        object.__setattr__(self, "n_samples", m)
+        object.__setattr__(self, "adaptive_max", cap)
+
+    @property
+    def stages(self) -> np.ndarray:
+        """Sample sizes M_s = m 2^s <= adaptive_max (int64, ascending)."""
+        s = int(math.floor(math.log2(self.adaptive_max / self.n_samples) + 1e-12))
+        return self.n_samples * (2 ** np.arange(s + 1, dtype=np.int64))
+
+    @property
+    def cap(self) -> int:
+        """The largest stage size (m 2^S <= adaptive_max)."""
+        return int(self.stages[-1])
+
+
+def _check_replacement(x) -> bool:
+    if isinstance(x, (bool, np.bool_)):
+        return bool(x)
+    raise ValueError(f"replacement: expected True or False, got {x!r}")
+
+
+def _check_popularity(w):
+    """Popularity weights as a 1-D float64 tensor (kept on its device): finite, >= 0, a positive finite total."""
+    import torch
+
+    from ._checks import check_weights
+
+    t = check_weights(w, "popularity")
+    if t.dim() != 1 or t.numel() == 0:
+        raise ValueError(f"popularity: expected one weight per item (a 1-D array), got shape {tuple(t.shape)}")
+    if not float(t.sum()) > 0:
+        raise ValueError("popularity: the weights sum to 0; at least one item must be drawable")
+    return t.detach().to(torch.float64)
+
+
+@dataclass(frozen=True, eq=False)
+class SamplingDesign:
+    """How each relevant item's m irrelevant items are drawn (module docstring), validated once.
+
+    Args:
+        n_samples: m, sampled irrelevant items per relevant item (the first stage's m for adaptive designs),
+            1..2^24.
+        replacement: draw with replacement (default; the binomial law) or without (hypergeometric).
+        popularity: optional (n_items,) non-negative weights: items drawn with probability proportional to
+            them (renormalised over each row's irrelevant items); a tensor stays on its device.
+        adaptive_max: the cap of adaptive sampling (positives still ranked first draw as many again, m doubling,
+            up to the largest m 2^s <= adaptive_max); needs ``replacement=True`` and uniform draws.
+
+    An ``int`` m where a design is expected means ``SamplingDesign(m)`` (:func:`as_design`).
+    """
+
+    n_samples: int
+    replacement: bool = field(default=True, kw_only=True)
+    popularity: Any = field(default=None, kw_only=True)
+    adaptive_max: int | None = field(default=None, kw_only=True)
+
+    def __post_init__(self) -> None:
+        m = check_size(self.n_samples, "n_samples", 1, MAX_SAMPLES)
+        object.__setattr__(self, "n_samples", m)
+        object.__setattr__(self, "replacement", _check_replacement(self.replacement))
+        if self.popularity is not None:
+            object.__setattr__(self, "popularity", _check_popularity(self.popularity))
+        if self.adaptive_max is not None:
+            cap = AdaptiveDesign(m, self.adaptive_max)  # validates adaptive_max >= m
+            object.__setattr__(self, "adaptive_max", cap.adaptive_max)
+            if not self.replacement:
+                raise ValueError("replacement: adaptive sampling draws with replacement (binomial law); "
+                                 "drop replacement=False or adaptive_max")
+            if self.popularity is not None:
+                raise ValueError("popularity: adaptive sampling draws uniformly; drop popularity or adaptive_max")
+
+    # --------------------------------------------------------------------------------------------- views
+    @property
+    def law(self) -> str:
+        """The sampling law's name: ``"binomial"``, ``"hypergeometric"`` or ``"popularity"``."""
+        if self.popularity is not None:
+            return "popularity"
+        return "binomial" if self.replacement else "hypergeometric"
+
+    @property
+    def is_adaptive(self) -> bool:
+        return self.adaptive_max is not None
+
+    @property
+    def adaptive(self) -> AdaptiveDesign | None:
+        """The stages of an adaptive design (:class:`AdaptiveDesign`), None for a fixed m."""
+        return None if self.adaptive_max is None else AdaptiveDesign(self.n_samples, self.adaptive_max)
+
+    @property
+    def cap(self) -> int:
+        """The largest m any positive can reach (the cap of an adaptive design, else m)."""
+        return self.n_samples if self.adaptive_max is None else self.adaptive.cap
+
+    def describe(self) -> str:
+        """A short human-readable name: ``uniform m=100``, ``adaptive 100->3200``, ``popularity m=100``..."""
+        if self.adaptive_max is not None:
+            return f"adaptive {self.n_samples}->{self.cap}"
+        kind = "popularity" if self.popularity is not None else "uniform"
+        extra = "" if self.replacement else ", without replacement"
+        return f"{kind} m={self.n_samples}{extra}"
+
+    # ------------------------------------------------------------------------------- equality and hashing
+    def _key(self) -> tuple:
+        return (self.n_samples, self.replacement, self.adaptive_max, self.popularity is not None)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, SamplingDesign):
+            return NotImplemented
+        if self._key() != other._key():
+            return False
+        if self.popularity is None:
+            return True
+        a, b = self.popularity, other.popularity
+        return a.shape == b.shape and bool((a.cpu() == b.cpu()).all())
+
+    def __hash__(self) -> int:
+        return hash(self._key() + ((0 if self.popularity is None else self.popularity.numel()),))
+
+    def __repr__(self) -> str:
+        parts = [str(self.n_samples)]
+        if not self.replacement:
+            parts.append("replacement=False")
+        if self.popularity is not None:
+            parts.append(f"popularity=<{self.popularity.numel()} weights>")
+        if self.adaptive_max is not None:
+            parts.append(f"adaptive_max={self.adaptive_max}")
+        return f"SamplingDesign({', '.join(parts)})"
+
+
+def as_design(design=None, *, replacement=None, popularity=None, adaptive_max=None,
+              name: str = "n_samples") -> SamplingDesign | None:
+    """The one coercion of the package: a :class:`SamplingDesign` from what entry points accept.
+
+    ``design`` is a SamplingDesign (returned as is; loose keywords given with it are refused, they would be
+    ignored), an :class:`AdaptiveDesign`, an ``(m, adaptive_max)`` pair, an int m (with the loose keywords
+    ``replacement``, ``popularity``, ``adaptive_max``: the pre-design signatures), or None (returns None).
+    """
+    if design is None:
+        if adaptive_max is not None:
+            raise ValueError("adaptive_max: needs n_samples (the first stage's sample size m)")
+        return None
+    loose = {"replacement": replacement, "popularity": popularity, "adaptive_max": adaptive_max}
+    if isinstance(design, (SamplingDesign, AdaptiveDesign)):
+        given = [k for k, v in loose.items() if v is not None and not (k == "replacement" and v is True)]
+        if given:
+            raise ValueError(f"{given[0]}: given next to a sampling design; set it in the design instead")
+        if isinstance(design, AdaptiveDesign):
+            return SamplingDesign(design.n_samples, adaptive_max=design.adaptive_max)
+        return design
+    if isinstance(design, tuple):
+        try:
+            m, cap = design
+        except ValueError:
+            raise ValueError(f"{name}: expected a SamplingDesign, an int m or (m, adaptive_max), got {design!r}") from None
+        return SamplingDesign(m, adaptive_max=cap)
+    return SamplingDesign(design, replacement=True if replacement is None else replacement, popularity=popularity,
+                          adaptive_max=adaptive_max)
+
+
+def coerce_adaptive(adaptive) -> AdaptiveDesign | None:
+    """An :class:`AdaptiveDesign` from an ``adaptive=`` argument: a design (adaptive or not), an
+    AdaptiveDesign, an ``(m, adaptive_max)`` pair, or None (a fixed-m SamplingDesign gives None)."""
+    if adaptive is None or isinstance(adaptive, AdaptiveDesign):
+        return adaptive
+    if isinstance(adaptive, SamplingDesign):
+        return adaptive.adaptive
+    try:
+        m, cap = adaptive
+    except (TypeError, ValueError):
+        raise ValueError(f"adaptive: expected an AdaptiveDesign or (n_samples, adaptive_max), got {adaptive!r}") from None
+    return adaptive_design(m, cap)
+
+
+def adaptive_design(n_samples, adaptive_max) -> AdaptiveDesign | None:
+    """The design of the entry points' ``n_samples`` / ``adaptive_max`` pair (None without a cap)."""
+    if adaptive_max is None:
+        return None
+    if isinstance(adaptive_max, AdaptiveDesign):
+        return adaptive_max
+    if n_samples is None:
+        raise ValueError("adaptive_max: needs n_samples (the first stage's sample size m)")
+    return AdaptiveDesign(n_samples, adaptive_max)

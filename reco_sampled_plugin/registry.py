@@ -1,0 +1,335 @@
+"""The estimator registry: one table, from which every list of methods in the package is derived.
+
+Each :class:`Estimator` entry says what a method is (family, summary), what it takes (its options, with their
+kinds and defaults), which sampling designs it supports (adaptive, without replacement, popularity), whether it
+fits a rank distribution, and where its code lives (``compute``: ``"module:function"``, imported on first use, so
+reading the table imports neither torch nor scipy: ``reco-sampled --help`` lists the methods for free).
+
+Derived views (never kept by hand): :func:`names` (``ESTIMATORS``), :func:`method_options` (``METHOD_OPTIONS``),
+``names(adaptive=True)`` (``ADAPTIVE_METHODS``), ``names(family=...)`` (the mapping, rank-distribution and
+correction lists), :func:`recbole_choices` (RecBole's ``rsp_correction`` / ``rsp_mapping`` / ``rsp_rank_dist``),
+the CLI's ``--method`` choices and help, the planner's and the report's lists, the docs' table (a test checks it).
+
+The compute protocol (``estimators.estimate`` calls it after validating the options and building the histogram)::
+
+    compute(spec: MetricSpec, hist: RankHistogram, *, method: str, sampling: str, options: dict)
+        -> object with value, stderr, n_instances, details, flags
+
+``options`` holds the method's own options (defaults filled in for the named ones: ``a``, ``gamma``, ``prior``,
+``rounding``). A rank-distribution method also names its ``fitter`` (``rank_distribution`` dispatches on it).
+
+Adding an estimator (docs/architecture.md): its module (the compute function), one :func:`register` call in
+``_BUILTIN`` below (or at run time, for a user's own method), its row in docs/estimators.md, its test; the
+contract test (tests/test_registry.py) then runs it on known histograms, refuses options it does not take and
+checks every design it claims, and every entry point offers it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+__all__ = [
+    "FAMILIES",
+    "OPTION_KINDS",
+    "Option",
+    "Estimator",
+    "register",
+    "unregister",
+    "get",
+    "entries",
+    "names",
+    "method_options",
+    "fit_option_names",
+    "recbole_choices",
+    "DEFAULT_ESTIMATOR",
+]
+
+#: The families of estimators: how an estimate is made from the sampled-rank histogram.
+FAMILIES = {
+    "none": "no correction: the sampled metric itself (not an estimate of the full-catalogue one)",
+    "correction": "a table of m + 1 corrected values per (n, m), looked up at each sampled rank (Krichene & Rendle)",
+    "mapping": "sampled ranks mapped onto exact ranks, the metric averaged over each mapped interval (Li et al.)",
+    "rank_distribution": "the distribution of exact ranks fitted by likelihood, the metric its expectation",
+}
+
+#: Kinds of option values; each is validated by the named helper of ``_options`` (or the module named).
+OPTION_KINDS = {
+    "fraction": "a number in [0, 1]",
+    "positive_float": "a finite number > 0",
+    "nonnegative_float": "a finite number >= 0, or None for the default",
+    "count": "an integer >= 1",
+    "count0": "an integer >= 0, or None for the default",
+    "seed": "an integer in 0..2**63 - 1",
+    "bool": "True or False",
+    "choice": "one of the listed values",
+    "prior": "a prior: 'uniform', ('beta', a), a vector over ranks, a callable, or a Prior",
+    "beta_shape": "the Beta shape a > 0",
+    "base_measure": "a number in [0, 2]",
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One option of an estimator: its name, kind (:data:`OPTION_KINDS`), default and a one-line summary.
+
+    ``named``: a named keyword of ``estimate()`` (``a``, ``gamma``, ``prior``, ``rounding``), whose None means the
+    default; the other options travel in ``**options``."""
+
+    name: str
+    kind: str
+    default: Any = None
+    summary: str = ""
+    choices: tuple = ()
+    named: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind not in OPTION_KINDS:
+            raise ValueError(f"kind: unknown option kind {self.kind!r}; use one of {tuple(OPTION_KINDS)}")
+
+    def check(self, value):
+        """``value`` validated and normalised (a ValueError naming the option otherwise); None is the default
+        where the kind allows it."""
+        from . import _options as o
+
+        k, n = self.kind, self.name
+        if value is None and k in ("nonnegative_float", "count0", "prior", "beta_shape"):
+            return None
+        if k == "fraction":
+            return o.check_fraction(value, n)
+        if k == "positive_float":
+            return o.check_positive_float(value, n)
+        if k == "nonnegative_float":
+            return o.check_nonnegative_float(value, n)
+        if k == "count":
+            return o.check_count(value, n, 1)
+        if k == "count0":
+            return o.check_count(value, n, 0)
+        if k == "seed":
+            return o.check_seed(value, n)
+        if k == "bool":
+            return o.check_bool(value, n)
+        if k == "choice":
+            return o.check_choice(value, self.choices, n)
+        if k == "prior":
+            from .priors import as_prior
+
+            as_prior(value)  # the type and values; a vector's length is checked against n at compute
+            return value
+        if k == "beta_shape":
+            from .mapping import check_beta_shape
+
+            return check_beta_shape(value, n)
+        if k == "base_measure":
+            from .rank_distribution import check_base_measure
+
+            return check_base_measure(value)
+        raise AssertionError(k)  # pragma: no cover - kinds are checked at construction
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """One registered estimator (module docstring).
+
+    Attributes:
+        name: the method name users pass (``method="mes"``, ``rsp_correction: bv``, ``--method cls``).
+        family: a key of :data:`FAMILIES`.
+        summary: one line for docs and ``--help``.
+        compute: ``"module:function"`` (relative to the package) or a callable (the compute protocol).
+        options: its :class:`Option` s.
+        adaptive: takes adaptive designs (the final (n, M, r~) of each positive).
+        without_replacement: takes the hypergeometric law of draws without replacement.
+        popularity: takes popularity-sampled designs.
+        fits_distribution: fits a rank distribution (its fit options apply; the planner asks it for no bootstrap).
+        fitter: rank-distribution methods: ``"module:object"`` of the fitter ``rank_distribution`` dispatches to.
+        reference: the paper and equations.
+    """
+
+    name: str
+    family: str
+    summary: str
+    compute: str | Callable
+    options: tuple[Option, ...] = ()
+    adaptive: bool = False
+    without_replacement: bool = True
+    popularity: bool = False
+    fits_distribution: bool = False
+    fitter: str | Callable | None = None
+    reference: str = ""
+    _resolved: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"family: unknown estimator family {self.family!r}; use one of {tuple(FAMILIES)}")
+        if self.family == "rank_distribution" and self.fitter is None:
+            raise ValueError(f"fitter: the rank-distribution method {self.name!r} needs a fitter")
+
+    @property
+    def option_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.options)
+
+    def option(self, name: str) -> Option | None:
+        for o in self.options:
+            if o.name == name:
+                return o
+        return None
+
+    def _load(self, attr: str):
+        target = getattr(self, attr)
+        if callable(target):
+            return target
+        if attr not in self._resolved:
+            module, _, obj = target.partition(":")
+            mod = importlib.import_module(module if not module.startswith(".") else __package__ + module)
+            self._resolved[attr] = getattr(mod, obj)
+        return self._resolved[attr]
+
+    def compute_function(self) -> Callable:
+        return self._load("compute")
+
+    def fitter_object(self):
+        return self._load("fitter")
+
+    def supports(self, design) -> bool:
+        """Whether this estimator takes ``design`` (a :class:`~reco_sampled_plugin.design.SamplingDesign`)."""
+        if design.adaptive_max is not None and not self.adaptive:
+            return False
+        if design.popularity is not None and not self.popularity:
+            return False
+        if not design.replacement and not self.without_replacement:
+            return False
+        return True
+
+
+_REGISTRY: dict[str, Estimator] = {}
+
+
+def register(entry: Estimator, *, replace: bool = False) -> Estimator:
+    """Add ``entry`` to the registry (every entry point offers it from then on); ``replace`` to redefine."""
+    if not isinstance(entry, Estimator):
+        raise ValueError(f"entry: expected a registry.Estimator, got {type(entry).__name__}")
+    if entry.name in _REGISTRY and not replace:
+        raise ValueError(f"name: estimator {entry.name!r} is registered already (replace=True to redefine it)")
+    _REGISTRY[entry.name] = entry
+    return entry
+
+
+def unregister(name: str) -> None:
+    """Remove a registered estimator (built-in ones too: meant for tests and for replacing a method)."""
+    _REGISTRY.pop(name, None)
+
+
+def get(name) -> Estimator:
+    """The entry of ``name``, or a ValueError naming ``method`` and listing the registered estimators."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"method: unknown estimator {name!r}; use one of {names()}") from None
+
+
+def entries() -> tuple[Estimator, ...]:
+    return tuple(_REGISTRY.values())
+
+
+def names(*, family: str | tuple[str, ...] | None = None, adaptive: bool | None = None,
+          fits_distribution: bool | None = None, design=None) -> tuple[str, ...]:
+    """Registered method names in table order, optionally only one ``family`` (or several), those that take
+    adaptive designs (or not), those that fit a distribution (or not), or those that support ``design``."""
+    fams = (family,) if isinstance(family, str) else family
+    out = []
+    for e in _REGISTRY.values():
+        if fams is not None and e.family not in fams:
+            continue
+        if adaptive is not None and e.adaptive != adaptive:
+            continue
+        if fits_distribution is not None and e.fits_distribution != fits_distribution:
+            continue
+        if design is not None and not e.supports(design):
+            continue
+        out.append(e.name)
+    return tuple(out)
+
+
+def method_options() -> dict[str, tuple[str, ...]]:
+    """{method: the names of the options it takes} (``estimators.METHOD_OPTIONS``)."""
+    return {e.name: e.option_names for e in _REGISTRY.values()}
+
+
+def fit_option_names() -> tuple[str, ...]:
+    """The options of the rank-distribution fit shared by every fitting method (the common fit options)."""
+    return tuple(o.name for o in _FIT_OPTIONS)
+
+
+def recbole_choices(key: str) -> tuple[str, ...]:
+    """The methods RecBole's ``rsp_correction`` (tables: the ``none`` and ``correction`` families that fit
+    nothing; ``bv`` with a fitted prior is ``rsp_prior: mle``), ``rsp_mapping`` or ``rsp_rank_dist`` accepts."""
+    if key == "rsp_correction":
+        return names(family=("none", "correction"), fits_distribution=False)
+    if key == "rsp_mapping":
+        return names(family="mapping")
+    if key == "rsp_rank_dist":
+        return names(family="rank_distribution")
+    raise ValueError(f"key: no estimator list for {key!r}")
+
+
+# ------------------------------------------------------------------------------------------------ the table
+_FIT_OPTIONS = (
+    Option("n_bootstrap", "count0", None, "bootstrap replicates of the fit (default 32 for mle, 16 for mes; 0: none)"),
+    Option("seed", "seed", 0, "seed of the bootstrap"),
+    Option("tol", "positive_float", 1e-7, "stopping tolerance (log-likelihood gain per positive; L-BFGS-B ftol)"),
+    Option("max_iter", "count", 5000, "iteration cap (flag not_converged when reached)"),
+    Option("max_groups", "count", 16, "distinct (n, m) groups beyond which n is pooled into quantile bins"),
+    Option("delta", "positive_float", 0.05, "relative width of the rank grid's cells"),
+    Option("kappa", "positive_float", 0.25, "grid refinement inside the first sampled bin"),
+    Option("trace", "bool", False, "keep the per-iteration objective"),
+)
+_GAMMA = Option("gamma", "fraction", 0.1, "bias-variance weight (eq. 25)", named=True)
+_PRIOR = Option("prior", "prior", None, "prior over exact ranks (default uniform)", named=True)
+
+_BUILTIN = (
+    Estimator("linear", "mapping", "Li et al. linear mapping f(k) = (k - 1)(N - 1)/(n - 1) + 1",
+              ".mapping:estimate_by_mapping", reference="Li, Jin et al. KDD 2020, eq. 9"),
+    Estimator("bound", "mapping", "Li et al. bound mapping (rounded linear)", ".mapping:estimate_by_mapping",
+              reference="Li, Jin et al. KDD 2020, eq. 13"),
+    Estimator("beta", "mapping", "Li et al. Beta mapping with a given shape a (a = 1: eq. 18)",
+              ".mapping:estimate_by_mapping",
+              options=(Option("a", "beta_shape", None, "the Beta shape a > 0 (required)", named=True),),
+              reference="Li, Jin et al. KDD 2020, eq. 16-18"),
+    Estimator("beta_fit", "mapping", "Li et al. Beta mapping with a fitted on these sampled ranks",
+              ".mapping:estimate_by_mapping",
+              options=(Option("a", "beta_shape", None, "the fit's starting value", named=True),),
+              reference="Li, Jin et al. KDD 2020, eq. 19"),
+    Estimator("mle", "rank_distribution", "rank distribution by EM (NPMLE on a log grid), then sum_R P(R) M(R)",
+              ".rank_distribution:estimate_by_fit", options=_FIT_OPTIONS, adaptive=True, fits_distribution=True,
+              fitter=".rank_distribution:EM_FITTER", reference="Jin et al. AAAI 2021"),
+    Estimator("mes", "rank_distribution", "maximum-entropy-regularised rank distribution (the default)",
+              ".rank_distribution:estimate_by_fit",
+              options=_FIT_OPTIONS + (
+                  Option("lam", "nonnegative_float", None, "entropy weight (default 10 / #positives)"),
+                  Option("beta", "base_measure", 0.0, "base measure r^-beta of the entropy (0: uniform)"),
+              ), adaptive=True, fits_distribution=True, fitter=".rank_distribution:MES_FITTER",
+              reference="Jin et al. AAAI 2021 (MES)"),
+    Estimator("none", "none", "the uncorrected sampled metric", ".corrections:estimate_by_table", adaptive=True,
+              popularity=True, reference="Krichene & Rendle KDD 2020, eq. 4"),
+    Estimator("rank_estimate", "correction", "Krichene & Rendle's rank estimate 1 + (n - 1)(r~ - 1)/m",
+              ".corrections:estimate_by_table",
+              options=(Option("rounding", "choice", "floor", "rounding of the estimated rank", ("floor", "linear"),
+                              named=True),),
+              reference="Krichene & Rendle KDD 2020, eq. 20"),
+    Estimator("ls", "correction", "minimal-bias least squares", ".corrections:estimate_by_table", options=(_PRIOR,),
+              reference="Krichene & Rendle KDD 2020, eq. 21-22"),
+    Estimator("cls", "correction", "monotone constrained least squares", ".corrections:estimate_by_table",
+              options=(_PRIOR,), reference="Krichene & Rendle KDD 2020, eq. 23"),
+    Estimator("bv", "correction", "bias-variance trade-off with gamma and prior", ".corrections:estimate_by_table",
+              options=(_GAMMA, _PRIOR), reference="Krichene & Rendle KDD 2020, eq. 24-25"),
+    Estimator("bv_mle", "correction", "bv with its prior estimated by mle on the same sampled ranks",
+              ".corrections:estimate_by_fitted_prior", options=(_GAMMA,) + _FIT_OPTIONS, fits_distribution=True,
+              reference="Krichene & Rendle eq. 25 with Jin et al.'s mle prior"),
+)
+for _entry in _BUILTIN:
+    register(_entry)
+del _entry
+
+#: The default estimator of ``estimate()`` (docs/estimators.md).
+DEFAULT_ESTIMATOR = "mes"
