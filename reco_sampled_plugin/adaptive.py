@@ -25,7 +25,9 @@ import numpy as np
 import torch
 from scipy import special
 
-from ._checks import MAX_SAMPLES, check_rank_values, check_size, check_sizes
+from ._checks import check_rank_values, check_sizes
+from .design import AdaptiveDesign, SamplingDesign, adaptive_design, as_design
+from .ranking import SampledRanks, sampled_ranks
 
 __all__ = [
     "AdaptiveDesign",
@@ -38,47 +40,14 @@ __all__ = [
     "adaptive_sampled_ranks_from_exact",
 ]
 
-# estimators whose likelihood takes adaptive sample sizes as given (module docstring); ``none`` reports the
-# uncorrected sampled metric
-ADAPTIVE_METHODS = ("mes", "mle", "none")
+def __getattr__(name: str):
+    # a live view of the registry (an estimator registered later appears): the estimators whose likelihood
+    # takes adaptive sample sizes as given (module docstring); ``none`` reports the uncorrected sampled metric
+    if name == "ADAPTIVE_METHODS":
+        from . import registry
 
-
-@dataclass(frozen=True)
-class AdaptiveDesign:
-    """Start m and cap of adaptive sampling (the cap is rounded down to m 2^s: :attr:`cap`)."""
-
-    n_samples: int
-    adaptive_max: int
-
-    def __post_init__(self) -> None:
-        m = check_size(self.n_samples, "n_samples", 1, MAX_SAMPLES)
-        cap = check_size(self.adaptive_max, "adaptive_max", 1, MAX_SAMPLES)
-        if cap < m:
-            raise ValueError(f"adaptive_max: must be at least n_samples (m = {m}), got {cap}")
-        object.__setattr__(self, "n_samples", m)
-        object.__setattr__(self, "adaptive_max", cap)
-
-    @property
-    def stages(self) -> np.ndarray:
-        """Sample sizes M_s = m 2^s <= adaptive_max (int64, ascending)."""
-        s = int(math.floor(math.log2(self.adaptive_max / self.n_samples) + 1e-12))
-        return self.n_samples * (2 ** np.arange(s + 1, dtype=np.int64))
-
-    @property
-    def cap(self) -> int:
-        """The largest stage size (m 2^S <= adaptive_max)."""
-        return int(self.stages[-1])
-
-
-def adaptive_design(n_samples, adaptive_max) -> AdaptiveDesign | None:
-    """The design of the entry points' ``n_samples`` / ``adaptive_max`` pair (None without a cap)."""
-    if adaptive_max is None:
-        return None
-    if isinstance(adaptive_max, AdaptiveDesign):
-        return adaptive_max
-    if n_samples is None:
-        raise ValueError("adaptive_max: needs n_samples (the first stage's sample size m)")
-    return AdaptiveDesign(n_samples, adaptive_max)
+        return registry.names(adaptive=True)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass(frozen=True)
@@ -151,18 +120,37 @@ def stage_event_cdf(p: np.ndarray, design: AdaptiveDesign, stage: int, i: np.nda
 
 
 # ------------------------------------------------------------------------------------------------ draws
+def _adaptive(n_samples, max_samples) -> SamplingDesign:
+    """The adaptive design of the draws' ``(n_samples, max_samples)`` arguments, or of a design passed alone."""
+    if isinstance(n_samples, (SamplingDesign, AdaptiveDesign)) or isinstance(n_samples, tuple):
+        design = as_design(n_samples)
+        if max_samples is not None and max_samples != design.adaptive_max:
+            raise ValueError(f"max_samples: {max_samples} given next to a design with adaptive_max = "
+                             f"{design.adaptive_max}; set it in the design")
+    else:
+        ad = AdaptiveDesign(n_samples, max_samples)  # validates both (max_samples required)
+        design = SamplingDesign.trusted(ad.n_samples, adaptive_max=ad.adaptive_max)
+    if design.adaptive_max is None:
+        raise ValueError("n_samples: the design is not adaptive (no adaptive_max)")
+    return design
+
+
 def adaptive_sampled_ranks_from_exact(
-    exact_ranks, n_items, n_samples: int, max_samples: int, generator: torch.Generator | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    exact_ranks, n_items, n_samples, max_samples: int | None = None, generator: torch.Generator | None = None
+) -> SampledRanks:
     """Adaptive sampling simulated from exact ranks (with replacement): positives with r~ = 1 draw as many new
     samples again (m doubles) until r~ > 1 or m reaches ``max_samples`` (rounded down to m 2^s).
 
+    ``n_samples`` is the first stage's m with the cap ``max_samples``, or an adaptive
+    :class:`~reco_sampled_plugin.design.SamplingDesign` alone.
+
     Returns:
-        (sampled ranks among the final m, final m per positive), int64 tensors shaped like ``exact_ranks``.
+        :class:`~reco_sampled_plugin.ranking.SampledRanks` with per-positive n and final m (int64 tensors shaped
+        like ``exact_ranks``) and the design; it unpacks as (sampled ranks among the final m, final m).
     """
     from .rank_distribution import simulate_sampled_ranks
 
-    design = AdaptiveDesign(n_samples, max_samples)
+    design = _adaptive(n_samples, max_samples)
     m0, cap = design.n_samples, design.cap
     if generator is not None and not isinstance(generator, torch.Generator):
         raise ValueError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
@@ -180,33 +168,34 @@ def adaptive_sampled_ranks_from_exact(
         ranks[need] = extra  # no earlier sample beat it, so its rank among 2m is 1 + (beats among the new m)
         m[need] = 2 * m_cur
         m_cur *= 2
-    return ranks, m
+    return SampledRanks(ranks, n.to(torch.int64), None, design, m)
 
 
 def adaptive_sampled_ranks(
     scores: torch.Tensor,
     positives,
-    n_samples: int,
-    max_samples: int,
+    n_samples,
+    max_samples: int | None = None,
     exclude=None,
     generator: torch.Generator | None = None,
     ties: str = "pessimistic",
     *,
     check_finite: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> SampledRanks:
     """Adaptive sampled ranks from scores (Li et al., AAAI 2023), uniform sampling with replacement.
 
     Each positive is first ranked against m = ``n_samples`` drawn items; while it ranks first and 2m does not
     exceed ``max_samples``, it draws m more items (so m doubles) and its rank becomes 1 + #{new items
     scoring higher}. Stages redraw only for rows that still need it (at most log2(max_samples / m) stages).
+    ``n_samples`` may instead be an adaptive :class:`~reco_sampled_plugin.design.SamplingDesign` alone.
 
     Returns:
-        (ranks, sizes): (B, P) sampled ranks among each positive's final sample (0 in padded slots; float64
-        for ``ties="average"``) and the final m per positive (int64, 0 in padded slots).
+        :class:`~reco_sampled_plugin.ranking.SampledRanks` (ranks, n_candidates per row, the design, and the
+        final m per positive), which unpacks as (ranks, sizes): (B, P) sampled ranks among each positive's final
+        sample (0 in padded slots; float64 for ``ties="average"``) and the final m per positive (int64, 0 in
+        padded slots).
     """
-    from .ranking import sampled_ranks
-
-    design = AdaptiveDesign(n_samples, max_samples)
+    design = _adaptive(n_samples, max_samples)
     m0, cap = design.n_samples, design.cap
     first = sampled_ranks(scores, positives, m0, exclude=exclude, replacement=True, generator=generator, ties=ties,
                           check_finite=check_finite)
@@ -229,4 +218,4 @@ def adaptive_sampled_ranks(
         ranks[idx] = torch.where(sub_need, more.to(ranks.dtype), ranks[idx])
         sizes[idx] = torch.where(sub_need, torch.full_like(sizes[idx], 2 * m_cur), sizes[idx])
         m_cur *= 2
-    return ranks, sizes
+    return SampledRanks(ranks, first.n_candidates, None, design, sizes)

@@ -35,6 +35,7 @@ built on the CPU in float64 with numpy / scipy and cached (``functools.lru_cache
 
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 
 import numpy as np
@@ -59,7 +60,6 @@ __all__ = [
     "clear_correction_cache",
 ]
 
-METHODS = ("none", "rank_estimate", "ls", "cls", "bv")
 _METHOD_ALIASES = {
     "none": "none",
     "sampled": "none",
@@ -73,6 +73,8 @@ _METHOD_ALIASES = {
     "bv": "bv",
     "bias_variance": "bv",
 }
+#: the methods whose tables this module solves (the registry's entries with ``estimate_by_table`` use them)
+METHODS = tuple(dict.fromkeys(_METHOD_ALIASES.values()))
 # kinds whose M(r) is a polynomial of degree <= 1 in r on 1..k (constant, or linear for AUC)
 _POLY_KINDS = frozenset({"recall", "hit", "precision", "trunc_precision", "auc"})
 # singular values below this fraction of the largest are dropped by the ``ls`` solver
@@ -524,3 +526,77 @@ def table_bias(
         raise ValueError("table: contains NaN or inf")
     p, w, mv = _weighted_system(spec, n, m, law, as_prior(prior, n))
     return float(w @ (p @ x - mv) ** 2)
+
+
+# ------------------------------------------------------------------------------ the registry's compute functions
+# vector priors up to this many ranks (the corrections enumerate them exactly); a callable beyond
+VECTOR_PRIOR_MAX = 2_000_000
+
+
+def table_estimate(hist, values: np.ndarray) -> tuple[float, float]:
+    """Mean of the per-positive table values T_g[r~] and its standard error, over all groups at once
+    (``values``: the groups' tables concatenated in group order)."""
+    total = hist.total
+    counts = hist.flat_counts
+    value = float(counts @ values) / total
+    ss = float(counts @ (values - value) ** 2)
+    return value, (math.sqrt(ss / (total * (total - 1.0))) if total > 1 else math.inf)
+
+
+def _resolution_flags(spec: MetricSpec, hist, se: float) -> tuple[list, float]:
+    """``top_unresolved`` where a cut-off lies inside the first sampled bin of a group with positives at r~ = 1
+    (``all_at_top`` and stderr inf when every positive is there)."""
+    flags: list[str] = []
+    resolution = (hist.n_items - 1.0) / (hist.n_samples + 1.0) + 1.0
+    at_top = hist.top_counts > 0  # groups with positives at r~ = 1
+    if spec.k is not None and np.any(spec.k < resolution[at_top]):
+        flags.append("top_unresolved")
+        if hist.all_at_top():
+            flags.append("all_at_top")
+            se = math.inf
+    return flags, se
+
+
+def _estimate_output(value, se, hist, details, flags):
+    from .estimate import EstimatorOutput
+
+    return EstimatorOutput(value, se, hist.total, details, tuple(flags))
+
+
+def estimate_by_table(spec: MetricSpec, hist, *, method: str, sampling: str, options: dict):
+    """The registry's compute function of the correction tables (``none``, ``rank_estimate``, ``ls``, ``cls``,
+    ``bv``): each group's table (cached) dotted with its counts; ``options``: gamma, prior, rounding."""
+    gamma = options.get("gamma", 0.1)
+    gamma = 0.1 if gamma is None else gamma
+    rounding = options.get("rounding") or "floor"
+    values = stacked_tables(spec, hist.n_items, hist.n_samples, method, gamma, sampling, options.get("prior"), rounding)
+    value, se = table_estimate(hist, values)
+    flags, se = _resolution_flags(spec, hist, se)
+    details = {"method": method, "metric": str(spec), "gamma": gamma if method == "bv" else None}
+    return _estimate_output(value, se, hist, details, flags)
+
+
+def estimate_by_fitted_prior(spec: MetricSpec, hist, *, method: str, sampling: str, options: dict):
+    """The registry's compute function of ``bv_mle``: ``bv`` tables whose prior p(r) is the ``mle`` rank
+    distribution fitted on the same histogram (its uncertainty ignored); ``options``: gamma and the fit's."""
+    from .rank_distribution import fitted_distribution
+
+    gamma = options.get("gamma")
+    gamma = 0.1 if gamma is None else gamma
+    fit = {k: v for k, v in options.items() if k != "gamma"}
+    dist = fitted_distribution(hist, "mle", sampling, {"n_bootstrap": 0, **fit})
+    flags = [f for f in dist.flags if f in ("not_converged", "pooled_n", "all_at_top")]
+
+    def prior_for_n(n: int):
+        return dist.prior(n) if n <= VECTOR_PRIOR_MAX else dist.as_prior()
+
+    values = np.concatenate([
+        _table_numpy(spec, int(n), int(m), "bv", gamma, sampling, prior_for_n(int(n)), "floor")
+        for n, m in zip(hist.n_items, hist.n_samples)
+    ])
+    value, se = table_estimate(hist, values)
+    more, se = _resolution_flags(spec, hist, se)
+    flags += [f for f in more if f not in flags]
+    details = {"method": method, "metric": str(spec), "gamma": gamma, "prior": "mle",
+               "mle_iterations": dist.iterations}
+    return _estimate_output(value, se, hist, details, flags)

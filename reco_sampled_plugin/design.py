@@ -120,6 +120,17 @@ class SamplingDesign:
             if self.popularity is not None:
                 raise ValueError("popularity: adaptive sampling draws uniformly; drop popularity or adaptive_max")
 
+    @classmethod
+    def trusted(cls, n_samples: int, *, replacement: bool = True, popularity=None,
+                adaptive_max: int | None = None) -> "SamplingDesign":
+        """A design from parts a draw has validated already (no second validation, no host synchronisation):
+        for the package's draws, which record the design they drew under."""
+        self = object.__new__(cls)
+        for k, v in (("n_samples", int(n_samples)), ("replacement", bool(replacement)), ("popularity", popularity),
+                     ("adaptive_max", None if adaptive_max is None else int(adaptive_max))):
+            object.__setattr__(self, k, v)
+        return self
+
     # --------------------------------------------------------------------------------------------- views
     @property
     def law(self) -> str:

@@ -4,9 +4,20 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
-__all__ = ["Estimate"]
+__all__ = ["Estimate", "EstimatorOutput"]
+
+
+class EstimatorOutput(NamedTuple):
+    """What a registered estimator's compute function returns (``registry.py``); ``estimate()`` turns it into
+    an :class:`Estimate` (the metric's range, the identified interval, the design's flags)."""
+
+    value: float
+    stderr: float | None
+    n_instances: float
+    details: dict
+    flags: tuple = ()
 
 
 @dataclass(frozen=True)

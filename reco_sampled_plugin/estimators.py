@@ -1,8 +1,10 @@
 """One entry point for every estimator of a global metric from sampled ranks.
 
-``estimate(metric, sampled_ranks, n_items, n_samples, method=...)`` works on the sampled-rank
-histogram (built once, any device, per-positive n and m allowed) and returns the value with its
-standard error:
+``estimate(metric, sampled)`` (a :class:`~reco_sampled_plugin.ranking.SampledRanks` that carries its design
+and candidate counts) or ``estimate(metric, sampled_ranks, n_items, n_samples, method=...)`` works on the
+sampled-rank histogram (built once, any device, per-positive n and m allowed) and returns the value with its
+standard error. The methods are the estimator registry's (``registry.py``: every list of methods is derived
+from it, and ``estimate`` dispatches through each entry's compute function); the built-in ones:
 
 ==================  =======================================================================================
 method              estimator
@@ -34,116 +36,87 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import threading
-from collections import OrderedDict
-from functools import lru_cache
-
-import numpy as np
-
-import torch
 
 from ._rank_hist import RankHistogram, as_histogram, pool_by_n
-from .adaptive import ADAPTIVE_METHODS, AdaptiveDesign, adaptive_cost, check_adaptive_histogram
+from ._options import check_law, check_options
+from . import registry
+from .adaptive import adaptive_cost, check_adaptive_histogram
+from .design import AdaptiveDesign, SamplingDesign, coerce_adaptive
 from .estimate import Estimate
-from .identification import Identification, TopShape, _design, top_sensitive
-from .mapping import MAPPING_METHODS, mapping_estimate
+from .identification import Identification, TopShape, top_sensitive
 from .metric_names import parse_metric
-from .metrics import _metric_from_float_ranks
-from ._options import check_choice, check_fraction, check_law, check_options
-from .rank_distribution import RANK_DISTRIBUTION_METHODS, check_fit_options, estimate_rank_distribution
+from .metrics import metric_bounds
+from .ranking import SampledRanks
+from .rank_distribution import FIT_CACHE as _FITS  # noqa: F401  (``estimators._FITS.clear()`` refits, as before)
 
 __all__ = ["ESTIMATORS", "METHOD_OPTIONS", "estimate", "EstimatorResult", "check_estimator_options"]
 
-CORRECTION_METHODS = ("none", "rank_estimate", "ls", "cls", "bv")
-ESTIMATORS = MAPPING_METHODS + RANK_DISTRIBUTION_METHODS + CORRECTION_METHODS + ("bv_mle",)
-# the options of the rank-distribution fit (``estimate_rank_distribution``) that ``estimate`` passes on
-_FIT_OPTIONS = ("n_bootstrap", "seed", "tol", "max_iter", "max_groups", "delta", "kappa", "trace")
-# the keyword arguments each method uses besides the data, ``sampling``, ``weights`` and ``adaptive``:
-# ``estimate(**options)`` refuses any other extra option, naming it and listing these
-METHOD_OPTIONS = {
-    "linear": (),
-    "bound": (),
-    "beta": ("a",),
-    "beta_fit": ("a",),
-    "mle": _FIT_OPTIONS,
-    "mes": _FIT_OPTIONS + ("lam", "beta"),
-    "none": (),
-    "rank_estimate": ("rounding",),
-    "ls": ("prior",),
-    "cls": ("prior",),
-    "bv": ("gamma", "prior"),
-    "bv_mle": ("gamma",) + _FIT_OPTIONS,  # the fit options of the mle prior
-}
 # keyword arguments of ``estimate`` itself that every method takes
 _COMMON_OPTIONS = ("max_rel_n_spread", "top_shape")
-_NAMED_OPTIONS = ("a", "gamma", "prior", "rounding")
 
 
-def _refuse_unused(method: str, named: dict) -> None:
+def __getattr__(name: str):
+    # live views of the registry (an estimator registered later appears in them)
+    if name == "ESTIMATORS":
+        return registry.names()
+    if name == "METHOD_OPTIONS":
+        return registry.method_options()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _named(entry: registry.Estimator) -> tuple[str, ...]:
+    return tuple(o.name for o in entry.options if o.named)
+
+
+def _refuse_unused(entry: registry.Estimator, named: dict) -> None:
     """Raise a ValueError naming the first of ``estimate``'s named options (a, gamma, prior, rounding) that was
-    given (not None) although ``method`` does not use it."""
+    given (not None) although the method does not use it."""
+    all_named = sorted({o.name for e in registry.entries() for o in e.options if o.named})
     for key, value in named.items():
-        if value is not None and key not in METHOD_OPTIONS[method]:
-            takes = [k for k in METHOD_OPTIONS[method] if k in _NAMED_OPTIONS]
-            users = [m for m, opts in METHOD_OPTIONS.items() if key in opts]
+        if value is not None and key not in entry.option_names:
+            takes = _named(entry)
+            users = [e.name for e in registry.entries() if key in e.option_names]
             raise ValueError(
-                f"{key}: method {method!r} does not use it (it takes {', '.join(takes) or 'none of a, gamma, prior, rounding'}"
+                f"{key}: method {entry.name!r} does not use it (it takes {', '.join(takes) or 'none of ' + ', '.join(all_named)}"
                 f"; {key} is an option of {', '.join(users)})"
             )
+
+
+def _check_values(entry: registry.Estimator, opts: dict) -> dict:
+    """Every option's value validated by its registry kind (a ValueError naming it); returns them normalised,
+    a named option given as None (or not given) replaced by its default."""
+    out = {}
+    for k, v in opts.items():
+        o = entry.option(k)
+        if o is None:
+            out[k] = v
+        elif v is None and o.named:
+            out[k] = o.default
+        else:
+            out[k] = o.check(v)
+    return out
 
 
 def check_estimator_options(method: str, options, where: str | None = None) -> dict:
     """Validate the keyword arguments ``options`` of ``estimate(..., method=method, **options)`` without data
     (e.g. when a metric class is constructed, long before its first ``compute``): every key must be one the
-    method uses (:data:`METHOD_OPTIONS`, plus ``max_rel_n_spread`` and ``top_shape``) and every value valid.
-    Raises a ValueError naming the option; returns the options as a dict."""
-    if method not in ESTIMATORS:
-        raise ValueError(f"method: unknown estimator {method!r}; use one of {ESTIMATORS}")
+    method uses (its registry entry's options, plus ``max_rel_n_spread`` and ``top_shape``) and every value
+    valid. Raises a ValueError naming the option; returns the options as a dict."""
+    entry = registry.get(method)
     where = where or f"estimate(method={method!r})"
-    opts = check_options(options, METHOD_OPTIONS[method] + _COMMON_OPTIONS, where)
-    if "gamma" in opts:
-        check_fraction(opts["gamma"], "gamma")
-    if "rounding" in opts:
-        check_choice(opts["rounding"], ("floor", "linear"), "rounding")
-    if "a" in opts and opts["a"] is not None:
-        from .mapping import _check_a
-
-        _check_a(opts["a"])
-    if "prior" in opts and opts["prior"] is not None:
-        from .priors import as_prior
-
-        as_prior(opts["prior"])  # the type and values; a vector's length is checked against n at compute
+    opts = check_options(options, entry.option_names + _COMMON_OPTIONS, where)
+    _check_values(entry, {k: v for k, v in opts.items() if k not in _COMMON_OPTIONS})
     if "max_rel_n_spread" in opts:
         from ._rank_hist import check_spread
 
         check_spread(opts["max_rel_n_spread"])
     if opts.get("top_shape") is not None and not isinstance(opts["top_shape"], TopShape):
         raise ValueError(f"top_shape: expected an identification.TopShape, got {type(opts['top_shape']).__name__}")
-    fit = {k: v for k, v in opts.items() if k in _FIT_OPTIONS + ("lam", "beta")}
-    if method in RANK_DISTRIBUTION_METHODS + ("bv_mle",):
-        check_fit_options("mle" if method == "bv_mle" else method, **fit)
     return opts
-
-
-# vector priors up to this many ranks (the corrections enumerate them exactly); a callable beyond
-_VECTOR_PRIOR_MAX = 2_000_000
 
 
 # the dispatcher returns the package-wide Estimate (value, stderr, n_instances, details, flags)
 EstimatorResult = Estimate
-
-
-def _metric_bounds(spec, hist: RankHistogram) -> tuple[float, float]:
-    """[min, max] of M(r) over r in 1..n_g of every group (M is non-increasing in r)."""
-    return _bounds_for(spec, tuple(np.unique(hist.n_items).tolist()))
-
-
-@lru_cache(maxsize=256)
-def _bounds_for(spec, ns: tuple) -> tuple[float, float]:
-    n_t = torch.tensor(ns, dtype=torch.float64)
-    lo = _metric_from_float_ranks(spec, n_t, n_t).min()
-    hi = _metric_from_float_ranks(spec, torch.ones_like(n_t), n_t).max()
-    return float(lo), float(hi)
 
 
 def _result(value: float, stderr: float | None, n: float, details: dict, flags, bounds=None, identification=None) -> Estimate:
@@ -193,58 +166,24 @@ def _merge_flags(flags, extra) -> tuple:
     return tuple(flags) + tuple(f for f in extra if f not in flags)
 
 
-def _table_estimate(hist: RankHistogram, values: np.ndarray) -> tuple[float, float]:
-    """Mean of the per-positive table values T_g[r~] and its standard error, over all groups at once
-    (``values``: the groups' tables concatenated in group order)."""
-    total = hist.total
-    counts = hist.flat_counts
-    value = float(counts @ values) / total
-    ss = float(counts @ (values - value) ** 2)
-    return value, (math.sqrt(ss / (total * (total - 1.0))) if total > 1 else math.inf)
-
-
-def _correction(spec, hist: RankHistogram, method: str, sampling: str, gamma: float, prior, rounding: str, prior_for_n=None):
-    try:
-        from . import corrections
-    except ImportError as exc:  # pragma: no cover - the corrections module ships with the package
-        raise ValueError(f"method {method!r}: the corrections module is not available ({exc})") from None
-    if prior_for_n is None:  # every group's table, concatenated (cached as a whole by the corrections module)
-        values = corrections.stacked_tables(spec, hist.n_items, hist.n_samples, method, gamma, sampling, prior, rounding)
-    else:
-        values = np.concatenate([
-            corrections._table_numpy(spec, int(n), int(m), method, gamma, sampling, prior_for_n(int(n)), rounding)
-            for n, m in zip(hist.n_items, hist.n_samples)
-        ])
-    return _table_estimate(hist, values)
-
-
-# fitted rank distributions of the last few (histogram, method, options): estimating several metrics
-# from one evaluation's histogram fits once (the fit, with its bootstrap, dominates their cost)
-_FITS: OrderedDict = OrderedDict()
-_FITS_MAX = 8
-_FITS_LOCK = threading.Lock()
-
-
-def _fitted_distribution(hist: RankHistogram, method: str, sampling: str, options: dict):
-    """:func:`estimate_rank_distribution` of ``hist``, reused while the same histogram (same groups and
-    counts), method, law and options come back; options that cannot be hashed are fitted every time."""
-    try:
-        key = (hist.n_items.tobytes(), hist.n_samples.tobytes(), hist.flat_counts.tobytes(), method, sampling,
-               tuple(sorted(options.items())))
-        hash(key)
-    except TypeError:
-        return estimate_rank_distribution(hist, method=method, sampling=sampling, **options)
-    with _FITS_LOCK:
-        dist = _FITS.get(key)
-        if dist is not None:
-            _FITS.move_to_end(key)
-            return dist
-    dist = estimate_rank_distribution(hist, method=method, sampling=sampling, **options)
-    with _FITS_LOCK:
-        _FITS[key] = dist
-        while len(_FITS) > _FITS_MAX:
-            _FITS.popitem(last=False)
-    return dist
+def _from_sampled(sampled: SampledRanks, n_items, n_samples, weights, sampling, adaptive, entry):
+    """The histogram, law and adaptive design of a :class:`SampledRanks` (which carries all three)."""
+    if n_items is not None or n_samples is not None:
+        name = "n_items" if n_items is not None else "n_samples"
+        raise ValueError(f"{name}: the SampledRanks carry their candidate counts and sample sizes; drop {name}")
+    design = sampled.design
+    if design is None:
+        raise ValueError("sampled_ranks: these SampledRanks carry no design; pass n_items and n_samples")
+    if not entry.supports(design):
+        ok = registry.names(design=design)
+        raise ValueError(f"method: {entry.name!r} does not support the design of these ranks ({design.describe()}); "
+                         f"use one of {ok}")
+    law = "binomial" if design.law == "popularity" else design.law  # only law-free methods take popularity
+    if sampling is not None and check_law(sampling) != law:
+        raise ValueError(f"sampling: {sampling!r} contradicts the design of these ranks ({design.describe()})")
+    if adaptive is not None and coerce_adaptive(adaptive) != design.adaptive:
+        raise ValueError(f"adaptive: contradicts the design of these ranks ({design.describe()})")
+    return sampled.histogram(weights), law, design.adaptive
 
 
 def estimate(
@@ -252,9 +191,9 @@ def estimate(
     sampled_ranks,
     n_items=None,
     n_samples=None,
-    method: str = "mes",
+    method: str = registry.DEFAULT_ESTIMATOR,
     *,
-    sampling: str = "binomial",
+    sampling: str | None = None,
     weights=None,
     a: float | None = None,
     gamma: float | None = None,
@@ -269,14 +208,18 @@ def estimate(
 
     Args:
         metric: metric name (``"hit@10"``, ``"ndcg@10"``, ``"ap"``, ``"auc"``, ...).
-        sampled_ranks: sampled ranks r~ in 1..m+1 (any shape, tensor or array, 0 = padding), or a
-            :class:`~reco_sampled_plugin._rank_hist.RankHistogram`.
-        n_items: n, candidates per instance (int or per-positive values).
-        n_samples: m, sampled irrelevant items (int or per-positive values, e.g. from adaptive sampling).
-        method: one of :data:`ESTIMATORS` (see the module docstring); default ``mes``, the most accurate
-            rank-distribution estimator on ml-100k (docs/estimators.md).
-        sampling: ``"binomial"`` (with replacement) or ``"hypergeometric"`` (rank-distribution and
-            correction methods; the mapping functions assume neither).
+        sampled_ranks: a :class:`~reco_sampled_plugin.ranking.SampledRanks` from a draw (it carries its design,
+            candidate counts and sizes: nothing else is needed), or sampled ranks r~ in 1..m+1 (any shape,
+            tensor or array, 0 = padding), or a :class:`~reco_sampled_plugin._rank_hist.RankHistogram`.
+        n_items: n, candidates per instance (int or per-positive values); not with a SampledRanks.
+        n_samples: m, sampled irrelevant items (int or per-positive values, e.g. from adaptive sampling); not
+            with a SampledRanks.
+        method: a registered estimator (``registry.names()``, see the module docstring); default ``mes``
+            (``registry.DEFAULT_ESTIMATOR``), the most accurate rank-distribution estimator on ml-100k
+            (docs/estimators.md).
+        sampling: ``"binomial"`` (with replacement, the default) or ``"hypergeometric"`` (rank-distribution and
+            correction methods; the mapping functions assume neither). With a SampledRanks: its design's law
+            (a contradicting value is refused).
         weights: optional per-positive frequency weights: their sum is the number of instances that
             standard errors (and bootstraps) assume, so scale them to it (e.g. 1/|T_u| per positive: one
             per user); a total of at most 1 gives stderr inf, flagged ``few_instances``.
@@ -285,7 +228,7 @@ def estimate(
             ``prior`` for ``ls``, ``cls`` and ``bv`` (default uniform), ``rounding`` for ``rank_estimate``
             (default ``"floor"``). None means the default; a value given to a method that does not use it is
             a ValueError (it would otherwise be ignored silently), as is any other option the method does
-            not take (:data:`METHOD_OPTIONS`).
+            not take (its registry entry's options, :data:`METHOD_OPTIONS`).
         max_rel_n_spread: None (every distinct candidate count n gets its own table or likelihood) or s > 0:
             counts are moved onto a geometric grid of n (consecutive nodes within a factor 1 + s), each
             group split between its two neighbouring nodes linearly in 1/(n - 1) (``_rank_hist.pool_by_n``);
@@ -293,16 +236,19 @@ def estimate(
             Flagged ``pooled_n`` when it changed the groups.
         top_shape: the shape assumption of the identified interval (``identification.TopShape``; default:
             density non-increasing over the first max(2 b, 2 K) ranks, no steeper than 1/r over the first b).
-        adaptive: the design when the ranks come from adaptive sampling (``n_samples`` then holds each positive's
-            final m): an :class:`~reco_sampled_plugin.adaptive.AdaptiveDesign` or ``(m, adaptive_max)``. Only
-            ``mes``, ``mle`` and ``none`` take it (the likelihood ignores the stopping rule; fixed-m tables do
-            not); the sizes are checked against the design, ``details["adaptive"]`` reports the cost (mean and
-            largest m per positive, share at the cap, share still first there) and ``cap_reached`` flags a
-            metric that still depends on the top at the cap's resolution.
-        **options: passed to :func:`~reco_sampled_plugin.rank_distribution.estimate_rank_distribution`
-            (``n_bootstrap``, ``tol``, ``max_iter``, ``lam``, ``seed``...) for ``mle``, ``mes``, ``bv_mle``.
-            ``n_bootstrap=0`` skips the bootstrap: the standard error is then the cheap posterior one
-            (``RankDistribution.metric(stderr="posterior")``, ``details["stderr_method"]``).
+        adaptive: the design when bare ranks come from adaptive sampling (``n_samples`` then holds each
+            positive's final m): a :class:`~reco_sampled_plugin.design.SamplingDesign` with ``adaptive_max``,
+            an :class:`~reco_sampled_plugin.design.AdaptiveDesign` or ``(m, adaptive_max)`` (a SampledRanks
+            carries it). Only methods whose registry entry takes adaptive designs (``mes``, ``mle``, ``none``:
+            the likelihood ignores the stopping rule; fixed-m tables do not) accept it; the sizes are checked
+            against the design, ``details["adaptive"]`` reports the cost (mean and largest m per positive, share
+            at the cap, share still first there) and ``cap_reached`` flags a metric that still depends on the
+            top at the cap's resolution.
+        **options: the method's other options (its registry entry): for ``mle``, ``mes``, ``bv_mle`` those of
+            :func:`~reco_sampled_plugin.rank_distribution.estimate_rank_distribution` (``n_bootstrap``, ``tol``,
+            ``max_iter``, ``lam``, ``seed``...). ``n_bootstrap=0`` skips the bootstrap: the standard error is
+            then the cheap posterior one (``RankDistribution.metric(stderr="posterior")``,
+            ``details["stderr_method"]``).
 
     Returns:
         :class:`EstimatorResult` (value, stderr, n_instances, details, flags). Where the metric depends on the
@@ -312,31 +258,38 @@ def estimate(
         method (the sampled metric itself, not an estimate of the global one) keeps its sampling interval.
 
     Raises:
-        ValueError: unknown method, empty histogram, cut-off K above n, invalid sizes, or options that the
-            method does not take.
+        ValueError: unknown method, empty histogram, cut-off K above n, invalid sizes, a design the method does
+            not support, or options that the method does not take.
     """
     spec = parse_metric(metric)
-    if method not in ESTIMATORS:
-        raise ValueError(f"method: unknown estimator {method!r}; use one of {ESTIMATORS}")
+    entry = registry.get(method)
     # every option before any work: an unknown one is named (not a TypeError deep inside), an invalid value
     # (tol=nan, gamma=nan, an unknown sampling law that a mapping would ignore) is a ValueError naming it
-    sampling = check_law(sampling)
-    _refuse_unused(method, {"a": a, "gamma": gamma, "prior": prior, "rounding": rounding})
-    gamma = 0.1 if gamma is None else check_fraction(gamma, "gamma")
-    rounding = "floor" if rounding is None else check_choice(rounding, ("floor", "linear"), "rounding")
+    named = {"a": a, "gamma": gamma, "prior": prior, "rounding": rounding}
+    _refuse_unused(entry, named)
     if options:
-        check_options(options, tuple(k for k in METHOD_OPTIONS[method] if k not in _NAMED_OPTIONS),
-                      f"estimate(method={method!r})")
-    if method in RANK_DISTRIBUTION_METHODS + ("bv_mle",):
-        check_fit_options("mle" if method == "bv_mle" else method, sampling, **options)
-    hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
+        check_options(options, tuple(k for k in entry.option_names if k not in named), f"estimate(method={method!r})")
+    opts = _check_values(entry, {**{o.name: named.get(o.name) for o in entry.options if o.named}, **options})
+    if isinstance(sampled_ranks, SampledRanks):
+        hist, sampling, design = _from_sampled(sampled_ranks, n_items, n_samples, weights, sampling, adaptive, entry)
+        hist = hist.without_empty_groups()
+    else:
+        sampling = check_law("binomial" if sampling is None else sampling)
+        if isinstance(adaptive, SamplingDesign) and adaptive.adaptive_max is None:
+            raise ValueError("adaptive: the design is not adaptive (no adaptive_max)")
+        design = coerce_adaptive(adaptive)
+        hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
+    if entry.fits_distribution:
+        from .rank_distribution import check_fit_options
+
+        fit = {k: v for k, v in options.items() if k in registry.fit_option_names() + ("lam", "beta")}
+        check_fit_options("mle" if entry.family != "rank_distribution" else method, sampling, **fit)
     hist.check_nonempty()
-    design = _design(adaptive)
     if design is not None:
-        if method not in ADAPTIVE_METHODS:
+        if not entry.adaptive:
             raise ValueError(
                 f"method {method!r} assumes one fixed m per positive; adaptive sampling needs a likelihood "
-                f"estimator: one of {ADAPTIVE_METHODS}"
+                f"estimator: one of {registry.names(adaptive=True)}"
             )
         if sampling != "binomial":
             raise ValueError("sampling: adaptive sampling draws with replacement (binomial law)")
@@ -351,38 +304,10 @@ def estimate(
         raise ValueError(
             f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(hist.n_items.min())})"
         )
-    bounds = _metric_bounds(spec, hist)
+    bounds = metric_bounds(spec, hist.n_items)
     if top_shape is not None and not isinstance(top_shape, TopShape):
         raise ValueError(f"top_shape: expected an identification.TopShape, got {type(top_shape).__name__}")
-    ident = Identification(spec, hist, sampling, top_shape) if method != "none" and top_sensitive(spec, hist) else None
-    if method in MAPPING_METHODS:
-        res = mapping_estimate(spec, hist, method=method, a=a)
-        return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds,
-                       ident)
-    if method in RANK_DISTRIBUTION_METHODS:
-        dist = _fitted_distribution(hist, method, sampling, options)
-        res = dist.metric(spec)
-        return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds,
-                       ident)
-    flags: list[str] = list(pool_flag)
-    details: dict = {"method": method, "metric": str(spec)}
-    if method == "bv_mle":
-        dist = _fitted_distribution(hist, "mle", sampling, {"n_bootstrap": 0, **options})
-        flags += [f for f in dist.flags if f in ("not_converged", "pooled_n", "all_at_top") and f not in flags]
-
-        def prior_for_n(n: int, _dist=dist):
-            return _dist.prior(n) if n <= _VECTOR_PRIOR_MAX else _dist.as_prior()
-
-        value, se = _correction(spec, hist, "bv", sampling, gamma, None, rounding, prior_for_n)
-        details.update({"gamma": gamma, "prior": "mle", "mle_iterations": dist.iterations})
-    else:
-        value, se = _correction(spec, hist, method, sampling, gamma, prior, rounding)
-        details.update({"gamma": gamma if method == "bv" else None})
-    resolution = (hist.n_items - 1.0) / (hist.n_samples + 1.0) + 1.0
-    at_top = hist.top_counts > 0  # groups with positives at r~ = 1
-    if spec.k is not None and np.any(spec.k < resolution[at_top]):
-        flags.append("top_unresolved")
-        if hist.all_at_top():
-            flags.append("all_at_top")
-            se = math.inf
-    return _result(value, se, hist.total, details, flags, bounds, ident)
+    ident = Identification(spec, hist, sampling, top_shape) if entry.family != "none" and top_sensitive(spec, hist) else None
+    res = entry.compute_function()(spec, hist, method=method, sampling=sampling, options=opts)
+    return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds,
+                   ident)

@@ -48,8 +48,10 @@ from scipy import optimize, special, stats
 
 from ._checks import check_int
 from ._rank_hist import RankHistogram, as_histogram, interval_mean_metric
-from .adaptive import AdaptiveDesign, adaptive_design, check_adaptive_histogram, stage_event_cdf
+from .adaptive import check_adaptive_histogram, stage_event_cdf
+from .design import AdaptiveDesign, coerce_adaptive
 from .metric_names import MetricSpec, parse_metric
+from .metrics import metric_bounds
 from .sampling_laws import check_law
 
 __all__ = ["TopShape", "IdentifiedInterval", "Identification", "identified_interval", "top_sensitive", "resolution"]
@@ -411,7 +413,7 @@ def identified_interval(
     hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
     hist.check_nonempty()
     hist = hist.without_empty_groups()
-    design = _design(adaptive)
+    design = coerce_adaptive(adaptive)
     if design is not None:
         if law != "binomial":
             raise ValueError("sampling: adaptive sampling draws with replacement (binomial law)")
@@ -448,21 +450,8 @@ def identified_interval(
     return IdentifiedInterval(lo, hi, lp_lo, lp_hi, float(level), flags, details)
 
 
-def _design(adaptive) -> AdaptiveDesign | None:
-    """An AdaptiveDesign from a design, an (m, adaptive_max) pair, or None."""
-    if adaptive is None or isinstance(adaptive, AdaptiveDesign):
-        return adaptive
-    try:
-        m, cap = adaptive
-    except (TypeError, ValueError):
-        raise ValueError(f"adaptive: expected an AdaptiveDesign or (n_samples, adaptive_max), got {adaptive!r}") from None
-    return adaptive_design(m, cap)
-
-
 def _metric_range(spec: MetricSpec, hist: RankHistogram) -> tuple[float, float]:
-    from .estimators import _metric_bounds
-
-    return _metric_bounds(spec, hist)
+    return metric_bounds(spec, hist.n_items)
 
 
 def _top_value(spec: MetricSpec, hist: RankHistogram) -> float:

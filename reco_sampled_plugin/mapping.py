@@ -78,6 +78,11 @@ def _log_beta_g(m: int, a: float) -> np.ndarray:
     return np.logaddexp.accumulate(log_t)
 
 
+def check_beta_shape(a, name: str = "a") -> float:
+    """The Beta shape a as a float (a ValueError naming ``name`` unless finite > 0; None for ``beta`` is refused)."""
+    return _check_a(a, name)
+
+
 def _check_a(a, name: str = "a") -> float:
     if a is None:
         raise ValueError(f"{name}: method 'beta' needs the Beta shape a > 0 (a = 1 is eq. 18; use fit_beta for eq. 19)")
@@ -414,3 +419,10 @@ def dataset_beta(sampled_ranks_by_model: Mapping, n_items=None, n_samples=None, 
         std=float(values.std(ddof=1)) if len(values) > 1 else 0.0,
         fits=fits,
     )
+
+
+def estimate_by_mapping(spec: MetricSpec, hist: RankHistogram, *, method: str, sampling: str,
+                        options: dict) -> MappedEstimate:
+    """The registry's compute function of the mapping family (``registry.py``): :func:`mapping_estimate` on the
+    histogram; the mappings assume no sampling law, so ``sampling`` is not used."""
+    return mapping_estimate(spec, hist, method=method, a=options.get("a"))

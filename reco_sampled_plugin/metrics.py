@@ -18,13 +18,14 @@ r~ in 1..m+1 with ``n = m + 1`` candidates.
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 import torch
 
 from ._checks import check_rank_values, check_ranks_in_range, check_sizes
 from .metric_names import MetricSpec, parse_metric
 
-__all__ = ["metric_values", "metric_curve"]
+__all__ = ["metric_values", "metric_curve", "metric_bounds"]
 
 
 def _metric_from_float_ranks(spec: MetricSpec, r: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
@@ -77,3 +78,19 @@ def metric_curve(metric: str | MetricSpec, n_items: int, device=None) -> torch.T
     n_items = check_sizes(n_items, "n_items", 2 if spec.kind == "auc" else 1, one=True)
     r = torch.arange(1, n_items + 1, dtype=torch.float64, device=device)
     return metric_values(spec, r, n_items)
+
+
+def metric_bounds(spec: MetricSpec, n_items) -> tuple[float, float]:
+    """[min, max] of M(r) over r in 1..n for every candidate count n in ``n_items`` (M is non-increasing in r):
+    the metric's range, within which every interval is clamped."""
+    import numpy as np
+
+    return _bounds_for(spec, tuple(np.unique(np.asarray(n_items)).tolist()))
+
+
+@lru_cache(maxsize=256)
+def _bounds_for(spec: MetricSpec, ns: tuple) -> tuple[float, float]:
+    n_t = torch.tensor(ns, dtype=torch.float64)
+    lo = _metric_from_float_ranks(spec, n_t, n_t).min()
+    hi = _metric_from_float_ranks(spec, torch.ones_like(n_t), n_t).max()
+    return float(lo), float(hi)

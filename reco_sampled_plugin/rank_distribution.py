@@ -44,6 +44,8 @@ factor that does not depend on R, so the estimators simply take the per-positive
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
 
@@ -79,7 +81,25 @@ __all__ = [
     "adaptive_sampled_ranks_from_exact",
 ]
 
-RANK_DISTRIBUTION_METHODS = ("mle", "mes")
+def __getattr__(name: str):
+    # a live view of the registry: the rank-distribution methods (an estimator registered later appears)
+    if name == "RANK_DISTRIBUTION_METHODS":
+        from . import registry
+
+        return registry.names(family="rank_distribution")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _entry(method: str):
+    """The registry entry of a rank-distribution method (a ValueError naming ``method`` otherwise)."""
+    from . import registry
+
+    methods = registry.names(family="rank_distribution")
+    if method not in methods:
+        raise ValueError(f"method: unknown rank-distribution method {method!r}; use one of {methods}")
+    return registry.get(method)
+
+
 _LIK_FLOOR = 1e-16
 _PROB_FLOOR = 1e-250  # smallest mixture probability the MES objective takes the log of (ratios stay < 1e256)
 # MES entropy weight per positive: lam = MES_LAMBDA / M (see the module docstring)
@@ -491,8 +511,7 @@ def check_fit_options(method: str, sampling="binomial", *, tol=1e-7, max_iter=50
     """Validate the options of :func:`estimate_rank_distribution` before any work (a NaN ``tol`` would keep
     the EM running to ``max_iter``, a ``delta`` of 0 would give one cell per rank): a ValueError naming the
     option; returns them normalised (``sampling`` as its canonical law name)."""
-    if method not in RANK_DISTRIBUTION_METHODS:
-        raise ValueError(f"method: unknown rank-distribution method {method!r}; use one of {RANK_DISTRIBUTION_METHODS}")
+    takes = _entry(method).option_names
     out = {
         "sampling": check_law(sampling),
         "tol": check_positive_float(tol, "tol"),
@@ -501,24 +520,30 @@ def check_fit_options(method: str, sampling="binomial", *, tol=1e-7, max_iter=50
         "max_groups": check_count(max_groups, "max_groups", 1),
         "delta": check_positive_float(delta, "delta"),
         "kappa": check_positive_float(kappa, "kappa"),
-        "beta": _check_beta(beta, method),
+        "beta": _check_beta(beta, method, takes),
         "n_bootstrap": None if n_bootstrap is None else check_count(n_bootstrap, "n_bootstrap", 0),
         "seed": check_seed(seed, "seed"),
         "trace": check_bool(trace, "trace"),
     }
     if lam is not None:
-        if method != "mes":
+        if "lam" not in takes:
             raise ValueError(f"lam: only the 'mes' method takes an entropy weight, got method {method!r}")
         out["lam"] = check_nonnegative_float(lam, "lam")
     return out
 
 
-def _check_beta(beta, method: str) -> float:
+def check_base_measure(beta) -> float:
+    """The exponent of MES' base measure r^-beta: a number in [0, 2] (a ValueError naming ``beta`` otherwise)."""
     if not (isinstance(beta, (int, float)) and not isinstance(beta, bool) and math.isfinite(beta) and 0 <= beta <= 2):
         raise ValueError(f"beta: must be a number in [0, 2], got {beta!r}")
-    if beta and method != "mes":
-        raise ValueError(f"beta: only the 'mes' method takes a base measure, got method {method!r}")
     return float(beta)
+
+
+def _check_beta(beta, method: str, takes: tuple) -> float:
+    beta = check_base_measure(beta)
+    if beta and "beta" not in takes:
+        raise ValueError(f"beta: only the 'mes' method takes a base measure, got method {method!r}")
+    return beta
 
 
 def _reference_measure(edges: np.ndarray, beta: float) -> np.ndarray:
@@ -587,6 +612,66 @@ def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol
         options={"maxiter": max_iter, "ftol": tol, "gtol": 1e-12, "maxcor": 20},
     )
     return unpack(res.x), res, values
+
+
+# ------------------------------------------------------------------------------------------ fitters
+class EMFitter:
+    """``mle``: the NPMLE on the grid by EM (SQUAREM-accelerated), stopped by ``tol`` per positive.
+
+    Bootstrap replicates repeat the whole procedure from the same uniform start and stopping rule: the EM stops
+    well before the NPMLE (which overfits), so its result depends on where it starts, and replicates
+    warm-started at the fit would stop at once and understate the spread."""
+
+    default_bootstrap = 32
+
+    def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict):
+        """(pi, iterations, converged, objective trace, details) of one histogram's counts."""
+        pi, iters, converged, lls = _em(model, pi0, counts, opts["tol"], opts["max_iter"], opts["trace"])
+        return pi, iters, converged, tuple(float(v) for v in lls), {}
+
+    def fit_batch(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict):
+        """(pi (B, K), iterations (B,), converged (B,), details per histogram) of B histograms' counts."""
+        pi, steps, conv, _ = _em_batched(model, pi0, counts, opts["tol"], opts["max_iter"])
+        return pi, steps, conv, [{} for _ in range(len(counts))]
+
+    def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, opts: dict, details: dict):
+        start = np.broadcast_to(pi0, (len(draws), len(pi)))
+        return _em(model, start, draws, opts["tol"], opts["max_iter"])[0]
+
+
+class MESFitter:
+    """``mes``: log-likelihood per positive plus ``lam`` times the entropy (relative to r^-beta), maximised by
+    L-BFGS-B from a short EM warm start. Bootstrap replicates are fitted one by one, warm-started at the fit: a
+    joint run over the stacked replicates stops when the summed objective settles, with the replicates still near
+    the warm start (bootstrap spread 1.5-2.7x too small, measured)."""
+
+    default_bootstrap = 16
+
+    def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict):
+        lam = float(_mes_lambda(counts.sum(), opts["lam"]))
+        start = _mes_start(model, pi0, counts)
+        pi, res, values = _mes_fit(model, counts, lam, start, opts["tol"], opts["max_iter"], opts["trace"],
+                                   opts["beta"])
+        return pi, int(res.nit), bool(res.success), tuple(float(v) for v in values), {"lam": lam}
+
+    def fit_batch(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict):
+        lam = _mes_lambda(counts.sum(axis=1), opts["lam"])
+        start = _mes_start(model, pi0, counts)
+        fits = [_mes_fit(model, counts[b], float(lam[b]), start[b], opts["tol"], opts["max_iter"], beta=opts["beta"])
+                for b in range(len(counts))]
+        pi = np.stack([f[0] for f in fits])
+        iters = np.array([int(f[1].nit) for f in fits])
+        conv = np.array([bool(f[1].success) for f in fits])
+        return pi, iters, conv, [{"lam": float(lam[b])} for b in range(len(counts))]
+
+    def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, opts: dict, details: dict):
+        return np.stack([_mes_fit(model, draws[b], details["lam"], pi, opts["tol"], opts["max_iter"],
+                                  beta=opts["beta"])[0] for b in range(len(draws))])
+
+
+#: the fitters the registry's rank-distribution entries name (``registry.Estimator.fitter``)
+EM_FITTER = EMFitter()
+MES_FITTER = MESFitter()
 
 
 # ------------------------------------------------------------------------------------------ results
@@ -873,38 +958,20 @@ def estimate_rank_distribution(
         flags.append("pooled_n")
     if hist.all_at_top():
         flags.append("all_at_top")
-    if method == "mle":
-        pi, iters, converged, lls = _em(model, pi0, model.counts, tol, max_iter, trace)
-        traced = tuple(float(v) for v in lls)
-    else:
-        lam_used = float(_mes_lambda(model.counts.sum(), lam))
-        start = _mes_start(model, pi0, model.counts)
-        pi, res, values = _mes_fit(model, model.counts, lam_used, start, tol, max_iter, trace, beta)
-        iters, converged = int(res.nit), bool(res.success)
-        traced = tuple(float(v) for v in values)
+    fitter = _entry(method).fitter_object()
+    pi, iters, converged, traced, fit_details = fitter.fit(model, pi0, model.counts, opts)
     if not converged:
         flags.append("not_converged")
-    B = (32 if method == "mle" else 16) if n_bootstrap is None else n_bootstrap
+    B = fitter.default_bootstrap if n_bootstrap is None else n_bootstrap
     boot = np.zeros((0, len(pi)))
     flat = model.counts
     total = flat.sum()
     if B > 0 and round(total) >= 2:  # a bootstrap of fewer than 2 instances has no spread (stderr inf)
         rng = np.random.default_rng(seed)
         draws = rng.multinomial(int(round(total)), flat / total, size=B).astype(np.float64)
-        if method == "mle":
-            # each replicate repeats the whole procedure from the same uniform start and stopping rule:
-            # the EM stops well before the NPMLE (which overfits), so its result depends on where it starts,
-            # and replicates warm-started at the fit would stop at once and understate the spread
-            start = np.broadcast_to(pi0, (B, len(pi)))
-            boot, _, _, _ = _em(model, start, draws, tol, max_iter)
-        else:
-            # one by one: a joint L-BFGS-B run over the stacked replicates stops when the summed objective
-            # settles, with the replicates still near the warm start (bootstrap spread 1.5-2.7x too small, measured)
-            boot = np.stack([_mes_fit(model, draws[b], lam_used, pi, tol, max_iter, beta=beta)[0] for b in range(B)])
+        boot = fitter.bootstrap(model, draws, pi, pi0, opts, fit_details)
     pooled_hist = RankHistogram(model.n, model.m, model.group_counts(model.counts))
-    details = {"sampling": check_law(sampling), "n_cells": len(pi)}
-    if method == "mes":
-        details["lam"] = lam_used
+    details = {"sampling": check_law(sampling), "n_cells": len(pi), **fit_details}
     return RankDistribution(
         edges=model.edges,
         probs=pi,
@@ -966,18 +1033,7 @@ def estimate_rank_distributions(
     counts = np.stack([_flat_counts(model, p) for p, _ in pooled])  # (B, K) on the union of occupied columns
     widths = model.widths
     pi0 = np.broadcast_to(widths / widths.sum(), (len(hists), len(widths)))
-    total = counts.sum(axis=1)
-    if method == "mle":
-        pi, steps, conv, _ = _em_batched(model, pi0, counts, tol, max_iter)
-        iters, lam_used = steps, None
-    else:  # one L-BFGS-B run per histogram on the shared (sparse) likelihood
-        lam_used = _mes_lambda(total, lam)
-        start = _mes_start(model, pi0, counts)
-        fits = [_mes_fit(model, counts[b], float(lam_used[b]), start[b], tol, max_iter, beta=beta)
-                for b in range(len(hists))]
-        pi = np.stack([f[0] for f in fits])
-        iters = np.array([int(f[1].nit) for f in fits])
-        conv = np.array([bool(f[1].success) for f in fits])
+    pi, iters, conv, fit_details = _entry(method).fitter_object().fit_batch(model, pi0, counts, opts)
     lls = _loglik(model, pi, counts)
     out = []
     for b, (h, (p, was_pooled)) in enumerate(zip(hists, pooled)):
@@ -985,9 +1041,7 @@ def estimate_rank_distributions(
         if not conv[b]:
             flags.append("not_converged")
         pooled_hist = RankHistogram(model.n, model.m, model.group_counts(counts[b]))
-        details = {"sampling": law, "n_cells": len(widths), "batched": len(hists)}
-        if lam_used is not None:
-            details["lam"] = float(lam_used[b])
+        details = {"sampling": law, "n_cells": len(widths), "batched": len(hists), **fit_details[b]}
         out.append(RankDistribution(
             edges=model.edges, probs=pi[b], method=method, loglik=float(lls[b]), iterations=int(iters[b]),
             converged=bool(conv[b]), bootstrap=np.zeros((0, len(widths))), histogram=pooled_hist,
@@ -1010,3 +1064,40 @@ def simulate_sampled_ranks(
     r = torch.as_tensor(exact_ranks)
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
     return draw_sampled_ranks(r, n_items, n_samples, sampling, repeats=1, seed=seed)[0].to(r.device)
+
+
+# --------------------------------------------------------------------------- the registry's compute function
+# fitted rank distributions of the last few (histogram, method, options): estimating several metrics from one
+# evaluation's histogram fits once (the fit, with its bootstrap, dominates their cost)
+#: the cache itself (``clear()`` it to refit, e.g. when a trained model changes between evaluations)
+FIT_CACHE: OrderedDict = OrderedDict()
+_FITS_MAX = 8
+_FITS_LOCK = threading.Lock()
+
+
+def fitted_distribution(hist: RankHistogram, method: str, sampling: str, options: dict) -> RankDistribution:
+    """:func:`estimate_rank_distribution` of ``hist``, reused while the same histogram (same groups and
+    counts), method, law and options come back; options that cannot be hashed are fitted every time."""
+    try:
+        key = (hist.n_items.tobytes(), hist.n_samples.tobytes(), hist.flat_counts.tobytes(), method, sampling,
+               tuple(sorted(options.items())))
+        hash(key)
+    except TypeError:
+        return estimate_rank_distribution(hist, method=method, sampling=sampling, **options)
+    with _FITS_LOCK:
+        dist = FIT_CACHE.get(key)
+        if dist is not None:
+            FIT_CACHE.move_to_end(key)
+            return dist
+    dist = estimate_rank_distribution(hist, method=method, sampling=sampling, **options)
+    with _FITS_LOCK:
+        FIT_CACHE[key] = dist
+        while len(FIT_CACHE) > _FITS_MAX:
+            FIT_CACHE.popitem(last=False)
+    return dist
+
+
+def estimate_by_fit(spec, hist: RankHistogram, *, method: str, sampling: str, options: dict) -> DistributionEstimate:
+    """The registry's compute function of the rank-distribution family: the fitted distribution's (cached)
+    expectation of the metric, with its bootstrap (or posterior) standard error."""
+    return fitted_distribution(hist, method, sampling, options).metric(spec)

@@ -19,6 +19,7 @@ Tie policies (for items with exactly equal scores):
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -26,6 +27,7 @@ import torch
 from ._checks import MAX_SAMPLES, MAX_SIZE, check_int, check_not_meta, check_same_device, check_sizes, check_weights
 from ._inputs import (Check, _score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
                       pending_index, run_checks, sparse_masks)
+from .design import SamplingDesign, as_design
 from .counting import _finite_rows, count_beating, count_beating_checked, count_tied_before, item_keys
 
 __all__ = [
@@ -303,19 +305,71 @@ def _exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator
     return torch.where(pos_valid, ranks, torch.zeros_like(ranks)), finite
 
 
-class SampledRanks(NamedTuple):
-    """Result of :func:`sampled_ranks`.
+@dataclass(frozen=True, eq=False)
+class SampledRanks:
+    """Sampled ranks together with what an estimator needs to read them: the draw's design and sizes.
 
-    ranks: (B, P) sampled ranks r~ in 1..m+1 (0 in padded slots).
-    n_candidates: (B,) int64, n = the irrelevant items each draw could come from, plus the relevant
-        item itself (catalogue minus excluded items minus the row's positives, plus 1; a row without a
-        positive: its irrelevant items).
-    negatives: (B, P, m) int64 indices of the drawn irrelevant items (-1 in padded slots).
+    ranks: (B, P) sampled ranks r~ in 1..m+1 (0 in padded slots; float64 for ``ties="average"``), or any shape
+        for ranks simulated from exact ranks.
+    n_candidates: n, the irrelevant items each draw could come from plus the relevant item itself: (B,) per
+        row from :func:`sampled_ranks` (catalogue minus excluded items minus the row's positives, plus 1; a row
+        without a positive: its irrelevant items), or per positive (shaped like ``ranks``).
+    negatives: (B, P, m) int64 indices of the drawn irrelevant items (-1 in padded slots), or None where
+        no item indices exist (ranks simulated from exact ranks, adaptive draws).
+    design: the :class:`~reco_sampled_plugin.design.SamplingDesign` of the draw (pre-drawn ``negatives``:
+        uniform with replacement unless the caller passed a design).
+    n_samples: per-positive final sample sizes of an adaptive draw (int64, shaped like ``ranks``, 0 in padded
+        slots); None for a fixed m (``design.n_samples``).
+
+    ``estimate(metric, sampled)`` takes it alone. For compatibility it unpacks like the tuples the draws
+    returned before the design object: ``ranks, n_candidates, negatives = sampled_ranks(...)`` for a fixed m,
+    ``ranks, sizes = adaptive_sampled_ranks(...)`` for an adaptive design.
     """
 
     ranks: torch.Tensor
     n_candidates: torch.Tensor
-    negatives: torch.Tensor
+    negatives: torch.Tensor | None = None
+    design: SamplingDesign | None = None
+    n_samples: torch.Tensor | None = None
+
+    def _legacy(self) -> tuple:
+        if self.n_samples is not None:
+            return (self.ranks, self.n_samples)
+        return (self.ranks, self.n_candidates, self.negatives)
+
+    def __iter__(self):
+        return iter(self._legacy())
+
+    def __getitem__(self, i):
+        return self._legacy()[i]
+
+    def __len__(self) -> int:
+        return len(self._legacy())
+
+    def sizes(self) -> torch.Tensor | int:
+        """m per positive: the adaptive sizes, else the design's m."""
+        if self.n_samples is not None:
+            return self.n_samples
+        if self.design is None:
+            raise ValueError("sampled: these ranks carry no design; pass n_samples (m)")
+        return self.design.n_samples
+
+    def candidates(self) -> torch.Tensor:
+        """n per positive, shaped like ``ranks`` (a per-row n broadcast over the row's positives)."""
+        n = self.n_candidates
+        r = self.ranks
+        if n.shape == r.shape:
+            return n
+        if r.dim() == 2 and n.dim() == 1 and n.shape[0] == r.shape[0]:
+            return n.unsqueeze(1).expand(r.shape)
+        return n.expand(r.shape)
+
+    def histogram(self, weights=None):
+        """The :class:`~reco_sampled_plugin._rank_hist.RankHistogram` of these ranks (padding dropped), with
+        per-positive n and m; ``weights`` as in :func:`~reco_sampled_plugin.estimators.estimate`."""
+        from ._rank_hist import sampled_rank_histogram
+
+        return sampled_rank_histogram(self.ranks, self.candidates(), self.sizes(), weights)
 
 
 def forbidden_sorted(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int) -> torch.Tensor:
@@ -572,7 +626,7 @@ def _draw_popularity(forb, n_items, p, m, replacement, w, generator, device) -> 
 def sampled_ranks(
     scores: torch.Tensor,
     positives: torch.Tensor,
-    n_samples: int | None = None,
+    n_samples: int | SamplingDesign | None = None,
     exclude: torch.Tensor | None = None,
     replacement: bool = True,
     popularity: torch.Tensor | None = None,
@@ -592,19 +646,28 @@ def sampled_ranks(
     Args:
         scores: (B, n) scores.
         positives: (B, n) bool mask, (B, P) int64 padded with -1, or (B,).
-        n_samples: m, the number of irrelevant items per positive (inferred from ``negatives``).
+        n_samples: m, the number of irrelevant items per positive (inferred from ``negatives``), or a fixed-m
+            :class:`~reco_sampled_plugin.design.SamplingDesign` (then ``replacement`` and ``popularity`` stay at
+            their defaults; adaptive designs draw in stages: :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks`).
         exclude: items never drawn and never ranked (training items), same forms as positives.
-        replacement: draw with replacement (default) or without.
-        popularity: optional (n,) non-negative weights for popularity-weighted draws.
+        replacement: draw with replacement (default) or without (an int ``n_samples`` only).
+        popularity: optional (n,) non-negative weights for popularity-weighted draws (an int ``n_samples`` only).
         generator: a ``torch.Generator`` for reproducible draws (and random tie-breaking).
         negatives: pre-drawn irrelevant items instead of drawing: (B, m) shared by the row's
             positives (NCF-style files with 99 negatives per user) or (B, P, m).
         ties: tie policy as in :func:`exact_ranks`.
 
     Returns:
-        :class:`SampledRanks` (ranks, n_candidates, negatives).
+        :class:`SampledRanks` (ranks, n_candidates, negatives, and the draw's design).
     """
     _check_ties(ties)
+    design = None
+    if isinstance(n_samples, SamplingDesign):
+        design = as_design(n_samples, replacement=replacement, popularity=popularity)  # loose keywords refused
+        if design.adaptive_max is not None:
+            raise ValueError("n_samples: an adaptive design draws in stages; call adaptive_sampled_ranks(scores, "
+                             "positives, design)")
+        n_samples, replacement, popularity = design.n_samples, design.replacement, design.popularity
     scores, pos, exc = _prepare(scores, positives, exclude, check_finite)
     b, n = scores.shape
     p = pos.shape[1]
@@ -673,4 +736,7 @@ def sampled_ranks(
     ranks = torch.where(pos_valid, ranks, torch.zeros_like(ranks))
     neg = torch.where(pos_valid.unsqueeze(2), neg, torch.full_like(neg, -1))
     n_cand = candidate_counts(n, pos, exc, count_other_positives=False)
-    return SampledRanks(ranks, n_cand, neg)
+    if design is None:  # built from validated parts, without a second validation (no extra host sync)
+        design = SamplingDesign.trusted(m, replacement=bool(replacement) if negatives is None else True,
+                                        popularity=popularity if negatives is None else None)
+    return SampledRanks(ranks, n_cand, neg, design)
