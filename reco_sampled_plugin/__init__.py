@@ -1,65 +1,214 @@
-"""reco_sampled_plugin: exact, sampled and corrected ranking metrics for recommenders, on torch.
+"""
+==================================================================================================
+Ranking metrics for recommenders evaluated on sampled items (:mod:`reco_sampled_plugin`)
+==================================================================================================
 
-One flow: scores (B x n, any device) -> exact or sampled ranks per relevant item -> the histogram
-of sampled ranks -> an estimator (a correction table, a mapping, a rank-distribution fit) ->
-an :class:`Estimate` (value, stderr, details, flags). Ranks are 1-based; n counts the candidates
-of an instance (the relevant item included), m the sampled irrelevant items.
+.. currentmodule:: reco_sampled_plugin
+
+One flow: scores (B x n, any device) -> exact or sampled ranks per relevant item -> the histogram of sampled
+ranks -> an estimator (a correction table, a mapping, a rank-distribution fit) -> an :class:`Estimate` (value,
+stderr, details, flags, an honest interval). Ranks are 1-based; n counts the candidates of an instance (the
+relevant item included), m the sampled irrelevant items. The layers and the rules that keep them apart:
+docs/architecture.md. ``import reco_sampled_plugin as rsp`` imports torch, numpy and scipy only.
+
+Ranks
+=====
+
+.. autosummary::
+   :toctree: generated/
+
+   exact_ranks -- exact rank of every relevant item among its candidates (scores of any device)
+   exact_ranks_from_factors -- exact ranks from user and item factors, without the full score matrix
+   sampled_ranks -- ranks among m drawn irrelevant items (a SamplingDesign or an int m)
+   SampledRanks -- sampled ranks with their candidate counts, negatives and design
+   candidate_counts -- candidates per row: items minus the excluded ones
+   adaptive_sampled_ranks -- adaptive sampling from scores: positives still first draw again
+   adaptive_sampled_ranks_from_exact -- adaptive sampling simulated from exact ranks
+   simulate_sampled_ranks -- sampled ranks drawn from exact ranks under the sampling law
+   draw_sampled_ranks -- many independent draws of sampled ranks (simulation studies)
+   RankHistogram -- the histogram of sampled ranks by (n, m): everything an estimator needs
+   sampled_rank_histogram -- the histogram of sampled ranks (additive over batches and processes)
+
+Metrics
+=======
+
+.. autosummary::
+   :toctree: generated/
+
+   MetricSpec -- a parsed metric name (kind and cut-off)
+   parse_metric -- ``"ndcg@10"`` -> MetricSpec
+   metric_values -- M(r) at given ranks
+   metric_curve -- the whole table M(1), ..., M(n)
+   per_user_metrics -- per-user metrics straight from a score batch
+   per_user_metrics_from_factors -- per-user metrics straight from user and item factors
+   user_metric_values -- one metric per user from the exact ranks of that user's relevant items
+   mean_metrics -- means over users with a defined value
+   DEFAULT_METRICS -- the metrics reported when none are named
+
+Sampling designs
+================
+
+.. autosummary::
+   :toctree: generated/
+
+   SamplingDesign -- how the m irrelevant items are drawn, validated once
+   as_design -- the one coercion: int m, (m, cap) or a design -> SamplingDesign
+   AdaptiveDesign -- start m and cap of adaptive sampling (its stages)
+   expected_sampled -- E[M(r~) | r]: the expected sampled metric at each exact rank
+   sampled_rank_pmf -- P(r~ = i | r), the sampling law
+   log_sampled_rank_pmf -- log P(r~ = i | r)
+
+Estimators
+==========
+
+.. autosummary::
+   :toctree: generated/
+
+   estimate -- the full-catalogue metric from sampled ranks, with a standard error (any registered method)
+   Estimate -- value, stderr, n_instances, details, flags and interval()
+   registry -- the estimator table: every list of methods is a view of it
+   Estimator -- one registry entry (family, options, designs supported, summary)
+   register -- add an estimator: every entry point offers it from then on
+   DEFAULT_ESTIMATOR -- the method of estimate() when none is named
+   ESTIMATORS -- the registered methods (a live view of the registry)
+   METHODS -- the correction-table methods (a live view of the registry)
+   correction_table -- the m + 1 corrected values of one (metric, n, m, method)
+   expected_corrected -- E[M^(r~) | r] of a correction table
+   table_bias -- the prior-weighted squared bias of a table
+   clear_correction_cache -- empty the cache of correction tables
+   corrected_metric -- the corrected sampled metric with its standard error
+   corrected_values -- per-instance corrected values
+   mapping -- Li et al.'s global location f(k) of a sampled cut-off
+   fit_beta -- the algorithm-specific Beta shape a (Li et al.'s eq. 19)
+   BetaFit -- the fitted shape
+   mapping_estimate -- a global metric by mapping sampled ranks onto exact ones
+   mapped_points -- the mapped points (f(k), SHR@k)
+   sampled_hit_rate_curve -- SHR@k with its binomial standard error
+   dataset_beta -- the Beta fit summarised over several recommenders
+   estimate_rank_distribution -- the distribution of exact ranks fitted by likelihood (mle, mes)
+   RankDistribution -- a fitted rank distribution (pmf, cdf, prior, metric)
+   Prior -- the prior interface of the corrections
+   UniformPrior -- uniform over the ranks
+   BetaPrior -- a Beta(a, 1) prior over relative ranks
+   VectorPrior -- an explicit vector over ranks
+   CallablePrior -- a prior given as a function of the rank
+   fit_beta_prior -- a Beta prior fitted to sampled ranks
+   empirical_prior -- a smoothed histogram of exact ranks as a prior
+
+Intervals
+=========
+
+.. autosummary::
+   :toctree: generated/
+
+   identified_interval -- every value the data allow when the top is unresolved
+   IdentifiedInterval -- the bounds of a metric over the rank distributions consistent with the data
+   TopShape -- the shape assumption inside the first sampled bin
+   paired_difference -- the difference of two models on the same instances, with its stderr
+
+Evaluation
+==========
+
+.. autosummary::
+   :toctree: generated/
+
+   evaluate_factors -- per-user ranking metrics of a factor model (exact, or sampled with estimates)
+   FactorEvaluation -- its result when sampling (per-user values and the estimates)
+   ordering_agreement -- how often a corrected metric orders two models as the exact one does
+   consistency_report -- Krichene & Rendle's tables 3 and 4 for your recommenders
+
+Planning
+========
+
+.. autosummary::
+   :toctree: generated/
+
+   AdaptiveCost -- what an adaptive design spends (mean and largest m, share at the cap)
+   adaptive_cost -- the AdaptiveCost of a histogram of adaptive ranks
+
+The planner itself (which design to run) is ``reco_sampled_plugin.planner.plan`` and ``reco-sampled plan``.
+
+Data and splits
+===============
+
+.. autosummary::
+   :toctree: generated/
+
+   split_train_test -- a train/test split of interactions (as recometrics splits)
+   leave_last_out_split -- hold out each user's latest interaction
+
+Entry points outside this namespace
+===================================
+
+``reco_sampled_plugin.adapters`` (RecBole metrics, the Lightning callback, torchmetrics Metric classes: they
+import their framework), ``reco_sampled_plugin.cli`` (``reco-sampled``), ``reco_sampled_plugin.planner``,
+``reco_sampled_plugin.datasets`` and ``reco_sampled_plugin.baselines``.
 """
 
+from . import registry
 from ._rank_hist import RankHistogram, sampled_rank_histogram
-from .adaptive import AdaptiveCost, AdaptiveDesign, adaptive_cost
+from .adaptive import AdaptiveCost, AdaptiveDesign, adaptive_cost, adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact
 from .consistency import consistency_report, ordering_agreement
-from .corrections import METHODS, clear_correction_cache, correction_table, expected_corrected, table_bias
+from .corrections import clear_correction_cache, correction_table, expected_corrected, table_bias
+from .design import SamplingDesign, as_design
 from .estimate import Estimate
-from .estimators import ESTIMATORS, estimate
+from .estimators import estimate
+from .factor_ranks import exact_ranks_from_factors
 from .factors import FactorEvaluation, evaluate_factors
 from .identification import IdentifiedInterval, TopShape, identified_interval
-from .mapping import (
-    BetaFit,
-    dataset_beta,
-    fit_beta,
-    mapped_points,
-    mapping,
-    mapping_estimate,
-    sampled_hit_rate_curve,
-)
+from .mapping import BetaFit, dataset_beta, fit_beta, mapped_points, mapping, mapping_estimate, sampled_hit_rate_curve
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_curve, metric_values
 from .priors import BetaPrior, CallablePrior, Prior, UniformPrior, VectorPrior, empirical_prior, fit_beta_prior
-from .adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact
 from .rank_distribution import RankDistribution, estimate_rank_distribution, simulate_sampled_ranks
 from .ranking import SampledRanks, candidate_counts, exact_ranks, sampled_ranks
+from .registry import DEFAULT_ESTIMATOR, Estimator, register
 from .sampling_laws import expected_sampled, log_sampled_rank_pmf, sampled_rank_pmf
 from .simulate import draw_sampled_ranks
 from .splits import leave_last_out_split, split_train_test
 from .uncertainty import corrected_metric, corrected_values, paired_difference
-from .factor_ranks import exact_ranks_from_factors
 from .user_metrics import DEFAULT_METRICS, mean_metrics, per_user_metrics, per_user_metrics_from_factors, user_metric_values
 
 __version__ = "0.1.0"
 
 __all__ = [
-    # ranks and the metric catalogue (issue 2)
-    "MetricSpec",
-    "parse_metric",
-    "metric_values",
-    "metric_curve",
+    # ranks
     "exact_ranks",
     "exact_ranks_from_factors",
     "sampled_ranks",
     "SampledRanks",
     "candidate_counts",
+    "adaptive_sampled_ranks",
+    "adaptive_sampled_ranks_from_exact",
+    "simulate_sampled_ranks",
+    "draw_sampled_ranks",
+    "RankHistogram",
+    "sampled_rank_histogram",
+    # metrics
+    "MetricSpec",
+    "parse_metric",
+    "metric_values",
+    "metric_curve",
     "per_user_metrics",
     "per_user_metrics_from_factors",
     "user_metric_values",
     "mean_metrics",
     "DEFAULT_METRICS",
+    # sampling designs
+    "SamplingDesign",
+    "as_design",
+    "AdaptiveDesign",
     "expected_sampled",
     "sampled_rank_pmf",
     "log_sampled_rank_pmf",
-    "draw_sampled_ranks",
-    # corrections and uncertainty (issue 3)
+    # estimators
+    "estimate",
     "Estimate",
+    "registry",
+    "Estimator",
+    "register",
+    "DEFAULT_ESTIMATOR",
+    "ESTIMATORS",
     "METHODS",
     "correction_table",
     "expected_corrected",
@@ -67,19 +216,6 @@ __all__ = [
     "clear_correction_cache",
     "corrected_metric",
     "corrected_values",
-    "paired_difference",
-    "ordering_agreement",
-    "consistency_report",
-    "Prior",
-    "UniformPrior",
-    "BetaPrior",
-    "VectorPrior",
-    "CallablePrior",
-    "fit_beta_prior",
-    "empirical_prior",
-    # mapping and rank-distribution estimators (issue 4)
-    "ESTIMATORS",
-    "estimate",
     "mapping",
     "fit_beta",
     "BetaFit",
@@ -89,22 +225,44 @@ __all__ = [
     "dataset_beta",
     "estimate_rank_distribution",
     "RankDistribution",
-    "adaptive_sampled_ranks",
-    "adaptive_sampled_ranks_from_exact",
-    "simulate_sampled_ranks",
-    "RankHistogram",
-    "sampled_rank_histogram",
-    # honest intervals where the top is unresolved (issue 16)
-    "TopShape",
+    "Prior",
+    "UniformPrior",
+    "BetaPrior",
+    "VectorPrior",
+    "CallablePrior",
+    "fit_beta_prior",
+    "empirical_prior",
+    # intervals
     "identified_interval",
     "IdentifiedInterval",
-    # adaptive sampling everywhere (issue 17)
-    "AdaptiveDesign",
-    "AdaptiveCost",
-    "adaptive_cost",
-    # recometrics parity (issue 8)
+    "TopShape",
+    "paired_difference",
+    # evaluation
     "evaluate_factors",
     "FactorEvaluation",
+    "ordering_agreement",
+    "consistency_report",
+    # planning
+    "AdaptiveCost",
+    "adaptive_cost",
+    # data and splits
     "split_train_test",
     "leave_last_out_split",
 ]
+
+# Views of the estimator registry, computed on each access (PEP 562): a method registered later appears in them.
+_REGISTRY_VIEWS = {
+    "ESTIMATORS": lambda: registry.names(),
+    "METHODS": lambda: registry.names(family=("none", "correction"), fits_distribution=False),
+}
+
+
+def __getattr__(name: str):
+    view = _REGISTRY_VIEWS.get(name)
+    if view is not None:
+        return view()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_REGISTRY_VIEWS))
