@@ -270,6 +270,8 @@ def estimate(
     if options:
         check_options(options, tuple(k for k in entry.option_names if k not in named), f"estimate(method={method!r})")
     opts = _check_values(entry, {**{o.name: named.get(o.name) for o in entry.options if o.named}, **options})
+    # the registry's defaults of options not given (None defaults stay with the compute function)
+    opts.update({o.name: o.default for o in entry.options if o.name not in opts and o.default is not None})
     if isinstance(sampled_ranks, SampledRanks):
         hist, sampling, design = _from_sampled(sampled_ranks, n_items, n_samples, weights, sampling, adaptive, entry)
         hist = hist.without_empty_groups()

@@ -188,7 +188,13 @@ def as_prior(prior, n_items: int | None = None) -> Prior:
     elif callable(prior):
         result = CallablePrior(prior)
     else:
-        result = VectorPrior(prior)
+        try:
+            result = VectorPrior(prior)
+        except (TypeError, ValueError) as exc:
+            if str(exc).startswith("prior"):
+                raise
+            raise ValueError(f"prior: expected 'uniform', ('beta', a), a vector of probabilities over ranks, a "
+                             f"callable or a Prior, got {type(prior).__name__}") from None
     if n_items is not None and isinstance(result, VectorPrior) and result.p.size != n_items:
         raise ValueError(f"prior: vector has length {result.p.size} but n_items = {n_items}")
     return result

@@ -225,7 +225,6 @@ def test_adaptive_design_new_path():
     assert AdaptiveDesign(10, 40).cap == 40
 
 
-@pytest.mark.xfail(strict=False, reason="lands with the hygiene branch")
 def test_adaptive_design_is_one_class():
     """adaptive.py re-exports design.py's AdaptiveDesign (one class, whichever path a user imports)."""
     from reco_sampled_plugin.adaptive import AdaptiveDesign as old

@@ -203,12 +203,13 @@ def test_dispatcher_every_method(data):
 def test_several_metrics_from_one_histogram_fit_once(data, monkeypatch, method):
     """estimate() keeps the fitted rank distribution of recent (histogram, method, options): a second metric
     of the same histogram reuses it, with the values of a fresh fit; other counts or options refit."""
-    from reco_sampled_plugin import estimators
+    from reco_sampled_plugin import estimators, rank_distribution  # the fit cache lives in rank_distribution
 
     hist = sampled_rank_histogram(data[1][:3000], N, M)
     fits = []
-    real = estimators.estimate_rank_distribution
-    monkeypatch.setattr(estimators, "estimate_rank_distribution", lambda *a, **k: fits.append(1) or real(*a, **k))
+    real = rank_distribution.estimate_rank_distribution
+    monkeypatch.setattr(rank_distribution, "estimate_rank_distribution",
+                        lambda *a, **k: fits.append(1) or real(*a, **k))
     estimators._FITS.clear()
     opts = {"n_bootstrap": 4}
     first = [estimate(m, hist, method=method, **opts) for m in ("hit@100", "ndcg@50", "hit@100")]
