@@ -277,6 +277,9 @@ def validate_config(config) -> _Settings | None:
     for phase, mode in modes.items():
         n_draws = _sample_num(mode)
         if n_draws is not None and estimators:
+            if n_draws < 1:  # no sampled item: no sampling design (and nothing to estimate from)
+                raise ValueError(f"eval_args.mode: the {phase} mode {mode!r} samples no items; the plugin's estimated "
+                                 "metrics need N >= 1 sampled items per positive")
             if m is not None and m != n_draws:
                 raise ValueError(f"rsp_m: {m} disagrees with the {phase} mode {mode!r}, which samples {n_draws} items")
             if not replacement:
