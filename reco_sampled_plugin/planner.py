@@ -308,8 +308,8 @@ def _check_design(design, n_min: int, method: str) -> tuple[int, int | None, boo
     if isinstance(design, (AdaptiveDesign, _Adaptive)):
         design = SamplingDesign(design.n_samples, adaptive_max=design.adaptive_max)
     if isinstance(design, SamplingDesign):
-        if design.popularity is not None:
-            raise ValueError(f"designs: the planner simulates uniform draws; {design!r} draws by popularity")
+        if design.law not in ("binomial", "hypergeometric"):  # the simulations are of uniform draws
+            raise ValueError(f"designs: the planner simulates uniform draws; {design!r} has {design.law} draws")
         m, cap, replacement = design.n_samples, design.adaptive_max, design.replacement
     else:
         try:

@@ -98,8 +98,8 @@ def _checked_config(cfg: ReproduceConfig) -> ReproduceConfig:
     if not isinstance(cfg.n_samples, SamplingDesign):
         replacement = _LAWS[cfg.sampling]
     design = as_design(cfg.n_samples, replacement=replacement, adaptive_max=cfg.adaptive_max)
-    if design.popularity is not None:
-        raise ValueError("n_samples: the reproduction simulates uniform draws; a popularity design is not supported")
+    if design.law not in _LAWS:  # the simulations are of uniform draws
+        raise ValueError(f"n_samples: the reproduction simulates uniform draws; {design!r} has {design.law} draws")
     groups = (
         ("methods", cfg.methods, lambda e: e.family in ("none", "correction") and not e.fits_distribution),
         ("mapping_methods", cfg.mapping_methods, lambda e: e.family == "mapping"),

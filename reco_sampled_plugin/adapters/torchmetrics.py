@@ -314,7 +314,7 @@ class SampledRankingMetrics(Metric):
             Default: ``("none", "bv")``.
         estimator_options: per-method keyword arguments, e.g. ``{"bv": {"gamma": 0.1},
             "mle": {"n_bootstrap": 8}, "beta": {"a": 0.5}}``; validated here, key by key, against the options
-            each method takes (``reco_sampled_plugin.estimators.METHOD_OPTIONS``, plus ``max_rel_n_spread`` and
+            each method takes (``reco_sampled_plugin.registry.method_options()``, plus ``max_rel_n_spread`` and
             ``top_shape``): an unknown key or an invalid value (e.g. ``gamma=nan``) is a ValueError naming it.
         replacement: draw with replacement (binomial law, default) or without (hypergeometric).
         seed: key of the negative draws (same seed, same instance id -> same negatives).
@@ -365,9 +365,9 @@ class SampledRankingMetrics(Metric):
         # the one coercion (design.py): m in 1..MAX_SAMPLES (the state holds m + 1 counts per distinct n), the cap,
         # the law; the loose replacement= / adaptive_max= of an int m
         design = as_design(n_samples, replacement=replacement, adaptive_max=adaptive_max)
-        if design.popularity is not None:
-            raise ValueError("n_samples: the keyed draws of SampledRankingMetrics are uniform; a popularity design "
-                             "is not supported")
+        if design.law not in ("binomial", "hypergeometric"):  # keyed draws are uniform (a new law: refused)
+            raise ValueError(f"n_samples: the keyed draws of SampledRankingMetrics are uniform; {design!r} "
+                             f"({design.law} draws) is not supported")
         self.design: SamplingDesign = design
         self._adaptive = design.adaptive  # the stages of an adaptive design (None for a fixed m)
         self.n_samples = design.n_samples
