@@ -293,8 +293,6 @@ def test_recbole_settings_design():
     with pytest.raises(ValueError, match=r"^rsp_adaptive_max: 'mappedhit' \(rsp_mapping: bound\) assumes one fixed m"):
         _recbole_settings(metrics=["MappedHit"], rsp_m=100, rsp_adaptive_max=800)
     # the choices are the registry's
-    from reco_sampled_plugin.adapters._recbole_settings import validate_config  # noqa: F401
-
     with pytest.raises(ValueError, match=r"^rsp_correction: unknown correction method 'magic'; use one of "
                                          + repr(registry.recbole_choices("rsp_correction")).replace("(", r"\(")
                                          .replace(")", r"\)")):
