@@ -1,13 +1,50 @@
-"""The ``reco-sampled`` command line: ``demo``, ``reproduce``, ``table``, ``estimate``, ``plan``, ``recbole``."""
+"""The ``reco-sampled`` command line: ``demo``, ``reproduce``, ``table``, ``estimate``, ``plan``, ``recbole``.
+
+Every list of estimators here is the registry's (``registry.py``), read when the parser is built: ``--method``'s
+help lists each registered method with its one-line summary, so a method registered at run time is offered
+without an edit here. ``estimate`` and ``reproduce`` turn ``--n-samples`` / ``--adaptive-max`` / ``--sampling``
+into one :class:`~reco_sampled_plugin.design.SamplingDesign` (``as_design``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from . import __version__
+from . import __version__, registry
 
-__all__ = ["main", "build_parser"]
+__all__ = ["main", "build_parser", "add_plan_parser", "run_plan"]
+
+_METHODS_HEADER = "estimators (--method):"
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """argparse's formatter, except that the estimator list of an epilog keeps one method per line."""
+
+    def _fill_text(self, text, width, indent):
+        if text.startswith(_METHODS_HEADER):
+            return "\n".join(indent + line for line in text.splitlines())
+        return super()._fill_text(text, width, indent)
+
+
+def _methods_epilog(names) -> str:
+    """The registry's entries ``names`` as an epilog: one line each, the name, its one-line summary, and whether it
+    takes adaptive designs."""
+    names = tuple(names)
+    width = max((len(n) for n in names), default=0)
+    lines = [_METHODS_HEADER]
+    for name in names:
+        entry = registry.get(name)
+        lines.append(f"  {name:<{width}}  {entry.summary}" + (" [adaptive]" if entry.adaptive else ""))
+    return "\n".join(lines)
+
+
+def _sampling_design(n_samples, sampling: str, adaptive_max):
+    """The :class:`~reco_sampled_plugin.design.SamplingDesign` of ``--n-samples``, ``--sampling`` and
+    ``--adaptive-max`` (the one coercion, ``as_design``)."""
+    from .design import as_design
+
+    return as_design(n_samples, replacement=sampling == "binomial", adaptive_max=adaptive_max)
 
 
 def _check_int_arguments(args: argparse.Namespace) -> None:
@@ -35,11 +72,9 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     cfg = ReproduceConfig(
         data=args.data,
-        n_samples=args.n_samples,
+        n_samples=_sampling_design(args.n_samples, args.sampling, args.adaptive_max),
         repeats=args.repeats,
         seed=args.seed,
-        sampling=args.sampling,
-        adaptive_max=args.adaptive_max,
     )
     if args.quick:
         cfg.m_grid = (10, 100, 1000)
@@ -84,7 +119,7 @@ def _cmd_table(args: argparse.Namespace) -> int:
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
-    from .estimators import METHOD_OPTIONS, estimate
+    from .estimators import estimate
     from .rank_files import read_ncf, read_rank_file
 
     from ._options import check_fraction
@@ -101,42 +136,45 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
             raise ValueError("--n-items: required with NCF files (the candidates each user's negatives came from)")
         data = read_ncf(args.ncf_rating, args.ncf_negative, args.scores, args.n_items)
     metrics = args.metric or ["recall@10", "ndcg@10"]
-    adaptive = None
-    if args.adaptive_max is not None:  # the file's m column holds each positive's final m
-        from .adaptive import ADAPTIVE_METHODS
-
-        if args.n_samples is None:
-            raise ValueError("--adaptive-max: give --n-samples, the first stage's m of the adaptive sampling")
-        adaptive = (args.n_samples, args.adaptive_max)
-        methods = args.method or [m for m in ("none", "mes") if m in ADAPTIVE_METHODS]
-    else:
-        methods = args.method or ["none", "bv", "mes"]
-    from .estimators import ESTIMATORS
+    if args.adaptive_max is not None and args.n_samples is None:
+        raise ValueError("--adaptive-max: give --n-samples, the first stage's m of the adaptive sampling")
+    # the design of the draws, when --n-samples gives it (adaptive: the file's m column holds each final m)
+    design = None if args.n_samples is None else _sampling_design(args.n_samples, args.sampling, args.adaptive_max)
+    adaptive = None if design is None else design.adaptive
+    default = ("none", "mes") if adaptive is not None else ("none", "bv", "mes")
+    methods = args.method or [m for m in default if design is None or registry.get(m).supports(design)]
     from .metric_names import parse_metric
 
     for metric in metrics:  # every name checked before anything is printed
         parse_metric(metric)
-    unknown = [m for m in methods if m not in ESTIMATORS]
+    known = registry.names()
+    unknown = [m for m in methods if m not in known]
     if unknown:
-        raise ValueError(f"--method: unknown {unknown}; use some of {ESTIMATORS}")
+        raise ValueError(f"--method: unknown {unknown}; use some of {known}")
+    unsupported = [m for m in methods if design is not None and not registry.get(m).supports(design)]
+    if unsupported and adaptive is not None:
+        raise ValueError(f"--method: {unsupported} assume one fixed m per positive; with --adaptive-max use some of "
+                         f"{registry.names(adaptive=True)}")
+    if unsupported:
+        raise ValueError(f"--method: {unsupported} do not support {design.describe()}; use some of "
+                         f"{registry.names(design=design)}")
     print(f"{len(data.ranks):,} sampled ranks; n {int(data.n_items.min()):,}..{int(data.n_items.max()):,}; m {int(data.n_samples.min())}..{int(data.n_samples.max())}")
-    extra = {} if adaptive is None else {"adaptive": adaptive}
+    extra = {} if adaptive is None else {"adaptive": (adaptive.n_samples, adaptive.adaptive_max)}
     if adaptive is not None:
         from ._rank_hist import as_histogram
-        from .adaptive import AdaptiveDesign, adaptive_cost, check_adaptive_histogram
+        from .adaptive import adaptive_cost, check_adaptive_histogram
 
-        design = AdaptiveDesign(*adaptive)
         hist = as_histogram(data.ranks, data.n_items, data.n_samples)
-        check_adaptive_histogram(hist, design)
-        cost = adaptive_cost(hist, design)
-        print(f"adaptive sampling m = {design.n_samples} -> {design.cap}: {cost.mean_samples:.1f} samples per positive "
-              f"on average (max {cost.max_samples}); {100 * cost.share_at_cap:.1f}% reached the cap, "
+        check_adaptive_histogram(hist, adaptive)
+        cost = adaptive_cost(hist, adaptive)
+        print(f"adaptive sampling m = {adaptive.n_samples} -> {adaptive.cap}: {cost.mean_samples:.1f} samples per "
+              f"positive on average (max {cost.max_samples}); {100 * cost.share_at_cap:.1f}% reached the cap, "
               f"{100 * cost.share_first_at_cap:.1f}% still ranked first there")
     print(f"{'metric':12}{'method':14}{'estimate':>11}{'stderr':>10}{'95% interval':>22}  flags")
     for metric in metrics:
         for method in methods:
             if adaptive is None:
-                gamma = {"gamma": args.gamma} if "gamma" in METHOD_OPTIONS[method] else {}
+                gamma = {"gamma": args.gamma} if registry.get(method).option("gamma") is not None else {}
                 est = estimate(metric, data.ranks, data.n_items, data.n_samples, method=method, sampling=args.sampling,
                                **gamma)
             else:
@@ -145,6 +183,73 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
             flags = ",".join(est.flags) if est.flags else ""
             lo, hi = est.interval(0.95)  # widened where the top is unresolved (docs/estimators.md)
             print(f"{metric:12}{method:14}{est.value:11.5f}{est.stderr:10.5f}{f'[{lo:.5f}, {hi:.5f}]':>22}  {flags}")
+    return 0
+
+
+# ------------------------------------------------------------------------------------------------------- plan
+def _design_arg(text: str) -> tuple[int, int | None]:
+    m, _, cap = text.partition(":")
+    try:
+        return int(m), (int(cap) if cap else None)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected M or M:CAP (e.g. 100 or 100:3200), got {text!r}") from None
+
+
+def add_plan_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``plan`` subcommand to an argparse ``subparsers`` object (sets ``func=run_plan``)."""
+    p = subparsers.add_parser(
+        "plan", help="forecast which sampling design reaches a target accuracy, before evaluating",
+        description="Forecast, by Monte Carlo under an assumed rank distribution (a pilot's, or a default family), "
+                    "the relative error and cost of sampled evaluation designs, and recommend the cheapest that "
+                    "meets the target. Example: reco-sampled plan --n-items 50000 --users 6000 --metric ndcg@10 "
+                    "--target-rel-error 0.05",
+        epilog=_methods_epilog(registry.names()), formatter_class=_HelpFormatter,
+    )
+    p.add_argument("--n-items", type=int, required=True, help="catalogue size n (candidates per user)")
+    p.add_argument("--users", type=int, required=True, help="users (held-out positives) in the evaluation")
+    p.add_argument("--metric", required=True, help="metric, e.g. ndcg@10, hit@10, mrr")
+    p.add_argument("--target-rel-error", type=float, required=True, help="target relative error, e.g. 0.05")
+    p.add_argument("--pilot", help="rank file of a pilot's sampled ranks ('rank[,n_candidates[,n_samples]]' lines)")
+    p.add_argument("--pilot-n-items", type=int,
+                   help="the pilot's n when its file has no n column (default: --n-items)")
+    p.add_argument("--pilot-n-samples", type=int,
+                   help="the pilot's m when its file has no m column; for an adaptive pilot its first-stage m "
+                        "(default: the smallest m in the file)")
+    p.add_argument("--pilot-adaptive-max", type=int, help="the pilot's adaptive cap, if it was adaptive")
+    p.add_argument("--design", action="append", type=_design_arg, metavar="M[:CAP]",
+                   help="candidate design (repeatable): fixed m, or adaptive m:cap (default: the built-in grid)")
+    p.add_argument("--method", default="mes", metavar="METHOD",
+                   help="estimator to forecast (default mes; the estimators are listed below)")
+    p.add_argument("--repeats", type=int, default=20, help="Monte Carlo repeats per design (default 20)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=run_plan)
+    return p
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """Run the ``plan`` subcommand: print ``plan(...).format()``; returns 0 (bad input raises ValueError)."""
+    from .planner import plan
+
+    pilot = pilot_n = pilot_m = pilot_design = None
+    if args.pilot is not None:
+        from .rank_files import read_rank_file
+
+        pilot_n_default = args.pilot_n_items if args.pilot_n_items is not None else args.n_items
+        data = read_rank_file(args.pilot, pilot_n_default, args.pilot_n_samples)
+        pilot, pilot_n, pilot_m = data.ranks, data.n_items, data.n_samples
+        if args.pilot_adaptive_max is not None:
+            from .design import SamplingDesign
+
+            m0 = args.pilot_n_samples if args.pilot_n_samples is not None else int(data.n_samples.min())
+            pilot_design = SamplingDesign(m0, adaptive_max=args.pilot_adaptive_max)
+    elif args.pilot_adaptive_max is not None or args.pilot_n_samples is not None or args.pilot_n_items is not None:
+        raise ValueError("--pilot-*: given without --pilot")
+    result = plan(
+        args.n_items, args.users, args.metric, args.target_rel_error, pilot=pilot, pilot_n_items=pilot_n,
+        pilot_n_samples=pilot_m, pilot_adaptive=pilot_design, designs=args.design, method=args.method,
+        repeats=args.repeats, seed=args.seed,
+    )
+    print(result.format())
     return 0
 
 
@@ -230,7 +335,9 @@ def build_parser() -> argparse.ArgumentParser:
     tab.add_argument("metric", help="e.g. recall@10, ndcg@10, ap, auc")
     tab.add_argument("--n-items", type=int, required=True, help="candidates n (relevant item included)")
     tab.add_argument("--n-samples", "-m", type=int, required=True, help="sampled items m")
-    tab.add_argument("--method", default="bv", help="none, rank_estimate, ls, cls or bv (default bv)")
+    tab.add_argument("--method", default="bv",
+                     help=f"{', '.join(registry.names(family=('none', 'correction'), fits_distribution=False))} "
+                          "(a correction table; default bv)")
     tab.add_argument("--gamma", type=float, default=0.1, help="bias-variance trade-off of bv, in [0, 1] (default 0.1)")
     tab.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial")
     tab.add_argument("--prior", help="uniform (default) or beta:A")
@@ -238,23 +345,24 @@ def build_parser() -> argparse.ArgumentParser:
     tab.add_argument("--out", help="write CSV here instead of printing")
     tab.set_defaults(func=_cmd_table)
 
-    from .planner import add_plan_parser
-
     add_plan_parser(sub)
 
     est = sub.add_parser("estimate", help="estimate exact metrics from a file of sampled ranks or from NCF files",
                          description="FILE: one line per relevant item 'rank[,n_candidates[,n_samples]]'. "
-                                     "Or NCF-style files (.test.rating, .test.negative) plus a 'user item score' file.")
+                                     "Or NCF-style files (.test.rating, .test.negative) plus a 'user item score' file.",
+                         epilog=_methods_epilog(registry.names()), formatter_class=_HelpFormatter)
     est.add_argument("file", nargs="?", help="rank file")
     est.add_argument("--n-items", type=int, help="candidates n when the file has no such column")
     est.add_argument("--n-samples", "-m", type=int, help="sampled items m when the file has no such column")
     est.add_argument("--metric", action="append", help="metric (repeatable; default recall@10 and ndcg@10)")
-    est.add_argument("--method", action="append", help="estimator (repeatable; default none, bv, mes)")
+    est.add_argument("--method", action="append", metavar="METHOD",
+                     help="estimator (repeatable; default none, bv, mes; with --adaptive-max none, mes); the "
+                          "estimators are listed below")
     est.add_argument("--gamma", type=float, default=0.1, help="bias-variance trade-off of bv, in [0, 1] (default 0.1)")
     est.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial")
     est.add_argument("--adaptive-max", type=int, metavar="M",
                      help="the ranks come from adaptive sampling from --n-samples up to M (the file's m column: "
-                          "each positive's final m); estimators mes, mle, none")
+                          "each positive's final m); the estimators marked [adaptive] below")
     est.add_argument("--ncf-rating", help="NCF .test.rating file")
     est.add_argument("--ncf-negative", help="NCF .test.negative file")
     est.add_argument("--scores", help="'user item score' lines for the NCF pairs")

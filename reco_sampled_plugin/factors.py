@@ -48,11 +48,13 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ._checks import MAX_SAMPLES, check_int, check_size
+from . import registry
+from ._checks import check_int
 from ._options import check_fraction
+from .design import SamplingDesign, as_design
 from .metric_names import MetricSpec, parse_metric
 from ._rank_hist import as_histogram
-from .adaptive import ADAPTIVE_METHODS, adaptive_cost, adaptive_design, adaptive_sampled_ranks
+from .adaptive import adaptive_cost, adaptive_sampled_ranks
 from .ranking import TIE_BOUNDS, _check_ties, candidate_counts, exact_ranks_padded, sampled_ranks, tied_positives
 from .user_metrics import _SortedRanks, _values
 from .tie_expectation import expected_dcg, expected_metric_values
@@ -291,7 +293,7 @@ def evaluate_factors(
     batch_size: int | None = None,
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
-    n_samples: int | None = None,
+    n_samples: int | SamplingDesign | None = None,
     replacement: bool = True,
     popularity=None,
     correction: str | None = None,
@@ -324,16 +326,20 @@ def evaluate_factors(
         batch_size: users per score batch (default: a buffer of about 2**26 scores).
         device: where scores are computed (default: the factors' device).
         dtype: score dtype (default float32 when every factor is float32, else float64, as recometrics).
-        n_samples: m; also rank every test item against m sampled irrelevant items (returns a
-            :class:`FactorEvaluation`).
+        n_samples: m, or a :class:`~reco_sampled_plugin.design.SamplingDesign`; also rank every test item against
+            m sampled irrelevant items (returns a :class:`FactorEvaluation`). An int m takes the loose keywords
+            ``replacement``, ``popularity`` and ``adaptive_max`` below; a design carries them (given next to it
+            they are refused).
         replacement, popularity: sampling law (uniform with replacement: binomial; without: hypergeometric;
             popularity-weighted draws take no correction).
-        correction: an estimator of :data:`reco_sampled_plugin.ESTIMATORS` (``"bv"``, ``"cls"``, ``"mle"``...) for
-            corrected estimates next to the exact values; ``gamma`` for ``bv`` and ``bv_mle`` (default 0.1; given
-            with another correction it is a ValueError, not ignored).
+        correction: an estimator of the registry (``reco_sampled_plugin.registry.names()``: ``"bv"``, ``"cls"``,
+            ``"mle"``...) for corrected estimates next to the exact values; it must support the design
+            (``registry.get(correction).supports(design)``); ``gamma`` for the corrections that take it (``bv``,
+            ``bv_mle``; default 0.1; given with another correction it is a ValueError, not ignored).
         adaptive_max: adaptive sampling (``reco_sampled_plugin.adaptive``): a test item ranked first among its m
             samples draws m more (m doubles) until it is not first or m would exceed ``adaptive_max``; uniform
-            with replacement only; ``correction`` then one of ``mes``, ``mle``, ``none``.
+            with replacement only; ``correction`` then one that takes adaptive designs
+            (``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``).
 
     Returns:
         The per-user metrics (DataFrame or dict), or a :class:`FactorEvaluation` when ``n_samples`` is given.
@@ -348,6 +354,7 @@ def evaluate_factors(
     seed = check_int(seed, "seed", minimum=0)
     _check_ties(ties)
     base_specs, specs = _metric_specs(metrics, k, bool(cumulative))
+    design, gamma = _sampling_design(n_samples, replacement, popularity, adaptive_max, correction, gamma)
 
     test = _to_csr(X_test, "X_test")
     n_users, n_items = test.shape
@@ -447,33 +454,8 @@ def evaluate_factors(
 
     # outputs (NaN = not evaluated)
     results = {s.column: torch.full((n_users,), math.nan, dtype=torch.float64, device=dev) for s in specs}
-    if n_samples is not None:
-        m = check_size(n_samples, "n_samples", 1, MAX_SAMPLES)
-        if correction is not None:
-            from .estimators import ESTIMATORS  # lazily: the estimators pull in scipy-heavy modules
-
-            if correction not in ESTIMATORS:
-                raise ValueError(f"correction: unknown estimator {correction!r}; use one of {ESTIMATORS}")
-        if gamma is not None:
-            if correction not in ("bv", "bv_mle"):
-                raise ValueError(f"gamma: only the corrections 'bv' and 'bv_mle' use it, got correction={correction!r}")
-            gamma = check_fraction(gamma, "gamma")
-        if correction is not None and popularity is not None:
-            raise ValueError("correction: the corrections assume uniform sampling; drop popularity or correction")
-        design = adaptive_design(m, adaptive_max)
-        if design is not None:
-            if not replacement or popularity is not None:
-                raise ValueError("adaptive_max: adaptive sampling draws uniformly with replacement "
-                                 "(replacement=True, popularity=None)")
-            if correction is not None and correction not in ADAPTIVE_METHODS:
-                raise ValueError(f"correction: {correction!r} assumes one fixed m per test item; with adaptive_max "
-                                 f"use one of {ADAPTIVE_METHODS}")
+    if design is not None:
         sampled_parts: list[tuple[torch.Tensor, ...]] = []
-    elif correction is not None or adaptive_max is not None or gamma is not None:
-        name = "correction" if correction is not None else "adaptive_max" if adaptive_max is not None else "gamma"
-        raise ValueError(f"{name}: needs n_samples (the number of sampled irrelevant items per test item)")
-    else:
-        design = None
 
     if batch_size is None:
         batch_size = max(1, min(4096, _BUFFER_ELEMENTS // n_items))
@@ -544,12 +526,9 @@ def evaluate_factors(
             else:
                 vals = expected_metric_values(spec, bounds[..., 0], bounds[..., 1], n_cand_b, max_position=n_items)
             results[spec.column][rows] = torch.where(nan_rows, torch.full_like(vals, math.nan), vals)
-        if n_samples is not None:  # sampling needs the exclusions as a padded index (never drawn)
+        if design is not None:  # sampling needs the exclusions as a padded index (never drawn)
             exc = torch.from_numpy(_padded(b, ex_row, ex_slot, ex_item, -1)).to(dev)
-            sampled_parts.append(
-                _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, m, replacement, popularity, gen, ties,
-                              design)
-            )
+            sampled_parts.append(_sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, design, gen, ties))
 
     names = [s.column for s in specs]
     if not rename_k and not cumulative:
@@ -560,9 +539,42 @@ def evaluate_factors(
         results = {renamed[c]: v for c, v in results.items()}
         names = [renamed[c] for c in names]
     per_user = _output(results, names, as_df)
-    if n_samples is None:
+    if design is None:
         return per_user
-    return _sampled_result(per_user, sampled_parts, base_specs, m, replacement, correction, gamma, as_df, dev, design)
+    return _sampled_result(per_user, sampled_parts, base_specs, design, correction, gamma, as_df, dev)
+
+
+def _sampling_design(n_samples, replacement, popularity, adaptive_max, correction, gamma):
+    """The sampling design (:func:`~reco_sampled_plugin.design.as_design`, the one coercion: an int m with the loose
+    keywords, or a SamplingDesign) and ``gamma``, with ``correction`` checked against the registry and the design;
+    (None, None) without sampling. Checked before any work."""
+    if n_samples is None:
+        if correction is not None or adaptive_max is not None or gamma is not None:
+            name = "correction" if correction is not None else "adaptive_max" if adaptive_max is not None else "gamma"
+            raise ValueError(f"{name}: needs n_samples (the number of sampled irrelevant items per test item)")
+        return None, None
+    design = as_design(n_samples, replacement=replacement, popularity=popularity, adaptive_max=adaptive_max)
+    entry = None
+    if correction is not None:
+        try:
+            entry = registry.get(correction)
+        except ValueError:
+            raise ValueError(f"correction: unknown estimator {correction!r}; use one of {registry.names()}") from None
+    if gamma is not None:
+        if entry is None or entry.option("gamma") is None:
+            takes = [repr(name) for name in registry.names() if registry.get(name).option("gamma") is not None]
+            listed = " and ".join([", ".join(takes[:-1]), takes[-1]] if len(takes) > 1 else takes)
+            raise ValueError(f"gamma: only the corrections {listed} use it, got correction={correction!r}")
+        gamma = check_fraction(gamma, "gamma")
+    if entry is not None and not entry.supports(design):
+        if design.popularity is not None:
+            raise ValueError("correction: the corrections assume uniform sampling; drop popularity or correction")
+        if design.adaptive is not None:
+            raise ValueError(f"correction: {correction!r} assumes one fixed m per test item; with adaptive_max "
+                             f"use one of {registry.names(adaptive=True)}")
+        raise ValueError(f"correction: {correction!r} does not support {design.describe()} "
+                         f"(use one of {registry.names(design=design)})")
+    return design, gamma
 
 
 def _output(results: dict, names: list[str], as_df: bool):
@@ -594,7 +606,7 @@ def _single_item_ranks(scores, pos, ranks, ties, gen) -> torch.Tensor:
     return ranks - (ge + gt).to(torch.float64) / 2
 
 
-def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, m, replacement, popularity, gen, ties, design=None):
+def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, design: SamplingDesign, gen, ties):
     n_pos = (pos >= 0).sum(1)
     keep = ~nan_rows & (n_cand_b - n_pos >= 1)  # rows with an irrelevant candidate to draw
     if not bool(keep.all()):
@@ -604,15 +616,16 @@ def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, m, replacem
         empty = torch.zeros(0, dtype=torch.int64, device=pos.device)
         return empty, empty, empty, empty.to(ranks.dtype), empty, empty
     exc_arg = exc if exc.shape[1] else None
-    if design is None:
+    m = design.n_samples
+    if design.adaptive is None:
         res = sampled_ranks(
-            scores, pos, m, exclude=exc_arg, replacement=replacement, popularity=popularity,
+            scores, pos, m, exclude=exc_arg, replacement=design.replacement, popularity=design.popularity,
             generator=gen, ties=ties, check_finite=False,
         )
         s_ranks, n_cand = res.ranks, res.n_candidates
         sizes = torch.full_like(pos, m)
     else:
-        s_ranks, sizes = adaptive_sampled_ranks(scores, pos, design.n_samples, design.adaptive_max, exclude=exc_arg,
+        s_ranks, sizes = adaptive_sampled_ranks(scores, pos, m, design.adaptive_max, exclude=exc_arg,
                                                 generator=gen, ties=ties, check_finite=False)
         n_cand = candidate_counts(scores.shape[1], pos, exc_arg, count_other_positives=False)
     single = _single_item_ranks(scores, pos, ranks, ties, gen)
@@ -622,7 +635,7 @@ def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, m, replacem
     return users, pos[valid], s_ranks[valid], single[valid], n_single, sizes[valid]
 
 
-def _sampled_result(per_user, parts, base_specs, m, replacement, correction, gamma, as_df, dev, design=None):
+def _sampled_result(per_user, parts, base_specs, design: SamplingDesign, correction, gamma, as_df, dev):
     from .metrics import _metric_from_float_ranks
 
     if parts:
@@ -630,14 +643,16 @@ def _sampled_result(per_user, parts, base_specs, m, replacement, correction, gam
     else:
         z = torch.zeros(0, dtype=torch.int64, device=dev)
         users, items, sranks, eranks, n_single, sizes = z, z, z, z, z, z
-    cap = None if design is None else design.adaptive_max
-    sampled = SampledEvaluation(users, items, sranks, eranks, n_single, m, sizes, cap)
+    m, adaptive = design.n_samples, design.adaptive
+    sampled = SampledEvaluation(users, items, sranks, eranks, n_single, m, sizes, design.adaptive_max)
     cost = None
-    if design is not None and users.numel():
-        cost = adaptive_cost(as_histogram(sranks, n_single, sizes), design).as_dict()
+    if adaptive is not None and users.numel():
+        cost = adaptive_cost(as_histogram(sranks, n_single, sizes), adaptive).as_dict()
     summary: dict[str, dict[str, float]] = {}
     estimates: dict = {}
-    law = "binomial" if replacement else "hypergeometric"
+    # the law of a correction's tables; popularity draws reach here only with an estimator that corrects nothing
+    # (the registry's popularity flag: ``none``), whose value does not depend on the law
+    law = "binomial" if design.replacement else "hypergeometric"
     for spec in base_specs:
         row: dict[str, float] = {"n_instances": float(users.numel())}
         if users.numel():
@@ -655,11 +670,12 @@ def _sampled_result(per_user, parts, base_specs, m, replacement, correction, gam
                 raise ValueError("correction: no test item could be sampled (no evaluated user)")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                if design is None:
-                    uses_gamma = {"gamma": gamma} if correction in ("bv", "bv_mle") else {}
+                if adaptive is None:
+                    uses_gamma = {"gamma": gamma} if registry.get(correction).option("gamma") is not None else {}
                     est = estimate(spec, sranks, n_single, m, method=correction, sampling=law, **uses_gamma)
                 else:
-                    est = estimate(spec, sranks, n_single, sizes, method=correction, adaptive=design)
+                    est = estimate(spec, sranks, n_single, sizes, method=correction,
+                                   adaptive=(adaptive.n_samples, adaptive.adaptive_max))
             estimates[spec.column] = est
             row["corrected"] = float(est.value)
             row["stderr"] = float(est.stderr)

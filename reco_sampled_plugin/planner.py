@@ -50,7 +50,6 @@ forecast with the target. With the default family the forecast is a rough guide.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import math
 from dataclasses import dataclass, field
@@ -59,8 +58,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from . import registry
 from ._checks import MAX_SAMPLES, check_int, check_size
-from .adaptive import ADAPTIVE_METHODS, AdaptiveDesign, check_adaptive_histogram
+from .adaptive import AdaptiveDesign, check_adaptive_histogram
+from .design import SamplingDesign
 from .metric_names import MetricSpec, parse_metric
 
 __all__ = [
@@ -72,16 +73,14 @@ __all__ = [
     "Plan",
     "plan",
     "default_designs",
-    "add_plan_parser",
-    "run_plan",
+    "add_plan_parser",  # the CLI's (cli.py), re-exported
+    "run_plan",  # the CLI's (cli.py), re-exported
 ]
 
 DEFAULT_FAMILY = "default: 50/50 mixture of P(R) proportional to 1/R and uniform P(R) on 1..n"
 DEFAULT_FIXED_M = (50, 100, 200, 500, 1000, 2000)
 DEFAULT_ADAPTIVE_START = 100
 DEFAULT_ADAPTIVE_CAPS = (800, 3200, 12800)
-# methods whose estimate() takes rank-distribution options (n_bootstrap=0 skips the slow bootstrap)
-_OPTION_METHODS = ("mle", "mes", "bv_mle")
 _PILOT_N_SPREAD = 0.1
 # sd of the Gaussian kernel in log rank that smooths a pilot's fit (module docstring)
 _PILOT_SMOOTH = 0.4
@@ -102,6 +101,7 @@ class DesignForecast:
         resolution: exact ranks one sampled rank spans at the top, (n - 1)/(M + 1) + 1 at the mean n, M = m or the
             cap.
         meets_target: rel_error <= the plan's target.
+        replacement: the draws are with replacement (binomial law; False: without, hypergeometric).
     """
 
     n_samples: int
@@ -113,13 +113,19 @@ class DesignForecast:
     meets_target: bool
     rel_error_se: float = math.nan
     resolution: float = math.nan
+    replacement: bool = True
 
     @property
     def label(self) -> str:
-        """``"m = 100"`` or ``"adaptive 100->3200"``."""
+        """``"m = 100"``, ``"m = 100 (no repl.)"`` or ``"adaptive 100->3200"``."""
         if self.adaptive_max is None:
-            return f"m = {self.n_samples}"
+            return f"m = {self.n_samples}" + ("" if self.replacement else " (no repl.)")
         return f"adaptive {self.n_samples}->{self.adaptive_max}"
+
+    @property
+    def design(self) -> SamplingDesign:
+        """The forecast's design as a :class:`~reco_sampled_plugin.design.SamplingDesign`."""
+        return SamplingDesign(self.n_samples, replacement=self.replacement, adaptive_max=self.adaptive_max)
 
 
 @dataclass(frozen=True, eq=False)
@@ -271,7 +277,13 @@ def _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive) -> _Pilo
     hist.check_nonempty()
     design_text = ""
     if pilot_adaptive is not None:
-        design = pilot_adaptive if isinstance(pilot_adaptive, AdaptiveDesign) else AdaptiveDesign(*pilot_adaptive)
+        if isinstance(pilot_adaptive, SamplingDesign):  # an adaptive SamplingDesign (a fixed one: not adaptive)
+            if pilot_adaptive.adaptive_max is None:
+                raise ValueError(f"pilot_adaptive: {pilot_adaptive!r} is not adaptive (give None for a fixed-m pilot)")
+            pilot_adaptive = (pilot_adaptive.n_samples, pilot_adaptive.adaptive_max)
+        elif hasattr(pilot_adaptive, "stages"):  # an AdaptiveDesign (adaptive.py's or design.py's)
+            pilot_adaptive = (pilot_adaptive.n_samples, pilot_adaptive.adaptive_max)
+        design = AdaptiveDesign(*pilot_adaptive)
         check_adaptive_histogram(hist, design)
         design_text = f", adaptive m = {design.n_samples}->{design.cap}"
     else:
@@ -287,24 +299,43 @@ def _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive) -> _Pilo
 
 
 # ------------------------------------------------------------------------------------------------ designs
-def _check_design(design, n_min: int, method: str) -> tuple[int, int | None]:
-    try:
-        m, cap = design
-    except (TypeError, ValueError):
-        raise ValueError(f"designs: each design is (m, cap_or_None), got {design!r}") from None
-    m = check_size(m, "designs: m", 1, MAX_SAMPLES)
+def _check_design(design, n_min: int, method: str) -> tuple[int, int | None, bool]:
+    """(m, rounded cap or None, replacement) of one candidate design: an (m, cap_or_None) pair, or a
+    :class:`~reco_sampled_plugin.design.SamplingDesign` (uniform draws, fixed or adaptive) or AdaptiveDesign; the
+    estimator must support it (``registry.get(method).supports``)."""
+    from .design import AdaptiveDesign as _Adaptive
+
+    if isinstance(design, (AdaptiveDesign, _Adaptive)):
+        design = SamplingDesign(design.n_samples, adaptive_max=design.adaptive_max)
+    if isinstance(design, SamplingDesign):
+        if design.law not in ("binomial", "hypergeometric"):  # the simulations are of uniform draws
+            raise ValueError(f"designs: the planner simulates uniform draws; {design!r} has {design.law} draws")
+        m, cap, replacement = design.n_samples, design.adaptive_max, design.replacement
+    else:
+        try:
+            m, cap = design
+        except (TypeError, ValueError):
+            raise ValueError(f"designs: each design is (m, cap_or_None) or a SamplingDesign, got {design!r}") from None
+        m = check_size(m, "designs: m", 1, MAX_SAMPLES)
+        if cap is not None:
+            cap = check_size(cap, "designs: cap", 1, MAX_SAMPLES)
+            if cap < m:
+                raise ValueError(f"designs: the adaptive cap {cap} is below its first-stage m = {m}")
+        replacement = True
+    entry = registry.get(method)
     if cap is None:
         if m >= n_min - 1:
             raise ValueError(f"designs: m = {m} is not below n_items - 1 = {n_min - 1}; rank all items instead")
-        return m, None
-    cap = check_size(cap, "designs: cap", 1, MAX_SAMPLES)
-    if cap < m:
-        raise ValueError(f"designs: the adaptive cap {cap} is below its first-stage m = {m}")
-    if method not in ADAPTIVE_METHODS:
-        raise ValueError(f"designs: adaptive sampling needs one of the methods {ADAPTIVE_METHODS}, not {method!r}")
+        if not entry.supports(SamplingDesign(m, replacement=replacement)):
+            raise ValueError(f"designs: {method!r} does not support draws without replacement; use one of "
+                             f"{registry.names(design=SamplingDesign(m, replacement=replacement))}")
+        return m, None, replacement
+    if not entry.supports(SamplingDesign(m, adaptive_max=cap)):
+        raise ValueError(f"designs: adaptive sampling needs one of the methods {registry.names(adaptive=True)}, "
+                         f"not {method!r}")
     if m >= n_min - 1:
         raise ValueError(f"designs: m = {m} is not below n_items - 1 = {n_min - 1}; rank all items instead")
-    return m, AdaptiveDesign(m, cap).cap
+    return m, AdaptiveDesign(m, cap).cap, True
 
 
 def default_designs(n_items: int, method: str = "mes") -> list[tuple[int, int | None]]:
@@ -312,11 +343,12 @@ def default_designs(n_items: int, method: str = "mes") -> list[tuple[int, int | 
 
     Fixed m in :data:`DEFAULT_FIXED_M` with m < n - 1; adaptive sampling from m0 = min(100, (n - 1) // 8) with the
     caps of :data:`DEFAULT_ADAPTIVE_CAPS` that are at least 2 m0, up to and including the first cap >= n - 1 (a
-    larger one resolves nothing more); adaptive designs only for ``mes``, ``mle`` and ``none``.
+    larger one resolves nothing more); adaptive designs only for the methods that take them
+    (``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``).
     """
     n = check_size(n_items, "n_items", 2)
     out: list[tuple[int, int | None]] = [(m, None) for m in DEFAULT_FIXED_M if m < n - 1]
-    if method in ADAPTIVE_METHODS:
+    if method in registry.names(adaptive=True):
         m0 = min(DEFAULT_ADAPTIVE_START, max(1, (n - 1) // 8))
         for cap in DEFAULT_ADAPTIVE_CAPS:
             if cap >= 2 * m0 and m0 < n - 1:
@@ -384,7 +416,7 @@ def plan(
     pilot_n_items=None,
     pilot_n_samples=None,
     pilot_adaptive=None,
-    designs: Sequence[tuple[int, int | None]] | None = None,
+    designs: Sequence[tuple[int, int | None] | SamplingDesign] | None = None,
     method: str = "mes",
     repeats: int = 20,
     seed: int = 0,
@@ -401,10 +433,14 @@ def plan(
             the default family :data:`DEFAULT_FAMILY` is used.
         pilot_n_items, pilot_n_samples: the pilot's n and m (ints or per-positive; for an adaptive pilot each
             positive's final m).
-        pilot_adaptive: the pilot's adaptive design, (m, cap) or an
-            :class:`~reco_sampled_plugin.adaptive.AdaptiveDesign`.
-        designs: candidate designs (m, cap_or_None); default :func:`default_designs` of the smallest n.
-        method: the estimator to forecast (:data:`~reco_sampled_plugin.estimators.ESTIMATORS`; default ``mes``).
+        pilot_adaptive: the pilot's adaptive design, (m, cap), an
+            :class:`~reco_sampled_plugin.adaptive.AdaptiveDesign` or an adaptive
+            :class:`~reco_sampled_plugin.design.SamplingDesign`.
+        designs: candidate designs: (m, cap_or_None) pairs or :class:`~reco_sampled_plugin.design.SamplingDesign`
+            objects (uniform draws with or without replacement, or adaptive); default :func:`default_designs` of the
+            smallest n.
+        method: the estimator to forecast (any name of ``reco_sampled_plugin.registry.names()`` that supports the
+            designs; default ``mes``).
         repeats: Monte Carlo replicates per design (each a fresh set of n_users exact ranks).
         seed: seeds every draw (the same seed gives the same plan).
 
@@ -428,7 +464,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
           designs, method, repeats, seed) -> Plan:
     import time
 
-    from .estimators import ESTIMATORS, estimate
+    from .estimators import estimate
     from .metrics import metric_values
     from .rank_distribution import simulate_sampled_ranks
     from .adaptive import adaptive_sampled_ranks_from_exact
@@ -436,8 +472,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
     t_start = time.perf_counter()
     n_u, n_keep, n_users, target, repeats = _check_inputs(n_items, n_users, target_rel_error, repeats)
     spec = parse_metric(metric)
-    if method not in ESTIMATORS:
-        raise ValueError(f"method: unknown estimator {method!r}; use one of {ESTIMATORS}")
+    registry.get(method)  # an unknown method: the registry's ValueError naming ``method``
     n_min = int(n_u.min())
     if spec.k is not None and spec.k > n_min:
         raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {n_min})")
@@ -449,7 +484,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
     else:
         shape = _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive)
     if designs is None:
-        todo = default_designs(n_min, method)
+        todo = [(m, cap, True) for m, cap in default_designs(n_min, method)]
     else:
         todo = [_check_design(d, n_min, method) for d in designs]
     if not todo:
@@ -460,20 +495,23 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
     n_t = torch.from_numpy(n_u)
     truths = metric_values(spec, exact, n_t).mean(dim=1).numpy()  # each set's exact metric
     truth = float(truths.mean())
-    opts = {"n_bootstrap": 0} if method in _OPTION_METHODS else {}
+    # methods that fit a distribution take its options: n_bootstrap=0 skips the slow bootstrap
+    opts = {"n_bootstrap": 0} if method in registry.names(fits_distribution=True) else {}
     n_mean = float(n_u.mean())
     forecasts = []
-    for d, (m, cap) in enumerate(todo):
+    for d, (m, cap, replacement) in enumerate(todo):
         gen = torch.Generator().manual_seed(seed * 1_000_003 + 7919 * (d + 1))
+        law = "binomial" if replacement else "hypergeometric"
         if cap is None:
-            sampled = simulate_sampled_ranks(exact, n_t, m, "binomial", gen)
+            sampled = simulate_sampled_ranks(exact, n_t, m, law, gen)
             sizes = None
         else:
             sampled, sizes = adaptive_sampled_ranks_from_exact(exact, n_t, m, cap, gen)
         est = np.empty(repeats)
         for j in range(repeats):  # one estimator run per replicate (vectorised over users inside)
             if cap is None:
-                est[j] = estimate(spec, sampled[j], n_t, m, method=method, **opts).value
+                law_opt = {} if replacement else {"sampling": law}
+                est[j] = estimate(spec, sampled[j], n_t, m, method=method, **law_opt, **opts).value
             else:
                 est[j] = estimate(spec, sampled[j], n_t, sizes[j], method=method, adaptive=(m, cap), **opts).value
         err = est - truths
@@ -490,7 +528,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
         forecasts.append(DesignForecast(
             n_samples=int(m), adaptive_max=None if cap is None else int(cap), mean_samples=mean_samples,
             rel_bias=rel(bias), rel_sd=rel(sd), rel_error=rel_error, meets_target=bool(rel_error <= target),
-            rel_error_se=rel(se_rmse), resolution=(n_mean - 1.0) / (top + 1.0) + 1.0,
+            rel_error_se=rel(se_rmse), resolution=(n_mean - 1.0) / (top + 1.0) + 1.0, replacement=replacement,
         ))
     ok = [f for f in forecasts if f.meets_target and f.mean_samples < n_mean - 1.0]
     recommended = min(ok, key=lambda f: f.mean_samples) if ok else None
@@ -502,61 +540,11 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
 
 
 # ------------------------------------------------------------------------------------------------------ CLI
-def _design_arg(text: str) -> tuple[int, int | None]:
-    m, _, cap = text.partition(":")
-    try:
-        return int(m), (int(cap) if cap else None)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected M or M:CAP (e.g. 100 or 100:3200), got {text!r}") from None
+def __getattr__(name: str):
+    """``add_plan_parser`` and ``run_plan``: the ``plan`` subcommand lives in ``cli.py`` (this module computes);
+    re-exported here, imported on first use."""
+    if name in ("add_plan_parser", "run_plan"):
+        from . import cli
 
-
-def add_plan_parser(subparsers) -> argparse.ArgumentParser:
-    """Add the ``plan`` subcommand to an argparse ``subparsers`` object (sets ``func=run_plan``)."""
-    p = subparsers.add_parser(
-        "plan", help="forecast which sampling design reaches a target accuracy, before evaluating",
-        description="Forecast, by Monte Carlo under an assumed rank distribution (a pilot's, or a default family), "
-                    "the relative error and cost of sampled evaluation designs, and recommend the cheapest that "
-                    "meets the target. Example: reco-sampled plan --n-items 50000 --users 6000 --metric ndcg@10 "
-                    "--target-rel-error 0.05",
-    )
-    p.add_argument("--n-items", type=int, required=True, help="catalogue size n (candidates per user)")
-    p.add_argument("--users", type=int, required=True, help="users (held-out positives) in the evaluation")
-    p.add_argument("--metric", required=True, help="metric, e.g. ndcg@10, hit@10, mrr")
-    p.add_argument("--target-rel-error", type=float, required=True, help="target relative error, e.g. 0.05")
-    p.add_argument("--pilot", help="rank file of a pilot's sampled ranks ('rank[,n_candidates[,n_samples]]' lines)")
-    p.add_argument("--pilot-n-items", type=int,
-                   help="the pilot's n when its file has no n column (default: --n-items)")
-    p.add_argument("--pilot-n-samples", type=int,
-                   help="the pilot's m when its file has no m column; for an adaptive pilot its first-stage m "
-                        "(default: the smallest m in the file)")
-    p.add_argument("--pilot-adaptive-max", type=int, help="the pilot's adaptive cap, if it was adaptive")
-    p.add_argument("--design", action="append", type=_design_arg, metavar="M[:CAP]",
-                   help="candidate design (repeatable): fixed m, or adaptive m:cap (default: the built-in grid)")
-    p.add_argument("--method", default="mes", help="estimator to forecast (default mes)")
-    p.add_argument("--repeats", type=int, default=20, help="Monte Carlo repeats per design (default 20)")
-    p.add_argument("--seed", type=int, default=0)
-    p.set_defaults(func=run_plan)
-    return p
-
-
-def run_plan(args: argparse.Namespace) -> int:
-    """Run the ``plan`` subcommand: print ``plan(...).format()``; returns 0 (bad input raises ValueError)."""
-    pilot = pilot_n = pilot_m = pilot_design = None
-    if args.pilot is not None:
-        from .rank_files import read_rank_file
-
-        pilot_n_default = args.pilot_n_items if args.pilot_n_items is not None else args.n_items
-        data = read_rank_file(args.pilot, pilot_n_default, args.pilot_n_samples)
-        pilot, pilot_n, pilot_m = data.ranks, data.n_items, data.n_samples
-        if args.pilot_adaptive_max is not None:
-            m0 = args.pilot_n_samples if args.pilot_n_samples is not None else int(data.n_samples.min())
-            pilot_design = (m0, args.pilot_adaptive_max)
-    elif args.pilot_adaptive_max is not None or args.pilot_n_samples is not None or args.pilot_n_items is not None:
-        raise ValueError("--pilot-*: given without --pilot")
-    result = plan(
-        args.n_items, args.users, args.metric, args.target_rel_error, pilot=pilot, pilot_n_items=pilot_n,
-        pilot_n_samples=pilot_m, pilot_adaptive=pilot_design, designs=args.design, method=args.method,
-        repeats=args.repeats, seed=args.seed,
-    )
-    print(result.format())
-    return 0
+        return getattr(cli, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

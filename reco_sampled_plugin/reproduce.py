@@ -20,6 +20,7 @@ This module computes; :mod:`reco_sampled_plugin.report` writes Markdown, CSV and
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from . import registry
 from .consistency import consistency_report
 from .corrections import correction_tables, expected_corrected
 from .datasets import binarize, leave_last_out, load_interactions, ml100k_path
@@ -51,7 +53,7 @@ class ReproduceConfig:
     """Settings of :func:`run_reproduce` (defaults: the paper's setup on MovieLens 100k)."""
 
     data: str | None = None  # None: ml-100k from the recbole wheel
-    n_samples: int = 100
+    n_samples: int = 100  # or a SamplingDesign (uniform; then it carries sampling and adaptive_max)
     repeats: int = 100
     seed: int = 0
     sampling: str = "binomial"
@@ -79,6 +81,45 @@ class ReproduceResult:
     figure6: dict  # {"m": [...], "exact": {rec: v}, "none": {rec: [...]}, "bv:0.1": {rec: [...]}}
     mapping_curves: dict  # rec -> {"k", "f_bound", "shr", "hr_at_f", "exact_hr"}
     timings: dict[str, float] = field(default_factory=dict)
+
+
+_LAWS = {"binomial": True, "hypergeometric": False}
+
+
+def _checked_config(cfg: ReproduceConfig) -> ReproduceConfig:
+    """``cfg`` with its sampling design coerced once (``as_design``: an int ``n_samples`` with ``sampling`` and
+    ``adaptive_max``, or a SamplingDesign that carries them) and written back as plain values (n_samples, the law,
+    adaptive_max), and its estimator labels' base names checked against the registry (``bv:0.1`` -> ``bv``)."""
+    from .design import SamplingDesign, as_design
+
+    if cfg.sampling not in _LAWS:
+        raise ValueError(f"sampling: expected 'binomial' or 'hypergeometric', got {cfg.sampling!r}")
+    replacement = None if cfg.sampling == "binomial" else False  # the default is no keyword next to a design
+    if not isinstance(cfg.n_samples, SamplingDesign):
+        replacement = _LAWS[cfg.sampling]
+    design = as_design(cfg.n_samples, replacement=replacement, adaptive_max=cfg.adaptive_max)
+    if design.law not in _LAWS:  # the simulations are of uniform draws
+        raise ValueError(f"n_samples: the reproduction simulates uniform draws; {design!r} has {design.law} draws")
+    groups = (
+        ("methods", cfg.methods, lambda e: e.family in ("none", "correction") and not e.fits_distribution),
+        ("mapping_methods", cfg.mapping_methods, lambda e: e.family == "mapping"),
+        ("rank_dist_methods", cfg.rank_dist_methods, lambda e: e.fits_distribution),
+    )
+    fixed = SamplingDesign(design.n_samples, replacement=design.replacement)  # Tables 3 and 4: fixed m
+    from .corrections import check_method
+
+    for key, labels, fits in groups:
+        for label in labels:
+            base = str(label).partition(":")[0]
+            entry = registry.get(check_method(base) if key == "methods" else base)  # the corrections' aliases
+            if not fits(entry):
+                raise ValueError(f"{key}: {label!r} is a {entry.family} estimator; use some of "
+                                 f"{tuple(n for n in registry.names() if fits(registry.get(n)))}")
+            if not entry.supports(fixed):
+                raise ValueError(f"{key}: {label!r} does not support {fixed.describe()}")
+    if design.adaptive is not None and not registry.get("mes").supports(design):  # the adaptive:mes rows
+        raise ValueError(f"adaptive_max: 'mes' does not support {design.describe()}")
+    return dataclasses.replace(cfg, n_samples=design.n_samples, sampling=design.law, adaptive_max=design.adaptive_max)
 
 
 def _progress(total: int, desc: str, enabled: bool):
@@ -312,7 +353,7 @@ def _expected_corrected_grouped(metric, ranks, n_cand, m, sampling, spread) -> t
 
 def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool = True, log: Callable[[str], None] | None = None) -> ReproduceResult:
     """Run the whole experiment; see the module docstring. ``log`` receives one line per stage."""
-    cfg = cfg or ReproduceConfig()
+    cfg = _checked_config(cfg or ReproduceConfig())
     say = log or (lambda s: None)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -344,13 +385,7 @@ def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool = True, log
     timings["rank"] = time.perf_counter() - t
     say(f"exact ranks of {len(n_cand):,} test items among {int(n_cand.min()):,}-{int(n_cand.max()):,} candidates ({timings['rank']:.1f} s)")
 
-    m = cfg.n_samples
-    if cfg.adaptive_max is not None:
-        from .adaptive import AdaptiveDesign
-
-        AdaptiveDesign(m, cfg.adaptive_max)  # checks the cap
-        if cfg.sampling != "binomial":
-            raise ValueError("adaptive_max: adaptive sampling draws with replacement; use sampling='binomial'")
+    m = cfg.n_samples  # the design was checked by _checked_config
     if m >= int(n_cand.min()) and cfg.sampling == "hypergeometric":
         raise ValueError(f"n_samples: m = {m} draws without replacement exceed some user's {int(n_cand.min()) - 1} irrelevant items")
 

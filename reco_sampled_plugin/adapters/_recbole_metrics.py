@@ -13,8 +13,9 @@ import math
 import numpy as np
 import torch
 
+from reco_sampled_plugin import registry
 from reco_sampled_plugin._rank_hist import _bincount_histogram, _group_ids, sampled_rank_histogram
-from reco_sampled_plugin.estimators import METHOD_OPTIONS, estimate
+from reco_sampled_plugin.estimators import estimate
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import _metric_from_float_ranks
 
@@ -133,9 +134,10 @@ class _EstimatedMetric(_Metric):
             if s.prior == "mle":
                 return {"method": "bv_mle", "gamma": s.gamma}
             options = {"gamma": s.gamma, "prior": s.prior}  # only those the method uses (estimate refuses others)
-            return {"method": s.correction, **{k: v for k, v in options.items() if k in METHOD_OPTIONS[s.correction]}}
+            takes = registry.get(s.correction).option_names
+            return {"method": s.correction, **{k: v for k, v in options.items() if k in takes}}
         if self.family == "mapped":
-            return {"method": s.mapping, **({"a": s.mapping_a} if "a" in METHOD_OPTIONS[s.mapping] else {})}
+            return {"method": s.mapping, **({"a": s.mapping_a} if "a" in registry.get(s.mapping).option_names else {})}
         # the bootstrap (rsp_bootstrap refits) only feeds the standard error and the interval: without either,
         # one fit (same value; the cheap posterior standard error is computed and not reported)
         return {"method": s.rank_dist, "n_bootstrap": s.bootstrap if s.stderr or s.interval else 0, "seed": s.seed}
@@ -146,10 +148,11 @@ class _EstimatedMetric(_Metric):
         key = self._key(k)
         hist = _sampled_inputs(table, weights, s, spec.k or 2)
         law = "binomial" if s.replacement else "hypergeometric"
-        adaptive = {} if s.adaptive_max is None else {"adaptive": (s.m, s.adaptive_max)}
+        design = s.design.adaptive if s.design is not None else None  # adaptive: full mode with rsp_m
+        adaptive = {} if design is None else {"adaptive": (design.n_samples, design.adaptive_max)}
         result = estimate(spec, hist, sampling=law, **self._method_kwargs(), **adaptive)
         out = {key: self._round(result.value)}
-        if s.adaptive_max is not None:  # what adaptive sampling cost (weighted like the estimate)
+        if design is not None:  # what adaptive sampling cost (weighted like the estimate)
             cost = result.details["adaptive"]
             out[f"{key}_mean_samples"] = self._round(cost["mean_samples"])
             out[f"{key}_max_samples"] = int(cost["max_samples"])

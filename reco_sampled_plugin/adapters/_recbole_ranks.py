@@ -253,9 +253,7 @@ def _adaptive_from_counts(first, ge_irr, gt_irr, n_irr_items, settings: _Setting
     """Adaptive sampling (``reco_sampled_plugin.adaptive``) drawn from the exact counts: positives still first
     draw the stage's new items (m doubling) by :func:`_binomial_sampled`, until not first or at the cap.
     Returns (sampled ranks among the final m, final m), float64 per positive; one check per stage."""
-    from reco_sampled_plugin.adaptive import AdaptiveDesign
-
-    stages = AdaptiveDesign(int(settings.m), int(settings.adaptive_max)).stages.tolist()
+    stages = settings.design.adaptive.stages.tolist()
     ranks = first.clone()
     sizes = torch.full_like(ranks, float(stages[0]))
     for s in range(1, len(stages)):

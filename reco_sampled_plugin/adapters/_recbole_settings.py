@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from reco_sampled_plugin.mapping import MAPPING_METHODS
-from reco_sampled_plugin.rank_distribution import RANK_DISTRIBUTION_METHODS
+from reco_sampled_plugin import registry
+from reco_sampled_plugin.design import SamplingDesign
 
 #: Every plugin config key with its default (``None``: see docs/recbole.md).
 CONFIG_DEFAULTS: dict[str, Any] = {
@@ -22,12 +22,12 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_adaptive_max": None,  # full mode: adaptive sampling from rsp_m up to this many samples (RankDist* only)
     "rsp_replacement": True,  # simulated draws with replacement (binomial law) or without (hypergeometric)
     "rsp_seed": None,  # seed of the simulated draws (default: RecBole's `seed`)
-    "rsp_correction": "bv",  # Corrected*: none, rank_estimate, ls, cls, bv
+    "rsp_correction": "bv",  # Corrected*: registry.recbole_choices("rsp_correction"): none, rank_estimate, ls, cls, bv
     "rsp_gamma": 0.1,  # bv: bias-variance weight in [0, 1]
     "rsp_prior": "uniform",  # ls/cls/bv prior: uniform, mle (bv only), or [beta, a]
-    "rsp_mapping": "bound",  # Mapped*: linear, bound, beta, beta_fit
+    "rsp_mapping": "bound",  # Mapped*: registry.recbole_choices("rsp_mapping"): linear, bound, beta, beta_fit
     "rsp_mapping_a": None,  # Mapped* with beta: the Beta shape a (default 1); beta_fit: the start value
-    "rsp_rank_dist": "mes",  # RankDist*: mes (default: more accurate, docs/estimators.md) or mle
+    "rsp_rank_dist": "mes",  # RankDist*: registry.recbole_choices("rsp_rank_dist"): mes (default: more accurate) or mle
     "rsp_bootstrap": 8,  # RankDist*: bootstrap replicates for the standard error (>= 2)
     "rsp_weighting": "user",  # user: each user counts once (weight 1/|T_u|, as RecBole averages); item
     "rsp_ties": "pessimistic",  # pessimistic, optimistic, average
@@ -41,7 +41,6 @@ CONFIG_DEFAULTS: dict[str, Any] = {
 }
 
 _TIES = ("pessimistic", "optimistic", "average")
-_CORRECTIONS = ("none", "rank_estimate", "ls", "cls", "bv")
 
 # metric class suffix -> core metric kind (single relevant item form)
 _ESTIMATED_KINDS = {
@@ -73,6 +72,10 @@ METRIC_FAMILIES: dict[str, str] = {
 # ------------------------------------------------------------------------------------ configuration
 @dataclass(frozen=True)
 class _Settings:
+    """The validated plugin settings. ``design`` is the one sampling design the rsp_* keys describe (rsp_m or the
+    uniN/popN mode's N, rsp_replacement, rsp_adaptive_max: :func:`_sampling_design`); ``m``, ``replacement`` and
+    ``adaptive_max`` are its parts as the keys gave them (``m`` None in a sampled mode without rsp_m)."""
+
     metrics: tuple[str, ...]  # lower-case plugin metric names in the config
     modes: dict  # phase -> RecBole eval mode string
     m: int | None
@@ -97,6 +100,7 @@ class _Settings:
     decimal_place: int
     adaptive_max: int | None = None
     check_finite: bool | str = True  # True, False or "positives" (False and "positives": held-out items' scores only)
+    design: SamplingDesign | None = None  # None: full mode without rsp_m, or sampled modes of different N
 
     @property
     def needs_exact(self) -> bool:
@@ -170,16 +174,30 @@ def _parse_prior(value, correction: str):
     raise ValueError(f"rsp_prior: expected 'uniform', 'mle' or [beta, a], got {value!r}")
 
 
+def _takes(key: str, option: str) -> list[str]:
+    """The methods of a RecBole key (``registry.recbole_choices``) that take ``option``."""
+    return [n for n in registry.recbole_choices(key) if registry.get(n).option(option) is not None]
+
+
+def _and(items: list[str]) -> str:
+    return " and ".join([", ".join(items[:-1]), items[-1]]) if len(items) > 1 else "".join(items)
+
+
 def _refuse_unused_keys(families: set, correction: str, gamma: float, prior, mapping: str, mapping_a) -> None:
     """A key set for a listed metric family whose method does not use it is an error, not silently ignored
-    (rsp_gamma with rsp_correction: ls, rsp_prior with none / rank_estimate, rsp_mapping_a with linear / bound)."""
+    (rsp_gamma with rsp_correction: ls, rsp_prior with none / rank_estimate, rsp_mapping_a with linear / bound);
+    which method takes which option is the registry's (each entry's ``options``)."""
     if "corrected" in families:
-        if gamma != CONFIG_DEFAULTS["rsp_gamma"] and correction != "bv":
-            raise ValueError(f"rsp_gamma: only rsp_correction: bv uses it, but the correction is {correction!r}")
-        if prior is not None and correction not in ("ls", "cls", "bv"):
-            raise ValueError(f"rsp_prior: only rsp_correction ls, cls and bv use a prior, but the correction is {correction!r}")
-    if "mapped" in families and mapping_a is not None and mapping not in ("beta", "beta_fit"):
-        raise ValueError(f"rsp_mapping_a: only rsp_mapping beta and beta_fit use it, but the mapping is {mapping!r}")
+        if gamma != CONFIG_DEFAULTS["rsp_gamma"] and registry.get(correction).option("gamma") is None:
+            takes = _takes("rsp_correction", "gamma")
+            raise ValueError(f"rsp_gamma: only rsp_correction: {' or '.join(takes)} uses it, but the correction is "
+                             f"{correction!r}")
+        if prior is not None and registry.get(correction).option("prior") is None:
+            raise ValueError(f"rsp_prior: only rsp_correction {_and(_takes('rsp_correction', 'prior'))} use a prior, "
+                             f"but the correction is {correction!r}")
+    if "mapped" in families and mapping_a is not None and registry.get(mapping).option("a") is None:
+        raise ValueError(f"rsp_mapping_a: only rsp_mapping {_and(_takes('rsp_mapping', 'a'))} use it, but the mapping "
+                         f"is {mapping!r}")
 
 
 def plugin_metrics_in(config) -> tuple[str, ...]:
@@ -221,7 +239,7 @@ def validate_config(config) -> _Settings | None:
                 f"eval_args.mode: {[n for n in names if _family_of(n) == 'exact'][0]!r} needs exact ranks "
                 f"(full mode), but the {phase} mode is {mode!r}"
             )
-    correction = _choice(config, "rsp_correction", _CORRECTIONS, "correction method")
+    correction = _choice(config, "rsp_correction", registry.recbole_choices("rsp_correction"), "correction method")
     gamma_raw = _get(config, "rsp_gamma")
     try:
         gamma = float(gamma_raw)
@@ -230,7 +248,7 @@ def validate_config(config) -> _Settings | None:
     if not (0.0 <= gamma <= 1.0):
         raise ValueError(f"rsp_gamma: must lie in [0, 1], got {gamma_raw!r}")
     prior = _parse_prior(_get(config, "rsp_prior"), correction)
-    mapping = _choice(config, "rsp_mapping", MAPPING_METHODS, "mapping method")
+    mapping = _choice(config, "rsp_mapping", registry.recbole_choices("rsp_mapping"), "mapping method")
     mapping_a = config["rsp_mapping_a"]
     if mapping_a is not None:
         try:
@@ -242,7 +260,7 @@ def validate_config(config) -> _Settings | None:
     if mapping == "beta" and mapping_a is None:
         mapping_a = 1.0
     _refuse_unused_keys(families, correction, gamma, prior, mapping, mapping_a)
-    rank_dist = _choice(config, "rsp_rank_dist", RANK_DISTRIBUTION_METHODS, "rank-distribution method")
+    rank_dist = _choice(config, "rsp_rank_dist", registry.recbole_choices("rsp_rank_dist"), "rank-distribution method")
     bootstrap = _as_int(_get(config, "rsp_bootstrap"), "rsp_bootstrap", 2)
     weighting = _choice(config, "rsp_weighting", ("user", "item"), "weighting")
     ties = _choice(config, "rsp_ties", _TIES, "tie policy")
@@ -259,17 +277,22 @@ def validate_config(config) -> _Settings | None:
     for phase, mode in modes.items():
         n_draws = _sample_num(mode)
         if n_draws is not None and estimators:
+            if n_draws < 1:  # no sampled item: no sampling design (and nothing to estimate from)
+                raise ValueError(f"eval_args.mode: the {phase} mode {mode!r} samples no items; the plugin's estimated "
+                                 "metrics need N >= 1 sampled items per positive")
             if m is not None and m != n_draws:
                 raise ValueError(f"rsp_m: {m} disagrees with the {phase} mode {mode!r}, which samples {n_draws} items")
             if not replacement:
                 raise ValueError(f"rsp_replacement: RecBole's {mode!r} mode draws with replacement; set rsp_replacement: true")
-            if mode.startswith("pop"):
-                bad = [n for n in names if _family_of(n) in ("mapped", "rankdist")]
-                if bad or ("corrected" in families and correction != "none"):
+            if mode.startswith("pop"):  # the registry's popularity flag: which estimators take popularity draws
+                uniform_only = {family: not registry.get(method).popularity for family, method in
+                                (("corrected", correction), ("mapped", mapping), ("rankdist", rank_dist))}
+                bad = [n for n in names if _family_of(n) in ("mapped", "rankdist") and uniform_only[_family_of(n)]]
+                bad += [n for n in names if _family_of(n) == "corrected" and uniform_only["corrected"]]
+                if bad:
                     raise ValueError(
                         f"eval_args.mode: {mode!r} draws items by popularity, but the estimators assume uniform draws "
-                        f"({(bad or [n for n in names if _family_of(n) == 'corrected'])[0]!r}); use 'uni{n_draws}', or "
-                        "rsp_correction: none to report the plain sampled metric"
+                        f"({bad[0]!r}); use 'uni{n_draws}', or rsp_correction: none to report the plain sampled metric"
                     )
         if mode == "full" and estimators and m is None:
             est = [n for n in names if _family_of(n) != "exact"][0]
@@ -277,7 +300,11 @@ def validate_config(config) -> _Settings | None:
                 f"rsp_m: {est!r} estimates a full-catalogue metric from sampled ranks; in full mode set rsp_m "
                 "(e.g. 100) so the plugin simulates sampling, or evaluate in 'uniN' mode"
             )
-    adaptive_max = _adaptive_max(config, modes, names, m, replacement)
+    adaptive_max = _adaptive_max(config, modes, m, replacement)
+    design = _sampling_design(modes, m, replacement, adaptive_max)
+    if design is not None and estimators:
+        _check_supported(design, names, {"corrected": ("rsp_correction", "bv_mle" if prior == "mle" else correction),
+                                         "mapped": ("rsp_mapping", mapping), "rankdist": ("rsp_rank_dist", rank_dist)})
     seed_raw = config["rsp_seed"]
     seed = _as_int(seed_raw, "rsp_seed", 0) if seed_raw is not None else int(config["seed"] or 0)
     topk = config["topk"] or [10]
@@ -309,6 +336,7 @@ def validate_config(config) -> _Settings | None:
         decimal_place=4 if decimal is None else int(decimal),
         adaptive_max=adaptive_max,
         check_finite=_check_finite(_get(config, "rsp_check_finite")),
+        design=design,
     )
 
 
@@ -322,10 +350,10 @@ def _check_finite(value) -> bool | str:
     return bool(value)
 
 
-def _adaptive_max(config, modes: dict, names: tuple, m: int | None, replacement: bool) -> int | None:
+def _adaptive_max(config, modes: dict, m: int | None, replacement: bool) -> int | None:
     """``rsp_adaptive_max``: adaptive sampling is simulated from exact ranks, so full mode only (RecBole's uniN
-    draws its N items once per positive and cannot draw more), from ``rsp_m``, with replacement, for the
-    likelihood estimators (RankDist*)."""
+    draws its N items once per positive and cannot draw more), from ``rsp_m``, with replacement (the estimators
+    that take it: :func:`_check_supported`)."""
     raw = config["rsp_adaptive_max"]
     if raw is None:
         return None
@@ -343,13 +371,38 @@ def _adaptive_max(config, modes: dict, names: tuple, m: int | None, replacement:
         raise ValueError(f"rsp_adaptive_max: must be at least rsp_m ({m}), got {cap}")
     if not replacement:
         raise ValueError("rsp_adaptive_max: adaptive sampling draws with replacement; set rsp_replacement: true")
-    fixed = [n for n in names if _family_of(n) in ("corrected", "mapped")]
-    if fixed:
-        raise ValueError(
-            f"rsp_adaptive_max: {fixed[0]!r} assumes one fixed m per positive; with adaptive sampling use the "
-            "RankDist* metrics (rsp_rank_dist: mes or mle)"
-        )
     return cap
+
+
+def _sampling_design(modes: dict, m: int | None, replacement: bool, adaptive_max: int | None) -> SamplingDesign | None:
+    """The one sampling design of the validated keys: full mode simulates rsp_m draws (``rsp_replacement``,
+    ``rsp_adaptive_max``); RecBole's uniN / popN draw N items with replacement (rsp_m, when given, equals N). popN's
+    popularity weights come with the data, so its design is kept as the uniform N (the popN mode itself refuses
+    every estimator but the plain sampled metric). None when the sampled modes of the phases draw different N
+    without rsp_m (each phase then has its own N)."""
+    sizes = {m} if m is not None else {_sample_num(mode) for mode in modes.values() if mode != "full"}
+    if len(sizes) != 1:
+        return None
+    return SamplingDesign(sizes.pop(), replacement=replacement, adaptive_max=adaptive_max)
+
+
+def _check_supported(design: SamplingDesign, names: tuple, methods: dict) -> None:
+    """Every listed estimated metric's method supports the design (``registry.get(method).supports(design)``)."""
+    for name in names:
+        family = _family_of(name)
+        if family not in methods:
+            continue
+        key, method = methods[family]
+        if registry.get(method).supports(design):
+            continue
+        if design.adaptive is not None:
+            raise ValueError(
+                f"rsp_adaptive_max: {name!r} ({key}: {method}) assumes one fixed m per positive; with adaptive "
+                f"sampling use the RankDist* metrics (rsp_rank_dist: "
+                f"{' or '.join(n for n in registry.recbole_choices('rsp_rank_dist') if registry.get(n).supports(design))})"
+            )
+        raise ValueError(f"{key}: {method!r} does not support the sampling design ({design.describe()}) of {name!r}; "
+                         f"use one of {tuple(n for n in registry.recbole_choices(key) if registry.get(n).supports(design))}")
 
 
 def _settings_key(config) -> str:

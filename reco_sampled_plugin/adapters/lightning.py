@@ -32,6 +32,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from reco_sampled_plugin._options import check_bool, check_count
+from reco_sampled_plugin.design import SamplingDesign, as_design
 from reco_sampled_plugin.estimate import Estimate
 
 from reco_sampled_plugin.factor_ranks import check_factors
@@ -109,7 +110,7 @@ class _RankingMetricsLogic:
         metrics: str | Iterable[str] = ("ndcg@10", "recall@10"),
         *,
         exact: bool = True,
-        n_samples: int | None = 100,
+        n_samples: int | SamplingDesign | None = 100,
         estimators: Sequence[str] = ("none", "bv"),
         estimator_options: Mapping[str, Mapping[str, Any]] | None = None,
         replacement: bool = True,
@@ -150,23 +151,25 @@ class _RankingMetricsLogic:
                                      or len(headline) != 2):
             raise ValueError(f"headline: expected a (metric, label) pair such as ('ndcg@10', 'exact'), got {headline!r}")
         self._exact_kwargs = dict(metrics=metrics, ties=ties, count_other_positives=count_other_positives, check_finite=check_finite)
+        # the sampling design, coerced once (an int m with the loose replacement= / adaptive_max=, or a
+        # SamplingDesign); the sampled metrics of every loader get the design itself
+        design = None if n_samples is None else as_design(n_samples, replacement=replacement, adaptive_max=adaptive_max)
         self._sampled_kwargs = dict(
             metrics=metrics,
-            n_samples=n_samples,
+            n_samples=design,
             estimators=estimators,
             estimator_options=estimator_options,
-            replacement=replacement,
             seed=seed,
             ties=ties,
             max_n_groups=max_n_groups,
             check_finite=False,  # the exact pass (or the first update) checks
-            adaptive_max=adaptive_max,
         )
         # validate every option now, not at the first batch
         probe_exact = ExactRankingMetrics(**self._exact_kwargs)
-        probe_sampled = SampledRankingMetrics(**self._sampled_kwargs) if n_samples is not None else None
+        probe_sampled = SampledRankingMetrics(**self._sampled_kwargs) if design is not None else None
         self.exact = exact
-        self.n_samples = n_samples
+        self.design = design
+        self.n_samples = None if design is None else design.n_samples
         self.check_finite = check_finite
         self.metric_names = probe_exact.metric_names
         self.labels = (("exact",) if exact else ()) + (
@@ -454,10 +457,12 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
     Args:
         metrics: metric names (``"ndcg@10"``, ``"recall@10"``, ``"hit@10"``, ``"mrr"``, ``"auc"``...).
         exact: compute exact (full-catalogue) metrics.
-        n_samples: m sampled irrelevant items per relevant item (None: no sampled metrics).
-        estimators: estimators run on the sampled ranks (``"none"`` = plain sampled metric, corrections
-            ``rank_estimate``/``ls``/``cls``/``bv``/``bv_mle``, mappings ``linear``/``bound``/``beta``/
-            ``beta_fit``, rank distributions ``mle``/``mes``).
+        n_samples: m sampled irrelevant items per relevant item, or a
+            :class:`~reco_sampled_plugin.design.SamplingDesign` (None: no sampled metrics); an int takes the loose
+            ``replacement`` and ``adaptive_max``, a design carries them.
+        estimators: estimators run on the sampled ranks, any name of ``reco_sampled_plugin.registry.names()`` whose
+            entry supports the design (``"none"`` = plain sampled metric, corrections such as ``bv``, mappings such
+            as ``bound``, rank distributions ``mle``/``mes``).
         estimator_options: per-estimator keyword arguments, e.g. ``{{"mle": {{"n_bootstrap": 8}}}}``; checked
             when the callback is built (an unknown or invalid option is a ValueError naming it).
         replacement, seed, ties, count_other_positives, max_n_groups: see

@@ -56,15 +56,14 @@ from torchmetrics import Metric
 
 from reco_sampled_plugin._options import check_bool, check_choice, check_count, check_seed
 from reco_sampled_plugin.estimate import Estimate
-from reco_sampled_plugin.estimators import ESTIMATORS, check_estimator_options, estimate
+from reco_sampled_plugin import registry
+from reco_sampled_plugin.design import SamplingDesign, as_design
+from reco_sampled_plugin.estimators import check_estimator_options, estimate
 from reco_sampled_plugin.metric_names import MetricSpec, parse_metric
 from reco_sampled_plugin.metrics import _metric_from_float_ranks
 from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
 from reco_sampled_plugin.ranking import TIE_BOUNDS, candidate_counts, exact_ranks_padded, prepare_index
 from reco_sampled_plugin.tie_expectation import expected_single_item_values
-
-from reco_sampled_plugin._checks import MAX_SAMPLES
-from reco_sampled_plugin.adaptive import ADAPTIVE_METHODS, adaptive_design
 
 from ._shared import (
     DeviceChecks,
@@ -306,12 +305,16 @@ class SampledRankingMetrics(Metric):
 
     Args:
         metrics: metric names (``"ndcg@10"``, ``"hit@10"``, ``"auc"``...).
-        n_samples: m, sampled irrelevant items per relevant item (RecBole's ``uni100``: m = 100).
-        estimators: methods of :func:`reco_sampled_plugin.estimate`; ``"none"`` is the plain sampled
-            metric (reported as ``sampled``). Default: ``("none", "bv")``.
+        n_samples: m, sampled irrelevant items per relevant item (RecBole's ``uni100``: m = 100), or a
+            :class:`~reco_sampled_plugin.design.SamplingDesign` (uniform draws: with or without replacement,
+            adaptive); an int takes the loose ``replacement`` and ``adaptive_max`` below, a design carries them.
+            :attr:`design` is the SamplingDesign either way.
+        estimators: methods of :func:`reco_sampled_plugin.estimate` (any name of ``reco_sampled_plugin.registry``
+            whose entry supports the design); ``"none"`` is the plain sampled metric (reported as ``sampled``).
+            Default: ``("none", "bv")``.
         estimator_options: per-method keyword arguments, e.g. ``{"bv": {"gamma": 0.1},
             "mle": {"n_bootstrap": 8}, "beta": {"a": 0.5}}``; validated here, key by key, against the options
-            each method takes (``reco_sampled_plugin.estimators.METHOD_OPTIONS``, plus ``max_rel_n_spread`` and
+            each method takes (``reco_sampled_plugin.registry.method_options()``, plus ``max_rel_n_spread`` and
             ``top_shape``): an unknown key or an invalid value (e.g. ``gamma=nan``) is a ValueError naming it.
         replacement: draw with replacement (binomial law, default) or without (hypergeometric).
         seed: key of the negative draws (same seed, same instance id -> same negatives).
@@ -325,7 +328,8 @@ class SampledRankingMetrics(Metric):
             silently counts as below the positive) or False. Factor inputs are checked (factors and bias) unless False.
         adaptive_max: adaptive sampling (``reco_sampled_plugin.adaptive``): a relevant item ranked first among
             its m draws draws m more (keyed per stage) until it is not first or m would exceed ``adaptive_max``.
-            With replacement only; estimators ``mes``, ``mle``, ``none``. The state becomes one row per n of
+            With replacement only; estimators that take adaptive designs (``registry.names(adaptive=True)``: ``mle``,
+            ``mes``, ``none``). The state becomes one row per n of
             sum over stages of (new draws + 1) counts (about ``adaptive_max`` numbers per distinct n); each
             estimate's ``details["adaptive"]`` holds the cost (mean and largest m, share at the cap).
 
@@ -342,7 +346,7 @@ class SampledRankingMetrics(Metric):
     def __init__(
         self,
         metrics: str | Iterable[str] = ("ndcg@10", "recall@10"),
-        n_samples: int = 100,
+        n_samples: int | SamplingDesign = 100,
         estimators: Sequence[str] = ("none", "bv"),
         *,
         estimator_options: Mapping[str, Mapping[str, Any]] | None = None,
@@ -356,17 +360,23 @@ class SampledRankingMetrics(Metric):
     ) -> None:
         super().__init__(**kwargs)
         self.metric_names = _metric_names(metrics)
-        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
-            raise ValueError(f"n_samples: expected a positive integer m, got {n_samples!r}")
-        if n_samples > MAX_SAMPLES:  # the state holds m + 1 counts per distinct n
-            raise ValueError(f"n_samples: at most {MAX_SAMPLES} sampled items per relevant item, got {n_samples}")
-        self.n_samples = n_samples
-        self.design = adaptive_design(n_samples, adaptive_max)
-        self.adaptive_max = adaptive_max
+        if n_samples is None:
+            raise ValueError("n_samples: expected a positive integer m or a SamplingDesign, got None")
+        # the one coercion (design.py): m in 1..MAX_SAMPLES (the state holds m + 1 counts per distinct n), the cap,
+        # the law; the loose replacement= / adaptive_max= of an int m
+        design = as_design(n_samples, replacement=replacement, adaptive_max=adaptive_max)
+        if design.law not in ("binomial", "hypergeometric"):  # keyed draws are uniform (a new law: refused)
+            raise ValueError(f"n_samples: the keyed draws of SampledRankingMetrics are uniform; {design!r} "
+                             f"({design.law} draws) is not supported")
+        self.design: SamplingDesign = design
+        self._adaptive = design.adaptive  # the stages of an adaptive design (None for a fixed m)
+        self.n_samples = design.n_samples
+        self.adaptive_max = design.adaptive_max
         self.estimators = (estimators,) if isinstance(estimators, str) else tuple(estimators)
-        unknown = [e for e in self.estimators if e not in ESTIMATORS]
+        known = registry.names()
+        unknown = [e for e in self.estimators if e not in known]
         if unknown or not self.estimators:
-            raise ValueError(f"estimators: unknown {unknown}; use some of {ESTIMATORS}")
+            raise ValueError(f"estimators: unknown {unknown}; use some of {known}")
         if estimator_options is not None and not isinstance(estimator_options, Mapping):
             raise ValueError(f"estimator_options: expected a mapping {{method: {{option: value}}}}, got "
                              f"{type(estimator_options).__name__}")
@@ -378,15 +388,15 @@ class SampledRankingMetrics(Metric):
             k: check_estimator_options(k, v, where=f"estimator_options[{k!r}]")
             for k, v in (estimator_options or {}).items()
         }
-        self.replacement = check_bool(replacement, "replacement")
-        self.sampling = "binomial" if self.replacement else "hypergeometric"
-        if self.design is not None:
-            if not self.replacement:
-                raise ValueError("adaptive_max: adaptive sampling draws with replacement (replacement=True)")
-            bad = [e for e in self.estimators if e not in ADAPTIVE_METHODS]
-            if bad:
-                raise ValueError(f"estimators: {bad} assume one fixed m per relevant item; with adaptive_max use "
-                                 f"some of {ADAPTIVE_METHODS}")
+        self.replacement = design.replacement
+        self.sampling = design.law
+        bad = [e for e in self.estimators if not registry.get(e).supports(design)]
+        if bad and self._adaptive is not None:
+            raise ValueError(f"estimators: {bad} assume one fixed m per relevant item; with adaptive_max use "
+                             f"some of {registry.names(adaptive=True)}")
+        if bad:
+            raise ValueError(f"estimators: {bad} do not support {design.describe()}; use some of "
+                             f"{registry.names(design=design)}")
         self.seed = check_seed(seed, "seed")
         self.ties = check_ties(ties)
         if self.ties == "average":
@@ -395,7 +405,7 @@ class SampledRankingMetrics(Metric):
         self.max_n_groups = None if max_n_groups is None else check_count(max_n_groups, "max_n_groups", 1)
         self.check_finite = _check_finite_option(check_finite)
         # rows e = 0.. of m + 1 counts for n = n_items - e; rows are added as larger e appear
-        width = n_samples + 1 if self.design is None else adaptive_columns(self.design)[1]
+        width = self.n_samples + 1 if self._adaptive is None else adaptive_columns(self._adaptive)[1]
         self.add_state("hist", torch.zeros(0, width, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("n_items", torch.zeros((), dtype=torch.int64), dist_reduce_fx="max")
         self._rows_seen = 0  # default instance keys when no ids are given
@@ -427,12 +437,12 @@ class SampledRankingMetrics(Metric):
         )
         checks.read()  # the batch's one validation read (without replacement, read with the small-pool sizes)
         sizes = None
-        if self.design is not None:
+        if self._adaptive is not None:
             def draw(rows, m_new, seed):  # the pools were checked at stage 0: nothing to check (or read) here
                 return keyed_ranks_only(scores[rows], pos[rows], None if exc is None else exc[rows], m_new,
                                         ids[rows], seed, True, self.ties, DeviceChecks())
 
-            ranks, sizes = keyed_adaptive_ranks(draw, ranks, self.design, self.seed)
+            ranks, sizes = keyed_adaptive_ranks(draw, ranks, self._adaptive, self.seed)
         self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
 
     def update_factors(self, user_factors, item_factors, positives, exclude=None, ids=None, keep=None,
@@ -460,13 +470,13 @@ class SampledRankingMetrics(Metric):
         )
         checks.read()
         sizes = None
-        if self.design is not None:
+        if self._adaptive is not None:
             def draw(rows, m_new, seed):
                 return keyed_factor_ranks_only(
                     u[rows], v, bias, pos[rows], None if exc is None else exc[rows], m_new, ids[rows], seed, True,
                     self.ties, None if pos_scores is None else pos_scores[rows], DeviceChecks())
 
-            ranks, sizes = keyed_adaptive_ranks(draw, ranks, self.design, self.seed)
+            ranks, sizes = keyed_adaptive_ranks(draw, ranks, self._adaptive, self.seed)
         self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
 
     def _check_n_items(self, n_items: int) -> None:
@@ -521,7 +531,7 @@ class SampledRankingMetrics(Metric):
         """Column offset of each adaptive stage (:func:`adaptive_columns`) on ``device``, copied there once."""
         cached = self._offsets.get(device)
         if cached is None:
-            offsets, _ = adaptive_columns(self.design)
+            offsets, _ = adaptive_columns(self._adaptive)
             cached = self._offsets[device] = torch.as_tensor(offsets, dtype=torch.int64).to(device)
         return cached
 
@@ -557,8 +567,8 @@ class SampledRankingMetrics(Metric):
     # ---------------------------------------------------------------------------- compute
     def _histogram(self):
         counts = self.hist.detach().to("cpu", torch.float64).numpy()
-        if self.design is not None:
-            return adaptive_histogram_from_rows(counts, int(self.n_items), self.design, self.max_n_groups)
+        if self._adaptive is not None:
+            return adaptive_histogram_from_rows(counts, int(self.n_items), self._adaptive, self.max_n_groups)
         return histogram_from_rows(counts, int(self.n_items), self.n_samples, self.max_n_groups)
 
     def histogram(self):
@@ -577,8 +587,8 @@ class SampledRankingMetrics(Metric):
                 continue
             opts = dict(self.estimator_options.get(method, {}))
             try:
-                if self.design is not None:
-                    opts["adaptive"] = self.design
+                if self._adaptive is not None:
+                    opts["adaptive"] = (self._adaptive.n_samples, self._adaptive.adaptive_max)
                 out[key] = estimate(metric, hist, method=method, sampling=self.sampling, **opts)
             except ValueError as exc:  # one failing estimator must not take the others (or training) down
                 warnings.warn(f"{key}: estimator failed ({exc}); reported as NaN", RuntimeWarning, stacklevel=2)
