@@ -157,7 +157,7 @@ class Estimator:
     fits_distribution: bool = False
     fitter: str | Callable | None = None
     reference: str = ""
-    _resolved: dict = field(default_factory=dict, compare=False, repr=False)
+    _resolved: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:

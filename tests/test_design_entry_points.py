@@ -6,10 +6,7 @@ the CLI, the planner):
 (a) ``SamplingDesign(m)`` gives what the int ``m`` gives (same seed);
 (b) ``SamplingDesign(m, adaptive_max=cap)`` gives what the loose ``adaptive_max=cap`` gives;
 (c) a design the chosen estimator does not support is refused with a ValueError naming the estimator;
-(d) an estimator registered at run time (``registry.register``) is accepted without any other edit.
-
-The parts of (d) that run the registered estimator through ``estimate()`` need the registry-dispatching
-``estimate()`` (until it lands, ``estimators.py`` keeps its own list): they are marked xfail.
+(d) an estimator registered at run time (``registry.register``) is accepted without any other edit, and runs.
 """
 
 from __future__ import annotations
@@ -26,15 +23,19 @@ import torch
 from reco_sampled_plugin import registry
 from reco_sampled_plugin.design import SamplingDesign
 
-NEEDS_DISPATCH = pytest.mark.xfail(reason="needs the registry-dispatching estimate() from main", strict=False)
-
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 
 
 @pytest.fixture
 def bv_copy():
-    """``bv`` registered again as ``bv_copy`` for the test (unregistered afterwards)."""
-    entry = registry.register(dataclasses.replace(registry.get("bv"), name="bv_copy"))
+    """``bv`` registered again as ``bv_copy`` for the test (unregistered afterwards): its own compute function
+    runs the ``bv`` tables (the correction module solves the tables it knows by name)."""
+    from reco_sampled_plugin.corrections import estimate_by_table
+
+    def compute(spec, hist, *, method, sampling, options):
+        return estimate_by_table(spec, hist, method="bv", sampling=sampling, options=options)
+
+    entry = registry.register(dataclasses.replace(registry.get("bv"), name="bv_copy", compute=compute))
     try:
         yield entry
     finally:
@@ -106,7 +107,6 @@ def test_evaluate_factors_registered_estimator_is_known(bv_copy):
         evaluate_factors(train, test, u, v, n_samples=10, correction="ls", gamma=0.2)
 
 
-@NEEDS_DISPATCH
 def test_evaluate_factors_runs_a_registered_estimator(bv_copy):
     from reco_sampled_plugin import evaluate_factors
 
@@ -172,7 +172,6 @@ def test_torchmetrics_registered_estimator_is_accepted(bv_copy):
         SampledRankingMetrics("hit@10", SamplingDesign(4, adaptive_max=32), ("bv_copy",))
 
 
-@NEEDS_DISPATCH
 def test_torchmetrics_checks_a_registered_estimators_options(bv_copy):
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
 
@@ -182,7 +181,6 @@ def test_torchmetrics_checks_a_registered_estimators_options(bv_copy):
         SampledRankingMetrics("hit@10", 20, ("bv_copy",), estimator_options={"bv_copy": {"gamma": math.nan}})
 
 
-@NEEDS_DISPATCH
 def test_torchmetrics_runs_a_registered_estimator(bv_copy):
     import warnings
 
@@ -247,7 +245,6 @@ def test_lightning_callback_registered_estimator_is_accepted(bv_copy):
     assert "bv_copy" in cb.labels
 
 
-@NEEDS_DISPATCH
 def test_lightning_callback_runs_a_registered_estimator(bv_copy, tmp_path):
     from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
 
@@ -353,7 +350,6 @@ def test_cli_help_lists_the_registry(tmp_path, capsys, bv_copy):
     assert "--method: unknown" not in capsys.readouterr().err
 
 
-@NEEDS_DISPATCH
 def test_cli_runs_a_registered_estimator(tmp_path, capsys, bv_copy):
     from reco_sampled_plugin.cli import main
 
@@ -403,7 +399,6 @@ def test_planner_registered_estimator_is_known(bv_copy):
         plan(3000, 300, "hit@10", 0.3, designs=[SamplingDesign(50, adaptive_max=800)], method="bv_copy", repeats=2)
 
 
-@NEEDS_DISPATCH
 def test_planner_runs_a_registered_estimator(bv_copy):
     from reco_sampled_plugin.planner import plan
 
