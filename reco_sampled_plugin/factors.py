@@ -55,7 +55,7 @@ from .design import SamplingDesign, as_design
 from .metric_names import MetricSpec, parse_metric
 from ._rank_hist import as_histogram
 from .adaptive import adaptive_cost, adaptive_sampled_ranks
-from .ranking import TIE_BOUNDS, _check_ties, candidate_counts, exact_ranks_padded, sampled_ranks, tied_positives
+from .ranking import TIE_BOUNDS, _check_ties, exact_ranks_padded, sampled_ranks, tied_positives
 from .user_metrics import _SortedRanks, _values
 from .tie_expectation import expected_dcg, expected_metric_values
 
@@ -616,18 +616,14 @@ def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, design: Sam
         empty = torch.zeros(0, dtype=torch.int64, device=pos.device)
         return empty, empty, empty, empty.to(ranks.dtype), empty, empty
     exc_arg = exc if exc.shape[1] else None
-    m = design.n_samples
     if design.adaptive is None:
-        res = sampled_ranks(
-            scores, pos, m, exclude=exc_arg, replacement=design.replacement, popularity=design.popularity,
-            generator=gen, ties=ties, check_finite=False,
-        )
-        s_ranks, n_cand = res.ranks, res.n_candidates
-        sizes = torch.full_like(pos, m)
+        res = sampled_ranks(scores, pos, design, exclude=exc_arg, generator=gen, ties=ties, check_finite=False)
+        sizes = torch.full_like(pos, design.n_samples)
     else:
-        s_ranks, sizes = adaptive_sampled_ranks(scores, pos, m, design.adaptive_max, exclude=exc_arg,
-                                                generator=gen, ties=ties, check_finite=False)
-        n_cand = candidate_counts(scores.shape[1], pos, exc_arg, count_other_positives=False)
+        res = adaptive_sampled_ranks(scores, pos, design, exclude=exc_arg, generator=gen, ties=ties,
+                                     check_finite=False)
+        sizes = res.n_samples
+    s_ranks, n_cand = res.ranks, res.n_candidates
     single = _single_item_ranks(scores, pos, ranks, ties, gen)
     valid = pos >= 0
     users = rows.unsqueeze(1).expand_as(pos)[valid]
