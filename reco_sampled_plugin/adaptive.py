@@ -26,6 +26,7 @@ import torch
 from scipy import special
 
 from ._checks import MAX_SAMPLES, check_rank_values, check_size, check_sizes
+from .simulate import simulate_sampled_ranks
 
 __all__ = [
     "AdaptiveDesign",
@@ -160,8 +161,6 @@ def adaptive_sampled_ranks_from_exact(
     Returns:
         (sampled ranks among the final m, final m per positive), int64 tensors shaped like ``exact_ranks``.
     """
-    from .rank_distribution import simulate_sampled_ranks
-
     design = AdaptiveDesign(n_samples, max_samples)
     m0, cap = design.n_samples, design.cap
     if generator is not None and not isinstance(generator, torch.Generator):

@@ -63,8 +63,9 @@ from ._options import check_bool, check_count, check_nonnegative_float, check_po
 from .metric_names import parse_metric
 from .sampling_laws import check_law, _log_sampled_rank_pmf
 
-# adaptive draws live in ``adaptive``; importable from here as before
+# draws live in ``simulate`` and ``adaptive``; importable from here as before
 from .adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact  # noqa: E402,F401
+from .simulate import simulate_sampled_ranks  # noqa: F401
 
 __all__ = [
     "RANK_DISTRIBUTION_METHODS",
@@ -994,19 +995,3 @@ def estimate_rank_distributions(
             flags=tuple(flags), details=details, lik=model.lik, lik_cols=model.cols,
         ))
     return out
-
-
-# ------------------------------------------------------------------------------ simulation, adaptive
-def simulate_sampled_ranks(
-    exact_ranks, n_items, n_samples, sampling: str = "binomial", generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Draw sampled ranks r~ = 1 + j given exact ranks r (j from the sampling law), int64, on the
-    ranks' device. ``n_items`` and ``n_samples`` may be per-positive tensors; ``generator`` seeds
-    the draw (see :func:`reco_sampled_plugin.simulate.draw_sampled_ranks`)."""
-    from .simulate import draw_sampled_ranks
-
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
-    r = torch.as_tensor(exact_ranks)
-    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-    return draw_sampled_ranks(r, n_items, n_samples, sampling, repeats=1, seed=seed)[0].to(r.device)
