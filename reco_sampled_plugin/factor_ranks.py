@@ -37,6 +37,7 @@ import weakref
 
 import torch
 
+from ._inputs import factor_finite_checks
 from .counting import count_beating_tile
 from .ranking import TIE_BOUNDS, _check_ties, exact_ranks, exact_ranks_padded, prepare_index, tied_positives
 
@@ -203,11 +204,11 @@ def check_factors(user_factors, item_factors, item_bias=None) -> tuple[torch.Ten
 def check_finite_factors(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None) -> None:
     """Raise when a factor or bias is NaN or inf (then scores would be). :func:`factor_ranks_padded` checks
     this itself (through the norms of its overflow bound); sampled ranks alone need this. One host read."""
-    given = [(x, name) for x, name in ((u, "user_factors"), (v, "item_factors"), (bias, "item_bias")) if x is not None]
-    finite = torch.stack([torch.isfinite(x).all() for x, _ in given]).tolist()
-    for ok, (_, name) in zip(finite, given):
-        if not ok:
-            raise ValueError(f"{name}: contains NaN or inf; ranks would be meaningless")
+    checks = factor_finite_checks(u, v, bias)
+    if checks:
+        for bad, (_, message) in zip(torch.stack([flag for flag, _ in checks]).tolist(), checks):
+            if bad:
+                raise ValueError(message)
 
 
 def _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives=True,

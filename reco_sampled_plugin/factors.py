@@ -49,11 +49,13 @@ import scipy.sparse as sp
 import torch
 
 from ._checks import MAX_SAMPLES, check_int, check_size
+from ._inputs import finite_flags
 from ._options import check_fraction
+from ._sparse import canonicalise, csr_copy
 from .metric_names import MetricSpec, parse_metric
 from ._rank_hist import as_histogram
 from .adaptive import ADAPTIVE_METHODS, adaptive_cost, adaptive_design, adaptive_sampled_ranks
-from .ranking import TIE_BOUNDS, _check_ties, candidate_counts, exact_ranks_padded, sampled_ranks, tied_positives
+from .ranking import END_TIES, TIE_BOUNDS, _check_ties, candidate_counts, exact_ranks_padded, sampled_ranks, tied_positives
 from .user_metrics import _SortedRanks, _values
 from .tie_expectation import expected_dcg, expected_metric_values
 
@@ -93,32 +95,12 @@ class _CSR:
 
 def _to_csr(x, name: str) -> _CSR:
     """scipy sparse (any format), torch sparse (any layout) or a dense array/tensor -> :class:`_CSR`."""
-    if isinstance(x, torch.Tensor):
-        t = x.detach()
-        if t.layout == torch.strided:
-            if t.dim() != 2:
-                raise ValueError(f"{name}: expected a (users x items) matrix, got shape {tuple(t.shape)}")
-            t = t.to_sparse_coo()
-        else:
-            t = t.to_sparse_coo()
-        t = t.coalesce().cpu()
-        rows, cols = t.indices().numpy()
-        data = t.values().to(torch.float64).numpy()
-        shape = (int(t.shape[0]), int(t.shape[1]))
-        m = sp.csr_matrix((data, (rows, cols)), shape=shape)
-    elif sp.issparse(x):
-        if x.ndim != 2:
-            raise ValueError(f"{name}: expected a 2-D sparse matrix, got {x.ndim} dimensions")
-        m = sp.csr_matrix(x, copy=True)  # canonicalised below: never touch the caller's arrays
-    else:
-        arr = np.asarray(x)
-        if arr.ndim != 2:
-            raise ValueError(f"{name}: expected a (users x items) matrix, got shape {arr.shape}")
-        m = sp.csr_matrix(arr)
+    if sp.issparse(x) and x.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D sparse matrix, got {x.ndim} dimensions")
+    m = csr_copy(x, name, torch.float64)  # canonicalised below: never touch the caller's arrays
     if m.dtype.kind not in "biuf":
         raise ValueError(f"{name}: expected real values, got dtype {m.dtype}")
-    m.sum_duplicates()
-    m.eliminate_zeros()
+    canonicalise(m)
     data = m.data.astype(np.float64, copy=False)
     if not np.isfinite(data).all():
         raise ValueError(f"{name}: contains NaN or inf values")
@@ -426,8 +408,8 @@ def evaluate_factors(
         valid &= n_tr > 0
     maybe_inf = np.zeros(n_users, dtype=bool)
     if a_mat is not None:
-        finite_users = torch.isfinite(a_mat).all(1).cpu().numpy()
-        item_ok = torch.isfinite(b_mat).all(1)
+        finite_users = finite_flags(a_mat, dim=1).cpu().numpy()
+        item_ok = finite_flags(b_mat, dim=1)
         # Cauchy-Schwarz: |a.b| <= |a| |b|; rows whose bound could overflow get an exact check on their scores
         big = torch.finfo(dtype).max / 4
         norm_a = torch.linalg.vector_norm(torch.nan_to_num(a_mat.double()), dim=1)
@@ -589,7 +571,7 @@ def _single_item_ranks(scores, pos, ranks, ties, gen) -> torch.Tensor:
     other = valid.unsqueeze(1) & valid.unsqueeze(2) & ~torch.eye(pos.shape[1], dtype=torch.bool, device=pos.device)
     ge = ((ps.unsqueeze(1) >= ps.unsqueeze(2)) & other).sum(2)
     gt = ((ps.unsqueeze(1) > ps.unsqueeze(2)) & other).sum(2)
-    if ties in ("pessimistic", "optimistic"):  # the full rank counts the tied test items before it in slot order
+    if ties in END_TIES:  # the full rank counts the tied test items before it in slot order
         return ranks - gt - tied_positives(ps, valid)[0]
     return ranks - (ge + gt).to(torch.float64) / 2
 

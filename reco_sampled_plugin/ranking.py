@@ -25,8 +25,8 @@ import torch
 
 from ._checks import MAX_SAMPLES, MAX_SIZE, check_int, check_not_meta, check_same_device, check_sizes, check_weights
 from ._inputs import (Check, _score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
-                      pending_index, run_checks, sparse_masks)
-from .counting import _finite_rows, count_beating, count_beating_checked, count_tied_before, item_keys
+                      finite_flags, pending_index, run_checks, sparse_masks)
+from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
 
 __all__ = [
     "TIES",
@@ -41,7 +41,11 @@ __all__ = [
     "allowed_position_to_item",
 ]
 
-TIES = ("pessimistic", "optimistic", "average", "random")
+TIES = ("pessimistic", "optimistic", "average", "random")  # the one list of tie policies; subsets below
+#: the deterministic policies (one rank per positive without random numbers; the adapters')
+DETERMINISTIC_TIES = TIES[:3]
+#: the policies that put a positive at one end of its tie group (pessimistic: last, optimistic: first)
+END_TIES = TIES[:2]
 #: internal tie "policy" of the ranking kernels: (B, P, 2) int64 [lo, hi], the first and last position of each
 #: positive's tie group (other positives competing), from which ties="average" metrics take their expectation
 TIE_BOUNDS = "bounds"
@@ -250,7 +254,7 @@ def _exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator
         if raise_now:
             check_scores(scores, True)
         else:
-            finite = _finite_rows(scores)
+            finite = finite_flags(scores, dim=1)
         check_finite = False
 
     def count(ref: torch.Tensor, inclusive: bool) -> torch.Tensor:  # the first count also checks the scores
@@ -279,7 +283,7 @@ def _exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator
         gt = count(pos_scores, False)
         if removed:
             gt = gt - _removed_counts(rem_scores, rem_valid, pos_scores, False, not count_other_positives)
-    if count_other_positives and ties in ("pessimistic", "optimistic") and pos.shape[1] > 1:
+    if count_other_positives and ties in END_TIES and pos.shape[1] > 1:
         before, after = tied_positives(pos_scores, pos_valid)  # tied relevant items in slot order
         if ties == "pessimistic":
             ge = ge - after

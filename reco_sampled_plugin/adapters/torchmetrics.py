@@ -54,6 +54,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torchmetrics import Metric
 
+from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags
 from reco_sampled_plugin._options import check_bool, check_choice, check_count, check_seed
 from reco_sampled_plugin.estimate import Estimate
 from reco_sampled_plugin.estimators import ESTIMATORS, check_estimator_options, estimate
@@ -117,8 +118,7 @@ def _check_scores(scores: torch.Tensor, pos: torch.Tensor, check_finite, checks:
     own = checks is None
     checks = DeviceChecks() if own else checks
     if check_finite is True and scores.numel():
-        lo, hi = torch.aminmax(scores)  # both propagate NaN: finite iff every score is (one pass, no temporary)
-        checks.add(~(torch.isfinite(lo) & torch.isfinite(hi)),
+        checks.add(~finite_flags(scores),  # one aminmax pass, no temporary
                    "scores: NaN or inf in the score matrix; ranks would be meaningless")
     elif check_finite == "positives" and pos.numel():
         ps = scores.gather(1, pos.clamp(min=0))
@@ -130,9 +130,8 @@ def _check_scores(scores: torch.Tensor, pos: torch.Tensor, check_finite, checks:
 
 def _check_factors_finite(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, checks: DeviceChecks) -> None:
     """NaN or inf factors or bias (then scores would be), as flags in ``checks`` (no synchronisation here)."""
-    for x, name in ((u, "user_factors"), (v, "item_factors"), (bias, "item_bias")):
-        if x is not None and x.numel():
-            checks.add(~torch.isfinite(x).all(), f"{name}: contains NaN or inf; ranks would be meaningless")
+    for flag, message in factor_finite_checks(u, v, bias):
+        checks.add(flag, message)
 
 
 def _to(x: torch.Tensor, device: torch.device) -> torch.Tensor:
