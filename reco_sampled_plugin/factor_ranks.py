@@ -39,7 +39,7 @@ import torch
 
 from ._inputs import factor_finite_checks
 from .counting import count_beating_tile
-from .ranking import TIE_BOUNDS, _check_ties, exact_ranks, exact_ranks_padded, prepare_index, tied_positives
+from .ranking import TIE_BOUNDS, check_ties, exact_ranks, exact_ranks_padded, prepare_index, tied_positives
 
 __all__ = [
     "exact_ranks_from_factors",
@@ -176,7 +176,7 @@ def exact_ranks_from_factors(
         ValueError: shapes, dtypes or devices that do not match, NaN or inf factors or biases,
             ``ties="random"``, invalid positives / exclusions (as :func:`~reco_sampled_plugin.ranking.exact_ranks`).
     """
-    return _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives,
+    return ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives,
                                tile_elements, item_bias)[0]
 
 
@@ -211,11 +211,11 @@ def check_finite_factors(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | 
                 raise ValueError(message)
 
 
-def _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives=True,
+def ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives=True,
                         tile_elements=None, item_bias=None):
     """:func:`exact_ranks_from_factors`, also returning the validated padded positives and exclusions."""
     if ties != TIE_BOUNDS:
-        _check_ties(ties)
+        check_ties(ties)
     if ties == "random":
         raise ValueError("ties: 'random' is not supported from factors; use exact_ranks(user_factors @ item_factors.T, ...)")
     u, v, bias = check_factors(user_factors, item_factors, item_bias)

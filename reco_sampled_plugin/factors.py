@@ -55,8 +55,8 @@ from ._sparse import canonicalise, csr_copy
 from .metric_names import MetricSpec, parse_metric
 from ._rank_hist import as_histogram
 from .adaptive import ADAPTIVE_METHODS, adaptive_cost, adaptive_design, adaptive_sampled_ranks
-from .ranking import END_TIES, TIE_BOUNDS, _check_ties, candidate_counts, exact_ranks_padded, sampled_ranks, tied_positives
-from .user_metrics import _SortedRanks, _values
+from .ranking import END_TIES, TIE_BOUNDS, check_ties, candidate_counts, exact_ranks_padded, sampled_ranks, tied_positives
+from .user_metrics import SortedRanks, values_from_sorted
 from .tie_expectation import expected_dcg, expected_metric_values
 
 __all__ = ["evaluate_factors", "FactorEvaluation", "SampledEvaluation", "RECOMETRICS_METRICS"]
@@ -183,7 +183,7 @@ def _metric_specs(metrics, k: int, cumulative: bool) -> tuple[list[MetricSpec], 
 # per-batch metrics
 
 
-def _ndcg(spec: MetricSpec, s: _SortedRanks, dcg: torch.Tensor | None = None) -> torch.Tensor:
+def _ndcg(spec: MetricSpec, s: SortedRanks, dcg: torch.Tensor | None = None) -> torch.Tensor:
     """NDCG with recometrics' handling of negative relevance: DCG sums the raw values of the hits, the ideal DCG
     the positive values only; NaN when no value is positive (or no test item, or fewer than 2 candidates).
     ``dcg``: the (B,) DCG when given (the expectation over tie orders of ``ties="average"``)."""
@@ -328,7 +328,7 @@ def evaluate_factors(
     min_pos_test = check_int(min_pos_test, "min_pos_test", minimum=1)
     min_items_pool = check_int(min_items_pool, "min_items_pool", minimum=1)
     seed = check_int(seed, "seed", minimum=0)
-    _check_ties(ties)
+    check_ties(ties)
     base_specs, specs = _metric_specs(metrics, k, bool(cumulative))
 
     test = _to_csr(X_test, "X_test")
@@ -515,10 +515,10 @@ def evaluate_factors(
             if flagged.numel():
                 nan_rows[flagged] |= _all_tied(scores, flagged, pos_scores[flagged]) & (n_cand_b[flagged] > 1)
         rel = torch.from_numpy(_padded(b, te_row, te_slot, te_val, 0.0)).to(dev) if need_values else None
-        s = _SortedRanks(ranks, n_cand_b, rel)
+        s = SortedRanks(ranks, n_cand_b, rel)
         for spec in specs:
             if bounds is None:
-                vals = _ndcg(spec, s) if spec.kind == "ndcg" else _values(spec, s)
+                vals = _ndcg(spec, s) if spec.kind == "ndcg" else values_from_sorted(spec, s)
             elif spec.kind == "ndcg":
                 vals = _ndcg(spec, s, expected_dcg(bounds[..., 0].double(), bounds[..., 1].double(),
                                                    rel.double() if rel is not None else (pos >= 0).double(), spec.k,
@@ -605,7 +605,7 @@ def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, m, replacem
 
 
 def _sampled_result(per_user, parts, base_specs, m, replacement, correction, gamma, as_df, dev, design=None):
-    from .metrics import _metric_from_float_ranks
+    from .metrics import metric_from_float_ranks
 
     if parts:
         users, items, sranks, eranks, n_single, sizes = (torch.cat([p[i] for p in parts]) for i in range(6))
@@ -624,9 +624,9 @@ def _sampled_result(per_user, parts, base_specs, m, replacement, correction, gam
         row: dict[str, float] = {"n_instances": float(users.numel())}
         if users.numel():
             n_f = n_single.to(torch.float64)
-            row["exact"] = float(_metric_from_float_ranks(spec, eranks.to(torch.float64), n_f).mean())
+            row["exact"] = float(metric_from_float_ranks(spec, eranks.to(torch.float64), n_f).mean())
             row["sampled"] = float(
-                _metric_from_float_ranks(spec, sranks.to(torch.float64), sizes.to(torch.float64) + 1.0).mean()
+                metric_from_float_ranks(spec, sranks.to(torch.float64), sizes.to(torch.float64) + 1.0).mean()
             )
         else:
             row["exact"] = row["sampled"] = math.nan

@@ -78,13 +78,16 @@ def _log_beta_g(m: int, a: float) -> np.ndarray:
     return np.logaddexp.accumulate(log_t)
 
 
-def _check_a(a, name: str = "a") -> float:
+def check_a(a, name: str = "a") -> float:
     if a is None:
         raise ValueError(f"{name}: method 'beta' needs the Beta shape a > 0 (a = 1 is eq. 18; use fit_beta for eq. 19)")
     try:
         return check_positive_float(a, name)
     except ValueError:
         raise ValueError(f"{name}: the Beta shape must be a finite number > 0, got {a!r}") from None
+
+
+_check_a = check_a  # alias until estimators.py is updated (issue 24: integrator removes it)
 
 
 def _full_mapping(n: int, m: int, method: str, a: float | None) -> np.ndarray:
@@ -95,7 +98,7 @@ def _full_mapping(n: int, m: int, method: str, a: float | None) -> np.ndarray:
     if method == "bound":
         return np.clip(np.floor((k - 0.5) * (n - 1.0) / m + 0.5), 1.0, float(n))
     if method == "beta":
-        a = _check_a(a)
+        a = check_a(a)
         return 1.0 + (n - 1.0) * np.exp(_log_beta_g(m, a) / a)
     if method == "beta_fit":
         raise ValueError("method: 'beta_fit' needs sampled ranks; call fit_beta(...) and pass its a to method='beta'")
@@ -180,7 +183,7 @@ def fit_beta(
         ValueError: empty histogram, or every positive at the last sampled rank (the likelihood grows without
             bound in a: no fixed point); ``a0`` or ``tol`` not a finite number > 0, ``max_iter`` not an integer >= 1.
     """
-    a = _check_a(a0, "a0")
+    a = check_a(a0, "a0")
     tol = check_positive_float(tol, "tol")
     max_iter = check_count(max_iter, "max_iter", 1)
     hist = as_histogram(sampled_ranks, n_items, n_samples)
@@ -247,10 +250,10 @@ class MappedPoints:
 
 def _resolve_a(method: str, a, hist: RankHistogram) -> tuple[str, float | None, BetaFit | None]:
     if method == "beta_fit":
-        fit = fit_beta(hist, a0=1.0 if a is None else _check_a(a))
+        fit = fit_beta(hist, a0=1.0 if a is None else check_a(a))
         return "beta", fit.a, fit
     if method == "beta":
-        return "beta", _check_a(a), None
+        return "beta", check_a(a), None
     if method not in MAPPING_METHODS:
         raise ValueError(f"method: unknown mapping {method!r}; use one of {MAPPING_METHODS}")
     return method, None, None

@@ -27,7 +27,7 @@ from .metric_names import MetricSpec, parse_metric
 __all__ = ["metric_values", "metric_curve"]
 
 
-def _metric_from_float_ranks(spec: MetricSpec, r: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+def metric_from_float_ranks(spec: MetricSpec, r: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """M(r) on float64 ranks ``r`` and candidate counts ``n`` (broadcast), no validation."""
     kind, k = spec.kind, spec.k
     if kind == "auc":
@@ -44,6 +44,9 @@ def _metric_from_float_ranks(spec: MetricSpec, r: torch.Tensor, n: torch.Tensor)
     else:  # pragma: no cover - MetricSpec validates kinds
         raise ValueError(f"metric: unsupported kind {kind!r}")
     return torch.where(inside, value, torch.zeros_like(value))
+
+
+_metric_from_float_ranks = metric_from_float_ranks  # alias until estimators.py is updated (issue 24: integrator removes it)
 
 
 def metric_values(metric: str | MetricSpec, ranks, n_items) -> torch.Tensor:
@@ -68,7 +71,7 @@ def metric_values(metric: str | MetricSpec, ranks, n_items) -> torch.Tensor:
     if spec.k is not None and n.numel() and spec.k > float(n.max()):
         raise ValueError(f"metric: k = {spec.k} is larger than the candidate list (n_items = {int(n.max())})")
     check_ranks_in_range(r, n)
-    return _metric_from_float_ranks(spec, r, n)
+    return metric_from_float_ranks(spec, r, n)
 
 
 def metric_curve(metric: str | MetricSpec, n_items: int, device=None) -> torch.Tensor:

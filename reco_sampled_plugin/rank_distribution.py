@@ -61,7 +61,7 @@ from ._rank_hist import (
 )
 from ._options import check_bool, check_count, check_nonnegative_float, check_positive_float, check_seed
 from .metric_names import parse_metric
-from .sampling_laws import check_law, _log_sampled_rank_pmf
+from .sampling_laws import check_law, log_sampled_rank_pmf as _log_sampled_rank_pmf
 
 # draws live in ``simulate`` and ``adaptive``; importable from here as before
 from .adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact  # noqa: E402,F401
@@ -114,7 +114,7 @@ def rank_grid(n_items: int, n_samples: int, delta: float = 0.05, kappa: float = 
     return edges
 
 
-def _cell_points(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def cell_points(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Up to 8 ranks per cell spread evenly through it, and their weights (rows sum to 1)."""
     lo = edges[:-1]
     width = np.diff(edges)
@@ -125,6 +125,9 @@ def _cell_points(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     pts = np.where(narrow, every, even)
     wts = np.where(narrow, (j[None, :] < width[:, None]) / width[:, None].astype(np.float64), 1.0 / _SUBPOINTS)
     return pts, wts
+
+
+_cell_points = cell_points  # alias until identification.py is updated (issue 24: integrator removes it)
 
 
 # ------------------------------------------------------------------------------------------- model
@@ -274,8 +277,8 @@ def model_grid(n_items, n_samples, delta: float = 0.05, kappa: float = 0.25, ext
 
 def dense_likelihood(edges: np.ndarray, n_items, n_samples, law: str) -> tuple[np.ndarray, np.ndarray]:
     """P(r~ = i | cell, group) for every i (G, C, m_max + 1) and the inside mask (G, C): each cell's law
-    averaged over up to 8 ranks spread through it (``_cell_points``)."""
-    pts, wts = _cell_points(edges)
+    averaged over up to 8 ranks spread through it (``cell_points``)."""
+    pts, wts = cell_points(edges)
     G, C = len(n_items), len(edges) - 1
     m_max = int(max(n_samples))
     lik = np.zeros((G, C, m_max + 1))
@@ -319,7 +322,7 @@ def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa:
     G, C = len(n_items), len(edges) - 1
     lik = np.zeros((C, len(cols)))
     inside = np.zeros((G, C), dtype=bool)
-    pts, wts = _cell_points(edges)
+    pts, wts = cell_points(edges)
     for g in range(G):  # one pass per (n, m) group
         n_g, m_g = int(n_arr[g]), int(m_arr[g])
         c_in = int(np.searchsorted(edges, n_g))  # cells 0..c_in-1 lie within 1..n_g (n_g is an edge)

@@ -51,7 +51,7 @@ END_TIES = TIES[:2]
 TIE_BOUNDS = "bounds"
 
 
-def _check_ties(ties: str) -> str:
+def check_ties(ties: str) -> str:
     if ties not in TIES:
         raise ValueError(f"ties: unknown policy {ties!r}; use one of {TIES}")
     return ties
@@ -114,7 +114,7 @@ def _removed_tied_before(rem_scores, rem_valid, rem_idx, pos_scores, pos_keys, r
     return below_key - below_score
 
 
-def _prepare(scores, positives, exclude, check_finite):
+def prepare_inputs(scores, positives, exclude, check_finite):
     scores = _score_tensor(scores)
     b, n = scores.shape
     first = [finite_check(scores)] if check_finite else []  # read back with the index checks: one synchronisation
@@ -220,8 +220,8 @@ def exact_ranks(
         (B, P) ranks in the positives' padded layout, 0 in padded slots; int64, or float64 for
         ``ties="average"``.
     """
-    _check_ties(ties)
-    scores, pos, exc = _prepare(scores, positives, exclude, False)
+    check_ties(ties)
+    scores, pos, exc = prepare_inputs(scores, positives, exclude, False)
     return exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator, check_finite=check_finite)
 
 
@@ -242,10 +242,10 @@ def exact_ranks_padded(scores, pos, exc, ties, count_other_positives=True, gener
     """:func:`exact_ranks` on validated inputs: (B, n) scores, padded (B, P) positives and (B, E)
     exclusions (-1 padding, see :func:`as_padded_index`), no input checks except, with ``check_finite``,
     the NaN/inf check of the scores (done by the counting pass itself); (B, P) 1-based ranks."""
-    return _exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator, check_finite, True)[0]
+    return exact_ranks_padded_finite(scores, pos, exc, ties, count_other_positives, generator, check_finite, True)[0]
 
 
-def _exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator, check_finite: bool, raise_now: bool):
+def exact_ranks_padded_finite(scores, pos, exc, ties, count_other_positives, generator, check_finite: bool, raise_now: bool):
     """(ranks, finite rows): with ``check_finite``, the (B,) bool rows free of NaN/inf from the counting pass, raised
     on at once (``raise_now``) or returned unread (None without ``check_finite``), for a caller that reads them
     back with its results (one synchronisation fewer)."""
@@ -608,8 +608,8 @@ def sampled_ranks(
     Returns:
         :class:`SampledRanks` (ranks, n_candidates, negatives).
     """
-    _check_ties(ties)
-    scores, pos, exc = _prepare(scores, positives, exclude, check_finite)
+    check_ties(ties)
+    scores, pos, exc = prepare_inputs(scores, positives, exclude, check_finite)
     b, n = scores.shape
     p = pos.shape[1]
     device = scores.device

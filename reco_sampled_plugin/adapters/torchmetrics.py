@@ -59,7 +59,7 @@ from reco_sampled_plugin._options import check_bool, check_choice, check_count, 
 from reco_sampled_plugin.estimate import Estimate
 from reco_sampled_plugin.estimators import ESTIMATORS, check_estimator_options, estimate
 from reco_sampled_plugin.metric_names import MetricSpec, parse_metric
-from reco_sampled_plugin.metrics import _metric_from_float_ranks
+from reco_sampled_plugin.metrics import metric_from_float_ranks as _metric_from_float_ranks
 from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
 from reco_sampled_plugin.ranking import TIE_BOUNDS, candidate_counts, exact_ranks_padded, prepare_index
 from reco_sampled_plugin.tie_expectation import expected_single_item_values

@@ -1,0 +1,165 @@
+"""Layering rules of the package (issue 24, part 3), checked on the source with ``ast`` (nothing imported):
+
+* underscore names are imported only from underscore modules (scipy's rule): ``from .mod import _name``,
+  ``from reco_sampled_plugin.mod import _name`` and ``mod._name`` after ``import``/``from . import mod`` are
+  refused where the last component of ``mod`` does not start with an underscore (dunder names are fine);
+* no import cycle between adaptive and rank_distribution, nor between estimators and identification
+  (module-level imports and imports inside functions alike).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "reco_sampled_plugin"
+ROOT = Path(__file__).resolve().parents[1] / PACKAGE
+
+# violations in files the integrator is rewriting (issue 24), as "file name from module" (no line numbers: the
+# files are changing); the names have public spellings already (metric_from_float_ranks, check_a, table_numpy,
+# rank_distribution.cell_points) except identification._design and estimators._metric_bounds, defined there.
+# integrator removes these
+ALLOWED = {
+    "reco_sampled_plugin/estimators.py _design from reco_sampled_plugin.identification",
+    "reco_sampled_plugin/estimators.py _metric_from_float_ranks from reco_sampled_plugin.metrics",
+    "reco_sampled_plugin/estimators.py _check_a from reco_sampled_plugin.mapping",
+    "reco_sampled_plugin/estimators.py _table_numpy from reco_sampled_plugin.corrections",
+    "reco_sampled_plugin/identification.py _cell_points from reco_sampled_plugin.rank_distribution",
+    "reco_sampled_plugin/identification.py _metric_bounds from reco_sampled_plugin.estimators",
+}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _files() -> list[Path]:
+    return sorted(ROOT.rglob("*.py"))
+
+
+def _resolve(path: Path, module: str | None, level: int) -> str | None:
+    """The absolute dotted name of an import's module (None outside the package)."""
+    if level == 0:
+        return module if module and (module == PACKAGE or module.startswith(PACKAGE + ".")) else None
+    pkg = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        pkg = pkg[:-1]
+    base = pkg[: len(pkg) - (level - 1)]
+    return ".".join(base + ([module] if module else []))
+
+
+def _modules() -> set[str]:
+    return {_module_name(p) for p in _files()}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _violations(path: Path) -> list[tuple[str, int, str]]:
+    """(file, line, "name from module") of each private name of a public package module used in ``path``."""
+    tree = ast.parse(path.read_text(), str(path))
+    modules = _modules()
+    rel = path.relative_to(ROOT.parent).as_posix()
+    out = []
+    aliases: dict[str, str] = {}  # local name -> package module it names
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            src = _resolve(path, node.module, node.level)
+            if src is None:
+                continue
+            for a in node.names:
+                full = f"{src}.{a.name}"
+                if full in modules:  # ``from . import mod``: a module, used by attribute below
+                    aliases[a.asname or a.name] = full
+                elif _private(a.name) and not src.rsplit(".", 1)[-1].startswith("_"):
+                    out.append((rel, node.lineno, f"{a.name} from {src}"))
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith(PACKAGE + ".") and a.asname:
+                    aliases[a.asname] = a.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            chain, base = [node.attr], node.value
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            if not isinstance(base, ast.Name):
+                continue
+            names = [base.id] + chain[::-1]
+            # the longest prefix naming a package module: the attribute right after it is what is read
+            for k in range(len(names) - 1, 0, -1):
+                head = ".".join(names[:k])
+                mod = aliases.get(names[0]) if k == 1 else None
+                if mod is None:
+                    first = aliases.get(names[0])
+                    mod = ".".join([first] + names[1:k]) if first else head
+                if mod in modules:
+                    if names[k] == node.attr and not mod.rsplit(".", 1)[-1].startswith("_"):
+                        out.append((rel, node.lineno, f"{node.attr} from {mod}"))
+                    break
+    return out
+
+
+def test_underscore_names_come_from_underscore_modules():
+    found = [v for p in _files() for v in _violations(p)]
+    bad = [f"{f}:{line} {what}" for f, line, what in found if f"{f} {what}" not in ALLOWED]
+    assert not bad, "private names imported from public modules:\n" + "\n".join(bad)
+    stale = sorted(ALLOWED - {f"{f} {what}" for f, _, what in found})
+    assert not stale, "allowlisted violations that are gone (drop them from ALLOWED):\n" + "\n".join(stale)
+
+
+def import_graph(lazy: bool = True) -> dict[str, set[str]]:
+    """Package module -> package modules it imports (``lazy``: also imports inside functions)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for path in _files():
+        name = _module_name(path)
+        tree = ast.parse(path.read_text(), str(path))
+        nodes = ast.walk(tree) if lazy else iter(tree.body)
+        edges = set()
+        for node in nodes:
+            if isinstance(node, ast.ImportFrom):
+                src = _resolve(path, node.module, node.level)
+                if src is None:
+                    continue
+                for a in node.names:
+                    full = f"{src}.{a.name}"
+                    edges.add(full if full in modules else src)
+            elif isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in modules)
+        graph[name] = {e for e in edges if e in modules and e != name}
+    return graph
+
+
+def _reaches(graph: dict[str, set[str]], a: str, b: str) -> list[str] | None:
+    """A path a -> ... -> b in the graph, or None."""
+    seen, stack = {a}, [(a, [a])]
+    while stack:
+        node, trail = stack.pop()
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == b:
+                return trail + [b]
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, trail + [nxt]))
+    return None
+
+
+@pytest.mark.parametrize("a, b", [
+    ("adaptive", "rank_distribution"),
+    # integrator removes this mark: estimators.py and identification.py are being rewritten (issue 24)
+    pytest.param("estimators", "identification", marks=pytest.mark.xfail(
+        strict=True, reason="estimators imports identification._design, identification imports estimators._metric_bounds")),
+])
+def test_no_cycle_between(a, b):
+    graph = import_graph(lazy=True)
+    a, b = f"{PACKAGE}.{a}", f"{PACKAGE}.{b}"
+    there, back = _reaches(graph, a, b), _reaches(graph, b, a)
+    assert not (there and back), f"import cycle: {' -> '.join(there)} and {' -> '.join(back)}"
