@@ -62,6 +62,27 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
+def _package_imports(path: Path, nodes, modules: set[str]):
+    """(line, source module, imported name or None, local name) of each import of a package module among ``nodes``:
+    ``from src import name`` (name None when ``src.name`` is itself a module: then the module is ``src.name``),
+    ``import src`` / ``import src as local``."""
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            src = _resolve(path, node.module, node.level)
+            if src is None:
+                continue
+            for a in node.names:
+                full = f"{src}.{a.name}"
+                if full in modules:
+                    yield node.lineno, full, None, a.asname or a.name
+                else:
+                    yield node.lineno, src, a.name, a.asname or a.name
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in modules:
+                    yield node.lineno, a.name, None, a.asname
+
+
 def _violations(path: Path) -> list[tuple[str, int, str]]:
     """(file, line, "name from module") of each private name of a public package module used in ``path``."""
     tree = ast.parse(path.read_text(), str(path))
@@ -69,21 +90,12 @@ def _violations(path: Path) -> list[tuple[str, int, str]]:
     rel = path.relative_to(ROOT.parent).as_posix()
     out = []
     aliases: dict[str, str] = {}  # local name -> package module it names
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom):
-            src = _resolve(path, node.module, node.level)
-            if src is None:
-                continue
-            for a in node.names:
-                full = f"{src}.{a.name}"
-                if full in modules:  # ``from . import mod``: a module, used by attribute below
-                    aliases[a.asname or a.name] = full
-                elif _private(a.name) and not src.rsplit(".", 1)[-1].startswith("_"):
-                    out.append((rel, node.lineno, f"{a.name} from {src}"))
-        elif isinstance(node, ast.Import):
-            for a in node.names:
-                if a.name.startswith(PACKAGE + ".") and a.asname:
-                    aliases[a.asname] = a.name
+    for line, src, name, local in _package_imports(path, ast.walk(tree), modules):
+        if name is None:  # a module, used by attribute below
+            if local:
+                aliases[local] = src
+        elif _private(name) and not src.rsplit(".", 1)[-1].startswith("_"):
+            out.append((rel, line, f"{name} from {src}"))
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _private(node.attr):
             chain, base = [node.attr], node.value
@@ -93,17 +105,9 @@ def _violations(path: Path) -> list[tuple[str, int, str]]:
             if not isinstance(base, ast.Name):
                 continue
             names = [base.id] + chain[::-1]
-            # the longest prefix naming a package module: the attribute right after it is what is read
-            for k in range(len(names) - 1, 0, -1):
-                head = ".".join(names[:k])
-                mod = aliases.get(names[0]) if k == 1 else None
-                if mod is None:
-                    first = aliases.get(names[0])
-                    mod = ".".join([first] + names[1:k]) if first else head
-                if mod in modules:
-                    if names[k] == node.attr and not mod.rsplit(".", 1)[-1].startswith("_"):
-                        out.append((rel, node.lineno, f"{node.attr} from {mod}"))
-                    break
+            owner = ".".join([aliases.get(names[0], names[0])] + names[1:-1])  # what ``node.attr`` is read from
+            if owner in modules and not owner.rsplit(".", 1)[-1].startswith("_"):
+                out.append((rel, node.lineno, f"{node.attr} from {owner}"))
     return out
 
 
@@ -123,17 +127,7 @@ def import_graph(lazy: bool = True) -> dict[str, set[str]]:
         name = _module_name(path)
         tree = ast.parse(path.read_text(), str(path))
         nodes = ast.walk(tree) if lazy else iter(tree.body)
-        edges = set()
-        for node in nodes:
-            if isinstance(node, ast.ImportFrom):
-                src = _resolve(path, node.module, node.level)
-                if src is None:
-                    continue
-                for a in node.names:
-                    full = f"{src}.{a.name}"
-                    edges.add(full if full in modules else src)
-            elif isinstance(node, ast.Import):
-                edges.update(a.name for a in node.names if a.name in modules)
+        edges = {src for _, src, _, _ in _package_imports(path, nodes, modules)}
         graph[name] = {e for e in edges if e in modules and e != name}
     return graph
 
