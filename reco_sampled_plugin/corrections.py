@@ -488,7 +488,7 @@ def expected_corrected(
 
     ``n_items`` is an int or a tensor of per-instance candidate counts broadcastable against the ranks.
     """
-    from .sampling_laws import log_sampled_rank_pmf
+    from .sampling_laws import log_sampled_rank_pmf_unbounded
 
     r = check_rank_values(exact_ranks, "exact_ranks").to("cpu")
     n = check_sizes(n_items, "n_items", 2, like=r, like_name="exact_ranks")
@@ -507,7 +507,7 @@ def expected_corrected(
     chunk = max(1, (1 << 22) // (m + 1))
     for s in range(0, uniq.shape[0], chunk):  # bounded memory; each chunk vectorised
         sl = slice(s, s + chunk)
-        pmf = log_sampled_rank_pmf(uniq[sl, 0], uniq[sl, 1], m, sampling).exp()
+        pmf = log_sampled_rank_pmf_unbounded(uniq[sl, 0], uniq[sl, 1], m, sampling).exp()
         out[sl] = (pmf * tables[t_idx[sl]]).sum(dim=1)
     del inverse
     return out[inv_pairs].reshape(r.shape)

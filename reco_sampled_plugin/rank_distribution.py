@@ -61,7 +61,7 @@ from ._rank_hist import (
 )
 from ._options import check_bool, check_count, check_nonnegative_float, check_positive_float, check_seed
 from .metric_names import parse_metric
-from .sampling_laws import check_law, log_sampled_rank_pmf as _log_sampled_rank_pmf
+from .sampling_laws import check_law, log_sampled_rank_pmf_unbounded as _log_sampled_rank_pmf
 
 # draws live in ``simulate`` and ``adaptive``; importable from here as before
 from .adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact  # noqa: E402,F401

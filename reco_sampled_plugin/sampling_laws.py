@@ -120,7 +120,7 @@ def log_sampled_rank_pmf(ranks, n_items, n_samples: int, sampling: str = "binomi
     return _log_pmf_unchecked(r, n, m, law)
 
 
-def log_sampled_rank_pmf(ranks, n_items, n_samples: int, sampling: str = "binomial") -> torch.Tensor:
+def log_sampled_rank_pmf_unbounded(ranks, n_items, n_samples: int, sampling: str = "binomial") -> torch.Tensor:
     """:func:`log_sampled_rank_pmf` without the bound on the table's size, for the package's own callers (they size
     their chunks themselves)."""
     r, n, m, law = _prepare(ranks, n_items, n_samples, sampling)
