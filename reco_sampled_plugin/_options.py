@@ -26,6 +26,8 @@ __all__ = [
     "check_bool",
     "check_choice",
     "check_law",
+    "check_beta_shape",
+    "check_base_measure",
 ]
 
 
@@ -108,3 +110,21 @@ def check_choice(x, choices: Iterable, name: str):
             return c
     listing = ", ".join(repr(c) for c in choices)
     raise ValueError(f"{name}: expected one of {listing}, got {x!r}")
+
+
+def check_beta_shape(a, name: str = "a") -> float:
+    """The Beta shape a of Li et al.'s mapping (eq. 16-17) as a float: a ValueError naming ``name`` unless a finite
+    number > 0 (None: the method ``beta`` needs one)."""
+    if a is None:
+        raise ValueError(f"{name}: method 'beta' needs the Beta shape a > 0 (a = 1 is eq. 18; use fit_beta for eq. 19)")
+    try:
+        return check_positive_float(a, name)
+    except ValueError:
+        raise ValueError(f"{name}: the Beta shape must be a finite number > 0, got {a!r}") from None
+
+
+def check_base_measure(beta) -> float:
+    """The exponent of MES' base measure r^-beta: a number in [0, 2] (a ValueError naming ``beta`` otherwise)."""
+    if not (isinstance(beta, (int, float)) and not isinstance(beta, bool) and math.isfinite(beta) and 0 <= beta <= 2):
+        raise ValueError(f"beta: must be a number in [0, 2], got {beta!r}")
+    return float(beta)

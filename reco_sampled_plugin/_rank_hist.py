@@ -21,7 +21,7 @@ from scipy import special
 
 from ._checks import MAX_SAMPLES, MAX_SIZE, MAX_TOTAL_WEIGHT, check_rank_values, check_sizes, check_weights
 from .metric_names import MetricSpec
-from .metrics import _metric_from_float_ranks
+from .metrics import metric_from_float_ranks
 
 __all__ = [
     "RankHistogram",
@@ -436,7 +436,7 @@ def cumulative_metric(spec: MetricSpec, j, n: float) -> np.ndarray:
 def metric_at(spec: MetricSpec, r, n: float) -> np.ndarray:
     """M(r) for whole-number ranks r in 1..n (float64 numpy)."""
     rt = torch.as_tensor(np.asarray(r, dtype=np.float64))
-    return _metric_from_float_ranks(spec, rt, torch.tensor(float(n), dtype=torch.float64)).numpy()
+    return metric_from_float_ranks(spec, rt, torch.tensor(float(n), dtype=torch.float64)).numpy()
 
 
 @lru_cache(maxsize=256)

@@ -28,6 +28,7 @@ from scipy import special
 from ._checks import check_rank_values, check_sizes
 from .design import AdaptiveDesign, SamplingDesign, adaptive_design, as_design
 from .ranking import SampledRanks, sampled_ranks
+from .simulate import simulate_sampled_ranks
 
 __all__ = [
     "AdaptiveDesign",
@@ -148,8 +149,6 @@ def adaptive_sampled_ranks_from_exact(
         :class:`~reco_sampled_plugin.ranking.SampledRanks` with per-positive n and final m (int64 tensors shaped
         like ``exact_ranks``) and the design; it unpacks as (sampled ranks among the final m, final m).
     """
-    from .rank_distribution import simulate_sampled_ranks
-
     design = _adaptive(n_samples, max_samples)
     m0, cap = design.n_samples, design.cap
     if generator is not None and not isinstance(generator, torch.Generator):

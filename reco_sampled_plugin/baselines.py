@@ -21,6 +21,8 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from ._sparse import canonicalise, csr_copy
+
 __all__ = ["Recommender", "Popularity", "ItemKNN", "ImplicitALS", "EASE", "train_all", "train_benchmark", "held_out_ranks"]
 
 
@@ -32,9 +34,7 @@ def _as_binary_csr(train) -> sp.csr_matrix:
         raise TypeError(f"train: expected a scipy sparse matrix (users x items), got {type(train).__name__}")
     if train.ndim != 2:
         raise ValueError(f"train: expected a 2-D matrix, got shape {train.shape}")
-    x = sp.csr_matrix(train, copy=True)
-    x.sum_duplicates()
-    x.eliminate_zeros()
+    x = canonicalise(csr_copy(train, "train"))
     x.data = np.ones_like(x.data, dtype=np.float64)
     x.sort_indices()
     return x

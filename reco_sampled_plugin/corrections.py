@@ -45,7 +45,7 @@ import torch
 
 from ._checks import MAX_SAMPLES, check_rank_values, check_ranks_in_range, check_size, check_sizes
 from .metric_names import MetricSpec, parse_metric
-from .metrics import _metric_from_float_ranks
+from .metrics import metric_from_float_ranks
 from .priors import Prior, as_prior
 from .quadrature import EXTRA_NODES, composite_rule, gauss_rule, pmf_at_ranks
 from .sampling_laws import check_law
@@ -129,7 +129,7 @@ def _check_sizes(spec: MetricSpec, n_items, n_samples, law: str, method: str | N
 
 def _metric(spec: MetricSpec, r: np.ndarray, n: float) -> np.ndarray:
     t = torch.from_numpy(np.ascontiguousarray(r, dtype=np.float64))
-    return _metric_from_float_ranks(spec, t, torch.tensor(float(n), dtype=torch.float64)).numpy()
+    return metric_from_float_ranks(spec, t, torch.tensor(float(n), dtype=torch.float64)).numpy()
 
 
 def design_rule(spec: MetricSpec, n: int, m: int, prior: Prior) -> tuple[np.ndarray, np.ndarray]:
@@ -274,7 +274,7 @@ def stacked_tables(metric, n_items: np.ndarray, n_samples: np.ndarray, method, g
 
 
 def _concat(metric, n: tuple, m: tuple, method, gamma, sampling, prior, rounding) -> np.ndarray:
-    out = np.concatenate([_table_numpy(metric, ng, mg, method, gamma, sampling, prior, rounding) for ng, mg in zip(n, m)])
+    out = np.concatenate([table_numpy(metric, ng, mg, method, gamma, sampling, prior, rounding) for ng, mg in zip(n, m)])
     out.setflags(write=False)
     return out
 
@@ -284,7 +284,7 @@ def _stacked(spec: MetricSpec, n: tuple, m: tuple, method, gamma, sampling, prio
     return _concat(spec, n, m, method, gamma, sampling, prior, rounding)
 
 
-def _table_numpy(metric, n_items, n_samples, method, gamma, sampling, prior, rounding) -> np.ndarray:
+def table_numpy(metric, n_items, n_samples, method, gamma, sampling, prior, rounding) -> np.ndarray:
     spec = parse_metric(metric)
     method = check_method(method)
     gamma = check_gamma(gamma)
@@ -302,6 +302,8 @@ def _table_numpy(metric, n_items, n_samples, method, gamma, sampling, prior, rou
     if method != "rank_estimate":
         rounding = "floor"
     return _table(spec, n, m, method, gamma, law, prior_obj, rounding)
+
+
 
 
 def correction_table(
@@ -335,7 +337,7 @@ def correction_table(
         ValueError naming the argument: unknown metric or method, gamma outside [0, 1], m >= n without
         replacement, a cut-off k > n, a bad prior (length, negative, not summing to one).
     """
-    table = _table_numpy(metric, n_items, n_samples, method, gamma, sampling, prior, rounding)
+    table = table_numpy(metric, n_items, n_samples, method, gamma, sampling, prior, rounding)
     return torch.tensor(table, dtype=torch.float64, device=device)
 
 
@@ -446,7 +448,7 @@ def correction_tables(
             if not np.all(np.isfinite(out)):  # pragma: no cover - guarded by construction and tests
                 raise FloatingPointError(f"correction tables (n={n}, m={m}, {method_n}) are not finite")
             return out
-    return np.stack([_table_numpy(sp, n, m, method, gamma, sampling, prior, rounding) for sp in specs])
+    return np.stack([table_numpy(sp, n, m, method, gamma, sampling, prior, rounding) for sp in specs])
 
 
 def n_interpolation(n_flat: torch.Tensor, max_rel_n_spread: float | None):
@@ -467,7 +469,7 @@ def tables_for_counts(metric, n_items: torch.Tensor, n_samples: int, method, gam
     """Tables for every distinct candidate count: returns (tables U x (m+1) float64 CPU tensor, inverse)."""
     n_flat = n_items.reshape(-1).to("cpu", torch.int64)
     uniq, inverse = torch.unique(n_flat, return_inverse=True)
-    rows = [_table_numpy(metric, int(v), n_samples, method, gamma, sampling, prior, rounding) for v in uniq.tolist()]
+    rows = [table_numpy(metric, int(v), n_samples, method, gamma, sampling, prior, rounding) for v in uniq.tolist()]
     return torch.from_numpy(np.stack(rows)), inverse
 
 
@@ -487,7 +489,7 @@ def expected_corrected(
 
     ``n_items`` is an int or a tensor of per-instance candidate counts broadcastable against the ranks.
     """
-    from .sampling_laws import _log_sampled_rank_pmf
+    from .sampling_laws import log_sampled_rank_pmf_unbounded
 
     r = check_rank_values(exact_ranks, "exact_ranks").to("cpu")
     n = check_sizes(n_items, "n_items", 2, like=r, like_name="exact_ranks")
@@ -506,7 +508,7 @@ def expected_corrected(
     chunk = max(1, (1 << 22) // (m + 1))
     for s in range(0, uniq.shape[0], chunk):  # bounded memory; each chunk vectorised
         sl = slice(s, s + chunk)
-        pmf = _log_sampled_rank_pmf(uniq[sl, 0], uniq[sl, 1], m, sampling).exp()
+        pmf = log_sampled_rank_pmf_unbounded(uniq[sl, 0], uniq[sl, 1], m, sampling).exp()
         out[sl] = (pmf * tables[t_idx[sl]]).sum(dim=1)
     del inverse
     return out[inv_pairs].reshape(r.shape)
@@ -591,7 +593,7 @@ def estimate_by_fitted_prior(spec: MetricSpec, hist, *, method: str, sampling: s
         return dist.prior(n) if n <= VECTOR_PRIOR_MAX else dist.as_prior()
 
     values = np.concatenate([
-        _table_numpy(spec, int(n), int(m), "bv", gamma, sampling, prior_for_n(int(n)), "floor")
+        table_numpy(spec, int(n), int(m), "bv", gamma, sampling, prior_for_n(int(n)), "floor")
         for n, m in zip(hist.n_items, hist.n_samples)
     ])
     value, se = table_estimate(hist, values)

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 
+from ._inputs import finite_flags
 
 __all__ = ["count_beating", "count_beating_checked", "count_beating_tile", "count_beating_rows", "count_tied_before", "item_keys", "set_backend", "get_backend"]
 
@@ -89,8 +90,9 @@ def _kernel_rows_ge(scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor)
     return (scores[rows] >= ref.unsqueeze(1)).sum(-1, dtype=torch.int32)
 
 
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A bijective 32-bit integer mix (xorshift-multiply), on int64 tensors holding 32-bit values."""
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """The package's one keyed-hash mix: a bijective 32-bit integer mix (xorshift-multiply), on int64 tensors
+    holding 32-bit values (or Python ints: the same arithmetic, the same result)."""
     mask = 0xFFFFFFFF
     x = x & mask
     x = ((x ^ (x >> 16)) * 0x45D9F3B) & mask
@@ -104,7 +106,7 @@ def item_keys(columns: torch.Tensor, row_seed: torch.Tensor) -> torch.Tensor:
     ``columns`` (int64, any shape broadcastable with ``row_seed``) are item indices, ``row_seed``
     one int64 seed per row. Ordering tied items by key is a uniformly scrambled permutation.
     """
-    return _mix32(columns + row_seed)
+    return mix32(columns + row_seed)
 
 
 # tied items with a smaller key, p references per pass ("tb{p}"), like the multi kernels: should it ever run
@@ -144,14 +146,6 @@ def _get_compiled(name: str) -> Callable | None:
                 fn = torch.compile(kernel, dynamic=True)
                 _compiled[name] = fn
     return fn
-
-
-def _finite_rows(scores: torch.Tensor) -> torch.Tensor:
-    """(B,) bool: rows without NaN or inf, from each row's min and max (one pass, nothing read back)."""
-    if scores.shape[1] == 0:
-        return torch.ones(scores.shape[0], dtype=torch.bool, device=scores.device)
-    lo, hi = torch.aminmax(scores, dim=1)
-    return torch.isfinite(lo) & torch.isfinite(hi)
 
 
 def _eager(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
@@ -262,7 +256,7 @@ def _padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool, finite: bo
             return counts, (row_sums == 0 if finite else None)
         except Exception as exc:  # compilation unavailable (no compiler...): fall back once
             _compile_failure(family, exc)
-    return _eager(family, scores, ref), (_finite_rows(scores) if finite else None)
+    return _eager(family, scores, ref), (finite_flags(scores, dim=1) if finite else None)
 
 
 def count_beating(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool = False) -> torch.Tensor:

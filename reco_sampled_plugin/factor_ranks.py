@@ -37,8 +37,9 @@ import weakref
 
 import torch
 
+from ._inputs import factor_finite_checks
 from .counting import count_beating_tile
-from .ranking import TIE_BOUNDS, _check_ties, exact_ranks, exact_ranks_padded, prepare_index, tied_positives
+from .ranking import TIE_BOUNDS, check_ties, exact_ranks, exact_ranks_padded, prepare_index, tied_positives
 
 __all__ = [
     "exact_ranks_from_factors",
@@ -175,7 +176,7 @@ def exact_ranks_from_factors(
         ValueError: shapes, dtypes or devices that do not match, NaN or inf factors or biases,
             ``ties="random"``, invalid positives / exclusions (as :func:`~reco_sampled_plugin.ranking.exact_ranks`).
     """
-    return _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives,
+    return ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives,
                                tile_elements, item_bias)[0]
 
 
@@ -203,18 +204,18 @@ def check_factors(user_factors, item_factors, item_bias=None) -> tuple[torch.Ten
 def check_finite_factors(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None) -> None:
     """Raise when a factor or bias is NaN or inf (then scores would be). :func:`factor_ranks_padded` checks
     this itself (through the norms of its overflow bound); sampled ranks alone need this. One host read."""
-    given = [(x, name) for x, name in ((u, "user_factors"), (v, "item_factors"), (bias, "item_bias")) if x is not None]
-    finite = torch.stack([torch.isfinite(x).all() for x, _ in given]).tolist()
-    for ok, (_, name) in zip(finite, given):
-        if not ok:
-            raise ValueError(f"{name}: contains NaN or inf; ranks would be meaningless")
+    checks = factor_finite_checks(u, v, bias)
+    if checks:
+        for bad, (_, message) in zip(torch.stack([flag for flag, _ in checks]).tolist(), checks):
+            if bad:
+                raise ValueError(message)
 
 
-def _ranks_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives=True,
+def ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives=True,
                         tile_elements=None, item_bias=None):
     """:func:`exact_ranks_from_factors`, also returning the validated padded positives and exclusions."""
     if ties != TIE_BOUNDS:
-        _check_ties(ties)
+        check_ties(ties)
     if ties == "random":
         raise ValueError("ties: 'random' is not supported from factors; use exact_ranks(user_factors @ item_factors.T, ...)")
     u, v, bias = check_factors(user_factors, item_factors, item_bias)

@@ -50,13 +50,15 @@ import torch
 
 from . import registry
 from ._checks import check_int
+from ._inputs import finite_flags
 from ._options import check_fraction
+from ._sparse import canonicalise, csr_copy
 from .design import SamplingDesign, as_design
 from .metric_names import MetricSpec, parse_metric
 from ._rank_hist import as_histogram
 from .adaptive import adaptive_cost, adaptive_sampled_ranks
-from .ranking import TIE_BOUNDS, _check_ties, exact_ranks_padded, sampled_ranks, tied_positives
-from .user_metrics import _SortedRanks, _values
+from .ranking import END_TIES, TIE_BOUNDS, check_ties, exact_ranks_padded, sampled_ranks, tied_positives
+from .user_metrics import SortedRanks, values_from_sorted
 from .tie_expectation import expected_dcg, expected_metric_values
 
 __all__ = ["evaluate_factors", "FactorEvaluation", "SampledEvaluation", "RECOMETRICS_METRICS"]
@@ -95,32 +97,12 @@ class _CSR:
 
 def _to_csr(x, name: str) -> _CSR:
     """scipy sparse (any format), torch sparse (any layout) or a dense array/tensor -> :class:`_CSR`."""
-    if isinstance(x, torch.Tensor):
-        t = x.detach()
-        if t.layout == torch.strided:
-            if t.dim() != 2:
-                raise ValueError(f"{name}: expected a (users x items) matrix, got shape {tuple(t.shape)}")
-            t = t.to_sparse_coo()
-        else:
-            t = t.to_sparse_coo()
-        t = t.coalesce().cpu()
-        rows, cols = t.indices().numpy()
-        data = t.values().to(torch.float64).numpy()
-        shape = (int(t.shape[0]), int(t.shape[1]))
-        m = sp.csr_matrix((data, (rows, cols)), shape=shape)
-    elif sp.issparse(x):
-        if x.ndim != 2:
-            raise ValueError(f"{name}: expected a 2-D sparse matrix, got {x.ndim} dimensions")
-        m = sp.csr_matrix(x, copy=True)  # canonicalised below: never touch the caller's arrays
-    else:
-        arr = np.asarray(x)
-        if arr.ndim != 2:
-            raise ValueError(f"{name}: expected a (users x items) matrix, got shape {arr.shape}")
-        m = sp.csr_matrix(arr)
+    if sp.issparse(x) and x.ndim != 2:
+        raise ValueError(f"{name}: expected a 2-D sparse matrix, got {x.ndim} dimensions")
+    m = csr_copy(x, name, torch.float64)  # canonicalised below: never touch the caller's arrays
     if m.dtype.kind not in "biuf":
         raise ValueError(f"{name}: expected real values, got dtype {m.dtype}")
-    m.sum_duplicates()
-    m.eliminate_zeros()
+    canonicalise(m)
     data = m.data.astype(np.float64, copy=False)
     if not np.isfinite(data).all():
         raise ValueError(f"{name}: contains NaN or inf values")
@@ -203,7 +185,7 @@ def _metric_specs(metrics, k: int, cumulative: bool) -> tuple[list[MetricSpec], 
 # per-batch metrics
 
 
-def _ndcg(spec: MetricSpec, s: _SortedRanks, dcg: torch.Tensor | None = None) -> torch.Tensor:
+def _ndcg(spec: MetricSpec, s: SortedRanks, dcg: torch.Tensor | None = None) -> torch.Tensor:
     """NDCG with recometrics' handling of negative relevance: DCG sums the raw values of the hits, the ideal DCG
     the positive values only; NaN when no value is positive (or no test item, or fewer than 2 candidates).
     ``dcg``: the (B,) DCG when given (the expectation over tie orders of ``ties="average"``)."""
@@ -352,7 +334,7 @@ def evaluate_factors(
     min_pos_test = check_int(min_pos_test, "min_pos_test", minimum=1)
     min_items_pool = check_int(min_items_pool, "min_items_pool", minimum=1)
     seed = check_int(seed, "seed", minimum=0)
-    _check_ties(ties)
+    check_ties(ties)
     base_specs, specs = _metric_specs(metrics, k, bool(cumulative))
     design, gamma = _sampling_design(n_samples, replacement, popularity, adaptive_max, correction, gamma)
 
@@ -433,8 +415,8 @@ def evaluate_factors(
         valid &= n_tr > 0
     maybe_inf = np.zeros(n_users, dtype=bool)
     if a_mat is not None:
-        finite_users = torch.isfinite(a_mat).all(1).cpu().numpy()
-        item_ok = torch.isfinite(b_mat).all(1)
+        finite_users = finite_flags(a_mat, dim=1).cpu().numpy()
+        item_ok = finite_flags(b_mat, dim=1)
         # Cauchy-Schwarz: |a.b| <= |a| |b|; rows whose bound could overflow get an exact check on their scores
         big = torch.finfo(dtype).max / 4
         norm_a = torch.linalg.vector_norm(torch.nan_to_num(a_mat.double()), dim=1)
@@ -515,10 +497,10 @@ def evaluate_factors(
             if flagged.numel():
                 nan_rows[flagged] |= _all_tied(scores, flagged, pos_scores[flagged]) & (n_cand_b[flagged] > 1)
         rel = torch.from_numpy(_padded(b, te_row, te_slot, te_val, 0.0)).to(dev) if need_values else None
-        s = _SortedRanks(ranks, n_cand_b, rel)
+        s = SortedRanks(ranks, n_cand_b, rel)
         for spec in specs:
             if bounds is None:
-                vals = _ndcg(spec, s) if spec.kind == "ndcg" else _values(spec, s)
+                vals = _ndcg(spec, s) if spec.kind == "ndcg" else values_from_sorted(spec, s)
             elif spec.kind == "ndcg":
                 vals = _ndcg(spec, s, expected_dcg(bounds[..., 0].double(), bounds[..., 1].double(),
                                                    rel.double() if rel is not None else (pos >= 0).double(), spec.k,
@@ -601,7 +583,7 @@ def _single_item_ranks(scores, pos, ranks, ties, gen) -> torch.Tensor:
     other = valid.unsqueeze(1) & valid.unsqueeze(2) & ~torch.eye(pos.shape[1], dtype=torch.bool, device=pos.device)
     ge = ((ps.unsqueeze(1) >= ps.unsqueeze(2)) & other).sum(2)
     gt = ((ps.unsqueeze(1) > ps.unsqueeze(2)) & other).sum(2)
-    if ties in ("pessimistic", "optimistic"):  # the full rank counts the tied test items before it in slot order
+    if ties in END_TIES:  # the full rank counts the tied test items before it in slot order
         return ranks - gt - tied_positives(ps, valid)[0]
     return ranks - (ge + gt).to(torch.float64) / 2
 
@@ -632,7 +614,7 @@ def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, design: Sam
 
 
 def _sampled_result(per_user, parts, base_specs, design: SamplingDesign, correction, gamma, as_df, dev):
-    from .metrics import _metric_from_float_ranks
+    from .metrics import metric_from_float_ranks
 
     if parts:
         users, items, sranks, eranks, n_single, sizes = (torch.cat([p[i] for p in parts]) for i in range(6))
@@ -653,9 +635,9 @@ def _sampled_result(per_user, parts, base_specs, design: SamplingDesign, correct
         row: dict[str, float] = {"n_instances": float(users.numel())}
         if users.numel():
             n_f = n_single.to(torch.float64)
-            row["exact"] = float(_metric_from_float_ranks(spec, eranks.to(torch.float64), n_f).mean())
+            row["exact"] = float(metric_from_float_ranks(spec, eranks.to(torch.float64), n_f).mean())
             row["sampled"] = float(
-                _metric_from_float_ranks(spec, sranks.to(torch.float64), sizes.to(torch.float64) + 1.0).mean()
+                metric_from_float_ranks(spec, sranks.to(torch.float64), sizes.to(torch.float64) + 1.0).mean()
             )
         else:
             row["exact"] = row["sampled"] = math.nan

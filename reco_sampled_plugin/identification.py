@@ -306,7 +306,7 @@ def _adaptive_band(pooled: RankHistogram, edges: np.ndarray, n_class: np.ndarray
                    z_class: np.ndarray, design: AdaptiveDesign, level: float) -> tuple[np.ndarray, list, list]:
     """Band rows for adaptive sampling: shares of the nested events E(s, i) (``adaptive.stage_event_cdf``) at
     checkpoints i of each stage's new draws, over every positive, simultaneous by Bonferroni."""
-    from .rank_distribution import _cell_points
+    from .rank_distribution import cell_points
 
     stages = design.stages
     news = np.diff(np.concatenate([[0], stages]))
@@ -315,7 +315,7 @@ def _adaptive_band(pooled: RankHistogram, edges: np.ndarray, n_class: np.ndarray
     z_band = NormalDist().inv_cdf(1.0 - (1.0 - level) / (2.0 * n_checks))
     total = float(n_tot.sum())
     C = len(edges) - 1
-    pts, wts = _cell_points(edges)
+    pts, wts = cell_points(edges)
     totals = pooled.totals.astype(np.float64)
     m_g = pooled.n_samples
     rows, lo_b, hi_b = [], [], []
@@ -339,11 +339,11 @@ def _adaptive_band(pooled: RankHistogram, edges: np.ndarray, n_class: np.ndarray
 
 def _cell_cdf(edges: np.ndarray, n: int, m: int, checkpoints: np.ndarray, law: str) -> np.ndarray:
     """P(r~ <= i | cell) for the checkpoints i (C, J), zero for cells above n: each cell's law averaged over the
-    ranks of ``rank_distribution._cell_points``, as the fits do; the binomial cdf is the regularised incomplete
+    ranks of ``rank_distribution.cell_points``, as the fits do; the binomial cdf is the regularised incomplete
     beta (``special.bdtr``), so no (m + 1)-wide rows are built."""
-    from .rank_distribution import _cell_points
+    from .rank_distribution import cell_points
 
-    pts, wts = _cell_points(edges)
+    pts, wts = cell_points(edges)
     c_in = int(np.searchsorted(edges, n))
     r = pts[:c_in].astype(np.float64)[..., None]  # (c_in, S, 1)
     k = checkpoints.astype(np.float64) - 1.0  # r~ <= i  <=>  j <= i - 1

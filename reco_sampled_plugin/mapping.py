@@ -34,7 +34,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from ._options import check_count, check_positive_float
+from ._options import check_beta_shape, check_count, check_positive_float
 from ._rank_hist import RankHistogram, as_histogram, interval_mean_metrics
 from .metric_names import MetricSpec, parse_metric
 
@@ -78,18 +78,6 @@ def _log_beta_g(m: int, a: float) -> np.ndarray:
     return np.logaddexp.accumulate(log_t)
 
 
-def check_beta_shape(a, name: str = "a") -> float:
-    """The Beta shape a as a float (a ValueError naming ``name`` unless finite > 0; None for ``beta`` is refused)."""
-    return _check_a(a, name)
-
-
-def _check_a(a, name: str = "a") -> float:
-    if a is None:
-        raise ValueError(f"{name}: method 'beta' needs the Beta shape a > 0 (a = 1 is eq. 18; use fit_beta for eq. 19)")
-    try:
-        return check_positive_float(a, name)
-    except ValueError:
-        raise ValueError(f"{name}: the Beta shape must be a finite number > 0, got {a!r}") from None
 
 
 def _full_mapping(n: int, m: int, method: str, a: float | None) -> np.ndarray:
@@ -100,7 +88,7 @@ def _full_mapping(n: int, m: int, method: str, a: float | None) -> np.ndarray:
     if method == "bound":
         return np.clip(np.floor((k - 0.5) * (n - 1.0) / m + 0.5), 1.0, float(n))
     if method == "beta":
-        a = _check_a(a)
+        a = check_beta_shape(a)
         return 1.0 + (n - 1.0) * np.exp(_log_beta_g(m, a) / a)
     if method == "beta_fit":
         raise ValueError("method: 'beta_fit' needs sampled ranks; call fit_beta(...) and pass its a to method='beta'")
@@ -185,7 +173,7 @@ def fit_beta(
         ValueError: empty histogram, or every positive at the last sampled rank (the likelihood grows without
             bound in a: no fixed point); ``a0`` or ``tol`` not a finite number > 0, ``max_iter`` not an integer >= 1.
     """
-    a = _check_a(a0, "a0")
+    a = check_beta_shape(a0, "a0")
     tol = check_positive_float(tol, "tol")
     max_iter = check_count(max_iter, "max_iter", 1)
     hist = as_histogram(sampled_ranks, n_items, n_samples)
@@ -252,10 +240,10 @@ class MappedPoints:
 
 def _resolve_a(method: str, a, hist: RankHistogram) -> tuple[str, float | None, BetaFit | None]:
     if method == "beta_fit":
-        fit = fit_beta(hist, a0=1.0 if a is None else _check_a(a))
+        fit = fit_beta(hist, a0=1.0 if a is None else check_beta_shape(a))
         return "beta", fit.a, fit
     if method == "beta":
-        return "beta", _check_a(a), None
+        return "beta", check_beta_shape(a), None
     if method not in MAPPING_METHODS:
         raise ValueError(f"method: unknown mapping {method!r}; use one of {MAPPING_METHODS}")
     return method, None, None

@@ -28,7 +28,7 @@ from .metric_names import MetricSpec, parse_metric
 __all__ = ["metric_values", "metric_curve", "metric_bounds"]
 
 
-def _metric_from_float_ranks(spec: MetricSpec, r: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+def metric_from_float_ranks(spec: MetricSpec, r: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """M(r) on float64 ranks ``r`` and candidate counts ``n`` (broadcast), no validation."""
     kind, k = spec.kind, spec.k
     if kind == "auc":
@@ -45,6 +45,8 @@ def _metric_from_float_ranks(spec: MetricSpec, r: torch.Tensor, n: torch.Tensor)
     else:  # pragma: no cover - MetricSpec validates kinds
         raise ValueError(f"metric: unsupported kind {kind!r}")
     return torch.where(inside, value, torch.zeros_like(value))
+
+
 
 
 def metric_values(metric: str | MetricSpec, ranks, n_items) -> torch.Tensor:
@@ -69,7 +71,7 @@ def metric_values(metric: str | MetricSpec, ranks, n_items) -> torch.Tensor:
     if spec.k is not None and n.numel() and spec.k > float(n.max()):
         raise ValueError(f"metric: k = {spec.k} is larger than the candidate list (n_items = {int(n.max())})")
     check_ranks_in_range(r, n)
-    return _metric_from_float_ranks(spec, r, n)
+    return metric_from_float_ranks(spec, r, n)
 
 
 def metric_curve(metric: str | MetricSpec, n_items: int, device=None) -> torch.Tensor:
@@ -91,6 +93,6 @@ def metric_bounds(spec: MetricSpec, n_items) -> tuple[float, float]:
 @lru_cache(maxsize=256)
 def _bounds_for(spec: MetricSpec, ns: tuple) -> tuple[float, float]:
     n_t = torch.tensor(ns, dtype=torch.float64)
-    lo = _metric_from_float_ranks(spec, n_t, n_t).min()
-    hi = _metric_from_float_ranks(spec, torch.ones_like(n_t), n_t).max()
+    lo = metric_from_float_ranks(spec, n_t, n_t).min()
+    hi = metric_from_float_ranks(spec, torch.ones_like(n_t), n_t).max()
     return float(lo), float(hi)

@@ -8,7 +8,7 @@ under each candidate design, for a given catalogue size, number of users and ran
    their design), else the default family :data:`DEFAULT_FAMILY`. ``Plan.shape_source`` says which.
 2. For each design and each of ``repeats`` replicates: ``n_users`` exact ranks are drawn from the shape (the
    same sets for every design: common random numbers), the design's sampled ranks are drawn from them
-   (with replacement, as :func:`~reco_sampled_plugin.rank_distribution.simulate_sampled_ranks` /
+   (with replacement, as :func:`~reco_sampled_plugin.simulate.simulate_sampled_ranks` /
    :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks_from_exact`), and ``estimate(...)`` (``method``,
    ``n_bootstrap=0``) is compared with the exact metric of that set of users, the value a user of the plan
    would compare against.
@@ -466,7 +466,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
 
     from .estimators import estimate
     from .metrics import metric_values
-    from .rank_distribution import simulate_sampled_ranks
+    from .simulate import simulate_sampled_ranks
     from .adaptive import adaptive_sampled_ranks_from_exact
 
     t_start = time.perf_counter()

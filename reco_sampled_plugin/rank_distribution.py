@@ -61,12 +61,13 @@ from ._rank_hist import (
     interval_mean_metrics,
     pool_by_n,
 )
-from ._options import check_bool, check_count, check_nonnegative_float, check_positive_float, check_seed
+from ._options import check_base_measure, check_bool, check_count, check_nonnegative_float, check_positive_float, check_seed
 from .metric_names import parse_metric
-from .sampling_laws import check_law, _log_sampled_rank_pmf
+from .sampling_laws import check_law, log_sampled_rank_pmf_unbounded as _log_sampled_rank_pmf
 
-# adaptive draws live in ``adaptive``; importable from here as before
+# draws live in ``simulate`` and ``adaptive``; importable from here as before
 from .adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact  # noqa: E402,F401
+from .simulate import simulate_sampled_ranks  # noqa: F401
 
 __all__ = [
     "RANK_DISTRIBUTION_METHODS",
@@ -133,7 +134,7 @@ def rank_grid(n_items: int, n_samples: int, delta: float = 0.05, kappa: float = 
     return edges
 
 
-def _cell_points(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def cell_points(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Up to 8 ranks per cell spread evenly through it, and their weights (rows sum to 1)."""
     lo = edges[:-1]
     width = np.diff(edges)
@@ -144,6 +145,8 @@ def _cell_points(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     pts = np.where(narrow, every, even)
     wts = np.where(narrow, (j[None, :] < width[:, None]) / width[:, None].astype(np.float64), 1.0 / _SUBPOINTS)
     return pts, wts
+
+
 
 
 # ------------------------------------------------------------------------------------------- model
@@ -293,8 +296,8 @@ def model_grid(n_items, n_samples, delta: float = 0.05, kappa: float = 0.25, ext
 
 def dense_likelihood(edges: np.ndarray, n_items, n_samples, law: str) -> tuple[np.ndarray, np.ndarray]:
     """P(r~ = i | cell, group) for every i (G, C, m_max + 1) and the inside mask (G, C): each cell's law
-    averaged over up to 8 ranks spread through it (``_cell_points``)."""
-    pts, wts = _cell_points(edges)
+    averaged over up to 8 ranks spread through it (``cell_points``)."""
+    pts, wts = cell_points(edges)
     G, C = len(n_items), len(edges) - 1
     m_max = int(max(n_samples))
     lik = np.zeros((G, C, m_max + 1))
@@ -338,7 +341,7 @@ def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa:
     G, C = len(n_items), len(edges) - 1
     lik = np.zeros((C, len(cols)))
     inside = np.zeros((G, C), dtype=bool)
-    pts, wts = _cell_points(edges)
+    pts, wts = cell_points(edges)
     for g in range(G):  # one pass per (n, m) group
         n_g, m_g = int(n_arr[g]), int(m_arr[g])
         c_in = int(np.searchsorted(edges, n_g))  # cells 0..c_in-1 lie within 1..n_g (n_g is an edge)
@@ -530,13 +533,6 @@ def check_fit_options(method: str, sampling="binomial", *, tol=1e-7, max_iter=50
             raise ValueError(f"lam: only the 'mes' method takes an entropy weight, got method {method!r}")
         out["lam"] = check_nonnegative_float(lam, "lam")
     return out
-
-
-def check_base_measure(beta) -> float:
-    """The exponent of MES' base measure r^-beta: a number in [0, 2] (a ValueError naming ``beta`` otherwise)."""
-    if not (isinstance(beta, (int, float)) and not isinstance(beta, bool) and math.isfinite(beta) and 0 <= beta <= 2):
-        raise ValueError(f"beta: must be a number in [0, 2], got {beta!r}")
-    return float(beta)
 
 
 def _check_beta(beta, method: str, takes: tuple) -> float:
@@ -1048,22 +1044,6 @@ def estimate_rank_distributions(
             flags=tuple(flags), details=details, lik=model.lik, lik_cols=model.cols,
         ))
     return out
-
-
-# ------------------------------------------------------------------------------ simulation, adaptive
-def simulate_sampled_ranks(
-    exact_ranks, n_items, n_samples, sampling: str = "binomial", generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Draw sampled ranks r~ = 1 + j given exact ranks r (j from the sampling law), int64, on the
-    ranks' device. ``n_items`` and ``n_samples`` may be per-positive tensors; ``generator`` seeds
-    the draw (see :func:`reco_sampled_plugin.simulate.draw_sampled_ranks`)."""
-    from .simulate import draw_sampled_ranks
-
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
-    r = torch.as_tensor(exact_ranks)
-    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
-    return draw_sampled_ranks(r, n_items, n_samples, sampling, repeats=1, seed=seed)[0].to(r.device)
 
 
 # --------------------------------------------------------------------------- the registry's compute function

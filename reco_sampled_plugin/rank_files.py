@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .ranking import END_TIES
+
 __all__ = ["RankFile", "read_rank_file", "read_ncf"]
 
 _SPLIT = re.compile(r"[,\t ;]+")
@@ -143,7 +145,7 @@ def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pess
     (``optimistic``).
     """
     test_rating, test_negative, scores = Path(test_rating), Path(test_negative), Path(scores)
-    if ties not in ("pessimistic", "optimistic"):
+    if ties not in END_TIES:
         raise ValueError(f"ties: use 'pessimistic' or 'optimistic', got {ties!r}")
     held_out: dict[int, int] = {}
     for number, text in _lines(test_rating):

@@ -26,9 +26,9 @@ import torch
 
 from ._checks import MAX_SAMPLES, MAX_SIZE, check_int, check_not_meta, check_same_device, check_sizes, check_weights
 from ._inputs import (Check, _score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
-                      pending_index, run_checks, sparse_masks)
+                       finite_flags, pending_index, run_checks, sparse_masks)
+from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
 from .design import SamplingDesign, as_design
-from .counting import _finite_rows, count_beating, count_beating_checked, count_tied_before, item_keys
 
 __all__ = [
     "TIES",
@@ -43,13 +43,17 @@ __all__ = [
     "allowed_position_to_item",
 ]
 
-TIES = ("pessimistic", "optimistic", "average", "random")
+TIES = ("pessimistic", "optimistic", "average", "random")  # the one list of tie policies; subsets below
+#: the deterministic policies (one rank per positive without random numbers; the adapters')
+DETERMINISTIC_TIES = TIES[:3]
+#: the policies that put a positive at one end of its tie group (pessimistic: last, optimistic: first)
+END_TIES = TIES[:2]
 #: internal tie "policy" of the ranking kernels: (B, P, 2) int64 [lo, hi], the first and last position of each
 #: positive's tie group (other positives competing), from which ties="average" metrics take their expectation
 TIE_BOUNDS = "bounds"
 
 
-def _check_ties(ties: str) -> str:
+def check_ties(ties: str) -> str:
     if ties not in TIES:
         raise ValueError(f"ties: unknown policy {ties!r}; use one of {TIES}")
     return ties
@@ -112,7 +116,7 @@ def _removed_tied_before(rem_scores, rem_valid, rem_idx, pos_scores, pos_keys, r
     return below_key - below_score
 
 
-def _prepare(scores, positives, exclude, check_finite):
+def prepare_inputs(scores, positives, exclude, check_finite):
     scores = _score_tensor(scores)
     b, n = scores.shape
     first = [finite_check(scores)] if check_finite else []  # read back with the index checks: one synchronisation
@@ -218,8 +222,8 @@ def exact_ranks(
         (B, P) ranks in the positives' padded layout, 0 in padded slots; int64, or float64 for
         ``ties="average"``.
     """
-    _check_ties(ties)
-    scores, pos, exc = _prepare(scores, positives, exclude, False)
+    check_ties(ties)
+    scores, pos, exc = prepare_inputs(scores, positives, exclude, False)
     return exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator, check_finite=check_finite)
 
 
@@ -240,10 +244,10 @@ def exact_ranks_padded(scores, pos, exc, ties, count_other_positives=True, gener
     """:func:`exact_ranks` on validated inputs: (B, n) scores, padded (B, P) positives and (B, E)
     exclusions (-1 padding, see :func:`as_padded_index`), no input checks except, with ``check_finite``,
     the NaN/inf check of the scores (done by the counting pass itself); (B, P) 1-based ranks."""
-    return _exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator, check_finite, True)[0]
+    return exact_ranks_padded_finite(scores, pos, exc, ties, count_other_positives, generator, check_finite, True)[0]
 
 
-def _exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator, check_finite: bool, raise_now: bool):
+def exact_ranks_padded_finite(scores, pos, exc, ties, count_other_positives, generator, check_finite: bool, raise_now: bool):
     """(ranks, finite rows): with ``check_finite``, the (B,) bool rows free of NaN/inf from the counting pass, raised
     on at once (``raise_now``) or returned unread (None without ``check_finite``), for a caller that reads them
     back with its results (one synchronisation fewer)."""
@@ -252,7 +256,7 @@ def _exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator
         if raise_now:
             check_scores(scores, True)
         else:
-            finite = _finite_rows(scores)
+            finite = finite_flags(scores, dim=1)
         check_finite = False
 
     def count(ref: torch.Tensor, inclusive: bool) -> torch.Tensor:  # the first count also checks the scores
@@ -281,7 +285,7 @@ def _exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator
         gt = count(pos_scores, False)
         if removed:
             gt = gt - _removed_counts(rem_scores, rem_valid, pos_scores, False, not count_other_positives)
-    if count_other_positives and ties in ("pessimistic", "optimistic") and pos.shape[1] > 1:
+    if count_other_positives and ties in END_TIES and pos.shape[1] > 1:
         before, after = tied_positives(pos_scores, pos_valid)  # tied relevant items in slot order
         if ties == "pessimistic":
             ge = ge - after
@@ -660,7 +664,7 @@ def sampled_ranks(
     Returns:
         :class:`SampledRanks` (ranks, n_candidates, negatives, and the draw's design).
     """
-    _check_ties(ties)
+    check_ties(ties)
     design = None
     if isinstance(n_samples, SamplingDesign):
         design = as_design(n_samples, replacement=replacement, popularity=popularity)  # loose keywords refused
@@ -668,7 +672,7 @@ def sampled_ranks(
             raise ValueError("n_samples: an adaptive design draws in stages; call adaptive_sampled_ranks(scores, "
                              "positives, design)")
         n_samples, replacement, popularity = design.n_samples, design.replacement, design.popularity
-    scores, pos, exc = _prepare(scores, positives, exclude, check_finite)
+    scores, pos, exc = prepare_inputs(scores, positives, exclude, check_finite)
     b, n = scores.shape
     p = pos.shape[1]
     device = scores.device

@@ -118,13 +118,9 @@ class Option:
             as_prior(value)  # the type and values; a vector's length is checked against n at compute
             return value
         if k == "beta_shape":
-            from .mapping import check_beta_shape
-
-            return check_beta_shape(value, n)
+            return o.check_beta_shape(value, n)
         if k == "base_measure":
-            from .rank_distribution import check_base_measure
-
-            return check_base_measure(value)
+            return o.check_base_measure(value)
         raise AssertionError(k)  # pragma: no cover - kinds are checked at construction
 
 

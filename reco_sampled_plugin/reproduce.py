@@ -341,13 +341,13 @@ def _expected_corrected_grouped(metric, ranks, n_cand, m, sampling, spread) -> t
     """E[M^(r~) | r] per user with the ``bv`` (gamma = 0.1) table of the user's n-bin (see :func:`_n_groups`);
     the sampling law uses each user's own n. ``spread = 0`` gives one table per distinct n (exact)."""
     from .corrections import correction_table
-    from .sampling_laws import _log_sampled_rank_pmf
+    from .sampling_laws import log_sampled_rank_pmf_unbounded
 
     if spread <= 0:
         return expected_corrected(metric, ranks, n_cand, m, "bv", 0.1, sampling)
     reps, inverse = _n_groups(n_cand, spread)
     tables = torch.stack([correction_table(metric, int(n), m, "bv", 0.1, sampling) for n in reps.tolist()])
-    pmf = _log_sampled_rank_pmf(ranks, n_cand, m, sampling).exp()  # (U, m + 1)
+    pmf = log_sampled_rank_pmf_unbounded(ranks, n_cand, m, sampling).exp()  # (U, m + 1)
     return (pmf * tables[inverse]).sum(1)
 
 

@@ -19,7 +19,7 @@ import torch
 
 from ._checks import MAX_SAMPLES, check_rank_values, check_ranks_in_range, check_size, check_sizes
 from .metric_names import MetricSpec, parse_metric
-from .metrics import _metric_from_float_ranks
+from .metrics import metric_from_float_ranks
 
 __all__ = ["SAMPLING_LAWS", "log_sampled_rank_pmf", "sampled_rank_pmf", "expected_sampled"]
 
@@ -120,7 +120,7 @@ def log_sampled_rank_pmf(ranks, n_items, n_samples: int, sampling: str = "binomi
     return _log_pmf_unchecked(r, n, m, law)
 
 
-def _log_sampled_rank_pmf(ranks, n_items, n_samples: int, sampling: str = "binomial") -> torch.Tensor:
+def log_sampled_rank_pmf_unbounded(ranks, n_items, n_samples: int, sampling: str = "binomial") -> torch.Tensor:
     """:func:`log_sampled_rank_pmf` without the bound on the table's size, for the package's own callers (they size
     their chunks themselves)."""
     r, n, m, law = _prepare(ranks, n_items, n_samples, sampling)
@@ -135,7 +135,7 @@ def sampled_rank_pmf(ranks, n_items, n_samples: int, sampling: str = "binomial")
 def _expected_unique(spec: MetricSpec, r: torch.Tensor, n: torch.Tensor, m: int, law: str) -> torch.Tensor:
     """E[M_{m+1}(r~) | r] for flat float64 r, n, in chunks of bounded memory."""
     i = torch.arange(1, m + 2, dtype=torch.float64, device=r.device)
-    sampled_metric = _metric_from_float_ranks(spec, i, torch.tensor(float(m + 1), dtype=torch.float64, device=r.device))
+    sampled_metric = metric_from_float_ranks(spec, i, torch.tensor(float(m + 1), dtype=torch.float64, device=r.device))
     out = torch.empty_like(r)
     chunk = max(1, _CHUNK_ELEMENTS // (m + 1))
     for start in range(0, r.numel(), chunk):  # chunks bound memory; each chunk is vectorised

@@ -9,7 +9,25 @@ import torch
 from ._checks import check_int, check_rank_values, check_sizes
 from .sampling_laws import check_law
 
-__all__ = ["draw_sampled_ranks"]
+__all__ = ["draw_sampled_ranks", "simulate_sampled_ranks"]
+
+
+def draw_hits(trials, good, total, law: str, rng, size=None):
+    """How many of ``trials`` uniform draws among ``total`` items hit the ``good`` ones: the one sampler of
+    sampled ranks from exact counts (r~ - 1 = hits among the irrelevant items ranked at or above the positive).
+
+    Binomial(trials, good / total) with replacement, Hypergeometric(good, total - good, trials) without.
+    ``rng`` picks the stream: a ``numpy.random.Generator`` (numpy arrays, ``size`` as numpy's) or a
+    ``torch.Generator`` (float64 tensors on its device; binomial only), so every caller keeps its draws.
+    """
+    if isinstance(rng, torch.Generator):
+        if law != "binomial":
+            raise NotImplementedError("draw_hits: torch generators draw the binomial law only")
+        p = (good.to(torch.float64) / total.to(torch.float64).clamp(min=1.0)).clamp(0.0, 1.0)
+        return torch.binomial(trials, p, generator=rng)
+    if law == "binomial":
+        return rng.binomial(trials, good / np.maximum(total, 1), size=size)
+    return rng.hypergeometric(good, total - good, trials, size=size)
 
 
 def draw_sampled_ranks(
@@ -37,10 +55,20 @@ def draw_sampled_ranks(
         seed = check_seed(seed, "seed")
     rng = np.random.default_rng(seed)
     size = (reps,) + r.shape
-    if law == "binomial":
-        j = rng.binomial(m, (r - 1) / np.maximum(n - 1, 1), size=size)
-    else:
-        if r.size and np.any(n - 1 < m):
-            raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (m < n_items)")
-        j = rng.hypergeometric(r - 1, n - r, m, size=size)
+    if law != "binomial" and r.size and np.any(n - 1 < m):
+        raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (m < n_items)")
+    j = draw_hits(m, r - 1, n - 1, law, rng, size=size)
     return torch.from_numpy(np.asarray(j, dtype=np.int64) + 1)
+
+
+def simulate_sampled_ranks(
+    exact_ranks, n_items, n_samples, sampling: str = "binomial", generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Draw sampled ranks r~ = 1 + j given exact ranks r (j from the sampling law), int64, on the
+    ranks' device. ``n_items`` and ``n_samples`` may be per-positive tensors; ``generator`` seeds
+    the draw (see :func:`reco_sampled_plugin.simulate.draw_sampled_ranks`)."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
+    r = torch.as_tensor(exact_ranks)
+    seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+    return draw_sampled_ranks(r, n_items, n_samples, sampling, repeats=1, seed=seed)[0].to(r.device)

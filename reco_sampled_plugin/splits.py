@@ -31,6 +31,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ._checks import check_int
+from ._sparse import canonicalise, csr_copy
 
 __all__ = ["split_train_test", "leave_last_out_split", "SPLIT_TYPES"]
 
@@ -39,31 +40,13 @@ SPLIT_TYPES = ("separated", "all", "joined")
 
 def _as_csr(X, name: str = "X"):
     """Canonical CSR copy (sorted, summed duplicates, no explicit zeros, float32/float64 values)."""
-    try:
-        import torch
-
-        if isinstance(X, torch.Tensor):
-            t = X.detach().to_sparse_coo().coalesce().cpu()
-            rows, cols = t.indices().numpy()
-            vals = t.values().numpy()
-            X = sp.csr_matrix((vals, (rows, cols)), shape=tuple(t.shape))
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
     was_array = isinstance(X, sp.sparray)
-    if sp.issparse(X):
-        m = sp.csr_matrix(X, copy=True)
-    else:
-        arr = np.asarray(X)
-        if arr.ndim != 2:
-            raise ValueError(f"{name}: expected a (users x items) matrix, got shape {arr.shape}")
-        m = sp.csr_matrix(arr)
+    m = csr_copy(X, name)
     if m.ndim != 2:
         raise ValueError(f"{name}: expected a 2-D matrix")
     if m.dtype not in (np.float32, np.float64):
         m = m.astype(np.float64)
-    m.sum_duplicates()
-    m.eliminate_zeros()
-    return m, was_array
+    return canonicalise(m), was_array
 
 
 def _round_half_away(x: np.ndarray) -> np.ndarray:

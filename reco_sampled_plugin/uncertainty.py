@@ -21,7 +21,7 @@ import torch
 
 from ._checks import MAX_SAMPLES, check_rank_values, check_size, check_sizes
 from ._rank_hist import check_spread
-from .corrections import _table_numpy, check_gamma, check_method, n_interpolation, tables_for_counts
+from .corrections import table_numpy, check_gamma, check_method, n_interpolation, tables_for_counts
 from .estimate import Estimate
 from .metric_names import parse_metric
 from .sampling_laws import check_law
@@ -76,7 +76,7 @@ def corrected_values(
         return torch.empty(r.shape, dtype=torch.float64, device=r.device)
     if spread is not None and n.numel():
         grid, j, t = n_interpolation(n.reshape(-1), spread)
-        rows = [_table_numpy(metric, int(v), m, method, gamma, sampling, prior, rounding) for v in grid.tolist()]
+        rows = [table_numpy(metric, int(v), m, method, gamma, sampling, prior, rounding) for v in grid.tolist()]
         tables = torch.from_numpy(np.stack(rows)).to(r.device)
         j = torch.from_numpy(j).to(r.device)
         t = torch.from_numpy(t).to(r.device)

@@ -32,7 +32,7 @@ import torch
 from ._checks import as_tensor, check_rank_values, check_sizes, check_weights
 from .metric_names import MetricSpec, parse_metric
 from ._inputs import check_finite_rows
-from .ranking import TIE_BOUNDS, _check_ties, _exact_ranks_padded, _prepare, candidate_counts
+from .ranking import TIE_BOUNDS, check_ties, exact_ranks_padded_finite, prepare_inputs, candidate_counts
 from .tie_expectation import expected_metric_values, ideal_dcg, undefined_users
 
 __all__ = ["user_metric_values", "per_user_metrics", "per_user_metrics_from_factors", "mean_metrics", "DEFAULT_METRICS"]
@@ -51,7 +51,7 @@ DEFAULT_METRICS = (
 )
 
 
-class _SortedRanks:
+class SortedRanks:
     """Ranks sorted per user with padding at +inf, and the derived quantities every metric shares."""
 
     def __init__(self, ranks: torch.Tensor, n_candidates: torch.Tensor, relevance: torch.Tensor | None):
@@ -70,7 +70,7 @@ class _SortedRanks:
         return self.n if spec.k is None else torch.full_like(self.n, float(spec.k))
 
 
-def _values(spec: MetricSpec, s: _SortedRanks) -> torch.Tensor:
+def values_from_sorted(spec: MetricSpec, s: SortedRanks) -> torch.Tensor:
     k = s.cutoff(spec)
     inside = s.ranks <= k.unsqueeze(1)
     hits = inside.sum(1).to(torch.float64)
@@ -136,7 +136,7 @@ def _check_relevance(relevance, r: torch.Tensor) -> torch.Tensor:
     return rel
 
 
-def _check_one_ordering(s: "_SortedRanks", integer: bool) -> None:
+def _check_one_ordering(s: "SortedRanks", integer: bool) -> None:
     """Raise unless each user's ranks can be those of distinct relevant items (``ranks`` of user_metric_values).
 
     Integer ranks (every tie policy but ``"average"``) must be distinct within a user: two relevant items at
@@ -188,9 +188,9 @@ def user_metric_values(metric: str | MetricSpec, ranks, n_candidates, relevance=
     """
     spec = parse_metric(metric)
     r, n, rel = _check_rank_inputs(ranks, n_candidates, relevance)
-    sorted_ranks = _SortedRanks(r, n, rel)
+    sorted_ranks = SortedRanks(r, n, rel)
     _check_one_ordering(sorted_ranks, not r.is_floating_point())
-    return _values(spec, sorted_ranks)
+    return values_from_sorted(spec, sorted_ranks)
 
 
 def _expand(metrics: Iterable[str | MetricSpec], cumulative: bool) -> list[MetricSpec]:
@@ -238,8 +238,8 @@ def per_user_metrics(
             counting pass; nearly free).
     """
     specs = _expand(metrics, cumulative)
-    _check_ties(ties)
-    scores, pos, exc = _prepare(scores, positives, exclude, False)
+    check_ties(ties)
+    scores, pos, exc = prepare_inputs(scores, positives, exclude, False)
     b, n = scores.shape
     for spec in specs:
         if spec.k is not None and spec.k > n:
@@ -247,7 +247,7 @@ def per_user_metrics(
     # the NaN/inf rows come from the counting pass and are read back with the results (one synchronisation fewer);
     # ties="average": each positive's tie group [lo, hi], over whose orders the metrics take their expectation
     kernel_ties = TIE_BOUNDS if ties == "average" else ties
-    ranks, finite = _exact_ranks_padded(scores, pos, exc, kernel_ties, True, generator, check_finite, False)
+    ranks, finite = exact_ranks_padded_finite(scores, pos, exc, kernel_ties, True, generator, check_finite, False)
     return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame, finite)
 
 
@@ -268,16 +268,16 @@ def per_user_metrics_from_factors(
     without storing them: ranks from :func:`~reco_sampled_plugin.factor_ranks.exact_ranks_from_factors`
     (cache-sized score tiles; NaN/inf factors raise). Arguments as in :func:`per_user_metrics`; ``ties``
     pessimistic, optimistic or average."""
-    from .factor_ranks import _ranks_from_factors
+    from .factor_ranks import ranks_and_index_from_factors
 
     specs = _expand(metrics, cumulative)
     n = int(item_factors.shape[0])
     for spec in specs:
         if spec.k is not None and spec.k > n:
             raise ValueError(f"metrics: k = {spec.k} in {str(spec)!r} is larger than the candidate list ({n} items)")
-    _check_ties(ties)
+    check_ties(ties)
     kernel_ties = TIE_BOUNDS if ties == "average" else ties
-    ranks, pos, exc = _ranks_from_factors(user_factors, item_factors, positives, exclude, kernel_ties, item_bias=item_bias)
+    ranks, pos, exc = ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, kernel_ties, item_bias=item_bias)
     return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame)
 
 
@@ -305,8 +305,8 @@ def _metrics_from_ranks(specs, ranks, pos, exc, n: int, relevance, as_frame: boo
         result = {spec.column: expected_metric_values(spec, bounds[..., 0], bounds[..., 1], n_cand, rel, max_position=n)
                   for spec in specs}
     else:
-        sorted_ranks = _SortedRanks(ranks, n_cand, rel)
-        result = {spec.column: _values(spec, sorted_ranks) for spec in specs}
+        sorted_ranks = SortedRanks(ranks, n_cand, rel)
+        result = {spec.column: values_from_sorted(spec, sorted_ranks) for spec in specs}
     if not as_frame:
         return result
     try:

@@ -233,7 +233,6 @@ def test_adaptive_design_is_one_class():
     assert old is new is rsp.AdaptiveDesign
 
 
-@pytest.mark.xfail(strict=False, reason="lands with the hygiene branch")
 def test_simulate_sampled_ranks_new_path():
     from reco_sampled_plugin.simulate import simulate_sampled_ranks
 

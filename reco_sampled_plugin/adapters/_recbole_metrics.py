@@ -17,7 +17,7 @@ from reco_sampled_plugin import registry
 from reco_sampled_plugin._rank_hist import _bincount_histogram, _group_ids, sampled_rank_histogram
 from reco_sampled_plugin.estimators import estimate
 from reco_sampled_plugin.metric_names import parse_metric
-from reco_sampled_plugin.metrics import _metric_from_float_ranks
+from reco_sampled_plugin.metrics import metric_from_float_ranks
 
 from ._recbole_ranks import _M, _N_IRR, _N_POS, _R_FULL, _R_IRR, _R_SAMPLED, _USER, PLUGIN_KEY
 from ._recbole_settings import _ESTIMATED_KINDS, FAMILIES, _Settings, _settings
@@ -117,11 +117,11 @@ def _capped_metric(spec, ranks: torch.Tensor, n: torch.Tensor, all_known: bool |
     if all_known is None:
         all_known = bool((ranks > 0).all())
     if all_known:
-        return _metric_from_float_ranks(spec, ranks, n)
+        return metric_from_float_ranks(spec, ranks, n)
     known = ranks > 0
     out = torch.zeros_like(ranks)
     if bool(known.any()):
-        out[known] = _metric_from_float_ranks(spec, ranks[known], n[known])
+        out[known] = metric_from_float_ranks(spec, ranks[known], n[known])
     return out
 
 

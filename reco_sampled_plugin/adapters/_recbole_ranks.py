@@ -234,17 +234,18 @@ def _binomial_sampled(ge_irr, gt_irr, n_irr_items, m: int, ties: str, generator:
     r~ = 1 + Binomial(m, ge_irr / N) (pessimistic), 1 + Binomial(m, gt_irr / N) (optimistic); ``average``
     splits the draws into above / tied / below and places the positive uniformly among the tied ones, as
     :func:`_sampled_from_scores` does with drawn items. Same law as drawing items, ~1e4 draws instead of 1e6."""
+    from reco_sampled_plugin.simulate import draw_hits
+
     n_items = n_irr_items.to(torch.float64).clamp(min=1.0)
     trials = torch.full_like(n_items, float(m))
     if ties == "pessimistic":
-        return 1.0 + torch.binomial(trials, (ge_irr.to(torch.float64) / n_items).clamp(0.0, 1.0), generator=generator)
+        return 1.0 + draw_hits(trials, ge_irr, n_items, "binomial", generator)
     gt = gt_irr.to(torch.float64)
-    above = torch.binomial(trials, (gt / n_items).clamp(0.0, 1.0), generator=generator)
+    above = draw_hits(trials, gt, n_items, "binomial", generator)
     if ties == "optimistic":
         return above + 1.0
     eq = (ge_irr.to(torch.float64) - gt).clamp(min=0.0)
-    rest = (n_items - gt).clamp(min=1.0)
-    tied = torch.binomial(trials - above, (eq / rest).clamp(0.0, 1.0), generator=generator)
+    tied = draw_hits(trials - above, eq, n_items - gt, "binomial", generator)
     u = torch.rand(tied.shape, generator=generator, dtype=torch.float64, device=tied.device)
     return above + 1.0 + torch.floor(u * (tied + 1.0))
 
@@ -284,19 +285,21 @@ def _hypergeometric_sampled(ge_irr, gt_irr, n_irr_items, m: int, ties: str, gene
     n_items = host[0]
     if n_items.size and int(n_items.min()) < m:
         raise ValueError(f"rsp_m: {m} draws without replacement exceed some user's {int(n_items.min())} irrelevant items")
+    from reco_sampled_plugin.simulate import draw_hits
+
     rng = np.random.default_rng(int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device)))
     gt = np.clip(host[2], 0, n_items)
     if ties == "pessimistic":
         ge = np.clip(host[1], 0, n_items)
-        out = 1.0 + rng.hypergeometric(ge, n_items - ge, m).astype(np.float64)
+        out = 1.0 + draw_hits(m, ge, n_items, "hypergeometric", rng).astype(np.float64)
     else:
-        above = rng.hypergeometric(gt, n_items - gt, m)
+        above = draw_hits(m, gt, n_items, "hypergeometric", rng)
         if ties == "optimistic":
             out = above.astype(np.float64) + 1.0
         else:
             eq = np.clip(host[1] - gt, 0, n_items - gt)
             rest = n_items - gt  # the items not above, from which the other m - above draws come
-            tied = rng.hypergeometric(eq, rest - eq, m - above)
+            tied = draw_hits(m - above, eq, rest, "hypergeometric", rng)
             u = rng.random(tied.shape[0])
             out = above + 1.0 + np.floor(u * (tied + 1.0))
     return _on(torch.from_numpy(out), dev)

@@ -15,6 +15,7 @@ import numpy as np
 
 from reco_sampled_plugin import registry
 from reco_sampled_plugin.design import SamplingDesign
+from reco_sampled_plugin.ranking import DETERMINISTIC_TIES
 
 #: Every plugin config key with its default (``None``: see docs/recbole.md).
 CONFIG_DEFAULTS: dict[str, Any] = {
@@ -40,7 +41,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_check_finite": True,  # NaN / +inf anywhere in the scores is an error; "positives" or false: held-out items only
 }
 
-_TIES = ("pessimistic", "optimistic", "average")
+_TIES = DETERMINISTIC_TIES
 
 # metric class suffix -> core metric kind (single relevant item form)
 _ESTIMATED_KINDS = {

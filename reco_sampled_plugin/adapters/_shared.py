@@ -22,8 +22,10 @@ import torch
 
 from reco_sampled_plugin import RankHistogram
 from reco_sampled_plugin.rank_distribution import pool_groups
+from reco_sampled_plugin.counting import mix32
 from reco_sampled_plugin.factor_ranks import positive_scores
 from reco_sampled_plugin.ranking import (
+    DETERMINISTIC_TIES,
     allowed_position_to_item,
     candidate_counts,
     forbidden_sorted,
@@ -47,7 +49,7 @@ __all__ = [
 ]
 
 # ties the adapters support: deterministic ones (``random`` would depend on the batch layout)
-ADAPTER_TIES = ("pessimistic", "optimistic", "average")
+ADAPTER_TIES = DETERMINISTIC_TIES
 _M32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9
 
@@ -127,18 +129,10 @@ def padded_inputs(scores: torch.Tensor, positives, exclude) -> tuple[torch.Tenso
 
 
 # ------------------------------------------------------------------------------ keyed draws
-def _mix32(x: torch.Tensor) -> torch.Tensor:
-    """A bijective 32-bit mix (xorshift-multiply) on int64 tensors holding 32-bit values."""
-    x = x & _M32
-    x = ((x ^ (x >> 16)) * 0x45D9F3B) & _M32
-    x = ((x ^ (x >> 16)) * 0x45D9F3B) & _M32
-    return x ^ (x >> 16)
-
-
 def _absorb(h: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
     """Fold a 64-bit integer into a 32-bit hash state (low and high words)."""
-    h = _mix32(h ^ (part & _M32))
-    return _mix32(h ^ ((part >> 32) & _M32) ^ _GOLDEN)
+    h = mix32(h ^ (part & _M32))
+    return mix32(h ^ ((part >> 32) & _M32) ^ _GOLDEN)
 
 
 def keyed_uniform(seed: int, *parts: int | torch.Tensor) -> torch.Tensor:
@@ -150,8 +144,8 @@ def keyed_uniform(seed: int, *parts: int | torch.Tensor) -> torch.Tensor:
     parts may be Python ints (a round counter): they are folded in Python, with the same result as
     the same values in tensors.
     """
-    h1 = _mix32(((seed * 2 + 1) & _M32) ^ _GOLDEN)
-    h2 = _mix32((((seed >> 32) * 2 + 0x51ED27) & _M32) ^ 0x85EBCA6B)
+    h1 = mix32(((seed * 2 + 1) & _M32) ^ _GOLDEN)
+    h2 = mix32((((seed >> 32) * 2 + 0x51ED27) & _M32) ^ 0x85EBCA6B)
     parts = list(parts)
     while parts and not isinstance(parts[0], torch.Tensor):  # the same arithmetic on Python ints
         p = int(parts.pop(0))
@@ -191,7 +185,7 @@ def _hash_chains(h1: int, h2: int, parts: list[torch.Tensor], device) -> torch.T
     for p in head:
         h = _absorb(h, p.unsqueeze(0) ^ xor)
     # the last part (the largest tensor: draw indices, slots) is a small non-negative counter: one mix
-    h = _mix32(h ^ (last.unsqueeze(0) * mul.view(chain)))
+    h = mix32(h ^ (last.unsqueeze(0) * mul.view(chain)))
     top = h[0] >> 5  # 27 bits
     low = h[1] >> 6  # 26 bits
     return (top * (1 << 26) + low).to(torch.float64) * (2.0**-53)

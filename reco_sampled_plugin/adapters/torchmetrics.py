@@ -54,13 +54,14 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torchmetrics import Metric
 
+from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags
 from reco_sampled_plugin._options import check_bool, check_choice, check_count, check_seed
 from reco_sampled_plugin.estimate import Estimate
 from reco_sampled_plugin import registry
 from reco_sampled_plugin.design import SamplingDesign, as_design
 from reco_sampled_plugin.estimators import check_estimator_options, estimate
 from reco_sampled_plugin.metric_names import MetricSpec, parse_metric
-from reco_sampled_plugin.metrics import _metric_from_float_ranks
+from reco_sampled_plugin.metrics import metric_from_float_ranks
 from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
 from reco_sampled_plugin.ranking import TIE_BOUNDS, candidate_counts, exact_ranks_padded, prepare_index
 from reco_sampled_plugin.tie_expectation import expected_single_item_values
@@ -116,8 +117,7 @@ def _check_scores(scores: torch.Tensor, pos: torch.Tensor, check_finite, checks:
     own = checks is None
     checks = DeviceChecks() if own else checks
     if check_finite is True and scores.numel():
-        lo, hi = torch.aminmax(scores)  # both propagate NaN: finite iff every score is (one pass, no temporary)
-        checks.add(~(torch.isfinite(lo) & torch.isfinite(hi)),
+        checks.add(~finite_flags(scores),  # one aminmax pass, no temporary
                    "scores: NaN or inf in the score matrix; ranks would be meaningless")
     elif check_finite == "positives" and pos.numel():
         ps = scores.gather(1, pos.clamp(min=0))
@@ -129,9 +129,8 @@ def _check_scores(scores: torch.Tensor, pos: torch.Tensor, check_finite, checks:
 
 def _check_factors_finite(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, checks: DeviceChecks) -> None:
     """NaN or inf factors or bias (then scores would be), as flags in ``checks`` (no synchronisation here)."""
-    for x, name in ((u, "user_factors"), (v, "item_factors"), (bias, "item_bias")):
-        if x is not None and x.numel():
-            checks.add(~torch.isfinite(x).all(), f"{name}: contains NaN or inf; ranks would be meaningless")
+    for flag, message in factor_finite_checks(u, v, bias):
+        checks.add(flag, message)
 
 
 def _to(x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -267,7 +266,7 @@ class ExactRankingMetrics(Metric):
             hi = torch.where(valid, bounds[..., 1].to(torch.float64), 1.0)
         for spec in self.specs:
             if bounds is None:
-                v = _metric_from_float_ranks(spec, r, nn)  # a cut-off k >= n is defined: [r <= k]
+                v = metric_from_float_ranks(spec, r, nn)  # a cut-off k >= n is defined: [r <= k]
             else:
                 v = expected_single_item_values(spec, r, hi, nn, max_position=n_items)
             wk = w * (nn > 1) if spec.kind == "auc" else w  # AUC needs an irrelevant candidate: left out otherwise

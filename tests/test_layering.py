@@ -1,0 +1,146 @@
+"""Layering rules of the package (issue 24, part 3), checked on the source with ``ast`` (nothing imported):
+
+* underscore names are imported only from underscore modules (scipy's rule): ``from .mod import _name``,
+  ``from reco_sampled_plugin.mod import _name`` and ``mod._name`` after ``import``/``from . import mod`` are
+  refused where the last component of ``mod`` does not start with an underscore (dunder names are fine);
+* no import cycle between adaptive and rank_distribution, nor between estimators and identification
+  (module-level imports and imports inside functions alike).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "reco_sampled_plugin"
+ROOT = Path(__file__).resolve().parents[1] / PACKAGE
+
+ALLOWED: set[str] = set()
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _files() -> list[Path]:
+    return sorted(ROOT.rglob("*.py"))
+
+
+def _resolve(path: Path, module: str | None, level: int) -> str | None:
+    """The absolute dotted name of an import's module (None outside the package)."""
+    if level == 0:
+        return module if module and (module == PACKAGE or module.startswith(PACKAGE + ".")) else None
+    pkg = _module_name(path).split(".")
+    if path.name != "__init__.py":
+        pkg = pkg[:-1]
+    base = pkg[: len(pkg) - (level - 1)]
+    return ".".join(base + ([module] if module else []))
+
+
+def _modules() -> set[str]:
+    return {_module_name(p) for p in _files()}
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _package_imports(path: Path, nodes, modules: set[str]):
+    """(line, source module, imported name or None, local name) of each import of a package module among ``nodes``:
+    ``from src import name`` (name None when ``src.name`` is itself a module: then the module is ``src.name``),
+    ``import src`` / ``import src as local``."""
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom):
+            src = _resolve(path, node.module, node.level)
+            if src is None:
+                continue
+            for a in node.names:
+                full = f"{src}.{a.name}"
+                if full in modules:
+                    yield node.lineno, full, None, a.asname or a.name
+                else:
+                    yield node.lineno, src, a.name, a.asname or a.name
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name in modules:
+                    yield node.lineno, a.name, None, a.asname
+
+
+def _violations(path: Path) -> list[tuple[str, int, str]]:
+    """(file, line, "name from module") of each private name of a public package module used in ``path``."""
+    tree = ast.parse(path.read_text(), str(path))
+    modules = _modules()
+    rel = path.relative_to(ROOT.parent).as_posix()
+    out = []
+    aliases: dict[str, str] = {}  # local name -> package module it names
+    for line, src, name, local in _package_imports(path, ast.walk(tree), modules):
+        if name is None:  # a module, used by attribute below
+            if local:
+                aliases[local] = src
+        elif _private(name) and not src.rsplit(".", 1)[-1].startswith("_"):
+            out.append((rel, line, f"{name} from {src}"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and _private(node.attr):
+            chain, base = [node.attr], node.value
+            while isinstance(base, ast.Attribute):
+                chain.append(base.attr)
+                base = base.value
+            if not isinstance(base, ast.Name):
+                continue
+            names = [base.id] + chain[::-1]
+            owner = ".".join([aliases.get(names[0], names[0])] + names[1:-1])  # what ``node.attr`` is read from
+            if owner in modules and not owner.rsplit(".", 1)[-1].startswith("_"):
+                out.append((rel, node.lineno, f"{node.attr} from {owner}"))
+    return out
+
+
+def test_underscore_names_come_from_underscore_modules():
+    found = [v for p in _files() for v in _violations(p)]
+    bad = [f"{f}:{line} {what}" for f, line, what in found if f"{f} {what}" not in ALLOWED]
+    assert not bad, "private names imported from public modules:\n" + "\n".join(bad)
+    stale = sorted(ALLOWED - {f"{f} {what}" for f, _, what in found})
+    assert not stale, "allowlisted violations that are gone (drop them from ALLOWED):\n" + "\n".join(stale)
+
+
+def import_graph(lazy: bool = True) -> dict[str, set[str]]:
+    """Package module -> package modules it imports (``lazy``: also imports inside functions)."""
+    modules = _modules()
+    graph: dict[str, set[str]] = {}
+    for path in _files():
+        name = _module_name(path)
+        tree = ast.parse(path.read_text(), str(path))
+        nodes = ast.walk(tree) if lazy else iter(tree.body)
+        edges = {src for _, src, _, _ in _package_imports(path, nodes, modules)}
+        graph[name] = {e for e in edges if e in modules and e != name}
+    return graph
+
+
+def _reaches(graph: dict[str, set[str]], a: str, b: str) -> list[str] | None:
+    """A path a -> ... -> b in the graph, or None."""
+    seen, stack = {a}, [(a, [a])]
+    while stack:
+        node, trail = stack.pop()
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == b:
+                return trail + [b]
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, trail + [nxt]))
+    return None
+
+
+@pytest.mark.parametrize("a, b", [
+    ("adaptive", "rank_distribution"),
+    ("estimators", "identification"),
+])
+def test_no_cycle_between(a, b):
+    graph = import_graph(lazy=True)
+    a, b = f"{PACKAGE}.{a}", f"{PACKAGE}.{b}"
+    there, back = _reaches(graph, a, b), _reaches(graph, b, a)
+    assert not (there and back), f"import cycle: {' -> '.join(there)} and {' -> '.join(back)}"
