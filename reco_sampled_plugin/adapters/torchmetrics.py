@@ -61,7 +61,7 @@ from reco_sampled_plugin import registry
 from reco_sampled_plugin.design import SamplingDesign, as_design
 from reco_sampled_plugin.estimators import check_estimator_options, estimate
 from reco_sampled_plugin.metric_names import MetricSpec, parse_metric
-from reco_sampled_plugin.metrics import metric_from_float_ranks
+from reco_sampled_plugin.metrics import metric_from_float_ranks as _metric_from_float_ranks  # patched by name in tests
 from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
 from reco_sampled_plugin.ranking import TIE_BOUNDS, candidate_counts, exact_ranks_padded, prepare_index
 from reco_sampled_plugin.tie_expectation import expected_single_item_values
@@ -266,7 +266,7 @@ class ExactRankingMetrics(Metric):
             hi = torch.where(valid, bounds[..., 1].to(torch.float64), 1.0)
         for spec in self.specs:
             if bounds is None:
-                v = metric_from_float_ranks(spec, r, nn)  # a cut-off k >= n is defined: [r <= k]
+                v = _metric_from_float_ranks(spec, r, nn)  # a cut-off k >= n is defined: [r <= k]
             else:
                 v = expected_single_item_values(spec, r, hi, nn, max_position=n_items)
             wk = w * (nn > 1) if spec.kind == "auc" else w  # AUC needs an irrelevant candidate: left out otherwise
