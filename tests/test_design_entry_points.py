@@ -259,7 +259,6 @@ def test_lightning_callback_runs_a_registered_estimator(bv_copy, tmp_path):
 
 # ------------------------------------------------------------------------------------------------ RecBole
 def _recbole_settings(**extra):
-    pytest.importorskip("recbole")
     import recbole
     from recbole.config import Config
 
