@@ -260,15 +260,43 @@ def _recbole_parser() -> argparse.ArgumentParser:
                     "on numpy 2, torch >= 2.6, pandas 3). Any other --key=value is a RecBole config override, "
                     "e.g. --epochs=2 --metrics=\"['Recall','CorrectedRecall']\" --rsp_m=100.",
     )
-    p.add_argument("--model", "-m", default="BPR", help="RecBole model name (default BPR)")
-    p.add_argument("--dataset", "-d", default="ml-100k", help="dataset name (default ml-100k)")
+    p.add_argument("--model", "-m", default=None,
+                   help="RecBole model name (default: the config files' model:, else BPR)")
+    p.add_argument("--dataset", "-d", default=None,
+                   help="dataset name (default: the config files' dataset:, else ml-100k)")
     p.add_argument("--config", action="append", default=[], help="YAML config file (repeatable)")
     p.add_argument("--nosave", action="store_true", help="do not save the trained model")
     return p
 
 
+def recbole_target(model: str | None, dataset: str | None, config_files: list[str]) -> tuple[str, str]:
+    """The model and dataset a ``recbole`` command runs: a flag when given, else the last config file that sets
+    ``model:`` / ``dataset:`` (as RecBole reads them), else BPR on ml-100k. A file that cannot be read is named."""
+    from_files: dict = {}
+    if config_files:
+        try:
+            import yaml  # RecBole's own dependency (the 'recbole' extra)
+        except ImportError as exc:
+            raise ValueError(f"recbole: the RecBole adapter needs the 'recbole' extra ({exc})") from None
+    for path in config_files:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = yaml.safe_load(fh) or {}
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"--config: cannot read {path!r} ({exc})") from None
+        except yaml.YAMLError as exc:
+            raise ValueError(f"--config: {path!r} is not valid YAML ({exc})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"--config: {path!r} must hold a mapping of RecBole keys, got {type(data).__name__}")
+        from_files.update({k: data[k] for k in ("model", "dataset") if data.get(k) is not None})
+    model = model or from_files.get("model") or "BPR"
+    dataset = dataset or from_files.get("dataset") or "ml-100k"
+    return str(model), str(dataset)
+
+
 def _cmd_recbole(argv: list[str]) -> int:
     args, overrides = _recbole_parser().parse_known_args(argv)
+    args.model, args.dataset = recbole_target(args.model, args.dataset, args.config)
     for item in overrides:
         if not item.startswith("--") or "=" not in item:
             raise ValueError(f"recbole: config overrides take the form --key=value, got {item!r}")

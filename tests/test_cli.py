@@ -240,3 +240,24 @@ def test_estimate_checks_names_before_printing_and_refuses_mixed_inputs(tmp_path
     assert "unknown ['nope']" in captured.err and captured.out == ""
     assert main(["estimate", str(f), "--ncf-rating", str(f)]) == 2
     assert "not both" in capsys.readouterr().err
+
+
+def test_recbole_command_respects_the_config_files(tmp_path):
+    """`reco-sampled recbole --config sasrec.yaml` runs the YAML's model and dataset (it used to run BPR: the flags'
+    defaults overrode the file); a flag given overrides the file; without either, BPR on ml-100k."""
+    from reco_sampled_plugin.cli import recbole_target
+
+    seq = tmp_path / "sasrec.yaml"
+    seq.write_text("model: SASRec\ndataset: ml-100k\nepochs: 1\n", encoding="utf-8")
+    other = tmp_path / "data.yaml"
+    other.write_text("dataset: ml-1m\n", encoding="utf-8")
+    assert recbole_target(None, None, [str(seq)]) == ("SASRec", "ml-100k")
+    assert recbole_target(None, None, [str(seq), str(other)]) == ("SASRec", "ml-1m")  # the last file wins
+    assert recbole_target("DeepFM", None, [str(seq)]) == ("DeepFM", "ml-100k")  # a flag given wins
+    assert recbole_target(None, None, []) == ("BPR", "ml-100k")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- a list\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="^--config: .*mapping"):
+        recbole_target(None, None, [str(bad)])
+    with pytest.raises(ValueError, match="^--config: cannot read"):
+        recbole_target(None, None, [str(tmp_path / "missing.yaml")])
