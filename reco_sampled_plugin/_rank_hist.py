@@ -433,10 +433,10 @@ def cumulative_metric(spec: MetricSpec, j, n: float) -> np.ndarray:
     raise ValueError(f"metric: unsupported kind {kind!r}")  # pragma: no cover
 
 
-def metric_at(spec: MetricSpec, r, n: float) -> np.ndarray:
-    """M(r) for whole-number ranks r in 1..n (float64 numpy)."""
+def metric_at(spec: MetricSpec, r, n) -> np.ndarray:
+    """M(r) for whole-number ranks r in 1..n (float64 numpy; n a number or an array broadcast against r)."""
     rt = torch.as_tensor(np.asarray(r, dtype=np.float64))
-    return metric_from_float_ranks(spec, rt, torch.tensor(float(n), dtype=torch.float64)).numpy()
+    return metric_from_float_ranks(spec, rt, torch.as_tensor(np.asarray(n, dtype=np.float64))).numpy()
 
 
 @lru_cache(maxsize=256)
@@ -447,20 +447,21 @@ def _sampled_curve(spec: MetricSpec, m: int) -> np.ndarray:
     return curve
 
 
-def metric_integral(spec: MetricSpec, x, n: float) -> np.ndarray:
+def metric_integral(spec: MetricSpec, x, n) -> np.ndarray:
     """S(x) = integral_0^x M(ceil(t)) dt for real x in [0, n]: the cumulative sum with linear interpolation.
 
     For whole x, S(x) = C(x); a rank distribution uniform on the real interval (lo, hi] has metric mean
     (S(hi) - S(lo)) / (hi - lo).
     """
-    x = np.clip(np.asarray(x, dtype=np.float64), 0.0, float(n))
+    n = np.asarray(n, dtype=np.float64)
+    x = np.clip(np.asarray(x, dtype=np.float64), 0.0, n)
     fl = np.floor(x)
     frac = x - fl
-    nxt = np.minimum(fl + 1.0, float(n))
+    nxt = np.minimum(fl + 1.0, n)
     return cumulative_metric(spec, fl, n) + frac * metric_at(spec, nxt, n)
 
 
-def interval_mean_metric(spec: MetricSpec, lo, hi, n: float) -> np.ndarray:
+def interval_mean_metric(spec: MetricSpec, lo, hi, n) -> np.ndarray:
     """Mean of M over a rank uniform on (lo, hi] (real bounds, 0 <= lo < hi <= n)."""
     lo = np.asarray(lo, dtype=np.float64)
     hi = np.asarray(hi, dtype=np.float64)
@@ -484,8 +485,9 @@ def _cutoff_prefix(specs: tuple[MetricSpec, ...]) -> tuple[np.ndarray, np.ndarra
     return mpad, prefix
 
 
-def interval_mean_metrics(specs, lo, hi, n: float) -> np.ndarray:
-    """:func:`interval_mean_metric` for several metrics at once: (len(specs), len(lo)) float64.
+def interval_mean_metrics(specs, lo, hi, n) -> np.ndarray:
+    """:func:`interval_mean_metric` for several metrics at once: (len(specs), *lo.shape) float64 (n a number or an
+    array broadcast against lo and hi, e.g. one row of intervals per candidate count).
 
     Cut-off metrics share one prefix-sum table over ranks 1..K_max (cost O(S K_max + S len(lo)), any n);
     other metrics (AUC, AP, NDCG without cut-off) go one by one.
@@ -493,7 +495,7 @@ def interval_mean_metrics(specs, lo, hi, n: float) -> np.ndarray:
     specs = tuple(specs)
     lo = np.asarray(lo, dtype=np.float64)
     hi = np.asarray(hi, dtype=np.float64)
-    out = np.empty((len(specs), lo.size))
+    out = np.empty((len(specs),) + np.broadcast_shapes(lo.shape, np.shape(n)))
     cut = [i for i, sp in enumerate(specs) if sp.k is not None and sp.kind != "auc"]
     for i in range(len(specs)):
         if i not in cut:
@@ -505,7 +507,7 @@ def interval_mean_metrics(specs, lo, hi, n: float) -> np.ndarray:
         k_max = prefix.shape[1] - 1
 
         def integral(x: np.ndarray) -> np.ndarray:
-            x = np.clip(x, 0.0, min(float(n), float(k_max)))
+            x = np.clip(x, 0.0, np.minimum(np.asarray(n, dtype=np.float64), float(k_max)))
             fl = np.floor(x)
             idx = fl.astype(np.int64)
             return prefix[:, idx] + (x - fl) * mpad[:, idx]

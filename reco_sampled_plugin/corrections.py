@@ -58,6 +58,7 @@ __all__ = [
     "expected_corrected",
     "table_bias",
     "clear_correction_cache",
+    "tables_by_n",
 ]
 
 _METHOD_ALIASES = {
@@ -261,14 +262,15 @@ def clear_correction_cache() -> None:
 
 def stacked_tables(metric, n_items: np.ndarray, n_samples: np.ndarray, method, gamma, sampling, prior, rounding) -> np.ndarray:
     """The tables of every (n, m) group (``n_items[g]``, ``n_samples[g]``) concatenated in group order
-    (float64, read-only): what an estimator dots with a histogram's concatenated counts. Cached as a whole
-    when the prior is hashable (None, a name, ("beta", a), a Prior object), so a repeated evaluation (same
-    groups every epoch) costs one lookup instead of one per group."""
+    (float64, read-only): what an estimator dots with a histogram's concatenated counts. Many distinct n
+    cost a bounded number of solves (:func:`tables_by_n`). Cached as a whole when the prior is hashable
+    (None, a name, ("beta", a), a Prior object), so a repeated evaluation (same groups every epoch) costs one
+    lookup instead of one per group."""
     n = tuple(int(v) for v in n_items)
     m = tuple(int(v) for v in n_samples)
     try:
         hash(prior)
-    except TypeError:  # a vector prior: per-group tables (each still cached)
+    except TypeError:  # a vector prior: one n only (its length); per-group tables (each still cached)
         return _concat(metric, n, m, method, gamma, sampling, prior, rounding)
     return _stacked(parse_metric(metric), n, m, method, gamma, sampling, prior, rounding)
 
@@ -281,7 +283,73 @@ def _concat(metric, n: tuple, m: tuple, method, gamma, sampling, prior, rounding
 
 @lru_cache(maxsize=256)
 def _stacked(spec: MetricSpec, n: tuple, m: tuple, method, gamma, sampling, prior, rounding) -> np.ndarray:
-    return _concat(spec, n, m, method, gamma, sampling, prior, rounding)
+    n_arr, m_arr = np.asarray(n, dtype=np.int64), np.asarray(m, dtype=np.int64)
+    pieces: list[np.ndarray] = [np.empty(0)] * len(n)
+    for mv in np.unique(m_arr).tolist():  # one table family per sample size (adaptive designs: a few)
+        idx = np.flatnonzero(m_arr == mv)
+        uniq, inv = np.unique(n_arr[idx], return_inverse=True)
+        tabs = tables_by_n(spec, uniq, mv, method, gamma, sampling, prior, rounding)
+        for g, row in zip(idx.tolist(), inv.tolist()):  # assembly over the groups (one slice each)
+            pieces[g] = tabs[row]
+    out = np.concatenate(pieces)
+    out.setflags(write=False)
+    return out
+
+
+def tables_by_n(metric, n_items, n_samples: int, method, gamma, sampling, prior, rounding="floor") -> np.ndarray:
+    """Tables of one m for many candidate counts: float64 (len(n_items), m + 1), row i for ``n_items[i]``.
+
+    Same values as :func:`table_numpy` row by row, at a cost that does not grow with the number of distinct
+    n: ``none`` is one table, ``rank_estimate`` one vectorised formula, ``cls`` / ``bv`` tables are built at
+    Chebyshev points in 1/(n - 1) and interpolated, every interpolant verified against exact tables between
+    its nodes to 1e-10 (``_over_n.tables_over_n``; pieces that fail are built exactly), ``ls`` (truncated SVD:
+    its tables are not continuous in n) exactly for each distinct n. A vector prior (one n) goes per n.
+    """
+    from ._over_n import tables_over_n
+
+    spec = parse_metric(metric)
+    ns = np.asarray(n_items, dtype=np.int64).reshape(-1)
+    if ns.size == 0:
+        return np.empty((0, int(n_samples) + 1))
+    uniq, inv = np.unique(ns, return_inverse=True)
+    # validity (n >= 2, m < n without replacement, k <= n, n at most MAX_SIZE) is monotone in n: check the ends
+    table_numpy(spec, int(uniq[-1]), n_samples, method, gamma, sampling, prior, rounding)
+    first = table_numpy(spec, int(uniq[0]), n_samples, method, gamma, sampling, prior, rounding)
+    m = first.size - 1
+    name = check_method(method)
+    g = check_gamma(gamma)
+    if name == "bv" and g == 0.0:
+        name = "ls"
+    if uniq.size == 1 or name == "none":
+        out = np.broadcast_to(first, (uniq.size, m + 1))
+    elif name == "rank_estimate":
+        out = _rank_estimate_rows(spec, uniq, m, rounding)
+    else:
+        try:
+            hash(prior)
+            smooth = name != "ls"
+        except TypeError:
+            smooth = False
+        out, _ = tables_over_n(lambda n: table_numpy(spec, n, m, method, gamma, sampling, prior, rounding), uniq,
+                               interpolate=smooth)
+    return np.ascontiguousarray(out[inv])
+
+
+def _rank_estimate_rows(spec: MetricSpec, ns: np.ndarray, m: int, rounding: str) -> np.ndarray:
+    """Eq. 20 for many n at once: (len(ns), m + 1)."""
+    i = np.arange(m + 1, dtype=np.int64)[None, :]
+    num = (ns[:, None] - 1) * i  # exact in int64 (n <= 2^40, m <= 2^20)
+    n_col = ns[:, None].astype(np.float64)
+    lo = 1 + num // m
+    if rounding == "floor":
+        return _metric_rows(spec, lo.astype(np.float64), n_col)
+    frac = (num % m) / m
+    hi = np.minimum(lo + 1, ns[:, None])
+    return _metric_rows(spec, lo.astype(np.float64), n_col) * (1 - frac) + _metric_rows(spec, hi.astype(np.float64), n_col) * frac
+
+
+def _metric_rows(spec: MetricSpec, r: np.ndarray, n: np.ndarray) -> np.ndarray:
+    return metric_from_float_ranks(spec, torch.from_numpy(np.ascontiguousarray(r)), torch.from_numpy(np.ascontiguousarray(n))).numpy()
 
 
 def table_numpy(metric, n_items, n_samples, method, gamma, sampling, prior, rounding) -> np.ndarray:
@@ -469,8 +537,8 @@ def tables_for_counts(metric, n_items: torch.Tensor, n_samples: int, method, gam
     """Tables for every distinct candidate count: returns (tables U x (m+1) float64 CPU tensor, inverse)."""
     n_flat = n_items.reshape(-1).to("cpu", torch.int64)
     uniq, inverse = torch.unique(n_flat, return_inverse=True)
-    rows = [table_numpy(metric, int(v), n_samples, method, gamma, sampling, prior, rounding) for v in uniq.tolist()]
-    return torch.from_numpy(np.stack(rows)), inverse
+    rows = tables_by_n(metric, uniq.numpy(), n_samples, method, gamma, sampling, prior, rounding)
+    return torch.from_numpy(rows), inverse
 
 
 def expected_corrected(

@@ -225,7 +225,7 @@ def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float,
     # truncation masses from a maximum-likelihood fit (they depend on the far tail only)
     fit_cum = None
     if not (np.all(n_items == n_max) and np.all(n_class == n_max)):
-        fit = estimate_rank_distribution(pooled, "mle", sampling=law, n_bootstrap=0, max_groups=max_groups)
+        fit = estimate_rank_distribution(pooled, "mle", sampling=law, n_bootstrap=0, max_groups=max_groups, tol=1e-5)
         fit_cum = (fit.edges.astype(np.float64), np.concatenate([[0.0], np.cumsum(fit.probs)]))
 
     def mass(ns: np.ndarray) -> np.ndarray:

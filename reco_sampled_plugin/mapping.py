@@ -80,19 +80,23 @@ def _log_beta_g(m: int, a: float) -> np.ndarray:
 
 
 
-def _full_mapping(n: int, m: int, method: str, a: float | None) -> np.ndarray:
-    """f(k) for k = 1..m+1 (float64)."""
+def _full_mapping(n, m: int, method: str, a: float | None) -> np.ndarray:
+    """f(k) for k = 1..m+1 (float64): shape (m + 1,) for one n, (len(n), m + 1) for an array of n (every
+    mapping is 1 + (n - 1) g(k), rounded for ``bound``, so many n cost one broadcast)."""
     k = np.arange(1, m + 2, dtype=np.float64)
+    n1 = np.asarray(n, dtype=np.float64)[..., None] - 1.0  # (..., 1)
     if method == "linear":
-        return (k - 1.0) * (n - 1.0) / m + 1.0
-    if method == "bound":
-        return np.clip(np.floor((k - 0.5) * (n - 1.0) / m + 0.5), 1.0, float(n))
-    if method == "beta":
+        out = (k - 1.0) * n1 / m + 1.0
+    elif method == "bound":
+        out = np.clip(np.floor((k - 0.5) * n1 / m + 0.5), 1.0, n1 + 1.0)
+    elif method == "beta":
         a = check_beta_shape(a)
-        return 1.0 + (n - 1.0) * np.exp(_log_beta_g(m, a) / a)
-    if method == "beta_fit":
+        out = 1.0 + n1 * np.exp(_log_beta_g(m, a) / a)
+    elif method == "beta_fit":
         raise ValueError("method: 'beta_fit' needs sampled ranks; call fit_beta(...) and pass its a to method='beta'")
-    raise ValueError(f"method: unknown mapping {method!r}; use one of {MAPPING_METHODS}")
+    else:
+        raise ValueError(f"method: unknown mapping {method!r}; use one of {MAPPING_METHODS}")
+    return out.reshape(-1) if np.ndim(n) == 0 else out
 
 
 def mapping(k, n_items: int, n_samples: int, method: str = "bound", a: float | None = None):
@@ -284,9 +288,27 @@ def mapping_tables(metrics, n_items: int, n_samples: int, method: str = "bound",
 @lru_cache(maxsize=256)
 def _stacked_mapping(spec: MetricSpec, n: tuple, m: tuple, method: str, a: float | None) -> tuple[np.ndarray, np.ndarray]:
     """Every (n, m) group's table concatenated in group order, and each group's first mapped point f(1)
-    (both read-only; cached as a whole: a repeated evaluation has the same groups)."""
-    values = np.concatenate([mapping_tables([spec], ng, mg, method, a)[0] for ng, mg in zip(n, m)])
-    first = np.array([_full_mapping(ng, mg, method, a)[0] for ng, mg in zip(n, m)], dtype=np.float64)
+    (both read-only; cached as a whole: a repeated evaluation has the same groups). One broadcast per distinct
+    m, whatever the number of distinct n."""
+    n_arr, m_arr = np.asarray(n, dtype=np.int64), np.asarray(m, dtype=np.int64)
+    if spec.k is not None and n_arr.size and spec.k > int(n_arr.min()):
+        raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(n_arr.min())})")
+    pieces: list[np.ndarray] = [np.empty(0)] * len(n)
+    first = np.empty(len(n), dtype=np.float64)
+    for mv in np.unique(m_arr).tolist():
+        idx = np.flatnonzero(m_arr == mv)
+        _check_nm(int(n_arr[idx].min()), mv)
+        f = _full_mapping(n_arr[idx], mv, method, a)  # (G_m, m + 1)
+        edges = np.concatenate([np.zeros((len(idx), 1)), f], axis=1)
+        if np.any(np.diff(edges, axis=1) <= 0):
+            raise ValueError(
+                f"method {method!r}: the mapping is not strictly increasing (n_items - 1 < n_samples = {mv}?)"
+            )
+        tabs = interval_mean_metrics((spec,), edges[:, :-1], edges[:, 1:], n_arr[idx][:, None])[0]  # (G_m, m + 1)
+        first[idx] = f[:, 0]
+        for row, g in enumerate(idx.tolist()):  # assembly: one slice per group
+            pieces[g] = tabs[row]
+    values = np.concatenate(pieces)
     values.setflags(write=False)
     first.setflags(write=False)
     return values, first

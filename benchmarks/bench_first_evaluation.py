@@ -1,0 +1,100 @@
+"""The first evaluation on real data: ``estimate()`` with one candidate count n against 1,000 distinct n.
+
+Real evaluations exclude each user's training items, so every user has their own n (ml-100k: 279 distinct n
+among 943 users); benchmarks with one n for every user hide the cost of per-n work. For every registered
+estimator: ``estimate(metric, ...)`` plus its 95% ``interval()`` on 5,000 positives (m = 100, exact ranks from a
+Beta(0.4, 3) shape, sampled ranks drawn with replacement), every cache emptied before each call (correction and
+mapping tables, quadrature rules, fits, identification programs): the cost a user meets at the first evaluation.
+Same positives and ranks in both cases; only n differs (n = 1,500 for all, or 1,500..2,499: 1,000 distinct).
+Median of ``--repeats`` cold calls. The goal (issue 25): 1,000 distinct n within 3x of one n, for every method.
+
+Run:  python benchmarks/bench_first_evaluation.py [--repeats 5] [--metric ndcg@10] [--methods bv cls ...]
+"""
+
+from __future__ import annotations
+
+import os
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from reco_sampled_plugin import registry  # noqa: E402
+from reco_sampled_plugin.estimators import estimate  # noqa: E402
+from reco_sampled_plugin.simulate import draw_sampled_ranks  # noqa: E402
+
+OPTIONS = {"beta": {"a": 1.0}}
+
+
+def clear_caches() -> None:
+    """Every memo the estimators keep, so the next call pays what a first evaluation pays."""
+    import importlib
+    import pkgutil
+
+    import reco_sampled_plugin as pkg
+
+    for info in pkgutil.iter_modules(pkg.__path__):
+        try:
+            mod = importlib.import_module(f"reco_sampled_plugin.{info.name}")
+        except ImportError:  # pragma: no cover - an optional dependency
+            continue
+        for obj in list(vars(mod).values()):
+            if callable(getattr(obj, "cache_clear", None)) and getattr(obj, "__module__", "") == mod.__name__:
+                obj.cache_clear()
+    from reco_sampled_plugin import identification, rank_distribution
+
+    rank_distribution.FIT_CACHE.clear()
+    identification._CACHE.clear()
+
+
+def data(distinct: int, positives: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    n = 1500 + (np.arange(positives) % distinct)
+    u = rng.beta(0.4, 3.0, positives)
+    return 1 + np.floor((n - 1) * u).astype(np.int64), n
+
+
+def cold(metric: str, sampled, n, method: str, repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        clear_caches()
+        t = time.perf_counter()
+        est = estimate(metric, sampled, n, 100, method=method, **OPTIONS.get(method, {}))
+        est.interval(0.95)
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--positives", type=int, default=5000)
+    ap.add_argument("--metric", default="ndcg@10")
+    ap.add_argument("--methods", nargs="*", default=None)
+    args = ap.parse_args()
+    methods = args.methods or registry.names()
+    cases = {}
+    for distinct in (1, 1000):
+        r, n = data(distinct, args.positives)
+        sampled = draw_sampled_ranks(r, torch.as_tensor(n), 100, repeats=1, seed=1)[0]
+        cases[distinct] = (sampled, torch.as_tensor(n))
+    estimate(args.metric, *cases[1], 100, method="none")  # imports and one-off initialisation outside the timings
+    print(f"{args.metric}, {args.positives:,} positives, m = 100, estimate() + interval(), cold caches, median of "
+          f"{args.repeats}; torch {torch.__version__}, {torch.get_num_threads()} thread(s), load average "
+          f"{os.getloadavg()[0]:.2f}")
+    print("| method | one n (s) | 1,000 distinct n (s) | ratio |")
+    print("|---|---|---|---|")
+    for method in methods:
+        one = cold(args.metric, *cases[1], method, args.repeats)
+        many = cold(args.metric, *cases[1000], method, args.repeats)
+        print(f"| `{method}` | {one:.3f} | {many:.3f} | {many / one:.1f}x |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
