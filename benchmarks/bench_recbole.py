@@ -26,6 +26,13 @@ RecBole's Recall/NDCG/MRR@10 alone, then with each family of the plugin's metric
 evaluated once before timing (correction tables, compiled counting kernels). ``--profile`` prints the
 cProfile of one evaluation with all four families instead.
 
+**--example**: the shipped example as users meet it (examples/recbole/bpr_ml100k.yaml: its metrics and ``rsp_*``
+keys, BPR trained ``--epochs`` epochs (1), ml-100k split 80/10/10 per user: every user's training items are
+excluded, so the validation users have hundreds of distinct candidate counts n). Each run is a fresh process
+(nothing cached): the first ``Trainer.evaluate`` and a second one are timed, with RecBole's Recall/NDCG/MRR@10
+alone and with the example's metrics; ``--repeats`` (3) runs of each, alternating. The goal (issue 25): the
+first evaluation adds at most 25% or 0.5 s (whichever is larger) to RecBole's own.
+
 Fitted rank distributions (RankDist* metrics) are cleared before every evaluation: the same model evaluated
 again would reuse its fit, a model in training changes every epoch. Correction tables stay cached (they
 depend on n and m only). Run from any directory: RecBole's log/ and saved/ folders go to a temporary
@@ -74,7 +81,15 @@ def main() -> None:
     parser.add_argument("--families", default="Exact*,Corrected*,RankDist*,Mapped*,all",
                         help="synthetic: the configurations timed besides RecBole's own metrics")
     parser.add_argument("--profile", action="store_true", help="synthetic: cProfile one evaluation with every family instead")
+    parser.add_argument("--example", action="store_true", help="the shipped example's config, first evaluation in fresh processes")
+    parser.add_argument("--example-once", choices=("plain", "plugin"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.example_once:
+        example_once(args.example_once, args.epochs if args.epochs is not None else 1)
+        return
+    if args.example:
+        example(args.repeats or 3, args.epochs if args.epochs is not None else 1)
+        return
     repeats = args.repeats if args.repeats is not None else (3 if args.synthetic else 15)
     eval_batch_size = args.eval_batch_size or (args.users_per_batch * (args.items + 1) if args.synthetic else 4096)
     epochs = args.epochs if args.epochs is not None else (0 if args.synthetic else 1)
@@ -169,6 +184,69 @@ def main() -> None:
             print(f"| {name} | {1e3 * statistics.median(cpu[name]):.0f} | {1e3 * part:.0f} | {100 * part / base_cpu:+.1f}% |")
     for name, seconds in cold.items():
         print(f"first evaluation, {name} (correction tables, compiled kernels): {1e3 * seconds:.0f} ms")
+
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "examples", "recbole", "bpr_ml100k.yaml")
+
+
+def example_once(kind: str, epochs: int) -> None:
+    """One fresh process: train BPR with the example's config, time the first and a second evaluation (JSON)."""
+    import json
+
+    import recbole
+    import yaml
+    from recbole.config import Config
+    from recbole.data import create_dataset, data_preparation
+    from recbole.trainer import Trainer
+    from recbole.utils import get_model, init_seed
+
+    import reco_sampled_plugin.adapters.recbole  # noqa: F401  (registers the plugin)
+
+    with open(EXAMPLE) as f:
+        cfg_file = yaml.safe_load(f)
+    extra = {"data_path": os.path.join(os.path.dirname(recbole.__file__), "dataset_example"), "epochs": epochs,
+             "show_progress": False}
+    if kind == "plain":  # RecBole's own metrics only, no rsp_* keys
+        cfg_file = {k: v for k, v in cfg_file.items() if not k.startswith("rsp_")}
+        cfg_file.update(metrics=RECBOLE_METRICS, valid_metric="Recall@10")
+    os.chdir(tempfile.mkdtemp(prefix="bench_recbole_"))
+    config = Config(model=cfg_file.pop("model"), dataset=cfg_file.pop("dataset"), config_dict={**cfg_file, **extra})
+    init_seed(config["seed"], True)
+    train, valid, _ = data_preparation(config, create_dataset(config))
+    model = get_model(config["model"])(config, train._dataset)
+    trainer = Trainer(config, model)
+    if epochs > 0:
+        trainer.fit(train, None, saved=False, show_progress=False)
+    out = {}
+    for label in ("first", "second"):
+        t0 = time.perf_counter()
+        result = trainer.evaluate(valid, load_best_model=False)
+        out[label] = time.perf_counter() - t0
+    out["keys"] = len(result)
+    print(json.dumps(out))
+
+
+def example(repeats: int, epochs: int) -> None:
+    import json
+    import subprocess
+    import sys
+
+    runs: dict[str, list[dict]] = {"plain": [], "plugin": []}
+    for _ in range(repeats):
+        for kind in runs:
+            out = subprocess.run([sys.executable, os.path.abspath(__file__), "--example-once", kind, "--epochs", str(epochs)],
+                                 check=True, capture_output=True, text=True).stdout
+            runs[kind].append(json.loads(out.strip().splitlines()[-1]))
+    med = {k: {lab: statistics.median(r[lab] for r in v) for lab in ("first", "second")} for k, v in runs.items()}
+    print(f"shipped example (examples/recbole/bpr_ml100k.yaml), BPR {epochs} epoch(s), fresh process per run, medians of "
+          f"{repeats}; load average {os.getloadavg()[0]:.1f}")
+    print("| evaluation | RecBole's metrics only (ms) | the example's metrics (ms) | added |")
+    print("|---|---|---|---|")
+    for lab in ("first", "second"):
+        p, q = med["plain"][lab], med["plugin"][lab]
+        print(f"| {lab} | {p * 1e3:.0f} | {q * 1e3:.0f} | {(q - p) * 1e3:+.0f} ms ({(q / p - 1) * 100:+.0f}%) |")
+    print(f"result keys: {runs['plain'][0]['keys']} vs {runs['plugin'][0]['keys']}; goal for the first evaluation: "
+          f"at most +max(25%, 0.5 s)")
 
 
 PLUGIN_CPU = [0.0]  # CPU seconds of the evaluating thread inside the plugin's hooks and metrics (timed())
