@@ -4,6 +4,11 @@ Every list of estimators here is the registry's (``registry.py``), read when the
 help lists each registered method with its one-line summary, so a method registered at run time is offered
 without an edit here. ``estimate`` and ``reproduce`` turn ``--n-samples`` / ``--adaptive-max`` / ``--sampling``
 into one :class:`~reco_sampled_plugin.design.SamplingDesign` (``as_design``).
+
+Building the parser imports neither torch nor scipy (each command imports what it needs), so ``--help`` is instant.
+Every flag is the name of the Python parameter it fills, ``-`` for ``_`` (``--n-users`` is ``plan(n_users=...)``);
+renamed flags keep their old spelling as a hidden alias that still works and says it is deprecated
+(tests/test_cli_surface.py checks both).
 """
 
 from __future__ import annotations
@@ -45,6 +50,33 @@ def _sampling_design(n_samples, sampling: str, adaptive_max):
     from .design import as_design
 
     return as_design(n_samples, replacement=sampling == "binomial", adaptive_max=adaptive_max)
+
+
+class _DeprecatedAlias(argparse.Action):
+    """An old spelling of an option, hidden from ``--help``: stores into the new option's ``dest`` and says once on
+    stderr which flag replaces it."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kwargs):
+        self.new = new
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"reco-sampled: {option_string} is deprecated; use {self.new} (the Python parameter's name)",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def _add_alias(parser: argparse.ArgumentParser, old: str, new: str, **kwargs) -> None:
+    """Keep ``old`` working as a hidden, deprecated spelling of the option ``new`` (same dest, type and metavar)."""
+    dest = new.lstrip("-").replace("-", "_")
+    parser.add_argument(old, action=_DeprecatedAlias, dest=dest, new=new, **kwargs)
+
+
+def _require(args: argparse.Namespace, *flags: str) -> None:
+    """A required option that has a deprecated alias cannot be ``required=True`` in argparse: checked here."""
+    missing = [f for f in flags if getattr(args, f.lstrip("-").replace("-", "_")) is None]
+    if missing:
+        raise ValueError(f"{', '.join(missing)}: required")
 
 
 def _check_int_arguments(args: argparse.Namespace) -> None:
@@ -126,15 +158,15 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
     check_fraction(args.gamma, "--gamma")  # before anything is read or printed (NaN would reach bv otherwise)
     if args.file is not None:
-        if args.ncf_rating or args.ncf_negative or args.scores:
-            raise ValueError("estimate: give either a rank FILE or --ncf-rating/--ncf-negative/--scores, not both")
+        if args.test_rating or args.test_negative or args.scores:
+            raise ValueError("estimate: give either a rank FILE or --test-rating/--test-negative/--scores, not both")
         data = read_rank_file(args.file, args.n_items, args.n_samples)
     else:
-        if not (args.ncf_rating and args.ncf_negative and args.scores):
-            raise ValueError("estimate: give a rank FILE, or all of --ncf-rating, --ncf-negative and --scores")
+        if not (args.test_rating and args.test_negative and args.scores):
+            raise ValueError("estimate: give a rank FILE, or all of --test-rating, --test-negative and --scores")
         if args.n_items is None:
             raise ValueError("--n-items: required with NCF files (the candidates each user's negatives came from)")
-        data = read_ncf(args.ncf_rating, args.ncf_negative, args.scores, args.n_items)
+        data = read_ncf(args.test_rating, args.test_negative, args.scores, args.n_items)
     metrics = args.metric or ["recall@10", "ndcg@10"]
     if args.adaptive_max is not None and args.n_samples is None:
         raise ValueError("--adaptive-max: give --n-samples, the first stage's m of the adaptive sampling")
@@ -201,12 +233,13 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
         "plan", help="forecast which sampling design reaches a target accuracy, before evaluating",
         description="Forecast, by Monte Carlo under an assumed rank distribution (a pilot's, or a default family), "
                     "the relative error and cost of sampled evaluation designs, and recommend the cheapest that "
-                    "meets the target. Example: reco-sampled plan --n-items 50000 --users 6000 --metric ndcg@10 "
+                    "meets the target. Example: reco-sampled plan --n-items 50000 --n-users 6000 --metric ndcg@10 "
                     "--target-rel-error 0.05",
         epilog=_methods_epilog(registry.names()), formatter_class=_HelpFormatter,
     )
     p.add_argument("--n-items", type=int, required=True, help="catalogue size n (candidates per user)")
-    p.add_argument("--users", type=int, required=True, help="users (held-out positives) in the evaluation")
+    p.add_argument("--n-users", type=int, help="users (held-out positives) in the evaluation (required)")
+    _add_alias(p, "--users", "--n-users", type=int)
     p.add_argument("--metric", required=True, help="metric, e.g. ndcg@10, hit@10, mrr")
     p.add_argument("--target-rel-error", type=float, required=True, help="target relative error, e.g. 0.05")
     p.add_argument("--pilot", help="rank file of a pilot's sampled ranks ('rank[,n_candidates[,n_samples]]' lines)")
@@ -230,6 +263,7 @@ def run_plan(args: argparse.Namespace) -> int:
     """Run the ``plan`` subcommand: print ``plan(...).format()``; returns 0 (bad input raises ValueError)."""
     from .planner import plan
 
+    _require(args, "--n-users")
     pilot = pilot_n = pilot_m = pilot_design = None
     if args.pilot is not None:
         from .rank_files import read_rank_file
@@ -245,7 +279,7 @@ def run_plan(args: argparse.Namespace) -> int:
     elif args.pilot_adaptive_max is not None or args.pilot_n_samples is not None or args.pilot_n_items is not None:
         raise ValueError("--pilot-*: given without --pilot")
     result = plan(
-        args.n_items, args.users, args.metric, args.target_rel_error, pilot=pilot, pilot_n_items=pilot_n,
+        args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, pilot_n_items=pilot_n,
         pilot_n_samples=pilot_m, pilot_adaptive=pilot_design, designs=args.design, method=args.method,
         repeats=args.repeats, seed=args.seed,
     )
@@ -391,8 +425,10 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--adaptive-max", type=int, metavar="M",
                      help="the ranks come from adaptive sampling from --n-samples up to M (the file's m column: "
                           "each positive's final m); the estimators marked [adaptive] below")
-    est.add_argument("--ncf-rating", help="NCF .test.rating file")
-    est.add_argument("--ncf-negative", help="NCF .test.negative file")
+    est.add_argument("--test-rating", help="NCF .test.rating file ('user item' per line)")
+    est.add_argument("--test-negative", help="NCF .test.negative file ('(user,item) neg1 neg2 ...' per line)")
+    _add_alias(est, "--ncf-rating", "--test-rating")
+    _add_alias(est, "--ncf-negative", "--test-negative")
     est.add_argument("--scores", help="'user item score' lines for the NCF pairs")
     est.set_defaults(func=_cmd_estimate)
 
