@@ -79,6 +79,12 @@ def _require(args: argparse.Namespace, *flags: str) -> None:
         raise ValueError(f"{', '.join(missing)}: required")
 
 
+def _add_progress(parser: argparse.ArgumentParser) -> None:
+    """``--progress`` / ``--no-progress``: a bar on stderr (default: when stderr is a terminal)."""
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar on stderr (default: when stderr is a terminal); results are the same")
+
+
 def _check_int_arguments(args: argparse.Namespace) -> None:
     """Every integer option within int64 (``--n-items 10**30`` is a ValueError naming the option, not an
     OverflowError deep inside)."""
@@ -111,7 +117,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     if args.quick:
         cfg.m_grid = (10, 100, 1000)
     log = None if args.quiet else (lambda s: print(f"[reproduce] {s}", flush=True))
-    result = run_reproduce(cfg, progress=not args.quiet, log=log)
+    result = run_reproduce(cfg, progress=False if args.quiet else args.progress, log=log)
     out = write_report(result, args.out, plots=not args.no_plots)
     print()
     print("\n".join(summary_lines(result)))
@@ -203,6 +209,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
               f"positive on average (max {cost.max_samples}); {100 * cost.share_at_cap:.1f}% reached the cap, "
               f"{100 * cost.share_first_at_cap:.1f}% still ranked first there")
     print(f"{'metric':12}{'method':14}{'estimate':>11}{'stderr':>10}{'95% interval':>22}  flags")
+    from ._progress import progress_bar
+
+    bar = progress_bar(total=len(metrics) * len(methods), desc="estimate", enabled=args.progress, unit="estimate")
     for metric in metrics:
         for method in methods:
             if adaptive is None:
@@ -215,6 +224,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
             flags = ",".join(est.flags) if est.flags else ""
             lo, hi = est.interval(0.95)  # widened where the top is unresolved (docs/estimators.md)
             print(f"{metric:12}{method:14}{est.value:11.5f}{est.stderr:10.5f}{f'[{lo:.5f}, {hi:.5f}]':>22}  {flags}")
+            bar.update()
+    bar.close()
     return 0
 
 
@@ -255,6 +266,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                    help="estimator to forecast (default mes; the estimators are listed below)")
     p.add_argument("--repeats", type=int, default=20, help="Monte Carlo repeats per design (default 20)")
     p.add_argument("--seed", type=int, default=0)
+    _add_progress(p)
     p.set_defaults(func=run_plan)
     return p
 
@@ -281,7 +293,7 @@ def run_plan(args: argparse.Namespace) -> int:
     result = plan(
         args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, pilot_n_items=pilot_n,
         pilot_n_samples=pilot_m, pilot_adaptive=pilot_design, designs=args.design, method=args.method,
-        repeats=args.repeats, seed=args.seed,
+        repeats=args.repeats, seed=args.seed, progress=args.progress,
     )
     print(result.format())
     return 0
@@ -387,7 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial")
     rep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     rep.add_argument("--quick", action="store_true", help="fewer values of m for Figure 6")
-    rep.add_argument("--quiet", action="store_true", help="no progress output")
+    rep.add_argument("--quiet", action="store_true", help="no stage lines and no progress bars")
+    _add_progress(rep)
     rep.add_argument("--adaptive-max", type=int, metavar="M",
                      help="also sample adaptively (m doubling for positives ranked first, up to M): rows "
                           "'adaptive:mes' in Tables 3 and 4, with the cost"),
@@ -430,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_alias(est, "--ncf-rating", "--test-rating")
     _add_alias(est, "--ncf-negative", "--test-negative")
     est.add_argument("--scores", help="'user item score' lines for the NCF pairs")
+    _add_progress(est)
     est.set_defaults(func=_cmd_estimate)
 
     sub.add_parser("recbole", help="RecBole's run_recbole with the plugin's metrics registered (see recbole --help)",
