@@ -81,6 +81,7 @@ CLI_ONLY = {
     ("reproduce", "quiet"): "no stage lines and no progress bars",
     ("table", "out"): "the CSV file to write",
     ("estimate", "file"): "read_rank_file's path (positional)",
+    ("estimate", "progress"): "a bar over the (metric, method) estimates, as SampledRankingMetrics.estimates(progress=)",
     ("plan", "design"): "repeatable: one entry of plan(designs=...)",
     ("plan", "pilot_adaptive_max"): "the adaptive_max of plan(pilot_adaptive=SamplingDesign(...))",
 }
@@ -97,8 +98,10 @@ def test_every_flag_is_a_python_parameter_name():
                 continue
             if (command, action.dest) in CLI_ONLY:
                 continue
+            flag = "--" + action.dest.replace("_", "-")
+            allowed = {flag, "--no-" + flag[2:]} if isinstance(action, argparse.BooleanOptionalAction) else {flag}
             long_flags = [s for s in action.option_strings if s.startswith("--")]
-            if action.dest not in names[command] or any(f != "--" + action.dest.replace("_", "-") for f in long_flags):
+            if action.dest not in names[command] or any(f not in allowed for f in long_flags):
                 mismatched.append((command, action.option_strings or action.dest))
     assert mismatched == []
 
