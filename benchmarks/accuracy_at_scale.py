@@ -136,12 +136,12 @@ def standard_errors(res, per_model, metrics, m):
     return out
 
 
-def run(dataset: str, ms, repeats: int, seed: int, log=print):
+def run(dataset: str, ms, repeats: int, seed: int, log=print, progress: bool | None = None):
     t0 = time.perf_counter()
     ranks, n_u = exact_rank_data(dataset, seed)
     log(f"{dataset}: exact ranks of {len(ranks)} recommenders, {len(n_u)} users in {time.perf_counter() - t0:.0f} s")
     metrics = [f"hit@{k}" for k in KS] + [f"ndcg@{k}" for k in KS]
-    res = run_experiment(ranks, n_u, ms, repeats, ks=KS, estimators=ESTIMATORS, seed=seed, log=log)
+    res = run_experiment(ranks, n_u, ms, repeats, ks=KS, estimators=ESTIMATORS, seed=seed, log=log, progress=progress)
     rows = []
     for m in ms:
         per_model, draws_by = {}, {}
@@ -261,6 +261,8 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--bound-only", action="store_true", help="only the common-shape bound table (from exact ranks)")
     ap.add_argument("--from-csv", nargs="+", help="no run: tables and plot from these accuracy_at_scale.csv files")
+    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress bar on stderr (default: when stderr is a terminal)")
     args = ap.parse_args()
     if args.bound_only:
         print("| data set | m | metric | within-bin shares M / HR@b (min..max over recommenders) | "
@@ -281,7 +283,8 @@ def main() -> None:
     if args.from_csv:  # e.g. the two data sets run as two processes, one per core
         df = pd.concat([pd.read_csv(f) for f in args.from_csv], ignore_index=True)
     else:
-        df = pd.DataFrame([row for ds in args.datasets for row in run(ds, args.ms, args.repeats, args.seed)])
+        df = pd.DataFrame([row for ds in args.datasets for row in run(ds, args.ms, args.repeats, args.seed,
+                                                                      progress=args.progress)])
     df.to_csv(out / "accuracy_at_scale.csv", index=False)
     repeats = args.repeats
     md = markdown(df, repeats) + f"\nTotal {time.perf_counter() - t0:.0f} s.\n"

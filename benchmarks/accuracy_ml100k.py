@@ -38,6 +38,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from reco_sampled_plugin._progress import progress_bar  # noqa: E402
 from reco_sampled_plugin._rank_hist import pool_by_n, sampled_rank_histogram  # noqa: E402
 from reco_sampled_plugin.corrections import correction_tables  # noqa: E402
 from reco_sampled_plugin.mapping import fit_beta, mapping_tables  # noqa: E402
@@ -89,8 +90,10 @@ def run_experiment(
     max_rel_n_spread: float = 0.1,
     seed: int = 0,
     log=print,
+    progress: bool | None = None,
 ) -> dict:
-    """Estimates of HR@K and NDCG@K for every (m, recommender, repeat, estimator).
+    """Estimates of HR@K and NDCG@K for every (m, recommender, repeat, estimator); ``progress``: a bar on stderr
+    over the (m, recommender) cells (None: when stderr is a terminal).
 
     Returns ``{"metrics": [...], "exact": {model: (S,)}, "values": {(m, model, estimator): (R, S)},
     "timings": {...}}``.
@@ -103,6 +106,7 @@ def run_experiment(
     }
     values: dict = {}
     timings: dict = {}
+    bar = progress_bar(total=len(ms) * len(ranks), desc="accuracy (m, recommender)", enabled=progress)
     for m in ms:
         per_model = {}
         for i, (name, r) in enumerate(ranks.items()):
@@ -153,6 +157,8 @@ def run_experiment(
                 values[(m, name, "bv_mle(0.1)")] = out
                 timings[(m, "bv_mle(0.1)")] = timings.get((m, "bv_mle(0.1)"), 0.0) + time.perf_counter() - t0
             log(f"m={m} {name}: done")
+            bar.update()
+    bar.close()
     return {"metrics": metrics, "exact": exact, "values": values, "timings": timings, "ms": list(ms),
             "models": list(ranks), "repeats": repeats}
 
@@ -269,6 +275,8 @@ def main() -> None:
     ap.add_argument("--spread", type=float, default=0.1, help="max_rel_n_spread of the n grid")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"), help="output directory")
+    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress bar on stderr (default: when stderr is a terminal)")
     args = ap.parse_args()
     import pandas as pd
 
@@ -277,7 +285,8 @@ def main() -> None:
     t0 = time.perf_counter()
     ranks, n_u = exact_rank_data(args.seed)
     t_ranks = time.perf_counter() - t0
-    res = run_experiment(ranks, n_u, args.ms, args.repeats, args.kmax, max_rel_n_spread=args.spread, seed=args.seed)
+    res = run_experiment(ranks, n_u, args.ms, args.repeats, args.kmax, max_rel_n_spread=args.spread, seed=args.seed,
+                         progress=args.progress)
     errors, order = summarise(res)
     seconds = time.perf_counter() - t0
     pd.DataFrame(errors).to_csv(out / "accuracy_ml100k_errors.csv", index=False)

@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from reco_sampled_plugin import estimate, metric_values  # noqa: E402
+from reco_sampled_plugin._progress import progress_bar  # noqa: E402
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact  # noqa: E402
 from reco_sampled_plugin.simulate import draw_sampled_ranks  # noqa: E402
 
@@ -47,12 +48,14 @@ def label(m: int, cap: int | None) -> str:
     return f"m={m}" if cap is None else f"m={m}->{cap}"
 
 
-def run(dataset: str, repeats: int, seed: int, log=print) -> list[dict]:
+def run(dataset: str, repeats: int, seed: int, log=print, progress: bool | None = None) -> list[dict]:
     t0 = time.perf_counter()
     ranks, n_u = exact_rank_data(dataset, seed)
     log(f"{dataset}: {len(n_u)} users, n {n_u.min()}..{n_u.max()}, trained and ranked in {time.perf_counter() - t0:.0f} s")
     n_t = torch.from_numpy(n_u)
     rows = []
+    bar = progress_bar(total=len(DESIGNS) * len(ranks) * repeats, desc=f"{dataset}: mes fits", enabled=progress,
+                       unit="fit")
     for d, (m, cap) in enumerate(DESIGNS):
         for i, (name, r) in enumerate(ranks.items()):
             t = time.perf_counter()
@@ -72,6 +75,7 @@ def run(dataset: str, repeats: int, seed: int, log=print) -> list[dict]:
                     e = estimate(mt, s[b], n_t, z[b], method="mes", **extra)
                     lo, hi = e.interval(0.95)
                     est[mt].append((e.value, lo, hi))
+                bar.update()
             for mt in METRICS:
                 a = np.asarray(est[mt])
                 ex = exact[mt]
@@ -86,6 +90,7 @@ def run(dataset: str, repeats: int, seed: int, log=print) -> list[dict]:
                 })
             log(f"  {label(m, cap):14} {name:20} {time.perf_counter() - t:6.1f} s  "
                 + "  ".join(f"{r_['metric']} rmse {100 * r_['rel_rmse']:.1f}% cov {r_['coverage']:.2f}" for r_ in rows[-2:]))
+    bar.close()
     return rows
 
 
@@ -113,11 +118,13 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--datasets", nargs="+", default=["ml-100k", "ml-latest-small"])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                    help="progress bar on stderr (default: when stderr is a terminal)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     rows = []
     for ds in args.datasets:
-        rows += run(ds, args.repeats, args.seed)
+        rows += run(ds, args.repeats, args.seed, progress=args.progress)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     import csv

@@ -9,7 +9,8 @@ One flow: scores (B x n, any device) -> exact or sampled ranks per relevant item
 ranks -> an estimator (a correction table, a mapping, a rank-distribution fit) -> an :class:`Estimate` (value,
 stderr, details, flags, an honest interval). Ranks are 1-based; n counts the candidates of an instance (the
 relevant item included), m the sampled irrelevant items. The layers and the rules that keep them apart:
-docs/architecture.md. ``import reco_sampled_plugin as rsp`` imports torch, numpy and scipy only.
+docs/architecture.md. ``import reco_sampled_plugin as rsp`` imports nothing heavy: each name below is imported on
+first use (torch, numpy and scipy only; PEP 562), so ``reco-sampled --help`` starts without torch.
 
 Ranks
 =====
@@ -145,29 +146,36 @@ import their framework), ``reco_sampled_plugin.cli`` (``reco-sampled``), ``reco_
 ``reco_sampled_plugin.datasets`` and ``reco_sampled_plugin.baselines``.
 """
 
-from . import registry
-from ._rank_hist import RankHistogram, sampled_rank_histogram
-from .adaptive import AdaptiveCost, AdaptiveDesign, adaptive_cost, adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact
-from .consistency import consistency_report, ordering_agreement
-from .corrections import clear_correction_cache, correction_table, expected_corrected, table_bias
-from .design import SamplingDesign, as_design
-from .estimate import Estimate
-from .estimators import estimate
-from .factor_ranks import exact_ranks_from_factors
-from .factors import FactorEvaluation, evaluate_factors
-from .identification import IdentifiedInterval, TopShape, identified_interval
-from .mapping import BetaFit, dataset_beta, fit_beta, mapped_points, mapping, mapping_estimate, sampled_hit_rate_curve
-from .metric_names import MetricSpec, parse_metric
-from .metrics import metric_curve, metric_values
-from .priors import BetaPrior, CallablePrior, Prior, UniformPrior, VectorPrior, empirical_prior, fit_beta_prior
-from .rank_distribution import RankDistribution, estimate_rank_distribution, simulate_sampled_ranks
-from .ranking import SampledRanks, candidate_counts, exact_ranks, sampled_ranks
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING
+
+from . import registry  # the estimator table: standard library only
 from .registry import DEFAULT_ESTIMATOR, Estimator, register
-from .sampling_laws import expected_sampled, log_sampled_rank_pmf, sampled_rank_pmf
-from .simulate import draw_sampled_ranks
-from .splits import leave_last_out_split, split_train_test
-from .uncertainty import corrected_metric, corrected_values, paired_difference
-from .user_metrics import DEFAULT_METRICS, mean_metrics, per_user_metrics, per_user_metrics_from_factors, user_metric_values
+
+if TYPE_CHECKING:  # the names below are imported on first use (PEP 562, ``__getattr__`` at the end)
+    from ._rank_hist import RankHistogram, sampled_rank_histogram
+    from .adaptive import AdaptiveCost, AdaptiveDesign, adaptive_cost, adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact
+    from .consistency import consistency_report, ordering_agreement
+    from .corrections import clear_correction_cache, correction_table, expected_corrected, table_bias
+    from .design import SamplingDesign, as_design
+    from .estimate import Estimate
+    from .estimators import estimate
+    from .factor_ranks import exact_ranks_from_factors
+    from .factors import FactorEvaluation, evaluate_factors
+    from .identification import IdentifiedInterval, TopShape, identified_interval
+    from .mapping import BetaFit, dataset_beta, fit_beta, mapped_points, mapping, mapping_estimate, sampled_hit_rate_curve
+    from .metric_names import MetricSpec, parse_metric
+    from .metrics import metric_curve, metric_values
+    from .priors import BetaPrior, CallablePrior, Prior, UniformPrior, VectorPrior, empirical_prior, fit_beta_prior
+    from .rank_distribution import RankDistribution, estimate_rank_distribution, simulate_sampled_ranks
+    from .ranking import SampledRanks, candidate_counts, exact_ranks, sampled_ranks
+    from .sampling_laws import expected_sampled, log_sampled_rank_pmf, sampled_rank_pmf
+    from .simulate import draw_sampled_ranks
+    from .splits import leave_last_out_split, split_train_test
+    from .uncertainty import corrected_metric, corrected_values, paired_difference
+    from .user_metrics import DEFAULT_METRICS, mean_metrics, per_user_metrics, per_user_metrics_from_factors, user_metric_values
 
 __version__ = "0.1.0"
 
@@ -250,6 +258,73 @@ __all__ = [
     "leave_last_out_split",
 ]
 
+# Where each re-exported name lives: imported on first access (PEP 562), so ``import reco_sampled_plugin`` and
+# ``reco-sampled --help`` import neither torch nor scipy.
+_LAZY: dict[str, str] = {
+    "RankHistogram": "_rank_hist",
+    "sampled_rank_histogram": "_rank_hist",
+    "AdaptiveCost": "adaptive",
+    "AdaptiveDesign": "adaptive",
+    "adaptive_cost": "adaptive",
+    "adaptive_sampled_ranks": "adaptive",
+    "adaptive_sampled_ranks_from_exact": "adaptive",
+    "consistency_report": "consistency",
+    "ordering_agreement": "consistency",
+    "clear_correction_cache": "corrections",
+    "correction_table": "corrections",
+    "expected_corrected": "corrections",
+    "table_bias": "corrections",
+    "SamplingDesign": "design",
+    "as_design": "design",
+    "Estimate": "estimate",
+    "estimate": "estimators",
+    "exact_ranks_from_factors": "factor_ranks",
+    "FactorEvaluation": "factors",
+    "evaluate_factors": "factors",
+    "IdentifiedInterval": "identification",
+    "TopShape": "identification",
+    "identified_interval": "identification",
+    "BetaFit": "mapping",
+    "dataset_beta": "mapping",
+    "fit_beta": "mapping",
+    "mapped_points": "mapping",
+    "mapping": "mapping",
+    "mapping_estimate": "mapping",
+    "sampled_hit_rate_curve": "mapping",
+    "MetricSpec": "metric_names",
+    "parse_metric": "metric_names",
+    "metric_curve": "metrics",
+    "metric_values": "metrics",
+    "BetaPrior": "priors",
+    "CallablePrior": "priors",
+    "Prior": "priors",
+    "UniformPrior": "priors",
+    "VectorPrior": "priors",
+    "empirical_prior": "priors",
+    "fit_beta_prior": "priors",
+    "RankDistribution": "rank_distribution",
+    "estimate_rank_distribution": "rank_distribution",
+    "simulate_sampled_ranks": "rank_distribution",
+    "SampledRanks": "ranking",
+    "candidate_counts": "ranking",
+    "exact_ranks": "ranking",
+    "sampled_ranks": "ranking",
+    "expected_sampled": "sampling_laws",
+    "log_sampled_rank_pmf": "sampling_laws",
+    "sampled_rank_pmf": "sampling_laws",
+    "draw_sampled_ranks": "simulate",
+    "leave_last_out_split": "splits",
+    "split_train_test": "splits",
+    "corrected_metric": "uncertainty",
+    "corrected_values": "uncertainty",
+    "paired_difference": "uncertainty",
+    "DEFAULT_METRICS": "user_metrics",
+    "mean_metrics": "user_metrics",
+    "per_user_metrics": "user_metrics",
+    "per_user_metrics_from_factors": "user_metrics",
+    "user_metric_values": "user_metrics",
+}
+
 # Views of the estimator registry, computed on each access (PEP 562): a method registered later appears in them.
 _REGISTRY_VIEWS = {
     "ESTIMATORS": lambda: registry.names(),
@@ -261,8 +336,33 @@ def __getattr__(name: str):
     view = _REGISTRY_VIEWS.get(name)
     if view is not None:
         return view()
+    source = _LAZY.get(name)
+    if source is not None:
+        value = getattr(importlib.import_module(f"{__name__}.{source}"), name)
+        globals()[name] = value  # later accesses skip this function
+        return value
+    if not name.startswith("__"):
+        try:  # a submodule, e.g. ``rsp.ranking`` or ``rsp.planner``
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"{__name__}.{name}":
+                raise
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_REGISTRY_VIEWS))
+    return sorted(set(globals()) | set(_REGISTRY_VIEWS) | set(_LAZY))
+
+
+class _Package(types.ModuleType):
+    """The package's module type: the import system binds each submodule as an attribute of its package on first
+    import; ``estimate`` and ``mapping`` are functions of the same names as their modules, so such a binding is
+    not stored (the function is then found by ``__getattr__``)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if name in ("estimate", "mapping") and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -4,6 +4,11 @@ Every list of estimators here is the registry's (``registry.py``), read when the
 help lists each registered method with its one-line summary, so a method registered at run time is offered
 without an edit here. ``estimate`` and ``reproduce`` turn ``--n-samples`` / ``--adaptive-max`` / ``--sampling``
 into one :class:`~reco_sampled_plugin.design.SamplingDesign` (``as_design``).
+
+Building the parser imports neither torch nor scipy (each command imports what it needs), so ``--help`` is instant.
+Every flag is the name of the Python parameter it fills, ``-`` for ``_`` (``--n-users`` is ``plan(n_users=...)``);
+renamed flags keep their old spelling as a hidden alias that still works and says it is deprecated
+(tests/test_cli_surface.py checks both).
 """
 
 from __future__ import annotations
@@ -47,6 +52,39 @@ def _sampling_design(n_samples, sampling: str, adaptive_max):
     return as_design(n_samples, replacement=sampling == "binomial", adaptive_max=adaptive_max)
 
 
+class _DeprecatedAlias(argparse.Action):
+    """An old spelling of an option, hidden from ``--help``: stores into the new option's ``dest`` and says once on
+    stderr which flag replaces it."""
+
+    def __init__(self, option_strings, dest, new: str = "", **kwargs):
+        self.new = new
+        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"reco-sampled: {option_string} is deprecated; use {self.new} (the Python parameter's name)",
+              file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def _add_alias(parser: argparse.ArgumentParser, old: str, new: str, **kwargs) -> None:
+    """Keep ``old`` working as a hidden, deprecated spelling of the option ``new`` (same dest, type and metavar)."""
+    dest = new.lstrip("-").replace("-", "_")
+    parser.add_argument(old, action=_DeprecatedAlias, dest=dest, new=new, **kwargs)
+
+
+def _require(args: argparse.Namespace, *flags: str) -> None:
+    """A required option that has a deprecated alias cannot be ``required=True`` in argparse: checked here."""
+    missing = [f for f in flags if getattr(args, f.lstrip("-").replace("-", "_")) is None]
+    if missing:
+        raise ValueError(f"{', '.join(missing)}: required")
+
+
+def _add_progress(parser: argparse.ArgumentParser) -> None:
+    """``--progress`` / ``--no-progress``: a bar on stderr (default: when stderr is a terminal)."""
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                        help="progress bar on stderr (default: when stderr is a terminal); results are the same")
+
+
 def _check_int_arguments(args: argparse.Namespace) -> None:
     """Every integer option within int64 (``--n-items 10**30`` is a ValueError naming the option, not an
     OverflowError deep inside)."""
@@ -79,7 +117,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     if args.quick:
         cfg.m_grid = (10, 100, 1000)
     log = None if args.quiet else (lambda s: print(f"[reproduce] {s}", flush=True))
-    result = run_reproduce(cfg, progress=not args.quiet, log=log)
+    result = run_reproduce(cfg, progress=False if args.quiet else args.progress, log=log)
     out = write_report(result, args.out, plots=not args.no_plots)
     print()
     print("\n".join(summary_lines(result)))
@@ -126,15 +164,15 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
     check_fraction(args.gamma, "--gamma")  # before anything is read or printed (NaN would reach bv otherwise)
     if args.file is not None:
-        if args.ncf_rating or args.ncf_negative or args.scores:
-            raise ValueError("estimate: give either a rank FILE or --ncf-rating/--ncf-negative/--scores, not both")
+        if args.test_rating or args.test_negative or args.scores:
+            raise ValueError("estimate: give either a rank FILE or --test-rating/--test-negative/--scores, not both")
         data = read_rank_file(args.file, args.n_items, args.n_samples)
     else:
-        if not (args.ncf_rating and args.ncf_negative and args.scores):
-            raise ValueError("estimate: give a rank FILE, or all of --ncf-rating, --ncf-negative and --scores")
+        if not (args.test_rating and args.test_negative and args.scores):
+            raise ValueError("estimate: give a rank FILE, or all of --test-rating, --test-negative and --scores")
         if args.n_items is None:
             raise ValueError("--n-items: required with NCF files (the candidates each user's negatives came from)")
-        data = read_ncf(args.ncf_rating, args.ncf_negative, args.scores, args.n_items)
+        data = read_ncf(args.test_rating, args.test_negative, args.scores, args.n_items)
     metrics = args.metric or ["recall@10", "ndcg@10"]
     if args.adaptive_max is not None and args.n_samples is None:
         raise ValueError("--adaptive-max: give --n-samples, the first stage's m of the adaptive sampling")
@@ -171,6 +209,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
               f"positive on average (max {cost.max_samples}); {100 * cost.share_at_cap:.1f}% reached the cap, "
               f"{100 * cost.share_first_at_cap:.1f}% still ranked first there")
     print(f"{'metric':12}{'method':14}{'estimate':>11}{'stderr':>10}{'95% interval':>22}  flags")
+    from ._progress import progress_bar
+
+    bar = progress_bar(total=len(metrics) * len(methods), desc="estimate", enabled=args.progress, unit="estimate")
     for metric in metrics:
         for method in methods:
             if adaptive is None:
@@ -183,6 +224,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
             flags = ",".join(est.flags) if est.flags else ""
             lo, hi = est.interval(0.95)  # widened where the top is unresolved (docs/estimators.md)
             print(f"{metric:12}{method:14}{est.value:11.5f}{est.stderr:10.5f}{f'[{lo:.5f}, {hi:.5f}]':>22}  {flags}")
+            bar.update()
+    bar.close()
     return 0
 
 
@@ -201,12 +244,13 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
         "plan", help="forecast which sampling design reaches a target accuracy, before evaluating",
         description="Forecast, by Monte Carlo under an assumed rank distribution (a pilot's, or a default family), "
                     "the relative error and cost of sampled evaluation designs, and recommend the cheapest that "
-                    "meets the target. Example: reco-sampled plan --n-items 50000 --users 6000 --metric ndcg@10 "
+                    "meets the target. Example: reco-sampled plan --n-items 50000 --n-users 6000 --metric ndcg@10 "
                     "--target-rel-error 0.05",
         epilog=_methods_epilog(registry.names()), formatter_class=_HelpFormatter,
     )
     p.add_argument("--n-items", type=int, required=True, help="catalogue size n (candidates per user)")
-    p.add_argument("--users", type=int, required=True, help="users (held-out positives) in the evaluation")
+    p.add_argument("--n-users", type=int, help="users (held-out positives) in the evaluation (required)")
+    _add_alias(p, "--users", "--n-users", type=int)
     p.add_argument("--metric", required=True, help="metric, e.g. ndcg@10, hit@10, mrr")
     p.add_argument("--target-rel-error", type=float, required=True, help="target relative error, e.g. 0.05")
     p.add_argument("--pilot", help="rank file of a pilot's sampled ranks ('rank[,n_candidates[,n_samples]]' lines)")
@@ -222,6 +266,7 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                    help="estimator to forecast (default mes; the estimators are listed below)")
     p.add_argument("--repeats", type=int, default=20, help="Monte Carlo repeats per design (default 20)")
     p.add_argument("--seed", type=int, default=0)
+    _add_progress(p)
     p.set_defaults(func=run_plan)
     return p
 
@@ -230,6 +275,7 @@ def run_plan(args: argparse.Namespace) -> int:
     """Run the ``plan`` subcommand: print ``plan(...).format()``; returns 0 (bad input raises ValueError)."""
     from .planner import plan
 
+    _require(args, "--n-users")
     pilot = pilot_n = pilot_m = pilot_design = None
     if args.pilot is not None:
         from .rank_files import read_rank_file
@@ -245,9 +291,9 @@ def run_plan(args: argparse.Namespace) -> int:
     elif args.pilot_adaptive_max is not None or args.pilot_n_samples is not None or args.pilot_n_items is not None:
         raise ValueError("--pilot-*: given without --pilot")
     result = plan(
-        args.n_items, args.users, args.metric, args.target_rel_error, pilot=pilot, pilot_n_items=pilot_n,
+        args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, pilot_n_items=pilot_n,
         pilot_n_samples=pilot_m, pilot_adaptive=pilot_design, designs=args.design, method=args.method,
-        repeats=args.repeats, seed=args.seed,
+        repeats=args.repeats, seed=args.seed, progress=args.progress,
     )
     print(result.format())
     return 0
@@ -353,7 +399,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial")
     rep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     rep.add_argument("--quick", action="store_true", help="fewer values of m for Figure 6")
-    rep.add_argument("--quiet", action="store_true", help="no progress output")
+    rep.add_argument("--quiet", action="store_true", help="no stage lines and no progress bars")
+    _add_progress(rep)
     rep.add_argument("--adaptive-max", type=int, metavar="M",
                      help="also sample adaptively (m doubling for positives ranked first, up to M): rows "
                           "'adaptive:mes' in Tables 3 and 4, with the cost"),
@@ -391,9 +438,12 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--adaptive-max", type=int, metavar="M",
                      help="the ranks come from adaptive sampling from --n-samples up to M (the file's m column: "
                           "each positive's final m); the estimators marked [adaptive] below")
-    est.add_argument("--ncf-rating", help="NCF .test.rating file")
-    est.add_argument("--ncf-negative", help="NCF .test.negative file")
+    est.add_argument("--test-rating", help="NCF .test.rating file ('user item' per line)")
+    est.add_argument("--test-negative", help="NCF .test.negative file ('(user,item) neg1 neg2 ...' per line)")
+    _add_alias(est, "--ncf-rating", "--test-rating")
+    _add_alias(est, "--ncf-negative", "--test-negative")
     est.add_argument("--scores", help="'user item score' lines for the NCF pairs")
+    _add_progress(est)
     est.set_defaults(func=_cmd_estimate)
 
     sub.add_parser("recbole", help="RecBole's run_recbole with the plugin's metrics registered (see recbole --help)",

@@ -420,6 +420,7 @@ def plan(
     method: str = "mes",
     repeats: int = 20,
     seed: int = 0,
+    progress: bool | None = None,
 ) -> Plan:
     """Forecast the accuracy and cost of sampled evaluation designs, and recommend the cheapest that meets a target.
 
@@ -443,6 +444,8 @@ def plan(
             designs; default ``mes``).
         repeats: Monte Carlo replicates per design (each a fresh set of n_users exact ranks).
         seed: seeds every draw (the same seed gives the same plan).
+        progress: a bar over the estimator fits on stderr (True, False; None: when stderr is a terminal); it does
+            not change the plan.
 
     Returns:
         a :class:`Plan` (``print(plan(...).format())`` for a table).
@@ -457,13 +460,14 @@ def plan(
     with _one_thread():
         return _plan(n_items, n_users, metric, target_rel_error, pilot=pilot, pilot_n_items=pilot_n_items,
                      pilot_n_samples=pilot_n_samples, pilot_adaptive=pilot_adaptive, designs=designs, method=method,
-                     repeats=repeats, seed=seed)
+                     repeats=repeats, seed=seed, progress=progress)
 
 
 def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, pilot_n_samples, pilot_adaptive,
-          designs, method, repeats, seed) -> Plan:
+          designs, method, repeats, seed, progress=None) -> Plan:
     import time
 
+    from ._progress import progress_bar
     from .estimators import estimate
     from .metrics import metric_values
     from .simulate import simulate_sampled_ranks
@@ -499,6 +503,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
     opts = {"n_bootstrap": 0} if method in registry.names(fits_distribution=True) else {}
     n_mean = float(n_u.mean())
     forecasts = []
+    bar = progress_bar(total=len(todo) * repeats, desc=f"plan {spec}: {method} fits", enabled=progress, unit="fit")
     for d, (m, cap, replacement) in enumerate(todo):
         gen = torch.Generator().manual_seed(seed * 1_000_003 + 7919 * (d + 1))
         law = "binomial" if replacement else "hypergeometric"
@@ -514,6 +519,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
                 est[j] = estimate(spec, sampled[j], n_t, m, method=method, **law_opt, **opts).value
             else:
                 est[j] = estimate(spec, sampled[j], n_t, sizes[j], method=method, adaptive=(m, cap), **opts).value
+            bar.update()
         err = est - truths
         bias = float(err.mean())
         sd = float(err.std(ddof=1))
@@ -530,6 +536,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
             rel_bias=rel(bias), rel_sd=rel(sd), rel_error=rel_error, meets_target=bool(rel_error <= target),
             rel_error_se=rel(se_rmse), resolution=(n_mean - 1.0) / (top + 1.0) + 1.0, replacement=replacement,
         ))
+    bar.close()
     ok = [f for f in forecasts if f.meets_target and f.mean_samples < n_mean - 1.0]
     recommended = min(ok, key=lambda f: f.mean_samples) if ok else None
     return Plan(

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from . import registry
+from ._progress import progress_bar
 from .consistency import consistency_report
 from .corrections import correction_tables, expected_corrected
 from .datasets import binarize, leave_last_out, load_interactions, ml100k_path
@@ -122,21 +123,9 @@ def _checked_config(cfg: ReproduceConfig) -> ReproduceConfig:
     return dataclasses.replace(cfg, n_samples=design.n_samples, sampling=design.law, adaptive_max=design.adaptive_max)
 
 
-def _progress(total: int, desc: str, enabled: bool):
-    """A tqdm bar when tqdm is installed and progress is wanted; a silent stand-in otherwise."""
-    if enabled:
-        try:
-            from tqdm.auto import tqdm
-
-            return tqdm(total=total, desc=desc, leave=False)
-        except ImportError:  # pragma: no cover - tqdm ships with the test extra
-            pass
-
-    class _Null:
-        def update(self, n: int = 1) -> None: ...
-        def close(self) -> None: ...
-
-    return _Null()
+def _progress(total: int, desc: str, enabled: bool | None):
+    """A manual progress bar on stderr (``_progress.progress_bar``; None: when stderr is a terminal)."""
+    return progress_bar(total=total, desc=desc, enabled=enabled)
 
 
 def exact_ranks_for_split(models: dict, train, test_items: np.ndarray, batch_size: int = 1024, progress: bool = False):
@@ -351,8 +340,9 @@ def _expected_corrected_grouped(metric, ranks, n_cand, m, sampling, spread) -> t
     return (pmf * tables[inverse]).sum(1)
 
 
-def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool = True, log: Callable[[str], None] | None = None) -> ReproduceResult:
-    """Run the whole experiment; see the module docstring. ``log`` receives one line per stage."""
+def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool | None = None, log: Callable[[str], None] | None = None) -> ReproduceResult:
+    """Run the whole experiment; see the module docstring. ``log`` receives one line per stage; ``progress``: bars
+    on stderr (True, False; None: when stderr is a terminal)."""
     cfg = _checked_config(cfg or ReproduceConfig())
     say = log or (lambda s: None)
     timings: dict[str, float] = {}

@@ -173,7 +173,7 @@ def test_estimate_command_ncf_files(tmp_path, capsys):
 
     data = read_ncf(tmp_path / "x.test.rating", tmp_path / "x.test.negative", tmp_path / "s.txt", n_items=10)
     assert data.ranks.tolist() == [2, 4] and data.n_samples.tolist() == [3, 3]
-    assert main(["estimate", "--ncf-rating", str(tmp_path / "x.test.rating"), "--ncf-negative", str(tmp_path / "x.test.negative"),
+    assert main(["estimate", "--test-rating", str(tmp_path / "x.test.rating"), "--test-negative", str(tmp_path / "x.test.negative"),
                  "--scores", str(tmp_path / "s.txt"), "--n-items", "10", "--metric", "hit@2", "--method", "none"]) == 0
     assert "hit@2" in capsys.readouterr().out
 
@@ -238,7 +238,7 @@ def test_estimate_checks_names_before_printing_and_refuses_mixed_inputs(tmp_path
     assert main(["estimate", str(f), "--method", "nope"]) == 2
     captured = capsys.readouterr()
     assert "unknown ['nope']" in captured.err and captured.out == ""
-    assert main(["estimate", str(f), "--ncf-rating", str(f)]) == 2
+    assert main(["estimate", str(f), "--test-rating", str(f)]) == 2
     assert "not both" in capsys.readouterr().err
 
 

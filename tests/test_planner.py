@@ -251,7 +251,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def test_cli_plan(capsys):
-    args = _parser().parse_args(["plan", "--n-items", "3000", "--users", "400", "--metric", "ndcg@10",
+    args = _parser().parse_args(["plan", "--n-items", "3000", "--n-users", "400", "--metric", "ndcg@10",
                                  "--target-rel-error", "0.5", "--repeats", "3", "--design", "100",
                                  "--design", "50:800"])
     assert args.func is run_plan
@@ -269,7 +269,7 @@ def test_cli_plan_with_adaptive_pilot(tmp_path, capsys):
     path = tmp_path / "pilot.csv"
     path.write_text("rank,n_candidates,n_samples\n" + "".join(f"{r},{n},{m}\n" for r, m in zip(ranks.tolist(),
                                                                                                sizes.tolist())))
-    args = _parser().parse_args(["plan", "--n-items", "6000", "--users", "300", "--metric", "hit@10",
+    args = _parser().parse_args(["plan", "--n-items", "6000", "--n-users", "300", "--metric", "hit@10",
                                  "--target-rel-error", "0.2", "--pilot", str(path), "--pilot-n-samples", "50",
                                  "--pilot-adaptive-max", "800", "--repeats", "3", "--design", "200"])
     assert run_plan(args) == 0
@@ -279,16 +279,16 @@ def test_cli_plan_with_adaptive_pilot(tmp_path, capsys):
 
 def test_cli_plan_errors(tmp_path):
     parser = _parser()
-    args = parser.parse_args(["plan", "--n-items", "3000", "--users", "400", "--metric", "ndcg@10",
+    args = parser.parse_args(["plan", "--n-items", "3000", "--n-users", "400", "--metric", "ndcg@10",
                               "--target-rel-error", "0.1", "--pilot-adaptive-max", "800"])
     with pytest.raises(ValueError, match="without --pilot"):
         run_plan(args)
     with pytest.raises(SystemExit):  # argparse rejects a malformed design
-        parser.parse_args(["plan", "--n-items", "3000", "--users", "400", "--metric", "ndcg@10",
+        parser.parse_args(["plan", "--n-items", "3000", "--n-users", "400", "--metric", "ndcg@10",
                            "--target-rel-error", "0.1", "--design", "a:b"])
     bad = tmp_path / "bad.csv"
     bad.write_text("0\n")
-    args = parser.parse_args(["plan", "--n-items", "3000", "--users", "400", "--metric", "ndcg@10",
+    args = parser.parse_args(["plan", "--n-items", "3000", "--n-users", "400", "--metric", "ndcg@10",
                               "--target-rel-error", "0.1", "--pilot", str(bad), "--pilot-n-samples", "100"])
     with pytest.raises(ValueError):
         run_plan(args)

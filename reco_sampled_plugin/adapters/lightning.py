@@ -297,7 +297,7 @@ class _RankingMetricsLogic:
             if st.exact is not None:
                 est.update(st.exact.estimates())
             if st.sampled is not None:
-                sampled_est = st.sampled.estimates(progress=_tqdm_wrapper(stage) if bar else None)
+                sampled_est = st.sampled.estimates(progress=_tqdm_wrapper(stage) if bar else False)
                 est.update(sampled_est)
                 cost = next((e.details["adaptive"] for e in sampled_est.values() if "adaptive" in e.details), None)
                 if cost is not None:  # what adaptive sampling cost, once per loader
@@ -403,11 +403,9 @@ def _parse(metric: str):
 
 def _tqdm_wrapper(stage: str) -> Callable[[Iterable], Iterable]:
     def wrap(jobs):
-        try:
-            from tqdm.auto import tqdm
-        except ImportError:  # pragma: no cover - Lightning depends on tqdm
-            return jobs
-        return tqdm(jobs, desc=f"ranking metrics ({_STAGES[stage]})", leave=False, unit="estimate")
+        from .._progress import progress_bar
+
+        return progress_bar(jobs, desc=f"ranking metrics ({_STAGES[stage]})", enabled=True, unit="estimate")
 
     return wrap
 

@@ -575,11 +575,17 @@ class SampledRankingMetrics(Metric):
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=True):
             return self._histogram()
 
-    def _estimates(self, progress: Callable[[Iterable], Iterable] | None = None) -> dict[str, Estimate]:
+    def _estimates(self, progress: bool | None | Callable[[Iterable], Iterable] = False) -> dict[str, Estimate]:
         hist = self._histogram()
         jobs = [(m, e) for m in self.metric_names for e in self.estimators]
         out: dict[str, Estimate] = {}
-        for metric, method in progress(jobs) if progress is not None else jobs:
+        if callable(progress):
+            jobs = progress(jobs)
+        else:
+            from .._progress import progress_bar
+
+            jobs = progress_bar(jobs, desc="ranking metrics", enabled=progress, unit="estimate")
+        for metric, method in jobs:
             key = f"{metric}/{estimator_label(method)}"
             if hist.n_groups == 0 or hist.total <= 0:  # nothing counted (no update, or every row dropped by keep)
                 out[key] = _empty_estimate(0.0, {"method": method, "metric": metric})
@@ -595,10 +601,11 @@ class SampledRankingMetrics(Metric):
                                     ("estimator_failed",))
         return out
 
-    def estimates(self, progress: Callable[[Iterable], Iterable] | None = None) -> dict[str, Estimate]:
+    def estimates(self, progress: bool | None | Callable[[Iterable], Iterable] = None) -> dict[str, Estimate]:
         """``{"<metric>/<label>": Estimate}`` for every metric and estimator (synced across processes).
 
-        ``progress`` wraps the list of (metric, estimator) jobs, e.g. ``tqdm.tqdm``.
+        ``progress``: a bar over the (metric, estimator) jobs on stderr (True, False; None: when stderr is a
+        terminal), or a callable that wraps the list of jobs (e.g. ``tqdm.tqdm``). It never changes the estimates.
         """
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=True):
             return self._estimates(progress)
