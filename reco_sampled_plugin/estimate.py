@@ -13,7 +13,8 @@ __all__ = ["Estimate", "EstimatorOutput", "FLAG_TEXT", "explain_flags", "INTERVA
 INTERVAL_SUFFIXES = ("_lo", "_hi")
 
 #: Each flag of an :class:`Estimate` in words (the one mapping every output uses: CLI, report, RecBole, Lightning,
-#: torchmetrics). ``{plan}`` is filled with the planner command (:func:`explain_flags`).
+#: torchmetrics), and ``uncorrected``, the label outputs give the plain sampled metric (method ``none``).
+#: ``{plan}`` and ``{m}`` are filled in by :func:`explain_flags`.
 FLAG_TEXT: dict[str, str] = {
     "top_unresolved": "top of the ranking not resolved by {m} samples: the 95% interval spans every value the data "
                       "allow under the top-shape assumption, whatever the estimator; rank exactly or sample "
@@ -28,6 +29,9 @@ FLAG_TEXT: dict[str, str] = {
     "pooled_n": "candidate counts pooled into bins (max_groups) before fitting",
     "outside_metric_range": "the estimator's value lies outside the metric's range (an unbounded correction such as "
                             "ls); its interval is clipped to the range",
+    "several_m": "several sample sizes m in one histogram",
+    "uncorrected": "the plain sampled metric (method none), not an estimate of the full-catalogue metric: its "
+                   "interval covers the sampled metric only",
     "no_instances": "nothing was counted: no value (NaN)",
     "estimator_failed": "the estimator failed on these data (see the warning): no value (NaN)",
 }
@@ -47,7 +51,7 @@ def _plan_command(metric: str | None, n_items: int | None, users: int | None, pi
     return " ".join(parts)
 
 
-def explain_flags(flags, *, metric: str | None = None, n_items: int | None = None, n_samples: int | None = None,
+def explain_flags(flags, *, metric: str | None = None, n_items: int | None = None, n_samples: int | str | None = None,
                   users: int | None = None, pilot: str | None = None) -> list[str]:
     """Each flag of ``flags`` as one sentence users understand (:data:`FLAG_TEXT`; an unknown flag as itself).
 
