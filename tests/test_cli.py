@@ -66,6 +66,16 @@ def test_reproduce_directional_claim(small_run):
     for r in fixed:
         assert r["pair"] in text
     assert result.figure6["grouping_error"] < 1e-3
+    # issue 25: ml-100k at m = 100 (b ~ 16 > K = 10): the report says why no point value can be trusted alone, in the
+    # words of estimate.explain_flags, with the planner command for these data; and what its ± is
+    n = int(np.median(result.n_candidates.numpy()))
+    for metric in ("recall@10", "ndcg@10"):
+        assert (f"- {metric}: top_unresolved: top of the ranking not resolved by m = 100 samples" in text
+                and f"(reco-sampled plan --n-items {n} --users 943 --metric {metric} --target-rel-error 0.05)" in text)
+    assert "± is the standard deviation over the 30 sampling runs" in text
+    from reco_sampled_plugin.report import summary_lines
+
+    assert summary_lines(result)[-1].startswith("recall@10: top_unresolved: top of the ranking not resolved")
 
 
 def test_reproduce_adaptive_rows(small_run):
