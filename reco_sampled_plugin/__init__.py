@@ -66,7 +66,8 @@ Estimators
    :toctree: generated/
 
    estimate -- the full-catalogue metric from sampled ranks, with a standard error (any registered method)
-   Estimate -- value, stderr, n_instances, details, flags and interval()
+   Estimate -- value, stderr, n_instances, details, flags and interval() (the 95% interval every output shows)
+   explain_flags -- each flag of an Estimate in words, with the advice (the one mapping every output uses)
    registry -- the estimator table: every list of methods is a view of it
    Estimator -- one registry entry (family, options, designs supported, summary)
    register -- add an estimator: every entry point offers it from then on
@@ -160,7 +161,7 @@ if TYPE_CHECKING:  # the names below are imported on first use (PEP 562, ``__get
     from .consistency import consistency_report, ordering_agreement
     from .corrections import clear_correction_cache, correction_table, expected_corrected, table_bias
     from .design import SamplingDesign, as_design
-    from .estimate import Estimate
+    from .estimate import Estimate, explain_flags
     from .estimators import estimate
     from .factor_ranks import exact_ranks_from_factors
     from .factors import FactorEvaluation, evaluate_factors
@@ -212,6 +213,7 @@ __all__ = [
     # estimators
     "estimate",
     "Estimate",
+    "explain_flags",
     "registry",
     "Estimator",
     "register",
@@ -277,6 +279,7 @@ _LAZY: dict[str, str] = {
     "SamplingDesign": "design",
     "as_design": "design",
     "Estimate": "estimate",
+    "explain_flags": "estimate",
     "estimate": "estimators",
     "exact_ranks_from_factors": "factor_ranks",
     "FactorEvaluation": "factors",

@@ -18,7 +18,7 @@ import sys
 
 from . import __version__, registry
 
-__all__ = ["main", "build_parser", "add_plan_parser", "run_plan"]
+__all__ = ["main", "build_parser", "add_plan_parser", "run_plan", "estimate_table"]
 
 _METHODS_HEADER = "estimators (--method):"
 
@@ -179,8 +179,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     # the design of the draws, when --n-samples gives it (adaptive: the file's m column holds each final m)
     design = None if args.n_samples is None else _sampling_design(args.n_samples, args.sampling, args.adaptive_max)
     adaptive = None if design is None else design.adaptive
-    default = ("none", "mes") if adaptive is not None else ("none", "bv", "mes")
-    methods = args.method or [m for m in default if design is None or registry.get(m).supports(design)]
+    methods = args.method or [m for m in _default_methods() if design is None or registry.get(m).supports(design)]
     from .metric_names import parse_metric
 
     for metric in metrics:  # every name checked before anything is printed
@@ -208,10 +207,10 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         print(f"adaptive sampling m = {adaptive.n_samples} -> {adaptive.cap}: {cost.mean_samples:.1f} samples per "
               f"positive on average (max {cost.max_samples}); {100 * cost.share_at_cap:.1f}% reached the cap, "
               f"{100 * cost.share_first_at_cap:.1f}% still ranked first there")
-    print(f"{'metric':12}{'method':14}{'estimate':>11}{'stderr':>10}{'95% interval':>22}  flags")
     from ._progress import progress_bar
 
     bar = progress_bar(total=len(metrics) * len(methods), desc="estimate", enabled=args.progress, unit="estimate")
+    rows = []
     for metric in metrics:
         for method in methods:
             if adaptive is None:
@@ -221,12 +220,57 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
             else:
                 est = estimate(metric, data.ranks, data.n_items, data.n_samples, method=method, sampling=args.sampling,
                                **extra)
-            flags = ",".join(est.flags) if est.flags else ""
-            lo, hi = est.interval(0.95)  # widened where the top is unresolved (docs/estimators.md)
-            print(f"{metric:12}{method:14}{est.value:11.5f}{est.stderr:10.5f}{f'[{lo:.5f}, {hi:.5f}]':>22}  {flags}")
+            rows.append((metric, method, est))
             bar.update()
     bar.close()
+    import numpy as np
+
+    m_values = np.unique(np.asarray(data.n_samples)).astype(int).tolist()
+    context = dict(n_items=int(data.n_items.max()), users=len(data.ranks),
+                   n_samples=m_values[0] if len(m_values) == 1 else f"{m_values[0]}..{m_values[-1]}",
+                   pilot=args.file)
+    print("\n".join(estimate_table(rows, stderr=args.stderr, **context)))
     return 0
+
+
+def _default_methods() -> tuple[str, ...]:
+    """``estimate``'s methods when none is named: the plain sampled metric, the default correction table and the
+    default estimator (``registry.DEFAULT_CORRECTION``, ``registry.DEFAULT_ESTIMATOR``)."""
+    return tuple(dict.fromkeys(("none", registry.DEFAULT_CORRECTION, registry.DEFAULT_ESTIMATOR)))
+
+
+def estimate_table(rows, *, stderr: bool = False, n_items: int | None = None, users: int | None = None,
+                   n_samples=None, pilot: str | None = None) -> list[str]:
+    """The lines of ``reco-sampled estimate``'s table: per (metric, method, Estimate) the estimate and its 95%
+    interval (``Estimate.interval``: honest about the unresolved top), the standard error only with ``stderr``
+    (sampling noise only), the flags; under it each flag in words (``explain_flags``, with the ``reco-sampled plan``
+    command for these data) and, where corrected methods show one identified interval, a note that equal intervals
+    are not agreement."""
+    from .estimate import SAME_INTERVAL_NOTE, explain_flags
+
+    se_head = f"{'stderr (sampling only)':>24}" if stderr else ""
+    lines = [f"{'metric':12}{'method':14}{'estimate':>11}{'95% interval':>22}{se_head}  flags"]
+    flagged: dict[str, str] = {}  # flag -> the first metric it appeared for
+    intervals: dict[str, list[str]] = {}  # metric -> the printed intervals of its corrected, unresolved methods
+    for metric, method, est in rows:
+        lo, hi = est.interval(0.95)  # widened where the top is unresolved (docs/estimators.md)
+        interval = f"[{lo:.5f}, {hi:.5f}]"
+        se = f"{est.stderr:24.5f}" if stderr else ""
+        # the plain sampled metric is named as such: its interval is the sampled metric's, not the full catalogue's
+        flags = est.flags + (("uncorrected",) if registry.get(method).family == "none" else ())
+        lines.append(f"{metric:12}{method:14}{est.value:11.5f}{interval:>22}{se}  {','.join(flags)}")
+        for f in flags:
+            flagged.setdefault(f, metric)
+        if "top_unresolved" in est.flags and registry.get(method).family != "none":
+            intervals.setdefault(metric, []).append(interval)
+    notes = [ln for f, metric in flagged.items()
+             for ln in explain_flags([f], metric=metric, n_items=n_items, n_samples=n_samples, users=users,
+                                     pilot=pilot)]
+    if any(len(v) > 1 and len(set(v)) == 1 for v in intervals.values()):
+        notes.append(SAME_INTERVAL_NOTE)
+    if notes:
+        lines += [""] + notes
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------------- plan
@@ -262,8 +306,8 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--pilot-adaptive-max", type=int, help="the pilot's adaptive cap, if it was adaptive")
     p.add_argument("--design", action="append", type=_design_arg, metavar="M[:CAP]",
                    help="candidate design (repeatable): fixed m, or adaptive m:cap (default: the built-in grid)")
-    p.add_argument("--method", default="mes", metavar="METHOD",
-                   help="estimator to forecast (default mes; the estimators are listed below)")
+    p.add_argument("--method", default=registry.DEFAULT_ESTIMATOR, metavar="METHOD",
+                   help=f"estimator to forecast (default {registry.DEFAULT_ESTIMATOR}; the estimators are listed below)")
     p.add_argument("--repeats", type=int, default=20, help="Monte Carlo repeats per design (default 20)")
     p.add_argument("--seed", type=int, default=0)
     _add_progress(p)
@@ -410,9 +454,9 @@ def build_parser() -> argparse.ArgumentParser:
     tab.add_argument("metric", help="e.g. recall@10, ndcg@10, ap, auc")
     tab.add_argument("--n-items", type=int, required=True, help="candidates n (relevant item included)")
     tab.add_argument("--n-samples", "-m", type=int, required=True, help="sampled items m")
-    tab.add_argument("--method", default="bv",
+    tab.add_argument("--method", default=registry.DEFAULT_CORRECTION,
                      help=f"{', '.join(registry.names(family=('none', 'correction'), fits_distribution=False))} "
-                          "(a correction table; default bv)")
+                          f"(a correction table; default {registry.DEFAULT_CORRECTION})")
     tab.add_argument("--gamma", type=float, default=0.1, help="bias-variance trade-off of bv, in [0, 1] (default 0.1)")
     tab.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial")
     tab.add_argument("--prior", help="uniform (default) or beta:A")
@@ -431,8 +475,11 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--n-samples", "-m", type=int, help="sampled items m when the file has no such column")
     est.add_argument("--metric", action="append", help="metric (repeatable; default recall@10 and ndcg@10)")
     est.add_argument("--method", action="append", metavar="METHOD",
-                     help="estimator (repeatable; default none, bv, mes; with --adaptive-max none, mes); the "
-                          "estimators are listed below")
+                     help=f"estimator (repeatable; default {', '.join(_default_methods())}, those that take the "
+                          "design); the estimators are listed below")
+    est.add_argument("--stderr", action="store_true",
+                     help="also print the standard error (sampling noise only: not what the sampled data cannot "
+                          "identify at the top, which the 95%% interval includes)")
     est.add_argument("--gamma", type=float, default=0.1, help="bias-variance trade-off of bv, in [0, 1] (default 0.1)")
     est.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial")
     est.add_argument("--adaptive-max", type=int, metavar="M",

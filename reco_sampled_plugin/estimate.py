@@ -6,7 +6,64 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple
 
-__all__ = ["Estimate", "EstimatorOutput"]
+__all__ = ["Estimate", "EstimatorOutput", "FLAG_TEXT", "explain_flags", "INTERVAL_SUFFIXES", "SAME_INTERVAL_NOTE"]
+
+#: The suffixes of an interval's bounds in every output (RecBole result keys, Lightning logs, torchmetrics
+#: ``compute()``): ``<name>_lo`` and ``<name>_hi`` are ``Estimate.interval(0.95)``.
+INTERVAL_SUFFIXES = ("_lo", "_hi")
+
+#: Each flag of an :class:`Estimate` in words (the one mapping every output uses: CLI, report, RecBole, Lightning,
+#: torchmetrics), and ``uncorrected``, the label outputs give the plain sampled metric (method ``none``).
+#: ``{plan}`` and ``{m}`` are filled in by :func:`explain_flags`.
+FLAG_TEXT: dict[str, str] = {
+    "top_unresolved": "top of the ranking not resolved by {m} samples: the 95% interval spans every value the data "
+                      "allow under the top-shape assumption, whatever the estimator; rank exactly or sample "
+                      "adaptively ({plan})",
+    "cap_reached": "adaptive sampling reached its cap with positives still ranked first: the top stays unresolved "
+                   "there; raise the cap ({plan})",
+    "all_at_top": "every positive ranked first among its samples: no spread to measure (stderr inf); rank exactly or "
+                  "sample more",
+    "few_instances": "one evaluated instance (total weight at most 1): no spread to measure, stderr inf",
+    "not_converged": "the fit stopped at its iteration cap before converging (raise max_iter)",
+    "fit_not_converged": "the fit stopped at its iteration cap before converging (raise max_iter)",
+    "pooled_n": "candidate counts pooled into bins (max_groups) before fitting",
+    "outside_metric_range": "the estimator's value lies outside the metric's range (an unbounded correction such as "
+                            "ls); its interval is clipped to the range",
+    "several_m": "several sample sizes m in one histogram",
+    "uncorrected": "the plain sampled metric (method none), not an estimate of the full-catalogue metric: its "
+                   "interval covers the sampled metric only",
+    "no_instances": "nothing was counted: no value (NaN)",
+    "estimator_failed": "the estimator failed on these data (see the warning): no value (NaN)",
+}
+
+#: The line under a table of estimates whose intervals are the identified one (flag ``top_unresolved``).
+SAME_INTERVAL_NOTE = ("note: where the top is unresolved the 95% interval is what the data allow under the shape "
+                      "assumption, the same for every estimator: equal intervals do not mean the methods agree")
+
+
+def _plan_command(metric: str | None, n_items: int | None, users: int | None, pilot: str | None) -> str:
+    """The ``reco-sampled plan`` invocation for these data (placeholders where a value is unknown)."""
+    parts = ["reco-sampled plan", f"--n-items {n_items if n_items is not None else 'N'}",
+             f"--users {users if users is not None else 'U'}", f"--metric {metric or 'METRIC'}",
+             "--target-rel-error 0.05"]
+    if pilot:
+        parts.append(f"--pilot {pilot}")
+    return " ".join(parts)
+
+
+def explain_flags(flags, *, metric: str | None = None, n_items: int | None = None, n_samples: int | str | None = None,
+                  users: int | None = None, pilot: str | None = None) -> list[str]:
+    """Each flag of ``flags`` as one sentence users understand (:data:`FLAG_TEXT`; an unknown flag as itself).
+
+    The context fills the advice in: ``n_samples`` (m), and ``metric``, ``n_items``, ``users``, ``pilot`` (a rank
+    file) the ``reco-sampled plan`` command to run (placeholders such as ``N`` where not given)."""
+    plan = _plan_command(metric, n_items, users, pilot)
+    m = "m" if n_samples is None else f"m = {n_samples}"
+    out = []
+    for f in dict.fromkeys(flags or ()):  # once each, in order
+        text = FLAG_TEXT.get(f)
+        out.append(f"{f}: " + (text.format(m=m, plan=plan) if text is not None else f))
+    return out
 
 
 class EstimatorOutput(NamedTuple):
@@ -49,13 +106,25 @@ class Estimate:
     """The metric's range (e.g. (0, 1)) when the estimator knows it: :meth:`interval` never leaves it."""
 
     def sampling_interval(self, level: float = 0.95) -> tuple[float, float]:
-        """Normal-approximation interval value +- z stderr: sampling noise only."""
+        """Normal-approximation interval value +- z stderr: sampling noise only (not what the data cannot identify:
+        see :meth:`interval`), clipped to the metric's range when known (:attr:`metric_range`, or the
+        identification's)."""
+        lo, hi = self._wald(level)
+        bounds = self._range()
+        return (lo, hi) if bounds is None else _clamp(lo, hi, bounds)
+
+    def _wald(self, level: float) -> tuple[float, float]:
         if not (isinstance(level, (int, float)) and 0.0 < level < 1.0):
             raise ValueError(f"level: must lie in (0, 1), got {level!r}")
         from statistics import NormalDist
 
         z = NormalDist().inv_cdf(0.5 + level / 2)
         return (self.value - z * self.stderr, self.value + z * self.stderr)
+
+    def _range(self) -> tuple[float, float] | None:
+        if self.identification is not None:
+            return tuple(self.identification.metric_range)
+        return self.metric_range
 
     def interval(self, level: float = 0.95) -> tuple[float, float]:
         """Confidence interval at ``level`` that is honest about the unresolved top.
@@ -68,11 +137,9 @@ class Estimate:
         interval (every rank distribution consistent with the data and the documented shape assumption, see
         ``reco_sampled_plugin.identification``), clipped to the metric's range. Never NaN.
         """
-        lo, hi = self.sampling_interval(level)
+        lo, hi = self.sampling_interval(level)  # clipped: a metric of [0, 1] is never negative, the interval says so
         if self.identification is None:
-            if self.metric_range is None:
-                return (lo, hi)
-            return _clamp(lo, hi, self.metric_range)  # a metric of [0, 1] is never negative: the interval says so
+            return (lo, hi)
         ident = self.identification.interval(level)
         lo = ident.lo if math.isnan(lo) else min(lo, ident.lo)
         hi = ident.hi if math.isnan(hi) else max(hi, ident.hi)

@@ -82,6 +82,8 @@ DEFAULT_FIXED_M = (50, 100, 200, 500, 1000, 2000)
 DEFAULT_ADAPTIVE_START = 100
 DEFAULT_ADAPTIVE_CAPS = (800, 3200, 12800)
 _PILOT_N_SPREAD = 0.1
+# the rank-distribution fit of a pilot's shape (whatever method is forecast: the pilot needs a fitted distribution)
+_PILOT_FIT = "mes"
 # sd of the Gaussian kernel in log rank that smooths a pilot's fit (module docstring)
 _PILOT_SMOOTH = 0.4
 
@@ -154,7 +156,7 @@ class Plan:
     truth: float
     forecasts: tuple[DesignForecast, ...]
     recommended: DesignForecast | None
-    method: str = "mes"
+    method: str = registry.DEFAULT_ESTIMATOR
     repeats: int = 20
     seed: int = 0
     seconds: float = field(default=math.nan, compare=False)
@@ -291,7 +293,7 @@ def _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive) -> _Pilo
         design_text = f", m = {int(ms.min())}" + (f"..{int(ms.max())}" if ms.max() > ms.min() else "")
     # n pooled onto a geometric grid of the pilot's own counts (the default quantile pooling moves adaptive groups
     # with m >= n to n = m + 1, outside the catalogue)
-    dist = estimate_rank_distribution(hist, method="mes", n_bootstrap=0, max_rel_n_spread=_PILOT_N_SPREAD)
+    dist = estimate_rank_distribution(hist, method=_PILOT_FIT, n_bootstrap=0, max_rel_n_spread=_PILOT_N_SPREAD)
     ns = hist.n_items[hist.totals > 0]
     n_text = f"n = {int(ns.min()):,}" + (f"..{int(ns.max()):,}" if ns.max() > ns.min() else "")
     source = f"pilot: mes fit on {int(round(hist.total)):,} sampled ranks ({n_text}{design_text})"
@@ -338,7 +340,7 @@ def _check_design(design, n_min: int, method: str) -> tuple[int, int | None, boo
     return m, AdaptiveDesign(m, cap).cap, True
 
 
-def default_designs(n_items: int, method: str = "mes") -> list[tuple[int, int | None]]:
+def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> list[tuple[int, int | None]]:
     """The default grid for catalogues of (at least) ``n_items`` candidates.
 
     Fixed m in :data:`DEFAULT_FIXED_M` with m < n - 1; adaptive sampling from m0 = min(100, (n - 1) // 8) with the
@@ -417,7 +419,7 @@ def plan(
     pilot_n_samples=None,
     pilot_adaptive=None,
     designs: Sequence[tuple[int, int | None] | SamplingDesign] | None = None,
-    method: str = "mes",
+    method: str = registry.DEFAULT_ESTIMATOR,
     repeats: int = 20,
     seed: int = 0,
     progress: bool | None = None,

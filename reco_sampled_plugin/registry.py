@@ -44,6 +44,7 @@ __all__ = [
     "fit_option_names",
     "recbole_choices",
     "DEFAULT_ESTIMATOR",
+    "DEFAULT_CORRECTION",
 ]
 
 #: The families of estimators: how an estimate is made from the sampled-rank histogram.
@@ -327,5 +328,11 @@ for _entry in _BUILTIN:
     register(_entry)
 del _entry
 
-#: The default estimator of ``estimate()`` (docs/estimators.md).
+#: The default estimator of ``estimate()`` (docs/estimators.md), and of every entry point that runs an estimator:
+#: the Lightning callback and torchmetrics' ``SampledRankingMetrics`` (with ``none``), RecBole's ``RankDist*``
+#: (``rsp_rank_dist``), the planner and ``reco-sampled plan``.
 DEFAULT_ESTIMATOR = "mes"
+
+#: The default where a correction table is needed (one value per sampled rank, so not a fitted method): RecBole's
+#: ``Corrected*`` (``rsp_correction``), ``reco-sampled table``, :func:`~reco_sampled_plugin.corrected_metric`.
+DEFAULT_CORRECTION = "bv"

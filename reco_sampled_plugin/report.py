@@ -9,9 +9,10 @@ from pathlib import Path
 
 import numpy as np
 
+from .estimate import explain_flags
 from .reproduce import ReproduceResult
 
-__all__ = ["write_report", "summary_lines", "ordering_verdicts"]
+__all__ = ["write_report", "summary_lines", "ordering_verdicts", "unresolved_notes"]
 
 
 def _fmt(v) -> str:
@@ -46,6 +47,22 @@ def ordering_verdicts(result: ReproduceResult, metric: str = "recall@10", good: 
     return out
 
 
+def unresolved_notes(result: ReproduceResult) -> list[str]:
+    """Why the metrics of Table 3 whose cut-off lies inside the first sampled bin (flag ``top_unresolved`` of every
+    estimate there) cannot be pinned down by m samples, in words (``explain_flags``), with the planner command."""
+    from ._rank_hist import RankHistogram
+    from .identification import top_sensitive
+    from .metric_names import parse_metric
+
+    m = int(result.config.n_samples)
+    n = int(np.median(np.asarray(result.n_candidates)))
+    hist = RankHistogram(np.array([n]), np.array([m]), (np.ones(m + 1),))  # positives at r~ = 1: the bin matters
+    users = int(result.dataset.get("test_users", 0)) or None
+    metrics = list(dict.fromkeys(row["metric"] for row in result.table3))
+    return [f"{metric}: {line}" for metric in metrics if top_sensitive(parse_metric(metric), hist)
+            for line in explain_flags(["top_unresolved"], metric=metric, n_items=n, n_samples=m, users=users)]
+
+
 def _markdown(result: ReproduceResult, figures: dict[str, str]) -> str:
     cfg = result.config
     labels = _estimator_labels(result)
@@ -78,6 +95,12 @@ def _markdown(result: ReproduceResult, figures: dict[str, str]) -> str:
         lines.append(f"| {row['metric']} | {row['recommender']} | {row['exact']:.4f} | " + " | ".join(cells) + " |")
     lines += [
         "",
+        f"± is the standard deviation over the {cfg.repeats} sampling runs (the estimator's run-to-run spread "
+        "against the exact value), not an interval of one run: one run's honest 95% interval is "
+        "`Estimate.interval(0.95)` (`reco-sampled estimate` prints it; docs/estimators.md measures its coverage).",
+    ]
+    lines += [
+        "",
         f"## Table 4: runs (out of {cfg.repeats}) that order each pair as the exact metric does",
         "",
         "| pair | metric | " + " | ".join(labels) + " |",
@@ -99,6 +122,10 @@ def _markdown(result: ReproduceResult, figures: dict[str, str]) -> str:
             f"sampling does not mis-order these recommenders here (the sample is {cfg.n_samples} of about "
             f"{int(result.n_candidates.float().mean())} candidates)."
         )
+    notes = unresolved_notes(result)
+    if notes:
+        lines += ["", "Where the top of the ranking is not resolved, no estimator's point value can be trusted alone:", ""]
+        lines += [f"- {line}" for line in notes]
     lines += ["", "## Figures", ""]
     captions = {
         "figure5": "Figure 5 analogue: distribution of the exact ranks of the held-out items.",
@@ -234,4 +261,5 @@ def summary_lines(result: ReproduceResult, metric: str = "recall@10") -> list[st
             )
     else:
         lines.append("the sampled metric orders every pair correctly in most runs on these data")
+    lines += [line for line in unresolved_notes(result) if line.startswith(f"{metric}: ")]
     return lines

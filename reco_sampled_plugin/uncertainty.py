@@ -13,6 +13,7 @@ on the device of the ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from statistics import NormalDist
 
@@ -24,6 +25,7 @@ from ._rank_hist import check_spread
 from .corrections import table_numpy, check_gamma, check_method, n_interpolation, tables_for_counts
 from .estimate import Estimate
 from .metric_names import parse_metric
+from .metrics import metric_bounds
 from .sampling_laws import check_law
 
 __all__ = ["corrected_values", "corrected_metric", "paired_difference"]
@@ -44,7 +46,22 @@ def _spread_measured(est: Estimate) -> Estimate:
     if est.n_instances > 1:
         return est
     flags = tuple(est.flags) + (() if "few_instances" in est.flags else ("few_instances",))
-    return Estimate(est.value, math.inf, est.n_instances, {**dict(est.details), "flags": flags}, flags)
+    return dataclasses.replace(est, stderr=math.inf, details={**dict(est.details), "flags": flags}, flags=flags)
+
+
+def _with_range(est: Estimate, bounds: tuple[float, float]) -> Estimate:
+    """``est`` with the metric's range (its intervals never leave it); a value outside is flagged
+    ``outside_metric_range`` (e.g. ``ls``, whose minimal-bias table has huge alternating entries)."""
+    flags = tuple(est.flags)
+    if not bounds[0] <= est.value <= bounds[1] and not math.isnan(est.value) and "outside_metric_range" not in flags:
+        flags += ("outside_metric_range",)
+    details = {**dict(est.details), "flags": flags} if flags else dict(est.details)
+    return dataclasses.replace(est, details=details, flags=flags, metric_range=(float(bounds[0]), float(bounds[1])))
+
+
+def _bounds(spec, n_items) -> tuple[float, float]:
+    """The metric's range over the candidate counts ``n_items`` (an int or a tensor, any device)."""
+    return metric_bounds(spec, torch.as_tensor(n_items).detach().cpu().reshape(-1).numpy())
 
 
 def corrected_values(
@@ -116,7 +133,7 @@ def corrected_metric(
 
     Returns:
         :class:`Estimate` (value, stderr over instances, n_instances, details with the settings); a single
-        instance gives stderr inf and the flag ``few_instances``.
+        instance gives stderr inf and the flag ``few_instances``. Its intervals lie inside the metric's range.
     """
     spec = parse_metric(metric)
     values = corrected_values(
@@ -133,7 +150,8 @@ def corrected_metric(
         "n_samples": int(n_samples),
         "max_rel_n_spread": max_rel_n_spread,
     }
-    return _spread_measured(Estimate.from_values(values.detach().cpu(), details))
+    est = _spread_measured(Estimate.from_values(values.detach().cpu(), details))
+    return _with_range(est, _bounds(spec, n_items))
 
 
 def paired_difference(
@@ -164,6 +182,8 @@ def paired_difference(
     va = corrected_values(metric, a, n_items, n_samples, method, gamma, sampling, prior, rounding=rounding)
     vb = corrected_values(metric, b.to(a.device), n_items, n_samples, method, gamma, sampling, prior, rounding=rounding)
     est = _spread_measured(Estimate.from_values((va - vb).detach().cpu()))
+    lo, hi = _bounds(parse_metric(metric), n_items)
+    est = dataclasses.replace(est, metric_range=(lo - hi, hi - lo))  # a difference of two values in [lo, hi]
     if math.isinf(est.stderr):  # one instance: no spread to measure, so no evidence for either ordering
         p_a = 0.5
     elif est.stderr > 0:
@@ -179,4 +199,4 @@ def paired_difference(
         "prob_ordering_holds": max(p_a, 1 - p_a) if not math.isnan(p_a) else 0.5,
         "flags": est.flags,
     }
-    return Estimate(est.value, est.stderr, est.n_instances, details, est.flags)
+    return Estimate(est.value, est.stderr, est.n_instances, details, est.flags, metric_range=est.metric_range)

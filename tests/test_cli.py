@@ -66,6 +66,16 @@ def test_reproduce_directional_claim(small_run):
     for r in fixed:
         assert r["pair"] in text
     assert result.figure6["grouping_error"] < 1e-3
+    # issue 25: ml-100k at m = 100 (b ~ 16 > K = 10): the report says why no point value can be trusted alone, in the
+    # words of estimate.explain_flags, with the planner command for these data; and what its ± is
+    n = int(np.median(result.n_candidates.numpy()))
+    for metric in ("recall@10", "ndcg@10"):
+        assert (f"- {metric}: top_unresolved: top of the ranking not resolved by m = 100 samples" in text
+                and f"(reco-sampled plan --n-items {n} --users 943 --metric {metric} --target-rel-error 0.05)" in text)
+    assert "± is the standard deviation over the 30 sampling runs" in text
+    from reco_sampled_plugin.report import summary_lines
+
+    assert summary_lines(result)[-1].startswith("recall@10: top_unresolved: top of the ranking not resolved")
 
 
 def test_reproduce_adaptive_rows(small_run):
@@ -136,10 +146,11 @@ def test_estimate_command_rank_file(tmp_path, capsys):
     sampled = 1 + gen.binomial(100, (exact - 1) / 1999)
     f = tmp_path / "ranks.csv"
     f.write_text("rank,n_candidates,n_samples\n" + "\n".join(f"{r},2000,100" for r in sampled) + "\n")
-    assert main(["estimate", str(f), "--metric", "auc", "--method", "none", "--method", "bv"]) == 0
+    assert main(["estimate", str(f), "--metric", "auc", "--method", "none", "--method", "bv", "--stderr"]) == 0
     out = capsys.readouterr().out
+    assert "stderr (sampling only)" in out
     line = [l for l in out.splitlines() if l.startswith("auc") and "none" in l][0]
-    value, se = map(float, line.split()[2:4])
+    value, se = float(line.split()[2]), float(line.split()[5])  # metric method estimate [lo, hi] stderr
     truth = float(np.mean((2000 - exact) / 1999))
     assert abs(value - truth) < 4 * se  # sampled AUC is unbiased
 
@@ -154,14 +165,53 @@ def test_estimate_command_prints_the_honest_interval(tmp_path, capsys):
     sampled = 1 + gen.binomial(100, (exact - 1) / 19_999)
     f = tmp_path / "ranks.csv"
     f.write_text("rank,n_candidates,n_samples\n" + "\n".join(f"{r},20000,100" for r in sampled) + "\n")
-    assert main(["estimate", str(f), "--metric", "hit@1", "--method", "bv"]) == 0
+    assert main(["estimate", str(f), "--metric", "hit@1", "--method", "bv", "--stderr"]) == 0
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("hit@1 ")][0]
-    value, se = map(float, line.split()[2:4])
+    value, se = float(line.split()[2]), float(line.split()[5])
     lo, hi = (float(x) for x in line[line.index("[") + 1 : line.index("]")].split(","))
     est = rsp.estimate("hit@1", sampled, 20_000, 100, method="bv")
     assert (lo, hi) == pytest.approx(est.interval(0.95), abs=1e-5)
     assert hi - lo > 2 * 1.96 * se and "top_unresolved" in line
     assert lo <= float(np.mean(exact <= 1)) <= hi
+
+
+def test_estimate_command_leads_with_the_interval_and_says_why_it_is_wide(tmp_path, capsys):
+    """Issue 25: the default table shows estimate and 95% interval, no standard error (opt-in --stderr, named
+    "sampling only"); an unresolved top is explained in words with a runnable planner command, and equal intervals of
+    the corrected methods get the note that they are not agreement."""
+    import reco_sampled_plugin as rsp
+    from reco_sampled_plugin.cli import build_parser
+    from reco_sampled_plugin.estimate import SAME_INTERVAL_NOTE
+
+    gen = np.random.default_rng(3)
+    exact = np.minimum(gen.geometric(1 / 3000, size=800), 20_000)
+    sampled = 1 + gen.binomial(100, (exact - 1) / 19_999)
+    f = tmp_path / "ranks.csv"
+    f.write_text("rank,n_candidates,n_samples\n" + "\n".join(f"{r},20000,100" for r in sampled) + "\n")
+    assert main(["estimate", str(f), "--metric", "ndcg@10"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = out[1]
+    assert header.split() == ["metric", "method", "estimate", "95%", "interval", "flags"] and "stderr" not in header
+    rows = {ln.split()[1]: ln for ln in out if ln.startswith("ndcg@10 ")}
+    assert list(rows) == ["none", "bv", "mes"]  # none, registry.DEFAULT_CORRECTION, registry.DEFAULT_ESTIMATOR
+    for method, line in rows.items():
+        est = rsp.estimate("ndcg@10", sampled, 20_000, 100, method=method)
+        lo, hi = (float(x) for x in line[line.index("[") + 1 : line.index("]")].split(","))
+        assert float(line.split()[2]) == pytest.approx(est.value, abs=1e-5)
+        assert (lo, hi) == pytest.approx(est.interval(0.95), abs=1e-5) and "top_unresolved" in line
+    assert rows["none"].endswith("top_unresolved,uncorrected")
+    why = [ln for ln in out if ln.startswith("top_unresolved: ")]
+    assert len(why) == 1 and "not resolved by m = 100 samples" in why[0] and "rank exactly or sample adaptively" in why[0]
+    plan_cmd = why[0][why[0].index("(reco-sampled plan") + 1 : -1]
+    assert plan_cmd == f"reco-sampled plan --n-items 20000 --users 800 --metric ndcg@10 --target-rel-error 0.05 --pilot {f}"
+    args = build_parser().parse_args(plan_cmd.split()[1:])  # the advice is a valid invocation
+    assert (args.n_items, args.users, args.metric, args.pilot) == (20_000, 800, "ndcg@10", str(f))
+    assert any(ln.startswith("uncorrected: the plain sampled metric") for ln in out)
+    assert out[-1] == SAME_INTERVAL_NOTE  # bv and mes show the one identified interval
+    # a resolved metric: no note, no explanation
+    assert main(["estimate", str(f), "--metric", "auc"]) == 0
+    out = capsys.readouterr().out
+    assert SAME_INTERVAL_NOTE not in out and "top_unresolved" not in out
 
 
 def test_estimate_command_ncf_files(tmp_path, capsys):

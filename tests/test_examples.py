@@ -84,7 +84,9 @@ def test_cli_example(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     exact = dict(re.findall(r"(recall@10|ndcg@10) ([0-9.]+)", out.splitlines()[0]))
-    rows = {(m, meth): (float(v), float(se)) for m, meth, v, se in re.findall(r"^(\S+@10)\s+(\w+)\s+([0-9.]+)\s+([0-9.]+)", out, re.M)}
+    # metric method estimate [lo, hi] flags (issue 25: the 95% interval leads, no standard error by default)
+    found = re.findall(r"^(\S+@10)\s+(\w+)\s+([0-9.]+)\s+\[([0-9.]+), ([0-9.]+)\]", out, re.M)
+    rows = {(m, meth): (float(v), (float(lo), float(hi))) for m, meth, v, lo, hi in found}
     for metric in ("recall@10", "ndcg@10"):
         truth = float(exact[metric])
         none, _ = rows[(metric, "none")]
@@ -92,6 +94,7 @@ def test_cli_example(tmp_path):
         for method in ("bv", "mes"):
             value, _ = rows[(metric, method)]
             assert abs(value - truth) < abs(none - truth) / 3, (metric, method, value, truth)
-        mes, se = rows[(metric, "mes")]
-        assert abs(mes - truth) < 0.1 * truth + 3 * se  # the default rank-distribution estimator
+        mes, (lo, hi) = rows[(metric, "mes")]
+        assert lo <= truth <= hi  # the default estimator's honest interval holds the exact value
+        assert abs(mes - truth) < 0.1 * truth + 3 * (hi - lo) / (2 * 1.96)
     assert len((tmp_path / "bv_table.csv").read_text().splitlines()) == 102

@@ -300,3 +300,22 @@ def test_padding_is_dropped_only_while_rows_are_samples():
     with pytest.warns(RuntimeWarning, match="rows are not samples"):
         glob, keep = st.positions(4, "cpu")
     assert keep is None and glob.tolist() == [1, 3, 5, 7]
+
+
+def test_defaults_log_the_interval_not_the_stderr(tmp_path):
+    """Issue 25: the callback's defaults run the sampled metric and registry.DEFAULT_ESTIMATOR and log each
+    estimate's 95% interval as ``<name>_lo`` / ``<name>_hi``; the standard error (sampling noise only) is opt-in."""
+    from reco_sampled_plugin import registry
+
+    cb = RankingMetricsCallback(("hit@5",), n_samples=20)
+    assert cb.labels == ("exact", "sampled", registry.DEFAULT_ESTIMATOR)
+    trainer = _trainer(tmp_path, [cb])
+    trainer.validate(H.SyntheticModule(), _loader(), verbose=False)
+    logged = trainer.callback_metrics
+    for label in ("sampled", registry.DEFAULT_ESTIMATOR):
+        k = cb.key("hit@5", label)
+        lo, hi = cb.results["validate"][k].interval(0.95)
+        assert (float(logged[f"{k}_lo"]), float(logged[f"{k}_hi"])) == pytest.approx((lo, hi), abs=1e-6)
+        assert 0.0 <= lo <= cb.results["validate"][k].value <= hi <= 1.0
+        assert f"{k}_stderr" not in logged
+    assert cb.key("hit@5", "exact") + "_lo" not in logged

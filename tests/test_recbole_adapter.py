@@ -282,6 +282,9 @@ def test_lightgcn_under_compat_with_tensorboard(workdir, tmp_path, monkeypatch):
 def test_run_recbole_wrapper_logs_plugin_results(workdir, caplog):
     import logging
 
+    from reco_sampled_plugin.adapters import _recbole_settings
+
+    _recbole_settings._LOGGED.clear()  # the notes are logged once per process: this run's, whatever ran before
     caplog.set_level(logging.INFO)
     result = rb.run_recbole(
         model="BPR",
@@ -296,6 +299,36 @@ def test_run_recbole_wrapper_logs_plugin_results(workdir, caplog):
     # RecBole's logger (the root logger; pytest holds it, so RecBole's own log file stays empty here)
     messages = [r.getMessage() for r in caplog.records]
     assert any("test result" in msg and "correctedrecall@10" in msg for msg in messages)
+    # issue 25: the 95% interval by default (<name>_lo, <name>_hi), the standard error only when asked for
+    lo, hi = test["correctedrecall@10_lo"], test["correctedrecall@10_hi"]
+    assert 0.0 <= lo <= test["correctedrecall@10"] <= hi <= 1.0 and "correctedrecall@10_stderr" not in test
+    # K = 10 below the resolution at m = 100: said once, in words, with the planner command
+    why = [m for m in messages if "CorrectedRecall@10: top_unresolved: top of the ranking not resolved" in m]
+    assert len(why) == 1 and "m = 100 samples" in why[0] and "(reco-sampled plan --n-items " in why[0]
+    assert "--metric recall@10 --target-rel-error 0.05)" in why[0]
+    # Recall (RecBole's list recall) beside CorrectedRecall (leave-one-out): one note on the difference
+    notes = [m for m in messages if "CorrectedRecall@k (and its _exact) is the leave-one-out metric" in m]
+    assert len(notes) == 1 and "RecBole's recall@k is the list metric" in notes[0]
+
+
+def test_popularity_sampling_uncorrected_is_said(bpr, caplog):
+    """pop100 with rsp_correction: none (the only choice there): CorrectedHit@10 is the plain sampled metric, and the
+    run says so (a warning naming the metric), its value equal to its _sampled key; its interval holds it."""
+    import logging
+
+    from reco_sampled_plugin.adapters import _recbole_settings
+
+    _recbole_settings._LOGGED.clear()
+    caplog.set_level(logging.INFO)
+    config, _, _, test = _prepare("BPR", {"eval_args": {"mode": "pop100"}, "rsp_correction": "none",
+                                          "metrics": ["Hit", "CorrectedHit"], "valid_metric": "CorrectedHit@10"})
+    res, _ = _evaluate(Trainer(config, bpr["model"]), test)
+    assert res["correctedhit@10"] == res["correctedhit@10_sampled"] and res["correctedhit@10"] > 0.2
+    assert res["correctedhit@10_lo"] < res["correctedhit@10"] < res["correctedhit@10_hi"]
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "rsp_correction: none" in r.getMessage()]
+    assert len(warned) == 1 and "CorrectedHit report the plain sampled metric, uncorrected" in warned[0].getMessage()
+    notes = [r.getMessage() for r in caplog.records if "CorrectedHit@k (and its _exact) is the leave-one-out" in r.getMessage()]
+    assert len(notes) == 1 and "RecBole's hit@k is the list metric" in notes[0]
 
 
 @pytest.mark.parametrize("staged", [True, False], ids=["copied", "referenced"])
@@ -592,6 +625,7 @@ def test_rankdist_bootstrap_only_for_a_standard_error():
             **BASE, "metrics": ["RankDistRecall"], "valid_metric": "RankDistRecall@10", "rsp_m": 100, **extra})
         return rm.metric_classes()["rankdistrecall"](config)._method_kwargs()
 
-    assert kwargs()["n_bootstrap"] == 0
-    assert kwargs(rsp_stderr=True)["n_bootstrap"] == 8
+    assert kwargs()["n_bootstrap"] == 8  # the interval is reported by default (issue 25)
+    assert kwargs(rsp_interval=False)["n_bootstrap"] == 0
+    assert kwargs(rsp_interval=False, rsp_stderr=True)["n_bootstrap"] == 8
     assert kwargs(rsp_interval=True, rsp_bootstrap=4)["n_bootstrap"] == 4

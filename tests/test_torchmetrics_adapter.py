@@ -480,3 +480,38 @@ def test_adaptive_metric_equals_the_core_on_the_same_draws():
         SampledRankingMetrics(("ndcg@10",), n_samples=4, adaptive_max=32, estimators=("bv",))
     with pytest.raises(ValueError, match="replacement"):
         SampledRankingMetrics(("ndcg@10",), n_samples=4, adaptive_max=32, estimators=("mes",), replacement=False)
+
+
+def test_compute_leads_with_the_interval_and_explains_an_unresolved_top(caplog):
+    """Issue 25: by default the sampled metric and the default estimator, each with its 95% interval (``_lo`` /
+    ``_hi``, ``Estimate.interval(0.95)``) and no standard error (``stderr=True``: sampling noise only, opt-in); an
+    unresolved top is said once, in words, with the planner command."""
+    import logging
+
+    from reco_sampled_plugin import registry
+    from reco_sampled_plugin.adapters import _shared
+
+    scores, pos, exc = _data()
+    m = SampledRankingMetrics(("ndcg@10", "auc"), n_samples=10, max_n_groups=None)
+    assert m.estimators == ("none", registry.DEFAULT_ESTIMATOR)
+    _loop(m, _batches(scores, pos, exc, 16))
+    _shared._EXPLAINED.clear()
+    with caplog.at_level(logging.WARNING):
+        out, est = m.compute(), m.estimates()
+    labels = ("sampled", registry.DEFAULT_ESTIMATOR)
+    assert set(out) == {f"{n}/{lab}{end}" for n in ("ndcg@10", "auc") for lab in labels for end in ("", "_lo", "_hi")}
+    for k, e in est.items():
+        lo, hi = e.interval(0.95)
+        assert float(out[k]) == e.value and (float(out[f"{k}_lo"]), float(out[f"{k}_hi"])) == (lo, hi)
+        assert 0.0 <= lo <= hi <= 1.0
+    assert "top_unresolved" in est["ndcg@10/mes"].flags and "top_unresolved" not in est["auc/mes"].flags
+    why = [r.getMessage() for r in caplog.records if "top_unresolved" in r.getMessage()]
+    assert len(why) == 1, why  # once: the mes estimate of ndcg@10 (not the plain sampled metric, not again)
+    assert why[0].startswith("SampledRankingMetrics ndcg@10: top_unresolved: top of the ranking not resolved by m = 10")
+    assert f"(reco-sampled plan --n-items 300 --users {int((pos >= 0).sum())} --metric ndcg@10" in why[0]
+    se = SampledRankingMetrics("auc", n_samples=10, estimators=("none",), interval=False, stderr=True)
+    _loop(se, _batches(scores, pos, exc, 16))
+    assert set(se.compute()) == {"auc/sampled", "auc/sampled_stderr"}
+    assert float(se.compute()["auc/sampled_stderr"]) == se.estimates()["auc/sampled"].stderr
+    with pytest.raises(ValueError, match="interval"):
+        SampledRankingMetrics("auc", interval="yes")

@@ -5,7 +5,8 @@
 #
 # 1. writes OUTDIR/ranks.csv: 2,000 held-out items of a synthetic recommender, each ranked against
 #    m = 100 sampled irrelevant items among n = 1,000..2,000 candidates (what an NCF-style evaluation logs);
-# 2. `reco-sampled estimate` turns them into corrected Recall@10 / NDCG@10 with standard errors;
+# 2. `reco-sampled estimate` turns them into corrected Recall@10 / NDCG@10 with their 95% intervals
+#    (--stderr adds the standard error, sampling noise only);
 # 3. `reco-sampled table` prints the bv correction table used for one n.
 set -euo pipefail
 OUT="${1:-$(mktemp -d)}"

@@ -143,13 +143,20 @@ def main(
     return trainer, callback
 
 
+def _cell(row, key: str) -> str:
+    """The value, and its 95% interval where logged (``<key>_lo`` / ``<key>_hi``: every estimate, not the exact)."""
+    if f"{key}_lo" not in row:
+        return f"{row[key]:8.4f}"
+    return f"{row[key]:8.4f} [{row[key + '_lo']:.4f}, {row[key + '_hi']:.4f}]"
+
+
 def _print_table(callback) -> None:
     rows = callback.history["validate"]
     for metric in METRICS:
         labels = callback.labels
-        print(f"\n{metric}: " + " | ".join(f"{lab:>8}" for lab in labels))
+        print(f"\n{metric} (estimates with their 95% interval): " + " | ".join(labels))
         for row in rows:
-            vals = " | ".join(f"{row[callback.key(metric, lab)]:8.4f}" for lab in labels)
+            vals = " | ".join(_cell(row, callback.key(metric, lab)) for lab in labels)
             print(f"  epoch {row['epoch']}: {vals}")
 
 

@@ -14,13 +14,14 @@ import numpy as np
 import torch
 
 from reco_sampled_plugin import registry
+from reco_sampled_plugin.estimate import explain_flags
 from reco_sampled_plugin._rank_hist import _bincount_histogram, _group_ids, sampled_rank_histogram
 from reco_sampled_plugin.estimators import estimate
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_from_float_ranks
 
 from ._recbole_ranks import _M, _N_IRR, _N_POS, _R_FULL, _R_IRR, _R_SAMPLED, _USER, PLUGIN_KEY
-from ._recbole_settings import _ESTIMATED_KINDS, FAMILIES, _Settings, _settings
+from ._recbole_settings import _ESTIMATED_KINDS, FAMILIES, _Settings, _settings, class_name, log_once, note_definitions
 
 #: the public module the classes are documented in (``reco_sampled_plugin.adapters.recbole``)
 _PUBLIC_MODULE = __name__.rsplit(".", 1)[0] + ".recbole"
@@ -56,6 +57,7 @@ class _Metric:
         if self.settings is None:  # constructed outside a config that names it
             raise ValueError("metrics: the plugin metric is not listed in the config's metrics")
         self.name = type(self).__name__.lower()
+        note_definitions(config, self.settings)  # once per process: uncorrected values, leave-one-out definitions
 
     # keys and values -------------------------------------------------------------------------
     def _cutoffs(self) -> list[int | None]:
@@ -150,18 +152,24 @@ class _EstimatedMetric(_Metric):
         law = "binomial" if s.replacement else "hypergeometric"
         design = s.design.adaptive if s.design is not None else None  # adaptive: full mode with rsp_m
         adaptive = {} if design is None else {"adaptive": (design.n_samples, design.adaptive_max)}
-        result = estimate(spec, hist, sampling=law, **self._method_kwargs(), **adaptive)
+        kwargs = self._method_kwargs()
+        result = estimate(spec, hist, sampling=law, **kwargs, **adaptive)
         out = {key: self._round(result.value)}
         if design is not None:  # what adaptive sampling cost (weighted like the estimate)
             cost = result.details["adaptive"]
             out[f"{key}_mean_samples"] = self._round(cost["mean_samples"])
             out[f"{key}_max_samples"] = int(cost["max_samples"])
             out[f"{key}_share_at_cap"] = self._round(cost["share_at_cap"])
-        if s.stderr:
-            out[f"{key}_stderr"] = self._round(result.stderr)
-        if s.interval:
+        if s.interval:  # the 95% interval, by default (Estimate.interval: honest about the unresolved top)
             lo, hi = result.interval(0.95)
             out[f"{key}_lo"], out[f"{key}_hi"] = self._round(lo), self._round(hi)
+        if s.stderr:  # opt-in: sampling noise only
+            out[f"{key}_stderr"] = self._round(result.stderr)
+        if "top_unresolved" in result.flags and registry.get(kwargs["method"]).family != "none":
+            m = s.design.n_samples if s.design is not None else None
+            why = explain_flags(["top_unresolved"], metric=str(spec), n_items=int(np.max(hist.n_items)),
+                                n_samples=m, users=int(users.unique().numel()))[0]
+            log_once(f"reco_sampled_plugin: {class_name(self.name)}{'' if k is None else f'@{k}'}: {why}")
         if s.side_by_side:
             out[f"{key}_sampled"] = self._round(hist.sampled_metric(spec))
             exact = _exact_ranks(table)

@@ -7,6 +7,7 @@ adapter reads, raising a ValueError that names the offending key before any data
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -23,25 +24,73 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_adaptive_max": None,  # full mode: adaptive sampling from rsp_m up to this many samples (RankDist* only)
     "rsp_replacement": True,  # simulated draws with replacement (binomial law) or without (hypergeometric)
     "rsp_seed": None,  # seed of the simulated draws (default: RecBole's `seed`)
-    "rsp_correction": "bv",  # Corrected*: registry.recbole_choices("rsp_correction"): none, rank_estimate, ls, cls, bv
+    # Corrected*: a correction table, registry.recbole_choices("rsp_correction"): none, rank_estimate, ls, cls, bv
+    "rsp_correction": registry.DEFAULT_CORRECTION,
     "rsp_gamma": 0.1,  # bv: bias-variance weight in [0, 1]
     "rsp_prior": "uniform",  # ls/cls/bv prior: uniform, mle (bv only), or [beta, a]
     "rsp_mapping": "bound",  # Mapped*: registry.recbole_choices("rsp_mapping"): linear, bound, beta, beta_fit
     "rsp_mapping_a": None,  # Mapped* with beta: the Beta shape a (default 1); beta_fit: the start value
-    "rsp_rank_dist": "mes",  # RankDist*: registry.recbole_choices("rsp_rank_dist"): mes (default: more accurate) or mle
+    # RankDist*: registry.recbole_choices("rsp_rank_dist"): mes or mle; default the package's default estimator
+    "rsp_rank_dist": registry.DEFAULT_ESTIMATOR,
     "rsp_bootstrap": 8,  # RankDist*: bootstrap replicates for the standard error (>= 2)
     "rsp_weighting": "user",  # user: each user counts once (weight 1/|T_u|, as RecBole averages); item
     "rsp_ties": "pessimistic",  # pessimistic, optimistic, average
     "rsp_n_grid": 0.01,  # relative grid the candidate counts n are rounded to (0: exact per-user n)
     "rsp_side_by_side": True,  # also report <name>_sampled (and <name>_exact in full mode)
-    "rsp_stderr": False,  # also report <name>_stderr
-    "rsp_interval": False,  # also report <name>_lo and <name>_hi, the 95% interval (widened where the top is unresolved)
+    "rsp_stderr": False,  # also report <name>_stderr: the standard error, sampling noise only (opt-in)
+    "rsp_interval": True,  # report <name>_lo and <name>_hi, the 95% interval (widened where the top is unresolved)
     "rsp_full_ranks": False,  # full mode: exact ranks of every positive even with > 64 positives per user on average
     "rsp_tensorboard": True,  # write the plugin's values to RecBole's TensorBoard writer
     "rsp_check_finite": True,  # NaN / +inf anywhere in the scores is an error; "positives" or false: held-out items only
 }
 
 _TIES = DETERMINISTIC_TIES
+
+logger = logging.getLogger("reco_sampled_plugin.adapters.recbole")
+_LOGGED: set[str] = set()
+
+
+def log_once(message: str, level: int = logging.WARNING) -> None:
+    """Log ``message`` the first time this process meets it (RecBole's logger is the root's: it shows there)."""
+    if message not in _LOGGED:
+        _LOGGED.add(message)
+        logger.log(level, message)
+
+
+# RecBole's list metrics -> the plugin's leave-one-out kind of the same name (part 6 of issue 25)
+_LIST_TWINS = {"recall": "Recall", "hit": "Hit", "ndcg": "NDCG", "mrr": "MRR", "precision": "Precision", "map": "AP"}
+
+
+def class_name(name: str) -> str:
+    """The class name of a lower-case plugin metric name (``correctedrecall`` -> ``CorrectedRecall``)."""
+    prefix, kinds = FAMILIES[_family_of(name)]
+    return next(prefix + k for k in kinds if (prefix + k).lower() == name.lower())
+
+
+def note_definitions(config, settings: "_Settings") -> None:
+    """The notes a run needs, logged once (when the metrics are built, after RecBole set its logger up): a
+    ``Corrected*`` metric with ``rsp_correction: none`` reports the uncorrected sampled metric; the estimated metrics
+    (and their ``_exact``) are leave-one-out metrics, RecBole's of the same name list metrics."""
+    names = settings.metrics
+    corrected = [class_name(n) for n in names if _family_of(n) == "corrected"]
+    if corrected and settings.correction == "none":
+        log_once(f"reco_sampled_plugin: rsp_correction: none, so {', '.join(corrected)} report the plain sampled "
+                 "metric, uncorrected (each value equals its <name>@k_sampled; not an estimate of the full-catalogue "
+                 "metric; docs/recbole.md)")
+    metrics = config["metrics"] or []
+    recbole = {m.lower() for m in ([metrics] if isinstance(metrics, str) else metrics) if isinstance(m, str)}
+    for n in names:
+        family = _family_of(n)
+        if family == "exact":
+            continue
+        plugin = class_name(n)
+        kind = plugin[len(FAMILIES[family][0]):]
+        for r in sorted(r for r in recbole if _LIST_TWINS.get(r) == kind):
+            log_once(f"reco_sampled_plugin: {plugin}@k (and its _exact) is the leave-one-out metric: each held-out "
+                     f"item ranked alone against the non-relevant items, then averaged per user; RecBole's {r}@k is "
+                     "the list metric over all of a user's held-out items in one list. They differ where users hold "
+                     f"out several items (Exact{'MAP' if r == 'map' else kind} recomputes RecBole's; docs/recbole.md)",
+                     logging.INFO)
 
 # metric class suffix -> core metric kind (single relevant item form)
 _ESTIMATED_KINDS = {

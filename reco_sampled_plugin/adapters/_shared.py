@@ -493,3 +493,23 @@ def stderr_from_sums(s1: float, s2: float, count: float) -> float:
         return math.inf
     var = max(s2 - s1 * s1 / count, 0.0) / (count - 1.0)
     return math.sqrt(var / count)
+
+
+_EXPLAINED: set[str] = set()
+#: the flags that widen an interval (said once per process, in words: ``estimate.explain_flags``)
+_WIDENING_FLAGS = ("top_unresolved", "cap_reached")
+
+
+def explain_once(logger_name: str, where: str, est, **context) -> None:
+    """Log once per process (warning, on ``logger_name``) why ``est``'s interval is wide: each of its widening flags
+    in words, with the ``reco-sampled plan`` command (``context``: metric, n_items, n_samples, users)."""
+    import logging
+
+    from reco_sampled_plugin.estimate import explain_flags
+
+    flags = [f for f in est.flags if f in _WIDENING_FLAGS]
+    for line in explain_flags(flags, **context) if flags else ():
+        message = f"{where}: {line}"
+        if message not in _EXPLAINED:
+            _EXPLAINED.add(message)
+            logging.getLogger(logger_name).warning(message)

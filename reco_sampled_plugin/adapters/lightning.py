@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torch.utils.data import DistributedSampler
 
+from reco_sampled_plugin import registry
 from reco_sampled_plugin._options import check_bool, check_count
 from reco_sampled_plugin.design import SamplingDesign, as_design
 from reco_sampled_plugin.estimate import Estimate
@@ -111,7 +112,7 @@ class _RankingMetricsLogic:
         *,
         exact: bool = True,
         n_samples: int | SamplingDesign | None = 100,
-        estimators: Sequence[str] = ("none", "bv"),
+        estimators: Sequence[str] = ("none", registry.DEFAULT_ESTIMATOR),
         estimator_options: Mapping[str, Mapping[str, Any]] | None = None,
         replacement: bool = True,
         seed: int = 0,
@@ -124,7 +125,7 @@ class _RankingMetricsLogic:
         headline: tuple[str, str] | None = None,
         prefix: str = "",
         log_stderr: bool = False,
-        log_interval: bool = False,
+        log_interval: bool = True,
         dedup_padding: bool = True,
         progress: bool = True,
         plot_every_n_epochs: int | None = None,
@@ -309,11 +310,11 @@ class _RankingMetricsLogic:
                 k = self.key(metric, label, stage, idx)
                 results[k] = e
                 values[k] = e.value
-                if self.log_stderr:
-                    values[f"{k}_stderr"] = e.stderr
                 if self.log_interval and label != "exact":
                     # the 95% interval, widened where the top is unresolved (docs/estimators.md)
                     values[f"{k}_lo"], values[f"{k}_hi"] = e.interval(0.95)
+                if self.log_stderr:  # opt-in: sampling noise only
+                    values[f"{k}_stderr"] = e.stderr
             h = self.key(self.headline[0], self.headline[1], stage, idx)
             if h in values:
                 values[self.headline_key(stage, idx)] = values[h]
@@ -460,7 +461,7 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
             ``replacement`` and ``adaptive_max``, a design carries them.
         estimators: estimators run on the sampled ranks, any name of ``reco_sampled_plugin.registry.names()`` whose
             entry supports the design (``"none"`` = plain sampled metric, corrections such as ``bv``, mappings such
-            as ``bound``, rank distributions ``mle``/``mes``).
+            as ``bound``, rank distributions ``mle``/``mes``); default ``("none", registry.DEFAULT_ESTIMATOR)``.
         estimator_options: per-estimator keyword arguments, e.g. ``{{"mle": {{"n_bootstrap": 8}}}}``; checked
             when the callback is built (an unknown or invalid option is a ValueError naming it).
         replacement, seed, ties, count_other_positives, max_n_groups: see
@@ -476,9 +477,10 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
         headline: (metric, label) also logged as ``val_<metric>`` (see :attr:`monitor`); default the
             first metric, exact if computed, else the first corrected estimator.
         prefix: prepended to every logged name.
-        log_stderr: also log ``<name>_stderr``.
-        log_interval: also log ``<name>_lo`` and ``<name>_hi``, the 95% interval of each estimate
-            (``Estimate.interval``: honest about the unresolved top; not for the exact values).
+        log_interval: log ``<name>_lo`` and ``<name>_hi`` beside each estimate, its 95% interval (default True;
+            ``Estimate.interval``: honest about the unresolved top; not for the exact values). Where the top is
+            unresolved, why is logged once (a warning, with the ``reco-sampled plan`` command).
+        log_stderr: also log ``<name>_stderr``, the standard error: sampling noise only (default False).
         dedup_padding: drop the rows a DistributedSampler pads with (default True).
         progress: a tqdm bar over the epoch-end estimators (rank zero, when the trainer shows progress).
         plot_every_n_epochs: every k epochs, plot exact vs sampled vs corrected values over epochs
@@ -488,7 +490,7 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
             ``.../share_at_cap``.
 
     Logged names: ``{{prefix}}val/<metric>/<label>`` (``@`` written ``_at_``), e.g. ``val/ndcg_at_10/exact``,
-    ``val/ndcg_at_10/sampled``, ``val/ndcg_at_10/bv``; ``test/...`` in testing; ``_dl<k>`` after the stage
+    ``val/ndcg_at_10/sampled``, ``val/ndcg_at_10/mes`` with ``val/ndcg_at_10/mes_lo`` and ``_hi``; ``test/...`` in testing; ``_dl<k>`` after the stage
     for dataloader k > 0. After each epoch, :attr:`results` maps those names to Estimate objects
     (float64 value, stderr) and :attr:`history` keeps the values per epoch. A value that could not be computed is
     logged as NaN and its Estimate flagged: ``no_instances`` (nothing counted, e.g. every row dropped as padding),

@@ -75,6 +75,7 @@ from ._shared import (
     keyed_factor_ranks_only,
     keyed_ranks_only,
     estimator_label,
+    explain_once,
     histogram_from_rows,
     keyed_sampled_ranks,
     keyed_sampled_ranks_from_factors,
@@ -82,7 +83,23 @@ from ._shared import (
     stderr_from_sums,
 )
 
-__all__ = ["ExactRankingMetrics", "SampledRankingMetrics"]
+__all__ = ["ExactRankingMetrics", "SampledRankingMetrics", "estimate_values"]
+
+
+def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
+                    stderr: bool = False) -> dict[str, torch.Tensor]:
+    """``{name: value}`` of ``{name: Estimate}``, with ``<name>_lo`` / ``<name>_hi`` (``Estimate.interval(0.95)``)
+    and ``<name>_stderr`` (sampling noise only) beside each when asked for (float64 tensors); the keys of
+    ``compute()``, the Lightning callback's logs and RecBole's results follow one convention."""
+    out: dict[str, torch.Tensor] = {}
+    for k, e in estimates.items():
+        out[k] = torch.tensor(e.value, dtype=torch.float64)
+        if interval:
+            lo, hi = e.interval(0.95)
+            out[f"{k}_lo"], out[f"{k}_hi"] = torch.tensor(lo, dtype=torch.float64), torch.tensor(hi, dtype=torch.float64)
+        if stderr:
+            out[f"{k}_stderr"] = torch.tensor(e.stderr, dtype=torch.float64)
+    return out
 
 
 def _metric_names(metrics: str | Iterable[str]) -> tuple[str, ...]:
@@ -310,7 +327,7 @@ class SampledRankingMetrics(Metric):
             :attr:`design` is the SamplingDesign either way.
         estimators: methods of :func:`reco_sampled_plugin.estimate` (any name of ``reco_sampled_plugin.registry``
             whose entry supports the design); ``"none"`` is the plain sampled metric (reported as ``sampled``).
-            Default: ``("none", "bv")``.
+            Default: ``("none", registry.DEFAULT_ESTIMATOR)``: the sampled metric and ``mes``.
         estimator_options: per-method keyword arguments, e.g. ``{"bv": {"gamma": 0.1},
             "mle": {"n_bootstrap": 8}, "beta": {"a": 0.5}}``; validated here, key by key, against the options
             each method takes (``reco_sampled_plugin.registry.method_options()``, plus ``max_rel_n_spread`` and
@@ -331,11 +348,18 @@ class SampledRankingMetrics(Metric):
             ``mes``, ``none``). The state becomes one row per n of
             sum over stages of (new draws + 1) counts (about ``adaptive_max`` numbers per distinct n); each
             estimate's ``details["adaptive"]`` holds the cost (mean and largest m, share at the cap).
+        interval: ``compute()`` also returns ``"<metric>/<label>_lo"`` and ``"_hi"``, the 95% interval of each
+            estimate (``Estimate.interval(0.95)``: widened where the top is unresolved; default True).
+        stderr: ``compute()`` also returns ``"<metric>/<label>_stderr"``, the standard error: sampling noise only
+            (default False).
 
     ``update(scores, positives, exclude=None, ids=None, keep=None)``: ``ids`` (B,) instance ids key
     the negatives (default: a running row counter, which depends on batch order). ``compute()``
-    returns ``{"<metric>/<label>": float64 tensor}``; :meth:`estimates` the :class:`Estimate` objects;
-    :meth:`histogram` the synced :class:`~reco_sampled_plugin.RankHistogram`.
+    returns ``{"<metric>/<label>": float64 tensor}`` with the interval's ``_lo`` / ``_hi`` (and ``_stderr`` when
+    asked for); :meth:`estimates` the :class:`Estimate` objects (``.interval(0.95)``, ``.flags``);
+    :meth:`histogram` the synced :class:`~reco_sampled_plugin.RankHistogram`. An interval widened because the top
+    is unresolved is explained once per process (a warning on the ``reco_sampled_plugin`` logger, with the planner
+    command).
     """
 
     full_state_update = False
@@ -346,7 +370,7 @@ class SampledRankingMetrics(Metric):
         self,
         metrics: str | Iterable[str] = ("ndcg@10", "recall@10"),
         n_samples: int | SamplingDesign = 100,
-        estimators: Sequence[str] = ("none", "bv"),
+        estimators: Sequence[str] = ("none", registry.DEFAULT_ESTIMATOR),
         *,
         estimator_options: Mapping[str, Mapping[str, Any]] | None = None,
         replacement: bool = True,
@@ -355,9 +379,13 @@ class SampledRankingMetrics(Metric):
         max_n_groups: int | None = 64,
         check_finite: bool | str = True,
         adaptive_max: int | None = None,
+        interval: bool = True,
+        stderr: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.interval = check_bool(interval, "interval")
+        self.stderr = check_bool(stderr, "stderr")
         self.metric_names = _metric_names(metrics)
         if n_samples is None:
             raise ValueError("n_samples: expected a positive integer m or a SamplingDesign, got None")
@@ -595,6 +623,9 @@ class SampledRankingMetrics(Metric):
                 if self._adaptive is not None:
                     opts["adaptive"] = (self._adaptive.n_samples, self._adaptive.adaptive_max)
                 out[key] = estimate(metric, hist, method=method, sampling=self.sampling, **opts)
+                if registry.get(method).family != "none":  # the plain sampled metric's interval is not widened
+                    explain_once(__name__, f"SampledRankingMetrics {metric}", out[key], metric=metric,
+                                 n_items=int(self.n_items), n_samples=self.n_samples, users=int(round(hist.total)))
             except ValueError as exc:  # one failing estimator must not take the others (or training) down
                 warnings.warn(f"{key}: estimator failed ({exc}); reported as NaN", RuntimeWarning, stacklevel=2)
                 out[key] = Estimate(math.nan, math.nan, hist.total, {"error": str(exc), "flags": ("estimator_failed",)},
@@ -611,7 +642,9 @@ class SampledRankingMetrics(Metric):
             return self._estimates(progress)
 
     def compute(self) -> dict[str, torch.Tensor]:
-        return {k: torch.tensor(e.value, dtype=torch.float64) for k, e in self._estimates().items()}
+        """``{"<metric>/<label>": value}``, with ``_lo`` / ``_hi`` (the 95% interval, ``interval=True``) and
+        ``_stderr`` (sampling noise only, ``stderr=True``) beside each (float64 tensors)."""
+        return estimate_values(self._estimates(), interval=self.interval, stderr=self.stderr)
 
     def reset(self) -> None:
         super().reset()

@@ -1,0 +1,118 @@
+"""Issue 25, part 1: every interval any function returns lies inside the metric's range and is never NaN, for every
+registered method and many metrics; the flags are explained in words, in one place (``estimate.explain_flags``)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import reco_sampled_plugin as rsp
+from reco_sampled_plugin import registry
+from reco_sampled_plugin.estimate import FLAG_TEXT, SAME_INTERVAL_NOTE, Estimate, explain_flags
+from reco_sampled_plugin.metrics import metric_bounds
+from reco_sampled_plugin.metric_names import parse_metric
+from reco_sampled_plugin.simulate import draw_sampled_ranks
+
+METRICS = ("hit@1", "hit@10", "recall@10", "ndcg@10", "precision@10", "mrr", "ap", "auc")
+OPTIONS = {"beta": {"a": 1.0}}  # the one method with a required option
+FITTED = {n for n in registry.names() if registry.get(n).fits_distribution}
+
+
+def _inside(interval: tuple[float, float], bounds: tuple[float, float]) -> bool:
+    lo, hi = interval
+    return bounds[0] <= lo <= hi <= bounds[1]
+
+
+def _check(est: Estimate, bounds: tuple[float, float]) -> None:
+    assert not math.isnan(est.value)
+    for level in (0.5, 0.95, 0.999):
+        for interval in (est.interval(level), est.sampling_interval(level)):
+            assert not any(math.isnan(x) for x in interval), (est, interval)
+            assert _inside(interval, bounds), (est, level, interval, bounds)
+
+
+@pytest.fixture(scope="module")
+def sampled():
+    """Sampled ranks of a realistic model on n = 1000, m = 20 (resolution ~48: cut-off 10 is unresolved)."""
+    rng = np.random.default_rng(3)
+    exact = np.minimum(np.ceil(rng.pareto(0.7, size=400) * 20), 1000).astype(np.int64)
+    return torch.from_numpy(exact), draw_sampled_ranks(exact, 1000, 20, seed=5)[0]
+
+
+@pytest.mark.parametrize("method", registry.names())
+def test_every_method_and_metric_keeps_its_intervals_in_range(sampled, method):
+    _, ranks = sampled
+    opts = {**OPTIONS.get(method, {}), **({"n_bootstrap": 0} if method in FITTED else {})}
+    for metric in METRICS:
+        est = rsp.estimate(metric, ranks, 1000, 20, method=method, **opts)
+        bounds = metric_bounds(parse_metric(metric), [1000])
+        _check(est, bounds)
+        if metric == "ndcg@10":  # the cut-off lies inside the first sampled bin: the widened interval
+            assert "top_unresolved" in est.flags
+
+
+@pytest.mark.parametrize("method", registry.names(family=("none", "correction"), fits_distribution=False))
+def test_corrected_metric_intervals_in_range(sampled, method):
+    """``corrected_metric(...).interval(0.95)`` (and its sampling interval) never leave the metric's range: ls with
+    its huge alternating table entries included (then flagged ``outside_metric_range``)."""
+    _, ranks = sampled
+    n = torch.full_like(ranks, 1000) - torch.arange(ranks.numel()) % 3  # per-instance n
+    for metric in METRICS:
+        est = rsp.corrected_metric(metric, ranks, n, 20, method=method)
+        bounds = metric_bounds(parse_metric(metric), n.numpy())
+        assert est.metric_range == bounds
+        _check(est, bounds)
+        if not bounds[0] <= est.value <= bounds[1]:
+            assert "outside_metric_range" in est.flags
+
+
+def test_sampling_interval_is_clipped():
+    """A Wald interval of NDCG@10 reached (-0.130, 0.395): the sampling interval is clipped to the range too; the
+    unclipped ends are what value +- z stderr gives."""
+    est = Estimate(0.1325, 0.1340, 3.0, metric_range=(0.0, 1.0))
+    lo, hi = est.sampling_interval(0.95)
+    assert lo == 0.0 and hi == pytest.approx(0.1325 + 1.959964 * 0.1340, rel=1e-6)
+    assert Estimate(0.5, math.inf, 1.0, metric_range=(0.0, 1.0)).sampling_interval() == (0.0, 1.0)
+    assert Estimate(0.5, 0.2, 10.0).sampling_interval(0.95)[0] < 0.2  # no known range: not clipped
+
+
+def test_paired_difference_interval_in_the_range_of_a_difference():
+    d = rsp.paired_difference("hit@10", torch.tensor([1]), torch.tensor([2]), 100, 10)
+    assert d.metric_range == (-1.0, 1.0) and d.sampling_interval() == (-1.0, 1.0) == d.interval()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ranks=st.lists(st.integers(1, 11), min_size=1, max_size=30),
+    metric=st.sampled_from(("hit@3", "ndcg@5", "mrr", "recall@20", "auc", "precision@2")),
+    method=st.sampled_from(("none", "rank_estimate", "ls", "cls", "bv", "linear", "bound")),
+    n=st.integers(12, 500),
+)
+def test_random_histograms_keep_intervals_in_range(ranks, metric, method, n):
+    est = rsp.estimate(metric, torch.tensor(ranks), n, 10, method=method)
+    _check(est, metric_bounds(parse_metric(metric), [n]))
+    cm = rsp.corrected_metric(metric, torch.tensor(ranks), n, 10, method=method) if method in registry.names(
+        family=("none", "correction")) else None
+    if cm is not None:
+        _check(cm, metric_bounds(parse_metric(metric), [n]))
+
+
+def test_flags_are_explained_in_words_with_the_planner_command():
+    lines = explain_flags(("top_unresolved", "pooled_n", "made_up"), metric="ndcg@10", n_items=1682, n_samples=100,
+                          users=943, pilot="ranks.txt")
+    assert lines[0] == (
+        "top_unresolved: top of the ranking not resolved by m = 100 samples: the 95% interval spans every value the "
+        "data allow under the top-shape assumption, whatever the estimator; rank exactly or sample adaptively "
+        "(reco-sampled plan --n-items 1682 --users 943 --metric ndcg@10 --target-rel-error 0.05 --pilot ranks.txt)")
+    assert lines[1].startswith("pooled_n: candidate counts pooled") and lines[2] == "made_up: made_up"
+    # without context: placeholders, still a runnable shape
+    assert "reco-sampled plan --n-items N --users U --metric METRIC" in explain_flags(["top_unresolved"])[0]
+    assert explain_flags(()) == [] and explain_flags(["few_instances", "few_instances"]) == [
+        "few_instances: " + FLAG_TEXT["few_instances"]]
+    assert "the same for every estimator" in SAME_INTERVAL_NOTE
+    assert rsp.explain_flags is explain_flags
