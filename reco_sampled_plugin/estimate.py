@@ -44,7 +44,7 @@ SAME_INTERVAL_NOTE = ("note: where the top is unresolved the 95% interval is wha
 def _plan_command(metric: str | None, n_items: int | None, users: int | None, pilot: str | None) -> str:
     """The ``reco-sampled plan`` invocation for these data (placeholders where a value is unknown)."""
     parts = ["reco-sampled plan", f"--n-items {n_items if n_items is not None else 'N'}",
-             f"--users {users if users is not None else 'U'}", f"--metric {metric or 'METRIC'}",
+             f"--n-users {users if users is not None else 'U'}", f"--metric {metric or 'METRIC'}",
              "--target-rel-error 0.05"]
     if pilot:
         parts.append(f"--pilot {pilot}")

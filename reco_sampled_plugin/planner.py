@@ -503,6 +503,10 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
     truth = float(truths.mean())
     # methods that fit a distribution take its options: n_bootstrap=0 skips the slow bootstrap
     opts = {"n_bootstrap": 0} if method in registry.names(fits_distribution=True) else {}
+    # a rank-distribution estimator's value is its fit's expectation: the repeats of a design are fitted together
+    batched = registry.get(method).family == "rank_distribution"
+    from ._rank_hist import as_histogram
+    from .rank_distribution import estimate_rank_distributions
     n_mean = float(n_u.mean())
     forecasts = []
     bar = progress_bar(total=len(todo) * repeats, desc=f"plan {spec}: {method} fits", enabled=progress, unit="fit")
@@ -515,7 +519,12 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
         else:
             sampled, sizes = adaptive_sampled_ranks_from_exact(exact, n_t, m, cap, gen)
         est = np.empty(repeats)
-        for j in range(repeats):  # one estimator run per replicate (vectorised over users inside)
+        if batched:  # the repeats' fits share one likelihood (built once per design, not once per repeat)
+            hists = [as_histogram(sampled[j], n_t, m if cap is None else sizes[j]) for j in range(repeats)]
+            for j, dist in enumerate(estimate_rank_distributions(hists, method, sampling=law)):
+                est[j] = dist.metric(spec, stderr="posterior").value
+            bar.update(repeats)
+        for j in range(0 if batched else repeats):  # one estimator run per replicate (vectorised over users inside)
             if cap is None:
                 law_opt = {} if replacement else {"sampling": law}
                 est[j] = estimate(spec, sampled[j], n_t, m, method=method, **law_opt, **opts).value

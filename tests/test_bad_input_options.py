@@ -333,7 +333,7 @@ def test_lightning_callback_options():
                      (dict(log_interval="x"), "log_interval"), (dict(dedup_padding=None), "dedup_padding"),
                      (dict(progress="yes"), "progress"), (dict(prefix=3), "prefix"), (dict(score_fn=3), "score_fn"),
                      (dict(exact="no"), "exact"), (dict(headline="ndcg@10"), "headline"),
-                     (dict(estimator_options={"bv": {"gamma": math.nan}}), "gamma"),
+                     (dict(estimators=("bv",), estimator_options={"bv": {"gamma": math.nan}}), "gamma"),
                      (dict(estimators=("mes",), estimator_options={"mes": {"foo": 1}}), "foo"),
                      (dict(check_finite="all"), "check_finite")):
         with pytest.raises(ValueError, match=name):

@@ -71,7 +71,7 @@ def test_reproduce_directional_claim(small_run):
     n = int(np.median(result.n_candidates.numpy()))
     for metric in ("recall@10", "ndcg@10"):
         assert (f"- {metric}: top_unresolved: top of the ranking not resolved by m = 100 samples" in text
-                and f"(reco-sampled plan --n-items {n} --users 943 --metric {metric} --target-rel-error 0.05)" in text)
+                and f"(reco-sampled plan --n-items {n} --n-users 943 --metric {metric} --target-rel-error 0.05)" in text)
     assert "± is the standard deviation over the 30 sampling runs" in text
     from reco_sampled_plugin.report import summary_lines
 
@@ -203,9 +203,9 @@ def test_estimate_command_leads_with_the_interval_and_says_why_it_is_wide(tmp_pa
     why = [ln for ln in out if ln.startswith("top_unresolved: ")]
     assert len(why) == 1 and "not resolved by m = 100 samples" in why[0] and "rank exactly or sample adaptively" in why[0]
     plan_cmd = why[0][why[0].index("(reco-sampled plan") + 1 : -1]
-    assert plan_cmd == f"reco-sampled plan --n-items 20000 --users 800 --metric ndcg@10 --target-rel-error 0.05 --pilot {f}"
+    assert plan_cmd == f"reco-sampled plan --n-items 20000 --n-users 800 --metric ndcg@10 --target-rel-error 0.05 --pilot {f}"
     args = build_parser().parse_args(plan_cmd.split()[1:])  # the advice is a valid invocation
-    assert (args.n_items, args.users, args.metric, args.pilot) == (20_000, 800, "ndcg@10", str(f))
+    assert (args.n_items, args.n_users, args.metric, args.pilot) == (20_000, 800, "ndcg@10", str(f))
     assert any(ln.startswith("uncorrected: the plain sampled metric") for ln in out)
     assert out[-1] == SAME_INTERVAL_NOTE  # bv and mes show the one identified interval
     # a resolved metric: no note, no explanation

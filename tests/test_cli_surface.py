@@ -67,7 +67,7 @@ def _python_names() -> dict[str, set[str]]:
         "demo": _params(toy_table),
         "reproduce": _params(ReproduceConfig, run_reproduce, write_report, SamplingDesign),
         "table": _params(correction_table),
-        "estimate": _params(estimate, read_rank_file, read_ncf, SamplingDesign),
+        "estimate": _params(estimate, read_rank_file, read_ncf, SamplingDesign, cli.estimate_table),
         "plan": _params(plan, SamplingDesign),
     }
 

@@ -108,10 +108,10 @@ def test_flags_are_explained_in_words_with_the_planner_command():
     assert lines[0] == (
         "top_unresolved: top of the ranking not resolved by m = 100 samples: the 95% interval spans every value the "
         "data allow under the top-shape assumption, whatever the estimator; rank exactly or sample adaptively "
-        "(reco-sampled plan --n-items 1682 --users 943 --metric ndcg@10 --target-rel-error 0.05 --pilot ranks.txt)")
+        "(reco-sampled plan --n-items 1682 --n-users 943 --metric ndcg@10 --target-rel-error 0.05 --pilot ranks.txt)")
     assert lines[1].startswith("pooled_n: candidate counts pooled") and lines[2] == "made_up: made_up"
     # without context: placeholders, still a runnable shape
-    assert "reco-sampled plan --n-items N --users U --metric METRIC" in explain_flags(["top_unresolved"])[0]
+    assert "reco-sampled plan --n-items N --n-users U --metric METRIC" in explain_flags(["top_unresolved"])[0]
     assert explain_flags(()) == [] and explain_flags(["few_instances", "few_instances"]) == [
         "few_instances: " + FLAG_TEXT["few_instances"]]
     assert "the same for every estimator" in SAME_INTERVAL_NOTE

@@ -356,7 +356,14 @@ def test_compute_is_fresh_after_every_entry_point():
             first = metric.compute()
             metric.update_factors(u[20:], v, pos[20:], **({"ids": torch.arange(20, 40)} if isinstance(metric, SampledRankingMetrics) else {}))
             second = metric.compute()
-        assert second == {k: torch.tensor(e.value, dtype=torch.float64) for k, e in metric.estimates().items()}
+        est = metric.estimates()
+        assert {k: v for k, v in second.items() if not k.endswith(("_lo", "_hi"))} == {
+            k: torch.tensor(e.value, dtype=torch.float64) for k, e in est.items()}
+        for k, e in est.items():  # sampled estimates lead with their 95% interval (exact values have none)
+            if k.endswith("/exact"):
+                assert f"{k}_lo" not in second
+            else:
+                assert (float(second[f"{k}_lo"]), float(second[f"{k}_hi"])) == pytest.approx(e.interval(0.95))
         assert first != second
         s, p = u @ v.T, pos.unsqueeze(1)
         metric.reset()
@@ -508,7 +515,7 @@ def test_compute_leads_with_the_interval_and_explains_an_unresolved_top(caplog):
     why = [r.getMessage() for r in caplog.records if "top_unresolved" in r.getMessage()]
     assert len(why) == 1, why  # once: the mes estimate of ndcg@10 (not the plain sampled metric, not again)
     assert why[0].startswith("SampledRankingMetrics ndcg@10: top_unresolved: top of the ranking not resolved by m = 10")
-    assert f"(reco-sampled plan --n-items 300 --users {int((pos >= 0).sum())} --metric ndcg@10" in why[0]
+    assert f"(reco-sampled plan --n-items 300 --n-users {int((pos >= 0).sum())} --metric ndcg@10" in why[0]
     se = SampledRankingMetrics("auc", n_samples=10, estimators=("none",), interval=False, stderr=True)
     _loop(se, _batches(scores, pos, exc, 16))
     assert set(se.compute()) == {"auc/sampled", "auc/sampled_stderr"}
