@@ -15,8 +15,8 @@ them: a narrow range of n (ml-100k: 946..1663) needs 9 + 4 exact tables. A piece
 in x (at most ``MAX_DEPTH`` times, and again only while halving cuts the error ``SPLIT_GAIN``-fold); where
 halving gains little the tables are not smooth in n (``cls`` without a cut-off: its active set changes with
 n) and that piece is built exactly. So every row is exact or verified; smooth tables cost at most
-(NODES + CHECKS) x 2^MAX_DEPTH solves per m whatever the number of distinct n, the others one solve per
-distinct n as before. Fewer than ``MIN_INTERPOLATED`` distinct n: every table is exact.
+(NODES + CHECKS) x (2^(MAX_DEPTH + 1) - 1) = 147 solves per m whatever the number of distinct n (13 on a
+narrow range), the others one solve per distinct n as before. Fewer than ``MIN_INTERPOLATED`` distinct n: every table is exact.
 """
 
 from __future__ import annotations

@@ -143,10 +143,19 @@ class BetaFit:
     a0: float
 
 
-def _sum_log_g(hist: RankHistogram, a: float) -> float:
-    """sum over positives of log G(r~; a) = a * sum ln((f(r~; a) - 1)/(n - 1)) (the n cancels)."""
+def _counts_by_m(hist: RankHistogram) -> list[tuple[int, np.ndarray]]:
+    """The histogram's counts summed over the groups of each distinct m (what eq. 19 depends on: n cancels)."""
+    out: dict[int, np.ndarray] = {}
+    for m, c in zip(hist.n_samples.tolist(), hist.counts):  # one pass over the groups, before the iterations
+        out[m] = out[m] + c if m in out else np.asarray(c, dtype=np.float64).copy()
+    return list(out.items())
+
+
+def _sum_log_g(by_m: list[tuple[int, np.ndarray]], a: float) -> float:
+    """sum over positives of log G(r~; a) = a * sum ln((f(r~; a) - 1)/(n - 1)) (the n cancels), from
+    :func:`_counts_by_m`."""
     total = 0.0
-    for m, c in zip(hist.n_samples, hist.counts):
+    for m, c in by_m:  # distinct m: one, or a few for adaptive sampling
         lg = _log_beta_g(int(m), a)
         lg[-1] = 0.0  # G(m + 1) = 1 exactly (Lemma 3.1); removes rounding
         total += float(np.dot(c, lg))
@@ -188,8 +197,9 @@ def fit_beta(
     history = [a]
     converged = False
     it = 0
-    for it in range(1, max_iter + 1):  # scalar fixed point; each step is O(sum of m)
-        s = _sum_log_g(hist, a)
+    by_m = _counts_by_m(hist)
+    for it in range(1, max_iter + 1):  # scalar fixed point; each step is O(sum of distinct m)
+        s = _sum_log_g(by_m, a)
         a_new = -total * a / s
         history.append(a_new)
         if not math.isfinite(a_new) or a_new <= 0 or a_new > 1e6:
