@@ -12,7 +12,8 @@ cold first epoch is reported separately. Overhead = median(callback) / median(pl
 1. The example: MF (d = 32) on MovieLens 100k, 943 users x 1,682 items, batch 256; hit@10, ndcg@10 and
    AUC, exact + sampled (m = 100) + cls + bv + bound (examples/lightning/mf_ml100k.py). Then the floor
    of any callback that logs as many values: one that only calls ``log_dict`` with 16 constants.
-2. Synthetic: U users x 100,000 items, d = 64, batch 256, 1 relevant and 50 excluded items per user;
+2. Synthetic: U users x 100,000 items, d = 64, batch 256, 1 relevant item and u mod 301 excluded items for user u
+   (per-user exclusions as in real data: 301 distinct candidate counts n);
    ndcg@10 and hit@10, exact + sampled (m = 100) + bv. Twice: the step returns the scores, or it hands
    over its factors (``user_factors``, ``item_factors``), from which the callback computes the scores
    in cache-sized tiles itself; the plain run is the step that computes the scores into a full matrix.
@@ -55,13 +56,17 @@ from reco_sampled_plugin.factor_ranks import _TILE_ITEMS, TILE_ELEMENTS  # noqa:
 
 
 class Synthetic(pl.LightningModule):
-    def __init__(self, n_users: int, n_items: int, dim: int = 64, n_exclude: int = 50) -> None:
+    def __init__(self, n_users: int, n_items: int, dim: int = 64, n_exclude: int = 300) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(0)
         self.user = torch.nn.Parameter(torch.randn(n_users, dim, generator=g))
         self.item = torch.nn.Parameter(torch.randn(n_items, dim, generator=g))
         picks = torch.stack([torch.randperm(n_items, generator=g)[: n_exclude + 1] for _ in range(min(n_users, 64))])
-        self.register_buffer("picks", picks.repeat((n_users + 63) // 64, 1)[:n_users])
+        picks = picks.repeat((n_users + 63) // 64, 1)[:n_users]
+        # user u excludes its first u mod (n_exclude + 1) picks (-1 pads the rest): n_exclude + 1 distinct n
+        keep = torch.arange(n_exclude)[None, :] < (torch.arange(n_users) % (n_exclude + 1))[:, None]
+        picks[:, 1:] = torch.where(keep, picks[:, 1:], torch.full_like(picks[:, 1:], -1))
+        self.register_buffer("picks", picks)
 
     def validation_step(self, batch, batch_idx):
         (users,) = batch
