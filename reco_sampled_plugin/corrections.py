@@ -284,14 +284,13 @@ def _concat(metric, n: tuple, m: tuple, method, gamma, sampling, prior, rounding
 @lru_cache(maxsize=256)
 def _stacked(spec: MetricSpec, n: tuple, m: tuple, method, gamma, sampling, prior, rounding) -> np.ndarray:
     n_arr, m_arr = np.asarray(n, dtype=np.int64), np.asarray(m, dtype=np.int64)
-    pieces: list[np.ndarray] = [np.empty(0)] * len(n)
+    out = np.empty(int((m_arr + 1).sum()))
+    starts = np.cumsum(m_arr + 1) - (m_arr + 1)  # each group's first entry in the concatenation
     for mv in np.unique(m_arr).tolist():  # one table family per sample size (adaptive designs: a few)
         idx = np.flatnonzero(m_arr == mv)
         uniq, inv = np.unique(n_arr[idx], return_inverse=True)
         tabs = tables_by_n(spec, uniq, mv, method, gamma, sampling, prior, rounding)
-        for g, row in zip(idx.tolist(), inv.tolist()):  # assembly over the groups (one slice each)
-            pieces[g] = tabs[row]
-    out = np.concatenate(pieces)
+        out[starts[idx][:, None] + np.arange(mv + 1)] = tabs[inv]
     out.setflags(write=False)
     return out
 

@@ -303,7 +303,8 @@ def _stacked_mapping(spec: MetricSpec, n: tuple, m: tuple, method: str, a: float
     n_arr, m_arr = np.asarray(n, dtype=np.int64), np.asarray(m, dtype=np.int64)
     if spec.k is not None and n_arr.size and spec.k > int(n_arr.min()):
         raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(n_arr.min())})")
-    pieces: list[np.ndarray] = [np.empty(0)] * len(n)
+    values = np.empty(int((m_arr + 1).sum()))
+    starts = np.cumsum(m_arr + 1) - (m_arr + 1)  # each group's first entry in the concatenation
     first = np.empty(len(n), dtype=np.float64)
     for mv in np.unique(m_arr).tolist():
         idx = np.flatnonzero(m_arr == mv)
@@ -316,9 +317,7 @@ def _stacked_mapping(spec: MetricSpec, n: tuple, m: tuple, method: str, a: float
             )
         tabs = interval_mean_metrics((spec,), edges[:, :-1], edges[:, 1:], n_arr[idx][:, None])[0]  # (G_m, m + 1)
         first[idx] = f[:, 0]
-        for row, g in enumerate(idx.tolist()):  # assembly: one slice per group
-            pieces[g] = tabs[row]
-    values = np.concatenate(pieces)
+        values[starts[idx][:, None] + np.arange(mv + 1)] = tabs
     values.setflags(write=False)
     first.setflags(write=False)
     return values, first
