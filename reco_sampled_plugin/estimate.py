@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple
 
-__all__ = ["Estimate", "EstimatorOutput", "FLAG_TEXT", "explain_flags", "INTERVAL_SUFFIXES", "SAME_INTERVAL_NOTE"]
+__all__ = ["Estimate", "EstimatorOutput", "FLAG_TEXT", "explain_flags", "range_flags", "INTERVAL_SUFFIXES", "SAME_INTERVAL_NOTE"]
 
 #: The suffixes of an interval's bounds in every output (RecBole result keys, Lightning logs, torchmetrics
 #: ``compute()``): ``<name>_lo`` and ``<name>_hi`` are ``Estimate.interval(0.95)``.
@@ -64,6 +64,15 @@ def explain_flags(flags, *, metric: str | None = None, n_items: int | None = Non
         text = FLAG_TEXT.get(f)
         out.append(f"{f}: " + (text.format(m=m, plan=plan) if text is not None else f))
     return out
+
+
+def range_flags(value: float, flags, bounds: tuple[float, float] | None) -> tuple[str, ...]:
+    """``flags`` plus ``outside_metric_range`` where ``value`` lies outside ``bounds`` (the metric's range; an
+    unbounded estimator such as ``ls`` can leave it); NaN and None bounds add nothing."""
+    flags = tuple(flags)
+    if bounds is None or math.isnan(value) or bounds[0] <= value <= bounds[1] or "outside_metric_range" in flags:
+        return flags
+    return flags + ("outside_metric_range",)
 
 
 class EstimatorOutput(NamedTuple):

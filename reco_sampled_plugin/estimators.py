@@ -42,7 +42,7 @@ from ._options import check_law, check_options
 from . import registry
 from .adaptive import adaptive_cost, check_adaptive_histogram
 from .design import AdaptiveDesign, SamplingDesign, coerce_adaptive
-from .estimate import Estimate
+from .estimate import Estimate, range_flags
 from .identification import Identification, TopShape, top_sensitive
 from .metric_names import parse_metric
 from .metrics import metric_bounds
@@ -133,8 +133,7 @@ def _result(value: float, stderr: float | None, n: float, details: dict, flags, 
     if math.isnan(se) or float(n) <= 1.0:  # one instance (total weight <= 1): no spread to measure
         se = math.inf
         flags += ("few_instances",) if "few_instances" not in flags else ()
-    if bounds is not None and not (bounds[0] <= value <= bounds[1]) and "outside_metric_range" not in flags:
-        flags += ("outside_metric_range",)
+    flags = range_flags(float(value), flags, bounds)
     if identification is not None and "top_unresolved" not in flags:
         flags += ("top_unresolved",)
     details = dict(details)

@@ -23,7 +23,7 @@ import torch
 from ._checks import MAX_SAMPLES, check_rank_values, check_size, check_sizes
 from ._rank_hist import check_spread
 from .corrections import table_numpy, check_gamma, check_method, n_interpolation, tables_for_counts
-from .estimate import Estimate
+from .estimate import Estimate, range_flags
 from .metric_names import parse_metric
 from .metrics import metric_bounds
 from .sampling_laws import check_law
@@ -52,9 +52,7 @@ def _spread_measured(est: Estimate) -> Estimate:
 def _with_range(est: Estimate, bounds: tuple[float, float]) -> Estimate:
     """``est`` with the metric's range (its intervals never leave it); a value outside is flagged
     ``outside_metric_range`` (e.g. ``ls``, whose minimal-bias table has huge alternating entries)."""
-    flags = tuple(est.flags)
-    if not bounds[0] <= est.value <= bounds[1] and not math.isnan(est.value) and "outside_metric_range" not in flags:
-        flags += ("outside_metric_range",)
+    flags = range_flags(est.value, est.flags, bounds)
     details = {**dict(est.details), "flags": flags} if flags else dict(est.details)
     return dataclasses.replace(est, details=details, flags=flags, metric_range=(float(bounds[0]), float(bounds[1])))
 
