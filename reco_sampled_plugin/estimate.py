@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple
 
-__all__ = ["Estimate", "EstimatorOutput", "FLAG_TEXT", "explain_flags", "range_flags", "INTERVAL_SUFFIXES", "SAME_INTERVAL_NOTE"]
+__all__ = ["Estimate", "EstimatorOutput", "FLAG_TEXT", "explain_flags", "interval_values", "range_flags", "INTERVAL_SUFFIXES", "SAME_INTERVAL_NOTE"]
 
 #: The suffixes of an interval's bounds in every output (RecBole result keys, Lightning logs, torchmetrics
 #: ``compute()``): ``<name>_lo`` and ``<name>_hi`` are ``Estimate.interval(0.95)``.
@@ -63,6 +63,19 @@ def explain_flags(flags, *, metric: str | None = None, n_items: int | None = Non
     for f in dict.fromkeys(flags or ()):  # once each, in order
         text = FLAG_TEXT.get(f)
         out.append(f"{f}: " + (text.format(m=m, plan=plan) if text is not None else f))
+    return out
+
+
+def interval_values(name: str, est: "Estimate", *, interval: bool = True, stderr: bool = False) -> dict[str, float]:
+    """The keys every keyed output puts beside ``name``'s value (RecBole results, Lightning logs, torchmetrics
+    ``compute()``): ``<name>_lo`` / ``<name>_hi``, the 95% :meth:`Estimate.interval` (``interval``), and
+    ``<name>_stderr``, sampling noise only (``stderr``, opt-in)."""
+    out: dict[str, float] = {}
+    if interval:
+        lo, hi = est.interval(0.95)
+        out[name + INTERVAL_SUFFIXES[0]], out[name + INTERVAL_SUFFIXES[1]] = lo, hi
+    if stderr:
+        out[f"{name}_stderr"] = est.stderr
     return out
 
 

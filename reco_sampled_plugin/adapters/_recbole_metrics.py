@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from reco_sampled_plugin import registry
-from reco_sampled_plugin.estimate import explain_flags
+from reco_sampled_plugin.estimate import explain_flags, interval_values
 from reco_sampled_plugin._rank_hist import _bincount_histogram, _group_ids, sampled_rank_histogram
 from reco_sampled_plugin.estimators import estimate
 from reco_sampled_plugin.metric_names import parse_metric
@@ -160,11 +160,9 @@ class _EstimatedMetric(_Metric):
             out[f"{key}_mean_samples"] = self._round(cost["mean_samples"])
             out[f"{key}_max_samples"] = int(cost["max_samples"])
             out[f"{key}_share_at_cap"] = self._round(cost["share_at_cap"])
-        if s.interval:  # the 95% interval, by default (Estimate.interval: honest about the unresolved top)
-            lo, hi = result.interval(0.95)
-            out[f"{key}_lo"], out[f"{key}_hi"] = self._round(lo), self._round(hi)
-        if s.stderr:  # opt-in: sampling noise only
-            out[f"{key}_stderr"] = self._round(result.stderr)
+        # the 95% interval by default (Estimate.interval: honest about the unresolved top); stderr opt-in
+        out.update({k2: self._round(v) for k2, v in interval_values(key, result, interval=s.interval,
+                                                                    stderr=s.stderr).items()})
         if "top_unresolved" in result.flags and registry.get(kwargs["method"]).family != "none":
             m = s.design.n_samples if s.design is not None else None
             why = explain_flags(["top_unresolved"], metric=str(spec), n_items=int(np.max(hist.n_items)),

@@ -34,7 +34,7 @@ from torch.utils.data import DistributedSampler
 from reco_sampled_plugin import registry
 from reco_sampled_plugin._options import check_bool, check_count
 from reco_sampled_plugin.design import SamplingDesign, as_design
-from reco_sampled_plugin.estimate import Estimate
+from reco_sampled_plugin.estimate import Estimate, interval_values
 
 from reco_sampled_plugin.factor_ranks import check_factors
 from reco_sampled_plugin.ranking import prepare_index
@@ -310,11 +310,9 @@ class _RankingMetricsLogic:
                 k = self.key(metric, label, stage, idx)
                 results[k] = e
                 values[k] = e.value
-                if self.log_interval and label != "exact":
-                    # the 95% interval, widened where the top is unresolved (docs/estimators.md)
-                    values[f"{k}_lo"], values[f"{k}_hi"] = e.interval(0.95)
-                if self.log_stderr:  # opt-in: sampling noise only
-                    values[f"{k}_stderr"] = e.stderr
+                # the 95% interval (widened where the top is unresolved; none for exact values), stderr opt-in
+                values.update(interval_values(k, e, interval=self.log_interval and label != "exact",
+                                              stderr=self.log_stderr))
             h = self.key(self.headline[0], self.headline[1], stage, idx)
             if h in values:
                 values[self.headline_key(stage, idx)] = values[h]

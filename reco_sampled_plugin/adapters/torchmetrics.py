@@ -56,7 +56,7 @@ from torchmetrics import Metric
 
 from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags
 from reco_sampled_plugin._options import check_bool, check_choice, check_count, check_seed
-from reco_sampled_plugin.estimate import Estimate
+from reco_sampled_plugin.estimate import Estimate, interval_values
 from reco_sampled_plugin import registry
 from reco_sampled_plugin.design import SamplingDesign, as_design
 from reco_sampled_plugin.estimators import check_estimator_options, estimate
@@ -94,11 +94,8 @@ def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
     out: dict[str, torch.Tensor] = {}
     for k, e in estimates.items():
         out[k] = torch.tensor(e.value, dtype=torch.float64)
-        if interval:
-            lo, hi = e.interval(0.95)
-            out[f"{k}_lo"], out[f"{k}_hi"] = torch.tensor(lo, dtype=torch.float64), torch.tensor(hi, dtype=torch.float64)
-        if stderr:
-            out[f"{k}_stderr"] = torch.tensor(e.stderr, dtype=torch.float64)
+        for key, v in interval_values(k, e, interval=interval, stderr=stderr).items():
+            out[key] = torch.tensor(v, dtype=torch.float64)
     return out
 
 
