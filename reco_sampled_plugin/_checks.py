@@ -145,6 +145,15 @@ def _show(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
+def _broadcast_shape(a, b) -> tuple[int, ...] | None:
+    """The broadcast shape of two shapes, None where they do not broadcast (numpy's rule, which is torch's;
+    ``torch.broadcast_shapes`` would import sympy through torch._refs: ~1 s at the first call of a process)."""
+    try:
+        return tuple(np.broadcast_shapes(tuple(a), tuple(b)))
+    except ValueError:
+        return None
+
+
 def check_sizes(
     x,
     name: str,
@@ -195,11 +204,8 @@ def check_sizes(
             raise ValueError(f"{name}: must be <= {maximum}{why}, got {_show(hi)}")
     t = t.to(torch.int64)
     if like is not None:
-        try:
-            shape = torch.broadcast_shapes(t.shape, like.shape)
-        except RuntimeError:
-            shape = None
-        if shape is None or (exact and shape != like.shape):
+        shape = _broadcast_shape(t.shape, like.shape)
+        if shape is None or (exact and shape != tuple(like.shape)):
             how = "broadcast to" if exact else "broadcast against"
             raise ValueError(
                 f"{name}: shape {tuple(t.shape)} does not {how} the shape {tuple(like.shape)} of {like_name} "
@@ -260,12 +266,10 @@ def check_weights(x, name: str, *, like: torch.Tensor | None = None, like_name: 
                 "exactly; scale the weights down (their total is the number of instances)"
             )
     if like is not None:
-        try:
-            torch.broadcast_shapes(t.shape, like.shape)
-        except RuntimeError:
+        if _broadcast_shape(t.shape, like.shape) is None:
             raise ValueError(
                 f"{name}: shape {tuple(t.shape)} does not broadcast against the shape {tuple(like.shape)} of {like_name}"
-            ) from None
+            )
     return t
 
 

@@ -41,6 +41,7 @@ import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import lru_cache
 from statistics import NormalDist
 
 import numpy as np
@@ -277,7 +278,8 @@ def _fixed_band(pooled: RankHistogram, edges: np.ndarray, inside: np.ndarray, z_
         n_cls = float(totals[sel].sum())
         if n_cls <= 0:
             continue
-        cdf = np.stack([_cell_cdf(edges, int(n_items[g]), int(mv), pts, law) for g in sel])  # (G_m, C, J)
+        cdf = np.stack([_cell_cdf_cached(edges.astype(np.int64).tobytes(), int(n_items[g]), int(mv), pts.astype(np.int64).tobytes(), law)
+                        for g in sel])  # (G_m, C, J)
         for j, i in enumerate(pts):
             expected = np.einsum("g,gc->c", totals[sel] / n_cls / z_g[sel], cdf[:, :, j] * inside[sel])
             share = float(sum(pooled.counts[g][:i].sum() for g in sel)) / n_cls
@@ -335,6 +337,15 @@ def _adaptive_band(pooled: RankHistogram, edges: np.ndarray, n_class: np.ndarray
             lo_b.append(float(lo[0]))
             hi_b.append(float(hi[0]))
     return np.asarray(rows).reshape(-1, C), lo_b, hi_b
+
+
+@lru_cache(maxsize=256)
+def _cell_cdf_cached(edges: bytes, n: int, m: int, checkpoints: bytes, law: str) -> np.ndarray:
+    """:func:`_cell_cdf` kept for the next evaluation of the same users (an epoch of a training run has the same
+    candidate counts, so the same pooled groups and grid, as the last one: only the counts change). Read-only."""
+    out = _cell_cdf(np.frombuffer(edges, dtype=np.int64), n, m, np.frombuffer(checkpoints, dtype=np.int64), law)
+    out.flags.writeable = False
+    return out
 
 
 def _cell_cdf(edges: np.ndarray, n: int, m: int, checkpoints: np.ndarray, law: str) -> np.ndarray:

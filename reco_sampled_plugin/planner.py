@@ -522,7 +522,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
         if batched:  # the repeats' fits share one likelihood (built once per design, not once per repeat)
             hists = [as_histogram(sampled[j], n_t, m if cap is None else sizes[j]) for j in range(repeats)]
             for j, dist in enumerate(estimate_rank_distributions(hists, method, sampling=law)):
-                est[j] = dist.metric(spec, stderr="posterior").value
+                est[j] = dist.values([spec])[0]  # the value alone: the plan's spread is over the replicates
             bar.update(repeats)
         for j in range(0 if batched else repeats):  # one estimator run per replicate (vectorised over users inside)
             if cap is None:

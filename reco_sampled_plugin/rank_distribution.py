@@ -312,19 +312,42 @@ def dense_likelihood(edges: np.ndarray, n_items, n_samples, law: str) -> tuple[n
     return lik, inside
 
 
-def _binomial_columns(pts: np.ndarray, n: int, m: int, i: np.ndarray) -> np.ndarray:
-    """log Binomial(i; m, (r - 1)/(n - 1)) at ranks ``pts`` (..., S) and successes ``i`` (K,): (..., S, K).
-    Pointwise (no full rows), so the cost is the occupied columns, not m; log p and log(1 - p) once per rank."""
-    p = (pts.astype(np.float64) - 1.0) / (n - 1.0)
+def _binomial_logpmf(p: np.ndarray, j: np.ndarray, m: int) -> np.ndarray:
+    """log Binomial(j; m, p), elementwise over the broadcast of p and j (0 log 0 = 0 at p = 0 and p = 1)."""
     with np.errstate(divide="ignore"):
-        logp, log1mp = np.log(p)[..., None], np.log1p(-p)[..., None]
-    j = i.astype(np.float64)
+        logp, log1mp = np.log(p), np.log1p(-p)
+    j = j.astype(np.float64)
     log_c = math.lgamma(m + 1.0) - special.gammaln(j + 1.0) - special.gammaln(m - j + 1.0)
-    # 0 log 0 = 0: j = 0 at p = 0 and m - j = 0 at p = 1 contribute nothing
     with np.errstate(invalid="ignore"):
         a = np.where(j > 0, j * logp, 0.0)
         b = np.where(m - j > 0, (m - j) * log1mp, 0.0)
     return log_c + a + b
+
+
+# Bernstein's inequality, P(X - m p >= t) <= exp(-t^2 / (2 (v + t / 3))) with v = m p (1 - p) (and the same below
+# the mean), puts every binomial probability farther than t(v) = (L + sqrt(L^2 + 18 L v)) / 3, L = ln(1e18), from
+# its mean m p below 1e-18: such
+# (cell, column) pairs are below the likelihood's floor 1e-16 whatever the cell's 8 points, so they are not computed
+_BAND_LOG = math.log(1e18)
+
+
+def _binomial_band(pts: np.ndarray, wts: np.ndarray, n: int, m: int, i: np.ndarray):
+    """The cell-averaged binomial likelihood on the (cell, column) pairs that can reach 1e-18: (cell index (P,),
+    column position in ``i`` (P,), value (P,)) for cells with points ``pts`` (c, S), weights ``wts`` and successes
+    ``i`` (K,). The cost follows the pairs within Bernstein's band of each cell (``_BAND_LOG``), not c x K."""
+    p = (pts.astype(np.float64) - 1.0) / (n - 1.0)  # (c, S)
+    v = m * (p * (1.0 - p)).max(-1)
+    t = (_BAND_LOG + np.sqrt(_BAND_LOG**2 + 18.0 * _BAND_LOG * v)) / 3.0
+    lo, hi = m * p.min(-1) - t, m * p.max(-1) + t
+    order = np.argsort(i, kind="stable")
+    js = i[order]
+    first = np.searchsorted(js, lo, side="left")
+    counts = np.searchsorted(js, hi, side="right") - first
+    cell = np.repeat(np.arange(len(p)), counts)
+    offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+    col = order[np.repeat(first, counts) + offsets]
+    logp = _binomial_logpmf(p[cell], i[col][:, None], m)  # (P, S)
+    return cell, col, np.einsum("ps,ps->p", wts[cell], np.exp(logp))
 
 
 @lru_cache(maxsize=32)
@@ -351,11 +374,11 @@ def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa:
         if not len(sel):
             continue
         if law == "binomial":
-            logp = _binomial_columns(pts[:c_in], n_g, m_g, cols[sel, 1])  # (c_in, S, K_g)
+            cell, col, val = _binomial_band(pts[:c_in], wts[:c_in], n_g, m_g, cols[sel, 1])
+            lik[cell, sel[col]] = val
         else:  # the ratio recurrence needs whole rows (hypergeometric designs have few, moderate m)
             full = _log_sampled_rank_pmf(torch.from_numpy(pts[:c_in].astype(np.float64)), n_g, m_g, law).numpy()
-            logp = full[..., cols[sel, 1]]
-        lik[:c_in, sel] = np.einsum("cs,csk->ck", wts[:c_in], np.exp(logp))
+            lik[:c_in, sel] = np.einsum("cs,csk->ck", wts[:c_in], np.exp(full[..., cols[sel, 1]]))
     # drop probabilities below 1e-16 (each row sums to 1): every mixture probability changes by less than
     # 1e-16 absolute (observed ones are >= ~1e-8, so < 1e-8 relative), no subnormal numbers slow the
     # matmuls, and the likelihood matrix becomes sparse (~20% non-zeros at m = 500)
@@ -643,19 +666,23 @@ def _mes_objective(model: _Model, counts: np.ndarray, lam: np.ndarray, beta: flo
     return evaluate, logw
 
 
-def _lbfgs_direction(g: np.ndarray, S: np.ndarray, Y: np.ndarray, stored: np.ndarray) -> np.ndarray:
+def _lbfgs_direction(g: np.ndarray, S: np.ndarray, Y: np.ndarray, age: np.ndarray, newest: int) -> np.ndarray:
     """-H g for a batch, H the L-BFGS inverse Hessian in the compact form of Byrd, Nocedal & Schnabel (1994,
-    eq. 3.1): g (A, C); pairs S, Y (A, M, C) ordered oldest to newest, the last ``stored`` (A,) of them valid
-    (the others zero; their rows of R get a unit diagonal so the triangular systems stay regular)."""
-    batch, memory, _ = S.shape
-    valid = np.arange(memory)[None, :] >= memory - stored[:, None]  # (A, M)
+    eq. 3.1): g (A, C); pairs S, Y (A, M, C) in a ring shared by the batch, ``age`` (A, M) each slot's insertion
+    count (-1: empty or dropped, its vectors zero), ``newest`` the slot written last. R (upper triangular in the
+    pairs' order) is s_i . y_j for pairs i not younger than j; an empty slot gets a unit diagonal, so the systems
+    stay regular whatever the order of the slots."""
+    memory = S.shape[1]
+    valid = age >= 0
     sy = S @ Y.transpose(0, 2, 1)  # (A, M, M): s_i . y_j
-    R = np.triu(sy) + np.where(valid, 0.0, 1.0)[:, :, None] * np.eye(memory)
-    D = np.diagonal(sy, axis1=1, axis2=2)
-    s_n, y_n = S[:, -1], Y[:, -1]
+    older = (age[:, :, None] <= age[:, None, :]) & valid[:, :, None] & valid[:, None, :]
+    R = np.where(older, sy, 0.0) + np.where(valid, 0.0, 1.0)[:, :, None] * np.eye(memory)
+    D = np.where(valid, np.diagonal(sy, axis1=1, axis2=2), 0.0)
+    has = valid[:, newest]
+    s_n, y_n = S[:, newest], Y[:, newest]
     y2 = (y_n * y_n).sum(-1)
-    gamma = np.where(stored > 0, (s_n * y_n).sum(-1) / np.where(y2 > 0, y2, 1.0),
-                     1.0 / np.maximum(np.abs(g).sum(-1), 1e-300))[:, None]  # first step: L1-normalised gradient
+    gamma = np.where(has, (s_n * y_n).sum(-1) / np.where(y2 > 0, y2, 1.0),
+                     1.0 / np.maximum(np.abs(g).sum(-1), 1e-300))[:, None]  # no pair: an L1-normalised gradient
     yy = Y @ Y.transpose(0, 2, 1)
     a = np.einsum("bmc,bc->bm", S, g)
     b = np.einsum("bmc,bc->bm", Y, g)
@@ -669,67 +696,71 @@ def _mes_fit_batched(model: _Model, counts: np.ndarray, lam: np.ndarray, pi0: np
                      max_iter: int, beta: float = 0.0, memory: int = 20):
     """:func:`_mes_fit` for B problems at once: L-BFGS (compact form, ``memory`` pairs) with a backtracking Armijo
     line search from the unit step, vectorised over the problems, each stopped by L-BFGS-B's own rules (relative
-    decrease of the objective at most ``tol``, or largest gradient entry at most 1e-12) and then frozen: the B fits
-    cost one batched objective evaluation per iteration instead of B scipy runs. Returns pi (B, C), iterations
-    (B,), converged (B,)."""
+    decrease of the objective at most ``tol``, or largest gradient entry at most 1e-12) and then dropped from the
+    working arrays: the B fits cost one batched objective evaluation per iteration instead of B scipy runs.
+    Returns pi (B, C), iterations (B,), converged (B,)."""
     evaluate, logw = _mes_objective(model, counts, np.asarray(lam, dtype=np.float64), beta)
     batch, cells = pi0.shape
+    idx = np.arange(batch)  # the problems still running (rows of the working arrays below)
     theta = np.log(np.maximum(pi0, 1e-300)) - logw
-    f, g, pi = evaluate(theta, np.arange(batch))
+    f, g, pi_w = evaluate(theta, idx)
+    pi_out = pi_w.copy()
+    iters = np.zeros(batch, dtype=np.int64)
+    converged = np.zeros(batch, dtype=bool)
     S = np.zeros((batch, memory, cells))
     Y = np.zeros((batch, memory, cells))
-    stored = np.zeros(batch, dtype=np.int64)  # valid pairs, the last ``stored`` of the memory
-    iters = np.zeros(batch, dtype=np.int64)
-    converged = np.abs(g).max(-1) <= 1e-12
-    active = np.flatnonzero(~converged)
-    while active.size:
-        a = active
-        ga = g[a]
-        d = _lbfgs_direction(ga, S[a], Y[a], stored[a])
-        slope = (d * ga).sum(-1)
+    age = np.full((batch, memory), -1, dtype=np.int64)
+    running = np.abs(g).max(-1) > 1e-12
+    converged[~running] = True
+    it = 0
+    while True:
+        if not running.all():  # compact the working arrays to the problems still running
+            idx, theta, f, g, pi_w, S, Y, age = (x[running] for x in (idx, theta, f, g, pi_w, S, Y, age))
+        if not idx.size or it >= max_iter:
+            break
+        slot = it % memory
+        d = _lbfgs_direction(g, S, Y, age, (it - 1) % memory)
+        slope = (d * g).sum(-1)
         bad = ~(slope < 0)  # not a descent direction (rounding): forget the pairs, step along the gradient
         if np.any(bad):
-            stored[a[bad]] = 0
-            S[a[bad]] = 0.0
-            Y[a[bad]] = 0.0
-            d[bad] = -ga[bad] / np.maximum(np.abs(ga[bad]).sum(-1, keepdims=True), 1e-300)
-            slope[bad] = (d[bad] * ga[bad]).sum(-1)
-        step = np.ones(a.size)
-        f_new, g_new, pi_new = np.empty(a.size), np.empty_like(ga), np.empty_like(ga)
-        searching = np.arange(a.size)
+            age[bad] = -1
+            S[bad] = 0.0
+            Y[bad] = 0.0
+            d[bad] = -g[bad] / np.maximum(np.abs(g[bad]).sum(-1, keepdims=True), 1e-300)
+            slope[bad] = (d[bad] * g[bad]).sum(-1)
+        step = np.ones(idx.size)
+        f_new, g_new, pi_new = f.copy(), g.copy(), pi_w.copy()
+        searching = np.arange(idx.size)
         for _ in range(40):  # backtracking, vectorised over the problems still searching
-            fs, gs, ps = evaluate(theta[a[searching]] + step[searching, None] * d[searching], a[searching])
-            ok = fs <= f[a[searching]] + 1e-4 * step[searching] * slope[searching]
+            fs, gs, ps = evaluate(theta[searching] + step[searching, None] * d[searching], idx[searching])
+            ok = fs <= f[searching] + 1e-4 * step[searching] * slope[searching]
             hit = searching[ok]
             f_new[hit], g_new[hit], pi_new[hit] = fs[ok], gs[ok], ps[ok]
             searching = searching[~ok]
             if not searching.size:
                 break
             step[searching] *= 0.5
-        failed = np.zeros(a.size, dtype=bool)
-        failed[searching] = True
-        moved = np.flatnonzero(~failed)
-        am = a[moved]
-        s_new = step[moved, None] * d[moved]
-        y_new = g_new[moved] - ga[moved]
+        moved = np.ones(idx.size, dtype=bool)
+        moved[searching] = False  # no decrease found along d
+        s_new = np.where(moved[:, None], step[:, None] * d, 0.0)
+        y_new = g_new - g
         sy = (s_new * y_new).sum(-1)
-        keep = sy > 1e-12 * (y_new * y_new).sum(-1)  # curvature: only pairs that keep H positive definite
-        rows = am[keep]
-        S[rows] = np.concatenate([S[rows, 1:], s_new[keep, None]], axis=1)
-        Y[rows] = np.concatenate([Y[rows, 1:], y_new[keep, None]], axis=1)
-        stored[rows] = np.minimum(stored[rows] + 1, memory)
-        f_old = f[am]
-        theta[am] += s_new
-        f[am], g[am], pi[am] = f_new[moved], g_new[moved], pi_new[moved]
-        iters[a] += 1
-        rel = (f_old - f[am]) / np.maximum(np.maximum(np.abs(f_old), np.abs(f[am])), 1.0)
-        done = np.zeros(a.size, dtype=bool)
-        done[moved] = (rel <= tol) | (np.abs(g[am]).max(-1) <= 1e-12)
+        keep = moved & (sy > 1e-12 * (y_new * y_new).sum(-1))  # curvature: only pairs keeping H positive definite
+        S[:, slot] = np.where(keep[:, None], s_new, 0.0)
+        Y[:, slot] = np.where(keep[:, None], y_new, 0.0)
+        age[:, slot] = np.where(keep, it, -1)
+        rel = (f - f_new) / np.maximum(np.maximum(np.abs(f), np.abs(f_new)), 1.0)
+        theta += s_new
+        f, g, pi_w = f_new, g_new, pi_new
+        iters[idx] += 1
+        it += 1
+        done = moved & ((rel <= tol) | (np.abs(g).max(-1) <= 1e-12))
         # a line search that finds no decrease: at the optimum to rounding where the slope is below tol
-        done |= failed & (np.abs(slope) <= tol * np.maximum(np.abs(f[a]), 1.0))
-        converged[a[done]] = True
-        active = a[~(done | failed | (iters[a] >= max_iter))]
-    return pi, iters, converged
+        done |= ~moved & (np.abs(slope) <= tol * np.maximum(np.abs(f), 1.0))
+        converged[idx[done]] = True
+        running = ~(done | ~moved)
+        pi_out[idx] = pi_w
+    return pi_out, iters, converged
 
 
 # ------------------------------------------------------------------------------------------ fitters

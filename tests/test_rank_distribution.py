@@ -463,3 +463,27 @@ def test_batched_mes_fits_reach_the_single_fits_optima():
     # one problem alone equals itself in the batch up to rounding (each is frozen when it stops)
     one, _, _ = rd._mes_fit_batched(model, draws[2:3], lam[2:3], start[2:3], 1e-7, 5000)
     np.testing.assert_allclose(one[0], pi[2], rtol=1e-6, atol=1e-12)  # batched products round differently
+
+
+@pytest.mark.parametrize("n,m", [(50_000, 2000), (1683, 100), (30, 27), (10_000, 5)])
+def test_banded_likelihood_equals_the_dense_one(n, m):
+    """The binomial likelihood is built only on the (cell, column) pairs within Bernstein's band (probabilities
+    beyond it are below 1e-18, under the 1e-16 floor): it equals the dense table of every r~ from the
+    independent pmf of ``sampling_laws`` (``dense_likelihood``) on every column, zeros included, for groups of
+    several n sharing one grid and cells at both ends of the catalogue (p = 0 and p = 1)."""
+    from reco_sampled_plugin import rank_distribution as rd
+
+    ns = (n, max(m + 2, n - n // 3), max(m + 2, n // 2))
+    ms = (m, m, max(1, m // 2))
+    keys = tuple(int(g * (m + 1) + i) for g in range(3) for i in range(ms[g] + 1))
+    model = rd._likelihood(ns, ms, "binomial", 0.05, 0.25, (), keys)
+    dense, inside = rd.dense_likelihood(model.edges, ns, ms, "binomial")
+    want = dense[model.cols[:, 0], :, model.cols[:, 1]].T  # (C, K)
+    want = np.where(want < rd._LIK_FLOOR, 0.0, want)
+    np.testing.assert_array_equal(inside, model.inside)
+    close = np.abs(model.lik - want) <= 1e-11 * want + 1e-300
+    near_floor = np.abs(want - rd._LIK_FLOOR) < 1e-11 * rd._LIK_FLOOR  # rounding may put these either side
+    assert np.all(close | near_floor), np.abs(model.lik - want).max()
+    for g in range(3):  # every cell's law over all m + 1 values of r~ sums to 1 (floored entries are < 1e-16 each)
+        rows = model.lik[:, model.cols[:, 0] == g][inside[g]]
+        np.testing.assert_allclose(rows.sum(axis=1), 1.0, atol=1e-12)
