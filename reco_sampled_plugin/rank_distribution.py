@@ -666,15 +666,16 @@ def _mes_objective(model: _Model, counts: np.ndarray, lam: np.ndarray, beta: flo
     return evaluate, logw
 
 
-def _lbfgs_direction(g: np.ndarray, S: np.ndarray, Y: np.ndarray, age: np.ndarray, newest: int) -> np.ndarray:
+def _lbfgs_direction(g: np.ndarray, S: np.ndarray, Y: np.ndarray, age: np.ndarray, newest: int, sy: np.ndarray,
+                     yy: np.ndarray) -> np.ndarray:
     """-H g for a batch, H the L-BFGS inverse Hessian in the compact form of Byrd, Nocedal & Schnabel (1994,
     eq. 3.1): g (A, C); pairs S, Y (A, M, C) in a ring shared by the batch, ``age`` (A, M) each slot's insertion
-    count (-1: empty or dropped, its vectors zero), ``newest`` the slot written last. R (upper triangular in the
-    pairs' order) is s_i . y_j for pairs i not younger than j; an empty slot gets a unit diagonal, so the systems
-    stay regular whatever the order of the slots."""
+    count (-1: empty or dropped, its vectors zero), ``newest`` the slot written last; ``sy`` and ``yy`` (A, M, M)
+    the products s_i . y_j and y_i . y_j, kept up to date by the caller (one row and column per new pair). R
+    (upper triangular in the pairs' order) is s_i . y_j for pairs i not younger than j; an empty slot gets a unit
+    diagonal, so the systems stay regular whatever the order of the slots."""
     memory = S.shape[1]
     valid = age >= 0
-    sy = S @ Y.transpose(0, 2, 1)  # (A, M, M): s_i . y_j
     older = (age[:, :, None] <= age[:, None, :]) & valid[:, :, None] & valid[:, None, :]
     R = np.where(older, sy, 0.0) + np.where(valid, 0.0, 1.0)[:, :, None] * np.eye(memory)
     D = np.where(valid, np.diagonal(sy, axis1=1, axis2=2), 0.0)
@@ -683,13 +684,12 @@ def _lbfgs_direction(g: np.ndarray, S: np.ndarray, Y: np.ndarray, age: np.ndarra
     y2 = (y_n * y_n).sum(-1)
     gamma = np.where(has, (s_n * y_n).sum(-1) / np.where(y2 > 0, y2, 1.0),
                      1.0 / np.maximum(np.abs(g).sum(-1), 1e-300))[:, None]  # no pair: an L1-normalised gradient
-    yy = Y @ Y.transpose(0, 2, 1)
-    a = np.einsum("bmc,bc->bm", S, g)
-    b = np.einsum("bmc,bc->bm", Y, g)
+    a = (S @ g[..., None])[..., 0]
+    b = (Y @ g[..., None])[..., 0]
     u = np.linalg.solve(R, a[..., None])[..., 0]  # R^-1 S^T g
     rhs = D * u + gamma * (np.einsum("bij,bj->bi", yy, u) - b)
     top = np.linalg.solve(R.transpose(0, 2, 1), rhs[..., None])[..., 0]
-    return -(gamma * g + np.einsum("bmc,bm->bc", S, top) - gamma * np.einsum("bmc,bm->bc", Y, u))
+    return -(gamma * g + (top[:, None, :] @ S)[:, 0] - gamma * (u[:, None, :] @ Y)[:, 0])
 
 
 def _mes_fit_batched(model: _Model, counts: np.ndarray, lam: np.ndarray, pi0: np.ndarray, tol: float,
@@ -710,22 +710,26 @@ def _mes_fit_batched(model: _Model, counts: np.ndarray, lam: np.ndarray, pi0: np
     S = np.zeros((batch, memory, cells))
     Y = np.zeros((batch, memory, cells))
     age = np.full((batch, memory), -1, dtype=np.int64)
+    sy = np.zeros((batch, memory, memory))  # s_i . y_j
+    yy = np.zeros((batch, memory, memory))  # y_i . y_j
     running = np.abs(g).max(-1) > 1e-12
     converged[~running] = True
     it = 0
     while True:
         if not running.all():  # compact the working arrays to the problems still running
-            idx, theta, f, g, pi_w, S, Y, age = (x[running] for x in (idx, theta, f, g, pi_w, S, Y, age))
+            idx, theta, f, g, pi_w, S, Y, age, sy, yy = (x[running] for x in (idx, theta, f, g, pi_w, S, Y, age, sy, yy))
         if not idx.size or it >= max_iter:
             break
         slot = it % memory
-        d = _lbfgs_direction(g, S, Y, age, (it - 1) % memory)
+        d = _lbfgs_direction(g, S, Y, age, (it - 1) % memory, sy, yy)
         slope = (d * g).sum(-1)
         bad = ~(slope < 0)  # not a descent direction (rounding): forget the pairs, step along the gradient
         if np.any(bad):
             age[bad] = -1
             S[bad] = 0.0
             Y[bad] = 0.0
+            sy[bad] = 0.0
+            yy[bad] = 0.0
             d[bad] = -g[bad] / np.maximum(np.abs(g[bad]).sum(-1, keepdims=True), 1e-300)
             slope[bad] = (d[bad] * g[bad]).sum(-1)
         step = np.ones(idx.size)
@@ -744,11 +748,15 @@ def _mes_fit_batched(model: _Model, counts: np.ndarray, lam: np.ndarray, pi0: np
         moved[searching] = False  # no decrease found along d
         s_new = np.where(moved[:, None], step[:, None] * d, 0.0)
         y_new = g_new - g
-        sy = (s_new * y_new).sum(-1)
-        keep = moved & (sy > 1e-12 * (y_new * y_new).sum(-1))  # curvature: only pairs keeping H positive definite
+        curv = (s_new * y_new).sum(-1)
+        keep = moved & (curv > 1e-12 * (y_new * y_new).sum(-1))  # curvature: only pairs keeping H positive definite
         S[:, slot] = np.where(keep[:, None], s_new, 0.0)
         Y[:, slot] = np.where(keep[:, None], y_new, 0.0)
         age[:, slot] = np.where(keep, it, -1)
+        sy[:, slot, :] = (Y @ S[:, slot, :, None])[..., 0]  # s_new . y_j
+        sy[:, :, slot] = (S @ Y[:, slot, :, None])[..., 0]  # s_i . y_new
+        yy[:, slot, :] = (Y @ Y[:, slot, :, None])[..., 0]
+        yy[:, :, slot] = yy[:, slot, :]
         rel = (f - f_new) / np.maximum(np.maximum(np.abs(f), np.abs(f_new)), 1.0)
         theta += s_new
         f, g, pi_w = f_new, g_new, pi_new
