@@ -186,6 +186,18 @@ def test_forward_with_another_catalogue_is_refused():
     assert torch.equal(a.hist, before)
 
 
+def test_loaded_state_keeps_its_catalogue():
+    """A state loaded from a state dict counts its catalogue: a batch of another size is refused."""
+    a = _filled(dict(SAMPLED_BASE), n_items=50)
+    a.persistent(True)
+    b = SampledRankingMetrics(**SAMPLED_BASE)
+    b.persistent(True)
+    b.load_state_dict(a.state_dict())
+    s, p = _data(60, 3)
+    with pytest.raises(ValueError, match=r"^scores: 60 items, but earlier batches had 50"):
+        b.update(s, p)
+
+
 @FAST
 @given(change=st.sampled_from(sorted(SAMPLED_CHANGES)), as_dict=st.booleans())
 def test_merge_of_differently_configured_sampled_states_is_refused(change, as_dict):

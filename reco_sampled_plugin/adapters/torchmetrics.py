@@ -781,6 +781,10 @@ class SampledRankingMetrics(_MergeChecked):
         ``_stderr`` (sampling noise only, ``stderr=True``) beside each (float64 tensors)."""
         return estimate_values(self._estimates(), interval=self.interval, stderr=self.stderr)
 
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._n_items_host = None  # a loaded state's catalogue: read it at the next batch
+
     def reset(self) -> None:
         super().reset()
         self._n_items_host = 0  # an empty state (forward restores the accumulated one after the batch: same n)
