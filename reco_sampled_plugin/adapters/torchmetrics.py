@@ -20,6 +20,10 @@ item per user, per user. Negatives are keyed by (seed, instance id, positive ite
 ``reco_sampled_plugin/adapters/_shared.py``; pass ``ids`` (user indices) to make results independent of batching and of
 the number of processes. Rows with ``keep`` False (e.g. DistributedSampler padding) are not counted.
 
+States are added together (``merge_state``, ``forward``, DDP sync) only when they belong together: the same
+catalogue, design, metric list, estimators and options (``_MergeChecked``); otherwise a ValueError names the first
+difference, on every process in DDP.
+
 Nothing counted (no update, every row dropped by ``keep``, or AUC without an irrelevant candidate): ``compute()``
 gives NaN, as before any update, and :meth:`estimates` the Estimate (NaN value, NaN stderr, 0 instances) with
 the flag ``no_instances``, so an empty state is never mistaken for a number. One relevant item: stderr inf and
