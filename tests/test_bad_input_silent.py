@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reco_sampled_plugin as rsp
-from reco_sampled_plugin import baselines, datasets
+from reco_sampled_plugin import baselines, datasets, planner
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
 from reco_sampled_plugin.estimate import Estimate
 from reco_sampled_plugin.priors import empirical_prior
@@ -505,6 +505,9 @@ NAN_CASES = {
     "threshold": lambda v: datasets.binarize(_interactions(), v),
     "values": lambda v: Estimate.from_values([0.5, v]),
     "relevance": lambda v: rsp.user_metric_values("ndcg@5", torch.tensor([[1, 3]]), 10, relevance=torch.tensor([[1.0, v]])),
+    "target_rel_error": lambda v: planner.plan(1000, 100, "hit@10", v),
+    "estimator_options.gamma": lambda v: SampledRankingMetrics("hit@5", 10, ("bv",), estimator_options={"bv": {"gamma": v}}),
+    "level": lambda v: rsp.corrected_metric("ndcg@10", R, 100, 10).interval(v),
     "q": lambda v: baselines.ItemKNN(q=v),
     "dense_threshold": lambda v: baselines.ItemKNN(dense_threshold=v),
     "reg": lambda v: baselines.EASE(reg=v),
@@ -518,4 +521,5 @@ NAN_CASES = {
 def test_non_finite_in_every_numeric_argument_is_named(arg, value):
     with pytest.raises(ValueError) as info:
         NAN_CASES[arg](value)
-    assert str(info.value).startswith(arg), (arg, str(info.value))
+    name = arg.rsplit(".", 1)[-1]  # a nested option is named itself: "gamma: must lie in [0, 1]"
+    assert str(info.value).startswith(name + ":"), (arg, str(info.value))
