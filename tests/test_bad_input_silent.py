@@ -424,6 +424,17 @@ def test_empirical_prior_refuses_fractional_ranks_and_sizes():
     np.testing.assert_allclose(p.weights(4), [1 / 3, 2 / 3, 0, 0])
 
 
+def test_rank_distribution_pmf_refuses_fractional_ranks():
+    """``pmf(1.5)`` read rank 1's cell (numpy's int64 cast truncates); whole floats stay fine."""
+    d = rsp.estimate_rank_distribution(torch.tensor([1, 2, 3, 5, 9, 11]), 100, 10, method="mle")
+    with pytest.raises(ValueError, match=r"^r: must be whole-number ranks, got 1.5"):
+        d.pmf([1.5])
+    with pytest.raises(ValueError, match=r"^r: contains NaN"):
+        d.pmf([NAN])
+    np.testing.assert_array_equal(d.pmf([1.0, 7.0]), d.pmf([1, 7]))
+    assert d.pmf(np.arange(1, 101)).sum() == pytest.approx(1.0)  # the oracle: a distribution over 1..n
+
+
 def test_consistency_report_refuses_a_fractional_catalogue():
     ranks = {"a": torch.tensor([1, 5, 9]), "b": torch.tensor([2, 3, 40])}
     with pytest.raises(ValueError, match=r"^n_items: must be whole numbers \(a count\), got 100.5"):
