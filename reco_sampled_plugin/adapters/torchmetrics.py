@@ -256,8 +256,8 @@ class _MergeChecked(Metric):
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=process_group or self.process_group)
         hi, lo = t[: len(values)].tolist(), [-v for v in t[len(values):].tolist()]
         names = list(fields) + [name for name, _ in sizes]
-        differ = [name for name, a, b, i in zip(names, hi, lo, range(len(names)))
-                  if (a != b) and (i < len(fields) or (a > 0 and b != big))]
+        # a setting differs where its hashes do; a size where the processes that counted something disagree
+        differ = [name for i, (name, a, b) in enumerate(zip(names, hi, lo)) if a != b and (i < len(fields) or a > 0)]
         if differ:
             raise ValueError(f"{differ[0]}: the processes' {type(self).__name__} states differ in {differ} and "
                              "cannot be synced; configure every process alike (one catalogue, one design)")
