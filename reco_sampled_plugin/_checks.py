@@ -303,10 +303,10 @@ def check_sampled_support(ranks, n_items, n_samples, law: str = "uniform") -> No
     1..m + 1 has a positive probability). The one support check of every estimator (corrections, mappings and
     likelihoods alike). ``ranks``, ``n_items``, ``n_samples``: broadcastable numbers (tensors or arrays); ranks
     0 (padding) pass."""
-    r, n, m = (torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x) for x in (ranks, n_items, n_samples))
+    r = torch.as_tensor(ranks)
     if r.numel() == 0:
         return
-    n, m = n.to(r.device), m.to(r.device)
+    n, m = torch.as_tensor(n_items, device=r.device), torch.as_tensor(n_samples, device=r.device)
     bad = (n == 2) & (r > 1) & (r <= m)
     if bool(bad.any()):
         r, n, m = torch.broadcast_tensors(r, n, m)
