@@ -28,6 +28,8 @@ __all__ = [
     "check_rank_values",
     "check_weights",
     "check_ranks_in_range",
+    "check_sampled_support",
+    "impossible_rank_message",
 ]
 
 #: Largest candidate count n or sample size m accepted anywhere (2^40, about 1.1e12 items). Below it every
@@ -288,3 +290,29 @@ def check_ranks_in_range(ranks: torch.Tensor, upper: torch.Tensor | int, name: s
         raise ValueError(
             f"{name}: {n_bad} value(s) outside 1..n (1-based ranks, n = number of candidates), e.g. {example}"
         )
+
+
+def impossible_rank_message(r: int, n: int, m: int, law: str = "uniform") -> str:
+    """The one message for an observed sampled rank r~ that no exact rank can produce (:func:`check_sampled_support`,
+    and the likelihood's own check in ``rank_distribution``)."""
+    return (f"sampled_ranks: r~ = {r} cannot occur with n_items = {n} and n_samples = {m} under the {law} law (no exact "
+            "rank gives it a probability; with n_items = 2 every draw is the one irrelevant item, so r~ is 1 or m + 1): "
+            "the ranks, n or m are not those of one design")
+
+
+def check_sampled_support(ranks, n_items, n_samples, law: str = "uniform") -> None:
+    """Raise a ValueError naming ``sampled_ranks`` where an observed r~ cannot occur under uniform draws of m
+    irrelevant candidates among n - 1 (with or without replacement, adaptive stages included): with n = 2 the one
+    irrelevant item is every draw, so r~ is 1 or m + 1 and r~ in 2..m has probability 0 (for n >= 3 every r~ in
+    1..m + 1 has a positive probability). The one support check of every estimator (corrections, mappings and
+    likelihoods alike). ``ranks``, ``n_items``, ``n_samples``: broadcastable numbers (tensors or arrays); ranks
+    0 (padding) pass."""
+    r = torch.as_tensor(ranks)
+    if r.numel() == 0:
+        return
+    n, m = torch.as_tensor(n_items, device=r.device), torch.as_tensor(n_samples, device=r.device)
+    bad = (n == 2) & (r > 1) & (r <= m)
+    if bool(bad.any()):
+        r, n, m = torch.broadcast_tensors(r, n, m)
+        i = bad.reshape(-1).nonzero()[0, 0]
+        raise ValueError(impossible_rank_message(int(r.reshape(-1)[i]), 2, int(m.reshape(-1)[i]), law))

@@ -19,6 +19,7 @@ from ._checks import check_int  # the one integer check of the package
 __all__ = [
     "check_options",
     "check_positive_float",
+    "check_finite_float",
     "check_nonnegative_float",
     "check_fraction",
     "check_count",
@@ -54,6 +55,15 @@ def _real(x, name: str, what: str) -> float:
         return float(x)
     except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{name}: expected {what}, got {x!r}") from None
+
+
+def check_finite_float(x, name: str) -> float:
+    """``x`` as a float, raising a ValueError naming ``name`` unless it is a finite real number (a threshold:
+    NaN would compare False with everything and drop every element silently; strings and bools are refused)."""
+    v = _real(x, name, "a finite number")
+    if not math.isfinite(v):
+        raise ValueError(f"{name}: expected a finite number, got {x!r}")
+    return v
 
 
 def check_positive_float(x, name: str) -> float:

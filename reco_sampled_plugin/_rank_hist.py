@@ -19,7 +19,8 @@ import numpy as np
 import torch
 from scipy import special
 
-from ._checks import MAX_SAMPLES, MAX_SIZE, MAX_TOTAL_WEIGHT, check_rank_values, check_sizes, check_weights
+from ._checks import (MAX_SAMPLES, MAX_SIZE, MAX_TOTAL_WEIGHT, check_rank_values, check_sampled_support, check_sizes,
+                      check_weights)
 from .metric_names import MetricSpec
 from .metrics import metric_from_float_ranks
 
@@ -192,6 +193,15 @@ class RankHistogram:
     def same_groups(self, other: "RankHistogram") -> bool:
         """True when both histograms have the same (n, m) groups in the same order."""
         return np.array_equal(self.n_items, other.n_items) and np.array_equal(self.n_samples, other.n_samples)
+
+    def check_support(self, law: str = "uniform") -> None:
+        """Raise a ValueError where a counted r~ cannot occur under the design (``_checks.check_sampled_support``:
+        r~ in 2..m with n = 2), whatever the estimator."""
+        if not (self.n_items == 2).any():
+            return
+        cols = np.flatnonzero(self._flat)
+        g = np.searchsorted(self._starts, cols, side="right") - 1
+        check_sampled_support(cols - self._starts[g] + 1, self.n_items[g], self.n_samples[g], law)
 
     def check_nonempty(self) -> None:
         """Raise a ValueError when no positive was counted."""

@@ -19,6 +19,9 @@ def csr_copy(x, name: str, torch_dtype: torch.dtype | None = None) -> sp.csr_mat
     ``torch_dtype`` when given; scipy sparse matrices are copied (their dimensions are the caller's to check);
     anything else goes through ``np.asarray`` and must be 2-D.
     """
+    complex_in = x.is_complex() if isinstance(x, torch.Tensor) else getattr(getattr(x, "dtype", None), "kind", "") == "c"
+    if complex_in:  # astype(float) downstream would drop the imaginary part without a word
+        raise ValueError(f"{name}: complex values are not interactions; give real values (e.g. x.real) explicitly")
     if isinstance(x, torch.Tensor):
         t = x.detach()
         if t.layout == torch.strided and t.dim() != 2:
@@ -30,6 +33,8 @@ def csr_copy(x, name: str, torch_dtype: torch.dtype | None = None) -> sp.csr_mat
     if sp.issparse(x):
         return sp.csr_matrix(x, copy=True)
     arr = np.asarray(x)
+    if arr.dtype.kind == "c":
+        raise ValueError(f"{name}: complex values are not interactions; give real values (e.g. x.real) explicitly")
     if arr.ndim != 2:
         raise ValueError(f"{name}: expected a (users x items) matrix, got shape {arr.shape}")
     return sp.csr_matrix(arr)

@@ -22,6 +22,7 @@ import scipy.sparse as sp
 import torch
 
 from ._sparse import canonicalise, csr_copy
+from ._options import check_nonnegative_float, check_positive_float
 
 __all__ = ["Recommender", "Popularity", "ItemKNN", "ImplicitALS", "EASE", "train_all", "train_benchmark", "held_out_ranks"]
 
@@ -144,15 +145,14 @@ class ItemKNN(Recommender):
         dense_threshold: float = 0.05,
     ) -> None:
         super().__init__(device)
-        if not q > 0:
-            raise ValueError(f"q: must be > 0, got {q}")
+        q = check_positive_float(q, "q")  # q = nan or inf: every similarity powered to nothing meaningful
         for name, k in (("k_neighbors", k_neighbors), ("k_column", k_column)):
             if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
                 raise ValueError(f"{name}: expected a positive integer or None, got {k!r}")
         self.q = float(q)
         self.k_neighbors = None if k_neighbors is None else int(k_neighbors)
         self.k_column = None if k_column is None else int(k_column)
-        self.dense_threshold = float(dense_threshold)
+        self.dense_threshold = check_nonnegative_float(dense_threshold, "dense_threshold")
         qs = f"{self.q:g}"
         parts = [f"q={qs}"] + ([f"k={self.k_column}"] if self.k_column else []) + (
             [f"k'={self.k_neighbors}"] if self.k_neighbors else []
@@ -245,10 +245,10 @@ class ImplicitALS(Recommender):
         super().__init__(device)
         if factors < 1 or iterations < 0:
             raise ValueError(f"factors must be >= 1 and iterations >= 0, got {factors}, {iterations}")
-        if not reg > 0 or not alpha >= 0:
-            raise ValueError(f"reg must be > 0 and alpha >= 0, got reg={reg}, alpha={alpha}")
-        self.factors, self.reg, self.alpha = int(factors), float(reg), float(alpha)
-        self.iterations, self.seed, self.init_std = int(iterations), int(seed), float(init_std)
+        self.factors, self.iterations, self.seed = int(factors), int(iterations), int(seed)
+        # finite: reg = inf or init_std = nan would give NaN factors, hence NaN scores
+        self.reg, self.alpha = check_positive_float(reg, "reg"), check_nonnegative_float(alpha, "alpha")
+        self.init_std = check_nonnegative_float(init_std, "init_std")
         self.track_objective = bool(track_objective)
         self.chunk_elements = 1 << 24  # float64 entries of the per-row Gramians held at once (128 MiB)
         self.name = "iALS"
@@ -320,9 +320,7 @@ class EASE(Recommender):
 
     def __init__(self, reg: float = 500.0, device: str | torch.device | None = None) -> None:
         super().__init__(device)
-        if not reg > 0:
-            raise ValueError(f"reg must be > 0, got {reg}")
-        self.reg = float(reg)
+        self.reg = check_positive_float(reg, "reg")
         self.name = f"EASE({self.reg:g})"
 
     def fit(self, train) -> "EASE":

@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 
 import torch
 
+from ._checks import check_sizes
 from ._options import check_seed
 from .corrections import check_gamma, check_method, expected_corrected, tables_for_counts
 from .metrics import metric_values
@@ -73,7 +74,10 @@ def _prepare(exact_ranks: Mapping[str, object], n_items):
     if len(sizes) != 1:
         raise ValueError("exact_ranks: every recommender must be evaluated on the same instances")
     size = sizes.pop()
-    n = torch.as_tensor(n_items).detach().cpu().to(torch.int64)
+    # whole counts (n_items = 100.5 is refused, not truncated to 100), one or one per instance
+    n = torch.as_tensor(check_sizes(n_items, "n_items", 2)).detach().cpu().to(torch.int64)
+    if n.dim() and n.numel() not in (1, size):
+        raise ValueError(f"n_items: expected one value or one per instance ({size}), got shape {tuple(n.shape)}")
     n = torch.broadcast_to(n.reshape(-1) if n.dim() else n, (size,)).contiguous()
     return ranks, n
 

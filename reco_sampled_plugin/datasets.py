@@ -279,17 +279,25 @@ def _factorize(tokens: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return remap[inverse.reshape(-1)], uniq[order]
 
 
+def _check_threshold(threshold) -> float | None:
+    """None, or a finite rating threshold (NaN would keep no interaction: every comparison with NaN is False)."""
+    from ._options import check_finite_float
+
+    return None if threshold is None else check_finite_float(threshold, "threshold")
+
+
 def binarize(interactions: Interactions, threshold: float | None = None) -> Interactions:
     """Implicit feedback: keep every event (``threshold=None``, the paper's setup) or those with rating >= threshold.
 
     Ratings of the kept events become 1.0. The index space (n_users, n_items) is kept unchanged, so users or items
     left without events stay in the catalogue.
     """
+    threshold = _check_threshold(threshold)
     keep = np.ones(len(interactions), dtype=bool)
     if threshold is not None:
         if interactions.rating is None:
             raise ValueError("threshold: the interactions have no rating column to threshold")
-        keep = interactions.rating >= float(threshold)
+        keep = interactions.rating >= threshold
     return Interactions(
         user=interactions.user[keep],
         item=interactions.item[keep],
@@ -352,6 +360,7 @@ def load_ml100k(threshold: float | None = None) -> LeaveLastOutSplit:
 
     943 users, 1682 items, 100,000 events (no repeated pairs); every user has at least 20 events.
     """
+    threshold = _check_threshold(threshold)  # before any file is read
     return leave_last_out(binarize(load_interactions(ml100k_path()), threshold))
 
 
@@ -371,4 +380,5 @@ def load_ml_latest_small(threshold: float | None = None) -> LeaveLastOutSplit:
     The larger-catalogue companion of :func:`load_ml100k`: one sampled rank at m = 100 spans about 96 exact
     ranks here (17 on ml-100k), so cut-offs like K = 10 lie inside the first sampled bin. ``threshold`` as in
     :func:`binarize`."""
+    threshold = _check_threshold(threshold)  # before any file is read
     return leave_last_out(binarize(load_interactions(ml_latest_small_path()), threshold))

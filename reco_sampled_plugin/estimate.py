@@ -182,10 +182,15 @@ class Estimate:
         stderr inf and the flag ``few_instances`` (never an exactly known value)."""
         import torch
 
-        v = torch.as_tensor(values, dtype=torch.float64).reshape(-1)
+        from ._checks import _numeric
+
+        v = _numeric(values, "values", "real per-instance values").to(torch.float64).reshape(-1)
         n = int(v.numel())
         if n == 0:
             raise ValueError("values: no instances to average")
+        if not bool(torch.isfinite(v).all()):  # a NaN would make the mean NaN, an inf the stderr NaN
+            bad = v[~torch.isfinite(v)][0].item()
+            raise ValueError(f"values: must be finite, got {bad} (leave undefined instances out before averaging)")
         mean = float(v.mean())
         if n == 1:
             flags = ("few_instances",)

@@ -219,10 +219,14 @@ def fit_beta_prior(sampled_ranks, n_samples: int) -> BetaPrior:
 
 def empirical_prior(exact_ranks, n_items: int, smoothing: float = 1.0) -> VectorPrior:
     """Histogram of exact ranks with additive smoothing ``smoothing`` per rank, as a VectorPrior."""
-    r = torch.as_tensor(exact_ranks).reshape(-1).to(torch.int64).cpu().numpy()
+    from ._checks import check_rank_values, check_size
+    from ._options import check_nonnegative_float
+
+    n_items = check_size(n_items, "n_items", 1)
+    # whole ranks: a fractional rank (ties="average") would be truncated into another rank's bin
+    r = check_rank_values(exact_ranks, "exact_ranks", whole=True).reshape(-1).to(torch.int64).cpu().numpy()
     if r.size and (r.min() < 1 or r.max() > n_items):
         raise ValueError(f"exact_ranks: values must lie in 1..n_items = 1..{n_items}")
-    from ._options import check_nonnegative_float
 
     smoothing = check_nonnegative_float(smoothing, "smoothing")
     counts = np.bincount(r - 1, minlength=n_items).astype(np.float64) + smoothing

@@ -62,6 +62,7 @@ from ._rank_hist import (
     interval_mean_metrics,
     pool_by_n,
 )
+from ._checks import check_rank_values, impossible_rank_message
 from ._options import check_base_measure, check_bool, check_count, check_nonnegative_float, check_positive_float, check_seed
 from .metric_names import parse_metric
 from .sampling_laws import check_law, log_sampled_rank_pmf_unbounded as _log_sampled_rank_pmf
@@ -428,11 +429,7 @@ def _build_model(
     possible = np.asarray((model.lik > 0).sum(axis=0)).reshape(-1) > 0  # some rank can produce the column's r~
     if np.any((model.counts > 0) & ~possible):
         g, i = model.cols[np.flatnonzero((model.counts > 0) & ~possible)[0]]
-        raise ValueError(
-            f"sampled_ranks: r~ = {int(i) + 1} cannot occur with n_items = {int(model.n[g])} and n_samples = "
-            f"{int(model.m[g])} under the {law} law (no exact rank gives it a probability; with n_items = 2 every "
-            "draw is the one irrelevant item, so r~ is 1 or m + 1): the ranks, n or m are not those of one design"
-        )
+        raise ValueError(impossible_rank_message(int(i) + 1, int(model.n[g]), int(model.m[g]), law))
     return model
 
 
@@ -888,8 +885,9 @@ class RankDistribution:
         return int(self.edges[-1])
 
     def pmf(self, r) -> np.ndarray:
-        """P^(R = r) for whole ranks r in 1..n (uniform within each cell)."""
-        r = np.asarray(r, dtype=np.int64)
+        """P^(R = r) for whole ranks r in 1..n (uniform within each cell); a fractional rank is refused, not
+        truncated into its neighbour's cell."""
+        r = check_rank_values(r, "r", whole=True).cpu().numpy().astype(np.int64)
         if r.size and (r.min() < 1 or r.max() > self.n_items):
             raise ValueError(f"r: ranks must lie in 1..{self.n_items}")
         c = np.searchsorted(self.edges, r, side="left") - 1

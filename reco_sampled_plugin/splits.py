@@ -200,12 +200,17 @@ def leave_last_out_split(X, timestamps):
     m, as_array = _as_csr(X)
     coo = m.tocoo()  # canonical CSR -> COO keeps row-major, column-sorted order
     if sp.issparse(timestamps):
+        if timestamps.dtype.kind not in "iuf":
+            raise ValueError(f"timestamps: expected real numbers, got dtype {timestamps.dtype}")
         ts_m = sp.csr_matrix(timestamps)
         if ts_m.shape != m.shape:
             raise ValueError(f"timestamps: shape {ts_m.shape} differs from X's {m.shape}")
         ts = np.asarray(ts_m[coo.row, coo.col]).reshape(-1).astype(np.float64)
     else:
-        arr = np.asarray(timestamps, dtype=np.float64)
+        arr = np.asarray(timestamps)
+        if arr.dtype.kind not in "iuf":  # complex would lose its imaginary part, strings compare as text
+            raise ValueError(f"timestamps: expected real numbers, got dtype {arr.dtype}")
+        arr = arr.astype(np.float64)
         if arr.ndim == 2:
             if arr.shape != m.shape:
                 raise ValueError(f"timestamps: shape {arr.shape} differs from X's {m.shape}")

@@ -20,7 +20,7 @@ from statistics import NormalDist
 import numpy as np
 import torch
 
-from ._checks import MAX_SAMPLES, check_rank_values, check_size, check_sizes
+from ._checks import MAX_SAMPLES, check_rank_values, check_sampled_support, check_size, check_sizes
 from ._rank_hist import check_spread
 from .corrections import table_numpy, check_gamma, check_method, n_interpolation, tables_for_counts
 from .estimate import Estimate, range_flags
@@ -85,6 +85,7 @@ def corrected_values(
     r = _check_sampled(sampled_ranks, m)
     n = check_sizes(n_items, "n_items", 2, like=r, like_name="sampled_ranks", exact=True, device=r.device)
     n = torch.broadcast_to(torch.as_tensor(n, dtype=torch.int64, device=r.device), r.shape)
+    check_sampled_support(r, n, m, check_law(sampling))  # as estimate(): an r~ the design cannot produce is refused
     spread = check_spread(max_rel_n_spread)
     if r.numel() == 0:  # an empty batch (the end of a loop): no values; the settings are still checked
         parse_metric(metric), check_method(method), check_gamma(gamma), check_law(sampling)
@@ -181,7 +182,7 @@ def paired_difference(
     vb = corrected_values(metric, b.to(a.device), n_items, n_samples, method, gamma, sampling, prior, rounding=rounding)
     est = _spread_measured(Estimate.from_values((va - vb).detach().cpu()))
     lo, hi = _bounds(parse_metric(metric), n_items)
-    est = dataclasses.replace(est, metric_range=(lo - hi, hi - lo))  # a difference of two values in [lo, hi]
+    est = _with_range(est, (lo - hi, hi - lo))  # a difference of two values in [lo, hi]: flagged outside it
     if math.isinf(est.stderr):  # one instance: no spread to measure, so no evidence for either ordering
         p_a = 0.5
     elif est.stderr > 0:

@@ -110,7 +110,9 @@ def _exact_ranks(table: torch.Tensor) -> tuple[torch.Tensor, bool] | None:
 
 
 def _weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> float:
-    return float(values @ weights) / float(weights.sum())
+    """The weighted mean; NaN when every weight is 0 (nothing to average)."""
+    total = float(weights.sum())
+    return float(values @ weights) / total if total > 0 else math.nan
 
 
 def _capped_metric(spec, ranks: torch.Tensor, n: torch.Tensor, all_known: bool | None = None) -> torch.Tensor:
@@ -175,8 +177,13 @@ class _EstimatedMetric(_Metric):
                 r_irr, all_known = exact
                 if spec.k is None and not all_known:  # pragma: no cover - full ranks are forced for AUC
                     raise RuntimeError("reco_sampled_plugin: exact ranks beyond the top for a metric without cut-off")
-                values = _capped_metric(spec, r_irr, table[:, _N_IRR], all_known)
-                out[f"{key}_exact"] = self._round(_weighted_mean(values, weights))
+                n_irr = table[:, _N_IRR]
+                values = _capped_metric(spec, r_irr, n_irr, all_known)
+                w = weights
+                if spec.kind == "auc":  # AUC needs an irrelevant candidate (n = 1 gives 0/0): left out otherwise
+                    w = torch.where(n_irr > 1, weights, torch.zeros_like(weights))
+                    values = torch.where(n_irr > 1, values, torch.zeros_like(values))
+                out[f"{key}_exact"] = self._round(_weighted_mean(values, w))
         return out
 
 

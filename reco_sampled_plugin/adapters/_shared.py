@@ -403,10 +403,12 @@ def _ranks_among_drawn(pos_scores: torch.Tensor, neg_scores: torch.Tensor, valid
 
 
 # -------------------------------------------------------------------------------- histograms
-def histogram_from_rows(counts: np.ndarray, n_items: int, n_samples: int, max_groups: int | None) -> RankHistogram:
+def histogram_from_rows(counts: np.ndarray, n_items: int, n_samples: int,
+                        max_groups: int | None) -> tuple[RankHistogram, bool]:
     """RankHistogram from dense rows: ``counts[e]`` holds the sampled-rank counts of instances with
     n = n_items - e candidates. Groups are ordered by n; more than ``max_groups`` distinct n are
-    pooled into quantile bins (the core's ``mle`` pooling: count-weighted median n per bin)."""
+    pooled into quantile bins (the core's ``mle`` pooling: count-weighted median n per bin). Returns the
+    histogram and whether it was pooled (the estimates' flag ``pooled_n``)."""
     rows = np.flatnonzero(counts.sum(1) > 0)[::-1]  # ascending n
     hist = RankHistogram(
         np.asarray(n_items - rows, dtype=np.int64),
@@ -414,8 +416,8 @@ def histogram_from_rows(counts: np.ndarray, n_items: int, n_samples: int, max_gr
         tuple(np.array(counts[r], dtype=np.float64) for r in rows),
     )
     if max_groups is not None and hist.n_groups > max_groups:
-        hist, _ = pool_groups(hist, max_groups)
-    return hist
+        return pool_groups(hist, max_groups)[0], True
+    return hist, False
 
 
 def keyed_adaptive_ranks(
@@ -455,9 +457,11 @@ def adaptive_columns(design) -> tuple[np.ndarray, int]:
     return offsets[:-1], int(offsets[-1])
 
 
-def adaptive_histogram_from_rows(counts: np.ndarray, n_items: int, design, max_groups: int | None) -> RankHistogram:
+def adaptive_histogram_from_rows(counts: np.ndarray, n_items: int, design,
+                                 max_groups: int | None) -> tuple[RankHistogram, bool]:
     """RankHistogram (groups (n, M_s)) from adaptive rows: ``counts[e]`` holds, stage after stage, the counts of
-    r~ = 1..new_s + 1 of instances with n = n_items - e that stopped at stage s (:func:`adaptive_columns`)."""
+    r~ = 1..new_s + 1 of instances with n = n_items - e that stopped at stage s (:func:`adaptive_columns`); and
+    whether it was pooled (as :func:`histogram_from_rows`)."""
     offsets, _ = adaptive_columns(design)
     news = np.diff(np.concatenate([[0], design.stages]))
     ns, ms, rows_out = [], [], []
@@ -471,8 +475,8 @@ def adaptive_histogram_from_rows(counts: np.ndarray, n_items: int, design, max_g
         rows_out.extend(full)
     hist = RankHistogram(np.asarray(ns, dtype=np.int64), np.asarray(ms, dtype=np.int64), tuple(rows_out))
     if max_groups is not None and hist.n_groups > max_groups * len(design.stages):
-        hist, _ = pool_groups(hist, max_groups * len(design.stages))
-    return hist
+        return pool_groups(hist, max_groups * len(design.stages))[0], True
+    return hist, False
 
 
 # ------------------------------------------------------------------------------------- names

@@ -20,6 +20,10 @@ item per user, per user. Negatives are keyed by (seed, instance id, positive ite
 ``reco_sampled_plugin/adapters/_shared.py``; pass ``ids`` (user indices) to make results independent of batching and of
 the number of processes. Rows with ``keep`` False (e.g. DistributedSampler padding) are not counted.
 
+States are added together (``merge_state``, ``forward``, DDP sync) only when they belong together: the same
+catalogue, design, metric list, estimators and options (``_MergeChecked``); otherwise a ValueError names the first
+difference, on every process in DDP.
+
 Nothing counted (no update, every row dropped by ``keep``, or AUC without an irrelevant candidate): ``compute()``
 gives NaN, as before any update, and :meth:`estimates` the Estimate (NaN value, NaN stderr, 0 instances) with
 the flag ``no_instances``, so an empty state is never mistaken for a number. One relevant item: stderr inf and
@@ -47,6 +51,8 @@ counts them.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import math
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -58,6 +64,7 @@ from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags
 from reco_sampled_plugin._options import check_bool, check_choice, check_count, check_seed
 from reco_sampled_plugin.estimate import Estimate, interval_values
 from reco_sampled_plugin import registry
+from reco_sampled_plugin._rank_hist import RankHistogram
 from reco_sampled_plugin.design import SamplingDesign, as_design
 from reco_sampled_plugin.estimators import check_estimator_options, estimate
 from reco_sampled_plugin.metric_names import MetricSpec, parse_metric
@@ -123,6 +130,14 @@ def _empty_estimate(n_instances: float, details: dict) -> Estimate:
     return Estimate(math.nan, math.nan, n_instances, {**details, "flags": ("no_instances",)}, ("no_instances",))
 
 
+def _with_flag(est: Estimate, flag: str) -> Estimate:
+    """``est`` with ``flag`` added (once) to its flags and to ``details["flags"]``."""
+    if flag in est.flags:
+        return est
+    flags = tuple(est.flags) + (flag,)
+    return dataclasses.replace(est, flags=flags, details={**dict(est.details), "flags": flags})
+
+
 def _check_scores(scores: torch.Tensor, pos: torch.Tensor, check_finite, checks: DeviceChecks | None = None) -> None:
     """``True``: every score finite (one pass over the matrix); ``"positives"``: the relevant items' scores.
 
@@ -175,7 +190,80 @@ def _pad_rows(hist: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([hist, hist.new_zeros(rows - hist.shape[0], hist.shape[1])])
 
 
-class ExactRankingMetrics(Metric):
+def _field_hash(text: str) -> int:
+    """A stable 62-bit hash of a configuration field's text (the same in every process, unlike ``hash``)."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 2
+
+
+class _MergeChecked(Metric):
+    """The one compatibility check of every stateful metric class before states are added together
+    (``merge_state``, ``forward``'s batch state, DDP sync): a ValueError naming what differs instead of a sum of
+    states that do not belong together (a silently wrong estimate, or a RuntimeError from tensor sizes).
+
+    A class lists in :meth:`_merge_fields` the settings its states depend on (``{name: text}``) and in
+    :meth:`_check_incoming` checks a state's tensors against its own (shapes, catalogue size)."""
+
+    def _merge_fields(self) -> dict[str, str]:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _check_incoming(self, state: Mapping[str, Any]) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def merge_state(self, incoming_state: dict[str, Any] | Metric) -> None:
+        """Add another state (a metric of this class, or its ``metric_state`` dict) to this one; refused with a
+        ValueError naming the setting or size that differs (a dict carries no settings: its shapes and
+        catalogue size are checked)."""
+        if isinstance(incoming_state, Metric) and isinstance(incoming_state, type(self)):
+            mine, theirs = self._merge_fields(), incoming_state._merge_fields()
+            differ = [k for k in mine if mine[k] != theirs.get(k)]
+            if differ:
+                listing = "; ".join(f"{k}: {mine[k]} here, {theirs.get(k)} in the incoming state" for k in differ)
+                raise ValueError(f"{differ[0]}: cannot merge states of differently configured "
+                                 f"{type(self).__name__} ({listing})")
+        super().merge_state(incoming_state)
+
+    def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
+        self._validate_incoming(incoming_state)
+        super()._reduce_states(incoming_state)
+
+    def _validate_incoming(self, incoming_state) -> None:
+        """The incoming state has this class's state names, as tensors, and passes :meth:`_check_incoming`."""
+        if not isinstance(incoming_state, Mapping) or set(incoming_state) != set(self._defaults):
+            keys = sorted(incoming_state) if isinstance(incoming_state, Mapping) else type(incoming_state).__name__
+            raise ValueError(f"incoming_state: expected the states {sorted(self._defaults)} of "
+                             f"{type(self).__name__}, got {keys}")
+        bad = [k for k, v in incoming_state.items() if not isinstance(v, torch.Tensor)]
+        if bad:
+            raise ValueError(f"incoming_state: {bad[0]!r} must be a tensor, got {type(incoming_state[bad[0]]).__name__}")
+        self._check_incoming(incoming_state)
+
+    def _sync_sizes(self) -> list[tuple[str, int]]:
+        """Sizes that must agree across processes, 0 where this process has nothing (e.g. no batch yet)."""
+        return []
+
+    def _check_sync(self, process_group=None) -> None:
+        """Before a DDP sync: every process's settings (:meth:`_merge_fields`) and sizes (:meth:`_sync_sizes`)
+        agree, else the same ValueError on every process (one small all-reduce, no hang)."""
+        import torch.distributed as dist
+
+        fields = self._merge_fields()
+        sizes = self._sync_sizes()
+        big = 1 << 62
+        values = [_field_hash(v) for v in fields.values()] + [v for _, v in sizes]
+        lows = [-v for v in values[: len(fields)]] + [-(v if v > 0 else big) for _, v in sizes]
+        device = getattr(self, next(iter(self._defaults))).device
+        t = torch.tensor(values + lows, dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=process_group or self.process_group)
+        hi, lo = t[: len(values)].tolist(), [-v for v in t[len(values):].tolist()]
+        names = list(fields) + [name for name, _ in sizes]
+        # a setting differs where its hashes do; a size where the processes that counted something disagree
+        differ = [name for i, (name, a, b) in enumerate(zip(names, hi, lo)) if a != b and (i < len(fields) or a > 0)]
+        if differ:
+            raise ValueError(f"{differ[0]}: the processes' {type(self).__name__} states differ in {differ} and "
+                             "cannot be synced; configure every process alike (one catalogue, one design)")
+
+
+class ExactRankingMetrics(_MergeChecked):
     """Exact (full-catalogue) ranking metrics, averaged over relevant items.
 
     Args:
@@ -284,10 +372,27 @@ class ExactRankingMetrics(Metric):
             else:
                 v = expected_single_item_values(spec, r, hi, nn, max_position=n_items)
             wk = w * (nn > 1) if spec.kind == "auc" else w  # AUC needs an irrelevant candidate: left out otherwise
-            v = v * wk
+            v = torch.where(wk > 0, v, 0.0)  # a left-out slot's value (AUC of n = 1 is 0/0) must not reach the sums
             rows.append(torch.stack([v.sum(), (v * v).sum(), wk.sum()]))
         self.sums += _to(torch.stack(rows), self.sums.device)
         self.count += _to(w.sum(), self.count.device)
+
+    def _merge_fields(self) -> dict[str, str]:
+        return {"metrics": repr(self.metric_names), "ties": repr(self.ties),
+                "count_other_positives": repr(self.count_other_positives)}
+
+    def _check_incoming(self, state: Mapping[str, Any]) -> None:
+        if state["sums"].shape != self.sums.shape or state["count"].numel() != 1:
+            raise ValueError(f"metrics: the incoming state holds sums of shape {tuple(state['sums'].shape)}, this one "
+                             f"{tuple(self.sums.shape)} (one row per metric of {self.metric_names})")
+
+    def _sync_dist(self, dist_sync_fn=None, process_group=None) -> None:
+        """Check that every process is configured alike (:meth:`_check_sync`), then let torchmetrics sum."""
+        self._check_sync(process_group)
+        if dist_sync_fn is None:
+            super()._sync_dist(process_group=process_group)
+        else:
+            super()._sync_dist(dist_sync_fn, process_group)
 
     def _estimates(self) -> dict[str, Estimate]:
         sums = self.sums.detach().cpu().tolist()
@@ -313,7 +418,7 @@ class ExactRankingMetrics(Metric):
         return {k: torch.tensor(e.value, dtype=torch.float64) for k, e in self._estimates().items()}
 
 
-class SampledRankingMetrics(Metric):
+class SampledRankingMetrics(_MergeChecked):
     """Sampled metrics (m irrelevant items per relevant item) and their corrected estimates.
 
     Args:
@@ -560,10 +665,39 @@ class SampledRankingMetrics(Metric):
         return cached
 
     # ------------------------------------------------------------------------------ sync
+    def _merge_fields(self) -> dict[str, str]:
+        opts = {k: dict(sorted(v.items())) for k, v in sorted(self.estimator_options.items())}
+        return {"metrics": repr(self.metric_names), "n_samples": repr(self.design), "ties": repr(self.ties),
+                "estimators": repr(self.estimators), "estimator_options": repr(opts),
+                "max_n_groups": repr(self.max_n_groups)}
+
+    def _catalogue(self) -> int:
+        """The catalogue size of this state (0: nothing counted yet), from the host's record when it has one."""
+        return int(self.n_items) if self._n_items_host is None else self._n_items_host
+
+    def _check_incoming(self, state: Mapping[str, Any]) -> None:
+        if self._in_forward:  # forward adds this instance's own accumulated state: checked before the batch
+            return
+        hist, n_items = state["hist"], state["n_items"]
+        if hist.dim() != 2 or hist.shape[1] != self.hist.shape[1]:
+            raise ValueError(f"n_samples: the incoming histogram has shape {tuple(hist.shape)}, this one rows of "
+                             f"{self.hist.shape[1]} counts ({self.design!r}): another n_samples or design")
+        if n_items.numel() != 1:
+            raise ValueError(f"n_items: expected one catalogue size in the incoming state, got {tuple(n_items.shape)}")
+        mine, theirs = self._catalogue(), int(n_items)
+        if mine and theirs and mine != theirs:
+            raise ValueError(f"n_items: the incoming state counts a catalogue of {theirs} items, this one {mine}; "
+                             "states of different catalogues cannot be merged")
+
+    def _sync_sizes(self) -> list[tuple[str, int]]:
+        return [("n_items", self._catalogue())]
+
     def _sync_dist(self, dist_sync_fn=None, process_group=None) -> None:
-        """Pad every process's histogram to the same number of rows, then let torchmetrics sum."""
+        """Check that every process is configured alike and counts one catalogue (:meth:`_check_sync`), pad
+        every process's histogram to the same number of rows, then let torchmetrics sum."""
         import torch.distributed as dist
 
+        self._check_sync(process_group)
         group = process_group or self.process_group
         rows = torch.tensor([self.hist.shape[0]], dtype=torch.int64, device=self.hist.device)
         dist.all_reduce(rows, op=dist.ReduceOp.MAX, group=group)
@@ -575,13 +709,18 @@ class SampledRankingMetrics(Metric):
 
     def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
         """``forward`` and ``merge_state`` add another state: both histograms padded to the same rows first."""
+        self._validate_incoming(incoming_state)
         other = incoming_state["hist"]
-        self._n_items_host = None  # n_items now also comes from the other state: read it at the next batch
+        if not self._in_forward:  # n_items now also comes from the other state: read it at the next batch
+            self._n_items_host = None  # (forward's own state has the batch's catalogue, checked before the batch)
         rows = max(self.hist.shape[0], other.shape[0])
         self.hist = _pad_rows(self.hist, rows)
-        super()._reduce_states({**incoming_state, "hist": _pad_rows(other.to(self.hist.device), rows)})
+        Metric._reduce_states(self, {**incoming_state, "hist": _pad_rows(other.to(self.hist.device), rows)})
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        scores = args[0] if args else kwargs.get("scores")
+        if isinstance(scores, torch.Tensor) and scores.dim() == 2:  # the batch's catalogue against the state's
+            self._check_n_items(scores.shape[1])
         self._in_forward = True  # torchmetrics resets the state before the batch's update: not the row counter
         try:
             return super().forward(*args, **kwargs)
@@ -589,19 +728,20 @@ class SampledRankingMetrics(Metric):
             self._in_forward = False
 
     # ---------------------------------------------------------------------------- compute
-    def _histogram(self):
+    def _histogram(self) -> tuple[RankHistogram, bool]:
+        """The histogram of the state, pooled to ``max_n_groups``, and whether pooling changed it."""
         counts = self.hist.detach().to("cpu", torch.float64).numpy()
         if self._adaptive is not None:
             return adaptive_histogram_from_rows(counts, int(self.n_items), self._adaptive, self.max_n_groups)
         return histogram_from_rows(counts, int(self.n_items), self.n_samples, self.max_n_groups)
 
-    def histogram(self):
+    def histogram(self) -> RankHistogram:
         """The synced sampled-rank histogram (:class:`~reco_sampled_plugin.RankHistogram`), pooled as configured."""
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=True):
-            return self._histogram()
+            return self._histogram()[0]
 
     def _estimates(self, progress: bool | None | Callable[[Iterable], Iterable] = False) -> dict[str, Estimate]:
-        hist = self._histogram()
+        hist, pooled = self._histogram()
         jobs = [(m, e) for m in self.metric_names for e in self.estimators]
         out: dict[str, Estimate] = {}
         if callable(progress):
@@ -627,6 +767,8 @@ class SampledRankingMetrics(Metric):
                 warnings.warn(f"{key}: estimator failed ({exc}); reported as NaN", RuntimeWarning, stacklevel=2)
                 out[key] = Estimate(math.nan, math.nan, hist.total, {"error": str(exc), "flags": ("estimator_failed",)},
                                     ("estimator_failed",))
+            if pooled:  # the candidate counts were pooled here, before estimate() saw them: it cannot flag it
+                out[key] = _with_flag(out[key], "pooled_n")
         return out
 
     def estimates(self, progress: bool | None | Callable[[Iterable], Iterable] = None) -> dict[str, Estimate]:
@@ -643,9 +785,12 @@ class SampledRankingMetrics(Metric):
         ``_stderr`` (sampling noise only, ``stderr=True``) beside each (float64 tensors)."""
         return estimate_values(self._estimates(), interval=self.interval, stderr=self.stderr)
 
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._n_items_host = None  # a loaded state's catalogue: read it at the next batch
+
     def reset(self) -> None:
         super().reset()
-        self._n_items_host = None  # forward restores the accumulated state after its reset: read it once
+        self._n_items_host = 0  # an empty state (forward restores the accumulated one after the batch: same n)
         if not self._in_forward:
             self._rows_seen = 0
-            self._n_items_host = 0
