@@ -313,10 +313,9 @@ def dense_likelihood(edges: np.ndarray, n_items, n_samples, law: str) -> tuple[n
     return lik, inside
 
 
-def _binomial_logpmf(p: np.ndarray, j: np.ndarray, m: int) -> np.ndarray:
-    """log Binomial(j; m, p), elementwise over the broadcast of p and j (0 log 0 = 0 at p = 0 and p = 1)."""
-    with np.errstate(divide="ignore"):
-        logp, log1mp = np.log(p), np.log1p(-p)
+def _binomial_logpmf(logp: np.ndarray, log1mp: np.ndarray, j: np.ndarray, m: int) -> np.ndarray:
+    """log Binomial(j; m, p) from log p and log(1 - p), elementwise over their broadcast with j (0 log 0 = 0 at
+    p = 0 and p = 1)."""
     j = j.astype(np.float64)
     log_c = math.lgamma(m + 1.0) - special.gammaln(j + 1.0) - special.gammaln(m - j + 1.0)
     with np.errstate(invalid="ignore"):
@@ -347,7 +346,9 @@ def _binomial_band(pts: np.ndarray, wts: np.ndarray, n: int, m: int, i: np.ndarr
     cell = np.repeat(np.arange(len(p)), counts)
     offsets = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
     col = order[np.repeat(first, counts) + offsets]
-    logp = _binomial_logpmf(p[cell], i[col][:, None], m)  # (P, S)
+    with np.errstate(divide="ignore"):
+        logp, log1mp = np.log(p), np.log1p(-p)  # once per rank, gathered per pair
+    logp = _binomial_logpmf(logp[cell], log1mp[cell], i[col][:, None], m)  # (P, S)
     return cell, col, np.einsum("ps,ps->p", wts[cell], np.exp(logp))
 
 
