@@ -15,6 +15,7 @@ import numpy as np
 
 from .sampling_laws import check_law  # the one sampling-law check of the package
 from ._checks import check_int  # the one integer check of the package
+from .metric_names import MetricSpec
 
 __all__ = [
     "check_options",
@@ -24,7 +25,10 @@ __all__ = [
     "check_count",
     "check_seed",
     "check_bool",
+    "check_float",
+    "check_optional",
     "check_choice",
+    "check_names",
     "check_law",
     "check_beta_shape",
     "check_base_measure",
@@ -72,6 +76,20 @@ def check_nonnegative_float(x, name: str) -> float:
     return v
 
 
+def check_float(x, name: str) -> float:
+    """``x`` as a float, raising a ValueError naming ``name`` unless it is a finite real number (Python, numpy or
+    0-d torch; not a str such as ``"0.5"``, a bool, a complex number or an array of several values)."""
+    v = _real(x, name, "a finite number")
+    if not math.isfinite(v):
+        raise ValueError(f"{name}: expected a finite number, got {x!r}")
+    return v
+
+
+def check_optional(x, check, name: str, *args):
+    """None, or ``check(x, name, *args)``: an option whose None means "the default" or "off"."""
+    return None if x is None else check(x, name, *args)
+
+
 def check_fraction(x, name: str) -> float:
     """``x`` as a float, raising a ValueError naming ``name`` unless it lies in [0, 1] (NaN refused)."""
     v = _real(x, name, "a number in [0, 1]")
@@ -95,7 +113,9 @@ def check_seed(x, name: str = "seed") -> int:
 
 
 def check_bool(x, name: str) -> bool:
-    """``x`` as a bool, raising a ValueError naming ``name`` unless it is True or False (numpy bools too)."""
+    """``x`` as a bool, raising a ValueError naming ``name`` unless it is True or False (numpy bools too): the
+    one check of a boolean option. ``"False"``, ``0``, ``1``, ``None`` and one-element arrays are refused (a
+    non-empty string is truthy: ``"False"`` would do what True does)."""
     if isinstance(x, (bool, np.bool_)):
         return bool(x)
     raise ValueError(f"{name}: expected True or False, got {x!r}")
@@ -110,6 +130,23 @@ def check_choice(x, choices: Iterable, name: str):
             return c
     listing = ", ".join(repr(c) for c in choices)
     raise ValueError(f"{name}: expected one of {listing}, got {x!r}")
+
+
+def check_names(x, name: str, what: str = "metric names such as 'ndcg@10'") -> tuple:
+    """A list option of names (metrics, methods) as a tuple: one ``str`` (or :class:`~.metric_names.MetricSpec`)
+    is one name, not its letters; any other iterable (list, tuple, generator) must hold only such names and at
+    least one. A ValueError naming ``name`` for an int, a float, bytes, a mapping or a non-name element."""
+    if isinstance(x, (str, MetricSpec)):
+        return (x,)
+    if isinstance(x, (bytes, bytearray, Mapping)) or not isinstance(x, Iterable) or getattr(x, "ndim", 1) == 0:
+        raise ValueError(f"{name}: expected one of the {what} or a list of them, got {x!r}")
+    names = tuple(x)
+    bad = [v for v in names if not isinstance(v, (str, MetricSpec))]
+    if bad:
+        raise ValueError(f"{name}: expected {what}, got {bad[0]!r} in {list(names)!r}")
+    if not names:
+        raise ValueError(f"{name}: give at least one; expected {what}")
+    return names
 
 
 def check_beta_shape(a, name: str = "a") -> float:

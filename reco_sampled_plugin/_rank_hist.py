@@ -20,6 +20,7 @@ import torch
 from scipy import special
 
 from ._checks import MAX_SAMPLES, MAX_SIZE, MAX_TOTAL_WEIGHT, check_rank_values, check_sizes, check_weights
+from ._options import check_optional, check_positive_float
 from .metric_names import MetricSpec
 from .metrics import metric_from_float_ranks
 
@@ -312,16 +313,8 @@ def as_histogram(sampled_ranks, n_items=None, n_samples=None, weights=None) -> R
 
 
 def check_spread(max_rel_n_spread) -> float | None:
-    """Validate ``max_rel_n_spread`` (None, or a number > 0), raising a ValueError naming it."""
-    if max_rel_n_spread is None:
-        return None
-    try:
-        s = float(max_rel_n_spread)
-    except (TypeError, ValueError):
-        raise ValueError(f"max_rel_n_spread: expected None or a number > 0, got {max_rel_n_spread!r}") from None
-    if not (math.isfinite(s) and s > 0):
-        raise ValueError(f"max_rel_n_spread: expected None or a finite number > 0, got {max_rel_n_spread!r}")
-    return s
+    """Validate ``max_rel_n_spread`` (None, or a finite number > 0, not a str or bool), raising a ValueError naming it."""
+    return check_optional(max_rel_n_spread, check_positive_float, "max_rel_n_spread")
 
 
 def n_grid(n_min: int, n_max: int, max_rel_n_spread: float) -> np.ndarray:

@@ -21,6 +21,9 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from ._checks import check_int
+from ._options import (check_bool, check_nonnegative_float, check_optional, check_positive_float,
+                       check_seed)
 from ._sparse import canonicalise, csr_copy
 
 __all__ = ["Recommender", "Popularity", "ItemKNN", "ImplicitALS", "EASE", "train_all", "train_benchmark", "held_out_ranks"]
@@ -144,15 +147,10 @@ class ItemKNN(Recommender):
         dense_threshold: float = 0.05,
     ) -> None:
         super().__init__(device)
-        if not q > 0:
-            raise ValueError(f"q: must be > 0, got {q}")
-        for name, k in (("k_neighbors", k_neighbors), ("k_column", k_column)):
-            if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
-                raise ValueError(f"{name}: expected a positive integer or None, got {k!r}")
-        self.q = float(q)
-        self.k_neighbors = None if k_neighbors is None else int(k_neighbors)
-        self.k_column = None if k_column is None else int(k_column)
-        self.dense_threshold = float(dense_threshold)
+        self.q = check_positive_float(q, "q")
+        self.k_neighbors = check_optional(k_neighbors, check_int, "k_neighbors", 1)
+        self.k_column = check_optional(k_column, check_int, "k_column", 1)
+        self.dense_threshold = check_nonnegative_float(dense_threshold, "dense_threshold")
         qs = f"{self.q:g}"
         parts = [f"q={qs}"] + ([f"k={self.k_column}"] if self.k_column else []) + (
             [f"k'={self.k_neighbors}"] if self.k_neighbors else []
@@ -243,13 +241,10 @@ class ImplicitALS(Recommender):
         track_objective: bool = False,
     ) -> None:
         super().__init__(device)
-        if factors < 1 or iterations < 0:
-            raise ValueError(f"factors must be >= 1 and iterations >= 0, got {factors}, {iterations}")
-        if not reg > 0 or not alpha >= 0:
-            raise ValueError(f"reg must be > 0 and alpha >= 0, got reg={reg}, alpha={alpha}")
-        self.factors, self.reg, self.alpha = int(factors), float(reg), float(alpha)
-        self.iterations, self.seed, self.init_std = int(iterations), int(seed), float(init_std)
-        self.track_objective = bool(track_objective)
+        self.factors, self.iterations = check_int(factors, "factors", 1), check_int(iterations, "iterations", 0)
+        self.reg, self.alpha = check_positive_float(reg, "reg"), check_nonnegative_float(alpha, "alpha")
+        self.seed, self.init_std = check_seed(seed, "seed"), check_nonnegative_float(init_std, "init_std")
+        self.track_objective = check_bool(track_objective, "track_objective")
         self.chunk_elements = 1 << 24  # float64 entries of the per-row Gramians held at once (128 MiB)
         self.name = "iALS"
         self.objective_history: list[float] = []
@@ -320,9 +315,7 @@ class EASE(Recommender):
 
     def __init__(self, reg: float = 500.0, device: str | torch.device | None = None) -> None:
         super().__init__(device)
-        if not reg > 0:
-            raise ValueError(f"reg must be > 0, got {reg}")
-        self.reg = float(reg)
+        self.reg = check_positive_float(reg, "reg")
         self.name = f"EASE({self.reg:g})"
 
     def fit(self, train) -> "EASE":
@@ -359,6 +352,7 @@ def train_all(
     ``"iALS"`` (X: d = 16, lambda = 10, alpha = 0.2), ``"ItemKNN(q=3)"`` (Y), ``"ItemKNN(q=1,k'=10)"`` (Z),
     ``"Popularity"``. Deterministic given ``seed`` (only iALS is random).
     """
+    als_iterations, seed = check_int(als_iterations, "als_iterations", 0), check_seed(seed, "seed")
     models: list[Recommender] = [
         ImplicitALS(factors=16, reg=10.0, alpha=0.2, iterations=als_iterations, seed=seed, device=device),
         ItemKNN(q=3, device=device),
@@ -377,6 +371,7 @@ def held_out_ranks(models: dict, split, batch_users: int = 256) -> tuple[dict[st
     (bounded memory: batch x items scores)."""
     from .ranking import exact_ranks
 
+    batch_users = check_int(batch_users, "batch_users", 1)
     users = split.test_users
     test = torch.from_numpy(split.test_items[users])
     train = split.train[users]

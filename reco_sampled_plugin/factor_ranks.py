@@ -37,7 +37,9 @@ import weakref
 
 import torch
 
+from ._checks import check_int
 from ._inputs import factor_finite_checks
+from ._options import check_bool
 from .counting import count_beating_tile
 from .ranking import TIE_BOUNDS, check_ties, exact_ranks, exact_ranks_padded, prepare_index, tied_positives
 
@@ -218,6 +220,9 @@ def ranks_and_index_from_factors(user_factors, item_factors, positives, exclude,
         check_ties(ties)
     if ties == "random":
         raise ValueError("ties: 'random' is not supported from factors; use exact_ranks(user_factors @ item_factors.T, ...)")
+    count_other_positives = check_bool(count_other_positives, "count_other_positives")
+    if tile_elements is not None:
+        tile_elements = check_int(tile_elements, "tile_elements", 1)
     u, v, bias = check_factors(user_factors, item_factors, item_bias)
     pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device)
     ranks, _ = factor_ranks_padded(u, v, bias, pos, exc, ties, count_other_positives, tile_elements)

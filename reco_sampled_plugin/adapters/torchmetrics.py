@@ -55,7 +55,7 @@ import torch
 from torchmetrics import Metric
 
 from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags
-from reco_sampled_plugin._options import check_bool, check_choice, check_count, check_seed
+from reco_sampled_plugin._options import check_bool, check_choice, check_count, check_names, check_seed
 from reco_sampled_plugin.estimate import Estimate, interval_values
 from reco_sampled_plugin import registry
 from reco_sampled_plugin.design import SamplingDesign, as_design
@@ -100,13 +100,7 @@ def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
 
 
 def _metric_names(metrics: str | Iterable[str]) -> tuple[str, ...]:
-    if not isinstance(metrics, (str, Iterable)):
-        raise ValueError(f"metrics: expected a metric name or an iterable of them, got {metrics!r}")
-    names = (metrics,) if isinstance(metrics, str) else tuple(metrics)
-    if not all(isinstance(m, (str, MetricSpec)) for m in names):
-        raise ValueError(f"metrics: expected metric names (strings), got {names!r}")
-    if not names:
-        raise ValueError("metrics: give at least one metric name, e.g. ('ndcg@10', 'recall@10')")
+    names = check_names(metrics, "metrics")  # one name alone is one metric, not its letters
     canonical = tuple(str(parse_metric(m)) for m in names)  # the names results are keyed and logged under
     for i, c in enumerate(canonical):
         if c in canonical[:i]:
@@ -388,6 +382,7 @@ class SampledRankingMetrics(Metric):
             raise ValueError("n_samples: expected a positive integer m or a SamplingDesign, got None")
         # the one coercion (design.py): m in 1..MAX_SAMPLES (the state holds m + 1 counts per distinct n), the cap,
         # the law; the loose replacement= / adaptive_max= of an int m
+        replacement = check_bool(replacement, "replacement")
         design = as_design(n_samples, replacement=replacement, adaptive_max=adaptive_max)
         if design.law not in ("binomial", "hypergeometric"):  # keyed draws are uniform (a new law: refused)
             raise ValueError(f"n_samples: the keyed draws of SampledRankingMetrics are uniform; {design!r} "
