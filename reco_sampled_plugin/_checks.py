@@ -29,6 +29,7 @@ __all__ = [
     "check_weights",
     "check_ranks_in_range",
     "check_real_array",
+    "check_dense",
 ]
 
 #: Largest candidate count n or sample size m accepted anywhere (2^40, about 1.1e12 items). Below it every
@@ -133,6 +134,17 @@ def _numeric(x, name: str, what: str, device: torch.device | None = None) -> tor
     if device is not None and t.device != device:
         t = t.to(device)
     return t
+
+
+def check_dense(x, name: str):
+    """``x`` unless it is a sparse matrix (scipy sparse, or a torch tensor of a sparse layout): a ValueError naming
+    ``name`` says to pass it dense, where NumPy and torch would fail with "sparse array length is ambiguous"."""
+    sparse = (isinstance(x, torch.Tensor) and x.layout != torch.strided) or (
+        hasattr(x, "tocsr") and hasattr(x, "nnz") and type(x).__module__.startswith("scipy.sparse"))
+    if sparse:
+        raise ValueError(f"{name}: expected a dense matrix (tensor or array), got a sparse {type(x).__name__}"
+                         + ("" if isinstance(x, torch.Tensor) else "; call .toarray() first"))
+    return x
 
 
 def check_real_array(x, name: str, what: str = "real numbers") -> np.ndarray:

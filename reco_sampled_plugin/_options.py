@@ -139,7 +139,7 @@ def check_names(x, name: str, what: str = "metric names such as 'ndcg@10'") -> t
     if isinstance(x, (str, MetricSpec)):
         return (x,)
     if isinstance(x, (bytes, bytearray, Mapping)) or not isinstance(x, Iterable) or getattr(x, "ndim", 1) == 0:
-        raise ValueError(f"{name}: expected one of the {what} or a list of them, got {x!r}")
+        raise ValueError(f"{name}: expected a list of {what} (or one name alone), got {x!r}")
     names = tuple(x)
     bad = [v for v in names if not isinstance(v, (str, MetricSpec))]
     if bad:

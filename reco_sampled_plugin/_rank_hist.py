@@ -303,7 +303,9 @@ def as_histogram(sampled_ranks, n_items=None, n_samples=None, weights=None) -> R
     stretch a rank grid) or fail a check of its own."""
     if not isinstance(sampled_ranks, RankHistogram):
         if n_items is None or n_samples is None:
-            raise ValueError("n_items and n_samples are required unless sampled_ranks is a RankHistogram")
+            missing = "n_items" if n_items is None else "n_samples"  # the message starts with the missing one
+            raise ValueError(f"{missing}: required (None given); n_items and n_samples are required unless "
+                             "sampled_ranks is a RankHistogram")
         sampled_ranks = sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights)
     return sampled_ranks.without_empty_groups()
 

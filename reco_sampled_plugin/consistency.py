@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ._checks import check_int
+from ._checks import check_int, check_sizes
 from ._options import check_bool, check_names, check_seed
 from .corrections import check_gamma, check_method, expected_corrected, tables_for_counts
 from .metric_names import parse_metric
@@ -89,7 +89,9 @@ def _prepare(exact_ranks: Mapping[str, object], n_items):
     if len(sizes) != 1:
         raise ValueError("exact_ranks: every recommender must be evaluated on the same instances")
     size = sizes.pop()
-    n = torch.as_tensor(n_items).detach().cpu().to(torch.int64)
+    n = torch.as_tensor(check_sizes(n_items, "n_items", 2)).detach().cpu()  # whole numbers >= 2: no None, str, 10.5
+    if n.numel() not in (1, size):
+        raise ValueError(f"n_items: give one count or one per instance ({size}), got shape {tuple(n.shape)}")
     n = torch.broadcast_to(n.reshape(-1) if n.dim() else n, (size,)).contiguous()
     return ranks, n
 

@@ -37,7 +37,7 @@ import weakref
 
 import torch
 
-from ._checks import check_int
+from ._checks import check_dense, check_int
 from ._inputs import factor_finite_checks
 from ._options import check_bool
 from .counting import count_beating_tile
@@ -98,6 +98,7 @@ def _exact_precision(device: torch.device):
 
 
 def _factor(x, name: str) -> torch.Tensor:
+    check_dense(x, name)
     if not isinstance(x, torch.Tensor):
         x = torch.as_tensor(x)
     if x.dim() != 2 or not x.is_floating_point():

@@ -49,7 +49,7 @@ import scipy.sparse as sp
 import torch
 
 from . import registry
-from ._checks import check_int
+from ._checks import check_dense, check_int
 from ._inputs import finite_flags
 from ._options import check_bool, check_fraction, check_names
 from ._sparse import canonicalise, csr_copy
@@ -110,6 +110,7 @@ def _to_csr(x, name: str) -> _CSR:
 
 
 def _as_factor(x, name: str, ndim: int) -> torch.Tensor:
+    check_dense(x, name)
     if isinstance(x, torch.Tensor):
         t = x.detach()
     else:

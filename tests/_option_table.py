@@ -23,14 +23,15 @@ import reco_sampled_plugin as rsp
 DATA = {
     "exclude", "relevance", "item_bias", "item_biases", "weights", "popularity", "prior", "generator", "negatives",
     "top_shape", "shape", "adaptive", "score_fn", "pilot", "pilot_adaptive", "designs", "estimator_options",
-    "kwargs", "options", "n_candidates", "user_factors", "item_factors", "design", "dtype", "device", "stages",
+    "kwargs", "options", "n_candidates", "user_factors", "item_factors", "design", "dtype", "device",
     "headline", "log", "cfg", "fn", "p", "pilot_n_items", "pilot_n_samples", "X_train", "X_test", "flags",
 }
 
-#: Options whose kind the annotation does not give (unannotated, or a size that may arrive as a whole float).
+#: Options whose kind the annotation does not give (unannotated, a size that may arrive as a whole float, or a
+#: list of names where one string alone is one name).
 KINDS: dict[str, str] = {
     "n_items": "size", "n_samples": "size", "max_samples": "size", "adaptive_max": "size",
-    "metrics": "metrics", "methods": "metrics",
+    "metrics": "names", "methods": "names", "estimators": "names", "stages": "names",
 }
 
 
@@ -59,7 +60,7 @@ WRONG: dict[str, list] = {
     "size": ["3", True, [3, 4], 2.5, 1j, "many"],
     "str": [1, True, 0.5, ["pessimistic"], b"x"],
     "bool|str": ["False", "yes", 1, 0, 0.5, [True]],
-    "metrics": [3, 3.5, True, b"ndcg@5", [3], ["ndcg@5", 2]],
+    "names": [3, 3.5, True, b"ndcg@5", [3], ["ndcg@5", 2], {"ndcg@5": 1}],
 }
 
 
@@ -152,13 +153,13 @@ def entries(tmp: str) -> list[Entry]:
         Entry("simulate_sampled_ranks", rsp.simulate_sampled_ranks, (exact, 30, 5), {"generator": g}),
         Entry("draw_sampled_ranks", rsp.draw_sampled_ranks, (exact, 30, 5)),
         Entry("MetricSpec", rsp.MetricSpec, ("ndcg",), {"k": 5}),
-        Entry("metric_curve", rsp.metric_curve, ("ndcg@5", 30)),
+        Entry("metric_curve", rsp.metric_curve, ("ndcg@5", 30), extra={"n_items": "size"}),
         Entry("per_user_metrics", rsp.per_user_metrics, (scores, pos), {"metrics": ["ndcg@5"]}),
         Entry("per_user_metrics_from_factors", rsp.per_user_metrics_from_factors, (u, v, pos),
               {"metrics": ["ndcg@5"]}),
-        Entry("SamplingDesign", rsp.SamplingDesign, (5,)),
+        Entry("SamplingDesign", rsp.SamplingDesign, (5,), extra={"n_samples": "size"}),
         Entry("as_design", rsp.as_design, (5,), skip={"name": "the argument name its messages use, set by the package"}),
-        Entry("AdaptiveDesign", rsp.AdaptiveDesign, (4, 16)),
+        Entry("AdaptiveDesign", rsp.AdaptiveDesign, (4, 16), extra={"n_samples": "size", "adaptive_max": "size"}),
         Entry("expected_sampled", rsp.expected_sampled, ("ndcg@5", exact, 30, 5)),
         Entry("sampled_rank_pmf", rsp.sampled_rank_pmf, (exact, 30, 5)),
         Entry("log_sampled_rank_pmf", rsp.log_sampled_rank_pmf, (exact, 30, 5)),
@@ -169,12 +170,13 @@ def entries(tmp: str) -> list[Entry]:
         Entry("estimate[beta]", rsp.estimate, ("hit@3", sranks, 100, 10, "beta"), {"a": 1.0}, extra={"a": "float?"}),
         Entry("explain_flags", rsp.explain_flags, (("few_instances",),),
               skip={"n_samples": "a description such as '100..3200' is a valid n_samples there"}),
-        Entry("correction_table", rsp.correction_table, ("ndcg@5", 100, 10)),
+        Entry("correction_table", rsp.correction_table, ("ndcg@5", 100, 10), extra={"n_items": "size",
+                                                                                      "n_samples": "size"}),
         Entry("expected_corrected", rsp.expected_corrected, ("ndcg@5", exact, 100, 10)),
         Entry("table_bias", rsp.table_bias, (torch.zeros(11), "ndcg@5", 100, 10)),
         Entry("corrected_metric", rsp.corrected_metric, ("ndcg@5", sranks, 100, 10)),
         Entry("corrected_values", rsp.corrected_values, ("ndcg@5", sranks, 100, 10)),
-        Entry("mapping", rsp.mapping, (3, 100, 10)),
+        Entry("mapping", rsp.mapping, (3, 100, 10), extra={"n_items": "size", "n_samples": "size"}),
         Entry("mapping[beta]", rsp.mapping, (3, 100, 10, "beta"), {"a": 1.0}),
         Entry("fit_beta", rsp.fit_beta, (sranks, 100, 10)),
         Entry("mapping_estimate", rsp.mapping_estimate, ("hit@3", sranks, 100, 10)),
@@ -207,6 +209,8 @@ def entries(tmp: str) -> list[Entry]:
         Entry("binarize", datasets.binarize, (datasets.load_interactions(path),), {"threshold": 3.0}),
         Entry("read_rank_file", rank_files.read_rank_file, (rank_path, 100, 10)),
         Entry("toy_table", toy.toy_table, (), {"n_samples": 9}),
+        Entry("Estimator", rsp.Estimator, ("x", "correction", "a test entry", "m:f"),
+              skip={"reference": "free text"}),
         Entry("ItemKNN", baselines.ItemKNN),
         Entry("ImplicitALS", baselines.ImplicitALS),
         Entry("EASE", baselines.EASE),

@@ -391,7 +391,7 @@ class SampledRankingMetrics(Metric):
         self._adaptive = design.adaptive  # the stages of an adaptive design (None for a fixed m)
         self.n_samples = design.n_samples
         self.adaptive_max = design.adaptive_max
-        self.estimators = (estimators,) if isinstance(estimators, str) else tuple(estimators)
+        self.estimators = check_names(estimators, "estimators", "estimator names such as 'mes'")  # one str: one
         known = registry.names()
         unknown = [e for e in self.estimators if e not in known]
         if unknown or not self.estimators:
