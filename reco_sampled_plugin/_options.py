@@ -50,9 +50,14 @@ def check_options(options: Mapping, allowed: Iterable[str], where: str) -> dict:
 
 
 def _real(x, name: str, what: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+    """``x`` as a float when it is one real number: Python, numpy or 0-d torch (ints and floats); strings, bools
+    (numpy and torch bools too), complex numbers and arrays of any other shape are refused."""
+    dtype = str(getattr(x, "dtype", ""))
+    if isinstance(x, (bool, np.bool_)) or "bool" in dtype or "complex" in dtype:
+        raise ValueError(f"{name}: expected {what}, got {x!r}")
+    if not isinstance(x, numbers.Real):
         # numpy / torch scalars are numbers.Real or have __float__; strings and containers are refused
-        if isinstance(x, (str, bytes, bool)) or not hasattr(x, "__float__") or getattr(x, "ndim", 0):
+        if isinstance(x, (str, bytes)) or not hasattr(x, "__float__") or getattr(x, "ndim", 0):
             raise ValueError(f"{name}: expected {what}, got {x!r}")
     try:
         return float(x)

@@ -86,6 +86,9 @@ def interval_values(name: str, est: "Estimate", *, interval: bool = True, stderr
     """The keys every keyed output puts beside ``name``'s value (RecBole results, Lightning logs, torchmetrics
     ``compute()``): ``<name>_lo`` / ``<name>_hi``, the 95% :meth:`Estimate.interval` (``interval``), and
     ``<name>_stderr``, sampling noise only (``stderr``, opt-in)."""
+    from ._options import check_bool
+
+    interval, stderr = check_bool(interval, "interval"), check_bool(stderr, "stderr")
     out: dict[str, float] = {}
     if interval:
         lo, hi = est.interval(0.95)

@@ -55,8 +55,9 @@ def option_kind(param: inspect.Parameter) -> tuple[str | None, bool]:
 #: Wrong-typed values per kind: each must give a ValueError naming the option.
 WRONG: dict[str, list] = {
     "bool": ["False", "no", "true", 0, 1, 1.0, [True], np.array([True]), torch.tensor([True])],
-    "float": ["0.5", "1", True, False, [0.5], np.array([0.5, 0.5]), 0.5j, b"0.5"],
-    "int": [2.0, 3.5, "3", True, [3], np.array([3, 3]), np.float64(3.0), 1j],
+    "float": ["0.5", "1", True, False, [0.5], np.array([0.5, 0.5]), 0.5j, b"0.5", np.bool_(True), torch.tensor(True),
+              np.complex128(1)],
+    "int": [2.0, 3.5, "3", True, [3], np.array([3, 3]), np.float64(3.0), 1j, np.bool_(True), torch.tensor(3.0)],
     "size": ["3", True, [3, 4], 2.5, 1j, "many"],
     "str": [1, True, 0.5, ["pessimistic"], b"x"],
     "bool|str": ["False", "yes", 1, 0, 0.5, [True]],
@@ -138,11 +139,24 @@ def entries(tmp: str) -> list[Entry]:
     est_extra = {"tol": "float?", "max_iter": "int?", "n_bootstrap": "int?", "seed": "int?", "max_groups": "int?",
                  "delta": "float?", "kappa": "float?", "trace": "bool?", "beta": "float?"}
 
+    from reco_sampled_plugin import reproduce
+
+    def reproduce_config(**options):  # the config is checked where run_reproduce starts, before any data is read
+        return reproduce._checked_config(reproduce.ReproduceConfig(**options))
+
+    reproduce_config.__signature__ = inspect.signature(reproduce.ReproduceConfig)
+
     def recbole(**keys):
         return validate_config(_Config({**config, **keys}))
 
+    est = rsp.estimate("hit@3", sranks, 100, 10)
+    fit = rsp.estimate_rank_distribution(sranks, 100, 10)
     out = [
-        Entry("exact_ranks", rsp.exact_ranks, (scores, pos)),
+        Entry("Estimate.interval", est.interval),
+        Entry("Estimate.sampling_interval", est.sampling_interval),
+        Entry("RankDistribution.metric", fit.metric, ("ndcg@5",)),
+        Entry("RankDistribution.metrics", fit.metrics, (["ndcg@5"],)),
+        Entry("estimate_values", tm.estimate_values, ({"x": est},)),
         Entry("exact_ranks_from_factors", rsp.exact_ranks_from_factors, (u, v, pos)),
         Entry("sampled_ranks", rsp.sampled_ranks, (scores, pos, 5), {"generator": g}),
         Entry("candidate_counts", rsp.candidate_counts, (30, pos, None)),
@@ -209,6 +223,7 @@ def entries(tmp: str) -> list[Entry]:
         Entry("binarize", datasets.binarize, (datasets.load_interactions(path),), {"threshold": 3.0}),
         Entry("read_rank_file", rank_files.read_rank_file, (rank_path, 100, 10)),
         Entry("toy_table", toy.toy_table, (), {"n_samples": 9}),
+        Entry("ReproduceConfig", reproduce_config, (), {"data": path}),
         Entry("Estimator", rsp.Estimator, ("x", "correction", "a test entry", "m:f"),
               skip={"reference": "free text"}),
         Entry("ItemKNN", baselines.ItemKNN),

@@ -363,3 +363,35 @@ def test_bad_column_specs_and_separators_are_named(tmp_path):
         with pytest.raises(ValueError, match="^threshold: "):
             binarize(rated, bad)
     assert len(binarize(rated, np.float64(4.0))) == 2  # ratings 5 and 4
+
+
+def test_reproduce_config_list_options_are_checked():
+    from reco_sampled_plugin.reproduce import ReproduceConfig, _checked_config
+
+    for key, bad in (("m_grid", 10), ("m_grid", [10, 2.5]), ("m_grid", "10"), ("metrics", 3), ("methods", [1]),
+                     ("n_spread", "0.02"), ("repeats", 1), ("data", 3)):
+        with pytest.raises(ValueError, match=f"^{key}: "):
+            _checked_config(ReproduceConfig(**{key: bad}))
+    cfg = _checked_config(ReproduceConfig(metrics="ndcg@10", m_grid=[10, np.int64(20)]))
+    assert cfg.metrics == ("ndcg@10",) and cfg.m_grid == (10, 20)
+
+
+def test_recbole_entry_points_take_bools_only():
+    from reco_sampled_plugin.adapters import recbole as plugin
+
+    for bad in ("no", "False", 0):
+        with pytest.raises(ValueError, match="^compat: "):
+            plugin.register(compat=bad)
+        with pytest.raises(ValueError, match="^saved: "):
+            plugin.run_recbole("BPR", "ml-100k", saved=bad)
+    assert plugin.registered()
+
+
+def test_registry_flags_and_replace_take_bools_only():
+    from reco_sampled_plugin import registry
+
+    with pytest.raises(ValueError, match="^adaptive: "):
+        registry.Estimator("x", "correction", "s", "m:f", adaptive="False")
+    assert registry.Estimator("x", "correction", "s", "m:f", adaptive=np.bool_(True)).adaptive is True
+    with pytest.raises(ValueError, match="^replace: "):
+        registry.register(registry.get("bv"), replace="yes")

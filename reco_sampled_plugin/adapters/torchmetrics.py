@@ -91,6 +91,7 @@ def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
     """``{name: value}`` of ``{name: Estimate}``, with ``<name>_lo`` / ``<name>_hi`` (``Estimate.interval(0.95)``)
     and ``<name>_stderr`` (sampling noise only) beside each when asked for (float64 tensors); the keys of
     ``compute()``, the Lightning callback's logs and RecBole's results follow one convention."""
+    interval, stderr = check_bool(interval, "interval"), check_bool(stderr, "stderr")  # also with no estimates
     out: dict[str, torch.Tensor] = {}
     for k, e in estimates.items():
         out[k] = torch.tensor(e.value, dtype=torch.float64)
