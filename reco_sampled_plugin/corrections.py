@@ -354,7 +354,7 @@ def table_numpy(metric, n_items, n_samples, method, gamma, sampling, prior, roun
     gamma = check_gamma(gamma)
     law = check_law(sampling)
     n, m = _check_sizes(spec, n_items, n_samples, law, method)
-    if rounding not in ("floor", "linear"):
+    if not isinstance(rounding, str) or rounding not in ("floor", "linear"):
         raise ValueError(f"rounding: use 'floor' or 'linear', got {rounding!r}")
     prior_obj = as_prior(prior, n)
     if method in ("none", "rank_estimate"):

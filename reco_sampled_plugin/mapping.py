@@ -64,11 +64,14 @@ def _check_nm(n_items, n_samples) -> tuple[int, int]:
 
 
 def _check_a(method: str, a) -> float | None:
-    """The Beta shape ``a`` (None, or a finite number > 0), refused for mappings that do not use it."""
+    """The Beta shape ``a`` (None, or a finite number > 0), refused for mappings that do not use it; ``method``
+    checked first (a name of :data:`MAPPING_METHODS`)."""
+    if not isinstance(method, str) or method not in MAPPING_METHODS:
+        raise ValueError(f"method: unknown mapping {method!r}; use one of {MAPPING_METHODS}")
     if a is None:
         return None
     a = check_beta_shape(a)
-    if method not in ("beta", "beta_fit"):
+    if not isinstance(method, str) or method not in ("beta", "beta_fit"):
         raise ValueError(f"a: only method 'beta' (and 'beta_fit', as its start value) uses the Beta shape a, "
                          f"but the method is {method!r}")
     return a
@@ -264,7 +267,7 @@ def _resolve_a(method: str, a, hist: RankHistogram) -> tuple[str, float | None, 
         return "beta", fit.a, fit
     if method == "beta":
         return "beta", check_beta_shape(a), None
-    if method not in MAPPING_METHODS:
+    if not isinstance(method, str) or method not in MAPPING_METHODS:
         raise ValueError(f"method: unknown mapping {method!r}; use one of {MAPPING_METHODS}")
     return method, None, None
 

@@ -826,7 +826,7 @@ class RankDistribution:
         replicates exist, else posterior).
         """
         spec = parse_metric(metric)
-        if stderr not in ("auto", "bootstrap", "posterior"):
+        if not isinstance(stderr, str) or stderr not in ("auto", "bootstrap", "posterior"):
             raise ValueError(f"stderr: use 'auto', 'bootstrap' or 'posterior', got {stderr!r}")
         hist = self.histogram
         if spec.k is not None and spec.k > int(hist.n_items[hist.totals > 0].min()):

@@ -150,7 +150,7 @@ def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pess
     (``optimistic``).
     """
     test_rating, test_negative, scores = Path(test_rating), Path(test_negative), Path(scores)
-    if ties not in END_TIES:
+    if not isinstance(ties, str) or ties not in END_TIES:
         raise ValueError(f"ties: use 'pessimistic' or 'optimistic', got {ties!r}")
     held_out: dict[int, int] = {}
     for number, text in _lines(test_rating):

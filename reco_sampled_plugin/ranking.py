@@ -55,7 +55,7 @@ TIE_BOUNDS = "bounds"
 
 
 def check_ties(ties: str) -> str:
-    if ties not in TIES:
+    if not isinstance(ties, str) or ties not in TIES:
         raise ValueError(f"ties: unknown policy {ties!r}; use one of {TIES}")
     return ties
 

@@ -118,7 +118,7 @@ def split_train_test(
     Raises:
         ValueError: naming the argument, for bad options, an empty X, or no eligible test user.
     """
-    if split_type not in SPLIT_TYPES:
+    if not isinstance(split_type, str) or split_type not in SPLIT_TYPES:
         raise ValueError(f"split_type: expected one of {SPLIT_TYPES}, got {split_type!r}")
     consider_cold_start = check_bool(consider_cold_start, "consider_cold_start")
     if max_test_users is not None:

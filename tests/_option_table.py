@@ -157,6 +157,7 @@ def entries(tmp: str) -> list[Entry]:
         Entry("RankDistribution.metric", fit.metric, ("ndcg@5",)),
         Entry("RankDistribution.metrics", fit.metrics, (["ndcg@5"],)),
         Entry("estimate_values", tm.estimate_values, ({"x": est},)),
+        Entry("exact_ranks", rsp.exact_ranks, (scores, pos)),
         Entry("exact_ranks_from_factors", rsp.exact_ranks_from_factors, (u, v, pos)),
         Entry("sampled_ranks", rsp.sampled_ranks, (scores, pos, 5), {"generator": g}),
         Entry("candidate_counts", rsp.candidate_counts, (30, pos, None)),

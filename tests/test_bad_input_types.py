@@ -102,7 +102,8 @@ def _wrong(kind: str, none_ok: bool):
     lists, complex numbers, arrays."""
     text = st.text(max_size=6)
     arrays = st.builds(lambda v, k: np.full(k, v), st.floats(0.1, 2), st.integers(2, 3))
-    common = [st.lists(st.integers(1, 5), min_size=1, max_size=2), arrays, st.complex_numbers(max_magnitude=5).filter(
+    # a size may be one number in a one-element list or tensor (check_size): two numbers are never one size
+    common = [st.lists(st.integers(1, 5), min_size=2 if kind == "size" else 1, max_size=2), arrays, st.complex_numbers(max_magnitude=5).filter(
         lambda z: z.imag != 0)] + ([] if none_ok else [st.none()])
     by_kind = {
         "bool": [text, st.integers(), st.floats(allow_nan=True)],

@@ -117,7 +117,7 @@ def as_ranking_batch(obj: Any, where: str = "validation_step") -> RankingBatch |
 
 
 def check_ties(ties: str) -> str:
-    if ties not in ADAPTER_TIES:
+    if not isinstance(ties, str) or ties not in ADAPTER_TIES:
         raise ValueError(f"ties: the adapters support the deterministic policies {ADAPTER_TIES}, got {ties!r}")
     return ties
 

@@ -433,8 +433,8 @@ def _default_namespace() -> str:
 def callback_class(namespace: str | None = None) -> type:
     """The callback class for ``"lightning.pytorch"`` or ``"pytorch_lightning"`` (default: whichever
     is installed, ``lightning.pytorch`` first). Built once per namespace."""
-    ns = namespace or _default_namespace()
-    if ns not in NAMESPACES:
+    ns = _default_namespace() if namespace is None else namespace
+    if not isinstance(ns, str) or ns not in NAMESPACES:
         raise ValueError(f"namespace: use one of {NAMESPACES}, got {ns!r}")
     cls = _CLASSES.get(ns)
     if cls is None:
