@@ -183,7 +183,7 @@ def _check_columns(columns) -> tuple[int, int, int | None, int | None] | None:
     if columns is None:
         return None
     what = "(user, item, rating or None, timestamp or None) column positions"
-    if isinstance(columns, (str, bytes)) or not hasattr(columns, "__len__") or len(columns) != 4:
+    if isinstance(columns, (str, bytes, dict)) or not hasattr(columns, "__len__") or len(columns) != 4:
         raise ValueError(f"columns: expected {what}, got {columns!r}")
     out = []
     for k, (c, role) in enumerate(zip(columns, ("user", "item", "rating", "timestamp"))):

@@ -208,6 +208,11 @@ def test_recbole_numbers_and_bools_are_read_strictly():
     for bad in ("10", [10.5], [True]):
         with pytest.raises(ValueError, match="^topk: "):
             validate_config(_Config({**base, "topk": bad}))
+    for key, bad in (("metric_decimal_place", "4"), ("metric_decimal_place", 4.5), ("eval_args", "uni100"),
+                     ("eval_args.mode", 3)):
+        conf = {**base, "eval_args": {"mode": bad}} if key == "eval_args.mode" else {**base, key: bad}
+        with pytest.raises(ValueError, match=f"^{key}: "):
+            validate_config(_Config(conf))
 
 
 def test_mapping_a_is_checked_and_refused_where_unused():

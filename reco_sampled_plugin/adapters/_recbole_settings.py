@@ -175,9 +175,14 @@ def _config_keys(config) -> list[str]:
 
 def _modes(config) -> dict:
     eval_args = config["eval_args"] or {}
+    if not hasattr(eval_args, "get"):
+        raise ValueError(f"eval_args: expected a mapping such as {{'mode': 'full'}}, got {eval_args!r}")
     mode = eval_args.get("mode", "full")
     if isinstance(mode, str):
         return {"valid": mode, "test": mode}
+    if not hasattr(mode, "get"):
+        raise ValueError(f"eval_args.mode: expected a mode such as 'full' or 'uni100', or {{valid: ..., test: ...}}, "
+                         f"got {mode!r}")
     return {"valid": mode.get("valid", "full"), "test": mode.get("test", "full")}
 
 
@@ -392,7 +397,7 @@ def validate_config(config) -> _Settings | None:
         full_ranks=full_ranks,
         tensorboard=_as_bool(_get(config, "rsp_tensorboard"), "rsp_tensorboard"),
         topk=topk,
-        decimal_place=4 if decimal is None else int(decimal),
+        decimal_place=4 if decimal is None else check_int(decimal, "metric_decimal_place", 0),
         adaptive_max=adaptive_max,
         check_finite=_check_finite(_get(config, "rsp_check_finite")),
         design=design,
