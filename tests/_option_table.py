@@ -112,7 +112,7 @@ class _Config(dict):
 
 def entries(tmp: str) -> list[Entry]:
     """Every public entry point with options, as a valid call (``tmp``: a folder for the files some read)."""
-    from reco_sampled_plugin import baselines, datasets, planner, rank_files, splits, toy
+    from reco_sampled_plugin import baselines, datasets, planner, rank_files, toy
     from reco_sampled_plugin.adapters import lightning, torchmetrics as tm
     from reco_sampled_plugin.adapters._recbole_settings import validate_config
 

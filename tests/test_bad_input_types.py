@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reco_sampled_plugin as rsp
-from _option_table import WRONG, _Config, entries, wrong_values
+from _option_table import _Config, entries, wrong_values
 
 _TMP = tempfile.mkdtemp(prefix="rsp-option-types-")
 ENTRIES = {e.name: e for e in entries(_TMP)}

@@ -8,7 +8,6 @@ adapter reads, raising a ValueError that names the offending key before any data
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any
 

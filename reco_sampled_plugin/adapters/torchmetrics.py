@@ -60,7 +60,7 @@ from reco_sampled_plugin.estimate import Estimate, interval_values
 from reco_sampled_plugin import registry
 from reco_sampled_plugin.design import SamplingDesign, as_design
 from reco_sampled_plugin.estimators import check_estimator_options, estimate
-from reco_sampled_plugin.metric_names import MetricSpec, parse_metric
+from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_from_float_ranks as _metric_from_float_ranks  # patched by name in tests
 from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
 from reco_sampled_plugin.ranking import TIE_BOUNDS, candidate_counts, exact_ranks_padded, prepare_index
