@@ -51,6 +51,7 @@ import math
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
 import torch
 from torchmetrics import Metric
 
@@ -110,6 +111,9 @@ def _metric_names(metrics: str | Iterable[str]) -> tuple[str, ...]:
 
 
 def _check_finite_option(value) -> bool | str:
+    """True, False (numpy bools too, as every bool option) or ``"positives"``."""
+    if isinstance(value, np.bool_):
+        value = bool(value)
     return check_choice(value, (True, False, "positives"), "check_finite")
 
 
