@@ -223,7 +223,7 @@ def load_interactions(
     from ._options import check_bool, check_optional  # torch-free callers of the module import nothing more
 
     path = os.fspath(path)
-    if sep != "auto" and sep is not None and not (isinstance(sep, str) and sep):
+    if sep is not None and not (isinstance(sep, str) and sep):  # "auto" is a str: checked before any comparison
         raise ValueError(f"sep: expected 'auto', None (whitespace) or a non-empty string, got {sep!r}")
     header = check_optional(header, check_bool, "header")
     columns = _check_columns(columns)

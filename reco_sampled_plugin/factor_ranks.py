@@ -217,8 +217,8 @@ def check_finite_factors(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | 
 def ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives=True,
                         tile_elements=None, item_bias=None):
     """:func:`exact_ranks_from_factors`, also returning the validated padded positives and exclusions."""
-    if ties != TIE_BOUNDS:
-        check_ties(ties)
+    if not (isinstance(ties, str) and ties == TIE_BOUNDS):  # a str before any comparison (an array compares
+        check_ties(ties)                                      # element by element)
     if ties == "random":
         raise ValueError("ties: 'random' is not supported from factors; use exact_ranks(user_factors @ item_factors.T, ...)")
     count_other_positives = check_bool(count_other_positives, "count_other_positives")

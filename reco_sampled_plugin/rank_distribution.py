@@ -96,7 +96,7 @@ def _entry(method: str):
     from . import registry
 
     methods = registry.names(family="rank_distribution")
-    if method not in methods:
+    if not isinstance(method, str) or method not in methods:
         raise ValueError(f"method: unknown rank-distribution method {method!r}; use one of {methods}")
     return registry.get(method)
 
