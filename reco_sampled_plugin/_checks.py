@@ -30,6 +30,8 @@ __all__ = [
     "check_ranks_in_range",
     "check_sampled_support",
     "impossible_rank_message",
+    "check_real_array",
+    "check_dense",
 ]
 
 #: Largest candidate count n or sample size m accepted anywhere (2^40, about 1.1e12 items). Below it every
@@ -134,6 +136,33 @@ def _numeric(x, name: str, what: str, device: torch.device | None = None) -> tor
     if device is not None and t.device != device:
         t = t.to(device)
     return t
+
+
+def check_dense(x, name: str):
+    """``x`` unless it is a sparse matrix (scipy sparse, or a torch tensor of a sparse layout): a ValueError naming
+    ``name`` says to pass it dense, where NumPy and torch would fail with "sparse array length is ambiguous"."""
+    sparse = (isinstance(x, torch.Tensor) and x.layout != torch.strided) or (
+        hasattr(x, "tocsr") and hasattr(x, "nnz") and type(x).__module__.startswith("scipy.sparse"))
+    if sparse:
+        raise ValueError(f"{name}: expected a dense matrix (tensor or array), got a sparse {type(x).__name__}"
+                         + ("" if isinstance(x, torch.Tensor) else "; call .toarray() first"))
+    return x
+
+
+def check_real_array(x, name: str, what: str = "real numbers") -> np.ndarray:
+    """``x`` as a float64 numpy array of real numbers: integer or floating dtypes only. Strings (``"17"``,
+    ``"2020-01-01"``: never parsed), bools, complex numbers (never made real silently), objects and ragged
+    lists are refused with a ValueError naming ``name``; finiteness is the caller's rule."""
+    if isinstance(x, torch.Tensor):
+        x = check_not_meta(x, name).detach().cpu().resolve_conj().numpy()
+    try:
+        a = np.asarray(x)
+    except Exception as exc:  # ragged lists and the like
+        raise ValueError(f"{name}: expected {what}, got {type(x).__name__} ({exc})") from None
+    if a.dtype.kind not in "iuf":
+        hint = " (convert them to numbers first)" if a.dtype.kind in "OUSM" else ""
+        raise ValueError(f"{name}: expected {what}, got dtype {a.dtype}{hint}")
+    return a.astype(np.float64)
 
 
 def _first(t: torch.Tensor, bad: torch.Tensor):

@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from ._checks import check_not_meta, check_same_device
+from ._checks import check_dense, check_not_meta, check_same_device
 
 __all__ = ["as_padded_index", "check_finite_rows", "check_scores", "factor_finite_checks", "finite_flags", "finite_rows", "mask_to_padded",
            "Check", "run_checks", "pending_index", "finite_check", "sparse_masks", "SparseMasks"]
@@ -182,6 +182,7 @@ def check_scores(scores, check_finite: bool = True) -> torch.Tensor:
 
 
 def _score_tensor(scores) -> torch.Tensor:
+    check_dense(scores, "scores")
     if not isinstance(scores, torch.Tensor):
         scores = torch.as_tensor(scores)
     if scores.dim() != 2:

@@ -2,7 +2,11 @@
 
 Every helper raises a ``ValueError`` whose message starts with the argument's name, so bad input never ends
 as a deep TypeError, a silent NaN, a loop that never stops (``tol=nan``) or an option that is ignored.
-Sizes, ranks and weights are validated in ``_checks``.
+Types are strict (issue 26): a boolean option takes True / False (numpy bools too), never ``"False"`` or 0/1
+(:func:`check_bool`); a float option refuses strings and bools (:func:`check_float` and its range variants); an
+integer option refuses floats and bools (``_checks.check_int``); a list of names reads one string as one name
+(:func:`check_names`). Every public entry point runs each of its options through the helper of its kind
+(tests/test_bad_input_types.py enumerates them). Sizes, ranks and weights are validated in ``_checks``.
 """
 
 from __future__ import annotations
@@ -15,17 +19,20 @@ import numpy as np
 
 from .sampling_laws import check_law  # the one sampling-law check of the package
 from ._checks import check_int  # the one integer check of the package
+from .metric_names import MetricSpec
 
 __all__ = [
     "check_options",
     "check_positive_float",
-    "check_finite_float",
     "check_nonnegative_float",
     "check_fraction",
     "check_count",
     "check_seed",
     "check_bool",
+    "check_float",
+    "check_optional",
     "check_choice",
+    "check_names",
     "check_law",
     "check_beta_shape",
     "check_base_measure",
@@ -47,23 +54,19 @@ def check_options(options: Mapping, allowed: Iterable[str], where: str) -> dict:
 
 
 def _real(x, name: str, what: str) -> float:
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+    """``x`` as a float when it is one real number: Python, numpy or 0-d torch (ints and floats); strings, bools
+    (numpy and torch bools too), complex numbers and arrays of any other shape are refused."""
+    dtype = str(getattr(x, "dtype", ""))
+    if isinstance(x, (bool, np.bool_)) or "bool" in dtype or "complex" in dtype:
+        raise ValueError(f"{name}: expected {what}, got {x!r}")
+    if not isinstance(x, numbers.Real):
         # numpy / torch scalars are numbers.Real or have __float__; strings and containers are refused
-        if isinstance(x, (str, bytes, bool)) or not hasattr(x, "__float__") or getattr(x, "ndim", 0):
+        if isinstance(x, (str, bytes)) or not hasattr(x, "__float__") or getattr(x, "ndim", 0):
             raise ValueError(f"{name}: expected {what}, got {x!r}")
     try:
         return float(x)
     except (TypeError, ValueError, OverflowError):
         raise ValueError(f"{name}: expected {what}, got {x!r}") from None
-
-
-def check_finite_float(x, name: str) -> float:
-    """``x`` as a float, raising a ValueError naming ``name`` unless it is a finite real number (a threshold:
-    NaN would compare False with everything and drop every element silently; strings and bools are refused)."""
-    v = _real(x, name, "a finite number")
-    if not math.isfinite(v):
-        raise ValueError(f"{name}: expected a finite number, got {x!r}")
-    return v
 
 
 def check_positive_float(x, name: str) -> float:
@@ -80,6 +83,20 @@ def check_nonnegative_float(x, name: str) -> float:
     if not (math.isfinite(v) and v >= 0):
         raise ValueError(f"{name}: expected a finite number >= 0, got {x!r}")
     return v
+
+
+def check_float(x, name: str) -> float:
+    """``x`` as a float, raising a ValueError naming ``name`` unless it is a finite real number (Python, numpy or
+    0-d torch; not a str such as ``"0.5"``, a bool, a complex number or an array of several values)."""
+    v = _real(x, name, "a finite number")
+    if not math.isfinite(v):
+        raise ValueError(f"{name}: expected a finite number, got {x!r}")
+    return v
+
+
+def check_optional(x, check, name: str, *args):
+    """None, or ``check(x, name, *args)``: an option whose None means "the default" or "off"."""
+    return None if x is None else check(x, name, *args)
 
 
 def check_fraction(x, name: str) -> float:
@@ -105,7 +122,9 @@ def check_seed(x, name: str = "seed") -> int:
 
 
 def check_bool(x, name: str) -> bool:
-    """``x`` as a bool, raising a ValueError naming ``name`` unless it is True or False (numpy bools too)."""
+    """``x`` as a bool, raising a ValueError naming ``name`` unless it is True or False (numpy bools too): the
+    one check of a boolean option. ``"False"``, ``0``, ``1``, ``None`` and one-element arrays are refused (a
+    non-empty string is truthy: ``"False"`` would do what True does)."""
     if isinstance(x, (bool, np.bool_)):
         return bool(x)
     raise ValueError(f"{name}: expected True or False, got {x!r}")
@@ -120,6 +139,23 @@ def check_choice(x, choices: Iterable, name: str):
             return c
     listing = ", ".join(repr(c) for c in choices)
     raise ValueError(f"{name}: expected one of {listing}, got {x!r}")
+
+
+def check_names(x, name: str, what: str = "metric names such as 'ndcg@10'") -> tuple:
+    """A list option of names (metrics, methods) as a tuple: one ``str`` (or :class:`~.metric_names.MetricSpec`)
+    is one name, not its letters; any other iterable (list, tuple, generator) must hold only such names and at
+    least one. A ValueError naming ``name`` for an int, a float, bytes, a mapping or a non-name element."""
+    if isinstance(x, (str, MetricSpec)):
+        return (x,)
+    if isinstance(x, (bytes, bytearray, Mapping)) or not isinstance(x, Iterable) or getattr(x, "ndim", 1) == 0:
+        raise ValueError(f"{name}: expected a list of {what} (or one name alone), got {x!r}")
+    names = tuple(x)
+    bad = [v for v in names if not isinstance(v, (str, MetricSpec))]
+    if bad:
+        raise ValueError(f"{name}: expected {what}, got {bad[0]!r} in {list(names)!r}")
+    if not names:
+        raise ValueError(f"{name}: give at least one; expected {what}")
+    return names
 
 
 def check_beta_shape(a, name: str = "a") -> float:

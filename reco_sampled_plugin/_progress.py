@@ -21,6 +21,8 @@ def progress_enabled(progress: bool | None) -> bool:
     if progress is None:
         isatty = getattr(sys.stderr, "isatty", None)
         return bool(isatty is not None and isatty())
+    if type(progress).__module__ == "numpy" and type(progress).__name__ in ("bool_", "bool"):
+        progress = bool(progress)  # a numpy bool is a bool (_options.check_bool's rule; this module imports no numpy)
     if not isinstance(progress, bool):
         raise ValueError(f"progress: expected True, False or None (a terminal decides), got {progress!r}")
     return progress

@@ -21,6 +21,7 @@ from scipy import special
 
 from ._checks import (MAX_SAMPLES, MAX_SIZE, MAX_TOTAL_WEIGHT, check_rank_values, check_sampled_support, check_sizes,
                       check_weights)
+from ._options import check_optional, check_positive_float
 from .metric_names import MetricSpec
 from .metrics import metric_from_float_ranks
 
@@ -312,7 +313,9 @@ def as_histogram(sampled_ranks, n_items=None, n_samples=None, weights=None) -> R
     stretch a rank grid) or fail a check of its own."""
     if not isinstance(sampled_ranks, RankHistogram):
         if n_items is None or n_samples is None:
-            raise ValueError("n_items and n_samples are required unless sampled_ranks is a RankHistogram")
+            missing = "n_items" if n_items is None else "n_samples"  # the message starts with the missing one
+            raise ValueError(f"{missing}: required (None given); n_items and n_samples are required unless "
+                             "sampled_ranks is a RankHistogram")
         sampled_ranks = sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights)
     return sampled_ranks.without_empty_groups()
 
@@ -322,16 +325,8 @@ def as_histogram(sampled_ranks, n_items=None, n_samples=None, weights=None) -> R
 
 
 def check_spread(max_rel_n_spread) -> float | None:
-    """Validate ``max_rel_n_spread`` (None, or a number > 0), raising a ValueError naming it."""
-    if max_rel_n_spread is None:
-        return None
-    try:
-        s = float(max_rel_n_spread)
-    except (TypeError, ValueError):
-        raise ValueError(f"max_rel_n_spread: expected None or a number > 0, got {max_rel_n_spread!r}") from None
-    if not (math.isfinite(s) and s > 0):
-        raise ValueError(f"max_rel_n_spread: expected None or a finite number > 0, got {max_rel_n_spread!r}")
-    return s
+    """Validate ``max_rel_n_spread`` (None, or a finite number > 0, not a str or bool), raising a ValueError naming it."""
+    return check_optional(max_rel_n_spread, check_positive_float, "max_rel_n_spread")
 
 
 def n_grid(n_min: int, n_max: int, max_rel_n_spread: float) -> np.ndarray:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from scipy import special
 
-from ._checks import check_rank_values, check_sizes
+from ._checks import MAX_SAMPLES, check_rank_values, check_size, check_sizes
 from .design import AdaptiveDesign, SamplingDesign, adaptive_design, as_design
 from .ranking import SampledRanks, sampled_ranks
 from .simulate import simulate_sampled_ranks
@@ -129,7 +129,17 @@ def _adaptive(n_samples, max_samples) -> SamplingDesign:
             raise ValueError(f"max_samples: {max_samples} given next to a design with adaptive_max = "
                              f"{design.adaptive_max}; set it in the design")
     else:
-        ad = AdaptiveDesign(n_samples, max_samples)  # validates both (max_samples required)
+        if max_samples is None:
+            raise ValueError("max_samples: required with an int n_samples (the cap of the stages), or pass an "
+                             "adaptive SamplingDesign as n_samples")
+        max_samples = check_size(max_samples, "max_samples", 1, MAX_SAMPLES)  # named as the caller named it
+        try:
+            ad = AdaptiveDesign(n_samples, max_samples)  # validates n_samples and max_samples >= n_samples
+        except ValueError as exc:
+            msg = str(exc)
+            if msg.startswith("adaptive_max:"):
+                raise ValueError("max_samples (the design's adaptive_max):" + msg[len("adaptive_max:"):]) from None
+            raise
         design = SamplingDesign.trusted(ad.n_samples, adaptive_max=ad.adaptive_max)
     if design.adaptive_max is None:
         raise ValueError("n_samples: the design is not adaptive (no adaptive_max)")

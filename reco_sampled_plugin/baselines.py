@@ -21,8 +21,10 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from ._checks import check_int
+from ._options import (check_bool, check_nonnegative_float, check_optional, check_positive_float,
+                       check_seed)
 from ._sparse import canonicalise, csr_copy
-from ._options import check_nonnegative_float, check_positive_float
 
 __all__ = ["Recommender", "Popularity", "ItemKNN", "ImplicitALS", "EASE", "train_all", "train_benchmark", "held_out_ranks"]
 
@@ -145,13 +147,9 @@ class ItemKNN(Recommender):
         dense_threshold: float = 0.05,
     ) -> None:
         super().__init__(device)
-        q = check_positive_float(q, "q")  # q = nan or inf: every similarity powered to nothing meaningful
-        for name, k in (("k_neighbors", k_neighbors), ("k_column", k_column)):
-            if k is not None and (isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1):
-                raise ValueError(f"{name}: expected a positive integer or None, got {k!r}")
-        self.q = float(q)
-        self.k_neighbors = None if k_neighbors is None else int(k_neighbors)
-        self.k_column = None if k_column is None else int(k_column)
+        self.q = check_positive_float(q, "q")  # q = nan or inf: every similarity powered to nothing meaningful
+        self.k_neighbors = check_optional(k_neighbors, check_int, "k_neighbors", 1)
+        self.k_column = check_optional(k_column, check_int, "k_column", 1)
         self.dense_threshold = check_nonnegative_float(dense_threshold, "dense_threshold")
         qs = f"{self.q:g}"
         parts = [f"q={qs}"] + ([f"k={self.k_column}"] if self.k_column else []) + (
@@ -243,13 +241,11 @@ class ImplicitALS(Recommender):
         track_objective: bool = False,
     ) -> None:
         super().__init__(device)
-        if factors < 1 or iterations < 0:
-            raise ValueError(f"factors must be >= 1 and iterations >= 0, got {factors}, {iterations}")
-        self.factors, self.iterations, self.seed = int(factors), int(iterations), int(seed)
+        self.factors, self.iterations = check_int(factors, "factors", 1), check_int(iterations, "iterations", 0)
         # finite: reg = inf or init_std = nan would give NaN factors, hence NaN scores
         self.reg, self.alpha = check_positive_float(reg, "reg"), check_nonnegative_float(alpha, "alpha")
-        self.init_std = check_nonnegative_float(init_std, "init_std")
-        self.track_objective = bool(track_objective)
+        self.seed, self.init_std = check_seed(seed, "seed"), check_nonnegative_float(init_std, "init_std")
+        self.track_objective = check_bool(track_objective, "track_objective")
         self.chunk_elements = 1 << 24  # float64 entries of the per-row Gramians held at once (128 MiB)
         self.name = "iALS"
         self.objective_history: list[float] = []
@@ -357,6 +353,7 @@ def train_all(
     ``"iALS"`` (X: d = 16, lambda = 10, alpha = 0.2), ``"ItemKNN(q=3)"`` (Y), ``"ItemKNN(q=1,k'=10)"`` (Z),
     ``"Popularity"``. Deterministic given ``seed`` (only iALS is random).
     """
+    als_iterations, seed = check_int(als_iterations, "als_iterations", 0), check_seed(seed, "seed")
     models: list[Recommender] = [
         ImplicitALS(factors=16, reg=10.0, alpha=0.2, iterations=als_iterations, seed=seed, device=device),
         ItemKNN(q=3, device=device),
@@ -375,6 +372,7 @@ def held_out_ranks(models: dict, split, batch_users: int = 256) -> tuple[dict[st
     (bounded memory: batch x items scores)."""
     from .ranking import exact_ranks
 
+    batch_users = check_int(batch_users, "batch_users", 1)
     users = split.test_users
     test = torch.from_numpy(split.test_items[users])
     train = split.train[users]

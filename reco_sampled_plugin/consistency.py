@@ -18,9 +18,10 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ._checks import check_sizes
-from ._options import check_seed
+from ._checks import check_int, check_sizes
+from ._options import check_bool, check_names, check_seed
 from .corrections import check_gamma, check_method, expected_corrected, tables_for_counts
+from .metric_names import parse_metric
 from .metrics import metric_values
 from .simulate import draw_sampled_ranks
 
@@ -36,7 +37,11 @@ def parse_method(label: str) -> tuple[str, float, str]:
     method = check_method(name)
     gamma, rounding = 0.1, "floor"
     if method == "bv" and arg:
-        gamma = check_gamma(arg)
+        try:  # the label is text: its number is parsed here, then checked as every gamma is
+            gamma = float(arg)
+        except ValueError:
+            raise ValueError(f"method: 'bv:<gamma>' takes a number in [0, 1], got {label!r}") from None
+        gamma = check_gamma(gamma)
     elif method == "rank_estimate" and arg:
         if arg not in ("floor", "linear"):
             raise ValueError(f"method: rank_estimate takes ':floor' or ':linear', got {label!r}")
@@ -49,9 +54,7 @@ def parse_method(label: str) -> tuple[str, float, str]:
 def _check_repeats(repeats, allow_zero: bool) -> int:
     """``repeats`` as an int: at least 2 runs (a standard deviation over runs needs two; one run would
     report NaN), or 0 to skip the Monte Carlo part where that is allowed."""
-    if isinstance(repeats, bool) or not hasattr(repeats, "__index__") or "float" in str(getattr(repeats, "dtype", "")):
-        raise ValueError(f"repeats: expected an integer >= 2{' (or 0)' if allow_zero else ''}, got {repeats!r}")
-    r = int(repeats.__index__())
+    r = check_int(repeats, "repeats")
     if r == 0 and allow_zero:
         return 0
     if r < 2:
@@ -60,6 +63,18 @@ def _check_repeats(repeats, allow_zero: bool) -> int:
             f"got {r}"
         )
     return r
+
+
+def _check_lists(metrics, methods) -> tuple[tuple, tuple]:
+    """``metrics`` and ``methods`` as tuples of names, each parsed once (a ValueError naming the list)."""
+    metrics, methods = check_names(metrics, "metrics"), check_names(methods, "methods", "method labels such as 'bv:0.1'")
+    for name, items, parse in (("metrics", metrics, parse_metric), ("methods", methods, parse_method)):
+        for item in items:
+            try:
+                parse(item)
+            except ValueError as exc:
+                raise ValueError(f"{name}: {exc}") from None
+    return metrics, methods
 
 
 def _check_seed(seed):
@@ -77,7 +92,7 @@ def _prepare(exact_ranks: Mapping[str, object], n_items):
     # whole counts (n_items = 100.5 is refused, not truncated to 100), one or one per instance
     n = torch.as_tensor(check_sizes(n_items, "n_items", 2)).detach().cpu().to(torch.int64)
     if n.dim() and n.numel() not in (1, size):
-        raise ValueError(f"n_items: expected one value or one per instance ({size}), got shape {tuple(n.shape)}")
+        raise ValueError(f"n_items: give one count or one per instance ({size}), got shape {tuple(n.shape)}")
     n = torch.broadcast_to(n.reshape(-1) if n.dim() else n, (size,)).contiguous()
     return ranks, n
 
@@ -109,6 +124,7 @@ def ordering_agreement(
     """
     repeats = _check_repeats(repeats, allow_zero=False)
     seed = _check_seed(seed)
+    metrics, methods = _check_lists(metrics, methods)
     ranks, n = _prepare(exact_ranks, n_items)
     names = list(ranks)
     draws = {
@@ -157,6 +173,8 @@ def consistency_report(
     """
     repeats = _check_repeats(repeats, allow_zero=True)
     seed = _check_seed(seed)
+    metrics, methods = _check_lists(metrics, methods)
+    as_frame = check_bool(as_frame, "as_frame")
     ranks, n = _prepare(exact_ranks, n_items)
     table3 = []
     mc = (

@@ -44,6 +44,7 @@ import scipy.optimize
 import torch
 
 from ._checks import MAX_SAMPLES, check_rank_values, check_ranks_in_range, check_size, check_sizes
+from ._options import check_fraction, check_names
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_from_float_ranks
 from .priors import Prior, as_prior
@@ -96,13 +97,9 @@ def check_method(method: str) -> str:
 
 
 def check_gamma(gamma) -> float:
-    try:
-        g = float(gamma)
-    except (TypeError, ValueError):
-        raise ValueError(f"gamma: expected a number in [0, 1], got {gamma!r}") from None
-    if not (0.0 <= g <= 1.0):
-        raise ValueError(f"gamma: must lie in [0, 1], got {gamma!r}")
-    return g
+    """bv's bias-variance weight: a number in [0, 1] (:func:`~reco_sampled_plugin._options.check_fraction`: not a
+    str such as ``"0.5"``, not a bool)."""
+    return check_fraction(gamma, "gamma")
 
 
 def _check_sizes(spec: MetricSpec, n_items, n_samples, law: str, method: str | None = None) -> tuple[int, int]:
@@ -357,7 +354,7 @@ def table_numpy(metric, n_items, n_samples, method, gamma, sampling, prior, roun
     gamma = check_gamma(gamma)
     law = check_law(sampling)
     n, m = _check_sizes(spec, n_items, n_samples, law, method)
-    if rounding not in ("floor", "linear"):
+    if not isinstance(rounding, str) or rounding not in ("floor", "linear"):
         raise ValueError(f"rounding: use 'floor' or 'linear', got {rounding!r}")
     prior_obj = as_prior(prior, n)
     if method in ("none", "rank_estimate"):
@@ -498,9 +495,7 @@ def correction_tables(
     (cut-off metrics under the uniform prior, or any metrics when the ranks are enumerated: vector prior or
     n <= 4 (m + 2)); e.g. HR@K and NDCG@K for K = 1..50 cost about as much as one table. Cached by arguments.
     """
-    specs = tuple(parse_metric(mt) for mt in ([metrics] if isinstance(metrics, (str, MetricSpec)) else metrics))
-    if not specs:
-        raise ValueError("metrics: give at least one metric")
+    specs = tuple(parse_metric(mt) for mt in check_names(metrics, "metrics"))
     method_n = check_method(method)
     g = check_gamma(gamma)
     law = check_law(sampling)

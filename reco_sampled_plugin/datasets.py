@@ -176,6 +176,31 @@ def _is_header(fields: list[str]) -> bool:
     return any(_column_name(f) in _KNOWN_NAMES for f in fields[:4])
 
 
+def _check_columns(columns) -> tuple[int, int, int | None, int | None] | None:
+    """``columns``: None, or (user, item, rating or None, timestamp or None), distinct 0-based positions."""
+    from ._checks import check_int
+
+    if columns is None:
+        return None
+    what = "(user, item, rating or None, timestamp or None) column positions"
+    if isinstance(columns, (str, bytes, dict)) or not hasattr(columns, "__len__") or len(columns) != 4:
+        raise ValueError(f"columns: expected {what}, got {columns!r}")
+    out = []
+    for k, (c, role) in enumerate(zip(columns, ("user", "item", "rating", "timestamp"))):
+        if c is None and k >= 2:
+            out.append(None)
+            continue
+        try:
+            out.append(check_int(c, "columns", 0))
+        except ValueError:
+            raise ValueError(f"columns: the {role} position must be an integer >= 0"
+                             f"{' or None' if k >= 2 else ''}, got {c!r} in {columns!r}") from None
+    used = [c for c in out if c is not None]
+    if len(set(used)) != len(used):
+        raise ValueError(f"columns: positions must be distinct, got {columns!r}")
+    return tuple(out)
+
+
 def load_interactions(
     path: str | os.PathLike,
     sep: str | None = "auto",
@@ -195,7 +220,13 @@ def load_interactions(
     Raises ValueError with ``path:line`` for a malformed line (wrong field count, empty id, non-numeric or
     non-finite rating or timestamp) and for a file without data lines.
     """
+    from ._options import check_bool, check_optional  # torch-free callers of the module import nothing more
+
     path = os.fspath(path)
+    if sep is not None and not (isinstance(sep, str) and sep):  # "auto" is a str: checked before any comparison
+        raise ValueError(f"sep: expected 'auto', None (whitespace) or a non-empty string, got {sep!r}")
+    header = check_optional(header, check_bool, "header")
+    columns = _check_columns(columns)
     opener = gzip.open if path.endswith(".gz") else open
     try:
         with opener(path, "rt", encoding="utf-8", newline=None) as fh:
@@ -281,9 +312,9 @@ def _factorize(tokens: list[str]) -> tuple[np.ndarray, np.ndarray]:
 
 def _check_threshold(threshold) -> float | None:
     """None, or a finite rating threshold (NaN would keep no interaction: every comparison with NaN is False)."""
-    from ._options import check_finite_float
+    from ._options import check_float
 
-    return None if threshold is None else check_finite_float(threshold, "threshold")
+    return None if threshold is None else check_float(threshold, "threshold")
 
 
 def binarize(interactions: Interactions, threshold: float | None = None) -> Interactions:
@@ -319,7 +350,14 @@ def leave_last_out(interactions: Interactions) -> LeaveLastOutSplit:
     user, item = interactions.user, interactions.item
     n = len(user)
     position = np.arange(n, dtype=np.int64)
-    time = interactions.timestamp if interactions.timestamp is not None else position.astype(np.float64)
+    from ._checks import check_real_array
+
+    if interactions.timestamp is None:
+        time = position.astype(np.float64)
+    else:  # numbers only: strings would sort as text ("10" before "9"), complex numbers lose their imaginary part
+        time = check_real_array(interactions.timestamp, "timestamp", "real numbers (e.g. seconds since the epoch)")
+        if time.shape != (n,):
+            raise ValueError(f"timestamp: expected one value per event ({n}), got shape {time.shape}")
     order = np.lexsort((position, time, user))  # by user, then time, then line
     u_sorted = user[order]
     is_last = np.ones(n, dtype=bool)

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from ._checks import MAX_SAMPLES, check_size
+from ._options import check_bool
 
 __all__ = ["SamplingDesign", "AdaptiveDesign", "as_design", "adaptive_design", "coerce_adaptive"]
 
@@ -62,12 +63,6 @@ class AdaptiveDesign:
     def cap(self) -> int:
         """The largest stage size (m 2^S <= adaptive_max)."""
         return int(self.stages[-1])
-
-
-def _check_replacement(x) -> bool:
-    if isinstance(x, (bool, np.bool_)):
-        return bool(x)
-    raise ValueError(f"replacement: expected True or False, got {x!r}")
 
 
 def _check_popularity(w):
@@ -108,7 +103,7 @@ class SamplingDesign:
     def __post_init__(self) -> None:
         m = check_size(self.n_samples, "n_samples", 1, MAX_SAMPLES)
         object.__setattr__(self, "n_samples", m)
-        object.__setattr__(self, "replacement", _check_replacement(self.replacement))
+        object.__setattr__(self, "replacement", check_bool(self.replacement, "replacement"))
         if self.popularity is not None:
             object.__setattr__(self, "popularity", _check_popularity(self.popularity))
         if self.adaptive_max is not None:
@@ -202,7 +197,9 @@ def as_design(design=None, *, replacement=None, popularity=None, adaptive_max=No
             raise ValueError("adaptive_max: needs n_samples (the first stage's sample size m)")
         return None
     loose = {"replacement": replacement, "popularity": popularity, "adaptive_max": adaptive_max}
-    if isinstance(design, (SamplingDesign, AdaptiveDesign)):
+    if replacement is not None:
+        replacement = check_bool(replacement, "replacement")
+    if isinstance(design, (SamplingDesign, AdaptiveDesign, tuple)):
         given = [k for k, v in loose.items() if v is not None and not (k == "replacement" and v is True)]
         if given:
             raise ValueError(f"{given[0]}: given next to a sampling design; set it in the design instead")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple
 
@@ -56,7 +57,22 @@ def explain_flags(flags, *, metric: str | None = None, n_items: int | None = Non
     """Each flag of ``flags`` as one sentence users understand (:data:`FLAG_TEXT`; an unknown flag as itself).
 
     The context fills the advice in: ``n_samples`` (m), and ``metric``, ``n_items``, ``users``, ``pilot`` (a rank
-    file) the ``reco-sampled plan`` command to run (placeholders such as ``N`` where not given)."""
+    file) the ``reco-sampled plan`` command to run (placeholders such as ``N`` where not given). Each context value
+    is checked (a ValueError naming it): sizes are whole numbers, ``n_samples`` may also be a description such as
+    ``"100..3200"``, ``metric`` and ``pilot`` are strings."""
+    from ._checks import check_int, check_size
+    from .metric_names import MetricSpec
+
+    if isinstance(flags, (str, bytes)):
+        raise ValueError(f"flags: expected a list of flag names, got the string {flags!r}")
+    if metric is not None and not isinstance(metric, (str, MetricSpec)):
+        raise ValueError(f"metric: expected a metric name such as 'ndcg@10', got {metric!r}")
+    if pilot is not None and not isinstance(pilot, (str, os.PathLike)):
+        raise ValueError(f"pilot: expected a file name, got {pilot!r}")
+    n_items = None if n_items is None else check_size(n_items, "n_items", 1)
+    users = None if users is None else check_int(users, "users", 0)
+    if n_samples is not None and not isinstance(n_samples, str):
+        n_samples = check_size(n_samples, "n_samples", 1)
     plan = _plan_command(metric, n_items, users, pilot)
     m = "m" if n_samples is None else f"m = {n_samples}"
     out = []
@@ -70,6 +86,9 @@ def interval_values(name: str, est: "Estimate", *, interval: bool = True, stderr
     """The keys every keyed output puts beside ``name``'s value (RecBole results, Lightning logs, torchmetrics
     ``compute()``): ``<name>_lo`` / ``<name>_hi``, the 95% :meth:`Estimate.interval` (``interval``), and
     ``<name>_stderr``, sampling noise only (``stderr``, opt-in)."""
+    from ._options import check_bool
+
+    interval, stderr = check_bool(interval, "interval"), check_bool(stderr, "stderr")
     out: dict[str, float] = {}
     if interval:
         lo, hi = est.interval(0.95)

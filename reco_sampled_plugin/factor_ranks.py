@@ -37,7 +37,9 @@ import weakref
 
 import torch
 
+from ._checks import check_dense, check_int
 from ._inputs import factor_finite_checks
+from ._options import check_bool
 from .counting import count_beating_tile
 from .ranking import TIE_BOUNDS, check_ties, exact_ranks, exact_ranks_padded, prepare_index, tied_positives
 
@@ -96,6 +98,7 @@ def _exact_precision(device: torch.device):
 
 
 def _factor(x, name: str) -> torch.Tensor:
+    check_dense(x, name)
     if not isinstance(x, torch.Tensor):
         x = torch.as_tensor(x)
     if x.dim() != 2 or not x.is_floating_point():
@@ -214,10 +217,13 @@ def check_finite_factors(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | 
 def ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives=True,
                         tile_elements=None, item_bias=None):
     """:func:`exact_ranks_from_factors`, also returning the validated padded positives and exclusions."""
-    if ties != TIE_BOUNDS:
-        check_ties(ties)
+    if not (isinstance(ties, str) and ties == TIE_BOUNDS):  # a str before any comparison (an array compares
+        check_ties(ties)                                      # element by element)
     if ties == "random":
         raise ValueError("ties: 'random' is not supported from factors; use exact_ranks(user_factors @ item_factors.T, ...)")
+    count_other_positives = check_bool(count_other_positives, "count_other_positives")
+    if tile_elements is not None:
+        tile_elements = check_int(tile_elements, "tile_elements", 1)
     u, v, bias = check_factors(user_factors, item_factors, item_bias)
     pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device)
     ranks, _ = factor_ranks_padded(u, v, bias, pos, exc, ties, count_other_positives, tile_elements)

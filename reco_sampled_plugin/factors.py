@@ -49,9 +49,9 @@ import scipy.sparse as sp
 import torch
 
 from . import registry
-from ._checks import check_int
+from ._checks import check_dense, check_int
 from ._inputs import finite_flags
-from ._options import check_fraction
+from ._options import check_bool, check_fraction, check_names
 from ._sparse import canonicalise, csr_copy
 from .design import SamplingDesign, as_design
 from .metric_names import MetricSpec, parse_metric
@@ -110,6 +110,7 @@ def _to_csr(x, name: str) -> _CSR:
 
 
 def _as_factor(x, name: str, ndim: int) -> torch.Tensor:
+    check_dense(x, name)
     if isinstance(x, torch.Tensor):
         t = x.detach()
     else:
@@ -152,12 +153,10 @@ def _metric_specs(metrics, k: int, cumulative: bool) -> tuple[list[MetricSpec], 
     """(base specs, output specs) from recometrics-style names; names without ``@`` take ``k``."""
     if metrics is None:
         names: Sequence[Any] = _DEFAULT_METRICS
-    elif isinstance(metrics, str):
-        names = RECOMETRICS_METRICS if metrics.lower() == "all" else (metrics,)
+    elif isinstance(metrics, str) and metrics.lower() == "all":
+        names = RECOMETRICS_METRICS
     else:
-        names = list(metrics)
-    if not names:
-        raise ValueError("metrics: ask for at least one metric")
+        names = check_names(metrics, "metrics", "metric names such as 'ndcg' or 'ndcg@10'")  # one str: one metric
     base: list[MetricSpec] = []
     for name in names:
         if isinstance(name, MetricSpec):
@@ -335,7 +334,16 @@ def evaluate_factors(
     min_items_pool = check_int(min_items_pool, "min_items_pool", minimum=1)
     seed = check_int(seed, "seed", minimum=0)
     check_ties(ties)
-    base_specs, specs = _metric_specs(metrics, k, bool(cumulative))
+    cumulative, consider_cold_start, break_ties_with_noise, as_df, rename_k = (
+        check_bool(v, name) for v, name in ((cumulative, "cumulative"), (consider_cold_start, "consider_cold_start"),
+                                            (break_ties_with_noise, "break_ties_with_noise"), (as_df, "as_df"),
+                                            (rename_k, "rename_k")))
+    if batch_size is not None:
+        batch_size = check_int(batch_size, "batch_size", minimum=1)
+    replacement = check_bool(replacement, "replacement")
+    if correction is not None and not isinstance(correction, str):
+        raise ValueError(f"correction: expected an estimator name such as 'bv', got {correction!r}")
+    base_specs, specs = _metric_specs(metrics, k, cumulative)
     design, gamma = _sampling_design(n_samples, replacement, popularity, adaptive_max, correction, gamma)
 
     test = _to_csr(X_test, "X_test")

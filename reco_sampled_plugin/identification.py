@@ -48,6 +48,7 @@ import numpy as np
 from scipy import optimize, special
 
 from ._checks import check_int
+from ._options import check_nonnegative_float
 from ._rank_hist import RankHistogram, as_histogram, interval_mean_metric
 from .adaptive import check_adaptive_histogram, stage_event_cdf
 from .design import AdaptiveDesign, coerce_adaptive
@@ -79,8 +80,10 @@ class TopShape:
     def __post_init__(self) -> None:
         for name in ("gamma", "decay_widths", "monotone_widths"):
             v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
-                raise ValueError(f"shape: {name} must be a finite number >= 0, got {v!r}")
+            try:  # a real number, not a str or bool (the one float check of the package)
+                object.__setattr__(self, name, check_nonnegative_float(v, name))
+            except ValueError:
+                raise ValueError(f"shape: {name} must be a finite number >= 0, got {v!r}") from None
 
 
 @dataclass(frozen=True)

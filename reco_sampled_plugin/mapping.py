@@ -34,7 +34,8 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from ._options import check_beta_shape, check_count, check_positive_float
+from ._checks import MAX_SAMPLES, check_size
+from ._options import check_beta_shape, check_count, check_names, check_positive_float
 from ._rank_hist import RankHistogram, as_histogram, interval_mean_metrics
 from .metric_names import MetricSpec, parse_metric
 
@@ -58,16 +59,22 @@ MAPPING_METHODS = ("linear", "bound", "beta", "beta_fit")
 
 
 def _check_nm(n_items, n_samples) -> tuple[int, int]:
-    if isinstance(n_items, bool) or not float(n_items).is_integer():
-        raise ValueError(f"n_items: expected a whole number, got {n_items!r}")
-    if isinstance(n_samples, bool) or not float(n_samples).is_integer():
-        raise ValueError(f"n_samples: expected a whole number, got {n_samples!r}")
-    n, m = int(n_items), int(n_samples)
-    if n < 2:
-        raise ValueError(f"n_items: need at least 2 candidates, got {n}")
-    if m < 1:
-        raise ValueError(f"n_samples: must be >= 1, got {m}")
-    return n, m
+    """n >= 2 and m >= 1 (:func:`~reco_sampled_plugin._checks.check_size`: whole numbers, no str, bool or None)."""
+    return check_size(n_items, "n_items", 2), check_size(n_samples, "n_samples", 1, MAX_SAMPLES)
+
+
+def _check_a(method: str, a) -> float | None:
+    """The Beta shape ``a`` (None, or a finite number > 0), refused for mappings that do not use it; ``method``
+    checked first (a name of :data:`MAPPING_METHODS`)."""
+    if not isinstance(method, str) or method not in MAPPING_METHODS:
+        raise ValueError(f"method: unknown mapping {method!r}; use one of {MAPPING_METHODS}")
+    if a is None:
+        return None
+    a = check_beta_shape(a)
+    if not isinstance(method, str) or method not in ("beta", "beta_fit"):
+        raise ValueError(f"a: only method 'beta' (and 'beta_fit', as its start value) uses the Beta shape a, "
+                         f"but the method is {method!r}")
+    return a
 
 
 def _log_beta_g(m: int, a: float) -> np.ndarray:
@@ -113,6 +120,7 @@ def mapping(k, n_items: int, n_samples: int, method: str = "bound", a: float | N
         f(k) as float64 (a float for scalar k, else an array shaped like k), on the scale 1..n.
     """
     n, m = _check_nm(n_items, n_samples)
+    a = _check_a(method, a)
     karr = np.asarray(k)
     if karr.dtype.kind not in "iuf" or (karr.size and not np.all(np.mod(karr, 1) == 0)):
         raise ValueError(f"k: sampled cut-offs must be whole numbers, got {k!r}")
@@ -253,12 +261,13 @@ class MappedPoints:
 
 
 def _resolve_a(method: str, a, hist: RankHistogram) -> tuple[str, float | None, BetaFit | None]:
+    a = _check_a(method, a)
     if method == "beta_fit":
         fit = fit_beta(hist, a0=1.0 if a is None else check_beta_shape(a))
         return "beta", fit.a, fit
     if method == "beta":
         return "beta", check_beta_shape(a), None
-    if method not in MAPPING_METHODS:
+    if not isinstance(method, str) or method not in MAPPING_METHODS:
         raise ValueError(f"method: unknown mapping {method!r}; use one of {MAPPING_METHODS}")
     return method, None, None
 
@@ -287,8 +296,9 @@ def mapping_table(metric, n_items: int, n_samples: int, method: str = "bound", a
 def mapping_tables(metrics, n_items: int, n_samples: int, method: str = "bound", a: float | None = None) -> np.ndarray:
     """:func:`mapping_table` for several metrics from one mapping: float64 (len(metrics), m + 1), read-only
     (cached by arguments: the estimators reuse the tables of every (n, m) group across calls)."""
-    specs = tuple(parse_metric(mt) for mt in ([metrics] if isinstance(metrics, (str, MetricSpec)) else metrics))
+    specs = tuple(parse_metric(mt) for mt in check_names(metrics, "metrics"))
     n, m = _check_nm(n_items, n_samples)
+    a = _check_a(method, a)
     for spec in specs:
         if spec.k is not None and spec.k > n:
             raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {n})")

@@ -72,9 +72,10 @@ class MetricSpec:
     k: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in METRIC_KINDS:
+        if not isinstance(self.kind, str) or self.kind not in METRIC_KINDS:
             raise ValueError(f"metric: unknown kind {self.kind!r}; known: {sorted(METRIC_KINDS)}")
-        if self.k is not None and (not isinstance(self.k, int) or self.k < 1):
+        # an int, not a bool (True is not k = 1) and not a float; this module stays free of numpy and torch
+        if self.k is not None and (not isinstance(self.k, int) or isinstance(self.k, bool) or self.k < 1):
             raise ValueError(f"metric: k must be a positive integer, got {self.k!r}")
         if self.kind == "auc" and self.k is not None:
             raise ValueError("metric: 'auc' takes no cut-off (it runs over the whole list)")

@@ -59,7 +59,8 @@ import numpy as np
 import torch
 
 from . import registry
-from ._checks import MAX_SAMPLES, check_int, check_size
+from ._checks import MAX_SAMPLES, check_int, check_size, check_sizes
+from ._options import check_positive_float
 from .adaptive import AdaptiveDesign, check_adaptive_histogram
 from .design import SamplingDesign
 from .metric_names import MetricSpec, parse_metric
@@ -389,21 +390,12 @@ def _check_inputs(n_items, n_users, target, repeats):
         n_u = np.full(n_users, n_scalar, dtype=np.int64)
         n_keep: int | np.ndarray = n_scalar
     else:
-        arr = np.asarray(torch.as_tensor(n_items).detach().cpu().numpy()).reshape(-1)
-        if arr.dtype.kind not in "iu" and not (arr.dtype.kind == "f" and np.all(arr == np.round(arr))):
-            raise ValueError("n_items: per-user candidate counts must be whole numbers")
-        n_u = arr.astype(np.int64)
+        # whole numbers >= 2 (no str, bool, NaN): the one size check, per user
+        n_u = check_sizes(n_items, "n_items", 2).detach().cpu().numpy().reshape(-1).astype(np.int64)
         if len(n_u) != n_users:
             raise ValueError(f"n_items: {len(n_u)} per-user counts for n_users = {n_users}")
-        if n_u.min() < 2:
-            raise ValueError(f"n_items: need at least 2 candidates per user, got {int(n_u.min())}")
         n_keep = n_u.copy()
-    try:
-        target = float(target)
-    except (TypeError, ValueError):
-        raise ValueError(f"target_rel_error: expected a number > 0, got {target!r}") from None
-    if not (math.isfinite(target) and target > 0):
-        raise ValueError(f"target_rel_error: must be a finite number > 0, got {target!r}")
+    target = check_positive_float(target, "target_rel_error")  # not "0.05", not True
     repeats = check_int(repeats, "repeats", minimum=2)
     return n_u, n_keep, n_users, target, repeats
 

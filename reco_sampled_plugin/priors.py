@@ -25,6 +25,9 @@ from typing import Callable, Hashable
 import numpy as np
 import torch
 
+from ._checks import MAX_SAMPLES, check_rank_values, check_size
+from ._options import check_nonnegative_float, check_positive_float
+
 __all__ = [
     "Prior",
     "UniformPrior",
@@ -89,9 +92,10 @@ class BetaPrior(Prior):
     """
 
     def __init__(self, a: float):
-        a = float(a)
-        if not np.isfinite(a) or a <= 0:
-            raise ValueError(f"prior: Beta parameter a must be a positive finite number, got {a}")
+        try:
+            a = check_positive_float(a, "a")
+        except ValueError:
+            raise ValueError(f"prior: Beta parameter a must be a positive finite number, got {a!r}") from None
         self.a = a
 
     @property
@@ -116,6 +120,7 @@ class VectorPrior(Prior):
     """A user-given vector p(1..n) (index 0 is r = 1); always enumerated exactly."""
 
     def __init__(self, p, atol: float = 1e-8):
+        atol = check_nonnegative_float(atol, "atol")
         arr = p.detach().cpu().numpy() if isinstance(p, torch.Tensor) else np.asarray(p)
         arr = np.asarray(arr, dtype=np.float64).reshape(-1)
         if arr.size == 0 or not np.all(np.isfinite(arr)):
@@ -207,12 +212,13 @@ def fit_beta_prior(sampled_ranks, n_samples: int) -> BetaPrior:
     a / (a + 1); so a = mu / (1 - mu) with mu the mean of (r~ - 1)/m, clipped to [1e-3, 1e3].
     A simple hook: maximum-likelihood priors (next issue) return a :class:`Prior` the same way.
     """
-    r = torch.as_tensor(sampled_ranks).to(torch.float64).reshape(-1)
+    m = check_size(n_samples, "n_samples", 1, MAX_SAMPLES)
+    r = check_rank_values(sampled_ranks, "sampled_ranks").to(torch.float64).reshape(-1)  # NaN, bool, str refused
     if r.numel() == 0:
         raise ValueError("sampled_ranks: empty")
-    if bool((r < 1).any()) or bool((r > n_samples + 1).any()):
-        raise ValueError(f"sampled_ranks: values must lie in 1..m+1 = 1..{n_samples + 1}")
-    mu = float(((r - 1) / n_samples).mean())
+    if bool((r < 1).any()) or bool((r > m + 1).any()):
+        raise ValueError(f"sampled_ranks: values must lie in 1..m+1 = 1..{m + 1}")
+    mu = float(((r - 1) / m).mean())
     mu = min(max(mu, 1e-6), 1 - 1e-6)
     return BetaPrior(float(np.clip(mu / (1 - mu), 1e-3, 1e3)))
 

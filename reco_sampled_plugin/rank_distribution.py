@@ -63,7 +63,8 @@ from ._rank_hist import (
     pool_by_n,
 )
 from ._checks import check_rank_values, impossible_rank_message
-from ._options import check_base_measure, check_bool, check_count, check_nonnegative_float, check_positive_float, check_seed
+from ._options import (check_base_measure, check_bool, check_count, check_names, check_nonnegative_float,
+                       check_positive_float, check_seed)
 from .metric_names import parse_metric
 from .sampling_laws import check_law, log_sampled_rank_pmf_unbounded as _log_sampled_rank_pmf
 
@@ -98,7 +99,7 @@ def _entry(method: str):
     from . import registry
 
     methods = registry.names(family="rank_distribution")
-    if method not in methods:
+    if not isinstance(method, str) or method not in methods:
         raise ValueError(f"method: unknown rank-distribution method {method!r}; use one of {methods}")
     return registry.get(method)
 
@@ -984,7 +985,7 @@ class RankDistribution:
         replicates exist, else posterior).
         """
         spec = parse_metric(metric)
-        if stderr not in ("auto", "bootstrap", "posterior"):
+        if not isinstance(stderr, str) or stderr not in ("auto", "bootstrap", "posterior"):
             raise ValueError(f"stderr: use 'auto', 'bootstrap' or 'posterior', got {stderr!r}")
         hist = self.histogram
         if spec.k is not None and spec.k > int(hist.n_items[hist.totals > 0].min()):
@@ -1032,12 +1033,12 @@ class RankDistribution:
 
         Cut-off metrics share one prefix-sum table (``interval_mean_metrics``), so K = 1..50 of two metrics
         cost little more than one."""
-        specs = [parse_metric(mt) for mt in metrics]
+        specs = [parse_metric(mt) for mt in check_names(metrics, "metrics")]  # one str: one metric
         return {str(sp): self.metric(sp, stderr=stderr) for sp in specs}
 
     def values(self, metrics) -> np.ndarray:
         """Point estimates only (no standard errors, no flags) for several metrics: float64 (len(metrics),)."""
-        specs = tuple(parse_metric(mt) for mt in metrics)
+        specs = tuple(parse_metric(mt) for mt in check_names(metrics, "metrics"))
         hist = self.histogram
         for spec in specs:
             if spec.k is not None and spec.k > int(hist.n_items[hist.totals > 0].min()):

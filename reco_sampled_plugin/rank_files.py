@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._checks import MAX_SIZE, check_size
 from .ranking import END_TIES
 
 __all__ = ["RankFile", "read_rank_file", "read_ncf"]
@@ -105,6 +106,10 @@ def _int(field: str, path: Path, number: int, what: str) -> int:
 def read_rank_file(path, n_items: int | None = None, n_samples: int | None = None) -> RankFile:
     """Read a rank file (see the module doc); validates 1 <= r~ <= m + 1, n >= 2 and m >= 1 (m may exceed
     n - 1 for draws with replacement; the estimators check it for the hypergeometric law)."""
+    if n_items is not None:
+        n_items = check_size(n_items, "n_items", 2, MAX_SIZE)
+    if n_samples is not None:
+        n_samples = check_size(n_samples, "n_samples", 1, MAX_SIZE)
     path = Path(path)
     ranks, ns, ms = [], [], []
     first = True
@@ -145,7 +150,7 @@ def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pess
     (``optimistic``).
     """
     test_rating, test_negative, scores = Path(test_rating), Path(test_negative), Path(scores)
-    if ties not in END_TIES:
+    if not isinstance(ties, str) or ties not in END_TIES:
         raise ValueError(f"ties: use 'pessimistic' or 'optimistic', got {ties!r}")
     held_out: dict[int, int] = {}
     for number, text in _lines(test_rating):

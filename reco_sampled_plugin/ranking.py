@@ -28,6 +28,7 @@ from ._checks import MAX_SAMPLES, MAX_SIZE, check_int, check_not_meta, check_sam
 from ._inputs import (Check, _score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
                        finite_flags, pending_index, run_checks, sparse_masks)
 from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
+from ._options import check_bool
 from .design import SamplingDesign, as_design
 
 __all__ = [
@@ -54,7 +55,7 @@ TIE_BOUNDS = "bounds"
 
 
 def check_ties(ties: str) -> str:
-    if ties not in TIES:
+    if not isinstance(ties, str) or ties not in TIES:
         raise ValueError(f"ties: unknown policy {ties!r}; use one of {TIES}")
     return ties
 
@@ -187,6 +188,7 @@ def candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tenso
     """
     if type(n_items) is not int or not 0 <= n_items <= MAX_SIZE:  # a valid Python int needs no tensor check
         n_items = check_sizes(n_items, "n_items", 0)
+    count_other_positives = check_bool(count_other_positives, "count_other_positives")
     n_exc = (exclude >= 0).sum(1) if exclude is not None else torch.zeros(positives.shape[0], dtype=torch.int64, device=positives.device)
     n = n_items - n_exc
     if not count_other_positives:  # a row without a positive: its irrelevant items only
@@ -223,6 +225,8 @@ def exact_ranks(
         ``ties="average"``.
     """
     check_ties(ties)
+    count_other_positives = check_bool(count_other_positives, "count_other_positives")
+    check_finite = check_bool(check_finite, "check_finite")
     scores, pos, exc = prepare_inputs(scores, positives, exclude, False)
     return exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator, check_finite=check_finite)
 
@@ -665,6 +669,8 @@ def sampled_ranks(
         :class:`SampledRanks` (ranks, n_candidates, negatives, and the draw's design).
     """
     check_ties(ties)
+    replacement = check_bool(replacement, "replacement")
+    check_finite = check_bool(check_finite, "check_finite")
     design = None
     if isinstance(n_samples, SamplingDesign):
         design = as_design(n_samples, replacement=replacement, popularity=popularity)  # loose keywords refused

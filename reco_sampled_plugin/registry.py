@@ -157,7 +157,9 @@ class Estimator:
     _resolved: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.family not in FAMILIES:
+        for flag in ("adaptive", "without_replacement", "popularity", "fits_distribution"):
+            object.__setattr__(self, flag, _check_bool(getattr(self, flag), flag))
+        if not isinstance(self.family, str) or self.family not in FAMILIES:
             raise ValueError(f"family: unknown estimator family {self.family!r}; use one of {tuple(FAMILIES)}")
         if self.family == "rank_distribution" and self.fitter is None:
             raise ValueError(f"fitter: the rank-distribution method {self.name!r} needs a fitter")
@@ -202,10 +204,19 @@ class Estimator:
 _REGISTRY: dict[str, Estimator] = {}
 
 
+def _check_bool(x, name: str) -> bool:
+    """:func:`~reco_sampled_plugin._options.check_bool`'s rule (True or False, numpy bools too; never "False", 0 or
+    1) without importing numpy: the registry is read by ``reco-sampled --help``, which imports neither numpy nor torch."""
+    if type(x) is bool or (type(x).__module__ == "numpy" and type(x).__name__ in ("bool_", "bool")):
+        return bool(x)
+    raise ValueError(f"{name}: expected True or False, got {x!r}")
+
+
 def register(entry: Estimator, *, replace: bool = False) -> Estimator:
     """Add ``entry`` to the registry (every entry point offers it from then on); ``replace`` to redefine."""
     if not isinstance(entry, Estimator):
         raise ValueError(f"entry: expected a registry.Estimator, got {type(entry).__name__}")
+    replace = _check_bool(replace, "replace")
     if entry.name in _REGISTRY and not replace:
         raise ValueError(f"name: estimator {entry.name!r} is registered already (replace=True to redefine it)")
     _REGISTRY[entry.name] = entry

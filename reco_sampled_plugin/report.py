@@ -219,6 +219,9 @@ def _plots(result: ReproduceResult, out: Path) -> dict[str, str]:
 
 def write_report(result: ReproduceResult, out_dir: str | os.PathLike, plots: bool = True) -> Path:
     """Write report.md, table3.csv, table4.csv, figure6.csv, ranks.csv and the PNG plots; return the folder."""
+    from ._options import check_bool
+
+    plots = check_bool(plots, "plots")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _write_csv(out / "table3.csv", result.table3)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from itertools import combinations
@@ -31,6 +32,8 @@ import numpy as np
 import torch
 
 from . import registry
+from ._checks import check_int
+from ._options import check_names, check_positive_float, check_seed
 from ._progress import progress_bar
 from .consistency import consistency_report
 from .corrections import correction_tables, expected_corrected
@@ -87,17 +90,37 @@ class ReproduceResult:
 _LAWS = {"binomial": True, "hypergeometric": False}
 
 
+def _int_list(x, name: str) -> tuple:
+    """A list option of integers (``m_grid``): a list or tuple, not one number, a str or a mapping."""
+    if not isinstance(x, (list, tuple)) or not x:
+        raise ValueError(f"{name}: expected a non-empty list of integers, got {x!r}")
+    return tuple(x)
+
+
 def _checked_config(cfg: ReproduceConfig) -> ReproduceConfig:
     """``cfg`` with its sampling design coerced once (``as_design``: an int ``n_samples`` with ``sampling`` and
     ``adaptive_max``, or a SamplingDesign that carries them) and written back as plain values (n_samples, the law,
     adaptive_max), and its estimator labels' base names checked against the registry (``bv:0.1`` -> ``bv``)."""
     from .design import SamplingDesign, as_design
 
-    if cfg.sampling not in _LAWS:
+    # every option through the package's one check of its kind (a ValueError naming the field)
+    if cfg.data is not None and not isinstance(cfg.data, (str, os.PathLike)):
+        raise ValueError(f"data: expected a file path or None, got {cfg.data!r}")
+    lists = {key: check_names(getattr(cfg, key), key, "estimator labels") for key in
+             ("methods", "mapping_methods", "rank_dist_methods")}
+    cfg = dataclasses.replace(
+        cfg, repeats=check_int(cfg.repeats, "repeats", 2), seed=check_seed(cfg.seed, "seed"),
+        als_iterations=check_int(cfg.als_iterations, "als_iterations", 0),
+        batch_size=check_int(cfg.batch_size, "batch_size", 1), n_spread=check_positive_float(cfg.n_spread, "n_spread"),
+        metrics=check_names(cfg.metrics, "metrics"), m_grid=tuple(check_int(m, "m_grid", 1) for m in
+                                                                  _int_list(cfg.m_grid, "m_grid")), **lists)
+    if not isinstance(cfg.sampling, str) or cfg.sampling not in _LAWS:
         raise ValueError(f"sampling: expected 'binomial' or 'hypergeometric', got {cfg.sampling!r}")
     replacement = None if cfg.sampling == "binomial" else False  # the default is no keyword next to a design
     if not isinstance(cfg.n_samples, SamplingDesign):
         replacement = _LAWS[cfg.sampling]
+    if cfg.n_samples is None:
+        raise ValueError("n_samples: required (the sampled irrelevant items per test item m, or a SamplingDesign)")
     design = as_design(cfg.n_samples, replacement=replacement, adaptive_max=cfg.adaptive_max)
     if design.law not in _LAWS:  # the simulations are of uniform draws
         raise ValueError(f"n_samples: the reproduction simulates uniform draws; {design!r} has {design.law} draws")

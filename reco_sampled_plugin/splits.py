@@ -30,7 +30,8 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 
-from ._checks import check_int
+from ._checks import check_int, check_real_array
+from ._options import check_bool, check_fraction
 from ._sparse import canonicalise, csr_copy
 
 __all__ = ["split_train_test", "leave_last_out_split", "SPLIT_TYPES"]
@@ -54,15 +55,11 @@ def _round_half_away(x: np.ndarray) -> np.ndarray:
 
 
 def _check_fraction(value: float, name: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name}: expected a number in (0, 1), got {value!r}") from None
+    """A fraction strictly inside (0, 1) (:func:`~reco_sampled_plugin._options.check_fraction`: no str, no bool)."""
+    v = check_fraction(value, name)
     if not 0.0 < v < 1.0:
         raise ValueError(f"{name}: must lie strictly between 0 and 1, got {value!r}")
     return v
-
-
 
 
 def _pick_test_items(indptr: np.ndarray, n_test: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -121,8 +118,13 @@ def split_train_test(
     Raises:
         ValueError: naming the argument, for bad options, an empty X, or no eligible test user.
     """
-    if split_type not in SPLIT_TYPES:
+    if not isinstance(split_type, str) or split_type not in SPLIT_TYPES:
         raise ValueError(f"split_type: expected one of {SPLIT_TYPES}, got {split_type!r}")
+    consider_cold_start = check_bool(consider_cold_start, "consider_cold_start")
+    if max_test_users is not None:
+        max_test_users = check_int(max_test_users, "max_test_users", 0)
+    if users_test_fraction is not None:
+        users_test_fraction = _check_fraction(users_test_fraction, "users_test_fraction")
     items_test_fraction = _check_fraction(items_test_fraction, "items_test_fraction")
     min_items_pool = check_int(min_items_pool, "min_items_pool", 0)
     min_pos_test = check_int(min_pos_test, "min_pos_test", 0)
@@ -181,6 +183,9 @@ def split_train_test(
     return _out(joined, as_array), _out(te, as_array), users_test
 
 
+_TIMES = "real numbers (e.g. seconds since the epoch)"
+
+
 def leave_last_out_split(X, timestamps):
     """Hold out each user's latest interaction (by timestamp) as test; train on the rest.
 
@@ -205,12 +210,9 @@ def leave_last_out_split(X, timestamps):
         ts_m = sp.csr_matrix(timestamps)
         if ts_m.shape != m.shape:
             raise ValueError(f"timestamps: shape {ts_m.shape} differs from X's {m.shape}")
-        ts = np.asarray(ts_m[coo.row, coo.col]).reshape(-1).astype(np.float64)
+        ts = check_real_array(np.asarray(ts_m[coo.row, coo.col]).reshape(-1), "timestamps", _TIMES)
     else:
-        arr = np.asarray(timestamps)
-        if arr.dtype.kind not in "iuf":  # complex would lose its imaginary part, strings compare as text
-            raise ValueError(f"timestamps: expected real numbers, got dtype {arr.dtype}")
-        arr = arr.astype(np.float64)
+        arr = check_real_array(timestamps, "timestamps", _TIMES)
         if arr.ndim == 2:
             if arr.shape != m.shape:
                 raise ValueError(f"timestamps: shape {arr.shape} differs from X's {m.shape}")

@@ -32,6 +32,7 @@ import torch
 from ._checks import as_tensor, check_rank_values, check_sizes, check_weights
 from .metric_names import MetricSpec, parse_metric
 from ._inputs import check_finite_rows
+from ._options import check_bool, check_names
 from .ranking import TIE_BOUNDS, check_ties, exact_ranks_padded_finite, prepare_inputs, candidate_counts
 from .tie_expectation import expected_metric_values, ideal_dcg, undefined_users
 
@@ -194,7 +195,8 @@ def user_metric_values(metric: str | MetricSpec, ranks, n_candidates, relevance=
 
 
 def _expand(metrics: Iterable[str | MetricSpec], cumulative: bool) -> list[MetricSpec]:
-    specs = [parse_metric(m) for m in metrics]
+    specs = [parse_metric(m) for m in check_names(metrics, "metrics")]
+    cumulative = check_bool(cumulative, "cumulative")
     if not cumulative:
         return specs
     out: list[MetricSpec] = []
@@ -238,6 +240,8 @@ def per_user_metrics(
             counting pass; nearly free).
     """
     specs = _expand(metrics, cumulative)
+    as_frame = check_bool(as_frame, "as_frame")
+    check_finite = check_bool(check_finite, "check_finite")
     check_ties(ties)
     scores, pos, exc = prepare_inputs(scores, positives, exclude, False)
     b, n = scores.shape
@@ -271,6 +275,7 @@ def per_user_metrics_from_factors(
     from .factor_ranks import ranks_and_index_from_factors
 
     specs = _expand(metrics, cumulative)
+    as_frame = check_bool(as_frame, "as_frame")
     n = int(item_factors.shape[0])
     for spec in specs:
         if spec.k is not None and spec.k > n:

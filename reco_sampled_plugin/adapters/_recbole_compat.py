@@ -386,6 +386,13 @@ def apply(enabled: bool | None = None, fixes: Iterable[str] | None = None) -> di
     """
     if enabled is None:
         enabled = env_enabled()
+    else:  # "False" would switch it on: a bool only (the package's one bool check)
+        from reco_sampled_plugin._options import check_bool
+
+        try:
+            enabled = check_bool(enabled, "compat")
+        except ValueError:
+            raise ValueError(f"compat: expected True, False or None, got {enabled!r}") from None
     names = tuple(FIXES if fixes is None else fixes)
     unknown = [f for f in names if f not in FIXES]
     if unknown:

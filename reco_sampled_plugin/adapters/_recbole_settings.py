@@ -8,13 +8,14 @@ adapter reads, raising a ValueError that names the offending key before any data
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from reco_sampled_plugin import registry
+from reco_sampled_plugin._checks import check_int
+from reco_sampled_plugin._options import check_bool, check_float, check_names
 from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.ranking import DETERMINISTIC_TIES
 
@@ -77,8 +78,7 @@ def note_definitions(config, settings: "_Settings") -> None:
         log_once(f"reco_sampled_plugin: rsp_correction: none, so {', '.join(corrected)} report the plain sampled "
                  "metric, uncorrected (each value equals its <name>@k_sampled; not an estimate of the full-catalogue "
                  "metric; docs/recbole.md)")
-    metrics = config["metrics"] or []
-    recbole = {m.lower() for m in ([metrics] if isinstance(metrics, str) else metrics) if isinstance(m, str)}
+    recbole = {m.lower() for m in config_metrics(config)}
     for n in names:
         family = _family_of(n)
         if family == "exact":
@@ -174,9 +174,14 @@ def _config_keys(config) -> list[str]:
 
 def _modes(config) -> dict:
     eval_args = config["eval_args"] or {}
+    if not hasattr(eval_args, "get"):
+        raise ValueError(f"eval_args: expected a mapping such as {{'mode': 'full'}}, got {eval_args!r}")
     mode = eval_args.get("mode", "full")
     if isinstance(mode, str):
         return {"valid": mode, "test": mode}
+    if not hasattr(mode, "get"):
+        raise ValueError(f"eval_args.mode: expected a mode such as 'full' or 'uni100', or {{valid: ..., test: ...}}, "
+                         f"got {mode!r}")
     return {"valid": mode.get("valid", "full"), "test": mode.get("test", "full")}
 
 
@@ -187,9 +192,11 @@ def _sample_num(mode: str) -> int | None:
 
 
 def _as_int(value, key: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or int(value) < minimum:
-        raise ValueError(f"{key}: expected an integer >= {minimum}, got {value!r}")
-    return int(value)
+    """An integer key (the package's one integer check: not a bool, a float or a str)."""
+    try:
+        return check_int(value, key, minimum)
+    except ValueError:
+        raise ValueError(f"{key}: expected an integer >= {minimum}, got {value!r}") from None
 
 
 def _choice(config, key: str, choices: tuple[str, ...], what: str) -> str:
@@ -201,9 +208,19 @@ def _choice(config, key: str, choices: tuple[str, ...], what: str) -> str:
 
 
 def _as_bool(value, key: str) -> bool:
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{key}: expected true or false, got {value!r}")
-    return bool(value)
+    """A boolean key (the package's one bool check: ``"false"``, 0 and 1 are refused)."""
+    try:
+        return check_bool(value, key)
+    except ValueError:
+        raise ValueError(f"{key}: expected true or false, got {value!r}") from None
+
+
+def _as_float(value, key: str, what: str) -> float:
+    """A number key (the package's one float check: ``true`` and ``"0.5"`` are refused, not read as 1.0 or 0.5)."""
+    try:
+        return check_float(value, key)
+    except ValueError:
+        raise ValueError(f"{key}: expected {what}, got {value!r}") from None
 
 
 def _parse_prior(value, correction: str):
@@ -214,11 +231,8 @@ def _parse_prior(value, correction: str):
             raise ValueError(f"rsp_prior: 'mle' (prior estimated from the sampled ranks) needs rsp_correction: bv, got {correction!r}")
         return "mle"
     if isinstance(value, (list, tuple)) and len(value) == 2 and str(value[0]).lower() == "beta":
-        try:
-            a = float(value[1])
-        except (TypeError, ValueError):
-            a = float("nan")
-        if not (a > 0 and math.isfinite(a)):
+        a = _as_float(value[1], "rsp_prior", "[beta, a] with a positive shape a")
+        if not a > 0:
             raise ValueError(f"rsp_prior: the Beta prior needs a positive shape a, got {value[1]!r}")
         return ("beta", a)
     raise ValueError(f"rsp_prior: expected 'uniform', 'mle' or [beta, a], got {value!r}")
@@ -250,12 +264,18 @@ def _refuse_unused_keys(families: set, correction: str, gamma: float, prior, map
                          f"is {mapping!r}")
 
 
+def config_metrics(config) -> tuple[str, ...]:
+    """RecBole's ``metrics`` as a tuple of names: one string is one metric (not its letters); an int, a float or a
+    list holding anything but names is a ValueError naming ``metrics`` (:func:`~reco_sampled_plugin._options.check_names`)."""
+    metrics = config["metrics"]
+    if metrics is None or (isinstance(metrics, (list, tuple)) and not metrics):
+        return ()
+    return check_names(metrics, "metrics", "RecBole metric names such as 'Recall' or 'CorrectedNDCG'")
+
+
 def plugin_metrics_in(config) -> tuple[str, ...]:
     """Lower-case names of the plugin metrics listed in a RecBole config's ``metrics``."""
-    metrics = config["metrics"] or []
-    if isinstance(metrics, str):
-        metrics = [metrics]
-    return tuple(m.lower() for m in metrics if isinstance(m, str) and m.lower() in METRIC_FAMILIES)
+    return tuple(m.lower() for m in config_metrics(config) if m.lower() in METRIC_FAMILIES)
 
 
 def validate_config(config) -> _Settings | None:
@@ -291,21 +311,15 @@ def validate_config(config) -> _Settings | None:
             )
     correction = _choice(config, "rsp_correction", registry.recbole_choices("rsp_correction"), "correction method")
     gamma_raw = _get(config, "rsp_gamma")
-    try:
-        gamma = float(gamma_raw)
-    except (TypeError, ValueError):
-        raise ValueError(f"rsp_gamma: expected a number in [0, 1], got {gamma_raw!r}") from None
+    gamma = _as_float(gamma_raw, "rsp_gamma", "a number in [0, 1]")
     if not (0.0 <= gamma <= 1.0):
         raise ValueError(f"rsp_gamma: must lie in [0, 1], got {gamma_raw!r}")
     prior = _parse_prior(_get(config, "rsp_prior"), correction)
     mapping = _choice(config, "rsp_mapping", registry.recbole_choices("rsp_mapping"), "mapping method")
     mapping_a = config["rsp_mapping_a"]
     if mapping_a is not None:
-        try:
-            mapping_a = float(mapping_a)
-        except (TypeError, ValueError):
-            mapping_a = float("nan")
-        if not (mapping_a > 0 and math.isfinite(mapping_a)):
+        mapping_a = _as_float(mapping_a, "rsp_mapping_a", "a positive number")
+        if not mapping_a > 0:
             raise ValueError(f"rsp_mapping_a: expected a positive number, got {config['rsp_mapping_a']!r}")
     if mapping == "beta" and mapping_a is None:
         mapping_a = 1.0
@@ -315,10 +329,7 @@ def validate_config(config) -> _Settings | None:
     weighting = _choice(config, "rsp_weighting", ("user", "item"), "weighting")
     ties = _choice(config, "rsp_ties", _TIES, "tie policy")
     n_grid_raw = _get(config, "rsp_n_grid")
-    try:
-        n_grid = float(n_grid_raw)
-    except (TypeError, ValueError):
-        n_grid = float("nan")
+    n_grid = _as_float(n_grid_raw, "rsp_n_grid", "a relative step in [0, 0.1]")
     if not (0.0 <= n_grid <= 0.1):
         raise ValueError(f"rsp_n_grid: expected a relative step in [0, 0.1], got {n_grid_raw!r}")
     replacement = _as_bool(_get(config, "rsp_replacement"), "rsp_replacement")
@@ -357,8 +368,10 @@ def validate_config(config) -> _Settings | None:
                                          "mapped": ("rsp_mapping", mapping), "rankdist": ("rsp_rank_dist", rank_dist)})
     seed_raw = config["rsp_seed"]
     seed = _as_int(seed_raw, "rsp_seed", 0) if seed_raw is not None else int(config["seed"] or 0)
-    topk = config["topk"] or [10]
-    topk = (topk,) if isinstance(topk, int) else tuple(int(k) for k in topk)
+    topk_raw = config["topk"] or [10]
+    if isinstance(topk_raw, (str, bytes)) or not isinstance(topk_raw, (list, tuple, int, np.integer)):
+        raise ValueError(f"topk: expected an integer or a list of integers, got {topk_raw!r}")
+    topk = tuple(check_int(k, "topk", 1) for k in ([topk_raw] if isinstance(topk_raw, (int, np.integer)) else topk_raw))
     full_ranks = _as_bool(_get(config, "rsp_full_ranks"), "rsp_full_ranks") or any(n.endswith("auc") for n in names)
     decimal = config["metric_decimal_place"]
     return _Settings(
@@ -383,7 +396,7 @@ def validate_config(config) -> _Settings | None:
         full_ranks=full_ranks,
         tensorboard=_as_bool(_get(config, "rsp_tensorboard"), "rsp_tensorboard"),
         topk=topk,
-        decimal_place=4 if decimal is None else int(decimal),
+        decimal_place=4 if decimal is None else check_int(decimal, "metric_decimal_place", 0),
         adaptive_max=adaptive_max,
         check_finite=_check_finite(_get(config, "rsp_check_finite")),
         design=design,

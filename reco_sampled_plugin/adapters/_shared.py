@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from reco_sampled_plugin import RankHistogram
+from reco_sampled_plugin._checks import check_dense
 from reco_sampled_plugin.rank_distribution import pool_groups
 from reco_sampled_plugin.counting import mix32
 from reco_sampled_plugin.factor_ranks import positive_scores
@@ -116,7 +117,7 @@ def as_ranking_batch(obj: Any, where: str = "validation_step") -> RankingBatch |
 
 
 def check_ties(ties: str) -> str:
-    if ties not in ADAPTER_TIES:
+    if not isinstance(ties, str) or ties not in ADAPTER_TIES:
         raise ValueError(f"ties: the adapters support the deterministic policies {ADAPTER_TIES}, got {ties!r}")
     return ties
 
@@ -124,6 +125,7 @@ def check_ties(ties: str) -> str:
 def padded_inputs(scores: torch.Tensor, positives, exclude) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Positives and exclusions as (B, P) / (B, E) int64 tensors padded with -1, validated once (in range,
     no duplicates, no positive also excluded)."""
+    check_dense(scores, "scores")
     b, n = scores.shape
     return prepare_index(positives, exclude, b, n, scores.device)
 

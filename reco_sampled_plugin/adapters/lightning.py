@@ -32,7 +32,7 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from reco_sampled_plugin import registry
-from reco_sampled_plugin._options import check_bool, check_count
+from reco_sampled_plugin._options import check_bool, check_count, check_names
 from reco_sampled_plugin.design import SamplingDesign, as_design
 from reco_sampled_plugin.estimate import Estimate, interval_values
 
@@ -135,8 +135,7 @@ class _RankingMetricsLogic:
         exact = check_bool(exact, "exact")
         if not exact and n_samples is None:
             raise ValueError("exact=False and n_samples=None: nothing to compute")
-        if isinstance(stages, str):  # one stage named alone, not its letters
-            stages = (stages,)
+        stages = check_names(stages, "stages", "stage names 'validate' and/or 'test'")  # one str: one stage
         bad = [s for s in stages if s not in _STAGES]
         if bad or not stages:
             raise ValueError(f"stages: unknown {bad}; use 'validate' and/or 'test'")
@@ -154,6 +153,7 @@ class _RankingMetricsLogic:
         self._exact_kwargs = dict(metrics=metrics, ties=ties, count_other_positives=count_other_positives, check_finite=check_finite)
         # the sampling design, coerced once (an int m with the loose replacement= / adaptive_max=, or a
         # SamplingDesign); the sampled metrics of every loader get the design itself
+        replacement = check_bool(replacement, "replacement")
         design = None if n_samples is None else as_design(n_samples, replacement=replacement, adaptive_max=adaptive_max)
         self._sampled_kwargs = dict(
             metrics=metrics,
@@ -433,8 +433,8 @@ def _default_namespace() -> str:
 def callback_class(namespace: str | None = None) -> type:
     """The callback class for ``"lightning.pytorch"`` or ``"pytorch_lightning"`` (default: whichever
     is installed, ``lightning.pytorch`` first). Built once per namespace."""
-    ns = namespace or _default_namespace()
-    if ns not in NAMESPACES:
+    ns = _default_namespace() if namespace is None else namespace
+    if not isinstance(ns, str) or ns not in NAMESPACES:
         raise ValueError(f"namespace: use one of {NAMESPACES}, got {ns!r}")
     cls = _CLASSES.get(ns)
     if cls is None:

@@ -181,6 +181,9 @@ def run_recbole(
     Args:
         compat: True/False force the compatibility layer on/off; None follows ``RECO_SAMPLED_RECBOLE_COMPAT``.
     """
+    from reco_sampled_plugin._options import check_bool
+
+    saved = check_bool(saved, "saved")
     register(compat=compat)
     from recbole.quick_start import run_recbole as _run
 

@@ -57,17 +57,18 @@ import math
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import numpy as np
 import torch
 from torchmetrics import Metric
 
 from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags
-from reco_sampled_plugin._options import check_bool, check_choice, check_count, check_seed
+from reco_sampled_plugin._options import check_bool, check_choice, check_count, check_names, check_seed
 from reco_sampled_plugin.estimate import Estimate, interval_values
 from reco_sampled_plugin import registry
 from reco_sampled_plugin._rank_hist import RankHistogram
 from reco_sampled_plugin.design import SamplingDesign, as_design
 from reco_sampled_plugin.estimators import check_estimator_options, estimate
-from reco_sampled_plugin.metric_names import MetricSpec, parse_metric
+from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_from_float_ranks as _metric_from_float_ranks  # patched by name in tests
 from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
 from reco_sampled_plugin.ranking import TIE_BOUNDS, candidate_counts, exact_ranks_padded, prepare_index
@@ -98,6 +99,7 @@ def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
     """``{name: value}`` of ``{name: Estimate}``, with ``<name>_lo`` / ``<name>_hi`` (``Estimate.interval(0.95)``)
     and ``<name>_stderr`` (sampling noise only) beside each when asked for (float64 tensors); the keys of
     ``compute()``, the Lightning callback's logs and RecBole's results follow one convention."""
+    interval, stderr = check_bool(interval, "interval"), check_bool(stderr, "stderr")  # also with no estimates
     out: dict[str, torch.Tensor] = {}
     for k, e in estimates.items():
         out[k] = torch.tensor(e.value, dtype=torch.float64)
@@ -107,13 +109,7 @@ def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
 
 
 def _metric_names(metrics: str | Iterable[str]) -> tuple[str, ...]:
-    if not isinstance(metrics, (str, Iterable)):
-        raise ValueError(f"metrics: expected a metric name or an iterable of them, got {metrics!r}")
-    names = (metrics,) if isinstance(metrics, str) else tuple(metrics)
-    if not all(isinstance(m, (str, MetricSpec)) for m in names):
-        raise ValueError(f"metrics: expected metric names (strings), got {names!r}")
-    if not names:
-        raise ValueError("metrics: give at least one metric name, e.g. ('ndcg@10', 'recall@10')")
+    names = check_names(metrics, "metrics")  # one name alone is one metric, not its letters
     canonical = tuple(str(parse_metric(m)) for m in names)  # the names results are keyed and logged under
     for i, c in enumerate(canonical):
         if c in canonical[:i]:
@@ -122,6 +118,9 @@ def _metric_names(metrics: str | Iterable[str]) -> tuple[str, ...]:
 
 
 def _check_finite_option(value) -> bool | str:
+    """True, False (numpy bools too, as every bool option) or ``"positives"``."""
+    if isinstance(value, np.bool_):
+        value = bool(value)
     return check_choice(value, (True, False, "positives"), "check_finite")
 
 
@@ -493,6 +492,7 @@ class SampledRankingMetrics(_MergeChecked):
             raise ValueError("n_samples: expected a positive integer m or a SamplingDesign, got None")
         # the one coercion (design.py): m in 1..MAX_SAMPLES (the state holds m + 1 counts per distinct n), the cap,
         # the law; the loose replacement= / adaptive_max= of an int m
+        replacement = check_bool(replacement, "replacement")
         design = as_design(n_samples, replacement=replacement, adaptive_max=adaptive_max)
         if design.law not in ("binomial", "hypergeometric"):  # keyed draws are uniform (a new law: refused)
             raise ValueError(f"n_samples: the keyed draws of SampledRankingMetrics are uniform; {design!r} "
@@ -501,7 +501,7 @@ class SampledRankingMetrics(_MergeChecked):
         self._adaptive = design.adaptive  # the stages of an adaptive design (None for a fixed m)
         self.n_samples = design.n_samples
         self.adaptive_max = design.adaptive_max
-        self.estimators = (estimators,) if isinstance(estimators, str) else tuple(estimators)
+        self.estimators = check_names(estimators, "estimators", "estimator names such as 'mes'")  # one str: one
         known = registry.names()
         unknown = [e for e in self.estimators if e not in known]
         if unknown or not self.estimators:
