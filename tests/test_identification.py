@@ -188,3 +188,19 @@ def test_several_sample_sizes_are_flagged_and_contradictions_give_the_whole_rang
     bad = np.concatenate([rng.integers(1, 12, size=300), rng.integers(1, 4, size=300)])
     iv = identified_interval("hit@5", bad, 2000, np.repeat([10, 20], 300))
     assert iv.flags == ("identification_failed", "several_m") and (iv.lo, iv.hi) == (0.0, 1.0)
+
+
+def test_band_cdfs_are_kept_for_the_next_evaluation_read_only():
+    """The band's per-group cdfs depend on the grid, n, m and the checkpoints only (not the counts): kept across
+    evaluations (an epoch's users have the last epoch's n), equal to a fresh computation and not writeable."""
+    from reco_sampled_plugin import identification as ident
+    from reco_sampled_plugin.rank_distribution import model_grid
+
+    edges = model_grid([1500, 1200], [100, 100]).astype(np.int64)
+    pts = ident._checkpoints(100)
+    ident._cell_cdf_cached.cache_clear()
+    kept = ident._cell_cdf_cached(edges.tobytes(), 1200, 100, pts.tobytes(), "binomial")
+    np.testing.assert_array_equal(kept, ident._cell_cdf(edges, 1200, 100, pts, "binomial"))
+    assert not kept.flags.writeable
+    again = ident._cell_cdf_cached(edges.tobytes(), 1200, 100, pts.tobytes(), "binomial")
+    assert again is kept and ident._cell_cdf_cached.cache_info().hits == 1
