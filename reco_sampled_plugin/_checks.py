@@ -5,7 +5,9 @@ One helper per kind of argument, used by every public entry point that takes it:
 * :func:`check_sizes` -- n_items / n_samples (and other counts) given as an int or per-instance values;
 * :func:`check_rank_values` -- exact or sampled ranks (1-based; 0 is padding only where an API says so);
 * :func:`check_weights` -- non-negative weights (per-positive weights, popularity, relevance);
-* :func:`check_ranks_in_range` -- ranks inside 1..n.
+* :func:`check_ranks_in_range` -- ranks inside 1..n;
+* :func:`check_elements` -- the one bound (``MAX_ELEMENTS``) on an array whose size grows with n or m;
+* :func:`check_generator` -- a ``generator`` argument (None or a ``torch.Generator``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,10 @@ __all__ = [
     "MAX_SIZE",
     "MAX_TOTAL_WEIGHT",
     "MAX_SAMPLES",
+    "MAX_ELEMENTS",
     "as_tensor",
+    "check_elements",
+    "check_generator",
     "check_same_device",
     "check_int",
     "check_size",
@@ -41,6 +46,32 @@ MAX_SAMPLES = 1 << 24
 #: Largest total weight of a histogram (2^53): the number of instances its standard errors assume; beyond
 #: it the bootstrap's integer draw count and products of totals leave exact float64 / int64 arithmetic.
 MAX_TOTAL_WEIGHT = float(1 << 53)
+#: Largest array (values) that one call builds when its size grows with n or m (2^27: 1 GiB of float64): a whole
+#: metric curve M(1..n), a prior vector p(1..n), a table P(r~ | r) of ranks x (m + 1). Quantities that are cheap
+#: in closed form or by quadrature (sums over 1..n, the identification's shape rows, the planner's default
+#: family) are computed so and need no bound; the others are refused before allocating.
+MAX_ELEMENTS = 1 << 27
+
+
+def check_elements(count: int, name: str, what: str) -> None:
+    """Raise a ValueError naming ``name`` when ``what`` (an array of ``count`` values that grows with the argument
+    ``name``) would exceed :data:`MAX_ELEMENTS`, before anything is allocated."""
+    if count > MAX_ELEMENTS:
+        raise ValueError(
+            f"{name}: {what} would hold {_show(count)} values, above the bound 2^27 = {MAX_ELEMENTS} "
+            "(MAX_ELEMENTS: 1 GiB of float64) on arrays that grow with n or m"
+        )
+
+
+def check_generator(generator, name: str = "generator"):
+    """``generator`` itself when it is None or a ``torch.Generator``; a ValueError naming ``name`` otherwise (a numpy
+    Generator, a seed or a string would fail deep inside torch)."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(
+            f"{name}: expected a torch.Generator or None, got {type(generator).__name__} "
+            "(for a seed, pass torch.Generator().manual_seed(seed))"
+        )
+    return generator
 
 
 def check_not_meta(t: torch.Tensor, name: str) -> torch.Tensor:

@@ -150,7 +150,11 @@ def design_rule(spec: MetricSpec, n: int, m: int, prior: Prior) -> tuple[np.ndar
     tail = composite_rule(kc + 1, n, k_smooth)
     r = np.concatenate([head[0], tail[0]])
     w = np.concatenate([head[1], tail[1]]) * prior.density(r, n)
-    return r, w / w.sum()
+    total = float(w.sum())
+    if not (math.isfinite(total) and total > 0):  # a zero prior would reach LAPACK as NaN (a LinAlgError)
+        raise ValueError(f"prior: its weights over the ranks 1..{n} sum to {total:g}; a prior needs a finite "
+                         "positive total")
+    return r, w / total
 
 
 def _fill_missing(x: np.ndarray, ok: np.ndarray) -> np.ndarray:
