@@ -7,7 +7,8 @@ One helper per kind of argument, used by every public entry point that takes it:
 * :func:`check_weights` -- non-negative weights (per-positive weights, popularity, relevance);
 * :func:`check_ranks_in_range` -- ranks inside 1..n;
 * :func:`check_elements` -- the one bound (``MAX_ELEMENTS``) on an array whose size grows with n or m;
-* :func:`check_generator` -- a ``generator`` argument (None or a ``torch.Generator``).
+* :func:`check_generator` -- a ``generator`` argument (None or a ``torch.Generator``);
+* :func:`check_device` -- a ``device`` argument (None, a name or a ``torch.device``; not ``meta``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ __all__ = [
     "as_tensor",
     "check_elements",
     "check_generator",
+    "check_device",
+    "real_tensor",
     "check_same_device",
     "check_int",
     "check_size",
@@ -97,6 +100,23 @@ def as_tensor(x, name: str, dtype: torch.dtype | None = None, device: torch.devi
     return t
 
 
+def check_device(device, name: str = "device") -> torch.device | None:
+    """``device`` as a ``torch.device`` (None stays None), raising a ValueError naming ``name`` for what torch
+    cannot parse and for ``meta`` (a device of shapes only: nothing can be computed there)."""
+    if device is None:
+        return None
+    if not isinstance(device, (str, torch.device)) or isinstance(device, bool):
+        raise ValueError(f"{name}: expected None, a device name such as 'cpu' or 'cuda:0', or a torch.device, "
+                         f"got {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"{name}: not a device ({exc})") from None
+    if dev.type == "meta":
+        raise ValueError(f"{name}: 'meta' holds shapes only, no values; use a real device (cpu, cuda, ...)")
+    return dev
+
+
 def check_same_device(**tensors: torch.Tensor | None) -> None:
     """Raise a ValueError when the given tensors live on different devices."""
     devices = {name: t.device for name, t in tensors.items() if isinstance(t, torch.Tensor)}
@@ -134,14 +154,14 @@ def check_size(value, name: str, minimum: int = 1, maximum: int = MAX_SIZE) -> i
     return check_sizes(value, name, minimum, maximum=maximum, one=True)
 
 
-def _numeric(x, name: str, what: str, device: torch.device | None = None) -> torch.Tensor:
+def _numeric(x, name: str, what: str, device: torch.device | None = None, booleans: bool = False) -> torch.Tensor:
     """``x`` as a real numeric tensor (tensors keep their dtype and device; arrays, lists and Python numbers
-    go through numpy, so 1e300 stays a finite float64 instead of overflowing float32). Bools and complex
-    numbers are refused with a ValueError naming ``name``."""
+    go through numpy, so 1e300 stays a finite float64 instead of overflowing float32). Bools (unless
+    ``booleans``: masks) and complex numbers are refused with a ValueError naming ``name``."""
     if isinstance(x, torch.Tensor):
         t = check_not_meta(x, name)
     else:
-        if isinstance(x, (bool, np.bool_)):
+        if isinstance(x, (bool, np.bool_)) and not booleans:
             raise ValueError(f"{name}: expected {what}, got the bool {x!r}")
         try:
             a = np.asarray(x)
@@ -156,13 +176,20 @@ def _numeric(x, name: str, what: str, device: torch.device | None = None) -> tor
         if not a.flags.writeable:  # torch warns on read-only arrays (a RankHistogram's, for one)
             a = a.copy()
         t = torch.as_tensor(a)
-    if t.dtype == torch.bool:
+    if t.dtype == torch.bool and not booleans:
         raise ValueError(f"{name}: expected {what}, got booleans (dtype {t.dtype})")
     if t.is_complex():
         raise ValueError(f"{name}: expected {what}, got complex numbers (dtype {t.dtype})")
     if device is not None and t.device != device:
         t = t.to(device)
     return t
+
+
+def real_tensor(x, name: str, what: str = "real numbers", *, booleans: bool = False) -> torch.Tensor:
+    """``x`` (a tensor, array, list or number) as a real numeric tensor, the one conversion of array arguments:
+    ragged lists, strings, objects such as scipy sparse matrices, bools (unless ``booleans``: masks), complex
+    numbers and ``meta`` tensors give a ValueError naming ``name`` (tensors keep their dtype and device)."""
+    return _numeric(x, name, what, booleans=booleans)
 
 
 def _first(t: torch.Tensor, bad: torch.Tensor):

@@ -21,6 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from ._checks import check_device
 from ._sparse import canonicalise, csr_copy
 
 __all__ = ["Recommender", "Popularity", "ItemKNN", "ImplicitALS", "EASE", "train_all", "train_benchmark", "held_out_ranks"]
@@ -68,7 +69,7 @@ class Recommender:
     name = "recommender"
 
     def __init__(self, device: str | torch.device | None = None) -> None:
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.device = check_device(device) or torch.device("cpu")
         self.n_users: int | None = None
         self.n_items: int | None = None
 

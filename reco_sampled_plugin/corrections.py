@@ -43,7 +43,7 @@ import scipy.linalg
 import scipy.optimize
 import torch
 
-from ._checks import MAX_SAMPLES, check_rank_values, check_ranks_in_range, check_size, check_sizes
+from ._checks import MAX_SAMPLES, check_device, check_rank_values, check_ranks_in_range, check_size, check_sizes
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_from_float_ranks
 from .priors import Prior, as_prior
@@ -408,6 +408,7 @@ def correction_table(
         ValueError naming the argument: unknown metric or method, gamma outside [0, 1], m >= n without
         replacement, a cut-off k > n, a bad prior (length, negative, not summing to one).
     """
+    device = check_device(device)
     table = table_numpy(metric, n_items, n_samples, method, gamma, sampling, prior, rounding)
     return torch.tensor(table, dtype=torch.float64, device=device)
 

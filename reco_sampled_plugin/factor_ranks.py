@@ -37,6 +37,7 @@ import weakref
 
 import torch
 
+from ._checks import real_tensor
 from ._inputs import factor_finite_checks
 from .counting import count_beating_tile
 from .ranking import TIE_BOUNDS, check_ties, exact_ranks, exact_ranks_padded, prepare_index, tied_positives
@@ -96,8 +97,7 @@ def _exact_precision(device: torch.device):
 
 
 def _factor(x, name: str) -> torch.Tensor:
-    if not isinstance(x, torch.Tensor):
-        x = torch.as_tensor(x)
+    x = real_tensor(x, name, "a 2-D floating matrix")  # arrays, lists; refuses ragged, bool, complex, meta
     if x.dim() != 2 or not x.is_floating_point():
         raise ValueError(f"{name}: expected a 2-D floating tensor, got shape {tuple(x.shape)} and dtype {x.dtype}")
     return x

@@ -181,6 +181,14 @@ def split_train_test(
     return _out(joined, as_array), _out(te, as_array), users_test
 
 
+def _entries(mat: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """The values mat[rows[i], cols[i]] as a 1-D array (empty, of mat's dtype, when no entry is asked: scipy's
+    fancy indexing returns a 1 x 0 matrix there, which numpy then cannot read)."""
+    if len(rows) == 0:
+        return np.zeros(0, dtype=mat.dtype)
+    return np.asarray(mat[rows, cols]).reshape(-1)
+
+
 def leave_last_out_split(X, timestamps):
     """Hold out each user's latest interaction (by timestamp) as test; train on the rest.
 
@@ -203,7 +211,7 @@ def leave_last_out_split(X, timestamps):
         ts_m = sp.csr_matrix(timestamps)
         if ts_m.shape != m.shape:
             raise ValueError(f"timestamps: shape {ts_m.shape} differs from X's {m.shape}")
-        ts = np.asarray(ts_m[coo.row, coo.col]).reshape(-1).astype(np.float64)
+        ts = _entries(ts_m, coo.row, coo.col).astype(np.float64)
     else:
         arr = np.asarray(timestamps, dtype=np.float64)
         if arr.ndim == 2:
@@ -228,10 +236,9 @@ def leave_last_out_split(X, timestamps):
     split = leave_last_out(inter)
     pattern = split.train.tocsr()
     train = m.multiply(pattern != 0).tocsr().astype(m.dtype)
-    users = split.test_users
-    items = split.test_items[users]
-    vals = np.asarray(m[users, items]).reshape(-1)
-    test = sp.csr_matrix((vals, (users, items)), shape=m.shape, dtype=m.dtype)
+    users = np.asarray(split.test_users, dtype=np.int64)
+    items = np.asarray(split.test_items, dtype=np.int64)[users]
+    test = sp.csr_matrix((_entries(m, users, items), (users, items)), shape=m.shape, dtype=m.dtype)
     for x in (train, test):
         x.sort_indices()
     return _out(train, as_array), _out(test, as_array)

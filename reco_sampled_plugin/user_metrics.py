@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ._checks import as_tensor, check_rank_values, check_sizes, check_weights
+from ._checks import as_tensor, check_generator, check_rank_values, check_sizes, check_weights
 from .metric_names import MetricSpec, parse_metric
 from ._inputs import check_finite_rows
 from .ranking import TIE_BOUNDS, check_ties, exact_ranks_padded_finite, prepare_inputs, candidate_counts
@@ -239,6 +239,7 @@ def per_user_metrics(
     """
     specs = _expand(metrics, cumulative)
     check_ties(ties)
+    check_generator(generator)
     scores, pos, exc = prepare_inputs(scores, positives, exclude, False)
     b, n = scores.shape
     for spec in specs:
@@ -268,9 +269,10 @@ def per_user_metrics_from_factors(
     without storing them: ranks from :func:`~reco_sampled_plugin.factor_ranks.exact_ranks_from_factors`
     (cache-sized score tiles; NaN/inf factors raise). Arguments as in :func:`per_user_metrics`; ``ties``
     pessimistic, optimistic or average."""
-    from .factor_ranks import ranks_and_index_from_factors
+    from .factor_ranks import check_factors, ranks_and_index_from_factors
 
     specs = _expand(metrics, cumulative)
+    user_factors, item_factors, item_bias = check_factors(user_factors, item_factors, item_bias)
     n = int(item_factors.shape[0])
     for spec in specs:
         if spec.k is not None and spec.k > n:

@@ -54,7 +54,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torchmetrics import Metric
 
-from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags
+from reco_sampled_plugin._checks import real_tensor
+from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags, score_tensor
 from reco_sampled_plugin._options import check_bool, check_choice, check_count, check_seed
 from reco_sampled_plugin.estimate import Estimate, interval_values
 from reco_sampled_plugin import registry
@@ -152,10 +153,16 @@ def _to(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x if x.device == device else x.to(device)
 
 
+def _index_like(x, name: str, what: str, device) -> torch.Tensor:
+    """``x`` (a tensor, numpy array or list) as a tensor on ``device`` (the one conversion, ``_checks.real_tensor``:
+    strings, ragged lists, sparse matrices, complex numbers and ``meta`` tensors give a ValueError naming ``name``)."""
+    return _to(real_tensor(x, name, what, booleans=True), torch.device(device))
+
+
 def _keep_mask(keep, batch: int, device) -> torch.Tensor | None:
     if keep is None:
         return None
-    k = torch.as_tensor(keep, device=device)
+    k = _index_like(keep, "keep", f"a ({batch},) bool tensor", device)
     if k.dtype != torch.bool or k.shape != (batch,):
         raise ValueError(f"keep: expected a ({batch},) bool tensor, got {tuple(k.shape)} {k.dtype}")
     return k
@@ -219,7 +226,9 @@ class ExactRankingMetrics(Metric):
         self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, scores: torch.Tensor, positives, exclude=None, keep: torch.Tensor | None = None) -> None:
-        """Add a batch: (B, n) scores, positives and exclusions (bool masks or padded indices)."""
+        """Add a batch: (B, n) scores, positives and exclusions (bool masks or padded indices); tensors, numpy arrays
+        or lists."""
+        scores = score_tensor(scores)
         pos, exc = padded_inputs(scores, positives, exclude)
         self._update_padded(scores, pos, exc, keep)
 
@@ -439,7 +448,9 @@ class SampledRankingMetrics(Metric):
 
     # ------------------------------------------------------------------------------- update
     def update(self, scores: torch.Tensor, positives, exclude=None, ids=None, keep: torch.Tensor | None = None) -> None:
-        """Add a batch: (B, n) scores, positives, exclusions, optional instance ids and keep mask."""
+        """Add a batch: (B, n) scores, positives, exclusions, optional instance ids and keep mask; tensors, numpy
+        arrays or lists."""
+        scores = score_tensor(scores)
         pos, exc = padded_inputs(scores, positives, exclude)
         self._update_padded(scores, pos, exc, ids, keep)
 
@@ -517,7 +528,7 @@ class SampledRankingMetrics(Metric):
         if ids is None:
             ids = torch.arange(self._rows_seen, self._rows_seen + b, device=device)
         else:
-            ids = torch.as_tensor(ids, device=device)
+            ids = _index_like(ids, "ids", f"({b},) integer instance ids", device)
             if ids.shape != (b,) or ids.is_floating_point() or ids.dtype == torch.bool:
                 raise ValueError(f"ids: expected ({b},) integer instance ids, got {tuple(ids.shape)} {ids.dtype}")
         self._rows_seen += b
