@@ -484,7 +484,8 @@ def _same(a, b) -> None:
         for k in a:
             _same(a[k], b[k])
         return
-    torch.testing.assert_close(torch.as_tensor(np.array(a)), torch.as_tensor(np.array(b)), equal_nan=True)
+    as_t = lambda x: x if isinstance(x, torch.Tensor) else torch.from_numpy(np.array(x))  # noqa: E731
+    torch.testing.assert_close(as_t(a), as_t(b), equal_nan=True)
 
 
 FUZZ_CALLS = {
