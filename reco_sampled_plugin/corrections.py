@@ -43,7 +43,7 @@ import scipy.linalg
 import scipy.optimize
 import torch
 
-from ._checks import MAX_SAMPLES, check_device, check_rank_values, check_ranks_in_range, check_size, check_sizes
+from ._checks import MAX_ELEMENTS, MAX_SAMPLES, check_device, check_elements, check_rank_values, check_ranks_in_range, check_size, check_sizes
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_from_float_ranks
 from .priors import Prior, as_prior
@@ -178,8 +178,18 @@ def _rank_estimate(spec: MetricSpec, n: int, m: int, rounding: str) -> np.ndarra
     return _metric(spec, lo.astype(np.float64), n) * (1 - frac) + _metric(spec, hi.astype(np.float64), n) * frac
 
 
+def _check_system(rows: int, m: int) -> None:
+    """The (rows x (m + 1)) system P(r~ | r) of a solved table against the one bound on arrays that grow with n or
+    m (``_checks.MAX_ELEMENTS``), counting the four copies that live at once (the pmf, its weighted copy, [A b] and
+    the QR's work array): a ValueError naming ``n_samples`` before allocating."""
+    check_elements(4 * rows * (m + 1), "n_samples",
+                   f"the system P(r~ | r) of a correction table (4 working copies of {rows} rank nodes x m + 1 = "
+                   f"{m + 1}; a vector prior enumerates every rank)")
+
+
 def _weighted_system(spec, n, m, law, prior):
     r, w = design_rule(spec, n, m, prior)
+    _check_system(r.size, m)
     p = pmf_at_ranks(r, n, m, law)
     mv = _metric(spec, r, n)
     return p, w, mv
@@ -446,6 +456,7 @@ def _tables_shared(specs: tuple[MetricSpec, ...], n: int, m: int, method: str, g
     if rule is None:
         return None
     r, w, enumerated = rule
+    _check_system(r.size, m)
     p = _enumerated_pmf(n, m, law) if enumerated else pmf_at_ranks(r, n, m, law)
     mv = np.stack([_metric(sp, r, n) for sp in specs], axis=1)  # (rows, S)
     if method == "bv" and gamma == 1.0:  # eq. 26 for every metric: posterior means
@@ -661,11 +672,13 @@ def estimate_by_fitted_prior(spec: MetricSpec, hist, *, method: str, sampling: s
     dist = fitted_distribution(hist, "mle", sampling, {"n_bootstrap": 0, **fit})
     flags = [f for f in dist.flags if f in ("not_converged", "pooled_n", "all_at_top")]
 
-    def prior_for_n(n: int):
-        return dist.prior(n) if n <= VECTOR_PRIOR_MAX else dist.as_prior()
+    def prior_for_n(n: int, m: int):
+        # a vector (enumerated exactly) while its system fits the bound of _check_system, a callable beyond
+        small = n <= VECTOR_PRIOR_MAX and 4 * n * (m + 1) <= MAX_ELEMENTS
+        return dist.prior(n) if small else dist.as_prior()
 
     values = np.concatenate([
-        table_numpy(spec, int(n), int(m), "bv", gamma, sampling, prior_for_n(int(n)), "floor")
+        table_numpy(spec, int(n), int(m), "bv", gamma, sampling, prior_for_n(int(n), int(m)), "floor")
         for n, m in zip(hist.n_items, hist.n_samples)
     ])
     value, se = table_estimate(hist, values)

@@ -197,6 +197,18 @@ def test_cli_memory_error_is_one_line():
     assert cli._message(MemoryError("Unable to allocate 8 TiB")).startswith("out of memory (Unable to allocate")
 
 
+def test_correction_system_bounded():
+    """A solved table's system P(r~ | r) (rank nodes x (m + 1), four working copies) is refused before allocating
+    when a vector prior enumerates a million ranks; bv_mle switches to its callable prior there instead."""
+    n = 10**6
+    with memory_cap():
+        msg = _value_error_naming(
+            lambda: rsp.correction_table("ndcg@10", n, 100, "bv", prior=np.full(n, 1.0 / n)), "n_samples")
+        est = rsp.estimate("ndcg@10", [1, 2, 3, 50, 7], n, 100, method="bv_mle")
+    assert "MAX_ELEMENTS" in msg
+    assert math.isfinite(est.value) and 0.0 <= est.value <= 1.0
+
+
 # ------------------------------------------------------------------------- class 2: the closed forms, checked
 @pytest.mark.parametrize("s", [0.0, 0.3, 1.0, 1.0 + 1e-9, 1.7, 2.0, 5.0])
 def test_power_sums_match_brute_force(s):
