@@ -206,7 +206,7 @@ def test_correction_system_bounded():
             lambda: rsp.correction_table("ndcg@10", n, 100, "bv", prior=np.full(n, 1.0 / n)), "n_samples")
         est = rsp.estimate("ndcg@10", [1, 2, 3, 50, 7], n, 100, method="bv_mle")
     assert "MAX_ELEMENTS" in msg
-    assert math.isfinite(est.value) and 0.0 <= est.value <= 1.0
+    assert math.isfinite(est.value) and -1e-9 <= est.value <= 1.0  # bv may leave the range by rounding (flagged)
 
 
 # ------------------------------------------------------------------------- class 2: the closed forms, checked
