@@ -25,7 +25,7 @@ from typing import Callable, Hashable
 import numpy as np
 import torch
 
-from ._checks import check_elements, check_rank_values, check_ranks_in_range, check_size
+from ._checks import check_elements, check_rank_values, check_ranks_in_range, check_size, real_tensor
 
 __all__ = [
     "Prior",
@@ -128,7 +128,7 @@ class VectorPrior(Prior):
     """A user-given vector p(1..n) (index 0 is r = 1); always enumerated exactly."""
 
     def __init__(self, p, atol: float = 1e-8):
-        arr = p.detach().cpu().numpy() if isinstance(p, torch.Tensor) else np.asarray(p)
+        arr = real_tensor(p, "prior", "a vector of probabilities over ranks").detach().cpu().numpy()
         arr = np.asarray(arr, dtype=np.float64).reshape(-1)
         if arr.size == 0 or not np.all(np.isfinite(arr)):
             raise ValueError("prior: the vector must be non-empty and finite")
@@ -223,7 +223,8 @@ def fit_beta_prior(sampled_ranks, n_samples: int) -> BetaPrior:
     a / (a + 1); so a = mu / (1 - mu) with mu the mean of (r~ - 1)/m, clipped to [1e-3, 1e3].
     A simple hook: maximum-likelihood priors (next issue) return a :class:`Prior` the same way.
     """
-    r = torch.as_tensor(sampled_ranks).to(torch.float64).reshape(-1)
+    r = check_rank_values(sampled_ranks, "sampled_ranks").to(torch.float64).reshape(-1)
+    n_samples = check_size(n_samples, "n_samples", 1)
     if r.numel() == 0:
         raise ValueError("sampled_ranks: empty")
     if bool((r < 1).any()) or bool((r > n_samples + 1).any()):

@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ._checks import as_tensor, check_generator, check_rank_values, check_sizes, check_weights
+from ._checks import as_tensor, check_generator, check_rank_values, real_tensor, check_sizes, check_weights
 from .metric_names import MetricSpec, parse_metric
 from ._inputs import check_finite_rows
 from .ranking import TIE_BOUNDS, check_ties, exact_ranks_padded_finite, prepare_inputs, candidate_counts
@@ -332,11 +332,14 @@ def mean_metrics(values) -> dict[str, tuple[float, int, int]]:
 
     ``values`` is a DataFrame or dict of per-user values from :func:`per_user_metrics`.
     """
+    if not (isinstance(values, dict) or hasattr(values, "columns")):
+        raise ValueError(f"values: expected a DataFrame or dict of per-user values (per_user_metrics), got "
+                         f"{type(values).__name__}")
     items = list(values.items() if isinstance(values, dict) else ((c, values[c]) for c in values.columns))
     if not items:
         return {}
-    cols = [v.to(torch.float64) if isinstance(v, torch.Tensor) else torch.tensor(v.to_numpy(dtype="float64", copy=True))
-            for _, v in items]
+    cols = [real_tensor(v if isinstance(v, torch.Tensor) else getattr(v, "to_numpy", lambda: v)(), f"values[{k!r}]")
+            .to(torch.float64) for k, v in items]
     device = cols[0].device
     stats = []
     for t in cols:  # per metric (B,) values: mean over the defined ones, nothing read back yet

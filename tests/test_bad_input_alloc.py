@@ -514,6 +514,13 @@ FUZZ_CALLS = {
     "empirical_prior.exact_ranks": ("exact_ranks", RANKS, lambda x: rsp.empirical_prior(x, 10).p),
     "simulate.exact_ranks": ("exact_ranks", RANKS, lambda x: rsp.simulate_sampled_ranks(
         x, 10, 5, generator=torch.Generator().manual_seed(2))),
+    "paired_difference.sampled_ranks_a": ("sampled_ranks_a", RANKS,
+                                          lambda x: rsp.paired_difference("ndcg@10", x, RANKS[::-1].copy(), 100, 10).value),
+    "fit_beta_prior.sampled_ranks": ("sampled_ranks", RANKS, lambda x: rsp.fit_beta_prior(x, 10).a),
+    "consistency_report.exact_ranks": ("exact_ranks", RANKS, lambda x: rsp.consistency_report(
+        {"a": x, "b": RANKS + 1}, 100, 10, metrics=["ndcg@10"], methods=["none"], repeats=2)["table3"][0]["none"]),
+    "VectorPrior.p": ("prior", np.full(10, 0.1), lambda x: rsp.VectorPrior(x).p),
+    "mean_metrics.values": ("values", np.array([0.5, np.nan, 0.25]), lambda x: rsp.mean_metrics({"ndcg": x})),
     "torchmetrics.scores": ("scores", SCORES, lambda x: _tm_update(x, POSITIVES)),
     "torchmetrics.positives": ("positives", POSITIVES, lambda x: _tm_update(SCORES, x)),
 }
@@ -525,7 +532,7 @@ def _tm_update(scores, positives):
     return metric.compute()
 
 
-@FAST
+@settings(FAST, max_examples=150)  # 15 calls x 7 forms
 @given(name=st.sampled_from(sorted(FUZZ_CALLS)), data=st.data())
 def test_fuzz_array_forms(name, data):
     """Tensors, numpy arrays and lists give the same result; complex, sparse, ragged and string inputs a ValueError
