@@ -209,6 +209,22 @@ def test_correction_system_bounded():
     assert math.isfinite(est.value) and -1e-9 <= est.value <= 1.0  # bv may leave the range by rounding (flagged)
 
 
+def test_histograms_bounded():
+    """A histogram holds m + 1 counts per distinct (n, m) group (and the torchmetrics state per row of excluded
+    counts): many groups at a large m are refused before allocating, naming n_samples; few groups are served."""
+    ones = torch.ones(1000, dtype=torch.int64)
+    with memory_cap():
+        _value_error_naming(lambda: rsp.sampled_rank_histogram(ones, HUGE, 2**24 - torch.arange(1000)), "n_samples")
+        _value_error_naming(lambda: rsp.estimate("ndcg@10", ones, HUGE - torch.arange(1000), 2**20), "n_samples")
+        metric = SampledRankingMetrics(["ndcg@10"], n_samples=2**24)
+        _value_error_naming(lambda: metric.update(torch.rand(2, 100), [[0], [1]],
+                                                  exclude=torch.arange(2, 60).repeat(2, 1)), "n_samples")
+        hist = rsp.sampled_rank_histogram(ones[:3], HUGE, 2**24)
+        est = rsp.estimate("ndcg@10", ones, HUGE - torch.arange(1000), 100)
+    assert hist.n_groups == 1 and hist.total == 3
+    assert math.isfinite(est.value)
+
+
 # ------------------------------------------------------------------------- class 2: the closed forms, checked
 @pytest.mark.parametrize("s", [0.0, 0.3, 1.0, 1.0 + 1e-9, 1.7, 2.0, 5.0])
 def test_power_sums_match_brute_force(s):

@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import torch
 from torchmetrics import Metric
 
-from reco_sampled_plugin._checks import real_tensor
+from reco_sampled_plugin._checks import check_elements, real_tensor
 from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags, score_tensor
 from reco_sampled_plugin._options import check_bool, check_choice, check_count, check_seed
 from reco_sampled_plugin.estimate import Estimate, interval_values
@@ -542,11 +542,14 @@ class SampledRankingMetrics(Metric):
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
             valid = valid & k.unsqueeze(1)
+        width = self.hist.shape[1]
+        rows = min((0 if exc is None else exc.shape[1]) + pos.shape[1], n_items)
+        if rows > self.hist.shape[0]:  # before the state changes: the batch is refused whole
+            check_elements(rows * width, "n_samples", f"the histogram state ({rows} rows of excluded counts x "
+                           f"{width} sampled ranks; rows grow with the exclusions and positives of a row)")
         self.n_items = torch.full((), n_items, dtype=torch.int64, device=self.n_items.device)
         if valid.numel() == 0:
             return
-        width = self.hist.shape[1]
-        rows = min((0 if exc is None else exc.shape[1]) + pos.shape[1], n_items)
         e = (n_items - n_cand).unsqueeze(1)
         col = ranks - 1
         if sizes is not None:  # stage s = log2(M / m) starts at its column offset
