@@ -5,7 +5,10 @@ One helper per kind of argument, used by every public entry point that takes it:
 * :func:`check_sizes` -- n_items / n_samples (and other counts) given as an int or per-instance values;
 * :func:`check_rank_values` -- exact or sampled ranks (1-based; 0 is padding only where an API says so);
 * :func:`check_weights` -- non-negative weights (per-positive weights, popularity, relevance);
-* :func:`check_ranks_in_range` -- ranks inside 1..n.
+* :func:`check_ranks_in_range` -- ranks inside 1..n;
+* :func:`check_elements` -- the one bound (``MAX_ELEMENTS``) on an array whose size grows with n or m;
+* :func:`check_generator` -- a ``generator`` argument (None or a ``torch.Generator``);
+* :func:`check_device` -- a ``device`` argument (None, a name or a ``torch.device``; not ``meta``).
 """
 
 from __future__ import annotations
@@ -19,7 +22,12 @@ __all__ = [
     "MAX_SIZE",
     "MAX_TOTAL_WEIGHT",
     "MAX_SAMPLES",
+    "MAX_ELEMENTS",
     "as_tensor",
+    "check_elements",
+    "check_generator",
+    "check_device",
+    "real_tensor",
     "check_same_device",
     "check_int",
     "check_size",
@@ -45,6 +53,32 @@ MAX_SAMPLES = 1 << 24
 #: Largest total weight of a histogram (2^53): the number of instances its standard errors assume; beyond
 #: it the bootstrap's integer draw count and products of totals leave exact float64 / int64 arithmetic.
 MAX_TOTAL_WEIGHT = float(1 << 53)
+#: Largest array (values) that one call builds when its size grows with n or m (2^27: 1 GiB of float64): a whole
+#: metric curve M(1..n), a prior vector p(1..n), a table P(r~ | r) of ranks x (m + 1). Quantities that are cheap
+#: in closed form or by quadrature (sums over 1..n, the identification's shape rows, the planner's default
+#: family) are computed so and need no bound; the others are refused before allocating.
+MAX_ELEMENTS = 1 << 27
+
+
+def check_elements(count: int, name: str, what: str) -> None:
+    """Raise a ValueError naming ``name`` when ``what`` (an array of ``count`` values that grows with the argument
+    ``name``) would exceed :data:`MAX_ELEMENTS`, before anything is allocated."""
+    if count > MAX_ELEMENTS:
+        raise ValueError(
+            f"{name}: {what} would hold {_show(count)} values, above the bound 2^27 = {MAX_ELEMENTS} "
+            "(MAX_ELEMENTS: 1 GiB of float64) on arrays that grow with n or m"
+        )
+
+
+def check_generator(generator, name: str = "generator"):
+    """``generator`` itself when it is None or a ``torch.Generator``; a ValueError naming ``name`` otherwise (a numpy
+    Generator, a seed or a string would fail deep inside torch)."""
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise ValueError(
+            f"{name}: expected a torch.Generator or None, got {type(generator).__name__} "
+            "(for a seed, pass torch.Generator().manual_seed(seed))"
+        )
+    return generator
 
 
 def check_not_meta(t: torch.Tensor, name: str) -> torch.Tensor:
@@ -68,6 +102,23 @@ def as_tensor(x, name: str, dtype: torch.dtype | None = None, device: torch.devi
     if dtype is not None and t.dtype != dtype:
         t = t.to(dtype)
     return t
+
+
+def check_device(device, name: str = "device") -> torch.device | None:
+    """``device`` as a ``torch.device`` (None stays None), raising a ValueError naming ``name`` for what torch
+    cannot parse and for ``meta`` (a device of shapes only: nothing can be computed there)."""
+    if device is None:
+        return None
+    if not isinstance(device, (str, torch.device)) or isinstance(device, bool):
+        raise ValueError(f"{name}: expected None, a device name such as 'cpu' or 'cuda:0', or a torch.device, "
+                         f"got {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError) as exc:
+        raise ValueError(f"{name}: not a device ({exc})") from None
+    if dev.type == "meta":
+        raise ValueError(f"{name}: 'meta' holds shapes only, no values; use a real device (cpu, cuda, ...)")
+    return dev
 
 
 def check_same_device(**tensors: torch.Tensor | None) -> None:
@@ -107,14 +158,14 @@ def check_size(value, name: str, minimum: int = 1, maximum: int = MAX_SIZE) -> i
     return check_sizes(value, name, minimum, maximum=maximum, one=True)
 
 
-def _numeric(x, name: str, what: str, device: torch.device | None = None) -> torch.Tensor:
+def _numeric(x, name: str, what: str, device: torch.device | None = None, booleans: bool = False) -> torch.Tensor:
     """``x`` as a real numeric tensor (tensors keep their dtype and device; arrays, lists and Python numbers
-    go through numpy, so 1e300 stays a finite float64 instead of overflowing float32). Bools and complex
-    numbers are refused with a ValueError naming ``name``."""
+    go through numpy, so 1e300 stays a finite float64 instead of overflowing float32). Bools (unless
+    ``booleans``: masks) and complex numbers are refused with a ValueError naming ``name``."""
     if isinstance(x, torch.Tensor):
         t = check_not_meta(x, name)
     else:
-        if isinstance(x, (bool, np.bool_)):
+        if isinstance(x, (bool, np.bool_)) and not booleans:
             raise ValueError(f"{name}: expected {what}, got the bool {x!r}")
         try:
             a = np.asarray(x)
@@ -129,7 +180,7 @@ def _numeric(x, name: str, what: str, device: torch.device | None = None) -> tor
         if not a.flags.writeable:  # torch warns on read-only arrays (a RankHistogram's, for one)
             a = a.copy()
         t = torch.as_tensor(a)
-    if t.dtype == torch.bool:
+    if t.dtype == torch.bool and not booleans:
         raise ValueError(f"{name}: expected {what}, got booleans (dtype {t.dtype})")
     if t.is_complex():
         raise ValueError(f"{name}: expected {what}, got complex numbers (dtype {t.dtype})")
@@ -163,6 +214,11 @@ def check_real_array(x, name: str, what: str = "real numbers") -> np.ndarray:
         hint = " (convert them to numbers first)" if a.dtype.kind in "OUSM" else ""
         raise ValueError(f"{name}: expected {what}, got dtype {a.dtype}{hint}")
     return a.astype(np.float64)
+def real_tensor(x, name: str, what: str = "real numbers", *, booleans: bool = False) -> torch.Tensor:
+    """``x`` (a tensor, array, list or number) as a real numeric tensor, the one conversion of array arguments:
+    ragged lists, strings, objects such as scipy sparse matrices, bools (unless ``booleans``: masks), complex
+    numbers and ``meta`` tensors give a ValueError naming ``name`` (tensors keep their dtype and device)."""
+    return _numeric(x, name, what, booleans=booleans)
 
 
 def _first(t: torch.Tensor, bad: torch.Tensor):

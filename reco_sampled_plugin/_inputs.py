@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from ._checks import check_dense, check_not_meta, check_same_device
+from ._checks import check_dense, check_not_meta, check_same_device, real_tensor
 
 __all__ = ["as_padded_index", "check_finite_rows", "check_scores", "factor_finite_checks", "finite_flags", "finite_rows", "mask_to_padded",
            "Check", "run_checks", "pending_index", "finite_check", "sparse_masks", "SparseMasks"]
@@ -127,10 +127,8 @@ def pending_index(x, n_items: int, batch: int, name: str, device: torch.device):
         :func:`sparse_masks`) or a (B, P) int64 index tensor padded with -1 (``is_mask`` None); ``checks`` the
         deferred :class:`Check` list (range, duplicates) for :func:`run_checks`.
     """
-    if not isinstance(x, torch.Tensor):
-        x = torch.as_tensor(x)
+    x = real_tensor(x, name, "a boolean mask or integer item indices", booleans=True)
     check_same_device(scores=torch.empty(0, device=device), **{name: x})
-    check_not_meta(x, name)
     if x.dtype == torch.bool:
         if x.shape != (batch, n_items):
             raise ValueError(f"{name}: a boolean mask must have the scores' shape {(batch, n_items)}, got {tuple(x.shape)}")
@@ -175,16 +173,18 @@ def as_padded_index(x, n_items: int, batch: int, name: str, device: torch.device
 
 def check_scores(scores, check_finite: bool = True) -> torch.Tensor:
     """Validate a (B, n) floating score matrix."""
-    scores = _score_tensor(scores)
+    scores = score_tensor(scores)
     if check_finite:
         run_checks([finite_check(scores)])
     return scores
 
 
-def _score_tensor(scores) -> torch.Tensor:
-    check_dense(scores, "scores")
-    if not isinstance(scores, torch.Tensor):
-        scores = torch.as_tensor(scores)
+def score_tensor(scores) -> torch.Tensor:
+    """The one conversion of a ``scores`` argument: a (users x items) floating tensor (tensors as they are, numpy
+    arrays and lists converted; sparse matrices, strings, bools, complex numbers and ``meta`` tensors give a
+    ValueError naming ``scores``)."""
+    check_dense(scores, "scores")  # sparse (scipy, torch layouts): named, with the way out
+    scores = real_tensor(scores, "scores", "a floating (users x items) matrix")
     if scores.dim() != 2:
         raise ValueError(f"scores: expected a (users x items) matrix, got shape {tuple(scores.shape)}")
     if not scores.is_floating_point():

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from scipy import special
 
-from ._checks import (MAX_SAMPLES, MAX_SIZE, MAX_TOTAL_WEIGHT, check_rank_values, check_sampled_support, check_sizes,
-                      check_weights)
+from ._checks import (MAX_SAMPLES, MAX_SIZE, MAX_TOTAL_WEIGHT, check_elements, check_rank_values, check_sampled_support,
+                      check_sizes, check_weights)
 from ._options import check_optional, check_positive_float
 from .metric_names import MetricSpec
 from .metrics import metric_from_float_ranks
@@ -297,7 +297,10 @@ def _bincount_histogram(r, n, m, w) -> RankHistogram:
         raise ValueError(f"n_items: need at least 2 candidates, got {un[g]} in group {g}" if un[0] < 2
                          else f"n_samples: must be >= 1, got {um[g]} in group {g}")
     width = int(um.max()) + 1
-    if un.shape[0] * width <= 4 * (int((um + 1).sum()) + 1024):  # widths alike: one dense (G, W) block
+    cells = int((um + 1).sum())
+    check_elements(min(cells, un.shape[0] * width), "n_samples",
+                   f"the histogram ({un.shape[0]} distinct (n, m) groups of m + 1 counts each)")
+    if un.shape[0] * width <= 4 * (cells + 1024):  # widths alike: one dense (G, W) block
         counts = np.bincount(gid * width + (r - 1), weights=w, minlength=un.shape[0] * width)
         counts = counts.astype(np.float64, copy=False).reshape(un.shape[0], width)
         return RankHistogram._trusted(un, um, counts)

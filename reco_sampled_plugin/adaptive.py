@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from scipy import special
 
-from ._checks import MAX_SAMPLES, check_rank_values, check_size, check_sizes
+from ._checks import MAX_SAMPLES, check_generator, check_rank_values, check_size, check_sizes
 from .design import AdaptiveDesign, SamplingDesign, adaptive_design, as_design
 from .ranking import SampledRanks, sampled_ranks
 from .simulate import simulate_sampled_ranks
@@ -161,8 +161,7 @@ def adaptive_sampled_ranks_from_exact(
     """
     design = _adaptive(n_samples, max_samples)
     m0, cap = design.n_samples, design.cap
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
+    check_generator(generator)
     r = check_rank_values(exact_ranks, "exact_ranks", whole=True)
     n = check_sizes(n_items, "n_items", 2, like=r, like_name="exact_ranks", exact=True, device=r.device)
     n = torch.as_tensor(n, dtype=torch.float64, device=r.device).expand(r.shape)
@@ -206,6 +205,7 @@ def adaptive_sampled_ranks(
     """
     design = _adaptive(n_samples, max_samples)
     m0, cap = design.n_samples, design.cap
+    check_generator(generator)
     first = sampled_ranks(scores, positives, m0, exclude=exclude, replacement=True, generator=generator, ties=ties,
                           check_finite=check_finite)
     ranks = first.ranks.clone()

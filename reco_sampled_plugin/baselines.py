@@ -21,7 +21,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ._checks import check_int
+from ._checks import check_device, check_int
 from ._options import (check_bool, check_nonnegative_float, check_optional, check_positive_float,
                        check_seed)
 from ._sparse import canonicalise, csr_copy
@@ -71,7 +71,7 @@ class Recommender:
     name = "recommender"
 
     def __init__(self, device: str | torch.device | None = None) -> None:
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.device = check_device(device) or torch.device("cpu")
         self.n_users: int | None = None
         self.n_items: int | None = None
 

@@ -499,8 +499,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # errors that bad input (arguments, files, folders) ends in: one line on stderr and exit status 2, not a traceback
+# (MemoryError: the last resort where a size passes every check and the machine still runs out: one line, not a
+# traceback; every allocation that grows with n or m is bounded by _checks.MAX_ELEMENTS before it is made)
 _USER_ERRORS = (ValueError, UnicodeDecodeError, OverflowError, FileNotFoundError, IsADirectoryError,
-                NotADirectoryError, PermissionError)
+                NotADirectoryError, PermissionError, MemoryError)
 
 
 def _message(exc: BaseException) -> str:
@@ -509,6 +511,8 @@ def _message(exc: BaseException) -> str:
         return f"{exc.filename}: {exc.strerror or exc}"
     if isinstance(exc, OverflowError):
         return f"a number is too large ({exc})"
+    if isinstance(exc, MemoryError):
+        return f"out of memory ({exc or 'no detail'}); use smaller sizes (n_items, n_samples) or fewer instances"
     if isinstance(exc, UnicodeDecodeError):
         return f"an input file is not UTF-8 text ({exc.reason} at byte {exc.start})"
     return str(exc)

@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from ._checks import check_int, check_sizes
+from ._checks import check_int, check_rank_values, check_sizes
 from ._options import check_bool, check_names, check_seed
 from .corrections import check_gamma, check_method, expected_corrected, tables_for_counts
 from .metric_names import parse_metric
@@ -82,9 +82,11 @@ def _check_seed(seed):
 
 
 def _prepare(exact_ranks: Mapping[str, object], n_items):
+    if not isinstance(exact_ranks, Mapping):
+        raise ValueError(f"exact_ranks: expected a mapping of recommender name to exact ranks, got {type(exact_ranks).__name__}")
     if len(exact_ranks) < 1:
         raise ValueError("exact_ranks: give at least one recommender")
-    ranks = {k: torch.as_tensor(v).detach().cpu().reshape(-1) for k, v in exact_ranks.items()}
+    ranks = {k: check_rank_values(v, f"exact_ranks[{k!r}]").detach().cpu().reshape(-1) for k, v in exact_ranks.items()}
     sizes = {v.numel() for v in ranks.values()}
     if len(sizes) != 1:
         raise ValueError("exact_ranks: every recommender must be evaluated on the same instances")

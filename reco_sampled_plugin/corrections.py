@@ -43,7 +43,8 @@ import scipy.linalg
 import scipy.optimize
 import torch
 
-from ._checks import MAX_SAMPLES, check_rank_values, check_ranks_in_range, check_size, check_sizes
+from ._checks import (MAX_ELEMENTS, MAX_SAMPLES, check_device, check_elements, check_rank_values, check_ranks_in_range,
+                      check_size, check_sizes)
 from ._options import check_fraction, check_names
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_from_float_ranks
@@ -147,7 +148,11 @@ def design_rule(spec: MetricSpec, n: int, m: int, prior: Prior) -> tuple[np.ndar
     tail = composite_rule(kc + 1, n, k_smooth)
     r = np.concatenate([head[0], tail[0]])
     w = np.concatenate([head[1], tail[1]]) * prior.density(r, n)
-    return r, w / w.sum()
+    total = float(w.sum())
+    if not (math.isfinite(total) and total > 0):  # a zero prior would reach LAPACK as NaN (a LinAlgError)
+        raise ValueError(f"prior: its weights over the ranks 1..{n} sum to {total:g}; a prior needs a finite "
+                         "positive total")
+    return r, w / total
 
 
 def _fill_missing(x: np.ndarray, ok: np.ndarray) -> np.ndarray:
@@ -171,8 +176,18 @@ def _rank_estimate(spec: MetricSpec, n: int, m: int, rounding: str) -> np.ndarra
     return _metric(spec, lo.astype(np.float64), n) * (1 - frac) + _metric(spec, hi.astype(np.float64), n) * frac
 
 
+def _check_system(rows: int, m: int) -> None:
+    """The (rows x (m + 1)) system P(r~ | r) of a solved table against the one bound on arrays that grow with n or
+    m (``_checks.MAX_ELEMENTS``), counting the four copies that live at once (the pmf, its weighted copy, [A b] and
+    the QR's work array): a ValueError naming ``n_samples`` before allocating."""
+    check_elements(4 * rows * (m + 1), "n_samples",
+                   f"the system P(r~ | r) of a correction table (4 working copies of {rows} rank nodes x m + 1 = "
+                   f"{m + 1}; a vector prior enumerates every rank)")
+
+
 def _weighted_system(spec, n, m, law, prior):
     r, w = design_rule(spec, n, m, prior)
+    _check_system(r.size, m)
     p = pmf_at_ranks(r, n, m, law)
     mv = _metric(spec, r, n)
     return p, w, mv
@@ -401,6 +416,7 @@ def correction_table(
         ValueError naming the argument: unknown metric or method, gamma outside [0, 1], m >= n without
         replacement, a cut-off k > n, a bad prior (length, negative, not summing to one).
     """
+    device = check_device(device)
     table = table_numpy(metric, n_items, n_samples, method, gamma, sampling, prior, rounding)
     return torch.tensor(table, dtype=torch.float64, device=device)
 
@@ -438,6 +454,7 @@ def _tables_shared(specs: tuple[MetricSpec, ...], n: int, m: int, method: str, g
     if rule is None:
         return None
     r, w, enumerated = rule
+    _check_system(r.size, m)
     p = _enumerated_pmf(n, m, law) if enumerated else pmf_at_ranks(r, n, m, law)
     mv = np.stack([_metric(sp, r, n) for sp in specs], axis=1)  # (rows, S)
     if method == "bv" and gamma == 1.0:  # eq. 26 for every metric: posterior means
@@ -651,11 +668,13 @@ def estimate_by_fitted_prior(spec: MetricSpec, hist, *, method: str, sampling: s
     dist = fitted_distribution(hist, "mle", sampling, {"n_bootstrap": 0, **fit})
     flags = [f for f in dist.flags if f in ("not_converged", "pooled_n", "all_at_top")]
 
-    def prior_for_n(n: int):
-        return dist.prior(n) if n <= VECTOR_PRIOR_MAX else dist.as_prior()
+    def prior_for_n(n: int, m: int):
+        # a vector (enumerated exactly) while its system fits the bound of _check_system, a callable beyond
+        small = n <= VECTOR_PRIOR_MAX and 4 * n * (m + 1) <= MAX_ELEMENTS
+        return dist.prior(n) if small else dist.as_prior()
 
     values = np.concatenate([
-        table_numpy(spec, int(n), int(m), "bv", gamma, sampling, prior_for_n(int(n)), "floor")
+        table_numpy(spec, int(n), int(m), "bv", gamma, sampling, prior_for_n(int(n), int(m)), "floor")
         for n, m in zip(hist.n_items, hist.n_samples)
     ])
     value, se = table_estimate(hist, values)

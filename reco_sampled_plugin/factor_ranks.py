@@ -37,7 +37,7 @@ import weakref
 
 import torch
 
-from ._checks import check_dense, check_int
+from ._checks import check_dense, check_int, real_tensor
 from ._inputs import factor_finite_checks
 from ._options import check_bool
 from .counting import count_beating_tile
@@ -98,9 +98,8 @@ def _exact_precision(device: torch.device):
 
 
 def _factor(x, name: str) -> torch.Tensor:
-    check_dense(x, name)
-    if not isinstance(x, torch.Tensor):
-        x = torch.as_tensor(x)
+    check_dense(x, name)  # sparse: named, with the way out
+    x = real_tensor(x, name, "a 2-D floating matrix")  # arrays, lists; refuses ragged, bool, complex, meta
     if x.dim() != 2 or not x.is_floating_point():
         raise ValueError(f"{name}: expected a 2-D floating tensor, got shape {tuple(x.shape)} and dtype {x.dtype}")
     return x

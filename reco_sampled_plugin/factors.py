@@ -49,7 +49,7 @@ import scipy.sparse as sp
 import torch
 
 from . import registry
-from ._checks import check_dense, check_int
+from ._checks import check_dense, check_device, check_int, real_tensor
 from ._inputs import finite_flags
 from ._options import check_bool, check_fraction, check_names
 from ._sparse import canonicalise, csr_copy
@@ -110,14 +110,10 @@ def _to_csr(x, name: str) -> _CSR:
 
 
 def _as_factor(x, name: str, ndim: int) -> torch.Tensor:
-    check_dense(x, name)
-    if isinstance(x, torch.Tensor):
-        t = x.detach()
-    else:
-        arr = np.asarray(x)
-        if arr.dtype.kind not in "biuf":
-            raise ValueError(f"{name}: expected real numbers, got dtype {arr.dtype}")
-        t = torch.from_numpy(np.ascontiguousarray(arr))
+    check_dense(x, name)  # sparse: named, with the way out
+    # the one numeric conversion (_checks): tensors (not meta), arrays, lists; ragged lists, strings, sparse
+    # matrices, bools and complex numbers are refused naming ``name``
+    t = real_tensor(x, name).detach()
     if t.dim() != ndim:
         want = "a (rows x factors) matrix" if ndim == 2 else "a vector"
         raise ValueError(f"{name}: expected {want}, got shape {tuple(t.shape)}")
@@ -385,7 +381,7 @@ def evaluate_factors(
             )
     if bias is not None and bias.shape[0] != n_items:
         raise ValueError(f"item_biases: {bias.shape[0]} values but X_test has {n_items} items")
-    dev = torch.device(device) if device is not None else ref.device
+    dev = check_device(device) or ref.device
     if dtype is None:
         all32 = all(t.dtype == torch.float32 for t in (a_mat, b_mat, bias) if t is not None)
         dtype = torch.float32 if all32 else torch.float64

@@ -54,6 +54,7 @@ from .adaptive import check_adaptive_histogram, stage_event_cdf
 from .design import AdaptiveDesign, coerce_adaptive
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_bounds
+from .quadrature import power_sums
 from .sampling_laws import check_law
 
 __all__ = ["TopShape", "IdentifiedInterval", "Identification", "identified_interval", "top_sensitive", "resolution"]
@@ -168,8 +169,8 @@ def _shape_rows(edges: np.ndarray, zone_end: int, gamma: float | None) -> np.nda
     if gamma is None:
         ref = np.ones(c_zone)
     else:
-        r = np.arange(1, int(edges[c_zone]) + 1, dtype=np.float64)
-        ref = np.add.reduceat(r ** (-gamma), edges[:c_zone]) / widths
+        # cell c holds ranks edges[c] + 1 .. edges[c + 1]: its sum of r^-gamma in closed form (no array of n ranks)
+        ref = power_sums(edges[:c_zone] + 1, edges[1 : c_zone + 1], gamma) / widths
     rows = np.zeros((c_zone - 1, len(edges) - 1))
     idx = np.arange(c_zone - 1)
     # density d_c = P_c / w_c; constraint d_{c+1} / ref_{c+1} <= d_c / ref_c (monotone: ref = 1) or the
@@ -349,6 +350,25 @@ def _cell_cdf_cached(edges: bytes, n: int, m: int, checkpoints: bytes, law: str)
     out = _cell_cdf(np.frombuffer(edges, dtype=np.int64), n, m, np.frombuffer(checkpoints, dtype=np.int64), law)
     out.flags.writeable = False
     return out
+#: largest population n - 1 handed to scipy's hypergeometric cdf (its cost grows with n: 0.2 s a call at 1e9)
+_SCIPY_HYPERGEOM_MAX = 1 << 24
+
+
+def _hypergeom_cdf(pts: np.ndarray, n: int, m: int, k: np.ndarray) -> np.ndarray:
+    """P(j <= k | r) of the hypergeometric law (j irrelevant samples above rank r) for whole ranks ``pts`` (...)
+    and counts ``k`` (J,): (..., J), from the law's log pmf (sampling_laws) summed in chunks of 2^22 values,
+    so the cost is O(len(pts) m) whatever n is."""
+    import torch
+
+    from .sampling_laws import log_sampled_rank_pmf_unbounded
+
+    flat = pts.reshape(-1).astype(np.float64)
+    out = np.empty((flat.size, len(k)))
+    step = max(1, (1 << 22) // (m + 1))
+    for s in range(0, flat.size, step):  # chunks of the work matrix, not a loop over data
+        logp = log_sampled_rank_pmf_unbounded(torch.from_numpy(flat[s : s + step]), n, m, "hypergeometric").numpy()
+        out[s : s + step] = np.minimum(np.cumsum(np.exp(logp), axis=-1)[:, k], 1.0)
+    return out.reshape(pts.shape + (len(k),))
 
 
 def _cell_cdf(edges: np.ndarray, n: int, m: int, checkpoints: np.ndarray, law: str) -> np.ndarray:
@@ -363,10 +383,12 @@ def _cell_cdf(edges: np.ndarray, n: int, m: int, checkpoints: np.ndarray, law: s
     k = checkpoints.astype(np.float64) - 1.0  # r~ <= i  <=>  j <= i - 1
     if law == "binomial":
         cdf = special.bdtr(k, m, np.clip((r - 1.0) / (n - 1.0), 0.0, 1.0))
-    else:
+    elif n - 1 <= _SCIPY_HYPERGEOM_MAX:
         from scipy import stats  # imported here: scipy.stats costs ~0.4 s at import, and only this law needs it
 
         cdf = stats.hypergeom.cdf(k, n - 1, r - 1.0, m)
+    else:  # scipy's cdf costs time growing with n (minutes at n = 2^40): cumulative sums of the exact law instead
+        cdf = _hypergeom_cdf(pts[:c_in], n, m, checkpoints - 1)
     out = np.zeros((len(edges) - 1, len(checkpoints)))
     out[:c_in] = np.einsum("cs,csj->cj", wts[:c_in], cdf)
     return out

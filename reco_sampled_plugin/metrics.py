@@ -22,7 +22,7 @@ from functools import lru_cache
 
 import torch
 
-from ._checks import check_rank_values, check_ranks_in_range, check_sizes
+from ._checks import check_device, check_elements, check_rank_values, check_ranks_in_range, check_sizes
 from .metric_names import MetricSpec, parse_metric
 
 __all__ = ["metric_values", "metric_curve", "metric_bounds"]
@@ -75,10 +75,16 @@ def metric_values(metric: str | MetricSpec, ranks, n_items) -> torch.Tensor:
 
 
 def metric_curve(metric: str | MetricSpec, n_items: int, device=None) -> torch.Tensor:
-    """The whole table M(1), ..., M(n) as a float64 vector of length ``n_items`` (index 0 is r = 1)."""
+    """The whole table M(1), ..., M(n) as a float64 vector of length ``n_items`` (index 0 is r = 1).
+
+    Raises:
+        ValueError naming ``n_items`` when the curve would exceed ``_checks.MAX_ELEMENTS`` (2^27) values; for a few
+        ranks of a huge catalogue use :func:`metric_values`.
+    """
     spec = parse_metric(metric)
     n_items = check_sizes(n_items, "n_items", 2 if spec.kind == "auc" else 1, one=True)
-    r = torch.arange(1, n_items + 1, dtype=torch.float64, device=device)
+    check_elements(n_items, "n_items", "the curve M(1..n)")  # one value per rank: refused before allocating
+    r = torch.arange(1, n_items + 1, dtype=torch.float64, device=check_device(device))
     return metric_values(spec, r, n_items)
 
 

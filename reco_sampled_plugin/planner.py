@@ -57,6 +57,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from scipy import special
 
 from . import registry
 from ._checks import MAX_SAMPLES, check_int, check_size, check_sizes
@@ -210,14 +211,32 @@ class _DefaultShape:
     source = DEFAULT_FAMILY
 
     def draw(self, n_u: np.ndarray, repeats: int, rng: np.random.Generator) -> np.ndarray:
-        n_max = int(n_u.max())
-        cum_h = np.cumsum(1.0 / np.arange(1, n_max + 1, dtype=np.float64))  # H_1..H_nmax
         shape = (repeats, len(n_u))
         uniform = 1 + np.floor(rng.random(shape) * n_u).astype(np.int64)
-        t = rng.random(shape) * cum_h[n_u - 1]
-        harmonic = np.searchsorted(cum_h, t, side="left") + 1  # smallest R with H_R >= t
+        t = rng.random(shape) * harmonic_number(n_u)
+        harmonic = harmonic_inverse(t)  # smallest R with H_R >= t: O(1) memory per draw, whatever n is
         r = np.where(rng.random(shape) < 0.5, harmonic, uniform)
         return np.clip(r, 1, n_u).astype(np.int64)
+
+
+def harmonic_number(r) -> np.ndarray:
+    """H_r = sum_{i=1}^r 1/i in closed form, psi(r + 1) + Euler's gamma (no sum over 1..r), for whole r >= 0."""
+    return special.digamma(np.asarray(r, dtype=np.float64) + 1.0) + np.euler_gamma
+
+
+def harmonic_inverse(t) -> np.ndarray:
+    """The smallest whole R >= 1 with H_R >= t, for t >= 0: R ~ exp(t - gamma) - 1/2 (H_R = ln(R + 1/2) + gamma
+    + O(1/R^2)), then moved by single steps until H_{R-1} < t <= H_R (a step or two; the loop is over
+    corrections, not over draws)."""
+    t = np.asarray(t, dtype=np.float64)
+    r = np.maximum(np.floor(np.exp(np.minimum(t - np.euler_gamma, 700.0)) - 0.5), 1.0)
+    for _ in range(64):
+        up = harmonic_number(r) < t
+        down = (r > 1) & (harmonic_number(r - 1.0) >= t)
+        if not (up.any() or down.any()):
+            break
+        r = r + up - down
+    return r.astype(np.int64)
 
 
 def _smooth_log_rank(edges: np.ndarray, probs: np.ndarray, bandwidth: float) -> np.ndarray:

@@ -25,7 +25,7 @@ from typing import Callable, Hashable
 import numpy as np
 import torch
 
-from ._checks import MAX_SAMPLES, check_rank_values, check_size
+from ._checks import MAX_SAMPLES, check_elements, check_rank_values, check_ranks_in_range, check_size, real_tensor
 from ._options import check_nonnegative_float, check_positive_float
 
 __all__ = [
@@ -38,6 +38,14 @@ __all__ = [
     "fit_beta_prior",
     "empirical_prior",
 ]
+
+
+def prior_ranks(n) -> np.ndarray:
+    """The ranks 1..n (float64) of a prior vector p(1..n): ``n`` checked as a size (``n_items``) and against the
+    one bound on arrays that grow with n (``_checks.MAX_ELEMENTS``), before allocating."""
+    n = check_size(n, "n_items", 1)
+    check_elements(n, "n_items", "the prior vector p(1..n)")
+    return np.arange(1, n + 1, dtype=np.float64)
 
 
 class Prior:
@@ -74,7 +82,8 @@ class UniformPrior(Prior):
         return ("uniform",)
 
     def weights(self, n: int) -> np.ndarray:
-        return np.full(n, 1.0 / n)
+        r = prior_ranks(n)
+        return np.full(r.shape, 1.0 / r.size)
 
     def density(self, r: np.ndarray, n: int) -> np.ndarray:
         return np.full(np.shape(r), 1.0 / n)
@@ -109,7 +118,8 @@ class BetaPrior(Prior):
             return np.exp(self.a * (np.log(r) - np.log(n))) * -np.expm1(self.a * np.log1p(-1.0 / r))
 
     def weights(self, n: int) -> np.ndarray:
-        p = self.density(np.arange(1, n + 1, dtype=np.float64), n)
+        r = prior_ranks(n)
+        p = self.density(r, r.size)
         return p / p.sum()
 
     def __repr__(self) -> str:
@@ -121,7 +131,7 @@ class VectorPrior(Prior):
 
     def __init__(self, p, atol: float = 1e-8):
         atol = check_nonnegative_float(atol, "atol")
-        arr = p.detach().cpu().numpy() if isinstance(p, torch.Tensor) else np.asarray(p)
+        arr = real_tensor(p, "prior", "a vector of probabilities over ranks").detach().cpu().numpy()
         arr = np.asarray(arr, dtype=np.float64).reshape(-1)
         if arr.size == 0 or not np.all(np.isfinite(arr)):
             raise ValueError("prior: the vector must be non-empty and finite")
@@ -163,14 +173,18 @@ class CallablePrior(Prior):
         return ("callable", self.fn)
 
     def density(self, r: np.ndarray, n: int) -> np.ndarray:
-        out = np.asarray(self.fn(np.asarray(r, dtype=np.float64), n), dtype=np.float64)
-        out = np.broadcast_to(out, np.shape(r))
+        try:
+            out = np.asarray(self.fn(np.asarray(r, dtype=np.float64), n), dtype=np.float64)
+            out = np.broadcast_to(out, np.shape(r))
+        except (TypeError, ValueError) as exc:  # a callable of one argument, a non-numeric or mis-shaped result
+            raise ValueError(f"prior: the callable must map (r, n) to one weight per rank, but it failed ({exc})") from None
         if not np.all(np.isfinite(out)) or np.any(out < 0):
             raise ValueError("prior: the callable returned negative or non-finite values")
         return out
 
     def weights(self, n: int) -> np.ndarray:
-        p = self.density(np.arange(1, n + 1, dtype=np.float64), n)
+        r = prior_ranks(n)
+        p = self.density(r, r.size)
         if p.sum() <= 0:
             raise ValueError("prior: the callable's values sum to zero")
         return p / p.sum()
@@ -224,18 +238,20 @@ def fit_beta_prior(sampled_ranks, n_samples: int) -> BetaPrior:
 
 
 def empirical_prior(exact_ranks, n_items: int, smoothing: float = 1.0) -> VectorPrior:
-    """Histogram of exact ranks with additive smoothing ``smoothing`` per rank, as a VectorPrior."""
-    from ._checks import check_rank_values, check_size
+    """Histogram of exact ranks with additive smoothing ``smoothing`` per rank, as a VectorPrior.
+
+    Raises:
+        ValueError naming the argument: ranks that are not whole numbers in 1..n_items, a bad size, or an
+        ``n_items`` whose vector p(1..n) would exceed ``_checks.MAX_ELEMENTS`` (2^27) values.
+    """
     from ._options import check_nonnegative_float
 
-    n_items = check_size(n_items, "n_items", 1)
-    # whole ranks: a fractional rank (ties="average") would be truncated into another rank's bin
-    r = check_rank_values(exact_ranks, "exact_ranks", whole=True).reshape(-1).to(torch.int64).cpu().numpy()
-    if r.size and (r.min() < 1 or r.max() > n_items):
-        raise ValueError(f"exact_ranks: values must lie in 1..n_items = 1..{n_items}")
-
+    r_grid = prior_ranks(n_items)
+    n = r_grid.size
+    r = check_rank_values(exact_ranks, "exact_ranks", whole=True).reshape(-1).cpu()
+    check_ranks_in_range(r, n, "exact_ranks")
     smoothing = check_nonnegative_float(smoothing, "smoothing")
-    counts = np.bincount(r - 1, minlength=n_items).astype(np.float64) + smoothing
+    counts = np.bincount(r.to(torch.int64).numpy() - 1, minlength=n).astype(np.float64) + smoothing
     if counts.sum() <= 0:
         raise ValueError("smoothing: with no exact ranks, smoothing must be > 0 (the prior would be empty)")
     return VectorPrior(counts / counts.sum())

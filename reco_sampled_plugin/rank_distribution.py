@@ -908,11 +908,12 @@ class RankDistribution:
         candidates than the largest fitted group, e.g. after pooling groups) the last cell's per-rank
         probability is carried on to ranks ``self.n_items + 1 .. n``: the tail of a rank distribution is
         flat near the end of the catalogue, and the extension only reaches as far as the pooling spread.
+        A ValueError names ``n_items`` when the vector would exceed ``_checks.MAX_ELEMENTS`` (2^27) values:
+        :meth:`as_prior` serves any n.
         """
-        n = self.n_items if n_items is None else int(n_items)
-        if n < 1:
-            raise ValueError(f"n_items: must be >= 1, got {n}")
-        p = self._pmf_extended(np.arange(1, n + 1))
+        from .priors import prior_ranks  # n checked as a size and against the one bound on arrays of length n
+
+        p = self._pmf_extended(prior_ranks(self.n_items if n_items is None else n_items))
         return p / p.sum()
 
     def _pmf_extended(self, r: np.ndarray) -> np.ndarray:

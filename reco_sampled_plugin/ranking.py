@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import MAX_SAMPLES, MAX_SIZE, check_int, check_not_meta, check_same_device, check_sizes, check_weights
-from ._inputs import (Check, _score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
+from ._checks import MAX_SAMPLES, MAX_SIZE, check_generator, check_int, check_not_meta, check_same_device, check_sizes, check_weights
+from ._inputs import (Check, score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
                        finite_flags, pending_index, run_checks, sparse_masks)
 from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
 from ._options import check_bool
@@ -118,7 +118,7 @@ def _removed_tied_before(rem_scores, rem_valid, rem_idx, pos_scores, pos_keys, r
 
 
 def prepare_inputs(scores, positives, exclude, check_finite):
-    scores = _score_tensor(scores)
+    scores = score_tensor(scores)
     b, n = scores.shape
     first = [finite_check(scores)] if check_finite else []  # read back with the index checks: one synchronisation
     pos, exc = _prepare_index(positives, exclude, b, n, scores.device, first)
@@ -227,6 +227,7 @@ def exact_ranks(
     check_ties(ties)
     count_other_positives = check_bool(count_other_positives, "count_other_positives")
     check_finite = check_bool(check_finite, "check_finite")
+    check_generator(generator)
     scores, pos, exc = prepare_inputs(scores, positives, exclude, False)
     return exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator, check_finite=check_finite)
 
@@ -678,6 +679,7 @@ def sampled_ranks(
             raise ValueError("n_samples: an adaptive design draws in stages; call adaptive_sampled_ranks(scores, "
                              "positives, design)")
         n_samples, replacement, popularity = design.n_samples, design.replacement, design.popularity
+    check_generator(generator)
     scores, pos, exc = prepare_inputs(scores, positives, exclude, check_finite)
     b, n = scores.shape
     p = pos.shape[1]

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from ._checks import MAX_SAMPLES, check_rank_values, check_ranks_in_range, check_size, check_sizes
+from ._checks import MAX_ELEMENTS, MAX_SAMPLES, check_rank_values, check_ranks_in_range, check_size, check_sizes
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_from_float_ranks
 
@@ -35,8 +35,8 @@ _ALIASES = {
 _CHUNK_ELEMENTS = 1 << 22
 
 
-# largest table of P(r~ | r) that log_sampled_rank_pmf returns (elements): 2^27 float64 = 1 GiB
-_MAX_PMF_ELEMENTS = 1 << 27
+# largest table of P(r~ | r) that log_sampled_rank_pmf returns (elements): the package's one bound, 2^27 float64
+_MAX_PMF_ELEMENTS = MAX_ELEMENTS
 
 
 def check_law(sampling: str) -> str:

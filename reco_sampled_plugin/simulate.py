@@ -6,10 +6,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._checks import check_int, check_rank_values, check_sizes
+from ._checks import check_generator, check_int, check_rank_values, check_sizes
 from .sampling_laws import check_law
 
 __all__ = ["draw_sampled_ranks", "simulate_sampled_ranks"]
+
+#: numpy's hypergeometric sampler takes populations below 10^9 (good and bad items each)
+_MAX_HYPERGEOMETRIC = 10**9
 
 
 def draw_hits(trials, good, total, law: str, rng, size=None):
@@ -27,6 +30,11 @@ def draw_hits(trials, good, total, law: str, rng, size=None):
         return torch.binomial(trials, p, generator=rng)
     if law == "binomial":
         return rng.binomial(trials, good / np.maximum(total, 1), size=size)
+    if np.size(total) and np.max(total) >= _MAX_HYPERGEOMETRIC:
+        raise ValueError(
+            f"n_items: draws without replacement are simulated for n - 1 < 10^9 (numpy's hypergeometric sampler), "
+            f"got n - 1 = {int(np.max(total))}; use sampling='binomial' (the laws differ by O(m / n) there)"
+        )
     return rng.hypergeometric(good, total - good, trials, size=size)
 
 
@@ -67,8 +75,7 @@ def simulate_sampled_ranks(
     """Draw sampled ranks r~ = 1 + j given exact ranks r (j from the sampling law), int64, on the
     ranks' device. ``n_items`` and ``n_samples`` may be per-positive tensors; ``generator`` seeds
     the draw (see :func:`reco_sampled_plugin.simulate.draw_sampled_ranks`)."""
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise ValueError(f"generator: expected a torch.Generator or None, got {type(generator).__name__}")
-    r = torch.as_tensor(exact_ranks)
+    check_generator(generator)
+    r = check_rank_values(exact_ranks, "exact_ranks", whole=True)
     seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
     return draw_sampled_ranks(r, n_items, n_samples, sampling, repeats=1, seed=seed)[0].to(r.device)

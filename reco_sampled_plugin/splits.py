@@ -184,6 +184,12 @@ def split_train_test(
 
 
 _TIMES = "real numbers (e.g. seconds since the epoch)"
+def _entries(mat: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """The values mat[rows[i], cols[i]] as a 1-D array (empty, of mat's dtype, when no entry is asked: scipy's
+    fancy indexing returns a 1 x 0 matrix there, which numpy then cannot read)."""
+    if len(rows) == 0:
+        return np.zeros(0, dtype=mat.dtype)
+    return np.asarray(mat[rows, cols]).reshape(-1)
 
 
 def leave_last_out_split(X, timestamps):
@@ -210,7 +216,7 @@ def leave_last_out_split(X, timestamps):
         ts_m = sp.csr_matrix(timestamps)
         if ts_m.shape != m.shape:
             raise ValueError(f"timestamps: shape {ts_m.shape} differs from X's {m.shape}")
-        ts = check_real_array(np.asarray(ts_m[coo.row, coo.col]).reshape(-1), "timestamps", _TIMES)
+        ts = check_real_array(_entries(ts_m, coo.row, coo.col), "timestamps", _TIMES)
     else:
         arr = check_real_array(timestamps, "timestamps", _TIMES)
         if arr.ndim == 2:
@@ -235,10 +241,9 @@ def leave_last_out_split(X, timestamps):
     split = leave_last_out(inter)
     pattern = split.train.tocsr()
     train = m.multiply(pattern != 0).tocsr().astype(m.dtype)
-    users = split.test_users
-    items = split.test_items[users]
-    vals = np.asarray(m[users, items]).reshape(-1)
-    test = sp.csr_matrix((vals, (users, items)), shape=m.shape, dtype=m.dtype)
+    users = np.asarray(split.test_users, dtype=np.int64)
+    items = np.asarray(split.test_items, dtype=np.int64)[users]
+    test = sp.csr_matrix((_entries(m, users, items), (users, items)), shape=m.shape, dtype=m.dtype)
     for x in (train, test):
         x.sort_indices()
     return _out(train, as_array), _out(test, as_array)

@@ -174,8 +174,8 @@ def paired_difference(
     difference). A single instance has no measurable spread: stderr inf, flag ``few_instances``, and both
     probabilities 0.5 (no evidence either way), never certainty.
     """
-    a = torch.as_tensor(sampled_ranks_a)
-    b = torch.as_tensor(sampled_ranks_b)
+    a = check_rank_values(sampled_ranks_a, "sampled_ranks_a")
+    b = check_rank_values(sampled_ranks_b, "sampled_ranks_b")
     if a.shape != b.shape:
         raise ValueError(f"sampled_ranks_b: shape {tuple(b.shape)} differs from sampled_ranks_a {tuple(a.shape)}")
     va = corrected_values(metric, a, n_items, n_samples, method, gamma, sampling, prior, rounding=rounding)

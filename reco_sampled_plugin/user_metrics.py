@@ -29,7 +29,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ._checks import as_tensor, check_rank_values, check_sizes, check_weights
+from ._checks import as_tensor, check_generator, check_rank_values, real_tensor, check_sizes, check_weights
 from .metric_names import MetricSpec, parse_metric
 from ._inputs import check_finite_rows
 from ._options import check_bool, check_names
@@ -243,6 +243,7 @@ def per_user_metrics(
     as_frame = check_bool(as_frame, "as_frame")
     check_finite = check_bool(check_finite, "check_finite")
     check_ties(ties)
+    check_generator(generator)
     scores, pos, exc = prepare_inputs(scores, positives, exclude, False)
     b, n = scores.shape
     for spec in specs:
@@ -272,10 +273,11 @@ def per_user_metrics_from_factors(
     without storing them: ranks from :func:`~reco_sampled_plugin.factor_ranks.exact_ranks_from_factors`
     (cache-sized score tiles; NaN/inf factors raise). Arguments as in :func:`per_user_metrics`; ``ties``
     pessimistic, optimistic or average."""
-    from .factor_ranks import ranks_and_index_from_factors
+    from .factor_ranks import check_factors, ranks_and_index_from_factors
 
     specs = _expand(metrics, cumulative)
     as_frame = check_bool(as_frame, "as_frame")
+    user_factors, item_factors, item_bias = check_factors(user_factors, item_factors, item_bias)
     n = int(item_factors.shape[0])
     for spec in specs:
         if spec.k is not None and spec.k > n:
@@ -335,11 +337,14 @@ def mean_metrics(values) -> dict[str, tuple[float, int, int]]:
 
     ``values`` is a DataFrame or dict of per-user values from :func:`per_user_metrics`.
     """
+    if not (isinstance(values, dict) or hasattr(values, "columns")):
+        raise ValueError(f"values: expected a DataFrame or dict of per-user values (per_user_metrics), got "
+                         f"{type(values).__name__}")
     items = list(values.items() if isinstance(values, dict) else ((c, values[c]) for c in values.columns))
     if not items:
         return {}
-    cols = [v.to(torch.float64) if isinstance(v, torch.Tensor) else torch.tensor(v.to_numpy(dtype="float64", copy=True))
-            for _, v in items]
+    cols = [real_tensor(v if isinstance(v, torch.Tensor) else getattr(v, "to_numpy", lambda: v)(), f"values[{k!r}]")
+            .to(torch.float64) for k, v in items]
     device = cols[0].device
     stats = []
     for t in cols:  # per metric (B,) values: mean over the defined ones, nothing read back yet

@@ -280,7 +280,7 @@ class _RankingMetricsLogic:
         glob, keep = st.positions(b, device)
         if not self.dedup_padding:
             keep = None
-        return (glob if ids is None else torch.as_tensor(ids, device=device)), keep
+        return (glob if ids is None else ids), keep  # the step's ids: converted and checked by the sampled metric
 
     # -------------------------------------------------------------------------- epoch end
     def _epoch_end(self, trainer, pl_module, stage: str) -> None:

@@ -61,7 +61,8 @@ import numpy as np
 import torch
 from torchmetrics import Metric
 
-from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags
+from reco_sampled_plugin._checks import check_elements, real_tensor
+from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags, score_tensor
 from reco_sampled_plugin._options import check_bool, check_choice, check_count, check_names, check_seed
 from reco_sampled_plugin.estimate import Estimate, interval_values
 from reco_sampled_plugin import registry
@@ -166,10 +167,16 @@ def _to(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x if x.device == device else x.to(device)
 
 
+def _index_like(x, name: str, what: str, device) -> torch.Tensor:
+    """``x`` (a tensor, numpy array or list) as a tensor on ``device`` (the one conversion, ``_checks.real_tensor``:
+    strings, ragged lists, sparse matrices, complex numbers and ``meta`` tensors give a ValueError naming ``name``)."""
+    return _to(real_tensor(x, name, what, booleans=True), torch.device(device))
+
+
 def _keep_mask(keep, batch: int, device) -> torch.Tensor | None:
     if keep is None:
         return None
-    k = torch.as_tensor(keep, device=device)
+    k = _index_like(keep, "keep", f"a ({batch},) bool tensor", device)
     if k.dtype != torch.bool or k.shape != (batch,):
         raise ValueError(f"keep: expected a ({batch},) bool tensor, got {tuple(k.shape)} {k.dtype}")
     return k
@@ -306,7 +313,9 @@ class ExactRankingMetrics(_MergeChecked):
         self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
     def update(self, scores: torch.Tensor, positives, exclude=None, keep: torch.Tensor | None = None) -> None:
-        """Add a batch: (B, n) scores, positives and exclusions (bool masks or padded indices)."""
+        """Add a batch: (B, n) scores, positives and exclusions (bool masks or padded indices); tensors, numpy arrays
+        or lists."""
+        scores = score_tensor(scores)
         pos, exc = padded_inputs(scores, positives, exclude)
         self._update_padded(scores, pos, exc, keep)
 
@@ -544,7 +553,9 @@ class SampledRankingMetrics(_MergeChecked):
 
     # ------------------------------------------------------------------------------- update
     def update(self, scores: torch.Tensor, positives, exclude=None, ids=None, keep: torch.Tensor | None = None) -> None:
-        """Add a batch: (B, n) scores, positives, exclusions, optional instance ids and keep mask."""
+        """Add a batch: (B, n) scores, positives, exclusions, optional instance ids and keep mask; tensors, numpy
+        arrays or lists."""
+        scores = score_tensor(scores)
         pos, exc = padded_inputs(scores, positives, exclude)
         self._update_padded(scores, pos, exc, ids, keep)
 
@@ -622,7 +633,7 @@ class SampledRankingMetrics(_MergeChecked):
         if ids is None:
             ids = torch.arange(self._rows_seen, self._rows_seen + b, device=device)
         else:
-            ids = torch.as_tensor(ids, device=device)
+            ids = _index_like(ids, "ids", f"({b},) integer instance ids", device)
             if ids.shape != (b,) or ids.is_floating_point() or ids.dtype == torch.bool:
                 raise ValueError(f"ids: expected ({b},) integer instance ids, got {tuple(ids.shape)} {ids.dtype}")
         self._rows_seen += b
@@ -636,11 +647,14 @@ class SampledRankingMetrics(_MergeChecked):
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
             valid = valid & k.unsqueeze(1)
+        width = self.hist.shape[1]
+        rows = min((0 if exc is None else exc.shape[1]) + pos.shape[1], n_items)
+        if rows > self.hist.shape[0]:  # before the state changes: the batch is refused whole
+            check_elements(rows * width, "n_samples", f"the histogram state ({rows} rows of excluded counts x "
+                           f"{width} sampled ranks; rows grow with the exclusions and positives of a row)")
         self.n_items = torch.full((), n_items, dtype=torch.int64, device=self.n_items.device)
         if valid.numel() == 0:
             return
-        width = self.hist.shape[1]
-        rows = min((0 if exc is None else exc.shape[1]) + pos.shape[1], n_items)
         e = (n_items - n_cand).unsqueeze(1)
         col = ranks - 1
         if sizes is not None:  # stage s = log2(M / m) starts at its column offset
