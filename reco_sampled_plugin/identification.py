@@ -183,25 +183,34 @@ def _shape_rows(edges: np.ndarray, zone_end: int, gamma: float | None) -> np.nda
 
 
 _CACHE: OrderedDict = OrderedDict()
-_CACHE_MAX = 16
+_CACHE_MAX = 64
 _CACHE_LOCK = threading.Lock()
+
+
+def _memo(key: tuple, build):
+    """``build()`` kept under ``key`` (programs and identified intervals of the last few histograms: estimators
+    of one evaluation share them, e.g. a corrected and a rank-distribution Recall@10 of the same ranks)."""
+    with _CACHE_LOCK:
+        hit = _CACHE.get(key)
+        if hit is not None:
+            _CACHE.move_to_end(key)
+            return hit
+    value = build()
+    with _CACHE_LOCK:
+        _CACHE[key] = value
+        while len(_CACHE) > _CACHE_MAX:
+            _CACHE.popitem(last=False)
+    return value
+
+
+def _hist_key(hist: RankHistogram) -> tuple:
+    return (hist.n_items.tobytes(), hist.n_samples.tobytes(), hist.flat_counts.tobytes())
 
 
 def _program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int,
              cutoff: int = 0, adaptive: AdaptiveDesign | None = None) -> _Program:
-    key = (hist.n_items.tobytes(), hist.n_samples.tobytes(), hist.flat_counts.tobytes(), law, shape, level, relax,
-           max_groups, cutoff, adaptive)
-    with _CACHE_LOCK:
-        prog = _CACHE.get(key)
-        if prog is not None:
-            _CACHE.move_to_end(key)
-            return prog
-    prog = _build_program(hist, law, shape, level, relax, max_groups, cutoff, adaptive)
-    with _CACHE_LOCK:
-        _CACHE[key] = prog
-        while len(_CACHE) > _CACHE_MAX:
-            _CACHE.popitem(last=False)
-    return prog
+    key = ("program",) + _hist_key(hist) + (law, shape, level, relax, max_groups, cutoff, adaptive)
+    return _memo(key, lambda: _build_program(hist, law, shape, level, relax, max_groups, cutoff, adaptive))
 
 
 def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int,
@@ -515,8 +524,9 @@ class Identification:
     def interval(self, level: float = 0.95) -> IdentifiedInterval:
         key = float(level)
         if key not in self._cache:
-            self._cache[key] = identified_interval(self.spec, self.hist, level=key, sampling=self.sampling,
-                                                   shape=self.shape, adaptive=self.adaptive)
+            shared = ("interval", self.spec) + _hist_key(self.hist) + (self.sampling, self.shape, key, self.adaptive)
+            self._cache[key] = _memo(shared, lambda: identified_interval(
+                self.spec, self.hist, level=key, sampling=self.sampling, shape=self.shape, adaptive=self.adaptive))
         return self._cache[key]
 
     def __repr__(self) -> str:
