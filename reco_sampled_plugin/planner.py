@@ -45,7 +45,8 @@ users its metric at K = 10 can be 15-30% off and the forecast's relative error w
 tests/test_planner.py: predicted and simulated relative errors within 30% in 15 of 16 cases on ml-100k and
 ml-latest-small). Each forecast carries its Monte Carlo standard error; ``meets_target`` compares the point
 forecast with the target. With the default family the forecast is a rough guide. Timing (2-core machine, one thread: see
-:func:`plan`): the default grid (9 designs) for ``n_items = 10_000, n_users = 6000, repeats = 20`` takes 3-4 s.
+:func:`plan`): the default grid (9 designs, 180 fits) for ``n_items = 50_000, n_users = 6000, repeats = 20`` takes
+about 2 s of CPU after the imports (BENCHMARKS.md, issue 25).
 """
 
 from __future__ import annotations
