@@ -604,6 +604,8 @@ def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol
         pi = np.exp(z)
         return pi / pi.sum()
 
+    scale = max(float(lam), 1.0)
+
     def objective(theta):
         pi = unpack(theta)
         prob = model.mix(pi)
@@ -618,7 +620,9 @@ def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol
         dll = model.back(np.where(has, counts / safe, 0.0)) - (totals_g / zg) @ inside
         grad_pi = -dll / total + lam * (np.log(per_rank) + 1.0)
         grad = pi * (grad_pi - np.dot(pi, grad_pi))
-        return f, grad
+        # divided by max(lam, 1): the same minimiser, unchanged for the default lam (10 / M < 1), and for a huge
+        # entropy weight (lam = 1e300, finite, accepted) a gradient the line search and y . y can still handle
+        return f / scale, grad / scale
 
     values = []
     theta0 = np.log(np.maximum(pi0, 1e-300)) - logw
@@ -634,8 +638,8 @@ def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol
 
 
 def _mes_objective(model: _Model, counts: np.ndarray, lam: np.ndarray, beta: float):
-    """The MES objective of :func:`_mes_fit` for a batch: f(theta) (B,) and its gradient (B, C) at logits
-    theta (B, C) of B problems (counts (B, K), entropy weights lam (B,)) on one model."""
+    """The MES objective of :func:`_mes_fit` for a batch, divided by max(lam, 1): f(theta) (B,) and its gradient
+    (B, C) at logits theta (B, C) of B problems (counts (B, K), entropy weights lam (B,)) on one model."""
     widths = _reference_measure(model.edges, beta)
     logw = np.log(widths)
     inside = model.inside.astype(np.float64)
@@ -660,7 +664,8 @@ def _mes_objective(model: _Model, counts: np.ndarray, lam: np.ndarray, beta: flo
         dll = model.back(np.where(hs, cnt / safe, 0.0)) - (tg / zg) @ inside
         grad_pi = -dll / tot[:, None] + lm[:, None] * (log_per_rank + 1.0)
         grad = pi * (grad_pi - (pi * grad_pi).sum(-1, keepdims=True))
-        return f, grad, pi
+        scale = np.maximum(lm, 1.0)  # see _mes_fit
+        return f / scale, grad / scale[:, None], pi
 
     return evaluate, logw
 

@@ -487,3 +487,15 @@ def test_banded_likelihood_equals_the_dense_one(n, m):
     for g in range(3):  # every cell's law over all m + 1 values of r~ sums to 1 (floored entries are < 1e-16 each)
         rows = model.lik[:, model.cols[:, 0] == g][inside[g]]
         np.testing.assert_allclose(rows.sum(axis=1), 1.0, atol=1e-12)
+
+
+def test_mes_bootstrap_with_a_huge_entropy_weight_returns_the_base_measure_without_overflow():
+    """lam = 1e300 (accepted: finite): the fit's and every replicate's optimum is the base measure (uniform over
+    ranks), reached without an overflow in the L-BFGS products (warnings are errors in this suite); within 3%
+    as test_mes_base_measure_beta (the objective is flat near it: L-BFGS-B's ftol stops a little short)."""
+    ranks = torch.tensor([1, 2, 3, 5, 8, 11, 2, 1, 4, 6] * 5)
+    fit = estimate_rank_distribution(ranks, 1000, 10, method="mes", lam=1e300, n_bootstrap=4)
+    widths = np.diff(fit.edges)
+    assert fit.converged and fit.bootstrap.shape == (4, len(widths))
+    np.testing.assert_allclose(fit.probs, widths / widths.sum(), rtol=0.03)
+    np.testing.assert_allclose(fit.bootstrap, np.broadcast_to(widths / widths.sum(), fit.bootstrap.shape), rtol=0.03)
