@@ -62,9 +62,9 @@ from ._rank_hist import (
     interval_mean_metrics,
     pool_by_n,
 )
-from ._checks import check_rank_values, impossible_rank_message
-from ._options import (check_base_measure, check_bool, check_count, check_names, check_nonnegative_float,
-                       check_positive_float, check_seed)
+from ._checks import check_rank_values, check_without_replacement, impossible_rank_message
+from ._options import (check_base_measure, check_bool, check_count, check_metric_names,
+                       check_nonnegative_float, check_positive_float, check_seed)
 from .metric_names import parse_metric
 from .sampling_laws import check_law, log_sampled_rank_pmf_unbounded as _log_sampled_rank_pmf
 
@@ -418,8 +418,7 @@ def _build_model(
     same groups whose columns must be in the support (batched fits)."""
     law = check_law(sampling)
     hist, pooled = pool_groups(hist, max_groups, max_rel_n_spread)
-    if law == "hypergeometric" and np.any(hist.n_samples > hist.n_items - 1):
-        raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (n - 1 >= m)")
+    check_without_replacement(hist.n_items, hist.n_samples, law)
     m_max = int(hist.n_samples.max())
     base = _likelihood(
         tuple(int(v) for v in hist.n_items), tuple(int(v) for v in hist.n_samples), law, float(delta), float(kappa),
@@ -1034,12 +1033,12 @@ class RankDistribution:
 
         Cut-off metrics share one prefix-sum table (``interval_mean_metrics``), so K = 1..50 of two metrics
         cost little more than one."""
-        specs = [parse_metric(mt) for mt in check_names(metrics, "metrics")]  # one str: one metric
+        specs = list(check_metric_names(metrics))  # one str: one metric
         return {str(sp): self.metric(sp, stderr=stderr) for sp in specs}
 
     def values(self, metrics) -> np.ndarray:
         """Point estimates only (no standard errors, no flags) for several metrics: float64 (len(metrics),)."""
-        specs = tuple(parse_metric(mt) for mt in check_names(metrics, "metrics"))
+        specs = check_metric_names(metrics)
         hist = self.histogram
         for spec in specs:
             if spec.k is not None and spec.k > int(hist.n_items[hist.totals > 0].min()):
@@ -1105,7 +1104,7 @@ def estimate_rank_distribution(
     delta, kappa, beta, n_bootstrap, seed, trace = (opts[k] for k in ("delta", "kappa", "beta", "n_bootstrap", "seed",
                                                                       "trace"))
     hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
-    hist.check_nonempty()
+    hist.check_nonempty(weights)
     model = _build_model(hist, sampling, max_groups, delta, kappa, check_spread(max_rel_n_spread))
     widths = model.widths
     pi0 = widths / widths.sum()  # uniform over ranks
