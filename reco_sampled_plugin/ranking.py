@@ -196,10 +196,10 @@ def candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tenso
     given = positives if isinstance(positives, torch.Tensor) else real_tensor(positives, "positives", booleans=True)
     rows = given.shape[0] if given.dim() else 1
     pos, exc = prepare_index(positives, exclude, rows, n_items, given.device)
-    return _candidate_counts(n_items, pos, exc, count_other_positives)
+    return padded_candidate_counts(n_items, pos, exc, count_other_positives)
 
 
-def _candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tensor | None,
+def padded_candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tensor | None,
                       count_other_positives: bool = True) -> torch.Tensor:
     """:func:`candidate_counts` on validated padded (B, P) / (B, E) index tensors (-1 padding)."""
     n_exc = (exclude >= 0).sum(1) if exclude is not None else torch.zeros(positives.shape[0], dtype=torch.int64, device=positives.device)
@@ -761,7 +761,7 @@ def sampled_ranks(
             ranks = above.sum(2) + (tied & (neg_keys < pos_keys.unsqueeze(2))).sum(2) + 1
     ranks = torch.where(pos_valid, ranks, torch.zeros_like(ranks))
     neg = torch.where(pos_valid.unsqueeze(2), neg, torch.full_like(neg, -1))
-    n_cand = _candidate_counts(n, pos, exc, count_other_positives=False)
+    n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)
     if design is None:  # built from validated parts, without a second validation (no extra host sync)
         design = SamplingDesign.trusted(m, replacement=bool(replacement) if negatives is None else True,
                                         popularity=popularity if negatives is None else None)

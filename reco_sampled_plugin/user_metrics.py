@@ -33,7 +33,7 @@ from ._checks import as_tensor, check_generator, check_rank_values, real_tensor,
 from .metric_names import MetricSpec, parse_metric
 from ._inputs import check_finite_rows
 from ._options import check_bool, check_metric_names
-from .ranking import TIE_BOUNDS, check_ties, exact_ranks_padded_finite, prepare_inputs, _candidate_counts
+from .ranking import TIE_BOUNDS, check_ties, exact_ranks_padded_finite, prepare_inputs, padded_candidate_counts
 from .tie_expectation import expected_metric_values, ideal_dcg, undefined_users
 
 __all__ = ["user_metric_values", "per_user_metrics", "per_user_metrics_from_factors", "mean_metrics", "DEFAULT_METRICS"]
@@ -297,7 +297,7 @@ def _metrics_from_ranks(specs, ranks, pos, exc, n: int, relevance, as_frame: boo
         check_finite_rows(finite)  # the scores' error first
         finite = None
     b = pos.shape[0]
-    n_cand = _candidate_counts(n, pos, exc)
+    n_cand = padded_candidate_counts(n, pos, exc)
     rel = None
     if relevance is not None:
         rel = real_tensor(relevance, "relevance", "a bool mask or non-negative relevance weights", booleans=True).to(ranks.device)

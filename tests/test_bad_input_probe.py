@@ -385,3 +385,15 @@ def test_the_abstract_prior_is_refused_by_name():
     # its subclasses as before: a uniform prior object is the default
     assert torch.equal(rsp.correction_table("ndcg@10", 100, 10, prior=rsp.UniformPrior()),
                        rsp.correction_table("ndcg@10", 100, 10))
+
+
+def test_a_huge_entropy_weight_is_refused_not_overflowed():
+    """lam = 1e300 (found by the fuzz suite's long profile) overflowed inside the L-BFGS (a RuntimeWarning, then
+    NaN); the fit converges to the base measure long before the bound, so values up to it agree."""
+    ranks = torch.tensor([1, 2, 3, 5, 8, 13, 21, 1, 1, 2])
+    _raises_naming(lambda: rsp.estimate("ndcg@10", ranks, 500, 30, method="mes", lam=1e300), "lam")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        a = rsp.estimate("ndcg@10", ranks, 500, 30, method="mes", lam=1e12).value
+        b = rsp.estimate("ndcg@10", ranks, 500, 30, method="mes", lam=1e100).value
+    assert a == pytest.approx(b, rel=1e-9)

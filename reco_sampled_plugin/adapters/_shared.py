@@ -28,7 +28,7 @@ from reco_sampled_plugin.factor_ranks import positive_scores
 from reco_sampled_plugin.ranking import (
     DETERMINISTIC_TIES,
     allowed_position_to_item,
-    _candidate_counts,
+    padded_candidate_counts,
     forbidden_sorted,
     prepare_index,
 )
@@ -344,7 +344,7 @@ def keyed_sampled_ranks(
     padded inputs. ``checks``: see :func:`keyed_negatives` (None: checked here).
     """
     ranks = keyed_ranks_only(scores, pos, exc, n_samples, ids, seed, replacement, ties, checks)
-    return ranks, _candidate_counts(scores.shape[1], pos, exc, count_other_positives=False)
+    return ranks, padded_candidate_counts(scores.shape[1], pos, exc, count_other_positives=False)
 
 
 def _rows_per_chunk(p: int, m: int) -> int:
@@ -394,7 +394,7 @@ def keyed_sampled_ranks_from_factors(
     negatives, scored by one dot product each (as the positives, whose scores may be passed in), their factors
     gathered in chunks (``factor_ranks.positive_scores``)."""
     ranks = keyed_factor_ranks_only(u, v, bias, pos, exc, n_samples, ids, seed, replacement, ties, pos_scores, checks)
-    return ranks, _candidate_counts(v.shape[0], pos, exc, count_other_positives=False)
+    return ranks, padded_candidate_counts(v.shape[0], pos, exc, count_other_positives=False)
 
 
 @torch.no_grad()

@@ -73,7 +73,7 @@ from reco_sampled_plugin.estimators import check_estimator_options, estimate
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_from_float_ranks as _metric_from_float_ranks  # patched by name in tests
 from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
-from reco_sampled_plugin.ranking import TIE_BOUNDS, _candidate_counts, exact_ranks_padded, prepare_index
+from reco_sampled_plugin.ranking import TIE_BOUNDS, padded_candidate_counts, exact_ranks_padded, prepare_index
 from reco_sampled_plugin.tie_expectation import expected_single_item_values
 
 from ._shared import (
@@ -363,7 +363,7 @@ class ExactRankingMetrics(_MergeChecked):
         bounds = ranks if ranks.dim() == 3 else None
         if bounds is not None:
             ranks = bounds[..., 0]
-        n = _candidate_counts(n_items, pos, exc, self.count_other_positives)
+        n = padded_candidate_counts(n_items, pos, exc, self.count_other_positives)
         valid = pos >= 0
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
