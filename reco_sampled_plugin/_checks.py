@@ -1,4 +1,4 @@
-"""Input validation shared by the core: every error is a ValueError (or TypeError) naming the argument.
+"""Input validation shared by the core: every error is a ValueError naming the argument.
 
 One helper per kind of argument, used by every public entry point that takes it:
 
@@ -26,6 +26,8 @@ __all__ = [
     "as_tensor",
     "check_elements",
     "check_generator",
+    "check_without_replacement",
+    "renamed",
     "check_device",
     "real_tensor",
     "check_same_device",
@@ -70,6 +72,22 @@ def check_elements(count: int, name: str, what: str) -> None:
         )
 
 
+def renamed(message: str, names: dict[str, str]) -> str:
+    """``message`` of a helper's ValueError, its leading argument name replaced by the caller's (``names``: the
+    helper's name -> the public argument's, e.g. ``sampled_ranks`` -> ``pilot``), so that a message always starts
+    with the argument the caller typed."""
+    head, sep, rest = message.partition(":")
+    return f"{names[head]}{sep}{rest}" if sep and head in names else message
+
+
+def check_without_replacement(n_items, n_samples, law: str) -> None:
+    """Raise a ValueError naming ``n_samples`` when draws without replacement (``law`` ``"hypergeometric"``) ask
+    for more items than the n - 1 irrelevant candidates hold (m > n - 1, per instance or group): such sampled
+    ranks cannot exist, whatever the estimator (the mappings, which assume no law, included)."""
+    if law == "hypergeometric" and np.any(np.asarray(n_samples) > np.asarray(n_items) - 1):
+        raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (n - 1 >= m)")
+
+
 def check_generator(generator, name: str = "generator"):
     """``generator`` itself when it is None or a ``torch.Generator``; a ValueError naming ``name`` otherwise (a numpy
     Generator, a seed or a string would fail deep inside torch)."""
@@ -95,8 +113,8 @@ def as_tensor(x, name: str, dtype: torch.dtype | None = None, device: torch.devi
     else:
         try:
             t = torch.as_tensor(x)
-        except Exception as exc:  # pragma: no cover - message only
-            raise TypeError(f"{name}: cannot convert {type(x).__name__} to a tensor ({exc})") from None
+        except Exception as exc:  # strings, objects, ragged lists
+            raise ValueError(f"{name}: cannot convert {type(x).__name__} to a tensor ({exc})") from None
     if device is not None and t.device != device:
         t = t.to(device)
     if dtype is not None and t.dtype != dtype:
@@ -161,7 +179,9 @@ def check_size(value, name: str, minimum: int = 1, maximum: int = MAX_SIZE) -> i
 def _numeric(x, name: str, what: str, device: torch.device | None = None, booleans: bool = False) -> torch.Tensor:
     """``x`` as a real numeric tensor (tensors keep their dtype and device; arrays, lists and Python numbers
     go through numpy, so 1e300 stays a finite float64 instead of overflowing float32). Bools (unless
-    ``booleans``: masks) and complex numbers are refused with a ValueError naming ``name``."""
+    ``booleans``: masks), complex numbers and sparse matrices (torch sparse layouts: no elementwise checks run on
+    them) are refused with a ValueError naming ``name``."""
+    check_dense(x, name)
     if isinstance(x, torch.Tensor):
         t = check_not_meta(x, name)
     else:

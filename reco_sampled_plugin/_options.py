@@ -22,6 +22,9 @@ from ._checks import check_int  # the one integer check of the package
 from .metric_names import MetricSpec
 
 __all__ = [
+    "ArgumentTypeError",
+    "NotFittedError",
+    "MissingFileError",
     "check_options",
     "check_positive_float",
     "check_nonnegative_float",
@@ -37,6 +40,21 @@ __all__ = [
     "check_beta_shape",
     "check_base_measure",
 ]
+
+
+class ArgumentTypeError(ValueError, TypeError):
+    """An argument of the wrong type: a ValueError (the package's promise) that is also the TypeError that callers
+    written before the promise catch."""
+
+
+class NotFittedError(ValueError, RuntimeError):
+    """A model used before ``fit``: a ValueError (the package's promise) that is also the RuntimeError raised
+    before it."""
+
+
+class MissingFileError(ValueError, FileNotFoundError):
+    """A path that names no file: a ValueError whose message starts with the path (the package's promise), and
+    the FileNotFoundError that ``open`` raises."""
 
 
 def check_options(options: Mapping, allowed: Iterable[str], where: str) -> dict:
@@ -156,6 +174,20 @@ def check_names(x, name: str, what: str = "metric names such as 'ndcg@10'") -> t
     if not names:
         raise ValueError(f"{name}: give at least one; expected {what}")
     return names
+
+
+def check_metric_names(x, name: str = "metrics") -> tuple[MetricSpec, ...]:
+    """A list of metrics (:func:`check_names`) parsed into MetricSpecs; an unknown name
+    is a ValueError naming ``name`` (the argument the caller typed, not ``metric``)."""
+    from .metric_names import parse_metric
+
+    specs = []
+    for m in check_names(x, name):
+        try:
+            specs.append(parse_metric(m))
+        except ValueError as exc:
+            raise ValueError(f"{name}: {str(exc).removeprefix('metric: ')}") from None
+    return tuple(specs)
 
 
 def check_beta_shape(a, name: str = "a") -> float:

@@ -204,9 +204,14 @@ class RankHistogram:
         g = np.searchsorted(self._starts, cols, side="right") - 1
         check_sampled_support(cols - self._starts[g] + 1, self.n_items[g], self.n_samples[g], law)
 
-    def check_nonempty(self) -> None:
-        """Raise a ValueError when no positive was counted."""
+    def check_nonempty(self, weights=None) -> None:
+        """Raise a ValueError when no positive was counted: naming ``weights`` when the caller gave weights (every
+        one 0, so nothing is left to estimate from), else ``sampled_ranks``."""
         if self.n_groups == 0 or self.total <= 0:
+            given = 0 if weights is None else weights.numel() if isinstance(weights, torch.Tensor) else np.size(weights)
+            if given:  # weights for some positives, every one 0
+                raise ValueError("weights: every weight is 0 (no positive with a sampled rank and a weight > 0 is left "
+                                 "to estimate from)")
             raise ValueError("sampled_ranks: the histogram is empty (no positive with a sampled rank)")
 
 

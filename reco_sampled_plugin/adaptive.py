@@ -18,7 +18,6 @@ Identification (``identification.py``): the band uses the nested events E(s, i) 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +25,7 @@ import torch
 from scipy import special
 
 from ._checks import MAX_SAMPLES, check_generator, check_rank_values, check_size, check_sizes
+from ._inputs import score_tensor
 from .design import AdaptiveDesign, SamplingDesign, adaptive_design, as_design
 from .ranking import SampledRanks, sampled_ranks
 from .simulate import simulate_sampled_ranks
@@ -92,11 +92,25 @@ def check_adaptive_histogram(hist, design: AdaptiveDesign) -> None:
 
 
 def adaptive_cost(hist, design: AdaptiveDesign) -> AdaptiveCost:
-    """:class:`AdaptiveCost` of a histogram of adaptive ranks (groups keyed by (n, final M))."""
+    """:class:`AdaptiveCost` of a histogram of adaptive ranks (groups keyed by (n, final M)); ``design`` an
+    :class:`AdaptiveDesign`, an adaptive :class:`SamplingDesign` or an ``(m, cap)`` pair. A ValueError names
+    ``hist`` (not a RankHistogram, or empty: no cost to report) or ``design``."""
+    from ._rank_hist import RankHistogram
+    from .design import coerce_adaptive
+
+    if not isinstance(hist, RankHistogram):
+        raise ValueError(f"hist: expected a RankHistogram (sampled_rank_histogram), got {type(hist).__name__}")
+    try:
+        adaptive = coerce_adaptive(design)
+    except ValueError as exc:
+        raise ValueError(f"design: {str(exc).partition(': ')[2]}") from None
+    if adaptive is None:
+        raise ValueError(f"design: expected an adaptive design (start m and cap), got {design!r}")
+    design = adaptive
+    if hist.total <= 0:
+        raise ValueError("hist: empty (no positive counted), so there is no cost to report")
     tot = hist.totals
     total = float(tot.sum())
-    if total <= 0:
-        return AdaptiveCost(math.nan, 0, math.nan, math.nan, design.n_samples, design.cap)
     at_cap = hist.n_samples >= design.cap
     return AdaptiveCost(
         mean_samples=float(tot @ hist.n_samples) / total,
@@ -206,6 +220,7 @@ def adaptive_sampled_ranks(
     design = _adaptive(n_samples, max_samples)
     m0, cap = design.n_samples, design.cap
     check_generator(generator)
+    scores = score_tensor(scores)  # the one conversion of scores: arrays and lists as sampled_ranks takes them
     first = sampled_ranks(scores, positives, m0, exclude=exclude, replacement=True, generator=generator, ties=ties,
                           check_finite=check_finite)
     ranks = first.ranks.clone()

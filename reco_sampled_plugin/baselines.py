@@ -21,8 +21,9 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from ._checks import check_device, check_int
-from ._options import (check_bool, check_nonnegative_float, check_optional, check_positive_float,
+from ._checks import check_device, check_int, real_tensor
+from ._options import (ArgumentTypeError, NotFittedError, check_bool, check_nonnegative_float, check_optional,
+                       check_positive_float,
                        check_seed)
 from ._sparse import canonicalise, csr_copy
 
@@ -32,12 +33,14 @@ __all__ = ["Recommender", "Popularity", "ItemKNN", "ImplicitALS", "EASE", "train
 def _as_binary_csr(train) -> sp.csr_matrix:
     """Users x items CSR with value 1 at every stored non-zero (duplicates collapsed)."""
     if isinstance(train, torch.Tensor):
-        raise TypeError("train: pass a scipy sparse matrix (users x items), not a torch tensor")
+        raise ArgumentTypeError("train: pass a scipy sparse matrix (users x items), not a torch tensor")
     if not sp.issparse(train):
-        raise TypeError(f"train: expected a scipy sparse matrix (users x items), got {type(train).__name__}")
+        raise ArgumentTypeError(f"train: expected a scipy sparse matrix (users x items), got {type(train).__name__}")
     if train.ndim != 2:
         raise ValueError(f"train: expected a 2-D matrix, got shape {train.shape}")
     x = canonicalise(csr_copy(train, "train"))
+    if x.data.dtype.kind not in "biuf" or not np.isfinite(x.data).all():  # NaN != 0 would become an interaction
+        raise ValueError("train: stored values must be finite real numbers (NaN or inf is not an interaction)")
     x.data = np.ones_like(x.data, dtype=np.float64)
     x.sort_indices()
     return x
@@ -80,8 +83,8 @@ class Recommender:
 
     def _users(self, users) -> torch.Tensor:
         if self.n_users is None:
-            raise RuntimeError(f"{type(self).__name__}: call fit(train) before score(users)")
-        u = torch.as_tensor(users).reshape(-1)
+            raise NotFittedError(f"{type(self).__name__}: call fit(train) before score(users)")
+        u = real_tensor(users, "users", "integer user indices").reshape(-1)
         if u.is_floating_point() or u.dtype == torch.bool:
             raise ValueError(f"users: expected integer user indices, got dtype {u.dtype}")
         u = u.to(torch.int64)
@@ -298,7 +301,7 @@ class ImplicitALS(Recommender):
     def objective(self, train=None) -> float:
         """The loss L of the fitted factors on ``train`` (default: the training matrix)."""
         if self.n_users is None:
-            raise RuntimeError("ImplicitALS: call fit(train) first")
+            raise NotFittedError("ImplicitALS: call fit(train) first")
         x = self._x if train is None else _as_binary_csr(train)
         return self._objective(x, self.user_factors, self.item_factors)
 
@@ -373,6 +376,10 @@ def held_out_ranks(models: dict, split, batch_users: int = 256) -> tuple[dict[st
     from .ranking import exact_ranks
 
     batch_users = check_int(batch_users, "batch_users", 1)
+    if not isinstance(models, dict) or not all(isinstance(m, Recommender) for m in models.values()):
+        raise ValueError(f"models: expected a dict of name -> fitted Recommender (train_all), got {type(models).__name__}")
+    if not all(hasattr(split, a) for a in ("test_users", "test_items", "train", "n_items")):
+        raise ValueError(f"split: expected a LeaveLastOutSplit (datasets.leave_last_out), got {type(split).__name__}")
     users = split.test_users
     test = torch.from_numpy(split.test_items[users])
     train = split.train[users]

@@ -162,7 +162,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
     from ._options import check_fraction
 
-    check_fraction(args.gamma, "--gamma")  # before anything is read or printed (NaN would reach bv otherwise)
+    if args.gamma is not None:
+        check_fraction(args.gamma, "--gamma")  # before anything is read or printed (NaN would reach bv otherwise)
     if args.file is not None:
         if args.test_rating or args.test_negative or args.scores:
             raise ValueError("estimate: give either a rank FILE or --test-rating/--test-negative/--scores, not both")
@@ -188,6 +189,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     unknown = [m for m in methods if m not in known]
     if unknown:
         raise ValueError(f"--method: unknown {unknown}; use some of {known}")
+    if args.gamma is not None and not any(registry.get(m).option("gamma") is not None for m in methods):
+        takes = [m for m in known if registry.get(m).option("gamma") is not None]
+        raise ValueError(f"--gamma: only {takes} use it, and none of {list(methods)} is one (as estimate() refuses it)")
     unsupported = [m for m in methods if design is not None and not registry.get(m).supports(design)]
     if unsupported and adaptive is not None:
         raise ValueError(f"--method: {unsupported} assume one fixed m per positive; with --adaptive-max use some of "
@@ -214,7 +218,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     for metric in metrics:
         for method in methods:
             if adaptive is None:
-                gamma = {"gamma": args.gamma} if registry.get(method).option("gamma") is not None else {}
+                takes = args.gamma is not None and registry.get(method).option("gamma") is not None
+                gamma = {"gamma": args.gamma} if takes else {}
                 est = estimate(metric, data.ranks, data.n_items, data.n_samples, method=method, sampling=args.sampling,
                                **gamma)
             else:
@@ -480,7 +485,8 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--stderr", action="store_true",
                      help="also print the standard error (sampling noise only: not what the sampled data cannot "
                           "identify at the top, which the 95%% interval includes)")
-    est.add_argument("--gamma", type=float, default=0.1, help="bias-variance trade-off of bv, in [0, 1] (default 0.1)")
+    est.add_argument("--gamma", type=float, default=None,
+                     help="bias-variance trade-off of bv / bv_mle, in [0, 1] (default 0.1); refused without such a method")
     est.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial")
     est.add_argument("--adaptive-max", type=int, metavar="M",
                      help="the ranks come from adaptive sampling from --n-samples up to M (the file's m column: "

@@ -44,8 +44,8 @@ import scipy.optimize
 import torch
 
 from ._checks import (MAX_ELEMENTS, MAX_SAMPLES, check_device, check_elements, check_rank_values, check_ranks_in_range,
-                      check_size, check_sizes)
-from ._options import check_fraction, check_names
+                      check_size, check_sizes, real_tensor)
+from ._options import check_fraction, check_metric_names
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_from_float_ranks
 from .priors import Prior, as_prior
@@ -371,6 +371,8 @@ def table_numpy(metric, n_items, n_samples, method, gamma, sampling, prior, roun
     n, m = _check_sizes(spec, n_items, n_samples, law, method)
     if not isinstance(rounding, str) or rounding not in ("floor", "linear"):
         raise ValueError(f"rounding: use 'floor' or 'linear', got {rounding!r}")
+    if rounding != "floor" and method != "rank_estimate":  # as estimate(): an option the method does not use
+        raise ValueError(f"rounding: only method 'rank_estimate' uses it, got rounding={rounding!r} with method {method!r}")
     prior_obj = as_prior(prior, n)
     if method in ("none", "rank_estimate"):
         gamma, prior_obj = 0.0, as_prior(None)  # irrelevant to the table: share the cache entry
@@ -512,7 +514,7 @@ def correction_tables(
     (cut-off metrics under the uniform prior, or any metrics when the ranks are enumerated: vector prior or
     n <= 4 (m + 2)); e.g. HR@K and NDCG@K for K = 1..50 cost about as much as one table. Cached by arguments.
     """
-    specs = tuple(parse_metric(mt) for mt in check_names(metrics, "metrics"))
+    specs = check_metric_names(metrics)
     method_n = check_method(method)
     g = check_gamma(gamma)
     law = check_law(sampling)
@@ -600,7 +602,7 @@ def table_bias(
     spec = parse_metric(metric)
     law = check_law(sampling)
     n, m = _check_sizes(spec, n_items, n_samples, law)
-    x = np.asarray(torch.as_tensor(table, dtype=torch.float64).cpu().numpy(), dtype=np.float64)
+    x = real_tensor(table, "table", "the m + 1 values of a correction table").to(torch.float64).cpu().numpy()
     if x.shape != (m + 1,):
         raise ValueError(f"table: expected length m + 1 = {m + 1}, got {x.shape}")
     if not np.all(np.isfinite(x)):

@@ -222,7 +222,13 @@ def load_interactions(
     """
     from ._options import check_bool, check_optional  # torch-free callers of the module import nothing more
 
+    from ._options import MissingFileError
+
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"path: expected a file name (str or os.PathLike), got {type(path).__name__}")
     path = os.fspath(path)
+    if not isinstance(path, str):  # a bytes path
+        raise ValueError(f"path: expected a file name as str, got {path!r}")
     if sep is not None and not (isinstance(sep, str) and sep):  # "auto" is a str: checked before any comparison
         raise ValueError(f"sep: expected 'auto', None (whitespace) or a non-empty string, got {sep!r}")
     header = check_optional(header, check_bool, "header")
@@ -235,6 +241,8 @@ def load_interactions(
         raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except (IsADirectoryError, PermissionError) as exc:
         raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except FileNotFoundError:
+        raise MissingFileError(f"{path}: no such file") from None
     first = next((k for k, line in enumerate(lines) if line.strip()), None)
     if first is None:
         raise ValueError(f"{path}: no interactions (the file is empty)")
@@ -317,12 +325,18 @@ def _check_threshold(threshold) -> float | None:
     return None if threshold is None else check_float(threshold, "threshold")
 
 
+def _check_interactions(interactions) -> None:
+    if not isinstance(interactions, Interactions):
+        raise ValueError(f"interactions: expected an Interactions (load_interactions), got {type(interactions).__name__}")
+
+
 def binarize(interactions: Interactions, threshold: float | None = None) -> Interactions:
     """Implicit feedback: keep every event (``threshold=None``, the paper's setup) or those with rating >= threshold.
 
     Ratings of the kept events become 1.0. The index space (n_users, n_items) is kept unchanged, so users or items
     left without events stay in the catalogue.
     """
+    _check_interactions(interactions)
     threshold = _check_threshold(threshold)
     keep = np.ones(len(interactions), dtype=bool)
     if threshold is not None:
@@ -346,6 +360,7 @@ def leave_last_out(interactions: Interactions) -> LeaveLastOutSplit:
     Users with fewer than two distinct items keep everything in train (test item -1). Events repeating a user's
     held-out item are dropped from train. Vectorised: one lexsort over all events.
     """
+    _check_interactions(interactions)
     n_users, n_items = interactions.n_users, interactions.n_items
     user, item = interactions.user, interactions.item
     n = len(user)

@@ -205,8 +205,9 @@ def as_design(design=None, *, replacement=None, popularity=None, adaptive_max=No
             raise ValueError(f"{given[0]}: given next to a sampling design; set it in the design instead")
         if isinstance(design, AdaptiveDesign):
             return SamplingDesign(design.n_samples, adaptive_max=design.adaptive_max)
-        return design
-    if isinstance(design, tuple):
+        if isinstance(design, SamplingDesign):
+            return design
+    if isinstance(design, tuple):  # (m, adaptive_max): converted and checked here, never returned as a tuple
         try:
             m, cap = design
         except ValueError:

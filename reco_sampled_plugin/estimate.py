@@ -76,7 +76,13 @@ def explain_flags(flags, *, metric: str | None = None, n_items: int | None = Non
     plan = _plan_command(metric, n_items, users, pilot)
     m = "m" if n_samples is None else f"m = {n_samples}"
     out = []
-    for f in dict.fromkeys(flags or ()):  # once each, in order
+    if flags is None or (isinstance(flags, (tuple, list)) and not flags):
+        flags = ()
+    else:
+        from ._options import check_names
+
+        flags = check_names(flags, "flags", "flag names such as 'few_instances'")
+    for f in dict.fromkeys(flags):  # once each, in order
         text = FLAG_TEXT.get(f)
         out.append(f"{f}: " + (text.format(m=m, plan=plan) if text is not None else f))
     return out

@@ -285,7 +285,7 @@ def estimate(
 
         fit = {k: v for k, v in options.items() if k in registry.fit_option_names() + ("lam", "beta")}
         check_fit_options("mle" if entry.family != "rank_distribution" else method, sampling, **fit)
-    hist.check_nonempty()
+    hist.check_nonempty(weights)
     hist.check_support(sampling)  # every method: an r~ the design cannot produce is refused, not estimated from
     if design is not None:
         if not entry.adaptive:

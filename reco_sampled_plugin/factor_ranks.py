@@ -194,7 +194,8 @@ def check_factors(user_factors, item_factors, item_bias=None) -> tuple[torch.Ten
         raise ValueError("item_factors: no items")
     if item_bias is not None:
         if not isinstance(item_bias, torch.Tensor):
-            item_bias = torch.as_tensor(item_bias, dtype=v.dtype, device=v.device)
+            item_bias = real_tensor(item_bias, "item_bias", "one real bias per item").to(dtype=v.dtype, device=v.device)
+        check_dense(item_bias, "item_bias")
         if item_bias.shape != (v.shape[0],) or item_bias.dtype != v.dtype or item_bias.device != v.device:
             raise ValueError(
                 f"item_bias: expected ({v.shape[0]},) {v.dtype} on {v.device} like item_factors, got "

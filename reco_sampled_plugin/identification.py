@@ -47,7 +47,7 @@ from statistics import NormalDist
 import numpy as np
 from scipy import optimize, special
 
-from ._checks import check_int
+from ._checks import check_int, check_without_replacement
 from ._options import check_nonnegative_float
 from ._rank_hist import RankHistogram, as_histogram, interval_mean_metric
 from .adaptive import check_adaptive_histogram, stage_event_cdf
@@ -218,8 +218,7 @@ def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float,
     from .rank_distribution import estimate_rank_distribution, model_grid, pool_groups
 
     pooled, _ = pool_groups(hist, max_groups)
-    if law == "hypergeometric" and np.any(pooled.n_samples > pooled.n_items - 1):
-        raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (n - 1 >= m)")
+    check_without_replacement(pooled.n_items, pooled.n_samples, law)
     occupied = pooled.totals > 0
     if adaptive is not None and np.any(pooled.top_counts > 0):  # the top is resolved down to the cap's bin
         occupied = pooled.top_counts > 0
@@ -458,7 +457,7 @@ def identified_interval(
     law = check_law(sampling)
     max_groups = check_int(max_groups, "max_groups", minimum=1)
     hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
-    hist.check_nonempty()
+    hist.check_nonempty(weights)
     hist = hist.without_empty_groups()
     design = coerce_adaptive(adaptive)
     if design is not None:

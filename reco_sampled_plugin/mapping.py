@@ -34,8 +34,9 @@ from functools import lru_cache
 import numpy as np
 from scipy import special
 
-from ._checks import MAX_SAMPLES, check_size
-from ._options import check_beta_shape, check_count, check_names, check_positive_float
+from ._checks import MAX_SAMPLES, check_size, check_without_replacement
+from .sampling_laws import check_law
+from ._options import check_beta_shape, check_count, check_metric_names, check_positive_float
 from ._rank_hist import RankHistogram, as_histogram, interval_mean_metrics
 from .metric_names import MetricSpec, parse_metric
 
@@ -296,7 +297,7 @@ def mapping_table(metric, n_items: int, n_samples: int, method: str = "bound", a
 def mapping_tables(metrics, n_items: int, n_samples: int, method: str = "bound", a: float | None = None) -> np.ndarray:
     """:func:`mapping_table` for several metrics from one mapping: float64 (len(metrics), m + 1), read-only
     (cached by arguments: the estimators reuse the tables of every (n, m) group across calls)."""
-    specs = tuple(parse_metric(mt) for mt in check_names(metrics, "metrics"))
+    specs = check_metric_names(metrics)
     n, m = _check_nm(n_items, n_samples)
     a = _check_a(method, a)
     for spec in specs:
@@ -386,7 +387,7 @@ def mapping_estimate(
     """
     spec = parse_metric(metric)
     hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
-    hist.check_nonempty()
+    hist.check_nonempty(weights)
     base, a_used, fit = _resolve_a(method, a, hist)
     flags: list[str] = []
     if fit is not None and not fit.converged:
@@ -453,5 +454,7 @@ def dataset_beta(sampled_ranks_by_model: Mapping, n_items=None, n_samples=None, 
 def estimate_by_mapping(spec: MetricSpec, hist: RankHistogram, *, method: str, sampling: str,
                         options: dict) -> MappedEstimate:
     """The registry's compute function of the mapping family (``registry.py``): :func:`mapping_estimate` on the
-    histogram; the mappings assume no sampling law, so ``sampling`` is not used."""
+    histogram; the mappings assume no sampling law, so ``sampling`` only refuses ranks no law can produce (draws
+    without replacement of more items than a user's irrelevant candidates)."""
+    check_without_replacement(hist.n_items, hist.n_samples, check_law(sampling))
     return mapping_estimate(spec, hist, method=method, a=options.get("a"))

@@ -128,5 +128,5 @@ def parse_metric(metric: str | MetricSpec) -> MetricSpec:
     if isinstance(metric, MetricSpec):
         return metric
     if not isinstance(metric, str):
-        raise TypeError(f"metric: expected a name such as 'ndcg@10' or a MetricSpec, got {type(metric).__name__}")
+        raise ValueError(f"metric: expected a name such as 'ndcg@10' or a MetricSpec, got {type(metric).__name__}")
     return _parse(metric)

@@ -61,7 +61,7 @@ import torch
 from scipy import special
 
 from . import registry
-from ._checks import MAX_SAMPLES, check_int, check_size, check_sizes
+from ._checks import MAX_SAMPLES, check_int, check_rank_values, check_size, check_sizes, renamed
 from ._options import check_positive_float
 from .adaptive import AdaptiveDesign, check_adaptive_histogram
 from .design import SamplingDesign
@@ -290,14 +290,18 @@ def _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive) -> _Pilo
     if pilot_n_items is None or pilot_n_samples is None:
         raise ValueError("pilot: needs pilot_n_items and pilot_n_samples (ints or per-positive sizes; adaptive "
                          "pilots: each positive's final m)")
-    ranks = np.asarray(torch.as_tensor(pilot).detach().cpu().numpy()).reshape(-1)
-    if ranks.size == 0:
+    ranks = check_rank_values(pilot, "pilot", whole=True, padding=True).reshape(-1)
+    if ranks.numel() == 0:
         raise ValueError("pilot: no sampled ranks")
-    hist = as_histogram(torch.as_tensor(ranks), torch.as_tensor(np.asarray(pilot_n_items)).reshape(-1)
-                        if np.ndim(pilot_n_items) else int(pilot_n_items),
-                        torch.as_tensor(np.asarray(pilot_n_samples)).reshape(-1)
-                        if np.ndim(pilot_n_samples) else int(pilot_n_samples))
-    hist.check_nonempty()
+    n_items = check_sizes(pilot_n_items, "pilot_n_items", 2)
+    n_samples = check_sizes(pilot_n_samples, "pilot_n_samples", 1, maximum=MAX_SAMPLES)
+    try:  # the histogram's own checks (range, broadcast) name its arguments: say the planner's
+        hist = as_histogram(ranks, n_items.reshape(-1) if isinstance(n_items, torch.Tensor) else n_items,
+                            n_samples.reshape(-1) if isinstance(n_samples, torch.Tensor) else n_samples)
+        hist.check_nonempty()
+    except ValueError as exc:
+        raise ValueError(renamed(str(exc), {"sampled_ranks": "pilot", "n_items": "pilot_n_items",
+                                            "n_samples": "pilot_n_samples"})) from None
     design_text = ""
     if pilot_adaptive is not None:
         if isinstance(pilot_adaptive, SamplingDesign):  # an adaptive SamplingDesign (a fixed one: not adaptive)
@@ -306,7 +310,13 @@ def _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive) -> _Pilo
             pilot_adaptive = (pilot_adaptive.n_samples, pilot_adaptive.adaptive_max)
         elif hasattr(pilot_adaptive, "stages"):  # an AdaptiveDesign (adaptive.py's or design.py's)
             pilot_adaptive = (pilot_adaptive.n_samples, pilot_adaptive.adaptive_max)
-        design = AdaptiveDesign(*pilot_adaptive)
+        if isinstance(pilot_adaptive, (str, bytes)) or not isinstance(pilot_adaptive, (tuple, list)) \
+                or len(pilot_adaptive) != 2:
+            raise ValueError(f"pilot_adaptive: expected an adaptive design or a (start m, cap) pair, got {pilot_adaptive!r}")
+        try:
+            design = AdaptiveDesign(*pilot_adaptive)
+        except ValueError as exc:
+            raise ValueError(f"pilot_adaptive: {exc}") from None
         check_adaptive_histogram(hist, design)
         design_text = f", adaptive m = {design.n_samples}->{design.cap}"
     else:

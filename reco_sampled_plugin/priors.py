@@ -199,6 +199,9 @@ def as_prior(prior, n_items: int | None = None) -> Prior:
     if prior is None or (isinstance(prior, str) and prior.lower() == "uniform"):
         return UniformPrior()
     if isinstance(prior, Prior):
+        if type(prior).weights is Prior.weights or type(prior).key is Prior.key:  # the abstract base itself
+            raise ValueError(f"prior: {type(prior).__name__} is the abstract base (no weights(n) or key); use "
+                             "UniformPrior, BetaPrior(a), VectorPrior(p) or CallablePrior(fn)")
         result = prior
     elif isinstance(prior, tuple) and len(prior) == 2 and prior[0] == "beta":
         result = BetaPrior(prior[1])

@@ -62,9 +62,9 @@ from ._rank_hist import (
     interval_mean_metrics,
     pool_by_n,
 )
-from ._checks import check_rank_values, impossible_rank_message
-from ._options import (check_base_measure, check_bool, check_count, check_names, check_nonnegative_float,
-                       check_positive_float, check_seed)
+from ._checks import check_rank_values, check_without_replacement, impossible_rank_message
+from ._options import (check_base_measure, check_bool, check_count, check_metric_names,
+                       check_nonnegative_float, check_positive_float, check_seed)
 from .metric_names import parse_metric
 from .sampling_laws import check_law, log_sampled_rank_pmf_unbounded as _log_sampled_rank_pmf
 
@@ -418,8 +418,7 @@ def _build_model(
     same groups whose columns must be in the support (batched fits)."""
     law = check_law(sampling)
     hist, pooled = pool_groups(hist, max_groups, max_rel_n_spread)
-    if law == "hypergeometric" and np.any(hist.n_samples > hist.n_items - 1):
-        raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (n - 1 >= m)")
+    check_without_replacement(hist.n_items, hist.n_samples, law)
     m_max = int(hist.n_samples.max())
     base = _likelihood(
         tuple(int(v) for v in hist.n_items), tuple(int(v) for v in hist.n_samples), law, float(delta), float(kappa),
@@ -532,6 +531,10 @@ def _mes_start(model: _Model, pi0: np.ndarray, counts: np.ndarray) -> np.ndarray
     return 0.9 * pi + 0.1 * pi0
 
 
+#: Largest entropy weight ``lam`` of ``mes`` (the L-BFGS curvature products grow as lam^2: 1e200 overflowed).
+MAX_LAM = 1e100
+
+
 def check_fit_options(method: str, sampling="binomial", *, tol=1e-7, max_iter=5000, lam=None, max_groups=16,
                       delta=0.05, kappa=0.25, beta=0.0, n_bootstrap=None, seed=0, trace=False) -> dict:
     """Validate the options of :func:`estimate_rank_distribution` before any work (a NaN ``tol`` would keep
@@ -555,6 +558,9 @@ def check_fit_options(method: str, sampling="binomial", *, tol=1e-7, max_iter=50
         if "lam" not in takes:
             raise ValueError(f"lam: only the 'mes' method takes an entropy weight, got method {method!r}")
         out["lam"] = check_nonnegative_float(lam, "lam")
+        if out["lam"] > MAX_LAM:
+            raise ValueError(f"lam: must be <= {MAX_LAM:g} (beyond, the fit's curvature products overflow float64; "
+                             f"the fit is the base measure long before: lam = 1e12 and 1e100 agree to 1e-12), got {lam!r}")
     return out
 
 
@@ -1039,12 +1045,12 @@ class RankDistribution:
 
         Cut-off metrics share one prefix-sum table (``interval_mean_metrics``), so K = 1..50 of two metrics
         cost little more than one."""
-        specs = [parse_metric(mt) for mt in check_names(metrics, "metrics")]  # one str: one metric
+        specs = list(check_metric_names(metrics))  # one str: one metric
         return {str(sp): self.metric(sp, stderr=stderr) for sp in specs}
 
     def values(self, metrics) -> np.ndarray:
         """Point estimates only (no standard errors, no flags) for several metrics: float64 (len(metrics),)."""
-        specs = tuple(parse_metric(mt) for mt in check_names(metrics, "metrics"))
+        specs = check_metric_names(metrics)
         hist = self.histogram
         for spec in specs:
             if spec.k is not None and spec.k > int(hist.n_items[hist.totals > 0].min()):
@@ -1110,7 +1116,7 @@ def estimate_rank_distribution(
     delta, kappa, beta, n_bootstrap, seed, trace = (opts[k] for k in ("delta", "kappa", "beta", "n_bootstrap", "seed",
                                                                       "trace"))
     hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
-    hist.check_nonempty()
+    hist.check_nonempty(weights)
     model = _build_model(hist, sampling, max_groups, delta, kappa, check_spread(max_rel_n_spread))
     widths = model.widths
     pi0 = widths / widths.sum()  # uniform over ranks

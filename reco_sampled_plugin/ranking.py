@@ -24,7 +24,8 @@ from typing import NamedTuple
 
 import torch
 
-from ._checks import MAX_SAMPLES, MAX_SIZE, check_generator, check_int, check_not_meta, check_same_device, check_sizes, check_weights
+from ._checks import (MAX_SAMPLES, MAX_SIZE, check_elements, check_generator, check_int, check_not_meta,
+                      check_same_device, check_size, check_weights, real_tensor)
 from ._inputs import (Check, score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
                        finite_flags, pending_index, run_checks, sparse_masks)
 from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
@@ -184,11 +185,23 @@ def _prepare_index(positives, exclude, b: int, n: int, device, first: list[Check
 def candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tensor | None, count_other_positives: bool = True) -> torch.Tensor:
     """Candidates per row: n_items minus excluded items (minus the other positives when they do not compete).
 
-    ``positives`` and ``exclude`` are padded (B, P) index tensors (-1 padding).
+    ``positives`` and ``exclude`` take every form :func:`exact_ranks` takes: (B, n_items) bool masks, (B, P) int64
+    indices padded with -1, or (B,); they are validated against ``n_items`` (a mask of another width, an index
+    outside 0..n_items - 1 or a positive also excluded is a ValueError naming the argument, never a negative
+    count).
     """
     if type(n_items) is not int or not 0 <= n_items <= MAX_SIZE:  # a valid Python int needs no tensor check
-        n_items = check_sizes(n_items, "n_items", 0)
+        n_items = check_size(n_items, "n_items", 0)
     count_other_positives = check_bool(count_other_positives, "count_other_positives")
+    given = positives if isinstance(positives, torch.Tensor) else real_tensor(positives, "positives", booleans=True)
+    rows = given.shape[0] if given.dim() else 1
+    pos, exc = prepare_index(positives, exclude, rows, n_items, given.device)
+    return padded_candidate_counts(n_items, pos, exc, count_other_positives)
+
+
+def padded_candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tensor | None,
+                      count_other_positives: bool = True) -> torch.Tensor:
+    """:func:`candidate_counts` on validated padded (B, P) / (B, E) index tensors (-1 padding)."""
     n_exc = (exclude >= 0).sum(1) if exclude is not None else torch.zeros(positives.shape[0], dtype=torch.int64, device=positives.device)
     n = n_items - n_exc
     if not count_other_positives:  # a row without a positive: its irrelevant items only
@@ -726,6 +739,7 @@ def sampled_ranks(
         if n_samples is None:
             raise ValueError("n_samples: required unless negatives are given")
         m = check_int(n_samples, "n_samples", minimum=1, maximum=MAX_SAMPLES)
+        check_elements(b * p * m, "n_samples", "the draw of B x P x m negatives (returned in SampledRanks.negatives)")
         if popularity is not None:  # checked once per call, also when no row has a positive
             popularity = check_popularity(popularity, n, device)
         neg = _draw_negatives(pos, exc, n, m, replacement, popularity, generator, device)
@@ -747,7 +761,7 @@ def sampled_ranks(
             ranks = above.sum(2) + (tied & (neg_keys < pos_keys.unsqueeze(2))).sum(2) + 1
     ranks = torch.where(pos_valid, ranks, torch.zeros_like(ranks))
     neg = torch.where(pos_valid.unsqueeze(2), neg, torch.full_like(neg, -1))
-    n_cand = candidate_counts(n, pos, exc, count_other_positives=False)
+    n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)
     if design is None:  # built from validated parts, without a second validation (no extra host sync)
         design = SamplingDesign.trusted(m, replacement=bool(replacement) if negatives is None else True,
                                         popularity=popularity if negatives is None else None)

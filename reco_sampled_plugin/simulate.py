@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ._checks import check_generator, check_int, check_rank_values, check_sizes
+from ._checks import check_elements, check_generator, check_int, check_rank_values, check_sizes
 from .sampling_laws import check_law
 
 __all__ = ["draw_sampled_ranks", "simulate_sampled_ranks"]
@@ -63,6 +63,7 @@ def draw_sampled_ranks(
         seed = check_seed(seed, "seed")
     rng = np.random.default_rng(seed)
     size = (reps,) + r.shape
+    check_elements(reps * r.size, "repeats", "the draws (repeats x ranks)")  # the result itself: before drawing
     if law != "binomial" and r.size and np.any(n - 1 < m):
         raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (m < n_items)")
     j = draw_hits(m, r - 1, n - 1, law, rng, size=size)

@@ -178,6 +178,8 @@ def paired_difference(
     b = check_rank_values(sampled_ranks_b, "sampled_ranks_b")
     if a.shape != b.shape:
         raise ValueError(f"sampled_ranks_b: shape {tuple(b.shape)} differs from sampled_ranks_a {tuple(a.shape)}")
+    if a.numel() == 0:
+        raise ValueError("sampled_ranks_a: empty, no paired instance to compare")
     va = corrected_values(metric, a, n_items, n_samples, method, gamma, sampling, prior, rounding=rounding)
     vb = corrected_values(metric, b.to(a.device), n_items, n_samples, method, gamma, sampling, prior, rounding=rounding)
     est = _spread_measured(Estimate.from_values((va - vb).detach().cpu()))

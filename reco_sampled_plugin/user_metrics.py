@@ -32,8 +32,8 @@ import torch
 from ._checks import as_tensor, check_generator, check_rank_values, real_tensor, check_sizes, check_weights
 from .metric_names import MetricSpec, parse_metric
 from ._inputs import check_finite_rows
-from ._options import check_bool, check_names
-from .ranking import TIE_BOUNDS, check_ties, exact_ranks_padded_finite, prepare_inputs, candidate_counts
+from ._options import check_bool, check_metric_names
+from .ranking import TIE_BOUNDS, check_ties, exact_ranks_padded_finite, prepare_inputs, padded_candidate_counts
 from .tie_expectation import expected_metric_values, ideal_dcg, undefined_users
 
 __all__ = ["user_metric_values", "per_user_metrics", "per_user_metrics_from_factors", "mean_metrics", "DEFAULT_METRICS"]
@@ -195,7 +195,7 @@ def user_metric_values(metric: str | MetricSpec, ranks, n_candidates, relevance=
 
 
 def _expand(metrics: Iterable[str | MetricSpec], cumulative: bool) -> list[MetricSpec]:
-    specs = [parse_metric(m) for m in check_names(metrics, "metrics")]
+    specs = list(check_metric_names(metrics))
     cumulative = check_bool(cumulative, "cumulative")
     if not cumulative:
         return specs
@@ -297,10 +297,10 @@ def _metrics_from_ranks(specs, ranks, pos, exc, n: int, relevance, as_frame: boo
         check_finite_rows(finite)  # the scores' error first
         finite = None
     b = pos.shape[0]
-    n_cand = candidate_counts(n, pos, exc)
+    n_cand = padded_candidate_counts(n, pos, exc)
     rel = None
     if relevance is not None:
-        rel = torch.as_tensor(relevance, device=ranks.device)
+        rel = real_tensor(relevance, "relevance", "a bool mask or non-negative relevance weights", booleans=True).to(ranks.device)
         if rel.shape == (b, n):
             rel = rel.gather(1, pos.clamp(min=0)).masked_fill(pos < 0, 0)
     bounds = ranks if ranks.dim() == 3 else None

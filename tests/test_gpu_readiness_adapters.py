@@ -46,8 +46,8 @@ OWN = {
 CORE_BUDGET = 4
 # the core functions (of reco_sampled_plugin) each adapter module calls: their syncs are the core's budget
 _CORE = {
-    _shared: ("prepare_index", "candidate_counts", "forbidden_sorted", "allowed_position_to_item"),
-    tm: ("prepare_index", "candidate_counts", "exact_ranks_padded", "factor_ranks_padded", "check_factors",
+    _shared: ("prepare_index", "padded_candidate_counts", "forbidden_sorted", "allowed_position_to_item"),
+    tm: ("prepare_index", "padded_candidate_counts", "exact_ranks_padded", "factor_ranks_padded", "check_factors",
          "_metric_from_float_ranks"),
 }
 SIZES = [(8, 500), (64, 3000)]  # two batch sizes and two catalogue sizes, together and crossed

@@ -21,14 +21,14 @@ import numpy as np
 import torch
 
 from reco_sampled_plugin import RankHistogram
-from reco_sampled_plugin._checks import check_dense
+from reco_sampled_plugin._checks import MAX_ELEMENTS, check_dense, check_elements
 from reco_sampled_plugin.rank_distribution import pool_groups
 from reco_sampled_plugin.counting import mix32
 from reco_sampled_plugin.factor_ranks import positive_scores
 from reco_sampled_plugin.ranking import (
     DETERMINISTIC_TIES,
     allowed_position_to_item,
-    candidate_counts,
+    padded_candidate_counts,
     forbidden_sorted,
     prepare_index,
 )
@@ -344,7 +344,19 @@ def keyed_sampled_ranks(
     padded inputs. ``checks``: see :func:`keyed_negatives` (None: checked here).
     """
     ranks = keyed_ranks_only(scores, pos, exc, n_samples, ids, seed, replacement, ties, checks)
-    return ranks, candidate_counts(scores.shape[1], pos, exc, count_other_positives=False)
+    return ranks, padded_candidate_counts(scores.shape[1], pos, exc, count_other_positives=False)
+
+
+def _rows_per_chunk(p: int, m: int) -> int:
+    """Rows drawn at once so that a chunk's B x P x m negatives (and their scores) stay within MAX_ELEMENTS / 8
+    values: the keys are per row, so chunks draw what the whole batch would, in bounded memory (a batch of 256
+    users at m = 2^20 asked for 2 GiB of indices at once). One row's P x m above MAX_ELEMENTS is refused."""
+    check_elements(p * m, "n_samples", "one user's P x m drawn negatives")
+    return max(1, (MAX_ELEMENTS // 8) // max(p * m, 1))
+
+
+def _chunk(x, lo: int, hi: int):
+    return None if x is None else x[lo:hi]
 
 
 def keyed_ranks_only(scores, pos, exc, n_samples: int, ids, seed: int = 0, replacement: bool = True,
@@ -352,6 +364,11 @@ def keyed_ranks_only(scores, pos, exc, n_samples: int, ids, seed: int = 0, repla
     """The ranks of :func:`keyed_sampled_ranks` alone (adaptive stages need no candidate counts)."""
     b, n_items = scores.shape
     p = pos.shape[1]
+    step = _rows_per_chunk(p, n_samples)
+    if b > step:  # rows in chunks: the same keyed draws, bounded memory
+        return torch.cat([keyed_ranks_only(scores[lo:lo + step], pos[lo:lo + step], _chunk(exc, lo, lo + step),
+                                           n_samples, ids[lo:lo + step], seed, replacement, ties, checks)
+                          for lo in range(0, b, step)])
     neg = keyed_negatives(pos, exc, n_items, n_samples, ids, seed, replacement, checks)
     pos_scores = scores.gather(1, pos.clamp(min=0))
     neg_scores = scores.gather(1, neg.reshape(b, p * n_samples)).reshape(b, p, n_samples)
@@ -377,7 +394,7 @@ def keyed_sampled_ranks_from_factors(
     negatives, scored by one dot product each (as the positives, whose scores may be passed in), their factors
     gathered in chunks (``factor_ranks.positive_scores``)."""
     ranks = keyed_factor_ranks_only(u, v, bias, pos, exc, n_samples, ids, seed, replacement, ties, pos_scores, checks)
-    return ranks, candidate_counts(v.shape[0], pos, exc, count_other_positives=False)
+    return ranks, padded_candidate_counts(v.shape[0], pos, exc, count_other_positives=False)
 
 
 @torch.no_grad()
@@ -386,6 +403,12 @@ def keyed_factor_ranks_only(u, v, bias, pos, exc, n_samples: int, ids, seed: int
     """The ranks of :func:`keyed_sampled_ranks_from_factors` alone."""
     b, n_items = u.shape[0], v.shape[0]
     p = pos.shape[1]
+    step = _rows_per_chunk(p, n_samples)
+    if b > step:  # rows in chunks: the same keyed draws, bounded memory
+        return torch.cat([keyed_factor_ranks_only(u[lo:lo + step], v, bias, pos[lo:lo + step],
+                                                  _chunk(exc, lo, lo + step), n_samples, ids[lo:lo + step], seed, replacement, ties,
+                                                  _chunk(pos_scores, lo, lo + step), checks)
+                          for lo in range(0, b, step)])
     neg = keyed_negatives(pos, exc, n_items, n_samples, ids, seed, replacement, checks)
     if pos_scores is None:
         pos_scores = positive_scores(u, v, bias, pos)

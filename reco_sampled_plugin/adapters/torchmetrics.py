@@ -63,7 +63,8 @@ from torchmetrics import Metric
 
 from reco_sampled_plugin._checks import check_elements, real_tensor
 from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags, score_tensor
-from reco_sampled_plugin._options import check_bool, check_choice, check_count, check_names, check_seed
+from reco_sampled_plugin._options import (check_bool, check_choice, check_count, check_metric_names, check_names,
+                                          check_seed)
 from reco_sampled_plugin.estimate import Estimate, interval_values
 from reco_sampled_plugin import registry
 from reco_sampled_plugin._rank_hist import RankHistogram
@@ -72,7 +73,7 @@ from reco_sampled_plugin.estimators import check_estimator_options, estimate
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_from_float_ranks as _metric_from_float_ranks  # patched by name in tests
 from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
-from reco_sampled_plugin.ranking import TIE_BOUNDS, candidate_counts, exact_ranks_padded, prepare_index
+from reco_sampled_plugin.ranking import TIE_BOUNDS, padded_candidate_counts, exact_ranks_padded, prepare_index
 from reco_sampled_plugin.tie_expectation import expected_single_item_values
 
 from ._shared import (
@@ -111,7 +112,7 @@ def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
 
 def _metric_names(metrics: str | Iterable[str]) -> tuple[str, ...]:
     names = check_names(metrics, "metrics")  # one name alone is one metric, not its letters
-    canonical = tuple(str(parse_metric(m)) for m in names)  # the names results are keyed and logged under
+    canonical = tuple(str(s) for s in check_metric_names(names))  # the names results are keyed and logged under
     for i, c in enumerate(canonical):
         if c in canonical[:i]:
             raise ValueError(f"metrics: {names[canonical.index(c)]!r} and {names[i]!r} name the same metric ({c!r})")
@@ -362,7 +363,7 @@ class ExactRankingMetrics(_MergeChecked):
         bounds = ranks if ranks.dim() == 3 else None
         if bounds is not None:
             ranks = bounds[..., 0]
-        n = candidate_counts(n_items, pos, exc, self.count_other_positives)
+        n = padded_candidate_counts(n_items, pos, exc, self.count_other_positives)
         valid = pos >= 0
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
