@@ -46,7 +46,7 @@ tests/test_planner.py: predicted and simulated relative errors within 30% in 15 
 ml-latest-small). Each forecast carries its Monte Carlo standard error; ``meets_target`` compares the point
 forecast with the target. With the default family the forecast is a rough guide. Timing (2-core machine, one thread: see
 :func:`plan`): the default grid (9 designs, 180 fits) for ``n_items = 50_000, n_users = 6000, repeats = 20`` takes
-about 2 s of CPU after the imports (BENCHMARKS.md, issue 25).
+about 4 s of CPU after the imports (BENCHMARKS.md, issue 25).
 """
 
 from __future__ import annotations
