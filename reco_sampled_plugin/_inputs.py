@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-from ._checks import check_dense, check_not_meta, check_same_device, real_tensor
+from ._checks import check_not_meta, check_same_device, real_tensor
 
 __all__ = ["as_padded_index", "check_finite_rows", "check_scores", "factor_finite_checks", "finite_flags", "finite_rows", "mask_to_padded",
            "Check", "run_checks", "pending_index", "finite_check", "sparse_masks", "SparseMasks"]
@@ -183,7 +183,6 @@ def score_tensor(scores) -> torch.Tensor:
     """The one conversion of a ``scores`` argument: a (users x items) floating tensor (tensors as they are, numpy
     arrays and lists converted; sparse matrices, strings, bools, complex numbers and ``meta`` tensors give a
     ValueError naming ``scores``)."""
-    check_dense(scores, "scores")  # sparse (scipy, torch layouts): named, with the way out
     scores = real_tensor(scores, "scores", "a floating (users x items) matrix")
     if scores.dim() != 2:
         raise ValueError(f"scores: expected a (users x items) matrix, got shape {tuple(scores.shape)}")

@@ -98,7 +98,6 @@ def _exact_precision(device: torch.device):
 
 
 def _factor(x, name: str) -> torch.Tensor:
-    check_dense(x, name)  # sparse: named, with the way out
     x = real_tensor(x, name, "a 2-D floating matrix")  # arrays, lists; refuses ragged, bool, complex, meta
     if x.dim() != 2 or not x.is_floating_point():
         raise ValueError(f"{name}: expected a 2-D floating tensor, got shape {tuple(x.shape)} and dtype {x.dtype}")

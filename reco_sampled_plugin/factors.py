@@ -49,7 +49,7 @@ import scipy.sparse as sp
 import torch
 
 from . import registry
-from ._checks import check_dense, check_device, check_int, real_tensor
+from ._checks import check_device, check_int, real_tensor
 from ._inputs import finite_flags
 from ._options import check_bool, check_fraction, check_names
 from ._sparse import canonicalise, csr_copy
@@ -110,7 +110,6 @@ def _to_csr(x, name: str) -> _CSR:
 
 
 def _as_factor(x, name: str, ndim: int) -> torch.Tensor:
-    check_dense(x, name)  # sparse: named, with the way out
     # the one numeric conversion (_checks): tensors (not meta), arrays, lists; ragged lists, strings, sparse
     # matrices, bools and complex numbers are refused naming ``name``
     t = real_tensor(x, name).detach()
