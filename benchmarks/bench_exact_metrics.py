@@ -45,7 +45,7 @@ def run_floor(user_f, item_f, batch, buf):
 
 
 def run_ours(user_f, item_f, train, test, batch, buf, check_finite=True):
-    sums = torch.zeros(len(METRICS), dtype=torch.float64)
+    sums = torch.zeros(len(METRICS), dtype=torch.float64, device=user_f.device)
     for sl in batches(len(user_f), batch):
         out = buf[: sl.stop - sl.start]
         torch.matmul(user_f[sl], item_f.T, out=out)
@@ -56,7 +56,7 @@ def run_ours(user_f, item_f, train, test, batch, buf, check_finite=True):
 
 def run_ours_factors(user_f, item_f, train, test, batch):
     """The same ten metrics from the factors: scores computed in cache-sized tiles and never stored."""
-    sums = torch.zeros(len(METRICS), dtype=torch.float64)
+    sums = torch.zeros(len(METRICS), dtype=torch.float64, device=user_f.device)
     for sl in batches(len(user_f), batch):
         vals = per_user_metrics_from_factors(user_f[sl], item_f, test[sl], METRICS, exclude=train[sl], as_frame=False)
         sums += torch.stack([torch.nan_to_num(v).sum() for v in vals.values()])

@@ -18,6 +18,7 @@ path's dot products and tiles round identically).
     python benchmarks/bench_input_forms.py [--users 4096 --items 100000 --dim 64 --batches 256,512,1024,4096]
     python benchmarks/bench_input_forms.py --users 256 --items 5000 --batches 64,256 --repeats 1   # smoke run
     python benchmarks/bench_input_forms.py --threads 1 --clock cpu   # steadier on a busy shared machine
+    python benchmarks/bench_input_forms.py --device cuda --batches 256,1024,4096   # on a GPU
     python benchmarks/bench_input_forms.py --tile-items 8192 --tile-elements 4194304   # the pre-issue-19 tile
 """
 
@@ -49,16 +50,18 @@ def make_data(n_users: int, n_items: int, d: int, n_pos: int, n_exc: int, seed: 
 
 
 def _mask(idx: torch.Tensor, n: int) -> torch.Tensor:
-    m = torch.zeros((idx.shape[0], n), dtype=torch.bool)
+    m = torch.zeros((idx.shape[0], n), dtype=torch.bool, device=idx.device)
     return m.scatter_(1, idx, True)
 
 
 def run_forms(u, v, pos, exc, batch: int, repeats: int, clock=time.perf_counter,
               tile_elements: int | None = None) -> tuple[dict[str, float], bool]:
     """Best-of-``repeats`` seconds (by ``clock``) of each form over all users in batches of ``batch``; and whether
-    the three forms gave equal ranks."""
+    the three forms gave equal ranks. Tensors may live on any device; on CUDA each timing ends with a
+    synchronisation (the work queued, not only launched)."""
     n = v.shape[0]
-    buf = torch.empty((min(batch, u.shape[0]), n), dtype=u.dtype)
+    sync = torch.cuda.synchronize if u.device.type == "cuda" else (lambda: None)
+    buf = torch.empty((min(batch, u.shape[0]), n), dtype=u.dtype, device=u.device)
     starts = range(0, u.shape[0], batch)
     masks = {s: (_mask(pos[s : s + batch], n), _mask(exc[s : s + batch], n)) for s in starts}
     out: dict[str, list[torch.Tensor]] = {"index": [], "masks": [], "factors": []}
@@ -92,8 +95,10 @@ def run_forms(u, v, pos, exc, batch: int, repeats: int, clock=time.perf_counter,
     best = {name: float("inf") for name in fns}
     for _ in range(repeats):  # interleaved, so that a noisy moment hits every form alike
         for name, fn in fns.items():
+            sync()
             t0 = clock()
             fn()
+            sync()
             best[name] = min(best[name], clock() - t0)
     r_idx = torch.cat(out["index"])
     r_fac = torch.cat(out["factors"])
@@ -117,6 +122,7 @@ def main(argv=None) -> None:
     p.add_argument("--tile-items", type=int, default=None,
                    help="items per factor tile at most on the CPU (factor_ranks._TILE_ITEMS; 8192 with "
                         "--tile-elements 4194304 is the tile used before issue 19)")
+    p.add_argument("--device", default="cpu", help="torch device of the factors and scores (cpu, cuda)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="wall-clock time, or this process's CPU time (steadier on a shared machine with --threads 1)")
     args = p.parse_args(argv)
@@ -126,9 +132,11 @@ def main(argv=None) -> None:
     if args.tile_items is not None:
         factor_ranks._TILE_ITEMS = args.tile_items
 
-    u, v, pos, exc = make_data(args.users, args.items, args.dim, args.positives, args.exclude)
+    device = torch.device(args.device)
+    u, v, pos, exc = (t.to(device) for t in make_data(args.users, args.items, args.dim, args.positives, args.exclude))
+    gpu = f", {torch.cuda.get_device_name(device)}" if device.type == "cuda" else ""
     print(f"machine: {platform.machine()} {os.cpu_count()} cores, torch {torch.__version__} "
-          f"({torch.get_num_threads()} threads), {args.clock} clock")
+          f"({torch.get_num_threads()} threads), device {device}{gpu}, {args.clock} clock")
     print(f"data: {args.users} users x {args.items} items, d = {args.dim} float32, {args.positives} positives and "
           f"{args.exclude} excluded items per user; best of {args.repeats}")
     print(f"command: python benchmarks/bench_input_forms.py {' '.join(sys.argv[1:] if argv is None else argv)}")
@@ -139,7 +147,7 @@ def main(argv=None) -> None:
     for batch in (int(b) for b in args.batches.split(",")):
         t, same = run_forms(u, v, pos, exc, batch, args.repeats, clock, args.tile_elements)
         f = t["floor"]
-        rows, cols = factor_ranks.tile_shape(batch, args.items, "cpu", args.tile_elements)
+        rows, cols = factor_ranks.tile_shape(batch, args.items, device, args.tile_elements)
         print(f"| {batch} | {f:.3f} | {t['index']:.3f} | {t['masks']:.3f} | {t['factors']:.3f} | "
               f"{f / t['index']:.2f} | {f / t['masks']:.2f} | {f / t['factors']:.2f} | {'yes' if same else 'NO'} | "
               f"{rows} x {cols} |")

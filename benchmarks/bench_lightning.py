@@ -1,7 +1,7 @@
 """Overhead of the Lightning ranking-metrics callback per validation epoch, relative to scoring itself.
 
     python benchmarks/bench_lightning.py [--repeats 5] [--users 4096] [--items 100000]
-    python benchmarks/bench_lightning.py --scale [--repeats 3] [--threads 1] [--profile]
+    python benchmarks/bench_lightning.py --scale [--repeats 3] [--threads 1] [--profile] [--accelerator gpu]
 
 Two cases, each timed as ``trainer.validate`` without the callback (the step computes the scores and
 returns them: the cost of scoring) and with it (ranks, histogram updates, epoch-end estimators and
@@ -83,7 +83,7 @@ class SyntheticTiledScoring(Synthetic):
         u, v = self.user[users], self.item
         cols = min(v.shape[0], _TILE_ITEMS)
         rows = max(1, TILE_ELEMENTS // cols)
-        buf = torch.empty(min(rows, u.shape[0]), cols)
+        buf = torch.empty(min(rows, u.shape[0]), cols, device=u.device)
         for r0 in range(0, u.shape[0], rows):
             for c0 in range(0, v.shape[0], cols):
                 tile = buf[: min(u.shape[0], r0 + rows) - r0, : min(v.shape[0], c0 + cols) - c0]
@@ -112,8 +112,11 @@ class LogOnly(pl.Callback):
         pl_module.log_dict(self.values, on_step=False, on_epoch=True, sync_dist=True, add_dataloader_idx=False)
 
 
+ACCELERATOR = "cpu"  # --accelerator: "gpu" runs the model, the scores and the callback on CUDA
+
+
 def _trainer(callbacks):
-    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+    return pl.Trainer(accelerator=ACCELERATOR, devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, callbacks=callbacks)
 
 
@@ -125,6 +128,8 @@ def _time(model, loader, make_callback) -> float:
     trainer = _trainer([cb] if cb is not None else [])
     t, c = time.perf_counter(), time.process_time()
     trainer.validate(model, loader, verbose=False)
+    if ACCELERATOR == "gpu":
+        torch.cuda.synchronize()
     _CPU.append(time.process_time() - c)
     return time.perf_counter() - t
 
@@ -162,13 +167,18 @@ def main() -> None:
     parser.add_argument("--fit-once", choices=("plain", "callback"), help=argparse.SUPPRESS)
     parser.add_argument("--batch-size", type=int, default=None, help="default 256 (1,024 with --scale)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument("--accelerator", choices=("cpu", "gpu"), default="cpu",
+                        help="Lightning accelerator of the validate() runs (gpu: model, scores and callback on CUDA)")
     parser.add_argument("--profile", action="store_true", help="cProfile one warm callback epoch (--scale)")
     args = parser.parse_args()
+    global ACCELERATOR
+    ACCELERATOR = args.accelerator
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
+    gpu = f", {torch.cuda.get_device_name()}" if ACCELERATOR == "gpu" else ""
+    print(f"accelerator {ACCELERATOR}{gpu}, torch {torch.__version__}, {torch.get_num_threads()} threads, load average {os.getloadavg()[0]:.2f}")
     if args.fit_once:
         fit_once(args.fit_once)
         return

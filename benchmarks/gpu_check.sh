@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The device check for a session lent a GPU (docs/gpu.md): the suite's CUDA parametrisations, then the benchmarks
+# that have a CUDA mode. Each step is bounded by `timeout` so that one slow step cannot eat the others' time.
+#
+#   OUT=/tmp/gpu bash benchmarks/gpu_check.sh            # python3 = a Python with CUDA torch and the test extras
+#
+# Output: $OUT/env.txt, tests_cuda.txt, input_forms.txt, lightning_scale.txt, exact_metrics.txt.
+set -u
+OUT=${OUT:-/tmp/gpu_check}
+PY=${PY:-python3}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${EXTRA_PYTHONPATH:+:$EXTRA_PYTHONPATH}" PYTHONDONTWRITEBYTECODE=1
+step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
+  timeout "$limit" "$@" >>"$OUT/$name.txt" 2>&1; echo "[$name: rc $? in $((SECONDS - t0)) s] $*" | tee -a "$OUT/$name.txt"; }
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader; nproc
+  $PY -c "import torch, numpy, scipy; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__, 'scipy', scipy.__version__)"
+} >"$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+# every test parametrised on the cuda device (the `device` fixture), the CUDA-only tests included
+step tests_cuda "${T_TESTS:-180}" $PY -m pytest -q -n "${WORKERS:-8}" -k cuda -p no:cacheprovider \
+  --continue-on-collection-errors -W ignore::DeprecationWarning tests
+tail -5 "$OUT/tests_cuda.txt"
+step input_forms "${T_FORMS:-70}" $PY benchmarks/bench_input_forms.py --device cuda --batches 256,1024,4096 --repeats 5
+for te in 16777216 268435456; do  # the accelerator tile (2^26 scores by default) against 2^24 and 2^28
+  step input_forms 30 $PY benchmarks/bench_input_forms.py --device cuda --batches 1024,4096 --repeats 5 --tile-elements $te
+done
+step lightning_scale "${T_LIGHTNING:-100}" $PY benchmarks/bench_lightning.py --scale --accelerator gpu --repeats 3
+step exact_metrics "${T_EXACT:-50}" $PY benchmarks/bench_exact_metrics.py --device cuda --skip-recbole
