@@ -22,6 +22,8 @@ Ranks
    exact_ranks_from_factors -- exact ranks from user and item factors, without the full score matrix
    sampled_ranks -- ranks among m drawn irrelevant items (a SamplingDesign or an int m)
    SampledRanks -- sampled ranks with their candidate counts, negatives and design
+   sampled_ranks_from_scorer -- sampled ranks scoring only the drawn pairs (a scorer(users, items) callable)
+   ScoringCost -- what the scorer loop cost: pairs, calls, seconds, and full ranking's pairs
    candidate_counts -- candidates per row: items minus the excluded ones
    adaptive_sampled_ranks -- adaptive sampling from scores: positives still first draw again
    adaptive_sampled_ranks_from_exact -- adaptive sampling simulated from exact ranks
@@ -172,6 +174,7 @@ if TYPE_CHECKING:  # the names below are imported on first use (PEP 562, ``__get
     from .priors import BetaPrior, CallablePrior, Prior, UniformPrior, VectorPrior, empirical_prior, fit_beta_prior
     from .rank_distribution import RankDistribution, estimate_rank_distribution, simulate_sampled_ranks
     from .ranking import SampledRanks, candidate_counts, exact_ranks, sampled_ranks
+    from .scorer_ranks import ScoringCost, sampled_ranks_from_scorer
     from .sampling_laws import expected_sampled, log_sampled_rank_pmf, sampled_rank_pmf
     from .simulate import draw_sampled_ranks
     from .splits import leave_last_out_split, split_train_test
@@ -186,6 +189,8 @@ __all__ = [
     "exact_ranks_from_factors",
     "sampled_ranks",
     "SampledRanks",
+    "sampled_ranks_from_scorer",
+    "ScoringCost",
     "candidate_counts",
     "adaptive_sampled_ranks",
     "adaptive_sampled_ranks_from_exact",
@@ -282,6 +287,8 @@ _LAZY: dict[str, str] = {
     "explain_flags": "estimate",
     "estimate": "estimators",
     "exact_ranks_from_factors": "factor_ranks",
+    "sampled_ranks_from_scorer": "scorer_ranks",
+    "ScoringCost": "scorer_ranks",
     "FactorEvaluation": "factors",
     "evaluate_factors": "factors",
     "IdentifiedInterval": "identification",

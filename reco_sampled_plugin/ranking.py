@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -31,6 +31,9 @@ from ._inputs import (Check, score_tensor, as_padded_index, check_finite_rows, c
 from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
 from ._options import check_bool
 from .design import SamplingDesign, as_design
+
+if TYPE_CHECKING:
+    from .scorer_ranks import ScoringCost
 
 __all__ = [
     "TIES",
@@ -342,6 +345,8 @@ class SampledRanks:
         uniform with replacement unless the caller passed a design).
     n_samples: per-positive final sample sizes of an adaptive draw (int64, shaped like ``ranks``, 0 in padded
         slots); None for a fixed m (``design.n_samples``).
+    cost: what scoring cost, from :func:`~reco_sampled_plugin.scorer_ranks.sampled_ranks_from_scorer`
+        (:class:`~reco_sampled_plugin.scorer_ranks.ScoringCost`); None from a score matrix.
 
     ``estimate(metric, sampled)`` takes it alone. For compatibility it unpacks like the tuples the draws
     returned before the design object: ``ranks, n_candidates, negatives = sampled_ranks(...)`` for a fixed m,
@@ -353,6 +358,7 @@ class SampledRanks:
     negatives: torch.Tensor | None = None
     design: SamplingDesign | None = None
     n_samples: torch.Tensor | None = None
+    cost: ScoringCost | None = None
 
     def _legacy(self) -> tuple:
         if self.n_samples is not None:
@@ -645,6 +651,29 @@ def _draw_popularity(forb, n_items, p, m, replacement, w, generator, device) -> 
     return out
 
 
+def rank_among_drawn(pos_scores: torch.Tensor, neg_scores: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
+                     ties: str, generator: torch.Generator | None) -> torch.Tensor:
+    """(B, P) sampled ranks r~ = 1 + #{drawn items beating the positive} (ties per ``ties``; 0 in padded slots)
+    from the positives' scores (B, P), the drawn items' scores (B, P, m), and their item indices (padded (B, P)
+    positives with -1, (B, P, m) drawn items): the one count of :func:`sampled_ranks` and of the scorer loop
+    (``scorer_ranks``). ``ties="random"`` draws one seed per row from ``generator`` here."""
+    above = neg_scores > pos_scores.unsqueeze(2)
+    if ties == "optimistic":
+        ranks = above.sum(2) + 1
+    else:
+        tied = neg_scores == pos_scores.unsqueeze(2)
+        if ties == "pessimistic":
+            ranks = above.sum(2) + tied.sum(2) + 1
+        elif ties == "average":
+            ranks = (above.sum(2) + 1).to(torch.float64) + tied.sum(2).to(torch.float64) / 2
+        else:
+            seeds = _row_seeds(pos.shape[0], generator, pos.device)
+            pos_keys = item_keys(pos.clamp(min=0), seeds)
+            neg_keys = item_keys(neg, seeds.unsqueeze(2))
+            ranks = above.sum(2) + (tied & (neg_keys < pos_keys.unsqueeze(2))).sum(2) + 1
+    return torch.where(pos >= 0, ranks, torch.zeros_like(ranks))
+
+
 def sampled_ranks(
     scores: torch.Tensor,
     positives: torch.Tensor,
@@ -745,21 +774,7 @@ def sampled_ranks(
         neg = _draw_negatives(pos, exc, n, m, replacement, popularity, generator, device)
     pos_scores, pos_valid = _gather_padded(scores, pos)
     neg_scores = scores.gather(1, neg.reshape(b, p * m)).reshape(b, p, m)
-    above = neg_scores > pos_scores.unsqueeze(2)
-    if ties == "optimistic":
-        ranks = above.sum(2) + 1
-    else:
-        tied = neg_scores == pos_scores.unsqueeze(2)
-        if ties == "pessimistic":
-            ranks = above.sum(2) + tied.sum(2) + 1
-        elif ties == "average":
-            ranks = (above.sum(2) + 1).to(torch.float64) + tied.sum(2).to(torch.float64) / 2
-        else:
-            seeds = _row_seeds(b, generator, device)
-            pos_keys = item_keys(pos.clamp(min=0), seeds)
-            neg_keys = item_keys(neg, seeds.unsqueeze(2))
-            ranks = above.sum(2) + (tied & (neg_keys < pos_keys.unsqueeze(2))).sum(2) + 1
-    ranks = torch.where(pos_valid, ranks, torch.zeros_like(ranks))
+    ranks = rank_among_drawn(pos_scores, neg_scores, pos, neg, ties, generator)
     neg = torch.where(pos_valid.unsqueeze(2), neg, torch.full_like(neg, -1))
     n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)
     if design is None:  # built from validated parts, without a second validation (no extra host sync)

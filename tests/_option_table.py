@@ -25,6 +25,7 @@ DATA = {
     "top_shape", "shape", "adaptive", "score_fn", "pilot", "pilot_adaptive", "designs", "estimator_options",
     "kwargs", "options", "n_candidates", "user_factors", "item_factors", "design", "dtype", "device",
     "headline", "log", "cfg", "fn", "p", "pilot_n_items", "pilot_n_samples", "X_train", "X_test", "flags",
+    "scorer", "users",
 }
 
 #: Options whose kind the annotation does not give (unannotated, a size that may arrive as a whole float, or a
@@ -160,6 +161,8 @@ def entries(tmp: str) -> list[Entry]:
         Entry("exact_ranks", rsp.exact_ranks, (scores, pos)),
         Entry("exact_ranks_from_factors", rsp.exact_ranks_from_factors, (u, v, pos)),
         Entry("sampled_ranks", rsp.sampled_ranks, (scores, pos, 5), {"generator": g}),
+        Entry("sampled_ranks_from_scorer", rsp.sampled_ranks_from_scorer,
+              (lambda us, it: scores[us.unsqueeze(1).expand_as(it), it], pos, scores.shape[1], 5), {"generator": g}),
         Entry("candidate_counts", rsp.candidate_counts, (30, pos, None)),
         Entry("adaptive_sampled_ranks", rsp.adaptive_sampled_ranks, (scores, pos1, 4), {"max_samples": 16,
                                                                                         "generator": g}),

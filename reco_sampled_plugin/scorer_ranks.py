@@ -1,0 +1,262 @@
+"""Sampled ranks from a scorer: draw first, then score only the positives and the drawn items (issue 27).
+
+Sampling exists to save scoring. Where every (user, item) pair costs a forward pass (context-aware models such as
+DeepFM or DCN, cross-encoders, LLM re-rankers), full ranking costs n pairs per user; this loop costs 1 + m per
+held-out item (plus the adaptive stages' new draws), and never builds a score row.
+
+The scorer protocol: ``scorer(users, items) -> scores`` with ``users`` (B,) int64 user ids and ``items`` (B, L)
+int64 item indices, both on the positives' device, returning (B, L) real scores on that device, higher = better.
+The scorer must be *pointwise*: a pair's score may not depend on the other items of the call (the loop batches
+pairs freely, in calls of at most ``max_pairs`` pairs).
+
+Draws are those of :func:`~reco_sampled_plugin.ranking.sampled_ranks` and
+:func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks`, from the same code and the same generator: on the
+materialised score matrix the two paths give the same draws, ranks and ties (tested). What the loop returns is a
+:class:`~reco_sampled_plugin.ranking.SampledRanks`, so every estimator, interval and adapter takes it unchanged,
+with a :class:`ScoringCost` in its ``cost`` field.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from ._checks import check_elements, check_generator, check_int, check_size, real_tensor
+from ._options import check_bool
+from .design import SamplingDesign, as_design
+from .ranking import (SampledRanks, _draw_negatives, check_popularity, check_ties, padded_candidate_counts,
+                      prepare_index, rank_among_drawn)
+
+__all__ = ["Scorer", "ScoringCost", "sampled_ranks_from_scorer", "DEFAULT_MAX_PAIRS"]
+
+#: ``scorer(users (B,), items (B, L)) -> scores (B, L)``: pointwise, on the items' device
+Scorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+#: pairs per scorer call unless the caller says otherwise (2^16: a batch a GPU model scores in one pass)
+DEFAULT_MAX_PAIRS = 1 << 16
+
+
+@dataclass(frozen=True)
+class ScoringCost:
+    """What the scorer loop cost.
+
+    pairs: (user, item) pairs scored (the positives once, each drawn item once per draw); calls: scorer calls;
+    scorer_seconds: wall time inside the scorer (synchronised on CUDA at the end of each call); loop_seconds: the
+    loop's own time outside the scorer (draws, checks, counting); full_pairs: the pairs full ranking would score
+    (each row with a positive: its n items minus its excluded items); stages: sampling stages run (1 for a fixed m).
+    """
+
+    pairs: int
+    calls: int
+    scorer_seconds: float
+    loop_seconds: float
+    full_pairs: int
+    stages: int = 1
+
+    @property
+    def share_of_full(self) -> float:
+        """Pairs scored / pairs full ranking would score."""
+        return self.pairs / self.full_pairs if self.full_pairs else math.nan
+
+    def as_dict(self) -> dict:
+        return {"pairs": self.pairs, "calls": self.calls, "scorer_seconds": self.scorer_seconds,
+                "loop_seconds": self.loop_seconds, "full_pairs": self.full_pairs, "stages": self.stages,
+                "share_of_full": self.share_of_full}
+
+
+class _Calls:
+    """The scorer's calls: chunking to ``max_pairs``, checking each answer, timing, counting."""
+
+    def __init__(self, scorer: Scorer, max_pairs: int, check_finite: bool, device: torch.device) -> None:
+        self.scorer, self.max_pairs, self.check_finite, self.device = scorer, max_pairs, check_finite, device
+        self.pairs = self.calls = 0
+        self.seconds = 0.0
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self.name = getattr(scorer, "__qualname__", None) or type(scorer).__name__
+
+    def score(self, users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        """(K, L) float64 scores of ``items`` (K, L) for ``users`` (K,), in calls of at most ``max_pairs`` pairs
+        (rows first; a row longer than ``max_pairs`` is split into column blocks)."""
+        k, length = items.shape
+        out = torch.empty((k, length), dtype=torch.float64, device=self.device)
+        if k == 0 or length == 0:
+            return out
+        cols = min(length, self.max_pairs)
+        rows = max(1, self.max_pairs // cols)
+        for r0 in range(0, k, rows):
+            for c0 in range(0, length, cols):
+                r1, c1 = min(k, r0 + rows), min(length, c0 + cols)
+                out[r0:r1, c0:c1] = self._call(users[r0:r1], items[r0:r1, c0:c1].contiguous(), r0)
+        return out
+
+    def _call(self, users: torch.Tensor, items: torch.Tensor, first_row: int) -> torch.Tensor:
+        where = f"call {self.calls + 1} ({items.shape[0]} rows from row {first_row}, {items.shape[1]} items each)"
+        self._sync()
+        t = time.perf_counter()
+        try:
+            got = self.scorer(users, items)
+            self._sync()
+        except Exception as exc:  # noqa: BLE001 - re-raised with the batch named, the cause chained
+            raise ValueError(f"scorer {self.name!r} raised {type(exc).__name__} on {where}: {exc}") from exc
+        finally:
+            self.seconds += time.perf_counter() - t
+        self.calls += 1
+        self.pairs += items.numel()
+        if not isinstance(got, torch.Tensor):
+            raise ValueError(f"scorer {self.name!r} returned {type(got).__name__} on {where}; expected a tensor of "
+                             f"shape {tuple(items.shape)}")
+        if tuple(got.shape) != tuple(items.shape):
+            raise ValueError(f"scorer {self.name!r} returned shape {tuple(got.shape)} on {where}; expected "
+                             f"{tuple(items.shape)} (one score per (user, item) pair)")
+        if got.dtype == torch.bool or got.is_complex():
+            raise ValueError(f"scorer {self.name!r} returned dtype {got.dtype} on {where}; expected real scores")
+        if got.device != items.device:
+            raise ValueError(f"scorer {self.name!r} returned scores on {got.device} on {where}; expected them on "
+                             f"{items.device}, the items' device")
+        got = got.detach().to(torch.float64)
+        if self.check_finite and got.is_floating_point() and not bool(torch.isfinite(got).all()):
+            bad = int((~torch.isfinite(got)).sum())
+            raise ValueError(f"scorer {self.name!r} returned {bad} non-finite score(s) (NaN or inf) on {where}")
+        return got
+
+
+def _positives_device(positives) -> torch.device:
+    return positives.device if isinstance(positives, torch.Tensor) else torch.device("cpu")
+
+
+def sampled_ranks_from_scorer(
+    scorer: Scorer,
+    positives,
+    n_items: int,
+    design: int | SamplingDesign,
+    *,
+    exclude=None,
+    users=None,
+    generator: torch.Generator | None = None,
+    max_pairs: int = DEFAULT_MAX_PAIRS,
+    ties: str = "pessimistic",
+    check_finite: bool = True,
+) -> SampledRanks:
+    """Sampled ranks of held-out items, scoring only the positives and the items drawn for them.
+
+    Args:
+        scorer: ``scorer(users, items) -> scores`` (module docstring): users (B',) int64, items (B', L) int64 on
+            the positives' device; (B', L) real scores back on that device. Pointwise.
+        positives: (B, n) bool mask, (B, P) int64 padded with -1, or (B,): the held-out items of B rows.
+        n_items: n, the catalogue size (items 0..n - 1).
+        design: m (int: uniform with replacement) or a :class:`~reco_sampled_plugin.design.SamplingDesign`:
+            uniform with or without replacement, popularity weights, or adaptive (``adaptive_max``): positives
+            still ranked first draw the next stage's new items, stage after stage, up to the cap; only their new
+            items are scored.
+        exclude: items never drawn and never ranked (training items), same forms as ``positives``.
+        users: (B,) int64 user ids handed to the scorer (default ``arange(B)``: row numbers).
+        generator: ``torch.Generator`` of the draws (the same generator gives the same draws as
+            :func:`~reco_sampled_plugin.ranking.sampled_ranks` on the score matrix).
+        max_pairs: at most this many (user, item) pairs per scorer call.
+        ties: tie policy as in :func:`~reco_sampled_plugin.ranking.exact_ranks`.
+        check_finite: refuse NaN / inf scores (a ValueError naming the scorer and the call).
+
+    Returns:
+        :class:`~reco_sampled_plugin.ranking.SampledRanks` as :func:`~reco_sampled_plugin.ranking.sampled_ranks`
+        (fixed m: ranks, n_candidates, negatives, design) or
+        :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks` (adaptive: final m per positive) return it,
+        with ``cost`` a :class:`ScoringCost`.
+
+    Raises:
+        ValueError: bad input (as ``sampled_ranks``), ``max_pairs`` < 1, or a scorer that raises or returns the
+            wrong type, shape, dtype or device, or non-finite scores (named, with the call's rows).
+    """
+    t_start = time.perf_counter()
+    if not callable(scorer):
+        raise ValueError(f"scorer: expected a callable scorer(users, items) -> scores, got {type(scorer).__name__}")
+    design = as_design(design)
+    ties = check_ties(ties)
+    check_finite = check_bool(check_finite, "check_finite")
+    max_pairs = check_int(max_pairs, "max_pairs", minimum=1)
+    check_generator(generator)
+    n = check_size(n_items, "n_items", 1)
+    device = _positives_device(positives)
+    given = positives if isinstance(positives, torch.Tensor) else real_tensor(positives, "positives", booleans=True)
+    b = given.shape[0] if given.dim() else 1
+    pos, exc = prepare_index(positives, exclude, b, n, device)
+    if users is None:
+        user_ids = torch.arange(b, device=device)
+    else:
+        user_ids = real_tensor(users, "users").to(device)
+        if user_ids.is_floating_point() or user_ids.dtype == torch.bool or user_ids.shape != (b,):
+            raise ValueError(f"users: expected ({b},) integer user ids, got shape {tuple(user_ids.shape)} and dtype "
+                             f"{user_ids.dtype}")
+        user_ids = user_ids.to(torch.int64)
+    calls = _Calls(scorer, max_pairs, check_finite, device)
+    adaptive = design.adaptive_max is not None
+    m = design.n_samples
+    p = pos.shape[1]
+    check_elements(b * p * m, "design", "the draw of B x P x m negatives")
+    popularity = None if design.popularity is None else check_popularity(design.popularity, n, device)
+    valid = pos >= 0
+    neg = _draw_negatives(pos, exc, n, m, design.replacement, popularity, generator, device)
+    # stage 0: each positive with its m drawn items, one list per positive: [positive, drawn...]
+    rows, slots = valid.nonzero(as_tuple=True)
+    lists = torch.cat([pos[rows, slots].unsqueeze(1), neg[rows, slots]], 1)
+    got = calls.score(user_ids[rows], lists)
+    pos_scores = torch.zeros((b, p), dtype=torch.float64, device=device)
+    neg_scores = torch.zeros((b, p, m), dtype=torch.float64, device=device)
+    pos_scores[rows, slots] = got[:, 0]
+    neg_scores[rows, slots] = got[:, 1:]
+    ranks = rank_among_drawn(pos_scores, neg_scores, pos, neg, ties, generator)
+    n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)
+    stages = 1
+    sizes = None
+    if adaptive:
+        ranks, sizes, stages = _stages(calls, positives, exclude, pos, exc, user_ids, pos_scores, ranks, design, n,
+                                       ties, generator, device)
+        neg_out = None
+    else:
+        neg_out = torch.where(valid.unsqueeze(2), neg, torch.full_like(neg, -1))
+    n_exc = (exc >= 0).sum(1) if exc is not None else torch.zeros(b, dtype=torch.int64, device=device)
+    full = int(((n - n_exc) * valid.any(1)).sum())
+    total = time.perf_counter() - t_start
+    cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(total - calls.seconds, 0.0), full, stages)
+    return SampledRanks(ranks, n_cand, neg_out, design, sizes, cost)
+
+
+def _stages(calls: _Calls, positives, exclude, pos, exc, user_ids, pos_scores, ranks, design, n, ties, generator,
+            device):
+    """The adaptive stages of :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks`, scoring only the
+    positives still ranked first: the rows that need a stage re-prepared from the caller's own forms (as the
+    score-matrix path does, so the draws' shapes and random numbers are the same)."""
+    m0, cap = design.n_samples, design.cap
+    valid = ranks > 0
+    sizes = torch.where(valid, torch.full_like(ranks, m0, dtype=torch.int64), torch.zeros_like(ranks, dtype=torch.int64))
+    pos_t = positives if isinstance(positives, torch.Tensor) else torch.as_tensor(positives, device=device)
+    exc_t = None if exclude is None else (exclude if isinstance(exclude, torch.Tensor)
+                                          else torch.as_tensor(exclude, device=device))
+    m_cur, stages = m0, 1
+    while m_cur * 2 <= cap:
+        need = (ranks == 1) & (sizes == m_cur)
+        idx = need.any(1).nonzero().squeeze(1)
+        if idx.numel() == 0:
+            break
+        stages += 1
+        sub_pos, sub_exc = prepare_index(pos_t[idx], None if exc_t is None else exc_t[idx], idx.numel(), n, device)
+        p_sub = sub_pos.shape[1]
+        check_elements(idx.numel() * p_sub * m_cur, "design", "an adaptive stage's draw")
+        neg = _draw_negatives(sub_pos, sub_exc, n, m_cur, True, None, generator, device)
+        sub_need = need[idx][:, :p_sub]
+        r_sub, s_sub = sub_need.nonzero(as_tuple=True)
+        got = calls.score(user_ids[idx][r_sub], neg[r_sub, s_sub])
+        neg_scores = torch.full((idx.numel(), p_sub, m_cur), -math.inf, dtype=torch.float64, device=device)
+        neg_scores[r_sub, s_sub] = got
+        sub_pos_scores = pos_scores[idx][:, :p_sub]
+        more = rank_among_drawn(sub_pos_scores, neg_scores, sub_pos, neg, ties, generator)
+        if p_sub < ranks.shape[1]:
+            more = torch.nn.functional.pad(more, (0, ranks.shape[1] - p_sub))
+        full_need = need[idx]
+        ranks[idx] = torch.where(full_need, more.to(ranks.dtype), ranks[idx])
+        sizes[idx] = torch.where(full_need, torch.full_like(sizes[idx], 2 * m_cur), sizes[idx])
+        m_cur *= 2
+    return ranks, sizes, stages
