@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -31,9 +31,6 @@ from ._inputs import (Check, score_tensor, as_padded_index, check_finite_rows, c
 from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
 from ._options import check_bool
 from .design import SamplingDesign, as_design
-
-if TYPE_CHECKING:
-    from .scorer_ranks import ScoringCost
 
 __all__ = [
     "TIES",
@@ -46,6 +43,8 @@ __all__ = [
     "exact_ranks_padded",
     "forbidden_sorted",
     "allowed_position_to_item",
+    "draw_negatives",
+    "rank_among_drawn",
 ]
 
 TIES = ("pessimistic", "optimistic", "average", "random")  # the one list of tie policies; subsets below
@@ -358,7 +357,7 @@ class SampledRanks:
     negatives: torch.Tensor | None = None
     design: SamplingDesign | None = None
     n_samples: torch.Tensor | None = None
-    cost: ScoringCost | None = None
+    cost: Any = None  # a scorer_ranks.ScoringCost (not imported here: scorer_ranks builds on this module)
 
     def _legacy(self) -> tuple:
         if self.n_samples is not None:
@@ -464,7 +463,7 @@ def _later_duplicates(x: torch.Tensor, fresh: torch.Tensor | None = None) -> tor
     return torch.zeros_like(dup_sorted).scatter(-1, order, dup_sorted)
 
 
-def _draw_negatives(pos, exc, n_items, m, replacement, popularity, generator, device) -> torch.Tensor:
+def draw_negatives(pos, exc, n_items, m, replacement, popularity, generator, device) -> torch.Tensor:
     """(B, P, m) irrelevant items for each positive (rows without a positive: item 0, the caller masks them).
 
     Every pool check (and whether all rows have a positive, whether some pool is small) reaches the host in one
@@ -771,7 +770,7 @@ def sampled_ranks(
         check_elements(b * p * m, "n_samples", "the draw of B x P x m negatives (returned in SampledRanks.negatives)")
         if popularity is not None:  # checked once per call, also when no row has a positive
             popularity = check_popularity(popularity, n, device)
-        neg = _draw_negatives(pos, exc, n, m, replacement, popularity, generator, device)
+        neg = draw_negatives(pos, exc, n, m, replacement, popularity, generator, device)
     pos_scores, pos_valid = _gather_padded(scores, pos)
     neg_scores = scores.gather(1, neg.reshape(b, p * m)).reshape(b, p, m)
     ranks = rank_among_drawn(pos_scores, neg_scores, pos, neg, ties, generator)

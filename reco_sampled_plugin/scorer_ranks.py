@@ -28,10 +28,10 @@ import torch
 from ._checks import check_elements, check_generator, check_int, check_size, real_tensor
 from ._options import check_bool
 from .design import SamplingDesign, as_design
-from .ranking import (SampledRanks, _draw_negatives, check_popularity, check_ties, padded_candidate_counts,
+from .ranking import (SampledRanks, draw_negatives, check_popularity, check_ties, padded_candidate_counts,
                       prepare_index, rank_among_drawn)
 
-__all__ = ["Scorer", "ScoringCost", "sampled_ranks_from_scorer", "DEFAULT_MAX_PAIRS"]
+__all__ = ["Scorer", "ScoringCost", "sampled_ranks_from_scorer", "DEFAULT_MAX_PAIRS", "ScorerCalls"]
 
 #: ``scorer(users (B,), items (B, L)) -> scores (B, L)``: pointwise, on the items' device
 Scorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -68,7 +68,7 @@ class ScoringCost:
                 "share_of_full": self.share_of_full}
 
 
-class _Calls:
+class ScorerCalls:
     """The scorer's calls: chunking to ``max_pairs``, checking each answer, timing, counting."""
 
     def __init__(self, scorer: Scorer, max_pairs: int, check_finite: bool, device: torch.device) -> None:
@@ -191,14 +191,14 @@ def sampled_ranks_from_scorer(
             raise ValueError(f"users: expected ({b},) integer user ids, got shape {tuple(user_ids.shape)} and dtype "
                              f"{user_ids.dtype}")
         user_ids = user_ids.to(torch.int64)
-    calls = _Calls(scorer, max_pairs, check_finite, device)
+    calls = ScorerCalls(scorer, max_pairs, check_finite, device)
     adaptive = design.adaptive_max is not None
     m = design.n_samples
     p = pos.shape[1]
     check_elements(b * p * m, "design", "the draw of B x P x m negatives")
     popularity = None if design.popularity is None else check_popularity(design.popularity, n, device)
     valid = pos >= 0
-    neg = _draw_negatives(pos, exc, n, m, design.replacement, popularity, generator, device)
+    neg = draw_negatives(pos, exc, n, m, design.replacement, popularity, generator, device)
     # stage 0: each positive with its m drawn items, one list per positive: [positive, drawn...]
     rows, slots = valid.nonzero(as_tuple=True)
     lists = torch.cat([pos[rows, slots].unsqueeze(1), neg[rows, slots]], 1)
@@ -224,7 +224,7 @@ def sampled_ranks_from_scorer(
     return SampledRanks(ranks, n_cand, neg_out, design, sizes, cost)
 
 
-def _stages(calls: _Calls, positives, exclude, pos, exc, user_ids, pos_scores, ranks, design, n, ties, generator,
+def _stages(calls: ScorerCalls, positives, exclude, pos, exc, user_ids, pos_scores, ranks, design, n, ties, generator,
             device):
     """The adaptive stages of :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks`, scoring only the
     positives still ranked first: the rows that need a stage re-prepared from the caller's own forms (as the
@@ -245,7 +245,7 @@ def _stages(calls: _Calls, positives, exclude, pos, exc, user_ids, pos_scores, r
         sub_pos, sub_exc = prepare_index(pos_t[idx], None if exc_t is None else exc_t[idx], idx.numel(), n, device)
         p_sub = sub_pos.shape[1]
         check_elements(idx.numel() * p_sub * m_cur, "design", "an adaptive stage's draw")
-        neg = _draw_negatives(sub_pos, sub_exc, n, m_cur, True, None, generator, device)
+        neg = draw_negatives(sub_pos, sub_exc, n, m_cur, True, None, generator, device)
         sub_need = need[idx][:, :p_sub]
         r_sub, s_sub = sub_need.nonzero(as_tuple=True)
         got = calls.score(user_ids[idx][r_sub], neg[r_sub, s_sub])
