@@ -365,12 +365,12 @@ def _unpack_pilot(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive):
                          "pilot_n_samples")
     if design.law not in ("binomial", "hypergeometric"):
         raise ValueError(f"pilot: the planner fits uniform draws; this pilot has {design.law} draws")
-    ranks = pilot.ranks
+    ranks = pilot.ranks.cpu()  # the plan runs on the CPU whatever device the pilot was drawn on
     keep = ranks > 0
     sizes = pilot.sizes()
-    sizes = sizes[keep] if isinstance(sizes, torch.Tensor) else torch.full((int(keep.sum()),), int(sizes))
+    sizes = sizes.cpu()[keep] if isinstance(sizes, torch.Tensor) else torch.full((int(keep.sum()),), int(sizes))
     adaptive = design if design.adaptive_max is not None else None
-    return ranks[keep], pilot.candidates()[keep], sizes, adaptive, pilot.cost
+    return ranks[keep], pilot.candidates().cpu()[keep], sizes, adaptive, pilot.cost
 
 
 def _seconds_per_pair(seconds_per_pair, cost) -> tuple[float | None, str | None]:

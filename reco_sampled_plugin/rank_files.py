@@ -192,7 +192,7 @@ def write_rank_file(path, sampled) -> Path:
     if design.popularity is not None:
         raise ValueError("sampled: popularity draws cannot be estimated from a rank file (it has no column for the "
                          "weights); estimate in Python: estimate(metric, sampled)")
-    ranks = sampled.ranks
+    ranks = sampled.ranks.cpu()
     if ranks.is_floating_point() and not bool((ranks == ranks.floor()).all()):
         raise ValueError("sampled: the ranks are not whole (ties='average'); draw with ties='pessimistic' or "
                          "'optimistic' to write a rank file")
@@ -200,9 +200,9 @@ def write_rank_file(path, sampled) -> Path:
     if not bool(keep.any()):
         raise ValueError("sampled: no positive to write (every slot is padding)")
     sizes = sampled.sizes()
-    m = sizes[keep] if isinstance(sizes, torch.Tensor) else torch.full((int(keep.sum()),), int(sizes))
-    table = torch.stack([ranks[keep].to(torch.int64), sampled.candidates()[keep].to(torch.int64),
-                         m.to(torch.int64).to(ranks.device)], 1).cpu().numpy()
+    m = sizes.cpu()[keep] if isinstance(sizes, torch.Tensor) else torch.full((int(keep.sum()),), int(sizes))
+    table = torch.stack([ranks[keep].to(torch.int64), sampled.candidates().cpu()[keep].to(torch.int64),
+                         m.to(torch.int64)], 1).numpy()
     lines = [f"# reco-sampled rank file: {len(table):,} positives; design: {design.describe()}",
              f"# read back: reco-sampled estimate FILE {_estimate_flags(design)}"]
     cost = sampled.cost

@@ -376,3 +376,18 @@ def test_write_rank_file_refusals(tmp_path):
         write_rank_file(tmp_path / "x.csv", empty)
     assert not (tmp_path / "x.csv").exists()
 
+
+
+def test_scorer_loop_on_any_device_pilots_the_plan_and_writes_a_rank_file(device, tmp_path):
+    """A scorer run on the device (CUDA where there is one) is a pilot and a rank file as on the CPU."""
+    g = torch.Generator(device=device).manual_seed(13)
+    scores = torch.randn(200, 500, generator=g, device=device)
+    positives = torch.randint(0, 500, (200,), generator=g, device=device)
+    design = SamplingDesign(20, adaptive_max=320)
+    run = sampled_ranks_from_scorer(MatrixScorer(scores), positives, 500, design, generator=g)
+    result = plan(500, 200, "hit@10", 0.5, pilot=run, designs=[(40, None)], repeats=2)
+    assert result.shape_source.startswith("pilot: mes fit on 200 sampled ranks")
+    assert result.seconds_per_pair == run.cost.scorer_seconds / run.cost.pairs
+    data = read_rank_file(write_rank_file(tmp_path / "r.csv", run))
+    assert np.array_equal(data.ranks, run.ranks.cpu().numpy().reshape(-1))
+    assert np.array_equal(data.n_samples, run.n_samples.cpu().numpy().reshape(-1))
