@@ -292,9 +292,11 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "plan", help="forecast which sampling design reaches a target accuracy, before evaluating",
         description="Forecast, by Monte Carlo under an assumed rank distribution (a pilot's, or a default family), "
-                    "the relative error and cost of sampled evaluation designs, and recommend the cheapest that "
-                    "meets the target. Example: reco-sampled plan --n-items 50000 --n-users 6000 --metric ndcg@10 "
-                    "--target-rel-error 0.05",
+                    "the relative error and cost of sampled evaluation designs (scored (user, item) pairs per user: "
+                    "the positive and its drawn items, against full ranking's n), and recommend the cheapest that "
+                    "meets the target; with --seconds-per-pair also each design's predicted scoring time next to "
+                    "full ranking's. Example: reco-sampled plan --n-items 50000 --n-users 6000 --metric ndcg@10 "
+                    "--target-rel-error 0.05 --seconds-per-pair 2e-5",
         epilog=_methods_epilog(registry.names()), formatter_class=_HelpFormatter,
     )
     p.add_argument("--n-items", type=int, required=True, help="catalogue size n (candidates per user)")
@@ -315,6 +317,10 @@ def add_plan_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"estimator to forecast (default {registry.DEFAULT_ESTIMATOR}; the estimators are listed below)")
     p.add_argument("--repeats", type=int, default=20, help="Monte Carlo repeats per design (default 20)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seconds-per-pair", type=float, metavar="S",
+                   help="the scorer's seconds per scored (user, item) pair, e.g. a scorer-loop run's "
+                        "cost.scorer_seconds / cost.pairs: adds each design's and full ranking's predicted scoring "
+                        "time (pairs x users x S)")
     _add_progress(p)
     p.set_defaults(func=run_plan)
     return p
@@ -342,7 +348,7 @@ def run_plan(args: argparse.Namespace) -> int:
     result = plan(
         args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, pilot_n_items=pilot_n,
         pilot_n_samples=pilot_m, pilot_adaptive=pilot_design, designs=args.design, method=args.method,
-        repeats=args.repeats, seed=args.seed, progress=args.progress,
+        repeats=args.repeats, seed=args.seed, progress=args.progress, seconds_per_pair=args.seconds_per_pair,
     )
     print(result.format())
     return 0
@@ -473,7 +479,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     est = sub.add_parser("estimate", help="estimate exact metrics from a file of sampled ranks or from NCF files",
                          description="FILE: one line per relevant item 'rank[,n_candidates[,n_samples]]'. "
-                                     "Or NCF-style files (.test.rating, .test.negative) plus a 'user item score' file.",
+                                     "Or NCF-style files (.test.rating, .test.negative) plus a 'user item score' file. "
+                                     "A draw in Python, e.g. an external scorer loop's sampled_ranks_from_scorer(...), "
+                                     "is written as such a file by "
+                                     "reco_sampled_plugin.rank_files.write_rank_file(path, sampled); its first lines "
+                                     "name the flags that read it back (adaptive: --n-samples M0 --adaptive-max CAP).",
                          epilog=_methods_epilog(registry.names()), formatter_class=_HelpFormatter)
     est.add_argument("file", nargs="?", help="rank file")
     est.add_argument("--n-items", type=int, help="candidates n when the file has no such column")

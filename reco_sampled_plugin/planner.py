@@ -15,7 +15,15 @@ under each candidate design, for a given catalogue size, number of users and ran
 3. Reported per design (:class:`DesignForecast`), relative to the shape's truth T (the mean over the replicates of
    the sets' exact metrics): rel_bias = mean(e)/T, rel_sd = sd(e)/T (ddof 1), rel_error =
    sqrt(rel_bias^2 + rel_sd^2), e = estimate - exact metric of the set; and the cost, the mean number of
-   sampled items scored per user (fixed m: m; adaptive: the mean final m).
+   sampled items per user (fixed m: m; adaptive: the mean final m) and the (user, item) pairs a scorer scores per
+   user, 1 + that (the positive and every drawn item once: the unit of
+   :class:`~reco_sampled_plugin.scorer_ranks.ScoringCost`'s ``pairs``; full ranking: n per user, its candidates).
+4. **Time**, given seconds per scored pair (``seconds_per_pair=``, or measured on a pilot run through
+   :func:`~reco_sampled_plugin.scorer_ranks.sampled_ranks_from_scorer`: its ``cost.scorer_seconds / cost.pairs``):
+   each design's predicted scoring time for the ``n_users`` users, pairs x n_users x seconds_per_pair, next to
+   full ranking's. It is the scorer's time alone (the loop's own draws and counting are not in it: a pilot reports
+   them as ``cost.loop_seconds``) and assumes one pair costs the same in a sampled and in a full evaluation (on a
+   GPU full ranking's larger batches may cost less per pair: measure both where it matters).
 
 Conventions (package-wide): ranks are 1-based, ``n`` counts a user's candidates (the relevant item included),
 ``m`` the sampled irrelevant items. One sampled rank resolves b = (n - 1)/(m + 1) + 1 exact ranks; adaptive
@@ -66,6 +74,7 @@ from ._options import check_positive_float
 from .adaptive import AdaptiveDesign, check_adaptive_histogram
 from .design import SamplingDesign
 from .metric_names import MetricSpec, parse_metric
+from .ranking import SampledRanks
 
 __all__ = [
     "DEFAULT_FAMILY",
@@ -107,6 +116,9 @@ class DesignForecast:
             cap.
         meets_target: rel_error <= the plan's target.
         replacement: the draws are with replacement (binomial law; False: without, hypergeometric).
+        pairs_se: Monte Carlo standard error of :attr:`pairs` (0 for a fixed m).
+        scoring_seconds: predicted scorer time for the plan's ``n_users`` users, :attr:`pairs` x n_users x the
+            plan's ``seconds_per_pair``; NaN without one.
     """
 
     n_samples: int
@@ -119,6 +131,14 @@ class DesignForecast:
     rel_error_se: float = math.nan
     resolution: float = math.nan
     replacement: bool = True
+    pairs_se: float = math.nan
+    scoring_seconds: float = math.nan
+
+    @property
+    def pairs(self) -> float:
+        """Expected (user, item) pairs scored per user: the positive and its sampled items, 1 + ``mean_samples``
+        (adaptive: every stage's new draws; the unit of ``ScoringCost.pairs``)."""
+        return 1.0 + self.mean_samples
 
     @property
     def label(self) -> str:
@@ -145,10 +165,13 @@ class Plan:
         shape_source: where the rank distribution came from (the pilot's fit, or :data:`DEFAULT_FAMILY`).
         truth: the metric under the shape (mean of the drawn sets' exact metrics).
         forecasts: one :class:`DesignForecast` per design, in the order given.
-        recommended: the cheapest design (fewest mean samples) meeting the target with fewer mean samples than
-            ranking every item; None: no sampled design does, rank all n items.
+        recommended: the cheapest design (fewest scored pairs per user, hence least predicted scoring time)
+            meeting the target with fewer pairs than ranking every item; None: no sampled design does, rank all n
+            items.
         method, repeats, seed: the estimator and the Monte Carlo settings.
         seconds: wall time the plan took.
+        seconds_per_pair: scorer seconds per scored (user, item) pair behind the predicted times (None: no times).
+        seconds_per_pair_source: where it came from (``"given"``, or the pilot's measured cost).
     """
 
     metric: str
@@ -163,11 +186,25 @@ class Plan:
     repeats: int = 20
     seed: int = 0
     seconds: float = field(default=math.nan, compare=False)
+    seconds_per_pair: float | None = None
+    seconds_per_pair_source: str | None = None
 
     @property
     def full_cost(self) -> float:
-        """Items scored per user by full ranking (mean n - 1)."""
+        """Items scored per user by full ranking besides the positive (mean n - 1)."""
         return float(np.mean(self.n_items)) - 1.0
+
+    @property
+    def full_pairs(self) -> float:
+        """(user, item) pairs full ranking scores per user: mean n, every candidate (the catalogue minus the
+        user's excluded items; ``ScoringCost.full_pairs`` / users)."""
+        return float(np.mean(self.n_items))
+
+    @property
+    def full_scoring_seconds(self) -> float:
+        """Predicted scorer time of full ranking for the ``n_users`` users: full_pairs x n_users x
+        seconds_per_pair (NaN without a seconds_per_pair)."""
+        return _scoring_seconds(self.full_pairs, self.n_users, self.seconds_per_pair)
 
     def format(self) -> str:
         """A readable table of the forecasts and a one-line recommendation."""
@@ -178,19 +215,29 @@ class Plan:
             f"target relative error {self.target:.1%}",
             f"rank distribution: {self.shape_source}",
             f"{self.metric} under it: {self.truth:.4g}; {self.repeats} Monte Carlo repeats, seed {self.seed}",
-            "",
-            f"{'design':<22}{'samples/user':>13}{'resolution':>12}{'rel.bias':>10}{'rel.sd':>9}{'rel.error':>11}"
-            f"{'(MC se)':>9}  meets",
         ]
+        timed = self.seconds_per_pair is not None
+        if timed:
+            lines.append(f"scoring time: {self.seconds_per_pair:.3g} s per scored pair ({self.seconds_per_pair_source})"
+                         f"; times are the scorer's for {self.n_users:,} users")
+        time_head = f"{'time':>10}" if timed else ""
+        lines += [
+            "",
+            f"{'design':<22}{'pairs/user':>12}{'of full':>9}{time_head}{'resolution':>12}{'rel.bias':>10}"
+            f"{'rel.sd':>9}{'rel.error':>11}{'(MC se)':>9}  meets",
+        ]
+        full = self.full_pairs
         for f in self.forecasts:
             err = f"{f.rel_error:.1%}" if math.isfinite(f.rel_error) else "inf"
             se = f"({f.rel_error_se:.1%})" if math.isfinite(f.rel_error_se) else ""
+            when = f"{_duration(f.scoring_seconds):>10}" if timed else ""
             lines.append(
-                f"{f.label:<22}{f.mean_samples:>13,.0f}{f.resolution:>12.1f}{f.rel_bias:>10.1%}{f.rel_sd:>9.1%}"
-                f"{err:>11}{se:>9}  {'yes' if f.meets_target else 'no'}"
+                f"{f.label:<22}{f.pairs:>12,.0f}{f.pairs / full:>9.1%}{when}{f.resolution:>12.1f}{f.rel_bias:>10.1%}"
+                f"{f.rel_sd:>9.1%}{err:>11}{se:>9}  {'yes' if f.meets_target else 'no'}"
             )
-        lines.append(f"{'full ranking':<22}{self.full_cost:>13,.0f}{1.0:>12.1f}{0.0:>10.1%}{0.0:>9.1%}{0.0:>11.1%}"
-                     f"{'':>9}  yes")
+        when = f"{_duration(self.full_scoring_seconds):>10}" if timed else ""
+        lines.append(f"{'full ranking':<22}{full:>12,.0f}{1.0:>9.1%}{when}{1.0:>12.1f}{0.0:>10.1%}{0.0:>9.1%}"
+                     f"{0.0:>11.1%}{'':>9}  yes")
         lines.append("")
         lines.append(self.recommendation())
         return "\n".join(lines)
@@ -198,11 +245,32 @@ class Plan:
     def recommendation(self) -> str:
         """The one-line recommendation."""
         r = self.recommended
+        full_time = (f", predicted scoring time {_duration(self.full_scoring_seconds)}"
+                     if self.seconds_per_pair is not None else "")
         if r is None:
             return (f"Recommendation: no sampled design meets {self.target:.1%}; rank all items "
-                    f"({self.full_cost:,.0f} per user) or relax the target.")
-        return (f"Recommendation: {r.label} (about {r.mean_samples:,.0f} sampled items per user; predicted relative "
-                f"error {r.rel_error:.1%} <= {self.target:.1%}).")
+                    f"({self.full_pairs:,.0f} scored pairs per user{full_time}) or relax the target.")
+        when = (f"; predicted scoring time {_duration(r.scoring_seconds)} against "
+                f"{_duration(self.full_scoring_seconds)} for full ranking" if self.seconds_per_pair is not None
+                else "")
+        return (f"Recommendation: {r.label} (about {r.pairs:,.0f} scored pairs per user, {r.pairs / self.full_pairs:.1%} "
+                f"of full ranking's {self.full_pairs:,.0f}{when}; predicted relative error {r.rel_error:.1%} <= "
+                f"{self.target:.1%}).")
+
+
+def _scoring_seconds(pairs_per_user: float, n_users: int, seconds_per_pair: float | None) -> float:
+    """pairs_per_user x n_users x seconds_per_pair (NaN without a seconds_per_pair)."""
+    return math.nan if seconds_per_pair is None else pairs_per_user * n_users * seconds_per_pair
+
+
+def _duration(seconds: float) -> str:
+    """``"0.42 s"``, ``"12.5 s"``, ``"8.3 min"``, ``"2.1 h"``, ``"3.4 d"`` (``"-"`` for NaN)."""
+    if not math.isfinite(seconds):
+        return "-"
+    for unit, size in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.3g} s"
 
 
 # ------------------------------------------------------------------------------------------------- shapes
@@ -281,6 +349,40 @@ class _PilotShape:
             scaled = 1 + np.floor((r - 1 + rng.random(shape)) * (n_u / n_ref)).astype(np.int64)
             r = np.where(moved, scaled, r)
         return np.clip(r, 1, n_u).astype(np.int64)
+
+
+def _unpack_pilot(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive):
+    """(ranks, n, m, adaptive design or None, cost or None) of a :class:`~reco_sampled_plugin.ranking.SampledRanks`
+    pilot (padding dropped; adaptive: each positive's final m), which carries its own sizes and design."""
+    for name, value in (("pilot_n_items", pilot_n_items), ("pilot_n_samples", pilot_n_samples),
+                        ("pilot_adaptive", pilot_adaptive)):
+        if value is not None:
+            raise ValueError(f"{name}: the SampledRanks pilot carries its candidate counts, sample sizes and design; "
+                             f"drop {name}")
+    design = pilot.design
+    if design is None:
+        raise ValueError("pilot: these SampledRanks carry no design; pass their ranks with pilot_n_items and "
+                         "pilot_n_samples")
+    if design.law not in ("binomial", "hypergeometric"):
+        raise ValueError(f"pilot: the planner fits uniform draws; this pilot has {design.law} draws")
+    ranks = pilot.ranks.cpu()  # the plan runs on the CPU whatever device the pilot was drawn on
+    keep = ranks > 0
+    sizes = pilot.sizes()
+    sizes = sizes.cpu()[keep] if isinstance(sizes, torch.Tensor) else torch.full((int(keep.sum()),), int(sizes))
+    adaptive = design if design.adaptive_max is not None else None
+    return ranks[keep], pilot.candidates().cpu()[keep], sizes, adaptive, pilot.cost
+
+
+def _seconds_per_pair(seconds_per_pair, cost) -> tuple[float | None, str | None]:
+    """(seconds per scored pair, its source): ``seconds_per_pair`` when given, else measured on a scorer-loop
+    pilot (its ``cost``: scorer seconds / pairs), else (None, None)."""
+    if seconds_per_pair is not None:
+        return check_positive_float(seconds_per_pair, "seconds_per_pair"), "given"
+    if cost is None or cost.pairs <= 0 or not cost.scorer_seconds > 0:
+        return None, None
+    loop = f"; the loop's own time {cost.loop_seconds / cost.scorer_seconds:.0%} of it, not in the times"
+    return cost.scorer_seconds / cost.pairs, (f"measured on the pilot: {cost.pairs:,} pairs in "
+                                              f"{cost.scorer_seconds:.3g} s of scorer time{loop}")
 
 
 def _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive) -> _PilotShape:
@@ -445,6 +547,7 @@ def plan(
     repeats: int = 20,
     seed: int = 0,
     progress: bool | None = None,
+    seconds_per_pair: float | None = None,
 ) -> Plan:
     """Forecast the accuracy and cost of sampled evaluation designs, and recommend the cheapest that meets a target.
 
@@ -455,7 +558,11 @@ def plan(
         metric: e.g. ``"ndcg@10"``, ``"hit@10"``, ``"mrr"``.
         target_rel_error: the largest acceptable relative RMSE (0.05: 5%).
         pilot: sampled ranks of a pilot evaluation (1-D) that give the shape of the rank distribution; without it
-            the default family :data:`DEFAULT_FAMILY` is used.
+            the default family :data:`DEFAULT_FAMILY` is used. Or the
+            :class:`~reco_sampled_plugin.ranking.SampledRanks` of a pilot draw, which carry their n, m and design
+            (give no ``pilot_n_items`` / ``pilot_n_samples`` / ``pilot_adaptive`` then); from
+            :func:`~reco_sampled_plugin.scorer_ranks.sampled_ranks_from_scorer` they also carry the scorer's
+            measured cost, and its seconds per pair time the plan unless ``seconds_per_pair`` is given.
         pilot_n_items, pilot_n_samples: the pilot's n and m (ints or per-positive; for an adaptive pilot each
             positive's final m).
         pilot_adaptive: the pilot's adaptive design, (m, cap), an
@@ -470,6 +577,10 @@ def plan(
         seed: seeds every draw (the same seed gives the same plan).
         progress: a bar over the estimator fits on stderr (True, False; None: when stderr is a terminal); it does
             not change the plan.
+        seconds_per_pair: the scorer's seconds per scored (user, item) pair (e.g. a scorer-loop run's
+            ``cost.scorer_seconds / cost.pairs``): each design's and full ranking's predicted scoring time for the
+            ``n_users`` users is pairs x n_users x seconds_per_pair (``DesignForecast.scoring_seconds``,
+            ``Plan.full_scoring_seconds``). None: measured on a scorer-loop pilot when there is one, else no times.
 
     Returns:
         a :class:`Plan` (``print(plan(...).format())`` for a table).
@@ -477,18 +588,19 @@ def plan(
     Raises:
         ValueError: non-positive sizes, a target <= 0, an unknown metric or method, a cut-off K above n, a design
             with cap below m or m >= n - 1, a pilot without its sizes (or sizes without a pilot), adaptive pilot
-            sizes that do not fit the design, or no candidate design.
+            sizes that do not fit the design, no candidate design, or a ``seconds_per_pair`` that is not a finite
+            number > 0.
 
     Runs on one torch (and BLAS) thread, restored afterwards (:func:`_one_thread`).
     """
     with _one_thread():
         return _plan(n_items, n_users, metric, target_rel_error, pilot=pilot, pilot_n_items=pilot_n_items,
                      pilot_n_samples=pilot_n_samples, pilot_adaptive=pilot_adaptive, designs=designs, method=method,
-                     repeats=repeats, seed=seed, progress=progress)
+                     repeats=repeats, seed=seed, progress=progress, seconds_per_pair=seconds_per_pair)
 
 
 def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, pilot_n_samples, pilot_adaptive,
-          designs, method, repeats, seed, progress=None) -> Plan:
+          designs, method, repeats, seed, progress=None, seconds_per_pair=None) -> Plan:
     import time
 
     from ._progress import progress_bar
@@ -505,6 +617,11 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
     if spec.k is not None and spec.k > n_min:
         raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {n_min})")
     seed = check_int(seed, "seed", minimum=0)
+    pilot_cost = None
+    if isinstance(pilot, SampledRanks):
+        pilot, pilot_n_items, pilot_n_samples, pilot_adaptive, pilot_cost = _unpack_pilot(
+            pilot, pilot_n_items, pilot_n_samples, pilot_adaptive)
+    spp, spp_source = _seconds_per_pair(seconds_per_pair, pilot_cost)
     if pilot is None:
         if pilot_n_items is not None or pilot_n_samples is not None or pilot_adaptive is not None:
             raise ValueError("pilot: pilot_n_items / pilot_n_samples / pilot_adaptive given without pilot ranks")
@@ -563,19 +680,24 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
         rel = (lambda v: v / scale) if scale > 0 else (lambda v: math.inf if v != 0 else 0.0)
         rel_error = rel(math.sqrt(mse))
         mean_samples = float(m) if sizes is None else float(sizes.double().mean())
+        # the pairs' Monte Carlo se: the final m's spread over all repeats x n_users simulated positives
+        pairs_se = 0.0 if sizes is None else float(sizes.double().std() / math.sqrt(sizes.numel()))
         top = m if cap is None else cap
         forecasts.append(DesignForecast(
             n_samples=int(m), adaptive_max=None if cap is None else int(cap), mean_samples=mean_samples,
             rel_bias=rel(bias), rel_sd=rel(sd), rel_error=rel_error, meets_target=bool(rel_error <= target),
             rel_error_se=rel(se_rmse), resolution=(n_mean - 1.0) / (top + 1.0) + 1.0, replacement=replacement,
+            pairs_se=pairs_se, scoring_seconds=_scoring_seconds(1.0 + mean_samples, n_users, spp),
         ))
     bar.close()
-    ok = [f for f in forecasts if f.meets_target and f.mean_samples < n_mean - 1.0]
-    recommended = min(ok, key=lambda f: f.mean_samples) if ok else None
+    # the cheapest in scored pairs (and so in predicted time: the same seconds per pair for every design) below
+    # full ranking's n pairs per user
+    ok = [f for f in forecasts if f.meets_target and f.pairs < n_mean]
+    recommended = min(ok, key=lambda f: f.pairs) if ok else None
     return Plan(
         metric=str(spec), n_items=n_keep, n_users=n_users, target=target, shape_source=shape.source, truth=truth,
         forecasts=tuple(forecasts), recommended=recommended, method=method, repeats=repeats, seed=seed,
-        seconds=time.perf_counter() - t_start,
+        seconds=time.perf_counter() - t_start, seconds_per_pair=spp, seconds_per_pair_source=spp_source,
     )
 
 

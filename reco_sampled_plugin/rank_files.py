@@ -7,6 +7,12 @@ the ``--n-items`` / ``--n-samples`` defaults. Adaptive sampling (``--adaptive-ma
 stage's m): ``n_samples`` holds each positive's *final* m (m, 2m, 4m, ... up to M) and ``sampled_rank`` its rank
 among those; e.g. ``1,9000,3200`` (still first at the cap) and ``3,9000,400`` (third after two doublings).
 
+Writing one (:func:`write_rank_file`): the :class:`~reco_sampled_plugin.ranking.SampledRanks` of a draw, e.g. of an
+external scorer loop (:func:`~reco_sampled_plugin.scorer_ranks.sampled_ranks_from_scorer`), become one
+``sampled_rank,n_candidates,n_samples`` line per positive (padding dropped; adaptive: each positive's final m),
+under ``#`` comment lines that name the design, the ``reco-sampled estimate`` flags that read it back and, from a
+scorer loop, what the scoring cost. The format is the one above: nothing is added that the reader does not skip.
+
 NCF files (He et al.'s format): ``X.test.rating`` lines ``user<TAB>item[<TAB>...]`` (one held-out item
 per user), ``X.test.negative`` lines ``(user,item)<TAB>neg_1<TAB>...<TAB>neg_m``, and a score file with
 lines ``user item score`` covering every (user, item) pair that is ranked.
@@ -28,7 +34,7 @@ import numpy as np
 from ._checks import MAX_SIZE, check_size
 from .ranking import END_TIES
 
-__all__ = ["RankFile", "read_rank_file", "read_ncf"]
+__all__ = ["RankFile", "read_rank_file", "write_rank_file", "read_ncf"]
 
 _SPLIT = re.compile(r"[,\t ;]+")
 # rank files: one comma, semicolon or tab between fields (an empty field is an error), or runs of spaces
@@ -140,6 +146,80 @@ def read_rank_file(path, n_items: int | None = None, n_samples: int | None = Non
     if not ranks:
         raise ValueError(f"{path}: no ranks found")
     return RankFile(np.asarray(ranks, dtype=np.int64), np.asarray(ns, dtype=np.int64), np.asarray(ms, dtype=np.int64))
+
+
+def _estimate_flags(design) -> str:
+    """The ``reco-sampled estimate`` flags that read a rank file of ``design`` back."""
+    flags = f"--n-samples {design.n_samples}"
+    if design.adaptive_max is not None:
+        flags += f" --adaptive-max {design.adaptive_max}"
+    if not design.replacement:
+        flags += " --sampling hypergeometric"
+    return flags
+
+
+def write_rank_file(path, sampled) -> Path:
+    """Write the :class:`~reco_sampled_plugin.ranking.SampledRanks` of a draw as a rank file (module docstring):
+    ``sampled_rank,n_candidates,n_samples`` per positive, in row order (padding dropped), adaptive draws with each
+    positive's final m; ``#`` lines above name the design, the ``reco-sampled estimate`` flags for it and the
+    scorer loop's cost (``sampled.cost``) when there is one. ``reco-sampled estimate FILE <flags>`` (or
+    :func:`read_rank_file` and ``estimate(metric, ranks, n, m, adaptive=...)``) then gives what
+    ``estimate(metric, sampled)`` gives.
+
+    Args:
+        path: the file to write (replaced if it exists).
+        sampled: the draw's SampledRanks (from ``sampled_ranks``, ``adaptive_sampled_ranks`` or
+            ``sampled_ranks_from_scorer``), carrying its design.
+
+    Returns:
+        the path written.
+
+    Raises:
+        ValueError: not a SampledRanks, no design, popularity draws (their weights do not fit a rank file:
+            estimate in Python), ranks that are not whole (``ties="average"``), no positive, or a path that cannot
+            be written.
+    """
+    import torch
+
+    from .ranking import SampledRanks
+
+    if not isinstance(sampled, SampledRanks):
+        raise ValueError(f"sampled: expected the SampledRanks of a draw (sampled_ranks, adaptive_sampled_ranks, "
+                         f"sampled_ranks_from_scorer), got {type(sampled).__name__}")
+    design = sampled.design
+    if design is None:
+        raise ValueError("sampled: these SampledRanks carry no design; a rank file needs the draw's m")
+    if design.popularity is not None:
+        raise ValueError("sampled: popularity draws cannot be estimated from a rank file (it has no column for the "
+                         "weights); estimate in Python: estimate(metric, sampled)")
+    ranks = sampled.ranks.cpu()
+    if ranks.is_floating_point() and not bool((ranks == ranks.floor()).all()):
+        raise ValueError("sampled: the ranks are not whole (ties='average'); draw with ties='pessimistic' or "
+                         "'optimistic' to write a rank file")
+    keep = ranks > 0
+    if not bool(keep.any()):
+        raise ValueError("sampled: no positive to write (every slot is padding)")
+    sizes = sampled.sizes()
+    m = sizes.cpu()[keep] if isinstance(sizes, torch.Tensor) else torch.full((int(keep.sum()),), int(sizes))
+    table = torch.stack([ranks[keep].to(torch.int64), sampled.candidates().cpu()[keep].to(torch.int64),
+                         m.to(torch.int64)], 1).numpy()
+    lines = [f"# reco-sampled rank file: {len(table):,} positives; design: {design.describe()}",
+             f"# read back: reco-sampled estimate FILE {_estimate_flags(design)}"]
+    cost = sampled.cost
+    if cost is not None:
+        per_pair = cost.scorer_seconds / cost.pairs if cost.pairs else math.nan
+        lines.append(f"# scorer cost: {cost.pairs:,} pairs in {cost.calls:,} calls, {cost.scorer_seconds:.6g} s in "
+                     f"the scorer ({per_pair:.6g} s per pair: reco-sampled plan --seconds-per-pair), "
+                     f"{cost.loop_seconds:.6g} s in the loop; full ranking: {cost.full_pairs:,} pairs")
+    lines.append("sampled_rank,n_candidates,n_samples")
+    path = Path(path)
+    try:
+        with open(path, "w", encoding="utf-8", newline="\n") as fh:
+            fh.write("\n".join(lines) + "\n")
+            np.savetxt(fh, table, fmt="%d", delimiter=",")
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be written ({exc.strerror or exc})") from None
+    return path
 
 
 def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pessimistic") -> RankFile:
