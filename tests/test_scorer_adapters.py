@@ -79,15 +79,16 @@ def _assert_same_state(a, b):
 
 # ---------------------------------------------------------------------------------- the same state as from scores
 @pytest.mark.parametrize("design", sorted(DESIGNS))
-def test_scorer_state_equals_score_state(design):
+def test_scorer_state_equals_score_state(design, device):
     """Batches of different sizes, ids given (shuffled), users != ids, a keep mask, small max_pairs: the scorer
-    path's histogram equals the score path's on the materialised matrix, and so do the estimates."""
-    scores, pos, exclude = _data()
+    path's histogram equals the score path's on the materialised matrix, and so do the estimates (on every
+    device: the scorer gets its items on the positives' device)."""
+    scores, pos, exclude = (x.to(device) for x in _data())
     kw = dict(DESIGNS[design], max_n_groups=None)
-    by_scores, by_scorer = _pair(kw)
-    ids = torch.randperm(40, generator=torch.Generator().manual_seed(3)) + 1000
-    users = torch.arange(40)
-    keep = torch.arange(40) % 5 != 4
+    by_scores, by_scorer = (m.to(device) for m in _pair(kw))
+    ids = (torch.randperm(40, generator=torch.Generator().manual_seed(3)) + 1000).to(device)
+    users = torch.arange(40, device=device)
+    keep = torch.arange(40, device=device) % 5 != 4
     scorer = MatrixScorer(scores)
     for lo, hi in ((0, 13), (13, 14), (14, 40)):
         by_scores.update(scores[lo:hi], pos[lo:hi], exclude[lo:hi], ids=ids[lo:hi], keep=keep[lo:hi])
@@ -186,17 +187,17 @@ def test_merge_reset_and_forward_unchanged():
 
 
 def _nan_scorer(users, items):
-    out = torch.rand(items.shape)
+    out = torch.rand(items.shape, device=items.device)
     out[0, 0] = float("nan")
     return out
 
 
 def _wrong_shape(users, items):
-    return torch.zeros(items.shape[0], items.shape[1] + 1)
+    return torch.zeros(items.shape[0], items.shape[1] + 1, device=items.device)
 
 
 def _wrong_dtype(users, items):
-    return torch.zeros(items.shape, dtype=torch.bool)
+    return torch.zeros(items.shape, dtype=torch.bool, device=items.device)
 
 
 def _wrong_device(users, items):
@@ -223,12 +224,12 @@ class _FailsOnCall:
 @pytest.mark.parametrize("bad,match", [
     (_nan_scorer, "non-finite"), (_wrong_shape, "shape"), (_wrong_dtype, "dtype"), (_wrong_device, "device"),
     (_not_a_tensor, "list"), ("fails_mid_batch", "RuntimeError"), ("fails_in_a_stage", "RuntimeError")])
-def test_a_failing_scorer_leaves_the_state_as_it_was(bad, match):
+def test_a_failing_scorer_leaves_the_state_as_it_was(bad, match, device):
     """The ValueError names the scorer and the call; hist, n_items and the row counter are unchanged, so the next
     good batch gives what it gives without the failure (default ids included)."""
-    scores, pos, exclude = _data(seed=5)
+    scores, pos, exclude = (x.to(device) for x in _data(seed=5))
     kw = DESIGNS["adaptive"] if bad == "fails_in_a_stage" else dict(n_samples=6)
-    metric, reference = _pair(kw)
+    metric, reference = (m.to(device) for m in _pair(kw))
     good = MatrixScorer(scores)
     for m in (metric, reference):
         m.update_from_scorer(good, pos[:10], N, exclude[:10])
@@ -309,21 +310,24 @@ ADAPTIVE = dict(n_samples=4, adaptive_max=32, estimators=("none", "mes"), max_n_
                 estimator_options={"mes": {"n_bootstrap": 2}})
 
 
-def _callbacks(scorer):
+def _callbacks(scorer, **extra):
     from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
 
-    extra = {} if scorer is None else dict(scorer=scorer, max_pairs=64)
+    extra = extra if scorer is None else dict(extra, scorer=scorer, max_pairs=64)
     return [RankingMetricsCallback(METRICS, exact=False, **CB, **extra),
             RankingMetricsCallback(METRICS, exact=False, prefix="ad_", **ADAPTIVE, **extra)]
 
 
-@pytest.mark.parametrize("scorer", ["score_pairs", "callable"])
+@pytest.mark.parametrize("scorer", ["score_pairs", "callable", "score_fn"])
 def test_callback_scorer_logs_what_the_score_path_logs(tmp_path, scorer):
     """The same model evaluated from its full score rows and through its scorer (a method name, or a callable given
-    to the callback): the same results, bit for bit; the cost is logged and only the drawn pairs were scored."""
+    to the callback; the batch from the step or from score_fn): the same results, bit for bit; the cost is logged
+    and only the drawn pairs were scored."""
     by_scores = _callbacks(None)
     _trainer(tmp_path / "s", by_scores).validate(H.ScorerModule(protocol="step"), _loader(), verbose=False)
-    by_scorer = _callbacks("score_pairs" if scorer == "score_pairs" else H.pair_scorer)
+    # score_fn: the callback reads the ScorerBatch from score_fn(pl_module, batch), not from the step
+    by_scorer = _callbacks(H.pair_scorer if scorer == "callable" else "score_pairs",
+                           **({"score_fn": H.score_fn} if scorer == "score_fn" else {}))
     model = H.ScorerModule(protocol="scorer")
     trainer = _trainer(tmp_path / "p", by_scorer)
     trainer.validate(model, _loader(), verbose=False)
