@@ -134,3 +134,21 @@ class ScorerModule(SyntheticModule):
 def pair_scorer(pl_module, users, items):
     """The scorer as a callable given to the callback (module-level, so it pickles)."""
     return pl_module.score_pairs(users, items)
+
+
+class DumpScoringCosts(pl.Callback):
+    """After each validation epoch, every process writes its callbacks' synced scoring costs (pairs, calls,
+    full_pairs) to JSON."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        out = {}
+        for cb in trainer.callbacks:
+            for k, c in getattr(cb, "scoring_costs", {}).items():
+                out[k] = [c.pairs, c.calls, c.full_pairs, c.stages]
+        out["pairs_scored_here"] = pl_module.pairs_scored
+        path = os.path.join(self.folder, f"cost{trainer.global_rank}_of{trainer.world_size}.json")
+        with open(path, "w") as f:
+            json.dump(out, f)

@@ -369,8 +369,9 @@ def _spawned(tmp_path, tag, devices, strategy="auto"):
     folder = tmp_path / tag
     folder.mkdir()
     callbacks = _callbacks("score_pairs")
-    trainer = _trainer(tmp_path / f"root_{tag}", callbacks + [H.DumpResults(str(folder))], devices=devices,
-                       strategy=strategy)
+    trainer = _trainer(tmp_path / f"root_{tag}", callbacks + [H.DumpResults(str(folder)),
+                                                              H.DumpScoringCosts(str(folder))],
+                       devices=devices, strategy=strategy)
     trainer.validate(H.ScorerModule(return_ids=False), _loader(), verbose=False)
     return {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
 
@@ -378,10 +379,16 @@ def _spawned(tmp_path, tag, devices, strategy="auto"):
 @pytest.mark.slow
 def test_callback_scorer_ddp_two_processes_equal_one(tmp_path):
     """37 users over 2 gloo processes (the DistributedSampler pads user 0 onto process 1 and the callback drops it
-    before scoring): every synced estimate equals the 1-process run's, fixed and adaptive."""
+    before scoring): every synced estimate equals the 1-process run's, fixed and adaptive, and so does the scoring
+    cost summed over the processes (the padding row is never scored)."""
     two = _spawned(tmp_path, "ddp", devices=2, strategy="ddp_spawn")
     one = _spawned(tmp_path, "one", devices=1)
-    assert sorted(two) == ["rank0_of2.json", "rank1_of2.json"]
+    assert sorted(two) == ["cost0_of2.json", "cost1_of2.json", "rank0_of2.json", "rank1_of2.json"]
+    c0, c1, c_ref = two.pop("cost0_of2.json"), two.pop("cost1_of2.json"), one.pop("cost0_of1.json")
+    assert c0["pairs_scored_here"] + c1["pairs_scored_here"] == c_ref["pairs_scored_here"]
+    for k in ("val", "ad_val"):
+        assert c0[k] == c1[k] and c0[k][0] == c_ref[k][0] and c0[k][2] == c_ref[k][2], k  # pairs, full pairs
+    assert c0["val"][0] + c0["ad_val"][0] == c_ref["pairs_scored_here"]
     r0, r1, ref = two["rank0_of2.json"], two["rank1_of2.json"], one["rank0_of1.json"]
     assert len(ref) == len(METRICS) * 4
     n_pos = int((H.synthetic_data()[2] >= 0).sum())
