@@ -44,6 +44,7 @@ __all__ = [
     "keyed_sampled_ranks",
     "keyed_sampled_ranks_from_factors",
     "keyed_scorer_ranks",
+    "full_ranking_pairs",
     "add_costs",
     "DeviceChecks",
     "padded_inputs",
