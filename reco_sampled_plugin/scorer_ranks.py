@@ -124,6 +124,15 @@ class ScorerCalls:
         return got
 
 
+def check_users(users, b: int, device: torch.device) -> torch.Tensor:
+    """``users`` as (B,) int64 user ids on ``device`` (a ValueError naming ``users`` otherwise)."""
+    user_ids = real_tensor(users, "users").to(device)
+    if user_ids.is_floating_point() or user_ids.dtype == torch.bool or user_ids.shape != (b,):
+        raise ValueError(f"users: expected ({b},) integer user ids, got shape {tuple(user_ids.shape)} and dtype "
+                         f"{user_ids.dtype}")
+    return user_ids.to(torch.int64)
+
+
 def _positives_device(positives) -> torch.device:
     return positives.device if isinstance(positives, torch.Tensor) else torch.device("cpu")
 
@@ -183,14 +192,7 @@ def sampled_ranks_from_scorer(
     given = positives if isinstance(positives, torch.Tensor) else real_tensor(positives, "positives", booleans=True)
     b = given.shape[0] if given.dim() else 1
     pos, exc = prepare_index(positives, exclude, b, n, device)
-    if users is None:
-        user_ids = torch.arange(b, device=device)
-    else:
-        user_ids = real_tensor(users, "users").to(device)
-        if user_ids.is_floating_point() or user_ids.dtype == torch.bool or user_ids.shape != (b,):
-            raise ValueError(f"users: expected ({b},) integer user ids, got shape {tuple(user_ids.shape)} and dtype "
-                             f"{user_ids.dtype}")
-        user_ids = user_ids.to(torch.int64)
+    user_ids = torch.arange(b, device=device) if users is None else check_users(users, b, device)
     calls = ScorerCalls(scorer, max_pairs, check_finite, device)
     adaptive = design.adaptive_max is not None
     m = design.n_samples

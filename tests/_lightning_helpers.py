@@ -96,3 +96,59 @@ class DumpResults(pl.Callback):
         path = os.path.join(self.folder, f"rank{trainer.global_rank}_of{trainer.world_size}.json")
         with open(path, "w") as f:
             json.dump(out, f)
+
+
+class ScorerModule(SyntheticModule):
+    """The synthetic model as a pointwise scorer (issue 27): its score table ``users @ items.T`` is the model, read
+    whole by the score protocol (``protocol='step'``) and pair by pair by :meth:`score_pairs` (``'scorer'``: the
+    step returns ``positives``, ``n_items``, ``exclude``, ``users`` and no scores), so both paths see the same
+    float32 scores bit for bit."""
+
+    def __init__(self, return_ids: bool = True, protocol: str = "scorer", seed: int = 0) -> None:
+        super().__init__(return_ids=return_ids, protocol=protocol, seed=seed)
+        with torch.no_grad():
+            self.register_buffer("table", self.users @ self.items.T)
+        self.pairs_scored = 0
+
+    def outputs(self, batch) -> dict:
+        ids, positives, exclude = batch
+        if self.protocol == "scorer":
+            out = {"positives": positives, "exclude": exclude, "n_items": self.table.shape[1], "users": ids}
+        else:
+            out = {"scores": self.table[ids], "positives": positives, "exclude": exclude}
+        if self.return_ids:
+            out["ids"] = ids
+        return out
+
+    def validation_step(self, batch, batch_idx):
+        return self.outputs(batch)
+
+    test_step = validation_step
+
+    def score_pairs(self, users, items):
+        """(B,) users, (B, L) items -> (B, L) scores: the pairs alone."""
+        self.pairs_scored += items.numel()
+        return self.table[users.unsqueeze(1), items]
+
+
+def pair_scorer(pl_module, users, items):
+    """The scorer as a callable given to the callback (module-level, so it pickles)."""
+    return pl_module.score_pairs(users, items)
+
+
+class DumpScoringCosts(pl.Callback):
+    """After each validation epoch, every process writes its callbacks' synced scoring costs (pairs, calls,
+    full_pairs) to JSON."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        out = {}
+        for cb in trainer.callbacks:
+            for k, c in getattr(cb, "scoring_costs", {}).items():
+                out[k] = [c.pairs, c.calls, c.full_pairs, c.stages]
+        out["pairs_scored_here"] = pl_module.pairs_scored
+        path = os.path.join(self.folder, f"cost{trainer.global_rank}_of{trainer.world_size}.json")
+        with open(path, "w") as f:
+            json.dump(out, f)

@@ -235,6 +235,9 @@ def entries(tmp: str) -> list[Entry]:
         Entry("EASE", baselines.EASE),
         Entry("ExactRankingMetrics", tm.ExactRankingMetrics, (["ndcg@5"],)),
         Entry("SampledRankingMetrics", tm.SampledRankingMetrics, (["ndcg@5"], 10)),
+        Entry("SampledRankingMetrics.update_from_scorer", tm.SampledRankingMetrics(["ndcg@5"], 5).update_from_scorer,
+              (lambda us, it: scores[us.unsqueeze(1).expand_as(it), it], pos, scores.shape[1]),
+              {"users": torch.arange(4)}),
         Entry("RankingMetricsCallback", lightning.RankingMetricsCallback, (["ndcg@5"],)),
         Entry("recbole", recbole, (), {}, extra={
             "rsp_gamma": "float?", "rsp_n_grid": "float?", "rsp_mapping_a": "float?", "rsp_replacement": "bool?",

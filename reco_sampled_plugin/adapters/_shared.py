@@ -36,12 +36,16 @@ from reco_sampled_plugin.ranking import (
 __all__ = [
     "RankingBatch",
     "FactorBatch",
+    "ScorerBatch",
     "as_ranking_batch",
     "ADAPTER_TIES",
     "keyed_uniform",
     "keyed_negatives",
     "keyed_sampled_ranks",
     "keyed_sampled_ranks_from_factors",
+    "keyed_scorer_ranks",
+    "full_ranking_pairs",
+    "add_costs",
     "DeviceChecks",
     "padded_inputs",
     "histogram_from_rows",
@@ -91,11 +95,28 @@ class FactorBatch(NamedTuple):
     item_bias: torch.Tensor | None = None
 
 
-def as_ranking_batch(obj: Any, where: str = "validation_step") -> RankingBatch | FactorBatch:
+class ScorerBatch(NamedTuple):
+    """One batch evaluated through a scorer (issue 27): no scores at all, the scorer scores the positives and the
+    keyed negatives drawn for them (:func:`keyed_scorer_ranks`), never a full row.
+
+    positives: as in :class:`RankingBatch`. n_items: the catalogue size n (items 0..n - 1).
+    exclude, ids: as in :class:`RankingBatch`. users: optional (B,) int64 user ids handed to the scorer
+    (default: the instance ids).
+    """
+
+    positives: torch.Tensor
+    n_items: int
+    exclude: torch.Tensor | None = None
+    ids: torch.Tensor | None = None
+    users: torch.Tensor | None = None
+
+
+def as_ranking_batch(obj: Any, where: str = "validation_step") -> RankingBatch | FactorBatch | ScorerBatch:
     """Read a :class:`RankingBatch` from a mapping (keys ``scores``, ``positives``, optional
     ``exclude``, ``ids``) or an object with those attributes; a :class:`FactorBatch` when it holds
-    ``user_factors`` and ``item_factors`` (optional ``item_bias``) instead of ``scores``."""
-    if isinstance(obj, (RankingBatch, FactorBatch)):
+    ``user_factors`` and ``item_factors`` (optional ``item_bias``) instead of ``scores``; a :class:`ScorerBatch`
+    when it holds neither but ``n_items`` (optional ``users``): the caller's scorer scores it."""
+    if isinstance(obj, (RankingBatch, FactorBatch, ScorerBatch)):
         return obj
     if isinstance(obj, Mapping):
         get = obj.get
@@ -106,10 +127,13 @@ def as_ranking_batch(obj: Any, where: str = "validation_step") -> RankingBatch |
     uf, vf = get("user_factors"), get("item_factors")
     if positives is not None and scores is None and isinstance(uf, torch.Tensor) and isinstance(vf, torch.Tensor):
         return FactorBatch(uf, vf, positives, get("exclude"), get("ids"), get("item_bias"))
+    if positives is not None and scores is None and uf is None and get("n_items") is not None:
+        return ScorerBatch(positives, get("n_items"), get("exclude"), get("ids"), get("users"))
     if not isinstance(scores, torch.Tensor) or positives is None:
         raise ValueError(
             f"{where}: expected a dict (or object) with 'scores' (B x n tensor) or 'user_factors' (B x d) and "
-            f"'item_factors' (n x d), 'positives' and optionally 'exclude' and 'ids'; got {type(obj).__name__}"
+            f"'item_factors' (n x d), or 'n_items' (a scorer scores the drawn items), 'positives' and optionally "
+            f"'exclude', 'ids' and 'users'; got {type(obj).__name__}"
             + (f" with keys {sorted(obj)}" if isinstance(obj, Mapping) else "")
             + ". Return them from the step or pass score_fn= to the callback."
         )
@@ -416,6 +440,63 @@ def keyed_factor_ranks_only(u, v, bias, pos, exc, n_samples: int, ids, seed: int
     return _ranks_among_drawn(pos_scores, neg_scores, pos >= 0, ties)
 
 
+@torch.no_grad()
+def keyed_scorer_ranks(calls, users: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
+                       n_samples: int, ids: torch.Tensor, seed: int = 0, replacement: bool = True,
+                       ties: str = "pessimistic", score: torch.Tensor | None = None,
+                       pos_scores: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ranks of :func:`keyed_ranks_only` with scores from a scorer instead of a score matrix (issue 27): the
+    same keyed negatives (:func:`keyed_negatives`, in the same row chunks), but only the slots that count are
+    scored, through ``calls`` (a ``scorer_ranks.ScorerCalls``: chunked to its ``max_pairs``, each answer checked,
+    timed and counted): each positive with its drawn items in one list ``[positive, drawn...]``, or, when
+    ``pos_scores`` (B, P) are given (an adaptive stage), its drawn items alone.
+
+    users: (B,) ids handed to the scorer. score: (B, P) bool, the slots to score (default every positive; the
+    others get rank 0, as padded slots). Returns the ranks (B, P) int64 and the positives' float64 scores (B, P).
+    Nothing but the scorer's calls and the pool check (read here, before any call) waits for the device."""
+    b, p = pos.shape
+    mask = pos >= 0 if score is None else score & (pos >= 0)
+    device = pos.device
+    if b == 0:
+        return torch.zeros((0, p), dtype=torch.int64, device=device), torch.zeros((0, p), dtype=torch.float64,
+                                                                                   device=device)
+    step = _rows_per_chunk(p, n_samples)
+    ranks, scores = [], []
+    for lo in range(0, b, step):  # the keys are per row: chunks draw what the whole batch would
+        hi = min(b, lo + step)
+        sub_pos, sub_mask = pos[lo:hi], mask[lo:hi]
+        neg = keyed_negatives(sub_pos, _chunk(exc, lo, hi), n_items, n_samples, ids[lo:hi], seed, replacement)
+        rows, slots = sub_mask.nonzero(as_tuple=True)
+        who = users[lo:hi][rows]
+        neg_s = torch.zeros((hi - lo, p, n_samples), dtype=torch.float64, device=device)
+        if pos_scores is None:
+            got = calls.score(who, torch.cat([sub_pos[rows, slots].unsqueeze(1), neg[rows, slots]], 1))
+            pos_s = torch.zeros((hi - lo, p), dtype=torch.float64, device=device)
+            pos_s[rows, slots] = got[:, 0]
+            neg_s[rows, slots] = got[:, 1:]
+        else:
+            pos_s = pos_scores[lo:hi].to(torch.float64)
+            neg_s[rows, slots] = calls.score(who, neg[rows, slots])
+        ranks.append(_ranks_among_drawn(pos_s, neg_s, sub_mask, ties))
+        scores.append(pos_s)
+    return (ranks[0], scores[0]) if len(ranks) == 1 else (torch.cat(ranks), torch.cat(scores))
+
+
+def full_ranking_pairs(n_items: int, exc: torch.Tensor | None, rows: torch.Tensor) -> int:
+    """The (user, item) pairs full ranking would score for the ``rows`` (B,) bool: each such row's n items minus
+    its excluded items (``ScoringCost.full_pairs``, as the core loop counts them)."""
+    n_exc = (exc >= 0).sum(1) if exc is not None else torch.zeros_like(rows, dtype=torch.int64)
+    return int(((n_items - n_exc) * rows).sum())
+
+
+def add_costs(a, b):
+    """The sum of two ``ScoringCost`` records (``stages``: the larger); None counts as nothing."""
+    if a is None or b is None:
+        return b if a is None else a
+    return type(a)(a.pairs + b.pairs, a.calls + b.calls, a.scorer_seconds + b.scorer_seconds,
+                   a.loop_seconds + b.loop_seconds, a.full_pairs + b.full_pairs, max(a.stages, b.stages))
+
+
 def _ranks_among_drawn(pos_scores: torch.Tensor, neg_scores: torch.Tensor, valid: torch.Tensor, ties: str) -> torch.Tensor:
     """1 + drawn items scoring above each positive (ties per ``ties``); 0 where ``valid`` is False."""
     above = (neg_scores > pos_scores.unsqueeze(2)).sum(2)
@@ -446,10 +527,12 @@ def histogram_from_rows(counts: np.ndarray, n_items: int, n_samples: int,
 
 
 def keyed_adaptive_ranks(
-    draw: Callable[[torch.Tensor, int, int], torch.Tensor], first: torch.Tensor, design, seed: int
+    draw: Callable[[torch.Tensor, int, int, torch.Tensor], torch.Tensor], first: torch.Tensor, design, seed: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Adaptive sampling with keyed draws (``reco_sampled_plugin.adaptive``): ``first`` (B, P) are the ranks among
-    the first m; ``draw(rows, m_new, stage_seed)`` ranks the positives of ``rows`` against m_new fresh keyed items.
+    the first m; ``draw(rows, m_new, stage_seed, need)`` ranks the positives of ``rows`` against m_new fresh keyed
+    items (``need``: (len(rows), P) bool, the slots that go on; only their ranks are used, so a scorer scores
+    only them).
     Stage s >= 1 keys its draws by :func:`stage_seed` (seed, s), so a positive's draws do not depend on batching.
     Returns (ranks, final sizes), (B, P) int64 (0 in padded slots).
 
@@ -462,8 +545,8 @@ def keyed_adaptive_ranks(
     for s in range(1, len(stages)):
         need = (ranks == 1) & (sizes == stages[s - 1])
         rows = need.any(1).nonzero().squeeze(1)
-        more = draw(rows, stages[s] - stages[s - 1], stage_seed(seed, s))
         sub = need[rows]
+        more = draw(rows, stages[s] - stages[s - 1], stage_seed(seed, s), sub)
         ranks[rows] = torch.where(sub, more, ranks[rows])
         sizes[rows] = torch.where(sub, torch.full_like(more, stages[s]), sizes[rows])
     return ranks, sizes

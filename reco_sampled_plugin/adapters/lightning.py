@@ -12,7 +12,10 @@ Protocol (see docs/lightning.md): either ``validation_step`` / ``test_step`` ret
 the callback gets ``score_fn(pl_module, batch)`` returning the same. A factor model may hand over
 ``user_factors`` (B x d), ``item_factors`` (n x d) and optional ``item_bias`` (n,) instead of
 ``scores`` (a :class:`FactorBatch`): the scores are then computed in cache-sized tiles and counted
-while hot, never stored, so the metrics cost about what the scores alone would.
+while hot, never stored, so the metrics cost about what the scores alone would. With ``scorer=`` (a
+LightningModule method's name or a callable), the step hands over ``positives``, ``n_items`` and optional
+``exclude``, ``ids``, ``users`` and nothing to score (a :class:`ScorerBatch`): the callback draws the keyed
+negatives and has the scorer score the positives and the drawn items only (issue 27), never a full row.
 
 Both namespaces are supported: ``lightning.pytorch`` and ``pytorch_lightning`` each need their own
 ``Callback`` base, so the class is built per namespace. ``RankingMetricsCallback`` is the one for
@@ -32,14 +35,17 @@ import torch
 from torch.utils.data import DistributedSampler
 
 from reco_sampled_plugin import registry
+from reco_sampled_plugin._checks import check_int
 from reco_sampled_plugin._options import check_bool, check_count, check_names
 from reco_sampled_plugin.design import SamplingDesign, as_design
 from reco_sampled_plugin.estimate import Estimate, interval_values
 
 from reco_sampled_plugin.factor_ranks import check_factors
 from reco_sampled_plugin.ranking import prepare_index
+from reco_sampled_plugin.scorer_ranks import DEFAULT_MAX_PAIRS, ScoringCost
 
-from ._shared import FactorBatch, RankingBatch, as_ranking_batch, estimator_label, metric_key, padded_inputs
+from ._shared import (FactorBatch, RankingBatch, ScorerBatch, as_ranking_batch, estimator_label, metric_key,
+                      padded_inputs)
 from .torchmetrics import ExactRankingMetrics, SampledRankingMetrics
 
 __all__ = [
@@ -47,6 +53,7 @@ __all__ = [
     "PLRankingMetricsCallback",
     "RankingBatch",
     "FactorBatch",
+    "ScorerBatch",
     "callback_class",
     "NAMESPACES",
 ]
@@ -130,9 +137,21 @@ class _RankingMetricsLogic:
         progress: bool = True,
         plot_every_n_epochs: int | None = None,
         adaptive_max: int | None = None,
+        scorer: str | Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        max_pairs: int = DEFAULT_MAX_PAIRS,
     ) -> None:
         super().__init__()
         exact = check_bool(exact, "exact")
+        self.max_pairs = check_int(max_pairs, "max_pairs", minimum=1)
+        if scorer is not None:
+            if not (callable(scorer) or (isinstance(scorer, str) and scorer.isidentifier())):
+                raise ValueError(f"scorer: expected the name of a LightningModule method pl_module.<name>(users, "
+                                 f"items) or a callable scorer(pl_module, users, items), got {scorer!r}")
+            if exact:
+                raise ValueError("scorer: exact metrics need every item's score, which a scorer-driven evaluation "
+                                 "never computes; pass exact=False (sampled and corrected metrics only)")
+            if n_samples is None:
+                raise ValueError("scorer: a scorer scores the sampled items; n_samples=None leaves nothing to score")
         if not exact and n_samples is None:
             raise ValueError("exact=False and n_samples=None: nothing to compute")
         stages = check_names(stages, "stages", "stage names 'validate' and/or 'test'")  # one str: one stage
@@ -184,6 +203,8 @@ class _RankingMetricsLogic:
             raise ValueError(f"headline: {headline!r} is not among metrics {self.metric_names} x {self.labels}")
         self.headline = (h_metric, headline[1])
         self.score_fn = score_fn
+        self.scorer = scorer
+        self.scoring_costs: dict[str, ScoringCost] = {}
         self.stages = tuple(stages)
         self.prefix = prefix
         self.log_stderr = log_stderr
@@ -252,6 +273,9 @@ class _RankingMetricsLogic:
         if isinstance(rb, FactorBatch):
             self._factor_batch(st, rb)
             return
+        if isinstance(rb, ScorerBatch):
+            self._scorer_batch(st, pl_module, rb, where if self.score_fn is None else "score_fn")
+            return
         scores = rb.scores.detach()
         pos, exc = padded_inputs(scores, rb.positives, rb.exclude)
         ids, keep = self._ids_keep(st, scores.shape[0], scores.device, rb.ids)
@@ -274,6 +298,37 @@ class _RankingMetricsLogic:
         if st.sampled is not None:  # alone, it checks them in its one validation read
             st.sampled.update_factors_padded(u, v, bias, pos, exc, ids, keep, s_pos,
                                              check_finite=st.exact is None and bool(self.check_finite))
+
+    def _scorer_batch(self, st: _LoaderState, pl_module, sb: ScorerBatch, where: str) -> None:
+        """Sampled ranks through the scorer (``SampledRankingMetrics.update_from_scorer``): the keyed negatives
+        of the rows' ids, only the positives and their drawn items scored; no score row is formed."""
+        if self.scorer is None:
+            raise ValueError(f"{where}: the batch has 'n_items' but no 'scores' or factors: pass scorer= to the "
+                             "callback (a LightningModule method's name or a callable) to score the drawn items")
+        positives = sb.positives
+        b = positives.shape[0] if isinstance(positives, torch.Tensor) and positives.dim() else len(positives)
+        device = positives.device if isinstance(positives, torch.Tensor) else pl_module.device
+        ids, keep = self._ids_keep(st, b, device, sb.ids)
+        users = sb.users if sb.users is not None else ids
+        st.sampled.update_from_scorer(self._bound_scorer(pl_module), positives, sb.n_items, sb.exclude, ids, users,
+                                      keep, self.max_pairs)
+
+    def _bound_scorer(self, pl_module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """``scorer(users, items)`` for the core loop: the module's method, or the callable with the module bound
+        (named as the callable, so the loop's errors name it)."""
+        if isinstance(self.scorer, str):
+            fn = getattr(pl_module, self.scorer, None)
+            if not callable(fn):
+                raise ValueError(f"scorer: {type(pl_module).__name__} has no method {self.scorer!r} to score "
+                                 "(users, items)")
+            return fn
+        fn = self.scorer
+
+        def scorer(users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+            return fn(pl_module, users, items)
+
+        scorer.__qualname__ = getattr(fn, "__qualname__", None) or type(fn).__name__
+        return scorer
 
     def _ids_keep(self, st: _LoaderState, b: int, device, ids) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Instance ids of the next ``b`` rows (the step's, else their global positions) and the keep mask."""
@@ -305,6 +360,12 @@ class _RankingMetricsLogic:
                     prefix = self._stage_prefix(stage, idx)
                     for name in ("mean_samples", "max_samples", "share_at_cap"):
                         values[f"{prefix}/adaptive/{name}"] = float(cost[name])
+                if self.scorer is not None:  # what the scorer's calls cost, summed over the processes
+                    spent = st.sampled.scoring_cost(sync=True)
+                    self.scoring_costs[self._stage_prefix(stage, idx)] = spent
+                    prefix = self._stage_prefix(stage, idx)
+                    for name in ("pairs", "calls", "share_of_full", "scorer_seconds", "loop_seconds"):
+                        values[f"{prefix}/scoring/{name}"] = float(getattr(spent, name))
             for name, e in est.items():
                 metric, label = name.rsplit("/", 1)
                 k = self.key(metric, label, stage, idx)
@@ -486,6 +547,15 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
         adaptive_max: adaptive sampling up to this many samples per relevant item (estimators ``mes``,
             ``mle``, ``none``); the cost is logged as ``val/adaptive/mean_samples``, ``.../max_samples`` and
             ``.../share_at_cap``.
+        scorer: evaluate through a scorer, never a full score row (issue 27; docs/scorer.md): the name of a
+            LightningModule method ``pl_module.<name>(users, items) -> scores`` or a callable
+            ``scorer(pl_module, users, items) -> scores`` (users (B',) int64, items (B', L) int64 on the module's
+            device; (B', L) scores back there; pointwise). The step (or ``score_fn``) then returns ``positives``,
+            ``n_items`` and optional ``exclude``, ``ids``, ``users`` (the ids the scorer gets; default the
+            instance ids) and no ``scores``. Needs ``exact=False``. The cost is logged as ``val/scoring/pairs``,
+            ``.../calls``, ``.../share_of_full``, ``.../scorer_seconds``, ``.../loop_seconds`` (summed over the
+            processes) and kept in :attr:`scoring_costs`.
+        max_pairs: at most this many (user, item) pairs per scorer call.
 
     Logged names: ``{{prefix}}val/<metric>/<label>`` (``@`` written ``_at_``), e.g. ``val/ndcg_at_10/exact``,
     ``val/ndcg_at_10/sampled``, ``val/ndcg_at_10/mes`` with ``val/ndcg_at_10/mes_lo`` and ``_hi``; ``test/...`` in testing; ``_dl<k>`` after the stage

@@ -15,6 +15,10 @@ memory does not grow with the number of users:
   the mappings of Li et al. (``linear``, ``bound``, ``beta``, ``beta_fit``) and the rank-distribution
   estimators (``mle``, ``mes``).
 
+A model that is expensive to score: :meth:`SampledRankingMetrics.update_from_scorer` takes a pointwise scorer instead
+of the score matrix and scores only the positives and their keyed negatives (issue 27); the state is the one
+``update`` gives on the materialised matrix, and :meth:`~SampledRankingMetrics.scoring_cost` records the calls' cost.
+
 Results are per relevant item (the single-relevant-item form M(r) of the papers): with one held-out
 item per user, per user. Negatives are keyed by (seed, instance id, positive item), see
 ``reco_sampled_plugin/adapters/_shared.py``; pass ``ids`` (user indices) to make results independent of batching and of
@@ -54,6 +58,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import time
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -61,7 +66,7 @@ import numpy as np
 import torch
 from torchmetrics import Metric
 
-from reco_sampled_plugin._checks import check_elements, real_tensor
+from reco_sampled_plugin._checks import check_elements, check_int, check_size, real_tensor
 from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags, score_tensor
 from reco_sampled_plugin._options import (check_bool, check_choice, check_count, check_metric_names, check_names,
                                           check_seed)
@@ -74,11 +79,14 @@ from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_from_float_ranks as _metric_from_float_ranks  # patched by name in tests
 from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
 from reco_sampled_plugin.ranking import TIE_BOUNDS, padded_candidate_counts, exact_ranks_padded, prepare_index
+from reco_sampled_plugin.scorer_ranks import DEFAULT_MAX_PAIRS, Scorer, ScorerCalls, ScoringCost, check_users
 from reco_sampled_plugin.tie_expectation import expected_single_item_values
 
 from ._shared import (
     DeviceChecks,
+    add_costs,
     adaptive_columns,
+    full_ranking_pairs,
     adaptive_histogram_from_rows,
     check_ties,
     keyed_adaptive_ranks,
@@ -89,6 +97,7 @@ from ._shared import (
     histogram_from_rows,
     keyed_sampled_ranks,
     keyed_sampled_ranks_from_factors,
+    keyed_scorer_ranks,
     padded_inputs,
     stderr_from_sums,
 )
@@ -465,7 +474,9 @@ class SampledRankingMetrics(_MergeChecked):
             (default False).
 
     ``update(scores, positives, exclude=None, ids=None, keep=None)``: ``ids`` (B,) instance ids key
-    the negatives (default: a running row counter, which depends on batch order). ``compute()``
+    the negatives (default: a running row counter, which depends on batch order).
+    :meth:`update_from_scorer` adds the same batch through a scorer instead of scores (the same keyed draws, only
+    the positives and their drawn items scored: the same state); :meth:`scoring_cost` what that cost. ``compute()``
     returns ``{"<metric>/<label>": float64 tensor}`` with the interval's ``_lo`` / ``_hi`` (and ``_stderr`` when
     asked for); :meth:`estimates` the :class:`Estimate` objects (``.interval(0.95)``, ``.flags``);
     :meth:`histogram` the synced :class:`~reco_sampled_plugin.RankHistogram`. An interval widened because the top
@@ -551,6 +562,7 @@ class SampledRankingMetrics(_MergeChecked):
         self._in_forward = False
         self._n_items_host: int | None = 0  # the catalogue size this process's batches had (None: read the state)
         self._offsets: dict = {}
+        self._scoring: ScoringCost | None = None  # what update_from_scorer cost (host-side, per process)
 
     # ------------------------------------------------------------------------------- update
     def update(self, scores: torch.Tensor, positives, exclude=None, ids=None, keep: torch.Tensor | None = None) -> None:
@@ -579,7 +591,7 @@ class SampledRankingMetrics(_MergeChecked):
         checks.read()  # the batch's one validation read (without replacement, read with the small-pool sizes)
         sizes = None
         if self._adaptive is not None:
-            def draw(rows, m_new, seed):  # the pools were checked at stage 0: nothing to check (or read) here
+            def draw(rows, m_new, seed, need):  # the pools were checked at stage 0: nothing to check (or read) here
                 return keyed_ranks_only(scores[rows], pos[rows], None if exc is None else exc[rows], m_new,
                                         ids[rows], seed, True, self.ties, DeviceChecks())
 
@@ -612,13 +624,95 @@ class SampledRankingMetrics(_MergeChecked):
         checks.read()
         sizes = None
         if self._adaptive is not None:
-            def draw(rows, m_new, seed):
+            def draw(rows, m_new, seed, need):
                 return keyed_factor_ranks_only(
                     u[rows], v, bias, pos[rows], None if exc is None else exc[rows], m_new, ids[rows], seed, True,
                     self.ties, None if pos_scores is None else pos_scores[rows], DeviceChecks())
 
             ranks, sizes = keyed_adaptive_ranks(draw, ranks, self._adaptive, self.seed)
         self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
+
+    def update_from_scorer(self, scorer: Scorer, positives, n_items: int, exclude=None, ids=None, users=None,
+                           keep: torch.Tensor | None = None, max_pairs: int = DEFAULT_MAX_PAIRS) -> None:
+        """Add a batch through a scorer, never a score matrix (issue 27): the keyed negatives :meth:`update` would
+        draw for these ``ids`` (fixed m, with or without replacement, adaptive stages), but only the positives
+        and their drawn items are scored, by ``scorer(users, items) -> scores`` (users (B',) int64, items (B', L)
+        int64 on the positives' device; (B', L) real scores back there, higher = better; pointwise), in calls of
+        at most ``max_pairs`` pairs. Adaptive stages score only the positives still ranked first, their new items
+        alone. The state is the one :meth:`update` on the materialised (B, n_items) matrix gives (tested).
+
+        Args:
+            scorer: the scorer (see :mod:`reco_sampled_plugin.scorer_ranks`).
+            positives, exclude, ids, keep: as in :meth:`update`.
+            n_items: n, the catalogue size (no score matrix to read it from).
+            users: (B,) int64 user ids handed to the scorer (default: the instance ids, ``ids`` or the running
+                row counter). Rows with ``keep`` False are not scored.
+            max_pairs: at most this many (user, item) pairs per scorer call.
+
+        ``check_finite`` (True or ``"positives"``) refuses NaN or inf among the scores the scorer returns (False: no
+        check). A scorer that raises or returns the wrong type, shape, dtype or device is a ValueError naming it
+        and the call's rows (``scorer_ranks.ScorerCalls``); the state (and the row counter) is then left as it was.
+        What the calls cost accumulates in :meth:`scoring_cost`."""
+        t0 = time.perf_counter()
+        if not callable(scorer):
+            raise ValueError(f"scorer: expected a callable scorer(users, items) -> scores, got {type(scorer).__name__}")
+        max_pairs = check_int(max_pairs, "max_pairs", minimum=1)
+        n = check_size(n_items, "n_items", 1)
+        device = positives.device if isinstance(positives, torch.Tensor) else self.hist.device
+        given = _index_like(positives, "positives", "a (B, n) bool mask or (B, P) item indices", device)
+        b = given.shape[0] if given.dim() else 1
+        pos, exc = prepare_index(given, exclude, b, n, device)
+        k = _keep_mask(keep, b, device)
+        saved = (self._rows_seen, self._n_items_host)
+        try:  # nothing reaches the state (or the row counter) unless every call succeeds
+            self._check_n_items(n)
+            ids = self._ids(ids, b, device)
+            who = ids.to(torch.int64) if users is None else check_users(users, b, device)
+            calls = ScorerCalls(scorer, max_pairs, self.check_finite is not False, device)
+            score = None if k is None else k.unsqueeze(1).expand_as(pos)
+            ranks, pos_scores = keyed_scorer_ranks(calls, who, pos, exc, n, self.n_samples, ids, self.seed,
+                                                   self.replacement, self.ties, score)
+            sizes = None
+            if self._adaptive is not None:
+                def draw(rows, m_new, seed, need):  # only the positives still first: their new items alone
+                    return keyed_scorer_ranks(calls, who[rows], pos[rows], None if exc is None else exc[rows], n,
+                                              m_new, ids[rows], seed, True, self.ties, need, pos_scores[rows])[0]
+
+                ranks, sizes = keyed_adaptive_ranks(draw, ranks, self._adaptive, self.seed)
+            n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)
+            _updated(self)
+            self._add_ranks(ranks, n_cand, pos, exc, n, keep, sizes)
+        except BaseException:
+            self._rows_seen, self._n_items_host = saved
+            raise
+        rows = (pos >= 0).any(1) if k is None else (pos >= 0).any(1) & k
+        stages = 1 if sizes is None else len(self._adaptive.stages)
+        spent = time.perf_counter() - t0
+        self._scoring = add_costs(self._scoring, ScoringCost(calls.pairs, calls.calls, calls.seconds,
+                                                             max(spent - calls.seconds, 0.0),
+                                                             full_ranking_pairs(n, exc, rows), stages))
+
+    def scoring_cost(self, sync: bool = False) -> ScoringCost:
+        """What :meth:`update_from_scorer` cost since construction or the last ``reset`` (a
+        :class:`~reco_sampled_plugin.scorer_ranks.ScoringCost`: pairs scored, scorer calls, seconds inside and
+        outside the scorer, the pairs full ranking would have scored, adaptive stages run). Per process and per
+        instance (``merge_state`` and ``forward`` do not add costs); ``sync=True`` sums it over the processes of
+        an initialised ``torch.distributed`` group (every process must call it; seconds then are summed process
+        time, stages the largest)."""
+        cost = self._scoring or ScoringCost(0, 0, 0.0, 0.0, 0, 0)
+        sync = check_bool(sync, "sync")
+        import torch.distributed as dist
+
+        if not (sync and dist.is_available() and dist.is_initialized()):
+            return cost
+        group = self.process_group
+        t = torch.tensor([cost.pairs, cost.calls, cost.scorer_seconds, cost.loop_seconds, cost.full_pairs],
+                         dtype=torch.float64, device=self.hist.device)
+        st = torch.tensor([cost.stages], dtype=torch.int64, device=self.hist.device)
+        dist.all_reduce(t, group=group)
+        dist.all_reduce(st, op=dist.ReduceOp.MAX, group=group)
+        v = t.tolist()
+        return ScoringCost(int(v[0]), int(v[1]), v[2], v[3], int(v[4]), int(st.item()))
 
     def _check_n_items(self, n_items: int) -> None:
         """Every batch has the same catalogue. The host keeps the size it saw (no read of the device state per
@@ -809,3 +903,4 @@ class SampledRankingMetrics(_MergeChecked):
         self._n_items_host = 0  # an empty state (forward restores the accumulated one after the batch: same n)
         if not self._in_forward:
             self._rows_seen = 0
+            self._scoring = None
