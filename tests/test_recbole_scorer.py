@@ -3,8 +3,8 @@
 Real RecBole runs on MovieLens 100k (shipped in RecBole's wheel, CPU, 1 epoch, small models): a context-aware model
 (DeepFM, with user and item features) and a sequential one (SASRec). RecBole's uni20 draws are the first stage; the
 positives still first draw the later stages' items, scored with ``model.predict``. The oracle: the core's adaptive
-stages (``scorer_ranks._stages``, the loop of ``sampled_ranks_from_scorer``) on the same first stage (RecBole's
-sampler reseeded), the same generator, and a score matrix built independently from the dataset's own rows
+stages (``scorer_ranks.adaptive_stages``, the loop of ``sampled_ranks_from_scorer``) on the same first stage
+(RecBole's sampler reseeded), the same generator, and a score matrix built independently from the dataset's own rows
 (DeepFM: ``dataset.join`` of (user, item) ids; SASRec: the test rows' sequences, checked against its
 ``full_sort_predict``).
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 import logging
 import os
 
-import numpy as np
 import pytest
 import torch
 
@@ -32,7 +31,7 @@ from recbole.utils import get_model, init_seed  # noqa: E402
 from reco_sampled_plugin import estimate  # noqa: E402
 from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
 from reco_sampled_plugin.ranking import prepare_index  # noqa: E402
-from reco_sampled_plugin.scorer_ranks import _Calls, _stages  # noqa: E402
+from reco_sampled_plugin.scorer_ranks import ScorerCalls, adaptive_stages  # noqa: E402
 
 DATA_PATH = os.path.join(os.path.dirname(recbole.__file__), "dataset_example")
 N, CAP = 20, 160
@@ -42,6 +41,7 @@ BASE = {
     "learning_rate": 0.01, "train_batch_size": 4096, "eval_batch_size": 1 << 16, "topk": [10],
     "metric_decimal_place": 12, "seed": 2020, "reproducibility": True, "checkpoint_dir": "saved",
     "metrics": METRICS, "valid_metric": "RankDistRecall@10", "rsp_bootstrap": 4, "rsp_n_grid": 0,
+    "user_inter_num_interval": "[0,120]",  # the lighter 3/4 of the users: shorter runs
 }
 MODELS = {
     # RecBole's context-aware quick-start config (labeled mode, rating threshold) turned into a ranking evaluation
@@ -52,7 +52,7 @@ MODELS = {
                             "item": ["item_id", "release_year", "class"]}},
     "SASRec": {"hidden_size": 16, "inner_size": 32, "n_layers": 1, "n_heads": 1, "MAX_ITEM_LIST_LENGTH": 10,
                "hidden_dropout_prob": 0.0, "attn_dropout_prob": 0.0,
-               "train_neg_sample_args": None, "loss_type": "CE", "user_inter_num_interval": "[0,120]",
+               "train_neg_sample_args": None, "loss_type": "CE",
                "eval_args": {"split": {"LS": "valid_and_test"}, "order": "TO", "group_by": "user", "mode": f"uni{N}"}},
 }
 
@@ -81,7 +81,7 @@ def _evaluate(trainer, data):
 
 @pytest.fixture(scope="module", params=list(MODELS))
 def run(request, workdir):
-    """One model trained 1 epoch (SASRec: users with <= 120 ratings, to keep the run short); its test split
+    """One model trained 1 epoch (users with <= 120 ratings, to keep the run short); its test split
     evaluated in uni20 (fixed) and uni20 -> 160 (adaptive), RecBole's sampler reseeded before each."""
     name = request.param
     config = _config(name, rsp_adaptive_max=CAP)
@@ -171,9 +171,9 @@ def test_uni_adaptive_equals_the_core_on_the_same_draws(run):
     n = test._dataset.item_num
     pos, exc = prepare_index(positives, exclude, k, n, torch.device("cpu"))
     rows = torch.arange(k)
-    calls = _Calls(scorer, 1 << 16, True, torch.device("cpu"))
+    calls = ScorerCalls(scorer, 1 << 16, True, torch.device("cpu"))
     gen = torch.Generator().manual_seed(run["config"]["seed"])
-    ranks, sizes, stages = _stages(calls, positives, exclude, pos, exc, rows, scorer(rows, positives),
+    ranks, sizes, stages = adaptive_stages(calls, positives, exclude, pos, exc, rows, scorer(rows, positives),
                                    torch.ones((k, 1), dtype=torch.int64), SamplingDesign(N, adaptive_max=CAP), n,
                                    "pessimistic", gen, torch.device("cpu"))
     assert torch.equal(a["sampled_rank"][first], ranks[:, 0].double())
@@ -217,3 +217,22 @@ def test_what_stays_refused(extra, match):
     rb.validate_config(_config("DeepFM", rsp_adaptive_max=800, eval_args={"mode": "uni100"}))
     with pytest.raises(ValueError, match=match):
         _config("DeepFM", **{"rsp_adaptive_max": 800, **extra})
+
+
+def test_a_failing_predict_in_a_later_stage_is_named(run, monkeypatch):
+    """NaN from predict on the plugin's pairs (recognised by their rows: copies of positives, label 1 throughout,
+    while RecBole's batches hold their negatives' label 0) is a ValueError naming the scorer and the call; the
+    next evaluation starts clean and gives the same table."""
+    model, label = run["model"], run["config"]["LABEL_FIELD"]
+    original = model.predict
+
+    def predict(interaction):
+        scores = original(interaction)
+        return torch.full_like(scores, float("nan")) if bool((interaction[label] == 1).all()) else scores
+
+    monkeypatch.setattr(model, "predict", predict)
+    with pytest.raises(ValueError, match=rf"scorer '{run['name']}\.predict' returned \d+ non-finite score.*call 1"):
+        _evaluate(run["trainer"], run["test"])
+    monkeypatch.setattr(model, "predict", original)
+    _, cols = _evaluate(run["trainer"], run["test"])
+    assert torch.equal(cols["sampled_rank"], run["cols"]["sampled_rank"]) and torch.equal(cols["m"], run["cols"]["m"])

@@ -8,8 +8,8 @@ builds its negatives (``_neg_sample_by_point_wise_sampling``): the positive's ow
 replaced, ``dataset.join`` for the drawn items' features. A context-aware model (DeepFM, DCN) so sees the user's
 and the item's features, a sequential model (SASRec) the row's item sequence.
 
-The draws, the scorer calls and the counts are the core's (:func:`reco_sampled_plugin.scorer_ranks._stages` with
-its :class:`~reco_sampled_plugin.scorer_ranks._Calls`): the same code and generator as
+The draws, the scorer calls and the counts are the core's (:func:`reco_sampled_plugin.scorer_ranks.adaptive_stages`
+with its :class:`~reco_sampled_plugin.scorer_ranks.ScorerCalls`): the same code and generator as
 :func:`~reco_sampled_plugin.scorer_ranks.sampled_ranks_from_scorer`, after RecBole's first stage. They run once
 per evaluation, over every positive first in the first stage (one chunked ``predict`` per stage).
 """
@@ -23,11 +23,11 @@ import time
 import numpy as np
 import torch
 
-from reco_sampled_plugin.scorer_ranks import ScoringCost, _Calls, _stages
+from reco_sampled_plugin.scorer_ranks import ScoringCost, ScorerCalls, adaptive_stages
 
 from reco_sampled_plugin.ranking import prepare_index
 
-from ._recbole_ranks import _ITEM, _M, _N_IRR, _N_POS, _R_SAMPLED, _UID, _generator, _neg_layout, _on
+from ._recbole_ranks import _ITEM, _M, _N_IRR, _N_POS, _R_SAMPLED, _UID, _counts_per_row, _generator, _neg_layout, _on
 from ._recbole_settings import _Settings
 
 __all__ = ["keep_positive_rows", "run_stages"]
@@ -42,11 +42,12 @@ _CORE_TIES = {"pessimistic": "pessimistic", "optimistic": "optimistic", "average
 def keep_positive_rows(collector, interaction, positive_u, positive_i) -> None:
     """Keep the rows of a ``uniN`` batch that hold its positives (in RecBole's positive order, the order of the
     per-positive table): the context the later stages' pairs are built from. Nothing else of the batch is kept."""
+    if positive_u is None or positive_u.numel() == 0:
+        return
     items = interaction[collector.config["ITEM_ID_FIELD"]]
-    pos_u = positive_u.to(torch.int64).to(items.device)
-    counts = torch.zeros(int(pos_u.max()) + 1 if pos_u.numel() else 0, dtype=torch.int64,
-                         device=items.device).index_add_(0, pos_u, torch.ones_like(pos_u))
-    rows = _neg_layout(items, pos_u, positive_i.to(torch.int64).to(items.device), counts)[1]
+    pos_u = _on(positive_u.to(torch.int64), items.device)
+    counts = _counts_per_row(pos_u, int(pos_u.max()) + 1)
+    rows = _neg_layout(items, pos_u, _on(positive_i.to(torch.int64), items.device), counts)[1]
     collector.__dict__.setdefault("_rsp_kept", []).append(interaction[rows])
 
 
@@ -140,17 +141,17 @@ def run_stages(collector, table: torch.Tensor, settings: _Settings) -> ScoringCo
     uids = table[todo, _UID].to(torch.int64)
     pos_i = table[todo, _ITEM].to(torch.int64)
     exclude = _on(_exclusions(_used_csr(eval_data._sampler), uids, pos_i), dev)
-    calls = _Calls(_predict_scorer(model, eval_data._dataset, collector._rsp_device, rows[todo.cpu()],
-                                   config["ITEM_ID_FIELD"]),
-                   int(config["eval_batch_size"]), settings.check_finite is True, dev)
+    scorer = _predict_scorer(model, eval_data._dataset, collector._rsp_device, rows[todo.cpu()],
+                             config["ITEM_ID_FIELD"])
+    calls = ScorerCalls(scorer, int(config["eval_batch_size"]), settings.check_finite is True, dev)
     stages = 1
     if todo.numel():
         positives = pos_i.unsqueeze(1)
         pos, exc = prepare_index(positives, exclude, todo.numel(), item_num, dev)
-        ranks, sizes, stages = _stages(calls, positives, exclude, pos, exc, torch.arange(todo.numel(), device=dev),
-                                       pos_scores[todo].unsqueeze(1).to(torch.float64), ranks0[todo].unsqueeze(1),
-                                       settings.design, item_num, _CORE_TIES[settings.ties],
-                                       _generator(collector, settings, dev), dev)
+        ranks, sizes, stages = adaptive_stages(
+            calls, positives, exclude, pos, exc, torch.arange(todo.numel(), device=dev),
+            pos_scores[todo].unsqueeze(1).to(torch.float64), ranks0[todo].unsqueeze(1), settings.design, item_num,
+            _CORE_TIES[settings.ties], _generator(collector, settings, dev), dev)
         table[todo, _R_SAMPLED] = ranks[:, 0].to(torch.float64)
         table[todo, _M] = sizes[:, 0].to(torch.float64)
     # full ranking: each evaluated row's candidates (its irrelevant items and its positives), once per row
