@@ -236,3 +236,19 @@ def test_a_failing_predict_in_a_later_stage_is_named(run, monkeypatch):
     monkeypatch.setattr(model, "predict", original)
     _, cols = _evaluate(run["trainer"], run["test"])
     assert torch.equal(cols["sampled_rank"], run["cols"]["sampled_rank"]) and torch.equal(cols["m"], run["cols"]["m"])
+
+
+@pytest.mark.parametrize("ties", ["optimistic", "average"])
+def test_uni_adaptive_tie_policies(run, ties):
+    """rsp_ties carried into the later stages (average: the core's random order, an integer rank as RecBole's first
+    stage gives): ranks integral, within each final m, first only at the cap; optimistic never above pessimistic on the shared first stage."""
+    name = run["name"]
+    trainer = Trainer(_config(name, rsp_adaptive_max=CAP, rsp_ties=ties), run["model"])
+    _, cols = _evaluate(trainer, run["test"])
+    r, m = cols["sampled_rank"], cols["m"]
+    assert torch.equal(r, r.round()) and bool((r >= 1).all()) and bool((r <= m + 1).all())
+    assert set(m.unique().tolist()) <= {float(N), 2.0 * N, 4.0 * N, 8.0 * N}
+    assert not bool(((r == 1) & (m < CAP)).any())
+    if ties == "optimistic":  # ties only lower a rank: compare on the first stage (RecBole's same draws)
+        same = (m == N) & (run["cols"]["m"] == N)
+        assert bool((r[same] <= run["cols"]["sampled_rank"][same]).all())

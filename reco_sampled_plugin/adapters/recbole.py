@@ -22,7 +22,8 @@ and the user's candidate count n (irrelevant items + 1). Estimates come from
 
 This module holds the public API and the hooks into RecBole; the parts live beside it: the config keys and
 their validation (``_recbole_settings``), the per-positive table built from RecBole's batches
-(``_recbole_ranks``), the metric classes (``_recbole_metrics``), the compatibility layer (``_recbole_compat``).
+(``_recbole_ranks``), the adaptive stages of ``uniN`` mode scored through the model's ``predict``
+(``_recbole_stages``), the metric classes (``_recbole_metrics``), the compatibility layer (``_recbole_compat``).
 """
 
 from __future__ import annotations
@@ -161,7 +162,8 @@ def register(compat: bool | None = None) -> dict[str, type]:
     Adds every class of :func:`metric_classes` to ``metrics_dict``, ``metric_information``,
     ``metric_types`` (and ``smaller_metrics`` for none: all are bigger-is-better), wraps
     ``Collector.eval_batch_collect`` / ``get_data_struct`` (per-positive ranks, only when a plugin
-    metric is configured), ``Trainer.evaluate`` (TensorBoard) and ``Config.__init__`` (validation).
+    metric is configured; ``uniN`` with ``rsp_adaptive_max``: the later stages), ``Trainer.evaluate``
+    (TensorBoard; hands the model to the collector) and ``Config.__init__`` (validation).
 
     Args:
         compat: True applies the compatibility layer, False leaves it off, None follows the environment.
