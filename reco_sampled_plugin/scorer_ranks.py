@@ -31,7 +31,8 @@ from .design import SamplingDesign, as_design
 from .ranking import (SampledRanks, draw_negatives, check_popularity, check_ties, padded_candidate_counts,
                       prepare_index, rank_among_drawn)
 
-__all__ = ["Scorer", "ScoringCost", "sampled_ranks_from_scorer", "DEFAULT_MAX_PAIRS", "ScorerCalls"]
+__all__ = ["Scorer", "ScoringCost", "sampled_ranks_from_scorer", "DEFAULT_MAX_PAIRS", "ScorerCalls",
+           "adaptive_stages"]
 
 #: ``scorer(users (B,), items (B, L)) -> scores (B, L)``: pointwise, on the items' device
 Scorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -214,8 +215,8 @@ def sampled_ranks_from_scorer(
     stages = 1
     sizes = None
     if adaptive:
-        ranks, sizes, stages = _stages(calls, positives, exclude, pos, exc, user_ids, pos_scores, ranks, design, n,
-                                       ties, generator, device)
+        ranks, sizes, stages = adaptive_stages(calls, positives, exclude, pos, exc, user_ids, pos_scores, ranks, design,
+                                               n, ties, generator, device)
         neg_out = None
     else:
         neg_out = torch.where(valid.unsqueeze(2), neg, torch.full_like(neg, -1))
@@ -226,11 +227,20 @@ def sampled_ranks_from_scorer(
     return SampledRanks(ranks, n_cand, neg_out, design, sizes, cost)
 
 
-def _stages(calls: ScorerCalls, positives, exclude, pos, exc, user_ids, pos_scores, ranks, design, n, ties, generator,
-            device):
-    """The adaptive stages of :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks`, scoring only the
-    positives still ranked first: the rows that need a stage re-prepared from the caller's own forms (as the
-    score-matrix path does, so the draws' shapes and random numbers are the same)."""
+def adaptive_stages(calls: ScorerCalls, positives, exclude, pos, exc, user_ids, pos_scores, ranks, design, n, ties,
+                    generator, device):
+    """The adaptive stages of :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks` after the first, scoring
+    only the positives still ranked first: the rows that need a stage re-prepared from the caller's own forms (as
+    the score-matrix path does, so the draws' shapes and random numbers are the same). Also the later stages of a
+    first stage drawn elsewhere (RecBole's ``uniN``: ``adapters._recbole_stages``).
+
+    Args: ``calls`` the scorer's :class:`ScorerCalls`; ``positives`` / ``exclude`` the caller's forms and ``pos`` /
+    ``exc`` their padded (B, P) / (B, E) indices (:func:`~reco_sampled_plugin.ranking.prepare_index`); ``user_ids``
+    (B,) handed to the scorer; ``pos_scores`` (B, P) float64 and ``ranks`` (B, P) int64 of the first stage (0 in
+    padded slots); ``design`` adaptive; ``n`` the catalogue size; ``ties`` a core tie policy.
+
+    Returns: (ranks (B, P), final m per positive (B, P) int64, stages run including the first).
+    """
     m0, cap = design.n_samples, design.cap
     valid = ranks > 0
     sizes = torch.where(valid, torch.full_like(ranks, m0, dtype=torch.int64), torch.zeros_like(ranks, dtype=torch.int64))

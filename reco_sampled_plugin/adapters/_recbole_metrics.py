@@ -152,7 +152,7 @@ class _EstimatedMetric(_Metric):
         key = self._key(k)
         hist = _sampled_inputs(table, weights, s, spec.k or 2)
         law = "binomial" if s.replacement else "hypergeometric"
-        design = s.design.adaptive if s.design is not None else None  # adaptive: full mode with rsp_m
+        design = s.design.adaptive if s.design is not None else None  # adaptive: rsp_adaptive_max (full or uniN)
         adaptive = {} if design is None else {"adaptive": (design.n_samples, design.adaptive_max)}
         kwargs = self._method_kwargs()
         result = estimate(spec, hist, sampling=law, **kwargs, **adaptive)

@@ -712,6 +712,8 @@ def _process_sampled(collector, scores, pos_u, pos_i, items, row_uids) -> None:
     gen = _generator(collector, settings, scores.device)
     table[:, _R_SAMPLED] = _sampled_from_scores(s_neg, s_pos, settings.ties, gen)
     table[:, _M] = float(n_draws)
+    if settings.adaptive_max is not None:  # the later stages rank against the positives' first-stage scores
+        collector.__dict__.setdefault("_rsp_pos_scores", []).append(s_pos)
     table[:, _UID] = uids.to(torch.float64)
     table[:, _N_IRR] = (scores.shape[1] - _used_counts(collector, uids)).to(torch.float64)  # item_num (padding included) minus used
     _store(collector, table, b)
@@ -786,10 +788,13 @@ def reset_collection(collector, eval_data=None) -> None:
     the next one (its sampler tells sampled modes each user's used items). The staging buffers stay."""
     if eval_data is not None:
         collector._rsp_eval_data = eval_data
+        collector.rsp_cost = None  # the last evaluation's ScoringCost (uniN adaptive stages)
     collector._rsp_user_offset = 0
     collector._rsp_generator = None
     collector._rsp_settings_now = None
     collector.__dict__.pop("_rsp_tables", None)
     collector.__dict__.pop("_rsp_buffer", None)
     collector.__dict__.pop("_rsp_staging", None)
+    collector.__dict__.pop("_rsp_kept", None)  # uniN adaptive stages: the positives' rows and scores
+    collector.__dict__.pop("_rsp_pos_scores", None)
     collector._rsp_buffered = 0

@@ -22,7 +22,7 @@ from reco_sampled_plugin.ranking import DETERMINISTIC_TIES
 #: Every plugin config key with its default (``None``: see docs/recbole.md).
 CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_m": None,  # simulated sample size m in full mode (uniN: must equal N if given)
-    "rsp_adaptive_max": None,  # full mode: adaptive sampling from rsp_m up to this many samples (RankDist* only)
+    "rsp_adaptive_max": None,  # adaptive sampling from rsp_m (uniN: N) up to this many samples (RankDist* only)
     "rsp_replacement": True,  # simulated draws with replacement (binomial law) or without (hypergeometric)
     "rsp_seed": None,  # seed of the simulated draws (default: RecBole's `seed`)
     # Corrected*: a correction table, registry.recbole_choices("rsp_correction"): none, rank_estimate, ls, cls, bv
@@ -414,24 +414,33 @@ def _check_finite(value) -> bool | str:
 
 
 def _adaptive_max(config, modes: dict, m: int | None, replacement: bool) -> int | None:
-    """``rsp_adaptive_max``: adaptive sampling is simulated from exact ranks, so full mode only (RecBole's uniN
-    draws its N items once per positive and cannot draw more), from ``rsp_m``, with replacement (the estimators
-    that take it: :func:`_check_supported`)."""
+    """``rsp_adaptive_max``: adaptive sampling from the first stage's m up to this cap, with replacement (the
+    estimators that take it: :func:`_check_supported`). Full mode simulates every stage from the exact counts
+    (needs ``rsp_m``); ``uniN`` mode takes RecBole's N draws as the first stage and the plugin draws and scores the
+    later stages itself through the model's ``predict`` (``_recbole_stages``). ``popN`` is refused: its first stage
+    is drawn by popularity, the adaptive stages (and their estimators) are uniform."""
     raw = config["rsp_adaptive_max"]
     if raw is None:
         return None
     cap = _as_int(raw, "rsp_adaptive_max", 1)
+    sizes = set()
     for phase, mode in modes.items():
-        if mode != "full":
+        if mode.startswith("pop"):
             raise ValueError(
-                f"rsp_adaptive_max: RecBole's {mode!r} mode ({phase}) draws its {_sample_num(mode)} items once per "
-                "positive and cannot draw more; adaptive sampling needs full mode with rsp_m (the plugin then "
-                "simulates the draws from exact ranks)"
+                f"rsp_adaptive_max: RecBole's {mode!r} mode ({phase}) draws its first {_sample_num(mode)} items by "
+                "popularity, but adaptive sampling (its later stages and its estimators) draws uniformly; use "
+                f"'uni{_sample_num(mode)}' or full mode with rsp_m"
             )
-    if m is None:
+        if mode != "full":
+            sizes.add(_sample_num(mode))
+    if m is None and len(sizes) > 1:
+        raise ValueError(f"rsp_adaptive_max: the phases draw different first stages ({sorted(sizes)} items: "
+                         f"{modes}); adaptive sampling needs one first-stage size: use the same uniN in every phase")
+    if m is None and not sizes:
         raise ValueError("rsp_adaptive_max: needs rsp_m, the first stage's sample size")
-    if cap < m:
-        raise ValueError(f"rsp_adaptive_max: must be at least rsp_m ({m}), got {cap}")
+    first = m if m is not None else sizes.pop()
+    if cap < first:
+        raise ValueError(f"rsp_adaptive_max: must be at least the first stage's m ({first}), got {cap}")
     if not replacement:
         raise ValueError("rsp_adaptive_max: adaptive sampling draws with replacement; set rsp_replacement: true")
     return cap

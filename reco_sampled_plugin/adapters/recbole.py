@@ -22,7 +22,8 @@ and the user's candidate count n (irrelevant items + 1). Estimates come from
 
 This module holds the public API and the hooks into RecBole; the parts live beside it: the config keys and
 their validation (``_recbole_settings``), the per-positive table built from RecBole's batches
-(``_recbole_ranks``), the metric classes (``_recbole_metrics``), the compatibility layer (``_recbole_compat``).
+(``_recbole_ranks``), the adaptive stages of ``uniN`` mode scored through the model's ``predict``
+(``_recbole_stages``), the metric classes (``_recbole_metrics``), the compatibility layer (``_recbole_compat``).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from . import _recbole_compat
 from ._recbole_metrics import _METRIC_CLASSES, metric_classes
 from ._recbole_ranks import COLUMNS, PLUGIN_KEY, collect_batch, finish_collection, positive_table, reset_collection
 from ._recbole_settings import CONFIG_DEFAULTS, FAMILIES, _Settings, _settings, validate_config
+from ._recbole_stages import keep_positive_rows, run_stages
 
 __all__ = [
     "register",
@@ -81,9 +83,15 @@ def _wrap_collector() -> None:
     def eval_batch_collect(self, scores_tensor, interaction, positive_u, positive_i):
         collect(self, scores_tensor, interaction, positive_u, positive_i)
         collect_batch(self, scores_tensor, interaction, positive_u, positive_i)
+        settings = self.__dict__.get("_rsp_settings_now")
+        if settings is not None and settings.adaptive_max is not None and len(interaction) != scores_tensor.shape[0]:
+            keep_positive_rows(self, interaction, positive_u, positive_i)  # uniN: context of the later stages
 
     def get_data_struct(self):
         table = finish_collection(self)
+        settings = self.__dict__.get("_rsp_settings_now")
+        if table is not None and settings is not None and settings.adaptive_max is not None:
+            _adaptive_stages(self, table, settings)
         struct = get_struct(self)
         if table is not None:
             struct.set(PLUGIN_KEY, table)
@@ -96,6 +104,20 @@ def _wrap_collector() -> None:
         new.__doc__ = old.__doc__
     Collector.eval_batch_collect = eval_batch_collect
     Collector.get_data_struct = get_data_struct
+
+
+def _adaptive_stages(collector, table, settings: _Settings) -> None:
+    """uniN with ``rsp_adaptive_max``: the later stages scored through the model's predict (``_recbole_stages``);
+    what the evaluation scored is logged and kept as ``collector.rsp_cost`` (a ``ScoringCost``)."""
+    cost = run_stages(collector, table, settings)
+    if cost is None:
+        return
+    collector.rsp_cost = cost
+    logger.info(
+        "reco_sampled_plugin: adaptive uniN sampling scored %d (user, item) pairs in %d stage(s) (%.1f%% of full "
+        "ranking's %d): RecBole's first stage and %d plugin predict call(s) on the positives still first, %.3f s in "
+        "predict, %.3f s drawing and counting", cost.pairs, cost.stages, 100 * cost.share_of_full, cost.full_pairs,
+        cost.calls, cost.scorer_seconds, cost.loop_seconds)
 
 
 def _plugin_keys(result: dict, settings: _Settings) -> list[str]:
@@ -114,6 +136,7 @@ def _wrap_trainer() -> None:
         collector = getattr(self, "eval_collector", None)
         if collector is not None:
             reset_collection(collector, eval_data)
+            collector._rsp_model, collector._rsp_device = self.model, self.device  # uniN adaptive stages score with it
         result = original(self, eval_data, *args, **kwargs)
         settings = _settings(self.config) if result else None
         writer = getattr(self, "tensorboard", None)
@@ -139,7 +162,8 @@ def register(compat: bool | None = None) -> dict[str, type]:
     Adds every class of :func:`metric_classes` to ``metrics_dict``, ``metric_information``,
     ``metric_types`` (and ``smaller_metrics`` for none: all are bigger-is-better), wraps
     ``Collector.eval_batch_collect`` / ``get_data_struct`` (per-positive ranks, only when a plugin
-    metric is configured), ``Trainer.evaluate`` (TensorBoard) and ``Config.__init__`` (validation).
+    metric is configured; ``uniN`` with ``rsp_adaptive_max``: the later stages), ``Trainer.evaluate``
+    (TensorBoard; hands the model to the collector) and ``Config.__init__`` (validation).
 
     Args:
         compat: True applies the compatibility layer, False leaves it off, None follows the environment.

@@ -1,0 +1,161 @@
+"""RecBole adapter, adaptive stages in ``uniN`` mode: the plugin draws and scores what RecBole's sampler cannot.
+
+RecBole's ``uniN`` evaluation draws N items once per held-out item and scores them with the model's ``predict``
+(the first stage). With ``rsp_adaptive_max`` the positives still ranked first there draw the next stage's new
+items (m doubling up to the cap, uniform with replacement, never one of the user's used items nor the padding
+item 0: RecBole's own exclusions), scored by the same ``model.predict`` on an ``Interaction`` built as RecBole
+builds its negatives (``_neg_sample_by_point_wise_sampling``): the positive's own row repeated, the item id
+replaced, ``dataset.join`` for the drawn items' features. A context-aware model (DeepFM, DCN) so sees the user's
+and the item's features, a sequential model (SASRec) the row's item sequence.
+
+The draws, the scorer calls and the counts are the core's (:func:`reco_sampled_plugin.scorer_ranks.adaptive_stages`
+with its :class:`~reco_sampled_plugin.scorer_ranks.ScorerCalls`): the same code and generator as
+:func:`~reco_sampled_plugin.scorer_ranks.sampled_ranks_from_scorer`, after RecBole's first stage. They run once
+per evaluation, over every positive first in the first stage (one chunked ``predict`` per stage).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+
+import numpy as np
+import torch
+
+from reco_sampled_plugin.scorer_ranks import ScoringCost, ScorerCalls, adaptive_stages
+
+from reco_sampled_plugin.ranking import prepare_index
+
+from ._recbole_ranks import _ITEM, _M, _N_IRR, _N_POS, _R_SAMPLED, _UID, _counts_per_row, _generator, _neg_layout, _on
+from ._recbole_settings import _Settings
+
+__all__ = ["keep_positive_rows", "run_stages"]
+
+logger = logging.getLogger("reco_sampled_plugin.adapters.recbole")
+
+# the plugin's rsp_ties -> the core's tie policy with the same law (``average``: the positive placed uniformly
+# among its tied items, an integer rank, as the first stage's ``_sampled_from_scores`` does)
+_CORE_TIES = {"pessimistic": "pessimistic", "optimistic": "optimistic", "average": "random"}
+
+
+def keep_positive_rows(collector, interaction, positive_u, positive_i) -> None:
+    """Keep the rows of a ``uniN`` batch that hold its positives (in RecBole's positive order, the order of the
+    per-positive table): the context the later stages' pairs are built from. Nothing else of the batch is kept."""
+    if positive_u is None or positive_u.numel() == 0:
+        return
+    items = interaction[collector.config["ITEM_ID_FIELD"]]
+    pos_u = _on(positive_u.to(torch.int64), items.device)
+    counts = _counts_per_row(pos_u, int(pos_u.max()) + 1)
+    rows = _neg_layout(items, pos_u, _on(positive_i.to(torch.int64), items.device), counts)[1]
+    collector.__dict__.setdefault("_rsp_kept", []).append(interaction[rows])
+
+
+def _used_csr(sampler) -> tuple[np.ndarray, np.ndarray] | None:
+    """RecBole's per-user used items (``sampler.used_ids``, a numpy array of sets) as CSR (indptr, items), built
+    once per sampler phase; None for the ``RepeatableSampler`` of sequential models (each row excludes only its
+    own target)."""
+    from recbole.sampler import RepeatableSampler
+
+    if isinstance(sampler, RepeatableSampler):
+        return None
+    used = getattr(sampler, "used_ids", None)
+    if used is None:
+        raise RuntimeError("reco_sampled_plugin: rsp_adaptive_max in uniN mode needs the evaluation dataloader's "
+                           "sampler (RecBole's Trainer.evaluate passes it); evaluate through a RecBole Trainer")
+    cached = sampler.__dict__.get("_rsp_used_csr")
+    if cached is None or cached[0] is not used:
+        sizes = np.fromiter((len(u) for u in used), dtype=np.int64, count=len(used))
+        items = np.fromiter(itertools.chain.from_iterable(used), dtype=np.int64, count=int(sizes.sum()))
+        cached = sampler.__dict__["_rsp_used_csr"] = (used, (np.concatenate([[0], np.cumsum(sizes)]), items))
+    return cached[1]
+
+
+def _exclusions(csr, uids: torch.Tensor, pos_i: torch.Tensor) -> torch.Tensor:
+    """(K, E) exclusions of K positives, -1 padded: the padding item 0 and the user's used items but the positive
+    itself (the core's draws never return a positive nor an excluded item)."""
+    k = uids.shape[0]
+    zero = torch.zeros((k, 1), dtype=torch.int64)
+    if csr is None:
+        return zero
+    indptr, items = csr
+    u = uids.cpu().numpy()
+    start, size = indptr[u], indptr[u + 1] - indptr[u]
+    width = int(size.max()) if k else 0
+    col = np.arange(width)
+    take = col[None, :] < size[:, None]
+    out = np.full((k, width), -1, dtype=np.int64)
+    out[take] = items[(start[:, None] + col[None, :])[take]]
+    out[out == pos_i.cpu().numpy()[:, None]] = -1
+    return torch.cat([zero, torch.from_numpy(out)], 1)
+
+
+def _predict_scorer(model, dataset, device, rows, item_field: str):
+    """``scorer(users, items)`` over ``model.predict``: user k is the positive of row k of ``rows`` (an
+    ``Interaction``); its pairs copy that row, take the drawn item ids and the items' features
+    (``dataset.join``), as RecBole builds its own negatives."""
+    from recbole.data.interaction import Interaction
+
+    def scorer(users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
+        b, length = items.shape
+        inter = rows[users.cpu()].repeat_interleave(length)
+        inter.update(Interaction({item_field: items.reshape(-1).cpu()}))
+        inter = dataset.join(inter)
+        with torch.no_grad():
+            got = model.predict(inter.to(device))
+        return got.reshape(b, length).to(items.device)
+
+    scorer.__qualname__ = f"{type(model).__name__}.predict"
+    return scorer
+
+
+def run_stages(collector, table: torch.Tensor, settings: _Settings) -> ScoringCost | None:
+    """Run the adaptive stages on the per-positive table of a ``uniN`` evaluation, in place (``sampled_rank`` and
+    ``m`` of the positives that drew more) and return what the evaluation scored (RecBole's first stage and the
+    plugin's stages); None when nothing was kept (no uniN batch)."""
+    kept = collector.__dict__.pop("_rsp_kept", None)
+    scores = collector.__dict__.pop("_rsp_pos_scores", None)
+    if not kept or not scores or table.shape[0] == 0:
+        return None
+    pos_scores = _on(scores[0] if len(scores) == 1 else torch.cat([_on(s, scores[0].device) for s in scores]),
+                     table.device)
+    from recbole.data.interaction import cat_interactions
+
+    t0 = time.perf_counter()
+    model = getattr(collector, "_rsp_model", None)
+    eval_data = getattr(collector, "_rsp_eval_data", None)
+    if model is None or eval_data is None:
+        raise RuntimeError("reco_sampled_plugin: rsp_adaptive_max in uniN mode scores the later stages with the "
+                           "model's predict; evaluate through a RecBole Trainer (its evaluate hands the model over)")
+    rows = kept[0] if len(kept) == 1 else cat_interactions(kept)
+    if len(rows) != table.shape[0] or pos_scores.shape[0] != table.shape[0]:
+        raise RuntimeError(f"reco_sampled_plugin: {len(rows)} kept rows and {pos_scores.shape[0]} scores for "
+                           f"{table.shape[0]} positives")
+    dev = table.device
+    m0 = settings.design.n_samples
+    first_stage = int(table.shape[0] * (1 + m0))
+    ranks0 = table[:, _R_SAMPLED].to(torch.int64)
+    todo = ((ranks0 == 1) & (table[:, _M] == m0)).nonzero().squeeze(1)
+    config = collector.config
+    item_num = int(eval_data._dataset.item_num)
+    uids = table[todo, _UID].to(torch.int64)
+    pos_i = table[todo, _ITEM].to(torch.int64)
+    exclude = _on(_exclusions(_used_csr(eval_data._sampler), uids, pos_i), dev)
+    scorer = _predict_scorer(model, eval_data._dataset, collector._rsp_device, rows[todo.cpu()],
+                             config["ITEM_ID_FIELD"])
+    calls = ScorerCalls(scorer, int(config["eval_batch_size"]), settings.check_finite is True, dev)
+    stages = 1
+    if todo.numel():
+        positives = pos_i.unsqueeze(1)
+        pos, exc = prepare_index(positives, exclude, todo.numel(), item_num, dev)
+        ranks, sizes, stages = adaptive_stages(
+            calls, positives, exclude, pos, exc, torch.arange(todo.numel(), device=dev),
+            pos_scores[todo].unsqueeze(1).to(torch.float64), ranks0[todo].unsqueeze(1), settings.design, item_num,
+            _CORE_TIES[settings.ties], _generator(collector, settings, dev), dev)
+        table[todo, _R_SAMPLED] = ranks[:, 0].to(torch.float64)
+        table[todo, _M] = sizes[:, 0].to(torch.float64)
+    # full ranking: each evaluated row's candidates (its irrelevant items and its positives), once per row
+    full = int(((table[:, _N_IRR] - 1 + table[:, _N_POS]) / table[:, _N_POS]).sum().round())
+    seconds = time.perf_counter() - t0
+    return ScoringCost(first_stage + calls.pairs, calls.calls, calls.seconds, max(seconds - calls.seconds, 0.0),
+                       full, stages)
