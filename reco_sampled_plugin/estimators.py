@@ -283,7 +283,8 @@ def estimate(
     if entry.fits_distribution:
         from .rank_distribution import check_fit_options
 
-        fit = {k: v for k, v in options.items() if k in registry.fit_option_names() + ("lam", "beta")}
+        takes = entry.option_names if entry.family == "rank_distribution" else registry.fit_option_names()
+        fit = {k: v for k, v in options.items() if k in takes}
         check_fit_options("mle" if entry.family != "rank_distribution" else method, sampling, **fit)
     hist.check_nonempty(weights)
     hist.check_support(sampling)  # every method: an r~ the design cannot produce is refused, not estimated from

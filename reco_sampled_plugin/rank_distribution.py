@@ -532,7 +532,8 @@ def _mes_start(model: _Model, pi0: np.ndarray, counts: np.ndarray) -> np.ndarray
 
 
 def check_fit_options(method: str, sampling="binomial", *, tol=1e-7, max_iter=5000, lam=None, max_groups=16,
-                      delta=0.05, kappa=0.25, beta=0.0, n_bootstrap=None, seed=0, trace=False) -> dict:
+                      delta=0.05, kappa=0.25, beta=0.0, n_bootstrap=None, seed=0, trace=False, df=None,
+                      penalty=None) -> dict:
     """Validate the options of :func:`estimate_rank_distribution` before any work (a NaN ``tol`` would keep
     the EM running to ``max_iter``, a ``delta`` of 0 would give one cell per rank): a ValueError naming the
     option; returns them normalised (``sampling`` as its canonical law name)."""
@@ -554,6 +555,11 @@ def check_fit_options(method: str, sampling="binomial", *, tol=1e-7, max_iter=50
         if "lam" not in takes:
             raise ValueError(f"lam: only the 'mes' method takes an entropy weight, got method {method!r}")
         out["lam"] = check_nonnegative_float(lam, "lam")
+    for name, value in (("df", df), ("penalty", penalty)):
+        if value is not None and name not in takes:
+            raise ValueError(f"{name}: only the 'gmod' method takes it, got method {method!r}")
+    out["df"] = G_DF if df is None else check_count(df, "df", 4)
+    out["penalty"] = G_PENALTY if penalty is None else check_nonnegative_float(penalty, "penalty")
     return out
 
 
@@ -783,6 +789,7 @@ class EMFitter:
     warm-started at the fit would stop at once and understate the spread."""
 
     default_bootstrap = 32
+    target = "population"  # what RankDistribution.metric estimates for the registry (``estimate_by_fit``)
 
     def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict):
         """(pi, iterations, converged, objective trace, details) of one histogram's counts."""
@@ -807,6 +814,7 @@ class MESFitter:
     1.5-2.7x too small, measured)."""
 
     default_bootstrap = 16
+    target = "population"
 
     def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict):
         lam = float(_mes_lambda(counts.sum(), opts["lam"]))
@@ -833,9 +841,101 @@ class MESFitter:
         return _mes_fit_batched(model, draws, lam, start, opts["tol"], opts["max_iter"], opts["beta"])[0]
 
 
+# g-modelling (Efron, Biometrika 2016): log P(R) in a cubic B-spline basis of log R, second differences penalised
+G_DF = 10  # basis functions, knots equally spaced in log R over 1..n (a knot per factor ~2.1 of rank at n = 1,600)
+G_PENALTY = 1.0  # weight of the squared second differences of the coefficients, in log-likelihood units
+
+
+def _g_basis(edges: np.ndarray, df: int) -> np.ndarray:
+    """(C, df) cubic B-spline basis at log(mean rank) of each cell, knots equally spaced on [0, log n]."""
+    from scipy import interpolate
+
+    pts, wts = cell_points(edges)
+    x = np.log((pts * wts).sum(1))
+    hi = max(math.log(float(edges[-1])), 1e-9)
+    inner = np.linspace(0.0, hi, df - 2)
+    knots = np.r_[[0.0] * 3, inner, [hi] * 3]
+    return interpolate.BSpline.design_matrix(np.clip(x, 0.0, hi), knots, 3).toarray()
+
+
+def _g_objective(model: _Model, counts: np.ndarray, basis: np.ndarray, penalty: float):
+    """f(alpha) = -loglik/M + penalty * |D2 alpha|^2 / M and its gradient, P(cell) proportional to
+    width * exp(basis @ alpha) (uniform over ranks at alpha = 0)."""
+    logw = np.log(model.widths)
+    inside = model.inside.astype(np.float64)
+    total = counts.sum()
+    totals_g = model.totals(counts)
+    has = counts > 0
+    d2 = np.diff(np.eye(basis.shape[1]), 2, axis=0)
+    pen = penalty * (d2.T @ d2)
+
+    def pi_of(alpha):
+        z = logw + basis @ alpha
+        z = z - z.max()
+        pi = np.exp(z)
+        return pi / pi.sum()
+
+    def objective(alpha):
+        pi = pi_of(alpha)
+        prob = model.mix(pi)
+        zg = np.maximum(inside @ pi, _PROB_FLOOR)
+        safe = np.where(has, np.maximum(prob, _PROB_FLOOR), 1.0)
+        ll = float(np.sum(np.where(has, counts * np.log(safe), 0.0)) - np.dot(totals_g, np.log(zg)))
+        dll = model.back(np.where(has, counts / safe, 0.0)) - (totals_g / zg) @ inside
+        grad_pi = -dll / total
+        grad_z = pi * (grad_pi - np.dot(pi, grad_pi))
+        f = -ll / total + float(alpha @ pen @ alpha) / total
+        return f, basis.T @ grad_z + 2.0 * (pen @ alpha) / total
+
+    return objective, pi_of
+
+
+def _g_fit(model: _Model, counts: np.ndarray, df: int, penalty: float, alpha0, tol: float, max_iter: int,
+           trace: bool = False):
+    basis = _g_basis(model.edges, df)
+    objective, pi_of = _g_objective(model, counts, basis, penalty)
+    values: list[float] = []
+    start = np.zeros(basis.shape[1]) if alpha0 is None else alpha0
+    res = optimize.minimize(objective, start, jac=True, method="L-BFGS-B",
+                            callback=(lambda a: values.append(objective(a)[0])) if trace else None,
+                            options={"maxiter": max_iter, "ftol": tol * 1e-3, "gtol": 1e-9})
+    return pi_of(res.x), res, values
+
+
+class GModelFitter:
+    """``gmod``: Efron's g-modelling (Biometrika 2016, "Empirical Bayes deconvolution estimates"), log P(R) a cubic
+    B-spline in log R with ``df`` coefficients, maximum penalised likelihood (squared second differences of the
+    coefficients times ``penalty``) by L-BFGS-B from the uniform distribution over ranks. Smooth on the log-rank
+    scale, which the data identify where the design resolves the top (adaptive sampling, K above the resolution);
+    elsewhere the shape inside the first sampled bin is the basis's, not the data's (``top_unresolved``).
+    Bootstrap replicates are refitted from the fit's coefficients, each by its own stopping rule. Its estimate is
+    the users' metric (``RankDistribution.metric(target="users")``): each positive's posterior mean under the
+    fitted prior, which uses every positive's own r~ (issue 30: nearer the oracle than the population value)."""
+
+    default_bootstrap = 16
+    target = "users"
+
+    def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict):
+        pi, res, values = _g_fit(model, counts, opts["df"], opts["penalty"], None, opts["tol"], opts["max_iter"],
+                                 opts["trace"])
+        return pi, int(res.nit), bool(res.success), tuple(float(v) for v in values), {
+            "df": opts["df"], "penalty": opts["penalty"], "alpha": tuple(float(a) for a in res.x)}
+
+    def fit_batch(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict):
+        fits = [self.fit(model, pi0[b], counts[b], {**opts, "trace": False}) for b in range(len(counts))]
+        return (np.stack([f[0] for f in fits]), np.array([f[1] for f in fits]), np.array([f[2] for f in fits]),
+                [f[4] for f in fits])
+
+    def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, opts: dict, details: dict):
+        alpha = np.asarray(details["alpha"])
+        return np.stack([_g_fit(model, d, opts["df"], opts["penalty"], alpha, opts["tol"], opts["max_iter"])[0]
+                         for d in draws]) if len(draws) else np.zeros((0, len(pi)))
+
+
 #: the fitters the registry's rank-distribution entries name (``registry.Estimator.fitter``)
 EM_FITTER = EMFitter()
 MES_FITTER = MESFitter()
+G_FITTER = GModelFitter()
 
 
 # ------------------------------------------------------------------------------------------ results
@@ -987,17 +1087,50 @@ class RankDistribution:
         ss = float(np.dot(w, (v - mean) ** 2))
         return math.sqrt(ss / (total * (total - 1.0))) if total > 1 else math.inf
 
-    def metric(self, metric, stderr: str = "auto") -> DistributionEstimate:
-        """Estimate sum_R P^(R) M(R) (each group's P^ truncated to its n) with a standard error.
+    def _users_values(self, spec, probs: np.ndarray) -> tuple[np.ndarray, float]:
+        """The users' metric under the prior ``probs`` (..., C): the mean over positives of their posterior means
+        E[M(R) | r~, n_g, m_g] (the finite-population target, whose exact value is the metric of these users),
+        and the posterior variance of that mean under ``self.probs``, sum of the positives' posterior variances
+        over M^2 (cell means of M stand for the cell's ranks). On the occupied (group, r~) columns."""
+        hist = self.histogram
+        cols = self.lik_cols
+        means = np.zeros((len(self.probs), hist.n_groups))
+        for g, (n, t, c) in enumerate(zip(hist.n_items, hist.totals,
+                                          np.searchsorted(self.edges, hist.n_items).astype(np.int64))):
+            if t > 0:
+                means[:c, g] = interval_mean_metric(spec, self.edges[:c], self.edges[1 : c + 1], int(n))
+        mk = means[:, cols[:, 0]]  # (C, K)
+        lik = np.asarray(self.lik)
+        w = hist.flat_counts[hist._starts[cols[:, 0]] + cols[:, 1]]
+        total = hist.total
+
+        def moments(p):
+            den = p @ lik
+            ok = den > 0
+            safe = np.where(ok, den, 1.0)
+            return np.where(ok, (p @ (lik * mk)) / safe, 0.0), np.where(ok, (p @ (lik * mk * mk)) / safe, 0.0)
+
+        v, _ = moments(probs)
+        v1, v2 = moments(self.probs)
+        var = float(np.dot(w, np.maximum(v2 - v1 * v1, 0.0))) / total**2
+        return (v * w).sum(-1) / total, var
+
+    def metric(self, metric, stderr: str = "auto", target: str = "population") -> DistributionEstimate:
+        """Estimate sum_R P^(R) M(R) (each group's P^ truncated to its n) with a standard error; or, with
+        ``target="users"``, the metric of these users: the mean of their posterior means under P^ (each positive's
+        r~ read through the likelihood), the population value then in ``details["population_value"]``.
 
         ``stderr``: ``"bootstrap"`` (the refitted replicates; None when there are none), ``"posterior"`` (sd of
         the per-positive posterior means of M over sqrt(#positives): cheap, ignores the uncertainty of P^ and
         so is smaller than the bootstrap where the data hardly constrain P^), or ``"auto"`` (bootstrap when
-        replicates exist, else posterior).
+        replicates exist, else posterior). For ``target="users"`` the bootstrap's spread of the users' value is
+        combined with the posterior variance of the users' exact ranks (what the data leave open about them).
         """
         spec = parse_metric(metric)
         if not isinstance(stderr, str) or stderr not in ("auto", "bootstrap", "posterior"):
             raise ValueError(f"stderr: use 'auto', 'bootstrap' or 'posterior', got {stderr!r}")
+        if not isinstance(target, str) or target not in ("population", "users"):
+            raise ValueError(f"target: use 'population' or 'users', got {target!r}")
         hist = self.histogram
         if spec.k is not None and spec.k > int(hist.n_items[hist.totals > 0].min()):
             raise ValueError(
@@ -1005,9 +1138,17 @@ class RankDistribution:
                 f"(n_items = {int(hist.n_items.min())})"
             )
         value = float(self._metric_from_probs(spec, self.probs))
+        population = value
+        users = target == "users" and self.lik is not None
+        if users:
+            fp, post_var = self._users_values(spec, self.probs)
+            value = float(fp)
         se = None
         kind = "bootstrap" if stderr == "bootstrap" or (stderr == "auto" and self.bootstrap.shape[0] >= 2) else "posterior"
-        if kind == "bootstrap" and self.bootstrap.shape[0] >= 2:
+        if users and (kind == "posterior" or self.bootstrap.shape[0] >= 2):
+            boot_var = float(np.var(self._users_values(spec, self.bootstrap)[0], ddof=1)) if kind == "bootstrap" else 0.0
+            se = math.sqrt(boot_var + post_var)
+        elif kind == "bootstrap" and self.bootstrap.shape[0] >= 2:
             boot = self._metric_from_probs(spec, self.bootstrap)
             se = float(np.std(boot, ddof=1))
         elif kind == "posterior" and self.lik is not None:
@@ -1037,6 +1178,9 @@ class RankDistribution:
             "n_cells": int(len(self.probs)),
             "stderr_method": kind if se is not None else None,
         }
+        if users:
+            details["target"] = "users"
+            details["population_value"] = population
         return DistributionEstimate(value, se, hist.total, details, tuple(flags))
 
     def metrics(self, metrics, stderr: str = "auto") -> dict:
@@ -1076,8 +1220,10 @@ def estimate_rank_distribution(
     trace: bool = False,
     max_rel_n_spread: float | None = None,
     beta: float = 0.0,
+    df: int | None = None,
+    penalty: float | None = None,
 ) -> RankDistribution:
-    """Estimate the distribution of exact ranks from sampled ranks (``mle`` by EM or ``mes``).
+    """Estimate the distribution of exact ranks from sampled ranks (``mle`` by EM, ``mes`` or ``gmod``).
 
     Args:
         sampled_ranks: sampled ranks r~ (any shape, 0 = padding) or a :class:`RankHistogram`.
@@ -1103,6 +1249,8 @@ def estimate_rank_distribution(
         beta: MES only: the entropy is taken relative to the base measure r^-beta (0: uniform over ranks, the
             default; 1: uniform in log r), which is how the fit spreads mass the data do not place. Measured in
             docs/estimators.md: beta > 0 is worse on both data sets.
+        df, penalty: ``gmod`` only: B-spline coefficients of log P(R) on the log-rank scale (default ``G_DF``
+            = 10, at least 4) and the weight of their squared second differences (default ``G_PENALTY`` = 1).
 
     Raises:
         ValueError: empty histogram, unknown method or law, m > n - 1 without replacement, or an invalid option
@@ -1110,7 +1258,8 @@ def estimate_rank_distribution(
             ``seed`` integers >= 0; ``lam`` finite >= 0 and for ``mes`` only; ``trace`` a bool), named in the message.
     """
     opts = check_fit_options(method, sampling, tol=tol, max_iter=max_iter, lam=lam, max_groups=max_groups,
-                             delta=delta, kappa=kappa, beta=beta, n_bootstrap=n_bootstrap, seed=seed, trace=trace)
+                             delta=delta, kappa=kappa, beta=beta, n_bootstrap=n_bootstrap, seed=seed, trace=trace,
+                             df=df, penalty=penalty)
     sampling, tol, max_iter, lam, max_groups = (opts[k] for k in ("sampling", "tol", "max_iter", "lam", "max_groups"))
     delta, kappa, beta, n_bootstrap, seed, trace = (opts[k] for k in ("delta", "kappa", "beta", "n_bootstrap", "seed",
                                                                       "trace"))
@@ -1168,6 +1317,8 @@ def estimate_rank_distributions(
     kappa: float = 0.25,
     max_rel_n_spread: float | None = None,
     beta: float = 0.0,
+    df: int | None = None,
+    penalty: float | None = None,
 ) -> list[RankDistribution]:
     """:func:`estimate_rank_distribution` (no bootstrap) for many histograms of the same users at once,
     e.g. the repeats of a sampling experiment.
@@ -1179,7 +1330,7 @@ def estimate_rank_distributions(
     ``stderr="posterior"``.
     """
     opts = check_fit_options(method, sampling, tol=tol, max_iter=max_iter, lam=lam, max_groups=max_groups,
-                             delta=delta, kappa=kappa, beta=beta)
+                             delta=delta, kappa=kappa, beta=beta, df=df, penalty=penalty)
     sampling, tol, max_iter, lam, max_groups = (opts[k] for k in ("sampling", "tol", "max_iter", "lam", "max_groups"))
     delta, kappa, beta = opts["delta"], opts["kappa"], opts["beta"]
     hists = [as_histogram(h) for h in histograms]
@@ -1191,7 +1342,8 @@ def estimate_rank_distributions(
     pooled = [pool_groups(h, max_groups, spread) for h in hists]
     keys = {(tuple(p.n_items.tolist()), tuple(p.n_samples.tolist())) for p, _ in pooled}
     kw = dict(method=method, sampling=sampling, n_bootstrap=0, tol=tol, max_iter=max_iter, lam=lam,
-              max_groups=max_groups, delta=delta, kappa=kappa, max_rel_n_spread=spread, beta=beta)
+              max_groups=max_groups, delta=delta, kappa=kappa, max_rel_n_spread=spread, beta=beta, df=df,
+              penalty=penalty)
     if len(keys) != 1:  # different group structures: no shared likelihood
         return [estimate_rank_distribution(h, **kw) for h in hists]
     law = check_law(sampling)
@@ -1250,4 +1402,5 @@ def fitted_distribution(hist: RankHistogram, method: str, sampling: str, options
 def estimate_by_fit(spec, hist: RankHistogram, *, method: str, sampling: str, options: dict) -> DistributionEstimate:
     """The registry's compute function of the rank-distribution family: the fitted distribution's (cached)
     expectation of the metric, with its bootstrap (or posterior) standard error."""
-    return fitted_distribution(hist, method, sampling, options).metric(spec)
+    target = _entry(method).fitter_object().target
+    return fitted_distribution(hist, method, sampling, options).metric(spec, target=target)

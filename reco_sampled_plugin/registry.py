@@ -283,7 +283,7 @@ def recbole_choices(key: str) -> tuple[str, ...]:
 
 # ------------------------------------------------------------------------------------------------ the table
 _FIT_OPTIONS = (
-    Option("n_bootstrap", "count0", None, "bootstrap replicates of the fit (default 32 for mle, 16 for mes; 0: none)"),
+    Option("n_bootstrap", "count0", None, "bootstrap replicates of the fit (default 32 for mle, 16 for mes and gmod; 0: none)"),
     Option("seed", "seed", 0, "seed of the bootstrap"),
     Option("tol", "positive_float", 1e-7, "stopping tolerance (log-likelihood gain per positive; L-BFGS-B ftol)"),
     Option("max_iter", "count", 5000, "iteration cap (flag not_converged when reached)"),
@@ -318,6 +318,13 @@ _BUILTIN = (
                   Option("beta", "base_measure", 0.0, "base measure r^-beta of the entropy (0: uniform)"),
               ), adaptive=True, fits_distribution=True, fitter=".rank_distribution:MES_FITTER",
               reference="Jin et al. AAAI 2021 (MES)"),
+    Estimator("gmod", "rank_distribution", "g-modelling: log P(R) a penalised B-spline in log R",
+              ".rank_distribution:estimate_by_fit",
+              options=_FIT_OPTIONS + (
+                  Option("df", "count", 10, "B-spline coefficients of log P(R) on the log-rank scale (>= 4)"),
+                  Option("penalty", "nonnegative_float", 1.0, "weight of the coefficients' squared second differences"),
+              ), adaptive=True, fits_distribution=True, fitter=".rank_distribution:G_FITTER",
+              reference="Efron, Biometrika 2016 (g-modelling)"),
     Estimator("none", "none", "the uncorrected sampled metric", ".corrections:estimate_by_table", adaptive=True,
               popularity=True, reference="Krichene & Rendle KDD 2020, eq. 4"),
     Estimator("rank_estimate", "correction", "Krichene & Rendle's rank estimate 1 + (n - 1)(r~ - 1)/m",

@@ -97,7 +97,7 @@ def test_contract(name, uniform_ranks):
 def test_lists_are_views_of_the_registry():
     assert rsp.ESTIMATORS == estimators.ESTIMATORS == registry.names()
     assert estimators.METHOD_OPTIONS == registry.method_options()
-    assert rsp.adaptive.ADAPTIVE_METHODS == registry.names(adaptive=True) == ("mle", "mes", "none")
+    assert rsp.adaptive.ADAPTIVE_METHODS == registry.names(adaptive=True) == ("mle", "mes", "gmod", "none")
     import importlib
 
     from reco_sampled_plugin import rank_distribution

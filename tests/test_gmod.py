@@ -1,0 +1,113 @@
+"""gmod (issue 30): g-modelling of log P(R) on the log-rank scale, and the users' metric (posterior means)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import reco_sampled_plugin as rsp
+from reco_sampled_plugin import rank_distribution as rd
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
+from reco_sampled_plugin.simulate import simulate_sampled_ranks
+
+
+def _smooth_ranks(n_pos: int, n: int, seed: int, power: float = 0.8) -> torch.Tensor:
+    """Exact ranks from P(R) proportional to R^-power on 1..n (smooth on the log-rank scale)."""
+    r = np.arange(1, n + 1, dtype=np.float64)
+    p = r**-power
+    rng = np.random.default_rng(seed)
+    return torch.from_numpy(rng.choice(np.arange(1, n + 1), size=n_pos, p=p / p.sum()))
+
+
+def _population(metric: str, n: int, power: float = 0.8) -> float:
+    r = torch.arange(1, n + 1)
+    p = r.double() ** -power
+    return float((rsp.metric_values(metric, r, n).double() * p / p.sum()).sum())
+
+
+@pytest.mark.parametrize("metric", ["hit@10", "ndcg@10"])
+def test_adaptive_recovers_users_and_population_values(metric):
+    """Known truth: 3,000 positives from a smooth P(R), adaptive 50 -> 3,200 (resolved top). The users' value is
+    within 4 standard errors of the exact metric of these users, and the population value within 10% of the
+    population metric; both nearer than the fixed-m sampled metric."""
+    n = 2000
+    exact = _smooth_ranks(3000, n, seed=1)
+    sampled = adaptive_sampled_ranks_from_exact(exact, n, 50, 3200, generator=torch.Generator().manual_seed(2))
+    est = rsp.estimate(metric, sampled, method="gmod", n_bootstrap=8)
+    truth = float(rsp.metric_values(metric, exact, n).double().mean())
+    assert est.details["target"] == "users"
+    assert abs(est.value - truth) < 4 * est.stderr, (est.value, truth, est.stderr)
+    assert abs(est.value / truth - 1) < 0.05
+    assert est.details["population_value"] == pytest.approx(_population(metric, n), rel=0.10)
+    lo, hi = est.interval(0.95)
+    assert lo <= est.value <= hi and hi - lo < 0.2 * truth
+
+
+def test_users_value_is_exact_when_the_draw_ranks_everything():
+    """Hypergeometric draws of all n - 1 other items give r~ = R: each posterior is a point mass on the positive's
+    cell, so the users' HR@10 (cells of one rank up to 1/delta = 20) equals the exact value of these users."""
+    n = 300
+    exact = _smooth_ranks(400, n, seed=3)
+    draws = simulate_sampled_ranks(exact, n, n - 1, "hypergeometric", torch.Generator().manual_seed(0))
+    assert torch.equal(draws, exact)
+    dist = rsp.estimate_rank_distribution(draws, n, n - 1, method="gmod", sampling="hypergeometric", n_bootstrap=0)
+    got = dist.metric("hit@10", target="users")
+    truth = float(rsp.metric_values("hit@10", exact, n).double().mean())
+    assert got.value == pytest.approx(truth, abs=1e-9)
+    assert got.stderr == pytest.approx(0.0, abs=1e-9)  # nothing left open about these users
+    assert got.details["population_value"] != pytest.approx(truth, abs=1e-9)  # the smooth fit is not the sample
+
+
+def test_users_target_of_any_fit_and_bad_target():
+    exact = _smooth_ranks(500, 500, seed=4)
+    draws = simulate_sampled_ranks(exact, 500, 50, "binomial", torch.Generator().manual_seed(1))
+    dist = rsp.estimate_rank_distribution(draws, 500, 50, method="mes", n_bootstrap=4)
+    pop = dist.metric("ndcg@10")
+    users = dist.metric("ndcg@10", target="users")
+    assert pop.value == users.details["population_value"]
+    assert "target" not in pop.details and users.value != pop.value
+    with pytest.raises(ValueError, match="^target"):
+        dist.metric("ndcg@10", target="everyone")
+
+
+def test_batched_fits_equal_single_fits():
+    exact = _smooth_ranks(600, 800, seed=5)
+    hists = [rsp.sampled_rank_histogram(simulate_sampled_ranks(exact, 800, 100, "binomial",
+                                                               torch.Generator().manual_seed(s)), 800, 100)
+             for s in range(3)]
+    batch = rd.estimate_rank_distributions(hists, method="gmod")
+    for h, b in zip(hists, batch):
+        single = rd.estimate_rank_distribution(h, method="gmod", n_bootstrap=0)
+        np.testing.assert_allclose(b.probs, single.probs, rtol=1e-10, atol=1e-14)
+
+
+def test_options_validated_and_only_for_gmod():
+    exact = _smooth_ranks(200, 400, seed=6)
+    draws = simulate_sampled_ranks(exact, 400, 20, "binomial", torch.Generator().manual_seed(0))
+    a = rsp.estimate("hit@10", draws, 400, 20, method="gmod", df=6, penalty=0.0, n_bootstrap=0)
+    b = rsp.estimate("hit@10", draws, 400, 20, method="gmod", df=14, penalty=10.0, n_bootstrap=0)
+    assert a.value != b.value and math.isfinite(a.value) and math.isfinite(b.value)
+    for bad, match in ((dict(df=3), "^df"), (dict(df=2.5), "^df"), (dict(penalty=-1.0), "^penalty"),
+                       (dict(penalty=math.nan), "^penalty"), (dict(df="10"), "^df")):
+        with pytest.raises(ValueError, match=match):
+            rsp.estimate("hit@10", draws, 400, 20, method="gmod", **bad)
+    with pytest.raises(ValueError, match="df"):
+        rsp.estimate("hit@10", draws, 400, 20, method="mes", df=10)
+    with pytest.raises(ValueError, match="penalty"):
+        rd.estimate_rank_distribution(draws, 400, 20, method="mle", penalty=1.0)
+
+
+def test_penalty_zero_approaches_the_unsmoothed_fit_and_large_penalty_a_power_law():
+    """The penalty acts on second differences only: a huge penalty leaves log P(R) linear in log R (a power law,
+    which the B-spline basis represents exactly), fitted to the data's slope."""
+    n = 1000
+    exact = _smooth_ranks(3000, n, seed=7, power=1.1)
+    draws = simulate_sampled_ranks(exact, n, 200, "binomial", torch.Generator().manual_seed(0))
+    dist = rsp.estimate_rank_distribution(draws, n, 200, method="gmod", penalty=1e6, n_bootstrap=0)
+    mid = (dist.edges[:-1] + dist.edges[1:] + 1) / 2.0
+    dens = dist.probs / np.diff(dist.edges)
+    slope = np.polyfit(np.log(mid), np.log(dens), 1)[0]
+    assert slope == pytest.approx(-1.1, abs=0.15)
