@@ -592,6 +592,19 @@ def _reference_measure(edges: np.ndarray, beta: float) -> np.ndarray:
     return np.maximum(partial(hi) - partial(lo), 1e-300)
 
 
+def _truncated_loglik(model: _Model, pi: np.ndarray, counts: np.ndarray, totals_g: np.ndarray, has: np.ndarray,
+                      inside: np.ndarray) -> tuple[float, np.ndarray]:
+    """The observed-data log-likelihood of cell probabilities ``pi`` (C,) (each group's P truncated to its n) and
+    its gradient in pi (C,). Floors: far out in a line search the softmax can underflow to exact zeros on every
+    cell that explains an observed column (log 0, 0 / 0): the value then stays finite and steep instead of NaN."""
+    prob = model.mix(pi)
+    zg = np.maximum(inside @ pi, _PROB_FLOOR)
+    safe = np.where(has, np.maximum(prob, _PROB_FLOOR), 1.0)
+    ll = float(np.sum(np.where(has, counts * np.log(safe), 0.0)) - np.dot(totals_g, np.log(zg)))
+    dll = model.back(np.where(has, counts / safe, 0.0)) - (totals_g / zg) @ inside
+    return ll, dll
+
+
 def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol: float, max_iter: int, trace=False,
              beta: float = 0.0):
     """Maximise loglik/M + lam * H(P) over softmax logits with L-BFGS-B; returns pi, result, objective trace.
@@ -613,16 +626,10 @@ def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol
 
     def objective(theta):
         pi = unpack(theta)
-        prob = model.mix(pi)
-        # floors: far out in a line search the softmax can underflow to exact zeros on every cell that explains
-        # an observed column (log 0, 0 / 0): the objective then stays finite and steep instead of NaN
-        zg = np.maximum(inside @ pi, _PROB_FLOOR)
-        safe = np.where(has, np.maximum(prob, _PROB_FLOOR), 1.0)
-        ll = float(np.sum(np.where(has, counts * np.log(safe), 0.0)) - np.dot(totals_g, np.log(zg)))
+        ll, dll = _truncated_loglik(model, pi, counts, totals_g, has, inside)
         per_rank = np.maximum(pi / widths, 1e-300)
         ent = -float(np.dot(pi, np.log(per_rank)))
         f = -ll / total - lam * ent
-        dll = model.back(np.where(has, counts / safe, 0.0)) - (totals_g / zg) @ inside
         grad_pi = -dll / total + lam * (np.log(per_rank) + 1.0)
         grad = pi * (grad_pi - np.dot(pi, grad_pi))
         # divided by max(lam, 1): the same minimiser, unchanged for the default lam (10 / M < 1), and for a huge
@@ -877,11 +884,7 @@ def _g_objective(model: _Model, counts: np.ndarray, basis: np.ndarray, penalty: 
 
     def objective(alpha):
         pi = pi_of(alpha)
-        prob = model.mix(pi)
-        zg = np.maximum(inside @ pi, _PROB_FLOOR)
-        safe = np.where(has, np.maximum(prob, _PROB_FLOOR), 1.0)
-        ll = float(np.sum(np.where(has, counts * np.log(safe), 0.0)) - np.dot(totals_g, np.log(zg)))
-        dll = model.back(np.where(has, counts / safe, 0.0)) - (totals_g / zg) @ inside
+        ll, dll = _truncated_loglik(model, pi, counts, totals_g, has, inside)
         grad_pi = -dll / total
         grad_z = pi * (grad_pi - np.dot(pi, grad_pi))
         f = -ll / total + float(alpha @ pen @ alpha) / total

@@ -20,6 +20,7 @@ import recbole  # noqa: E402
 from recbole.config import Config  # noqa: E402
 from recbole.data import create_dataset, data_preparation  # noqa: E402
 from recbole.trainer import Trainer  # noqa: E402
+from _recbole_helpers import evaluate_with_struct  # noqa: E402
 from recbole.utils import get_model, init_seed  # noqa: E402
 
 DATA_PATH = os.path.join(os.path.dirname(recbole.__file__), "dataset_example")
@@ -48,21 +49,7 @@ def _prepare(model: str, extra: dict):
     return config, train, valid, test
 
 
-def _evaluate(trainer, data):
-    """trainer.evaluate, also returning the DataStruct the evaluator saw."""
-    seen = {}
-    original = trainer.evaluator.evaluate
-
-    def capture(struct):
-        seen["struct"] = struct
-        return original(struct)
-
-    trainer.evaluator.evaluate = capture
-    try:
-        result = trainer.evaluate(data, load_best_model=False)
-    finally:
-        trainer.evaluator.evaluate = original
-    return result, seen["struct"]
+_evaluate = evaluate_with_struct  # trainer.evaluate and the DataStruct the evaluator saw
 
 
 FULL_METRICS = ["Recall", "NDCG", "MRR", "GAUC", "ExactRecall", "ExactNDCG", "ExactMRR", "CorrectedRecall"]

@@ -32,6 +32,7 @@ from reco_sampled_plugin import estimate  # noqa: E402
 from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
 from reco_sampled_plugin.ranking import prepare_index  # noqa: E402
 from reco_sampled_plugin.scorer_ranks import ScorerCalls, adaptive_stages  # noqa: E402
+from _recbole_helpers import evaluate_with_struct  # noqa: E402
 
 DATA_PATH = os.path.join(os.path.dirname(recbole.__file__), "dataset_example")
 N, CAP = 20, 160
@@ -62,21 +63,9 @@ def _config(model: str, **extra) -> Config:
 
 
 def _evaluate(trainer, data):
-    """trainer.evaluate on RecBole's reseeded sampler (same first stage every time), with the DataStruct."""
-    seen = {}
-    original = trainer.evaluator.evaluate
-
-    def capture(struct):
-        seen["struct"] = struct
-        return original(struct)
-
-    trainer.evaluator.evaluate = capture
-    init_seed(trainer.config["seed"], True)
-    try:
-        result = trainer.evaluate(data, load_best_model=False)
-    finally:
-        trainer.evaluator.evaluate = original
-    return result, rb.positive_table(seen["struct"])
+    """trainer.evaluate on RecBole's reseeded sampler (same first stage every time), with the positive table."""
+    result, struct = evaluate_with_struct(trainer, data, reseed=True)
+    return result, rb.positive_table(struct)
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
