@@ -362,7 +362,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--item-noise", type=float, default=0.2)
     ap.add_argument("--user-noise", type=float, default=0.2)
     ap.add_argument("--pilot-users", type=int, default=1000)
-    ap.add_argument("--max-pairs", type=int, default=DEFAULT_MAX_PAIRS)
+    ap.add_argument("--max-pairs", type=int, default=DEFAULT_MAX_PAIRS, help="pairs per scorer call, every design")
+    ap.add_argument("--block-users", type=int, default=64, help="users per exact-ranking block of the full run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="write the figures here")
     ap.add_argument("--profile-loop", action="store_true", help="cProfile one m = 100 loop run")
@@ -386,7 +387,7 @@ def main(argv=None) -> dict:
     corr = float(torch.corrcoef(torch.stack([s_mlp.reshape(-1), s_dot.reshape(-1)]))[0, 1])
     print(f"world: {world.n_users:,} users x {world.n_items:,} items, d = {args.dim}, MLP hidden {args.hidden}; "
           f"corr(MLP, u.v) on random pairs {corr:.4f}; setup {time.perf_counter() - t:.1f} s", flush=True)
-    full = full_ranking(scorer, world, max_pairs=args.max_pairs)
+    full = full_ranking(scorer, world, max_pairs=args.max_pairs, block_users=args.block_users)
     fc = full["cost"]
     spp = fc.scorer_seconds / fc.pairs
     print(f"full ranking: {full['wall']:.1f} s, {fc.pairs:,} pairs ({spp * 1e6:.2f} us per pair in the scorer), "
