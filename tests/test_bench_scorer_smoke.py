@@ -141,3 +141,10 @@ def test_make_world_replicates_users_and_items():
     assert bool(torch.isfinite(w.item_emb).all()) and float(w.item_emb[:n_i].abs().sum()) > 0
     with pytest.raises(ValueError, match="n_items"):
         bench.make_world(25, 30, split=split)
+
+
+def test_blocked_loop_scores_the_same_pairs(world, scorer):
+    counter = Counting(scorer)
+    got = bench.blocked_loop(counter, world, 20, seed=0, blocks=4, max_pairs=256)
+    assert got["pairs"] == counter.pairs == world.n_users * 21
+    assert got["wall"] >= got["scorer_seconds"] > 0 and got["loop_seconds"] >= 0
