@@ -22,7 +22,7 @@ from real data:
 Compared in one run, on the same scorer, users and machine:
 
 * full ranking: every (user, item) pair scored through the same scorer call wrapper the loop uses
-  (``scorer_ranks._Calls``, at most ``--max-pairs`` pairs per call, one user block at a time), then
+  (``scorer_ranks.ScorerCalls``, at most ``--max-pairs`` pairs per call, one user block at a time), then
   ``exact_ranks`` with the training items excluded: the exact NDCG@10 and HR@10 every estimate is compared with;
 * ``sampled_ranks_from_scorer`` with fixed m = 100, adaptive 100 -> 3200, and the planner's pick for a 10%
   relative RMSE on NDCG@10 (``planner.plan`` on a pilot: fixed m = 100 on ``--pilot-users`` users; pilot and plan
@@ -56,7 +56,7 @@ import torch
 from reco_sampled_plugin import estimate, metric_values, registry
 from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.ranking import exact_ranks
-from reco_sampled_plugin.scorer_ranks import DEFAULT_MAX_PAIRS, ScoringCost, _Calls, sampled_ranks_from_scorer
+from reco_sampled_plugin.scorer_ranks import DEFAULT_MAX_PAIRS, ScorerCalls, ScoringCost, sampled_ranks_from_scorer
 
 METRICS = ("ndcg@10", "hit@10")
 TARGET_METRIC, TARGET = "ndcg@10", 0.10
@@ -216,7 +216,7 @@ def full_ranking(scorer, world: World, *, max_pairs: int = DEFAULT_MAX_PAIRS, bl
     scored, U x N; cost.full_pairs: those ranked, U x N minus the training items).
     """
     device = world.positives.device
-    calls = _Calls(scorer, max_pairs, True, device)
+    calls = ScorerCalls(scorer, max_pairs, True, device)
     all_items = torch.arange(world.n_items, device=device)
     ranks = torch.empty(world.n_users, dtype=torch.int64, device=device)
     _sync(device)
@@ -280,9 +280,8 @@ def planner_pick(scorer, world: World, *, pilot_users: int, seed: int, max_pairs
     pilot = sampled_run(scorer, world, 100, seed=seed + 10_000, methods=(), max_pairs=max_pairs, users=pick)
     s = pilot["sampled"]
     kw = {}
-    if "seconds_per_pair" in inspect.signature(planner.plan).parameters:  # where the planner prices pairs
-        c = pilot["cost"]
-        kw["seconds_per_pair"] = (c.scorer_seconds + c.loop_seconds) / max(c.pairs, 1)
+    if "seconds_per_pair" in inspect.signature(planner.plan).parameters:  # the planner prices pairs
+        kw["seconds_per_pair"] = pilot["cost"].scorer_seconds / max(pilot["cost"].pairs, 1)
     n_u = world.n_candidates.cpu().numpy()
     grid = planner.default_designs(int(n_u.min())) + [(100, int(c)) for c in extra_caps]
     p = planner.plan(n_u, world.n_users, TARGET_METRIC, TARGET, designs=grid,
