@@ -2,7 +2,7 @@
 
 The model: an MLP over concatenated user and item embeddings, ``[u, v, u * v] -> hidden -> hidden -> 1`` (three
 float32 ``Linear`` layers with ReLU between them), a ``torch.nn.Module`` called as ``scorer(users, items)``: every
-(user, item) pair is a forward pass (about 1.5 us per pair on one CPU thread at the defaults). Its ranks are learned
+(user, item) pair is a forward pass (1.5-2.3 us per pair on one CPU thread at the defaults). Its ranks are learned
 from real data:
 
 1. implicit ALS (``baselines.ImplicitALS``, d = ``--dim``, fixed seed) on ml-latest-small's leave-last-out split
@@ -26,7 +26,8 @@ Compared in one run, on the same scorer, users and machine:
   ``exact_ranks`` with the training items excluded: the exact NDCG@10 and HR@10 every estimate is compared with;
 * ``sampled_ranks_from_scorer`` with fixed m = 100, adaptive 100 -> 3200, and the planner's pick for a 10%
   relative RMSE on NDCG@10 (``planner.plan`` on a pilot: fixed m = 100 on ``--pilot-users`` users; pilot and plan
-  time are charged to the pick), each estimated with ``registry.DEFAULT_ESTIMATOR`` (``n_bootstrap=0``: the value
+  time are charged to the pick; where no design meets the target, its closest forecast is measured instead), the
+  default grid plus adaptive 100 -> ``--plan-caps``; each estimated with ``registry.DEFAULT_ESTIMATOR`` (``n_bootstrap=0``: the value
   alone) and ``none``, over ``--repeats`` draws (seeds ``--seed + r``).
 
 Reported per design: wall time (the loop, and the estimates), pairs scored (``ScoringCost.pairs``), time inside the
@@ -45,7 +46,7 @@ import argparse
 import cProfile
 import io
 import json
-import math
+import os
 import pstats
 import time
 from dataclasses import dataclass
@@ -418,8 +419,6 @@ def main(argv=None) -> dict:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     t_all = time.perf_counter()
-    import os
-
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), device {device}"
           + (f" ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "")
           + f", load average {os.getloadavg()[0]:.2f}", flush=True)
