@@ -267,10 +267,11 @@ def sampled_run(scorer, world: World, design, *, seed: int, methods=(registry.DE
 
 
 def planner_pick(scorer, world: World, *, pilot_users: int, seed: int, max_pairs: int = DEFAULT_MAX_PAIRS,
-                 plan_repeats: int = 20, extra_caps=()):
-    """Pilot (fixed m = 100 on ``pilot_users`` random users), then ``planner.plan`` for a 10% relative RMSE on
-    NDCG@10 over all users, on the planner's default grid plus adaptive 100 -> each of ``extra_caps``. Returns
-    (design or None for full ranking, the plan, pilot + plan seconds, pilot cost)."""
+                 plan_repeats: int = 20, extra_caps=(), pilot_cap: int = 0):
+    """Pilot on ``pilot_users`` random users (fixed m = 100, or adaptive 100 -> ``pilot_cap``: a pilot that
+    resolves the top, so the planner's prior is not guessed inside the first sampled bin), then ``planner.plan``
+    for a 10% relative RMSE on NDCG@10 over all users, on the planner's default grid plus adaptive 100 -> each of
+    ``extra_caps``. Returns (design or None for full ranking, the plan, pilot + plan seconds, pilot cost)."""
     import inspect
 
     from reco_sampled_plugin import planner
@@ -278,16 +279,21 @@ def planner_pick(scorer, world: World, *, pilot_users: int, seed: int, max_pairs
     pick = torch.randperm(world.n_users, generator=torch.Generator().manual_seed(seed + 99))[:pilot_users]
     pick = pick.to(world.positives.device)
     t0 = time.perf_counter()
-    pilot = sampled_run(scorer, world, 100, seed=seed + 10_000, methods=(), max_pairs=max_pairs, users=pick)
+    pilot_design = SamplingDesign(100, adaptive_max=pilot_cap) if pilot_cap else 100
+    pilot = sampled_run(scorer, world, pilot_design, seed=seed + 10_000, methods=(), max_pairs=max_pairs, users=pick)
     s = pilot["sampled"]
     kw = {}
     if "seconds_per_pair" in inspect.signature(planner.plan).parameters:  # the planner prices pairs
         kw["seconds_per_pair"] = pilot["cost"].scorer_seconds / max(pilot["cost"].pairs, 1)
     n_u = world.n_candidates.cpu().numpy()
     grid = planner.default_designs(int(n_u.min())) + [(100, int(c)) for c in extra_caps]
-    p = planner.plan(n_u, world.n_users, TARGET_METRIC, TARGET, designs=grid,
-                     pilot=s.ranks.reshape(-1).cpu(), pilot_n_items=s.candidates().reshape(-1).cpu(),
-                     pilot_n_samples=100, repeats=plan_repeats, seed=seed, **kw)
+    if pilot_cap:  # the draw carries its sizes and design (and the scorer's seconds per pair)
+        p = planner.plan(n_u, world.n_users, TARGET_METRIC, TARGET, designs=grid, pilot=s, repeats=plan_repeats,
+                         seed=seed, **kw)
+    else:
+        p = planner.plan(n_u, world.n_users, TARGET_METRIC, TARGET, designs=grid,
+                         pilot=s.ranks.reshape(-1).cpu(), pilot_n_items=s.candidates().reshape(-1).cpu(),
+                         pilot_n_samples=100, repeats=plan_repeats, seed=seed, **kw)
     seconds = time.perf_counter() - t0
     design = None if p.recommended is None else p.recommended.design
     return design, p, seconds, pilot["cost"]
@@ -404,6 +410,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--item-noise", type=float, default=0.2)
     ap.add_argument("--user-noise", type=float, default=0.2)
     ap.add_argument("--pilot-users", type=int, default=1000)
+    ap.add_argument("--pilot-cap", type=int, default=0,
+                    help="adaptive pilot 100 -> this cap (0: the fixed m = 100 pilot); e.g. 3200 resolves the top")
     ap.add_argument("--plan-caps", default="25600,51200",
                     help="adaptive caps (from m = 100) added to the planner's default grid (comma-separated; '' none)")
     ap.add_argument("--max-pairs", type=int, default=DEFAULT_MAX_PAIRS, help="pairs per scorer call, every design")
@@ -449,9 +457,11 @@ def main(argv=None) -> dict:
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     pick, the_plan, plan_seconds, pilot_cost = planner_pick(scorer, world, pilot_users=args.pilot_users,
                                                            seed=args.seed, max_pairs=args.max_pairs,
-                                                           extra_caps=[int(c) for c in args.plan_caps.split(",") if c])
+                                                           extra_caps=[int(c) for c in args.plan_caps.split(",") if c],
+                                                           pilot_cap=args.pilot_cap)
     print(the_plan.format(), flush=True)
-    print(f"pilot ({args.pilot_users} users, m = 100, {pilot_cost.pairs:,} pairs) and plan: {plan_seconds:.1f} s; "
+    pilot_label = f"adaptive 100 -> {args.pilot_cap}" if args.pilot_cap else "m = 100"
+    print(f"pilot ({args.pilot_users} users, {pilot_label}, {pilot_cost.pairs:,} pairs) and plan: {plan_seconds:.1f} s; "
           f"pick: {label(pick)}", flush=True)
     designs = [("m = 100", 100, 0.0), ("adaptive 100 -> 3200", SamplingDesign(100, adaptive_max=3200), 0.0)]
     if pick is not None:
