@@ -62,10 +62,11 @@ def exact_rank_data(dataset: str, seed: int = 0):
     return baselines.held_out_ranks(baselines.train_benchmark(split.train, seed=seed), split)
 
 
-def oracle_values(r: np.ndarray, n_u: np.ndarray, draws: torch.Tensor, m: int, metrics) -> np.ndarray:
+def oracle_values(r: np.ndarray, n_u: np.ndarray, draws: torch.Tensor, m, metrics) -> np.ndarray:
     """Posterior mean of M under the empirical exact-rank distribution (prior: the users' exact ranks; the
     likelihood of user u's r~ at support point v is the binomial pmf with p = (r_v - 1)/(n_u - 1), zero where
-    r_v > n_u): (repeats, len(metrics))."""
+    r_v > n_u): (repeats, len(metrics)). ``m``: an int, or (repeats, N) per-positive final sizes of adaptive draws
+    (the stopping factor of adaptive sampling is free of R, so the same binomial likelihood at the final m)."""
     mv = torch.stack([metric_values(mt, torch.from_numpy(r), torch.from_numpy(n_u)) for mt in metrics], 1)  # (N, S)
     rt = torch.from_numpy(r).to(torch.float64).unsqueeze(0)  # (1, N) support
     nt = torch.from_numpy(n_u).to(torch.float64).unsqueeze(1)  # (N, 1) users
@@ -75,9 +76,10 @@ def oracle_values(r: np.ndarray, n_u: np.ndarray, draws: torch.Tensor, m: int, m
     out = np.empty((draws.shape[0], len(metrics)))
     for b in range(draws.shape[0]):
         j = (draws[b].to(torch.float64) - 1.0).unsqueeze(1)  # (N, 1) successes
-        logc = torch.lgamma(torch.tensor(m + 1.0)) - torch.lgamma(j + 1.0) - torch.lgamma(m - j + 1.0)
+        mb = torch.as_tensor(m[b] if isinstance(m, torch.Tensor) else m, dtype=torch.float64).reshape(-1, 1)
+        logc = torch.lgamma(mb + 1.0) - torch.lgamma(j + 1.0) - torch.lgamma(mb - j + 1.0)
         a = torch.where(j > 0, j * logp, torch.zeros_like(p))  # 0 log 0 = 0
-        c = torch.where(m - j > 0, (m - j) * log1p, torch.zeros_like(p))
+        c = torch.where(mb - j > 0, (mb - j) * log1p, torch.zeros_like(p))
         logw = torch.where(valid, logc + a + c, torch.tensor(-torch.inf, dtype=torch.float64))
         w = torch.softmax(torch.nan_to_num(logw, nan=-torch.inf), dim=1)
         out[b] = (w @ mv).mean(0).numpy()

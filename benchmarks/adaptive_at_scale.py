@@ -3,14 +3,17 @@
 Exact ranks of the held-out item for the five recommenders of ``baselines.train_benchmark`` on ml-100k and
 ml-latest-small (as ``accuracy_at_scale.py``). For each design, recommender and repeat, sampled ranks are drawn
 from the exact ranks (with replacement; adaptive: m doubling for positives ranked first, up to the cap,
-``adaptive_sampled_ranks_from_exact``) and ``estimate(..., method="mes")`` estimates HR@10 and NDCG@10
-(``adaptive=`` for the adaptive designs; the bootstrap standard error of ``estimate()``'s default).
+``adaptive_sampled_ranks_from_exact``) and ``estimate(..., method=...)`` for each of ``--methods`` (default
+``mes``; ``gmod`` for issue 30) estimates HR@10 and NDCG@10 (``adaptive=`` for the adaptive designs; the bootstrap
+standard error of ``estimate()``'s default). The **oracle** row (issue 30) is the posterior mean under the
+recommender's own exact ranks as prior (``accuracy_at_scale.oracle_values``, at each positive's final m): what no
+estimator can expect to beat.
 
 Reported per (data set, design, recommender, metric): relative bias and sd over repeats, relative RMSE, coverage
 and median width of the 95% ``Estimate.interval`` (honest about the unresolved top), and the cost: mean sampled
 items per positive and the share of positives at the cap.
 
-Run:  python benchmarks/adaptive_at_scale.py [--repeats 20] [--datasets ml-100k ml-latest-small]
+Run:  python benchmarks/adaptive_at_scale.py [--repeats 20] [--datasets ml-100k ml-latest-small] [--methods mes gmod]
 """
 
 from __future__ import annotations
@@ -48,13 +51,16 @@ def label(m: int, cap: int | None) -> str:
     return f"m={m}" if cap is None else f"m={m}->{cap}"
 
 
-def run(dataset: str, repeats: int, seed: int, log=print, progress: bool | None = None) -> list[dict]:
+def run(dataset: str, repeats: int, seed: int, log=print, progress: bool | None = None,
+        methods=("mes",)) -> list[dict]:
+    from accuracy_at_scale import oracle_values
+
     t0 = time.perf_counter()
     ranks, n_u = exact_rank_data(dataset, seed)
     log(f"{dataset}: {len(n_u)} users, n {n_u.min()}..{n_u.max()}, trained and ranked in {time.perf_counter() - t0:.0f} s")
     n_t = torch.from_numpy(n_u)
     rows = []
-    bar = progress_bar(total=len(DESIGNS) * len(ranks) * repeats, desc=f"{dataset}: mes fits", enabled=progress,
+    bar = progress_bar(total=len(DESIGNS) * len(ranks) * repeats, desc=f"{dataset}: fits", enabled=progress,
                        unit="fit")
     for d, (m, cap) in enumerate(DESIGNS):
         for i, (name, r) in enumerate(ranks.items()):
@@ -68,28 +74,34 @@ def run(dataset: str, repeats: int, seed: int, log=print, progress: bool | None 
             else:
                 gen = torch.Generator().manual_seed(seed + 1000 * d + i)
                 s, z = adaptive_sampled_ranks_from_exact(runs, n_t, m, cap, gen)
-            est = {mt: [] for mt in METRICS}
+            est = {(meth, mt): [] for meth in methods for mt in METRICS}
             for b in range(repeats):
                 extra = {} if cap is None else {"adaptive": (m, cap)}
-                for mt in METRICS:
-                    e = estimate(mt, s[b], n_t, z[b], method="mes", **extra)
-                    lo, hi = e.interval(0.95)
-                    est[mt].append((e.value, lo, hi))
+                for meth in methods:
+                    for mt in METRICS:
+                        e = estimate(mt, s[b], n_t, z[b], method=meth, **extra)
+                        lo, hi = e.interval(0.95)
+                        est[(meth, mt)].append((e.value, lo, hi))
                 bar.update()
-            for mt in METRICS:
-                a = np.asarray(est[mt])
+            oracle = oracle_values(r, n_u, s, z, METRICS)  # (repeats, metrics)
+            for k, mt in enumerate(METRICS):
+                est[("oracle", mt)] = [(v, np.nan, np.nan) for v in oracle[:, k]]
+            first = len(rows)
+            for (meth, mt), vals in est.items():
+                a = np.asarray(vals, dtype=np.float64)
                 ex = exact[mt]
                 rel = a[:, 0] / ex - 1.0
                 rows.append({
-                    "dataset": dataset, "design": label(m, cap), "recommender": name, "metric": mt, "exact": ex,
-                    "rel_bias": float(rel.mean()), "rel_sd": float(rel.std(ddof=1)),
-                    "rel_rmse": float(np.sqrt(np.mean(rel ** 2))),
-                    "coverage": float(np.mean((a[:, 1] <= ex) & (ex <= a[:, 2]))),
-                    "rel_width": float(np.median(a[:, 2] - a[:, 1]) / ex),
+                    "dataset": dataset, "design": label(m, cap), "estimator": meth, "recommender": name, "metric": mt,
+                    "exact": ex, "rel_bias": float(rel.mean()), "rel_sd": float(rel.std(ddof=1)),
+                    "rel_rmse": float(np.sqrt(np.mean(rel ** 2))), "rel_mae": float(np.mean(np.abs(rel))),
+                    "coverage": float(np.mean((a[:, 1] <= ex) & (ex <= a[:, 2]))) if meth != "oracle" else np.nan,
+                    "rel_width": float(np.median(a[:, 2] - a[:, 1]) / ex) if meth != "oracle" else np.nan,
                     "mean_m": float(z.double().mean()), "share_at_cap": float((z == (cap or m)).double().mean()) if cap else 0.0,
                 })
             log(f"  {label(m, cap):14} {name:20} {time.perf_counter() - t:6.1f} s  "
-                + "  ".join(f"{r_['metric']} rmse {100 * r_['rel_rmse']:.1f}% cov {r_['coverage']:.2f}" for r_ in rows[-2:]))
+                + "  ".join(f"{r_['estimator']} {r_['metric']} mae {100 * r_['rel_mae']:.1f}% cov {r_['coverage']:.2f}"
+                            for r_ in rows[first:]))
     bar.close()
     return rows
 
@@ -98,14 +110,20 @@ def markdown(rows: list[dict], repeats: int) -> str:
     out = [f"Relative RMSE over {repeats} repeats (bias, sd), coverage of the 95% interval, its median width "
            "relative to the exact value, mean m per positive (share at the cap).", ""]
     for ds in dict.fromkeys(r["dataset"] for r in rows):
-        out += [f"### {ds}", "", "| design | metric | worst rel. RMSE | mean rel. RMSE | worst |bias| | min coverage | "
-                "median rel. width | mean m | share at cap |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        out += [f"### {ds}", "", "| design | metric | estimator | worst rel. RMSE | mean rel. RMSE | mean |rel. error| "
+                "(per recommender) | worst |bias| | min coverage | median rel. width | mean m | share at cap |",
+                "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for design in dict.fromkeys(r["design"] for r in rows if r["dataset"] == ds):
-            for mt in METRICS:
-                sel = [r for r in rows if r["dataset"] == ds and r["design"] == design and r["metric"] == mt]
+            for mt, meth in ((mt, meth) for mt in METRICS for meth in dict.fromkeys(r["estimator"] for r in rows)):
+                sel = [r for r in rows if r["dataset"] == ds and r["design"] == design and r["metric"] == mt
+                       and r["estimator"] == meth]
+                if not sel:
+                    continue
+                maes = ", ".join(f"{100 * r['rel_mae']:.1f}" for r in sel)
                 out.append(
-                    f"| {design} | {mt} | {100 * max(r['rel_rmse'] for r in sel):.1f}% | "
-                    f"{100 * np.mean([r['rel_rmse'] for r in sel]):.1f}% | {100 * max(abs(r['rel_bias']) for r in sel):.1f}% | "
+                    f"| {design} | {mt} | {meth} | {100 * max(r['rel_rmse'] for r in sel):.1f}% | "
+                    f"{100 * np.mean([r['rel_rmse'] for r in sel]):.1f}% | {maes} | "
+                    f"{100 * max(abs(r['rel_bias']) for r in sel):.1f}% | "
                     f"{min(r['coverage'] for r in sel):.2f} | {100 * np.median([r['rel_width'] for r in sel]):.0f}% | "
                     f"{np.mean([r['mean_m'] for r in sel]):.0f} | {np.mean([r['share_at_cap'] for r in sel]):.3f} |")
         out.append("")
@@ -117,6 +135,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--datasets", nargs="+", default=["ml-100k", "ml-latest-small"])
+    ap.add_argument("--methods", nargs="+", default=["mes"], help="estimators to run (the oracle row is added)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     ap.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                     help="progress bar on stderr (default: when stderr is a terminal)")
@@ -124,7 +143,7 @@ def main() -> None:
     t0 = time.perf_counter()
     rows = []
     for ds in args.datasets:
-        rows += run(ds, args.repeats, args.seed, progress=args.progress)
+        rows += run(ds, args.repeats, args.seed, progress=args.progress, methods=tuple(args.methods))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     import csv
