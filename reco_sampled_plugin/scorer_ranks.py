@@ -31,7 +31,8 @@ from .design import SamplingDesign, as_design
 from .ranking import (SampledRanks, draw_negatives, check_popularity, check_ties, padded_candidate_counts,
                       prepare_index, rank_among_drawn)
 
-__all__ = ["Scorer", "ScoringCost", "sampled_ranks_from_scorer", "DEFAULT_MAX_PAIRS", "ScorerCalls",
+__all__ = ["Scorer", "ScoringCost", "sampled_ranks_from_scorer", "DEFAULT_MAX_PAIRS", "ScorerCalls", "score_drawn",
+           "full_ranking_pairs", "check_scorer",
            "adaptive_stages"]
 
 #: ``scorer(users (B,), items (B, L)) -> scores (B, L)``: pointwise, on the items' device
@@ -63,16 +64,30 @@ class ScoringCost:
         """Pairs scored / pairs full ranking would score."""
         return self.pairs / self.full_pairs if self.full_pairs else math.nan
 
+    def __add__(self, other: "ScoringCost") -> "ScoringCost":
+        """The cost of two loops together (``stages``: the larger)."""
+        return ScoringCost(self.pairs + other.pairs, self.calls + other.calls,
+                           self.scorer_seconds + other.scorer_seconds, self.loop_seconds + other.loop_seconds,
+                           self.full_pairs + other.full_pairs, max(self.stages, other.stages))
+
     def as_dict(self) -> dict:
         return {"pairs": self.pairs, "calls": self.calls, "scorer_seconds": self.scorer_seconds,
                 "loop_seconds": self.loop_seconds, "full_pairs": self.full_pairs, "stages": self.stages,
                 "share_of_full": self.share_of_full}
 
 
+def check_scorer(scorer) -> Scorer:
+    """``scorer`` if it is callable (a ValueError naming ``scorer`` otherwise)."""
+    if not callable(scorer):
+        raise ValueError(f"scorer: expected a callable scorer(users, items) -> scores, got {type(scorer).__name__}")
+    return scorer
+
+
 class ScorerCalls:
     """The scorer's calls: chunking to ``max_pairs``, checking each answer, timing, counting."""
 
     def __init__(self, scorer: Scorer, max_pairs: int, check_finite: bool, device: torch.device) -> None:
+        check_scorer(scorer)
         self.scorer, self.max_pairs, self.check_finite, self.device = scorer, max_pairs, check_finite, device
         self.pairs = self.calls = 0
         self.seconds = 0.0
@@ -134,6 +149,33 @@ def check_users(users, b: int, device: torch.device) -> torch.Tensor:
     return user_ids.to(torch.int64)
 
 
+def score_drawn(calls: ScorerCalls, users: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor, slots: torch.Tensor,
+                pos_scores: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores of the positives (B, P) and their drawn items (B, P, m), float64, for the ``slots`` (B, P) bool only
+    (0 elsewhere), through ``calls``: each positive with its drawn items in one list ``[positive, drawn...]``, or,
+    with ``pos_scores`` given (an adaptive stage: the positives are scored already), its drawn items alone.
+    ``users`` (B,): the ids handed to the scorer."""
+    b, p, m = neg.shape
+    rows, cols = slots.nonzero(as_tuple=True)
+    neg_s = torch.zeros((b, p, m), dtype=torch.float64, device=neg.device)
+    if pos_scores is None:
+        got = calls.score(users[rows], torch.cat([pos[rows, cols].unsqueeze(1), neg[rows, cols]], 1))
+        pos_s = torch.zeros((b, p), dtype=torch.float64, device=neg.device)
+        pos_s[rows, cols] = got[:, 0]
+        neg_s[rows, cols] = got[:, 1:]
+    else:
+        pos_s = pos_scores.to(torch.float64)
+        neg_s[rows, cols] = calls.score(users[rows], neg[rows, cols])
+    return pos_s, neg_s
+
+
+def full_ranking_pairs(n_items: int, exc: torch.Tensor | None, rows: torch.Tensor) -> int:
+    """The (user, item) pairs full ranking would score for the ``rows`` (B,) bool: each such row's n items minus
+    its excluded items (padded (B, E) indices, -1 padding): ``ScoringCost.full_pairs``."""
+    n_exc = (exc >= 0).sum(1) if exc is not None else torch.zeros_like(rows, dtype=torch.int64)
+    return int(((n_items - n_exc) * rows).sum())
+
+
 def _positives_device(positives) -> torch.device:
     return positives.device if isinstance(positives, torch.Tensor) else torch.device("cpu")
 
@@ -181,8 +223,7 @@ def sampled_ranks_from_scorer(
             wrong type, shape, dtype or device, or non-finite scores (named, with the call's rows).
     """
     t_start = time.perf_counter()
-    if not callable(scorer):
-        raise ValueError(f"scorer: expected a callable scorer(users, items) -> scores, got {type(scorer).__name__}")
+    check_scorer(scorer)  # before any other argument
     design = as_design(design)
     ties = check_ties(ties)
     check_finite = check_bool(check_finite, "check_finite")
@@ -202,14 +243,7 @@ def sampled_ranks_from_scorer(
     popularity = None if design.popularity is None else check_popularity(design.popularity, n, device)
     valid = pos >= 0
     neg = draw_negatives(pos, exc, n, m, design.replacement, popularity, generator, device)
-    # stage 0: each positive with its m drawn items, one list per positive: [positive, drawn...]
-    rows, slots = valid.nonzero(as_tuple=True)
-    lists = torch.cat([pos[rows, slots].unsqueeze(1), neg[rows, slots]], 1)
-    got = calls.score(user_ids[rows], lists)
-    pos_scores = torch.zeros((b, p), dtype=torch.float64, device=device)
-    neg_scores = torch.zeros((b, p, m), dtype=torch.float64, device=device)
-    pos_scores[rows, slots] = got[:, 0]
-    neg_scores[rows, slots] = got[:, 1:]
+    pos_scores, neg_scores = score_drawn(calls, user_ids, pos, neg, valid)  # stage 0: [positive, drawn...]
     ranks = rank_among_drawn(pos_scores, neg_scores, pos, neg, ties, generator)
     n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)
     stages = 1
@@ -220,8 +254,7 @@ def sampled_ranks_from_scorer(
         neg_out = None
     else:
         neg_out = torch.where(valid.unsqueeze(2), neg, torch.full_like(neg, -1))
-    n_exc = (exc >= 0).sum(1) if exc is not None else torch.zeros(b, dtype=torch.int64, device=device)
-    full = int(((n - n_exc) * valid.any(1)).sum())
+    full = full_ranking_pairs(n, exc, valid.any(1))
     total = time.perf_counter() - t_start
     cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(total - calls.seconds, 0.0), full, stages)
     return SampledRanks(ranks, n_cand, neg_out, design, sizes, cost)
@@ -258,12 +291,8 @@ def adaptive_stages(calls: ScorerCalls, positives, exclude, pos, exc, user_ids, 
         p_sub = sub_pos.shape[1]
         check_elements(idx.numel() * p_sub * m_cur, "design", "an adaptive stage's draw")
         neg = draw_negatives(sub_pos, sub_exc, n, m_cur, True, None, generator, device)
-        sub_need = need[idx][:, :p_sub]
-        r_sub, s_sub = sub_need.nonzero(as_tuple=True)
-        got = calls.score(user_ids[idx][r_sub], neg[r_sub, s_sub])
-        neg_scores = torch.full((idx.numel(), p_sub, m_cur), -math.inf, dtype=torch.float64, device=device)
-        neg_scores[r_sub, s_sub] = got
-        sub_pos_scores = pos_scores[idx][:, :p_sub]
+        sub_pos_scores, neg_scores = score_drawn(calls, user_ids[idx], sub_pos, neg, need[idx][:, :p_sub],
+                                                 pos_scores[idx][:, :p_sub])  # only the positives still first
         more = rank_among_drawn(sub_pos_scores, neg_scores, sub_pos, neg, ties, generator)
         if p_sub < ranks.shape[1]:
             more = torch.nn.functional.pad(more, (0, ranks.shape[1] - p_sub))

@@ -23,6 +23,7 @@ import torch
 from reco_sampled_plugin import RankHistogram
 from reco_sampled_plugin._checks import MAX_ELEMENTS, check_dense, check_elements
 from reco_sampled_plugin.rank_distribution import pool_groups
+from reco_sampled_plugin.scorer_ranks import score_drawn
 from reco_sampled_plugin.counting import mix32
 from reco_sampled_plugin.factor_ranks import positive_scores
 from reco_sampled_plugin.ranking import (
@@ -44,8 +45,6 @@ __all__ = [
     "keyed_sampled_ranks",
     "keyed_sampled_ranks_from_factors",
     "keyed_scorer_ranks",
-    "full_ranking_pairs",
-    "add_costs",
     "DeviceChecks",
     "padded_inputs",
     "histogram_from_rows",
@@ -466,35 +465,10 @@ def keyed_scorer_ranks(calls, users: torch.Tensor, pos: torch.Tensor, exc: torch
         hi = min(b, lo + step)
         sub_pos, sub_mask = pos[lo:hi], mask[lo:hi]
         neg = keyed_negatives(sub_pos, _chunk(exc, lo, hi), n_items, n_samples, ids[lo:hi], seed, replacement)
-        rows, slots = sub_mask.nonzero(as_tuple=True)
-        who = users[lo:hi][rows]
-        neg_s = torch.zeros((hi - lo, p, n_samples), dtype=torch.float64, device=device)
-        if pos_scores is None:
-            got = calls.score(who, torch.cat([sub_pos[rows, slots].unsqueeze(1), neg[rows, slots]], 1))
-            pos_s = torch.zeros((hi - lo, p), dtype=torch.float64, device=device)
-            pos_s[rows, slots] = got[:, 0]
-            neg_s[rows, slots] = got[:, 1:]
-        else:
-            pos_s = pos_scores[lo:hi].to(torch.float64)
-            neg_s[rows, slots] = calls.score(who, neg[rows, slots])
+        pos_s, neg_s = score_drawn(calls, users[lo:hi], sub_pos, neg, sub_mask, _chunk(pos_scores, lo, hi))
         ranks.append(_ranks_among_drawn(pos_s, neg_s, sub_mask, ties))
         scores.append(pos_s)
     return (ranks[0], scores[0]) if len(ranks) == 1 else (torch.cat(ranks), torch.cat(scores))
-
-
-def full_ranking_pairs(n_items: int, exc: torch.Tensor | None, rows: torch.Tensor) -> int:
-    """The (user, item) pairs full ranking would score for the ``rows`` (B,) bool: each such row's n items minus
-    its excluded items (``ScoringCost.full_pairs``, as the core loop counts them)."""
-    n_exc = (exc >= 0).sum(1) if exc is not None else torch.zeros_like(rows, dtype=torch.int64)
-    return int(((n_items - n_exc) * rows).sum())
-
-
-def add_costs(a, b):
-    """The sum of two ``ScoringCost`` records (``stages``: the larger); None counts as nothing."""
-    if a is None or b is None:
-        return b if a is None else a
-    return type(a)(a.pairs + b.pairs, a.calls + b.calls, a.scorer_seconds + b.scorer_seconds,
-                   a.loop_seconds + b.loop_seconds, a.full_pairs + b.full_pairs, max(a.stages, b.stages))
 
 
 def _ranks_among_drawn(pos_scores: torch.Tensor, neg_scores: torch.Tensor, valid: torch.Tensor, ties: str) -> torch.Tensor:

@@ -79,14 +79,13 @@ from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_from_float_ranks as _metric_from_float_ranks  # patched by name in tests
 from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
 from reco_sampled_plugin.ranking import TIE_BOUNDS, padded_candidate_counts, exact_ranks_padded, prepare_index
-from reco_sampled_plugin.scorer_ranks import DEFAULT_MAX_PAIRS, Scorer, ScorerCalls, ScoringCost, check_users
+from reco_sampled_plugin.scorer_ranks import (DEFAULT_MAX_PAIRS, Scorer, ScorerCalls, ScoringCost, check_scorer,
+                                              check_users, full_ranking_pairs)
 from reco_sampled_plugin.tie_expectation import expected_single_item_values
 
 from ._shared import (
     DeviceChecks,
-    add_costs,
     adaptive_columns,
-    full_ranking_pairs,
     adaptive_histogram_from_rows,
     check_ties,
     keyed_adaptive_ranks,
@@ -654,8 +653,7 @@ class SampledRankingMetrics(_MergeChecked):
         and the call's rows (``scorer_ranks.ScorerCalls``); the state (and the row counter) is then left as it was.
         What the calls cost accumulates in :meth:`scoring_cost`."""
         t0 = time.perf_counter()
-        if not callable(scorer):
-            raise ValueError(f"scorer: expected a callable scorer(users, items) -> scores, got {type(scorer).__name__}")
+        check_scorer(scorer)
         max_pairs = check_int(max_pairs, "max_pairs", minimum=1)
         n = check_size(n_items, "n_items", 1)
         device = positives.device if isinstance(positives, torch.Tensor) else self.hist.device
@@ -688,9 +686,9 @@ class SampledRankingMetrics(_MergeChecked):
         rows = (pos >= 0).any(1) if k is None else (pos >= 0).any(1) & k
         stages = 1 if sizes is None else len(self._adaptive.stages)
         spent = time.perf_counter() - t0
-        self._scoring = add_costs(self._scoring, ScoringCost(calls.pairs, calls.calls, calls.seconds,
-                                                             max(spent - calls.seconds, 0.0),
-                                                             full_ranking_pairs(n, exc, rows), stages))
+        cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(spent - calls.seconds, 0.0),
+                           full_ranking_pairs(n, exc, rows), stages)
+        self._scoring = cost if self._scoring is None else self._scoring + cost
 
     def scoring_cost(self, sync: bool = False) -> ScoringCost:
         """What :meth:`update_from_scorer` cost since construction or the last ``reset`` (a
