@@ -11,8 +11,8 @@ mes's estimate). The oracle is the posterior mean under the recommender's own ex
     python benchmarks/gmod_oracle.py --dataset ml-latest-small --design 500 --dfs 8 10 14 --penalties 0.3 1 3
     python benchmarks/gmod_oracle.py --coverage --repeats 10   # estimate() itself: error, coverage, width
 
-``--coverage``: ``estimate(metric, sampled, method=...)`` for ``mes`` and ``gmod`` at their defaults (bootstraps
-included): mean |relative error|, coverage of ``interval(0.95)`` of the users' exact metric, median relative width.
+``--coverage``: ``estimate(metric, sampled, method=...)`` for ``mes``, ``gmod`` and ``auto`` (the default) at their
+defaults (bootstraps included): mean |relative error|, coverage of ``interval(0.95)`` of the users' exact metric, median relative width.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact  # no
 from reco_sampled_plugin.simulate import simulate_sampled_ranks  # noqa: E402
 
 METRICS = ("hit@10", "ndcg@10")
+COVERAGE_METHODS = ("mes", "gmod", "auto")  # --coverage: estimate() with each, at its defaults
 
 
 def exact_ranks(dataset: str, seed: int = 0):
@@ -90,7 +91,7 @@ def coverage(dataset: str, design: str, repeats: int) -> None:
     nt = torch.from_numpy(n_u)
     print(f"{dataset}, design {design}, {repeats} repeats: mean |relative error|, coverage of interval(0.95), "
           "median relative width")
-    print("| recommender | metric | mes | gmod |\n| --- | --- | --- | --- |")
+    print("| recommender | metric | " + " | ".join(COVERAGE_METHODS) + " |\n| --- | --- |" + " --- |" * len(COVERAGE_METHODS))
     for name, r in ranks.items():
         rt = torch.from_numpy(r)
         rows: dict = {}
@@ -104,14 +105,14 @@ def coverage(dataset: str, design: str, repeats: int) -> None:
                                            rsp.SamplingDesign(m))
             for s in METRICS:
                 exact = float(metric_values(s, rt, nt).double().mean())
-                for method in ("mes", "gmod"):
+                for method in COVERAGE_METHODS:
                     e = rsp.estimate(s, sampled, method=method)
                     lo, hi = e.interval(0.95)
                     rows.setdefault((s, method), []).append((abs(e.value / exact - 1), lo <= exact <= hi,
                                                              (hi - lo) / exact))
         for s in METRICS:
             cells = []
-            for method in ("mes", "gmod"):
+            for method in COVERAGE_METHODS:
                 a = np.array(rows[(s, method)], dtype=np.float64)
                 cells.append(f"{a[:, 0].mean():.3f}, {a[:, 1].mean():.2f}, {np.median(a[:, 2]):.2f}")
             print(f"| {name} | {s} | " + " | ".join(cells) + " |")

@@ -263,7 +263,9 @@ def estimate_table(rows, *, stderr: bool = False, n_items: int | None = None, us
         se = f"{est.stderr:24.5f}" if stderr else ""
         # the plain sampled metric is named as such: its interval is the sampled metric's, not the full catalogue's
         flags = est.flags + (("uncorrected",) if registry.get(method).family == "none" else ())
-        lines.append(f"{metric:12}{method:14}{est.value:11.5f}{interval:>22}{se}  {','.join(flags)}")
+        # ``auto`` shows what it ran (auto:gmod / auto:mes)
+        label = f"{method}:{est.details['auto']['method']}" if "auto" in est.details else method
+        lines.append(f"{metric:12}{label:14}{est.value:11.5f}{interval:>22}{se}  {','.join(flags)}")
         for f in flags:
             flagged.setdefault(f, metric)
         if "top_unresolved" in est.flags and registry.get(method).family != "none":

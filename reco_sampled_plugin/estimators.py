@@ -37,14 +37,16 @@ from __future__ import annotations
 import dataclasses
 import math
 
+import numpy as np
+
 from ._rank_hist import RankHistogram, as_histogram, pool_by_n
 from ._options import check_law, check_options
 from . import registry
 from .adaptive import adaptive_cost, check_adaptive_histogram
 from .design import AdaptiveDesign, SamplingDesign, coerce_adaptive
 from .estimate import Estimate, range_flags
-from .identification import Identification, TopShape, top_sensitive
-from .metric_names import parse_metric
+from .identification import Identification, TopShape, resolution, top_sensitive
+from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_bounds
 from .ranking import SampledRanks
 from .rank_distribution import FIT_CACHE as _FITS  # noqa: F401  (``estimators._FITS.clear()`` refits, as before)
@@ -142,6 +144,30 @@ def _result(value: float, stderr: float | None, n: float, details: dict, flags, 
         details["interval"] = "identified"
     metric_range = None if bounds is None else (float(bounds[0]), float(bounds[1]))
     return Estimate(float(value), se, float(n), details, tuple(flags), identification, metric_range)
+
+
+def auto_method(spec: MetricSpec, hist: RankHistogram, design: AdaptiveDesign | None) -> tuple[str, str]:
+    """What ``method="auto"`` runs on ``hist`` (``registry.AUTO_CHOICES``) and why: the ``resolved`` choice for an
+    adaptive design or where every group with positives at r~ = 1 has its resolution b = (n - 1)/(m + 1) + 1 at
+    most the metric's cut-off K; the ``unresolved`` one otherwise (a metric without cut-off counts as resolved
+    only when no positive ranks first)."""
+    if design is not None:
+        return registry.AUTO_CHOICES["resolved"], "adaptive design"
+    occupied = hist.top_counts > 0
+    if not np.any(occupied):
+        return registry.AUTO_CHOICES["resolved"], "no positive ranked first"
+    b = float(np.max(resolution(hist)[occupied]))
+    if spec.k is not None and spec.k >= b:
+        return registry.AUTO_CHOICES["resolved"], f"cut-off K = {spec.k} >= resolution b = {b:.3g}"
+    why = f"cut-off K = {spec.k} < resolution b = {b:.3g}" if spec.k is not None else "no cut-off"
+    return registry.AUTO_CHOICES["unresolved"], why
+
+
+def estimate_auto(spec: MetricSpec, hist: RankHistogram, *, method: str, sampling: str, options: dict):
+    """The registry's compute function of ``auto`` on a bare histogram (fixed m per group): the chosen method's."""
+    chosen, _ = auto_method(spec, hist, None)
+    entry = registry.get(chosen)
+    return entry.compute_function()(spec, hist, method=chosen, sampling=sampling, options=options)
 
 
 def _with_adaptive(result: Estimate, hist: RankHistogram, design: AdaptiveDesign, top_shape) -> Estimate:
@@ -280,6 +306,12 @@ def estimate(
             raise ValueError("adaptive: the design is not adaptive (no adaptive_max)")
         design = coerce_adaptive(adaptive)
         hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
+    if entry.family == "auto":  # the registry's choice for this design and metric, run under its own name
+        method, why = auto_method(spec, hist, design)
+        result = estimate(spec, hist, method=method, sampling=sampling, max_rel_n_spread=max_rel_n_spread,
+                          top_shape=top_shape, adaptive=design, **options)
+        details = {**result.details, "auto": {"method": method, "reason": why}}
+        return dataclasses.replace(result, details=details)
     if entry.fits_distribution:
         from .rank_distribution import check_fit_options
 

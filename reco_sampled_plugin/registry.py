@@ -45,6 +45,7 @@ __all__ = [
     "recbole_choices",
     "DEFAULT_ESTIMATOR",
     "DEFAULT_CORRECTION",
+    "AUTO_CHOICES",
 ]
 
 #: The families of estimators: how an estimate is made from the sampled-rank histogram.
@@ -53,6 +54,7 @@ FAMILIES = {
     "correction": "a table of m + 1 corrected values per (n, m), looked up at each sampled rank (Krichene & Rendle)",
     "mapping": "sampled ranks mapped onto exact ranks, the metric averaged over each mapped interval (Li et al.)",
     "rank_distribution": "the distribution of exact ranks fitted by likelihood, the metric its expectation",
+    "auto": "chooses a registered estimator per design and metric (AUTO_CHOICES), then runs it",
 }
 
 #: Kinds of option values; each is validated by the named helper of ``_options`` (or the module named).
@@ -277,7 +279,7 @@ def recbole_choices(key: str) -> tuple[str, ...]:
     if key == "rsp_mapping":
         return names(family="mapping")
     if key == "rsp_rank_dist":
-        return names(family="rank_distribution")
+        return names(family=("auto", "rank_distribution"))
     raise ValueError(f"key: no estimator list for {key!r}")
 
 
@@ -325,6 +327,9 @@ _BUILTIN = (
                   Option("penalty", "nonnegative_float", 1.0, "weight of the coefficients' squared second differences"),
               ), adaptive=True, fits_distribution=True, fitter=".rank_distribution:G_FITTER",
               reference="Efron, Biometrika 2016 (g-modelling)"),
+    Estimator("auto", "auto", "the default: gmod where the design resolves the top (adaptive, or K >= b), else mes",
+              ".estimators:estimate_auto", options=_FIT_OPTIONS, adaptive=True, fits_distribution=True,
+              reference="docs/estimators.md, 'The defaults, and why'"),
     Estimator("none", "none", "the uncorrected sampled metric", ".corrections:estimate_by_table", adaptive=True,
               popularity=True, reference="Krichene & Rendle KDD 2020, eq. 4"),
     Estimator("rank_estimate", "correction", "Krichene & Rendle's rank estimate 1 + (n - 1)(r~ - 1)/m",
@@ -348,8 +353,14 @@ del _entry
 
 #: The default estimator of ``estimate()`` (docs/estimators.md), and of every entry point that runs an estimator:
 #: the Lightning callback and torchmetrics' ``SampledRankingMetrics`` (with ``none``), RecBole's ``RankDist*``
-#: (``rsp_rank_dist``), the planner and ``reco-sampled plan``.
-DEFAULT_ESTIMATOR = "mes"
+#: (``rsp_rank_dist``), the planner and ``reco-sampled plan``. ``auto`` picks per design and metric (below).
+DEFAULT_ESTIMATOR = "auto"
+
+#: What ``auto`` runs: ``"resolved"`` where the design resolves the top (an adaptive design, or a fixed m whose
+#: resolution b = (n - 1)/(m + 1) + 1 is at most the metric's cut-off K in every group with positives at r~ = 1),
+#: ``"unresolved"`` elsewhere (docs/estimators.md: gmod has half mes's error where the top is resolved, and 2-4x
+#: its error where it is not).
+AUTO_CHOICES = {"resolved": "gmod", "unresolved": "mes"}
 
 #: The default where a correction table is needed (one value per sampled rank, so not a fitted method): RecBole's
 #: ``Corrected*`` (``rsp_correction``), ``reco-sampled table``, :func:`~reco_sampled_plugin.corrected_metric`.

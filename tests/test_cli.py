@@ -114,8 +114,9 @@ def test_estimate_command_adaptive_rank_file(tmp_path, capsys):
     assert main(["estimate", str(f), "--metric", "hit@10", "--n-samples", "100", "--adaptive-max", "3200"]) == 0
     out = capsys.readouterr().out
     assert "adaptive sampling m = 100 -> 3200" in out and f"{float(sizes.double().mean()):.1f} samples per positive" in out
-    line = [ln for ln in out.splitlines() if ln.startswith("hit@10") and " mes " in ln][0]
+    line = [ln for ln in out.splitlines() if ln.startswith("hit@10") and " auto:gmod " in ln][0]  # the default
     est = rsp.estimate("hit@10", ranks, 20_000, sizes, adaptive=(100, 3200))
+    assert est.details["auto"]["method"] == "gmod"  # adaptive designs resolve the top
     assert float(line.split()[2]) == pytest.approx(est.value, abs=1e-5)
     assert main(["estimate", str(f), "--adaptive-max", "3200"]) == 2
     assert "--n-samples" in capsys.readouterr().err
@@ -192,8 +193,9 @@ def test_estimate_command_leads_with_the_interval_and_says_why_it_is_wide(tmp_pa
     out = capsys.readouterr().out.splitlines()
     header = out[1]
     assert header.split() == ["metric", "method", "estimate", "95%", "interval", "flags"] and "stderr" not in header
-    rows = {ln.split()[1]: ln for ln in out if ln.startswith("ndcg@10 ")}
-    assert list(rows) == ["none", "bv", "mes"]  # none, registry.DEFAULT_CORRECTION, registry.DEFAULT_ESTIMATOR
+    rows = {ln.split()[1].split(":")[0]: ln for ln in out if ln.startswith("ndcg@10 ")}
+    assert list(rows) == ["none", "bv", "auto"]  # none, registry.DEFAULT_CORRECTION, registry.DEFAULT_ESTIMATOR
+    assert rows["auto"].split()[1] == "auto:mes"  # K = 10 < b ~ 199: the top is unresolved, auto runs mes
     for method, line in rows.items():
         est = rsp.estimate("ndcg@10", sampled, 20_000, 100, method=method)
         lo, hi = (float(x) for x in line[line.index("[") + 1 : line.index("]")].split(","))

@@ -111,3 +111,27 @@ def test_penalty_zero_approaches_the_unsmoothed_fit_and_large_penalty_a_power_la
     dens = dist.probs / np.diff(dist.edges)
     slope = np.polyfit(np.log(mid), np.log(dens), 1)[0]
     assert slope == pytest.approx(-1.1, abs=0.15)
+
+
+def test_model_term_is_half_the_gap_to_the_mes_prior():
+    """The users' standard error adds a model term: half the difference between the users' value under gmod's
+    prior and under mes fitted to the same histogram (what no bootstrap of one fit sees); se^2 is the sum of
+    the three parts' squares; the interval of a smooth truth still covers and stays narrower than mes's."""
+    n = 2000
+    exact = _smooth_ranks(3000, n, seed=4)
+    sampled = adaptive_sampled_ranks_from_exact(exact, n, 50, 3200, generator=torch.Generator().manual_seed(5))
+    hist = rsp.sampled_rank_histogram(sampled.ranks, sampled.n_candidates, sampled.n_samples)
+    dist = rd.estimate_rank_distribution(hist, method="gmod", n_bootstrap=8)
+    mes = rd.estimate_rank_distribution(hist, method="mes", n_bootstrap=0)
+    assert dist.details["reference_method"] == "mes"
+    np.testing.assert_allclose(dist.reference, mes.probs, rtol=0, atol=1e-12)
+    for metric in ("hit@10", "ndcg@10"):
+        est = dist.metric(metric, target="users")
+        under_mes = mes.metric(metric, target="users").value  # the users' value under the mes prior
+        parts = est.details["stderr_parts"]
+        assert parts["model"] == pytest.approx(0.5 * abs(under_mes - est.value), rel=1e-12)
+        assert est.stderr == pytest.approx(math.sqrt(sum(v * v for v in parts.values())), rel=1e-12)
+        truth = float(rsp.metric_values(metric, exact, n).double().mean())
+        assert abs(est.value - truth) < 1.96 * est.stderr
+        mes_est = rsp.estimate(metric, sampled, method="mes")
+        assert 1.96 * est.stderr < 1.96 * mes_est.stderr  # still narrower than mes's own interval here

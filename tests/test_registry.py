@@ -97,7 +97,7 @@ def test_contract(name, uniform_ranks):
 def test_lists_are_views_of_the_registry():
     assert rsp.ESTIMATORS == estimators.ESTIMATORS == registry.names()
     assert estimators.METHOD_OPTIONS == registry.method_options()
-    assert rsp.adaptive.ADAPTIVE_METHODS == registry.names(adaptive=True) == ("mle", "mes", "gmod", "none")
+    assert rsp.adaptive.ADAPTIVE_METHODS == registry.names(adaptive=True) == ("mle", "mes", "gmod", "auto", "none")
     import importlib
 
     from reco_sampled_plugin import rank_distribution
@@ -111,7 +111,12 @@ def test_lists_are_views_of_the_registry():
     # the tables the corrections module solves are exactly the registry's table entries
     tables = tuple(e.name for e in registry.entries() if e.compute == ".corrections:estimate_by_table")
     assert tables == corrections.METHODS == registry.recbole_choices("rsp_correction")
-    assert registry.get(registry.DEFAULT_ESTIMATOR).name == "mes"
+    assert registry.get(registry.DEFAULT_ESTIMATOR).name == "auto"
+    assert registry.recbole_choices("rsp_rank_dist") == tuple(
+        e.name for e in registry.entries() if e.family in ("auto", "rank_distribution"))
+    # auto's choices are registered methods that take every design auto claims
+    for choice in registry.AUTO_CHOICES.values():
+        assert registry.get(choice).adaptive and registry.get(choice).family == "rank_distribution"
 
 
 def test_registry_refuses_bad_entries():

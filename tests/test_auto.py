@@ -1,0 +1,82 @@
+"""``auto``, the default estimator: gmod where the design resolves the top, mes elsewhere (registry.AUTO_CHOICES)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import reco_sampled_plugin as rsp
+from reco_sampled_plugin import registry
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
+from reco_sampled_plugin.simulate import simulate_sampled_ranks
+
+N = 1700
+
+
+def _exact(seed: int = 0, size: int = 2000) -> torch.Tensor:
+    r = np.arange(1, N + 1, dtype=np.float64)
+    p = r**-0.9
+    return torch.from_numpy(np.random.default_rng(seed).choice(np.arange(1, N + 1), size=size, p=p / p.sum()))
+
+
+def _fixed(m: int, seed: int = 0) -> rsp.SampledRanks:
+    exact = _exact(seed)
+    s = simulate_sampled_ranks(exact, float(N), m, "binomial", torch.Generator().manual_seed(seed))
+    return rsp.SampledRanks(s, torch.full_like(exact, N), None, rsp.SamplingDesign(m))
+
+
+@pytest.mark.parametrize(
+    "m, metric, chosen",
+    [
+        (500, "hit@10", "gmod"),  # b = 1699/501 + 1 = 4.4 <= K = 10: resolved
+        (500, "ndcg@5", "gmod"),  # b = 4.4 <= 5
+        (500, "hit@3", "mes"),  # K = 3 < b
+        (100, "hit@10", "mes"),  # b = 17.8 > K
+        (100, "ndcg@20", "gmod"),  # b = 17.8 <= 20
+        (500, "mrr", "mes"),  # no cut-off: depends on the top's shape
+    ],
+)
+def test_auto_runs_gmod_where_the_cut_off_is_resolved(m, metric, chosen):
+    sampled = _fixed(m)
+    est = rsp.estimate(metric, sampled)  # the default method
+    assert registry.DEFAULT_ESTIMATOR == "auto"
+    assert est.details["auto"]["method"] == chosen
+    same = rsp.estimate(metric, sampled, method=chosen)
+    assert est.value == same.value and est.stderr == same.stderr and est.flags == same.flags
+    assert est.interval(0.95) == same.interval(0.95)
+    b = (N - 1) / (m + 1) + 1
+    assert (f"{b:.3g}" in est.details["auto"]["reason"]) == (metric != "mrr")
+
+
+def test_auto_runs_gmod_on_adaptive_designs_and_takes_fit_options_only():
+    exact = _exact(1)
+    sampled = adaptive_sampled_ranks_from_exact(exact, N, 100, 3200, generator=torch.Generator().manual_seed(2))
+    est = rsp.estimate("hit@10", sampled, n_bootstrap=4, seed=3)
+    assert est.details["auto"] == {"method": "gmod", "reason": "adaptive design"}
+    same = rsp.estimate("hit@10", sampled, method="gmod", n_bootstrap=4, seed=3)
+    assert est.value == same.value and est.stderr == same.stderr
+    assert "adaptive" in est.details  # the adaptive cost is reported as for gmod itself
+    with pytest.raises(ValueError, match="lam"):
+        rsp.estimate("hit@10", sampled, lam=0.1)  # an option of one choice only: name the method
+    with pytest.raises(ValueError, match="method"):
+        rsp.estimate("hit@10", _fixed(100), method="auto", gamma=0.2)
+
+
+def test_auto_on_bare_ranks_and_histograms_matches_the_sampled_ranks_path():
+    sampled = _fixed(500, seed=5)
+    via_object = rsp.estimate("hit@10", sampled, n_bootstrap=0)
+    bare = rsp.estimate("hit@10", sampled.ranks, N, 500, n_bootstrap=0)
+    hist = rsp.sampled_rank_histogram(sampled.ranks, N, 500)
+    via_hist = rsp.estimate("hit@10", hist, n_bootstrap=0)
+    assert via_object.value == bare.value == via_hist.value
+    assert bare.details["auto"]["method"] == "gmod"
+
+
+def test_auto_refuses_designs_its_choices_cannot_read():
+    weights = torch.rand(300) + 0.1
+    scores = torch.randn(50, 300, generator=torch.Generator().manual_seed(0))
+    positives = torch.randint(0, 300, (50, 1), generator=torch.Generator().manual_seed(1))
+    sampled = rsp.sampled_ranks(scores, positives, 20, popularity=weights, generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match="method"):
+        rsp.estimate("hit@10", sampled, method="auto")
