@@ -56,7 +56,7 @@ class PopularityStats:
 
 
 def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor,
-                     forbidden: torch.Tensor) -> PopularityStats:
+                     forbidden: torch.Tensor, given: bool = False) -> PopularityStats:
     """:class:`PopularityStats` of one batch of popularity draws.
 
     Args:
@@ -66,10 +66,12 @@ def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor,
         valid: (B, P) bool, the slots that hold a positive.
         weights: (n,) float64 popularity weights w (validated: finite, >= 0).
         forbidden: (B, F) the row's positives and excluded items, sorted, padded with n (``ranking.forbidden_sorted``).
+        given: the negatives were given, not drawn by the plugin (which never draws an item of weight 0): check them
+            (one host synchronisation; a draw's statistics cost none).
 
     Raises:
-        ValueError naming ``negatives`` when a drawn item of a valid slot has weight 0 (given negatives that the
-        popularity law cannot have drawn).
+        ValueError naming ``negatives`` when a given negative of a valid slot has weight 0 (the popularity law
+        cannot have drawn it).
     """
     n = weights.shape[0]
     w = weights.to(torch.float64)
@@ -81,7 +83,7 @@ def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor,
     unreachable = (w == 0).sum() - (real & (wf == 0)).sum(1)
     q = w[neg.clamp(min=0)] / total.view(-1, 1, 1)
     drawn_zero = valid.unsqueeze(2) & (q <= 0)
-    if bool(drawn_zero.any()):
+    if given and bool(drawn_zero.any()):
         rows = drawn_zero.any(2).any(1)
         raise ValueError(f"negatives: {int(rows.sum())} row(s) hold a negative of popularity weight 0, which the "
                          f"popularity law cannot draw (first: row {int(rows.nonzero()[0, 0])})")

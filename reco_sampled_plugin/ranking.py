@@ -788,19 +788,20 @@ def sampled_ranks(
     if design is None:  # built from validated parts, without a second validation (no extra host sync)
         design = SamplingDesign.trusted(m, replacement=bool(replacement) if negatives is None else True,
                                         popularity=popularity if negatives is None else None)
-    stats = popularity_draw_stats(design, beat, neg, pos, exc, n)
+    stats = popularity_draw_stats(design, beat, neg, pos, exc, n, given=negatives is not None)
     neg = torch.where(pos_valid.unsqueeze(2), neg, torch.full_like(neg, -1))
     n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)
     return SampledRanks(ranks, n_cand, neg, design, popularity_stats=stats)
 
 
 def popularity_draw_stats(design: SamplingDesign, beat: torch.Tensor, neg: torch.Tensor, pos: torch.Tensor,
-                          exc: torch.Tensor | None, n_items: int) -> PopularityStats | None:
+                          exc: torch.Tensor | None, n_items: int, given: bool = False) -> PopularityStats | None:
     """The :class:`~reco_sampled_plugin._popularity.PopularityStats` of a fixed-m draw under ``design`` (None unless
     it draws by popularity with replacement): the one call of every path that draws popularity negatives (score
-    matrix, factors, scorer loop). ``beat`` from :func:`rank_among_drawn` (``beating=True``)."""
+    matrix, factors, scorer loop). ``beat`` from :func:`rank_among_drawn` (``beating=True``); ``given``: the
+    negatives were given (checked for weight 0), not drawn."""
     if design.popularity is None or not design.replacement:
         return None
     w = design.popularity  # validated by the design (values) and by the draw (its length) where it drew
     w = check_popularity(w, n_items, neg.device) if w.shape != (n_items,) else w.to(neg.device, torch.float64)
-    return popularity_stats(beat, neg, pos >= 0, w, forbidden_sorted(pos, exc, n_items))
+    return popularity_stats(beat, neg, pos >= 0, w, forbidden_sorted(pos, exc, n_items), given)
