@@ -134,10 +134,23 @@ def _summary(d: PopularityDraws) -> dict:
     }
 
 
+def _fixed_m(sampled) -> SamplingDesign | None:
+    """The design of ``sampled`` (a SampledRanks), refused where the rank estimate is not unbiased: adaptive draws
+    (a positive keeps drawing while it ranks first: the stopping rule biases (n - 1)(r~ - 1)/M)."""
+    from .ranking import SampledRanks
+
+    if not isinstance(sampled, SampledRanks):
+        raise ValueError(f"sampled: expected the SampledRanks of a draw, got {type(sampled).__name__}")
+    if sampled.design is not None and sampled.design.adaptive_max is not None:
+        raise ValueError("sampled: adaptive draws stop on the sampled rank, so the Hansen-Hurwitz rank estimate is "
+                         "biased there; use a fixed-m design")
+    return sampled.design
+
+
 def rank_estimates(sampled) -> torch.Tensor:
     """Per positive, the Hansen-Hurwitz rank estimate R^ = 1 + S1/m (float64, shaped like the ranks, 0 in padded
     slots): from the statistics of a popularity draw, or 1 + (n - 1)(r~ - 1)/m for a uniform one."""
-    design = sampled.design
+    design = _fixed_m(sampled)
     ranks = sampled.ranks
     valid = ranks > 0
     if design is not None and design.popularity is not None:
@@ -152,7 +165,7 @@ def rank_estimates(sampled) -> torch.Tensor:
 def mean_rank(sampled, weights=None) -> Estimate:
     """The mean exact rank of the positives (1 = best; n counts the positive and its drawable candidates),
     estimated by Hansen-Hurwitz, with the between-positive standard error; ``details`` as ``hh``'s."""
-    design = sampled.design
+    design = _fixed_m(sampled)
     if design is not None and design.popularity is not None:
         d = popularity_draws(sampled, weights)
     else:

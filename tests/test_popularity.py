@@ -15,6 +15,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 from scipy import stats as st
 
 import reco_sampled_plugin as rsp
@@ -31,27 +33,50 @@ WEIGHTS = np.array([2.0, 1.0, 0.5, 3.0, 1.5, 0.05, 100.0, 1.2])
 DRAWABLE = [j for j in range(N_ITEMS) if j not in POS + EXC]  # 0, 2, 3, 5, 7
 
 
-def _law(m: int):
+def _law(m: int, scores=SCORES, weights=WEIGHTS, positives=POS, excluded=EXC):
     """Brute force: every sequence of m draws from q~ (the weights renormalised over the drawable items), its
     probability, and per positive the beating count and the Hansen-Hurwitz estimate Y = (1/m) sum [beats] / q~."""
-    q = WEIGHTS[DRAWABLE] / WEIGHTS[DRAWABLE].sum()
-    seqs = np.array(list(itertools.product(range(len(DRAWABLE)), repeat=m)))  # indices into DRAWABLE
+    drawable = [j for j in range(len(scores)) if j not in list(positives) + list(excluded)]
+    q = weights[drawable] / weights[drawable].sum()
+    seqs = np.array(list(itertools.product(range(len(drawable)), repeat=m)))  # indices into drawable
     prob = np.prod(q[seqs], axis=1)
-    items = np.array(DRAWABLE)[seqs]
-    beats = np.stack([SCORES[items] > SCORES[t] for t in POS], 1)  # (S, P, m)
+    items = np.array(drawable)[seqs]
+    beats = np.stack([scores[items] > scores[t] for t in positives], 1)  # (S, P, m)
     y = (beats / q[seqs][:, None, :]).sum(2) / m
-    above = [np.array([SCORES[j] > SCORES[t] for j in DRAWABLE]) for t in POS]  # A per positive
+    above = [np.array([scores[j] > scores[t] for j in drawable]) for t in positives]  # A per positive
     return q, items, prob, beats.sum(2), y, above
 
 
-def _plugin_on(items: np.ndarray, m: int, ties: str = "pessimistic"):
+def _plugin_on(items: np.ndarray, m: int, scores=SCORES, weights=WEIGHTS, positives=POS, excluded=EXC):
     """The plugin's SampledRanks of the given draw sequences (one row per sequence, the same row each time)."""
     s = items.shape[0]
-    scores = torch.tensor(SCORES).repeat(s, 1)
-    pos = torch.tensor(POS).repeat(s, 1)
-    exc = torch.tensor(EXC).repeat(s, 1)
-    design = SamplingDesign(m, popularity=torch.tensor(WEIGHTS))
-    return rsp.sampled_ranks(scores, pos, design, exclude=exc, negatives=torch.from_numpy(items), ties=ties)
+    design = SamplingDesign(m, popularity=torch.tensor(weights))
+    exc = torch.tensor(list(excluded), dtype=torch.int64).repeat(s, 1) if len(excluded) else None
+    return rsp.sampled_ranks(torch.tensor(scores).repeat(s, 1), torch.tensor(list(positives)).repeat(s, 1), design,
+                             exclude=exc, negatives=torch.from_numpy(items))
+
+
+@settings(max_examples=25, deadline=None)
+@given(data=hst.data())
+def test_enumerated_law_on_random_small_catalogues(data):
+    """Random catalogues of n <= 8 items (1-2 positives, 0-2 excluded, distinct scores, weights in [0.05, 5]),
+    m <= 3: the plugin's estimate, averaged over the enumerated law, is R - 1 for every positive (to 1e-12)."""
+    n = data.draw(hst.integers(4, 8))
+    m = data.draw(hst.integers(1, 3))
+    perm = data.draw(hst.permutations(list(range(n))))
+    n_pos = data.draw(hst.integers(1, 2))
+    n_exc = data.draw(hst.integers(0, min(2, n - n_pos - 1)))
+    positives, excluded = perm[:n_pos], perm[n_pos:n_pos + n_exc]
+    scores = np.array(data.draw(hst.permutations(list(range(n)))), dtype=np.float64)
+    weights = np.array(data.draw(hst.lists(hst.floats(0.05, 5.0), min_size=n, max_size=n)))
+    q, items, prob, beating, y, above = _law(m, scores, weights, positives, excluded)
+    sampled = _plugin_on(items, m, scores, weights, positives, excluded)
+    got = popularity.rank_estimates(sampled).numpy() - 1.0
+    np.testing.assert_allclose(got, y, rtol=1e-12, atol=1e-12)
+    for p, a in enumerate(above):
+        assert abs(float(prob @ got[:, p]) - a.sum()) < 1e-11
+        var = float(prob @ (got[:, p] - a.sum()) ** 2)
+        assert var == pytest.approx((np.sum(1.0 / q[a]) - a.sum() ** 2) / m, rel=1e-10, abs=1e-11)
 
 
 @pytest.mark.parametrize("m", [1, 2, 3])
@@ -318,3 +343,12 @@ def test_refusals_name_the_argument(pop_ranks):
     neg[pos[:, 0] == 3] = 4
     with pytest.raises(ValueError, match="^negatives: .* weight 0"):
         rsp.sampled_ranks(scores, pos, SamplingDesign(10, popularity=w0), negatives=neg)
+    # the rank estimate needs a fixed-m draw's SampledRanks
+    adaptive = rsp.adaptive_sampled_ranks(scores, pos, SamplingDesign(5, adaptive_max=20))
+    for fn in (popularity.rank_estimates, popularity.mean_rank):
+        with pytest.raises(ValueError, match="^sampled: adaptive"):
+            fn(adaptive)
+        with pytest.raises(ValueError, match="^sampled: expected the SampledRanks"):
+            fn(s.ranks)
+    with pytest.raises(ValueError, match="^method: 'hh' does not support"):
+        rsp.estimate("auc", adaptive, method="hh")
