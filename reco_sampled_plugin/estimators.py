@@ -230,7 +230,9 @@ def estimate(
             with a SampledRanks.
         method: a registered estimator (``registry.names()``, see the module docstring); default ``mes``
             (``registry.DEFAULT_ESTIMATOR``), the most accurate rank-distribution estimator on ml-100k
-            (docs/estimators.md).
+            (docs/estimators.md). Popularity-sampled ranks: ``hh`` (Hansen-Hurwitz, AUC only) from the
+            SampledRanks of the draw, which carry each positive's beating draws' 1/q~ (bare ranks cannot: refused,
+            as is every top-K metric there except with ``none``; docs/popularity.md).
         sampling: ``"binomial"`` (with replacement, the default) or ``"hypergeometric"`` (rank-distribution and
             correction methods; the mapping functions assume neither). With a SampledRanks: its design's law
             (a contradicting value is refused).
