@@ -17,7 +17,7 @@ adaptive_max=cap)``                 (Li et al., AAAI 2023; ``adaptive.py``): Bin
                                     factor free of r
 ``SamplingDesign(m,                 r~ - 1 ~ Binomial(m, q(A)), q the popularity law renormalised over the
 popularity=w)``                     row's irrelevant items, A the items above the positive (``law ==
-                                    "popularity"``; no estimator corrects it yet)
+                                    "popularity"``; ``hh`` corrects AUC and mean rank: docs/popularity.md)
 ==================================  ========================================================================
 
 Adding a design (docs/architecture.md): a keyword here, validated in ``__post_init__``, a ``law`` name, the draw

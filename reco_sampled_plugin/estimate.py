@@ -31,6 +31,10 @@ FLAG_TEXT: dict[str, str] = {
     "outside_metric_range": "the estimator's value lies outside the metric's range (an unbounded correction such as "
                             "ls); its interval is clipped to the range",
     "several_m": "several sample sizes m in one histogram",
+    "weights_concentrated": "popularity sampling: a few rarely drawn items carry most of the Hansen-Hurwitz weight "
+                            "(Kish effective sample size of the beating draws' 1/q below 10% of their number); the "
+                            "estimate and its standard error rest on the few positives that drew them: raise m or "
+                            "flatten the sampling law (a smaller alpha)",
     "uncorrected": "the plain sampled metric (method none), not an estimate of the full-catalogue metric: its "
                    "interval covers the sampled metric only",
     "no_instances": "nothing was counted: no value (NaN)",

@@ -20,6 +20,7 @@ method              estimator
 ``ls``, ``cls``     minimal-bias least squares, monotone constrained least squares (eq. 21-23)
 ``bv``              bias-variance trade-off (eq. 24-25) with ``gamma`` and ``prior``
 ``bv_mle``          ``bv`` with the prior p(r) estimated by ``mle`` on the same sampled ranks
+``hh``              Hansen-Hurwitz AUC (and mean rank): uniform and popularity designs (``popularity.py``)
 ==================  =======================================================================================
 
 Standard errors: for table methods (mapping and corrections) the sample standard deviation of the
@@ -40,6 +41,7 @@ import math
 import numpy as np
 
 from ._rank_hist import RankHistogram, as_histogram, pool_by_n
+from ._checks import check_without_replacement
 from ._options import check_law, check_options
 from . import registry
 from .adaptive import adaptive_cost, check_adaptive_histogram
@@ -191,7 +193,20 @@ def _merge_flags(flags, extra) -> tuple:
     return tuple(flags) + tuple(f for f in extra if f not in flags)
 
 
-def _from_sampled(sampled: SampledRanks, n_items, n_samples, weights, sampling, adaptive, entry):
+def _available(spec, design) -> str:
+    """What estimates ``spec`` under ``design`` (None: any design), for refusals: the registry's methods, and under
+    popularity sampling that no corrected top-K estimator exists yet."""
+    ok = registry.names(design=design, metric=spec)
+    text = f"for {spec} use one of {ok}"
+    if design is not None and design.popularity is not None and not [n for n in ok if registry.get(n).family != "none"]:
+        takes = [f"{n} ({', '.join(registry.get(n).metrics or ('every metric',))})" for n in registry.names(design=design)
+                 if registry.get(n).family != "none"]
+        text += (f" (the uncorrected sampled metric): no estimator corrects {spec} under popularity sampling yet "
+                 f"(top-K metrics are not linear in the rank; docs/popularity.md); corrected there: {', '.join(takes)}")
+    return text
+
+
+def _from_sampled(sampled: SampledRanks, n_items, n_samples, weights, sampling, adaptive, entry, spec):
     """The histogram, law and adaptive design of a :class:`SampledRanks` (which carries all three)."""
     if n_items is not None or n_samples is not None:
         name = "n_items" if n_items is not None else "n_samples"
@@ -200,10 +215,10 @@ def _from_sampled(sampled: SampledRanks, n_items, n_samples, weights, sampling, 
     if design is None:
         raise ValueError("sampled_ranks: these SampledRanks carry no design; pass n_items and n_samples")
     if not entry.supports(design):
-        ok = registry.names(design=design)
         raise ValueError(f"method: {entry.name!r} does not support the design of these ranks ({design.describe()}); "
-                         f"use one of {ok}")
-    law = "binomial" if design.law == "popularity" else design.law  # only law-free methods take popularity
+                         f"{_available(spec, design)}")
+    # popularity: the law-free ``none`` or a method that reads the draws' weights (``hh``), never a binomial table
+    law = "binomial" if design.law == "popularity" else design.law
     if sampling is not None and check_law(sampling) != law:
         raise ValueError(f"sampling: {sampling!r} contradicts the design of these ranks ({design.describe()})")
     if adaptive is not None and coerce_adaptive(adaptive) != design.adaptive:
@@ -241,7 +256,9 @@ def estimate(
             with a SampledRanks.
         method: a registered estimator (``registry.names()``, see the module docstring); default ``mes``
             (``registry.DEFAULT_ESTIMATOR``), the most accurate rank-distribution estimator on ml-100k
-            (docs/estimators.md).
+            (docs/estimators.md). Popularity-sampled ranks: ``hh`` (Hansen-Hurwitz, AUC only) from the
+            SampledRanks of the draw, which carry each positive's beating draws' 1/q~ (bare ranks cannot: refused,
+            as is every top-K metric there except with ``none``; docs/popularity.md).
         sampling: ``"binomial"`` (with replacement, the default) or ``"hypergeometric"`` (rank-distribution and
             correction methods; the mapping functions assume neither). With a SampledRanks: its design's law
             (a contradicting value is refused).
@@ -297,10 +314,20 @@ def estimate(
     opts = _check_values(entry, {**{o.name: named.get(o.name) for o in entry.options if o.named}, **options})
     # the registry's defaults of options not given (None defaults stay with the compute function)
     opts.update({o.name: o.default for o in entry.options if o.name not in opts and o.default is not None})
+    draws = None
     if isinstance(sampled_ranks, SampledRanks):
-        hist, sampling, design = _from_sampled(sampled_ranks, n_items, n_samples, weights, sampling, adaptive, entry)
+        hist, sampling, design = _from_sampled(sampled_ranks, n_items, n_samples, weights, sampling, adaptive, entry,
+                                               spec)
         hist = hist.without_empty_groups()
+        if sampled_ranks.design.popularity is not None and entry.family != "none":
+            from .popularity import popularity_draws
+
+            draws = popularity_draws(sampled_ranks, weights)  # each positive's beating draws' 1/q~ (or a refusal)
     else:
+        if isinstance(sampling, str) and sampling.lower() == "popularity":
+            raise ValueError("sampled_ranks: bare ranks (or a histogram) cannot carry what popularity-sampled ranks "
+                             "need, each positive's beating draws' 1/q~; pass the SampledRanks of the draw "
+                             "(sampled_ranks(..., popularity=w), sampled_ranks_from_scorer), never ranks alone")
         sampling = check_law("binomial" if sampling is None else sampling)
         if isinstance(adaptive, SamplingDesign) and adaptive.adaptive_max is None:
             raise ValueError("adaptive: the design is not adaptive (no adaptive_max)")
@@ -320,6 +347,11 @@ def estimate(
         check_fit_options("mle" if entry.family != "rank_distribution" else method, sampling, **fit)
     hist.check_nonempty(weights)
     hist.check_support(sampling)  # every method: an r~ the design cannot produce is refused, not estimated from
+    if not entry.takes_metric(spec.kind):  # after the data's own checks, which every method makes alike
+        check_without_replacement(hist.n_items, hist.n_samples, sampling)
+        design_of = sampled_ranks.design if isinstance(sampled_ranks, SampledRanks) else None
+        raise ValueError(f"metric: method {method!r} estimates {', '.join(entry.metrics)} only; "
+                         f"{_available(spec, design_of)}")
     if design is not None:
         if not entry.adaptive:
             raise ValueError(
@@ -343,6 +375,7 @@ def estimate(
     if top_shape is not None and not isinstance(top_shape, TopShape):
         raise ValueError(f"top_shape: expected an identification.TopShape, got {type(top_shape).__name__}")
     ident = Identification(spec, hist, sampling, top_shape) if entry.family != "none" and top_sensitive(spec, hist) else None
-    res = entry.compute_function()(spec, hist, method=method, sampling=sampling, options=opts)
+    res = entry.compute_function()(spec, hist, method=method, sampling=sampling,
+                                   options=opts if draws is None else {**opts, "draws": draws})
     return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds,
                    ident)

@@ -57,7 +57,9 @@ from .design import SamplingDesign, as_design
 from .metric_names import MetricSpec, parse_metric
 from ._rank_hist import as_histogram
 from .adaptive import adaptive_cost, adaptive_sampled_ranks
-from .ranking import END_TIES, TIE_BOUNDS, check_ties, exact_ranks_padded, sampled_ranks, tied_positives
+from .ranking import (END_TIES, TIE_BOUNDS, SampledRanks, check_ties, exact_ranks_padded, sampled_ranks,
+                      tied_positives)
+from ._popularity import PopularityStats
 from .user_metrics import SortedRanks, values_from_sorted
 from .tie_expectation import expected_dcg, expected_metric_values
 
@@ -213,6 +215,8 @@ class SampledEvaluation:
     n_samples: m (the first stage's m with adaptive sampling).
     sample_sizes: (N,) int64 final m of each test item (all m without adaptive sampling).
     adaptive_max: the cap of adaptive sampling, or None.
+    popularity_stats: (N,) per test item, the beating draws' statistics of a popularity design (with replacement):
+        what the Hansen-Hurwitz estimator ``hh`` reads (``SampledRanks.popularity_stats``); None otherwise.
     """
 
     users: torch.Tensor
@@ -223,6 +227,7 @@ class SampledEvaluation:
     n_samples: int
     sample_sizes: torch.Tensor | None = None
     adaptive_max: int | None = None
+    popularity_stats: PopularityStats | None = None
 
 
 @dataclass(frozen=True)
@@ -307,7 +312,8 @@ def evaluate_factors(
             ``replacement``, ``popularity`` and ``adaptive_max`` below; a design carries them (given next to it
             they are refused).
         replacement, popularity: sampling law (uniform with replacement: binomial; without: hypergeometric;
-            popularity-weighted draws take no correction).
+            popularity-weighted draws: ``correction="hh"`` corrects AUC (``metrics=["roc_auc"]``), ``"none"``
+            reports the sampled metrics; docs/popularity.md).
         correction: an estimator of the registry (``reco_sampled_plugin.registry.names()``: ``"bv"``, ``"cls"``,
             ``"mle"``...) for corrected estimates next to the exact values; it must support the design
             (``registry.get(correction).supports(design)``); ``gamma`` for the corrections that take it (``bv``,
@@ -340,6 +346,11 @@ def evaluate_factors(
         raise ValueError(f"correction: expected an estimator name such as 'bv', got {correction!r}")
     base_specs, specs = _metric_specs(metrics, k, cumulative)
     design, gamma = _sampling_design(n_samples, replacement, popularity, adaptive_max, correction, gamma)
+    if correction is not None:  # before any work: a metric the correction does not estimate (hh: AUC only)
+        refused = [str(sp_) for sp_ in base_specs if not registry.get(correction).takes_metric(sp_.kind)]
+        if refused:
+            raise ValueError(f"metrics: correction {correction!r} estimates {', '.join(registry.get(correction).metrics)}"
+                             f" only, not {', '.join(refused)}; pass e.g. metrics=['roc_auc']")
 
     test = _to_csr(X_test, "X_test")
     n_users, n_items = test.shape
@@ -553,7 +564,8 @@ def _sampling_design(n_samples, replacement, popularity, adaptive_max, correctio
         gamma = check_fraction(gamma, "gamma")
     if entry is not None and not entry.supports(design):
         if design.popularity is not None:
-            raise ValueError("correction: the corrections assume uniform sampling; drop popularity or correction")
+            raise ValueError(f"correction: {correction!r} assumes uniform sampling; with popularity use one of "
+                             f"{registry.names(design=design)} (hh: AUC only; docs/popularity.md)")
         if design.adaptive is not None:
             raise ValueError(f"correction: {correction!r} assumes one fixed m per test item; with adaptive_max "
                              f"use one of {registry.names(adaptive=True)}")
@@ -599,7 +611,7 @@ def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, design: Sam
         scores, pos, exc, ranks, rows = scores[idx], pos[idx], exc[idx], ranks[idx], rows[idx]
     if pos.shape[0] == 0:
         empty = torch.zeros(0, dtype=torch.int64, device=pos.device)
-        return empty, empty, empty, empty.to(ranks.dtype), empty, empty
+        return empty, empty, empty, empty.to(ranks.dtype), empty, empty, None
     exc_arg = exc if exc.shape[1] else None
     if design.adaptive is None:
         res = sampled_ranks(scores, pos, design, exclude=exc_arg, generator=gen, ties=ties, check_finite=False)
@@ -613,7 +625,8 @@ def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, design: Sam
     valid = pos >= 0
     users = rows.unsqueeze(1).expand_as(pos)[valid]
     n_single = n_cand.unsqueeze(1).expand_as(pos)[valid]
-    return users, pos[valid], s_ranks[valid], single[valid], n_single, sizes[valid]
+    stats = None if res.popularity_stats is None else res.popularity_stats.select(valid)
+    return users, pos[valid], s_ranks[valid], single[valid], n_single, sizes[valid], stats
 
 
 def _sampled_result(per_user, parts, base_specs, design: SamplingDesign, correction, gamma, as_df, dev):
@@ -624,15 +637,16 @@ def _sampled_result(per_user, parts, base_specs, design: SamplingDesign, correct
     else:
         z = torch.zeros(0, dtype=torch.int64, device=dev)
         users, items, sranks, eranks, n_single, sizes = z, z, z, z, z, z
+    kept = [p[6] for p in parts if p[6] is not None]
+    stats = PopularityStats.cat(kept) if kept else None
     m, adaptive = design.n_samples, design.adaptive
-    sampled = SampledEvaluation(users, items, sranks, eranks, n_single, m, sizes, design.adaptive_max)
+    sampled = SampledEvaluation(users, items, sranks, eranks, n_single, m, sizes, design.adaptive_max, stats)
     cost = None
     if adaptive is not None and users.numel():
         cost = adaptive_cost(as_histogram(sranks, n_single, sizes), adaptive).as_dict()
     summary: dict[str, dict[str, float]] = {}
     estimates: dict = {}
-    # the law of a correction's tables; popularity draws reach here only with an estimator that corrects nothing
-    # (the registry's popularity flag: ``none``), whose value does not depend on the law
+    # the law of a correction's tables (popularity draws go to estimate() with their statistics, below)
     law = "binomial" if design.replacement else "hypergeometric"
     for spec in base_specs:
         row: dict[str, float] = {"n_instances": float(users.numel())}
@@ -651,7 +665,10 @@ def _sampled_result(per_user, parts, base_specs, design: SamplingDesign, correct
                 raise ValueError("correction: no test item could be sampled (no evaluated user)")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                if adaptive is None:
+                if design.popularity is not None:  # the draw's statistics travel with the ranks (hh reads them)
+                    est = estimate(spec, SampledRanks(sranks, n_single, None, design, popularity_stats=stats),
+                                   method=correction)
+                elif adaptive is None:
                     uses_gamma = {"gamma": gamma} if registry.get(correction).option("gamma") is not None else {}
                     est = estimate(spec, sranks, n_single, m, method=correction, sampling=law, **uses_gamma)
                 else:

@@ -29,6 +29,7 @@ from ._checks import (MAX_SAMPLES, MAX_SIZE, check_elements, check_generator, ch
 from ._inputs import (Check, score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
                        finite_flags, pending_index, run_checks, sparse_masks)
 from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
+from ._popularity import PopularityStats, popularity_stats
 from ._options import check_bool
 from .design import SamplingDesign, as_design
 
@@ -45,6 +46,7 @@ __all__ = [
     "allowed_position_to_item",
     "draw_negatives",
     "rank_among_drawn",
+    "popularity_draw_stats",
 ]
 
 TIES = ("pessimistic", "optimistic", "average", "random")  # the one list of tie policies; subsets below
@@ -346,6 +348,10 @@ class SampledRanks:
         slots); None for a fixed m (``design.n_samples``).
     cost: what scoring cost, from :func:`~reco_sampled_plugin.scorer_ranks.sampled_ranks_from_scorer`
         (:class:`~reco_sampled_plugin.scorer_ranks.ScoringCost`); None from a score matrix.
+    popularity_stats: a popularity design's per-positive statistics of the beating draws (the number, sum of 1/q~
+        and of 1/q~^2: :class:`~reco_sampled_plugin._popularity.PopularityStats`, docs/popularity.md), which the
+        Hansen-Hurwitz estimator ``hh`` reads; None for uniform designs (r~ says it all there) and for draws
+        without replacement (not independent: no Hansen-Hurwitz weights).
 
     ``estimate(metric, sampled)`` takes it alone. For compatibility it unpacks like the tuples the draws
     returned before the design object: ``ranks, n_candidates, negatives = sampled_ranks(...)`` for a fixed m,
@@ -358,6 +364,7 @@ class SampledRanks:
     design: SamplingDesign | None = None
     n_samples: torch.Tensor | None = None
     cost: Any = None  # a scorer_ranks.ScoringCost (not imported here: scorer_ranks builds on this module)
+    popularity_stats: PopularityStats | None = None
 
     def _legacy(self) -> tuple:
         if self.n_samples is not None:
@@ -651,26 +658,30 @@ def _draw_popularity(forb, n_items, p, m, replacement, w, generator, device) -> 
 
 
 def rank_among_drawn(pos_scores: torch.Tensor, neg_scores: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
-                     ties: str, generator: torch.Generator | None) -> torch.Tensor:
+                     ties: str, generator: torch.Generator | None, *, beating: bool = False):
     """(B, P) sampled ranks r~ = 1 + #{drawn items beating the positive} (ties per ``ties``; 0 in padded slots)
     from the positives' scores (B, P), the drawn items' scores (B, P, m), and their item indices (padded (B, P)
     positives with -1, (B, P, m) drawn items): the one count of :func:`sampled_ranks` and of the scorer loop
-    (``scorer_ranks``). ``ties="random"`` draws one seed per row from ``generator`` here."""
+    (``scorer_ranks``). ``ties="random"`` draws one seed per row from ``generator`` here. With ``beating``: (ranks,
+    (B, P, m) each draw's share of the count: bool, float64 with 1/2 for ties under ``"average"``), for the
+    popularity statistics (``_popularity.popularity_stats``)."""
     above = neg_scores > pos_scores.unsqueeze(2)
     if ties == "optimistic":
-        ranks = above.sum(2) + 1
+        beat = above
     else:
         tied = neg_scores == pos_scores.unsqueeze(2)
         if ties == "pessimistic":
-            ranks = above.sum(2) + tied.sum(2) + 1
+            beat = above | tied
         elif ties == "average":
-            ranks = (above.sum(2) + 1).to(torch.float64) + tied.sum(2).to(torch.float64) / 2
+            beat = above.to(torch.float64) + tied.to(torch.float64) / 2
         else:
             seeds = _row_seeds(pos.shape[0], generator, pos.device)
             pos_keys = item_keys(pos.clamp(min=0), seeds)
             neg_keys = item_keys(neg, seeds.unsqueeze(2))
-            ranks = above.sum(2) + (tied & (neg_keys < pos_keys.unsqueeze(2))).sum(2) + 1
-    return torch.where(pos >= 0, ranks, torch.zeros_like(ranks))
+            beat = above | (tied & (neg_keys < pos_keys.unsqueeze(2)))
+    ranks = beat.sum(2) + 1  # bool sums are int64; halves are exact in float64
+    ranks = torch.where(pos >= 0, ranks, torch.zeros_like(ranks))
+    return (ranks, beat) if beating else ranks
 
 
 def sampled_ranks(
@@ -773,10 +784,24 @@ def sampled_ranks(
         neg = draw_negatives(pos, exc, n, m, replacement, popularity, generator, device)
     pos_scores, pos_valid = _gather_padded(scores, pos)
     neg_scores = scores.gather(1, neg.reshape(b, p * m)).reshape(b, p, m)
-    ranks = rank_among_drawn(pos_scores, neg_scores, pos, neg, ties, generator)
-    neg = torch.where(pos_valid.unsqueeze(2), neg, torch.full_like(neg, -1))
-    n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)
+    ranks, beat = rank_among_drawn(pos_scores, neg_scores, pos, neg, ties, generator, beating=True)
     if design is None:  # built from validated parts, without a second validation (no extra host sync)
         design = SamplingDesign.trusted(m, replacement=bool(replacement) if negatives is None else True,
                                         popularity=popularity if negatives is None else None)
-    return SampledRanks(ranks, n_cand, neg, design)
+    stats = popularity_draw_stats(design, beat, neg, pos, exc, n, given=negatives is not None)
+    neg = torch.where(pos_valid.unsqueeze(2), neg, torch.full_like(neg, -1))
+    n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)
+    return SampledRanks(ranks, n_cand, neg, design, popularity_stats=stats)
+
+
+def popularity_draw_stats(design: SamplingDesign, beat: torch.Tensor, neg: torch.Tensor, pos: torch.Tensor,
+                          exc: torch.Tensor | None, n_items: int, given: bool = False) -> PopularityStats | None:
+    """The :class:`~reco_sampled_plugin._popularity.PopularityStats` of a fixed-m draw under ``design`` (None unless
+    it draws by popularity with replacement): the one call of every path that draws popularity negatives (score
+    matrix, factors, scorer loop). ``beat`` from :func:`rank_among_drawn` (``beating=True``); ``given``: the
+    negatives were given (checked for weight 0), not drawn."""
+    if design.popularity is None or not design.replacement:
+        return None
+    w = design.popularity  # validated by the design (values) and by the draw (its length) where it drew
+    w = check_popularity(w, n_items, neg.device) if w.shape != (n_items,) else w.to(neg.device, torch.float64)
+    return popularity_stats(beat, neg, pos >= 0, w, forbidden_sorted(pos, exc, n_items), given)

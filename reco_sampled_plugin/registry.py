@@ -17,6 +17,9 @@ The compute protocol (``estimators.estimate`` calls it after validating the opti
 
 ``options`` holds the method's own options (defaults filled in for the named ones: ``a``, ``gamma``, ``prior``,
 ``rounding``). A rank-distribution method also names its ``fitter`` (``rank_distribution`` dispatches on it).
+A method that corrects popularity designs (``popularity=True``, family other than ``none``) also finds
+``options["draws"]``: the per-positive statistics of the beating draws (``popularity.PopularityDraws``), which the
+histogram cannot carry. ``metrics`` restricts the metric kinds a method estimates (``hh``: AUC only).
 
 Adding an estimator (docs/architecture.md): its module (the compute function), one :func:`register` call in
 ``_BUILTIN`` below (or at run time, for a user's own method), its row in docs/estimators.md, its test; the
@@ -54,6 +57,8 @@ FAMILIES = {
     "correction": "a table of m + 1 corrected values per (n, m), looked up at each sampled rank (Krichene & Rendle)",
     "mapping": "sampled ranks mapped onto exact ranks, the metric averaged over each mapped interval (Li et al.)",
     "rank_distribution": "the distribution of exact ranks fitted by likelihood, the metric its expectation",
+    "hansen_hurwitz": "each beating draw weighted by 1/q, its inclusion probability (Hansen-Hurwitz): unbiased for "
+                      "metrics linear in the rank (AUC), under uniform and popularity sampling",
     "auto": "chooses a registered estimator per design and metric (AUTO_CHOICES), then runs it",
 }
 
@@ -143,6 +148,8 @@ class Estimator:
         fits_distribution: fits a rank distribution (its fit options apply; the planner asks it for no bootstrap).
         fitter: rank-distribution methods: ``"module:object"`` of the fitter ``rank_distribution`` dispatches to.
         reference: the paper and equations.
+        metrics: the metric kinds it estimates (``metric_names.METRIC_KINDS`` keys), None for every one;
+            ``estimate`` refuses the others, naming ``metric``.
     """
 
     name: str
@@ -156,6 +163,7 @@ class Estimator:
     fits_distribution: bool = False
     fitter: str | Callable | None = None
     reference: str = ""
+    metrics: tuple[str, ...] | None = None
     _resolved: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -165,6 +173,14 @@ class Estimator:
             raise ValueError(f"family: unknown estimator family {self.family!r}; use one of {tuple(FAMILIES)}")
         if self.family == "rank_distribution" and self.fitter is None:
             raise ValueError(f"fitter: the rank-distribution method {self.name!r} needs a fitter")
+        if self.metrics is not None and (not isinstance(self.metrics, tuple) or not self.metrics
+                                         or not all(isinstance(k, str) for k in self.metrics)):
+            raise ValueError(f"metrics: expected a non-empty tuple of metric kinds such as ('auc',) or None, "
+                             f"got {self.metrics!r}")
+
+    def takes_metric(self, kind: str) -> bool:
+        """Whether it estimates metrics of ``kind`` (a ``MetricSpec.kind`` such as ``"auc"``, ``"ndcg"``)."""
+        return self.metrics is None or kind in self.metrics
 
     @property
     def option_names(self) -> tuple[str, ...]:
@@ -243,9 +259,11 @@ def entries() -> tuple[Estimator, ...]:
 
 
 def names(*, family: str | tuple[str, ...] | None = None, adaptive: bool | None = None,
-          fits_distribution: bool | None = None, design=None) -> tuple[str, ...]:
+          fits_distribution: bool | None = None, design=None, metric: str | None = None) -> tuple[str, ...]:
     """Registered method names in table order, optionally only one ``family`` (or several), those that take
-    adaptive designs (or not), those that fit a distribution (or not), or those that support ``design``."""
+    adaptive designs (or not), those that fit a distribution (or not), those that support ``design``, or those
+    that estimate ``metric`` (a name such as ``"ndcg@10"`` or a kind such as ``"auc"``)."""
+    kind = None if metric is None else getattr(metric, "kind", None) or _metric_kind(metric)
     fams = (family,) if isinstance(family, str) else family
     out = []
     for e in _REGISTRY.values():
@@ -257,8 +275,22 @@ def names(*, family: str | tuple[str, ...] | None = None, adaptive: bool | None 
             continue
         if design is not None and not e.supports(design):
             continue
+        if metric is not None and not e.takes_metric(kind):
+            continue
         out.append(e.name)
     return tuple(out)
+
+
+def _metric_kind(name: str) -> str:
+    """The kind of a metric name (``"mrr"`` -> ``"rr"``), read from ``metric_names`` when the package is loaded; the
+    name itself where it is not (``registry.py`` read alone, as ``reco-sampled --help`` may)."""
+    try:
+        from .metric_names import METRIC_KINDS, parse_metric
+    except ImportError:  # pragma: no cover - registry.py loaded outside the package
+        return name
+    if name in METRIC_KINDS:  # a kind ("hit", which as a name needs a cut-off)
+        return name
+    return parse_metric(name).kind
 
 
 def method_options() -> dict[str, tuple[str, ...]]:
@@ -346,6 +378,10 @@ _BUILTIN = (
     Estimator("bv_mle", "correction", "bv with its prior estimated by mle on the same sampled ranks",
               ".corrections:estimate_by_fitted_prior", options=(_GAMMA,) + _FIT_OPTIONS, fits_distribution=True,
               reference="Krichene & Rendle eq. 25 with Jin et al.'s mle prior"),
+    Estimator("hh", "hansen_hurwitz", "Hansen-Hurwitz: AUC (and the mean rank in details) unbiased under uniform "
+              "and popularity sampling, beating draws weighted by 1/q (AUC only)", ".popularity:estimate_by_hh",
+              popularity=True, metrics=("auc",),
+              reference="Hansen & Hurwitz 1943; uniform q: Krichene & Rendle KDD 2020, eq. 20"),
 )
 for _entry in _BUILTIN:
     register(_entry)

@@ -29,7 +29,7 @@ from ._checks import check_elements, check_generator, check_int, check_size, rea
 from ._options import check_bool
 from .design import SamplingDesign, as_design
 from .ranking import (SampledRanks, draw_negatives, check_popularity, check_ties, padded_candidate_counts,
-                      prepare_index, rank_among_drawn)
+                      popularity_draw_stats, prepare_index, rank_among_drawn)
 
 __all__ = ["Scorer", "ScoringCost", "sampled_ranks_from_scorer", "DEFAULT_MAX_PAIRS", "ScorerCalls", "score_drawn",
            "full_ranking_pairs", "check_scorer",
@@ -244,7 +244,8 @@ def sampled_ranks_from_scorer(
     valid = pos >= 0
     neg = draw_negatives(pos, exc, n, m, design.replacement, popularity, generator, device)
     pos_scores, neg_scores = score_drawn(calls, user_ids, pos, neg, valid)  # stage 0: [positive, drawn...]
-    ranks = rank_among_drawn(pos_scores, neg_scores, pos, neg, ties, generator)
+    ranks, beat = rank_among_drawn(pos_scores, neg_scores, pos, neg, ties, generator, beating=True)
+    stats = None if adaptive else popularity_draw_stats(design, beat, neg, pos, exc, n)  # popularity: 1/q~ sums
     n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)
     stages = 1
     sizes = None
@@ -257,7 +258,7 @@ def sampled_ranks_from_scorer(
     full = full_ranking_pairs(n, exc, valid.any(1))
     total = time.perf_counter() - t_start
     cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(total - calls.seconds, 0.0), full, stages)
-    return SampledRanks(ranks, n_cand, neg_out, design, sizes, cost)
+    return SampledRanks(ranks, n_cand, neg_out, design, sizes, cost, stats)
 
 
 def adaptive_stages(calls: ScorerCalls, positives, exclude, pos, exc, user_ids, pos_scores, ranks, design, n, ties,

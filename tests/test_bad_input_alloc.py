@@ -129,7 +129,7 @@ HUGE_CALLS = {
 }
 HUGE_CALLS["every_estimator"] = (
     "out = {m: [rsp.estimate('ndcg@10', [1, 2, 3, 1], n_items=2**40, n_samples=100, method=m,"
-    " **({'a': 1.0} if m == 'beta' else {})).value] for m in rsp.ESTIMATORS}"
+    " **({'a': 1.0} if m == 'beta' else {})).value] for m in rsp.registry.names(metric='ndcg@10')}"
 )
 REFUSED = {"metric_curve", "empirical_prior", "uniform_weights", "beta_weights", "callable_weights",
            "distribution_prior", "hypergeometric_draw"}

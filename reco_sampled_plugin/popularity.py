@@ -1,0 +1,199 @@
+"""Hansen-Hurwitz estimates under popularity (and uniform) sampling: the rank and the AUC (issue 28, part 1).
+
+The law (docs/popularity.md; NOTATION.md, "Popularity (non-uniform) sampling"): each of a positive's m draws is
+independent, with replacement, from q~, the popularity law renormalised over the row's drawable candidates (its
+irrelevant, non-excluded items: RecBole's ``popN`` redraws a draw that hits a used item). With A the drawable items
+scored above the positive (|A| = R - 1), r~ - 1 ~ Binomial(m, q~(A)): the sampled rank identifies the popularity mass
+above, not the count. Weighting each beating draw by 1/q~ counts it back (Hansen & Hurwitz 1943):
+
+    Y = (1/m) sum_k [j_k in A] / q~_{j_k},   E[Y] = R - 1,   Var[Y] = (1/m) (sum_{j in A} 1/q~_j - (R - 1)^2),
+
+and with z_k the k-th term, (sum z_k^2 - m zbar^2) / (m (m - 1)) estimates Var[Y] without bias. Under uniform q~ =
+1/(n - 1), Y = (n - 1)(r~ - 1)/m: Krichene & Rendle's rank estimate (eq. 20), and the AUC below is the sampled AUC.
+AUC = (n - R)/(n - 1) is linear in R, so AUC^ = 1 - Y/(n - 1) is unbiased too. Top-K metrics are not linear in R and
+a positive with no beating draw says nothing on how the mass above maps to a count: they are not estimated here.
+
+Registered as the estimator ``hh`` (``registry.py``); ``estimate("auc", sampled, method="hh")`` with the
+:class:`~reco_sampled_plugin.ranking.SampledRanks` of a popularity draw (they carry the statistics,
+``SampledRanks.popularity_stats``), or with any uniform ranks (bare ranks, a histogram).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ._checks import check_weights, check_without_replacement
+from ._popularity import PopularityStats
+from .design import SamplingDesign
+from .estimate import Estimate, EstimatorOutput
+from .metric_names import MetricSpec
+
+__all__ = ["HH_METRICS", "ESS_SHARE_FLAG", "PopularityDraws", "popularity_draws", "rank_estimates", "mean_rank",
+           "estimate_by_hh"]
+
+#: The metric kinds ``hh`` estimates: those linear in the exact rank.
+HH_METRICS = ("auc",)
+
+#: ``weights_concentrated`` is flagged when the Kish effective sample size of the beating draws' weights 1/q~,
+#: (sum w)^2 / sum w^2 over all beating draws, is below this share of their number: a few (tail) items then carry
+#: most of the estimate, and its standard error rests on the few positives that drew them.
+ESS_SHARE_FLAG = 0.1
+
+
+class PopularityDraws:
+    """The per-positive inputs of ``hh`` (valid slots only, 1-D float64 numpy arrays): S1, S2, beating draws, n, m,
+    frequency weights; from :func:`popularity_draws` (a popularity draw) or from a uniform histogram."""
+
+    def __init__(self, s1, s2, beating, n, m, w) -> None:
+        self.s1, self.s2, self.beating, self.n, self.m, self.w = s1, s2, beating, n, m, w
+
+
+def popularity_draws(sampled, weights=None) -> PopularityDraws:
+    """The :class:`PopularityDraws` of popularity-sampled :class:`~reco_sampled_plugin.ranking.SampledRanks`.
+
+    Raises:
+        ValueError naming ``sampled_ranks`` when they carry no statistics (bare ranks cannot; draws without
+        replacement have none), or ``popularity`` when a drawable candidate of an evaluated row has weight 0 (it
+        can never be drawn, so no estimate counts it).
+    """
+    stats: PopularityStats | None = sampled.popularity_stats
+    design: SamplingDesign = sampled.design
+    if stats is None:
+        why = ("draws without replacement are not independent: no Hansen-Hurwitz weights; draw with replacement "
+               "(RecBole's popN does)" if not design.replacement else
+               "draw them with sampled_ranks(..., popularity=w), sampled_ranks_from_scorer or evaluate_factors, "
+               "which keep each positive's beating draws' 1/q~ (SampledRanks.popularity_stats)")
+        raise ValueError(f"sampled_ranks: these popularity-sampled ranks ({design.describe()}) carry no per-draw "
+                         f"weights, and a popularity design cannot be corrected from r~ alone; {why}")
+    ranks = sampled.ranks
+    valid = ranks > 0
+    unreachable = stats.unreachable[valid]
+    if bool((unreachable > 0).any()):
+        raise ValueError(f"popularity: {int((unreachable > 0).sum())} evaluated positive(s) have drawable "
+                         f"candidates of weight 0 (up to {int(unreachable.max())} in a row): they can never be "
+                         "drawn, so the count above the positive is not identified; give every candidate a "
+                         "weight > 0 (e.g. counts + 1) or exclude such items")
+    w = torch.ones_like(ranks, dtype=torch.float64) if weights is None else \
+        torch.broadcast_to(check_weights(weights, "weights", like=ranks, device=ranks.device), ranks.shape)
+    n = sampled.candidates()[valid]
+
+    def host(t):
+        return t.detach().to(torch.float64).cpu().numpy()
+
+    m = np.full(int(valid.sum()), float(design.n_samples))
+    return PopularityDraws(host(stats.inv_q[valid]), host(stats.inv_q2[valid]), host(stats.beating[valid]), host(n),
+                           m, host(w[valid]))
+
+
+def _uniform_draws(hist) -> PopularityDraws:
+    """The cells of a uniform histogram as :class:`PopularityDraws` (each (n, m, r~) cell once, its count as the
+    weight): under q~ = 1/(n - 1) every beating draw weighs n - 1, so S1 = (n - 1)(r~ - 1), S2 = (n - 1)^2 (r~ - 1)."""
+    parts = []
+    for n, m, c in zip(hist.n_items, hist.n_samples, hist.counts):
+        b = np.arange(len(c), dtype=np.float64)  # r~ - 1
+        keep = c > 0
+        parts.append((b[keep], np.full(keep.sum(), float(n)), np.full(keep.sum(), float(m)), c[keep]))
+    b, n, m, w = (np.concatenate([p[i] for p in parts]) if parts else np.zeros(0) for i in range(4))
+    return PopularityDraws((n - 1) * b, (n - 1) ** 2 * b, b, n, m, w)
+
+
+def _mean_se(v: np.ndarray, w: np.ndarray) -> tuple[float, float]:
+    """Frequency-weighted mean and its standard error (between-positive spread, as ``corrections.table_estimate``)."""
+    total = float(w.sum())
+    mean = float(w @ v) / total
+    ss = float(w @ (v - mean) ** 2)
+    return mean, (math.sqrt(ss / (total * (total - 1.0))) if total > 1 else math.inf)
+
+
+def _within_var(d: PopularityDraws) -> np.ndarray:
+    """Per positive, the unbiased estimate of Var[Y | positive] = (S2 - S1^2/m) / (m (m - 1)) (NaN for m = 1)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        v = (d.s2 - d.s1 ** 2 / d.m) / (d.m * (d.m - 1))
+    return np.where(d.m > 1, np.maximum(v, 0.0), np.nan)
+
+
+def _summary(d: PopularityDraws) -> dict:
+    """Rank estimate, its standard errors, and the Kish effective sample size of the beating draws' weights."""
+    y = d.s1 / d.m
+    rank, rank_se = _mean_se(1.0 + y, d.w)
+    total = float(d.w.sum())
+    within = _within_var(d)
+    n_beating = float(d.w @ d.beating)
+    s1, s2 = float(d.w @ d.s1), float(d.w @ d.s2)
+    ess = s1 * s1 / s2 if s2 > 0 else 0.0
+    return {
+        "mean_rank": rank,
+        "mean_rank_stderr": rank_se,
+        "mean_rank_stderr_sampling": math.sqrt(float(d.w @ within)) / total if np.all(np.isfinite(within)) else None,
+        "beating_draws": n_beating,
+        "kish_ess": ess,
+        "ess_share": ess / n_beating if n_beating > 0 else None,
+    }
+
+
+def _fixed_m(sampled) -> SamplingDesign | None:
+    """The design of ``sampled`` (a SampledRanks), refused where the rank estimate is not unbiased: adaptive draws
+    (a positive keeps drawing while it ranks first: the stopping rule biases (n - 1)(r~ - 1)/M)."""
+    from .ranking import SampledRanks
+
+    if not isinstance(sampled, SampledRanks):
+        raise ValueError(f"sampled: expected the SampledRanks of a draw, got {type(sampled).__name__}")
+    if sampled.design is not None and sampled.design.adaptive_max is not None:
+        raise ValueError("sampled: adaptive draws stop on the sampled rank, so the Hansen-Hurwitz rank estimate is "
+                         "biased there; use a fixed-m design")
+    return sampled.design
+
+
+def rank_estimates(sampled) -> torch.Tensor:
+    """Per positive, the Hansen-Hurwitz rank estimate R^ = 1 + S1/m (float64, shaped like the ranks, 0 in padded
+    slots): from the statistics of a popularity draw, or 1 + (n - 1)(r~ - 1)/m for a uniform one."""
+    design = _fixed_m(sampled)
+    ranks = sampled.ranks
+    valid = ranks > 0
+    if design is not None and design.popularity is not None:
+        popularity_draws(sampled)  # the refusals
+        r = 1.0 + sampled.popularity_stats.inv_q / design.n_samples
+    else:
+        n = sampled.candidates().to(torch.float64)
+        r = 1.0 + (n - 1) * (ranks.to(torch.float64) - 1) / torch.as_tensor(sampled.sizes(), dtype=torch.float64)
+    return torch.where(valid, r, torch.zeros_like(r, dtype=torch.float64))
+
+
+def mean_rank(sampled, weights=None) -> Estimate:
+    """The mean exact rank of the positives (1 = best; n counts the positive and its drawable candidates),
+    estimated by Hansen-Hurwitz, with the between-positive standard error; ``details`` as ``hh``'s."""
+    design = _fixed_m(sampled)
+    if design is not None and design.popularity is not None:
+        d = popularity_draws(sampled, weights)
+    else:
+        d = _uniform_draws(sampled.histogram(weights))
+    s = _summary(d)
+    return Estimate(s["mean_rank"], s["mean_rank_stderr"], float(d.w.sum()), {"method": "hh", **s})
+
+
+def estimate_by_hh(spec: MetricSpec, hist, *, method: str, sampling: str, options: dict) -> EstimatorOutput:
+    """The registry's compute function of ``hh`` (``registry.py``): the AUC by Hansen-Hurwitz. ``options["draws"]``:
+    the :class:`PopularityDraws` of a popularity design (``estimators.estimate`` passes them); without it the
+    histogram is uniform (binomial or hypergeometric: (n - 1)(r~ - 1)/m is unbiased for R - 1 under both)."""
+    if spec.kind not in HH_METRICS:
+        raise ValueError(f"metric: 'hh' estimates {', '.join(HH_METRICS)} only (linear in the rank), got {spec}")
+    d = options.get("draws")
+    design = "popularity" if d is not None else sampling
+    if d is None:
+        check_without_replacement(hist.n_items, hist.n_samples, sampling)
+        d = _uniform_draws(hist)
+    auc = 1.0 - (d.s1 / d.m) / (d.n - 1.0)
+    value, se = _mean_se(auc, d.w)
+    total = float(d.w.sum())
+    within = _within_var(d) / (d.n - 1.0) ** 2
+    s = _summary(d)
+    details = {"method": method, "design": design, "stderr_sampling":
+               math.sqrt(float(d.w @ within)) / total if np.all(np.isfinite(within)) else None, **s}
+    flags = ()
+    if s["ess_share"] is not None and s["ess_share"] < ESS_SHARE_FLAG:
+        flags = ("weights_concentrated",)
+    return EstimatorOutput(value, se, total, details, flags)
+
