@@ -67,6 +67,22 @@ def test_version_has_one_place():
     assert re.fullmatch(r"\d+\.\d+\.\d+", version), version
 
 
+def test_changelog_names_the_version():
+    """CHANGELOG.md (Keep a Changelog) opens with an Unreleased section, then a dated section for the current
+    version; every release heading is ``## [X.Y.Z] - YYYY-MM-DD``, newest first."""
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^## (.*)$", text, re.M)
+    assert headings[0] == "[Unreleased]", headings
+    releases = [re.fullmatch(r"\[(\d+\.\d+\.\d+)\] - (\d{4}-\d{2}-\d{2})", h) for h in headings[1:]]
+    assert releases and all(releases), f"release headings must read '## [X.Y.Z] - YYYY-MM-DD': {headings[1:]}"
+    assert releases[0].group(1) == _version_in_source(), "the newest release section is not __version__"
+    versions = [tuple(int(p) for p in r.group(1).split(".")) for r in releases]
+    assert versions == sorted(versions, reverse=True) and [r.group(2) for r in releases] == sorted(
+        (r.group(2) for r in releases), reverse=True)
+    for section in re.findall(r"^### (.*)$", text, re.M):
+        assert section in {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}, section
+
+
 def test_readme_install_names_every_extra():
     """The README's Install section shows ``pip install .`` and ``pip install ".[recbole,lightning]"`` and names each
     extra of pyproject.toml (a new extra without a line there fails)."""
