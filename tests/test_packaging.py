@@ -13,6 +13,7 @@ torch, numpy and scipy come from there, ``reco_sampled_plugin`` from the wheel (
 from __future__ import annotations
 
 import ast
+import logging
 import os
 import re
 import shutil
@@ -155,3 +156,108 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     out = _run([script, "estimate", "ranks.csv", "--metric", "auc", "--method", "none"], cwd=elsewhere).stdout
     row = next(line.split() for line in out.splitlines() if line.startswith("auc"))
     assert row[1] == "none" and float(row[2]) == pytest.approx((100 + 98 + 51) / 300, abs=5e-6)
+
+
+# ----------------------------------------------------------------------------------------------------- logging
+# Diagnostics go to one logger per module, named after it (``logging.getLogger(__name__)``: the hierarchy under
+# ``reco_sampled_plugin`` lets a user turn them on per module); ``warnings.warn`` is kept for what a user must act
+# on; ``print`` only in the CLI (and the benchmarks and examples, outside the package).
+PRINT_ALLOWED = {"reco_sampled_plugin/cli.py"}
+LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical", "log"}
+
+
+def _modules():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(encoding="utf-8"))
+
+
+def _is_module_logger(node: ast.stmt) -> bool:
+    """``logger = logging.getLogger(__name__)`` (a module-level statement)."""
+    return (isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["logger"]
+            and isinstance(node.value, ast.Call) and ast.unparse(node.value) == "logging.getLogger(__name__)")
+
+
+def test_no_print_in_the_library():
+    found = [f"{name}:{node.lineno}" for name, tree in _modules() if name not in PRINT_ALLOWED
+             for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print"]
+    assert not found, f"print( in library modules (log or warn instead): {found}"
+
+
+def test_each_module_logs_on_a_logger_named_after_itself():
+    """Every getLogger call is ``logging.getLogger(__name__)`` bound to a module-level ``logger``; a module that calls
+    ``logger.<level>(...)`` defines that logger (or is handed one: a helper's ``logger`` parameter, as
+    ``adapters._shared.explain_once``), and one that defines it uses it; nothing logs on the root logger
+    (``logging.info(...)``); no module-level ``logger`` is shadowed by a local of the same name."""
+    problems, logging_modules = [], []
+    for name, tree in _modules():
+        defines = any(_is_module_logger(node) for node in tree.body)
+        calls = handed = read = False
+        for node in ast.walk(tree):
+            if isinstance(node, ast.arg) and node.arg == "logger":
+                handed = True
+            if isinstance(node, ast.Name) and node.id == "logger" and isinstance(node.ctx, ast.Load):
+                read = True
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                owner = ast.unparse(node.func.value)
+                if node.func.attr == "getLogger" and not (
+                        owner == "logging" and any(_is_module_logger(s) and s.value is node for s in tree.body)):
+                    problems.append(f"{name}:{node.lineno}: {ast.unparse(node)} (use a module-level "
+                                    "logger = logging.getLogger(__name__))")
+                if node.func.attr in LOG_METHODS and owner == "logging":
+                    problems.append(f"{name}:{node.lineno}: logs on the root logger")
+                if node.func.attr in LOG_METHODS and owner == "logger":
+                    calls = True
+            if isinstance(node, (ast.Name, ast.arg)) and getattr(node, "id", getattr(node, "arg", None)) == "logger" \
+                    and isinstance(getattr(node, "ctx", ast.Store()), ast.Store) and defines \
+                    and not any(_is_module_logger(s) and node in s.targets for s in tree.body):
+                problems.append(f"{name}:{node.lineno}: a local 'logger' shadows the module's")
+        if calls and not defines and not handed:
+            problems.append(f"{name}: calls logger.<level>() without logger = logging.getLogger(__name__)")
+        if defines and not read:
+            problems.append(f"{name}: defines a logger it never uses")
+        if defines:
+            logging_modules.append(name)
+    assert not problems, "\n".join(problems)
+    # the modules that log diagnostics today (a new one is fine: this pins that the scan sees them)
+    assert {"reco_sampled_plugin/counting.py", "reco_sampled_plugin/scorer_ranks.py",
+            "reco_sampled_plugin/adapters/recbole.py", "reco_sampled_plugin/adapters/torchmetrics.py"} <= set(
+        logging_modules)
+
+
+def test_scorer_loop_logs_its_cost_on_its_own_logger(caplog):
+    """sampled_ranks_from_scorer's cost (pairs, calls, seconds) goes to ``reco_sampled_plugin.scorer_ranks`` at
+    DEBUG, with the numbers of the returned ScoringCost; nothing at WARNING or above, nothing printed."""
+    import torch
+
+    from reco_sampled_plugin.scorer_ranks import sampled_ranks_from_scorer
+
+    scores = torch.randn(5, 40, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+
+    def scorer(users, items):
+        return scores[users.unsqueeze(1).expand_as(items), items]
+
+    with caplog.at_level(logging.DEBUG, logger="reco_sampled_plugin"):
+        got = sampled_ranks_from_scorer(scorer, torch.tensor([[0], [1], [2], [3], [4]]), 40, 10,
+                                        generator=torch.Generator().manual_seed(1))
+    records = [r for r in caplog.records if r.name == "reco_sampled_plugin.scorer_ranks"]
+    assert len(records) == 1 and records[0].levelno == logging.DEBUG
+    assert f"{got.cost.pairs} (user, item) pairs scored in {got.cost.calls} call(s)" in records[0].getMessage()
+    assert got.cost.pairs == 5 * (1 + 10) and f"of full ranking's {5 * 40}" in records[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_tables_over_n_log_what_was_built(caplog):
+    """``_over_n.tables_over_n`` says at DEBUG how many tables it built exactly and how many it interpolated: the
+    numbers of its ``info``."""
+    import numpy as np
+
+    from reco_sampled_plugin._over_n import tables_over_n
+
+    ns = np.arange(100, 400, 3)
+    with caplog.at_level(logging.DEBUG, logger="reco_sampled_plugin._over_n"):
+        _, info = tables_over_n(lambda n: np.array([1.0 / n, 1.0 / n**2]), ns)
+    (record,) = [r for r in caplog.records if r.name == "reco_sampled_plugin._over_n"]
+    assert info["interpolated"] > 0 and info["built"] < ns.size
+    assert f"{ns.size} candidate counts: {info['built']} built exactly, {info['interpolated']} interpolated" in \
+        record.getMessage()
