@@ -261,3 +261,17 @@ def test_tables_over_n_log_what_was_built(caplog):
     assert info["interpolated"] > 0 and info["built"] < ns.size
     assert f"{ns.size} candidate counts: {info['built']} built exactly, {info['interpolated']} interpolated" in \
         record.getMessage()
+
+
+def test_page_titles_carry_no_internal_issue_numbers():
+    """Headings of README.md and docs/*.md (outside code blocks) name their subject, not the project's internal
+    issue or session numbers (``## Adaptive sampling``, not ``## Adaptive sampling (issue 17)``)."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        inside = False
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.startswith("```"):
+                inside = not inside
+            elif not inside and line.startswith("#") and re.search(r"\b(issue|session)s? \d", line, re.I):
+                found.append(f"{path.name}:{number}: {line}")
+    assert not found, "\n".join(found)
