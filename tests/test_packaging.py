@@ -13,6 +13,7 @@ torch, numpy and scipy come from there, ``reco_sampled_plugin`` from the wheel (
 from __future__ import annotations
 
 import ast
+import functools
 import logging
 import os
 import re
@@ -166,9 +167,11 @@ PRINT_ALLOWED = {"reco_sampled_plugin/cli.py"}
 LOG_METHODS = {"debug", "info", "warning", "error", "exception", "critical", "log"}
 
 
-def _modules():
-    for path in sorted(PACKAGE.rglob("*.py")):
-        yield path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(encoding="utf-8"))
+@functools.lru_cache(maxsize=1)
+def _modules() -> tuple:
+    """(path relative to the repository, AST) of every module of the package, parsed once."""
+    return tuple((path.relative_to(ROOT).as_posix(), ast.parse(path.read_text(encoding="utf-8")))
+                 for path in sorted(PACKAGE.rglob("*.py")))
 
 
 def _is_module_logger(node: ast.stmt) -> bool:
