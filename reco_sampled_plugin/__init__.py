@@ -181,6 +181,7 @@ if TYPE_CHECKING:  # the names below are imported on first use (PEP 562, ``__get
     from .uncertainty import corrected_metric, corrected_values, paired_difference
     from .user_metrics import DEFAULT_METRICS, mean_metrics, per_user_metrics, per_user_metrics_from_factors, user_metric_values
 
+# The one place of the version: pyproject.toml reads it ([tool.setuptools.dynamic]); CHANGELOG.md names each release.
 __version__ = "0.1.0"
 
 __all__ = [

@@ -21,9 +21,12 @@ narrow range), the others one solve per distinct n as before. Fewer than ``MIN_I
 
 from __future__ import annotations
 
+import logging
 from typing import Callable
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["tables_over_n", "NODES", "CHECKS", "MAX_DEPTH", "MIN_INTERPOLATED", "SPLIT_GAIN", "TOL"]
 
@@ -147,4 +150,6 @@ def tables_over_n(
         out[idx] = np.stack(list(rows.values()))
     if out is None:
         out = np.empty((0, 0))
+    logger.debug("tables over %d candidate counts: %d built exactly, %d interpolated (largest check error %.1e)",
+                 ns.size, info["built"], info["interpolated"], info["max_check_error"])
     return out, info

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import os
+import logging
 import threading
 import warnings
 from typing import Callable
@@ -26,6 +27,8 @@ from typing import Callable
 import torch
 
 from ._inputs import finite_flags
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["count_beating", "count_beating_checked", "count_beating_tile", "count_beating_rows", "count_tied_before", "item_keys", "set_backend", "get_backend"]
 
@@ -155,6 +158,8 @@ def _get_compiled(name: str) -> Callable | None:
                     _tied_kernel(int(name[2:])) if name.startswith("tb") else _multi_kernel(int(name[2:]), name.startswith("ge")))
                 fn = torch.compile(kernel, dynamic=True)
                 _compiled[name] = fn
+                logger.debug("counting kernel %s: compiled path chosen (backend %r, %d comparisons counted in this "
+                             "process); torch.compile runs at its first call", name, _backend, _work_done[0])
     return fn
 
 
@@ -230,7 +235,8 @@ def _compile_failure(name: str, exc: Exception) -> None:
     _compile_failed.add(name)
     warnings.warn(
         f"reco_sampled_plugin: torch.compile of the counting kernel failed ({type(exc).__name__}: "
-        f"{str(exc).splitlines()[0] if str(exc) else ''}); using the slower eager path",
+        f"{str(exc).splitlines()[0] if str(exc) else ''}); using the slower eager path (fix the compiler toolchain, "
+        "or choose the eager path: counting.set_backend('eager') or RECO_SAMPLED_BACKEND=eager)",
         RuntimeWarning,
         stacklevel=4,
     )

@@ -114,7 +114,7 @@ class LeaveLastOutSplit:
 
 def ml100k_path() -> str:
     """Path of ``ml-100k.inter`` (RecBole atomic file) inside the installed ``recbole`` wheel; imports nothing."""
-    hint = "install the recbole extra (pip install 'reco-sampled-plugin[test]' or pip install recbole==1.2.1)"
+    hint = "install the recbole extra (from a clone: pip install '.[recbole]'; or pip install recbole==1.2.1)"
     try:
         spec = importlib.util.find_spec("recbole")
     except (ImportError, ValueError):  # pragma: no cover - broken installs

@@ -60,6 +60,7 @@ about 4 s of CPU after the imports (BENCHMARKS.md, issue 25).
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -75,6 +76,8 @@ from .adaptive import AdaptiveDesign, check_adaptive_histogram
 from .design import SamplingDesign
 from .metric_names import MetricSpec, parse_metric
 from .ranking import SampledRanks
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_FAMILY",
@@ -712,6 +715,9 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
     # full ranking's n pairs per user
     ok = [f for f in forecasts if f.meets_target and f.pairs < n_mean]
     recommended = min(ok, key=lambda f: f.pairs) if ok else None
+    logger.debug("plan %s: %d design(s) forecast with %d repeats in %.1f s; recommended: %s", spec, len(forecasts),
+                 repeats, time.perf_counter() - t_start, "full ranking (no design meets the target)" if recommended is
+                 None else f"m = {recommended.n_samples}, adaptive cap {recommended.adaptive_max}")
     return Plan(
         metric=str(spec), n_items=n_keep, n_users=n_users, target=target, shape_source=shape.source, truth=truth,
         forecasts=tuple(forecasts), recommended=recommended, method=method, repeats=repeats, seed=seed,

@@ -21,6 +21,7 @@ This module computes; :mod:`reco_sampled_plugin.report` writes Markdown, CSV and
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import os
 import time
@@ -43,6 +44,8 @@ from .metrics import metric_values
 from .ranking import exact_ranks
 from .sampling_laws import expected_sampled
 from .simulate import draw_sampled_ranks
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["ReproduceConfig", "ReproduceResult", "run_reproduce", "exact_ranks_for_split"]
 
@@ -364,10 +367,15 @@ def _expected_corrected_grouped(metric, ranks, n_cand, m, sampling, spread) -> t
 
 
 def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool | None = None, log: Callable[[str], None] | None = None) -> ReproduceResult:
-    """Run the whole experiment; see the module docstring. ``log`` receives one line per stage; ``progress``: bars
-    on stderr (True, False; None: when stderr is a terminal)."""
+    """Run the whole experiment; see the module docstring. ``log`` receives one line per stage (each is also logged
+    at INFO on this module's logger); ``progress``: bars on stderr (True, False; None: when stderr is a terminal)."""
     cfg = _checked_config(cfg or ReproduceConfig())
-    say = log or (lambda s: None)
+
+    def say(line: str) -> None:
+        logger.info("%s", line)
+        if log is not None:
+            log(line)
+
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     path = cfg.data or ml100k_path()

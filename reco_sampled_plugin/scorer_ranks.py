@@ -18,6 +18,7 @@ with a :class:`ScoringCost` in its ``cost`` field.
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from ._options import check_bool
 from .design import SamplingDesign, as_design
 from .ranking import (SampledRanks, draw_negatives, check_popularity, check_ties, padded_candidate_counts,
                       popularity_draw_stats, prepare_index, rank_among_drawn)
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["Scorer", "ScoringCost", "sampled_ranks_from_scorer", "DEFAULT_MAX_PAIRS", "ScorerCalls", "score_drawn",
            "full_ranking_pairs", "check_scorer",
@@ -258,6 +261,9 @@ def sampled_ranks_from_scorer(
     full = full_ranking_pairs(n, exc, valid.any(1))
     total = time.perf_counter() - t_start
     cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(total - calls.seconds, 0.0), full, stages)
+    logger.debug("sampled_ranks_from_scorer: %d (user, item) pairs scored in %d call(s), %d stage(s) (%.2f%% of full "
+                 "ranking's %d); %.3f s in the scorer, %.3f s drawing and ranking", cost.pairs, cost.calls, cost.stages,
+                 100 * cost.share_of_full, cost.full_pairs, cost.scorer_seconds, cost.loop_seconds)
     return SampledRanks(ranks, n_cand, neg_out, design, sizes, cost, stats)
 
 

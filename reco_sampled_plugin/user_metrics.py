@@ -319,7 +319,7 @@ def _metrics_from_ranks(specs, ranks, pos, exc, n: int, relevance, as_frame: boo
     try:
         import pandas as pd
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("per_user_metrics(as_frame=True) needs pandas: pip install 'reco-sampled-plugin[pandas]'") from exc
+        raise ImportError("per_user_metrics(as_frame=True) needs pandas: pip install pandas (from a clone: pip install '.[pandas]')") from exc
     names = list(result)
     cols = [result[name].detach() for name in names] + ([finite.to(torch.float64)] if finite is not None else [])
     if not cols:

@@ -173,8 +173,11 @@ def test_pip_install_names_an_extra():
     import tomllib
 
     extras = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"])
-    named = [e for p in FILES for e in re.findall(r"pip install\s+['\"]?reco-sampled-plugin\[([\w,-]+)\]",
-                                                    p.read_text(encoding="utf-8"))]
-    assert named, "no `pip install 'reco-sampled-plugin[extra]'` found: update this test"
+    texts = {p.name: p.read_text(encoding="utf-8") for p in FILES}
+    named = [e for t in texts.values() for e in re.findall(r"pip install\s+(?:-e\s+)?['\"]?\.\[([\w,-]+)\]", t)]
+    assert named, "no `pip install \".[extra]\"` found: update this test"
     for extra in ",".join(named).split(","):
         assert extra in extras, f"pip install names the extra {extra!r}, which pyproject.toml does not define"
+    # the package is installed from a clone: no index has it under its name
+    for name, text in texts.items():
+        assert not re.search(r"pip install\s+['\"]?reco-sampled-plugin", text), f"{name}: pip install from an index"

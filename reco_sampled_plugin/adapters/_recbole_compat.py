@@ -51,7 +51,7 @@ from typing import Callable, Iterable
 
 __all__ = ["ENV_VAR", "FIXES", "apply", "applied", "env_enabled"]
 
-logger = logging.getLogger("reco_sampled_plugin.adapters.recbole")
+logger = logging.getLogger(__name__)
 
 ENV_VAR = "RECO_SAMPLED_RECBOLE_COMPAT"
 FIXES = ("numpy", "torch_load", "ray", "scipy", "pandas")

@@ -47,7 +47,7 @@ CONFIG_DEFAULTS: dict[str, Any] = {
 
 _TIES = DETERMINISTIC_TIES
 
-logger = logging.getLogger("reco_sampled_plugin.adapters.recbole")
+logger = logging.getLogger(__name__)
 _LOGGED: set[str] = set()
 
 

@@ -17,7 +17,6 @@ per evaluation, over every positive first in the first stage (one chunked ``pred
 from __future__ import annotations
 
 import itertools
-import logging
 import time
 
 import numpy as np
@@ -32,7 +31,6 @@ from ._recbole_settings import _Settings
 
 __all__ = ["keep_positive_rows", "run_stages"]
 
-logger = logging.getLogger("reco_sampled_plugin.adapters.recbole")
 
 # the plugin's rsp_ties -> the core's tie policy with the same law (``average``: the positive placed uniformly
 # among its tied items, an integer rank, as the first stage's ``_sampled_from_scores`` does)

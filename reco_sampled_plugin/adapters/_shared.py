@@ -14,6 +14,7 @@ Nothing here imports torchmetrics or Lightning.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -586,11 +587,9 @@ _EXPLAINED: set[str] = set()
 _WIDENING_FLAGS = ("top_unresolved", "cap_reached")
 
 
-def explain_once(logger_name: str, where: str, est, **context) -> None:
-    """Log once per process (warning, on ``logger_name``) why ``est``'s interval is wide: each of its widening flags
-    in words, with the ``reco-sampled plan`` command (``context``: metric, n_items, n_samples, users)."""
-    import logging
-
+def explain_once(logger: logging.Logger, where: str, est, **context) -> None:
+    """Log once per process (warning, on the calling module's ``logger``) why ``est``'s interval is wide: each of its
+    widening flags in words, with the ``reco-sampled plan`` command (``context``: metric, n_items, n_samples, users)."""
     from reco_sampled_plugin.estimate import explain_flags
 
     flags = [f for f in est.flags if f in _WIDENING_FLAGS]
@@ -598,4 +597,4 @@ def explain_once(logger_name: str, where: str, est, **context) -> None:
         message = f"{where}: {line}"
         if message not in _EXPLAINED:
             _EXPLAINED.add(message)
-            logging.getLogger(logger_name).warning(message)
+            logger.warning(message)

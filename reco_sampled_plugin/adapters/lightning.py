@@ -26,6 +26,7 @@ the ``pytorch_lightning`` one; :func:`callback_class` builds either.
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 import os
 import warnings
@@ -47,6 +48,8 @@ from reco_sampled_plugin.scorer_ranks import DEFAULT_MAX_PAIRS, ScoringCost
 from ._shared import (FactorBatch, RankingBatch, ScorerBatch, as_ranking_batch, estimator_label, metric_key,
                       padded_inputs)
 from .torchmetrics import ExactRankingMetrics, SampledRankingMetrics
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "RankingMetricsCallback",
@@ -413,26 +416,28 @@ class _RankingMetricsLogic:
         tag = f"{self.prefix}{_STAGES[stage]}/ranking_metrics"
         epoch = trainer.current_epoch
         fname = f"{self.prefix}{_STAGES[stage]}_ranking_metrics_epoch{epoch:04d}.png"
-        for logger in trainer.loggers:
-            exp = getattr(logger, "experiment", None)
-            kind = type(logger).__name__
+        for trainer_logger in trainer.loggers:
+            exp = getattr(trainer_logger, "experiment", None)
+            kind = type(trainer_logger).__name__
             if kind == "TensorBoardLogger" and hasattr(exp, "add_figure"):
                 exp.add_figure(tag, fig, global_step=trainer.global_step, close=False)
             elif kind == "MLFlowLogger" and hasattr(exp, "log_figure"):
-                exp.log_figure(logger.run_id, fig, f"ranking_metrics/{fname}")
-            elif kind == "WandbLogger" and hasattr(logger, "log_image"):
-                logger.log_image(key=tag, images=[fig])
+                exp.log_figure(trainer_logger.run_id, fig, f"ranking_metrics/{fname}")
+            elif kind == "WandbLogger" and hasattr(trainer_logger, "log_image"):
+                trainer_logger.log_image(key=tag, images=[fig])
             else:
-                folder = getattr(logger, "log_dir", None) or trainer.default_root_dir
+                folder = getattr(trainer_logger, "log_dir", None) or trainer.default_root_dir
                 path = os.path.join(folder, "ranking_metrics", fname)
                 os.makedirs(os.path.dirname(path), exist_ok=True)
                 fig.savefig(path, dpi=90)
                 self.plots.append(path)
+                logger.debug("ranking metrics plot: %s takes no figure, written to %s", kind, path)
         if not trainer.loggers:
             path = os.path.join(trainer.default_root_dir, "ranking_metrics", fname)
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fig.savefig(path, dpi=90)
             self.plots.append(path)
+            logger.debug("ranking metrics plot: the trainer has no logger, written to %s", path)
         plt.close(fig)
 
     # ------------------------------------------------------------------------------ hooks

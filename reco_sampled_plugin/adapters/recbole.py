@@ -49,7 +49,7 @@ __all__ = [
     "FAMILIES",
 ]
 
-logger = logging.getLogger("reco_sampled_plugin.adapters.recbole")
+logger = logging.getLogger(__name__)
 
 # ---------------------------------------------------------------------------------- registration
 _registered = False

@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
 import math
 import time
 import warnings
@@ -100,6 +101,8 @@ from ._shared import (
     padded_inputs,
     stderr_from_sums,
 )
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["ExactRankingMetrics", "SampledRankingMetrics", "estimate_values"]
 
@@ -868,7 +871,7 @@ class SampledRankingMetrics(_MergeChecked):
                     opts["adaptive"] = (self._adaptive.n_samples, self._adaptive.adaptive_max)
                 out[key] = estimate(metric, hist, method=method, sampling=self.sampling, **opts)
                 if registry.get(method).family != "none":  # the plain sampled metric's interval is not widened
-                    explain_once(__name__, f"SampledRankingMetrics {metric}", out[key], metric=metric,
+                    explain_once(logger, f"SampledRankingMetrics {metric}", out[key], metric=metric,
                                  n_items=int(self.n_items), n_samples=self.n_samples, users=int(round(hist.total)))
             except ValueError as exc:  # one failing estimator must not take the others (or training) down
                 warnings.warn(f"{key}: estimator failed ({exc}); reported as NaN", RuntimeWarning, stacklevel=2)
