@@ -280,3 +280,26 @@ def test_bad_exclusions_are_named():
     dup[3, :2] = torch.tensor([7, 7]) if not (pos[3] == 7).any() else torch.tensor([8, 8])
     with pytest.raises(ValueError, match="^exclude: 1 row\\(s\\) list the same item twice"):
         sampled_ranks_from_scorer(s, pos, n, 3, exclude=dup)
+
+
+@pytest.mark.parametrize("kind", ["fixed", "without", "adaptive", "popularity"])
+def test_on_every_device_equal_to_the_cpu(device, kind):
+    """Prepared and raw exclusions on the device (a CPU generator: the same numbers) give the CPU's results."""
+    sc, pos, exc = _golden_problem(7)
+    n = sc.shape[1]
+    w = torch.rand(n, generator=torch.Generator().manual_seed(1)) + 0.05
+    design = {"fixed": 5, "without": SamplingDesign(5, replacement=False),
+              "adaptive": SamplingDesign(2, adaptive_max=32), "popularity": SamplingDesign(4, popularity=w)}[kind]
+    e = exc[:, :20] if kind == "without" else exc
+    ref = sampled_ranks_from_scorer(MatrixScorer(sc), pos, n, design, exclude=e,
+                                    generator=torch.Generator().manual_seed(3))
+    sc_d, pos_d, e_d = sc.to(device), pos.to(device), e.to(device)
+    if kind == "popularity":
+        design = SamplingDesign(4, popularity=w.to(device))
+    for ex in (e_d, prepare_exclusions(e_d, n)):
+        got = sampled_ranks_from_scorer(MatrixScorer(sc_d), pos_d, n, design, exclude=ex,
+                                        generator=torch.Generator().manual_seed(3))
+        assert torch.equal(got.ranks.cpu(), ref.ranks)
+        fn = adaptive_sampled_ranks if kind == "adaptive" else sampled_ranks
+        mat = fn(sc_d, pos_d, design, exclude=ex, generator=torch.Generator().manual_seed(3))
+        assert torch.equal(mat.ranks.cpu(), ref.ranks)
