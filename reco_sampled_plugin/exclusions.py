@@ -177,7 +177,11 @@ def csr_from_padded(x: torch.Tensor, valid: torch.Tensor, total: int, n_items: i
     counts = torch.zeros(b, dtype=torch.int64, device=x.device).index_add_(0, rows, torch.ones_like(rows))
     dup = None
     if sort and total:
-        keys = torch.sort(rows * (n_items + 1) + items).values  # rows keep their place: sorting moves within rows
+        keys = rows * (n_items + 1) + items
+        if b * (n_items + 1) < 2**31:  # int32 keys sort faster (about 1.6x on a CPU)
+            keys = torch.sort(keys.to(torch.int32)).values.to(torch.int64)
+        else:
+            keys = torch.sort(keys).values  # rows keep their place: sorting moves within rows
         items = keys - rows * (n_items + 1)
         dup = keys[1:] == keys[:-1]
     return Exclusions(items, rows, counts, n_items), dup
