@@ -234,8 +234,7 @@ def adaptive_sampled_ranks(
     ranks = first.ranks.clone()
     valid = ranks > 0
     sizes = torch.where(valid, torch.full_like(ranks, m0, dtype=torch.int64), torch.zeros_like(ranks, dtype=torch.int64))
-    from_mask = torch.as_tensor(positives).dtype == torch.bool if not isinstance(positives, torch.Tensor) \
-        else positives.dtype == torch.bool
+    from_mask = (positives if isinstance(positives, torch.Tensor) else torch.as_tensor(positives)).dtype == torch.bool
     m_cur = m0
     while m_cur * 2 <= cap:  # stages, not a loop over positives
         need = (ranks == 1) & (sizes == m_cur)

@@ -204,8 +204,8 @@ def prepare_sampling_index(positives, exclude, b: int, n: int, device, first: li
     excluded; :func:`draw_negatives` takes them). ``exclude`` may be prepared already (checked against B, n and
     the device, then used as it is). Index exclusions are sorted once, as T flat entries (not B x longest list).
     The checks keep :func:`prepare_index`'s order (``first``, the positives', the exclusions' range, their
-    duplicates, positives also excluded); one read back here (two when the positives are a mask and the
-    exclusions an index form), as many as :func:`prepare_index`."""
+    duplicates, positives also excluded); one read back here (the flat size T is read with the first checks), as
+    :func:`prepare_index` has."""
     if exclude is None or n == 0 or b == 0:
         pos, exc = _prepare_index(positives, exclude, b, n, device, list(first))
         return pos, as_exclusions(exc, n, b), []
