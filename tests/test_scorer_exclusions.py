@@ -303,3 +303,43 @@ def test_on_every_device_equal_to_the_cpu(device, kind):
         fn = adaptive_sampled_ranks if kind == "adaptive" else sampled_ranks
         mat = fn(sc_d, pos_d, design, exclude=ex, generator=torch.Generator().manual_seed(3))
         assert torch.equal(mat.ranks.cpu(), ref.ranks)
+
+
+@settings(max_examples=40, deadline=None)
+@given(ragged(), st.sampled_from(["duplicate", "positive"]), st.integers(0, 2**31 - 1))
+def test_a_duplicate_or_an_excluded_positive_is_refused_on_every_path(case, fault, seed):
+    """A row listing an item twice, or excluding one of its own positives, is a ValueError naming ``exclude`` on
+    both paths, raw or prepared (the previous implementation's messages)."""
+    pos, exc, n, _ = case
+    rng = np.random.default_rng(seed)
+    exc = torch.cat([exc, torch.full((exc.shape[0], 1), -1)], 1)  # a spare slot in every row
+    if fault == "duplicate":
+        rows = [r for r in range(exc.shape[0]) if (exc[r] >= 0).any()]
+        if not rows:
+            return
+        r = int(rng.choice(rows))
+        exc[r, -1] = int(rng.choice(exc[r][exc[r] >= 0].numpy()))
+        match = "^exclude: 1 row\\(s\\) list the same item twice"
+    else:
+        rows = [r for r in range(pos.shape[0]) if (pos[r] >= 0).any()]
+        if not rows:
+            return
+        r = int(rng.choice(rows))
+        exc[r, -1] = int(rng.choice(pos[r][pos[r] >= 0].numpy()))
+        match = "^exclude: 1 row\\(s\\) exclude one of their own positives"
+    scores = torch.zeros((pos.shape[0], n), dtype=torch.float64)
+    calls = [lambda e: sampled_ranks(scores, pos, 1, exclude=e),
+             lambda e: adaptive_sampled_ranks(scores, pos, SamplingDesign(1, adaptive_max=4), exclude=e),
+             lambda e: sampled_ranks_from_scorer(MatrixScorer(scores), pos, n, 1, exclude=e),
+             lambda e: rsp.exact_ranks(scores, pos, e)]
+    for call in calls:
+        with pytest.raises(ValueError, match=match):
+            call(exc)
+    if fault == "duplicate":
+        with pytest.raises(ValueError, match=match):
+            prepare_exclusions(exc, n)
+    else:
+        ex = prepare_exclusions(exc, n)  # valid alone; the call that pairs it with the positives refuses it
+        for call in calls:
+            with pytest.raises(ValueError, match=match):
+                call(ex)
