@@ -53,6 +53,7 @@ class SparseMasks(NamedTuple):
     """The set entries of one or more (B, n) boolean masks of one shape, from one pass (:func:`sparse_masks`).
 
     widths: per mask, a 0-d int64 tensor, the most True entries in a row (not read back yet).
+    totals: per mask, a 0-d int64 tensor, its True entries in all (not read back yet).
     overlap: a 0-d bool tensor, True when two masks share an entry (two or more masks), else None.
     finish: ``finish(widths)`` with the widths as Python ints -> the (B, width) int64 padded index tensors.
     """
@@ -60,6 +61,7 @@ class SparseMasks(NamedTuple):
     widths: list
     overlap: torch.Tensor | None
     finish: Callable[[list[int]], list[torch.Tensor]]
+    totals: list = []  # per mask, a 0-d int64 tensor, its True entries in all (not read back yet)
 
 
 def sparse_masks(masks: list[torch.Tensor]) -> SparseMasks:
@@ -101,7 +103,7 @@ def sparse_masks(masks: list[torch.Tensor]) -> SparseMasks:
             out.append(padded[:, :width])
         return out
 
-    return SparseMasks(widths, overlap, finish)
+    return SparseMasks(widths, overlap, finish, [c.sum() for c in counts])
 
 
 def mask_to_padded(mask: torch.Tensor, width: int | None = None) -> torch.Tensor:
@@ -119,13 +121,14 @@ def mask_to_padded(mask: torch.Tensor, width: int | None = None) -> torch.Tensor
     return sm.finish([width])[0]
 
 
-def pending_index(x, n_items: int, batch: int, name: str, device: torch.device):
+def pending_index(x, n_items: int, batch: int, name: str, device: torch.device, duplicates: bool = True):
     """Shape and dtype checks of positives or exclusions (raised now), the value checks deferred.
 
     Returns:
         (tensor, is_mask, checks): a (B, n) bool mask (``is_mask`` True: no value to check, see
         :func:`sparse_masks`) or a (B, P) int64 index tensor padded with -1 (``is_mask`` None); ``checks`` the
-        deferred :class:`Check` list (range, duplicates) for :func:`run_checks`.
+        deferred :class:`Check` list (range, duplicates unless ``duplicates`` is False: the caller checks them on
+        its own sorted copy) for :func:`run_checks`.
     """
     x = real_tensor(x, name, "a boolean mask or integer item indices", booleans=True)
     check_same_device(scores=torch.empty(0, device=device), **{name: x})
@@ -145,8 +148,9 @@ def pending_index(x, n_items: int, batch: int, name: str, device: torch.device):
         def bad_range():
             raise ValueError(f"{name}: item indices must lie in 0..{n_items - 1} (or -1 for padding)")
 
-        checks.append(Check(((x < -1) | (x >= n_items)).any(), bad_range))
-        if x.shape[1] > 1:
+        lo, hi = torch.aminmax(x)  # one pass, no (B, P) temporary
+        checks.append(Check((lo < -1) | (hi >= n_items), bad_range))
+        if duplicates and x.shape[1] > 1:
             srt = torch.sort(x, dim=1).values
             dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
 

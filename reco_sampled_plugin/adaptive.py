@@ -25,9 +25,10 @@ import torch
 from scipy import special
 
 from ._checks import MAX_SAMPLES, check_generator, check_rank_values, check_size, check_sizes
-from ._inputs import score_tensor
+from ._inputs import finite_check, run_checks, score_tensor
+from ._options import check_bool
 from .design import AdaptiveDesign, SamplingDesign, adaptive_design, as_design
-from .ranking import SampledRanks, sampled_ranks
+from .ranking import SampledRanks, check_ties, prepare_sampling_index, sampled_ranks, stage_positives
 from .simulate import simulate_sampled_ranks
 
 __all__ = [
@@ -220,14 +221,20 @@ def adaptive_sampled_ranks(
     design = _adaptive(n_samples, max_samples)
     m0, cap = design.n_samples, design.cap
     check_generator(generator)
+    check_ties(ties)
+    check_finite = check_bool(check_finite, "check_finite")
     scores = score_tensor(scores)  # the one conversion of scores: arrays and lists as sampled_ranks takes them
-    first = sampled_ranks(scores, positives, m0, exclude=exclude, replacement=True, generator=generator, ties=ties,
-                          check_finite=check_finite)
+    b, n = scores.shape
+    # positives and exclusions validated and prepared once (the exclusions sorted once), reused by every stage
+    pos, exc, later = prepare_sampling_index(positives, exclude, b, n, scores.device,
+                                             [finite_check(scores)] if check_finite else [])
+    run_checks(later)
+    first = sampled_ranks(scores, pos, m0, exclude=exc, replacement=True, generator=generator, ties=ties,
+                          check_finite=False)
     ranks = first.ranks.clone()
     valid = ranks > 0
     sizes = torch.where(valid, torch.full_like(ranks, m0, dtype=torch.int64), torch.zeros_like(ranks, dtype=torch.int64))
-    pos_t = torch.as_tensor(positives, device=scores.device) if not isinstance(positives, torch.Tensor) else positives
-    exc_t = None if exclude is None else torch.as_tensor(exclude, device=scores.device)
+    from_mask = (positives if isinstance(positives, torch.Tensor) else torch.as_tensor(positives)).dtype == torch.bool
     m_cur = m0
     while m_cur * 2 <= cap:  # stages, not a loop over positives
         need = (ranks == 1) & (sizes == m_cur)
@@ -235,8 +242,8 @@ def adaptive_sampled_ranks(
         if idx.numel() == 0:
             break
         more = sampled_ranks(
-            scores[idx], pos_t[idx], m_cur, exclude=None if exc_t is None else exc_t[idx], replacement=True,
-            generator=generator, ties=ties, check_finite=False,
+            scores[idx], stage_positives(pos, idx, from_mask), m_cur, exclude=None if exc is None else exc.select(idx),
+            replacement=True, generator=generator, ties=ties, check_finite=False,
         ).ranks
         sub_need = need[idx]
         ranks[idx] = torch.where(sub_need, more.to(ranks.dtype), ranks[idx])

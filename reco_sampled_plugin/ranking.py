@@ -28,6 +28,7 @@ from ._checks import (MAX_SAMPLES, MAX_SIZE, check_elements, check_generator, ch
                       check_same_device, check_size, check_weights, real_tensor)
 from ._inputs import (Check, score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
                        finite_flags, pending_index, run_checks, sparse_masks)
+from .exclusions import Exclusions, as_exclusions, check_prepared, csr_from_padded, pending_exclusions, skip_sorted
 from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
 from ._popularity import PopularityStats, popularity_stats
 from ._options import check_bool
@@ -47,6 +48,9 @@ __all__ = [
     "draw_negatives",
     "rank_among_drawn",
     "popularity_draw_stats",
+    "prepare_sampling_index",
+    "stage_positives",
+    "exclusion_counts",
 ]
 
 TIES = ("pessimistic", "optimistic", "average", "random")  # the one list of tie policies; subsets below
@@ -153,6 +157,8 @@ def _clash_check(pos: torch.Tensor, exc: torch.Tensor) -> Check:
 
 
 def _prepare_index(positives, exclude, b: int, n: int, device, first: list[Check]):
+    if isinstance(exclude, Exclusions):  # prepared: the exact paths take its padded form
+        exclude = check_prepared(exclude, n, b, device).padded()
     if n == 0:  # an empty catalogue: nothing to rank (an empty (B, 0) mask still gives (B, 0) ranks)
         given = positives if isinstance(positives, torch.Tensor) else torch.as_tensor(positives)
         if given.dtype != torch.bool and given.numel():
@@ -186,6 +192,76 @@ def _prepare_index(positives, exclude, b: int, n: int, device, first: list[Check
     return pos, exc
 
 
+def _exclusions_clash(pos: torch.Tensor, exc: Exclusions) -> Check:
+    """Each positive looked up in its row's prepared exclusions: O(B P log T)."""
+    clash = exc.contains(pos)  # False at padding
+    return Check(clash.any(), lambda: _clash_error(clash.any(1)))
+
+
+def prepare_sampling_index(positives, exclude, b: int, n: int, device, first: list[Check] = ()) \
+        -> tuple[torch.Tensor, Exclusions | None, list[Check]]:
+    """:func:`prepare_index` for the draws: positives as padded (B, P) int64 indices, exclusions as a validated
+    :class:`~reco_sampled_plugin.exclusions.Exclusions` (CSR, rows sorted once; None for none), and the checks
+    left for the caller to read with its next ones (``later``: the exclusions' duplicates, positives also
+    excluded; :func:`draw_negatives` takes them). ``exclude`` may be prepared already (checked against B, n and
+    the device, then used as it is). Index exclusions are sorted once, as T flat entries (not B x longest list).
+    The checks keep :func:`prepare_index`'s order (``first``, the positives', the exclusions' range, their
+    duplicates, positives also excluded); one read back here (the flat size T is read with the first checks), as
+    :func:`prepare_index` has."""
+    if exclude is None or n == 0 or b == 0:
+        pos, exc = _prepare_index(positives, exclude, b, n, device, list(first))
+        return pos, as_exclusions(exc, n, b), []
+    pos, pos_mask, checks = pending_index(positives, n, b, "positives", device)
+    exc, exc_checks = pending_exclusions(exclude, n, b, device)
+    checks = list(first) + checks + exc_checks
+    later: list[Check] = []
+    if isinstance(exc, torch.Tensor):  # a mask: one pass over the masks' words (with the positives' if a mask)
+        masks = ([pos] if pos_mask else []) + [exc]
+        sparse = sparse_masks(masks)
+        if sparse.overlap is not None:
+            pm, em = pos, exc
+            checks.append(Check(sparse.overlap, lambda: _clash_error((pm & em).any(1))))
+        values = run_checks(checks, list(sparse.widths) + [sparse.totals[-1]])
+        padded = sparse.finish(values[:len(masks)])
+        pos = padded[0] if pos_mask else pos
+        ex = csr_from_padded(padded[-1], padded[-1] >= 0, values[-1], n, sort=False)[0]  # mask rows come sorted
+        if not pos_mask and pos.numel() and ex.total:
+            later.append(_exclusions_clash(pos, ex))
+        return pos, ex, later
+    prepared = isinstance(exc, Exclusions)  # prepared: its own checks were done
+    widths = []
+    if pos_mask:
+        sparse = sparse_masks([pos])
+        widths = list(sparse.widths)
+    values = run_checks(checks, widths + ([] if prepared else [exc.total]))
+    if pos_mask:
+        pos = sparse.finish(values[:1])[0]
+    ex, later = (exc, []) if prepared else exc.finish(values[-1])
+    if pos.numel() and ex.total:
+        later.append(_exclusions_clash(pos, ex))
+    return pos, ex, later
+
+
+def stage_positives(pos: torch.Tensor, idx: torch.Tensor, from_mask: bool) -> torch.Tensor:
+    """The padded positives of the rows ``idx`` for an adaptive stage, as the stage's own preparation of the
+    caller's form would give them: an index form keeps its width; a mask's (left-packed) rows are trimmed to
+    their longest (so the stage draws the same shapes, hence the same random numbers)."""
+    sub = pos[idx]
+    if from_mask and sub.shape[1]:
+        width = int((sub >= 0).sum(1).max()) if sub.shape[0] else 0
+        sub = sub[:, :width]
+    return sub
+
+
+def exclusion_counts(exc, b: int, device) -> torch.Tensor:
+    """(B,) int64 excluded items per row of padded (B, E) exclusions, :class:`Exclusions`, or None (zeros)."""
+    if exc is None:
+        return torch.zeros(b, dtype=torch.int64, device=device)
+    if isinstance(exc, Exclusions):
+        return exc.counts
+    return (exc >= 0).sum(1)
+
+
 def candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tensor | None, count_other_positives: bool = True) -> torch.Tensor:
     """Candidates per row: n_items minus excluded items (minus the other positives when they do not compete).
 
@@ -205,9 +281,9 @@ def candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tenso
 
 def padded_candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tensor | None,
                       count_other_positives: bool = True) -> torch.Tensor:
-    """:func:`candidate_counts` on validated padded (B, P) / (B, E) index tensors (-1 padding)."""
-    n_exc = (exclude >= 0).sum(1) if exclude is not None else torch.zeros(positives.shape[0], dtype=torch.int64, device=positives.device)
-    n = n_items - n_exc
+    """:func:`candidate_counts` on validated padded (B, P) / (B, E) index tensors (-1 padding); ``exclude`` may be
+    an :class:`~reco_sampled_plugin.exclusions.Exclusions`."""
+    n = n_items - exclusion_counts(exclude, positives.shape[0], positives.device)
     if not count_other_positives:  # a row without a positive: its irrelevant items only
         n = n - ((positives >= 0).sum(1) - 1).clamp(min=0)
     return n
@@ -470,18 +546,29 @@ def _later_duplicates(x: torch.Tensor, fresh: torch.Tensor | None = None) -> tor
     return torch.zeros_like(dup_sorted).scatter(-1, order, dup_sorted)
 
 
-def draw_negatives(pos, exc, n_items, m, replacement, popularity, generator, device) -> torch.Tensor:
+def draw_negatives(pos, exc, n_items, m, replacement, popularity, generator, device, checks: list[Check] = ()) \
+        -> torch.Tensor:
     """(B, P, m) irrelevant items for each positive (rows without a positive: item 0, the caller masks them).
 
-    Every pool check (and whether all rows have a positive, whether some pool is small) reaches the host in one
+    ``pos``: validated padded (B, P) positives; ``exc``: their rows' exclusions, an
+    :class:`~reco_sampled_plugin.exclusions.Exclusions` (prepared once: :func:`prepare_sampling_index`), validated
+    padded (B, E) indices (sorted here, as T flat entries) or None. No (B, P + E) forbidden list is built: the
+    positions drawn are mapped past the row's positives and exclusions by two sorted searches
+    (:meth:`~reco_sampled_plugin.exclusions.Exclusions.allowed_item`), the same items as
+    :func:`allowed_position_to_item` on :func:`forbidden_sorted`. Memory O(B P m + T), T the excluded items.
+
+    Every pool check (and whether all rows have a positive, whether some pool is small), after the caller's
+    pending ``checks`` (:func:`prepare_sampling_index`'s ``later``), reaches the host in one
     synchronisation; rows without a positive are then left out of the draw (more synchronisations, only then)."""
     b, p = pos.shape
-    if p == 0:  # no positive anywhere: nothing to draw, nothing to check
+    if p == 0:  # no positive anywhere: nothing to draw, nothing else to check
+        run_checks(list(checks))
         return torch.zeros((b, p, m), dtype=torch.int64, device=device)
-    active = (pos >= 0).any(1)
-    forb = forbidden_sorted(pos, exc, n_items)
-    n_allowed = n_items - (forb < n_items).sum(1)
-    checks: list[Check] = []
+    exc = as_exclusions(exc, n_items, b)
+    valid = pos >= 0
+    active = valid.any(1)
+    n_allowed = n_items - exclusion_counts(exc, b, device) - valid.sum(1)
+    checks = list(checks)
     values = [active.all()]
     small = None
     if popularity is None:
@@ -504,36 +591,50 @@ def draw_negatives(pos, exc, n_items, m, replacement, popularity, generator, dev
     else:
         need = 1 if replacement else m
         weighted = popularity > 0
-        forbidden_weighted = weighted[forb.clamp(max=max(n_items - 1, 0))] & (forb < n_items)
-        short = active & (weighted.sum() - forbidden_weighted.sum(1) < need)
+        forbidden_weighted = (weighted[pos.clamp(min=0)] & valid).sum(1)
+        if exc is not None:
+            forbidden_weighted = forbidden_weighted + exc.row_sums(weighted[exc.items].to(torch.int64))
+        short = active & (weighted.sum() - forbidden_weighted < need)
 
         def few_weighted():
             raise ValueError(f"popularity: {int(short.sum())} row(s) have fewer than {need} irrelevant items with positive weight")
 
         checks.append(Check(short.any(), few_weighted))
-    host = run_checks(checks, values) if b else [1, 0]
+    host = run_checks(checks, values) if b else run_checks(checks) + [1, 0]
     any_small = small is not None and bool(host[1])
 
-    def draw(f, n_allow, sm):
+    def draw(ps, ex, n_allow, sm):
         if popularity is not None:
-            return _draw_popularity(f, n_items, p, m, replacement, popularity, generator, device)
-        return _draw_uniform(f, n_allow, sm, n_items, p, m, replacement, generator, device)
+            return _draw_popularity(ps, ex, n_items, p, m, replacement, popularity, generator, device)
+        return _draw_uniform(ps, ex, n_allow, sm, n_items, p, m, replacement, generator, device)
 
     if host[0]:
-        return draw(forb, n_allowed, small if any_small else None)
+        return draw(pos, exc, n_allowed, small if any_small else None)
     out = torch.zeros((b, p, m), dtype=torch.int64, device=device)
     rows = active.nonzero().squeeze(1)  # rows without a positive draw nothing: a batch of the others
     if rows.numel():
-        out[rows] = draw(forb[rows], n_allowed[rows], small[rows] if any_small else None)
+        out[rows] = draw(pos[rows], None if exc is None else exc.select(rows), n_allowed[rows],
+                         small[rows] if any_small else None)
     return out
 
 
-def _draw_uniform(forb, n_allowed, small, n_items, p, m, replacement, generator, device) -> torch.Tensor:
-    b = forb.shape[0]
+def allowed_items(positions: torch.Tensor, pos: torch.Tensor, exc: Exclusions | None, n_items: int) -> torch.Tensor:
+    """The items at allowed ``positions`` (B, ...) (0-based among each row's items neither positive nor excluded):
+    :meth:`Exclusions.allowed_item`, or the skip of the sorted positives alone."""
+    if exc is not None:
+        return exc.allowed_item(positions, pos)
+    b = positions.shape[0]
+    flat = positions.reshape(b, math.prod(positions.shape[1:]))
+    forb = torch.sort(torch.where(pos >= 0, pos, torch.full_like(pos, n_items)), dim=1).values
+    return skip_sorted(flat, forb, n_items).reshape(positions.shape)
+
+
+def _draw_uniform(pos, exc, n_allowed, small, n_items, p, m, replacement, generator, device) -> torch.Tensor:
+    b = pos.shape[0]
     positions = _uniform_positions(n_allowed, (b, p, m), generator, device)
     if not replacement:
         positions = _make_distinct(positions, n_allowed, generator, device, small, n_items)
-    return allowed_position_to_item(positions, forb, n_items)
+    return allowed_items(positions, pos, exc, n_items)
 
 
 def _make_distinct(positions: torch.Tensor, n_allowed: torch.Tensor, generator, device, small=None,
@@ -591,10 +692,13 @@ class _WeightBlock(NamedTuple):
     total: torch.Tensor  # (r, 1)
 
     @staticmethod
-    def build(w: torch.Tensor, forb: torch.Tensor, n_items: int) -> "_WeightBlock":
-        keep = (forb >= n_items).to(torch.float64)  # padding (n_items) multiplies the last item by 1
-        probs = w.unsqueeze(0).repeat(forb.shape[0], 1)
-        probs.scatter_reduce_(1, forb.clamp(max=n_items - 1), keep, reduce="prod")
+    def build(w: torch.Tensor, pos: torch.Tensor, exc: Exclusions | None, first_row: int) -> "_WeightBlock":
+        """The block of rows ``first_row``.. (``pos``: their (r, P) positives; ``exc``: every row's exclusions)."""
+        keep = (pos < 0).to(torch.float64)  # padding (-1 -> item 0) multiplies by 1
+        probs = w.unsqueeze(0).repeat(pos.shape[0], 1)
+        probs.scatter_reduce_(1, pos.clamp(min=0), keep, reduce="prod")
+        if exc is not None and exc.total:
+            exc.scatter_rows(probs, first_row, 0.0)
         cdf = torch.cumsum(probs, 1)
         return _WeightBlock(probs, cdf, cdf[:, -1:])
 
@@ -622,13 +726,13 @@ class _WeightBlock(NamedTuple):
         return self.item((t + shift).view(r, p * m)).view(r, p, m)
 
 
-def _draw_popularity(forb, n_items, p, m, replacement, w, generator, device) -> torch.Tensor:
-    """Draw m items per positive with probability proportional to ``w`` among the allowed items (``forb``: the
-    row's sorted forbidden items, :func:`forbidden_sorted`): inverse-cdf lookups of uniform numbers, on the
+def _draw_popularity(pos, exc, n_items, p, m, replacement, w, generator, device) -> torch.Tensor:
+    """Draw m items per positive with probability proportional to ``w`` among the allowed items (not among the
+    row's positives ``pos`` nor its exclusions ``exc``): inverse-cdf lookups of uniform numbers, on the
     scores' device, in blocks of rows so the (rows x n) cumulative weights stay bounded. Without replacement the
     duplicates are redrawn among the items not drawn yet (:meth:`_WeightBlock.redraw`), a fixed number of rounds,
     then one check for all blocks."""
-    b = forb.shape[0]
+    b = pos.shape[0]
     out = torch.empty((b, p, m), dtype=torch.int64, device=device)
     dups = None if replacement else torch.zeros((b, p, m), dtype=torch.bool, device=device)
     block = max(1, _POPULARITY_BLOCK // max(n_items, 1))
@@ -636,7 +740,7 @@ def _draw_popularity(forb, n_items, p, m, replacement, w, generator, device) -> 
     rounds = 1 if replacement else 1 + _REDRAW_ROUNDS
     u_all = _rand((rounds, b, p, m), generator, device)  # every block's and round's numbers in one draw (one move)
     for sl in blocks:  # row blocks bound memory; each block is vectorised
-        wb = _WeightBlock.build(w, forb[sl], n_items)
+        wb = _WeightBlock.build(w, pos[sl], exc, sl.start)
         r = wb.cdf.shape[0]
         u = u_all[:, sl]
         draws = wb.item(u[0].reshape(r, p * m) * wb.total).view(r, p, m)
@@ -650,7 +754,7 @@ def _draw_popularity(forb, n_items, p, m, replacement, w, generator, device) -> 
     while dups is not None and bool(dups.any()):  # one check; rarely true (a round per block per check)
         u_all = _rand((b, p, m), generator, device)
         for sl in blocks:
-            wb = _WeightBlock.build(w, forb[sl], n_items)
+            wb = _WeightBlock.build(w, pos[sl], exc, sl.start)
             draws, dup = out[sl], dups[sl]
             draws = torch.where(dup, wb.redraw(draws, dup, u_all[sl]), draws)
             out[sl], dups[sl] = draws, _later_duplicates(draws, dup)
@@ -710,7 +814,9 @@ def sampled_ranks(
         n_samples: m, the number of irrelevant items per positive (inferred from ``negatives``), or a fixed-m
             :class:`~reco_sampled_plugin.design.SamplingDesign` (then ``replacement`` and ``popularity`` stay at
             their defaults; adaptive designs draw in stages: :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks`).
-        exclude: items never drawn and never ranked (training items), same forms as positives.
+        exclude: items never drawn and never ranked (training items), same forms as positives, or an
+            :class:`~reco_sampled_plugin.exclusions.Exclusions` prepared once for these rows
+            (:func:`~reco_sampled_plugin.exclusions.prepare_exclusions`).
         replacement: draw with replacement (default) or without (an int ``n_samples`` only).
         popularity: optional (n,) non-negative weights for popularity-weighted draws (an int ``n_samples`` only).
         generator: a ``torch.Generator`` for reproducible draws (and random tie-breaking).
@@ -732,8 +838,10 @@ def sampled_ranks(
                              "positives, design)")
         n_samples, replacement, popularity = design.n_samples, design.replacement, design.popularity
     check_generator(generator)
-    scores, pos, exc = prepare_inputs(scores, positives, exclude, check_finite)
+    scores = score_tensor(scores)
     b, n = scores.shape
+    first = [finite_check(scores)] if check_finite else []  # read back with the index checks: one synchronisation
+    pos, exc, later = prepare_sampling_index(positives, exclude, b, n, scores.device, first)
     p = pos.shape[1]
     device = scores.device
     if negatives is not None:
@@ -759,11 +867,13 @@ def sampled_ranks(
         def out_of_range():
             raise ValueError(f"negatives: item indices must lie in 0..{n - 1}")
 
-        checks = [Check(((flat < 0) | (flat >= n)).any(), out_of_range)]
-        forb = forbidden_sorted(pos, exc, n)
-        if forb.shape[1] and flat.numel():  # each negative looked up in its row's sorted forbidden items
-            at = torch.searchsorted(forb, flat.contiguous()).clamp(max=forb.shape[1] - 1)
-            hit = forb.gather(1, at) == flat  # padding (n) never equals an index in range
+        checks = later + [Check(((flat < 0) | (flat >= n)).any(), out_of_range)]
+        if (p or exc is not None) and flat.numel():  # each negative looked up in its row's positives, exclusions
+            forb = forbidden_sorted(pos, None, n)
+            at = torch.searchsorted(forb, flat.contiguous()).clamp(max=max(forb.shape[1] - 1, 0))
+            hit = forb.gather(1, at) == flat if forb.shape[1] else torch.zeros_like(flat, dtype=torch.bool)
+            if exc is not None:
+                hit = hit | exc.contains(flat)  # padding (n) never equals an index in range
 
             def drawn_forbidden():
                 rows = hit.any(1)
@@ -781,7 +891,7 @@ def sampled_ranks(
         check_elements(b * p * m, "n_samples", "the draw of B x P x m negatives (returned in SampledRanks.negatives)")
         if popularity is not None:  # checked once per call, also when no row has a positive
             popularity = check_popularity(popularity, n, device)
-        neg = draw_negatives(pos, exc, n, m, replacement, popularity, generator, device)
+        neg = draw_negatives(pos, exc, n, m, replacement, popularity, generator, device, later)
     pos_scores, pos_valid = _gather_padded(scores, pos)
     neg_scores = scores.gather(1, neg.reshape(b, p * m)).reshape(b, p, m)
     ranks, beat = rank_among_drawn(pos_scores, neg_scores, pos, neg, ties, generator, beating=True)
@@ -804,4 +914,6 @@ def popularity_draw_stats(design: SamplingDesign, beat: torch.Tensor, neg: torch
         return None
     w = design.popularity  # validated by the design (values) and by the draw (its length) where it drew
     w = check_popularity(w, n_items, neg.device) if w.shape != (n_items,) else w.to(neg.device, torch.float64)
+    if isinstance(exc, Exclusions):  # popularity designs only: the padded form the statistics read
+        exc = exc.padded()
     return popularity_stats(beat, neg, pos >= 0, w, forbidden_sorted(pos, exc, n_items), given)

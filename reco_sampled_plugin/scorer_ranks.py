@@ -29,8 +29,10 @@ import torch
 from ._checks import check_elements, check_generator, check_int, check_size, real_tensor
 from ._options import check_bool
 from .design import SamplingDesign, as_design
-from .ranking import (SampledRanks, draw_negatives, check_popularity, check_ties, padded_candidate_counts,
-                      popularity_draw_stats, prepare_index, rank_among_drawn)
+from .exclusions import as_exclusions
+from .ranking import (SampledRanks, draw_negatives, check_popularity, check_ties, exclusion_counts,
+                      padded_candidate_counts, popularity_draw_stats, prepare_sampling_index, rank_among_drawn,
+                      stage_positives)
 
 logger = logging.getLogger(__name__)
 
@@ -172,10 +174,11 @@ def score_drawn(calls: ScorerCalls, users: torch.Tensor, pos: torch.Tensor, neg:
     return pos_s, neg_s
 
 
-def full_ranking_pairs(n_items: int, exc: torch.Tensor | None, rows: torch.Tensor) -> int:
+def full_ranking_pairs(n_items: int, exc, rows: torch.Tensor) -> int:
     """The (user, item) pairs full ranking would score for the ``rows`` (B,) bool: each such row's n items minus
-    its excluded items (padded (B, E) indices, -1 padding): ``ScoringCost.full_pairs``."""
-    n_exc = (exc >= 0).sum(1) if exc is not None else torch.zeros_like(rows, dtype=torch.int64)
+    its excluded items (padded (B, E) indices, -1 padding, or an :class:`~reco_sampled_plugin.exclusions.Exclusions`):
+    ``ScoringCost.full_pairs``."""
+    n_exc = exclusion_counts(exc, rows.shape[0], rows.device)
     return int(((n_items - n_exc) * rows).sum())
 
 
@@ -207,7 +210,9 @@ def sampled_ranks_from_scorer(
             uniform with or without replacement, popularity weights, or adaptive (``adaptive_max``): positives
             still ranked first draw the next stage's new items, stage after stage, up to the cap; only their new
             items are scored.
-        exclude: items never drawn and never ranked (training items), same forms as ``positives``.
+        exclude: items never drawn and never ranked (training items), same forms as ``positives``, or an
+            :class:`~reco_sampled_plugin.exclusions.Exclusions` prepared once for these rows
+            (:func:`~reco_sampled_plugin.exclusions.prepare_exclusions`: repeated evaluations reuse it).
         users: (B,) int64 user ids handed to the scorer (default ``arange(B)``: row numbers).
         generator: ``torch.Generator`` of the draws (the same generator gives the same draws as
             :func:`~reco_sampled_plugin.ranking.sampled_ranks` on the score matrix).
@@ -236,7 +241,7 @@ def sampled_ranks_from_scorer(
     device = _positives_device(positives)
     given = positives if isinstance(positives, torch.Tensor) else real_tensor(positives, "positives", booleans=True)
     b = given.shape[0] if given.dim() else 1
-    pos, exc = prepare_index(positives, exclude, b, n, device)
+    pos, exc, later = prepare_sampling_index(positives, exclude, b, n, device)  # exclusions sorted once, for all
     user_ids = torch.arange(b, device=device) if users is None else check_users(users, b, device)
     calls = ScorerCalls(scorer, max_pairs, check_finite, device)
     adaptive = design.adaptive_max is not None
@@ -245,7 +250,7 @@ def sampled_ranks_from_scorer(
     check_elements(b * p * m, "design", "the draw of B x P x m negatives")
     popularity = None if design.popularity is None else check_popularity(design.popularity, n, device)
     valid = pos >= 0
-    neg = draw_negatives(pos, exc, n, m, design.replacement, popularity, generator, device)
+    neg = draw_negatives(pos, exc, n, m, design.replacement, popularity, generator, device, later)
     pos_scores, neg_scores = score_drawn(calls, user_ids, pos, neg, valid)  # stage 0: [positive, drawn...]
     ranks, beat = rank_among_drawn(pos_scores, neg_scores, pos, neg, ties, generator, beating=True)
     stats = None if adaptive else popularity_draw_stats(design, beat, neg, pos, exc, n)  # popularity: 1/q~ sums
@@ -270,12 +275,15 @@ def sampled_ranks_from_scorer(
 def adaptive_stages(calls: ScorerCalls, positives, exclude, pos, exc, user_ids, pos_scores, ranks, design, n, ties,
                     generator, device):
     """The adaptive stages of :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks` after the first, scoring
-    only the positives still ranked first: the rows that need a stage re-prepared from the caller's own forms (as
-    the score-matrix path does, so the draws' shapes and random numbers are the same). Also the later stages of a
-    first stage drawn elsewhere (RecBole's ``uniN``: ``adapters._recbole_stages``).
+    only the positives still ranked first: the rows that need a stage taken from the prepared positives and
+    exclusions (``Exclusions.select``: nothing re-validated or re-sorted), shaped as the score-matrix path shapes
+    them (so the draws' shapes and random numbers are the same). Also the later stages of a first stage drawn
+    elsewhere (RecBole's ``uniN``: ``adapters._recbole_stages``).
 
-    Args: ``calls`` the scorer's :class:`ScorerCalls`; ``positives`` / ``exclude`` the caller's forms and ``pos`` /
-    ``exc`` their padded (B, P) / (B, E) indices (:func:`~reco_sampled_plugin.ranking.prepare_index`); ``user_ids``
+    Args: ``calls`` the scorer's :class:`ScorerCalls`; ``positives`` / ``exclude`` the caller's forms (only whether
+    the positives came as a mask is read) and ``pos`` / ``exc`` their validated padded (B, P) positives and
+    exclusions (an :class:`~reco_sampled_plugin.exclusions.Exclusions` or padded (B, E) indices:
+    :func:`~reco_sampled_plugin.ranking.prepare_sampling_index`); ``user_ids``
     (B,) handed to the scorer; ``pos_scores`` (B, P) float64 and ``ranks`` (B, P) int64 of the first stage (0 in
     padded slots); ``design`` adaptive; ``n`` the catalogue size; ``ties`` a core tie policy.
 
@@ -284,9 +292,8 @@ def adaptive_stages(calls: ScorerCalls, positives, exclude, pos, exc, user_ids, 
     m0, cap = design.n_samples, design.cap
     valid = ranks > 0
     sizes = torch.where(valid, torch.full_like(ranks, m0, dtype=torch.int64), torch.zeros_like(ranks, dtype=torch.int64))
-    pos_t = positives if isinstance(positives, torch.Tensor) else torch.as_tensor(positives, device=device)
-    exc_t = None if exclude is None else (exclude if isinstance(exclude, torch.Tensor)
-                                          else torch.as_tensor(exclude, device=device))
+    from_mask = (positives if isinstance(positives, torch.Tensor) else torch.as_tensor(positives)).dtype == torch.bool
+    exc = as_exclusions(exc, n, pos.shape[0])
     m_cur, stages = m0, 1
     while m_cur * 2 <= cap:
         need = (ranks == 1) & (sizes == m_cur)
@@ -294,7 +301,8 @@ def adaptive_stages(calls: ScorerCalls, positives, exclude, pos, exc, user_ids, 
         if idx.numel() == 0:
             break
         stages += 1
-        sub_pos, sub_exc = prepare_index(pos_t[idx], None if exc_t is None else exc_t[idx], idx.numel(), n, device)
+        sub_pos = stage_positives(pos, idx, from_mask)
+        sub_exc = None if exc is None else exc.select(idx)
         p_sub = sub_pos.shape[1]
         check_elements(idx.numel() * p_sub * m_cur, "design", "an adaptive stage's draw")
         neg = draw_negatives(sub_pos, sub_exc, n, m_cur, True, None, generator, device)

@@ -148,3 +148,13 @@ def test_blocked_loop_scores_the_same_pairs(world, scorer):
     got = bench.blocked_loop(counter, world, 20, seed=0, blocks=4, max_pairs=256)
     assert got["pairs"] == counter.pairs == world.n_users * 21
     assert got["wall"] >= got["scorer_seconds"] > 0 and got["loop_seconds"] >= 0
+
+
+def test_prepared_loop_scores_what_one_call_scores(world, scorer):
+    from reco_sampled_plugin.exclusions import prepare_exclusions
+
+    design = SamplingDesign(5, adaptive_max=40)
+    ex = prepare_exclusions(world.exclude, world.n_items)
+    one = bench.sampled_run(scorer, world, design, seed=0, methods=())["cost"]
+    got = bench.prepared_loop(scorer, world, design, ex, seed=0)
+    assert (got.pairs, got.calls, got.full_pairs, got.stages) == (one.pairs, one.calls, one.full_pairs, one.stages)
