@@ -55,6 +55,17 @@ class PopularityStats:
                                  ("beating", "inv_q", "inv_q2", "unreachable")))
 
 
+def forbidden_weight(forbidden: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, the total weight of its forbidden items and how many of them have weight 0: (B,) float64 and (B,)
+    int64, from (B, F) sorted items padded with n (an item listed twice, a positive given twice, counts once)."""
+    n = w.shape[0]
+    real = forbidden < n
+    if forbidden.shape[1] > 1:
+        real[:, 1:] &= forbidden[:, 1:] != forbidden[:, :-1]
+    wf = torch.where(real, w[forbidden.clamp(max=max(n - 1, 0))], torch.zeros((), dtype=torch.float64, device=w.device))
+    return wf.sum(1), (real & (wf == 0)).sum(1)
+
+
 def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor,
                      forbidden: torch.Tensor, given: bool = False) -> PopularityStats:
     """:class:`PopularityStats` of one batch of popularity draws.
@@ -65,7 +76,8 @@ def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor,
         neg: (B, P, m) int64 drawn items (any value in padded slots).
         valid: (B, P) bool, the slots that hold a positive.
         weights: (n,) float64 popularity weights w (validated: finite, >= 0).
-        forbidden: (B, F) the row's positives and excluded items, sorted, padded with n (``ranking.forbidden_sorted``).
+        forbidden: (B, F) the row's positives and excluded items, sorted, padded with n (``ranking.forbidden_sorted``),
+            or their (weight sum, count of weight 0) per row, (B,) each (:func:`forbidden_weight`).
         given: the negatives were given, not drawn by the plugin (which never draws an item of weight 0): check them
             (one host synchronisation; a draw's statistics cost none).
 
@@ -73,14 +85,10 @@ def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor,
         ValueError naming ``negatives`` when a given negative of a valid slot has weight 0 (the popularity law
         cannot have drawn it).
     """
-    n = weights.shape[0]
     w = weights.to(torch.float64)
-    real = forbidden < n
-    if forbidden.shape[1] > 1:  # an item listed twice (a positive given twice) counts once
-        real[:, 1:] &= forbidden[:, 1:] != forbidden[:, :-1]
-    wf = torch.where(real, w[forbidden.clamp(max=max(n - 1, 0))], torch.zeros((), dtype=torch.float64, device=w.device))
-    total = w.sum() - wf.sum(1)  # W_u: the drawable candidates' weight
-    unreachable = (w == 0).sum() - (real & (wf == 0)).sum(1)
+    w_forbidden, zero_forbidden = forbidden_weight(forbidden, w) if isinstance(forbidden, torch.Tensor) else forbidden
+    total = w.sum() - w_forbidden  # W_u: the drawable candidates' weight
+    unreachable = (w == 0).sum() - zero_forbidden
     q = w[neg.clamp(min=0)] / total.view(-1, 1, 1)
     drawn_zero = valid.unsqueeze(2) & (q <= 0)
     if given and bool(drawn_zero.any()):

@@ -352,3 +352,28 @@ def test_refusals_name_the_argument(pop_ranks):
             fn(s.ranks)
     with pytest.raises(ValueError, match="^method: 'hh' does not support"):
         rsp.estimate("auc", adaptive, method="hh")
+
+
+def test_statistics_from_csr_exclusions_equal_the_padded_form():
+    """The draw paths keep exclusions in CSR form (exclusions.Exclusions): the per-row forbidden weight summed over
+    the entries equals the padded, sorted form's, so the statistics are identical (also with zero weights)."""
+    from reco_sampled_plugin.exclusions import prepare_exclusions
+    from reco_sampled_plugin.ranking import popularity_draw_stats
+
+    g = torch.Generator().manual_seed(11)
+    b, n, m = 6, 40, 9
+    w = torch.rand(n, generator=g, dtype=torch.float64) + 0.05
+    w[[3, 17]] = 0.0  # two items no draw can pick
+    pos = torch.tensor([[0, 1], [2, -1], [5, 6], [7, -1], [8, 9], [10, -1]])
+    exc = torch.full((b, 5), -1, dtype=torch.int64)
+    exc[0, :3] = torch.tensor([3, 11, 20])
+    exc[2, :5] = torch.tensor([17, 30, 31, 32, 33])
+    exc[4, :1] = torch.tensor([39])
+    design = rsp.SamplingDesign(m, popularity=w)
+    neg = torch.randint(18, 30, (b, 2, m), generator=g)
+    beat = torch.rand(b, 2, m, generator=g) < 0.3
+    padded = popularity_draw_stats(design, beat, neg, pos, exc, n)
+    csr = popularity_draw_stats(design, beat, neg, pos, prepare_exclusions(exc, n), n)
+    for name in ("beating", "inv_q", "inv_q2", "unreachable"):
+        a, c = getattr(padded, name), getattr(csr, name)
+        assert torch.equal(a, c) if not a.is_floating_point() else torch.allclose(a, c, rtol=1e-14, atol=0), name
