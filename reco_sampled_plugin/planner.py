@@ -445,6 +445,10 @@ def _check_design(design, n_min: int, method: str) -> tuple[int, int | None, boo
     if isinstance(design, SamplingDesign):
         if design.law not in ("binomial", "hypergeometric"):  # the simulations are of uniform draws
             raise ValueError(f"designs: the planner simulates uniform draws; {design!r} has {design.law} draws")
+        if design.exact_at_cap:  # its cost model has no completion pairs (n - 1 per row completed): refused
+            raise ValueError(f"designs: exact_at_cap is not supported by the planner (plan_evaluation): its cost "
+                             f"model counts sampled pairs only, not the completion's n - 1 pairs per row; plan "
+                             f"{design.describe().split(',')[0]} without it")
         m, cap, replacement = design.n_samples, design.adaptive_max, design.replacement
     else:
         try:
