@@ -292,6 +292,11 @@ def estimate(
         fit = {k: v for k, v in options.items() if k in takes}
         check_fit_options("mle" if entry.family != "rank_distribution" else method, sampling, **fit)
     hist.check_nonempty(weights)
+    if hist.has_exact and not entry.exact_groups:  # it would read an exact rank R as a sampled rank among n - 1
+        raise ValueError(f"sampled_ranks: the histogram has exact groups (exact_at_cap), which method {method!r} "
+                         f"cannot read; use one of {[e.name for e in registry.entries() if e.exact_groups]}, or "
+                         "the SampledRanks themselves (estimate(metric, sampled) gives other methods the sampled "
+                         "ranks)")
     hist.check_support(sampling)  # every method: an r~ the design cannot produce is refused, not estimated from
     if design is not None:
         if not entry.adaptive:
