@@ -74,7 +74,7 @@ class AdaptiveCost:
     share_first_at_cap: float
     start: int
     cap: int
-    share_completed: float = 0.0
+    share_completed: float
 
     def as_dict(self) -> dict:
         keys = ("mean_samples", "max_samples", "share_at_cap", "share_first_at_cap", "start", "cap")
