@@ -7,6 +7,11 @@ estimators never touch per-user data.
 
 Conventions (package-wide): ``n`` = candidates of one instance (the relevant item included),
 ``m`` = sampled irrelevant items, ``r`` exact rank in 1..n, ``r~`` sampled rank in 1..m+1.
+
+Exact groups (adaptive sampling with ``exact_at_cap``): positives ranked exactly at the cap are counted at their
+exact rank R in groups (n, m = n - 1) flagged in :attr:`RankHistogram.exact`: sampling without replacement with
+m = n - 1 gives r~ = R, so an exact group is read with that law (the point mass at R) whatever the law of the
+other groups, and is never pooled with a sampled group.
 """
 
 from __future__ import annotations
@@ -43,6 +48,26 @@ def _size_array(x, name: str) -> np.ndarray:
     return np.array(v.cpu().numpy() if isinstance(v, torch.Tensor) else v, dtype=np.int64).reshape(-1)
 
 
+def _exact_flags(exact, n: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """(G,) read-only bool flags of the exact groups (None: none), each with m = n - 1 (a ValueError naming
+    ``exact`` otherwise)."""
+    if exact is None:
+        flags = np.zeros(len(n), dtype=bool)
+    else:
+        raw = np.asarray(exact)
+        if raw.dtype != bool or raw.shape != (len(n),):
+            raise ValueError(f"exact: expected one bool per group, shape ({len(n)},), got dtype {raw.dtype} and "
+                             f"shape {raw.shape}")
+        flags = raw.copy()
+        bad = flags & (m != n - 1)
+        if bad.any():
+            g = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"exact: group {g} is exact but has m = {m[g]} != n - 1 = {n[g] - 1} (an exact group "
+                             "counts exact ranks 1..n)")
+    flags.setflags(write=False)
+    return flags
+
+
 @dataclass(frozen=True)
 class RankHistogram:
     """Counts of sampled ranks per (n, m) group.
@@ -52,11 +77,14 @@ class RankHistogram:
         n_samples: (G,) int64, sampled irrelevant items m of each group.
         counts: G float64 arrays; ``counts[g][i - 1]`` is the (weighted) number of positives of group g
             with sampled rank r~ = i, i = 1..m_g+1 (read-only copies: a histogram never changes).
+        exact: (G,) bool, True for an exact group (module docstring: m = n - 1, counts at the exact ranks R);
+            None (the default) means no exact group.
     """
 
     n_items: np.ndarray
     n_samples: np.ndarray
     counts: tuple[np.ndarray, ...]
+    exact: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         # copies, read-only: the totals, the concatenated counts and the estimators' fit cache read them later
@@ -96,15 +124,17 @@ class RankHistogram:
             totals, flat, starts = np.zeros(0), np.zeros(0), np.zeros(0, np.int64)
         totals.setflags(write=False)
         flat.setflags(write=False)
+        exact = _exact_flags(self.exact, n, m)
         object.__setattr__(self, "n_items", n)
         object.__setattr__(self, "n_samples", m)
         object.__setattr__(self, "counts", counts)
+        object.__setattr__(self, "exact", exact)
         object.__setattr__(self, "_totals", totals)
         object.__setattr__(self, "_flat", flat)
         object.__setattr__(self, "_starts", starts)
 
     @classmethod
-    def _trusted(cls, n: np.ndarray, m: np.ndarray, counts: np.ndarray) -> "RankHistogram":
+    def _trusted(cls, n: np.ndarray, m: np.ndarray, counts: np.ndarray, exact=None) -> "RankHistogram":
         """A histogram from valid parts built by this package (int64 n >= 2, m >= 1; ``counts`` (G, W) float64
         with finite non-negative entries, row g holding group g's m_g + 1 counts first): no re-validation."""
         sizes = m + 1
@@ -112,10 +142,10 @@ class RankHistogram:
             flat = counts.reshape(-1)
         else:
             flat = np.concatenate([counts[g, : sizes[g]] for g in range(counts.shape[0])])
-        return cls._trusted_ragged(n, m, flat)
+        return cls._trusted_ragged(n, m, flat, exact)
 
     @classmethod
-    def _trusted_ragged(cls, n: np.ndarray, m: np.ndarray, flat: np.ndarray) -> "RankHistogram":
+    def _trusted_ragged(cls, n: np.ndarray, m: np.ndarray, flat: np.ndarray, exact=None) -> "RankHistogram":
         """:meth:`_trusted` from the groups' counts laid end to end (``flat``, group g's m_g + 1 counts after
         those of groups 0..g-1)."""
         self = object.__new__(cls)
@@ -127,13 +157,48 @@ class RankHistogram:
         totals.setflags(write=False)
         n.setflags(write=False)
         m.setflags(write=False)
-        for name, value in (("n_items", n), ("n_samples", m), ("counts", rows), ("_totals", totals), ("_flat", flat), ("_starts", starts)):
+        exact = np.zeros(len(n), dtype=bool) if exact is None else np.array(exact, dtype=bool)
+        exact.setflags(write=False)
+        for name, value in (("n_items", n), ("n_samples", m), ("counts", rows), ("exact", exact), ("_totals", totals),
+                            ("_flat", flat), ("_starts", starts)):
             object.__setattr__(self, name, value)
         return self
 
     @property
     def n_groups(self) -> int:
         return len(self.counts)
+
+    @property
+    def has_exact(self) -> bool:
+        """Whether some group is exact (module docstring)."""
+        return bool(self.exact.any())
+
+    def select(self, keep) -> "RankHistogram":
+        """The groups ``keep`` ((G,) bool or indices), in order (itself when that is every group)."""
+        idx = np.flatnonzero(keep) if np.asarray(keep).dtype == bool else np.asarray(keep, dtype=np.int64)
+        if idx.shape[0] == self.n_groups and np.array_equal(idx, np.arange(self.n_groups)):
+            return self
+        return RankHistogram(self.n_items[idx], self.n_samples[idx], tuple(self.counts[g] for g in idx),
+                             self.exact[idx])
+
+    def exact_part(self) -> "RankHistogram":
+        """The exact groups only."""
+        return self.select(self.exact)
+
+    def sampled_part(self) -> "RankHistogram":
+        """The sampled (not exact) groups only."""
+        return self.select(~self.exact)
+
+    def concat(self, other: "RankHistogram") -> "RankHistogram":
+        """The groups of both histograms side by side (this one's first; equal keys are not merged)."""
+        if other.n_groups == 0:
+            return self
+        if self.n_groups == 0:
+            return other
+        return RankHistogram._trusted_ragged(np.concatenate([self.n_items, other.n_items]),
+                                             np.concatenate([self.n_samples, other.n_samples]),
+                                             np.concatenate([self._flat, other._flat]),
+                                             np.concatenate([self.exact, other.exact]))
 
     @property
     def totals(self) -> np.ndarray:
@@ -172,28 +237,27 @@ class RankHistogram:
 
     def without_empty_groups(self) -> "RankHistogram":
         """This histogram without its (n, m) groups of total count 0 (itself when it has none)."""
-        keep = np.flatnonzero(self._totals > 0)
-        if keep.shape[0] == self.n_groups:
-            return self
-        return RankHistogram(self.n_items[keep], self.n_samples[keep], tuple(self.counts[g] for g in keep))
+        return self.select(self._totals > 0)
 
     def merge(self, other: "RankHistogram") -> "RankHistogram":
-        """Sum of two histograms (groups with equal (n, m) are added)."""
-        table: dict[tuple[int, int], np.ndarray] = {}
+        """Sum of two histograms (groups with equal (n, m) and exactness are added; exact groups last)."""
+        table: dict[tuple[int, int, bool], np.ndarray] = {}
         for h in (self, other):
-            for ng, mg, cg in zip(h.n_items, h.n_samples, h.counts):
-                key = (int(ng), int(mg))
+            for ng, mg, cg, eg in zip(h.n_items, h.n_samples, h.counts, h.exact):
+                key = (bool(eg), int(ng), int(mg))
                 table[key] = table[key] + cg if key in table else cg.copy()
         keys = sorted(table)
         return RankHistogram(
-            np.array([k[0] for k in keys], dtype=np.int64),
             np.array([k[1] for k in keys], dtype=np.int64),
+            np.array([k[2] for k in keys], dtype=np.int64),
             tuple(table[k] for k in keys),
+            np.array([k[0] for k in keys], dtype=bool),
         )
 
     def same_groups(self, other: "RankHistogram") -> bool:
-        """True when both histograms have the same (n, m) groups in the same order."""
-        return np.array_equal(self.n_items, other.n_items) and np.array_equal(self.n_samples, other.n_samples)
+        """True when both histograms have the same (n, m) groups, exact or not, in the same order."""
+        return (np.array_equal(self.n_items, other.n_items) and np.array_equal(self.n_samples, other.n_samples)
+                and np.array_equal(self.exact, other.exact))
 
     def check_support(self, law: str = "uniform") -> None:
         """Raise a ValueError where a counted r~ cannot occur under the design (``_checks.check_sampled_support``:
@@ -220,7 +284,7 @@ def _flat(x, name: str) -> torch.Tensor:
     return t.reshape(-1)
 
 
-def sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights=None) -> RankHistogram:
+def sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights=None, *, exact_ranks=None) -> RankHistogram:
     """Histogram of sampled ranks, grouped by (n, m).
 
     Args:
@@ -229,12 +293,17 @@ def sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights=None) -> R
         n_items: candidates n, an int or per-positive values broadcastable against ``sampled_ranks``.
         n_samples: m, an int or per-positive values (adaptive sampling gives positives different m).
         weights: optional non-negative per-positive weights (default 1).
+        exact_ranks: optional exact ranks R in 1..n of completed positives, 0 elsewhere, shaped like
+            ``sampled_ranks`` (``SampledRanks.exact_ranks``): those positives are counted at R in exact groups
+            (n, m = n - 1) (module docstring), the others at r~ as usual.
 
     Returns:
         :class:`RankHistogram` (computed with one ``bincount``; vectorised, no loop over positives).
     """
     if isinstance(sampled_ranks, RankHistogram):
         return sampled_ranks
+    if exact_ranks is not None:
+        return _with_exact_groups(sampled_ranks, n_items, n_samples, weights, exact_ranks)
     r = check_rank_values(sampled_ranks, "sampled_ranks", whole=True, padding=True)
     dev = r.device
     # minimum 0: padded slots may carry 0 (adaptive sizes); the kept positives are checked below
@@ -263,6 +332,32 @@ def sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights=None) -> R
             f"sampled_ranks: {int(bad.sum())} value(s) outside 1..m+1 (m = n_samples), e.g. {int(r[bad][0])}"
         )
     return _bincount_histogram(r, n, m, w)
+
+
+def _with_exact_groups(sampled_ranks, n_items, n_samples, weights, exact_ranks) -> RankHistogram:
+    """:func:`sampled_rank_histogram` of the positives without an exact rank, then the exact groups of the others."""
+    r = check_rank_values(sampled_ranks, "sampled_ranks", whole=True, padding=True)
+    e = check_rank_values(exact_ranks, "exact_ranks", whole=True, padding=True).to(r.device)
+    if e.shape != r.shape:
+        raise ValueError(f"exact_ranks: expected the shape of sampled_ranks {tuple(r.shape)}, got {tuple(e.shape)}")
+    e = e.to(torch.int64)
+    done = e > 0
+    if bool((done & (r == 0)).any()):
+        raise ValueError("exact_ranks: an exact rank where sampled_ranks holds padding (0)")
+    zero = torch.zeros_like(r)
+    sampled = sampled_rank_histogram(torch.where(done, zero, r), n_items, n_samples, weights)
+    if not bool(done.any()):
+        return sampled
+    n = check_sizes(n_items, "n_items", 0, like=r, like_name="sampled_ranks", device=r.device)
+    n = torch.broadcast_to(torch.as_tensor(n, dtype=torch.int64, device=r.device), r.shape)
+    if bool((done & (e > n)).any()):
+        raise ValueError(f"exact_ranks: {int((done & (e > n)).sum())} value(s) above the positive's n (n_items)")
+    exact = sampled_rank_histogram(e, n, torch.where(done, n - 1, torch.zeros_like(n)), weights)
+    if weights is not None and exact.n_groups:  # zero weights may leave no exact count
+        exact = exact.without_empty_groups()
+    exact = RankHistogram._trusted_ragged(exact.n_items.copy(), exact.n_samples.copy(), exact.flat_counts.copy(),
+                                          np.ones(exact.n_groups, dtype=bool))
+    return sampled.concat(exact)
 
 
 def _group_ids(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -363,6 +458,8 @@ def pool_by_n(hist: RankHistogram, max_rel_n_spread: float | None) -> RankHistog
     s = check_spread(max_rel_n_spread)
     if s is None or hist.n_groups <= 1:
         return hist
+    if hist.has_exact:  # exact groups are pooled among themselves (pool_exact_groups), never with sampled ones
+        return pool_by_n(hist.sampled_part(), s).concat(pool_exact_groups(hist.exact_part(), n_grid_nodes=s))
     n_out: list[int] = []
     m_out: list[int] = []
     c_out: list[np.ndarray] = []
@@ -387,6 +484,35 @@ def pool_by_n(hist: RankHistogram, max_rel_n_spread: float | None) -> RankHistog
         m_out += [int(mval)] * int(keep.sum())
         c_out += list(acc[keep])
     return RankHistogram(np.asarray(n_out, dtype=np.int64), np.asarray(m_out, dtype=np.int64), tuple(c_out))
+
+
+def pool_exact_groups(hist: RankHistogram, max_groups: int | None = None, n_grid_nodes: float | None = None
+                      ) -> RankHistogram:
+    """Fewer exact groups (module docstring): each moved to a larger n, its counts kept at their exact ranks R
+    (R <= n still holds; only the truncation of P(R) at n moves, by the spread). ``n_grid_nodes`` s: onto the
+    geometric grid of n (:func:`n_grid`), each group to the smallest node >= its n; else, beyond ``max_groups``
+    groups, into quantile bins of n (by count), each to its bin's largest n. ``hist`` holds exact groups only."""
+    if hist.n_groups <= 1 or (n_grid_nodes is None and (max_groups is None or hist.n_groups <= max_groups)):
+        return hist
+    order = np.argsort(hist.n_items, kind="stable")
+    ns = hist.n_items[order]
+    if n_grid_nodes is not None:
+        grid = n_grid(int(ns[0]), int(ns[-1]), n_grid_nodes)
+        target = grid[np.searchsorted(grid, ns, side="left")]
+    else:
+        tot = hist.totals[order]
+        cum = np.cumsum(tot) / max(tot.sum(), 1e-300)
+        label = np.minimum((cum * max_groups - 1e-12).astype(np.int64), max_groups - 1)
+        top = np.zeros(max_groups, dtype=np.int64)
+        np.maximum.at(top, label, ns)
+        target = top[label]
+    nodes = np.unique(target)
+    acc = {int(v): np.zeros(int(v)) for v in nodes}
+    for g, t in zip(order, target):  # one pass over the exact groups (their distinct n), not over positives
+        c = hist.counts[g]
+        acc[int(t)][: c.shape[0]] += c
+    n_out = np.asarray(nodes, dtype=np.int64)
+    return RankHistogram(n_out, n_out - 1, tuple(acc[int(v)] for v in nodes), np.ones(len(nodes), dtype=bool))
 
 
 # --------------------------------------------------------------------------------------------------

@@ -11,6 +11,12 @@ Binomial(j; M_s, p): a factor that does not depend on R. So ``mle`` and ``mes`` 
 M had been fixed (``rank_distribution``); estimators built from fixed-m tables (the corrections, the mappings) do
 not apply and are refused.
 
+Exact completion (``SamplingDesign(..., exact_at_cap=True)``): the positives still ranked first at the cap are
+then ranked exactly among their whole candidate list (:func:`complete_at_cap`; ``SampledRanks.exact_ranks``),
+drawing nothing: the draws are those without it. Their likelihood is (1 - p)^cap times the point mass at the
+exact R, a constant times the point mass (``rank_distribution``), so the top is resolved and ``cap_reached``
+cannot occur.
+
 Identification (``identification.py``): the band uses the nested events E(s, i) = {M_final > M_s} or
 {M_final = M_s and r~ <= i}, whose probability given R is (1 - p)^(M_{s-1}) Bdtr(i - 1; M_s - M_{s-1}, p)
 (:func:`stage_event_cdf`, M_{-1} = 0).
@@ -56,9 +62,11 @@ def __getattr__(name: str):
 class AdaptiveCost:
     """What adaptive sampling cost, per positive (weighted like the histogram).
 
-    mean_samples, max_samples: sampled irrelevant items per positive (final M; the positive is scored too).
-    share_at_cap: share of positives that reached the cap; share_first_at_cap: of those still ranked first there
-    (their rank is resolved no finer than (n - 1)/(cap + 1) + 1). start, cap: the design.
+    mean_samples, max_samples: sampled irrelevant items per positive (final M; the positive is scored too; a
+    completed positive counts its cap). share_at_cap: share of positives that reached the cap;
+    share_first_at_cap: of those still ranked first there with an unknown exact rank (resolved no finer than
+    (n - 1)/(cap + 1) + 1); share_completed: ranked exactly there (``exact_at_cap``; in ``as_dict`` only when
+    some were). start, cap: the design.
     """
 
     mean_samples: float
@@ -67,16 +75,18 @@ class AdaptiveCost:
     share_first_at_cap: float
     start: int
     cap: int
+    share_completed: float
 
     def as_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("mean_samples", "max_samples", "share_at_cap", "share_first_at_cap",
-                                              "start", "cap")}
+        keys = ("mean_samples", "max_samples", "share_at_cap", "share_first_at_cap", "start", "cap")
+        return {k: getattr(self, k) for k in keys + (("share_completed",) if self.share_completed else ())}
 
 
 def check_adaptive_histogram(hist, design: AdaptiveDesign) -> None:
     """Raise ValueError where the histogram cannot come from ``design``: a sample size that is not a stage, or a
-    positive ranked first below the cap (it would have drawn more)."""
-    occupied = hist.totals > 0
+    positive ranked first below the cap (it would have drawn more). Exact groups (completed at the cap) are not
+    stages: they are left out."""
+    occupied = (hist.totals > 0) & ~hist.exact
     stages = design.stages
     bad = occupied & ~np.isin(hist.n_samples, stages)
     if bad.any():
@@ -112,14 +122,16 @@ def adaptive_cost(hist, design: AdaptiveDesign) -> AdaptiveCost:
         raise ValueError("hist: empty (no positive counted), so there is no cost to report")
     tot = hist.totals
     total = float(tot.sum())
-    at_cap = hist.n_samples >= design.cap
+    sizes = np.where(hist.exact, design.cap, hist.n_samples)  # a completed positive drew up to the cap
+    at_cap = sizes >= design.cap
     return AdaptiveCost(
-        mean_samples=float(tot @ hist.n_samples) / total,
-        max_samples=int(hist.n_samples[tot > 0].max()),
+        mean_samples=float(tot @ sizes) / total,
+        max_samples=int(sizes[tot > 0].max()),
         share_at_cap=float(tot[at_cap].sum()) / total,
-        share_first_at_cap=float(hist.top_counts[at_cap].sum()) / total,
+        share_first_at_cap=float(hist.top_counts[at_cap & ~hist.exact].sum()) / total,
         start=design.n_samples,
         cap=design.cap,
+        share_completed=float(tot[hist.exact].sum()) / total,
     )
 
 
@@ -133,6 +145,55 @@ def stage_event_cdf(p: np.ndarray, design: AdaptiveDesign, stage: int, i: np.nda
     with np.errstate(divide="ignore"):  # p = 1: log 0 = -inf, survival 0
         survive = np.exp(before * np.log1p(-p)) if before else np.ones_like(p)
     return survive * special.bdtr(k, new, p)
+
+
+# ----------------------------------------------------------------------------------------- completion
+#: elements of one block of full score rows built to rank completed positives exactly (rows x n)
+COMPLETION_BLOCK = 1 << 22
+
+
+def completion_targets(ranks: torch.Tensor, sizes: torch.Tensor, design: SamplingDesign) -> torch.Tensor:
+    """(B, P) bool: the positives an ``exact_at_cap`` design completes: still ranked first (r~ = 1) at the cap."""
+    return (ranks == 1) & (sizes == design.cap)
+
+
+def _fork(generator: torch.Generator | None) -> torch.Generator | None:
+    """A copy of ``generator`` (same state): the completion's random tie order draws nothing from the caller's."""
+    if generator is None:
+        return None
+    fork = torch.Generator(device=generator.device)
+    fork.set_state(generator.get_state())
+    return fork
+
+
+def complete_at_cap(need: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, ties: str,
+                    generator: torch.Generator | None, row_scores) -> torch.Tensor:
+    """Exact ranks of the ``need`` (B, P) positives among their rows' irrelevant candidates (catalogue minus the
+    row's positives minus its exclusions) and themselves, 0 elsewhere: (B, P) int64 (float64 for ``ties="average"``).
+
+    The rows holding such a positive are ranked in blocks of ``COMPLETION_BLOCK // n`` rows:
+    ``row_scores(rows)`` ((k,) int64 row indices) returns their (k, n) scores (the score matrix's rows, or the
+    scorer loop's rows built from the scored candidates: only the candidates' and the positives' entries are
+    read), then :func:`~reco_sampled_plugin.ranking.exact_ranks_padded` with ``count_other_positives=False``.
+    ``ties="random"`` orders ties by a copy of ``generator`` (one seed per row and block, as the matrix path and
+    the scorer path both draw them), so the caller's generator is not advanced. ``pos`` / ``exc``: padded (B, P) /
+    (B, E) indices (-1 padding).
+    """
+    from .ranking import exact_ranks_padded
+
+    dtype = torch.float64 if ties == "average" else torch.int64
+    out = torch.zeros(need.shape, dtype=dtype, device=need.device)
+    rows = need.any(1).nonzero().squeeze(1)
+    if rows.numel() == 0:
+        return out
+    gen = _fork(generator)
+    block = max(1, COMPLETION_BLOCK // max(n_items, 1))
+    for start in range(0, rows.numel(), block):  # blocks of rows bound the (k, n) buffer
+        idx = rows[start:start + block]
+        scores = row_scores(idx)
+        r = exact_ranks_padded(scores, pos[idx], None if exc is None else exc[idx], ties, False, gen)
+        out[idx] = torch.where(need[idx], r.to(dtype), out[idx])
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ draws
@@ -191,7 +252,10 @@ def adaptive_sampled_ranks_from_exact(
         ranks[need] = extra  # no earlier sample beat it, so its rank among 2m is 1 + (beats among the new m)
         m[need] = 2 * m_cur
         m_cur *= 2
-    return SampledRanks(ranks, n.to(torch.int64), None, design, m)
+    exact = None
+    if design.exact_at_cap:  # the given exact ranks of the positives still first at the cap
+        exact = torch.where(completion_targets(ranks, m, design), r.to(torch.int64), torch.zeros_like(ranks))
+    return SampledRanks(ranks, n.to(torch.int64), None, design, m, None, exact_ranks=exact)
 
 
 def adaptive_sampled_ranks(
@@ -210,7 +274,9 @@ def adaptive_sampled_ranks(
     Each positive is first ranked against m = ``n_samples`` drawn items; while it ranks first and 2m does not
     exceed ``max_samples``, it draws m more items (so m doubles) and its rank becomes 1 + #{new items
     scoring higher}. Stages redraw only for rows that still need it (at most log2(max_samples / m) stages).
-    ``n_samples`` may instead be an adaptive :class:`~reco_sampled_plugin.design.SamplingDesign` alone.
+    ``n_samples`` may instead be an adaptive :class:`~reco_sampled_plugin.design.SamplingDesign` alone; with
+    ``exact_at_cap`` the positives still first at the cap get their exact rank from the row
+    (:func:`complete_at_cap`, ``SampledRanks.exact_ranks``; no further draw).
 
     Returns:
         :class:`~reco_sampled_plugin.ranking.SampledRanks` (ranks, n_candidates per row, the design, and the
@@ -249,4 +315,11 @@ def adaptive_sampled_ranks(
         ranks[idx] = torch.where(sub_need, more.to(ranks.dtype), ranks[idx])
         sizes[idx] = torch.where(sub_need, torch.full_like(sizes[idx], 2 * m_cur), sizes[idx])
         m_cur *= 2
-    return SampledRanks(ranks, first.n_candidates, None, design, sizes)
+    exact = None
+    if design.exact_at_cap:  # read from the rows: draws nothing
+        from .ranking import prepare_index
+
+        pos, exc = prepare_index(positives, exclude, scores.shape[0], scores.shape[1], scores.device)
+        exact = complete_at_cap(completion_targets(ranks, sizes, design), pos, exc, scores.shape[1], ties, generator,
+                                lambda idx: scores[idx])
+    return SampledRanks(ranks, first.n_candidates, None, design, sizes, None, exact_ranks=exact)

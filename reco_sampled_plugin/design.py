@@ -15,6 +15,9 @@ replacement=False)``
 ``SamplingDesign(m,                 stages M_s = m 2^s <= adaptive_max; a positive still first draws M_s more
 adaptive_max=cap)``                 (Li et al., AAAI 2023; ``adaptive.py``): Binomial at the final M, times a
                                     factor free of r
+``SamplingDesign(m,                 as above; positives still first at the cap are then ranked exactly among
+adaptive_max=cap,                   their whole candidate list (``SampledRanks.exact_ranks``): the likelihood
+exact_at_cap=True)``                of such a positive is the point mass at its exact rank R
 ``SamplingDesign(m,                 r~ - 1 ~ Binomial(m, q(A)), q the popularity law renormalised over the
 popularity=w)``                     row's irrelevant items, A the items above the positive (``law ==
                                     "popularity"``; ``hh`` corrects AUC and mean rank: docs/popularity.md)
@@ -91,6 +94,10 @@ class SamplingDesign:
             them (renormalised over each row's irrelevant items); a tensor stays on its device.
         adaptive_max: the cap of adaptive sampling (positives still ranked first draw as many again, m doubling,
             up to the largest m 2^s <= adaptive_max); needs ``replacement=True`` and uniform draws.
+        exact_at_cap: adaptive designs only: rank the positives still first at the cap exactly among their whole
+            candidate list (n - 1 irrelevant items: catalogue minus the row's positives minus its exclusions), so
+            the top is resolved (no ``cap_reached``). Costs n - 1 scored pairs per row with such a positive in
+            the scorer loop; draws nothing (the draws equal those without it). Default False.
 
     An ``int`` m where a design is expected means ``SamplingDesign(m)`` (:func:`as_design`).
     """
@@ -99,11 +106,16 @@ class SamplingDesign:
     replacement: bool = field(default=True, kw_only=True)
     popularity: Any = field(default=None, kw_only=True)
     adaptive_max: int | None = field(default=None, kw_only=True)
+    exact_at_cap: bool = field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         m = check_size(self.n_samples, "n_samples", 1, MAX_SAMPLES)
         object.__setattr__(self, "n_samples", m)
         object.__setattr__(self, "replacement", check_bool(self.replacement, "replacement"))
+        object.__setattr__(self, "exact_at_cap", check_bool(self.exact_at_cap, "exact_at_cap"))
+        if self.exact_at_cap and self.adaptive_max is None:
+            raise ValueError("exact_at_cap: completes the positives still first at the cap of adaptive sampling; "
+                             "give adaptive_max too (a fixed m has no cap)")
         if self.popularity is not None:
             object.__setattr__(self, "popularity", _check_popularity(self.popularity))
         if self.adaptive_max is not None:
@@ -117,12 +129,13 @@ class SamplingDesign:
 
     @classmethod
     def trusted(cls, n_samples: int, *, replacement: bool = True, popularity=None,
-                adaptive_max: int | None = None) -> "SamplingDesign":
+                adaptive_max: int | None = None, exact_at_cap: bool = False) -> "SamplingDesign":
         """A design from parts a draw has validated already (no second validation, no host synchronisation):
         for the package's draws, which record the design they drew under."""
         self = object.__new__(cls)
         for k, v in (("n_samples", int(n_samples)), ("replacement", bool(replacement)), ("popularity", popularity),
-                     ("adaptive_max", None if adaptive_max is None else int(adaptive_max))):
+                     ("adaptive_max", None if adaptive_max is None else int(adaptive_max)),
+                     ("exact_at_cap", bool(exact_at_cap))):
             object.__setattr__(self, k, v)
         return self
 
@@ -151,14 +164,14 @@ class SamplingDesign:
     def describe(self) -> str:
         """A short human-readable name: ``uniform m=100``, ``adaptive 100->3200``, ``popularity m=100``..."""
         if self.adaptive_max is not None:
-            return f"adaptive {self.n_samples}->{self.cap}"
+            return f"adaptive {self.n_samples}->{self.cap}" + (", exact at cap" if self.exact_at_cap else "")
         kind = "popularity" if self.popularity is not None else "uniform"
         extra = "" if self.replacement else ", without replacement"
         return f"{kind} m={self.n_samples}{extra}"
 
     # ------------------------------------------------------------------------------- equality and hashing
     def _key(self) -> tuple:
-        return (self.n_samples, self.replacement, self.adaptive_max, self.popularity is not None)
+        return (self.n_samples, self.replacement, self.adaptive_max, self.exact_at_cap, self.popularity is not None)
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, SamplingDesign):
@@ -181,6 +194,8 @@ class SamplingDesign:
             parts.append(f"popularity=<{self.popularity.numel()} weights>")
         if self.adaptive_max is not None:
             parts.append(f"adaptive_max={self.adaptive_max}")
+        if self.exact_at_cap:
+            parts.append("exact_at_cap=True")
         return f"SamplingDesign({', '.join(parts)})"
 
 

@@ -172,15 +172,19 @@ def estimate_auto(spec: MetricSpec, hist: RankHistogram, *, method: str, samplin
     return entry.compute_function()(spec, hist, method=chosen, sampling=sampling, options=options)
 
 
-def _with_adaptive(result: Estimate, hist: RankHistogram, design: AdaptiveDesign, top_shape) -> Estimate:
+def _with_adaptive(result: Estimate, hist: RankHistogram, design: AdaptiveDesign, top_shape, spec=None) -> Estimate:
     """The estimate of adaptive ranks: the identified interval under the stopping law, the cost in
     ``details["adaptive"]``, ``cap_reached`` where positives still rank first at the cap and the metric depends
-    on the top there."""
+    on the top there. With exact groups (``exact_at_cap``) ``top_unresolved`` follows from the known ranks
+    (``identification.top_sensitive``, an exact group resolved to single ranks), not from the fit's flag, which
+    reads an exact group's resolution as (n - 1)/n + 1."""
     ident = result.identification
     if ident is not None:
         ident = Identification(ident.spec, ident.hist, ident.sampling, top_shape, adaptive=design)
     cost = adaptive_cost(hist, design)
     flags = tuple(result.flags)
+    if hist.has_exact and spec is not None and not top_sensitive(spec, hist):
+        flags = tuple(f for f in flags if f != "top_unresolved")
     if ident is not None and cost.share_first_at_cap > 0 and "cap_reached" not in flags:
         flags += ("cap_reached",)
     details = dict(result.details)
@@ -223,7 +227,8 @@ def _from_sampled(sampled: SampledRanks, n_items, n_samples, weights, sampling, 
         raise ValueError(f"sampling: {sampling!r} contradicts the design of these ranks ({design.describe()})")
     if adaptive is not None and coerce_adaptive(adaptive) != design.adaptive:
         raise ValueError(f"adaptive: contradicts the design of these ranks ({design.describe()})")
-    return sampled.histogram(weights), law, design.adaptive
+    # completed positives (exact_at_cap): exact groups for the estimators that read them, else their r~
+    return sampled.histogram(weights, exact=entry.exact_groups), law, design.adaptive
 
 
 def estimate(
@@ -346,6 +351,11 @@ def estimate(
         fit = {k: v for k, v in options.items() if k in takes}
         check_fit_options("mle" if entry.family != "rank_distribution" else method, sampling, **fit)
     hist.check_nonempty(weights)
+    if hist.has_exact and not entry.exact_groups:  # it would read an exact rank R as a sampled rank among n - 1
+        raise ValueError(f"sampled_ranks: the histogram has exact groups (exact_at_cap), which method {method!r} "
+                         f"cannot read; use one of {[e.name for e in registry.entries() if e.exact_groups]}, or "
+                         "the SampledRanks themselves (estimate(metric, sampled) gives other methods the sampled "
+                         "ranks)")
     hist.check_support(sampling)  # every method: an r~ the design cannot produce is refused, not estimated from
     if not entry.takes_metric(spec.kind):  # after the data's own checks, which every method makes alike
         check_without_replacement(hist.n_items, hist.n_samples, sampling)
@@ -363,7 +373,7 @@ def estimate(
         check_adaptive_histogram(hist, design)
         result = estimate(spec, hist, method=method, sampling=sampling, max_rel_n_spread=max_rel_n_spread,
                           top_shape=top_shape, **options)
-        return _with_adaptive(result, hist, design, top_shape)
+        return _with_adaptive(result, hist, design, top_shape, spec)
     pooled = pool_by_n(hist, max_rel_n_spread)
     pool_flag = [] if pooled.same_groups(hist) else ["pooled_n"]
     hist = pooled

@@ -550,6 +550,9 @@ def _sampling_design(n_samples, replacement, popularity, adaptive_max, correctio
             raise ValueError(f"{name}: needs n_samples (the number of sampled irrelevant items per test item)")
         return None, None
     design = as_design(n_samples, replacement=replacement, popularity=popularity, adaptive_max=adaptive_max)
+    if design.exact_at_cap:  # its summary estimates from bare sampled ranks: the exact ranks would be dropped
+        raise ValueError("n_samples: exact_at_cap is not supported by evaluate_factors (its sampled summary "
+                         "corrects bare sampled ranks); use adaptive_sampled_ranks and estimate(metric, sampled)")
     entry = None
     if correction is not None:
         try:

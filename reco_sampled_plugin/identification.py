@@ -111,8 +111,9 @@ class IdentifiedInterval:
 
 
 def resolution(hist: RankHistogram) -> np.ndarray:
-    """Exact ranks covered by one sampled rank per group: (n - 1)/(m + 1) + 1."""
-    return (hist.n_items - 1.0) / (hist.n_samples + 1.0) + 1.0
+    """Exact ranks covered by one sampled rank per group: (n - 1)/(m + 1) + 1; 1 for an exact group (its counts
+    are exact ranks: ``RankHistogram.exact``)."""
+    return np.where(hist.exact, 1.0, (hist.n_items - 1.0) / (hist.n_samples + 1.0) + 1.0)
 
 
 def top_sensitive(spec: MetricSpec, hist: RankHistogram) -> bool:
@@ -459,6 +460,10 @@ def identified_interval(
     hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
     hist.check_nonempty(weights)
     hist = hist.without_empty_groups()
+    if hist.has_exact:
+        raise ValueError("sampled_ranks: the histogram has exact groups (exact_at_cap); the identified interval "
+                         "reads sampled ranks only (with every positive first at the cap completed, the top is "
+                         "resolved and no interval needs widening)")
     design = coerce_adaptive(adaptive)
     if design is not None:
         if law != "binomial":

@@ -126,6 +126,10 @@ class DesignForecast:
         scoring_seconds: predicted scorer time for the plan's ``n_users`` users, :attr:`pairs` x n_users x the
             plan's ``seconds_per_pair``; NaN without one.
         method: the estimator forecast for this design (``auto``'s choice, e.g. ``gmod`` for an adaptive design).
+        exact_at_cap: the adaptive design completes the positives still first at the cap (``SamplingDesign``'s
+            ``exact_at_cap``); their estimates read those positives' exact ranks.
+        completion_pairs: expected pairs per user its completion scores: the share of positives still first at
+            the cap times their n - 1 irrelevant candidates (0 without ``exact_at_cap``).
     """
 
     n_samples: int
@@ -141,24 +145,27 @@ class DesignForecast:
     pairs_se: float = math.nan
     scoring_seconds: float = math.nan
     method: str | None = None
+    exact_at_cap: bool = False
+    completion_pairs: float = 0.0
 
     @property
     def pairs(self) -> float:
         """Expected (user, item) pairs scored per user: the positive and its sampled items, 1 + ``mean_samples``
-        (adaptive: every stage's new draws; the unit of ``ScoringCost.pairs``)."""
-        return 1.0 + self.mean_samples
+        (adaptive: every stage's new draws; the unit of ``ScoringCost.pairs``), plus ``completion_pairs``."""
+        return 1.0 + self.mean_samples + self.completion_pairs
 
     @property
     def label(self) -> str:
         """``"m = 100"``, ``"m = 100 (no repl.)"`` or ``"adaptive 100->3200"``."""
         if self.adaptive_max is None:
             return f"m = {self.n_samples}" + ("" if self.replacement else " (no repl.)")
-        return f"adaptive {self.n_samples}->{self.adaptive_max}"
+        return f"adaptive {self.n_samples}->{self.adaptive_max}" + (" exact" if self.exact_at_cap else "")
 
     @property
     def design(self) -> SamplingDesign:
         """The forecast's design as a :class:`~reco_sampled_plugin.design.SamplingDesign`."""
-        return SamplingDesign(self.n_samples, replacement=self.replacement, adaptive_max=self.adaptive_max)
+        return SamplingDesign(self.n_samples, replacement=self.replacement, adaptive_max=self.adaptive_max,
+                              exact_at_cap=self.exact_at_cap)
 
 
 @dataclass(frozen=True, eq=False)
@@ -448,10 +455,10 @@ def _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive, spec=Non
 
 
 # ------------------------------------------------------------------------------------------------ designs
-def _check_design(design, n_min: int, method: str) -> tuple[int, int | None, bool]:
-    """(m, rounded cap or None, replacement) of one candidate design: an (m, cap_or_None) pair, or a
-    :class:`~reco_sampled_plugin.design.SamplingDesign` (uniform draws, fixed or adaptive) or AdaptiveDesign; the
-    estimator must support it (``registry.get(method).supports``)."""
+def _check_design(design, n_min: int, method: str) -> tuple[int, int | None, bool, bool]:
+    """(m, rounded cap or None, replacement, exact_at_cap) of one candidate design: an (m, cap_or_None) pair, or a
+    :class:`~reco_sampled_plugin.design.SamplingDesign` (uniform draws, fixed or adaptive, ``exact_at_cap``) or
+    AdaptiveDesign; the estimator must support it (``registry.get(method).supports``)."""
     from .design import AdaptiveDesign as _Adaptive
 
     if isinstance(design, (AdaptiveDesign, _Adaptive)):
@@ -460,6 +467,7 @@ def _check_design(design, n_min: int, method: str) -> tuple[int, int | None, boo
         if design.law not in ("binomial", "hypergeometric"):  # the simulations are of uniform draws
             raise ValueError(f"designs: the planner simulates uniform draws; {design!r} has {design.law} draws")
         m, cap, replacement = design.n_samples, design.adaptive_max, design.replacement
+        exact = design.exact_at_cap
     else:
         try:
             m, cap = design
@@ -471,6 +479,7 @@ def _check_design(design, n_min: int, method: str) -> tuple[int, int | None, boo
             if cap < m:
                 raise ValueError(f"designs: the adaptive cap {cap} is below its first-stage m = {m}")
         replacement = True
+        exact = False
     entry = registry.get(method)
     if cap is None:
         if m >= n_min - 1:
@@ -478,13 +487,13 @@ def _check_design(design, n_min: int, method: str) -> tuple[int, int | None, boo
         if not entry.supports(SamplingDesign(m, replacement=replacement)):
             raise ValueError(f"designs: {method!r} does not support draws without replacement; use one of "
                              f"{registry.names(design=SamplingDesign(m, replacement=replacement))}")
-        return m, None, replacement
+        return m, None, replacement, False
     if not entry.supports(SamplingDesign(m, adaptive_max=cap)):
         raise ValueError(f"designs: adaptive sampling needs one of the methods {registry.names(adaptive=True)}, "
                          f"not {method!r}")
     if m >= n_min - 1:
         raise ValueError(f"designs: m = {m} is not below n_items - 1 = {n_min - 1}; rank all items instead")
-    return m, AdaptiveDesign(m, cap).cap, True
+    return m, AdaptiveDesign(m, cap).cap, True, exact
 
 
 def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> list[tuple[int, int | None]]:
@@ -643,7 +652,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
     else:
         shape = _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive, spec)
     if designs is None:
-        todo = [(m, cap, True) for m, cap in default_designs(n_min, method)]
+        todo = [(m, cap, True, False) for m, cap in default_designs(n_min, method)]
     else:
         todo = [_check_design(d, n_min, method) for d in designs]
     if not todo:
@@ -654,20 +663,23 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
     n_t = torch.from_numpy(n_u)
     truths = metric_values(spec, exact, n_t).mean(dim=1).numpy()  # each set's exact metric
     truth = float(truths.mean())
-    from ._rank_hist import as_histogram
+    from ._rank_hist import as_histogram, sampled_rank_histogram
     from .estimators import auto_method
     from .rank_distribution import estimate_rank_distributions
     n_mean = float(n_u.mean())
     forecasts = []
     bar = progress_bar(total=len(todo) * repeats, desc=f"plan {spec}: {method} fits", enabled=progress, unit="fit")
-    for d, (m, cap, replacement) in enumerate(todo):
+    for d, (m, cap, replacement, complete) in enumerate(todo):
         gen = torch.Generator().manual_seed(seed * 1_000_003 + 7919 * (d + 1))
         law = "binomial" if replacement else "hypergeometric"
+        done = None  # exact_at_cap: the exact ranks of the positives still first at the cap, 0 elsewhere
         if cap is None:
             sampled = simulate_sampled_ranks(exact, n_t, m, law, gen)
             sizes = None
-        else:
-            sampled, sizes = adaptive_sampled_ranks_from_exact(exact, n_t, m, cap, gen)
+        else:  # the same draws with or without completion (it draws nothing)
+            res = adaptive_sampled_ranks_from_exact(
+                exact, n_t, SamplingDesign(m, adaptive_max=cap, exact_at_cap=complete), generator=gen)
+            sampled, sizes, done = res.ranks, res.n_samples, res.exact_ranks
         est = np.empty(repeats)
         run = method  # ``auto``: its choice for this design and metric, as estimate() makes it (first replicate)
         if registry.get(method).family == "auto":
@@ -680,7 +692,9 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
         batched = registry.get(run).family == "rank_distribution"
         if batched:  # the repeats' fits share one likelihood (built once per design, not once per repeat)
             fit_target = registry.get(run).fitter_object().target
-            hists = [as_histogram(sampled[j], n_t, m if cap is None else sizes[j]) for j in range(repeats)]
+            hists = [as_histogram(sampled[j], n_t, m if cap is None else sizes[j]) if done is None
+                     else sampled_rank_histogram(sampled[j], n_t, sizes[j], exact_ranks=done[j])
+                     for j in range(repeats)]
             for j, dist in enumerate(estimate_rank_distributions(hists, run, sampling=law)):
                 est[j] = dist.values([spec], target=fit_target)[0]  # the value alone: the spread is over the replicates
             bar.update(repeats)
@@ -688,7 +702,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
             if cap is None:
                 law_opt = {} if replacement else {"sampling": law}
                 est[j] = estimate(spec, sampled[j], n_t, m, method=run, **law_opt, **opts).value
-            else:
+            else:  # the estimator reads the sampled ranks (completion changes no r~)
                 est[j] = estimate(spec, sampled[j], n_t, sizes[j], method=run, adaptive=(m, cap), **opts).value
             bar.update()
         err = est - truths
@@ -701,14 +715,19 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
         rel = (lambda v: v / scale) if scale > 0 else (lambda v: math.inf if v != 0 else 0.0)
         rel_error = rel(math.sqrt(mse))
         mean_samples = float(m) if sizes is None else float(sizes.double().mean())
-        # the pairs' Monte Carlo se: the final m's spread over all repeats x n_users simulated positives
-        pairs_se = 0.0 if sizes is None else float(sizes.double().std() / math.sqrt(sizes.numel()))
+        # completion: each positive still first at the cap scores its n - 1 irrelevant candidates
+        extra = None if done is None else (done > 0).double() * (n_t.double() - 1.0)
+        completion_pairs = 0.0 if extra is None else float(extra.mean())
+        # the pairs' Monte Carlo se: the spread of each simulated positive's pairs over repeats x n_users
+        per = None if sizes is None else sizes.double() + (0.0 if extra is None else extra)
+        pairs_se = 0.0 if per is None else float(per.std() / math.sqrt(per.numel()))
         top = m if cap is None else cap
         forecasts.append(DesignForecast(
             n_samples=int(m), adaptive_max=None if cap is None else int(cap), mean_samples=mean_samples,
             rel_bias=rel(bias), rel_sd=rel(sd), rel_error=rel_error, meets_target=bool(rel_error <= target),
             rel_error_se=rel(se_rmse), resolution=(n_mean - 1.0) / (top + 1.0) + 1.0, replacement=replacement,
-            pairs_se=pairs_se, scoring_seconds=_scoring_seconds(1.0 + mean_samples, n_users, spp), method=run,
+            pairs_se=pairs_se, scoring_seconds=_scoring_seconds(1.0 + mean_samples + completion_pairs, n_users, spp),
+            exact_at_cap=bool(complete), completion_pairs=completion_pairs, method=run,
         ))
     bar.close()
     # the cheapest in scored pairs (and so in predicted time: the same seconds per pair for every design) below

@@ -40,6 +40,13 @@ the shape of P(R), which then comes from the uniform start or the entropy term).
 Adaptive sampling (Li et al., AAAI 2023; ``adaptive.py``): positives ranked first get more samples (doubling m
 until they are not first or a cap is reached). Stopping on r~ = 1 multiplies the likelihood of an instance by a
 factor that does not depend on R, so the estimators simply take the per-positive final sample sizes.
+
+Exact groups (``exact_at_cap``: positives still first at the cap ranked exactly, ``_rank_hist``): a completed
+positive with exact rank R_0 has likelihood P(first at every stage | R) 1[R = R_0] = (1 - p_0)^cap 1[R = R_0]: a
+constant times the point mass at R_0, so the stopping factor does not change the fit. Its group (n, m = n - 1) is
+read with the law of sampling without replacement at m = n - 1 (r~ = R), whatever the law of the other groups:
+on the grid, P(r~ = i | cell c) = 1 / |c| for i in cell c (the identity on single-rank cells). Pooling never
+mixes exact and sampled groups (:func:`pool_groups`).
 """
 
 from __future__ import annotations
@@ -61,6 +68,7 @@ from ._rank_hist import (
     interval_mean_metric,
     interval_mean_metrics,
     pool_by_n,
+    pool_exact_groups,
 )
 from ._checks import check_rank_values, check_without_replacement, impossible_rank_message
 from ._options import (check_base_measure, check_bool, check_count, check_metric_names,
@@ -170,6 +178,7 @@ class _Model:
     onehot: np.ndarray | None = None  # (K, G) float64: column -> group
     inside_f: np.ndarray | None = None  # (C, G) float64
     lik_sparse: sparse.csr_matrix | None = None  # lik, sparse when mostly zeros (single-threaded, faster there)
+    exact: np.ndarray | None = None  # (G,) bool: exact groups (point masses at their ranks)
 
     def __post_init__(self) -> None:
         if self.onehot is None:
@@ -177,6 +186,8 @@ class _Model:
             self.onehot[np.arange(len(self.cols)), self.cols[:, 0]] = 1.0
         if self.inside_f is None:
             self.inside_f = np.ascontiguousarray(self.inside.T.astype(np.float64))
+        if self.exact is None:
+            self.exact = np.zeros(len(self.n), dtype=bool)
         if self.lik_sparse is None and np.count_nonzero(self.lik) <= _SPARSE_MAX_DENSITY * self.lik.size:
             self.lik_sparse = sparse.csr_matrix(self.lik)
 
@@ -250,7 +261,17 @@ def pool_groups(hist: RankHistogram, max_groups: int, max_rel_n_spread: float | 
     """Fewer (n, m) groups for the likelihood: onto a geometric grid of n (``max_rel_n_spread``, see
     :func:`~reco_sampled_plugin._rank_hist.pool_by_n`), or else, beyond ``max_groups`` groups, into
     quantile bins of n (count-weighted median n per bin). More than ``_MAX_EXACT_M`` distinct m are first
-    pooled onto a geometric grid of m (:func:`_pool_m`). Returns (histogram, whether it changed)."""
+    pooled onto a geometric grid of m (:func:`_pool_m`). Exact groups (``RankHistogram.exact``) are pooled among
+    themselves (:func:`~reco_sampled_plugin._rank_hist.pool_exact_groups`: same grid of n, or at most
+    ``max_groups`` bins), never with a sampled group. Returns (histogram, whether it changed)."""
+    if hist.has_exact:
+        exact = hist.exact_part()
+        pooled_exact = pool_exact_groups(exact, max_groups=max_groups, n_grid_nodes=max_rel_n_spread)
+        sampled = hist.sampled_part()
+        if sampled.n_groups == 0:
+            return pooled_exact, not pooled_exact.same_groups(exact)
+        pooled_sampled, changed = pool_groups(sampled, max_groups, max_rel_n_spread)
+        return pooled_sampled.concat(pooled_exact), changed or not pooled_exact.same_groups(exact)
     m_pooled = len(np.unique(hist.n_samples)) > _MAX_EXACT_M
     if m_pooled:
         hist = _pool_m(hist)
@@ -355,14 +376,17 @@ def _binomial_band(pts: np.ndarray, wts: np.ndarray, n: int, m: int, i: np.ndarr
 
 @lru_cache(maxsize=32)
 def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa: float, extra_edges: tuple = (),
-                support: tuple = ()):
+                support: tuple = (), exact: tuple = ()):
     """Grid edges, P(r~ | cell, group) on the ``support`` columns (flat keys g (m_max + 1) + i) and the inside
     mask for groups (n_g, m_g). Depends on sizes and support only, not on the counts, so it is cached (repeated
-    fits on new draws of the same users reuse it). ``extra_edges``: more cell edges, e.g. shape-zone bounds."""
+    fits on new draws of the same users reuse it). ``extra_edges``: more cell edges, e.g. shape-zone bounds.
+    ``exact``: (G,) bools, True for an exact group (module docstring), read with the point mass at its rank
+    (1 / cell width), not with ``law``; the grid follows the sampled groups' m (all exact: the largest n - 1)."""
     n_arr = np.asarray(n_items, dtype=np.int64)
     m_arr = np.asarray(n_samples, dtype=np.int64)
     m_max = int(m_arr.max())
-    edges = model_grid(n_arr, m_arr, delta, kappa, extra_edges)
+    ex = np.asarray(exact, dtype=bool) if len(exact) else np.zeros(len(n_arr), dtype=bool)
+    edges = model_grid(n_arr, m_arr[~ex] if (~ex).any() else m_arr, delta, kappa, extra_edges)
     keys = np.asarray(support, dtype=np.int64)
     cols = np.stack([keys // (m_max + 1), keys % (m_max + 1)], axis=1) if len(keys) else np.zeros((0, 2), np.int64)
     G, C = len(n_items), len(edges) - 1
@@ -376,7 +400,10 @@ def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa:
         sel = np.flatnonzero(cols[:, 0] == g)
         if not len(sel):
             continue
-        if law == "binomial":
+        if ex[g]:  # r~ = R: the column's rank R = i + 1 in its cell c, P(R | cell) = 1 / |c|
+            c = np.searchsorted(edges, cols[sel, 1] + 1, side="left") - 1
+            lik[c, sel] = 1.0 / np.diff(edges)[c]
+        elif law == "binomial":
             cell, col, val = _binomial_band(pts[:c_in], wts[:c_in], n_g, m_g, cols[sel, 1])
             lik[cell, sel[col]] = val
         else:  # the ratio recurrence needs whole rows (hypergeometric designs have few, moderate m)
@@ -423,9 +450,10 @@ def _build_model(
     base = _likelihood(
         tuple(int(v) for v in hist.n_items), tuple(int(v) for v in hist.n_samples), law, float(delta), float(kappa),
         tuple(int(e) for e in extra_edges), _support((hist,) + tuple(others), m_max),
+        tuple(bool(v) for v in hist.exact) if hist.has_exact else (),
     )
     model = _Model(base.edges, hist.n_items.copy(), hist.n_samples.copy(), base.cols, np.zeros(len(base.cols)),
-                   base.lik, base.inside, pooled, base.onehot, base.inside_f, base.lik_sparse)
+                   base.lik, base.inside, pooled, base.onehot, base.inside_f, base.lik_sparse, hist.exact.copy())
     model.counts = _flat_counts(model, hist)
     possible = np.asarray((model.lik > 0).sum(axis=0)).reshape(-1) > 0  # some rank can produce the column's r~
     if np.any((model.counts > 0) & ~possible):
@@ -1313,7 +1341,7 @@ def estimate_rank_distribution(
         rng = np.random.default_rng(seed)
         draws = rng.multinomial(int(round(total)), flat / total, size=B).astype(np.float64)
         boot = fitter.bootstrap(model, draws, pi, pi0, opts, fit_details)
-    pooled_hist = RankHistogram(model.n, model.m, model.group_counts(model.counts))
+    pooled_hist = RankHistogram(model.n, model.m, model.group_counts(model.counts), model.exact)
     details = {"sampling": check_law(sampling), "n_cells": len(pi), **fit_details}
     reference = None
     ref_method = getattr(fitter, "reference", None)
@@ -1376,7 +1404,7 @@ def estimate_rank_distributions(
         h.check_nonempty()
     spread = check_spread(max_rel_n_spread)
     pooled = [pool_groups(h, max_groups, spread) for h in hists]
-    keys = {(tuple(p.n_items.tolist()), tuple(p.n_samples.tolist())) for p, _ in pooled}
+    keys = {(tuple(p.n_items.tolist()), tuple(p.n_samples.tolist()), tuple(p.exact.tolist())) for p, _ in pooled}
     kw = dict(method=method, sampling=sampling, n_bootstrap=0, tol=tol, max_iter=max_iter, lam=lam,
               max_groups=max_groups, delta=delta, kappa=kappa, max_rel_n_spread=spread, beta=beta, df=df,
               penalty=penalty)
@@ -1394,7 +1422,7 @@ def estimate_rank_distributions(
         flags = (["pooled_n"] if was_pooled else []) + (["all_at_top"] if h.all_at_top() else [])
         if not conv[b]:
             flags.append("not_converged")
-        pooled_hist = RankHistogram(model.n, model.m, model.group_counts(counts[b]))
+        pooled_hist = RankHistogram(model.n, model.m, model.group_counts(counts[b]), model.exact)
         details = {"sampling": law, "n_cells": len(widths), "batched": len(hists), **fit_details[b]}
         out.append(RankDistribution(
             edges=model.edges, probs=pi[b], method=method, loglik=float(lls[b]), iterations=int(iters[b]),
@@ -1417,7 +1445,8 @@ def fitted_distribution(hist: RankHistogram, method: str, sampling: str, options
     """:func:`estimate_rank_distribution` of ``hist``, reused while the same histogram (same groups and
     counts), method, law and options come back; options that cannot be hashed are fitted every time."""
     try:
-        key = (hist.n_items.tobytes(), hist.n_samples.tobytes(), hist.flat_counts.tobytes(), method, sampling,
+        key = (hist.n_items.tobytes(), hist.n_samples.tobytes(), hist.exact.tobytes(), hist.flat_counts.tobytes(),
+               method, sampling,
                tuple(sorted(options.items())))
         hash(key)
     except TypeError:

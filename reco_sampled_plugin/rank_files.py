@@ -176,7 +176,7 @@ def write_rank_file(path, sampled) -> Path:
 
     Raises:
         ValueError: not a SampledRanks, no design, popularity draws (their weights do not fit a rank file:
-            estimate in Python), ranks that are not whole (``ties="average"``), no positive, or a path that cannot
+            estimate in Python), exact ranks of an ``exact_at_cap`` design (no column for them), ranks that are not whole (``ties="average"``), no positive, or a path that cannot
             be written.
     """
     import torch
@@ -192,6 +192,9 @@ def write_rank_file(path, sampled) -> Path:
     if design.popularity is not None:
         raise ValueError("sampled: popularity draws cannot be estimated from a rank file (it has no column for the "
                          "weights); estimate in Python: estimate(metric, sampled)")
+    if sampled.exact_ranks is not None:  # the format has no column for them: refused, not dropped
+        raise ValueError("sampled: exact_at_cap ranks cannot be written to a rank file (it has no column for the "
+                         "exact ranks of the completed positives); estimate in Python: estimate(metric, sampled)")
     ranks = sampled.ranks.cpu()
     if ranks.is_floating_point() and not bool((ranks == ranks.floor()).all()):
         raise ValueError("sampled: the ranks are not whole (ties='average'); draw with ties='pessimistic' or "

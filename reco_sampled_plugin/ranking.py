@@ -428,6 +428,12 @@ class SampledRanks:
         and of 1/q~^2: :class:`~reco_sampled_plugin._popularity.PopularityStats`, docs/popularity.md), which the
         Hansen-Hurwitz estimator ``hh`` reads; None for uniform designs (r~ says it all there) and for draws
         without replacement (not independent: no Hansen-Hurwitz weights).
+    exact_ranks: adaptive designs with ``exact_at_cap``: the exact rank R (1..n, among the n - 1 irrelevant
+        candidates and the positive itself, ties as the draw's ``ties``) of each positive still ranked first at
+        the cap, 0 elsewhere (positives that stopped earlier, padding); shaped like ``ranks``, int64 (float64 for
+        ``ties="average"``). None without completion. ``ranks`` keeps the sampled rank r~ of every positive, so
+        the uncorrected sampled metric (``none``) is unchanged; the rank-distribution fits read a completed
+        positive as the point mass at its R (:meth:`histogram`).
 
     ``estimate(metric, sampled)`` takes it alone. For compatibility it unpacks like the tuples the draws
     returned before the design object: ``ranks, n_candidates, negatives = sampled_ranks(...)`` for a fixed m,
@@ -441,6 +447,7 @@ class SampledRanks:
     n_samples: torch.Tensor | None = None
     cost: Any = None  # a scorer_ranks.ScoringCost (not imported here: scorer_ranks builds on this module)
     popularity_stats: PopularityStats | None = None
+    exact_ranks: torch.Tensor | None = None
 
     def _legacy(self) -> tuple:
         if self.n_samples is not None:
@@ -474,12 +481,16 @@ class SampledRanks:
             return n.unsqueeze(1).expand(r.shape)
         return n.expand(r.shape)
 
-    def histogram(self, weights=None):
+    def histogram(self, weights=None, *, exact: bool = True):
         """The :class:`~reco_sampled_plugin._rank_hist.RankHistogram` of these ranks (padding dropped), with
-        per-positive n and m; ``weights`` as in :func:`~reco_sampled_plugin.estimators.estimate`."""
+        per-positive n and m; ``weights`` as in :func:`~reco_sampled_plugin.estimators.estimate`. With
+        ``exact`` (default) and :attr:`exact_ranks`, the completed positives form exact groups (n, m = n - 1) of
+        their exact ranks (``RankHistogram.exact``); ``exact=False``: every positive's sampled rank r~."""
         from ._rank_hist import sampled_rank_histogram
 
-        return sampled_rank_histogram(self.ranks, self.candidates(), self.sizes(), weights)
+        exact = check_bool(exact, "exact")
+        return sampled_rank_histogram(self.ranks, self.candidates(), self.sizes(), weights,
+                                      exact_ranks=self.exact_ranks if exact else None)
 
 
 def forbidden_sorted(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int) -> torch.Tensor:

@@ -146,6 +146,8 @@ class Estimator:
         without_replacement: takes the hypergeometric law of draws without replacement.
         popularity: takes popularity-sampled designs.
         fits_distribution: fits a rank distribution (its fit options apply; the planner asks it for no bootstrap).
+        exact_groups: reads the exact groups of ``exact_at_cap`` designs (completed positives, ``RankHistogram.exact``)
+            as point masses at their exact ranks; an estimator without it reads every positive's sampled rank r~.
         fitter: rank-distribution methods: ``"module:object"`` of the fitter ``rank_distribution`` dispatches to.
         reference: the paper and equations.
         metrics: the metric kinds it estimates (``metric_names.METRIC_KINDS`` keys), None for every one;
@@ -161,13 +163,14 @@ class Estimator:
     without_replacement: bool = True
     popularity: bool = False
     fits_distribution: bool = False
+    exact_groups: bool = False
     fitter: str | Callable | None = None
     reference: str = ""
     metrics: tuple[str, ...] | None = None
     _resolved: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for flag in ("adaptive", "without_replacement", "popularity", "fits_distribution"):
+        for flag in ("adaptive", "without_replacement", "popularity", "fits_distribution", "exact_groups"):
             object.__setattr__(self, flag, _check_bool(getattr(self, flag), flag))
         if not isinstance(self.family, str) or self.family not in FAMILIES:
             raise ValueError(f"family: unknown estimator family {self.family!r}; use one of {tuple(FAMILIES)}")
@@ -344,20 +347,20 @@ _BUILTIN = (
               reference="Li, Jin et al. KDD 2020, eq. 19"),
     Estimator("mle", "rank_distribution", "rank distribution by EM (NPMLE on a log grid), then sum_R P(R) M(R)",
               ".rank_distribution:estimate_by_fit", options=_FIT_OPTIONS, adaptive=True, fits_distribution=True,
-              fitter=".rank_distribution:EM_FITTER", reference="Jin et al. AAAI 2021"),
+              exact_groups=True, fitter=".rank_distribution:EM_FITTER", reference="Jin et al. AAAI 2021"),
     Estimator("mes", "rank_distribution", "maximum-entropy-regularised rank distribution (the default)",
               ".rank_distribution:estimate_by_fit",
               options=_FIT_OPTIONS + (
                   Option("lam", "nonnegative_float", None, "entropy weight (default 10 / #positives)"),
                   Option("beta", "base_measure", 0.0, "base measure r^-beta of the entropy (0: uniform)"),
-              ), adaptive=True, fits_distribution=True, fitter=".rank_distribution:MES_FITTER",
+              ), adaptive=True, fits_distribution=True, exact_groups=True, fitter=".rank_distribution:MES_FITTER",
               reference="Jin et al. AAAI 2021 (MES)"),
     Estimator("gmod", "rank_distribution", "g-modelling: log P(R) a penalised B-spline in log R",
               ".rank_distribution:estimate_by_fit",
               options=_FIT_OPTIONS + (
                   Option("df", "count", 10, "B-spline coefficients of log P(R) on the log-rank scale (>= 4)"),
                   Option("penalty", "nonnegative_float", 1.0, "weight of the coefficients' squared second differences"),
-              ), adaptive=True, fits_distribution=True, fitter=".rank_distribution:G_FITTER",
+              ), adaptive=True, fits_distribution=True, exact_groups=True, fitter=".rank_distribution:G_FITTER",
               reference="Efron, Biometrika 2016 (g-modelling)"),
     Estimator("auto", "auto", "the default: gmod where the design resolves the top (adaptive, or K >= b), else mes",
               ".estimators:estimate_auto", options=_FIT_OPTIONS, adaptive=True, fits_distribution=True,

@@ -11,7 +11,10 @@ pairs freely, in calls of at most ``max_pairs`` pairs).
 
 Draws are those of :func:`~reco_sampled_plugin.ranking.sampled_ranks` and
 :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks`, from the same code and the same generator: on the
-materialised score matrix the two paths give the same draws, ranks and ties (tested). What the loop returns is a
+materialised score matrix the two paths give the same draws, ranks and ties (tested). An adaptive design with
+``exact_at_cap`` then scores the whole candidate list of the rows whose positives are still first at the cap
+(:func:`complete_from_scorer`) and ranks those positives exactly, as
+:func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks` reads them from the matrix. What the loop returns is a
 :class:`~reco_sampled_plugin.ranking.SampledRanks`, so every estimator, interval and adapter takes it unchanged,
 with a :class:`ScoringCost` in its ``cost`` field.
 """
@@ -28,17 +31,18 @@ import torch
 
 from ._checks import check_elements, check_generator, check_int, check_size, real_tensor
 from ._options import check_bool
+from .adaptive import complete_at_cap, completion_targets
 from .design import SamplingDesign, as_design
-from .exclusions import as_exclusions
-from .ranking import (SampledRanks, draw_negatives, check_popularity, check_ties, exclusion_counts,
-                      padded_candidate_counts, popularity_draw_stats, prepare_sampling_index, rank_among_drawn,
-                      stage_positives)
+from .exclusions import Exclusions, as_exclusions
+from .ranking import (SampledRanks, allowed_position_to_item, draw_negatives, check_popularity, check_ties,
+                      exclusion_counts, forbidden_sorted, padded_candidate_counts, popularity_draw_stats,
+                      prepare_sampling_index, rank_among_drawn, stage_positives)
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Scorer", "ScoringCost", "sampled_ranks_from_scorer", "DEFAULT_MAX_PAIRS", "ScorerCalls", "score_drawn",
            "full_ranking_pairs", "check_scorer",
-           "adaptive_stages"]
+           "adaptive_stages", "complete_from_scorer"]
 
 #: ``scorer(users (B,), items (B, L)) -> scores (B, L)``: pointwise, on the items' device
 Scorer = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -209,7 +213,9 @@ def sampled_ranks_from_scorer(
         design: m (int: uniform with replacement) or a :class:`~reco_sampled_plugin.design.SamplingDesign`:
             uniform with or without replacement, popularity weights, or adaptive (``adaptive_max``): positives
             still ranked first draw the next stage's new items, stage after stage, up to the cap; only their new
-            items are scored.
+            items are scored. With ``exact_at_cap`` the rows of positives still first at the cap then score
+            their whole candidate list once (n - 1 pairs per row, one more stage in ``cost.stages``) and those
+            positives get their exact ranks (``SampledRanks.exact_ranks``).
         exclude: items never drawn and never ranked (training items), same forms as ``positives``, or an
             :class:`~reco_sampled_plugin.exclusions.Exclusions` prepared once for these rows
             (:func:`~reco_sampled_plugin.exclusions.prepare_exclusions`: repeated evaluations reuse it).
@@ -256,11 +262,15 @@ def sampled_ranks_from_scorer(
     stats = None if adaptive else popularity_draw_stats(design, beat, neg, pos, exc, n)  # popularity: 1/q~ sums
     n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)
     stages = 1
-    sizes = None
+    sizes = exact = None
     if adaptive:
         ranks, sizes, stages = adaptive_stages(calls, positives, exclude, pos, exc, user_ids, pos_scores, ranks, design,
                                                n, ties, generator, device)
         neg_out = None
+        if design.exact_at_cap:
+            need = completion_targets(ranks, sizes, design)
+            exact = complete_from_scorer(calls, need, pos, exc, user_ids, pos_scores, n, ties, generator)
+            stages += int(bool(need.any()))
     else:
         neg_out = torch.where(valid.unsqueeze(2), neg, torch.full_like(neg, -1))
     full = full_ranking_pairs(n, exc, valid.any(1))
@@ -269,7 +279,40 @@ def sampled_ranks_from_scorer(
     logger.debug("sampled_ranks_from_scorer: %d (user, item) pairs scored in %d call(s), %d stage(s) (%.2f%% of full "
                  "ranking's %d); %.3f s in the scorer, %.3f s drawing and ranking", cost.pairs, cost.calls, cost.stages,
                  100 * cost.share_of_full, cost.full_pairs, cost.scorer_seconds, cost.loop_seconds)
-    return SampledRanks(ranks, n_cand, neg_out, design, sizes, cost, stats)
+    return SampledRanks(ranks, n_cand, neg_out, design, sizes, cost, stats, exact_ranks=exact)
+
+
+def complete_from_scorer(calls: ScorerCalls, need: torch.Tensor, pos: torch.Tensor, exc,
+                         user_ids: torch.Tensor, pos_scores: torch.Tensor, n: int, ties: str,
+                         generator: torch.Generator | None) -> torch.Tensor:
+    """Exact ranks of the ``need`` (B, P) positives (0 elsewhere), scoring through ``calls`` the whole candidate
+    list of each row holding one: its irrelevant items (catalogue minus the row's positives minus its
+    exclusions), once per row whatever its number of such positives, in calls of at most ``max_pairs`` pairs.
+    The rows are ranked as :func:`~reco_sampled_plugin.adaptive.complete_at_cap` ranks the score matrix's (same
+    blocks, same tie order): a row's scores are its scored candidates and its positives' ``pos_scores`` (B, P)
+    (scored in the first stage); excluded entries are never read. Within a block, rows are padded to its longest
+    candidate list with their own last candidate (scored again: counted in ``calls.pairs``). ``exc``: padded, or
+    prepared :class:`~reco_sampled_plugin.exclusions.Exclusions` (read in padded form here: the completion
+    synchronises with the host anyway, for its blocks)."""
+    if isinstance(exc, Exclusions):
+        exc = exc.padded()
+
+    def row_scores(idx: torch.Tensor) -> torch.Tensor:
+        sub_pos = pos[idx]
+        forb = forbidden_sorted(sub_pos, None if exc is None else exc[idx], n)
+        n_allowed = n - (forb < n).sum(1)
+        width = int(n_allowed.max())
+        at = torch.minimum(torch.arange(width, device=idx.device).unsqueeze(0), (n_allowed - 1).unsqueeze(1))
+        items = allowed_position_to_item(at, forb, n)
+        got = calls.score(user_ids[idx], items)
+        k = idx.numel()
+        row = torch.zeros((k, n + 1), dtype=torch.float64, device=idx.device)  # column n: the padded slots' sink
+        row.scatter_(1, items, got)
+        valid = sub_pos >= 0
+        row.scatter_(1, torch.where(valid, sub_pos, torch.full_like(sub_pos, n)), pos_scores[idx].to(torch.float64))
+        return row[:, :n]
+
+    return complete_at_cap(need, pos, exc, n, ties, generator, row_scores)
 
 
 def adaptive_stages(calls: ScorerCalls, positives, exclude, pos, exc, user_ids, pos_scores, ranks, design, n, ties,

@@ -177,6 +177,9 @@ class _RankingMetricsLogic:
         # SamplingDesign); the sampled metrics of every loader get the design itself
         replacement = check_bool(replacement, "replacement")
         design = None if n_samples is None else as_design(n_samples, replacement=replacement, adaptive_max=adaptive_max)
+        if design is not None and design.exact_at_cap:  # its sampled metrics' state cannot hold exact ranks
+            raise ValueError("n_samples: exact_at_cap is not supported by RankingMetricsCallback: its sampled "
+                             "metrics (SampledRankingMetrics) hold sampled-rank counts, not exact ranks")
         self._sampled_kwargs = dict(
             metrics=metrics,
             n_samples=design,

@@ -517,6 +517,10 @@ class SampledRankingMetrics(_MergeChecked):
         # the law; the loose replacement= / adaptive_max= of an int m
         replacement = check_bool(replacement, "replacement")
         design = as_design(n_samples, replacement=replacement, adaptive_max=adaptive_max)
+        if design.exact_at_cap:  # the state (counts per stage and n) has no place for exact ranks: refused
+            raise ValueError("n_samples: exact_at_cap is not supported by SampledRankingMetrics: its state holds "
+                             "sampled-rank counts per stage, not exact ranks; draw with adaptive_sampled_ranks or "
+                             "sampled_ranks_from_scorer and estimate(metric, sampled) instead")
         if design.law not in ("binomial", "hypergeometric"):  # keyed draws are uniform (a new law: refused)
             raise ValueError(f"n_samples: the keyed draws of SampledRankingMetrics are uniform; {design!r} "
                              f"({design.law} draws) is not supported")
