@@ -1,4 +1,4 @@
-"""MkDocs hook of the documentation site (mkdocs.yml ``hooks:``): the Lightning callback's reference.
+"""MkDocs hooks of the documentation site (mkdocs.yml ``hooks:``): the Lightning callback's reference, Sphinx roles.
 
 ``RankingMetricsCallback`` is built at run time per Lightning namespace (``adapters.lightning.callback_class``), so
 the static reader of mkdocstrings cannot see it. The marker ``<!-- lightning-callback-reference -->`` of a page is
@@ -66,3 +66,17 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
         return markdown
     doc, signature = _parts()
     return markdown.replace(MARKER, _markdown(doc, signature))
+
+
+# Sphinx roles of the docstrings (``:class:`~pkg.mod.Name```) as rendered by Markdown: the role's text before the
+# code span. Shown as the code span alone, the last component for ``~`` (what Sphinx shows).
+_ROLE = re.compile(r":(?:class|func|meth|mod|data|attr|exc|obj):<code>(~?)([\w.]+)</code>")
+
+
+def _role(match: re.Match) -> str:
+    name = match.group(2).rsplit(".", 1)[-1] if match.group(1) else match.group(2)
+    return f"<code>{name}</code>"
+
+
+def on_page_content(html: str, page, config, files) -> str:
+    return _ROLE.sub(_role, html)
