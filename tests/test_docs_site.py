@@ -228,6 +228,31 @@ def test_recorded_tables_read_as_published():
     assert len(rows) == 6 and all(r["honest_worst"] == 1.0 for r in rows)
 
 
+def test_accuracy_benchmark_draws_small_multiples(tmp_path, monkeypatch):
+    """benchmarks/accuracy_ml100k.py draws one panel per estimator (not 13 lines in one plot), each with a line per
+    (metric, m): checked on synthetic errors of the shape its summary writes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import accuracy_ml100k as bench
+
+    rows = [dict(m=m, model=model, metric=f"{kind}@{k}", estimator=est, rel_err=0.1 * k / m)
+            for m in (50, 100) for model in ("a", "b") for kind in ("hit", "ndcg") for k in (1, 5, 10)
+            for est in bench.ESTIMATOR_ORDER]
+    seen = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *a, **kw: (seen.append(fig), save(fig, *a, **kw))[1])
+    bench._plot(rows, [50, 100], tmp_path / "accuracy_ml100k.png")
+    panels = [ax for ax in seen[0].axes if ax.get_visible()]
+    assert len(panels) == len(bench.ESTIMATOR_ORDER)
+    assert {ax.get_title() for ax in panels} == set(bench.ESTIMATOR_ORDER)
+    assert all(len(ax.get_lines()) == 2 * 2 + 1 for ax in panels)  # HR and NDCG x two m, and the 5% line
+    assert (tmp_path / "accuracy_ml100k.png").is_file()
+
+
 @pytest.mark.parametrize("config", ["bpr_ml100k.yaml", "sasrec_ml100k.yaml", "deepfm_ml100k.yaml"])
 def test_recbole_guide_configs_are_accepted(config):
     """The RecBole guide's three configs (general, sequential, context-aware; shown on the site from
