@@ -192,7 +192,7 @@ def test_every_docs_page_is_in_the_nav():
 
 FIGURES = {"regime_map.py": ["regime_map.png"],
            "accuracy_small_multiples.py": ["accuracy_ml100k_by_m.png", "accuracy_at_scale_by_m.png"],
-           "interval_coverage.py": ["interval_coverage.png"]}
+           "interval_coverage.py": ["interval_coverage.png"], "cost_accuracy.py": ["cost_accuracy.png"]}
 
 
 @pytest.mark.parametrize("script", sorted(FIGURES))
@@ -215,6 +215,7 @@ def test_recorded_tables_read_as_published():
     sys.path.insert(0, str(ROOT / "benchmarks" / "figures"))
     try:
         import accuracy_small_multiples as acc
+        import cost_accuracy
         import interval_coverage as cov
     finally:
         sys.path.remove(str(ROOT / "benchmarks" / "figures"))
@@ -226,6 +227,13 @@ def test_recorded_tables_read_as_published():
     assert worst["mes"][("ml-latest-small", "NDCG@10")][1] == pytest.approx(0.412)
     rows = cov.honest_rows()
     assert len(rows) == 6 and all(r["honest_worst"] == 1.0 for r in rows)
+    designs = cost_accuracy.designs()
+    mls = {(r["design"], r["metric"]): r for r in designs["ml-latest-small"]}
+    assert len(designs["ml-100k"]) == len(mls) == 10
+    # the page's text: 100 -> 3200 costs 3.2 m per positive and cuts the worst RMSE of NDCG@10 from 56% to 16%
+    assert mls[("m=100->3200", "ndcg@10")]["mean_m"] == 319 and mls[("m=100->3200", "ndcg@10")]["adaptive"]
+    assert mls[("m=100", "ndcg@10")]["worst_rmse"] == pytest.approx(0.558)
+    assert mls[("m=100->3200", "ndcg@10")]["worst_rmse"] == pytest.approx(0.158)
 
 
 def test_accuracy_benchmark_draws_small_multiples(tmp_path, monkeypatch):
