@@ -14,6 +14,7 @@ import html
 import os
 import re
 import runpy
+import shutil
 import subprocess
 import sys
 import time
@@ -70,9 +71,25 @@ def _drop_pages(nav, drop: set[str]):
     return out
 
 
+def _offline_prefix() -> list[str]:
+    """``unshare -rn`` (a new network namespace without interfaces: nothing can be fetched) where the system allows
+    it, else nothing (the build then runs with the network, and test_nothing_is_fetched checks the config and pages)."""
+    if shutil.which("unshare") is None:
+        return []
+    try:
+        ok = subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return ["unshare", "-rn"] if ok else []
+
+
+_OFFLINE = _offline_prefix()
+
+
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> dict:
-    """The site built once with ``mkdocs build --strict`` into a temporary folder: {"dir", "seconds", "output"}."""
+    """The site built once with ``mkdocs build --strict`` into a temporary folder, without a network where the
+    system allows it: {"dir", "seconds", "output"}."""
     config = _config()
     missing = [p for p in _nav_pages(config["nav"]) if not (DOCS / p).is_file()]
     assert set(missing) <= set(PENDING), f"mkdocs.yml's nav names pages that do not exist: {missing}"
@@ -88,7 +105,7 @@ def site(tmp_path_factory) -> dict:
         config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     out_dir = tmp_path_factory.mktemp("site")
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config_file),
+    done = subprocess.run([*_OFFLINE, sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config_file),
                            "--site-dir", str(out_dir)], cwd=ROOT, capture_output=True, text=True, timeout=600,
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     seconds = time.perf_counter() - start
