@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
 TORCH  := torch==2.13.0
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test bench docs docs-build clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
+# the documentation site (mkdocs.yml): `make docs` serves it at http://127.0.0.1:8000 and rebuilds on edits;
+# `make docs-build` writes site/ in strict mode (what tests/test_docs_site.py checks). The test extra has the docs extra.
+docs: $(STAMP)
+	$(BIN)/python -m mkdocs serve
+
+docs-build: $(STAMP)
+	$(BIN)/python -m mkdocs build --strict --site-dir site
+
 $(BENCH_STAMP): $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'
 	touch $(BENCH_STAMP)
@@ -34,4 +42,4 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench_exact_metrics.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build site *.egg-info

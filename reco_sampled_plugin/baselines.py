@@ -131,8 +131,8 @@ class ItemKNN(Recommender):
 
     s_ij = (|U_i and U_j| / (sqrt|U_i| sqrt|U_j|))^q, with U_i the training users of item i (eq. 27); computed as
     ``(co / (sqrt(n_i) * sqrt(n_j))) ** q`` in float64. The diagonal s_ii is set to 0 (an item is not its own
-    neighbour; the paper does not say). Sparsification (eq. 28): s'_ij = s_ij [i in N_k(j)] [j in N_k'(i)], where
-    N_k'(i) holds the k' largest s_ij of row i (``k_neighbors``) and N_k(j) the k largest of column j (``k_column``);
+    neighbour; the paper does not say). Sparsification (eq. 28): ``s'_ij = s_ij [i in N_k(j)] [j in N_k'(i)]``,
+    where N_k'(i) holds the k' largest s_ij of row i (``k_neighbors``) and N_k(j) the k largest of column j (``k_column``);
     None means infinity; ties go to the smaller item index; zero similarities are never neighbours. Row
     normalisation (eq. 29): s''_i = s'_i / ||s'_i||_2. Prediction (eq. 30):
     y(u, i) = sum_{j in H_u} s''_ij / sum_j s''_ij, and 0 when item i has no neighbour (0/0). The normalisation

@@ -415,8 +415,8 @@ def correction_table(
         device: where the returned tensor lives (tables are built on the CPU and cached).
 
     Raises:
-        ValueError naming the argument: unknown metric or method, gamma outside [0, 1], m >= n without
-        replacement, a cut-off k > n, a bad prior (length, negative, not summing to one).
+        ValueError: naming the argument: unknown metric or method, gamma outside [0, 1], m >= n without
+            replacement, a cut-off k > n, a bad prior (length, negative, not summing to one).
     """
     device = check_device(device)
     table = table_numpy(metric, n_items, n_samples, method, gamma, sampling, prior, rounding)

@@ -78,8 +78,8 @@ def metric_curve(metric: str | MetricSpec, n_items: int, device=None) -> torch.T
     """The whole table M(1), ..., M(n) as a float64 vector of length ``n_items`` (index 0 is r = 1).
 
     Raises:
-        ValueError naming ``n_items`` when the curve would exceed ``_checks.MAX_ELEMENTS`` (2^27) values; for a few
-        ranks of a huge catalogue use :func:`metric_values`.
+        ValueError: naming ``n_items`` when the curve would exceed ``_checks.MAX_ELEMENTS`` (2^27) values; for a
+            few ranks of a huge catalogue use :func:`metric_values`.
     """
     spec = parse_metric(metric)
     n_items = check_sizes(n_items, "n_items", 2 if spec.kind == "auc" else 1, one=True)

@@ -244,8 +244,8 @@ def empirical_prior(exact_ranks, n_items: int, smoothing: float = 1.0) -> Vector
     """Histogram of exact ranks with additive smoothing ``smoothing`` per rank, as a VectorPrior.
 
     Raises:
-        ValueError naming the argument: ranks that are not whole numbers in 1..n_items, a bad size, or an
-        ``n_items`` whose vector p(1..n) would exceed ``_checks.MAX_ELEMENTS`` (2^27) values.
+        ValueError: naming the argument: ranks that are not whole numbers in 1..n_items, a bad size, or an
+            ``n_items`` whose vector p(1..n) would exceed ``_checks.MAX_ELEMENTS`` (2^27) values.
     """
     from ._options import check_nonnegative_float
 

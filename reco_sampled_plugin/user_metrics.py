@@ -183,9 +183,9 @@ def user_metric_values(metric: str | MetricSpec, ranks, n_candidates, relevance=
         (B,) float64 values, NaN where the metric is undefined for that user (see module doc).
 
     Raises:
-        ValueError naming the argument: ranks that are bool, complex, NaN, outside 0..n_candidates, or that
-        distinct relevant items cannot have (the same integer rank twice in a row, e.g. ``[[1, 1]]``);
-        n_candidates that are not whole counts or not one per user.
+        ValueError: naming the argument: ranks that are bool, complex, NaN, outside 0..n_candidates, or that
+            distinct relevant items cannot have (the same integer rank twice in a row, e.g. ``[[1, 1]]``);
+            n_candidates that are not whole counts or not one per user.
     """
     spec = parse_metric(metric)
     r, n, rel = _check_rank_inputs(ranks, n_candidates, relevance)

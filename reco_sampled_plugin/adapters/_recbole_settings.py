@@ -282,8 +282,8 @@ def validate_config(config) -> _Settings | None:
     """Check the plugin keys of a RecBole ``Config`` (or any mapping with ``[]``); None without plugin metrics.
 
     Raises:
-        ValueError naming the offending key: unknown ``rsp_*`` key, unknown method, gamma outside [0, 1],
-        a plugin metric in ``labeled`` mode, ``rsp_m`` missing (full mode) or different from N (uniN), ...
+        ValueError: naming the offending key: unknown ``rsp_*`` key, unknown method, gamma outside [0, 1],
+            a plugin metric in ``labeled`` mode, ``rsp_m`` missing (full mode) or different from N (uniN), ...
     """
     names = plugin_metrics_in(config)
     unknown = sorted(set(_config_keys(config)) - set(CONFIG_DEFAULTS))
