@@ -80,3 +80,17 @@ def test_auto_refuses_designs_its_choices_cannot_read():
     sampled = rsp.sampled_ranks(scores, positives, 20, popularity=weights, generator=torch.Generator().manual_seed(2))
     with pytest.raises(ValueError, match="method"):
         rsp.estimate("hit@10", sampled, method="auto")
+
+
+def test_auto_reads_exact_completion_at_the_cap_as_its_choice_does():
+    """exact_at_cap designs: auto passes the completed positives' exact ranks to gmod (no cap_reached)."""
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(300, 1000, generator=g)
+    held_out = torch.randint(0, 1000, (300,), generator=g)
+    design = rsp.SamplingDesign(8, adaptive_max=64, exact_at_cap=True)
+    result = rsp.adaptive_sampled_ranks(scores, held_out, design, generator=torch.Generator().manual_seed(1))
+    assert int((result.exact_ranks > 0).sum()) > 0
+    auto = rsp.estimate("ndcg@10", result)
+    gmod = rsp.estimate("ndcg@10", result, method="gmod")
+    assert auto.details["auto"]["method"] == "gmod" and "cap_reached" not in auto.flags
+    assert auto.value == gmod.value and auto.flags == gmod.flags

@@ -117,6 +117,7 @@ def test_lists_are_views_of_the_registry():
     # auto's choices are registered methods that take every design auto claims
     for choice in registry.AUTO_CHOICES.values():
         assert registry.get(choice).adaptive and registry.get(choice).family == "rank_distribution"
+        assert registry.get(choice).exact_groups or not registry.get("auto").exact_groups
 
 
 def test_registry_refuses_bad_entries():
