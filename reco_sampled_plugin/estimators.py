@@ -338,12 +338,6 @@ def estimate(
             raise ValueError("adaptive: the design is not adaptive (no adaptive_max)")
         design = coerce_adaptive(adaptive)
         hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
-    if entry.family == "auto":  # the registry's choice for this design and metric, run under its own name
-        method, why = auto_method(spec, hist, design)
-        result = estimate(spec, hist, method=method, sampling=sampling, max_rel_n_spread=max_rel_n_spread,
-                          top_shape=top_shape, adaptive=design, **options)
-        details = {**result.details, "auto": {"method": method, "reason": why}}
-        return dataclasses.replace(result, details=details)
     if entry.fits_distribution:
         from .rank_distribution import check_fit_options
 
@@ -357,6 +351,12 @@ def estimate(
                          "the SampledRanks themselves (estimate(metric, sampled) gives other methods the sampled "
                          "ranks)")
     hist.check_support(sampling)  # every method: an r~ the design cannot produce is refused, not estimated from
+    if entry.family == "auto":  # the registry's choice for this design and metric, run under its own name
+        method, why = auto_method(spec, hist, design)
+        result = estimate(spec, hist, method=method, sampling=sampling, max_rel_n_spread=max_rel_n_spread,
+                          top_shape=top_shape, adaptive=design, **options)
+        details = {**result.details, "auto": {"method": method, "reason": why}}
+        return dataclasses.replace(result, details=details)
     if not entry.takes_metric(spec.kind):  # after the data's own checks, which every method makes alike
         check_without_replacement(hist.n_items, hist.n_samples, sampling)
         design_of = sampled_ranks.design if isinstance(sampled_ranks, SampledRanks) else None

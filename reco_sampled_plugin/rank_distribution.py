@@ -1210,7 +1210,8 @@ class RankDistribution:
             ]
             se = self._posterior_stderr(spec, means)
         flags = [f for f in self.flags if f in ("not_converged", "pooled_n")]
-        resolution = (hist.n_items - 1.0) / (hist.n_samples + 1.0) + 1.0
+        # exact groups (exact_at_cap: their counts are exact ranks) resolve every rank
+        resolution = np.where(hist.exact, 1.0, (hist.n_items - 1.0) / (hist.n_samples + 1.0) + 1.0)
         occupied = hist.top_counts > 0  # groups with positives at r~ = 1
         if spec.k is not None and np.any(spec.k < resolution[occupied]):
             flags.append("top_unresolved")

@@ -308,3 +308,20 @@ def test_planner_counts_the_completion_pairs_the_loop_measures():
     se = float(np.hypot(exact.pairs_se, float(per_user.std()) / users**0.5))
     assert abs(exact.pairs - float(per_user.mean())) < 3 * se
     assert exact.rel_error < plain.rel_error  # the top is resolved
+
+
+def test_fit_of_exact_groups_does_not_flag_the_top_for_k_1():
+    """RankDistribution.metric reads an exact group's resolution as 1 (its counts are exact ranks): HR@1 of a
+    histogram whose only positives at the top are completed ones is not flagged top_unresolved."""
+    from reco_sampled_plugin import rank_distribution as rd
+    from reco_sampled_plugin._rank_hist import sampled_rank_histogram
+
+    n = 500
+    exact = torch.tensor([1, 1, 2, 3, 5, 8, 40, 120, 300, 499])
+    ranks = torch.tensor([1, 1, 1, 1, 1, 1, 2, 3, 5, 9])
+    sizes = torch.tensor([64, 64, 64, 64, 64, 64, 16, 8, 8, 8])
+    done = torch.where(ranks == 1, exact, torch.zeros_like(exact))
+    hist = sampled_rank_histogram(ranks, n, sizes, exact_ranks=done)
+    dist = rd.estimate_rank_distribution(hist, method="mle", n_bootstrap=0)
+    est = dist.metric("hit@1")
+    assert "top_unresolved" not in est.flags

@@ -31,6 +31,14 @@ TOLERANCE = 0.30
 # designs whose forecast misses the tolerance for a reason investigated (see the reason): reported as xfail, any other
 # miss fails
 KNOWN_MISSES = {
+    ("ml-latest-small", "Popularity", "hit@10"): {
+        "adaptive 100->3200": (
+            "over-predicted (ratio 1.55: forecast 0.207, simulated 0.134) since the forecast runs auto's gmod on "
+            "adaptive designs: the same bump at ranks 6-11 of the mes pilot fit as for ndcg@10 below, which gmod "
+            "smooths across K = 10 in the simulated world only; with a gmod pilot fit the ratio is 1.02, but that "
+            "fit under-forecasts ItemKNN(q=3) (0.58-0.69), the worse direction, so the pilot fit stays mes"
+        ),
+    },
     ("ml-latest-small", "Popularity", "ndcg@10"): {
         "adaptive 100->3200": (
             "over-predicted in 4 of 4 pilot draws (ratio 1.3-1.65): 25 of 610 users rank in the top 10 of n ~ 9,700, "

@@ -511,9 +511,11 @@ def test_compute_leads_with_the_interval_and_explains_an_unresolved_top(caplog):
         lo, hi = e.interval(0.95)
         assert float(out[k]) == e.value and (float(out[f"{k}_lo"]), float(out[f"{k}_hi"])) == (lo, hi)
         assert 0.0 <= lo <= hi <= 1.0
-    assert "top_unresolved" in est["ndcg@10/mes"].flags and "top_unresolved" not in est["auc/mes"].flags
+    default = registry.DEFAULT_ESTIMATOR  # auto: mes for ndcg@10 here (K = 10 < b), gmod for auc (no top)
+    assert "top_unresolved" in est[f"ndcg@10/{default}"].flags and "top_unresolved" not in est[f"auc/{default}"].flags
+    assert est[f"ndcg@10/{default}"].details["auto"]["method"] == "mes"
     why = [r.getMessage() for r in caplog.records if "top_unresolved" in r.getMessage()]
-    assert len(why) == 1, why  # once: the mes estimate of ndcg@10 (not the plain sampled metric, not again)
+    assert len(why) == 1, why  # once: the default estimate of ndcg@10 (not the plain sampled metric, not again)
     assert why[0].startswith("SampledRankingMetrics ndcg@10: top_unresolved: top of the ranking not resolved by m = 10")
     assert f"(reco-sampled plan --n-items 300 --n-users {int((pos >= 0).sum())} --metric ndcg@10" in why[0]
     se = SampledRankingMetrics("auc", n_samples=10, estimators=("none",), interval=False, stderr=True)
