@@ -284,3 +284,75 @@ def test_recbole_pop100_hh_auc_matches_full_mode(rb_runs, model):
     assert abs(hh - exact) < 4 * se, (hh, exact, se)
     assert abs(plain - exact) > 20 * se
     assert run["pop"]["correctedauc_lo"] < exact < run["pop"]["correctedauc_hi"]
+
+
+# ------------------------------------------------------------------------------------------------- CLI rank files
+def _pop_draw(seed=0, users=300, n=400, m=50, alpha=1.0):
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(1, 300, (n,), generator=g).double()
+    scores = torch.randn(users, n, generator=g, dtype=torch.float64) + 0.002 * counts  # popular items score higher
+    pos = torch.randint(0, n, (users, 1), generator=g)
+    scores[torch.arange(users), pos[:, 0]] += 1.5  # the held-out items lifted above the noise
+    design = SamplingDesign(m, popularity=rsp.popularity_weights(counts, alpha))
+    return rsp.sampled_ranks(scores, pos, design, generator=g), scores, pos
+
+
+def test_cli_rank_file_with_statistics_equals_the_core(tmp_path, capsys):
+    """A popularity draw written as a rank file (hh_s1, hh_s2 columns, 17 digits) reads back to the same statistics
+    and the same hh AUC as the core's estimate on the draw; ``reco-sampled estimate`` prints it (and ``none`` for the
+    top-K metrics, the only method the registry has for them there)."""
+    from reco_sampled_plugin.cli import main
+    from reco_sampled_plugin.rank_files import read_rank_file, write_rank_file
+
+    sampled = _pop_draw()[0]
+    path = write_rank_file(tmp_path / "pop.csv", sampled)
+    text = path.read_text()
+    assert "sampled_rank,n_candidates,n_samples,hh_s1,hh_s2" in text and "--sampling popularity" in text
+    data = read_rank_file(path)
+    assert data.popularity
+    np.testing.assert_array_equal(data.hh_s1, sampled.popularity_stats.inv_q.numpy().ravel())
+    np.testing.assert_array_equal(data.hh_s2, sampled.popularity_stats.inv_q2.numpy().ravel())
+    core = rsp.estimate("auc", sampled, method="hh")
+    back = rsp.estimate("auc", data.sampled(), method="hh")
+    assert back.value == pytest.approx(core.value, abs=1e-13) and back.stderr == pytest.approx(core.stderr, rel=1e-10)
+    assert back.details["stderr_sampling"] == pytest.approx(core.details["stderr_sampling"], rel=1e-10)
+    assert main(["estimate", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "popularity draws, m = 50" in out and f"{core.value:.5f}" in out
+    hh_rows = [line for line in out.splitlines() if " hh " in f" {line} "]
+    assert len(hh_rows) == 1 and "auc" in hh_rows[0]  # hh for AUC only; top-K rows come from none
+    assert main(["estimate", str(path), "--metric", "ndcg@10", "--method", "hh"]) == 2
+    assert "metric: method 'hh' estimates auc only" in capsys.readouterr().err
+
+
+def test_cli_rank_file_bad_input(tmp_path, capsys):
+    from reco_sampled_plugin.cli import main
+    from reco_sampled_plugin.rank_files import read_rank_file
+
+    def file(text):
+        p = tmp_path / f"f{abs(hash(text))}.csv"
+        p.write_text(text)
+        return p
+
+    # a beating draw weighs 1/q~ >= 1 (probabilities sum to one): S1 below the count of beating draws is refused
+    with pytest.raises(ValueError, match=r":1: hh_s1 1.5 is below the 3 beating draws.*sum to one"):
+        read_rank_file(file("4,100,10,1.5,9\n"))
+    with pytest.raises(ValueError, match=r":1: hh_s2 .* is below"):
+        read_rank_file(file("4,100,10,30,100\n"))  # 3 S2 = 300 < S1^2 = 900
+    with pytest.raises(ValueError, match=r":1: hh_s1 and hh_s2 must be 0"):
+        read_rank_file(file("1,100,10,2,4\n"))
+    with pytest.raises(ValueError, match=r":1: hh_s1 'nan' must be a finite number >= 0"):
+        read_rank_file(file("2,100,10,nan,4\n"))
+    with pytest.raises(ValueError, match=r":2: expected .* on every line of a popularity-sampled file"):
+        read_rank_file(file("2,100,10,2,4\n3,100,10\n"))
+    with pytest.raises(ValueError, match=r":1: expected .*got 4 fields"):
+        read_rank_file(file("2,100,10,2\n"))
+    with pytest.raises(ValueError, match=r"^n_samples: a popularity-sampled rank file needs one m"):
+        read_rank_file(file("2,100,10,2,4\n2,100,20,2,4\n")).sampled()
+    plain = file("2,100,10\n3,100,10\n")
+    assert main(["estimate", str(plain), "--sampling", "popularity"]) == 2
+    assert "--sampling: popularity-sampled ranks need each positive's Hansen-Hurwitz statistics" in capsys.readouterr().err
+    pop = file("2,100,10,2,4\n3,100,10,5,13\n")
+    assert main(["estimate", str(pop), "--sampling", "hypergeometric"]) == 2
+    assert "contradicts the file's hh_s1 / hh_s2 columns" in capsys.readouterr().err
+    assert main(["estimate", str(pop), "--metric", "auc", "--method", "hh"]) == 0  # well-formed: estimated
