@@ -356,3 +356,16 @@ def test_cli_rank_file_bad_input(tmp_path, capsys):
     assert main(["estimate", str(pop), "--sampling", "hypergeometric"]) == 2
     assert "contradicts the file's hh_s1 / hh_s2 columns" in capsys.readouterr().err
     assert main(["estimate", str(pop), "--metric", "auc", "--method", "hh"]) == 0  # well-formed: estimated
+
+
+# ---------------------------------------------------------------------------------------------------- the planner
+def test_planner_refuses_popularity_naming_what_it_forecasts():
+    from reco_sampled_plugin.planner import plan
+
+    pop = SamplingDesign(50, popularity=torch.ones(400))
+    with pytest.raises(ValueError, match=r"^designs: the planner simulates uniform draws; .* has popularity draws "
+                                         r"\(it forecasts SamplingDesign\(m\), SamplingDesign\(m, replacement=False\)"):
+        plan(400, 300, "auc", 0.05, designs=[pop], method="hh", repeats=2)
+    with pytest.raises(ValueError, match=r"^pilot: the planner fits uniform draws; this pilot has popularity draws "
+                                         r"\(it forecasts"):
+        plan(400, 300, "ndcg@10", 0.05, pilot=_pop_draw()[0], repeats=2)
