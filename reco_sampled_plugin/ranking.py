@@ -47,6 +47,7 @@ __all__ = [
     "draw_negatives",
     "rank_among_drawn",
     "popularity_draw_stats",
+    "popularity_inverse_cdf",
 ]
 
 TIES = ("pessimistic", "optimistic", "average", "random")  # the one list of tie policies; subsets below
@@ -620,6 +621,28 @@ class _WeightBlock(NamedTuple):
         below = torch.searchsorted(g, t, right=True)  # kept items wholly below the quantile
         shift = torch.cat([torch.zeros_like(cum[..., :1]), cum], -1).gather(-1, below)
         return self.item((t + shift).view(r, p * m)).view(r, p, m)
+
+
+def popularity_inverse_cdf(w: torch.Tensor, forb: torch.Tensor, n_items: int, u: torch.Tensor):
+    """Items drawn with probability proportional to ``w`` among each row's allowed items, from given uniform numbers:
+    draw (b, p, k) is the item whose cumulative weight interval holds u[b, p, k] W_b (W_b the row's allowed weight;
+    ``forb``: the row's sorted forbidden items, :func:`forbidden_sorted`). Rows in blocks, so the (rows x n)
+    cumulative weights stay bounded. For keyed draws (``adapters._shared``): the same lookup as
+    :func:`sampled_ranks`' popularity draws with replacement, fed other uniform numbers.
+
+    Returns:
+        (B, P, m) int64 items and (B,) float64 allowed weights W_b (0: nothing to draw in the row).
+    """
+    b, p, m = u.shape
+    items = torch.zeros((b, p, m), dtype=torch.int64, device=u.device)
+    totals = torch.zeros(b, dtype=torch.float64, device=u.device)
+    step = max(1, _POPULARITY_BLOCK // max(n_items, 1))
+    for lo in range(0, b, step):
+        wb = _WeightBlock.build(w, forb[lo:lo + step], n_items)
+        r = wb.cdf.shape[0]
+        items[lo:lo + step] = wb.item(u[lo:lo + step].reshape(r, p * m) * wb.total).view(r, p, m)
+        totals[lo:lo + step] = wb.total[:, 0]
+    return items, totals
 
 
 def _draw_popularity(forb, n_items, p, m, replacement, w, generator, device) -> torch.Tensor:

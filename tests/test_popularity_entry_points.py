@@ -369,3 +369,143 @@ def test_planner_refuses_popularity_naming_what_it_forecasts():
     with pytest.raises(ValueError, match=r"^pilot: the planner fits uniform draws; this pilot has popularity draws "
                                          r"\(it forecasts"):
         plan(400, 300, "ndcg@10", 0.05, pilot=_pop_draw()[0], repeats=2)
+
+
+# ------------------------------------------------------------------------------------------- torchmetrics, Lightning
+def _tm_batches(seed=1, users=240, n=300):
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(1, 200, (n,), generator=g).double()
+    scores = torch.randn(users, n, generator=g, dtype=torch.float64) + 0.003 * counts
+    perm = torch.stack([torch.randperm(n, generator=g)[:5] for _ in range(users)])
+    pos, exclude = perm[:, :2].clone(), perm[:, 2:].clone()  # distinct items: 2 relevant, 3 excluded per user
+    pos[::3, 1] = -1  # one or two relevant items per user
+    scores[torch.arange(users).unsqueeze(1).expand_as(pos)[pos >= 0], pos[pos >= 0]] += 1.0
+    return scores, pos, exclude, rsp.popularity_weights(counts, 1.0)
+
+
+def test_torchmetrics_popularity_state_equals_the_core():
+    """SampledRankingMetrics with a popularity design: its keyed draws follow the law (each draw's item is the one the
+    core's inverse cdf gives for the same uniform number), its state keeps each relevant item's statistics exactly as
+    the core computes them on the same negatives, and its hh AUC equals the core's estimate on them; batches, forward,
+    merge_state and reset keep or drop them together."""
+    from reco_sampled_plugin.adapters import _shared
+    from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+
+    scores, pos, exclude, w = _tm_batches()
+    design = SamplingDesign(40, popularity=w)
+    metric = SampledRankingMetrics(["auc", "ndcg@10"], design, estimators=["none", "hh"], seed=7)
+    ids = torch.arange(scores.shape[0])
+    metric.update(scores[:100], pos[:100], exclude[:100], ids=ids[:100])
+    metric.update(scores[100:], pos[100:], exclude[100:], ids=ids[100:])
+    # the same negatives through the core: the keyed draw, then sampled_ranks(..., negatives=...) under the design
+    b, p = pos.shape
+    u = _shared.keyed_uniform(7, 0, ids.view(b, 1, 1), pos.view(b, p, 1), torch.arange(40).view(1, 1, 40))
+    # the inverse cdf by brute force: the first item whose cumulative allowed weight exceeds u W
+    allowed = torch.ones((b, scores.shape[1]), dtype=torch.float64)
+    for r in range(b):  # the row's relevant and excluded items are never drawn
+        allowed[r, pos[r][pos[r] >= 0]] = 0.0
+        allowed[r, exclude[r]] = 0.0
+    cdf = torch.cumsum(allowed * w, 1)
+    neg = (cdf.unsqueeze(1).unsqueeze(1) <= (u * cdf[:, -1:].view(b, 1, 1)).unsqueeze(-1)).sum(-1)
+    neg = torch.where((pos >= 0).unsqueeze(2), neg, neg[:, :1])
+    core = rsp.sampled_ranks(scores, pos, design, exclude=exclude, negatives=neg)
+    got = metric.popularity_ranks()
+    valid = pos >= 0
+    np.testing.assert_array_equal(got.ranks.numpy(), core.ranks[valid].numpy())
+    np.testing.assert_allclose(got.popularity_stats.inv_q.numpy(), core.popularity_stats.inv_q[valid].numpy(), rtol=1e-13)
+    np.testing.assert_allclose(got.popularity_stats.inv_q2.numpy(), core.popularity_stats.inv_q2[valid].numpy(), rtol=1e-13)
+    est = metric.estimates()
+    assert set(est) == {"auc/sampled", "auc/hh", "ndcg@10/sampled"}  # hh: AUC only (the registry's metrics)
+    assert est["auc/hh"].value == pytest.approx(rsp.estimate("auc", core, method="hh").value, abs=1e-13)
+    assert est["auc/sampled"].value == pytest.approx(rsp.estimate("auc", core, method="none").value, abs=1e-13)
+    # merge_state of two halves = one state; a different weight vector is refused; reset drops the statistics
+    a = SampledRankingMetrics(["auc"], design, estimators=["hh"], seed=7)
+    c = SampledRankingMetrics(["auc"], design, estimators=["hh"], seed=7)
+    a.update(scores[:100], pos[:100], exclude[:100], ids=ids[:100])
+    c.update(scores[100:], pos[100:], exclude[100:], ids=ids[100:])
+    a.merge_state(c)
+    assert a.compute()["auc/hh"].item() == pytest.approx(est["auc/hh"].value, abs=1e-13)
+    other = SampledRankingMetrics(["auc"], SamplingDesign(40, popularity=w + 1), estimators=["hh"], seed=7)
+    other.update(scores[:10], pos[:10], exclude[:10], ids=ids[:10])
+    with pytest.raises(ValueError, match="^popularity: "):
+        a.merge_state(other)
+    a.reset()
+    assert a.pop.shape == (0, 6) and a.hist.shape[0] == 0
+    # a batch refused whole leaves the state as it was (nothing half-written)
+    before = metric.pop.clone()
+    with pytest.raises(ValueError, match="^scores: 299 items"):
+        metric.update(scores[:5, :-1], pos[:5].clamp(max=298), None)
+    assert torch.equal(metric.pop, before)
+    fresh = SampledRankingMetrics(["auc"], design, estimators=["hh"], seed=7)
+    with pytest.raises(ValueError, match="^n_samples: the design's popularity weights count 300 items, the scores 299"):
+        fresh.update(scores[:5, :-1], pos[:5].clamp(max=298), None)
+    assert fresh.pop.shape == (0, 6) and fresh.hist.shape[0] == 0
+    with pytest.raises(ValueError, match="^n_samples: update_factors draws uniformly"):
+        metric.update_factors(torch.randn(3, 4), torch.randn(300, 4), torch.tensor([[1], [2], [3]]))
+    with pytest.raises(ValueError, match="^n_samples: keyed popularity draws are with replacement"):
+        SampledRankingMetrics(["auc"], SamplingDesign(40, popularity=w, replacement=False), estimators=["none"])
+
+
+def _lightning_callbacks(w):
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
+
+    design = SamplingDesign(20, popularity=w)
+    return [RankingMetricsCallback(("auc", "hit@5"), n_samples=design, estimators=("none", "hh"), exact=True)]
+
+
+def _lightning_run(tmp_path, tag, w, devices, strategy="auto"):
+    import json
+
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    import _lightning_helpers as H
+
+    folder = tmp_path / tag
+    folder.mkdir()
+    trainer = pl.Trainer(callbacks=_lightning_callbacks(w) + [H.DumpResults(str(folder))], accelerator="cpu",
+                         devices=devices, strategy=strategy, logger=False, enable_checkpointing=False,
+                         enable_model_summary=False, enable_progress_bar=False, default_root_dir=str(tmp_path / tag))
+    trainer.validate(H.SyntheticModule(return_ids=False), DataLoader(H.UserDataset(), batch_size=8), verbose=False)
+    return {p.name: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
+
+
+def _lightning_weights():
+    import _lightning_helpers as H
+
+    g = torch.Generator().manual_seed(3)
+    return rsp.popularity_weights(torch.randint(1, 50, (H.N_ITEMS,), generator=g).double(), 1.0)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
+def test_lightning_popularity_ddp_two_processes_equal_one(tmp_path):
+    """RankingMetricsCallback with a popularity design: 2 gloo processes (ddp_spawn; the DistributedSampler pads user
+    0 onto process 1 and the callback drops it) give what 1 process gives, and 1 process what the torchmetrics class
+    gives in a plain loop; hh reports AUC only (the registry's metrics), hit@5 only its sampled value."""
+    pytest.importorskip("lightning")
+    from torch.utils.data import DataLoader
+
+    import _lightning_helpers as H
+    from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+
+    w = _lightning_weights()
+    two = _lightning_run(tmp_path, "ddp", w, 2, "ddp_spawn")
+    one = _lightning_run(tmp_path, "one", w, 1)
+    r0, r1, ref = two["rank0_of2.json"], two["rank1_of2.json"], one["rank0_of1.json"]
+    hh = [k for k in ref if k.endswith("/hh")]
+    assert hh == ["val/auc/hh"] and "val/hit_at_5/hh" not in ref and "val/hit_at_5/sampled" in ref
+    for k in ref:
+        assert r0[k] == r1[k], k
+        for a, b in zip(r0[k], ref[k]):
+            assert a == pytest.approx(b, abs=1e-9, rel=0), k
+    plain = SampledRankingMetrics(("auc", "hit@5"), SamplingDesign(20, popularity=w), estimators=("none", "hh"))
+    model, start = H.SyntheticModule(), 0
+    with torch.no_grad():
+        for batch in DataLoader(H.UserDataset(), batch_size=8):
+            out = model.outputs(batch)
+            b = out["scores"].shape[0]
+            plain.update(out["scores"], out["positives"], out["exclude"], ids=torch.arange(start, start + b))
+            start += b
+    assert ref["val/auc/hh"][0] == pytest.approx(plain.estimates()["auc/hh"].value, abs=1e-12)
+    assert ref["val/auc/hh"][2] == 50  # every relevant item once
