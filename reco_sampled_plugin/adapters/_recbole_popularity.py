@@ -59,7 +59,7 @@ def sampler_weights(sampler, n_items: int) -> torch.Tensor:
     try:
         w = popularity_weights(torch.from_numpy(counts), sampler.alpha)
     except ValueError as e:
-        raise ValueError(f"train_neg_sample_args.alpha: {e}") from None
+        raise ValueError(f"train_neg_sample_args.alpha: {str(e).removeprefix('alpha: ')}") from None
     sampler.__dict__["_rsp_pop_weights"] = ((n_items, sampler.alpha), w)
     return w
 

@@ -469,8 +469,9 @@ def _adaptive_max(config, modes: dict, m: int | None, replacement: bool) -> int 
 def _sampling_design(modes: dict, m: int | None, replacement: bool, adaptive_max: int | None) -> SamplingDesign | None:
     """The one sampling design of the validated keys: full mode simulates rsp_m draws (``rsp_replacement``,
     ``rsp_adaptive_max``); RecBole's uniN / popN draw N items with replacement (rsp_m, when given, equals N). popN's
-    popularity weights come with the data, so its design is kept as the uniform N (the popN mode itself refuses
-    every estimator but the plain sampled metric). None when the sampled modes of the phases draw different N
+    popularity weights come with the data (RecBole's sampler: ``_recbole_popularity``), so its design is kept as the
+    uniform N here; popN itself is checked against the registry with :func:`popularity_design` (``_check_popularity``)
+    and estimated from the draws' statistics (``_recbole_metrics``). None when the sampled modes of the phases draw different N
     without rsp_m (each phase then has its own N)."""
     sizes = {m} if m is not None else {_sample_num(mode) for mode in modes.values() if mode != "full"}
     if len(sizes) != 1:
