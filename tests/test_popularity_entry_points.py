@@ -93,8 +93,6 @@ def test_recbole_alpha_and_refusals(workdir):
     """alpha as RecBole reads it (the training sampler's, else 1.0; NaN refused naming it), and popN accepted only
     where the registry has an estimator for the design and the metric, the refusal naming what is available."""
     _recbole()
-    from recbole.config import Config  # noqa: F401
-
     from reco_sampled_plugin.adapters._recbole_popularity import recbole_alpha
 
     assert recbole_alpha(_rb_config("BPR", "pop100")) == 1.0
@@ -270,11 +268,9 @@ def test_recbole_pop100_hh_auc_matches_full_mode(rb_runs, model):
     4 of its sampling standard errors (conditional on these positives), while RecBole's plain pop100 AUC is far off.
     Figures: docs/recbole.md."""
     run = rb_runs[model]
-    sampled = _core_from_seen(run)[0]
-    rb = _recbole()
-    cols = rb.positive_table(run["struct"])
+    sampled, _, pos_u, slot = _core_from_seen(run)
+    cols = _recbole().positive_table(run["struct"])
     weights = torch.zeros(sampled.ranks.shape, dtype=torch.float64)
-    _, _, pos_u, slot = _core_from_seen(run)
     weights[pos_u, slot] = 1.0 / cols["n_positives"]
     est = rsp.estimate("auc", sampled, method="hh", weights=weights)
     exact, hh, plain = run["full"]["correctedauc_exact"], run["pop"]["correctedauc"], run["pop"]["correctedauc_sampled"]
