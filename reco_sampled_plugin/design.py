@@ -95,7 +95,7 @@ def popularity_weights(counts, alpha: float = 1.0):
         float64 tensor of the weights (on the counts' device), for ``SamplingDesign(m, popularity=...)``.
 
     Raises:
-        ValueError naming ``alpha`` (NaN, inf, not a number) or ``counts``.
+        ValueError: naming ``alpha`` (NaN, inf, not a number) or ``counts``.
     """
     import torch
 
