@@ -56,6 +56,7 @@ Sampling designs
 
    SamplingDesign -- how the m irrelevant items are drawn, validated once
    as_design -- the one coercion: int m, (m, cap) or a design -> SamplingDesign
+   popularity_weights -- RecBole's popularity weights count^alpha (count 0: never drawn)
    AdaptiveDesign -- start m and cap of adaptive sampling (its stages)
    expected_sampled -- E[M(r~) | r]: the expected sampled metric at each exact rank
    sampled_rank_pmf -- P(r~ = i | r), the sampling law
@@ -162,7 +163,7 @@ if TYPE_CHECKING:  # the names below are imported on first use (PEP 562, ``__get
     from .adaptive import AdaptiveCost, AdaptiveDesign, adaptive_cost, adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact
     from .consistency import consistency_report, ordering_agreement
     from .corrections import clear_correction_cache, correction_table, expected_corrected, table_bias
-    from .design import SamplingDesign, as_design
+    from .design import SamplingDesign, as_design, popularity_weights
     from .estimate import Estimate, explain_flags
     from .estimators import estimate
     from .factor_ranks import exact_ranks_from_factors
@@ -212,6 +213,7 @@ __all__ = [
     # sampling designs
     "SamplingDesign",
     "as_design",
+    "popularity_weights",
     "AdaptiveDesign",
     "expected_sampled",
     "sampled_rank_pmf",
@@ -284,6 +286,7 @@ _LAZY: dict[str, str] = {
     "table_bias": "corrections",
     "SamplingDesign": "design",
     "as_design": "design",
+    "popularity_weights": "design",
     "Estimate": "estimate",
     "explain_flags": "estimate",
     "estimate": "estimators",

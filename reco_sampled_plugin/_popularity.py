@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PopularityStats", "popularity_stats"]
+__all__ = ["PopularityStats", "popularity_stats", "stats_from_totals"]
 
 
 @dataclass(frozen=True)
@@ -89,15 +89,31 @@ def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor,
     w_forbidden, zero_forbidden = forbidden_weight(forbidden, w) if isinstance(forbidden, torch.Tensor) else forbidden
     total = w.sum() - w_forbidden  # W_u: the drawable candidates' weight
     unreachable = (w == 0).sum() - zero_forbidden
-    q = w[neg.clamp(min=0)] / total.view(-1, 1, 1)
-    drawn_zero = valid.unsqueeze(2) & (q <= 0)
+    return stats_from_totals(beat, neg, valid, w, total.view(-1, 1).expand(valid.shape),
+                             unreachable.view(-1, 1).expand(valid.shape), given)
+
+
+def stats_from_totals(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor,
+                      total: torch.Tensor, unreachable: torch.Tensor, given: bool = False) -> PopularityStats:
+    """:class:`PopularityStats` from each positive's drawable weight W_u and count of unreachable candidates,
+    where the caller knows them without a list of forbidden items (RecBole's sampler: its per-user used items).
+
+    Args:
+        beat, neg, valid, weights, given: as :func:`popularity_stats` (any leading shape S instead of (B, P):
+            ``beat`` / ``neg`` S + (m,), ``valid`` S).
+        total: S, float64, W_u = sum of w over the positive's drawable candidates (irrelevant, not excluded).
+        unreachable: S, int64, its drawable candidates of weight 0.
+    """
+    w = weights.to(torch.float64)
+    q = w[neg.clamp(min=0)] / total.to(torch.float64).unsqueeze(-1)
+    drawn_zero = valid.unsqueeze(-1) & (q <= 0)
     if given and bool(drawn_zero.any()):
-        rows = drawn_zero.any(2).any(1)
+        rows = drawn_zero.any(-1).reshape(drawn_zero.shape[0], -1).any(1)
         raise ValueError(f"negatives: {int(rows.sum())} row(s) hold a negative of popularity weight 0, which the "
                          f"popularity law cannot draw (first: row {int(rows.nonzero()[0, 0])})")
     b = beat.to(torch.float64)
     z = torch.where(b > 0, b / torch.where(q > 0, q, torch.ones_like(q)), torch.zeros_like(b))
-    z = torch.where(valid.unsqueeze(2), z, torch.zeros_like(z))
-    beating = torch.where(valid, b.sum(2), torch.zeros_like(b[..., 0]))
-    unreach = torch.where(valid, unreachable.view(-1, 1).expand(valid.shape), torch.zeros_like(valid, dtype=torch.int64))
-    return PopularityStats(beating, z.sum(2), (z * z).sum(2), unreach)
+    z = torch.where(valid.unsqueeze(-1), z, torch.zeros_like(z))
+    beating = torch.where(valid, b.sum(-1), torch.zeros_like(b[..., 0]))
+    unreach = torch.where(valid, unreachable.to(torch.int64), torch.zeros_like(valid, dtype=torch.int64))
+    return PopularityStats(beating, z.sum(-1), (z * z).sum(-1), unreach)

@@ -174,6 +174,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         if args.n_items is None:
             raise ValueError("--n-items: required with NCF files (the candidates each user's negatives came from)")
         data = read_ncf(args.test_rating, args.test_negative, args.scores, args.n_items)
+    if getattr(data, "popularity", False) or args.sampling == "popularity":
+        return _estimate_popularity(args, data)
+    args.sampling = args.sampling or "binomial"
     metrics = args.metric or ["recall@10", "ndcg@10"]
     if args.adaptive_max is not None and args.n_samples is None:
         raise ValueError("--adaptive-max: give --n-samples, the first stage's m of the adaptive sampling")
@@ -233,6 +236,46 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     m_values = np.unique(np.asarray(data.n_samples)).astype(int).tolist()
     context = dict(n_items=int(data.n_items.max()), users=len(data.ranks),
                    n_samples=m_values[0] if len(m_values) == 1 else f"{m_values[0]}..{m_values[-1]}",
+                   pilot=args.file)
+    print("\n".join(estimate_table(rows, stderr=args.stderr, **context)))
+    return 0
+
+
+def _estimate_popularity(args: argparse.Namespace, data) -> int:
+    """``reco-sampled estimate`` of a popularity-sampled rank file (the ``hh_s1``, ``hh_s2`` columns): every metric
+    by the registry's methods for the popularity design that estimate it (``registry.names(design=, metric=)``:
+    today ``none`` and ``hh`` for AUC, ``none`` for top-K metrics), or by the ``--method`` s named."""
+    from .estimators import estimate
+    from .metric_names import parse_metric
+
+    if not data.popularity:
+        raise ValueError("--sampling: popularity-sampled ranks need each positive's Hansen-Hurwitz statistics, a rank "
+                         "file with the columns sampled_rank,n_candidates,n_samples,hh_s1,hh_s2 "
+                         "(rank_files.write_rank_file writes them from a draw); bare ranks cannot be corrected "
+                         "(docs/popularity.md)")
+    if args.sampling not in (None, "popularity"):
+        raise ValueError(f"--sampling: {args.sampling!r} contradicts the file's hh_s1 / hh_s2 columns (popularity "
+                         "draws); use --sampling popularity or leave it out")
+    if args.adaptive_max is not None:
+        raise ValueError("--adaptive-max: adaptive sampling draws uniformly; this file holds popularity draws")
+    sampled = data.sampled()
+    design = sampled.design
+    metrics = args.metric or ["auc", "recall@10", "ndcg@10"]
+    for metric in metrics:
+        parse_metric(metric)
+    known = registry.names()
+    unknown = [m for m in (args.method or []) if m not in known]
+    if unknown:
+        raise ValueError(f"--method: unknown {unknown}; use some of {known}")
+    if args.gamma is not None:
+        raise ValueError("--gamma: no estimator of popularity-sampled ranks uses it")
+    print(f"{len(data.ranks):,} sampled ranks (popularity draws, m = {design.n_samples}); "
+          f"n {int(data.n_items.min()):,}..{int(data.n_items.max()):,}")
+    rows = []
+    for metric in metrics:
+        for method in args.method or registry.names(design=design, metric=metric):
+            rows.append((metric, method, estimate(metric, sampled, method=method)))
+    context = dict(n_items=int(data.n_items.max()), users=len(data.ranks), n_samples=design.n_samples,
                    pilot=args.file)
     print("\n".join(estimate_table(rows, stderr=args.stderr, **context)))
     return 0
@@ -499,7 +542,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "identify at the top, which the 95%% interval includes)")
     est.add_argument("--gamma", type=float, default=None,
                      help="bias-variance trade-off of bv / bv_mle, in [0, 1] (default 0.1); refused without such a method")
-    est.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial")
+    est.add_argument("--sampling", choices=["binomial", "hypergeometric", "popularity"], default=None,
+                     help="the draws' law (default binomial: uniform with replacement); popularity: the file holds "
+                          "each positive's hh_s1, hh_s2 (sums of 1/q~ and 1/q~^2 over its beating draws), which a "
+                          "five-column file implies")
     est.add_argument("--adaptive-max", type=int, metavar="M",
                      help="the ranks come from adaptive sampling from --n-samples up to M (the file's m column: "
                           "each positive's final m); the estimators marked [adaptive] below")

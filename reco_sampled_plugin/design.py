@@ -38,7 +38,7 @@ import numpy as np
 from ._checks import MAX_SAMPLES, check_size
 from ._options import check_bool
 
-__all__ = ["SamplingDesign", "AdaptiveDesign", "as_design", "adaptive_design", "coerce_adaptive"]
+__all__ = ["SamplingDesign", "AdaptiveDesign", "as_design", "adaptive_design", "coerce_adaptive", "popularity_weights"]
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,36 @@ def _check_popularity(w):
     if not float(t.sum()) > 0:
         raise ValueError("popularity: the weights sum to 0; at least one item must be drawable")
     return t.detach().to(torch.float64)
+
+
+def popularity_weights(counts, alpha: float = 1.0):
+    """Popularity weights w_j = c_j^alpha of interaction counts c_j, as RecBole's ``popN`` draws (``Sampler``'s alias
+    table: q_j proportional to (c_j / total)^alpha over the items that occur; an item with no interaction is never
+    drawn, so its weight is 0 whatever alpha, negative alpha included).
+
+    Args:
+        counts: (n_items,) interaction counts per item (RecBole: over all phases), finite, >= 0.
+        alpha: the exponent (RecBole's ``train_neg_sample_args.alpha``, 1 by default), a finite number.
+
+    Returns:
+        float64 tensor of the weights (on the counts' device), for ``SamplingDesign(m, popularity=...)``.
+
+    Raises:
+        ValueError: naming ``alpha`` (NaN, inf, not a number) or ``counts``.
+    """
+    import torch
+
+    from ._checks import check_weights
+    from ._options import check_float
+
+    a = check_float(alpha, "alpha")
+    c = check_weights(counts, "counts")
+    if c.dim() != 1:
+        raise ValueError(f"counts: expected one count per item (a 1-D array), got shape {tuple(c.shape)}")
+    w = torch.where(c > 0, c.clamp(min=1e-300) ** a, torch.zeros_like(c))
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError(f"alpha: {a:g} overflows the weights count^alpha in float64; use a smaller |alpha|")
+    return w
 
 
 @dataclass(frozen=True, eq=False)

@@ -379,7 +379,7 @@ def _unpack_pilot(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive):
         raise ValueError("pilot: these SampledRanks carry no design; pass their ranks with pilot_n_items and "
                          "pilot_n_samples")
     if design.law not in ("binomial", "hypergeometric"):
-        raise ValueError(f"pilot: the planner fits uniform draws; this pilot has {design.law} draws")
+        raise ValueError(f"pilot: the planner fits uniform draws; this pilot has {design.law} draws ({_UNIFORM_ONLY})")
     ranks = pilot.ranks.cpu()  # the plan runs on the CPU whatever device the pilot was drawn on
     keep = ranks > 0
     sizes = pilot.sizes()
@@ -455,6 +455,13 @@ def _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive, spec=Non
 
 
 # ------------------------------------------------------------------------------------------------ designs
+#: Why the planner refuses popularity designs and pilots, and what it forecasts instead.
+_UNIFORM_ONLY = ("it forecasts SamplingDesign(m), SamplingDesign(m, replacement=False) and SamplingDesign(m, "
+                 "adaptive_max=cap); a popularity design's accuracy depends on how the scores vary with the item "
+                 "weights, which a pilot of ranks does not carry: estimate a popularity draw directly, "
+                 "estimate(metric, sampled), docs/popularity.md")
+
+
 def _check_design(design, n_min: int, method: str) -> tuple[int, int | None, bool, bool]:
     """(m, rounded cap or None, replacement, exact_at_cap) of one candidate design: an (m, cap_or_None) pair, or a
     :class:`~reco_sampled_plugin.design.SamplingDesign` (uniform draws, fixed or adaptive, ``exact_at_cap``) or
@@ -465,7 +472,8 @@ def _check_design(design, n_min: int, method: str) -> tuple[int, int | None, boo
         design = SamplingDesign(design.n_samples, adaptive_max=design.adaptive_max)
     if isinstance(design, SamplingDesign):
         if design.law not in ("binomial", "hypergeometric"):  # the simulations are of uniform draws
-            raise ValueError(f"designs: the planner simulates uniform draws; {design!r} has {design.law} draws")
+            raise ValueError(f"designs: the planner simulates uniform draws; {design!r} has {design.law} draws "
+                             f"({_UNIFORM_ONLY})")
         m, cap, replacement = design.n_samples, design.adaptive_max, design.replacement
         exact = design.exact_at_cap
     else:

@@ -1,6 +1,9 @@
 """Read sampled ranks from files: a plain rank file, or NCF-style test files plus a score file.
 
 Rank file (``reco-sampled estimate FILE``): one relevant item per line, ``sampled_rank[,n_candidates[,n_samples]]``
+(popularity-sampled draws: ``sampled_rank,n_candidates,n_samples,hh_s1,hh_s2`` on every line, hh_s1 = sum over the
+draws that beat the positive of 1/q~ and hh_s2 = sum of 1/q~^2, q~ the probability the draw had, renormalised over the
+row's candidates: ``SampledRanks.popularity_stats``, docs/popularity.md; read with ``--sampling popularity``)
 separated by one comma, semicolon or tab (an empty field is an error) or by spaces; an optional header
 line (its first field has no digit); ``#`` comments. Missing columns take
 the ``--n-items`` / ``--n-samples`` defaults. Adaptive sampling (``--adaptive-max M``, ``--n-samples`` = the first
@@ -45,11 +48,75 @@ _INT64_MAX = 2**63 - 1
 
 @dataclass(frozen=True)
 class RankFile:
-    """Sampled ranks with per-positive candidate counts n and sample sizes m (int64 arrays)."""
+    """Sampled ranks with per-positive candidate counts n and sample sizes m (int64 arrays); popularity-sampled files
+    also each positive's Hansen-Hurwitz statistics ``hh_s1``, ``hh_s2`` (float64; None for other files)."""
 
     ranks: np.ndarray
     n_items: np.ndarray
     n_samples: np.ndarray
+    hh_s1: np.ndarray | None = None
+    hh_s2: np.ndarray | None = None
+
+    @property
+    def popularity(self) -> bool:
+        """Whether the file carries popularity statistics (five columns)."""
+        return self.hh_s1 is not None
+
+    def sampled(self):
+        """A popularity file's :class:`~reco_sampled_plugin.ranking.SampledRanks` for ``estimate(metric, sampled)``:
+        the design draws by popularity (the weights themselves are not needed: the statistics are sufficient,
+        docs/popularity.md; a placeholder stands for them), one m for every positive.
+
+        Raises:
+            ValueError naming ``n_samples`` when the positives' m differ, or ``sampled`` for a file without statistics.
+        """
+        import torch
+
+        from ._popularity import PopularityStats
+        from .design import SamplingDesign
+        from .ranking import SampledRanks
+
+        if not self.popularity:
+            raise ValueError("sampled: this rank file has no hh_s1 / hh_s2 columns (not popularity-sampled)")
+        ms = np.unique(self.n_samples)
+        if ms.size != 1:
+            raise ValueError(f"n_samples: a popularity-sampled rank file needs one m for every positive, got "
+                             f"{ms.size} values ({int(ms.min())}..{int(ms.max())})")
+        r = torch.from_numpy(self.ranks.astype(np.float64))
+        stats = PopularityStats(r - 1.0, torch.from_numpy(self.hh_s1), torch.from_numpy(self.hh_s2),
+                                torch.zeros(r.shape, dtype=torch.int64))
+        design = SamplingDesign.trusted(int(ms[0]), popularity=torch.ones(1, dtype=torch.float64))
+        return SampledRanks(r, torch.from_numpy(self.n_items.astype(np.float64)), None, design,
+                            popularity_stats=stats)
+
+
+def _float(field: str, path: Path, number: int, what: str) -> float:
+    """A finite number >= 0 (a popularity statistic)."""
+    try:
+        f = float(field)
+    except ValueError:
+        raise ValueError(f"{path}:{number}: {what} {field!r} is not a number") from None
+    if not math.isfinite(f) or f < 0:
+        raise ValueError(f"{path}:{number}: {what} {field!r} must be a finite number >= 0")
+    return f
+
+
+def _check_hh(b: int, s1: float, s2: float, path: Path, number: int) -> None:
+    """The bounds that each positive's statistics of a popularity draw obey (b = r~ - 1 beating draws, each weighing
+    z = 1/q~ >= 1 because the draw's probabilities sum to one over the row's candidates): S1 = S2 = 0 without a
+    beating draw; otherwise S1 >= b, S2 >= S1 (z^2 >= z) and b S2 >= S1^2 (Cauchy-Schwarz); relative slack 1e-9."""
+    tol = 1e-9
+    if b == 0:
+        if s1 != 0 or s2 != 0:
+            raise ValueError(f"{path}:{number}: hh_s1 and hh_s2 must be 0 where no draw beats the positive (rank 1), "
+                             f"got {s1:g}, {s2:g}")
+        return
+    if s1 < b * (1 - tol):
+        raise ValueError(f"{path}:{number}: hh_s1 {s1:g} is below the {b} beating draws: each weighs 1/q~ >= 1 "
+                         "(the probabilities q~ of a row's candidates sum to one); is the column sum(1/q~)?")
+    if s2 < s1 * (1 - tol) or b * s2 < s1 * s1 * (1 - tol):
+        raise ValueError(f"{path}:{number}: hh_s2 {s2:g} is below what hh_s1 {s1:g} and {b} beating draws allow "
+                         "(S2 >= S1 and b S2 >= S1^2); is the column sum(1/q~^2)?")
 
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")  # the line ends of text mode (universal newlines)
@@ -117,7 +184,7 @@ def read_rank_file(path, n_items: int | None = None, n_samples: int | None = Non
     if n_samples is not None:
         n_samples = check_size(n_samples, "n_samples", 1, MAX_SIZE)
     path = Path(path)
-    ranks, ns, ms = [], [], []
+    ranks, ns, ms, s1s, s2s = [], [], [], [], []
     first = True
     for number, text in _lines(path):
         fields = _FIELDS.split(text)
@@ -127,8 +194,10 @@ def read_rank_file(path, n_items: int | None = None, n_samples: int | None = Non
         first = False
         if "" in fields:
             raise ValueError(f"{path}:{number}: empty field in {text!r}")
-        if len(fields) > 3:
-            raise ValueError(f"{path}:{number}: expected 'rank[,n_candidates[,n_samples]]', got {len(fields)} fields")
+        if len(fields) not in (1, 2, 3, 5) or (s1s and len(fields) != 5) or (ranks and not s1s and len(fields) == 5):
+            raise ValueError(f"{path}:{number}: expected 'rank[,n_candidates[,n_samples]]' or, on every line of a "
+                             f"popularity-sampled file, 'rank,n_candidates,n_samples,hh_s1,hh_s2', got {len(fields)} "
+                             "fields")
         r = _int(fields[0], path, number, "rank")
         n = _int(fields[1], path, number, "n_candidates") if len(fields) > 1 else n_items
         m = _int(fields[2], path, number, "n_samples") if len(fields) > 2 else n_samples
@@ -140,12 +209,19 @@ def read_rank_file(path, n_items: int | None = None, n_samples: int | None = Non
             raise ValueError(f"{path}:{number}: need n_candidates >= 2 and n_samples >= 1, got n = {n}, m = {m}")
         if not 1 <= r <= m + 1:
             raise ValueError(f"{path}:{number}: sampled rank {r} outside 1..m+1 = 1..{m + 1}")
+        if len(fields) == 5:
+            s1, s2 = _float(fields[3], path, number, "hh_s1"), _float(fields[4], path, number, "hh_s2")
+            _check_hh(r - 1, s1, s2, path, number)
+            s1s.append(s1)
+            s2s.append(s2)
         ranks.append(r)
         ns.append(n)
         ms.append(m)
     if not ranks:
         raise ValueError(f"{path}: no ranks found")
-    return RankFile(np.asarray(ranks, dtype=np.int64), np.asarray(ns, dtype=np.int64), np.asarray(ms, dtype=np.int64))
+    hh = (np.asarray(s1s, dtype=np.float64), np.asarray(s2s, dtype=np.float64)) if s1s else (None, None)
+    return RankFile(np.asarray(ranks, dtype=np.int64), np.asarray(ns, dtype=np.int64), np.asarray(ms, dtype=np.int64),
+                    *hh)
 
 
 def _estimate_flags(design) -> str:
@@ -155,13 +231,15 @@ def _estimate_flags(design) -> str:
         flags += f" --adaptive-max {design.adaptive_max}"
     if not design.replacement:
         flags += " --sampling hypergeometric"
+    if design.popularity is not None:
+        flags += " --sampling popularity --metric auc --method hh"
     return flags
 
 
 def write_rank_file(path, sampled) -> Path:
     """Write the :class:`~reco_sampled_plugin.ranking.SampledRanks` of a draw as a rank file (module docstring):
     ``sampled_rank,n_candidates,n_samples`` per positive, in row order (padding dropped), adaptive draws with each
-    positive's final m; ``#`` lines above name the design, the ``reco-sampled estimate`` flags for it and the
+    positive's final m, popularity draws with ``hh_s1,hh_s2`` (each positive's statistics, 17 digits); ``#`` lines above name the design, the ``reco-sampled estimate`` flags for it and the
     scorer loop's cost (``sampled.cost``) when there is one. ``reco-sampled estimate FILE <flags>`` (or
     :func:`read_rank_file` and ``estimate(metric, ranks, n, m, adaptive=...)``) then gives what
     ``estimate(metric, sampled)`` gives.
@@ -175,8 +253,9 @@ def write_rank_file(path, sampled) -> Path:
         the path written.
 
     Raises:
-        ValueError: not a SampledRanks, no design, popularity draws (their weights do not fit a rank file:
-            estimate in Python), exact ranks of an ``exact_at_cap`` design (no column for them), ranks that are not whole (``ties="average"``), no positive, or a path that cannot
+        ValueError: not a SampledRanks, no design, popularity draws without statistics (or with unreachable
+            candidates), exact ranks of an ``exact_at_cap`` design (no column for them), ranks that are not whole
+            (``ties="average"``), no positive, or a path that cannot
             be written.
     """
     import torch
@@ -189,9 +268,10 @@ def write_rank_file(path, sampled) -> Path:
     design = sampled.design
     if design is None:
         raise ValueError("sampled: these SampledRanks carry no design; a rank file needs the draw's m")
-    if design.popularity is not None:
-        raise ValueError("sampled: popularity draws cannot be estimated from a rank file (it has no column for the "
-                         "weights); estimate in Python: estimate(metric, sampled)")
+    stats = sampled.popularity_stats
+    if design.popularity is not None and stats is None:
+        raise ValueError("sampled: these popularity-sampled ranks carry no per-draw statistics (draws without "
+                         "replacement keep none), and a rank file of popularity draws needs them (hh_s1, hh_s2)")
     if sampled.exact_ranks is not None:  # the format has no column for them: refused, not dropped
         raise ValueError("sampled: exact_at_cap ranks cannot be written to a rank file (it has no column for the "
                          "exact ranks of the completed positives); estimate in Python: estimate(metric, sampled)")
@@ -206,6 +286,11 @@ def write_rank_file(path, sampled) -> Path:
     m = sizes.cpu()[keep] if isinstance(sizes, torch.Tensor) else torch.full((int(keep.sum()),), int(sizes))
     table = torch.stack([ranks[keep].to(torch.int64), sampled.candidates().cpu()[keep].to(torch.int64),
                          m.to(torch.int64)], 1).numpy()
+    if design.popularity is not None:
+        if bool((stats.unreachable.cpu()[keep] > 0).any()):
+            raise ValueError("popularity: some evaluated positives have drawable candidates of weight 0 (never drawn): "
+                             "no estimate counts them, so no rank file is written for them")
+        hh = torch.stack([stats.inv_q.cpu()[keep], stats.inv_q2.cpu()[keep]], 1).to(torch.float64).numpy()
     lines = [f"# reco-sampled rank file: {len(table):,} positives; design: {design.describe()}",
              f"# read back: reco-sampled estimate FILE {_estimate_flags(design)}"]
     cost = sampled.cost
@@ -214,12 +299,16 @@ def write_rank_file(path, sampled) -> Path:
         lines.append(f"# scorer cost: {cost.pairs:,} pairs in {cost.calls:,} calls, {cost.scorer_seconds:.6g} s in "
                      f"the scorer ({per_pair:.6g} s per pair: reco-sampled plan --seconds-per-pair), "
                      f"{cost.loop_seconds:.6g} s in the loop; full ranking: {cost.full_pairs:,} pairs")
-    lines.append("sampled_rank,n_candidates,n_samples")
+    lines.append("sampled_rank,n_candidates,n_samples" + (",hh_s1,hh_s2" if design.popularity is not None else ""))
     path = Path(path)
     try:
         with open(path, "w", encoding="utf-8", newline="\n") as fh:
             fh.write("\n".join(lines) + "\n")
-            np.savetxt(fh, table, fmt="%d", delimiter=",")
+            if design.popularity is None:
+                np.savetxt(fh, table, fmt="%d", delimiter=",")
+            else:  # the statistics to 17 significant digits: read back exactly
+                fh.writelines(f"{r},{n},{k},{a!r},{b!r}\n" for (r, n, k), (a, b) in
+                              zip(table.tolist(), hh.tolist()))
     except OSError as exc:
         raise ValueError(f"{path}: cannot be written ({exc.strerror or exc})") from None
     return path

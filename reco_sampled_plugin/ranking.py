@@ -51,6 +51,7 @@ __all__ = [
     "prepare_sampling_index",
     "stage_positives",
     "exclusion_counts",
+    "popularity_inverse_cdf",
 ]
 
 TIES = ("pessimistic", "optimistic", "average", "random")  # the one list of tie policies; subsets below
@@ -713,6 +714,16 @@ class _WeightBlock(NamedTuple):
         cdf = torch.cumsum(probs, 1)
         return _WeightBlock(probs, cdf, cdf[:, -1:])
 
+    @staticmethod
+    def from_forbidden(w: torch.Tensor, forb: torch.Tensor, n_items: int) -> "_WeightBlock":
+        """The block of rows whose sorted forbidden items ``forb`` (r, F) are given (padded with ``n_items``,
+        :func:`forbidden_sorted`): the keyed draws of the adapters (:func:`popularity_inverse_cdf`)."""
+        keep = (forb >= n_items).to(torch.float64)  # padding (n_items) multiplies the last item by 1
+        probs = w.unsqueeze(0).repeat(forb.shape[0], 1)
+        probs.scatter_reduce_(1, forb.clamp(max=n_items - 1), keep, reduce="prod")
+        cdf = torch.cumsum(probs, 1)
+        return _WeightBlock(probs, cdf, cdf[:, -1:])
+
     def item(self, t: torch.Tensor) -> torch.Tensor:
         """(r, K) thresholds in [0, total) -> the items whose cumulative weight interval holds them."""
         top = torch.nextafter(self.total, torch.zeros_like(self.total))
@@ -735,6 +746,28 @@ class _WeightBlock(NamedTuple):
         below = torch.searchsorted(g, t, right=True)  # kept items wholly below the quantile
         shift = torch.cat([torch.zeros_like(cum[..., :1]), cum], -1).gather(-1, below)
         return self.item((t + shift).view(r, p * m)).view(r, p, m)
+
+
+def popularity_inverse_cdf(w: torch.Tensor, forb: torch.Tensor, n_items: int, u: torch.Tensor):
+    """Items drawn with probability proportional to ``w`` among each row's allowed items, from given uniform numbers:
+    draw (b, p, k) is the item whose cumulative weight interval holds u[b, p, k] W_b (W_b the row's allowed weight;
+    ``forb``: the row's sorted forbidden items, :func:`forbidden_sorted`). Rows in blocks, so the (rows x n)
+    cumulative weights stay bounded. For keyed draws (``adapters._shared``): the same lookup as
+    :func:`sampled_ranks`' popularity draws with replacement, fed other uniform numbers.
+
+    Returns:
+        (B, P, m) int64 items and (B,) float64 allowed weights W_b (0: nothing to draw in the row).
+    """
+    b, p, m = u.shape
+    items = torch.zeros((b, p, m), dtype=torch.int64, device=u.device)
+    totals = torch.zeros(b, dtype=torch.float64, device=u.device)
+    step = max(1, _POPULARITY_BLOCK // max(n_items, 1))
+    for lo in range(0, b, step):
+        wb = _WeightBlock.from_forbidden(w, forb[lo:lo + step], n_items)
+        r = wb.cdf.shape[0]
+        items[lo:lo + step] = wb.item(u[lo:lo + step].reshape(r, p * m) * wb.total).view(r, p, m)
+        totals[lo:lo + step] = wb.total[:, 0]
+    return items, totals
 
 
 def _draw_popularity(pos, exc, n_items, p, m, replacement, w, generator, device) -> torch.Tensor:

@@ -176,6 +176,7 @@ def entries(tmp: str) -> list[Entry]:
         Entry("per_user_metrics_from_factors", rsp.per_user_metrics_from_factors, (u, v, pos),
               {"metrics": ["ndcg@5"]}),
         Entry("SamplingDesign", rsp.SamplingDesign, (5,), extra={"n_samples": "size"}),
+        Entry("popularity_weights", rsp.popularity_weights, (torch.tensor([3.0, 0.0, 1.0]),)),
         Entry("as_design", rsp.as_design, (5,), skip={"name": "the argument name its messages use, set by the package"}),
         Entry("AdaptiveDesign", rsp.AdaptiveDesign, (4, 16), extra={"n_samples": "size", "adaptive_max": "size"}),
         Entry("expected_sampled", rsp.expected_sampled, ("ndcg@5", exact, 30, 5)),

@@ -159,8 +159,10 @@ def test_torchmetrics_design():
         SampledRankingMetrics("hit@10", SamplingDesign(4, adaptive_max=32), ("none", "bv"))
     with pytest.raises(ValueError, match="^adaptive_max: given next to a sampling design"):
         SampledRankingMetrics("hit@10", SamplingDesign(4), ("none",), adaptive_max=32)
-    with pytest.raises(ValueError, match="^n_samples: the keyed draws .* uniform"):
-        SampledRankingMetrics("hit@10", SamplingDesign(4, popularity=torch.ones(300)), ("none",))
+    # popularity designs are drawn by keyed inverse cdf (issue 28; tests/test_popularity_entry_points.py), with
+    # replacement only
+    with pytest.raises(ValueError, match="^n_samples: keyed popularity draws are with replacement"):
+        SampledRankingMetrics("hit@10", SamplingDesign(4, popularity=torch.ones(300), replacement=False), ("none",))
 
 
 def test_torchmetrics_registered_estimator_is_accepted(bv_copy):

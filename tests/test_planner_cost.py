@@ -363,9 +363,11 @@ def test_write_rank_file_refusals(tmp_path):
         write_rank_file(tmp_path, sampled)
     g = torch.Generator().manual_seed(1)
     scores = torch.randn(20, 100, generator=g)
-    pop = rsp.sampled_ranks(scores, torch.arange(20), SamplingDesign(10, popularity=torch.rand(100, generator=g)),
-                            generator=g)
-    with pytest.raises(ValueError, match="^sampled: popularity draws"):
+    # popularity draws are written with their statistics (hh_s1, hh_s2: tests/test_popularity_entry_points.py);
+    # without replacement they keep none, and are refused
+    pop = rsp.sampled_ranks(scores, torch.arange(20), SamplingDesign(10, popularity=torch.rand(100, generator=g),
+                                                                     replacement=False), generator=g)
+    with pytest.raises(ValueError, match="^sampled: these popularity-sampled ranks carry no per-draw statistics"):
         write_rank_file(tmp_path / "x.csv", pop)
     avg = rsp.sampled_ranks(scores.round(), torch.arange(20), 10, generator=g, ties="average")
     assert not bool((avg.ranks == avg.ranks.floor()).all())  # ties shared: half ranks

@@ -19,8 +19,12 @@ from reco_sampled_plugin._rank_hist import _bincount_histogram, _group_ids, samp
 from reco_sampled_plugin.estimators import estimate
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_from_float_ranks
+from reco_sampled_plugin._popularity import PopularityStats
+from reco_sampled_plugin.design import SamplingDesign
+from reco_sampled_plugin.ranking import SampledRanks
 
-from ._recbole_ranks import _M, _N_IRR, _N_POS, _R_FULL, _R_IRR, _R_SAMPLED, _USER, PLUGIN_KEY
+from ._recbole_ranks import (_HH_BEATING, _HH_S1, _HH_S2, _HH_UNREACHABLE, _M, _N_IRR, _N_POS, _POP, _R_FULL, _R_IRR,
+                             _R_SAMPLED, _USER, PLUGIN_KEY)
 from ._recbole_settings import _ESTIMATED_KINDS, FAMILIES, _Settings, _settings, class_name, log_once, note_definitions
 
 #: the public module the classes are documented in (``reco_sampled_plugin.adapters.recbole``)
@@ -155,7 +159,13 @@ class _EstimatedMetric(_Metric):
         design = s.design.adaptive if s.design is not None else None  # adaptive: rsp_adaptive_max (full or uniN)
         adaptive = {} if design is None else {"adaptive": (design.n_samples, design.adaptive_max)}
         kwargs = self._method_kwargs()
-        result = estimate(spec, hist, sampling=law, **kwargs, **adaptive)
+        popn = _popularity_ranks(table)
+        if popn is not None and registry.get(kwargs["method"]).family != "none":
+            # popN: the draws' own statistics through the core (the registry's popularity estimators; none keeps the
+            # histogram, as the law-free sampled metric needs nothing more)
+            result = estimate(spec, popn, **kwargs, weights=_sampled_weights(table, weights))
+        else:
+            result = estimate(spec, hist, sampling=law, **kwargs, **adaptive)
         out = {key: self._round(result.value)}
         if design is not None:  # what adaptive sampling cost (weighted like the estimate)
             cost = result.details["adaptive"]
@@ -185,6 +195,30 @@ class _EstimatedMetric(_Metric):
                     values = torch.where(n_irr > 1, values, torch.zeros_like(values))
                 out[f"{key}_exact"] = self._round(_weighted_mean(values, w))
         return out
+
+
+def _popularity_ranks(table: torch.Tensor):
+    """popN tables: the positives' :class:`~reco_sampled_plugin.ranking.SampledRanks` under the sampler's popularity
+    design, carrying each positive's Hansen-Hurwitz statistics (the ``hh_*`` columns) and its exact candidate count
+    (no ``rsp_n_grid``: the estimate reads n per positive); None for other modes. Cached on the table."""
+    cache = _table_cache(table)
+    if "popularity" not in cache:
+        weights = table.__dict__.get("_rsp_popularity")
+        rows = table[:, _R_SAMPLED] > 0
+        if weights is None or not bool((table[rows, _POP] == 1).all()) or not bool(rows.any()):
+            cache["popularity"] = None
+        else:
+            t = table[rows]
+            m = int(t[0, _M])
+            stats = PopularityStats(t[:, _HH_BEATING], t[:, _HH_S1], t[:, _HH_S2], t[:, _HH_UNREACHABLE].to(torch.int64))
+            design = SamplingDesign.trusted(m, popularity=weights)
+            cache["popularity"] = SampledRanks(t[:, _R_SAMPLED], t[:, _N_IRR], None, design, popularity_stats=stats)
+    return cache["popularity"]
+
+
+def _sampled_weights(table: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The weights of the positives that have a sampled rank (the rows of :func:`_popularity_ranks`)."""
+    return weights[table[:, _R_SAMPLED] > 0]
 
 
 def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_floor: int):

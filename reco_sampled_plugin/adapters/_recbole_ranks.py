@@ -28,9 +28,11 @@ PLUGIN_KEY = "rsp.ranks"
 
 # columns of the per-positive table (float64, one row per held-out (user, item) pair)
 _USER, _R_FULL, _R_IRR, _N_IRR, _R_SAMPLED, _M, _N_POS, _UID, _ITEM = range(9)
-_N_COLS = 9
+_POP, _HH_BEATING, _HH_S1, _HH_S2, _HH_UNREACHABLE = range(9, 14)  # popN: the Hansen-Hurwitz statistics
+_N_COLS = 14
 #: Column names of the per-positive table stored under :data:`PLUGIN_KEY` (see :func:`positive_table`).
-COLUMNS = ("user", "rank_full", "rank_irrelevant", "n_candidates", "sampled_rank", "m", "n_positives", "uid", "item")
+COLUMNS = ("user", "rank_full", "rank_irrelevant", "n_candidates", "sampled_rank", "m", "n_positives", "uid", "item",
+           "popularity", "hh_beating", "hh_s1", "hh_s2", "hh_unreachable")
 # rank columns: 0 = not available (sampled modes have no exact rank), -1 = beyond the computed top
 _BEYOND = -1.0
 
@@ -41,7 +43,10 @@ def positive_table(dataobject) -> dict[str, torch.Tensor]:
     ``rank_full`` / ``rank_irrelevant``: exact rank among all candidates / among the irrelevant ones
     (full mode; 0 = not available, -1 = beyond the computed top), ``n_candidates``: irrelevant items + 1,
     ``sampled_rank`` / ``m``: sampled rank and sample size (0 = none), ``n_positives``: |T_u|, ``user``:
-    row of the user in the evaluation, ``uid`` / ``item``: RecBole's internal ids.
+    row of the user in the evaluation, ``uid`` / ``item``: RecBole's internal ids. ``popN`` mode
+    (``popularity`` 1, else 0 and the next columns 0): each positive's Hansen-Hurwitz statistics of its N drawn
+    negatives (``_popularity.PopularityStats``; docs/popularity.md): ``hh_beating`` the beating draws,
+    ``hh_s1`` / ``hh_s2`` the sums of b / q~ and (b / q~)^2 over them, ``hh_unreachable`` the candidates of weight 0.
     """
     table = dataobject.get(PLUGIN_KEY)
     return {name: table[:, i] for i, name in enumerate(COLUMNS)}
@@ -716,6 +721,16 @@ def _process_sampled(collector, scores, pos_u, pos_i, items, row_uids) -> None:
         collector.__dict__.setdefault("_rsp_pos_scores", []).append(s_pos)
     table[:, _UID] = uids.to(torch.float64)
     table[:, _N_IRR] = (scores.shape[1] - _used_counts(collector, uids)).to(torch.float64)  # item_num (padding included) minus used
+    sampler = getattr(getattr(collector, "_rsp_eval_data", None), "_sampler", None)
+    if getattr(sampler, "distribution", None) == "popularity":  # popN: each positive's 1/q~ of its beating draws
+        from ._recbole_popularity import popularity_columns
+
+        stats, w = popularity_columns(sampler, scores.shape[1], uids, pos_i, neg_items, s_neg, s_pos, settings.ties)
+        table[:, _POP] = 1.0
+        for col, t in ((_HH_BEATING, stats.beating), (_HH_S1, stats.inv_q), (_HH_S2, stats.inv_q2),
+                       (_HH_UNREACHABLE, stats.unreachable)):
+            table[:, col] = t.to(torch.float64)
+        collector._rsp_popularity = w  # the weights travel with the table (finish_collection)
     _store(collector, table, b)
 
 
@@ -780,7 +795,11 @@ def finish_collection(collector) -> torch.Tensor | None:
     if not tables:
         return None
     table = tables[0] if len(tables) == 1 else torch.cat(tables)
-    return table if table.device.type == "cpu" else table.cpu()
+    table = table if table.device.type == "cpu" else table.cpu()
+    weights = collector.__dict__.pop("_rsp_popularity", None)
+    if weights is not None:  # popN: the sampler's weights, for the design the estimators read (_recbole_metrics)
+        table.__dict__["_rsp_popularity"] = weights
+    return table
 
 
 def reset_collection(collector, eval_data=None) -> None:
@@ -797,4 +816,5 @@ def reset_collection(collector, eval_data=None) -> None:
     collector.__dict__.pop("_rsp_staging", None)
     collector.__dict__.pop("_rsp_kept", None)  # uniN adaptive stages: the positives' rows and scores
     collector.__dict__.pop("_rsp_pos_scores", None)
+    collector.__dict__.pop("_rsp_popularity", None)
     collector._rsp_buffered = 0

@@ -199,12 +199,34 @@ def _as_int(value, key: str, minimum: int) -> int:
         raise ValueError(f"{key}: expected an integer >= {minimum}, got {value!r}") from None
 
 
-def _choice(config, key: str, choices: tuple[str, ...], what: str) -> str:
-    """The lower-cased value of a key that names one of ``choices``."""
+def _choice(config, key: str, choices: tuple[str, ...], what: str, also: tuple[str, ...] = ()) -> str:
+    """The lower-cased value of a key that names one of ``choices`` (or of ``also``, listed after them)."""
     value = str(_get(config, key)).lower()
-    if value not in choices:
-        raise ValueError(f"{key}: unknown {what} {value!r}; use one of {choices}")
+    if value not in choices + also:
+        more = f"; per-positive estimators: {also}" if also else ""
+        raise ValueError(f"{key}: unknown {what} {value!r}; use one of {choices}{more}")
     return value
+
+
+def correction_choices() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """``rsp_correction``'s values: the correction tables (``registry.recbole_choices``), and the registry's
+    per-positive estimators that fit nothing (family ``hansen_hurwitz``: ``hh``, which reads each positive's
+    beating draws, not a table; AUC only, uniform and popN modes)."""
+    return registry.recbole_choices("rsp_correction"), registry.names(family="hansen_hurwitz", fits_distribution=False)
+
+
+def _kind(name: str) -> str:
+    """The core metric kind of an estimated plugin metric name (``correctedauc`` -> ``auc``)."""
+    prefix, kinds = FAMILIES[_family_of(name)]
+    return _ESTIMATED_KINDS[next(k for k in kinds if (prefix + k).lower() == name.lower())]
+
+
+def popularity_design(n_draws: int) -> SamplingDesign:
+    """The design of RecBole's ``popN`` for the registry's checks at config time (``Estimator.supports`` reads whether
+    a design draws by popularity; the weights come with the data: ``_recbole_popularity.sampler_weights``)."""
+    import torch
+
+    return SamplingDesign.trusted(n_draws, popularity=torch.ones(1, dtype=torch.float64))
 
 
 def _as_bool(value, key: str) -> bool:
@@ -309,7 +331,8 @@ def validate_config(config) -> _Settings | None:
                 f"eval_args.mode: {[n for n in names if _family_of(n) == 'exact'][0]!r} needs exact ranks "
                 f"(full mode), but the {phase} mode is {mode!r}"
             )
-    correction = _choice(config, "rsp_correction", registry.recbole_choices("rsp_correction"), "correction method")
+    tables, per_positive = correction_choices()
+    correction = _choice(config, "rsp_correction", tables, "correction method", per_positive)
     gamma_raw = _get(config, "rsp_gamma")
     gamma = _as_float(gamma_raw, "rsp_gamma", "a number in [0, 1]")
     if not (0.0 <= gamma <= 1.0):
@@ -345,16 +368,13 @@ def validate_config(config) -> _Settings | None:
                 raise ValueError(f"rsp_m: {m} disagrees with the {phase} mode {mode!r}, which samples {n_draws} items")
             if not replacement:
                 raise ValueError(f"rsp_replacement: RecBole's {mode!r} mode draws with replacement; set rsp_replacement: true")
-            if mode.startswith("pop"):  # the registry's popularity flag: which estimators take popularity draws
-                uniform_only = {family: not registry.get(method).popularity for family, method in
-                                (("corrected", correction), ("mapped", mapping), ("rankdist", rank_dist))}
-                bad = [n for n in names if _family_of(n) in ("mapped", "rankdist") and uniform_only[_family_of(n)]]
-                bad += [n for n in names if _family_of(n) == "corrected" and uniform_only["corrected"]]
-                if bad:
-                    raise ValueError(
-                        f"eval_args.mode: {mode!r} draws items by popularity, but the estimators assume uniform draws "
-                        f"({bad[0]!r}); use 'uni{n_draws}', or rsp_correction: none to report the plain sampled metric"
-                    )
+            if mode.startswith("pop"):  # the registry says which estimators take popularity draws, for which metric
+                from ._recbole_popularity import recbole_alpha
+
+                recbole_alpha(config)  # a NaN alpha would make RecBole's alias table (and the weights) meaningless
+                _check_popularity(mode, popularity_design(n_draws), names,
+                                  {"corrected": ("rsp_correction", "bv_mle" if prior == "mle" else correction),
+                                   "mapped": ("rsp_mapping", mapping), "rankdist": ("rsp_rank_dist", rank_dist)})
         if mode == "full" and estimators and m is None:
             est = [n for n in names if _family_of(n) != "exact"][0]
             raise ValueError(
@@ -449,8 +469,9 @@ def _adaptive_max(config, modes: dict, m: int | None, replacement: bool) -> int 
 def _sampling_design(modes: dict, m: int | None, replacement: bool, adaptive_max: int | None) -> SamplingDesign | None:
     """The one sampling design of the validated keys: full mode simulates rsp_m draws (``rsp_replacement``,
     ``rsp_adaptive_max``); RecBole's uniN / popN draw N items with replacement (rsp_m, when given, equals N). popN's
-    popularity weights come with the data, so its design is kept as the uniform N (the popN mode itself refuses
-    every estimator but the plain sampled metric). None when the sampled modes of the phases draw different N
+    popularity weights come with the data (RecBole's sampler: ``_recbole_popularity``), so its design is kept as the
+    uniform N here; popN itself is checked against the registry with :func:`popularity_design` (``_check_popularity``)
+    and estimated from the draws' statistics (``_recbole_metrics``). None when the sampled modes of the phases draw different N
     without rsp_m (each phase then has its own N)."""
     sizes = {m} if m is not None else {_sample_num(mode) for mode in modes.values() if mode != "full"}
     if len(sizes) != 1:
@@ -458,13 +479,51 @@ def _sampling_design(modes: dict, m: int | None, replacement: bool, adaptive_max
     return SamplingDesign(sizes.pop(), replacement=replacement, adaptive_max=adaptive_max)
 
 
-def _check_supported(design: SamplingDesign, names: tuple, methods: dict) -> None:
-    """Every listed estimated metric's method supports the design (``registry.get(method).supports(design)``)."""
+def _family_choices(key: str) -> tuple[str, ...]:
+    """Every value a family's key accepts (``rsp_correction``: the tables and the per-positive estimators)."""
+    return sum(correction_choices(), ()) if key == "rsp_correction" else registry.recbole_choices(key)
+
+
+def _check_popularity(mode: str, design: SamplingDesign, names: tuple, methods: dict) -> None:
+    """popN: every listed estimated metric's method supports popularity draws and estimates that metric kind
+    (``Estimator.supports`` and ``registry.names(metric=...)``: a new estimator registered with ``popularity=True``
+    is accepted with no edit here); otherwise a ValueError naming ``eval_args.mode`` and what is available."""
     for name in names:
         family = _family_of(name)
         if family not in methods:
             continue
         key, method = methods[family]
+        kind = _kind(name)
+        entry = registry.get(method)
+        if entry.supports(design) and entry.takes_metric(kind):
+            continue
+        ok = [n for n in _family_choices(key) if n in registry.names(design=design, metric=kind)]
+        corrected = [n for n in ok if registry.get(n).family != "none"]
+        if corrected:
+            hint = f"use {key}: {' or '.join(corrected)}"
+        else:
+            hint = f"no {key} method corrects {kind} under popularity sampling yet"
+            hint += f"; {key}: none reports the plain sampled metric" if "none" in ok else ""
+        raise ValueError(
+            f"eval_args.mode: {mode!r} draws items by popularity, and {name!r} ({key}: {method}) does not estimate "
+            f"{kind} there (the registry's estimators of {kind} under popularity sampling: "
+            f"{registry.names(design=design, metric=kind)}); {hint}; or evaluate in 'uni{design.n_samples}' mode"
+        )
+
+
+def _check_supported(design: SamplingDesign, names: tuple, methods: dict) -> None:
+    """Every listed estimated metric's method supports the design (``registry.get(method).supports(design)``) and
+    estimates its metric kind (``Estimator.takes_metric``: ``hh`` is AUC only)."""
+    for name in names:
+        family = _family_of(name)
+        if family not in methods:
+            continue
+        key, method = methods[family]
+        if not registry.get(method).takes_metric(_kind(name)):
+            ok = [n for n in _family_choices(key) if registry.get(n).supports(design)
+                  and registry.get(n).takes_metric(_kind(name))]
+            raise ValueError(f"{key}: {method!r} estimates {', '.join(registry.get(method).metrics)} only, not "
+                             f"{_kind(name)} ({name!r}); use one of {tuple(ok)}")
         if registry.get(method).supports(design):
             continue
         if design.adaptive is not None:

@@ -44,6 +44,7 @@ __all__ = [
     "keyed_uniform",
     "keyed_negatives",
     "keyed_sampled_ranks",
+    "keyed_popularity_ranks",
     "keyed_sampled_ranks_from_factors",
     "keyed_scorer_ranks",
     "DeviceChecks",
@@ -369,6 +370,37 @@ def keyed_sampled_ranks(
     """
     ranks = keyed_ranks_only(scores, pos, exc, n_samples, ids, seed, replacement, ties, checks)
     return ranks, padded_candidate_counts(scores.shape[1], pos, exc, count_other_positives=False)
+
+
+def keyed_popularity_ranks(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_samples: int,
+                           ids: torch.Tensor, seed: int, weights: torch.Tensor, ties: str, checks: DeviceChecks):
+    """Sampled ranks r~ (B, P), candidate counts n (B,) and the Hansen-Hurwitz statistics
+    (:class:`~reco_sampled_plugin._popularity.PopularityStats`, (B, P)) of keyed popularity draws with replacement:
+    draw k of positive (b, p) is the item whose cumulative weight interval (the weights w over the row's drawable
+    items, positives and excluded items at 0: q~ = w / W_u, the law of ``sampled_ranks(..., popularity=w)``) holds
+    u W_u, u = keyed_uniform(seed, 0, ids[b], pos[b, p], k): a pure function of the keys, as the uniform keyed draws.
+    Rows in blocks so the (rows x n) cumulative weights stay bounded. The check that every row with a positive has
+    a drawable item of weight > 0 is added to ``checks``."""
+    from reco_sampled_plugin._popularity import popularity_stats
+    from reco_sampled_plugin.ranking import popularity_inverse_cdf
+
+    b, n_items = scores.shape
+    p, m = pos.shape[1], n_samples
+    device = scores.device
+    w = weights.to(device=device, dtype=torch.float64)
+    forb = forbidden_sorted(pos, exc, n_items)
+    u = keyed_uniform(seed, 0, ids.view(b, 1, 1), pos.view(b, p, 1), torch.arange(m, device=device).view(1, 1, m))
+    neg, totals = popularity_inverse_cdf(w, forb, n_items, u)
+    active = (pos >= 0).any(1)
+    checks.add((active & (totals <= 0)).any(), "popularity: some row has no irrelevant item of positive weight "
+                                               "left to sample from")
+    pos_scores = scores.gather(1, pos.clamp(min=0))
+    neg_scores = scores.gather(1, neg.reshape(b, p * m)).reshape(b, p, m)
+    ranks = _ranks_among_drawn(pos_scores, neg_scores, pos >= 0, ties)
+    s = pos_scores.unsqueeze(2)
+    beat = (neg_scores > s) | ((neg_scores == s) if ties == "pessimistic" else torch.zeros_like(neg_scores, dtype=torch.bool))
+    stats = popularity_stats(beat, neg, pos >= 0, w, forb)
+    return ranks, padded_candidate_counts(n_items, pos, exc, count_other_positives=False), stats
 
 
 def _rows_per_chunk(p: int, m: int) -> int:

@@ -96,6 +96,7 @@ from ._shared import (
     explain_once,
     histogram_from_rows,
     keyed_sampled_ranks,
+    keyed_popularity_ranks,
     keyed_sampled_ranks_from_factors,
     keyed_scorer_ranks,
     padded_inputs,
@@ -105,6 +106,9 @@ from ._shared import (
 logger = logging.getLogger(__name__)
 
 __all__ = ["ExactRankingMetrics", "SampledRankingMetrics", "estimate_values"]
+
+# the ``pop`` state's columns (popularity designs): one row per relevant item
+_POP_COLUMNS = ("sampled_rank", "n_candidates", "hh_s1", "hh_s2", "hh_beating", "hh_unreachable")
 
 
 def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
@@ -445,10 +449,15 @@ class SampledRankingMetrics(_MergeChecked):
         metrics: metric names (``"ndcg@10"``, ``"hit@10"``, ``"auc"``...).
         n_samples: m, sampled irrelevant items per relevant item (RecBole's ``uni100``: m = 100), or a
             :class:`~reco_sampled_plugin.design.SamplingDesign` (uniform draws: with or without replacement,
-            adaptive); an int takes the loose ``replacement`` and ``adaptive_max`` below, a design carries them.
-            :attr:`design` is the SamplingDesign either way.
+            adaptive; or popularity draws with replacement, ``SamplingDesign(m, popularity=w)``: keyed inverse-cdf
+            draws from the score matrix, the state then also keeps each relevant item's Hansen-Hurwitz statistics,
+            one row per relevant item concatenated across processes, which the registry's popularity estimators
+            read, e.g. ``hh`` for AUC; docs/popularity.md); an int takes the loose ``replacement`` and
+            ``adaptive_max`` below, a design carries them. :attr:`design` is the SamplingDesign either way.
         estimators: methods of :func:`reco_sampled_plugin.estimate` (any name of ``reco_sampled_plugin.registry``
             whose entry supports the design); ``"none"`` is the plain sampled metric (reported as ``sampled``).
+            A (metric, estimator) pair the registry does not list (``registry.names(metric=...)``: ``hh`` estimates
+            AUC only) is not reported.
             Default: ``("none", registry.DEFAULT_ESTIMATOR)``: the sampled metric and ``mes``.
         estimator_options: per-method keyword arguments, e.g. ``{"bv": {"gamma": 0.1},
             "mle": {"n_bootstrap": 8}, "beta": {"a": 0.5}}``; validated here, key by key, against the options
@@ -521,9 +530,16 @@ class SampledRankingMetrics(_MergeChecked):
             raise ValueError("n_samples: exact_at_cap is not supported by SampledRankingMetrics: its state holds "
                              "sampled-rank counts per stage, not exact ranks; draw with adaptive_sampled_ranks or "
                              "sampled_ranks_from_scorer and estimate(metric, sampled) instead")
-        if design.law not in ("binomial", "hypergeometric"):  # keyed draws are uniform (a new law: refused)
-            raise ValueError(f"n_samples: the keyed draws of SampledRankingMetrics are uniform; {design!r} "
-                             f"({design.law} draws) is not supported")
+        if design.law not in ("binomial", "hypergeometric", "popularity"):  # a new law: refused
+            raise ValueError(f"n_samples: the keyed draws of SampledRankingMetrics are uniform or by popularity; "
+                             f"{design!r} ({design.law} draws) is not supported")
+        if design.popularity is not None and not design.replacement:
+            raise ValueError("n_samples: keyed popularity draws are with replacement (the Hansen-Hurwitz statistics "
+                             "need independent draws); drop replacement=False")
+        # popularity: the weights on the host (moved to each batch's device), and a hash for the merge checks
+        self._pop_weights = None if design.popularity is None else design.popularity.detach().cpu()
+        self._pop_hash = None if self._pop_weights is None else \
+            hashlib.sha256(self._pop_weights.numpy().tobytes()).hexdigest()[:16]
         self.design: SamplingDesign = design
         self._adaptive = design.adaptive  # the stages of an adaptive design (None for a fixed m)
         self.n_samples = design.n_samples
@@ -564,6 +580,8 @@ class SampledRankingMetrics(_MergeChecked):
         width = self.n_samples + 1 if self._adaptive is None else adaptive_columns(self._adaptive)[1]
         self.add_state("hist", torch.zeros(0, width, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("n_items", torch.zeros((), dtype=torch.int64), dist_reduce_fx="max")
+        if self._pop_weights is not None:  # per relevant item: r~, n, S1, S2, beating draws, unreachable (concatenated)
+            self.add_state("pop", torch.zeros(0, len(_POP_COLUMNS), dtype=torch.float64), dist_reduce_fx="cat")
         self._rows_seen = 0  # default instance keys when no ids are given
         self._in_forward = False
         self._n_items_host: int | None = 0  # the catalogue size this process's batches had (None: read the state)
@@ -591,6 +609,16 @@ class SampledRankingMetrics(_MergeChecked):
         checks = DeviceChecks()  # every check of the batch, read back once
         _check_scores(scores, pos, self.check_finite, checks)
         ids = self._ids(ids, b, scores.device)
+        if self._pop_weights is not None:
+            if self._pop_weights.shape[0] != n_items:
+                raise ValueError(f"n_samples: the design's popularity weights count {self._pop_weights.shape[0]} "
+                                 f"items, the scores {n_items}")
+            ranks, n_cand, stats = keyed_popularity_ranks(scores, pos, exc, self.n_samples, ids, self.seed,
+                                                          self._pop_weights, self.ties, checks)
+            checks.read()
+            self._add_ranks(ranks, n_cand, pos, exc, n_items, keep)  # refuses the batch whole before any change
+            self._add_popularity(ranks, n_cand, stats, pos, keep)  # then the statistics (nothing half-written)
+            return
         ranks, n_cand = keyed_sampled_ranks(
             scores, pos, exc, self.n_samples, ids, self.seed, self.replacement, self.ties, checks
         )
@@ -608,9 +636,43 @@ class SampledRankingMetrics(_MergeChecked):
                        item_bias=None) -> None:
         """:meth:`update` for the scores ``user_factors @ item_factors.T (+ item_bias)`` without forming
         them: the keyed negatives (the same items as from scores) are scored by one dot product each."""
+        self._refuse_popularity("update_factors")
         u, v, bias = check_factors(user_factors, item_factors, item_bias)
         pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device)
         self.update_factors_padded(u, v, bias, pos, exc, ids, keep, check_finite=bool(self.check_finite))
+
+    def _refuse_popularity(self, where: str) -> None:
+        """Keyed popularity draws are made from the score matrix (:meth:`update`) only, for now."""
+        if self._pop_weights is not None:
+            raise ValueError(f"n_samples: {where} draws uniformly keyed negatives; a popularity design "
+                             f"({self.design.describe()}) is drawn from the score matrix: use update(scores, ...)")
+
+    def _add_popularity(self, ranks, n_cand, stats, pos, keep) -> None:
+        """Append the valid, kept slots' (r~, n, S1, S2, beating draws, unreachable) to the ``pop`` state (one
+        row per relevant item; the DDP sync concatenates the processes' rows)."""
+        valid = pos >= 0
+        k = _keep_mask(keep, pos.shape[0], pos.device)
+        if k is not None:
+            valid = valid & k.unsqueeze(1)
+        n = n_cand.view(-1, 1).expand(pos.shape)
+        cols = torch.stack([ranks.to(torch.float64), n.to(torch.float64), stats.inv_q, stats.inv_q2,
+                            stats.beating, stats.unreachable.to(torch.float64)], -1)[valid]
+        self.pop = torch.cat([self.pop, _to(cols, self.pop.device)])
+
+    def popularity_ranks(self):
+        """The state's relevant items as the :class:`~reco_sampled_plugin.ranking.SampledRanks` of the popularity
+        design, carrying each one's Hansen-Hurwitz statistics (synced across processes); what the registry's
+        popularity estimators read (``estimate(metric, sampled, method=...)``)."""
+        with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=True):
+            return self._popularity_ranks()
+
+    def _popularity_ranks(self):
+        from reco_sampled_plugin._popularity import PopularityStats
+        from reco_sampled_plugin.ranking import SampledRanks
+
+        t = self.pop.detach().to("cpu", torch.float64)
+        stats = PopularityStats(t[:, 4], t[:, 2], t[:, 3], t[:, 5].to(torch.int64))
+        return SampledRanks(t[:, 0], t[:, 1], None, self.design, popularity_stats=stats)
 
     def update_factors_padded(self, u, v, bias, pos, exc, ids=None, keep=None, pos_scores=None,
                               check_finite: bool = False) -> None:
@@ -659,6 +721,7 @@ class SampledRankingMetrics(_MergeChecked):
         check). A scorer that raises or returns the wrong type, shape, dtype or device is a ValueError naming it
         and the call's rows (``scorer_ranks.ScorerCalls``); the state (and the row counter) is then left as it was.
         What the calls cost accumulates in :meth:`scoring_cost`."""
+        self._refuse_popularity("update_from_scorer")
         t0 = time.perf_counter()
         check_scorer(scorer)
         max_pairs = check_int(max_pairs, "max_pairs", minimum=1)
@@ -783,7 +846,7 @@ class SampledRankingMetrics(_MergeChecked):
         opts = {k: dict(sorted(v.items())) for k, v in sorted(self.estimator_options.items())}
         return {"metrics": repr(self.metric_names), "n_samples": repr(self.design), "ties": repr(self.ties),
                 "estimators": repr(self.estimators), "estimator_options": repr(opts),
-                "max_n_groups": repr(self.max_n_groups)}
+                "max_n_groups": repr(self.max_n_groups), "popularity": repr(self._pop_hash)}
 
     def _catalogue(self) -> int:
         """The catalogue size of this state (0: nothing counted yet), from the host's record when it has one."""
@@ -816,10 +879,17 @@ class SampledRankingMetrics(_MergeChecked):
         rows = torch.tensor([self.hist.shape[0]], dtype=torch.int64, device=self.hist.device)
         dist.all_reduce(rows, op=dist.ReduceOp.MAX, group=group)
         self.hist = _pad_rows(self.hist, int(rows.item()))
+        if self._pop_weights is not None:  # torchmetrics stacks the gathered states: pad every process's rows alike
+            count = torch.tensor([self.pop.shape[0]], dtype=torch.int64, device=self.pop.device)
+            dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
+            self.pop = _pad_rows(self.pop, int(count.item()))  # padded rows: r~ = 0, dropped after the gather
         if dist_sync_fn is None:
             super()._sync_dist(process_group=process_group)
         else:
             super()._sync_dist(dist_sync_fn, process_group)
+        if self._pop_weights is not None:
+            pop = self.pop.reshape(-1, len(_POP_COLUMNS))
+            self.pop = pop[pop[:, 0] > 0]  # the processes' rows in rank order
 
     def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
         """``forward`` and ``merge_state`` add another state: both histograms padded to the same rows first."""
@@ -856,7 +926,8 @@ class SampledRankingMetrics(_MergeChecked):
 
     def _estimates(self, progress: bool | None | Callable[[Iterable], Iterable] = False) -> dict[str, Estimate]:
         hist, pooled = self._histogram()
-        jobs = [(m, e) for m in self.metric_names for e in self.estimators]
+        # the registry says which estimator takes which metric (hh: AUC only): the other pairs are not reported
+        jobs = [(m, e) for m in self.metric_names for e in self.estimators if e in registry.names(metric=m)]
         out: dict[str, Estimate] = {}
         if callable(progress):
             jobs = progress(jobs)
@@ -864,6 +935,7 @@ class SampledRankingMetrics(_MergeChecked):
             from .._progress import progress_bar
 
             jobs = progress_bar(jobs, desc="ranking metrics", enabled=progress, unit="estimate")
+        popn = None
         for metric, method in jobs:
             key = f"{metric}/{estimator_label(method)}"
             if hist.n_groups == 0 or hist.total <= 0:  # nothing counted (no update, or every row dropped by keep)
@@ -873,7 +945,12 @@ class SampledRankingMetrics(_MergeChecked):
             try:
                 if self._adaptive is not None:
                     opts["adaptive"] = (self._adaptive.n_samples, self._adaptive.adaptive_max)
-                out[key] = estimate(metric, hist, method=method, sampling=self.sampling, **opts)
+                if self._pop_weights is not None and registry.get(method).family != "none":
+                    popn = self._popularity_ranks() if popn is None else popn  # the draws' own statistics
+                    out[key] = estimate(metric, popn, method=method, **opts)
+                else:
+                    out[key] = estimate(metric, hist, method=method, sampling=self.sampling if
+                                        self._pop_weights is None else "binomial", **opts)
                 if registry.get(method).family != "none":  # the plain sampled metric's interval is not widened
                     explain_once(logger, f"SampledRankingMetrics {metric}", out[key], metric=metric,
                                  n_items=int(self.n_items), n_samples=self.n_samples, users=int(round(hist.total)))
