@@ -119,7 +119,8 @@ def check_estimator_options(method: str, options, where: str | None = None) -> d
     return opts
 
 
-# the dispatcher returns the package-wide Estimate (value, stderr, n_instances, details, flags)
+#: the former name of :class:`~reco_sampled_plugin.estimate.Estimate` (kept so that old imports work): ``estimate``
+#: returns an ``Estimate``, the one result type of the package
 EstimatorResult = Estimate
 
 
@@ -248,7 +249,7 @@ def estimate(
     top_shape: TopShape | None = None,
     adaptive=None,
     **options,
-) -> EstimatorResult:
+) -> Estimate:
     """Estimate a global (full-catalogue) metric from sampled ranks, with a standard error.
 
     Args:
@@ -298,7 +299,7 @@ def estimate(
             ``details["stderr_method"]``).
 
     Returns:
-        :class:`EstimatorResult` (value, stderr, n_instances, details, flags). Where the metric depends on the
+        :class:`~reco_sampled_plugin.estimate.Estimate` (value, stderr, n_instances, details, flags). Where the metric depends on the
         shape of the rank distribution inside the first sampled bin (a cut-off below the resolution
         b = (n - 1)/(m + 1) + 1, or AP/RR/NDCG once b >= 2; flag ``top_unresolved``), ``interval(level)``
         also spans every value the data allow under ``top_shape`` (``identification.py``); the ``none``

@@ -111,7 +111,7 @@ def test_recbole_alpha_and_refusals(workdir):
                                          r"rsp_correction method corrects ndcg under popularity sampling yet; "
                                          r"rsp_correction: none reports the plain sampled metric"):
         _rb_config("BPR", "pop100", metrics=["CorrectedNDCG"], valid_metric="CorrectedNDCG@10")
-    with pytest.raises(ValueError, match=r"^eval_args\.mode: .*'rankdistauc' \(rsp_rank_dist: mes\)"):
+    with pytest.raises(ValueError, match=r"^eval_args\.mode: .*'rankdistauc' \(rsp_rank_dist: auto\)"):
         _rb_config("BPR", "pop100", metrics=["RankDistAUC"])
     with pytest.raises(ValueError, match=r"^rsp_correction: 'hh' estimates auc only, not ndcg"):  # uniform too
         _rb_config("BPR", "uni100", metrics=["CorrectedNDCG"], valid_metric="CorrectedNDCG@10")

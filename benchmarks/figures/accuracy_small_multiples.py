@@ -17,7 +17,7 @@ import argparse
 import re
 from pathlib import Path
 
-from _recorded import ROOT, percent, table_after
+from _recorded import ROOT, finish_panels, percent, table_after
 
 ML100K_MEAN = "**Averaged over K = 1..50 and the recommenders"
 AT_SCALE = {("ml-100k", "HR@10"): "**ml-100k, HIT@10: worst relative error",
@@ -80,19 +80,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
         ax.set_title(name, fontsize=9)
         ax.axhline(5, color="0.6", lw=0.8, ls=":")
         ax.grid(True, which="both", alpha=0.2)
-    for ax in axes:
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xticks(ms, [str(m) for m in ms])
-        ax.tick_params(axis="x", which="minor", labelbottom=False)
-    axes[0].legend(fontsize=7)
-    fig.supxlabel("m (sampled items per positive)")
-    fig.supylabel("mean relative error, % (over K = 1..50)")
-    fig.suptitle("ml-100k, four recommenders, 100 repeats: error of each estimator against m (dotted: 5%)")
-    fig.tight_layout()
-    paths.append(args.out / "accuracy_ml100k_by_m.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(finish_panels(
+        plt, fig, axes, ms, args.out, "accuracy_ml100k_by_m.png", xlabel="m (sampled items per positive)",
+        ylabel="mean relative error, % (over K = 1..50)", legend_size=7,
+        title="ml-100k, four recommenders, 100 repeats: error of each estimator against m (dotted: 5%)"))
 
     ms, errors = at_scale_errors()
     oracle = errors.pop("oracle")
@@ -106,19 +97,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
             ax.plot(ms, [100 * e for e in oracle[(data, metric)]], style, ms=2, color="0.7", lw=0.8)
         ax.set_title(name, fontsize=9)
         ax.grid(True, which="both", alpha=0.2)
-    for ax in axes:
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xticks(ms, [str(m) for m in ms])
-        ax.tick_params(axis="x", which="minor", labelbottom=False)
-    axes[0].legend(fontsize=6)
-    fig.supxlabel("m (sampled items per positive)")
-    fig.supylabel("worst relative error over recommenders, %")
-    fig.suptitle("HR@10 and NDCG@10, five recommenders, 50 repeats (grey: the posterior-mean oracle)")
-    fig.tight_layout()
-    paths.append(args.out / "accuracy_at_scale_by_m.png")
-    fig.savefig(paths[-1], dpi=90)
-    plt.close(fig)
+    paths.append(finish_panels(
+        plt, fig, axes, ms, args.out, "accuracy_at_scale_by_m.png", xlabel="m (sampled items per positive)",
+        ylabel="worst relative error over recommenders, %", legend_size=6,
+        title="HR@10 and NDCG@10, five recommenders, 50 repeats (grey: the posterior-mean oracle)"))
     return paths
 
 

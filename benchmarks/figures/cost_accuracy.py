@@ -10,10 +10,9 @@ per positive (the cost in scored pairs, beside the positive itself). Nothing is 
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from _recorded import ROOT, percent, table_after
+from _recorded import figure_args, percent, save_figure, table_after
 
 TABLES = {"ml-100k": "**ml-100k** (943 users", "ml-latest-small": "**ml-latest-small** (610 users"}
 
@@ -33,13 +32,7 @@ def designs() -> dict[str, list[dict]]:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
-    args = parser.parse_args(argv)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    args, plt = figure_args(argv, __doc__)
 
     data = designs()
     metrics = ["hit@10", "ndcg@10"]
@@ -70,12 +63,7 @@ def main(argv: list[str] | None = None) -> Path:
                 ax.set_xlabel("mean m per positive (cost)")
     axes[0][0].legend(fontsize=7)
     fig.suptitle("Cost against accuracy of the designs (mes, five recommenders, 20 repeats)")
-    fig.tight_layout()
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "cost_accuracy.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, args.out, "cost_accuracy.png", dpi=90)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,9 @@ m in {50, 100, 500}, 50 repeats, ``benchmarks/accuracy_at_scale.py``):
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
-from _recorded import ROOT, table_after
+from _recorded import figure_args, save_figure, table_after
 
 WORST = {"ml-100k": "**ml-100k: worst coverage over recommenders", "ml-latest-small":
          "**ml-latest-small: worst coverage over recommenders"}
@@ -46,13 +45,7 @@ def honest_rows() -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "img")
-    args = parser.parse_args(argv)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    args, plt = figure_args(argv, __doc__)
     import numpy as np
 
     ms, cov = worst_coverage()
@@ -89,12 +82,7 @@ def main(argv: list[str] | None = None) -> Path:
     a2.set(ylabel="median ratio", title="The price: width of the honest interval")
     a2.legend(fontsize=7)
     fig.suptitle("Intervals on ml-100k and ml-latest-small (five recommenders, 50 repeats per cell)")
-    fig.tight_layout()
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "interval_coverage.png"
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, args.out, "interval_coverage.png", dpi=90)
 
 
 if __name__ == "__main__":

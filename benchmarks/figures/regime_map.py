@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from _recorded import save_figure
+
 ROOT = Path(__file__).resolve().parents[2]
 CATALOGUES = {"ml-100k (1,682 items)": 1_682, "ml-latest-small (9,742)": 9_742, "10^5 items": 100_000,
               "10^6 items": 1_000_000}
@@ -74,12 +76,7 @@ def main(argv: list[str] | None = None) -> Path:
                    va="bottom")
     right.set(xlim=(1, b[-1]), ylim=(1, k_top), xlabel="resolution b", ylabel="cut-off K",
               title="Which regime, which estimator (AUC: always resolved)")
-    fig.tight_layout()
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / "regime_map.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(plt, fig, args.out, "regime_map.png", dpi=100)
 
 
 if __name__ == "__main__":
