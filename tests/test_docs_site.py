@@ -27,9 +27,6 @@ import reco_sampled_plugin as rsp
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-# pages named in the nav that another branch adds; until it is merged the build leaves them out (any other
-# missing page fails). Remove an entry once its page is on main.
-PENDING: dict[str, str] = {}  # nav pages that may not exist yet (none now)
 # the only plugins allowed: neither fetches anything at build time (material's social, privacy, blog, optimize
 # plugins download fonts, images or assets; mkdocstrings' inventories would download objects.inv files)
 ALLOWED_PLUGINS = {"search", "mkdocstrings"}
@@ -60,17 +57,6 @@ def _nav_pages(nav) -> list[str]:
     return out
 
 
-def _drop_pages(nav, drop: set[str]):
-    out = []
-    for item in nav:
-        title, value = next(iter(item.items())) if isinstance(item, dict) else (None, item)
-        if isinstance(value, list):
-            out.append({title: _drop_pages(value, drop)})
-        elif value not in drop:
-            out.append(item)
-    return out
-
-
 def _offline_prefix() -> list[str]:
     """``unshare -rn`` (a new network namespace without interfaces: nothing can be fetched) where the system allows
     it, else nothing (the build then runs with the network, and test_nothing_is_fetched checks the config and pages)."""
@@ -92,17 +78,8 @@ def site(tmp_path_factory) -> dict:
     system allows it: {"dir", "seconds", "output"}."""
     config = _config()
     missing = [p for p in _nav_pages(config["nav"]) if not (DOCS / p).is_file()]
-    assert set(missing) <= set(PENDING), f"mkdocs.yml's nav names pages that do not exist: {missing}"
+    assert not missing, f"mkdocs.yml's nav names pages that do not exist: {missing}"
     config_file = ROOT / "mkdocs.yml"
-    if missing:  # a copy of the config without the pending pages, with its paths made absolute
-        config["nav"] = _drop_pages(config["nav"], set(missing))
-        config["docs_dir"] = str(DOCS)
-        config["hooks"] = [str(ROOT / h) for h in config.get("hooks", [])]
-        for plugin in config["plugins"]:
-            if isinstance(plugin, dict) and "mkdocstrings" in plugin:
-                plugin["mkdocstrings"]["handlers"]["python"]["paths"] = [str(ROOT)]
-        config_file = tmp_path_factory.mktemp("mkdocs") / "mkdocs.yml"
-        config_file.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
     out_dir = tmp_path_factory.mktemp("site")
     start = time.perf_counter()
     done = subprocess.run([*_OFFLINE, sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(config_file),
@@ -128,8 +105,6 @@ def test_site_builds_in_strict_mode(site):
     the nav and the landing page."""
     assert "WARNING" not in site["output"], site["output"]
     for page in _nav_pages(_config()["nav"]):
-        if page in PENDING and not (DOCS / page).is_file():
-            continue
         built = site["dir"] / (page[:-3] + "/index.html" if page != "index.md" else "index.html")
         assert built.is_file(), f"{page} was not built ({built})"
     print(f"mkdocs build --strict: {site['seconds']:.1f} s")

@@ -49,7 +49,6 @@ def test_zero_weight_for_a_drawable_candidate_is_refused():
 
 # --------------------------------------------------------------------------------------------------- RecBole popN
 def _recbole():
-    pytest.importorskip("recbole")
     from reco_sampled_plugin.adapters import recbole as rb  # noqa: F401  (registers the plugin)
 
     return rb
@@ -479,7 +478,6 @@ def test_lightning_popularity_ddp_two_processes_equal_one(tmp_path):
     """RankingMetricsCallback with a popularity design: 2 gloo processes (ddp_spawn; the DistributedSampler pads user
     0 onto process 1 and the callback drops it) give what 1 process gives, and 1 process what the torchmetrics class
     gives in a plain loop; hh reports AUC only (the registry's metrics), hit@5 only its sampled value."""
-    pytest.importorskip("lightning")
     from torch.utils.data import DataLoader
 
     import _lightning_helpers as H
