@@ -267,7 +267,7 @@ def sampled_run(scorer, world: World, design, *, seed: int, methods=(registry.DE
 
 
 def planner_pick(scorer, world: World, *, pilot_users: int, seed: int, max_pairs: int = DEFAULT_MAX_PAIRS,
-                 plan_repeats: int = 20, extra_caps=(), pilot_cap: int = 0,
+                 plan_repeats: int = 20, extra_caps=(), pilot_cap: int | None = None,
                  method: str = registry.DEFAULT_ESTIMATOR):
     """Pilot on ``pilot_users`` random users (fixed m = 100, or adaptive 100 -> ``pilot_cap``: a pilot that
     resolves the top, so the planner's prior is not guessed inside the first sampled bin), then ``planner.plan``
@@ -280,6 +280,8 @@ def planner_pick(scorer, world: World, *, pilot_users: int, seed: int, max_pairs
     pick = torch.randperm(world.n_users, generator=torch.Generator().manual_seed(seed + 99))[:pilot_users]
     pick = pick.to(world.positives.device)
     t0 = time.perf_counter()
+    if pilot_cap is None:  # the planner's own advice: a pilot that resolves the target metric's top
+        pilot_cap = planner.pilot_design(int(world.n_candidates.max()), TARGET_METRIC, n_samples=100).adaptive_max or 0
     pilot_design = SamplingDesign(100, adaptive_max=pilot_cap) if pilot_cap else 100
     pilot = sampled_run(scorer, world, pilot_design, seed=seed + 10_000, methods=(), max_pairs=max_pairs, users=pick)
     s = pilot["sampled"]
@@ -435,8 +437,9 @@ def main(argv=None) -> dict:
     ap.add_argument("--pilot-users", type=int, default=1000)
     ap.add_argument("--method", default=registry.DEFAULT_ESTIMATOR,
                     help="the estimator the planner forecasts and the pick is judged by (e.g. gmod with an adaptive pilot)")
-    ap.add_argument("--pilot-cap", type=int, default=0,
-                    help="adaptive pilot 100 -> this cap (0: the fixed m = 100 pilot); e.g. 3200 resolves the top")
+    ap.add_argument("--pilot-cap", type=int, default=None,
+                    help="adaptive pilot 100 -> this cap (0: the fixed m = 100 pilot; default: planner.pilot_design's "
+                         "cap, the first that resolves the target metric's top: 12800 for NDCG@10 at 50,000 items)")
     ap.add_argument("--plan-caps", default="25600,51200",
                     help="adaptive caps (from m = 100) added to the planner's default grid (comma-separated; '' none)")
     ap.add_argument("--max-pairs", type=int, default=DEFAULT_MAX_PAIRS, help="pairs per scorer call, every design")
@@ -486,8 +489,8 @@ def main(argv=None) -> dict:
                                                            extra_caps=[int(c) for c in args.plan_caps.split(",") if c],
                                                            pilot_cap=args.pilot_cap, method=args.method)
     print(the_plan.format(), flush=True)
-    pilot_label = f"adaptive 100 -> {args.pilot_cap}" if args.pilot_cap else "m = 100"
-    print(f"pilot ({args.pilot_users} users, {pilot_label}, {pilot_cost.pairs:,} pairs) and plan: {plan_seconds:.1f} s; "
+    print(f"pilot ({args.pilot_users} users; {the_plan.shape_source}; {pilot_cost.pairs:,} pairs) and plan: "
+          f"{plan_seconds:.1f} s (the plan alone {the_plan.seconds:.1f} s); "
           f"pick: {label(pick)}", flush=True)
     designs = [("m = 100", 100, 0.0), ("adaptive 100 -> 3200", SamplingDesign(100, adaptive_max=3200), 0.0)]
     if pick is not None:

@@ -224,6 +224,7 @@ def entries(tmp: str) -> list[Entry]:
         Entry("split_train_test", rsp.split_train_test, (X,)),
         Entry("plan", planner.plan, (200, 50, "ndcg@10", 0.2), {"designs": [(10, None)], "repeats": 2},
               extra={"target_rel_error": "float", "n_users": "int"}),
+        Entry("pilot_design", planner.pilot_design, (5000, "ndcg@10"), {"n_samples": 50}),
         Entry("load_interactions", datasets.load_interactions, (path,)),
         Entry("binarize", datasets.binarize, (datasets.load_interactions(path),), {"threshold": 3.0}),
         Entry("read_rank_file", rank_files.read_rank_file, (rank_path, 100, 10)),

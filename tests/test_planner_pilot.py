@@ -1,0 +1,97 @@
+"""The planner's pilot advice: the resolution a pilot needs for a metric, the pilot design that reaches it, and the
+plan's note when a pilot is coarser (issue 27: forecasts of small metrics from a pilot that does not resolve the top)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
+from reco_sampled_plugin.design import SamplingDesign
+from reco_sampled_plugin.planner import pilot_design, pilot_resolution, plan
+
+
+def _b(n: int, top: int) -> float:
+    return (n - 1) / (top + 1) + 1
+
+
+@pytest.mark.parametrize("metric, expected", [("ndcg@10", 5.0), ("hit@20", 10.0), ("recall@3", 2.0), ("hit@1", 2.0),
+                                              ("mrr", 2.0), ("ndcg", 2.0), ("ap", 2.0), ("auc", None)])
+def test_pilot_resolution(metric, expected):
+    assert pilot_resolution(metric) == expected
+
+
+def test_pilot_design_scorer_world():
+    # the scorer benchmark's catalogue: 50,000 items, NDCG@10 -> adaptive 100 -> 12,800 (b = 4.9; 6,400 gives 8.8)
+    assert pilot_design(50_000, "ndcg@10") == SamplingDesign(100, adaptive_max=12_800)
+    assert pilot_design(50_000, "auc") == SamplingDesign(100)
+    assert pilot_design(400, "hit@50") == SamplingDesign(49)  # m0 = (n - 1) // 8 already resolves b = 25
+    with pytest.raises(ValueError, match="n_samples"):
+        pilot_design(100, "ndcg@10", n_samples=99)
+    with pytest.raises(ValueError, match="metric"):
+        pilot_design(1000, "nope@3")
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(3, 10**7), k=st.integers(1, 200), m=st.integers(1, 500))
+def test_pilot_design_is_the_smallest_doubling_that_resolves(n, k, m):
+    """Brute force: the cap is m 2^s for the first s whose resolution reaches max(2, K / 2) (fixed m if s = 0)."""
+    if m >= n - 1:
+        with pytest.raises(ValueError, match="n_samples"):
+            pilot_design(n, f"hit@{k}", n_samples=m)
+        return
+    need = max(2.0, k / 2.0)
+    d = pilot_design(n, f"hit@{k}", n_samples=m)
+    assert d.n_samples == m
+    s = 0
+    while _b(n, m * 2**s) > need:
+        s += 1
+    if s == 0:
+        assert d.adaptive_max is None
+    else:
+        assert d.adaptive_max == m * 2**s and _b(n, d.adaptive_max // 2) > need >= _b(n, d.adaptive_max)
+
+
+def _pilot(cap: int, seed: int = 0):
+    """An adaptive pilot of 1,000 users at n = 20,000 from a Zipf-like top (HR@10 about 0.2)."""
+    rng = np.random.default_rng(seed)
+    n = 20_000
+    exact = np.minimum(np.floor(np.exp(rng.uniform(0, math.log(n), 1000))).astype(np.int64), n)
+    n_u = np.full(1000, n)
+    ranks, sizes = adaptive_sampled_ranks_from_exact(torch.from_numpy(exact), torch.from_numpy(n_u), 100, cap,
+                                                     torch.Generator().manual_seed(seed))
+    return ranks, n_u, sizes
+
+
+def test_plan_notes_a_coarse_pilot():
+    ranks, n_u, sizes = _pilot(800)  # b = 19,999 / 801 + 1 = 26.0 > 5
+    p = plan(20_000, 2000, "ndcg@10", 0.1, pilot=ranks, pilot_n_items=n_u, pilot_n_samples=sizes,
+             pilot_adaptive=(100, 800), designs=[(100, 3200)], repeats=2, seed=0)
+    assert len(p.notes) == 1
+    assert "b = 26.0" in p.notes[0] and "adaptive 100->6400" in p.notes[0]
+    assert "pilot_design(20000, 'ndcg@10')" in p.notes[0]
+    assert p.format().splitlines()[-1] == f"Note: {p.notes[0]}"
+    fine = _pilot(6400)
+    p = plan(20_000, 2000, "ndcg@10", 0.1, pilot=fine[0], pilot_n_items=fine[1], pilot_n_samples=fine[2],
+             pilot_adaptive=(100, 6400), designs=[(100, 3200)], repeats=2, seed=0)
+    assert p.notes == () and "Note:" not in p.format()
+    # AUC needs no resolved top; the default family (no pilot) has no pilot to judge
+    coarse = plan(20_000, 2000, "auc", 0.1, pilot=ranks, pilot_n_items=n_u, pilot_n_samples=sizes,
+                  pilot_adaptive=(100, 800), designs=[(100, None)], repeats=2, seed=0)
+    assert coarse.notes == ()
+    assert plan(20_000, 2000, "ndcg@10", 0.1, designs=[(100, None)], repeats=2, seed=0).notes == ()
+
+
+def test_plan_notes_a_fixed_pilot():
+    rng = np.random.default_rng(3)
+    exact = torch.from_numpy(rng.integers(1, 5001, 600))
+    from reco_sampled_plugin.rank_distribution import simulate_sampled_ranks
+    pilot = simulate_sampled_ranks(exact, 5000, 100, "binomial", torch.Generator().manual_seed(1))
+    p = plan(5000, 1000, "hit@10", 0.2, pilot=pilot, pilot_n_items=5000, pilot_n_samples=100,
+             designs=[(200, None)], repeats=2, seed=0)
+    assert len(p.notes) == 1 and "b = 50.5" in p.notes[0] and "adaptive 100->1600" in p.notes[0]
