@@ -18,8 +18,10 @@ extra); recbole itself is never imported.
 
 from __future__ import annotations
 
+import csv
 import gzip
 import importlib.util
+import io
 import os
 from dataclasses import dataclass, field
 
@@ -138,8 +140,57 @@ def _detect_sep(line: str) -> str | None:
     return None  # any run of whitespace
 
 
+def _unquote(field_: str) -> str:
+    """A field in double quotes without them (``""`` inside stands for one ``"``, as CSV writers quote)."""
+    if len(field_) >= 2 and field_[0] == field_[-1] == '"':
+        return field_[1:-1].replace('""', '"')
+    return field_
+
+
 def _split(line: str, sep: str | None) -> list[str]:
-    return [f.strip() for f in line.split(sep)] if sep is not None else line.split()
+    """A line's fields, stripped of outer blanks; a field in double quotes is read without them: with a one-character
+    separator by the ``csv`` module (a quoted field may then hold the separator), else field by field."""
+    if '"' in line and sep is not None and len(sep) == 1:
+        return [f.strip() for f in next(csv.reader([line], delimiter=sep, skipinitialspace=True))]
+    fields = [f.strip() for f in line.split(sep)] if sep is not None else line.split()
+    return [_unquote(f) for f in fields] if '"' in line else fields
+
+
+# str.splitlines() ends lines at these too, and str.split() splits at every str.isspace() character: a text with
+# any of them is read line by line (np.loadtxt knows only "\n" and, between fields, " " and "\t")
+_PLAIN_BLANKS = frozenset(" \t\n")
+
+
+def _columns_by_loadtxt(text: str, start: int, sep: str | None, n_fields: int,
+                        used: list[int]) -> list[np.ndarray] | None:
+    """The stripped string columns ``used`` of the data lines (from line ``start`` on), read by ``np.loadtxt``
+    where that reads the text as the line reader does (:func:`_split`); None otherwise (quotes, characters that end
+    a line or separate fields for ``str`` but not for numpy, a changing number of fields, a blank line between
+    fields, an empty id, no data line): the line reader then reads it and names the first bad line."""
+    chars = set(text)
+    if '"' in chars or any(ch.isspace() for ch in chars - _PLAIN_BLANKS):
+        return None
+    if sep == "::":  # numpy takes one-character separators; "\x1f" is not in the text (it is a blank)
+        text, sep = text.replace("::", "\x1f"), "\x1f"
+    offset = 0
+    for _ in range(start):
+        offset = text.find("\n", offset) + 1
+        if offset == 0:
+            return None
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a blank line ("not counted towards max_rows"), no data: checked below
+            table = np.loadtxt(io.StringIO(text[offset:]), dtype=str, delimiter=sep, comments=None, quotechar=None,
+                               ndmin=2)
+    except ValueError:
+        return None
+    if table.shape[0] == 0 or table.shape[1] != n_fields:
+        return None
+    columns = [np.char.strip(table[:, col]) for col in used]
+    # the line reader's arrays are as wide as their longest token: so are these
+    return [c.astype(f"<U{max(1, int(np.char.str_len(c).max()))}") for c in columns]
 
 
 def _column_name(field_: str) -> str:
@@ -235,14 +286,15 @@ def load_interactions(
     columns = _check_columns(columns)
     opener = gzip.open if path.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8", newline=None) as fh:
-            lines = fh.read().splitlines()
+        with opener(path, "rt", encoding="utf-8-sig", newline=None) as fh:  # -sig: a byte-order mark is dropped
+            text = fh.read()
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except (IsADirectoryError, PermissionError) as exc:
         raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except FileNotFoundError:
         raise MissingFileError(f"{path}: no such file") from None
+    lines = text.splitlines()
     first = next((k for k, line in enumerate(lines) if line.strip()), None)
     if first is None:
         raise ValueError(f"{path}: no interactions (the file is empty)")
@@ -266,11 +318,34 @@ def load_interactions(
     if max(used) >= n_fields or min(used) < 0:
         raise ValueError(f"{path}:{first + 1}: column positions {columns or used} do not fit {n_fields} field(s)")
 
+    start = first + 1 if header else first
+    fast = _columns_by_loadtxt(text, start, sep, n_fields, used)
+    if fast is not None:
+        cols = dict(zip(used, fast))
+        numbers = {}
+        for col, what in ((rcol, "rating"), (tcol, "timestamp")):
+            if col is not None:
+                try:
+                    numbers[col] = cols[col].astype(np.float64)  # each by Python's float(), as the line reader
+                except ValueError:
+                    fast = None
+                    break
+                if not np.isfinite(numbers[col]).all():
+                    fast = None
+                    break
+        if fast is not None and not ((cols[ucol] != "").all() and (cols[icol] != "").all()):
+            fast = None
+    if fast is not None:
+        user, user_ids = _factorize(cols[ucol])
+        item, item_ids = _factorize(cols[icol])
+        return Interactions(user=user, item=item, rating=numbers.get(rcol) if rcol is not None else None,
+                            timestamp=numbers.get(tcol) if tcol is not None else None, user_ids=user_ids,
+                            item_ids=item_ids)
+
     users: list[str] = []
     items: list[str] = []
     ratings: list[float] = []
     times: list[float] = []
-    start = first + 1 if header else first
     for k in range(start, len(lines)):
         line = lines[k]
         if not line.strip():

@@ -27,8 +27,10 @@ a ValueError naming it.
 
 from __future__ import annotations
 
+import io
 import math
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,40 +122,54 @@ def _check_hh(b: int, s1: float, s2: float, path: Path, number: int) -> None:
 
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")  # the line ends of text mode (universal newlines)
+_CR = re.compile(r"\r\n?")
 
 
-def _lines(path: Path):
-    """(1-based line number, text without its ``#`` comment) of every non-blank line. Decoded line by line, so
-    a byte that is not UTF-8 is reported on its own line (a text-mode read decodes whole blocks at once)."""
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes; a missing file, a directory or an unreadable file is a ValueError naming it."""
     if not path.exists():
         raise ValueError(f"{path}: no such file")
     if path.is_dir():
         raise ValueError(f"{path}: is a directory, not a file")
     try:
-        fh = open(path, "rb")
+        with open(path, "rb") as fh:
+            return fh.read()
     except PermissionError:
         raise ValueError(f"{path}: permission denied (cannot read the file)") from None
     except OSError as exc:
         raise ValueError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    with fh:
-        number = 0
-        for raw in fh:
-            try:
-                chunk = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                before = len(_NEWLINE.findall(raw[: exc.start].decode("utf-8")))
-                raise ValueError(f"{path}:{number + 1 + before}: not UTF-8 text ({exc.reason}); "
-                                 "is this a text file of ranks?") from None
-            if number == 0:
-                chunk = chunk.removeprefix("\ufeff")  # a byte-order mark is not part of the first field
-            pieces = _NEWLINE.split(chunk)
-            if pieces[-1] == "":
-                pieces.pop()  # the end of the last line
-            for line in pieces:
-                number += 1
-                text = line.split("#", 1)[0].strip()
-                if text:
-                    yield number, text
+
+
+def _lines(path: Path, data: bytes | None = None):
+    """(1-based line number, text without its ``#`` comment) of every non-blank line of ``path`` (or of its bytes
+    ``data``, already read). Decoded line by line, so a byte that is not UTF-8 is reported on its own line (a
+    text-mode read decodes whole blocks at once)."""
+    if data is None:
+        data = _read_bytes(path)
+    number = 0
+    for raw in io.BytesIO(data):
+        try:
+            chunk = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            before = len(_NEWLINE.findall(raw[: exc.start].decode("utf-8")))
+            raise ValueError(f"{path}:{number + 1 + before}: not UTF-8 text ({exc.reason}); "
+                             "is this a text file of ranks?") from None
+        if number == 0:
+            chunk = chunk.removeprefix("\ufeff")  # a byte-order mark is not part of the first field
+        pieces = _NEWLINE.split(chunk)
+        if pieces[-1] == "":
+            pieces.pop()  # the end of the last line
+        for line in pieces:
+            number += 1
+            text = line.split("#", 1)[0].strip()
+            if text:
+                yield number, text
+
+
+def _fields(text: str) -> list[str]:
+    """A rank-file line's fields: split at one comma, semicolon or tab or at runs of spaces; double quotes dropped
+    (``"3","100"`` reads as ``3,100``: what a CSV writer's quoting leaves, and what ``np.loadtxt`` reads)."""
+    return _FIELDS.split(text.replace('"', "") if '"' in text else text)
 
 
 def _int(field: str, path: Path, number: int, what: str) -> int:
@@ -178,16 +194,111 @@ def _int(field: str, path: Path, number: int, what: str) -> int:
 
 def read_rank_file(path, n_items: int | None = None, n_samples: int | None = None) -> RankFile:
     """Read a rank file (see the module doc); validates 1 <= r~ <= m + 1, n >= 2 and m >= 1 (m may exceed
-    n - 1 for draws with replacement; the estimators check it for the hypergeometric law)."""
+    n - 1 for draws with replacement; the estimators check it for the hypergeometric law).
+
+    A file with one separator throughout (the common case, e.g. what :func:`write_rank_file` writes) is read by
+    ``np.loadtxt`` and checked as whole columns; any other (separators mixed between lines, whole numbers written
+    as floats such as ``1e3``) or any file that fails a check is read line by line, which gives the same values
+    where both read a file and names the file, the line and the field of the first error."""
     if n_items is not None:
         n_items = check_size(n_items, "n_items", 2, MAX_SIZE)
     if n_samples is not None:
         n_samples = check_size(n_samples, "n_samples", 1, MAX_SIZE)
     path = Path(path)
+    data = _read_bytes(path)
+    table = _rank_table(data, n_items, n_samples)
+    return table if table is not None else _rank_file_by_line(path, data, n_items, n_samples)
+
+
+def _data_line(text: str, start: int) -> tuple[str, int] | None:
+    """The first line from offset ``start`` of ``text`` (line ends ``\\n``) with data, its ``#`` comment and outer
+    blanks dropped, and the offset after it; None without one."""
+    while start < len(text):
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        line = text[start:end].split("#", 1)[0].strip()
+        if line:
+            return line, end + 1
+        start = end + 1
+    return None
+
+
+_POPULARITY_ROW = np.dtype([("r", np.int64), ("n", np.int64), ("m", np.int64), ("s1", np.float64), ("s2", np.float64)])
+
+
+def _rank_table(data: bytes, n_items: int | None, n_samples: int | None) -> RankFile | None:
+    """The file read by ``np.loadtxt`` where that reads it as the line reader would, and every check passes; None
+    otherwise (the line reader then reads it, and names the first error's line).
+
+    Read so: UTF-8 text (a byte-order mark dropped; ``\\r\\n`` and ``\\r`` line ends), an optional header line, then
+    lines of 1, 2, 3 or 5 numbers separated by one kind of separator: the one of comma, semicolon or tab that the
+    data contain (no other), or spaces where they contain none. Nothing the line reader refuses is accepted: the
+    integer columns take digits only (``3.0`` goes to the line reader), an empty field or a changing number of
+    fields fails, numpy's warnings (an empty file) are errors."""
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError:
+        return None
+    if "\r" in text:
+        text = _CR.sub("\n", text)
+    first = _data_line(text, 0)
+    if first is None:
+        return None
+    line, after = first
+    start = 0
+    if not any(ch.isdigit() for ch in _fields(line)[0]):  # the header: the data start after it
+        start, first = after, _data_line(text, after)
+        if first is None:
+            return None
+        line = first[0]
+    body = text[start:]
+    seps = [sep for sep in ",;\t" if sep in body]
+    if len(seps) > 1:
+        return None  # separators mixed (or in comments): the line reader's split
+    columns = len(_fields(line))
+    if columns not in (1, 2, 3, 5):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            rows = np.loadtxt(io.StringIO(body), dtype=_POPULARITY_ROW if columns == 5 else np.int64,
+                              delimiter=seps[0] if seps else None, comments="#", quotechar='"', ndmin=1 if columns == 5 else 2)
+    except (ValueError, TypeError, Warning):
+        return None
+    if columns == 5:
+        r, n, m, s1, s2 = (rows[name] for name in _POPULARITY_ROW.names)
+    else:
+        if rows.shape[1] != columns:
+            return None
+        r = rows[:, 0]
+        n = rows[:, 1] if columns > 1 else None
+        m = rows[:, 2] if columns > 2 else None
+        s1 = s2 = None
+    if (n is None and n_items is None) or (m is None and n_samples is None):
+        return None  # the line reader names the first line without them
+    n = np.full(len(r), n_items, dtype=np.int64) if n is None else np.ascontiguousarray(n)
+    m = np.full(len(r), n_samples, dtype=np.int64) if m is None else np.ascontiguousarray(m)
+    r = np.ascontiguousarray(r)
+    ok = (m >= 1) & (n >= 2) & (r >= 1) & (r - 1 <= m)
+    if s1 is not None:  # _check_hh, column-wise
+        tol = 1e-9
+        s1, s2 = np.ascontiguousarray(s1), np.ascontiguousarray(s2)
+        b = (r - 1).astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            ok &= np.isfinite(s1) & np.isfinite(s2) & (s1 >= 0) & (s2 >= 0)
+            ok &= np.where(b == 0, (s1 == 0) & (s2 == 0),
+                           (s1 >= b * (1 - tol)) & (s2 >= s1 * (1 - tol)) & (b * s2 >= s1 * s1 * (1 - tol)))
+    if not bool(ok.all()):
+        return None
+    return RankFile(r, n, m, s1, s2)
+
+
+def _rank_file_by_line(path: Path, data: bytes, n_items: int | None, n_samples: int | None) -> RankFile:
+    """The line reader of rank files: every format of the module doc, and the first error with its line."""
     ranks, ns, ms, s1s, s2s = [], [], [], [], []
     first = True
-    for number, text in _lines(path):
-        fields = _FIELDS.split(text)
+    for number, text in _lines(path, data):
+        fields = _fields(text)
         if first and not any(ch.isdigit() for ch in fields[0]):
             first = False
             continue  # a header (a first field without digits); a malformed number is reported below
