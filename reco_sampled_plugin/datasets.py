@@ -266,7 +266,12 @@ def load_interactions(
     timestamp by position and the last two are optional). ``sep="auto"`` picks tab, ``::``, comma or semicolon
     from the first line, else whitespace; ``sep=None`` means whitespace. ``columns`` overrides the positions
     (user, item, rating or None, timestamp or None), 0-based. Blank lines are skipped. A path ending in ``.gz``
-    is read through gzip.
+    is read through gzip. UTF-8, a byte-order mark dropped; any line ends. A field in double quotes is read
+    without them (CSV quoting: ``"Smith, J."`` is one field of a comma-separated file, ``""`` inside is one ``"``).
+
+    Files without quotes are parsed by ``np.loadtxt`` (its columns then checked as arrays); the line reader reads
+    the others and any file that fails a check, gives the same arrays where both read a file, and names the line of
+    the first error.
 
     Raises ValueError with ``path:line`` for a malformed line (wrong field count, empty id, non-numeric or
     non-finite rating or timestamp) and for a file without data lines.
