@@ -433,27 +433,50 @@ def write_rank_file(path, sampled) -> Path:
     return path
 
 
-def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pessimistic") -> RankFile:
-    """Sampled ranks of NCF-style test files: each held-out item against its listed negatives.
+def _items(fields: list[str], path: Path, number: int) -> np.ndarray:
+    """A line's negative items (int64), each read as :func:`_int` reads it: ASCII digits converted at once by numpy
+    (the same integers), anything else field by field (its error names the field)."""
+    if all(f.isascii() and f.isdigit() for f in fields) and all(len(f) < 19 for f in fields):
+        return np.array(fields, dtype=np.int64)  # below 10**18: inside int64
+    return np.array([_int(f, path, number, "negative item") for f in fields], dtype=np.int64)
 
-    ``n_items`` is the number of candidates per user (n, the held-out item included) that the
-    negatives were drawn from. Ties count against the held-out item (``pessimistic``) or for it
-    (``optimistic``).
-    """
-    test_rating, test_negative, scores = Path(test_rating), Path(test_negative), Path(scores)
-    if not isinstance(ties, str) or ties not in END_TIES:
-        raise ValueError(f"ties: use 'pessimistic' or 'optimistic', got {ties!r}")
-    held_out: dict[int, int] = {}
-    for number, text in _lines(test_rating):
-        fields = [f for f in _SPLIT.split(text) if f]
-        if len(fields) < 2:
-            raise ValueError(f"{test_rating}:{number}: expected 'user<TAB>item', got {text!r}")
-        user = _int(fields[0], test_rating, number, "user")
-        if user in held_out:
-            raise ValueError(f"{test_rating}:{number}: user {user} listed twice (one held-out item per user)")
-        held_out[user] = _int(fields[1], test_rating, number, "item")
+
+def _sorted_scores(u: np.ndarray, i: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    order = np.lexsort((i, u))
+    return u[order], i[order], s[order]
+
+
+def _score_table(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A score file (``user item score`` lines, blanks or tabs between fields) read by ``np.loadtxt``: the
+    (user, item, score) columns sorted by user and item; None where the line reader must read it (commas or
+    semicolons, which it also takes as separators; blanks numpy does not split at; a field numpy does not read;
+    a score not finite; a pair scored twice): it then names the line."""
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError:
+        return None
+    if "\r" in text:
+        text = _CR.sub("\n", text)
+    if "," in text or ";" in text or any(ch.isspace() for ch in set(text) - {" ", "\t", "\n"}):
+        return None
+    row = np.dtype([("u", np.int64), ("i", np.int64), ("s", np.float64)])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            rows = np.loadtxt(io.StringIO(text), dtype=row, delimiter=None, comments="#", quotechar=None, ndmin=1)
+    except (ValueError, TypeError, Warning):
+        return None
+    su, si, ss = _sorted_scores(rows["u"], rows["i"], rows["s"])
+    if not bool(np.isfinite(ss).all()) or bool(((su[1:] == su[:-1]) & (si[1:] == si[:-1])).any()):
+        return None
+    return su, si, ss
+
+
+def _scores_by_line(scores: Path, data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The line reader of score files (any of blanks, tabs, commas, semicolons between fields): the columns sorted
+    by user and item, or the first bad line's error."""
     score: dict[tuple[int, int], float] = {}
-    for number, text in _lines(scores):
+    for number, text in _lines(scores, data):
         fields = [f for f in _SPLIT.split(text) if f]
         if len(fields) != 3:
             raise ValueError(f"{scores}:{number}: expected 'user item score', got {text!r}")
@@ -467,6 +490,34 @@ def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pess
         if pair in score:
             raise ValueError(f"{scores}:{number}: (user, item) {pair} scored twice")
         score[pair] = s
+    pairs = np.array(list(score), dtype=np.int64).reshape(-1, 2)
+    return _sorted_scores(pairs[:, 0], pairs[:, 1], np.fromiter(score.values(), dtype=np.float64, count=len(score)))
+
+
+def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pessimistic") -> RankFile:
+    """Sampled ranks of NCF-style test files: each held-out item against its listed negatives.
+
+    ``n_items`` is the number of candidates per user (n, the held-out item included) that the
+    negatives were drawn from. Ties count against the held-out item (``pessimistic``) or for it
+    (``optimistic``). A score file with blanks or tabs between fields is read by ``np.loadtxt`` and looked up
+    sorted by (user, item); others (commas or semicolons) and any file that fails a check by the line reader,
+    which names the line of the first error.
+    """
+    test_rating, test_negative, scores = Path(test_rating), Path(test_negative), Path(scores)
+    if not isinstance(ties, str) or ties not in END_TIES:
+        raise ValueError(f"ties: use 'pessimistic' or 'optimistic', got {ties!r}")
+    held_out: dict[int, int] = {}
+    for number, text in _lines(test_rating):
+        fields = [f for f in _SPLIT.split(text) if f]
+        if len(fields) < 2:
+            raise ValueError(f"{test_rating}:{number}: expected 'user<TAB>item', got {text!r}")
+        user = _int(fields[0], test_rating, number, "user")
+        if user in held_out:
+            raise ValueError(f"{test_rating}:{number}: user {user} listed twice (one held-out item per user)")
+        held_out[user] = _int(fields[1], test_rating, number, "item")
+    score_data = _read_bytes(scores)
+    table = _score_table(score_data)
+    su, si, ss = table if table is not None else _scores_by_line(scores, score_data)
     ranks, ms = [], []
     pat = re.compile(r"^\(\s*(\d+)\s*,\s*(\d+)\s*\)\s*(.*)$")
     for number, text in _lines(test_negative):
@@ -476,16 +527,20 @@ def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pess
         u, i = int(match.group(1)), int(match.group(2))
         if held_out.get(u) != i:
             raise ValueError(f"{test_negative}:{number}: ({u},{i}) is not the held-out pair of {test_rating.name}")
-        negs = [_int(f, test_negative, number, "negative item") for f in _SPLIT.split(match.group(3).strip()) if f]
-        if not negs:
+        negs = _items([f for f in _SPLIT.split(match.group(3).strip()) if f], test_negative, number)
+        if not negs.size:
             raise ValueError(f"{test_negative}:{number}: no negatives listed")
-        if i in negs:
+        if bool((negs == i).any()):
             raise ValueError(f"{test_negative}:{number}: the held-out item {i} is listed among its own negatives")
-        try:
-            s_pos = score[(u, i)]
-            s_neg = np.array([score[(u, j)] for j in negs])
-        except KeyError as exc:
-            raise ValueError(f"{test_negative}:{number}: no score for (user, item) {exc.args[0]} in {scores.name}") from None
+        # the user's scored items: a slice of the pairs sorted by (user, item)
+        lo, hi = np.searchsorted(su, u, side="left"), np.searchsorted(su, u, side="right")
+        wanted = np.concatenate([np.array([i], dtype=np.int64), negs])
+        where = lo + np.searchsorted(si[lo:hi], wanted)
+        found = (where < hi) & (si[np.minimum(where, len(si) - 1)] == wanted) if len(si) else np.zeros(len(wanted), bool)
+        if not bool(found.all()):
+            missing = (u, int(wanted[int(np.argmin(found))]))
+            raise ValueError(f"{test_negative}:{number}: no score for (user, item) {missing} in {scores.name}")
+        s_pos, s_neg = ss[where[0]], ss[where[1:]]
         beats = (s_neg >= s_pos) if ties == "pessimistic" else (s_neg > s_pos)
         ranks.append(1 + int(beats.sum()))
         ms.append(len(negs))

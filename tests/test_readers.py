@@ -179,6 +179,96 @@ def test_numpy_reader_never_differs_from_the_line_reader(rows, header, bom, end,
         assert not isinstance(got, str) and _same(got, want), (got, want)
 
 
+# ---------------------------------------------------------------------------------------------------- NCF files
+def _ncf_files(tmp_path, sep=" ", seed=0, users=30, m=9, n=60):
+    """NCF test files and a score file with ties (scores rounded to 1 decimal); the exact sampled ranks by brute
+    force: 1 + the negatives scoring above (optimistic) or at least (pessimistic) the held-out item."""
+    gen = np.random.default_rng(seed)
+    rating, negative, score_lines, truth = [], [], [], {"pessimistic": [], "optimistic": []}
+    for u in range(users):
+        items = gen.choice(n, m + 1, replace=False)
+        scores = np.round(gen.normal(size=m + 1), 1)
+        rating.append(f"{u}\t{items[0]}\t5\t0")
+        negative.append(f"({u},{items[0]})\t" + "\t".join(map(str, items[1:])))
+        order = gen.permutation(m + 1)  # the score file in any order
+        score_lines += [f"{u}{sep}{items[k]}{sep}{float(scores[k])!r}" for k in order]
+        truth["pessimistic"].append(1 + int((scores[1:] >= scores[0]).sum()))
+        truth["optimistic"].append(1 + int((scores[1:] > scores[0]).sum()))
+    (tmp_path / "x.test.rating").write_text("\n".join(rating) + "\n")
+    (tmp_path / "x.test.negative").write_text("\n".join(negative) + "\n")
+    (tmp_path / "s.txt").write_text("# user item score\n" + "\n".join(score_lines) + "\n")
+    return truth
+
+
+def _read_ncf(tmp_path, n=60, ties="pessimistic"):
+    return rank_files.read_ncf(tmp_path / "x.test.rating", tmp_path / "x.test.negative", tmp_path / "s.txt", n, ties)
+
+
+@pytest.mark.parametrize("sep", [" ", "\t", "  ", ",", " ; "])
+def test_ncf_ranks_against_brute_force(tmp_path, sep):
+    """Blank- or tab-separated score files are read by numpy's reader, commas and semicolons by the line reader:
+    the same ranks, those of the brute-force count, for both tie policies."""
+    truth = _ncf_files(tmp_path, sep)
+    data = (tmp_path / "s.txt").read_bytes()
+    assert (rank_files._score_table(data) is None) == (sep.strip() != "")
+    for ties in ("pessimistic", "optimistic"):
+        got = _read_ncf(tmp_path, ties=ties)
+        assert got.ranks.tolist() == truth[ties] and got.n_samples.tolist() == [9] * 30 and got.n_items.tolist() == [60] * 30
+    by_line = rank_files._scores_by_line(tmp_path / "s.txt", data)
+    table = rank_files._score_table(data)
+    if table is not None:
+        assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(table, by_line))
+
+
+@pytest.mark.parametrize("sep", [" ", ","])
+@pytest.mark.parametrize("bad, line, message", [
+    ("1 2 x", 5, "score 'x' is not a number"),
+    ("1 2 nan", 5, "score is NaN or inf"),
+    ("0 {item0} 0.5", 5, "scored twice"),
+    ("1 2", 5, "expected 'user item score'"),
+])
+def test_bad_score_files_name_file_and_line(tmp_path, sep, bad, line, message):
+    _ncf_files(tmp_path, users=1, m=2)
+    lines = (tmp_path / "s.txt").read_text().splitlines()  # header comment, then three pairs of user 0
+    item0 = (tmp_path / "x.test.rating").read_text().split("\t")[1]
+    lines.append(bad.format(item0=item0))
+    (tmp_path / "s.txt").write_text("\n".join(ln.replace(" ", sep) if not ln.startswith("#") else ln for ln in lines))
+    with pytest.raises(ValueError, match=re.escape(f"{tmp_path / 's.txt'}:{line}: ") + ".*" + re.escape(message)):
+        _read_ncf(tmp_path)
+
+
+def test_missing_score_names_the_negative_line(tmp_path):
+    _ncf_files(tmp_path, users=3, m=4)
+    lines = (tmp_path / "s.txt").read_text().splitlines()
+    negative = (tmp_path / "x.test.negative").read_text().splitlines()[1]  # user 1
+    item = int(negative.split("\t")[3])
+    kept = [ln for ln in lines if ln != f"1 {item}" and not ln.startswith(f"1 {item} ")]
+    assert len(kept) == len(lines) - 1
+    (tmp_path / "s.txt").write_text("\n".join(kept) + "\n")
+    with pytest.raises(ValueError, match=re.escape(f"x.test.negative:2: no score for (user, item) (1, {item}) in s.txt")):
+        _read_ncf(tmp_path)
+
+
+_SCORE_CELLS = st.sampled_from(["0", "1", "2", "3", "0.5", "-1e3", "+2", "nan", "x", "", "1.0", "1_0", '"1"', "007"])
+
+
+@settings(max_examples=100, deadline=None)
+@given(rows=st.lists(st.tuples(st.lists(_SCORE_CELLS, min_size=1, max_size=4), st.sampled_from([" ", "\t", "  ", ","])),
+                     max_size=8), end=st.sampled_from(["\n", "\r\n"]))
+def test_score_reader_never_differs_from_the_line_reader(rows, end):
+    text = end.join(sep.join(cells) for cells, sep in rows) + end
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "s.txt"
+        path.write_bytes(text.encode())
+        try:
+            want = rank_files._scores_by_line(path, path.read_bytes())
+        except ValueError:
+            want = None
+    got = rank_files._score_table(text.encode())
+    if got is not None:  # numpy's reader takes a file only where the line reader reads the same
+        assert want is not None and all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(got, want))
+
+
 # ------------------------------------------------------------------------------------------------- interactions
 EVENTS = [("u1", "a", 4.5, 100), ("u2", "b", 1.0, 50), ("u1", "b", 2.0, 300), ("u3", "a", 5.0, 7)]
 
