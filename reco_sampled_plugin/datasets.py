@@ -23,6 +23,7 @@ import gzip
 import importlib.util
 import io
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -177,8 +178,6 @@ def _columns_by_loadtxt(text: str, start: int, sep: str | None, n_fields: int,
         offset = text.find("\n", offset) + 1
         if offset == 0:
             return None
-    import warnings
-
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a blank line ("not counted towards max_rows"), no data: checked below
@@ -191,6 +190,34 @@ def _columns_by_loadtxt(text: str, start: int, sep: str | None, n_fields: int,
     columns = [np.char.strip(table[:, col]) for col in used]
     # the line reader's arrays are as wide as their longest token: so are these
     return [c.astype(f"<U{max(1, int(np.char.str_len(c).max()))}") for c in columns]
+
+
+def _interactions_by_loadtxt(text: str, start: int, sep: str | None, n_fields: int,
+                             columns: tuple[int, int, int | None, int | None]) -> Interactions | None:
+    """The events read by ``np.loadtxt`` (:func:`_columns_by_loadtxt`), ratings and timestamps converted by
+    Python's ``float`` as the line reader converts them; None where a value would be an error there (not a
+    number, not finite, an empty id): the line reader then names its line."""
+    ucol, icol, rcol, tcol = columns
+    used = [c for c in columns if c is not None]
+    read = _columns_by_loadtxt(text, start, sep, n_fields, used)
+    if read is None:
+        return None
+    cols = dict(zip(used, read))
+    if not ((cols[ucol] != "").all() and (cols[icol] != "").all()):
+        return None
+    numbers: dict[int, np.ndarray] = {}
+    for col in (rcol, tcol):
+        if col is not None:
+            try:
+                numbers[col] = cols[col].astype(np.float64)  # numpy converts str by Python's float()
+            except ValueError:
+                return None
+            if not np.isfinite(numbers[col]).all():
+                return None
+    user, user_ids = _factorize(cols[ucol])
+    item, item_ids = _factorize(cols[icol])
+    return Interactions(user=user, item=item, rating=None if rcol is None else numbers[rcol],
+                        timestamp=None if tcol is None else numbers[tcol], user_ids=user_ids, item_ids=item_ids)
 
 
 def _column_name(field_: str) -> str:
@@ -324,28 +351,9 @@ def load_interactions(
         raise ValueError(f"{path}:{first + 1}: column positions {columns or used} do not fit {n_fields} field(s)")
 
     start = first + 1 if header else first
-    fast = _columns_by_loadtxt(text, start, sep, n_fields, used)
+    fast = _interactions_by_loadtxt(text, start, sep, n_fields, (ucol, icol, rcol, tcol))
     if fast is not None:
-        cols = dict(zip(used, fast))
-        numbers = {}
-        for col, what in ((rcol, "rating"), (tcol, "timestamp")):
-            if col is not None:
-                try:
-                    numbers[col] = cols[col].astype(np.float64)  # each by Python's float(), as the line reader
-                except ValueError:
-                    fast = None
-                    break
-                if not np.isfinite(numbers[col]).all():
-                    fast = None
-                    break
-        if fast is not None and not ((cols[ucol] != "").all() and (cols[icol] != "").all()):
-            fast = None
-    if fast is not None:
-        user, user_ids = _factorize(cols[ucol])
-        item, item_ids = _factorize(cols[icol])
-        return Interactions(user=user, item=item, rating=numbers.get(rcol) if rcol is not None else None,
-                            timestamp=numbers.get(tcol) if tcol is not None else None, user_ids=user_ids,
-                            item_ids=item_ids)
+        return fast
 
     users: list[str] = []
     items: list[str] = []

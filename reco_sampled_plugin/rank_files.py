@@ -176,7 +176,7 @@ def _lines(path: Path, data: bytes | None = None):
 def _fields(text: str) -> list[str]:
     """A rank-file line's fields: split at one comma, semicolon or tab or at runs of spaces; double quotes dropped
     (``"3","100"`` reads as ``3,100``: what a CSV writer's quoting leaves, and what ``np.loadtxt`` reads)."""
-    return _FIELDS.split(text.replace('"', "") if '"' in text else text)
+    return _FIELDS.split(text.replace('"', "").strip() if '"' in text else text)  # '" 1",2': no empty first field
 
 
 def _int(field: str, path: Path, number: int, what: str) -> int:

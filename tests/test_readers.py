@@ -111,6 +111,16 @@ def test_popularity_rank_file_statistics_exact_by_both_readers(tmp_path):
         assert rank_files._rank_table(path.read_bytes(), None, None) is not None and _same(data, _by_line(path))
 
 
+@pytest.mark.parametrize("line", ['" 1",100,10', '1,100,"10 "', '" 1" 100 10', '1\t" 100"\t10', '"1";"100" ; "10"'])
+def test_quoted_blanks_are_blanks_around_a_field(tmp_path, line):
+    """Blanks inside quotes at either end of a field are the blanks around it, for numpy's reader and the line
+    reader alike (a quoted first field starting with a blank is not taken for a header)."""
+    path = _write(tmp_path / "q.txt", [line, line.replace("1", "2", 1)])
+    data = read_rank_file(path)
+    assert data.ranks.tolist() == [1, 2] and data.n_items.tolist() == [100, 100] and data.n_samples.tolist() == [10, 10]
+    assert _same(data, _by_line(path))
+
+
 def test_large_rank_file_error_names_its_late_line(tmp_path):
     """A file numpy reads fast up to one bad value: the error still names the line (the line reader's message)."""
     lines = [f"{1 + k % 10},1000,10" for k in range(5000)]
@@ -151,7 +161,7 @@ def test_empty_and_header_only_rank_files(tmp_path):
 
 
 _CELLS = st.sampled_from(["1", "2", "3", "7", "10", "100", "+4", "007", "3.0", "1e2", "x", "", "nan", "-1", "0",
-                          '"5"', '"1"0', "2.5", "9223372036854775808", " 6 ", "1_0"])
+                          '"5"', '"1"0', "2.5", "9223372036854775808", " 6 ", "1_0", '" 6"', '"6 "', '""'])
 _SEPS = st.sampled_from([",", ";", "\t", " ", "  ", ", ", " ;"])
 
 
