@@ -46,12 +46,13 @@ def format_table(header: Sequence[object] | None, rows: Iterable[Sequence[object
         if len(row) != columns:
             raise ValueError(f"rows: row {k} has {len(row)} cells, the table {columns} columns")
     if formats is None:
-        def line(cells):
+        def line(cells: Sequence[object]) -> str:
             return "| " + " | ".join(_markdown_cell(c) for c in cells) + " |"
 
+        assert header is not None  # refused above
         return [line(header), line(["---"] * columns)] + [line(row) for row in rows]
 
-    def text(cells):
+    def text(cells: Sequence[object]) -> str:
         return "".join(format(str(c), spec) for c, spec in zip(cells, formats))
 
     return ([text(header)] if header is not None else []) + [text(row) for row in rows]

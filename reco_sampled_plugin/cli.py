@@ -294,11 +294,10 @@ def estimate_table(rows, *, stderr: bool = False, n_items: int | None = None, us
     (sampling noise only), the flags; under it each flag in words (``explain_flags``, with the ``reco-sampled plan``
     command for these data) and, where corrected methods show one identified interval, a note that equal intervals
     are not agreement."""
+    from ._tables import format_table
     from .estimate import SAME_INTERVAL_NOTE, explain_flags
 
-    from ._tables import format_table
-
-    table = []  # metric, method, estimate, interval[, stderr], flags (after two spaces)
+    table: list[list[str]] = []  # metric, method, estimate, interval[, stderr], flags (after two spaces)
     flagged: dict[str, str] = {}  # flag -> the first metric it appeared for
     intervals: dict[str, list[str]] = {}  # metric -> the printed intervals of its corrected, unresolved methods
     for metric, method, est in rows:

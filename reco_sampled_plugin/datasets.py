@@ -396,7 +396,7 @@ def load_interactions(
     )
 
 
-def _factorize(tokens: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def _factorize(tokens: list[str] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Contiguous int64 codes in order of first appearance, and the raw tokens per code."""
     raw = np.asarray(tokens, dtype=str)
     uniq, first, inverse = np.unique(raw, return_index=True, return_inverse=True)

@@ -38,6 +38,7 @@ import io
 import math
 import re
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -147,7 +148,7 @@ def _read_bytes(path: Path) -> bytes:
         raise ValueError(f"{path}: cannot be read ({exc.strerror or exc})") from None
 
 
-def _lines(path: Path, data: bytes | None = None):
+def _lines(path: Path, data: bytes | None = None) -> Iterator[tuple[int, str]]:
     """(1-based line number, text without its ``#`` comment) of every non-blank line of ``path`` (or of its bytes
     ``data``, already read). Decoded line by line, so a byte that is not UTF-8 is reported on its own line (a
     text-mode read decodes whole blocks at once)."""
