@@ -294,25 +294,27 @@ def estimate_table(rows, *, stderr: bool = False, n_items: int | None = None, us
     (sampling noise only), the flags; under it each flag in words (``explain_flags``, with the ``reco-sampled plan``
     command for these data) and, where corrected methods show one identified interval, a note that equal intervals
     are not agreement."""
+    from ._tables import format_table
     from .estimate import SAME_INTERVAL_NOTE, explain_flags
 
-    se_head = f"{'stderr (sampling only)':>24}" if stderr else ""
-    lines = [f"{'metric':12}{'method':14}{'estimate':>11}{'95% interval':>22}{se_head}  flags"]
+    table: list[list[str]] = []  # metric, method, estimate, interval[, stderr], flags (after two spaces)
     flagged: dict[str, str] = {}  # flag -> the first metric it appeared for
     intervals: dict[str, list[str]] = {}  # metric -> the printed intervals of its corrected, unresolved methods
     for metric, method, est in rows:
         lo, hi = est.interval(0.95)  # widened where the top is unresolved (docs/estimators.md)
         interval = f"[{lo:.5f}, {hi:.5f}]"
-        se = f"{est.stderr:24.5f}" if stderr else ""
         # the plain sampled metric is named as such: its interval is the sampled metric's, not the full catalogue's
         flags = est.flags + (("uncorrected",) if registry.get(method).family == "none" else ())
         # ``auto`` shows what it ran (auto:gmod / auto:mes)
         label = f"{method}:{est.details['auto']['method']}" if "auto" in est.details else method
-        lines.append(f"{metric:12}{label:14}{est.value:11.5f}{interval:>22}{se}  {','.join(flags)}")
+        table.append([metric, label, f"{est.value:.5f}", interval] + ([f"{est.stderr:.5f}"] if stderr else [])
+                     + [f"  {','.join(flags)}"])
         for f in flags:
             flagged.setdefault(f, metric)
         if "top_unresolved" in est.flags and registry.get(method).family != "none":
             intervals.setdefault(metric, []).append(interval)
+    lines = format_table(["metric", "method", "estimate", "95% interval"] + (["stderr (sampling only)"] if stderr else [])
+                         + ["  flags"], table, formats=["<12", "<14", ">11", ">22"] + ([">24"] if stderr else []) + [""])
     notes = [ln for f, metric in flagged.items()
              for ln in explain_flags([f], metric=metric, n_items=n_items, n_samples=n_samples, users=users,
                                      pilot=pilot)]
@@ -468,8 +470,11 @@ def _cmd_recbole(argv: list[str]) -> int:
     for split in ("best_valid_result", "test_result"):
         values = result.get(split) or {}
         print(f"{split}:")
-        for key, value in values.items():
-            print(f"  {key:36s} {float(value):.4f}")
+        if values:
+            from ._tables import format_table
+
+            print("\n".join(format_table(None, ([f"  {key}", f" {float(value):.4f}"] for key, value in values.items()),
+                                          formats=["<38", ""])))
     return 0
 
 

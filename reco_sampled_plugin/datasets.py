@@ -18,9 +18,12 @@ extra); recbole itself is never imported.
 
 from __future__ import annotations
 
+import csv
 import gzip
 import importlib.util
+import io
 import os
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -138,8 +141,83 @@ def _detect_sep(line: str) -> str | None:
     return None  # any run of whitespace
 
 
+def _unquote(field_: str) -> str:
+    """A field in double quotes without them (``""`` inside stands for one ``"``, as CSV writers quote)."""
+    if len(field_) >= 2 and field_[0] == field_[-1] == '"':
+        return field_[1:-1].replace('""', '"')
+    return field_
+
+
 def _split(line: str, sep: str | None) -> list[str]:
-    return [f.strip() for f in line.split(sep)] if sep is not None else line.split()
+    """A line's fields, stripped of outer blanks; a field in double quotes is read without them: with a one-character
+    separator by the ``csv`` module (a quoted field may then hold the separator), else field by field."""
+    if '"' in line and sep is not None and len(sep) == 1:
+        return [f.strip() for f in next(csv.reader([line], delimiter=sep, skipinitialspace=True))]
+    fields = [f.strip() for f in line.split(sep)] if sep is not None else line.split()
+    return [_unquote(f) for f in fields] if '"' in line else fields
+
+
+# str.splitlines() ends lines at these too, and str.split() splits at every str.isspace() character: a text with
+# any of them is read line by line (np.loadtxt knows only "\n" and, between fields, " " and "\t")
+_PLAIN_BLANKS = frozenset(" \t\n")
+
+
+def _columns_by_loadtxt(text: str, start: int, sep: str | None, n_fields: int,
+                        used: list[int]) -> list[np.ndarray] | None:
+    """The stripped string columns ``used`` of the data lines (from line ``start`` on), read by ``np.loadtxt``
+    where that reads the text as the line reader does (:func:`_split`); None otherwise (quotes, characters that end
+    a line or separate fields for ``str`` but not for numpy, a changing number of fields, a blank line between
+    fields, an empty id, no data line): the line reader then reads it and names the first bad line."""
+    chars = set(text)
+    if '"' in chars or any(ch.isspace() for ch in chars - _PLAIN_BLANKS):
+        return None
+    if sep == "::":  # numpy takes one-character separators; "\x1f" is not in the text (it is a blank)
+        text, sep = text.replace("::", "\x1f"), "\x1f"
+    offset = 0
+    for _ in range(start):
+        offset = text.find("\n", offset) + 1
+        if offset == 0:
+            return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a blank line ("not counted towards max_rows"), no data: checked below
+            table = np.loadtxt(io.StringIO(text[offset:]), dtype=str, delimiter=sep, comments=None, quotechar=None,
+                               ndmin=2)
+    except ValueError:
+        return None
+    if table.shape[0] == 0 or table.shape[1] != n_fields:
+        return None
+    columns = [np.char.strip(table[:, col]) for col in used]
+    # the line reader's arrays are as wide as their longest token: so are these
+    return [c.astype(f"<U{max(1, int(np.char.str_len(c).max()))}") for c in columns]
+
+
+def _interactions_by_loadtxt(text: str, start: int, sep: str | None, n_fields: int,
+                             columns: tuple[int, int, int | None, int | None]) -> Interactions | None:
+    """The events read by ``np.loadtxt`` (:func:`_columns_by_loadtxt`), ratings and timestamps converted by
+    Python's ``float`` as the line reader converts them; None where a value would be an error there (not a
+    number, not finite, an empty id): the line reader then names its line."""
+    ucol, icol, rcol, tcol = columns
+    used = [c for c in columns if c is not None]
+    read = _columns_by_loadtxt(text, start, sep, n_fields, used)
+    if read is None:
+        return None
+    cols = dict(zip(used, read))
+    if not ((cols[ucol] != "").all() and (cols[icol] != "").all()):
+        return None
+    numbers: dict[int, np.ndarray] = {}
+    for col in (rcol, tcol):
+        if col is not None:
+            try:
+                numbers[col] = cols[col].astype(np.float64)  # numpy converts str by Python's float()
+            except ValueError:
+                return None
+            if not np.isfinite(numbers[col]).all():
+                return None
+    user, user_ids = _factorize(cols[ucol])
+    item, item_ids = _factorize(cols[icol])
+    return Interactions(user=user, item=item, rating=None if rcol is None else numbers[rcol],
+                        timestamp=None if tcol is None else numbers[tcol], user_ids=user_ids, item_ids=item_ids)
 
 
 def _column_name(field_: str) -> str:
@@ -215,7 +293,12 @@ def load_interactions(
     timestamp by position and the last two are optional). ``sep="auto"`` picks tab, ``::``, comma or semicolon
     from the first line, else whitespace; ``sep=None`` means whitespace. ``columns`` overrides the positions
     (user, item, rating or None, timestamp or None), 0-based. Blank lines are skipped. A path ending in ``.gz``
-    is read through gzip.
+    is read through gzip. UTF-8, a byte-order mark dropped; any line ends. A field in double quotes is read
+    without them (CSV quoting: ``"Smith, J."`` is one field of a comma-separated file, ``""`` inside is one ``"``).
+
+    Files without quotes are parsed by ``np.loadtxt`` (its columns then checked as arrays); the line reader reads
+    the others and any file that fails a check, gives the same arrays where both read a file, and names the line of
+    the first error.
 
     Raises ValueError with ``path:line`` for a malformed line (wrong field count, empty id, non-numeric or
     non-finite rating or timestamp) and for a file without data lines.
@@ -235,14 +318,15 @@ def load_interactions(
     columns = _check_columns(columns)
     opener = gzip.open if path.endswith(".gz") else open
     try:
-        with opener(path, "rt", encoding="utf-8", newline=None) as fh:
-            lines = fh.read().splitlines()
+        with opener(path, "rt", encoding="utf-8-sig", newline=None) as fh:  # -sig: a byte-order mark is dropped
+            text = fh.read()
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
     except (IsADirectoryError, PermissionError) as exc:
         raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except FileNotFoundError:
         raise MissingFileError(f"{path}: no such file") from None
+    lines = text.splitlines()
     first = next((k for k, line in enumerate(lines) if line.strip()), None)
     if first is None:
         raise ValueError(f"{path}: no interactions (the file is empty)")
@@ -266,11 +350,15 @@ def load_interactions(
     if max(used) >= n_fields or min(used) < 0:
         raise ValueError(f"{path}:{first + 1}: column positions {columns or used} do not fit {n_fields} field(s)")
 
+    start = first + 1 if header else first
+    fast = _interactions_by_loadtxt(text, start, sep, n_fields, (ucol, icol, rcol, tcol))
+    if fast is not None:
+        return fast
+
     users: list[str] = []
     items: list[str] = []
     ratings: list[float] = []
     times: list[float] = []
-    start = first + 1 if header else first
     for k in range(start, len(lines)):
         line = lines[k]
         if not line.strip():
@@ -308,7 +396,7 @@ def load_interactions(
     )
 
 
-def _factorize(tokens: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def _factorize(tokens: list[str] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Contiguous int64 codes in order of first appearance, and the raw tokens per code."""
     raw = np.asarray(tokens, dtype=str)
     uniq, first, inverse = np.unique(raw, return_index=True, return_inverse=True)

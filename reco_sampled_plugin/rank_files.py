@@ -5,8 +5,9 @@ Rank file (``reco-sampled estimate FILE``): one relevant item per line, ``sample
 draws that beat the positive of 1/q~ and hh_s2 = sum of 1/q~^2, q~ the probability the draw had, renormalised over the
 row's candidates: ``SampledRanks.popularity_stats``, docs/popularity.md; read with ``--sampling popularity``)
 separated by one comma, semicolon or tab (an empty field is an error) or by spaces; an optional header
-line (its first field has no digit); ``#`` comments. Missing columns take
-the ``--n-items`` / ``--n-samples`` defaults. Adaptive sampling (``--adaptive-max M``, ``--n-samples`` = the first
+line (its first field has no digit); ``#`` comments; fields may be in double quotes (``"3","100","10"``, as a CSV
+writer quotes); UTF-8 with or without a byte-order mark, any line ends (``\n``, ``\r\n``, ``\r``). Missing columns
+take the ``--n-items`` / ``--n-samples`` defaults. Adaptive sampling (``--adaptive-max M``, ``--n-samples`` = the first
 stage's m): ``n_samples`` holds each positive's *final* m (m, 2m, 4m, ... up to M) and ``sampled_rank`` its rank
 among those; e.g. ``1,9000,3200`` (still first at the cap) and ``3,9000,400`` (third after two doublings).
 
@@ -23,12 +24,21 @@ lines ``user item score`` covering every (user, item) pair that is ranked.
 Every malformed line raises a ValueError with the file name and the 1-based line number; so does a field
 outside int64 (e.g. ``1e20``) or a line that is not UTF-8 text. A path that is a directory or cannot be read is
 a ValueError naming it.
+
+Reading: a rank file with one kind of separator throughout (what :func:`write_rank_file` and most tools write) is
+parsed by ``np.loadtxt`` and checked column-wise (about ten times faster than line by line); a file it does not take
+(separators mixed between lines, whole numbers written as floats like ``1e3``) or one that fails a check is read by
+the line reader, the reference of the format, which gives the same values where both read a file and raises the
+first error with its line. ``tests/test_readers.py`` checks the two readers agree on generated files of any shape.
 """
 
 from __future__ import annotations
 
+import io
 import math
 import re
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -120,40 +130,54 @@ def _check_hh(b: int, s1: float, s2: float, path: Path, number: int) -> None:
 
 
 _NEWLINE = re.compile(r"\r\n|\r|\n")  # the line ends of text mode (universal newlines)
+_CR = re.compile(r"\r\n?")
 
 
-def _lines(path: Path):
-    """(1-based line number, text without its ``#`` comment) of every non-blank line. Decoded line by line, so
-    a byte that is not UTF-8 is reported on its own line (a text-mode read decodes whole blocks at once)."""
+def _read_bytes(path: Path) -> bytes:
+    """The file's bytes; a missing file, a directory or an unreadable file is a ValueError naming it."""
     if not path.exists():
         raise ValueError(f"{path}: no such file")
     if path.is_dir():
         raise ValueError(f"{path}: is a directory, not a file")
     try:
-        fh = open(path, "rb")
+        with open(path, "rb") as fh:
+            return fh.read()
     except PermissionError:
         raise ValueError(f"{path}: permission denied (cannot read the file)") from None
     except OSError as exc:
         raise ValueError(f"{path}: cannot be read ({exc.strerror or exc})") from None
-    with fh:
-        number = 0
-        for raw in fh:
-            try:
-                chunk = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                before = len(_NEWLINE.findall(raw[: exc.start].decode("utf-8")))
-                raise ValueError(f"{path}:{number + 1 + before}: not UTF-8 text ({exc.reason}); "
-                                 "is this a text file of ranks?") from None
-            if number == 0:
-                chunk = chunk.removeprefix("\ufeff")  # a byte-order mark is not part of the first field
-            pieces = _NEWLINE.split(chunk)
-            if pieces[-1] == "":
-                pieces.pop()  # the end of the last line
-            for line in pieces:
-                number += 1
-                text = line.split("#", 1)[0].strip()
-                if text:
-                    yield number, text
+
+
+def _lines(path: Path, data: bytes | None = None) -> Iterator[tuple[int, str]]:
+    """(1-based line number, text without its ``#`` comment) of every non-blank line of ``path`` (or of its bytes
+    ``data``, already read). Decoded line by line, so a byte that is not UTF-8 is reported on its own line (a
+    text-mode read decodes whole blocks at once)."""
+    if data is None:
+        data = _read_bytes(path)
+    number = 0
+    for raw in io.BytesIO(data):
+        try:
+            chunk = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            before = len(_NEWLINE.findall(raw[: exc.start].decode("utf-8")))
+            raise ValueError(f"{path}:{number + 1 + before}: not UTF-8 text ({exc.reason}); "
+                             "is this a text file of ranks?") from None
+        if number == 0:
+            chunk = chunk.removeprefix("\ufeff")  # a byte-order mark is not part of the first field
+        pieces = _NEWLINE.split(chunk)
+        if pieces[-1] == "":
+            pieces.pop()  # the end of the last line
+        for line in pieces:
+            number += 1
+            text = line.split("#", 1)[0].strip()
+            if text:
+                yield number, text
+
+
+def _fields(text: str) -> list[str]:
+    """A rank-file line's fields: split at one comma, semicolon or tab or at runs of spaces; double quotes dropped
+    (``"3","100"`` reads as ``3,100``: what a CSV writer's quoting leaves, and what ``np.loadtxt`` reads)."""
+    return _FIELDS.split(text.replace('"', "").strip() if '"' in text else text)  # '" 1",2': no empty first field
 
 
 def _int(field: str, path: Path, number: int, what: str) -> int:
@@ -178,16 +202,112 @@ def _int(field: str, path: Path, number: int, what: str) -> int:
 
 def read_rank_file(path, n_items: int | None = None, n_samples: int | None = None) -> RankFile:
     """Read a rank file (see the module doc); validates 1 <= r~ <= m + 1, n >= 2 and m >= 1 (m may exceed
-    n - 1 for draws with replacement; the estimators check it for the hypergeometric law)."""
+    n - 1 for draws with replacement; the estimators check it for the hypergeometric law).
+
+    A file with one separator throughout (the common case, e.g. what :func:`write_rank_file` writes) is read by
+    ``np.loadtxt`` and checked as whole columns; any other (separators mixed between lines, whole numbers written
+    as floats such as ``1e3``) or any file that fails a check is read line by line, which gives the same values
+    where both read a file and names the file, the line and the field of the first error."""
     if n_items is not None:
         n_items = check_size(n_items, "n_items", 2, MAX_SIZE)
     if n_samples is not None:
         n_samples = check_size(n_samples, "n_samples", 1, MAX_SIZE)
     path = Path(path)
+    data = _read_bytes(path)
+    table = _rank_table(data, n_items, n_samples)
+    return table if table is not None else _rank_file_by_line(path, data, n_items, n_samples)
+
+
+def _data_line(text: str, start: int) -> tuple[str, int] | None:
+    """The first line from offset ``start`` of ``text`` (line ends ``\\n``) with data, its ``#`` comment and outer
+    blanks dropped, and the offset after it; None without one."""
+    while start < len(text):
+        end = text.find("\n", start)
+        end = len(text) if end < 0 else end
+        line = text[start:end].split("#", 1)[0].strip()
+        if line:
+            return line, end + 1
+        start = end + 1
+    return None
+
+
+_POPULARITY_ROW = np.dtype([("r", np.int64), ("n", np.int64), ("m", np.int64), ("s1", np.float64), ("s2", np.float64)])
+
+
+def _rank_table(data: bytes, n_items: int | None, n_samples: int | None) -> RankFile | None:
+    """The file read by ``np.loadtxt`` where that reads it as the line reader would, and every check passes; None
+    otherwise (the line reader then reads it, and names the first error's line).
+
+    Read so: UTF-8 text (a byte-order mark dropped; ``\\r\\n`` and ``\\r`` line ends), an optional header line, then
+    lines of 1, 2, 3 or 5 numbers separated by one kind of separator: the one of comma, semicolon or tab that the
+    data contain (no other), or spaces where they contain none. Nothing the line reader refuses is accepted: the
+    integer columns take digits only (``3.0`` goes to the line reader), an empty field or a changing number of
+    fields fails, numpy's warnings (an empty file) are errors."""
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError:
+        return None
+    if "\r" in text:
+        text = _CR.sub("\n", text)
+    first = _data_line(text, 0)
+    if first is None:
+        return None
+    line, after = first
+    start = 0
+    if not any(ch.isdigit() for ch in _fields(line)[0]):  # the header: the data start after it
+        start, first = after, _data_line(text, after)
+        if first is None:
+            return None
+        line = first[0]
+    body = text[start:]
+    seps = [sep for sep in ",;\t" if sep in body]
+    if len(seps) > 1:
+        return None  # separators mixed (or in comments): the line reader's split
+    columns = len(_fields(line))
+    if columns not in (1, 2, 3, 5):
+        return None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            rows = np.loadtxt(io.StringIO(body), dtype=_POPULARITY_ROW if columns == 5 else np.int64,
+                              delimiter=seps[0] if seps else None, comments="#", quotechar='"', ndmin=1 if columns == 5 else 2)
+    except (ValueError, TypeError, Warning):
+        return None
+    if columns == 5:
+        r, n, m, s1, s2 = (rows[name] for name in _POPULARITY_ROW.names)
+    else:
+        if rows.shape[1] != columns:
+            return None
+        r = rows[:, 0]
+        n = rows[:, 1] if columns > 1 else None
+        m = rows[:, 2] if columns > 2 else None
+        s1 = s2 = None
+    if (n is None and n_items is None) or (m is None and n_samples is None):
+        return None  # the line reader names the first line without them
+    n = np.full(len(r), n_items, dtype=np.int64) if n is None else np.ascontiguousarray(n)
+    m = np.full(len(r), n_samples, dtype=np.int64) if m is None else np.ascontiguousarray(m)
+    r = np.ascontiguousarray(r)
+    ok = (m >= 1) & (n >= 2) & (r >= 1) & (r - 1 <= m)
+    if s1 is not None:  # _check_hh, column-wise
+        tol = 1e-9
+        s1, s2 = np.ascontiguousarray(s1), np.ascontiguousarray(s2)
+        b = (r - 1).astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            ok &= np.isfinite(s1) & np.isfinite(s2) & (s1 >= 0) & (s2 >= 0)
+            ok &= np.where(b == 0, (s1 == 0) & (s2 == 0),
+                           (s1 >= b * (1 - tol)) & (s2 >= s1 * (1 - tol)) & (b * s2 >= s1 * s1 * (1 - tol)))
+    if not bool(ok.all()):
+        return None
+    return RankFile(r, n, m, s1, s2)
+
+
+def _rank_file_by_line(path: Path, data: bytes, n_items: int | None, n_samples: int | None) -> RankFile:
+    """The line reader of rank files: every format of the module doc, and the first error with its line."""
     ranks, ns, ms, s1s, s2s = [], [], [], [], []
     first = True
-    for number, text in _lines(path):
-        fields = _FIELDS.split(text)
+    split = _FIELDS.split
+    for number, text in _lines(path, data):
+        fields = split(text) if '"' not in text else _fields(text)
         if first and not any(ch.isdigit() for ch in fields[0]):
             first = False
             continue  # a header (a first field without digits); a malformed number is reported below
@@ -314,27 +434,50 @@ def write_rank_file(path, sampled) -> Path:
     return path
 
 
-def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pessimistic") -> RankFile:
-    """Sampled ranks of NCF-style test files: each held-out item against its listed negatives.
+def _items(fields: list[str], path: Path, number: int) -> np.ndarray:
+    """A line's negative items (int64), each read as :func:`_int` reads it: ASCII digits converted at once by numpy
+    (the same integers), anything else field by field (its error names the field)."""
+    if all(f.isascii() and f.isdigit() for f in fields) and all(len(f) < 19 for f in fields):
+        return np.array(fields, dtype=np.int64)  # below 10**18: inside int64
+    return np.array([_int(f, path, number, "negative item") for f in fields], dtype=np.int64)
 
-    ``n_items`` is the number of candidates per user (n, the held-out item included) that the
-    negatives were drawn from. Ties count against the held-out item (``pessimistic``) or for it
-    (``optimistic``).
-    """
-    test_rating, test_negative, scores = Path(test_rating), Path(test_negative), Path(scores)
-    if not isinstance(ties, str) or ties not in END_TIES:
-        raise ValueError(f"ties: use 'pessimistic' or 'optimistic', got {ties!r}")
-    held_out: dict[int, int] = {}
-    for number, text in _lines(test_rating):
-        fields = [f for f in _SPLIT.split(text) if f]
-        if len(fields) < 2:
-            raise ValueError(f"{test_rating}:{number}: expected 'user<TAB>item', got {text!r}")
-        user = _int(fields[0], test_rating, number, "user")
-        if user in held_out:
-            raise ValueError(f"{test_rating}:{number}: user {user} listed twice (one held-out item per user)")
-        held_out[user] = _int(fields[1], test_rating, number, "item")
+
+def _sorted_scores(u: np.ndarray, i: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    order = np.lexsort((i, u))
+    return u[order], i[order], s[order]
+
+
+def _score_table(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """A score file (``user item score`` lines, blanks or tabs between fields) read by ``np.loadtxt``: the
+    (user, item, score) columns sorted by user and item; None where the line reader must read it (commas or
+    semicolons, which it also takes as separators; blanks numpy does not split at; a field numpy does not read;
+    a score not finite; a pair scored twice): it then names the line."""
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError:
+        return None
+    if "\r" in text:
+        text = _CR.sub("\n", text)
+    if "," in text or ";" in text or any(ch.isspace() for ch in set(text) - {" ", "\t", "\n"}):
+        return None
+    row = np.dtype([("u", np.int64), ("i", np.int64), ("s", np.float64)])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            rows = np.loadtxt(io.StringIO(text), dtype=row, delimiter=None, comments="#", quotechar=None, ndmin=1)
+    except (ValueError, TypeError, Warning):
+        return None
+    su, si, ss = _sorted_scores(rows["u"], rows["i"], rows["s"])
+    if not bool(np.isfinite(ss).all()) or bool(((su[1:] == su[:-1]) & (si[1:] == si[:-1])).any()):
+        return None
+    return su, si, ss
+
+
+def _scores_by_line(scores: Path, data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The line reader of score files (any of blanks, tabs, commas, semicolons between fields): the columns sorted
+    by user and item, or the first bad line's error."""
     score: dict[tuple[int, int], float] = {}
-    for number, text in _lines(scores):
+    for number, text in _lines(scores, data):
         fields = [f for f in _SPLIT.split(text) if f]
         if len(fields) != 3:
             raise ValueError(f"{scores}:{number}: expected 'user item score', got {text!r}")
@@ -348,6 +491,34 @@ def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pess
         if pair in score:
             raise ValueError(f"{scores}:{number}: (user, item) {pair} scored twice")
         score[pair] = s
+    pairs = np.array(list(score), dtype=np.int64).reshape(-1, 2)
+    return _sorted_scores(pairs[:, 0], pairs[:, 1], np.fromiter(score.values(), dtype=np.float64, count=len(score)))
+
+
+def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pessimistic") -> RankFile:
+    """Sampled ranks of NCF-style test files: each held-out item against its listed negatives.
+
+    ``n_items`` is the number of candidates per user (n, the held-out item included) that the
+    negatives were drawn from. Ties count against the held-out item (``pessimistic``) or for it
+    (``optimistic``). A score file with blanks or tabs between fields is read by ``np.loadtxt`` and looked up
+    sorted by (user, item); others (commas or semicolons) and any file that fails a check by the line reader,
+    which names the line of the first error.
+    """
+    test_rating, test_negative, scores = Path(test_rating), Path(test_negative), Path(scores)
+    if not isinstance(ties, str) or ties not in END_TIES:
+        raise ValueError(f"ties: use 'pessimistic' or 'optimistic', got {ties!r}")
+    held_out: dict[int, int] = {}
+    for number, text in _lines(test_rating):
+        fields = [f for f in _SPLIT.split(text) if f]
+        if len(fields) < 2:
+            raise ValueError(f"{test_rating}:{number}: expected 'user<TAB>item', got {text!r}")
+        user = _int(fields[0], test_rating, number, "user")
+        if user in held_out:
+            raise ValueError(f"{test_rating}:{number}: user {user} listed twice (one held-out item per user)")
+        held_out[user] = _int(fields[1], test_rating, number, "item")
+    score_data = _read_bytes(scores)
+    table = _score_table(score_data)
+    su, si, ss = table if table is not None else _scores_by_line(scores, score_data)
     ranks, ms = [], []
     pat = re.compile(r"^\(\s*(\d+)\s*,\s*(\d+)\s*\)\s*(.*)$")
     for number, text in _lines(test_negative):
@@ -357,16 +528,20 @@ def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pess
         u, i = int(match.group(1)), int(match.group(2))
         if held_out.get(u) != i:
             raise ValueError(f"{test_negative}:{number}: ({u},{i}) is not the held-out pair of {test_rating.name}")
-        negs = [_int(f, test_negative, number, "negative item") for f in _SPLIT.split(match.group(3).strip()) if f]
-        if not negs:
+        negs = _items([f for f in _SPLIT.split(match.group(3).strip()) if f], test_negative, number)
+        if not negs.size:
             raise ValueError(f"{test_negative}:{number}: no negatives listed")
-        if i in negs:
+        if bool((negs == i).any()):
             raise ValueError(f"{test_negative}:{number}: the held-out item {i} is listed among its own negatives")
-        try:
-            s_pos = score[(u, i)]
-            s_neg = np.array([score[(u, j)] for j in negs])
-        except KeyError as exc:
-            raise ValueError(f"{test_negative}:{number}: no score for (user, item) {exc.args[0]} in {scores.name}") from None
+        # the user's scored items: a slice of the pairs sorted by (user, item)
+        lo, hi = np.searchsorted(su, u, side="left"), np.searchsorted(su, u, side="right")
+        wanted = np.concatenate([np.array([i], dtype=np.int64), negs])
+        where = lo + np.searchsorted(si[lo:hi], wanted)
+        found = (where < hi) & (si[np.minimum(where, len(si) - 1)] == wanted) if len(si) else np.zeros(len(wanted), bool)
+        if not bool(found.all()):
+            missing = (u, int(wanted[int(np.argmin(found))]))
+            raise ValueError(f"{test_negative}:{number}: no score for (user, item) {missing} in {scores.name}")
+        s_pos, s_neg = ss[where[0]], ss[where[1:]]
         beats = (s_neg >= s_pos) if ties == "pessimistic" else (s_neg > s_pos)
         ranks.append(1 + int(beats.sum()))
         ms.append(len(negs))

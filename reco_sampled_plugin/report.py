@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ._tables import format_table
 from .estimate import explain_flags
 from .reproduce import ReproduceResult
 
@@ -87,12 +88,12 @@ def _markdown(result: ReproduceResult, figures: dict[str, str]) -> str:
         "",
         "## Table 3: exact, expected sampled and corrected metrics (mean, and sd over runs)",
         "",
-        "| metric | recommender | exact | " + " | ".join(labels) + " |",
-        "| --- | --- | --- | " + " | ".join("---" for _ in labels) + " |",
     ]
-    for row in result.table3:
-        cells = [f"{row[lab]:.4f} ± {row[lab + ' sd']:.4f}" if f"{lab} sd" in row else f"{row[lab]:.4f}" for lab in labels]
-        lines.append(f"| {row['metric']} | {row['recommender']} | {row['exact']:.4f} | " + " | ".join(cells) + " |")
+    lines += format_table(
+        ["metric", "recommender", "exact"] + labels,
+        ([row["metric"], row["recommender"], f"{row['exact']:.4f}"]
+         + [f"{row[lab]:.4f} ± {row[lab + ' sd']:.4f}" if f"{lab} sd" in row else f"{row[lab]:.4f}" for lab in labels]
+         for row in result.table3))
     lines += [
         "",
         f"± is the standard deviation over the {cfg.repeats} sampling runs (the estimator's run-to-run spread "
@@ -103,11 +104,9 @@ def _markdown(result: ReproduceResult, figures: dict[str, str]) -> str:
         "",
         f"## Table 4: runs (out of {cfg.repeats}) that order each pair as the exact metric does",
         "",
-        "| pair | metric | " + " | ".join(labels) + " |",
-        "| --- | --- | " + " | ".join("---" for _ in labels) + " |",
     ]
-    for row in result.table4:
-        lines.append(f"| {row['pair']} | {row['metric']} | " + " | ".join(str(row[lab]) for lab in labels) + " |")
+    lines += format_table(["pair", "metric"] + labels,
+                          ([row["pair"], row["metric"]] + [row[lab] for lab in labels] for row in result.table4))
     verdict = ordering_verdicts(result)
     lines += ["", "## What the data show", ""]
     if verdict["misordered_by_none"]:
@@ -142,12 +141,14 @@ def _markdown(result: ReproduceResult, figures: dict[str, str]) -> str:
         ]
     if getattr(cfg, "adaptive_max", None) is not None:
         lines += ["What adaptive sampling cost (sampled items per positive, mean over runs; a fixed design costs "
-                  f"m = {cfg.n_samples}):", "", "| recommender | mean m | share at the cap |", "| --- | --- | --- |"]
-        seen = set()
+                  f"m = {cfg.n_samples}):", ""]
+        first: dict[str, dict] = {}  # each recommender's first row
         for row in result.table3:
-            if row["recommender"] not in seen and "adaptive mean m" in row:
-                seen.add(row["recommender"])
-                lines.append(f"| {row['recommender']} | {row['adaptive mean m']:.1f} | {row['adaptive share at cap']:.3f} |")
+            if "adaptive mean m" in row:
+                first.setdefault(row["recommender"], row)
+        lines += format_table(["recommender", "mean m", "share at the cap"],
+                              ([name, f"{row['adaptive mean m']:.1f}", f"{row['adaptive share at cap']:.3f}"]
+                               for name, row in first.items()))
         lines.append("")
     for key, fname in figures.items():
         lines += [f"![{key}]({fname})", "", captions[key], ""]
@@ -251,10 +252,10 @@ def summary_lines(result: ReproduceResult, metric: str = "recall@10") -> list[st
     first = result.table3[0] if result.table3 else {}
     labels = [lab for lab in ("none", "bv:0.1", "map:bound", "mes", "adaptive:mes") if lab in first]
     lines = [f"{metric}: exact vs expected sampled (none), corrected and estimated, m = {result.config.n_samples}"]
-    lines.append(f"{'recommender':22}{'exact':>9}" + "".join(f"{lab:>12}" for lab in labels))
-    for row in result.table3:
-        if row["metric"] == metric:
-            lines.append(f"{row['recommender']:22}{row['exact']:9.4f}" + "".join(f"{row[lab]:12.4f}" for lab in labels))
+    lines += format_table(["recommender", "exact"] + labels,
+                          ([row["recommender"], f"{row['exact']:.4f}"] + [f"{row[lab]:.4f}" for lab in labels]
+                           for row in result.table3 if row["metric"] == metric),
+                          formats=["<22", ">9"] + [">12"] * len(labels))
     v = ordering_verdicts(result, metric)
     if v["misordered_by_none"]:
         for p in v["misordered_by_none"]:
