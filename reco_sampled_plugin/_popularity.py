@@ -14,15 +14,41 @@ Sufficiency: with z_k = b_k / q~_{j_k} (b_k = 1 when draw k beats the positive, 
 its variance is (sum_k z_k^2 - m zbar^2) / (m (m - 1)); both, and the Kish effective sample size of the weights
 (sum z)^2 / sum z^2, read only m, S1 = sum_k z_k and S2 = sum_k z_k^2. Non-beating draws have z_k = 0, so S1 and S2
 are sums over the beating draws alone.
+
+The top-K fit (``_popularity_fit``, method ``pl_fit``) also reads, per positive, which popularity class each
+*distinct* drawn item falls in and whether it beats the positive, and how many drawable candidates the row has in
+each class: counts over :data:`POP_BINS` classes of equal width in log w (:func:`weight_bins`, fixed by the design's
+weights, so batches agree). That is 3 x POP_BINS float32 per positive, additive like the rest.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
-__all__ = ["PopularityStats", "popularity_stats"]
+__all__ = ["PopularityStats", "popularity_stats", "POP_BINS", "weight_bins"]
+
+#: Popularity classes of the per-positive profile (equal width in log w between the smallest positive weight and the
+#: largest): 16 classes over counts 1..600 at alpha = 1 are a factor 1.5 wide each.
+POP_BINS = 16
+
+_FIELDS = ("beating", "inv_q", "inv_q2", "unreachable", "profile", "beat_bins", "miss_bins")
+
+
+def weight_bins(weights: torch.Tensor, bins: int = POP_BINS) -> torch.Tensor:
+    """(n,) int64 class of each item, 0..bins - 1 by equal steps of log w from the smallest positive weight to the
+    largest (every item in class 0 when they are all equal; weight-0 items in class 0, never drawn). No host
+    synchronisation."""
+    w = weights.to(torch.float64)
+    lw = torch.log(torch.where(w > 0, w, torch.ones_like(w)))
+    inf = torch.full_like(lw, math.inf)
+    lo = torch.where(w > 0, lw, inf).min()
+    hi = torch.where(w > 0, lw, -inf).max()
+    width = ((hi - lo) / bins).clamp_min(1e-12)
+    idx = torch.floor((lw - lo) / width).clamp(0, bins - 1)
+    return torch.where(w > 0, idx, torch.zeros_like(idx)).to(torch.int64)
 
 
 @dataclass(frozen=True)
@@ -34,6 +60,11 @@ class PopularityStats:
     inv_q2: float64, S2 = sum over beating draws of (b_k / q~_j)^2.
     unreachable: int64, the row's drawable candidates (irrelevant, not excluded) of weight 0: never drawn, so no
         estimate can count them (the estimators refuse rows that have any).
+    profile: float32 (..., POP_BINS), the row's drawable candidates of weight > 0 in each popularity class
+        (:func:`weight_bins`).
+    beat_bins: float32 (..., POP_BINS), the distinct drawn items in each class that beat the positive (b: 1/2 for
+        a tie under ``ties="average"``).
+    miss_bins: float32 (..., POP_BINS), the distinct drawn items in each class that do not (1 - b).
 
     Per positive and additive: batches, epochs and processes concatenate them like the ranks.
     """
@@ -42,17 +73,19 @@ class PopularityStats:
     inv_q: torch.Tensor
     inv_q2: torch.Tensor
     unreachable: torch.Tensor
+    profile: torch.Tensor
+    beat_bins: torch.Tensor
+    miss_bins: torch.Tensor
 
     def select(self, index) -> "PopularityStats":
         """The statistics of ``index`` (any tensor index of the ranks' shape, e.g. a bool mask of valid slots)."""
-        return PopularityStats(self.beating[index], self.inv_q[index], self.inv_q2[index], self.unreachable[index])
+        return PopularityStats(*(getattr(self, f)[index] for f in _FIELDS))
 
     @staticmethod
     def cat(parts) -> "PopularityStats":
         """The statistics of several 1-D selections (:meth:`select`) concatenated in order."""
         parts = list(parts)
-        return PopularityStats(*(torch.cat([getattr(p, f) for p in parts]) for f in
-                                 ("beating", "inv_q", "inv_q2", "unreachable")))
+        return PopularityStats(*(torch.cat([getattr(p, f) for p in parts]) for f in _FIELDS))
 
 
 def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor,
@@ -92,4 +125,32 @@ def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor,
     z = torch.where(valid.unsqueeze(2), z, torch.zeros_like(z))
     beating = torch.where(valid, b.sum(2), torch.zeros_like(b[..., 0]))
     unreach = torch.where(valid, unreachable.view(-1, 1).expand(valid.shape), torch.zeros_like(valid, dtype=torch.int64))
-    return PopularityStats(beating, z.sum(2), (z * z).sum(2), unreach)
+    profile, beat_bins, miss_bins = _class_counts(b, neg, valid, w, forbidden, real)
+    return PopularityStats(beating, z.sum(2), (z * z).sum(2), unreach, profile, beat_bins, miss_bins)
+
+
+def _class_counts(b: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor, w: torch.Tensor, forbidden: torch.Tensor,
+                  real: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per positive, the row's drawable candidates per popularity class and the distinct drawn items per class that
+    beat it (b) or not (1 - b): (B, P, POP_BINS) float32 each, 0 in padded slots. An item drawn twice counts once
+    (its membership of the set above the positive is one fact)."""
+    n = w.shape[0]
+    cls = weight_bins(w)
+    bsz, p = valid.shape
+    f32 = torch.float32
+    total = torch.zeros(POP_BINS, dtype=f32, device=w.device).scatter_add_(0, cls, (w > 0).to(f32))
+    fc = cls[forbidden.clamp(max=max(n - 1, 0))]
+    fw = (real & (w[forbidden.clamp(max=max(n - 1, 0))] > 0)).to(f32)
+    row = total.unsqueeze(0) - torch.zeros(bsz, POP_BINS, dtype=f32, device=w.device).scatter_add_(1, fc, fw)
+    vf = valid.unsqueeze(2).to(f32)
+    profile = row.unsqueeze(1) * vf
+    srt, order = torch.sort(neg, dim=2)
+    first = torch.ones_like(srt, dtype=torch.bool)
+    first[..., 1:] = srt[..., 1:] != srt[..., :-1]
+    keep = first.to(f32) * vf
+    bs = b.gather(2, order).to(f32)
+    c = cls[srt.clamp(min=0, max=max(n - 1, 0))]
+    zeros = torch.zeros(bsz, p, POP_BINS, dtype=f32, device=w.device)
+    beat_bins = zeros.scatter_add(2, c, bs * keep)
+    miss_bins = zeros.scatter_add(2, c, (1.0 - bs) * keep)
+    return profile, beat_bins, miss_bins

@@ -342,8 +342,12 @@ def estimate(
     bounds = metric_bounds(spec, hist.n_items)
     if top_shape is not None and not isinstance(top_shape, TopShape):
         raise ValueError(f"top_shape: expected an identification.TopShape, got {type(top_shape).__name__}")
-    ident = Identification(spec, hist, sampling, top_shape) if entry.family != "none" and top_sensitive(spec, hist) else None
+    # the uniform law's identified interval; popularity draws: the estimator's own (pl_fit), if any
+    ident = Identification(spec, hist, sampling, top_shape) if (entry.family != "none" and draws is None
+                                                                 and top_sensitive(spec, hist)) else None
     res = entry.compute_function()(spec, hist, method=method, sampling=sampling,
                                    options=opts if draws is None else {**opts, "draws": draws})
+    if draws is not None:
+        ident = getattr(res, "identification", None)
     return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds,
                    ident)

@@ -19,7 +19,9 @@ The compute protocol (``estimators.estimate`` calls it after validating the opti
 ``rounding``). A rank-distribution method also names its ``fitter`` (``rank_distribution`` dispatches on it).
 A method that corrects popularity designs (``popularity=True``, family other than ``none``) also finds
 ``options["draws"]``: the per-positive statistics of the beating draws (``popularity.PopularityDraws``), which the
-histogram cannot carry. ``metrics`` restricts the metric kinds a method estimates (``hh``: AUC only).
+histogram cannot carry. ``metrics`` restricts the metric kinds a method estimates (``hh``: AUC only). Its output may
+carry an ``identification`` (``estimate.EstimatorOutput``): under popularity sampling ``estimate`` takes the interval
+of the unresolved top from it (``pl_fit``), not from the uniform law.
 
 Adding an estimator (docs/architecture.md): its module (the compute function), one :func:`register` call in
 ``_BUILTIN`` below (or at run time, for a user's own method), its row in docs/estimators.md, its test; the
@@ -58,6 +60,9 @@ FAMILIES = {
     "rank_distribution": "the distribution of exact ranks fitted by likelihood, the metric its expectation",
     "hansen_hurwitz": "each beating draw weighted by 1/q, its inclusion probability (Hansen-Hurwitz): unbiased for "
                       "metrics linear in the rank (AUC), under uniform and popularity sampling",
+    "popularity_fit": "the distribution of exact ranks fitted by the likelihood of which drawn items beat each "
+                      "positive, the items above it modelled as popularity-tilted (Plackett-Luce with weights w^beta); "
+                      "every metric, under popularity and uniform sampling",
 }
 
 #: Kinds of option values; each is validated by the named helper of ``_options`` (or the module named).
@@ -377,6 +382,12 @@ _BUILTIN = (
               "and popularity sampling, beating draws weighted by 1/q (AUC only)", ".popularity:estimate_by_hh",
               popularity=True, metrics=("auc",),
               reference="Hansen & Hurwitz 1943; uniform q: Krichene & Rendle KDD 2020, eq. 20"),
+    Estimator("pl_fit", "popularity_fit", "popularity sampling, every metric: rank distribution fitted with a "
+              "Plackett-Luce (w^beta) model of the items above each positive, beta by likelihood; the top's "
+              "interval spans the beta set and the top shapes allowed", ".popularity:estimate_by_pl_fit",
+              without_replacement=False, popularity=True,
+              metrics=("hit", "ndcg", "ap", "rr", "recall", "precision", "trunc_ap", "trunc_precision", "auc"),
+              reference="Plackett 1975 / Luce 1959 inclusion (conditional Poisson); NPMLE as Jin et al. AAAI 2021"),
 )
 for _entry in _BUILTIN:
     register(_entry)
