@@ -19,6 +19,7 @@ exact metric), median interval width relative to the exact metric.
 
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-100k --repeats 20
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-latest-small --repeats 20 --out x.json
+    python benchmarks/popularity_accuracy.py --repeats 0 --merge a.json b.json   # summarise earlier runs
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def load(dataset: str, seed: int = 0):
     return scores, test, torch.from_numpy(exc), torch.from_numpy(counts), n_u
 
 
-def run(dataset: str, repeats: int, alphas, ms) -> list[dict]:
+def run(dataset: str, repeats: int, alphas, ms, first: int = 0) -> list[dict]:
     scores, test, exc, counts, n_u = load(dataset)
     rows = []
     for name, sc in scores.items():
@@ -70,7 +71,7 @@ def run(dataset: str, repeats: int, alphas, ms) -> list[dict]:
         truth = {s: float(metric_values(s, exact, n_u).double().mean()) for s in METRICS}
         for alpha in alphas:
             for m in ms:
-                for rep in range(repeats):
+                for rep in range(first, first + repeats):
                     t0 = time.time()
                     g = torch.Generator().manual_seed(10_000 * rep + m)
                     pop = rsp.sampled_ranks(sc, test, rsp.SamplingDesign(m, popularity=counts ** alpha), exclude=exc,
@@ -117,12 +118,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--alphas", type=float, nargs="+", default=[0.5, 1.0])
     ap.add_argument("--ms", type=int, nargs="+", default=[100, 500])
+    ap.add_argument("--first-repeat", type=int, default=0, help="seed index of the first repeat (to extend a run)")
     ap.add_argument("--out", default=None, help="write every row as JSON here")
+    ap.add_argument("--merge", nargs="*", default=[], help="JSON files of earlier runs to summarise with this one")
     args = ap.parse_args()
-    rows = run(args.dataset, args.repeats, args.alphas, args.ms)
+    rows = run(args.dataset, args.repeats, args.alphas, args.ms, args.first_repeat) if args.repeats > 0 else []
     if args.out:
         with open(args.out, "w") as fh:
             json.dump(rows, fh)
+    for path in args.merge:
+        with open(path) as fh:
+            rows += json.load(fh)
     print(summarise(rows))
 
 

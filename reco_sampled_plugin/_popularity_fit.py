@@ -10,21 +10,24 @@ what A holds at a given R depends on the recommender. The model (the stated assu
     solving sum_j pi_j(R) = R - 1 (the exponential-clocks form of Plackett-Luce, a fixed horizon: conditional
     Poisson sampling). beta = 0: A is a uniform random subset (the uniform law); beta > 0: the items above a
     positive are more popular than its candidates on average (popularity-biased recommenders), beta -> infinity:
-    the R - 1 most popular; beta < 0: niche-biased. One beta per recommender (per fit), the same at every depth.
+    the R - 1 most popular; beta < 0: niche-biased. The tilt may change with depth: beta(r) runs linearly in log r
+    from beta_top at r = 1 to beta_deep at r = :data:`DEEP_RANK` (constant beyond), beta_top >= beta_deep (the top
+    is at least as popularity-tilted as the depth), both on the grid :data:`BETAS`.
 
 Given R, the distinct drawn items' memberships are then independent: the likelihood of a positive is
 prod_{beating j} pi_j(R) prod_{non-beating j} (1 - pi_j(R)), which under uniform weights is the binomial likelihood
 of the uniform design. Items are grouped into popularity classes (``_popularity.weight_bins``; w^beta of a class is
 its items' mean), so a positive is summarised by three count vectors (``PopularityStats.profile``, ``beat_bins``,
-``miss_bins``). The prior P(R) on a rank grid shared by the positives is fitted by EM (an NPMLE, as ``mle``) for each
-beta of a grid, beta by maximum (profile) likelihood; the estimate is the mean of the positives' posterior means of
-the metric.
+``miss_bins``). The prior P(R) on a rank grid shared by the positives is fitted by penalised EM (10 pseudo-positives
+spread log-uniformly, the smoothing of ``mes``'s default) for each (beta_top, beta_deep) tried, the pair by maximum
+likelihood; the estimate is the mean of the positives' posterior means of the metric.
 
 Honest intervals: the data do not say how P(R) is shaped where a positive expects less than one beating draw (its
-*top zone*, ranks with m pi(R) <= 1, pi(R) = E q~(A)). The interval is the hull, over every beta of the 95% profile-
-likelihood set, of the estimates with P inside each positive's top zone replaced by the extremes the shape
-assumption of the uniform case allows (``identification.TopShape`` defaults: the density non-increasing there and no
-steeper than 1/r), widened by z standard errors.
+*top zone*, ranks with m pi(R) <= 1, pi(R) = E q~(A)), and few positives there say little about beta_top. The
+interval is the hull, over the 95% likelihood set of (beta_top, beta_deep) and every beta_top >= the fitted
+beta_deep, of the estimates with P inside each positive's top zone replaced by the extremes the shape assumption of
+the uniform case allows (``identification.TopShape`` defaults: the density non-increasing there and no steeper than
+1/r), widened by z standard errors.
 """
 
 from __future__ import annotations

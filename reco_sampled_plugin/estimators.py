@@ -21,6 +21,7 @@ method              estimator
 ``bv``              bias-variance trade-off (eq. 24-25) with ``gamma`` and ``prior``
 ``bv_mle``          ``bv`` with the prior p(r) estimated by ``mle`` on the same sampled ranks
 ``hh``              Hansen-Hurwitz AUC (and mean rank): uniform and popularity designs (``popularity.py``)
+``pl_fit``          every metric under popularity sampling: a Plackett-Luce model of the items above each positive
 ==================  =======================================================================================
 
 Standard errors: for table methods (mapping and corrections) the sample standard deviation of the
@@ -230,9 +231,10 @@ def estimate(
             with a SampledRanks.
         method: a registered estimator (``registry.names()``, see the module docstring); default ``mes``
             (``registry.DEFAULT_ESTIMATOR``), the most accurate rank-distribution estimator on ml-100k
-            (docs/estimators.md). Popularity-sampled ranks: ``hh`` (Hansen-Hurwitz, AUC only) from the
-            SampledRanks of the draw, which carry each positive's beating draws' 1/q~ (bare ranks cannot: refused,
-            as is every top-K metric there except with ``none``; docs/popularity.md).
+            (docs/estimators.md). Popularity-sampled ranks: ``hh`` (Hansen-Hurwitz, AUC) and ``pl_fit`` (every
+            metric, under a Plackett-Luce model of the items above each positive; its interval spans the top's
+            unidentified tilts) from the SampledRanks of the draw, which carry each positive's beating draws' 1/q~
+            and popularity classes (bare ranks cannot: refused; docs/popularity.md).
         sampling: ``"binomial"`` (with replacement, the default) or ``"hypergeometric"`` (rank-distribution and
             correction methods; the mapping functions assume neither). With a SampledRanks: its design's law
             (a contradicting value is refused).

@@ -11,7 +11,9 @@ above, not the count. Weighting each beating draw by 1/q~ counts it back (Hansen
 and with z_k the k-th term, (sum z_k^2 - m zbar^2) / (m (m - 1)) estimates Var[Y] without bias. Under uniform q~ =
 1/(n - 1), Y = (n - 1)(r~ - 1)/m: Krichene & Rendle's rank estimate (eq. 20), and the AUC below is the sampled AUC.
 AUC = (n - R)/(n - 1) is linear in R, so AUC^ = 1 - Y/(n - 1) is unbiased too. Top-K metrics are not linear in R and
-a positive with no beating draw says nothing on how the mass above maps to a count: they are not estimated here.
+a positive with no beating draw says nothing on how the mass above maps to a count: ``pl_fit`` (the end of this
+module; its model in ``_popularity_fit``) estimates them under a Plackett-Luce model of the items above a positive,
+its interval spanning what that model leaves unidentified.
 
 Registered as the estimator ``hh`` (``registry.py``); ``estimate("auc", sampled, method="hh")`` with the
 :class:`~reco_sampled_plugin.ranking.SampledRanks` of a popularity draw (they carry the statistics,
