@@ -344,6 +344,9 @@ def estimate(
     bounds = metric_bounds(spec, hist.n_items)
     if top_shape is not None and not isinstance(top_shape, TopShape):
         raise ValueError(f"top_shape: expected an identification.TopShape, got {type(top_shape).__name__}")
+    if top_shape is not None and draws is not None:
+        raise ValueError("top_shape: popularity-sampled ranks take the estimator's own top shapes (pl_fit: from uniform "
+                         "to 1/r inside each positive's top zone, docs/popularity.md); drop top_shape")
     # the uniform law's identified interval; popularity draws: the estimator's own (pl_fit), if any
     ident = Identification(spec, hist, sampling, top_shape) if (entry.family != "none" and draws is None
                                                                  and top_sensitive(spec, hist)) else None

@@ -153,6 +153,9 @@ def test_refusals_name_the_argument():
         rsp.estimate("ndcg@10", zero, method="pl_fit")
     with pytest.raises(ValueError, match="^sampled_ranks: "):
         rsp.estimate("hit@10", torch.tensor([1, 2]), 80, 10, method="pl_fit", sampling="popularity")
+    ok = rsp.sampled_ranks(scores, pos, SamplingDesign(10, popularity=torch.ones(80) + torch.arange(80.0)), generator=g)
+    with pytest.raises(ValueError, match="^top_shape: "):  # the uniform law's shape option would be ignored silently
+        rsp.estimate("hit@10", ok, method="pl_fit", top_shape=rsp.identification.TopShape(gamma=2.0))
 
 
 def test_registry_entry_declares_popularity_and_its_metrics():
