@@ -164,3 +164,29 @@ def test_registry_entry_declares_popularity_and_its_metrics():
     design = SamplingDesign(10, popularity=torch.ones(5))
     assert "pl_fit" in registry.names(design=design, metric="ndcg@10")
     assert set(registry.names(design=design, metric="hit@10")) == {"none", "pl_fit"}
+
+
+def test_evaluate_factors_corrects_top_k_with_pl_fit():
+    """Factor models draw through the same helper, so their statistics carry the popularity classes: pl_fit's
+    NDCG@10 from ``evaluate_factors`` equals ``estimate`` on the SampledRanks it keeps."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng(0)
+    users, items = 150, 250
+    train = sp.random(users, items, density=0.05, random_state=1, format="csr")
+    train.data[:] = 1
+    test = sp.random(users, items, density=0.02, random_state=2, format="csr")
+    test.data[:] = 1
+    test = (test - test.multiply(train)).tocsr()
+    test.eliminate_zeros()
+    a, b = rng.normal(size=(users, 8)), rng.normal(size=(items, 8))
+    counts = torch.tensor(np.asarray(train.sum(0)).ravel() + np.asarray(test.sum(0)).ravel() + 1.0)
+    design = SamplingDesign(40, popularity=counts)
+    res = rsp.evaluate_factors(train, test, a, b, metrics=["ndcg@10"], n_samples=design, correction="pl_fit",
+                               as_df=False)
+    ev = res.sampled
+    assert ev.popularity_stats.profile.shape == ev.sampled_ranks.shape + (16,)
+    again = rsp.estimate("ndcg@10", rsp.SampledRanks(ev.sampled_ranks, ev.n_candidates, None, design,
+                                                     popularity_stats=ev.popularity_stats), method="pl_fit")
+    row = res.summary["NDCG@10"]
+    assert row["corrected"] == pytest.approx(again.value, rel=1e-12)
