@@ -21,6 +21,7 @@ method              estimator
 ``bv``              bias-variance trade-off (eq. 24-25) with ``gamma`` and ``prior``
 ``bv_mle``          ``bv`` with the prior p(r) estimated by ``mle`` on the same sampled ranks
 ``hh``              Hansen-Hurwitz AUC (and mean rank): uniform and popularity designs (``popularity.py``)
+``pl_fit``          every metric under popularity sampling: a Plackett-Luce model of the items above each positive
 ==================  =======================================================================================
 
 Standard errors: for table methods (mapping and corrections) the sample standard deviation of the
@@ -262,9 +263,10 @@ def estimate(
             with a SampledRanks.
         method: a registered estimator (``registry.names()``, see the module docstring); default ``mes``
             (``registry.DEFAULT_ESTIMATOR``), the most accurate rank-distribution estimator on ml-100k
-            (docs/estimators.md). Popularity-sampled ranks: ``hh`` (Hansen-Hurwitz, AUC only) from the
-            SampledRanks of the draw, which carry each positive's beating draws' 1/q~ (bare ranks cannot: refused,
-            as is every top-K metric there except with ``none``; docs/popularity.md).
+            (docs/estimators.md). Popularity-sampled ranks: ``hh`` (Hansen-Hurwitz, AUC) and ``pl_fit`` (every
+            metric, under a Plackett-Luce model of the items above each positive; its interval spans the top's
+            unidentified tilts) from the SampledRanks of the draw, which carry each positive's beating draws' 1/q~
+            and popularity classes (bare ranks cannot: refused; docs/popularity.md).
         sampling: ``"binomial"`` (with replacement, the default) or ``"hypergeometric"`` (rank-distribution and
             correction methods; the mapping functions assume neither). With a SampledRanks: its design's law
             (a contradicting value is refused).
@@ -385,8 +387,15 @@ def estimate(
     bounds = metric_bounds(spec, hist.n_items)
     if top_shape is not None and not isinstance(top_shape, TopShape):
         raise ValueError(f"top_shape: expected an identification.TopShape, got {type(top_shape).__name__}")
-    ident = Identification(spec, hist, sampling, top_shape) if entry.family != "none" and top_sensitive(spec, hist) else None
+    if top_shape is not None and draws is not None:
+        raise ValueError("top_shape: popularity-sampled ranks take the estimator's own top shapes (pl_fit: from uniform "
+                         "to 1/r inside each positive's top zone, docs/popularity.md); drop top_shape")
+    # the uniform law's identified interval; popularity draws: the estimator's own (pl_fit), if any
+    ident = Identification(spec, hist, sampling, top_shape) if (entry.family != "none" and draws is None
+                                                                 and top_sensitive(spec, hist)) else None
     res = entry.compute_function()(spec, hist, method=method, sampling=sampling,
                                    options=opts if draws is None else {**opts, "draws": draws})
+    if draws is not None:
+        ident = getattr(res, "identification", None)
     return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds,
                    ident)

@@ -102,7 +102,7 @@ def test_recbole_alpha_and_refusals(workdir):
         _rb_config("BPR", "pop100", train_neg_sample_args={**half, "alpha": math.nan})
     # what the registry has for (popularity, metric): hh corrects AUC; none reports the sampled metric
     pop = SamplingDesign(100, popularity=torch.ones(5))
-    assert registry.names(design=pop, metric="auc") == ("none", "hh")
+    assert registry.names(design=pop, metric="auc") == ("none", "hh", "pl_fit")
     with pytest.raises(ValueError, match=r"^eval_args\.mode: 'pop100' draws items by popularity, and 'correctedauc' "
                                          r"\(rsp_correction: bv\) does not estimate auc there .*use rsp_correction: hh"):
         _rb_config("BPR", "pop100", rsp_correction="bv")
