@@ -34,7 +34,7 @@ from typing import NamedTuple
 import torch
 
 __all__ = ["PopularityStats", "RowTotals", "popularity_stats", "stats_from_totals", "POP_BINS", "PROFILE_FIELDS",
-           "weight_bins", "class_totals", "forbidden_weight", "exclusion_totals"]
+           "weight_bins", "class_totals", "item_totals", "forbidden_weight", "exclusion_totals"]
 
 #: Popularity classes of the per-positive profile (equal width in log w between the smallest positive weight and the
 #: largest): 16 classes over counts 1..600 at alpha = 1 are a factor 1.5 wide each.
@@ -124,10 +124,11 @@ def class_totals(w: torch.Tensor, cls: torch.Tensor | None = None) -> torch.Tens
     return torch.zeros(POP_BINS, dtype=torch.float32, device=w.device).scatter_add_(0, cls, (w > 0).to(torch.float32))
 
 
-def _item_totals(rows: int, row_of: torch.Tensor, items: torch.Tensor, keep: torch.Tensor, w: torch.Tensor,
+def item_totals(rows: int, row_of: torch.Tensor, items: torch.Tensor, keep: torch.Tensor, w: torch.Tensor,
                  cls: torch.Tensor) -> RowTotals:
-    """:class:`RowTotals` of flat (row, item) entries (``keep``: the entries that count), by three ``index_add``
-    over the entries: memory O(entries + rows x POP_BINS)."""
+    """:class:`RowTotals` of flat (row, item) entries (``row_of``, ``items``: (T,) int64; ``keep``: (T,) bool, the
+    entries that count, each item at most once per row), by three ``index_add`` over the entries: memory
+    O(T + rows x POP_BINS), no host synchronisation."""
     wi = torch.where(keep, w[items], torch.zeros((), dtype=torch.float64, device=w.device))
     weight = torch.zeros(rows, dtype=torch.float64, device=w.device).index_add_(0, row_of, wi)
     zeros = torch.zeros(rows, dtype=torch.int64, device=w.device).index_add_(0, row_of, (keep & (wi == 0)).to(torch.int64))
@@ -146,7 +147,7 @@ def forbidden_weight(forbidden: torch.Tensor, w: torch.Tensor, cls: torch.Tensor
         real[:, 1:] &= forbidden[:, 1:] != forbidden[:, :-1]
     bsz, f = forbidden.shape
     row_of = torch.arange(bsz, device=w.device).repeat_interleave(f)
-    return _item_totals(bsz, row_of, forbidden.clamp(max=max(n - 1, 0)).reshape(-1), real.reshape(-1), w,
+    return item_totals(bsz, row_of, forbidden.clamp(max=max(n - 1, 0)).reshape(-1), real.reshape(-1), w,
                         weight_bins(w) if cls is None else cls)
 
 
@@ -159,7 +160,7 @@ def exclusion_totals(positives: torch.Tensor, exc, w: torch.Tensor, cls: torch.T
     also = exc.contains(positives)  # a positive also excluded: counted with the exclusions
     pos = torch.where(also, torch.full_like(positives, n), positives)  # still sorted where it matters: equal
     ones = torch.ones(exc.items.shape, dtype=torch.bool, device=w.device)  # neighbours stay neighbours
-    return forbidden_weight(pos, w, cls) + _item_totals(exc.rows, exc.row_of, exc.items, ones, w, cls)
+    return forbidden_weight(pos, w, cls) + item_totals(exc.rows, exc.row_of, exc.items, ones, w, cls)
 
 
 def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor,

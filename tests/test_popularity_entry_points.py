@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import reco_sampled_plugin as rsp
+from reco_sampled_plugin._popularity import POP_BINS
 from reco_sampled_plugin import registry
 from reco_sampled_plugin.design import SamplingDesign
 
@@ -425,7 +426,7 @@ def test_torchmetrics_popularity_state_equals_the_core():
     with pytest.raises(ValueError, match="^popularity: "):
         a.merge_state(other)
     a.reset()
-    assert a.pop.shape == (0, 6) and a.hist.shape[0] == 0
+    assert a.pop.shape == (0, 6 + 3 * POP_BINS) and a.hist.shape[0] == 0  # the hh columns, then pl_fit's
     # a batch refused whole leaves the state as it was (nothing half-written)
     before = metric.pop.clone()
     with pytest.raises(ValueError, match="^scores: 299 items"):
@@ -434,7 +435,7 @@ def test_torchmetrics_popularity_state_equals_the_core():
     fresh = SampledRankingMetrics(["auc"], design, estimators=["hh"], seed=7)
     with pytest.raises(ValueError, match="^n_samples: the design's popularity weights count 300 items, the scores 299"):
         fresh.update(scores[:5, :-1], pos[:5].clamp(max=298), None)
-    assert fresh.pop.shape == (0, 6) and fresh.hist.shape[0] == 0
+    assert fresh.pop.shape == (0, 6 + 3 * POP_BINS) and fresh.hist.shape[0] == 0
     with pytest.raises(ValueError, match="^n_samples: update_factors draws uniformly"):
         metric.update_factors(torch.randn(3, 4), torch.randn(300, 4), torch.tensor([[1], [2], [3]]))
     with pytest.raises(ValueError, match="^n_samples: keyed popularity draws are with replacement"):
