@@ -154,7 +154,8 @@ def auto_method(spec: MetricSpec, hist: RankHistogram, design: AdaptiveDesign | 
     """What ``method="auto"`` runs on ``hist`` (``registry.AUTO_CHOICES``) and why: the ``resolved`` choice for an
     adaptive design or where every group with positives at r~ = 1 has its resolution b = (n - 1)/(m + 1) + 1 at
     most the metric's cut-off K; the ``unresolved`` one otherwise (a metric without cut-off counts as resolved
-    only when no positive ranks first)."""
+    only when no positive ranks first). Popularity-sampled ranks never reach here: ``estimate`` runs
+    ``registry.popularity_auto`` on their SampledRanks (``hh`` for AUC, ``pl_fit`` otherwise)."""
     if design is not None:
         return registry.AUTO_CHOICES["resolved"], "adaptive design"
     occupied = hist.top_counts > 0
@@ -327,6 +328,16 @@ def estimate(
         hist, sampling, design = _from_sampled(sampled_ranks, n_items, n_samples, weights, sampling, adaptive, entry,
                                                spec)
         hist = hist.without_empty_groups()
+        if sampled_ranks.design.popularity is not None and entry.family == "auto":  # hh for AUC, pl_fit otherwise
+            method = registry.popularity_auto(spec)
+            # auto's fit options (validated above) reach the choice where it takes them; the others fit nothing
+            # there (hh is closed-form, pl_fit has its own fit) and are reported, not passed on
+            takes = registry.get(method).option_names
+            result = estimate(spec, sampled_ranks, method=method, weights=weights, max_rel_n_spread=max_rel_n_spread,
+                              top_shape=top_shape, **{k: v for k, v in options.items() if k in takes})
+            why = f"popularity design: {method} is the first of AUTO_CHOICES['popularity'] that estimates {spec.kind}"
+            auto = {"method": method, "reason": why, "options_unused": sorted(k for k in options if k not in takes)}
+            return dataclasses.replace(result, details={**result.details, "auto": auto})
         if sampled_ranks.design.popularity is not None and entry.family != "none":
             from .popularity import popularity_draws
 

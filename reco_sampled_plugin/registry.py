@@ -372,8 +372,10 @@ _BUILTIN = (
                   Option("penalty", "nonnegative_float", 1.0, "weight of the coefficients' squared second differences"),
               ), adaptive=True, fits_distribution=True, exact_groups=True, fitter=".rank_distribution:G_FITTER",
               reference="Efron, Biometrika 2016 (g-modelling)"),
-    Estimator("auto", "auto", "the default: gmod where the design resolves the top (adaptive, or K >= b), else mes",
-              ".estimators:estimate_auto", options=_FIT_OPTIONS, adaptive=True, fits_distribution=True, exact_groups=True,
+    Estimator("auto", "auto", "the default: gmod where the design resolves the top (adaptive, or K >= b), else mes; "
+              "popularity designs: hh for AUC, pl_fit for the others",
+              ".estimators:estimate_auto", options=_FIT_OPTIONS, adaptive=True, popularity=True, fits_distribution=True,
+              exact_groups=True,
               reference="docs/estimators.md, 'The defaults, and why'"),
     Estimator("none", "none", "the uncorrected sampled metric", ".corrections:estimate_by_table", adaptive=True,
               popularity=True, reference="Krichene & Rendle KDD 2020, eq. 4"),

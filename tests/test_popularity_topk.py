@@ -163,7 +163,7 @@ def test_registry_entry_declares_popularity_and_its_metrics():
     assert e.popularity and not e.without_replacement and e.family == "popularity_fit"
     design = SamplingDesign(10, popularity=torch.ones(5))
     assert "pl_fit" in registry.names(design=design, metric="ndcg@10")
-    assert set(registry.names(design=design, metric="hit@10")) == {"none", "pl_fit"}
+    assert set(registry.names(design=design, metric="hit@10")) == {"auto", "none", "pl_fit"}  # auto runs pl_fit
 
 
 def test_evaluate_factors_corrects_top_k_with_pl_fit():
