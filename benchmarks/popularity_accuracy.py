@@ -11,7 +11,9 @@ exact metric over the same users (``baselines.held_out_ranks``' ranks). Rows per
 * ``hh`` (AUC) and ``pl_fit`` (HR@10, NDCG@10) on the popularity draw: the corrected estimates;
 * ``none`` on the popularity draw: the uncorrected popularity-sampled metric (its interval covers the sampled
   metric, not the full one);
-* ``uniform`` at the same m, ``estimate(metric, sampled)`` with the default estimator (mes).
+* ``uniform`` at the same m, ``estimate(metric, sampled)`` with the default estimator (``auto``: gmod where the
+  design resolves the top, mes elsewhere). (On the popularity draw ``auto`` runs exactly the corrected rows' methods:
+  ``registry.AUTO_CHOICES["popularity"]``.)
 
 Columns: mean |relative error| and mean relative error (bias) over recommenders and repeats, the worst recommender's
 mean |relative error|, coverage of ``interval(0.95)`` (share of recommender x repeat cells whose interval holds the
@@ -20,6 +22,10 @@ exact metric), median interval width relative to the exact metric.
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-100k --repeats 20
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-latest-small --repeats 20 --out x.json
     python benchmarks/popularity_accuracy.py --repeats 0 --merge a.json b.json   # summarise earlier runs
+
+Sharded over processes (each trains the five recommenders once, then runs its repeats; seeds depend on the repeat
+index only, so shards merge into the same rows as one run): ``--first-repeat F --repeats R --out shard.json`` per
+process, then ``--repeats 0 --merge shard*.json``.
 """
 
 from __future__ import annotations

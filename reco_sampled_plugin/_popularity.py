@@ -131,7 +131,8 @@ def item_totals(rows: int, row_of: torch.Tensor, items: torch.Tensor, keep: torc
     O(T + rows x POP_BINS), no host synchronisation."""
     wi = torch.where(keep, w[items], torch.zeros((), dtype=torch.float64, device=w.device))
     weight = torch.zeros(rows, dtype=torch.float64, device=w.device).index_add_(0, row_of, wi)
-    zeros = torch.zeros(rows, dtype=torch.int64, device=w.device).index_add_(0, row_of, (keep & (wi == 0)).to(torch.int64))
+    zeros = torch.zeros(rows, dtype=torch.int64, device=w.device).index_add_(
+        0, row_of, (keep & (wi == 0)).to(torch.int64))
     flat = row_of * POP_BINS + cls[items]
     classes = torch.zeros(rows * POP_BINS, dtype=torch.float32, device=w.device).index_add_(
         0, flat, (keep & (wi > 0)).to(torch.float32)).view(rows, POP_BINS)

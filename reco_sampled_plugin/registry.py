@@ -401,7 +401,8 @@ _BUILTIN = (
               "Plackett-Luce (w^beta) model of the items above each positive, beta by likelihood; the top's "
               "interval spans the beta set and the top shapes allowed", ".popularity:estimate_by_pl_fit",
               without_replacement=False, popularity=True,
-              class_counts=True, reference="Plackett 1975 / Luce 1959 inclusion (conditional Poisson); NPMLE as Jin et al. AAAI 2021"),
+              class_counts=True,
+              reference="Plackett 1975 / Luce 1959 inclusion (conditional Poisson); NPMLE as Jin et al. AAAI 2021"),
 )
 for _entry in _BUILTIN:
     register(_entry)

@@ -211,7 +211,8 @@ def _popularity_ranks(table: torch.Tensor):
             t = table[rows]
             m = int(t[0, _M])
             counts = t[:, _N_COLS:].reshape(t.shape[0], -1, POP_BINS).to(torch.float32).unbind(1)  # popN: pl_fit's
-            stats = PopularityStats(t[:, _HH_BEATING], t[:, _HH_S1], t[:, _HH_S2], t[:, _HH_UNREACHABLE].to(torch.int64),
+            stats = PopularityStats(t[:, _HH_BEATING], t[:, _HH_S1], t[:, _HH_S2],
+                                    t[:, _HH_UNREACHABLE].to(torch.int64),
                                     *(counts if len(counts) == len(PROFILE_FIELDS) else ()))
             design = SamplingDesign.trusted(m, popularity=weights)
             cache["popularity"] = SampledRanks(t[:, _R_SAMPLED], t[:, _N_IRR], None, design, popularity_stats=stats)

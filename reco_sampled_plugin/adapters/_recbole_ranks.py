@@ -23,7 +23,8 @@ from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS
 
 from ._recbole_settings import _Settings, _settings
 
-__all__ = ["PLUGIN_KEY", "COLUMNS", "CLASS_COLUMNS", "positive_table", "collect_batch", "finish_collection", "reset_collection"]
+__all__ = ["PLUGIN_KEY", "COLUMNS", "CLASS_COLUMNS", "positive_table", "collect_batch", "finish_collection",
+           "reset_collection"]
 
 #: DataStruct key under which the wrapped collector stores the per-positive table.
 PLUGIN_KEY = "rsp.ranks"
