@@ -14,15 +14,49 @@ Sufficiency: with z_k = b_k / q~_{j_k} (b_k = 1 when draw k beats the positive, 
 its variance is (sum_k z_k^2 - m zbar^2) / (m (m - 1)); both, and the Kish effective sample size of the weights
 (sum z)^2 / sum z^2, read only m, S1 = sum_k z_k and S2 = sum_k z_k^2. Non-beating draws have z_k = 0, so S1 and S2
 are sums over the beating draws alone.
+
+The top-K fit (``_popularity_fit``, method ``pl_fit``) also reads, per positive, which popularity class each
+*distinct* drawn item falls in and whether it beats the positive, and how many drawable candidates the row has in
+each class: counts over :data:`POP_BINS` classes of equal width in log w (:func:`weight_bins`, fixed by the design's
+weights, so batches agree). That is 3 x POP_BINS float32 per positive, additive like the rest. A row's profile
+is the catalogue's class counts minus those of its forbidden items (positives and exclusions, each counted once,
+weight-0 items never), summed per row as the forbidden weight W is: from the padded sorted list
+(:func:`forbidden_weight`), from CSR exclusions (:func:`exclusion_totals`, one ``index_add`` over the T entries) or
+from a caller's own per-row sets (RecBole's used items): (B, POP_BINS) per batch, no host synchronisation.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-__all__ = ["PopularityStats", "popularity_stats", "stats_from_totals"]
+__all__ = ["PopularityStats", "RowTotals", "popularity_stats", "stats_from_totals", "POP_BINS", "PROFILE_FIELDS",
+           "weight_bins", "class_totals", "item_totals", "forbidden_weight", "exclusion_totals"]
+
+#: Popularity classes of the per-positive profile (equal width in log w between the smallest positive weight and the
+#: largest): 16 classes over counts 1..600 at alpha = 1 are a factor 1.5 wide each.
+POP_BINS = 16
+
+#: The fields ``pl_fit`` reads beyond the Hansen-Hurwitz sums (None where a source cannot carry them).
+PROFILE_FIELDS = ("profile", "beat_bins", "miss_bins")
+_FIELDS = ("beating", "inv_q", "inv_q2", "unreachable") + PROFILE_FIELDS
+
+
+def weight_bins(weights: torch.Tensor, bins: int = POP_BINS) -> torch.Tensor:
+    """(n,) int64 class of each item, 0..bins - 1 by equal steps of log w from the smallest positive weight to the
+    largest (every item in class 0 when they are all equal; weight-0 items in class 0, never drawn). No host
+    synchronisation."""
+    w = weights.to(torch.float64)
+    lw = torch.log(torch.where(w > 0, w, torch.ones_like(w)))
+    inf = torch.full_like(lw, math.inf)
+    lo = torch.where(w > 0, lw, inf).min()
+    hi = torch.where(w > 0, lw, -inf).max()
+    width = ((hi - lo) / bins).clamp_min(1e-12)
+    idx = torch.floor((lw - lo) / width).clamp(0, bins - 1)
+    return torch.where(w > 0, idx, torch.zeros_like(idx)).to(torch.int64)
 
 
 @dataclass(frozen=True)
@@ -34,6 +68,12 @@ class PopularityStats:
     inv_q2: float64, S2 = sum over beating draws of (b_k / q~_j)^2.
     unreachable: int64, the row's drawable candidates (irrelevant, not excluded) of weight 0: never drawn, so no
         estimate can count them (the estimators refuse rows that have any).
+    profile: float32 (..., POP_BINS), the row's drawable candidates of weight > 0 in each popularity class
+        (:func:`weight_bins`); None where the source cannot carry it (rank files), then ``pl_fit`` refuses.
+    beat_bins: float32 (..., POP_BINS), the distinct drawn items in each class that beat the positive (b: 1/2 for
+        a tie under ``ties="average"``); None with ``profile``.
+    miss_bins: float32 (..., POP_BINS), the distinct drawn items in each class that do not (1 - b); None with
+        ``profile``.
 
     Per positive and additive: batches, epochs and processes concatenate them like the ranks.
     """
@@ -42,32 +82,90 @@ class PopularityStats:
     inv_q: torch.Tensor
     inv_q2: torch.Tensor
     unreachable: torch.Tensor
+    profile: torch.Tensor | None = None
+    beat_bins: torch.Tensor | None = None
+    miss_bins: torch.Tensor | None = None
+
+    @property
+    def has_profile(self) -> bool:
+        """Whether the class counts ``pl_fit`` reads are here (every field of :data:`PROFILE_FIELDS`)."""
+        return all(getattr(self, f) is not None for f in PROFILE_FIELDS)
 
     def select(self, index) -> "PopularityStats":
         """The statistics of ``index`` (any tensor index of the ranks' shape, e.g. a bool mask of valid slots)."""
-        return PopularityStats(self.beating[index], self.inv_q[index], self.inv_q2[index], self.unreachable[index])
+        return PopularityStats(*(None if getattr(self, f) is None else getattr(self, f)[index] for f in _FIELDS))
 
     @staticmethod
     def cat(parts) -> "PopularityStats":
-        """The statistics of several 1-D selections (:meth:`select`) concatenated in order."""
+        """The statistics of several 1-D selections (:meth:`select`) concatenated in order (the class counts only
+        where every part has them)."""
         parts = list(parts)
-        return PopularityStats(*(torch.cat([getattr(p, f) for p in parts]) for f in
-                                 ("beating", "inv_q", "inv_q2", "unreachable")))
+        whole = all(p.has_profile for p in parts)
+        return PopularityStats(*(torch.cat([getattr(p, f) for p in parts]) if (whole or f not in PROFILE_FIELDS)
+                                 else None for f in _FIELDS))
 
 
-def forbidden_weight(forbidden: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per row, the total weight of its forbidden items and how many of them have weight 0: (B,) float64 and (B,)
-    int64, from (B, F) sorted items padded with n (an item listed twice, a positive given twice, counts once)."""
+class RowTotals(NamedTuple):
+    """Per row, what its forbidden items (positives and excluded items, each once) take from the catalogue:
+    ``weight`` (B,) float64 their total weight, ``zeros`` (B,) int64 how many have weight 0, ``classes``
+    (B, POP_BINS) float32 how many of weight > 0 fall in each popularity class (:func:`weight_bins`)."""
+
+    weight: torch.Tensor
+    zeros: torch.Tensor
+    classes: torch.Tensor
+
+    def __add__(self, other: "RowTotals") -> "RowTotals":  # disjoint sets of items: the totals add
+        return RowTotals(self.weight + other.weight, self.zeros + other.zeros, self.classes + other.classes)
+
+
+def class_totals(w: torch.Tensor, cls: torch.Tensor | None = None) -> torch.Tensor:
+    """(POP_BINS,) float32: the catalogue's items of weight > 0 in each popularity class."""
+    cls = weight_bins(w) if cls is None else cls
+    return torch.zeros(POP_BINS, dtype=torch.float32, device=w.device).scatter_add_(0, cls, (w > 0).to(torch.float32))
+
+
+def item_totals(rows: int, row_of: torch.Tensor, items: torch.Tensor, keep: torch.Tensor, w: torch.Tensor,
+                 cls: torch.Tensor) -> RowTotals:
+    """:class:`RowTotals` of flat (row, item) entries (``row_of``, ``items``: (T,) int64; ``keep``: (T,) bool, the
+    entries that count, each item at most once per row), by three ``index_add`` over the entries: memory
+    O(T + rows x POP_BINS), no host synchronisation."""
+    wi = torch.where(keep, w[items], torch.zeros((), dtype=torch.float64, device=w.device))
+    weight = torch.zeros(rows, dtype=torch.float64, device=w.device).index_add_(0, row_of, wi)
+    zeros = torch.zeros(rows, dtype=torch.int64, device=w.device).index_add_(
+        0, row_of, (keep & (wi == 0)).to(torch.int64))
+    flat = row_of * POP_BINS + cls[items]
+    classes = torch.zeros(rows * POP_BINS, dtype=torch.float32, device=w.device).index_add_(
+        0, flat, (keep & (wi > 0)).to(torch.float32)).view(rows, POP_BINS)
+    return RowTotals(weight, zeros, classes)
+
+
+def forbidden_weight(forbidden: torch.Tensor, w: torch.Tensor, cls: torch.Tensor | None = None) -> RowTotals:
+    """:class:`RowTotals` from (B, F) sorted items padded with n (``ranking.forbidden_sorted``; an item listed twice,
+    a positive given twice, counts once)."""
     n = w.shape[0]
     real = forbidden < n
     if forbidden.shape[1] > 1:
         real[:, 1:] &= forbidden[:, 1:] != forbidden[:, :-1]
-    wf = torch.where(real, w[forbidden.clamp(max=max(n - 1, 0))], torch.zeros((), dtype=torch.float64, device=w.device))
-    return wf.sum(1), (real & (wf == 0)).sum(1)
+    bsz, f = forbidden.shape
+    row_of = torch.arange(bsz, device=w.device).repeat_interleave(f)
+    return item_totals(bsz, row_of, forbidden.clamp(max=max(n - 1, 0)).reshape(-1), real.reshape(-1), w,
+                        weight_bins(w) if cls is None else cls)
+
+
+def exclusion_totals(positives: torch.Tensor, exc, w: torch.Tensor, cls: torch.Tensor | None = None) -> RowTotals:
+    """:class:`RowTotals` of a row's positives ((B, P) sorted ascending, padded with n: ``forbidden_sorted(pos,
+    None, n)``) and its CSR exclusions (an :class:`~reco_sampled_plugin.exclusions.Exclusions` of the same rows):
+    the exclusions summed per row over their T entries, the positives once each, those also excluded not again."""
+    cls = weight_bins(w) if cls is None else cls
+    n = w.shape[0]
+    also = exc.contains(positives)  # a positive also excluded: counted with the exclusions
+    pos = torch.where(also, torch.full_like(positives, n), positives)  # still sorted where it matters: equal
+    ones = torch.ones(exc.items.shape, dtype=torch.bool, device=w.device)  # neighbours stay neighbours
+    return forbidden_weight(pos, w, cls) + item_totals(exc.rows, exc.row_of, exc.items, ones, w, cls)
 
 
 def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor,
-                     forbidden: torch.Tensor, given: bool = False) -> PopularityStats:
+                     forbidden: torch.Tensor | RowTotals, given: bool = False) -> PopularityStats:
     """:class:`PopularityStats` of one batch of popularity draws.
 
     Args:
@@ -77,7 +175,7 @@ def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor,
         valid: (B, P) bool, the slots that hold a positive.
         weights: (n,) float64 popularity weights w (validated: finite, >= 0).
         forbidden: (B, F) the row's positives and excluded items, sorted, padded with n (``ranking.forbidden_sorted``),
-            or their (weight sum, count of weight 0) per row, (B,) each (:func:`forbidden_weight`).
+            or their :class:`RowTotals` (:func:`forbidden_weight`, :func:`exclusion_totals`).
         given: the negatives were given, not drawn by the plugin (which never draws an item of weight 0): check them
             (one host synchronisation; a draw's statistics cost none).
 
@@ -86,15 +184,19 @@ def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor,
         cannot have drawn it).
     """
     w = weights.to(torch.float64)
-    w_forbidden, zero_forbidden = forbidden_weight(forbidden, w) if isinstance(forbidden, torch.Tensor) else forbidden
-    total = w.sum() - w_forbidden  # W_u: the drawable candidates' weight
-    unreachable = (w == 0).sum() - zero_forbidden
+    cls = weight_bins(w)
+    tot = forbidden_weight(forbidden, w, cls) if isinstance(forbidden, torch.Tensor) else forbidden
+    total = w.sum() - tot.weight  # W_u: the drawable candidates' weight
+    unreachable = (w == 0).sum() - tot.zeros
+    profile = class_totals(w, cls).unsqueeze(0) - tot.classes  # (B, POP_BINS): the drawable candidates per class
     return stats_from_totals(beat, neg, valid, w, total.view(-1, 1).expand(valid.shape),
-                             unreachable.view(-1, 1).expand(valid.shape), given)
+                             unreachable.view(-1, 1).expand(valid.shape), given,
+                             profile=profile.unsqueeze(1).expand(valid.shape + (POP_BINS,)), classes=cls)
 
 
 def stats_from_totals(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor,
-                      total: torch.Tensor, unreachable: torch.Tensor, given: bool = False) -> PopularityStats:
+                      total: torch.Tensor, unreachable: torch.Tensor, given: bool = False, *,
+                      profile: torch.Tensor | None = None, classes: torch.Tensor | None = None) -> PopularityStats:
     """:class:`PopularityStats` from each positive's drawable weight W_u and count of unreachable candidates,
     where the caller knows them without a list of forbidden items (RecBole's sampler: its per-user used items).
 
@@ -103,6 +205,10 @@ def stats_from_totals(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor
             ``beat`` / ``neg`` S + (m,), ``valid`` S).
         total: S, float64, W_u = sum of w over the positive's drawable candidates (irrelevant, not excluded).
         unreachable: S, int64, its drawable candidates of weight 0.
+        profile: S + (POP_BINS,), its drawable candidates of weight > 0 per popularity class (:func:`class_totals`
+            minus the forbidden items' :class:`RowTotals` ``classes``); None: the statistics carry no class counts
+            (``pl_fit`` refuses them).
+        classes: the items' classes (:func:`weight_bins` of ``weights``) when already computed.
     """
     w = weights.to(torch.float64)
     q = w[neg.clamp(min=0)] / total.to(torch.float64).unsqueeze(-1)
@@ -116,4 +222,26 @@ def stats_from_totals(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor
     z = torch.where(valid.unsqueeze(-1), z, torch.zeros_like(z))
     beating = torch.where(valid, b.sum(-1), torch.zeros_like(b[..., 0]))
     unreach = torch.where(valid, unreachable.to(torch.int64), torch.zeros_like(valid, dtype=torch.int64))
-    return PopularityStats(beating, z.sum(-1), (z * z).sum(-1), unreach)
+    if profile is None:
+        return PopularityStats(beating, z.sum(-1), (z * z).sum(-1), unreach)
+    cls = weight_bins(w) if classes is None else classes
+    vf = valid.unsqueeze(-1).to(torch.float32)
+    beat_bins, miss_bins = _drawn_classes(b, neg, vf, cls)
+    return PopularityStats(beating, z.sum(-1), (z * z).sum(-1), unreach, profile.to(torch.float32) * vf,
+                           beat_bins, miss_bins)
+
+
+def _drawn_classes(b: torch.Tensor, neg: torch.Tensor, vf: torch.Tensor, cls: torch.Tensor) \
+        -> tuple[torch.Tensor, torch.Tensor]:
+    """Per positive, the distinct drawn items per popularity class that beat it (b) or not (1 - b): S + (POP_BINS,)
+    float32 each, 0 in padded slots (``vf``: S + (1,) float 0/1). An item drawn twice counts once (its membership
+    of the set above the positive is one fact)."""
+    n = cls.shape[0]
+    srt, order = torch.sort(neg, dim=-1)
+    first = torch.ones_like(srt, dtype=torch.bool)
+    first[..., 1:] = srt[..., 1:] != srt[..., :-1]
+    keep = first.to(torch.float32) * vf
+    bs = b.gather(-1, order).to(torch.float32)
+    c = cls[srt.clamp(min=0, max=max(n - 1, 0))]
+    zeros = torch.zeros(srt.shape[:-1] + (POP_BINS,), dtype=torch.float32, device=neg.device)
+    return zeros.scatter_add(-1, c, bs * keep), zeros.scatter_add(-1, c, (1.0 - bs) * keep)

@@ -243,8 +243,9 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
 def _estimate_popularity(args: argparse.Namespace, data) -> int:
     """``reco-sampled estimate`` of a popularity-sampled rank file (the ``hh_s1``, ``hh_s2`` columns): every metric
-    by the registry's methods for the popularity design that estimate it (``registry.names(design=, metric=)``:
-    today ``none`` and ``hh`` for AUC, ``none`` for top-K metrics), or by the ``--method`` s named."""
+    by the registry's methods for the popularity design that estimate it (``registry.names(design=, metric=)``)
+    and read such a file (not ``pl_fit``, which needs class counts a rank file does not carry: ``auto`` and ``hh``
+    for AUC, ``none`` for top-K metrics), or by the ``--method`` s named."""
     from .estimators import estimate
     from .metric_names import parse_metric
 
@@ -273,12 +274,22 @@ def _estimate_popularity(args: argparse.Namespace, data) -> int:
           f"n {int(data.n_items.min()):,}..{int(data.n_items.max()):,}")
     rows = []
     for metric in metrics:
-        for method in args.method or registry.names(design=design, metric=metric):
+        for method in args.method or [m for m in registry.names(design=design, metric=metric)
+                                      if _reads_file(m, metric, sampled)]:
             rows.append((metric, method, estimate(metric, sampled, method=method)))
     context = dict(n_items=int(data.n_items.max()), users=len(data.ranks), n_samples=design.n_samples,
                    pilot=args.file)
     print("\n".join(estimate_table(rows, stderr=args.stderr, **context)))
     return 0
+
+
+def _reads_file(method: str, metric: str, sampled) -> bool:
+    """Whether ``method`` (``auto``: the method it runs for ``metric``) can read these popularity-sampled ranks: a
+    rank file carries the Hansen-Hurwitz sums, not the class counts of ``registry.Estimator.class_counts``."""
+    entry = registry.get(method)
+    if entry.family == "auto":
+        entry = registry.get(registry.popularity_auto(metric))
+    return not entry.class_counts or sampled.popularity_stats.has_profile
 
 
 def _default_methods() -> tuple[str, ...]:

@@ -126,6 +126,10 @@ class EstimatorOutput(NamedTuple):
     n_instances: float
     details: dict
     flags: tuple = ()
+    identification: Any = None
+    """Where the estimator itself says what the data cannot identify (``pl_fit`` under popularity sampling): an
+    object with ``interval(level)`` and ``metric_range`` (as ``identification.Identification``); ``estimate()``
+    uses it instead of the uniform law's identified interval."""
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ method              estimator
 ``bv``              bias-variance trade-off (eq. 24-25) with ``gamma`` and ``prior``
 ``bv_mle``          ``bv`` with the prior p(r) estimated by ``mle`` on the same sampled ranks
 ``hh``              Hansen-Hurwitz AUC (and mean rank): uniform and popularity designs (``popularity.py``)
+``pl_fit``          every metric under popularity sampling: a Plackett-Luce model of the items above each positive
 ==================  =======================================================================================
 
 Standard errors: for table methods (mapping and corrections) the sample standard deviation of the
@@ -153,7 +154,8 @@ def auto_method(spec: MetricSpec, hist: RankHistogram, design: AdaptiveDesign | 
     """What ``method="auto"`` runs on ``hist`` (``registry.AUTO_CHOICES``) and why: the ``resolved`` choice for an
     adaptive design or where every group with positives at r~ = 1 has its resolution b = (n - 1)/(m + 1) + 1 at
     most the metric's cut-off K; the ``unresolved`` one otherwise (a metric without cut-off counts as resolved
-    only when no positive ranks first)."""
+    only when no positive ranks first). Popularity-sampled ranks never reach here: ``estimate`` runs
+    ``registry.popularity_auto`` on their SampledRanks (``hh`` for AUC, ``pl_fit`` otherwise)."""
     if design is not None:
         return registry.AUTO_CHOICES["resolved"], "adaptive design"
     occupied = hist.top_counts > 0
@@ -262,9 +264,10 @@ def estimate(
             with a SampledRanks.
         method: a registered estimator (``registry.names()``, see the module docstring); default ``mes``
             (``registry.DEFAULT_ESTIMATOR``), the most accurate rank-distribution estimator on ml-100k
-            (docs/estimators.md). Popularity-sampled ranks: ``hh`` (Hansen-Hurwitz, AUC only) from the
-            SampledRanks of the draw, which carry each positive's beating draws' 1/q~ (bare ranks cannot: refused,
-            as is every top-K metric there except with ``none``; docs/popularity.md).
+            (docs/estimators.md). Popularity-sampled ranks: ``hh`` (Hansen-Hurwitz, AUC) and ``pl_fit`` (every
+            metric, under a Plackett-Luce model of the items above each positive; its interval spans the top's
+            unidentified tilts) from the SampledRanks of the draw, which carry each positive's beating draws' 1/q~
+            and popularity classes (bare ranks cannot: refused; docs/popularity.md).
         sampling: ``"binomial"`` (with replacement, the default) or ``"hypergeometric"`` (rank-distribution and
             correction methods; the mapping functions assume neither). With a SampledRanks: its design's law
             (a contradicting value is refused).
@@ -325,6 +328,16 @@ def estimate(
         hist, sampling, design = _from_sampled(sampled_ranks, n_items, n_samples, weights, sampling, adaptive, entry,
                                                spec)
         hist = hist.without_empty_groups()
+        if sampled_ranks.design.popularity is not None and entry.family == "auto":  # hh for AUC, pl_fit otherwise
+            method = registry.popularity_auto(spec)
+            # auto's fit options (validated above) reach the choice where it takes them; the others fit nothing
+            # there (hh is closed-form, pl_fit has its own fit) and are reported, not passed on
+            takes = registry.get(method).option_names
+            result = estimate(spec, sampled_ranks, method=method, weights=weights, max_rel_n_spread=max_rel_n_spread,
+                              top_shape=top_shape, **{k: v for k, v in options.items() if k in takes})
+            why = f"popularity design: {method} is the first of AUTO_CHOICES['popularity'] that estimates {spec.kind}"
+            auto = {"method": method, "reason": why, "options_unused": sorted(k for k in options if k not in takes)}
+            return dataclasses.replace(result, details={**result.details, "auto": auto})
         if sampled_ranks.design.popularity is not None and entry.family != "none":
             from .popularity import popularity_draws
 
@@ -385,8 +398,15 @@ def estimate(
     bounds = metric_bounds(spec, hist.n_items)
     if top_shape is not None and not isinstance(top_shape, TopShape):
         raise ValueError(f"top_shape: expected an identification.TopShape, got {type(top_shape).__name__}")
-    ident = Identification(spec, hist, sampling, top_shape) if entry.family != "none" and top_sensitive(spec, hist) else None
+    if top_shape is not None and draws is not None:
+        raise ValueError("top_shape: popularity-sampled ranks take the estimator's own top shapes (pl_fit: from uniform "
+                         "to 1/r inside each positive's top zone, docs/popularity.md); drop top_shape")
+    # the uniform law's identified interval; popularity draws: the estimator's own (pl_fit), if any
+    ident = Identification(spec, hist, sampling, top_shape) if (entry.family != "none" and draws is None
+                                                                 and top_sensitive(spec, hist)) else None
     res = entry.compute_function()(spec, hist, method=method, sampling=sampling,
                                    options=opts if draws is None else {**opts, "draws": draws})
+    if draws is not None:
+        ident = getattr(res, "identification", None)
     return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds,
                    ident)

@@ -216,7 +216,7 @@ class SampledEvaluation:
     sample_sizes: (N,) int64 final m of each test item (all m without adaptive sampling).
     adaptive_max: the cap of adaptive sampling, or None.
     popularity_stats: (N,) per test item, the beating draws' statistics of a popularity design (with replacement):
-        what the Hansen-Hurwitz estimator ``hh`` reads (``SampledRanks.popularity_stats``); None otherwise.
+        what ``hh`` and ``pl_fit`` read (``SampledRanks.popularity_stats``); None otherwise.
     """
 
     users: torch.Tensor
@@ -312,8 +312,8 @@ def evaluate_factors(
             ``replacement``, ``popularity`` and ``adaptive_max`` below; a design carries them (given next to it
             they are refused).
         replacement, popularity: sampling law (uniform with replacement: binomial; without: hypergeometric;
-            popularity-weighted draws: ``correction="hh"`` corrects AUC (``metrics=["roc_auc"]``), ``"none"``
-            reports the sampled metrics; docs/popularity.md).
+            popularity-weighted draws: ``correction="hh"`` corrects AUC (``metrics=["roc_auc"]``), ``"pl_fit"``
+            every metric, ``"none"`` reports the sampled metrics; docs/popularity.md).
         correction: an estimator of the registry (``reco_sampled_plugin.registry.names()``: ``"bv"``, ``"cls"``,
             ``"mle"``...) for corrected estimates next to the exact values; it must support the design
             (``registry.get(correction).supports(design)``); ``gamma`` for the corrections that take it (``bv``,

@@ -11,7 +11,9 @@ above, not the count. Weighting each beating draw by 1/q~ counts it back (Hansen
 and with z_k the k-th term, (sum z_k^2 - m zbar^2) / (m (m - 1)) estimates Var[Y] without bias. Under uniform q~ =
 1/(n - 1), Y = (n - 1)(r~ - 1)/m: Krichene & Rendle's rank estimate (eq. 20), and the AUC below is the sampled AUC.
 AUC = (n - R)/(n - 1) is linear in R, so AUC^ = 1 - Y/(n - 1) is unbiased too. Top-K metrics are not linear in R and
-a positive with no beating draw says nothing on how the mass above maps to a count: they are not estimated here.
+a positive with no beating draw says nothing on how the mass above maps to a count: ``pl_fit`` (the end of this
+module; its model in ``_popularity_fit``) estimates them under a Plackett-Luce model of the items above a positive,
+its interval spanning what that model leaves unidentified.
 
 Registered as the estimator ``hh`` (``registry.py``); ``estimate("auc", sampled, method="hh")`` with the
 :class:`~reco_sampled_plugin.ranking.SampledRanks` of a popularity draw (they carry the statistics,
@@ -26,13 +28,14 @@ import numpy as np
 import torch
 
 from ._checks import check_weights, check_without_replacement
-from ._popularity import PopularityStats
+from ._popularity import POP_BINS, PopularityStats, weight_bins
+from ._popularity_fit import PopularityFit, Units, fit as _fit_units, z_value
 from .design import SamplingDesign
 from .estimate import Estimate, EstimatorOutput
 from .metric_names import MetricSpec
 
 __all__ = ["HH_METRICS", "ESS_SHARE_FLAG", "PopularityDraws", "popularity_draws", "rank_estimates", "mean_rank",
-           "estimate_by_hh"]
+           "estimate_by_hh", "estimate_by_pl_fit", "pl_fit"]
 
 #: The metric kinds ``hh`` estimates: those linear in the exact rank.
 HH_METRICS = ("auc",)
@@ -45,10 +48,13 @@ ESS_SHARE_FLAG = 0.1
 
 class PopularityDraws:
     """The per-positive inputs of ``hh`` (valid slots only, 1-D float64 numpy arrays): S1, S2, beating draws, n, m,
-    frequency weights; from :func:`popularity_draws` (a popularity draw) or from a uniform histogram."""
+    frequency weights; from :func:`popularity_draws` (a popularity draw) or from a uniform histogram. ``units``:
+    what ``pl_fit`` reads (the popularity classes of the distinct drawn items and of the row's candidates), None
+    for a uniform histogram."""
 
-    def __init__(self, s1, s2, beating, n, m, w) -> None:
+    def __init__(self, s1, s2, beating, n, m, w, units: Units | None = None) -> None:
         self.s1, self.s2, self.beating, self.n, self.m, self.w = s1, s2, beating, n, m, w
+        self.units = units
 
 
 def popularity_draws(sampled, weights=None) -> PopularityDraws:
@@ -84,8 +90,32 @@ def popularity_draws(sampled, weights=None) -> PopularityDraws:
         return t.detach().to(torch.float64).cpu().numpy()
 
     m = np.full(int(valid.sum()), float(design.n_samples))
+    units = _units(stats, valid, design, n, m, w, host) if stats.has_profile else None
     return PopularityDraws(host(stats.inv_q[valid]), host(stats.inv_q2[valid]), host(stats.beating[valid]), host(n),
-                           m, host(w[valid]))
+                           m, host(w[valid]), units)
+
+
+#: Why ``pl_fit`` refuses statistics without class counts (rank files carry S1, S2 only).
+_NO_PROFILE = ("sampled_ranks: pl_fit reads each positive's popularity-class counts (PopularityStats.profile, "
+               "beat_bins, miss_bins: the drawable candidates and the distinct beating / other drawn items per "
+               "class), which these ranks do not carry (a rank file keeps only the Hansen-Hurwitz sums hh_s1, "
+               "hh_s2); use hh for AUC, or rank the scores with sampled_ranks(..., popularity=w), "
+               "sampled_ranks_from_scorer or evaluate_factors, which keep them")
+
+
+def _units(stats: PopularityStats, valid, design: SamplingDesign, n, m, w, host) -> Units:
+    """What ``pl_fit`` reads: the valid positives' class counts and the classes' mean weight and log weight."""
+    cls = weight_bins(design.popularity)
+    wt = design.popularity.to(torch.float64)
+    n_cls = torch.zeros(POP_BINS, dtype=torch.float64).scatter_add_(0, cls.cpu(), (wt > 0).double().cpu())
+    sum_w = torch.zeros(POP_BINS, dtype=torch.float64).scatter_add_(0, cls.cpu(), wt.cpu())
+    sum_lw = torch.zeros(POP_BINS, dtype=torch.float64).scatter_add_(
+        0, cls.cpu(), torch.where(wt > 0, torch.log(torch.where(wt > 0, wt, torch.ones_like(wt))), torch.zeros_like(wt)).cpu())
+    occupied = n_cls > 0
+    mean_w = host(torch.where(occupied, sum_w / n_cls.clamp_min(1), torch.zeros_like(sum_w)))
+    log_v = host(torch.where(occupied, sum_lw / n_cls.clamp_min(1), torch.zeros_like(sum_lw)))
+    return Units(host(stats.profile[valid]), host(stats.beat_bins[valid]), host(stats.miss_bins[valid]), host(n), m,
+                 host(w[valid]), log_v, mean_w)
 
 
 def _uniform_draws(hist) -> PopularityDraws:
@@ -197,3 +227,85 @@ def estimate_by_hh(spec: MetricSpec, hist, *, method: str, sampling: str, option
         flags = ("weights_concentrated",)
     return EstimatorOutput(value, se, total, details, flags)
 
+
+
+# --------------------------------------------------------------------------------- pl_fit: top-K metrics
+def _uniform_units(hist) -> Units:
+    """The cells of a uniform histogram (with replacement) as :class:`~reco_sampled_plugin._popularity_fit.Units`:
+    one popularity class holding the n - 1 candidates, r~ - 1 beating and m - r~ + 1 other draws (the binomial
+    likelihood; draws are not made distinct: under the uniform law the count is what is known), the count as the
+    weight."""
+    parts = []
+    for n, m, c in zip(hist.n_items, hist.n_samples, hist.counts):
+        b = np.arange(len(c), dtype=np.float64)  # r~ - 1
+        keep = c > 0
+        k = int(keep.sum())
+        parts.append((np.full(k, float(n)), np.full(k, float(m)), b[keep], c[keep]))
+    n, m, b, w = (np.concatenate([p[i] for p in parts]) if parts else np.zeros(0) for i in range(4))
+    col = lambda x: x.reshape(-1, 1)  # noqa: E731
+    return Units(col(n - 1.0), col(b), col(m - b), n, m, w, np.zeros(1), np.ones(1))
+
+
+def pl_fit(sampled, weights=None) -> PopularityFit:
+    """The fitted model of ``pl_fit`` (module ``_popularity_fit``) on popularity-sampled
+    :class:`~reco_sampled_plugin.ranking.SampledRanks` (or uniform ones): ``.betas``, ``.loglik``, ``.best``
+    (index of the chosen beta), ``.beta_set`` (its 95% profile-likelihood set), ``.estimate(spec)``,
+    ``.bounds(spec)``. Refusals as :func:`popularity_draws`; adaptive draws refused naming ``sampled``."""
+    design = _fixed_m(sampled)
+    if design is not None and design.popularity is not None:
+        units = popularity_draws(sampled, weights).units
+        if units is None:
+            raise ValueError(_NO_PROFILE.replace("sampled_ranks:", "sampled:", 1))
+        return _fit_units(units)
+    if design is not None and not design.replacement:
+        raise ValueError("sampled: pl_fit models draws with replacement; these were drawn without")
+    return _fit_units(_uniform_units(sampled.histogram(weights)))
+
+
+class _TopBounds:
+    """The interval of ``pl_fit`` where the top is unresolved: what :class:`~reco_sampled_plugin.estimate.Estimate`
+    reads from an identification (``interval(level)`` with ``lo``/``hi``, ``metric_range``)."""
+
+    def __init__(self, lo: float, hi: float, stderr: float, metric_range: tuple[float, float], details: dict) -> None:
+        self.lp_lo, self.lp_hi, self.stderr, self.metric_range, self.details = lo, hi, stderr, metric_range, details
+
+    def interval(self, level: float = 0.95):
+        from .identification import IdentifiedInterval
+
+        z = z_value(level)
+        lo = max(self.metric_range[0], self.lp_lo - z * self.stderr)
+        hi = min(self.metric_range[1], self.lp_hi + z * self.stderr)
+        return IdentifiedInterval(lo, hi, self.lp_lo, self.lp_hi, level, (), dict(self.details))
+
+
+def estimate_by_pl_fit(spec: MetricSpec, hist, *, method: str, sampling: str, options: dict) -> EstimatorOutput:
+    """The registry's compute function of ``pl_fit``: any metric from the fitted model (module ``_popularity_fit``).
+    ``options["draws"]``: the :class:`PopularityDraws` of a popularity design; without it a uniform histogram
+    (with replacement: the model's one-class binomial likelihood). Under popularity sampling the output carries
+    the interval of the unresolved top (``identification``): the hull over the 95% set of beta and the top shapes
+    allowed, widened by 1.96 standard errors."""
+    from .metrics import metric_bounds
+
+    d = options.get("draws")
+    if d is None:
+        check_without_replacement(hist.n_items, hist.n_samples, sampling)
+        if sampling != "binomial":
+            raise ValueError("sampling: pl_fit models draws with replacement (binomial law); use mle or mes for "
+                             "draws without replacement")
+        units = _uniform_units(hist)
+    else:
+        units = d.units
+        if units is None:
+            raise ValueError(_NO_PROFILE)
+    f = _fit_units(units)
+    value, se, _ = f.estimate(spec)
+    details = {"method": method, "design": "popularity" if d is not None else sampling, "beta": f.beta_of(),
+               "loglik": f.loglik}
+    ident = None
+    if d is not None:
+        lo, hi, extra = f.bounds(spec)
+        details.update(extra)
+        details["identified"] = (lo, hi)
+        if hi - lo > 1e-9 * max(1.0, abs(value)):
+            ident = _TopBounds(lo, hi, se, metric_bounds(spec, hist.n_items), details)
+    return EstimatorOutput(value, se, float(units.w.sum()), details, (), ident)

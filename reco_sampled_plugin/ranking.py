@@ -30,7 +30,7 @@ from ._inputs import (Check, score_tensor, as_padded_index, check_finite_rows, c
                        finite_flags, pending_index, run_checks, sparse_masks)
 from .exclusions import Exclusions, as_exclusions, check_prepared, csr_from_padded, pending_exclusions, skip_sorted
 from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
-from ._popularity import PopularityStats, forbidden_weight, popularity_stats
+from ._popularity import PopularityStats, exclusion_totals, popularity_stats
 from ._options import check_bool
 from .design import SamplingDesign, as_design
 
@@ -959,8 +959,6 @@ def popularity_draw_stats(design: SamplingDesign, beat: torch.Tensor, neg: torch
     w = design.popularity  # validated by the design (values) and by the draw (its length) where it drew
     w = check_popularity(w, n_items, neg.device) if w.shape != (n_items,) else w.to(neg.device, torch.float64)
     if isinstance(exc, Exclusions):  # CSR exclusions: positives sorted per row, the exclusions summed per row
-        wp, zp = forbidden_weight(forbidden_sorted(pos, None, n_items), w)
-        we = exc.items.new_zeros(exc.rows, dtype=torch.float64).index_add_(0, exc.row_of, w[exc.items])
-        ze = exc.items.new_zeros(exc.rows).index_add_(0, exc.row_of, (w[exc.items] == 0).to(torch.int64))
-        return popularity_stats(beat, neg, pos >= 0, w, (wp + we, zp + ze), given)  # no item is both (refused)
+        totals = exclusion_totals(forbidden_sorted(pos, None, n_items), exc, w)  # weight, zeros, class counts
+        return popularity_stats(beat, neg, pos >= 0, w, totals, given)
     return popularity_stats(beat, neg, pos >= 0, w, forbidden_sorted(pos, exc, n_items), given)

@@ -19,7 +19,9 @@ The compute protocol (``estimators.estimate`` calls it after validating the opti
 ``rounding``). A rank-distribution method also names its ``fitter`` (``rank_distribution`` dispatches on it).
 A method that corrects popularity designs (``popularity=True``, family other than ``none``) also finds
 ``options["draws"]``: the per-positive statistics of the beating draws (``popularity.PopularityDraws``), which the
-histogram cannot carry. ``metrics`` restricts the metric kinds a method estimates (``hh``: AUC only).
+histogram cannot carry. ``metrics`` restricts the metric kinds a method estimates (``hh``: AUC only). Its output may
+carry an ``identification`` (``estimate.EstimatorOutput``): under popularity sampling ``estimate`` takes the interval
+of the unresolved top from it (``pl_fit``), not from the uniform law.
 
 Adding an estimator (docs/architecture.md): its module (the compute function), one :func:`register` call in
 ``_BUILTIN`` below (or at run time, for a user's own method), its row in docs/estimators.md, its test; the
@@ -49,6 +51,7 @@ __all__ = [
     "DEFAULT_ESTIMATOR",
     "DEFAULT_CORRECTION",
     "AUTO_CHOICES",
+    "popularity_auto",
 ]
 
 #: The families of estimators: how an estimate is made from the sampled-rank histogram.
@@ -60,6 +63,9 @@ FAMILIES = {
     "hansen_hurwitz": "each beating draw weighted by 1/q, its inclusion probability (Hansen-Hurwitz): unbiased for "
                       "metrics linear in the rank (AUC), under uniform and popularity sampling",
     "auto": "chooses a registered estimator per design and metric (AUTO_CHOICES), then runs it",
+    "popularity_fit": "the distribution of exact ranks fitted by the likelihood of which drawn items beat each "
+                      "positive, the items above it modelled as popularity-tilted (Plackett-Luce with weights w^beta); "
+                      "every metric, under popularity and uniform sampling",
 }
 
 #: Kinds of option values; each is validated by the named helper of ``_options`` (or the module named).
@@ -152,6 +158,8 @@ class Estimator:
         reference: the paper and equations.
         metrics: the metric kinds it estimates (``metric_names.METRIC_KINDS`` keys), None for every one;
             ``estimate`` refuses the others, naming ``metric``.
+        class_counts: reads each positive's popularity-class counts (``_popularity.PopularityStats.profile``,
+            ``beat_bins``, ``miss_bins``) under popularity designs, which rank files do not carry (there it refuses).
     """
 
     name: str
@@ -167,10 +175,12 @@ class Estimator:
     fitter: str | Callable | None = None
     reference: str = ""
     metrics: tuple[str, ...] | None = None
+    class_counts: bool = False
     _resolved: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        for flag in ("adaptive", "without_replacement", "popularity", "fits_distribution", "exact_groups"):
+        for flag in ("adaptive", "without_replacement", "popularity", "fits_distribution", "exact_groups",
+                     "class_counts"):
             object.__setattr__(self, flag, _check_bool(getattr(self, flag), flag))
         if not isinstance(self.family, str) or self.family not in FAMILIES:
             raise ValueError(f"family: unknown estimator family {self.family!r}; use one of {tuple(FAMILIES)}")
@@ -362,8 +372,10 @@ _BUILTIN = (
                   Option("penalty", "nonnegative_float", 1.0, "weight of the coefficients' squared second differences"),
               ), adaptive=True, fits_distribution=True, exact_groups=True, fitter=".rank_distribution:G_FITTER",
               reference="Efron, Biometrika 2016 (g-modelling)"),
-    Estimator("auto", "auto", "the default: gmod where the design resolves the top (adaptive, or K >= b), else mes",
-              ".estimators:estimate_auto", options=_FIT_OPTIONS, adaptive=True, fits_distribution=True, exact_groups=True,
+    Estimator("auto", "auto", "the default: gmod where the design resolves the top (adaptive, or K >= b), else mes; "
+              "popularity designs: hh for AUC, pl_fit for the others",
+              ".estimators:estimate_auto", options=_FIT_OPTIONS, adaptive=True, popularity=True, fits_distribution=True,
+              exact_groups=True,
               reference="docs/estimators.md, 'The defaults, and why'"),
     Estimator("none", "none", "the uncorrected sampled metric", ".corrections:estimate_by_table", adaptive=True,
               popularity=True, reference="Krichene & Rendle KDD 2020, eq. 4"),
@@ -385,6 +397,12 @@ _BUILTIN = (
               "and popularity sampling, beating draws weighted by 1/q (AUC only)", ".popularity:estimate_by_hh",
               popularity=True, metrics=("auc",),
               reference="Hansen & Hurwitz 1943; uniform q: Krichene & Rendle KDD 2020, eq. 20"),
+    Estimator("pl_fit", "popularity_fit", "popularity sampling, every metric: rank distribution fitted with a "
+              "Plackett-Luce (w^beta) model of the items above each positive, beta by likelihood; the top's "
+              "interval spans the beta set and the top shapes allowed", ".popularity:estimate_by_pl_fit",
+              without_replacement=False, popularity=True,
+              class_counts=True,
+              reference="Plackett 1975 / Luce 1959 inclusion (conditional Poisson); NPMLE as Jin et al. AAAI 2021"),
 )
 for _entry in _BUILTIN:
     register(_entry)
@@ -399,7 +417,20 @@ DEFAULT_ESTIMATOR = "auto"
 #: resolution b = (n - 1)/(m + 1) + 1 is at most the metric's cut-off K in every group with positives at r~ = 1),
 #: ``"unresolved"`` elsewhere (docs/estimators.md: gmod has half mes's error where the top is resolved, and 2-4x
 #: its error where it is not).
-AUTO_CHOICES = {"resolved": "gmod", "unresolved": "mes"}
+#: ``"popularity"``: under a popularity design, the first of these that estimates the metric (its entry's
+#: ``metrics``): ``hh`` for AUC (linear in the rank: unbiased, no model), ``pl_fit`` for every other metric (top-K
+#: metrics need its model of the items above each positive; docs/popularity.md).
+AUTO_CHOICES = {"resolved": "gmod", "unresolved": "mes", "popularity": ("hh", "pl_fit")}
+
+
+def popularity_auto(metric) -> str:
+    """What ``auto`` runs for ``metric`` (a name, kind or ``MetricSpec``) under a popularity design: the first of
+    ``AUTO_CHOICES["popularity"]`` whose entry estimates its kind."""
+    kind = getattr(metric, "kind", None) or _metric_kind(metric)
+    for name in AUTO_CHOICES["popularity"]:
+        if get(name).takes_metric(kind):
+            return name
+    raise ValueError(f"metric: no estimator of AUTO_CHOICES['popularity'] estimates {kind}")  # pragma: no cover
 
 #: The default where a correction table is needed (one value per sampled rank, so not a fitted method): RecBole's
 #: ``Corrected*`` (``rsp_correction``), ``reco-sampled table``, :func:`~reco_sampled_plugin.corrected_metric`.

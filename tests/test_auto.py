@@ -1,6 +1,9 @@
-"""``auto``, the default estimator: gmod where the design resolves the top, mes elsewhere (registry.AUTO_CHOICES)."""
+"""``auto``, the default estimator: gmod where the design resolves the top, mes elsewhere; under popularity designs
+hh for AUC, pl_fit for the others (registry.AUTO_CHOICES)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 import pytest
@@ -73,13 +76,43 @@ def test_auto_on_bare_ranks_and_histograms_matches_the_sampled_ranks_path():
     assert bare.details["auto"]["method"] == "gmod"
 
 
-def test_auto_refuses_designs_its_choices_cannot_read():
+def test_auto_under_popularity_runs_hh_for_auc_and_pl_fit_otherwise():
+    """Popularity designs: auto runs registry.popularity_auto's choice (AUTO_CHOICES["popularity"]: hh where it
+    estimates the metric, AUC; pl_fit for the others), its value, interval and flags those of the choice."""
     weights = torch.rand(300) + 0.1
     scores = torch.randn(50, 300, generator=torch.Generator().manual_seed(0))
     positives = torch.randint(0, 300, (50, 1), generator=torch.Generator().manual_seed(1))
     sampled = rsp.sampled_ranks(scores, positives, 20, popularity=weights, generator=torch.Generator().manual_seed(2))
+    for metric, chosen in (("auc", "hh"), ("hit@10", "pl_fit"), ("ndcg@10", "pl_fit"), ("mrr", "pl_fit")):
+        auto, direct = rsp.estimate(metric, sampled), rsp.estimate(metric, sampled, method=chosen)
+        assert auto.details["auto"]["method"] == chosen == registry.popularity_auto(metric)
+        assert auto.value == direct.value and auto.stderr == direct.stderr and auto.flags == direct.flags
+        assert auto.interval(0.95) == direct.interval(0.95)
+    # auto's fit options are validated as auto's and reported where its choice takes none
+    got = rsp.estimate("auc", sampled, n_bootstrap=4)
+    assert got.value == rsp.estimate("auc", sampled, method="hh").value
+    assert got.details["auto"]["options_unused"] == ["n_bootstrap"]
+    with pytest.raises(ValueError, match="^n_bootstrap: "):
+        rsp.estimate("auc", sampled, n_bootstrap=-1)
+
+
+def test_auto_refuses_designs_its_choices_cannot_read():
+    """What the choice cannot read is refused with the choice's own message, naming the argument."""
+    weights = torch.rand(300) + 0.1
+    scores = torch.randn(50, 300, generator=torch.Generator().manual_seed(0))
+    positives = torch.randint(0, 300, (50, 1), generator=torch.Generator().manual_seed(1))
+    without = rsp.sampled_ranks(scores, positives, 20, replacement=False, popularity=weights,
+                                generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match="^sampled_ranks: .*without replacement are not independent"):
+        rsp.estimate("auc", without, method="auto")  # hh: no Hansen-Hurwitz weights without replacement
     with pytest.raises(ValueError, match="method"):
-        rsp.estimate("hit@10", sampled, method="auto")
+        rsp.estimate("hit@10", without, method="auto")  # pl_fit models draws with replacement
+    sampled = rsp.sampled_ranks(scores, positives, 20, popularity=weights, generator=torch.Generator().manual_seed(2))
+    stripped = dataclasses.replace(sampled, popularity_stats=dataclasses.replace(
+        sampled.popularity_stats, profile=None, beat_bins=None, miss_bins=None))  # as a rank file reads back
+    with pytest.raises(ValueError, match=r"^sampled_ranks: pl_fit reads each positive's popularity-class counts"):
+        rsp.estimate("hit@10", stripped, method="auto")
+    assert rsp.estimate("auc", stripped).value == rsp.estimate("auc", sampled, method="hh").value  # hh needs none
 
 
 def test_auto_reads_exact_completion_at_the_cap_as_its_choice_does():

@@ -287,8 +287,8 @@ def test_evaluate_factors_carries_the_statistics_and_corrects_auc():
 def test_registry_views():
     pop = SamplingDesign(10, popularity=torch.ones(5))
     assert registry.get("hh").family == "hansen_hurwitz" and registry.get("hh").metrics == ("auc",)
-    assert registry.names(design=pop, metric="auc") == ("none", "hh")
-    assert registry.names(design=pop, metric="ndcg@10") == ("none",)
+    assert registry.names(design=pop, metric="auc") == ("auto", "none", "hh", "pl_fit")  # auto: hh for AUC
+    assert registry.names(design=pop, metric="ndcg@10") == ("auto", "none", "pl_fit")  # pl_fit (test_popularity_topk)
     assert "hh" not in registry.names(metric="mrr") and "hh" in registry.names(metric="auc")
     assert registry.names(metric="hit") == registry.names(metric="hit@10")
     with pytest.raises(ValueError, match="^metrics: "):
@@ -317,10 +317,11 @@ def test_refusals_name_the_argument(pop_ranks):
     with pytest.raises(ValueError, match="^sampled_ranks: .*without replacement are not independent"):
         rsp.estimate("auc", without, method="hh")
     # top-K metrics under popularity: refused, naming what is available
-    with pytest.raises(ValueError, match=r"^metric: method 'hh' estimates auc only; for hit@10 use one of \('none',\)"
-                                         r".*no estimator corrects hit@10 under popularity sampling yet"):
+    with pytest.raises(ValueError, match=r"^metric: method 'hh' estimates auc only; for hit@10 use one of "
+                                         r"\('auto', 'none', 'pl_fit'\)"):
         rsp.estimate("hit@10", s, method="hh")
-    with pytest.raises(ValueError, match=r"^method: 'mes' does not support .*popularity.*corrected there: hh \(auc\)"):
+    with pytest.raises(ValueError, match=r"^method: 'mes' does not support .*popularity.*for ndcg@10 use one of "
+                                         r"\('auto', 'none', 'pl_fit'\)"):
         rsp.estimate("ndcg@10", s, method="mes")
     with pytest.raises(ValueError, match="^metric: method 'hh' estimates auc only"):
         rsp.estimate("ndcg@10", s.ranks, 50, 10, method="hh")  # uniform bare ranks too

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import reco_sampled_plugin as rsp
+from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS
 from reco_sampled_plugin import registry
 from reco_sampled_plugin.design import SamplingDesign
 
@@ -102,7 +103,7 @@ def test_recbole_alpha_and_refusals(workdir):
         _rb_config("BPR", "pop100", train_neg_sample_args={**half, "alpha": math.nan})
     # what the registry has for (popularity, metric): hh corrects AUC; none reports the sampled metric
     pop = SamplingDesign(100, popularity=torch.ones(5))
-    assert registry.names(design=pop, metric="auc") == ("none", "hh")
+    assert registry.names(design=pop, metric="auc") == ("auto", "none", "hh", "pl_fit")
     with pytest.raises(ValueError, match=r"^eval_args\.mode: 'pop100' draws items by popularity, and 'correctedauc' "
                                          r"\(rsp_correction: bv\) does not estimate auc there .*use rsp_correction: hh"):
         _rb_config("BPR", "pop100", rsp_correction="bv")
@@ -110,8 +111,11 @@ def test_recbole_alpha_and_refusals(workdir):
                                          r"rsp_correction method corrects ndcg under popularity sampling yet; "
                                          r"rsp_correction: none reports the plain sampled metric"):
         _rb_config("BPR", "pop100", metrics=["CorrectedNDCG"], valid_metric="CorrectedNDCG@10")
-    with pytest.raises(ValueError, match=r"^eval_args\.mode: .*'rankdistauc' \(rsp_rank_dist: auto\)"):
-        _rb_config("BPR", "pop100", metrics=["RankDistAUC"])
+    # the default rsp_rank_dist, auto, runs hh (AUC) and pl_fit (top-K) there; a fitting method is refused
+    _rb_config("BPR", "pop100", metrics=["RankDistAUC", "RankDistNDCG"], valid_metric="RankDistNDCG@10")
+    with pytest.raises(ValueError, match=r"^eval_args\.mode: .*'rankdistauc' \(rsp_rank_dist: mes\) .*use "
+                                         r"rsp_rank_dist: auto"):
+        _rb_config("BPR", "pop100", metrics=["RankDistAUC"], rsp_rank_dist="mes")
     with pytest.raises(ValueError, match=r"^rsp_correction: 'hh' estimates auc only, not ndcg"):  # uniform too
         _rb_config("BPR", "uni100", metrics=["CorrectedNDCG"], valid_metric="CorrectedNDCG@10")
 
@@ -182,7 +186,10 @@ def rb_runs(workdir):  # about a minute on 2 cores: the tests that use it are ma
         trainer = Trainer(config, model)
         trainer.fit(train, None, saved=False, show_progress=False)
         full, _ = evaluate_with_struct(trainer, test)
-        pconfig = _rb_config(name, "pop100", rsp_stderr=True)
+        # RankDist*: auto runs hh (AUC) and pl_fit (NDCG; SASRec only: its 943 positives fit in seconds, BPR's 10k
+        # positives in a minute)
+        pconfig = _rb_config(name, "pop100", rsp_stderr=True, metrics=["CorrectedAUC", "RankDistAUC"] + (
+            ["RankDistNDCG"] if name == "SASRec" else []))
         _, _, ptest = _rb_data(pconfig)
         seen = []
         original = rr._process_sampled
@@ -258,6 +265,16 @@ def test_recbole_popn_equals_the_core_on_the_same_draws(rb_runs, model):
     weights[pos_u, slot] = 1.0 / cols["n_positives"]  # RecBole's user weighting, as the adapter
     core = rsp.estimate("auc", sampled, method="hh", weights=weights)
     assert run["pop"]["correctedauc"] == pytest.approx(core.value, abs=1e-11)
+    # pl_fit's class counts: from RecBole's used items (the adapter) = from the core's exclusions
+    for f in PROFILE_FIELDS:
+        got = torch.stack([cols[f"{f}_{c}"] for c in range(POP_BINS)], 1)
+        np.testing.assert_array_equal(got.numpy(), getattr(stats, f)[pos_u, slot].double().numpy(), err_msg=f)
+    assert float(cols["profile_0"].sum() + sum(cols[f"profile_{c}"].sum() for c in range(1, POP_BINS))) > 0
+    # the default rsp_rank_dist, auto: hh for AUC, pl_fit for NDCG, as the core's on the same draws
+    assert run["pop"]["rankdistauc"] == pytest.approx(core.value, abs=1e-11)
+    if "rankdistndcg@10" in run["pop"]:
+        ndcg = rsp.estimate("ndcg@10", sampled, method="pl_fit", weights=weights)
+        assert run["pop"]["rankdistndcg@10"] == pytest.approx(ndcg.value, abs=1e-11)
 
 
 @pytest.mark.slow
@@ -425,7 +442,7 @@ def test_torchmetrics_popularity_state_equals_the_core():
     with pytest.raises(ValueError, match="^popularity: "):
         a.merge_state(other)
     a.reset()
-    assert a.pop.shape == (0, 6) and a.hist.shape[0] == 0
+    assert a.pop.shape == (0, 6 + 3 * POP_BINS) and a.hist.shape[0] == 0  # the hh columns, then pl_fit's
     # a batch refused whole leaves the state as it was (nothing half-written)
     before = metric.pop.clone()
     with pytest.raises(ValueError, match="^scores: 299 items"):
@@ -434,7 +451,7 @@ def test_torchmetrics_popularity_state_equals_the_core():
     fresh = SampledRankingMetrics(["auc"], design, estimators=["hh"], seed=7)
     with pytest.raises(ValueError, match="^n_samples: the design's popularity weights count 300 items, the scores 299"):
         fresh.update(scores[:5, :-1], pos[:5].clamp(max=298), None)
-    assert fresh.pop.shape == (0, 6) and fresh.hist.shape[0] == 0
+    assert fresh.pop.shape == (0, 6 + 3 * POP_BINS) and fresh.hist.shape[0] == 0
     with pytest.raises(ValueError, match="^n_samples: update_factors draws uniformly"):
         metric.update_factors(torch.randn(3, 4), torch.randn(300, 4), torch.tensor([[1], [2], [3]]))
     with pytest.raises(ValueError, match="^n_samples: keyed popularity draws are with replacement"):

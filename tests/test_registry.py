@@ -17,6 +17,7 @@ import reco_sampled_plugin as rsp
 from reco_sampled_plugin import corrections, estimators, registry
 from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.estimate import EstimatorOutput
+from reco_sampled_plugin.metric_names import METRIC_KINDS
 from reco_sampled_plugin.simulate import draw_sampled_ranks
 
 N, M = 1000, 50
@@ -115,7 +116,13 @@ def test_lists_are_views_of_the_registry():
     assert registry.recbole_choices("rsp_rank_dist") == tuple(
         e.name for e in registry.entries() if e.family in ("auto", "rank_distribution"))
     # auto's choices are registered methods that take every design auto claims
-    for choice in registry.AUTO_CHOICES.values():
+    for key, choice in registry.AUTO_CHOICES.items():
+        if key == "popularity":  # popularity designs: corrected estimators of them, every metric kind covered
+            for name in choice:
+                assert registry.get(name).supports(SamplingDesign(10, popularity=torch.ones(5)))
+                assert registry.get(name).family not in ("none", "auto")
+            assert all(registry.popularity_auto(kind) in choice for kind in METRIC_KINDS)
+            continue
         assert registry.get(choice).adaptive and registry.get(choice).family == "rank_distribution"
         assert registry.get(choice).exact_groups or not registry.get("auto").exact_groups
 

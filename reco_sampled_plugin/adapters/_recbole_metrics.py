@@ -19,12 +19,12 @@ from reco_sampled_plugin._rank_hist import _bincount_histogram, _group_ids, samp
 from reco_sampled_plugin.estimators import estimate
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_from_float_ranks
-from reco_sampled_plugin._popularity import PopularityStats
+from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS, PopularityStats
 from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.ranking import SampledRanks
 
-from ._recbole_ranks import (_HH_BEATING, _HH_S1, _HH_S2, _HH_UNREACHABLE, _M, _N_IRR, _N_POS, _POP, _R_FULL, _R_IRR,
-                             _R_SAMPLED, _USER, PLUGIN_KEY)
+from ._recbole_ranks import (_HH_BEATING, _HH_S1, _HH_S2, _HH_UNREACHABLE, _M, _N_COLS, _N_IRR, _N_POS, _POP,
+                             _R_FULL, _R_IRR, _R_SAMPLED, _USER, PLUGIN_KEY)
 from ._recbole_settings import _ESTIMATED_KINDS, FAMILIES, _Settings, _settings, class_name, log_once, note_definitions
 
 #: the public module the classes are documented in (``reco_sampled_plugin.adapters.recbole``)
@@ -210,7 +210,10 @@ def _popularity_ranks(table: torch.Tensor):
         else:
             t = table[rows]
             m = int(t[0, _M])
-            stats = PopularityStats(t[:, _HH_BEATING], t[:, _HH_S1], t[:, _HH_S2], t[:, _HH_UNREACHABLE].to(torch.int64))
+            counts = t[:, _N_COLS:].reshape(t.shape[0], -1, POP_BINS).to(torch.float32).unbind(1)  # popN: pl_fit's
+            stats = PopularityStats(t[:, _HH_BEATING], t[:, _HH_S1], t[:, _HH_S2],
+                                    t[:, _HH_UNREACHABLE].to(torch.int64),
+                                    *(counts if len(counts) == len(PROFILE_FIELDS) else ()))
             design = SamplingDesign.trusted(m, popularity=weights)
             cache["popularity"] = SampledRanks(t[:, _R_SAMPLED], t[:, _N_IRR], None, design, popularity_stats=stats)
     return cache["popularity"]

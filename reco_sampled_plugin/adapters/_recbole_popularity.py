@@ -22,7 +22,8 @@ import math
 import numpy as np
 import torch
 
-from reco_sampled_plugin._popularity import PopularityStats, stats_from_totals
+from reco_sampled_plugin._popularity import (PopularityStats, RowTotals, class_totals, item_totals, stats_from_totals,
+                                             weight_bins)
 from reco_sampled_plugin.design import popularity_weights
 
 __all__ = ["recbole_alpha", "sampler_weights", "popularity_columns"]
@@ -64,9 +65,10 @@ def sampler_weights(sampler, n_items: int) -> torch.Tensor:
     return w
 
 
-def _used_sums(sampler, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per user id: the weight of its ``used_ids`` and how many of them have weight 0 (cached per phase: one pass
-    over the users' sets, flattened in C)."""
+def _used_sums(sampler, w: torch.Tensor) -> RowTotals:
+    """Per user id: the weight of its ``used_ids``, how many of them have weight 0 and how many of weight > 0 fall in
+    each popularity class (``_popularity.RowTotals``; cached per phase: one pass over the users' sets, flattened in
+    C, then one ``index_add`` each over the entries: memory (users x POP_BINS))."""
     used = sampler.used_ids
     cached = sampler.__dict__.get("_rsp_pop_used")
     if cached is not None and cached[0] is used and cached[1] is w:
@@ -74,11 +76,10 @@ def _used_sums(sampler, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     sizes = np.fromiter((len(u) for u in used), dtype=np.int64, count=len(used))
     flat = np.fromiter(itertools.chain.from_iterable(used), dtype=np.int64, count=int(sizes.sum()))
     owner = torch.from_numpy(np.repeat(np.arange(len(used)), sizes))
-    items = torch.from_numpy(flat)
-    wsum = torch.zeros(len(used), dtype=torch.float64).index_add_(0, owner, w[items])
-    zeros = torch.zeros(len(used), dtype=torch.int64).index_add_(0, owner, (w[items] == 0).to(torch.int64))
-    sampler.__dict__["_rsp_pop_used"] = (used, w, (wsum, zeros))
-    return wsum, zeros
+    items = torch.from_numpy(flat)  # a set per user: each item once
+    totals = item_totals(len(used), owner, items, torch.ones(items.shape, dtype=torch.bool), w, weight_bins(w))
+    sampler.__dict__["_rsp_pop_used"] = (used, w, totals)
+    return totals
 
 
 def popularity_columns(sampler, n_items: int, uids: torch.Tensor, pos_i: torch.Tensor, neg_items: torch.Tensor,
@@ -95,20 +96,23 @@ def popularity_columns(sampler, n_items: int, uids: torch.Tensor, pos_i: torch.T
 
     dev = s_neg.device
     w = sampler_weights(sampler, n_items)
+    cls = weight_bins(w)
     if isinstance(sampler, RepeatableSampler):  # used_ids: the row's own target
-        wt = w[pos_i.cpu()]
-        used_w, used_zero = wt, (wt == 0).to(torch.int64)
+        t = pos_i.cpu().to(torch.int64)
+        used = item_totals(t.shape[0], torch.arange(t.shape[0]), t, torch.ones(t.shape, dtype=torch.bool), w, cls)
     else:
-        wsum, zeros = _used_sums(sampler, w)
+        totals = _used_sums(sampler, w)
         u = uids.cpu()
-        used_w, used_zero = wsum[u], zeros[u]
+        used = RowTotals(totals.weight[u], totals.zeros[u], totals.classes[u])
     zero_items = int((w[1:] == 0).sum())  # candidates never drawn (item 0 is RecBole's padding)
-    total = (w.sum() - used_w).to(dev)
-    unreachable = (zero_items - used_zero).clamp(min=0).to(dev)
+    total = (w.sum() - used.weight).to(dev)
+    unreachable = (zero_items - used.zeros).clamp(min=0).to(dev)
+    profile = (class_totals(w, cls).unsqueeze(0) - used.classes).to(dev)  # drawable candidates of weight > 0
     gt = s_neg > s_pos.unsqueeze(1)
     eq = s_neg == s_pos.unsqueeze(1)
     beat = gt.to(torch.float64) + (eq.to(torch.float64) * {"pessimistic": 1.0, "optimistic": 0.0,
                                                             "average": 0.5}[ties])
     valid = torch.ones(s_pos.shape, dtype=torch.bool, device=dev)
-    stats = stats_from_totals(beat, neg_items.to(torch.int64), valid, w.to(dev), total, unreachable, given=True)
+    stats = stats_from_totals(beat, neg_items.to(torch.int64), valid, w.to(dev), total, unreachable, given=True,
+                              profile=profile, classes=cls.to(dev))
     return stats, w

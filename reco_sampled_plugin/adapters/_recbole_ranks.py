@@ -19,9 +19,12 @@ import math
 import numpy as np
 import torch
 
+from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS
+
 from ._recbole_settings import _Settings, _settings
 
-__all__ = ["PLUGIN_KEY", "COLUMNS", "positive_table", "collect_batch", "finish_collection", "reset_collection"]
+__all__ = ["PLUGIN_KEY", "COLUMNS", "CLASS_COLUMNS", "positive_table", "collect_batch", "finish_collection",
+           "reset_collection"]
 
 #: DataStruct key under which the wrapped collector stores the per-positive table.
 PLUGIN_KEY = "rsp.ranks"
@@ -33,6 +36,9 @@ _N_COLS = 14
 #: Column names of the per-positive table stored under :data:`PLUGIN_KEY` (see :func:`positive_table`).
 COLUMNS = ("user", "rank_full", "rank_irrelevant", "n_candidates", "sampled_rank", "m", "n_positives", "uid", "item",
            "popularity", "hh_beating", "hh_s1", "hh_s2", "hh_unreachable")
+#: popN only: the table goes on with ``pl_fit``'s class counts (``_popularity.PopularityStats``), POP_BINS columns
+#: each of the profile, beat_bins and miss_bins (other modes keep the first :data:`COLUMNS` alone).
+CLASS_COLUMNS = tuple(f"{f}_{c}" for f in PROFILE_FIELDS for c in range(POP_BINS))
 # rank columns: 0 = not available (sampled modes have no exact rank), -1 = beyond the computed top
 _BEYOND = -1.0
 
@@ -46,10 +52,11 @@ def positive_table(dataobject) -> dict[str, torch.Tensor]:
     row of the user in the evaluation, ``uid`` / ``item``: RecBole's internal ids. ``popN`` mode
     (``popularity`` 1, else 0 and the next columns 0): each positive's Hansen-Hurwitz statistics of its N drawn
     negatives (``_popularity.PopularityStats``; docs/popularity.md): ``hh_beating`` the beating draws,
-    ``hh_s1`` / ``hh_s2`` the sums of b / q~ and (b / q~)^2 over them, ``hh_unreachable`` the candidates of weight 0.
+    ``hh_s1`` / ``hh_s2`` the sums of b / q~ and (b / q~)^2 over them, ``hh_unreachable`` the candidates of weight 0;
+    then :data:`CLASS_COLUMNS` (popN only): the class counts ``pl_fit`` reads.
     """
     table = dataobject.get(PLUGIN_KEY)
-    return {name: table[:, i] for i, name in enumerate(COLUMNS)}
+    return {name: table[:, i] for i, name in enumerate(COLUMNS + CLASS_COLUMNS) if i < table.shape[1]}
 
 
 # -------------------------------------------------------------------------------- rank collection
@@ -730,6 +737,7 @@ def _process_sampled(collector, scores, pos_u, pos_i, items, row_uids) -> None:
         for col, t in ((_HH_BEATING, stats.beating), (_HH_S1, stats.inv_q), (_HH_S2, stats.inv_q2),
                        (_HH_UNREACHABLE, stats.unreachable)):
             table[:, col] = t.to(torch.float64)
+        table = torch.cat([table] + [getattr(stats, f).to(torch.float64) for f in PROFILE_FIELDS], 1)
         collector._rsp_popularity = w  # the weights travel with the table (finish_collection)
     _store(collector, table, b)
 

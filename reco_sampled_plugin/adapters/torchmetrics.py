@@ -73,6 +73,7 @@ from reco_sampled_plugin._options import (check_bool, check_choice, check_count,
                                           check_seed)
 from reco_sampled_plugin.estimate import Estimate, interval_values
 from reco_sampled_plugin import registry
+from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS
 from reco_sampled_plugin._rank_hist import RankHistogram
 from reco_sampled_plugin.design import SamplingDesign, as_design
 from reco_sampled_plugin.estimators import check_estimator_options, estimate
@@ -108,7 +109,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["ExactRankingMetrics", "SampledRankingMetrics", "estimate_values"]
 
 # the ``pop`` state's columns (popularity designs): one row per relevant item
-_POP_COLUMNS = ("sampled_rank", "n_candidates", "hh_s1", "hh_s2", "hh_beating", "hh_unreachable")
+# (then pl_fit's class counts: POP_BINS columns each of the profile, beat_bins and miss_bins)
+_POP_COLUMNS = ("sampled_rank", "n_candidates", "hh_s1", "hh_s2", "hh_beating", "hh_unreachable") + tuple(
+    f"{f}_{c}" for f in PROFILE_FIELDS for c in range(POP_BINS))
+_POP_CLASS_AT = 6  # the first class-count column
 
 
 def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
@@ -648,15 +652,16 @@ class SampledRankingMetrics(_MergeChecked):
                              f"({self.design.describe()}) is drawn from the score matrix: use update(scores, ...)")
 
     def _add_popularity(self, ranks, n_cand, stats, pos, keep) -> None:
-        """Append the valid, kept slots' (r~, n, S1, S2, beating draws, unreachable) to the ``pop`` state (one
-        row per relevant item; the DDP sync concatenates the processes' rows)."""
+        """Append the valid, kept slots' (r~, n, S1, S2, beating draws, unreachable, then ``pl_fit``'s class counts)
+        to the ``pop`` state (one row per relevant item; the DDP sync concatenates the processes' rows)."""
         valid = pos >= 0
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
             valid = valid & k.unsqueeze(1)
         n = n_cand.view(-1, 1).expand(pos.shape)
-        cols = torch.stack([ranks.to(torch.float64), n.to(torch.float64), stats.inv_q, stats.inv_q2,
-                            stats.beating, stats.unreachable.to(torch.float64)], -1)[valid]
+        cols = torch.cat([torch.stack([ranks.to(torch.float64), n.to(torch.float64), stats.inv_q, stats.inv_q2,
+                                       stats.beating, stats.unreachable.to(torch.float64)], -1)[valid]]
+                         + [getattr(stats, f)[valid].to(torch.float64) for f in PROFILE_FIELDS], 1)
         self.pop = torch.cat([self.pop, _to(cols, self.pop.device)])
 
     def popularity_ranks(self):
@@ -671,7 +676,8 @@ class SampledRankingMetrics(_MergeChecked):
         from reco_sampled_plugin.ranking import SampledRanks
 
         t = self.pop.detach().to("cpu", torch.float64)
-        stats = PopularityStats(t[:, 4], t[:, 2], t[:, 3], t[:, 5].to(torch.int64))
+        counts = t[:, _POP_CLASS_AT:].reshape(-1, len(PROFILE_FIELDS), POP_BINS).to(torch.float32)
+        stats = PopularityStats(t[:, 4], t[:, 2], t[:, 3], t[:, 5].to(torch.int64), *counts.unbind(1))
         return SampledRanks(t[:, 0], t[:, 1], None, self.design, popularity_stats=stats)
 
     def update_factors_padded(self, u, v, bias, pos, exc, ids=None, keep=None, pos_scores=None,

@@ -1,0 +1,356 @@
+"""Top-K metrics under popularity sampling: a rank-distribution fit whose likelihood reads each drawn item's
+popularity (estimator ``pl_fit``; issue 28, part 2; docs/popularity.md, "Top-K metrics").
+
+The law (docs/popularity.md): a positive with exact rank R and the set A of the R - 1 drawable items scored above
+it; each drawn item j beats it iff j is in A. The sampled rank only gives q~(A); which *items* beat says more, but
+what A holds at a given R depends on the recommender. The model (the stated assumption):
+
+    **A is popularity-tilted as in a Plackett-Luce ranking with weights w^beta**: given |A| = R - 1, item j of the
+    row's drawable candidates is in A independently with probability pi_j(R) = 1 - exp(-lambda w_j^beta), lambda
+    solving sum_j pi_j(R) = R - 1 (the exponential-clocks form of Plackett-Luce, a fixed horizon: conditional
+    Poisson sampling). beta = 0: A is a uniform random subset (the uniform law); beta > 0: the items above a
+    positive are more popular than its candidates on average (popularity-biased recommenders), beta -> infinity:
+    the R - 1 most popular; beta < 0: niche-biased. The tilt may change with depth: beta(r) runs linearly in log r
+    from beta_top at r = 1 to beta_deep at r = :data:`DEEP_RANK` (constant beyond), beta_top >= beta_deep (the top
+    is at least as popularity-tilted as the depth), both on the grid :data:`BETAS`.
+
+Given R, the distinct drawn items' memberships are then independent: the likelihood of a positive is
+prod_{beating j} pi_j(R) prod_{non-beating j} (1 - pi_j(R)), which under uniform weights is the binomial likelihood
+of the uniform design. Items are grouped into popularity classes (``_popularity.weight_bins``; w^beta of a class is
+its items' mean), so a positive is summarised by three count vectors (``PopularityStats.profile``, ``beat_bins``,
+``miss_bins``). The prior P(R) on a rank grid shared by the positives is fitted by penalised EM (10 pseudo-positives
+spread log-uniformly, the smoothing of ``mes``'s default) for each (beta_top, beta_deep) tried, the pair by maximum
+likelihood; the estimate is the mean of the positives' posterior means of the metric.
+
+Honest intervals: the data do not say how P(R) is shaped where a positive expects less than one beating draw (its
+*top zone*, ranks with m pi(R) <= 1, pi(R) = E q~(A)), and few positives there say little about beta_top. The
+interval is the hull, over the 95% likelihood set of (beta_top, beta_deep) and every beta_top >= the fitted
+beta_deep, of the estimates with P inside each positive's top zone replaced by the extremes the shape assumption of
+the uniform case allows (``identification.TopShape`` defaults: the density non-increasing there and no steeper than
+1/r), widened by z standard errors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+
+import numpy as np
+
+from ._rank_hist import interval_mean_metric
+from .metric_names import MetricSpec
+
+__all__ = ["Units", "PopularityFit", "fit", "BETAS"]
+
+#: The grid of beta (the tilt exponent on the weights w, which are count^alpha); beta is chosen by likelihood on it.
+BETAS = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0)
+
+_CHI2_95_2 = 5.991464547107979  # the 95% quantile of chi-square(2): the likelihood set of (beta_top, beta_deep)
+
+#: beta(r) reaches ``beta_deep`` at this rank (linear in log r from r = 1).
+DEEP_RANK = 200.0
+_EM_ITER = 400
+
+#: Pseudo-positives of the prior's smoothing towards a log-uniform law in the rank (the ``mes`` default's 10 / N).
+PSEUDO_COUNT = 10.0
+_EM_TOL = 1e-8
+
+
+@dataclass(frozen=True)
+class Units:
+    """The fit's data: one row per unit (a positive, or a cell of a uniform histogram with its count as weight).
+
+    profile: (N, C) drawable candidates per popularity class; beat, miss: (N, C) distinct drawn items per class that
+    beat the unit's positive or not; n: (N,) candidates (the positive and its drawable items); m: (N,) draws;
+    w: (N,) frequency weights; log_v: (C,) mean log weight of each class (log w, any common offset); mean_w: (C,)
+    mean weight of each class (the mass of the top zone); uniform: one class (beta has no effect).
+    """
+
+    profile: np.ndarray
+    beat: np.ndarray
+    miss: np.ndarray
+    n: np.ndarray
+    m: np.ndarray
+    w: np.ndarray
+    log_v: np.ndarray
+    mean_w: np.ndarray
+
+    @property
+    def uniform(self) -> bool:
+        return bool(np.count_nonzero(self.profile.sum(0) > 0) <= 1)
+
+
+def rank_edges(n_max: int) -> np.ndarray:
+    """Cell edges e_0 = 0 < ... < e_C = n_max of the shared rank grid (cell c: ranks e_c + 1 .. e_{c+1}): single
+    ranks up to 32 (every top-K cut-off users ask for), then steps of 4% (about 130 cells for 10,000 items)."""
+    edges = [0]
+    e = 0
+    while e < n_max:  # one step per cell (a few hundred at most)
+        r = e + 1
+        e = min(n_max, e + (1 if r <= 32 else max(1, int(0.04 * r))))
+        edges.append(e)
+    return np.asarray(edges, dtype=np.int64)
+
+
+def _solve_lambda(profile: np.ndarray, v: np.ndarray, k: np.ndarray, points: int = 400) -> np.ndarray:
+    """lambda >= 0 with sum_c profile_c (1 - exp(-lambda v_c)) = k, for every unit (rows) and target k (columns):
+    (N, K). The left side, increasing in t = log lambda, is tabulated on ``points`` values of t spanning every
+    reachable k, and inverted by one flattened ``searchsorted`` (rows offset so they never mix), t interpolated
+    linearly in log k. k <= 0 gives 0; k at or above the reachable count gives inf. Memoised on the inputs (the
+    profiles do not change between fits of one evaluation)."""
+    key = (profile.shape, hash(profile.tobytes()), v.tobytes(), k.tobytes(), points)
+    hit = _LAMBDA_CACHE.get(key)
+    if hit is not None:
+        return hit
+    n_units = profile.shape[0]
+    pos = v > 0
+    vmax, vmin = float(v.max()), float(v[pos].min())
+    t = np.linspace(math.log(1e-4 / (vmax * max(float(profile.sum(1).max()), 1.0))), math.log(40.0 / vmin), points)
+    table = profile @ (-np.expm1(-np.exp(t)[:, None] * v[None, :])).T  # (N, T), increasing along T
+    reach = profile @ pos.astype(np.float64)
+    logk = np.log(np.maximum(k, 1e-300))
+    ltab = np.log(np.maximum(table, 1e-300))
+    span = float(max(np.abs(ltab).max(), np.abs(logk).max())) * 2.0 + 10.0
+    off = np.arange(n_units)[:, None] * span
+    flat = (ltab + off).ravel()
+    flat = np.maximum.accumulate(flat)  # exact ties of a saturated row stay sorted
+    j = np.searchsorted(flat, (logk[None, :] + off).ravel()).reshape(n_units, -1) - np.arange(n_units)[:, None] * points
+    j = np.clip(j, 1, points - 1)
+    rows = np.arange(n_units)[:, None]
+    y0, y1 = ltab[rows, j - 1], ltab[rows, j]
+    frac = np.clip((logk[None, :] - y0) / np.maximum(y1 - y0, 1e-300), 0.0, 1.0)
+    lam = np.exp(t[j - 1] + frac * (t[j] - t[j - 1]))
+    lam = np.where(k[None, :] <= 0, 0.0, lam)
+    lam = np.where(k[None, :] >= reach[:, None] - 1e-9, np.inf, lam)
+    lam.setflags(write=False)
+    _LAMBDA_CACHE[key] = lam
+    while len(_LAMBDA_CACHE) > 64:
+        _LAMBDA_CACHE.pop(next(iter(_LAMBDA_CACHE)))
+    return lam
+
+
+_LAMBDA_CACHE: dict = {}
+
+
+class PopularityFit:
+    """The fitted model of one set of :class:`Units` (see the module docstring).
+
+    beta may change with depth: beta(r) runs linearly in log r from ``beta_top`` at r = 1 to ``beta_deep`` at
+    r = :data:`DEEP_RANK` and stays there beyond (cells take the nearest value of :data:`BETAS`). The pair is chosen
+    by maximum likelihood, by coordinate ascent over the grid from the best constant beta. ``curves``: every pair
+    tried, with its log-likelihood (``loglik``), prior over the cells and per-cell beta index."""
+
+    def __init__(self, units: Units, edges: np.ndarray) -> None:
+        self.units, self.edges = units, edges
+        lo, hi = edges[:-1], edges[1:]
+        self.r_mid = np.sqrt((lo + 1.0) * hi)  # the cell's representative rank (geometric middle)
+        self.allowed = lo[None, :] < units.n[:, None]  # cells a unit's positive can occupy
+        self.betas = np.asarray((0.0,) if units.uniform else BETAS)
+        harmonic = np.log((hi + 0.5) / (lo + 0.5))  # ~ sum of 1/r over each cell's ranks: log-uniform per rank
+        self._base = harmonic / harmonic.sum()
+        self._lam = [None] * len(self.betas)
+        self.tables = np.stack([self._log_likelihood(i) for i in range(len(self.betas))])  # (betas, N, cells)
+        self._mass: dict[int, np.ndarray] = {}
+        pos = np.clip(np.log(self.r_mid) / math.log(DEEP_RANK), 0.0, 1.0)
+        self._frac = pos
+        self.curves: dict[tuple[int, int], tuple[float, np.ndarray, np.ndarray]] = {}
+        nb = len(self.betas)
+        prior = None
+        for i in range(nb):  # constant beta first
+            prior = self._try(i, i, prior)
+        best = max(self.curves, key=lambda k: self.curves[k][0])
+        for _ in range(2):  # coordinate ascent over (top, deep), the top at least as tilted as the depth
+            for i in range(best[1], nb):
+                self._try(i, best[1], self.curves[best][1])
+            best = max(self.curves, key=lambda k: self.curves[k][0])
+            for j in range(best[0] + 1):
+                self._try(best[0], j, self.curves[best][1])
+            best = max(self.curves, key=lambda k: self.curves[k][0])
+        for i in range(best[1], nb):  # every top tilt the assumption allows at the fitted depth's
+            self._try(i, best[1], self.curves[best][1])
+        self.best = best
+        top = self.curves[best][0]
+        # the interval's curves: the 95% likelihood set, and every top tilt (not identified where few positives
+        # have beating draws near the top)
+        self.curve_set = sorted({k for k, c in self.curves.items() if 2.0 * (top - c[0]) <= _CHI2_95_2}
+                                | {(i, best[1]) for i in range(best[1], nb)})
+
+    def _cell_beta(self, i: int, j: int) -> np.ndarray:
+        b = self.betas[i] + (self.betas[j] - self.betas[i]) * self._frac
+        return np.abs(self.betas[None, :] - b[:, None]).argmin(1)
+
+    def _try(self, i: int, j: int, start) -> np.ndarray:
+        if (i, j) in self.curves:
+            return self.curves[(i, j)][1]
+        idx = self._cell_beta(i, j)
+        logl = self._assemble(idx)
+        prior, ll = _em(logl, self.units.w, self._base, start)
+        self.curves[(i, j)] = (ll, prior, idx)
+        return prior
+
+    def _assemble(self, idx: np.ndarray) -> np.ndarray:
+        return self.tables[idx, :, np.arange(len(idx))].T
+
+    @property
+    def loglik(self) -> float:
+        return self.curves[self.best][0]
+
+    def beta_of(self, key=None) -> tuple[float, float]:
+        i, j = self.best if key is None else key
+        return float(self.betas[i]), float(self.betas[j])
+
+    def _log_likelihood(self, b: int) -> np.ndarray:
+        """(N, cells) log-likelihood of each unit's memberships at each cell's rank, at the b-th beta."""
+        u = self.units
+        v = np.exp(self.betas[b] * (u.log_v - u.log_v.max()))
+        k = np.clip(self.r_mid - 1.0, 0.0, None)
+        lam = _solve_lambda(u.profile, v, k)  # (N, cells)
+        self._lam[b] = lam
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            miss = -lam * (u.miss @ v)[:, None]  # sum over non-beating items of log (1 - pi_j) = -lambda v_j
+            miss = np.where(np.isnan(miss), -np.inf, miss)  # lambda = inf with no miss: 0 * inf
+            miss = np.where((u.miss @ v)[:, None] == 0, 0.0, miss)
+            rows, cls = np.nonzero(u.beat > 0)
+            x = lam[rows, :] * v[cls][:, None]  # (pairs, cells)
+            term = u.beat[rows, cls][:, None] * np.log(-np.expm1(-x))
+            beat = np.zeros_like(lam)
+            np.add.at(beat, rows, term)
+        logl = np.nan_to_num(beat + miss, nan=-np.inf)
+        return np.where(self.allowed, logl, -np.inf)
+
+    def mass_above(self, b: int) -> np.ndarray:
+        """(N, cells) the expected mass above, pi = E q~(A), at the b-th beta (kept once computed)."""
+        if b in self._mass:
+            return self._mass[b]
+        u = self.units
+        v = np.exp(self.betas[b] * (u.log_v - u.log_v.max()))
+        with np.errstate(over="ignore", invalid="ignore"):
+            mass = np.einsum("nc,nkc->nk", u.profile * u.mean_w, -np.expm1(-self._lam[b][:, :, None] * v))
+        total = (u.profile * u.mean_w).sum(1)
+        pi = np.where(np.isfinite(mass), mass, total[:, None]) / np.maximum(total[:, None], 1e-300)
+        self._mass[b] = np.clip(pi, 0.0, 1.0)
+        return self._mass[b]
+
+    # ------------------------------------------------------------------------------------------- the metric
+    def cell_metric(self, spec: MetricSpec) -> np.ndarray:
+        """(N, cells) the metric averaged over each cell's ranks, cut at the unit's n (0 where not allowed)."""
+        u = self.units
+        lo = np.broadcast_to(self.edges[:-1][None, :].astype(np.float64), self.allowed.shape)
+        hi = np.minimum(self.edges[1:][None, :], u.n[:, None]).astype(np.float64)
+        out = np.zeros(self.allowed.shape)
+        ok = self.allowed
+        nn = np.broadcast_to(u.n[:, None].astype(np.float64), ok.shape)
+        out[ok] = interval_mean_metric(spec, lo[ok], hi[ok], nn[ok])
+        return out
+
+    def _posterior(self, key) -> np.ndarray:
+        _, prior, idx = self.curves[key]
+        return _rows_posterior(self._assemble(idx), prior[None, :])
+
+    def estimate(self, spec: MetricSpec, b=None) -> tuple[float, float, np.ndarray]:
+        """(value, standard error, per-unit posterior means) at beta index ``b`` (default: the best). The standard
+        error is the model's spread of the metric over units, sqrt(sum w (var_i + (mean_i - value)^2)) / sum w
+        (its total variance: covers the units' exact mean and the population's)."""
+        b = self.best if b is None else b
+        post = self._posterior(b)
+        cm = self.cell_metric(spec)
+        mean = (post * cm).sum(1)
+        var = np.maximum((post * cm * cm).sum(1) - mean ** 2, 0.0)
+        w = self.units.w
+        tot = float(w.sum())
+        value = float(w @ mean) / tot
+        se = math.sqrt(float(w @ (var + (mean - value) ** 2))) / tot
+        return value, se, mean
+
+    def top_zone(self, key) -> np.ndarray:
+        """(N, cells) bool: the cells of each unit where it expects at most one beating draw (m pi(R) <= 1)."""
+        idx = self.curves[key][2]
+        pis = {b: self.mass_above(b) for b in np.unique(idx)}
+        pi = np.stack([pis[b][:, c] for c, b in enumerate(idx)], 1)
+        return (self.units.m[:, None] * pi <= 1.0) & self.allowed
+
+    def bounds(self, spec: MetricSpec) -> tuple[float, float, dict]:
+        """The hull, over the 95% likelihood set of (beta_top, beta_deep), of the estimates with P inside each unit's
+        top zone replaced by the flattest (uniform per rank) and the steepest (1/r) shape allowed, and the fitted
+        one."""
+        w = self.units.w
+        tot = float(w.sum())
+        cm = self.cell_metric(spec)
+        lo_e, hi_e = self.edges[:-1], self.edges[1:]
+        width = (hi_e - lo_e).astype(np.float64)
+        harmonic = np.log((hi_e + 0.5) / (lo_e + 0.5))  # ~ sum of 1/r over the cell's ranks
+        lo, hi = math.inf, -math.inf
+        zone_end = []
+        for key in self.curve_set:
+            _, prior, idx = self.curves[key]
+            logl = self._assemble(idx)
+            zone = self.top_zone(key)
+            zone_end.append(float(w @ np.where(zone, hi_e[None, :], 0).max(1)) / tot)
+            mass = (zone * prior[None, :]).sum(1, keepdims=True)
+            for shape in (width, harmonic):
+                sh = zone * shape[None, :]
+                alt = np.where(zone, mass * sh / np.maximum(sh.sum(1, keepdims=True), 1e-300), prior[None, :])
+                post = _rows_posterior(logl, alt)
+                v = float(w @ (post * cm).sum(1)) / tot
+                lo, hi = min(lo, v), max(hi, v)
+            v = self.estimate(spec, key)[0]
+            lo, hi = min(lo, v), max(hi, v)
+        details = {"beta_set": [self.beta_of(k) for k in self.curve_set], "mean_top_zone_end": max(zone_end)}
+        return lo, hi, details
+
+
+def _rows_posterior(logl: np.ndarray, prior: np.ndarray) -> np.ndarray:
+    """Posterior per unit with a per-unit prior (N, cells)."""
+    with np.errstate(divide="ignore"):
+        lp = logl + np.log(np.maximum(prior, 0.0))
+    lp = np.where(np.isfinite(lp), lp, -np.inf)
+    mx = lp.max(1, keepdims=True)
+    e = np.exp(lp - np.where(np.isfinite(mx), mx, 0.0))
+    return e / np.maximum(e.sum(1, keepdims=True), 1e-300)
+
+
+def _em(logl: np.ndarray, w: np.ndarray, base: np.ndarray, start: np.ndarray | None = None) -> tuple[np.ndarray, float]:
+    """The prior over cells by penalised EM (``_EM_ITER`` steps at most, from ``start`` or the base measure): the
+    MAP estimate under a Dirichlet prior of :data:`PSEUDO_COUNT` pseudo-positives spread as ``base`` (log-uniform in
+    the rank), the smoothing ``mes`` gets from its entropy weight 10 / #positives; and its log-likelihood
+    sum_i w_i log sum_c P_c L_ic."""
+    mx = logl.max(1, keepdims=True)
+    ok = np.isfinite(mx[:, 0])
+    lik = np.exp(logl[ok] - mx[ok])
+    wk = w[ok]
+    p = base.copy() if start is None else 0.9 * start + 0.1 * base
+    tot = float(wk.sum())
+    prev = -math.inf
+    for _ in range(_EM_ITER):  # iterations of the fit, not a loop over data
+        mix = lik @ p
+        ll = float(wk @ np.log(np.maximum(mix, 1e-300)))
+        p = p * ((wk / np.maximum(mix, 1e-300)) @ lik) + PSEUDO_COUNT * base
+        p /= tot + PSEUDO_COUNT
+        if ll - prev < _EM_TOL * tot:
+            break
+        prev = ll
+    mix = lik @ p
+    ll = float(wk @ np.log(np.maximum(mix, 1e-300))) + float(wk @ mx[ok, 0]) - (math.inf if not ok.all() else 0.0)
+    return p, ll
+
+
+def fit(units: Units) -> PopularityFit:
+    """Fit the model of the module docstring to ``units`` (the last few fits are kept: estimating several metrics
+    from one draw fits once)."""
+    key = tuple((a.shape, hash(np.ascontiguousarray(a).tobytes())) for a in
+                (units.profile, units.beat, units.miss, units.n, units.m, units.w, units.log_v, units.mean_w))
+    hit = _FIT_CACHE.get(key)
+    if hit is None:
+        hit = PopularityFit(units, rank_edges(int(units.n.max())))
+        _FIT_CACHE[key] = hit
+        while len(_FIT_CACHE) > 4:
+            _FIT_CACHE.pop(next(iter(_FIT_CACHE)))
+    return hit
+
+
+_FIT_CACHE: dict = {}
+
+
+def z_value(level: float) -> float:
+    return NormalDist().inv_cdf(0.5 + level / 2.0)
