@@ -56,11 +56,11 @@ class _DeprecatedAlias(argparse.Action):
     """An old spelling of an option, hidden from ``--help``: stores into the new option's ``dest`` and says once on
     stderr which flag replaces it."""
 
-    def __init__(self, option_strings, dest, new: str = "", **kwargs):
+    def __init__(self, option_strings, dest, new: str = "", **kwargs) -> None:
         self.new = new
         super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
         print(f"reco-sampled: {option_string} is deprecated; use {self.new} (the Python parameter's name)",
               file=sys.stderr)
         setattr(namespace, self.dest, values)

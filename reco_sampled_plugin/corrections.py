@@ -307,7 +307,7 @@ def _stacked(spec: MetricSpec, n: tuple, m: tuple, method, gamma, sampling, prio
     return out
 
 
-def tables_by_n(metric, n_items, n_samples: int, method, gamma, sampling, prior, rounding="floor") -> np.ndarray:
+def tables_by_n(metric, n_items, n_samples: int, method, gamma, sampling, prior, rounding: str = "floor") -> np.ndarray:
     """Tables of one m for many candidate counts: float64 (len(n_items), m + 1), row i for ``n_items[i]``.
 
     Same values as :func:`table_numpy` row by row, at a cost that does not grow with the number of distinct
@@ -546,7 +546,7 @@ def n_interpolation(n_flat: torch.Tensor, max_rel_n_spread: float | None):
     return grid, j, np.clip((x - x0) / (x1 - x0), 0.0, 1.0)
 
 
-def tables_for_counts(metric, n_items: torch.Tensor, n_samples: int, method, gamma, sampling, prior, rounding="floor"):
+def tables_for_counts(metric, n_items: torch.Tensor, n_samples: int, method, gamma, sampling, prior, rounding: str = "floor"):
     """Tables for every distinct candidate count: returns (tables U x (m+1) float64 CPU tensor, inverse)."""
     n_flat = n_items.reshape(-1).to("cpu", torch.int64)
     uniq, inverse = torch.unique(n_flat, return_inverse=True)

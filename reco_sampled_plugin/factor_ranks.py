@@ -213,7 +213,7 @@ def check_finite_factors(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | 
                 raise ValueError(message)
 
 
-def ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives=True,
+def ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives: bool = True,
                         tile_elements=None, item_bias=None):
     """:func:`exact_ranks_from_factors`, also returning the validated padded positives and exclusions."""
     if not (isinstance(ties, str) and ties == TIE_BOUNDS):  # a str before any comparison (an array compares

@@ -339,7 +339,7 @@ def tied_positives(pos_scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch
     return before, after
 
 
-def exact_ranks_padded(scores, pos, exc, ties, count_other_positives=True, generator=None, *, check_finite: bool = False) -> torch.Tensor:
+def exact_ranks_padded(scores, pos, exc, ties, count_other_positives: bool = True, generator=None, *, check_finite: bool = False) -> torch.Tensor:
     """:func:`exact_ranks` on validated inputs: (B, n) scores, padded (B, P) positives and (B, E)
     exclusions (-1 padding, see :func:`as_padded_index`), no input checks except, with ``check_finite``,
     the NaN/inf check of the scores (done by the counting pass itself); (B, P) 1-based ranks."""

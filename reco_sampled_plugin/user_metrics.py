@@ -55,7 +55,7 @@ DEFAULT_METRICS = (
 class SortedRanks:
     """Ranks sorted per user with padding at +inf, and the derived quantities every metric shares."""
 
-    def __init__(self, ranks: torch.Tensor, n_candidates: torch.Tensor, relevance: torch.Tensor | None):
+    def __init__(self, ranks: torch.Tensor, n_candidates: torch.Tensor, relevance: torch.Tensor | None) -> None:
         r = ranks.to(torch.float64)
         valid = r > 0
         r = torch.where(valid, r, torch.full_like(r, math.inf))

@@ -444,10 +444,10 @@ class _RankingMetricsLogic:
         plt.close(fig)
 
     # ------------------------------------------------------------------------------ hooks
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx: int = 0) -> None:
         self._batch_end(trainer, pl_module, outputs, batch, "validate", dataloader_idx)
 
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx: int = 0) -> None:
         self._batch_end(trainer, pl_module, outputs, batch, "test", dataloader_idx)
 
     def on_validation_epoch_start(self, trainer, pl_module) -> None:

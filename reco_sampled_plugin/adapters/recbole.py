@@ -63,7 +63,7 @@ def _wrap_config() -> None:
         return
     original = cls.__init__
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, **kwargs) -> None:
         original(self, *args, **kwargs)
         _settings(self)  # validate the plugin keys before any data is loaded or model trained
 
@@ -80,7 +80,7 @@ def _wrap_collector() -> None:
         return
     collect, get_struct = Collector.eval_batch_collect, Collector.get_data_struct
 
-    def eval_batch_collect(self, scores_tensor, interaction, positive_u, positive_i):
+    def eval_batch_collect(self, scores_tensor, interaction, positive_u, positive_i) -> None:
         collect(self, scores_tensor, interaction, positive_u, positive_i)
         collect_batch(self, scores_tensor, interaction, positive_u, positive_i)
         settings = self.__dict__.get("_rsp_settings_now")
