@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -62,6 +62,10 @@ from .ranking import (END_TIES, TIE_BOUNDS, SampledRanks, check_ties, exact_rank
 from ._popularity import PopularityStats
 from .user_metrics import SortedRanks, values_from_sorted
 from .tie_expectation import expected_dcg, expected_metric_values
+from ._types import TensorLike
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["evaluate_factors", "FactorEvaluation", "SampledEvaluation", "RECOMETRICS_METRICS"]
 
@@ -97,7 +101,7 @@ class _CSR:
         return np.diff(self.indptr)
 
 
-def _to_csr(x, name: str) -> _CSR:
+def _to_csr(x: Any, name: str) -> _CSR:
     """scipy sparse (any format), torch sparse (any layout) or a dense array/tensor -> :class:`_CSR`."""
     if sp.issparse(x) and x.ndim != 2:
         raise ValueError(f"{name}: expected a 2-D sparse matrix, got {x.ndim} dimensions")
@@ -111,7 +115,7 @@ def _to_csr(x, name: str) -> _CSR:
     return _CSR(m.indptr.astype(np.int64), m.indices.astype(np.int64), data, (int(m.shape[0]), int(m.shape[1])))
 
 
-def _as_factor(x, name: str, ndim: int) -> torch.Tensor:
+def _as_factor(x: Any, name: str, ndim: int) -> torch.Tensor:
     # the one numeric conversion (_checks): tensors (not meta), arrays, lists; ragged lists, strings, sparse
     # matrices, bools and complex numbers are refused naming ``name``
     t = real_tensor(x, name).detach()
@@ -134,7 +138,7 @@ def _gather_rows(csr: _CSR, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return row_of, slot, csr.indices[src], csr.data[src]
 
 
-def _padded(n_rows: int, row_of: np.ndarray, slot: np.ndarray, values: np.ndarray, fill) -> np.ndarray:
+def _padded(n_rows: int, row_of: np.ndarray, slot: np.ndarray, values: np.ndarray, fill: float) -> np.ndarray:
     """Flat entries -> (n_rows, widest row) array padded with ``fill``. Vectorised."""
     width = int(slot.max()) + 1 if slot.size else 0
     out = np.full((n_rows, width), fill, dtype=values.dtype)
@@ -146,7 +150,7 @@ def _padded(n_rows: int, row_of: np.ndarray, slot: np.ndarray, values: np.ndarra
 # metric names
 
 
-def _metric_specs(metrics, k: int, cumulative: bool) -> tuple[list[MetricSpec], list[MetricSpec]]:
+def _metric_specs(metrics: Sequence[str] | str | None, k: int, cumulative: bool) -> tuple[list[MetricSpec], list[MetricSpec]]:
     """(base specs, output specs) from recometrics-style names; names without ``@`` take ``k``."""
     if metrics is None:
         names: Sequence[Any] = _DEFAULT_METRICS
@@ -254,12 +258,12 @@ class FactorEvaluation:
 
 
 def evaluate_factors(
-    X_train,
-    X_test,
-    user_factors=None,
-    item_factors=None,
+    X_train: Any,
+    X_test: Any,
+    user_factors: TensorLike | None = None,
+    item_factors: TensorLike | None = None,
     k: int = 5,
-    item_biases=None,
+    item_biases: TensorLike | None = None,
     metrics: Sequence[str] | str | None = None,
     *,
     cumulative: bool = False,
@@ -276,11 +280,11 @@ def evaluate_factors(
     dtype: torch.dtype | None = None,
     n_samples: int | SamplingDesign | None = None,
     replacement: bool = True,
-    popularity=None,
+    popularity: TensorLike | None = None,
     correction: str | None = None,
     gamma: float | None = None,
     adaptive_max: int | None = None,
-):
+) -> "pd.DataFrame | dict[str, torch.Tensor] | FactorEvaluation":
     """Per-user ranking metrics of a factor model, like recometrics' ``calc_reco_metrics`` (see the module doc).
 
     Args:
@@ -540,7 +544,9 @@ def evaluate_factors(
     return _sampled_result(per_user, sampled_parts, base_specs, design, correction, gamma, as_df, dev)
 
 
-def _sampling_design(n_samples, replacement, popularity, adaptive_max, correction, gamma):
+def _sampling_design(n_samples: int | SamplingDesign | None, replacement: bool, popularity: TensorLike | None,
+                     adaptive_max: int | None, correction: str | None,
+                     gamma: float | None) -> tuple[SamplingDesign | None, float | None]:
     """The sampling design (:func:`~reco_sampled_plugin.design.as_design`, the one coercion: an int m with the loose
     keywords, or a SamplingDesign) and ``gamma``, with ``correction`` checked against the registry and the design;
     (None, None) without sampling. Checked before any work."""
@@ -577,7 +583,7 @@ def _sampling_design(n_samples, replacement, popularity, adaptive_max, correctio
     return design, gamma
 
 
-def _output(results: dict, names: list[str], as_df: bool):
+def _output(results: dict, names: list[str], as_df: bool) -> "pd.DataFrame | dict[str, torch.Tensor]":
     if not as_df:
         return {name: results[name] for name in names}
     try:
@@ -591,7 +597,8 @@ def _output(results: dict, names: list[str], as_df: bool):
 # sampled side
 
 
-def _single_item_ranks(scores, pos, ranks, ties, gen) -> torch.Tensor:
+def _single_item_ranks(scores: torch.Tensor, pos: torch.Tensor, ranks: torch.Tensor, ties: str,
+                       gen: torch.Generator | None) -> torch.Tensor:
     """Exact rank of each test item among the irrelevant candidates and itself: the full rank minus the other
     test items that beat it (read from the same buffer, so bit-identical comparisons)."""
     if ties == "random":
@@ -606,7 +613,9 @@ def _single_item_ranks(scores, pos, ranks, ties, gen) -> torch.Tensor:
     return ranks - (ge + gt).to(torch.float64) / 2
 
 
-def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, design: SamplingDesign, gen, ties):
+def _sample_batch(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, ranks: torch.Tensor, rows: torch.Tensor,
+                  nan_rows: torch.Tensor, n_cand_b: torch.Tensor, design: SamplingDesign, gen: torch.Generator | None,
+                  ties: str) -> tuple:
     n_pos = (pos >= 0).sum(1)
     keep = ~nan_rows & (n_cand_b - n_pos >= 1)  # rows with an irrelevant candidate to draw
     if not bool(keep.all()):
@@ -632,7 +641,8 @@ def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, design: Sam
     return users, pos[valid], s_ranks[valid], single[valid], n_single, sizes[valid], stats
 
 
-def _sampled_result(per_user, parts, base_specs, design: SamplingDesign, correction, gamma, as_df, dev):
+def _sampled_result(per_user: dict, parts: list, base_specs: list[MetricSpec], design: SamplingDesign, correction: str | None,
+                    gamma: float | None, as_df: bool, dev: torch.device) -> FactorEvaluation:
     from .metrics import metric_from_float_ranks
 
     if parts:

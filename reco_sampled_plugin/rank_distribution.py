@@ -139,7 +139,7 @@ def _grid(n: int, m: int, delta: float, kappa: float) -> np.ndarray:
     return np.asarray(edges, dtype=np.int64)
 
 
-def rank_grid(n_items: int, n_samples: int, delta: float = 0.05, kappa: float = 0.25, extra_edges: Iterable[int] = ()) -> np.ndarray:
+def rank_grid(n_items: int, n_samples: int, delta: float = 0.05, kappa: float = 0.25, extra_edges: Sequence[int] | np.ndarray = ()) -> np.ndarray:
     """Cell edges e_0 = 0 < e_1 < ... < e_C = n; cell c holds the exact ranks e_c + 1 .. e_{c+1}."""
     edges = _grid(int(n_items), int(n_samples), float(delta), float(kappa))
     if len(extra_edges):
@@ -177,10 +177,11 @@ class _Model:
     lik: np.ndarray  # (C, K): P(r~ = i | cell, group) on the columns; zero for cells above n_g
     inside: np.ndarray  # (G, C) bool: cell within 1..n_g
     pooled: bool  # groups were pooled into bins of n
-    onehot: np.ndarray | None = None  # (K, G) float64: column -> group
-    inside_f: np.ndarray | None = None  # (C, G) float64
+    # None: derived in __post_init__ (the type is that of the derived arrays)
+    onehot: np.ndarray = None  # type: ignore[assignment]  # (K, G) float64: column -> group
+    inside_f: np.ndarray = None  # type: ignore[assignment]  # (C, G) float64
     lik_sparse: sparse.csr_matrix | None = None  # lik, sparse when mostly zeros (single-threaded, faster there)
-    exact: np.ndarray | None = None  # (G,) bool: exact groups (point masses at their ranks)
+    exact: np.ndarray = None  # type: ignore[assignment]  # (G,) bool: exact groups (point masses at their ranks)
 
     def __post_init__(self) -> None:
         if self.onehot is None:
@@ -311,7 +312,8 @@ def pool_groups(hist: RankHistogram, max_groups: int, max_rel_n_spread: float | 
     return pooled, True
 
 
-def model_grid(n_items: TensorLike, n_samples: TensorLike, delta: float = 0.05, kappa: float = 0.25, extra_edges: Iterable[int] = ()) -> np.ndarray:
+def model_grid(n_items: Sequence[int] | np.ndarray, n_samples: Sequence[int] | np.ndarray, delta: float = 0.05, kappa: float = 0.25,
+               extra_edges: Sequence[int] | np.ndarray = ()) -> np.ndarray:
     """The cell edges of a fit over groups (n_g, m_g): :func:`rank_grid` of the largest n and m, with every
     n_g and the ``extra_edges`` (whole ranks below n_max) as edges."""
     n_arr = np.asarray(n_items, dtype=np.int64)
@@ -320,7 +322,7 @@ def model_grid(n_items: TensorLike, n_samples: TensorLike, delta: float = 0.05, 
     return rank_grid(n_max, int(max(n_samples)), delta, kappa, extra_edges=np.concatenate([n_arr, extra]))
 
 
-def dense_likelihood(edges: np.ndarray, n_items: TensorLike, n_samples: TensorLike, law: str) -> tuple[np.ndarray, np.ndarray]:
+def dense_likelihood(edges: np.ndarray, n_items: Sequence[int] | np.ndarray, n_samples: Sequence[int] | np.ndarray, law: str) -> tuple[np.ndarray, np.ndarray]:
     """P(r~ = i | cell, group) for every i (G, C, m_max + 1) and the inside mask (G, C): each cell's law
     averaged over up to 8 ranks spread through it (``cell_points``)."""
     pts, wts = cell_points(edges)
@@ -1128,6 +1130,7 @@ class RankDistribution:
         hist = self.histogram
         total = hist.total
         cols = self.lik_cols
+        assert cols is not None and self.lik is not None  # kept by every fit of this module
         C = len(self.probs)
         means = np.zeros((C, hist.n_groups))
         for g, mg in enumerate(means_by_group):
@@ -1149,6 +1152,7 @@ class RankDistribution:
         over M^2 (cell means of M stand for the cell's ranks). On the occupied (group, r~) columns."""
         hist = self.histogram
         cols = self.lik_cols
+        assert cols is not None and self.lik is not None  # kept by every fit of this module
         means = np.zeros((len(self.probs), hist.n_groups))
         for g, (n, t, c) in enumerate(zip(hist.n_items, hist.totals,
                                           np.searchsorted(self.edges, hist.n_items).astype(np.int64))):
@@ -1420,7 +1424,7 @@ def estimate_rank_distributions(
     spread = check_spread(max_rel_n_spread)
     pooled = [pool_groups(h, max_groups, spread) for h in hists]
     keys = {(tuple(p.n_items.tolist()), tuple(p.n_samples.tolist()), tuple(p.exact.tolist())) for p, _ in pooled}
-    kw = dict(method=method, sampling=sampling, n_bootstrap=0, tol=tol, max_iter=max_iter, lam=lam,
+    kw: dict[str, Any] = dict(method=method, sampling=sampling, n_bootstrap=0, tol=tol, max_iter=max_iter, lam=lam,
               max_groups=max_groups, delta=delta, kappa=kappa, max_rel_n_spread=spread, beta=beta, df=df,
               penalty=penalty)
     if len(keys) != 1:  # different group structures: no shared likelihood
