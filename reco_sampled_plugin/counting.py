@@ -259,7 +259,8 @@ def _run(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Tenso
     return _eager(name, scores, ref, *extra)
 
 
-def _padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool, finite: bool, tile: bool = False):
+def _padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool, finite: bool,
+            tile: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Counts (B, P) int64 of scores beating each padded reference, and (when ``finite``) the (B,) bool
     finite rows; compiled in passes of up to ``_GROUP`` references, else eager (small inputs unless
     ``tile``, or the eager backend)."""

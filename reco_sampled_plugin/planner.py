@@ -77,6 +77,12 @@ from .design import SamplingDesign
 from .metric_names import MetricSpec, parse_metric
 from .ranking import SampledRanks
 
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    from .rank_distribution import RankDistribution
+    from ._types import TensorLike
+
 logger = logging.getLogger(__name__)
 
 __all__ = [
@@ -303,12 +309,12 @@ class _DefaultShape:
         return np.clip(r, 1, n_u).astype(np.int64)
 
 
-def harmonic_number(r) -> np.ndarray:
+def harmonic_number(r: TensorLike) -> np.ndarray:
     """H_r = sum_{i=1}^r 1/i in closed form, psi(r + 1) + Euler's gamma (no sum over 1..r), for whole r >= 0."""
     return special.digamma(np.asarray(r, dtype=np.float64) + 1.0) + np.euler_gamma
 
 
-def harmonic_inverse(t) -> np.ndarray:
+def harmonic_inverse(t: TensorLike) -> np.ndarray:
     """The smallest whole R >= 1 with H_R >= t, for t >= 0: R ~ exp(t - gamma) - 1/2 (H_R = ln(R + 1/2) + gamma
     + O(1/R^2)), then moved by single steps until H_{R-1} < t <= H_R (a step or two; the loop is over
     corrections, not over draws)."""
@@ -339,7 +345,7 @@ class _PilotShape:
     """The pilot's fitted P(R), smoothed in log rank (module docstring: truncated within the pilot's n range,
     rescaled outside)."""
 
-    def __init__(self, dist, source: str) -> None:
+    def __init__(self, dist: RankDistribution, source: str) -> None:
         self.edges = dist.edges.astype(np.int64)
         self.probs = _smooth_log_rank(self.edges, np.asarray(dist.probs, dtype=np.float64), _PILOT_SMOOTH)
         hist = dist.histogram
@@ -366,7 +372,8 @@ class _PilotShape:
         return np.clip(r, 1, n_u).astype(np.int64)
 
 
-def _unpack_pilot(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive):
+def _unpack_pilot(pilot: Any, pilot_n_items: Any, pilot_n_samples: Any,
+                  pilot_adaptive: Any) -> tuple[Any, Any, Any, AdaptiveDesign | None, Any]:
     """(ranks, n, m, adaptive design or None, cost or None) of a :class:`~reco_sampled_plugin.ranking.SampledRanks`
     pilot (padding dropped; adaptive: each positive's final m), which carries its own sizes and design."""
     for name, value in (("pilot_n_items", pilot_n_items), ("pilot_n_samples", pilot_n_samples),
@@ -388,7 +395,7 @@ def _unpack_pilot(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive):
     return ranks[keep], pilot.candidates().cpu()[keep], sizes, adaptive, pilot.cost
 
 
-def _seconds_per_pair(seconds_per_pair, cost) -> tuple[float | None, str | None]:
+def _seconds_per_pair(seconds_per_pair: Any, cost: Any) -> tuple[float | None, str | None]:
     """(seconds per scored pair, its source): ``seconds_per_pair`` when given, else measured on a scorer-loop
     pilot (its ``cost``: scorer seconds / pairs), else (None, None)."""
     if seconds_per_pair is not None:
@@ -400,7 +407,8 @@ def _seconds_per_pair(seconds_per_pair, cost) -> tuple[float | None, str | None]
                                               f"{cost.scorer_seconds:.3g} s of scorer time{loop}")
 
 
-def _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive, spec=None) -> _PilotShape:
+def _pilot_shape(pilot: Any, pilot_n_items: Any, pilot_n_samples: Any, pilot_adaptive: Any,
+                 spec: MetricSpec | None = None) -> _PilotShape:
     from ._rank_hist import as_histogram
     from .rank_distribution import estimate_rank_distribution
 
@@ -462,7 +470,7 @@ _UNIFORM_ONLY = ("it forecasts SamplingDesign(m), SamplingDesign(m, replacement=
                  "estimate(metric, sampled), docs/popularity.md")
 
 
-def _check_design(design, n_min: int, method: str) -> tuple[int, int | None, bool, bool]:
+def _check_design(design: Any, n_min: int, method: str) -> tuple[int, int | None, bool, bool]:
     """(m, rounded cap or None, replacement, exact_at_cap) of one candidate design: an (m, cap_or_None) pair, or a
     :class:`~reco_sampled_plugin.design.SamplingDesign` (uniform draws, fixed or adaptive, ``exact_at_cap``) or
     AdaptiveDesign; the estimator must support it (``registry.get(method).supports``)."""
@@ -526,7 +534,7 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
 
 # ---------------------------------------------------------------------------------------------------- plan
 @contextlib.contextmanager
-def _one_thread():
+def _one_thread() -> Iterator[None]:
     """Run on one torch thread (and one BLAS thread where threadpoolctl is installed), restored afterwards.
 
     The plan runs hundreds of small fits; on a shared 2-core machine their threads oversubscribe the cores and
@@ -546,7 +554,7 @@ def _one_thread():
         torch.set_num_threads(prev)
 
 
-def _check_inputs(n_items, n_users, target, repeats):
+def _check_inputs(n_items: Any, n_users: Any, target: Any, repeats: Any) -> tuple[np.ndarray, int, int, float, int]:
     n_users = check_int(n_users, "n_users", minimum=1)
     if np.ndim(n_items) == 0:
         n_scalar = check_size(n_items, "n_items", 2)
@@ -564,15 +572,15 @@ def _check_inputs(n_items, n_users, target, repeats):
 
 
 def plan(
-    n_items,
+    n_items: int | TensorLike,
     n_users: int,
     metric: str | MetricSpec,
     target_rel_error: float,
     *,
-    pilot=None,
-    pilot_n_items=None,
-    pilot_n_samples=None,
-    pilot_adaptive=None,
+    pilot: Any = None,
+    pilot_n_items: TensorLike | None = None,
+    pilot_n_samples: TensorLike | None = None,
+    pilot_adaptive: AdaptiveDesign | SamplingDesign | tuple[int, int | None] | None = None,
     designs: Sequence[tuple[int, int | None] | SamplingDesign] | None = None,
     method: str = registry.DEFAULT_ESTIMATOR,
     repeats: int = 20,
@@ -630,8 +638,9 @@ def plan(
                      repeats=repeats, seed=seed, progress=progress, seconds_per_pair=seconds_per_pair)
 
 
-def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, pilot_n_samples, pilot_adaptive,
-          designs, method, repeats, seed, progress=None, seconds_per_pair=None) -> Plan:
+def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error: Any, *, pilot: Any, pilot_n_items: Any,
+          pilot_n_samples: Any, pilot_adaptive: Any, designs: Any, method: str, repeats: Any, seed: Any,
+          progress: bool | None = None, seconds_per_pair: float | None = None) -> Plan:
     import time
 
     from ._progress import progress_bar
@@ -753,7 +762,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
 
 
 # ------------------------------------------------------------------------------------------------------ CLI
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """``add_plan_parser`` and ``run_plan``: the ``plan`` subcommand lives in ``cli.py`` (this module computes);
     re-exported here, imported on first use."""
     if name in ("add_plan_parser", "run_plan"):

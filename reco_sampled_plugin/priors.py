@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 
-def prior_ranks(n) -> np.ndarray:
+def prior_ranks(n: int) -> np.ndarray:
     """The ranks 1..n (float64) of a prior vector p(1..n): ``n`` checked as a size (``n_items``) and against the
     one bound on arrays that grow with n (``_checks.MAX_ELEMENTS``), before allocating."""
     n = check_size(n, "n_items", 1)
@@ -130,7 +130,7 @@ class BetaPrior(Prior):
 class VectorPrior(Prior):
     """A user-given vector p(1..n) (index 0 is r = 1); always enumerated exactly."""
 
-    def __init__(self, p, atol: float = 1e-8) -> None:
+    def __init__(self, p: TensorLike, atol: float = 1e-8) -> None:
         atol = check_nonnegative_float(atol, "atol")
         arr = real_tensor(p, "prior", "a vector of probabilities over ranks").detach().cpu().numpy()
         arr = np.asarray(arr, dtype=np.float64).reshape(-1)
@@ -228,7 +228,7 @@ def as_prior(prior: PriorLike, n_items: int | None = None) -> Prior:
     return result
 
 
-def fit_beta_prior(sampled_ranks, n_samples: int) -> BetaPrior:
+def fit_beta_prior(sampled_ranks: TensorLike, n_samples: int) -> BetaPrior:
     """A Beta(a, 1) prior fitted to sampled ranks by the method of moments.
 
     Under either law E[(r~ - 1) / m] = E[(r - 1) / (n - 1)], and under Beta(a, 1) that mean is
@@ -246,7 +246,7 @@ def fit_beta_prior(sampled_ranks, n_samples: int) -> BetaPrior:
     return BetaPrior(float(np.clip(mu / (1 - mu), 1e-3, 1e3)))
 
 
-def empirical_prior(exact_ranks, n_items: int, smoothing: float = 1.0) -> VectorPrior:
+def empirical_prior(exact_ranks: TensorLike, n_items: int, smoothing: float = 1.0) -> VectorPrior:
     """Histogram of exact ranks with additive smoothing ``smoothing`` per rank, as a VectorPrior.
 
     Raises:

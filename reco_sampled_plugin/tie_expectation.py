@@ -133,7 +133,8 @@ def expected_metric_values(
     return torch.where(undefined_users(kind, k, t, n), torch.full_like(out, math.nan), out)
 
 
-def _group_sums(lo, hi, kk, inside, k: int | None, max_position: int | None, what: str) -> torch.Tensor:
+def _group_sums(lo: torch.Tensor, hi: torch.Tensor, kk: torch.Tensor, inside: torch.Tensor, k: int | None,
+                max_position: int | None, what: str) -> torch.Tensor:
     """(B, P): sum over each group's positions p = lo .. min(hi, k) of 1 / log2(p + 1) (``"discount"``) or 1 / p
     (``"reciprocal"``), from a prefix-sum table up to the largest position needed; 0 where none is inside k."""
     valid = lo > 0
@@ -161,7 +162,8 @@ def expected_dcg(lo: torch.Tensor, hi: torch.Tensor, gain: torch.Tensor, k: int 
     return (torch.where(valid, gain, torch.zeros_like(gain)) * partial / g).sum(1)
 
 
-def _expected_reciprocal_rank(lo, g, j, above, valid, k) -> torch.Tensor:
+def _expected_reciprocal_rank(lo: torch.Tensor, g: torch.Tensor, j: torch.Tensor, above: torch.Tensor, valid: torch.Tensor,
+                              k: int | None) -> torch.Tensor:
     """E[1 / first relevant position, 0 beyond k]: the first group holding relevant items (above = 0)."""
     first = valid & (above == 0)
     lo1 = torch.where(first, lo, torch.full_like(lo, math.inf)).min(1).values  # (B,), inf without positives

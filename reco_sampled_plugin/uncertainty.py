@@ -28,10 +28,17 @@ from .metric_names import parse_metric
 from .metrics import metric_bounds
 from .sampling_laws import check_law
 
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .metric_names import MetricSpec
+    from .priors import PriorLike
+    from ._types import TensorLike
+
 __all__ = ["corrected_values", "corrected_metric", "paired_difference"]
 
 
-def _check_sampled(sampled_ranks, m: int) -> torch.Tensor:
+def _check_sampled(sampled_ranks: Any, m: int) -> torch.Tensor:
     r = check_rank_values(sampled_ranks, "sampled_ranks", whole=True)
     if r.numel() and (bool((r < 1).any()) or bool((r > m + 1).any())):
         bad = r[(r < 1) | (r > m + 1)].reshape(-1)[0].item()
@@ -57,20 +64,20 @@ def _with_range(est: Estimate, bounds: tuple[float, float]) -> Estimate:
     return dataclasses.replace(est, details=details, flags=flags, metric_range=(float(bounds[0]), float(bounds[1])))
 
 
-def _bounds(spec, n_items) -> tuple[float, float]:
+def _bounds(spec: MetricSpec, n_items: int | torch.Tensor) -> tuple[float, float]:
     """The metric's range over the candidate counts ``n_items`` (an int or a tensor, any device)."""
     return metric_bounds(spec, torch.as_tensor(n_items).detach().cpu().reshape(-1).numpy())
 
 
 def corrected_values(
-    metric,
-    sampled_ranks,
-    n_items,
+    metric: str | MetricSpec,
+    sampled_ranks: TensorLike,
+    n_items: int | TensorLike,
     n_samples: int,
     method: str = "bv",
     gamma: float = 0.1,
     sampling: str = "binomial",
-    prior=None,
+    prior: PriorLike = None,
     *,
     rounding: str = "floor",
     max_rel_n_spread: float | None = None,
@@ -107,14 +114,14 @@ def corrected_values(
 
 
 def corrected_metric(
-    metric,
-    sampled_ranks,
-    n_items,
+    metric: str | MetricSpec,
+    sampled_ranks: TensorLike,
+    n_items: int | TensorLike,
     n_samples: int,
     method: str = "bv",
     gamma: float = 0.1,
     sampling: str = "binomial",
-    prior=None,
+    prior: PriorLike = None,
     *,
     rounding: str = "floor",
     max_rel_n_spread: float | None = None,
@@ -154,15 +161,15 @@ def corrected_metric(
 
 
 def paired_difference(
-    metric,
-    sampled_ranks_a,
-    sampled_ranks_b,
-    n_items,
+    metric: str | MetricSpec,
+    sampled_ranks_a: TensorLike,
+    sampled_ranks_b: TensorLike,
+    n_items: int | TensorLike,
     n_samples: int,
     method: str = "bv",
     gamma: float = 0.1,
     sampling: str = "binomial",
-    prior=None,
+    prior: PriorLike = None,
     *,
     rounding: str = "floor",
 ) -> Estimate:
