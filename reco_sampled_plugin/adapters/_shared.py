@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 import torch
@@ -26,6 +26,12 @@ from reco_sampled_plugin._checks import MAX_ELEMENTS, check_dense, check_element
 from reco_sampled_plugin.rank_distribution import pool_groups
 from reco_sampled_plugin.scorer_ranks import score_drawn
 from reco_sampled_plugin.counting import mix32
+
+if TYPE_CHECKING:
+    from reco_sampled_plugin._popularity import PopularityStats
+    from reco_sampled_plugin.design import SamplingDesign
+    from reco_sampled_plugin.estimate import Estimate
+    from reco_sampled_plugin.scorer_ranks import ScorerCalls
 from reco_sampled_plugin.factor_ranks import positive_scores
 from reco_sampled_plugin.ranking import (
     DETERMINISTIC_TIES,
@@ -122,7 +128,7 @@ def as_ranking_batch(obj: Any, where: str = "validation_step") -> RankingBatch |
     if isinstance(obj, Mapping):
         get = obj.get
     else:
-        def get(key, default=None):
+        def get(key: str, default: Any = None) -> Any:
             return getattr(obj, key, default)
     scores, positives = get("scores"), get("positives")
     uf, vf = get("user_factors"), get("item_factors")
@@ -147,7 +153,7 @@ def check_ties(ties: str) -> str:
     return ties
 
 
-def padded_inputs(scores: torch.Tensor, positives, exclude) -> tuple[torch.Tensor, torch.Tensor | None]:
+def padded_inputs(scores: torch.Tensor, positives: Any, exclude: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Positives and exclusions as (B, P) / (B, E) int64 tensors padded with -1, validated once (in range,
     no duplicates, no positive also excluded)."""
     check_dense(scores, "scores")
@@ -199,7 +205,7 @@ def keyed_uniform(seed: int, *parts: int | torch.Tensor) -> torch.Tensor:
 _HASH_BLOCK = 1 << 16
 
 
-def _hash_chains(h1: int, h2: int, parts: list[torch.Tensor], device) -> torch.Tensor:
+def _hash_chains(h1: int, h2: int, parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """:func:`keyed_uniform` of int64 tensor parts of one rank (the chains' states ``h1``, ``h2`` after the leading
     Python-int parts)."""
     rank = parts[0].dim()
@@ -300,8 +306,8 @@ def keyed_negatives(
     return neg
 
 
-def _keyed_negatives(pos, exc, n_items: int, n_samples: int, ids: torch.Tensor, seed: int, replacement: bool,
-                     checks: DeviceChecks | None) -> torch.Tensor:
+def _keyed_negatives(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, n_samples: int, ids: torch.Tensor, seed: int,
+                     replacement: bool, checks: DeviceChecks | None) -> torch.Tensor:
     b, p = pos.shape
     m = n_samples
     device = pos.device
@@ -373,7 +379,8 @@ def keyed_sampled_ranks(
 
 
 def keyed_popularity_ranks(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_samples: int,
-                           ids: torch.Tensor, seed: int, weights: torch.Tensor, ties: str, checks: DeviceChecks):
+                           ids: torch.Tensor, seed: int, weights: torch.Tensor, ties: str,
+                           checks: DeviceChecks) -> tuple[torch.Tensor, torch.Tensor, PopularityStats]:
     """Sampled ranks r~ (B, P), candidate counts n (B,) and the Hansen-Hurwitz statistics
     (:class:`~reco_sampled_plugin._popularity.PopularityStats`, (B, P)) of keyed popularity draws with replacement:
     draw k of positive (b, p) is the item whose cumulative weight interval (the weights w over the row's drawable
@@ -411,12 +418,13 @@ def _rows_per_chunk(p: int, m: int) -> int:
     return max(1, (MAX_ELEMENTS // 8) // max(p * m, 1))
 
 
-def _chunk(x, lo: int, hi: int):
+def _chunk(x: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor | None:
     return None if x is None else x[lo:hi]
 
 
-def keyed_ranks_only(scores, pos, exc, n_samples: int, ids, seed: int = 0, replacement: bool = True,
-                     ties: str = "pessimistic", checks: DeviceChecks | None = None) -> torch.Tensor:
+def keyed_ranks_only(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_samples: int, ids: torch.Tensor,
+                     seed: int = 0, replacement: bool = True, ties: str = "pessimistic",
+                     checks: DeviceChecks | None = None) -> torch.Tensor:
     """The ranks of :func:`keyed_sampled_ranks` alone (adaptive stages need no candidate counts)."""
     b, n_items = scores.shape
     p = pos.shape[1]
@@ -454,8 +462,10 @@ def keyed_sampled_ranks_from_factors(
 
 
 @torch.no_grad()
-def keyed_factor_ranks_only(u, v, bias, pos, exc, n_samples: int, ids, seed: int = 0, replacement: bool = True,
-                            ties: str = "pessimistic", pos_scores=None, checks: DeviceChecks | None = None) -> torch.Tensor:
+def keyed_factor_ranks_only(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor, exc: torch.Tensor | None,
+                            n_samples: int, ids: torch.Tensor, seed: int = 0, replacement: bool = True,
+                            ties: str = "pessimistic", pos_scores: torch.Tensor | None = None,
+                            checks: DeviceChecks | None = None) -> torch.Tensor:
     """The ranks of :func:`keyed_sampled_ranks_from_factors` alone."""
     b, n_items = u.shape[0], v.shape[0]
     p = pos.shape[1]
@@ -473,7 +483,7 @@ def keyed_factor_ranks_only(u, v, bias, pos, exc, n_samples: int, ids, seed: int
 
 
 @torch.no_grad()
-def keyed_scorer_ranks(calls, users: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
+def keyed_scorer_ranks(calls: ScorerCalls, users: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
                        n_samples: int, ids: torch.Tensor, seed: int = 0, replacement: bool = True,
                        ties: str = "pessimistic", score: torch.Tensor | None = None,
                        pos_scores: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -534,7 +544,8 @@ def histogram_from_rows(counts: np.ndarray, n_items: int, n_samples: int,
 
 
 def keyed_adaptive_ranks(
-    draw: Callable[[torch.Tensor, int, int, torch.Tensor], torch.Tensor], first: torch.Tensor, design, seed: int
+    draw: Callable[[torch.Tensor, int, int, torch.Tensor], torch.Tensor], first: torch.Tensor, design: SamplingDesign,
+    seed: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Adaptive sampling with keyed draws (``reco_sampled_plugin.adaptive``): ``first`` (B, P) are the ranks among
     the first m; ``draw(rows, m_new, stage_seed, need)`` ranks the positives of ``rows`` against m_new fresh keyed
@@ -564,7 +575,7 @@ def stage_seed(seed: int, stage: int) -> int:
     return int(seed) if stage == 0 else (int(seed) * 1_000_003 + 7919 * int(stage)) % (2**31 - 1)
 
 
-def adaptive_columns(design) -> tuple[np.ndarray, int]:
+def adaptive_columns(design: SamplingDesign) -> tuple[np.ndarray, int]:
     """Column offset of each stage in an adaptive histogram row (stage s holds r~ = 1..new_s + 1, new_s the
     stage's fresh draws) and the row width sum_s (new_s + 1)."""
     news = np.diff(np.concatenate([[0], design.stages]))
@@ -572,7 +583,7 @@ def adaptive_columns(design) -> tuple[np.ndarray, int]:
     return offsets[:-1], int(offsets[-1])
 
 
-def adaptive_histogram_from_rows(counts: np.ndarray, n_items: int, design,
+def adaptive_histogram_from_rows(counts: np.ndarray, n_items: int, design: SamplingDesign,
                                  max_groups: int | None) -> tuple[RankHistogram, bool]:
     """RankHistogram (groups (n, M_s)) from adaptive rows: ``counts[e]`` holds, stage after stage, the counts of
     r~ = 1..new_s + 1 of instances with n = n_items - e that stopped at stage s (:func:`adaptive_columns`); and
@@ -619,7 +630,7 @@ _EXPLAINED: set[str] = set()
 _WIDENING_FLAGS = ("top_unresolved", "cap_reached")
 
 
-def explain_once(logger: logging.Logger, where: str, est, **context) -> None:
+def explain_once(logger: logging.Logger, where: str, est: Estimate, **context: Any) -> None:
     """Log once per process (warning, on the calling module's ``logger``) why ``est``'s interval is wide: each of its
     widening flags in words, with the ``reco-sampled plan`` command (``context``: metric, n_items, n_samples, users)."""
     from reco_sampled_plugin.estimate import explain_flags

@@ -48,6 +48,7 @@ from reco_sampled_plugin.scorer_ranks import DEFAULT_MAX_PAIRS, ScoringCost
 from ._shared import (FactorBatch, RankingBatch, ScorerBatch, as_ranking_batch, estimator_label, metric_key,
                       padded_inputs)
 from .torchmetrics import ExactRankingMetrics, SampledRankingMetrics
+from reco_sampled_plugin.metric_names import MetricSpec
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
 _STAGES = {"validate": "val", "test": "test"}
 
 
-def _find_distributed_sampler(dataloader) -> DistributedSampler | None:
+def _find_distributed_sampler(dataloader: Any) -> DistributedSampler | None:
     for holder in (getattr(dataloader, "batch_sampler", None), dataloader):
         sampler = getattr(holder, "sampler", None)
         if isinstance(sampler, DistributedSampler):
@@ -76,14 +77,15 @@ def _find_distributed_sampler(dataloader) -> DistributedSampler | None:
 class _LoaderState:
     """Per (stage, dataloader) bookkeeping of one epoch: the metric states and the row position."""
 
-    def __init__(self, exact: ExactRankingMetrics | None, sampled: SampledRankingMetrics | None, sampler) -> None:
+    def __init__(self, exact: ExactRankingMetrics | None, sampled: SampledRankingMetrics | None,
+                 sampler: DistributedSampler | None) -> None:
         self.exact = exact
         self.sampled = sampled
         self.sampler = sampler
         self.rows = 0
         self.rows_not_samples = False
 
-    def positions(self, batch: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def positions(self, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Global positions of the next ``batch`` rows, and the padding mask (None: no padding).
 
         A ``DistributedSampler`` (shuffled or not) hands process r the sample at global position
@@ -243,7 +245,7 @@ class _RankingMetricsLogic:
         return f"{self._stage_prefix(stage, dataloader_idx)}_{metric_key(self.headline[0])}"
 
     # ---------------------------------------------------------------------------- states
-    def _state(self, trainer, pl_module, stage: str, dataloader_idx: int) -> _LoaderState:
+    def _state(self, trainer: Any, pl_module: Any, stage: str, dataloader_idx: int) -> _LoaderState:
         st = self._states.get((stage, dataloader_idx))
         if st is None:
             device = pl_module.device
@@ -267,7 +269,7 @@ class _RankingMetricsLogic:
             del self._states[key]
 
     # ---------------------------------------------------------------------------- batches
-    def _batch_end(self, trainer, pl_module, outputs, batch, stage: str, dataloader_idx: int) -> None:
+    def _batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, stage: str, dataloader_idx: int) -> None:
         if stage not in self.stages or trainer.sanity_checking:
             return
         where = "validation_step" if stage == "validate" else "test_step"
@@ -305,7 +307,7 @@ class _RankingMetricsLogic:
             st.sampled.update_factors_padded(u, v, bias, pos, exc, ids, keep, s_pos,
                                              check_finite=st.exact is None and bool(self.check_finite))
 
-    def _scorer_batch(self, st: _LoaderState, pl_module, sb: ScorerBatch, where: str) -> None:
+    def _scorer_batch(self, st: _LoaderState, pl_module: Any, sb: ScorerBatch, where: str) -> None:
         """Sampled ranks through the scorer (``SampledRankingMetrics.update_from_scorer``): the keyed negatives
         of the rows' ids, only the positives and their drawn items scored; no score row is formed."""
         if self.scorer is None:
@@ -319,7 +321,7 @@ class _RankingMetricsLogic:
         st.sampled.update_from_scorer(self._bound_scorer(pl_module), positives, sb.n_items, sb.exclude, ids, users,
                                       keep, self.max_pairs)
 
-    def _bound_scorer(self, pl_module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    def _bound_scorer(self, pl_module: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """``scorer(users, items)`` for the core loop: the module's method, or the callable with the module bound
         (named as the callable, so the loop's errors name it)."""
         if isinstance(self.scorer, str):
@@ -336,7 +338,7 @@ class _RankingMetricsLogic:
         scorer.__qualname__ = getattr(fn, "__qualname__", None) or type(fn).__name__
         return scorer
 
-    def _ids_keep(self, st: _LoaderState, b: int, device, ids) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _ids_keep(self, st: _LoaderState, b: int, device: torch.device, ids: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Instance ids of the next ``b`` rows (the step's, else their global positions) and the keep mask."""
         glob, keep = st.positions(b, device)
         if not self.dedup_padding:
@@ -344,7 +346,7 @@ class _RankingMetricsLogic:
         return (glob if ids is None else ids), keep  # the step's ids: converted and checked by the sampled metric
 
     # -------------------------------------------------------------------------- epoch end
-    def _epoch_end(self, trainer, pl_module, stage: str) -> None:
+    def _epoch_end(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage not in self.stages:
             return
         if trainer.sanity_checking:
@@ -395,7 +397,7 @@ class _RankingMetricsLogic:
                 self._plot(trainer, stage)
 
     # ------------------------------------------------------------------------------- plot
-    def _plot(self, trainer, stage: str) -> None:
+    def _plot(self, trainer: Any, stage: str) -> None:
         """Sampled vs corrected vs exact values over epochs, one panel per metric, to the loggers."""
         import matplotlib
 
@@ -444,33 +446,35 @@ class _RankingMetricsLogic:
         plt.close(fig)
 
     # ------------------------------------------------------------------------------ hooks
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
         self._batch_end(trainer, pl_module, outputs, batch, "validate", dataloader_idx)
 
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx: int = 0) -> None:
+    def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                          dataloader_idx: int = 0) -> None:
         self._batch_end(trainer, pl_module, outputs, batch, "test", dataloader_idx)
 
-    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+    def on_validation_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._reset("validate")
 
-    def on_test_epoch_start(self, trainer, pl_module) -> None:
+    def on_test_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._reset("test")
 
-    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+    def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self._epoch_end(trainer, pl_module, "validate")
 
-    def on_test_epoch_end(self, trainer, pl_module) -> None:
+    def on_test_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self._epoch_end(trainer, pl_module, "test")
 
 
-def _parse(metric: str):
+def _parse(metric: str) -> MetricSpec:
     from reco_sampled_plugin.metric_names import parse_metric
 
     return parse_metric(metric)
 
 
 def _tqdm_wrapper(stage: str) -> Callable[[Iterable], Iterable]:
-    def wrap(jobs):
+    def wrap(jobs: Iterable) -> Iterable:
         from .._progress import progress_bar
 
         return progress_bar(jobs, desc=f"ranking metrics ({_STAGES[stage]})", enabled=True, unit="estimate")
@@ -574,7 +578,7 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
     """
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     if name == "RankingMetricsCallback":
         return callback_class()
     if name == "PLRankingMetricsCallback":

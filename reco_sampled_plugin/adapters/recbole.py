@@ -111,7 +111,7 @@ def _wrap_collector() -> None:
     Collector.get_data_struct = get_data_struct
 
 
-def _adaptive_stages(collector: Any, table: dict, settings: _Settings) -> None:
+def _adaptive_stages(collector: Any, table: torch.Tensor, settings: _Settings) -> None:
     """uniN with ``rsp_adaptive_max``: the later stages scored through the model's predict (``_recbole_stages``);
     what the evaluation scored is logged and kept as ``collector.rsp_cost`` (a ``ScoringCost``)."""
     cost = run_stages(collector, table, settings)
