@@ -327,7 +327,7 @@ def adaptive_sampled_ranks(
     if design.exact_at_cap:  # read from the rows: draws nothing
         from .ranking import prepare_index
 
-        pos, exc = prepare_index(positives, exclude, scores.shape[0], scores.shape[1], scores.device)
-        exact = complete_at_cap(completion_targets(ranks, sizes, design), pos, exc, scores.shape[1], ties, generator,
+        pos, exc_padded = prepare_index(positives, exclude, scores.shape[0], scores.shape[1], scores.device)
+        exact = complete_at_cap(completion_targets(ranks, sizes, design), pos, exc_padded, scores.shape[1], ties, generator,
                                 lambda idx: scores[idx])
     return SampledRanks(ranks, first.n_candidates, None, design, sizes, None, exact_ranks=exact)

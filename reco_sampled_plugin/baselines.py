@@ -204,7 +204,7 @@ class ItemKNN(Recommender):
         w = sp.csr_matrix(s.multiply(inv[:, None]).T)
         self._x = x
         if w.nnz >= self.dense_threshold * w.shape[0] * w.shape[1]:
-            self._w_dense = torch.from_numpy(w.toarray()).to(torch.float32).to(self.device)
+            self._w_dense: torch.Tensor | None = torch.from_numpy(w.toarray()).to(torch.float32).to(self.device)
             self._wt_sparse = None
         else:
             self._w_dense = None

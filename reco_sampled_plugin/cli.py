@@ -117,7 +117,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     cfg = ReproduceConfig(
         data=args.data,
-        n_samples=_sampling_design(args.n_samples, args.sampling, args.adaptive_max),
+        # a design is accepted too (the config writes it back as plain values)
+        n_samples=_sampling_design(args.n_samples, args.sampling, args.adaptive_max),  # type: ignore[arg-type]
         repeats=args.repeats,
         seed=args.seed,
     )
@@ -207,10 +208,11 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         raise ValueError(f"--method: {unsupported} assume one fixed m per positive; with --adaptive-max use some of "
                          f"{registry.names(adaptive=True)}")
     if unsupported:
+        assert design is not None  # unsupported is empty without a design
         raise ValueError(f"--method: {unsupported} do not support {design.describe()}; use some of "
                          f"{registry.names(design=design)}")
     print(f"{len(data.ranks):,} sampled ranks; n {int(data.n_items.min()):,}..{int(data.n_items.max()):,}; m {int(data.n_samples.min())}..{int(data.n_samples.max())}")
-    extra = {} if adaptive is None else {"adaptive": (adaptive.n_samples, adaptive.adaptive_max)}
+    extra: dict[str, Any] = {} if adaptive is None else {"adaptive": (adaptive.n_samples, adaptive.adaptive_max)}
     if adaptive is not None:
         from ._rank_hist import as_histogram
         from .adaptive import adaptive_cost, check_adaptive_histogram
@@ -228,8 +230,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     for metric in metrics:
         for method in methods:
             if adaptive is None:
-                takes = args.gamma is not None and registry.get(method).option("gamma") is not None
-                gamma = {"gamma": args.gamma} if takes else {}
+                takes_gamma = args.gamma is not None and registry.get(method).option("gamma") is not None
+                gamma = {"gamma": args.gamma} if takes_gamma else {}
                 est = estimate(metric, data.ranks, data.n_items, data.n_samples, method=method, sampling=args.sampling,
                                **gamma)
             else:

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Hashable, Iterable, cast
 
 import numpy as np
 import scipy.linalg
@@ -291,7 +291,7 @@ def stacked_tables(metric: str | MetricSpec, n_items: np.ndarray, n_samples: np.
         hash(prior)
     except TypeError:  # a vector prior: one n only (its length); per-group tables (each still cached)
         return _concat(metric, n, m, method, gamma, sampling, prior, rounding)
-    return _stacked(parse_metric(metric), n, m, method, gamma, sampling, prior, rounding)
+    return _stacked(parse_metric(metric), n, m, method, gamma, sampling, cast(Hashable, prior), rounding)
 
 
 def _concat(metric: str | MetricSpec, n: tuple, m: tuple, method: str, gamma: float, sampling: str, prior: PriorLike,
@@ -453,7 +453,7 @@ def _shared_rule(specs: tuple[MetricSpec, ...], n: int, m: int, prior: Prior) ->
     if law_free:
         return np.arange(1, n + 1, dtype=np.float64), np.asarray(prior.weights(n), dtype=np.float64), True
     if prior.is_uniform and all(sp.k is not None for sp in specs):
-        k_max = min(max(sp.k for sp in specs), n)
+        k_max = min(max(sp.k for sp in specs if sp.k is not None), n)  # every k is set here
         head = np.arange(1, k_max + 1, dtype=np.float64)
         tail = gauss_rule(k_max + 1, n, m + 2)
         r = np.concatenate([head, tail[0]])
@@ -544,7 +544,7 @@ def correction_tables(
     return np.stack([table_numpy(sp, n, m, method, gamma, sampling, prior, rounding) for sp in specs])
 
 
-def n_interpolation(n_flat: torch.Tensor, max_rel_n_spread: float | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def n_interpolation(n_flat: torch.Tensor, max_rel_n_spread: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(grid nodes, lower node index, weight t of the upper node) for per-instance counts n: the linear
     interpolation in 1/(n - 1) between geometric grid nodes of :func:`~reco_sampled_plugin._rank_hist.pool_by_n`."""
     from ._rank_hist import n_grid

@@ -194,7 +194,8 @@ class SamplingDesign:
     @property
     def cap(self) -> int:
         """The largest m any positive can reach (the cap of an adaptive design, else m)."""
-        return self.n_samples if self.adaptive_max is None else self.adaptive.cap
+        adaptive = self.adaptive
+        return self.n_samples if adaptive is None else adaptive.cap
 
     def describe(self) -> str:
         """A short human-readable name: ``uniform m=100``, ``adaptive 100->3200``, ``popularity m=100``..."""

@@ -243,7 +243,7 @@ def estimate(
     metric: str | MetricSpec,
     sampled_ranks: TensorLike | RankHistogram | SampledRanks,
     n_items: TensorLike | None = None,
-    n_samples: TensorLike | SamplingDesign | AdaptiveDesign | None = None,
+    n_samples: TensorLike | None = None,
     method: str = registry.DEFAULT_ESTIMATOR,
     *,
     sampling: str | None = None,
@@ -332,7 +332,7 @@ def estimate(
         hist, sampling, design = _from_sampled(sampled_ranks, n_items, n_samples, weights, sampling, adaptive, entry,
                                                spec)
         hist = hist.without_empty_groups()
-        if sampled_ranks.design.popularity is not None and entry.family != "none":
+        if sampled_ranks.design.popularity is not None and entry.family != "none":  # type: ignore[union-attr]  # draws carry their design
             from .popularity import popularity_draws
 
             draws = popularity_draws(sampled_ranks, weights)  # each positive's beating draws' 1/q~ (or a refusal)
@@ -368,7 +368,7 @@ def estimate(
     if not entry.takes_metric(spec.kind):  # after the data's own checks, which every method makes alike
         check_without_replacement(hist.n_items, hist.n_samples, sampling)
         design_of = sampled_ranks.design if isinstance(sampled_ranks, SampledRanks) else None
-        raise ValueError(f"metric: method {method!r} estimates {', '.join(entry.metrics)} only; "
+        raise ValueError(f"metric: method {method!r} estimates {', '.join(entry.metrics or ())} only; "
                          f"{_available(spec, design_of)}")
     if design is not None:
         if not entry.adaptive:

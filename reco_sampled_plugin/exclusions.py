@@ -284,6 +284,7 @@ def prepare_exclusions(exclude: TensorLike, n_items: int) -> Exclusions:
     pending, checks = pending_exclusions(t, n, batch, t.device)
     if isinstance(pending, torch.Tensor):  # a mask: its rows are sorted already
         return _from_padded(mask_to_padded(pending), n, sort=False)[0]
+    assert isinstance(pending, PendingExclusions)  # a tensor in: index exclusions between their checks
     total = run_checks(checks, [pending.total])[0]
     ex, later = pending.finish(total)
     run_checks(later)

@@ -113,7 +113,7 @@ def _factor(x: Any, name: str) -> torch.Tensor:
 # the item factors are usually the same tensor for every user batch: their largest norm is cached, held
 # with a weak reference to that very tensor (a new tensor can reuse a freed one's id and address) and
 # keyed by its storage, version counter and shape (an in-place update recomputes it)
-_item_norm: tuple[weakref.ref, tuple, float] | None = None
+_item_norm: tuple[weakref.ref, tuple | None, float] | None = None
 
 
 def _row_norm_max(x: torch.Tensor) -> torch.Tensor:
@@ -142,6 +142,7 @@ def _overflow_bound(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None)
         if not math.isfinite(value):
             raise ValueError(f"{name}: contains NaN or inf")
     if cached:
+        assert _item_norm is not None  # cached: the entry exists
         v_norm = _item_norm[2]
     else:
         v_norm = values["item_factors"]

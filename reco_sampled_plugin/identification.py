@@ -261,6 +261,7 @@ def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float,
     if adaptive is None:
         a_data, lo_b, hi_b = _fixed_band(pooled, edges, inside, z_g, law, level)
     else:
+        assert n_tot is not None  # computed for an adaptive design
         a_data, lo_b, hi_b = _adaptive_band(pooled, edges, n_class, n_tot, mass(n_class), adaptive, level)
     a_ub = [a_data, -a_data]
     b_ub = [np.asarray(hi_b), -np.asarray(lo_b)]

@@ -40,6 +40,7 @@ def metric_from_float_ranks(spec: MetricSpec, r: torch.Tensor, n: torch.Tensor) 
         return (n - r) / (n - 1)
     inside = torch.ones_like(r, dtype=torch.bool) if k is None else (r <= k)
     if kind == "precision":
+        assert k is not None  # precision has a cut-off (MetricSpec checks it)
         value = torch.full_like(r, 1.0 / k)
     elif kind in ("recall", "hit", "trunc_precision"):
         value = torch.ones_like(r)

@@ -303,7 +303,7 @@ def padded_candidate_counts(n_items: int, positives: torch.Tensor, exclude: torc
 def exact_ranks(
     scores: torch.Tensor,
     positives: torch.Tensor,
-    exclude: torch.Tensor | None = None,
+    exclude: TensorLike | Exclusions | None = None,
     ties: str = "pessimistic",
     *,
     count_other_positives: bool = True,
@@ -862,7 +862,7 @@ def sampled_ranks(
     scores: torch.Tensor,
     positives: torch.Tensor,
     n_samples: int | SamplingDesign | None = None,
-    exclude: torch.Tensor | None = None,
+    exclude: TensorLike | Exclusions | None = None,
     replacement: bool = True,
     popularity: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
@@ -988,5 +988,6 @@ def popularity_draw_stats(design: SamplingDesign, beat: torch.Tensor, neg: torch
         wp, zp = forbidden_weight(forbidden_sorted(pos, None, n_items), w)
         we = exc.items.new_zeros(exc.rows, dtype=torch.float64).index_add_(0, exc.row_of, w[exc.items])
         ze = exc.items.new_zeros(exc.rows).index_add_(0, exc.row_of, (w[exc.items] == 0).to(torch.int64))
-        return popularity_stats(beat, neg, pos >= 0, w, (wp + we, zp + ze), given)  # no item is both (refused)
+        # (weight, zero count) pairs are a forbidden form popularity_stats takes (its annotation: after the popularity merge)
+        return popularity_stats(beat, neg, pos >= 0, w, (wp + we, zp + ze), given)  # type: ignore[arg-type]
     return popularity_stats(beat, neg, pos >= 0, w, forbidden_sorted(pos, exc, n_items), given)

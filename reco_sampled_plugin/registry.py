@@ -262,11 +262,11 @@ def entries() -> tuple[Estimator, ...]:
 
 
 def names(*, family: str | tuple[str, ...] | None = None, adaptive: bool | None = None,
-          fits_distribution: bool | None = None, design: Any = None, metric: str | None = None) -> tuple[str, ...]:
+          fits_distribution: bool | None = None, design: Any = None, metric: Any = None) -> tuple[str, ...]:
     """Registered method names in table order, optionally only one ``family`` (or several), those that take
     adaptive designs (or not), those that fit a distribution (or not), those that support ``design``, or those
     that estimate ``metric`` (a name such as ``"ndcg@10"`` or a kind such as ``"auc"``)."""
-    kind = None if metric is None else getattr(metric, "kind", None) or _metric_kind(metric)
+    kind: Any = None if metric is None else getattr(metric, "kind", None) or _metric_kind(metric)
     fams = (family,) if isinstance(family, str) else family
     out = []
     for e in _REGISTRY.values():

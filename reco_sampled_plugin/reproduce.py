@@ -27,7 +27,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 import torch
@@ -109,7 +109,7 @@ def _checked_config(cfg: ReproduceConfig) -> ReproduceConfig:
     # every option through the package's one check of its kind (a ValueError naming the field)
     if cfg.data is not None and not isinstance(cfg.data, (str, os.PathLike)):
         raise ValueError(f"data: expected a file path or None, got {cfg.data!r}")
-    lists = {key: check_names(getattr(cfg, key), key, "estimator labels") for key in
+    lists: dict[str, Any] = {key: check_names(getattr(cfg, key), key, "estimator labels") for key in
              ("methods", "mapping_methods", "rank_dist_methods")}
     cfg = dataclasses.replace(
         cfg, repeats=check_int(cfg.repeats, "repeats", 2), seed=check_seed(cfg.seed, "seed"),
@@ -155,7 +155,7 @@ def _progress(total: int, desc: str, enabled: bool | None) -> ProgressBar:
 
 
 def exact_ranks_for_split(models: dict, train: Any, test_items: np.ndarray, batch_size: int = 1024,
-                          progress: bool = False) -> tuple[dict[str, torch.Tensor], torch.Tensor, np.ndarray]:
+                          progress: bool | None = False) -> tuple[dict[str, torch.Tensor], torch.Tensor, np.ndarray]:
     """Exact ranks of each user's test item for each model, training items excluded.
 
     Returns ({model: (U,) int64 ranks}, (U,) candidate counts, test user indices).
@@ -209,7 +209,7 @@ def _mapping_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: Rep
             }
     for metric in cfg.metrics:
         for name in ranks:
-            row = {"metric": metric, "recommender": name}
+            row: dict[str, Any] = {"metric": metric, "recommender": name}
             for label in cfg.mapping_methods:
                 v = run_means[metric][f"map:{label}"][name]
                 row[f"map:{label}"] = float(v.mean())
@@ -258,8 +258,9 @@ def _rank_dist_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: R
                 fits[fit_method] = estimate_rank_distributions(hists, fit_method, sampling=cfg.sampling)
             if method == "bv_mle":  # bv (gamma = 0.1) with each run's mle fit as the prior p(r)
                 values = torch.from_numpy(np.stack([
-                    sum(correction_tables(metrics, int(n), cfg.n_samples, "bv", 0.1, cfg.sampling, prior=fit.prior(int(n))) @ c
-                        for n, c in zip(h.n_items, h.counts)) / h.total
+                    cast(np.ndarray, sum(correction_tables(metrics, int(n), cfg.n_samples, "bv", 0.1, cfg.sampling,
+                                                           prior=fit.prior(int(n))) @ c
+                                         for n, c in zip(h.n_items, h.counts))) / h.total
                     for h, fit in zip(hists, fits["mle"])
                 ]))
             else:
@@ -269,7 +270,7 @@ def _rank_dist_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: R
     rows = []
     for metric in metrics:
         for name in ranks:
-            row = {"metric": metric, "recommender": name}
+            row: dict[str, Any] = {"metric": metric, "recommender": name}
             for method in cfg.rank_dist_methods:
                 v = per_run[metric][method][name]
                 row[method] = float(v.mean())
@@ -286,6 +287,7 @@ def _adaptive_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: Re
     from .adaptive import AdaptiveDesign, adaptive_sampled_ranks_from_exact
     from .rank_distribution import estimate_rank_distributions
 
+    assert cfg.adaptive_max is not None  # called for an adaptive configuration only
     design = AdaptiveDesign(cfg.n_samples, cfg.adaptive_max)
     metrics = list(cfg.metrics)
     per_run: dict = {metric: {"adaptive:mes": {}} for metric in metrics}
@@ -328,7 +330,7 @@ def _mapping_curves(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, m: int
     curves = {}
     for i, (name, r) in enumerate(ranks.items()):
         sampled = draw_sampled_ranks(r, n_cand, m, repeats=1, seed=seed + 31 * i)[0]
-        shr = np.array([float((sampled <= kk).double().mean()) for kk in k])
+        shr = np.array([float((sampled <= kk).double().mean()) for kk in k.tolist()])
         f_bound = mapping(k, n, m, "bound")
         f_beta = mapping(k, n, m, "beta", a=1.0)
         # exact HR at a (possibly fractional) cut-off K: fraction of ranks <= K
@@ -451,7 +453,7 @@ def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool | None = No
 
     t = time.perf_counter()
     grid = [mm for mm in cfg.m_grid if cfg.sampling == "binomial" or mm < int(n_cand.min())]
-    figure6 = {"m": grid, "exact": {}, "none": {}, "bv:0.1": {}}
+    figure6: dict[str, Any] = {"m": grid, "exact": {}, "none": {}, "bv:0.1": {}}
     bar = _progress(len(grid) * len(names), "Figure 6", progress)
     for name in names:
         figure6["exact"][name] = float(metric_values("recall@10", ranks[name], n_cand).mean())

@@ -64,7 +64,7 @@ def _with_range(est: Estimate, bounds: tuple[float, float]) -> Estimate:
     return dataclasses.replace(est, details=details, flags=flags, metric_range=(float(bounds[0]), float(bounds[1])))
 
 
-def _bounds(spec: MetricSpec, n_items: int | torch.Tensor) -> tuple[float, float]:
+def _bounds(spec: MetricSpec, n_items: int | TensorLike) -> tuple[float, float]:
     """The metric's range over the candidate counts ``n_items`` (an int or a tensor, any device)."""
     return metric_bounds(spec, torch.as_tensor(n_items).detach().cpu().reshape(-1).numpy())
 
@@ -98,11 +98,11 @@ def corrected_values(
         parse_metric(metric), check_method(method), check_gamma(gamma), check_law(sampling)
         return torch.empty(r.shape, dtype=torch.float64, device=r.device)
     if spread is not None and n.numel():
-        grid, j, t = n_interpolation(n.reshape(-1), spread)
+        grid, j_np, t_np = n_interpolation(n.reshape(-1), spread)
         rows = [table_numpy(metric, int(v), m, method, gamma, sampling, prior, rounding) for v in grid.tolist()]
         tables = torch.from_numpy(np.stack(rows)).to(r.device)
-        j = torch.from_numpy(j).to(r.device)
-        t = torch.from_numpy(t).to(r.device)
+        j = torch.from_numpy(j_np).to(r.device)
+        t = torch.from_numpy(t_np).to(r.device)
         idx = r.reshape(-1) - 1
         hi = torch.clamp(j + 1, max=len(grid) - 1)
         vals = (1.0 - t) * tables[j, idx] + t * tables[hi, idx]
