@@ -190,11 +190,13 @@ def _ndcg(spec: MetricSpec, s: SortedRanks, dcg: torch.Tensor | None = None) -> 
     the positive values only; NaN when no value is positive (or no test item, or fewer than 2 candidates).
     ``dcg``: the (B,) DCG when given (the expectation over tie orders of ``ties="average"``)."""
     k = s.cutoff(spec)
+    gain = s.gain
+    assert gain is not None  # evaluate_factors ranks with the test values as relevance
     if dcg is None:
         inside = s.ranks <= k.unsqueeze(1)
         discount = math.log(2.0) / torch.log1p(torch.where(s.valid, s.ranks, torch.ones_like(s.ranks)))
-        dcg = torch.where(inside, s.gain * discount, torch.zeros_like(discount)).sum(1)
-    ideal = torch.sort(s.gain.clamp(min=0.0), dim=1, descending=True).values
+        dcg = torch.where(inside, gain * discount, torch.zeros_like(discount)).sum(1)
+    ideal = torch.sort(gain.clamp(min=0.0), dim=1, descending=True).values
     ideal_disc = math.log(2.0) / torch.log1p(s.position)
     idcg = torch.where(s.position <= k.unsqueeze(1), ideal * ideal_disc, torch.zeros_like(ideal)).sum(1)
     nan = (s.n_pos == 0) | (s.n <= 1) | ~(idcg > 0)
@@ -353,7 +355,7 @@ def evaluate_factors(
     if correction is not None:  # before any work: a metric the correction does not estimate (hh: AUC only)
         refused = [str(sp_) for sp_ in base_specs if not registry.get(correction).takes_metric(sp_.kind)]
         if refused:
-            raise ValueError(f"metrics: correction {correction!r} estimates {', '.join(registry.get(correction).metrics)}"
+            raise ValueError(f"metrics: correction {correction!r} estimates {', '.join(registry.get(correction).metrics or ())}"
                              f" only, not {', '.join(refused)}; pass e.g. metrics=['roc_auc']")
 
     test = _to_csr(X_test, "X_test")
@@ -374,12 +376,12 @@ def evaluate_factors(
     # factors -> one (users x d') and one (items x d') matrix on the device; biases become an extra factor
     if (user_factors is None) != (item_factors is None):
         raise ValueError("user_factors, item_factors: pass both, or neither (with item_biases only)")
-    bias = None if item_biases is None else _as_factor(item_biases, "item_biases", 1)
+    bias: Any = None if item_biases is None else _as_factor(item_biases, "item_biases", 1)  # given without factors
     if user_factors is None:
         if bias is None:
             raise ValueError("item_biases: required when user_factors and item_factors are None")
-        a_mat = None
-        b_mat = None
+        a_mat: torch.Tensor | None = None
+        b_mat: Any = None  # given together with a_mat
         ref = bias
     else:
         a_mat = _as_factor(user_factors, "user_factors", 2)
@@ -462,7 +464,7 @@ def evaluate_factors(
     batch_size = check_int(batch_size, "batch_size", minimum=1)
     width = min(batch_size, max(len(users), 1))
     buf = torch.empty((width, n_items), dtype=dtype, device=dev)
-    noise = torch.empty_like(buf) if break_ties_with_noise else None
+    noise: Any = torch.empty_like(buf) if break_ties_with_noise else None
     gen = torch.Generator(device=dev).manual_seed(seed)
     need_values = any(s.kind == "ndcg" for s in specs)
 
@@ -533,9 +535,9 @@ def evaluate_factors(
     names = [s.column for s in specs]
     if not rename_k and not cumulative:
         renamed = {}
-        for s in specs:
-            col = s.column
-            renamed[col] = col[: -len(str(k))] + "K" if s.k == k else col
+        for sp_ in specs:
+            col = sp_.column
+            renamed[col] = col[: -len(str(k))] + "K" if sp_.k == k else col
         results = {renamed[c]: v for c, v in results.items()}
         names = [renamed[c] for c in names]
     per_user = _output(results, names, as_df)
@@ -613,7 +615,7 @@ def _single_item_ranks(scores: torch.Tensor, pos: torch.Tensor, ranks: torch.Ten
     return ranks - (ge + gt).to(torch.float64) / 2
 
 
-def _sample_batch(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, ranks: torch.Tensor, rows: torch.Tensor,
+def _sample_batch(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor, ranks: torch.Tensor, rows: torch.Tensor,
                   nan_rows: torch.Tensor, n_cand_b: torch.Tensor, design: SamplingDesign, gen: torch.Generator | None,
                   ties: str) -> tuple:
     n_pos = (pos >= 0).sum(1)
@@ -627,7 +629,7 @@ def _sample_batch(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | N
     exc_arg = exc if exc.shape[1] else None
     if design.adaptive is None:
         res = sampled_ranks(scores, pos, design, exclude=exc_arg, generator=gen, ties=ties, check_finite=False)
-        sizes = torch.full_like(pos, design.n_samples)
+        sizes: Any = torch.full_like(pos, design.n_samples)  # adaptive: the draws' sizes (always set there)
     else:
         res = adaptive_sampled_ranks(scores, pos, design, exclude=exc_arg, generator=gen, ties=ties,
                                      check_finite=False)
@@ -682,7 +684,7 @@ def _sampled_result(per_user: dict, parts: list, base_specs: list[MetricSpec], d
                     est = estimate(spec, SampledRanks(sranks, n_single, None, design, popularity_stats=stats),
                                    method=correction)
                 elif adaptive is None:
-                    uses_gamma = {"gamma": gamma} if registry.get(correction).option("gamma") is not None else {}
+                    uses_gamma: dict[str, Any] = {"gamma": gamma} if registry.get(correction).option("gamma") is not None else {}
                     est = estimate(spec, sranks, n_single, m, method=correction, sampling=law, **uses_gamma)
                 else:
                     est = estimate(spec, sranks, n_single, sizes, method=correction,

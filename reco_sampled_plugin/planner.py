@@ -554,7 +554,8 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(prev)
 
 
-def _check_inputs(n_items: Any, n_users: Any, target: Any, repeats: Any) -> tuple[np.ndarray, int, int, float, int]:
+def _check_inputs(n_items: Any, n_users: Any, target: Any,
+                  repeats: Any) -> tuple[np.ndarray, int | np.ndarray, int, float, int]:
     n_users = check_int(n_users, "n_users", minimum=1)
     if np.ndim(n_items) == 0:
         n_scalar = check_size(n_items, "n_items", 2)
@@ -562,7 +563,9 @@ def _check_inputs(n_items: Any, n_users: Any, target: Any, repeats: Any) -> tupl
         n_keep: int | np.ndarray = n_scalar
     else:
         # whole numbers >= 2 (no str, bool, NaN): the one size check, per user
-        n_u = check_sizes(n_items, "n_items", 2).detach().cpu().numpy().reshape(-1).astype(np.int64)
+        sizes = check_sizes(n_items, "n_items", 2)
+        assert isinstance(sizes, torch.Tensor)  # per-user counts (not a scalar): a tensor
+        n_u = sizes.detach().cpu().numpy().reshape(-1).astype(np.int64)
         if len(n_u) != n_users:
             raise ValueError(f"n_items: {len(n_u)} per-user counts for n_users = {n_users}")
         n_keep = n_u.copy()
@@ -665,7 +668,7 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
     if pilot is None:
         if pilot_n_items is not None or pilot_n_samples is not None or pilot_adaptive is not None:
             raise ValueError("pilot: pilot_n_items / pilot_n_samples / pilot_adaptive given without pilot ranks")
-        shape = _DefaultShape()
+        shape: _DefaultShape | _PilotShape = _DefaultShape()
     else:
         shape = _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive, spec)
     if designs is None:
@@ -692,7 +695,7 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         done = None  # exact_at_cap: the exact ranks of the positives still first at the cap, 0 elsewhere
         if cap is None:
             sampled = simulate_sampled_ranks(exact, n_t, m, law, gen)
-            sizes = None
+            sizes: Any = None
         else:  # the same draws with or without completion (it draws nothing)
             res = adaptive_sampled_ranks_from_exact(
                 exact, n_t, SamplingDesign(m, adaptive_max=cap, exact_at_cap=complete), generator=gen)
@@ -703,7 +706,7 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
             first = as_histogram(sampled[0], n_t, m if cap is None else sizes[0])
             run = auto_method(spec, first, AdaptiveDesign(m, cap) if cap is not None else None)[0]
         # methods that fit a distribution take its options: n_bootstrap=0 skips the slow bootstrap
-        opts = {"n_bootstrap": 0} if run in registry.names(fits_distribution=True) else {}
+        opts: dict[str, Any] = {"n_bootstrap": 0} if run in registry.names(fits_distribution=True) else {}
         # a rank-distribution estimator's value is its fit's (the population's or the users'), as estimate() gives
         # it: the repeats of a design are fitted together
         batched = registry.get(run).family == "rank_distribution"
@@ -717,7 +720,7 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
             bar.update(repeats)
         for j in range(0 if batched else repeats):  # one estimator run per replicate (vectorised over users inside)
             if cap is None:
-                law_opt = {} if replacement else {"sampling": law}
+                law_opt: dict[str, Any] = {} if replacement else {"sampling": law}
                 est[j] = estimate(spec, sampled[j], n_t, m, method=run, **law_opt, **opts).value
             else:  # the estimator reads the sampled ranks (completion changes no r~)
                 est[j] = estimate(spec, sampled[j], n_t, sizes[j], method=run, adaptive=(m, cap), **opts).value

@@ -197,7 +197,7 @@ def _entries(mat: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> np.ndarr
     return np.asarray(mat[rows, cols]).reshape(-1)
 
 
-def leave_last_out_split(X: Any, timestamps: TensorLike) -> tuple[Any, Any]:
+def leave_last_out_split(X: Any, timestamps: Any) -> tuple[Any, Any]:
     """Hold out each user's latest interaction (by timestamp) as test; train on the rest.
 
     Args:

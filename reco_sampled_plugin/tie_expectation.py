@@ -163,7 +163,7 @@ def expected_dcg(lo: torch.Tensor, hi: torch.Tensor, gain: torch.Tensor, k: int 
 
 
 def _expected_reciprocal_rank(lo: torch.Tensor, g: torch.Tensor, j: torch.Tensor, above: torch.Tensor, valid: torch.Tensor,
-                              k: int | None) -> torch.Tensor:
+                              k: torch.Tensor) -> torch.Tensor:
     """E[1 / first relevant position, 0 beyond k]: the first group holding relevant items (above = 0)."""
     first = valid & (above == 0)
     lo1 = torch.where(first, lo, torch.full_like(lo, math.inf)).min(1).values  # (B,), inf without positives
@@ -201,7 +201,11 @@ def expected_single_item_values(spec: MetricSpec, lo: torch.Tensor, hi: torch.Te
     cut = hi if spec.k is None else torch.full_like(lo, float(spec.k))
     inside = torch.clamp(torch.minimum(hi, cut) - lo + 1, min=0)
     if spec.kind in ("precision", "recall", "hit", "trunc_precision"):
-        return inside / g / (float(spec.k) if spec.kind == "precision" else 1.0)
+        scale = 1.0
+        if spec.kind == "precision":
+            assert spec.k is not None  # precision has a cut-off (MetricSpec checks it)
+            scale = float(spec.k)
+        return inside / g / scale
     what = "discount" if spec.kind == "ndcg" else "reciprocal"  # ap, trunc_ap, rr: 1 / r for one relevant item
     flat = [t.reshape(-1, 1) for t in (lo, hi, cut, inside)]
-    return (_group_sums(*flat, spec.k, max_position, what) / g.reshape(-1, 1)).reshape(lo.shape)
+    return (_group_sums(flat[0], flat[1], flat[2], flat[3], spec.k, max_position, what) / g.reshape(-1, 1)).reshape(lo.shape)
