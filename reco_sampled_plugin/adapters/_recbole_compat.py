@@ -162,7 +162,7 @@ def _pkg_resources_shim() -> types.ModuleType:
     import packaging
     import packaging.version
 
-    mod = types.ModuleType("pkg_resources")
+    mod: Any = types.ModuleType("pkg_resources")  # a stand-in module: attributes set below
     mod.__doc__ = "Minimal stand-in installed by reco_sampled_plugin for ray 2.6 (setuptools >= 81 has no pkg_resources)."
 
     class DistributionNotFound(Exception):
@@ -181,7 +181,7 @@ def _pkg_resources_shim() -> types.ModuleType:
     mod.get_distribution = get_distribution
     mod.require = require
     mod.packaging = packaging
-    vendor = types.ModuleType("pkg_resources._vendor")
+    vendor: Any = types.ModuleType("pkg_resources._vendor")
     vendor.packaging = packaging
     mod._vendor = vendor
     return mod
@@ -210,7 +210,7 @@ def _import_real_tune() -> types.ModuleType:
     import numpy as np
 
     if "bool8" not in np.__dict__:
-        np.bool8 = np.bool_  # ray 2.6 uses np.bool8 (removed in numpy 2)
+        setattr(np, "bool8", np.bool_)  # ray 2.6 uses np.bool8 (removed in numpy 2)
     _install_pkg_resources()
     return importlib.import_module("ray.tune")
 

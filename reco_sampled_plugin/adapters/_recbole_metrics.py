@@ -317,7 +317,7 @@ def _build_classes() -> dict[str, type]:
     return classes
 
 
-_METRIC_CLASSES: dict[str, type] = _build_classes()
+_METRIC_CLASSES: dict[str, Any] = _build_classes()  # RecBole AbstractMetric subclasses (untyped)
 
 
 def metric_classes() -> dict[str, type]:

@@ -191,6 +191,13 @@ def _sample_num(mode: str) -> int | None:
     return None
 
 
+def _sampled_size(mode: str) -> int:
+    """N of a ``uniN`` / ``popN`` mode that :func:`_modes` accepted."""
+    n = _sample_num(mode)
+    assert n is not None  # _modes refuses any other mode
+    return n
+
+
 def _as_int(value: Any, key: str, minimum: int) -> int:
     """An integer key (the package's one integer check: not a bool, a float or a str)."""
     try:
@@ -443,7 +450,7 @@ def _adaptive_max(config: Any, modes: dict, m: int | None, replacement: bool) ->
     if raw is None:
         return None
     cap = _as_int(raw, "rsp_adaptive_max", 1)
-    sizes = set()
+    sizes: set[int] = set()
     for phase, mode in modes.items():
         if mode.startswith("pop"):
             raise ValueError(
@@ -452,7 +459,7 @@ def _adaptive_max(config: Any, modes: dict, m: int | None, replacement: bool) ->
                 f"'uni{_sample_num(mode)}' or full mode with rsp_m"
             )
         if mode != "full":
-            sizes.add(_sample_num(mode))
+            sizes.add(_sampled_size(mode))
     if m is None and len(sizes) > 1:
         raise ValueError(f"rsp_adaptive_max: the phases draw different first stages ({sorted(sizes)} items: "
                          f"{modes}); adaptive sampling needs one first-stage size: use the same uniN in every phase")
@@ -473,7 +480,7 @@ def _sampling_design(modes: dict, m: int | None, replacement: bool, adaptive_max
     uniform N here; popN itself is checked against the registry with :func:`popularity_design` (``_check_popularity``)
     and estimated from the draws' statistics (``_recbole_metrics``). None when the sampled modes of the phases draw different N
     without rsp_m (each phase then has its own N)."""
-    sizes = {m} if m is not None else {_sample_num(mode) for mode in modes.values() if mode != "full"}
+    sizes: set[int] = {m} if m is not None else {_sampled_size(mode) for mode in modes.values() if mode != "full"}
     if len(sizes) != 1:
         return None
     return SamplingDesign(sizes.pop(), replacement=replacement, adaptive_max=adaptive_max)
@@ -522,7 +529,7 @@ def _check_supported(design: SamplingDesign, names: tuple, methods: dict) -> Non
         if not registry.get(method).takes_metric(_kind(name)):
             ok = [n for n in _family_choices(key) if registry.get(n).supports(design)
                   and registry.get(n).takes_metric(_kind(name))]
-            raise ValueError(f"{key}: {method!r} estimates {', '.join(registry.get(method).metrics)} only, not "
+            raise ValueError(f"{key}: {method!r} estimates {', '.join(registry.get(method).metrics or ())} only, not "
                              f"{_kind(name)} ({name!r}); use one of {tuple(ok)}")
         if registry.get(method).supports(design):
             continue

@@ -70,7 +70,7 @@ def _used_csr(sampler: Any) -> tuple[np.ndarray, np.ndarray] | None:
     return cached[1]
 
 
-def _exclusions(csr: tuple[np.ndarray, np.ndarray], uids: torch.Tensor, pos_i: torch.Tensor) -> torch.Tensor:
+def _exclusions(csr: tuple[np.ndarray, np.ndarray] | None, uids: torch.Tensor, pos_i: torch.Tensor) -> torch.Tensor:
     """(K, E) exclusions of K positives, -1 padded: the padding item 0 and the user's used items but the positive
     itself (the core's draws never return a positive nor an excluded item)."""
     k = uids.shape[0]
@@ -132,7 +132,9 @@ def run_stages(collector: Any, table: torch.Tensor, settings: _Settings) -> Scor
         raise RuntimeError(f"reco_sampled_plugin: {len(rows)} kept rows and {pos_scores.shape[0]} scores for "
                            f"{table.shape[0]} positives")
     dev = table.device
-    m0 = settings.design.n_samples
+    design = settings.design
+    assert design is not None  # rsp_adaptive_max: one first-stage size, so one design (validate_config)
+    m0 = design.n_samples
     first_stage = int(table.shape[0] * (1 + m0))
     ranks0 = table[:, _R_SAMPLED].to(torch.int64)
     todo = ((ranks0 == 1) & (table[:, _M] == m0)).nonzero().squeeze(1)
@@ -150,7 +152,7 @@ def run_stages(collector: Any, table: torch.Tensor, settings: _Settings) -> Scor
         pos, exc = prepare_index(positives, exclude, todo.numel(), item_num, dev)
         ranks, sizes, stages = adaptive_stages(
             calls, positives, exclude, pos, exc, torch.arange(todo.numel(), device=dev),
-            pos_scores[todo].unsqueeze(1).to(torch.float64), ranks0[todo].unsqueeze(1), settings.design, item_num,
+            pos_scores[todo].unsqueeze(1).to(torch.float64), ranks0[todo].unsqueeze(1), design, item_num,
             _CORE_TIES[settings.ties], _generator(collector, settings, dev), dev)
         table[todo, _R_SAMPLED] = ranks[:, 0].to(torch.float64)
         table[todo, _M] = sizes[:, 0].to(torch.float64)

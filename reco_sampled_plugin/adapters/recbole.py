@@ -104,8 +104,8 @@ def _wrap_collector() -> None:
         return struct
 
     for new, old in ((eval_batch_collect, collect), (get_data_struct, get_struct)):
-        new._reco_sampled = True  # type: ignore[attr-defined]
-        new.__wrapped__ = old  # type: ignore[attr-defined]
+        new._reco_sampled = True  # type: ignore[union-attr]  # a marker attribute on the function
+        new.__wrapped__ = old  # type: ignore[union-attr]
         new.__doc__ = old.__doc__
     Collector.eval_batch_collect = eval_batch_collect
     Collector.get_data_struct = get_data_struct
