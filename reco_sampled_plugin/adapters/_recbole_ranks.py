@@ -177,8 +177,8 @@ def _other_positive_counts_device(pos_u: torch.Tensor, s_pos: torch.Tensor, coun
     return ge, gt, tb
 
 
-def _full_ranks(ge: torch.Tensor, gt: torch.Tensor | None, other_ge: torch.Tensor, other_gt: torch.Tensor,
-                tied_before: torch.Tensor | None, ties: str) -> torch.Tensor:
+def _full_ranks(ge: torch.Tensor, gt: torch.Tensor, other_ge: torch.Tensor, other_gt: torch.Tensor,
+                tied_before: torch.Tensor, ties: str) -> torch.Tensor:
     """Ranks among all candidates, the other positives included, from the counts over the row: relevant items
     tied with each other are placed in their listed order under the deterministic policies (as
     :func:`reco_sampled_plugin.exact_ranks`: an ordering, never two at one rank); ``average`` splits ties."""
@@ -240,7 +240,7 @@ def _full_counts(scores: torch.Tensor, pos_u: torch.Tensor, s_pos: torch.Tensor,
     return both[:npos], gt, both[npos:]
 
 
-def _binomial_sampled(ge_irr: torch.Tensor, gt_irr: torch.Tensor | None, n_irr_items: torch.Tensor, m: int, ties: str,
+def _binomial_sampled(ge_irr: torch.Tensor, gt_irr: torch.Tensor, n_irr_items: torch.Tensor, m: int, ties: str,
                       generator: torch.Generator) -> torch.Tensor:
     """Sampled ranks of uniform sampling with replacement drawn from the exact counts: each of the m draws
     is an irrelevant item scoring >= the positive with probability ge_irr / N (N irrelevant candidates), so
@@ -263,12 +263,14 @@ def _binomial_sampled(ge_irr: torch.Tensor, gt_irr: torch.Tensor | None, n_irr_i
     return above + 1.0 + torch.floor(u * (tied + 1.0))
 
 
-def _adaptive_from_counts(first: torch.Tensor, ge_irr: torch.Tensor, gt_irr: torch.Tensor | None, n_irr_items: torch.Tensor,
+def _adaptive_from_counts(first: torch.Tensor, ge_irr: torch.Tensor, gt_irr: torch.Tensor, n_irr_items: torch.Tensor,
                           settings: _Settings, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Adaptive sampling (``reco_sampled_plugin.adaptive``) drawn from the exact counts: positives still first
     draw the stage's new items (m doubling) by :func:`_binomial_sampled`, until not first or at the cap.
     Returns (sampled ranks among the final m, final m), float64 per positive; one check per stage."""
-    stages = settings.design.adaptive.stages.tolist()
+    adaptive = None if settings.design is None else settings.design.adaptive
+    assert adaptive is not None  # called with rsp_adaptive_max (an adaptive design)
+    stages = adaptive.stages.tolist()
     ranks = first.clone()
     sizes = torch.full_like(ranks, float(stages[0]))
     for s in range(1, len(stages)):
@@ -281,7 +283,7 @@ def _adaptive_from_counts(first: torch.Tensor, ge_irr: torch.Tensor, gt_irr: tor
     return ranks, sizes
 
 
-def _hypergeometric_sampled(ge_irr: torch.Tensor, gt_irr: torch.Tensor | None, n_irr_items: torch.Tensor, m: int, ties: str,
+def _hypergeometric_sampled(ge_irr: torch.Tensor, gt_irr: torch.Tensor, n_irr_items: torch.Tensor, m: int, ties: str,
                             generator: torch.Generator) -> torch.Tensor:
     """Sampled ranks of uniform sampling without replacement drawn from the exact counts: of m distinct
     irrelevant items drawn from N, the number scoring >= the positive is Hypergeometric(N, ge_irr, m), so
@@ -325,6 +327,7 @@ def _simulate(scores: torch.Tensor, pos_u: torch.Tensor, pos_i: torch.Tensor, s_
     """Draw m irrelevant items per positive among the user's candidates (finite scores, not a positive of
     the user) and return the sampled ranks."""
     b, n_tot = scores.shape
+    assert settings.m is not None  # sampled ranks: rsp_m is set
     m = int(settings.m)
     npos = pos_u.shape[0]
     if settings.replacement:
@@ -364,7 +367,7 @@ def _simulate(scores: torch.Tensor, pos_u: torch.Tensor, pos_i: torch.Tensor, s_
 
 
 def _neg_layout(items: torch.Tensor, pos_u: torch.Tensor, pos_i: torch.Tensor,
-                counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
     """Rows of each positive's own N negatives in NegSampleEvalDataLoader batches (``items``: the item
     column of one batch, or of consecutive batches concatenated: each holds whole user blocks).
 
@@ -459,8 +462,9 @@ class _Staging:
         self.items = np.empty(0, np.int64)  # sampled: per interaction row
         self.marks: list[int] = []  # first row, end of the positives, of each batch in turn
         self.used = self.npos = self.nrows = self.nitems = self.n_cols = 0
-        self.dtype = None
-        self.uid_field = self.item_field = None
+        self.dtype: torch.dtype | None = None
+        self.uid_field: str | None = None
+        self.item_field: str | None = None
         self.sampled = False
         self.has_uid = True
 
@@ -505,6 +509,7 @@ class _Staging:
         self.pi[q:f] = i
         self.marks += (r, f)
         if rows_item is not None:
+            assert rows_uid is not None  # sampled batches carry the user column with the item column
             self.items[t:t_end] = rows_item
             self.uid[t:t_end] = rows_uid
         elif rows_uid is None:
@@ -678,9 +683,9 @@ def _process_full(collector: Any, scores: torch.Tensor, pos_u: torch.Tensor, pos
     # adaptive sampling is drawn from the exact counts, so it always counts
     counted = settings.full_ranks or settings.adaptive_max is not None or pos_u.shape[0] <= _COUNT_MAX_MEAN_POSITIVES * b
     if counted:  # exact ranks of every positive (and sampled ranks drawn from them)
-        ge, gt, n_full = _full_counts(scores, pos_u, s_pos, settings.ties)
+        ge, gt_or_none, n_full = _full_counts(scores, pos_u, s_pos, settings.ties)
         other_ge, other_gt, tied_before = _other_positive_counts(pos_u, s_pos, counts, tied_before=True)
-        gt = ge if gt is None else gt
+        gt = ge if gt_or_none is None else gt_or_none
         table[:, _R_FULL] = _full_ranks(ge, gt, other_ge, other_gt, tied_before, settings.ties)
         table[:, _R_IRR] = _ranks_from_counts(ge - other_ge, gt - other_gt, settings.ties)
     else:
@@ -765,8 +770,8 @@ def _used_counts(collector: Any, uids: torch.Tensor) -> torch.Tensor:
         )
     cached = sampler.__dict__.get("_rsp_used_sizes")
     if cached is None or cached[0] is not used:
-        sizes = torch.as_tensor(np.fromiter((len(u) for u in used), dtype=np.int64, count=len(used)))
-        cached = sampler.__dict__["_rsp_used_sizes"] = (used, {sizes.device: sizes})
+        per_user = torch.as_tensor(np.fromiter((len(u) for u in used), dtype=np.int64, count=len(used)))
+        cached = sampler.__dict__["_rsp_used_sizes"] = (used, {per_user.device: per_user})
     sizes = cached[1].get(uids.device)
     if sizes is None:
         sizes = cached[1][uids.device] = next(iter(cached[1].values())).to(uids.device)
