@@ -58,9 +58,10 @@ class _Metric:
     def __init__(self, config: Any) -> None:
         super().__init__(config)  # type: ignore[call-arg]
         self.config = config
-        self.settings = _settings(config)
-        if self.settings is None:  # constructed outside a config that names it
+        settings = _settings(config)
+        if settings is None:  # constructed outside a config that names it
             raise ValueError("metrics: the plugin metric is not listed in the config's metrics")
+        self.settings: _Settings = settings
         self.name = type(self).__name__.lower()
         note_definitions(config, self.settings)  # once per process: uncorrected values, leave-one-out definitions
 
@@ -84,7 +85,7 @@ class _Metric:
             out.update(self._values(table, users, weights, k))
         return out
 
-    def _values(self, table: torch.Tensor, users: int, weights: torch.Tensor, k: int | None) -> dict:  # pragma: no cover - overridden
+    def _values(self, table: torch.Tensor, users: torch.Tensor, weights: torch.Tensor, k: int | None) -> dict:  # pragma: no cover - overridden
         raise NotImplementedError
 
 
@@ -151,14 +152,14 @@ class _EstimatedMetric(_Metric):
         # one fit (same value; the cheap posterior standard error is computed and not reported)
         return {"method": s.rank_dist, "n_bootstrap": s.bootstrap if s.stderr or s.interval else 0, "seed": s.seed}
 
-    def _values(self, table: torch.Tensor, users: int, weights: torch.Tensor, k: int | None) -> dict:
+    def _values(self, table: torch.Tensor, users: torch.Tensor, weights: torch.Tensor, k: int | None) -> dict:
         s = self.settings
         spec = parse_metric(self.kind if k is None else f"{self.kind}@{k}")
         key = self._key(k)
         hist = _sampled_inputs(table, weights, s, spec.k or 2)
         law = "binomial" if s.replacement else "hypergeometric"
         design = s.design.adaptive if s.design is not None else None  # adaptive: rsp_adaptive_max (full or uniN)
-        adaptive = {} if design is None else {"adaptive": (design.n_samples, design.adaptive_max)}
+        adaptive: dict[str, Any] = {} if design is None else {"adaptive": (design.n_samples, design.adaptive_max)}
         kwargs = self._method_kwargs()
         popn = _popularity_ranks(table)
         if popn is not None and registry.get(kwargs["method"]).family != "none":
@@ -248,7 +249,8 @@ def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_
 class _ExactMetric(_Metric):
     """RecBole's list metric (same definition and averaging over users) from the plugin's exact ranks."""
 
-    def _values(self, table: torch.Tensor, users: int, weights: torch.Tensor, k: int | None) -> dict:
+    def _values(self, table: torch.Tensor, users: torch.Tensor, weights: torch.Tensor, k: int | None) -> dict:
+        assert k is not None  # RecBole's list metrics are read at each topk
         r = table[:, _R_FULL]
         n_users = int(users.max()) + 1
         hit = ((r > 0) & (r <= k)).to(torch.float64)
