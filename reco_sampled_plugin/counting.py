@@ -22,7 +22,7 @@ import os
 import logging
 import threading
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -103,7 +103,10 @@ def _kernel_rows_ge(scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor)
     return (scores[rows] >= ref.unsqueeze(1)).sum(-1, dtype=torch.int32)
 
 
-def mix32(x: torch.Tensor) -> torch.Tensor:
+_IntOrTensor = TypeVar("_IntOrTensor", int, torch.Tensor)
+
+
+def mix32(x: _IntOrTensor) -> _IntOrTensor:
     """The package's one keyed-hash mix: a bijective 32-bit integer mix (xorshift-multiply), on int64 tensors
     holding 32-bit values (or Python ints: the same arithmetic, the same result)."""
     mask = 0xFFFFFFFF
