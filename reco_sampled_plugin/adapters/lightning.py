@@ -30,7 +30,7 @@ import logging
 import math
 import os
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, Sized, cast
 
 import torch
 from torch.utils.data import DistributedSampler
@@ -110,7 +110,7 @@ class _LoaderState:
         if s is None:
             return local, None
         glob = s.rank + local * s.num_replicas
-        n = len(s.dataset)
+        n = len(cast(Sized, s.dataset))  # a map-style dataset: DistributedSampler needs its length
         padded = not s.drop_last and s.total_size > n and not self.rows_not_samples
         return glob, (glob < n) if padded else None
 
@@ -174,7 +174,7 @@ class _RankingMetricsLogic:
         if headline is not None and (isinstance(headline, str) or not isinstance(headline, (tuple, list))
                                      or len(headline) != 2):
             raise ValueError(f"headline: expected a (metric, label) pair such as ('ndcg@10', 'exact'), got {headline!r}")
-        self._exact_kwargs = dict(metrics=metrics, ties=ties, count_other_positives=count_other_positives, check_finite=check_finite)
+        self._exact_kwargs: dict[str, Any] = dict(metrics=metrics, ties=ties, count_other_positives=count_other_positives, check_finite=check_finite)
         # the sampling design, coerced once (an int m with the loose replacement= / adaptive_max=, or a
         # SamplingDesign); the sampled metrics of every loader get the design itself
         replacement = check_bool(replacement, "replacement")
@@ -182,7 +182,7 @@ class _RankingMetricsLogic:
         if design is not None and design.exact_at_cap:  # its sampled metrics' state cannot hold exact ranks
             raise ValueError("n_samples: exact_at_cap is not supported by RankingMetricsCallback: its sampled "
                              "metrics (SampledRankingMetrics) hold sampled-rank counts, not exact ranks")
-        self._sampled_kwargs = dict(
+        self._sampled_kwargs: dict[str, Any] = dict(
             metrics=metrics,
             n_samples=design,
             estimators=estimators,
@@ -313,6 +313,9 @@ class _RankingMetricsLogic:
         if self.scorer is None:
             raise ValueError(f"{where}: the batch has 'n_items' but no 'scores' or factors: pass scorer= to the "
                              "callback (a LightningModule method's name or a callable) to score the drawn items")
+        if st.sampled is None:  # a scorer ranks drawn items only: there is nothing exact to compute from it
+            raise ValueError(f"{where}: the batch has 'n_items' and a scorer scores drawn items only: pass n_samples= "
+                             "to the callback (the sampled metrics a scorer batch updates)")
         positives = sb.positives
         b = positives.shape[0] if isinstance(positives, torch.Tensor) and positives.dim() else len(positives)
         device = positives.device if isinstance(positives, torch.Tensor) else pl_module.device
@@ -331,6 +334,7 @@ class _RankingMetricsLogic:
                                  "(users, items)")
             return fn
         fn = self.scorer
+        assert fn is not None  # _scorer_batch checked it
 
         def scorer(users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
             return fn(pl_module, users, items)
@@ -411,7 +415,8 @@ class _RankingMetricsLogic:
             for label in self.labels:
                 k = self.key(metric, label, stage)
                 ys = [row.get(k, math.nan) for row in hist]
-                style = {"exact": dict(color="black", lw=2.2), "sampled": dict(ls="--")}.get(label, {})
+                styles: dict[str, dict[str, Any]] = {"exact": dict(color="black", lw=2.2), "sampled": dict(ls="--")}
+                style = styles.get(label, {})
                 ax.plot(epochs, ys, marker="o", ms=3, label=label, **style)
             ax.set_title(f"{metric} ({_STAGES[stage]})")
             ax.set_xlabel("epoch")
@@ -422,7 +427,7 @@ class _RankingMetricsLogic:
         epoch = trainer.current_epoch
         fname = f"{self.prefix}{_STAGES[stage]}_ranking_metrics_epoch{epoch:04d}.png"
         for trainer_logger in trainer.loggers:
-            exp = getattr(trainer_logger, "experiment", None)
+            exp: Any = getattr(trainer_logger, "experiment", None)
             kind = type(trainer_logger).__name__
             if kind == "TensorBoardLogger" and hasattr(exp, "add_figure"):
                 exp.add_figure(tag, fig, global_step=trainer.global_step, close=False)

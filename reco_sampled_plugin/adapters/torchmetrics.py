@@ -140,7 +140,8 @@ def _check_finite_option(value: Any) -> bool | str:
     """True, False (numpy bools too, as every bool option) or ``"positives"``."""
     if isinstance(value, np.bool_):
         value = bool(value)
-    return check_choice(value, (True, False, "positives"), "check_finite")
+    choices: tuple[bool | str, ...] = (True, False, "positives")
+    return check_choice(value, choices, "check_finite")
 
 
 def _empty_estimate(n_instances: float, details: dict) -> Estimate:
@@ -162,7 +163,7 @@ def _check_scores(scores: torch.Tensor, pos: torch.Tensor, check_finite: bool | 
     The failure flag is added to ``checks`` (read later with the batch's other checks: one host synchronisation
     for all of them), or read at once when ``checks`` is None."""
     own = checks is None
-    checks = DeviceChecks() if own else checks
+    checks = DeviceChecks() if checks is None else checks  # own: read here
     if check_finite is True and scores.numel():
         checks.add(~finite_flags(scores),  # one aminmax pass, no temporary
                    "scores: NaN or inf in the score matrix; ranks would be meaningless")
@@ -307,6 +308,10 @@ class ExactRankingMetrics(_MergeChecked):
     standard errors.
     """
 
+    # torchmetrics states (``add_state``)
+    sums: torch.Tensor
+    count: torch.Tensor
+
     full_state_update = False
     is_differentiable = False
     higher_is_better = True
@@ -357,7 +362,7 @@ class ExactRankingMetrics(_MergeChecked):
         self._add_ranks(ranks, pos, exc, scores.shape[1], keep)
 
     def update_factors(self, user_factors: TensorLike, item_factors: TensorLike, positives: TensorLike,
-                       exclude: TensorLike | None = None, keep: TensorLike | None = None,
+                       exclude: TensorLike | None = None, keep: torch.Tensor | None = None,
                        item_bias: TensorLike | None = None) -> None:
         """:meth:`update` for the scores ``user_factors @ item_factors.T (+ item_bias)``, computed in
         cache-sized tiles and never stored (:func:`~reco_sampled_plugin.exact_ranks_from_factors`);
@@ -504,6 +509,11 @@ class SampledRankingMetrics(_MergeChecked):
     command).
     """
 
+    # torchmetrics states (``add_state``; ``pop`` for popularity designs only)
+    hist: torch.Tensor
+    n_items: torch.Tensor
+    pop: torch.Tensor
+
     full_state_update = False
     is_differentiable = False
     higher_is_better = True
@@ -645,7 +655,7 @@ class SampledRankingMetrics(_MergeChecked):
         self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
 
     def update_factors(self, user_factors: TensorLike, item_factors: TensorLike, positives: TensorLike,
-                       exclude: TensorLike | None = None, ids: TensorLike | None = None, keep: TensorLike | None = None,
+                       exclude: TensorLike | None = None, ids: TensorLike | None = None, keep: torch.Tensor | None = None,
                        item_bias: TensorLike | None = None) -> None:
         """:meth:`update` for the scores ``user_factors @ item_factors.T (+ item_bias)`` without forming
         them: the keyed negatives (the same items as from scores) are scored by one dot product each."""
@@ -770,7 +780,7 @@ class SampledRankingMetrics(_MergeChecked):
             self._rows_seen, self._n_items_host = saved
             raise
         rows = (pos >= 0).any(1) if k is None else (pos >= 0).any(1) & k
-        stages = 1 if sizes is None else len(self._adaptive.stages)
+        stages = 1 if sizes is None or self._adaptive is None else len(self._adaptive.stages)
         spent = time.perf_counter() - t0
         cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(spent - calls.seconds, 0.0),
                            full_ranking_pairs(n, exc, rows), stages)
@@ -854,6 +864,7 @@ class SampledRankingMetrics(_MergeChecked):
         """Column offset of each adaptive stage (:func:`adaptive_columns`) on ``device``, copied there once."""
         cached = self._offsets.get(device)
         if cached is None:
+            assert self._adaptive is not None  # stage offsets: adaptive designs only
             offsets, _ = adaptive_columns(self._adaptive)
             cached = self._offsets[device] = torch.as_tensor(offsets, dtype=torch.int64).to(device)
         return cached
@@ -944,7 +955,7 @@ class SampledRankingMetrics(_MergeChecked):
     def _estimates(self, progress: bool | None | Callable[[Iterable], Iterable] = False) -> dict[str, Estimate]:
         hist, pooled = self._histogram()
         # the registry says which estimator takes which metric (hh: AUC only): the other pairs are not reported
-        jobs = [(m, e) for m in self.metric_names for e in self.estimators if e in registry.names(metric=m)]
+        jobs: Iterable[tuple[str, str]] = [(m, e) for m in self.metric_names for e in self.estimators if e in registry.names(metric=m)]
         out: dict[str, Estimate] = {}
         if callable(progress):
             jobs = progress(jobs)
