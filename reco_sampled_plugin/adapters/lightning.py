@@ -313,9 +313,7 @@ class _RankingMetricsLogic:
         if self.scorer is None:
             raise ValueError(f"{where}: the batch has 'n_items' but no 'scores' or factors: pass scorer= to the "
                              "callback (a LightningModule method's name or a callable) to score the drawn items")
-        if st.sampled is None:  # a scorer ranks drawn items only: there is nothing exact to compute from it
-            raise ValueError(f"{where}: the batch has 'n_items' and a scorer scores drawn items only: pass n_samples= "
-                             "to the callback (the sampled metrics a scorer batch updates)")
+        assert st.sampled is not None  # a scorer needs n_samples (refused when the callback is built)
         positives = sb.positives
         b = positives.shape[0] if isinstance(positives, torch.Tensor) and positives.dim() else len(positives)
         device = positives.device if isinstance(positives, torch.Tensor) else pl_module.device
