@@ -25,6 +25,7 @@ Identification (``identification.py``): the band uses the nested events E(s, i) 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -36,8 +37,6 @@ from ._options import check_bool
 from .design import AdaptiveDesign, SamplingDesign, adaptive_design, as_design
 from .ranking import SampledRanks, check_ties, prepare_sampling_index, sampled_ranks, stage_positives
 from .simulate import simulate_sampled_ranks
-
-from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from .exclusions import Exclusions

@@ -14,7 +14,7 @@ or ``"bv:<gamma>"`` (``"bv"`` alone is gamma = 0.1).
 from __future__ import annotations
 
 from itertools import combinations
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
@@ -24,8 +24,6 @@ from .corrections import check_gamma, check_method, expected_corrected, tables_f
 from .metric_names import parse_metric
 from .metrics import metric_values
 from .simulate import draw_sampled_ranks
-
-from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .priors import PriorLike

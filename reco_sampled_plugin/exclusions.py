@@ -24,13 +24,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from ._inputs import Check, mask_to_padded, pending_index, run_checks
-
-from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._types import TensorLike

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,9 +43,6 @@ from ._inputs import factor_finite_checks
 from ._options import check_bool
 from .counting import count_beating_tile
 from .ranking import TIE_BOUNDS, check_ties, exact_ranks, exact_ranks_padded, prepare_index, tied_positives
-
-from typing import TYPE_CHECKING, Any
-from contextlib import AbstractContextManager
 
 if TYPE_CHECKING:
     from ._types import TensorLike
@@ -95,7 +93,7 @@ def tile_shape(b: int, n: int, device: torch.device | str = "cpu", tile_elements
     return rows, cols
 
 
-def _exact_precision(device: torch.device) -> AbstractContextManager[Any]:
+def _exact_precision(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """Autocast off on ``device``: tiles and dot products in the factors' own dtype, rounded alike."""
     available = getattr(torch.amp, "is_autocast_available", None)  # torch >= 2.4; cpu and cuda before
     if available(device.type) if available is not None else device.type in ("cpu", "cuda"):

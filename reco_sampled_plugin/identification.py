@@ -43,6 +43,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from statistics import NormalDist
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import numpy as np
 from scipy import optimize, special
@@ -57,13 +58,11 @@ from .metrics import metric_bounds
 from .quadrature import power_sums
 from .sampling_laws import check_law
 
-from typing import TYPE_CHECKING, Any, Callable
-
 if TYPE_CHECKING:
     from .design import SamplingDesign
     from ._types import TensorLike
 
-from typing import TypeVar
+
 _T = TypeVar("_T")
 
 __all__ = ["TopShape", "IdentifiedInterval", "Identification", "identified_interval", "top_sensitive", "resolution"]

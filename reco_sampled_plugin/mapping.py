@@ -30,6 +30,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 from scipy import special
@@ -39,8 +40,6 @@ from .sampling_laws import check_law
 from ._options import check_beta_shape, check_count, check_metric_names, check_positive_float
 from ._rank_hist import RankHistogram, as_histogram, interval_mean_metrics
 from .metric_names import MetricSpec, parse_metric
-
-from typing import TYPE_CHECKING, Any, Iterable
 
 if TYPE_CHECKING:
     from ._types import TensorLike
@@ -89,8 +88,6 @@ def _log_beta_g(m: int, a: float) -> np.ndarray:
     log_t0 = math.log(a) + float(special.betaln(a, m + 1.0))
     log_t = log_t0 + np.concatenate([[0.0], np.cumsum(np.log1p((a - 1.0) / (j + 1.0)))])
     return np.logaddexp.accumulate(log_t)
-
-
 
 
 def _full_mapping(n: int | np.ndarray, m: int, method: str, a: float | None) -> np.ndarray:

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import torch
 
 from ._checks import check_device, check_elements, check_rank_values, check_ranks_in_range, check_sizes
 from .metric_names import MetricSpec, parse_metric
-
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._types import TensorLike
@@ -51,8 +50,6 @@ def metric_from_float_ranks(spec: MetricSpec, r: torch.Tensor, n: torch.Tensor) 
     else:  # pragma: no cover - MetricSpec validates kinds
         raise ValueError(f"metric: unsupported kind {kind!r}")
     return torch.where(inside, value, torch.zeros_like(value))
-
-
 
 
 def metric_values(metric: str | MetricSpec, ranks: TensorLike, n_items: int | TensorLike) -> torch.Tensor:

@@ -63,7 +63,7 @@ import contextlib
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -76,8 +76,6 @@ from .adaptive import AdaptiveDesign, check_adaptive_histogram
 from .design import SamplingDesign
 from .metric_names import MetricSpec, parse_metric
 from .ranking import SampledRanks
-
-from typing import TYPE_CHECKING, Any, Iterator
 
 if TYPE_CHECKING:
     from .rank_distribution import RankDistribution

@@ -15,13 +15,13 @@ numbers near 1e8, whose rounding would cost about 1e-7 relative accuracy).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from ._checks import MAX_ELEMENTS, MAX_SAMPLES, check_rank_values, check_ranks_in_range, check_size, check_sizes
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_from_float_ranks
-
-from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._types import TensorLike

@@ -3,13 +3,13 @@ counterpart of sampling_laws.py, for repeat-the-sampling experiments (Table 2 an
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import torch
 
 from ._checks import check_elements, check_generator, check_int, check_rank_values, check_sizes
 from .sampling_laws import check_law
-
-from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._types import TensorLike

@@ -26,6 +26,7 @@ papers), wrapping :func:`reco_sampled_plugin.datasets.leave_last_out`.
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -33,8 +34,6 @@ import scipy.sparse as sp
 from ._checks import check_int, check_real_array
 from ._options import check_bool, check_fraction
 from ._sparse import canonicalise, csr_copy
-
-from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._types import TensorLike

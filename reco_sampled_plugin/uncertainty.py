@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from statistics import NormalDist
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -27,8 +28,6 @@ from .estimate import Estimate, range_flags
 from .metric_names import parse_metric
 from .metrics import metric_bounds
 from .sampling_laws import check_law
-
-from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .metric_names import MetricSpec

@@ -25,7 +25,7 @@ has no irrelevant candidate left. NaN users are left out of means (:func:`mean_m
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -35,8 +35,6 @@ from ._inputs import check_finite_rows
 from ._options import check_bool, check_metric_names
 from .ranking import TIE_BOUNDS, check_ties, exact_ranks_padded_finite, prepare_inputs, padded_candidate_counts
 from .tie_expectation import expected_metric_values, ideal_dcg, undefined_users
-
-from typing import TYPE_CHECKING, Any, Mapping
 
 if TYPE_CHECKING:
     from ._types import TensorLike
