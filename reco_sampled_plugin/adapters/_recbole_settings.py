@@ -192,9 +192,9 @@ def _sample_num(mode: str) -> int | None:
 
 
 def _sampled_size(mode: str) -> int:
-    """N of a ``uniN`` / ``popN`` mode that :func:`_modes` accepted."""
+    """N of a ``uniN`` / ``popN`` mode (:func:`validate_config` refuses every other mode but ``full`` first)."""
     n = _sample_num(mode)
-    assert n is not None  # _modes refuses any other mode
+    assert n is not None  # refused before (eval_args.mode: unsupported mode)
     return n
 
 
