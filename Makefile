@@ -23,7 +23,9 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/reco-sampled reproduce --out reports/reproduce
 
+# the type check first (pyproject's [tool.mypy]: the whole package, every function annotated), then the suite
 test: $(STAMP)
+	$(BIN)/python -m mypy
 	$(BIN)/python -m pytest -q
 
 # the documentation site (mkdocs.yml): `make docs` serves it at http://127.0.0.1:8000 and rebuilds on edits;
@@ -42,4 +44,4 @@ bench: $(BENCH_STAMP)
 	$(BIN)/python benchmarks/bench_exact_metrics.py
 
 clean:
-	rm -rf $(VENV) build site *.egg-info
+	rm -rf $(VENV) build site .mypy_cache *.egg-info

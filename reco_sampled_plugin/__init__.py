@@ -158,6 +158,8 @@ from typing import TYPE_CHECKING
 from . import registry  # the estimator table: standard library only
 from .registry import DEFAULT_ESTIMATOR, Estimator, register
 
+from typing import Any
+
 if TYPE_CHECKING:  # the names below are imported on first use (PEP 562, ``__getattr__`` at the end)
     from ._rank_hist import RankHistogram, sampled_rank_histogram
     from .adaptive import AdaptiveCost, AdaptiveDesign, adaptive_cost, adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact
@@ -346,7 +348,7 @@ _REGISTRY_VIEWS = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     view = _REGISTRY_VIEWS.get(name)
     if view is not None:
         return view()
@@ -373,7 +375,7 @@ class _Package(types.ModuleType):
     import; ``estimate`` and ``mapping`` are functions of the same names as their modules, so such a binding is
     not stored (the function is then found by ``__getattr__``)."""
 
-    def __setattr__(self, name: str, value) -> None:
+    def __setattr__(self, name: str, value: object) -> None:
         if name in ("estimate", "mapping") and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)

@@ -14,9 +14,12 @@ One helper per kind of argument, used by every public entry point that takes it:
 from __future__ import annotations
 
 import math
+from typing import Any, Literal, TypeVar, overload
 
 import numpy as np
 import torch
+
+_T = TypeVar("_T")
 
 __all__ = [
     "MAX_SIZE",
@@ -80,7 +83,7 @@ def renamed(message: str, names: dict[str, str]) -> str:
     return f"{names[head]}{sep}{rest}" if sep and head in names else message
 
 
-def check_without_replacement(n_items, n_samples, law: str) -> None:
+def check_without_replacement(n_items: Any, n_samples: Any, law: str) -> None:
     """Raise a ValueError naming ``n_samples`` when draws without replacement (``law`` ``"hypergeometric"``) ask
     for more items than the n - 1 irrelevant candidates hold (m > n - 1, per instance or group): such sampled
     ranks cannot exist, whatever the estimator (the mappings, which assume no law, included)."""
@@ -88,7 +91,7 @@ def check_without_replacement(n_items, n_samples, law: str) -> None:
         raise ValueError("n_samples: m draws without replacement need at least m irrelevant candidates (n - 1 >= m)")
 
 
-def check_generator(generator, name: str = "generator"):
+def check_generator(generator: Any, name: str = "generator") -> torch.Generator | None:
     """``generator`` itself when it is None or a ``torch.Generator``; a ValueError naming ``name`` otherwise (a numpy
     Generator, a seed or a string would fail deep inside torch)."""
     if generator is not None and not isinstance(generator, torch.Generator):
@@ -106,7 +109,7 @@ def check_not_meta(t: torch.Tensor, name: str) -> torch.Tensor:
     return t
 
 
-def as_tensor(x, name: str, dtype: torch.dtype | None = None, device: torch.device | None = None) -> torch.Tensor:
+def as_tensor(x: Any, name: str, dtype: torch.dtype | None = None, device: torch.device | None = None) -> torch.Tensor:
     """Convert ``x`` (tensor, array, list or scalar) to a tensor, keeping tensors on their device."""
     if isinstance(x, torch.Tensor):
         t = check_not_meta(x, name)
@@ -122,7 +125,7 @@ def as_tensor(x, name: str, dtype: torch.dtype | None = None, device: torch.devi
     return t
 
 
-def check_device(device, name: str = "device") -> torch.device | None:
+def check_device(device: Any, name: str = "device") -> torch.device | None:
     """``device`` as a ``torch.device`` (None stays None), raising a ValueError naming ``name`` for what torch
     cannot parse and for ``meta`` (a device of shapes only: nothing can be computed there)."""
     if device is None:
@@ -147,14 +150,14 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
         raise ValueError(f"tensors are on different devices: {listing}; move them to one device")
 
 
-def check_int(value, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+def check_int(value: Any, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
     """The one check of an integer option (a seed, an iteration count, a batch size, k...): ``value`` as an int,
     raising a ValueError naming ``name`` unless it is a Python, numpy or 0-d torch integer in minimum..maximum.
     Bools, floats (even 3.0), complex numbers and arrays are refused. Sizes (n, m) that may arrive as whole
     floats go through :func:`check_size` instead."""
     dtype = str(getattr(value, "dtype", ""))
     bad_type = (isinstance(value, (bool, np.bool_)) or any(k in dtype for k in ("bool", "float", "complex"))
-                or getattr(value, "ndim", 0) or not hasattr(value, "__index__"))
+                or bool(getattr(value, "ndim", 0)) or not hasattr(value, "__index__"))
     try:
         v = None if bad_type else int(value.__index__())
     except (TypeError, ValueError, RuntimeError):
@@ -169,14 +172,14 @@ def check_int(value, name: str, minimum: int | None = None, maximum: int | None 
     return v
 
 
-def check_size(value, name: str, minimum: int = 1, maximum: int = MAX_SIZE) -> int:
+def check_size(value: Any, name: str, minimum: int = 1, maximum: int = MAX_SIZE) -> int:
     """One size such as n_items (n) or n_samples (m) as an int: a whole number of any real type (100, 100.0,
     np.int32(100), a one-element tensor), finite, in minimum..maximum; the same rule as :func:`check_sizes`
     for per-instance sizes, so ``n_samples=10.0`` is accepted wherever ``n_items=100.0`` is."""
     return check_sizes(value, name, minimum, maximum=maximum, one=True)
 
 
-def _numeric(x, name: str, what: str, device: torch.device | None = None, booleans: bool = False) -> torch.Tensor:
+def _numeric(x: Any, name: str, what: str, device: torch.device | None = None, booleans: bool = False) -> torch.Tensor:
     """``x`` as a real numeric tensor (tensors keep their dtype and device; arrays, lists and Python numbers
     go through numpy, so 1e300 stays a finite float64 instead of overflowing float32). Bools (unless
     ``booleans``: masks), complex numbers and sparse matrices (torch sparse layouts: no elementwise checks run on
@@ -209,7 +212,7 @@ def _numeric(x, name: str, what: str, device: torch.device | None = None, boolea
     return t
 
 
-def check_dense(x, name: str):
+def check_dense(x: _T, name: str) -> _T:
     """``x`` unless it is a sparse matrix (scipy sparse, or a torch tensor of a sparse layout): a ValueError naming
     ``name`` says to pass it dense, where NumPy and torch would fail with "sparse array length is ambiguous"."""
     sparse = (isinstance(x, torch.Tensor) and x.layout != torch.strided) or (
@@ -220,7 +223,7 @@ def check_dense(x, name: str):
     return x
 
 
-def check_real_array(x, name: str, what: str = "real numbers") -> np.ndarray:
+def check_real_array(x: Any, name: str, what: str = "real numbers") -> np.ndarray:
     """``x`` as a float64 numpy array of real numbers: integer or floating dtypes only. Strings (``"17"``,
     ``"2020-01-01"``: never parsed), bools, complex numbers (never made real silently), objects and ragged
     lists are refused with a ValueError naming ``name``; finiteness is the caller's rule."""
@@ -234,25 +237,25 @@ def check_real_array(x, name: str, what: str = "real numbers") -> np.ndarray:
         hint = " (convert them to numbers first)" if a.dtype.kind in "OUSM" else ""
         raise ValueError(f"{name}: expected {what}, got dtype {a.dtype}{hint}")
     return a.astype(np.float64)
-def real_tensor(x, name: str, what: str = "real numbers", *, booleans: bool = False) -> torch.Tensor:
+def real_tensor(x: Any, name: str, what: str = "real numbers", *, booleans: bool = False) -> torch.Tensor:
     """``x`` (a tensor, array, list or number) as a real numeric tensor, the one conversion of array arguments:
     ragged lists, strings, objects such as scipy sparse matrices, bools (unless ``booleans``: masks), complex
     numbers and ``meta`` tensors give a ValueError naming ``name`` (tensors keep their dtype and device)."""
     return _numeric(x, name, what, booleans=booleans)
 
 
-def _first(t: torch.Tensor, bad: torch.Tensor):
+def _first(t: torch.Tensor, bad: torch.Tensor) -> float:
     return t[bad].reshape(-1)[0].item()
 
 
-def _show(v) -> str:
+def _show(v: object) -> str:
     """A count for a message: whole numbers as integers (2^62 as 4611686018427387904, not 4.6e+18)."""
     if isinstance(v, float) and v.is_integer() and abs(v) < 2.0**63:
         return str(int(v))
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def _broadcast_shape(a, b) -> tuple[int, ...] | None:
+def _broadcast_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...] | None:
     """The broadcast shape of two shapes, None where they do not broadcast (numpy's rule, which is torch's;
     ``torch.broadcast_shapes`` would import sympy through torch._refs: ~1 s at the first call of a process)."""
     try:
@@ -261,8 +264,18 @@ def _broadcast_shape(a, b) -> tuple[int, ...] | None:
         return None
 
 
+@overload
 def check_sizes(
-    x,
+    x: Any, name: str, minimum: int | None = 1, *, like: torch.Tensor | None = None, like_name: str = "ranks",
+    exact: bool = False, maximum: int | None = MAX_SIZE, device: torch.device | None = None, one: Literal[True],
+) -> int: ...
+@overload
+def check_sizes(
+    x: Any, name: str, minimum: int | None = 1, *, like: torch.Tensor | None = None, like_name: str = "ranks",
+    exact: bool = False, maximum: int | None = MAX_SIZE, device: torch.device | None = None, one: bool = False,
+) -> int | torch.Tensor: ...
+def check_sizes(
+    x: Any,
     name: str,
     minimum: int | None = 1,
     *,
@@ -272,7 +285,7 @@ def check_sizes(
     maximum: int | None = MAX_SIZE,
     device: torch.device | None = None,
     one: bool = False,
-):
+) -> int | torch.Tensor:
     """Validate counts such as n_items (candidates) or n_samples (m), given as one number or per instance.
 
     Whole numbers (integer dtype, or floats without a fractional part), finite, in minimum..maximum; bools and
@@ -325,7 +338,7 @@ def check_sizes(
     return t
 
 
-def check_rank_values(x, name: str, *, whole: bool = False, padding: bool = False,
+def check_rank_values(x: Any, name: str, *, whole: bool = False, padding: bool = False,
                       device: torch.device | None = None) -> torch.Tensor:
     """Validate rank inputs (exact or sampled, 1-based): an integer tensor, or floats (fractional ranks come
     from ``ties="average"``; ``whole`` refuses them) without NaN or inf. Bools and complex numbers are refused:
@@ -347,7 +360,7 @@ def check_rank_values(x, name: str, *, whole: bool = False, padding: bool = Fals
     return t
 
 
-def check_weights(x, name: str, *, like: torch.Tensor | None = None, like_name: str = "sampled_ranks",
+def check_weights(x: Any, name: str, *, like: torch.Tensor | None = None, like_name: str = "sampled_ranks",
                   max_total: float | None = None, device: torch.device | None = None) -> torch.Tensor:
     """Validate non-negative weights: real numbers (no bools, no complex), finite, >= 0, whose total is finite
     in float64 (and at most ``max_total``). With ``like`` they must broadcast against its shape.
@@ -405,7 +418,7 @@ def impossible_rank_message(r: int, n: int, m: int, law: str = "uniform") -> str
             "the ranks, n or m are not those of one design")
 
 
-def check_sampled_support(ranks, n_items, n_samples, law: str = "uniform") -> None:
+def check_sampled_support(ranks: torch.Tensor, n_items: Any, n_samples: Any, law: str = "uniform") -> None:
     """Raise a ValueError naming ``sampled_ranks`` where an observed r~ cannot occur under uniform draws of m
     irrelevant candidates among n - 1 (with or without replacement, adaptive stages included): with n = 2 the one
     irrelevant item is every draw, so r~ is 1 or m + 1 and r~ in 2..m has probability 0 (for n >= 3 every r~ in

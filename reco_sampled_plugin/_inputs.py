@@ -7,7 +7,7 @@ condition; the error of the first failing check (in the order given) is raised.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 
@@ -25,7 +25,7 @@ class Check(NamedTuple):
     fail: Callable[[], None]
 
 
-def run_checks(checks: list[Check], values: list[torch.Tensor] = ()) -> list[int]:
+def run_checks(checks: list[Check], values: Sequence[torch.Tensor] = ()) -> list[int]:
     """Read every check's flag and the 0-d integer ``values`` back in one host synchronisation; raise the first
     failing check's error, else return the values as Python ints."""
     if not checks and not values:
@@ -121,7 +121,9 @@ def mask_to_padded(mask: torch.Tensor, width: int | None = None) -> torch.Tensor
     return sm.finish([width])[0]
 
 
-def pending_index(x, n_items: int, batch: int, name: str, device: torch.device, duplicates: bool = True):
+def pending_index(
+    x: Any, n_items: int, batch: int, name: str, device: torch.device, duplicates: bool = True,
+) -> tuple[torch.Tensor, bool | None, list[Check]]:
     """Shape and dtype checks of positives or exclusions (raised now), the value checks deferred.
 
     Returns:
@@ -145,7 +147,7 @@ def pending_index(x, n_items: int, batch: int, name: str, device: torch.device, 
     x = x.to(torch.int64)
     checks: list[Check] = []
     if x.numel():
-        def bad_range():
+        def bad_range() -> None:
             raise ValueError(f"{name}: item indices must lie in 0..{n_items - 1} (or -1 for padding)")
 
         lo, hi = torch.aminmax(x)  # one pass, no (B, P) temporary
@@ -154,14 +156,14 @@ def pending_index(x, n_items: int, batch: int, name: str, device: torch.device, 
             srt = torch.sort(x, dim=1).values
             dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
 
-            def bad_dup():
+            def bad_dup() -> None:
                 raise ValueError(f"{name}: {int(dup.any(1).sum())} row(s) list the same item twice")
 
             checks.append(Check(dup.any(), bad_dup))
     return x, None, checks
 
 
-def as_padded_index(x, n_items: int, batch: int, name: str, device: torch.device) -> torch.Tensor:
+def as_padded_index(x: Any, n_items: int, batch: int, name: str, device: torch.device) -> torch.Tensor:
     """Positives or exclusions as a (B, P) int64 index tensor padded with -1.
 
     Accepts a (B, n) boolean mask, a (B, P) integer tensor padded with -1, or a (B,) integer tensor
@@ -175,7 +177,7 @@ def as_padded_index(x, n_items: int, batch: int, name: str, device: torch.device
     return mask_to_padded(t)
 
 
-def check_scores(scores, check_finite: bool = True) -> torch.Tensor:
+def check_scores(scores: Any, check_finite: bool = True) -> torch.Tensor:
     """Validate a (B, n) floating score matrix."""
     scores = score_tensor(scores)
     if check_finite:
@@ -183,7 +185,7 @@ def check_scores(scores, check_finite: bool = True) -> torch.Tensor:
     return scores
 
 
-def score_tensor(scores) -> torch.Tensor:
+def score_tensor(scores: Any) -> torch.Tensor:
     """The one conversion of a ``scores`` argument: a (users x items) floating tensor (tensors as they are, numpy
     arrays and lists converted; sparse matrices, strings, bools, complex numbers and ``meta`` tensors give a
     ValueError naming ``scores``)."""

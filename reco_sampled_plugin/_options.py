@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import numpy as np
 
 from .sampling_laws import check_law  # the one sampling-law check of the package
 from ._checks import check_int  # the one integer check of the package
 from .metric_names import MetricSpec
+
+_T = TypeVar("_T")
 
 __all__ = [
     "ArgumentTypeError",
@@ -71,7 +74,7 @@ def check_options(options: Mapping, allowed: Iterable[str], where: str) -> dict:
     return dict(options)
 
 
-def _real(x, name: str, what: str) -> float:
+def _real(x: Any, name: str, what: str) -> float:
     """``x`` as a float when it is one real number: Python, numpy or 0-d torch (ints and floats); strings, bools
     (numpy and torch bools too), complex numbers and arrays of any other shape are refused."""
     dtype = str(getattr(x, "dtype", ""))
@@ -79,7 +82,7 @@ def _real(x, name: str, what: str) -> float:
         raise ValueError(f"{name}: expected {what}, got {x!r}")
     if not isinstance(x, numbers.Real):
         # numpy / torch scalars are numbers.Real or have __float__; strings and containers are refused
-        if isinstance(x, (str, bytes)) or not hasattr(x, "__float__") or getattr(x, "ndim", 0):
+        if isinstance(x, (str, bytes)) or not hasattr(x, "__float__") or bool(getattr(x, "ndim", 0)):
             raise ValueError(f"{name}: expected {what}, got {x!r}")
     try:
         return float(x)
@@ -87,7 +90,7 @@ def _real(x, name: str, what: str) -> float:
         raise ValueError(f"{name}: expected {what}, got {x!r}") from None
 
 
-def check_positive_float(x, name: str) -> float:
+def check_positive_float(x: Any, name: str) -> float:
     """``x`` as a float, raising a ValueError naming ``name`` unless it is a finite number > 0."""
     v = _real(x, name, "a finite number > 0")
     if not (math.isfinite(v) and v > 0):
@@ -95,7 +98,7 @@ def check_positive_float(x, name: str) -> float:
     return v
 
 
-def check_nonnegative_float(x, name: str) -> float:
+def check_nonnegative_float(x: Any, name: str) -> float:
     """``x`` as a float, raising a ValueError naming ``name`` unless it is a finite number >= 0."""
     v = _real(x, name, "a finite number >= 0")
     if not (math.isfinite(v) and v >= 0):
@@ -103,7 +106,7 @@ def check_nonnegative_float(x, name: str) -> float:
     return v
 
 
-def check_float(x, name: str) -> float:
+def check_float(x: Any, name: str) -> float:
     """``x`` as a float, raising a ValueError naming ``name`` unless it is a finite real number (Python, numpy or
     0-d torch; not a str such as ``"0.5"``, a bool, a complex number or an array of several values)."""
     v = _real(x, name, "a finite number")
@@ -112,12 +115,12 @@ def check_float(x, name: str) -> float:
     return v
 
 
-def check_optional(x, check, name: str, *args):
+def check_optional(x: Any, check: Callable[..., _T], name: str, *args: Any) -> _T | None:
     """None, or ``check(x, name, *args)``: an option whose None means "the default" or "off"."""
     return None if x is None else check(x, name, *args)
 
 
-def check_fraction(x, name: str) -> float:
+def check_fraction(x: Any, name: str) -> float:
     """``x`` as a float, raising a ValueError naming ``name`` unless it lies in [0, 1] (NaN refused)."""
     v = _real(x, name, "a number in [0, 1]")
     if not (0.0 <= v <= 1.0):
@@ -125,13 +128,13 @@ def check_fraction(x, name: str) -> float:
     return v
 
 
-def check_count(x, name: str, minimum: int = 0) -> int:
+def check_count(x: Any, name: str, minimum: int = 0) -> int:
     """An integer option >= ``minimum`` (:func:`~reco_sampled_plugin._checks.check_int`: Python, numpy or 0-d
     integer torch values; not a bool, not a float such as 2.5 or 1e3)."""
     return check_int(x, name, minimum)
 
 
-def check_seed(x, name: str = "seed") -> int:
+def check_seed(x: Any, name: str = "seed") -> int:
     """A random seed: an integer in 0 .. 2**63 - 1."""
     v = check_count(x, name, 0)
     if v > 2**63 - 1:
@@ -139,7 +142,7 @@ def check_seed(x, name: str = "seed") -> int:
     return v
 
 
-def check_bool(x, name: str) -> bool:
+def check_bool(x: Any, name: str) -> bool:
     """``x`` as a bool, raising a ValueError naming ``name`` unless it is True or False (numpy bools too): the
     one check of a boolean option. ``"False"``, ``0``, ``1``, ``None`` and one-element arrays are refused (a
     non-empty string is truthy: ``"False"`` would do what True does)."""
@@ -148,7 +151,7 @@ def check_bool(x, name: str) -> bool:
     raise ValueError(f"{name}: expected True or False, got {x!r}")
 
 
-def check_choice(x, choices: Iterable, name: str):
+def check_choice(x: Any, choices: Iterable[_T], name: str) -> _T:
     """``x`` itself, raising a ValueError naming ``name`` and listing ``choices`` unless it is one of them
     (same type and value: ``1`` is not ``True``)."""
     choices = tuple(choices)
@@ -159,7 +162,7 @@ def check_choice(x, choices: Iterable, name: str):
     raise ValueError(f"{name}: expected one of {listing}, got {x!r}")
 
 
-def check_names(x, name: str, what: str = "metric names such as 'ndcg@10'") -> tuple:
+def check_names(x: Any, name: str, what: str = "metric names such as 'ndcg@10'") -> tuple:
     """A list option of names (metrics, methods) as a tuple: one ``str`` (or :class:`~.metric_names.MetricSpec`)
     is one name, not its letters; any other iterable (list, tuple, generator) must hold only such names and at
     least one. A ValueError naming ``name`` for an int, a float, bytes, a mapping or a non-name element."""
@@ -176,7 +179,7 @@ def check_names(x, name: str, what: str = "metric names such as 'ndcg@10'") -> t
     return names
 
 
-def check_metric_names(x, name: str = "metrics") -> tuple[MetricSpec, ...]:
+def check_metric_names(x: Any, name: str = "metrics") -> tuple[MetricSpec, ...]:
     """A list of metrics (:func:`check_names`) parsed into MetricSpecs; an unknown name
     is a ValueError naming ``name`` (the argument the caller typed, not ``metric``)."""
     from .metric_names import parse_metric
@@ -190,7 +193,7 @@ def check_metric_names(x, name: str = "metrics") -> tuple[MetricSpec, ...]:
     return tuple(specs)
 
 
-def check_beta_shape(a, name: str = "a") -> float:
+def check_beta_shape(a: Any, name: str = "a") -> float:
     """The Beta shape a of Li et al.'s mapping (eq. 16-17) as a float: a ValueError naming ``name`` unless a finite
     number > 0 (None: the method ``beta`` needs one)."""
     if a is None:
@@ -201,7 +204,7 @@ def check_beta_shape(a, name: str = "a") -> float:
         raise ValueError(f"{name}: the Beta shape must be a finite number > 0, got {a!r}") from None
 
 
-def check_base_measure(beta) -> float:
+def check_base_measure(beta: Any) -> float:
     """The exponent of MES' base measure r^-beta: a number in [0, 2] (a ValueError naming ``beta`` otherwise)."""
     if not (isinstance(beta, (int, float)) and not isinstance(beta, bool) and math.isfinite(beta) and 0 <= beta <= 2):
         raise ValueError(f"beta: must be a number in [0, 2], got {beta!r}")

@@ -149,7 +149,7 @@ class PopularityFit:
         self.betas = np.asarray((0.0,) if units.uniform else BETAS)
         harmonic = np.log((hi + 0.5) / (lo + 0.5))  # ~ sum of 1/r over each cell's ranks: log-uniform per rank
         self._base = harmonic / harmonic.sum()
-        self._lam = [None] * len(self.betas)
+        self._lam: list[np.ndarray | None] = [None] * len(self.betas)
         self.tables = np.stack([self._log_likelihood(i) for i in range(len(self.betas))])  # (betas, N, cells)
         self._mass: dict[int, np.ndarray] = {}
         pos = np.clip(np.log(self.r_mid) / math.log(DEEP_RANK), 0.0, 1.0)
@@ -180,7 +180,7 @@ class PopularityFit:
         b = self.betas[i] + (self.betas[j] - self.betas[i]) * self._frac
         return np.abs(self.betas[None, :] - b[:, None]).argmin(1)
 
-    def _try(self, i: int, j: int, start) -> np.ndarray:
+    def _try(self, i: int, j: int, start: np.ndarray | None) -> np.ndarray:
         if (i, j) in self.curves:
             return self.curves[(i, j)][1]
         idx = self._cell_beta(i, j)
@@ -196,7 +196,7 @@ class PopularityFit:
     def loglik(self) -> float:
         return self.curves[self.best][0]
 
-    def beta_of(self, key=None) -> tuple[float, float]:
+    def beta_of(self, key: tuple[int, int] | None = None) -> tuple[float, float]:
         i, j = self.best if key is None else key
         return float(self.betas[i]), float(self.betas[j])
 
@@ -226,7 +226,9 @@ class PopularityFit:
         u = self.units
         v = np.exp(self.betas[b] * (u.log_v - u.log_v.max()))
         with np.errstate(over="ignore", invalid="ignore"):
-            mass = np.einsum("nc,nkc->nk", u.profile * u.mean_w, -np.expm1(-self._lam[b][:, :, None] * v))
+            lam = self._lam[b]
+            assert lam is not None, "mass_above after the likelihood at that beta"  # _log_likelihood(b) fills it
+            mass = np.einsum("nc,nkc->nk", u.profile * u.mean_w, -np.expm1(-lam[:, :, None] * v))
         total = (u.profile * u.mean_w).sum(1)
         pi = np.where(np.isfinite(mass), mass, total[:, None]) / np.maximum(total[:, None], 1e-300)
         self._mass[b] = np.clip(pi, 0.0, 1.0)
@@ -244,11 +246,11 @@ class PopularityFit:
         out[ok] = interval_mean_metric(spec, lo[ok], hi[ok], nn[ok])
         return out
 
-    def _posterior(self, key) -> np.ndarray:
+    def _posterior(self, key: tuple[int, int]) -> np.ndarray:
         _, prior, idx = self.curves[key]
         return _rows_posterior(self._assemble(idx), prior[None, :])
 
-    def estimate(self, spec: MetricSpec, b=None) -> tuple[float, float, np.ndarray]:
+    def estimate(self, spec: MetricSpec, b: tuple[int, int] | None = None) -> tuple[float, float, np.ndarray]:
         """(value, standard error, per-unit posterior means) at beta index ``b`` (default: the best). The standard
         error is the model's spread of the metric over units, sqrt(sum w (var_i + (mean_i - value)^2)) / sum w
         (its total variance: covers the units' exact mean and the population's)."""
@@ -263,7 +265,7 @@ class PopularityFit:
         se = math.sqrt(float(w @ (var + (mean - value) ** 2))) / tot
         return value, se, mean
 
-    def top_zone(self, key) -> np.ndarray:
+    def top_zone(self, key: tuple[int, int]) -> np.ndarray:
         """(N, cells) bool: the cells of each unit where it expects at most one beating draw (m pi(R) <= 1)."""
         idx = self.curves[key][2]
         pis = {b: self.mass_above(b) for b in np.unique(idx)}

@@ -9,11 +9,21 @@ them where installed (the ``report``, ``lightning`` and ``test`` extras bring it
 from __future__ import annotations
 
 import sys
-from typing import Iterable, Iterator, TypeVar
+from typing import Any, Iterable, Iterator, Protocol, TypeVar
 
 __all__ = ["progress_enabled", "progress_bar"]
 
 T = TypeVar("T")
+
+
+class ProgressBar(Protocol):
+    """What :func:`progress_bar` returns (a tqdm bar or this module's stand-ins): iterable, ``update``, ``close``."""
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+    def update(self, n: int = 1) -> Any: ...
+
+    def close(self) -> None: ...
 
 
 def progress_enabled(progress: bool | None) -> bool:
@@ -43,10 +53,10 @@ class _Silent:
     def close(self) -> None:
         pass
 
-    def __enter__(self):
+    def __enter__(self) -> "_Silent":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -80,7 +90,7 @@ class _Plain(_Silent):
 
 
 def progress_bar(iterable: Iterable[T] | None = None, total: int | None = None, desc: str = "",
-                 enabled: bool | None = None, unit: str = "it"):
+                 enabled: bool | None = None, unit: str = "it") -> ProgressBar:
     """``iterable`` wrapped in a progress bar on stderr (or a manual bar with ``update()`` and ``close()`` when
     ``iterable`` is None); ``enabled`` as :func:`progress_enabled`. Off: a silent stand-in with the same methods."""
     if not progress_enabled(enabled):

@@ -17,8 +17,9 @@ other groups, and is never pooled with a sampled group.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from scipy import special
 from ._checks import (MAX_SAMPLES, MAX_SIZE, MAX_TOTAL_WEIGHT, check_elements, check_rank_values, check_sampled_support,
                       check_sizes, check_weights)
 from ._options import check_optional, check_positive_float
+from ._types import TensorLike
 from .metric_names import MetricSpec
 from .metrics import metric_from_float_ranks
 
@@ -42,13 +44,13 @@ __all__ = [
 ]
 
 
-def _size_array(x, name: str) -> np.ndarray:
+def _size_array(x: Any, name: str) -> np.ndarray:
     """A fresh 1-D int64 copy of group sizes, refused unless whole, finite and real (``check_sizes``)."""
     v = check_sizes(x, name, None, maximum=None)
     return np.array(v.cpu().numpy() if isinstance(v, torch.Tensor) else v, dtype=np.int64).reshape(-1)
 
 
-def _exact_flags(exact, n: np.ndarray, m: np.ndarray) -> np.ndarray:
+def _exact_flags(exact: Any, n: np.ndarray, m: np.ndarray) -> np.ndarray:
     """(G,) read-only bool flags of the exact groups (None: none), each with m = n - 1 (a ValueError naming
     ``exact`` otherwise)."""
     if exact is None:
@@ -84,7 +86,12 @@ class RankHistogram:
     n_items: np.ndarray
     n_samples: np.ndarray
     counts: tuple[np.ndarray, ...]
-    exact: np.ndarray | None = None
+    # None (no exact group) is accepted; __post_init__ always stores a (G,) bool array, the type readers see
+    exact: np.ndarray = None  # type: ignore[assignment]
+    if TYPE_CHECKING:  # derived in __post_init__, not fields
+        _totals: np.ndarray = field(init=False)
+        _flat: np.ndarray = field(init=False)
+        _starts: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
         # copies, read-only: the totals, the concatenated counts and the estimators' fit cache read them later
@@ -134,7 +141,7 @@ class RankHistogram:
         object.__setattr__(self, "_starts", starts)
 
     @classmethod
-    def _trusted(cls, n: np.ndarray, m: np.ndarray, counts: np.ndarray, exact=None) -> "RankHistogram":
+    def _trusted(cls, n: np.ndarray, m: np.ndarray, counts: np.ndarray, exact: np.ndarray | None = None) -> "RankHistogram":
         """A histogram from valid parts built by this package (int64 n >= 2, m >= 1; ``counts`` (G, W) float64
         with finite non-negative entries, row g holding group g's m_g + 1 counts first): no re-validation."""
         sizes = m + 1
@@ -145,7 +152,7 @@ class RankHistogram:
         return cls._trusted_ragged(n, m, flat, exact)
 
     @classmethod
-    def _trusted_ragged(cls, n: np.ndarray, m: np.ndarray, flat: np.ndarray, exact=None) -> "RankHistogram":
+    def _trusted_ragged(cls, n: np.ndarray, m: np.ndarray, flat: np.ndarray, exact: np.ndarray | None = None) -> "RankHistogram":
         """:meth:`_trusted` from the groups' counts laid end to end (``flat``, group g's m_g + 1 counts after
         those of groups 0..g-1)."""
         self = object.__new__(cls)
@@ -182,7 +189,7 @@ class RankHistogram:
         """Whether some group is exact (module docstring)."""
         return bool(self.exact.any())
 
-    def select(self, keep) -> "RankHistogram":
+    def select(self, keep: np.ndarray) -> "RankHistogram":
         """The groups ``keep`` ((G,) bool or indices), in order (itself when that is every group)."""
         idx = np.flatnonzero(keep) if np.asarray(keep).dtype == bool else np.asarray(keep, dtype=np.int64)
         if idx.shape[0] == self.n_groups and np.array_equal(idx, np.arange(self.n_groups)):
@@ -250,7 +257,7 @@ class RankHistogram:
 
     def merge(self, other: "RankHistogram") -> "RankHistogram":
         """Sum of two histograms (groups with equal (n, m) and exactness are added; exact groups last)."""
-        table: dict[tuple[int, int, bool], np.ndarray] = {}
+        table: dict[tuple[bool, int, int], np.ndarray] = {}
         for h in (self, other):
             for ng, mg, cg, eg in zip(h.n_items, h.n_samples, h.counts, h.exact):
                 key = (bool(eg), int(ng), int(mg))
@@ -277,7 +284,7 @@ class RankHistogram:
         g = np.searchsorted(self._starts, cols, side="right") - 1
         check_sampled_support(cols - self._starts[g] + 1, self.n_items[g], self.n_samples[g], law)
 
-    def check_nonempty(self, weights=None) -> None:
+    def check_nonempty(self, weights: Any = None) -> None:
         """Raise a ValueError when no positive was counted: naming ``weights`` when the caller gave weights (every
         one 0, so nothing is left to estimate from), else ``sampled_ranks``."""
         if self.n_groups == 0 or self.total <= 0:
@@ -288,12 +295,13 @@ class RankHistogram:
             raise ValueError("sampled_ranks: the histogram is empty (no positive with a sampled rank)")
 
 
-def _flat(x, name: str) -> torch.Tensor:
+def _flat(x: Any, name: str) -> torch.Tensor:
     t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x))
     return t.reshape(-1)
 
 
-def sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights=None, *, exact_ranks=None) -> RankHistogram:
+def sampled_rank_histogram(sampled_ranks: TensorLike, n_items: TensorLike, n_samples: TensorLike,
+                           weights: TensorLike | None = None, *, exact_ranks: TensorLike | None = None) -> RankHistogram:
     """Histogram of sampled ranks, grouped by (n, m).
 
     Args:
@@ -343,7 +351,8 @@ def sampled_rank_histogram(sampled_ranks, n_items, n_samples, weights=None, *, e
     return _bincount_histogram(r, n, m, w)
 
 
-def _with_exact_groups(sampled_ranks, n_items, n_samples, weights, exact_ranks) -> RankHistogram:
+def _with_exact_groups(sampled_ranks: TensorLike, n_items: TensorLike, n_samples: TensorLike, weights: TensorLike | None,
+                       exact_ranks: TensorLike) -> RankHistogram:
     """:func:`sampled_rank_histogram` of the positives without an exact rank, then the exact groups of the others."""
     r = check_rank_values(sampled_ranks, "sampled_ranks", whole=True, padding=True)
     e = check_rank_values(exact_ranks, "exact_ranks", whole=True, padding=True).to(r.device)
@@ -382,11 +391,11 @@ def _group_ids(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(key, return_inverse=True)
 
 
-def _numpy(x) -> np.ndarray:
+def _numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
 
-def _bincount_histogram(r, n, m, w) -> RankHistogram:
+def _bincount_histogram(r: np.ndarray, n: np.ndarray, m: np.ndarray, w: np.ndarray | None) -> RankHistogram:
     """The histogram of valid inputs (integer r in 1..m+1, n >= 2, m >= 1; float64 weights or None; 1-D
     tensors or arrays of equal length, not empty): one ``bincount`` over (group, r~) in numpy. For callers
     whose ranks are valid by construction (adapters building them from their own tables); others use
@@ -410,7 +419,7 @@ def _bincount_histogram(r, n, m, w) -> RankHistogram:
     check_elements(min(cells, un.shape[0] * width), "n_samples",
                    f"the histogram ({un.shape[0]} distinct (n, m) groups of m + 1 counts each)")
     if un.shape[0] * width <= 4 * (cells + 1024):  # widths alike: one dense (G, W) block
-        counts = np.bincount(gid * width + (r - 1), weights=w, minlength=un.shape[0] * width)
+        counts: np.ndarray = np.bincount(gid * width + (r - 1), weights=w, minlength=un.shape[0] * width)
         counts = counts.astype(np.float64, copy=False).reshape(un.shape[0], width)
         return RankHistogram._trusted(un, um, counts)
     # widths that differ (adaptive sampling: m up to 32 m): a ragged layout, group g at offset[g]
@@ -419,7 +428,8 @@ def _bincount_histogram(r, n, m, w) -> RankHistogram:
     return RankHistogram._trusted_ragged(un, um, flat)
 
 
-def as_histogram(sampled_ranks, n_items=None, n_samples=None, weights=None) -> RankHistogram:
+def as_histogram(sampled_ranks: TensorLike | RankHistogram, n_items: TensorLike | None = None,
+                 n_samples: TensorLike | None = None, weights: TensorLike | None = None) -> RankHistogram:
     """A :class:`RankHistogram` as given, or built from per-positive sampled ranks; either way without its
     groups of total count 0 (zero weights): an empty group must not move an estimate (its n would still
     stretch a rank grid) or fail a check of its own."""
@@ -436,7 +446,7 @@ def as_histogram(sampled_ranks, n_items=None, n_samples=None, weights=None) -> R
 # grouping candidate counts n (catalogue minus each user's training items) onto a geometric grid
 
 
-def check_spread(max_rel_n_spread) -> float | None:
+def check_spread(max_rel_n_spread: Any) -> float | None:
     """Validate ``max_rel_n_spread`` (None, or a finite number > 0, not a str or bool), raising a ValueError naming it."""
     return check_optional(max_rel_n_spread, check_positive_float, "max_rel_n_spread")
 
@@ -509,6 +519,7 @@ def pool_exact_groups(hist: RankHistogram, max_groups: int | None = None, n_grid
         grid = n_grid(int(ns[0]), int(ns[-1]), n_grid_nodes)
         target = grid[np.searchsorted(grid, ns, side="left")]
     else:
+        assert max_groups is not None  # n_grid_nodes is None here, so the early return needed max_groups
         tot = hist.totals[order]
         cum = np.cumsum(tot) / max(tot.sum(), 1e-300)
         label = np.minimum((cum * max_groups - 1e-12).astype(np.int64), max_groups - 1)
@@ -548,10 +559,10 @@ def _ndcg_sum(j: np.ndarray) -> np.ndarray:
         b = j[~small] + 0.5
         ln2 = math.log(2.0)
 
-        def integral(x):  # antiderivative of ln2 / ln(x + 1) is ln2 * li(x + 1) = ln2 * Ei(ln(x + 1))
+        def integral(x: np.ndarray | float) -> Any:  # antiderivative of ln2 / ln(x + 1) is ln2 * li(x + 1) = ln2 * Ei(ln(x + 1))
             return ln2 * special.expi(np.log1p(x))
 
-        def gprime(x):
+        def gprime(x: np.ndarray | float) -> np.ndarray | float:
             return -ln2 / ((x + 1.0) * np.log1p(x) ** 2)
 
         # sum_{R=A}^{B} g(R) = int_{A-1/2}^{B+1/2} g - (g'(B+1/2) - g'(A-1/2)) / 24 + O(g''')
@@ -559,7 +570,7 @@ def _ndcg_sum(j: np.ndarray) -> np.ndarray:
     return out
 
 
-def cumulative_metric(spec: MetricSpec, j, n: float) -> np.ndarray:
+def cumulative_metric(spec: MetricSpec, j: int | np.ndarray, n: float | np.ndarray) -> np.ndarray:
     """C(j) = sum_{R=1}^{j} M(R) for whole numbers j in 0..n (float64), n candidates.
 
     Closed forms (harmonic numbers through digamma, AUC's arithmetic series) or a short exact sum plus
@@ -571,6 +582,7 @@ def cumulative_metric(spec: MetricSpec, j, n: float) -> np.ndarray:
     if kind in ("recall", "hit", "trunc_precision"):
         return jj.copy()
     if kind == "precision":
+        assert spec.k is not None  # precision has a cut-off (MetricSpec checks it)
         return jj / float(spec.k)
     if kind in ("ap", "trunc_ap", "rr"):
         return special.digamma(jj + 1.0) + np.euler_gamma
@@ -581,7 +593,7 @@ def cumulative_metric(spec: MetricSpec, j, n: float) -> np.ndarray:
     raise ValueError(f"metric: unsupported kind {kind!r}")  # pragma: no cover
 
 
-def metric_at(spec: MetricSpec, r, n) -> np.ndarray:
+def metric_at(spec: MetricSpec, r: np.ndarray, n: float | np.ndarray) -> np.ndarray:
     """M(r) for whole-number ranks r in 1..n (float64 numpy; n a number or an array broadcast against r)."""
     rt = torch.as_tensor(np.asarray(r, dtype=np.float64))
     return metric_from_float_ranks(spec, rt, torch.as_tensor(np.asarray(n, dtype=np.float64))).numpy()
@@ -595,7 +607,7 @@ def _sampled_curve(spec: MetricSpec, m: int) -> np.ndarray:
     return curve
 
 
-def metric_integral(spec: MetricSpec, x, n) -> np.ndarray:
+def metric_integral(spec: MetricSpec, x: np.ndarray, n: float | np.ndarray) -> np.ndarray:
     """S(x) = integral_0^x M(ceil(t)) dt for real x in [0, n]: the cumulative sum with linear interpolation.
 
     For whole x, S(x) = C(x); a rank distribution uniform on the real interval (lo, hi] has metric mean
@@ -609,7 +621,7 @@ def metric_integral(spec: MetricSpec, x, n) -> np.ndarray:
     return cumulative_metric(spec, fl, n) + frac * metric_at(spec, nxt, n)
 
 
-def interval_mean_metric(spec: MetricSpec, lo, hi, n) -> np.ndarray:
+def interval_mean_metric(spec: MetricSpec, lo: np.ndarray, hi: np.ndarray, n: float | np.ndarray) -> np.ndarray:
     """Mean of M over a rank uniform on (lo, hi] (real bounds, 0 <= lo < hi <= n)."""
     lo = np.asarray(lo, dtype=np.float64)
     hi = np.asarray(hi, dtype=np.float64)
@@ -623,7 +635,7 @@ def interval_mean_metric(spec: MetricSpec, lo, hi, n) -> np.ndarray:
 def _cutoff_prefix(specs: tuple[MetricSpec, ...]) -> tuple[np.ndarray, np.ndarray]:
     """For cut-off metrics (M = 0 beyond k, independent of n): M(j + 1) padded with a 0 column and the
     prefix sums C(j), j = 0..K_max, as (S, K_max + 1) arrays (read-only)."""
-    k_max = max(sp.k for sp in specs)
+    k_max = max(sp.k for sp in specs if sp.k is not None)  # cut-off metrics: every k is set
     r = np.arange(1, k_max + 1, dtype=np.float64)
     vals = np.stack([metric_at(sp, r, float(k_max)) for sp in specs])
     mpad = np.concatenate([vals, np.zeros((len(specs), 1))], axis=1)
@@ -633,7 +645,7 @@ def _cutoff_prefix(specs: tuple[MetricSpec, ...]) -> tuple[np.ndarray, np.ndarra
     return mpad, prefix
 
 
-def interval_mean_metrics(specs, lo, hi, n) -> np.ndarray:
+def interval_mean_metrics(specs: Sequence[MetricSpec], lo: np.ndarray, hi: np.ndarray, n: float | np.ndarray) -> np.ndarray:
     """:func:`interval_mean_metric` for several metrics at once: (len(specs), *lo.shape) float64 (n a number or an
     array broadcast against lo and hi, e.g. one row of intervals per candidate count).
 

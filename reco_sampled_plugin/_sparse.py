@@ -5,6 +5,8 @@ post-processing (value dtype, binarising)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import scipy.sparse as sp
 import torch
@@ -12,7 +14,7 @@ import torch
 __all__ = ["csr_copy", "canonicalise"]
 
 
-def csr_copy(x, name: str, torch_dtype: torch.dtype | None = None) -> sp.csr_matrix:
+def csr_copy(x: Any, name: str, torch_dtype: torch.dtype | None = None) -> sp.csr_matrix:
     """``x`` as a new scipy CSR matrix (not canonical yet: see :func:`canonicalise`).
 
     Torch tensors (a strided one must be 2-D) go through their coalesced COO form on the CPU, values cast to

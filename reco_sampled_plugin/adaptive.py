@@ -25,6 +25,7 @@ Identification (``identification.py``): the band uses the nested events E(s, i) 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -37,6 +38,11 @@ from .design import AdaptiveDesign, SamplingDesign, adaptive_design, as_design
 from .ranking import SampledRanks, check_ties, prepare_sampling_index, sampled_ranks, stage_positives
 from .simulate import simulate_sampled_ranks
 
+if TYPE_CHECKING:
+    from .exclusions import Exclusions
+    from ._rank_hist import RankHistogram
+    from ._types import TensorLike
+
 __all__ = [
     "AdaptiveDesign",
     "AdaptiveCost",
@@ -48,7 +54,7 @@ __all__ = [
     "adaptive_sampled_ranks_from_exact",
 ]
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> tuple[str, ...]:
     # a live view of the registry (an estimator registered later appears): the estimators whose likelihood
     # takes adaptive sample sizes as given (module docstring); ``none`` reports the uncorrected sampled metric
     if name == "ADAPTIVE_METHODS":
@@ -82,7 +88,7 @@ class AdaptiveCost:
         return {k: getattr(self, k) for k in keys + (("share_completed",) if self.share_completed else ())}
 
 
-def check_adaptive_histogram(hist, design: AdaptiveDesign) -> None:
+def check_adaptive_histogram(hist: RankHistogram, design: AdaptiveDesign) -> None:
     """Raise ValueError where the histogram cannot come from ``design``: a sample size that is not a stage, or a
     positive ranked first below the cap (it would have drawn more). Exact groups (completed at the cap) are not
     stages: they are left out."""
@@ -102,7 +108,7 @@ def check_adaptive_histogram(hist, design: AdaptiveDesign) -> None:
         )
 
 
-def adaptive_cost(hist, design: AdaptiveDesign) -> AdaptiveCost:
+def adaptive_cost(hist: RankHistogram, design: AdaptiveDesign | SamplingDesign | tuple[int, int | None]) -> AdaptiveCost:
     """:class:`AdaptiveCost` of a histogram of adaptive ranks (groups keyed by (n, final M)); ``design`` an
     :class:`AdaptiveDesign`, an adaptive :class:`SamplingDesign` or an ``(m, cap)`` pair. A ValueError names
     ``hist`` (not a RankHistogram, or empty: no cost to report) or ``design``."""
@@ -167,7 +173,7 @@ def _fork(generator: torch.Generator | None) -> torch.Generator | None:
 
 
 def complete_at_cap(need: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, ties: str,
-                    generator: torch.Generator | None, row_scores) -> torch.Tensor:
+                    generator: torch.Generator | None, row_scores: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """Exact ranks of the ``need`` (B, P) positives among their rows' irrelevant candidates (catalogue minus the
     row's positives minus its exclusions) and themselves, 0 elsewhere: (B, P) int64 (float64 for ``ties="average"``).
 
@@ -197,7 +203,7 @@ def complete_at_cap(need: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | N
 
 
 # ------------------------------------------------------------------------------------------------ draws
-def _adaptive(n_samples, max_samples) -> SamplingDesign:
+def _adaptive(n_samples: Any, max_samples: Any) -> SamplingDesign:
     """The adaptive design of the draws' ``(n_samples, max_samples)`` arguments, or of a design passed alone."""
     if isinstance(n_samples, (SamplingDesign, AdaptiveDesign)) or isinstance(n_samples, tuple):
         design = as_design(n_samples)
@@ -223,7 +229,8 @@ def _adaptive(n_samples, max_samples) -> SamplingDesign:
 
 
 def adaptive_sampled_ranks_from_exact(
-    exact_ranks, n_items, n_samples, max_samples: int | None = None, generator: torch.Generator | None = None
+    exact_ranks: TensorLike, n_items: TensorLike, n_samples: int | SamplingDesign | AdaptiveDesign,
+    max_samples: int | None = None, generator: torch.Generator | None = None
 ) -> SampledRanks:
     """Adaptive sampling simulated from exact ranks (with replacement): positives with r~ = 1 draw as many new
     samples again (m doubles) until r~ > 1 or m reaches ``max_samples`` (rounded down to m 2^s).
@@ -260,10 +267,10 @@ def adaptive_sampled_ranks_from_exact(
 
 def adaptive_sampled_ranks(
     scores: torch.Tensor,
-    positives,
-    n_samples,
+    positives: TensorLike,
+    n_samples: int | SamplingDesign | AdaptiveDesign,
     max_samples: int | None = None,
-    exclude=None,
+    exclude: TensorLike | Exclusions | None = None,
     generator: torch.Generator | None = None,
     ties: str = "pessimistic",
     *,
@@ -319,7 +326,7 @@ def adaptive_sampled_ranks(
     if design.exact_at_cap:  # read from the rows: draws nothing
         from .ranking import prepare_index
 
-        pos, exc = prepare_index(positives, exclude, scores.shape[0], scores.shape[1], scores.device)
-        exact = complete_at_cap(completion_targets(ranks, sizes, design), pos, exc, scores.shape[1], ties, generator,
+        pos, exc_padded = prepare_index(positives, exclude, scores.shape[0], scores.shape[1], scores.device)
+        exact = complete_at_cap(completion_targets(ranks, sizes, design), pos, exc_padded, scores.shape[1], ties, generator,
                                 lambda idx: scores[idx])
     return SampledRanks(ranks, first.n_candidates, None, design, sizes, None, exact_ranks=exact)

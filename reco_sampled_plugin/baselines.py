@@ -16,6 +16,7 @@ solves); there are no Python loops over users or items.
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -26,11 +27,12 @@ from ._options import (ArgumentTypeError, NotFittedError, check_bool, check_nonn
                        check_positive_float,
                        check_seed)
 from ._sparse import canonicalise, csr_copy
+from ._types import TensorLike
 
 __all__ = ["Recommender", "Popularity", "ItemKNN", "ImplicitALS", "EASE", "train_all", "train_benchmark", "held_out_ranks"]
 
 
-def _as_binary_csr(train) -> sp.csr_matrix:
+def _as_binary_csr(train: Any) -> sp.csr_matrix:
     """Users x items CSR with value 1 at every stored non-zero (duplicates collapsed)."""
     if isinstance(train, torch.Tensor):
         raise ArgumentTypeError("train: pass a scipy sparse matrix (users x items), not a torch tensor")
@@ -78,10 +80,10 @@ class Recommender:
         self.n_users: int | None = None
         self.n_items: int | None = None
 
-    def fit(self, train) -> "Recommender":  # pragma: no cover - abstract
+    def fit(self, train: Any) -> "Recommender":  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _users(self, users) -> torch.Tensor:
+    def _users(self, users: TensorLike) -> torch.Tensor:
         if self.n_users is None:
             raise NotFittedError(f"{type(self).__name__}: call fit(train) before score(users)")
         u = real_tensor(users, "users", "integer user indices").reshape(-1)
@@ -92,7 +94,7 @@ class Recommender:
             raise ValueError(f"users: indices must lie in 0..{self.n_users - 1}")
         return u
 
-    def score(self, users) -> torch.Tensor:  # pragma: no cover - abstract
+    def score(self, users: TensorLike) -> torch.Tensor:  # pragma: no cover - abstract
         """Scores (B x n_items, float32, on ``self.device``) of the 0-based user indices ``users`` (any int array)."""
         raise NotImplementedError
 
@@ -105,14 +107,14 @@ class Popularity(Recommender):
 
     name = "Popularity"
 
-    def fit(self, train) -> "Popularity":
+    def fit(self, train: Any) -> "Popularity":
         x = _as_binary_csr(train)
         self.n_users, self.n_items = x.shape
         counts = np.asarray(x.sum(axis=0), dtype=np.float64).reshape(-1)
         self.counts = torch.from_numpy(counts).to(torch.float32).to(self.device)
         return self
 
-    def score(self, users) -> torch.Tensor:
+    def score(self, users: TensorLike) -> torch.Tensor:
         u = self._users(users)
         return self.counts.unsqueeze(0).expand(u.numel(), -1).clone()
 
@@ -160,7 +162,7 @@ class ItemKNN(Recommender):
         )
         self.name = f"ItemKNN({','.join(parts)})"
 
-    def similarity(self, train) -> sp.csr_matrix:
+    def similarity(self, train: Any) -> sp.csr_matrix:
         """s'' of eq. 29 as a float64 CSR matrix (items x items, row i = scored item, column j = history item)."""
         x = _as_binary_csr(train)
         counts = np.asarray(x.sum(axis=0)).reshape(-1)
@@ -192,7 +194,7 @@ class ItemKNN(Recommender):
         s.data = s.data / norms[rows]
         return s
 
-    def fit(self, train) -> "ItemKNN":
+    def fit(self, train: Any) -> "ItemKNN":
         x = _as_binary_csr(train)
         self.n_users, self.n_items = x.shape
         s = self.similarity(x)
@@ -202,14 +204,14 @@ class ItemKNN(Recommender):
         w = sp.csr_matrix(s.multiply(inv[:, None]).T)
         self._x = x
         if w.nnz >= self.dense_threshold * w.shape[0] * w.shape[1]:
-            self._w_dense = torch.from_numpy(w.toarray()).to(torch.float32).to(self.device)
+            self._w_dense: torch.Tensor | None = torch.from_numpy(w.toarray()).to(torch.float32).to(self.device)
             self._wt_sparse = None
         else:
             self._w_dense = None
             self._wt_sparse = _torch_csr(sp.csr_matrix(w.T), torch.float32, self.device)
         return self
 
-    def score(self, users) -> torch.Tensor:
+    def score(self, users: TensorLike) -> torch.Tensor:
         u = self._users(users)
         xb = self._x[u.cpu().numpy()]
         if self._w_dense is not None:
@@ -266,7 +268,7 @@ class ImplicitALS(Recommender):
             out.append(torch.cholesky_solve(rhs.unsqueeze(2), chol).squeeze(2))
         return torch.cat(out)
 
-    def fit(self, train) -> "ImplicitALS":
+    def fit(self, train: Any) -> "ImplicitALS":
         x = _as_binary_csr(train)
         self.n_users, self.n_items = x.shape
         dev, dt = self.device, torch.float64
@@ -298,14 +300,14 @@ class ImplicitALS(Recommender):
         value = ((y_obs - 1) ** 2).sum() + self.alpha * all_pairs + self.reg * ((w**2).sum() + (h**2).sum())
         return float(value)
 
-    def objective(self, train=None) -> float:
+    def objective(self, train: Any = None) -> float:
         """The loss L of the fitted factors on ``train`` (default: the training matrix)."""
         if self.n_users is None:
             raise NotFittedError("ImplicitALS: call fit(train) first")
         x = self._x if train is None else _as_binary_csr(train)
         return self._objective(x, self.user_factors, self.item_factors)
 
-    def score(self, users) -> torch.Tensor:
+    def score(self, users: TensorLike) -> torch.Tensor:
         u = self._users(users).to(self.device)
         return self._w32[u] @ self._h32.T
 
@@ -322,7 +324,7 @@ class EASE(Recommender):
         self.reg = check_positive_float(reg, "reg")
         self.name = f"EASE({self.reg:g})"
 
-    def fit(self, train) -> "EASE":
+    def fit(self, train: Any) -> "EASE":
         x = _as_binary_csr(train)
         self.n_users, self.n_items = x.shape
         gram = torch.from_numpy((x.T @ x).toarray().astype(np.float64)).to(self.device)
@@ -334,13 +336,13 @@ class EASE(Recommender):
         self.weights = b.to(torch.float32)
         return self
 
-    def score(self, users) -> torch.Tensor:
+    def score(self, users: TensorLike) -> torch.Tensor:
         u = self._users(users)
         xb = self._x[u.cpu().numpy()]
         return torch.sparse.mm(_torch_csr(xb, torch.float32, self.device), self.weights)
 
 
-def train_benchmark(train, seed: int = 0, device: str | torch.device | None = None) -> dict[str, Recommender]:
+def train_benchmark(train: Any, seed: int = 0, device: str | torch.device | None = None) -> dict[str, Recommender]:
     """The accuracy benchmark's five recommenders of different shape: :func:`train_all`'s four (iALS, two
     item-kNNs, popularity) and :class:`EASE` (reg = 500)."""
     models = train_all(train, seed=seed, device=device)
@@ -349,7 +351,7 @@ def train_benchmark(train, seed: int = 0, device: str | torch.device | None = No
 
 
 def train_all(
-    train, seed: int = 0, device: str | torch.device | None = None, als_iterations: int = 20
+    train: Any, seed: int = 0, device: str | torch.device | None = None, als_iterations: int = 20
 ) -> dict[str, Recommender]:
     """Fit the paper's three recommenders and popularity; keys are stable display names.
 
@@ -366,7 +368,7 @@ def train_all(
     return {m.name: m.fit(train) for m in models}
 
 
-def held_out_ranks(models: dict, split, batch_users: int = 256) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def held_out_ranks(models: dict[str, Recommender], split: Any, batch_users: int = 256) -> tuple[dict[str, np.ndarray], np.ndarray]:
     """Exact rank of each test user's held-out item among the items outside its training row, per model.
 
     ``split``: a :class:`~reco_sampled_plugin.datasets.LeaveLastOutSplit`. Returns ({name: int64 ranks},

@@ -15,8 +15,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 from . import __version__, registry
+
+if TYPE_CHECKING:  # the CLI imports numpy and torch only in the commands that compute
+    from .design import SamplingDesign
+    from .estimate import Estimate
+    from .priors import BetaPrior
+    from .ranking import SampledRanks
 
 __all__ = ["main", "build_parser", "add_plan_parser", "run_plan", "estimate_table"]
 
@@ -26,13 +33,13 @@ _METHODS_HEADER = "estimators (--method):"
 class _HelpFormatter(argparse.HelpFormatter):
     """argparse's formatter, except that the estimator list of an epilog keeps one method per line."""
 
-    def _fill_text(self, text, width, indent):
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
         if text.startswith(_METHODS_HEADER):
             return "\n".join(indent + line for line in text.splitlines())
         return super()._fill_text(text, width, indent)
 
 
-def _methods_epilog(names) -> str:
+def _methods_epilog(names: Iterable[str]) -> str:
     """The registry's entries ``names`` as an epilog: one line each, the name, its one-line summary, and whether it
     takes adaptive designs."""
     names = tuple(names)
@@ -44,7 +51,7 @@ def _methods_epilog(names) -> str:
     return "\n".join(lines)
 
 
-def _sampling_design(n_samples, sampling: str, adaptive_max):
+def _sampling_design(n_samples: int, sampling: str, adaptive_max: int | None) -> SamplingDesign:
     """The :class:`~reco_sampled_plugin.design.SamplingDesign` of ``--n-samples``, ``--sampling`` and
     ``--adaptive-max`` (the one coercion, ``as_design``)."""
     from .design import as_design
@@ -56,17 +63,18 @@ class _DeprecatedAlias(argparse.Action):
     """An old spelling of an option, hidden from ``--help``: stores into the new option's ``dest`` and says once on
     stderr which flag replaces it."""
 
-    def __init__(self, option_strings, dest, new: str = "", **kwargs):
+    def __init__(self, option_strings: Sequence[str], dest: str, new: str = "", **kwargs: Any) -> None:
         self.new = new
         super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
         print(f"reco-sampled: {option_string} is deprecated; use {self.new} (the Python parameter's name)",
               file=sys.stderr)
         setattr(namespace, self.dest, values)
 
 
-def _add_alias(parser: argparse.ArgumentParser, old: str, new: str, **kwargs) -> None:
+def _add_alias(parser: argparse.ArgumentParser, old: str, new: str, **kwargs: Any) -> None:
     """Keep ``old`` working as a hidden, deprecated spelling of the option ``new`` (same dest, type and metavar)."""
     dest = new.lstrip("-").replace("-", "_")
     parser.add_argument(old, action=_DeprecatedAlias, dest=dest, new=new, **kwargs)
@@ -110,7 +118,8 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     cfg = ReproduceConfig(
         data=args.data,
-        n_samples=_sampling_design(args.n_samples, args.sampling, args.adaptive_max),
+        # a design is accepted too (the config writes it back as plain values)
+        n_samples=_sampling_design(args.n_samples, args.sampling, args.adaptive_max),  # type: ignore[arg-type]
         repeats=args.repeats,
         seed=args.seed,
     )
@@ -125,7 +134,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
     return 0
 
 
-def _prior(text: str | None):
+def _prior(text: str | None) -> BetaPrior | None:
     if text is None or text == "uniform":
         return None
     kind, _, arg = text.partition(":")
@@ -200,10 +209,11 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         raise ValueError(f"--method: {unsupported} assume one fixed m per positive; with --adaptive-max use some of "
                          f"{registry.names(adaptive=True)}")
     if unsupported:
+        assert design is not None  # unsupported is empty without a design
         raise ValueError(f"--method: {unsupported} do not support {design.describe()}; use some of "
                          f"{registry.names(design=design)}")
     print(f"{len(data.ranks):,} sampled ranks; n {int(data.n_items.min()):,}..{int(data.n_items.max()):,}; m {int(data.n_samples.min())}..{int(data.n_samples.max())}")
-    extra = {} if adaptive is None else {"adaptive": (adaptive.n_samples, adaptive.adaptive_max)}
+    extra: dict[str, Any] = {} if adaptive is None else {"adaptive": (adaptive.n_samples, adaptive.adaptive_max)}
     if adaptive is not None:
         from ._rank_hist import as_histogram
         from .adaptive import adaptive_cost, check_adaptive_histogram
@@ -221,8 +231,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     for metric in metrics:
         for method in methods:
             if adaptive is None:
-                takes = args.gamma is not None and registry.get(method).option("gamma") is not None
-                gamma = {"gamma": args.gamma} if takes else {}
+                takes_gamma = args.gamma is not None and registry.get(method).option("gamma") is not None
+                gamma = {"gamma": args.gamma} if takes_gamma else {}
                 est = estimate(metric, data.ranks, data.n_items, data.n_samples, method=method, sampling=args.sampling,
                                **gamma)
             else:
@@ -241,7 +251,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _estimate_popularity(args: argparse.Namespace, data) -> int:
+def _estimate_popularity(args: argparse.Namespace, data: Any) -> int:
     """``reco-sampled estimate`` of a popularity-sampled rank file (the ``hh_s1``, ``hh_s2`` columns): every metric
     by the registry's methods for the popularity design that estimate it (``registry.names(design=, metric=)``)
     and read such a file (not ``pl_fit``, which needs class counts a rank file does not carry: ``auto`` and ``hh``
@@ -283,13 +293,14 @@ def _estimate_popularity(args: argparse.Namespace, data) -> int:
     return 0
 
 
-def _reads_file(method: str, metric: str, sampled) -> bool:
+def _reads_file(method: str, metric: str, sampled: SampledRanks) -> bool:
     """Whether ``method`` (``auto``: the method it runs for ``metric``) can read these popularity-sampled ranks: a
     rank file carries the Hansen-Hurwitz sums, not the class counts of ``registry.Estimator.class_counts``."""
     entry = registry.get(method)
     if entry.family == "auto":
         entry = registry.get(registry.popularity_auto(metric))
-    return not entry.class_counts or sampled.popularity_stats.has_profile
+    stats = sampled.popularity_stats
+    return not entry.class_counts or (stats is not None and stats.has_profile)
 
 
 def _default_methods() -> tuple[str, ...]:
@@ -298,8 +309,8 @@ def _default_methods() -> tuple[str, ...]:
     return tuple(dict.fromkeys(("none", registry.DEFAULT_CORRECTION, registry.DEFAULT_ESTIMATOR)))
 
 
-def estimate_table(rows, *, stderr: bool = False, n_items: int | None = None, users: int | None = None,
-                   n_samples=None, pilot: str | None = None) -> list[str]:
+def estimate_table(rows: Iterable[tuple[str, str, Estimate]], *, stderr: bool = False, n_items: int | None = None,
+                   users: int | None = None, n_samples: int | str | None = None, pilot: str | None = None) -> list[str]:
     """The lines of ``reco-sampled estimate``'s table: per (metric, method, Estimate) the estimate and its 95%
     interval (``Estimate.interval``: honest about the unresolved top), the standard error only with ``stderr``
     (sampling noise only), the flags; under it each flag in words (``explain_flags``, with the ``reco-sampled plan``
@@ -345,7 +356,7 @@ def _design_arg(text: str) -> tuple[int, int | None]:
         raise argparse.ArgumentTypeError(f"expected M or M:CAP (e.g. 100 or 100:3200), got {text!r}") from None
 
 
-def add_plan_parser(subparsers) -> argparse.ArgumentParser:
+def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``plan`` subcommand to an argparse ``subparsers`` object (sets ``func=run_plan``)."""
     p = subparsers.add_parser(
         "plan", help="forecast which sampling design reaches a target accuracy, before evaluating",

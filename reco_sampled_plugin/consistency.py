@@ -14,7 +14,7 @@ or ``"bv:<gamma>"`` (``"bv"`` alone is gamma = 0.1).
 from __future__ import annotations
 
 from itertools import combinations
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
@@ -24,6 +24,10 @@ from .corrections import check_gamma, check_method, expected_corrected, tables_f
 from .metric_names import parse_metric
 from .metrics import metric_values
 from .simulate import draw_sampled_ranks
+
+if TYPE_CHECKING:
+    from .priors import PriorLike
+    from ._types import TensorLike
 
 __all__ = ["DEFAULT_METHODS", "parse_method", "ordering_agreement", "consistency_report"]
 
@@ -51,7 +55,7 @@ def parse_method(label: str) -> tuple[str, float, str]:
     return method, gamma, rounding
 
 
-def _check_repeats(repeats, allow_zero: bool) -> int:
+def _check_repeats(repeats: Any, allow_zero: bool) -> int:
     """``repeats`` as an int: at least 2 runs (a standard deviation over runs needs two; one run would
     report NaN), or 0 to skip the Monte Carlo part where that is allowed."""
     r = check_int(repeats, "repeats")
@@ -65,7 +69,7 @@ def _check_repeats(repeats, allow_zero: bool) -> int:
     return r
 
 
-def _check_lists(metrics, methods) -> tuple[tuple, tuple]:
+def _check_lists(metrics: Any, methods: Any) -> tuple[tuple, tuple]:
     """``metrics`` and ``methods`` as tuples of names, each parsed once (a ValueError naming the list)."""
     metrics, methods = check_names(metrics, "metrics"), check_names(methods, "methods", "method labels such as 'bv:0.1'")
     for name, items, parse in (("metrics", metrics, parse_metric), ("methods", methods, parse_method)):
@@ -77,11 +81,11 @@ def _check_lists(metrics, methods) -> tuple[tuple, tuple]:
     return metrics, methods
 
 
-def _check_seed(seed):
+def _check_seed(seed: Any) -> int | None:
     return None if seed is None else check_seed(seed, "seed")
 
 
-def _prepare(exact_ranks: Mapping[str, object], n_items):
+def _prepare(exact_ranks: Mapping[str, object], n_items: Any) -> tuple[dict[str, torch.Tensor], Any]:
     if not isinstance(exact_ranks, Mapping):
         raise ValueError(f"exact_ranks: expected a mapping of recommender name to exact ranks, got {type(exact_ranks).__name__}")
     if len(exact_ranks) < 1:
@@ -101,13 +105,13 @@ def _prepare(exact_ranks: Mapping[str, object], n_items):
 
 def ordering_agreement(
     exact_ranks: Mapping[str, object],
-    n_items,
+    n_items: int | TensorLike,
     n_samples: int,
     metrics: Sequence[str] = DEFAULT_METRICS,
     methods: Sequence[str] = DEFAULT_METHODS,
     repeats: int = 100,
     sampling: str = "binomial",
-    prior=None,
+    prior: PriorLike = None,
     seed: int | None = 0,
 ) -> dict:
     """Table 4: for each metric, method and pair "A vs B", in how many of ``repeats`` sampling runs the
@@ -154,13 +158,13 @@ def ordering_agreement(
 
 def consistency_report(
     exact_ranks: Mapping[str, object],
-    n_items,
+    n_items: int | TensorLike,
     n_samples: int,
     metrics: Sequence[str] = DEFAULT_METRICS,
     methods: Sequence[str] = DEFAULT_METHODS,
     repeats: int = 100,
     sampling: str = "binomial",
-    prior=None,
+    prior: PriorLike = None,
     seed: int | None = 0,
     as_frame: bool = False,
 ) -> dict:

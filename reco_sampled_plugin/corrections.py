@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Hashable, Iterable, cast
 
 import numpy as np
 import scipy.linalg
@@ -48,9 +49,14 @@ from ._checks import (MAX_ELEMENTS, MAX_SAMPLES, check_device, check_elements, c
 from ._options import check_fraction, check_metric_names
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_from_float_ranks
-from .priors import Prior, as_prior
+from ._types import TensorLike
+from .priors import Prior, PriorLike, as_prior
 from .quadrature import EXTRA_NODES, composite_rule, gauss_rule, pmf_at_ranks
 from .sampling_laws import check_law
+
+if TYPE_CHECKING:
+    from ._rank_hist import RankHistogram
+    from .estimate import EstimatorOutput
 
 __all__ = [
     "METHODS",
@@ -97,13 +103,13 @@ def check_method(method: str) -> str:
     return name
 
 
-def check_gamma(gamma) -> float:
+def check_gamma(gamma: Any) -> float:
     """bv's bias-variance weight: a number in [0, 1] (:func:`~reco_sampled_plugin._options.check_fraction`: not a
     str such as ``"0.5"``, not a bool)."""
     return check_fraction(gamma, "gamma")
 
 
-def _check_sizes(spec: MetricSpec, n_items, n_samples, law: str, method: str | None = None) -> tuple[int, int]:
+def _check_sizes(spec: MetricSpec, n_items: Any, n_samples: Any, law: str, method: str | None = None) -> tuple[int, int]:
     """n and m of one table: n in 2..MAX_SIZE; m >= 1 and at most MAX_SOLVED_SAMPLES for the methods that
     solve a system (``ls``, ``cls``, ``bv``; ``method=None``: the same bound), MAX_LOOKUP_SAMPLES for
     ``none`` / ``rank_estimate`` (one entry per r~)."""
@@ -185,7 +191,7 @@ def _check_system(rows: int, m: int) -> None:
                    f"{m + 1}; a vector prior enumerates every rank)")
 
 
-def _weighted_system(spec, n, m, law, prior):
+def _weighted_system(spec: MetricSpec, n: int, m: int, law: str, prior: Prior) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     r, w = design_rule(spec, n, m, prior)
     _check_system(r.size, m)
     p = pmf_at_ranks(r, n, m, law)
@@ -252,7 +258,7 @@ def _solve(spec: MetricSpec, n: int, m: int, method: str, gamma: float, law: str
 
 
 @lru_cache(maxsize=2048)
-def _table(spec: MetricSpec, n: int, m: int, method: str, gamma: float, law: str, prior: Prior, rounding: str):
+def _table(spec: MetricSpec, n: int, m: int, method: str, gamma: float, law: str, prior: Prior, rounding: str) -> np.ndarray:
     if method == "none":
         table = _metric(spec, np.arange(1, m + 2, dtype=np.float64), m + 1)
     elif method == "rank_estimate":
@@ -272,7 +278,8 @@ def clear_correction_cache() -> None:
     _stacked.cache_clear()
 
 
-def stacked_tables(metric, n_items: np.ndarray, n_samples: np.ndarray, method, gamma, sampling, prior, rounding) -> np.ndarray:
+def stacked_tables(metric: str | MetricSpec, n_items: np.ndarray, n_samples: np.ndarray, method: str, gamma: float, sampling: str,
+                   prior: PriorLike, rounding: str) -> np.ndarray:
     """The tables of every (n, m) group (``n_items[g]``, ``n_samples[g]``) concatenated in group order
     (float64, read-only): what an estimator dots with a histogram's concatenated counts. Many distinct n
     cost a bounded number of solves (:func:`tables_by_n`). Cached as a whole when the prior is hashable
@@ -284,17 +291,19 @@ def stacked_tables(metric, n_items: np.ndarray, n_samples: np.ndarray, method, g
         hash(prior)
     except TypeError:  # a vector prior: one n only (its length); per-group tables (each still cached)
         return _concat(metric, n, m, method, gamma, sampling, prior, rounding)
-    return _stacked(parse_metric(metric), n, m, method, gamma, sampling, prior, rounding)
+    return _stacked(parse_metric(metric), n, m, method, gamma, sampling, cast(Hashable, prior), rounding)
 
 
-def _concat(metric, n: tuple, m: tuple, method, gamma, sampling, prior, rounding) -> np.ndarray:
+def _concat(metric: str | MetricSpec, n: tuple, m: tuple, method: str, gamma: float, sampling: str, prior: PriorLike,
+            rounding: str) -> np.ndarray:
     out = np.concatenate([table_numpy(metric, ng, mg, method, gamma, sampling, prior, rounding) for ng, mg in zip(n, m)])
     out.setflags(write=False)
     return out
 
 
 @lru_cache(maxsize=256)
-def _stacked(spec: MetricSpec, n: tuple, m: tuple, method, gamma, sampling, prior, rounding) -> np.ndarray:
+def _stacked(spec: MetricSpec, n: tuple, m: tuple, method: str, gamma: float, sampling: str, prior: PriorLike,
+             rounding: str) -> np.ndarray:
     n_arr, m_arr = np.asarray(n, dtype=np.int64), np.asarray(m, dtype=np.int64)
     out = np.empty(int((m_arr + 1).sum()))
     starts = np.cumsum(m_arr + 1) - (m_arr + 1)  # each group's first entry in the concatenation
@@ -307,7 +316,8 @@ def _stacked(spec: MetricSpec, n: tuple, m: tuple, method, gamma, sampling, prio
     return out
 
 
-def tables_by_n(metric, n_items, n_samples: int, method, gamma, sampling, prior, rounding="floor") -> np.ndarray:
+def tables_by_n(metric: str | MetricSpec, n_items: np.ndarray, n_samples: int, method: str, gamma: float, sampling: str,
+                prior: PriorLike, rounding: str = "floor") -> np.ndarray:
     """Tables of one m for many candidate counts: float64 (len(n_items), m + 1), row i for ``n_items[i]``.
 
     Same values as :func:`table_numpy` row by row, at a cost that does not grow with the number of distinct
@@ -363,7 +373,8 @@ def _metric_rows(spec: MetricSpec, r: np.ndarray, n: np.ndarray) -> np.ndarray:
     return metric_from_float_ranks(spec, torch.from_numpy(np.ascontiguousarray(r)), torch.from_numpy(np.ascontiguousarray(n))).numpy()
 
 
-def table_numpy(metric, n_items, n_samples, method, gamma, sampling, prior, rounding) -> np.ndarray:
+def table_numpy(metric: str | MetricSpec, n_items: Any, n_samples: Any, method: str, gamma: Any, sampling: str, prior: PriorLike,
+                rounding: str) -> np.ndarray:
     spec = parse_metric(metric)
     method = check_method(method)
     gamma = check_gamma(gamma)
@@ -394,7 +405,7 @@ def correction_table(
     method: str = "bv",
     gamma: float = 0.1,
     sampling: str = "binomial",
-    prior=None,
+    prior: PriorLike = None,
     *,
     rounding: str = "floor",
     device: torch.device | str | None = None,
@@ -432,7 +443,7 @@ def _enumerated_pmf(n: int, m: int, law: str) -> np.ndarray:
     return p
 
 
-def _shared_rule(specs: tuple[MetricSpec, ...], n: int, m: int, prior: Prior):
+def _shared_rule(specs: tuple[MetricSpec, ...], n: int, m: int, prior: Prior) -> tuple[np.ndarray, np.ndarray, bool] | None:
     """One rule (r, w, pmf) exact for every metric of ``specs`` at once, or None when there is none cheaply.
 
     Enumerated ranks when ``design_rule`` would enumerate (vector prior, n <= 4 (m + 2)); for the uniform
@@ -442,7 +453,7 @@ def _shared_rule(specs: tuple[MetricSpec, ...], n: int, m: int, prior: Prior):
     if law_free:
         return np.arange(1, n + 1, dtype=np.float64), np.asarray(prior.weights(n), dtype=np.float64), True
     if prior.is_uniform and all(sp.k is not None for sp in specs):
-        k_max = min(max(sp.k for sp in specs), n)
+        k_max = min(max(sp.k for sp in specs if sp.k is not None), n)  # every k is set here
         head = np.arange(1, k_max + 1, dtype=np.float64)
         tail = gauss_rule(k_max + 1, n, m + 2)
         r = np.concatenate([head, tail[0]])
@@ -451,7 +462,8 @@ def _shared_rule(specs: tuple[MetricSpec, ...], n: int, m: int, prior: Prior):
 
 
 @lru_cache(maxsize=256)
-def _tables_shared(specs: tuple[MetricSpec, ...], n: int, m: int, method: str, gamma: float, law: str, prior: Prior):
+def _tables_shared(specs: tuple[MetricSpec, ...], n: int, m: int, method: str, gamma: float, law: str,
+                   prior: Prior) -> np.ndarray | None:
     rule = _shared_rule(specs, n, m, prior)
     if rule is None:
         return None
@@ -496,13 +508,13 @@ def _tables_shared(specs: tuple[MetricSpec, ...], n: int, m: int, method: str, g
 
 
 def correction_tables(
-    metrics,
+    metrics: str | MetricSpec | Iterable[str | MetricSpec],
     n_items: int,
     n_samples: int,
     method: str = "bv",
     gamma: float = 0.1,
     sampling: str = "binomial",
-    prior=None,
+    prior: PriorLike = None,
     *,
     rounding: str = "floor",
 ) -> np.ndarray:
@@ -532,7 +544,7 @@ def correction_tables(
     return np.stack([table_numpy(sp, n, m, method, gamma, sampling, prior, rounding) for sp in specs])
 
 
-def n_interpolation(n_flat: torch.Tensor, max_rel_n_spread: float | None):
+def n_interpolation(n_flat: torch.Tensor, max_rel_n_spread: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(grid nodes, lower node index, weight t of the upper node) for per-instance counts n: the linear
     interpolation in 1/(n - 1) between geometric grid nodes of :func:`~reco_sampled_plugin._rank_hist.pool_by_n`."""
     from ._rank_hist import n_grid
@@ -546,7 +558,8 @@ def n_interpolation(n_flat: torch.Tensor, max_rel_n_spread: float | None):
     return grid, j, np.clip((x - x0) / (x1 - x0), 0.0, 1.0)
 
 
-def tables_for_counts(metric, n_items: torch.Tensor, n_samples: int, method, gamma, sampling, prior, rounding="floor"):
+def tables_for_counts(metric: str | MetricSpec, n_items: torch.Tensor, n_samples: int, method: str, gamma: float, sampling: str,
+                      prior: PriorLike, rounding: str = "floor") -> tuple[torch.Tensor, torch.Tensor]:
     """Tables for every distinct candidate count: returns (tables U x (m+1) float64 CPU tensor, inverse)."""
     n_flat = n_items.reshape(-1).to("cpu", torch.int64)
     uniq, inverse = torch.unique(n_flat, return_inverse=True)
@@ -556,13 +569,13 @@ def tables_for_counts(metric, n_items: torch.Tensor, n_samples: int, method, gam
 
 def expected_corrected(
     metric: str | MetricSpec,
-    exact_ranks,
-    n_items,
+    exact_ranks: TensorLike,
+    n_items: TensorLike,
     n_samples: int,
     method: str = "bv",
     gamma: float = 0.1,
     sampling: str = "binomial",
-    prior=None,
+    prior: PriorLike = None,
     *,
     rounding: str = "floor",
 ) -> torch.Tensor:
@@ -596,7 +609,7 @@ def expected_corrected(
 
 
 def table_bias(
-    table, metric, n_items: int, n_samples: int, sampling: str = "binomial", prior=None
+    table: TensorLike, metric: str | MetricSpec, n_items: int, n_samples: int, sampling: str = "binomial", prior: PriorLike = None
 ) -> float:
     """Prior-weighted squared bias sum_r p(r) (E[M^(r~) | r] - M(r))^2 of a table (objective of eq. 21)."""
     spec = parse_metric(metric)
@@ -616,7 +629,7 @@ def table_bias(
 VECTOR_PRIOR_MAX = 2_000_000
 
 
-def table_estimate(hist, values: np.ndarray) -> tuple[float, float]:
+def table_estimate(hist: RankHistogram, values: np.ndarray) -> tuple[float, float]:
     """Mean of the per-positive table values T_g[r~] and its standard error, over all groups at once
     (``values``: the groups' tables concatenated in group order)."""
     total = hist.total
@@ -626,7 +639,7 @@ def table_estimate(hist, values: np.ndarray) -> tuple[float, float]:
     return value, (math.sqrt(ss / (total * (total - 1.0))) if total > 1 else math.inf)
 
 
-def _resolution_flags(spec: MetricSpec, hist, se: float) -> tuple[list, float]:
+def _resolution_flags(spec: MetricSpec, hist: RankHistogram, se: float) -> tuple[list, float]:
     """``top_unresolved`` where a cut-off lies inside the first sampled bin of a group with positives at r~ = 1
     (``all_at_top`` and stderr inf when every positive is there)."""
     flags: list[str] = []
@@ -640,13 +653,13 @@ def _resolution_flags(spec: MetricSpec, hist, se: float) -> tuple[list, float]:
     return flags, se
 
 
-def _estimate_output(value, se, hist, details, flags):
+def _estimate_output(value: float, se: float, hist: RankHistogram, details: dict, flags: Iterable[str]) -> EstimatorOutput:
     from .estimate import EstimatorOutput
 
     return EstimatorOutput(value, se, hist.total, details, tuple(flags))
 
 
-def estimate_by_table(spec: MetricSpec, hist, *, method: str, sampling: str, options: dict):
+def estimate_by_table(spec: MetricSpec, hist: RankHistogram, *, method: str, sampling: str, options: dict) -> EstimatorOutput:
     """The registry's compute function of the correction tables (``none``, ``rank_estimate``, ``ls``, ``cls``,
     ``bv``): each group's table (cached) dotted with its counts; ``options``: gamma, prior, rounding."""
     gamma = options.get("gamma", 0.1)
@@ -659,7 +672,8 @@ def estimate_by_table(spec: MetricSpec, hist, *, method: str, sampling: str, opt
     return _estimate_output(value, se, hist, details, flags)
 
 
-def estimate_by_fitted_prior(spec: MetricSpec, hist, *, method: str, sampling: str, options: dict):
+def estimate_by_fitted_prior(spec: MetricSpec, hist: RankHistogram, *, method: str, sampling: str,
+                             options: dict) -> EstimatorOutput:
     """The registry's compute function of ``bv_mle``: ``bv`` tables whose prior p(r) is the ``mle`` rank
     distribution fitted on the same histogram (its uncertainty ignored); ``options``: gamma and the fit's."""
     from .rank_distribution import fitted_distribution
@@ -670,7 +684,7 @@ def estimate_by_fitted_prior(spec: MetricSpec, hist, *, method: str, sampling: s
     dist = fitted_distribution(hist, "mle", sampling, {"n_bootstrap": 0, **fit})
     flags = [f for f in dist.flags if f in ("not_converged", "pooled_n", "all_at_top")]
 
-    def prior_for_n(n: int, m: int):
+    def prior_for_n(n: int, m: int) -> PriorLike:
         # a vector (enumerated exactly) while its system fits the bound of _check_system, a callable beyond
         small = n <= VECTOR_PRIOR_MAX and 4 * n * (m + 1) <= MAX_ELEMENTS
         return dist.prior(n) if small else dist.as_prior()

@@ -22,7 +22,7 @@ import os
 import logging
 import threading
 import warnings
-from typing import Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 
@@ -103,7 +103,10 @@ def _kernel_rows_ge(scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor)
     return (scores[rows] >= ref.unsqueeze(1)).sum(-1, dtype=torch.int32)
 
 
-def mix32(x: torch.Tensor) -> torch.Tensor:
+_IntOrTensor = TypeVar("_IntOrTensor", int, torch.Tensor)
+
+
+def mix32(x: _IntOrTensor) -> _IntOrTensor:
     """The package's one keyed-hash mix: a bijective 32-bit integer mix (xorshift-multiply), on int64 tensors
     holding 32-bit values (or Python ints: the same arithmetic, the same result)."""
     mask = 0xFFFFFFFF
@@ -167,7 +170,7 @@ def _eager(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Ten
     """The eager kernels in item chunks: the B x P x chunk boolean temporary stays within the score block (B x n)
     and ``_EAGER_CHUNK_ELEMENTS``."""
     if name.startswith("rows_"):
-        return _eager_rows(name == "rows_ge", scores, *extra, ref)
+        return _eager_rows(name == "rows_ge", scores, extra[0], ref)
     b, n = scores.shape
     p = max(ref.shape[1], 1)
     chunk = max(1, min(_EAGER_CHUNK_ELEMENTS, b * n) // max(b * p, 1))
@@ -259,7 +262,8 @@ def _run(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Tenso
     return _eager(name, scores, ref, *extra)
 
 
-def _padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool, finite: bool, tile: bool = False):
+def _padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool, finite: bool,
+            tile: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Counts (B, P) int64 of scores beating each padded reference, and (when ``finite``) the (B,) bool
     finite rows; compiled in passes of up to ``_GROUP`` references, else eager (small inputs unless
     ``tile``, or the eager backend)."""
@@ -269,9 +273,11 @@ def _padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool, finite: bo
     if p and _use_compiled(b * n * p, n, tile) and family not in _compile_failed:
         size = math.ceil(p / math.ceil(p / _GROUP))  # balanced groups of at most _GROUP references
         try:
-            parts, row_sums = [], None
+            parts: list[torch.Tensor] = []
+            row_sums: Any = None
             for start in range(0, p, size):
                 fn = _get_compiled(f"{family}{min(size, p - start)}")
+                assert fn is not None  # None only for a name in _compile_failed (this family is not)
                 counts, sums = fn(scores, ref[:, start : start + size].contiguous())
                 parts.append(counts)
                 row_sums = sums if row_sums is None else row_sums
@@ -309,7 +315,9 @@ def count_beating_checked(scores: torch.Tensor, ref: torch.Tensor, inclusive: bo
     Returns:
         ((B, P) int64 counts, (B,) bool: True where every score of the row is finite).
     """
-    return _padded(scores, ref, inclusive, True)
+    counts, finite = _padded(scores, ref, inclusive, True)
+    assert finite is not None  # finite=True: the flags are computed
+    return counts, finite
 
 
 def count_beating_rows(scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor, inclusive: bool = False) -> torch.Tensor:
@@ -345,6 +353,7 @@ def count_tied_before(scores: torch.Tensor, ref: torch.Tensor, ref_keys: torch.T
             for start in range(0, p, size):
                 sl = slice(start, start + size)
                 fn = _get_compiled(f"tb{min(size, p - start)}")
+                assert fn is not None  # None only for a name in _compile_failed ("tb" is not)
                 parts.append(fn(scores, ref[:, sl].contiguous(), ref_keys[:, sl].contiguous(), row_seed, cols))
             return (parts[0] if len(parts) == 1 else torch.cat(parts, 1)).to(torch.int64)
         except Exception as exc:  # compilation unavailable: fall back once (out-of-memory errors propagate)

@@ -31,12 +31,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
 from ._checks import MAX_SAMPLES, check_size
 from ._options import check_bool
+
+if TYPE_CHECKING:  # torch is imported where weights are checked, not with this module
+    import torch
+
+    from ._types import TensorLike
 
 __all__ = ["SamplingDesign", "AdaptiveDesign", "as_design", "adaptive_design", "coerce_adaptive", "popularity_weights"]
 
@@ -68,7 +73,7 @@ class AdaptiveDesign:
         return int(self.stages[-1])
 
 
-def _check_popularity(w):
+def _check_popularity(w: Any) -> torch.Tensor:
     """Popularity weights as a 1-D float64 tensor (kept on its device): finite, >= 0, a positive finite total."""
     import torch
 
@@ -82,7 +87,7 @@ def _check_popularity(w):
     return t.detach().to(torch.float64)
 
 
-def popularity_weights(counts, alpha: float = 1.0):
+def popularity_weights(counts: TensorLike, alpha: float = 1.0) -> torch.Tensor:
     """Popularity weights w_j = c_j^alpha of interaction counts c_j, as RecBole's ``popN`` draws (``Sampler``'s alias
     table: q_j proportional to (c_j / total)^alpha over the items that occur; an item with no interaction is never
     drawn, so its weight is 0 whatever alpha, negative alpha included).
@@ -158,7 +163,7 @@ class SamplingDesign:
                 raise ValueError("popularity: adaptive sampling draws uniformly; drop popularity or adaptive_max")
 
     @classmethod
-    def trusted(cls, n_samples: int, *, replacement: bool = True, popularity=None,
+    def trusted(cls, n_samples: int, *, replacement: bool = True, popularity: torch.Tensor | None = None,
                 adaptive_max: int | None = None, exact_at_cap: bool = False) -> "SamplingDesign":
         """A design from parts a draw has validated already (no second validation, no host synchronisation):
         for the package's draws, which record the design they drew under."""
@@ -189,7 +194,8 @@ class SamplingDesign:
     @property
     def cap(self) -> int:
         """The largest m any positive can reach (the cap of an adaptive design, else m)."""
-        return self.n_samples if self.adaptive_max is None else self.adaptive.cap
+        adaptive = self.adaptive
+        return self.n_samples if adaptive is None else adaptive.cap
 
     def describe(self) -> str:
         """A short human-readable name: ``uniform m=100``, ``adaptive 100->3200``, ``popularity m=100``..."""
@@ -203,7 +209,7 @@ class SamplingDesign:
     def _key(self) -> tuple:
         return (self.n_samples, self.replacement, self.adaptive_max, self.exact_at_cap, self.popularity is not None)
 
-    def __eq__(self, other) -> bool:
+    def __eq__(self, other: object) -> bool:
         if not isinstance(other, SamplingDesign):
             return NotImplemented
         if self._key() != other._key():
@@ -229,7 +235,15 @@ class SamplingDesign:
         return f"SamplingDesign({', '.join(parts)})"
 
 
-def as_design(design=None, *, replacement=None, popularity=None, adaptive_max=None,
+@overload
+def as_design(design: None = None, *, replacement: bool | None = None, popularity: TensorLike | None = None,
+              adaptive_max: int | None = None, name: str = "n_samples") -> None: ...
+@overload
+def as_design(design: SamplingDesign | AdaptiveDesign | int | tuple[int, int | None], *, replacement: bool | None = None,
+              popularity: TensorLike | None = None, adaptive_max: int | None = None,
+              name: str = "n_samples") -> SamplingDesign: ...
+def as_design(design: SamplingDesign | AdaptiveDesign | int | tuple[int, int | None] | None = None, *,
+              replacement: bool | None = None, popularity: TensorLike | None = None, adaptive_max: int | None = None,
               name: str = "n_samples") -> SamplingDesign | None:
     """The one coercion of the package: a :class:`SamplingDesign` from what entry points accept.
 
@@ -262,7 +276,7 @@ def as_design(design=None, *, replacement=None, popularity=None, adaptive_max=No
                           adaptive_max=adaptive_max)
 
 
-def coerce_adaptive(adaptive) -> AdaptiveDesign | None:
+def coerce_adaptive(adaptive: SamplingDesign | AdaptiveDesign | tuple[int, int | None] | None) -> AdaptiveDesign | None:
     """An :class:`AdaptiveDesign` from an ``adaptive=`` argument: a design (adaptive or not), an
     AdaptiveDesign, an ``(m, adaptive_max)`` pair, or None (a fixed-m SamplingDesign gives None)."""
     if adaptive is None or isinstance(adaptive, AdaptiveDesign):
@@ -276,7 +290,7 @@ def coerce_adaptive(adaptive) -> AdaptiveDesign | None:
     return adaptive_design(m, cap)
 
 
-def adaptive_design(n_samples, adaptive_max) -> AdaptiveDesign | None:
+def adaptive_design(n_samples: int | None, adaptive_max: int | None) -> AdaptiveDesign | None:
     """The design of the entry points' ``n_samples`` / ``adaptive_max`` pair (None without a cap)."""
     if adaptive_max is None:
         return None

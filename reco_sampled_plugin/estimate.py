@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Iterable, Mapping, NamedTuple
 
 __all__ = ["Estimate", "EstimatorOutput", "FLAG_TEXT", "explain_flags", "interval_values", "range_flags", "INTERVAL_SUFFIXES", "SAME_INTERVAL_NOTE"]
 
@@ -56,7 +56,7 @@ def _plan_command(metric: str | None, n_items: int | None, users: int | None, pi
     return " ".join(parts)
 
 
-def explain_flags(flags, *, metric: str | None = None, n_items: int | None = None, n_samples: int | str | None = None,
+def explain_flags(flags: Iterable[str], *, metric: str | None = None, n_items: int | None = None, n_samples: int | str | None = None,
                   users: int | None = None, pilot: str | None = None) -> list[str]:
     """Each flag of ``flags`` as one sentence users understand (:data:`FLAG_TEXT`; an unknown flag as itself).
 
@@ -108,7 +108,7 @@ def interval_values(name: str, est: "Estimate", *, interval: bool = True, stderr
     return out
 
 
-def range_flags(value: float, flags, bounds: tuple[float, float] | None) -> tuple[str, ...]:
+def range_flags(value: float, flags: Iterable[str], bounds: tuple[float, float] | None) -> tuple[str, ...]:
     """``flags`` plus ``outside_metric_range`` where ``value`` lies outside ``bounds`` (the metric's range; an
     unbounded estimator such as ``ls`` can leave it); NaN and None bounds add nothing."""
     flags = tuple(flags)
@@ -210,7 +210,7 @@ class Estimate:
         return f"Estimate(value={self.value:.6g}, stderr={self.stderr:.3g}, n_instances={self.n_instances}{extra})"
 
     @staticmethod
-    def from_values(values, details: Mapping[str, Any] | None = None) -> "Estimate":
+    def from_values(values: Any, details: Mapping[str, Any] | None = None) -> "Estimate":
         """Mean and standard error (ddof = 1) of per-instance values (a 1-D torch tensor or sequence); one instance:
         stderr inf and the flag ``few_instances`` (never an exactly known value)."""
         import torch

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -47,11 +48,13 @@ from ._options import check_law, check_options
 from . import registry
 from .adaptive import adaptive_cost, check_adaptive_histogram
 from .design import AdaptiveDesign, SamplingDesign, coerce_adaptive
-from .estimate import Estimate, range_flags
+from .estimate import Estimate, EstimatorOutput, range_flags
 from .identification import Identification, TopShape, resolution, top_sensitive
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_bounds
 from .ranking import SampledRanks
+from ._types import TensorLike
+from .priors import PriorLike
 from .rank_distribution import FIT_CACHE as _FITS  # noqa: F401  (``estimators._FITS.clear()`` refits, as before)
 
 __all__ = ["ESTIMATORS", "METHOD_OPTIONS", "estimate", "EstimatorResult", "check_estimator_options"]
@@ -60,7 +63,7 @@ __all__ = ["ESTIMATORS", "METHOD_OPTIONS", "estimate", "EstimatorResult", "check
 _COMMON_OPTIONS = ("max_rel_n_spread", "top_shape")
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # live views of the registry (an estimator registered later appears in them)
     if name == "ESTIMATORS":
         return registry.names()
@@ -102,7 +105,7 @@ def _check_values(entry: registry.Estimator, opts: dict) -> dict:
     return out
 
 
-def check_estimator_options(method: str, options, where: str | None = None) -> dict:
+def check_estimator_options(method: str, options: Mapping[str, Any], where: str | None = None) -> dict:
     """Validate the keyword arguments ``options`` of ``estimate(..., method=method, **options)`` without data
     (e.g. when a metric class is constructed, long before its first ``compute``): every key must be one the
     method uses (its registry entry's options, plus ``max_rel_n_spread`` and ``top_shape``) and every value
@@ -125,7 +128,8 @@ def check_estimator_options(method: str, options, where: str | None = None) -> d
 EstimatorResult = Estimate
 
 
-def _result(value: float, stderr: float | None, n: float, details: dict, flags, bounds=None, identification=None) -> Estimate:
+def _result(value: float, stderr: float | None, n: float, details: dict, flags: Iterable[str],
+            bounds: tuple[float, float] | None = None, identification: Identification | None = None) -> Estimate:
     """Package the estimate; ``bounds`` (lo, hi): the metric's range, a value outside it is flagged
     ``outside_metric_range`` (e.g. ``ls``, whose minimal-bias table has huge alternating entries);
     ``identification``: where the metric depends on the unresolved top, what widens the interval (flagged
@@ -168,14 +172,15 @@ def auto_method(spec: MetricSpec, hist: RankHistogram, design: AdaptiveDesign | 
     return registry.AUTO_CHOICES["unresolved"], why
 
 
-def estimate_auto(spec: MetricSpec, hist: RankHistogram, *, method: str, sampling: str, options: dict):
+def estimate_auto(spec: MetricSpec, hist: RankHistogram, *, method: str, sampling: str, options: dict) -> EstimatorOutput:
     """The registry's compute function of ``auto`` on a bare histogram (fixed m per group): the chosen method's."""
     chosen, _ = auto_method(spec, hist, None)
     entry = registry.get(chosen)
     return entry.compute_function()(spec, hist, method=chosen, sampling=sampling, options=options)
 
 
-def _with_adaptive(result: Estimate, hist: RankHistogram, design: AdaptiveDesign, top_shape, spec=None) -> Estimate:
+def _with_adaptive(result: Estimate, hist: RankHistogram, design: AdaptiveDesign, top_shape: TopShape | None,
+                   spec: MetricSpec | None = None) -> Estimate:
     """The estimate of adaptive ranks: the identified interval under the stopping law, the cost in
     ``details["adaptive"]``, ``cap_reached`` where positives still rank first at the cap and the metric depends
     on the top there. With exact groups (``exact_at_cap``) ``top_unresolved`` follows from the known ranks
@@ -196,11 +201,11 @@ def _with_adaptive(result: Estimate, hist: RankHistogram, design: AdaptiveDesign
     return dataclasses.replace(result, details=details, flags=flags, identification=ident)
 
 
-def _merge_flags(flags, extra) -> tuple:
+def _merge_flags(flags: Iterable[str], extra: Iterable[str]) -> tuple:
     return tuple(flags) + tuple(f for f in extra if f not in flags)
 
 
-def _available(spec, design) -> str:
+def _available(spec: MetricSpec, design: SamplingDesign | None) -> str:
     """What estimates ``spec`` under ``design`` (None: any design), for refusals: the registry's methods, and under
     popularity sampling that no corrected top-K estimator exists yet."""
     ok = registry.names(design=design, metric=spec)
@@ -213,7 +218,9 @@ def _available(spec, design) -> str:
     return text
 
 
-def _from_sampled(sampled: SampledRanks, n_items, n_samples, weights, sampling, adaptive, entry, spec):
+def _from_sampled(sampled: SampledRanks, n_items: Any, n_samples: Any, weights: TensorLike | None, sampling: str | None,
+                  adaptive: Any, entry: registry.Estimator,
+                  spec: MetricSpec) -> tuple[RankHistogram, str, AdaptiveDesign | None]:
     """The histogram, law and adaptive design of a :class:`SampledRanks` (which carries all three)."""
     if n_items is not None or n_samples is not None:
         name = "n_items" if n_items is not None else "n_samples"
@@ -235,22 +242,22 @@ def _from_sampled(sampled: SampledRanks, n_items, n_samples, weights, sampling, 
 
 
 def estimate(
-    metric,
-    sampled_ranks,
-    n_items=None,
-    n_samples=None,
+    metric: str | MetricSpec,
+    sampled_ranks: TensorLike | RankHistogram | SampledRanks,
+    n_items: TensorLike | None = None,
+    n_samples: TensorLike | None = None,
     method: str = registry.DEFAULT_ESTIMATOR,
     *,
     sampling: str | None = None,
-    weights=None,
+    weights: TensorLike | None = None,
     a: float | None = None,
     gamma: float | None = None,
-    prior=None,
+    prior: PriorLike = None,
     rounding: str | None = None,
     max_rel_n_spread: float | None = None,
     top_shape: TopShape | None = None,
-    adaptive=None,
-    **options,
+    adaptive: SamplingDesign | AdaptiveDesign | tuple[int, int | None] | None = None,
+    **options: Any,
 ) -> Estimate:
     """Estimate a global (full-catalogue) metric from sampled ranks, with a standard error.
 
@@ -328,7 +335,8 @@ def estimate(
         hist, sampling, design = _from_sampled(sampled_ranks, n_items, n_samples, weights, sampling, adaptive, entry,
                                                spec)
         hist = hist.without_empty_groups()
-        if sampled_ranks.design.popularity is not None and entry.family == "auto":  # hh for AUC, pl_fit otherwise
+        # hh for AUC, pl_fit otherwise
+        if sampled_ranks.design.popularity is not None and entry.family == "auto":  # type: ignore[union-attr]  # draws carry their design
             method = registry.popularity_auto(spec)
             # auto's fit options (validated above) reach the choice where it takes them; the others fit nothing
             # there (hh is closed-form, pl_fit has its own fit) and are reported, not passed on
@@ -338,7 +346,7 @@ def estimate(
             why = f"popularity design: {method} is the first of AUTO_CHOICES['popularity'] that estimates {spec.kind}"
             auto = {"method": method, "reason": why, "options_unused": sorted(k for k in options if k not in takes)}
             return dataclasses.replace(result, details={**result.details, "auto": auto})
-        if sampled_ranks.design.popularity is not None and entry.family != "none":
+        if sampled_ranks.design.popularity is not None and entry.family != "none":  # type: ignore[union-attr]  # draws carry their design
             from .popularity import popularity_draws
 
             draws = popularity_draws(sampled_ranks, weights)  # each positive's beating draws' 1/q~ (or a refusal)
@@ -374,7 +382,7 @@ def estimate(
     if not entry.takes_metric(spec.kind):  # after the data's own checks, which every method makes alike
         check_without_replacement(hist.n_items, hist.n_samples, sampling)
         design_of = sampled_ranks.design if isinstance(sampled_ranks, SampledRanks) else None
-        raise ValueError(f"metric: method {method!r} estimates {', '.join(entry.metrics)} only; "
+        raise ValueError(f"metric: method {method!r} estimates {', '.join(entry.metrics or ())} only; "
                          f"{_available(spec, design_of)}")
     if design is not None:
         if not entry.adaptive:

@@ -24,11 +24,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from ._inputs import Check, mask_to_padded, pending_index, run_checks
+
+if TYPE_CHECKING:
+    from ._types import TensorLike
 
 __all__ = ["Exclusions", "PendingExclusions", "prepare_exclusions", "pending_exclusions", "as_exclusions",
            "check_prepared", "skip_sorted", "csr_from_padded"]
@@ -206,7 +209,7 @@ class PendingExclusions(NamedTuple):
         ex, dup = csr_from_padded(self.x, self.valid, total, self.n_items, sort=True)
         checks: list[Check] = []
         if dup is not None and dup.numel():
-            def bad_dup():
+            def bad_dup() -> None:
                 rows = torch.unique(ex.row_of[1:][dup])
                 raise ValueError(f"exclude: {rows.numel()} row(s) list the same item twice")
 
@@ -214,7 +217,7 @@ class PendingExclusions(NamedTuple):
         return ex, checks
 
 
-def pending_exclusions(exclude, n_items: int, batch: int, device: torch.device) \
+def pending_exclusions(exclude: Any, n_items: int, batch: int, device: torch.device) \
         -> tuple[Exclusions | PendingExclusions | torch.Tensor, list[Check]]:
     """``exclude`` checked in two steps, for callers that read every check of a call back together: a prepared
     :class:`Exclusions` (checked against B, n and the device) comes back as it is, a (B, n) bool mask as it is
@@ -241,7 +244,7 @@ def check_prepared(ex: Exclusions, n_items: int, batch: int, device: torch.devic
     return ex
 
 
-def as_exclusions(exc, n_items: int, batch: int, sort: bool = True) -> Exclusions | None:
+def as_exclusions(exc: torch.Tensor | Exclusions | None, n_items: int, batch: int, sort: bool = True) -> Exclusions | None:
     """Validated padded (B, E) exclusions (or None, or an :class:`Exclusions`) as :class:`Exclusions`, trusted:
     rows sorted here (one flat sort of the T entries) unless ``sort`` is False (rows sorted already)."""
     if exc is None or isinstance(exc, Exclusions):
@@ -251,7 +254,7 @@ def as_exclusions(exc, n_items: int, batch: int, sort: bool = True) -> Exclusion
     return _from_padded(exc, n_items, sort=sort)[0]
 
 
-def prepare_exclusions(exclude, n_items: int) -> Exclusions:
+def prepare_exclusions(exclude: TensorLike, n_items: int) -> Exclusions:
     """Validate and prepare exclusions once, for every later call on the same rows (issue 27).
 
     Args:
@@ -279,6 +282,7 @@ def prepare_exclusions(exclude, n_items: int) -> Exclusions:
     pending, checks = pending_exclusions(t, n, batch, t.device)
     if isinstance(pending, torch.Tensor):  # a mask: its rows are sorted already
         return _from_padded(mask_to_padded(pending), n, sort=False)[0]
+    assert isinstance(pending, PendingExclusions)  # a tensor in: index exclusions between their checks
     total = run_checks(checks, [pending.total])[0]
     ex, later = pending.finish(total)
     run_checks(later)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -42,6 +43,9 @@ from ._inputs import factor_finite_checks
 from ._options import check_bool
 from .counting import count_beating_tile
 from .ranking import TIE_BOUNDS, check_ties, exact_ranks, exact_ranks_padded, prepare_index, tied_positives
+
+if TYPE_CHECKING:
+    from ._types import TensorLike
 
 __all__ = [
     "exact_ranks_from_factors",
@@ -89,7 +93,7 @@ def tile_shape(b: int, n: int, device: torch.device | str = "cpu", tile_elements
     return rows, cols
 
 
-def _exact_precision(device: torch.device):
+def _exact_precision(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """Autocast off on ``device``: tiles and dot products in the factors' own dtype, rounded alike."""
     available = getattr(torch.amp, "is_autocast_available", None)  # torch >= 2.4; cpu and cuda before
     if available(device.type) if available is not None else device.type in ("cpu", "cuda"):
@@ -97,7 +101,7 @@ def _exact_precision(device: torch.device):
     return contextlib.nullcontext()
 
 
-def _factor(x, name: str) -> torch.Tensor:
+def _factor(x: Any, name: str) -> torch.Tensor:
     x = real_tensor(x, name, "a 2-D floating matrix")  # arrays, lists; refuses ragged, bool, complex, meta
     if x.dim() != 2 or not x.is_floating_point():
         raise ValueError(f"{name}: expected a 2-D floating tensor, got shape {tuple(x.shape)} and dtype {x.dtype}")
@@ -107,7 +111,7 @@ def _factor(x, name: str) -> torch.Tensor:
 # the item factors are usually the same tensor for every user batch: their largest norm is cached, held
 # with a weak reference to that very tensor (a new tensor can reuse a freed one's id and address) and
 # keyed by its storage, version counter and shape (an in-place update recomputes it)
-_item_norm: tuple[weakref.ref, tuple, float] | None = None
+_item_norm: tuple[weakref.ref, tuple | None, float] | None = None
 
 
 def _row_norm_max(x: torch.Tensor) -> torch.Tensor:
@@ -136,6 +140,7 @@ def _overflow_bound(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None)
         if not math.isfinite(value):
             raise ValueError(f"{name}: contains NaN or inf")
     if cached:
+        assert _item_norm is not None  # cached: the entry exists
         v_norm = _item_norm[2]
     else:
         v_norm = values["item_factors"]
@@ -181,7 +186,8 @@ def exact_ranks_from_factors(
                                tile_elements, item_bias)[0]
 
 
-def check_factors(user_factors, item_factors, item_bias=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def check_factors(user_factors: Any, item_factors: Any,
+                  item_bias: Any = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Validated (B, d) user factors, (n, d) item factors and optional (n,) item bias (same dtype and device)."""
     u = _factor(user_factors, "user_factors")
     v = _factor(item_factors, "item_factors")
@@ -213,8 +219,9 @@ def check_finite_factors(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | 
                 raise ValueError(message)
 
 
-def ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives=True,
-                        tile_elements=None, item_bias=None):
+def ranks_and_index_from_factors(user_factors: TensorLike, item_factors: TensorLike, positives: TensorLike, exclude: TensorLike | None,
+                                 ties: str, count_other_positives: bool = True, tile_elements: int | None = None,
+                                 item_bias: TensorLike | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """:func:`exact_ranks_from_factors`, also returning the validated padded positives and exclusions."""
     if not (isinstance(ties, str) and ties == TIE_BOUNDS):  # a str before any comparison (an array compares
         check_ties(ties)                                      # element by element)
@@ -282,7 +289,8 @@ def factor_ranks_padded(
         return _tiled_ranks(u, v, bias, pos, exc, ties, count_other_positives, tile_elements)
 
 
-def _tiled_ranks(u, v, bias, pos, exc, ties, count_other_positives, tile_elements):
+def _tiled_ranks(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor, exc: torch.Tensor | None, ties: str,
+                 count_other_positives: bool, tile_elements: int | None) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`factor_ranks_padded` once the scores cannot overflow: the tile loop (no host sync in it)."""
     b, n = u.shape[0], v.shape[0]
     dev = u.device

@@ -42,7 +42,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -62,6 +62,10 @@ from .ranking import (END_TIES, TIE_BOUNDS, SampledRanks, check_ties, exact_rank
 from ._popularity import PopularityStats
 from .user_metrics import SortedRanks, values_from_sorted
 from .tie_expectation import expected_dcg, expected_metric_values
+from ._types import TensorLike
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["evaluate_factors", "FactorEvaluation", "SampledEvaluation", "RECOMETRICS_METRICS"]
 
@@ -97,7 +101,7 @@ class _CSR:
         return np.diff(self.indptr)
 
 
-def _to_csr(x, name: str) -> _CSR:
+def _to_csr(x: Any, name: str) -> _CSR:
     """scipy sparse (any format), torch sparse (any layout) or a dense array/tensor -> :class:`_CSR`."""
     if sp.issparse(x) and x.ndim != 2:
         raise ValueError(f"{name}: expected a 2-D sparse matrix, got {x.ndim} dimensions")
@@ -111,7 +115,7 @@ def _to_csr(x, name: str) -> _CSR:
     return _CSR(m.indptr.astype(np.int64), m.indices.astype(np.int64), data, (int(m.shape[0]), int(m.shape[1])))
 
 
-def _as_factor(x, name: str, ndim: int) -> torch.Tensor:
+def _as_factor(x: Any, name: str, ndim: int) -> torch.Tensor:
     # the one numeric conversion (_checks): tensors (not meta), arrays, lists; ragged lists, strings, sparse
     # matrices, bools and complex numbers are refused naming ``name``
     t = real_tensor(x, name).detach()
@@ -134,7 +138,7 @@ def _gather_rows(csr: _CSR, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     return row_of, slot, csr.indices[src], csr.data[src]
 
 
-def _padded(n_rows: int, row_of: np.ndarray, slot: np.ndarray, values: np.ndarray, fill) -> np.ndarray:
+def _padded(n_rows: int, row_of: np.ndarray, slot: np.ndarray, values: np.ndarray, fill: float) -> np.ndarray:
     """Flat entries -> (n_rows, widest row) array padded with ``fill``. Vectorised."""
     width = int(slot.max()) + 1 if slot.size else 0
     out = np.full((n_rows, width), fill, dtype=values.dtype)
@@ -146,7 +150,7 @@ def _padded(n_rows: int, row_of: np.ndarray, slot: np.ndarray, values: np.ndarra
 # metric names
 
 
-def _metric_specs(metrics, k: int, cumulative: bool) -> tuple[list[MetricSpec], list[MetricSpec]]:
+def _metric_specs(metrics: Sequence[str] | str | None, k: int, cumulative: bool) -> tuple[list[MetricSpec], list[MetricSpec]]:
     """(base specs, output specs) from recometrics-style names; names without ``@`` take ``k``."""
     if metrics is None:
         names: Sequence[Any] = _DEFAULT_METRICS
@@ -186,11 +190,13 @@ def _ndcg(spec: MetricSpec, s: SortedRanks, dcg: torch.Tensor | None = None) -> 
     the positive values only; NaN when no value is positive (or no test item, or fewer than 2 candidates).
     ``dcg``: the (B,) DCG when given (the expectation over tie orders of ``ties="average"``)."""
     k = s.cutoff(spec)
+    gain = s.gain
+    assert gain is not None  # evaluate_factors ranks with the test values as relevance
     if dcg is None:
         inside = s.ranks <= k.unsqueeze(1)
         discount = math.log(2.0) / torch.log1p(torch.where(s.valid, s.ranks, torch.ones_like(s.ranks)))
-        dcg = torch.where(inside, s.gain * discount, torch.zeros_like(discount)).sum(1)
-    ideal = torch.sort(s.gain.clamp(min=0.0), dim=1, descending=True).values
+        dcg = torch.where(inside, gain * discount, torch.zeros_like(discount)).sum(1)
+    ideal = torch.sort(gain.clamp(min=0.0), dim=1, descending=True).values
     ideal_disc = math.log(2.0) / torch.log1p(s.position)
     idcg = torch.where(s.position <= k.unsqueeze(1), ideal * ideal_disc, torch.zeros_like(ideal)).sum(1)
     nan = (s.n_pos == 0) | (s.n <= 1) | ~(idcg > 0)
@@ -254,12 +260,12 @@ class FactorEvaluation:
 
 
 def evaluate_factors(
-    X_train,
-    X_test,
-    user_factors=None,
-    item_factors=None,
+    X_train: Any,
+    X_test: Any,
+    user_factors: TensorLike | None = None,
+    item_factors: TensorLike | None = None,
     k: int = 5,
-    item_biases=None,
+    item_biases: TensorLike | None = None,
     metrics: Sequence[str] | str | None = None,
     *,
     cumulative: bool = False,
@@ -276,11 +282,11 @@ def evaluate_factors(
     dtype: torch.dtype | None = None,
     n_samples: int | SamplingDesign | None = None,
     replacement: bool = True,
-    popularity=None,
+    popularity: TensorLike | None = None,
     correction: str | None = None,
     gamma: float | None = None,
     adaptive_max: int | None = None,
-):
+) -> "pd.DataFrame | dict[str, torch.Tensor] | FactorEvaluation":
     """Per-user ranking metrics of a factor model, like recometrics' ``calc_reco_metrics`` (see the module doc).
 
     Args:
@@ -349,7 +355,7 @@ def evaluate_factors(
     if correction is not None:  # before any work: a metric the correction does not estimate (hh: AUC only)
         refused = [str(sp_) for sp_ in base_specs if not registry.get(correction).takes_metric(sp_.kind)]
         if refused:
-            raise ValueError(f"metrics: correction {correction!r} estimates {', '.join(registry.get(correction).metrics)}"
+            raise ValueError(f"metrics: correction {correction!r} estimates {', '.join(registry.get(correction).metrics or ())}"
                              f" only, not {', '.join(refused)}; pass e.g. metrics=['roc_auc']")
 
     test = _to_csr(X_test, "X_test")
@@ -370,12 +376,12 @@ def evaluate_factors(
     # factors -> one (users x d') and one (items x d') matrix on the device; biases become an extra factor
     if (user_factors is None) != (item_factors is None):
         raise ValueError("user_factors, item_factors: pass both, or neither (with item_biases only)")
-    bias = None if item_biases is None else _as_factor(item_biases, "item_biases", 1)
+    bias: Any = None if item_biases is None else _as_factor(item_biases, "item_biases", 1)  # given without factors
     if user_factors is None:
         if bias is None:
             raise ValueError("item_biases: required when user_factors and item_factors are None")
-        a_mat = None
-        b_mat = None
+        a_mat: torch.Tensor | None = None
+        b_mat: Any = None  # given together with a_mat
         ref = bias
     else:
         a_mat = _as_factor(user_factors, "user_factors", 2)
@@ -458,7 +464,7 @@ def evaluate_factors(
     batch_size = check_int(batch_size, "batch_size", minimum=1)
     width = min(batch_size, max(len(users), 1))
     buf = torch.empty((width, n_items), dtype=dtype, device=dev)
-    noise = torch.empty_like(buf) if break_ties_with_noise else None
+    noise: Any = torch.empty_like(buf) if break_ties_with_noise else None
     gen = torch.Generator(device=dev).manual_seed(seed)
     need_values = any(s.kind == "ndcg" for s in specs)
 
@@ -529,9 +535,9 @@ def evaluate_factors(
     names = [s.column for s in specs]
     if not rename_k and not cumulative:
         renamed = {}
-        for s in specs:
-            col = s.column
-            renamed[col] = col[: -len(str(k))] + "K" if s.k == k else col
+        for sp_ in specs:
+            col = sp_.column
+            renamed[col] = col[: -len(str(k))] + "K" if sp_.k == k else col
         results = {renamed[c]: v for c, v in results.items()}
         names = [renamed[c] for c in names]
     per_user = _output(results, names, as_df)
@@ -540,7 +546,9 @@ def evaluate_factors(
     return _sampled_result(per_user, sampled_parts, base_specs, design, correction, gamma, as_df, dev)
 
 
-def _sampling_design(n_samples, replacement, popularity, adaptive_max, correction, gamma):
+def _sampling_design(n_samples: int | SamplingDesign | None, replacement: bool, popularity: TensorLike | None,
+                     adaptive_max: int | None, correction: str | None,
+                     gamma: float | None) -> tuple[SamplingDesign | None, float | None]:
     """The sampling design (:func:`~reco_sampled_plugin.design.as_design`, the one coercion: an int m with the loose
     keywords, or a SamplingDesign) and ``gamma``, with ``correction`` checked against the registry and the design;
     (None, None) without sampling. Checked before any work."""
@@ -577,7 +585,7 @@ def _sampling_design(n_samples, replacement, popularity, adaptive_max, correctio
     return design, gamma
 
 
-def _output(results: dict, names: list[str], as_df: bool):
+def _output(results: dict, names: list[str], as_df: bool) -> "pd.DataFrame | dict[str, torch.Tensor]":
     if not as_df:
         return {name: results[name] for name in names}
     try:
@@ -591,7 +599,8 @@ def _output(results: dict, names: list[str], as_df: bool):
 # sampled side
 
 
-def _single_item_ranks(scores, pos, ranks, ties, gen) -> torch.Tensor:
+def _single_item_ranks(scores: torch.Tensor, pos: torch.Tensor, ranks: torch.Tensor, ties: str,
+                       gen: torch.Generator | None) -> torch.Tensor:
     """Exact rank of each test item among the irrelevant candidates and itself: the full rank minus the other
     test items that beat it (read from the same buffer, so bit-identical comparisons)."""
     if ties == "random":
@@ -606,7 +615,9 @@ def _single_item_ranks(scores, pos, ranks, ties, gen) -> torch.Tensor:
     return ranks - (ge + gt).to(torch.float64) / 2
 
 
-def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, design: SamplingDesign, gen, ties):
+def _sample_batch(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor, ranks: torch.Tensor, rows: torch.Tensor,
+                  nan_rows: torch.Tensor, n_cand_b: torch.Tensor, design: SamplingDesign, gen: torch.Generator | None,
+                  ties: str) -> tuple:
     n_pos = (pos >= 0).sum(1)
     keep = ~nan_rows & (n_cand_b - n_pos >= 1)  # rows with an irrelevant candidate to draw
     if not bool(keep.all()):
@@ -618,7 +629,7 @@ def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, design: Sam
     exc_arg = exc if exc.shape[1] else None
     if design.adaptive is None:
         res = sampled_ranks(scores, pos, design, exclude=exc_arg, generator=gen, ties=ties, check_finite=False)
-        sizes = torch.full_like(pos, design.n_samples)
+        sizes: Any = torch.full_like(pos, design.n_samples)  # adaptive: the draws' sizes (always set there)
     else:
         res = adaptive_sampled_ranks(scores, pos, design, exclude=exc_arg, generator=gen, ties=ties,
                                      check_finite=False)
@@ -632,7 +643,8 @@ def _sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, design: Sam
     return users, pos[valid], s_ranks[valid], single[valid], n_single, sizes[valid], stats
 
 
-def _sampled_result(per_user, parts, base_specs, design: SamplingDesign, correction, gamma, as_df, dev):
+def _sampled_result(per_user: dict, parts: list, base_specs: list[MetricSpec], design: SamplingDesign, correction: str | None,
+                    gamma: float | None, as_df: bool, dev: torch.device) -> FactorEvaluation:
     from .metrics import metric_from_float_ranks
 
     if parts:
@@ -672,7 +684,7 @@ def _sampled_result(per_user, parts, base_specs, design: SamplingDesign, correct
                     est = estimate(spec, SampledRanks(sranks, n_single, None, design, popularity_stats=stats),
                                    method=correction)
                 elif adaptive is None:
-                    uses_gamma = {"gamma": gamma} if registry.get(correction).option("gamma") is not None else {}
+                    uses_gamma: dict[str, Any] = {"gamma": gamma} if registry.get(correction).option("gamma") is not None else {}
                     est = estimate(spec, sranks, n_single, m, method=correction, sampling=law, **uses_gamma)
                 else:
                     est = estimate(spec, sranks, n_single, sizes, method=correction,

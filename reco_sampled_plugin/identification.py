@@ -43,6 +43,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
 from statistics import NormalDist
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 import numpy as np
 from scipy import optimize, special
@@ -56,6 +57,13 @@ from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_bounds
 from .quadrature import power_sums
 from .sampling_laws import check_law
+
+if TYPE_CHECKING:
+    from .design import SamplingDesign
+    from ._types import TensorLike
+
+
+_T = TypeVar("_T")
 
 __all__ = ["TopShape", "IdentifiedInterval", "Identification", "identified_interval", "top_sensitive", "resolution"]
 
@@ -188,7 +196,7 @@ _CACHE_MAX = 64
 _CACHE_LOCK = threading.Lock()
 
 
-def _memo(key: tuple, build):
+def _memo(key: tuple, build: Callable[[], _T]) -> _T:
     """``build()`` kept under ``key`` (programs and identified intervals of the last few histograms: estimators
     of one evaluation share them, e.g. a corrected and a rank-distribution Recall@10 of the same ranks)."""
     with _CACHE_LOCK:
@@ -215,7 +223,7 @@ def _program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax
 
 
 def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int,
-                   cutoff: int = 0, adaptive: AdaptiveDesign | None = None):
+                   cutoff: int = 0, adaptive: AdaptiveDesign | None = None) -> _Program:
     from .rank_distribution import estimate_rank_distribution, model_grid, pool_groups
 
     pooled, _ = pool_groups(hist, max_groups)
@@ -252,6 +260,7 @@ def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float,
     if adaptive is None:
         a_data, lo_b, hi_b = _fixed_band(pooled, edges, inside, z_g, law, level)
     else:
+        assert n_tot is not None  # computed for an adaptive design
         a_data, lo_b, hi_b = _adaptive_band(pooled, edges, n_class, n_tot, mass(n_class), adaptive, level)
     a_ub = [a_data, -a_data]
     b_ub = [np.asarray(hi_b), -np.asarray(lo_b)]
@@ -413,24 +422,24 @@ def _objective(spec: MetricSpec, prog: _Program) -> np.ndarray:
     return c
 
 
-def _solve(c: np.ndarray, prog: _Program, sense: float):
+def _solve(c: np.ndarray, prog: _Program, sense: float) -> Any:
     res = optimize.linprog(sense * c, A_ub=prog.a_ub, b_ub=prog.b_ub, A_eq=prog.a_eq, b_eq=prog.b_eq,
                            bounds=(0.0, 1.0), method="highs")
     return res
 
 
 def identified_interval(
-    metric,
-    sampled_ranks,
-    n_items=None,
-    n_samples=None,
+    metric: str | MetricSpec,
+    sampled_ranks: TensorLike | RankHistogram,
+    n_items: TensorLike | None = None,
+    n_samples: TensorLike | None = None,
     level: float = 0.95,
     *,
     sampling: str = "binomial",
-    weights=None,
+    weights: TensorLike | None = None,
     shape: TopShape | None = None,
     max_groups: int = 16,
-    adaptive=None,
+    adaptive: AdaptiveDesign | SamplingDesign | tuple[int, int | None] | None = None,
 ) -> IdentifiedInterval:
     """The interval of a global metric over every rank distribution that fits the sampled ranks and the
     shape assumption (module docstring), at confidence ``level``.

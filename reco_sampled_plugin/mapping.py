@@ -30,6 +30,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 from scipy import special
@@ -39,6 +40,9 @@ from .sampling_laws import check_law
 from ._options import check_beta_shape, check_count, check_metric_names, check_positive_float
 from ._rank_hist import RankHistogram, as_histogram, interval_mean_metrics
 from .metric_names import MetricSpec, parse_metric
+
+if TYPE_CHECKING:
+    from ._types import TensorLike
 
 __all__ = [
     "MAPPING_METHODS",
@@ -59,12 +63,12 @@ __all__ = [
 MAPPING_METHODS = ("linear", "bound", "beta", "beta_fit")
 
 
-def _check_nm(n_items, n_samples) -> tuple[int, int]:
+def _check_nm(n_items: Any, n_samples: Any) -> tuple[int, int]:
     """n >= 2 and m >= 1 (:func:`~reco_sampled_plugin._checks.check_size`: whole numbers, no str, bool or None)."""
     return check_size(n_items, "n_items", 2), check_size(n_samples, "n_samples", 1, MAX_SAMPLES)
 
 
-def _check_a(method: str, a) -> float | None:
+def _check_a(method: str, a: Any) -> float | None:
     """The Beta shape ``a`` (None, or a finite number > 0), refused for mappings that do not use it; ``method``
     checked first (a name of :data:`MAPPING_METHODS`)."""
     if not isinstance(method, str) or method not in MAPPING_METHODS:
@@ -86,9 +90,7 @@ def _log_beta_g(m: int, a: float) -> np.ndarray:
     return np.logaddexp.accumulate(log_t)
 
 
-
-
-def _full_mapping(n, m: int, method: str, a: float | None) -> np.ndarray:
+def _full_mapping(n: int | np.ndarray, m: int, method: str, a: float | None) -> np.ndarray:
     """f(k) for k = 1..m+1 (float64): shape (m + 1,) for one n, (len(n), m + 1) for an array of n (every
     mapping is 1 + (n - 1) g(k), rounded for ``bound``, so many n cost one broadcast)."""
     k = np.arange(1, m + 2, dtype=np.float64)
@@ -107,7 +109,7 @@ def _full_mapping(n, m: int, method: str, a: float | None) -> np.ndarray:
     return out.reshape(-1) if np.ndim(n) == 0 else out
 
 
-def mapping(k, n_items: int, n_samples: int, method: str = "bound", a: float | None = None):
+def mapping(k: TensorLike, n_items: int, n_samples: int, method: str = "bound", a: float | None = None) -> float | np.ndarray:
     """Global location f(k) of the sampled cut-off k (Li et al., eq. 9, 13, 16-18).
 
     Args:
@@ -172,9 +174,9 @@ def _sum_log_g(by_m: list[tuple[int, np.ndarray]], a: float) -> float:
 
 
 def fit_beta(
-    sampled_ranks,
-    n_items=None,
-    n_samples=None,
+    sampled_ranks: TensorLike | RankHistogram,
+    n_items: TensorLike | None = None,
+    n_samples: TensorLike | None = None,
     a0: float = 1.0,
     tol: float = 1e-10,
     max_iter: int = 200,
@@ -234,7 +236,8 @@ def _single_group(hist: RankHistogram) -> tuple[int, int, np.ndarray]:
     return int(hist.n_items[0]), int(hist.n_samples[0]), hist.counts[0]
 
 
-def sampled_hit_rate_curve(sampled_ranks, n_items=None, n_samples=None) -> tuple[np.ndarray, np.ndarray]:
+def sampled_hit_rate_curve(sampled_ranks: TensorLike | RankHistogram, n_items: TensorLike | None = None,
+                           n_samples: TensorLike | None = None) -> tuple[np.ndarray, np.ndarray]:
     """SHR@k for k = 1..m+1 and its binomial standard error sqrt(SHR (1 - SHR)/M) (eq. 3 and 5).
 
     Returns:
@@ -261,7 +264,7 @@ class MappedPoints:
     a: float | None
 
 
-def _resolve_a(method: str, a, hist: RankHistogram) -> tuple[str, float | None, BetaFit | None]:
+def _resolve_a(method: str, a: Any, hist: RankHistogram) -> tuple[str, float | None, BetaFit | None]:
     a = _check_a(method, a)
     if method == "beta_fit":
         fit = fit_beta(hist, a0=1.0 if a is None else check_beta_shape(a))
@@ -273,7 +276,8 @@ def _resolve_a(method: str, a, hist: RankHistogram) -> tuple[str, float | None, 
     return method, None, None
 
 
-def mapped_points(sampled_ranks, n_items=None, n_samples=None, method: str = "bound", a=None) -> MappedPoints:
+def mapped_points(sampled_ranks: TensorLike | RankHistogram, n_items: TensorLike | None = None, n_samples: TensorLike | None = None,
+                  method: str = "bound", a: float | str | None = None) -> MappedPoints:
     """The mapped points (f(k), SHR@k), k = 1..m+1 (one (n, m) pair; ``beta_fit`` fits a first)."""
     hist = as_histogram(sampled_ranks, n_items, n_samples)
     n, m, _ = _single_group(hist)
@@ -284,7 +288,7 @@ def mapped_points(sampled_ranks, n_items=None, n_samples=None, method: str = "bo
 
 
 # ------------------------------------------------------------------------------------- estimation
-def mapping_table(metric, n_items: int, n_samples: int, method: str = "bound", a: float | None = None) -> np.ndarray:
+def mapping_table(metric: str | MetricSpec, n_items: int, n_samples: int, method: str = "bound", a: float | None = None) -> np.ndarray:
     """Per-sampled-rank estimate T[i - 1], i = 1..m+1: the mean of M over the global ranks (f(i-1), f(i)].
 
     With f(0) = 0 this is the piecewise-linear interpolation of the mapped points described in the module
@@ -294,7 +298,8 @@ def mapping_table(metric, n_items: int, n_samples: int, method: str = "bound", a
     return mapping_tables([metric], n_items, n_samples, method, a)[0].copy()
 
 
-def mapping_tables(metrics, n_items: int, n_samples: int, method: str = "bound", a: float | None = None) -> np.ndarray:
+def mapping_tables(metrics: Iterable[str | MetricSpec], n_items: int, n_samples: int, method: str = "bound",
+                   a: float | None = None) -> np.ndarray:
     """:func:`mapping_table` for several metrics from one mapping: float64 (len(metrics), m + 1), read-only
     (cached by arguments: the estimators reuse the tables of every (n, m) group across calls)."""
     specs = check_metric_names(metrics)
@@ -368,13 +373,13 @@ class MappedEstimate:
 
 
 def mapping_estimate(
-    metric,
-    sampled_ranks,
-    n_items=None,
-    n_samples=None,
+    metric: str | MetricSpec,
+    sampled_ranks: TensorLike | RankHistogram,
+    n_items: TensorLike | None = None,
+    n_samples: TensorLike | None = None,
     method: str = "bound",
     a: float | None = None,
-    weights=None,
+    weights: TensorLike | None = None,
 ) -> MappedEstimate:
     """Estimate a global metric (HR@K for any K, or any metric of the catalogue) from sampled ranks by mapping.
 
@@ -431,7 +436,8 @@ class DatasetBeta:
     fits: dict
 
 
-def dataset_beta(sampled_ranks_by_model: Mapping, n_items=None, n_samples=None, a0: float = 1.0) -> DatasetBeta:
+def dataset_beta(sampled_ranks_by_model: Mapping[str, Any], n_items: TensorLike | None = None, n_samples: TensorLike | None = None,
+                 a0: float = 1.0) -> DatasetBeta:
     """Fit eq. 19 on several recommenders of one data set and summarise (Li et al., section 4.2, Table 2).
 
     Args:

@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import math
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import torch
 
 from ._checks import check_device, check_elements, check_rank_values, check_ranks_in_range, check_sizes
 from .metric_names import MetricSpec, parse_metric
+
+if TYPE_CHECKING:
+    from ._types import TensorLike
 
 __all__ = ["metric_values", "metric_curve", "metric_bounds"]
 
@@ -35,6 +39,7 @@ def metric_from_float_ranks(spec: MetricSpec, r: torch.Tensor, n: torch.Tensor) 
         return (n - r) / (n - 1)
     inside = torch.ones_like(r, dtype=torch.bool) if k is None else (r <= k)
     if kind == "precision":
+        assert k is not None  # precision has a cut-off (MetricSpec checks it)
         value = torch.full_like(r, 1.0 / k)
     elif kind in ("recall", "hit", "trunc_precision"):
         value = torch.ones_like(r)
@@ -47,9 +52,7 @@ def metric_from_float_ranks(spec: MetricSpec, r: torch.Tensor, n: torch.Tensor) 
     return torch.where(inside, value, torch.zeros_like(value))
 
 
-
-
-def metric_values(metric: str | MetricSpec, ranks, n_items) -> torch.Tensor:
+def metric_values(metric: str | MetricSpec, ranks: TensorLike, n_items: int | TensorLike) -> torch.Tensor:
     """M(r) for single-relevant-item ranks of any shape, as float64 on the ranks' device.
 
     Args:
@@ -74,7 +77,7 @@ def metric_values(metric: str | MetricSpec, ranks, n_items) -> torch.Tensor:
     return metric_from_float_ranks(spec, r, n)
 
 
-def metric_curve(metric: str | MetricSpec, n_items: int, device=None) -> torch.Tensor:
+def metric_curve(metric: str | MetricSpec, n_items: int, device: torch.device | str | None = None) -> torch.Tensor:
     """The whole table M(1), ..., M(n) as a float64 vector of length ``n_items`` (index 0 is r = 1).
 
     Raises:
@@ -88,7 +91,7 @@ def metric_curve(metric: str | MetricSpec, n_items: int, device=None) -> torch.T
     return metric_values(spec, r, n_items)
 
 
-def metric_bounds(spec: MetricSpec, n_items) -> tuple[float, float]:
+def metric_bounds(spec: MetricSpec, n_items: int | TensorLike) -> tuple[float, float]:
     """[min, max] of M(r) over r in 1..n for every candidate count n in ``n_items`` (M is non-increasing in r):
     the metric's range, within which every interval is clamped."""
     import numpy as np

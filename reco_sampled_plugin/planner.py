@@ -63,7 +63,7 @@ import contextlib
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -76,6 +76,10 @@ from .adaptive import AdaptiveDesign, check_adaptive_histogram
 from .design import SamplingDesign
 from .metric_names import MetricSpec, parse_metric
 from .ranking import SampledRanks
+
+if TYPE_CHECKING:
+    from .rank_distribution import RankDistribution
+    from ._types import TensorLike
 
 logger = logging.getLogger(__name__)
 
@@ -309,12 +313,12 @@ class _DefaultShape:
         return np.clip(r, 1, n_u).astype(np.int64)
 
 
-def harmonic_number(r) -> np.ndarray:
+def harmonic_number(r: TensorLike) -> np.ndarray:
     """H_r = sum_{i=1}^r 1/i in closed form, psi(r + 1) + Euler's gamma (no sum over 1..r), for whole r >= 0."""
     return special.digamma(np.asarray(r, dtype=np.float64) + 1.0) + np.euler_gamma
 
 
-def harmonic_inverse(t) -> np.ndarray:
+def harmonic_inverse(t: TensorLike) -> np.ndarray:
     """The smallest whole R >= 1 with H_R >= t, for t >= 0: R ~ exp(t - gamma) - 1/2 (H_R = ln(R + 1/2) + gamma
     + O(1/R^2)), then moved by single steps until H_{R-1} < t <= H_R (a step or two; the loop is over
     corrections, not over draws)."""
@@ -345,7 +349,7 @@ class _PilotShape:
     """The pilot's fitted P(R), smoothed in log rank (module docstring: truncated within the pilot's n range,
     rescaled outside)."""
 
-    def __init__(self, dist, source: str, resolution: float = math.nan) -> None:
+    def __init__(self, dist: RankDistribution, source: str, resolution: float = math.nan) -> None:
         self.resolution = resolution  # exact ranks one sampled rank spans at the pilot's largest m (or cap), mean n
         self.edges = dist.edges.astype(np.int64)
         self.probs = _smooth_log_rank(self.edges, np.asarray(dist.probs, dtype=np.float64), _PILOT_SMOOTH)
@@ -373,7 +377,8 @@ class _PilotShape:
         return np.clip(r, 1, n_u).astype(np.int64)
 
 
-def _unpack_pilot(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive):
+def _unpack_pilot(pilot: Any, pilot_n_items: Any, pilot_n_samples: Any,
+                  pilot_adaptive: Any) -> tuple[Any, Any, Any, AdaptiveDesign | None, Any]:
     """(ranks, n, m, adaptive design or None, cost or None) of a :class:`~reco_sampled_plugin.ranking.SampledRanks`
     pilot (padding dropped; adaptive: each positive's final m), which carries its own sizes and design."""
     for name, value in (("pilot_n_items", pilot_n_items), ("pilot_n_samples", pilot_n_samples),
@@ -395,7 +400,7 @@ def _unpack_pilot(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive):
     return ranks[keep], pilot.candidates().cpu()[keep], sizes, adaptive, pilot.cost
 
 
-def _seconds_per_pair(seconds_per_pair, cost) -> tuple[float | None, str | None]:
+def _seconds_per_pair(seconds_per_pair: Any, cost: Any) -> tuple[float | None, str | None]:
     """(seconds per scored pair, its source): ``seconds_per_pair`` when given, else measured on a scorer-loop
     pilot (its ``cost``: scorer seconds / pairs), else (None, None)."""
     if seconds_per_pair is not None:
@@ -407,7 +412,8 @@ def _seconds_per_pair(seconds_per_pair, cost) -> tuple[float | None, str | None]
                                               f"{cost.scorer_seconds:.3g} s of scorer time{loop}")
 
 
-def _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive, spec=None) -> _PilotShape:
+def _pilot_shape(pilot: Any, pilot_n_items: Any, pilot_n_samples: Any, pilot_adaptive: Any,
+                 spec: MetricSpec | None = None) -> _PilotShape:
     from ._rank_hist import as_histogram
     from .rank_distribution import estimate_rank_distribution
 
@@ -472,7 +478,7 @@ _UNIFORM_ONLY = ("it forecasts SamplingDesign(m), SamplingDesign(m, replacement=
                  "estimate(metric, sampled), docs/popularity.md")
 
 
-def _check_design(design, n_min: int, method: str) -> tuple[int, int | None, bool, bool]:
+def _check_design(design: Any, n_min: int, method: str) -> tuple[int, int | None, bool, bool]:
     """(m, rounded cap or None, replacement, exact_at_cap) of one candidate design: an (m, cap_or_None) pair, or a
     :class:`~reco_sampled_plugin.design.SamplingDesign` (uniform draws, fixed or adaptive, ``exact_at_cap``) or
     AdaptiveDesign; the estimator must support it (``registry.get(method).supports``)."""
@@ -577,7 +583,7 @@ def pilot_design(n_items: int, metric: str | MetricSpec, *, n_samples: int | Non
     return SamplingDesign(m, adaptive_max=cap)
 
 
-def _pilot_notes(shape, spec: MetricSpec, n_max: int) -> tuple[str, ...]:
+def _pilot_notes(shape: _PilotShape | _DefaultShape, spec: MetricSpec, n_max: int) -> tuple[str, ...]:
     """Why a pilot may mislead the forecast (``Plan.notes``): its top is coarser than :func:`pilot_resolution`."""
     need = pilot_resolution(spec)
     have = getattr(shape, "resolution", math.nan)
@@ -594,7 +600,7 @@ def _pilot_notes(shape, spec: MetricSpec, n_max: int) -> tuple[str, ...]:
 
 # ---------------------------------------------------------------------------------------------------- plan
 @contextlib.contextmanager
-def _one_thread():
+def _one_thread() -> Iterator[None]:
     """Run on one torch thread (and one BLAS thread where threadpoolctl is installed), restored afterwards.
 
     The plan runs hundreds of small fits; on a shared 2-core machine their threads oversubscribe the cores and
@@ -614,7 +620,8 @@ def _one_thread():
         torch.set_num_threads(prev)
 
 
-def _check_inputs(n_items, n_users, target, repeats):
+def _check_inputs(n_items: Any, n_users: Any, target: Any,
+                  repeats: Any) -> tuple[np.ndarray, int | np.ndarray, int, float, int]:
     n_users = check_int(n_users, "n_users", minimum=1)
     if np.ndim(n_items) == 0:
         n_scalar = check_size(n_items, "n_items", 2)
@@ -622,7 +629,9 @@ def _check_inputs(n_items, n_users, target, repeats):
         n_keep: int | np.ndarray = n_scalar
     else:
         # whole numbers >= 2 (no str, bool, NaN): the one size check, per user
-        n_u = check_sizes(n_items, "n_items", 2).detach().cpu().numpy().reshape(-1).astype(np.int64)
+        sizes = check_sizes(n_items, "n_items", 2)
+        assert isinstance(sizes, torch.Tensor)  # per-user counts (not a scalar): a tensor
+        n_u = sizes.detach().cpu().numpy().reshape(-1).astype(np.int64)
         if len(n_u) != n_users:
             raise ValueError(f"n_items: {len(n_u)} per-user counts for n_users = {n_users}")
         n_keep = n_u.copy()
@@ -632,15 +641,15 @@ def _check_inputs(n_items, n_users, target, repeats):
 
 
 def plan(
-    n_items,
+    n_items: int | TensorLike,
     n_users: int,
     metric: str | MetricSpec,
     target_rel_error: float,
     *,
-    pilot=None,
-    pilot_n_items=None,
-    pilot_n_samples=None,
-    pilot_adaptive=None,
+    pilot: Any = None,
+    pilot_n_items: TensorLike | None = None,
+    pilot_n_samples: TensorLike | None = None,
+    pilot_adaptive: AdaptiveDesign | SamplingDesign | tuple[int, int | None] | None = None,
     designs: Sequence[tuple[int, int | None] | SamplingDesign] | None = None,
     method: str = registry.DEFAULT_ESTIMATOR,
     repeats: int = 20,
@@ -698,8 +707,9 @@ def plan(
                      repeats=repeats, seed=seed, progress=progress, seconds_per_pair=seconds_per_pair)
 
 
-def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, pilot_n_samples, pilot_adaptive,
-          designs, method, repeats, seed, progress=None, seconds_per_pair=None) -> Plan:
+def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error: Any, *, pilot: Any, pilot_n_items: Any,
+          pilot_n_samples: Any, pilot_adaptive: Any, designs: Any, method: str, repeats: Any, seed: Any,
+          progress: bool | None = None, seconds_per_pair: float | None = None) -> Plan:
     import time
 
     from ._progress import progress_bar
@@ -724,7 +734,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
     if pilot is None:
         if pilot_n_items is not None or pilot_n_samples is not None or pilot_adaptive is not None:
             raise ValueError("pilot: pilot_n_items / pilot_n_samples / pilot_adaptive given without pilot ranks")
-        shape = _DefaultShape()
+        shape: _DefaultShape | _PilotShape = _DefaultShape()
     else:
         shape = _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive, spec)
     if designs is None:
@@ -751,7 +761,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
         done = None  # exact_at_cap: the exact ranks of the positives still first at the cap, 0 elsewhere
         if cap is None:
             sampled = simulate_sampled_ranks(exact, n_t, m, law, gen)
-            sizes = None
+            sizes: Any = None
         else:  # the same draws with or without completion (it draws nothing)
             res = adaptive_sampled_ranks_from_exact(
                 exact, n_t, SamplingDesign(m, adaptive_max=cap, exact_at_cap=complete), generator=gen)
@@ -762,7 +772,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
             first = as_histogram(sampled[0], n_t, m if cap is None else sizes[0])
             run = auto_method(spec, first, AdaptiveDesign(m, cap) if cap is not None else None)[0]
         # methods that fit a distribution take its options: n_bootstrap=0 skips the slow bootstrap
-        opts = {"n_bootstrap": 0} if run in registry.names(fits_distribution=True) else {}
+        opts: dict[str, Any] = {"n_bootstrap": 0} if run in registry.names(fits_distribution=True) else {}
         # a rank-distribution estimator's value is its fit's (the population's or the users'), as estimate() gives
         # it: the repeats of a design are fitted together
         batched = registry.get(run).family == "rank_distribution"
@@ -776,7 +786,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
             bar.update(repeats)
         for j in range(0 if batched else repeats):  # one estimator run per replicate (vectorised over users inside)
             if cap is None:
-                law_opt = {} if replacement else {"sampling": law}
+                law_opt: dict[str, Any] = {} if replacement else {"sampling": law}
                 est[j] = estimate(spec, sampled[j], n_t, m, method=run, **law_opt, **opts).value
             else:  # the estimator reads the sampled ranks (completion changes no r~)
                 est[j] = estimate(spec, sampled[j], n_t, sizes[j], method=run, adaptive=(m, cap), **opts).value
@@ -822,7 +832,7 @@ def _plan(n_items, n_users, metric, target_rel_error, *, pilot, pilot_n_items, p
 
 
 # ------------------------------------------------------------------------------------------------------ CLI
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     """``add_plan_parser`` and ``run_plan``: the ``plan`` subcommand lives in ``cli.py`` (this module computes);
     re-exported here, imported on first use."""
     if name in ("add_plan_parser", "run_plan"):

@@ -20,13 +20,14 @@ correction tables cacheable.
 from __future__ import annotations
 
 import hashlib
-from typing import Callable, Hashable
+from typing import Any, Callable, Hashable, Union
 
 import numpy as np
 import torch
 
 from ._checks import MAX_SAMPLES, check_elements, check_rank_values, check_ranks_in_range, check_size, real_tensor
 from ._options import check_nonnegative_float, check_positive_float
+from ._types import TensorLike
 
 __all__ = [
     "Prior",
@@ -40,7 +41,7 @@ __all__ = [
 ]
 
 
-def prior_ranks(n) -> np.ndarray:
+def prior_ranks(n: int) -> np.ndarray:
     """The ranks 1..n (float64) of a prior vector p(1..n): ``n`` checked as a size (``n_items``) and against the
     one bound on arrays that grow with n (``_checks.MAX_ELEMENTS``), before allocating."""
     n = check_size(n, "n_items", 1)
@@ -100,7 +101,7 @@ class BetaPrior(Prior):
     the two agree to O(1/n) elsewhere). a < 1 puts mass at the top; a = 1 is the uniform prior.
     """
 
-    def __init__(self, a: float):
+    def __init__(self, a: float) -> None:
         try:
             a = check_positive_float(a, "a")
         except ValueError:
@@ -129,7 +130,7 @@ class BetaPrior(Prior):
 class VectorPrior(Prior):
     """A user-given vector p(1..n) (index 0 is r = 1); always enumerated exactly."""
 
-    def __init__(self, p, atol: float = 1e-8):
+    def __init__(self, p: TensorLike, atol: float = 1e-8) -> None:
         atol = check_nonnegative_float(atol, "atol")
         arr = real_tensor(p, "prior", "a vector of probabilities over ranks").detach().cpu().numpy()
         arr = np.asarray(arr, dtype=np.float64).reshape(-1)
@@ -163,7 +164,7 @@ class CallablePrior(Prior):
     (the tail is integrated by composite Gauss rules).
     """
 
-    def __init__(self, fn: Callable[[np.ndarray, int], np.ndarray]):
+    def __init__(self, fn: Callable[[np.ndarray, int], np.ndarray]) -> None:
         if not callable(fn):
             raise ValueError("prior: expected a callable fn(r, n)")
         self.fn = fn
@@ -193,7 +194,12 @@ class CallablePrior(Prior):
         return f"CallablePrior({getattr(self.fn, '__name__', self.fn)!r})"
 
 
-def as_prior(prior, n_items: int | None = None) -> Prior:
+# what a ``prior`` argument accepts (:func:`as_prior`): None or "uniform", a Prior, ("beta", a), a vector of
+# weights over the ranks 1..n, or a callable fn(r, n) -> weights
+PriorLike = Union[None, str, Prior, "tuple[str, float]", TensorLike, Callable[..., Any]]
+
+
+def as_prior(prior: PriorLike, n_items: int | None = None) -> Prior:
     """Normalise ``prior``: None / "uniform" -> UniformPrior; a Prior; ("beta", a) -> BetaPrior;
     an array / tensor -> VectorPrior (length must be n_items); a callable -> CallablePrior."""
     if prior is None or (isinstance(prior, str) and prior.lower() == "uniform"):
@@ -222,7 +228,7 @@ def as_prior(prior, n_items: int | None = None) -> Prior:
     return result
 
 
-def fit_beta_prior(sampled_ranks, n_samples: int) -> BetaPrior:
+def fit_beta_prior(sampled_ranks: TensorLike, n_samples: int) -> BetaPrior:
     """A Beta(a, 1) prior fitted to sampled ranks by the method of moments.
 
     Under either law E[(r~ - 1) / m] = E[(r - 1) / (n - 1)], and under Beta(a, 1) that mean is
@@ -240,7 +246,7 @@ def fit_beta_prior(sampled_ranks, n_samples: int) -> BetaPrior:
     return BetaPrior(float(np.clip(mu / (1 - mu), 1e-3, 1e3)))
 
 
-def empirical_prior(exact_ranks, n_items: int, smoothing: float = 1.0) -> VectorPrior:
+def empirical_prior(exact_ranks: TensorLike, n_items: int, smoothing: float = 1.0) -> VectorPrior:
     """Histogram of exact ranks with additive smoothing ``smoothing`` per rank, as a VectorPrior.
 
     Raises:

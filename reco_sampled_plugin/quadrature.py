@@ -188,7 +188,7 @@ def pmf_at_ranks(ranks: np.ndarray, n_items: int, n_samples: int, sampling: str)
 _POWER_HEAD = 64  # terms of a power sum enumerated before Euler-Maclaurin takes over
 
 
-def power_sums(lo, hi, s: float) -> np.ndarray:
+def power_sums(lo: np.ndarray, hi: np.ndarray, s: float) -> np.ndarray:
     """sum_{r=lo}^{hi} r^-s for whole ranks 1 <= lo (arrays, broadcast; 0 where hi < lo) and s >= 0, without
     enumerating the ranks: the first 64 terms of each cell exactly, the rest a..b by Euler-Maclaurin,
     int_a^b x^-s dx + (f(a) + f(b))/2 + sum_k B_2k/(2k)! (f^(2k-1)(b) - f^(2k-1)(a)), k = 1..3."""

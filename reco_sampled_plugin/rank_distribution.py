@@ -56,6 +56,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -73,7 +74,8 @@ from ._rank_hist import (
 from ._checks import check_rank_values, check_without_replacement, impossible_rank_message
 from ._options import (check_base_measure, check_bool, check_count, check_metric_names,
                        check_nonnegative_float, check_positive_float, check_seed)
-from .metric_names import parse_metric
+from ._types import TensorLike
+from .metric_names import MetricSpec, parse_metric
 from .sampling_laws import check_law, log_sampled_rank_pmf_unbounded as _log_sampled_rank_pmf
 
 # draws live in ``simulate`` and ``adaptive``; importable from here as before
@@ -93,7 +95,7 @@ __all__ = [
     "adaptive_sampled_ranks_from_exact",
 ]
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> tuple[str, ...]:
     # a live view of the registry: the rank-distribution methods (an estimator registered later appears)
     if name == "RANK_DISTRIBUTION_METHODS":
         from . import registry
@@ -102,7 +104,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _entry(method: str):
+def _entry(method: str) -> Any:
     """The registry entry of a rank-distribution method (a ValueError naming ``method`` otherwise)."""
     from . import registry
 
@@ -137,7 +139,7 @@ def _grid(n: int, m: int, delta: float, kappa: float) -> np.ndarray:
     return np.asarray(edges, dtype=np.int64)
 
 
-def rank_grid(n_items: int, n_samples: int, delta: float = 0.05, kappa: float = 0.25, extra_edges=()) -> np.ndarray:
+def rank_grid(n_items: int, n_samples: int, delta: float = 0.05, kappa: float = 0.25, extra_edges: Sequence[int] | np.ndarray = ()) -> np.ndarray:
     """Cell edges e_0 = 0 < e_1 < ... < e_C = n; cell c holds the exact ranks e_c + 1 .. e_{c+1}."""
     edges = _grid(int(n_items), int(n_samples), float(delta), float(kappa))
     if len(extra_edges):
@@ -175,10 +177,11 @@ class _Model:
     lik: np.ndarray  # (C, K): P(r~ = i | cell, group) on the columns; zero for cells above n_g
     inside: np.ndarray  # (G, C) bool: cell within 1..n_g
     pooled: bool  # groups were pooled into bins of n
-    onehot: np.ndarray | None = None  # (K, G) float64: column -> group
-    inside_f: np.ndarray | None = None  # (C, G) float64
+    # None: derived in __post_init__ (the type is that of the derived arrays)
+    onehot: np.ndarray = None  # type: ignore[assignment]  # (K, G) float64: column -> group
+    inside_f: np.ndarray = None  # type: ignore[assignment]  # (C, G) float64
     lik_sparse: sparse.csr_matrix | None = None  # lik, sparse when mostly zeros (single-threaded, faster there)
-    exact: np.ndarray | None = None  # (G,) bool: exact groups (point masses at their ranks)
+    exact: np.ndarray = None  # type: ignore[assignment]  # (G,) bool: exact groups (point masses at their ranks)
 
     def __post_init__(self) -> None:
         if self.onehot is None:
@@ -309,7 +312,8 @@ def pool_groups(hist: RankHistogram, max_groups: int, max_rel_n_spread: float | 
     return pooled, True
 
 
-def model_grid(n_items, n_samples, delta: float = 0.05, kappa: float = 0.25, extra_edges=()) -> np.ndarray:
+def model_grid(n_items: Sequence[int] | np.ndarray, n_samples: Sequence[int] | np.ndarray, delta: float = 0.05, kappa: float = 0.25,
+               extra_edges: Sequence[int] | np.ndarray = ()) -> np.ndarray:
     """The cell edges of a fit over groups (n_g, m_g): :func:`rank_grid` of the largest n and m, with every
     n_g and the ``extra_edges`` (whole ranks below n_max) as edges."""
     n_arr = np.asarray(n_items, dtype=np.int64)
@@ -318,7 +322,7 @@ def model_grid(n_items, n_samples, delta: float = 0.05, kappa: float = 0.25, ext
     return rank_grid(n_max, int(max(n_samples)), delta, kappa, extra_edges=np.concatenate([n_arr, extra]))
 
 
-def dense_likelihood(edges: np.ndarray, n_items, n_samples, law: str) -> tuple[np.ndarray, np.ndarray]:
+def dense_likelihood(edges: np.ndarray, n_items: Sequence[int] | np.ndarray, n_samples: Sequence[int] | np.ndarray, law: str) -> tuple[np.ndarray, np.ndarray]:
     """P(r~ = i | cell, group) for every i (G, C, m_max + 1) and the inside mask (G, C): each cell's law
     averaged over up to 8 ranks spread through it (``cell_points``)."""
     pts, wts = cell_points(edges)
@@ -353,7 +357,7 @@ def _binomial_logpmf(logp: np.ndarray, log1mp: np.ndarray, j: np.ndarray, m: int
 _BAND_LOG = math.log(1e18)
 
 
-def _binomial_band(pts: np.ndarray, wts: np.ndarray, n: int, m: int, i: np.ndarray):
+def _binomial_band(pts: np.ndarray, wts: np.ndarray, n: int, m: int, i: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The cell-averaged binomial likelihood on the (cell, column) pairs that can reach 1e-18: (cell index (P,),
     column position in ``i`` (P,), value (P,)) for cells with points ``pts`` (c, S), weights ``wts`` and successes
     ``i`` (K,). The cost follows the pairs within Bernstein's band of each cell (``_BAND_LOG``), not c x K."""
@@ -376,7 +380,7 @@ def _binomial_band(pts: np.ndarray, wts: np.ndarray, n: int, m: int, i: np.ndarr
 
 @lru_cache(maxsize=32)
 def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa: float, extra_edges: tuple = (),
-                support: tuple = (), exact: tuple = ()):
+                support: tuple = (), exact: tuple = ()) -> _Model:
     """Grid edges, P(r~ | cell, group) on the ``support`` columns (flat keys g (m_max + 1) + i) and the inside
     mask for groups (n_g, m_g). Depends on sizes and support only, not on the counts, so it is cached (repeated
     fits on new draws of the same users reuse it). ``extra_edges``: more cell edges, e.g. shape-zone bounds.
@@ -426,7 +430,7 @@ def _occupied(hist: RankHistogram) -> tuple[np.ndarray, np.ndarray]:
     return g, nz - hist._starts[g]
 
 
-def _support(hists, m_max: int) -> tuple:
+def _support(hists: Iterable[RankHistogram], m_max: int) -> tuple:
     """Flat keys g (m_max + 1) + i of the columns occupied in any of the histograms (same groups)."""
     keys = [g * (m_max + 1) + i for g, i in map(_occupied, hists)]
     return tuple(np.unique(np.concatenate(keys)).tolist())
@@ -438,8 +442,8 @@ def _flat_counts(model: _Model, hist: RankHistogram) -> np.ndarray:
 
 
 def _build_model(
-    hist: RankHistogram, sampling: str, max_groups: int, delta: float, kappa: float, max_rel_n_spread=None,
-    extra_edges: tuple = (), others=(),
+    hist: RankHistogram, sampling: str, max_groups: int, delta: float, kappa: float, max_rel_n_spread: float | None = None,
+    extra_edges: tuple = (), others: Sequence[RankHistogram] = (),
 ) -> _Model:
     """The model of ``hist`` (pooled), its counts on the columns; ``others``: more pooled histograms with the
     same groups whose columns must be in the support (batched fits)."""
@@ -483,7 +487,8 @@ def _em_step(model: _Model, pi: np.ndarray, counts: np.ndarray, totals_g: np.nda
     return new / new.sum(-1, keepdims=True)
 
 
-def _em_batched(model: _Model, pi0: np.ndarray, counts: np.ndarray, tol: float, max_iter: int, trace: bool = False):
+def _em_batched(model: _Model, pi0: np.ndarray, counts: np.ndarray, tol: float, max_iter: int,
+                trace: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[float]]:
     """EM accelerated by SQUAREM (Varadhan & Roland 2008, scheme S3) with a monotone safeguard, for a batch.
 
     pi0 (B, C), counts (B, K). Each cycle takes two EM steps, extrapolates, and keeps the
@@ -531,7 +536,8 @@ def _em_batched(model: _Model, pi0: np.ndarray, counts: np.ndarray, tol: float, 
     return pi, steps, converged, lls
 
 
-def _em(model: _Model, pi0: np.ndarray, counts: np.ndarray, tol: float, max_iter: int, trace: bool = False):
+def _em(model: _Model, pi0: np.ndarray, counts: np.ndarray, tol: float, max_iter: int,
+        trace: bool = False) -> tuple[np.ndarray, int, bool, list[float]]:
     """:func:`_em_batched` for pi0 (..., C) and counts (..., K); returns pi (..., C), the largest
     step count, whether every problem converged, and the trace."""
     lead = np.broadcast_shapes(pi0.shape[:-1], counts.shape[:-1])
@@ -542,7 +548,7 @@ def _em(model: _Model, pi0: np.ndarray, counts: np.ndarray, tol: float, max_iter
     return pi.reshape(lead + pi0.shape[-1:]), int(steps.max()), bool(conv.all()), lls
 
 
-def _mes_lambda(total, lam: float | None):
+def _mes_lambda(total: float | np.ndarray, lam: float | None) -> np.ndarray:
     """The MES entropy weight: ``MES_LAMBDA`` / M by default (M positives, scalar or per histogram)."""
     lam_used = MES_LAMBDA / np.asarray(total, dtype=np.float64) if lam is None else np.full(np.shape(total), float(lam))
     if not np.all(np.isfinite(lam_used)) or np.any(lam_used < 0):
@@ -559,9 +565,9 @@ def _mes_start(model: _Model, pi0: np.ndarray, counts: np.ndarray) -> np.ndarray
     return 0.9 * pi + 0.1 * pi0
 
 
-def check_fit_options(method: str, sampling="binomial", *, tol=1e-7, max_iter=5000, lam=None, max_groups=16,
-                      delta=0.05, kappa=0.25, beta=0.0, n_bootstrap=None, seed=0, trace=False, df=None,
-                      penalty=None) -> dict:
+def check_fit_options(method: str, sampling: str = "binomial", *, tol: float = 1e-7, max_iter: int = 5000, lam: float | None = None, max_groups: int = 16,
+                      delta: float = 0.05, kappa: float = 0.25, beta: float = 0.0, n_bootstrap: int | None = None, seed: int = 0, trace: bool = False, df: int | None = None,
+                      penalty: float | None = None) -> dict:
     """Validate the options of :func:`estimate_rank_distribution` before any work (a NaN ``tol`` would keep
     the EM running to ``max_iter``, a ``delta`` of 0 would give one cell per rank): a ValueError naming the
     option; returns them normalised (``sampling`` as its canonical law name)."""
@@ -591,7 +597,7 @@ def check_fit_options(method: str, sampling="binomial", *, tol=1e-7, max_iter=50
     return out
 
 
-def _check_beta(beta, method: str, takes: tuple) -> float:
+def _check_beta(beta: float, method: str, takes: tuple) -> float:
     beta = check_base_measure(beta)
     if beta and "beta" not in takes:
         raise ValueError(f"beta: only the 'mes' method takes a base measure, got method {method!r}")
@@ -608,7 +614,7 @@ def _reference_measure(edges: np.ndarray, beta: float) -> np.ndarray:
     head = np.arange(1, 65, dtype=np.float64) ** (-beta)  # exact sums over ranks 1..64, the integral beyond
     cum = np.concatenate([[0.0], np.cumsum(head)])
 
-    def partial(x):  # sum_{r=1}^{x} r^-beta
+    def partial(x: np.ndarray) -> np.ndarray:  # sum_{r=1}^{x} r^-beta
         x = np.asarray(x)
         small = np.minimum(x, 64.0).astype(np.int64)
         if beta == 1.0:
@@ -633,8 +639,8 @@ def _truncated_loglik(model: _Model, pi: np.ndarray, counts: np.ndarray, totals_
     return ll, dll
 
 
-def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol: float, max_iter: int, trace=False,
-             beta: float = 0.0):
+def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol: float, max_iter: int, trace: bool = False,
+             beta: float = 0.0) -> tuple[np.ndarray, Any, list[float]]:
     """Maximise loglik/M + lam * H(P) over softmax logits with L-BFGS-B; returns pi, result, objective trace.
     H is the entropy relative to the base measure r^-beta (``_reference_measure``; beta = 0: uniform over ranks)."""
     widths = _reference_measure(model.edges, beta)
@@ -644,7 +650,7 @@ def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol
     totals_g = model.totals(counts)
     has = counts > 0
 
-    def unpack(theta):
+    def unpack(theta: np.ndarray) -> np.ndarray:
         z = theta + logw
         z = z - z.max()
         pi = np.exp(z)
@@ -652,7 +658,7 @@ def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol
 
     scale = max(float(lam), 1.0)
 
-    def objective(theta):
+    def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
         pi = unpack(theta)
         ll, dll = _truncated_loglik(model, pi, counts, totals_g, has, inside)
         per_rank = np.maximum(pi / widths, 1e-300)
@@ -677,7 +683,9 @@ def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol
     return unpack(res.x), res, values
 
 
-def _mes_objective(model: _Model, counts: np.ndarray, lam: np.ndarray, beta: float):
+def _mes_objective(
+    model: _Model, counts: np.ndarray, lam: np.ndarray, beta: float,
+) -> tuple[Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]], np.ndarray]:
     """The MES objective of :func:`_mes_fit` for a batch, divided by max(lam, 1): f(theta) (B,) and its gradient
     (B, C) at logits theta (B, C) of B problems (counts (B, K), entropy weights lam (B,)) on one model."""
     widths = _reference_measure(model.edges, beta)
@@ -737,7 +745,7 @@ def _lbfgs_direction(g: np.ndarray, S: np.ndarray, Y: np.ndarray, age: np.ndarra
 
 
 def _mes_fit_batched(model: _Model, counts: np.ndarray, lam: np.ndarray, pi0: np.ndarray, tol: float,
-                     max_iter: int, beta: float = 0.0, memory: int = 20):
+                     max_iter: int, beta: float = 0.0, memory: int = 20) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`_mes_fit` for B problems at once: L-BFGS (compact form, ``memory`` pairs) with a backtracking Armijo
     line search from the unit step, vectorised over the problems, each stopped by L-BFGS-B's own rules (relative
     decrease of the objective at most ``tol``, or largest gradient entry at most 1e-12) and then dropped from the
@@ -816,6 +824,12 @@ def _mes_fit_batched(model: _Model, counts: np.ndarray, lam: np.ndarray, pi0: np
 
 
 # ------------------------------------------------------------------------------------------ fitters
+# a fitter's result: (pi (C,), iterations, converged, objective trace, details) for one histogram, and
+# (pi (B, C), iterations (B,), converged (B,), details per histogram) for a batch
+_Fit = tuple[np.ndarray, int, bool, tuple[float, ...], dict]
+_BatchFit = tuple[np.ndarray, np.ndarray, np.ndarray, list[dict]]
+
+
 class EMFitter:
     """``mle``: the NPMLE on the grid by EM (SQUAREM-accelerated), stopped by ``tol`` per positive.
 
@@ -826,17 +840,17 @@ class EMFitter:
     default_bootstrap = 32
     target = "population"  # what RankDistribution.metric estimates for the registry (``estimate_by_fit``)
 
-    def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict):
+    def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _Fit:
         """(pi, iterations, converged, objective trace, details) of one histogram's counts."""
         pi, iters, converged, lls = _em(model, pi0, counts, opts["tol"], opts["max_iter"], opts["trace"])
         return pi, iters, converged, tuple(float(v) for v in lls), {}
 
-    def fit_batch(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict):
+    def fit_batch(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _BatchFit:
         """(pi (B, K), iterations (B,), converged (B,), details per histogram) of B histograms' counts."""
         pi, steps, conv, _ = _em_batched(model, pi0, counts, opts["tol"], opts["max_iter"])
         return pi, steps, conv, [{} for _ in range(len(counts))]
 
-    def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, opts: dict, details: dict):
+    def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, opts: dict, details: dict) -> np.ndarray:
         start = np.broadcast_to(pi0, (len(draws), len(pi)))
         return _em(model, start, draws, opts["tol"], opts["max_iter"])[0]
 
@@ -851,14 +865,14 @@ class MESFitter:
     default_bootstrap = 16
     target = "population"
 
-    def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict):
+    def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _Fit:
         lam = float(_mes_lambda(counts.sum(), opts["lam"]))
         start = _mes_start(model, pi0, counts)
         pi, res, values = _mes_fit(model, counts, lam, start, opts["tol"], opts["max_iter"], opts["trace"],
                                    opts["beta"])
         return pi, int(res.nit), bool(res.success), tuple(float(v) for v in values), {"lam": lam}
 
-    def fit_batch(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict):
+    def fit_batch(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _BatchFit:
         # one L-BFGS-B run per histogram, as a single fit (the planner forecasts what estimate() gives: the
         # batched solver stops within the same tolerance but not at the same point, measured up to ~0.1 sd)
         lam = _mes_lambda(counts.sum(axis=1), opts["lam"])
@@ -870,7 +884,7 @@ class MESFitter:
         conv = np.array([bool(f[1].success) for f in fits])
         return pi, iters, conv, [{"lam": float(lam[b])} for b in range(len(counts))]
 
-    def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, opts: dict, details: dict):
+    def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, opts: dict, details: dict) -> np.ndarray:
         start = np.broadcast_to(pi, (len(draws), len(pi)))
         lam = np.full(len(draws), details["lam"])
         return _mes_fit_batched(model, draws, lam, start, opts["tol"], opts["max_iter"], opts["beta"])[0]
@@ -893,7 +907,9 @@ def _g_basis(edges: np.ndarray, df: int) -> np.ndarray:
     return interpolate.BSpline.design_matrix(np.clip(x, 0.0, hi), knots, 3).toarray()
 
 
-def _g_objective(model: _Model, counts: np.ndarray, basis: np.ndarray, penalty: float):
+def _g_objective(
+    model: _Model, counts: np.ndarray, basis: np.ndarray, penalty: float,
+) -> tuple[Callable[[np.ndarray], tuple[float, np.ndarray]], Callable[[np.ndarray], np.ndarray]]:
     """f(alpha) = -loglik/M + penalty * |D2 alpha|^2 / M and its gradient, P(cell) proportional to
     width * exp(basis @ alpha) (uniform over ranks at alpha = 0)."""
     logw = np.log(model.widths)
@@ -904,13 +920,13 @@ def _g_objective(model: _Model, counts: np.ndarray, basis: np.ndarray, penalty: 
     d2 = np.diff(np.eye(basis.shape[1]), 2, axis=0)
     pen = penalty * (d2.T @ d2)
 
-    def pi_of(alpha):
+    def pi_of(alpha: np.ndarray) -> np.ndarray:
         z = logw + basis @ alpha
         z = z - z.max()
         pi = np.exp(z)
         return pi / pi.sum()
 
-    def objective(alpha):
+    def objective(alpha: np.ndarray) -> tuple[float, np.ndarray]:
         pi = pi_of(alpha)
         ll, dll = _truncated_loglik(model, pi, counts, totals_g, has, inside)
         grad_pi = -dll / total
@@ -921,8 +937,8 @@ def _g_objective(model: _Model, counts: np.ndarray, basis: np.ndarray, penalty: 
     return objective, pi_of
 
 
-def _g_fit(model: _Model, counts: np.ndarray, df: int, penalty: float, alpha0, tol: float, max_iter: int,
-           trace: bool = False):
+def _g_fit(model: _Model, counts: np.ndarray, df: int, penalty: float, alpha0: np.ndarray | None, tol: float, max_iter: int,
+           trace: bool = False) -> tuple[np.ndarray, Any, list[float]]:
     basis = _g_basis(model.edges, df)
     objective, pi_of = _g_objective(model, counts, basis, penalty)
     values: list[float] = []
@@ -952,18 +968,18 @@ class GModelFitter:
     #: users' value between the two priors is the model term of the standard error (see ``metric``)
     reference = "mes"
 
-    def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict):
+    def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _Fit:
         pi, res, values = _g_fit(model, counts, opts["df"], opts["penalty"], None, opts["tol"], opts["max_iter"],
                                  opts["trace"])
         return pi, int(res.nit), bool(res.success), tuple(float(v) for v in values), {
             "df": opts["df"], "penalty": opts["penalty"], "alpha": tuple(float(a) for a in res.x)}
 
-    def fit_batch(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict):
+    def fit_batch(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _BatchFit:
         fits = [self.fit(model, pi0[b], counts[b], {**opts, "trace": False}) for b in range(len(counts))]
         return (np.stack([f[0] for f in fits]), np.array([f[1] for f in fits]), np.array([f[2] for f in fits]),
                 [f[4] for f in fits])
 
-    def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, opts: dict, details: dict):
+    def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, opts: dict, details: dict) -> np.ndarray:
         alpha = np.asarray(details["alpha"])
         return np.stack([_g_fit(model, d, opts["df"], opts["penalty"], alpha, opts["tol"], opts["max_iter"])[0]
                          for d in draws]) if len(draws) else np.zeros((0, len(pi)))
@@ -1037,7 +1053,7 @@ class RankDistribution:
     def n_items(self) -> int:
         return int(self.edges[-1])
 
-    def pmf(self, r) -> np.ndarray:
+    def pmf(self, r: TensorLike) -> np.ndarray:
         """P^(R = r) for whole ranks r in 1..n (uniform within each cell); a fractional rank is refused, not
         truncated into its neighbour's cell."""
         r = check_rank_values(r, "r", whole=True).cpu().numpy().astype(np.int64)
@@ -1046,7 +1062,7 @@ class RankDistribution:
         c = np.searchsorted(self.edges, r, side="left") - 1
         return self.probs[c] / np.diff(self.edges)[c]
 
-    def cdf(self, k) -> np.ndarray:
+    def cdf(self, k: TensorLike) -> np.ndarray:
         """P^(R <= k), i.e. the estimated HR@k of the largest group (whole k in 0..n)."""
         k = np.asarray(k, dtype=np.float64)
         cum = np.concatenate([[0.0], np.cumsum(self.probs)])
@@ -1075,12 +1091,12 @@ class RankDistribution:
         out[inside] = self.pmf(r[inside])
         return out
 
-    def as_prior(self):
+    def as_prior(self) -> Callable[..., np.ndarray]:
         """Callable ``fn(r, n=None)`` -> weights P^(R = r) (real r rounded to the nearest rank, at least 1):
         the callable-prior interface of ``priors.py`` (which normalises over 1..n). Beyond the fitted range
         the weights extend as in :meth:`prior`."""
 
-        def fn(r, n=None):
+        def fn(r: TensorLike, n: int | None = None) -> np.ndarray:
             rr = np.maximum(np.rint(np.asarray(r, dtype=np.float64)), 1).astype(np.int64)
             if n is not None:
                 rr = np.minimum(rr, int(n))
@@ -1104,16 +1120,17 @@ class RankDistribution:
             value = value + totals[g] * (p @ means.T) / p.sum(-1, keepdims=True)
         return value / totals.sum()
 
-    def _metric_from_probs(self, spec, probs: np.ndarray) -> np.ndarray:
+    def _metric_from_probs(self, spec: MetricSpec, probs: np.ndarray) -> np.ndarray:
         return self._metrics_from_probs((spec,), probs)[..., 0]
 
-    def _posterior_stderr(self, spec, means_by_group: list) -> float:
+    def _posterior_stderr(self, spec: MetricSpec, means_by_group: list) -> float:
         """sd of the per-positive posterior means E^[M(R) | r~, n_g] over sqrt(M) (their mean is the
         estimate at an exact EM fixed point); ignores the uncertainty of P^ itself. Computed on the occupied
         (group, r~) columns of the likelihood (``lik`` (C, K), ``lik_cols`` (K, 2))."""
         hist = self.histogram
         total = hist.total
         cols = self.lik_cols
+        assert cols is not None and self.lik is not None  # kept by every fit of this module
         C = len(self.probs)
         means = np.zeros((C, hist.n_groups))
         for g, mg in enumerate(means_by_group):
@@ -1128,13 +1145,14 @@ class RankDistribution:
         ss = float(np.dot(w, (v - mean) ** 2))
         return math.sqrt(ss / (total * (total - 1.0))) if total > 1 else math.inf
 
-    def _users_values(self, spec, probs: np.ndarray) -> tuple[np.ndarray, float]:
+    def _users_values(self, spec: MetricSpec, probs: np.ndarray) -> tuple[np.ndarray, float]:
         """The users' metric under the prior ``probs`` (..., C): the mean over positives of their posterior means
         E[M(R) | r~, n_g, m_g] (the finite-population target, whose exact value is the metric of these users),
         and the posterior variance of that mean under ``self.probs``, sum of the positives' posterior variances
         over M^2 (cell means of M stand for the cell's ranks). On the occupied (group, r~) columns."""
         hist = self.histogram
         cols = self.lik_cols
+        assert cols is not None and self.lik is not None  # kept by every fit of this module
         means = np.zeros((len(self.probs), hist.n_groups))
         for g, (n, t, c) in enumerate(zip(hist.n_items, hist.totals,
                                           np.searchsorted(self.edges, hist.n_items).astype(np.int64))):
@@ -1145,7 +1163,7 @@ class RankDistribution:
         w = hist.flat_counts[hist._starts[cols[:, 0]] + cols[:, 1]]
         total = hist.total
 
-        def moments(p):
+        def moments(p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             den = p @ lik
             ok = den > 0
             safe = np.where(ok, den, 1.0)
@@ -1156,7 +1174,7 @@ class RankDistribution:
         var = float(np.dot(w, np.maximum(v2 - v1 * v1, 0.0))) / total**2
         return (v * w).sum(-1) / total, var
 
-    def metric(self, metric, stderr: str = "auto", target: str = "population") -> DistributionEstimate:
+    def metric(self, metric: str | MetricSpec, stderr: str = "auto", target: str = "population") -> DistributionEstimate:
         """Estimate sum_R P^(R) M(R) (each group's P^ truncated to its n) with a standard error; or, with
         ``target="users"``, the metric of these users: the mean of their posterior means under P^ (each positive's
         r~ read through the likelihood), the population value then in ``details["population_value"]``.
@@ -1235,7 +1253,7 @@ class RankDistribution:
                 details["stderr_parts"] = parts
         return DistributionEstimate(value, se, hist.total, details, tuple(flags))
 
-    def metrics(self, metrics, stderr: str = "auto") -> dict:
+    def metrics(self, metrics: Iterable[str | MetricSpec], stderr: str = "auto") -> dict[str, DistributionEstimate]:
         """:meth:`metric` for several metrics from this one fit: ``{str(spec): DistributionEstimate}``.
 
         Cut-off metrics share one prefix-sum table (``interval_mean_metrics``), so K = 1..50 of two metrics
@@ -1243,7 +1261,7 @@ class RankDistribution:
         specs = list(check_metric_names(metrics))  # one str: one metric
         return {str(sp): self.metric(sp, stderr=stderr) for sp in specs}
 
-    def values(self, metrics, target: str = "population") -> np.ndarray:
+    def values(self, metrics: Iterable[str | MetricSpec], target: str = "population") -> np.ndarray:
         """Point estimates only (no standard errors, no flags) for several metrics: float64 (len(metrics),);
         ``target`` as in :meth:`metric` (``"users"`` needs the likelihood: every fit of this module keeps it)."""
         specs = check_metric_names(metrics)
@@ -1260,12 +1278,12 @@ class RankDistribution:
 
 # ---------------------------------------------------------------------------------------- estimator
 def estimate_rank_distribution(
-    sampled_ranks,
-    n_items=None,
-    n_samples=None,
+    sampled_ranks: TensorLike | RankHistogram,
+    n_items: TensorLike | None = None,
+    n_samples: TensorLike | None = None,
     method: str = "mle",
     sampling: str = "binomial",
-    weights=None,
+    weights: TensorLike | None = None,
     n_bootstrap: int | None = None,
     seed: int = 0,
     tol: float = 1e-7,
@@ -1370,7 +1388,7 @@ def estimate_rank_distribution(
 
 
 def estimate_rank_distributions(
-    histograms,
+    histograms: Iterable[RankHistogram],
     method: str = "mle",
     sampling: str = "binomial",
     *,
@@ -1406,7 +1424,7 @@ def estimate_rank_distributions(
     spread = check_spread(max_rel_n_spread)
     pooled = [pool_groups(h, max_groups, spread) for h in hists]
     keys = {(tuple(p.n_items.tolist()), tuple(p.n_samples.tolist()), tuple(p.exact.tolist())) for p, _ in pooled}
-    kw = dict(method=method, sampling=sampling, n_bootstrap=0, tol=tol, max_iter=max_iter, lam=lam,
+    kw: dict[str, Any] = dict(method=method, sampling=sampling, n_bootstrap=0, tol=tol, max_iter=max_iter, lam=lam,
               max_groups=max_groups, delta=delta, kappa=kappa, max_rel_n_spread=spread, beta=beta, df=df,
               penalty=penalty)
     if len(keys) != 1:  # different group structures: no shared likelihood
@@ -1465,7 +1483,7 @@ def fitted_distribution(hist: RankHistogram, method: str, sampling: str, options
     return dist
 
 
-def estimate_by_fit(spec, hist: RankHistogram, *, method: str, sampling: str, options: dict) -> DistributionEstimate:
+def estimate_by_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sampling: str, options: dict) -> DistributionEstimate:
     """The registry's compute function of the rank-distribution family: the fitted distribution's (cached)
     expectation of the metric, with its bootstrap (or posterior) standard error."""
     target = _entry(method).fitter_object().target

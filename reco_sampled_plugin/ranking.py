@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, NamedTuple, Sequence, overload
 
 import torch
 
@@ -33,6 +33,10 @@ from .counting import count_beating, count_beating_checked, count_tied_before, i
 from ._popularity import PopularityStats, exclusion_totals, popularity_stats
 from ._options import check_bool
 from .design import SamplingDesign, as_design
+from ._types import TensorLike
+
+if TYPE_CHECKING:
+    from ._rank_hist import RankHistogram
 
 __all__ = [
     "TIES",
@@ -78,7 +82,8 @@ def _row_seeds(batch: int, generator: torch.Generator | None, device: torch.devi
     return seeds if seeds.device == torch.device(device) else seeds.to(device)
 
 
-def _rand(shape: tuple[int, ...], generator: torch.Generator | None, device, dtype=torch.float64) -> torch.Tensor:
+def _rand(shape: tuple[int, ...], generator: torch.Generator | None, device: torch.device,
+          dtype: torch.dtype = torch.float64) -> torch.Tensor:
     """Uniform numbers in [0, 1) on ``device``: drawn there by its default generator, or by ``generator`` on its own
     device and moved once."""
     if generator is None:
@@ -112,7 +117,8 @@ def _removed_counts(
     return counts
 
 
-def _removed_tied_before(rem_scores, rem_valid, rem_idx, pos_scores, pos_keys, row_seed) -> torch.Tensor:
+def _removed_tied_before(rem_scores: torch.Tensor, rem_valid: torch.Tensor, rem_idx: torch.Tensor, pos_scores: torch.Tensor,
+                         pos_keys: torch.Tensor, row_seed: torch.Tensor) -> torch.Tensor:
     """(B, P) removed items tied with each positive whose :func:`item_keys` key is smaller (never the positive
     itself: same key). Scores become order-preserving integer codes per row (their place among the row's removed
     and positive scores); (code, key) pairs pack into one int64, sorted once and searched: O(B (P + R)) memory."""
@@ -127,7 +133,8 @@ def _removed_tied_before(rem_scores, rem_valid, rem_idx, pos_scores, pos_keys, r
     return below_key - below_score
 
 
-def prepare_inputs(scores, positives, exclude, check_finite):
+def prepare_inputs(scores: Any, positives: Any, exclude: Any,
+                   check_finite: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     scores = score_tensor(scores)
     b, n = scores.shape
     first = [finite_check(scores)] if check_finite else []  # read back with the index checks: one synchronisation
@@ -135,7 +142,7 @@ def prepare_inputs(scores, positives, exclude, check_finite):
     return scores, pos, exc
 
 
-def prepare_index(positives, exclude, b: int, n: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+def prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Positives and exclusions of B rows over n items as padded (B, P) / (B, E) int64 indices (-1 padding),
     validated: in range, no positive also excluded (a ValueError naming the argument). Every check is read back
     in one host synchronisation (two when one argument is a mask and the other an index tensor)."""
@@ -157,7 +164,8 @@ def _clash_check(pos: torch.Tensor, exc: torch.Tensor) -> Check:
     return Check(clash.any(), lambda: _clash_error(clash.any(1)))
 
 
-def _prepare_index(positives, exclude, b: int, n: int, device, first: list[Check]):
+def _prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.device,
+                   first: list[Check]) -> tuple[torch.Tensor, torch.Tensor | None]:
     if isinstance(exclude, Exclusions):  # prepared: the exact paths take its padded form
         exclude = check_prepared(exclude, n, b, device).padded()
     if n == 0:  # an empty catalogue: nothing to rank (an empty (B, 0) mask still gives (B, 0) ranks)
@@ -167,7 +175,8 @@ def _prepare_index(positives, exclude, b: int, n: int, device, first: list[Check
                              "give scores for the whole catalogue")
     pos, pos_mask, checks = pending_index(positives, n, b, "positives", device)
     checks = list(first) + checks
-    exc = exc_mask = None
+    exc: Any = None  # padded indices or a mask, then padded indices
+    exc_mask: bool | None = None
     if exclude is not None:
         exc, exc_mask, exc_checks = pending_index(exclude, n, b, "exclude", device)
         checks += exc_checks
@@ -199,7 +208,7 @@ def _exclusions_clash(pos: torch.Tensor, exc: Exclusions) -> Check:
     return Check(clash.any(), lambda: _clash_error(clash.any(1)))
 
 
-def prepare_sampling_index(positives, exclude, b: int, n: int, device, first: list[Check] = ()) \
+def prepare_sampling_index(positives: Any, exclude: Any, b: int, n: int, device: torch.device, first: Sequence[Check] = ()) \
         -> tuple[torch.Tensor, Exclusions | None, list[Check]]:
     """:func:`prepare_index` for the draws: positives as padded (B, P) int64 indices, exclusions as a validated
     :class:`~reco_sampled_plugin.exclusions.Exclusions` (CSR, rows sorted once; None for none), and the checks
@@ -209,6 +218,7 @@ def prepare_sampling_index(positives, exclude, b: int, n: int, device, first: li
     The checks keep :func:`prepare_index`'s order (``first``, the positives', the exclusions' range, their
     duplicates, positives also excluded); one read back here (the flat size T is read with the first checks), as
     :func:`prepare_index` has."""
+    exc: Any  # padded indices, a mask, or pending / prepared exclusions
     if exclude is None or n == 0 or b == 0:
         pos, exc = _prepare_index(positives, exclude, b, n, device, list(first))
         return pos, as_exclusions(exc, n, b), []
@@ -254,7 +264,7 @@ def stage_positives(pos: torch.Tensor, idx: torch.Tensor, from_mask: bool) -> to
     return sub
 
 
-def exclusion_counts(exc, b: int, device) -> torch.Tensor:
+def exclusion_counts(exc: torch.Tensor | Exclusions | None, b: int, device: torch.device) -> torch.Tensor:
     """(B,) int64 excluded items per row of padded (B, E) exclusions, :class:`Exclusions`, or None (zeros)."""
     if exc is None:
         return torch.zeros(b, dtype=torch.int64, device=device)
@@ -280,7 +290,7 @@ def candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tenso
     return padded_candidate_counts(n_items, pos, exc, count_other_positives)
 
 
-def padded_candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tensor | None,
+def padded_candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tensor | Exclusions | None,
                       count_other_positives: bool = True) -> torch.Tensor:
     """:func:`candidate_counts` on validated padded (B, P) / (B, E) index tensors (-1 padding); ``exclude`` may be
     an :class:`~reco_sampled_plugin.exclusions.Exclusions`."""
@@ -293,7 +303,7 @@ def padded_candidate_counts(n_items: int, positives: torch.Tensor, exclude: torc
 def exact_ranks(
     scores: torch.Tensor,
     positives: torch.Tensor,
-    exclude: torch.Tensor | None = None,
+    exclude: TensorLike | Exclusions | None = None,
     ties: str = "pessimistic",
     *,
     count_other_positives: bool = True,
@@ -339,14 +349,17 @@ def tied_positives(pos_scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch
     return before, after
 
 
-def exact_ranks_padded(scores, pos, exc, ties, count_other_positives=True, generator=None, *, check_finite: bool = False) -> torch.Tensor:
+def exact_ranks_padded(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, ties: str, count_other_positives: bool = True,
+                       generator: torch.Generator | None = None, *, check_finite: bool = False) -> torch.Tensor:
     """:func:`exact_ranks` on validated inputs: (B, n) scores, padded (B, P) positives and (B, E)
     exclusions (-1 padding, see :func:`as_padded_index`), no input checks except, with ``check_finite``,
     the NaN/inf check of the scores (done by the counting pass itself); (B, P) 1-based ranks."""
     return exact_ranks_padded_finite(scores, pos, exc, ties, count_other_positives, generator, check_finite, True)[0]
 
 
-def exact_ranks_padded_finite(scores, pos, exc, ties, count_other_positives, generator, check_finite: bool, raise_now: bool):
+def exact_ranks_padded_finite(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, ties: str, count_other_positives: bool,
+                              generator: torch.Generator | None, check_finite: bool,
+                              raise_now: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(ranks, finite rows): with ``check_finite``, the (B,) bool rows free of NaN/inf from the counting pass, raised
     on at once (``raise_now``) or returned unread (None without ``check_finite``), for a caller that reads them
     back with its results (one synchronisation fewer)."""
@@ -455,10 +468,10 @@ class SampledRanks:
             return (self.ranks, self.n_samples)
         return (self.ranks, self.n_candidates, self.negatives)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Any]:
         return iter(self._legacy())
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> Any:
         return self._legacy()[i]
 
     def __len__(self) -> int:
@@ -482,7 +495,7 @@ class SampledRanks:
             return n.unsqueeze(1).expand(r.shape)
         return n.expand(r.shape)
 
-    def histogram(self, weights=None, *, exact: bool = True):
+    def histogram(self, weights: TensorLike | None = None, *, exact: bool = True) -> RankHistogram:
         """The :class:`~reco_sampled_plugin._rank_hist.RankHistogram` of these ranks (padding dropped), with
         per-positive n and m; ``weights`` as in :func:`~reco_sampled_plugin.estimators.estimate`. With
         ``exact`` (default) and :attr:`exact_ranks`, the completed positives form exact groups (n, m = n - 1) of
@@ -502,7 +515,8 @@ def forbidden_sorted(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int) 
     return torch.sort(forb, dim=1).values
 
 
-def _uniform_positions(n_allowed: torch.Tensor, shape: tuple[int, ...], generator, device) -> torch.Tensor:
+def _uniform_positions(n_allowed: torch.Tensor, shape: tuple[int, ...], generator: torch.Generator | None,
+                       device: torch.device) -> torch.Tensor:
     """Uniform integers in [0, n_allowed[b]) of the given (B, ...) shape, on ``device`` (see :func:`_rand`)."""
     u = _rand(shape, generator, device)
     view = n_allowed.view((-1,) + (1,) * (len(shape) - 1)).to(torch.float64)
@@ -524,7 +538,8 @@ def allowed_position_to_item(positions: torch.Tensor, forb_sorted: torch.Tensor,
     return (flat + shift).reshape(positions.shape)
 
 
-def draws_for_rows_with_positives(pos: torch.Tensor, exc: torch.Tensor | None, m: int, draw) -> torch.Tensor:
+def draws_for_rows_with_positives(pos: torch.Tensor, exc: torch.Tensor | None, m: int,
+                                  draw: Callable[[torch.Tensor, torch.Tensor | None, torch.Tensor | None], torch.Tensor]) -> torch.Tensor:
     """(B, P, m) negatives from ``draw(pos, exc, rows)`` for the rows that have a positive only (``rows``: their
     bool mask, None when every row has one, so such a batch draws as it always did). Rows without a positive
     draw nothing (item 0 fills their slots; callers mask padded slots), so their pools need not hold m items."""
@@ -558,8 +573,9 @@ def _later_duplicates(x: torch.Tensor, fresh: torch.Tensor | None = None) -> tor
     return torch.zeros_like(dup_sorted).scatter(-1, order, dup_sorted)
 
 
-def draw_negatives(pos, exc, n_items, m, replacement, popularity, generator, device, checks: list[Check] = ()) \
-        -> torch.Tensor:
+def draw_negatives(pos: torch.Tensor, exc: Exclusions | torch.Tensor | None, n_items: int, m: int, replacement: bool,
+                   popularity: torch.Tensor | None, generator: torch.Generator | None, device: torch.device,
+                   checks: Sequence[Check] = ()) -> torch.Tensor:
     """(B, P, m) irrelevant items for each positive (rows without a positive: item 0, the caller masks them).
 
     ``pos``: validated padded (B, P) positives; ``exc``: their rows' exclusions, an
@@ -582,12 +598,12 @@ def draw_negatives(pos, exc, n_items, m, replacement, popularity, generator, dev
     n_allowed = n_items - exclusion_counts(exc, b, device) - valid.sum(1)
     checks = list(checks)
     values = [active.all()]
-    small = None
+    small: Any = None  # (B,) bool rows with a small pool (read only when any_small)
     if popularity is None:
         if not replacement:
             too_few = active & (n_allowed < m)
 
-            def few():
+            def few() -> None:
                 raise ValueError(
                     f"n_samples: m = {m} draws without replacement, but {int(too_few.sum())} row(s) have fewer "
                     f"irrelevant candidates (smallest: {int(n_allowed[active].min())})")
@@ -596,7 +612,7 @@ def draw_negatives(pos, exc, n_items, m, replacement, popularity, generator, dev
             small = active & (n_allowed <= 4 * m)
             values.append(small.any())
 
-        def empty():
+        def empty() -> None:
             raise ValueError("positives: some row has no irrelevant candidate left to sample from")
 
         checks.append(Check((active & (n_allowed < 1)).any(), empty))
@@ -608,14 +624,14 @@ def draw_negatives(pos, exc, n_items, m, replacement, popularity, generator, dev
             forbidden_weighted = forbidden_weighted + exc.row_sums(weighted[exc.items].to(torch.int64))
         short = active & (weighted.sum() - forbidden_weighted < need)
 
-        def few_weighted():
+        def few_weighted() -> None:
             raise ValueError(f"popularity: {int(short.sum())} row(s) have fewer than {need} irrelevant items with positive weight")
 
         checks.append(Check(short.any(), few_weighted))
     host = run_checks(checks, values) if b else run_checks(checks) + [1, 0]
     any_small = small is not None and bool(host[1])
 
-    def draw(ps, ex, n_allow, sm):
+    def draw(ps: torch.Tensor, ex: Exclusions | None, n_allow: torch.Tensor, sm: torch.Tensor | None) -> torch.Tensor:
         if popularity is not None:
             return _draw_popularity(ps, ex, n_items, p, m, replacement, popularity, generator, device)
         return _draw_uniform(ps, ex, n_allow, sm, n_items, p, m, replacement, generator, device)
@@ -641,7 +657,8 @@ def allowed_items(positions: torch.Tensor, pos: torch.Tensor, exc: Exclusions | 
     return skip_sorted(flat, forb, n_items).reshape(positions.shape)
 
 
-def _draw_uniform(pos, exc, n_allowed, small, n_items, p, m, replacement, generator, device) -> torch.Tensor:
+def _draw_uniform(pos: torch.Tensor, exc: Exclusions | None, n_allowed: torch.Tensor, small: torch.Tensor | None, n_items: int,
+                  p: int, m: int, replacement: bool, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
     b = pos.shape[0]
     positions = _uniform_positions(n_allowed, (b, p, m), generator, device)
     if not replacement:
@@ -649,8 +666,8 @@ def _draw_uniform(pos, exc, n_allowed, small, n_items, p, m, replacement, genera
     return allowed_items(positions, pos, exc, n_items)
 
 
-def _make_distinct(positions: torch.Tensor, n_allowed: torch.Tensor, generator, device, small=None,
-                   n_items: int | None = None) -> torch.Tensor:
+def _make_distinct(positions: torch.Tensor, n_allowed: torch.Tensor, generator: torch.Generator | None, device: torch.device,
+                   small: torch.Tensor | None = None, n_items: int | None = None) -> torch.Tensor:
     """Make the m draws of each (row, positive) distinct: uniform draws without replacement.
 
     Rows of ``small`` (pool n_allowed <= 4m) take the m smallest of random keys over the pool (memory
@@ -668,7 +685,7 @@ def _make_distinct(positions: torch.Tensor, n_allowed: torch.Tensor, generator, 
         positions = torch.where(small.view(-1, 1, 1), picked, positions)
     sentinel = torch.iinfo(torch.int64).max // 2  # above every position: marks the slots being redrawn
 
-    def redraw(positions, dup):
+    def redraw(positions: torch.Tensor, dup: torch.Tensor) -> torch.Tensor:
         kept = torch.sort(torch.where(dup, torch.full_like(positions, sentinel), positions), dim=2).values
         left = (n_allowed.view(-1, 1) - m + dup.sum(2)).to(torch.float64).unsqueeze(2)  # positions not drawn yet
         u = _rand((b, p, m), generator, device)
@@ -690,7 +707,7 @@ def _make_distinct(positions: torch.Tensor, n_allowed: torch.Tensor, generator, 
 _POPULARITY_BLOCK = 1 << 24
 
 
-def check_popularity(popularity, n_items: int, device) -> torch.Tensor:
+def check_popularity(popularity: Any, n_items: int, device: torch.device) -> torch.Tensor:
     """(n,) float64 popularity weights on ``device``: finite, >= 0, a finite total (:func:`check_weights`)."""
     w = check_weights(popularity, "popularity", device=device)
     if w.shape != (n_items,):
@@ -748,7 +765,7 @@ class _WeightBlock(NamedTuple):
         return self.item((t + shift).view(r, p * m)).view(r, p, m)
 
 
-def popularity_inverse_cdf(w: torch.Tensor, forb: torch.Tensor, n_items: int, u: torch.Tensor):
+def popularity_inverse_cdf(w: torch.Tensor, forb: torch.Tensor, n_items: int, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Items drawn with probability proportional to ``w`` among each row's allowed items, from given uniform numbers:
     draw (b, p, k) is the item whose cumulative weight interval holds u[b, p, k] W_b (W_b the row's allowed weight;
     ``forb``: the row's sorted forbidden items, :func:`forbidden_sorted`). Rows in blocks, so the (rows x n)
@@ -770,7 +787,8 @@ def popularity_inverse_cdf(w: torch.Tensor, forb: torch.Tensor, n_items: int, u:
     return items, totals
 
 
-def _draw_popularity(pos, exc, n_items, p, m, replacement, w, generator, device) -> torch.Tensor:
+def _draw_popularity(pos: torch.Tensor, exc: Exclusions | None, n_items: int, p: int, m: int, replacement: bool, w: torch.Tensor,
+                     generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
     """Draw m items per positive with probability proportional to ``w`` among the allowed items (not among the
     row's positives ``pos`` nor its exclusions ``exc``): inverse-cdf lookups of uniform numbers, on the
     scores' device, in blocks of rows so the (rows x n) cumulative weights stay bounded. Without replacement the
@@ -778,7 +796,7 @@ def _draw_popularity(pos, exc, n_items, p, m, replacement, w, generator, device)
     then one check for all blocks."""
     b = pos.shape[0]
     out = torch.empty((b, p, m), dtype=torch.int64, device=device)
-    dups = None if replacement else torch.zeros((b, p, m), dtype=torch.bool, device=device)
+    dups: Any = None if replacement else torch.zeros((b, p, m), dtype=torch.bool, device=device)
     block = max(1, _POPULARITY_BLOCK // max(n_items, 1))
     blocks = [slice(start, min(start + block, b)) for start in range(0, b, block)]
     rounds = 1 if replacement else 1 + _REDRAW_ROUNDS
@@ -805,8 +823,16 @@ def _draw_popularity(pos, exc, n_items, p, m, replacement, w, generator, device)
     return out
 
 
+@overload
 def rank_among_drawn(pos_scores: torch.Tensor, neg_scores: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
-                     ties: str, generator: torch.Generator | None, *, beating: bool = False):
+                     ties: str, generator: torch.Generator | None, *, beating: Literal[False] = False) -> torch.Tensor: ...
+@overload
+def rank_among_drawn(pos_scores: torch.Tensor, neg_scores: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
+                     ties: str, generator: torch.Generator | None, *,
+                     beating: Literal[True]) -> tuple[torch.Tensor, torch.Tensor]: ...
+def rank_among_drawn(pos_scores: torch.Tensor, neg_scores: torch.Tensor, pos: torch.Tensor, neg: torch.Tensor,
+                     ties: str, generator: torch.Generator | None, *,
+                     beating: bool = False) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """(B, P) sampled ranks r~ = 1 + #{drawn items beating the positive} (ties per ``ties``; 0 in padded slots)
     from the positives' scores (B, P), the drawn items' scores (B, P, m), and their item indices (padded (B, P)
     positives with -1, (B, P, m) drawn items): the one count of :func:`sampled_ranks` and of the scorer loop
@@ -836,7 +862,7 @@ def sampled_ranks(
     scores: torch.Tensor,
     positives: torch.Tensor,
     n_samples: int | SamplingDesign | None = None,
-    exclude: torch.Tensor | None = None,
+    exclude: TensorLike | Exclusions | None = None,
     replacement: bool = True,
     popularity: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
@@ -874,7 +900,7 @@ def sampled_ranks(
     check_ties(ties)
     replacement = check_bool(replacement, "replacement")
     check_finite = check_bool(check_finite, "check_finite")
-    design = None
+    design: SamplingDesign | None = None
     if isinstance(n_samples, SamplingDesign):
         design = as_design(n_samples, replacement=replacement, popularity=popularity)  # loose keywords refused
         if design.adaptive_max is not None:
@@ -908,7 +934,7 @@ def sampled_ranks(
             raise ValueError("negatives: need at least one negative per positive")
         flat = neg.reshape(b, p * m)
 
-        def out_of_range():
+        def out_of_range() -> None:
             raise ValueError(f"negatives: item indices must lie in 0..{n - 1}")
 
         checks = later + [Check(((flat < 0) | (flat >= n)).any(), out_of_range)]
@@ -919,7 +945,7 @@ def sampled_ranks(
             if exc is not None:
                 hit = hit | exc.contains(flat)  # padding (n) never equals an index in range
 
-            def drawn_forbidden():
+            def drawn_forbidden() -> None:
                 rows = hit.any(1)
                 raise ValueError(
                     f"negatives: {int(rows.sum())} row(s) draw a positive or excluded item as a negative "
@@ -949,7 +975,7 @@ def sampled_ranks(
 
 
 def popularity_draw_stats(design: SamplingDesign, beat: torch.Tensor, neg: torch.Tensor, pos: torch.Tensor,
-                          exc: torch.Tensor | None, n_items: int, given: bool = False) -> PopularityStats | None:
+                          exc: torch.Tensor | Exclusions | None, n_items: int, given: bool = False) -> PopularityStats | None:
     """The :class:`~reco_sampled_plugin._popularity.PopularityStats` of a fixed-m draw under ``design`` (None unless
     it draws by popularity with replacement): the one call of every path that draws popularity negatives (score
     matrix, factors, scorer loop). ``beat`` from :func:`rank_among_drawn` (``beating=True``); ``given``: the

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 __all__ = [
     "FAMILIES",
@@ -102,7 +102,7 @@ class Option:
         if self.kind not in OPTION_KINDS:
             raise ValueError(f"kind: unknown option kind {self.kind!r}; use one of {tuple(OPTION_KINDS)}")
 
-    def check(self, value):
+    def check(self, value: Any) -> Any:
         """``value`` validated and normalised (a ValueError naming the option otherwise); None is the default
         where the kind allows it."""
         from . import _options as o
@@ -205,7 +205,7 @@ class Estimator:
                 return o
         return None
 
-    def _load(self, attr: str):
+    def _load(self, attr: str) -> Any:
         target = getattr(self, attr)
         if callable(target):
             return target
@@ -218,10 +218,10 @@ class Estimator:
     def compute_function(self) -> Callable:
         return self._load("compute")
 
-    def fitter_object(self):
+    def fitter_object(self) -> Any:
         return self._load("fitter")
 
-    def supports(self, design) -> bool:
+    def supports(self, design: Any) -> bool:
         """Whether this estimator takes ``design`` (a :class:`~reco_sampled_plugin.design.SamplingDesign`)."""
         if design.adaptive_max is not None and not self.adaptive:
             return False
@@ -235,7 +235,7 @@ class Estimator:
 _REGISTRY: dict[str, Estimator] = {}
 
 
-def _check_bool(x, name: str) -> bool:
+def _check_bool(x: Any, name: str) -> bool:
     """:func:`~reco_sampled_plugin._options.check_bool`'s rule (True or False, numpy bools too; never "False", 0 or
     1) without importing numpy: the registry is read by ``reco-sampled --help``, which imports neither numpy nor torch."""
     if type(x) is bool or (type(x).__module__ == "numpy" and type(x).__name__ in ("bool_", "bool")):
@@ -259,7 +259,7 @@ def unregister(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
-def get(name) -> Estimator:
+def get(name: Any) -> Estimator:
     """The entry of ``name``, or a ValueError naming ``method`` and listing the registered estimators."""
     try:
         return _REGISTRY[name]
@@ -272,11 +272,11 @@ def entries() -> tuple[Estimator, ...]:
 
 
 def names(*, family: str | tuple[str, ...] | None = None, adaptive: bool | None = None,
-          fits_distribution: bool | None = None, design=None, metric: str | None = None) -> tuple[str, ...]:
+          fits_distribution: bool | None = None, design: Any = None, metric: Any = None) -> tuple[str, ...]:
     """Registered method names in table order, optionally only one ``family`` (or several), those that take
     adaptive designs (or not), those that fit a distribution (or not), those that support ``design``, or those
     that estimate ``metric`` (a name such as ``"ndcg@10"`` or a kind such as ``"auc"``)."""
-    kind = None if metric is None else getattr(metric, "kind", None) or _metric_kind(metric)
+    kind: Any = None if metric is None else getattr(metric, "kind", None) or _metric_kind(metric)
     fams = (family,) if isinstance(family, str) else family
     out = []
     for e in _REGISTRY.values():
@@ -420,10 +420,18 @@ DEFAULT_ESTIMATOR = "auto"
 #: ``"popularity"``: under a popularity design, the first of these that estimates the metric (its entry's
 #: ``metrics``): ``hh`` for AUC (linear in the rank: unbiased, no model), ``pl_fit`` for every other metric (top-K
 #: metrics need its model of the items above each positive; docs/popularity.md).
-AUTO_CHOICES = {"resolved": "gmod", "unresolved": "mes", "popularity": ("hh", "pl_fit")}
+class AutoChoices(TypedDict):
+    """The type of :data:`AUTO_CHOICES`: one method per uniform regime, a preference order under popularity."""
+
+    resolved: str
+    unresolved: str
+    popularity: tuple[str, ...]
 
 
-def popularity_auto(metric) -> str:
+AUTO_CHOICES: AutoChoices = {"resolved": "gmod", "unresolved": "mes", "popularity": ("hh", "pl_fit")}
+
+
+def popularity_auto(metric: Any) -> str:
     """What ``auto`` runs for ``metric`` (a name, kind or ``MetricSpec``) under a popularity design: the first of
     ``AUTO_CHOICES["popularity"]`` whose entry estimates its kind."""
     kind = getattr(metric, "kind", None) or _metric_kind(metric)

@@ -27,7 +27,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 import torch
@@ -35,7 +35,7 @@ import torch
 from . import registry
 from ._checks import check_int
 from ._options import check_names, check_positive_float, check_seed
-from ._progress import progress_bar
+from ._progress import ProgressBar, progress_bar
 from .consistency import consistency_report
 from .corrections import correction_tables, expected_corrected
 from .datasets import binarize, leave_last_out, load_interactions, ml100k_path
@@ -93,7 +93,7 @@ class ReproduceResult:
 _LAWS = {"binomial": True, "hypergeometric": False}
 
 
-def _int_list(x, name: str) -> tuple:
+def _int_list(x: Any, name: str) -> tuple:
     """A list option of integers (``m_grid``): a list or tuple, not one number, a str or a mapping."""
     if not isinstance(x, (list, tuple)) or not x:
         raise ValueError(f"{name}: expected a non-empty list of integers, got {x!r}")
@@ -109,7 +109,7 @@ def _checked_config(cfg: ReproduceConfig) -> ReproduceConfig:
     # every option through the package's one check of its kind (a ValueError naming the field)
     if cfg.data is not None and not isinstance(cfg.data, (str, os.PathLike)):
         raise ValueError(f"data: expected a file path or None, got {cfg.data!r}")
-    lists = {key: check_names(getattr(cfg, key), key, "estimator labels") for key in
+    lists: dict[str, Any] = {key: check_names(getattr(cfg, key), key, "estimator labels") for key in
              ("methods", "mapping_methods", "rank_dist_methods")}
     cfg = dataclasses.replace(
         cfg, repeats=check_int(cfg.repeats, "repeats", 2), seed=check_seed(cfg.seed, "seed"),
@@ -149,12 +149,13 @@ def _checked_config(cfg: ReproduceConfig) -> ReproduceConfig:
     return dataclasses.replace(cfg, n_samples=design.n_samples, sampling=design.law, adaptive_max=design.adaptive_max)
 
 
-def _progress(total: int, desc: str, enabled: bool | None):
+def _progress(total: int, desc: str, enabled: bool | None) -> ProgressBar:
     """A manual progress bar on stderr (``_progress.progress_bar``; None: when stderr is a terminal)."""
     return progress_bar(total=total, desc=desc, enabled=enabled)
 
 
-def exact_ranks_for_split(models: dict, train, test_items: np.ndarray, batch_size: int = 1024, progress: bool = False):
+def exact_ranks_for_split(models: dict, train: Any, test_items: np.ndarray, batch_size: int = 1024,
+                          progress: bool | None = False) -> tuple[dict[str, torch.Tensor], torch.Tensor, np.ndarray]:
     """Exact ranks of each user's test item for each model, training items excluded.
 
     Returns ({model: (U,) int64 ranks}, (U,) candidate counts, test user indices).
@@ -183,7 +184,8 @@ def exact_ranks_for_split(models: dict, train, test_items: np.ndarray, batch_siz
     return out, n_cand, users
 
 
-def _mapping_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[dict], dict]:
+def _mapping_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: ReproduceConfig,
+                  draws: dict[str, torch.Tensor]) -> tuple[list[dict], dict]:
     """Li et al.'s mapping estimators as table methods: expected value and Monte Carlo sd per
     (metric, recommender), and the per-run means for the ordering counts."""
     rows: list[dict] = []
@@ -207,7 +209,7 @@ def _mapping_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[dict
             }
     for metric in cfg.metrics:
         for name in ranks:
-            row = {"metric": metric, "recommender": name}
+            row: dict[str, Any] = {"metric": metric, "recommender": name}
             for label in cfg.mapping_methods:
                 v = run_means[metric][f"map:{label}"][name]
                 row[f"map:{label}"] = float(v.mean())
@@ -216,7 +218,8 @@ def _mapping_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[dict
     return rows, run_means
 
 
-def _beta_fit_runs(ranks, n_cand, cfg: ReproduceConfig, draws) -> dict:
+def _beta_fit_runs(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: ReproduceConfig,
+                   draws: dict[str, torch.Tensor]) -> dict:
     """Li et al.'s ``beta_fit`` per run: a from the run's sampled ranks (eq. 19), then the Beta mapping tables
     of every metric on the 10% grid of n (``pool_by_n``); returns recommender -> (runs, metrics) values."""
     from ._rank_hist import pool_by_n, sampled_rank_histogram
@@ -235,7 +238,8 @@ def _beta_fit_runs(ranks, n_cand, cfg: ReproduceConfig, draws) -> dict:
     return out
 
 
-def _rank_dist_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[dict], dict]:
+def _rank_dist_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: ReproduceConfig,
+                    draws: dict[str, torch.Tensor]) -> tuple[list[dict], dict]:
     """Rank-distribution estimators (``mle``, ``mes``): one fit per run (histograms moved onto a 10% grid
     of n, fits batched over the runs), every metric read from the fit; ``bv_mle``: ``bv`` (gamma = 0.1) with
     the run's ``mle`` fit as prior. Rows and per-run values as :func:`_mapping_rows`."""
@@ -254,8 +258,9 @@ def _rank_dist_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[di
                 fits[fit_method] = estimate_rank_distributions(hists, fit_method, sampling=cfg.sampling)
             if method == "bv_mle":  # bv (gamma = 0.1) with each run's mle fit as the prior p(r)
                 values = torch.from_numpy(np.stack([
-                    sum(correction_tables(metrics, int(n), cfg.n_samples, "bv", 0.1, cfg.sampling, prior=fit.prior(int(n))) @ c
-                        for n, c in zip(h.n_items, h.counts)) / h.total
+                    cast(np.ndarray, sum(correction_tables(metrics, int(n), cfg.n_samples, "bv", 0.1, cfg.sampling,
+                                                           prior=fit.prior(int(n))) @ c
+                                         for n, c in zip(h.n_items, h.counts))) / h.total
                     for h, fit in zip(hists, fits["mle"])
                 ]))
             else:
@@ -265,7 +270,7 @@ def _rank_dist_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[di
     rows = []
     for metric in metrics:
         for name in ranks:
-            row = {"metric": metric, "recommender": name}
+            row: dict[str, Any] = {"metric": metric, "recommender": name}
             for method in cfg.rank_dist_methods:
                 v = per_run[metric][method][name]
                 row[method] = float(v.mean())
@@ -274,7 +279,7 @@ def _rank_dist_rows(ranks, n_cand, cfg: ReproduceConfig, draws) -> tuple[list[di
     return rows, per_run
 
 
-def _adaptive_rows(ranks, n_cand, cfg: ReproduceConfig) -> tuple[list[dict], dict]:
+def _adaptive_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: ReproduceConfig) -> tuple[list[dict], dict]:
     """Adaptive sampling (``adaptive.py``) from the exact ranks, ``repeats`` runs drawn at once, one ``mes`` fit
     per run (histograms on the 10% grid of n, groups keyed by (n, final m)): rows with the mean, sd and the cost
     (mean m per positive, share at the cap), and the per-run values as :func:`_mapping_rows`."""
@@ -282,6 +287,7 @@ def _adaptive_rows(ranks, n_cand, cfg: ReproduceConfig) -> tuple[list[dict], dic
     from .adaptive import AdaptiveDesign, adaptive_sampled_ranks_from_exact
     from .rank_distribution import estimate_rank_distributions
 
+    assert cfg.adaptive_max is not None  # called for an adaptive configuration only
     design = AdaptiveDesign(cfg.n_samples, cfg.adaptive_max)
     metrics = list(cfg.metrics)
     per_run: dict = {metric: {"adaptive:mes": {}} for metric in metrics}
@@ -316,7 +322,7 @@ def _ordering_counts(exact: dict, run_means: dict) -> dict:
     return counts
 
 
-def _mapping_curves(ranks, n_cand, m: int, seed: int) -> dict:
+def _mapping_curves(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, m: int, seed: int) -> dict:
     """For each recommender: SHR@k (one sampling run), f(k) by ``bound`` and ``beta`` (a = 1), and
     the exact HR at those cut-offs (Li et al., Figure 1 / Table 5)."""
     n = int(torch.median(n_cand.double()).round())
@@ -324,7 +330,7 @@ def _mapping_curves(ranks, n_cand, m: int, seed: int) -> dict:
     curves = {}
     for i, (name, r) in enumerate(ranks.items()):
         sampled = draw_sampled_ranks(r, n_cand, m, repeats=1, seed=seed + 31 * i)[0]
-        shr = np.array([float((sampled <= kk).double().mean()) for kk in k])
+        shr = np.array([float((sampled <= kk).double().mean()) for kk in k.tolist()])
         f_bound = mapping(k, n, m, "bound")
         f_beta = mapping(k, n, m, "beta", a=1.0)
         # exact HR at a (possibly fractional) cut-off K: fraction of ranks <= K
@@ -352,7 +358,8 @@ def _n_groups(n_cand: torch.Tensor, spread: float) -> tuple[torch.Tensor, torch.
     return reps, inverse
 
 
-def _expected_corrected_grouped(metric, ranks, n_cand, m, sampling, spread) -> torch.Tensor:
+def _expected_corrected_grouped(metric: str, ranks: torch.Tensor, n_cand: torch.Tensor, m: int, sampling: str,
+                                spread: float) -> torch.Tensor:
     """E[M^(r~) | r] per user with the ``bv`` (gamma = 0.1) table of the user's n-bin (see :func:`_n_groups`);
     the sampling law uses each user's own n. ``spread = 0`` gives one table per distinct n (exact)."""
     from .corrections import correction_table
@@ -446,7 +453,7 @@ def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool | None = No
 
     t = time.perf_counter()
     grid = [mm for mm in cfg.m_grid if cfg.sampling == "binomial" or mm < int(n_cand.min())]
-    figure6 = {"m": grid, "exact": {}, "none": {}, "bv:0.1": {}}
+    figure6: dict[str, Any] = {"m": grid, "exact": {}, "none": {}, "bv:0.1": {}}
     bar = _progress(len(grid) * len(names), "Figure 6", progress)
     for name in names:
         figure6["exact"][name] = float(metric_values("recall@10", ranks[name], n_cand).mean())

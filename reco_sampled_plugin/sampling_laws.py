@@ -15,11 +15,16 @@ numbers near 1e8, whose rounding would cost about 1e-7 relative accuracy).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 
 from ._checks import MAX_ELEMENTS, MAX_SAMPLES, check_rank_values, check_ranks_in_range, check_size, check_sizes
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_from_float_ranks
+
+if TYPE_CHECKING:
+    from ._types import TensorLike
 
 __all__ = ["SAMPLING_LAWS", "log_sampled_rank_pmf", "sampled_rank_pmf", "expected_sampled"]
 
@@ -76,7 +81,7 @@ def _log_pmf_hypergeometric(r: torch.Tensor, n: torch.Tensor, m: int) -> torch.T
     return unnorm - torch.logsumexp(unnorm, dim=-1, keepdim=True)
 
 
-def _prepare(ranks, n_items, n_samples, sampling) -> tuple[torch.Tensor, torch.Tensor, int, str]:
+def _prepare(ranks: Any, n_items: Any, n_samples: Any, sampling: str) -> tuple[torch.Tensor, torch.Tensor, int, str]:
     law = check_law(sampling)
     m = check_size(n_samples, "n_samples", 1, MAX_SAMPLES)  # every law's support has m + 1 entries per rank
     r = check_rank_values(ranks, "ranks")
@@ -102,7 +107,7 @@ def _log_pmf_unchecked(r: torch.Tensor, n: torch.Tensor, m: int, law: str) -> to
     return _log_pmf_hypergeometric(r, n, m)
 
 
-def log_sampled_rank_pmf(ranks, n_items, n_samples: int, sampling: str = "binomial") -> torch.Tensor:
+def log_sampled_rank_pmf(ranks: TensorLike, n_items: int | TensorLike, n_samples: int, sampling: str = "binomial") -> torch.Tensor:
     """log P(r~ = i | r) for i = 1..m+1, shape ``ranks.shape + (m + 1,)`` (float64; -inf off the support).
 
     Args:
@@ -120,14 +125,15 @@ def log_sampled_rank_pmf(ranks, n_items, n_samples: int, sampling: str = "binomi
     return _log_pmf_unchecked(r, n, m, law)
 
 
-def log_sampled_rank_pmf_unbounded(ranks, n_items, n_samples: int, sampling: str = "binomial") -> torch.Tensor:
+def log_sampled_rank_pmf_unbounded(ranks: TensorLike, n_items: int | TensorLike, n_samples: int,
+                                   sampling: str = "binomial") -> torch.Tensor:
     """:func:`log_sampled_rank_pmf` without the bound on the table's size, for the package's own callers (they size
     their chunks themselves)."""
     r, n, m, law = _prepare(ranks, n_items, n_samples, sampling)
     return _log_pmf_unchecked(r, n, m, law)
 
 
-def sampled_rank_pmf(ranks, n_items, n_samples: int, sampling: str = "binomial") -> torch.Tensor:
+def sampled_rank_pmf(ranks: TensorLike, n_items: int | TensorLike, n_samples: int, sampling: str = "binomial") -> torch.Tensor:
     """P(r~ = i | r) for i = 1..m+1 (index 0 is r~ = 1); see :func:`log_sampled_rank_pmf`."""
     return log_sampled_rank_pmf(ranks, n_items, n_samples, sampling).exp()
 
@@ -145,7 +151,7 @@ def _expected_unique(spec: MetricSpec, r: torch.Tensor, n: torch.Tensor, m: int,
 
 
 def expected_sampled(
-    metric: str | MetricSpec, ranks, n_items, n_samples: int, sampling: str = "binomial"
+    metric: str | MetricSpec, ranks: TensorLike, n_items: int | TensorLike, n_samples: int, sampling: str = "binomial"
 ) -> torch.Tensor:
     """Expected sampled metric E[M(r~) | r] (eq. 16), for every exact rank in ``ranks``.
 

@@ -25,7 +25,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -34,6 +34,7 @@ from ._options import check_bool
 from .adaptive import complete_at_cap, completion_targets
 from .design import SamplingDesign, as_design
 from .exclusions import Exclusions, as_exclusions
+from ._types import TensorLike
 from .ranking import (SampledRanks, allowed_position_to_item, draw_negatives, check_popularity, check_ties,
                       exclusion_counts, forbidden_sorted, padded_candidate_counts, popularity_draw_stats,
                       prepare_sampling_index, rank_among_drawn, stage_positives)
@@ -85,7 +86,7 @@ class ScoringCost:
                 "share_of_full": self.share_of_full}
 
 
-def check_scorer(scorer) -> Scorer:
+def check_scorer(scorer: Any) -> Scorer:
     """``scorer`` if it is callable (a ValueError naming ``scorer`` otherwise)."""
     if not callable(scorer):
         raise ValueError(f"scorer: expected a callable scorer(users, items) -> scores, got {type(scorer).__name__}")
@@ -149,7 +150,7 @@ class ScorerCalls:
         return got
 
 
-def check_users(users, b: int, device: torch.device) -> torch.Tensor:
+def check_users(users: Any, b: int, device: torch.device) -> torch.Tensor:
     """``users`` as (B,) int64 user ids on ``device`` (a ValueError naming ``users`` otherwise)."""
     user_ids = real_tensor(users, "users").to(device)
     if user_ids.is_floating_point() or user_ids.dtype == torch.bool or user_ids.shape != (b,):
@@ -178,7 +179,7 @@ def score_drawn(calls: ScorerCalls, users: torch.Tensor, pos: torch.Tensor, neg:
     return pos_s, neg_s
 
 
-def full_ranking_pairs(n_items: int, exc, rows: torch.Tensor) -> int:
+def full_ranking_pairs(n_items: int, exc: torch.Tensor | Exclusions | None, rows: torch.Tensor) -> int:
     """The (user, item) pairs full ranking would score for the ``rows`` (B,) bool: each such row's n items minus
     its excluded items (padded (B, E) indices, -1 padding, or an :class:`~reco_sampled_plugin.exclusions.Exclusions`):
     ``ScoringCost.full_pairs``."""
@@ -186,18 +187,18 @@ def full_ranking_pairs(n_items: int, exc, rows: torch.Tensor) -> int:
     return int(((n_items - n_exc) * rows).sum())
 
 
-def _positives_device(positives) -> torch.device:
+def _positives_device(positives: Any) -> torch.device:
     return positives.device if isinstance(positives, torch.Tensor) else torch.device("cpu")
 
 
 def sampled_ranks_from_scorer(
     scorer: Scorer,
-    positives,
+    positives: TensorLike,
     n_items: int,
     design: int | SamplingDesign,
     *,
-    exclude=None,
-    users=None,
+    exclude: TensorLike | Exclusions | None = None,
+    users: TensorLike | None = None,
     generator: torch.Generator | None = None,
     max_pairs: int = DEFAULT_MAX_PAIRS,
     ties: str = "pessimistic",
@@ -282,7 +283,7 @@ def sampled_ranks_from_scorer(
     return SampledRanks(ranks, n_cand, neg_out, design, sizes, cost, stats, exact_ranks=exact)
 
 
-def complete_from_scorer(calls: ScorerCalls, need: torch.Tensor, pos: torch.Tensor, exc,
+def complete_from_scorer(calls: ScorerCalls, need: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | Exclusions | None,
                          user_ids: torch.Tensor, pos_scores: torch.Tensor, n: int, ties: str,
                          generator: torch.Generator | None) -> torch.Tensor:
     """Exact ranks of the ``need`` (B, P) positives (0 elsewhere), scoring through ``calls`` the whole candidate
@@ -315,8 +316,10 @@ def complete_from_scorer(calls: ScorerCalls, need: torch.Tensor, pos: torch.Tens
     return complete_at_cap(need, pos, exc, n, ties, generator, row_scores)
 
 
-def adaptive_stages(calls: ScorerCalls, positives, exclude, pos, exc, user_ids, pos_scores, ranks, design, n, ties,
-                    generator, device):
+def adaptive_stages(calls: ScorerCalls, positives: Any, exclude: Any, pos: torch.Tensor, exc: torch.Tensor | Exclusions | None,
+                    user_ids: torch.Tensor, pos_scores: torch.Tensor, ranks: torch.Tensor, design: SamplingDesign, n: int,
+                    ties: str, generator: torch.Generator | None,
+                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The adaptive stages of :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks` after the first, scoring
     only the positives still ranked first: the rows that need a stage taken from the prepared positives and
     exclusions (``Exclusions.select``: nothing re-validated or re-sorted), shaped as the score-matrix path shapes

@@ -3,11 +3,16 @@ counterpart of sampling_laws.py, for repeat-the-sampling experiments (Table 2 an
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import torch
 
 from ._checks import check_elements, check_generator, check_int, check_rank_values, check_sizes
 from .sampling_laws import check_law
+
+if TYPE_CHECKING:
+    from ._types import TensorLike
 
 __all__ = ["draw_sampled_ranks", "simulate_sampled_ranks"]
 
@@ -15,7 +20,8 @@ __all__ = ["draw_sampled_ranks", "simulate_sampled_ranks"]
 _MAX_HYPERGEOMETRIC = 10**9
 
 
-def draw_hits(trials, good, total, law: str, rng, size=None):
+def draw_hits(trials: Any, good: Any, total: Any, law: str, rng: np.random.Generator | torch.Generator,
+              size: int | tuple[int, ...] | None = None) -> Any:
     """How many of ``trials`` uniform draws among ``total`` items hit the ``good`` ones: the one sampler of
     sampled ranks from exact counts (r~ - 1 = hits among the irrelevant items ranked at or above the positive).
 
@@ -39,7 +45,8 @@ def draw_hits(trials, good, total, law: str, rng, size=None):
 
 
 def draw_sampled_ranks(
-    exact_ranks, n_items, n_samples, sampling: str = "binomial", repeats: int = 1, seed: int | None = 0
+    exact_ranks: TensorLike, n_items: int | TensorLike, n_samples: int | TensorLike, sampling: str = "binomial",
+    repeats: int = 1, seed: int | None = 0
 ) -> torch.Tensor:
     """Sampled ranks for ``repeats`` independent draws: int64 tensor (repeats, *shape), CPU.
 
@@ -71,7 +78,8 @@ def draw_sampled_ranks(
 
 
 def simulate_sampled_ranks(
-    exact_ranks, n_items, n_samples, sampling: str = "binomial", generator: torch.Generator | None = None
+    exact_ranks: TensorLike, n_items: int | TensorLike, n_samples: int | TensorLike, sampling: str = "binomial",
+    generator: torch.Generator | None = None
 ) -> torch.Tensor:
     """Draw sampled ranks r~ = 1 + j given exact ranks r (j from the sampling law), int64, on the
     ranks' device. ``n_items`` and ``n_samples`` may be per-positive tensors; ``generator`` seeds

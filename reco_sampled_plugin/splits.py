@@ -26,6 +26,7 @@ papers), wrapping :func:`reco_sampled_plugin.datasets.leave_last_out`.
 from __future__ import annotations
 
 import warnings
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -34,12 +35,15 @@ from ._checks import check_int, check_real_array
 from ._options import check_bool, check_fraction
 from ._sparse import canonicalise, csr_copy
 
+if TYPE_CHECKING:
+    from ._types import TensorLike
+
 __all__ = ["split_train_test", "leave_last_out_split", "SPLIT_TYPES"]
 
 SPLIT_TYPES = ("separated", "all", "joined")
 
 
-def _as_csr(X, name: str = "X"):
+def _as_csr(X: Any, name: str = "X") -> tuple[sp.csr_matrix, bool]:
     """Canonical CSR copy (sorted, summed duplicates, no explicit zeros, float32/float64 values)."""
     was_array = isinstance(X, sp.sparray)
     m = csr_copy(X, name)
@@ -72,7 +76,7 @@ def _pick_test_items(indptr: np.ndarray, n_test: np.ndarray, rng: np.random.Gene
     return pos_in_row < n_test[row]
 
 
-def _split_rows(m: sp.csr_matrix, fraction: float, rng: np.random.Generator):
+def _split_rows(m: sp.csr_matrix, fraction: float, rng: np.random.Generator) -> tuple[sp.csr_matrix, sp.csr_matrix]:
     counts = np.diff(m.indptr)
     n_test = _round_half_away(counts * fraction)
     is_test = _pick_test_items(m.indptr, n_test, rng)
@@ -84,12 +88,12 @@ def _split_rows(m: sp.csr_matrix, fraction: float, rng: np.random.Generator):
     return tr, te
 
 
-def _out(x: sp.csr_matrix, as_array: bool):
+def _out(x: sp.csr_matrix, as_array: bool) -> Any:
     return sp.csr_array(x) if as_array else x
 
 
 def split_train_test(
-    X,
+    X: Any,
     split_type: str = "separated",
     users_test_fraction: float | None = 0.1,
     max_test_users: int | None = 10000,
@@ -98,7 +102,7 @@ def split_train_test(
     min_pos_test: int = 1,
     consider_cold_start: bool = False,
     seed: int = 1,
-):
+) -> tuple[Any, ...]:
     """Split interactions into train and test like recometrics' ``split_reco_train_test`` (module doc).
 
     Args:
@@ -192,7 +196,7 @@ def _entries(mat: sp.csr_matrix, rows: np.ndarray, cols: np.ndarray) -> np.ndarr
     return np.asarray(mat[rows, cols]).reshape(-1)
 
 
-def leave_last_out_split(X, timestamps):
+def leave_last_out_split(X: Any, timestamps: Any) -> tuple[Any, Any]:
     """Hold out each user's latest interaction (by timestamp) as test; train on the rest.
 
     Args:

@@ -133,7 +133,8 @@ def expected_metric_values(
     return torch.where(undefined_users(kind, k, t, n), torch.full_like(out, math.nan), out)
 
 
-def _group_sums(lo, hi, kk, inside, k: int | None, max_position: int | None, what: str) -> torch.Tensor:
+def _group_sums(lo: torch.Tensor, hi: torch.Tensor, kk: torch.Tensor, inside: torch.Tensor, k: int | None,
+                max_position: int | None, what: str) -> torch.Tensor:
     """(B, P): sum over each group's positions p = lo .. min(hi, k) of 1 / log2(p + 1) (``"discount"``) or 1 / p
     (``"reciprocal"``), from a prefix-sum table up to the largest position needed; 0 where none is inside k."""
     valid = lo > 0
@@ -161,7 +162,8 @@ def expected_dcg(lo: torch.Tensor, hi: torch.Tensor, gain: torch.Tensor, k: int 
     return (torch.where(valid, gain, torch.zeros_like(gain)) * partial / g).sum(1)
 
 
-def _expected_reciprocal_rank(lo, g, j, above, valid, k) -> torch.Tensor:
+def _expected_reciprocal_rank(lo: torch.Tensor, g: torch.Tensor, j: torch.Tensor, above: torch.Tensor, valid: torch.Tensor,
+                              k: torch.Tensor) -> torch.Tensor:
     """E[1 / first relevant position, 0 beyond k]: the first group holding relevant items (above = 0)."""
     first = valid & (above == 0)
     lo1 = torch.where(first, lo, torch.full_like(lo, math.inf)).min(1).values  # (B,), inf without positives
@@ -199,7 +201,11 @@ def expected_single_item_values(spec: MetricSpec, lo: torch.Tensor, hi: torch.Te
     cut = hi if spec.k is None else torch.full_like(lo, float(spec.k))
     inside = torch.clamp(torch.minimum(hi, cut) - lo + 1, min=0)
     if spec.kind in ("precision", "recall", "hit", "trunc_precision"):
-        return inside / g / (float(spec.k) if spec.kind == "precision" else 1.0)
+        scale = 1.0
+        if spec.kind == "precision":
+            assert spec.k is not None  # precision has a cut-off (MetricSpec checks it)
+            scale = float(spec.k)
+        return inside / g / scale
     what = "discount" if spec.kind == "ndcg" else "reciprocal"  # ap, trunc_ap, rr: 1 / r for one relevant item
     flat = [t.reshape(-1, 1) for t in (lo, hi, cut, inside)]
-    return (_group_sums(*flat, spec.k, max_position, what) / g.reshape(-1, 1)).reshape(lo.shape)
+    return (_group_sums(flat[0], flat[1], flat[2], flat[3], spec.k, max_position, what) / g.reshape(-1, 1)).reshape(lo.shape)

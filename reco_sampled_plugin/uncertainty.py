@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from statistics import NormalDist
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,10 +29,15 @@ from .metric_names import parse_metric
 from .metrics import metric_bounds
 from .sampling_laws import check_law
 
+if TYPE_CHECKING:
+    from .metric_names import MetricSpec
+    from .priors import PriorLike
+    from ._types import TensorLike
+
 __all__ = ["corrected_values", "corrected_metric", "paired_difference"]
 
 
-def _check_sampled(sampled_ranks, m: int) -> torch.Tensor:
+def _check_sampled(sampled_ranks: Any, m: int) -> torch.Tensor:
     r = check_rank_values(sampled_ranks, "sampled_ranks", whole=True)
     if r.numel() and (bool((r < 1).any()) or bool((r > m + 1).any())):
         bad = r[(r < 1) | (r > m + 1)].reshape(-1)[0].item()
@@ -57,20 +63,20 @@ def _with_range(est: Estimate, bounds: tuple[float, float]) -> Estimate:
     return dataclasses.replace(est, details=details, flags=flags, metric_range=(float(bounds[0]), float(bounds[1])))
 
 
-def _bounds(spec, n_items) -> tuple[float, float]:
+def _bounds(spec: MetricSpec, n_items: int | TensorLike) -> tuple[float, float]:
     """The metric's range over the candidate counts ``n_items`` (an int or a tensor, any device)."""
     return metric_bounds(spec, torch.as_tensor(n_items).detach().cpu().reshape(-1).numpy())
 
 
 def corrected_values(
-    metric,
-    sampled_ranks,
-    n_items,
+    metric: str | MetricSpec,
+    sampled_ranks: TensorLike,
+    n_items: int | TensorLike,
     n_samples: int,
     method: str = "bv",
     gamma: float = 0.1,
     sampling: str = "binomial",
-    prior=None,
+    prior: PriorLike = None,
     *,
     rounding: str = "floor",
     max_rel_n_spread: float | None = None,
@@ -91,11 +97,11 @@ def corrected_values(
         parse_metric(metric), check_method(method), check_gamma(gamma), check_law(sampling)
         return torch.empty(r.shape, dtype=torch.float64, device=r.device)
     if spread is not None and n.numel():
-        grid, j, t = n_interpolation(n.reshape(-1), spread)
+        grid, j_np, t_np = n_interpolation(n.reshape(-1), spread)
         rows = [table_numpy(metric, int(v), m, method, gamma, sampling, prior, rounding) for v in grid.tolist()]
         tables = torch.from_numpy(np.stack(rows)).to(r.device)
-        j = torch.from_numpy(j).to(r.device)
-        t = torch.from_numpy(t).to(r.device)
+        j = torch.from_numpy(j_np).to(r.device)
+        t = torch.from_numpy(t_np).to(r.device)
         idx = r.reshape(-1) - 1
         hi = torch.clamp(j + 1, max=len(grid) - 1)
         vals = (1.0 - t) * tables[j, idx] + t * tables[hi, idx]
@@ -107,14 +113,14 @@ def corrected_values(
 
 
 def corrected_metric(
-    metric,
-    sampled_ranks,
-    n_items,
+    metric: str | MetricSpec,
+    sampled_ranks: TensorLike,
+    n_items: int | TensorLike,
     n_samples: int,
     method: str = "bv",
     gamma: float = 0.1,
     sampling: str = "binomial",
-    prior=None,
+    prior: PriorLike = None,
     *,
     rounding: str = "floor",
     max_rel_n_spread: float | None = None,
@@ -154,15 +160,15 @@ def corrected_metric(
 
 
 def paired_difference(
-    metric,
-    sampled_ranks_a,
-    sampled_ranks_b,
-    n_items,
+    metric: str | MetricSpec,
+    sampled_ranks_a: TensorLike,
+    sampled_ranks_b: TensorLike,
+    n_items: int | TensorLike,
     n_samples: int,
     method: str = "bv",
     gamma: float = 0.1,
     sampling: str = "binomial",
-    prior=None,
+    prior: PriorLike = None,
     *,
     rounding: str = "floor",
 ) -> Estimate:

@@ -25,7 +25,7 @@ has no irrelevant candidate left. NaN users are left out of means (:func:`mean_m
 from __future__ import annotations
 
 import math
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import torch
 
@@ -35,6 +35,10 @@ from ._inputs import check_finite_rows
 from ._options import check_bool, check_metric_names
 from .ranking import TIE_BOUNDS, check_ties, exact_ranks_padded_finite, prepare_inputs, padded_candidate_counts
 from .tie_expectation import expected_metric_values, ideal_dcg, undefined_users
+
+if TYPE_CHECKING:
+    from ._types import TensorLike
+    import pandas as pd
 
 __all__ = ["user_metric_values", "per_user_metrics", "per_user_metrics_from_factors", "mean_metrics", "DEFAULT_METRICS"]
 
@@ -55,7 +59,7 @@ DEFAULT_METRICS = (
 class SortedRanks:
     """Ranks sorted per user with padding at +inf, and the derived quantities every metric shares."""
 
-    def __init__(self, ranks: torch.Tensor, n_candidates: torch.Tensor, relevance: torch.Tensor | None):
+    def __init__(self, ranks: torch.Tensor, n_candidates: torch.Tensor, relevance: torch.Tensor | None) -> None:
         r = ranks.to(torch.float64)
         valid = r > 0
         r = torch.where(valid, r, torch.full_like(r, math.inf))
@@ -108,7 +112,8 @@ def values_from_sorted(spec: MetricSpec, s: SortedRanks) -> torch.Tensor:
     return torch.where(undefined_users(kind, k, t, s.n), torch.full_like(out, math.nan), out)
 
 
-def _check_rank_inputs(ranks, n_candidates, relevance):
+def _check_rank_inputs(ranks: Any, n_candidates: Any,
+                       relevance: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     r = check_rank_values(ranks, "ranks", padding=True)
     if r.dim() == 1:
         r = r.unsqueeze(1)
@@ -125,7 +130,7 @@ def _check_rank_inputs(ranks, n_candidates, relevance):
     return r, n, rel
 
 
-def _check_relevance(relevance, r: torch.Tensor) -> torch.Tensor:
+def _check_relevance(relevance: Any, r: torch.Tensor) -> torch.Tensor:
     """Relevance aligned with the (B, P) ranks ``r``: a bool mask, or non-negative weights."""
     rel = as_tensor(relevance, "relevance", device=r.device)
     if rel.dim() == 1:
@@ -169,7 +174,8 @@ def _check_one_ordering(s: "SortedRanks", integer: bool) -> None:
         )
 
 
-def user_metric_values(metric: str | MetricSpec, ranks, n_candidates, relevance=None) -> torch.Tensor:
+def user_metric_values(metric: str | MetricSpec, ranks: TensorLike, n_candidates: TensorLike,
+                       relevance: TensorLike | None = None) -> torch.Tensor:
     """One metric per user from the exact ranks of that user's relevant items.
 
     Args:
@@ -220,7 +226,7 @@ def per_user_metrics(
     as_frame: bool = True,
     generator: torch.Generator | None = None,
     check_finite: bool = True,
-):
+) -> "pd.DataFrame | dict[str, torch.Tensor]":
     """Per-user metrics straight from a score batch, like recometrics' ``calc_reco_metrics(as_df=True)``.
 
     Args:
@@ -268,7 +274,7 @@ def per_user_metrics_from_factors(
     cumulative: bool = False,
     as_frame: bool = True,
     item_bias: torch.Tensor | None = None,
-):
+) -> "pd.DataFrame | dict[str, torch.Tensor]":
     """:func:`per_user_metrics` of the scores ``user_factors @ item_factors.T`` (+ ``item_bias``, (n,))
     without storing them: ranks from :func:`~reco_sampled_plugin.factor_ranks.exact_ranks_from_factors`
     (cache-sized score tiles; NaN/inf factors raise). Arguments as in :func:`per_user_metrics`; ``ties``
@@ -288,7 +294,9 @@ def per_user_metrics_from_factors(
     return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame)
 
 
-def _metrics_from_ranks(specs, ranks, pos, exc, n: int, relevance, as_frame: bool, finite: torch.Tensor | None = None):
+def _metrics_from_ranks(specs: Sequence[MetricSpec], ranks: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n: int,
+                        relevance: torch.Tensor | None, as_frame: bool,
+                        finite: torch.Tensor | None = None) -> "pd.DataFrame | dict[str, torch.Tensor]":
     """The per-user values of ``specs`` from padded exact ranks (other positives competing), or from (B, P, 2)
     tie groups [lo, hi] (``ties="average"``: expectations over the orders of tied items). ``finite``: (B,) bool
     rows of the scores free of NaN/inf, not read yet: checked with the frame's copy to the host (or before
@@ -332,7 +340,7 @@ def _metrics_from_ranks(specs, ranks, pos, exc, n: int, relevance, as_frame: boo
     return pd.DataFrame(host, columns=names)
 
 
-def mean_metrics(values) -> dict[str, tuple[float, int, int]]:
+def mean_metrics(values: "pd.DataFrame | Mapping[str, TensorLike]") -> dict[str, tuple[float, int, int]]:
     """Mean of each metric over users with a defined value: {name: (mean, n_used, n_nan)}.
 
     ``values`` is a DataFrame or dict of per-user values from :func:`per_user_metrics`.

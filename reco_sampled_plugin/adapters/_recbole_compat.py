@@ -47,7 +47,7 @@ import logging
 import os
 import sys
 import types
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable
 
 __all__ = ["ENV_VAR", "FIXES", "apply", "applied", "env_enabled"]
 
@@ -97,7 +97,7 @@ _NUMPY_ALIASES = {
 }
 
 
-def _numpy_compatibility_settings(self) -> None:
+def _numpy_compatibility_settings(self: Any) -> None:
     """RecBole's ``Config.compatibility_settings`` without names numpy 2 removed."""
     import numpy as np
 
@@ -131,7 +131,7 @@ def _fix_torch_load() -> bool:
         return True
     original = torch.load
 
-    def load(*args, **kwargs):
+    def load(*args: Any, **kwargs: Any) -> Any:
         if "weights_only" not in kwargs:
             caller = sys._getframe(1).f_globals.get("__name__", "")
             if caller == "recbole" or caller.startswith("recbole."):
@@ -162,7 +162,7 @@ def _pkg_resources_shim() -> types.ModuleType:
     import packaging
     import packaging.version
 
-    mod = types.ModuleType("pkg_resources")
+    mod: Any = types.ModuleType("pkg_resources")  # a stand-in module: attributes set below
     mod.__doc__ = "Minimal stand-in installed by reco_sampled_plugin for ray 2.6 (setuptools >= 81 has no pkg_resources)."
 
     class DistributionNotFound(Exception):
@@ -181,7 +181,7 @@ def _pkg_resources_shim() -> types.ModuleType:
     mod.get_distribution = get_distribution
     mod.require = require
     mod.packaging = packaging
-    vendor = types.ModuleType("pkg_resources._vendor")
+    vendor: Any = types.ModuleType("pkg_resources._vendor")
     vendor.packaging = packaging
     mod._vendor = vendor
     return mod
@@ -210,7 +210,7 @@ def _import_real_tune() -> types.ModuleType:
     import numpy as np
 
     if "bool8" not in np.__dict__:
-        np.bool8 = np.bool_  # ray 2.6 uses np.bool8 (removed in numpy 2)
+        setattr(np, "bool8", np.bool_)  # ray 2.6 uses np.bool8 (removed in numpy 2)
     _install_pkg_resources()
     return importlib.import_module("ray.tune")
 
@@ -222,7 +222,7 @@ class _LazyTune(types.ModuleType):
         super().__init__("ray.tune", "Lazy ray.tune installed by reco_sampled_plugin's RecBole compat layer.")
         self._real: types.ModuleType | None = None
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
         if self._real is None:
@@ -259,7 +259,7 @@ def _fix_ray() -> bool:
 
 
 # ------------------------------------------------------------------------------------------- scipy
-def _dok_update(self, data) -> None:
+def _dok_update(self: Any, data: Any) -> None:
     """``dok_matrix._update`` of scipy < 1.15: store the (row, col) -> value items without checks."""
     store = self.__dict__.get("_dict")
     if store is not None:
@@ -281,7 +281,7 @@ def _fix_scipy() -> bool:
 
 
 # ------------------------------------------------------------------------------------------ pandas
-def _fill_nan(self) -> None:
+def _fill_nan(self: Any) -> None:
     """RecBole's ``Dataset._fill_nan`` written with assignments (pandas 3 copy-on-write)."""
     import numpy as np
     from recbole.utils import FeatureType
@@ -299,7 +299,7 @@ def _fill_nan(self) -> None:
                 feat[field] = feat[field].apply(lambda x: np.array([], dtype=dtype) if isinstance(x, float) else x)
 
 
-def _remap(self, remap_list) -> None:
+def _remap(self: Any, remap_list: Any) -> None:
     """RecBole's ``Dataset._remap`` with per-row sequence lengths taken by ``map(len)``: pandas 3's
     ``Series.agg(len)`` returns the length of the Series, which broke token-sequence fields."""
     import numpy as np
@@ -330,10 +330,10 @@ class _PandasForRecBole(types.ModuleType):
         super().__init__("pandas")
         self._pandas = pandas_module
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._pandas, name)
 
-    def read_csv(self, *args, **kwargs):
+    def read_csv(self, *args: Any, **kwargs: Any) -> Any:
         df = self._pandas.read_csv(*args, **kwargs)
         usecols = kwargs.get("usecols")
         if usecols is not None:

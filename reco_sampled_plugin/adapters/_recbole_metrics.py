@@ -9,6 +9,7 @@ the rank histogram) are computed once and cached on the table RecBole hands to e
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -17,7 +18,7 @@ from reco_sampled_plugin import registry
 from reco_sampled_plugin.estimate import explain_flags, interval_values
 from reco_sampled_plugin._rank_hist import _bincount_histogram, _group_ids, sampled_rank_histogram
 from reco_sampled_plugin.estimators import estimate
-from reco_sampled_plugin.metric_names import parse_metric
+from reco_sampled_plugin.metric_names import MetricSpec, parse_metric
 from reco_sampled_plugin.metrics import metric_from_float_ranks
 from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS, PopularityStats
 from reco_sampled_plugin.design import SamplingDesign
@@ -39,7 +40,7 @@ def _grid_n(n: np.ndarray, step: float) -> np.ndarray:
     return np.round(np.exp(np.round(np.log(values) / lg) * lg))[index]
 
 
-def _recbole():
+def _recbole() -> tuple[Any, Any]:
     from recbole.evaluator.base_metric import AbstractMetric
     from recbole.utils import EvaluatorType
 
@@ -54,12 +55,13 @@ class _Metric:
     metric_need = [PLUGIN_KEY]
     smaller = False
 
-    def __init__(self, config) -> None:
+    def __init__(self, config: Any) -> None:
         super().__init__(config)  # type: ignore[call-arg]
         self.config = config
-        self.settings = _settings(config)
-        if self.settings is None:  # constructed outside a config that names it
+        settings = _settings(config)
+        if settings is None:  # constructed outside a config that names it
             raise ValueError("metrics: the plugin metric is not listed in the config's metrics")
+        self.settings: _Settings = settings
         self.name = type(self).__name__.lower()
         note_definitions(config, self.settings)  # once per process: uncorrected values, leave-one-out definitions
 
@@ -73,7 +75,7 @@ class _Metric:
     def _round(self, value: float) -> float:
         return round(float(value), self.settings.decimal_place)
 
-    def calculate_metric(self, dataobject) -> dict:
+    def calculate_metric(self, dataobject: Any) -> dict:
         table = dataobject.get(PLUGIN_KEY)
         if table.shape[0] == 0:
             raise ValueError(f"{self.name}: no held-out items were evaluated")
@@ -83,7 +85,7 @@ class _Metric:
             out.update(self._values(table, users, weights, k))
         return out
 
-    def _values(self, table, users, weights, k) -> dict:  # pragma: no cover - overridden
+    def _values(self, table: torch.Tensor, users: torch.Tensor, weights: torch.Tensor, k: int | None) -> dict:  # pragma: no cover - overridden
         raise NotImplementedError
 
 
@@ -119,7 +121,7 @@ def _weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> float:
     return float(values @ weights) / total if total > 0 else math.nan
 
 
-def _capped_metric(spec, ranks: torch.Tensor, n: torch.Tensor, all_known: bool | None = None) -> torch.Tensor:
+def _capped_metric(spec: MetricSpec, ranks: torch.Tensor, n: torch.Tensor, all_known: bool | None = None) -> torch.Tensor:
     """M(r) of the table's ranks (valid by construction: no re-validation), where ranks beyond the computed
     top (-1) score 0 (cut-off metrics only reach here). ``all_known``: whether every rank is > 0, if known."""
     if all_known is None:
@@ -150,14 +152,14 @@ class _EstimatedMetric(_Metric):
         # one fit (same value; the cheap posterior standard error is computed and not reported)
         return {"method": s.rank_dist, "n_bootstrap": s.bootstrap if s.stderr or s.interval else 0, "seed": s.seed}
 
-    def _values(self, table, users, weights, k) -> dict:
+    def _values(self, table: torch.Tensor, users: torch.Tensor, weights: torch.Tensor, k: int | None) -> dict:
         s = self.settings
         spec = parse_metric(self.kind if k is None else f"{self.kind}@{k}")
         key = self._key(k)
         hist = _sampled_inputs(table, weights, s, spec.k or 2)
         law = "binomial" if s.replacement else "hypergeometric"
         design = s.design.adaptive if s.design is not None else None  # adaptive: rsp_adaptive_max (full or uniN)
-        adaptive = {} if design is None else {"adaptive": (design.n_samples, design.adaptive_max)}
+        adaptive: dict[str, Any] = {} if design is None else {"adaptive": (design.n_samples, design.adaptive_max)}
         kwargs = self._method_kwargs()
         popn = _popularity_ranks(table)
         if popn is not None and registry.get(kwargs["method"]).family != "none":
@@ -197,7 +199,7 @@ class _EstimatedMetric(_Metric):
         return out
 
 
-def _popularity_ranks(table: torch.Tensor):
+def _popularity_ranks(table: torch.Tensor) -> SampledRanks:
     """popN tables: the positives' :class:`~reco_sampled_plugin.ranking.SampledRanks` under the sampler's popularity
     design, carrying each positive's Hansen-Hurwitz statistics (the ``hh_*`` columns) and its exact candidate count
     (no ``rsp_n_grid``: the estimate reads n per positive); None for other modes. Cached on the table."""
@@ -224,7 +226,7 @@ def _sampled_weights(table: torch.Tensor, weights: torch.Tensor) -> torch.Tensor
     return weights[table[:, _R_SAMPLED] > 0]
 
 
-def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_floor: int):
+def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_floor: int) -> Any:
     """The rank histogram (candidate counts on the ``rsp_n_grid`` grid, at least max(m + 1, K)) of the
     positives that have a sampled rank, with their weights; computed once per evaluation table and shared
     by every estimated metric (cached on the table, which RecBole hands to each metric)."""
@@ -250,7 +252,8 @@ def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_
 class _ExactMetric(_Metric):
     """RecBole's list metric (same definition and averaging over users) from the plugin's exact ranks."""
 
-    def _values(self, table, users, weights, k) -> dict:
+    def _values(self, table: torch.Tensor, users: torch.Tensor, weights: torch.Tensor, k: int | None) -> dict:
+        assert k is not None  # RecBole's list metrics are read at each topk
         r = table[:, _R_FULL]
         n_users = int(users.max()) + 1
         hit = ((r > 0) & (r <= k)).to(torch.float64)
@@ -319,7 +322,7 @@ def _build_classes() -> dict[str, type]:
     return classes
 
 
-_METRIC_CLASSES: dict[str, type] = _build_classes()
+_METRIC_CLASSES: dict[str, Any] = _build_classes()  # RecBole AbstractMetric subclasses (untyped)
 
 
 def metric_classes() -> dict[str, type]:

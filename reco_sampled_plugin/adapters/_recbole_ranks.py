@@ -15,6 +15,7 @@ off; -inf is RecBole's mark of an excluded item).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,7 +44,7 @@ CLASS_COLUMNS = tuple(f"{f}_{c}" for f in PROFILE_FIELDS for c in range(POP_BINS
 _BEYOND = -1.0
 
 
-def positive_table(dataobject) -> dict[str, torch.Tensor]:
+def positive_table(dataobject: Any) -> dict[str, torch.Tensor]:
     """The per-positive table a RecBole ``DataStruct`` holds for the plugin, as named columns.
 
     ``rank_full`` / ``rank_irrelevant``: exact rank among all candidates / among the irrelevant ones
@@ -94,7 +95,8 @@ def _counts_per_row(pos_u: torch.Tensor, b: int) -> torch.Tensor:
     return torch.zeros(b, dtype=torch.int64, device=pos_u.device).index_add_(0, pos_u, torch.ones_like(pos_u))
 
 
-def _other_positive_counts(pos_u: torch.Tensor, s_pos: torch.Tensor, counts: torch.Tensor, tied_before: bool = False):
+def _other_positive_counts(pos_u: torch.Tensor, s_pos: torch.Tensor, counts: torch.Tensor,
+                           tied_before: bool = False) -> tuple[torch.Tensor, ...]:
     """#(other positives of the same user scoring >= / > each positive), and with ``tied_before`` #(those
     with an equal score listed before it): in numpy for CPU tensors, on the device otherwise (same counts)."""
     if pos_u.device.type == "cpu":
@@ -113,7 +115,8 @@ def _descending_score_keys(s: np.ndarray) -> np.ndarray:
     return uniq.shape[0] - 1 - inverse.reshape(-1)
 
 
-def _other_positive_counts_host(pos_u: torch.Tensor, s_pos: torch.Tensor, counts: torch.Tensor, tied_before: bool = False):
+def _other_positive_counts_host(pos_u: torch.Tensor, s_pos: torch.Tensor, counts: torch.Tensor,
+                                tied_before: bool = False) -> tuple[torch.Tensor, ...]:
     """#(other positives of the same user scoring >= / > each positive), and with ``tied_before`` #(those
     with an equal score listed before it), from one integer sort of the positives by (user, score
     descending): within a user, the positives above are those before its run of equal scores, and the
@@ -148,7 +151,8 @@ def _other_positive_counts_host(pos_u: torch.Tensor, s_pos: torch.Tensor, counts
     return out + (torch.from_numpy(tb).to(pos_u.device),)
 
 
-def _other_positive_counts_device(pos_u: torch.Tensor, s_pos: torch.Tensor, counts: torch.Tensor, tied_before: bool = False):
+def _other_positive_counts_device(pos_u: torch.Tensor, s_pos: torch.Tensor, counts: torch.Tensor,
+                                  tied_before: bool = False) -> tuple[torch.Tensor, ...]:
     """#(other positives of the same user scoring >= / > each positive), and with ``tied_before`` #(those
     with an equal score listed before it), from two stable sorts of the positives (score descending, then
     user): within a user, the positives above are those before its run of equal scores, and the stable
@@ -180,7 +184,8 @@ def _other_positive_counts_device(pos_u: torch.Tensor, s_pos: torch.Tensor, coun
     return ge, gt, tb
 
 
-def _full_ranks(ge, gt, other_ge, other_gt, tied_before, ties: str) -> torch.Tensor:
+def _full_ranks(ge: torch.Tensor, gt: torch.Tensor, other_ge: torch.Tensor, other_gt: torch.Tensor,
+                tied_before: torch.Tensor, ties: str) -> torch.Tensor:
     """Ranks among all candidates, the other positives included, from the counts over the row: relevant items
     tied with each other are placed in their listed order under the deterministic policies (as
     :func:`reco_sampled_plugin.exact_ranks`: an ordering, never two at one rank); ``average`` splits ties."""
@@ -189,7 +194,8 @@ def _full_ranks(ge, gt, other_ge, other_gt, tied_before, ties: str) -> torch.Ten
     return _ranks_from_counts(ge - (other_ge - other_gt) + tied_before, gt + tied_before, ties)
 
 
-def _topk_full_mode(scores, pos_u, s_pos, counts, settings: _Settings):
+def _topk_full_mode(scores: torch.Tensor, pos_u: torch.Tensor, s_pos: torch.Tensor, counts: torch.Tensor,
+                    settings: _Settings) -> tuple[torch.Tensor, torch.Tensor]:
     """Exact ranks (full list, and among irrelevant items) up to the largest ``topk``, for users with many
     positives (see :data:`_COUNT_MAX_MEAN_POSITIVES`): one ``torch.topk`` of size max(topk) + max |T_u|;
     ranks beyond are marked -1 (every cut-off metric is 0 there)."""
@@ -225,7 +231,8 @@ def _topk_full_mode(scores, pos_u, s_pos, counts, settings: _Settings):
 _COUNT_MAX_MEAN_POSITIVES = 64
 
 
-def _full_counts(scores, pos_u, s_pos, ties: str):
+def _full_counts(scores: torch.Tensor, pos_u: torch.Tensor, s_pos: torch.Tensor,
+                 ties: str) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """#(items scoring >= each positive) over its user's whole row (itself included), #(items scoring >
     it) (None for pessimistic ties: not needed), and each row's candidate count (items with a score above
     -inf: RecBole sets padding and history items to -inf; NaN scores never count), from one compiled
@@ -240,7 +247,8 @@ def _full_counts(scores, pos_u, s_pos, ties: str):
     return both[:npos], gt, both[npos:]
 
 
-def _binomial_sampled(ge_irr, gt_irr, n_irr_items, m: int, ties: str, generator: torch.Generator) -> torch.Tensor:
+def _binomial_sampled(ge_irr: torch.Tensor, gt_irr: torch.Tensor, n_irr_items: torch.Tensor, m: int, ties: str,
+                      generator: torch.Generator) -> torch.Tensor:
     """Sampled ranks of uniform sampling with replacement drawn from the exact counts: each of the m draws
     is an irrelevant item scoring >= the positive with probability ge_irr / N (N irrelevant candidates), so
     r~ = 1 + Binomial(m, ge_irr / N) (pessimistic), 1 + Binomial(m, gt_irr / N) (optimistic); ``average``
@@ -262,11 +270,14 @@ def _binomial_sampled(ge_irr, gt_irr, n_irr_items, m: int, ties: str, generator:
     return above + 1.0 + torch.floor(u * (tied + 1.0))
 
 
-def _adaptive_from_counts(first, ge_irr, gt_irr, n_irr_items, settings: _Settings, generator):
+def _adaptive_from_counts(first: torch.Tensor, ge_irr: torch.Tensor, gt_irr: torch.Tensor, n_irr_items: torch.Tensor,
+                          settings: _Settings, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Adaptive sampling (``reco_sampled_plugin.adaptive``) drawn from the exact counts: positives still first
     draw the stage's new items (m doubling) by :func:`_binomial_sampled`, until not first or at the cap.
     Returns (sampled ranks among the final m, final m), float64 per positive; one check per stage."""
-    stages = settings.design.adaptive.stages.tolist()
+    adaptive = None if settings.design is None else settings.design.adaptive
+    assert adaptive is not None  # called with rsp_adaptive_max (an adaptive design)
+    stages = adaptive.stages.tolist()
     ranks = first.clone()
     sizes = torch.full_like(ranks, float(stages[0]))
     for s in range(1, len(stages)):
@@ -279,7 +290,8 @@ def _adaptive_from_counts(first, ge_irr, gt_irr, n_irr_items, settings: _Setting
     return ranks, sizes
 
 
-def _hypergeometric_sampled(ge_irr, gt_irr, n_irr_items, m: int, ties: str, generator: torch.Generator) -> torch.Tensor:
+def _hypergeometric_sampled(ge_irr: torch.Tensor, gt_irr: torch.Tensor, n_irr_items: torch.Tensor, m: int, ties: str,
+                            generator: torch.Generator) -> torch.Tensor:
     """Sampled ranks of uniform sampling without replacement drawn from the exact counts: of m distinct
     irrelevant items drawn from N, the number scoring >= the positive is Hypergeometric(N, ge_irr, m), so
     r~ = 1 + that (pessimistic; ``gt_irr`` for optimistic); ``average`` draws the tied items among the
@@ -317,10 +329,12 @@ def _hypergeometric_sampled(ge_irr, gt_irr, n_irr_items, m: int, ties: str, gene
     return _on(torch.from_numpy(out), dev)
 
 
-def _simulate(scores, pos_u, pos_i, s_pos, settings: _Settings, generator: torch.Generator):
+def _simulate(scores: torch.Tensor, pos_u: torch.Tensor, pos_i: torch.Tensor, s_pos: torch.Tensor, settings: _Settings,
+              generator: torch.Generator) -> torch.Tensor:
     """Draw m irrelevant items per positive among the user's candidates (finite scores, not a positive of
     the user) and return the sampled ranks."""
     b, n_tot = scores.shape
+    assert settings.m is not None  # sampled ranks: rsp_m is set
     m = int(settings.m)
     npos = pos_u.shape[0]
     if settings.replacement:
@@ -359,7 +373,8 @@ def _simulate(scores, pos_u, pos_i, s_pos, settings: _Settings, generator: torch
     return _sampled_from_scores(s_neg, s_pos, settings.ties, generator)
 
 
-def _neg_layout(items: torch.Tensor, pos_u, pos_i, counts):
+def _neg_layout(items: torch.Tensor, pos_u: torch.Tensor, pos_i: torch.Tensor,
+                counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor]:
     """Rows of each positive's own N negatives in NegSampleEvalDataLoader batches (``items``: the item
     column of one batch, or of consecutive batches concatenated: each holds whole user blocks).
 
@@ -397,7 +412,7 @@ def _check_flags(scores: torch.Tensor, s_pos: torch.Tensor, settings: _Settings)
     return torch.isnan(hi) | torch.isposinf(hi)
 
 
-def _raise_if_bad(flags: torch.Tensor, scores: torch.Tensor, s_pos: torch.Tensor, settings: _Settings, uids) -> None:
+def _raise_if_bad(flags: torch.Tensor, scores: torch.Tensor, s_pos: torch.Tensor, settings: _Settings, uids: torch.Tensor | None) -> None:
     """Read the flags (the flush's one wait on the device: [scores fail :func:`_check_flags`] or, sampled
     modes, [that, positives misplaced]) and raise what they found."""
     bad = flags.tolist()
@@ -454,8 +469,9 @@ class _Staging:
         self.items = np.empty(0, np.int64)  # sampled: per interaction row
         self.marks: list[int] = []  # first row, end of the positives, of each batch in turn
         self.used = self.npos = self.nrows = self.nitems = self.n_cols = 0
-        self.dtype = None
-        self.uid_field = self.item_field = None
+        self.dtype: torch.dtype | None = None
+        self.uid_field: str | None = None
+        self.item_field: str | None = None
         self.sampled = False
         self.has_uid = True
 
@@ -469,7 +485,7 @@ class _Staging:
         if self.scores.dtype != a.dtype:
             self.scores = np.empty(0, a.dtype)
 
-    def add(self, scores: torch.Tensor, interaction, positive_u: torch.Tensor, positive_i: torch.Tensor) -> bool:
+    def add(self, scores: torch.Tensor, interaction: Any, positive_u: torch.Tensor, positive_i: torch.Tensor) -> bool:
         """Copy one batch; False (nothing copied) when it does not fit the open kind, shape, dtype or device."""
         if scores.dtype is not self.dtype:
             return False
@@ -500,6 +516,7 @@ class _Staging:
         self.pi[q:f] = i
         self.marks += (r, f)
         if rows_item is not None:
+            assert rows_uid is not None  # sampled batches carry the user column with the item column
             self.items[t:t_end] = rows_item
             self.uid[t:t_end] = rows_uid
         elif rows_uid is None:
@@ -523,7 +540,7 @@ class _Staging:
         self.uid = grown(self.uid, self.nitems if self.sampled else self.nrows, ids)
         self.items = grown(self.items, self.nitems, items)
 
-    def take(self):
+    def take(self) -> tuple:
         """The gathered batches as tensors: scores (rows, items), the positives' global rows and items, and
         (full sort) the rows' user ids or None, or (sampled) the interaction rows' items and user ids. Views
         of the buffers: read before the next :meth:`open`."""
@@ -537,7 +554,7 @@ class _Staging:
         return out + (torch.from_numpy(self.uid[: self.nrows]) if self.has_uid else None,)
 
 
-def _collect(collector, scores: torch.Tensor, interaction, positive_u, positive_i) -> None:
+def _collect(collector: Any, scores: torch.Tensor, interaction: Any, positive_u: torch.Tensor, positive_i: torch.Tensor) -> None:
     """Per-positive ranks of one evaluation batch, the first of its kind: on the CPU it opens a
     :class:`_Staging` that copies this and the next batches (processed together by :func:`_flush`, see
     ``_BUFFER_ELEMENTS``); on other devices full-sort batches are held by reference (RecBole scores each
@@ -576,7 +593,8 @@ def _collect(collector, scores: torch.Tensor, interaction, positive_u, positive_
         _flush(collector)
 
 
-def _collect_direct(collector, scores: torch.Tensor, interaction, positive_u, positive_i) -> None:
+def _collect_direct(collector: Any, scores: torch.Tensor, interaction: Any, positive_u: torch.Tensor,
+                    positive_i: torch.Tensor) -> None:
     """A large full-sort batch ranked at once on its device, after whatever was gathered before it (users
     stay in arrival order)."""
     settings = collector.__dict__.get("_rsp_settings_now") or _settings(collector.config)
@@ -591,7 +609,7 @@ def _collect_direct(collector, scores: torch.Tensor, interaction, positive_u, po
 _STAGE_ON_CPU = True
 
 
-def _generator(collector, settings: _Settings, device: torch.device) -> torch.Generator:
+def _generator(collector: Any, settings: _Settings, device: torch.device) -> torch.Generator:
     """The evaluation's seeded generator, on the scores' device (a CUDA run draws from another stream than a
     CPU run: same law, other values)."""
     gen = getattr(collector, "_rsp_generator", None)
@@ -600,7 +618,7 @@ def _generator(collector, settings: _Settings, device: torch.device) -> torch.Ge
     return gen
 
 
-def _new_table(collector, pos_u: torch.Tensor, pos_i: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+def _new_table(collector: Any, pos_u: torch.Tensor, pos_i: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     table = torch.zeros((pos_u.shape[0], _N_COLS), dtype=torch.float64, device=pos_u.device)
     table[:, _USER] = (pos_u + getattr(collector, "_rsp_user_offset", 0)).to(torch.float64)
     table[:, _N_POS] = counts[pos_u].to(torch.float64)
@@ -608,12 +626,12 @@ def _new_table(collector, pos_u: torch.Tensor, pos_i: torch.Tensor, counts: torc
     return table
 
 
-def _store(collector, table: torch.Tensor, n_users: int) -> None:
+def _store(collector: Any, table: torch.Tensor, n_users: int) -> None:
     collector._rsp_user_offset = getattr(collector, "_rsp_user_offset", 0) + n_users
     collector.__dict__.setdefault("_rsp_tables", []).append(table)  # concatenated once, in get_data_struct
 
 
-def _unbuffer(collector, buf: list):
+def _unbuffer(collector: Any, buf: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Stack the buffered full-sort batches (users in arrival order): the scores, the positives' rows and
     items, and the users' ids (None when the batches carry none), all on the scores' device. RecBole's
     positives and ids live on the host: they are stacked there and copied over once."""
@@ -642,7 +660,7 @@ def _unbuffer(collector, buf: list):
     return scores.detach(), _on(pos_u.to(torch.int64), dev), _on(pos_i.to(torch.int64), dev), uid
 
 
-def _flush(collector) -> None:
+def _flush(collector: Any) -> None:
     """Rank the gathered batches together: staged copies (full-sort or sampled mode) or buffered
     full-sort references."""
     stage = collector.__dict__.pop("_rsp_staging", None)
@@ -658,7 +676,7 @@ def _flush(collector) -> None:
         _process_full(collector, *data)
 
 
-def _process_full(collector, scores: torch.Tensor, pos_u: torch.Tensor, pos_i: torch.Tensor, uids) -> None:
+def _process_full(collector: Any, scores: torch.Tensor, pos_u: torch.Tensor, pos_i: torch.Tensor, uids: torch.Tensor | None) -> None:
     """Per-positive table of full-sort users (scores, global rows of the positives, their items, ids; all
     on one device, where the table is built)."""
     settings = collector._rsp_settings_now
@@ -672,9 +690,9 @@ def _process_full(collector, scores: torch.Tensor, pos_u: torch.Tensor, pos_i: t
     # adaptive sampling is drawn from the exact counts, so it always counts
     counted = settings.full_ranks or settings.adaptive_max is not None or pos_u.shape[0] <= _COUNT_MAX_MEAN_POSITIVES * b
     if counted:  # exact ranks of every positive (and sampled ranks drawn from them)
-        ge, gt, n_full = _full_counts(scores, pos_u, s_pos, settings.ties)
+        ge, gt_or_none, n_full = _full_counts(scores, pos_u, s_pos, settings.ties)
         other_ge, other_gt, tied_before = _other_positive_counts(pos_u, s_pos, counts, tied_before=True)
-        gt = ge if gt is None else gt
+        gt = ge if gt_or_none is None else gt_or_none
         table[:, _R_FULL] = _full_ranks(ge, gt, other_ge, other_gt, tied_before, settings.ties)
         table[:, _R_IRR] = _ranks_from_counts(ge - other_ge, gt - other_gt, settings.ties)
     else:
@@ -699,7 +717,7 @@ def _process_full(collector, scores: torch.Tensor, pos_u: torch.Tensor, pos_i: t
     _store(collector, table, b)
 
 
-def _collect_sampled(collector, scores: torch.Tensor, interaction, pos_u: torch.Tensor, pos_i: torch.Tensor) -> None:
+def _collect_sampled(collector: Any, scores: torch.Tensor, interaction: Any, pos_u: torch.Tensor, pos_i: torch.Tensor) -> None:
     """One uniN / popN batch processed at once, on the scores' device (batches the staging cannot copy:
     other devices); RecBole's positives and the batch's item and user columns are copied there."""
     config, dev = collector.config, scores.device
@@ -708,7 +726,8 @@ def _collect_sampled(collector, scores: torch.Tensor, interaction, pos_u: torch.
                      _on(interaction[config["USER_ID_FIELD"]], dev))
 
 
-def _process_sampled(collector, scores, pos_u, pos_i, items, row_uids) -> None:
+def _process_sampled(collector: Any, scores: torch.Tensor, pos_u: torch.Tensor, pos_i: torch.Tensor, items: torch.Tensor,
+                     row_uids: torch.Tensor) -> None:
     """uniN / popN users: each positive's sampled rank against its own N negatives (``items`` / ``row_uids``:
     the item and user id of every row of the batches, in RecBole's layout)."""
     settings = collector._rsp_settings_now
@@ -742,7 +761,7 @@ def _process_sampled(collector, scores, pos_u, pos_i, items, row_uids) -> None:
     _store(collector, table, b)
 
 
-def _used_counts(collector, uids: torch.Tensor) -> torch.Tensor:
+def _used_counts(collector: Any, uids: torch.Tensor) -> torch.Tensor:
     """How many items the evaluation's sampler excludes for each user id (``used_ids``: RecBole's per-user
     sets of items never drawn as negatives); the per-user sizes are computed once per sampler phase (and
     copied once to each device that asks)."""
@@ -759,8 +778,8 @@ def _used_counts(collector, uids: torch.Tensor) -> torch.Tensor:
         )
     cached = sampler.__dict__.get("_rsp_used_sizes")
     if cached is None or cached[0] is not used:
-        sizes = torch.as_tensor(np.fromiter((len(u) for u in used), dtype=np.int64, count=len(used)))
-        cached = sampler.__dict__["_rsp_used_sizes"] = (used, {sizes.device: sizes})
+        per_user = torch.as_tensor(np.fromiter((len(u) for u in used), dtype=np.int64, count=len(used)))
+        cached = sampler.__dict__["_rsp_used_sizes"] = (used, {per_user.device: per_user})
     sizes = cached[1].get(uids.device)
     if sizes is None:
         sizes = cached[1][uids.device] = next(iter(cached[1].values())).to(uids.device)
@@ -768,7 +787,8 @@ def _used_counts(collector, uids: torch.Tensor) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- collector hooks
-def collect_batch(collector, scores_tensor, interaction, positive_u, positive_i) -> None:
+def collect_batch(collector: Any, scores_tensor: torch.Tensor, interaction: Any, positive_u: torch.Tensor,
+                  positive_i: torch.Tensor) -> None:
     """After RecBole's own ``eval_batch_collect``: stage or buffer a full-sort batch (the common case, kept
     to a few attribute reads and copies), rank a large one at once, else start collecting (first batch) or
     rank a sampled batch."""
@@ -792,7 +812,7 @@ def collect_batch(collector, scores_tensor, interaction, positive_u, positive_i)
         _collect(collector, scores_tensor, interaction, positive_u, positive_i)
 
 
-def finish_collection(collector) -> torch.Tensor | None:
+def finish_collection(collector: Any) -> torch.Tensor | None:
     """When the evaluation ends: rank what is gathered and return the per-positive table (None if no
     positive was collected) on the host (its one copy from the device), for the caller to put under
     :data:`PLUGIN_KEY` of the ``DataStruct`` RecBole returns (after RecBole's deep copy of its own data: the
@@ -810,7 +830,7 @@ def finish_collection(collector) -> torch.Tensor | None:
     return table
 
 
-def reset_collection(collector, eval_data=None) -> None:
+def reset_collection(collector: Any, eval_data: Any = None) -> None:
     """Forget everything of a previous (possibly interrupted) evaluation; ``eval_data``: the dataloader of
     the next one (its sampler tells sampled modes each user's used items). The staging buffers stay."""
     if eval_data is not None:

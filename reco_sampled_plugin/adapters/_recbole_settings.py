@@ -68,7 +68,7 @@ def class_name(name: str) -> str:
     return next(prefix + k for k in kinds if (prefix + k).lower() == name.lower())
 
 
-def note_definitions(config, settings: "_Settings") -> None:
+def note_definitions(config: Any, settings: "_Settings") -> None:
     """The notes a run needs, logged once (when the metrics are built, after RecBole set its logger up): a
     ``Corrected*`` metric with ``rsp_correction: none`` reports the uncorrected sampled metric; the estimated metrics
     (and their ``_exact``) are leave-one-out metrics, RecBole's of the same name list metrics."""
@@ -161,18 +161,18 @@ def _family_of(name: str) -> str:
     return METRIC_FAMILIES[name.lower()]
 
 
-def _get(config, key: str):
+def _get(config: Any, key: str) -> Any:
     value = config[key]
     return CONFIG_DEFAULTS[key] if value is None else value
 
 
-def _config_keys(config) -> list[str]:
+def _config_keys(config: Any) -> list[str]:
     final = getattr(config, "final_config_dict", None)
     keys = final.keys() if isinstance(final, dict) else (config.keys() if hasattr(config, "keys") else [])
     return [k for k in keys if isinstance(k, str) and k.startswith("rsp_")]
 
 
-def _modes(config) -> dict:
+def _modes(config: Any) -> dict:
     eval_args = config["eval_args"] or {}
     if not hasattr(eval_args, "get"):
         raise ValueError(f"eval_args: expected a mapping such as {{'mode': 'full'}}, got {eval_args!r}")
@@ -191,7 +191,14 @@ def _sample_num(mode: str) -> int | None:
     return None
 
 
-def _as_int(value, key: str, minimum: int) -> int:
+def _sampled_size(mode: str) -> int:
+    """N of a ``uniN`` / ``popN`` mode (:func:`validate_config` refuses every other mode but ``full`` first)."""
+    n = _sample_num(mode)
+    assert n is not None  # refused before (eval_args.mode: unsupported mode)
+    return n
+
+
+def _as_int(value: Any, key: str, minimum: int) -> int:
     """An integer key (the package's one integer check: not a bool, a float or a str)."""
     try:
         return check_int(value, key, minimum)
@@ -199,7 +206,7 @@ def _as_int(value, key: str, minimum: int) -> int:
         raise ValueError(f"{key}: expected an integer >= {minimum}, got {value!r}") from None
 
 
-def _choice(config, key: str, choices: tuple[str, ...], what: str, also: tuple[str, ...] = ()) -> str:
+def _choice(config: Any, key: str, choices: tuple[str, ...], what: str, also: tuple[str, ...] = ()) -> str:
     """The lower-cased value of a key that names one of ``choices`` (or of ``also``, listed after them)."""
     value = str(_get(config, key)).lower()
     if value not in choices + also:
@@ -229,7 +236,7 @@ def popularity_design(n_draws: int) -> SamplingDesign:
     return SamplingDesign.trusted(n_draws, popularity=torch.ones(1, dtype=torch.float64))
 
 
-def _as_bool(value, key: str) -> bool:
+def _as_bool(value: Any, key: str) -> bool:
     """A boolean key (the package's one bool check: ``"false"``, 0 and 1 are refused)."""
     try:
         return check_bool(value, key)
@@ -237,7 +244,7 @@ def _as_bool(value, key: str) -> bool:
         raise ValueError(f"{key}: expected true or false, got {value!r}") from None
 
 
-def _as_float(value, key: str, what: str) -> float:
+def _as_float(value: Any, key: str, what: str) -> float:
     """A number key (the package's one float check: ``true`` and ``"0.5"`` are refused, not read as 1.0 or 0.5)."""
     try:
         return check_float(value, key)
@@ -245,7 +252,7 @@ def _as_float(value, key: str, what: str) -> float:
         raise ValueError(f"{key}: expected {what}, got {value!r}") from None
 
 
-def _parse_prior(value, correction: str):
+def _parse_prior(value: Any, correction: str) -> str | tuple[str, float] | None:
     if isinstance(value, str) and value.lower() in ("uniform", "none"):
         return None
     if isinstance(value, str) and value.lower() == "mle":
@@ -269,7 +276,7 @@ def _and(items: list[str]) -> str:
     return " and ".join([", ".join(items[:-1]), items[-1]]) if len(items) > 1 else "".join(items)
 
 
-def _refuse_unused_keys(families: set, correction: str, gamma: float, prior, mapping: str, mapping_a) -> None:
+def _refuse_unused_keys(families: set, correction: str, gamma: float, prior: Any, mapping: str, mapping_a: Any) -> None:
     """A key set for a listed metric family whose method does not use it is an error, not silently ignored
     (rsp_gamma with rsp_correction: ls, rsp_prior with none / rank_estimate, rsp_mapping_a with linear / bound);
     which method takes which option is the registry's (each entry's ``options``)."""
@@ -286,7 +293,7 @@ def _refuse_unused_keys(families: set, correction: str, gamma: float, prior, map
                          f"is {mapping!r}")
 
 
-def config_metrics(config) -> tuple[str, ...]:
+def config_metrics(config: Any) -> tuple[str, ...]:
     """RecBole's ``metrics`` as a tuple of names: one string is one metric (not its letters); an int, a float or a
     list holding anything but names is a ValueError naming ``metrics`` (:func:`~reco_sampled_plugin._options.check_names`)."""
     metrics = config["metrics"]
@@ -295,12 +302,12 @@ def config_metrics(config) -> tuple[str, ...]:
     return check_names(metrics, "metrics", "RecBole metric names such as 'Recall' or 'CorrectedNDCG'")
 
 
-def plugin_metrics_in(config) -> tuple[str, ...]:
+def plugin_metrics_in(config: Any) -> tuple[str, ...]:
     """Lower-case names of the plugin metrics listed in a RecBole config's ``metrics``."""
     return tuple(m.lower() for m in config_metrics(config) if m.lower() in METRIC_FAMILIES)
 
 
-def validate_config(config) -> _Settings | None:
+def validate_config(config: Any) -> _Settings | None:
     """Check the plugin keys of a RecBole ``Config`` (or any mapping with ``[]``); None without plugin metrics.
 
     Raises:
@@ -423,7 +430,7 @@ def validate_config(config) -> _Settings | None:
     )
 
 
-def _check_finite(value) -> bool | str:
+def _check_finite(value: Any) -> bool | str:
     """``rsp_check_finite``: true (default), false, or "positives" (the same as false here: RecBole's -inf marks
     excluded items, so only the held-out items' scores are then checked)."""
     if isinstance(value, str) and value.lower() == "positives":
@@ -433,7 +440,7 @@ def _check_finite(value) -> bool | str:
     return bool(value)
 
 
-def _adaptive_max(config, modes: dict, m: int | None, replacement: bool) -> int | None:
+def _adaptive_max(config: Any, modes: dict, m: int | None, replacement: bool) -> int | None:
     """``rsp_adaptive_max``: adaptive sampling from the first stage's m up to this cap, with replacement (the
     estimators that take it: :func:`_check_supported`). Full mode simulates every stage from the exact counts
     (needs ``rsp_m``); ``uniN`` mode takes RecBole's N draws as the first stage and the plugin draws and scores the
@@ -443,7 +450,7 @@ def _adaptive_max(config, modes: dict, m: int | None, replacement: bool) -> int 
     if raw is None:
         return None
     cap = _as_int(raw, "rsp_adaptive_max", 1)
-    sizes = set()
+    sizes: set[int] = set()
     for phase, mode in modes.items():
         if mode.startswith("pop"):
             raise ValueError(
@@ -452,7 +459,7 @@ def _adaptive_max(config, modes: dict, m: int | None, replacement: bool) -> int 
                 f"'uni{_sample_num(mode)}' or full mode with rsp_m"
             )
         if mode != "full":
-            sizes.add(_sample_num(mode))
+            sizes.add(_sampled_size(mode))
     if m is None and len(sizes) > 1:
         raise ValueError(f"rsp_adaptive_max: the phases draw different first stages ({sorted(sizes)} items: "
                          f"{modes}); adaptive sampling needs one first-stage size: use the same uniN in every phase")
@@ -473,7 +480,7 @@ def _sampling_design(modes: dict, m: int | None, replacement: bool, adaptive_max
     uniform N here; popN itself is checked against the registry with :func:`popularity_design` (``_check_popularity``)
     and estimated from the draws' statistics (``_recbole_metrics``). None when the sampled modes of the phases draw different N
     without rsp_m (each phase then has its own N)."""
-    sizes = {m} if m is not None else {_sample_num(mode) for mode in modes.values() if mode != "full"}
+    sizes: set[int] = {m} if m is not None else {_sampled_size(mode) for mode in modes.values() if mode != "full"}
     if len(sizes) != 1:
         return None
     return SamplingDesign(sizes.pop(), replacement=replacement, adaptive_max=adaptive_max)
@@ -522,7 +529,7 @@ def _check_supported(design: SamplingDesign, names: tuple, methods: dict) -> Non
         if not registry.get(method).takes_metric(_kind(name)):
             ok = [n for n in _family_choices(key) if registry.get(n).supports(design)
                   and registry.get(n).takes_metric(_kind(name))]
-            raise ValueError(f"{key}: {method!r} estimates {', '.join(registry.get(method).metrics)} only, not "
+            raise ValueError(f"{key}: {method!r} estimates {', '.join(registry.get(method).metrics or ())} only, not "
                              f"{_kind(name)} ({name!r}); use one of {tuple(ok)}")
         if registry.get(method).supports(design):
             continue
@@ -536,12 +543,12 @@ def _check_supported(design: SamplingDesign, names: tuple, methods: dict) -> Non
                          f"use one of {tuple(n for n in registry.recbole_choices(key) if registry.get(n).supports(design))}")
 
 
-def _settings_key(config) -> str:
+def _settings_key(config: Any) -> str:
     keys = ["metrics", "eval_args", "topk", "seed", "metric_decimal_place", *sorted(_config_keys(config))]
     return repr([(k, config[k]) for k in keys])
 
 
-def _settings(config) -> _Settings | None:
+def _settings(config: Any) -> _Settings | None:
     """Validated settings, cached on the config object while the relevant keys stay unchanged."""
     key = _settings_key(config)
     cached = config.__dict__.get("_rsp_settings") if hasattr(config, "__dict__") else None

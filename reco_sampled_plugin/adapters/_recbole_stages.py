@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -37,7 +38,7 @@ __all__ = ["keep_positive_rows", "run_stages"]
 _CORE_TIES = {"pessimistic": "pessimistic", "optimistic": "optimistic", "average": "random"}
 
 
-def keep_positive_rows(collector, interaction, positive_u, positive_i) -> None:
+def keep_positive_rows(collector: Any, interaction: Any, positive_u: torch.Tensor, positive_i: torch.Tensor) -> None:
     """Keep the rows of a ``uniN`` batch that hold its positives (in RecBole's positive order, the order of the
     per-positive table): the context the later stages' pairs are built from. Nothing else of the batch is kept."""
     if positive_u is None or positive_u.numel() == 0:
@@ -49,7 +50,7 @@ def keep_positive_rows(collector, interaction, positive_u, positive_i) -> None:
     collector.__dict__.setdefault("_rsp_kept", []).append(interaction[rows])
 
 
-def _used_csr(sampler) -> tuple[np.ndarray, np.ndarray] | None:
+def _used_csr(sampler: Any) -> tuple[np.ndarray, np.ndarray] | None:
     """RecBole's per-user used items (``sampler.used_ids``, a numpy array of sets) as CSR (indptr, items), built
     once per sampler phase; None for the ``RepeatableSampler`` of sequential models (each row excludes only its
     own target)."""
@@ -69,7 +70,7 @@ def _used_csr(sampler) -> tuple[np.ndarray, np.ndarray] | None:
     return cached[1]
 
 
-def _exclusions(csr, uids: torch.Tensor, pos_i: torch.Tensor) -> torch.Tensor:
+def _exclusions(csr: tuple[np.ndarray, np.ndarray] | None, uids: torch.Tensor, pos_i: torch.Tensor) -> torch.Tensor:
     """(K, E) exclusions of K positives, -1 padded: the padding item 0 and the user's used items but the positive
     itself (the core's draws never return a positive nor an excluded item)."""
     k = uids.shape[0]
@@ -88,7 +89,8 @@ def _exclusions(csr, uids: torch.Tensor, pos_i: torch.Tensor) -> torch.Tensor:
     return torch.cat([zero, torch.from_numpy(out)], 1)
 
 
-def _predict_scorer(model, dataset, device, rows, item_field: str):
+def _predict_scorer(model: Any, dataset: Any, device: torch.device, rows: Any,
+                    item_field: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """``scorer(users, items)`` over ``model.predict``: user k is the positive of row k of ``rows`` (an
     ``Interaction``); its pairs copy that row, take the drawn item ids and the items' features
     (``dataset.join``), as RecBole builds its own negatives."""
@@ -107,7 +109,7 @@ def _predict_scorer(model, dataset, device, rows, item_field: str):
     return scorer
 
 
-def run_stages(collector, table: torch.Tensor, settings: _Settings) -> ScoringCost | None:
+def run_stages(collector: Any, table: torch.Tensor, settings: _Settings) -> ScoringCost | None:
     """Run the adaptive stages on the per-positive table of a ``uniN`` evaluation, in place (``sampled_rank`` and
     ``m`` of the positives that drew more) and return what the evaluation scored (RecBole's first stage and the
     plugin's stages); None when nothing was kept (no uniN batch)."""
@@ -130,7 +132,9 @@ def run_stages(collector, table: torch.Tensor, settings: _Settings) -> ScoringCo
         raise RuntimeError(f"reco_sampled_plugin: {len(rows)} kept rows and {pos_scores.shape[0]} scores for "
                            f"{table.shape[0]} positives")
     dev = table.device
-    m0 = settings.design.n_samples
+    design = settings.design
+    assert design is not None  # rsp_adaptive_max: one first-stage size, so one design (validate_config)
+    m0 = design.n_samples
     first_stage = int(table.shape[0] * (1 + m0))
     ranks0 = table[:, _R_SAMPLED].to(torch.int64)
     todo = ((ranks0 == 1) & (table[:, _M] == m0)).nonzero().squeeze(1)
@@ -148,7 +152,7 @@ def run_stages(collector, table: torch.Tensor, settings: _Settings) -> ScoringCo
         pos, exc = prepare_index(positives, exclude, todo.numel(), item_num, dev)
         ranks, sizes, stages = adaptive_stages(
             calls, positives, exclude, pos, exc, torch.arange(todo.numel(), device=dev),
-            pos_scores[todo].unsqueeze(1).to(torch.float64), ranks0[todo].unsqueeze(1), settings.design, item_num,
+            pos_scores[todo].unsqueeze(1).to(torch.float64), ranks0[todo].unsqueeze(1), design, item_num,
             _CORE_TIES[settings.ties], _generator(collector, settings, dev), dev)
         table[todo, _R_SAMPLED] = ranks[:, 0].to(torch.float64)
         table[todo, _M] = sizes[:, 0].to(torch.float64)

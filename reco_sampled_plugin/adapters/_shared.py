@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -26,6 +26,12 @@ from reco_sampled_plugin._checks import MAX_ELEMENTS, check_dense, check_element
 from reco_sampled_plugin.rank_distribution import pool_groups
 from reco_sampled_plugin.scorer_ranks import score_drawn
 from reco_sampled_plugin.counting import mix32
+
+if TYPE_CHECKING:
+    from reco_sampled_plugin._popularity import PopularityStats
+    from reco_sampled_plugin.design import AdaptiveDesign
+    from reco_sampled_plugin.estimate import Estimate
+    from reco_sampled_plugin.scorer_ranks import ScorerCalls
 from reco_sampled_plugin.factor_ranks import positive_scores
 from reco_sampled_plugin.ranking import (
     DETERMINISTIC_TIES,
@@ -120,9 +126,9 @@ def as_ranking_batch(obj: Any, where: str = "validation_step") -> RankingBatch |
     if isinstance(obj, (RankingBatch, FactorBatch, ScorerBatch)):
         return obj
     if isinstance(obj, Mapping):
-        get = obj.get
+        get: Callable[..., Any] = obj.get
     else:
-        def get(key, default=None):
+        def get(key: str, default: Any = None) -> Any:
             return getattr(obj, key, default)
     scores, positives = get("scores"), get("positives")
     uf, vf = get("user_factors"), get("item_factors")
@@ -147,7 +153,7 @@ def check_ties(ties: str) -> str:
     return ties
 
 
-def padded_inputs(scores: torch.Tensor, positives, exclude) -> tuple[torch.Tensor, torch.Tensor | None]:
+def padded_inputs(scores: torch.Tensor, positives: Any, exclude: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Positives and exclusions as (B, P) / (B, E) int64 tensors padded with -1, validated once (in range,
     no duplicates, no positive also excluded)."""
     check_dense(scores, "scores")
@@ -156,7 +162,10 @@ def padded_inputs(scores: torch.Tensor, positives, exclude) -> tuple[torch.Tenso
 
 
 # ------------------------------------------------------------------------------ keyed draws
-def _absorb(h: torch.Tensor, part: torch.Tensor) -> torch.Tensor:
+_IntOrTensor = TypeVar("_IntOrTensor", int, torch.Tensor)
+
+
+def _absorb(h: _IntOrTensor, part: _IntOrTensor) -> _IntOrTensor:
     """Fold a 64-bit integer into a 32-bit hash state (low and high words)."""
     h = mix32(h ^ (part & _M32))
     return mix32(h ^ ((part >> 32) & _M32) ^ _GOLDEN)
@@ -173,25 +182,27 @@ def keyed_uniform(seed: int, *parts: int | torch.Tensor) -> torch.Tensor:
     """
     h1 = mix32(((seed * 2 + 1) & _M32) ^ _GOLDEN)
     h2 = mix32((((seed >> 32) * 2 + 0x51ED27) & _M32) ^ 0x85EBCA6B)
-    parts = list(parts)
-    while parts and not isinstance(parts[0], torch.Tensor):  # the same arithmetic on Python ints
-        p = int(parts.pop(0))
+    rest = list(parts)
+    while rest and not isinstance(rest[0], torch.Tensor):  # the same arithmetic on Python ints
+        p = int(rest.pop(0))
         h1, h2 = _absorb(h1, p), _absorb(h2, p ^ 0x27D4EB2F)
-    if not parts:
+    if not rest:
         raise ValueError("keyed_uniform: the last part must be a tensor (the draw counter)")
-    device = parts[0].device
-    parts = [p if isinstance(p, torch.Tensor) else torch.full((), int(p), dtype=torch.int64, device=device) for p in parts]
+    first = rest[0]
+    assert isinstance(first, torch.Tensor)  # the loop above stopped at a tensor
+    device = first.device
+    tensors = [p if isinstance(p, torch.Tensor) else torch.full((), int(p), dtype=torch.int64, device=device) for p in rest]
     # both chains in one (2, ...) tensor: half the elementwise calls on these small tensors (dispatch-bound);
     # parts are left-padded to one rank so the chain axis stays in front under broadcasting
-    rank = max(p.dim() for p in parts)
-    parts = [p.reshape((1,) * (rank - p.dim()) + tuple(p.shape)) for p in parts]
+    rank = max(p.dim() for p in tensors)
+    tensors = [p.reshape((1,) * (rank - p.dim()) + tuple(p.shape)) for p in tensors]
     if device.type == "cpu" and rank:  # in cache-sized blocks of the leading axis: the same numbers, faster
-        shape = [max(sizes) for sizes in zip(*(p.shape for p in parts))]
+        shape = [max(sizes) for sizes in zip(*(p.shape for p in tensors))]
         step = max(1, _HASH_BLOCK // max(1, math.prod(shape[1:])))
         if shape[0] > step:
-            return torch.cat([_hash_chains(h1, h2, [q if q.shape[0] == 1 else q[i:i + step] for q in parts], device)
+            return torch.cat([_hash_chains(h1, h2, [q if q.shape[0] == 1 else q[i:i + step] for q in tensors], device)
                               for i in range(0, shape[0], step)])
-    return _hash_chains(h1, h2, parts, device)
+    return _hash_chains(h1, h2, tensors, device)
 
 
 # numbers hashed at a time on the CPU: the dozen int64 temporaries of a block stay in cache (4096 x 100 draws: 18 ms
@@ -199,7 +210,7 @@ def keyed_uniform(seed: int, *parts: int | torch.Tensor) -> torch.Tensor:
 _HASH_BLOCK = 1 << 16
 
 
-def _hash_chains(h1: int, h2: int, parts: list[torch.Tensor], device) -> torch.Tensor:
+def _hash_chains(h1: int, h2: int, parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
     """:func:`keyed_uniform` of int64 tensor parts of one rank (the chains' states ``h1``, ``h2`` after the leading
     Python-int parts)."""
     rank = parts[0].dim()
@@ -230,7 +241,7 @@ def _chain_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, 
     device: pageable memory)."""
     out = _DEVICE_CONSTANTS.get(device)
     if out is None:
-        out = _DEVICE_CONSTANTS[device] = tuple(c.to(device) for c in (_CHAIN_FIRST, _CHAIN_XOR, _CHAIN_MUL))
+        out = _DEVICE_CONSTANTS[device] = (_CHAIN_FIRST.to(device), _CHAIN_XOR.to(device), _CHAIN_MUL.to(device))
     return out
 
 
@@ -292,7 +303,7 @@ def keyed_negatives(
     fused with the checks) and one per duplicate-redraw round after the first two.
     """
     own = checks is None
-    checks = DeviceChecks() if own else checks
+    checks = DeviceChecks() if checks is None else checks  # own: read here
     ids = ids if ids.device == pos.device and ids.dtype == torch.int64 else ids.to(device=pos.device, dtype=torch.int64)
     neg = _keyed_negatives(pos, exc, n_items, n_samples, ids, seed, replacement, checks)
     if own and len(checks):
@@ -300,8 +311,8 @@ def keyed_negatives(
     return neg
 
 
-def _keyed_negatives(pos, exc, n_items: int, n_samples: int, ids: torch.Tensor, seed: int, replacement: bool,
-                     checks: DeviceChecks | None) -> torch.Tensor:
+def _keyed_negatives(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, n_samples: int, ids: torch.Tensor, seed: int,
+                     replacement: bool, checks: DeviceChecks | None) -> torch.Tensor:
     b, p = pos.shape
     m = n_samples
     device = pos.device
@@ -373,7 +384,8 @@ def keyed_sampled_ranks(
 
 
 def keyed_popularity_ranks(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_samples: int,
-                           ids: torch.Tensor, seed: int, weights: torch.Tensor, ties: str, checks: DeviceChecks):
+                           ids: torch.Tensor, seed: int, weights: torch.Tensor, ties: str,
+                           checks: DeviceChecks) -> tuple[torch.Tensor, torch.Tensor, PopularityStats]:
     """Sampled ranks r~ (B, P), candidate counts n (B,) and the Hansen-Hurwitz statistics
     (:class:`~reco_sampled_plugin._popularity.PopularityStats`, (B, P)) of keyed popularity draws with replacement:
     draw k of positive (b, p) is the item whose cumulative weight interval (the weights w over the row's drawable
@@ -411,12 +423,13 @@ def _rows_per_chunk(p: int, m: int) -> int:
     return max(1, (MAX_ELEMENTS // 8) // max(p * m, 1))
 
 
-def _chunk(x, lo: int, hi: int):
+def _chunk(x: torch.Tensor | None, lo: int, hi: int) -> torch.Tensor | None:
     return None if x is None else x[lo:hi]
 
 
-def keyed_ranks_only(scores, pos, exc, n_samples: int, ids, seed: int = 0, replacement: bool = True,
-                     ties: str = "pessimistic", checks: DeviceChecks | None = None) -> torch.Tensor:
+def keyed_ranks_only(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_samples: int, ids: torch.Tensor,
+                     seed: int = 0, replacement: bool = True, ties: str = "pessimistic",
+                     checks: DeviceChecks | None = None) -> torch.Tensor:
     """The ranks of :func:`keyed_sampled_ranks` alone (adaptive stages need no candidate counts)."""
     b, n_items = scores.shape
     p = pos.shape[1]
@@ -454,8 +467,10 @@ def keyed_sampled_ranks_from_factors(
 
 
 @torch.no_grad()
-def keyed_factor_ranks_only(u, v, bias, pos, exc, n_samples: int, ids, seed: int = 0, replacement: bool = True,
-                            ties: str = "pessimistic", pos_scores=None, checks: DeviceChecks | None = None) -> torch.Tensor:
+def keyed_factor_ranks_only(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor, exc: torch.Tensor | None,
+                            n_samples: int, ids: torch.Tensor, seed: int = 0, replacement: bool = True,
+                            ties: str = "pessimistic", pos_scores: torch.Tensor | None = None,
+                            checks: DeviceChecks | None = None) -> torch.Tensor:
     """The ranks of :func:`keyed_sampled_ranks_from_factors` alone."""
     b, n_items = u.shape[0], v.shape[0]
     p = pos.shape[1]
@@ -473,7 +488,7 @@ def keyed_factor_ranks_only(u, v, bias, pos, exc, n_samples: int, ids, seed: int
 
 
 @torch.no_grad()
-def keyed_scorer_ranks(calls, users: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
+def keyed_scorer_ranks(calls: ScorerCalls, users: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
                        n_samples: int, ids: torch.Tensor, seed: int = 0, replacement: bool = True,
                        ties: str = "pessimistic", score: torch.Tensor | None = None,
                        pos_scores: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -534,7 +549,8 @@ def histogram_from_rows(counts: np.ndarray, n_items: int, n_samples: int,
 
 
 def keyed_adaptive_ranks(
-    draw: Callable[[torch.Tensor, int, int, torch.Tensor], torch.Tensor], first: torch.Tensor, design, seed: int
+    draw: Callable[[torch.Tensor, int, int, torch.Tensor], torch.Tensor], first: torch.Tensor, design: AdaptiveDesign,
+    seed: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Adaptive sampling with keyed draws (``reco_sampled_plugin.adaptive``): ``first`` (B, P) are the ranks among
     the first m; ``draw(rows, m_new, stage_seed, need)`` ranks the positives of ``rows`` against m_new fresh keyed
@@ -564,7 +580,7 @@ def stage_seed(seed: int, stage: int) -> int:
     return int(seed) if stage == 0 else (int(seed) * 1_000_003 + 7919 * int(stage)) % (2**31 - 1)
 
 
-def adaptive_columns(design) -> tuple[np.ndarray, int]:
+def adaptive_columns(design: AdaptiveDesign) -> tuple[np.ndarray, int]:
     """Column offset of each stage in an adaptive histogram row (stage s holds r~ = 1..new_s + 1, new_s the
     stage's fresh draws) and the row width sum_s (new_s + 1)."""
     news = np.diff(np.concatenate([[0], design.stages]))
@@ -572,14 +588,16 @@ def adaptive_columns(design) -> tuple[np.ndarray, int]:
     return offsets[:-1], int(offsets[-1])
 
 
-def adaptive_histogram_from_rows(counts: np.ndarray, n_items: int, design,
+def adaptive_histogram_from_rows(counts: np.ndarray, n_items: int, design: AdaptiveDesign,
                                  max_groups: int | None) -> tuple[RankHistogram, bool]:
     """RankHistogram (groups (n, M_s)) from adaptive rows: ``counts[e]`` holds, stage after stage, the counts of
     r~ = 1..new_s + 1 of instances with n = n_items - e that stopped at stage s (:func:`adaptive_columns`); and
     whether it was pooled (as :func:`histogram_from_rows`)."""
     offsets, _ = adaptive_columns(design)
     news = np.diff(np.concatenate([[0], design.stages]))
-    ns, ms, rows_out = [], [], []
+    ns: list[int] = []
+    ms: list[int] = []
+    rows_out: list[np.ndarray] = []
     for s, size in enumerate(design.stages.tolist()):  # a few stages
         block = counts[:, offsets[s] : offsets[s] + news[s] + 1]
         rows = np.flatnonzero(block.sum(1) > 0)[::-1]  # ascending n
@@ -619,7 +637,7 @@ _EXPLAINED: set[str] = set()
 _WIDENING_FLAGS = ("top_unresolved", "cap_reached")
 
 
-def explain_once(logger: logging.Logger, where: str, est, **context) -> None:
+def explain_once(logger: logging.Logger, where: str, est: Estimate, **context: Any) -> None:
     """Log once per process (warning, on the calling module's ``logger``) why ``est``'s interval is wide: each of its
     widening flags in words, with the ``reco-sampled plan`` command (``context``: metric, n_items, n_samples, users)."""
     from reco_sampled_plugin.estimate import explain_flags

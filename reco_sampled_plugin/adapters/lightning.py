@@ -30,7 +30,7 @@ import logging
 import math
 import os
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, Sized, cast
 
 import torch
 from torch.utils.data import DistributedSampler
@@ -48,6 +48,7 @@ from reco_sampled_plugin.scorer_ranks import DEFAULT_MAX_PAIRS, ScoringCost
 from ._shared import (FactorBatch, RankingBatch, ScorerBatch, as_ranking_batch, estimator_label, metric_key,
                       padded_inputs)
 from .torchmetrics import ExactRankingMetrics, SampledRankingMetrics
+from reco_sampled_plugin.metric_names import MetricSpec
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +66,7 @@ NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
 _STAGES = {"validate": "val", "test": "test"}
 
 
-def _find_distributed_sampler(dataloader) -> DistributedSampler | None:
+def _find_distributed_sampler(dataloader: Any) -> DistributedSampler | None:
     for holder in (getattr(dataloader, "batch_sampler", None), dataloader):
         sampler = getattr(holder, "sampler", None)
         if isinstance(sampler, DistributedSampler):
@@ -76,14 +77,15 @@ def _find_distributed_sampler(dataloader) -> DistributedSampler | None:
 class _LoaderState:
     """Per (stage, dataloader) bookkeeping of one epoch: the metric states and the row position."""
 
-    def __init__(self, exact: ExactRankingMetrics | None, sampled: SampledRankingMetrics | None, sampler) -> None:
+    def __init__(self, exact: ExactRankingMetrics | None, sampled: SampledRankingMetrics | None,
+                 sampler: DistributedSampler | None) -> None:
         self.exact = exact
         self.sampled = sampled
         self.sampler = sampler
         self.rows = 0
         self.rows_not_samples = False
 
-    def positions(self, batch: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def positions(self, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Global positions of the next ``batch`` rows, and the padding mask (None: no padding).
 
         A ``DistributedSampler`` (shuffled or not) hands process r the sample at global position
@@ -108,7 +110,7 @@ class _LoaderState:
         if s is None:
             return local, None
         glob = s.rank + local * s.num_replicas
-        n = len(s.dataset)
+        n = len(cast(Sized, s.dataset))  # a map-style dataset: DistributedSampler needs its length
         padded = not s.drop_last and s.total_size > n and not self.rows_not_samples
         return glob, (glob < n) if padded else None
 
@@ -172,7 +174,7 @@ class _RankingMetricsLogic:
         if headline is not None and (isinstance(headline, str) or not isinstance(headline, (tuple, list))
                                      or len(headline) != 2):
             raise ValueError(f"headline: expected a (metric, label) pair such as ('ndcg@10', 'exact'), got {headline!r}")
-        self._exact_kwargs = dict(metrics=metrics, ties=ties, count_other_positives=count_other_positives, check_finite=check_finite)
+        self._exact_kwargs: dict[str, Any] = dict(metrics=metrics, ties=ties, count_other_positives=count_other_positives, check_finite=check_finite)
         # the sampling design, coerced once (an int m with the loose replacement= / adaptive_max=, or a
         # SamplingDesign); the sampled metrics of every loader get the design itself
         replacement = check_bool(replacement, "replacement")
@@ -180,7 +182,7 @@ class _RankingMetricsLogic:
         if design is not None and design.exact_at_cap:  # its sampled metrics' state cannot hold exact ranks
             raise ValueError("n_samples: exact_at_cap is not supported by RankingMetricsCallback: its sampled "
                              "metrics (SampledRankingMetrics) hold sampled-rank counts, not exact ranks")
-        self._sampled_kwargs = dict(
+        self._sampled_kwargs: dict[str, Any] = dict(
             metrics=metrics,
             n_samples=design,
             estimators=estimators,
@@ -243,7 +245,7 @@ class _RankingMetricsLogic:
         return f"{self._stage_prefix(stage, dataloader_idx)}_{metric_key(self.headline[0])}"
 
     # ---------------------------------------------------------------------------- states
-    def _state(self, trainer, pl_module, stage: str, dataloader_idx: int) -> _LoaderState:
+    def _state(self, trainer: Any, pl_module: Any, stage: str, dataloader_idx: int) -> _LoaderState:
         st = self._states.get((stage, dataloader_idx))
         if st is None:
             device = pl_module.device
@@ -267,7 +269,7 @@ class _RankingMetricsLogic:
             del self._states[key]
 
     # ---------------------------------------------------------------------------- batches
-    def _batch_end(self, trainer, pl_module, outputs, batch, stage: str, dataloader_idx: int) -> None:
+    def _batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, stage: str, dataloader_idx: int) -> None:
         if stage not in self.stages or trainer.sanity_checking:
             return
         where = "validation_step" if stage == "validate" else "test_step"
@@ -305,12 +307,13 @@ class _RankingMetricsLogic:
             st.sampled.update_factors_padded(u, v, bias, pos, exc, ids, keep, s_pos,
                                              check_finite=st.exact is None and bool(self.check_finite))
 
-    def _scorer_batch(self, st: _LoaderState, pl_module, sb: ScorerBatch, where: str) -> None:
+    def _scorer_batch(self, st: _LoaderState, pl_module: Any, sb: ScorerBatch, where: str) -> None:
         """Sampled ranks through the scorer (``SampledRankingMetrics.update_from_scorer``): the keyed negatives
         of the rows' ids, only the positives and their drawn items scored; no score row is formed."""
         if self.scorer is None:
             raise ValueError(f"{where}: the batch has 'n_items' but no 'scores' or factors: pass scorer= to the "
                              "callback (a LightningModule method's name or a callable) to score the drawn items")
+        assert st.sampled is not None  # a scorer needs n_samples (refused when the callback is built)
         positives = sb.positives
         b = positives.shape[0] if isinstance(positives, torch.Tensor) and positives.dim() else len(positives)
         device = positives.device if isinstance(positives, torch.Tensor) else pl_module.device
@@ -319,7 +322,7 @@ class _RankingMetricsLogic:
         st.sampled.update_from_scorer(self._bound_scorer(pl_module), positives, sb.n_items, sb.exclude, ids, users,
                                       keep, self.max_pairs)
 
-    def _bound_scorer(self, pl_module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    def _bound_scorer(self, pl_module: Any) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """``scorer(users, items)`` for the core loop: the module's method, or the callable with the module bound
         (named as the callable, so the loop's errors name it)."""
         if isinstance(self.scorer, str):
@@ -329,6 +332,7 @@ class _RankingMetricsLogic:
                                  "(users, items)")
             return fn
         fn = self.scorer
+        assert fn is not None  # _scorer_batch checked it
 
         def scorer(users: torch.Tensor, items: torch.Tensor) -> torch.Tensor:
             return fn(pl_module, users, items)
@@ -336,7 +340,7 @@ class _RankingMetricsLogic:
         scorer.__qualname__ = getattr(fn, "__qualname__", None) or type(fn).__name__
         return scorer
 
-    def _ids_keep(self, st: _LoaderState, b: int, device, ids) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _ids_keep(self, st: _LoaderState, b: int, device: torch.device, ids: Any) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Instance ids of the next ``b`` rows (the step's, else their global positions) and the keep mask."""
         glob, keep = st.positions(b, device)
         if not self.dedup_padding:
@@ -344,7 +348,7 @@ class _RankingMetricsLogic:
         return (glob if ids is None else ids), keep  # the step's ids: converted and checked by the sampled metric
 
     # -------------------------------------------------------------------------- epoch end
-    def _epoch_end(self, trainer, pl_module, stage: str) -> None:
+    def _epoch_end(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage not in self.stages:
             return
         if trainer.sanity_checking:
@@ -395,7 +399,7 @@ class _RankingMetricsLogic:
                 self._plot(trainer, stage)
 
     # ------------------------------------------------------------------------------- plot
-    def _plot(self, trainer, stage: str) -> None:
+    def _plot(self, trainer: Any, stage: str) -> None:
         """Sampled vs corrected vs exact values over epochs, one panel per metric, to the loggers."""
         import matplotlib
 
@@ -409,7 +413,8 @@ class _RankingMetricsLogic:
             for label in self.labels:
                 k = self.key(metric, label, stage)
                 ys = [row.get(k, math.nan) for row in hist]
-                style = {"exact": dict(color="black", lw=2.2), "sampled": dict(ls="--")}.get(label, {})
+                styles: dict[str, dict[str, Any]] = {"exact": dict(color="black", lw=2.2), "sampled": dict(ls="--")}
+                style = styles.get(label, {})
                 ax.plot(epochs, ys, marker="o", ms=3, label=label, **style)
             ax.set_title(f"{metric} ({_STAGES[stage]})")
             ax.set_xlabel("epoch")
@@ -420,7 +425,7 @@ class _RankingMetricsLogic:
         epoch = trainer.current_epoch
         fname = f"{self.prefix}{_STAGES[stage]}_ranking_metrics_epoch{epoch:04d}.png"
         for trainer_logger in trainer.loggers:
-            exp = getattr(trainer_logger, "experiment", None)
+            exp: Any = getattr(trainer_logger, "experiment", None)
             kind = type(trainer_logger).__name__
             if kind == "TensorBoardLogger" and hasattr(exp, "add_figure"):
                 exp.add_figure(tag, fig, global_step=trainer.global_step, close=False)
@@ -444,33 +449,35 @@ class _RankingMetricsLogic:
         plt.close(fig)
 
     # ------------------------------------------------------------------------------ hooks
-    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+    def on_validation_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
         self._batch_end(trainer, pl_module, outputs, batch, "validate", dataloader_idx)
 
-    def on_test_batch_end(self, trainer, pl_module, outputs, batch, batch_idx, dataloader_idx=0) -> None:
+    def on_test_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int,
+                          dataloader_idx: int = 0) -> None:
         self._batch_end(trainer, pl_module, outputs, batch, "test", dataloader_idx)
 
-    def on_validation_epoch_start(self, trainer, pl_module) -> None:
+    def on_validation_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._reset("validate")
 
-    def on_test_epoch_start(self, trainer, pl_module) -> None:
+    def on_test_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self._reset("test")
 
-    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+    def on_validation_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self._epoch_end(trainer, pl_module, "validate")
 
-    def on_test_epoch_end(self, trainer, pl_module) -> None:
+    def on_test_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         self._epoch_end(trainer, pl_module, "test")
 
 
-def _parse(metric: str):
+def _parse(metric: str) -> MetricSpec:
     from reco_sampled_plugin.metric_names import parse_metric
 
     return parse_metric(metric)
 
 
 def _tqdm_wrapper(stage: str) -> Callable[[Iterable], Iterable]:
-    def wrap(jobs):
+    def wrap(jobs: Iterable) -> Iterable:
         from .._progress import progress_bar
 
         return progress_bar(jobs, desc=f"ranking metrics ({_STAGES[stage]})", enabled=True, unit="estimate")
@@ -574,7 +581,7 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
     """
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:
     if name == "RankingMetricsCallback":
         return callback_class()
     if name == "PLRankingMetricsCallback":

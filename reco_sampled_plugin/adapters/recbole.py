@@ -29,11 +29,15 @@ their validation (``_recbole_settings``), the per-positive table built from RecB
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING, Any
 
 from . import _recbole_compat
 from ._recbole_metrics import _METRIC_CLASSES, metric_classes
 from ._recbole_ranks import COLUMNS, PLUGIN_KEY, collect_batch, finish_collection, positive_table, reset_collection
 from ._recbole_settings import CONFIG_DEFAULTS, FAMILIES, _Settings, _settings, validate_config
+
+if TYPE_CHECKING:
+    import torch
 from ._recbole_stages import keep_positive_rows, run_stages
 
 __all__ = [
@@ -63,7 +67,7 @@ def _wrap_config() -> None:
         return
     original = cls.__init__
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         original(self, *args, **kwargs)
         _settings(self)  # validate the plugin keys before any data is loaded or model trained
 
@@ -80,14 +84,15 @@ def _wrap_collector() -> None:
         return
     collect, get_struct = Collector.eval_batch_collect, Collector.get_data_struct
 
-    def eval_batch_collect(self, scores_tensor, interaction, positive_u, positive_i):
+    def eval_batch_collect(self: Any, scores_tensor: torch.Tensor, interaction: Any, positive_u: torch.Tensor,
+                           positive_i: torch.Tensor) -> None:
         collect(self, scores_tensor, interaction, positive_u, positive_i)
         collect_batch(self, scores_tensor, interaction, positive_u, positive_i)
         settings = self.__dict__.get("_rsp_settings_now")
         if settings is not None and settings.adaptive_max is not None and len(interaction) != scores_tensor.shape[0]:
             keep_positive_rows(self, interaction, positive_u, positive_i)  # uniN: context of the later stages
 
-    def get_data_struct(self):
+    def get_data_struct(self: Any) -> Any:
         table = finish_collection(self)
         settings = self.__dict__.get("_rsp_settings_now")
         if table is not None and settings is not None and settings.adaptive_max is not None:
@@ -99,14 +104,14 @@ def _wrap_collector() -> None:
         return struct
 
     for new, old in ((eval_batch_collect, collect), (get_data_struct, get_struct)):
-        new._reco_sampled = True  # type: ignore[attr-defined]
-        new.__wrapped__ = old  # type: ignore[attr-defined]
+        new._reco_sampled = True  # type: ignore[union-attr]  # a marker attribute on the function
+        new.__wrapped__ = old  # type: ignore[union-attr]
         new.__doc__ = old.__doc__
     Collector.eval_batch_collect = eval_batch_collect
     Collector.get_data_struct = get_data_struct
 
 
-def _adaptive_stages(collector, table, settings: _Settings) -> None:
+def _adaptive_stages(collector: Any, table: torch.Tensor, settings: _Settings) -> None:
     """uniN with ``rsp_adaptive_max``: the later stages scored through the model's predict (``_recbole_stages``);
     what the evaluation scored is logged and kept as ``collector.rsp_cost`` (a ``ScoringCost``)."""
     cost = run_stages(collector, table, settings)
@@ -132,7 +137,7 @@ def _wrap_trainer() -> None:
         return
     original = Trainer.evaluate
 
-    def evaluate(self, eval_data, *args, **kwargs):
+    def evaluate(self: Any, eval_data: Any, *args: Any, **kwargs: Any) -> Any:
         collector = getattr(self, "eval_collector", None)
         if collector is not None:
             reset_collection(collector, eval_data)

@@ -78,6 +78,8 @@ from reco_sampled_plugin._rank_hist import RankHistogram
 from reco_sampled_plugin.design import SamplingDesign, as_design
 from reco_sampled_plugin.estimators import check_estimator_options, estimate
 from reco_sampled_plugin.metric_names import parse_metric
+from reco_sampled_plugin._types import TensorLike
+from reco_sampled_plugin.ranking import SampledRanks
 from reco_sampled_plugin.metrics import metric_from_float_ranks as _metric_from_float_ranks  # patched by name in tests
 from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
 from reco_sampled_plugin.ranking import TIE_BOUNDS, padded_candidate_counts, exact_ranks_padded, prepare_index
@@ -138,11 +140,12 @@ def _metric_names(metrics: str | Iterable[str]) -> tuple[str, ...]:
     return canonical
 
 
-def _check_finite_option(value) -> bool | str:
+def _check_finite_option(value: Any) -> bool | str:
     """True, False (numpy bools too, as every bool option) or ``"positives"``."""
     if isinstance(value, np.bool_):
         value = bool(value)
-    return check_choice(value, (True, False, "positives"), "check_finite")
+    choices: tuple[bool | str, ...] = (True, False, "positives")
+    return check_choice(value, choices, "check_finite")
 
 
 def _empty_estimate(n_instances: float, details: dict) -> Estimate:
@@ -158,13 +161,13 @@ def _with_flag(est: Estimate, flag: str) -> Estimate:
     return dataclasses.replace(est, flags=flags, details={**dict(est.details), "flags": flags})
 
 
-def _check_scores(scores: torch.Tensor, pos: torch.Tensor, check_finite, checks: DeviceChecks | None = None) -> None:
+def _check_scores(scores: torch.Tensor, pos: torch.Tensor, check_finite: bool | str, checks: DeviceChecks | None = None) -> None:
     """``True``: every score finite (one pass over the matrix); ``"positives"``: the relevant items' scores.
 
     The failure flag is added to ``checks`` (read later with the batch's other checks: one host synchronisation
     for all of them), or read at once when ``checks`` is None."""
     own = checks is None
-    checks = DeviceChecks() if own else checks
+    checks = DeviceChecks() if checks is None else checks  # own: read here
     if check_finite is True and scores.numel():
         checks.add(~finite_flags(scores),  # one aminmax pass, no temporary
                    "scores: NaN or inf in the score matrix; ranks would be meaningless")
@@ -187,13 +190,13 @@ def _to(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x if x.device == device else x.to(device)
 
 
-def _index_like(x, name: str, what: str, device) -> torch.Tensor:
+def _index_like(x: Any, name: str, what: str, device: torch.device) -> torch.Tensor:
     """``x`` (a tensor, numpy array or list) as a tensor on ``device`` (the one conversion, ``_checks.real_tensor``:
     strings, ragged lists, sparse matrices, complex numbers and ``meta`` tensors give a ValueError naming ``name``)."""
     return _to(real_tensor(x, name, what, booleans=True), torch.device(device))
 
 
-def _keep_mask(keep, batch: int, device) -> torch.Tensor | None:
+def _keep_mask(keep: Any, batch: int, device: torch.device) -> torch.Tensor | None:
     if keep is None:
         return None
     k = _index_like(keep, "keep", f"a ({batch},) bool tensor", device)
@@ -252,7 +255,7 @@ class _MergeChecked(Metric):
         self._validate_incoming(incoming_state)
         super()._reduce_states(incoming_state)
 
-    def _validate_incoming(self, incoming_state) -> None:
+    def _validate_incoming(self, incoming_state: Any) -> None:
         """The incoming state has this class's state names, as tensors, and passes :meth:`_check_incoming`."""
         if not isinstance(incoming_state, Mapping) or set(incoming_state) != set(self._defaults):
             keys = sorted(incoming_state) if isinstance(incoming_state, Mapping) else type(incoming_state).__name__
@@ -267,7 +270,7 @@ class _MergeChecked(Metric):
         """Sizes that must agree across processes, 0 where this process has nothing (e.g. no batch yet)."""
         return []
 
-    def _check_sync(self, process_group=None) -> None:
+    def _check_sync(self, process_group: Any = None) -> None:
         """Before a DDP sync: every process's settings (:meth:`_merge_fields`) and sizes (:meth:`_sync_sizes`)
         agree, else the same ValueError on every process (one small all-reduce, no hang)."""
         import torch.distributed as dist
@@ -309,6 +312,10 @@ class ExactRankingMetrics(_MergeChecked):
     standard errors.
     """
 
+    # torchmetrics states (``add_state``)
+    sums: torch.Tensor
+    count: torch.Tensor
+
     full_state_update = False
     is_differentiable = False
     higher_is_better = True
@@ -332,19 +339,22 @@ class ExactRankingMetrics(_MergeChecked):
         self.add_state("sums", torch.zeros(len(self.specs), 3, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
-    def update(self, scores: torch.Tensor, positives, exclude=None, keep: torch.Tensor | None = None) -> None:
+    def update(self, scores: torch.Tensor, positives: TensorLike, exclude: TensorLike | None = None,
+               keep: torch.Tensor | None = None) -> None:
         """Add a batch: (B, n) scores, positives and exclusions (bool masks or padded indices); tensors, numpy arrays
         or lists."""
         scores = score_tensor(scores)
         pos, exc = padded_inputs(scores, positives, exclude)
         self._update_padded(scores, pos, exc, keep)
 
-    def update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, keep=None) -> None:
+    def update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
+                      keep: torch.Tensor | None = None) -> None:
         """:meth:`update` on validated padded index tensors (as from ``_shared.padded_inputs``)."""
         _updated(self)
         self._update_padded(scores, pos, exc, keep)
 
-    def _update_padded(self, scores, pos, exc, keep) -> None:
+    def _update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
+                       keep: torch.Tensor | None) -> None:
         if not scores.is_floating_point() or scores.dim() != 2:
             raise ValueError(f"scores: expected a floating (B, n) matrix, got {tuple(scores.shape)} {scores.dtype}")
         ties = self._kernel_ties
@@ -355,7 +365,9 @@ class ExactRankingMetrics(_MergeChecked):
             ranks = exact_ranks_padded(scores, pos, exc, ties, self.count_other_positives)
         self._add_ranks(ranks, pos, exc, scores.shape[1], keep)
 
-    def update_factors(self, user_factors, item_factors, positives, exclude=None, keep=None, item_bias=None) -> None:
+    def update_factors(self, user_factors: TensorLike, item_factors: TensorLike, positives: TensorLike,
+                       exclude: TensorLike | None = None, keep: torch.Tensor | None = None,
+                       item_bias: TensorLike | None = None) -> None:
         """:meth:`update` for the scores ``user_factors @ item_factors.T (+ item_bias)``, computed in
         cache-sized tiles and never stored (:func:`~reco_sampled_plugin.exact_ranks_from_factors`);
         NaN/inf factors raise."""
@@ -363,7 +375,8 @@ class ExactRankingMetrics(_MergeChecked):
         pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device)
         self.update_factors_padded(u, v, bias, pos, exc, keep)
 
-    def update_factors_padded(self, u, v, bias, pos, exc, keep=None) -> torch.Tensor | None:
+    def update_factors_padded(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
+                              exc: torch.Tensor | None, keep: torch.Tensor | None = None) -> torch.Tensor | None:
         """:meth:`update_factors` on validated inputs; returns the positives' scores (for sampled ranks)."""
         _updated(self)
         ranks, s_pos = factor_ranks_padded(u, v, bias, pos, exc, self._kernel_ties, self.count_other_positives)
@@ -375,7 +388,8 @@ class ExactRankingMetrics(_MergeChecked):
         """``average``: the ranking kernels return each positive's tie group [lo, hi] (metrics = expectations)."""
         return TIE_BOUNDS if self.ties == "average" else self.ties
 
-    def _add_ranks(self, ranks, pos, exc, n_items: int, keep) -> None:
+    def _add_ranks(self, ranks: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
+                   keep: torch.Tensor | None) -> None:
         """Sums over the valid slots as masked sums over every slot: no boolean indexing, nothing read back.
         ``ranks``: (B, P), or (B, P, 2) tie groups [lo, hi] for ``ties="average"`` (each M(r) is then its mean
         over the group's positions: the expectation over the orders of the tie)."""
@@ -414,7 +428,7 @@ class ExactRankingMetrics(_MergeChecked):
             raise ValueError(f"metrics: the incoming state holds sums of shape {tuple(state['sums'].shape)}, this one "
                              f"{tuple(self.sums.shape)} (one row per metric of {self.metric_names})")
 
-    def _sync_dist(self, dist_sync_fn=None, process_group=None) -> None:
+    def _sync_dist(self, dist_sync_fn: Callable | None = None, process_group: Any = None) -> None:
         """Check that every process is configured alike (:meth:`_check_sync`), then let torchmetrics sum."""
         self._check_sync(process_group)
         if dist_sync_fn is None:
@@ -498,6 +512,11 @@ class SampledRankingMetrics(_MergeChecked):
     is unresolved is explained once per process (a warning on the ``reco_sampled_plugin`` logger, with the planner
     command).
     """
+
+    # torchmetrics states (``add_state``; ``pop`` for popularity designs only)
+    hist: torch.Tensor
+    n_items: torch.Tensor
+    pop: torch.Tensor
 
     full_state_update = False
     is_differentiable = False
@@ -593,19 +612,22 @@ class SampledRankingMetrics(_MergeChecked):
         self._scoring: ScoringCost | None = None  # what update_from_scorer cost (host-side, per process)
 
     # ------------------------------------------------------------------------------- update
-    def update(self, scores: torch.Tensor, positives, exclude=None, ids=None, keep: torch.Tensor | None = None) -> None:
+    def update(self, scores: torch.Tensor, positives: TensorLike, exclude: TensorLike | None = None,
+               ids: TensorLike | None = None, keep: torch.Tensor | None = None) -> None:
         """Add a batch: (B, n) scores, positives, exclusions, optional instance ids and keep mask; tensors, numpy
         arrays or lists."""
         scores = score_tensor(scores)
         pos, exc = padded_inputs(scores, positives, exclude)
         self._update_padded(scores, pos, exc, ids, keep)
 
-    def update_padded(self, scores, pos, exc, ids=None, keep=None) -> None:
+    def update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
+                      ids: TensorLike | None = None, keep: torch.Tensor | None = None) -> None:
         """:meth:`update` on validated padded index tensors."""
         _updated(self)
         self._update_padded(scores, pos, exc, ids, keep)
 
-    def _update_padded(self, scores, pos, exc, ids, keep) -> None:
+    def _update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, ids: TensorLike | None,
+                       keep: torch.Tensor | None) -> None:
         if not scores.is_floating_point() or scores.dim() != 2:
             raise ValueError(f"scores: expected a floating (B, n) matrix, got {tuple(scores.shape)} {scores.dtype}")
         b, n_items = scores.shape
@@ -629,15 +651,16 @@ class SampledRankingMetrics(_MergeChecked):
         checks.read()  # the batch's one validation read (without replacement, read with the small-pool sizes)
         sizes = None
         if self._adaptive is not None:
-            def draw(rows, m_new, seed, need):  # the pools were checked at stage 0: nothing to check (or read) here
+            def draw(rows: torch.Tensor, m_new: int, seed: int, need: torch.Tensor) -> Any:  # the pools were checked at stage 0: nothing to check (or read) here
                 return keyed_ranks_only(scores[rows], pos[rows], None if exc is None else exc[rows], m_new,
                                         ids[rows], seed, True, self.ties, DeviceChecks())
 
             ranks, sizes = keyed_adaptive_ranks(draw, ranks, self._adaptive, self.seed)
         self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
 
-    def update_factors(self, user_factors, item_factors, positives, exclude=None, ids=None, keep=None,
-                       item_bias=None) -> None:
+    def update_factors(self, user_factors: TensorLike, item_factors: TensorLike, positives: TensorLike,
+                       exclude: TensorLike | None = None, ids: TensorLike | None = None, keep: torch.Tensor | None = None,
+                       item_bias: TensorLike | None = None) -> None:
         """:meth:`update` for the scores ``user_factors @ item_factors.T (+ item_bias)`` without forming
         them: the keyed negatives (the same items as from scores) are scored by one dot product each."""
         self._refuse_popularity("update_factors")
@@ -651,7 +674,8 @@ class SampledRankingMetrics(_MergeChecked):
             raise ValueError(f"n_samples: {where} draws uniformly keyed negatives; a popularity design "
                              f"({self.design.describe()}) is drawn from the score matrix: use update(scores, ...)")
 
-    def _add_popularity(self, ranks, n_cand, stats, pos, keep) -> None:
+    def _add_popularity(self, ranks: torch.Tensor, n_cand: torch.Tensor, stats: Any, pos: torch.Tensor,
+                        keep: torch.Tensor | None) -> None:
         """Append the valid, kept slots' (r~, n, S1, S2, beating draws, unreachable, then ``pl_fit``'s class counts)
         to the ``pop`` state (one row per relevant item; the DDP sync concatenates the processes' rows)."""
         valid = pos >= 0
@@ -664,14 +688,14 @@ class SampledRankingMetrics(_MergeChecked):
                          + [getattr(stats, f)[valid].to(torch.float64) for f in PROFILE_FIELDS], 1)
         self.pop = torch.cat([self.pop, _to(cols, self.pop.device)])
 
-    def popularity_ranks(self):
+    def popularity_ranks(self) -> SampledRanks:
         """The state's relevant items as the :class:`~reco_sampled_plugin.ranking.SampledRanks` of the popularity
         design, carrying each one's Hansen-Hurwitz statistics (synced across processes); what the registry's
         popularity estimators read (``estimate(metric, sampled, method=...)``)."""
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=True):
             return self._popularity_ranks()
 
-    def _popularity_ranks(self):
+    def _popularity_ranks(self) -> SampledRanks:
         from reco_sampled_plugin._popularity import PopularityStats
         from reco_sampled_plugin.ranking import SampledRanks
 
@@ -680,8 +704,9 @@ class SampledRankingMetrics(_MergeChecked):
         stats = PopularityStats(t[:, 4], t[:, 2], t[:, 3], t[:, 5].to(torch.int64), *counts.unbind(1))
         return SampledRanks(t[:, 0], t[:, 1], None, self.design, popularity_stats=stats)
 
-    def update_factors_padded(self, u, v, bias, pos, exc, ids=None, keep=None, pos_scores=None,
-                              check_finite: bool = False) -> None:
+    def update_factors_padded(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
+                              exc: torch.Tensor | None, ids: TensorLike | None = None, keep: torch.Tensor | None = None,
+                              pos_scores: torch.Tensor | None = None, check_finite: bool = False) -> None:
         """:meth:`update_factors` on validated inputs (``pos_scores``: the positives' dot-product scores
         when already computed, e.g. by :meth:`ExactRankingMetrics.update_factors_padded`; ``check_finite``: also
         refuse NaN or inf factors, in the batch's one validation read)."""
@@ -698,7 +723,7 @@ class SampledRankingMetrics(_MergeChecked):
         checks.read()
         sizes = None
         if self._adaptive is not None:
-            def draw(rows, m_new, seed, need):
+            def draw(rows: torch.Tensor, m_new: int, seed: int, need: torch.Tensor) -> Any:
                 return keyed_factor_ranks_only(
                     u[rows], v, bias, pos[rows], None if exc is None else exc[rows], m_new, ids[rows], seed, True,
                     self.ties, None if pos_scores is None else pos_scores[rows], DeviceChecks())
@@ -706,7 +731,8 @@ class SampledRankingMetrics(_MergeChecked):
             ranks, sizes = keyed_adaptive_ranks(draw, ranks, self._adaptive, self.seed)
         self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
 
-    def update_from_scorer(self, scorer: Scorer, positives, n_items: int, exclude=None, ids=None, users=None,
+    def update_from_scorer(self, scorer: Scorer, positives: TensorLike, n_items: int, exclude: TensorLike | None = None,
+                           ids: TensorLike | None = None, users: TensorLike | None = None,
                            keep: torch.Tensor | None = None, max_pairs: int = DEFAULT_MAX_PAIRS) -> None:
         """Add a batch through a scorer, never a score matrix (issue 27): the keyed negatives :meth:`update` would
         draw for these ``ids`` (fixed m, with or without replacement, adaptive stages), but only the positives
@@ -748,7 +774,7 @@ class SampledRankingMetrics(_MergeChecked):
                                                    self.replacement, self.ties, score)
             sizes = None
             if self._adaptive is not None:
-                def draw(rows, m_new, seed, need):  # only the positives still first: their new items alone
+                def draw(rows: torch.Tensor, m_new: int, seed: int, need: torch.Tensor) -> Any:  # only the positives still first: their new items alone
                     return keyed_scorer_ranks(calls, who[rows], pos[rows], None if exc is None else exc[rows], n,
                                               m_new, ids[rows], seed, True, self.ties, need, pos_scores[rows])[0]
 
@@ -760,7 +786,7 @@ class SampledRankingMetrics(_MergeChecked):
             self._rows_seen, self._n_items_host = saved
             raise
         rows = (pos >= 0).any(1) if k is None else (pos >= 0).any(1) & k
-        stages = 1 if sizes is None else len(self._adaptive.stages)
+        stages = 1 if sizes is None or self._adaptive is None else len(self._adaptive.stages)
         spent = time.perf_counter() - t0
         cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(spent - calls.seconds, 0.0),
                            full_ranking_pairs(n, exc, rows), stages)
@@ -798,7 +824,7 @@ class SampledRankingMetrics(_MergeChecked):
             raise ValueError(f"scores: {n_items} items, but earlier batches had {seen}")
         self._n_items_host = n_items
 
-    def _ids(self, ids, b: int, device) -> torch.Tensor:
+    def _ids(self, ids: TensorLike | None, b: int, device: torch.device) -> torch.Tensor:
         if ids is None:
             ids = torch.arange(self._rows_seen, self._rows_seen + b, device=device)
         else:
@@ -808,7 +834,8 @@ class SampledRankingMetrics(_MergeChecked):
         self._rows_seen += b
         return ids
 
-    def _add_ranks(self, ranks, n_cand, pos, exc, n_items: int, keep, sizes=None) -> None:
+    def _add_ranks(self, ranks: torch.Tensor, n_cand: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
+                   keep: torch.Tensor | None, sizes: torch.Tensor | None = None) -> None:
         """Add the valid slots' (e, r~) to the histogram by an accumulating scatter over every slot (weight 0
         where not valid): no boolean indexing, no data-dependent size, nothing read back. The rows needed are
         known from the shapes: e = excluded items + other positives <= E + P - 1 (and < n_items)."""
@@ -839,10 +866,11 @@ class SampledRankingMetrics(_MergeChecked):
         dev = self.hist.device
         self.hist.view(-1).index_put_((_to(idx, dev),), _to(w, dev), accumulate=True)
 
-    def _stage_offsets(self, device) -> torch.Tensor:
+    def _stage_offsets(self, device: torch.device) -> torch.Tensor:
         """Column offset of each adaptive stage (:func:`adaptive_columns`) on ``device``, copied there once."""
         cached = self._offsets.get(device)
         if cached is None:
+            assert self._adaptive is not None  # stage offsets: adaptive designs only
             offsets, _ = adaptive_columns(self._adaptive)
             cached = self._offsets[device] = torch.as_tensor(offsets, dtype=torch.int64).to(device)
         return cached
@@ -875,7 +903,7 @@ class SampledRankingMetrics(_MergeChecked):
     def _sync_sizes(self) -> list[tuple[str, int]]:
         return [("n_items", self._catalogue())]
 
-    def _sync_dist(self, dist_sync_fn=None, process_group=None) -> None:
+    def _sync_dist(self, dist_sync_fn: Callable | None = None, process_group: Any = None) -> None:
         """Check that every process is configured alike and counts one catalogue (:meth:`_check_sync`), pad
         every process's histogram to the same number of rows, then let torchmetrics sum."""
         import torch.distributed as dist
@@ -933,7 +961,7 @@ class SampledRankingMetrics(_MergeChecked):
     def _estimates(self, progress: bool | None | Callable[[Iterable], Iterable] = False) -> dict[str, Estimate]:
         hist, pooled = self._histogram()
         # the registry says which estimator takes which metric (hh: AUC only): the other pairs are not reported
-        jobs = [(m, e) for m in self.metric_names for e in self.estimators if e in registry.names(metric=m)]
+        jobs: Iterable[tuple[str, str]] = [(m, e) for m in self.metric_names for e in self.estimators if e in registry.names(metric=m)]
         out: dict[str, Estimate] = {}
         if callable(progress):
             jobs = progress(jobs)
