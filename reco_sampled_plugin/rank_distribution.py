@@ -51,6 +51,7 @@ mixes exact and sampled groups (:func:`pool_groups`).
 
 from __future__ import annotations
 
+import contextvars
 import math
 import threading
 from collections import OrderedDict
@@ -1277,6 +1278,11 @@ class RankDistribution:
 
 
 # ---------------------------------------------------------------------------------------- estimator
+#: False inside :func:`estimate_rank_distributions`: its fits carry no ``reference`` (batched or one by one alike;
+#: the planner reads their values only, and a reference is a second fit of each histogram).
+_WITH_REFERENCE: contextvars.ContextVar[bool] = contextvars.ContextVar("_WITH_REFERENCE", default=True)
+
+
 def estimate_rank_distribution(
     sampled_ranks: TensorLike | RankHistogram,
     n_items: TensorLike | None = None,
@@ -1364,7 +1370,7 @@ def estimate_rank_distribution(
     details = {"sampling": check_law(sampling), "n_cells": len(pi), **fit_details}
     reference = None
     ref_method = getattr(fitter, "reference", None)
-    if ref_method is not None:  # the same data fitted under the other regularisation (no bootstrap: a point)
+    if ref_method is not None and _WITH_REFERENCE.get():  # the same data fitted under the other regularisation
         ref_opts = check_fit_options(ref_method, sampling, tol=tol, max_iter=max_iter, max_groups=max_groups,
                                      delta=delta, kappa=kappa, seed=seed)
         reference = _entry(ref_method).fitter_object().fit(model, pi0, model.counts, ref_opts)[0]
@@ -1410,7 +1416,8 @@ def estimate_rank_distributions(
     are batched: ``mle`` runs one batched EM in which each problem stops on its own rule (results equal
     the single fits up to rounding); ``mes`` runs one L-BFGS-B per histogram on the shared likelihood.
     Otherwise the histograms are fitted one by one. Standard errors: ``RankDistribution.metric`` with
-    ``stderr="posterior"``.
+    ``stderr="posterior"``; no fit here carries a ``reference`` (``gmod``'s model term needs
+    :func:`estimate_rank_distribution`).
     """
     opts = check_fit_options(method, sampling, tol=tol, max_iter=max_iter, lam=lam, max_groups=max_groups,
                              delta=delta, kappa=kappa, beta=beta, df=df, penalty=penalty)
@@ -1428,7 +1435,11 @@ def estimate_rank_distributions(
               max_groups=max_groups, delta=delta, kappa=kappa, max_rel_n_spread=spread, beta=beta, df=df,
               penalty=penalty)
     if len(keys) != 1:  # different group structures: no shared likelihood
-        return [estimate_rank_distribution(h, **kw) for h in hists]
+        token = _WITH_REFERENCE.set(False)  # as the batched fits below: no reference fit (its model term unused)
+        try:
+            return [estimate_rank_distribution(h, **kw) for h in hists]
+        finally:
+            _WITH_REFERENCE.reset(token)
     law = check_law(sampling)
     model = _build_model(hists[0], law, max_groups, delta, kappa, spread, others=[p for p, _ in pooled[1:]])
     counts = np.stack([_flat_counts(model, p) for p, _ in pooled])  # (B, K) on the union of occupied columns

@@ -84,6 +84,21 @@ def test_batched_fits_equal_single_fits():
         np.testing.assert_allclose(b.probs, single.probs, rtol=1e-10, atol=1e-14)
 
 
+def test_fits_one_by_one_carry_no_reference():
+    """Histograms of different group structures are fitted one by one, as the batch does: the same probabilities
+    as single fits, and no second (reference) fit, which only the users' standard error of a single fit reads."""
+    exact = _smooth_ranks(600, 800, seed=7)
+    hists = [rsp.sampled_rank_histogram(simulate_sampled_ranks(exact, 800, m, "binomial",
+                                                               torch.Generator().manual_seed(m)), 800, m)
+             for m in (50, 100)]
+    batch = rd.estimate_rank_distributions(hists, method="gmod")
+    for h, b in zip(hists, batch):
+        single = rd.estimate_rank_distribution(h, method="gmod", n_bootstrap=0)
+        np.testing.assert_allclose(b.probs, single.probs, rtol=1e-10, atol=1e-14)
+        assert b.reference is None and single.reference is not None
+        assert "reference_method" not in b.details and single.details["reference_method"] == "mes"
+
+
 def test_options_validated_and_only_for_gmod():
     exact = _smooth_ranks(200, 400, seed=6)
     draws = simulate_sampled_ranks(exact, 400, 20, "binomial", torch.Generator().manual_seed(0))
