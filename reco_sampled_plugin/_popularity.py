@@ -29,9 +29,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, Iterable, NamedTuple
 
 import torch
+
+if TYPE_CHECKING:
+    from .exclusions import Exclusions
 
 __all__ = ["PopularityStats", "RowTotals", "popularity_stats", "stats_from_totals", "POP_BINS", "PROFILE_FIELDS",
            "weight_bins", "class_totals", "item_totals", "forbidden_weight", "exclusion_totals"]
@@ -42,7 +45,6 @@ POP_BINS = 16
 
 #: The fields ``pl_fit`` reads beyond the Hansen-Hurwitz sums (None where a source cannot carry them).
 PROFILE_FIELDS = ("profile", "beat_bins", "miss_bins")
-_FIELDS = ("beating", "inv_q", "inv_q2", "unreachable") + PROFILE_FIELDS
 
 
 def weight_bins(weights: torch.Tensor, bins: int = POP_BINS) -> torch.Tensor:
@@ -91,18 +93,26 @@ class PopularityStats:
         """Whether the class counts ``pl_fit`` reads are here (every field of :data:`PROFILE_FIELDS`)."""
         return all(getattr(self, f) is not None for f in PROFILE_FIELDS)
 
-    def select(self, index) -> "PopularityStats":
+    def select(self, index: Any) -> "PopularityStats":
         """The statistics of ``index`` (any tensor index of the ranks' shape, e.g. a bool mask of valid slots)."""
-        return PopularityStats(*(None if getattr(self, f) is None else getattr(self, f)[index] for f in _FIELDS))
+        def sel(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[index]
+
+        return PopularityStats(self.beating[index], self.inv_q[index], self.inv_q2[index], self.unreachable[index],
+                               sel(self.profile), sel(self.beat_bins), sel(self.miss_bins))
 
     @staticmethod
-    def cat(parts) -> "PopularityStats":
+    def cat(parts: Iterable["PopularityStats"]) -> "PopularityStats":
         """The statistics of several 1-D selections (:meth:`select`) concatenated in order (the class counts only
         where every part has them)."""
-        parts = list(parts)
-        whole = all(p.has_profile for p in parts)
-        return PopularityStats(*(torch.cat([getattr(p, f) for p in parts]) if (whole or f not in PROFILE_FIELDS)
-                                 else None for f in _FIELDS))
+        every = list(parts)
+
+        def cat(f: str) -> torch.Tensor:
+            return torch.cat([getattr(p, f) for p in every])
+
+        whole = all(p.has_profile for p in every)
+        return PopularityStats(cat("beating"), cat("inv_q"), cat("inv_q2"), cat("unreachable"),
+                               *(cat(f) if whole else None for f in PROFILE_FIELDS))
 
 
 class RowTotals(NamedTuple):
@@ -114,7 +124,9 @@ class RowTotals(NamedTuple):
     zeros: torch.Tensor
     classes: torch.Tensor
 
-    def __add__(self, other: "RowTotals") -> "RowTotals":  # disjoint sets of items: the totals add
+    def plus(self, other: "RowTotals") -> "RowTotals":
+        """The totals of the union of two disjoint sets of items (they add field by field; ``+`` stays the tuple's
+        concatenation)."""
         return RowTotals(self.weight + other.weight, self.zeros + other.zeros, self.classes + other.classes)
 
 
@@ -152,7 +164,7 @@ def forbidden_weight(forbidden: torch.Tensor, w: torch.Tensor, cls: torch.Tensor
                         weight_bins(w) if cls is None else cls)
 
 
-def exclusion_totals(positives: torch.Tensor, exc, w: torch.Tensor, cls: torch.Tensor | None = None) -> RowTotals:
+def exclusion_totals(positives: torch.Tensor, exc: Exclusions, w: torch.Tensor, cls: torch.Tensor | None = None) -> RowTotals:
     """:class:`RowTotals` of a row's positives ((B, P) sorted ascending, padded with n: ``forbidden_sorted(pos,
     None, n)``) and its CSR exclusions (an :class:`~reco_sampled_plugin.exclusions.Exclusions` of the same rows):
     the exclusions summed per row over their T entries, the positives once each, those also excluded not again."""
@@ -161,7 +173,7 @@ def exclusion_totals(positives: torch.Tensor, exc, w: torch.Tensor, cls: torch.T
     also = exc.contains(positives)  # a positive also excluded: counted with the exclusions
     pos = torch.where(also, torch.full_like(positives, n), positives)  # still sorted where it matters: equal
     ones = torch.ones(exc.items.shape, dtype=torch.bool, device=w.device)  # neighbours stay neighbours
-    return forbidden_weight(pos, w, cls) + item_totals(exc.rows, exc.row_of, exc.items, ones, w, cls)
+    return forbidden_weight(pos, w, cls).plus(item_totals(exc.rows, exc.row_of, exc.items, ones, w, cls))
 
 
 def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor,

@@ -25,6 +25,7 @@ import io
 import os
 import warnings
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
@@ -254,7 +255,7 @@ def _is_header(fields: list[str]) -> bool:
     return any(_column_name(f) in _KNOWN_NAMES for f in fields[:4])
 
 
-def _check_columns(columns) -> tuple[int, int, int | None, int | None] | None:
+def _check_columns(columns: Any) -> tuple[int, int, int | None, int | None] | None:
     """``columns``: None, or (user, item, rating or None, timestamp or None), distinct 0-based positions."""
     from ._checks import check_int
 
@@ -263,7 +264,7 @@ def _check_columns(columns) -> tuple[int, int, int | None, int | None] | None:
     what = "(user, item, rating or None, timestamp or None) column positions"
     if isinstance(columns, (str, bytes, dict)) or not hasattr(columns, "__len__") or len(columns) != 4:
         raise ValueError(f"columns: expected {what}, got {columns!r}")
-    out = []
+    out: list[int | None] = []
     for k, (c, role) in enumerate(zip(columns, ("user", "item", "rating", "timestamp"))):
         if c is None and k >= 2:
             out.append(None)
@@ -276,7 +277,9 @@ def _check_columns(columns) -> tuple[int, int, int | None, int | None] | None:
     used = [c for c in out if c is not None]
     if len(set(used)) != len(used):
         raise ValueError(f"columns: positions must be distinct, got {columns!r}")
-    return tuple(out)
+    user, item, rating, time = out
+    assert user is not None and item is not None  # only rating and timestamp may be None (k >= 2 above)
+    return user, item, rating, time
 
 
 def load_interactions(
@@ -406,14 +409,14 @@ def _factorize(tokens: list[str] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return remap[inverse.reshape(-1)], uniq[order]
 
 
-def _check_threshold(threshold) -> float | None:
+def _check_threshold(threshold: Any) -> float | None:
     """None, or a finite rating threshold (NaN would keep no interaction: every comparison with NaN is False)."""
     from ._options import check_float
 
     return None if threshold is None else check_float(threshold, "threshold")
 
 
-def _check_interactions(interactions) -> None:
+def _check_interactions(interactions: Any) -> None:
     if not isinstance(interactions, Interactions):
         raise ValueError(f"interactions: expected an Interactions (load_interactions), got {type(interactions).__name__}")
 

@@ -23,6 +23,7 @@ Registered as the estimator ``hh`` (``registry.py``); ``estimate("auc", sampled,
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -33,6 +34,12 @@ from ._popularity_fit import PopularityFit, Units, fit as _fit_units, z_value
 from .design import SamplingDesign
 from .estimate import Estimate, EstimatorOutput
 from .metric_names import MetricSpec
+from ._types import TensorLike
+
+if TYPE_CHECKING:
+    from ._rank_hist import RankHistogram
+    from .identification import IdentifiedInterval
+    from .ranking import SampledRanks
 
 __all__ = ["HH_METRICS", "ESS_SHARE_FLAG", "PopularityDraws", "popularity_draws", "rank_estimates", "mean_rank",
            "estimate_by_hh", "estimate_by_pl_fit", "pl_fit"]
@@ -52,21 +59,26 @@ class PopularityDraws:
     what ``pl_fit`` reads (the popularity classes of the distinct drawn items and of the row's candidates), None
     for a uniform histogram."""
 
-    def __init__(self, s1, s2, beating, n, m, w, units: Units | None = None) -> None:
+    def __init__(self, s1: np.ndarray, s2: np.ndarray, beating: np.ndarray, n: np.ndarray, m: np.ndarray,
+                 w: np.ndarray, units: Units | None = None) -> None:
         self.s1, self.s2, self.beating, self.n, self.m, self.w = s1, s2, beating, n, m, w
         self.units = units
 
 
-def popularity_draws(sampled, weights=None) -> PopularityDraws:
+def popularity_draws(sampled: SampledRanks, weights: TensorLike | None = None) -> PopularityDraws:
     """The :class:`PopularityDraws` of popularity-sampled :class:`~reco_sampled_plugin.ranking.SampledRanks`.
 
     Raises:
-        ValueError naming ``sampled_ranks`` when they carry no statistics (bare ranks cannot; draws without
+        ValueError naming ``sampled_ranks`` when they carry no design or no statistics (bare ranks cannot; draws without
         replacement have none), or ``popularity`` when a drawable candidate of an evaluated row has weight 0 (it
         can never be drawn, so no estimate counts it).
     """
     stats: PopularityStats | None = sampled.popularity_stats
-    design: SamplingDesign = sampled.design
+    design = sampled.design
+    if design is None:
+        raise ValueError("sampled_ranks: these SampledRanks carry no design, so neither the popularity law nor m is "
+                         "known; draw them with sampled_ranks(..., popularity=w), sampled_ranks_from_scorer or "
+                         "evaluate_factors, which keep both")
     if stats is None:
         why = ("draws without replacement are not independent: no Hansen-Hurwitz weights; draw with replacement "
                "(RecBole's popN does)" if not design.replacement else
@@ -86,7 +98,7 @@ def popularity_draws(sampled, weights=None) -> PopularityDraws:
         torch.broadcast_to(check_weights(weights, "weights", like=ranks, device=ranks.device), ranks.shape)
     n = sampled.candidates()[valid]
 
-    def host(t):
+    def host(t: torch.Tensor) -> np.ndarray:
         return t.detach().to(torch.float64).cpu().numpy()
 
     m = np.full(int(valid.sum()), float(design.n_samples))
@@ -103,8 +115,11 @@ _NO_PROFILE = ("sampled_ranks: pl_fit reads each positive's popularity-class cou
                "sampled_ranks_from_scorer or evaluate_factors, which keep them")
 
 
-def _units(stats: PopularityStats, valid, design: SamplingDesign, n, m, w, host) -> Units:
+def _units(stats: PopularityStats, valid: torch.Tensor, design: SamplingDesign, n: torch.Tensor, m: np.ndarray,
+           w: torch.Tensor, host: Callable[[torch.Tensor], np.ndarray]) -> Units:
     """What ``pl_fit`` reads: the valid positives' class counts and the classes' mean weight and log weight."""
+    assert design.popularity is not None and stats.profile is not None and stats.beat_bins is not None \
+        and stats.miss_bins is not None  # a popularity draw's statistics with stats.has_profile (the caller's test)
     cls = weight_bins(design.popularity)
     wt = design.popularity.to(torch.float64)
     n_cls = torch.zeros(POP_BINS, dtype=torch.float64).scatter_add_(0, cls.cpu(), (wt > 0).double().cpu())
@@ -118,7 +133,7 @@ def _units(stats: PopularityStats, valid, design: SamplingDesign, n, m, w, host)
                  host(w[valid]), log_v, mean_w)
 
 
-def _uniform_draws(hist) -> PopularityDraws:
+def _uniform_draws(hist: RankHistogram) -> PopularityDraws:
     """The cells of a uniform histogram as :class:`PopularityDraws` (each (n, m, r~) cell once, its count as the
     weight): under q~ = 1/(n - 1) every beating draw weighs n - 1, so S1 = (n - 1)(r~ - 1), S2 = (n - 1)^2 (r~ - 1)."""
     parts = []
@@ -164,7 +179,7 @@ def _summary(d: PopularityDraws) -> dict:
     }
 
 
-def _fixed_m(sampled) -> SamplingDesign | None:
+def _fixed_m(sampled: object) -> SamplingDesign | None:
     """The design of ``sampled`` (a SampledRanks), refused where the rank estimate is not unbiased: adaptive draws
     (a positive keeps drawing while it ranks first: the stopping rule biases (n - 1)(r~ - 1)/M)."""
     from .ranking import SampledRanks
@@ -177,14 +192,15 @@ def _fixed_m(sampled) -> SamplingDesign | None:
     return sampled.design
 
 
-def rank_estimates(sampled) -> torch.Tensor:
+def rank_estimates(sampled: SampledRanks) -> torch.Tensor:
     """Per positive, the Hansen-Hurwitz rank estimate R^ = 1 + S1/m (float64, shaped like the ranks, 0 in padded
     slots): from the statistics of a popularity draw, or 1 + (n - 1)(r~ - 1)/m for a uniform one."""
     design = _fixed_m(sampled)
     ranks = sampled.ranks
     valid = ranks > 0
     if design is not None and design.popularity is not None:
-        popularity_draws(sampled)  # the refusals
+        popularity_draws(sampled)  # the refusals: statistics present among them
+        assert sampled.popularity_stats is not None
         r = 1.0 + sampled.popularity_stats.inv_q / design.n_samples
     else:
         n = sampled.candidates().to(torch.float64)
@@ -192,7 +208,7 @@ def rank_estimates(sampled) -> torch.Tensor:
     return torch.where(valid, r, torch.zeros_like(r, dtype=torch.float64))
 
 
-def mean_rank(sampled, weights=None) -> Estimate:
+def mean_rank(sampled: SampledRanks, weights: TensorLike | None = None) -> Estimate:
     """The mean exact rank of the positives (1 = best; n counts the positive and its drawable candidates),
     estimated by Hansen-Hurwitz, with the between-positive standard error; ``details`` as ``hh``'s."""
     design = _fixed_m(sampled)
@@ -204,7 +220,7 @@ def mean_rank(sampled, weights=None) -> Estimate:
     return Estimate(s["mean_rank"], s["mean_rank_stderr"], float(d.w.sum()), {"method": "hh", **s})
 
 
-def estimate_by_hh(spec: MetricSpec, hist, *, method: str, sampling: str, options: dict) -> EstimatorOutput:
+def estimate_by_hh(spec: MetricSpec, hist: RankHistogram, *, method: str, sampling: str, options: dict) -> EstimatorOutput:
     """The registry's compute function of ``hh`` (``registry.py``): the AUC by Hansen-Hurwitz. ``options["draws"]``:
     the :class:`PopularityDraws` of a popularity design (``estimators.estimate`` passes them); without it the
     histogram is uniform (binomial or hypergeometric: (n - 1)(r~ - 1)/m is unbiased for R - 1 under both)."""
@@ -222,7 +238,7 @@ def estimate_by_hh(spec: MetricSpec, hist, *, method: str, sampling: str, option
     s = _summary(d)
     details = {"method": method, "design": design, "stderr_sampling":
                math.sqrt(float(d.w @ within)) / total if np.all(np.isfinite(within)) else None, **s}
-    flags = ()
+    flags: tuple[str, ...] = ()
     if s["ess_share"] is not None and s["ess_share"] < ESS_SHARE_FLAG:
         flags = ("weights_concentrated",)
     return EstimatorOutput(value, se, total, details, flags)
@@ -230,7 +246,7 @@ def estimate_by_hh(spec: MetricSpec, hist, *, method: str, sampling: str, option
 
 
 # --------------------------------------------------------------------------------- pl_fit: top-K metrics
-def _uniform_units(hist) -> Units:
+def _uniform_units(hist: RankHistogram) -> Units:
     """The cells of a uniform histogram (with replacement) as :class:`~reco_sampled_plugin._popularity_fit.Units`:
     one popularity class holding the n - 1 candidates, r~ - 1 beating and m - r~ + 1 other draws (the binomial
     likelihood; draws are not made distinct: under the uniform law the count is what is known), the count as the
@@ -246,7 +262,7 @@ def _uniform_units(hist) -> Units:
     return Units(col(n - 1.0), col(b), col(m - b), n, m, w, np.zeros(1), np.ones(1))
 
 
-def pl_fit(sampled, weights=None) -> PopularityFit:
+def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None) -> PopularityFit:
     """The fitted model of ``pl_fit`` (module ``_popularity_fit``) on popularity-sampled
     :class:`~reco_sampled_plugin.ranking.SampledRanks` (or uniform ones): ``.betas``, ``.loglik``, ``.best``
     (index of the chosen beta), ``.beta_set`` (its 95% profile-likelihood set), ``.estimate(spec)``,
@@ -269,7 +285,7 @@ class _TopBounds:
     def __init__(self, lo: float, hi: float, stderr: float, metric_range: tuple[float, float], details: dict) -> None:
         self.lp_lo, self.lp_hi, self.stderr, self.metric_range, self.details = lo, hi, stderr, metric_range, details
 
-    def interval(self, level: float = 0.95):
+    def interval(self, level: float = 0.95) -> IdentifiedInterval:
         from .identification import IdentifiedInterval
 
         z = z_value(level)
@@ -278,7 +294,7 @@ class _TopBounds:
         return IdentifiedInterval(lo, hi, self.lp_lo, self.lp_hi, level, (), dict(self.details))
 
 
-def estimate_by_pl_fit(spec: MetricSpec, hist, *, method: str, sampling: str, options: dict) -> EstimatorOutput:
+def estimate_by_pl_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sampling: str, options: dict) -> EstimatorOutput:
     """The registry's compute function of ``pl_fit``: any metric from the fitted model (module ``_popularity_fit``).
     ``options["draws"]``: the :class:`PopularityDraws` of a popularity design; without it a uniform histogram
     (with replacement: the model's one-class binomial likelihood). Under popularity sampling the output carries

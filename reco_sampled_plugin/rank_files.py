@@ -36,16 +36,19 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import re
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from ._checks import MAX_SIZE, check_size
-from .ranking import END_TIES
+from .design import SamplingDesign
+from .ranking import END_TIES, SampledRanks
 
 __all__ = ["RankFile", "read_rank_file", "write_rank_file", "read_ncf"]
 
@@ -72,7 +75,7 @@ class RankFile:
         """Whether the file carries popularity statistics (five columns)."""
         return self.hh_s1 is not None
 
-    def sampled(self):
+    def sampled(self) -> SampledRanks:
         """A popularity file's :class:`~reco_sampled_plugin.ranking.SampledRanks` for ``estimate(metric, sampled)``:
         the design draws by popularity (the weights themselves are not needed: the statistics are sufficient,
         docs/popularity.md; a placeholder stands for them), one m for every positive.
@@ -83,10 +86,8 @@ class RankFile:
         import torch
 
         from ._popularity import PopularityStats
-        from .design import SamplingDesign
-        from .ranking import SampledRanks
 
-        if not self.popularity:
+        if self.hh_s1 is None or self.hh_s2 is None:
             raise ValueError("sampled: this rank file has no hh_s1 / hh_s2 columns (not popularity-sampled)")
         ms = np.unique(self.n_samples)
         if ms.size != 1:
@@ -200,7 +201,7 @@ def _int(field: str, path: Path, number: int, what: str) -> int:
     return value
 
 
-def read_rank_file(path, n_items: int | None = None, n_samples: int | None = None) -> RankFile:
+def read_rank_file(path: str | os.PathLike, n_items: int | None = None, n_samples: int | None = None) -> RankFile:
     """Read a rank file (see the module doc); validates 1 <= r~ <= m + 1, n >= 2 and m >= 1 (m may exceed
     n - 1 for draws with replacement; the estimators check it for the hypergeometric law).
 
@@ -266,6 +267,7 @@ def _rank_table(data: bytes, n_items: int | None, n_samples: int | None) -> Rank
     columns = len(_fields(line))
     if columns not in (1, 2, 3, 5):
         return None
+    rows: np.ndarray[Any, np.dtype[Any]]  # int64 columns, or the records of _POPULARITY_ROW
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -273,8 +275,12 @@ def _rank_table(data: bytes, n_items: int | None, n_samples: int | None) -> Rank
                               delimiter=seps[0] if seps else None, comments="#", quotechar='"', ndmin=1 if columns == 5 else 2)
     except (ValueError, TypeError, Warning):
         return None
+    n: np.ndarray | None
+    m: np.ndarray | None
+    s1: np.ndarray | None
+    s2: np.ndarray | None
     if columns == 5:
-        r, n, m, s1, s2 = (rows[name] for name in _POPULARITY_ROW.names)
+        r, n, m, s1, s2 = (rows[name] for name in ("r", "n", "m", "s1", "s2"))
     else:
         if rows.shape[1] != columns:
             return None
@@ -288,7 +294,7 @@ def _rank_table(data: bytes, n_items: int | None, n_samples: int | None) -> Rank
     m = np.full(len(r), n_samples, dtype=np.int64) if m is None else np.ascontiguousarray(m)
     r = np.ascontiguousarray(r)
     ok = (m >= 1) & (n >= 2) & (r >= 1) & (r - 1 <= m)
-    if s1 is not None:  # _check_hh, column-wise
+    if s1 is not None and s2 is not None:  # _check_hh, column-wise (both or neither are read)
         tol = 1e-9
         s1, s2 = np.ascontiguousarray(s1), np.ascontiguousarray(s2)
         b = (r - 1).astype(np.float64)
@@ -303,7 +309,11 @@ def _rank_table(data: bytes, n_items: int | None, n_samples: int | None) -> Rank
 
 def _rank_file_by_line(path: Path, data: bytes, n_items: int | None, n_samples: int | None) -> RankFile:
     """The line reader of rank files: every format of the module doc, and the first error with its line."""
-    ranks, ns, ms, s1s, s2s = [], [], [], [], []
+    ranks: list[int] = []
+    ns: list[int] = []
+    ms: list[int] = []
+    s1s: list[float] = []
+    s2s: list[float] = []
     first = True
     split = _FIELDS.split
     for number, text in _lines(path, data):
@@ -344,7 +354,7 @@ def _rank_file_by_line(path: Path, data: bytes, n_items: int | None, n_samples: 
                     *hh)
 
 
-def _estimate_flags(design) -> str:
+def _estimate_flags(design: SamplingDesign) -> str:
     """The ``reco-sampled estimate`` flags that read a rank file of ``design`` back."""
     flags = f"--n-samples {design.n_samples}"
     if design.adaptive_max is not None:
@@ -356,7 +366,7 @@ def _estimate_flags(design) -> str:
     return flags
 
 
-def write_rank_file(path, sampled) -> Path:
+def write_rank_file(path: str | os.PathLike, sampled: SampledRanks) -> Path:
     """Write the :class:`~reco_sampled_plugin.ranking.SampledRanks` of a draw as a rank file (module docstring):
     ``sampled_rank,n_candidates,n_samples`` per positive, in row order (padding dropped), adaptive draws with each
     positive's final m, popularity draws with ``hh_s1,hh_s2`` (each positive's statistics, 17 digits); ``#`` lines above name the design, the ``reco-sampled estimate`` flags for it and the
@@ -379,8 +389,6 @@ def write_rank_file(path, sampled) -> Path:
             be written.
     """
     import torch
-
-    from .ranking import SampledRanks
 
     if not isinstance(sampled, SampledRanks):
         raise ValueError(f"sampled: expected the SampledRanks of a draw (sampled_ranks, adaptive_sampled_ranks, "
@@ -407,6 +415,7 @@ def write_rank_file(path, sampled) -> Path:
     table = torch.stack([ranks[keep].to(torch.int64), sampled.candidates().cpu()[keep].to(torch.int64),
                          m.to(torch.int64)], 1).numpy()
     if design.popularity is not None:
+        assert stats is not None  # refused above: a popularity design without statistics
         if bool((stats.unreachable.cpu()[keep] > 0).any()):
             raise ValueError("popularity: some evaluated positives have drawable candidates of weight 0 (never drawn): "
                              "no estimate counts them, so no rank file is written for them")
@@ -495,7 +504,7 @@ def _scores_by_line(scores: Path, data: bytes) -> tuple[np.ndarray, np.ndarray, 
     return _sorted_scores(pairs[:, 0], pairs[:, 1], np.fromiter(score.values(), dtype=np.float64, count=len(score)))
 
 
-def read_ncf(test_rating, test_negative, scores, n_items: int, ties: str = "pessimistic") -> RankFile:
+def read_ncf(test_rating: str | os.PathLike, test_negative: str | os.PathLike, scores: str | os.PathLike, n_items: int, ties: str = "pessimistic") -> RankFile:
     """Sampled ranks of NCF-style test files: each held-out item against its listed negatives.
 
     ``n_items`` is the number of candidates per user (n, the held-out item included) that the

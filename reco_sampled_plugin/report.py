@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -16,7 +17,7 @@ from .reproduce import ReproduceResult
 __all__ = ["write_report", "summary_lines", "ordering_verdicts", "unresolved_notes"]
 
 
-def _fmt(v) -> str:
+def _fmt(v: object) -> str:
     return f"{v:.4f}" if isinstance(v, float) else str(v)
 
 
@@ -39,7 +40,7 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
 def ordering_verdicts(result: ReproduceResult, metric: str = "recall@10", good: str = "bv:0.1") -> dict:
     """Pairs the uncorrected sampled metric mis-orders in most runs, and how ``good`` does on them."""
     runs = result.config.repeats
-    out = {"misordered_by_none": [], "fixed_by": good}
+    out: dict[str, Any] = {"misordered_by_none": [], "fixed_by": good}
     for row in result.table4:
         if row["metric"] != metric:
             continue
@@ -169,7 +170,7 @@ def _plots(result: ReproduceResult, out: Path) -> dict[str, str]:
     n_max = int(result.n_candidates.max())
     bins = np.unique(np.geomspace(1, n_max + 1, 40).astype(int))
     for name, r in result.ranks.items():
-        ax.hist(r.numpy(), bins=bins, histtype="step", label=name, linewidth=1.5)
+        ax.hist(r.numpy(), bins=bins.tolist(), histtype="step", label=name, linewidth=1.5)
     ax.set_xscale("log")
     ax.set_xlabel("exact rank of the held-out item (log scale)")
     ax.set_ylabel("test users")

@@ -355,6 +355,21 @@ def test_refusals_name_the_argument(pop_ranks):
         rsp.estimate("auc", adaptive, method="hh")
 
 
+def test_popularity_draws_refuses_ranks_without_a_design(pop_ranks):
+    """Regression (found by mypy): SampledRanks without a design, with or without statistics, were an
+    AttributeError (``None.replacement`` / ``None.n_samples``); a ValueError naming ``sampled_ranks`` now, and the
+    same ranks with their design still give the draws."""
+    _, _, _, s = pop_ranks
+    assert s.popularity_stats is not None
+    for bare in (dataclasses.replace(s, design=None), dataclasses.replace(s, design=None, popularity_stats=None)):
+        with pytest.raises(ValueError, match="^sampled_ranks: these SampledRanks carry no design"):
+            popularity.popularity_draws(bare)
+    d = popularity.popularity_draws(s)
+    valid = s.ranks > 0
+    np.testing.assert_array_equal(d.s1, s.popularity_stats.inv_q[valid].numpy())
+    np.testing.assert_array_equal(d.m, np.full(int(valid.sum()), 10.0))
+
+
 def test_statistics_from_csr_exclusions_equal_the_padded_form():
     """The draw paths keep exclusions in CSR form (exclusions.Exclusions): the per-row forbidden weight summed over
     the entries equals the padded, sorted form's, so the statistics are identical (also with zero weights)."""

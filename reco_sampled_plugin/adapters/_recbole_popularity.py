@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ from reco_sampled_plugin.design import popularity_weights
 __all__ = ["recbole_alpha", "sampler_weights", "popularity_columns"]
 
 
-def recbole_alpha(config) -> float:
+def recbole_alpha(config: Any) -> float:
     """alpha of RecBole's evaluation sampler, read from the config as RecBole reads it (``data/utils.py``,
     ``create_samplers``): ``train_neg_sample_args.alpha`` when training samples negatives, else 1.0.
 
@@ -50,7 +51,7 @@ def recbole_alpha(config) -> float:
     return a
 
 
-def sampler_weights(sampler, n_items: int) -> torch.Tensor:
+def sampler_weights(sampler: Any, n_items: int) -> torch.Tensor:
     """(n_items,) float64 weights c_j^alpha of RecBole's sampler (its own candidate list and alpha), cached on it."""
     cached = sampler.__dict__.get("_rsp_pop_weights")
     if cached is not None and cached[0] == (n_items, sampler.alpha):
@@ -65,7 +66,7 @@ def sampler_weights(sampler, n_items: int) -> torch.Tensor:
     return w
 
 
-def _used_sums(sampler, w: torch.Tensor) -> RowTotals:
+def _used_sums(sampler: Any, w: torch.Tensor) -> RowTotals:
     """Per user id: the weight of its ``used_ids``, how many of them have weight 0 and how many of weight > 0 fall in
     each popularity class (``_popularity.RowTotals``; cached per phase: one pass over the users' sets, flattened in
     C, then one ``index_add`` each over the entries: memory (users x POP_BINS))."""
@@ -82,7 +83,7 @@ def _used_sums(sampler, w: torch.Tensor) -> RowTotals:
     return totals
 
 
-def popularity_columns(sampler, n_items: int, uids: torch.Tensor, pos_i: torch.Tensor, neg_items: torch.Tensor,
+def popularity_columns(sampler: Any, n_items: int, uids: torch.Tensor, pos_i: torch.Tensor, neg_items: torch.Tensor,
                        s_neg: torch.Tensor, s_pos: torch.Tensor, ties: str) -> tuple[PopularityStats, torch.Tensor]:
     """Each positive's :class:`PopularityStats` from RecBole's drawn negatives (``neg_items`` (P, N)) and their scores,
     and the sampler's weights.
