@@ -134,6 +134,16 @@ _NEWLINE = re.compile(r"\r\n|\r|\n")  # the line ends of text mode (universal ne
 _CR = re.compile(r"\r\n?")
 
 
+def _utf8_text(data: bytes) -> str | None:
+    """``data`` as UTF-8 text with a byte-order mark dropped and ``\\r\\n`` / ``\\r`` line ends as ``\\n``; None
+    where it is not UTF-8 (the line reader then reads it and names the line)."""
+    try:
+        text = data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError:
+        return None
+    return _CR.sub("\n", text) if "\r" in text else text
+
+
 def _read_bytes(path: Path) -> bytes:
     """The file's bytes; a missing file, a directory or an unreadable file is a ValueError naming it."""
     if not path.exists():
@@ -244,12 +254,9 @@ def _rank_table(data: bytes, n_items: int | None, n_samples: int | None) -> Rank
     data contain (no other), or spaces where they contain none. Nothing the line reader refuses is accepted: the
     integer columns take digits only (``3.0`` goes to the line reader), an empty field or a changing number of
     fields fails, numpy's warnings (an empty file) are errors."""
-    try:
-        text = data.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError:
+    text = _utf8_text(data)
+    if text is None:
         return None
-    if "\r" in text:
-        text = _CR.sub("\n", text)
     first = _data_line(text, 0)
     if first is None:
         return None
@@ -461,12 +468,9 @@ def _score_table(data: bytes) -> tuple[np.ndarray, np.ndarray, np.ndarray] | Non
     (user, item, score) columns sorted by user and item; None where the line reader must read it (commas or
     semicolons, which it also takes as separators; blanks numpy does not split at; a field numpy does not read;
     a score not finite; a pair scored twice): it then names the line."""
-    try:
-        text = data.decode("utf-8").removeprefix("\ufeff")
-    except UnicodeDecodeError:
+    text = _utf8_text(data)
+    if text is None:
         return None
-    if "\r" in text:
-        text = _CR.sub("\n", text)
     if "," in text or ";" in text or any(ch.isspace() for ch in set(text) - {" ", "\t", "\n"}):
         return None
     row = np.dtype([("u", np.int64), ("i", np.int64), ("s", np.float64)])

@@ -24,6 +24,8 @@ from reco_sampled_plugin import popularity, registry
 from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.estimate import FLAG_TEXT
 
+from _popularity_helpers import factor_world  # noqa: E402  (tests/ is on sys.path)
+
 # ------------------------------------------------------------------------------------------ a small catalogue
 N_ITEMS = 8
 POS = [1, 4]  # the row's positives
@@ -256,19 +258,7 @@ def test_concentrated_weights_are_flagged():
 
 # --------------------------------------------------------------------------------------------- other paths
 def test_evaluate_factors_carries_the_statistics_and_corrects_auc():
-    import scipy.sparse as sp
-
-    rng = np.random.default_rng(0)
-    users, items = 150, 250
-    train = sp.random(users, items, density=0.05, random_state=1, format="csr")
-    train.data[:] = 1
-    test = sp.random(users, items, density=0.02, random_state=2, format="csr")
-    test.data[:] = 1
-    test = (test - test.multiply(train)).tocsr()
-    test.eliminate_zeros()
-    a, b = rng.normal(size=(users, 8)), rng.normal(size=(items, 8))
-    counts = torch.tensor(np.asarray(train.sum(0)).ravel() + np.asarray(test.sum(0)).ravel() + 1.0)
-    design = SamplingDesign(40, popularity=counts)
+    train, test, a, b, design = factor_world()
     res = rsp.evaluate_factors(train, test, a, b, metrics=["roc_auc"], n_samples=design, correction="hh",
                                as_df=False)
     ev = res.sampled

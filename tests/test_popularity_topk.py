@@ -19,6 +19,8 @@ from reco_sampled_plugin import metric_values, popularity, registry
 from reco_sampled_plugin._popularity import POP_BINS, weight_bins
 from reco_sampled_plugin.design import SamplingDesign
 
+from _popularity_helpers import factor_world  # noqa: E402  (tests/ is on sys.path)
+
 
 # ------------------------------------------------------------------------------------ the statistics kept
 def test_class_counts_match_a_brute_force_count():
@@ -169,19 +171,7 @@ def test_registry_entry_declares_popularity_and_its_metrics():
 def test_evaluate_factors_corrects_top_k_with_pl_fit():
     """Factor models draw through the same helper, so their statistics carry the popularity classes: pl_fit's
     NDCG@10 from ``evaluate_factors`` equals ``estimate`` on the SampledRanks it keeps."""
-    import scipy.sparse as sp
-
-    rng = np.random.default_rng(0)
-    users, items = 150, 250
-    train = sp.random(users, items, density=0.05, random_state=1, format="csr")
-    train.data[:] = 1
-    test = sp.random(users, items, density=0.02, random_state=2, format="csr")
-    test.data[:] = 1
-    test = (test - test.multiply(train)).tocsr()
-    test.eliminate_zeros()
-    a, b = rng.normal(size=(users, 8)), rng.normal(size=(items, 8))
-    counts = torch.tensor(np.asarray(train.sum(0)).ravel() + np.asarray(test.sum(0)).ravel() + 1.0)
-    design = SamplingDesign(40, popularity=counts)
+    train, test, a, b, design = factor_world()
     res = rsp.evaluate_factors(train, test, a, b, metrics=["ndcg@10"], n_samples=design, correction="pl_fit",
                                as_df=False)
     ev = res.sampled
