@@ -12,6 +12,8 @@ under each candidate design, for a given catalogue size, number of users and ran
    :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks_from_exact`), and ``estimate(...)`` (``method``,
    ``n_bootstrap=0``) is compared with the exact metric of that set of users, the value a user of the plan
    would compare against.
+   With ``screen=True`` (the default) each design first runs :data:`SCREEN_REPEATS` replicates and stops there
+   when every one of them misses the target (``DesignForecast.screened``): a forecast from those alone.
 3. Reported per design (:class:`DesignForecast`), relative to the shape's truth T (the mean over the replicates of
    the sets' exact metrics): rel_bias = mean(e)/T, rel_sd = sd(e)/T (ddof 1), rel_error =
    sqrt(rel_bias^2 + rel_sd^2), e = estimate - exact metric of the set; and the cost, the mean number of
@@ -71,7 +73,7 @@ from scipy import special
 
 from . import registry
 from ._checks import MAX_SAMPLES, check_int, check_rank_values, check_size, check_sizes, renamed
-from ._options import check_positive_float
+from ._options import check_bool, check_positive_float
 from .adaptive import AdaptiveDesign, check_adaptive_histogram
 from .design import SamplingDesign
 from .metric_names import MetricSpec, parse_metric
@@ -92,6 +94,7 @@ __all__ = [
     "Plan",
     "plan",
     "default_designs",
+    "SCREEN_REPEATS",
     "pilot_design",
     "pilot_resolution",
     "add_plan_parser",  # the CLI's (cli.py), re-exported
@@ -103,6 +106,11 @@ DEFAULT_FIXED_M = (50, 100, 200, 500, 1000, 2000)
 DEFAULT_ADAPTIVE_START = 100
 DEFAULT_ADAPTIVE_CAPS = (800, 3200, 12800)
 _PILOT_N_SPREAD = 0.1
+#: Replicates a design runs first under ``plan(screen=True)``: if each of them misses the target (|estimate - exact|
+#: above target x truth), the design is reported as missing it from these alone. RMSE >= min |error|, so the
+#: forecast still exceeds the target; a design whose true relative RMSE is at the target is screened out with
+#: probability P(|e| > target)^5 = 0.317^5 = 0.3% for Gaussian errors.
+SCREEN_REPEATS = 5
 # the rank-distribution fit of a pilot's shape (whatever method is forecast: the pilot needs a fitted distribution).
 # Not ``auto``: a gmod-fitted (smooth) world flatters gmod, the estimator ``auto`` forecasts for adaptive designs, on
 # recommenders whose top is irregular (tests/test_planner.py, ItemKNN(q=3): forecasts 0.58-0.69 of the simulated
@@ -136,6 +144,10 @@ class DesignForecast:
             ``exact_at_cap``); their estimates read those positives' exact ranks.
         completion_pairs: expected pairs per user its completion scores: the share of positives still first at
             the cap times their n - 1 irrelevant candidates (0 without ``exact_at_cap``).
+        repeats: Monte Carlo replicates behind the forecast (the plan's ``repeats``, or :data:`SCREEN_REPEATS` for
+            a screened design); 0: not recorded.
+        screened: every one of the first :data:`SCREEN_REPEATS` replicates missed the target, so the design was
+            settled as missing it and its other replicates were not fitted (``plan(screen=True)``).
     """
 
     n_samples: int
@@ -153,6 +165,8 @@ class DesignForecast:
     method: str | None = None
     exact_at_cap: bool = False
     completion_pairs: float = 0.0
+    repeats: int = 0
+    screened: bool = False
 
     @property
     def pairs(self) -> float:
@@ -258,6 +272,7 @@ class Plan:
             lines.append(
                 f"{f.label:<22}{f.method or self.method:<10}{f.pairs:>12,.0f}{f.pairs / full:>9.1%}{when}{f.resolution:>12.1f}{f.rel_bias:>10.1%}"
                 f"{f.rel_sd:>9.1%}{err:>11}{se:>9}  {'yes' if f.meets_target else 'no'}"
+                + (f" (screened: {f.repeats} repeats)" if f.screened else "")
             )
         when = f"{_duration(self.full_scoring_seconds):>10}" if timed else ""
         lines.append(f"{'full ranking':<22}{'exact':<10}{full:>12,.0f}{1.0:>9.1%}{when}{1.0:>12.1f}{0.0:>10.1%}{0.0:>9.1%}"
@@ -656,6 +671,7 @@ def plan(
     seed: int = 0,
     progress: bool | None = None,
     seconds_per_pair: float | None = None,
+    screen: bool = True,
 ) -> Plan:
     """Forecast the accuracy and cost of sampled evaluation designs, and recommend the cheapest that meets a target.
 
@@ -689,6 +705,10 @@ def plan(
             ``cost.scorer_seconds / cost.pairs``): each design's and full ranking's predicted scoring time for the
             ``n_users`` users is pairs x n_users x seconds_per_pair (``DesignForecast.scoring_seconds``,
             ``Plan.full_scoring_seconds``). None: measured on a scorer-loop pilot when there is one, else no times.
+        screen: run each design's first :data:`SCREEN_REPEATS` replicates, and stop there when every one of them
+            misses the target (``DesignForecast.screened``; the table says so): the designs far from the target
+            (fixed m with an unresolved top, typically) cost a quarter of their fits. False: every design runs
+            ``repeats`` replicates (as for checking forecasts against simulation).
 
     Returns:
         a :class:`Plan` (``print(plan(...).format())`` for a table).
@@ -704,12 +724,13 @@ def plan(
     with _one_thread():
         return _plan(n_items, n_users, metric, target_rel_error, pilot=pilot, pilot_n_items=pilot_n_items,
                      pilot_n_samples=pilot_n_samples, pilot_adaptive=pilot_adaptive, designs=designs, method=method,
-                     repeats=repeats, seed=seed, progress=progress, seconds_per_pair=seconds_per_pair)
+                     repeats=repeats, seed=seed, progress=progress, seconds_per_pair=seconds_per_pair,
+                     screen=check_bool(screen, "screen"))
 
 
 def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error: Any, *, pilot: Any, pilot_n_items: Any,
           pilot_n_samples: Any, pilot_adaptive: Any, designs: Any, method: str, repeats: Any, seed: Any,
-          progress: bool | None = None, seconds_per_pair: float | None = None) -> Plan:
+          progress: bool | None = None, seconds_per_pair: float | None = None, screen: bool = True) -> Plan:
     import time
 
     from ._progress import progress_bar
@@ -776,27 +797,40 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         # a rank-distribution estimator's value is its fit's (the population's or the users'), as estimate() gives
         # it: the repeats of a design are fitted together
         batched = registry.get(run).family == "rank_distribution"
-        if batched:  # the repeats' fits share one likelihood (built once per design, not once per repeat)
-            fit_target = registry.get(run).fitter_object().target
-            hists = [as_histogram(sampled[j], n_t, m if cap is None else sizes[j]) if done is None
-                     else sampled_rank_histogram(sampled[j], n_t, sizes[j], exact_ranks=done[j])
-                     for j in range(repeats)]
-            for j, dist in enumerate(estimate_rank_distributions(hists, run, sampling=law)):
-                est[j] = dist.values([spec], target=fit_target)[0]  # the value alone: the spread is over the replicates
-            bar.update(repeats)
-        for j in range(0 if batched else repeats):  # one estimator run per replicate (vectorised over users inside)
-            if cap is None:
-                law_opt: dict[str, Any] = {} if replacement else {"sampling": law}
-                est[j] = estimate(spec, sampled[j], n_t, m, method=run, **law_opt, **opts).value
-            else:  # the estimator reads the sampled ranks (completion changes no r~)
-                est[j] = estimate(spec, sampled[j], n_t, sizes[j], method=run, adaptive=(m, cap), **opts).value
-            bar.update()
-        err = est - truths
+        fit_target: str = registry.get(run).fitter_object().target if batched else "population"
+
+        def replicates(js: range) -> None:
+            """Fill est[j] for j in ``js``: one batched fit of their histograms, or one estimator run each."""
+            if batched:  # the repeats' fits share one likelihood (built once per design, not once per repeat)
+                hists = [as_histogram(sampled[j], n_t, m if cap is None else sizes[j]) if done is None
+                         else sampled_rank_histogram(sampled[j], n_t, sizes[j], exact_ranks=done[j]) for j in js]
+                for j, dist in zip(js, estimate_rank_distributions(hists, run, sampling=law)):
+                    est[j] = dist.values([spec], target=fit_target)[0]  # the value alone: the spread is over replicates
+                bar.update(len(js))
+                return
+            for j in js:  # one estimator run per replicate (vectorised over users inside)
+                if cap is None:
+                    law_opt: dict[str, Any] = {} if replacement else {"sampling": law}
+                    est[j] = estimate(spec, sampled[j], n_t, m, method=run, **law_opt, **opts).value
+                else:  # the estimator reads the sampled ranks (completion changes no r~)
+                    est[j] = estimate(spec, sampled[j], n_t, sizes[j], method=run, adaptive=(m, cap), **opts).value
+                bar.update()
+
+        used = min(repeats, SCREEN_REPEATS) if screen else repeats
+        replicates(range(used))
+        screened = used < repeats and truth != 0 and bool(np.all(np.abs(est[:used] - truths[:used]) > target * abs(truth)))
+        if screened:  # every first replicate misses the target: settled, the rest not fitted
+            bar.update(repeats - used)
+        elif used < repeats:
+            replicates(range(used, repeats))
+            used = repeats
+        est, truths_used = est[:used], truths[:used]
+        err = est - truths_used
         bias = float(err.mean())
         sd = float(err.std(ddof=1))
         mse = bias**2 + sd**2
         # delta method on mean(e^2): se(rmse) = sd(e^2) / sqrt(R) / (2 rmse)
-        se_rmse = float(np.std(err**2, ddof=1) / math.sqrt(repeats) / (2.0 * math.sqrt(mse))) if mse > 0 else 0.0
+        se_rmse = float(np.std(err**2, ddof=1) / math.sqrt(used) / (2.0 * math.sqrt(mse))) if mse > 0 else 0.0
         scale = abs(truth)
         rel = (lambda v: v / scale) if scale > 0 else (lambda v: math.inf if v != 0 else 0.0)
         rel_error = rel(math.sqrt(mse))
@@ -813,7 +847,8 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
             rel_bias=rel(bias), rel_sd=rel(sd), rel_error=rel_error, meets_target=bool(rel_error <= target),
             rel_error_se=rel(se_rmse), resolution=(n_mean - 1.0) / (top + 1.0) + 1.0, replacement=replacement,
             pairs_se=pairs_se, scoring_seconds=_scoring_seconds(1.0 + mean_samples + completion_pairs, n_users, spp),
-            exact_at_cap=bool(complete), completion_pairs=completion_pairs, method=run,
+            exact_at_cap=bool(complete), completion_pairs=completion_pairs, method=run, repeats=used,
+            screened=screened,
         ))
     bar.close()
     # the cheapest in scored pairs (and so in predicted time: the same seconds per pair for every design) below

@@ -110,7 +110,7 @@ def test_prediction_matches_simulation(exact_rank_sets, dataset, model, metric):
     gen = torch.Generator().manual_seed(2024)
     pilot, sizes = adaptive_sampled_ranks_from_exact(torch.from_numpy(r), torch.from_numpy(n_u), *PILOT, gen)
     result = plan(n_u, len(n_u), metric, 0.1, pilot=pilot, pilot_n_items=n_u, pilot_n_samples=sizes,
-                  pilot_adaptive=PILOT, designs=DESIGNS, repeats=REPEATS, seed=1)
+                  pilot_adaptive=PILOT, designs=DESIGNS, repeats=REPEATS, seed=1, screen=False)
     assert result.shape_source.startswith("pilot")
     assert [(f.n_samples, f.adaptive_max) for f in result.forecasts] == DESIGNS
     misses = {}

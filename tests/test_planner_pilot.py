@@ -95,3 +95,36 @@ def test_plan_notes_a_fixed_pilot():
     p = plan(5000, 1000, "hit@10", 0.2, pilot=pilot, pilot_n_items=5000, pilot_n_samples=100,
              designs=[(200, None)], repeats=2, seed=0)
     assert len(p.notes) == 1 and "b = 50.5" in p.notes[0] and "adaptive 100->1600" in p.notes[0]
+
+
+# ----------------------------------------------------------------------------------------------- screening
+def test_screening_settles_far_designs_and_leaves_the_others_unchanged():
+    """``screen=True``: a design whose first SCREEN_REPEATS replicates all miss the target stops there (reported
+    with those replicates, still missing the target); every other design's forecast is the unscreened one (the same
+    draws; its fits in two batches instead of one, equal up to the fits' tolerance), so the recommendation is the
+    same."""
+    from reco_sampled_plugin.planner import SCREEN_REPEATS
+
+    designs = [(50, None), (2000, None), (100, 12_800)]
+    fast = plan(20_000, 3000, "hit@10", 0.05, designs=designs, repeats=12, seed=4)
+    full = plan(20_000, 3000, "hit@10", 0.05, designs=designs, repeats=12, seed=4, screen=False)
+    by_label = {f.label: f for f in full.forecasts}
+    screened = [f for f in fast.forecasts if f.screened]
+    assert [f.label for f in screened] == ["m = 50"]  # b = 393 at K = 10: biased in every replicate
+    far = screened[0]
+    assert far.repeats == SCREEN_REPEATS and not far.meets_target and far.rel_error > 0.05
+    assert not by_label["m = 50"].meets_target and by_label["m = 50"].repeats == 12
+    for f in fast.forecasts:
+        if not f.screened:
+            g = by_label[f.label]
+            assert f.repeats == g.repeats == 12 and f.meets_target == g.meets_target and f.pairs == g.pairs
+            for name in ("rel_bias", "rel_sd", "rel_error", "rel_error_se"):
+                assert getattr(f, name) == pytest.approx(getattr(g, name), rel=1e-6, abs=1e-9), name
+    assert fast.recommended is not None and full.recommended is not None
+    assert fast.recommended.label == full.recommended.label
+    assert "no (screened: 5 repeats)" in fast.format() and "screened" not in full.format()
+
+
+def test_screen_option_checked():
+    with pytest.raises(ValueError, match="^screen"):
+        plan(2000, 100, "hit@10", 0.1, designs=[(50, None)], repeats=2, screen="no")  # type: ignore[arg-type]
