@@ -386,10 +386,16 @@ def check_weights(x: Any, name: str, *, like: torch.Tensor | None = None, like_n
                 "exactly; scale the weights down (their total is the number of instances)"
             )
     if like is not None:
-        if _broadcast_shape(t.shape, like.shape) is None:
+        shape = _broadcast_shape(t.shape, like.shape)
+        if shape is None:
             raise ValueError(
                 f"{name}: shape {tuple(t.shape)} does not broadcast against the shape {tuple(like.shape)} of {like_name}"
             )
+        if tuple(shape) != tuple(like.shape):  # e.g. (B,) against (B, 1): broadcasting would make B x B instances
+            hint = (f"; per-row weights of {like_name} with shape {tuple(like.shape)} are given as shape "
+                    f"({like.shape[0]}, 1)" if t.dim() == 1 and like.dim() == 2 and t.shape[0] == like.shape[0] else "")
+            raise ValueError(f"{name}: shape {tuple(t.shape)} would broadcast the shape {tuple(like.shape)} of "
+                             f"{like_name} to {tuple(shape)} (one weight per {like_name} entry at most){hint}")
     return t
 
 

@@ -33,6 +33,7 @@ the uniform case allows (``identification.TopShape`` defaults: the density non-i
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from statistics import NormalDist
 
@@ -124,13 +125,20 @@ def _solve_lambda(profile: np.ndarray, v: np.ndarray, k: np.ndarray, points: int
     lam = np.where(k[None, :] <= 0, 0.0, lam)
     lam = np.where(k[None, :] >= reach[:, None] - 1e-9, np.inf, lam)
     lam.setflags(write=False)
-    _LAMBDA_CACHE[key] = lam
-    while len(_LAMBDA_CACHE) > 64:
-        _LAMBDA_CACHE.pop(next(iter(_LAMBDA_CACHE)))
+    with _CACHE_LOCK:
+        _LAMBDA_CACHE[key] = lam
+        # the newest always kept; older ones dropped beyond 64 entries or _LAMBDA_CACHE_BYTES in all
+        while len(_LAMBDA_CACHE) > 1 and (len(_LAMBDA_CACHE) > 64
+                                          or sum(a.nbytes for a in _LAMBDA_CACHE.values()) > _LAMBDA_CACHE_BYTES):
+            _LAMBDA_CACHE.pop(next(iter(_LAMBDA_CACHE)))
     return lam
 
 
 _LAMBDA_CACHE: dict = {}
+#: the most bytes the lambda tables of past fits keep alive between evaluations (one fit's beta grid fits in it at
+#: a few thousand positives; larger evaluations recompute what falls out)
+_LAMBDA_CACHE_BYTES = 64 << 20
+_CACHE_LOCK = threading.Lock()
 
 
 class PopularityFit:
@@ -338,16 +346,17 @@ def _em(logl: np.ndarray, w: np.ndarray, base: np.ndarray, start: np.ndarray | N
 
 
 def fit(units: Units) -> PopularityFit:
-    """Fit the model of the module docstring to ``units`` (the last few fits are kept: estimating several metrics
+    """Fit the model of the module docstring to ``units`` (the last two fits are kept: estimating several metrics
     from one draw fits once)."""
     key = tuple((a.shape, hash(np.ascontiguousarray(a).tobytes())) for a in
                 (units.profile, units.beat, units.miss, units.n, units.m, units.w, units.log_v, units.mean_w))
     hit = _FIT_CACHE.get(key)
     if hit is None:
         hit = PopularityFit(units, rank_edges(int(units.n.max())))
-        _FIT_CACHE[key] = hit
-        while len(_FIT_CACHE) > 4:
-            _FIT_CACHE.pop(next(iter(_FIT_CACHE)))
+        with _CACHE_LOCK:
+            _FIT_CACHE[key] = hit
+            while len(_FIT_CACHE) > 2:  # the metrics of one draw share its fit; older draws' tables are let go
+                _FIT_CACHE.pop(next(iter(_FIT_CACHE)))
     return hit
 
 

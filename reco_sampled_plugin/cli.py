@@ -287,8 +287,8 @@ def _estimate_popularity(args: argparse.Namespace, data: Any) -> int:
         for method in args.method or [m for m in registry.names(design=design, metric=metric)
                                       if _reads_file(m, metric, sampled)]:
             rows.append((metric, method, estimate(metric, sampled, method=method)))
-    context = dict(n_items=int(data.n_items.max()), users=len(data.ranks), n_samples=design.n_samples,
-                   pilot=args.file)
+    # no --pilot in the suggested plan: the planner takes uniform pilots only (this file is popularity-sampled)
+    context = dict(n_items=int(data.n_items.max()), users=len(data.ranks), n_samples=design.n_samples, pilot=None)
     print("\n".join(estimate_table(rows, stderr=args.stderr, **context)))
     return 0
 
@@ -409,6 +409,9 @@ def run_plan(args: argparse.Namespace) -> int:
 
         pilot_n_default = args.pilot_n_items if args.pilot_n_items is not None else args.n_items
         data = read_rank_file(args.pilot, pilot_n_default, args.pilot_n_samples)
+        if data.popularity:  # as plan(pilot=<popularity SampledRanks>) refuses
+            raise ValueError(f"--pilot: {args.pilot} holds popularity-sampled ranks (hh_s1, hh_s2 columns); the "
+                             "planner fits uniform draws: give a uniform pilot (fixed m or adaptive), or none")
         pilot, pilot_n, pilot_m = data.ranks, data.n_items, data.n_samples
         if args.pilot_adaptive_max is not None:
             from .design import SamplingDesign

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from typing import Any, Iterable, Mapping
 
 import numpy as np
@@ -207,14 +208,15 @@ def _merge_flags(flags: Iterable[str], extra: Iterable[str]) -> tuple:
 
 def _available(spec: MetricSpec, design: SamplingDesign | None) -> str:
     """What estimates ``spec`` under ``design`` (None: any design), for refusals: the registry's methods, and under
-    popularity sampling that no corrected top-K estimator exists yet."""
+    popularity sampling (where only the uncorrected ``none`` remains, e.g. draws without replacement for a top-K
+    metric) which corrected estimators that design takes."""
     ok = registry.names(design=design, metric=spec)
     text = f"for {spec} use one of {ok}"
     if design is not None and design.popularity is not None and not [n for n in ok if registry.get(n).family != "none"]:
         takes = [f"{n} ({', '.join(registry.get(n).metrics or ('every metric',))})" for n in registry.names(design=design)
                  if registry.get(n).family != "none"]
-        text += (f" (the uncorrected sampled metric): no estimator corrects {spec} under popularity sampling yet "
-                 f"(top-K metrics are not linear in the rank; docs/popularity.md); corrected there: {', '.join(takes)}")
+        text += (f" (the uncorrected sampled metric): no registered estimator corrects {spec} under this "
+                 f"popularity design (docs/popularity.md); corrected there: {', '.join(takes)}")
     return text
 
 
@@ -269,7 +271,9 @@ def estimate(
         n_items: n, candidates per instance (int or per-positive values); not with a SampledRanks.
         n_samples: m, sampled irrelevant items (int or per-positive values, e.g. from adaptive sampling); not
             with a SampledRanks.
-        method: a registered estimator (``registry.names()``, see the module docstring); default ``mes``
+        method: a registered estimator (``registry.names()``, see the module docstring); default ``auto``
+            (``registry.DEFAULT_ESTIMATOR``: ``gmod`` where the design resolves the top, ``mes`` elsewhere, ``hh`` /
+            ``pl_fit`` under popularity designs)
             (``registry.DEFAULT_ESTIMATOR``), the most accurate rank-distribution estimator on ml-100k
             (docs/estimators.md). Popularity-sampled ranks: ``hh`` (Hansen-Hurwitz, AUC) and ``pl_fit`` (every
             metric, under a Plackett-Luce model of the items above each positive; its interval spans the top's
@@ -337,14 +341,19 @@ def estimate(
         hist = hist.without_empty_groups()
         # hh for AUC, pl_fit otherwise
         if sampled_ranks.design.popularity is not None and entry.family == "auto":  # type: ignore[union-attr]  # draws carry their design
-            method = registry.popularity_auto(spec)
+            method = registry.popularity_auto(spec, sampled_ranks.design)
             # auto's fit options (validated above) reach the choice where it takes them; the others fit nothing
-            # there (hh is closed-form, pl_fit has its own fit) and are reported, not passed on
+            # there (hh is closed-form, pl_fit has its own fit): reported, and warned about (configs shared across
+            # designs pass them, so they are not refused)
             takes = registry.get(method).option_names
             result = estimate(spec, sampled_ranks, method=method, weights=weights, max_rel_n_spread=max_rel_n_spread,
                               top_shape=top_shape, **{k: v for k, v in options.items() if k in takes})
             why = f"popularity design: {method} is the first of AUTO_CHOICES['popularity'] that estimates {spec.kind}"
-            auto = {"method": method, "reason": why, "options_unused": sorted(k for k in options if k not in takes)}
+            unused = sorted(k for k in options if k not in takes)
+            if unused:
+                warnings.warn(f"auto runs {method} on popularity-sampled ranks, which takes no {', '.join(unused)}: "
+                              f"ignored (its standard error is {method}'s own)", UserWarning, stacklevel=2)
+            auto = {"method": method, "reason": why, "options_unused": unused}
             return dataclasses.replace(result, details={**result.details, "auto": auto})
         if sampled_ranks.design.popularity is not None and entry.family != "none":  # type: ignore[union-attr]  # draws carry their design
             from .popularity import popularity_draws
@@ -397,7 +406,8 @@ def estimate(
                           top_shape=top_shape, **options)
         return _with_adaptive(result, hist, design, top_shape, spec)
     pooled = pool_by_n(hist, max_rel_n_spread)
-    pool_flag = [] if pooled.same_groups(hist) else ["pooled_n"]
+    # popularity estimators read each positive's draws, never the pooled groups: nothing of theirs is pooled
+    pool_flag = [] if pooled.same_groups(hist) or draws is not None else ["pooled_n"]
     hist = pooled
     if spec.k is not None and spec.k > int(hist.n_items[hist.totals > 0].min()):
         raise ValueError(

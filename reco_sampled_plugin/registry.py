@@ -431,14 +431,24 @@ class AutoChoices(TypedDict):
 AUTO_CHOICES: AutoChoices = {"resolved": "gmod", "unresolved": "mes", "popularity": ("hh", "pl_fit")}
 
 
-def popularity_auto(metric: Any) -> str:
+def popularity_auto(metric: Any, design: Any = None) -> str:
     """What ``auto`` runs for ``metric`` (a name, kind or ``MetricSpec``) under a popularity design: the first of
-    ``AUTO_CHOICES["popularity"]`` whose entry estimates its kind."""
+    ``AUTO_CHOICES["popularity"]`` whose entry estimates its kind (and takes ``design``, a ``SamplingDesign``, when
+    given).
+
+    Raises:
+        ValueError: ``method: auto ...`` where none of them takes the design (e.g. draws without replacement for a
+            top-K metric), naming what does.
+    """
     kind = getattr(metric, "kind", None) or _metric_kind(metric)
     for name in AUTO_CHOICES["popularity"]:
-        if get(name).takes_metric(kind):
+        if get(name).takes_metric(kind) and (design is None or get(name).supports(design)):
             return name
-    raise ValueError(f"metric: no estimator of AUTO_CHOICES['popularity'] estimates {kind}")  # pragma: no cover
+    others = tuple(n for n in names(design=design, metric=kind) if n != "auto") if design is not None else ()
+    raise ValueError(f"method: auto has no estimator of {kind} for this design "
+                     f"({design.describe() if design is not None else 'popularity'}); "
+                     f"AUTO_CHOICES['popularity'] = {AUTO_CHOICES['popularity']} do not take it"
+                     + (f"; use one of {others}" if others else ""))
 
 #: The default where a correction table is needed (one value per sampled rank, so not a fitted method): RecBole's
 #: ``Corrected*`` (``rsp_correction``), ``reco-sampled table``, :func:`~reco_sampled_plugin.corrected_metric`.

@@ -165,6 +165,9 @@ class _EstimatedMetric(_Metric):
         if popn is not None and registry.get(kwargs["method"]).family != "none":
             # popN: the draws' own statistics through the core (the registry's popularity estimators; none keeps the
             # histogram, as the law-free sampled metric needs nothing more)
+            # (auto runs hh or pl_fit there, which take no bootstrap: rsp_bootstrap and rsp_seed are not passed)
+            if registry.get(kwargs["method"]).family == "auto":
+                kwargs = {"method": kwargs["method"]}
             result = estimate(spec, popn, **kwargs, weights=_sampled_weights(table, weights))
         else:
             result = estimate(spec, hist, sampling=law, **kwargs, **adaptive)
