@@ -124,6 +124,12 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     assert wheel.name == f"reco_sampled_plugin-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())
+        meta = zf.read(f"reco_sampled_plugin-{version}.dist-info/METADATA").decode("utf-8")
+    # the extras of `pip install ".[recbole,lightning]"` are declared with their requirements
+    provides = set(re.findall(r"^Provides-Extra: (\S+)$", meta, flags=re.M))
+    assert {"recbole", "lightning"} <= provides, provides
+    assert re.search(r'^Requires-Dist: recbole==1\.2\.1; extra == "recbole"$', meta, flags=re.M)
+    assert re.search(r'^Requires-Dist: lightning>=2\.0; extra == "lightning"$', meta, flags=re.M)
     assert "reco_sampled_plugin/py.typed" in names
     assert "reco_sampled_plugin/data/ml-latest-small/ratings.csv.gz" in names
     assert "reco_sampled_plugin/adapters/recbole.py" in names
@@ -148,6 +154,14 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     assert Path(file).resolve().is_relative_to(site.resolve()), f"imported {file}, not the venv's copy"
     assert module_version == dist_version == version
     assert typed == "True"
+
+    # the adapters of the [recbole,lightning] extras import from the installed wheel (their requirements are the
+    # test environment's, reached through the .pth: nothing is downloaded)
+    adapters = ("import reco_sampled_plugin.adapters.recbole as r, reco_sampled_plugin.adapters.lightning as lt, "
+                "reco_sampled_plugin.adapters.torchmetrics as tm; print(r.__file__); print(lt.__file__); "
+                "print(tm.__file__)")
+    for path in _run([python, "-c", adapters], cwd=elsewhere).stdout.split():
+        assert Path(path).resolve().is_relative_to(site.resolve()), f"imported {path}, not the venv's copy"
 
     script = venv / ("Scripts/reco-sampled.exe" if os.name == "nt" else "bin/reco-sampled")
     assert "estimate" in _run([script, "--help"], cwd=elsewhere).stdout
