@@ -280,7 +280,9 @@ def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None) -> Populari
 
 class _TopBounds:
     """The interval of ``pl_fit`` where the top is unresolved: what :class:`~reco_sampled_plugin.estimate.Estimate`
-    reads from an identification (``interval(level)`` with ``lo``/``hi``, ``metric_range``)."""
+    reads from an identification (``interval(level)`` with ``lo``/``hi``, ``metric_range``). The hull (lp_lo, lp_hi)
+    is the metric's range over the top shapes and the 95% likelihood set of beta, at every ``level`` (as the uniform
+    identified set does not depend on it); only the sampling widening, z(level) x stderr, follows ``level``."""
 
     def __init__(self, lo: float, hi: float, stderr: float, metric_range: tuple[float, float], details: dict) -> None:
         self.lp_lo, self.lp_hi, self.stderr, self.metric_range, self.details = lo, hi, stderr, metric_range, details
