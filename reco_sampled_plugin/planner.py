@@ -535,6 +535,11 @@ def _check_design(design: Any, n_min: int, method: str) -> tuple[int, int | None
     return m, AdaptiveDesign(m, cap).cap, True, exact
 
 
+def _adaptive_start(n: int) -> int:
+    """m0 of the default adaptive designs (and of :func:`pilot_design`): 100, or (n - 1) // 8 below n = 801."""
+    return min(DEFAULT_ADAPTIVE_START, max(1, (n - 1) // 8))
+
+
 def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> list[tuple[int, int | None]]:
     """The default grid for catalogues of (at least) ``n_items`` candidates.
 
@@ -546,7 +551,7 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
     n = check_size(n_items, "n_items", 2)
     out: list[tuple[int, int | None]] = [(m, None) for m in DEFAULT_FIXED_M if m < n - 1]
     if method in registry.names(adaptive=True):
-        m0 = min(DEFAULT_ADAPTIVE_START, max(1, (n - 1) // 8))
+        m0 = _adaptive_start(n)
         for cap in DEFAULT_ADAPTIVE_CAPS:
             if cap >= 2 * m0 and m0 < n - 1:
                 out.append((m0, AdaptiveDesign(m0, cap).cap))
@@ -585,8 +590,7 @@ def pilot_design(n_items: int, metric: str | MetricSpec, *, n_samples: int | Non
         ValueError: ``n_items`` below 3 or ``n_samples`` not below n - 1, an unknown metric.
     """
     n = check_size(n_items, "n_items", 3)
-    m = (min(DEFAULT_ADAPTIVE_START, max(1, (n - 1) // 8)) if n_samples is None
-         else check_int(n_samples, "n_samples", minimum=1))
+    m = _adaptive_start(n) if n_samples is None else check_int(n_samples, "n_samples", minimum=1)
     if m >= n - 1:
         raise ValueError(f"n_samples: m = {m} is not below n_items - 1 = {n - 1}; rank all items instead")
     b = pilot_resolution(metric)
@@ -601,7 +605,7 @@ def pilot_design(n_items: int, metric: str | MetricSpec, *, n_samples: int | Non
 def _pilot_notes(shape: _PilotShape | _DefaultShape, spec: MetricSpec, n_max: int) -> tuple[str, ...]:
     """Why a pilot may mislead the forecast (``Plan.notes``): its top is coarser than :func:`pilot_resolution`."""
     need = pilot_resolution(spec)
-    have = getattr(shape, "resolution", math.nan)
+    have = shape.resolution if isinstance(shape, _PilotShape) else math.nan  # the default family has no pilot
     if need is None or not math.isfinite(have) or have <= need:
         return ()
     better = pilot_design(n_max, spec)

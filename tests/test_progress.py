@@ -70,7 +70,6 @@ def test_cli_estimate_progress_same_output(tmp_path, capsys):
 
 
 def test_torchmetrics_estimates_progress_same_values(capsys):
-    pytest.importorskip("torchmetrics")
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
 
     gen = torch.Generator().manual_seed(0)
