@@ -263,9 +263,10 @@ def plot(df, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     datasets = list(df.dataset.unique())
+    m0 = 100 if (df.m == 100).any() else int(df.m.min())  # the plotted m (a run with --ms 500 has no m = 100)
     fig, axes = plt.subplots(2, len(datasets), figsize=(6 * len(datasets), 8), squeeze=False)
     for j, ds in enumerate(datasets):
-        sub = df[(df.dataset == ds) & (df.m == 100) & df.metric.str.startswith("hit")]
+        sub = df[(df.dataset == ds) & (df.m == m0) & df.metric.str.startswith("hit")]
         sub = sub.assign(K=sub.metric.str.split("@").str[1].astype(int))
         for est in ("bv(0.1)", "bound", "mes", "oracle"):
             e = sub[sub.estimator == est].groupby("K").rel_err.max()
@@ -274,10 +275,10 @@ def plot(df, path: Path) -> None:
                 c = sub[sub.estimator == est].groupby("K").coverage.min()
                 axes[1][j].plot(c.index, c.values, marker="o", label=est)
         axes[0][j].set_yscale("log")
-        axes[0][j].set_title(f"{ds}, HR@K, m = 100: worst relative error")
+        axes[0][j].set_title(f"{ds}, HR@K, m = {m0}: worst relative error")
         axes[1][j].axhline(0.9, color="grey", lw=0.8)
         axes[1][j].set_ylim(0, 1.02)
-        axes[1][j].set_title(f"{ds}, HR@K, m = 100: worst coverage of the 95% interval")
+        axes[1][j].set_title(f"{ds}, HR@K, m = {m0}: worst coverage of the 95% interval")
         for ax in axes[:, j]:
             ax.set_xscale("log")
             ax.set_xlabel("K")
