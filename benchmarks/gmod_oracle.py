@@ -10,6 +10,8 @@ mes's estimate). The oracle is the posterior mean under the recommender's own ex
     python benchmarks/gmod_oracle.py --dataset ml-100k --design adaptive --repeats 8
     python benchmarks/gmod_oracle.py --dataset ml-latest-small --design 500 --dfs 8 10 14 --penalties 0.3 1 3
     python benchmarks/gmod_oracle.py --coverage --repeats 10   # estimate() itself: error, coverage, width
+    python benchmarks/gmod_oracle.py --synthetic --repeats 8 --top-penalties 0.01 0.1   # resolved synthetic worlds
+    python benchmarks/gmod_oracle.py --resolution --dataset ml-100k --design adaptive   # the design's resolution
 
 ``--top-penalties T ...`` (issue 30, session 24): also fit the **free-top** variant, the spline plus one free
 log-mass per single-rank cell at the top whose design resolution (:func:`design_resolution`, from the groups' (n, m)
@@ -184,6 +186,47 @@ def coverage(dataset: str, design: str, repeats: int) -> None:
             print(f"| {name} | {s} | " + " | ".join(cells) + " |")
 
 
+# --synthetic: P(R) proportional to 1/(2R) + 1/(2n) times factors at 0-based rank indices (docs/estimators.md)
+SYNTHETIC_WORLDS = {
+    "smooth": {},
+    "spikes inside the top 10": {1: 3.0, 4: 3.0, 6: 3.0, 3: 0.2, 5: 0.2},
+    "spike at K + 1, holes at K - 1, K": {2: 4.0, 6: 4.0, 10: 4.0, 4: 0.1, 8: 0.1, 9: 0.1},
+}
+
+
+def synthetic(repeats: int, top_penalties, n: int = 300, users: int = 1500, m: int = 1200, cap: int = 9600) -> None:
+    """Resolved synthetic worlds (adaptive m -> cap with m well above n): mean |relative error| of the users' value
+    of HR@10 / NDCG@10 under the oracle, gmod, mes and the free-top priors (same histograms and likelihood)."""
+    labels = ["oracle", "gmod", "mes"] + [f"free top T={t:g}" for t in top_penalties]
+    print(f"synthetic, n = {n}, {users} positives, adaptive {m} -> {cap}, {repeats} repeats: mean |relative error|")
+    print("| world | metric | " + " | ".join(labels) + " |\n| --- | --- |" + " --- |" * len(labels))
+    for kind, factors in SYNTHETIC_WORLDS.items():
+        w = 0.5 / np.arange(1, n + 1.0) + 0.5 / n
+        for i, f in factors.items():
+            w[i] *= f
+        errors: dict = {}
+        for rep in range(repeats):
+            rt = torch.from_numpy(np.random.default_rng(rep).choice(n, size=users, p=w / w.sum()) + 1)
+            nt = torch.full((users,), n)
+            s = adaptive_sampled_ranks_from_exact(rt, nt, m, cap, generator=torch.Generator().manual_seed(rep))
+            hist = sampled_rank_histogram(s.ranks, s.n_candidates, s.n_samples)
+            model = rd._build_model(hist, "binomial", 16, 0.05, 0.25)
+            pts, wts = rd.cell_points(model.edges)
+            truth = np.histogram(rt.numpy() - 0.5, bins=model.edges)[0].astype(np.float64)
+            opts = {"df": rd.G_DF, "penalty": rd.G_PENALTY, "tol": 1e-7, "max_iter": 5000, "trace": False}
+            fits = {"oracle": truth / truth.sum(), "gmod": rd.G_FITTER.fit(model, None, model.counts, opts)[0],
+                    "mes": rd.estimate_rank_distribution(hist, method="mes", n_bootstrap=0).probs}
+            for t in top_penalties:
+                fits[f"free top T={t:g}"] = fit_free_top(model, model.counts, t, np.inf)
+            for metric in METRICS:
+                cell = (metric_values(metric, torch.from_numpy(pts.reshape(-1)), n).numpy().reshape(pts.shape) * wts).sum(1)
+                exact = float(metric_values(metric, rt, nt).double().mean())
+                for label, pi in fits.items():
+                    errors.setdefault((label, metric), []).append(abs(users_and_population(model, pi, cell)[0] / exact - 1))
+        for metric in METRICS:
+            print(f"| {kind} | {metric} | " + " | ".join(f"{np.mean(errors[(lb, metric)]):.3f}" for lb in labels) + " |")
+
+
 def resolution(dataset: str, design: str) -> None:
     """The design's resolution at a few ranks, from the model of one draw (the groups' (n, m), not the counts)."""
     ranks, n_u = exact_ranks(dataset)
@@ -212,6 +255,8 @@ def main() -> None:
                     help="also the free-top variant at these penalties T (module docstring)")
     ap.add_argument("--top-max-resolution", type=float, default=float("inf"),
                     help="free masses only at single-rank cells whose design resolution is at most this (ranks)")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="only the resolved synthetic worlds (SYNTHETIC_WORLDS), with the --top-penalties variants")
     ap.add_argument("--resolution", action="store_true",
                     help="only the design's resolution (ranks) at R = 1, 2, 3, 5, 10, 20 (design_resolution)")
     ap.add_argument("--coverage", action="store_true", help="estimate() at the defaults: error, coverage, width")
@@ -221,6 +266,9 @@ def main() -> None:
         return
     if args.resolution:
         resolution(args.dataset, args.design)
+        return
+    if args.synthetic:
+        synthetic(args.repeats, args.top_penalties)
         return
     errors = run(args.dataset, args.design, args.repeats, args.dfs, args.penalties, args.top_penalties,
                  args.top_max_resolution)
