@@ -9,8 +9,9 @@ positive of the top ranks has M >= 800), against 5-7 ranks for adaptive 100 -> 3
 (docs/estimators.md, "Free masses at the resolved top").
 
 Tolerances (measured with 6 seeds, docs/estimators.md): smooth world and a world with spikes inside the top K,
-gmod's largest relative error 2.0% / 1.1% (HR@10), 1.3% / 1.1% (NDCG@10); asserted below 3.5%, about 3 times
-the users' posterior standard error (about 1.2% relative for HR@10 of 800 positives at this resolution). The world
+gmod's largest relative error 2.0% / 1.1% (HR@10), 1.3% / 1.1% (NDCG@10); asserted below 3.5%, 3.5 times the
+largest relative standard error that ``estimate()`` reports there (0.6-1.0%, mostly the users' posterior
+variance; seed 0). The world
 with a spike just below K (rank 11) and holes at 9-10 is the known limit: gmod's smooth prior leaks the spike
 into the top 10 (+4-6% on HR@10, interval missing), where ``mes`` stays within about 5%: pinned here so that a
 change of it is seen.
