@@ -14,7 +14,10 @@ relative to the sampling interval alone. Standard errors: table estimators (corr
 ``bv_mle``) the sd of the per-positive table values over sqrt(N), as ``estimate()``; ``mle`` / ``mes`` the
 multinomial bootstrap of ``estimate()``'s default (32 / 16 refits).
 The **oracle** row is the posterior mean under the recommender's true rank distribution (prior = the empirical
-exact ranks, likelihood = the sampling law): no estimator can expect to beat it.
+exact ranks, likelihood = the sampling law): no estimator can expect to beat it. ``gmod`` (issue 30) is fitted as
+``estimate()`` fits it (the raw histogram, its 16 bootstrap refits and the ``mes`` reference of its model term) and
+reports the users' value; the table "gmod against the oracle where the top is resolved" lists, per recommender, the
+cells with K >= b (every positive's resolution (n - 1)/(m + 1) + 1 at most K), ``gmod``, ``mes`` and the oracle.
 
 Run:  python benchmarks/accuracy_at_scale.py [--repeats 50] [--ms 50 100 500] [--datasets ml-100k ml-latest-small]
 """
@@ -51,7 +54,9 @@ KS = (1, 5, 10, 20, 50, 100)
 ESTIMATORS = ("none", "bv(0.1)", "cls", "bound", "beta(0.5)", "beta_fit", "mle", "mes", "bv_mle(0.1)")
 # mes with the entropy relative to r^-beta (issue 16 part 3: a log-rank-smooth prior for the unresolved top)
 MES_TILTS = {"mes(beta=0.5)": 0.5, "mes(beta=1)": 1.0}
-ALL = ESTIMATORS + tuple(MES_TILTS)
+# fitted as estimate() fits them, outside run_experiment (issue 30: g-modelling, the users' value)
+FIT_ESTIMATORS = ("gmod",)
+ALL = ESTIMATORS + tuple(MES_TILTS) + FIT_ESTIMATORS
 Z95 = NormalDist().inv_cdf(0.975)
 
 
@@ -156,7 +161,14 @@ def run(dataset: str, ms, repeats: int, seed: int, log=print, progress: bool | N
                 fits = estimate_rank_distributions(hists, "mes", beta=beta)
                 res["values"][(m, name, label)] = np.stack([f.values(metrics) for f in fits])
         ses = standard_errors(res, per_model, metrics, m)
+        for name in ranks:  # gmod as estimate() runs it: the raw histogram, bootstrap and reference included
+            for label in FIT_ESTIMATORS:
+                fits = [estimate_rank_distribution(h, method=label) for h in draws_by[name][1]]
+                est = [[f.metric(mt, target="users") for mt in metrics] for f in fits]
+                res["values"][(m, name, label)] = np.array([[e.value for e in row] for row in est])
+                ses[(name, label)] = np.array([[e.stderr for e in row] for row in est])
         t1 = time.perf_counter()
+        b_max = (float(n_u.max()) - 1.0) / (m + 1.0) + 1.0  # the coarsest resolution: K >= b_max is resolved
         for name, r in ranks.items():
             draws, raw_hists = draws_by[name]
             oracle = oracle_values(r, n_u, draws, m, metrics)
@@ -171,7 +183,8 @@ def run(dataset: str, ms, repeats: int, seed: int, log=print, progress: bool | N
                     v = oracle[:, s] if label == "oracle" else res["values"][(m, name, label)][:, s]
                     row = dict(dataset=dataset, m=m, model=name, metric=mt, estimator=label, exact=exact,
                                mean=float(v.mean()), rel_err=float(np.abs(v - exact).mean() / exact),
-                               rel_bias=float((v.mean() - exact) / exact), unresolved=s in ident)
+                               rel_bias=float((v.mean() - exact) / exact), unresolved=s in ident,
+                               k_resolved=parse_metric(mt).k >= b_max)
                     if label != "oracle":
                         se = ses[(name, label)][:, s]
                         lo, hi = v - Z95 * se, v + Z95 * se
@@ -215,11 +228,32 @@ def markdown(df, repeats) -> str:
         for est in ALL:
             lines.append(f"| `{est}` | " + " | ".join(f"{cov.loc[est, m]:.2f}" for m in cov.columns) + " |")
         lines.append("")
+    lines += resolved_table(df)
     unres = df[(df.estimator == "mes") & df.unresolved]
     lines += ["**`mes` where the top is unresolved: median width of the honest interval relative to the "
               "sampling interval**: " + ", ".join(f"{ds} {unres[unres.dataset == ds].width_vs_sampling.median():.1f}x"
                                                   for ds in unres.dataset.unique()), ""]
     return "\n".join(lines)
+
+
+def resolved_table(df) -> list[str]:
+    """Per recommender, HR / NDCG at K = 10 and 50 where the top is resolved (K >= b for every positive): relative error of the oracle,
+    ``gmod`` (its ratio to the oracle, its coverage) and ``mes`` (issue 30)."""
+    if "gmod" not in set(df.estimator) or "k_resolved" not in df:
+        return []
+    res = df[df.k_resolved.astype(bool) & df.metric.isin(["hit@10", "ndcg@10", "hit@50", "ndcg@50"])]
+    if not len(res):
+        return []
+    lines = ["**gmod against the oracle where the top is resolved (K >= b): mean relative error, gmod's ratio to "
+             "the oracle and coverage, mes**", "",
+             "| data set | m | metric | recommender | oracle | `gmod` (ratio, coverage) | `mes` (coverage) |",
+             "|---|---|---|---|---|---|---|"]
+    for (ds, m, mt, model), c in res.groupby(["dataset", "m", "metric", "model"], sort=False):
+        e = c.set_index("estimator")
+        o, g, s = e.loc["oracle"], e.loc["gmod"], e.loc["mes"]
+        lines.append(f"| {ds} | {m} | {mt} | {model} | {o.rel_err:.1%} | {g.rel_err:.1%} "
+                     f"({g.rel_err / o.rel_err:.1f}x, {g.coverage:.2f}) | {s.rel_err:.1%} ({s.coverage:.2f}) |")
+    return lines + [""]
 
 
 def plot(df, path: Path) -> None:
@@ -229,9 +263,10 @@ def plot(df, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     datasets = list(df.dataset.unique())
+    m0 = 100 if (df.m == 100).any() else int(df.m.min())  # the plotted m (a run with --ms 500 has no m = 100)
     fig, axes = plt.subplots(2, len(datasets), figsize=(6 * len(datasets), 8), squeeze=False)
     for j, ds in enumerate(datasets):
-        sub = df[(df.dataset == ds) & (df.m == 100) & df.metric.str.startswith("hit")]
+        sub = df[(df.dataset == ds) & (df.m == m0) & df.metric.str.startswith("hit")]
         sub = sub.assign(K=sub.metric.str.split("@").str[1].astype(int))
         for est in ("bv(0.1)", "bound", "mes", "oracle"):
             e = sub[sub.estimator == est].groupby("K").rel_err.max()
@@ -240,10 +275,10 @@ def plot(df, path: Path) -> None:
                 c = sub[sub.estimator == est].groupby("K").coverage.min()
                 axes[1][j].plot(c.index, c.values, marker="o", label=est)
         axes[0][j].set_yscale("log")
-        axes[0][j].set_title(f"{ds}, HR@K, m = 100: worst relative error")
+        axes[0][j].set_title(f"{ds}, HR@K, m = {m0}: worst relative error")
         axes[1][j].axhline(0.9, color="grey", lw=0.8)
         axes[1][j].set_ylim(0, 1.02)
-        axes[1][j].set_title(f"{ds}, HR@K, m = 100: worst coverage of the 95% interval")
+        axes[1][j].set_title(f"{ds}, HR@K, m = {m0}: worst coverage of the 95% interval")
         for ax in axes[:, j]:
             ax.set_xscale("log")
             ax.set_xlabel("K")

@@ -10,6 +10,14 @@ mes's estimate). The oracle is the posterior mean under the recommender's own ex
     python benchmarks/gmod_oracle.py --dataset ml-100k --design adaptive --repeats 8
     python benchmarks/gmod_oracle.py --dataset ml-latest-small --design 500 --dfs 8 10 14 --penalties 0.3 1 3
     python benchmarks/gmod_oracle.py --coverage --repeats 10   # estimate() itself: error, coverage, width
+    python benchmarks/gmod_oracle.py --synthetic --repeats 8 --top-penalties 0.01 0.1   # resolved synthetic worlds
+    python benchmarks/gmod_oracle.py --resolution --dataset ml-100k --design adaptive   # the design's resolution
+
+``--top-penalties T ...`` (issue 30, session 24): also fit the **free-top** variant, the spline plus one free
+log-mass per single-rank cell at the top whose design resolution (:func:`design_resolution`, from the groups' (n, m)
+alone) is at most ``--top-max-resolution`` ranks, each shrunk towards the spline by T times its squared
+resolution (free where the design resolves the rank, held to the spline where it does not). Measured in
+docs/estimators.md ("Free masses at the resolved top"): it does not win, so it stays here, not in ``gmod``.
 
 ``--coverage``: ``estimate(metric, sampled, method=...)`` for ``mes``, ``gmod`` and ``auto`` (the default) at their
 defaults (bootstraps included): mean |relative error|, coverage of ``interval(0.95)`` of the users' exact metric, median relative width.
@@ -31,6 +39,7 @@ from reco_sampled_plugin import metric_values, sampled_rank_histogram  # noqa: E
 from reco_sampled_plugin import rank_distribution as rd  # noqa: E402
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact  # noqa: E402
 from reco_sampled_plugin.simulate import simulate_sampled_ranks  # noqa: E402
+from scipy import optimize  # noqa: E402
 
 METRICS = ("hit@10", "ndcg@10")
 COVERAGE_METHODS = ("mes", "gmod", "auto")  # --coverage: estimate() with each, at its defaults
@@ -50,7 +59,63 @@ def users_and_population(model, pi: np.ndarray, cell_metric: np.ndarray) -> tupl
     return float((model.counts * post).sum() / model.counts.sum()), float(pi @ cell_metric)
 
 
-def run(dataset: str, design: str, repeats: int, dfs, penalties) -> dict:
+def design_resolution(model) -> np.ndarray:
+    """(C,) the design's resolution at each cell's rank R (ranks): 1 / sqrt(I(R)), the Fisher information of the
+    final Binomial(r~ - 1; M, p), p = (R - 1)/(n - 1), I(R) = E[M | R] / ((n - 1)^2 p (1 - p)) (the adaptive stopping
+    factor is free of R). E[M | R] from the groups' m alone (no counts): a doubling chain of m is an adaptive
+    design, stopping at stage s with probability (1 - p)^(M_{s-1}) - (1 - p)^(M_s) (the last stage takes the rest);
+    otherwise the mean of the distinct m. n: the median of the groups' n."""
+    ms = np.unique(model.m).astype(np.float64)
+    n = float(np.median(model.n))
+    pts, wts = rd.cell_points(model.edges)
+    r = (pts * wts).sum(1)
+    p = np.clip((r - 1.0) / (n - 1.0), 0.0, 1.0 - 1e-12)
+    if len(ms) > 1 and np.allclose(ms[1:] / ms[:-1], 2.0):
+        reach = np.exp(np.outer(np.log1p(-p), np.r_[0.0, ms[:-1]]))  # (C, S): P(reach stage s | R)
+        mean_m = (reach - np.c_[reach[:, 1:], np.zeros(len(p))]) @ ms
+    else:
+        mean_m = np.full(len(p), ms.mean())
+    return np.sqrt(np.maximum(r - 1.0, 0.0) * (n - 1.0) * (1.0 - p) / mean_m)
+
+
+def fit_free_top(model, counts: np.ndarray, tau: float, max_resolution: float, df: int = rd.G_DF,
+                 penalty: float = rd.G_PENALTY, floor: float = 1.0) -> np.ndarray:
+    """The free-top variant of ``gmod`` (module docstring): log P(cell) = log width + spline(log R) + delta_c,
+    delta_c free for the leading single-rank cells with resolution <= ``max_resolution``, penalised by
+    tau max(resolution, floor)^2 delta_c^2 (log-likelihood units), the spline by ``gmod``'s own penalty."""
+    basis = rd._g_basis(model.edges, df)
+    d2 = np.diff(np.eye(df), 2, axis=0)
+    res = design_resolution(model)
+    width = np.diff(model.edges)
+    free = np.flatnonzero(np.cumprod(width == 1))
+    free = free[res[free] <= max_resolution]
+    ind = np.zeros((len(width), len(free)))
+    ind[free, np.arange(len(free))] = 1.0
+    basis = np.c_[basis, ind]
+    pen = np.zeros((basis.shape[1],) * 2)
+    pen[:df, :df] = penalty * (d2.T @ d2)
+    pen[df:, df:] = np.diag(tau * np.maximum(res[free], floor) ** 2)
+    logw, inside, total = np.log(width.astype(np.float64)), model.inside.astype(np.float64), counts.sum()
+    totals_g, has = model.totals(counts), counts > 0
+
+    def pi_of(a: np.ndarray) -> np.ndarray:
+        z = logw + basis @ a
+        e = np.exp(z - z.max())
+        return e / e.sum()
+
+    def objective(a: np.ndarray) -> tuple[float, np.ndarray]:  # as rank_distribution._g_objective
+        pi = pi_of(a)
+        ll, dll = rd._truncated_loglik(model, pi, counts, totals_g, has, inside)
+        grad_pi = -dll / total
+        grad_z = pi * (grad_pi - np.dot(pi, grad_pi))
+        return -ll / total + float(a @ pen @ a) / total, basis.T @ grad_z + 2.0 * (pen @ a) / total
+
+    res_ = optimize.minimize(objective, np.zeros(basis.shape[1]), jac=True, method="L-BFGS-B",
+                             options={"maxiter": 5000, "ftol": 1e-10, "gtol": 1e-9})
+    return pi_of(res_.x)
+
+
+def run(dataset: str, design: str, repeats: int, dfs, penalties, top_penalties=(), top_max_resolution=np.inf) -> dict:
     ranks, n_u = exact_ranks(dataset)
     nt = torch.from_numpy(n_u)
     errors: dict = {}
@@ -76,6 +141,9 @@ def run(dataset: str, design: str, repeats: int, dfs, penalties) -> dict:
                 for pen in penalties:
                     opts = {"df": df, "penalty": pen, "tol": 1e-7, "max_iter": 5000, "trace": False}
                     fits[f"gmod(df={df}, penalty={pen:g})"] = rd.G_FITTER.fit(model, None, model.counts, opts)[0]
+            for tau in top_penalties:
+                fits[f"free-top(T={tau:g}, res<={top_max_resolution:g})"] = fit_free_top(
+                    model, model.counts, tau, top_max_resolution)
             for label, pi in fits.items():
                 for s in METRICS:
                     users, pop = users_and_population(model, pi, cells[s])
@@ -118,6 +186,64 @@ def coverage(dataset: str, design: str, repeats: int) -> None:
             print(f"| {name} | {s} | " + " | ".join(cells) + " |")
 
 
+# --synthetic: P(R) proportional to 1/(2R) + 1/(2n) times factors at 0-based rank indices (docs/estimators.md)
+SYNTHETIC_WORLDS = {
+    "smooth": {},
+    "spikes inside the top 10": {1: 3.0, 4: 3.0, 6: 3.0, 3: 0.2, 5: 0.2},
+    "spike at K + 1, holes at K - 1, K": {2: 4.0, 6: 4.0, 10: 4.0, 4: 0.1, 8: 0.1, 9: 0.1},
+}
+
+
+def synthetic(repeats: int, top_penalties, n: int = 300, users: int = 1500, m: int = 1200, cap: int = 9600) -> None:
+    """Resolved synthetic worlds (adaptive m -> cap with m well above n): mean |relative error| of the users' value
+    of HR@10 / NDCG@10 under the oracle, gmod, mes and the free-top priors (same histograms and likelihood)."""
+    labels = ["oracle", "gmod", "mes"] + [f"free top T={t:g}" for t in top_penalties]
+    print(f"synthetic, n = {n}, {users} positives, adaptive {m} -> {cap}, {repeats} repeats: mean |relative error|")
+    print("| world | metric | " + " | ".join(labels) + " |\n| --- | --- |" + " --- |" * len(labels))
+    for kind, factors in SYNTHETIC_WORLDS.items():
+        w = 0.5 / np.arange(1, n + 1.0) + 0.5 / n
+        for i, f in factors.items():
+            w[i] *= f
+        errors: dict = {}
+        for rep in range(repeats):
+            rt = torch.from_numpy(np.random.default_rng(rep).choice(n, size=users, p=w / w.sum()) + 1)
+            nt = torch.full((users,), n)
+            s = adaptive_sampled_ranks_from_exact(rt, nt, m, cap, generator=torch.Generator().manual_seed(rep))
+            hist = sampled_rank_histogram(s.ranks, s.n_candidates, s.n_samples)
+            model = rd._build_model(hist, "binomial", 16, 0.05, 0.25)
+            pts, wts = rd.cell_points(model.edges)
+            truth = np.histogram(rt.numpy() - 0.5, bins=model.edges)[0].astype(np.float64)
+            opts = {"df": rd.G_DF, "penalty": rd.G_PENALTY, "tol": 1e-7, "max_iter": 5000, "trace": False}
+            fits = {"oracle": truth / truth.sum(), "gmod": rd.G_FITTER.fit(model, None, model.counts, opts)[0],
+                    "mes": rd.estimate_rank_distribution(hist, method="mes", n_bootstrap=0).probs}
+            for t in top_penalties:
+                fits[f"free top T={t:g}"] = fit_free_top(model, model.counts, t, np.inf)
+            for metric in METRICS:
+                cell = (metric_values(metric, torch.from_numpy(pts.reshape(-1)), n).numpy().reshape(pts.shape) * wts).sum(1)
+                exact = float(metric_values(metric, rt, nt).double().mean())
+                for label, pi in fits.items():
+                    errors.setdefault((label, metric), []).append(abs(users_and_population(model, pi, cell)[0] / exact - 1))
+        for metric in METRICS:
+            print(f"| {kind} | {metric} | " + " | ".join(f"{np.mean(errors[(lb, metric)]):.3f}" for lb in labels) + " |")
+
+
+def resolution(dataset: str, design: str) -> None:
+    """The design's resolution at a few ranks, from the model of one draw (the groups' (n, m), not the counts)."""
+    ranks, n_u = exact_ranks(dataset)
+    r, nt = torch.from_numpy(next(iter(ranks.values()))), torch.from_numpy(n_u)
+    g = torch.Generator().manual_seed(0)
+    if design == "adaptive":
+        s = adaptive_sampled_ranks_from_exact(r, nt, 100, 3200, generator=g)
+        hist = sampled_rank_histogram(s.ranks, s.n_candidates, s.n_samples)
+    else:
+        hist = sampled_rank_histogram(simulate_sampled_ranks(r, nt.double(), int(design), "binomial", g), nt, int(design))
+    model = rd._build_model(hist, "binomial", 16, 0.05, 0.25)
+    res = design_resolution(model)
+    at = [1, 2, 3, 5, 10, 20]
+    cell = np.searchsorted(model.edges, at, side="left") - 1
+    print(f"{dataset}, design {design}: resolution (ranks) at R = " + ", ".join(f"{a}: {res[c]:.1f}" for a, c in zip(at, cell)))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dataset", default="ml-100k", choices=("ml-100k", "ml-latest-small"))
@@ -125,19 +251,38 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=8)
     ap.add_argument("--dfs", type=int, nargs="+", default=[rd.G_DF])
     ap.add_argument("--penalties", type=float, nargs="+", default=[rd.G_PENALTY])
+    ap.add_argument("--top-penalties", type=float, nargs="*", default=[],
+                    help="also the free-top variant at these penalties T (module docstring)")
+    ap.add_argument("--top-max-resolution", type=float, default=float("inf"),
+                    help="free masses only at single-rank cells whose design resolution is at most this (ranks)")
+    ap.add_argument("--synthetic", action="store_true",
+                    help="only the resolved synthetic worlds (SYNTHETIC_WORLDS), with the --top-penalties variants")
+    ap.add_argument("--resolution", action="store_true",
+                    help="only the design's resolution (ranks) at R = 1, 2, 3, 5, 10, 20 (design_resolution)")
     ap.add_argument("--coverage", action="store_true", help="estimate() at the defaults: error, coverage, width")
     args = ap.parse_args()
     if args.coverage:
         coverage(args.dataset, args.design, args.repeats)
         return
-    errors = run(args.dataset, args.design, args.repeats, args.dfs, args.penalties)
+    if args.resolution:
+        resolution(args.dataset, args.design)
+        return
+    if args.synthetic:
+        synthetic(args.repeats, args.top_penalties)
+        return
+    errors = run(args.dataset, args.design, args.repeats, args.dfs, args.penalties, args.top_penalties,
+                 args.top_max_resolution)
     recs = sorted({k[3] for k in errors})
     print(f"{args.dataset}, design {args.design}, {args.repeats} repeats: mean |relative error|")
     for s in METRICS:
         print(f"\n| {s} | target | " + " | ".join(recs) + " |")
         print("| --- | --- | " + " | ".join("---" for _ in recs) + " |")
         for label, target in sorted({(k[0], k[1]) for k in errors}):
-            cells = " | ".join(f"{np.mean(errors[(label, target, s, r)]):.3f}" for r in recs)
+            if target == "population" and label != "mes":
+                continue
+            cells = " | ".join(f"{np.mean(errors[(label, target, s, r)]):.3f}"
+                               + (f" ({np.mean(errors[(label, target, s, r)]) / np.mean(errors[('oracle', 'users', s, r)]):.1f}x)"
+                                  if label != "oracle" else "") for r in recs)
             print(f"| {label} | {target} | {cells} |")
 
 
