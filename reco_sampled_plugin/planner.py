@@ -118,6 +118,11 @@ SCREEN_REPEATS = 5
 _PILOT_FIT = "mes"
 # sd of the Gaussian kernel in log rank that smooths a pilot's fit (module docstring)
 _PILOT_SMOOTH = 0.4
+# a rank-distribution estimator's repeats of a design (without exact_at_cap) are fitted together by
+# ``rank_distribution.ReplicateFits``: groups pooled once on the sum of the repeats, one likelihood, one batched
+# solver (BENCHMARKS.md, issue 27's plan cost); False: the per-repeat histograms of ``estimate_rank_distributions``
+# (tests/test_planner_speed.py compares the two)
+_JOINT_FITS = True
 
 
 # ------------------------------------------------------------------------------------------------ results
@@ -776,7 +781,7 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
     truth = float(truths.mean())
     from ._rank_hist import as_histogram, sampled_rank_histogram
     from .estimators import auto_method
-    from .rank_distribution import estimate_rank_distributions
+    from .rank_distribution import ReplicateFits, estimate_rank_distributions
     n_mean = float(n_u.mean())
     forecasts = []
     bar = progress_bar(total=len(todo) * repeats, desc=f"plan {spec}: {method} fits", enabled=progress, unit="fit")
@@ -803,9 +808,18 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         batched = registry.get(run).family == "rank_distribution"
         fit_target: str = registry.get(run).fitter_object().target if batched else "population"
 
+        joint: list[ReplicateFits] = []  # the design's repeats prepared once (first use)
+
         def replicates(js: range) -> None:
             """Fill est[j] for j in ``js``: one batched fit of their histograms, or one estimator run each."""
-            if batched:  # the repeats' fits share one likelihood (built once per design, not once per repeat)
+            if batched and done is None and _JOINT_FITS:  # every repeat on one likelihood, one batched solve
+                if not joint:
+                    joint.append(ReplicateFits(sampled, n_t, m if cap is None else sizes, run, sampling=law))
+                for j, dist in zip(js, joint[0].fit(js)):
+                    est[j] = dist.values([spec], target=fit_target)[0]  # the value alone: the spread is over replicates
+                bar.update(len(js))
+                return
+            if batched:  # the repeats' fits share one likelihood when their pooled groups agree
                 hists = [as_histogram(sampled[j], n_t, m if cap is None else sizes[j]) if done is None
                          else sampled_rank_histogram(sampled[j], n_t, sizes[j], exact_ranks=done[j]) for j in js]
                 for j, dist in zip(js, estimate_rank_distributions(hists, run, sampling=law)):
