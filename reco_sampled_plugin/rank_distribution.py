@@ -184,6 +184,7 @@ class _Model:
     onehot: np.ndarray = None  # type: ignore[assignment]  # (K, G) float64: column -> group
     inside_f: np.ndarray = None  # type: ignore[assignment]  # (C, G) float64
     lik_sparse: sparse.csr_matrix | None = None  # lik, sparse when mostly zeros (single-threaded, faster there)
+    lik_sparse_t: Any = field(default=None, init=False, repr=False)  # lik_sparse.T (set in __post_init__)
     exact: np.ndarray = None  # type: ignore[assignment]  # (G,) bool: exact groups (point masses at their ranks)
 
     def __post_init__(self) -> None:
@@ -196,6 +197,8 @@ class _Model:
             self.exact = np.zeros(len(self.n), dtype=bool)
         if self.lik_sparse is None and np.count_nonzero(self.lik) <= _SPARSE_MAX_DENSITY * self.lik.size:
             self.lik_sparse = sparse.csr_matrix(self.lik)
+        # its transpose (a CSC view of the same arrays), made once: ``mix`` runs hundreds of times per fit
+        self.lik_sparse_t = None if self.lik_sparse is None else self.lik_sparse.T
 
     @property
     def widths(self) -> np.ndarray:
@@ -208,7 +211,7 @@ class _Model:
     def mix(self, pi: np.ndarray) -> np.ndarray:
         """P(r~ = i | group) = sum_c pi_c lik[c, k] on the columns, for pi of shape (..., C): (..., K)."""
         flat = pi.reshape(-1, pi.shape[-1])
-        out = np.asarray(self.lik_sparse.T @ flat.T).T if self.lik_sparse is not None else flat @ self.lik
+        out = np.asarray(self.lik_sparse_t @ flat.T).T if self.lik_sparse_t is not None else flat @ self.lik
         return out.reshape(pi.shape[:-1] + (self.lik.shape[1],))
 
     def back(self, ratio: np.ndarray) -> np.ndarray:
