@@ -12,8 +12,9 @@ Two inputs:
   very same pilot;
 * ``readme``: the README's example, ``plan(50_000, 6000, "ndcg@10", 0.05)`` (the default rank family).
 
-Each case runs ``--rounds`` times (the first includes the imports' lazy work; the table takes the median) and
-prints one JSON line per plan: the seconds and every forecast (label, estimator, relative error and its Monte Carlo
+After an untimed warm-up plan (the imports' lazy work), each case runs ``--rounds`` times, round k with seed
+``--seed`` + k (fresh draws, so no likelihood is reused from an earlier round; the table takes the median), and
+prints one JSON line per case: the seconds, and round 0's forecasts (label, estimator, relative error and its Monte Carlo
 se, bias, sd, pairs, screened). Main against a branch, back to back under the same load:
 
     OMP_NUM_THREADS=1 python benchmarks/bench_plan.py --make-pilot /tmp/pilot.npz      # once (ALS + pilot: ~1 min)
@@ -68,12 +69,16 @@ def forecasts(p) -> list[dict]:
              "repeats": f.repeats, "meets": f.meets_target} for f in p.forecasts]
 
 
-def run_case(name: str, call, rounds: int) -> dict:
-    seconds, p = [], None
-    for _ in range(rounds):
+def run_case(name: str, call, rounds: int, seed: int) -> dict:
+    """``rounds`` plans, round k with seed ``seed + k`` (fresh draws: no likelihood cached from an earlier round);
+    the forecasts are round 0's."""
+    seconds, first = [], None
+    for k in range(rounds):
         t = time.perf_counter()
-        p = call()
+        p = call(seed + k)
         seconds.append(time.perf_counter() - t)
+        first = p if first is None else first
+    p = first
     rec = p.recommended
     out = {"case": name, "seconds": seconds, "median": statistics.median(seconds), "truth": p.truth,
            "recommended": None if rec is None else rec.label, "forecasts": forecasts(p)}
@@ -105,6 +110,8 @@ def main(argv=None) -> dict | None:
 
     print(f"reco_sampled_plugin from {os.path.dirname(reco_sampled_plugin.__file__)}; torch {torch.__version__}, "
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
+    # warm-up, not timed: the lazy imports and first-call costs of both paths (another catalogue, other seed)
+    planner.plan(20_000, 500, "ndcg@10", 0.1, designs=[(100, None), (100, 800)], repeats=2, seed=12345)
     cases = {}
     wanted = args.cases.split(",")
     if "scorer" in wanted and args.pilot_file:
@@ -112,17 +119,18 @@ def main(argv=None) -> dict | None:
         n_u = z["n_candidates"]
         grid = planner.default_designs(int(n_u.min())) + [(100, int(c)) for c in args.plan_caps.split(",") if c]
 
-        def scorer_plan():
+        def scorer_plan(seed: int):
             return planner.plan(n_u, int(z["n_users"]), "ndcg@10", 0.10, designs=grid,
                                 pilot=torch.from_numpy(z["ranks"]), pilot_n_items=torch.from_numpy(z["n_items"]),
                                 pilot_n_samples=torch.from_numpy(z["sizes"]),
                                 pilot_adaptive=(int(z["m"]), int(z["cap"])),
-                                seconds_per_pair=float(z["seconds_per_pair"]), repeats=args.repeats, seed=args.seed)
+                                seconds_per_pair=float(z["seconds_per_pair"]), repeats=args.repeats, seed=seed)
 
-        cases["scorer"] = run_case("scorer", scorer_plan, args.rounds)
+        cases["scorer"] = run_case("scorer", scorer_plan, args.rounds, args.seed)
     if "readme" in wanted:
-        cases["readme"] = run_case("readme", lambda: planner.plan(50_000, 6000, "ndcg@10", 0.05, repeats=args.repeats,
-                                                                  seed=args.seed), args.rounds)
+        cases["readme"] = run_case("readme", lambda seed: planner.plan(50_000, 6000, "ndcg@10", 0.05,
+                                                                       repeats=args.repeats, seed=seed),
+                                   args.rounds, args.seed)
     out = {"args": vars(args), "load": os.getloadavg(), "cases": cases}
     if args.json:
         with open(args.json, "w") as f:
@@ -137,12 +145,13 @@ def compare(a_path: str, b_path: str) -> str:
         a = json.load(f)
     with open(b_path) as f:
         b = json.load(f)
-    lines = []
+    lines = [f"A: {a_path} (load {a['load'][0]:.1f}), B: {b_path} (load {b['load'][0]:.1f})"]
     for case in a["cases"]:
         if case not in b["cases"]:
             continue
         ca, cb = a["cases"][case], b["cases"][case]
-        lines.append(f"\n{case}: {ca['median']:.2f} s -> {cb['median']:.2f} s (x{ca['median'] / cb['median']:.1f}); "
+        lines.append(f"\n{case}: {ca['median']:.2f} s -> {cb['median']:.2f} s (x{ca['median'] / cb['median']:.1f}; rounds "
+                     f"{', '.join(f'{x:.1f}' for x in ca['seconds'])} / {', '.join(f'{x:.1f}' for x in cb['seconds'])}); "
                      f"recommended {ca['recommended']} / {cb['recommended']}; truth {ca['truth']:.5g} / {cb['truth']:.5g}\n")
         lines.append("| design | estimator | A rel. error (MC se) | B rel. error (MC se) | difference / se | A screened | B screened |")
         lines.append("| --- | --- | --- | --- | --- | --- | --- |")

@@ -11,7 +11,11 @@ under each candidate design, for a given catalogue size, number of users and ran
    (with replacement, as :func:`~reco_sampled_plugin.simulate.simulate_sampled_ranks` /
    :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks_from_exact`), and ``estimate(...)`` (``method``,
    ``n_bootstrap=0``) is compared with the exact metric of that set of users, the value a user of the plan
-   would compare against.
+   would compare against. A rank-distribution estimator's repeats of a design are fitted together
+   (:class:`~reco_sampled_plugin.rank_distribution.ReplicateFits`: one histogram pass, the (n, m) groups pooled once
+   on the sum of the repeats, one likelihood, one batched solver in which each repeat stops on its own rule; the
+   same forecasts as one fit per repeat up to the solvers' stopping, tests/test_planner_speed.py); designs with
+   ``exact_at_cap`` fit their repeats' histograms as ``estimate_rank_distributions`` does.
    With ``screen=True`` (the default) each design first runs :data:`SCREEN_REPEATS` replicates and stops there
    when every one of them misses the target (``DesignForecast.screened``): a forecast from those alone.
 3. Reported per design (:class:`DesignForecast`), relative to the shape's truth T (the mean over the replicates of
@@ -56,7 +60,8 @@ tests/test_planner.py: predicted and simulated relative errors within 30% in 15 
 ml-latest-small). Each forecast carries its Monte Carlo standard error; ``meets_target`` compares the point
 forecast with the target. With the default family the forecast is a rough guide. Timing (2-core machine, one thread: see
 :func:`plan`): the default grid (9 designs, 180 fits) for ``n_items = 50_000, n_users = 6000, repeats = 20`` takes
-about 4 s of CPU after the imports (BENCHMARKS.md, issue 25).
+about 3 s of CPU after the imports; a 1,000-user adaptive pilot on 47,303..49,981 candidates per user, 11 designs,
+13-16 s on the shared machine (46-60 s with one fit per repeat; BENCHMARKS.md, issue 27's plan cost).
 """
 
 from __future__ import annotations

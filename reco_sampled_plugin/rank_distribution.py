@@ -346,14 +346,23 @@ def dense_likelihood(edges: np.ndarray, n_items: Sequence[int] | np.ndarray, n_s
 
 
 def _binomial_logpmf(logp: np.ndarray, log1mp: np.ndarray, j: np.ndarray, m: int) -> np.ndarray:
-    """log Binomial(j; m, p) from log p and log(1 - p), elementwise over their broadcast with j (0 log 0 = 0 at
-    p = 0 and p = 1)."""
-    j = j.astype(np.float64)
-    log_c = math.lgamma(m + 1.0) - special.gammaln(j + 1.0) - special.gammaln(m - j + 1.0)
-    with np.errstate(invalid="ignore"):
-        a = np.where(j > 0, j * logp, 0.0)
-        b = np.where(m - j > 0, (m - j) * log1mp, 0.0)
-    return log_c + a + b
+    """log Binomial(j; m, p) from log p and log(1 - p), elementwise over their broadcast with whole j in 0..m
+    (0 log 0 = 0 at p = 0 and p = 1). log j! from a table of 0..m (the same values as ``gammaln`` per element), the
+    products only where their factor is non-zero, sums in place: the same numbers as the direct formula, with fewer
+    passes over the (pairs, points) arrays (the likelihood's build is a fixed cost of every fit)."""
+    k = np.asarray(j).astype(np.int64)
+    jf = k.astype(np.float64)
+    log_fact = special.gammaln(np.arange(m + 1, dtype=np.float64) + 1.0)  # log j!, j = 0..m
+    log_c = math.lgamma(m + 1.0) - log_fact[k] - log_fact[m - k]
+    shape = np.broadcast_shapes(jf.shape, np.shape(logp), np.shape(log1mp))
+    out = np.zeros(shape)
+    np.multiply(jf, logp, out=out, where=jf > 0)  # j log p, 0 where j = 0 (also at p = 0)
+    out += log_c
+    tail = np.zeros(shape)
+    rest = m - jf
+    np.multiply(rest, log1mp, out=tail, where=rest > 0)  # (m - j) log(1 - p), 0 where j = m
+    out += tail
+    return out
 
 
 # Bernstein's inequality, P(X - m p >= t) <= exp(-t^2 / (2 (v + t / 3))) with v = m p (1 - p) (and the same below
@@ -381,7 +390,7 @@ def _binomial_band(pts: np.ndarray, wts: np.ndarray, n: int, m: int, i: np.ndarr
     with np.errstate(divide="ignore"):
         logp, log1mp = np.log(p), np.log1p(-p)  # once per rank, gathered per pair
     logp = _binomial_logpmf(logp[cell], log1mp[cell], i[col][:, None], m)  # (P, S)
-    return cell, col, np.einsum("ps,ps->p", wts[cell], np.exp(logp))
+    return cell, col, np.einsum("ps,ps->p", wts[cell], np.exp(logp, out=logp))
 
 
 @lru_cache(maxsize=32)
