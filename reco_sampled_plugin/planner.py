@@ -61,7 +61,7 @@ ml-latest-small). Each forecast carries its Monte Carlo standard error; ``meets_
 forecast with the target. With the default family the forecast is a rough guide. Timing (2-core machine, one thread: see
 :func:`plan`): the default grid (9 designs, 180 fits) for ``n_items = 50_000, n_users = 6000, repeats = 20`` takes
 about 3 s of CPU after the imports; a 1,000-user adaptive pilot on 47,303..49,981 candidates per user, 11 designs,
-13-16 s on the shared machine (46-60 s with one fit per repeat; BENCHMARKS.md, issue 27's plan cost).
+17-20 s on the shared machine at load 8 (53-55 s with one fit per repeat; BENCHMARKS.md, issue 27's plan cost).
 """
 
 from __future__ import annotations
