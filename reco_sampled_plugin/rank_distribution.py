@@ -1603,8 +1603,9 @@ class ReplicateFits:
     ``mes`` and ``gmod`` are solved by one batched L-BFGS in which each draw stops on its own rule (the rule of
     the single fits, ``tol``; within that tolerance of them, not at their point). ``mle`` is the batched EM of
     both. Without pooling (at most ``max_groups`` groups, at most 8 distinct m) the likelihood is the single
-    fits'. Draws without replacement, and every registered fitter: fitters without ``fit_many`` run their
-    ``fit_batch``.
+    fits'. Draws with or without replacement; any registered fitter (one without ``fit_many`` runs its
+    ``fit_batch``). Not for exact groups (``exact_at_cap``) or a grid of n (``max_rel_n_spread``): use
+    :func:`estimate_rank_distributions` there.
 
     Args:
         sampled_ranks: (R, U) sampled ranks r~ in 1..m + 1 (no padding): R draws of U positives.
