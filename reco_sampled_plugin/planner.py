@@ -11,7 +11,11 @@ under each candidate design, for a given catalogue size, number of users and ran
    (with replacement, as :func:`~reco_sampled_plugin.simulate.simulate_sampled_ranks` /
    :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks_from_exact`), and ``estimate(...)`` (``method``,
    ``n_bootstrap=0``) is compared with the exact metric of that set of users, the value a user of the plan
-   would compare against.
+   would compare against. A rank-distribution estimator's repeats of a design are fitted together
+   (:class:`~reco_sampled_plugin.rank_distribution.ReplicateFits`: one histogram pass, the (n, m) groups pooled once
+   on the sum of the repeats, one likelihood, one batched solver in which each repeat stops on its own rule; the
+   same forecasts as one fit per repeat up to the solvers' stopping, tests/test_planner_speed.py); designs with
+   ``exact_at_cap`` fit their repeats' histograms as ``estimate_rank_distributions`` does.
    With ``screen=True`` (the default) each design first runs :data:`SCREEN_REPEATS` replicates and stops there
    when every one of them misses the target (``DesignForecast.screened``): a forecast from those alone.
 3. Reported per design (:class:`DesignForecast`), relative to the shape's truth T (the mean over the replicates of
@@ -56,7 +60,8 @@ tests/test_planner.py: predicted and simulated relative errors within 30% in 15 
 ml-latest-small). Each forecast carries its Monte Carlo standard error; ``meets_target`` compares the point
 forecast with the target. With the default family the forecast is a rough guide. Timing (2-core machine, one thread: see
 :func:`plan`): the default grid (9 designs, 180 fits) for ``n_items = 50_000, n_users = 6000, repeats = 20`` takes
-about 4 s of CPU after the imports (BENCHMARKS.md, issue 25).
+about 3 s of CPU after the imports; a 1,000-user adaptive pilot on 47,303..49,981 candidates per user, 11 designs,
+17-20 s on the shared machine at load 8 (53-55 s with one fit per repeat; BENCHMARKS.md, issue 27's plan cost).
 """
 
 from __future__ import annotations
@@ -118,6 +123,11 @@ SCREEN_REPEATS = 5
 _PILOT_FIT = "mes"
 # sd of the Gaussian kernel in log rank that smooths a pilot's fit (module docstring)
 _PILOT_SMOOTH = 0.4
+# a rank-distribution estimator's repeats of a design (without exact_at_cap) are fitted together by
+# ``rank_distribution.ReplicateFits``: groups pooled once on the sum of the repeats, one likelihood, one batched
+# solver (BENCHMARKS.md, issue 27's plan cost); False: the per-repeat histograms of ``estimate_rank_distributions``
+# (tests/test_planner_speed.py compares the two)
+_JOINT_FITS = True
 
 
 # ------------------------------------------------------------------------------------------------ results
@@ -776,7 +786,7 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
     truth = float(truths.mean())
     from ._rank_hist import as_histogram, sampled_rank_histogram
     from .estimators import auto_method
-    from .rank_distribution import estimate_rank_distributions
+    from .rank_distribution import ReplicateFits, estimate_rank_distributions
     n_mean = float(n_u.mean())
     forecasts = []
     bar = progress_bar(total=len(todo) * repeats, desc=f"plan {spec}: {method} fits", enabled=progress, unit="fit")
@@ -803,9 +813,18 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         batched = registry.get(run).family == "rank_distribution"
         fit_target: str = registry.get(run).fitter_object().target if batched else "population"
 
+        joint: list[ReplicateFits] = []  # the design's repeats prepared once (first use)
+
         def replicates(js: range) -> None:
             """Fill est[j] for j in ``js``: one batched fit of their histograms, or one estimator run each."""
-            if batched:  # the repeats' fits share one likelihood (built once per design, not once per repeat)
+            if batched and done is None and _JOINT_FITS:  # every repeat on one likelihood, one batched solve
+                if not joint:
+                    joint.append(ReplicateFits(sampled, n_t, m if cap is None else sizes, run, sampling=law))
+                for j, dist in zip(js, joint[0].fit(js)):
+                    est[j] = dist.values([spec], target=fit_target)[0]  # the value alone: the spread is over replicates
+                bar.update(len(js))
+                return
+            if batched:  # the repeats' fits share one likelihood when their pooled groups agree
                 hists = [as_histogram(sampled[j], n_t, m if cap is None else sizes[j]) if done is None
                          else sampled_rank_histogram(sampled[j], n_t, sizes[j], exact_ranks=done[j]) for j in js]
                 for j, dist in zip(js, estimate_rank_distributions(hists, run, sampling=law)):

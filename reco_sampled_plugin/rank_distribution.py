@@ -72,7 +72,8 @@ from ._rank_hist import (
     pool_by_n,
     pool_exact_groups,
 )
-from ._checks import check_rank_values, check_without_replacement, impossible_rank_message
+from ._checks import (MAX_SAMPLES, MAX_SIZE, check_rank_values, check_sampled_support, check_sizes,
+                      check_without_replacement, impossible_rank_message)
 from ._options import (check_base_measure, check_bool, check_count, check_metric_names,
                        check_nonnegative_float, check_positive_float, check_seed)
 from ._types import TensorLike
@@ -91,6 +92,7 @@ __all__ = [
     "pool_groups",
     "estimate_rank_distribution",
     "estimate_rank_distributions",
+    "ReplicateFits",
     "simulate_sampled_ranks",
     "adaptive_sampled_ranks",
     "adaptive_sampled_ranks_from_exact",
@@ -182,6 +184,7 @@ class _Model:
     onehot: np.ndarray = None  # type: ignore[assignment]  # (K, G) float64: column -> group
     inside_f: np.ndarray = None  # type: ignore[assignment]  # (C, G) float64
     lik_sparse: sparse.csr_matrix | None = None  # lik, sparse when mostly zeros (single-threaded, faster there)
+    lik_sparse_t: Any = field(default=None, init=False, repr=False)  # lik_sparse.T (set in __post_init__)
     exact: np.ndarray = None  # type: ignore[assignment]  # (G,) bool: exact groups (point masses at their ranks)
 
     def __post_init__(self) -> None:
@@ -194,6 +197,8 @@ class _Model:
             self.exact = np.zeros(len(self.n), dtype=bool)
         if self.lik_sparse is None and np.count_nonzero(self.lik) <= _SPARSE_MAX_DENSITY * self.lik.size:
             self.lik_sparse = sparse.csr_matrix(self.lik)
+        # its transpose (a CSC view of the same arrays), made once: ``mix`` runs hundreds of times per fit
+        self.lik_sparse_t = None if self.lik_sparse is None else self.lik_sparse.T
 
     @property
     def widths(self) -> np.ndarray:
@@ -206,7 +211,7 @@ class _Model:
     def mix(self, pi: np.ndarray) -> np.ndarray:
         """P(r~ = i | group) = sum_c pi_c lik[c, k] on the columns, for pi of shape (..., C): (..., K)."""
         flat = pi.reshape(-1, pi.shape[-1])
-        out = np.asarray(self.lik_sparse.T @ flat.T).T if self.lik_sparse is not None else flat @ self.lik
+        out = np.asarray(self.lik_sparse_t @ flat.T).T if self.lik_sparse_t is not None else flat @ self.lik
         return out.reshape(pi.shape[:-1] + (self.lik.shape[1],))
 
     def back(self, ratio: np.ndarray) -> np.ndarray:
@@ -341,14 +346,23 @@ def dense_likelihood(edges: np.ndarray, n_items: Sequence[int] | np.ndarray, n_s
 
 
 def _binomial_logpmf(logp: np.ndarray, log1mp: np.ndarray, j: np.ndarray, m: int) -> np.ndarray:
-    """log Binomial(j; m, p) from log p and log(1 - p), elementwise over their broadcast with j (0 log 0 = 0 at
-    p = 0 and p = 1)."""
-    j = j.astype(np.float64)
-    log_c = math.lgamma(m + 1.0) - special.gammaln(j + 1.0) - special.gammaln(m - j + 1.0)
-    with np.errstate(invalid="ignore"):
-        a = np.where(j > 0, j * logp, 0.0)
-        b = np.where(m - j > 0, (m - j) * log1mp, 0.0)
-    return log_c + a + b
+    """log Binomial(j; m, p) from log p and log(1 - p), elementwise over their broadcast with whole j in 0..m
+    (0 log 0 = 0 at p = 0 and p = 1). log j! from a table of 0..m (the same values as ``gammaln`` per element), the
+    products only where their factor is non-zero, sums in place: the same numbers as the direct formula, with fewer
+    passes over the (pairs, points) arrays (the likelihood's build is a fixed cost of every fit)."""
+    k = np.asarray(j).astype(np.int64)
+    jf = k.astype(np.float64)
+    log_fact = special.gammaln(np.arange(m + 1, dtype=np.float64) + 1.0)  # log j!, j = 0..m
+    log_c = math.lgamma(m + 1.0) - log_fact[k] - log_fact[m - k]
+    shape = np.broadcast_shapes(jf.shape, np.shape(logp), np.shape(log1mp))
+    out = np.zeros(shape)
+    np.multiply(jf, logp, out=out, where=jf > 0)  # j log p, 0 where j = 0 (also at p = 0)
+    out += log_c
+    tail = np.zeros(shape)
+    rest = m - jf
+    np.multiply(rest, log1mp, out=tail, where=rest > 0)  # (m - j) log(1 - p), 0 where j = m
+    out += tail
+    return out
 
 
 # Bernstein's inequality, P(X - m p >= t) <= exp(-t^2 / (2 (v + t / 3))) with v = m p (1 - p) (and the same below
@@ -376,7 +390,7 @@ def _binomial_band(pts: np.ndarray, wts: np.ndarray, n: int, m: int, i: np.ndarr
     with np.errstate(divide="ignore"):
         logp, log1mp = np.log(p), np.log1p(-p)  # once per rank, gathered per pair
     logp = _binomial_logpmf(logp[cell], log1mp[cell], i[col][:, None], m)  # (P, S)
-    return cell, col, np.einsum("ps,ps->p", wts[cell], np.exp(logp))
+    return cell, col, np.einsum("ps,ps->p", wts[cell], np.exp(logp, out=logp))
 
 
 @lru_cache(maxsize=32)
@@ -747,15 +761,26 @@ def _lbfgs_direction(g: np.ndarray, S: np.ndarray, Y: np.ndarray, age: np.ndarra
 
 def _mes_fit_batched(model: _Model, counts: np.ndarray, lam: np.ndarray, pi0: np.ndarray, tol: float,
                      max_iter: int, beta: float = 0.0, memory: int = 20) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """:func:`_mes_fit` for B problems at once: L-BFGS (compact form, ``memory`` pairs) with a backtracking Armijo
-    line search from the unit step, vectorised over the problems, each stopped by L-BFGS-B's own rules (relative
-    decrease of the objective at most ``tol``, or largest gradient entry at most 1e-12) and then dropped from the
-    working arrays: the B fits cost one batched objective evaluation per iteration instead of B scipy runs.
-    Returns pi (B, C), iterations (B,), converged (B,)."""
+    """:func:`_mes_fit` for B problems at once (:func:`_lbfgs_batched`, stopped by L-BFGS-B's own rules: relative
+    decrease of the objective at most ``tol``, or largest gradient entry at most 1e-12): the B fits cost one batched
+    objective evaluation per iteration instead of B scipy runs. Returns pi (B, C), iterations (B,), converged (B,)."""
     evaluate, logw = _mes_objective(model, counts, np.asarray(lam, dtype=np.float64), beta)
-    batch, cells = pi0.shape
-    idx = np.arange(batch)  # the problems still running (rows of the working arrays below)
     theta = np.log(np.maximum(pi0, 1e-300)) - logw
+    return _lbfgs_batched(evaluate, theta, tol, 1e-12, max_iter, memory)
+
+
+def _lbfgs_batched(evaluate: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]],
+                   theta: np.ndarray, ftol: float, gtol: float, max_iter: int,
+                   memory: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Minimise B problems at once from ``theta`` (B, D): L-BFGS (compact form, ``memory`` pairs) with a
+    backtracking Armijo line search from the unit step, vectorised over the problems, each stopped by L-BFGS-B's
+    own rules (relative decrease of the objective at most ``ftol``, or largest gradient entry at most ``gtol``)
+    and then dropped from the working arrays. ``evaluate(theta (A, D), rows (A,))`` gives the objectives (A,),
+    gradients (A, D) and the outputs (A, C) of problems ``rows``. Returns outputs (B, C) at the end, iterations
+    (B,), converged (B,)."""
+    theta = np.array(theta, dtype=np.float64)
+    batch, cells = theta.shape
+    idx = np.arange(batch)  # the problems still running (rows of the working arrays below)
     f, g, pi_w = evaluate(theta, idx)
     pi_out = pi_w.copy()
     iters = np.zeros(batch, dtype=np.int64)
@@ -765,7 +790,7 @@ def _mes_fit_batched(model: _Model, counts: np.ndarray, lam: np.ndarray, pi0: np
     age = np.full((batch, memory), -1, dtype=np.int64)
     sy = np.zeros((batch, memory, memory))  # s_i . y_j
     yy = np.zeros((batch, memory, memory))  # y_i . y_j
-    running = np.abs(g).max(-1) > 1e-12
+    running = np.abs(g).max(-1) > gtol
     converged[~running] = True
     it = 0
     while True:
@@ -815,9 +840,9 @@ def _mes_fit_batched(model: _Model, counts: np.ndarray, lam: np.ndarray, pi0: np
         f, g, pi_w = f_new, g_new, pi_new
         iters[idx] += 1
         it += 1
-        done = moved & ((rel <= tol) | (np.abs(g).max(-1) <= 1e-12))
-        # a line search that finds no decrease: at the optimum to rounding where the slope is below tol
-        done |= ~moved & (np.abs(slope) <= tol * np.maximum(np.abs(f), 1.0))
+        done = moved & ((rel <= ftol) | (np.abs(g).max(-1) <= gtol))
+        # a line search that finds no decrease: at the optimum to rounding where the slope is below ftol
+        done |= ~moved & (np.abs(slope) <= ftol * np.maximum(np.abs(f), 1.0))
         converged[idx[done]] = True
         running = ~(done | ~moved)
         pi_out[idx] = pi_w
@@ -851,6 +876,10 @@ class EMFitter:
         pi, steps, conv, _ = _em_batched(model, pi0, counts, opts["tol"], opts["max_iter"])
         return pi, steps, conv, [{} for _ in range(len(counts))]
 
+    def fit_many(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _BatchFit:
+        """:meth:`fit_batch` (already one batched EM, equal to the single fits)."""
+        return self.fit_batch(model, pi0, counts, opts)
+
     def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, opts: dict, details: dict) -> np.ndarray:
         start = np.broadcast_to(pi0, (len(draws), len(pi)))
         return _em(model, start, draws, opts["tol"], opts["max_iter"])[0]
@@ -883,6 +912,14 @@ class MESFitter:
         pi = np.stack([f[0] for f in fits])
         iters = np.array([int(f[1].nit) for f in fits])
         conv = np.array([bool(f[1].success) for f in fits])
+        return pi, iters, conv, [{"lam": float(lam[b])} for b in range(len(counts))]
+
+    def fit_many(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _BatchFit:
+        """B histograms' fits in one batched L-BFGS (:func:`_mes_fit_batched`, from the same EM warm start as
+        :meth:`fit`), each stopped by its own rule: within the tolerance of the single fits, not at their point."""
+        lam = _mes_lambda(counts.sum(axis=1), opts["lam"])
+        start = _mes_start(model, pi0, counts)
+        pi, iters, conv = _mes_fit_batched(model, counts, lam, start, opts["tol"], opts["max_iter"], opts["beta"])
         return pi, iters, conv, [{"lam": float(lam[b])} for b in range(len(counts))]
 
     def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, opts: dict, details: dict) -> np.ndarray:
@@ -938,6 +975,39 @@ def _g_objective(
     return objective, pi_of
 
 
+def _g_objective_batched(
+    model: _Model, counts: np.ndarray, basis: np.ndarray, penalty: float,
+) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """:func:`_g_objective` for B problems (counts (B, K)) on one model, for :func:`_lbfgs_batched`:
+    ``evaluate(alpha (A, df), rows (A,))`` gives f (A,), its gradient (A, df) and [pi, alpha] (A, C + df)."""
+    logw = np.log(model.widths)
+    inside = model.inside.astype(np.float64)
+    total = counts.sum(-1)
+    totals_g = model.totals(counts)
+    has = counts > 0
+    d2 = np.diff(np.eye(basis.shape[1]), 2, axis=0)
+    pen = penalty * (d2.T @ d2)
+
+    def evaluate(alpha: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        cnt, tot, tg, hs = counts[rows], total[rows], totals_g[rows], has[rows]
+        z = logw + alpha @ basis.T
+        z = z - z.max(-1, keepdims=True)
+        pi = np.exp(z)
+        pi /= pi.sum(-1, keepdims=True)
+        prob = model.mix(pi)  # floors as in _truncated_loglik
+        zg = np.maximum(pi @ inside.T, _PROB_FLOOR)
+        safe = np.where(hs, np.maximum(prob, _PROB_FLOOR), 1.0)
+        ll = np.where(hs, cnt * np.log(safe), 0.0).sum(-1) - (tg * np.log(zg)).sum(-1)
+        dll = model.back(np.where(hs, cnt / safe, 0.0)) - (tg / zg) @ inside
+        grad_pi = -dll / tot[:, None]
+        grad_z = pi * (grad_pi - (pi * grad_pi).sum(-1, keepdims=True))
+        f = -ll / tot + ((alpha @ pen) * alpha).sum(-1) / tot
+        grad = grad_z @ basis + 2.0 * (alpha @ pen) / tot[:, None]
+        return f, grad, np.concatenate([pi, alpha], axis=1)
+
+    return evaluate
+
+
 def _g_fit(model: _Model, counts: np.ndarray, df: int, penalty: float, alpha0: np.ndarray | None, tol: float, max_iter: int,
            trace: bool = False) -> tuple[np.ndarray, Any, list[float]]:
     basis = _g_basis(model.edges, df)
@@ -979,6 +1049,17 @@ class GModelFitter:
         fits = [self.fit(model, pi0[b], counts[b], {**opts, "trace": False}) for b in range(len(counts))]
         return (np.stack([f[0] for f in fits]), np.array([f[1] for f in fits]), np.array([f[2] for f in fits]),
                 [f[4] for f in fits])
+
+    def fit_many(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _BatchFit:
+        """B histograms' fits in one batched L-BFGS (:func:`_lbfgs_batched` on :func:`_g_objective_batched`, from
+        alpha = 0 as :meth:`fit`, L-BFGS-B's ftol = tol / 1000 and gtol = 1e-9), each stopped by its own rule."""
+        basis = _g_basis(model.edges, opts["df"])
+        evaluate = _g_objective_batched(model, counts, basis, opts["penalty"])
+        alpha0 = np.zeros((len(counts), basis.shape[1]))
+        out, iters, conv = _lbfgs_batched(evaluate, alpha0, opts["tol"] * 1e-3, 1e-9, opts["max_iter"], 10)
+        pi, alpha = out[:, :-basis.shape[1]], out[:, -basis.shape[1]:]
+        return pi, iters, conv, [{"df": opts["df"], "penalty": opts["penalty"], "alpha": tuple(float(a) for a in a_b)}
+                                 for a_b in alpha]
 
     def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, opts: dict, details: dict) -> np.ndarray:
         alpha = np.asarray(details["alpha"])
@@ -1460,6 +1541,166 @@ def estimate_rank_distributions(
             flags=tuple(flags), details=details, lik=model.lik, lik_cols=model.cols,
         ))
     return out
+
+
+# ------------------------------------------------------------------- replicate draws of the same users, fitted at once
+def _pool_map(n: np.ndarray, m: np.ndarray, totals: np.ndarray,
+              max_groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """:func:`pool_groups` (quantile bins, no grid of n, no exact groups) as a map of the groups: groups (n, m)
+    with totals (G,) -> (pooled n (P,), pooled m (P,), each group's pooled index (G,), pooled at all). Pooling the
+    histogram whose groups these are gives the same groups, and each pooled group's counts are the sum of its
+    groups' counts (r~ kept), so the map carries any histogram on these groups onto the pooled ones."""
+    changed = False
+    n = np.asarray(n, dtype=np.int64)
+    m = np.asarray(m, dtype=np.int64)
+    if len(np.unique(m)) > _MAX_EXACT_M:  # _pool_m's geometric bins of m (same code, as a map)
+        changed = True
+        um = np.unique(m)
+        lo = [int(um[0])]
+        for v in um[1:].tolist():
+            if v > lo[-1] * (1.0 + _M_SPREAD):
+                lo.append(int(v))
+        bin_lo = np.asarray(lo)
+        top = np.array([int(um[(um >= b) & ((um < bin_lo[k + 1]) if k + 1 < len(bin_lo) else True)].max())
+                        for k, b in enumerate(bin_lo)])
+        m_new = top[np.searchsorted(bin_lo, m, side="right") - 1]
+        n = 1 + np.rint((n - 1.0) * m_new / m).astype(np.int64)
+        m = m_new
+    span = int(m.max()) + 1
+    keys, gid = np.unique(n * span + m, return_inverse=True)
+    gid = gid.reshape(-1)
+    n1, m1 = keys // span, keys % span
+    if len(keys) <= max_groups:
+        return n1, m1, gid, changed
+    t1 = np.bincount(gid, weights=np.asarray(totals, dtype=np.float64), minlength=len(keys))
+    sizes = np.unique(m1)
+    bins = max(1, max_groups // len(sizes))
+    rep_key = np.empty(len(keys), dtype=np.int64)
+    for mval in sizes:  # pool_groups' quantile bins: count-weighted median n per bin
+        idx = np.flatnonzero(m1 == mval)
+        order = idx[np.argsort(n1[idx], kind="stable")]
+        tot = t1[order]
+        cum = np.cumsum(tot) / tot.sum()
+        label = np.minimum((cum * bins - 1e-12).astype(np.int64), bins - 1)
+        for b in np.unique(label):
+            sel = label == b
+            w, ns = tot[sel], n1[order[sel]]
+            half = np.searchsorted(np.cumsum(w), 0.5 * w.sum()) if w.sum() > 0 else 0
+            rep_key[order[sel]] = int(ns[min(half, len(ns) - 1)]) * span + int(mval)
+    keys2, gid2 = np.unique(rep_key, return_inverse=True)
+    return keys2 // span, keys2 % span, gid2.reshape(-1)[gid], True
+
+
+class ReplicateFits:
+    """R replicate draws of the sampled ranks of the same positives (a simulation's or a planner's Monte Carlo
+    repeats), prepared once and fitted together: one histogram pass over all draws, one pooling of the (n, m)
+    groups, one likelihood, and one batched solver for any subset of the draws (:meth:`fit`).
+
+    Against :func:`estimate_rank_distributions` (which pools each draw on its own and, when the draws' pooled
+    groups differ, e.g. the final sizes of adaptive sampling, fits them one by one, each with its own
+    likelihood): the groups are pooled once, on the sum of the draws (quantile bins of n as :func:`pool_groups`,
+    each bin's median n over all draws instead of one draw's: a representative n within the bin either way), and
+    ``mes`` and ``gmod`` are solved by one batched L-BFGS in which each draw stops on its own rule (the rule of
+    the single fits, ``tol``; within that tolerance of them, not at their point). ``mle`` is the batched EM of
+    both. Without pooling (at most ``max_groups`` groups, at most 8 distinct m) the likelihood is the single
+    fits'. Draws with or without replacement; any registered fitter (one without ``fit_many`` runs its
+    ``fit_batch``). Not for exact groups (``exact_at_cap``) or a grid of n (``max_rel_n_spread``): use
+    :func:`estimate_rank_distributions` there.
+
+    Args:
+        sampled_ranks: (R, U) sampled ranks r~ in 1..m + 1 (no padding): R draws of U positives.
+        n_items: n, an int or (U,) or (R, U) per-positive candidate counts.
+        n_samples: m, an int or (U,) or (R, U) per-positive sample sizes (adaptive: each positive's final m).
+        method: a rank-distribution method (``mle``, ``mes``, ``gmod``).
+        sampling: ``"binomial"`` (with replacement) or ``"hypergeometric"``.
+        max_groups, delta, kappa, tol, max_iter: as :func:`estimate_rank_distribution`.
+
+    Raises:
+        ValueError: a rank outside 1..m + 1, a non-2-D ``sampled_ranks`` or an empty one, sizes that do not
+            broadcast, an unknown method or law, an invalid option (named).
+    """
+
+    def __init__(self, sampled_ranks: TensorLike, n_items: TensorLike, n_samples: TensorLike, method: str = "mes",
+                 sampling: str = "binomial", *, max_groups: int = 16, delta: float = 0.05, kappa: float = 0.25,
+                 tol: float = 1e-7, max_iter: int = 5000) -> None:
+        self.opts = check_fit_options(method, sampling, tol=tol, max_iter=max_iter, max_groups=max_groups,
+                                      delta=delta, kappa=kappa)
+        self.method = method
+        r = check_rank_values(sampled_ranks, "sampled_ranks", whole=True)
+        if r.dim() != 2 or r.numel() == 0:
+            raise ValueError(f"sampled_ranks: expected (R draws, U positives), not empty, got shape {tuple(r.shape)}")
+        reps, users = r.shape
+        r_t = r.detach().cpu().to(torch.int64)
+        sizes = []
+        for name, x, low in (("n_items", n_items, 2), ("n_samples", n_samples, 1)):
+            t = check_sizes(x, name, low, maximum=MAX_SAMPLES if name == "n_samples" else MAX_SIZE)
+            t = torch.as_tensor(t, dtype=torch.int64).cpu()
+            try:
+                sizes.append(torch.broadcast_to(t, (reps, users)).reshape(-1).numpy())
+            except RuntimeError:
+                raise ValueError(f"{name}: shape {tuple(t.shape)} does not broadcast to the draws' "
+                                 f"({reps}, {users})") from None
+        n_np, m_np = sizes
+        r_np = r_t.reshape(-1).numpy()
+        bad = (r_np < 1) | (r_np > m_np + 1)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise ValueError(f"sampled_ranks: must lie in 1..m + 1 (no padding), got {int(r_np[i])} with "
+                             f"m = {int(m_np[i])}")
+        check_sampled_support(r_t.reshape(-1), n_np, m_np)
+        law = check_law(self.opts["sampling"])
+        check_without_replacement(n_np, m_np, law)
+        # the raw (n, m) groups of all draws together, and their totals (the sum of the draws' histograms)
+        span = int(m_np.max()) + 1
+        raw, raw_id = np.unique(n_np * span + m_np, return_inverse=True)
+        raw_id = raw_id.reshape(-1)
+        n_out, m_out, to_pooled, self.pooled = _pool_map(raw // span, raw % span,
+                                                         np.bincount(raw_id, minlength=len(raw)),
+                                                         self.opts["max_groups"])
+        group = to_pooled[raw_id]  # (R U,) each positive's pooled group
+        check_without_replacement(n_out, m_out, law)
+        m_max = int(m_out.max())
+        support, col = np.unique(group * (m_max + 1) + (r_np - 1), return_inverse=True)
+        base = _likelihood(tuple(int(v) for v in n_out), tuple(int(v) for v in m_out), law, float(self.opts["delta"]),
+                           float(self.opts["kappa"]), (), tuple(support.tolist()), ())
+        self.model = _Model(base.edges, n_out, m_out, base.cols, np.zeros(len(base.cols)), base.lik, base.inside,
+                            self.pooled, base.onehot, base.inside_f, base.lik_sparse, np.zeros(len(n_out), dtype=bool))
+        possible = np.asarray((self.model.lik > 0).sum(axis=0)).reshape(-1) > 0
+        if not possible.all():
+            g, i = self.model.cols[np.flatnonzero(~possible)[0]]
+            raise ValueError(impossible_rank_message(int(i) + 1, int(n_out[g]), int(m_out[g]), law))
+        k = len(support)
+        draw = np.repeat(np.arange(reps), users)
+        #: (R, K) each draw's counts on the model's columns
+        self.counts = np.bincount(draw * k + col.reshape(-1), minlength=reps * k).astype(np.float64).reshape(reps, k)
+
+    def fit(self, rows: Sequence[int] | None = None) -> list[RankDistribution]:
+        """The fits of draws ``rows`` (default all), in their order: one batched solve (no bootstrap, no
+        ``reference``; flags ``pooled_n``, ``all_at_top``, ``not_converged`` as the single fits')."""
+        rows_arr = np.arange(len(self.counts)) if rows is None else np.asarray(rows, dtype=np.int64).reshape(-1)
+        if not rows_arr.size:
+            return []
+        model, counts = self.model, self.counts[rows_arr]
+        widths = model.widths
+        pi0 = np.broadcast_to(widths / widths.sum(), (len(rows_arr), len(widths)))
+        fitter = _entry(self.method).fitter_object()
+        solve = getattr(fitter, "fit_many", fitter.fit_batch)
+        pi, iters, conv, fit_details = solve(model, pi0, counts, self.opts)
+        lls = _loglik(model, pi, counts)
+        at_top = counts[:, model.cols[:, 1] != 0].sum(axis=1) == 0
+        out = []
+        for b in range(len(rows_arr)):
+            flags = (["pooled_n"] if self.pooled else []) + (["all_at_top"] if at_top[b] else []) + \
+                ([] if conv[b] else ["not_converged"])
+            hist = RankHistogram(model.n, model.m, model.group_counts(counts[b]), model.exact)
+            details = {"sampling": self.opts["sampling"], "n_cells": len(widths), "batched": len(rows_arr),
+                       **fit_details[b]}
+            out.append(RankDistribution(
+                edges=model.edges, probs=pi[b], method=self.method, loglik=float(lls[b]), iterations=int(iters[b]),
+                converged=bool(conv[b]), bootstrap=np.zeros((0, len(widths))), histogram=hist, flags=tuple(flags),
+                details=details, lik=model.lik, lik_cols=model.cols,
+            ))
+        return out
 
 
 # --------------------------------------------------------------------------- the registry's compute function

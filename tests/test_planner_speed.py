@@ -1,0 +1,292 @@
+"""The plan's fixed cost (issue 27, section 3): the Monte Carlo repeats of a design fitted together
+(``rank_distribution.ReplicateFits``: one pooling of the groups on the sum of the repeats, one likelihood, one
+batched solver) forecast what the one-by-one fits forecast.
+
+Oracles: ``pool_groups`` of the summed histogram (the pooling map must give its groups and counts exactly);
+``estimate_rank_distributions`` on the same draws (the one-by-one path: exact for ``mle`` where the groups agree,
+within the solvers' stopping tolerance for ``gmod`` and ``mes``); finite differences (the batched g-modelling
+gradient); and the planner itself with ``planner._JOINT_FITS`` off (the previous path) on the same seeds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from reco_sampled_plugin import planner
+from reco_sampled_plugin._rank_hist import as_histogram
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
+from reco_sampled_plugin.design import SamplingDesign
+from reco_sampled_plugin.rank_distribution import (
+    ReplicateFits,
+    estimate_rank_distributions,
+    pool_groups,
+    simulate_sampled_ranks,
+)
+
+R, U = 6, 1000
+
+
+@pytest.fixture(scope="module")
+def world():
+    """R draws of the exact ranks of U users (Zipf-shaped, per-user n in 2000..2499: many (n, m) groups)."""
+    rng = np.random.default_rng(3)
+    n_u = torch.from_numpy(rng.integers(2000, 2500, U))
+    exact = torch.from_numpy(np.minimum(rng.zipf(1.5, (R, U)), 2000))
+    return n_u, exact
+
+
+def _draw(world, design: SamplingDesign, seed: int = 1):
+    n_u, exact = world
+    gen = torch.Generator().manual_seed(seed)
+    if design.adaptive_max is None:
+        return simulate_sampled_ranks(exact, n_u, design.n_samples, "binomial", gen), design.n_samples
+    res = adaptive_sampled_ranks_from_exact(exact, n_u, design, generator=gen)
+    return res.ranks, res.n_samples
+
+
+METRICS = ("ndcg@10", "hit@10")
+
+
+def _values(fits, method: str) -> np.ndarray:
+    """(metric, draw) estimates: the value estimate() reports for ``method`` (gmod: the users' metric)."""
+    target = "users" if method == "gmod" else "population"
+    return np.array([d.values(METRICS, target=target) for d in fits]).T
+
+
+def _one_by_one(world, sampled, sizes, method: str) -> np.ndarray:
+    n_u = world[0]
+    hists = [as_histogram(sampled[j], n_u, sizes if isinstance(sizes, int) else sizes[j]) for j in range(R)]
+    return _values(estimate_rank_distributions(hists, method), method)
+
+
+def _joint(world, sampled, sizes, method: str) -> np.ndarray:
+    return _values(ReplicateFits(sampled, world[0], sizes, method).fit(), method)
+
+
+# ------------------------------------------------------------------------------------------------- pooling
+@pytest.mark.parametrize("design", [SamplingDesign(100), SamplingDesign(10, adaptive_max=2560),
+                                    SamplingDesign(100, adaptive_max=800)], ids=str)
+def test_pooling_map_is_pool_groups_of_the_sum(world, design):
+    """The groups are pooled once, on the sum of the draws: the same (n, m) groups and summed counts as
+    ``pool_groups`` of the summed histogram (quantile bins of n; adaptive 10 -> 2560 also pools m: 9 sizes)."""
+    sampled, sizes = _draw(world, design)
+    n_u = world[0]
+    sz = torch.as_tensor(sizes).expand(R, U) if isinstance(sizes, int) else sizes
+    whole = as_histogram(sampled.reshape(-1), n_u.repeat(R), sz.reshape(-1))
+    ref, changed = pool_groups(whole, 16)
+    fits = ReplicateFits(sampled, n_u, sizes, "mes")
+    assert changed and fits.pooled
+    np.testing.assert_array_equal(fits.model.n, ref.n_items)
+    np.testing.assert_array_equal(fits.model.m, ref.n_samples)
+    summed = fits.model.group_counts(fits.counts.sum(axis=0))
+    assert all(np.array_equal(a, b) for a, b in zip(summed, ref.counts))
+    # and each draw's counts are its own histogram's (every positive counted once, in its draw)
+    np.testing.assert_array_equal(fits.counts.sum(axis=1), np.full(R, U))
+
+
+def test_few_groups_are_not_pooled():
+    """At most ``max_groups`` groups and 8 sizes: the single fits' groups, unpooled, and ``mle`` equal to them."""
+    gen = torch.Generator().manual_seed(0)
+    exact = torch.randint(1, 3001, (4, 800), generator=gen)
+    n_u = torch.tensor([3000, 3100, 3200, 3300]).repeat(200)
+    sampled = simulate_sampled_ranks(exact, n_u, 50, "binomial", gen)
+    fits = ReplicateFits(sampled, n_u, 50, "mle")
+    assert not fits.pooled
+    np.testing.assert_array_equal(fits.model.n, [3000, 3100, 3200, 3300])
+    joint = [d.probs for d in fits.fit()]
+    single = [d.probs for d in estimate_rank_distributions([as_histogram(s, n_u, 50) for s in sampled], "mle")]
+    for a, b in zip(joint, single):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-15)
+
+
+# --------------------------------------------------------------------------------------- the batched fits
+def test_fixed_m_joint_fits_match_single_fits(world):
+    """Fixed m (the draws share their groups, so the likelihood is the single fits'): ``gmod`` within 1e-4
+    relative (scipy's L-BFGS-B against the batched L-BFGS, both stopped at ftol = 1e-10 on the same smooth
+    10-parameter problem; measured 1e-5), ``mes`` within 0.3 sd of the estimates' spread over the draws (the
+    batched solver stops by the same rule, ftol 1e-7, but not at the same point on a flat objective: measured
+    0.10-0.19 sd, 0.2-1% of the value). ``mle``: the same batched EM (test_few_groups_are_not_pooled)."""
+    sampled, sizes = _draw(world, SamplingDesign(50))
+    for method in ("gmod", "mes"):
+        joint, single = _joint(world, sampled, sizes, method), _one_by_one(world, sampled, sizes, method)
+        if method == "gmod":
+            np.testing.assert_allclose(joint, single, rtol=1e-4)
+        else:
+            assert np.all(np.abs(joint - single).max(1) <= 0.3 * single.std(axis=1, ddof=1)), (joint, single)
+
+
+@pytest.mark.parametrize("method", ["mes", "gmod"])
+def test_adaptive_joint_fits_match_single_fits(world, method):
+    """Adaptive 50 -> 3200 (each draw's final sizes pool into other groups, so the one-by-one path fits each draw on
+    its own likelihood): the joint fits, pooled once on the sum, agree with them within 0.4 sd of the spread over
+    the draws (measured 0.05-0.33 sd, under 1% of the value): pooling differs by each bin's representative n only."""
+    sampled, sizes = _draw(world, SamplingDesign(50, adaptive_max=3200))
+    joint = _joint(world, sampled, sizes, method)
+    single = _one_by_one(world, sampled, sizes, method)
+    assert np.all(np.abs(joint - single).max(1) <= 0.4 * single.std(axis=1, ddof=1)), (joint, single)
+    assert np.max(np.abs(joint - single) / single) < 0.02
+
+
+def test_batched_g_objective_gradient():
+    """The batched g-modelling objective's gradient against central finite differences, per problem."""
+    from reco_sampled_plugin import rank_distribution as rd
+
+    gen = torch.Generator().manual_seed(4)
+    exact = torch.randint(1, 200, (3, 400), generator=gen) ** 2 // 40 + 1
+    sampled = simulate_sampled_ranks(exact, 1000, 50, "binomial", gen)
+    fits = ReplicateFits(sampled, 1000, 50, "gmod")
+    basis = rd._g_basis(fits.model.edges, 10)
+    evaluate = rd._g_objective_batched(fits.model, fits.counts, basis, 1.0)
+    alpha = torch.randn(3, 10, generator=gen, dtype=torch.float64).numpy() * 0.3
+    rows = np.arange(3)
+    f, g, _ = evaluate(alpha, rows)
+    h = 1e-6
+    for k in range(10):
+        e = np.zeros(10)
+        e[k] = h
+        fd = (evaluate(alpha + e, rows)[0] - evaluate(alpha - e, rows)[0]) / (2 * h)
+        np.testing.assert_allclose(g[:, k], fd, rtol=1e-5, atol=1e-8)
+    # and each problem's value is the single objective's (``_g_objective``) on its own counts
+    for b in range(3):
+        single, _ = rd._g_objective(fits.model, fits.counts[b], basis, 1.0)
+        assert f[b] == pytest.approx(single(alpha[b])[0], rel=1e-12)
+
+
+def test_subsets_fit_as_the_whole(world):
+    """``fit(rows)`` of a subset gives the same fits as those rows of ``fit()`` (each draw stops on its own rule:
+    the planner's screening fits 5 repeats, then the rest)."""
+    sampled, sizes = _draw(world, SamplingDesign(50, adaptive_max=800))
+    fits = ReplicateFits(sampled, world[0], sizes, "gmod")
+    whole = [d.values(["ndcg@10"], target="users")[0] for d in fits.fit()]
+    parts = [d.values(["ndcg@10"], target="users")[0] for d in fits.fit(range(3)) + fits.fit(range(3, R))]
+    np.testing.assert_allclose(parts, whole, rtol=1e-9)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(sampled_ranks=torch.tensor([1, 2, 3])), "sampled_ranks"),
+    (dict(sampled_ranks=torch.tensor([[1, 60]])), "sampled_ranks"),
+    (dict(sampled_ranks=torch.tensor([[1, 0]])), "sampled_ranks"),
+    (dict(n_items=torch.tensor([100, 100, 100])), "n_items"),
+    (dict(n_items=1), "n_items"),
+    (dict(n_samples=torch.tensor([[50, 50], [50, 50]])), "n_samples"),
+    (dict(method="nope"), "method"),
+    (dict(sampling="hypergeometric", n_items=40), "n_samples"),
+    (dict(max_groups=0), "max_groups"),
+])
+def test_bad_input(kwargs, match):
+    args = dict(sampled_ranks=torch.tensor([[1, 2]]), n_items=100, n_samples=50)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        ReplicateFits(args.pop("sampled_ranks"), args.pop("n_items"), args.pop("n_samples"), **args)
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+def _both(monkeypatch, *args, **kwargs):
+    """The plan on the joint path and on the one-by-one path (``planner._JOINT_FITS`` off), same seeds."""
+    joint = planner.plan(*args, **kwargs)
+    monkeypatch.setattr(planner, "_JOINT_FITS", False)
+    single = planner.plan(*args, **kwargs)
+    monkeypatch.setattr(planner, "_JOINT_FITS", True)
+    return joint, single
+
+
+def _pick(p, target: float) -> str | None:
+    """The plan's pick at another target: the cheapest forecast meeting it below full ranking (``plan``'s rule; the
+    same seed gives the same forecasts whatever the target, tests/test_planner.py)."""
+    ok = [f for f in p.forecasts if f.rel_error <= target and f.pairs < p.full_pairs]
+    return min(ok, key=lambda f: f.pairs).label if ok else None
+
+
+def _assert_same_forecasts(joint, single, *, se_share: float = 0.35):
+    """The same draws (costs equal exactly, truth equal), relative errors within ``se_share`` of the forecast's
+    Monte Carlo se (the fits differ by the solvers' stopping and the pooled n only; the Monte Carlo error of a
+    forecast is the spread over repeats, several times larger), and the same pick, at the plan's target and at
+    every target half-way between two forecasts."""
+    assert joint.truth == single.truth
+    assert [f.label for f in joint.forecasts] == [f.label for f in single.forecasts]
+    for a, b in zip(joint.forecasts, single.forecasts):
+        assert (a.mean_samples, a.pairs, a.pairs_se, a.method) == (b.mean_samples, b.pairs, b.pairs_se, b.method)
+        if a.screened == b.screened:
+            assert abs(a.rel_error - b.rel_error) <= se_share * b.rel_error_se, (a.label, a.rel_error, b.rel_error)
+        else:  # screening's all-miss rule flipped on a replicate at the target's edge: both far from it
+            assert not a.meets_target and not b.meets_target
+    label = (lambda p: None if p.recommended is None else p.recommended.label)
+    assert label(joint) == label(single)
+    errors = sorted(f.rel_error for f in single.forecasts)
+    for target in [(x + y) / 2 for x, y in zip(errors, errors[1:])]:
+        assert _pick(joint, target) == _pick(single, target), target
+
+
+def test_plan_small_world_same_pick(monkeypatch):
+    """tests/test_planner.py's ``small_plan`` world (default family, fixed m and adaptive): the same forecasts
+    and picks on both paths."""
+    joint, single = _both(monkeypatch, 5000, 1500, "ndcg@10", 0.10,
+                          designs=[(50, None), (1000, None), (100, 3200)], repeats=6, seed=2)
+    _assert_same_forecasts(joint, single)
+
+
+@pytest.mark.parametrize("metric", ["ndcg@10", "hit@10"])
+def test_plan_adaptive_pilot_same_pick(monkeypatch, metric):
+    """A plan from an adaptive pilot on per-user n (tests/test_planner.py's designs at a third of its catalogue:
+    pilot 50 -> 3200, designs m = 50 and adaptive 50 -> 1600, screening off) on the world of a Zipf-ranked
+    recommender: the same forecasts and picks on both paths (the adaptive design meets the target)."""
+    rng = np.random.default_rng(11)
+    n_u = rng.integers(3000, 3600, 600)
+    r = np.minimum(rng.zipf(1.4, 600), n_u)
+    gen = torch.Generator().manual_seed(2024)
+    pilot, sizes = adaptive_sampled_ranks_from_exact(torch.from_numpy(r), torch.from_numpy(n_u), 50, 3200, gen)
+    joint, single = _both(monkeypatch, n_u, len(n_u), metric, 0.1, pilot=pilot, pilot_n_items=n_u,
+                          pilot_n_samples=sizes, pilot_adaptive=(50, 3200), designs=[(50, None), (50, 1600)],
+                          repeats=12, seed=1, screen=False)
+    _assert_same_forecasts(joint, single)
+    assert single.recommended is not None
+
+
+def test_plan_screened_default_grid_same_pick(monkeypatch):
+    """The default grid with screening (its first 5 repeats, then the rest from the same prepared fits) from a
+    fixed-m pilot: the same forecasts and picks on both paths."""
+    gen = torch.Generator().manual_seed(8)
+    exact = (torch.rand(1500, generator=gen) ** 2 * 1999).long() + 1
+    pilot = simulate_sampled_ranks(exact, 2000, 100, "binomial", gen)
+    joint, single = _both(monkeypatch, 2000, 1500, "ndcg@10", 0.1, pilot=pilot, pilot_n_items=2000,
+                          pilot_n_samples=100, repeats=10, seed=4)
+    assert any(f.screened for f in single.forecasts) and not all(f.screened for f in single.forecasts)
+    _assert_same_forecasts(joint, single)
+
+
+def test_plan_exact_at_cap_keeps_the_single_path(monkeypatch):
+    """Designs that complete the top (``exact_at_cap``) keep the one-by-one path (exact groups): both settings
+    give the very same plan."""
+    kw = dict(designs=[SamplingDesign(50, adaptive_max=800, exact_at_cap=True)], repeats=4, seed=3)
+    joint, single = _both(monkeypatch, 3000, 500, "ndcg@10", 0.1, **kw)
+    assert [f.rel_error for f in joint.forecasts] == [f.rel_error for f in single.forecasts]
+
+
+def test_binomial_logpmf_is_the_direct_formula():
+    """The likelihood's binomial terms (log j! from a table, products only where non-zero, sums in place): the very
+    numbers of the direct formula (gammaln per element, np.where), and scipy's binomial law within 1e-9 relative;
+    0 log 0 = 0 at p = 0 and p = 1."""
+    from scipy import special, stats
+
+    from reco_sampled_plugin import rank_distribution as rd
+
+    m = 300
+    p = np.concatenate([[0.0, 1.0], np.random.default_rng(0).random((40, 8)).reshape(-1)])[None, :]
+    j = np.arange(m + 1)[:, None]
+    with np.errstate(divide="ignore"):
+        logp, log1mp = np.log(p), np.log1p(-p)
+    got = rd._binomial_logpmf(logp, log1mp, j, m)
+    jf = j.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        direct = (math.lgamma(m + 1.0) - special.gammaln(jf + 1.0) - special.gammaln(m - jf + 1.0)
+                  + np.where(jf > 0, jf * logp, 0.0) + np.where(m - jf > 0, (m - jf) * log1mp, 0.0))
+    np.testing.assert_array_equal(got, direct)
+    ref = stats.binom.logpmf(j, m, p)
+    finite = np.isfinite(ref)
+    np.testing.assert_allclose(got[finite], ref[finite], rtol=1e-9, atol=1e-9)
+    assert np.all(got[~finite] == -np.inf)
+    assert got[0, 0] == pytest.approx(0.0, abs=1e-9) and got[m, 1] == pytest.approx(0.0, abs=1e-9)  # probability 1
