@@ -44,6 +44,7 @@ import torch  # noqa: E402
 
 import reco_sampled_plugin as rsp  # noqa: E402
 from reco_sampled_plugin import baselines, datasets, metric_values  # noqa: E402
+from reco_sampled_plugin.metric_names import parse_metric  # noqa: E402
 
 METRICS = ("auc", "hit@10", "ndcg@10")
 CORRECTED = {"auc": "hh", "hit@10": "pl_fit", "ndcg@10": "pl_fit"}
@@ -69,6 +70,16 @@ def load(dataset: str, seed: int = 0):
     return scores, test, torch.from_numpy(exc), torch.from_numpy(counts), n_u
 
 
+def constrained(metric: str, sampled, stderr: float) -> dict:
+    """pl_fit's constrained branch alone (beta_top >= beta_deep: the estimator before issue 28's niche test) on the
+    same fit: its value and interval (hull of its curve set, widened by 1.96 standard errors, clamped to [0, 1])."""
+    f = rsp.popularity.pl_fit(sampled)
+    spec = parse_metric(metric)
+    value = f.estimate(spec, f.best_constrained)[0]
+    lo, hi, _ = f.bounds(spec, f.curve_set_constrained)
+    return {"value": value, "lo": max(0.0, lo - 1.96 * stderr), "hi": min(1.0, hi + 1.96 * stderr)}
+
+
 def run(dataset: str, repeats: int, alphas, ms, first: int = 0) -> list[dict]:
     scores, test, exc, counts, n_u = load(dataset)
     rows = []
@@ -90,9 +101,14 @@ def run(dataset: str, repeats: int, alphas, ms, first: int = 0) -> list[dict]:
                                 continue  # the uniform draw does not depend on alpha
                             e = rsp.estimate(s, sampled, method=method)
                             lo, hi = e.interval(0.95)
-                            rows.append({"dataset": dataset, "recommender": name, "alpha": alpha, "m": m, "rep": rep,
-                                         "metric": s, "label": label, "method": method, "truth": truth[s],
-                                         "value": e.value, "lo": lo, "hi": hi, "flags": list(e.flags)})
+                            row = {"dataset": dataset, "recommender": name, "alpha": alpha, "m": m, "rep": rep,
+                                   "metric": s, "label": label, "method": method, "truth": truth[s],
+                                   "value": e.value, "lo": lo, "hi": hi, "flags": list(e.flags)}
+                            rows.append(row)
+                            if method == "pl_fit":
+                                row.update(beta=e.details["beta"], niche_top=e.details["niche_top"],
+                                           niche_lr=e.details["niche_lr"])
+                                rows.append({**row, "label": "constrained", **constrained(s, sampled, e.stderr)})
                     print(f"{dataset} {name} alpha={alpha} m={m} rep={rep} {time.time() - t0:.1f}s", flush=True)
     return rows
 
@@ -112,9 +128,37 @@ def summarise(rows: list[dict]) -> str:
         width = np.median((v[:, 3] - v[:, 2]) / v[:, 1])
         recs = sorted({r["recommender"] for r in sel})
         worst = max(np.mean([abs(r["value"] / r["truth"] - 1) for r in sel if r["recommender"] == x]) for x in recs)
-        name = {"corrected": sel[0]["method"], "none": "none (uncorrected)", "uniform": f"uniform, {sel[0]['method']}"}[label]
+        name = {"corrected": sel[0]["method"], "none": "none (uncorrected)", "uniform": f"uniform, {sel[0]['method']}",
+                "constrained": "pl_fit constrained (before)"}[label]
         out.append(f"| {ds} | {s} | {m} | {alpha if alpha is not None else '-'} | {name} | {np.mean(np.abs(rel)):.3f} | "
                    f"{np.mean(rel):+.3f} | {worst:.3f} | {cov:.2f} | {width:.3f} |")
+    return "\n".join(out)
+
+
+def ratio_table(rows: list[dict]) -> str:
+    """Issue 28's ratio goal per (data, metric, m, alpha): the worst recommender's mean |relative error| of pl_fit
+    (and of its constrained branch, the estimator before the niche test) over that of the default estimator on
+    uniform draws at the same m, with coverage and the share of fits whose niche test picked a niche top."""
+    def worst(sel: list[dict]) -> float:
+        recs = sorted({r["recommender"] for r in sel})
+        return max(float(np.mean([abs(r["value"] / r["truth"] - 1) for r in sel if r["recommender"] == x]))
+                   for x in recs)
+
+    def cover(sel: list[dict]) -> float:
+        return float(np.mean([r["lo"] <= r["truth"] <= r["hi"] for r in sel]))
+
+    out = ["| data | metric | m | alpha | uniform worst | before worst | before ratio | before cov. | after worst | "
+           "after ratio | after cov. | niche share |", "| --- " * 12 + "|"]
+    keys = sorted({(r["dataset"], r["metric"], r["m"], r["alpha"]) for r in rows if r["label"] == "corrected"
+                   and r["method"] == "pl_fit"}, key=lambda k: (k[0], METRICS.index(k[1]), k[2], k[3]))
+    for ds, s, m, alpha in keys:
+        pick = lambda label, a=alpha: [r for r in rows if (r["dataset"], r["metric"], r["m"], r["label"]) ==  # noqa
+                                       (ds, s, m, label) and (a is None or r["alpha"] == a)]
+        uni, before, after = worst(pick("uniform", None)), pick("constrained"), pick("corrected")
+        wb, wa = worst(before), worst(after)
+        niche = np.mean([bool(r.get("niche_top")) for r in after])
+        out.append(f"| {ds} | {s} | {m} | {alpha} | {uni:.3f} | {wb:.3f} | {wb / uni:.2f} | {cover(before):.2f} | "
+                   f"{wa:.3f} | {wa / uni:.2f} | {cover(after):.2f} | {niche:.2f} |")
     return "\n".join(out)
 
 
@@ -136,6 +180,9 @@ def main() -> None:
         with open(path) as fh:
             rows += json.load(fh)
     print(summarise(rows))
+    if any(r["label"] == "constrained" for r in rows):
+        print()
+        print(ratio_table(rows))
 
 
 if __name__ == "__main__":

@@ -49,6 +49,11 @@ BETAS = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0
 
 _CHI2_95_2 = 5.991464547107979  # the 95% quantile of chi-square(2): the likelihood set of (beta_top, beta_deep)
 
+#: The critical value of the one-sided likelihood-ratio test of beta_top >= beta_deep against a niche top
+#: (2 (max loglik free - max loglik constrained)): the chi-square(1) quantile at 0.002, i.e. level 0.001 under the
+#: boundary null's 0.5 chi2(0) + 0.5 chi2(1) mixture. Chosen on synthetic worlds and ml-100k (docs/popularity.md,
+#: "Niche tops"), not on ml-latest-small.
+NICHE_LR_CRITICAL = 9.549535706083237
 #: beta(r) reaches ``beta_deep`` at this rank (linear in log r from r = 1).
 DEEP_RANK = 200.0
 _EM_ITER = 400
@@ -167,22 +172,48 @@ class PopularityFit:
         prior = None
         for i in range(nb):  # constant beta first
             prior = self._try(i, i, prior)
-        best = max(self.curves, key=lambda k: self.curves[k][0])
-        for _ in range(2):  # coordinate ascent over (top, deep), the top at least as tilted as the depth
-            for i in range(best[1], nb):
-                self._try(i, best[1], self.curves[best][1])
-            best = max(self.curves, key=lambda k: self.curves[k][0])
-            for j in range(best[0] + 1):
-                self._try(best[0], j, self.curves[best][1])
-            best = max(self.curves, key=lambda k: self.curves[k][0])
+        best = self._ascent(max(self.curves, key=lambda k: self.curves[k][0]), constrained=True)
         for i in range(best[1], nb):  # every top tilt the assumption allows at the fitted depth's
             self._try(i, best[1], self.curves[best][1])
-        self.best = best
+        self.best_constrained = best
         top = self.curves[best][0]
-        # the interval's curves: the 95% likelihood set, and every top tilt (not identified where few positives
-        # have beating draws near the top)
-        self.curve_set = sorted({k for k, c in self.curves.items() if 2.0 * (top - c[0]) <= _CHI2_95_2}
-                                | {(i, best[1]) for i in range(best[1], nb)})
+        # the constrained branch's curves: its 95% likelihood set, and every top tilt >= the depth's (not identified
+        # where few positives have beating draws near the top)
+        con = {k for k, c in self.curves.items() if k[0] >= k[1] and 2.0 * (top - c[0]) <= _CHI2_95_2}
+        self.curve_set_constrained = sorted(con | {(i, best[1]) for i in range(best[1], nb)})
+        # the free branch (beta_top < beta_deep allowed: a niche top), and the one-sided likelihood-ratio test of
+        # the constraint (module docstring, "Niche tops")
+        free = self._ascent(best, constrained=False)
+        self.best_free = free
+        ftop = self.curves[free][0]
+        self.niche_lr = max(0.0, 2.0 * (ftop - top))
+        self.niche = bool(self.niche_lr > NICHE_LR_CRITICAL)
+        self.best = best
+        free_set = {k for k, c in self.curves.items() if 2.0 * (ftop - c[0]) <= _CHI2_95_2}
+        if self.niche:  # every top tilt up to the depth's: the test identifies the direction, not the size
+            for i in range(free[1] + 1):
+                self._try(i, free[1], self.curves[free][1])
+            free_set |= {(i, free[1]) for i in range(free[1] + 1)}
+        self.curve_set_free = sorted(free_set)
+        # the interval's curves: both branches, always (the constrained set, and the free fit's 95% likelihood set)
+        self.curve_set = sorted(set(self.curve_set_constrained) | free_set)
+
+    def _ascent(self, best: tuple[int, int], constrained: bool) -> tuple[int, int]:
+        """Coordinate ascent over (top, deep) on the grid from ``best``, two rounds; ``constrained``: the top at
+        least as tilted as the depth (beta_top >= beta_deep)."""
+        nb = len(self.betas)
+        for _ in range(2):
+            for i in range(best[1] if constrained else 0, nb):
+                self._try(i, best[1], self.curves[best][1])
+            best = self._argmax(constrained)
+            for j in range(best[0] + 1 if constrained else nb):
+                self._try(best[0], j, self.curves[best][1])
+            best = self._argmax(constrained)
+        return best
+
+    def _argmax(self, constrained: bool) -> tuple[int, int]:
+        keys = [k for k in self.curves if k[0] >= k[1]] if constrained else list(self.curves)
+        return max(keys, key=lambda k: self.curves[k][0])
 
     def _cell_beta(self, i: int, j: int) -> np.ndarray:
         b = self.betas[i] + (self.betas[j] - self.betas[i]) * self._frac
@@ -259,9 +290,18 @@ class PopularityFit:
         return _rows_posterior(self._assemble(idx), prior[None, :])
 
     def estimate(self, spec: MetricSpec, b: tuple[int, int] | None = None) -> tuple[float, float, np.ndarray]:
-        """(value, standard error, per-unit posterior means) at beta index ``b`` (default: the best). The standard
-        error is the model's spread of the metric over units, sqrt(sum w (var_i + (mean_i - value)^2)) / sum w
-        (its total variance: covers the units' exact mean and the population's)."""
+        """(value, standard error, per-unit posterior means) at beta index ``b``; by default the constrained fit's
+        (``best``), or, where the niche test rejects the constraint, the hedge of the two branches: the harmonic
+        mean 2 a b / (a + b) of the constrained (a) and free (b) values, which minimises the worst relative error
+        over the two (standard error: the larger; per-unit means: the matching mixture). The standard error is the
+        model's spread of the metric over units, sqrt(sum w (var_i + (mean_i - value)^2)) / sum w (its total
+        variance: covers the units' exact mean and the population's)."""
+        if b is None and self.niche:
+            va, sa, ma = self.estimate(spec, self.best_constrained)
+            vb, sb, mb = self.estimate(spec, self.best_free)
+            value = 2.0 * va * vb / (va + vb) if va + vb > 0 else 0.0
+            t = (vb - value) / (vb - va) if vb != va else 1.0
+            return value, max(sa, sb), t * ma + (1.0 - t) * mb
         b = self.best if b is None else b
         post = self._posterior(b)
         cm = self.cell_metric(spec)
@@ -280,10 +320,10 @@ class PopularityFit:
         pi = np.stack([pis[b][:, c] for c, b in enumerate(idx)], 1)
         return (self.units.m[:, None] * pi <= 1.0) & self.allowed
 
-    def bounds(self, spec: MetricSpec) -> tuple[float, float, dict]:
-        """The hull, over the 95% likelihood set of (beta_top, beta_deep), of the estimates with P inside each unit's
-        top zone replaced by the flattest (uniform per rank) and the steepest (1/r) shape allowed, and the fitted
-        one."""
+    def bounds(self, spec: MetricSpec, keys: list[tuple[int, int]] | None = None) -> tuple[float, float, dict]:
+        """The hull, over ``keys`` (default :attr:`curve_set`: the 95% likelihood set of (beta_top, beta_deep) of the
+        branch the niche test picks, or of both), of the estimates with P inside each unit's top zone replaced by the
+        flattest (uniform per rank) and the steepest (1/r) shape allowed, and the fitted one."""
         w = self.units.w
         tot = float(w.sum())
         cm = self.cell_metric(spec)
@@ -292,7 +332,8 @@ class PopularityFit:
         harmonic = np.log((hi_e + 0.5) / (lo_e + 0.5))  # ~ sum of 1/r over the cell's ranks
         lo, hi = math.inf, -math.inf
         zone_end = []
-        for key in self.curve_set:
+        keys = self.curve_set if keys is None else keys
+        for key in keys:
             _, prior, idx = self.curves[key]
             logl = self._assemble(idx)
             zone = self.top_zone(key)
@@ -306,7 +347,7 @@ class PopularityFit:
                 lo, hi = min(lo, v), max(hi, v)
             v = self.estimate(spec, key)[0]
             lo, hi = min(lo, v), max(hi, v)
-        details = {"beta_set": [self.beta_of(k) for k in self.curve_set], "mean_top_zone_end": max(zone_end)}
+        details = {"beta_set": [self.beta_of(k) for k in keys], "mean_top_zone_end": max(zone_end)}
         return lo, hi, details
 
 

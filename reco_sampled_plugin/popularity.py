@@ -318,7 +318,8 @@ def estimate_by_pl_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sa
     f = _fit_units(units)
     value, se, _ = f.estimate(spec)
     details = {"method": method, "design": "popularity" if d is not None else sampling, "beta": f.beta_of(),
-               "loglik": f.loglik}
+               "loglik": f.loglik, "niche_top": f.niche, "niche_lr": f.niche_lr,
+               "beta_constrained": f.beta_of(f.best_constrained), "beta_free": f.beta_of(f.best_free)}
     ident = None
     if d is not None:
         lo, hi, extra = f.bounds(spec)
