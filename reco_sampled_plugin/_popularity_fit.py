@@ -164,7 +164,7 @@ class PopularityFit:
         self._base = harmonic / harmonic.sum()
         self._lam: list[np.ndarray | None] = [None] * len(self.betas)
         self.tables = np.stack([self._log_likelihood(i) for i in range(len(self.betas))])  # (betas, N, cells)
-        self._mass: dict[int, np.ndarray] = {}
+        self._zone: dict[int, np.ndarray] = {}
         pos = np.clip(np.log(self.r_mid) / math.log(DEEP_RANK), 0.0, 1.0)
         self._frac = pos
         self.curves: dict[tuple[int, int], tuple[float, np.ndarray, np.ndarray]] = {}
@@ -250,28 +250,46 @@ class PopularityFit:
             miss = -lam * (u.miss @ v)[:, None]  # sum over non-beating items of log (1 - pi_j) = -lambda v_j
             miss = np.where(np.isnan(miss), -np.inf, miss)  # lambda = inf with no miss: 0 * inf
             miss = np.where((u.miss @ v)[:, None] == 0, 0.0, miss)
-            rows, cls = np.nonzero(u.beat > 0)
+            rows, cls = np.nonzero(u.beat > 0)  # row-major: rows sorted, so each unit's pairs are one run
             x = lam[rows, :] * v[cls][:, None]  # (pairs, cells)
             term = u.beat[rows, cls][:, None] * np.log(-np.expm1(-x))
             beat = np.zeros_like(lam)
-            np.add.at(beat, rows, term)
+            if len(rows):
+                first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+                beat[rows[first]] = np.add.reduceat(term, first, axis=0)
         logl = np.nan_to_num(beat + miss, nan=-np.inf)
         return np.where(self.allowed, logl, -np.inf)
 
-    def mass_above(self, b: int) -> np.ndarray:
-        """(N, cells) the expected mass above, pi = E q~(A), at the b-th beta (kept once computed)."""
-        if b in self._mass:
-            return self._mass[b]
+    def zone_cells(self, b: int) -> np.ndarray:
+        """(N,) at the b-th beta, the number of leading cells of each unit where it expects at most one beating draw,
+        m pi(R) <= 1 with pi = E q~(A) the expected mass above (a prefix: pi grows with R). Evaluated in blocks of
+        cells until every unit has left its zone (the top zone is short; the deep cells are never needed); kept
+        once computed."""
+        if b in self._zone:
+            return self._zone[b]
         u = self.units
         v = np.exp(self.betas[b] * (u.log_v - u.log_v.max()))
-        with np.errstate(over="ignore", invalid="ignore"):
-            lam = self._lam[b]
-            assert lam is not None, "mass_above after the likelihood at that beta"  # _log_likelihood(b) fills it
-            mass = np.einsum("nc,nkc->nk", u.profile * u.mean_w, -np.expm1(-lam[:, :, None] * v))
-        total = (u.profile * u.mean_w).sum(1)
-        pi = np.where(np.isfinite(mass), mass, total[:, None]) / np.maximum(total[:, None], 1e-300)
-        self._mass[b] = np.clip(pi, 0.0, 1.0)
-        return self._mass[b]
+        lam = self._lam[b]
+        assert lam is not None, "zone_cells after the likelihood at that beta"  # _log_likelihood(b) fills it
+        mass_w = u.profile * u.mean_w
+        total = np.maximum(mass_w.sum(1), 1e-300)
+        n_units, n_cells = lam.shape
+        length = np.zeros(n_units, dtype=np.int64)
+        open_ = np.ones(n_units, dtype=bool)
+        start = 0
+        while start < n_cells and open_.any():  # blocks of cells, a handful at most
+            stop = min(n_cells, start + 16)
+            rows = np.flatnonzero(open_)
+            with np.errstate(over="ignore", invalid="ignore"):
+                mass = np.einsum("nc,nkc->nk", mass_w[rows], -np.expm1(-lam[rows, start:stop, None] * v))
+            pi = np.clip(np.where(np.isfinite(mass), mass, total[rows, None]) / total[rows, None], 0.0, 1.0)
+            inside = u.m[rows, None] * pi <= 1.0
+            run = np.cumprod(inside, axis=1).sum(1)  # leading cells inside the zone in this block
+            length[rows] += run
+            open_[rows] = run == stop - start
+            start = stop
+        self._zone[b] = length
+        return length
 
     # ------------------------------------------------------------------------------------------- the metric
     def cell_metric(self, spec: MetricSpec) -> np.ndarray:
@@ -316,9 +334,10 @@ class PopularityFit:
     def top_zone(self, key: tuple[int, int]) -> np.ndarray:
         """(N, cells) bool: the cells of each unit where it expects at most one beating draw (m pi(R) <= 1)."""
         idx = self.curves[key][2]
-        pis = {b: self.mass_above(b) for b in np.unique(idx)}
-        pi = np.stack([pis[b][:, c] for c, b in enumerate(idx)], 1)
-        return (self.units.m[:, None] * pi <= 1.0) & self.allowed
+        lengths = np.zeros((len(self.betas), len(self.units.w)), dtype=np.int64)
+        for b in np.unique(idx):  # the few betas of the key's cells
+            lengths[b] = self.zone_cells(int(b))
+        return (np.arange(len(idx))[None, :] < lengths[idx].T) & self.allowed
 
     def bounds(self, spec: MetricSpec, keys: list[tuple[int, int]] | None = None) -> tuple[float, float, dict]:
         """The hull, over ``keys`` (default :attr:`curve_set`: the 95% likelihood set of (beta_top, beta_deep) of the
