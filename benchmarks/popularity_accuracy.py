@@ -80,15 +80,20 @@ def constrained(metric: str, sampled, stderr: float) -> dict:
     return {"value": value, "lo": max(0.0, lo - 1.96 * stderr), "hi": min(1.0, hi + 1.96 * stderr)}
 
 
-def run(dataset: str, repeats: int, alphas, ms, first: int = 0) -> list[dict]:
+def run(dataset: str, repeats: int, alphas, ms, first: int = 0, out: str | None = None) -> list[dict]:
+    """Every row of the module docstring; repeats outermost (all recommenders and settings of a repeat, then the
+    next), the rows so far written to ``out`` after each repeat, so a run cut short leaves whole repeats."""
     scores, test, exc, counts, n_u = load(dataset)
-    rows = []
+    truths = {}
     for name, sc in scores.items():
         exact = rsp.exact_ranks(sc, test, exc, count_other_positives=False).view(-1)
-        truth = {s: float(metric_values(s, exact, n_u).double().mean()) for s in METRICS}
-        for alpha in alphas:
-            for m in ms:
-                for rep in range(first, first + repeats):
+        truths[name] = {s: float(metric_values(s, exact, n_u).double().mean()) for s in METRICS}
+    rows = []
+    for rep in range(first, first + repeats):
+        for name, sc in scores.items():
+            truth = truths[name]
+            for alpha in alphas:
+                for m in ms:
                     t0 = time.time()
                     g = torch.Generator().manual_seed(10_000 * rep + m)
                     pop = rsp.sampled_ranks(sc, test, rsp.SamplingDesign(m, popularity=counts ** alpha), exclude=exc,
@@ -110,6 +115,9 @@ def run(dataset: str, repeats: int, alphas, ms, first: int = 0) -> list[dict]:
                                            niche_lr=e.details["niche_lr"])
                                 rows.append({**row, "label": "constrained", **constrained(s, sampled, e.stderr)})
                     print(f"{dataset} {name} alpha={alpha} m={m} rep={rep} {time.time() - t0:.1f}s", flush=True)
+        if out:
+            with open(out, "w") as fh:
+                json.dump(rows, fh)
     return rows
 
 
@@ -172,10 +180,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write every row as JSON here")
     ap.add_argument("--merge", nargs="*", default=[], help="JSON files of earlier runs to summarise with this one")
     args = ap.parse_args()
-    rows = run(args.dataset, args.repeats, args.alphas, args.ms, args.first_repeat) if args.repeats > 0 else []
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(rows, fh)
+    rows = run(args.dataset, args.repeats, args.alphas, args.ms, args.first_repeat, args.out) \
+        if args.repeats > 0 else []
     for path in args.merge:
         with open(path) as fh:
             rows += json.load(fh)
