@@ -265,8 +265,10 @@ def _uniform_units(hist: RankHistogram) -> Units:
 def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None) -> PopularityFit:
     """The fitted model of ``pl_fit`` (module ``_popularity_fit``) on popularity-sampled
     :class:`~reco_sampled_plugin.ranking.SampledRanks` (or uniform ones): ``.betas``, ``.loglik``, ``.best``
-    (index of the chosen beta), ``.beta_set`` (its 95% profile-likelihood set), ``.estimate(spec)``,
-    ``.bounds(spec)``. Refusals as :func:`popularity_draws`; adaptive draws refused naming ``sampled``."""
+    (index of the chosen beta), ``.curve_set`` (the interval's (top, deep) pairs), ``.estimate(spec)``,
+    ``.bounds(spec)``; the niche-top test: ``.niche`` (rejected), ``.niche_lr`` (its statistic), the two branches'
+    optima ``.best_constrained`` / ``.best_free`` and curve sets ``.curve_set_constrained`` / ``.curve_set_free``.
+    Refusals as :func:`popularity_draws`; adaptive draws refused naming ``sampled``."""
     design = _fixed_m(sampled)
     if design is not None and design.popularity is not None:
         units = popularity_draws(sampled, weights).units
@@ -301,7 +303,9 @@ def estimate_by_pl_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sa
     ``options["draws"]``: the :class:`PopularityDraws` of a popularity design; without it a uniform histogram
     (with replacement: the model's one-class binomial likelihood). Under popularity sampling the output carries
     the interval of the unresolved top (``identification``): the hull over the 95% set of beta and the top shapes
-    allowed, widened by 1.96 standard errors."""
+    allowed, widened by 1.96 standard errors. ``details``: ``beta`` (the constrained fit's), ``niche_top`` (the
+    niche test rejected beta_top >= beta_deep: the value is then the harmonic mean of both branches), ``niche_lr``,
+    ``beta_constrained``, ``beta_free``."""
     from .metrics import metric_bounds
 
     d = options.get("draws")
