@@ -319,14 +319,15 @@ class PopularityFit:
         _, prior, idx = self.curves[key]
         return _rows_posterior(self._assemble(idx), prior[None, :])
 
-    def estimate(self, spec: MetricSpec, b: tuple[int, int] | None = None) -> tuple[float, float, np.ndarray]:
+    def estimate(self, spec: MetricSpec, b: tuple[int, int] | None = None,
+                 hedge: bool = False) -> tuple[float, float, np.ndarray]:
         """(value, standard error, per-unit posterior means) at beta index ``b``; by default the constrained fit's
-        (``best``), or, where the niche test rejects the constraint, the hedge of the two branches: the harmonic
-        mean 2 a b / (a + b) of the constrained (a) and free (b) values, which minimises the worst relative error
-        over the two (standard error: the larger; per-unit means: the matching mixture). The standard error is the
-        model's spread of the metric over units, sqrt(sum w (var_i + (mean_i - value)^2)) / sum w (its total
-        variance: covers the units' exact mean and the population's)."""
-        if b is None and self.niche:
+        (``best``), or, with ``hedge`` where the niche test rejects the constraint, the hedge of the two branches:
+        the harmonic mean 2 a b / (a + b) of the constrained (a) and free (b) values, which minimises the worst
+        relative error over the two (standard error: the larger; per-unit means: the matching mixture). The
+        standard error is the model's spread of the metric over units, sqrt(sum w (var_i + (mean_i - value)^2)) /
+        sum w (its total variance: covers the units' exact mean and the population's)."""
+        if b is None and hedge and self.niche:
             va, sa, ma = self.estimate(spec, self.best_constrained)
             vb, sb, mb = self.estimate(spec, self.best_free)
             value = 2.0 * va * vb / (va + vb) if va + vb > 0 else 0.0

@@ -1,7 +1,7 @@
 """pl_fit's niche-top test (issue 28): where a recommender's top is LESS popularity-tilted than its depth
 (beta_top < beta_deep), the constrained fit (beta_top >= beta_deep) overestimates HR@10 / NDCG@10; a one-sided
-likelihood-ratio test of the constraint switches to the hedge of the constrained and free fits, and the interval
-covers both branches (docs/popularity.md, "Niche tops").
+likelihood-ratio test of the constraint flags it (``details["niche_top"]``), the interval covers both branches, and
+with ``niche="hedge"`` the value is the hedge of the constrained and free fits (docs/popularity.md, "Niche tops").
 
 Oracle: synthetic catalogues whose rankings are drawn from the model itself, a sequential Plackett-Luce ranking whose
 tilt beta(r) runs linearly in log r from beta_top at r = 1 to beta_deep at r = 200 (the fit's parametrisation), the
@@ -72,8 +72,9 @@ def niche_draws():
 
 def test_niche_top_is_detected_and_the_hedge_beats_the_constrained_fit(niche_draws):
     """On a niche top the test rejects beta_top >= beta_deep in every repeat (LR far above its critical value,
-    the free fit's top below its depth); the constrained fit overestimates NDCG@10 by more than 25% on average
-    (its mean |relative error| ~0.34) and its interval misses the truth, while the new estimate (the hedge) is
+    the free fit's top below its depth); the constrained fit (the default value, flagged) overestimates NDCG@10 by
+    more than 25% on average (its mean |relative error| ~0.34) and its own interval misses the truth, while the
+    new interval covers it and the hedge (``niche="hedge"``) is
     within 25% (~0.20; HR@10 ~0.06 against ~0.10: closer for both metrics) and the free branch alone within 15%
     (the well-specified case identifies the tilt: ~0.08 / ~0.09); the new interval covers in every repeat."""
     new, old, free = ({s: [] for s in METRICS} for _ in range(3))
@@ -85,12 +86,15 @@ def test_niche_top_is_detected_and_the_hedge_beats_the_constrained_fit(niche_dra
         assert top < deep, (top, deep)
         for s in METRICS:
             spec = parse_metric(s)
-            e = rsp.estimate(s, sampled, method="pl_fit")
-            assert e.details["niche_top"] is True
+            d = rsp.estimate(s, sampled, method="pl_fit")
+            e = rsp.estimate(s, sampled, method="pl_fit", niche="hedge")
+            assert d.details["niche_top"] is True and e.details["niche_top"] is True
+            assert d.details["identified"] == e.details["identified"]  # the option moves the value (and stderr) only
             new[s].append(abs(e.value / truth[s] - 1))
             lo, hi = e.interval(0.95)
             new_cover[s] += lo <= truth[s] <= hi
             v, clo, chi = _constrained(f, spec)
+            assert d.value == v and d.details["branch_values"][0] == v
             old[s].append(abs(v / truth[s] - 1))
             old_cover[s] += clo <= truth[s] <= chi
             free[s].append(abs(f.estimate(spec, f.best_free)[0] / truth[s] - 1))
@@ -103,7 +107,7 @@ def test_niche_top_is_detected_and_the_hedge_beats_the_constrained_fit(niche_dra
 
 
 def test_the_hedge_is_the_harmonic_mean_of_the_branches(niche_draws):
-    """Where the test rejects, the value is 2 a b / (a + b) of the constrained (a) and free (b) branch values (the
+    """Where the test rejects, ``niche="hedge"`` gives 2 a b / (a + b) of the constrained (a) and free (b) branch values (the
     point that minimises the worst relative error if either branch holds), between the two, its standard error
     the larger of theirs; the interval holds both branches' values."""
     sampled, _ = niche_draws[0]
@@ -112,7 +116,8 @@ def test_the_hedge_is_the_harmonic_mean_of_the_branches(niche_draws):
         spec = parse_metric(s)
         a, sa, _ = f.estimate(spec, f.best_constrained)
         b, sb, _ = f.estimate(spec, f.best_free)
-        e = rsp.estimate(s, sampled, method="pl_fit")
+        e = rsp.estimate(s, sampled, method="pl_fit", niche="hedge")
+        assert e.details["branch_values"] == (a, b)
         assert e.value == pytest.approx(2 * a * b / (a + b), rel=1e-12)
         assert min(a, b) <= e.value <= max(a, b)
         assert e.stderr == pytest.approx(max(sa, sb), rel=1e-12)
@@ -136,6 +141,7 @@ def test_popularity_tilted_tops_keep_the_constrained_fit(beta_top, beta_deep, se
         e = rsp.estimate(s, sampled, method="pl_fit")
         v, clo, chi = _constrained(f, spec)
         assert e.value == v and e.details["beta"] == f.beta_of(f.best_constrained)
+        assert rsp.estimate(s, sampled, method="pl_fit", niche="hedge").value == v  # no rejection: nothing to hedge
         assert e.details["niche_top"] is False
         assert abs(e.value / truth[s] - 1) < 0.15, (s, e.value, truth[s])
         lo, hi = e.interval(0.95)
@@ -151,3 +157,12 @@ def test_uniform_weights_have_no_niche_branch():
     s = rsp.sampled_ranks(scores, pos, SamplingDesign(30, popularity=torch.ones(200)), generator=g)
     f = popularity.pl_fit(s)
     assert not f.niche and f.niche_lr == 0.0 and f.best_free == f.best_constrained == (0, 0)
+
+
+def test_niche_option_is_checked():
+    g = torch.Generator().manual_seed(6)
+    scores = torch.randn(20, 50, generator=g, dtype=torch.float64)
+    pos = torch.randint(0, 50, (20, 1), generator=g)
+    s = rsp.sampled_ranks(scores, pos, SamplingDesign(10, popularity=torch.arange(1.0, 51.0)), generator=g)
+    with pytest.raises(ValueError, match="^niche"):
+        rsp.estimate("hit@10", s, method="pl_fit", niche="free")
