@@ -26,11 +26,11 @@ likelihood; the estimate is the mean of the positives' posterior means of the me
 Niche tops (issue 28): the constrained fit (beta_top >= beta_deep, coordinate ascent from the best constant beta)
 and the free fit (coordinate ascent over the whole grid from the constrained optimum) are both made; the one-sided
 likelihood-ratio statistic 2 (loglik free - loglik constrained) is tested against :data:`NICHE_LR_CRITICAL` (level
-0.001 under the boundary null's 0.5 chi2(0) + 0.5 chi2(1)). Not rejected: the constrained fit's estimate, as before.
-Rejected: the draws' classes favour a top less popular than the depth, but on real recommenders the statistic is
-inflated by misspecification (users differ in tilt: on ml-100k ItemKNN q = 3, whose top-d mass matches a flat tilt,
-LR reaches 700 and the free fit errs by -13..-29%), so neither branch is taken alone: the estimate is the harmonic
-mean 2 a b / (a + b) of the two branches' values a, b, the point with the least worst-case relative error if either
+0.001 under the boundary null's 0.5 chi2(0) + 0.5 chi2(1)). Rejected (``niche``): the draws' classes favour a top
+less popular than the depth, but on real recommenders the statistic is inflated by misspecification (users differ
+in tilt: on ml-100k ItemKNN q = 3, whose top-d mass matches a flat tilt, LR reaches 700 and the free fit errs by
+-13..-29%), so the value stays the constrained fit's unless ``hedge`` is asked for: the harmonic mean
+2 a b / (a + b) of the two branches' values a, b, the point with the least worst-case relative error if either
 holds. The interval always covers both branches.
 
 Honest intervals: the data do not say how P(R) is shaped where a positive expects less than one beating draw (its
