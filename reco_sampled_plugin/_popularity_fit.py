@@ -28,8 +28,8 @@ and the free fit (coordinate ascent over the whole grid from the constrained opt
 likelihood-ratio statistic 2 (loglik free - loglik constrained) is tested against :data:`NICHE_LR_CRITICAL` (level
 0.001 under the boundary null's 0.5 chi2(0) + 0.5 chi2(1)). Rejected (``niche``): the draws' classes favour a top
 less popular than the depth, but on real recommenders the statistic is inflated by misspecification (users differ
-in tilt: on ml-100k ItemKNN q = 3, whose top-d mass matches a flat tilt, LR reaches 700 and the free fit errs by
--13..-29%), so the value stays the constrained fit's unless ``hedge`` is asked for: the harmonic mean
+in tilt: on ml-100k ItemKNN q = 3, whose top-d mass matches a flat tilt, LR reaches 800 and the free fit errs by
+-3..-29%), so the value stays the constrained fit's unless ``hedge`` is asked for: the harmonic mean
 2 a b / (a + b) of the two branches' values a, b, the point with the least worst-case relative error if either
 holds. The interval always covers both branches.
 
