@@ -11,13 +11,16 @@ exact metric over the same users (``baselines.held_out_ranks``' ranks). Rows per
 * ``hh`` (AUC) and ``pl_fit`` (HR@10, NDCG@10) on the popularity draw: the corrected estimates;
 * ``none`` on the popularity draw: the uncorrected popularity-sampled metric (its interval covers the sampled
   metric, not the full one);
+* ``pl_fit constrained (before)``: pl_fit's constrained branch alone on the same fit (the estimator before issue
+  28's niche test), and ``pl_fit niche=hedge`` (the harmonic-mean hedge where the test rejects);
 * ``uniform`` at the same m, ``estimate(metric, sampled)`` with the default estimator (``auto``: gmod where the
   design resolves the top, mes elsewhere). (On the popularity draw ``auto`` runs exactly the corrected rows' methods:
   ``registry.AUTO_CHOICES["popularity"]``.)
 
 Columns: mean |relative error| and mean relative error (bias) over recommenders and repeats, the worst recommender's
 mean |relative error|, coverage of ``interval(0.95)`` (share of recommender x repeat cells whose interval holds the
-exact metric), median interval width relative to the exact metric.
+exact metric), median interval width relative to the exact metric. A second table gives issue 28's ratio goal per
+cell (worst recommender against ``auto`` on uniform draws) before / after / hedge.
 
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-100k --repeats 20
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-latest-small --repeats 20 --out x.json
