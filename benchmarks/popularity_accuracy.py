@@ -11,13 +11,16 @@ exact metric over the same users (``baselines.held_out_ranks``' ranks). Rows per
 * ``hh`` (AUC) and ``pl_fit`` (HR@10, NDCG@10) on the popularity draw: the corrected estimates;
 * ``none`` on the popularity draw: the uncorrected popularity-sampled metric (its interval covers the sampled
   metric, not the full one);
+* ``pl_fit constrained (before)``: pl_fit's constrained branch alone on the same fit (the estimator before issue
+  28's niche test), and ``pl_fit niche=hedge`` (the harmonic-mean hedge where the test rejects);
 * ``uniform`` at the same m, ``estimate(metric, sampled)`` with the default estimator (``auto``: gmod where the
   design resolves the top, mes elsewhere). (On the popularity draw ``auto`` runs exactly the corrected rows' methods:
   ``registry.AUTO_CHOICES["popularity"]``.)
 
 Columns: mean |relative error| and mean relative error (bias) over recommenders and repeats, the worst recommender's
 mean |relative error|, coverage of ``interval(0.95)`` (share of recommender x repeat cells whose interval holds the
-exact metric), median interval width relative to the exact metric.
+exact metric), median interval width relative to the exact metric. A second table gives issue 28's ratio goal per
+cell (worst recommender against ``auto`` on uniform draws) before / after / hedge.
 
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-100k --repeats 20
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-latest-small --repeats 20 --out x.json
@@ -44,6 +47,7 @@ import torch  # noqa: E402
 
 import reco_sampled_plugin as rsp  # noqa: E402
 from reco_sampled_plugin import baselines, datasets, metric_values  # noqa: E402
+from reco_sampled_plugin.metric_names import parse_metric  # noqa: E402
 
 METRICS = ("auc", "hit@10", "ndcg@10")
 CORRECTED = {"auc": "hh", "hit@10": "pl_fit", "ndcg@10": "pl_fit"}
@@ -69,15 +73,30 @@ def load(dataset: str, seed: int = 0):
     return scores, test, torch.from_numpy(exc), torch.from_numpy(counts), n_u
 
 
-def run(dataset: str, repeats: int, alphas, ms, first: int = 0) -> list[dict]:
+def constrained(metric: str, sampled, stderr: float) -> dict:
+    """pl_fit's constrained branch alone (beta_top >= beta_deep: the estimator before issue 28's niche test) on the
+    same fit: its value and interval (hull of its curve set, widened by 1.96 standard errors, clamped to [0, 1])."""
+    f = rsp.popularity.pl_fit(sampled)
+    spec = parse_metric(metric)
+    value = f.estimate(spec, f.best_constrained)[0]
+    lo, hi, _ = f.bounds(spec, f.curve_set_constrained)
+    return {"value": value, "lo": max(0.0, lo - 1.96 * stderr), "hi": min(1.0, hi + 1.96 * stderr)}
+
+
+def run(dataset: str, repeats: int, alphas, ms, first: int = 0, out: str | None = None) -> list[dict]:
+    """Every row of the module docstring; repeats outermost (all recommenders and settings of a repeat, then the
+    next), the rows so far written to ``out`` after each repeat, so a run cut short leaves whole repeats."""
     scores, test, exc, counts, n_u = load(dataset)
-    rows = []
+    truths = {}
     for name, sc in scores.items():
         exact = rsp.exact_ranks(sc, test, exc, count_other_positives=False).view(-1)
-        truth = {s: float(metric_values(s, exact, n_u).double().mean()) for s in METRICS}
-        for alpha in alphas:
-            for m in ms:
-                for rep in range(first, first + repeats):
+        truths[name] = {s: float(metric_values(s, exact, n_u).double().mean()) for s in METRICS}
+    rows = []
+    for rep in range(first, first + repeats):
+        for name, sc in scores.items():
+            truth = truths[name]
+            for alpha in alphas:
+                for m in ms:
                     t0 = time.time()
                     g = torch.Generator().manual_seed(10_000 * rep + m)
                     pop = rsp.sampled_ranks(sc, test, rsp.SamplingDesign(m, popularity=counts ** alpha), exclude=exc,
@@ -90,10 +109,21 @@ def run(dataset: str, repeats: int, alphas, ms, first: int = 0) -> list[dict]:
                                 continue  # the uniform draw does not depend on alpha
                             e = rsp.estimate(s, sampled, method=method)
                             lo, hi = e.interval(0.95)
-                            rows.append({"dataset": dataset, "recommender": name, "alpha": alpha, "m": m, "rep": rep,
-                                         "metric": s, "label": label, "method": method, "truth": truth[s],
-                                         "value": e.value, "lo": lo, "hi": hi, "flags": list(e.flags)})
+                            row = {"dataset": dataset, "recommender": name, "alpha": alpha, "m": m, "rep": rep,
+                                   "metric": s, "label": label, "method": method, "truth": truth[s],
+                                   "value": e.value, "lo": lo, "hi": hi, "flags": list(e.flags)}
+                            rows.append(row)
+                            if method == "pl_fit":
+                                row.update(beta=e.details["beta"], niche_top=e.details["niche_top"],
+                                           niche_lr=e.details["niche_lr"])
+                                rows.append({**row, "label": "constrained", **constrained(s, sampled, e.stderr)})
+                                h = rsp.estimate(s, sampled, method=method, niche="hedge")  # the same fit
+                                rows.append({**row, "label": "hedge", "value": h.value,
+                                             "lo": h.interval(0.95)[0], "hi": h.interval(0.95)[1]})
                     print(f"{dataset} {name} alpha={alpha} m={m} rep={rep} {time.time() - t0:.1f}s", flush=True)
+        if out:
+            with open(out, "w") as fh:
+                json.dump(rows, fh)
     return rows
 
 
@@ -112,9 +142,40 @@ def summarise(rows: list[dict]) -> str:
         width = np.median((v[:, 3] - v[:, 2]) / v[:, 1])
         recs = sorted({r["recommender"] for r in sel})
         worst = max(np.mean([abs(r["value"] / r["truth"] - 1) for r in sel if r["recommender"] == x]) for x in recs)
-        name = {"corrected": sel[0]["method"], "none": "none (uncorrected)", "uniform": f"uniform, {sel[0]['method']}"}[label]
+        name = {"corrected": sel[0]["method"], "none": "none (uncorrected)", "uniform": f"uniform, {sel[0]['method']}",
+                "constrained": "pl_fit constrained (before)", "hedge": "pl_fit niche=hedge"}[label]
         out.append(f"| {ds} | {s} | {m} | {alpha if alpha is not None else '-'} | {name} | {np.mean(np.abs(rel)):.3f} | "
                    f"{np.mean(rel):+.3f} | {worst:.3f} | {cov:.2f} | {width:.3f} |")
+    return "\n".join(out)
+
+
+def ratio_table(rows: list[dict]) -> str:
+    """Issue 28's ratio goal per (data, metric, m, alpha): the worst recommender's mean |relative error| of pl_fit
+    (after: the default, the constrained value with the interval over both branches; before: the constrained branch
+    alone, the estimator before the niche test; hedge: ``niche="hedge"``) over that of the default estimator on
+    uniform draws at the same m, with coverage and the share of fits whose niche test rejected."""
+    def worst(sel: list[dict]) -> float:
+        recs = sorted({r["recommender"] for r in sel})
+        return max(float(np.mean([abs(r["value"] / r["truth"] - 1) for r in sel if r["recommender"] == x]))
+                   for x in recs)
+
+    def cover(sel: list[dict]) -> float:
+        return float(np.mean([r["lo"] <= r["truth"] <= r["hi"] for r in sel]))
+
+    out = ["| data | metric | m | alpha | uniform worst | before worst | before ratio | before cov. | after worst | "
+           "after ratio | after cov. | hedge worst | hedge ratio | hedge cov. | niche share |", "| --- " * 15 + "|"]
+    keys = sorted({(r["dataset"], r["metric"], r["m"], r["alpha"]) for r in rows if r["label"] == "corrected"
+                   and r["method"] == "pl_fit"}, key=lambda k: (k[0], METRICS.index(k[1]), k[2], k[3]))
+    for ds, s, m, alpha in keys:
+        pick = lambda label, a=alpha: [r for r in rows if (r["dataset"], r["metric"], r["m"], r["label"]) ==  # noqa
+                                       (ds, s, m, label) and (a is None or r["alpha"] == a)]
+        uni, before, after, hedge = (worst(pick("uniform", None)), pick("constrained"), pick("corrected"),
+                                     pick("hedge"))
+        wb, wa, wh = worst(before), worst(after), worst(hedge)
+        niche = np.mean([bool(r.get("niche_top")) for r in after])
+        out.append(f"| {ds} | {s} | {m} | {alpha} | {uni:.3f} | {wb:.3f} | {wb / uni:.2f} | {cover(before):.2f} | "
+                   f"{wa:.3f} | {wa / uni:.2f} | {cover(after):.2f} | {wh:.3f} | {wh / uni:.2f} | "
+                   f"{cover(hedge):.2f} | {niche:.2f} |")
     return "\n".join(out)
 
 
@@ -128,14 +189,15 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write every row as JSON here")
     ap.add_argument("--merge", nargs="*", default=[], help="JSON files of earlier runs to summarise with this one")
     args = ap.parse_args()
-    rows = run(args.dataset, args.repeats, args.alphas, args.ms, args.first_repeat) if args.repeats > 0 else []
-    if args.out:
-        with open(args.out, "w") as fh:
-            json.dump(rows, fh)
+    rows = run(args.dataset, args.repeats, args.alphas, args.ms, args.first_repeat, args.out) \
+        if args.repeats > 0 else []
     for path in args.merge:
         with open(path) as fh:
             rows += json.load(fh)
     print(summarise(rows))
+    if any(r["label"] == "constrained" for r in rows):
+        print()
+        print(ratio_table(rows))
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ what A holds at a given R depends on the recommender. The model (the stated assu
     Poisson sampling). beta = 0: A is a uniform random subset (the uniform law); beta > 0: the items above a
     positive are more popular than its candidates on average (popularity-biased recommenders), beta -> infinity:
     the R - 1 most popular; beta < 0: niche-biased. The tilt may change with depth: beta(r) runs linearly in log r
-    from beta_top at r = 1 to beta_deep at r = :data:`DEEP_RANK` (constant beyond), beta_top >= beta_deep (the top
-    is at least as popularity-tilted as the depth), both on the grid :data:`BETAS`.
+    from beta_top at r = 1 to beta_deep at r = :data:`DEEP_RANK` (constant beyond), both on the grid :data:`BETAS`;
+    by default beta_top >= beta_deep (the top is at least as popularity-tilted as the depth), relaxed where the
+    draws show a niche top (below).
 
 Given R, the distinct drawn items' memberships are then independent: the likelihood of a positive is
 prod_{beating j} pi_j(R) prod_{non-beating j} (1 - pi_j(R)), which under uniform weights is the binomial likelihood
@@ -22,10 +23,21 @@ its items' mean), so a positive is summarised by three count vectors (``Populari
 spread log-uniformly, the smoothing of ``mes``'s default) for each (beta_top, beta_deep) tried, the pair by maximum
 likelihood; the estimate is the mean of the positives' posterior means of the metric.
 
+Niche tops (issue 28): the constrained fit (beta_top >= beta_deep, coordinate ascent from the best constant beta)
+and the free fit (coordinate ascent over the whole grid from the constrained optimum) are both made; the one-sided
+likelihood-ratio statistic 2 (loglik free - loglik constrained) is tested against :data:`NICHE_LR_CRITICAL` (level
+0.001 under the boundary null's 0.5 chi2(0) + 0.5 chi2(1)). Rejected (``niche``): the draws' classes favour a top
+less popular than the depth, but on real recommenders the statistic is inflated by misspecification (users differ
+in tilt: on ml-100k ItemKNN q = 3, whose top-d mass matches a flat tilt, LR reaches 800 and the free fit errs by
+-3..-29%), so the value stays the constrained fit's unless ``hedge`` is asked for: the harmonic mean
+2 a b / (a + b) of the two branches' values a, b, the point with the least worst-case relative error if either
+holds. The interval always covers both branches.
+
 Honest intervals: the data do not say how P(R) is shaped where a positive expects less than one beating draw (its
 *top zone*, ranks with m pi(R) <= 1, pi(R) = E q~(A)), and few positives there say little about beta_top. The
-interval is the hull, over the 95% likelihood set of (beta_top, beta_deep) and every beta_top >= the fitted
-beta_deep, of the estimates with P inside each positive's top zone replaced by the extremes the shape assumption of
+interval is the hull, over the constrained fit's 95% likelihood set of (beta_top, beta_deep) with every beta_top >=
+its beta_deep, and over the free fit's 95% likelihood set (with, where the niche test rejects, every beta_top <= the
+free fit's beta_deep: the test gives the direction of the top's tilt, not its size), of the estimates with P inside each positive's top zone replaced by the extremes the shape assumption of
 the uniform case allows (``identification.TopShape`` defaults: the density non-increasing there and no steeper than
 1/r), widened by z standard errors.
 """
@@ -49,6 +61,11 @@ BETAS = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0
 
 _CHI2_95_2 = 5.991464547107979  # the 95% quantile of chi-square(2): the likelihood set of (beta_top, beta_deep)
 
+#: The critical value of the one-sided likelihood-ratio test of beta_top >= beta_deep against a niche top
+#: (2 (max loglik free - max loglik constrained)): the chi-square(1) quantile at 0.002, i.e. level 0.001 under the
+#: boundary null's 0.5 chi2(0) + 0.5 chi2(1) mixture. Chosen on synthetic worlds and ml-100k (docs/popularity.md,
+#: "Niche tops"), not on ml-latest-small (the module docstring, "Niche tops").
+NICHE_LR_CRITICAL = 9.549535706083237
 #: beta(r) reaches ``beta_deep`` at this rank (linear in log r from r = 1).
 DEEP_RANK = 200.0
 _EM_ITER = 400
@@ -159,7 +176,7 @@ class PopularityFit:
         self._base = harmonic / harmonic.sum()
         self._lam: list[np.ndarray | None] = [None] * len(self.betas)
         self.tables = np.stack([self._log_likelihood(i) for i in range(len(self.betas))])  # (betas, N, cells)
-        self._mass: dict[int, np.ndarray] = {}
+        self._zone: dict[int, np.ndarray] = {}
         pos = np.clip(np.log(self.r_mid) / math.log(DEEP_RANK), 0.0, 1.0)
         self._frac = pos
         self.curves: dict[tuple[int, int], tuple[float, np.ndarray, np.ndarray]] = {}
@@ -167,22 +184,48 @@ class PopularityFit:
         prior = None
         for i in range(nb):  # constant beta first
             prior = self._try(i, i, prior)
-        best = max(self.curves, key=lambda k: self.curves[k][0])
-        for _ in range(2):  # coordinate ascent over (top, deep), the top at least as tilted as the depth
-            for i in range(best[1], nb):
-                self._try(i, best[1], self.curves[best][1])
-            best = max(self.curves, key=lambda k: self.curves[k][0])
-            for j in range(best[0] + 1):
-                self._try(best[0], j, self.curves[best][1])
-            best = max(self.curves, key=lambda k: self.curves[k][0])
+        best = self._ascent(max(self.curves, key=lambda k: self.curves[k][0]), constrained=True)
         for i in range(best[1], nb):  # every top tilt the assumption allows at the fitted depth's
             self._try(i, best[1], self.curves[best][1])
-        self.best = best
+        self.best_constrained = best
         top = self.curves[best][0]
-        # the interval's curves: the 95% likelihood set, and every top tilt (not identified where few positives
-        # have beating draws near the top)
-        self.curve_set = sorted({k for k, c in self.curves.items() if 2.0 * (top - c[0]) <= _CHI2_95_2}
-                                | {(i, best[1]) for i in range(best[1], nb)})
+        # the constrained branch's curves: its 95% likelihood set, and every top tilt >= the depth's (not identified
+        # where few positives have beating draws near the top)
+        con = {k for k, c in self.curves.items() if k[0] >= k[1] and 2.0 * (top - c[0]) <= _CHI2_95_2}
+        self.curve_set_constrained = sorted(con | {(i, best[1]) for i in range(best[1], nb)})
+        # the free branch (beta_top < beta_deep allowed: a niche top), and the one-sided likelihood-ratio test of
+        # the constraint (module docstring, "Niche tops")
+        free = self._ascent(best, constrained=False)
+        self.best_free = free
+        ftop = self.curves[free][0]
+        self.niche_lr = max(0.0, 2.0 * (ftop - top))
+        self.niche = bool(self.niche_lr > NICHE_LR_CRITICAL)
+        self.best = best
+        free_set = {k for k, c in self.curves.items() if 2.0 * (ftop - c[0]) <= _CHI2_95_2}
+        if self.niche:  # every top tilt up to the depth's: the test identifies the direction, not the size
+            for i in range(free[1] + 1):
+                self._try(i, free[1], self.curves[free][1])
+            free_set |= {(i, free[1]) for i in range(free[1] + 1)}
+        self.curve_set_free = sorted(free_set)
+        # the interval's curves: both branches, always (the constrained set, and the free fit's 95% likelihood set)
+        self.curve_set = sorted(set(self.curve_set_constrained) | free_set)
+
+    def _ascent(self, best: tuple[int, int], constrained: bool) -> tuple[int, int]:
+        """Coordinate ascent over (top, deep) on the grid from ``best``, two rounds; ``constrained``: the top at
+        least as tilted as the depth (beta_top >= beta_deep)."""
+        nb = len(self.betas)
+        for _ in range(2):
+            for i in range(best[1] if constrained else 0, nb):
+                self._try(i, best[1], self.curves[best][1])
+            best = self._argmax(constrained)
+            for j in range(best[0] + 1 if constrained else nb):
+                self._try(best[0], j, self.curves[best][1])
+            best = self._argmax(constrained)
+        return best
+
+    def _argmax(self, constrained: bool) -> tuple[int, int]:
+        keys = [k for k in self.curves if k[0] >= k[1]] if constrained else list(self.curves)
+        return max(keys, key=lambda k: self.curves[k][0])
 
     def _cell_beta(self, i: int, j: int) -> np.ndarray:
         b = self.betas[i] + (self.betas[j] - self.betas[i]) * self._frac
@@ -219,28 +262,46 @@ class PopularityFit:
             miss = -lam * (u.miss @ v)[:, None]  # sum over non-beating items of log (1 - pi_j) = -lambda v_j
             miss = np.where(np.isnan(miss), -np.inf, miss)  # lambda = inf with no miss: 0 * inf
             miss = np.where((u.miss @ v)[:, None] == 0, 0.0, miss)
-            rows, cls = np.nonzero(u.beat > 0)
+            rows, cls = np.nonzero(u.beat > 0)  # row-major: rows sorted, so each unit's pairs are one run
             x = lam[rows, :] * v[cls][:, None]  # (pairs, cells)
             term = u.beat[rows, cls][:, None] * np.log(-np.expm1(-x))
             beat = np.zeros_like(lam)
-            np.add.at(beat, rows, term)
+            if len(rows):
+                first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+                beat[rows[first]] = np.add.reduceat(term, first, axis=0)
         logl = np.nan_to_num(beat + miss, nan=-np.inf)
         return np.where(self.allowed, logl, -np.inf)
 
-    def mass_above(self, b: int) -> np.ndarray:
-        """(N, cells) the expected mass above, pi = E q~(A), at the b-th beta (kept once computed)."""
-        if b in self._mass:
-            return self._mass[b]
+    def zone_cells(self, b: int) -> np.ndarray:
+        """(N,) at the b-th beta, the number of leading cells of each unit where it expects at most one beating draw,
+        m pi(R) <= 1 with pi = E q~(A) the expected mass above (a prefix: pi grows with R). Evaluated in blocks of
+        cells until every unit has left its zone (the top zone is short; the deep cells are never needed); kept
+        once computed."""
+        if b in self._zone:
+            return self._zone[b]
         u = self.units
         v = np.exp(self.betas[b] * (u.log_v - u.log_v.max()))
-        with np.errstate(over="ignore", invalid="ignore"):
-            lam = self._lam[b]
-            assert lam is not None, "mass_above after the likelihood at that beta"  # _log_likelihood(b) fills it
-            mass = np.einsum("nc,nkc->nk", u.profile * u.mean_w, -np.expm1(-lam[:, :, None] * v))
-        total = (u.profile * u.mean_w).sum(1)
-        pi = np.where(np.isfinite(mass), mass, total[:, None]) / np.maximum(total[:, None], 1e-300)
-        self._mass[b] = np.clip(pi, 0.0, 1.0)
-        return self._mass[b]
+        lam = self._lam[b]
+        assert lam is not None, "zone_cells after the likelihood at that beta"  # _log_likelihood(b) fills it
+        mass_w = u.profile * u.mean_w
+        total = np.maximum(mass_w.sum(1), 1e-300)
+        n_units, n_cells = lam.shape
+        length = np.zeros(n_units, dtype=np.int64)
+        open_ = np.ones(n_units, dtype=bool)
+        start = 0
+        while start < n_cells and open_.any():  # blocks of cells, a handful at most
+            stop = min(n_cells, start + 16)
+            rows = np.flatnonzero(open_)
+            with np.errstate(over="ignore", invalid="ignore"):
+                mass = np.einsum("nc,nkc->nk", mass_w[rows], -np.expm1(-lam[rows, start:stop, None] * v))
+            pi = np.clip(np.where(np.isfinite(mass), mass, total[rows, None]) / total[rows, None], 0.0, 1.0)
+            inside = u.m[rows, None] * pi <= 1.0
+            run = np.cumprod(inside, axis=1).sum(1)  # leading cells inside the zone in this block
+            length[rows] += run
+            open_[rows] = run == stop - start
+            start = stop
+        self._zone[b] = length
+        return length
 
     # ------------------------------------------------------------------------------------------- the metric
     def cell_metric(self, spec: MetricSpec) -> np.ndarray:
@@ -258,10 +319,20 @@ class PopularityFit:
         _, prior, idx = self.curves[key]
         return _rows_posterior(self._assemble(idx), prior[None, :])
 
-    def estimate(self, spec: MetricSpec, b: tuple[int, int] | None = None) -> tuple[float, float, np.ndarray]:
-        """(value, standard error, per-unit posterior means) at beta index ``b`` (default: the best). The standard
-        error is the model's spread of the metric over units, sqrt(sum w (var_i + (mean_i - value)^2)) / sum w
-        (its total variance: covers the units' exact mean and the population's)."""
+    def estimate(self, spec: MetricSpec, b: tuple[int, int] | None = None,
+                 hedge: bool = False) -> tuple[float, float, np.ndarray]:
+        """(value, standard error, per-unit posterior means) at beta index ``b``; by default the constrained fit's
+        (``best``), or, with ``hedge`` where the niche test rejects the constraint, the hedge of the two branches:
+        the harmonic mean 2 a b / (a + b) of the constrained (a) and free (b) values, which minimises the worst
+        relative error over the two (standard error: the larger; per-unit means: the matching mixture). The
+        standard error is the model's spread of the metric over units, sqrt(sum w (var_i + (mean_i - value)^2)) /
+        sum w (its total variance: covers the units' exact mean and the population's)."""
+        if b is None and hedge and self.niche:
+            va, sa, ma = self.estimate(spec, self.best_constrained)
+            vb, sb, mb = self.estimate(spec, self.best_free)
+            value = 2.0 * va * vb / (va + vb) if va + vb > 0 else 0.0
+            t = (vb - value) / (vb - va) if vb != va else 1.0
+            return value, max(sa, sb), t * ma + (1.0 - t) * mb
         b = self.best if b is None else b
         post = self._posterior(b)
         cm = self.cell_metric(spec)
@@ -276,14 +347,15 @@ class PopularityFit:
     def top_zone(self, key: tuple[int, int]) -> np.ndarray:
         """(N, cells) bool: the cells of each unit where it expects at most one beating draw (m pi(R) <= 1)."""
         idx = self.curves[key][2]
-        pis = {b: self.mass_above(b) for b in np.unique(idx)}
-        pi = np.stack([pis[b][:, c] for c, b in enumerate(idx)], 1)
-        return (self.units.m[:, None] * pi <= 1.0) & self.allowed
+        lengths = np.zeros((len(self.betas), len(self.units.w)), dtype=np.int64)
+        for b in np.unique(idx):  # the few betas of the key's cells
+            lengths[b] = self.zone_cells(int(b))
+        return (np.arange(len(idx))[None, :] < lengths[idx].T) & self.allowed
 
-    def bounds(self, spec: MetricSpec) -> tuple[float, float, dict]:
-        """The hull, over the 95% likelihood set of (beta_top, beta_deep), of the estimates with P inside each unit's
-        top zone replaced by the flattest (uniform per rank) and the steepest (1/r) shape allowed, and the fitted
-        one."""
+    def bounds(self, spec: MetricSpec, keys: list[tuple[int, int]] | None = None) -> tuple[float, float, dict]:
+        """The hull, over ``keys`` (default :attr:`curve_set`: the 95% likelihood set of (beta_top, beta_deep) of the
+        branch the niche test picks, or of both), of the estimates with P inside each unit's top zone replaced by the
+        flattest (uniform per rank) and the steepest (1/r) shape allowed, and the fitted one."""
         w = self.units.w
         tot = float(w.sum())
         cm = self.cell_metric(spec)
@@ -292,7 +364,8 @@ class PopularityFit:
         harmonic = np.log((hi_e + 0.5) / (lo_e + 0.5))  # ~ sum of 1/r over the cell's ranks
         lo, hi = math.inf, -math.inf
         zone_end = []
-        for key in self.curve_set:
+        keys = self.curve_set if keys is None else keys
+        for key in keys:
             _, prior, idx = self.curves[key]
             logl = self._assemble(idx)
             zone = self.top_zone(key)
@@ -306,7 +379,7 @@ class PopularityFit:
                 lo, hi = min(lo, v), max(hi, v)
             v = self.estimate(spec, key)[0]
             lo, hi = min(lo, v), max(hi, v)
-        details = {"beta_set": [self.beta_of(k) for k in self.curve_set], "mean_top_zone_end": max(zone_end)}
+        details = {"beta_set": [self.beta_of(k) for k in keys], "mean_top_zone_end": max(zone_end)}
         return lo, hi, details
 
 

@@ -265,8 +265,10 @@ def _uniform_units(hist: RankHistogram) -> Units:
 def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None) -> PopularityFit:
     """The fitted model of ``pl_fit`` (module ``_popularity_fit``) on popularity-sampled
     :class:`~reco_sampled_plugin.ranking.SampledRanks` (or uniform ones): ``.betas``, ``.loglik``, ``.best``
-    (index of the chosen beta), ``.beta_set`` (its 95% profile-likelihood set), ``.estimate(spec)``,
-    ``.bounds(spec)``. Refusals as :func:`popularity_draws`; adaptive draws refused naming ``sampled``."""
+    (index of the chosen beta), ``.curve_set`` (the interval's (top, deep) pairs), ``.estimate(spec)``,
+    ``.bounds(spec)``; the niche-top test: ``.niche`` (rejected), ``.niche_lr`` (its statistic), the two branches'
+    optima ``.best_constrained`` / ``.best_free`` and curve sets ``.curve_set_constrained`` / ``.curve_set_free``.
+    Refusals as :func:`popularity_draws`; adaptive draws refused naming ``sampled``."""
     design = _fixed_m(sampled)
     if design is not None and design.popularity is not None:
         units = popularity_draws(sampled, weights).units
@@ -301,7 +303,10 @@ def estimate_by_pl_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sa
     ``options["draws"]``: the :class:`PopularityDraws` of a popularity design; without it a uniform histogram
     (with replacement: the model's one-class binomial likelihood). Under popularity sampling the output carries
     the interval of the unresolved top (``identification``): the hull over the 95% set of beta and the top shapes
-    allowed, widened by 1.96 standard errors."""
+    allowed, widened by 1.96 standard errors. ``options["niche"]``: ``"constrained"`` (default: the constrained
+    fit's value) or ``"hedge"`` (where the niche test rejects beta_top >= beta_deep, the harmonic mean of both
+    branches). ``details``: ``beta`` (the constrained fit's), ``niche_top`` (the test rejected), ``niche_lr``,
+    ``beta_constrained``, ``beta_free``, and where it rejected ``branch_values`` (constrained, free)."""
     from .metrics import metric_bounds
 
     d = options.get("draws")
@@ -316,9 +321,12 @@ def estimate_by_pl_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sa
         if units is None:
             raise ValueError(_NO_PROFILE)
     f = _fit_units(units)
-    value, se, _ = f.estimate(spec)
+    value, se, _ = f.estimate(spec, hedge=options.get("niche", "constrained") == "hedge")
     details = {"method": method, "design": "popularity" if d is not None else sampling, "beta": f.beta_of(),
-               "loglik": f.loglik}
+               "loglik": f.loglik, "niche_top": f.niche, "niche_lr": f.niche_lr,
+               "beta_constrained": f.beta_of(f.best_constrained), "beta_free": f.beta_of(f.best_free)}
+    if f.niche:
+        details["branch_values"] = (f.estimate(spec, f.best_constrained)[0], f.estimate(spec, f.best_free)[0])
     ident = None
     if d is not None:
         lo, hi, extra = f.bounds(spec)

@@ -402,6 +402,9 @@ _BUILTIN = (
               "interval spans the beta set and the top shapes allowed", ".popularity:estimate_by_pl_fit",
               without_replacement=False, popularity=True,
               class_counts=True,
+              options=(Option("niche", "choice", "constrained", "where the niche-top test rejects beta_top >= "
+                              "beta_deep: the constrained fit's value, or the hedge of both branches (harmonic mean)",
+                              ("constrained", "hedge")),),
               reference="Plackett 1975 / Luce 1959 inclusion (conditional Poisson); NPMLE as Jin et al. AAAI 2021"),
 )
 for _entry in _BUILTIN:
