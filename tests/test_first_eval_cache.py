@@ -223,3 +223,26 @@ def test_reset_and_new_data_recompute_and_old_data_give_the_old_values():
     metric.reset()
     metric.update(*_batch(1))
     assert _values(metric) == first
+
+
+# ------------------------------------------------------------------------- positives excluded (mask exclusions)
+@pytest.mark.parametrize("seed", range(6))
+def test_mask_exclusions_clash_check_without_a_sort_refuses_exactly_the_clashing_rows(seed):
+    from reco_sampled_plugin.ranking import prepare_index
+
+    rng = np.random.default_rng(seed)
+    b, n = 12, 40
+    mask = rng.random((b, n)) < 0.3
+    pos = np.stack([rng.permutation(n)[:3] for _ in range(b)])  # distinct positives per row
+    pos[rng.random((b, 3)) < 0.3] = -1  # padding
+    clash = np.array([any(p >= 0 and mask[i, p] for p in pos[i]) for i in range(b)])
+    if seed % 2:  # no clash: every positive taken out of its row's exclusions
+        mask[np.arange(b)[:, None], np.where(pos >= 0, pos, 0)] &= pos < 0
+        clash[:] = False
+    if clash.any():
+        with pytest.raises(ValueError, match=f"exclude: {int(clash.sum())} row"):
+            prepare_index(torch.from_numpy(pos), torch.from_numpy(mask), b, n, torch.device("cpu"))
+    else:
+        got_pos, got_exc = prepare_index(torch.from_numpy(pos), torch.from_numpy(mask), b, n, torch.device("cpu"))
+        for i in range(b):
+            assert sorted(int(e) for e in got_exc[i] if e >= 0) == list(np.flatnonzero(mask[i]))
