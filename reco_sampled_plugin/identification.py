@@ -496,7 +496,8 @@ def identified_interval(
         # one LP per (program, objective, sense): metrics with the same per-rank objective on the same data
         # (Hit@K and leave-one-out Recall@K) share the solutions instead of solving the same LP again
         lp_key = ("lp",) + _program_key(*args) + (c.tobytes(),)
-        r_lo, r_hi = (_memo(lp_key + (sense,), lambda sense=sense: _solve(c, prog, sense)) for sense in (1.0, -1.0))
+        r_lo = _memo(lp_key + (1.0,), lambda: _solve(c, prog, 1.0))
+        r_hi = _memo(lp_key + (-1.0,), lambda: _solve(c, prog, -1.0))
         if r_lo.status == 0 and r_hi.status == 0:
             lp_lo, lp_hi = float(c @ r_lo.x), float(c @ r_hi.x)
             flags = prog.flags
