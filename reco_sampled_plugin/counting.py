@@ -43,6 +43,15 @@ _COMPILE_AFTER_WORK = 1 << 32
 _work_done = [0]  # comparisons counted so far in this process (shapes only: no device synchronisation)
 # elements of the B x P x chunk boolean temporary in the eager path
 _EAGER_CHUNK_ELEMENTS = 1 << 22
+# on a CPU, the eager path's gathered rows / boolean temporaries in cache-sized chunks (2 MB of float32): the
+# row-indexed count of RecBole's ml-100k evaluation (10,900 rows x 1,682 scores) took 33 ms in chunks of 2^19
+# elements against 97 ms in chunks of 2^22 (measured in session 24, one thread); accelerators keep the large
+# chunks (fewer kernel launches)
+_EAGER_CPU_CHUNK_ELEMENTS = 1 << 19
+
+
+def _chunk_elements(device: torch.device) -> int:
+    return _EAGER_CPU_CHUNK_ELEMENTS if device.type == "cpu" else _EAGER_CHUNK_ELEMENTS
 
 _backend = os.environ.get("RECO_SAMPLED_BACKEND", "auto").lower()
 _compiled: dict[str, Callable] = {}
@@ -166,37 +175,44 @@ def _get_compiled(name: str) -> Callable | None:
     return fn
 
 
+def _count_true(mask: torch.Tensor) -> torch.Tensor:
+    """Number of True entries along the last axis, accumulated in int32 where a row cannot overflow it (fewer than
+    2^31 entries): a bool tensor's ``.sum()`` accumulates in int64 through a slow path on CPU (60 ms against 9 ms
+    for 2,490 x 1,682 entries, measured in session 24); the counts are the same integers either way."""
+    return mask.sum(-1, dtype=torch.int32 if mask.shape[-1] < 2**31 - 1 else torch.int64)
+
+
 def _eager(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
     """The eager kernels in item chunks: the B x P x chunk boolean temporary stays within the score block (B x n)
-    and ``_EAGER_CHUNK_ELEMENTS``."""
+    and the chunk size (``_chunk_elements``)."""
     if name.startswith("rows_"):
         return _eager_rows(name == "rows_ge", scores, extra[0], ref)
     b, n = scores.shape
     p = max(ref.shape[1], 1)
-    chunk = max(1, min(_EAGER_CHUNK_ELEMENTS, b * n) // max(b * p, 1))
+    chunk = max(1, min(_chunk_elements(scores.device), b * n) // max(b * p, 1))
     out = torch.zeros(ref.shape, dtype=torch.int64, device=scores.device)
     for start in range(0, n, chunk):  # item chunks bound the temporary; each chunk is vectorised
         block = scores[:, start : start + chunk]
         if name == "gt":
-            out += (block.unsqueeze(1) > ref.unsqueeze(2)).sum(-1)
+            out += _count_true(block.unsqueeze(1) > ref.unsqueeze(2))
         elif name == "ge":
-            out += (block.unsqueeze(1) >= ref.unsqueeze(2)).sum(-1)
+            out += _count_true(block.unsqueeze(1) >= ref.unsqueeze(2))
         else:
             ref_keys, row_seed = extra
             cols = torch.arange(start, start + block.shape[1], device=scores.device, dtype=torch.int64)
             keys = item_keys(cols.unsqueeze(0), row_seed)
-            out += ((block.unsqueeze(1) == ref.unsqueeze(2)) & (keys.unsqueeze(1) < ref_keys.unsqueeze(2))).sum(-1)
+            out += _count_true((block.unsqueeze(1) == ref.unsqueeze(2)) & (keys.unsqueeze(1) < ref_keys.unsqueeze(2)))
     return out
 
 
 def _eager_rows(inclusive: bool, scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    chunk = max(1, min(_EAGER_CHUNK_ELEMENTS // max(scores.shape[1], 1), scores.shape[0]))  # rows within the score block
+    chunk = max(1, min(_chunk_elements(scores.device) // max(scores.shape[1], 1), scores.shape[0]))  # rows within the score block
     out = torch.empty(ref.shape, dtype=torch.int64, device=scores.device)
     for start in range(0, ref.shape[0], chunk):  # chunks of positives bound the gathered rows
         sl = slice(start, start + chunk)
-        block = scores[rows[sl]]
+        block = scores.index_select(0, rows[sl])
         t = ref[sl].unsqueeze(1)
-        out[sl] = (block >= t if inclusive else block > t).sum(-1)
+        out[sl] = _count_true(block >= t if inclusive else block > t)
     return out
 
 

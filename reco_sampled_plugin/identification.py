@@ -216,9 +216,14 @@ def _hist_key(hist: RankHistogram) -> tuple:
     return (hist.n_items.tobytes(), hist.n_samples.tobytes(), hist.flat_counts.tobytes())
 
 
+def _program_key(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int,
+                 cutoff: int = 0, adaptive: AdaptiveDesign | None = None) -> tuple:
+    return ("program",) + _hist_key(hist) + (law, shape, level, relax, max_groups, cutoff, adaptive)
+
+
 def _program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int,
              cutoff: int = 0, adaptive: AdaptiveDesign | None = None) -> _Program:
-    key = ("program",) + _hist_key(hist) + (law, shape, level, relax, max_groups, cutoff, adaptive)
+    key = _program_key(hist, law, shape, level, relax, max_groups, cutoff, adaptive)
     return _memo(key, lambda: _build_program(hist, law, shape, level, relax, max_groups, cutoff, adaptive))
 
 
@@ -485,9 +490,14 @@ def identified_interval(
     flags: tuple[str, ...] = ()
     lp_lo = lp_hi = math.nan
     for relax in range(3):
-        prog = _program(hist, law, shape, float(level), relax, int(max_groups), int(spec.k or 0), design)
+        args = (hist, law, shape, float(level), relax, int(max_groups), int(spec.k or 0), design)
+        prog = _program(*args)
         c = _objective(spec, prog)
-        r_lo, r_hi = _solve(c, prog, 1.0), _solve(c, prog, -1.0)
+        # one LP per (program, objective, sense): metrics with the same per-rank objective on the same data
+        # (Hit@K and leave-one-out Recall@K) share the solutions instead of solving the same LP again
+        lp_key = ("lp",) + _program_key(*args) + (c.tobytes(),)
+        r_lo = _memo(lp_key + (1.0,), lambda: _solve(c, prog, 1.0))
+        r_hi = _memo(lp_key + (-1.0,), lambda: _solve(c, prog, -1.0))
         if r_lo.status == 0 and r_hi.status == 0:
             lp_lo, lp_hi = float(c @ r_lo.x), float(c @ r_hi.x)
             flags = prog.flags

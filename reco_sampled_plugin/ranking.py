@@ -156,9 +156,11 @@ def _clash_error(rows: torch.Tensor) -> None:
     )
 
 
-def _clash_check(pos: torch.Tensor, exc: torch.Tensor) -> Check:
-    """Each positive looked up in its row's sorted exclusions: O(B (P + E)) memory, not a (B, P, E) comparison."""
-    srt = torch.sort(exc, dim=1).values
+def _clash_check(pos: torch.Tensor, exc: torch.Tensor, n_items: int | None = None) -> Check:
+    """Each positive looked up in its row's sorted exclusions: O(B (P + E)) memory, not a (B, P, E) comparison.
+    ``n_items`` given: ``exc`` is ascending per row with its -1 padding last (a mask's indices, ``sparse_masks``),
+    so the padding becomes n_items (above every item, never a positive) instead of sorting the rows again."""
+    srt = torch.sort(exc, dim=1).values if n_items is None else torch.where(exc >= 0, exc, torch.full_like(exc, n_items))
     at = torch.searchsorted(srt, pos.contiguous()).clamp(max=srt.shape[1] - 1)
     clash = (srt.gather(1, at) == pos) & (pos >= 0)
     return Check(clash.any(), lambda: _clash_error(clash.any(1)))
@@ -198,7 +200,8 @@ def _prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.d
     if exc_mask:
         exc = padded.pop(0) if b and n else torch.full((b, 0), -1, dtype=torch.int64, device=device)
     if exclude is not None and bool(pos_mask) != bool(exc_mask) and pos.numel() and exc.numel():
-        run_checks([_clash_check(pos, exc)])  # a mask and an index tensor: checked once both are indices
+        # a mask and an index tensor: checked once both are indices (a mask's indices are sorted already)
+        run_checks([_clash_check(pos, exc, n if exc_mask else None)])
     return pos, exc
 
 

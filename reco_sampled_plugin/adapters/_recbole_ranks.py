@@ -475,15 +475,21 @@ class _Staging:
         self.sampled = False
         self.has_uid = True
 
-    def open(self, scores: torch.Tensor, a: np.ndarray, uid_field: str, item_field: str | None = None) -> None:
+    def open(self, scores: torch.Tensor, a: np.ndarray, uid_field: str, item_field: str | None = None,
+             expected_rows: int = 0) -> None:
         """Start gathering batches shaped and typed like ``scores`` (rows, items) (``a``: its numpy view);
-        ``item_field`` given: sampled-mode batches."""
+        ``item_field`` given: sampled-mode batches. ``expected_rows``: the evaluation's users when known (full
+        sort): the score buffer is sized for them at once (at most one flush's worth, ``_BUFFER_ELEMENTS``)
+        instead of doubling from the first batch's size (a dozen copies and fresh pages in a first evaluation)."""
         self.used = self.npos = self.nrows = self.nitems = 0
         self.marks = []
         self.n_cols, self.dtype, self.has_uid = a.shape[1], scores.dtype, True
         self.uid_field, self.item_field, self.sampled = uid_field, item_field, item_field is not None
         if self.scores.dtype != a.dtype:
             self.scores = np.empty(0, a.dtype)
+        want = min(int(expected_rows) * a.shape[1], _BUFFER_ELEMENTS + a.size)
+        if item_field is None and want > self.scores.shape[0]:  # empty: nothing to keep
+            self.scores = np.empty(want, a.dtype)
 
     def add(self, scores: torch.Tensor, interaction: Any, positive_u: torch.Tensor, positive_i: torch.Tensor) -> bool:
         """Copy one batch; False (nothing copied) when it does not fit the open kind, shape, dtype or device."""
@@ -578,7 +584,10 @@ def _collect(collector: Any, scores: torch.Tensor, interaction: Any, positive_u:
         stage = collector.__dict__.get("_rsp_stage") or _Staging()
         collector._rsp_stage = stage
         config = collector.config
-        stage.open(scores, a, config["USER_ID_FIELD"], config["ITEM_ID_FIELD"] if sampled else None)
+        eval_data = collector.__dict__.get("_rsp_eval_data")
+        rows = getattr(eval_data, "sample_size", 0) if not getattr(eval_data, "is_sequential", True) else 0
+        stage.open(scores, a, config["USER_ID_FIELD"], config["ITEM_ID_FIELD"] if sampled else None,
+                   rows if isinstance(rows, int) else 0)
         if stage.add(scores, interaction, positive_u, positive_i):
             collector._rsp_staging = stage
             if stage.used >= _BUFFER_ELEMENTS:

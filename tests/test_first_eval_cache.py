@@ -1,0 +1,248 @@
+"""Issue 25, session 24: the faster first evaluation gives the numbers of the reference path.
+
+* the eager counting kernels (int32 accumulators, cache-sized chunks on a CPU, rows gathered by ``index_select``)
+  against brute-force counts in numpy, at chunk sizes from one row to the whole matrix, with ties, NaN and +-inf;
+* identified intervals: LP solutions shared by metrics with the same objective on the same data (Hit@K and
+  leave-one-out Recall@K) equal a recomputation with every cache emptied, new data are solved afresh, the memo
+  stays bounded;
+* RecBole's staging buffer sized for the evaluation's users returns what the doubling buffer returned;
+* the update / reset lifecycle of the torchmetrics class behind the Lightning callback: after a reset and new
+  data, ``compute()`` equals a fresh metric's (no stale cached fit, program or LP solution), and the first data
+  again give the first values bit for bit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from reco_sampled_plugin import counting
+from reco_sampled_plugin import identification as idf
+from reco_sampled_plugin.adapters import _recbole_ranks as rr
+from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+
+
+# ------------------------------------------------------------------------------------------ counting
+def _scores(rng: np.random.Generator, b: int, n: int) -> np.ndarray:
+    """Float32 scores on 7 levels (many ties), a NaN row entry, +-inf entries."""
+    s = rng.integers(0, 7, (b, n)).astype(np.float32) / 2
+    s[0, 3] = np.nan
+    s[1, :5] = -np.inf
+    s[2, 7] = np.inf
+    return s
+
+
+@pytest.fixture
+def eager_backend():
+    old = counting.get_backend()
+    counting.set_backend("eager")
+    yield
+    counting.set_backend(old)
+
+
+@pytest.mark.parametrize("chunk", [1, 40, 1 << 10, 1 << 19])
+def test_eager_counts_equal_brute_force_at_any_chunk_size(chunk, eager_backend, monkeypatch):
+    monkeypatch.setattr(counting, "_EAGER_CPU_CHUNK_ELEMENTS", chunk)
+    rng = np.random.default_rng(25)
+    b, n, p = 9, 53, 4
+    s = _scores(rng, b, n)
+    ref = s[np.arange(b)[:, None], rng.integers(0, n, (b, p))]
+    ref[3, 1] = np.nan  # a NaN reference: nothing beats it
+    scores, ref_t = torch.from_numpy(s), torch.from_numpy(ref)
+    for inclusive in (False, True):
+        truth = (s[:, None, :] >= ref[:, :, None]) if inclusive else (s[:, None, :] > ref[:, :, None])
+        np.testing.assert_array_equal(counting.count_beating(scores, ref_t, inclusive).numpy(), truth.sum(-1))
+        counts, finite = counting.count_beating_checked(scores, ref_t, inclusive)
+        np.testing.assert_array_equal(counts.numpy(), truth.sum(-1))
+        np.testing.assert_array_equal(finite.numpy(), np.isfinite(s).all(1))
+    # one reference per positive against its own row (RecBole's full mode), rows repeated and out of order
+    rows = rng.integers(0, b, 40)
+    r_ref = s[rows, rng.integers(0, n, 40)]
+    for inclusive in (False, True):
+        got = counting.count_beating_rows(scores, torch.from_numpy(rows), torch.from_numpy(r_ref), inclusive)
+        truth = (s[rows] >= r_ref[:, None]) if inclusive else (s[rows] > r_ref[:, None])
+        assert got.dtype == torch.int64
+        np.testing.assert_array_equal(got.numpy(), truth.sum(-1))
+    # tied items with a smaller tie-break key
+    seed = torch.from_numpy(rng.integers(0, 2**31, (b, 1)))
+    keys = counting.item_keys(torch.arange(n).unsqueeze(0), seed).numpy()  # (b, n)
+    cols = rng.integers(0, n, (b, p))
+    ref_keys = np.take_along_axis(keys, cols, 1)
+    tied_ref = np.take_along_axis(s, cols, 1)
+    got = counting.count_tied_before(scores, torch.from_numpy(tied_ref), torch.from_numpy(ref_keys), seed)
+    truth = ((s[:, None, :] == tied_ref[:, :, None]) & (keys[:, None, :] < ref_keys[:, :, None])).sum(-1)
+    np.testing.assert_array_equal(got.numpy(), truth)
+
+
+def test_count_accumulator_is_int32_only_where_a_row_cannot_overflow_it():
+    small = torch.empty((3, 1000), dtype=torch.bool, device="meta")
+    huge = torch.empty((1, 2**31), dtype=torch.bool, device="meta")
+    assert counting._count_true(small).dtype == torch.int32
+    assert counting._count_true(huge).dtype == torch.int64
+
+
+def test_cpu_chunks_are_cache_sized_and_accelerators_keep_large_ones():
+    assert counting._chunk_elements(torch.device("cpu")) == counting._EAGER_CPU_CHUNK_ELEMENTS
+    assert counting._chunk_elements(torch.device("meta")) == counting._EAGER_CHUNK_ELEMENTS
+    assert counting._EAGER_CPU_CHUNK_ELEMENTS < counting._EAGER_CHUNK_ELEMENTS
+
+
+# ------------------------------------------------------------------------------------- identification
+def _top_unresolved_ranks(seed: int, users: int = 600) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sampled ranks (m = 100) of positives whose exact ranks follow a power law over n in 1,200..1,700 (per-user
+    n): the resolution b ~ 15 exceeds K = 10, so Recall@10's interval is identified by the LP."""
+    g = torch.Generator().manual_seed(seed)
+    n = torch.randint(1200, 1700, (users,), generator=g)
+    r = (torch.rand(users, generator=g, dtype=torch.float64) ** 3 * (n - 1)).floor() + 1
+    hits = torch.binomial(torch.full((users,), 100.0, dtype=torch.float64), ((r - 1) / (n - 1)).clamp(0, 1), generator=g)
+    return hits + 1, n.to(torch.float64), torch.full((users,), 100.0)
+
+
+@pytest.fixture
+def counted_solves(monkeypatch):
+    """Empty memo before and after; every LP solve counted."""
+    idf._CACHE.clear()
+    calls = []
+    real = idf._solve
+
+    def counting_solve(c, prog, sense):
+        calls.append(sense)
+        return real(c, prog, sense)
+
+    monkeypatch.setattr(idf, "_solve", counting_solve)
+    yield calls
+    idf._CACHE.clear()
+
+
+def test_equal_objectives_share_lp_solutions_and_equal_a_fresh_recomputation(counted_solves):
+    ranks, n, m = _top_unresolved_ranks(1)
+    rec = idf.identified_interval("recall@10", ranks, n, m)
+    assert len(counted_solves) == 2  # min and max
+    hit = idf.identified_interval("hit@10", ranks, n, m)
+    assert len(counted_solves) == 2  # the same per-rank objective on the same data: no new LP
+    idf._CACHE.clear()  # the reference path: every cache emptied, solved again
+    hit_ref = idf.identified_interval("hit@10", ranks, n, m)
+    assert len(counted_solves) == 4
+    assert (hit.lo, hit.hi, hit.lp_lo, hit.lp_hi, hit.flags) == (hit_ref.lo, hit_ref.hi, hit_ref.lp_lo, hit_ref.lp_hi, hit_ref.flags)
+    assert (rec.lp_lo, rec.lp_hi) == (hit.lp_lo, hit.lp_hi)
+    ndcg = idf.identified_interval("ndcg@10", ranks, n, m)  # another objective: its own LPs
+    assert len(counted_solves) == 6 and ndcg.lp_hi != hit.lp_hi
+
+
+def test_new_data_are_solved_afresh_and_the_memo_stays_bounded(counted_solves):
+    first = idf.identified_interval("recall@10", *_top_unresolved_ranks(1))
+    other = idf.identified_interval("recall@10", *_top_unresolved_ranks(2))
+    assert len(counted_solves) == 4 and (other.lo, other.hi) != (first.lo, first.hi)
+    again = idf.identified_interval("recall@10", *_top_unresolved_ranks(1))
+    assert len(counted_solves) == 4 and (again.lo, again.hi) == (first.lo, first.hi)  # kept while in the memo
+    for seed in range(3, 3 + idf._CACHE_MAX // 3 + 2):  # more histograms than the memo holds entries for
+        idf.identified_interval("recall@10", *_top_unresolved_ranks(seed, users=150))
+    assert len(idf._CACHE) <= idf._CACHE_MAX
+    solves = len(counted_solves)
+    evicted = idf.identified_interval("recall@10", *_top_unresolved_ranks(1))
+    assert len(counted_solves) == solves + 2  # evicted long ago: solved again, to the same numbers
+    assert (evicted.lo, evicted.hi, evicted.lp_lo, evicted.lp_hi) == (first.lo, first.hi, first.lp_lo, first.lp_hi)
+
+
+# ------------------------------------------------------------------------------------- RecBole staging
+class _Inter:
+    def __init__(self, uid: np.ndarray) -> None:
+        self.interaction = {"user_id": torch.from_numpy(uid)}
+
+
+def _batches(rng: np.random.Generator, n_cols: int, sizes: list[int]) -> list[tuple]:
+    out, first = [], 0
+    for b in sizes:
+        scores = torch.from_numpy(rng.standard_normal((b, n_cols)).astype(np.float32))
+        pu = torch.from_numpy(rng.integers(0, b, 3 * b))
+        pi = torch.from_numpy(rng.integers(0, n_cols, 3 * b))
+        out.append((scores, _Inter(np.arange(first, first + b)), pu, pi))
+        first += b
+    return out
+
+
+def _staged(batches: list[tuple], expected_rows: int, stage: rr._Staging | None = None) -> tuple[rr._Staging, tuple]:
+    stage = rr._Staging() if stage is None else stage
+    scores = batches[0][0]
+    stage.open(scores, scores.numpy(), "user_id", None, expected_rows)
+    for sc, inter, pu, pi in batches:
+        assert stage.add(sc, inter, pu, pi)
+    return stage, tuple(None if t is None else t.clone() for t in stage.take())
+
+
+@pytest.mark.parametrize("expected", [0, 5, 37, 10_000])
+def test_staging_sized_for_the_users_returns_what_the_doubling_buffer_returned(expected):
+    rng = np.random.default_rng(3)
+    batches = _batches(rng, 29, [2, 2, 5, 2, 7, 2, 2, 2, 3, 2, 2, 2, 4])  # 37 users
+    _, reference = _staged(batches, 0)
+    stage, got = _staged(batches, expected)
+    for a, b in zip(got, reference):
+        assert torch.equal(a, b)
+    # sized once, at most one flush's worth (plus a batch)
+    assert stage.scores.shape[0] <= max(37 * 29 * 2, rr._BUFFER_ELEMENTS + 2 * 29)
+    # the next evaluation with another catalogue (data changed) reuses the buffers and returns its own data
+    more = _batches(rng, 41, [3, 6, 1])
+    _, ref_more = _staged(more, 0)
+    _, got_more = _staged(more, expected, stage)
+    for a, b in zip(got_more, ref_more):
+        assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------------------- update / reset lifecycle
+def _batch(seed: int, users: int = 400, items: int = 1500):
+    """Scores of a weak recommender (the relevant item a bit above the others) and per-user exclusions (a
+    different number per user: hundreds of distinct candidate counts n)."""
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(users, items, generator=g)
+    pos = torch.randint(0, items, (users,), generator=g)
+    scores[torch.arange(users), pos] += 2.0
+    exclude = torch.rand(users, items, generator=g) < torch.linspace(0.0, 0.3, users)[:, None]
+    exclude[torch.arange(users), pos] = False
+    return scores, pos.unsqueeze(1), exclude
+
+
+def _values(metric: SampledRankingMetrics) -> dict[str, float]:
+    return {k: float(v) for k, v in metric.compute().items()}
+
+
+def test_reset_and_new_data_recompute_and_old_data_give_the_old_values():
+    idf._CACHE.clear()
+    metric = SampledRankingMetrics(("hit@10", "ndcg@10"), n_samples=100, max_n_groups=16)
+    metric.update(*_batch(1))
+    first = _values(metric)
+    metric.reset()
+    metric.update(*_batch(2))
+    second = _values(metric)
+    fresh = SampledRankingMetrics(("hit@10", "ndcg@10"), n_samples=100, max_n_groups=16)
+    fresh.update(*_batch(2))
+    idf._CACHE.clear()  # the reference recomputation shares nothing with the run above
+    assert _values(fresh) == second
+    assert second != first
+    assert any(k.endswith("_lo") for k in second)  # the intervals are among the compared values
+    metric.reset()
+    metric.update(*_batch(1))
+    assert _values(metric) == first
+
+
+# ------------------------------------------------------------------------- positives excluded (mask exclusions)
+@pytest.mark.parametrize("seed", range(6))
+def test_mask_exclusions_clash_check_without_a_sort_refuses_exactly_the_clashing_rows(seed):
+    from reco_sampled_plugin.ranking import prepare_index
+
+    rng = np.random.default_rng(seed)
+    b, n = 12, 40
+    mask = rng.random((b, n)) < 0.3
+    pos = np.stack([rng.permutation(n)[:3] for _ in range(b)])  # distinct positives per row
+    pos[rng.random((b, 3)) < 0.3] = -1  # padding
+    clash = np.array([any(p >= 0 and mask[i, p] for p in pos[i]) for i in range(b)])
+    if seed % 2:  # no clash: every positive taken out of its row's exclusions
+        mask[np.arange(b)[:, None], np.where(pos >= 0, pos, 0)] &= pos < 0
+        clash[:] = False
+    if clash.any():
+        with pytest.raises(ValueError, match=f"exclude: {int(clash.sum())} row"):
+            prepare_index(torch.from_numpy(pos), torch.from_numpy(mask), b, n, torch.device("cpu"))
+    else:
+        got_pos, got_exc = prepare_index(torch.from_numpy(pos), torch.from_numpy(mask), b, n, torch.device("cpu"))
+        for i in range(b):
+            assert sorted(int(e) for e in got_exc[i] if e >= 0) == list(np.flatnonzero(mask[i]))
