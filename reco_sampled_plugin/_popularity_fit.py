@@ -198,8 +198,11 @@ class PopularityFit:
         free = self._ascent(best, constrained=False)
         self.best_free = free
         ftop = self.curves[free][0]
-        self.niche_lr = max(0.0, 2.0 * (ftop - top))
-        self.niche = bool(self.niche_lr > NICHE_LR_CRITICAL)
+        # against the best constrained curve evaluated so far: the free ascent may visit constrained pairs the
+        # constrained ascent did not, and a gain there is no evidence of a niche top
+        ctop = max(c[0] for k, c in self.curves.items() if k[0] >= k[1])
+        self.niche_lr = max(0.0, 2.0 * (ftop - max(top, ctop)))
+        self.niche = bool(free[0] < free[1] and self.niche_lr > NICHE_LR_CRITICAL)
         self.best = best
         free_set = {k for k, c in self.curves.items() if 2.0 * (ftop - c[0]) <= _CHI2_95_2}
         if self.niche:  # every top tilt up to the depth's: the test identifies the direction, not the size

@@ -44,8 +44,8 @@ _work_done = [0]  # comparisons counted so far in this process (shapes only: no 
 # elements of the B x P x chunk boolean temporary in the eager path
 _EAGER_CHUNK_ELEMENTS = 1 << 22
 # on a CPU, the eager path's gathered rows / boolean temporaries in cache-sized chunks (2 MB of float32): the
-# row-indexed count of RecBole's ml-100k evaluation (10,900 rows x 1,682 scores) took 33 ms in chunks of 2^19
-# elements against 97 ms in chunks of 2^22 (measured in session 24, one thread); accelerators keep the large
+# row-indexed count of RecBole's ml-100k evaluation (10,539 rows x 1,682 scores) took 43 ms with these chunks,
+# int32 counts and index_select, against 97 ms before (BENCHMARKS.md, issue 25's fourth measurement); accelerators keep the large
 # chunks (fewer kernel launches)
 _EAGER_CPU_CHUNK_ELEMENTS = 1 << 19
 

@@ -14,7 +14,8 @@ under each candidate design, for a given catalogue size, number of users and ran
    would compare against. A rank-distribution estimator's repeats of a design are fitted together
    (:class:`~reco_sampled_plugin.rank_distribution.ReplicateFits`: one histogram pass, the (n, m) groups pooled once
    on the sum of the repeats, one likelihood, one batched solver in which each repeat stops on its own rule; the
-   same forecasts as one fit per repeat up to the solvers' stopping, tests/test_planner_speed.py); designs with
+   same forecasts as one fit per repeat up to the solvers' stopping and, where groups are pooled, each bin's
+   representative n: within 0.05-0.35 Monte Carlo se in tests/test_planner_speed.py); designs with
    ``exact_at_cap`` fit their repeats' histograms as ``estimate_rank_distributions`` does.
    With ``screen=True`` (the default) each design first runs :data:`SCREEN_REPEATS` replicates and stops there
    when every one of them misses the target (``DesignForecast.screened``): a forecast from those alone.
@@ -60,7 +61,7 @@ tests/test_planner.py: predicted and simulated relative errors within 30% in 15 
 ml-latest-small). Each forecast carries its Monte Carlo standard error; ``meets_target`` compares the point
 forecast with the target. With the default family the forecast is a rough guide. Timing (2-core machine, one thread: see
 :func:`plan`): the default grid (9 designs, 180 fits) for ``n_items = 50_000, n_users = 6000, repeats = 20`` takes
-about 3 s of CPU after the imports; a 1,000-user adaptive pilot on 47,303..49,981 candidates per user, 11 designs,
+3.5-4 s of CPU after the imports on the shared machine at load 8; a 1,000-user adaptive pilot on 47,303..49,981 candidates per user, 11 designs,
 17-20 s on the shared machine at load 8 (53-55 s with one fit per repeat; BENCHMARKS.md, issue 27's plan cost).
 """
 

@@ -1676,8 +1676,19 @@ class ReplicateFits:
 
     def fit(self, rows: Sequence[int] | None = None) -> list[RankDistribution]:
         """The fits of draws ``rows`` (default all), in their order: one batched solve (no bootstrap, no
-        ``reference``; flags ``pooled_n``, ``all_at_top``, ``not_converged`` as the single fits')."""
-        rows_arr = np.arange(len(self.counts)) if rows is None else np.asarray(rows, dtype=np.int64).reshape(-1)
+        ``reference``; flags ``pooled_n``, ``all_at_top``, ``not_converged`` as the single fits').
+
+        Raises:
+            ValueError: ``rows`` not a 1-D sequence of whole numbers in 0..R - 1.
+        """
+        reps = len(self.counts)
+        if rows is None:
+            rows_arr = np.arange(reps)
+        else:
+            raw = np.asarray(rows)
+            if raw.ndim != 1 or (raw.size and (raw.dtype.kind not in "iu" or raw.min() < 0 or raw.max() >= reps)):
+                raise ValueError(f"rows: expected a 1-D sequence of draw indices in 0..{reps - 1}, got {rows!r}")
+            rows_arr = raw.astype(np.int64)
         if not rows_arr.size:
             return []
         model, counts = self.model, self.counts[rows_arr]

@@ -179,8 +179,10 @@ def test_staging_sized_for_the_users_returns_what_the_doubling_buffer_returned(e
     stage, got = _staged(batches, expected)
     for a, b in zip(got, reference):
         assert torch.equal(a, b)
-    # sized once, at most one flush's worth (plus a batch)
-    assert stage.scores.shape[0] <= max(37 * 29 * 2, rr._BUFFER_ELEMENTS + 2 * 29)
+    if expected >= 37:  # sized once for the users (at most one flush's worth plus a batch): never regrown
+        assert stage.scores.shape[0] == min(expected * 29, rr._BUFFER_ELEMENTS + 2 * 29)
+    else:  # too few users announced: grown by doubling, as before
+        assert 37 * 29 <= stage.scores.shape[0] <= 2 * 37 * 29
     # the next evaluation with another catalogue (data changed) reuses the buffers and returns its own data
     more = _batches(rng, 41, [3, 6, 1])
     _, ref_more = _staged(more, 0)

@@ -184,6 +184,16 @@ def test_bad_input(kwargs, match):
         ReplicateFits(args.pop("sampled_ranks"), args.pop("n_items"), args.pop("n_samples"), **args)
 
 
+
+@pytest.mark.parametrize("rows", [[2], [-1], [0.7], [[0, 1]], ["a"]])
+def test_bad_rows(rows):
+    """``fit(rows)``: only draw indices 0..R - 1 (not a wrapped -1, a truncated 0.7 or a flattened 2-D list)."""
+    fits = ReplicateFits(torch.tensor([[1, 2], [2, 1]]), 100, 50, "mle")
+    with pytest.raises(ValueError, match="rows"):
+        fits.fit(rows)
+    assert len(fits.fit([])) == 0 and len(fits.fit([1, 0])) == 2
+
+
 # ------------------------------------------------------------------------------------------------ the plan
 def _both(monkeypatch, *args, **kwargs):
     """The plan on the joint path and on the one-by-one path (``planner._JOINT_FITS`` off), same seeds."""

@@ -123,7 +123,11 @@ def test_the_hedge_is_the_harmonic_mean_of_the_branches(niche_draws):
         assert e.stderr == pytest.approx(max(sa, sb), rel=1e-12)
         lo, hi = e.interval(0.95)
         assert lo <= min(a, b) and max(a, b) <= hi
-        assert abs(e.value / a - 1) <= max(abs(e.value / a - 1), abs(e.value / b - 1)) <= abs(b / a - 1)
+        # the harmonic mean's relative error is the same, |a - b| / (a + b), whichever branch holds: below either
+        # branch's error against the other
+        assert abs(e.value / a - 1) == pytest.approx(abs(a - b) / (a + b), rel=1e-9)
+        assert abs(e.value / b - 1) == pytest.approx(abs(a - b) / (a + b), rel=1e-9)
+        assert abs(a - b) / (a + b) <= min(abs(b / a - 1), abs(a / b - 1))
 
 
 @pytest.mark.parametrize("beta_top,beta_deep,seed", [(2.0, 2.0, 0), (2.0, 2.0, 1), (3.0, 1.5, 2)])
