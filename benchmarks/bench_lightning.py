@@ -294,7 +294,15 @@ def fit(repeats: int) -> list[dict]:
           f"goal: at most max(15%, 1 s)")
     for k in runs:
         print(f"  {k}: validation epoch 1 (first evaluation) {val[k][0] * 1e3:.0f} ms, epoch 2 {val[k][1] * 1e3:.0f} ms")
-    return [dict(case="fit", plain=med["plain"], callback=med["callback"], added=added)]
+    # the fit's training part is the same code in both runs: its run-to-run spread (shown) is noise, while the
+    # validation epochs hold everything the callback does (its hooks run inside them)
+    own = sum(val["callback"]) - sum(val["plain"])
+    spread = {k: (min(r["total"] for r in v), max(r["total"] for r in v)) for k, v in runs.items()}
+    print(f"  the callback's own time (validation epochs, callback minus plain): +{own:.2f} s "
+          f"({own / med['plain'] * 100:+.1f}% of the plain fit); run-to-run spread of the totals: plain "
+          f"{spread['plain'][0]:.2f}-{spread['plain'][1]:.2f} s, callback {spread['callback'][0]:.2f}-"
+          f"{spread['callback'][1]:.2f} s")
+    return [dict(case="fit", plain=med["plain"], callback=med["callback"], added=added, own=own)]
 
 
 def parser_default(name: str):
