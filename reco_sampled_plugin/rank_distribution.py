@@ -61,7 +61,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
-from scipy import optimize, sparse, special
+from scipy import sparse, special
 
 from ._rank_hist import (
     RankHistogram,
@@ -687,6 +687,8 @@ def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol
 
     values = []
     theta0 = np.log(np.maximum(pi0, 1e-300)) - logw
+    from scipy import optimize  # imported when first needed: 0.1-0.2 s a plan or batched fit never pays
+
     res = optimize.minimize(
         objective,
         theta0,
@@ -933,16 +935,35 @@ G_DF = 10  # basis functions, knots equally spaced in log R over 1..n (a knot pe
 G_PENALTY = 1.0  # weight of the squared second differences of the coefficients, in log-likelihood units
 
 
+def _bspline_design(x: np.ndarray, knots: np.ndarray, k: int) -> np.ndarray:
+    """(P, len(knots) - k - 1) B-spline basis of degree ``k`` at points ``x`` inside [knots[k], knots[-k - 1]]
+    (Cox-de Boor recursion; 0/0 read as 0; a point on the right end belongs to the last non-empty interval):
+    ``scipy.interpolate.BSpline.design_matrix(x, knots, k)`` densified, without importing scipy.interpolate, whose
+    import (scipy.optimize with it) cost 0.3 s of a first ``gmod`` fit or plan."""
+    t = np.asarray(knots, dtype=np.float64)
+    n_int = len(t) - 1
+    span = np.clip(np.searchsorted(t, x, side="right") - 1, k, len(t) - k - 2)
+    b = np.zeros((len(x), n_int))
+    b[np.arange(len(x)), span] = 1.0
+    xc = np.asarray(x, dtype=np.float64)[:, None]
+    for d in range(1, k + 1):
+        nb = n_int - d
+        left, right = t[d : d + nb] - t[:nb], t[d + 1 : d + 1 + nb] - t[1 : 1 + nb]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            lw = np.where(left > 0, (xc - t[:nb]) / left, 0.0)
+            rw = np.where(right > 0, (t[d + 1 : d + 1 + nb] - xc) / right, 0.0)
+        b = lw * b[:, :nb] + rw * b[:, 1 : nb + 1]
+    return b
+
+
 def _g_basis(edges: np.ndarray, df: int) -> np.ndarray:
     """(C, df) cubic B-spline basis at log(mean rank) of each cell, knots equally spaced on [0, log n]."""
-    from scipy import interpolate
-
     pts, wts = cell_points(edges)
     x = np.log((pts * wts).sum(1))
     hi = max(math.log(float(edges[-1])), 1e-9)
     inner = np.linspace(0.0, hi, df - 2)
     knots = np.r_[[0.0] * 3, inner, [hi] * 3]
-    return interpolate.BSpline.design_matrix(np.clip(x, 0.0, hi), knots, 3).toarray()
+    return _bspline_design(np.clip(x, 0.0, hi), knots, 3)
 
 
 def _g_objective(
@@ -1014,6 +1035,8 @@ def _g_fit(model: _Model, counts: np.ndarray, df: int, penalty: float, alpha0: n
     objective, pi_of = _g_objective(model, counts, basis, penalty)
     values: list[float] = []
     start = np.zeros(basis.shape[1]) if alpha0 is None else alpha0
+    from scipy import optimize  # imported when first needed (as above)
+
     res = optimize.minimize(objective, start, jac=True, method="L-BFGS-B",
                             callback=(lambda a: values.append(objective(a)[0])) if trace else None,
                             options={"maxiter": max_iter, "ftol": tol * 1e-3, "gtol": 1e-9})

@@ -248,3 +248,26 @@ def test_mask_exclusions_clash_check_without_a_sort_refuses_exactly_the_clashing
         got_pos, got_exc = prepare_index(torch.from_numpy(pos), torch.from_numpy(mask), b, n, torch.device("cpu"))
         for i in range(b):
             assert sorted(int(e) for e in got_exc[i] if e >= 0) == list(np.flatnonzero(mask[i]))
+
+
+# ------------------------------------------------------------------------- gmod's basis without scipy.interpolate
+@pytest.mark.parametrize("df", [4, 5, 8, 10, 14, 20])
+@pytest.mark.parametrize("hi", [1e-9, 0.5, 7.4, 11.0])
+def test_bspline_design_equals_scipy(df, hi):
+    """``_bspline_design`` (Cox-de Boor in numpy) equals scipy's ``BSpline.design_matrix`` on gmod's clamped knots,
+    at both ends, on the inner knots and inside; also on unequally spaced knots. Rows sum to one."""
+    from scipy import interpolate
+
+    from reco_sampled_plugin.rank_distribution import _bspline_design
+
+    rng = np.random.default_rng(df)
+    equal = np.linspace(0.0, hi, df - 2)
+    unequal = np.r_[0.0, np.sort(rng.uniform(0.0, hi, df - 4)), hi]
+    for inner in (equal, unequal):
+        t = np.r_[[0.0] * 3, inner, [hi] * 3]
+        x = np.r_[0.0, hi, inner, rng.uniform(0.0, hi, 200)]
+        got = _bspline_design(x, t, 3)
+        want = interpolate.BSpline.design_matrix(x, t, 3).toarray()
+        assert got.shape == (len(x), df)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(got.sum(1), 1.0, rtol=0, atol=1e-12)
