@@ -4,6 +4,7 @@ what it draws, within max_pairs per call, reports its cost, and refuses a misbeh
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -133,8 +134,16 @@ def test_cost_record_counts_pairs_and_full_ranking():
     scores, pos, exc = _data(b=20, n=100)
     scorer = MatrixScorer(scores)
     m = 9
-    got = sampled_ranks_from_scorer(scorer, pos, 100, m, exclude=exc, generator=torch.Generator().manual_seed(0),
+    nap = 0.002  # each scorer call sleeps this long: a known lower bound on the time inside the scorer
+
+    def slow(users, items):
+        time.sleep(nap)
+        return scorer(users, items)
+
+    t0 = time.perf_counter()
+    got = sampled_ranks_from_scorer(slow, pos, 100, m, exclude=exc, generator=torch.Generator().manual_seed(0),
                                     max_pairs=64)
+    wall = time.perf_counter() - t0
     k = int((pos >= 0).sum())
     assert got.cost.pairs == k * (1 + m)  # each positive and its m draws, nothing else
     assert sum(r * c for r, c in scorer.shapes) == k * (1 + m)
@@ -142,7 +151,9 @@ def test_cost_record_counts_pairs_and_full_ranking():
     rows_with = (pos >= 0).any(1)
     assert got.cost.full_pairs == int(rows_with.sum()) * 100 - int(((exc >= 0).sum(1) * rows_with).sum())
     assert got.cost.share_of_full == pytest.approx(k * (1 + m) / got.cost.full_pairs)
-    assert got.cost.scorer_seconds >= 0 and got.cost.loop_seconds >= 0
+    # the clock: at least the calls' sleeps inside the scorer, and scorer + loop within the call's wall time
+    assert got.cost.scorer_seconds >= nap * got.cost.calls
+    assert got.cost.scorer_seconds + got.cost.loop_seconds <= wall
     d = got.cost.as_dict()
     assert d["pairs"] == got.cost.pairs and d["stages"] == 1
 
