@@ -57,7 +57,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -235,22 +235,48 @@ _MAX_EXACT_M = 8
 _M_SPREAD = 0.1
 
 
+def _m_bin_tops(m: np.ndarray, spread: float = _M_SPREAD) -> np.ndarray:
+    """Each m moved to the largest m of its bin: bins over the distinct m (hundreds at most, not positives), a new
+    bin where an m exceeds the bin's first by more than the factor 1 + spread (:func:`_pool_m`)."""
+    um = np.unique(m)
+    edges = [int(um[0])]
+    for v in um[1:].tolist():
+        if v > edges[-1] * (1.0 + spread):
+            edges.append(int(v))
+    bin_lo = np.asarray(edges)
+    top = np.array([int(um[(um >= lo) & ((um < bin_lo[k + 1]) if k + 1 < len(bin_lo) else True)].max())
+                    for k, lo in enumerate(bin_lo)])
+    return top[np.searchsorted(bin_lo, m, side="right") - 1]
+
+
+def _quantile_bins(n: np.ndarray, m: np.ndarray, totals: np.ndarray,
+                   max_groups: int) -> Iterator[tuple[int, np.ndarray, int]]:
+    """:func:`pool_groups`' quantile bins of n: per sample size m, the groups (n ascending) cut into
+    ``max_groups // (distinct m)`` bins of equal positive counts; yields (m, the bin's group indices in ascending n,
+    the bin's count-weighted median n: one of its groups' n, so valid for either law (no floor at m + 1: with
+    replacement m may exceed n - 1, e.g. adaptive stages beyond the catalogue))."""
+    sizes = np.unique(m)
+    bins = max(1, max_groups // len(sizes))
+    for mval in sizes:  # one pass per sample size (a few), vectorised over the groups of that size
+        idx = np.flatnonzero(m == mval)
+        order = idx[np.argsort(n[idx], kind="stable")]
+        tot = totals[order]
+        cum = np.cumsum(tot) / tot.sum()
+        label = np.minimum((cum * bins - 1e-12).astype(np.int64), bins - 1)
+        for b in np.unique(label):
+            sel = label == b
+            w, ns = tot[sel], n[order[sel]]  # ns ascending
+            half = np.searchsorted(np.cumsum(w), 0.5 * w.sum()) if w.sum() > 0 else 0
+            yield int(mval), order[sel], int(ns[min(half, len(ns) - 1)])
+
+
 def _pool_m(hist: RankHistogram, spread: float = _M_SPREAD) -> RankHistogram:
     """Many distinct m (e.g. m proportional to each user's n): groups whose m lie within a factor 1 + spread
     are moved to the largest m' of their bin, with n' - 1 = (n - 1) m' / m so that the expected number of
     sampled items above a positive, m (R - 1)/(n - 1), is unchanged for every R (the binomial laws then agree
     up to O(1/m) at the top, and in variance by at most the spread deep in the list). Counts keep their r~
     (r~ <= m + 1 <= m' + 1). Exact for the top; the approximation is flagged ``pooled_n`` by the callers."""
-    um = np.unique(hist.n_samples)
-    edges = [int(um[0])]
-    for v in um[1:].tolist():  # bins over the distinct m (hundreds at most), not over positives
-        if v > edges[-1] * (1.0 + spread):
-            edges.append(int(v))
-    bin_lo = np.asarray(edges)
-    bin_of = np.searchsorted(bin_lo, hist.n_samples, side="right") - 1
-    top = np.array([int(um[(um >= lo) & ((um < bin_lo[k + 1]) if k + 1 < len(bin_lo) else True)].max())
-                    for k, lo in enumerate(bin_lo)])
-    m_new = top[bin_of]
+    m_new = _m_bin_tops(hist.n_samples, spread)
     n_new = 1 + np.rint((hist.n_items - 1.0) * m_new / hist.n_samples).astype(np.int64)
     span = int(m_new.max()) + 1
     keys, gid = np.unique(n_new * span + m_new, return_inverse=True)
@@ -289,26 +315,11 @@ def pool_groups(hist: RankHistogram, max_groups: int, max_rel_n_spread: float | 
         return pooled, m_pooled or not pooled.same_groups(hist)
     if hist.n_groups <= max_groups:
         return hist, m_pooled
-    sizes = np.unique(hist.n_samples)
-    bins = max(1, max_groups // len(sizes))
     reps: dict[tuple[int, int], np.ndarray] = {}
-    for mval in sizes:  # one pass per sample size (a few), vectorised over the groups of that size
-        idx = np.flatnonzero(hist.n_samples == mval)
-        order = idx[np.argsort(hist.n_items[idx], kind="stable")]
-        tot = hist.totals[order]
-        cum = np.cumsum(tot) / tot.sum()
-        label = np.minimum((cum * bins - 1e-12).astype(np.int64), bins - 1)
-        stacked = np.stack([hist.counts[g] for g in order])
-        for b in np.unique(label):
-            sel = label == b
-            w, ns = tot[sel], hist.n_items[order[sel]]  # ns ascending
-            half = np.searchsorted(np.cumsum(w), 0.5 * w.sum()) if w.sum() > 0 else 0
-            # the count-weighted median n of the bin: one of its groups' n, so valid for either law (no floor at
-            # m + 1: with replacement m may exceed n - 1, e.g. adaptive stages beyond the catalogue)
-            rep = int(ns[min(half, len(ns) - 1)])
-            key = (rep, int(mval))
-            c = stacked[sel].sum(axis=0)
-            reps[key] = reps[key] + c if key in reps else c
+    for mval, members, rep in _quantile_bins(hist.n_items, hist.n_samples, hist.totals, max_groups):
+        key = (rep, mval)
+        c = np.stack([hist.counts[g] for g in members]).sum(axis=0)
+        reps[key] = reps[key] + c if key in reps else c
     keys = sorted(reps)
     pooled = RankHistogram(
         np.array([k[0] for k in keys], dtype=np.int64),
@@ -1576,17 +1587,9 @@ def _pool_map(n: np.ndarray, m: np.ndarray, totals: np.ndarray,
     changed = False
     n = np.asarray(n, dtype=np.int64)
     m = np.asarray(m, dtype=np.int64)
-    if len(np.unique(m)) > _MAX_EXACT_M:  # _pool_m's geometric bins of m (same code, as a map)
+    if len(np.unique(m)) > _MAX_EXACT_M:  # _pool_m's geometric bins of m, as a map
         changed = True
-        um = np.unique(m)
-        lo = [int(um[0])]
-        for v in um[1:].tolist():
-            if v > lo[-1] * (1.0 + _M_SPREAD):
-                lo.append(int(v))
-        bin_lo = np.asarray(lo)
-        top = np.array([int(um[(um >= b) & ((um < bin_lo[k + 1]) if k + 1 < len(bin_lo) else True)].max())
-                        for k, b in enumerate(bin_lo)])
-        m_new = top[np.searchsorted(bin_lo, m, side="right") - 1]
+        m_new = _m_bin_tops(m)
         n = 1 + np.rint((n - 1.0) * m_new / m).astype(np.int64)
         m = m_new
     span = int(m.max()) + 1
@@ -1596,20 +1599,9 @@ def _pool_map(n: np.ndarray, m: np.ndarray, totals: np.ndarray,
     if len(keys) <= max_groups:
         return n1, m1, gid, changed
     t1 = np.bincount(gid, weights=np.asarray(totals, dtype=np.float64), minlength=len(keys))
-    sizes = np.unique(m1)
-    bins = max(1, max_groups // len(sizes))
     rep_key = np.empty(len(keys), dtype=np.int64)
-    for mval in sizes:  # pool_groups' quantile bins: count-weighted median n per bin
-        idx = np.flatnonzero(m1 == mval)
-        order = idx[np.argsort(n1[idx], kind="stable")]
-        tot = t1[order]
-        cum = np.cumsum(tot) / tot.sum()
-        label = np.minimum((cum * bins - 1e-12).astype(np.int64), bins - 1)
-        for b in np.unique(label):
-            sel = label == b
-            w, ns = tot[sel], n1[order[sel]]
-            half = np.searchsorted(np.cumsum(w), 0.5 * w.sum()) if w.sum() > 0 else 0
-            rep_key[order[sel]] = int(ns[min(half, len(ns) - 1)]) * span + int(mval)
+    for mval, members, rep in _quantile_bins(n1, m1, t1, max_groups):  # pool_groups' quantile bins
+        rep_key[members] = rep * span + mval
     keys2, gid2 = np.unique(rep_key, return_inverse=True)
     return keys2 // span, keys2 % span, gid2.reshape(-1)[gid], True
 
