@@ -96,6 +96,8 @@ def main(argv=None) -> dict | None:
     ap.add_argument("--repeats", type=int, default=20, help="the plan's Monte Carlo repeats")
     ap.add_argument("--seed", type=int, default=0, help="the plan's seed")
     ap.add_argument("--plan-caps", default="25600,51200", help="as bench_scorer.py's --plan-caps")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="plan(workers=...); not given: the plan's default (code without the option: serial)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--compare", nargs=2, metavar=("A_JSON", "B_JSON"), help="print the table of two runs")
     args = ap.parse_args(argv)
@@ -105,11 +107,17 @@ def main(argv=None) -> dict | None:
     if args.make_pilot:
         make_pilot(args.make_pilot)
         return None
+    import inspect
+
     import reco_sampled_plugin
     from reco_sampled_plugin import planner
 
+    extra = {} if args.workers is None else {"workers": args.workers}
+    has_workers = "workers" in inspect.signature(planner.plan).parameters
+
     print(f"reco_sampled_plugin from {os.path.dirname(reco_sampled_plugin.__file__)}; torch {torch.__version__}, "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
+          f"load average {os.getloadavg()[0]:.2f}; workers: {args.workers if has_workers else 'none (serial code)'}; "
+          f"CPUs {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()}", flush=True)
     # warm-up, not timed: the lazy imports and first-call costs of both paths (another catalogue, other seed)
     planner.plan(20_000, 500, "ndcg@10", 0.1, designs=[(100, None), (100, 800)], repeats=2, seed=12345)
     cases = {}
@@ -124,12 +132,13 @@ def main(argv=None) -> dict | None:
                                 pilot=torch.from_numpy(z["ranks"]), pilot_n_items=torch.from_numpy(z["n_items"]),
                                 pilot_n_samples=torch.from_numpy(z["sizes"]),
                                 pilot_adaptive=(int(z["m"]), int(z["cap"])),
-                                seconds_per_pair=float(z["seconds_per_pair"]), repeats=args.repeats, seed=seed)
+                                seconds_per_pair=float(z["seconds_per_pair"]), repeats=args.repeats, seed=seed,
+                                **extra)
 
         cases["scorer"] = run_case("scorer", scorer_plan, args.rounds, args.seed)
     if "readme" in wanted:
         cases["readme"] = run_case("readme", lambda seed: planner.plan(50_000, 6000, "ndcg@10", 0.05,
-                                                                       repeats=args.repeats, seed=seed),
+                                                                       repeats=args.repeats, seed=seed, **extra),
                                    args.rounds, args.seed)
     out = {"args": vars(args), "load": os.getloadavg(), "cases": cases}
     if args.json:

@@ -391,8 +391,12 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "cost.scorer_seconds / cost.pairs: adds each design's and full ranking's predicted scoring "
                         "time (pairs x users x S)")
     p.add_argument("--screen", action=argparse.BooleanOptionalAction, default=True,
-                   help="stop a design after its first 5 repeats when each of them misses the target (default; "
+                   help="stop a design after its first 5 repeats when each of them misses the target or their "
+                        "relative RMSE is above 2.5x the target (default; "
                         "--no-screen: every design runs --repeats)")
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="threads forecasting designs side by side (the same plan whatever N; default: the CPUs "
+                        "available, at most one per design; 1: one design at a time)")
     _add_progress(p)
     p.set_defaults(func=run_plan)
     return p
@@ -424,7 +428,7 @@ def run_plan(args: argparse.Namespace) -> int:
         args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, pilot_n_items=pilot_n,
         pilot_n_samples=pilot_m, pilot_adaptive=pilot_design, designs=args.design, method=args.method,
         repeats=args.repeats, seed=args.seed, progress=args.progress, seconds_per_pair=args.seconds_per_pair,
-        screen=args.screen,
+        screen=args.screen, workers=args.workers,
     )
     print(result.format())
     return 0

@@ -18,7 +18,8 @@ under each candidate design, for a given catalogue size, number of users and ran
    representative n: within 0.05-0.35 Monte Carlo se in tests/test_planner_speed.py); designs with
    ``exact_at_cap`` fit their repeats' histograms as ``estimate_rank_distributions`` does.
    With ``screen=True`` (the default) each design first runs :data:`SCREEN_REPEATS` replicates and stops there
-   when every one of them misses the target (``DesignForecast.screened``): a forecast from those alone.
+   when every one of them misses the target, or when their relative RMSE exceeds :data:`SCREEN_FACTOR` x the
+   target (``DesignForecast.screened``): a forecast from those alone.
 3. Reported per design (:class:`DesignForecast`), relative to the shape's truth T (the mean over the replicates of
    the sets' exact metrics): rel_bias = mean(e)/T, rel_sd = sd(e)/T (ddof 1), rel_error =
    sqrt(rel_bias^2 + rel_sd^2), e = estimate - exact metric of the set; and the cost, the mean number of
@@ -68,10 +69,14 @@ forecast with the target. With the default family the forecast is a rough guide.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -100,6 +105,7 @@ __all__ = [
     "Plan",
     "plan",
     "default_designs",
+    "SCREEN_FACTOR",
     "SCREEN_REPEATS",
     "pilot_design",
     "pilot_resolution",
@@ -113,10 +119,17 @@ DEFAULT_ADAPTIVE_START = 100
 DEFAULT_ADAPTIVE_CAPS = (800, 3200, 12800)
 _PILOT_N_SPREAD = 0.1
 #: Replicates a design runs first under ``plan(screen=True)``: if each of them misses the target (|estimate - exact|
-#: above target x truth), the design is reported as missing it from these alone. RMSE >= min |error|, so the
-#: forecast still exceeds the target; a design whose true relative RMSE is at the target is screened out with
-#: probability P(|e| > target)^5 = 0.317^5 = 0.3% for Gaussian errors.
+#: above target x truth), or their relative RMSE exceeds :data:`SCREEN_FACTOR` x the target, the design is reported
+#: as missing it from these alone. RMSE >= min |error|, so the forecast still exceeds the target; a design whose
+#: true relative RMSE is at the target is screened out with probability P(|e| > target)^5 = 0.317^5 = 0.3% by the
+#: first rule and 1e-5 by the second for Gaussian errors (1.4% by the second for Student-t(3) errors).
 SCREEN_REPEATS = 5
+#: The second screening rule: the first :data:`SCREEN_REPEATS` replicates' relative RMSE above this multiple of the
+#: target. Simulated with 2e6 sets of 5 errors of true RMSE = the target: P(screened) 1.2e-5 for Gaussian errors,
+#: 0 for biased ones (bias 0.8, sd 0.6 of the target), 1.4% for Student-t(3); of designs at 3x / 4x the target it
+#: screens 63% / 86% (the first rule alone: about 4% / 2%). A screened design that meets the target would only
+#: cost the plan a costlier pick, never a pick that misses.
+SCREEN_FACTOR = 2.5
 # the rank-distribution fit of a pilot's shape (whatever method is forecast: the pilot needs a fitted distribution).
 # Not ``auto``: a gmod-fitted (smooth) world flatters gmod, the estimator ``auto`` forecasts for adaptive designs, on
 # recommenders whose top is irregular (tests/test_planner.py, ItemKNN(q=3): forecasts 0.58-0.69 of the simulated
@@ -157,8 +170,9 @@ class DesignForecast:
             the cap times their n - 1 irrelevant candidates (0 without ``exact_at_cap``).
         repeats: Monte Carlo replicates behind the forecast (the plan's ``repeats``, or :data:`SCREEN_REPEATS` for
             a screened design); 0: not recorded.
-        screened: every one of the first :data:`SCREEN_REPEATS` replicates missed the target, so the design was
-            settled as missing it and its other replicates were not fitted (``plan(screen=True)``).
+        screened: every one of the first :data:`SCREEN_REPEATS` replicates missed the target, or their relative
+            RMSE exceeded :data:`SCREEN_FACTOR` x the target, so the design was settled as missing it and its other
+            replicates were not fitted (``plan(screen=True)``).
     """
 
     n_samples: int
@@ -670,6 +684,47 @@ def _check_inputs(n_items: Any, n_users: Any, target: Any,
     return n_u, n_keep, n_users, target, repeats
 
 
+def _check_workers(workers: Any, n_designs: int) -> int:
+    """``plan(workers=)``: None -> the CPUs this process may run on, at most one per design; else an int >= 1."""
+    if workers is None:
+        try:
+            cpus = len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            cpus = os.cpu_count() or 1
+        return max(1, min(cpus, n_designs))
+    return min(check_int(workers, "workers", minimum=1), max(1, n_designs))
+
+
+def _map_designs(forecast: Callable[[int], DesignForecast], todo: Sequence[tuple[int, int | None, bool, bool]],
+                 workers: int) -> list[DesignForecast]:
+    """``forecast(d)`` for every design, in design order, on ``workers`` threads.
+
+    The designs are independent (each its own generator over the shared exact ranks), so the forecasts are the
+    same, bit for bit, whatever the threads and their order. Threads, not processes: the fits spend most of their
+    time in numpy and scipy.sparse kernels that release the GIL (2 threads on 2 cores: 1.5x on the scorer
+    benchmark's plan), share the prepared caches, and fork no torch. The largest designs start first (fixed m by m,
+    then adaptive by cap) so that a long fit does not start last. Each task runs in a copy of the caller's context
+    (context variables hold)."""
+    if workers <= 1 or len(todo) <= 1:
+        return [forecast(d) for d in range(len(todo))]
+    order = sorted(range(len(todo)), key=lambda d: (todo[d][1] is None, todo[d][0] if todo[d][1] is None
+                                                    else todo[d][1]), reverse=True)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reco-sampled-plan") as pool:
+        futures = {d: pool.submit(contextvars.copy_context().run, forecast, d) for d in order}
+        try:
+            return [futures[d].result() for d in range(len(todo))]
+        except BaseException:
+            for f in futures.values():  # the first failure (in design order) stops the designs not yet started
+                f.cancel()
+            raise
+
+
+def _screens(err: np.ndarray, tolerance: float) -> bool:
+    """The screening rules on the first replicates' errors (estimate - exact, metric units) against the target's
+    absolute tolerance: every one misses it, or their RMSE exceeds :data:`SCREEN_FACTOR` x it."""
+    return bool(np.all(np.abs(err) > tolerance)) or bool(np.sqrt(np.mean(err**2)) > SCREEN_FACTOR * tolerance)
+
+
 def plan(
     n_items: int | TensorLike,
     n_users: int,
@@ -687,6 +742,7 @@ def plan(
     progress: bool | None = None,
     seconds_per_pair: float | None = None,
     screen: bool = True,
+    workers: int | None = None,
 ) -> Plan:
     """Forecast the accuracy and cost of sampled evaluation designs, and recommend the cheapest that meets a target.
 
@@ -721,9 +777,13 @@ def plan(
             ``n_users`` users is pairs x n_users x seconds_per_pair (``DesignForecast.scoring_seconds``,
             ``Plan.full_scoring_seconds``). None: measured on a scorer-loop pilot when there is one, else no times.
         screen: run each design's first :data:`SCREEN_REPEATS` replicates, and stop there when every one of them
-            misses the target (``DesignForecast.screened``; the table says so): the designs far from the target
+            misses the target or their relative RMSE exceeds :data:`SCREEN_FACTOR` x the target
+            (``DesignForecast.screened``; the table says so): the designs far from the target
             (fixed m with an unresolved top, typically) cost a quarter of their fits. False: every design runs
             ``repeats`` replicates (as for checking forecasts against simulation).
+        workers: threads that forecast designs side by side (each design on one thread; the same plan, bit for bit,
+            whatever the number). None: the CPUs this process may use, at most one per design; 1: one after the
+            other.
 
     Returns:
         a :class:`Plan` (``print(plan(...).format())`` for a table).
@@ -732,20 +792,22 @@ def plan(
         ValueError: non-positive sizes, a target <= 0, an unknown metric or method, a cut-off K above n, a design
             with cap below m or m >= n - 1, a pilot without its sizes (or sizes without a pilot), adaptive pilot
             sizes that do not fit the design, no candidate design, or a ``seconds_per_pair`` that is not a finite
-            number > 0.
+            number > 0, or ``workers`` not an int >= 1.
 
-    Runs on one torch (and BLAS) thread, restored afterwards (:func:`_one_thread`).
+    Each design's fits run on one torch (and BLAS) thread, restored afterwards (:func:`_one_thread`); ``workers``
+    designs at a time.
     """
     with _one_thread():
         return _plan(n_items, n_users, metric, target_rel_error, pilot=pilot, pilot_n_items=pilot_n_items,
                      pilot_n_samples=pilot_n_samples, pilot_adaptive=pilot_adaptive, designs=designs, method=method,
                      repeats=repeats, seed=seed, progress=progress, seconds_per_pair=seconds_per_pair,
-                     screen=check_bool(screen, "screen"))
+                     screen=check_bool(screen, "screen"), workers=workers)
 
 
 def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error: Any, *, pilot: Any, pilot_n_items: Any,
           pilot_n_samples: Any, pilot_adaptive: Any, designs: Any, method: str, repeats: Any, seed: Any,
-          progress: bool | None = None, seconds_per_pair: float | None = None, screen: bool = True) -> Plan:
+          progress: bool | None = None, seconds_per_pair: float | None = None, screen: bool = True,
+          workers: int | None = None) -> Plan:
     import time
 
     from ._progress import progress_bar
@@ -779,6 +841,7 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         todo = [_check_design(d, n_min, method) for d in designs]
     if not todo:
         raise ValueError(f"designs: no candidate design below full ranking for n_items = {n_min}")
+    workers = _check_workers(workers, len(todo))
 
     rng = np.random.default_rng(seed)
     exact = torch.from_numpy(shape.draw(n_u, repeats, rng))  # (repeats, n_users), shared by every design
@@ -789,9 +852,17 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
     from .estimators import auto_method
     from .rank_distribution import ReplicateFits, estimate_rank_distributions
     n_mean = float(n_u.mean())
-    forecasts = []
     bar = progress_bar(total=len(todo) * repeats, desc=f"plan {spec}: {method} fits", enabled=progress, unit="fit")
-    for d, (m, cap, replacement, complete) in enumerate(todo):
+    bar_lock = threading.Lock()  # designs may run on several threads (``workers``)
+
+    def tick(k: int = 1) -> None:
+        with bar_lock:
+            bar.update(k)
+
+    def forecast(d: int) -> DesignForecast:
+        """Design ``d``'s Monte Carlo forecast: its own generator, the shared exact ranks, so independent of the
+        order (and thread) in which the designs run."""
+        m, cap, replacement, complete = todo[d]
         gen = torch.Generator().manual_seed(seed * 1_000_003 + 7919 * (d + 1))
         law = "binomial" if replacement else "hypergeometric"
         done = None  # exact_at_cap: the exact ranks of the positives still first at the cap, 0 elsewhere
@@ -823,14 +894,14 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
                     joint.append(ReplicateFits(sampled, n_t, m if cap is None else sizes, run, sampling=law))
                 for j, dist in zip(js, joint[0].fit(js)):
                     est[j] = dist.values([spec], target=fit_target)[0]  # the value alone: the spread is over replicates
-                bar.update(len(js))
+                tick(len(js))
                 return
             if batched:  # the repeats' fits share one likelihood when their pooled groups agree
                 hists = [as_histogram(sampled[j], n_t, m if cap is None else sizes[j]) if done is None
                          else sampled_rank_histogram(sampled[j], n_t, sizes[j], exact_ranks=done[j]) for j in js]
                 for j, dist in zip(js, estimate_rank_distributions(hists, run, sampling=law)):
                     est[j] = dist.values([spec], target=fit_target)[0]  # the value alone: the spread is over replicates
-                bar.update(len(js))
+                tick(len(js))
                 return
             for j in js:  # one estimator run per replicate (vectorised over users inside)
                 if cap is None:
@@ -838,13 +909,13 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
                     est[j] = estimate(spec, sampled[j], n_t, m, method=run, **law_opt, **opts).value
                 else:  # the estimator reads the sampled ranks (completion changes no r~)
                     est[j] = estimate(spec, sampled[j], n_t, sizes[j], method=run, adaptive=(m, cap), **opts).value
-                bar.update()
+                tick()
 
         used = min(repeats, SCREEN_REPEATS) if screen else repeats
         replicates(range(used))
-        screened = used < repeats and truth != 0 and bool(np.all(np.abs(est[:used] - truths[:used]) > target * abs(truth)))
+        screened = used < repeats and truth != 0 and _screens(est[:used] - truths[:used], target * abs(truth))
         if screened:  # every first replicate misses the target: settled, the rest not fitted
-            bar.update(repeats - used)
+            tick(repeats - used)
         elif used < repeats:
             replicates(range(used, repeats))
             used = repeats
@@ -866,15 +937,19 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         per = None if sizes is None else sizes.double() + (0.0 if extra is None else extra)
         pairs_se = 0.0 if per is None else float(per.std() / math.sqrt(per.numel()))
         top = m if cap is None else cap
-        forecasts.append(DesignForecast(
+        return DesignForecast(
             n_samples=int(m), adaptive_max=None if cap is None else int(cap), mean_samples=mean_samples,
             rel_bias=rel(bias), rel_sd=rel(sd), rel_error=rel_error, meets_target=bool(rel_error <= target),
             rel_error_se=rel(se_rmse), resolution=(n_mean - 1.0) / (top + 1.0) + 1.0, replacement=replacement,
             pairs_se=pairs_se, scoring_seconds=_scoring_seconds(1.0 + mean_samples + completion_pairs, n_users, spp),
             exact_at_cap=bool(complete), completion_pairs=completion_pairs, method=run, repeats=used,
             screened=screened,
-        ))
-    bar.close()
+        )
+
+    try:
+        forecasts = _map_designs(forecast, todo, workers)
+    finally:
+        bar.close()
     # the cheapest in scored pairs (and so in predicted time: the same seconds per pair for every design) below
     # full ranking's n pairs per user
     ok = [f for f in forecasts if f.meets_target and f.pairs < n_mean]

@@ -128,3 +128,109 @@ def test_screening_settles_far_designs_and_leaves_the_others_unchanged():
 def test_screen_option_checked():
     with pytest.raises(ValueError, match="^screen"):
         plan(2000, 100, "hit@10", 0.1, designs=[(50, None)], repeats=2, screen="no")  # type: ignore[arg-type]
+
+
+def test_screening_rules_on_known_errors():
+    """``_screens``: every replicate misses the tolerance, or their RMSE exceeds SCREEN_FACTOR x it; one lucky
+    replicate inside the tolerance no longer keeps a design that far off the target."""
+    from reco_sampled_plugin.planner import SCREEN_FACTOR, _screens
+
+    assert SCREEN_FACTOR == 2.5
+    assert _screens(np.array([1.1, -1.2, 1.5, -1.01, 1.3]), 1.0)  # all miss, RMSE 1.23
+    assert not _screens(np.array([0.5, -2.0, 2.0, -2.0, 2.0]), 1.0)  # one inside, RMSE 1.81 <= 2.5
+    assert _screens(np.array([0.5, -4.0, 4.0, -4.0, 4.0]), 1.0)  # one inside, RMSE 3.59 > 2.5
+    assert not _screens(np.array([0.0, 0.0, 0.0, 0.0, 5.5]), 1.0)  # RMSE 2.46: an outlier alone does not settle it
+    assert _screens(np.array([0.0, 0.0, 0.0, 0.0, 5.6]), 1.0)  # RMSE 2.504
+
+
+def test_screening_rates_match_the_documented_simulation():
+    """The rates in SCREEN_FACTOR's comment, on 20,000 sets of 5 Gaussian errors (fixed seed): a design at the
+    target is screened with probability 0.3% (all-miss rule, 0.317^5 = 0.00318, binomial sd 0.0004 here); one at
+    4x the target 87%."""
+    from reco_sampled_plugin.planner import _screens
+
+    rng = np.random.default_rng(11)
+    at = np.mean([_screens(e, 1.0) for e in rng.standard_normal((20_000, 5))])
+    assert 0.00318 - 4 * 0.0004 < at < 0.00318 + 4 * 0.0004
+    far = np.mean([_screens(e, 1.0) for e in 4.0 * rng.standard_normal((20_000, 5))])
+    assert abs(far - 0.870) < 4 * math.sqrt(0.87 * 0.13 / 20_000)
+
+
+def test_cli_screen_help_states_the_planner_rules():
+    """The CLI's --screen help (written without importing the planner, which imports torch) quotes the planner's
+    constants."""
+    import argparse
+
+    from reco_sampled_plugin.cli import add_plan_parser
+    from reco_sampled_plugin.planner import SCREEN_FACTOR, SCREEN_REPEATS
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    add_plan_parser(sub)
+    text = " ".join(next(iter(sub.choices.values())).format_help().split())
+    assert f"first {SCREEN_REPEATS} repeats" in text and f"above {SCREEN_FACTOR}x the target" in text
+
+
+# ------------------------------------------------------------------------------------------------- workers
+def test_workers_give_the_same_plan_bit_for_bit():
+    """Designs forecast on several threads (``workers``) equal the one-at-a-time plan exactly, in design order,
+    screened designs included, and with a pilot; None (the default) picks the CPUs available."""
+    gen = torch.Generator().manual_seed(3)
+    pilot = torch.randint(1, 40, (400,), generator=gen)
+    designs = [(50, None), (400, None), (100, 1600), (100, 6400), SamplingDesign(200, replacement=False)]
+    kw = dict(designs=designs, repeats=8, seed=5)
+    one = plan(20_000, 800, "ndcg@10", 0.1, workers=1, **kw)
+    for workers in (2, 3, None):
+        many = plan(20_000, 800, "ndcg@10", 0.1, workers=workers, **kw)
+        assert many.forecasts == one.forecasts and many.recommended == one.recommended
+    assert any(f.screened for f in one.forecasts) and any(not f.screened for f in one.forecasts)
+    piloted = [plan(20_000, 800, "hit@10", 0.2, pilot=pilot, pilot_n_items=20_000, pilot_n_samples=100,
+                    workers=w, **kw).forecasts for w in (1, 4)]
+    assert piloted[0] == piloted[1]
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
+def test_workers_checked(bad):
+    with pytest.raises(ValueError, match="^workers"):
+        plan(2000, 100, "hit@10", 0.1, designs=[(50, None)], repeats=2, workers=bad)
+
+
+def test_workers_a_failing_design_raises_and_the_plan_is_not_returned(monkeypatch):
+    """An exception in one design's thread reaches the caller (the first failing design in design order); the
+    progress bar is closed and the torch thread count restored."""
+    import reco_sampled_plugin.planner as planner_mod
+    from reco_sampled_plugin import simulate
+
+    real = simulate.simulate_sampled_ranks
+
+    def flaky(exact, n, m, law, gen):
+        if m == 400:
+            raise RuntimeError("design m = 400 failed")
+        return real(exact, n, m, law, gen)
+
+    monkeypatch.setattr(simulate, "simulate_sampled_ranks", flaky)
+    before = torch.get_num_threads()
+    with pytest.raises(RuntimeError, match="m = 400"):
+        planner_mod.plan(20_000, 300, "ndcg@10", 0.1, designs=[(50, None), (400, None), (100, 1600)], repeats=3,
+                         workers=3)
+    assert torch.get_num_threads() == before
+
+
+def test_cli_workers_reaches_the_plan(capsys):
+    import argparse
+
+    from reco_sampled_plugin.cli import add_plan_parser, run_plan
+
+    parser = argparse.ArgumentParser(prog="reco-sampled")
+    add_plan_parser(parser.add_subparsers(dest="command"))
+    outs = []
+    for w in ("1", "3"):
+        args = parser.parse_args(["plan", "--n-items", "3000", "--n-users", "400", "--metric", "ndcg@10",
+                                  "--target-rel-error", "0.5", "--repeats", "3", "--design", "100",
+                                  "--design", "50:800", "--workers", w])
+        assert args.workers == int(w) and run_plan(args) == 0
+        outs.append(capsys.readouterr().out)
+    assert outs[0] == outs[1] and "Recommendation:" in outs[0]
+    args = parser.parse_args(["plan", "--n-items", "3000", "--n-users", "400", "--metric", "ndcg@10",
+                              "--target-rel-error", "0.5", "--workers", "0"])
+    with pytest.raises(ValueError, match="^workers"):
+        run_plan(args)
