@@ -11,8 +11,9 @@ exact metric over the same users (``baselines.held_out_ranks``' ranks). Rows per
 * ``hh`` (AUC) and ``pl_fit`` (HR@10, NDCG@10) on the popularity draw: the corrected estimates;
 * ``none`` on the popularity draw: the uncorrected popularity-sampled metric (its interval covers the sampled
   metric, not the full one);
-* ``pl_fit constrained (before)``: pl_fit's constrained branch alone on the same fit (the estimator before issue
-  28's niche test), and ``pl_fit niche=hedge`` (the harmonic-mean hedge where the test rejects);
+* ``pl_fit rank_prior=em (before)``: pl_fit's value under the EM prior its tilt was chosen with, on the same fit
+  (the default before session 25's g-modelling prior), and ``pl_fit niche=hedge`` (the harmonic-mean hedge where
+  the niche test rejects);
 * ``uniform`` at the same m, ``estimate(metric, sampled)`` with the default estimator (``auto``: gmod where the
   design resolves the top, mes elsewhere). (On the popularity draw ``auto`` runs exactly the corrected rows' methods:
   ``registry.AUTO_CHOICES["popularity"]``.)
@@ -47,7 +48,6 @@ import torch  # noqa: E402
 
 import reco_sampled_plugin as rsp  # noqa: E402
 from reco_sampled_plugin import baselines, datasets, metric_values  # noqa: E402
-from reco_sampled_plugin.metric_names import parse_metric  # noqa: E402
 
 METRICS = ("auc", "hit@10", "ndcg@10")
 CORRECTED = {"auc": "hh", "hit@10": "pl_fit", "ndcg@10": "pl_fit"}
@@ -73,14 +73,11 @@ def load(dataset: str, seed: int = 0):
     return scores, test, torch.from_numpy(exc), torch.from_numpy(counts), n_u
 
 
-def constrained(metric: str, sampled, stderr: float) -> dict:
-    """pl_fit's constrained branch alone (beta_top >= beta_deep: the estimator before issue 28's niche test) on the
-    same fit: its value and interval (hull of its curve set, widened by 1.96 standard errors, clamped to [0, 1])."""
-    f = rsp.popularity.pl_fit(sampled)
-    spec = parse_metric(metric)
-    value = f.estimate(spec, f.best_constrained)[0]
-    lo, hi, _ = f.bounds(spec, f.curve_set_constrained)
-    return {"value": value, "lo": max(0.0, lo - 1.96 * stderr), "hi": min(1.0, hi + 1.96 * stderr)}
+def em_prior(metric: str, sampled) -> dict:
+    """pl_fit under ``rank_prior="em"`` (the default before session 25) on the same fit: its value and interval."""
+    e = rsp.estimate(metric, sampled, method="pl_fit", rank_prior="em")
+    lo, hi = e.interval(0.95)
+    return {"value": e.value, "lo": lo, "hi": hi}
 
 
 def run(dataset: str, repeats: int, alphas, ms, first: int = 0, out: str | None = None) -> list[dict]:
@@ -116,7 +113,7 @@ def run(dataset: str, repeats: int, alphas, ms, first: int = 0, out: str | None 
                             if method == "pl_fit":
                                 row.update(beta=e.details["beta"], niche_top=e.details["niche_top"],
                                            niche_lr=e.details["niche_lr"])
-                                rows.append({**row, "label": "constrained", **constrained(s, sampled, e.stderr)})
+                                rows.append({**row, "label": "em", **em_prior(s, sampled)})
                                 h = rsp.estimate(s, sampled, method=method, niche="hedge")  # the same fit
                                 rows.append({**row, "label": "hedge", "value": h.value,
                                              "lo": h.interval(0.95)[0], "hi": h.interval(0.95)[1]})
@@ -143,7 +140,8 @@ def summarise(rows: list[dict]) -> str:
         recs = sorted({r["recommender"] for r in sel})
         worst = max(np.mean([abs(r["value"] / r["truth"] - 1) for r in sel if r["recommender"] == x]) for x in recs)
         name = {"corrected": sel[0]["method"], "none": "none (uncorrected)", "uniform": f"uniform, {sel[0]['method']}",
-                "constrained": "pl_fit constrained (before)", "hedge": "pl_fit niche=hedge"}[label]
+                "em": "pl_fit rank_prior=em (before)", "constrained": "pl_fit constrained (session 24)",
+                "hedge": "pl_fit niche=hedge"}[label]
         out.append(f"| {ds} | {s} | {m} | {alpha if alpha is not None else '-'} | {name} | {np.mean(np.abs(rel)):.3f} | "
                    f"{np.mean(rel):+.3f} | {worst:.3f} | {cov:.2f} | {width:.3f} |")
     return "\n".join(out)
@@ -151,8 +149,9 @@ def summarise(rows: list[dict]) -> str:
 
 def ratio_table(rows: list[dict]) -> str:
     """Issue 28's ratio goal per (data, metric, m, alpha): the worst recommender's mean |relative error| of pl_fit
-    (after: the default, the constrained value with the interval over both branches; before: the constrained branch
-    alone, the estimator before the niche test; hedge: ``niche="hedge"``) over that of the default estimator on
+    (after: the default, the g-modelling prior at the constrained fit's tilt, the interval over both branches;
+    before: ``rank_prior="em"``, the default before session 25; hedge: ``niche="hedge"``) over that of the default
+    estimator on
     uniform draws at the same m, with coverage and the share of fits whose niche test rejected."""
     def worst(sel: list[dict]) -> float:
         recs = sorted({r["recommender"] for r in sel})
@@ -169,8 +168,8 @@ def ratio_table(rows: list[dict]) -> str:
     for ds, s, m, alpha in keys:
         pick = lambda label, a=alpha: [r for r in rows if (r["dataset"], r["metric"], r["m"], r["label"]) ==  # noqa
                                        (ds, s, m, label) and (a is None or r["alpha"] == a)]
-        uni, before, after, hedge = (worst(pick("uniform", None)), pick("constrained"), pick("corrected"),
-                                     pick("hedge"))
+        uni, before, after, hedge = (worst(pick("uniform", None)), pick("em") or pick("constrained"),
+                                     pick("corrected"), pick("hedge"))
         wb, wa, wh = worst(before), worst(after), worst(hedge)
         niche = np.mean([bool(r.get("niche_top")) for r in after])
         out.append(f"| {ds} | {s} | {m} | {alpha} | {uni:.3f} | {wb:.3f} | {wb / uni:.2f} | {cover(before):.2f} | "

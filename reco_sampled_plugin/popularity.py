@@ -305,7 +305,9 @@ def estimate_by_pl_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sa
     the interval of the unresolved top (``identification``): the hull over the 95% set of beta and the top shapes
     allowed, widened by 1.96 standard errors. ``options["niche"]``: ``"constrained"`` (default: the constrained
     fit's value) or ``"hedge"`` (where the niche test rejects beta_top >= beta_deep, the harmonic mean of both
-    branches). ``details``: ``beta`` (the constrained fit's), ``niche_top`` (the test rejected), ``niche_lr``,
+    branches). ``options["rank_prior"]``: ``"spline"`` (default: the g-modelling prior refitted at the chosen tilt) or
+    ``"em"`` (the EM prior the tilt was chosen with). ``details``: ``beta`` (the constrained fit's), ``rank_prior``,
+    ``niche_top`` (the test rejected), ``niche_lr``,
     ``beta_constrained``, ``beta_free``, and where it rejected ``branch_values`` (constrained, free)."""
     from .metrics import metric_bounds
 
@@ -321,15 +323,17 @@ def estimate_by_pl_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sa
         if units is None:
             raise ValueError(_NO_PROFILE)
     f = _fit_units(units)
-    value, se, _ = f.estimate(spec, hedge=options.get("niche", "constrained") == "hedge")
+    prior = options.get("rank_prior", "spline")
+    value, se, _ = f.estimate(spec, hedge=options.get("niche", "constrained") == "hedge", prior=prior)
     details = {"method": method, "design": "popularity" if d is not None else sampling, "beta": f.beta_of(),
-               "loglik": f.loglik, "niche_top": f.niche, "niche_lr": f.niche_lr,
+               "loglik": f.loglik, "niche_top": f.niche, "niche_lr": f.niche_lr, "rank_prior": prior,
                "beta_constrained": f.beta_of(f.best_constrained), "beta_free": f.beta_of(f.best_free)}
     if f.niche:
-        details["branch_values"] = (f.estimate(spec, f.best_constrained)[0], f.estimate(spec, f.best_free)[0])
+        details["branch_values"] = (f.estimate(spec, f.best_constrained, prior=prior)[0],
+                                    f.estimate(spec, f.best_free, prior=prior)[0])
     ident = None
     if d is not None:
-        lo, hi, extra = f.bounds(spec)
+        lo, hi, extra = f.bounds(spec, prior=prior)
         details.update(extra)
         details["identified"] = (lo, hi)
         if hi - lo > 1e-9 * max(1.0, abs(value)):

@@ -404,7 +404,10 @@ _BUILTIN = (
               class_counts=True,
               options=(Option("niche", "choice", "constrained", "where the niche-top test rejects beta_top >= "
                               "beta_deep: the constrained fit's value, or the hedge of both branches (harmonic mean)",
-                              ("constrained", "hedge")),),
+                              ("constrained", "hedge")),
+                       Option("rank_prior", "choice", "spline", "the prior of the value at the fitted tilt: g-modelling "
+                              "(log-spline in log R, gmod's basis and penalty) or the EM prior the tilt was chosen "
+                              "with", ("spline", "em"))),
               reference="Plackett 1975 / Luce 1959 inclusion (conditional Poisson); NPMLE as Jin et al. AAAI 2021"),
 )
 for _entry in _BUILTIN:
