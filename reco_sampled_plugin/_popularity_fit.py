@@ -185,8 +185,9 @@ class PopularityFit:
         self._lam: list[np.ndarray | None] = [None] * len(self.betas)
         self.tables = np.stack([self._log_likelihood(i) for i in range(len(self.betas))])  # (betas, N, cells)
         self._zone: dict[int, np.ndarray] = {}
-        self._spline: dict[tuple[int, int], np.ndarray] = {}
-        self._spline_lock = threading.Lock()
+        self._spline: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        #: spline fits (:meth:`spline_prior`) that stopped short of their tolerances (iteration cap or line search)
+        self.spline_unconverged = 0
         pos = np.clip(np.log(self.r_mid) / math.log(DEEP_RANK), 0.0, 1.0)
         self._frac = pos
         self.curves: dict[tuple[int, int], tuple[float, np.ndarray, np.ndarray]] = {}
@@ -331,25 +332,41 @@ class PopularityFit:
     def spline_prior(self, key: tuple[int, int]) -> np.ndarray:
         """(cells,) the g-modelling prior at the pair ``key``: P(cell) proportional to width x exp(B alpha), B the
         cubic B-spline basis of ``gmod`` at each cell's log mean rank (``rank_distribution._g_basis``, ``G_DF``
-        coefficients), alpha maximising sum_i w_i log sum_c P_c L_ic - ``G_PENALTY`` |D2 alpha|^2 (L-BFGS-B from
-        alpha = 0, uniform per rank; the objective divided by sum w, as ``gmod``'s). Cached per pair."""
+        coefficients), alpha maximising the truncated log-likelihood sum_i w_i log(sum_c P_c L_ic / sum_{c allowed
+        for i} P_c) - ``G_PENALTY`` |D2 alpha|^2 (each positive's prior conditioned on R <= its n, as ``gmod``'s
+        likelihood; the objective divided by sum w, and L-BFGS-B's tolerances, as ``gmod``'s), from the best pair's
+        alpha (or alpha = 0, uniform per rank). Cached per pair (with ``G_DF`` and ``G_PENALTY`` as they were at the
+        first call); a fit that stops short of its tolerances is counted in :attr:`spline_unconverged`."""
         hit = self._spline.get(key)
         if hit is not None:
-            return hit
+            return hit[0]
+        start = None
+        if key != self.best:  # neighbouring pairs' priors differ little: start from the best pair's
+            self.spline_prior(self.best)
+            start = self._spline[self.best][1]
+        prior, alpha, ok = self._fit_spline(key, start)
+        self._spline[key] = (prior, alpha)
+        if not ok:
+            self.spline_unconverged += 1
+        return prior
+
+    def _fit_spline(self, key: tuple[int, int], start: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, bool]:
+        """(prior, alpha, converged) of :meth:`spline_prior` at ``key`` from ``start`` (None: alpha = 0)."""
         from scipy.optimize import minimize
 
-        from .rank_distribution import G_DF, G_PENALTY, _g_basis
+        from .rank_distribution import G_DF as df, G_PENALTY as penalty, _g_basis
 
         logl = self._assemble(self.curves[key][2])
         mx = logl.max(1, keepdims=True)
         ok = np.isfinite(mx[:, 0])
         lik = np.exp(logl[ok] - mx[ok])
+        allowed = self.allowed[ok].astype(np.float64)
         wk = self.units.w[ok]
         tot = max(float(wk.sum()), 1e-300)
-        basis = _g_basis(self.edges, G_DF)
+        basis = _g_basis(self.edges, df)
         logw = np.log(np.diff(self.edges).astype(np.float64))
-        d2 = np.diff(np.eye(G_DF), 2, axis=0)
-        pen = G_PENALTY * (d2.T @ d2)
+        d2 = np.diff(np.eye(df), 2, axis=0)
+        pen = penalty * (d2.T @ d2)
 
         def prior_of(a: np.ndarray) -> np.ndarray:
             z = logw + basis @ a
@@ -359,16 +376,16 @@ class PopularityFit:
         def objective(a: np.ndarray) -> tuple[float, np.ndarray]:
             p = prior_of(a)
             mix = np.maximum(lik @ p, 1e-300)
-            ll = float(wk @ np.log(mix))
-            g_p = (wk / mix) @ lik  # d loglik / d p
+            inside = np.maximum(allowed @ p, 1e-300)  # P(R <= n_i): the truncation of each positive's prior
+            ll = float(wk @ np.log(mix)) - float(wk @ np.log(inside))
+            g_p = (wk / mix) @ lik - (wk / inside) @ allowed  # d loglik / d p
             g_z = p * (g_p - float(p @ g_p))
             return (-ll + float(a @ pen @ a)) / tot, (2.0 * (pen @ a) - basis.T @ g_z) / tot
 
-        res = minimize(objective, np.zeros(G_DF), jac=True, method="L-BFGS-B", options={"maxiter": 500})
-        prior = prior_of(res.x)
-        with self._spline_lock:
-            self._spline[key] = prior
-        return prior
+        x0 = np.zeros(df) if start is None else start
+        res = minimize(objective, x0, jac=True, method="L-BFGS-B",
+                       options={"maxiter": 5000, "ftol": 1e-10, "gtol": 1e-9})
+        return prior_of(res.x), res.x, bool(res.success)
 
     def _posterior(self, key: tuple[int, int], prior: str = "em") -> np.ndarray:
         _, p, idx = self.curves[key]

@@ -60,10 +60,11 @@ the positives that keep ranking first, not those near a cut-off K (they stop dou
 users its metric at K = 10 can be 15-30% off and the forecast's relative error with it (measured in
 tests/test_planner.py: predicted and simulated relative errors within 30% in 15 of 16 cases on ml-100k and
 ml-latest-small). Each forecast carries its Monte Carlo standard error; ``meets_target`` compares the point
-forecast with the target. With the default family the forecast is a rough guide. Timing (2-core machine, one thread: see
-:func:`plan`): the default grid (9 designs, 180 fits) for ``n_items = 50_000, n_users = 6000, repeats = 20`` takes
-3.5-4 s of CPU after the imports on the shared machine at load 8; a 1,000-user adaptive pilot on 47,303..49,981 candidates per user, 11 designs,
-17-20 s on the shared machine at load 8 (53-55 s with one fit per repeat; BENCHMARKS.md, issue 27's plan cost).
+forecast with the target. With the default family the forecast is a rough guide. Timing (the 2-core machine with
+nothing else running, each design's fits on one thread, designs on both cores: see :func:`plan`): the default grid
+(9 designs, 180 fits) for ``n_items = 50_000, n_users = 6000, repeats = 20`` takes 1.3-1.9 s after the imports; a
+1,000-user adaptive pilot on 47,303..49,981 candidates per user, 11 designs, 4.1-6.2 s (8-12 s one design at a
+time before session 25's screening rule; BENCHMARKS.md, "The plan's fixed cost, again").
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ import logging
 import math
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
@@ -122,13 +123,14 @@ _PILOT_N_SPREAD = 0.1
 #: above target x truth), or their relative RMSE exceeds :data:`SCREEN_FACTOR` x the target, the design is reported
 #: as missing it from these alone. RMSE >= min |error|, so the forecast still exceeds the target; a design whose
 #: true relative RMSE is at the target is screened out with probability P(|e| > target)^5 = 0.317^5 = 0.3% by the
-#: first rule and 1e-5 by the second for Gaussian errors (1.4% by the second for Student-t(3) errors).
+#: first rule and 8.4e-6 by the second for Gaussian errors (1.4% by the second for Student-t(3) errors).
 SCREEN_REPEATS = 5
 #: The second screening rule: the first :data:`SCREEN_REPEATS` replicates' relative RMSE above this multiple of the
-#: target. Simulated with 2e6 sets of 5 errors of true RMSE = the target: P(screened) 1.2e-5 for Gaussian errors,
-#: 0 for biased ones (bias 0.8, sd 0.6 of the target), 1.4% for Student-t(3); of designs at 3x / 4x the target it
-#: screens 63% / 86% (the first rule alone: about 4% / 2%). A screened design that meets the target would only
-#: cost the plan a costlier pick, never a pick that misses.
+#: target. For errors of true RMSE = the target, P(screened by this rule) is 8.4e-6 for Gaussian errors (chi-square
+#: with 5 df above 31.25), 0 for biased ones (bias 0.8, sd 0.6 of the target; 2e6 simulated sets of 5) and 1.4% for
+#: Student-t(3); of Gaussian designs at 3x / 4x the target the two rules together screen 66% / 87% (the all-miss
+#: rule alone 22% / 33%). A screened design that meets the target would only cost the plan a costlier pick, never
+#: a pick that misses.
 SCREEN_FACTOR = 2.5
 # the rank-distribution fit of a pilot's shape (whatever method is forecast: the pilot needs a fitted distribution).
 # Not ``auto``: a gmod-fitted (smooth) world flatters gmod, the estimator ``auto`` forecasts for adaptive designs, on
@@ -704,7 +706,8 @@ def _map_designs(forecast: Callable[[int], DesignForecast], todo: Sequence[tuple
     time in numpy and scipy.sparse kernels that release the GIL (2 threads on 2 cores: 1.5x on the scorer
     benchmark's plan), share the prepared caches, and fork no torch. The largest designs start first (fixed m by m,
     then adaptive by cap) so that a long fit does not start last. Each task runs in a copy of the caller's context
-    (context variables hold)."""
+    (context variables hold). A design that raises: the designs not yet started are cancelled, the running ones
+    finish, and the first failure in design order among the designs that ran is raised."""
     if workers <= 1 or len(todo) <= 1:
         return [forecast(d) for d in range(len(todo))]
     order = sorted(range(len(todo)), key=lambda d: (todo[d][1] is None, todo[d][0] if todo[d][1] is None
@@ -712,11 +715,15 @@ def _map_designs(forecast: Callable[[int], DesignForecast], todo: Sequence[tuple
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reco-sampled-plan") as pool:
         futures = {d: pool.submit(contextvars.copy_context().run, forecast, d) for d in order}
         try:
-            return [futures[d].result() for d in range(len(todo))]
-        except BaseException:
-            for f in futures.values():  # the first failure (in design order) stops the designs not yet started
-                f.cancel()
+            wait(futures.values(), return_when=FIRST_EXCEPTION)
+        except BaseException:  # interrupted while waiting: no design not yet started starts
+            pool.shutdown(wait=False, cancel_futures=True)
             raise
+        if any(f.done() and not f.cancelled() and f.exception() is not None for f in futures.values()):
+            pool.shutdown(wait=True, cancel_futures=True)  # the designs not yet started never start
+            failed = [d for d in range(len(todo)) if not futures[d].cancelled() and futures[d].exception() is not None]
+            raise futures[failed[0]].exception()  # type: ignore[misc]
+        return [futures[d].result() for d in range(len(todo))]
 
 
 def _screens(err: np.ndarray, tolerance: float) -> bool:
@@ -797,6 +804,8 @@ def plan(
     Each design's fits run on one torch (and BLAS) thread, restored afterwards (:func:`_one_thread`); ``workers``
     designs at a time.
     """
+    if workers is not None:
+        check_int(workers, "workers", minimum=1)
     with _one_thread():
         return _plan(n_items, n_users, metric, target_rel_error, pilot=pilot, pilot_n_items=pilot_n_items,
                      pilot_n_samples=pilot_n_samples, pilot_adaptive=pilot_adaptive, designs=designs, method=method,
@@ -914,7 +923,7 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         used = min(repeats, SCREEN_REPEATS) if screen else repeats
         replicates(range(used))
         screened = used < repeats and truth != 0 and _screens(est[:used] - truths[:used], target * abs(truth))
-        if screened:  # every first replicate misses the target: settled, the rest not fitted
+        if screened:  # the first replicates miss the target (all of them, or by 2.5x in RMSE): settled, the rest not fitted
             tick(repeats - used)
         elif used < repeats:
             replicates(range(used, repeats))

@@ -328,6 +328,8 @@ def estimate_by_pl_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sa
     details = {"method": method, "design": "popularity" if d is not None else sampling, "beta": f.beta_of(),
                "loglik": f.loglik, "niche_top": f.niche, "niche_lr": f.niche_lr, "rank_prior": prior,
                "beta_constrained": f.beta_of(f.best_constrained), "beta_free": f.beta_of(f.best_free)}
+    if prior == "spline":
+        details["spline_unconverged"] = f.spline_unconverged  # spline fits short of their tolerances (0: none)
     if f.niche:
         details["branch_values"] = (f.estimate(spec, f.best_constrained, prior=prior)[0],
                                     f.estimate(spec, f.best_free, prior=prior)[0])

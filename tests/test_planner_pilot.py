@@ -194,25 +194,30 @@ def test_workers_checked(bad):
         plan(2000, 100, "hit@10", 0.1, designs=[(50, None)], repeats=2, workers=bad)
 
 
-def test_workers_a_failing_design_raises_and_the_plan_is_not_returned(monkeypatch):
-    """An exception in one design's thread reaches the caller (the first failing design in design order); the
-    progress bar is closed and the torch thread count restored."""
+@pytest.mark.parametrize("workers", [1, 3])
+def test_workers_a_failing_design_raises_and_the_plan_is_not_returned(monkeypatch, workers):
+    """An exception in a design's thread reaches the caller: the first failing design in design order (here the
+    second and fourth designs fail; the larger, m = 700, starts first on the threads); no plan thread outlives the
+    call, and the torch thread count is restored."""
+    import threading
+
     import reco_sampled_plugin.planner as planner_mod
     from reco_sampled_plugin import simulate
 
     real = simulate.simulate_sampled_ranks
 
     def flaky(exact, n, m, law, gen):
-        if m == 400:
-            raise RuntimeError("design m = 400 failed")
+        if m in (400, 700):
+            raise RuntimeError(f"design m = {m} failed")
         return real(exact, n, m, law, gen)
 
     monkeypatch.setattr(simulate, "simulate_sampled_ranks", flaky)
     before = torch.get_num_threads()
     with pytest.raises(RuntimeError, match="m = 400"):
-        planner_mod.plan(20_000, 300, "ndcg@10", 0.1, designs=[(50, None), (400, None), (100, 1600)], repeats=3,
-                         workers=3)
+        planner_mod.plan(20_000, 300, "ndcg@10", 0.1, designs=[(50, None), (400, None), (100, 1600), (700, None)],
+                         repeats=3, workers=workers)
     assert torch.get_num_threads() == before
+    assert not [t for t in threading.enumerate() if t.name.startswith("reco-sampled-plan")]
 
 
 def test_cli_workers_reaches_the_plan(capsys):
