@@ -354,7 +354,7 @@ class PopularityFit:
         """(prior, alpha, converged) of :meth:`spline_prior` at ``key`` from ``start`` (None: alpha = 0)."""
         from scipy.optimize import minimize
 
-        from .rank_distribution import G_DF as df, G_PENALTY as penalty, _g_basis
+        from .rank_distribution import G_DF, G_PENALTY, _g_basis, _spline_objective
 
         logl = self._assemble(self.curves[key][2])
         mx = logl.max(1, keepdims=True)
@@ -362,27 +362,17 @@ class PopularityFit:
         lik = np.exp(logl[ok] - mx[ok])
         allowed = self.allowed[ok].astype(np.float64)
         wk = self.units.w[ok]
-        tot = max(float(wk.sum()), 1e-300)
-        basis = _g_basis(self.edges, df)
-        logw = np.log(np.diff(self.edges).astype(np.float64))
-        d2 = np.diff(np.eye(df), 2, axis=0)
-        pen = penalty * (d2.T @ d2)
 
-        def prior_of(a: np.ndarray) -> np.ndarray:
-            z = logw + basis @ a
-            e = np.exp(z - z.max())
-            return e / e.sum()
-
-        def objective(a: np.ndarray) -> tuple[float, np.ndarray]:
-            p = prior_of(a)
+        def loglik(p: np.ndarray) -> tuple[float, np.ndarray]:
             mix = np.maximum(lik @ p, 1e-300)
             inside = np.maximum(allowed @ p, 1e-300)  # P(R <= n_i): the truncation of each positive's prior
-            ll = float(wk @ np.log(mix)) - float(wk @ np.log(inside))
-            g_p = (wk / mix) @ lik - (wk / inside) @ allowed  # d loglik / d p
-            g_z = p * (g_p - float(p @ g_p))
-            return (-ll + float(a @ pen @ a)) / tot, (2.0 * (pen @ a) - basis.T @ g_z) / tot
+            return (float(wk @ np.log(mix)) - float(wk @ np.log(inside)),
+                    (wk / mix) @ lik - (wk / inside) @ allowed)
 
-        x0 = np.zeros(df) if start is None else start
+        objective, prior_of = _spline_objective(np.log(np.diff(self.edges).astype(np.float64)),
+                                                _g_basis(self.edges, G_DF), G_PENALTY,
+                                                max(float(wk.sum()), 1e-300), loglik)
+        x0 = np.zeros(G_DF) if start is None else start
         res = minimize(objective, x0, jac=True, method="L-BFGS-B",
                        options={"maxiter": 5000, "ftol": 1e-10, "gtol": 1e-9})
         return prior_of(res.x), res.x, bool(res.success)

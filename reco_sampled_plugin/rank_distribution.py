@@ -977,16 +977,14 @@ def _g_basis(edges: np.ndarray, df: int) -> np.ndarray:
     return _bspline_design(np.clip(x, 0.0, hi), knots, 3)
 
 
-def _g_objective(
-    model: _Model, counts: np.ndarray, basis: np.ndarray, penalty: float,
+def _spline_objective(
+    logw: np.ndarray, basis: np.ndarray, penalty: float, total: float,
+    loglik: Callable[[np.ndarray], tuple[float, np.ndarray]],
 ) -> tuple[Callable[[np.ndarray], tuple[float, np.ndarray]], Callable[[np.ndarray], np.ndarray]]:
-    """f(alpha) = -loglik/M + penalty * |D2 alpha|^2 / M and its gradient, P(cell) proportional to
-    width * exp(basis @ alpha) (uniform over ranks at alpha = 0)."""
-    logw = np.log(model.widths)
-    inside = model.inside.astype(np.float64)
-    total = counts.sum()
-    totals_g = model.totals(counts)
-    has = counts > 0
+    """g-modelling's objective on any likelihood of a prior over cells (``gmod`` here; ``pl_fit``'s spline prior in
+    ``_popularity_fit``): P(cell) proportional to exp(logw + basis @ alpha) (logw: log cell widths, so uniform over
+    ranks at alpha = 0), f(alpha) = -loglik(P)/total + penalty * |D2 alpha|^2 / total and its gradient, given
+    ``loglik(P) -> (value, d value / d P)``. Returns (objective, P of alpha)."""
     d2 = np.diff(np.eye(basis.shape[1]), 2, axis=0)
     pen = penalty * (d2.T @ d2)
 
@@ -998,13 +996,24 @@ def _g_objective(
 
     def objective(alpha: np.ndarray) -> tuple[float, np.ndarray]:
         pi = pi_of(alpha)
-        ll, dll = _truncated_loglik(model, pi, counts, totals_g, has, inside)
+        ll, dll = loglik(pi)
         grad_pi = -dll / total
         grad_z = pi * (grad_pi - np.dot(pi, grad_pi))
         f = -ll / total + float(alpha @ pen @ alpha) / total
         return f, basis.T @ grad_z + 2.0 * (pen @ alpha) / total
 
     return objective, pi_of
+
+
+def _g_objective(
+    model: _Model, counts: np.ndarray, basis: np.ndarray, penalty: float,
+) -> tuple[Callable[[np.ndarray], tuple[float, np.ndarray]], Callable[[np.ndarray], np.ndarray]]:
+    """``gmod``'s :func:`_spline_objective`: the truncated binomial likelihood of the histogram's groups."""
+    inside = model.inside.astype(np.float64)
+    totals_g = model.totals(counts)
+    has = counts > 0
+    return _spline_objective(np.log(model.widths), basis, penalty, counts.sum(),
+                             lambda pi: _truncated_loglik(model, pi, counts, totals_g, has, inside))
 
 
 def _g_objective_batched(
