@@ -194,7 +194,7 @@ def main() -> None:
         with open(path) as fh:
             rows += json.load(fh)
     print(summarise(rows))
-    if any(r["label"] == "constrained" for r in rows):
+    if any(r["label"] in ("em", "constrained") for r in rows):
         print()
         print(ratio_table(rows))
 
