@@ -687,8 +687,14 @@ def _check_inputs(n_items: Any, n_users: Any, target: Any,
 
 
 def _check_workers(workers: Any, n_designs: int) -> int:
-    """``plan(workers=)``: None -> the CPUs this process may run on, at most one per design; else an int >= 1."""
+    """``plan(workers=)``: None -> the CPUs this process may run on, at most one per design (1 without
+    threadpoolctl: BLAS would then keep its own threads in every design's thread, workers x cores threads on a
+    many-core host); else an int >= 1."""
     if workers is None:
+        try:
+            import threadpoolctl  # noqa: F401  (limits BLAS to one thread per design: _one_thread)
+        except ImportError:
+            return 1
         try:
             cpus = len(os.sched_getaffinity(0))
         except AttributeError:  # not on Linux
@@ -789,8 +795,8 @@ def plan(
             (fixed m with an unresolved top, typically) cost a quarter of their fits. False: every design runs
             ``repeats`` replicates (as for checking forecasts against simulation).
         workers: threads that forecast designs side by side (each design on one thread; the same plan, bit for bit,
-            whatever the number). None: the CPUs this process may use, at most one per design; 1: one after the
-            other.
+            whatever the number). None: the CPUs this process may use, at most one per design (one where
+            threadpoolctl, which holds BLAS to one thread per design, is not installed); 1: one after the other.
 
     Returns:
         a :class:`Plan` (``print(plan(...).format())`` for a table).

@@ -239,3 +239,27 @@ def test_cli_workers_reaches_the_plan(capsys):
                               "--target-rel-error", "0.5", "--workers", "0"])
     with pytest.raises(ValueError, match="^workers"):
         run_plan(args)
+
+
+def test_default_workers_without_threadpoolctl_is_one(monkeypatch):
+    """Without threadpoolctl BLAS keeps its threads in every design's thread: the default falls back to one design
+    at a time; with it, the CPUs available (at most one per design); an explicit number is kept either way."""
+    import builtins
+    import os
+
+    from reco_sampled_plugin.planner import _check_workers
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    import importlib.util
+
+    have = importlib.util.find_spec("threadpoolctl") is not None
+    assert _check_workers(None, 50) == (min(cpus, 50) if have else 1) and _check_workers(None, 1) == 1
+    real = builtins.__import__
+
+    def no_threadpoolctl(name, *args, **kwargs):
+        if name == "threadpoolctl":
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_threadpoolctl)
+    assert _check_workers(None, 50) == 1 and _check_workers(3, 50) == 3
