@@ -23,7 +23,7 @@ its items' mean), so a positive is summarised by three count vectors (``Populari
 spread log-uniformly, the smoothing of ``mes``'s default) for each (beta_top, beta_deep) tried, the pair by maximum
 likelihood. The estimate is the mean of the positives' posterior means of the metric under, by default
 (``rank_prior="spline"``, session 25), a g-modelling prior refitted at the chosen pair: log P(R) a cubic B-spline in
-log R with ``gmod``'s basis and penalty (Efron, Biometrika 2016; ``rank_distribution.G_DF``, ``G_PENALTY``), by
+log R with ``gmod``'s basis and penalty (Efron, Biometrika 2016; ``_gspline.G_DF``, ``G_PENALTY``), by
 penalised maximum likelihood on the same likelihood (:meth:`PopularityFit.spline_prior`); ``rank_prior="em"`` keeps the
 EM prior (the estimator before). Measured on both data sets (docs/popularity.md, "The prior of the value"): the
 worst recommender's error fell in 13 of 16 cells and met issue 28's 1.5x goal in 12 (8 before), with the same basis
@@ -332,7 +332,7 @@ class PopularityFit:
 
     def spline_prior(self, key: tuple[int, int]) -> np.ndarray:
         """(cells,) the g-modelling prior at the pair ``key``: P(cell) proportional to width x exp(B alpha), B the
-        cubic B-spline basis of ``gmod`` at each cell's log mean rank (``rank_distribution._g_basis``, ``G_DF``
+        cubic B-spline basis of ``gmod`` at each cell's log mean rank (``_gspline.g_basis``, ``G_DF``
         coefficients), alpha maximising the truncated log-likelihood sum_i w_i log(sum_c P_c L_ic / sum_{c allowed
         for i} P_c) - ``G_PENALTY`` |D2 alpha|^2 (each positive's prior conditioned on R <= its n, as ``gmod``'s
         likelihood; the objective divided by sum w, and L-BFGS-B's tolerances, as ``gmod``'s), from the best pair's
@@ -355,7 +355,7 @@ class PopularityFit:
         """(prior, alpha, converged) of :meth:`spline_prior` at ``key`` from ``start`` (None: alpha = 0)."""
         from scipy.optimize import minimize
 
-        from .rank_distribution import G_DF, G_PENALTY, _g_basis, _spline_objective
+        from ._gspline import G_DF, G_PENALTY, g_basis, spline_objective
 
         logl = self._assemble(self.curves[key][2])
         mx = logl.max(1, keepdims=True)
@@ -370,8 +370,8 @@ class PopularityFit:
             return (float(wk @ np.log(mix)) - float(wk @ np.log(inside)),
                     (wk / mix) @ lik - (wk / inside) @ allowed)
 
-        objective, prior_of = _spline_objective(np.log(np.diff(self.edges).astype(np.float64)),
-                                                _g_basis(self.edges, G_DF), G_PENALTY,
+        objective, prior_of = spline_objective(np.log(np.diff(self.edges).astype(np.float64)),
+                                                g_basis(self.edges, G_DF), G_PENALTY,
                                                 max(float(wk.sum()), 1e-300), loglik)
         x0 = np.zeros(G_DF) if start is None else start
         res = minimize(objective, x0, jac=True, method="L-BFGS-B",

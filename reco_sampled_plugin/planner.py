@@ -728,7 +728,9 @@ def _map_designs(forecast: Callable[[int], DesignForecast], todo: Sequence[tuple
         if any(f.done() and not f.cancelled() and f.exception() is not None for f in futures.values()):
             pool.shutdown(wait=True, cancel_futures=True)  # the designs not yet started never start
             failed = [d for d in range(len(todo)) if not futures[d].cancelled() and futures[d].exception() is not None]
-            raise futures[failed[0]].exception()  # type: ignore[misc]
+            error = futures[failed[0]].exception()
+            assert error is not None  # a failed design's exception
+            raise error
         return [futures[d].result() for d in range(len(todo))]
 
 

@@ -79,6 +79,7 @@ from ._options import (check_base_measure, check_bool, check_count, check_metric
 from ._types import TensorLike
 from .metric_names import MetricSpec, parse_metric
 from .sampling_laws import check_law, log_sampled_rank_pmf_unbounded as _log_sampled_rank_pmf
+from ._gspline import G_DF, G_PENALTY, cell_points, g_basis as _g_basis, spline_objective as _spline_objective
 
 # draws live in ``simulate`` and ``adaptive``; importable from here as before
 from .adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact  # noqa: E402,F401
@@ -125,7 +126,6 @@ _MES_WARM_STEPS = 25  # EM (SQUAREM) cycles that start the MES fit
 # likelihood matrices with at most this share of non-zeros are multiplied as sparse matrices (the products
 # are memory-bound; sparse kernels are single-threaded and measured faster than dense BLAS there)
 _SPARSE_MAX_DENSITY = 0.3
-_SUBPOINTS = 8
 
 
 # --------------------------------------------------------------------------------------------- grid
@@ -148,19 +148,6 @@ def rank_grid(n_items: int, n_samples: int, delta: float = 0.05, kappa: float = 
     if len(extra_edges):
         edges = np.union1d(edges, np.asarray(extra_edges, dtype=np.int64))
     return edges
-
-
-def cell_points(edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Up to 8 ranks per cell spread evenly through it, and their weights (rows sum to 1)."""
-    lo = edges[:-1]
-    width = np.diff(edges)
-    j = np.arange(_SUBPOINTS)
-    even = lo[:, None] + 1 + np.floor((j[None, :] + 0.5) * width[:, None] / _SUBPOINTS).astype(np.int64)
-    every = lo[:, None] + 1 + np.minimum(j[None, :], width[:, None] - 1)
-    narrow = width[:, None] < _SUBPOINTS
-    pts = np.where(narrow, every, even)
-    wts = np.where(narrow, (j[None, :] < width[:, None]) / width[:, None].astype(np.float64), 1.0 / _SUBPOINTS)
-    return pts, wts
 
 
 
@@ -939,70 +926,6 @@ class MESFitter:
         start = np.broadcast_to(pi, (len(draws), len(pi)))
         lam = np.full(len(draws), details["lam"])
         return _mes_fit_batched(model, draws, lam, start, opts["tol"], opts["max_iter"], opts["beta"])[0]
-
-
-# g-modelling (Efron, Biometrika 2016): log P(R) in a cubic B-spline basis of log R, second differences penalised
-G_DF = 10  # basis functions, knots equally spaced in log R over 1..n (a knot per factor ~2.1 of rank at n = 1,600)
-G_PENALTY = 1.0  # weight of the squared second differences of the coefficients, in log-likelihood units
-
-
-def _bspline_design(x: np.ndarray, knots: np.ndarray, k: int) -> np.ndarray:
-    """(P, len(knots) - k - 1) B-spline basis of degree ``k`` at points ``x`` inside [knots[k], knots[-k - 1]]
-    (Cox-de Boor recursion; 0/0 read as 0; a point on the right end belongs to the last non-empty interval):
-    ``scipy.interpolate.BSpline.design_matrix(x, knots, k)`` densified, without importing scipy.interpolate, whose
-    import (scipy.optimize with it) cost 0.3 s of a first ``gmod`` fit or plan."""
-    t = np.asarray(knots, dtype=np.float64)
-    n_int = len(t) - 1
-    span = np.clip(np.searchsorted(t, x, side="right") - 1, k, len(t) - k - 2)
-    b = np.zeros((len(x), n_int))
-    b[np.arange(len(x)), span] = 1.0
-    xc = np.asarray(x, dtype=np.float64)[:, None]
-    for d in range(1, k + 1):
-        nb = n_int - d
-        left, right = t[d : d + nb] - t[:nb], t[d + 1 : d + 1 + nb] - t[1 : 1 + nb]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lw = np.where(left > 0, (xc - t[:nb]) / left, 0.0)
-            rw = np.where(right > 0, (t[d + 1 : d + 1 + nb] - xc) / right, 0.0)
-        b = lw * b[:, :nb] + rw * b[:, 1 : nb + 1]
-    return b
-
-
-def _g_basis(edges: np.ndarray, df: int) -> np.ndarray:
-    """(C, df) cubic B-spline basis at log(mean rank) of each cell, knots equally spaced on [0, log n]."""
-    pts, wts = cell_points(edges)
-    x = np.log((pts * wts).sum(1))
-    hi = max(math.log(float(edges[-1])), 1e-9)
-    inner = np.linspace(0.0, hi, df - 2)
-    knots = np.r_[[0.0] * 3, inner, [hi] * 3]
-    return _bspline_design(np.clip(x, 0.0, hi), knots, 3)
-
-
-def _spline_objective(
-    logw: np.ndarray, basis: np.ndarray, penalty: float, total: float,
-    loglik: Callable[[np.ndarray], tuple[float, np.ndarray]],
-) -> tuple[Callable[[np.ndarray], tuple[float, np.ndarray]], Callable[[np.ndarray], np.ndarray]]:
-    """g-modelling's objective on any likelihood of a prior over cells (``gmod`` here; ``pl_fit``'s spline prior in
-    ``_popularity_fit``): P(cell) proportional to exp(logw + basis @ alpha) (logw: log cell widths, so uniform over
-    ranks at alpha = 0), f(alpha) = -loglik(P)/total + penalty * |D2 alpha|^2 / total and its gradient, given
-    ``loglik(P) -> (value, d value / d P)``. Returns (objective, P of alpha)."""
-    d2 = np.diff(np.eye(basis.shape[1]), 2, axis=0)
-    pen = penalty * (d2.T @ d2)
-
-    def pi_of(alpha: np.ndarray) -> np.ndarray:
-        z = logw + basis @ alpha
-        z = z - z.max()
-        pi = np.exp(z)
-        return pi / pi.sum()
-
-    def objective(alpha: np.ndarray) -> tuple[float, np.ndarray]:
-        pi = pi_of(alpha)
-        ll, dll = loglik(pi)
-        grad_pi = -dll / total
-        grad_z = pi * (grad_pi - np.dot(pi, grad_pi))
-        f = -ll / total + float(alpha @ pen @ alpha) / total
-        return f, basis.T @ grad_z + 2.0 * (pen @ alpha) / total
-
-    return objective, pi_of
 
 
 def _g_objective(

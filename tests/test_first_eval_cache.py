@@ -258,7 +258,7 @@ def test_bspline_design_equals_scipy(df, hi):
     at both ends, on the inner knots and inside; also on unequally spaced knots. Rows sum to one."""
     from scipy import interpolate
 
-    from reco_sampled_plugin.rank_distribution import _bspline_design
+    from reco_sampled_plugin._gspline import bspline_design as _bspline_design
 
     rng = np.random.default_rng(df)
     equal = np.linspace(0.0, hi, df - 2)
