@@ -187,6 +187,7 @@ class PopularityFit:
         self.tables = np.stack([self._log_likelihood(i) for i in range(len(self.betas))])  # (betas, N, cells)
         self._zone: dict[int, np.ndarray] = {}
         self._spline: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._cell_metric: dict[MetricSpec, np.ndarray] = {}
         #: spline fits (:meth:`spline_prior`) that stopped short of their tolerances (iteration cap or line search)
         self.spline_unconverged = 0
         pos = np.clip(np.log(self.r_mid) / math.log(DEEP_RANK), 0.0, 1.0)
@@ -320,7 +321,14 @@ class PopularityFit:
 
     # ------------------------------------------------------------------------------------------- the metric
     def cell_metric(self, spec: MetricSpec) -> np.ndarray:
-        """(N, cells) the metric averaged over each cell's ranks, cut at the unit's n (0 where not allowed)."""
+        """(N, cells) the metric averaged over each cell's ranks, cut at the unit's n (0 where not allowed); kept
+        per metric (read-only: every estimate and bound of the fit reads the same table)."""
+        hit = self._cell_metric.get(spec)
+        if hit is None:
+            hit = self._cell_metric[spec] = self._cell_metric_table(spec)
+        return hit
+
+    def _cell_metric_table(self, spec: MetricSpec) -> np.ndarray:
         u = self.units
         lo = np.broadcast_to(self.edges[:-1][None, :].astype(np.float64), self.allowed.shape)
         hi = np.minimum(self.edges[1:][None, :], u.n[:, None]).astype(np.float64)
@@ -328,6 +336,7 @@ class PopularityFit:
         ok = self.allowed
         nn = np.broadcast_to(u.n[:, None].astype(np.float64), ok.shape)
         out[ok] = interval_mean_metric(spec, lo[ok], hi[ok], nn[ok])
+        out.flags.writeable = False
         return out
 
     def spline_prior(self, key: tuple[int, int]) -> np.ndarray:

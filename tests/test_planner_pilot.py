@@ -220,11 +220,21 @@ def test_workers_a_failing_design_raises_and_the_plan_is_not_returned(monkeypatc
     assert not [t for t in threading.enumerate() if t.name.startswith("reco-sampled-plan")]
 
 
-def test_cli_workers_reaches_the_plan(capsys):
+def test_cli_workers_reaches_the_plan(capsys, monkeypatch):
+    """``--workers N`` reaches ``planner.plan(workers=N)`` (recorded by a wrapper around the real plan) and the
+    printed plan is the same for 1 and 3 threads."""
     import argparse
 
+    import reco_sampled_plugin.planner as planner_mod
     from reco_sampled_plugin.cli import add_plan_parser, run_plan
 
+    real, seen = planner_mod.plan, []
+
+    def recording(*args, **kwargs):
+        seen.append(kwargs.get("workers"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner_mod, "plan", recording)
     parser = argparse.ArgumentParser(prog="reco-sampled")
     add_plan_parser(parser.add_subparsers(dest="command"))
     outs = []
@@ -232,8 +242,9 @@ def test_cli_workers_reaches_the_plan(capsys):
         args = parser.parse_args(["plan", "--n-items", "3000", "--n-users", "400", "--metric", "ndcg@10",
                                   "--target-rel-error", "0.5", "--repeats", "3", "--design", "100",
                                   "--design", "50:800", "--workers", w])
-        assert args.workers == int(w) and run_plan(args) == 0
+        run_plan(args)
         outs.append(capsys.readouterr().out)
+    assert seen == [1, 3]
     assert outs[0] == outs[1] and "Recommendation:" in outs[0]
     args = parser.parse_args(["plan", "--n-items", "3000", "--n-users", "400", "--metric", "ndcg@10",
                               "--target-rel-error", "0.5", "--workers", "0"])
