@@ -408,3 +408,38 @@ def test_ls_variance_is_flagged_not_hidden():
     for method in ("cls", "bv"):
         res = estimate("hit@10", sampled, n, 100, method=method)
         assert 0.0 <= res.value <= 1.0 and "outside_metric_range" not in res.flags
+
+
+@pytest.mark.parametrize("law", LAWS)
+def test_bv_cholesky_equals_the_stacked_least_squares(law, monkeypatch):
+    """eq. 25 from its normal equations (Cholesky, the default) and as the stacked least squares (pivoted QR,
+    forced by an unreachable ratio) give the same tables, and both agree with the enumerated system."""
+    import reco_sampled_plugin.corrections as corr
+
+    cases = [("recall@10", 300, 50, 0.1), ("ndcg@10", 20_000, 100, 0.01), ("ap", 5_000, 500, 0.5),
+             ("auc", 1_000, 20, 0.99)]
+    chol = {}
+    for metric, n, m, gamma in cases:
+        chol[metric] = correction_table(metric, n, m, "bv", gamma, law).numpy()
+    corr.clear_correction_cache()
+    monkeypatch.setattr(corr, "BV_CHOLESKY_MIN_RATIO", np.inf)  # every bv table by the stacked QR
+    for metric, n, m, gamma in cases:
+        qr = correction_table(metric, n, m, "bv", gamma, law).numpy()
+        assert rel(chol[metric], qr) < 1e-11, (metric, rel(chol[metric], qr))
+        if n <= 5_000:
+            assert rel(qr, brute_bv(metric, n, m, law, gamma)) < 1e-9
+    corr.clear_correction_cache()
+
+
+def test_bv_ill_conditioned_normal_equations_fall_back_to_the_stacked_least_squares():
+    """m far above n with replacement and a Beta prior: the Cholesky factor's diagonal ratio falls below the
+    threshold, the normal equations are refused and the table still matches the enumerated system."""
+    import reco_sampled_plugin.corrections as corr
+    from reco_sampled_plugin.metric_names import parse_metric
+
+    spec, n, m, gamma = parse_metric("recall@10"), 30, 500, 0.01
+    prior = as_prior(("beta", 2.0), n)
+    p, w, mv = corr._weighted_system(spec, n, m, "binomial", prior)
+    assert corr._bv_normal(p, w, mv, w @ p, gamma) is None
+    got = correction_table("recall@10", n, m, "bv", gamma, "binomial", ("beta", 2.0)).numpy()
+    assert rel(got, brute_bv("recall@10", n, m, "binomial", gamma, prior.weights(n))) < 1e-8
