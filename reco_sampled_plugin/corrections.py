@@ -46,6 +46,7 @@ import scipy.linalg
 import scipy.optimize
 import torch
 
+from ._blas import SMALL_SYSTEM, one_blas_thread
 from ._checks import (MAX_ELEMENTS, MAX_SAMPLES, check_device, check_elements, check_rank_values, check_ranks_in_range,
                       check_size, check_sizes, real_tensor)
 from ._options import check_fraction, check_metric_names
@@ -293,7 +294,8 @@ def _table(spec: MetricSpec, n: int, m: int, method: str, gamma: float, law: str
     elif method == "rank_estimate":
         table = _rank_estimate(spec, n, m, rounding)
     else:
-        table = _solve(spec, n, m, method, gamma, law, prior)
+        with one_blas_thread(m + 1 <= SMALL_SYSTEM):  # small systems: BLAS's threads cost more than they save
+            table = _solve(spec, n, m, method, gamma, law, prior)
     table = np.ascontiguousarray(table, dtype=np.float64)
     if not np.all(np.isfinite(table)):  # pragma: no cover - guarded by construction and tests
         raise FloatingPointError(f"correction table for {spec} (n={n}, m={m}, {method}) is not finite")

@@ -84,6 +84,7 @@ import torch
 from scipy import special
 
 from . import registry
+from ._blas import one_blas_thread
 from ._checks import MAX_SAMPLES, check_int, check_rank_values, check_size, check_sizes, renamed
 from ._options import check_bool, check_positive_float
 from .adaptive import AdaptiveDesign, check_adaptive_histogram
@@ -654,13 +655,7 @@ def _one_thread() -> Iterator[None]:
     prev = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        try:
-            from threadpoolctl import threadpool_limits
-        except ImportError:  # optional: without it BLAS keeps its threads
-            limits = contextlib.nullcontext()
-        else:
-            limits = threadpool_limits(1, user_api="blas")
-        with limits:
+        with one_blas_thread():  # without threadpoolctl BLAS keeps its threads
             yield
     finally:
         torch.set_num_threads(prev)

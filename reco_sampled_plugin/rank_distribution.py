@@ -76,6 +76,7 @@ from ._checks import (MAX_SAMPLES, MAX_SIZE, check_rank_values, check_sampled_su
                       check_without_replacement, impossible_rank_message)
 from ._options import (check_base_measure, check_bool, check_count, check_metric_names,
                        check_nonnegative_float, check_positive_float, check_seed)
+from ._blas import blas_single
 from ._types import TensorLike
 from .metric_names import MetricSpec, parse_metric
 from .sampling_laws import check_law, log_sampled_rank_pmf_unbounded as _log_sampled_rank_pmf
@@ -1330,6 +1331,7 @@ class RankDistribution:
 _WITH_REFERENCE: contextvars.ContextVar[bool] = contextvars.ContextVar("_WITH_REFERENCE", default=True)
 
 
+@blas_single  # small dense algebra: one BLAS thread (_blas)
 def estimate_rank_distribution(
     sampled_ranks: TensorLike | RankHistogram,
     n_items: TensorLike | None = None,
@@ -1440,6 +1442,7 @@ def estimate_rank_distribution(
     )
 
 
+@blas_single
 def estimate_rank_distributions(
     histograms: Iterable[RankHistogram],
     method: str = "mle",

@@ -1,0 +1,78 @@
+"""One BLAS thread for the package's small dense algebra (fits, correction tables, identified intervals).
+
+The estimators' matrices are small (a fit's cells x occupied columns: ~150 x ~1,000; a correction table's
+(m + 1)^2 system), and BLAS's own threads cost more than they save there: on the project's 2-core machine the
+bootstrap of an 8-replicate ``mes`` fit took 170-200 ms on numpy's default two OpenBLAS threads and 60-90 ms on one,
+a ``bv`` table at m = 100 / 500 / 1,000 2.4 / 77 / 299 ms against 1.4 / 38 / 142 ms (BENCHMARKS.md, "BLAS threads").
+
+:func:`one_blas_thread` limits every BLAS library loaded in the process to one thread while the block runs, through
+threadpoolctl where it is installed (the framework extras install it; without it nothing changes), from the main
+thread only: the limit is process-wide (BLAS libraries have no per-thread setting) and threadpoolctl is designed
+for the main thread (a limit set from another thread was not seen by that thread's own calls, measured with
+OpenBLAS 0.3 / threadpoolctl 3.8). So a block entered from any other thread changes nothing (the planner's designs
+run in worker threads under the limit their plan() set from the main thread), and nested blocks are counted: the
+outermost sets the limit, its exit restores what was there before. torch's own threads are not touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+from typing import Any, Callable, Iterator, ParamSpec, TypeVar
+
+__all__ = ["one_blas_thread", "blas_single", "SMALL_SYSTEM"]
+
+#: linear systems up to this order run on one BLAS thread (correction tables: m + 1); larger ones keep BLAS's threads
+SMALL_SYSTEM = 1024
+
+_STATE: dict[str, Any] = {"controller": None, "ready": False, "depth": 0, "limiter": None}
+
+
+def _controller() -> Any:
+    """threadpoolctl's controller of the BLAS libraries loaded now (made once; None without threadpoolctl)."""
+    if not _STATE["ready"]:
+        try:
+            from threadpoolctl import ThreadpoolController
+        except ImportError:  # optional: BLAS keeps its threads
+            controller = None
+        else:
+            # numpy's and scipy.linalg's BLAS (two libraries in the wheels) are loaded first
+            import scipy.linalg  # noqa: F401
+
+            controller = ThreadpoolController()
+        _STATE["controller"], _STATE["ready"] = controller, True
+    return _STATE["controller"]
+
+
+@contextlib.contextmanager
+def one_blas_thread(enabled: bool = True) -> Iterator[None]:
+    """Run the block with BLAS on one thread (``enabled``, from the main thread; see the module docstring),
+    restored afterwards."""
+    if not enabled or threading.current_thread() is not threading.main_thread() or _controller() is None:
+        yield
+        return
+    if _STATE["depth"] == 0:
+        _STATE["limiter"] = _STATE["controller"].limit(limits=1, user_api="blas")
+    _STATE["depth"] += 1
+    try:
+        yield
+    finally:
+        _STATE["depth"] -= 1
+        if _STATE["depth"] == 0:
+            _STATE["limiter"].restore_original_limits()
+            _STATE["limiter"] = None
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def blas_single(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """``fn`` run inside :func:`one_blas_thread` (for functions whose dense algebra is small by construction)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with one_blas_thread():
+            return fn(*args, **kwargs)
+
+    return wrapper
