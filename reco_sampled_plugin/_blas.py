@@ -1,17 +1,19 @@
 """One BLAS thread for the package's small dense algebra (fits, correction tables, identified intervals).
 
-The estimators' matrices are small (a fit's cells x occupied columns: ~150 x ~1,000; a correction table's
-(m + 1)^2 system), and BLAS's own threads cost more than they save there: on the project's 2-core machine the
-bootstrap of an 8-replicate ``mes`` fit took 170-200 ms on numpy's default two OpenBLAS threads and 60-90 ms on one,
-a ``bv`` table at m = 100 / 500 / 1,000 2.4 / 77 / 299 ms against 1.4 / 38 / 142 ms (BENCHMARKS.md, "BLAS threads").
+The estimators' matrices are small (a fit: ~150 cells x ~1,000 occupied columns, a bootstrap's 8-32 replicates at
+once; a correction table's (m + 1)^2 system), and BLAS's own threads cost more than they save there: on the project's
+2-core machine numpy's default two OpenBLAS threads made the shipped RecBole example's `mes` fit with 8 bootstrap
+refits about twice as slow as one thread (BENCHMARKS.md, "Issue 25, sixth measurement").
 
 :func:`one_blas_thread` limits every BLAS library loaded in the process to one thread while the block runs, through
 threadpoolctl where it is installed (the framework extras install it; without it nothing changes), from the main
-thread only: the limit is process-wide (BLAS libraries have no per-thread setting) and threadpoolctl is designed
-for the main thread (a limit set from another thread was not seen by that thread's own calls, measured with
-OpenBLAS 0.3 / threadpoolctl 3.8). So a block entered from any other thread changes nothing (the planner's designs
-run in worker threads under the limit their plan() set from the main thread), and nested blocks are counted: the
-outermost sets the limit, its exit restores what was there before. torch's own threads are not touched.
+thread only: the limit is process-wide (BLAS libraries have no per-thread setting) and threadpoolctl is designed for
+calls from the main thread (its README), so one thread owns the limit and its count, and a block entered from any
+other thread changes nothing. The planner's designs run in worker threads under the limit that plan() set from the
+main thread; a plan() run from another thread (a server's worker) runs without it. Nested blocks are counted: the
+outermost sets the limit, its exit (or exception) restores what was there before. The libraries are those loaded
+at the first block (numpy's and scipy.linalg's OpenBLAS: scipy.linalg is imported first); one loaded later keeps its
+threads. torch's own threads are not touched.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ def one_blas_thread(enabled: bool = True) -> Iterator[None]:
         if _STATE["depth"] == 0:
             _STATE["limiter"].restore_original_limits()
             _STATE["limiter"] = None
+
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")

@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 import pytest
+import torch
 
 import threadpoolctl  # the test extra installs it (as the framework extras do)
 
@@ -106,4 +107,22 @@ def test_fits_tables_and_intervals_run_on_one_thread_and_large_tables_keep_their
     lps = _spy(monkeypatch, identification, "_solve")
     identification.identified_interval("recall@10", ranks, 2_000, 100)
     assert lps and all(s == {1} for s in lps)
+    assert _blas_threads() == {2}
+
+
+def test_decorated_functions_keep_their_signatures_and_docs():
+    import inspect
+
+    for fn in (rank_distribution.estimate_rank_distribution, rank_distribution.estimate_rank_distributions,
+               identification.identified_interval):
+        assert "sampling" in inspect.signature(fn).parameters
+        assert fn.__doc__ and fn.__wrapped__.__doc__ == fn.__doc__
+
+
+def test_batched_fits_run_on_one_thread(two_threads, monkeypatch):
+    rng = np.random.default_rng(1)
+    hists = [rank_distribution.as_histogram(torch.as_tensor(rng.integers(1, 102, size=200)), 2_000, 100) for _ in range(3)]
+    fits = _spy(monkeypatch, rank_distribution, "_build_model")
+    rank_distribution.estimate_rank_distributions(hists, "mes")
+    assert fits and all(s == {1} for s in fits)
     assert _blas_threads() == {2}

@@ -204,3 +204,33 @@ def test_band_cdfs_are_kept_for_the_next_evaluation_read_only():
     assert not kept.flags.writeable
     again = ident._cell_cdf_cached(edges.tobytes(), 1200, 100, pts.tobytes(), "binomial")
     assert again is kept and ident._cell_cdf_cached.cache_info().hits == 1
+
+
+def test_an_lp_that_fails_without_presolve_is_solved_again_with_it(monkeypatch):
+    """The programs are solved without HiGHS's presolve first; a status other than 0 there repeats the solve with it
+    (before any relaxation of the shape): the interval is the one of direct solves."""
+    from scipy import optimize
+
+    import reco_sampled_plugin.identification as ident
+
+    rng = np.random.default_rng(3)
+    ranks = rng.integers(1, 102, size=400)
+    ident._CACHE.clear()
+    want = ident.identified_interval("ndcg@10", ranks, 3_000, 100)
+    calls = []
+    real = optimize.linprog
+
+    def flaky(*args, **kwargs):
+        res = real(*args, **kwargs)
+        calls.append(kwargs.get("options"))
+        if kwargs.get("options") == {"presolve": False}:
+            res.status = 4  # "numerical difficulties"
+        return res
+
+    monkeypatch.setattr(optimize, "linprog", flaky)
+    ident._CACHE.clear()
+    got = ident.identified_interval("ndcg@10", ranks, 3_000, 100)
+    ident._CACHE.clear()
+    assert calls == [{"presolve": False}, None] * 2
+    assert got.flags == want.flags  # solved, not relaxed: the same optimum to HiGHS's tolerance (with or without presolve)
+    assert (got.lo, got.hi) == pytest.approx((want.lo, want.hi), abs=1e-7)
