@@ -116,7 +116,7 @@ def test_decorated_functions_keep_their_signatures_and_docs():
     for fn in (rank_distribution.estimate_rank_distribution, rank_distribution.estimate_rank_distributions,
                identification.identified_interval):
         assert "sampling" in inspect.signature(fn).parameters
-        assert fn.__doc__ and fn.__wrapped__.__doc__ == fn.__doc__
+        assert (fn.__doc__ or "").strip()  # the function's own docstring (the wrapper has none), for the API docs
 
 
 def test_batched_fits_run_on_one_thread(two_threads, monkeypatch):
