@@ -98,6 +98,8 @@ def main(argv=None) -> dict | None:
     ap.add_argument("--plan-caps", default="25600,51200", help="as bench_scorer.py's --plan-caps")
     ap.add_argument("--workers", type=int, default=None,
                     help="plan(workers=...); not given: the plan's default (code without the option: serial)")
+    ap.add_argument("--forecast-all", action="store_true",
+                    help="plan(forecast_all=True): every design forecast (default: the plan's own default)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--compare", nargs=2, metavar=("A_JSON", "B_JSON"), help="print the table of two runs")
     args = ap.parse_args(argv)
@@ -113,6 +115,8 @@ def main(argv=None) -> dict | None:
     from reco_sampled_plugin import planner
 
     extra = {} if args.workers is None else {"workers": args.workers}
+    if args.forecast_all:
+        extra["forecast_all"] = True
     has_workers = "workers" in inspect.signature(planner.plan).parameters
 
     print(f"reco_sampled_plugin from {os.path.dirname(reco_sampled_plugin.__file__)}; torch {torch.__version__}, "

@@ -268,7 +268,7 @@ def sampled_run(scorer, world: World, design, *, seed: int, methods=(registry.DE
 
 def planner_pick(scorer, world: World, *, pilot_users: int, seed: int, max_pairs: int = DEFAULT_MAX_PAIRS,
                  plan_repeats: int = 20, extra_caps=(), pilot_cap: int | None = None,
-                 method: str = registry.DEFAULT_ESTIMATOR):
+                 method: str = registry.DEFAULT_ESTIMATOR, plan_workers: int | None = None):
     """Pilot on ``pilot_users`` random users (fixed m = 100, or adaptive 100 -> ``pilot_cap``: a pilot that
     resolves the top, so the planner's prior is not guessed inside the first sampled bin), then ``planner.plan``
     for a 10% relative RMSE on NDCG@10 over all users, on the planner's default grid plus adaptive 100 -> each of
@@ -288,6 +288,8 @@ def planner_pick(scorer, world: World, *, pilot_users: int, seed: int, max_pairs
     kw = {}
     if "seconds_per_pair" in inspect.signature(planner.plan).parameters:  # the planner prices pairs
         kw["seconds_per_pair"] = pilot["cost"].scorer_seconds / max(pilot["cost"].pairs, 1)
+    if plan_workers is not None:
+        kw["workers"] = plan_workers
     n_u = world.n_candidates.cpu().numpy()
     grid = planner.default_designs(int(n_u.min())) + [(100, int(c)) for c in extra_caps]
     if pilot_cap:  # the draw carries its sizes and design (and the scorer's seconds per pair)
@@ -442,6 +444,7 @@ def main(argv=None) -> dict:
                          "cap, the first that resolves the target metric's top: 12800 for NDCG@10 at 50,000 items)")
     ap.add_argument("--plan-caps", default="25600,51200",
                     help="adaptive caps (from m = 100) added to the planner's default grid (comma-separated; '' none)")
+    ap.add_argument("--plan-workers", type=int, default=None, help="plan(workers=...) (default: the plan's own)")
     ap.add_argument("--max-pairs", type=int, default=DEFAULT_MAX_PAIRS, help="pairs per scorer call, every design")
     ap.add_argument("--block-users", type=int, default=64, help="users per exact-ranking block of the full run")
     ap.add_argument("--seed", type=int, default=0)
@@ -486,6 +489,7 @@ def main(argv=None) -> dict:
           f"load average {os.getloadavg()[0]:.2f}", flush=True)
     pick, the_plan, plan_seconds, pilot_cost = planner_pick(scorer, world, pilot_users=args.pilot_users,
                                                            seed=args.seed, max_pairs=args.max_pairs,
+                                                           plan_workers=args.plan_workers,
                                                            extra_caps=[int(c) for c in args.plan_caps.split(",") if c],
                                                            pilot_cap=args.pilot_cap, method=args.method)
     print(the_plan.format(), flush=True)

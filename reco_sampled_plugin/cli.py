@@ -395,8 +395,11 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "relative RMSE is above 2.5x the target (default; "
                         "--no-screen: every design runs --repeats)")
     p.add_argument("--workers", type=int, metavar="N",
-                   help="threads forecasting designs side by side (the same plan whatever N; default: the CPUs "
-                        "available, at most one per design; 1: one design at a time)")
+                   help="threads forecasting designs side by side (the same plan whatever N; default 2, at most "
+                        "the CPUs available: more threads contend for Python's GIL; 1: one design at a time)")
+    p.add_argument("--forecast-all", action="store_true",
+                   help="forecast every design (default: designs costlier than one found to meet the target are "
+                        "not forecast, since they cannot be the pick; the pick is the same either way)")
     _add_progress(p)
     p.set_defaults(func=run_plan)
     return p
@@ -428,7 +431,7 @@ def run_plan(args: argparse.Namespace) -> int:
         args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, pilot_n_items=pilot_n,
         pilot_n_samples=pilot_m, pilot_adaptive=pilot_design, designs=args.design, method=args.method,
         repeats=args.repeats, seed=args.seed, progress=args.progress, seconds_per_pair=args.seconds_per_pair,
-        screen=args.screen, workers=args.workers,
+        screen=args.screen, workers=args.workers, forecast_all=args.forecast_all,
     )
     print(result.format())
     return 0

@@ -19,7 +19,10 @@ under each candidate design, for a given catalogue size, number of users and ran
    ``exact_at_cap`` fit their repeats' histograms as ``estimate_rank_distributions`` does.
    With ``screen=True`` (the default) each design first runs :data:`SCREEN_REPEATS` replicates and stops there
    when every one of them misses the target, or when their relative RMSE exceeds :data:`SCREEN_FACTOR` x the
-   target (``DesignForecast.screened``): a forecast from those alone.
+   target (``DesignForecast.screened``): a forecast from those alone. With ``forecast_all=False`` (the default)
+   the designs start cheapest first (scored pairs per user) and a design costlier than one already found to meet
+   the target is not forecast (``DesignForecast.pruned``; it cannot be the pick): the pick and every forecast up
+   to its cost are those of ``forecast_all=True``, bit for bit.
 3. Reported per design (:class:`DesignForecast`), relative to the shape's truth T (the mean over the replicates of
    the sets' exact metrics): rel_bias = mean(e)/T, rel_sd = sd(e)/T (ddof 1), rel_error =
    sqrt(rel_bias^2 + rel_sd^2), e = estimate - exact metric of the set; and the cost, the mean number of
@@ -108,6 +111,7 @@ __all__ = [
     "plan",
     "default_designs",
     "SCREEN_FACTOR",
+    "DEFAULT_WORKERS",
     "SCREEN_REPEATS",
     "pilot_design",
     "pilot_resolution",
@@ -133,6 +137,11 @@ SCREEN_REPEATS = 5
 #: rule alone 22% / 33%). A screened design that meets the target would only cost the plan a costlier pick, never
 #: a pick that misses.
 SCREEN_FACTOR = 2.5
+#: Threads of ``plan(workers=None)`` (at most the CPUs available and one per design). Measured on the scorer
+#: benchmark's plan (BENCHMARKS.md, issue 27 on the GPU host): 2 threads beat 1 on a 2-core and on a 16-core
+#: machine, while 4 and 16 threads were slower than 2 on the 16-core one (1.3-1.8 s at 2, 2.1-2.5 s at 4, 2.4-3.4 s
+#: at 16): the fits' Python between their numpy kernels holds the GIL, so more threads contend for it.
+DEFAULT_WORKERS = 2
 # the rank-distribution fit of a pilot's shape (whatever method is forecast: the pilot needs a fitted distribution).
 # Not ``auto``: a gmod-fitted (smooth) world flatters gmod, the estimator ``auto`` forecasts for adaptive designs, on
 # recommenders whose top is irregular (tests/test_planner.py, ItemKNN(q=3): forecasts 0.58-0.69 of the simulated
@@ -176,6 +185,9 @@ class DesignForecast:
         screened: every one of the first :data:`SCREEN_REPEATS` replicates missed the target, or their relative
             RMSE exceeded :data:`SCREEN_FACTOR` x the target, so the design was settled as missing it and its other
             replicates were not fitted (``plan(screen=True)``).
+        pruned: not forecast: the design scores more pairs per user than the recommended one, so it cannot be the
+            pick (``plan(forecast_all=False)``, the default); its cost fields hold, its error fields are NaN and
+            ``meets_target`` is False. Never set when no design is recommended.
     """
 
     n_samples: int
@@ -195,6 +207,7 @@ class DesignForecast:
     completion_pairs: float = 0.0
     repeats: int = 0
     screened: bool = False
+    pruned: bool = False
 
     @property
     def pairs(self) -> float:
@@ -294,6 +307,11 @@ class Plan:
         ]
         full = self.full_pairs
         for f in self.forecasts:
+            if f.pruned:  # its cost alone: it scores more pairs than the pick
+                when = f"{_duration(f.scoring_seconds):>10}" if timed else ""
+                lines.append(f"{f.label:<22}{f.method or self.method:<10}{f.pairs:>12,.0f}{f.pairs / full:>9.1%}{when}"
+                             f"{f.resolution:>12.1f}{'-':>10}{'-':>9}{'-':>11}{'':>9}  not forecast: costlier than the pick")
+                continue
             err = f"{f.rel_error:.1%}" if math.isfinite(f.rel_error) else "inf"
             se = f"({f.rel_error_se:.1%})" if math.isfinite(f.rel_error_se) else ""
             when = f"{_duration(f.scoring_seconds):>10}" if timed else ""
@@ -305,6 +323,9 @@ class Plan:
         when = f"{_duration(self.full_scoring_seconds):>10}" if timed else ""
         lines.append(f"{'full ranking':<22}{'exact':<10}{full:>12,.0f}{1.0:>9.1%}{when}{1.0:>12.1f}{0.0:>10.1%}{0.0:>9.1%}"
                      f"{0.0:>11.1%}{'':>9}  yes")
+        if any(f.pruned for f in self.forecasts):
+            lines.append("(not forecast: designs scoring more pairs than the pick, which cannot be the pick; "
+                         "plan(forecast_all=True) or --forecast-all forecasts every design)")
         lines.append("")
         lines.append(self.recommendation())
         lines += [f"Note: {note}" for note in self.notes]
@@ -682,9 +703,9 @@ def _check_inputs(n_items: Any, n_users: Any, target: Any,
 
 
 def _check_workers(workers: Any, n_designs: int) -> int:
-    """``plan(workers=)``: None -> the CPUs this process may run on, at most one per design (1 without
-    threadpoolctl: BLAS would then keep its own threads in every design's thread, workers x cores threads on a
-    many-core host); else an int >= 1."""
+    """``plan(workers=)``: None -> :data:`DEFAULT_WORKERS` threads, at most the CPUs this process may run on and one
+    per design (1 without threadpoolctl: BLAS would then keep its own threads in every design's thread, workers x
+    cores threads on a many-core host); else an int >= 1."""
     if workers is None:
         try:
             import threadpoolctl  # noqa: F401  (limits BLAS to one thread per design: _one_thread)
@@ -694,25 +715,28 @@ def _check_workers(workers: Any, n_designs: int) -> int:
             cpus = len(os.sched_getaffinity(0))
         except AttributeError:  # not on Linux
             cpus = os.cpu_count() or 1
-        return max(1, min(cpus, n_designs))
+        return max(1, min(cpus, n_designs, DEFAULT_WORKERS))
     return min(check_int(workers, "workers", minimum=1), max(1, n_designs))
 
 
 def _map_designs(forecast: Callable[[int], DesignForecast], todo: Sequence[tuple[int, int | None, bool, bool]],
-                 workers: int) -> list[DesignForecast]:
-    """``forecast(d)`` for every design, in design order, on ``workers`` threads.
+                 workers: int, order: Sequence[int] | None = None) -> list[DesignForecast]:
+    """``forecast(d)`` for every design, returned in design order, started in ``order`` on ``workers`` threads.
 
     The designs are independent (each its own generator over the shared exact ranks), so the forecasts are the
     same, bit for bit, whatever the threads and their order. Threads, not processes: the fits spend most of their
     time in numpy and scipy.sparse kernels that release the GIL (2 threads on 2 cores: 1.5x on the scorer
-    benchmark's plan), share the prepared caches, and fork no torch. The largest designs start first (fixed m by m,
-    then adaptive by cap) so that a long fit does not start last. Each task runs in a copy of the caller's context
-    (context variables hold). A design that raises: the designs not yet started are cancelled, the running ones
-    finish, and the first failure in design order among the designs that ran is raised."""
+    benchmark's plan), share the prepared caches, and fork no torch. ``order`` None: the largest designs start
+    first (fixed m by m, then adaptive by cap) so that a long fit does not start last (pruning plans pass the
+    cheapest first instead). Each task runs in a copy of the caller's context (context variables hold). A design
+    that raises: the designs not yet started are cancelled, the running ones finish, and the first failure in
+    design order among the designs that ran is raised."""
     if workers <= 1 or len(todo) <= 1:
-        return [forecast(d) for d in range(len(todo))]
-    order = sorted(range(len(todo)), key=lambda d: (todo[d][1] is None, todo[d][0] if todo[d][1] is None
-                                                    else todo[d][1]), reverse=True)
+        done = {d: forecast(d) for d in (range(len(todo)) if order is None else order)}
+        return [done[d] for d in range(len(todo))]
+    if order is None:
+        order = sorted(range(len(todo)), key=lambda d: (todo[d][1] is None, todo[d][0] if todo[d][1] is None
+                                                        else todo[d][1]), reverse=True)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reco-sampled-plan") as pool:
         futures = {d: pool.submit(contextvars.copy_context().run, forecast, d) for d in order}
         try:
@@ -727,6 +751,37 @@ def _map_designs(forecast: Callable[[int], DesignForecast], todo: Sequence[tuple
             assert error is not None  # a failed design's exception
             raise error
         return [futures[d].result() for d in range(len(todo))]
+
+
+def _pruned_forecast(costs: dict[str, Any] | DesignForecast) -> DesignForecast:
+    """A design not forecast (``DesignForecast.pruned``): its cost fields, NaN errors, not meeting the target."""
+    if isinstance(costs, DesignForecast):
+        costs = {k: getattr(costs, k) for k in ("n_samples", "adaptive_max", "mean_samples", "resolution",
+                                                 "replacement", "pairs_se", "scoring_seconds", "exact_at_cap",
+                                                 "completion_pairs", "method")}
+    return DesignForecast(rel_bias=math.nan, rel_sd=math.nan, rel_error=math.nan, meets_target=False,
+                          rel_error_se=math.nan, repeats=0, screened=False, pruned=True, **costs)
+
+
+def _cheapest_first(todo: Sequence[tuple[int, int | None, bool, bool]], exact: torch.Tensor, n_t: torch.Tensor,
+                    seed: int) -> list[int]:
+    """The designs' indices by expected scored pairs per user, cheapest first: fixed m costs 1 + m; an adaptive
+    design's cost is read off one replicate's draws (its own generator: the forecasts' draws are untouched). An
+    order for pruning only: which designs are pruned is settled by their forecasts' own costs."""
+    from .adaptive import adaptive_sampled_ranks_from_exact
+
+    cost = []
+    for d, (m, cap, _, complete) in enumerate(todo):
+        if cap is None:
+            cost.append(1.0 + m)
+            continue
+        res = adaptive_sampled_ranks_from_exact(exact[:1], n_t, SamplingDesign(m, adaptive_max=cap,
+                                                exact_at_cap=complete), generator=torch.Generator().manual_seed(seed))
+        sizes = res.n_samples
+        assert sizes is not None  # adaptive draws carry each positive's final m
+        extra = 0.0 if res.exact_ranks is None else float(((res.exact_ranks > 0).double() * (n_t - 1)).mean())
+        cost.append(1.0 + float(sizes.double().mean()) + extra)
+    return sorted(range(len(todo)), key=lambda d: (cost[d], d))
 
 
 def _screens(err: np.ndarray, tolerance: float) -> bool:
@@ -753,6 +808,7 @@ def plan(
     seconds_per_pair: float | None = None,
     screen: bool = True,
     workers: int | None = None,
+    forecast_all: bool = False,
 ) -> Plan:
     """Forecast the accuracy and cost of sampled evaluation designs, and recommend the cheapest that meets a target.
 
@@ -792,8 +848,15 @@ def plan(
             (fixed m with an unresolved top, typically) cost a quarter of their fits. False: every design runs
             ``repeats`` replicates (as for checking forecasts against simulation).
         workers: threads that forecast designs side by side (each design on one thread; the same plan, bit for bit,
-            whatever the number). None: the CPUs this process may use, at most one per design (one where
-            threadpoolctl, which holds BLAS to one thread per design, is not installed); 1: one after the other.
+            whatever the number). None: :data:`DEFAULT_WORKERS` (2), at most the CPUs this process may use and one
+            per design (one where threadpoolctl, which holds BLAS to one thread per design, is not installed); 1:
+            one after the other.
+        forecast_all: forecast every design. False (the default): designs start cheapest first (in scored pairs
+            per user), and a design that scores more pairs than one already found to meet the target is not
+            forecast (``DesignForecast.pruned``: it cannot be the pick); the recommendation and every forecast of a
+            design up to the pick's cost are those of ``forecast_all=True``, bit for bit, and the designs costlier
+            than the pick are reported as pruned whether or not they ran (so the table is the same whatever the
+            threads). True: every design's error is forecast (tables for comparison, checks against simulation).
 
     Returns:
         a :class:`Plan` (``print(plan(...).format())`` for a table).
@@ -813,13 +876,14 @@ def plan(
         return _plan(n_items, n_users, metric, target_rel_error, pilot=pilot, pilot_n_items=pilot_n_items,
                      pilot_n_samples=pilot_n_samples, pilot_adaptive=pilot_adaptive, designs=designs, method=method,
                      repeats=repeats, seed=seed, progress=progress, seconds_per_pair=seconds_per_pair,
-                     screen=check_bool(screen, "screen"), workers=workers)
+                     screen=check_bool(screen, "screen"), workers=workers,
+                     forecast_all=check_bool(forecast_all, "forecast_all"))
 
 
 def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error: Any, *, pilot: Any, pilot_n_items: Any,
           pilot_n_samples: Any, pilot_adaptive: Any, designs: Any, method: str, repeats: Any, seed: Any,
           progress: bool | None = None, seconds_per_pair: float | None = None, screen: bool = True,
-          workers: int | None = None) -> Plan:
+          workers: int | None = None, forecast_all: bool = False) -> Plan:
     import time
 
     from ._progress import progress_bar
@@ -885,6 +949,14 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
             res = adaptive_sampled_ranks_from_exact(
                 exact, n_t, SamplingDesign(m, adaptive_max=cap, exact_at_cap=complete), generator=gen)
             sampled, sizes, done = res.ranks, res.n_samples, res.exact_ranks
+        mean_samples = float(m) if sizes is None else float(sizes.double().mean())
+        # completion: each positive still first at the cap scores its n - 1 irrelevant candidates
+        extra = None if done is None else (done > 0).double() * (n_t.double() - 1.0)
+        completion_pairs = 0.0 if extra is None else float(extra.mean())
+        # the pairs' Monte Carlo se: the spread of each simulated positive's pairs over repeats x n_users
+        per = None if sizes is None else sizes.double() + (0.0 if extra is None else extra)
+        pairs_se = 0.0 if per is None else float(per.std() / math.sqrt(per.numel()))
+        pairs = 1.0 + mean_samples + completion_pairs
         est = np.empty(repeats)
         run = method  # ``auto``: its choice for this design and metric, as estimate() makes it (first replicate)
         if registry.get(method).family == "auto":
@@ -923,12 +995,24 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
                     est[j] = estimate(spec, sampled[j], n_t, sizes[j], method=run, adaptive=(m, cap), **opts).value
                 tick()
 
+        top = m if cap is None else cap
+        costs: dict[str, Any] = dict(
+            n_samples=int(m), adaptive_max=None if cap is None else int(cap), mean_samples=mean_samples,
+            resolution=(n_mean - 1.0) / (top + 1.0) + 1.0, replacement=replacement, pairs_se=pairs_se,
+            scoring_seconds=_scoring_seconds(pairs, n_users, spp), exact_at_cap=bool(complete),
+            completion_pairs=completion_pairs, method=run)
+        if pairs > cheapest_meeting[0]:  # a cheaper design meets the target already: this one cannot be the pick
+            tick(repeats)
+            return _pruned_forecast(costs)
         used = min(repeats, SCREEN_REPEATS) if screen else repeats
         replicates(range(used))
         screened = used < repeats and truth != 0 and _screens(est[:used] - truths[:used], target * abs(truth))
         if screened:  # the first replicates miss the target (all of them, or by 2.5x in RMSE): settled, the rest not fitted
             tick(repeats - used)
         elif used < repeats:
+            if pairs > cheapest_meeting[0]:
+                tick(repeats - used)
+                return _pruned_forecast(costs)
             replicates(range(used, repeats))
             used = repeats
         est, truths_used = est[:used], truths[:used]
@@ -941,31 +1025,27 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         scale = abs(truth)
         rel = (lambda v: v / scale) if scale > 0 else (lambda v: math.inf if v != 0 else 0.0)
         rel_error = rel(math.sqrt(mse))
-        mean_samples = float(m) if sizes is None else float(sizes.double().mean())
-        # completion: each positive still first at the cap scores its n - 1 irrelevant candidates
-        extra = None if done is None else (done > 0).double() * (n_t.double() - 1.0)
-        completion_pairs = 0.0 if extra is None else float(extra.mean())
-        # the pairs' Monte Carlo se: the spread of each simulated positive's pairs over repeats x n_users
-        per = None if sizes is None else sizes.double() + (0.0 if extra is None else extra)
-        pairs_se = 0.0 if per is None else float(per.std() / math.sqrt(per.numel()))
-        top = m if cap is None else cap
-        return DesignForecast(
-            n_samples=int(m), adaptive_max=None if cap is None else int(cap), mean_samples=mean_samples,
-            rel_bias=rel(bias), rel_sd=rel(sd), rel_error=rel_error, meets_target=bool(rel_error <= target),
-            rel_error_se=rel(se_rmse), resolution=(n_mean - 1.0) / (top + 1.0) + 1.0, replacement=replacement,
-            pairs_se=pairs_se, scoring_seconds=_scoring_seconds(1.0 + mean_samples + completion_pairs, n_users, spp),
-            exact_at_cap=bool(complete), completion_pairs=completion_pairs, method=run, repeats=used,
-            screened=screened,
-        )
+        meets = bool(rel_error <= target)
+        if meets and pairs < n_mean and not forecast_all:
+            with bar_lock:  # designs costlier than this one need not be forecast
+                cheapest_meeting[0] = min(cheapest_meeting[0], pairs)
+        return DesignForecast(rel_bias=rel(bias), rel_sd=rel(sd), rel_error=rel_error, meets_target=meets,
+                              rel_error_se=rel(se_rmse), repeats=used, screened=screened, **costs)
 
+    # pruning (forecast_all=False): the pairs per user of the cheapest design found to meet the target so far
+    cheapest_meeting = [math.inf]
+    order = None if forecast_all else _cheapest_first(todo, exact, n_t, seed)
     try:
-        forecasts = _map_designs(forecast, todo, workers)
+        forecasts = _map_designs(forecast, todo, workers, order)
     finally:
         bar.close()
     # the cheapest in scored pairs (and so in predicted time: the same seconds per pair for every design) below
     # full ranking's n pairs per user
     ok = [f for f in forecasts if f.meets_target and f.pairs < n_mean]
     recommended = min(ok, key=lambda f: f.pairs) if ok else None
+    if not forecast_all:  # the same table whatever the threads ran: every design costlier than the pick is pruned
+        limit = math.inf if recommended is None else recommended.pairs
+        forecasts = [f if f.pairs <= limit else _pruned_forecast(f) for f in forecasts]
     logger.debug("plan %s: %d design(s) forecast with %d repeats in %.1f s; recommended: %s", spec, len(forecasts),
                  repeats, time.perf_counter() - t_start, "full ranking (no design meets the target)" if recommended is
                  None else f"m = {recommended.n_samples}, adaptive cap {recommended.adaptive_max}")

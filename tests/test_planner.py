@@ -174,12 +174,13 @@ def test_adaptive_cost_and_pilot_rescaling():
 # ----------------------------------------------------------------------------------------- recommendation
 @pytest.fixture(scope="module")
 def small_plan():
-    return plan(5000, 1500, "ndcg@10", 0.10, designs=[(50, None), (1000, None), (100, 3200)], repeats=6, seed=2)
+    return plan(5000, 1500, "ndcg@10", 0.10, designs=[(50, None), (1000, None), (100, 3200)], repeats=6, seed=2,
+                forecast_all=True)
 
 
-def _with_target(p: Plan, target: float) -> Plan:
+def _with_target(p: Plan, target: float, forecast_all: bool = True) -> Plan:
     return plan(p.n_items, p.n_users, p.metric, target, designs=[(f.n_samples, f.adaptive_max) for f in p.forecasts],
-                repeats=p.repeats, seed=p.seed)
+                repeats=p.repeats, seed=p.seed, forecast_all=forecast_all)
 
 
 def test_recommended_is_cheapest_meeting_target(small_plan):
@@ -187,6 +188,13 @@ def test_recommended_is_cheapest_meeting_target(small_plan):
     assert all(f.meets_target for f in generous.forecasts)
     assert generous.recommended == min(generous.forecasts, key=lambda f: f.mean_samples)
     assert generous.recommended.label == "m = 50"
+    # by default the designs costlier than a design found to meet the target are not forecast: the same pick
+    pruned = _with_target(small_plan, 10.0, forecast_all=False)
+    assert pruned.recommended == generous.recommended
+    assert [f.pruned for f in pruned.forecasts] == [False, True, True]
+    assert all(math.isnan(f.rel_error) and not f.meets_target and f.repeats == 0 for f in pruned.forecasts[1:])
+    assert [f.pairs for f in pruned.forecasts] == [f.pairs for f in generous.forecasts]  # the costs stay
+    assert pruned.format().count("not forecast: costlier than the pick") == 2
     # a middle target: the recommendation meets it and nothing cheaper does
     errors = sorted(f.rel_error for f in small_plan.forecasts)
     middle = _with_target(small_plan, (errors[0] + errors[1]) / 2)

@@ -122,7 +122,7 @@ def test_full_pairs_per_user_with_exclusions():
 @pytest.fixture(scope="module")
 def timed_plan():
     return plan(20_000, 1200, "ndcg@10", 0.15, designs=[(50, None), (500, None), (100, 3200), (100, 800)],
-                repeats=4, seed=3, seconds_per_pair=2.5e-5)
+                repeats=4, seed=3, seconds_per_pair=2.5e-5, forecast_all=True)
 
 
 def test_seconds_arithmetic(timed_plan):

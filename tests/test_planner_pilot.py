@@ -106,8 +106,8 @@ def test_screening_settles_far_designs_and_leaves_the_others_unchanged():
     from reco_sampled_plugin.planner import SCREEN_REPEATS
 
     designs = [(50, None), (2000, None), (100, 12_800)]
-    fast = plan(20_000, 3000, "hit@10", 0.05, designs=designs, repeats=12, seed=4)
-    full = plan(20_000, 3000, "hit@10", 0.05, designs=designs, repeats=12, seed=4, screen=False)
+    fast = plan(20_000, 3000, "hit@10", 0.05, designs=designs, repeats=12, seed=4, forecast_all=True)
+    full = plan(20_000, 3000, "hit@10", 0.05, designs=designs, repeats=12, seed=4, screen=False, forecast_all=True)
     by_label = {f.label: f for f in full.forecasts}
     screened = [f for f in fast.forecasts if f.screened]
     assert [f.label for f in screened] == ["m = 50"]  # b = 393 at K = 10: biased in every replicate
@@ -173,7 +173,7 @@ def test_cli_screen_help_states_the_planner_rules():
 # ------------------------------------------------------------------------------------------------- workers
 def test_workers_give_the_same_plan_bit_for_bit():
     """Designs forecast on several threads (``workers``) equal the one-at-a-time plan exactly, in design order,
-    screened designs included, and with a pilot; None (the default) picks the CPUs available."""
+    screened designs included, and with a pilot; None (the default) picks DEFAULT_WORKERS."""
     gen = torch.Generator().manual_seed(3)
     pilot = torch.randint(1, 40, (400,), generator=gen)
     designs = [(50, None), (400, None), (100, 1600), (100, 6400), SamplingDesign(200, replacement=False)]
@@ -254,7 +254,8 @@ def test_cli_workers_reaches_the_plan(capsys, monkeypatch):
 
 def test_default_workers_without_threadpoolctl_is_one(monkeypatch):
     """Without threadpoolctl BLAS keeps its threads in every design's thread: the default falls back to one design
-    at a time; with it, the CPUs available (at most one per design); an explicit number is kept either way."""
+    at a time; with it, DEFAULT_WORKERS (at most the CPUs available and one per design); an explicit number is
+    kept either way."""
     import builtins
     import os
 
@@ -264,7 +265,11 @@ def test_default_workers_without_threadpoolctl_is_one(monkeypatch):
     import importlib.util
 
     have = importlib.util.find_spec("threadpoolctl") is not None
-    assert _check_workers(None, 50) == (min(cpus, 50) if have else 1) and _check_workers(None, 1) == 1
+    from reco_sampled_plugin.planner import DEFAULT_WORKERS
+
+    assert DEFAULT_WORKERS == 2  # the measured best on 2 and 16 cores (BENCHMARKS.md)
+    assert _check_workers(None, 50) == (min(cpus, 2) if have else 1) and _check_workers(None, 1) == 1
+    assert _check_workers(16, 50) == 16 and _check_workers(16, 3) == 3
     real = builtins.__import__
 
     def no_threadpoolctl(name, *args, **kwargs):

@@ -196,7 +196,9 @@ def test_bad_rows(rows):
 
 # ------------------------------------------------------------------------------------------------ the plan
 def _both(monkeypatch, *args, **kwargs):
-    """The plan on the joint path and on the one-by-one path (``planner._JOINT_FITS`` off), same seeds."""
+    """The plan on the joint path and on the one-by-one path (``planner._JOINT_FITS`` off), same seeds; every
+    design forecast."""
+    kwargs.setdefault("forecast_all", True)
     joint = planner.plan(*args, **kwargs)
     monkeypatch.setattr(planner, "_JOINT_FITS", False)
     single = planner.plan(*args, **kwargs)
