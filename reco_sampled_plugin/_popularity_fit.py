@@ -187,6 +187,9 @@ class PopularityFit:
         self.tables = np.stack([self._log_likelihood(i) for i in range(len(self.betas))])  # (betas, N, cells)
         self._zone: dict[int, np.ndarray] = {}
         self._spline: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        # estimate()'s results per (metric, pair, prior): the hedge, the branch values and the interval's hull ask
+        # for the same pairs again
+        self._estimates: dict[tuple[MetricSpec, tuple[int, int], str], tuple[float, float, np.ndarray]] = {}
         self._cell_metric: dict[MetricSpec, np.ndarray] = {}
         #: spline fits (:meth:`spline_prior`) that stopped short of their tolerances (iteration cap or line search)
         self.spline_unconverged = 0
@@ -411,6 +414,9 @@ class PopularityFit:
             t = (vb - value) / (vb - va) if vb != va else 1.0
             return value, max(sa, sb), t * ma + (1.0 - t) * mb
         b = self.best if b is None else b
+        hit = self._estimates.get((spec, b, prior))
+        if hit is not None:
+            return hit
         post = self._posterior(b, prior)
         cm = self.cell_metric(spec)
         mean = (post * cm).sum(1)
@@ -419,6 +425,8 @@ class PopularityFit:
         tot = float(w.sum())
         value = float(w @ mean) / tot
         se = math.sqrt(float(w @ (var + (mean - value) ** 2))) / tot
+        mean.setflags(write=False)  # shared by later calls for the same pair
+        self._estimates[(spec, b, prior)] = (value, se, mean)
         return value, se, mean
 
     def top_zone(self, key: tuple[int, int]) -> np.ndarray:
