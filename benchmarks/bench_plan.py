@@ -66,7 +66,8 @@ def forecasts(p) -> list[dict]:
     """The plan's forecasts as plain numbers."""
     return [{"label": f.label, "method": f.method, "rel_error": f.rel_error, "rel_error_se": f.rel_error_se,
              "rel_bias": f.rel_bias, "rel_sd": f.rel_sd, "pairs": f.pairs, "screened": f.screened,
-             "repeats": f.repeats, "meets": f.meets_target} for f in p.forecasts]
+             "repeats": f.repeats, "meets": f.meets_target, "pruned": getattr(f, "pruned", False)}
+            for f in p.forecasts]
 
 
 def run_case(name: str, call, rounds: int, seed: int) -> dict:
@@ -115,8 +116,8 @@ def main(argv=None) -> dict | None:
     from reco_sampled_plugin import planner
 
     extra = {} if args.workers is None else {"workers": args.workers}
-    if args.forecast_all:
-        extra["forecast_all"] = True
+    if args.forecast_all and "forecast_all" in inspect.signature(planner.plan).parameters:
+        extra["forecast_all"] = True  # (a tree without the option forecasts every design already)
     has_workers = "workers" in inspect.signature(planner.plan).parameters
 
     print(f"reco_sampled_plugin from {os.path.dirname(reco_sampled_plugin.__file__)}; torch {torch.__version__}, "
@@ -169,6 +170,11 @@ def compare(a_path: str, b_path: str) -> str:
         lines.append("| design | estimator | A rel. error (MC se) | B rel. error (MC se) | difference / se | A screened | B screened |")
         lines.append("| --- | --- | --- | --- | --- | --- | --- |")
         for fa, fb in zip(ca["forecasts"], cb["forecasts"]):
+            if fa.get("pruned") or fb.get("pruned"):  # no error to compare: costlier than the pick in A or B
+                cell = (lambda f: "not forecast" if f.get("pruned") else f"{f['rel_error']:.1%} ({f['rel_error_se']:.1%})")
+                lines.append(f"| {fa['label']} | {fa['method']} | {cell(fa)} | {cell(fb)} | - | {fa['screened']} | "
+                             f"{fb['screened']} |")
+                continue
             se = math.hypot(fa["rel_error_se"], fb["rel_error_se"])
             z = (fb["rel_error"] - fa["rel_error"]) / se if se > 0 else 0.0
             lines.append(f"| {fa['label']} | {fa['method']} | {fa['rel_error']:.1%} ({fa['rel_error_se']:.1%}) | "

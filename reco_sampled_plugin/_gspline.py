@@ -6,11 +6,12 @@ objective on any likelihood of a prior over cells (Efron, "Empirical Bayes decon
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["G_DF", "G_PENALTY", "SUBPOINTS", "bspline_design", "cell_points", "g_basis", "spline_objective"]
+__all__ = ["G_DF", "G_PENALTY", "SUBPOINTS", "bspline_design", "cell_points", "g_basis", "spline_objective",
+           "spline_penalty", "spline_probs", "spline_value"]
 
 SUBPOINTS = 8  # quadrature ranks per cell (every rank of a narrower cell)
 
@@ -72,21 +73,42 @@ def spline_objective(
     ``_popularity_fit``): P(cell) proportional to exp(logw + basis @ alpha) (logw: log cell widths, so uniform over
     ranks at alpha = 0), f(alpha) = -loglik(P)/total + penalty * |D2 alpha|^2 / total and its gradient, given
     ``loglik(P) -> (value, d value / d P)``. Returns (objective, P of alpha)."""
-    d2 = np.diff(np.eye(basis.shape[1]), 2, axis=0)
-    pen = penalty * (d2.T @ d2)
+    pen = spline_penalty(basis.shape[1], penalty)
 
     def pi_of(alpha: np.ndarray) -> np.ndarray:
-        z = logw + basis @ alpha
-        z = z - z.max()
-        pi = np.exp(z)
-        return pi / pi.sum()
+        return spline_probs(logw, basis, alpha)
 
     def objective(alpha: np.ndarray) -> tuple[float, np.ndarray]:
         pi = pi_of(alpha)
         ll, dll = loglik(pi)
-        grad_pi = -dll / total
-        grad_z = pi * (grad_pi - np.dot(pi, grad_pi))
-        f = -ll / total + float(alpha @ pen @ alpha) / total
-        return f, basis.T @ grad_z + 2.0 * (pen @ alpha) / total
+        f, grad = spline_value(alpha, pi, ll, dll, total, basis, pen)
+        return float(f), grad
 
     return objective, pi_of
+
+
+def spline_penalty(df: int, penalty: float) -> np.ndarray:
+    """penalty x D2'D2 (df, df): |D2 alpha|^2 = alpha' D2'D2 alpha, D2 the second differences of the coefficients."""
+    d2 = np.diff(np.eye(df), 2, axis=0)
+    return penalty * (d2.T @ d2)
+
+
+def spline_probs(logw: np.ndarray, basis: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """P(cell) proportional to exp(logw + basis @ alpha), for coefficients alpha (df,) or a batch (..., df)."""
+    z = logw + alpha @ basis.T
+    z = z - z.max(-1, keepdims=True)
+    pi = np.exp(z)
+    return pi / pi.sum(-1, keepdims=True)
+
+
+def spline_value(alpha: np.ndarray, pi: np.ndarray, ll: Any, dll: np.ndarray, total: Any, basis: np.ndarray,
+                 pen: np.ndarray) -> tuple[Any, np.ndarray]:
+    """The objective -ll/total + alpha' pen alpha / total and its gradient in alpha, from the log-likelihood ``ll``
+    and its gradient ``dll`` in P at ``pi = spline_probs(.., alpha)``; alpha (df,) with a scalar total, or a batch
+    (A, df) with totals (A,). The softmax's chain rule: d/dz = pi (g - pi . g)."""
+    t = np.asarray(total, dtype=np.float64)
+    grad_pi = -dll / t[..., None]
+    grad_z = pi * (grad_pi - (pi * grad_pi).sum(-1, keepdims=True))
+    ap = alpha @ pen
+    f = -ll / t + (ap * alpha).sum(-1) / t
+    return f, grad_z @ basis + 2.0 * ap / t[..., None]

@@ -416,7 +416,7 @@ class PopularityFit:
         b = self.best if b is None else b
         hit = self._estimates.get((spec, b, prior))
         if hit is not None:
-            return hit
+            return hit[0], hit[1], hit[2].copy()
         post = self._posterior(b, prior)
         cm = self.cell_metric(spec)
         mean = (post * cm).sum(1)
@@ -425,8 +425,7 @@ class PopularityFit:
         tot = float(w.sum())
         value = float(w @ mean) / tot
         se = math.sqrt(float(w @ (var + (mean - value) ** 2))) / tot
-        mean.setflags(write=False)  # shared by later calls for the same pair
-        self._estimates[(spec, b, prior)] = (value, se, mean)
+        self._estimates[(spec, b, prior)] = (value, se, mean.copy())
         return value, se, mean
 
     def top_zone(self, key: tuple[int, int]) -> np.ndarray:

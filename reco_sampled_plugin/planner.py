@@ -74,6 +74,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import math
 import os
@@ -138,9 +139,9 @@ SCREEN_REPEATS = 5
 #: a pick that misses.
 SCREEN_FACTOR = 2.5
 #: Threads of ``plan(workers=None)`` (at most the CPUs available and one per design). Measured on the scorer
-#: benchmark's plan (BENCHMARKS.md, issue 27 on the GPU host): 2 threads beat 1 on a 2-core and on a 16-core
-#: machine, while 4 and 16 threads were slower than 2 on the 16-core one (1.3-1.8 s at 2, 2.1-2.5 s at 4, 2.4-3.4 s
-#: at 16): the fits' Python between their numpy kernels holds the GIL, so more threads contend for it.
+#: benchmark's plan (BENCHMARKS.md, "Issue 27 on a GPU"; 3 rounds each): on a 16-core host 1.3-1.8 s at 2 threads,
+#: 1.6-2.9 s at 1, 2.1-2.5 s at 4, 2.4-3.4 s at 11 (one per design); on the 2-core machine 1.1-1.6 s at 2 and
+#: 1.4-1.5 s at 1. The fits' Python between their numpy kernels holds the GIL, so more threads contend for it.
 DEFAULT_WORKERS = 2
 # the rank-distribution fit of a pilot's shape (whatever method is forecast: the pilot needs a fitted distribution).
 # Not ``auto``: a gmod-fitted (smooth) world flatters gmod, the estimator ``auto`` forecasts for adaptive designs, on
@@ -753,14 +754,11 @@ def _map_designs(forecast: Callable[[int], DesignForecast], todo: Sequence[tuple
         return [futures[d].result() for d in range(len(todo))]
 
 
-def _pruned_forecast(costs: dict[str, Any] | DesignForecast) -> DesignForecast:
-    """A design not forecast (``DesignForecast.pruned``): its cost fields, NaN errors, not meeting the target."""
-    if isinstance(costs, DesignForecast):
-        costs = {k: getattr(costs, k) for k in ("n_samples", "adaptive_max", "mean_samples", "resolution",
-                                                 "replacement", "pairs_se", "scoring_seconds", "exact_at_cap",
-                                                 "completion_pairs", "method")}
-    return DesignForecast(rel_bias=math.nan, rel_sd=math.nan, rel_error=math.nan, meets_target=False,
-                          rel_error_se=math.nan, repeats=0, screened=False, pruned=True, **costs)
+def _pruned_forecast(f: DesignForecast) -> DesignForecast:
+    """A design not forecast (``DesignForecast.pruned``): its cost fields kept, NaN errors, not meeting the target
+    (the same object whether the design was stopped early or its forecast is masked afterwards)."""
+    return dataclasses.replace(f, rel_bias=math.nan, rel_sd=math.nan, rel_error=math.nan, meets_target=False,
+                               rel_error_se=math.nan, repeats=0, screened=False, pruned=True)
 
 
 def _cheapest_first(todo: Sequence[tuple[int, int | None, bool, bool]], exact: torch.Tensor, n_t: torch.Tensor,
@@ -1001,9 +999,13 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
             resolution=(n_mean - 1.0) / (top + 1.0) + 1.0, replacement=replacement, pairs_se=pairs_se,
             scoring_seconds=_scoring_seconds(pairs, n_users, spp), exact_at_cap=bool(complete),
             completion_pairs=completion_pairs, method=run)
+        def pruned() -> DesignForecast:
+            return _pruned_forecast(DesignForecast(rel_bias=math.nan, rel_sd=math.nan, rel_error=math.nan,
+                                                   meets_target=False, **costs))
+
         if pairs > cheapest_meeting[0]:  # a cheaper design meets the target already: this one cannot be the pick
             tick(repeats)
-            return _pruned_forecast(costs)
+            return pruned()
         used = min(repeats, SCREEN_REPEATS) if screen else repeats
         replicates(range(used))
         screened = used < repeats and truth != 0 and _screens(est[:used] - truths[:used], target * abs(truth))
@@ -1012,7 +1014,7 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         elif used < repeats:
             if pairs > cheapest_meeting[0]:
                 tick(repeats - used)
-                return _pruned_forecast(costs)
+                return pruned()
             replicates(range(used, repeats))
             used = repeats
         est, truths_used = est[:used], truths[:used]

@@ -81,6 +81,7 @@ from ._types import TensorLike
 from .metric_names import MetricSpec, parse_metric
 from .sampling_laws import check_law, log_sampled_rank_pmf_unbounded as _log_sampled_rank_pmf
 from ._gspline import G_DF, G_PENALTY, cell_points, g_basis as _g_basis, spline_objective as _spline_objective
+from ._gspline import spline_penalty, spline_probs, spline_value
 
 # draws live in ``simulate`` and ``adaptive``; importable from here as before
 from .adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact  # noqa: E402,F401
@@ -640,15 +641,24 @@ def _reference_measure(edges: np.ndarray, beta: float) -> np.ndarray:
     return np.maximum(partial(hi) - partial(lo), 1e-300)
 
 
+def _softmax(z: np.ndarray) -> np.ndarray:
+    """exp(z) normalised over the last axis (cells), shifted by its maximum first (no overflow)."""
+    z = z - z.max(-1, keepdims=True)
+    pi = np.exp(z)
+    pi /= pi.sum(-1, keepdims=True)
+    return pi
+
+
 def _truncated_loglik(model: _Model, pi: np.ndarray, counts: np.ndarray, totals_g: np.ndarray, has: np.ndarray,
-                      inside: np.ndarray) -> tuple[float, np.ndarray]:
-    """The observed-data log-likelihood of cell probabilities ``pi`` (C,) (each group's P truncated to its n) and
-    its gradient in pi (C,). Floors: far out in a line search the softmax can underflow to exact zeros on every
-    cell that explains an observed column (log 0, 0 / 0): the value then stays finite and steep instead of NaN."""
+                      inside: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The observed-data log-likelihood of cell probabilities ``pi`` (..., C) (each group's P truncated to its n)
+    and its gradient in pi (..., C), for counts (..., K) (``has``: counts > 0) and their group totals (..., G): one
+    problem or a batch. Floors: far out in a line search the softmax can underflow to exact zeros on every cell that
+    explains an observed column (log 0, 0 / 0): the value then stays finite and steep instead of NaN."""
     prob = model.mix(pi)
-    zg = np.maximum(inside @ pi, _PROB_FLOOR)
+    zg = np.maximum(pi @ inside.T, _PROB_FLOOR)
     safe = np.where(has, np.maximum(prob, _PROB_FLOOR), 1.0)
-    ll = float(np.sum(np.where(has, counts * np.log(safe), 0.0)) - np.dot(totals_g, np.log(zg)))
+    ll = np.where(has, counts * np.log(safe), 0.0).sum(-1) - (totals_g * np.log(zg)).sum(-1)
     dll = model.back(np.where(has, counts / safe, 0.0)) - (totals_g / zg) @ inside
     return ll, dll
 
@@ -665,16 +675,14 @@ def _mes_fit(model: _Model, counts: np.ndarray, lam: float, pi0: np.ndarray, tol
     has = counts > 0
 
     def unpack(theta: np.ndarray) -> np.ndarray:
-        z = theta + logw
-        z = z - z.max()
-        pi = np.exp(z)
-        return pi / pi.sum()
+        return _softmax(theta + logw)
 
     scale = max(float(lam), 1.0)
 
     def objective(theta: np.ndarray) -> tuple[float, np.ndarray]:
         pi = unpack(theta)
-        ll, dll = _truncated_loglik(model, pi, counts, totals_g, has, inside)
+        ll_arr, dll = _truncated_loglik(model, pi, counts, totals_g, has, inside)
+        ll = float(ll_arr)
         per_rank = np.maximum(pi / widths, 1e-300)
         ent = -float(np.dot(pi, np.log(per_rank)))
         f = -ll / total - lam * ent
@@ -713,19 +721,12 @@ def _mes_objective(
 
     def evaluate(theta: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """f (R,), gradient (R, C), pi (R, C) of the problems ``rows`` at their logits theta (R, C)."""
-        cnt, tot, tg, hs, lm = counts[rows], total[rows], totals_g[rows], has[rows], lam[rows]
-        z = theta + logw
-        z = z - z.max(-1, keepdims=True)
-        pi = np.exp(z)
-        pi /= pi.sum(-1, keepdims=True)
-        prob = model.mix(pi)
-        zg = np.maximum(pi @ inside.T, _PROB_FLOOR)  # floors as in _mes_fit
-        safe = np.where(hs, np.maximum(prob, _PROB_FLOOR), 1.0)
-        ll = np.where(hs, cnt * np.log(safe), 0.0).sum(-1) - (tg * np.log(zg)).sum(-1)
+        tot, lm = total[rows], lam[rows]
+        pi = _softmax(theta + logw)
+        ll, dll = _truncated_loglik(model, pi, counts[rows], totals_g[rows], has[rows], inside)
         log_per_rank = np.log(np.maximum(pi / widths, 1e-300))
         ent = -(pi * log_per_rank).sum(-1)
         f = -ll / tot - lm * ent
-        dll = model.back(np.where(hs, cnt / safe, 0.0)) - (tg / zg) @ inside
         grad_pi = -dll / tot[:, None] + lm[:, None] * (log_per_rank + 1.0)
         grad = pi * (grad_pi - (pi * grad_pi).sum(-1, keepdims=True))
         scale = np.maximum(lm, 1.0)  # see _mes_fit
@@ -936,8 +937,11 @@ def _g_objective(
     inside = model.inside.astype(np.float64)
     totals_g = model.totals(counts)
     has = counts > 0
-    return _spline_objective(np.log(model.widths), basis, penalty, counts.sum(),
-                             lambda pi: _truncated_loglik(model, pi, counts, totals_g, has, inside))
+    def loglik(pi: np.ndarray) -> tuple[float, np.ndarray]:
+        ll, dll = _truncated_loglik(model, pi, counts, totals_g, has, inside)
+        return float(ll), dll
+
+    return _spline_objective(np.log(model.widths), basis, penalty, counts.sum(), loglik)
 
 
 def _g_objective_batched(
@@ -950,24 +954,12 @@ def _g_objective_batched(
     total = counts.sum(-1)
     totals_g = model.totals(counts)
     has = counts > 0
-    d2 = np.diff(np.eye(basis.shape[1]), 2, axis=0)
-    pen = penalty * (d2.T @ d2)
+    pen = spline_penalty(basis.shape[1], penalty)
 
     def evaluate(alpha: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        cnt, tot, tg, hs = counts[rows], total[rows], totals_g[rows], has[rows]
-        z = logw + alpha @ basis.T
-        z = z - z.max(-1, keepdims=True)
-        pi = np.exp(z)
-        pi /= pi.sum(-1, keepdims=True)
-        prob = model.mix(pi)  # floors as in _truncated_loglik
-        zg = np.maximum(pi @ inside.T, _PROB_FLOOR)
-        safe = np.where(hs, np.maximum(prob, _PROB_FLOOR), 1.0)
-        ll = np.where(hs, cnt * np.log(safe), 0.0).sum(-1) - (tg * np.log(zg)).sum(-1)
-        dll = model.back(np.where(hs, cnt / safe, 0.0)) - (tg / zg) @ inside
-        grad_pi = -dll / tot[:, None]
-        grad_z = pi * (grad_pi - (pi * grad_pi).sum(-1, keepdims=True))
-        f = -ll / tot + ((alpha @ pen) * alpha).sum(-1) / tot
-        grad = grad_z @ basis + 2.0 * (alpha @ pen) / tot[:, None]
+        pi = spline_probs(logw, basis, alpha)
+        ll, dll = _truncated_loglik(model, pi, counts[rows], totals_g[rows], has[rows], inside)
+        f, grad = spline_value(alpha, pi, ll, dll, total[rows], basis, pen)
         return f, grad, np.concatenate([pi, alpha], axis=1)
 
     return evaluate

@@ -110,7 +110,7 @@ def test_prediction_matches_simulation(exact_rank_sets, dataset, model, metric):
     gen = torch.Generator().manual_seed(2024)
     pilot, sizes = adaptive_sampled_ranks_from_exact(torch.from_numpy(r), torch.from_numpy(n_u), *PILOT, gen)
     result = plan(n_u, len(n_u), metric, 0.1, pilot=pilot, pilot_n_items=n_u, pilot_n_samples=sizes,
-                  pilot_adaptive=PILOT, designs=DESIGNS, repeats=REPEATS, seed=1, screen=False)
+                  pilot_adaptive=PILOT, designs=DESIGNS, repeats=REPEATS, seed=1, screen=False, forecast_all=True)
     assert result.shape_source.startswith("pilot")
     assert [(f.n_samples, f.adaptive_max) for f in result.forecasts] == DESIGNS
     misses = {}
@@ -130,7 +130,8 @@ def test_prediction_matches_simulation(exact_rank_sets, dataset, model, metric):
 # ------------------------------------------------------------------------------------------- default family
 def test_default_family_truth_and_source():
     n, users, repeats = 10_000, 2000, 10
-    result = plan(n, users, "hit@10", 0.05, designs=[(100, None), (2000, None)], repeats=repeats, seed=3)
+    result = plan(n, users, "hit@10", 0.05, designs=[(100, None), (2000, None)], repeats=repeats, seed=3,
+                  forecast_all=True)
     assert result.shape_source == DEFAULT_FAMILY
     harmonic = np.cumsum(1.0 / np.arange(1, n + 1))
     expected = 0.5 * harmonic[9] / harmonic[-1] + 0.5 * 10 / n  # HR@10 of the 50/50 mixture

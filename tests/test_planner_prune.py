@@ -17,8 +17,9 @@ from reco_sampled_plugin import planner
 from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.simulate import simulate_sampled_ranks
 
-DESIGNS = [(50, None), (200, None), (1000, None), (50, 800), (50, 3200), SamplingDesign(50, adaptive_max=800,
-                                                                                          exact_at_cap=True)]
+DESIGNS = [(50, None), (200, None), (1000, None), (50, 800), (50, 3200),
+           SamplingDesign(50, adaptive_max=800, exact_at_cap=True),
+           SamplingDesign(50, replacement=False)]  # a tie in pairs with m = 50 (51 each): never pruned by it
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,7 @@ def _targets(every: planner.Plan) -> list[float]:
 
 @pytest.mark.parametrize("screen", [True, False])
 @pytest.mark.parametrize("workers", [1, 3])
-@pytest.mark.parametrize("k", range(7))
+@pytest.mark.parametrize("k", range(8))
 def test_pruned_plan_equals_the_full_plan_up_to_the_pick(pilot, every, workers, k, screen):
     target = _targets(every)[k]
     full = _plan(pilot, target, forecast_all=True, workers=workers, screen=screen)
@@ -84,13 +85,59 @@ def test_the_targets_move_the_pick_across_the_designs(every):
     assert None in picks and len(set(picks)) >= 4, picks
 
 
-def test_pruning_happens_and_saves_fits(pilot, every):
-    """At a generous target every design meets it: only the cheapest is forecast."""
-    fast = _plan(pilot, 10.0, workers=1)
+def _counted_plan(monkeypatch, pilot, target: float, **kw) -> tuple[planner.Plan, list[int]]:
+    """The plan, and the replicate fits it ran: one count per replicate, through every fitting path (the joint
+    fits of a design's repeats, and the per-repeat fits of exact_at_cap designs)."""
+    from reco_sampled_plugin import rank_distribution
+
+    fits: list[int] = []
+    joint, single = rank_distribution.ReplicateFits.fit, rank_distribution.estimate_rank_distributions
+
+    def count_joint(self, js):
+        fits.append(len(js))
+        return joint(self, js)
+
+    def count_single(hists, *a, **k):
+        fits.append(len(hists))
+        return single(hists, *a, **k)
+
+    monkeypatch.setattr(rank_distribution.ReplicateFits, "fit", count_joint)
+    monkeypatch.setattr(rank_distribution, "estimate_rank_distributions", count_single)
+    result = _plan(pilot, target, **kw)
+    monkeypatch.undo()
+    return result, fits
+
+
+def test_pruning_happens_and_saves_fits(monkeypatch, pilot, every):
+    """At a generous target every design meets it: only the cheapest two (a tie) are forecast, and on one thread
+    the designs costlier than them are never fitted (2 x 8 replicate fits against 7 x 8 with forecast_all)."""
+    fast, fast_fits = _counted_plan(monkeypatch, pilot, 10.0, workers=1)
+    full, full_fits = _counted_plan(monkeypatch, pilot, 10.0, workers=1, forecast_all=True, screen=False)
     assert fast.recommended is not None and fast.recommended.label == "m = 50"
-    assert [f.pruned for f in fast.forecasts] == [False, True, True, True, True, True]
+    assert [f.pruned for f in fast.forecasts] == [False] + [True] * (len(DESIGNS) - 2) + [False]
+    assert fast.forecasts[-1].pairs == fast.recommended.pairs and fast.forecasts[-1].meets_target
+    assert sum(fast_fits) == 16 and sum(full_fits) == 8 * len(DESIGNS)
+    # a strict target: nothing meets it, nothing is pruned, every design fitted (screened ones 5 replicates)
+    none, none_fits = _counted_plan(monkeypatch, pilot, 1e-6, workers=1)
+    assert none.recommended is None and not any(f.pruned for f in none.forecasts)
+    assert sum(none_fits) == sum(f.repeats for f in none.forecasts) >= 5 * len(DESIGNS)
 
 
 def test_forecast_all_is_checked(pilot):
     with pytest.raises(ValueError, match="^forecast_all"):
         _plan(pilot, 0.1, forecast_all="yes")
+
+
+def test_cli_forecast_all_reaches_the_plan(capsys):
+    """``reco-sampled plan --forecast-all``: every design forecast; without it the costlier designs are listed as
+    not forecast (a generous target: the cheapest design meets it)."""
+    from reco_sampled_plugin.cli import build_parser, run_plan
+    argv = ["plan", "--n-items", "3000", "--n-users", "400", "--metric", "ndcg@10", "--target-rel-error", "5",
+            "--repeats", "3", "--design", "50", "--design", "100", "--design", "50:800", "--workers", "1"]
+    assert run_plan(build_parser().parse_args(argv)) == 0
+    pruned = capsys.readouterr().out
+    assert run_plan(build_parser().parse_args(argv + ["--forecast-all"])) == 0
+    every = capsys.readouterr().out
+    assert pruned.count("not forecast: costlier than the pick") == 2 and "--forecast-all" in pruned
+    assert "not forecast" not in every and every.count("%") > pruned.count("%")
+    assert pruned.strip().splitlines()[-1] == every.strip().splitlines()[-1]  # the same recommendation

@@ -42,7 +42,7 @@ def test_progress_bar_without_tqdm(monkeypatch, capsys):
 
 
 def test_plan_progress_same_plan(capsys):
-    kw = dict(designs=[(50, None), (20, 200)], repeats=3, seed=1)
+    kw = dict(designs=[(50, None), (20, 200)], repeats=3, seed=1, forecast_all=True)
     quiet = plan(2000, 300, "ndcg@10", 0.2, progress=False, **kw)
     assert capsys.readouterr().err == ""
     loud = plan(2000, 300, "ndcg@10", 0.2, progress=True, **kw)
