@@ -243,10 +243,17 @@ BV_MIN_RCOND = 1e-5
 def _bv_normal(p: np.ndarray, w: np.ndarray, mv: np.ndarray, c: np.ndarray, gamma: float) -> np.ndarray | None:
     """Eq. 25, ((1 - gamma) A'A + gamma diag(c)) M^ = A'b with A = sqrt(w) P, b = sqrt(w) M, by Cholesky; None
     where the system is too ill-conditioned for the normal equations (reciprocal condition below ``BV_MIN_RCOND``:
-    small gamma, or a prior that leaves some c_i near 0)."""
+    small gamma, or a prior that leaves some c_i near 0). Refused first, before the O(rows m^2) product, where the
+    diagonal alone shows it (O(rows m)): for a positive definite N, rcond_1(N) <= min_i N_ii / max_i N_ii (lambda_min
+    <= min N_ii, ||N||_1 >= max N_ii), so a diagonal ratio below ``BV_MIN_RCOND`` means the true condition fails the
+    test too (``bv_mle``'s fitted priors, which leave sampled ranks almost unreachable, mostly end here)."""
+    cc = np.clip(c, 0.0, None)
+    diag = (1.0 - gamma) * np.einsum("r,rk,rk->k", w, p, p) + gamma * cc  # no (rows, m + 1) temporary
+    if not float(diag.min()) >= BV_MIN_RCOND * float(diag.max()):
+        return None
     wp = w[:, None] * p
     normal = (1.0 - gamma) * (p.T @ wp)
-    normal[np.diag_indices_from(normal)] += gamma * np.clip(c, 0.0, None)
+    normal[np.diag_indices_from(normal)] += gamma * cc
     norm1 = float(np.abs(normal).sum(axis=0).max())
     try:
         factor = scipy.linalg.cholesky(normal, lower=True, check_finite=False)

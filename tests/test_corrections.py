@@ -457,3 +457,63 @@ def test_bv_ill_conditioned_normal_equations_fall_back_to_the_stacked_least_squa
     # the terms cancel (coefficients up to ~1e3): rounding is relative to their magnitudes, not to the objective
     scale = float(np.abs(want) @ np.abs(normal) @ np.abs(want) + 2 * np.abs(h) @ np.abs(want))
     assert objective(got) <= objective(want) + 1e-9 * scale, (objective(got), objective(want), scale)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=hs.integers(30, 3000), m=hs.integers(5, 120), gamma=hs.sampled_from([1e-9, 1e-4, 0.01, 0.1, 0.5, 0.99]),
+       concentration=hs.floats(0.0, 12.0), seed=hs.integers(0, 2**16))
+def test_bv_diagonal_bound_on_the_reciprocal_condition(n, m, gamma, concentration, seed):
+    """The diagonal test that refuses the normal equations before forming them is a true bound: for the positive
+    definite N = (1 - gamma) A'A + gamma diag(c), the 1-norm reciprocal condition (from the exact inverse) is at most
+    min N_ii / max N_ii, so a system refused by it would fail ``BV_MIN_RCOND`` anyway. Priors from flat to sharply
+    concentrated (a few ranks carrying almost all the mass, as ``bv_mle``'s fitted priors do)."""
+    import reco_sampled_plugin.corrections as corr
+
+    rng = np.random.default_rng(seed)
+    weights = rng.dirichlet(np.full(n, 10.0 ** (-concentration / 3.0)))
+    p, w, mv = corr._weighted_system(parse_metric("ndcg@10"), n, m, "binomial", as_prior(weights, n))
+    c = w @ p
+    normal = (1 - gamma) * (p.T @ (w[:, None] * p)) + gamma * np.diag(np.clip(c, 0.0, None))
+    diag = np.diag(normal)
+    bound = diag.min() / diag.max()
+    with np.errstate(all="ignore"):
+        try:
+            inv = np.linalg.inv(normal)
+        except np.linalg.LinAlgError:  # numerically singular: the reciprocal condition is 0
+            inv = None
+    if inv is not None and np.all(np.isfinite(inv)):
+        rcond = 1.0 / (np.abs(normal).sum(0).max() * np.abs(inv).sum(0).max())
+        assert rcond <= bound * (1 + 1e-6) + 1e-15, (rcond, bound)
+    if bound < corr.BV_MIN_RCOND:  # refused by the diagonal: the stacked least squares solves it
+        assert corr._bv_normal(p, w, mv, c, gamma) is None
+
+
+def test_bv_mle_tables_refused_by_the_diagonal_equal_the_stacked_least_squares(monkeypatch):
+    """``bv_mle``'s fitted prior leaves sampled ranks almost unreachable: its tables skip the normal equations by the
+    diagonal test, and equal the tables of the stacked QR forced for every system (the same path, bit for bit)."""
+    import reco_sampled_plugin.corrections as corr
+    from reco_sampled_plugin.estimators import estimate
+    from reco_sampled_plugin.simulate import draw_sampled_ranks
+
+    gen = np.random.default_rng(3)
+    n = 1500 + np.arange(2000) % 40
+    exact = 1 + np.floor((n - 1) * gen.beta(0.4, 3.0, 2000)).astype(np.int64)
+    sampled = draw_sampled_ranks(torch.from_numpy(exact), torch.as_tensor(n), 100, repeats=1, seed=1)[0]
+    refused = []
+    real = corr._bv_normal
+
+    def spy(p, w, mv, c, gamma):
+        cc = np.clip(c, 0.0, None)
+        d = (1 - gamma) * np.einsum("r,rk,rk->k", w, p, p) + gamma * cc
+        refused.append(d.min() < corr.BV_MIN_RCOND * d.max())
+        return real(p, w, mv, c, gamma)
+
+    monkeypatch.setattr(corr, "_bv_normal", spy)
+    corr.clear_correction_cache()
+    got = [estimate(k, sampled, n, 100, method="bv_mle").value for k in ("ndcg@10", "recall@10")]
+    assert sum(refused) >= len(refused) // 2 > 0  # most of its tables are refused before the product
+    corr.clear_correction_cache()
+    monkeypatch.setattr(corr, "BV_MIN_RCOND", np.inf)
+    want = [estimate(k, sampled, n, 100, method="bv_mle").value for k in ("ndcg@10", "recall@10")]
+    corr.clear_correction_cache()
+    assert got == want
