@@ -259,7 +259,7 @@ def _uniform_units(hist: RankHistogram) -> Units:
         parts.append((np.full(k, float(n)), np.full(k, float(m)), b[keep], c[keep]))
     n, m, b, w = (np.concatenate([p[i] for p in parts]) if parts else np.zeros(0) for i in range(4))
     col = lambda x: x.reshape(-1, 1)  # noqa: E731
-    return Units(col(n - 1.0), col(b), col(m - b), n, m, w, np.zeros(1), np.ones(1))
+    return Units(col(n - 1.0), col(b), col(m - b), n, m, w, np.zeros(1), np.ones(1), distinct=False)
 
 
 def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None) -> PopularityFit:
