@@ -55,7 +55,13 @@ def count_term(monkeypatch):
 
 
 def test_count_term_is_off_by_default():
-    assert pf.COUNT_EXACT_RANK == 0
+    """The default fit is the independent product (docs/popularity.md: the count term is experimental)."""
+    pf._FIT_CACHE.clear()
+    f = fit(_units())
+    u = f.units
+    v = np.exp(f.betas[4] * (u.log_v - u.log_v.max()))
+    assert f.tables[4, 0, 1] == pytest.approx(-f._lam[4][0, 1] * float(u.miss[0] @ v), rel=1e-9)
+    pf._FIT_CACHE.clear()
 
 
 @pytest.mark.parametrize("b", [0, 4, 7])
