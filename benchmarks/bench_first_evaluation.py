@@ -8,7 +8,11 @@ mapping tables, quadrature rules, fits, identification programs): the cost a use
 Same positives and ranks in both cases; only n differs (n = 1,500 for all, or 1,500..2,499: 1,000 distinct).
 Median of ``--repeats`` cold calls. The goal (issue 25): 1,000 distinct n within 3x of one n, for every method.
 
-Run:  python benchmarks/bench_first_evaluation.py [--repeats 5] [--metric ndcg@10] [--methods bv cls ...]
+``--ladder 1 16 100 250 1000``: instead, the cost at each number of distinct n, spread evenly over the same range
+(n = 1,500..2,499), so that only the count changes: the growth from one n is a step at 2..16 distinct n (the fits'
+and the identified interval's 16 pooled groups, ``max_groups``), flat beyond.
+
+Run:  python benchmarks/bench_first_evaluation.py [--repeats 5] [--metric ndcg@10] [--methods bv cls ...] [--ladder ...]
 """
 
 from __future__ import annotations
@@ -53,9 +57,11 @@ def clear_caches() -> None:
     identification._CACHE.clear()
 
 
-def data(distinct: int, positives: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def data(distinct: int, positives: int, seed: int = 0, spread: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Exact ranks and n of ``positives`` positives with ``distinct`` candidate counts: n = 1,500, 1,501, ... or, with
+    ``spread``, evenly over 1,500..2,499 (steps of 1,000 // distinct)."""
     rng = np.random.default_rng(seed)
-    n = 1500 + (np.arange(positives) % distinct)
+    n = 1500 + (np.arange(positives) % distinct) * (1000 // distinct if spread else 1)
     u = rng.beta(0.4, 3.0, positives)
     return 1 + np.floor((n - 1) * u).astype(np.int64), n
 
@@ -77,19 +83,31 @@ def main() -> None:
     ap.add_argument("--positives", type=int, default=5000)
     ap.add_argument("--metric", default="ndcg@10")
     ap.add_argument("--methods", nargs="*", default=None)
+    ap.add_argument("--ladder", type=int, nargs="*", default=None,
+                    help="distinct n counts (<= 1,000) spread over the same range of n: the cost at each")
     args = ap.parse_args()
     # the registry's methods for this metric (hh: AUC only), but pl_fit: the popularity designs' estimator, whose
     # cost grows with the positives (seconds per 1,000: docs/popularity.md), not with the distinct n
     methods = args.methods or [m for m in registry.names(metric=args.metric) if m != "pl_fit"]
+    counts = args.ladder or [1, 1000]
+    if any(not 1 <= d <= 1000 for d in counts):
+        ap.error("--ladder: counts of distinct n between 1 and 1,000")
     cases = {}
-    for distinct in (1, 1000):
-        r, n = data(distinct, args.positives)
+    for distinct in counts:
+        r, n = data(distinct, args.positives, spread=args.ladder is not None)
         sampled = draw_sampled_ranks(r, torch.as_tensor(n), 100, repeats=1, seed=1)[0]
         cases[distinct] = (sampled, torch.as_tensor(n))
-    estimate(args.metric, *cases[1], 100, method="none")  # imports and one-off initialisation outside the timings
+    estimate(args.metric, *cases[counts[0]], 100, method="none")  # imports and one-off work outside the timings
     print(f"{args.metric}, {args.positives:,} positives, m = 100, estimate() + interval(), cold caches, median of "
           f"{args.repeats}; torch {torch.__version__}, {torch.get_num_threads()} thread(s), load average "
           f"{os.getloadavg()[0]:.2f}")
+    if args.ladder is not None:
+        print("| method | " + " | ".join(f"{d:,} distinct n (s)" for d in counts) + " |")
+        print("|---" * (len(counts) + 1) + "|")
+        for method in methods:
+            times = [cold(args.metric, *cases[d], method, args.repeats) for d in counts]
+            print(f"| `{method}` | " + " | ".join(f"{t:.3f}" for t in times) + " |", flush=True)
+        return
     print("| method | one n (s) | 1,000 distinct n (s) | ratio |")
     print("|---|---|---|---|")
     for method in methods:

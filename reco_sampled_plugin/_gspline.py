@@ -11,7 +11,7 @@ from typing import Any, Callable
 import numpy as np
 
 __all__ = ["G_DF", "G_PENALTY", "SUBPOINTS", "bspline_design", "cell_points", "g_basis", "spline_objective",
-           "spline_penalty", "spline_probs", "spline_value"]
+           "softmax", "spline_penalty", "spline_probs", "spline_value"]
 
 SUBPOINTS = 8  # quadrature ranks per cell (every rank of a narrower cell)
 
@@ -93,12 +93,17 @@ def spline_penalty(df: int, penalty: float) -> np.ndarray:
     return penalty * (d2.T @ d2)
 
 
-def spline_probs(logw: np.ndarray, basis: np.ndarray, alpha: np.ndarray) -> np.ndarray:
-    """P(cell) proportional to exp(logw + basis @ alpha), for coefficients alpha (df,) or a batch (..., df)."""
-    z = logw + alpha @ basis.T
+def softmax(z: np.ndarray) -> np.ndarray:
+    """exp(z) normalised over the last axis (cells), shifted by its maximum first (no overflow)."""
     z = z - z.max(-1, keepdims=True)
     pi = np.exp(z)
-    return pi / pi.sum(-1, keepdims=True)
+    pi /= pi.sum(-1, keepdims=True)
+    return pi
+
+
+def spline_probs(logw: np.ndarray, basis: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """P(cell) proportional to exp(logw + basis @ alpha), for coefficients alpha (df,) or a batch (..., df)."""
+    return softmax(logw + alpha @ basis.T)
 
 
 def spline_value(alpha: np.ndarray, pi: np.ndarray, ll: Any, dll: np.ndarray, total: Any, basis: np.ndarray,

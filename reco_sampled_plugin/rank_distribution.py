@@ -81,7 +81,7 @@ from ._types import TensorLike
 from .metric_names import MetricSpec, parse_metric
 from .sampling_laws import check_law, log_sampled_rank_pmf_unbounded as _log_sampled_rank_pmf
 from ._gspline import G_DF, G_PENALTY, cell_points, g_basis as _g_basis, spline_objective as _spline_objective
-from ._gspline import spline_penalty, spline_probs, spline_value
+from ._gspline import softmax as _softmax, spline_penalty, spline_probs, spline_value
 
 # draws live in ``simulate`` and ``adaptive``; importable from here as before
 from .adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact  # noqa: E402,F401
@@ -639,14 +639,6 @@ def _reference_measure(edges: np.ndarray, beta: float) -> np.ndarray:
         return cum[small] + np.where(x > 64, tail, 0.0)
 
     return np.maximum(partial(hi) - partial(lo), 1e-300)
-
-
-def _softmax(z: np.ndarray) -> np.ndarray:
-    """exp(z) normalised over the last axis (cells), shifted by its maximum first (no overflow)."""
-    z = z - z.max(-1, keepdims=True)
-    pi = np.exp(z)
-    pi /= pi.sum(-1, keepdims=True)
-    return pi
 
 
 def _truncated_loglik(model: _Model, pi: np.ndarray, counts: np.ndarray, totals_g: np.ndarray, has: np.ndarray,
