@@ -21,6 +21,19 @@ docs/estimators.md ("Free masses at the resolved top"): it does not win, so it s
 
 ``--coverage``: ``estimate(metric, sampled, method=...)`` for ``mes``, ``gmod`` and ``auto`` (the default) at their
 defaults (bootstraps included): mean |relative error|, coverage of ``interval(0.95)`` of the users' exact metric, median relative width.
+
+``--two-point``: what no estimator can do (:func:`two_point_bound`). For each recommender, a second world whose
+users' exact ranks differ by one rank for some users (those moves that change the metric most per unit of
+information) and whose sampled ranks are nearly indistinguishable from the first's: Le Cam's two-point bound,
+E_1|T - theta_1| + E_2|T - theta_2| >= |theta_1 - theta_2| (1 - TV), gives every estimator T a mean absolute
+error of at least half that in one of the two worlds; TV <= min(sqrt(KL / 2), sqrt(1 - exp(-KL))) (Pinsker,
+Bretagnolle-Huber), KL the sum
+over the moved users of E[draws | R] KL(Bernoulli(p_R) || Bernoulli(p_R')), p_R = (R - 1)/(n - 1) (Wald's identity:
+a positive's draws are Bernoulli(p_R) trials whose stopping, at a fixed m or at the adaptive stages, reads only the
+draws). Printed next to the oracle's mean relative error (``--repeats`` draws): where the bound exceeds twice the
+oracle's error, "within 2x the oracle" (issue 30) is out of reach of every estimator for that recommender.
+``--second-world METRIC``: every other mode on that second world (each recommender's exact ranks moved as the
+bound for METRIC at ``--design`` moves them), e.g. to see which estimator wins there.
 """
 
 from __future__ import annotations
@@ -45,11 +58,18 @@ METRICS = ("hit@10", "ndcg@10")
 COVERAGE_METHODS = ("mes", "gmod", "auto")  # --coverage: estimate() with each, at its defaults
 
 
+#: --second-world METRIC DESIGN: every recommender's exact ranks replaced by the second world of its two-point bound
+SECOND_WORLD: tuple[str, str] | None = None
+
+
 def exact_ranks(dataset: str, seed: int = 0):
     from reco_sampled_plugin import baselines, datasets
 
     split = datasets.load_ml100k() if dataset == "ml-100k" else datasets.load_ml_latest_small()
-    return baselines.held_out_ranks(baselines.train_benchmark(split.train, seed=seed), split)
+    ranks, n_u = baselines.held_out_ranks(baselines.train_benchmark(split.train, seed=seed), split)
+    if SECOND_WORLD is not None:
+        ranks = {k: two_point_bound(r, n_u, *SECOND_WORLD)[2] for k, r in ranks.items()}
+    return ranks, n_u
 
 
 def users_and_population(model, pi: np.ndarray, cell_metric: np.ndarray) -> tuple[float, float]:
@@ -115,7 +135,8 @@ def fit_free_top(model, counts: np.ndarray, tau: float, max_resolution: float, d
     return pi_of(res_.x)
 
 
-def run(dataset: str, design: str, repeats: int, dfs, penalties, top_penalties=(), top_max_resolution=np.inf) -> dict:
+def run(dataset: str, design: str, repeats: int, dfs, penalties, top_penalties=(), top_max_resolution=np.inf,
+        oracle_only: bool = False) -> dict:
     ranks, n_u = exact_ranks(dataset)
     nt = torch.from_numpy(n_u)
     errors: dict = {}
@@ -135,8 +156,9 @@ def run(dataset: str, design: str, repeats: int, dfs, penalties, top_penalties=(
             cells = {s: (metric_values(s, torch.from_numpy(pts.reshape(-1)), int(model.edges[-1])).numpy()
                          .reshape(pts.shape) * wts).sum(1) for s in METRICS}
             truth = np.histogram(r - 0.5, bins=model.edges)[0].astype(np.float64)  # cells (e_c, e_c+1]
-            fits = {"oracle": truth / truth.sum(),
-                    "mes": rd.estimate_rank_distribution(hist, method="mes", n_bootstrap=0).probs}
+            fits = {"oracle": truth / truth.sum()}
+            if not oracle_only:
+                fits["mes"] = rd.estimate_rank_distribution(hist, method="mes", n_bootstrap=0).probs
             for df in dfs:
                 for pen in penalties:
                     opts = {"df": df, "penalty": pen, "tol": 1e-7, "max_iter": 5000, "trace": False}
@@ -184,6 +206,89 @@ def coverage(dataset: str, design: str, repeats: int) -> None:
                 a = np.array(rows[(s, method)], dtype=np.float64)
                 cells.append(f"{a[:, 0].mean():.3f}, {a[:, 1].mean():.2f}, {np.median(a[:, 2]):.2f}")
             print(f"| {name} | {s} | " + " | ".join(cells) + " |")
+
+
+def expected_draws(r: np.ndarray, n: np.ndarray, design: str) -> np.ndarray:
+    """E[draws | R] of each positive: m for a fixed m; for adaptive 100 -> 3,200 (stages 100, 200, ..., 3,200, the
+    next stage drawn while no draw has beaten the positive) sum_s (M_s - M_{s-1}) (1 - p)^(M_{s-1})."""
+    if design != "adaptive":
+        return np.full(r.shape, float(design))
+    p = (r - 1.0) / (n - 1.0)
+    stages = 100.0 * 2.0 ** np.arange(6)
+    prev = np.r_[0.0, stages[:-1]]
+    return ((stages - prev)[None, :] * np.exp(np.log1p(-np.clip(p, 0, 1 - 1e-12))[:, None] * prev[None, :])).sum(1)
+
+
+def _kl_bernoulli(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = np.where(p > 0, p * np.log(p / q), 0.0)
+        b = np.where(p < 1, (1 - p) * np.log((1 - p) / (1 - q)), 0.0)
+    return a + b
+
+
+def two_point_bound(r: np.ndarray, n: np.ndarray, metric: str, design: str,
+                    reach: int = 10) -> tuple[float, str, np.ndarray]:
+    """Le Cam's two-point lower bound (module docstring) on the mean absolute error, relative to the metric of the
+    first world (these users' exact ranks ``r``), that a second world forces on every estimator: some users moved by
+    1..``reach`` ranks, all up or all down and all changing the metric the same way, each user once, taken in order
+    of metric change per nat of KL; the best prefix. TV <= min(sqrt(KL / 2), sqrt(1 - exp(-KL))) (Pinsker,
+    Bretagnolle-Huber). Returns (bound, a description of the second world, its exact ranks)."""
+    r, n = r.astype(np.float64), n.astype(np.float64)
+
+    def values(ranks: np.ndarray) -> np.ndarray:
+        return metric_values(metric, torch.from_numpy(ranks), torch.from_numpy(n)).numpy()
+
+    base = values(r)
+    theta = float(base.mean())
+    draws = expected_draws(r, n, design)
+    best, what, world = 0.0, "", r.astype(np.int64)
+    for sign in (-1.0, 1.0):
+        for up in (True, False):  # the metric raised, or lowered, by every move
+            users, gain, cost, dest = [], [], [], []
+            for j in range(1, reach + 1):
+                r2 = r + sign * j
+                ok = (r2 >= 1) & (r2 <= n)
+                r2 = np.where(ok, r2, r)
+                delta = (values(r2) - base) / len(r)
+                keep = np.flatnonzero(ok & ((delta > 0) if up else (delta < 0)))
+                users.append(keep)
+                gain.append(np.abs(delta[keep]))
+                cost.append(draws[keep] * _kl_bernoulli((r[keep] - 1) / (n[keep] - 1), (r2[keep] - 1) / (n[keep] - 1)))
+                dest.append(r2[keep])
+            u, g, c, d = (np.concatenate(x) for x in (users, gain, cost, dest))
+            if not len(u):
+                continue
+            order = np.argsort(-g / np.maximum(c, 1e-300), kind="stable")
+            first = np.zeros(len(order), dtype=bool)
+            _, at = np.unique(u[order], return_index=True)  # each user's best-ratio move only
+            first[at] = True
+            order = order[first]
+            g_cum, kl_cum = np.cumsum(g[order]), np.cumsum(c[order])
+            tv = np.minimum(np.sqrt(kl_cum / 2.0), np.sqrt(-np.expm1(-kl_cum)))
+            bound = g_cum * (1.0 - tv) / 2.0 / theta
+            k = int(bound.argmax())
+            if bound[k] > best:
+                moves = np.stack([r[u[order[: k + 1]]], d[order[: k + 1]]], 1).astype(np.int64)
+                pairs, counts = np.unique(moves, axis=0, return_counts=True)
+                best = float(bound[k])
+                world = r.astype(np.int64)
+                world[u[order[: k + 1]]] = d[order[: k + 1]].astype(np.int64)
+                what = (", ".join(f"{cnt} at {a} -> {b}" for (a, b), cnt in zip(pairs, counts))
+                        + f" (KL {kl_cum[k]:.2f} nats, TV <= {tv[k]:.2f}, |theta_1 - theta_2| = {g_cum[k] / theta:.1%})")
+    return best, what, world
+
+
+def two_point(dataset: str, design: str, repeats: int) -> None:
+    ranks, n_u = exact_ranks(dataset)
+    oracle = run(dataset, design, repeats, (), (), oracle_only=True)
+    print(f"{dataset}, design {design}: Le Cam's two-point bound on every estimator's mean |relative error| (in the "
+          f"worse of two worlds), against the oracle's ({repeats} draws)")
+    print("| recommender | metric | oracle | bound | bound / (2 x oracle) | the second world |\n| --- | --- | --- | --- | --- | --- |")
+    for name, r in ranks.items():
+        for s in METRICS:
+            b, what, _ = two_point_bound(r, n_u, s, design)
+            o = float(np.mean(oracle[("oracle", "users", s, name)]))
+            print(f"| {name} | {s} | {o:.1%} | {b:.1%} | {b / (2 * o):.2f} | {what} |", flush=True)
 
 
 # --synthetic: P(R) proportional to 1/(2R) + 1/(2n) times factors at 0-based rank indices (docs/estimators.md)
@@ -260,7 +365,17 @@ def main() -> None:
     ap.add_argument("--resolution", action="store_true",
                     help="only the design's resolution (ranks) at R = 1, 2, 3, 5, 10, 20 (design_resolution)")
     ap.add_argument("--coverage", action="store_true", help="estimate() at the defaults: error, coverage, width")
+    ap.add_argument("--two-point", action="store_true",
+                    help="Le Cam's two-point bound on every estimator's error against the oracle's (two_point_bound)")
+    ap.add_argument("--second-world", default=None, metavar="METRIC",
+                    help="run on the second world of each recommender's two-point bound for METRIC at --design")
     args = ap.parse_args()
+    if args.second_world is not None:
+        global SECOND_WORLD
+        SECOND_WORLD = (args.second_world, args.design)
+    if args.two_point:
+        two_point(args.dataset, args.design, args.repeats)
+        return
     if args.coverage:
         coverage(args.dataset, args.design, args.repeats)
         return
