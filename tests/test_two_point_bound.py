@@ -4,8 +4,9 @@ against independent computations.
 * E[draws | R] of the adaptive design against the plugin's own adaptive sampler (simulation);
 * the sequence's KL, E[draws] KL(Bernoulli), against the exact KL of the observed (r~, M) under the adaptive law,
   enumerated (the stopping factor is free of R, so the two laws differ only through the binomial);
-* the bound itself: the second world's ranks are the first's with the moved users one to ``reach`` ranks away,
-  its metric change and KL are what the description says, and the bound is |theta_1 - theta_2| (1 - TV) / 2 / theta_1.
+* the bound itself: the second world's ranks are the first's with the moved users one to ``reach`` ranks away
+  (inside 1..n), its metric change and KL are what the description says, and the bound is
+  |theta_1 - theta_2| (1 - TV) / 2 / max(theta_1, theta_2) (a relative error valid in either world).
 """
 
 from __future__ import annotations
@@ -80,11 +81,12 @@ def test_wald_kl_equals_the_observed_law_kl():
 def test_the_bound_is_what_its_second_world_gives():
     rng = np.random.default_rng(0)
     n = np.full(900, 1500)
-    r = np.concatenate([rng.integers(1, 10, 60), np.full(25, 11), rng.integers(12, 1400, 815)])
-    for metric, design in (("hit@10", "500"), ("ndcg@10", "adaptive")):
+    r = np.concatenate([rng.integers(1, 10, 60), np.full(25, 11), rng.integers(12, 1400, 805), np.full(10, 1500)])
+    for metric, design in (("hit@10", "500"), ("ndcg@10", "adaptive"), ("mrr", "500")):  # mrr: rank n can move
         bound, what, world = go.two_point_bound(r, n, metric, design, reach=3)
         moved = np.flatnonzero(world != r)
-        assert len(moved) > 0 and np.all(np.abs(world[moved] - r[moved]) <= 3) and np.all(world >= 1)
+        assert len(moved) > 0 and np.all(np.abs(world[moved] - r[moved]) <= 3)
+        assert np.all(world >= 1) and np.all(world <= n)
         v1 = metric_values(metric, torch.from_numpy(r), torch.from_numpy(n)).numpy()
         v2 = metric_values(metric, torch.from_numpy(world), torch.from_numpy(n)).numpy()
         change = v2[moved] - v1[moved]
@@ -93,9 +95,20 @@ def test_the_bound_is_what_its_second_world_gives():
         draws = go.expected_draws(r[moved].astype(float), n[moved].astype(float), design)
         kl = float((draws * go._kl_bernoulli((r[moved] - 1) / (n[moved] - 1), (world[moved] - 1) / (n[moved] - 1))).sum())
         tv = min(math.sqrt(kl / 2), math.sqrt(1 - math.exp(-kl)))
-        assert abs(bound - gap * (1 - tv) / 2 / theta) < 1e-12
+        assert abs(bound - gap * (1 - tv) / 2 / max(theta, v2.mean())) < 1e-12
         assert f"KL {kl:.2f} nats" in what and f"{gap / theta:.1%}" in what
         assert sum(int(c) for c in re.findall(r"(\d+) at \d+ ->", what)) == len(moved)
-    # HR@10 with 25 users at rank 11: moving them to 10 is the cheapest change of HR@10
-    _, _, world = go.two_point_bound(r, n, "hit@10", "500", reach=3)
+    # HR@10 with 25 users at rank 11: moving them to 10 is the cheapest change of HR@10, upwards, so the bound is
+    # relative to the second world's (larger) value
+    bound, _, world = go.two_point_bound(r, n, "hit@10", "500", reach=3)
     assert np.all(world[r == 11] == 10)
+    t1, t2 = (float(metric_values("hit@10", torch.from_numpy(x), torch.from_numpy(n)).mean()) for x in (r, world))
+    assert t2 > t1 and bound < (t2 - t1) / 2 / t1
+
+
+def test_the_second_world_stays_inside_the_catalogue():
+    n = np.full(40, 300)
+    r = np.r_[np.full(20, 300), np.full(20, 299)]  # at and next to the last rank: moves beyond n are not allowed
+    bound, _, world = go.two_point_bound(r, n, "mrr", "500", reach=3)
+    assert np.isfinite(bound) and bound > 0
+    assert np.all(world <= n) and np.any(world != r)
