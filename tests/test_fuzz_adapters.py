@@ -193,7 +193,6 @@ def test_recbole_configs(keys, data, metrics, mode):
 
     def check(config):
         settings_ = validate_config(config)  # what the plugin will run with: every value valid
-        assert settings_ is not None
         assert settings_.m is None or settings_.m >= 1
         assert 0.0 <= settings_.gamma <= 1.0
 
