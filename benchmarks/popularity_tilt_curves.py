@@ -33,6 +33,7 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
+from typing import Any, Callable  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
@@ -150,8 +151,9 @@ def run_one(units, count: int, prior_true: np.ndarray | None) -> dict:
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(doc: str):
+    """The drivers' command line (this script's and ``popularity_tilt_mixture.py``'s)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--summarise", nargs="+", default=None, metavar="JSONL", help="print the tables of earlier runs")
     ap.add_argument("--dataset", default="ml-latest-small", choices=("ml-100k", "ml-latest-small"))
     ap.add_argument("--alphas", type=float, nargs="+", default=[1.0, 0.5])
@@ -161,11 +163,16 @@ def main() -> None:
     ap.add_argument("--recs", nargs="*", default=None)
     ap.add_argument("--out", default=None, help="append one JSON line per (draw, count) here")
     args = ap.parse_args()
-    if args.summarise:
-        summarise(args.summarise)
-        return
-    if args.out is None:
+    if not args.summarise and args.out is None:
         ap.error("--out is required (or --summarise)")
+    return args
+
+
+def drive(args, run_one: Callable[[Any, int, np.ndarray], dict], describe: Callable[[dict, dict], str]) -> None:
+    """Every (m, count, repeat, alpha, recommender) draw of ``args`` not yet in ``args.out``: the popularity draw
+    (generator seed 10,000 x repeat + m), its units and the true prior (the histogram of the exact ranks on the
+    fit's cells), ``run_one(units, count, true_prior)``'s record appended to ``args.out`` as a JSON line, and
+    ``describe(record, truth)`` printed."""
     t0 = time.time()
     scores, test, exc, counts, n_u = pa.load(args.dataset)
     print(f"loaded {args.dataset} in {time.time() - t0:.0f}s", flush=True)
@@ -195,7 +202,6 @@ def main() -> None:
                         units = popularity_draws(pop).units
                         r_true = np.ceil(exacts[name][valid].double().numpy()).astype(np.int64)
                         assert len(r_true) == len(units.w)
-                        pf.COUNT_EXACT_RANK = c
                         edges = pf.rank_edges(int(units.n.max()))
                         cell = np.searchsorted(edges, r_true, side="left") - 1
                         prior = np.bincount(cell, weights=units.w, minlength=len(edges) - 1).astype(np.float64)
@@ -205,12 +211,24 @@ def main() -> None:
                                  truth=truths[name], n_units=int(len(units.w)))
                         with open(args.out, "a") as fh:
                             fh.write(json.dumps(r) + "\n")
-                        tr = truths[name]
                         print(f"{args.dataset} {name} a={alpha} m={m} rep={rep} count={c} base {r['t_base']:.1f}s "
-                              f"k3 {r['t_k3']:.1f}s ({r['n_em']} EM) val {r['t_val']:.1f}s | a {r['a']['betas']} "
-                              f"b {r['b']['betas']} c {r['c']['betas']} LR {2 * (r['b']['ll'] - r['a']['ll']):.0f} | "
-                              + " ".join(f"{s} a {r['a'][s] / tr[s] - 1:+.3f} b {r['b'][s] / tr[s] - 1:+.3f} "
-                                         f"c {r['c'][s] / tr[s] - 1:+.3f}" for s in METRICS), flush=True)
+                              + describe(r, truths[name]), flush=True)
+
+
+def _describe(r: dict, tr: dict) -> str:
+    return (f"k3 {r['t_k3']:.1f}s ({r['n_em']} EM) val {r['t_val']:.1f}s | a {r['a']['betas']} "
+            f"b {r['b']['betas']} c {r['c']['betas']} LR {2 * (r['b']['ll'] - r['a']['ll']):.0f} | "
+            + " ".join(f"{s} a {r['a'][s] / tr[s] - 1:+.3f} b {r['b'][s] / tr[s] - 1:+.3f} "
+                       f"c {r['c'][s] / tr[s] - 1:+.3f}" for s in METRICS))
+
+
+def main() -> None:
+    args = parse_args(__doc__)
+    if args.summarise:
+        summarise(args.summarise)
+    else:
+        drive(args, run_one, _describe)
+
 
 CRIT = pf.NICHE_LR_CRITICAL
 RECS = ("iALS", "ItemKNN(q=3)", "ItemKNN(q=1,k'=10)", "Popularity", "EASE")

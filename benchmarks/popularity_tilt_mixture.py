@@ -27,7 +27,6 @@ import os
 for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
-import argparse  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import sys  # noqa: E402
@@ -35,18 +34,13 @@ import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
 
 import numpy as np  # noqa: E402
-import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import popularity_accuracy as pa  # noqa: E402
+import popularity_tilt_curves as tc  # noqa: E402
 
-import reco_sampled_plugin as rsp  # noqa: E402
-from reco_sampled_plugin import _popularity_fit as pf, metric_values  # noqa: E402
-from reco_sampled_plugin.metric_names import parse_metric  # noqa: E402
-from reco_sampled_plugin.popularity import popularity_draws  # noqa: E402
+from reco_sampled_plugin import _popularity_fit as pf  # noqa: E402
 
-METRICS = ("hit@10", "ndcg@10")
-SPECS = {s: parse_metric(s) for s in METRICS}
+METRICS, SPECS = tc.METRICS, tc.SPECS
 MAX_ITER = 5000
 TOL = 1e-9  # per unit weight, on the log-likelihood gain of one step (finer than _em's 1e-8: slower mixtures)
 M3_GRID = (-1.0, 0.0, 1.0, 2.0, 3.0, 5.0, 8.0, 16.0)
@@ -201,74 +195,22 @@ def run_one(units, count: int, prior_true: np.ndarray) -> dict:
     return out
 
 
+def _describe(r: dict, tr: dict) -> str:
+    return (" ".join(f"{k} {r[k]['t']:.1f}s/{r[k]['iters']}" for k in ("m1", "m2", "m3")) + " | " + " ".join(
+        f"{s}: " + " ".join(f"{k} {r[k][s] / tr[s] - 1:+.3f}"
+                            for k in ("a", "a_em", "m1", "m2", "m3", "m2s", "m3s", "a_tp", "m2tp", "m3tp"))
+        for s in METRICS))
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--summarise", nargs="+", default=None, metavar="JSONL", help="print the tables of earlier runs")
-    ap.add_argument("--dataset", default="ml-latest-small", choices=("ml-100k", "ml-latest-small"))
-    ap.add_argument("--alphas", type=float, nargs="+", default=[1.0, 0.5])
-    ap.add_argument("--ms", type=int, nargs="+", default=[500, 100])
-    ap.add_argument("--reps", type=int, nargs="+", default=[0, 1])
-    ap.add_argument("--counts", type=int, nargs="+", default=[0, 32])
-    ap.add_argument("--recs", nargs="*", default=None)
-    ap.add_argument("--out", default=None, help="append one JSON line per (draw, count) here")
-    args = ap.parse_args()
+    args = tc.parse_args(__doc__)
     if args.summarise:
         summarise(args.summarise)
-        return
-    if args.out is None:
-        ap.error("--out is required (or --summarise)")
-    t0 = time.time()
-    scores, test, exc, counts, n_u = pa.load(args.dataset)
-    print(f"loaded {args.dataset} in {time.time() - t0:.0f}s", flush=True)
-    if args.recs:
-        scores = {k: v for k, v in scores.items() if k in args.recs}
-    truths, exacts = {}, {}
-    for name, sc in scores.items():
-        exact = rsp.exact_ranks(sc, test, exc, count_other_positives=False).view(-1)
-        exacts[name] = exact
-        truths[name] = {s: float(metric_values(s, exact, n_u).double().mean()) for s in METRICS}
-    done = set()
-    if os.path.exists(args.out):
-        for line in open(args.out):
-            r = json.loads(line)
-            done.add((r["recommender"], r["alpha"], r["m"], r["rep"], r["count"]))
-    for c in args.counts:
-        for m in args.ms:
-            for rep in args.reps:
-                for alpha in args.alphas:
-                    for name, sc in scores.items():
-                        if (name, alpha, m, rep, c) in done:
-                            continue
-                        g = torch.Generator().manual_seed(10_000 * rep + m)
-                        pop = rsp.sampled_ranks(sc, test, rsp.SamplingDesign(m, popularity=counts ** alpha),
-                                                exclude=exc, generator=g)
-                        valid = (pop.ranks > 0).view(-1)
-                        units = popularity_draws(pop).units
-                        r_true = np.ceil(exacts[name][valid].double().numpy()).astype(np.int64)
-                        assert len(r_true) == len(units.w)
-                        edges = pf.rank_edges(int(units.n.max()))
-                        cell = np.searchsorted(edges, r_true, side="left") - 1
-                        prior = np.bincount(cell, weights=units.w, minlength=len(edges) - 1).astype(np.float64)
-                        prior /= prior.sum()
-                        r = run_one(units, c, prior)
-                        r.update(dataset=args.dataset, recommender=name, alpha=alpha, m=m, rep=rep,
-                                 truth=truths[name], n_units=int(len(units.w)))
-                        with open(args.out, "a") as fh:
-                            fh.write(json.dumps(r) + "\n")
-                        tr = truths[name]
-                        print(f"{args.dataset} {name} a={alpha} m={m} rep={rep} count={c} base {r['t_base']:.1f}s "
-                              + " ".join(f"{k} {r[k]['t']:.1f}s/{r[k]['iters']}" for k in ("m1", "m2", "m3"))
-                              + " | " + " ".join(
-                                  f"{s}: " + " ".join(f"{k} {r[k][s] / tr[s] - 1:+.3f}"
-                                                      for k in ("a", "a_em", "m1", "m2", "m3", "m2s", "m3s", "a_tp", "m2tp",
-                                                                "m3tp")) for s in METRICS), flush=True)
+    else:
+        tc.drive(args, run_one, _describe)
 
 
-RECS = ("iALS", "ItemKNN(q=3)", "ItemKNN(q=1,k'=10)", "Popularity", "EASE")
-SHORT = {"iALS": "iALS", "ItemKNN(q=3)": "KNN3", "ItemKNN(q=1,k'=10)": "KNN1", "Popularity": "Pop", "EASE": "EASE"}
-#: the worst recommender's mean |relative error| of the default estimator on uniform draws (docs/popularity.md)
-REF = {("ml-100k", 100): (0.131, 0.168), ("ml-100k", 500): (0.087, 0.057),
-       ("ml-latest-small", 100): (0.521, 0.600), ("ml-latest-small", 500): (0.298, 0.398)}
+RECS, SHORT, REF = tc.RECS, tc.SHORT, tc.REF
 RULES = ("a", "a_em", "m1", "m2", "m3", "m2s", "m3s")
 TP_RULES = ("a_tp", "m2tp", "m3tp")
 BETAS = pf.BETAS
