@@ -140,6 +140,7 @@ def fit_free_top(model, counts: np.ndarray, tau: float, max_resolution: float, d
 
 def run(dataset: str, design: str, repeats: int, dfs, penalties, top_penalties=(), top_max_resolution=np.inf,
         oracle_only: bool = False, given: tuple[dict, np.ndarray] | None = None) -> dict:
+    """{(prior, target, metric, recommender): the relative errors (signed) of ``repeats`` draws}."""
     ranks, n_u = exact_ranks(dataset) if given is None else given
     nt = torch.from_numpy(n_u)
     errors: dict = {}
@@ -173,7 +174,7 @@ def run(dataset: str, design: str, repeats: int, dfs, penalties, top_penalties=(
                 for s in METRICS:
                     users, pop = users_and_population(model, pi, cells[s])
                     for target, v in (("users", users), ("population", pop)):
-                        errors.setdefault((label, target, s, name), []).append(abs(v / exact[s] - 1.0))
+                        errors.setdefault((label, target, s, name), []).append(v / exact[s] - 1.0)  # signed
     return errors
 
 
@@ -319,7 +320,7 @@ def two_point(dataset: str, design: str, repeats: int) -> None:
     print(f"{dataset}, design {design}: Le Cam's two-point bound on every estimator's mean |relative error| (in the "
           f"worse of two worlds), against the oracle's in each world ({repeats} draws)")
     print("| recommender | metric | oracle (data / second world) | bound | bound / 2 x oracle, both worlds | "
-          "`gmod` on the data | `gmod` / max(oracle, bound) | the second world |"
+          "`gmod` on the data (bias) | `gmod` / max(oracle, bound) | the second world |"
           "\n| --- | --- | --- | --- | --- | --- | --- | --- |")
     nt = torch.from_numpy(n_u)
     for s in METRICS:
@@ -330,12 +331,13 @@ def two_point(dataset: str, design: str, repeats: int) -> None:
             b, what, world = worlds[name]
             t1 = float(metric_values(s, torch.from_numpy(r), nt).double().mean())
             t2 = float(metric_values(s, torch.from_numpy(world), nt).double().mean())
-            o1 = float(np.mean(oracle[("oracle", "users", s, name)]))
-            o2 = float(np.mean(second[("oracle", "users", s, name)]))
+            o1 = float(np.mean(np.abs(oracle[("oracle", "users", s, name)])))
+            o2 = float(np.mean(np.abs(second[("oracle", "users", s, name)])))
             gap_tv = b * 2.0 * max(t1, t2)  # |theta_1 - theta_2| (1 - TV)
-            g1 = float(np.mean(oracle[(gmod, "users", s, name)]))
+            g1 = float(np.mean(np.abs(oracle[(gmod, "users", s, name)])))
+            g_bias = float(np.mean(oracle[(gmod, "users", s, name)]))
             print(f"| {name} | {s} | {o1:.1%} / {o2:.1%} | {b:.1%} | {gap_tv / (2 * (o1 * t1 + o2 * t2)):.2f} | "
-                  f"{g1:.1%} | {g1 / max(o1, b):.2f} | {what} |", flush=True)
+                  f"{g1:.1%} ({g_bias:+.1%}) | {g1 / max(o1, b):.2f} | {what} |", flush=True)
 
 
 # --synthetic: P(R) proportional to 1/(2R) + 1/(2n) times factors at 0-based rank indices (docs/estimators.md)
@@ -435,15 +437,16 @@ def main() -> None:
     errors = run(args.dataset, args.design, args.repeats, args.dfs, args.penalties, args.top_penalties,
                  args.top_max_resolution)
     recs = sorted({k[3] for k in errors})
-    print(f"{args.dataset}, design {args.design}, {args.repeats} repeats: mean |relative error|")
+    print(f"{args.dataset}, design {args.design}, {args.repeats} repeats: mean |relative error| (mean relative error)")
     for s in METRICS:
         print(f"\n| {s} | target | " + " | ".join(recs) + " |")
         print("| --- | --- | " + " | ".join("---" for _ in recs) + " |")
         for label, target in sorted({(k[0], k[1]) for k in errors}):
             if target == "population" and label != "mes":
                 continue
-            cells = " | ".join(f"{np.mean(errors[(label, target, s, r)]):.3f}"
-                               + (f" ({np.mean(errors[(label, target, s, r)]) / np.mean(errors[('oracle', 'users', s, r)]):.1f}x)"
+            mae = {r: float(np.mean(np.abs(errors[(label, target, s, r)]))) for r in recs}
+            cells = " | ".join(f"{mae[r]:.3f} ({np.mean(errors[(label, target, s, r)]):+.3f})"
+                               + (f" ({mae[r] / np.mean(np.abs(errors[('oracle', 'users', s, r)])):.1f}x)"
                                   if label != "oracle" else "") for r in recs)
             print(f"| {label} | {target} | {cells} |")
 
