@@ -53,7 +53,8 @@ import torch  # noqa: E402
 
 from reco_sampled_plugin import metric_values, sampled_rank_histogram  # noqa: E402
 from reco_sampled_plugin import rank_distribution as rd  # noqa: E402
-from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact  # noqa: E402
+from reco_sampled_plugin.adaptive import (AdaptiveDesign, adaptive_sampled_ranks_from_exact,  # noqa: E402
+                                          expected_samples)
 from reco_sampled_plugin.simulate import simulate_sampled_ranks  # noqa: E402
 from scipy import optimize  # noqa: E402
 
@@ -214,13 +215,11 @@ def coverage(dataset: str, design: str, repeats: int) -> None:
 
 def expected_draws(r: np.ndarray, n: np.ndarray, design: str) -> np.ndarray:
     """E[draws | R] of each positive: m for a fixed m; for adaptive 100 -> 3,200 (stages 100, 200, ..., 3,200, the
-    next stage drawn while no draw has beaten the positive) sum_s (M_s - M_{s-1}) (1 - p)^(M_{s-1})."""
+    next stage drawn while no draw has beaten the positive) sum_s (M_s - M_{s-1}) (1 - p)^(M_{s-1})
+    (``adaptive.expected_samples``)."""
     if design != "adaptive":
         return np.full(r.shape, float(design))
-    p = (r - 1.0) / (n - 1.0)
-    stages = 100.0 * 2.0 ** np.arange(6)
-    prev = np.r_[0.0, stages[:-1]]
-    return ((stages - prev)[None, :] * np.exp(np.log1p(-np.clip(p, 0, 1 - 1e-12))[:, None] * prev[None, :])).sum(1)
+    return expected_samples((r - 1.0) / (n - 1.0), AdaptiveDesign(100, 3200))[0]
 
 
 def _kl_bernoulli(p: np.ndarray, q: np.ndarray) -> np.ndarray:

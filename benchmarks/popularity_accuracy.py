@@ -25,6 +25,7 @@ cell (worst recommender against ``auto`` on uniform draws) before / after / hedg
 
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-100k --repeats 20
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-latest-small --repeats 20 --out x.json
+    OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-100k --repeats 10 --count-exact-rank 32
     python benchmarks/popularity_accuracy.py --repeats 0 --merge a.json b.json   # summarise earlier runs
 
 Sharded over processes (each trains the five recommenders once, then runs its repeats; seeds depend on the repeat
@@ -187,7 +188,13 @@ def main() -> None:
     ap.add_argument("--first-repeat", type=int, default=0, help="seed index of the first repeat (to extend a run)")
     ap.add_argument("--out", default=None, help="write every row as JSON here")
     ap.add_argument("--merge", nargs="*", default=[], help="JSON files of earlier runs to summarise with this one")
+    ap.add_argument("--count-exact-rank", type=int, default=None, metavar="K",
+                    help="pl_fit's count term up to rank K (_popularity_fit.COUNT_EXACT_RANK; 0 = off, the default)")
     args = ap.parse_args()
+    if args.count_exact_rank is not None:
+        from reco_sampled_plugin import _popularity_fit
+
+        _popularity_fit.COUNT_EXACT_RANK = args.count_exact_rank
     rows = run(args.dataset, args.repeats, args.alphas, args.ms, args.first_repeat, args.out) \
         if args.repeats > 0 else []
     for path in args.merge:

@@ -50,6 +50,7 @@ __all__ = [
     "adaptive_cost",
     "check_adaptive_histogram",
     "stage_event_cdf",
+    "expected_samples",
     "adaptive_sampled_ranks",
     "adaptive_sampled_ranks_from_exact",
 ]
@@ -151,6 +152,22 @@ def stage_event_cdf(p: np.ndarray, design: AdaptiveDesign, stage: int, i: np.nda
     with np.errstate(divide="ignore"):  # p = 1: log 0 = -inf, survival 0
         survive = np.exp(before * np.log1p(-p)) if before else np.ones_like(p)
     return survive * special.bdtr(k, new, p)
+
+
+def expected_samples(p: Any, design: AdaptiveDesign) -> tuple[np.ndarray, np.ndarray]:
+    """(E[M_final | p], P(first at the cap | p)) of adaptive sampling, for p = (R - 1)/(n - 1) of any shape: stage s
+    is drawn with probability (1 - p)^(M_{s-1}) (M_{-1} = 0), so E[M] = sum_s (M_s - M_{s-1}) (1 - p)^(M_{s-1}) draws;
+    a positive is still ranked first at the cap with probability (1 - p)^cap (the share an ``exact_at_cap`` design
+    ranks exactly, n - 1 scored pairs each). Closed forms: no draw (the planner's cost order, Wald's identity in
+    ``benchmarks/gmod_oracle.py``)."""
+    with np.errstate(divide="ignore"):  # p = 1: log 0 = -inf, survival 0
+        log_q = np.log1p(-np.clip(np.asarray(p, dtype=np.float64), 0.0, 1.0))
+    mean = np.zeros_like(log_q)
+    before = 0
+    for m_s in design.stages.tolist():
+        mean += (m_s - before) * (np.exp(before * log_q) if before else 1.0)
+        before = m_s
+    return mean, np.exp(before * log_q)
 
 
 # ----------------------------------------------------------------------------------------- completion

@@ -91,7 +91,7 @@ from . import registry
 from ._blas import one_blas_thread
 from ._checks import MAX_SAMPLES, check_int, check_rank_values, check_size, check_sizes, renamed
 from ._options import check_bool, check_positive_float
-from .adaptive import AdaptiveDesign, check_adaptive_histogram
+from .adaptive import AdaptiveDesign, check_adaptive_histogram, expected_samples
 from .design import SamplingDesign
 from .metric_names import MetricSpec, parse_metric
 from .ranking import SampledRanks
@@ -761,24 +761,22 @@ def _pruned_forecast(f: DesignForecast) -> DesignForecast:
                                rel_error_se=math.nan, repeats=0, screened=False, pruned=True)
 
 
-def _cheapest_first(todo: Sequence[tuple[int, int | None, bool, bool]], exact: torch.Tensor, n_t: torch.Tensor,
-                    seed: int) -> list[int]:
+def _cheapest_first(todo: Sequence[tuple[int, int | None, bool, bool]], exact: torch.Tensor,
+                    n_t: torch.Tensor) -> list[int]:
     """The designs' indices by expected scored pairs per user, cheapest first: fixed m costs 1 + m; an adaptive
-    design's cost is read off one replicate's draws (its own generator: the forecasts' draws are untouched). An
-    order for pruning only: which designs are pruned is settled by their forecasts' own costs."""
-    from .adaptive import adaptive_sampled_ranks_from_exact
-
+    design 1 + E[M_final] (+ (n - 1) P(first at the cap) with exact completion) over the forecasts' exact ranks, in
+    closed form (:func:`adaptive.expected_samples`). An order for pruning only: which designs are pruned is settled
+    by their forecasts' own costs."""
+    n = n_t.double()
+    p = ((exact.double() - 1.0) / (n - 1.0).clamp(min=1.0)).numpy()  # (repeats, users)
     cost = []
-    for d, (m, cap, _, complete) in enumerate(todo):
+    for m, cap, _, complete in todo:
         if cap is None:
             cost.append(1.0 + m)
             continue
-        res = adaptive_sampled_ranks_from_exact(exact[:1], n_t, SamplingDesign(m, adaptive_max=cap,
-                                                exact_at_cap=complete), generator=torch.Generator().manual_seed(seed))
-        sizes = res.n_samples
-        assert sizes is not None  # adaptive draws carry each positive's final m
-        extra = 0.0 if res.exact_ranks is None else float(((res.exact_ranks > 0).double() * (n_t - 1)).mean())
-        cost.append(1.0 + float(sizes.double().mean()) + extra)
+        mean, first = expected_samples(p, AdaptiveDesign(m, cap))
+        extra = float((first * (n - 1.0).numpy()).mean()) if complete else 0.0
+        cost.append(1.0 + float(mean.mean()) + extra)
     return sorted(range(len(todo)), key=lambda d: (cost[d], d))
 
 
@@ -1036,7 +1034,7 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
 
     # pruning (forecast_all=False): the pairs per user of the cheapest design found to meet the target so far
     cheapest_meeting = [math.inf]
-    order = None if forecast_all else _cheapest_first(todo, exact, n_t, seed)
+    order = None if forecast_all else _cheapest_first(todo, exact, n_t)
     try:
         forecasts = _map_designs(forecast, todo, workers, order)
     finally:

@@ -15,6 +15,7 @@ from reco_sampled_plugin.adaptive import (
     adaptive_design,
     adaptive_sampled_ranks,
     adaptive_sampled_ranks_from_exact,
+    expected_samples,
     stage_event_cdf,
 )
 from reco_sampled_plugin._rank_hist import as_histogram
@@ -79,6 +80,24 @@ def test_simulated_adaptive_draws_follow_the_law():
         emp = [float(((sizes > size) | ((sizes == size) & (ranks <= ii))).double().mean()) for ii in i]
         se = np.sqrt(law * (1 - law) / 200_000)
         assert np.all(np.abs(np.array(emp) - law) <= 4 * se + 1e-9), (s, emp, law)
+
+
+@pytest.mark.parametrize("r, m, cap", [(1, 20, 320), (3, 20, 320), (40, 20, 320), (7, 50, 700), (900, 10, 80)])
+def test_expected_samples_match_simulation(r, m, cap):
+    """E[M_final | R] and P(first at the cap | R) in closed form against 100k simulated positives (4 standard
+    errors), the completion share through exact_at_cap; p = 0 and p = 1 exactly."""
+    n, reps = 1000, 100_000
+    d = AdaptiveDesign(m, cap)
+    s = adaptive_sampled_ranks_from_exact(torch.full((reps,), r), torch.full((reps,), n),
+                                          rsp.SamplingDesign(m, adaptive_max=cap, exact_at_cap=True),
+                                          generator=torch.Generator().manual_seed(r))
+    mean, first = expected_samples(np.array([(r - 1) / (n - 1)]), d)
+    sizes = s.n_samples.double()
+    assert abs(float(sizes.mean()) - mean[0]) <= 4 * float(sizes.std()) / math.sqrt(reps) + 1e-6
+    done = float((s.exact_ranks > 0).double().mean())
+    assert abs(done - first[0]) <= 4 * math.sqrt(first[0] * (1 - first[0]) / reps) + 1e-9
+    m0, f0 = expected_samples(np.array([0.0, 1.0]), d)
+    assert m0.tolist() == [float(d.cap), float(m)] and f0.tolist() == [1.0, 0.0]
 
 
 def test_adaptive_from_scores_equals_exact_rank_law():
