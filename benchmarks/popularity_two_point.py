@@ -34,7 +34,9 @@ can meet the goal for recommenders of that kind.
 
 Next to it, ``uniform draws' bound``: the same bound for uniform draws of the same m on the first world
 (``gmod_oracle.two_point_bound``: moves of up to 10 ranks), what the uniform design allows by the same argument.
-Second worlds keep the metric within +-50% of the first's (``MAX_GAP``).
+Second worlds keep the metric within +-50% of the first's (``MAX_GAP``). ``--min-uniform-kl X``: only moves that
+uniform draws of the same m see clearly (KL >= X nats under them), so that the uniform default can follow the
+second world (docs/popularity.md, "What the design allows").
 
 ``--estimators``: ``pl_fit`` (the corrected default) on popularity draws of both worlds too, its mean |relative
 error| in each (the second world's score matrix: the moved items' scores set just past the positive's; the exact
