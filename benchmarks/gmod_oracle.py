@@ -25,6 +25,12 @@ defaults (bootstraps included): mean |relative error|, coverage of ``interval(0.
 ``--coverage --dataset ml-100k --design 500 --repeats 1000 --first-repeat 1000 --recommender "ItemKNN(q=3)"
 --metrics hit@10 --methods gmod mes``.
 
+``--coverage`` and ``--user-sets`` also take ``--design START-CAP`` (adaptive START -> CAP, e.g. ``100-12800``).
+
+``--user-sets SETS``: coverage over users as well as draws, with known truth (:func:`user_sets`): SETS user sets
+drawn from a smooth population made of each recommender's exact ranks (log-rank jitter ``--jitter``), ``--repeats``
+draws of each; the coverage over all pairs and per set (conditional on the users, as a user evaluates one fixed set).
+
 ``--two-point``: what no estimator can do (:func:`two_point_bound`). For each recommender, a second world whose
 users' exact ranks differ by one rank for some users (those moves that change the metric most per unit of
 information) and whose sampled ranks are nearly indistinguishable from the first's: Le Cam's two-point bound,
@@ -58,6 +64,7 @@ from reco_sampled_plugin import metric_values, sampled_rank_histogram  # noqa: E
 from reco_sampled_plugin import rank_distribution as rd  # noqa: E402
 from reco_sampled_plugin.adaptive import (AdaptiveDesign, adaptive_sampled_ranks_from_exact,  # noqa: E402
                                           expected_samples)
+from reco_sampled_plugin.sampling_laws import kl_bernoulli  # noqa: E402
 from reco_sampled_plugin.simulate import simulate_sampled_ranks  # noqa: E402
 from scipy import optimize  # noqa: E402
 
@@ -199,13 +206,7 @@ def coverage(dataset: str, design: str, repeats: int, first: int = 0, only: str 
         rt = torch.from_numpy(r)
         rows: dict = {}
         for rep in range(first, first + repeats):
-            g = torch.Generator().manual_seed(2000 + rep)
-            if design == "adaptive":
-                sampled = adaptive_sampled_ranks_from_exact(rt, nt, 100, 3200, generator=g)
-            else:
-                m = int(design)
-                sampled = rsp.SampledRanks(simulate_sampled_ranks(rt, nt.double(), m, "binomial", g), nt, None,
-                                           rsp.SamplingDesign(m))
+            sampled = draw_sampled(rt, nt, design, 2000 + rep)
             for s in metrics:
                 exact = float(metric_values(s, rt, nt).double().mean())
                 for method in methods:
@@ -225,6 +226,69 @@ def coverage(dataset: str, design: str, repeats: int, first: int = 0, only: str 
                 print(f"  {name} {s}: |error| of {a} - {b}, paired: {d.mean():+.4f} +- {d.std(ddof=1) / np.sqrt(len(d)):.4f}")
 
 
+def draw_sampled(rt: torch.Tensor, nt: torch.Tensor, design: str, seed: int):
+    """``SampledRanks`` of one draw from exact ranks ``rt`` (candidates ``nt``): ``"adaptive"`` (100 -> 3,200),
+    ``"START-CAP"`` (adaptive START -> CAP, e.g. ``"100-12800"``) or a fixed m."""
+    import reco_sampled_plugin as rsp
+
+    g = torch.Generator().manual_seed(seed)
+    if design == "adaptive":
+        return adaptive_sampled_ranks_from_exact(rt, nt, 100, 3200, generator=g)
+    if "-" in design:
+        start, cap = (int(x) for x in design.split("-"))
+        return adaptive_sampled_ranks_from_exact(rt, nt, start, cap, generator=g)
+    m = int(design)
+    return rsp.SampledRanks(simulate_sampled_ranks(rt, nt.double(), m, "binomial", g), nt, None, rsp.SamplingDesign(m))
+
+
+def user_sets(dataset: str, design: str, sets: int, draws: int, jitter: float, only: str | None = None,
+              metrics=METRICS, methods=("gmod", "mes")) -> None:
+    """Coverage over users as well as draws, with known truth: a smooth population made from each recommender's
+    exact ranks (each user's rank times exp(``jitter`` Z), Z standard normal, rounded and kept in 1..n: smooth on the
+    log-rank scale, the spike at rank 1 kept), ``sets`` user sets drawn from it (seed 3000 + set), ``draws`` sampled
+    draws of each (seed 4000 + set * draws + draw). Per method: coverage of ``interval(0.95)`` of each set's exact
+    metric over all (set, draw) pairs (Monte Carlo SE from the spread over sets), the conditional coverage of each
+    set (its draws only): the lowest and the share of sets below 0.90; the median relative width; and for the
+    lowest set the users' deviation: (mean estimate - exact) over the mean posterior sd of the users' value."""
+    import reco_sampled_plugin as rsp
+
+    ranks, n_u = exact_ranks(dataset)
+    ranks = {k: v for k, v in ranks.items() if only is None or only in k}
+    nt = torch.from_numpy(n_u)
+    print(f"{dataset}, design {design}: {sets} user sets from a smooth population (jitter {jitter:g}) x {draws} draws: "
+          "coverage of interval(0.95) over sets and draws, conditional coverage per set (lowest, share below "
+          "0.90), median relative width; the lowest set's deviation in posterior sds")
+    print("| recommender | metric | " + " | ".join(methods) + " |\n| --- | --- |" + " --- |" * len(methods))
+    for name, r in ranks.items():
+        rows: dict = {}
+        for k in range(sets):
+            rng = np.random.default_rng(3000 + k)
+            ranks_k = np.clip(np.rint(r * np.exp(jitter * rng.standard_normal(len(r)))), 1, n_u).astype(np.int64)
+            rt = torch.from_numpy(ranks_k)
+            for d in range(draws):
+                sampled = draw_sampled(rt, nt, design, 4000 + k * draws + d)
+                for s in metrics:
+                    exact = float(metric_values(s, rt, nt).double().mean())
+                    for method in methods:
+                        e = rsp.estimate(s, sampled, method=method)
+                        lo, hi = e.interval(0.95)
+                        post = e.details.get("stderr_parts", {}).get("posterior", float("nan"))
+                        rows.setdefault((s, method), []).append((k, lo <= exact <= hi, (hi - lo) / exact,
+                                                                 e.value - exact, post))
+        for s in metrics:
+            cells = []
+            for method in methods:
+                a = np.array(rows[(s, method)], dtype=np.float64)
+                per_set = np.array([a[a[:, 0] == k, 1].mean() for k in range(sets)])
+                worst = int(per_set.argmin())
+                w = a[a[:, 0] == worst]
+                dev = w[:, 3].mean() / np.mean(w[:, 4]) if np.all(np.isfinite(w[:, 4])) else float("nan")
+                cells.append(f"{a[:, 1].mean():.3f} +- {per_set.std(ddof=1) / np.sqrt(sets):.3f}, lowest "
+                             f"{per_set.min():.2f} ({dev:+.1f} sd), {np.mean(per_set < 0.9):.0%} below 0.90, "
+                             f"{np.median(a[:, 2]):.2f}")
+            print(f"| {name} | {s} | " + " | ".join(cells) + " |", flush=True)
+
+
 def expected_draws(r: np.ndarray, n: np.ndarray, design: str) -> np.ndarray:
     """E[draws | R] of each positive: m for a fixed m; for adaptive 100 -> 3,200 (stages 100, 200, ..., 3,200, the
     next stage drawn while no draw has beaten the positive) sum_s (M_s - M_{s-1}) (1 - p)^(M_{s-1})
@@ -232,13 +296,6 @@ def expected_draws(r: np.ndarray, n: np.ndarray, design: str) -> np.ndarray:
     if design != "adaptive":
         return np.full(r.shape, float(design))
     return expected_samples((r - 1.0) / (n - 1.0), AdaptiveDesign(100, 3200))[0]
-
-
-def _kl_bernoulli(p: np.ndarray, q: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = np.where(p > 0, p * np.log(p / q), 0.0)
-        b = np.where(p < 1, (1 - p) * np.log((1 - p) / (1 - q)), 0.0)
-    return a + b
 
 
 class Prefix(NamedTuple):
@@ -305,7 +362,7 @@ def two_point_bound(r: np.ndarray, n: np.ndarray, metric: str, design: str,
                 keep = np.flatnonzero(ok & ((delta > 0) if up else (delta < 0)))
                 users.append(keep)
                 gain.append(np.abs(delta[keep]))
-                cost.append(draws[keep] * _kl_bernoulli((r[keep] - 1) / (n[keep] - 1), (r2[keep] - 1) / (n[keep] - 1)))
+                cost.append(draws[keep] * kl_bernoulli((r[keep] - 1) / (n[keep] - 1), (r2[keep] - 1) / (n[keep] - 1)))
                 dest.append(r2[keep])
             u, g, c, d = (np.concatenate(x) for x in (users, gain, cost, dest))
             pick = best_prefix(u, g, c, theta, up)
@@ -429,6 +486,9 @@ def main() -> None:
     ap.add_argument("--recommender", default=None, help="--coverage: only recommenders whose name contains this")
     ap.add_argument("--metrics", nargs="*", default=None, help="--coverage: these metrics (default: HR@10, NDCG@10)")
     ap.add_argument("--methods", nargs="*", default=None, help="--coverage: these methods (default: mes, gmod, auto)")
+    ap.add_argument("--user-sets", type=int, default=0, metavar="SETS",
+                    help="coverage over SETS user sets of a smooth population, --repeats draws each")
+    ap.add_argument("--jitter", type=float, default=0.15, help="--user-sets: sd of the log-rank jitter")
     ap.add_argument("--two-point", action="store_true",
                     help="Le Cam's two-point bound on every estimator's error against the oracle's (two_point_bound)")
     ap.add_argument("--second-world", default=None, metavar="METRIC",
@@ -439,6 +499,10 @@ def main() -> None:
         SECOND_WORLD = (args.second_world, args.design)
     if args.two_point:
         two_point(args.dataset, args.design, args.repeats)
+        return
+    if args.user_sets:
+        user_sets(args.dataset, args.design, args.user_sets, args.repeats, args.jitter, args.recommender,
+                  args.metrics or METRICS, args.methods or ("gmod", "mes"))
         return
     if args.coverage:
         coverage(args.dataset, args.design, args.repeats, args.first_repeat, args.recommender, args.metrics or METRICS,

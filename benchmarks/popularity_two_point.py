@@ -65,8 +65,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import reco_sampled_plugin as rsp  # noqa: E402
 from reco_sampled_plugin import metric_values  # noqa: E402
+from reco_sampled_plugin.sampling_laws import kl_bernoulli  # noqa: E402
 
-from gmod_oracle import _kl_bernoulli, best_prefix, two_point_bound  # noqa: E402
+from gmod_oracle import best_prefix, two_point_bound  # noqa: E402
 from popularity_accuracy import load  # noqa: E402
 from popularity_oracle import ordered_world  # noqa: E402,F401 (re-exported for the tests)
 
@@ -199,7 +200,7 @@ def run(dataset: str, repeats: int, alphas, ms, reach: int, estimators: bool,
                                 keep = (delta > 0) if raises else (delta < 0)
                                 if min_uniform_kl > 0:  # only moves that uniform draws of the same m see clearly
                                     p1 = (r[u] - 1) / (n_np[u] - 1)
-                                    keep &= m * _kl_bernoulli(np.full(int(ok.sum()), p1),
+                                    keep &= m * kl_bernoulli(np.full(int(ok.sum()), p1),
                                                               (dest[ok] - 1) / (n_np[u] - 1)) >= min_uniform_kl
                                 users.append(np.full(int(keep.sum()), u))
                                 gain.append(np.abs(delta[keep]))

@@ -159,6 +159,9 @@ class Estimate:
     """``identification.Identification`` where the metric depends on the unresolved top (else None)."""
     metric_range: tuple[float, float] | None = field(default=None, compare=False, repr=False)
     """The metric's range (e.g. (0, 1)) when the estimator knows it: :meth:`interval` never leaves it."""
+    twin_gap: tuple[float, float] | None = field(default=None, compare=False, repr=False)
+    """(down, up): how far the metric moves in twins of the data that the draws barely tell apart
+    (``RankDistribution.twin_gap``, ``gmod``); :meth:`interval` reaches that much further each way."""
 
     def sampling_interval(self, level: float = 0.95) -> tuple[float, float]:
         """Normal-approximation interval value +- z stderr: sampling noise only (not what the data cannot identify:
@@ -186,13 +189,22 @@ class Estimate:
 
         Where the metric is identified by the data (:attr:`identification` is None) this is
         :meth:`sampling_interval`, clipped to :attr:`metric_range` when known (a Wald interval of a small HR@10
-        would otherwise reach below 0; the clipped set keeps its coverage, the metric cannot lie outside).
+        would otherwise reach below 0; the clipped set keeps its coverage, the metric cannot lie outside),
+        where the estimator gives a :attr:`twin_gap` (``gmod``: how far the metric moves in near-indistinguishable
+        twins of the data), each end is Armstrong & Kolesar's bias-aware one, value -+ stderr cv(gap / stderr):
+        it covers at ``level`` whenever the estimate is shifted by at most that end's gap.
         Where it depends on the shape of the rank distribution inside the first
         sampled bin (flag ``top_unresolved``), it is the hull of the sampling interval and the identified
         interval (every rank distribution consistent with the data and the documented shape assumption, see
         ``reco_sampled_plugin.identification``), clipped to the metric's range. Never NaN.
         """
-        lo, hi = self.sampling_interval(level)  # clipped: a metric of [0, 1] is never negative, the interval says so
+        lo, hi = self._wald(level)
+        if self.twin_gap is not None:  # bias-aware ends: each covers whenever the shift is within the gap
+            lo = self.value - bias_aware_halfwidth(self.stderr, self.twin_gap[0], level)
+            hi = self.value + bias_aware_halfwidth(self.stderr, self.twin_gap[1], level)
+        bounds = self._range()
+        if bounds is not None:  # a metric of [0, 1] is never negative, the interval says so
+            lo, hi = _clamp(lo, hi, bounds)
         if self.identification is None:
             return (lo, hi)
         ident = self.identification.interval(level)
@@ -230,6 +242,36 @@ class Estimate:
             return Estimate(mean, math.inf, n, {**dict(details or {}), "flags": flags}, flags)
         se = float(v.std(correction=1) / math.sqrt(n))
         return Estimate(mean, se, n, dict(details or {}))
+
+
+def bias_aware_halfwidth(stderr: float, bias: float, level: float) -> float:
+    """Half-width stderr cv(bias / stderr) of an interval that covers with probability ``level`` an estimate that
+    is normal with sd ``stderr`` and shifted by at most ``bias`` (Armstrong & Kolesar, Econometrica 2020, "Simple
+    and honest confidence intervals in nonparametric regression", eq. 6): cv(t) is the ``level`` quantile of
+    |N(t, 1)|. Between z stderr (no shift) and bias + z stderr; ``bias`` itself where stderr is 0, inf where it is
+    inf."""
+    from statistics import NormalDist
+
+    bias = abs(float(bias))
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    if not math.isfinite(stderr):
+        return math.inf
+    if stderr <= 0.0:
+        return bias
+    t = bias / stderr
+    phi = NormalDist().cdf
+
+    def covered(c: float) -> float:
+        return phi(c - t) - phi(-c - t)
+
+    lo, hi = max(z, t), t + z  # covered(lo) <= level <= covered(hi)
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if covered(mid) < level:
+            lo = mid
+        else:
+            hi = mid
+    return stderr * hi
 
 
 def _clamp(lo: float, hi: float, metric_range: tuple[float, float]) -> tuple[float, float]:

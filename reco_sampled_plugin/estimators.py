@@ -152,7 +152,9 @@ def _result(value: float, stderr: float | None, n: float, details: dict, flags: 
     if identification is not None:
         details["interval"] = "identified"
     metric_range = None if bounds is None else (float(bounds[0]), float(bounds[1]))
-    return Estimate(float(value), se, float(n), details, tuple(flags), identification, metric_range)
+    twin = details.get("twin_gap")
+    return Estimate(float(value), se, float(n), details, tuple(flags), identification, metric_range,
+                    None if twin is None else (float(twin[0]), float(twin[1])))
 
 
 def auto_method(spec: MetricSpec, hist: RankHistogram, design: AdaptiveDesign | None) -> tuple[str, str]:

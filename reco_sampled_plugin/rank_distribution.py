@@ -1024,6 +1024,44 @@ MES_FITTER = MESFitter()
 G_FITTER = GModelFitter()
 
 
+#: how far a twin of the data may be (``RankDistribution.twin_gap``): summed squared Hellinger distances of the
+#: moved positives' laws; total variation at most sqrt(1 - (1 - TWIN_H2)^2) = 0.199 (Le Cam)
+TWIN_H2 = 0.02
+
+
+def _move_h2(law: str, n: int, m: int, r: np.ndarray, r2: np.ndarray) -> np.ndarray:
+    """Squared Hellinger distance H^2 = 1 - sum sqrt(P(r~ | r) P(r~ | r2)) between a positive's sampled-rank laws at
+    exact ranks r and r2 (arrays of whole ranks in 1..n), m draws: 1 - BC^m, BC = sqrt(p q) + sqrt((1 - p)(1 - q))
+    the Bhattacharyya coefficient of one draw (p = (r - 1)/(n - 1)), for the binomial law; enumerated over r~ for
+    the hypergeometric one. Finite even where one law misses an outcome of the other (a rank moved up past the
+    draws without replacement: KL is infinite there, the laws still nearly equal)."""
+    if law == "binomial":
+        p, q = (r - 1.0) / (n - 1.0), (r2 - 1.0) / (n - 1.0)
+        bc = np.sqrt(p * q) + np.sqrt((1.0 - p) * (1.0 - q))
+        with np.errstate(divide="ignore"):
+            return -np.expm1(m * np.log(np.minimum(bc, 1.0)))
+    a = _log_sampled_rank_pmf(torch.from_numpy(r), n, m, law).numpy()
+    b = _log_sampled_rank_pmf(torch.from_numpy(r2), n, m, law).numpy()
+    return np.maximum(1.0 - np.exp(0.5 * (a + b)).sum(1), 0.0)
+
+
+#: at most this many consecutive exact ranks carry ``twin_gap``'s moves (bounds its memory: ranks x (m + 1)
+#: float64 per group for the hypergeometric law, 20 MB at m = 10^4)
+TWIN_MAX_RANKS = 256
+
+
+def _twin_ranks(spec: MetricSpec, n: int, b: float) -> tuple[int, int]:
+    """The exact ranks first..last (1-based, within 1..n) whose one-rank moves ``twin_gap`` considers: up to K + 1
+    for a cut-off metric (moves past K + 1 leave it unchanged; the last ``TWIN_MAX_RANKS`` of them for a large K),
+    the first 2 b + 20 for a metric whose weight changes at every rank (MRR, AP, NDCG without cut-off), at most
+    ``TWIN_MAX_RANKS`` ranks in both cases."""
+    last = spec.k + 1 if spec.k is not None else int(math.ceil(2.0 * b)) + 20
+    last = min(int(n), last)
+    if spec.k is None:
+        last = min(last, TWIN_MAX_RANKS)
+    return max(1, last - TWIN_MAX_RANKS + 1), last
+
+
 # ------------------------------------------------------------------------------------------ results
 @dataclass(frozen=True)
 class DistributionEstimate:
@@ -1207,6 +1245,76 @@ class RankDistribution:
         var = float(np.dot(w, np.maximum(v2 - v1 * v1, 0.0))) / total**2
         return (v * w).sum(-1) / total, var
 
+    def twin_gap(self, spec: MetricSpec, budget: float = TWIN_H2) -> tuple[float, float]:
+        """How far the users' metric can move, down and up, in a *twin* of the data that the draws barely tell
+        apart: some positives moved by one exact rank (R -> R +- 1), their laws' squared Hellinger distances summing
+        to at most ``budget``.
+
+        The positives come from the fitted prior: per candidate count n and rank R, the posterior expected number
+        of positives, sum over the occupied columns of count x P(R | r~). Moving one of them from R to R' costs the
+        squared Hellinger distance of its sampled rank's two laws (:func:`_move_h2`; m the group's, averaged over
+        the groups of that n by their share of the positives at R: an adaptive design's stages, read from where
+        the posterior puts each stage's positives, so no design is needed) and changes the users' metric by
+        (M(R') - M(R)) / #positives. Per direction the moves with the largest change per unit cost are taken
+        first, fractionally, until ``budget`` is spent (one move per positive). Exact groups (``exact_at_cap``) do
+        not move.
+
+        Why an interval should span it: if an interval covers the users' metric with probability 1 - alpha in
+        both the data's world and a twin within total variation t, it contains the twin's value with probability
+        at least 1 - alpha - t in the data's world (Le Cam's two-point argument, docs/estimators.md). Positives
+        are independent, so the twin's Hellinger affinity is the product of theirs and t <= sqrt(1 - (1 -
+        budget)^2): 0.2 at the default ``TWIN_H2`` = 0.02 (about 0.08 nats of KL for moves the draws see; unlike
+        KL it stays finite for a rank moved past draws without replacement). Returns (down, up) >= 0 in metric
+        units."""
+        hist = self.histogram
+        cols = self.lik_cols
+        if cols is None or self.lik is None or budget <= 0:
+            return 0.0, 0.0
+        lik = np.asarray(self.lik)
+        w = hist.flat_counts[hist._starts[cols[:, 0]] + cols[:, 1]]
+        den = self.probs @ lik
+        ratio = np.where(den > 0, w / np.where(den > 0, den, 1.0), 0.0)
+        onehot = np.zeros((len(cols), hist.n_groups))
+        onehot[np.arange(len(cols)), cols[:, 0]] = 1.0
+        expected = self.probs[:, None] * ((lik * ratio) @ onehot)  # (C, G) posterior expected positives
+        widths = np.diff(self.edges).astype(np.float64)
+        movable = (hist.totals > 0) & ~hist.exact
+        law = check_law(self.details.get("sampling", "binomial"))
+        gains, costs, amounts = [], [], []
+        for n in np.unique(hist.n_items[movable]):
+            groups = np.flatnonzero(movable & (hist.n_items == n))
+            b = float(np.max((n - 1.0) / (hist.n_samples[groups] + 1.0))) + 1.0
+            first, last = _twin_ranks(spec, min(int(n), int(self.edges[-1])), b)
+            r = np.arange(first, last + 1, dtype=np.float64)
+            cell = np.searchsorted(self.edges, r, side="left") - 1
+            per_group = expected[cell][:, groups] / widths[cell, None]  # (ranks, groups)
+            count = per_group.sum(1)
+            # each group's share of the positives at rank R (an adaptive design's stages: where those positives
+            # stopped), which weighs the groups' information about a move
+            share = per_group / np.where(count > 0, count, 1.0)[:, None]
+            value = interval_mean_metric(spec, r - 1.0, r, float(n))
+            for step in (-1, 1):  # r -> r - 1 (up the list), r -> r + 1 (down)
+                j = np.flatnonzero((r + step >= first) & (r + step <= last))
+                h2 = np.stack([_move_h2(law, int(n), int(hist.n_samples[g]), r[j], r[j + step]) for g in groups], 1)
+                gains.append((value[j + step] - value[j]) / hist.total)
+                costs.append((share[j] * h2).sum(1))
+                amounts.append(count[j])
+        if not gains:
+            return 0.0, 0.0
+        gain, cost, amount = (np.concatenate(x) for x in (gains, costs, amounts))
+        out = []
+        for sign in (-1.0, 1.0):
+            pick = (sign * gain > 0) & np.isfinite(cost) & (amount > 0)
+            g_, c_, a_ = sign * gain[pick], cost[pick], amount[pick]
+            order = np.argsort(-g_ / np.maximum(c_, 1e-300), kind="stable")
+            g_, c_, a_ = g_[order], c_[order], a_[order]
+            spent = np.cumsum(c_ * a_)
+            # whole moves while the budget lasts, then a fraction of the next one
+            before = np.concatenate([[0.0], spent[:-1]])
+            used = np.clip((budget - before) / np.maximum(c_ * a_, 1e-300), 0.0, 1.0)
+            out.append(float(np.sum(g_ * a_ * used)))
+        return out[0], out[1]
+
     def metric(self, metric: str | MetricSpec, stderr: str = "auto", target: str = "population") -> DistributionEstimate:
         """Estimate sum_R P^(R) M(R) (each group's P^ truncated to its n) with a standard error; or, with
         ``target="users"``, the metric of these users: the mean of their posterior means under P^ (each positive's
@@ -1284,6 +1392,8 @@ class RankDistribution:
             details["population_value"] = population
             if parts is not None:
                 details["stderr_parts"] = parts
+            if self.reference is not None:  # gmod: the smooth prior's centre; its twins widen the interval
+                details["twin_gap"] = self.twin_gap(spec)
         return DistributionEstimate(value, se, hist.total, details, tuple(flags))
 
     def metrics(self, metrics: Iterable[str | MetricSpec], stderr: str = "auto") -> dict[str, DistributionEstimate]:

@@ -43,7 +43,14 @@ def test_adaptive_recovers_users_and_population_values(metric):
     assert abs(est.value / truth - 1) < 0.05
     assert est.details["population_value"] == pytest.approx(_population(metric, n), rel=0.10)
     lo, hi = est.interval(0.95)
-    assert lo <= est.value <= hi and hi - lo < 0.2 * truth
+    # where the design resolves a smooth top, the data's twins (positives one rank across K) shift the metric by
+    # well under its sampling noise: the interval is at most 22% of the metric wide, a sampling interval of 20%
+    # plus the twins' bias-aware margin
+    down, up = est.twin_gap
+    assert 0 < down < 0.5 * est.stderr and 0 < up < 0.5 * est.stderr
+    assert lo <= est.value <= hi and hi - lo < 0.22 * truth
+    s_lo, s_hi = est.sampling_interval(0.95)
+    assert lo < s_lo and hi > s_hi
 
 
 def test_users_value_is_exact_when_the_draw_ranks_everything():

@@ -74,7 +74,7 @@ def test_wald_kl_equals_the_observed_law_kl():
         assert abs(sum(a.values()) - 1) < 1e-9 and abs(sum(b.values()) - 1) < 1e-9
         exact = sum(v * math.log(v / b[k]) for k, v in a.items() if v > 0)
         wald = float(go.expected_draws(np.array([float(r1)]), np.array([n]), "adaptive")[0]
-                     * go._kl_bernoulli(np.array(p), np.array(q)))
+                     * go.kl_bernoulli(np.array(p), np.array(q)))
         assert abs(exact - wald) <= 1e-6 * max(exact, 1e-12), (r1, r2, exact, wald)
 
 
@@ -93,7 +93,7 @@ def test_the_bound_is_what_its_second_world_gives():
         assert np.all(change > 0) or np.all(change < 0)  # every move pushes the metric the same way
         theta, gap = v1.mean(), abs(v2.mean() - v1.mean())
         draws = go.expected_draws(r[moved].astype(float), n[moved].astype(float), design)
-        kl = float((draws * go._kl_bernoulli((r[moved] - 1) / (n[moved] - 1), (world[moved] - 1) / (n[moved] - 1))).sum())
+        kl = float((draws * go.kl_bernoulli((r[moved] - 1) / (n[moved] - 1), (world[moved] - 1) / (n[moved] - 1))).sum())
         tv = min(math.sqrt(kl / 2), math.sqrt(1 - math.exp(-kl)))
         assert abs(bound - gap * (1 - tv) / 2 / max(theta, v2.mean())) < 1e-12
         assert f"KL {kl:.2f} nats" in what and f"{gap / theta:.1%}" in what
@@ -112,3 +112,21 @@ def test_the_second_world_stays_inside_the_catalogue():
     bound, _, world = go.two_point_bound(r, n, "mrr", "500", reach=3)
     assert np.isfinite(bound) and bound > 0
     assert np.all(world <= n) and np.any(world != r)
+
+
+def test_draw_sampled_carries_the_design_and_its_seed():
+    """``gmod_oracle.draw_sampled`` (``--coverage``, ``--user-sets``): the sampled ranks of one draw, with the design
+    ``estimate()`` reads; the same seed gives the same draw."""
+    r = torch.tensor([1, 3, 10, 40, 200])
+    n = torch.full_like(r, 400)
+    fixed = go.draw_sampled(r, n, "500", 7)
+    assert fixed.design.n_samples == 500 and fixed.design.adaptive_max is None
+    assert torch.equal(fixed.ranks, go.draw_sampled(r, n, "500", 7).ranks)
+    assert torch.all((fixed.ranks >= 1) & (fixed.ranks <= 501))
+    adaptive = go.draw_sampled(r, n, "adaptive", 7)
+    assert adaptive.design.n_samples == 100 and adaptive.design.adaptive_max == 3200
+    assert torch.equal(adaptive.ranks, go.draw_sampled(r, n, "adaptive", 7).ranks)
+    assert torch.all(adaptive.n_samples[r == 1] == 3200)  # a positive ranked first by every draw reaches the cap
+    wider = go.draw_sampled(r, n, "50-6400", 7)
+    assert wider.design.n_samples == 50 and wider.design.adaptive_max == 6400
+    assert torch.all(wider.n_samples[r == 1] == 6400)

@@ -1,0 +1,153 @@
+"""The twin gap of ``gmod``'s interval (issue 30): how far the users' metric moves in a twin of the data whose draws
+barely differ (positives moved by one exact rank, squared Hellinger distances summing to at most ``TWIN_H2``), and
+the bias-aware interval ends built on it (Armstrong & Kolesar 2020)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import optimize, stats
+
+import reco_sampled_plugin as rsp
+from reco_sampled_plugin import rank_distribution as rd
+from reco_sampled_plugin.estimate import Estimate, bias_aware_halfwidth
+from reco_sampled_plugin.metric_names import parse_metric
+from reco_sampled_plugin.simulate import simulate_sampled_ranks
+
+N_ITEMS, M = 400, 60
+
+
+def _smooth_draws(n_pos: int, seed: int, law: str = "binomial") -> tuple[torch.Tensor, torch.Tensor]:
+    r = np.arange(1, N_ITEMS + 1, dtype=np.float64)
+    p = r**-0.8
+    exact = torch.from_numpy(np.random.default_rng(seed).choice(np.arange(1, N_ITEMS + 1), size=n_pos, p=p / p.sum()))
+    return exact, simulate_sampled_ranks(exact, N_ITEMS, M, law, torch.Generator().manual_seed(seed + 1))
+
+
+def _lp_gap(dist: rd.RankDistribution, sampled: torch.Tensor, metric: str, budget: float, top: int,
+            law: str) -> tuple[float, float]:
+    """The same twin gap from its definition, computed independently: per-rank posteriors from the sampling law
+    (``sampled_rank_pmf``) and the fitted prior, move costs as the squared Hellinger distance of the two laws of
+    r~ - 1 (scipy's binomial or hypergeometric pmf) by enumeration,
+    metric values from ``metric_values``, and a linear program (each positive moved at most once)."""
+    ranks = torch.arange(1, N_ITEMS + 1)
+    lik = rsp.sampled_rank_pmf(ranks, N_ITEMS, M, law).double().numpy()  # (n, m + 1)
+    prior = dist.prior(N_ITEMS)
+    counts = np.bincount(sampled.numpy() - 1, minlength=M + 1).astype(np.float64)
+    post = prior[:, None] * lik / (prior @ lik)[None, :]
+    count = (post * counts[None, :]).sum(1)[:top]  # positives expected at ranks 1..top
+    value = rsp.metric_values(metric, ranks[:top], N_ITEMS).double().numpy()
+    j = np.arange(M + 1)
+
+    def pmf(r: int) -> np.ndarray:  # r~ - 1 for a positive at 0-based rank index r
+        if law == "binomial":
+            return stats.binom.pmf(j, M, r / (N_ITEMS - 1.0))
+        return stats.hypergeom.pmf(j, N_ITEMS - 1, r, M)
+
+    moves = [(i, i + s) for i in range(top) for s in (-1, 1) if 0 <= i + s < top]
+    gain = np.array([(value[b] - value[a]) / len(sampled) for a, b in moves])
+    cost = np.array([1.0 - np.sum(np.sqrt(pmf(a) * pmf(b))) for a, b in moves])
+    ok = np.isfinite(cost)
+    out = []
+    for sign in (-1.0, 1.0):
+        a_src = np.zeros((top, len(moves)))
+        for col, (a, _) in enumerate(moves):
+            a_src[a, col] = 1.0
+        a_ub = np.vstack([np.where(ok, cost, 0.0)[None, :], a_src])
+        b_ub = np.concatenate([[budget], count])
+        bounds = [(0.0, None) if o else (0.0, 0.0) for o in ok]
+        res = optimize.linprog(-sign * gain, A_ub=a_ub, b_ub=b_ub, bounds=bounds, method="highs")
+        assert res.status == 0
+        out.append(-res.fun)
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("law", ["binomial", "hypergeometric"])
+@pytest.mark.parametrize("metric", ["hit@10", "ndcg@10", "hit@5"])
+@pytest.mark.parametrize("budget", [0.003, rd.TWIN_H2, 0.1])
+def test_twin_gap_is_the_linear_program_of_its_definition(metric, budget, law):
+    exact, sampled = _smooth_draws(2000, seed=0, law=law)
+    dist = rsp.estimate_rank_distribution(sampled, N_ITEMS, M, method="gmod", sampling=law, n_bootstrap=0)
+    assert np.array_equal(dist.edges[:30], np.arange(30))  # single-rank cells where the moves are
+    spec = parse_metric(metric)
+    first, top = rd._twin_ranks(spec, N_ITEMS, (N_ITEMS - 1) / (M + 1) + 1)
+    assert first == 1
+    down, up = dist.twin_gap(spec, budget)
+    lp_down, lp_up = _lp_gap(dist, sampled, metric, budget, top, law)
+    assert down > 0 and up > 0
+    assert down == pytest.approx(lp_down, rel=1e-6) and up == pytest.approx(lp_up, rel=1e-6)
+
+
+def test_twin_gap_shrinks_as_one_over_the_positives():
+    """Twice the positives with the same histogram and prior: each move is worth half as much and costs the same,
+    so the gap halves (while the budget buys less than the cheapest rank's positives); sampling noise shrinks only
+    as 1/sqrt(N), so the twins matter less the more positives there are."""
+    _, sampled = _smooth_draws(2000, seed=3)
+    one = rsp.estimate_rank_distribution(sampled, N_ITEMS, M, method="gmod", n_bootstrap=0)
+    doubled = rsp.sampled_rank_histogram(torch.cat([sampled, sampled]), N_ITEMS, M)
+    two = dataclasses.replace(one, histogram=doubled)
+    assert two.histogram.total == 2 * one.histogram.total
+    for metric in ("hit@10", "ndcg@10"):
+        spec = parse_metric(metric)
+        g1, g2 = np.array(one.twin_gap(spec, 0.003)), np.array(two.twin_gap(spec, 0.003))
+        assert np.all(g1 > 0)
+        np.testing.assert_allclose(g2, g1 / 2, rtol=1e-9)
+
+
+def test_no_budget_or_nothing_to_move_gives_no_gap():
+    _, sampled = _smooth_draws(500, seed=5)
+    dist = rsp.estimate_rank_distribution(sampled, N_ITEMS, M, method="gmod", n_bootstrap=0)
+    assert dist.twin_gap(parse_metric("hit@10"), 0.0) == (0.0, 0.0)
+    # a draw of every other item ranks each positive exactly (hypergeometric, m = n - 1): a positive moved by one
+    # rank changes its sampled rank for sure (H^2 = 1: disjoint laws), so the budget moves a 0.02 share of one
+    # positive; with replacement the same m leaves a little room (a move costs H^2 = 0.014 at rank 10)
+    exact = _smooth_draws(500, seed=6)[0]
+    dist = rsp.estimate_rank_distribution(exact, N_ITEMS, N_ITEMS - 1, method="gmod", sampling="hypergeometric",
+                                          n_bootstrap=0)
+    assert dist.twin_gap(parse_metric("hit@10")) == pytest.approx((rd.TWIN_H2 / 500, rd.TWIN_H2 / 500), rel=1e-9)
+    binomial = simulate_sampled_ranks(exact, N_ITEMS, N_ITEMS - 1, "binomial", torch.Generator().manual_seed(0))
+    dist = rsp.estimate_rank_distribution(binomial, N_ITEMS, N_ITEMS - 1, method="gmod", n_bootstrap=0)
+    down, up = dist.twin_gap(parse_metric("hit@10"))
+    assert 0 < down < 0.01 and 0 < up < 0.01
+
+
+@pytest.mark.parametrize("se,bias", [(1.0, 0.0), (1.0, 0.3), (1.0, 1.0), (0.5, 3.0), (2e-3, 1e-3), (1.0, 40.0)])
+@pytest.mark.parametrize("level", [0.8, 0.95, 0.99])
+def test_bias_aware_halfwidth_is_the_folded_normal_quantile(se, bias, level):
+    h = bias_aware_halfwidth(se, bias, level)
+    assert h == pytest.approx(se * stats.foldnorm.ppf(level, bias / se), rel=1e-9)
+    z = stats.norm.ppf(0.5 + level / 2)
+    assert z * se - 1e-12 <= h <= bias + z * se + 1e-12
+    # covers at the level exactly when the shift is the bias, more when it is less
+    assert stats.norm.cdf(h, bias, se) - stats.norm.cdf(-h, bias, se) == pytest.approx(level, abs=1e-9)
+
+
+def test_bias_aware_halfwidth_edges():
+    assert bias_aware_halfwidth(0.0, 0.25, 0.95) == 0.25
+    assert bias_aware_halfwidth(math.inf, 0.25, 0.95) == math.inf
+
+
+def test_interval_reaches_the_twin_gap_and_stays_in_range():
+    est = Estimate(0.02, 0.01, 100, twin_gap=(0.004, 0.02), metric_range=(0.0, 1.0))
+    lo, hi = est.interval(0.95)
+    assert lo == 0.0  # clipped: the left end would be 0.02 - 0.021
+    assert hi == pytest.approx(0.02 + bias_aware_halfwidth(0.01, 0.02, 0.95))
+    assert est.sampling_interval(0.95) == pytest.approx((0.02 - 1.959964 * 0.01, 0.02 + 1.959964 * 0.01))
+    plain = Estimate(0.5, 0.01, 100, metric_range=(0.0, 1.0))
+    assert plain.interval(0.9) == plain.sampling_interval(0.9)
+
+
+def test_gmod_estimates_carry_the_gap_and_other_methods_do_not():
+    _, sampled = _smooth_draws(2000, seed=7)
+    s = rsp.SampledRanks(sampled, torch.full((2000,), N_ITEMS), None, rsp.SamplingDesign(M))
+    g = rsp.estimate("hit@10", s, method="gmod")
+    assert g.twin_gap is not None and g.twin_gap == pytest.approx(g.details["twin_gap"])
+    lo, hi = g.interval(0.95)
+    assert lo == pytest.approx(g.value - bias_aware_halfwidth(g.stderr, g.twin_gap[0], 0.95))
+    assert hi == pytest.approx(g.value + bias_aware_halfwidth(g.stderr, g.twin_gap[1], 0.95))
+    for method in ("mes", "mle", "bv_mle"):
+        assert rsp.estimate("hit@10", s, method=method).twin_gap is None
