@@ -151,3 +151,64 @@ def test_gmod_estimates_carry_the_gap_and_other_methods_do_not():
     assert hi == pytest.approx(g.value + bias_aware_halfwidth(g.stderr, g.twin_gap[1], 0.95))
     for method in ("mes", "mle", "bv_mle"):
         assert rsp.estimate("hit@10", s, method=method).twin_gap is None
+
+
+# ------------------------------------------------------------------------------------------------ properties
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+FAST = settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+
+
+@FAST
+@given(se=st.floats(1e-6, 1e3), bias=st.floats(0.0, 1e3), level=st.floats(0.5, 0.999),
+       more=st.floats(0.0, 10.0))
+def test_bias_aware_halfwidth_properties(se, bias, level, more):
+    h = bias_aware_halfwidth(se, bias, level)
+    z = stats.norm.ppf(0.5 + level / 2)
+    assert math.isfinite(h)
+    assert z * se * (1 - 1e-9) <= h <= (bias + z * se) * (1 + 1e-9)
+    assert bias_aware_halfwidth(se, bias + more * se, level) >= h * (1 - 1e-12)  # a larger shift, no narrower
+    # the interval value -+ h covers a N(bias, se) estimate with probability level (within float precision)
+    covered = stats.norm.cdf((h - bias) / se) - stats.norm.cdf((-h - bias) / se)
+    assert covered == pytest.approx(level, abs=1e-7)
+
+
+@FAST
+@given(n=st.integers(30, 400), m=st.integers(5, 150), n_pos=st.integers(30, 400), power=st.floats(0.3, 1.5),
+       seed=st.integers(0, 2**31 - 1), law=st.sampled_from(["binomial", "hypergeometric"]),
+       metric=st.sampled_from(["hit@5", "hit@10", "ndcg@10", "mrr", "ap"]))
+def test_twin_gap_properties(n, m, n_pos, power, seed, law, metric):
+    """On any smooth histogram: the gap is finite and >= 0 each way, grows with the budget, cannot move the users'
+    value outside the metric's range, and is at most the budget times the best metric change per unit cost."""
+    m = min(m, n - 1)
+    r = np.arange(1, n + 1, dtype=np.float64)
+    rng = np.random.default_rng(seed)
+    exact = torch.from_numpy(rng.choice(np.arange(1, n + 1), size=n_pos, p=r**-power / (r**-power).sum()))
+    sampled = simulate_sampled_ranks(exact, n, m, law, torch.Generator().manual_seed(seed % 1000))
+    dist = rsp.estimate_rank_distribution(sampled, n, m, method="gmod", sampling=law, n_bootstrap=0)
+    spec = parse_metric(metric)
+    small, big = np.array(dist.twin_gap(spec, 0.005)), np.array(dist.twin_gap(spec, 0.05))
+    assert np.all(np.isfinite(big)) and np.all(small >= 0)
+    assert np.all(big >= small - 1e-15)
+    users = dist.metric(spec, target="users").value
+    assert big[0] <= users + 1e-12 and big[1] <= 1.0 - users + 1e-12
+    # one positive moved by one rank changes the users' metric by at most 1/N and costs at least the cheapest
+    # move's H^2 (positive: m >= 1 draws see every move): the budget buys at most budget / that many positives
+    first, last = rd._twin_ranks(spec, n, (n - 1) / (m + 1) + 1)
+    ranks = np.arange(first, last, dtype=np.float64)
+    cheapest = float(np.min(rd._move_h2(dist.details["sampling"], n, m, ranks, ranks + 1)))
+    assert cheapest > 0
+    assert np.all(big <= 0.05 / cheapest / n_pos + 1e-12)
+
+
+@FAST
+@given(value=st.floats(-0.5, 1.5), se=st.one_of(st.floats(0.0, 2.0), st.just(math.inf)), down=st.floats(0.0, 2.0),
+       up=st.floats(0.0, 2.0), level=st.floats(0.5, 0.999))
+def test_interval_with_a_twin_gap_stays_in_range_and_holds_the_sampling_interval(value, se, down, up, level):
+    est = Estimate(value, se, 100, twin_gap=(down, up), metric_range=(0.0, 1.0))
+    lo, hi = est.interval(level)
+    s_lo, s_hi = est.sampling_interval(level)
+    assert not (math.isnan(lo) or math.isnan(hi))
+    assert 0.0 <= lo <= hi <= 1.0
+    assert lo <= s_lo and hi >= s_hi  # the twins only widen
