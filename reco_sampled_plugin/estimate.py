@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple
 
-__all__ = ["Estimate", "EstimatorOutput", "FLAG_TEXT", "explain_flags", "interval_values", "range_flags", "INTERVAL_SUFFIXES", "SAME_INTERVAL_NOTE"]
+__all__ = ["Estimate", "EstimatorOutput", "FLAG_TEXT", "bias_aware_halfwidth", "explain_flags", "interval_values", "range_flags",
+           "INTERVAL_SUFFIXES", "SAME_INTERVAL_NOTE"]
 
 #: The suffixes of an interval's bounds in every output (RecBole result keys, Lightning logs, torchmetrics
 #: ``compute()``): ``<name>_lo`` and ``<name>_hi`` are ``Estimate.interval(0.95)``.
