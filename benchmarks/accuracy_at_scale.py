@@ -16,8 +16,9 @@ multinomial bootstrap of ``estimate()``'s default (32 / 16 refits).
 The **oracle** row is the posterior mean under the recommender's true rank distribution (prior = the empirical
 exact ranks, likelihood = the sampling law): no estimator can expect to beat it. ``gmod`` (issue 30) is fitted as
 ``estimate()`` fits it (the raw histogram, its 16 bootstrap refits and the ``mes`` reference of its model term) and
-reports the users' value; the table "gmod against the oracle where the top is resolved" lists, per recommender, the
-cells with K >= b (every positive's resolution (n - 1)/(m + 1) + 1 at most K), ``gmod``, ``mes`` and the oracle.
+reports the users' value, its interval with ``Estimate.interval``'s bias-aware ends over the twin gap; the table
+"gmod against the oracle where the top is resolved" lists, per recommender, the cells with K >= b (every positive's
+resolution (n - 1)/(m + 1) + 1 at most K), ``gmod``, ``mes`` and the oracle.
 
 Run:  python benchmarks/accuracy_at_scale.py [--repeats 50] [--ms 50 100 500] [--datasets ml-100k ml-latest-small]
 """
@@ -43,6 +44,7 @@ from accuracy_ml100k import TABLE_ESTIMATORS, run_experiment  # noqa: E402
 
 from reco_sampled_plugin._rank_hist import pool_by_n, sampled_rank_histogram  # noqa: E402
 from reco_sampled_plugin.corrections import correction_tables  # noqa: E402
+from reco_sampled_plugin.estimate import bias_aware_halfwidth  # noqa: E402
 from reco_sampled_plugin.identification import identified_interval, top_sensitive  # noqa: E402
 from reco_sampled_plugin.metric_names import parse_metric  # noqa: E402
 from reco_sampled_plugin.mapping import fit_beta, mapping_tables  # noqa: E402
@@ -161,12 +163,14 @@ def run(dataset: str, ms, repeats: int, seed: int, log=print, progress: bool | N
                 fits = estimate_rank_distributions(hists, "mes", beta=beta)
                 res["values"][(m, name, label)] = np.stack([f.values(metrics) for f in fits])
         ses = standard_errors(res, per_model, metrics, m)
+        twins: dict = {}  # gmod's twin gaps (down, up) per draw and metric: its interval's bias-aware ends
         for name in ranks:  # gmod as estimate() runs it: the raw histogram, bootstrap and reference included
             for label in FIT_ESTIMATORS:
                 fits = [estimate_rank_distribution(h, method=label) for h in draws_by[name][1]]
                 est = [[f.metric(mt, target="users") for mt in metrics] for f in fits]
                 res["values"][(m, name, label)] = np.array([[e.value for e in row] for row in est])
                 ses[(name, label)] = np.array([[e.stderr for e in row] for row in est])
+                twins[(name, label)] = np.array([[e.details.get("twin_gap", (0.0, 0.0)) for e in row] for row in est])
         t1 = time.perf_counter()
         b_max = (float(n_u.max()) - 1.0) / (m + 1.0) + 1.0  # the coarsest resolution: K >= b_max is resolved
         for name, r in ranks.items():
@@ -189,6 +193,10 @@ def run(dataset: str, ms, repeats: int, seed: int, log=print, progress: bool | N
                         se = ses[(name, label)][:, s]
                         lo, hi = v - Z95 * se, v + Z95 * se
                         s_width = np.median(hi - lo)
+                        if (name, label) in twins:  # as Estimate.interval: bias-aware ends over the twin gap
+                            gap = twins[(name, label)][:, s]
+                            lo = v - np.array([bias_aware_halfwidth(a, d, 0.95) for a, d in zip(se, gap[:, 0])])
+                            hi = v + np.array([bias_aware_halfwidth(a, u, 0.95) for a, u in zip(se, gap[:, 1])])
                         if s in ident and label != "none":
                             lo, hi = np.minimum(lo, ident[s][0]), np.maximum(hi, ident[s][1])
                         cover = (lo <= exact) & (exact <= hi)
