@@ -80,7 +80,8 @@ def test_full_ranking_equals_exact_ranks_of_the_materialised_matrix(world, score
     # blocks of 7 users x 400 items, calls of <= 1000 pairs: 2 rows of 400 per call
     assert cost.calls == counter.calls == sum(math.ceil(min(7, world.n_users - lo) / 2) for lo in range(0, 30, 7))
     assert cost.full_pairs == int(world.n_candidates.sum())
-    assert cost.scorer_seconds > 0 and cost.loop_seconds >= 0 and full["wall"] >= cost.scorer_seconds
+    assert cost.scorer_seconds > 0 and cost.loop_seconds > 0  # the loop's own work takes time too
+    assert cost.scorer_seconds + cost.loop_seconds <= full["wall"] + 1e-9
 
 
 @pytest.mark.parametrize("design", [20, SamplingDesign(10, adaptive_max=80)], ids=["fixed", "adaptive"])
