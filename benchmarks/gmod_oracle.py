@@ -64,7 +64,6 @@ from reco_sampled_plugin import metric_values, sampled_rank_histogram  # noqa: E
 from reco_sampled_plugin import rank_distribution as rd  # noqa: E402
 from reco_sampled_plugin.adaptive import (AdaptiveDesign, adaptive_sampled_ranks_from_exact,  # noqa: E402
                                           expected_samples)
-from reco_sampled_plugin.sampling_laws import kl_bernoulli  # noqa: E402
 from reco_sampled_plugin.simulate import simulate_sampled_ranks  # noqa: E402
 from scipy import optimize  # noqa: E402
 
@@ -296,6 +295,15 @@ def expected_draws(r: np.ndarray, n: np.ndarray, design: str) -> np.ndarray:
     if design != "adaptive":
         return np.full(r.shape, float(design))
     return expected_samples((r - 1.0) / (n - 1.0), AdaptiveDesign(100, 3200))[0]
+
+
+def kl_bernoulli(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """KL(Bernoulli(p) || Bernoulli(q)) in nats, elementwise: one uniform draw's information about a positive at
+    exact rank R rather than R' (p = (R - 1)/(n - 1), q likewise); inf where q misses an outcome p can produce."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        a = np.where(p > 0, p * np.log(p / q), 0.0)
+        b = np.where(p < 1, (1 - p) * np.log((1 - p) / (1 - q)), 0.0)
+    return a + b
 
 
 class Prefix(NamedTuple):

@@ -65,9 +65,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import reco_sampled_plugin as rsp  # noqa: E402
 from reco_sampled_plugin import metric_values  # noqa: E402
-from reco_sampled_plugin.sampling_laws import kl_bernoulli  # noqa: E402
 
-from gmod_oracle import best_prefix, two_point_bound  # noqa: E402
+from gmod_oracle import best_prefix, kl_bernoulli, two_point_bound  # noqa: E402
 from popularity_accuracy import load  # noqa: E402
 from popularity_oracle import ordered_world  # noqa: E402,F401 (re-exported for the tests)
 

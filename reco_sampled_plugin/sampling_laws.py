@@ -26,7 +26,7 @@ from .metrics import metric_from_float_ranks
 if TYPE_CHECKING:
     from ._types import TensorLike
 
-__all__ = ["SAMPLING_LAWS", "log_sampled_rank_pmf", "sampled_rank_pmf", "expected_sampled", "kl_bernoulli"]
+__all__ = ["SAMPLING_LAWS", "log_sampled_rank_pmf", "sampled_rank_pmf", "expected_sampled"]
 
 SAMPLING_LAWS = ("binomial", "hypergeometric")
 _ALIASES = {
@@ -42,19 +42,6 @@ _CHUNK_ELEMENTS = 1 << 22
 
 # largest table of P(r~ | r) that log_sampled_rank_pmf returns (elements): the package's one bound, 2^27 float64
 _MAX_PMF_ELEMENTS = MAX_ELEMENTS
-
-
-def kl_bernoulli(p: Any, q: Any) -> Any:
-    """KL(Bernoulli(p) || Bernoulli(q)) in nats, elementwise on float64 arrays: one uniform draw's information
-    about a positive at exact rank R rather than R' (p = (R - 1)/(n - 1), q likewise); m draws carry m times it.
-    inf where q puts no mass on an outcome p can produce (q = 0 < p or q = 1 > p)."""
-    import numpy as np
-
-    p, q = np.asarray(p, dtype=np.float64), np.asarray(q, dtype=np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = np.where(p > 0, p * np.log(p / q), 0.0)
-        b = np.where(p < 1, (1 - p) * np.log((1 - p) / (1 - q)), 0.0)
-    return a + b
 
 
 def check_law(sampling: str) -> str:
