@@ -26,6 +26,7 @@ cell (worst recommender against ``auto`` on uniform draws) before / after / hedg
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-100k --repeats 20
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-latest-small --repeats 20 --out x.json
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-100k --repeats 10 --count-exact-rank 32
+    OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-100k --repeats 10 --strata none
     python benchmarks/popularity_accuracy.py --repeats 0 --merge a.json b.json   # summarise earlier runs
 
 Sharded over processes (each trains the five recommenders once, then runs its repeats; seeds depend on the repeat
@@ -74,9 +75,13 @@ def load(dataset: str, seed: int = 0):
     return scores, test, torch.from_numpy(exc), torch.from_numpy(counts), n_u
 
 
+#: pl_fit's options on every row of this run (``--strata``)
+PL_OPTIONS: dict = {}
+
+
 def em_prior(metric: str, sampled) -> dict:
     """pl_fit under ``rank_prior="em"`` (the default before session 25) on the same fit: its value and interval."""
-    e = rsp.estimate(metric, sampled, method="pl_fit", rank_prior="em")
+    e = rsp.estimate(metric, sampled, method="pl_fit", rank_prior="em", **PL_OPTIONS)
     lo, hi = e.interval(0.95)
     return {"value": e.value, "lo": lo, "hi": hi}
 
@@ -105,7 +110,7 @@ def run(dataset: str, repeats: int, alphas, ms, first: int = 0, out: str | None 
                                                        ("uniform", uni, rsp.registry.DEFAULT_ESTIMATOR)):
                             if label == "uniform" and alpha != alphas[0]:
                                 continue  # the uniform draw does not depend on alpha
-                            e = rsp.estimate(s, sampled, method=method)
+                            e = rsp.estimate(s, sampled, method=method, **(PL_OPTIONS if method == "pl_fit" else {}))
                             lo, hi = e.interval(0.95)
                             row = {"dataset": dataset, "recommender": name, "alpha": alpha, "m": m, "rep": rep,
                                    "metric": s, "label": label, "method": method, "truth": truth[s],
@@ -115,7 +120,7 @@ def run(dataset: str, repeats: int, alphas, ms, first: int = 0, out: str | None 
                                 row.update(beta=e.details["beta"], niche_top=e.details["niche_top"],
                                            niche_lr=e.details["niche_lr"])
                                 rows.append({**row, "label": "em", **em_prior(s, sampled)})
-                                h = rsp.estimate(s, sampled, method=method, niche="hedge")  # the same fit
+                                h = rsp.estimate(s, sampled, method=method, niche="hedge", **PL_OPTIONS)  # same fit
                                 rows.append({**row, "label": "hedge", "value": h.value,
                                              "lo": h.interval(0.95)[0], "hi": h.interval(0.95)[1]})
                     print(f"{dataset} {name} alpha={alpha} m={m} rep={rep} {time.time() - t0:.1f}s", flush=True)
@@ -190,7 +195,11 @@ def main() -> None:
     ap.add_argument("--merge", nargs="*", default=[], help="JSON files of earlier runs to summarise with this one")
     ap.add_argument("--count-exact-rank", type=int, default=None, metavar="K",
                     help="pl_fit's count term up to rank K (_popularity_fit.COUNT_EXACT_RANK; 0 = off, the default)")
+    ap.add_argument("--strata", default=None, choices=("positive", "none"),
+                    help="pl_fit's strata on every row (default: the estimator's default, positive)")
     args = ap.parse_args()
+    if args.strata is not None:
+        PL_OPTIONS["strata"] = args.strata
     if args.count_exact_rank is not None:
         from reco_sampled_plugin import _popularity_fit
 

@@ -151,9 +151,12 @@ def run_one(units, count: int, prior_true: np.ndarray | None) -> dict:
     return out
 
 
-def parse_args(doc: str):
-    """The drivers' command line (this script's and ``popularity_tilt_mixture.py``'s)."""
+def parse_args(doc: str, extra: Callable[[argparse.ArgumentParser], None] | None = None):
+    """The drivers' command line (this script's, ``popularity_tilt_mixture.py``'s and ``popularity_strata.py``'s;
+    ``extra`` adds a driver's own arguments)."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if extra is not None:
+        extra(ap)
     ap.add_argument("--summarise", nargs="+", default=None, metavar="JSONL", help="print the tables of earlier runs")
     ap.add_argument("--dataset", default="ml-latest-small", choices=("ml-100k", "ml-latest-small"))
     ap.add_argument("--alphas", type=float, nargs="+", default=[1.0, 0.5])

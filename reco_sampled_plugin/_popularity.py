@@ -76,6 +76,9 @@ class PopularityStats:
         a tie under ``ties="average"``); None with ``profile``.
     miss_bins: float32 (..., POP_BINS), the distinct drawn items in each class that do not (1 - b); None with
         ``profile``.
+    positive_weight: float64, the popularity weight w of the positive itself (0 in padded slots): the covariate by
+        which ``pl_fit`` stratifies the positives (``_popularity_fit.strata``); None where the source does not
+        know it (rank files, statistics saved before it was kept), then ``pl_fit`` fits all positives as one.
 
     Per positive and additive: batches, epochs and processes concatenate them like the ranks.
     """
@@ -87,6 +90,7 @@ class PopularityStats:
     profile: torch.Tensor | None = None
     beat_bins: torch.Tensor | None = None
     miss_bins: torch.Tensor | None = None
+    positive_weight: torch.Tensor | None = None
 
     @property
     def has_profile(self) -> bool:
@@ -99,7 +103,7 @@ class PopularityStats:
             return None if t is None else t[index]
 
         return PopularityStats(self.beating[index], self.inv_q[index], self.inv_q2[index], self.unreachable[index],
-                               sel(self.profile), sel(self.beat_bins), sel(self.miss_bins))
+                               sel(self.profile), sel(self.beat_bins), sel(self.miss_bins), sel(self.positive_weight))
 
     @staticmethod
     def cat(parts: Iterable["PopularityStats"]) -> "PopularityStats":
@@ -111,8 +115,10 @@ class PopularityStats:
             return torch.cat([getattr(p, f) for p in every])
 
         whole = all(p.has_profile for p in every)
-        return PopularityStats(cat("beating"), cat("inv_q"), cat("inv_q2"), cat("unreachable"),
-                               *(cat(f) if whole else None for f in PROFILE_FIELDS))
+        known = all(p.positive_weight is not None for p in every)
+        profile, beat_bins, miss_bins = (cat(f) if whole else None for f in PROFILE_FIELDS)
+        return PopularityStats(cat("beating"), cat("inv_q"), cat("inv_q2"), cat("unreachable"), profile, beat_bins,
+                               miss_bins, cat("positive_weight") if known else None)
 
 
 class RowTotals(NamedTuple):
@@ -177,7 +183,8 @@ def exclusion_totals(positives: torch.Tensor, exc: Exclusions, w: torch.Tensor, 
 
 
 def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor,
-                     forbidden: torch.Tensor | RowTotals, given: bool = False) -> PopularityStats:
+                     forbidden: torch.Tensor | RowTotals, given: bool = False, *,
+                     positives: torch.Tensor | None = None) -> PopularityStats:
     """:class:`PopularityStats` of one batch of popularity draws.
 
     Args:
@@ -190,6 +197,8 @@ def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor,
             or their :class:`RowTotals` (:func:`forbidden_weight`, :func:`exclusion_totals`).
         given: the negatives were given, not drawn by the plugin (which never draws an item of weight 0): check them
             (one host synchronisation; a draw's statistics cost none).
+        positives: (B, P) int64 the positives' items (any value in padded slots): their weights are kept
+            (``positive_weight``); None: not kept.
 
     Raises:
         ValueError naming ``negatives`` when a given negative of a valid slot has weight 0 (the popularity law
@@ -203,12 +212,14 @@ def popularity_stats(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor,
     profile = class_totals(w, cls).unsqueeze(0) - tot.classes  # (B, POP_BINS): the drawable candidates per class
     return stats_from_totals(beat, neg, valid, w, total.view(-1, 1).expand(valid.shape),
                              unreachable.view(-1, 1).expand(valid.shape), given,
-                             profile=profile.unsqueeze(1).expand(valid.shape + (POP_BINS,)), classes=cls)
+                             profile=profile.unsqueeze(1).expand(valid.shape + (POP_BINS,)), classes=cls,
+                             positives=positives)
 
 
 def stats_from_totals(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor, weights: torch.Tensor,
                       total: torch.Tensor, unreachable: torch.Tensor, given: bool = False, *,
-                      profile: torch.Tensor | None = None, classes: torch.Tensor | None = None) -> PopularityStats:
+                      profile: torch.Tensor | None = None, classes: torch.Tensor | None = None,
+                      positives: torch.Tensor | None = None) -> PopularityStats:
     """:class:`PopularityStats` from each positive's drawable weight W_u and count of unreachable candidates,
     where the caller knows them without a list of forbidden items (RecBole's sampler: its per-user used items).
 
@@ -221,6 +232,7 @@ def stats_from_totals(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor
             minus the forbidden items' :class:`RowTotals` ``classes``); None: the statistics carry no class counts
             (``pl_fit`` refuses them).
         classes: the items' classes (:func:`weight_bins` of ``weights``) when already computed.
+        positives: S, int64, the positives' items (any value in padded slots), or None: ``positive_weight``.
     """
     w = weights.to(torch.float64)
     q = w[neg.clamp(min=0)] / total.to(torch.float64).unsqueeze(-1)
@@ -234,13 +246,16 @@ def stats_from_totals(beat: torch.Tensor, neg: torch.Tensor, valid: torch.Tensor
     z = torch.where(valid.unsqueeze(-1), z, torch.zeros_like(z))
     beating = torch.where(valid, b.sum(-1), torch.zeros_like(b[..., 0]))
     unreach = torch.where(valid, unreachable.to(torch.int64), torch.zeros_like(valid, dtype=torch.int64))
+    pw = None if positives is None else torch.where(
+        valid, w[positives.clamp(min=0, max=max(w.shape[0] - 1, 0))], torch.zeros((), dtype=torch.float64,
+                                                                                   device=w.device))
     if profile is None:
-        return PopularityStats(beating, z.sum(-1), (z * z).sum(-1), unreach)
+        return PopularityStats(beating, z.sum(-1), (z * z).sum(-1), unreach, positive_weight=pw)
     cls = weight_bins(w) if classes is None else classes
     vf = valid.unsqueeze(-1).to(torch.float32)
     beat_bins, miss_bins = _drawn_classes(b, neg, vf, cls)
     return PopularityStats(beating, z.sum(-1), (z * z).sum(-1), unreach, profile.to(torch.float32) * vf,
-                           beat_bins, miss_bins)
+                           beat_bins, miss_bins, pw)
 
 
 def _drawn_classes(b: torch.Tensor, neg: torch.Tensor, vf: torch.Tensor, cls: torch.Tensor) \

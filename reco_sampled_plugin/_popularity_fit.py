@@ -47,6 +47,14 @@ in tilt: on ml-100k ItemKNN q = 3, whose top-d mass matches a flat tilt, LR reac
 2 a b / (a + b) of the two branches' values a, b, the point with the least worst-case relative error if either
 holds. The interval always covers both branches.
 
+Strata (:func:`strata`, :class:`StratifiedFit`; docs/popularity.md, "Strata by the positive's popularity"): users
+differ in what sits above their positives (a niche user's top holds niche items, and a niche positive is more
+often such a user's), so one tilt curve misplaces each user's own composition, and a latent tilt per positive is
+confounded with its rank. The positive's own popularity is known before the draw: by default the positives are
+split at the weighted median of their log weight (:attr:`Units.covariate`) and each half is fitted alone (its own
+tilt curve, niche test and rank prior), where each holds :data:`STRATUM_MIN` positives; values, standard errors and
+intervals combine by the halves' shares.
+
 Honest intervals: the data do not say how P(R) is shaped where a positive expects less than one beating draw (its
 *top zone*, ranks with m pi(R) <= 1, pi(R) = E q~(A)), and few positives there say little about beta_top. The
 interval is the hull, over the constrained fit's 95% likelihood set of (beta_top, beta_deep) with every beta_top >=
@@ -68,7 +76,7 @@ import numpy as np
 from ._rank_hist import interval_mean_metric
 from .metric_names import MetricSpec
 
-__all__ = ["Units", "PopularityFit", "fit", "BETAS", "PRIORS"]
+__all__ = ["Units", "PopularityFit", "StratifiedFit", "fit", "strata", "BETAS", "PRIORS", "STRATA"]
 
 #: The grid of beta (the tilt exponent on the weights w, which are count^alpha); beta is chosen by likelihood on it.
 BETAS = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0)
@@ -96,6 +104,11 @@ PSEUDO_COUNT = 10.0
 #: :meth:`PopularityFit.spline_prior`; ``em``, the penalised-EM prior the pair was chosen with.
 PRIORS = ("spline", "em")
 _EM_TOL = 1e-8
+#: How ``pl_fit`` stratifies the positives (:func:`strata`): ``positive``, in two halves by the popularity of the
+#: positive itself, each fitted alone (its own tilt curve, niche test and rank prior); ``none``, one fit of all.
+STRATA = ("positive", "none")
+#: The least weight (positives) of a stratum: fewer positives than twice this are fitted as one.
+STRATUM_MIN = 200.0
 
 
 @dataclass(frozen=True)
@@ -119,6 +132,15 @@ class Units:
     #: beat / miss count distinct drawn items (a popularity draw), not draws (a uniform histogram: False, the
     #: binomial of the draws is exact and the likelihood takes no count term)
     distinct: bool = True
+    #: (N,) log popularity weight of each unit's positive (``PopularityStats.positive_weight``), or None (not
+    #: carried): the covariate of :func:`strata` (known before the draw, so the strata are fixed by the design)
+    covariate: np.ndarray | None = None
+
+    def select(self, rows: np.ndarray) -> "Units":
+        """The units of ``rows`` (an index array), with the classes' weights unchanged."""
+        cov = None if self.covariate is None else self.covariate[rows]
+        return Units(self.profile[rows], self.beat[rows], self.miss[rows], self.n[rows], self.m[rows], self.w[rows],
+                     self.log_v, self.mean_w, self.distinct, cov)
 
     @property
     def uniform(self) -> bool:
@@ -605,15 +627,93 @@ def _em(logl: np.ndarray, w: np.ndarray, base: np.ndarray, start: np.ndarray | N
     return p, ll
 
 
-def fit(units: Units) -> PopularityFit:
-    """Fit the model of the module docstring to ``units`` (the last two fits are kept: estimating several metrics
-    from one draw fits once)."""
+def strata(units: Units, how: str = "positive") -> list[np.ndarray] | None:
+    """The rows of each stratum, or None (one fit of all): ``how="positive"`` splits the units at the weighted
+    median of :attr:`Units.covariate` (the log popularity of each unit's positive; tied values kept together, on
+    the side that balances the halves better). None with ``how="none"``, without a covariate, under uniform weights
+    (beta has no effect), or where a half would weigh less than :data:`STRATUM_MIN` positives."""
+    if how not in STRATA:
+        raise ValueError(f"strata: one of {STRATA}, not {how!r}")
+    x = units.covariate
+    if how == "none" or x is None or units.uniform:
+        return None
+    w = units.w
+    tot = float(w.sum())
+    if tot < 2.0 * STRATUM_MIN:
+        return None
+    order = np.argsort(x, kind="stable")
+    at = min(int(np.searchsorted(np.cumsum(w[order]), 0.5 * tot)), len(x) - 1)
+    cut = x[order][at]
+    low = min((x < cut, x <= cut), key=lambda b: abs(float(w[b].sum()) - 0.5 * tot))
+    if min(float(w[low].sum()), float(w[~low].sum())) < STRATUM_MIN:
+        return None
+    return [np.flatnonzero(low), np.flatnonzero(~low)]
+
+
+class StratifiedFit:
+    """``pl_fit`` on strata of the positives (:func:`strata`): one :class:`PopularityFit` per stratum (``fits``, on
+    the rows ``groups``, of weight share ``shares``), each with its own tilt curve, niche test and rank prior. Why
+    (docs/popularity.md, "Strata by the positive's popularity"): users differ in the popularity of the items above
+    their positives, and a niche positive's neighbours are niche too; one curve for all misplaces each user's own
+    composition, and a latent per-positive tilt is confounded with the rank, while the positive's own popularity is
+    known before the draw. Values, bounds and the standard error combine over the strata by their shares."""
+
+    def __init__(self, units: Units, groups: list[np.ndarray], edges: np.ndarray) -> None:
+        self.units, self.groups, self.edges = units, groups, edges
+        self.fits = [PopularityFit(units.select(g), edges) for g in groups]
+        tot = float(units.w.sum())
+        self.shares = np.array([float(units.w[g].sum()) / tot for g in groups])
+
+    @property
+    def niche(self) -> bool:
+        """Whether any stratum's niche test rejected beta_top >= beta_deep."""
+        return any(f.niche for f in self.fits)
+
+    @property
+    def spline_unconverged(self) -> int:
+        return sum(f.spline_unconverged for f in self.fits)
+
+    @property
+    def loglik(self) -> float:
+        return sum(f.loglik for f in self.fits)
+
+    def estimate(self, spec: MetricSpec, hedge: bool = False, prior: str = "spline") -> tuple[float, float, np.ndarray]:
+        """(value, standard error, per-unit posterior means): the strata's :meth:`PopularityFit.estimate` combined
+        by their shares; the standard error is the pooled fit's total-variance form (within the strata, and the
+        strata's values around the whole's)."""
+        parts = [f.estimate(spec, hedge=hedge, prior=prior) for f in self.fits]
+        v = np.array([p[0] for p in parts])
+        value = float(self.shares @ v)
+        var = float(sum((sh * p[1]) ** 2 for sh, p in zip(self.shares, parts)))
+        var += float(self.shares @ (v - value) ** 2) / float(self.units.w.sum())
+        means = np.empty(len(self.units.w))
+        for g, p in zip(self.groups, parts):
+            means[g] = p[2]
+        return value, math.sqrt(var), means
+
+    def bounds(self, spec: MetricSpec, prior: str = "spline") -> tuple[float, float, dict]:
+        """Each stratum's hull (:meth:`PopularityFit.bounds`) combined by the shares: every stratum may sit at
+        either end of its own."""
+        parts = [f.bounds(spec, prior=prior) for f in self.fits]
+        lo = float(self.shares @ np.array([p[0] for p in parts]))
+        hi = float(self.shares @ np.array([p[1] for p in parts]))
+        return lo, hi, {"beta_set": [p[2]["beta_set"] for p in parts],
+                        "mean_top_zone_end": max(p[2]["mean_top_zone_end"] for p in parts)}
+
+
+def fit(units: Units, how: str = "positive") -> PopularityFit | StratifiedFit:
+    """Fit the model of the module docstring to ``units``, on the strata of ``how`` (:func:`strata`; one
+    :class:`PopularityFit` where they are None). The last two fits are kept: estimating several metrics from one
+    draw fits once."""
     key = tuple((a.shape, hash(np.ascontiguousarray(a).tobytes())) for a in
-                (units.profile, units.beat, units.miss, units.n, units.m, units.w, units.log_v, units.mean_w)) \
-        + (units.distinct, COUNT_EXACT_RANK)
+                (units.profile, units.beat, units.miss, units.n, units.m, units.w, units.log_v, units.mean_w,
+                 np.zeros(0) if units.covariate is None else units.covariate)) \
+        + (units.distinct, COUNT_EXACT_RANK, how, STRATUM_MIN)
     hit = _FIT_CACHE.get(key)
     if hit is None:
-        hit = PopularityFit(units, rank_edges(int(units.n.max())))
+        edges = rank_edges(int(units.n.max()))
+        groups = strata(units, how)
+        hit = PopularityFit(units, edges) if groups is None else StratifiedFit(units, groups, edges)
         with _CACHE_LOCK:
             _FIT_CACHE[key] = hit
             while len(_FIT_CACHE) > 2:  # the metrics of one draw share its fit; older draws' tables are let go

@@ -30,7 +30,7 @@ import torch
 
 from ._checks import check_weights, check_without_replacement
 from ._popularity import POP_BINS, PopularityStats, weight_bins
-from ._popularity_fit import PopularityFit, Units, fit as _fit_units, z_value
+from ._popularity_fit import PopularityFit, StratifiedFit, Units, fit as _fit_units, z_value
 from .design import SamplingDesign
 from .estimate import Estimate, EstimatorOutput
 from .metric_names import MetricSpec
@@ -129,8 +129,13 @@ def _units(stats: PopularityStats, valid: torch.Tensor, design: SamplingDesign, 
     occupied = n_cls > 0
     mean_w = host(torch.where(occupied, sum_w / n_cls.clamp_min(1), torch.zeros_like(sum_w)))
     log_v = host(torch.where(occupied, sum_lw / n_cls.clamp_min(1), torch.zeros_like(sum_lw)))
+    cov = None
+    if stats.positive_weight is not None:
+        pw = host(stats.positive_weight[valid].to(torch.float64))
+        with np.errstate(divide="ignore"):
+            cov = np.where(pw > 0, np.log(np.where(pw > 0, pw, 1.0)), -np.inf)  # a positive of weight 0: the least
     return Units(host(stats.profile[valid]), host(stats.beat_bins[valid]), host(stats.miss_bins[valid]), host(n), m,
-                 host(w[valid]), log_v, mean_w)
+                 host(w[valid]), log_v, mean_w, covariate=cov)
 
 
 def _uniform_draws(hist: RankHistogram) -> PopularityDraws:
@@ -262,22 +267,39 @@ def _uniform_units(hist: RankHistogram) -> Units:
     return Units(col(n - 1.0), col(b), col(m - b), n, m, w, np.zeros(1), np.ones(1), distinct=False)
 
 
-def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None) -> PopularityFit:
+def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None,
+           strata: str = "positive") -> PopularityFit | StratifiedFit:
     """The fitted model of ``pl_fit`` (module ``_popularity_fit``) on popularity-sampled
-    :class:`~reco_sampled_plugin.ranking.SampledRanks` (or uniform ones): ``.betas``, ``.loglik``, ``.best``
+    :class:`~reco_sampled_plugin.ranking.SampledRanks` (or uniform ones).
+
+    One fit (:class:`~reco_sampled_plugin._popularity_fit.PopularityFit`): ``.betas``, ``.loglik``, ``.best``
     (index of the chosen beta), ``.curve_set`` (the interval's (top, deep) pairs), ``.estimate(spec)``,
     ``.bounds(spec)``; the niche-top test: ``.niche`` (rejected), ``.niche_lr`` (its statistic), the two branches'
     optima ``.best_constrained`` / ``.best_free`` and curve sets ``.curve_set_constrained`` / ``.curve_set_free``.
+    Where ``strata="positive"`` (the default) splits the positives by their own popularity
+    (``_popularity_fit.strata``: at least 2 x ``STRATUM_MIN`` positives whose weights the draw kept), a
+    :class:`~reco_sampled_plugin._popularity_fit.StratifiedFit`: ``.fits`` (one such fit per stratum), ``.groups``,
+    ``.shares``, ``.estimate(spec)``, ``.bounds(spec)``, ``.niche`` (any stratum's). ``strata="none"``: one fit.
     Refusals as :func:`popularity_draws`; adaptive draws refused naming ``sampled``."""
     design = _fixed_m(sampled)
     if design is not None and design.popularity is not None:
         units = popularity_draws(sampled, weights).units
         if units is None:
             raise ValueError(_NO_PROFILE.replace("sampled_ranks:", "sampled:", 1))
-        return _fit_units(units)
+        return _fit_units(units, strata)
     if design is not None and not design.replacement:
         raise ValueError("sampled: pl_fit models draws with replacement; these were drawn without")
-    return _fit_units(_uniform_units(sampled.histogram(weights)))
+    return _fit_units(_uniform_units(sampled.histogram(weights)), strata)
+
+
+def _fit_details(f: PopularityFit, spec: MetricSpec, prior: str) -> dict:
+    """One fit's tilt and niche test for ``details`` (with both branches' values where the test rejected)."""
+    out = {"beta": f.beta_of(), "niche_lr": f.niche_lr, "beta_constrained": f.beta_of(f.best_constrained),
+           "beta_free": f.beta_of(f.best_free)}
+    if f.niche:
+        out["branch_values"] = (f.estimate(spec, f.best_constrained, prior=prior)[0],
+                                f.estimate(spec, f.best_free, prior=prior)[0])
+    return out
 
 
 class _TopBounds:
@@ -306,9 +328,14 @@ def estimate_by_pl_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sa
     allowed, widened by 1.96 standard errors. ``options["niche"]``: ``"constrained"`` (default: the constrained
     fit's value) or ``"hedge"`` (where the niche test rejects beta_top >= beta_deep, the harmonic mean of both
     branches). ``options["rank_prior"]``: ``"spline"`` (default: the g-modelling prior refitted at the chosen tilt) or
-    ``"em"`` (the EM prior the tilt was chosen with). ``details``: ``beta`` (the constrained fit's), ``rank_prior``,
+    ``"em"`` (the EM prior the tilt was chosen with). ``options["strata"]``: ``"positive"`` (default: the positives
+    split in two by their own popularity and fitted apart, where each half holds ``STRATUM_MIN`` positives and the
+    draw kept their weights) or ``"none"``. ``details``: ``beta`` (the constrained fit's), ``rank_prior``,
     ``niche_top`` (the test rejected), ``niche_lr``,
-    ``beta_constrained``, ``beta_free``, and where it rejected ``branch_values`` (constrained, free)."""
+    ``beta_constrained``, ``beta_free``, and where it rejected ``branch_values`` (constrained, free); stratified,
+    ``beta``, ``niche_lr``, ``beta_constrained`` and ``beta_free`` hold one entry per stratum, ``niche_top`` whether
+    any stratum's test rejected, and ``strata`` each stratum's details with its ``share`` of the positives, its
+    ``value`` and ``covariate_range`` (log weight of its positives)."""
     from .metrics import metric_bounds
 
     d = options.get("draws")
@@ -322,17 +349,25 @@ def estimate_by_pl_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sa
         units = d.units
         if units is None:
             raise ValueError(_NO_PROFILE)
-    f = _fit_units(units)
+    f = _fit_units(units, options.get("strata", "positive"))
     prior = options.get("rank_prior", "spline")
-    value, se, _ = f.estimate(spec, hedge=options.get("niche", "constrained") == "hedge", prior=prior)
-    details = {"method": method, "design": "popularity" if d is not None else sampling, "beta": f.beta_of(),
-               "loglik": f.loglik, "niche_top": f.niche, "niche_lr": f.niche_lr, "rank_prior": prior,
-               "beta_constrained": f.beta_of(f.best_constrained), "beta_free": f.beta_of(f.best_free)}
+    hedge = options.get("niche", "constrained") == "hedge"
+    value, se, _ = f.estimate(spec, hedge=hedge, prior=prior)
+    details = {"method": method, "design": "popularity" if d is not None else sampling, "loglik": f.loglik,
+               "niche_top": f.niche, "rank_prior": prior}
+    if isinstance(f, StratifiedFit):
+        cov = f.units.covariate
+        assert cov is not None  # strata exist only where the positives' weights were kept
+        details["strata"] = [dict(_fit_details(g, spec, prior), share=float(sh),
+                                  value=g.estimate(spec, hedge=hedge, prior=prior)[0],
+                                  covariate_range=(float(cov[rows].min()), float(cov[rows].max())))
+                             for g, sh, rows in zip(f.fits, f.shares, f.groups)]
+        for k in ("beta", "niche_lr", "beta_constrained", "beta_free"):  # one entry per stratum
+            details[k] = tuple(st[k] for st in details["strata"])
+    else:
+        details.update(_fit_details(f, spec, prior))
     if prior == "spline":
         details["spline_unconverged"] = f.spline_unconverged  # spline fits short of their tolerances (0: none)
-    if f.niche:
-        details["branch_values"] = (f.estimate(spec, f.best_constrained, prior=prior)[0],
-                                    f.estimate(spec, f.best_free, prior=prior)[0])
     ident = None
     if d is not None:
         lo, hi, extra = f.bounds(spec, prior=prior)

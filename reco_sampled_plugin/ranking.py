@@ -989,5 +989,5 @@ def popularity_draw_stats(design: SamplingDesign, beat: torch.Tensor, neg: torch
     w = check_popularity(w, n_items, neg.device) if w.shape != (n_items,) else w.to(neg.device, torch.float64)
     if isinstance(exc, Exclusions):  # CSR exclusions: positives sorted per row, the exclusions summed per row
         totals = exclusion_totals(forbidden_sorted(pos, None, n_items), exc, w)  # weight, zeros, class counts
-        return popularity_stats(beat, neg, pos >= 0, w, totals, given)
-    return popularity_stats(beat, neg, pos >= 0, w, forbidden_sorted(pos, exc, n_items), given)
+        return popularity_stats(beat, neg, pos >= 0, w, totals, given, positives=pos)
+    return popularity_stats(beat, neg, pos >= 0, w, forbidden_sorted(pos, exc, n_items), given, positives=pos)

@@ -407,7 +407,10 @@ _BUILTIN = (
                               ("constrained", "hedge")),
                        Option("rank_prior", "choice", "spline", "the prior of the value at the fitted tilt: g-modelling "
                               "(log-spline in log R, gmod's basis and penalty) or the EM prior the tilt was chosen "
-                              "with", ("spline", "em"))),
+                              "with", ("spline", "em")),
+                       Option("strata", "choice", "positive", "fit the positives in two strata of their own "
+                              "popularity, each with its own tilt and prior (where each holds 200 positives and "
+                              "the draw kept their weights), or all as one", ("positive", "none"))),
               reference="Plackett 1975 / Luce 1959 inclusion (conditional Poisson); NPMLE as Jin et al. AAAI 2021"),
 )
 for _entry in _BUILTIN:

@@ -264,6 +264,9 @@ def test_evaluate_factors_carries_the_statistics_and_corrects_auc():
     ev = res.sampled
     assert ev.popularity_stats is not None
     torch.testing.assert_close(ev.popularity_stats.beating, ev.sampled_ranks.to(torch.float64) - 1)
+    # each positive's own weight (pl_fit's strata), in the test matrix's row-major order
+    np.testing.assert_array_equal(ev.popularity_stats.positive_weight.numpy(),
+                                  design.popularity.numpy()[test.indices])
     row = res.summary["ROC_AUC"]
     again = rsp.estimate("auc", rsp.SampledRanks(ev.sampled_ranks, ev.n_candidates, None, design,
                                                  popularity_stats=ev.popularity_stats), method="hh")

@@ -276,6 +276,9 @@ def test_recbole_popn_equals_the_core_on_the_same_draws(rb_runs, model):
     if model == "SASRec":
         ndcg = rsp.estimate("ndcg@10", sampled, method="pl_fit", weights=weights)
         assert run["pop"]["rankdistndcg@10"] == pytest.approx(ndcg.value, abs=1e-11)
+        # 943 positives: stratified by their own popularity, so the adapter's positive weights (RecBole's item
+        # column under the sampler's weights) are the core's too
+        assert len(ndcg.details["strata"]) == 2
 
 
 @pytest.mark.slow
@@ -427,6 +430,9 @@ def test_torchmetrics_popularity_state_equals_the_core():
     np.testing.assert_array_equal(got.ranks.numpy(), core.ranks[valid].numpy())
     np.testing.assert_allclose(got.popularity_stats.inv_q.numpy(), core.popularity_stats.inv_q[valid].numpy(), rtol=1e-13)
     np.testing.assert_allclose(got.popularity_stats.inv_q2.numpy(), core.popularity_stats.inv_q2[valid].numpy(), rtol=1e-13)
+    # the positive's own weight (pl_fit's strata) travels with the state: w at the positive's item
+    np.testing.assert_array_equal(got.popularity_stats.positive_weight.numpy(), w[pos[valid]].numpy())
+    np.testing.assert_array_equal(core.popularity_stats.positive_weight[valid].numpy(), w[pos[valid]].numpy())
     est = metric.estimates()
     assert set(est) == {"auc/sampled", "auc/hh", "ndcg@10/sampled"}  # hh: AUC only (the registry's metrics)
     assert est["auc/hh"].value == pytest.approx(rsp.estimate("auc", core, method="hh").value, abs=1e-13)
@@ -443,7 +449,7 @@ def test_torchmetrics_popularity_state_equals_the_core():
     with pytest.raises(ValueError, match="^popularity: "):
         a.merge_state(other)
     a.reset()
-    assert a.pop.shape == (0, 6 + 3 * POP_BINS) and a.hist.shape[0] == 0  # the hh columns, then pl_fit's
+    assert a.pop.shape == (0, 6 + 3 * POP_BINS + 1) and a.hist.shape[0] == 0  # the hh columns, then pl_fit's
     # a batch refused whole leaves the state as it was (nothing half-written)
     before = metric.pop.clone()
     with pytest.raises(ValueError, match="^scores: 299 items"):
@@ -452,7 +458,7 @@ def test_torchmetrics_popularity_state_equals_the_core():
     fresh = SampledRankingMetrics(["auc"], design, estimators=["hh"], seed=7)
     with pytest.raises(ValueError, match="^n_samples: the design's popularity weights count 300 items, the scores 299"):
         fresh.update(scores[:5, :-1], pos[:5].clamp(max=298), None)
-    assert fresh.pop.shape == (0, 6 + 3 * POP_BINS) and fresh.hist.shape[0] == 0
+    assert fresh.pop.shape == (0, 6 + 3 * POP_BINS + 1) and fresh.hist.shape[0] == 0
     with pytest.raises(ValueError, match="^n_samples: update_factors draws uniformly"):
         metric.update_factors(torch.randn(3, 4), torch.randn(300, 4), torch.tensor([[1], [2], [3]]))
     with pytest.raises(ValueError, match="^n_samples: keyed popularity draws are with replacement"):

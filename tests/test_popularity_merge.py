@@ -21,7 +21,7 @@ from reco_sampled_plugin._popularity import (POP_BINS, PROFILE_FIELDS, class_tot
 from reco_sampled_plugin.exclusions import prepare_exclusions
 from reco_sampled_plugin.ranking import forbidden_sorted
 
-_FIELDS = ("beating", "inv_q", "inv_q2", "unreachable") + PROFILE_FIELDS
+_FIELDS = ("beating", "inv_q", "inv_q2", "unreachable") + PROFILE_FIELDS + ("positive_weight",)
 
 
 def _case(seed: int, n: int, b: int, zero_share: float, pattern: str):
@@ -183,9 +183,10 @@ def test_torchmetrics_state_carries_the_class_counts_and_auto_runs_the_choice():
     _, _, core = keyed_popularity_ranks(scores.float(), pos, exc, 30, ids, 5, w, "pessimistic", checks)
     got = metric.popularity_ranks().popularity_stats
     valid = pos >= 0
-    for f in PROFILE_FIELDS:
+    for f in PROFILE_FIELDS + ("positive_weight",):
         assert torch.equal(getattr(got, f), getattr(core, f)[valid]), f
     assert bool((got.profile.sum(-1) > 0).all())
+    assert torch.equal(got.positive_weight, w.to(torch.float64)[pos[valid]])
     est = metric.estimates()
     popn = metric.popularity_ranks()
     assert est["auc/auto"].value == rsp.estimate("auc", popn, method="hh").value

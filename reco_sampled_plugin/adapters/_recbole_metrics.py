@@ -24,8 +24,8 @@ from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS, Popularity
 from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.ranking import SampledRanks
 
-from ._recbole_ranks import (_HH_BEATING, _HH_S1, _HH_S2, _HH_UNREACHABLE, _M, _N_COLS, _N_IRR, _N_POS, _POP,
-                             _R_FULL, _R_IRR, _R_SAMPLED, _USER, PLUGIN_KEY)
+from ._recbole_ranks import (_HH_BEATING, _HH_S1, _HH_S2, _HH_UNREACHABLE, _ITEM, _M, _N_COLS, _N_IRR, _N_POS,
+                             _POP, _R_FULL, _R_IRR, _R_SAMPLED, _USER, PLUGIN_KEY)
 from ._recbole_settings import _ESTIMATED_KINDS, FAMILIES, _Settings, _settings, class_name, log_once, note_definitions
 
 #: the public module the classes are documented in (``reco_sampled_plugin.adapters.recbole``)
@@ -216,9 +216,11 @@ def _popularity_ranks(table: torch.Tensor) -> SampledRanks:
             t = table[rows]
             m = int(t[0, _M])
             counts = t[:, _N_COLS:].reshape(t.shape[0], -1, POP_BINS).to(torch.float32).unbind(1)  # popN: pl_fit's
+            profile, beat_bins, miss_bins = counts if len(counts) == len(PROFILE_FIELDS) else (None, None, None)
+            w = weights.to(torch.float64)
             stats = PopularityStats(t[:, _HH_BEATING], t[:, _HH_S1], t[:, _HH_S2],
-                                    t[:, _HH_UNREACHABLE].to(torch.int64),
-                                    *(counts if len(counts) == len(PROFILE_FIELDS) else ()))
+                                    t[:, _HH_UNREACHABLE].to(torch.int64), profile, beat_bins, miss_bins,
+                                    w[t[:, _ITEM].to(torch.int64).clamp(0, w.shape[0] - 1).to(w.device)].cpu())
             design = SamplingDesign.trusted(m, popularity=weights)
             cache["popularity"] = SampledRanks(t[:, _R_SAMPLED], t[:, _N_IRR], None, design, popularity_stats=stats)
     return cache["popularity"]

@@ -115,5 +115,5 @@ def popularity_columns(sampler: Any, n_items: int, uids: torch.Tensor, pos_i: to
                                                             "average": 0.5}[ties])
     valid = torch.ones(s_pos.shape, dtype=torch.bool, device=dev)
     stats = stats_from_totals(beat, neg_items.to(torch.int64), valid, w.to(dev), total, unreachable, given=True,
-                              profile=profile, classes=cls.to(dev))
+                              profile=profile, classes=cls.to(dev), positives=pos_i.to(dev, torch.int64))
     return stats, w

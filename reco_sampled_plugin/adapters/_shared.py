@@ -411,7 +411,7 @@ def keyed_popularity_ranks(scores: torch.Tensor, pos: torch.Tensor, exc: torch.T
     ranks = _ranks_among_drawn(pos_scores, neg_scores, pos >= 0, ties)
     s = pos_scores.unsqueeze(2)
     beat = (neg_scores > s) | ((neg_scores == s) if ties == "pessimistic" else torch.zeros_like(neg_scores, dtype=torch.bool))
-    stats = popularity_stats(beat, neg, pos >= 0, w, forb)
+    stats = popularity_stats(beat, neg, pos >= 0, w, forb, positives=pos)
     return ranks, padded_candidate_counts(n_items, pos, exc, count_other_positives=False), stats
 
 

@@ -111,10 +111,12 @@ logger = logging.getLogger(__name__)
 __all__ = ["ExactRankingMetrics", "SampledRankingMetrics", "estimate_values"]
 
 # the ``pop`` state's columns (popularity designs): one row per relevant item
-# (then pl_fit's class counts: POP_BINS columns each of the profile, beat_bins and miss_bins)
+# (then pl_fit's class counts: POP_BINS columns each of the profile, beat_bins and miss_bins; then the positive's
+# own popularity weight, pl_fit's strata)
 _POP_COLUMNS = ("sampled_rank", "n_candidates", "hh_s1", "hh_s2", "hh_beating", "hh_unreachable") + tuple(
-    f"{f}_{c}" for f in PROFILE_FIELDS for c in range(POP_BINS))
+    f"{f}_{c}" for f in PROFILE_FIELDS for c in range(POP_BINS)) + ("positive_weight",)
 _POP_CLASS_AT = 6  # the first class-count column
+_POP_WEIGHT_AT = _POP_CLASS_AT + len(PROFILE_FIELDS) * POP_BINS  # the positive's weight
 
 
 def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
@@ -685,7 +687,8 @@ class SampledRankingMetrics(_MergeChecked):
         n = n_cand.view(-1, 1).expand(pos.shape)
         cols = torch.cat([torch.stack([ranks.to(torch.float64), n.to(torch.float64), stats.inv_q, stats.inv_q2,
                                        stats.beating, stats.unreachable.to(torch.float64)], -1)[valid]]
-                         + [getattr(stats, f)[valid].to(torch.float64) for f in PROFILE_FIELDS], 1)
+                         + [getattr(stats, f)[valid].to(torch.float64) for f in PROFILE_FIELDS]
+                         + [stats.positive_weight[valid].to(torch.float64).unsqueeze(1)], 1)
         self.pop = torch.cat([self.pop, _to(cols, self.pop.device)])
 
     def popularity_ranks(self) -> SampledRanks:
@@ -700,8 +703,10 @@ class SampledRankingMetrics(_MergeChecked):
         from reco_sampled_plugin.ranking import SampledRanks
 
         t = self.pop.detach().to("cpu", torch.float64)
-        counts = t[:, _POP_CLASS_AT:].reshape(-1, len(PROFILE_FIELDS), POP_BINS).to(torch.float32)
-        stats = PopularityStats(t[:, 4], t[:, 2], t[:, 3], t[:, 5].to(torch.int64), *counts.unbind(1))
+        counts = t[:, _POP_CLASS_AT:_POP_WEIGHT_AT].reshape(-1, len(PROFILE_FIELDS), POP_BINS).to(torch.float32)
+        profile, beat_bins, miss_bins = counts.unbind(1)  # PROFILE_FIELDS' order
+        stats = PopularityStats(t[:, 4], t[:, 2], t[:, 3], t[:, 5].to(torch.int64), profile, beat_bins, miss_bins,
+                                t[:, _POP_WEIGHT_AT])
         return SampledRanks(t[:, 0], t[:, 1], None, self.design, popularity_stats=stats)
 
     def update_factors_padded(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
