@@ -26,3 +26,34 @@ def factor_world(m: int = 40) -> tuple[Any, Any, np.ndarray, np.ndarray, Samplin
     a, b = rng.normal(size=(users, 8)), rng.normal(size=(items, 8))
     counts = torch.tensor(np.asarray(train.sum(0)).ravel() + np.asarray(test.sum(0)).ravel() + 1.0)
     return train, test, a, b, SamplingDesign(m, popularity=counts)
+
+
+def tilted_world(seed: int, beta_top: Any, beta_deep: Any, users: int = 200,
+                 n: int = 300) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(scores, positives, weights): Zipf counts as weights; each user's ranking drawn position by position
+    (Gumbel-max over the items left, a loop over the n ranks, vectorised over users) with weights w^beta(r), beta(r)
+    linear in log r from ``beta_top`` at r = 1 to ``beta_deep`` at r = ``DEEP_RANK`` (pl_fit's parametrisation;
+    scalars, or one value per user); the positive at rank ceil(6 Pareto(0.8))."""
+    import math
+
+    from reco_sampled_plugin._popularity_fit import DEEP_RANK
+
+    rng = np.random.default_rng(seed)
+    w = np.floor(2000.0 / np.arange(1, n + 1) ** 0.9) + 1.0
+    lw = np.log(w)
+    top = np.broadcast_to(np.asarray(beta_top, dtype=np.float64), (users,))
+    deep = np.broadcast_to(np.asarray(beta_deep, dtype=np.float64), (users,))
+    taken = np.zeros((users, n), dtype=bool)
+    order = np.empty((users, n), dtype=np.int64)
+    for r in range(1, n + 1):
+        b = top + (deep - top) * min(math.log(r) / math.log(DEEP_RANK), 1.0)
+        g = np.where(taken, -np.inf, b[:, None] * lw[None, :] + rng.gumbel(size=(users, n)))
+        j = g.argmax(1)
+        order[:, r - 1] = j
+        taken[np.arange(users), j] = True
+    exact = np.minimum(np.ceil(rng.pareto(0.8, size=users) * 6.0), n - 1).astype(np.int64)
+    pos = order[np.arange(users), exact - 1]
+    scores = np.empty((users, n))
+    scores[np.arange(users)[:, None], order] = -np.arange(n, dtype=np.float64)[None, :]
+    return torch.from_numpy(scores), torch.from_numpy(pos).view(-1, 1), torch.from_numpy(w)
+

@@ -10,41 +10,25 @@ positive at a rank from a known heavy-headed law: exact ranks, weights and both 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 import torch
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin import metric_values, popularity
-from reco_sampled_plugin._popularity_fit import DEEP_RANK, NICHE_LR_CRITICAL, z_value
+from reco_sampled_plugin._popularity_fit import NICHE_LR_CRITICAL, z_value
 from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.metric_names import parse_metric
+
+from _popularity_helpers import tilted_world  # noqa: E402  (tests/ is on sys.path)
 
 METRICS = ("hit@10", "ndcg@10")
 
 
-def _world(seed: int, beta_top: float, beta_deep: float, users: int = 200, n: int = 300):
-    """(scores, positives, weights, exact ranks): Zipf counts as weights; each user's ranking drawn position by
-    position (Gumbel-max over the items left, a loop over the n ranks, vectorised over users) with weights
-    w^beta(r); the positive at rank ceil(6 Pareto(0.8))."""
-    rng = np.random.default_rng(seed)
-    w = np.floor(2000.0 / np.arange(1, n + 1) ** 0.9) + 1.0
-    lw = np.log(w)
-    taken = np.zeros((users, n), dtype=bool)
-    order = np.empty((users, n), dtype=np.int64)
-    for r in range(1, n + 1):
-        b = beta_top + (beta_deep - beta_top) * min(math.log(r) / math.log(DEEP_RANK), 1.0)
-        g = np.where(taken, -np.inf, b * lw[None, :] + rng.gumbel(size=(users, n)))
-        j = g.argmax(1)
-        order[:, r - 1] = j
-        taken[np.arange(users), j] = True
-    exact = np.minimum(np.ceil(rng.pareto(0.8, size=users) * 6.0), n - 1).astype(np.int64)
-    pos = order[np.arange(users), exact - 1]
-    scores = np.empty((users, n))
-    scores[np.arange(users)[:, None], order] = -np.arange(n, dtype=np.float64)[None, :]
-    return torch.from_numpy(scores), torch.from_numpy(pos).view(-1, 1), torch.from_numpy(w)
+def _world(seed: int, beta_top: float, beta_deep: float):
+    """(scores, positives, weights) of 200 users ranking 300 Zipf-weighted items by the model's tilt curve
+    (``_popularity_helpers.tilted_world``)."""
+    return tilted_world(seed, beta_top, beta_deep)
 
 
 def _draw(seed: int, beta_top: float, beta_deep: float, m: int = 50):

@@ -20,6 +20,8 @@ from reco_sampled_plugin import _popularity_fit as pf, metric_values, popularity
 from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.metric_names import parse_metric
 
+from _popularity_helpers import tilted_world  # noqa: E402  (tests/ is on sys.path)
+
 METRICS = ("hit@10", "ndcg@10")
 
 
@@ -69,29 +71,12 @@ def test_no_strata_without_a_covariate_a_choice_or_enough_positives():
 
 
 def _world(seed: int, users: int = 600, n: int = 300, tilts: tuple = ((0.0, 0.0), (3.0, 3.0))):
-    """(scores, positives, weights): Zipf counts as weights; half the users rank with the tilt curve ``tilts[0]``
-    (beta_top, beta_deep: linear in log r up to rank 200; by default popularity-blind), half with ``tilts[1]``
-    (by default strongly popularity-tilted), each ranking drawn position by position (Gumbel-max over the items
-    left); the positive at rank ceil(6 Pareto(0.8)). A popularity-blind user's positive is less popular."""
-    rng = np.random.default_rng(seed)
-    w = np.floor(2000.0 / np.arange(1, n + 1) ** 0.9) + 1.0
-    lw = np.log(w)
+    """(scores, positives, weights): half the users rank with the tilt curve ``tilts[0]`` (beta_top, beta_deep; by
+    default popularity-blind), half with ``tilts[1]`` (by default strongly popularity-tilted), Zipf weights
+    (``_popularity_helpers.tilted_world``). A popularity-blind user's positive is less popular."""
     even = np.arange(users) % 2 == 0
-    top = np.where(even, tilts[0][0], tilts[1][0])
-    deep = np.where(even, tilts[0][1], tilts[1][1])
-    taken = np.zeros((users, n), dtype=bool)
-    order = np.empty((users, n), dtype=np.int64)
-    for r in range(1, n + 1):
-        b = top + (deep - top) * min(math.log(r) / math.log(pf.DEEP_RANK), 1.0)
-        g = np.where(taken, -np.inf, b[:, None] * lw[None, :] + rng.gumbel(size=(users, n)))
-        j = g.argmax(1)
-        order[:, r - 1] = j
-        taken[np.arange(users), j] = True
-    exact = np.minimum(np.ceil(rng.pareto(0.8, size=users) * 6.0), n - 1).astype(np.int64)
-    pos = order[np.arange(users), exact - 1]
-    scores = np.empty((users, n))
-    scores[np.arange(users)[:, None], order] = -np.arange(n, dtype=np.float64)[None, :]
-    return torch.from_numpy(scores), torch.from_numpy(pos).view(-1, 1), torch.from_numpy(w)
+    return tilted_world(seed, np.where(even, tilts[0][0], tilts[1][0]), np.where(even, tilts[0][1], tilts[1][1]),
+                        users, n)
 
 
 @pytest.fixture(scope="module")
