@@ -36,6 +36,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import popularity_accuracy as pa  # noqa: E402
 import popularity_tilt_curves as tc  # noqa: E402
+import popularity_tilt_mixture as tm  # noqa: E402
 
 import reco_sampled_plugin as rsp  # noqa: E402
 from reco_sampled_plugin import _popularity_fit as pf, metric_values  # noqa: E402
@@ -54,6 +55,27 @@ def true_value(f: pf.PopularityFit, r_true: np.ndarray) -> dict:
             for s, spec in SPECS.items()}
 
 
+class _Half:
+    """What ``popularity_tilt_mixture.spline_values`` reads of a fit (allowed cells, weights, edges), for some rows."""
+
+    def __init__(self, f: pf.PopularityFit, rows: np.ndarray) -> None:
+        self.allowed, self.edges = f.allowed[rows], f.edges
+        self.units = f.units.select(rows)
+
+
+def prior_only(f: pf.PopularityFit, units: pf.Units) -> dict:
+    """The values with the default's halves (``_popularity_fit.strata``) for the rank prior only: one fit's tilt
+    curve for every positive, the spline prior refitted on each half's likelihoods."""
+    logl = f._assemble(f.curves[f.best][2])
+    tot = float(units.w.sum())
+    vals = {s: 0.0 for s in METRICS}
+    for rows in pf.strata(units) or [np.arange(len(units.w))]:
+        v = tm.spline_values(_Half(f, rows), logl[rows], {s: f.cell_metric(spec)[rows] for s, spec in SPECS.items()})
+        for s in METRICS:
+            vals[s] += float(units.w[rows].sum()) / tot * v[s]
+    return vals
+
+
 def run_one(units: pf.Units, cov: dict, r_true: np.ndarray) -> dict:
     edges = pf.rank_edges(int(units.n.max()))
     t0 = time.time()
@@ -61,6 +83,9 @@ def run_one(units: pf.Units, cov: dict, r_true: np.ndarray) -> dict:
     out = {"t_base": time.time() - t0, "a": {s: f.estimate(spec)[0] for s, spec in SPECS.items()},
            "a_tp": true_value(f, r_true), "a_key": list(f.beta_of())}
     for name, k in SPLITS:
+        if name == "prior":  # the default's halves (pos2), the rank prior refitted per half at one fit's tilt
+            out[f"{name}{k}"] = prior_only(f, units)
+            continue
         if name == "cross":  # pos x hist, each at its median
             lab = sum((cov[c] > np.median(cov[c])).astype(np.int64) * (2 ** i) for i, c in enumerate(("pos", "hist")))
         else:
@@ -148,6 +173,8 @@ def summarise(paths: list[str]) -> None:
             print("| rule | " + " | ".join(f"{s} worst (ratio) | bias " + " ".join(tc.SHORT[x] for x in recs)
                                           for s in METRICS) + " |")
             for rule in RULES:
+                if any(rule + suffix not in r for r in sel):  # prior2 has no true-prior value
+                    continue
                 cols = []
                 for k, s in enumerate(METRICS):
                     errs = {x: [r[rule + suffix][s] / r["truth"][s] - 1 for r in sel if r["recommender"] == x]
@@ -166,7 +193,8 @@ def summarise(paths: list[str]) -> None:
 
 def _extra(ap) -> None:
     ap.add_argument("--splits", default="pos2,pos3,hist2,hist3",
-                    help="comma-separated covariate and strata count: pos2, hist3, cross4 (pos x hist)")
+                    help="comma-separated covariate and strata count: pos2, hist3, cross4 (pos x hist), prior2 (the "
+                         "default's halves for the rank prior only, one tilt curve)")
     ap.add_argument("--count", type=int, default=0, help="_popularity_fit.COUNT_EXACT_RANK (0: off, the default)")
     ap.add_argument("--time", action="store_true", help="time pl_fit end to end, strata none / positive (no --out "
                     "rows written)")
