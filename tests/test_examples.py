@@ -48,6 +48,20 @@ def test_adaptive_at_scale_example(capsys, monkeypatch):
         assert 100 < float(adaptive[9]) < 3200 and 0 < float(adaptive[10]) < 0.2
 
 
+def test_popularity_sampled_example(capsys, monkeypatch):
+    """Popularity-sampled m = 100 on ml-latest-small: every corrected value is closer to the exact one than the
+    uncorrected popularity-sampled metric, and its interval holds the exact value (hh for AUC, pl_fit otherwise)."""
+    monkeypatch.setattr(sys, "argv", ["popularity_sampled.py"])
+    runpy.run_path(str(EXAMPLES / "popularity_sampled.py"), run_name="__main__")
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.startswith(("Popularity", "ItemKNN"))]
+    assert len(rows) == 6
+    for row in rows:
+        exact, plain, value = float(row[2]), float(row[3]), float(row[4])
+        lo, hi = float(row[5].strip("[,")), float(row[6].strip("]"))
+        assert abs(value - exact) < abs(plain - exact) and lo <= exact <= hi, row
+        assert row[7] == ("hh" if row[1] == "auc" else "pl_fit")
+
+
 @pytest.mark.slow
 def test_recbole_example(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["run_bpr_ml100k.py", "--workdir", str(tmp_path)])
