@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -46,14 +47,17 @@ def tiny_world(n_users=30, n_items=400, dim=8, seed=0) -> "bench.World":
 
 
 class Counting:
-    """Counts the pairs and calls a scorer receives."""
+    """Counts the pairs and calls a scorer receives; ``delay``: seconds slept in each call (at least that long: a
+    known lower bound on the time the cost's timer must attribute to the scorer)."""
 
-    def __init__(self, scorer):
-        self.scorer, self.pairs, self.calls = scorer, 0, 0
+    def __init__(self, scorer, delay: float = 0.0):
+        self.scorer, self.pairs, self.calls, self.delay = scorer, 0, 0, delay
 
     def __call__(self, users, items):
         self.pairs += items.numel()
         self.calls += 1
+        if self.delay:
+            time.sleep(self.delay)
         return self.scorer(users, items)
 
 
@@ -68,7 +72,7 @@ def scorer(world):
 
 
 def test_full_ranking_equals_exact_ranks_of_the_materialised_matrix(world, scorer):
-    counter = Counting(scorer)
+    counter = Counting(scorer, delay=0.002)
     full = bench.full_ranking(counter, world, max_pairs=1000, block_users=7)
     scores = scorer(world.users, torch.arange(world.n_items).expand(world.n_users, -1))
     ref = exact_ranks(scores, world.positives, world.exclude, count_other_positives=False).reshape(-1)
@@ -81,7 +85,9 @@ def test_full_ranking_equals_exact_ranks_of_the_materialised_matrix(world, score
     assert cost.calls == counter.calls == sum(math.ceil(min(7, world.n_users - lo) / 2) for lo in range(0, 30, 7))
     assert cost.full_pairs == int(world.n_candidates.sum())
     assert cost.scorer_seconds > 0 and cost.loop_seconds > 0  # the loop's own work takes time too
-    assert cost.scorer_seconds + cost.loop_seconds <= full["wall"] + 1e-9
+    # every call slept 2 ms inside the scorer: the scorer's timer holds at least that, the loop's time none of it
+    assert cost.scorer_seconds >= counter.calls * counter.delay
+    assert cost.loop_seconds <= full["wall"] - counter.calls * counter.delay + 1e-9
 
 
 @pytest.mark.parametrize("design", [20, SamplingDesign(10, adaptive_max=80)], ids=["fixed", "adaptive"])
@@ -145,12 +151,13 @@ def test_make_world_replicates_users_and_items():
 
 
 def test_blocked_loop_scores_the_same_pairs(world, scorer):
-    counter = Counting(scorer)
+    counter = Counting(scorer, delay=0.002)
     got = bench.blocked_loop(counter, world, 20, seed=0, blocks=4, max_pairs=256)
     assert got["pairs"] == counter.pairs == world.n_users * 21
-    # the loop draws and counts (its own time > 0); scorer and loop times of the blocks add up to at most the wall
+    # the loop draws and counts (its own time > 0); the 2 ms each call slept are the scorer's, not the loop's
     assert got["scorer_seconds"] > 0 and got["loop_seconds"] > 0
-    assert got["scorer_seconds"] + got["loop_seconds"] <= got["wall"] + 1e-9
+    assert got["scorer_seconds"] >= counter.calls * counter.delay
+    assert got["loop_seconds"] <= got["wall"] - counter.calls * counter.delay + 1e-9
 
 
 def test_prepared_loop_scores_what_one_call_scores(world, scorer):
