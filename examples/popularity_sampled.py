@@ -35,7 +35,8 @@ def main() -> None:
     np.add.at(counts, split.test_items[users], 1.0)  # counts over all phases, as RecBole counts them
     design = rsp.SamplingDesign(args.m, popularity=torch.from_numpy(counts) ** args.alpha)
     print(f"ml-latest-small: {len(users)} test users, m = {args.m} negatives drawn by count^{args.alpha:g}")
-    print(f"{'recommender':13} {'metric':8} {'exact':>7} {'uncorrected':>11} {'corrected':>9}  {'95% interval':>18}  method")
+    print(f"{'recommender':13} {'metric':8} {'95% interval':>18}  {'corrected':>9} {'method':>6}  {'uncorrected':>11} "
+          f"{'exact':>7}")
     gen = torch.Generator().manual_seed(0)
     for model in (baselines.Popularity().fit(split.train), baselines.ItemKNN(q=3).fit(split.train)):
         scores = model.score(users).double()
@@ -46,8 +47,8 @@ def main() -> None:
             plain = rsp.estimate(metric, sampled, method="none").value
             est = rsp.estimate(metric, sampled)  # auto: hh for AUC, pl_fit for the others
             lo, hi = est.interval(0.95)
-            print(f"{model.name:13} {metric:8} {truth:7.4f} {plain:11.4f} {est.value:9.4f}  [{lo:.4f}, {hi:.4f}]  "
-                  f"{est.details['auto']['method']}")
+            print(f"{model.name:13} {metric:8} [{lo:.4f}, {hi:.4f}]  {est.value:9.4f} {est.details['auto']['method']:>6}  "
+                  f"{plain:11.4f} {truth:7.4f}")
 
 
 if __name__ == "__main__":

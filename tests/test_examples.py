@@ -56,10 +56,10 @@ def test_popularity_sampled_example(capsys, monkeypatch):
     rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.startswith(("Popularity", "ItemKNN"))]
     assert len(rows) == 6
     for row in rows:
-        exact, plain, value = float(row[2]), float(row[3]), float(row[4])
-        lo, hi = float(row[5].strip("[,")), float(row[6].strip("]"))
+        lo, hi = float(row[2].strip("[,")), float(row[3].strip("]"))
+        value, plain, exact = float(row[4]), float(row[6]), float(row[7])
         assert abs(value - exact) < abs(plain - exact) and lo <= exact <= hi, row
-        assert row[7] == ("hh" if row[1] == "auc" else "pl_fit")
+        assert row[5] == ("hh" if row[1] == "auc" else "pl_fit")
 
 
 @pytest.mark.slow
