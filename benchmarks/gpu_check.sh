@@ -4,7 +4,7 @@
 #
 #   OUT=/tmp/gpu bash benchmarks/gpu_check.sh            # python3 = a Python with CUDA torch and the test extras
 #
-# Output: $OUT/env.txt, tests_cuda.txt, input_forms.txt, lightning_scale.txt, exact_metrics.txt.
+# Output: $OUT/env.txt, tests_cuda.txt, input_forms.txt, sampled_draws.txt, lightning_scale.txt, exact_metrics.txt.
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 PY=${PY:-python3}
@@ -24,5 +24,6 @@ step input_forms "${T_FORMS:-70}" $PY benchmarks/bench_input_forms.py --device c
 for te in 16777216 268435456; do  # the accelerator tile (2^26 scores by default) against 2^24 and 2^28
   step input_forms 30 $PY benchmarks/bench_input_forms.py --device cuda --batches 1024,4096 --repeats 5 --tile-elements $te
 done
+step sampled_draws "${T_DRAWS:-90}" $PY benchmarks/bench_sampled_draws.py --device cuda --batches 256,1024,4096 --repeats 5
 step lightning_scale "${T_LIGHTNING:-100}" $PY benchmarks/bench_lightning.py --scale --accelerator gpu --repeats 3
 step exact_metrics "${T_EXACT:-50}" $PY benchmarks/bench_exact_metrics.py --device cuda --skip-recbole

@@ -141,21 +141,21 @@ class Exclusions:
         out.view(-1).scatter_(0, self.row_of * (width + 1) + place, self.items)
         return out[:, :width]
 
+    def padded_block(self, first_row: int, rows: int, width: int, fill: int) -> torch.Tensor:
+        """(rows, width) int64: the items of rows ``first_row``..``first_row + rows - 1``, ascending, padded with
+        ``fill`` (``width``: at least the longest of those rows, known to the caller, so nothing is read back). One
+        scatter over the T entries."""
+        out = torch.full((rows * width + 1,), fill, dtype=torch.int64, device=self.device)  # last: a sink
+        inside = (self.row_of >= first_row) & (self.row_of < first_row + rows)
+        place = torch.arange(self.total, device=self.device) - self.starts[self.row_of]
+        at = torch.where(inside, (self.row_of - first_row) * width + place, torch.full_like(place, rows * width))
+        out.scatter_(0, at, torch.where(inside, self.items, torch.full_like(self.items, fill)))
+        return out[: rows * width].view(rows, width)
+
     def row_sums(self, values: torch.Tensor) -> torch.Tensor:
         """(B,) per-row sums of ``values`` (T,) given per entry (e.g. weighted flags of the excluded items)."""
         out = torch.zeros(self.rows, dtype=values.dtype, device=self.device)
         return out.index_add_(0, self.row_of, values)
-
-    def scatter_rows(self, block: torch.Tensor, first_row: int, src: float) -> torch.Tensor:
-        """Multiply the entries of ``block`` ((r, n), rows ``first_row``..``first_row + r - 1``) at the excluded
-        items by ``src`` (in place, returned): one scatter over the T entries, none outside the block touched."""
-        r, n = block.shape
-        inside = (self.row_of >= first_row) & (self.row_of < first_row + r)
-        at = torch.where(inside, (self.row_of - first_row) * n + self.items, torch.zeros_like(self.items))
-        factor = torch.where(inside, torch.full(at.shape, src, dtype=block.dtype, device=block.device),
-                             torch.ones(at.shape, dtype=block.dtype, device=block.device))
-        block.view(-1).scatter_reduce_(0, at, factor, reduce="prod")
-        return block
 
 
 def skip_sorted(positions: torch.Tensor, forb_sorted: torch.Tensor, pad: int) -> torch.Tensor:

@@ -631,12 +631,15 @@ def draw_negatives(pos: torch.Tensor, exc: Exclusions | torch.Tensor | None, n_i
             raise ValueError(f"popularity: {int(short.sum())} row(s) have fewer than {need} irrelevant items with positive weight")
 
         checks.append(Check(short.any(), few_weighted))
+        # the longest exclusion list, read in the same synchronisation: the width of the draw's hole tables
+        values.append(exc.counts.max() if exc is not None and b else torch.zeros((), dtype=torch.int64))
     host = run_checks(checks, values) if b else run_checks(checks) + [1, 0]
     any_small = small is not None and bool(host[1])
+    width = int(host[1]) if popularity is not None else 0
 
     def draw(ps: torch.Tensor, ex: Exclusions | None, n_allow: torch.Tensor, sm: torch.Tensor | None) -> torch.Tensor:
         if popularity is not None:
-            return _draw_popularity(ps, ex, n_items, p, m, replacement, popularity, generator, device)
+            return _draw_popularity(ps, ex, width, n_items, p, m, replacement, popularity, generator, device)
         return _draw_uniform(ps, ex, n_allow, sm, n_items, p, m, replacement, generator, device)
 
     if host[0]:
@@ -706,7 +709,7 @@ def _make_distinct(positions: torch.Tensor, n_allowed: torch.Tensor, generator: 
     return positions
 
 
-# elements of the (rows x n) probability block built for popularity draws
+# elements of the (rows x forbidden items) blocks built for popularity draws
 _POPULARITY_BLOCK = 1 << 24
 
 
@@ -718,62 +721,85 @@ def check_popularity(popularity: Any, n_items: int, device: torch.device) -> tor
     return w
 
 
-class _WeightBlock(NamedTuple):
-    probs: torch.Tensor  # (r, n) float64 weights, 0 at the row's forbidden items
-    cdf: torch.Tensor  # (r, n) cumulative weights
-    total: torch.Tensor  # (r, 1)
+class _HoledCdf(NamedTuple):
+    """The cumulative weights of r rows' allowed items without a (rows x n) block: the catalogue's one cumulative
+    sum G (G_j = w_0 + ... + w_j) with each row's sorted forbidden items f_1 < f_2 < ... cut out as holes.
+
+    The allowed weight below forbidden item f_i is s_i = G(f_i) - F_i, F_i = w(f_1) + ... + w(f_i) (non-decreasing
+    in i). A threshold t in [0, W) of the row's allowed weight W = G(n - 1) - F_last lies past the k forbidden items
+    with s_i <= t, so at t + F_k on the catalogue's scale: one search of the row's F holes, one of G. Memory
+    O(n + r F); the same items as a cumulative sum over each row with its forbidden weights set to 0."""
+    g: torch.Tensor  # (n,) float64 G
+    w: torch.Tensor  # (n,) float64 weights
+    forb: torch.Tensor  # (r, F) int64 sorted forbidden items, padded with n
+    fcum: torch.Tensor  # (r, F + 1) float64 [0, F_1, ..., F_F] (padding adds 0)
+    starts: torch.Tensor  # (r, F) float64 s_i (padding: inf)
+    total: torch.Tensor  # (r, 1) float64 W
 
     @staticmethod
-    def build(w: torch.Tensor, pos: torch.Tensor, exc: Exclusions | None, first_row: int) -> "_WeightBlock":
-        """The block of rows ``first_row``.. (``pos``: their (r, P) positives; ``exc``: every row's exclusions)."""
-        keep = (pos < 0).to(torch.float64)  # padding (-1 -> item 0) multiplies by 1
-        probs = w.unsqueeze(0).repeat(pos.shape[0], 1)
-        probs.scatter_reduce_(1, pos.clamp(min=0), keep, reduce="prod")
-        if exc is not None and exc.total:
-            exc.scatter_rows(probs, first_row, 0.0)
-        cdf = torch.cumsum(probs, 1)
-        return _WeightBlock(probs, cdf, cdf[:, -1:])
-
-    @staticmethod
-    def from_forbidden(w: torch.Tensor, forb: torch.Tensor, n_items: int) -> "_WeightBlock":
-        """The block of rows whose sorted forbidden items ``forb`` (r, F) are given (padded with ``n_items``,
-        :func:`forbidden_sorted`): the keyed draws of the adapters (:func:`popularity_inverse_cdf`)."""
-        keep = (forb >= n_items).to(torch.float64)  # padding (n_items) multiplies the last item by 1
-        probs = w.unsqueeze(0).repeat(forb.shape[0], 1)
-        probs.scatter_reduce_(1, forb.clamp(max=n_items - 1), keep, reduce="prod")
-        cdf = torch.cumsum(probs, 1)
-        return _WeightBlock(probs, cdf, cdf[:, -1:])
+    def build(g: torch.Tensor, w: torch.Tensor, forb: torch.Tensor) -> "_HoledCdf":
+        """From the catalogue's ``g`` = cumsum(``w``) and the rows' sorted forbidden items ``forb`` (r, F), padded
+        with n (:func:`forbidden_sorted`)."""
+        n = g.shape[0]
+        real = forb < n
+        at = forb.clamp(max=n - 1)
+        zero = torch.zeros((), dtype=torch.float64, device=g.device)
+        fcum = torch.cat([torch.zeros_like(g[:1]).expand(forb.shape[0], 1),
+                          torch.cumsum(torch.where(real, w[at], zero), 1)], 1)
+        starts = torch.where(real, g[at] - fcum[:, 1:], torch.full_like(fcum[:, 1:], math.inf))
+        return _HoledCdf(g, w, forb, fcum, starts, g[-1:].view(1, 1) - fcum[:, -1:])
 
     def item(self, t: torch.Tensor) -> torch.Tensor:
-        """(r, K) thresholds in [0, total) -> the items whose cumulative weight interval holds them."""
-        top = torch.nextafter(self.total, torch.zeros_like(self.total))
-        at = torch.searchsorted(self.cdf, torch.minimum(t, top).contiguous(), right=True)
-        return at.clamp(max=self.cdf.shape[1] - 1)
+        """(r, K) thresholds in [0, total) -> the allowed items whose cumulative weight interval holds them."""
+        n = self.g.shape[0]
+        t = torch.minimum(t, torch.nextafter(self.total, torch.zeros_like(self.total))).contiguous()
+        k = torch.searchsorted(self.starts.contiguous(), t, right=True)  # holes below the threshold
+        tg = t + self.fcum.gather(1, k)
+        # rounding never carries the threshold into a hole: between hole k (exclusive) and hole k + 1
+        f_pad = torch.cat([torch.full_like(self.forb[:, :1], -1), self.forb], 1)
+        below, above = f_pad.gather(1, k), f_pad.gather(1, (k + 1).clamp(max=f_pad.shape[1] - 1))
+        above = torch.where(k + 1 < f_pad.shape[1], above, torch.full_like(above, n))
+        g0 = torch.cat([torch.zeros_like(self.g[:1]), self.g])  # g0[j] = G(j - 1), the weight below item j
+        lo, hi = g0[below + 1], g0[above]
+        tg = torch.maximum(torch.minimum(tg, torch.nextafter(hi, torch.zeros_like(hi))), lo)
+        return torch.searchsorted(self.g, tg, right=True).clamp(max=n - 1)
+
+    def allowed_cdf(self, items: torch.Tensor) -> torch.Tensor:
+        """(r, K) the allowed weight at or below each of ``items`` (r, K) (allowed items): G(j) - F(holes below j)."""
+        k = torch.searchsorted(self.forb.contiguous(), items.contiguous(), right=True)
+        return self.g[items] - self.fcum.gather(1, k)
 
     def redraw(self, draws: torch.Tensor, dup: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        """Draws proportional to the weights among the items of each (row, positive) not kept (kept: not ``dup``):
-        the u-quantile of the weights left. The kept items split the catalogue into intervals; G_i = cdf(k_i) -
-        (weight of the first i kept items) says which interval holds the quantile, then one search of the cdf."""
+        """Draws proportional to the weights among the allowed items of each (row, positive) not kept (kept: not
+        ``dup``): the u-quantile of the weights left. The kept items split the allowed weight into intervals;
+        G_i = (allowed weight at kept item k_i) - (weight of the first i kept items) says which interval holds the
+        quantile, then :meth:`item`."""
         r, p, m = draws.shape
-        n = self.cdf.shape[1]
+        n = self.g.shape[0]
         ks = torch.sort(torch.where(dup, torch.full_like(draws, n), draws), dim=-1).values  # kept, padding last
         valid = ks < n
         kc = ks.clamp(max=n - 1).view(r, p * m)
-        wk = torch.where(valid, self.probs.gather(1, kc).view(r, p, m), torch.zeros((), dtype=torch.float64, device=ks.device))
+        zero = torch.zeros((), dtype=torch.float64, device=ks.device)
+        wk = torch.where(valid, self.w[kc].view(r, p, m), zero)
         cum = torch.cumsum(wk, -1)
         t = u * (self.total.view(r, 1, 1) - cum[..., -1:])
-        g = torch.where(valid, self.cdf.gather(1, kc).view(r, p, m) - cum, torch.full_like(cum, math.inf))
+        g = torch.where(valid, self.allowed_cdf(kc).view(r, p, m) - cum, torch.full_like(cum, math.inf))
         below = torch.searchsorted(g, t, right=True)  # kept items wholly below the quantile
         shift = torch.cat([torch.zeros_like(cum[..., :1]), cum], -1).gather(-1, below)
         return self.item((t + shift).view(r, p * m)).view(r, p, m)
 
 
+def _block_rows(width: int) -> int:
+    """Rows per popularity block: (rows x ``width``) forbidden items within :data:`_POPULARITY_BLOCK`."""
+    return max(1, _POPULARITY_BLOCK // max(width, 1))
+
+
 def popularity_inverse_cdf(w: torch.Tensor, forb: torch.Tensor, n_items: int, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Items drawn with probability proportional to ``w`` among each row's allowed items, from given uniform numbers:
     draw (b, p, k) is the item whose cumulative weight interval holds u[b, p, k] W_b (W_b the row's allowed weight;
-    ``forb``: the row's sorted forbidden items, :func:`forbidden_sorted`). Rows in blocks, so the (rows x n)
-    cumulative weights stay bounded. For keyed draws (``adapters._shared``): the same lookup as
-    :func:`sampled_ranks`' popularity draws with replacement, fed other uniform numbers.
+    ``forb``: the row's sorted forbidden items, :func:`forbidden_sorted`), by :class:`_HoledCdf`: memory O(n + B F).
+    For keyed draws (``adapters._shared``): the same lookup as :func:`sampled_ranks`' popularity draws with
+    replacement, fed other uniform numbers.
 
     Returns:
         (B, P, m) int64 items and (B,) float64 allowed weights W_b (0: nothing to draw in the row).
@@ -781,47 +807,58 @@ def popularity_inverse_cdf(w: torch.Tensor, forb: torch.Tensor, n_items: int, u:
     b, p, m = u.shape
     items = torch.zeros((b, p, m), dtype=torch.int64, device=u.device)
     totals = torch.zeros(b, dtype=torch.float64, device=u.device)
-    step = max(1, _POPULARITY_BLOCK // max(n_items, 1))
+    g = torch.cumsum(w, 0)
+    step = _block_rows(forb.shape[1] + p * m)
     for lo in range(0, b, step):
-        wb = _WeightBlock.from_forbidden(w, forb[lo:lo + step], n_items)
-        r = wb.cdf.shape[0]
-        items[lo:lo + step] = wb.item(u[lo:lo + step].reshape(r, p * m) * wb.total).view(r, p, m)
-        totals[lo:lo + step] = wb.total[:, 0]
+        hc = _HoledCdf.build(g, w, forb[lo:lo + step])
+        r = hc.forb.shape[0]
+        items[lo:lo + step] = hc.item(u[lo:lo + step].reshape(r, p * m) * hc.total).view(r, p, m)
+        totals[lo:lo + step] = hc.total[:, 0]
     return items, totals
 
 
-def _draw_popularity(pos: torch.Tensor, exc: Exclusions | None, n_items: int, p: int, m: int, replacement: bool, w: torch.Tensor,
-                     generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+def _draw_popularity(pos: torch.Tensor, exc: Exclusions | None, width: int, n_items: int, p: int, m: int,
+                     replacement: bool, w: torch.Tensor, generator: torch.Generator | None,
+                     device: torch.device) -> torch.Tensor:
     """Draw m items per positive with probability proportional to ``w`` among the allowed items (not among the
-    row's positives ``pos`` nor its exclusions ``exc``): inverse-cdf lookups of uniform numbers, on the
-    scores' device, in blocks of rows so the (rows x n) cumulative weights stay bounded. Without replacement the
-    duplicates are redrawn among the items not drawn yet (:meth:`_WeightBlock.redraw`), a fixed number of rounds,
-    then one check for all blocks."""
+    row's positives ``pos`` nor its exclusions ``exc``, ``width`` at least the longest row of them): inverse-cdf
+    lookups of uniform numbers on the scores' device (:class:`_HoledCdf`: the catalogue's one cumulative sum with
+    each row's forbidden items as holes), in blocks of rows so the (rows x forbidden items) tables stay bounded.
+    Without replacement the duplicates are redrawn among the items not drawn yet (:meth:`_HoledCdf.redraw`), a
+    fixed number of rounds, then one check for all blocks."""
     b = pos.shape[0]
     out = torch.empty((b, p, m), dtype=torch.int64, device=device)
     dups: Any = None if replacement else torch.zeros((b, p, m), dtype=torch.bool, device=device)
-    block = max(1, _POPULARITY_BLOCK // max(n_items, 1))
+    g = torch.cumsum(w, 0)
+    block = _block_rows(p + width + p * m)
     blocks = [slice(start, min(start + block, b)) for start in range(0, b, block)]
     rounds = 1 if replacement else 1 + _REDRAW_ROUNDS
     u_all = _rand((rounds, b, p, m), generator, device)  # every block's and round's numbers in one draw (one move)
+
+    def holes(sl: slice) -> _HoledCdf:
+        ps = pos[sl]
+        forb = ps if exc is None or not width else torch.cat(
+            [ps, exc.padded_block(sl.start, ps.shape[0], width, -1)], 1)
+        return _HoledCdf.build(g, w, forbidden_sorted(forb, None, n_items))
+
     for sl in blocks:  # row blocks bound memory; each block is vectorised
-        wb = _WeightBlock.build(w, pos[sl], exc, sl.start)
-        r = wb.cdf.shape[0]
+        hc = holes(sl)
+        r = hc.forb.shape[0]
         u = u_all[:, sl]
-        draws = wb.item(u[0].reshape(r, p * m) * wb.total).view(r, p, m)
+        draws = hc.item(u[0].reshape(r, p * m) * hc.total).view(r, p, m)
         if not replacement:
             dup = _later_duplicates(draws)
             for k in range(1, rounds):
-                draws = torch.where(dup, wb.redraw(draws, dup, u[k]), draws)
+                draws = torch.where(dup, hc.redraw(draws, dup, u[k]), draws)
                 dup = _later_duplicates(draws, dup)
             dups[sl] = dup
         out[sl] = draws
     while dups is not None and bool(dups.any()):  # one check; rarely true (a round per block per check)
         u_all = _rand((b, p, m), generator, device)
         for sl in blocks:
-            wb = _WeightBlock.build(w, pos[sl], exc, sl.start)
+            hc = holes(sl)
             draws, dup = out[sl], dups[sl]
-            draws = torch.where(dup, wb.redraw(draws, dup, u_all[sl]), draws)
+            draws = torch.where(dup, hc.redraw(draws, dup, u_all[sl]), draws)
             out[sl], dups[sl] = draws, _later_duplicates(draws, dup)
     return out
 

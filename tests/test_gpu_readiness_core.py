@@ -94,6 +94,18 @@ def test_largest_temporary_is_the_score_block_plus_small_terms(name, device, bac
         assert rec.peak <= bound, (b, n, rec.peak, rec.op)
 
 
+@pytest.mark.parametrize("name", ["popularity", "popularity_no_replacement"])
+def test_popularity_draws_build_no_rows_by_catalogue_block(name, device, backend):
+    """Popularity draws keep the catalogue's one cumulative sum (n + 1 values) and per-draw tables (the uniform
+    numbers of up to three rounds, B x P x m each, and the rows' holes), never a (rows x n) block of weights."""
+    for b, n in SIZES:
+        fn = _calls(*_problem(b, n, device))[name]
+        fn()
+        _, rec = peak_temporary(fn)
+        bound = (n + 1) + 3 * b * P * M + 6 * b * (P + E)
+        assert rec.peak <= bound, (b, n, rec.peak, rec.op)
+
+
 @pytest.mark.parametrize("p", [1, 3, 12])
 def test_eager_counting_temporary_stays_within_the_score_block(p):
     scores = torch.randn(16, 3_000)

@@ -386,3 +386,43 @@ def test_statistics_from_csr_exclusions_equal_the_padded_form():
     for name in ("beating", "inv_q", "inv_q2", "unreachable"):
         a, c = getattr(padded, name), getattr(csr, name)
         assert torch.equal(a, c) if not a.is_floating_point() else torch.allclose(a, c, rtol=1e-14, atol=0), name
+
+
+# --------------------------------------------------------------------------- the draw's inverse cdf with holes
+@settings(max_examples=80, deadline=None)
+@given(hst.integers(1, 40), hst.integers(1, 6), hst.integers(0, 2 ** 31 - 1))
+def test_holed_cdf_finds_the_item_of_a_per_row_cumulative_sum(n, rows, seed):
+    """The draws' lookup (``ranking._HoledCdf``: the catalogue's one cumulative sum, each row's forbidden items cut
+    out) gives, for every threshold, the item a cumulative sum over the row with its forbidden weights set to 0
+    gives (brute force): integer weights (zeros among them), so both are exact; thresholds at every interval's
+    ends and middles. The allowed weight at or below an allowed item, and the row totals, likewise."""
+    from reco_sampled_plugin.ranking import _HoledCdf, forbidden_sorted
+
+    rng = np.random.default_rng(seed)
+    w = torch.as_tensor(rng.integers(0, 4, size=n), dtype=torch.float64)
+    w[rng.integers(0, n)] += 1.0  # some weight
+    width = int(rng.integers(0, n + 1))
+    forb = torch.full((rows, max(width, 1)), -1, dtype=torch.int64)
+    for r in range(rows):
+        k = int(rng.integers(0, width + 1))
+        forb[r, :k] = torch.as_tensor(rng.choice(n, size=k, replace=False))
+    srt = forbidden_sorted(forb, None, n)
+    hc = _HoledCdf.build(torch.cumsum(w, 0), w, srt)
+    for r in range(rows):
+        allowed = w.clone()
+        allowed[forb[r][forb[r] >= 0]] = 0.0
+        cdf = torch.cumsum(allowed, 0)
+        total = float(cdf[-1])
+        assert float(hc.total[r, 0]) == total
+        if total == 0:
+            continue
+        ends = torch.cat([torch.zeros(1, dtype=torch.float64), cdf[:-1]])
+        t = torch.unique(torch.cat([ends, (ends + cdf) / 2, cdf - 0.25])).clamp(0, total - 0.25)
+        t = t[t < total]
+        got = hc.item(t.view(1, -1).expand(rows, -1).contiguous())[r]
+        want = torch.searchsorted(cdf, t, right=True)
+        assert torch.equal(got, want), (r, t, got, want)
+        assert (allowed[got] > 0).all()  # never a forbidden or weightless item
+        ok = torch.nonzero(allowed > 0).view(-1)
+        cum = hc.allowed_cdf(ok.view(1, -1).expand(rows, -1).contiguous())[r]
+        assert torch.equal(cum, cdf[ok])

@@ -527,3 +527,28 @@ def test_lightning_popularity_ddp_two_processes_equal_one(tmp_path):
             start += b
     assert ref["val/auc/hh"][0] == pytest.approx(plain.estimates()["auc/hh"].value, abs=1e-12)
     assert ref["val/auc/hh"][2] == 50  # every relevant item once
+
+
+def test_torchmetrics_popularity_state_on_the_device_equals_the_cpu_one(device):
+    """SampledRankingMetrics with a popularity design moved to ``device`` (its inputs there too): the keyed draws and
+    every popularity statistic (the positive's own weight included) equal the CPU metric's, and so do its estimates."""
+    from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+
+    scores, pos, exclude, w = _tm_batches()
+    ids = torch.arange(scores.shape[0])
+    out = {}
+    for dev in ("cpu", device):
+        metric = SampledRankingMetrics(["auc", "ndcg@10"], SamplingDesign(40, popularity=w),
+                                       estimators=["none", "hh", "pl_fit"], seed=7).to(dev)
+        for part in (slice(0, 100), slice(100, None)):
+            metric.update(scores[part].to(dev), pos[part].to(dev), exclude[part].to(dev), ids=ids[part].to(dev))
+        got = metric.popularity_ranks()
+        out[str(dev)] = (got, {k: (e.value, e.stderr) for k, e in metric.estimates().items()})
+    (a, est_a), (b, est_b) = out["cpu"], out[str(device)]
+    assert torch.equal(a.ranks, b.ranks.cpu())
+    for f in ("beating", "inv_q", "inv_q2", "unreachable", "profile", "beat_bins", "miss_bins", "positive_weight"):
+        torch.testing.assert_close(getattr(a.popularity_stats, f), getattr(b.popularity_stats, f).cpu(),
+                                   rtol=1e-12, atol=1e-9)
+    assert set(est_a) == set(est_b) and "ndcg@10/pl_fit" in est_a
+    for k in est_a:
+        assert est_b[k] == pytest.approx(est_a[k], rel=1e-9, abs=1e-12), k

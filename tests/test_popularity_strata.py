@@ -185,3 +185,30 @@ def test_strata_option_is_checked_and_bare_weights_fit_as_one(mixed_draws):
     e = rsp.estimate("hit@10", bare, method="pl_fit")
     assert "strata" not in e.details
     assert e.value == rsp.estimate("hit@10", sampled, method="pl_fit", strata="none").value
+
+
+def test_stratified_fit_from_device_draws_equals_the_cpu_one(device):
+    """The same draws on ``device`` (one CPU generator, integer weights: the inverse-cdf draw is exact on every
+    device) give the same ranks and statistics, each on the device (the positive's own weight too: w at the
+    positive), and the same stratified estimate as on the CPU."""
+    scores, pos, w = _world(0)
+    got = {}
+    for dev in ("cpu", device):
+        s = rsp.sampled_ranks(scores.to(dev), pos.to(dev), SamplingDesign(50, popularity=w.to(dev)),
+                              generator=torch.Generator().manual_seed(100))
+        st_ = s.popularity_stats
+        fields = (st_.beating, st_.inv_q, st_.inv_q2, st_.unreachable, st_.profile, st_.beat_bins, st_.miss_bins,
+                  st_.positive_weight)
+        assert all(f is not None and f.device.type == torch.device(dev).type for f in fields)
+        assert torch.equal(st_.positive_weight.cpu().view(-1), w.double()[pos.view(-1)])
+        got[str(dev)] = (s, [f.cpu() for f in fields])
+    (s_cpu, f_cpu), (s_dev, f_dev) = got["cpu"], got[str(device)]
+    assert torch.equal(s_cpu.ranks, s_dev.ranks.cpu())
+    for a, b in zip(f_cpu, f_dev):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-9)
+    for metric in METRICS:
+        e_cpu = rsp.estimate(metric, s_cpu, method="pl_fit")
+        e_dev = rsp.estimate(metric, s_dev, method="pl_fit")
+        assert len(e_dev.details["strata"]) == 2
+        assert e_dev.value == pytest.approx(e_cpu.value, rel=1e-9, abs=1e-12)
+        assert e_dev.stderr == pytest.approx(e_cpu.stderr, rel=1e-9, abs=1e-12)

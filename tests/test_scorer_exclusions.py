@@ -218,6 +218,13 @@ def test_prepared_form_holds_the_lists(case):
     idx = torch.from_numpy(np.random.default_rng(seed).integers(0, exc.shape[0], size=5))
     sub = ex.select(idx)
     assert [[x for x in row.tolist() if x >= 0] for row in sub.padded()] == [lists[i] for i in idx.tolist()]
+    # a block of rows, padded to a given width (the popularity draw's hole tables): the same lists, nothing else
+    b = exc.shape[0]
+    lo = int(np.random.default_rng(seed + 1).integers(0, b + 1))
+    width = max([len(x) for x in lists], default=0) + 1
+    block = ex.padded_block(lo, b - lo, width, n)
+    assert block.shape == (b - lo, width)
+    assert [[x for x in row.tolist() if x < n] for row in block] == lists[lo:]
 
 
 def test_exact_paths_and_candidate_counts_take_prepared_exclusions():
