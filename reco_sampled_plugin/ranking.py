@@ -632,7 +632,7 @@ def draw_negatives(pos: torch.Tensor, exc: Exclusions | torch.Tensor | None, n_i
 
         checks.append(Check(short.any(), few_weighted))
         # the longest exclusion list, read in the same synchronisation: the width of the draw's hole tables
-        values.append(exc.counts.max() if exc is not None and b else torch.zeros((), dtype=torch.int64))
+        values.append(exc.counts.max() if exc is not None and b else torch.zeros((), dtype=torch.int64, device=device))
     host = run_checks(checks, values) if b else run_checks(checks) + [1, 0]
     any_small = small is not None and bool(host[1])
     width = int(host[1]) if popularity is not None else 0
