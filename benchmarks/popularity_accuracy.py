@@ -25,7 +25,7 @@ cell (worst recommender against ``auto`` on uniform draws) before / after / hedg
 
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-100k --repeats 20
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-latest-small --repeats 20 --out x.json
-    OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-100k --repeats 10 --count-exact-rank 32
+    OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-100k --repeats 10 --count-term on
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-100k --repeats 10 --strata none
     python benchmarks/popularity_accuracy.py --repeats 0 --merge a.json b.json   # summarise earlier runs
 
@@ -193,17 +193,15 @@ def main() -> None:
     ap.add_argument("--first-repeat", type=int, default=0, help="seed index of the first repeat (to extend a run)")
     ap.add_argument("--out", default=None, help="write every row as JSON here")
     ap.add_argument("--merge", nargs="*", default=[], help="JSON files of earlier runs to summarise with this one")
-    ap.add_argument("--count-exact-rank", type=int, default=None, metavar="K",
-                    help="pl_fit's count term up to rank K (_popularity_fit.COUNT_EXACT_RANK; 0 = off, the default)")
+    ap.add_argument("--count-term", default=None, choices=("off", "on"),
+                    help="pl_fit's count term on every row (default: the estimator's default)")
     ap.add_argument("--strata", default=None, choices=("positive", "none"),
                     help="pl_fit's strata on every row (default: the estimator's default, positive)")
     args = ap.parse_args()
     if args.strata is not None:
         PL_OPTIONS["strata"] = args.strata
-    if args.count_exact_rank is not None:
-        from reco_sampled_plugin import _popularity_fit
-
-        _popularity_fit.COUNT_EXACT_RANK = args.count_exact_rank
+    if args.count_term is not None:
+        PL_OPTIONS["count_term"] = args.count_term
     rows = run(args.dataset, args.repeats, args.alphas, args.ms, args.first_repeat, args.out) \
         if args.repeats > 0 else []
     for path in args.merge:

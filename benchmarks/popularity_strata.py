@@ -44,6 +44,7 @@ from reco_sampled_plugin.popularity import popularity_draws  # noqa: E402
 
 METRICS, SPECS = tc.METRICS, tc.SPECS
 SPLITS = [("pos", 2), ("pos", 3), ("hist", 2), ("hist", 3)]
+COUNT = [0]  # the count term up to this rank (--count)
 
 
 def true_value(f: pf.PopularityFit, r_true: np.ndarray) -> dict:
@@ -79,7 +80,7 @@ def prior_only(f: pf.PopularityFit, units: pf.Units) -> dict:
 def run_one(units: pf.Units, cov: dict, r_true: np.ndarray) -> dict:
     edges = pf.rank_edges(int(units.n.max()))
     t0 = time.time()
-    f = pf.PopularityFit(units, edges)
+    f = pf.PopularityFit(units, edges, COUNT[0])
     out = {"t_base": time.time() - t0, "a": {s: f.estimate(spec)[0] for s, spec in SPECS.items()},
            "a_tp": true_value(f, r_true), "a_key": list(f.beta_of())}
     for name, k in SPLITS:
@@ -99,7 +100,7 @@ def run_one(units: pf.Units, cov: dict, r_true: np.ndarray) -> dict:
         tot = float(units.w.sum())
         for g in range(k):
             sel = lab == g
-            fs = pf.PopularityFit(units.select(np.flatnonzero(sel)), edges)
+            fs = pf.PopularityFit(units.select(np.flatnonzero(sel)), edges, COUNT[0])
             share = float(units.w[sel].sum()) / tot
             tp = true_value(fs, r_true[sel])
             for s, spec in SPECS.items():
@@ -195,7 +196,8 @@ def _extra(ap) -> None:
     ap.add_argument("--splits", default="pos2,pos3,hist2,hist3",
                     help="comma-separated covariate and strata count: pos2, hist3, cross4 (pos x hist), prior2 (the "
                          "default's halves for the rank prior only, one tilt curve)")
-    ap.add_argument("--count", type=int, default=0, help="_popularity_fit.COUNT_EXACT_RANK (0: off, the default)")
+    ap.add_argument("--count", type=int, default=0, help="the count term up to this rank (0: off, the default; "
+                    "32: pl_fit's count_term='on')")
     ap.add_argument("--time", action="store_true", help="time pl_fit end to end, strata none / positive (no --out "
                     "rows written)")
 
@@ -205,7 +207,7 @@ def main() -> None:
     args = tc.parse_args(__doc__, _extra)
     SPLITS[:] = [(v.rstrip("0123456789"), int(v[len(v.rstrip("0123456789")):])) for v in args.splits.split(",")]
     RULES = ("a",) + tuple(f"{n}{k}" for n, k in SPLITS)
-    pf.COUNT_EXACT_RANK = args.count
+    COUNT[0] = args.count
     if args.summarise:
         summarise(args.summarise)
     else:

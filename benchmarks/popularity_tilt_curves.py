@@ -109,10 +109,9 @@ class Knot3:
 
 
 def run_one(units, count: int, prior_true: np.ndarray | None) -> dict:
-    pf.COUNT_EXACT_RANK = count
     edges = pf.rank_edges(int(units.n.max()))
     t0 = time.time()
-    f = pf.PopularityFit(units, edges)
+    f = pf.PopularityFit(units, edges, count)
     t_base = time.time() - t0
     out = {"count": count, "t_base": t_base}
     a = f.best_constrained

@@ -140,10 +140,9 @@ def band_summary(S: np.ndarray, class_beta: np.ndarray, r_mid: np.ndarray) -> li
 
 
 def run_one(units, count: int, prior_true: np.ndarray) -> dict:
-    pf.COUNT_EXACT_RANK = count
     edges = pf.rank_edges(int(units.n.max()))
     t0 = time.time()
-    f = pf.PopularityFit(units, edges)
+    f = pf.PopularityFit(units, edges, count)
     t_base = time.time() - t0
     w = units.w
     cms = {s: f.cell_metric(spec) for s, spec in SPECS.items()}

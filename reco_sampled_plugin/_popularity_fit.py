@@ -76,7 +76,7 @@ import numpy as np
 from ._rank_hist import interval_mean_metric
 from .metric_names import MetricSpec
 
-__all__ = ["Units", "PopularityFit", "StratifiedFit", "fit", "strata", "BETAS", "PRIORS", "STRATA"]
+__all__ = ["Units", "PopularityFit", "StratifiedFit", "fit", "strata", "BETAS", "PRIORS", "STRATA", "COUNT_TERMS"]
 
 #: The grid of beta (the tilt exponent on the weights w, which are count^alpha); beta is chosen by likelihood on it.
 BETAS = (-2.0, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0)
@@ -91,11 +91,13 @@ NICHE_LR_CRITICAL = 9.549535706083237
 #: beta(r) reaches ``beta_deep`` at this rank (linear in log r from r = 1).
 DEEP_RANK = 200.0
 _EM_ITER = 400
-#: The likelihood conditions the independent memberships on |A| = R - 1 (:meth:`PopularityFit._count_term`)
-#: exactly in the single-rank cells up to this rank; 0 (the default): not at all. 32 (every single-rank cell) fixes
-#: NDCG@10's low bias where the composition model holds but raises a niche top's estimates (docs/popularity.md, "The
-#: count term"): experimental until the composition model follows niche tops. Fits are cached per value.
-COUNT_EXACT_RANK = 0
+#: With the count term on (``pl_fit``'s option ``count_term``), the likelihood conditions the independent
+#: memberships on |A| = R - 1 (:meth:`PopularityFit._count_term`) exactly in the single-rank cells up to this rank
+#: (32: every single-rank cell of :func:`rank_edges`). It removes NDCG@10's low bias where the composition model
+#: holds but raises a niche top's estimates (docs/popularity.md, "The count term").
+COUNT_EXACT_RANK = 32
+#: ``pl_fit``'s option ``count_term``: ``off``, the independent memberships; ``on``, conditioned on |A| = R - 1.
+COUNT_TERMS = ("off", "on")
 _COUNT_SKIP = 40.0
 
 #: Pseudo-positives of the prior's smoothing towards a log-uniform law in the rank (the ``mes`` default's 10 / N).
@@ -214,8 +216,10 @@ class PopularityFit:
     by maximum likelihood, by coordinate ascent over the grid from the best constant beta. ``curves``: every pair
     tried, with its log-likelihood (``loglik``), prior over the cells and per-cell beta index."""
 
-    def __init__(self, units: Units, edges: np.ndarray) -> None:
-        self.units, self.edges = units, edges
+    def __init__(self, units: Units, edges: np.ndarray, count_rank: int = 0) -> None:
+        """``count_rank``: the count term in the single-rank cells up to this rank (0: off; :data:`COUNT_EXACT_RANK`
+        with ``count_term="on"``)."""
+        self.units, self.edges, self.count_rank = units, edges, int(count_rank)
         lo, hi = edges[:-1], edges[1:]
         self.r_mid = np.sqrt((lo + 1.0) * hi)  # the cell's representative rank (geometric middle)
         self.allowed = lo[None, :] < units.n[:, None]  # cells a unit's positive can occupy
@@ -328,7 +332,7 @@ class PopularityFit:
                 first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
                 beat[rows[first]] = np.add.reduceat(term, first, axis=0)
         logl = np.nan_to_num(beat + miss, nan=-np.inf)
-        if COUNT_EXACT_RANK > 0 and u.distinct:
+        if self.count_rank > 0 and u.distinct:
             logl = logl + self._count_term(lam, v, logl)
         return np.where(self.allowed, logl, -np.inf)
 
@@ -338,7 +342,7 @@ class PopularityFit:
         out (b: the distinct beating draws). Without it a positive at R = 2 has A empty with probability about
         e^-1, so no beating draw is read as rank 2 or 3 about as readily as rank 1 (the top's mass spread too flat:
         NDCG low, HR nearly unbiased). Exact (Poisson-binomial over the classes, truncated polynomials) in the
-        single-rank cells R <= :data:`COUNT_EXACT_RANK`, nothing beyond (a local normal approximation there was
+        single-rank cells R <= ``count_rank``, nothing beyond (a local normal approximation there was
         tried: mixed results).
         ``logl``: the independent product (N, cells); units whose exact cells lie :data:`_COUNT_SKIP` log-units
         below their best cell there keep it unchanged (the term is at most a few log-units: their posterior mass
@@ -352,7 +356,7 @@ class PopularityFit:
         b = np.round(u.beat.sum(1))
         drawn = u.beat + u.miss
         undrawn = np.maximum(u.profile - drawn, 0.0)
-        exact = np.flatnonzero((hi - lo == 1) & (hi <= COUNT_EXACT_RANK))
+        exact = np.flatnonzero((hi - lo == 1) & (hi <= self.count_rank))
         if len(exact):
             k = (hi[exact] - 1).astype(np.int64)  # R - 1 of each single-rank cell
             kmax = int(k.max())
@@ -658,9 +662,9 @@ class StratifiedFit:
     composition, and a latent per-positive tilt is confounded with the rank, while the positive's own popularity is
     known before the draw. Values, bounds and the standard error combine over the strata by their shares."""
 
-    def __init__(self, units: Units, groups: list[np.ndarray], edges: np.ndarray) -> None:
+    def __init__(self, units: Units, groups: list[np.ndarray], edges: np.ndarray, count_rank: int = 0) -> None:
         self.units, self.groups, self.edges = units, groups, edges
-        self.fits = [PopularityFit(units.select(g), edges) for g in groups]
+        self.fits = [PopularityFit(units.select(g), edges, count_rank) for g in groups]
         tot = float(units.w.sum())
         self.shares = np.array([float(units.w[g].sum()) / tot for g in groups])
 
@@ -701,19 +705,23 @@ class StratifiedFit:
                         "mean_top_zone_end": max(p[2]["mean_top_zone_end"] for p in parts)}
 
 
-def fit(units: Units, how: str = "positive") -> PopularityFit | StratifiedFit:
+def fit(units: Units, how: str = "positive", count_term: str = "off") -> PopularityFit | StratifiedFit:
     """Fit the model of the module docstring to ``units``, on the strata of ``how`` (:func:`strata`; one
-    :class:`PopularityFit` where they are None). The last two fits are kept: estimating several metrics from one
-    draw fits once."""
+    :class:`PopularityFit` where they are None), with the count term ``count_term`` (one of :data:`COUNT_TERMS`).
+    The last two fits are kept: estimating several metrics from one draw fits once."""
+    if count_term not in COUNT_TERMS:
+        raise ValueError(f"count_term: one of {COUNT_TERMS}, not {count_term!r}")
+    count_rank = COUNT_EXACT_RANK if count_term == "on" else 0
     key = tuple((a.shape, hash(np.ascontiguousarray(a).tobytes())) for a in
                 (units.profile, units.beat, units.miss, units.n, units.m, units.w, units.log_v, units.mean_w,
                  np.zeros(0) if units.covariate is None else units.covariate)) \
-        + (units.distinct, COUNT_EXACT_RANK, how, STRATUM_MIN)
+        + (units.distinct, count_rank, how, STRATUM_MIN)
     hit = _FIT_CACHE.get(key)
     if hit is None:
         edges = rank_edges(int(units.n.max()))
         groups = strata(units, how)
-        hit = PopularityFit(units, edges) if groups is None else StratifiedFit(units, groups, edges)
+        hit = PopularityFit(units, edges, count_rank) if groups is None \
+            else StratifiedFit(units, groups, edges, count_rank)
         with _CACHE_LOCK:
             _FIT_CACHE[key] = hit
             while len(_FIT_CACHE) > 2:  # the metrics of one draw share its fit; older draws' tables are let go

@@ -268,7 +268,7 @@ def _uniform_units(hist: RankHistogram) -> Units:
 
 
 def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None,
-           strata: str = "positive") -> PopularityFit | StratifiedFit:
+           strata: str = "positive", count_term: str = "off") -> PopularityFit | StratifiedFit:
     """The fitted model of ``pl_fit`` (module ``_popularity_fit``) on popularity-sampled
     :class:`~reco_sampled_plugin.ranking.SampledRanks` (or uniform ones).
 
@@ -280,16 +280,17 @@ def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None,
     (``_popularity_fit.strata``: at least 2 x ``STRATUM_MIN`` positives whose weights the draw kept), a
     :class:`~reco_sampled_plugin._popularity_fit.StratifiedFit`: ``.fits`` (one such fit per stratum), ``.groups``,
     ``.shares``, ``.estimate(spec)``, ``.bounds(spec)``, ``.niche`` (any stratum's). ``strata="none"``: one fit.
+    ``count_term``: the likelihood's count term (``_popularity_fit.COUNT_TERMS``), as the estimator's option.
     Refusals as :func:`popularity_draws`; adaptive draws refused naming ``sampled``."""
     design = _fixed_m(sampled)
     if design is not None and design.popularity is not None:
         units = popularity_draws(sampled, weights).units
         if units is None:
             raise ValueError(_NO_PROFILE.replace("sampled_ranks:", "sampled:", 1))
-        return _fit_units(units, strata)
+        return _fit_units(units, strata, count_term)
     if design is not None and not design.replacement:
         raise ValueError("sampled: pl_fit models draws with replacement; these were drawn without")
-    return _fit_units(_uniform_units(sampled.histogram(weights)), strata)
+    return _fit_units(_uniform_units(sampled.histogram(weights)), strata, count_term)
 
 
 def _fit_details(f: PopularityFit, spec: MetricSpec, prior: str) -> dict:
@@ -330,7 +331,8 @@ def estimate_by_pl_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sa
     branches). ``options["rank_prior"]``: ``"spline"`` (default: the g-modelling prior refitted at the chosen tilt) or
     ``"em"`` (the EM prior the tilt was chosen with). ``options["strata"]``: ``"positive"`` (default: the positives
     split in two by their own popularity and fitted apart, where each half holds ``STRATUM_MIN`` positives and the
-    draw kept their weights) or ``"none"``. ``details``: ``beta`` (the constrained fit's), ``rank_prior``,
+    draw kept their weights) or ``"none"``. ``options["count_term"]``: ``"off"`` (default: the drawn items'
+    memberships independent given R) or ``"on"`` (conditioned on |A| = R - 1 in the single-rank cells). ``details``: ``beta`` (the constrained fit's), ``rank_prior``,
     ``niche_top`` (the test rejected), ``niche_lr``,
     ``beta_constrained``, ``beta_free``, and where it rejected ``branch_values`` (constrained, free); stratified,
     ``beta``, ``niche_lr``, ``beta_constrained`` and ``beta_free`` hold one entry per stratum, ``niche_top`` whether
@@ -349,7 +351,7 @@ def estimate_by_pl_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sa
         units = d.units
         if units is None:
             raise ValueError(_NO_PROFILE)
-    f = _fit_units(units, options.get("strata", "positive"))
+    f = _fit_units(units, options.get("strata", "positive"), options.get("count_term", "off"))
     prior = options.get("rank_prior", "spline")
     hedge = options.get("niche", "constrained") == "hedge"
     value, se, _ = f.estimate(spec, hedge=hedge, prior=prior)

@@ -410,7 +410,10 @@ _BUILTIN = (
                               "with", ("spline", "em")),
                        Option("strata", "choice", "positive", "fit the positives in two strata of their own "
                               "popularity, each with its own tilt and prior (where each holds 200 positives and "
-                              "the draw kept their weights), or all as one", ("positive", "none"))),
+                              "the draw kept their weights), or all as one", ("positive", "none")),
+                       Option("count_term", "choice", "off", "the likelihood conditions the drawn items' memberships "
+                              "on the rank's count |A| = R - 1 (exactly in the single-rank cells up to 32), or "
+                              "takes them independent given R", ("off", "on"))),
               reference="Plackett 1975 / Luce 1959 inclusion (conditional Poisson); NPMLE as Jin et al. AAAI 2021"),
 )
 for _entry in _BUILTIN:

@@ -1,8 +1,8 @@
 """``pl_fit``'s likelihood conditioned on |A| = R - 1 (issue 28, the low NDCG@10 at m = 500 on ml-100k): the
 independent memberships pi_j(R) leave |A| random (A empty with probability ~e^-1 at R = 2), so a positive with no
 beating draw reads as rank 2 or 3 about as readily as rank 1; the count term makes the likelihood that of the
-conditional (Bernoulli) law, exactly in the single-rank cells of the top. Off by default (``COUNT_EXACT_RANK = 0``,
-docs/popularity.md "The count term"): these tests switch it on."""
+conditional (Bernoulli) law, exactly in the single-rank cells of the top (``pl_fit``'s option ``count_term``,
+docs/popularity.md "The count term")."""
 
 from __future__ import annotations
 
@@ -46,11 +46,10 @@ def _units() -> Units:
 
 
 @pytest.fixture
-def count_term(monkeypatch):
+def count_term():
     """The count term on (every single-rank cell of the grid), the fit cache emptied around the test."""
-    monkeypatch.setattr(pf, "COUNT_EXACT_RANK", 32)
     pf._FIT_CACHE.clear()
-    yield
+    yield "on"
     pf._FIT_CACHE.clear()
 
 
@@ -69,7 +68,8 @@ def test_rank_two_is_the_conditional_bernoulli_law(b, count_term):
     """At R = 2 the one item above is j with probability o_j / sum o (o_j = e^{lambda v_j} - 1, the conditional law
     given |A| = 1): no beating draw has likelihood sum over undrawn o / sum o against 1 at R = 1, and one beating
     draw of class c has o_c / sum o; the independent product gave prod (1 - pi_j) over the drawn items instead."""
-    f = fit(_units())
+    f = fit(_units(), count_term=count_term)
+    assert f.count_rank == pf.COUNT_EXACT_RANK == 32
     u = f.units
     v = np.exp(f.betas[b] * (u.log_v - u.log_v.max()))
     lam = f._lam[b][:, 1]  # cell 1: R = 2
@@ -84,28 +84,28 @@ def test_rank_two_is_the_conditional_bernoulli_law(b, count_term):
     # three distinct beating draws rule out R <= 3 (the independent product allowed them)
     three = Units(u.profile[:1], np.array([[1.0, 1.0, 1.0]]), np.zeros((1, 3)), u.n[:1], u.m[:1], u.w[:1],
                   u.log_v, u.mean_w)
-    g = fit(three)
+    g = fit(three, count_term=count_term)
     assert np.all(g.tables[b, 0, :3] == -math.inf) and np.isfinite(g.tables[b, 0, 3])
 
 
-def test_count_term_off_restores_the_independent_product(monkeypatch):
-    """COUNT_EXACT_RANK = 0 (the default): each drawn item's membership independent given R; the fit cache keeps
-    the two apart."""
-    monkeypatch.setattr(pf, "COUNT_EXACT_RANK", 32)
+def test_count_term_off_restores_the_independent_product():
+    """``count_term="off"``: each drawn item's membership independent given R; the fit cache keeps the two apart;
+    an unknown setting is refused naming the option."""
     pf._FIT_CACHE.clear()
-    with_term = fit(_units()).tables[4, 0, 1]
-    monkeypatch.setattr(pf, "COUNT_EXACT_RANK", 0)
-    f = fit(_units())
-    assert f.tables[4, 0, 1] != with_term
+    with_term = fit(_units(), count_term="on").tables[4, 0, 1]
+    f = fit(_units(), count_term="off")
+    assert f.count_rank == 0 and f.tables[4, 0, 1] != with_term
     u = f.units
     v = np.exp(f.betas[4] * (u.log_v - u.log_v.max()))
     lam = f._lam[4][0, 1]
     assert f.tables[4, 0, 1] == pytest.approx(-lam * float(u.miss[0] @ v), rel=1e-9)
+    with pytest.raises(ValueError, match="^count_term: one of"):
+        fit(_units(), count_term="yes")
     pf._FIT_CACHE.clear()
 
 
 @pytest.mark.slow
-def test_ndcg_unbiased_where_the_model_holds(monkeypatch):
+def test_ndcg_unbiased_where_the_model_holds():
     """Rankings drawn from the model (Plackett-Luce, beta = 3, m = 150, 3 seeded repeats; tests/test_popularity_topk's
     catalogue): without the count term NDCG@10 came out low in every repeat (-4..-6% on average over 6 seeds at
     beta 1.5 / 3 and m 50 / 150, HR@10 within 1%: the top's mass spread from rank 1 onto ranks 2-5); with it the
@@ -117,17 +117,15 @@ def test_ndcg_unbiased_where_the_model_holds(monkeypatch):
     from reco_sampled_plugin.design import SamplingDesign
     from test_popularity_topk import _model_catalogue
 
-    errs: dict[int, list[float]] = {32: [], 0: []}
+    errs: dict[str, list[float]] = {"on": [], "off": []}
     for seed in range(3):
         scores, pos, w, _ = _model_catalogue(seed, beta=3.0)
         exact = rsp.exact_ranks(scores, pos, count_other_positives=False).view(-1)
         truth = float(metric_values("ndcg@10", exact, torch.full_like(exact, scores.shape[1])).double().mean())
         s = rsp.sampled_ranks(scores, pos, SamplingDesign(150, popularity=w),
                               generator=torch.Generator().manual_seed(100 + seed))
-        for rank in errs:
-            monkeypatch.setattr(pf, "COUNT_EXACT_RANK", rank)
-            pf._FIT_CACHE.clear()
-            errs[rank].append(rsp.estimate("ndcg@10", s, method="pl_fit").value / truth - 1.0)
+        for term in errs:
+            errs[term].append(rsp.estimate("ndcg@10", s, method="pl_fit", count_term=term).value / truth - 1.0)
     pf._FIT_CACHE.clear()
-    assert abs(np.mean(errs[32])) < 0.025, errs
-    assert np.mean(errs[0]) < -0.025 and abs(np.mean(errs[32])) < abs(np.mean(errs[0])), errs
+    assert abs(np.mean(errs["on"])) < 0.025, errs
+    assert np.mean(errs["off"]) < -0.025 and abs(np.mean(errs["on"])) < abs(np.mean(errs["off"])), errs
