@@ -107,13 +107,18 @@ def run_forms(u, v, pos, exc, batch: int, repeats: int, clock=time.perf_counter,
     return best, same
 
 
-def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_data_args(p: argparse.ArgumentParser) -> None:
+    """The data set's options (``make_data``), shared with ``bench_sampled_draws.py``."""
     p.add_argument("--users", type=int, default=4096)
     p.add_argument("--items", type=int, default=100_000)
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--positives", type=int, default=5)
     p.add_argument("--exclude", type=int, default=50)
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_data_args(p)
     p.add_argument("--batches", default="256,512,1024,4096", help="comma-separated user batch sizes")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")

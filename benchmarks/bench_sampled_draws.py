@@ -31,7 +31,7 @@ from reco_sampled_plugin import exact_ranks, sampled_ranks
 from reco_sampled_plugin.design import SamplingDesign
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_input_forms import make_data  # noqa: E402
+from bench_input_forms import add_data_args, make_data  # noqa: E402
 
 
 def run_paths(u, v, pos, exc, w, m: int, batch: int, repeats: int) -> dict[str, float]:
@@ -74,11 +74,7 @@ def run_paths(u, v, pos, exc, w, m: int, batch: int, repeats: int) -> dict[str, 
 
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--users", type=int, default=4096)
-    p.add_argument("--items", type=int, default=100_000)
-    p.add_argument("--dim", type=int, default=64)
-    p.add_argument("--positives", type=int, default=5)
-    p.add_argument("--exclude", type=int, default=50)
+    add_data_args(p)
     p.add_argument("--samples", type=int, default=100, help="m, the sampled items per positive")
     p.add_argument("--batches", default="256,1024,4096", help="comma-separated user batch sizes")
     p.add_argument("--repeats", type=int, default=3)
