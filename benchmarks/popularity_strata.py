@@ -16,6 +16,7 @@ composition model is judged alone. Draws as ``popularity_tilt_curves.py`` (seed 
         --reps 2 3 4 5 6 7 8 9 --ms 500 --out s100k.jsonl
     python benchmarks/popularity_strata.py --splits pos2,hist2 --summarise s100k.jsonl slsm.jsonl
     OMP_NUM_THREADS=1 python benchmarks/popularity_strata.py --dataset ml-100k --time --reps 0 --out /dev/null
+    OMP_NUM_THREADS=1 python benchmarks/popularity_strata.py --dataset ml-100k --time count --reps 0 --out /dev/null
 """
 
 from __future__ import annotations
@@ -138,15 +139,17 @@ def drive(args) -> None:
                     r_true = np.ceil(exact[valid].double().numpy()).astype(np.int64)
                     cov = {k: v[valid.numpy()] for k, v in cov_all.items()}
                     if args.time:  # the estimator end to end: both metrics and the interval, fits not cached
+                        key, (a, b) = ("strata", ("none", "positive")) if args.time == "strata" \
+                            else ("count_term", ("off", "on"))
                         times = {}
-                        for how in ("none", "positive", "none", "positive"):  # alternating, the second pair kept
+                        for how in (a, b, a, b):  # alternating, the second pair kept
                             pf._FIT_CACHE.clear()
                             t0 = time.perf_counter()
                             for s in METRICS:
-                                rsp.estimate(s, pop, method="pl_fit", strata=how).interval(0.95)
+                                rsp.estimate(s, pop, method="pl_fit", **{key: how}).interval(0.95)
                             times[how] = time.perf_counter() - t0
                         print(f"{args.dataset} {name} a={alpha} m={m} rep={rep} n_pos={len(units.w)}: HR@10 + NDCG@10 "
-                              f"one fit {times['none']:.2f} s, strata {times['positive']:.2f} s", flush=True)
+                              f"{key}={a} {times[a]:.2f} s, {key}={b} {times[b]:.2f} s", flush=True)
                         continue
                     r = run_one(units, cov, r_true)
                     r.update(dataset=args.dataset, recommender=name, alpha=alpha, m=m, rep=rep, truth=truth)
@@ -198,8 +201,9 @@ def _extra(ap) -> None:
                          "default's halves for the rank prior only, one tilt curve)")
     ap.add_argument("--count", type=int, default=0, help="the count term up to this rank (0: off, the default; "
                     "32: pl_fit's count_term='on')")
-    ap.add_argument("--time", action="store_true", help="time pl_fit end to end, strata none / positive (no --out "
-                    "rows written)")
+    ap.add_argument("--time", nargs="?", const="strata", default=None, choices=("strata", "count"),
+                    help="time pl_fit end to end, strata none / positive (or count_term off / on with 'count'; no "
+                         "--out rows written)")
 
 
 def main() -> None:

@@ -21,10 +21,10 @@ of the uniform design. That leaves |A| random (A empty with probability ~e^-1 at
 beating draw spread from rank 1 onto ranks 2-5: NDCG@10 4-6% low even where the model holds (HR@10 within 1%),
 6-11% low on ml-100k at m = 500. The conditional law given |A| = R - 1 multiplies it by the count term
 P(|A - D| = R - 1 - b) / P(|A| = R - 1) (D the distinct drawn items, b those beating;
-:meth:`PopularityFit._count_term`, exact in the single-rank cells R <= :data:`COUNT_EXACT_RANK`). It is **off by
-default** (``COUNT_EXACT_RANK = 0``): it removes that bias on ml-100k but raises the estimates of a niche-topped
-recommender, already too high, past the issue's goal on ml-latest-small (docs/popularity.md, "The count term"; ten
-repeats: the goal in 12 of 16 cells on or off, ml-100k's mean error 7.1% -> 5.1%, ml-latest-small's 22.9% -> 24.2%).
+:meth:`PopularityFit._count_term`, exact in the single-rank cells R <= :data:`COUNT_EXACT_RANK`), **on by default**
+(option ``count_term``; ``"off"``: the independent product). Alone it raised a niche-topped recommender's estimates,
+already too high; with the niche test's hedge (below) the two biases it exposed are both met (docs/popularity.md,
+"The count term and the hedge: the default"; ten repeats on both data sets: issue 28's goal in 16 of 16 cells).
 Items are grouped into popularity classes (``_popularity.weight_bins``; w^beta of a class is
 its items' mean), so a positive is summarised by three count vectors (``PopularityStats.profile``, ``beat_bins``,
 ``miss_bins``). The prior P(R) on a rank grid shared by the positives is fitted by penalised EM (10 pseudo-positives
@@ -43,9 +43,9 @@ likelihood-ratio statistic 2 (loglik free - loglik constrained) is tested agains
 0.001 under the boundary null's 0.5 chi2(0) + 0.5 chi2(1)). Rejected (``niche``): the draws' classes favour a top
 less popular than the depth, but on real recommenders the statistic is inflated by misspecification (users differ
 in tilt: on ml-100k ItemKNN q = 3, whose top-d mass matches a flat tilt, LR reaches 800 and the free fit errs by
--3..-29%), so the value stays the constrained fit's unless ``hedge`` is asked for: the harmonic mean
+-3..-29%), so neither branch is taken alone: by default (``niche="hedge"``) the value is the harmonic mean
 2 a b / (a + b) of the two branches' values a, b, the point with the least worst-case relative error if either
-holds. The interval always covers both branches.
+holds (``niche="constrained"``: the constrained fit's). The interval always covers both branches.
 
 Strata (:func:`strata`, :class:`StratifiedFit`; docs/popularity.md, "Strata by the positive's popularity"): users
 differ in what sits above their positives (a niche user's top holds niche items, and a niche positive is more
@@ -96,9 +96,11 @@ _EM_ITER = 400
 #: (32: every single-rank cell of :func:`rank_edges`). It removes NDCG@10's low bias where the composition model
 #: holds but raises a niche top's estimates (docs/popularity.md, "The count term").
 COUNT_EXACT_RANK = 32
-#: ``pl_fit``'s option ``count_term``: ``off``, the independent memberships; ``on``, conditioned on |A| = R - 1.
-COUNT_TERMS = ("off", "on")
+#: ``pl_fit``'s option ``count_term``: ``on`` (the default), conditioned on |A| = R - 1; ``off``, the independent
+#: memberships.
+COUNT_TERMS = ("on", "off")
 _COUNT_SKIP = 40.0
+_COUNT_CHUNK = 4  # single-rank cells per truncated product of the count term
 
 #: Pseudo-positives of the prior's smoothing towards a log-uniform law in the rank (the ``mes`` default's 10 / N).
 PSEUDO_COUNT = 10.0
@@ -216,9 +218,9 @@ class PopularityFit:
     by maximum likelihood, by coordinate ascent over the grid from the best constant beta. ``curves``: every pair
     tried, with its log-likelihood (``loglik``), prior over the cells and per-cell beta index."""
 
-    def __init__(self, units: Units, edges: np.ndarray, count_rank: int = 0) -> None:
-        """``count_rank``: the count term in the single-rank cells up to this rank (0: off; :data:`COUNT_EXACT_RANK`
-        with ``count_term="on"``)."""
+    def __init__(self, units: Units, edges: np.ndarray, count_rank: int = COUNT_EXACT_RANK) -> None:
+        """``count_rank``: the count term in the single-rank cells up to this rank (:data:`COUNT_EXACT_RANK`, the
+        default: ``count_term="on"``; 0: off)."""
         self.units, self.edges, self.count_rank = units, edges, int(count_rank)
         lo, hi = edges[:-1], edges[1:]
         self.r_mid = np.sqrt((lo + 1.0) * hi)  # the cell's representative rank (geometric middle)
@@ -368,13 +370,22 @@ class PopularityFit:
             rows = np.flatnonzero((b <= kmax) & near)
             if len(rows):
                 pe = p[rows][:, exact]
-                den = _log_count_pmf(np.round(u.profile[rows]), pe, kmax)
-                num = _log_count_pmf(np.round(undrawn[rows]), pe, kmax)
+                prof, und = np.round(u.profile[rows]), np.round(undrawn[rows])
                 need = k[None, :] - b[rows, None].astype(np.int64)
-                cols = np.arange(len(exact))[None, :]
                 r_ = np.arange(len(rows))[:, None]
-                top = np.where(need >= 0, num[r_, cols, np.clip(need, 0, kmax)], -np.inf)
-                bottom = den[r_, cols, k[None, :]]
+                top = np.empty(need.shape)
+                bottom = np.empty(need.shape)
+                # cells in chunks, each truncated at its own largest R - 1 (the coefficients below are the same):
+                # the products cost (R - 1)^2, not kmax^2, per cell
+                for c0 in range(0, len(exact), _COUNT_CHUNK):
+                    sl = slice(c0, c0 + _COUNT_CHUNK)
+                    kc = int(k[sl].max())
+                    den = _log_count_pmf(prof, pe[:, sl], kc)
+                    num = _log_count_pmf(und, pe[:, sl], kc)
+                    cols = np.arange(den.shape[1])[None, :]
+                    nd = need[:, sl]
+                    top[:, sl] = np.where(nd >= 0, num[r_, cols, np.clip(nd, 0, kc)], -np.inf)
+                    bottom[:, sl] = den[r_, cols, k[sl][None, :]]
                 sub[rows] = np.where(np.isfinite(bottom), top - bottom, 0.0)
             out[:, exact] = sub
         return out
@@ -484,11 +495,11 @@ class PopularityFit:
             p = self.spline_prior(key)
         return _rows_posterior(self._assemble(idx), p[None, :])
 
-    def estimate(self, spec: MetricSpec, b: tuple[int, int] | None = None, hedge: bool = False,
+    def estimate(self, spec: MetricSpec, b: tuple[int, int] | None = None, hedge: bool = True,
                  prior: str = "spline") -> tuple[float, float, np.ndarray]:
         """(value, standard error, per-unit posterior means) at beta index ``b``, under ``prior`` (one of
-        :data:`PRIORS`); by default the constrained fit's (``best``), or, with ``hedge`` where the niche test
-        rejects the constraint, the hedge of the two branches: the harmonic mean 2 a b / (a + b) of the constrained
+        :data:`PRIORS`); by default the constrained fit's (``best``), but with ``hedge`` (the default) where the
+        niche test rejects the constraint the hedge of the two branches: the harmonic mean 2 a b / (a + b) of the constrained
         (a) and free (b) values, which minimises the worst relative error over the two (standard error: the larger;
         per-unit means: the matching mixture). The standard error is the model's spread of the metric over units,
         sqrt(sum w (var_i + (mean_i - value)^2)) / sum w (its total variance: covers the units' exact mean and the
@@ -564,7 +575,9 @@ class PopularityFit:
 def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int) -> np.ndarray:
     """(N, X, kmax + 1) log P(S = t), t = 0..kmax, S the sum over classes c of Binomial(counts_c, p_c): counts (N, C)
     integers, p (N, X, C). The classes' truncated pmfs multiplied as polynomials, each step rescaled by its largest
-    coefficient (the scale kept in logs)."""
+    coefficient (the scale kept in logs). A class's pmf up to its factor (1 - p)^n is C(n, t) o^t, o = p / (1 - p):
+    log C(n, t) + t log o, one pass over (N, X, kmax + 1) (p = 0: o^t is 1 at t = 0 only; p = 1: all of the class's
+    items count, so only t = n is possible)."""
     from scipy.special import gammaln
 
     n_units, n_x, n_cls = p.shape
@@ -574,17 +587,21 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int) -> np.ndarray:
     scale = np.zeros((n_units, n_x))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         lp, l1p = np.log(p), np.log1p(-p)
+        logo = np.clip(lp - l1p, -1e300, 1e300)  # p = 0 / 1: -inf / +inf kept finite (t log o stays defined)
         for c in range(n_cls):  # the popularity classes (16)
             n = counts[:, c][:, None, None]
             if not np.any(n > 0):
                 continue
             rest = n - t
-            lpmf = (gammaln(n + 1.0) - gammaln(t + 1.0) - gammaln(np.maximum(rest, 0.0) + 1.0)
-                    + np.where(t == 0, 0.0, t * lp[..., c:c + 1]) + np.where(rest == 0, 0.0, rest * l1p[..., c:c + 1]))
-            lpmf = np.nan_to_num(np.where(rest >= 0, lpmf, -np.inf), nan=-np.inf)
+            logc = np.where(rest >= 0, gammaln(n + 1.0) - gammaln(t + 1.0) - gammaln(np.maximum(rest, 0.0) + 1.0),
+                            -np.inf)  # (N, 1, kmax + 1): log C(n, t), -inf beyond n
+            lpmf = logc + t * logo[..., c:c + 1]
             mx = lpmf.max(-1, keepdims=True)
-            mx = np.where(np.isfinite(mx), mx, 0.0)
             poly = np.exp(lpmf - mx)
+            # certain items beyond the truncation: no t <= kmax is possible
+            poly = np.where((p[..., c:c + 1] >= 1.0) & (n > kmax), 0.0, poly)
+            # log of the largest coefficient of the true pmf: the factor (1 - p)^n back (p = 1: the point mass at n)
+            mx = np.where(p[..., c:c + 1] >= 1.0, 0.0, mx + n * l1p[..., c:c + 1])
             # the polynomial product truncated at kmax, as acc @ T with T[s, t] = poly[t - s] (0 below the diagonal)
             padded = np.concatenate([np.zeros(poly.shape[:-1] + (kmax,)), poly], axis=-1)
             toeplitz = np.lib.stride_tricks.sliding_window_view(padded, kmax + 1, axis=-1)[..., ::-1, :]
@@ -592,7 +609,7 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int) -> np.ndarray:
             top = new.max(-1, keepdims=True)
             top = np.where(top > 0, top, 1.0)
             acc = new / top
-            scale = scale + mx[..., 0] + np.log(top[..., 0])
+            scale = scale + np.where(np.isfinite(mx[..., 0]), mx[..., 0], 0.0) + np.log(top[..., 0])
         return np.log(acc) + scale[..., None]
 
 
@@ -662,7 +679,8 @@ class StratifiedFit:
     composition, and a latent per-positive tilt is confounded with the rank, while the positive's own popularity is
     known before the draw. Values, bounds and the standard error combine over the strata by their shares."""
 
-    def __init__(self, units: Units, groups: list[np.ndarray], edges: np.ndarray, count_rank: int = 0) -> None:
+    def __init__(self, units: Units, groups: list[np.ndarray], edges: np.ndarray,
+                 count_rank: int = COUNT_EXACT_RANK) -> None:
         self.units, self.groups, self.edges = units, groups, edges
         self.fits = [PopularityFit(units.select(g), edges, count_rank) for g in groups]
         tot = float(units.w.sum())
@@ -681,7 +699,7 @@ class StratifiedFit:
     def loglik(self) -> float:
         return sum(f.loglik for f in self.fits)
 
-    def estimate(self, spec: MetricSpec, hedge: bool = False, prior: str = "spline") -> tuple[float, float, np.ndarray]:
+    def estimate(self, spec: MetricSpec, hedge: bool = True, prior: str = "spline") -> tuple[float, float, np.ndarray]:
         """(value, standard error, per-unit posterior means): the strata's :meth:`PopularityFit.estimate` combined
         by their shares; the standard error is the pooled fit's total-variance form (within the strata, and the
         strata's values around the whole's)."""
@@ -705,7 +723,7 @@ class StratifiedFit:
                         "mean_top_zone_end": max(p[2]["mean_top_zone_end"] for p in parts)}
 
 
-def fit(units: Units, how: str = "positive", count_term: str = "off") -> PopularityFit | StratifiedFit:
+def fit(units: Units, how: str = "positive", count_term: str = "on") -> PopularityFit | StratifiedFit:
     """Fit the model of the module docstring to ``units``, on the strata of ``how`` (:func:`strata`; one
     :class:`PopularityFit` where they are None), with the count term ``count_term`` (one of :data:`COUNT_TERMS`).
     The last two fits are kept: estimating several metrics from one draw fits once."""

@@ -268,7 +268,7 @@ def _uniform_units(hist: RankHistogram) -> Units:
 
 
 def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None,
-           strata: str = "positive", count_term: str = "off") -> PopularityFit | StratifiedFit:
+           strata: str = "positive", count_term: str = "on") -> PopularityFit | StratifiedFit:
     """The fitted model of ``pl_fit`` (module ``_popularity_fit``) on popularity-sampled
     :class:`~reco_sampled_plugin.ranking.SampledRanks` (or uniform ones).
 
@@ -326,13 +326,13 @@ def estimate_by_pl_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sa
     ``options["draws"]``: the :class:`PopularityDraws` of a popularity design; without it a uniform histogram
     (with replacement: the model's one-class binomial likelihood). Under popularity sampling the output carries
     the interval of the unresolved top (``identification``): the hull over the 95% set of beta and the top shapes
-    allowed, widened by 1.96 standard errors. ``options["niche"]``: ``"constrained"`` (default: the constrained
-    fit's value) or ``"hedge"`` (where the niche test rejects beta_top >= beta_deep, the harmonic mean of both
-    branches). ``options["rank_prior"]``: ``"spline"`` (default: the g-modelling prior refitted at the chosen tilt) or
+    allowed, widened by 1.96 standard errors. ``options["niche"]``: ``"hedge"`` (default: where the niche test
+    rejects beta_top >= beta_deep, the harmonic mean of both branches' values) or ``"constrained"`` (the constrained
+    fit's value). ``options["rank_prior"]``: ``"spline"`` (default: the g-modelling prior refitted at the chosen tilt) or
     ``"em"`` (the EM prior the tilt was chosen with). ``options["strata"]``: ``"positive"`` (default: the positives
     split in two by their own popularity and fitted apart, where each half holds ``STRATUM_MIN`` positives and the
-    draw kept their weights) or ``"none"``. ``options["count_term"]``: ``"off"`` (default: the drawn items'
-    memberships independent given R) or ``"on"`` (conditioned on |A| = R - 1 in the single-rank cells). ``details``: ``beta`` (the constrained fit's), ``rank_prior``,
+    draw kept their weights) or ``"none"``. ``options["count_term"]``: ``"on"`` (default: the drawn items'
+    memberships conditioned on |A| = R - 1 in the single-rank cells) or ``"off"`` (independent given R). ``details``: ``beta`` (the constrained fit's), ``rank_prior``,
     ``niche_top`` (the test rejected), ``niche_lr``,
     ``beta_constrained``, ``beta_free``, and where it rejected ``branch_values`` (constrained, free); stratified,
     ``beta``, ``niche_lr``, ``beta_constrained`` and ``beta_free`` hold one entry per stratum, ``niche_top`` whether
@@ -351,9 +351,9 @@ def estimate_by_pl_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sa
         units = d.units
         if units is None:
             raise ValueError(_NO_PROFILE)
-    f = _fit_units(units, options.get("strata", "positive"), options.get("count_term", "off"))
+    f = _fit_units(units, options.get("strata", "positive"), options.get("count_term", "on"))
     prior = options.get("rank_prior", "spline")
-    hedge = options.get("niche", "constrained") == "hedge"
+    hedge = options.get("niche", "hedge") == "hedge"
     value, se, _ = f.estimate(spec, hedge=hedge, prior=prior)
     details = {"method": method, "design": "popularity" if d is not None else sampling, "loglik": f.loglik,
                "niche_top": f.niche, "rank_prior": prior}

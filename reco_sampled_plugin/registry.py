@@ -402,18 +402,18 @@ _BUILTIN = (
               "interval spans the beta set and the top shapes allowed", ".popularity:estimate_by_pl_fit",
               without_replacement=False, popularity=True,
               class_counts=True,
-              options=(Option("niche", "choice", "constrained", "where the niche-top test rejects beta_top >= "
-                              "beta_deep: the constrained fit's value, or the hedge of both branches (harmonic mean)",
-                              ("constrained", "hedge")),
+              options=(Option("niche", "choice", "hedge", "where the niche-top test rejects beta_top >= "
+                              "beta_deep: the hedge of both branches (harmonic mean), or the constrained fit's value",
+                              ("hedge", "constrained")),
                        Option("rank_prior", "choice", "spline", "the prior of the value at the fitted tilt: g-modelling "
                               "(log-spline in log R, gmod's basis and penalty) or the EM prior the tilt was chosen "
                               "with", ("spline", "em")),
                        Option("strata", "choice", "positive", "fit the positives in two strata of their own "
                               "popularity, each with its own tilt and prior (where each holds 200 positives and "
                               "the draw kept their weights), or all as one", ("positive", "none")),
-                       Option("count_term", "choice", "off", "the likelihood conditions the drawn items' memberships "
+                       Option("count_term", "choice", "on", "the likelihood conditions the drawn items' memberships "
                               "on the rank's count |A| = R - 1 (exactly in the single-rank cells up to 32), or "
-                              "takes them independent given R", ("off", "on"))),
+                              "takes them independent given R", ("on", "off"))),
               reference="Plackett 1975 / Luce 1959 inclusion (conditional Poisson); NPMLE as Jin et al. AAAI 2021"),
 )
 for _entry in _BUILTIN:

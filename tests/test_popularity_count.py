@@ -53,13 +53,16 @@ def count_term():
     pf._FIT_CACHE.clear()
 
 
-def test_count_term_is_off_by_default():
-    """The default fit is the independent product (docs/popularity.md: the count term is experimental)."""
+def test_count_term_is_on_by_default():
+    """The default fit conditions on |A| = R - 1 (docs/popularity.md, "The count term and the hedge together"): its
+    tables are those of ``count_term="on"``, not the independent product's."""
     pf._FIT_CACHE.clear()
     f = fit(_units())
+    assert f.count_rank == pf.COUNT_EXACT_RANK
+    np.testing.assert_array_equal(f.tables, fit(_units(), count_term="on").tables)
     u = f.units
     v = np.exp(f.betas[4] * (u.log_v - u.log_v.max()))
-    assert f.tables[4, 0, 1] == pytest.approx(-f._lam[4][0, 1] * float(u.miss[0] @ v), rel=1e-9)
+    assert f.tables[4, 0, 1] != pytest.approx(-f._lam[4][0, 1] * float(u.miss[0] @ v), rel=1e-6)
     pf._FIT_CACHE.clear()
 
 

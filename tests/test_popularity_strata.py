@@ -97,8 +97,9 @@ def mixed_draws():
 
 def test_strata_follow_users_who_differ_in_tilt(mixed_draws):
     """Where popularity-blind and strongly popularity-tilted users mix, one tilt curve misplaces both; the strata by
-    the positive's popularity follow each (measured: mean |relative error| 0.049 stratified against 0.092 as one
-    fit, over HR@10 and NDCG@10 and three seeds; stratified closer in 5 of 6); both intervals cover."""
+    the positive's popularity follow each (measured with the defaults: mean |relative error| 0.048 stratified
+    against 0.091 as one fit, over HR@10 and NDCG@10 and three seeds, stratified closer in 4 of 6; without the count
+    term 0.049 against 0.092); both intervals cover."""
     err = {"positive": [], "none": []}
     for sampled, truth in mixed_draws:
         for s in METRICS:
@@ -115,8 +116,9 @@ def test_strata_follow_users_who_differ_in_tilt(mixed_draws):
 
 def test_strata_cost_little_where_every_user_shares_one_tilt():
     """Where the model holds for all users alike (beta 1.5 for everyone), the halves estimate the same tilt from half
-    the positives each: no measurable loss (measured: mean |relative error| 0.040 stratified, 0.046 as one fit,
-    HR@10 and NDCG@10, three seeds); every interval covers."""
+    the positives each: no measurable loss (measured with the defaults: mean |relative error| 0.013 stratified,
+    0.017 as one fit, HR@10 and NDCG@10, three seeds; without the count term 0.040 and 0.046: where the model holds,
+    the count term removes the low NDCG bias); every interval covers."""
     err = {"positive": [], "none": []}
     for seed in range(3):
         scores, pos, w = _world(seed, tilts=((1.5, 1.5), (1.5, 1.5)))
@@ -131,13 +133,15 @@ def test_strata_cost_little_where_every_user_shares_one_tilt():
                 lo, hi = e.interval(0.95)
                 assert lo <= truth <= hi, (how, s, lo, truth, hi)
     strat, pooled = float(np.mean(err["positive"])), float(np.mean(err["none"]))
-    assert strat <= pooled + 0.02 and strat < 0.07, (strat, pooled)
+    assert strat <= pooled + 0.02 and strat < 0.03, (strat, pooled)
 
 
 def test_combination_equals_the_strata_fitted_alone(mixed_draws):
     """Value = the shares' mean of each stratum's own fit (PopularityFit on the hand-cut units); the standard error
     = the pooled total-variance formula recomputed from every unit's posterior mean and variance; the hull = the
-    shares' mean of the strata's hulls; the details name each stratum."""
+    shares' mean of the strata's hulls; the details name each stratum. The constrained values (``niche="constrained"``),
+    whose per-unit posterior means the formula reads; the hedge where a stratum's test rejects is
+    tests/test_popularity_niche.py's."""
     sampled = mixed_draws[0][0]
     units = popularity.popularity_draws(sampled).units
     f = popularity.pl_fit(sampled)
@@ -151,7 +155,7 @@ def test_combination_equals_the_strata_fitted_alone(mixed_draws):
         parts, mean, var, wts = [], [], [], []
         for rows in (np.flatnonzero(low), np.flatnonzero(~low)):
             g = pf.PopularityFit(units.select(rows), edges)
-            parts.append((g.estimate(spec)[0], g.bounds(spec)[:2], len(rows) / len(x)))
+            parts.append((g.estimate(spec, hedge=False)[0], g.bounds(spec)[:2], len(rows) / len(x)))
             post = g._posterior(g.best, "spline")
             cm = g.cell_metric(spec)
             mean.append((post * cm).sum(1))
@@ -160,13 +164,13 @@ def test_combination_equals_the_strata_fitted_alone(mixed_draws):
         value = sum(v * sh for v, _, sh in parts)
         m, v, w = np.concatenate(mean), np.concatenate(var), np.concatenate(wts)
         se = math.sqrt(float(w @ (v + (m - value) ** 2))) / w.sum()
-        got = f.estimate(spec)
+        got = f.estimate(spec, hedge=False)
         assert got[0] == pytest.approx(value, rel=1e-12)
         assert got[1] == pytest.approx(se, rel=1e-9)
         lo, hi, _ = f.bounds(spec)
         assert lo == pytest.approx(sum(b[0] * sh for _, b, sh in parts), rel=1e-12)
         assert hi == pytest.approx(sum(b[1] * sh for _, b, sh in parts), rel=1e-12)
-        e = rsp.estimate(s, sampled, method="pl_fit")
+        e = rsp.estimate(s, sampled, method="pl_fit", niche="constrained")
         assert e.value == pytest.approx(value, rel=1e-12)
         assert [d["share"] for d in e.details["strata"]] == pytest.approx([sh for *_, sh in parts])
         assert [d["value"] for d in e.details["strata"]] == pytest.approx([v for v, *_ in parts], rel=1e-12)
