@@ -24,7 +24,7 @@ P(|A - D| = R - 1 - b) / P(|A| = R - 1) (D the distinct drawn items, b those bea
 :meth:`PopularityFit._count_term`, exact in the single-rank cells R <= :data:`COUNT_EXACT_RANK`), **on by default**
 (option ``count_term``; ``"off"``: the independent product). Alone it raised a niche-topped recommender's estimates,
 already too high; with the niche test's hedge (below) the two biases it exposed are both met (docs/popularity.md,
-"The count term and the hedge: the default"; ten repeats on both data sets: issue 28's goal in 16 of 16 cells).
+"The count term and the hedge together"; twenty repeats on both data sets: issue 28's goal in 16 of 16 cells).
 Items are grouped into popularity classes (``_popularity.weight_bins``; w^beta of a class is
 its items' mean), so a positive is summarised by three count vectors (``PopularityStats.profile``, ``beat_bins``,
 ``miss_bins``). The prior P(R) on a rank grid shared by the positives is fitted by penalised EM (10 pseudo-positives
