@@ -208,6 +208,11 @@ def test_stratified_fit_from_device_draws_equals_the_cpu_one(device):
         got[str(dev)] = (s, [f.cpu() for f in fields])
     (s_cpu, f_cpu), (s_dev, f_dev) = got["cpu"], got[str(device)]
     assert torch.equal(s_cpu.ranks, s_dev.ranks.cpu())
+    # the device's draws, their statistics recomputed on the CPU from the drawn negatives alone (not a second draw)
+    given = rsp.sampled_ranks(scores, pos, SamplingDesign(50, popularity=w), negatives=s_dev.negatives.cpu())
+    assert torch.equal(given.ranks, s_dev.ranks.cpu())
+    torch.testing.assert_close(given.popularity_stats.inv_q, f_dev[1], rtol=1e-12, atol=1e-9)
+    torch.testing.assert_close(given.popularity_stats.positive_weight, f_dev[7], rtol=0, atol=0)
     for a, b in zip(f_cpu, f_dev):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-9)
     for metric in METRICS:
