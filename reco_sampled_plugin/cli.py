@@ -416,9 +416,12 @@ def run_plan(args: argparse.Namespace) -> int:
 
         pilot_n_default = args.pilot_n_items if args.pilot_n_items is not None else args.n_items
         data = read_rank_file(args.pilot, pilot_n_default, args.pilot_n_samples)
-        if data.popularity:  # as plan(pilot=<popularity SampledRanks>) refuses
-            raise ValueError(f"--pilot: {args.pilot} holds popularity-sampled ranks (hh_s1, hh_s2 columns); the "
-                             "planner fits uniform draws: give a uniform pilot (fixed m or adaptive), or none")
+        if data.popularity:  # as plan(pilot=<SampledRanks read from a popularity rank file>) refuses
+            raise ValueError(f"--pilot: {args.pilot} holds popularity-sampled ranks (hh_s1, hh_s2 columns), which "
+                             "carry no popularity-class counts, and the planner's popularity world is fitted on them: "
+                             "plan popularity designs from Python with the pilot's SampledRanks "
+                             "(plan(n_items, n_users, metric, target, pilot=sampled), docs/popularity.md), or give a "
+                             "uniform pilot (fixed m or adaptive)")
         pilot, pilot_n, pilot_m = data.ranks, data.n_items, data.n_samples
         if args.pilot_adaptive_max is not None:
             from .design import SamplingDesign

@@ -53,6 +53,14 @@ for the nearest end n_ref of the range and moved onto the relative-rank scale p 
 rank spreads uniformly over its share of the new catalogue (R = 1 + floor((R_ref - 1 + U) n / n_ref), U uniform
 on [0, 1)), so a uniform P(R) stays uniform and the share of the catalogue above the positive is kept.
 
+Popularity designs (``SamplingDesign(m, popularity=w)``): forecast from a popularity pilot's SampledRanks, whose
+``pl_fit`` model (tilt curves, rank priors and the users' popularity-class profiles) becomes the world
+(:class:`~reco_sampled_plugin._popularity_world.PopularityWorld`): exact ranks from its priors (the EM prior at the
+chosen tilt, smoothed in log rank as above), the items above each positive a Plackett-Luce draw with weights
+w^beta(R), and each replicate's popularity draw simulated class by class and estimated as a real one; uniform
+designs are forecast from the same exact ranks, so both laws share one table (docs/popularity.md, "Planning a
+popularity design", measured against real draws on ml-100k and ml-latest-small).
+
 Default family (no pilot): P(R) = 1/2 (1/R)/H_n + 1/2 (1/n) on 1..n (H_n the n-th harmonic number): half the
 positives with a Zipf-like head, half anywhere; HR@10 about 0.15 at n = 10^4. Default designs
 (:func:`default_designs`): fixed m in {50, 100, 200, 500, 1000, 2000} below n - 1, and adaptive from m0 = 100
@@ -94,6 +102,7 @@ from ._options import check_bool, check_positive_float
 from .adaptive import AdaptiveDesign, check_adaptive_histogram, expected_samples
 from .design import SamplingDesign
 from .metric_names import MetricSpec, parse_metric
+from ._popularity_world import NO_CLASS_COUNTS, PopularityWorld
 from .ranking import SampledRanks
 
 if TYPE_CHECKING:
@@ -181,6 +190,13 @@ class DesignForecast:
             ``exact_at_cap``); their estimates read those positives' exact ranks.
         completion_pairs: expected pairs per user its completion scores: the share of positives still first at
             the cap times their n - 1 irrelevant candidates (0 without ``exact_at_cap``).
+        popularity_power: a popularity design (forecast in a popularity pilot's world, :mod:`._popularity_world`):
+            the exponent a of its weights as a power of the pilot's, w = c w_pilot^a (1: the pilot's own law); None
+            for uniform draws.
+        popularity: a popularity design's weights (``SamplingDesign(m, popularity=...)``), None for uniform draws.
+        rel_width: a popularity design's median width of the estimate's ``interval(0.95)`` over the replicates,
+            relative to each set's exact metric: what the draws leave unidentified (the model's top, the tilt's
+            likelihood set) besides the error the world forecasts; NaN for uniform designs.
         repeats: Monte Carlo replicates behind the forecast (the plan's ``repeats``, or :data:`SCREEN_REPEATS` for
             a screened design); 0: not recorded.
         screened: every one of the first :data:`SCREEN_REPEATS` replicates missed the target, or their relative
@@ -209,6 +225,9 @@ class DesignForecast:
     repeats: int = 0
     screened: bool = False
     pruned: bool = False
+    popularity_power: float | None = None
+    popularity: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    rel_width: float = math.nan
 
     @property
     def pairs(self) -> float:
@@ -218,7 +237,11 @@ class DesignForecast:
 
     @property
     def label(self) -> str:
-        """``"m = 100"``, ``"m = 100 (no repl.)"`` or ``"adaptive 100->3200"``."""
+        """``"m = 100"``, ``"m = 100 (no repl.)"``, ``"adaptive 100->3200"``, ``"m = 100 popularity"`` (the pilot's
+        weights) or ``"m = 100 popularity^0.5"`` (their square root)."""
+        if self.popularity_power is not None:
+            a = self.popularity_power
+            return f"m = {self.n_samples} popularity" + ("" if abs(a - 1.0) < 1e-9 else f"^{a:.3g}")
         if self.adaptive_max is None:
             return f"m = {self.n_samples}" + ("" if self.replacement else " (no repl.)")
         return f"adaptive {self.n_samples}->{self.adaptive_max}" + (" exact" if self.exact_at_cap else "")
@@ -226,6 +249,8 @@ class DesignForecast:
     @property
     def design(self) -> SamplingDesign:
         """The forecast's design as a :class:`~reco_sampled_plugin.design.SamplingDesign`."""
+        if self.popularity is not None:
+            return SamplingDesign(self.n_samples, popularity=self.popularity)
         return SamplingDesign(self.n_samples, replacement=self.replacement, adaptive_max=self.adaptive_max,
                               exact_at_cap=self.exact_at_cap)
 
@@ -289,7 +314,8 @@ class Plan:
     def format(self) -> str:
         """A readable table of the forecasts and a one-line recommendation."""
         n = self.n_items
-        n_text = f"{n:,}" if np.ndim(n) == 0 else f"{int(np.min(n)):,}..{int(np.max(n)):,} (per user)"
+        n_text = f"{n:,}" if np.ndim(n) == 0 else f"{int(np.min(n)):,}" + (
+            f"..{int(np.max(n)):,}" if np.max(n) > np.min(n) else "") + " (per user)"
         lines = [
             f"Plan for {self.metric} (estimator {self.method}): n_items = {n_text}, {self.n_users:,} users, "
             f"target relative error {self.target:.1%}",
@@ -303,26 +329,27 @@ class Plan:
         time_head = f"{'time':>10}" if timed else ""
         lines += [
             "",
-            f"{'design':<22}{'estimator':<10}{'pairs/user':>12}{'of full':>9}{time_head}{'resolution':>12}{'rel.bias':>10}"
+            f"{'design':<24}{'estimator':<10}{'pairs/user':>12}{'of full':>9}{time_head}{'resolution':>12}{'rel.bias':>10}"
             f"{'rel.sd':>9}{'rel.error':>11}{'(MC se)':>9}  meets",
         ]
         full = self.full_pairs
         for f in self.forecasts:
             if f.pruned:  # its cost alone: it scores more pairs than the pick
                 when = f"{_duration(f.scoring_seconds):>10}" if timed else ""
-                lines.append(f"{f.label:<22}{f.method or self.method:<10}{f.pairs:>12,.0f}{f.pairs / full:>9.1%}{when}"
+                lines.append(f"{f.label:<24}{f.method or self.method:<10}{f.pairs:>12,.0f}{f.pairs / full:>9.1%}{when}"
                              f"{f.resolution:>12.1f}{'-':>10}{'-':>9}{'-':>11}{'':>9}  not forecast: costlier than the pick")
                 continue
             err = f"{f.rel_error:.1%}" if math.isfinite(f.rel_error) else "inf"
             se = f"({f.rel_error_se:.1%})" if math.isfinite(f.rel_error_se) else ""
             when = f"{_duration(f.scoring_seconds):>10}" if timed else ""
             lines.append(
-                f"{f.label:<22}{f.method or self.method:<10}{f.pairs:>12,.0f}{f.pairs / full:>9.1%}{when}{f.resolution:>12.1f}{f.rel_bias:>10.1%}"
+                f"{f.label:<24}{f.method or self.method:<10}{f.pairs:>12,.0f}{f.pairs / full:>9.1%}{when}{f.resolution:>12.1f}{f.rel_bias:>10.1%}"
                 f"{f.rel_sd:>9.1%}{err:>11}{se:>9}  {'yes' if f.meets_target else 'no'}"
                 + (f" (screened: {f.repeats} repeats)" if f.screened else "")
+                + (f"; 95% interval {f.rel_width:.0%} wide" if math.isfinite(f.rel_width) else "")
             )
         when = f"{_duration(self.full_scoring_seconds):>10}" if timed else ""
-        lines.append(f"{'full ranking':<22}{'exact':<10}{full:>12,.0f}{1.0:>9.1%}{when}{1.0:>12.1f}{0.0:>10.1%}{0.0:>9.1%}"
+        lines.append(f"{'full ranking':<24}{'exact':<10}{full:>12,.0f}{1.0:>9.1%}{when}{1.0:>12.1f}{0.0:>10.1%}{0.0:>9.1%}"
                      f"{0.0:>11.1%}{'':>9}  yes")
         if any(f.pruned for f in self.forecasts):
             lines.append("(not forecast: designs scoring more pairs than the pick, which cannot be the pick; "
@@ -424,17 +451,11 @@ class _PilotShape:
         self.source = source
 
     def draw(self, n_u: np.ndarray, repeats: int, rng: np.random.Generator) -> np.ndarray:
-        edges, probs = self.edges, self.probs
-        width = np.diff(edges)
-        cum = np.concatenate([[0.0], np.cumsum(probs)])
+        from ._popularity_world import draw_from_cells
+
         n_ref = np.clip(n_u, self.n_lo, self.n_hi)
-        top = np.interp(n_ref.astype(np.float64), edges.astype(np.float64), cum)  # P(R <= n_ref)
         shape = (repeats, len(n_u))
-        t = rng.random(shape) * top
-        c = np.clip(np.searchsorted(cum, t, side="right") - 1, 0, len(probs) - 1)
-        frac = (t - cum[c]) / np.maximum(probs[c], 1e-300)
-        r = edges[c] + 1 + np.floor(np.clip(frac, 0.0, 1.0) * width[c]).astype(np.int64)
-        r = np.minimum(np.minimum(r, edges[c + 1]), n_ref)
+        r = draw_from_cells(self.edges, self.probs, n_ref, repeats, rng)
         moved = n_ref != n_u
         if moved.any():  # onto the relative-rank scale of the user's own n
             scaled = 1 + np.floor((r - 1 + rng.random(shape)) * (n_u / n_ref)).astype(np.int64)
@@ -455,14 +476,40 @@ def _unpack_pilot(pilot: Any, pilot_n_items: Any, pilot_n_samples: Any,
     if design is None:
         raise ValueError("pilot: these SampledRanks carry no design; pass their ranks with pilot_n_items and "
                          "pilot_n_samples")
-    if design.law not in ("binomial", "hypergeometric"):
-        raise ValueError(f"pilot: the planner fits uniform draws; this pilot has {design.law} draws ({_UNIFORM_ONLY})")
     ranks = pilot.ranks.cpu()  # the plan runs on the CPU whatever device the pilot was drawn on
     keep = ranks > 0
     sizes = pilot.sizes()
     sizes = sizes.cpu()[keep] if isinstance(sizes, torch.Tensor) else torch.full((int(keep.sum()),), int(sizes))
     adaptive = design if design.adaptive_max is not None else None
     return ranks[keep], pilot.candidates().cpu()[keep], sizes, adaptive, pilot.cost
+
+
+def _popularity_pilot(pilot: SampledRanks, pilot_n_items: Any, pilot_n_samples: Any, pilot_adaptive: Any,
+                      n_items: Any, n_users: int, seed: int) -> tuple[PopularityWorld, np.ndarray, np.ndarray]:
+    """(world, n per simulated user, the same for ``Plan.n_items``) of a popularity-sampled pilot: its fitted
+    ``pl_fit`` model (:class:`~reco_sampled_plugin._popularity_world.PopularityWorld`), whose users are the pilot's
+    positives, so ``n_items`` must be the catalogue its weights cover."""
+    for name, value in (("pilot_n_items", pilot_n_items), ("pilot_n_samples", pilot_n_samples),
+                        ("pilot_adaptive", pilot_adaptive)):
+        if value is not None:
+            raise ValueError(f"{name}: the SampledRanks pilot carries its candidate counts, sample sizes and design; "
+                             f"drop {name}")
+    assert pilot.design is not None and pilot.design.popularity is not None  # the caller's test
+    if pilot.popularity_stats is None or not pilot.popularity_stats.has_profile:
+        raise ValueError(NO_CLASS_COUNTS)
+    catalogue = int(pilot.design.popularity.numel())
+    if np.ndim(n_items) != 0 or int(n_items) != catalogue:
+        raise ValueError(f"n_items: with a popularity pilot the simulated users are the pilot's positives (their "
+                         f"candidates and popularity classes), so give the catalogue its weights cover, {catalogue:,}, "
+                         f"not {n_items if np.ndim(n_items) == 0 else 'per-user counts'}")
+    world = PopularityWorld.from_pilot(pilot, n_users, np.random.default_rng([seed, 28]),
+                                       smooth=lambda edges, p: _smooth_log_rank(edges, p, _PILOT_SMOOTH))
+    return world, world.n, world.n.copy()
+
+
+def _world_seed(seed: int, j: int) -> int:
+    """The seed of replicate ``j``'s world (the items above each positive), shared by every popularity design."""
+    return (seed * 1_000_003 + 104_729 * (j + 1)) % (1 << 63)
 
 
 def _seconds_per_pair(seconds_per_pair: Any, cost: Any) -> tuple[float | None, str | None]:
@@ -536,25 +583,53 @@ def _pilot_shape(pilot: Any, pilot_n_items: Any, pilot_n_samples: Any, pilot_ada
 
 
 # ------------------------------------------------------------------------------------------------ designs
-#: Why the planner refuses popularity designs and pilots, and what it forecasts instead.
-_UNIFORM_ONLY = ("it forecasts SamplingDesign(m), SamplingDesign(m, replacement=False) and SamplingDesign(m, "
-                 "adaptive_max=cap); a popularity design's accuracy depends on how the scores vary with the item "
-                 "weights, which a pilot of ranks does not carry: estimate a popularity draw directly, "
-                 "estimate(metric, sampled), docs/popularity.md")
+#: Why the planner needs a popularity pilot to forecast popularity designs.
+_POPULARITY_PILOT = ("a popularity design's accuracy depends on how the items above each positive vary with the "
+                     "weights, which uniform ranks do not show: pass the SampledRanks of a popularity-sampled pilot "
+                     "(pilot=sampled_ranks(..., SamplingDesign(m, popularity=w))), whose fitted pl_fit model the "
+                     "planner simulates (docs/popularity.md, 'Planning a popularity design')")
+
+#: A popularity design checked for the planner: its weights and their power of the pilot's.
+_Popularity = tuple[torch.Tensor, float]
 
 
-def _check_design(design: Any, n_min: int, method: str) -> tuple[int, int | None, bool, bool]:
-    """(m, rounded cap or None, replacement, exact_at_cap) of one candidate design: an (m, cap_or_None) pair, or a
-    :class:`~reco_sampled_plugin.design.SamplingDesign` (uniform draws, fixed or adaptive, ``exact_at_cap``) or
-    AdaptiveDesign; the estimator must support it (``registry.get(method).supports``)."""
+def _popularity_power(weights: torch.Tensor, pilot: torch.Tensor) -> float:
+    """a of w = c w_pilot^a: the least-squares slope of log w on log w_pilot over the items of weight > 0 (1 where
+    the pilot's weights are all equal)."""
+    keep = pilot > 0
+    x, y = torch.log(pilot[keep].double().cpu()), torch.log(weights[keep].double().cpu())
+    xc = x - x.mean()
+    var = float((xc * xc).sum())
+    return 1.0 if var <= 0 else float((xc * (y - y.mean())).sum()) / var
+
+
+def _check_design(design: Any, n_min: int, method: str,
+                  world: Any = None) -> tuple[int, int | None, bool, bool, _Popularity | None]:
+    """(m, rounded cap or None, replacement, exact_at_cap, popularity) of one candidate design: an (m, cap_or_None)
+    pair, or a :class:`~reco_sampled_plugin.design.SamplingDesign` (uniform draws, fixed or adaptive,
+    ``exact_at_cap``; popularity draws where ``world``, a popularity pilot's
+    :class:`~reco_sampled_plugin._popularity_world.PopularityWorld`, is given: then ``popularity`` is (weights,
+    their power of the pilot's)) or AdaptiveDesign; the estimator must support it (``registry.get(method).supports``)."""
     from .design import AdaptiveDesign as _Adaptive
 
     if isinstance(design, (AdaptiveDesign, _Adaptive)):
         design = SamplingDesign(design.n_samples, adaptive_max=design.adaptive_max)
     if isinstance(design, SamplingDesign):
-        if design.law not in ("binomial", "hypergeometric"):  # the simulations are of uniform draws
-            raise ValueError(f"designs: the planner simulates uniform draws; {design!r} has {design.law} draws "
-                             f"({_UNIFORM_ONLY})")
+        if design.law == "popularity":
+            if world is None:
+                raise ValueError(f"designs: {design.describe()} draws by popularity; {_POPULARITY_PILOT}")
+            if not design.replacement:
+                raise ValueError(f"designs: {design.describe()} draws without replacement, which no popularity "
+                                 "estimator corrects (no Hansen-Hurwitz weights); draw with replacement")
+            world.check_design(design.popularity)
+            if design.n_samples >= n_min - 1:
+                raise ValueError(f"designs: m = {design.n_samples} is not below n_items - 1 = {n_min - 1}; rank all "
+                                 "items instead")
+            if not registry.get(method).supports(design):
+                raise ValueError(f"designs: {method!r} does not correct popularity designs; use one of "
+                                 f"{registry.names(design=design)}")
+            power = _popularity_power(design.popularity, world.weights)
+            return design.n_samples, None, True, False, (design.popularity, power)
         m, cap, replacement = design.n_samples, design.adaptive_max, design.replacement
         exact = design.exact_at_cap
     else:
@@ -576,13 +651,13 @@ def _check_design(design: Any, n_min: int, method: str) -> tuple[int, int | None
         if not entry.supports(SamplingDesign(m, replacement=replacement)):
             raise ValueError(f"designs: {method!r} does not support draws without replacement; use one of "
                              f"{registry.names(design=SamplingDesign(m, replacement=replacement))}")
-        return m, None, replacement, False
+        return m, None, replacement, False, None
     if not entry.supports(SamplingDesign(m, adaptive_max=cap)):
         raise ValueError(f"designs: adaptive sampling needs one of the methods {registry.names(adaptive=True)}, "
                          f"not {method!r}")
     if m >= n_min - 1:
         raise ValueError(f"designs: m = {m} is not below n_items - 1 = {n_min - 1}; rank all items instead")
-    return m, AdaptiveDesign(m, cap).cap, True, exact
+    return m, AdaptiveDesign(m, cap).cap, True, exact, None
 
 
 def _adaptive_start(n: int) -> int:
@@ -652,7 +727,7 @@ def pilot_design(n_items: int, metric: str | MetricSpec, *, n_samples: int | Non
     return SamplingDesign(m, adaptive_max=cap)
 
 
-def _pilot_notes(shape: _PilotShape | _DefaultShape, spec: MetricSpec, n_max: int) -> tuple[str, ...]:
+def _pilot_notes(shape: _PilotShape | _DefaultShape | PopularityWorld, spec: MetricSpec, n_max: int) -> tuple[str, ...]:
     """Why a pilot may mislead the forecast (``Plan.notes``): its top is coarser than :func:`pilot_resolution`."""
     need = pilot_resolution(spec)
     have = shape.resolution if isinstance(shape, _PilotShape) else math.nan  # the default family has no pilot
@@ -758,7 +833,7 @@ def _pruned_forecast(f: DesignForecast) -> DesignForecast:
     """A design not forecast (``DesignForecast.pruned``): its cost fields kept, NaN errors, not meeting the target
     (the same object whether the design was stopped early or its forecast is masked afterwards)."""
     return dataclasses.replace(f, rel_bias=math.nan, rel_sd=math.nan, rel_error=math.nan, meets_target=False,
-                               rel_error_se=math.nan, repeats=0, screened=False, pruned=True)
+                               rel_error_se=math.nan, repeats=0, screened=False, pruned=True, rel_width=math.nan)
 
 
 def _cheapest_first(todo: Sequence[tuple[int, int | None, bool, bool]], exact: torch.Tensor,
@@ -810,7 +885,8 @@ def plan(
 
     Args:
         n_items: catalogue size n (every user ranks n candidates), or per-user candidate counts (length n_users,
-            e.g. the catalogue minus each user's training items).
+            e.g. the catalogue minus each user's training items). With a popularity pilot: the catalogue its weights
+            cover (the simulated users are the pilot's positives, with their own candidate counts).
         n_users: users (one held-out positive each) in the evaluation.
         metric: e.g. ``"ndcg@10"``, ``"hit@10"``, ``"mrr"``.
         target_rel_error: the largest acceptable relative RMSE (0.05: 5%).
@@ -819,15 +895,21 @@ def plan(
             :class:`~reco_sampled_plugin.ranking.SampledRanks` of a pilot draw, which carry their n, m and design
             (give no ``pilot_n_items`` / ``pilot_n_samples`` / ``pilot_adaptive`` then); from
             :func:`~reco_sampled_plugin.scorer_ranks.sampled_ranks_from_scorer` they also carry the scorer's
-            measured cost, and its seconds per pair time the plan unless ``seconds_per_pair`` is given.
+            measured cost, and its seconds per pair time the plan unless ``seconds_per_pair`` is given. A popularity
+            draw's SampledRanks (``SamplingDesign(m, popularity=w)``, with its class counts) make the plan's world
+            ``pl_fit``'s fitted model of them (:mod:`~reco_sampled_plugin._popularity_world`: its users, tilt curves
+            and rank priors; docs/popularity.md, "Planning a popularity design"): popularity designs are forecast by
+            simulated popularity draws estimated as real ones, uniform designs from the same exact ranks.
         pilot_n_items, pilot_n_samples: the pilot's n and m (ints or per-positive; for an adaptive pilot each
             positive's final m).
         pilot_adaptive: the pilot's adaptive design, (m, cap), an
             :class:`~reco_sampled_plugin.adaptive.AdaptiveDesign` or an adaptive
             :class:`~reco_sampled_plugin.design.SamplingDesign`.
         designs: candidate designs: (m, cap_or_None) pairs or :class:`~reco_sampled_plugin.design.SamplingDesign`
-            objects (uniform draws with or without replacement, or adaptive); default :func:`default_designs` of the
-            smallest n.
+            objects (uniform draws with or without replacement, or adaptive; popularity draws with replacement with
+            a popularity pilot, whose weights put every item in the pilot's popularity class, e.g. any positive
+            power of the pilot's weights); default :func:`default_designs` of the smallest n (with a popularity
+            pilot: its own law at the fixed m of :data:`DEFAULT_FIXED_M` first).
         method: the estimator to forecast (any name of ``reco_sampled_plugin.registry.names()`` that supports the
             designs; default ``mes``).
         repeats: Monte Carlo replicates per design (each a fresh set of n_users exact ranks).
@@ -859,7 +941,9 @@ def plan(
 
     Raises:
         ValueError: non-positive sizes, a target <= 0, an unknown metric or method, a cut-off K above n, a design
-            with cap below m or m >= n - 1, a pilot without its sizes (or sizes without a pilot), adaptive pilot
+            with cap below m or m >= n - 1, a popularity design without a popularity pilot (or whose weights leave
+            the pilot's classes, or drawn without replacement), a popularity pilot without class counts (a rank
+            file's) or with an ``n_items`` other than its catalogue, a pilot without its sizes (or sizes without a pilot), adaptive pilot
             sizes that do not fit the design, no candidate design, or a ``seconds_per_pair`` that is not a finite
             number > 0, or ``workers`` not an int >= 1.
 
@@ -897,26 +981,45 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {n_min})")
     seed = check_int(seed, "seed", minimum=0)
     pilot_cost = None
-    if isinstance(pilot, SampledRanks):
+    world = None
+    if isinstance(pilot, SampledRanks) and pilot.design is not None and pilot.design.law == "popularity":
+        world, n_u, n_keep = _popularity_pilot(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive, n_items,
+                                               n_users, seed)
+        n_min = int(n_u.min())
+        if spec.k is not None and spec.k > n_min:
+            raise ValueError(f"metric: cut-off K = {spec.k} is larger than a pilot user's candidates ({n_min})")
+        pilot_cost, pilot = pilot.cost, None
+    elif isinstance(pilot, SampledRanks):
         pilot, pilot_n_items, pilot_n_samples, pilot_adaptive, pilot_cost = _unpack_pilot(
             pilot, pilot_n_items, pilot_n_samples, pilot_adaptive)
     spp, spp_source = _seconds_per_pair(seconds_per_pair, pilot_cost)
-    if pilot is None:
+    shape: _DefaultShape | _PilotShape | PopularityWorld
+    if world is not None:
+        shape = world
+    elif pilot is None:
         if pilot_n_items is not None or pilot_n_samples is not None or pilot_adaptive is not None:
             raise ValueError("pilot: pilot_n_items / pilot_n_samples / pilot_adaptive given without pilot ranks")
-        shape: _DefaultShape | _PilotShape = _DefaultShape()
+        shape = _DefaultShape()
     else:
         shape = _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive, spec)
     if designs is None:
-        todo = [(m, cap, True, False) for m, cap in default_designs(n_min, method)]
+        checked: list[tuple[int, int | None, bool, bool, _Popularity | None]] = [
+            (m, cap, True, False, None) for m, cap in default_designs(n_min, method)]
+        if world is not None:  # the pilot's own law at the default fixed m, before the uniform grid
+            own = world.pilot_design
+            checked = [_check_design(SamplingDesign(m, popularity=own.popularity), n_min, method, world)
+                       for m in DEFAULT_FIXED_M if m < n_min - 1] + checked
     else:
-        todo = [_check_design(d, n_min, method) for d in designs]
+        checked = [_check_design(d, n_min, method, world) for d in designs]
+    todo = [c[:4] for c in checked]
+    popular = [c[4] for c in checked]
     if not todo:
         raise ValueError(f"designs: no candidate design below full ranking for n_items = {n_min}")
     workers = _check_workers(workers, len(todo))
 
     rng = np.random.default_rng(seed)
-    exact = torch.from_numpy(shape.draw(n_u, repeats, rng))  # (repeats, n_users), shared by every design
+    exact_np = shape.draw(n_u, repeats, rng)  # (repeats, n_users), shared by every design
+    exact = torch.from_numpy(exact_np)
     n_t = torch.from_numpy(n_u)
     truths = metric_values(spec, exact, n_t).mean(dim=1).numpy()  # each set's exact metric
     truth = float(truths.mean())
@@ -935,12 +1038,15 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         """Design ``d``'s Monte Carlo forecast: its own generator, the shared exact ranks, so independent of the
         order (and thread) in which the designs run."""
         m, cap, replacement, complete = todo[d]
+        pop = popular[d]
         gen = torch.Generator().manual_seed(seed * 1_000_003 + 7919 * (d + 1))
         law = "binomial" if replacement else "hypergeometric"
         done = None  # exact_at_cap: the exact ranks of the positives still first at the cap, 0 elsewhere
-        if cap is None:
+        sizes: Any = None
+        if pop is not None:  # simulated in the replicates below (each a popularity draw of the world)
+            sampled = exact  # not read
+        elif cap is None:
             sampled = simulate_sampled_ranks(exact, n_t, m, law, gen)
-            sizes: Any = None
         else:  # the same draws with or without completion (it draws nothing)
             res = adaptive_sampled_ranks_from_exact(
                 exact, n_t, SamplingDesign(m, adaptive_max=cap, exact_at_cap=complete), generator=gen)
@@ -954,8 +1060,11 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         pairs_se = 0.0 if per is None else float(per.std() / math.sqrt(per.numel()))
         pairs = 1.0 + mean_samples + completion_pairs
         est = np.empty(repeats)
+        width = np.full(repeats, math.nan)  # popularity designs: each replicate's 95% interval width
         run = method  # ``auto``: its choice for this design and metric, as estimate() makes it (first replicate)
-        if registry.get(method).family == "auto":
+        if pop is not None and registry.get(method).family == "auto":
+            run = registry.popularity_auto(spec, SamplingDesign(m, popularity=pop[0]))
+        elif registry.get(method).family == "auto":
             first = as_histogram(sampled[0], n_t, m if cap is None else sizes[0])
             run = auto_method(spec, first, AdaptiveDesign(m, cap) if cap is not None else None)[0]
         # methods that fit a distribution take its options: n_bootstrap=0 skips the slow bootstrap
@@ -969,6 +1078,15 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
 
         def replicates(js: range) -> None:
             """Fill est[j] for j in ``js``: one batched fit of their histograms, or one estimator run each."""
+            if pop is not None:  # a popularity draw of the world per replicate, estimated as a real one
+                assert isinstance(shape, PopularityWorld)
+                for j in js:
+                    drawn = shape.sampled(exact_np[j], pop[0], m, _world_seed(seed, j), gen)
+                    e = estimate(spec, drawn, method=run, **opts)
+                    lo, hi = e.interval(0.95)
+                    est[j], width[j] = e.value, hi - lo
+                    tick()
+                return
             if batched and done is None and _JOINT_FITS:  # every repeat on one likelihood, one batched solve
                 if not joint:
                     joint.append(ReplicateFits(sampled, n_t, m if cap is None else sizes, run, sampling=law))
@@ -996,7 +1114,8 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
             n_samples=int(m), adaptive_max=None if cap is None else int(cap), mean_samples=mean_samples,
             resolution=(n_mean - 1.0) / (top + 1.0) + 1.0, replacement=replacement, pairs_se=pairs_se,
             scoring_seconds=_scoring_seconds(pairs, n_users, spp), exact_at_cap=bool(complete),
-            completion_pairs=completion_pairs, method=run)
+            completion_pairs=completion_pairs, method=run,
+            popularity_power=None if pop is None else pop[1], popularity=None if pop is None else pop[0])
         def pruned() -> DesignForecast:
             return _pruned_forecast(DesignForecast(rel_bias=math.nan, rel_sd=math.nan, rel_error=math.nan,
                                                    meets_target=False, **costs))
@@ -1030,7 +1149,9 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
             with bar_lock:  # designs costlier than this one need not be forecast
                 cheapest_meeting[0] = min(cheapest_meeting[0], pairs)
         return DesignForecast(rel_bias=rel(bias), rel_sd=rel(sd), rel_error=rel_error, meets_target=meets,
-                              rel_error_se=rel(se_rmse), repeats=used, screened=screened, **costs)
+                              rel_error_se=rel(se_rmse), repeats=used, screened=screened,
+                              rel_width=float(np.median(width[:used] / np.abs(truths[:used])))
+                              if pop is not None and np.all(truths[:used] != 0) else math.nan, **costs)
 
     # pruning (forecast_all=False): the pairs per user of the cheapest design found to meet the target so far
     cheapest_meeting = [math.inf]
@@ -1053,7 +1174,7 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         metric=str(spec), n_items=n_keep, n_users=n_users, target=target, shape_source=shape.source, truth=truth,
         forecasts=tuple(forecasts), recommended=recommended, method=method, repeats=repeats, seed=seed,
         seconds=time.perf_counter() - t_start, seconds_per_pair=spp, seconds_per_pair_source=spp_source,
-        notes=_pilot_notes(shape, spec, int(n_u.max())),
+        notes=_pilot_notes(shape, spec, int(n_u.max())) if world is None else world.notes(),
     )
 
 

@@ -242,12 +242,15 @@ def test_scorer_loop_pilot_refuses_sizes_it_carries(pilot_run, extra, match):
         plan(5000, 300, "hit@10", 0.5, pilot=pilot_run, designs=[(50, None)], repeats=2, **extra)
 
 
-def test_popularity_pilot_refused():
+def test_popularity_pilot_needs_its_own_catalogue():
+    """A popularity pilot's world is its own users (tests/test_planner_popularity.py): another catalogue size is
+    refused, naming n_items."""
     g = torch.Generator().manual_seed(11)
     scores = torch.randn(50, 200, generator=g)
     pilot = rsp.sampled_ranks(scores, torch.arange(50), SamplingDesign(20, popularity=torch.rand(200, generator=g)),
                               generator=g)
-    with pytest.raises(ValueError, match="^pilot: the planner fits uniform draws"):
+    with pytest.raises(ValueError, match="^n_items: with a popularity pilot .* give the catalogue its weights cover, "
+                                         "200, not 5000"):
         plan(5000, 300, "hit@10", 0.5, pilot=pilot, designs=[(50, None)], repeats=2)
 
 

@@ -375,16 +375,21 @@ def test_cli_rank_file_bad_input(tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------------- the planner
-def test_planner_refuses_popularity_naming_what_it_forecasts():
+def test_planner_takes_popularity_designs_through_the_design_object():
+    """A popularity design needs a popularity pilot (whose fitted pl_fit model the planner simulates); with one it is
+    forecast like any design (tests/test_planner_popularity.py checks the world and the forecasts)."""
     from reco_sampled_plugin.planner import plan
 
     pop = SamplingDesign(50, popularity=torch.ones(400))
-    with pytest.raises(ValueError, match=r"^designs: the planner simulates uniform draws; .* has popularity draws "
-                                         r"\(it forecasts SamplingDesign\(m\), SamplingDesign\(m, replacement=False\)"):
+    with pytest.raises(ValueError, match=r"^designs: popularity m=50 draws by popularity; a popularity design's "
+                                         r"accuracy depends on how the items above each positive vary"):
         plan(400, 300, "auc", 0.05, designs=[pop], method="hh", repeats=2)
-    with pytest.raises(ValueError, match=r"^pilot: the planner fits uniform draws; this pilot has popularity draws "
-                                         r"\(it forecasts"):
-        plan(400, 300, "ndcg@10", 0.05, pilot=_pop_draw()[0], repeats=2)
+    sampled = _pop_draw()[0]
+    weights = sampled.design.popularity
+    p = plan(int(weights.numel()), int((sampled.ranks > 0).sum()), "auc", 0.5, pilot=sampled,
+             designs=[sampled.design, SamplingDesign(10)], repeats=2)
+    assert p.forecasts[0].method == "hh" and p.forecasts[0].design.law == "popularity"
+    assert p.forecasts[1].method in ("gmod", "mes") and p.forecasts[1].design.law == "binomial"  # auto's uniform pick
 
 
 # ------------------------------------------------------------------------------------------- torchmetrics, Lightning
