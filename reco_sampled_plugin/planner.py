@@ -370,9 +370,11 @@ class Plan:
         when = (f"; predicted scoring time {_duration(r.scoring_seconds)} against "
                 f"{_duration(self.full_scoring_seconds)} for full ranking" if self.seconds_per_pair is not None
                 else "")
+        width = (f"; its 95% interval about {r.rel_width:.0%} of the value wide, what the draws leave to "
+                 f"pl_fit's model" if math.isfinite(r.rel_width) else "")
         return (f"Recommendation: {r.label} (about {r.pairs:,.0f} scored pairs per user, {r.pairs / self.full_pairs:.1%} "
                 f"of full ranking's {self.full_pairs:,.0f}{when}; predicted relative error {r.rel_error:.1%} <= "
-                f"{self.target:.1%}).")
+                f"{self.target:.1%}{width}).")
 
 
 def _scoring_seconds(pairs_per_user: float, n_users: int, seconds_per_pair: float | None) -> float:

@@ -228,6 +228,8 @@ def test_plan_ndcg_forecast_against_real_draws(pl_pilot):
     assert abs(f.rel_bias) < 0.03
     assert 0 < f.rel_width < 10 and math.isnan(u.rel_width)  # the interval's width: popularity designs only
     assert f"95% interval {f.rel_width:.0%} wide" in p.format()
+    assert p.recommended is f  # the first of two designs of equal cost that meet the target
+    assert f"its 95% interval about {f.rel_width:.0%} of the value wide" in p.recommendation()
     real = _real_rel_rmse(scores, pos, r, pop, "ndcg@10", 4, 150)
     assert 1 / 4 < f.rel_error / real < 4, (f.rel_error, real)
     assert f.rel_error < 0.1 and p.recommended is not None
