@@ -114,7 +114,14 @@ def main() -> None:
     ap.add_argument("--recommenders", default=None, help="names separated by ';' (default: all five)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--merge", nargs="*", default=None, help="print the table of these runs' rows and stop")
+    ap.add_argument("--world", default=None, choices=("em-smooth", "em", "spline"),
+                    help="the world's rank prior (default: the planner's)")
     args = ap.parse_args()
+    if args.world is not None:
+        import reco_sampled_plugin.planner as planner
+
+        planner._POPULARITY_WORLD = {"em-smooth": ("em", True), "em": ("em", False),
+                                     "spline": ("spline", False)}[args.world]
     if args.merge is not None:
         rows = [r for f in args.merge for r in json.load(open(f))]
     else:

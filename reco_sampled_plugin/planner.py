@@ -164,6 +164,9 @@ _PILOT_SMOOTH = 0.4
 # solver (BENCHMARKS.md, issue 27's plan cost); False: the per-repeat histograms of ``estimate_rank_distributions``
 # (tests/test_planner_speed.py compares the two)
 _JOINT_FITS = True
+# the popularity world's rank prior (``_popularity_world.PopularityWorld.from_pilot``): (``"em"`` or ``"spline"``,
+# smoothed in log rank as a uniform pilot's fit); benchmarks/planner_popularity.py --world compares them
+_POPULARITY_WORLD: tuple[str, bool] = ("em", True)
 
 
 # ------------------------------------------------------------------------------------------------ results
@@ -504,8 +507,11 @@ def _popularity_pilot(pilot: SampledRanks, pilot_n_items: Any, pilot_n_samples: 
         raise ValueError(f"n_items: with a popularity pilot the simulated users are the pilot's positives (their "
                          f"candidates and popularity classes), so give the catalogue its weights cover, {catalogue:,}, "
                          f"not {n_items if np.ndim(n_items) == 0 else 'per-user counts'}")
-    world = PopularityWorld.from_pilot(pilot, n_users, np.random.default_rng([seed, 28]),
-                                       smooth=lambda edges, p: _smooth_log_rank(edges, p, _PILOT_SMOOTH))
+    prior, smoothed = _POPULARITY_WORLD
+    world = PopularityWorld.from_pilot(pilot, n_users, np.random.default_rng([seed, 28]), prior=prior,
+                                       smooth=(lambda edges, p: _smooth_log_rank(edges, p, _PILOT_SMOOTH))
+                                       if smoothed else None)
+    world.pilot_check(pilot, seed=seed)
     return world, world.n, world.n.copy()
 
 

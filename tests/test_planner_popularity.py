@@ -331,3 +331,22 @@ def test_plan_from_a_device_pilot(device):
     b = plan(120, 200, "auc", 0.5, pilot=on_cpu, designs=designs, repeats=3, forecast_all=True)
     assert [f.rel_error for f in a.forecasts] == [f.rel_error for f in b.forecasts]
     assert all(math.isfinite(f.rel_error) for f in a.forecasts) and a.shape_source == b.shape_source
+
+
+def test_pilot_check_reproduces_a_fitting_world_and_flags_a_wrong_one(pl_pilot):
+    """The world fitted on a pilot whose recommender follows the model reproduces the pilot's own draws (|z| < 4 for
+    the share ranked first, the mean sampled rank and every class's beating share); the same world with the tilt
+    reversed (beta -1 instead of the fitted one) does not, and the plan's notes say so."""
+    import dataclasses
+
+    *_, pilot = pl_pilot
+    world = PopularityWorld.from_pilot(pilot, 250, np.random.default_rng(0))
+    c = world.pilot_check(pilot, seed=1)
+    assert abs(c["first"][2]) < 4 and abs(c["mean_rank"][2]) < 4 and c["max_class_z"] < 4, c
+    assert not any("misses the pilot" in n for n in world.notes())
+    world.strata = [dataclasses.replace(s, beta=np.full_like(s.beta, -1.0)) for s in world.strata]
+    bad = world.pilot_check(pilot, seed=1)
+    assert max(abs(bad["first"][2]), abs(bad["mean_rank"][2]), bad["max_class_z"]) > 4, bad
+    assert any("the world misses the pilot (|z| > 4)" in n for n in world.notes())
+    p = plan(150, 250, "auc", 0.5, pilot=pilot, designs=[SamplingDesign(20)], repeats=2)
+    assert any(n.startswith("the world against the pilot's own draws (10 simulated pilots)") for n in p.notes)
