@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 import torch
@@ -262,17 +262,9 @@ class PopularityWorld:
         cls_w = torch.zeros(POP_BINS, dtype=torch.float64).scatter_add_(0, self.classes, w)
         cls_n = torch.zeros(POP_BINS, dtype=torch.float64).scatter_add_(0, self.classes, (w > 0).double())
         mean_w = torch.where(cls_n > 0, cls_w / cls_n.clamp_min(1.0), torch.zeros_like(cls_w))
-        log_v = torch.from_numpy(self.log_v)
         users = len(self.n)
-        length = int(self.profile.sum(1).max())
-        rows_per = max(1, CHUNK_CELLS // max(length, 1))
-        world = torch.Generator().manual_seed(int(world_seed))
-        beta_of = self._betas(exact)
-        parts = []
-        for r0 in range(0, users, rows_per):  # chunks of rows: (rows, L) clocks at most CHUNK_CELLS
-            r1 = min(users, r0 + rows_per)
-            parts.append(self._chunk(slice(r0, r1), exact[r0:r1], beta_of[r0:r1], length, mean_w, log_v, m, world,
-                                     generator))
+        parts = [self._chunk(rows, cls, above, mean_w, m, generator)
+                 for rows, cls, above in self._composition(exact, world_seed)]
         beating, s1, s2, beat_bins, miss_bins = (torch.cat([p[i] for p in parts]) for i in range(5))
         positive = None
         if self.covariate is not None:  # the positive's pilot weight exp(log w), 0 for a positive of weight 0
@@ -286,18 +278,21 @@ class PopularityWorld:
     def above_counts(self, exact: np.ndarray, world_seed: int) -> np.ndarray:
         """(n_users, POP_BINS) the items above each positive per class at the exact ranks ``exact``, as
         :meth:`sampled` draws them for ``world_seed`` (the world's composition, for checks)."""
+        out = [torch.zeros(cls.shape[0], POP_BINS + 1, dtype=torch.float64).scatter_add_(
+            1, cls, above.double())[:, :POP_BINS] for _, cls, above in self._composition(exact, world_seed)]
+        return torch.cat(out).numpy()
+
+    def _composition(self, exact: np.ndarray, world_seed: int) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor]]:
+        """(rows, class of each slot, the slots above the positive) per chunk of rows (:meth:`_above`; (rows, L)
+        clocks at most :data:`CHUNK_CELLS`), the clocks drawn from ``world_seed`` alone."""
         log_v = torch.from_numpy(self.log_v)
         length = int(self.profile.sum(1).max())
         rows_per = max(1, CHUNK_CELLS // max(length, 1))
         world = torch.Generator().manual_seed(int(world_seed))
         beta = self._betas(exact)
-        out = []
         for r0 in range(0, len(self.n), rows_per):
             rows = slice(r0, min(len(self.n), r0 + rows_per))
-            cls, above = self._above(rows, exact[rows], beta[rows], length, log_v, world)
-            out.append(torch.zeros(cls.shape[0], POP_BINS + 1, dtype=torch.float64).scatter_add_(
-                1, cls, above.double())[:, :POP_BINS])
-        return torch.cat(out).numpy()
+            yield (rows, *self._above(rows, exact[rows], beta[rows], length, log_v, world))
 
     def _betas(self, exact: np.ndarray) -> np.ndarray:
         """beta(R) of each user: its stratum's curve at the cell of its exact rank."""
@@ -334,13 +329,13 @@ class PopularityWorld:
         thr = torch.where(k > 0, thr, torch.full_like(thr, -math.inf))
         return cls, clocks <= thr[:, None]
 
-    def _chunk(self, rows: slice, exact: np.ndarray, beta: np.ndarray, length: int, mean_w: torch.Tensor,
-               log_v: torch.Tensor, m: int, world: torch.Generator, generator: torch.Generator) -> tuple:
-        """(beating, S1, S2, beat_bins, miss_bins) of the rows ``rows``."""
+    def _chunk(self, rows: slice, cls: torch.Tensor, above: torch.Tensor, mean_w: torch.Tensor, m: int,
+               generator: torch.Generator) -> tuple:
+        """(beating, S1, S2, beat_bins, miss_bins) of the rows ``rows``, whose slots' classes and items above the
+        positive are ``cls``, ``above`` (:meth:`_composition`)."""
         prof = torch.from_numpy(self.profile[rows])  # (B, C)
-        b = prof.shape[0]
+        b, length = above.shape
         cum = prof.cumsum(1)
-        cls, above = self._above(rows, exact, beta, length, log_v, world)
         # m draws: the class by its mass, then an item of the class uniformly (its items weigh its mean)
         mass = prof.double() * mean_w[None, :]
         total = mass.sum(1)
