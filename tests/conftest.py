@@ -4,10 +4,12 @@ import pytest
 import torch
 from hypothesis import settings
 
-# hypothesis profiles: ``fast`` (default: derandomised, so make test is reproducible) and ``long`` for a deep fuzzing
-# run (``pytest tests/test_fuzz.py --hypothesis-profile long``); tests that set max_examples keep theirs
+# hypothesis profiles: ``fast`` (default: derandomised, so make test is reproducible), ``long`` for a deep fuzzing
+# run (``pytest tests/test_fuzz.py --hypothesis-profile long``) and ``quick`` for a developer's loop. Every count in
+# the tests is written at the fast profile's scale and scaled to the loaded profile (tests/_profiles.py: examples).
 settings.register_profile("fast", max_examples=40, deadline=None, derandomize=True)
 settings.register_profile("long", max_examples=2000, deadline=None)
+settings.register_profile("quick", max_examples=8, deadline=None, derandomize=True)
 settings.load_profile("fast")
 
 # Small inputs stay on the eager counting path; tests that exercise the compiled kernel say so.

@@ -30,6 +30,7 @@ import scipy.sparse as sp
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from _profiles import examples
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin import planner
@@ -548,7 +549,7 @@ def _tm_update(scores, positives):
     return metric.compute()
 
 
-@settings(FAST, max_examples=150)  # 15 calls x 7 forms
+@settings(FAST, max_examples=examples(150))  # 15 calls x 7 forms
 @given(name=st.sampled_from(sorted(FUZZ_CALLS)), data=st.data())
 def test_fuzz_array_forms(name, data):
     """Tensors, numpy arrays and lists give the same result; complex, sparse, ragged and string inputs a ValueError

@@ -9,6 +9,7 @@ import scipy.optimize
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hs
+from _profiles import examples
 from numpy.polynomial import legendre
 
 from reco_sampled_plugin.corrections import (
@@ -173,7 +174,7 @@ def test_cls_matches_brute_force_and_is_monotone(law, metric):
     m=hs.integers(10, 150),
     law=hs.sampled_from(LAWS),
 )
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 def test_cls_is_monotone_non_increasing(metric, n, m, law):
     n = max(n, m + 2)
     table = correction_table(metric, n, m, "cls", sampling=law).numpy()
@@ -459,7 +460,7 @@ def test_bv_ill_conditioned_normal_equations_fall_back_to_the_stacked_least_squa
     assert objective(got) <= objective(want) + 1e-9 * scale, (objective(got), objective(want), scale)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(n=hs.integers(30, 3000), m=hs.integers(5, 120), gamma=hs.sampled_from([1e-9, 1e-4, 0.01, 0.1, 0.5, 0.99]),
        concentration=hs.floats(0.0, 12.0), seed=hs.integers(0, 2**16))
 def test_bv_diagonal_bound_on_the_reciprocal_condition(n, m, gamma, concentration, seed):

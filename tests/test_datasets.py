@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from _profiles import examples
 
 from reco_sampled_plugin import datasets
 from reco_sampled_plugin.datasets import (
@@ -247,7 +248,7 @@ events = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(events, st.booleans())
 def test_split_matches_brute_force(evs, with_time):
     users, items, times = (list(c) for c in zip(*evs))
@@ -274,7 +275,7 @@ def test_split_matches_brute_force(evs, with_time):
 tokens = st.text(alphabet="abcXYZ019_-.", min_size=1, max_size=4)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.tuples(tokens, tokens, st.integers(1, 5), st.integers(0, 10**9)), min_size=1, max_size=30))
 def test_raw_ids_round_trip_through_a_file(rows):
     with tempfile.TemporaryDirectory() as tmp:

@@ -16,13 +16,14 @@ import scipy.sparse as sp
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from _profiles import examples
 
 import reco_sampled_plugin as rsp
 from test_fuzz import _contract  # the one contract check of the fuzzing suites
 
 FAST = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
-# a real Trainer per example costs ~0.3 s: fewer examples there (the long profile still runs 2000)
-FEW = settings(suppress_health_check=[HealthCheck.too_slow], max_examples=15) if settings().max_examples <= 40 else FAST
+# a real Trainer per example costs ~0.3 s: fewer examples there (scaled with the profile, as every count)
+FEW = settings(FAST, max_examples=examples(15))
 
 
 def _unit_or_flagged_nan(est) -> None:

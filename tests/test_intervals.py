@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from _profiles import examples
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin import registry
@@ -90,7 +91,7 @@ def test_paired_difference_interval_in_the_range_of_a_difference():
     assert d.metric_range == (-1.0, 1.0) and d.sampling_interval() == (-1.0, 1.0) == d.interval()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     ranks=st.lists(st.integers(1, 11), min_size=1, max_size=30),
     metric=st.sampled_from(("hit@3", "ndcg@5", "mrr", "recall@20", "auc", "precision@2")),

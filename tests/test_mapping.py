@@ -7,6 +7,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from _profiles import examples
 from scipy import special
 
 from reco_sampled_plugin._rank_hist import (
@@ -62,7 +63,7 @@ def test_lemma_3_1_and_finiteness(a, n, m):
     assert f[-1] == pytest.approx(n, rel=1e-8)  # Lemma 3.1: f(n) = N for every a
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     n=st.integers(200, 10**8),
     m=st.integers(1, 400),
@@ -104,7 +105,7 @@ def test_histogram_counts_and_padding():
         sampled_rank_histogram(torch.tensor([6]), 50, 4)
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 6), st.sampled_from([10, 20]), st.sampled_from([3, 5])), min_size=1, max_size=40))
 def test_histogram_is_additive(rows):
     r = torch.tensor([min(x[0], x[2] + 1) for x in rows])
@@ -128,7 +129,7 @@ def test_histogram_is_additive(rows):
         np.testing.assert_array_equal(merged.counts[j], whole.counts[g])
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(st.lists(st.one_of(st.integers(0, 50), st.integers(0, 10**9)), min_size=1, max_size=60))
 def test_group_ids_match_unique(values):
     """Distinct keys and each key's group: the bincount path (small ranges) and the sort path agree with np.unique."""
@@ -140,7 +141,7 @@ def test_group_ids_match_unique(values):
     np.testing.assert_array_equal(uniq[index], key)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 12), st.integers(2, 5000), st.sampled_from([3, 5, 11]), st.floats(0.0, 3.0)),
                 min_size=1, max_size=50))
 def test_trusted_histogram_matches_brute_force(rows):

@@ -9,6 +9,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from _profiles import examples
 
 from reco_sampled_plugin import _over_n
 from reco_sampled_plugin.corrections import clear_correction_cache, table_numpy, tables_by_n
@@ -70,7 +71,7 @@ def test_a_non_finite_or_wrong_interpolant_is_never_returned():
     np.testing.assert_allclose(tabs, np.stack([build(int(n)) for n in ns]), rtol=0, atol=1e-12)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(lo=st.integers(50, 5000), ratio=st.floats(1.05, 30.0), count=st.integers(1, 300), seed=st.integers(0, 10))
 def test_fuzz_bv_rows_within_tolerance(lo, ratio, count, seed):
     rng = np.random.default_rng(seed)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from _profiles import examples
 
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.design import SamplingDesign
@@ -37,7 +38,7 @@ def test_pilot_design_scorer_world():
         pilot_design(1000, "nope@3")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(n=st.integers(3, 10**7), k=st.integers(1, 200), m=st.integers(1, 500))
 def test_pilot_design_is_the_smallest_doubling_that_resolves(n, k, m):
     """Brute force: the cap is m 2^s for the first s whose resolution reaches max(2, K / 2) (fixed m if s = 0)."""

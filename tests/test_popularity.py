@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hst
+from _profiles import examples
 from scipy import stats as st
 
 import reco_sampled_plugin as rsp
@@ -58,7 +59,7 @@ def _plugin_on(items: np.ndarray, m: int, scores=SCORES, weights=WEIGHTS, positi
                              exclude=exc, negatives=torch.from_numpy(items))
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(data=hst.data())
 def test_enumerated_law_on_random_small_catalogues(data):
     """Random catalogues of n <= 8 items (1-2 positives, 0-2 excluded, distinct scores, weights in [0.05, 5]),
@@ -389,7 +390,7 @@ def test_statistics_from_csr_exclusions_equal_the_padded_form():
 
 
 # --------------------------------------------------------------------------- the draw's inverse cdf with holes
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(hst.integers(1, 40), hst.integers(1, 6), hst.integers(0, 2 ** 31 - 1))
 def test_holed_cdf_finds_the_item_of_a_per_row_cumulative_sum(n, rows, seed):
     """The draws' lookup (``ranking._HoledCdf``: the catalogue's one cumulative sum, each row's forbidden items cut

@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from _profiles import examples
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin import SamplingDesign, sampled_ranks, sampled_ranks_from_scorer
@@ -76,7 +77,7 @@ def _csr(exc: torch.Tensor, n: int):
     return prepare_exclusions(dedup, n)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(0, 2**31 - 1), st.integers(10, 40), st.integers(1, 12), st.sampled_from([0.0, 0.2, 0.6]),
        st.sampled_from(["plain", "positives_excluded", "duplicates", "zero_weight"]))
 def test_row_totals_from_csr_equal_the_padded_list_and_a_brute_force_count(seed, n, b, zero_share, pattern):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
+from _profiles import examples
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin import _popularity_fit as pf, metric_values, popularity
@@ -33,7 +34,7 @@ def _units(x: np.ndarray, w: np.ndarray, classes: int = 3) -> pf.Units:
                     np.arange(classes, dtype=np.float64), np.ones(classes), covariate=x)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(st.integers(0, 6), min_size=1, max_size=900), st.integers(0, 2 ** 31 - 1))
 def test_split_is_the_best_balanced_cut_at_the_weighted_median(values, seed):
     """The low stratum is {x < c} or {x <= c} for the weighted median c, whichever is closer to half the weight

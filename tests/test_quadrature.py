@@ -7,6 +7,7 @@ import scipy.stats as st
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hs
+from _profiles import examples
 
 from reco_sampled_plugin.quadrature import composite_rule, gauss_discrete_uniform, gauss_rule, pmf_at_ranks
 from reco_sampled_plugin.sampling_laws import sampled_rank_pmf
@@ -51,7 +52,7 @@ def test_christoffel_and_eigenvector_weights_agree_at_large_n():
 
 
 @given(lo=hs.integers(1, 500), size=hs.integers(1, 3000), k=hs.integers(1, 40))
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 def test_gauss_rule_on_ranks_sums_polynomials(lo, size, k):
     hi = lo + size - 1
     r, w = gauss_rule(lo, hi, k)

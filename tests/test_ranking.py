@@ -8,6 +8,7 @@ import scipy.stats as st
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as hs
+from _profiles import examples
 
 from reco_sampled_plugin import exact_ranks, sampled_ranks
 from reco_sampled_plugin import counting
@@ -181,7 +182,7 @@ def test_row_indexed_counts_match_brute_force_on_both_backends():
         counting.count_beating_rows(scores, rows[:-1], ref)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(seed=hs.integers(0, 10_000), levels=hs.sampled_from([None, 2, 5]), ties=hs.sampled_from(["pessimistic", "optimistic", "average"]))
 def test_rank_invariants(seed, levels, ties):
     rng = np.random.default_rng(seed)
@@ -322,7 +323,7 @@ def test_without_replacement_mixed_pool_sizes(gen):
     assert (res.negatives[0] < 8).all() and (res.negatives[0] > 0).all()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(hs.integers(0, 2**31 - 1), hs.integers(1, 6), hs.integers(1, 8))
 def test_positive_also_excluded_matches_brute_force(seed, n_pos, n_exc):
     """The overlap check (each positive looked up in its row's sorted exclusions) raises exactly when some

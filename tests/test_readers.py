@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from _profiles import examples
 
 from reco_sampled_plugin import datasets, rank_files
 from reco_sampled_plugin._tables import format_table
@@ -165,7 +166,7 @@ _CELLS = st.sampled_from(["1", "2", "3", "7", "10", "100", "+4", "007", "3.0", "
 _SEPS = st.sampled_from([",", ";", "\t", " ", "  ", ", ", " ;"])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(rows=st.lists(st.tuples(st.lists(_CELLS, min_size=1, max_size=5), _SEPS), min_size=0, max_size=6),
        header=st.booleans(), bom=st.booleans(), end=st.sampled_from(["\n", "\r\n", "\r"]),
        defaults=st.sampled_from([(None, None), (100, 10)]))
@@ -262,7 +263,7 @@ def test_missing_score_names_the_negative_line(tmp_path):
 _SCORE_CELLS = st.sampled_from(["0", "1", "2", "3", "0.5", "-1e3", "+2", "nan", "x", "", "1.0", "1_0", '"1"', "007"])
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(rows=st.lists(st.tuples(st.lists(_SCORE_CELLS, min_size=1, max_size=4), st.sampled_from([" ", "\t", "  ", ","])),
                      max_size=8), end=st.sampled_from(["\n", "\r\n"]))
 def test_score_reader_never_differs_from_the_line_reader(rows, end):
@@ -369,7 +370,7 @@ _TOKENS = st.sampled_from(["u", "v", "7", " w ", "", '"q"', '"a,b"', "x y", "4.5
                            "1_0", '"', "\u0661"])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(rows=st.lists(st.lists(_TOKENS, min_size=1, max_size=5), min_size=0, max_size=6),
        sep=st.sampled_from([",", ";", "\t", "::", " "]), header=st.booleans(), end=st.sampled_from(["\n", "\r\n"]))
 def test_interactions_numpy_reader_never_differs_from_the_line_reader(rows, sep, header, end):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
+from _profiles import examples
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _lightning_helpers as H  # noqa: E402
@@ -131,7 +132,7 @@ def test_default_ids_and_forms_match_the_score_path(design):
     assert set(torch.cat(seen).tolist()) == {r for r in range(30) if valid[r].any()}  # the row counter
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(seed=st.integers(0, 10_000), m=st.integers(1, 12), b=st.integers(1, 9), n=st.integers(15, 60),
        replacement=st.booleans(), max_pairs=st.integers(1, 40), seed_key=st.integers(0, 2**40))
 def test_scorer_equals_scores_hypothesis(seed, m, b, n, replacement, max_pairs, seed_key):

@@ -17,6 +17,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from _profiles import examples
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin import SamplingDesign, adaptive_sampled_ranks, sampled_ranks, sampled_ranks_from_scorer
@@ -140,7 +141,7 @@ def _allowed(pos, exc, n):
             for r in range(pos.shape[0])]
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(ragged(), st.integers(1, 6), st.booleans())
 def test_draws_equal_the_padded_map_and_brute_force(case, m, replacement):
     pos, exc, n, seed = case
@@ -173,7 +174,7 @@ def test_draws_equal_the_padded_map_and_brute_force(case, m, replacement):
             assert set(got[r].reshape(-1).tolist()) <= set(a)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(ragged(), st.sampled_from(["fixed", "without", "adaptive"]), st.sampled_from(["pessimistic", "random"]))
 def test_scorer_and_matrix_paths_equal_with_raw_and_prepared_exclusions(case, kind, ties):
     pos, exc, n, seed = case
@@ -200,7 +201,7 @@ def test_scorer_and_matrix_paths_equal_with_raw_and_prepared_exclusions(case, ki
     assert full == sum(len(a) + int((pos[r] >= 0).sum()) for r, a in enumerate(allowed) if (pos[r] >= 0).any())
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(ragged())
 def test_prepared_form_holds_the_lists(case):
     pos, exc, n, seed = case
@@ -312,7 +313,7 @@ def test_on_every_device_equal_to_the_cpu(device, kind):
         assert torch.equal(mat.ranks.cpu(), ref.ranks)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(ragged(), st.sampled_from(["duplicate", "positive"]), st.integers(0, 2**31 - 1))
 def test_a_duplicate_or_an_excluded_positive_is_refused_on_every_path(case, fault, seed):
     """A row listing an item twice, or excluding one of its own positives, is a ValueError naming ``exclude`` on

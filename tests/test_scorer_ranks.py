@@ -11,6 +11,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from _profiles import examples
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin import SamplingDesign, adaptive_sampled_ranks, sampled_ranks, sampled_ranks_from_scorer
@@ -104,7 +105,7 @@ def test_adaptive_with_masks_and_one_dimensional_positives():
     assert got.cost.stages >= 2
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(b=st.integers(1, 12), n=st.integers(8, 60), p=st.integers(1, 4), e=st.integers(0, 4), m=st.integers(1, 6),
        cap=st.sampled_from([None, 2, 4]), rep=st.booleans(), ties=st.sampled_from(rsp.ranking.TIES),
        max_pairs=st.integers(1, 40), seed=st.integers(0, 10_000))

@@ -7,6 +7,7 @@ import scipy.sparse as sp
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from _profiles import examples
 
 from reco_sampled_plugin.splits import leave_last_out_split, split_train_test
 
@@ -48,7 +49,7 @@ split_args = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(split_args)
 def test_split_invariants(args):
     x = _random_x(args.pop("n_users"), args.pop("n_items"), args.pop("density"), args.pop("data_seed"))
@@ -106,7 +107,7 @@ class _nullcontext:
         return False
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(st.integers(0, 10_000), st.integers(0, 2**31), st.sampled_from(["all", "separated", "joined"]))
 def test_reproducible_from_the_seed(data_seed, seed, split_type):
     x = _random_x(30, 25, 0.4, data_seed)

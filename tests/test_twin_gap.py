@@ -156,8 +156,9 @@ def test_gmod_estimates_carry_the_gap_and_other_methods_do_not():
 # ------------------------------------------------------------------------------------------------ properties
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from _profiles import examples
 
-FAST = settings(deadline=None, max_examples=40, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(deadline=None, max_examples=examples(40), suppress_health_check=[HealthCheck.too_slow])
 
 
 @FAST
