@@ -159,7 +159,7 @@ def expected_samples(p: Any, design: AdaptiveDesign) -> tuple[np.ndarray, np.nda
     is drawn with probability (1 - p)^(M_{s-1}) (M_{-1} = 0), so E[M] = sum_s (M_s - M_{s-1}) (1 - p)^(M_{s-1}) draws;
     a positive is still ranked first at the cap with probability (1 - p)^cap (the share an ``exact_at_cap`` design
     ranks exactly, n - 1 scored pairs each). Closed forms: no draw (the planner's cost order, Wald's identity in
-    ``benchmarks/gmod_oracle.py``)."""
+    ``benchmarks/studies/gmod_oracle.py``)."""
     with np.errstate(divide="ignore"):  # p = 1: log 0 = -inf, survival 0
         log_q = np.log1p(-np.clip(np.asarray(p, dtype=np.float64), 0.0, 1.0))
     mean = np.zeros_like(log_q)

@@ -706,7 +706,7 @@ def pilot_resolution(metric: str | MetricSpec) -> float | None:
     splits around K, and for small metrics the guess decides the forecast. Measured on the scorer benchmark's world
     (50,000 items, NDCG@10 0.0128; 1,000 pilot users, BENCHMARKS.md): an adaptive pilot to cap 3,200 (b = 16.6)
     left the ``mes`` and ``gmod`` fits' NDCG@10 apart by 1.5-2.7x (0.0043 / 0.0115) and the forecasts 2-12x off;
-    to cap 12,800 (b = 4.9) the two fits agreed within 11%. From 6 pilot draws each (``benchmarks/planner_pilot.py``)
+    to cap 12,800 (b = 4.9) the two fits agreed within 11%. From 6 pilot draws each (``benchmarks/studies/planner_pilot.py``)
     the planner picked a design meeting its 10% target (simulated 5.6-7.7%) 5 times from the resolved pilot and 4
     times from the coarse one, full ranking otherwise (never a design that misses)."""
     spec = parse_metric(metric)

@@ -25,8 +25,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 FILES = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))  # the site's pages (guides, api) too
 # pages without a block to run: reference pages and the API reference (mkdocstrings ``:::`` blocks, built and checked
-# by tests/test_docs_site.py), the figures page
-NO_BLOCKS = ("gpu.md", "input_validation.md", "architecture.md", "figures.md", "torchrun.md")
+# by tests/test_docs_site.py), the figures page, the research notes (prose and tables)
+NO_BLOCKS = ("gpu.md", "input_validation.md", "architecture.md", "figures.md", "torchrun.md", "research-notes.md")
 INCLUDE = re.compile(r'^--8<--\s+"(?P<path>[^"]+)"\s*$')  # a pymdownx.snippets include of a repository file
 FENCE = re.compile(r"^```(?P<lang>[\w-]*)[^\n]*\n(?P<body>.*?)^```[ \t]*$", re.M | re.S)
 SKIP = re.compile(r"<!--\s*snippet:\s*skip\s+(?P<reason>.+?)\s*-->\s*$")

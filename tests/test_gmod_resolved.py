@@ -12,7 +12,8 @@ Tolerances (measured with seeds 0-5, session 24; 12 more seeds gave at most 1.3%
 gmod's largest relative error 2.0% / 1.1% (HR@10), 1.3% / 1.1% (NDCG@10); asserted below 3.5%, 3.5 times the
 largest relative standard error that ``estimate()`` reports there (0.6-1.0%, mostly the users' posterior
 variance; seed 0). The world with a spike just below K (rank 11) and holes at 9-10 is the known limit
-(docs/estimators.md, "Free masses at the resolved top"): gmod's smooth prior leaks the spike into the top 10
+(docs/estimators.md, "A limit: a spike just past the cut-off"; docs/research-notes.md): gmod's smooth prior leaks
+the spike into the top 10
 (+4-6% on HR@10, interval missing), where ``mes`` stays within about 5%: pinned here so that a change is seen.
 """
 

@@ -86,17 +86,21 @@ def test_changelog_names_the_version():
 
 
 def test_readme_install_names_every_extra():
-    """The README's Install section shows ``pip install .`` and ``pip install ".[recbole,lightning]"`` and names each
-    extra of pyproject.toml (a new extra without a line there fails)."""
+    """The README's Install section shows ``pip install .`` and ``pip install ".[recbole,lightning]"``, and the install
+    page it links (docs/install.md, where the extras table moved) shows both too and names each extra of pyproject.toml
+    (a new extra without a line there fails)."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = re.search(r"^## Install\n(.*?)^## ", readme, re.M | re.S)
     assert section, "README.md has no '## Install' section"
     text = section.group(1)
     assert re.search(r"^pip install \.\s", text, re.M)
     assert 'pip install ".[recbole,lightning]"' in text
+    assert "docs/install.md" in text, "README Install: no link to the install page"
+    page = (ROOT / "docs" / "install.md").read_text(encoding="utf-8")
+    assert re.search(r"^pip install \.\s", page, re.M) and 'pip install ".[recbole,lightning]"' in page
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
     for extra in extras:
-        assert f"| `{extra}` |" in text, f"README Install: the extra {extra!r} has no row"
+        assert f"| `{extra}` |" in page, f"docs/install.md: the extra {extra!r} has no row"
 
 
 @pytest.mark.slow

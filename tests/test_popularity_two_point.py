@@ -1,4 +1,4 @@
-"""benchmarks/popularity_two_point.py (docs/popularity.md, "What the design allows: a two-point bound"): its
+"""benchmarks/studies/popularity_two_point.py (docs/popularity.md, "What the design allows: a two-point bound"): its
 ingredients against independent computations.
 
 * the KL of a move, per draw, against the KL of the two worlds' laws of one draw enumerated item by item and
@@ -22,12 +22,12 @@ import torch
 import reco_sampled_plugin as rsp
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
 try:
     import gmod_oracle as go
     import popularity_two_point as tp
 finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+    sys.path.remove(str(ROOT / "benchmarks" / "studies"))
 
 
 def _draw_law(w: np.ndarray, above: np.ndarray) -> dict[tuple[float, bool], float]:

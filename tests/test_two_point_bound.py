@@ -1,4 +1,4 @@
-"""benchmarks/gmod_oracle.py's two-point bound (docs/estimators.md, "What no estimator can do"): its ingredients
+"""benchmarks/studies/gmod_oracle.py's two-point bound (docs/estimators.md, "What no estimator can do"): its ingredients
 against independent computations.
 
 * E[draws | R] of the adaptive design against the plugin's own adaptive sampler (simulation);
@@ -24,11 +24,11 @@ from reco_sampled_plugin import metric_values
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
 try:
     import gmod_oracle as go
 finally:
-    sys.path.remove(str(ROOT / "benchmarks"))
+    sys.path.remove(str(ROOT / "benchmarks" / "studies"))
 
 
 def test_expected_draws_match_the_adaptive_sampler():

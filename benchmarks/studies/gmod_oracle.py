@@ -7,11 +7,11 @@ groups pooled as ``estimate()`` pools them). Two targets per fitted prior: ``use
 posterior means, ``RankDistribution.metric(target="users")``, gmod's estimate) and ``population`` (sum_R P(R) M(R),
 mes's estimate). The oracle is the posterior mean under the recommender's own exact ranks, on the same cells.
 
-    python benchmarks/gmod_oracle.py --dataset ml-100k --design adaptive --repeats 8
-    python benchmarks/gmod_oracle.py --dataset ml-latest-small --design 500 --dfs 8 10 14 --penalties 0.3 1 3
-    python benchmarks/gmod_oracle.py --coverage --repeats 10   # estimate() itself: error, coverage, width
-    python benchmarks/gmod_oracle.py --synthetic --repeats 8 --top-penalties 0.01 0.1   # resolved synthetic worlds
-    python benchmarks/gmod_oracle.py --resolution --dataset ml-100k --design adaptive   # the design's resolution
+    python benchmarks/studies/gmod_oracle.py --dataset ml-100k --design adaptive --repeats 8
+    python benchmarks/studies/gmod_oracle.py --dataset ml-latest-small --design 500 --dfs 8 10 14 --penalties 0.3 1 3
+    python benchmarks/studies/gmod_oracle.py --coverage --repeats 10   # estimate() itself: error, coverage, width
+    python benchmarks/studies/gmod_oracle.py --synthetic --repeats 8 --top-penalties 0.01 0.1   # resolved synthetic worlds
+    python benchmarks/studies/gmod_oracle.py --resolution --dataset ml-100k --design adaptive   # the design's resolution
 
 ``--top-penalties T ...`` (issue 30, session 24): also fit the **free-top** variant, the spline plus one free
 log-mass per single-rank cell at the top whose design resolution (:func:`design_resolution`, from the groups' (n, m)

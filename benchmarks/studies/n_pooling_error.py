@@ -6,7 +6,7 @@ ml-100k (four recommenders, n in 946..1663, 279 distinct n) and a synthetic set 
 (n log-uniform in 1e3..1e5, 2000 positives, 2000 distinct n). Prints the largest relative and absolute
 differences over metrics, methods, recommenders and repeats.
 
-Run:  python benchmarks/n_pooling_error.py [--repeats 5]
+Run:  python benchmarks/studies/n_pooling_error.py [--repeats 5]
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def main() -> None:
         import sys
         from pathlib import Path
 
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
         from accuracy_ml100k import exact_rank_data
 
         sets.insert(0, exact_rank_data())

@@ -16,9 +16,9 @@ The values (spline prior) of HR@10 / NDCG@10 of (a), (b) and (c) and, with the p
 the exact ranks on the fit's cells (the "true prior"), the composition model's own error. One JSON line per
 (draw, count); ``--summarise`` prints the tables.
 
-    OMP_NUM_THREADS=1 python benchmarks/popularity_tilt_curves.py --dataset ml-latest-small --out lsm.jsonl
-    OMP_NUM_THREADS=1 python benchmarks/popularity_tilt_curves.py --dataset ml-100k --out m100k.jsonl
-    python benchmarks/popularity_tilt_curves.py --summarise lsm.jsonl m100k.jsonl
+    OMP_NUM_THREADS=1 python benchmarks/studies/popularity_tilt_curves.py --dataset ml-latest-small --out lsm.jsonl
+    OMP_NUM_THREADS=1 python benchmarks/studies/popularity_tilt_curves.py --dataset ml-100k --out m100k.jsonl
+    python benchmarks/studies/popularity_tilt_curves.py --summarise lsm.jsonl m100k.jsonl
 """
 
 from __future__ import annotations
@@ -38,7 +38,8 @@ from typing import Any, Callable  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/ (siblings)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/studies/
 import popularity_accuracy as pa  # noqa: E402
 
 import reco_sampled_plugin as rsp  # noqa: E402

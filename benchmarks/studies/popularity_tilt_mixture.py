@@ -15,9 +15,9 @@ Value: the mean over units of each unit's posterior mean of the cell metric. The
 ``popularity_tilt_curves.py`` (``popularity_accuracy.load()``; generator seed 10,000 x repeat + m). One JSON line
 per (draw, count); ``--summarise`` prints the tables.
 
-    OMP_NUM_THREADS=1 python benchmarks/popularity_tilt_mixture.py --dataset ml-latest-small --out lsm.jsonl
-    OMP_NUM_THREADS=1 python benchmarks/popularity_tilt_mixture.py --dataset ml-100k --out m100k.jsonl
-    python benchmarks/popularity_tilt_mixture.py --summarise lsm.jsonl m100k.jsonl
+    OMP_NUM_THREADS=1 python benchmarks/studies/popularity_tilt_mixture.py --dataset ml-latest-small --out lsm.jsonl
+    OMP_NUM_THREADS=1 python benchmarks/studies/popularity_tilt_mixture.py --dataset ml-100k --out m100k.jsonl
+    python benchmarks/studies/popularity_tilt_mixture.py --summarise lsm.jsonl m100k.jsonl
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from collections import defaultdict  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/ (siblings)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/studies/
 import popularity_tilt_curves as tc  # noqa: E402
 
 from reco_sampled_plugin import _popularity_fit as pf  # noqa: E402

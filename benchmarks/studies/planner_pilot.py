@@ -9,7 +9,7 @@ repeats, the default estimator). The pick is then judged by simulation on the re
 draws of its design (users resampled, as the plan's own forecast is over sets of users), relative RMSE of the
 default estimator against each set's exact NDCG@10.
 
-    OMP_NUM_THREADS=1 python benchmarks/planner_pilot.py --draws 6 --caps 3200,12800
+    OMP_NUM_THREADS=1 python benchmarks/studies/planner_pilot.py --draws 6 --caps 3200,12800
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/ (siblings)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/studies/
 
 from bench_scorer import TARGET, TARGET_METRIC, make_world  # noqa: E402
 

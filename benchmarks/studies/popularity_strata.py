@@ -11,12 +11,12 @@ rank prior); the value is the strata's values weighted by their positives. Covar
 Strata at the covariate's quantiles (2 or 3). With the true prior (the histogram of exact ranks per stratum) the
 composition model is judged alone. Draws as ``popularity_tilt_curves.py`` (seed 10,000 x repeat + m).
 
-    OMP_NUM_THREADS=1 python benchmarks/popularity_strata.py --dataset ml-100k --out s100k.jsonl
-    OMP_NUM_THREADS=1 python benchmarks/popularity_strata.py --dataset ml-100k --splits pos2,hist2 \
+    OMP_NUM_THREADS=1 python benchmarks/studies/popularity_strata.py --dataset ml-100k --out s100k.jsonl
+    OMP_NUM_THREADS=1 python benchmarks/studies/popularity_strata.py --dataset ml-100k --splits pos2,hist2 \
         --reps 2 3 4 5 6 7 8 9 --ms 500 --out s100k.jsonl
-    python benchmarks/popularity_strata.py --splits pos2,hist2 --summarise s100k.jsonl slsm.jsonl
-    OMP_NUM_THREADS=1 python benchmarks/popularity_strata.py --dataset ml-100k --time --reps 0 --out /dev/null
-    OMP_NUM_THREADS=1 python benchmarks/popularity_strata.py --dataset ml-100k --time count --reps 0 --out /dev/null
+    python benchmarks/studies/popularity_strata.py --splits pos2,hist2 --summarise s100k.jsonl slsm.jsonl
+    OMP_NUM_THREADS=1 python benchmarks/studies/popularity_strata.py --dataset ml-100k --time --reps 0 --out /dev/null
+    OMP_NUM_THREADS=1 python benchmarks/studies/popularity_strata.py --dataset ml-100k --time count --reps 0 --out /dev/null
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ from collections import defaultdict  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/ (siblings)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/studies/
 import popularity_accuracy as pa  # noqa: E402
 import popularity_tilt_curves as tc  # noqa: E402
 import popularity_tilt_mixture as tm  # noqa: E402

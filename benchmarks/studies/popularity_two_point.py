@@ -42,7 +42,7 @@ second world (docs/popularity.md, "What the design allows").
 error| in each (the second world's score matrix: the moved items' scores set just past the positive's; the exact
 ranks are checked to be the intended ones).
 
-    OMP_NUM_THREADS=1 python benchmarks/popularity_two_point.py --dataset ml-100k --repeats 10 [--estimators]
+    OMP_NUM_THREADS=1 python benchmarks/studies/popularity_two_point.py --dataset ml-100k --repeats 10 [--estimators]
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from scipy.special import xlogy  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/ (siblings)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/studies/
 
 import reco_sampled_plugin as rsp  # noqa: E402
 from reco_sampled_plugin import metric_values  # noqa: E402

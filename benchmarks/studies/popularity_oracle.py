@@ -24,8 +24,8 @@ Output: per (alpha, m, metric, recommender) the mean |relative error| of each or
 metric over ``--repeats`` draws, and the mean number of beating draws per positive at exact ranks <= 10 under each
 design (how much the draws say about the top).
 
-    OMP_NUM_THREADS=1 python benchmarks/popularity_oracle.py --dataset ml-100k --repeats 10
-    OMP_NUM_THREADS=1 python benchmarks/popularity_oracle.py --dataset ml-latest-small --repeats 10
+    OMP_NUM_THREADS=1 python benchmarks/studies/popularity_oracle.py --dataset ml-100k --repeats 10
+    OMP_NUM_THREADS=1 python benchmarks/studies/popularity_oracle.py --dataset ml-latest-small --repeats 10
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # benchmarks/ (siblings)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # benchmarks/studies/
 
 import reco_sampled_plugin as rsp  # noqa: E402
 from reco_sampled_plugin import metric_values  # noqa: E402
