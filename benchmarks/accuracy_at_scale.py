@@ -44,7 +44,7 @@ from accuracy_ml100k import TABLE_ESTIMATORS, run_experiment  # noqa: E402
 
 from reco_sampled_plugin._rank_hist import pool_by_n, sampled_rank_histogram  # noqa: E402
 from reco_sampled_plugin.corrections import correction_tables  # noqa: E402
-from reco_sampled_plugin.estimate import bias_aware_halfwidth  # noqa: E402
+from reco_sampled_plugin._estimate import bias_aware_halfwidth  # noqa: E402
 from reco_sampled_plugin.identification import identified_interval, top_sensitive  # noqa: E402
 from reco_sampled_plugin.metric_names import parse_metric  # noqa: E402
 from reco_sampled_plugin.mapping import fit_beta, mapping_tables  # noqa: E402

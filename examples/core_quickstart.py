@@ -8,6 +8,7 @@ import argparse
 import torch
 
 import reco_sampled_plugin as rsp
+from reco_sampled_plugin.sampling_laws import expected_sampled
 
 
 def main(device: str = "cpu") -> dict[str, float]:
@@ -29,7 +30,7 @@ def main(device: str = "cpu") -> dict[str, float]:
     for metric in ("recall@10", "ndcg@10", "auc"):
         exact = rsp.metric_values(metric, ranks, n).mean()
         observed = rsp.metric_values(metric, sampled.ranks[:, 0], 101).mean()
-        expected = rsp.expected_sampled(metric, ranks, n, 100).mean()
+        expected = expected_sampled(metric, ranks, n, 100).mean()
         out[metric] = float(exact)
         print(f"{metric:10} exact {exact:.4f}   sampled (m=100) {observed:.4f}   expected sampled {expected:.4f}")
     table = rsp.per_user_metrics(scores, test, ["ndcg@10", "recall@10", "auc"], exclude=train)

@@ -21,7 +21,7 @@ from . import __version__, registry
 
 if TYPE_CHECKING:  # the CLI imports numpy and torch only in the commands that compute
     from .design import SamplingDesign
-    from .estimate import Estimate
+    from ._estimate import Estimate
     from .priors import BetaPrior
     from .ranking import SampledRanks
 
@@ -317,7 +317,7 @@ def estimate_table(rows: Iterable[tuple[str, str, Estimate]], *, stderr: bool = 
     command for these data) and, where corrected methods show one identified interval, a note that equal intervals
     are not agreement."""
     from ._tables import format_table
-    from .estimate import SAME_INTERVAL_NOTE, explain_flags
+    from ._estimate import SAME_INTERVAL_NOTE, explain_flags
 
     table: list[list[str]] = []  # metric, method, estimate, interval[, stderr], flags (after two spaces)
     flagged: dict[str, str] = {}  # flag -> the first metric it appeared for

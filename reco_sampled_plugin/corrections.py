@@ -60,7 +60,7 @@ from .sampling_laws import check_law
 
 if TYPE_CHECKING:
     from ._rank_hist import RankHistogram
-    from .estimate import EstimatorOutput
+    from ._estimate import EstimatorOutput
 
 __all__ = [
     "METHODS",
@@ -695,7 +695,7 @@ def _resolution_flags(spec: MetricSpec, hist: RankHistogram, se: float) -> tuple
 
 
 def _estimate_output(value: float, se: float, hist: RankHistogram, details: dict, flags: Iterable[str]) -> EstimatorOutput:
-    from .estimate import EstimatorOutput
+    from ._estimate import EstimatorOutput
 
     return EstimatorOutput(value, se, hist.total, details, tuple(flags))
 

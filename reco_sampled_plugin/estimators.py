@@ -49,7 +49,7 @@ from ._options import check_law, check_options
 from . import registry
 from .adaptive import adaptive_cost, check_adaptive_histogram
 from .design import AdaptiveDesign, SamplingDesign, coerce_adaptive
-from .estimate import Estimate, EstimatorOutput, range_flags
+from ._estimate import Estimate, EstimatorOutput, range_flags
 from .identification import Identification, TopShape, resolution, top_sensitive
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_bounds
@@ -124,7 +124,7 @@ def check_estimator_options(method: str, options: Mapping[str, Any], where: str 
     return opts
 
 
-#: the former name of :class:`~reco_sampled_plugin.estimate.Estimate` (kept so that old imports work): ``estimate``
+#: the former name of :class:`~reco_sampled_plugin.Estimate` (kept so that old imports work): ``estimate``
 #: returns an ``Estimate``, the one result type of the package
 EstimatorResult = Estimate
 
@@ -315,7 +315,7 @@ def estimate(
             ``details["stderr_method"]``).
 
     Returns:
-        :class:`~reco_sampled_plugin.estimate.Estimate` (value, stderr, n_instances, details, flags). Where the metric depends on the
+        :class:`~reco_sampled_plugin.Estimate` (value, stderr, n_instances, details, flags). Where the metric depends on the
         shape of the rank distribution inside the first sampled bin (a cut-off below the resolution
         b = (n - 1)/(m + 1) + 1, or AP/RR/NDCG once b >= 2; flag ``top_unresolved``), ``interval(level)``
         also spans every value the data allow under ``top_shape`` (``identification.py``); the ``none``

@@ -543,7 +543,7 @@ def _top_value(spec: MetricSpec, hist: RankHistogram) -> float:
 
 
 class Identification:
-    """What an :class:`~reco_sampled_plugin.estimate.Estimate` needs to widen its interval: the histogram, metric,
+    """What an :class:`~reco_sampled_plugin.Estimate` needs to widen its interval: the histogram, metric,
     law and shape; identified intervals are computed on first use per level and kept (picklable)."""
 
     def __init__(self, spec: MetricSpec, hist: RankHistogram, sampling: str, shape: TopShape | None = None,

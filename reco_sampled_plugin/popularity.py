@@ -32,7 +32,7 @@ from ._checks import check_weights, check_without_replacement
 from ._popularity import POP_BINS, PopularityStats, weight_bins
 from ._popularity_fit import PopularityFit, StratifiedFit, Units, fit as _fit_units, z_value
 from .design import SamplingDesign
-from .estimate import Estimate, EstimatorOutput
+from ._estimate import Estimate, EstimatorOutput
 from .metric_names import MetricSpec
 from ._types import TensorLike
 
@@ -304,7 +304,7 @@ def _fit_details(f: PopularityFit, spec: MetricSpec, prior: str) -> dict:
 
 
 class _TopBounds:
-    """The interval of ``pl_fit`` where the top is unresolved: what :class:`~reco_sampled_plugin.estimate.Estimate`
+    """The interval of ``pl_fit`` where the top is unresolved: what :class:`~reco_sampled_plugin.Estimate`
     reads from an identification (``interval(level)`` with ``lo``/``hi``, ``metric_range``). The hull (lp_lo, lp_hi)
     is the metric's range over the top shapes and the 95% likelihood set of beta, at every ``level`` (as the uniform
     identified set does not depend on it); only the sampling widening, z(level) x stderr, follows ``level``."""

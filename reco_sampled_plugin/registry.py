@@ -20,7 +20,7 @@ The compute protocol (``estimators.estimate`` calls it after validating the opti
 A method that corrects popularity designs (``popularity=True``, family other than ``none``) also finds
 ``options["draws"]``: the per-positive statistics of the beating draws (``popularity.PopularityDraws``), which the
 histogram cannot carry. ``metrics`` restricts the metric kinds a method estimates (``hh``: AUC only). Its output may
-carry an ``identification`` (``estimate.EstimatorOutput``): under popularity sampling ``estimate`` takes the interval
+carry an ``identification`` (``_estimate.EstimatorOutput``): under popularity sampling ``estimate`` takes the interval
 of the unresolved top from it (``pl_fit``), not from the uniform law.
 
 Adding an estimator (docs/architecture.md): its module (the compute function), one :func:`register` call in
@@ -463,5 +463,5 @@ def popularity_auto(metric: Any, design: Any = None) -> str:
                      + (f"; use one of {others}" if others else ""))
 
 #: The default where a correction table is needed (one value per sampled rank, so not a fitted method): RecBole's
-#: ``Corrected*`` (``rsp_correction``), ``reco-sampled table``, :func:`~reco_sampled_plugin.corrected_metric`.
+#: ``Corrected*`` (``rsp_correction``), ``reco-sampled table``, :func:`~reco_sampled_plugin.uncertainty.corrected_metric`.
 DEFAULT_CORRECTION = "bv"

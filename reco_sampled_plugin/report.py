@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ._tables import format_table
-from .estimate import explain_flags
+from ._estimate import explain_flags
 from .reproduce import ReproduceResult
 
 __all__ = ["write_report", "summary_lines", "ordering_verdicts", "unresolved_notes"]

@@ -24,7 +24,7 @@ import torch
 from ._checks import MAX_SAMPLES, check_rank_values, check_sampled_support, check_size, check_sizes
 from ._rank_hist import check_spread
 from .corrections import table_numpy, check_gamma, check_method, n_interpolation, tables_for_counts
-from .estimate import Estimate, range_flags
+from ._estimate import Estimate, range_flags
 from .metric_names import parse_metric
 from .metrics import metric_bounds
 from .sampling_laws import check_law

@@ -18,6 +18,16 @@ import scipy.sparse as sp
 import torch
 
 import reco_sampled_plugin as rsp
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
+from reco_sampled_plugin.consistency import ordering_agreement
+from reco_sampled_plugin.corrections import correction_table, expected_corrected, table_bias
+from reco_sampled_plugin.design import as_design
+from reco_sampled_plugin.mapping import dataset_beta, fit_beta, mapped_points, mapping, mapping_estimate, sampled_hit_rate_curve
+from reco_sampled_plugin.metrics import metric_curve
+from reco_sampled_plugin.priors import BetaPrior, VectorPrior, empirical_prior, fit_beta_prior
+from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
+from reco_sampled_plugin.sampling_laws import expected_sampled, log_sampled_rank_pmf, sampled_rank_pmf
+from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values
 
 #: Parameters that are data (tensors, arrays, priors, callables, designs), not options: another suite fuzzes them.
 DATA = {
@@ -151,7 +161,7 @@ def entries(tmp: str) -> list[Entry]:
         return validate_config(_Config({**config, **keys}))
 
     est = rsp.estimate("hit@3", sranks, 100, 10)
-    fit = rsp.estimate_rank_distribution(sranks, 100, 10)
+    fit = estimate_rank_distribution(sranks, 100, 10)
     out = [
         Entry("Estimate.interval", est.interval),
         Entry("Estimate.sampling_interval", est.sampling_interval),
@@ -166,22 +176,22 @@ def entries(tmp: str) -> list[Entry]:
         Entry("candidate_counts", rsp.candidate_counts, (30, pos, None)),
         Entry("adaptive_sampled_ranks", rsp.adaptive_sampled_ranks, (scores, pos1, 4), {"max_samples": 16,
                                                                                         "generator": g}),
-        Entry("adaptive_sampled_ranks_from_exact", rsp.adaptive_sampled_ranks_from_exact, (exact, 30, 4),
+        Entry("adaptive_sampled_ranks_from_exact", adaptive_sampled_ranks_from_exact, (exact, 30, 4),
               {"max_samples": 16, "generator": g}),
         Entry("simulate_sampled_ranks", rsp.simulate_sampled_ranks, (exact, 30, 5), {"generator": g}),
         Entry("draw_sampled_ranks", rsp.draw_sampled_ranks, (exact, 30, 5)),
         Entry("MetricSpec", rsp.MetricSpec, ("ndcg",), {"k": 5}),
-        Entry("metric_curve", rsp.metric_curve, ("ndcg@5", 30), extra={"n_items": "size"}),
+        Entry("metric_curve", metric_curve, ("ndcg@5", 30), extra={"n_items": "size"}),
         Entry("per_user_metrics", rsp.per_user_metrics, (scores, pos), {"metrics": ["ndcg@5"]}),
         Entry("per_user_metrics_from_factors", rsp.per_user_metrics_from_factors, (u, v, pos),
               {"metrics": ["ndcg@5"]}),
         Entry("SamplingDesign", rsp.SamplingDesign, (5,), extra={"n_samples": "size"}),
         Entry("popularity_weights", rsp.popularity_weights, (torch.tensor([3.0, 0.0, 1.0]),)),
-        Entry("as_design", rsp.as_design, (5,), skip={"name": "the argument name its messages use, set by the package"}),
+        Entry("as_design", as_design, (5,), skip={"name": "the argument name its messages use, set by the package"}),
         Entry("AdaptiveDesign", rsp.AdaptiveDesign, (4, 16), extra={"n_samples": "size", "adaptive_max": "size"}),
-        Entry("expected_sampled", rsp.expected_sampled, ("ndcg@5", exact, 30, 5)),
-        Entry("sampled_rank_pmf", rsp.sampled_rank_pmf, (exact, 30, 5)),
-        Entry("log_sampled_rank_pmf", rsp.log_sampled_rank_pmf, (exact, 30, 5)),
+        Entry("expected_sampled", expected_sampled, ("ndcg@5", exact, 30, 5)),
+        Entry("sampled_rank_pmf", sampled_rank_pmf, (exact, 30, 5)),
+        Entry("log_sampled_rank_pmf", log_sampled_rank_pmf, (exact, 30, 5)),
         Entry("estimate", rsp.estimate, ("hit@3", sranks, 100, 10)),
         Entry("estimate[mle]", rsp.estimate, ("hit@3", sranks, 100, 10, "mle"), extra=est_extra),
         Entry("estimate[bv]", rsp.estimate, ("hit@3", sranks, 100, 10, "bv"), {"gamma": 0.1},
@@ -189,24 +199,24 @@ def entries(tmp: str) -> list[Entry]:
         Entry("estimate[beta]", rsp.estimate, ("hit@3", sranks, 100, 10, "beta"), {"a": 1.0}, extra={"a": "float?"}),
         Entry("explain_flags", rsp.explain_flags, (("few_instances",),),
               skip={"n_samples": "a description such as '100..3200' is a valid n_samples there"}),
-        Entry("correction_table", rsp.correction_table, ("ndcg@5", 100, 10), extra={"n_items": "size",
+        Entry("correction_table", correction_table, ("ndcg@5", 100, 10), extra={"n_items": "size",
                                                                                       "n_samples": "size"}),
-        Entry("expected_corrected", rsp.expected_corrected, ("ndcg@5", exact, 100, 10)),
-        Entry("table_bias", rsp.table_bias, (torch.zeros(11), "ndcg@5", 100, 10)),
-        Entry("corrected_metric", rsp.corrected_metric, ("ndcg@5", sranks, 100, 10)),
-        Entry("corrected_values", rsp.corrected_values, ("ndcg@5", sranks, 100, 10)),
-        Entry("mapping", rsp.mapping, (3, 100, 10), extra={"n_items": "size", "n_samples": "size"}),
-        Entry("mapping[beta]", rsp.mapping, (3, 100, 10, "beta"), {"a": 1.0}),
-        Entry("fit_beta", rsp.fit_beta, (sranks, 100, 10)),
-        Entry("mapping_estimate", rsp.mapping_estimate, ("hit@3", sranks, 100, 10)),
-        Entry("mapped_points", rsp.mapped_points, (sranks, 100, 10)),
-        Entry("sampled_hit_rate_curve", rsp.sampled_hit_rate_curve, (sranks, 100, 10)),
-        Entry("dataset_beta", rsp.dataset_beta, ({"a": sranks, "b": sranks + 1}, 100, 10)),
-        Entry("estimate_rank_distribution", rsp.estimate_rank_distribution, (sranks, 100, 10)),
-        Entry("BetaPrior", rsp.BetaPrior, (1.0,), extra={"a": "float"}),
-        Entry("VectorPrior", rsp.VectorPrior, (np.full(10, 0.1),)),
-        Entry("empirical_prior", rsp.empirical_prior, (exact, 30)),
-        Entry("fit_beta_prior", rsp.fit_beta_prior, (sranks, 10), extra={"n_samples": "size"}),
+        Entry("expected_corrected", expected_corrected, ("ndcg@5", exact, 100, 10)),
+        Entry("table_bias", table_bias, (torch.zeros(11), "ndcg@5", 100, 10)),
+        Entry("corrected_metric", corrected_metric, ("ndcg@5", sranks, 100, 10)),
+        Entry("corrected_values", corrected_values, ("ndcg@5", sranks, 100, 10)),
+        Entry("mapping", mapping, (3, 100, 10), extra={"n_items": "size", "n_samples": "size"}),
+        Entry("mapping[beta]", mapping, (3, 100, 10, "beta"), {"a": 1.0}),
+        Entry("fit_beta", fit_beta, (sranks, 100, 10)),
+        Entry("mapping_estimate", mapping_estimate, ("hit@3", sranks, 100, 10)),
+        Entry("mapped_points", mapped_points, (sranks, 100, 10)),
+        Entry("sampled_hit_rate_curve", sampled_hit_rate_curve, (sranks, 100, 10)),
+        Entry("dataset_beta", dataset_beta, ({"a": sranks, "b": sranks + 1}, 100, 10)),
+        Entry("estimate_rank_distribution", estimate_rank_distribution, (sranks, 100, 10)),
+        Entry("BetaPrior", BetaPrior, (1.0,), extra={"a": "float"}),
+        Entry("VectorPrior", VectorPrior, (np.full(10, 0.1),)),
+        Entry("empirical_prior", empirical_prior, (exact, 30)),
+        Entry("fit_beta_prior", fit_beta_prior, (sranks, 10), extra={"n_samples": "size"}),
         Entry("identified_interval", rsp.identified_interval, ("hit@3", sranks, 100, 10)),
         Entry("TopShape", rsp.TopShape),
         Entry("paired_difference", rsp.paired_difference, ("ndcg@5", sranks, sranks.flip(0), 100, 10)),
@@ -217,7 +227,7 @@ def entries(tmp: str) -> list[Entry]:
                                                                     torch.rand(30, 3, generator=g)),
               {"metrics": ["ndcg"], "k": 3, "n_samples": 5, "correction": "bv", "gamma": 0.1},
               skip={"k": "the exact entry covers it"}),
-        Entry("ordering_agreement", rsp.ordering_agreement, (ranks_by_model, 200, 10),
+        Entry("ordering_agreement", ordering_agreement, (ranks_by_model, 200, 10),
               {"repeats": 2, "metrics": ["ndcg@5"], "methods": ["none"]}),
         Entry("consistency_report", rsp.consistency_report, (ranks_by_model, 200, 10),
               {"repeats": 2, "metrics": ["ndcg@5"], "methods": ["none"]}),

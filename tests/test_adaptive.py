@@ -153,7 +153,7 @@ def test_estimate_adaptive_checks_and_cost():
     with pytest.raises(ValueError, match="n_samples"):  # negative sizes
         rsp.estimate("hit@10", torch.tensor([2, 3]), 20_000, torch.tensor([-100, 100]), adaptive=(100, 3200))
     with pytest.raises(ValueError, match="n_samples"):
-        rsp.adaptive_sampled_ranks_from_exact(torch.tensor([3, 4]), 100, -2, 16)
+        adaptive_sampled_ranks_from_exact(torch.tensor([3, 4]), 100, -2, 16)
     with pytest.raises(ValueError, match="adaptive_max"):
         rsp.adaptive_sampled_ranks(torch.randn(2, 50), torch.tensor([[1], [2]]), 8, 4)
     with pytest.raises(ValueError, match="adaptive_max"):

@@ -33,6 +33,13 @@ from hypothesis import strategies as st
 from _profiles import examples
 
 import reco_sampled_plugin as rsp
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
+from reco_sampled_plugin.corrections import correction_table
+from reco_sampled_plugin.mapping import fit_beta, mapping
+from reco_sampled_plugin.metrics import metric_curve
+from reco_sampled_plugin.priors import BetaPrior, CallablePrior, UniformPrior, VectorPrior, empirical_prior, fit_beta_prior
+from reco_sampled_plugin.sampling_laws import expected_sampled, sampled_rank_pmf
+from reco_sampled_plugin.uncertainty import corrected_metric
 from reco_sampled_plugin import planner
 from reco_sampled_plugin._checks import MAX_ELEMENTS
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
@@ -119,12 +126,12 @@ HUGE_CALLS = {
     "plan_default_family": "p = planner.plan(2**40, 50, 'recall@10', 0.05, repeats=2); out = p.truth",
     "plan_per_user_n": "p = planner.plan(np.array([2**40, 2**39] * 10), 20, 'ndcg@10', 0.05, repeats=2); out = p.truth",
     # refused before allocating: a ValueError naming the argument
-    "metric_curve": "out = rsp.metric_curve('ndcg@10', 2**40)",
-    "empirical_prior": "out = rsp.empirical_prior([1, 2, 3], 2**40)",
-    "uniform_weights": "out = rsp.UniformPrior().weights(2**40)",
-    "beta_weights": "out = rsp.BetaPrior(0.5).weights(2**40)",
-    "callable_weights": "out = rsp.CallablePrior(lambda r, n: 1.0 / r).weights(2**40)",
-    "distribution_prior": "d = rsp.estimate_rank_distribution([1, 2, 3, 1], 2**40, 100, 'mle'); out = d.prior()",
+    "metric_curve": "out = rsp.metrics.metric_curve('ndcg@10', 2**40)",
+    "empirical_prior": "out = rsp.priors.empirical_prior([1, 2, 3], 2**40)",
+    "uniform_weights": "out = rsp.priors.UniformPrior().weights(2**40)",
+    "beta_weights": "out = rsp.priors.BetaPrior(0.5).weights(2**40)",
+    "callable_weights": "out = rsp.priors.CallablePrior(lambda r, n: 1.0 / r).weights(2**40)",
+    "distribution_prior": "d = rsp.rank_distribution.estimate_rank_distribution([1, 2, 3, 1], 2**40, 100, 'mle'); out = d.prior()",
     "hypergeometric_draw": "out = rsp.simulate_sampled_ranks(torch.tensor([1, 2**39]), 2**40, 100,"
                            " sampling='hypergeometric')",
 }
@@ -158,10 +165,10 @@ def test_huge_n_under_memory_cap(huge_results, name):
 
 
 def test_bound_message_names_the_bound():
-    msg = _value_error_naming(lambda: rsp.metric_curve("recall@10", MAX_ELEMENTS + 1), "n_items")
+    msg = _value_error_naming(lambda: metric_curve("recall@10", MAX_ELEMENTS + 1), "n_items")
     assert "2^27" in msg and "MAX_ELEMENTS" in msg
     # at the bound's edge a curve is still served when small; the curve is the metric at every rank
-    curve = rsp.metric_curve("ndcg@10", 1000)
+    curve = metric_curve("ndcg@10", 1000)
     expected = rsp.metric_values("ndcg@10", torch.arange(1, 1001), 1000)
     torch.testing.assert_close(curve, expected)
 
@@ -204,7 +211,7 @@ def test_correction_system_bounded():
     n = 10**6
     with memory_cap():
         msg = _value_error_naming(
-            lambda: rsp.correction_table("ndcg@10", n, 100, "bv", prior=np.full(n, 1.0 / n)), "n_samples")
+            lambda: correction_table("ndcg@10", n, 100, "bv", prior=np.full(n, 1.0 / n)), "n_samples")
         est = rsp.estimate("ndcg@10", [1, 2, 3, 50, 7], n, 100, method="bv_mle")
     assert "MAX_ELEMENTS" in msg
     assert math.isfinite(est.value) and -1e-9 <= est.value <= 1.0  # bv may leave the range by rounding (flagged)
@@ -289,17 +296,17 @@ def test_fuzz_huge_sizes_under_memory_cap(n, which):
     """Any n up to 2^40: a finite answer or a ValueError naming the size, never a MemoryError (the cap makes an
     allocation that grows with n fail at once)."""
     calls = {
-        "curve": lambda: rsp.metric_curve("ap", n),
-        "empirical": lambda: rsp.empirical_prior([1, 2], n),
-        "uniform": lambda: rsp.UniformPrior().weights(n),
-        "beta": lambda: rsp.BetaPrior(2.0).weights(n),
-        "callable": lambda: rsp.CallablePrior(lambda r, k: 1.0 / r).weights(n),
-        "pmf": lambda: rsp.sampled_rank_pmf(torch.tensor([1, n // 2]), n, 1000),
-        "expected": lambda: rsp.expected_sampled("ndcg", torch.tensor([1, n // 3, n]), n, 1000),
+        "curve": lambda: metric_curve("ap", n),
+        "empirical": lambda: empirical_prior([1, 2], n),
+        "uniform": lambda: UniformPrior().weights(n),
+        "beta": lambda: BetaPrior(2.0).weights(n),
+        "callable": lambda: CallablePrior(lambda r, k: 1.0 / r).weights(n),
+        "pmf": lambda: sampled_rank_pmf(torch.tensor([1, n // 2]), n, 1000),
+        "expected": lambda: expected_sampled("ndcg", torch.tensor([1, n // 3, n]), n, 1000),
         "values": lambda: rsp.metric_values("ap", torch.tensor([1, n]), n),
-        "mapping": lambda: rsp.mapping([1, 5], n, 1000),
-        "table": lambda: rsp.correction_table("recall@10", n, 50, "bv", prior=rsp.BetaPrior(0.5)),
-        "fit_beta": lambda: rsp.fit_beta([1, 2, 3], n, 100).a,
+        "mapping": lambda: mapping([1, 5], n, 1000),
+        "table": lambda: correction_table("recall@10", n, 50, "bv", prior=BetaPrior(0.5)),
+        "fit_beta": lambda: fit_beta([1, 2, 3], n, 100).a,
     }
     with memory_cap():
         try:
@@ -326,7 +333,7 @@ GENERATOR_CALLS = {
     "per_user_metrics": lambda gen: rsp.per_user_metrics(*_scores(), metrics=["ndcg@5"], ties="random",
                                                          generator=gen, as_frame=False)["NDCG@5"],
     "simulate_sampled_ranks": lambda gen: rsp.simulate_sampled_ranks(torch.tensor([1, 5, 30]), 30, 5, generator=gen),
-    "adaptive_sampled_ranks_from_exact": lambda gen: rsp.adaptive_sampled_ranks_from_exact(
+    "adaptive_sampled_ranks_from_exact": lambda gen: adaptive_sampled_ranks_from_exact(
         torch.tensor([1, 5, 30]), 30, 5, 20, generator=gen).ranks,
 }
 
@@ -425,8 +432,8 @@ def test_bad_factor_forms_name_the_argument(bad):
 def test_device_meta_or_bad_refused(device):
     X, u, v = _factor_data()
     _value_error_naming(lambda: rsp.evaluate_factors(None, X, u, v, k=3, device=device), "device")
-    _value_error_naming(lambda: rsp.metric_curve("ndcg@10", 50, device=device), "device")
-    _value_error_naming(lambda: rsp.correction_table("ndcg@10", 100, 10, device=device), "device")
+    _value_error_naming(lambda: metric_curve("ndcg@10", 50, device=device), "device")
+    _value_error_naming(lambda: correction_table("ndcg@10", 100, 10, device=device), "device")
     from reco_sampled_plugin.baselines import Popularity
 
     _value_error_naming(lambda: Popularity(device=device), "device")
@@ -436,23 +443,23 @@ def test_device_meta_or_bad_refused(device):
 @pytest.mark.parametrize("n", [30, 1000, 10**7])
 def test_prior_summing_to_zero(n, capfd):
     zero = lambda r, k: 0.0 * r  # noqa: E731
-    for prior in (zero, rsp.CallablePrior(zero)):
-        _value_error_naming(lambda: rsp.correction_table("ndcg@10", n, 10, "bv", prior=prior), "prior")
-        _value_error_naming(lambda: rsp.corrected_metric("ndcg@10", [1, 2], n, 10, "bv", prior=prior), "prior")
+    for prior in (zero, CallablePrior(zero)):
+        _value_error_naming(lambda: correction_table("ndcg@10", n, 10, "bv", prior=prior), "prior")
+        _value_error_naming(lambda: corrected_metric("ndcg@10", [1, 2], n, 10, "bv", prior=prior), "prior")
     assert capfd.readouterr().err == ""  # no LAPACK message on stderr
 
 
 def test_callable_prior_of_one_argument():
-    msg = _value_error_naming(lambda: rsp.correction_table("ap", 1000, 10, "bv", prior=lambda r: 1.0 / r), "prior")
+    msg = _value_error_naming(lambda: correction_table("ap", 1000, 10, "bv", prior=lambda r: 1.0 / r), "prior")
     assert "(r, n)" in msg
 
 
 def test_empirical_prior_is_the_smoothed_histogram():
-    p = rsp.empirical_prior([1, 1, 3], 4, smoothing=1.0).p
+    p = empirical_prior([1, 1, 3], 4, smoothing=1.0).p
     np.testing.assert_allclose(p, np.array([3.0, 1.0, 2.0, 1.0]) / 7.0)
-    _value_error_naming(lambda: rsp.empirical_prior([1.5], 4), "exact_ranks")
-    _value_error_naming(lambda: rsp.empirical_prior([5], 4), "exact_ranks")
-    _value_error_naming(lambda: rsp.empirical_prior([1], 4.5), "n_items")
+    _value_error_naming(lambda: empirical_prior([1.5], 4), "exact_ranks")
+    _value_error_naming(lambda: empirical_prior([5], 4), "exact_ranks")
+    _value_error_naming(lambda: empirical_prior([1], 4.5), "n_items")
 
 
 # --------------------------------------------------------------------------- class 3: leave_last_out_split
@@ -528,15 +535,15 @@ FUZZ_CALLS = {
                                               lambda x: rsp.exact_ranks_from_factors(x, V, POSITIVES)),
     "exact_ranks_from_factors.item_factors": ("item_factors", V,
                                               lambda x: rsp.exact_ranks_from_factors(U, x, POSITIVES)),
-    "empirical_prior.exact_ranks": ("exact_ranks", RANKS, lambda x: rsp.empirical_prior(x, 10).p),
+    "empirical_prior.exact_ranks": ("exact_ranks", RANKS, lambda x: empirical_prior(x, 10).p),
     "simulate.exact_ranks": ("exact_ranks", RANKS, lambda x: rsp.simulate_sampled_ranks(
         x, 10, 5, generator=torch.Generator().manual_seed(2))),
     "paired_difference.sampled_ranks_a": ("sampled_ranks_a", RANKS,
                                           lambda x: rsp.paired_difference("ndcg@10", x, RANKS[::-1].copy(), 100, 10).value),
-    "fit_beta_prior.sampled_ranks": ("sampled_ranks", RANKS, lambda x: rsp.fit_beta_prior(x, 10).a),
+    "fit_beta_prior.sampled_ranks": ("sampled_ranks", RANKS, lambda x: fit_beta_prior(x, 10).a),
     "consistency_report.exact_ranks": ("exact_ranks", RANKS, lambda x: rsp.consistency_report(
         {"a": x, "b": RANKS + 1}, 100, 10, metrics=["ndcg@10"], methods=["none"], repeats=2)["table3"][0]["none"]),
-    "VectorPrior.p": ("prior", np.full(10, 0.1), lambda x: rsp.VectorPrior(x).p),
+    "VectorPrior.p": ("prior", np.full(10, 0.1), lambda x: VectorPrior(x).p),
     "mean_metrics.values": ("values", np.array([0.5, np.nan, 0.25]), lambda x: rsp.mean_metrics({"ndcg": x})),
     "torchmetrics.scores": ("scores", SCORES, lambda x: _tm_update(x, POSITIVES)),
     "torchmetrics.positives": ("positives", POSITIVES, lambda x: _tm_update(SCORES, x)),

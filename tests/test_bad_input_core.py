@@ -11,6 +11,13 @@ import pytest
 import torch
 
 import reco_sampled_plugin as rsp
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
+from reco_sampled_plugin.corrections import correction_table, expected_corrected
+from reco_sampled_plugin.metrics import metric_curve
+from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
+from reco_sampled_plugin.sampling_laws import expected_sampled, sampled_rank_pmf
+from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values
+from reco_sampled_plugin.user_metrics import user_metric_values
 from reco_sampled_plugin._checks import MAX_SIZE, MAX_TOTAL_WEIGHT, check_rank_values, check_sizes, check_weights
 
 L = torch.long
@@ -88,28 +95,28 @@ def test_empty_rank_vectors_give_empty_values():
     empty = torch.zeros(0, dtype=L)
     for out in (
         rsp.metric_values("ndcg@10", empty, 20),
-        rsp.expected_sampled("ndcg@10", empty, 20, 10),
-        rsp.corrected_values("ndcg@10", empty, 20, 10),
-        rsp.corrected_values("ndcg@10", empty, torch.zeros(0, dtype=L), 10),
-        rsp.expected_corrected("ndcg@10", empty, 20, 10),
+        expected_sampled("ndcg@10", empty, 20, 10),
+        corrected_values("ndcg@10", empty, 20, 10),
+        corrected_values("ndcg@10", empty, torch.zeros(0, dtype=L), 10),
+        expected_corrected("ndcg@10", empty, 20, 10),
     ):
         assert out.shape == (0,) and out.dtype == torch.float64
-    assert rsp.sampled_rank_pmf(empty, 20, 10).shape == (0, 11)
+    assert sampled_rank_pmf(empty, 20, 10).shape == (0, 11)
     assert rsp.draw_sampled_ranks(empty, 20, 10).shape == (1, 0)
     assert rsp.sampled_rank_histogram(empty, 20, 10).n_groups == 0
-    assert rsp.user_metric_values("ndcg@10", torch.zeros(0, 2, dtype=L), torch.zeros(0, dtype=L)).shape == (0,)
+    assert user_metric_values("ndcg@10", torch.zeros(0, 2, dtype=L), torch.zeros(0, dtype=L)).shape == (0,)
 
 
 def test_empty_batch_still_checks_the_settings():
     with pytest.raises(ValueError, match="method"):
-        rsp.corrected_values("ndcg@10", torch.zeros(0, dtype=L), 20, 10, method="nope")
+        corrected_values("ndcg@10", torch.zeros(0, dtype=L), 20, 10, method="nope")
     with pytest.raises(ValueError, match="n_items"):
-        rsp.corrected_values("ndcg@10", torch.zeros(0, dtype=L), float("nan"), 10)
+        corrected_values("ndcg@10", torch.zeros(0, dtype=L), float("nan"), 10)
 
 
 def test_corrected_metric_of_nothing_names_sampled_ranks():
     with pytest.raises(ValueError, match="sampled_ranks"):
-        rsp.corrected_metric("ndcg@10", torch.zeros(0, dtype=L), 20, 10)
+        corrected_metric("ndcg@10", torch.zeros(0, dtype=L), 20, 10)
 
 
 # ----------------------------------------------------------------------------------------------- sizes
@@ -142,22 +149,22 @@ def test_metric_values_whole_float_n_and_per_instance_n_still_work():
 @pytest.mark.parametrize("n_items", [True, 0, 1.5, float("nan")])
 def test_metric_curve_bad_n_items(n_items):
     with pytest.raises(ValueError, match="n_items"):
-        rsp.metric_curve("auc", n_items)
+        metric_curve("auc", n_items)
 
 
 @pytest.mark.parametrize(
     "fn",
     [
-        lambda n: rsp.expected_sampled("hit@10", torch.tensor([1, 2]), n, 10),
-        lambda n: rsp.sampled_rank_pmf(torch.tensor([1, 2]), n, 10),
-        lambda n: rsp.corrected_values("hit@10", torch.tensor([1, 2]), n, 10),
-        lambda n: rsp.expected_corrected("hit@10", torch.tensor([1, 2]), n, 10),
+        lambda n: expected_sampled("hit@10", torch.tensor([1, 2]), n, 10),
+        lambda n: sampled_rank_pmf(torch.tensor([1, 2]), n, 10),
+        lambda n: corrected_values("hit@10", torch.tensor([1, 2]), n, 10),
+        lambda n: expected_corrected("hit@10", torch.tensor([1, 2]), n, 10),
         lambda n: rsp.draw_sampled_ranks(torch.tensor([1, 2]), n, 10),
         lambda n: rsp.simulate_sampled_ranks(torch.tensor([1, 2]), n, 10),
         lambda n: rsp.sampled_rank_histogram(torch.tensor([1, 2]), n, 10),
         lambda n: rsp.estimate("hit@10", torch.tensor([1, 2]), n, 10),
-        lambda n: rsp.adaptive_sampled_ranks_from_exact(torch.tensor([1, 2]), n, 2, 8),
-        lambda n: rsp.correction_table("hit@10", n, 10),
+        lambda n: adaptive_sampled_ranks_from_exact(torch.tensor([1, 2]), n, 2, 8),
+        lambda n: correction_table("hit@10", n, 10),
     ],
 )
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 100.5, True, torch.tensor([100 + 0j, 100 + 0j]), 1e30])
@@ -168,19 +175,19 @@ def test_bad_n_items_everywhere(fn, bad):
 
 def test_expected_sampled_nan_n_is_an_error_not_nan():
     with pytest.raises(ValueError, match="n_items"):
-        rsp.expected_sampled("hit@10", torch.tensor([1, 2]), float("nan"), 10)
+        expected_sampled("hit@10", torch.tensor([1, 2]), float("nan"), 10)
 
 
 @pytest.mark.parametrize(
     "fn",
     [
-        lambda n: rsp.expected_sampled("hit@10", torch.tensor([1, 2, 3]), n, 10),
-        lambda n: rsp.corrected_metric("hit@10", torch.tensor([1, 2, 3]), n, 10),
-        lambda n: rsp.corrected_values("hit@10", torch.tensor([1, 2, 3]), n, 10),
-        lambda n: rsp.expected_corrected("hit@10", torch.tensor([1, 2, 3]), n, 10),
+        lambda n: expected_sampled("hit@10", torch.tensor([1, 2, 3]), n, 10),
+        lambda n: corrected_metric("hit@10", torch.tensor([1, 2, 3]), n, 10),
+        lambda n: corrected_values("hit@10", torch.tensor([1, 2, 3]), n, 10),
+        lambda n: expected_corrected("hit@10", torch.tensor([1, 2, 3]), n, 10),
         lambda n: rsp.draw_sampled_ranks(torch.tensor([1, 2, 3]), n, 10),
         lambda n: rsp.sampled_rank_histogram(torch.tensor([1, 2, 3]), n, 10),
-        lambda n: rsp.adaptive_sampled_ranks_from_exact(torch.tensor([1, 2, 3]), n, 2, 8),
+        lambda n: adaptive_sampled_ranks_from_exact(torch.tensor([1, 2, 3]), n, 2, 8),
     ],
 )
 def test_n_items_of_the_wrong_shape(fn):
@@ -190,8 +197,8 @@ def test_n_items_of_the_wrong_shape(fn):
 
 def test_corrected_values_n_must_broadcast_to_the_ranks():
     with pytest.raises(ValueError, match="n_items: shape"):
-        rsp.corrected_values("hit@1", torch.tensor(1), torch.tensor([100, 200]), 10)
-    v = rsp.corrected_values("hit@1", torch.tensor([1, 1]), torch.tensor([100.0, 100.0]), 10, method="none")
+        corrected_values("hit@1", torch.tensor(1), torch.tensor([100, 200]), 10)
+    v = corrected_values("hit@1", torch.tensor([1, 1]), torch.tensor([100.0, 100.0]), 10, method="none")
     assert torch.equal(v, torch.ones(2, dtype=torch.float64))
 
 
@@ -206,7 +213,7 @@ def test_bad_n_samples_of_draws_and_histograms(bad):
 @pytest.mark.parametrize("bad", [float("nan"), 10.5, torch.tensor([True])])
 def test_user_metric_values_bad_n_candidates(bad):
     with pytest.raises(ValueError, match="n_candidates"):
-        rsp.user_metric_values("auc", torch.tensor([[1, 2]]), bad)
+        user_metric_values("auc", torch.tensor([[1, 2]]), bad)
 
 
 def test_candidate_counts_bad_n_items():
@@ -222,8 +229,8 @@ def test_rank_histogram_bad_n_items(n):
 
 
 def test_correction_table_whole_float_n_is_that_n():
-    assert torch.equal(rsp.correction_table("hit@10", 100.0, 10, "rank_estimate"),
-                       rsp.correction_table("hit@10", 100, 10, "rank_estimate"))
+    assert torch.equal(correction_table("hit@10", 100.0, 10, "rank_estimate"),
+                       correction_table("hit@10", 100, 10, "rank_estimate"))
 
 
 # ------------------------------------------------------------------------------------------ rank inputs
@@ -234,9 +241,9 @@ def test_estimate_refuses_bool_and_complex_ranks(ranks):
     with pytest.raises(ValueError, match="sampled_ranks"):
         rsp.sampled_rank_histogram(ranks, 100, 10)
     with pytest.raises(ValueError, match="sampled_ranks"):
-        rsp.estimate_rank_distribution(ranks, 100, 10, n_bootstrap=0)
+        estimate_rank_distribution(ranks, 100, 10, n_bootstrap=0)
     with pytest.raises(ValueError, match="sampled_ranks"):
-        rsp.corrected_values("hit@10", ranks, 100, 10)
+        corrected_values("hit@10", ranks, 100, 10)
 
 
 def test_nan_sampled_rank_is_an_error_not_padding():
@@ -251,12 +258,12 @@ def test_nan_sampled_rank_is_an_error_not_padding():
     "fn, name",
     [
         (lambda r: rsp.metric_values("hit@1", r, 10), "ranks"),
-        (lambda r: rsp.expected_sampled("hit@1", r, 10, 3), "ranks"),
-        (lambda r: rsp.sampled_rank_pmf(r, 10, 3), "ranks"),
-        (lambda r: rsp.expected_corrected("hit@1", r, 10, 3), "exact_ranks"),
+        (lambda r: expected_sampled("hit@1", r, 10, 3), "ranks"),
+        (lambda r: sampled_rank_pmf(r, 10, 3), "ranks"),
+        (lambda r: expected_corrected("hit@1", r, 10, 3), "exact_ranks"),
         (lambda r: rsp.draw_sampled_ranks(r, 10, 3), "exact_ranks"),
         (lambda r: rsp.simulate_sampled_ranks(r, 10, 3), "exact_ranks"),
-        (lambda r: rsp.adaptive_sampled_ranks_from_exact(r, 100, 2, 8), "exact_ranks"),
+        (lambda r: adaptive_sampled_ranks_from_exact(r, 100, 2, 8), "exact_ranks"),
     ],
 )
 @pytest.mark.parametrize("ranks", [torch.tensor([True]), torch.tensor([1 + 0j]), torch.tensor([float("nan")])])
@@ -270,7 +277,7 @@ def test_bad_exact_rank_values(fn, name, ranks):
     [
         lambda r: rsp.draw_sampled_ranks(r, 10, 3),
         lambda r: rsp.simulate_sampled_ranks(r, 10, 3),
-        lambda r: rsp.adaptive_sampled_ranks_from_exact(r, 100, 2, 8),
+        lambda r: adaptive_sampled_ranks_from_exact(r, 100, 2, 8),
     ],
 )
 def test_draws_need_whole_exact_ranks(fn):
@@ -288,26 +295,26 @@ def test_fractional_ranks_still_accepted_where_documented():
 def test_user_metric_values_refuses_duplicate_ranks(ranks):
     """user_metric_values takes exact_ranks(count_other_positives=True): one rank per relevant item."""
     with pytest.raises(ValueError, match="ranks: 1 user"):
-        rsp.user_metric_values("precision@1", ranks, 10)
+        user_metric_values("precision@1", ranks, 10)
 
 
 def test_user_metric_values_precision_was_above_one():
     with pytest.raises(ValueError, match="ranks"):
-        rsp.user_metric_values("precision@1", torch.tensor([[1, 1]]), 10)
+        user_metric_values("precision@1", torch.tensor([[1, 1]]), 10)
     with pytest.raises(ValueError, match="ranks"):  # AUC 1.0625 before
-        rsp.user_metric_values("auc", torch.tensor([[1, 1]]), 10)
+        user_metric_values("auc", torch.tensor([[1, 1]]), 10)
     with pytest.raises(ValueError, match="ranks"):  # two items at the last rank: AUC below 0
-        rsp.user_metric_values("auc", torch.tensor([[10.0, 10.0]]), 10)
+        user_metric_values("auc", torch.tensor([[10.0, 10.0]]), 10)
 
 
 def test_user_metric_values_valid_rank_sets():
-    assert torch.allclose(rsp.user_metric_values("precision@2", torch.tensor([[1, 3, 0]]), 10),
+    assert torch.allclose(user_metric_values("precision@2", torch.tensor([[1, 3, 0]]), 10),
                           torch.tensor([0.5], dtype=torch.float64))
     # three tied relevant items at positions 1..3 share the average rank 2 (ties="average"): allowed
-    assert torch.allclose(rsp.user_metric_values("auc", torch.tensor([[2.0, 2.0, 2.0]]), 10),
+    assert torch.allclose(user_metric_values("auc", torch.tensor([[2.0, 2.0, 2.0]]), 10),
                           torch.tensor([1.0], dtype=torch.float64))
     # padding 0 repeats freely; the rows are independent
-    v = rsp.user_metric_values("hit@1", torch.tensor([[1, 0, 0], [2, 1, 0]]), torch.tensor([10, 10]))
+    v = user_metric_values("hit@1", torch.tensor([[1, 0, 0], [2, 1, 0]]), torch.tensor([10, 10]))
     assert torch.equal(v, torch.tensor([1.0, 1.0], dtype=torch.float64))
 
 
@@ -316,7 +323,7 @@ def test_user_metric_values_agree_with_per_user_metrics():
     pos = torch.tensor([[0, 1, 2], [3, -1, -1], [4, 5, -1], [6, 7, 8], [9, -1, -1], [10, 11, 12]])
     for ties in ("pessimistic", "average", "random"):
         ranks = rsp.exact_ranks(scores, pos, ties=ties, generator=_gen(4))
-        direct = rsp.user_metric_values("ndcg@10", ranks, 40)
+        direct = user_metric_values("ndcg@10", ranks, 40)
         frame = rsp.per_user_metrics(scores, pos, metrics=["ndcg@10"], ties=ties, generator=_gen(4), as_frame=False)
         assert torch.allclose(direct, frame["NDCG@10"], equal_nan=True)
 
@@ -324,7 +331,7 @@ def test_user_metric_values_agree_with_per_user_metrics():
 @pytest.mark.parametrize("ranks", [torch.tensor([[float("nan"), 1.0]]), torch.tensor([[True]]), torch.tensor([[1 + 0j]])])
 def test_user_metric_values_bad_rank_values(ranks):
     with pytest.raises(ValueError, match="ranks"):
-        rsp.user_metric_values("hit@1", ranks, 10)
+        user_metric_values("hit@1", ranks, 10)
 
 
 def test_check_rank_values_keeps_dtype_and_names_the_argument():
@@ -392,26 +399,26 @@ def test_bad_popularity_is_refused_even_without_positives():
 def test_correction_table_n_beyond_exact_arithmetic():
     """n = 2^62 overflowed int64 in rank_estimate and put AUC above 1."""
     with pytest.raises(ValueError, match="n_items"):
-        rsp.correction_table("auc", 2**62, 10, "rank_estimate")
+        correction_table("auc", 2**62, 10, "rank_estimate")
     with pytest.raises(ValueError, match="n_items"):
-        rsp.correction_table("auc", MAX_SIZE + 1, 10, "bv")
+        correction_table("auc", MAX_SIZE + 1, 10, "bv")
     for method in ("rank_estimate", "none", "bv"):  # the largest n still gives tables inside AUC's range
-        table = rsp.correction_table("auc", MAX_SIZE, 10, method)
+        table = correction_table("auc", MAX_SIZE, 10, method)
         assert bool(torch.isfinite(table).all())
         assert float(table.min()) >= -1e-9 and float(table.max()) <= 1.0 + 1e-9
-    table = rsp.correction_table("auc", MAX_SIZE, 10, "rank_estimate")
+    table = correction_table("auc", MAX_SIZE, 10, "rank_estimate")
     assert float(table[0]) == 1.0 and float(table[-1]) == 0.0
 
 
 def test_correction_table_m_limit_is_enforced_before_allocating():
     with pytest.raises(ValueError, match="n_samples"):
-        rsp.correction_table("hit@10", 200000, 100000, "bv")
+        correction_table("hit@10", 200000, 100000, "bv")
     with pytest.raises(ValueError, match="n_samples"):
-        rsp.correction_table("hit@10", 200000, 10001, "ls")
+        correction_table("hit@10", 200000, 10001, "ls")
     with pytest.raises(ValueError, match="n_samples"):
-        rsp.correction_table("hit@10", 200000, 10001, "cls")
+        correction_table("hit@10", 200000, 10001, "cls")
     # lookup tables (no system to solve) keep working beyond 1e4, e.g. adaptive caps with ``none``
-    table = rsp.correction_table("hit@10", 200000, 20000, "none")
+    table = correction_table("hit@10", 200000, 20000, "none")
     assert table.shape == (20001,) and float(table[:10].sum()) == 10.0 and float(table[10:].sum()) == 0.0
 
 
@@ -419,8 +426,8 @@ def test_correction_table_m_limit_is_enforced_before_allocating():
     "fn",
     [
         lambda n: rsp.metric_values("auc", torch.tensor([2]), n),
-        lambda n: rsp.expected_sampled("auc", torch.tensor([2]), n, 10),
-        lambda n: rsp.corrected_values("auc", torch.tensor([2]), n, 10),
+        lambda n: expected_sampled("auc", torch.tensor([2]), n, 10),
+        lambda n: corrected_values("auc", torch.tensor([2]), n, 10),
         lambda n: rsp.sampled_rank_histogram(torch.tensor([2]), n, 10),
     ],
 )
@@ -485,13 +492,13 @@ def test_huge_sample_sizes_are_refused_before_allocating():
 def test_whole_float_sizes_are_accepted_for_n_and_m_alike():
     r = torch.tensor([1, 2, 5])
     for m in (10, 10.0, np.float64(10.0), np.int32(10), torch.tensor(10)):
-        assert rsp.expected_sampled("ndcg@10", torch.tensor([3, 40]), 100.0, m).shape == (2,)
-        assert math.isfinite(rsp.corrected_metric("ndcg@10", r, 100.0, m).value)
-        assert rsp.correction_table("ndcg@10", 100, m, "bv").shape == (11,)
+        assert expected_sampled("ndcg@10", torch.tensor([3, 40]), 100.0, m).shape == (2,)
+        assert math.isfinite(corrected_metric("ndcg@10", r, 100.0, m).value)
+        assert correction_table("ndcg@10", 100, m, "bv").shape == (11,)
         assert rsp.adaptive.AdaptiveDesign(m, 40.0).cap == 40
     for bad in (10.5, math.inf, math.nan, "10", True):
-        for call in (lambda v: rsp.expected_sampled("ndcg@10", torch.tensor([3]), 100, v),
-                     lambda v: rsp.correction_table("ndcg@10", 100, v, "bv"),
+        for call in (lambda v: expected_sampled("ndcg@10", torch.tensor([3]), 100, v),
+                     lambda v: correction_table("ndcg@10", 100, v, "bv"),
                      lambda v: rsp.adaptive.AdaptiveDesign(v, 40)):
             with pytest.raises(ValueError, match="^n_samples: "):
                 call(bad)
@@ -519,8 +526,8 @@ def test_integer_options_refuse_floats_bools_and_arrays():
         (lambda meta: rsp.metric_values("ndcg@10", meta([1, 2]), 50), "ranks"),
         (lambda meta: rsp.metric_values("ndcg@10", torch.tensor([1, 2]), meta(50)), "n_items"),
         (lambda meta: rsp.estimate("ndcg@10", meta([1, 2, 3]), 50, 10), "sampled_ranks"),
-        (lambda meta: rsp.expected_sampled("ndcg@10", meta([1, 2, 3]), 50, 10), "ranks"),
-        (lambda meta: rsp.corrected_metric("ndcg@10", meta([1, 2, 3]), 50, 10), "sampled_ranks"),
+        (lambda meta: expected_sampled("ndcg@10", meta([1, 2, 3]), 50, 10), "ranks"),
+        (lambda meta: corrected_metric("ndcg@10", meta([1, 2, 3]), 50, 10), "sampled_ranks"),
         (lambda meta: rsp.sampled_rank_histogram(meta([1, 2, 3]), 50, 10), "sampled_ranks"),
         (lambda meta: rsp.exact_ranks(meta([[0.1, 0.2]]).float(), torch.tensor([0])), "scores"),
         (lambda meta: rsp.exact_ranks(torch.rand(1, 5), meta([0])), "positives"),
@@ -540,20 +547,20 @@ def test_huge_m_in_the_sampling_laws_is_refused_before_allocating():
     # found by the long fuzzing profile: n_samples = 2^31 allocated a (m + 1)-long table per rank (OOM-killed at 24 GB)
     for m in (2**31, 2**24 + 1):
         with pytest.raises(ValueError, match="^n_samples: must be <= 16777216"):
-            rsp.expected_sampled("ndcg@10", torch.tensor([3, 40]), 2**35, m)
+            expected_sampled("ndcg@10", torch.tensor([3, 40]), 2**35, m)
         with pytest.raises(ValueError, match="^n_samples: "):
-            rsp.sampled_rank_pmf(torch.tensor([3]), 2**35, m)
+            sampled_rank_pmf(torch.tensor([3]), 2**35, m)
     # a table the caller asked for whole is bounded too (2^27 values), the chunked expectation is not
     with pytest.raises(ValueError, match=r"^n_samples: the table P\(r~ \| r\) of 12 rank\(s\)"):
-        rsp.sampled_rank_pmf(torch.arange(1, 13).reshape(3, 4), 2**30, 2**24)
-    assert rsp.sampled_rank_pmf(torch.tensor([1, 5]), 10**6, 1000).shape == (2, 1001)
+        sampled_rank_pmf(torch.arange(1, 13).reshape(3, 4), 2**30, 2**24)
+    assert sampled_rank_pmf(torch.tensor([1, 5]), 10**6, 1000).shape == (2, 1001)
 
 
 def test_sizes_beyond_int64_are_refused_not_wrapped():
     # found by the long fuzzing profile: m = 2.0**63 became -2^63 in int64 and reached the quadrature
     for m in (2.0**63, 9.223372036854776e18, 1e30):
         with pytest.raises(ValueError, match="^n_samples: must be <= "):
-            rsp.correction_table("hit@10", 10, m, "bv")
+            correction_table("hit@10", 10, m, "bv")
 
 
 def test_sampled_ranks_impossible_under_the_law_are_named():

@@ -13,17 +13,12 @@ import pytest
 import torch
 
 import reco_sampled_plugin as rsp
-from reco_sampled_plugin import (
-    consistency_report,
-    corrected_metric,
-    estimate,
-    estimate_rank_distribution,
-    fit_beta,
-    mapping,
-    ordering_agreement,
-    paired_difference,
-    simulate_sampled_ranks,
-)
+from reco_sampled_plugin import consistency_report, estimate, paired_difference, simulate_sampled_ranks
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
+from reco_sampled_plugin.consistency import ordering_agreement
+from reco_sampled_plugin.mapping import fit_beta, mapping
+from reco_sampled_plugin.priors import BetaPrior
+from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values
 from reco_sampled_plugin._options import (
     check_bool,
     check_choice,
@@ -33,7 +28,7 @@ from reco_sampled_plugin._options import (
     check_positive_float,
 )
 from reco_sampled_plugin.estimators import ESTIMATORS, METHOD_OPTIONS, check_estimator_options
-from reco_sampled_plugin.rank_distribution import estimate_rank_distributions
+from reco_sampled_plugin.rank_distribution import estimate_rank_distribution, estimate_rank_distributions
 
 R2 = torch.tensor([1, 2])
 RANKS = torch.tensor([1, 2, 3, 5, 9, 11, 4, 2, 7, 1])
@@ -200,8 +195,8 @@ def test_paired_difference_on_one_instance_is_not_certain():
     assert lo == -1.0 and hi == 1.0  # the range of a difference of two hit rates: no knowledge, not an infinity
     # two instances: a measured spread, a real probability
     d2 = paired_difference("hit@10", torch.tensor([1, 3]), torch.tensor([2, 9]), 100, 10)
-    va = rsp.corrected_values("hit@10", torch.tensor([1, 3]), 100, 10)
-    vb = rsp.corrected_values("hit@10", torch.tensor([2, 9]), 100, 10)
+    va = corrected_values("hit@10", torch.tensor([1, 3]), 100, 10)
+    vb = corrected_values("hit@10", torch.tensor([2, 9]), 100, 10)
     diff = (va - vb).numpy()
     assert d2.stderr == pytest.approx(diff.std(ddof=1) / math.sqrt(2), rel=1e-12)
     assert 0.5 < d2.details["prob_a_better"] < 1.0 and d2.flags == ()
@@ -426,7 +421,7 @@ def test_seed_generator_groups_and_smoothing_are_named():
     with pytest.raises(ValueError, match="seed"):
         rsp.draw_sampled_ranks(torch.tensor([1, 2]), 100, 10, seed=1.5)
     with pytest.raises(ValueError, match="generator"):
-        rsp.adaptive_sampled_ranks_from_exact(torch.tensor([1, 2]), 100, 10, 40, generator="x")
+        adaptive_sampled_ranks_from_exact(torch.tensor([1, 2]), 100, 10, 40, generator="x")
     with pytest.raises(ValueError, match="max_groups"):
         rsp.identified_interval("hit@5", torch.tensor([1, 2, 3]), 1000, 10, max_groups=0)
     for bad in (-5.0, float("nan")):
@@ -454,7 +449,7 @@ def test_interaction_files_that_cannot_be_read_name_the_path(tmp_path):
     "method, option, value",
     [("linear", "a", 2.0), ("bound", "a", 0.5), ("mes", "a", 1.0), ("mes", "gamma", 0.3), ("ls", "gamma", 0.3),
      ("bv_mle", "prior", "uniform"), ("mle", "prior", None), ("bv", "rounding", "linear"), ("none", "rounding", "floor"),
-     ("rank_estimate", "prior", rsp.BetaPrior(0.5) if hasattr(rsp, "BetaPrior") else "uniform")],
+     ("rank_estimate", "prior", BetaPrior(0.5) if hasattr(rsp, "BetaPrior") else "uniform")],
 )
 def test_an_option_the_method_does_not_use_is_named(method, option, value):
     if value is None:  # None means "the default": always accepted
@@ -533,7 +528,7 @@ def test_intervals_never_leave_the_metric_range():
     few = estimate("hit@10", torch.tensor([1]), 50, 30, method="none")  # one instance: stderr inf
     assert few.interval(0.95) == (0.0, 1.0)
     # an interval wholly below the range (around a negative bv value) clamps to (0, 0), never lo > hi
-    from reco_sampled_plugin.estimate import Estimate
+    from reco_sampled_plugin._estimate import Estimate
 
     below = Estimate(-0.05, 0.01, 100.0, flags=("outside_metric_range",), metric_range=(0.0, 1.0))
     assert below.interval(0.95) == (0.0, 0.0)

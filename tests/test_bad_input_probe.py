@@ -35,6 +35,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reco_sampled_plugin as rsp
+from reco_sampled_plugin.corrections import correction_table, table_bias
+from reco_sampled_plugin.design import as_design
+from reco_sampled_plugin.mapping import fit_beta, mapping_estimate
+from reco_sampled_plugin.priors import Prior, UniformPrior, VectorPrior, empirical_prior, fit_beta_prior
+from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
+from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values
+from reco_sampled_plugin.user_metrics import user_metric_values
 from reco_sampled_plugin import baselines, cli, datasets, planner
 from reco_sampled_plugin._checks import MAX_ELEMENTS
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
@@ -66,17 +73,17 @@ def _sparse(values) -> torch.Tensor:
 
 ARRAY_ARGUMENTS = {  # name -> (argument name, call taking the bad value)
     "metric_values": ("ranks", lambda x: rsp.metric_values("ndcg@10", x, 20)),
-    "user_metric_values": ("ranks", lambda x: rsp.user_metric_values("ndcg@10", x, 20)),
+    "user_metric_values": ("ranks", lambda x: user_metric_values("ndcg@10", x, 20)),
     "estimate.sampled_ranks": ("sampled_ranks", lambda x: rsp.estimate("ndcg@10", x, 100, 10)),
     "estimate.weights": ("weights", lambda x: rsp.estimate("ndcg@10", RT, 100, 10, weights=x)),
-    "corrected_values": ("sampled_ranks", lambda x: rsp.corrected_values("ndcg@10", x, 100, 10)),
-    "fit_beta": ("sampled_ranks", lambda x: rsp.fit_beta(x, 100, 10)),
-    "fit_beta_prior": ("sampled_ranks", lambda x: rsp.fit_beta_prior(x, 10)),
-    "empirical_prior": ("exact_ranks", lambda x: rsp.empirical_prior(x, 20)),
-    "VectorPrior": ("prior", lambda x: rsp.VectorPrior(x)),
+    "corrected_values": ("sampled_ranks", lambda x: corrected_values("ndcg@10", x, 100, 10)),
+    "fit_beta": ("sampled_ranks", lambda x: fit_beta(x, 100, 10)),
+    "fit_beta_prior": ("sampled_ranks", lambda x: fit_beta_prior(x, 10)),
+    "empirical_prior": ("exact_ranks", lambda x: empirical_prior(x, 20)),
+    "VectorPrior": ("prior", lambda x: VectorPrior(x)),
     "sampled_rank_histogram": ("sampled_ranks", lambda x: rsp.sampled_rank_histogram(x, 100, 10)),
     "paired_difference": ("sampled_ranks_b", lambda x: rsp.paired_difference("ndcg@10", RT, x, 100, 10)),
-    "table_bias": ("table", lambda x: rsp.table_bias(x, "ndcg@10", 100, 10)),
+    "table_bias": ("table", lambda x: table_bias(x, "ndcg@10", 100, 10)),
     "per_user_metrics.relevance": ("relevance", lambda x: rsp.per_user_metrics(
         torch.randn(2, 5), torch.tensor([[True, False, False, False, False]] * 2), metrics=("ndcg@5",), relevance=x,
         as_frame=False)),
@@ -136,7 +143,7 @@ def test_parse_metric_of_a_non_string_is_a_value_error(bad):
     lambda: ExactRankingMetrics(metrics=["ndcg@10", "zz"]),
     lambda: SampledRankingMetrics(metrics=["zz@3"]),
     lambda: rsp.per_user_metrics(torch.randn(2, 5), torch.tensor([[True] + [False] * 4] * 2), metrics=["zz"]),
-    lambda: rsp.estimate_rank_distribution(RT, 100, 10).metrics(["ndcg@10", "zz"]),
+    lambda: estimate_rank_distribution(RT, 100, 10).metrics(["ndcg@10", "zz"]),
 ], ids=["exact", "sampled", "per_user_metrics", "rank_distribution"])
 def test_an_unknown_name_in_a_metric_list_names_metrics(call):
     assert "'zz" in _raises_naming(call, "metrics:")
@@ -173,11 +180,11 @@ def test_candidate_counts_refuses_what_does_not_fit_the_catalogue():
 # ---------------------------------------------------------------------------------------------------- designs
 def test_as_design_converts_and_checks_a_pair():
     """An (m, cap) pair was returned as the tuple itself, unchecked."""
-    d = rsp.as_design((5, 20))
+    d = as_design((5, 20))
     assert isinstance(d, rsp.SamplingDesign) and d == rsp.SamplingDesign(5, adaptive_max=20)
-    _raises_naming(lambda: rsp.as_design((1, 2, 3)), "n_samples")
-    _raises_naming(lambda: rsp.as_design((10, 5)), "adaptive_max")  # the cap below the first stage
-    _raises_naming(lambda: rsp.as_design(("5", 20)), "n_samples")
+    _raises_naming(lambda: as_design((1, 2, 3)), "n_samples")
+    _raises_naming(lambda: as_design((10, 5)), "adaptive_max")  # the cap below the first stage
+    _raises_naming(lambda: as_design(("5", 20)), "n_samples")
 
 
 @pytest.mark.parametrize("method", sorted(rsp.registry.names()))
@@ -194,10 +201,10 @@ def test_draws_without_replacement_of_more_items_than_exist_are_refused_by_every
 
 # ------------------------------------------------------------------------------------------ options not used
 def test_rounding_is_refused_where_the_method_does_not_use_it():
-    _raises_naming(lambda: rsp.correction_table("ndcg@10", 100, 10, method="bv", rounding="linear"), "rounding")
-    _raises_naming(lambda: rsp.corrected_metric("ndcg@10", RT, 100, 10, method="cls", rounding="linear"), "rounding")
+    _raises_naming(lambda: correction_table("ndcg@10", 100, 10, method="bv", rounding="linear"), "rounding")
+    _raises_naming(lambda: corrected_metric("ndcg@10", RT, 100, 10, method="cls", rounding="linear"), "rounding")
     # rank_estimate: eq. 20 with linear interpolation, against the closed form M(1 + (n - 1)(r~ - 1) / m)
-    table = rsp.correction_table("recall@10", 100, 10, method="rank_estimate", rounding="linear")
+    table = correction_table("recall@10", 100, 10, method="rank_estimate", rounding="linear")
     pos = 1 + 99 * (np.arange(1, 12) - 1) / 10
     lo = np.floor(pos)
     frac = pos - lo
@@ -228,9 +235,9 @@ def test_cli_gamma_without_a_method_that_uses_it(tmp_path):
 # --------------------------------------------------------------------------------- messages naming the argument
 def test_zero_weights_name_weights():
     for call in (lambda w: rsp.estimate("ndcg@10", RT, 100, 10, weights=w),
-                 lambda w: rsp.estimate_rank_distribution(RT, 100, 10, weights=w),
+                 lambda w: estimate_rank_distribution(RT, 100, 10, weights=w),
                  lambda w: rsp.identified_interval("ndcg@10", RT, 100, 10, weights=w),
-                 lambda w: rsp.mapping_estimate("hit@10", RT, 100, 10, weights=w)):
+                 lambda w: mapping_estimate("hit@10", RT, 100, 10, weights=w)):
         _raises_naming(lambda: call(torch.zeros(len(RT))), "weights")
     _raises_naming(lambda: rsp.estimate("ndcg@10", RT[:0], 100, 10), "sampled_ranks")  # no ranks at all
 
@@ -379,12 +386,12 @@ def test_torchmetrics_state_refuses_a_row_too_wide_to_draw():
 
 
 def test_the_abstract_prior_is_refused_by_name():
-    """``rsp.Prior()`` (the base class, exported) reached its NotImplementedError inside the corrections."""
-    _raises_naming(lambda: rsp.correction_table("ndcg@10", 100, 10, prior=rsp.Prior()), "prior")
-    _raises_naming(lambda: rsp.estimate("ndcg@10", RT, 100, 10, method="bv", prior=rsp.Prior()), "prior")
+    """``Prior()`` (the base class of ``reco_sampled_plugin.priors``) reached its NotImplementedError inside the corrections."""
+    _raises_naming(lambda: correction_table("ndcg@10", 100, 10, prior=Prior()), "prior")
+    _raises_naming(lambda: rsp.estimate("ndcg@10", RT, 100, 10, method="bv", prior=Prior()), "prior")
     # its subclasses as before: a uniform prior object is the default
-    assert torch.equal(rsp.correction_table("ndcg@10", 100, 10, prior=rsp.UniformPrior()),
-                       rsp.correction_table("ndcg@10", 100, 10))
+    assert torch.equal(correction_table("ndcg@10", 100, 10, prior=UniformPrior()),
+                       correction_table("ndcg@10", 100, 10))
 
 
 def test_a_huge_entropy_weight_is_served_not_overflowed():

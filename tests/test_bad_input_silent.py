@@ -27,9 +27,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reco_sampled_plugin as rsp
+from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
+from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values
+from reco_sampled_plugin.user_metrics import user_metric_values
 from reco_sampled_plugin import baselines, datasets, planner
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
-from reco_sampled_plugin.estimate import Estimate
+from reco_sampled_plugin._estimate import Estimate
 from reco_sampled_plugin.priors import empirical_prior
 from reco_sampled_plugin.sampling_laws import sampled_rank_pmf
 
@@ -343,8 +346,8 @@ def test_ddp_sync_of_incompatible_states_is_refused_on_every_process():
 def test_paired_difference_flags_a_value_outside_its_range():
     """The issue's example: a difference of ls-corrected NDCGs of -8 (outside [-1, 1]) came without a flag."""
     d = rsp.paired_difference("ndcg@10", torch.tensor([1, 2]), torch.tensor([5, 11]), 1000, 10, method="ls")
-    va = rsp.corrected_values("ndcg@10", torch.tensor([1, 2]), 1000, 10, method="ls")
-    vb = rsp.corrected_values("ndcg@10", torch.tensor([5, 11]), 1000, 10, method="ls")
+    va = corrected_values("ndcg@10", torch.tensor([1, 2]), 1000, 10, method="ls")
+    vb = corrected_values("ndcg@10", torch.tensor([5, 11]), 1000, 10, method="ls")
     assert d.value == pytest.approx(float((va - vb).mean()))  # the oracle: the mean of the per-instance differences
     assert d.value < -1 and "outside_metric_range" in d.flags and d.details["flags"] == d.flags
     assert d.metric_range == (-1.0, 1.0) and d.interval() == (-1.0, 1.0)  # clipped, never beyond
@@ -360,7 +363,7 @@ def test_corrected_results_carry_range_and_flags(ranks, shift, method, metric):
     a = torch.tensor(ranks)
     b = torch.clamp(a + shift, 1, 11)
     lo, hi = (1 / 200, 1.0) if metric == "ap" else (0.0, 1.0)  # closed form: AP of one item at rank n = 200 is 1/n
-    for est, bounds in ((rsp.corrected_metric(metric, a, 200, 10, method=method), (lo, hi)),
+    for est, bounds in ((corrected_metric(metric, a, 200, 10, method=method), (lo, hi)),
                         (rsp.paired_difference(metric, a, b, 200, 10, method=method), (lo - hi, hi - lo))):
         assert est.metric_range == bounds
         outside = not (bounds[0] <= est.value <= bounds[1])
@@ -393,7 +396,7 @@ def test_support_check_refuses_exactly_the_impossible_ranks(n, m, law, r, method
     possible = bool((pmf[:, r - 1] > 0).any())
     ranks = torch.tensor([r, 1])
     try:
-        rsp.corrected_metric("hit@1", ranks, n, m, method=method, sampling=law)
+        corrected_metric("hit@1", ranks, n, m, method=method, sampling=law)
         refused = False
     except ValueError as exc:
         assert str(exc).startswith(f"sampled_ranks: r~ = {r} cannot occur"), exc
@@ -426,7 +429,7 @@ def test_empirical_prior_refuses_fractional_ranks_and_sizes():
 
 def test_rank_distribution_pmf_refuses_fractional_ranks():
     """``pmf(1.5)`` read rank 1's cell (numpy's int64 cast truncates); whole floats stay fine."""
-    d = rsp.estimate_rank_distribution(torch.tensor([1, 2, 3, 5, 9, 11]), 100, 10, method="mle")
+    d = estimate_rank_distribution(torch.tensor([1, 2, 3, 5, 9, 11]), 100, 10, method="mle")
     with pytest.raises(ValueError, match=r"^r: must be whole-number ranks, got 1.5"):
         d.pmf([1.5])
     with pytest.raises(ValueError, match=r"^r: contains NaN"):
@@ -503,10 +506,10 @@ def test_torchmetrics_histogram_flags_pooled_n():
 # ------------------------------------------------------------------------------ NaN in every numeric argument
 R = torch.tensor([1, 3, 5, 11])
 NAN_CASES = {
-    "n_items": lambda v: rsp.corrected_metric("ndcg@10", R, v, 10),
-    "n_samples": lambda v: rsp.corrected_metric("ndcg@10", R, 100, v),
-    "gamma": lambda v: rsp.corrected_metric("ndcg@10", R, 100, 10, method="bv", gamma=v),
-    "max_rel_n_spread": lambda v: rsp.corrected_metric("ndcg@10", R, 100, 10, max_rel_n_spread=v),
+    "n_items": lambda v: corrected_metric("ndcg@10", R, v, 10),
+    "n_samples": lambda v: corrected_metric("ndcg@10", R, 100, v),
+    "gamma": lambda v: corrected_metric("ndcg@10", R, 100, 10, method="bv", gamma=v),
+    "max_rel_n_spread": lambda v: corrected_metric("ndcg@10", R, 100, 10, max_rel_n_spread=v),
     "prior": lambda v: rsp.estimate("ndcg@10", R, 100, 10, method="ls", prior=np.r_[np.ones(99), v]),
     "a": lambda v: rsp.estimate("ndcg@10", R, 100, 10, method="beta", a=v),
     "weights": lambda v: rsp.estimate("ndcg@10", R, 100, 10, method="bv", weights=torch.tensor([1.0, v, 1.0, 1.0])),
@@ -515,10 +518,10 @@ NAN_CASES = {
     "exact_ranks": lambda v: empirical_prior([1.0, v], 10),
     "threshold": lambda v: datasets.binarize(_interactions(), v),
     "values": lambda v: Estimate.from_values([0.5, v]),
-    "relevance": lambda v: rsp.user_metric_values("ndcg@5", torch.tensor([[1, 3]]), 10, relevance=torch.tensor([[1.0, v]])),
+    "relevance": lambda v: user_metric_values("ndcg@5", torch.tensor([[1, 3]]), 10, relevance=torch.tensor([[1.0, v]])),
     "target_rel_error": lambda v: planner.plan(1000, 100, "hit@10", v),
     "estimator_options.gamma": lambda v: SampledRankingMetrics("hit@5", 10, ("bv",), estimator_options={"bv": {"gamma": v}}),
-    "level": lambda v: rsp.corrected_metric("ndcg@10", R, 100, 10).interval(v),
+    "level": lambda v: corrected_metric("ndcg@10", R, 100, 10).interval(v),
     "q": lambda v: baselines.ItemKNN(q=v),
     "dense_threshold": lambda v: baselines.ItemKNN(dense_threshold=v),
     "reg": lambda v: baselines.EASE(reg=v),

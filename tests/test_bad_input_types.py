@@ -21,6 +21,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reco_sampled_plugin as rsp
+from reco_sampled_plugin.consistency import ordering_agreement
+from reco_sampled_plugin.corrections import correction_table, expected_corrected
+from reco_sampled_plugin.mapping import mapping
+from reco_sampled_plugin.priors import empirical_prior, fit_beta_prior
+from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
+from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values
 from _option_table import _Config, entries, wrong_values
 
 _TMP = tempfile.mkdtemp(prefix="rsp-option-types-")
@@ -166,17 +172,17 @@ def test_gamma_string_is_refused_everywhere_estimate_refuses_it():
     r = torch.tensor([1, 2, 3, 1, 5])
     with pytest.raises(ValueError, match="^gamma: "):
         rsp.estimate("ndcg@5", r, 100, 10, method="bv", gamma="0.5")
-    for call in (lambda g: rsp.correction_table("ndcg@5", 100, 10, gamma=g),
-                 lambda g: rsp.expected_corrected("ndcg@5", torch.tensor([1, 5]), 100, 10, gamma=g),
-                 lambda g: rsp.corrected_metric("ndcg@5", r, 100, 10, gamma=g),
-                 lambda g: rsp.corrected_values("ndcg@5", r, 100, 10, gamma=g),
+    for call in (lambda g: correction_table("ndcg@5", 100, 10, gamma=g),
+                 lambda g: expected_corrected("ndcg@5", torch.tensor([1, 5]), 100, 10, gamma=g),
+                 lambda g: corrected_metric("ndcg@5", r, 100, 10, gamma=g),
+                 lambda g: corrected_values("ndcg@5", r, 100, 10, gamma=g),
                  lambda g: rsp.paired_difference("ndcg@5", r, r.flip(0), 100, 10, gamma=g)):
         for bad in ("0.5", True, b"0.5"):
             with pytest.raises(ValueError, match="^gamma: "):
                 call(bad)
     # a numpy float is a float: the same table as the Python float
-    assert torch.equal(rsp.correction_table("ndcg@5", 100, 10, gamma=np.float64(0.5)),
-                       rsp.correction_table("ndcg@5", 100, 10, gamma=0.5))
+    assert torch.equal(correction_table("ndcg@5", 100, 10, gamma=np.float64(0.5)),
+                       correction_table("ndcg@5", 100, 10, gamma=0.5))
 
 
 def test_bv_label_of_the_consistency_methods_still_parses_its_number():
@@ -219,11 +225,11 @@ def test_recbole_numbers_and_bools_are_read_strictly():
 
 
 def test_mapping_a_is_checked_and_refused_where_unused():
-    assert rsp.mapping(3, 100, 10, "beta", a=np.float64(1.0)) == rsp.mapping(3, 100, 10, "beta", a=1.0)
+    assert mapping(3, 100, 10, "beta", a=np.float64(1.0)) == mapping(3, 100, 10, "beta", a=1.0)
     with pytest.raises(ValueError, match="^a: "):
-        rsp.mapping(3, 100, 10, "bound", a=1.0)  # ignored before: now named with the methods that use it
+        mapping(3, 100, 10, "bound", a=1.0)  # ignored before: now named with the methods that use it
     with pytest.raises(ValueError, match="^a: "):
-        rsp.mapping(3, 100, 10, "beta", a="1")
+        mapping(3, 100, 10, "beta", a="1")
 
 
 def test_top_shape_refuses_bools_and_keeps_ints_as_floats():
@@ -242,7 +248,7 @@ def test_one_metric_name_is_one_metric_not_its_letters():
     ranks = rsp.exact_ranks(scores, pos).reshape(-1).double()
     oracle = torch.where(ranks <= 5, 1 / torch.log2(ranks + 1), torch.zeros_like(ranks))  # one relevant item
     assert torch.allclose(one["NDCG@5"], oracle)
-    fit = rsp.estimate_rank_distribution(torch.tensor([1, 2, 1, 4, 3]), 100, 10)
+    fit = estimate_rank_distribution(torch.tensor([1, 2, 1, 4, 3]), 100, 10)
     assert list(fit.metrics("ndcg@5")) == ["ndcg@5"] and fit.values("ndcg@5").shape == (1,)
     report = rsp.consistency_report({"a": torch.tensor([1, 5]), "b": torch.tensor([2, 9])}, 50, 10, metrics="ndcg@5",
                                     methods="none", repeats=0)
@@ -257,7 +263,7 @@ def test_a_metric_list_of_the_wrong_type_names_metrics(bad):
     import importlib
 
     mapping_tables = importlib.import_module("reco_sampled_plugin.mapping").mapping_tables
-    fit = rsp.estimate_rank_distribution(torch.tensor([1, 2, 1, 4, 3]), 100, 10)
+    fit = estimate_rank_distribution(torch.tensor([1, 2, 1, 4, 3]), 100, 10)
     calls = [
         lambda: rsp.per_user_metrics(torch.rand(2, 10), torch.tensor([1, 2]), bad),
         lambda: rsp.per_user_metrics_from_factors(torch.rand(2, 3), torch.rand(10, 3), torch.tensor([1, 2]), bad),
@@ -270,7 +276,7 @@ def test_a_metric_list_of_the_wrong_type_names_metrics(bad):
         lambda: correction_tables(bad, 100, 10),
         lambda: mapping_tables(bad, 100, 10),
         lambda: rsp.consistency_report({"a": torch.tensor([1, 5])}, 50, 10, metrics=bad, repeats=0),
-        lambda: rsp.ordering_agreement({"a": torch.tensor([1, 5])}, 50, 10, metrics=bad, repeats=2),
+        lambda: ordering_agreement({"a": torch.tensor([1, 5])}, 50, 10, metrics=bad, repeats=2),
     ]
     for call in calls:
         with pytest.raises(ValueError, match="^metrics: "):
@@ -303,14 +309,14 @@ def test_none_and_other_non_sizes_are_named(bad):
     from reco_sampled_plugin.planner import plan
 
     for call in (lambda: rsp.consistency_report({"a": ex, "b": ex}, bad, 5, repeats=0),
-                 lambda: rsp.ordering_agreement({"a": ex, "b": ex}, bad, 5, repeats=2),
-                 lambda: rsp.empirical_prior(ex, bad),
-                 lambda: rsp.mapping(3, bad, 10),
-                 lambda: rsp.correction_table("ndcg@5", bad, 10),
+                 lambda: ordering_agreement({"a": ex, "b": ex}, bad, 5, repeats=2),
+                 lambda: empirical_prior(ex, bad),
+                 lambda: mapping(3, bad, 10),
+                 lambda: correction_table("ndcg@5", bad, 10),
                  lambda: plan(bad, 10, "ndcg@5", 0.1)):
         with pytest.raises(ValueError, match="^n_items: "):
             call()
-    for call in (lambda: rsp.fit_beta_prior(sr, bad), lambda: rsp.corrected_metric("ndcg@5", sr, 100, bad),
+    for call in (lambda: fit_beta_prior(sr, bad), lambda: corrected_metric("ndcg@5", sr, 100, bad),
                  lambda: rsp.estimate("ndcg@5", sr, 100, bad)):
         with pytest.raises(ValueError, match="^n_samples: "):
             call()
@@ -326,11 +332,11 @@ def test_consistency_n_items_per_instance_must_match():
 
 def test_fit_beta_prior_nan_ranks_are_named_and_valid_ranks_give_the_moment_fit():
     with pytest.raises(ValueError, match="^sampled_ranks: contains NaN"):
-        rsp.fit_beta_prior(torch.tensor([1.0, math.nan]), 10)
+        fit_beta_prior(torch.tensor([1.0, math.nan]), 10)
     with pytest.raises(ValueError, match="^sampled_ranks: "):
-        rsp.fit_beta_prior(torch.tensor([True, False]), 10)
+        fit_beta_prior(torch.tensor([True, False]), 10)
     # method of moments: mu = mean((r~ - 1)/m) = (0 + 5 + 10) / 3 / 10 = 0.5 -> a = mu / (1 - mu) = 1
-    assert rsp.fit_beta_prior(torch.tensor([1, 6, 11]), 10).a == pytest.approx(1.0)
+    assert fit_beta_prior(torch.tensor([1, 6, 11]), 10).a == pytest.approx(1.0)
 
 
 def test_string_timestamps_are_named_not_parsed():

@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from reco_sampled_plugin import correction_table, expected_sampled, metric_values
+from reco_sampled_plugin import metric_values
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.cli import main
+from reco_sampled_plugin.corrections import correction_table
 from reco_sampled_plugin.report import write_report
 from reco_sampled_plugin.reproduce import ReproduceConfig, run_reproduce
+from reco_sampled_plugin.sampling_laws import expected_sampled
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +70,7 @@ def test_reproduce_directional_claim(small_run):
         assert r["pair"] in text
     assert result.figure6["grouping_error"] < 1e-3
     # issue 25: ml-100k at m = 100 (b ~ 16 > K = 10): the report says why no point value can be trusted alone, in the
-    # words of estimate.explain_flags, with the planner command for these data; and what its ± is
+    # words of explain_flags, with the planner command for these data; and what its ± is
     n = int(np.median(result.n_candidates.numpy()))
     for metric in ("recall@10", "ndcg@10"):
         assert (f"- {metric}: top_unresolved: top of the ranking not resolved by m = 100 samples" in text
@@ -107,7 +110,7 @@ def test_estimate_command_adaptive_rank_file(tmp_path, capsys):
 
     gen = np.random.default_rng(5)
     exact = np.minimum(np.floor(np.exp(gen.uniform(0, np.log(20_001), 1500))), 20_000).astype(np.int64)
-    ranks, sizes = rsp.adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 20_000, 100, 3200,
+    ranks, sizes = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 20_000, 100, 3200,
                                                          generator=torch.Generator().manual_seed(0))
     f = tmp_path / "adaptive.csv"
     f.write_text("rank,n_candidates,n_samples\n" + "\n".join(f"{r},20000,{m}" for r, m in zip(ranks.tolist(), sizes.tolist())) + "\n")
@@ -182,7 +185,7 @@ def test_estimate_command_leads_with_the_interval_and_says_why_it_is_wide(tmp_pa
     the corrected methods get the note that they are not agreement."""
     import reco_sampled_plugin as rsp
     from reco_sampled_plugin.cli import build_parser
-    from reco_sampled_plugin.estimate import SAME_INTERVAL_NOTE
+    from reco_sampled_plugin._estimate import SAME_INTERVAL_NOTE
 
     gen = np.random.default_rng(3)
     exact = np.minimum(gen.geometric(1 / 3000, size=800), 20_000)

@@ -21,6 +21,8 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 import reco_sampled_plugin as rsp
+from reco_sampled_plugin.corrections import correction_table
+from reco_sampled_plugin.sampling_laws import expected_sampled, sampled_rank_pmf
 
 METRICS = ("hit@10", "recall@5", "ndcg@10", "ndcg", "mrr", "ap", "auc", "precision@3", "rr@5")
 
@@ -106,7 +108,7 @@ def test_metric_values(metric, ranks, n):
 @given(metric=st.sampled_from(METRICS), ranks=rank_tensors(), n=sizes, m=sizes,
        law=st.sampled_from(["binomial", "hypergeometric", "poisson"]))
 def test_expected_sampled(metric, ranks, n, m, law):
-    _contract(lambda: rsp.expected_sampled(metric, ranks, n, m, law), ("ranks", "n_items", "n_samples", "metric", "sampling"),
+    _contract(lambda: expected_sampled(metric, ranks, n, m, law), ("ranks", "n_items", "n_samples", "metric", "sampling"),
               _finite_in_unit)
 
 
@@ -118,7 +120,7 @@ def test_sampled_rank_pmf(ranks, n, m):
         if p.numel():
             np.testing.assert_allclose(p.sum(-1).numpy(), 1.0, atol=1e-9)
 
-    _contract(lambda: rsp.sampled_rank_pmf(ranks, n, m), ("ranks", "n_items", "n_samples"), check)
+    _contract(lambda: sampled_rank_pmf(ranks, n, m), ("ranks", "n_items", "n_samples"), check)
 
 
 # ------------------------------------------------------------------------------------------------ estimates
@@ -157,7 +159,7 @@ def test_correction_table(metric, n, m, method, gamma):
     def check(t):
         assert bool(torch.isfinite(torch.as_tensor(t)).all())
 
-    _contract(lambda: rsp.correction_table(metric, n, m, method, gamma), ("n_items", "n_samples", "metric", "method", "gamma"),
+    _contract(lambda: correction_table(metric, n, m, method, gamma), ("n_items", "n_samples", "metric", "method", "gamma"),
               check)
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import reco_sampled_plugin as rsp
+from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
 from reco_sampled_plugin import rank_distribution as rd
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.simulate import simulate_sampled_ranks
@@ -60,7 +61,7 @@ def test_users_value_is_exact_when_the_draw_ranks_everything():
     exact = _smooth_ranks(400, n, seed=3)
     draws = simulate_sampled_ranks(exact, n, n - 1, "hypergeometric", torch.Generator().manual_seed(0))
     assert torch.equal(draws, exact)
-    dist = rsp.estimate_rank_distribution(draws, n, n - 1, method="gmod", sampling="hypergeometric", n_bootstrap=0)
+    dist = estimate_rank_distribution(draws, n, n - 1, method="gmod", sampling="hypergeometric", n_bootstrap=0)
     got = dist.metric("hit@10", target="users")
     truth = float(rsp.metric_values("hit@10", exact, n).double().mean())
     assert got.value == pytest.approx(truth, abs=1e-9)
@@ -71,7 +72,7 @@ def test_users_value_is_exact_when_the_draw_ranks_everything():
 def test_users_target_of_any_fit_and_bad_target():
     exact = _smooth_ranks(500, 500, seed=4)
     draws = simulate_sampled_ranks(exact, 500, 50, "binomial", torch.Generator().manual_seed(1))
-    dist = rsp.estimate_rank_distribution(draws, 500, 50, method="mes", n_bootstrap=4)
+    dist = estimate_rank_distribution(draws, 500, 50, method="mes", n_bootstrap=4)
     pop = dist.metric("ndcg@10")
     users = dist.metric("ndcg@10", target="users")
     assert pop.value == users.details["population_value"]
@@ -128,7 +129,7 @@ def test_penalty_zero_approaches_the_unsmoothed_fit_and_large_penalty_a_power_la
     n = 1000
     exact = _smooth_ranks(3000, n, seed=7, power=1.1)
     draws = simulate_sampled_ranks(exact, n, 200, "binomial", torch.Generator().manual_seed(0))
-    dist = rsp.estimate_rank_distribution(draws, n, 200, method="gmod", penalty=1e6, n_bootstrap=0)
+    dist = estimate_rank_distribution(draws, n, 200, method="gmod", penalty=1e6, n_bootstrap=0)
     mid = (dist.edges[:-1] + dist.edges[1:] + 1) / 2.0
     dens = dist.probs / np.diff(dist.edges)
     slope = np.polyfit(np.log(mid), np.log(dens), 1)[0]

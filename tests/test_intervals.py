@@ -1,5 +1,5 @@
 """Issue 25, part 1: every interval any function returns lies inside the metric's range and is never NaN, for every
-registered method and many metrics; the flags are explained in words, in one place (``estimate.explain_flags``)."""
+registered method and many metrics; the flags are explained in words, in one place (``explain_flags``)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from _profiles import examples
 
 import reco_sampled_plugin as rsp
+from reco_sampled_plugin.uncertainty import corrected_metric
 from reco_sampled_plugin import registry
-from reco_sampled_plugin.estimate import FLAG_TEXT, SAME_INTERVAL_NOTE, Estimate, explain_flags
+from reco_sampled_plugin._estimate import FLAG_TEXT, SAME_INTERVAL_NOTE, Estimate, explain_flags
 from reco_sampled_plugin.metrics import metric_bounds
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.simulate import draw_sampled_ranks
@@ -68,7 +69,7 @@ def test_corrected_metric_intervals_in_range(sampled, method):
     _, ranks = sampled
     n = torch.full_like(ranks, 1000) - torch.arange(ranks.numel()) % 3  # per-instance n
     for metric in METRICS:
-        est = rsp.corrected_metric(metric, ranks, n, 20, method=method)
+        est = corrected_metric(metric, ranks, n, 20, method=method)
         bounds = metric_bounds(parse_metric(metric), n.numpy())
         assert est.metric_range == bounds
         _check(est, bounds)
@@ -101,7 +102,7 @@ def test_paired_difference_interval_in_the_range_of_a_difference():
 def test_random_histograms_keep_intervals_in_range(ranks, metric, method, n):
     est = rsp.estimate(metric, torch.tensor(ranks), n, 10, method=method)
     _check(est, metric_bounds(parse_metric(metric), [n]))
-    cm = rsp.corrected_metric(metric, torch.tensor(ranks), n, 10, method=method) if method in registry.names(
+    cm = corrected_metric(metric, torch.tensor(ranks), n, 10, method=method) if method in registry.names(
         family=("none", "correction")) else None
     if cm is not None:
         _check(cm, metric_bounds(parse_metric(metric), [n]))

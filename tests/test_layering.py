@@ -108,14 +108,23 @@ def test_underscore_names_come_from_underscore_modules():
     assert not stale, "allowlisted violations that are gone (drop them from ALLOWED):\n" + "\n".join(stale)
 
 
+def _type_checking_only(tree: ast.Module) -> set[int]:
+    """The ids of the nodes under ``if TYPE_CHECKING:`` (never run, so not imports)."""
+    return {id(n) for node in ast.walk(tree)
+            if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+            for stmt in node.body for n in ast.walk(stmt)}
+
+
 def import_graph(lazy: bool = True) -> dict[str, set[str]]:
-    """Package module -> package modules it imports (``lazy``: also imports inside functions)."""
+    """Package module -> package modules it imports (``lazy``: also imports inside functions; never those under
+    ``if TYPE_CHECKING:``, which do not run)."""
     modules = _modules()
     graph: dict[str, set[str]] = {}
     for path in _files():
         name = _module_name(path)
         tree = ast.parse(path.read_text(), str(path))
-        nodes = ast.walk(tree) if lazy else iter(tree.body)
+        skip = _type_checking_only(tree)
+        nodes = (n for n in ast.walk(tree) if id(n) not in skip) if lazy else iter(tree.body)
         edges = {src for _, src, _, _ in _package_imports(path, nodes, modules)}
         graph[name] = {e for e in edges if e in modules and e != name}
     return graph

@@ -70,10 +70,13 @@ def test_version_has_one_place():
 
 
 def test_changelog_names_the_version():
-    """CHANGELOG.md (Keep a Changelog) opens with an Unreleased section, then a dated section for the current
-    version; every release heading is ``## [X.Y.Z] - YYYY-MM-DD``, newest first."""
+    """CHANGELOG.md (Keep a Changelog) opens with an Unreleased section (the next version's, ``## X.Y.Z
+    (unreleased)``, may come first), then a dated section for the current version; every release heading is
+    ``## [X.Y.Z] - YYYY-MM-DD``, newest first."""
     text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     headings = re.findall(r"^## (.*)$", text, re.M)
+    if re.fullmatch(r"\d+\.\d+\.\d+ \(unreleased\)", headings[0]):
+        headings = headings[1:]
     assert headings[0] == "[Unreleased]", headings
     releases = [re.fullmatch(r"\[(\d+\.\d+\.\d+)\] - (\d{4}-\d{2}-\d{2})", h) for h in headings[1:]]
     assert releases and all(releases), f"release headings must read '## [X.Y.Z] - YYYY-MM-DD': {headings[1:]}"
@@ -82,7 +85,8 @@ def test_changelog_names_the_version():
     assert versions == sorted(versions, reverse=True) and [r.group(2) for r in releases] == sorted(
         (r.group(2) for r in releases), reverse=True)
     for section in re.findall(r"^### (.*)$", text, re.M):
-        assert section in {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}, section
+        kind = section.split(":", 1)[0]  # "Changed: the top-level surface": a kind and its subject
+        assert kind in {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}, section
 
 
 def test_readme_install_names_every_extra():

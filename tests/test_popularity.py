@@ -23,7 +23,7 @@ from scipy import stats as st
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin import popularity, registry
 from reco_sampled_plugin.design import SamplingDesign
-from reco_sampled_plugin.estimate import FLAG_TEXT
+from reco_sampled_plugin._estimate import FLAG_TEXT
 
 from _popularity_helpers import factor_world  # noqa: E402  (tests/ is on sys.path)
 

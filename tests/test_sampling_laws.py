@@ -5,7 +5,8 @@ import pytest
 import scipy.stats as st
 import torch
 
-from reco_sampled_plugin import expected_sampled, metric_values, sampled_rank_pmf
+from reco_sampled_plugin import metric_values
+from reco_sampled_plugin.sampling_laws import expected_sampled, sampled_rank_pmf
 
 TABLE1 = {
     "A": [100, 100, 100, 100, 100],

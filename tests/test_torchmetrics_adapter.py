@@ -17,7 +17,7 @@ from reco_sampled_plugin.adapters._shared import (  # noqa: E402
     padded_inputs,
 )
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
-from reco_sampled_plugin.estimate import Estimate  # noqa: E402
+from reco_sampled_plugin._estimate import Estimate  # noqa: E402
 from reco_sampled_plugin.rank_distribution import pool_groups  # noqa: E402
 
 METRICS = ("ndcg@10", "recall@5", "rr", "auc")  # canonical names (keys of the results)

@@ -8,7 +8,7 @@ import torch
 
 from reco_sampled_plugin.consistency import consistency_report, ordering_agreement, parse_method
 from reco_sampled_plugin.corrections import correction_table, expected_corrected
-from reco_sampled_plugin.estimate import Estimate
+from reco_sampled_plugin._estimate import Estimate
 from reco_sampled_plugin.priors import BetaPrior, empirical_prior, fit_beta_prior
 from reco_sampled_plugin.simulate import draw_sampled_ranks
 from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values, paired_difference

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from reco_sampled_plugin import registry
-from reco_sampled_plugin.estimate import explain_flags, interval_values
+from reco_sampled_plugin._estimate import explain_flags, interval_values
 from reco_sampled_plugin._rank_hist import _bincount_histogram, _group_ids, sampled_rank_histogram
 from reco_sampled_plugin.estimators import estimate
 from reco_sampled_plugin.metric_names import MetricSpec, parse_metric

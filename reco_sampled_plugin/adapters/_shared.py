@@ -30,7 +30,7 @@ from reco_sampled_plugin.counting import mix32
 if TYPE_CHECKING:
     from reco_sampled_plugin._popularity import PopularityStats
     from reco_sampled_plugin.design import AdaptiveDesign
-    from reco_sampled_plugin.estimate import Estimate
+    from reco_sampled_plugin._estimate import Estimate
     from reco_sampled_plugin.scorer_ranks import ScorerCalls
 from reco_sampled_plugin.factor_ranks import positive_scores
 from reco_sampled_plugin.ranking import (
@@ -633,14 +633,14 @@ def stderr_from_sums(s1: float, s2: float, count: float) -> float:
 
 
 _EXPLAINED: set[str] = set()
-#: the flags that widen an interval (said once per process, in words: ``estimate.explain_flags``)
+#: the flags that widen an interval (said once per process, in words: ``_estimate.explain_flags``)
 _WIDENING_FLAGS = ("top_unresolved", "cap_reached")
 
 
 def explain_once(logger: logging.Logger, where: str, est: Estimate, **context: Any) -> None:
     """Log once per process (warning, on the calling module's ``logger``) why ``est``'s interval is wide: each of its
     widening flags in words, with the ``reco-sampled plan`` command (``context``: metric, n_items, n_samples, users)."""
-    from reco_sampled_plugin.estimate import explain_flags
+    from reco_sampled_plugin._estimate import explain_flags
 
     flags = [f for f in est.flags if f in _WIDENING_FLAGS]
     for line in explain_flags(flags, **context) if flags else ():

@@ -39,7 +39,7 @@ from reco_sampled_plugin import registry
 from reco_sampled_plugin._checks import check_int
 from reco_sampled_plugin._options import check_bool, check_count, check_names
 from reco_sampled_plugin.design import SamplingDesign, as_design
-from reco_sampled_plugin.estimate import Estimate, interval_values
+from reco_sampled_plugin._estimate import Estimate, interval_values
 
 from reco_sampled_plugin.factor_ranks import check_factors
 from reco_sampled_plugin.ranking import prepare_index

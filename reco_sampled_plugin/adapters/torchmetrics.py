@@ -71,7 +71,7 @@ from reco_sampled_plugin._checks import check_elements, check_int, check_size, r
 from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags, score_tensor
 from reco_sampled_plugin._options import (check_bool, check_choice, check_count, check_metric_names, check_names,
                                           check_seed)
-from reco_sampled_plugin.estimate import Estimate, interval_values
+from reco_sampled_plugin._estimate import Estimate, interval_values
 from reco_sampled_plugin import registry
 from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS
 from reco_sampled_plugin._rank_hist import RankHistogram

@@ -18,6 +18,9 @@ from pathlib import Path
 import torch
 
 import reco_sampled_plugin as rsp
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
+from reco_sampled_plugin.rank_distribution import RankDistribution, estimate_rank_distribution
+from reco_sampled_plugin.uncertainty import corrected_metric
 
 HERE = Path(__file__).resolve().parent / "pickles"
 N, M = 2000, 50
@@ -42,15 +45,15 @@ def fixtures() -> dict:
         # the cut-off 5 lies below the resolution b = (N - 1)/(M + 1) + 1 ~ 40: flag top_unresolved, and the
         # interval also spans the identified set (the pickled Identification)
         "estimate_identified": rsp.estimate("hit@5", sampled, N, M, method="mes", n_bootstrap=0),
-        "corrected_metric": rsp.corrected_metric("recall@20", sampled, N, M, method="bv"),
+        "corrected_metric": corrected_metric("recall@20", sampled, N, M, method="bv"),
     }
     g = torch.Generator().manual_seed(13)
-    ranks_a, m_a = rsp.adaptive_sampled_ranks_from_exact(exact, N, 20, 160, generator=g)
+    ranks_a, m_a = adaptive_sampled_ranks_from_exact(exact, N, 20, 160, generator=g)
     out["estimate_adaptive"] = rsp.estimate("ndcg@10", ranks_a, N, m_a, method="mes", adaptive=(20, 160),
                                             n_bootstrap=0)
     # a tiny rank distribution (few users, coarse grid) keeps the file small
     small = sampled[:60]
-    out["rank_distribution"] = rsp.estimate_rank_distribution(small, N, M, method="mle", n_bootstrap=0,
+    out["rank_distribution"] = estimate_rank_distribution(small, N, M, method="mle", n_bootstrap=0,
                                                               delta=0.5, kappa=1.0)
     return out
 
@@ -58,7 +61,7 @@ def fixtures() -> dict:
 def summary(obj) -> dict:
     """What a fixture says: value, stderr, flags and the 0.95 interval (an Estimate), or the same of its
     ``metric("hit@10")`` plus its cdf at a few ranks (a RankDistribution)."""
-    if isinstance(obj, rsp.RankDistribution):
+    if isinstance(obj, RankDistribution):
         est = obj.metric("hit@10")
         return {
             "value": float(est.value),
