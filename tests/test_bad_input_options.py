@@ -41,20 +41,20 @@ RANKS = torch.tensor([1, 2, 3, 5, 9, 11, 4, 2, 7, 1])
 
 # ------------------------------------------------------------------------------------------- options
 def test_unknown_option_is_named_with_the_allowed_ones():
-    with pytest.raises(ValueError, match="'foo'") as err:
+    with pytest.raises(ValueError, match="^foo: ") as err:
         estimate("hit@10", R2, 100, 10, method="mes", foo=1)
     assert "n_bootstrap" in str(err.value) and "lam" in str(err.value)  # the allowed options are listed
-    with pytest.raises(ValueError, match="'foo'.*allowed options: n_bootstrap"):
+    with pytest.raises(ValueError, match="^foo: .*allowed options: n_bootstrap"):
         estimate("hit@10", R2, 100, 10, method="mle", foo=1)
-    with pytest.raises(ValueError, match="'foo'"):
+    with pytest.raises(ValueError, match="^foo: "):
         estimate("hit@10", R2, 100, 10, method="bv_mle", foo=1)
-    for method in ("bound", "linear", "none", "bv", "ls"):  # methods without extra options
-        with pytest.raises(ValueError, match="'n_bootstrap'.*takes no options"):
+    for method in ("bound", "linear", "none", "bv", "ls"):  # methods that fit nothing
+        with pytest.raises(ValueError, match=f"^n_bootstrap: method {method!r} does not use it"):
             estimate("hit@10", R2, 100, 10, method=method, n_bootstrap=3)
     # an option of another method is not silently ignored either
-    with pytest.raises(ValueError, match="'lam'"):
+    with pytest.raises(ValueError, match="^lam: "):
         estimate("hit@10", R2, 100, 10, method="mle", lam=0.1)
-    with pytest.raises(ValueError, match="'beta'"):
+    with pytest.raises(ValueError, match="^beta: "):
         estimate("hit@10", R2, 100, 10, method="bv_mle", beta=1.0)
 
 
@@ -129,9 +129,9 @@ def test_rounding_is_validated():
 
 def test_check_estimator_options_without_data():
     assert check_estimator_options("bv", {"gamma": 0.2}) == {"gamma": 0.2}
-    with pytest.raises(ValueError, match="'a'.*allowed options: gamma, prior"):
+    with pytest.raises(ValueError, match="^a: .*allowed options: gamma, prior"):
         check_estimator_options("bv", {"a": 0.5})
-    with pytest.raises(ValueError, match="'sampling'"):
+    with pytest.raises(ValueError, match="^sampling: "):
         check_estimator_options("mle", {"sampling": "binomial"})
     with pytest.raises(ValueError, match="^tol: "):
         check_estimator_options("bv_mle", {"tol": math.nan})
@@ -273,9 +273,9 @@ def test_torchmetrics_options_are_checked_at_construction():
 
     with pytest.raises(ValueError, match="^gamma: "):
         SampledRankingMetrics("hit@10", 10, ("bv",), estimator_options={"bv": {"gamma": math.nan}})
-    with pytest.raises(ValueError, match="'foo'.*estimator_options\\['mle'\\]"):
+    with pytest.raises(ValueError, match="^foo: "):
         SampledRankingMetrics("hit@10", 10, ("mle",), estimator_options={"mle": {"foo": 1}})
-    with pytest.raises(ValueError, match="'sampling'"):  # set by replacement=, not an estimator option
+    with pytest.raises(ValueError, match="^sampling: "):  # set by replacement=, not an estimator option
         SampledRankingMetrics("hit@10", 10, ("mle",), estimator_options={"mle": {"sampling": "binomial"}})
     with pytest.raises(ValueError, match="^tol: "):
         SampledRankingMetrics("hit@10", 10, ("mes",), estimator_options={"mes": {"tol": math.nan}})
