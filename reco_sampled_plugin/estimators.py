@@ -358,7 +358,7 @@ def _estimate(
 def estimate(
     metric: str | MetricSpec,
     sampled_ranks: TensorLike | RankHistogram | SampledRanks,
-    n_items: TensorLike | None = None,
+    n_items: Any = None,
     n_samples: TensorLike | None = None,
     method: str | registry.Method = registry.DEFAULT_ESTIMATOR,
     *,

@@ -498,7 +498,7 @@ def test_recbole_keys_unused_by_the_chosen_method_are_refused(extra, key):
     Config(model="BPR", dataset="ml-100k", config_dict={**BASE, "rsp_m": 100, **extra, **fixed})
 
 
-def test_evaluate_factors_gamma_and_correction_are_checked_before_any_work():
+def test_evaluate_factors_method_is_checked_before_any_work():
     import scipy.sparse as sp
 
     rng = np.random.default_rng(0)
@@ -508,15 +508,17 @@ def test_evaluate_factors_gamma_and_correction_are_checked_before_any_work():
     test = test - test.multiply(train)
     test.eliminate_zeros()
     u, v = rng.standard_normal((20, 4)), rng.standard_normal((30, 4))
-    for kwargs, match in (({"n_samples": 5, "correction": "ls", "gamma": 0.3}, "^gamma: only the corrections"),
-                          ({"n_samples": 5, "correction": "magic"}, "^correction: unknown estimator 'magic'"),
-                          ({"gamma": 0.2}, "^gamma: needs n_samples"),
-                          ({"n_samples": 5, "correction": "bv", "gamma": math.nan}, "^gamma: ")):
+    for kwargs, match in (({"n_samples": 5, "method": "magic"}, "^method: unknown estimator 'magic'"),
+                          ({"method": "bv"}, "^method: needs n_samples"),
+                          ({"n_samples": 5, "method": 3}, "^method: expected a registered name")):
         with pytest.raises(ValueError, match=match):
             rsp.evaluate_factors(train, test, u, v, **kwargs)
+    for kwargs, match in (({"gamma": 0.3}, "^gamma: method 'ls' does not use it"), ({"gamma": math.nan}, "^gamma: ")):
+        with pytest.raises(ValueError, match=match):  # the method object checks its options once, when built
+            (rsp.registry.Ls if "ls" in match else rsp.registry.Bv)(**kwargs)
     # a whole-float n_samples is a size like any other; gamma reaches bv
-    a = rsp.evaluate_factors(train, test, u, v, n_samples=5.0, correction="bv", gamma=1.0, seed=3).summary
-    b = rsp.evaluate_factors(train, test, u, v, n_samples=5, correction="bv", seed=3).summary
+    a = rsp.evaluate_factors(train, test, u, v, n_samples=5.0, method=rsp.registry.Bv(gamma=1.0), seed=3).summary
+    b = rsp.evaluate_factors(train, test, u, v, n_samples=5, method="bv", seed=3).summary
     assert (a["sampled"] == b["sampled"]).all() and (a["corrected"] != b["corrected"]).any()
 
 

@@ -270,7 +270,7 @@ def test_option_is_validated_and_refused_where_state_cannot_hold_exact_ranks():
         SampledRankingMetrics(["ndcg@10"], n_samples=design, estimators=["mes"])
     scores, pos, _ = _problem(1)
     with pytest.raises(ValueError, match=r"^n_samples: exact_at_cap .*evaluate_factors"):
-        rsp.evaluate_factors(torch.randn(4, 3), torch.randn(20, 3), pos[:4, :1], n_samples=design, correction="mes")
+        rsp.evaluate_factors(torch.randn(4, 3), torch.randn(20, 3), pos[:4, :1], n_samples=design, method="mes")
     from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
 
     with pytest.raises(ValueError, match=r"^n_samples: exact_at_cap .*RankingMetricsCallback"):
