@@ -403,18 +403,19 @@ def test_rank_file_integers_are_read_exactly(tmp_path):
     assert data.ranks.tolist() == [3, 2, 4] and data.n_items.tolist() == [1000] * 3
 
 
-def test_cli_integer_and_gamma_arguments(tmp_path, capsys):
+def test_cli_integer_and_option_arguments(tmp_path, capsys):
     f = tmp_path / "r.txt"
     f.write_text("1\n2\n")
     for argv, name in ((["estimate", str(f), "--n-items", str(10**20), "-m", "10"], "--n-items: "),
                        (["table", "hit@10", "--n-items", "100", "-m", str(-(2**63) - 1)], "--n-samples: "),
-                       (["estimate", str(f), "--n-items", "100", "-m", "10", "--gamma", "nan"], "--gamma: "),
+                       (["estimate", str(f), "--n-items", "100", "-m", "10", "--method", "bv", "--option",
+                         "gamma=.nan"], "gamma: "),
                        (["table", "hit@10", "--n-items", "100", "-m", "10", "--gamma", "2"], "gamma: ")):
         rc, err = _main(argv, capsys)
         assert rc == 2 and err.startswith("reco-sampled: error: ") and name in err and "Traceback" not in err
     from reco_sampled_plugin.cli import main
 
-    assert main(["estimate", str(f), "--n-items", "100", "-m", "10", "--gamma", "nan"]) == 2
+    assert main(["estimate", str(f), "--n-items", "100", "-m", "10", "--method", "bv", "--option", "gamma=.nan"]) == 2
     assert capsys.readouterr().out == ""  # refused before the table header is printed
 
 
