@@ -3,7 +3,7 @@
 Synthetic factor model (default 5,000 users x 100,000 items, d = 64 float32, 10 training and 1 test item per user).
 Timed in the same run, so ratios compare like with like:
 
-* ``evaluate_factors``: exact metrics only; + fixed m = 100 sampling (``correction="mes"``); + adaptive m = 100 ->
+* ``evaluate_factors``: exact metrics only; + fixed m = 100 sampling (``method="mes"``); + adaptive m = 100 ->
   3200 (``adaptive_max=3200``): the extra stages redraw only rows that still have a positive ranked first.
 * ``SampledRankingMetrics.update_factors`` + ``compute``: fixed m = 100 against adaptive 100 -> 3200 (keyed draws per
   stage; the state holds about 3,200 counts per distinct n).
@@ -60,9 +60,9 @@ def main() -> None:
           f"{torch.get_num_threads()} threads; {args.users:,} users x {args.items:,} items, d = {args.dim}")
     kw = dict(k=10, metrics=["ndcg", "hit"], as_df=False)
     t_exact = best(lambda: evaluate_factors(x_train, x_test, u, v, **kw), args.repeats)
-    t_fixed = best(lambda: evaluate_factors(x_train, x_test, u, v, n_samples=100, correction="mes", **kw), args.repeats)
-    res = evaluate_factors(x_train, x_test, u, v, n_samples=100, adaptive_max=3200, correction="mes", **kw)
-    t_adapt = best(lambda: evaluate_factors(x_train, x_test, u, v, n_samples=100, adaptive_max=3200, correction="mes",
+    t_fixed = best(lambda: evaluate_factors(x_train, x_test, u, v, n_samples=100, method="mes", **kw), args.repeats)
+    res = evaluate_factors(x_train, x_test, u, v, n_samples=100, adaptive_max=3200, method="mes", **kw)
+    t_adapt = best(lambda: evaluate_factors(x_train, x_test, u, v, n_samples=100, adaptive_max=3200, method="mes",
                                             **kw), args.repeats)
     mean_m = float(res.sampled.sample_sizes.double().mean())
     print(f"evaluate_factors  exact {t_exact:.2f} s | + m = 100 {t_fixed:.2f} s ({t_fixed / t_exact:.2f}x) | "

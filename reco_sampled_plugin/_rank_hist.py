@@ -50,6 +50,19 @@ def _size_array(x: Any, name: str) -> np.ndarray:
     return np.array(v.cpu().numpy() if isinstance(v, torch.Tensor) else v, dtype=np.int64).reshape(-1)
 
 
+def _check_design(design: Any) -> None:
+    """A histogram's ``design``: None or a non-popularity SamplingDesign (a ValueError naming ``design``)."""
+    if design is None:
+        return
+    from .design import SamplingDesign
+
+    if not isinstance(design, SamplingDesign):
+        raise ValueError(f"design: expected a SamplingDesign or None, got {type(design).__name__}")
+    if design.popularity is not None:
+        raise ValueError("design: a histogram cannot carry what popularity-sampled ranks need, each positive's beating "
+                         "draws' 1/q~; estimate from the SampledRanks of the draw")
+
+
 def _exact_flags(exact: Any, n: np.ndarray, m: np.ndarray) -> np.ndarray:
     """(G,) read-only bool flags of the exact groups (None: none), each with m = n - 1 (a ValueError naming
     ``exact`` otherwise)."""
@@ -81,6 +94,11 @@ class RankHistogram:
             with sampled rank r~ = i, i = 1..m_g+1 (read-only copies: a histogram never changes).
         exact: (G,) bool, True for an exact group (module docstring: m = n - 1, counts at the exact ranks R);
             None (the default) means no exact group.
+        design: the :class:`~reco_sampled_plugin.design.SamplingDesign` the ranks were drawn under, of which
+            estimation reads the law (``replacement=False``: hypergeometric) and the adaptive stages
+            (``adaptive_max``); the groups carry their own m. None (the default): uniform draws with replacement
+            of a fixed m. A popularity design is refused: a histogram cannot carry the draws' weights
+            (estimate from the draw's :class:`~reco_sampled_plugin.ranking.SampledRanks`).
     """
 
     n_items: np.ndarray
@@ -88,6 +106,7 @@ class RankHistogram:
     counts: tuple[np.ndarray, ...]
     # None (no exact group) is accepted; __post_init__ always stores a (G,) bool array, the type readers see
     exact: np.ndarray = None  # type: ignore[assignment]
+    design: Any = None
     if TYPE_CHECKING:  # derived in __post_init__, not fields
         _totals: np.ndarray = field(init=False)
         _flat: np.ndarray = field(init=False)
@@ -132,6 +151,7 @@ class RankHistogram:
         totals.setflags(write=False)
         flat.setflags(write=False)
         exact = _exact_flags(self.exact, n, m)
+        _check_design(self.design)
         object.__setattr__(self, "n_items", n)
         object.__setattr__(self, "n_samples", m)
         object.__setattr__(self, "counts", counts)
@@ -141,7 +161,8 @@ class RankHistogram:
         object.__setattr__(self, "_starts", starts)
 
     @classmethod
-    def _trusted(cls, n: np.ndarray, m: np.ndarray, counts: np.ndarray, exact: np.ndarray | None = None) -> "RankHistogram":
+    def _trusted(cls, n: np.ndarray, m: np.ndarray, counts: np.ndarray, exact: np.ndarray | None = None,
+                 design: Any = None) -> "RankHistogram":
         """A histogram from valid parts built by this package (int64 n >= 2, m >= 1; ``counts`` (G, W) float64
         with finite non-negative entries, row g holding group g's m_g + 1 counts first): no re-validation."""
         sizes = m + 1
@@ -149,10 +170,11 @@ class RankHistogram:
             flat = counts.reshape(-1)
         else:
             flat = np.concatenate([counts[g, : sizes[g]] for g in range(counts.shape[0])])
-        return cls._trusted_ragged(n, m, flat, exact)
+        return cls._trusted_ragged(n, m, flat, exact, design)
 
     @classmethod
-    def _trusted_ragged(cls, n: np.ndarray, m: np.ndarray, flat: np.ndarray, exact: np.ndarray | None = None) -> "RankHistogram":
+    def _trusted_ragged(cls, n: np.ndarray, m: np.ndarray, flat: np.ndarray, exact: np.ndarray | None = None,
+                        design: Any = None) -> "RankHistogram":
         """:meth:`_trusted` from the groups' counts laid end to end (``flat``, group g's m_g + 1 counts after
         those of groups 0..g-1)."""
         self = object.__new__(cls)
@@ -166,8 +188,8 @@ class RankHistogram:
         m.setflags(write=False)
         exact = np.zeros(len(n), dtype=bool) if exact is None else np.array(exact, dtype=bool)
         exact.setflags(write=False)
-        for name, value in (("n_items", n), ("n_samples", m), ("counts", rows), ("exact", exact), ("_totals", totals),
-                            ("_flat", flat), ("_starts", starts)):
+        for name, value in (("n_items", n), ("n_samples", m), ("counts", rows), ("exact", exact), ("design", design),
+                            ("_totals", totals), ("_flat", flat), ("_starts", starts)):
             object.__setattr__(self, name, value)
         return self
 
@@ -182,7 +204,16 @@ class RankHistogram:
             flags = np.zeros(len(state["n_items"]), dtype=bool)
             flags.setflags(write=False)
             state["exact"] = flags
+        state.setdefault("design", None)
         self.__dict__.update(state)
+
+    def with_design(self, design: Any) -> "RankHistogram":
+        """These counts under ``design`` (a SamplingDesign or None: see :attr:`design`)."""
+        _check_design(design)
+        out = object.__new__(type(self))
+        out.__dict__.update(self.__dict__)
+        object.__setattr__(out, "design", design)
+        return out
 
     @property
     def has_exact(self) -> bool:
@@ -195,7 +226,7 @@ class RankHistogram:
         if idx.shape[0] == self.n_groups and np.array_equal(idx, np.arange(self.n_groups)):
             return self
         return RankHistogram(self.n_items[idx], self.n_samples[idx], tuple(self.counts[g] for g in idx),
-                             self.exact[idx])
+                             self.exact[idx], self.design)
 
     def exact_part(self) -> "RankHistogram":
         """The exact groups only."""
@@ -214,7 +245,7 @@ class RankHistogram:
         return RankHistogram._trusted_ragged(np.concatenate([self.n_items, other.n_items]),
                                              np.concatenate([self.n_samples, other.n_samples]),
                                              np.concatenate([self._flat, other._flat]),
-                                             np.concatenate([self.exact, other.exact]))
+                                             np.concatenate([self.exact, other.exact]), self.design)
 
     @property
     def totals(self) -> np.ndarray:
@@ -256,7 +287,11 @@ class RankHistogram:
         return self.select(self._totals > 0)
 
     def merge(self, other: "RankHistogram") -> "RankHistogram":
-        """Sum of two histograms (groups with equal (n, m) and exactness are added; exact groups last)."""
+        """Sum of two histograms (groups with equal (n, m) and exactness are added; exact groups last); their
+        designs must agree (a ValueError naming ``other``), except that None takes the other's."""
+        if self.design is not None and other.design is not None and self.design != other.design:
+            raise ValueError(f"other: drawn under another design ({other.design.describe()} vs "
+                             f"{self.design.describe()}); histograms of different designs do not add")
         table: dict[tuple[bool, int, int], np.ndarray] = {}
         for h in (self, other):
             for ng, mg, cg, eg in zip(h.n_items, h.n_samples, h.counts, h.exact):
@@ -268,6 +303,7 @@ class RankHistogram:
             np.array([k[2] for k in keys], dtype=np.int64),
             tuple(table[k] for k in keys),
             np.array([k[0] for k in keys], dtype=bool),
+            self.design if self.design is not None else other.design,
         )
 
     def same_groups(self, other: "RankHistogram") -> bool:

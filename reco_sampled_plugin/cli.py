@@ -166,13 +166,14 @@ def _cmd_table(args: argparse.Namespace) -> int:
 
 
 def _cmd_estimate(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .design import SamplingDesign
     from .estimators import estimate
+    from .ranking import SampledRanks
     from .rank_files import read_ncf, read_rank_file
 
-    from ._options import check_fraction
-
-    if args.gamma is not None:
-        check_fraction(args.gamma, "--gamma")  # before anything is read or printed (NaN would reach bv otherwise)
+    options = _method_options(args.option)  # before anything is read or printed
     if args.file is not None:
         if args.test_rating or args.test_negative or args.scores:
             raise ValueError("estimate: give either a rank FILE or --test-rating/--test-negative/--scores, not both")
@@ -201,9 +202,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     unknown = [m for m in methods if m not in known]
     if unknown:
         raise ValueError(f"--method: unknown {unknown}; use some of {known}")
-    if args.gamma is not None and not any(registry.get(m).option("gamma") is not None for m in methods):
-        takes = [m for m in known if registry.get(m).option("gamma") is not None]
-        raise ValueError(f"--gamma: only {takes} use it, and none of {list(methods)} is one (as estimate() refuses it)")
+    objects = _method_objects(methods, options)
     unsupported = [m for m in methods if design is not None and not registry.get(m).supports(design)]
     if unsupported and adaptive is not None:
         raise ValueError(f"--method: {unsupported} assume one fixed m per positive; with --adaptive-max use some of "
@@ -213,7 +212,6 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         raise ValueError(f"--method: {unsupported} do not support {design.describe()}; use some of "
                          f"{registry.names(design=design)}")
     print(f"{len(data.ranks):,} sampled ranks; n {int(data.n_items.min()):,}..{int(data.n_items.max()):,}; m {int(data.n_samples.min())}..{int(data.n_samples.max())}")
-    extra: dict[str, Any] = {} if adaptive is None else {"adaptive": (adaptive.n_samples, adaptive.adaptive_max)}
     if adaptive is not None:
         from ._rank_hist import as_histogram
         from .adaptive import adaptive_cost, check_adaptive_histogram
@@ -228,21 +226,14 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
     bar = progress_bar(total=len(metrics) * len(methods), desc="estimate", enabled=args.progress, unit="estimate")
     rows = []
+    if design is None:
+        design = SamplingDesign(int(np.max(data.n_samples)), replacement=args.sampling != "hypergeometric")
+    sample = SampledRanks.from_arrays(data.ranks, data.n_items, data.n_samples, design)
     for metric in metrics:
-        for method in methods:
-            if adaptive is None:
-                takes_gamma = args.gamma is not None and registry.get(method).option("gamma") is not None
-                gamma = {"gamma": args.gamma} if takes_gamma else {}
-                est = estimate(metric, data.ranks, data.n_items, data.n_samples, method=method, sampling=args.sampling,
-                               **gamma)
-            else:
-                est = estimate(metric, data.ranks, data.n_items, data.n_samples, method=method, sampling=args.sampling,
-                               **extra)
-            rows.append((metric, method, est))
+        for method, obj in zip(methods, objects):
+            rows.append((metric, method, estimate(metric, sample, obj)))
             bar.update()
     bar.close()
-    import numpy as np
-
     m_values = np.unique(np.asarray(data.n_samples)).astype(int).tolist()
     context = dict(n_items=int(data.n_items.max()), users=len(data.ranks),
                    n_samples=m_values[0] if len(m_values) == 1 else f"{m_values[0]}..{m_values[-1]}",
@@ -278,19 +269,48 @@ def _estimate_popularity(args: argparse.Namespace, data: Any) -> int:
     unknown = [m for m in (args.method or []) if m not in known]
     if unknown:
         raise ValueError(f"--method: unknown {unknown}; use some of {known}")
-    if args.gamma is not None:
-        raise ValueError("--gamma: no estimator of popularity-sampled ranks uses it")
+    options = _method_options(args.option)
     print(f"{len(data.ranks):,} sampled ranks (popularity draws, m = {design.n_samples}); "
           f"n {int(data.n_items.min()):,}..{int(data.n_items.max()):,}")
     rows = []
     for metric in metrics:
-        for method in args.method or [m for m in registry.names(design=design, metric=metric)
-                                      if _reads_file(m, metric, sampled)]:
-            rows.append((metric, method, estimate(metric, sampled, method=method)))
+        methods = args.method or [m for m in registry.names(design=design, metric=metric)
+                                  if _reads_file(m, metric, sampled)]
+        for method, obj in zip(methods, _method_objects(methods, options)):
+            rows.append((metric, method, estimate(metric, sampled, obj)))
     # no --pilot in the suggested plan: the planner takes uniform pilots only (this file is popularity-sampled)
     context = dict(n_items=int(data.n_items.max()), users=len(data.ranks), n_samples=design.n_samples, pilot=None)
     print("\n".join(estimate_table(rows, stderr=args.stderr, **context)))
     return 0
+
+
+def _method_options(given: list[str] | None) -> dict[str, Any]:
+    """``--option NAME=VALUE`` flags as {name: value} (a value read as YAML: numbers, booleans, strings)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in given or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"--option: expected NAME=VALUE such as gamma=0.2, got {item!r}")
+        out[name.strip()] = yaml.safe_load(value) if value.strip() else None
+    return out
+
+
+def _method_objects(methods: list[str], options: dict[str, Any]) -> list[registry.Method]:
+    """Each method's options object with the ``--option`` s it takes (each checked there); an option no method
+    takes is refused (a ValueError naming ``--option``)."""
+    unused = [k for k in options if not any(k in registry.get(m).option_names + registry.COMMON_OPTIONS
+                                            for m in methods)]
+    if unused:
+        takes = [m for m in registry.names() if unused[0] in registry.get(m).option_names]
+        raise ValueError(f"--option: {unused[0]} is an option of none of {list(methods)}"
+                         + (f" (it is one of {takes})" if takes else ""))
+    out = []
+    for m in methods:
+        cls = registry.method_class(m)
+        out.append(cls(**{k: v for k, v in options.items() if k in cls.entry.option_names + registry.COMMON_OPTIONS}))
+    return out
 
 
 def _reads_file(method: str, metric: str, sampled: SampledRanks) -> bool:
@@ -584,8 +604,9 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--stderr", action="store_true",
                      help="also print the standard error (sampling noise only: not what the sampled data cannot "
                           "identify at the top, which the 95%% interval includes)")
-    est.add_argument("--gamma", type=float, default=None,
-                     help="bias-variance trade-off of bv / bv_mle, in [0, 1] (default 0.1); refused without such a method")
+    est.add_argument("--option", action="append", metavar="NAME=VALUE", default=None,
+                     help="an estimator option (repeatable), e.g. gamma=0.2 for bv, n_bootstrap=0 for mes; given to "
+                          "every --method that takes it, refused where none does (the options are listed below)")
     est.add_argument("--sampling", choices=["binomial", "hypergeometric", "popularity"], default=None,
                      help="the draws' law (default binomial: uniform with replacement); popularity: the file holds "
                           "each positive's hh_s1, hh_s2 (sums of 1/q~ and 1/q~^2 over its beating draws), which a "

@@ -43,9 +43,9 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from ._rank_hist import RankHistogram, as_histogram, pool_by_n
+from ._rank_hist import RankHistogram, pool_by_n
 from ._checks import check_without_replacement
-from ._options import check_law, check_options
+from ._options import check_law
 from . import registry
 from .adaptive import adaptive_cost, check_adaptive_histogram
 from .design import AdaptiveDesign, SamplingDesign, coerce_adaptive
@@ -55,14 +55,9 @@ from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_bounds
 from .ranking import SampledRanks
 from ._types import TensorLike
-from .priors import PriorLike
 from .rank_distribution import FIT_CACHE as _FITS  # noqa: F401  (``estimators._FITS.clear()`` refits, as before)
 
 __all__ = ["ESTIMATORS", "METHOD_OPTIONS", "estimate", "EstimatorResult", "check_estimator_options"]
-
-# keyword arguments of ``estimate`` itself that every method takes
-_COMMON_OPTIONS = ("max_rel_n_spread", "top_shape")
-
 
 def __getattr__(name: str) -> Any:
     # live views of the registry (an estimator registered later appears in them)
@@ -73,55 +68,14 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _named(entry: registry.Estimator) -> tuple[str, ...]:
-    return tuple(o.name for o in entry.options if o.named)
-
-
-def _refuse_unused(entry: registry.Estimator, named: dict) -> None:
-    """Raise a ValueError naming the first of ``estimate``'s named options (a, gamma, prior, rounding) that was
-    given (not None) although the method does not use it."""
-    all_named = sorted({o.name for e in registry.entries() for o in e.options if o.named})
-    for key, value in named.items():
-        if value is not None and key not in entry.option_names:
-            takes = _named(entry)
-            users = [e.name for e in registry.entries() if key in e.option_names]
-            raise ValueError(
-                f"{key}: method {entry.name!r} does not use it (it takes {', '.join(takes) or 'none of ' + ', '.join(all_named)}"
-                f"; {key} is an option of {', '.join(users)})"
-            )
-
-
-def _check_values(entry: registry.Estimator, opts: dict) -> dict:
-    """Every option's value validated by its registry kind (a ValueError naming it); returns them normalised,
-    a named option given as None (or not given) replaced by its default."""
-    out = {}
-    for k, v in opts.items():
-        o = entry.option(k)
-        if o is None:
-            out[k] = v
-        elif v is None and o.named:
-            out[k] = o.default
-        else:
-            out[k] = o.check(v)
-    return out
-
-
 def check_estimator_options(method: str, options: Mapping[str, Any], where: str | None = None) -> dict:
-    """Validate the keyword arguments ``options`` of ``estimate(..., method=method, **options)`` without data
-    (e.g. when a metric class is constructed, long before its first ``compute``): every key must be one the
-    method uses (its registry entry's options, plus ``max_rel_n_spread`` and ``top_shape``) and every value
-    valid. Raises a ValueError naming the option; returns the options as a dict."""
-    entry = registry.get(method)
-    where = where or f"estimate(method={method!r})"
-    opts = check_options(options, entry.option_names + _COMMON_OPTIONS, where)
-    _check_values(entry, {k: v for k, v in opts.items() if k not in _COMMON_OPTIONS})
-    if "max_rel_n_spread" in opts:
-        from ._rank_hist import check_spread
-
-        check_spread(opts["max_rel_n_spread"])
-    if opts.get("top_shape") is not None and not isinstance(opts["top_shape"], TopShape):
-        raise ValueError(f"top_shape: expected an identification.TopShape, got {type(opts['top_shape']).__name__}")
-    return opts
+    """Transitional: the method object ``method_class(method)(**options)`` validates them (removed with the 0.1
+    form of ``estimate``)."""
+    if not isinstance(options, Mapping):
+        raise ValueError(f"{where or 'options'}: options must be a mapping of keyword arguments, got "
+                         f"{type(options).__name__}")
+    registry.method_class(method)(**options)
+    return dict(options)
 
 
 #: the former name of :class:`~reco_sampled_plugin.Estimate` (kept so that old imports work): ``estimate``
@@ -222,192 +176,78 @@ def _available(spec: MetricSpec, design: SamplingDesign | None) -> str:
     return text
 
 
-def _from_sampled(sampled: SampledRanks, n_items: Any, n_samples: Any, weights: TensorLike | None, sampling: str | None,
-                  adaptive: Any, entry: registry.Estimator,
-                  spec: MetricSpec) -> tuple[RankHistogram, str, AdaptiveDesign | None]:
-    """The histogram, law and adaptive design of a :class:`SampledRanks` (which carries all three)."""
-    if n_items is not None or n_samples is not None:
-        name = "n_items" if n_items is not None else "n_samples"
-        raise ValueError(f"{name}: the SampledRanks carry their candidate counts and sample sizes; drop {name}")
-    design = sampled.design
-    if design is None:
-        raise ValueError("sampled_ranks: these SampledRanks carry no design; pass n_items and n_samples")
-    if not entry.supports(design):
-        raise ValueError(f"method: {entry.name!r} does not support the design of these ranks ({design.describe()}); "
-                         f"{_available(spec, design)}")
-    # popularity: the law-free ``none`` or a method that reads the draws' weights (``hh``), never a binomial table
-    law = "binomial" if design.law == "popularity" else design.law
-    if sampling is not None and check_law(sampling) != law:
-        raise ValueError(f"sampling: {sampling!r} contradicts the design of these ranks ({design.describe()})")
-    if adaptive is not None and coerce_adaptive(adaptive) != design.adaptive:
-        raise ValueError(f"adaptive: contradicts the design of these ranks ({design.describe()})")
-    # completed positives (exact_at_cap): exact groups for the estimators that read them, else their r~
-    return sampled.histogram(weights, exact=entry.exact_groups), law, design.adaptive
+_NONE_IS_DEFAULT = ("a", "gamma", "prior", "rounding", "max_rel_n_spread", "top_shape")
 
 
-def estimate(
-    metric: str | MetricSpec,
-    sampled_ranks: TensorLike | RankHistogram | SampledRanks,
-    n_items: TensorLike | None = None,
-    n_samples: TensorLike | None = None,
-    method: str = registry.DEFAULT_ESTIMATOR,
-    *,
-    sampling: str | None = None,
-    weights: TensorLike | None = None,
-    a: float | None = None,
-    gamma: float | None = None,
-    prior: PriorLike = None,
-    rounding: str | None = None,
-    max_rel_n_spread: float | None = None,
-    top_shape: TopShape | None = None,
-    adaptive: SamplingDesign | AdaptiveDesign | tuple[int, int | None] | None = None,
-    **options: Any,
-) -> Estimate:
-    """Estimate a global (full-catalogue) metric from sampled ranks, with a standard error.
+def _refuse_design(entry: registry.Estimator, spec: MetricSpec, design: SamplingDesign) -> None:
+    """A ValueError naming ``method`` where ``entry`` does not take ``design``."""
+    if entry.supports(design):
+        return
+    extra = ""
+    if design.adaptive_max is not None and not entry.adaptive:
+        extra = (f"; {entry.name!r} assumes one fixed m per positive, adaptive sampling needs a likelihood estimator: "
+                 f"one of {registry.names(adaptive=True)}")
+    raise ValueError(f"method: {entry.name!r} does not support the design of these ranks ({design.describe()}); "
+                     f"{_available(spec, design)}{extra}")
 
-    Args:
-        metric: metric name (``"hit@10"``, ``"ndcg@10"``, ``"ap"``, ``"auc"``, ...).
-        sampled_ranks: a :class:`~reco_sampled_plugin.ranking.SampledRanks` from a draw (it carries its design,
-            candidate counts and sizes: nothing else is needed), or sampled ranks r~ in 1..m+1 (any shape,
-            tensor or array, 0 = padding), or a :class:`~reco_sampled_plugin._rank_hist.RankHistogram`.
-        n_items: n, candidates per instance (int or per-positive values); not with a SampledRanks.
-        n_samples: m, sampled irrelevant items (int or per-positive values, e.g. from adaptive sampling); not
-            with a SampledRanks.
-        method: a registered estimator (``registry.names()``, see the module docstring); default ``auto``
-            (``registry.DEFAULT_ESTIMATOR``: ``gmod`` where the design resolves the top, ``mes`` elsewhere, ``hh`` /
-            ``pl_fit`` under popularity designs)
-            (``registry.DEFAULT_ESTIMATOR``), the most accurate rank-distribution estimator on ml-100k
-            (docs/estimators.md). Popularity-sampled ranks: ``hh`` (Hansen-Hurwitz, AUC) and ``pl_fit`` (every
-            metric, under a Plackett-Luce model of the items above each positive; its interval spans the top's
-            unidentified tilts) from the SampledRanks of the draw, which carry each positive's beating draws' 1/q~
-            and popularity classes (bare ranks cannot: refused; docs/popularity.md).
-        sampling: ``"binomial"`` (with replacement, the default) or ``"hypergeometric"`` (rank-distribution and
-            correction methods; the mapping functions assume neither). With a SampledRanks: its design's law
-            (a contradicting value is refused).
-        weights: optional per-positive frequency weights: their sum is the number of instances that
-            standard errors (and bootstraps) assume, so scale them to it (e.g. 1/|T_u| per positive: one
-            per user); a total of at most 1 gives stderr inf, flagged ``few_instances``.
-        a: Beta shape for ``beta`` (required there; a = 1 is eq. 18), the starting value for ``beta_fit``.
-        gamma, prior, rounding: the corrections' options: ``gamma`` for ``bv`` and ``bv_mle`` (default 0.1),
-            ``prior`` for ``ls``, ``cls`` and ``bv`` (default uniform), ``rounding`` for ``rank_estimate``
-            (default ``"floor"``). None means the default; a value given to a method that does not use it is
-            a ValueError (it would otherwise be ignored silently), as is any other option the method does
-            not take (its registry entry's options, :data:`METHOD_OPTIONS`).
-        max_rel_n_spread: None (every distinct candidate count n gets its own table or likelihood) or s > 0:
-            counts are moved onto a geometric grid of n (consecutive nodes within a factor 1 + s), each
-            group split between its two neighbouring nodes linearly in 1/(n - 1) (``_rank_hist.pool_by_n``);
-            far fewer tables, error measured in docs/estimators.md (s = 0.1 on ml-100k: < 1e-2 relative, < 2e-3 absolute).
-            Flagged ``pooled_n`` when it changed the groups.
-        top_shape: the shape assumption of the identified interval (``identification.TopShape``; default:
-            density non-increasing over the first max(2 b, 2 K) ranks, no steeper than 1/r over the first b).
-        adaptive: the design when bare ranks come from adaptive sampling (``n_samples`` then holds each
-            positive's final m): a :class:`~reco_sampled_plugin.design.SamplingDesign` with ``adaptive_max``,
-            an :class:`~reco_sampled_plugin.design.AdaptiveDesign` or ``(m, adaptive_max)`` (a SampledRanks
-            carries it). Only methods whose registry entry takes adaptive designs (``mes``, ``mle``, ``none``:
-            the likelihood ignores the stopping rule; fixed-m tables do not) accept it; the sizes are checked
-            against the design, ``details["adaptive"]`` reports the cost (mean and largest m per positive, share
-            at the cap, share still first there) and ``cap_reached`` flags a metric that still depends on the
-            top at the cap's resolution.
-        **options: the method's other options (its registry entry): for ``mle``, ``mes``, ``bv_mle`` those of
-            :func:`~reco_sampled_plugin.rank_distribution.estimate_rank_distribution` (``n_bootstrap``, ``tol``,
-            ``max_iter``, ``lam``, ``seed``...). ``n_bootstrap=0`` skips the bootstrap: the standard error is
-            then the cheap posterior one (``RankDistribution.metric(stderr="posterior")``,
-            ``details["stderr_method"]``).
 
-    Returns:
-        :class:`~reco_sampled_plugin.Estimate` (value, stderr, n_instances, details, flags). Where the metric depends on the
-        shape of the rank distribution inside the first sampled bin (a cut-off below the resolution
-        b = (n - 1)/(m + 1) + 1, or AP/RR/NDCG once b >= 2; flag ``top_unresolved``), ``interval(level)``
-        also spans every value the data allow under ``top_shape`` (``identification.py``); the ``none``
-        method (the sampled metric itself, not an estimate of the global one) keeps its sampling interval.
+def _sample_histogram(sample: Any, entry: registry.Estimator, weights: TensorLike | None
+                      ) -> tuple[RankHistogram, SamplingDesign | None]:
+    """The histogram (empty groups dropped) and design of ``sample``: a SampledRanks (its completed positives
+    as exact groups for the estimators that read them, else their r~) or a RankHistogram."""
+    if isinstance(sample, SampledRanks):
+        if sample.design is None:
+            raise ValueError("sample: these SampledRanks carry no design; build them with "
+                             "SampledRanks.from_arrays(ranks, n_items, n_samples, design)")
+        return sample.histogram(weights, exact=entry.exact_groups).without_empty_groups(), sample.design
+    if isinstance(sample, RankHistogram):
+        if weights is not None:
+            raise ValueError("weights: a RankHistogram holds (weighted) counts already; weight the positives when "
+                             "building it, or pass the SampledRanks")
+        return sample.without_empty_groups(), sample.design
+    raise ValueError(f"sample: expected SampledRanks (SampledRanks.from_arrays(ranks, n_items, n_samples) for "
+                     f"plain arrays) or a RankHistogram, got {type(sample).__name__}")
 
-    Raises:
-        ValueError: unknown method, empty histogram, cut-off K above n, invalid sizes, a design the method does
-            not support, or options that the method does not take.
-    """
-    spec = parse_metric(metric)
-    entry = registry.get(method)
-    # every option before any work: an unknown one is named (not a TypeError deep inside), an invalid value
-    # (tol=nan, gamma=nan, an unknown sampling law that a mapping would ignore) is a ValueError naming it
-    named = {"a": a, "gamma": gamma, "prior": prior, "rounding": rounding}
-    _refuse_unused(entry, named)
-    if options:
-        check_options(options, tuple(k for k in entry.option_names if k not in named), f"estimate(method={method!r})")
-    opts = _check_values(entry, {**{o.name: named.get(o.name) for o in entry.options if o.named}, **options})
-    # the registry's defaults of options not given (None defaults stay with the compute function)
-    opts.update({o.name: o.default for o in entry.options if o.name not in opts and o.default is not None})
-    draws = None
-    if isinstance(sampled_ranks, SampledRanks):
-        hist, sampling, design = _from_sampled(sampled_ranks, n_items, n_samples, weights, sampling, adaptive, entry,
-                                               spec)
-        hist = hist.without_empty_groups()
-        # hh for AUC, pl_fit otherwise
-        if sampled_ranks.design.popularity is not None and entry.family == "auto":  # type: ignore[union-attr]  # draws carry their design
-            method = registry.popularity_auto(spec, sampled_ranks.design)
-            # auto's fit options (validated above) reach the choice where it takes them; the others fit nothing
-            # there (hh is closed-form, pl_fit has its own fit): reported, and warned about (configs shared across
-            # designs pass them, so they are not refused)
-            takes = registry.get(method).option_names
-            result = estimate(spec, sampled_ranks, method=method, weights=weights, max_rel_n_spread=max_rel_n_spread,
-                              top_shape=top_shape, **{k: v for k, v in options.items() if k in takes})
-            why = f"popularity design: {method} is the first of AUTO_CHOICES['popularity'] that estimates {spec.kind}"
-            unused = sorted(k for k in options if k not in takes)
-            if unused:
-                warnings.warn(f"auto runs {method} on popularity-sampled ranks, which takes no {', '.join(unused)}: "
-                              f"ignored (its standard error is {method}'s own)", UserWarning, stacklevel=2)
-            auto = {"method": method, "reason": why, "options_unused": unused}
-            return dataclasses.replace(result, details={**result.details, "auto": auto})
-        if sampled_ranks.design.popularity is not None and entry.family != "none":  # type: ignore[union-attr]  # draws carry their design
-            from .popularity import popularity_draws
 
-            draws = popularity_draws(sampled_ranks, weights)  # each positive's beating draws' 1/q~ (or a refusal)
+def _choose(spec: MetricSpec, auto: registry.Method, hist: RankHistogram, design: SamplingDesign | None
+            ) -> tuple[registry.Method, dict]:
+    """What ``auto`` runs on these data (one place): ``registry.popularity_auto`` under a popularity design
+    (``hh`` for AUC, ``pl_fit`` otherwise), else :func:`auto_method`; the choice gets auto's options it takes
+    (the others are reported in ``details["auto"]["options_unused"]`` and warned about where given)."""
+    if design is not None and design.popularity is not None:
+        name = registry.popularity_auto(spec, design)
+        why = f"popularity design: {name} is the first of AUTO_CHOICES['popularity'] that estimates {spec.kind}"
     else:
-        if isinstance(sampling, str) and sampling.lower() == "popularity":
-            raise ValueError("sampled_ranks: bare ranks (or a histogram) cannot carry what popularity-sampled ranks "
-                             "need, each positive's beating draws' 1/q~; pass the SampledRanks of the draw "
-                             "(sampled_ranks(..., popularity=w), sampled_ranks_from_scorer), never ranks alone")
-        sampling = check_law("binomial" if sampling is None else sampling)
-        if isinstance(adaptive, SamplingDesign) and adaptive.adaptive_max is None:
-            raise ValueError("adaptive: the design is not adaptive (no adaptive_max)")
-        design = coerce_adaptive(adaptive)
-        hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
-    if entry.fits_distribution:
-        from .rank_distribution import check_fit_options
+        name, why = auto_method(spec, hist, None if design is None else design.adaptive)
+    cls = registry.method_class(name)
+    takes = cls.entry.option_names + registry.COMMON_OPTIONS
+    given = auto.given()
+    chosen = cls(**{k: v for k, v in given.items() if k in takes})
+    details: dict[str, Any] = {"method": name, "reason": why}
+    if design is not None and design.popularity is not None:
+        unused = sorted(k for k in given if k not in takes)
+        if unused:
+            warnings.warn(f"auto runs {name} on popularity-sampled ranks, which takes no {', '.join(unused)}: "
+                          f"ignored (its standard error is {name}'s own)", UserWarning, stacklevel=3)
+        details["options_unused"] = unused
+    return chosen, details
 
-        takes = entry.option_names if entry.family == "rank_distribution" else registry.fit_option_names()
-        fit = {k: v for k, v in options.items() if k in takes}
-        check_fit_options("mle" if entry.family != "rank_distribution" else method, sampling, **fit)
-    hist.check_nonempty(weights)
-    if hist.has_exact and not entry.exact_groups:  # it would read an exact rank R as a sampled rank among n - 1
-        raise ValueError(f"sampled_ranks: the histogram has exact groups (exact_at_cap), which method {method!r} "
-                         f"cannot read; use one of {[e.name for e in registry.entries() if e.exact_groups]}, or "
-                         "the SampledRanks themselves (estimate(metric, sampled) gives other methods the sampled "
-                         "ranks)")
-    hist.check_support(sampling)  # every method: an r~ the design cannot produce is refused, not estimated from
-    if entry.family == "auto":  # the registry's choice for this design and metric, run under its own name
-        method, why = auto_method(spec, hist, design)
-        result = estimate(spec, hist, method=method, sampling=sampling, max_rel_n_spread=max_rel_n_spread,
-                          top_shape=top_shape, adaptive=design, **options)
-        details = {**result.details, "auto": {"method": method, "reason": why}}
-        return dataclasses.replace(result, details=details)
-    if not entry.takes_metric(spec.kind):  # after the data's own checks, which every method makes alike
-        check_without_replacement(hist.n_items, hist.n_samples, sampling)
-        design_of = sampled_ranks.design if isinstance(sampled_ranks, SampledRanks) else None
-        raise ValueError(f"metric: method {method!r} estimates {', '.join(entry.metrics or ())} only; "
-                         f"{_available(spec, design_of)}")
-    if design is not None:
-        if not entry.adaptive:
-            raise ValueError(
-                f"method {method!r} assumes one fixed m per positive; adaptive sampling needs a likelihood "
-                f"estimator: one of {registry.names(adaptive=True)}"
-            )
-        if sampling != "binomial":
-            raise ValueError("sampling: adaptive sampling draws with replacement (binomial law)")
-        check_adaptive_histogram(hist, design)
-        result = estimate(spec, hist, method=method, sampling=sampling, max_rel_n_spread=max_rel_n_spread,
-                          top_shape=top_shape, **options)
-        return _with_adaptive(result, hist, design, top_shape, spec)
-    pooled = pool_by_n(hist, max_rel_n_spread)
+
+def _refuse_metric(spec: MetricSpec, entry: registry.Estimator, hist: RankHistogram, law: str,
+                   design: SamplingDesign | None, popularity: bool) -> None:
+    """A ValueError naming ``metric`` where ``entry`` does not estimate ``spec``'s kind."""
+    if entry.takes_metric(spec.kind):
+        return
+    check_without_replacement(hist.n_items, hist.n_samples, law)
+    raise ValueError(f"metric: method {entry.name!r} estimates {', '.join(entry.metrics or ())} only; "
+                     f"{_available(spec, design if popularity else None)}")
+
+
+def _fixed(spec: MetricSpec, hist: RankHistogram, law: str, method: registry.Method, draws: Any) -> Estimate:
+    """The estimate of a fixed-m histogram (or an adaptive one read by a likelihood): pooling of n, the
+    identified interval of the unresolved top, the entry's compute, the packaged result."""
+    entry = type(method).entry
+    pooled = pool_by_n(hist, method.max_rel_n_spread)
     # popularity estimators read each positive's draws, never the pooled groups: nothing of theirs is pooled
     pool_flag = [] if pooled.same_groups(hist) or draws is not None else ["pooled_n"]
     hist = pooled
@@ -416,17 +256,160 @@ def estimate(
             f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(hist.n_items.min())})"
         )
     bounds = metric_bounds(spec, hist.n_items)
-    if top_shape is not None and not isinstance(top_shape, TopShape):
-        raise ValueError(f"top_shape: expected an identification.TopShape, got {type(top_shape).__name__}")
-    if top_shape is not None and draws is not None:
+    if method.top_shape is not None and draws is not None:
         raise ValueError("top_shape: popularity-sampled ranks take the estimator's own top shapes (pl_fit: from uniform "
                          "to 1/r inside each positive's top zone, docs/popularity.md); drop top_shape")
     # the uniform law's identified interval; popularity draws: the estimator's own (pl_fit), if any
-    ident = Identification(spec, hist, sampling, top_shape) if (entry.family != "none" and draws is None
-                                                                 and top_sensitive(spec, hist)) else None
-    res = entry.compute_function()(spec, hist, method=method, sampling=sampling,
+    ident = Identification(spec, hist, law, method.top_shape) if (entry.family != "none" and draws is None
+                                                                   and top_sensitive(spec, hist)) else None
+    opts = method.options()
+    res = entry.compute_function()(spec, hist, method=entry.name, sampling=law,
                                    options=opts if draws is None else {**opts, "draws": draws})
     if draws is not None:
         ident = getattr(res, "identification", None)
     return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds,
                    ident)
+
+
+def _adaptive(spec: MetricSpec, hist: RankHistogram, method: registry.Method, design: AdaptiveDesign) -> Estimate:
+    """The estimate of adaptive ranks: the likelihood's (which ignores the stopping rule) with the design's
+    identified interval and cost (:func:`_with_adaptive`)."""
+    check_adaptive_histogram(hist, design)
+    return _with_adaptive(_fixed(spec, hist, "binomial", method, None), hist, design, method.top_shape, spec)
+
+
+def _estimate(
+    metric: str | MetricSpec,
+    sample: SampledRanks | RankHistogram,
+    method: str | registry.Method = registry.DEFAULT_ESTIMATOR,
+    *,
+    weights: TensorLike | None = None,
+) -> Estimate:
+    """Estimate a global (full-catalogue) metric from sampled ranks, with a standard error.
+
+    Args:
+        metric: metric name (``"hit@10"``, ``"ndcg@10"``, ``"ap"``, ``"auc"``, ...).
+        sample: a :class:`~reco_sampled_plugin.ranking.SampledRanks` (from a draw, which carries its design,
+            candidate counts and sizes, popularity statistics and exact ranks; or
+            ``SampledRanks.from_arrays(ranks, n_items, n_samples, design)`` for ranks drawn elsewhere), or a
+            :class:`~reco_sampled_plugin._rank_hist.RankHistogram` (the adapters' mergeable state; its ``design``
+            gives the law and any adaptive stages).
+        method: a registered estimator's name (``registry.names()``; the module docstring) or its options
+            object (``Bv(gamma=0.2)``, ``Mes(n_bootstrap=0)``, ``Gmod(df=8)``, ``Auto(seed=1)``: the classes of
+            :mod:`~reco_sampled_plugin.registry`, each option checked at construction). Default ``auto``: ``gmod``
+            where the design resolves the top, ``mes`` elsewhere, ``hh`` (AUC) / ``pl_fit`` under popularity
+            designs (``details["auto"]`` says which and why).
+        weights: optional per-positive frequency weights (a SampledRanks only): their sum is the number of
+            instances that standard errors (and bootstraps) assume, so scale them to it (e.g. 1/|T_u| per
+            positive: one per user); a total of at most 1 gives stderr inf, flagged ``few_instances``.
+
+    Returns:
+        :class:`~reco_sampled_plugin.estimate.Estimate` (value, stderr, n_instances, details, flags). Where the
+        metric depends on the shape of the rank distribution inside the first sampled bin (a cut-off below the
+        resolution b = (n - 1)/(m + 1) + 1, or AP/RR/NDCG once b >= 2; flag ``top_unresolved``),
+        ``interval(level)`` also spans every value the data allow under the method's ``top_shape``
+        (``identification.py``); the ``none`` method (the sampled metric itself) keeps its sampling interval.
+        Adaptive designs: ``details["adaptive"]`` reports the cost, ``cap_reached`` flags a metric still
+        depending on the top at the cap.
+
+    Raises:
+        ValueError: unknown method, empty histogram, cut-off K above n, invalid sizes, a design or metric the
+            method does not take.
+    """
+    spec = parse_metric(metric)
+    method = registry.as_method(method)
+    entry = type(method).entry
+    hist, design = _sample_histogram(sample, entry, weights)
+    if design is not None and not entry.supports(design):  # the data's own checks first, as every method makes them
+        hist.check_nonempty(weights)
+        check_without_replacement(hist.n_items, hist.n_samples, design.law)
+        _refuse_design(entry, spec, design)
+    popularity = design is not None and design.popularity is not None
+    # popularity: the law-free ``none`` or a method that reads the draws' weights (``hh``), never a binomial table
+    law = "binomial" if design is None or popularity else design.law
+    hist.check_nonempty(weights)
+    if hist.has_exact and not entry.exact_groups:  # it would read an exact rank R as a sampled rank among n - 1
+        raise ValueError(f"sample: the histogram has exact groups (exact_at_cap), which method {entry.name!r} "
+                         f"cannot read; use one of {[e.name for e in registry.entries() if e.exact_groups]}, or "
+                         "the SampledRanks themselves (which give other methods the sampled ranks)")
+    hist.check_support(law)  # every method: an r~ the design cannot produce is refused, not estimated from
+    auto = None
+    if entry.family == "auto":  # the registry's choice for this design and metric, run under its own name
+        method, auto = _choose(spec, method, hist, design)
+        entry = type(method).entry
+    _refuse_metric(spec, entry, hist, law, design, popularity)
+    adaptive = None if design is None else design.adaptive
+    if adaptive is not None and law != "binomial":  # pragma: no cover - SamplingDesign refuses it
+        raise ValueError("sampling: adaptive sampling draws with replacement (binomial law)")
+    if adaptive is not None:
+        result = _adaptive(spec, hist, method, adaptive)
+    else:
+        draws = None
+        if popularity and entry.family != "none":
+            from .popularity import popularity_draws
+
+            draws = popularity_draws(sample, weights)  # type: ignore[arg-type]  # a SampledRanks under popularity
+        result = _fixed(spec, hist, law, method, draws)
+    if auto is not None:
+        result = dataclasses.replace(result, details={**result.details, "auto": auto})
+    return result
+
+
+def estimate(
+    metric: str | MetricSpec,
+    sampled_ranks: TensorLike | RankHistogram | SampledRanks,
+    n_items: Any = None,
+    n_samples: TensorLike | None = None,
+    method: str | registry.Method = registry.DEFAULT_ESTIMATOR,
+    *,
+    sampling: str | None = None,
+    weights: TensorLike | None = None,
+    adaptive: SamplingDesign | AdaptiveDesign | tuple[int, int | None] | None = None,
+    **options: Any,
+) -> Estimate:
+    """Transitional: :func:`_estimate` (the contract) and the 0.1 form, removed once every call site uses the
+    contract."""
+    if isinstance(n_items, (str, registry.Method)) and n_samples is None:  # estimate(metric, sample, method)
+        method, n_items = n_items, None
+    options = {k: v for k, v in options.items() if not (v is None and k in _NONE_IS_DEFAULT)}
+    if options:
+        method = registry.method_class(method)(**options) if isinstance(method, str) else method
+    if isinstance(sampled_ranks, SampledRanks):
+        if n_items is not None or n_samples is not None:
+            name = "n_items" if n_items is not None else "n_samples"
+            raise ValueError(f"{name}: the SampledRanks carry their candidate counts and sample sizes; drop {name}")
+        d = sampled_ranks.design
+        if d is not None and sampling is not None and check_law(sampling) != ("binomial" if d.law == "popularity"
+                                                                                 else d.law):
+            raise ValueError(f"sampling: {sampling!r} contradicts the design of these ranks ({d.describe()})")
+        if d is not None and adaptive is not None and coerce_adaptive(adaptive) != d.adaptive:
+            raise ValueError(f"adaptive: contradicts the design of these ranks ({d.describe()})")
+        return _estimate(metric, sampled_ranks, method, weights=weights)
+    if isinstance(sampling, str) and sampling.lower() == "popularity":
+        raise ValueError("sampled_ranks: bare ranks (or a histogram) cannot carry what popularity-sampled ranks "
+                         "need, each positive's beating draws' 1/q~; pass the SampledRanks of the draw")
+    law = check_law("binomial" if sampling is None else sampling)
+    if isinstance(adaptive, SamplingDesign) and adaptive.adaptive_max is None:
+        raise ValueError("adaptive: the design is not adaptive (no adaptive_max)")
+    ad = coerce_adaptive(adaptive)
+    if ad is not None and law != "binomial":
+        raise ValueError("sampling: adaptive sampling draws with replacement (binomial law)")
+    if isinstance(sampled_ranks, RankHistogram):
+        m0 = int(sampled_ranks.n_samples.min()) if sampled_ranks.n_groups else 1
+        design = (SamplingDesign(ad.n_samples, adaptive_max=ad.adaptive_max) if ad is not None
+                  else None if law == "binomial" else SamplingDesign(m0, replacement=False))
+        return _estimate(metric, sampled_ranks.with_design(design), method, weights=weights)
+    if n_items is None or n_samples is None:
+        missing = "n_items" if n_items is None else "n_samples"
+        raise ValueError(f"{missing}: required (None given); n_items and n_samples are required unless "
+                         "sampled_ranks is a RankHistogram")
+    sample = SampledRanks.from_arrays(sampled_ranks, n_items, n_samples)
+    if ad is not None:
+        design = SamplingDesign(ad.n_samples, adaptive_max=ad.adaptive_max)
+    elif law != "binomial":
+        design = SamplingDesign(sample.design.n_samples, replacement=False)  # type: ignore[union-attr]
+    else:
+        design = None
+    if design is not None:
+        sample = SampledRanks.from_arrays(sampled_ranks, n_items, n_samples, design)
+    return _estimate(metric, sample, method, weights=weights)

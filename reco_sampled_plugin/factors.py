@@ -51,7 +51,7 @@ import torch
 from . import registry
 from ._checks import check_device, check_int, real_tensor
 from ._inputs import finite_flags
-from ._options import check_bool, check_fraction, check_names
+from ._options import check_bool, check_names
 from ._sparse import canonicalise, csr_copy
 from .design import SamplingDesign, as_design
 from .metric_names import MetricSpec, parse_metric
@@ -283,8 +283,7 @@ def evaluate_factors(
     n_samples: int | SamplingDesign | None = None,
     replacement: bool = True,
     popularity: TensorLike | None = None,
-    correction: str | None = None,
-    gamma: float | None = None,
+    method: "str | registry.Method | None" = None,
     adaptive_max: int | None = None,
 ) -> "pd.DataFrame | dict[str, torch.Tensor] | FactorEvaluation":
     """Per-user ranking metrics of a factor model, like recometrics' ``calc_reco_metrics`` (see the module doc).
@@ -318,15 +317,14 @@ def evaluate_factors(
             ``replacement``, ``popularity`` and ``adaptive_max`` below; a design carries them (given next to it
             they are refused).
         replacement, popularity: sampling law (uniform with replacement: binomial; without: hypergeometric;
-            popularity-weighted draws: ``correction="hh"`` corrects AUC (``metrics=["roc_auc"]``), ``"pl_fit"``
+            popularity-weighted draws: ``method="hh"`` corrects AUC (``metrics=["roc_auc"]``), ``"pl_fit"``
             every metric, ``"none"`` reports the sampled metrics; docs/popularity.md).
-        correction: an estimator of the registry (``reco_sampled_plugin.registry.names()``: ``"bv"``, ``"cls"``,
-            ``"mle"``...) for corrected estimates next to the exact values; it must support the design
-            (``registry.get(correction).supports(design)``); ``gamma`` for the corrections that take it (``bv``,
-            ``bv_mle``; default 0.1; given with another correction it is a ValueError, not ignored).
+        method: an estimator for corrected estimates next to the exact values: a registered name
+            (``reco_sampled_plugin.registry.names()``: ``"bv"``, ``"cls"``, ``"mle"``...) or its options object
+            (``registry.Bv(gamma=0.2)``); it must support the design (``registry.get(method).supports(design)``).
         adaptive_max: adaptive sampling (``reco_sampled_plugin.adaptive``): a test item ranked first among its m
             samples draws m more (m doubles) until it is not first or m would exceed ``adaptive_max``; uniform
-            with replacement only; ``correction`` then one that takes adaptive designs
+            with replacement only; ``method`` then one that takes adaptive designs
             (``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``).
 
     Returns:
@@ -348,15 +346,15 @@ def evaluate_factors(
     if batch_size is not None:
         batch_size = check_int(batch_size, "batch_size", minimum=1)
     replacement = check_bool(replacement, "replacement")
-    if correction is not None and not isinstance(correction, str):
-        raise ValueError(f"correction: expected an estimator name such as 'bv', got {correction!r}")
+    correction = None if method is None else registry.as_method(method)  # each option checked once, here
     base_specs, specs = _metric_specs(metrics, k, cumulative)
-    design, gamma = _sampling_design(n_samples, replacement, popularity, adaptive_max, correction, gamma)
-    if correction is not None:  # before any work: a metric the correction does not estimate (hh: AUC only)
+    design = _sampling_design(n_samples, replacement, popularity, adaptive_max, correction)
+    if correction is not None:  # before any work: a metric the method does not estimate (hh: AUC only)
         refused = [str(sp_) for sp_ in base_specs if not registry.get(correction).takes_metric(sp_.kind)]
         if refused:
-            raise ValueError(f"metrics: correction {correction!r} estimates {', '.join(registry.get(correction).metrics or ())}"
-                             f" only, not {', '.join(refused)}; pass e.g. metrics=['roc_auc']")
+            raise ValueError(f"metrics: method {correction.name!r} estimates "
+                             f"{', '.join(registry.get(correction).metrics or ())} only, not {', '.join(refused)}; "
+                             "pass e.g. metrics=['roc_auc']")
 
     test = _to_csr(X_test, "X_test")
     n_users, n_items = test.shape
@@ -543,46 +541,35 @@ def evaluate_factors(
     per_user = _output(results, names, as_df)
     if design is None:
         return per_user
-    return _sampled_result(per_user, sampled_parts, base_specs, design, correction, gamma, as_df, dev)
+    return _sampled_result(per_user, sampled_parts, base_specs, design, correction, as_df, dev)
 
 
 def _sampling_design(n_samples: int | SamplingDesign | None, replacement: bool, popularity: TensorLike | None,
-                     adaptive_max: int | None, correction: str | None,
-                     gamma: float | None) -> tuple[SamplingDesign | None, float | None]:
+                     adaptive_max: int | None, correction: registry.Method | None) -> SamplingDesign | None:
     """The sampling design (:func:`~reco_sampled_plugin.design.as_design`, the one coercion: an int m with the loose
-    keywords, or a SamplingDesign) and ``gamma``, with ``correction`` checked against the registry and the design;
-    (None, None) without sampling. Checked before any work."""
+    keywords, or a SamplingDesign), with the ``method`` checked against the design; None without sampling.
+    Checked before any work."""
     if n_samples is None:
-        if correction is not None or adaptive_max is not None or gamma is not None:
-            name = "correction" if correction is not None else "adaptive_max" if adaptive_max is not None else "gamma"
+        if correction is not None or adaptive_max is not None:
+            name = "method" if correction is not None else "adaptive_max"
             raise ValueError(f"{name}: needs n_samples (the number of sampled irrelevant items per test item)")
-        return None, None
+        return None
     design = as_design(n_samples, replacement=replacement, popularity=popularity, adaptive_max=adaptive_max)
     if design.exact_at_cap:  # its summary estimates from bare sampled ranks: the exact ranks would be dropped
         raise ValueError("n_samples: exact_at_cap is not supported by evaluate_factors (its sampled summary "
                          "corrects bare sampled ranks); use adaptive_sampled_ranks and estimate(metric, sampled)")
-    entry = None
-    if correction is not None:
-        try:
-            entry = registry.get(correction)
-        except ValueError:
-            raise ValueError(f"correction: unknown estimator {correction!r}; use one of {registry.names()}") from None
-    if gamma is not None:
-        if entry is None or entry.option("gamma") is None:
-            takes = [repr(name) for name in registry.names() if registry.get(name).option("gamma") is not None]
-            listed = " and ".join([", ".join(takes[:-1]), takes[-1]] if len(takes) > 1 else takes)
-            raise ValueError(f"gamma: only the corrections {listed} use it, got correction={correction!r}")
-        gamma = check_fraction(gamma, "gamma")
+    entry = None if correction is None else registry.get(correction)
     if entry is not None and not entry.supports(design):
+        name = entry.name
         if design.popularity is not None:
-            raise ValueError(f"correction: {correction!r} assumes uniform sampling; with popularity use one of "
+            raise ValueError(f"method: {name!r} assumes uniform sampling; with popularity use one of "
                              f"{registry.names(design=design)} (hh: AUC only; docs/popularity.md)")
         if design.adaptive is not None:
-            raise ValueError(f"correction: {correction!r} assumes one fixed m per test item; with adaptive_max "
+            raise ValueError(f"method: {name!r} assumes one fixed m per test item; with adaptive_max "
                              f"use one of {registry.names(adaptive=True)}")
-        raise ValueError(f"correction: {correction!r} does not support {design.describe()} "
+        raise ValueError(f"method: {name!r} does not support {design.describe()} "
                          f"(use one of {registry.names(design=design)})")
-    return design, gamma
+    return design
 
 
 def _output(results: dict, names: list[str], as_df: bool) -> "pd.DataFrame | dict[str, torch.Tensor]":
@@ -643,8 +630,8 @@ def _sample_batch(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor, ra
     return users, pos[valid], s_ranks[valid], single[valid], n_single, sizes[valid], stats
 
 
-def _sampled_result(per_user: dict, parts: list, base_specs: list[MetricSpec], design: SamplingDesign, correction: str | None,
-                    gamma: float | None, as_df: bool, dev: torch.device) -> FactorEvaluation:
+def _sampled_result(per_user: dict, parts: list, base_specs: list[MetricSpec], design: SamplingDesign,
+                    correction: registry.Method | None, as_df: bool, dev: torch.device) -> FactorEvaluation:
     from .metrics import metric_from_float_ranks
 
     if parts:
@@ -661,8 +648,6 @@ def _sampled_result(per_user: dict, parts: list, base_specs: list[MetricSpec], d
         cost = adaptive_cost(as_histogram(sranks, n_single, sizes), adaptive).as_dict()
     summary: dict[str, dict[str, float]] = {}
     estimates: dict = {}
-    # the law of a correction's tables (popularity draws go to estimate() with their statistics, below)
-    law = "binomial" if design.replacement else "hypergeometric"
     for spec in base_specs:
         row: dict[str, float] = {"n_instances": float(users.numel())}
         if users.numel():
@@ -677,18 +662,14 @@ def _sampled_result(per_user: dict, parts: list, base_specs: list[MetricSpec], d
             from .estimators import estimate  # lazily: the estimators pull in scipy-heavy modules
 
             if users.numel() == 0:
-                raise ValueError("correction: no test item could be sampled (no evaluated user)")
+                raise ValueError("method: no test item could be sampled (no evaluated user)")
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
                 if design.popularity is not None:  # the draw's statistics travel with the ranks (hh reads them)
-                    est = estimate(spec, SampledRanks(sranks, n_single, None, design, popularity_stats=stats),
-                                   method=correction)
-                elif adaptive is None:
-                    uses_gamma: dict[str, Any] = {"gamma": gamma} if registry.get(correction).option("gamma") is not None else {}
-                    est = estimate(spec, sranks, n_single, m, method=correction, sampling=law, **uses_gamma)
-                else:
-                    est = estimate(spec, sranks, n_single, sizes, method=correction,
-                                   adaptive=(adaptive.n_samples, adaptive.adaptive_max))
+                    drawn = SampledRanks(sranks, n_single, None, design, popularity_stats=stats)
+                else:  # the per-positive final m of an adaptive design, else the design's m
+                    drawn = SampledRanks.from_arrays(sranks, n_single, m if adaptive is None else sizes, design)
+                est = estimate(spec, drawn, correction)
             estimates[spec.column] = est
             row["corrected"] = float(est.value)
             row["stderr"] = float(est.stderr)

@@ -884,7 +884,7 @@ def plan(
     pilot_n_samples: TensorLike | None = None,
     pilot_adaptive: AdaptiveDesign | SamplingDesign | tuple[int, int | None] | None = None,
     designs: Sequence[tuple[int, int | None] | SamplingDesign] | None = None,
-    method: str = registry.DEFAULT_ESTIMATOR,
+    method: str | registry.Method = registry.DEFAULT_ESTIMATOR,
     repeats: int = 20,
     seed: int = 0,
     progress: bool | None = None,
@@ -922,8 +922,9 @@ def plan(
             a popularity pilot, whose weights put every item in the pilot's popularity class, e.g. any positive
             power of the pilot's weights); default :func:`default_designs` of the smallest n (with a popularity
             pilot: its own law at the fixed m of :data:`DEFAULT_FIXED_M` first).
-        method: the estimator to forecast (any name of ``reco_sampled_plugin.registry.names()`` that supports the
-            designs; default ``mes``).
+        method: the estimator to forecast: a registered name (``reco_sampled_plugin.registry.names()``) that
+            supports the designs, or its options object (``registry.Gmod(df=8)``; fits run without bootstrap);
+            default ``auto``.
         repeats: Monte Carlo replicates per design (each a fresh set of n_users exact ranks).
         seed: seeds every draw (the same seed gives the same plan).
         progress: a bar over the estimator fits on stderr (True, False; None: when stderr is a terminal); it does
@@ -973,7 +974,7 @@ def plan(
 
 
 def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error: Any, *, pilot: Any, pilot_n_items: Any,
-          pilot_n_samples: Any, pilot_adaptive: Any, designs: Any, method: str, repeats: Any, seed: Any,
+          pilot_n_samples: Any, pilot_adaptive: Any, designs: Any, method: str | registry.Method, repeats: Any, seed: Any,
           progress: bool | None = None, seconds_per_pair: float | None = None, screen: bool = True,
           workers: int | None = None, forecast_all: bool = False) -> Plan:
     import time
@@ -987,7 +988,8 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
     t_start = time.perf_counter()
     n_u, n_keep, n_users, target, repeats = _check_inputs(n_items, n_users, target_rel_error, repeats)
     spec = parse_metric(metric)
-    registry.get(method)  # an unknown method: the registry's ValueError naming ``method``
+    method_obj = registry.as_method(method)  # an unknown method: the registry's ValueError naming ``method``
+    method = method_obj.name
     n_min = int(n_u.min())
     if spec.k is not None and spec.k > n_min:
         raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {n_min})")
@@ -1079,8 +1081,14 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         elif registry.get(method).family == "auto":
             first = as_histogram(sampled[0], n_t, m if cap is None else sizes[0])
             run = auto_method(spec, first, AdaptiveDesign(m, cap) if cap is not None else None)[0]
-        # methods that fit a distribution take its options: n_bootstrap=0 skips the slow bootstrap
-        opts: dict[str, Any] = {"n_bootstrap": 0} if run in registry.names(fits_distribution=True) else {}
+        # the options given of the method (those the run takes); methods that fit a distribution take n_bootstrap=0,
+        # which skips the slow bootstrap
+        run_cls = registry.method_class(run)
+        takes = run_cls.entry.option_names + registry.COMMON_OPTIONS
+        opts: dict[str, Any] = {k: v for k, v in method_obj.given().items() if k in takes}
+        if run_cls.entry.fits_distribution:
+            opts["n_bootstrap"] = 0
+        run_method = run_cls(**opts)
         # a rank-distribution estimator's value is its fit's (the population's or the users'), as estimate() gives
         # it: the repeats of a design are fitted together
         batched = registry.get(run).family == "rank_distribution"
@@ -1094,7 +1102,7 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
                 assert isinstance(shape, PopularityWorld)
                 for j in js:
                     drawn = shape.sampled(exact_np[j], pop[0], m, _world_seed(seed, j), gen)
-                    e = estimate(spec, drawn, method=run, **opts)
+                    e = estimate(spec, drawn, run_method)
                     lo, hi = e.interval(0.95)
                     est[j], width[j] = e.value, hi - lo
                     tick()
@@ -1115,10 +1123,10 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
                 return
             for j in js:  # one estimator run per replicate (vectorised over users inside)
                 if cap is None:
-                    law_opt: dict[str, Any] = {} if replacement else {"sampling": law}
-                    est[j] = estimate(spec, sampled[j], n_t, m, method=run, **law_opt, **opts).value
+                    drawn_j = SampledRanks.from_arrays(sampled[j], n_t, m, SamplingDesign(m, replacement=replacement))
                 else:  # the estimator reads the sampled ranks (completion changes no r~)
-                    est[j] = estimate(spec, sampled[j], n_t, sizes[j], method=run, adaptive=(m, cap), **opts).value
+                    drawn_j = SampledRanks.from_arrays(sampled[j], n_t, sizes[j], SamplingDesign(m, adaptive_max=cap))
+                est[j] = estimate(spec, drawn_j, run_method).value
                 tick()
 
         top = m if cap is None else cap

@@ -466,6 +466,57 @@ class SampledRanks:
     popularity_stats: PopularityStats | None = None
     exact_ranks: torch.Tensor | None = None
 
+    @classmethod
+    def from_arrays(cls, ranks: TensorLike, n_items: TensorLike, n_samples: TensorLike | None = None,
+                    design: SamplingDesign | int | None = None, *, exact_ranks: TensorLike | None = None) -> "SampledRanks":
+        """Sampled ranks drawn elsewhere, with what estimation needs: the one constructor from plain arrays.
+
+        Args:
+            ranks: sampled ranks r~ in 1..m+1 (any shape, tensor or array, any device; 0 marks padding).
+            n_items: n, candidates per positive (the relevant item included): an int or per-positive values
+                broadcastable to ``ranks``.
+            n_samples: m, sampled irrelevant items: an int or per-positive values (an adaptive design: each
+                positive's final m); None: the design's m.
+            design: how the m items were drawn (:class:`~reco_sampled_plugin.design.SamplingDesign` or an int m):
+                None means uniform with replacement (the binomial law); ``SamplingDesign(m, replacement=False)``
+                the hypergeometric law; ``SamplingDesign(m, adaptive_max=cap)`` adaptive sampling (``n_samples``
+                then holds each positive's final m, checked against the stages at estimation). Popularity designs
+                are refused: their estimators read the draws' weights (use the SampledRanks of the draw).
+            exact_ranks: adaptive designs with ``exact_at_cap``: the exact rank R of each positive completed at
+                the cap, 0 elsewhere (:attr:`exact_ranks`).
+
+        Raises:
+            ValueError naming the argument (values are checked as at estimation: whole, in range, shapes that
+            broadcast).
+        """
+        from ._checks import check_rank_values, check_sizes
+
+        r = check_rank_values(ranks, "sampled_ranks", whole=True, padding=True)
+        n = check_sizes(n_items, "n_items", 0, like=r, like_name="sampled_ranks", device=r.device)
+        if design is not None:
+            design = as_design(design, name="design")
+            if design.popularity is not None:
+                raise ValueError("design: bare ranks cannot carry what popularity-sampled ranks need, each positive's "
+                                 "beating draws' 1/q~; pass the SampledRanks of the draw (sampled_ranks(..., "
+                                 "n_samples=SamplingDesign(m, popularity=w)), sampled_ranks_from_scorer)")
+        if n_samples is None:
+            if design is None:
+                raise ValueError("n_samples: required (None given) unless a design gives m")
+            if design.adaptive_max is not None:
+                raise ValueError("n_samples: an adaptive design needs each positive's final m (None given)")
+            m: Any = None
+        else:
+            m = check_sizes(n_samples, "n_samples", 0, like=r, like_name="sampled_ranks", device=r.device,
+                            maximum=MAX_SAMPLES)
+        if design is None:
+            first = m if isinstance(m, int) else int(m.max()) if m.numel() else 1
+            design = SamplingDesign(max(first, 1))
+        if isinstance(m, int) and m == design.n_samples and design.adaptive_max is None:
+            m = None  # the design's fixed m
+        sizes = None if m is None else torch.as_tensor(m, dtype=torch.int64, device=r.device).expand(r.shape)
+        e = None if exact_ranks is None else check_rank_values(exact_ranks, "exact_ranks", whole=True, padding=True)
+        return cls(r, torch.as_tensor(n, dtype=torch.int64, device=r.device), None, design, sizes, exact_ranks=e)
+
     def _legacy(self) -> tuple:
         if self.n_samples is not None:
             return (self.ranks, self.n_samples)

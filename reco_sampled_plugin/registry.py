@@ -31,15 +31,20 @@ checks every design it claims, and every entry point offers it.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypedDict
+from typing import Any, Callable, ClassVar, TypedDict
 
 __all__ = [
     "FAMILIES",
     "OPTION_KINDS",
     "Option",
     "Estimator",
+    "Method",
+    "COMMON_OPTIONS",
+    "method_class",
+    "as_method",
     "register",
     "unregister",
     "get",
@@ -232,7 +237,139 @@ class Estimator:
         return True
 
 
-_REGISTRY: dict[str, Estimator] = {}
+#: name -> the method class (its ``entry`` the :class:`Estimator` record), in table order
+_REGISTRY: dict[str, type["Method"]] = {}
+
+#: The options every method takes besides its own (fields of :class:`Method`).
+COMMON_OPTIONS = ("max_rel_n_spread", "top_shape")
+
+
+@dataclass(frozen=True, init=False)
+class Method:
+    """A frozen options object of one estimator: ``estimate(metric, sample, method=Bv(gamma=0.2))``.
+
+    Each registered estimator has one subclass (``Bv``, ``Mes``, ``Gmod``, ``Auto``, ...: :func:`method_class`),
+    built from its registry entry (the class attribute ``entry``, an :class:`Estimator`): its fields are the
+    entry's options (keyword-only, defaults from the table) plus the options every method takes:
+
+    - ``max_rel_n_spread``: None (a table or likelihood per distinct candidate count n) or s > 0 (counts moved
+      onto a geometric grid of n whose consecutive nodes lie within a factor 1 + s, flagged ``pooled_n``).
+    - ``top_shape``: the shape assumption of the identified interval (``identification.TopShape``; None: the
+      default shape).
+
+    Every value is checked once, at construction, by its option's kind (:data:`OPTION_KINDS`; a ValueError naming
+    the option: an option the method does not take, a NaN ``tol``, ``gamma`` outside [0, 1]...). A method name
+    given as a string means its class with the defaults (:func:`as_method`)."""
+
+    entry: ClassVar[Estimator]
+    max_rel_n_spread: float | None = None
+    top_shape: Any = None
+
+    def __init__(self, **options: Any) -> None:
+        entry = getattr(type(self), "entry", None)
+        if entry is None:
+            raise ValueError("Method: the base class has no estimator; use a registered class such as Bv or Mes "
+                             "(registry.method_class(name))")
+        allowed = entry.option_names + COMMON_OPTIONS
+        unknown = [k for k in options if k not in allowed]
+        if unknown:
+            key, own = unknown[0], entry.option_names
+            users = [e.name for e in entries() if key in e.option_names]
+            raise ValueError(f"{key}: method {entry.name!r} does not use it; "
+                             + (f"allowed options: {', '.join(own)}" if own else "it takes no options of its own")
+                             + f" (every method takes {', '.join(COMMON_OPTIONS)})"
+                             + (f"; {key} is an option of {', '.join(users)}" if users else ""))
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, options.get(f.name, f.default))
+        self.__post_init__()
+
+    def __post_init__(self) -> None:
+        entry = type(self).entry
+        for o in entry.options:
+            value = getattr(self, o.name)
+            object.__setattr__(self, o.name, o.default if value is None and o.named else o.check(value))
+        if self.max_rel_n_spread is not None:
+            from ._rank_hist import check_spread
+
+            object.__setattr__(self, "max_rel_n_spread", check_spread(self.max_rel_n_spread))
+        if self.top_shape is not None:
+            from .identification import TopShape
+
+            if not isinstance(self.top_shape, TopShape):
+                raise ValueError(f"top_shape: expected an identification.TopShape, got {type(self.top_shape).__name__}")
+        if entry.fits_distribution:  # the fit's own rules (gmod's df >= 4, mes's base measure), before any work
+            from .rank_distribution import check_fit_options
+
+            own = entry.family == "rank_distribution"
+            fit = {k: v for k, v in self.options().items() if own or k in fit_option_names()}
+            check_fit_options(entry.name if own else "mle", **fit)
+
+    @property
+    def name(self) -> str:
+        """The registered name (``"bv"``)."""
+        return type(self).entry.name
+
+    def options(self) -> dict[str, Any]:
+        """The method's own options (not the common ones) as the compute function reads them."""
+        return {o.name: getattr(self, o.name) for o in type(self).entry.options}
+
+    def given(self) -> dict[str, Any]:
+        """The options (common ones included) whose value differs from the default."""
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if v is not f.default and not _same(v, f.default):
+                out[f.name] = v
+        return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):  # arrays: ambiguous truth value
+        return False
+
+
+def _class_name(name: str) -> str:
+    """``"bv_mle"`` -> ``"BvMle"``; ``"none"`` -> ``"Uncorrected"`` (``None`` is Python's)."""
+    if name == "none":
+        return "Uncorrected"
+    return "".join(part[:1].upper() + part[1:] for part in name.replace("-", "_").split("_")) or "Method_"
+
+
+def _make_class(entry: Estimator) -> type[Method]:
+    """The method class of ``entry``: a frozen dataclass whose fields are its options (the table's defaults)."""
+    fields = [(o.name, Any, field(default=o.default)) for o in entry.options]
+    doc = f"Options of the estimator {entry.name!r} ({entry.family}): {entry.summary}."
+    if entry.options:
+        doc += "\n\nOptions: " + "; ".join(f"``{o.name}`` ({OPTION_KINDS[o.kind]}, default {o.default!r}): {o.summary}"
+                                          for o in entry.options) + "."
+    cls = dataclasses.make_dataclass(_class_name(entry.name), fields, bases=(Method,), frozen=True, init=False,
+                                     namespace={"entry": entry, "__doc__": doc})
+    cls.__module__ = __name__
+    return cls
+
+
+def method_class(name: Any) -> type[Method]:
+    """The class of the registered estimator ``name`` (``method_class("bv")`` is :data:`Bv`); a ValueError naming
+    ``method`` for an unknown name."""
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"method: unknown estimator {name!r}; use one of {names()}") from None
+
+
+def as_method(method: Any) -> Method:
+    """``method`` as a method object: a registered name means its class with the defaults; an object of a method
+    class is itself (whatever the registry holds now: the object carries its entry)."""
+    if isinstance(method, Method):
+        return method
+    if isinstance(method, str):
+        return method_class(method)()
+    if isinstance(method, type) and issubclass(method, Method) and method is not Method:
+        return method()
+    raise ValueError(f"method: expected a registered name such as 'auto' or a method object such as Bv(gamma=0.1), "
+                     f"got {type(method).__name__}")
 
 
 def _check_bool(x: Any, name: str) -> bool:
@@ -244,13 +381,17 @@ def _check_bool(x: Any, name: str) -> bool:
 
 
 def register(entry: Estimator, *, replace: bool = False) -> Estimator:
-    """Add ``entry`` to the registry (every entry point offers it from then on); ``replace`` to redefine."""
+    """Add ``entry`` to the registry (every entry point offers it from then on); ``replace`` to redefine. Its
+    method class is built from it (:func:`method_class`; its fields are the entry's options)."""
     if not isinstance(entry, Estimator):
         raise ValueError(f"entry: expected a registry.Estimator, got {type(entry).__name__}")
     replace = _check_bool(replace, "replace")
     if entry.name in _REGISTRY and not replace:
         raise ValueError(f"name: estimator {entry.name!r} is registered already (replace=True to redefine it)")
-    _REGISTRY[entry.name] = entry
+    clash = [o.name for o in entry.options if o.name in COMMON_OPTIONS or o.name in ("entry", "name", "options", "given")]
+    if clash:
+        raise ValueError(f"options: {clash[0]!r} is reserved (every method takes {', '.join(COMMON_OPTIONS)})")
+    _REGISTRY[entry.name] = _make_class(entry)
     return entry
 
 
@@ -261,14 +402,13 @@ def unregister(name: str) -> None:
 
 def get(name: Any) -> Estimator:
     """The entry of ``name``, or a ValueError naming ``method`` and listing the registered estimators."""
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"method: unknown estimator {name!r}; use one of {names()}") from None
+    if isinstance(name, Method):
+        return type(name).entry
+    return method_class(name).entry
 
 
 def entries() -> tuple[Estimator, ...]:
-    return tuple(_REGISTRY.values())
+    return tuple(c.entry for c in _REGISTRY.values())
 
 
 def names(*, family: str | tuple[str, ...] | None = None, adaptive: bool | None = None,
@@ -279,7 +419,7 @@ def names(*, family: str | tuple[str, ...] | None = None, adaptive: bool | None 
     kind: Any = None if metric is None else getattr(metric, "kind", None) or _metric_kind(metric)
     fams = (family,) if isinstance(family, str) else family
     out = []
-    for e in _REGISTRY.values():
+    for e in entries():
         if fams is not None and e.family not in fams:
             continue
         if adaptive is not None and e.adaptive != adaptive:
@@ -308,7 +448,7 @@ def _metric_kind(name: str) -> str:
 
 def method_options() -> dict[str, tuple[str, ...]]:
     """{method: the names of the options it takes} (``estimators.METHOD_OPTIONS``)."""
-    return {e.name: e.option_names for e in _REGISTRY.values()}
+    return {e.name: e.option_names for e in entries()}
 
 
 def fit_option_names() -> tuple[str, ...]:
@@ -419,6 +559,24 @@ _BUILTIN = (
 for _entry in _BUILTIN:
     register(_entry)
 del _entry
+
+# the built-in method classes (module docstring of ``estimators``): ``Bv(gamma=0.2)``, ``Mes(n_bootstrap=0)``...
+Linear = method_class("linear")
+Bound = method_class("bound")
+Beta = method_class("beta")
+BetaFit = method_class("beta_fit")
+Mle = method_class("mle")
+Mes = method_class("mes")
+Gmod = method_class("gmod")
+Auto = method_class("auto")
+Uncorrected = method_class("none")
+RankEstimate = method_class("rank_estimate")
+Ls = method_class("ls")
+Cls = method_class("cls")
+Bv = method_class("bv")
+BvMle = method_class("bv_mle")
+Hh = method_class("hh")
+PlFit = method_class("pl_fit")
 
 #: The default estimator of ``estimate()`` (docs/estimators.md), and of every entry point that runs an estimator:
 #: the Lightning callback and torchmetrics' ``SampledRankingMetrics`` (with ``none``), RecBole's ``RankDist*``

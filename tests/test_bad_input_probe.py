@@ -219,16 +219,17 @@ def _cli(argv: list[str]) -> tuple[int, str, str]:
     return rc, out.getvalue(), err.getvalue()
 
 
-def test_cli_gamma_without_a_method_that_uses_it(tmp_path):
+def test_cli_option_without_a_method_that_uses_it(tmp_path):
     f = tmp_path / "ranks.txt"
     f.write_text("1,100,10\n3,100,10\n5,100,10\n")
-    rc, _, err = _cli(["estimate", str(f), "--method", "mes", "--gamma", "0.3", "--no-progress"])
-    assert rc == 2 and err.startswith("reco-sampled: error: --gamma") and "Traceback" not in err
-    rc, out, _ = _cli(["estimate", str(f), "--method", "bv", "--gamma", "0.3", "--no-progress"])
+    rc, _, err = _cli(["estimate", str(f), "--method", "mes", "--option", "gamma=0.3", "--no-progress"])
+    assert rc == 2 and err.startswith("reco-sampled: error: --option: gamma") and "Traceback" not in err
+    rc, out, _ = _cli(["estimate", str(f), "--method", "bv", "--option", "gamma=0.3", "--no-progress"])
     assert rc == 0
-    want = rsp.estimate("ndcg@10", torch.tensor([1, 3, 5]), 100, 10, method="bv", gamma=0.3).value
+    sample = rsp.SampledRanks.from_arrays(torch.tensor([1, 3, 5]), 100, 10)
+    want = rsp.estimate("ndcg@10", sample, rsp.registry.Bv(gamma=0.3)).value
     assert f"{want:.4f}"[:5] in out  # the bv value with gamma 0.3 is printed
-    rc, _, _ = _cli(["estimate", str(f), "--method", "mes", "--no-progress"])  # no --gamma: fine
+    rc, _, _ = _cli(["estimate", str(f), "--method", "mes", "--no-progress"])  # no --option: fine
     assert rc == 0
 
 

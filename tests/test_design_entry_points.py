@@ -77,18 +77,18 @@ def test_evaluate_factors_design():
     train, test, u, v = _factor_data()
     kw = dict(k=5, metrics=["ndcg@5", "hit@5"], seed=3)
     # (a) SamplingDesign(m) is the int m; with and without replacement
-    _same_factor_results(evaluate_factors(train, test, u, v, n_samples=10, correction="bv", **kw),
-                         evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10), correction="bv", **kw))
+    _same_factor_results(evaluate_factors(train, test, u, v, n_samples=10, method="bv", **kw),
+                         evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10), method="bv", **kw))
     _same_factor_results(
-        evaluate_factors(train, test, u, v, n_samples=10, replacement=False, correction="cls", **kw),
-        evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10, replacement=False), correction="cls", **kw))
+        evaluate_factors(train, test, u, v, n_samples=10, replacement=False, method="cls", **kw),
+        evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10, replacement=False), method="cls", **kw))
     # (b) the adaptive design is the loose adaptive_max
     _same_factor_results(
-        evaluate_factors(train, test, u, v, n_samples=10, adaptive_max=40, correction="none", **kw),
-        evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10, adaptive_max=40), correction="none", **kw))
+        evaluate_factors(train, test, u, v, n_samples=10, adaptive_max=40, method="none", **kw),
+        evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10, adaptive_max=40), method="none", **kw))
     # (c) an estimator that does not support the design, named
-    with pytest.raises(ValueError, match="^correction: 'bv' assumes one fixed m"):
-        evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10, adaptive_max=40), correction="bv", **kw)
+    with pytest.raises(ValueError, match="^method: 'bv' assumes one fixed m"):
+        evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10, adaptive_max=40), method="bv", **kw)
     # loose keywords next to a design are refused (they would be ignored)
     with pytest.raises(ValueError, match="^adaptive_max: given next to a sampling design"):
         evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10), adaptive_max=40, **kw)
@@ -101,19 +101,19 @@ def test_evaluate_factors_registered_estimator_is_known(bv_copy):
 
     train, test, u, v = _factor_data()
     # known (not "unknown estimator"), its design support and its gamma option read from its entry
-    with pytest.raises(ValueError, match="^correction: 'bv_copy' assumes one fixed m"):
-        evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10, adaptive_max=40), correction="bv_copy")
-    with pytest.raises(ValueError, match="^gamma: only the corrections 'bv', 'bv_mle' and 'bv_copy' use it"):
-        evaluate_factors(train, test, u, v, n_samples=10, correction="ls", gamma=0.2)
+    with pytest.raises(ValueError, match="^method: 'bv_copy' assumes one fixed m"):
+        evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10, adaptive_max=40), method="bv_copy")
+    with pytest.raises(ValueError, match="^gamma: method 'ls' does not use it.*option of bv, bv_mle, bv_copy"):
+        evaluate_factors(train, test, u, v, n_samples=10, method=registry.Ls(gamma=0.2))
 
 
 def test_evaluate_factors_runs_a_registered_estimator(bv_copy):
     from reco_sampled_plugin import evaluate_factors
 
     train, test, u, v = _factor_data()
-    kw = dict(k=5, metrics=["ndcg@5"], seed=3, n_samples=SamplingDesign(10), gamma=0.2)
-    a = evaluate_factors(train, test, u, v, correction="bv", **kw).summary
-    b = evaluate_factors(train, test, u, v, correction="bv_copy", **kw).summary
+    kw = dict(k=5, metrics=["ndcg@5"], seed=3, n_samples=SamplingDesign(10))
+    a = evaluate_factors(train, test, u, v, method=registry.Bv(gamma=0.2), **kw).summary
+    b = evaluate_factors(train, test, u, v, method=registry.method_class("bv_copy")(gamma=0.2), **kw).summary
     assert a.equals(b)
 
 

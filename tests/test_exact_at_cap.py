@@ -255,7 +255,7 @@ def test_option_is_validated_and_refused_where_state_cannot_hold_exact_ranks():
     assert design != SamplingDesign(10, adaptive_max=40) and "exact" in design.describe() and "exact_at_cap" in repr(design)
     hist = sampled_rank_histogram(torch.tensor([2, 1, 4]), 100, 10, exact_ranks=torch.tensor([0, 3, 0]))
     for method in ("bv", "none", "rank_estimate"):  # an exact R is no sampled rank among n - 1 draws
-        with pytest.raises(ValueError, match=r"^sampled_ranks: the histogram has exact groups"):
+        with pytest.raises(ValueError, match=r"^sample: the histogram has exact groups"):
             rsp.estimate("ndcg@10", hist, method=method)
     assert np.isfinite(rsp.estimate("ndcg@10", hist, method="mle", n_bootstrap=0).value)
     from reco_sampled_plugin.rank_files import write_rank_file
@@ -270,7 +270,7 @@ def test_option_is_validated_and_refused_where_state_cannot_hold_exact_ranks():
         SampledRankingMetrics(["ndcg@10"], n_samples=design, estimators=["mes"])
     scores, pos, _ = _problem(1)
     with pytest.raises(ValueError, match=r"^n_samples: exact_at_cap .*evaluate_factors"):
-        rsp.evaluate_factors(torch.randn(4, 3), torch.randn(20, 3), pos[:4, :1], n_samples=design, correction="mes")
+        rsp.evaluate_factors(torch.randn(4, 3), torch.randn(20, 3), pos[:4, :1], n_samples=design, method="mes")
     from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
 
     with pytest.raises(ValueError, match=r"^n_samples: exact_at_cap .*RankingMetricsCallback"):

@@ -300,8 +300,8 @@ def test_bad_input_names_the_argument(data):
         evaluate_factors(x_train, x_test, a, b, metrics=["nope"])
     with pytest.raises(ValueError, match="ties"):
         evaluate_factors(x_train, x_test, a, b, ties="sometimes")
-    with pytest.raises(ValueError, match="correction"):
-        evaluate_factors(x_train, x_test, a, b, correction="bv")
+    with pytest.raises(ValueError, match="^method: "):
+        evaluate_factors(x_train, x_test, a, b, method="bv")
 
 
 def _uniform_rows(n_users, n_items, n_train, n_test, seed):
@@ -342,7 +342,7 @@ def test_sampled_side_every_irrelevant_item_gives_the_exact_rank():
 def test_sampled_side_with_corrections():
     x_train, x_test, a, b = _uniform_rows(300, 200, 10, 4, 1)
     res = evaluate_factors(x_train, x_test, a, b, k=10, metrics=["recall", "ndcg", "auc"], n_samples=20,
-                           correction="none", seed=3)
+                           method="none", seed=3)
     s = res.sampled
     assert bool((s.sampled_ranks >= 1).all()) and bool((s.sampled_ranks <= 21).all())
     top = s.exact_ranks == 1
@@ -350,7 +350,7 @@ def test_sampled_side_with_corrections():
     for name, est in res.estimates.items():
         assert est.value == pytest.approx(res.summary.loc[name, "sampled"], rel=1e-12)
     bv = evaluate_factors(x_train, x_test, a, b, k=10, metrics=["recall", "auc"], n_samples=20,
-                          correction="bv", seed=3, as_df=False)
+                          method="bv", seed=3, as_df=False)
     # sampled AUC is unbiased; the corrected recall lands near the exact one (random factors: recall ~ 10/190)
     auc = bv.summary["ROC_AUC"]
     assert abs(auc["corrected"] - auc["exact"]) < 4 * auc["stderr"] + 0.01
@@ -367,7 +367,7 @@ def test_adaptive_sampling_equals_the_core_on_the_same_draws():
 
     x_train, x_test, a, b = _uniform_rows(200, 3000, 10, 2, 4)
     res = evaluate_factors(x_train, x_test, a, b, k=10, metrics=["ndcg", "hit"], n_samples=10, adaptive_max=160,
-                           correction="mes", seed=5)
+                           method="mes", seed=5)
     s = res.sampled
     assert s.adaptive_max == 160 and s.n_samples == 10
     assert set(s.sample_sizes.unique().tolist()) <= {10, 20, 40, 80, 160}
@@ -394,7 +394,7 @@ def test_adaptive_sampling_equals_the_core_on_the_same_draws():
     for kwargs, msg in (
         ({"adaptive_max": 5}, "adaptive_max"),
         ({"adaptive_max": 160, "replacement": False}, "with replacement"),
-        ({"adaptive_max": 160, "correction": "bv"}, "fixed m"),
+        ({"adaptive_max": 160, "method": "bv"}, "fixed m"),
     ):
         with pytest.raises(ValueError, match=msg):
             evaluate_factors(x_train, x_test, a, b, k=10, n_samples=10, **kwargs)

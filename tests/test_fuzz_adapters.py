@@ -109,7 +109,7 @@ EVALUATE_OPTIONS = {  # (valid values, bad or edge values) per option of evaluat
     "k": ([3, 5], [-1, 0, 2.0, True, "5", 10**12]),
     "metrics": ([None, "all", ["ndcg@3", "hit", "roc_auc"]], [["magic"], [], ["ndcg@0"], ["ndcg@99"]]),
     "n_samples": ([None, 4, 20], [-1, 0, 4.5, math.nan, 2**40, "4"]),
-    "correction": ([None, "bv", "mes", "none"], ["magic", 3]),
+    "method": ([None, "bv", "mes", "none"], ["magic", 3]),
     "ties": (["pessimistic", "average", "random", "optimistic"], ["sideways", None]),
     "batch_size": ([None, 1, 5], [0, -3, 2.5]),
     "adaptive_max": ([None], [3, 2.5, -1, 2**40]),
@@ -132,8 +132,8 @@ def test_evaluate_factors(broken, bad_kind, data, seed):
                for name, (good, bad) in EVALUATE_OPTIONS.items()}
     if options["adaptive_max"] is not None:
         options["n_samples"] = 4
-    if options["correction"] is not None and options["n_samples"] is None:
-        options["correction"] = None
+    if options["method"] is not None and options["n_samples"] is None:
+        options["method"] = None
 
     def check(out):
         frame = out.metrics if hasattr(out, "metrics") else out

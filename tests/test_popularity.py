@@ -260,7 +260,7 @@ def test_concentrated_weights_are_flagged():
 # --------------------------------------------------------------------------------------------- other paths
 def test_evaluate_factors_carries_the_statistics_and_corrects_auc():
     train, test, a, b, design = factor_world()
-    res = rsp.evaluate_factors(train, test, a, b, metrics=["roc_auc"], n_samples=design, correction="hh",
+    res = rsp.evaluate_factors(train, test, a, b, metrics=["roc_auc"], n_samples=design, method="hh",
                                as_df=False)
     ev = res.sampled
     assert ev.popularity_stats is not None
@@ -273,9 +273,9 @@ def test_evaluate_factors_carries_the_statistics_and_corrects_auc():
                                                  popularity_stats=ev.popularity_stats), method="hh")
     assert row["corrected"] == again.value and abs(row["corrected"] - row["exact"]) <= 4 * row["stderr"]
     with pytest.raises(ValueError, match="^metrics: correction 'hh' estimates auc only"):
-        rsp.evaluate_factors(train, test, a, b, n_samples=design, correction="hh")
-    with pytest.raises(ValueError, match="^correction: 'bv' assumes uniform sampling.*'hh'"):
-        rsp.evaluate_factors(train, test, a, b, metrics=["roc_auc"], n_samples=design, correction="bv")
+        rsp.evaluate_factors(train, test, a, b, n_samples=design, method="hh")
+    with pytest.raises(ValueError, match="^method: 'bv' assumes uniform sampling.*'hh'"):
+        rsp.evaluate_factors(train, test, a, b, metrics=["roc_auc"], n_samples=design, method="bv")
 
 
 def test_registry_views():

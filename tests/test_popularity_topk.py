@@ -172,7 +172,7 @@ def test_evaluate_factors_corrects_top_k_with_pl_fit():
     """Factor models draw through the same helper, so their statistics carry the popularity classes: pl_fit's
     NDCG@10 from ``evaluate_factors`` equals ``estimate`` on the SampledRanks it keeps."""
     train, test, a, b, design = factor_world()
-    res = rsp.evaluate_factors(train, test, a, b, metrics=["ndcg@10"], n_samples=design, correction="pl_fit",
+    res = rsp.evaluate_factors(train, test, a, b, metrics=["ndcg@10"], n_samples=design, method="pl_fit",
                                as_df=False)
     ev = res.sampled
     assert ev.popularity_stats.profile.shape == ev.sampled_ranks.shape + (16,)
