@@ -15,6 +15,15 @@ settings.load_profile("fast")
 # Small inputs stay on the eager counting path; tests that exercise the compiled kernel say so.
 os.environ.setdefault("RECO_SAMPLED_BACKEND", "auto")
 
+# `make test` runs the suite on every core with pytest-xdist (pyproject's addopts: -n auto): each worker then takes its
+# share of the cores for torch's intra-op pool (and passes it to the subprocesses it starts), so that two workers
+# on two cores do not run four spinning threads.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _share = str(max(1, (os.cpu_count() or 1) // _WORKERS))
+    os.environ.setdefault("OMP_NUM_THREADS", _share)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
@@ -50,3 +59,40 @@ def backend(request):
     counting.set_backend(request.param)
     yield request.param
     counting.set_backend(before)
+
+
+# ------------------------------------------------------------------ real data and trained recommenders, shared
+# MovieLens 100k (inside the recbole wheel) and ml-latest-small (inside this package) with the paper's four
+# recommenders trained once per test process (deterministic: seed 0), and the held-out items' exact ranks.
+@pytest.fixture(scope="session")
+def ml100k_split():
+    """The leave-last-out split of MovieLens 100k (``datasets.load_ml100k()``)."""
+    from reco_sampled_plugin import datasets
+
+    return datasets.load_ml100k()
+
+
+@pytest.fixture(scope="session")
+def ml100k_models(ml100k_split):
+    """``baselines.train_all(split.train, seed=0)``: iALS, ItemKNN(q=3), ItemKNN(q=1,k'=10), Popularity."""
+    from reco_sampled_plugin import baselines
+
+    return baselines.train_all(ml100k_split.train, seed=0)
+
+
+@pytest.fixture(scope="session")
+def ml100k_held_out(ml100k_split, ml100k_models):
+    """``baselines.held_out_ranks(models, split)``: ({name: exact ranks of the held-out item}, n per user)."""
+    from reco_sampled_plugin import baselines
+
+    return baselines.held_out_ranks(ml100k_models, ml100k_split)
+
+
+@pytest.fixture(scope="session")
+def ml_latest_small_held_out():
+    """ItemKNN(q=3) and Popularity on ml-latest-small's leave-last-out split: ({name: exact ranks}, n per user)."""
+    from reco_sampled_plugin import baselines, datasets
+
+    split = datasets.load_ml_latest_small()
+    models = {"ItemKNN(q=3)": baselines.ItemKNN(q=3).fit(split.train), "Popularity": baselines.Popularity().fit(split.train)}
+    return baselines.held_out_ranks(models, split)

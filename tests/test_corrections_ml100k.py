@@ -23,14 +23,14 @@ METRICS = ["recall@10", "ndcg@10", "ap"]
 
 
 @pytest.fixture(scope="module")
-def ml100k():
-    split = datasets.load_ml100k()  # ships inside the recbole wheel (a test dependency)
+def ml100k(ml100k_split, ml100k_models):
+    split = ml100k_split  # the session's split and trained recommenders (tests/conftest.py)
     users = split.test_users
     test = torch.from_numpy(split.test_items[users])
     train = split.train[users]
     exclude = torch.from_numpy(train.toarray() > 0)
     n_candidates = torch.from_numpy(split.n_items - np.diff(train.indptr)).to(torch.int64)
-    models = baselines.train_all(split.train, seed=0)
+    models = ml100k_models
     ranks = {
         name: exact_ranks(model.score(users), test, exclude, count_other_positives=False).reshape(-1)
         for name, model in models.items()

@@ -98,15 +98,12 @@ def test_bounds_match_the_extreme_shapes_of_the_first_bin():
     assert wide.hi < 0.5
 
 
-def test_identified_interval_covers_on_ml100k_and_is_wider_than_sampling():
+def test_identified_interval_covers_on_ml100k_and_is_wider_than_sampling(ml100k_held_out):
     """Coverage of Estimate.interval(0.95) for the default estimator on ml-100k sampled at m = 100 (fixed seed):
     20 repeats x 2 recommenders x 3 unresolved metrics. With true coverage 0.95 the count of misses out of 120 is
     Binomial(120, 0.05): mean 6, sd 2.4; more than 18 misses (coverage < 0.85) is a > 5 sd event."""
-    from reco_sampled_plugin import baselines, datasets
-
-    split = datasets.load_ml100k()
-    models = {"pop": baselines.Popularity().fit(split.train), "knn": baselines.ItemKNN(q=3).fit(split.train)}
-    ranks, n_u = baselines.held_out_ranks(models, split)
+    held_out, n_u = ml100k_held_out  # the session's trained recommenders (tests/conftest.py)
+    ranks = {"pop": held_out["Popularity"], "knn": held_out["ItemKNN(q=3)"]}
     misses, total, widths = 0, 0, []
     for i, r in enumerate(ranks.values()):
         draws = draw_sampled_ranks(r, n_u, 100, repeats=20, seed=11 + i)

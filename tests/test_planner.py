@@ -52,19 +52,13 @@ KNOWN_MISSES = {
 
 # ------------------------------------------------------------------------------------ real recommenders
 @pytest.fixture(scope="module")
-def exact_rank_sets():
+def exact_rank_sets(ml100k_held_out, ml_latest_small_held_out):
     """Exact ranks of the held-out item (leave-last-out) for two cheap recommenders of different shape on each data
-    set: ItemKNN(q=3) (Krichene & Rendle's Y) and popularity. About 8 s in all (ItemKNN on ml-latest-small ~4 s)."""
-    from reco_sampled_plugin import baselines, datasets
-
+    set: ItemKNN(q=3) (Krichene & Rendle's Y) and popularity (the session's shared fixtures, tests/conftest.py)."""
     out = {}
-    for name, loader in (("ml-100k", datasets.load_ml100k), ("ml-latest-small", datasets.load_ml_latest_small)):
-        split = loader()
-        models = {"ItemKNN(q=3)": baselines.ItemKNN(q=3).fit(split.train),
-                  "Popularity": baselines.Popularity().fit(split.train)}
-        ranks, n_u = baselines.held_out_ranks(models, split)
-        for model, r in ranks.items():
-            out[(name, model)] = (r, n_u)
+    for name, (ranks, n_u) in (("ml-100k", ml100k_held_out), ("ml-latest-small", ml_latest_small_held_out)):
+        for model in ("ItemKNN(q=3)", "Popularity"):
+            out[(name, model)] = (ranks[model], n_u)
     return out
 
 
