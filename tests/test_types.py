@@ -125,7 +125,8 @@ def test_make_test_runs_mypy_before_pytest():
     target = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, flags=re.M)
     assert target is not None
     recipe = [line.strip() for line in target.group(1).splitlines()]
-    assert recipe[:2] == ["$(BIN)/python -m mypy", "$(BIN)/python -m pytest -q"]
+    assert recipe[0] == "$(BIN)/python -m mypy"
+    assert recipe[1].startswith("$(BIN)/python -m pytest -q")
 
 
 @pytest.mark.parametrize("requirement", ["mypy", "types-PyYAML"])
