@@ -6,16 +6,15 @@ without an edit here. ``estimate`` and ``reproduce`` turn ``--n-samples`` / ``--
 into one :class:`~reco_sampled_plugin.design.SamplingDesign` (``as_design``).
 
 Building the parser imports neither torch nor scipy (each command imports what it needs), so ``--help`` is instant.
-Every flag is the name of the Python parameter it fills, ``-`` for ``_`` (``--n-users`` is ``plan(n_users=...)``);
-renamed flags keep their old spelling as a hidden alias that still works and says it is deprecated
-(tests/test_cli_surface.py checks both).
+Every flag is the name of the Python parameter it fills, ``-`` for ``_`` (``--n-users`` is ``plan(n_users=...)``;
+tests/test_cli_surface.py checks it).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable
 
 from . import __version__, registry
 
@@ -57,34 +56,6 @@ def _sampling_design(n_samples: int, sampling: str, adaptive_max: int | None) ->
     from .design import as_design
 
     return as_design(n_samples, replacement=sampling == "binomial", adaptive_max=adaptive_max)
-
-
-class _DeprecatedAlias(argparse.Action):
-    """An old spelling of an option, hidden from ``--help``: stores into the new option's ``dest`` and says once on
-    stderr which flag replaces it."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, new: str = "", **kwargs: Any) -> None:
-        self.new = new
-        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        print(f"reco-sampled: {option_string} is deprecated; use {self.new} (the Python parameter's name)",
-              file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
-def _add_alias(parser: argparse.ArgumentParser, old: str, new: str, **kwargs: Any) -> None:
-    """Keep ``old`` working as a hidden, deprecated spelling of the option ``new`` (same dest, type and metavar)."""
-    dest = new.lstrip("-").replace("-", "_")
-    parser.add_argument(old, action=_DeprecatedAlias, dest=dest, new=new, **kwargs)
-
-
-def _require(args: argparse.Namespace, *flags: str) -> None:
-    """A required option that has a deprecated alias cannot be ``required=True`` in argparse: checked here."""
-    missing = [f for f in flags if getattr(args, f.lstrip("-").replace("-", "_")) is None]
-    if missing:
-        raise ValueError(f"{', '.join(missing)}: required")
 
 
 def _add_progress(parser: argparse.ArgumentParser) -> None:
@@ -369,8 +340,7 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
         epilog=_methods_epilog(registry.names()), formatter_class=_HelpFormatter,
     )
     p.add_argument("--n-items", type=int, required=True, help="catalogue size n (candidates per user)")
-    p.add_argument("--n-users", type=int, help="users (held-out positives) in the evaluation (required)")
-    _add_alias(p, "--users", "--n-users", type=int)
+    p.add_argument("--n-users", type=int, required=True, help="users (held-out positives) in the evaluation")
     p.add_argument("--metric", required=True, help="metric, e.g. ndcg@10, hit@10, mrr")
     p.add_argument("--target-rel-error", type=float, required=True, help="target relative error, e.g. 0.05")
     p.add_argument("--pilot", help="rank file of a pilot's sampled ranks ('rank[,n_candidates[,n_samples]]' lines)")
@@ -409,7 +379,6 @@ def run_plan(args: argparse.Namespace) -> int:
     """Run the ``plan`` subcommand: print ``plan(...).format()``; returns 0 (bad input raises ValueError)."""
     from .planner import plan
 
-    _require(args, "--n-users")
     pilot = pilot_n = pilot_m = pilot_design = None
     if args.pilot is not None:
         from .rank_files import read_rank_file
@@ -595,8 +564,6 @@ def build_parser() -> argparse.ArgumentParser:
                           "each positive's final m); the estimators marked [adaptive] below")
     est.add_argument("--test-rating", help="NCF .test.rating file ('user item' per line)")
     est.add_argument("--test-negative", help="NCF .test.negative file ('(user,item) neg1 neg2 ...' per line)")
-    _add_alias(est, "--ncf-rating", "--test-rating")
-    _add_alias(est, "--ncf-negative", "--test-negative")
     est.add_argument("--scores", help="'user item score' lines for the NCF pairs")
     _add_progress(est)
     est.set_defaults(func=_cmd_estimate)
