@@ -133,12 +133,10 @@ def _checked_config(cfg: ReproduceConfig) -> ReproduceConfig:
         ("rank_dist_methods", cfg.rank_dist_methods, lambda e: e.fits_distribution),
     )
     fixed = SamplingDesign(design.n_samples, replacement=design.replacement)  # Tables 3 and 4: fixed m
-    from .corrections import check_method
-
     for key, labels, fits in groups:
         for label in labels:
             base = str(label).partition(":")[0]
-            entry = registry.get(check_method(base) if key == "methods" else base)  # the corrections' aliases
+            entry = registry.get(base)
             if not fits(entry):
                 raise ValueError(f"{key}: {label!r} is a {entry.family} estimator; use some of "
                                  f"{tuple(n for n in registry.names() if fits(registry.get(n)))}")

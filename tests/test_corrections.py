@@ -517,3 +517,10 @@ def test_bv_mle_tables_refused_by_the_diagonal_equal_the_stacked_least_squares(m
     want = [estimate(k, sampled, n, 100, method="bv_mle").value for k in ("ndcg@10", "recall@10")]
     corr.clear_correction_cache()
     assert got == want
+
+
+@pytest.mark.parametrize("name", ["sampled", "uncorrected", "rank", "minimal_bias", "constrained_ls", "bias_variance", "BV"])
+def test_only_registry_names_name_a_correction(name):
+    with pytest.raises(ValueError, match=r"^method: unknown correction .*; use one of \('none', 'rank_estimate', 'ls', "
+                                         r"'cls', 'bv'\)"):
+        correction_table("hit@10", 100, 10, name)
