@@ -48,7 +48,8 @@ def simulated_error(r: np.ndarray, n_u: np.ndarray, design: tuple[int, int | Non
             s = simulate_sampled_ranks(rt, nt, m, "binomial", gen)
             value = estimate(TARGET_METRIC, s, nt, m, n_bootstrap=0).value
         else:
-            s, sizes = adaptive_sampled_ranks_from_exact(rt, nt, m, cap, gen)
+            drawn = adaptive_sampled_ranks_from_exact(rt, nt, m, cap, gen)
+            s, sizes = drawn.ranks, drawn.n_samples
             value = estimate(TARGET_METRIC, s, nt, sizes, adaptive=(m, cap), n_bootstrap=0).value
         err.append(value - truth)
         truths.append(truth)
@@ -79,8 +80,9 @@ def main(argv=None) -> None:
         for draw in range(args.draws):
             pick = np.random.default_rng(99 + draw).choice(len(r), args.pilot_users, replace=False)
             gen = torch.Generator().manual_seed(2024 + draw)
-            pr, sizes = adaptive_sampled_ranks_from_exact(torch.from_numpy(r[pick]), torch.from_numpy(n_u[pick]),
-                                                          100, cap, gen)
+            drawn = adaptive_sampled_ranks_from_exact(torch.from_numpy(r[pick]), torch.from_numpy(n_u[pick]),
+                                                      100, cap, gen)
+            pr, sizes = drawn.ranks, drawn.n_samples
             p = planner.plan(n_u, len(n_u), TARGET_METRIC, TARGET, pilot=pr, pilot_n_items=n_u[pick],
                              pilot_n_samples=sizes, pilot_adaptive=(100, cap), designs=grid, repeats=20, seed=1)
             rec = p.recommended

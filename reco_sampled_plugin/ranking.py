@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, NamedTuple, Sequence, overload
+from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Sequence, overload
 
 import torch
 
@@ -452,9 +452,7 @@ class SampledRanks:
         the uncorrected sampled metric (``none``) is unchanged; the rank-distribution fits read a completed
         positive as the point mass at its R (:meth:`histogram`).
 
-    ``estimate(metric, sampled)`` takes it alone. For compatibility it unpacks like the tuples the draws
-    returned before the design object: ``ranks, n_candidates, negatives = sampled_ranks(...)`` for a fixed m,
-    ``ranks, sizes = adaptive_sampled_ranks(...)`` for an adaptive design.
+    ``estimate(metric, sampled)`` takes it alone; its parts are read by attribute (it does not unpack).
     """
 
     ranks: torch.Tensor
@@ -465,20 +463,6 @@ class SampledRanks:
     cost: Any = None  # a scorer_ranks.ScoringCost (not imported here: scorer_ranks builds on this module)
     popularity_stats: PopularityStats | None = None
     exact_ranks: torch.Tensor | None = None
-
-    def _legacy(self) -> tuple:
-        if self.n_samples is not None:
-            return (self.ranks, self.n_samples)
-        return (self.ranks, self.n_candidates, self.negatives)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._legacy())
-
-    def __getitem__(self, i: int) -> Any:
-        return self._legacy()[i]
-
-    def __len__(self) -> int:
-        return len(self._legacy())
 
     def sizes(self) -> torch.Tensor | int:
         """m per positive: the adaptive sizes, else the design's m."""

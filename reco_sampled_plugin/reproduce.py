@@ -294,7 +294,8 @@ def _adaptive_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: Re
     for i, (name, r) in enumerate(ranks.items()):
         gen = torch.Generator().manual_seed(cfg.seed + 104_729 * (i + 1))
         runs = r.unsqueeze(0).expand(cfg.repeats, -1)
-        s_ranks, sizes = adaptive_sampled_ranks_from_exact(runs, n_cand, design.n_samples, design.cap, gen)
+        drawn = adaptive_sampled_ranks_from_exact(runs, n_cand, design.n_samples, design.cap, gen)
+        s_ranks, sizes = drawn.ranks, cast(torch.Tensor, drawn.n_samples)  # an adaptive draw carries its sizes
         hists = [pool_by_n(sampled_rank_histogram(d, n_np, z), 0.1) for d, z in zip(s_ranks.numpy(), sizes.numpy())]
         fits = estimate_rank_distributions(hists, "mes", sampling="binomial")
         values = torch.from_numpy(np.stack([f.values(metrics) for f in fits]))

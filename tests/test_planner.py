@@ -86,7 +86,8 @@ def simulated_errors(r: np.ndarray, n_u: np.ndarray, metric: str, m: int, cap, r
             s = simulate_sampled_ranks(rt, nt, m, "binomial", gen)
             value = estimate(metric, s, nt, m, n_bootstrap=0).value
         else:
-            s, sizes = adaptive_sampled_ranks_from_exact(rt, nt, m, cap, gen)
+            drawn = adaptive_sampled_ranks_from_exact(rt, nt, m, cap, gen)
+            s, sizes = drawn.ranks, drawn.n_samples
             value = estimate(metric, s, nt, sizes, adaptive=(m, cap), n_bootstrap=0).value
         err[j] = value - truths[j]
     scale = truths.mean()
@@ -108,7 +109,8 @@ def test_prediction_matches_simulation(exact_rank_sets, dataset, model, metric):
     numbers are in the planner's report)."""
     r, n_u = exact_rank_sets[(dataset, model)]
     gen = torch.Generator().manual_seed(2024)
-    pilot, sizes = adaptive_sampled_ranks_from_exact(torch.from_numpy(r), torch.from_numpy(n_u), *PILOT, gen)
+    drawn = adaptive_sampled_ranks_from_exact(torch.from_numpy(r), torch.from_numpy(n_u), *PILOT, gen)
+    pilot, sizes = drawn.ranks, drawn.n_samples
     result = plan(n_u, len(n_u), metric, 0.1, pilot=pilot, pilot_n_items=n_u, pilot_n_samples=sizes,
                   pilot_adaptive=PILOT, designs=DESIGNS, repeats=REPEATS, seed=1, screen=False, forecast_all=True)
     assert result.shape_source.startswith("pilot")
@@ -282,7 +284,8 @@ def test_cli_plan_with_adaptive_pilot(tmp_path, capsys):
     gen = torch.Generator().manual_seed(11)
     n = 3000
     exact = torch.randint(1, 301, (500,), generator=gen)  # a recommender that ranks every positive in the top 10%
-    ranks, sizes = adaptive_sampled_ranks_from_exact(exact, n, 50, 800, gen)
+    drawn = adaptive_sampled_ranks_from_exact(exact, n, 50, 800, gen)
+    ranks, sizes = drawn.ranks, drawn.n_samples
     path = tmp_path / "pilot.csv"
     path.write_text("rank,n_candidates,n_samples\n" + "".join(f"{r},{n},{m}\n" for r, m in zip(ranks.tolist(),
                                                                                                sizes.tolist())))

@@ -63,8 +63,9 @@ def _pilot(cap: int, seed: int = 0):
     n = 20_000
     exact = np.minimum(np.floor(np.exp(rng.uniform(0, math.log(n), 1000))).astype(np.int64), n)
     n_u = np.full(1000, n)
-    ranks, sizes = adaptive_sampled_ranks_from_exact(torch.from_numpy(exact), torch.from_numpy(n_u), 100, cap,
-                                                     torch.Generator().manual_seed(seed))
+    drawn = adaptive_sampled_ranks_from_exact(torch.from_numpy(exact), torch.from_numpy(n_u), 100, cap,
+                                              torch.Generator().manual_seed(seed))
+    ranks, sizes = drawn.ranks, drawn.n_samples
     return ranks, n_u, sizes
 
 

@@ -250,7 +250,8 @@ def test_plan_adaptive_pilot_same_pick(monkeypatch, metric):
     n_u = rng.integers(3000, 3600, 600)
     r = np.minimum(rng.zipf(1.4, 600), n_u)
     gen = torch.Generator().manual_seed(2024)
-    pilot, sizes = adaptive_sampled_ranks_from_exact(torch.from_numpy(r), torch.from_numpy(n_u), 50, 3200, gen)
+    drawn = adaptive_sampled_ranks_from_exact(torch.from_numpy(r), torch.from_numpy(n_u), 50, 3200, gen)
+    pilot, sizes = drawn.ranks, drawn.n_samples
     joint, single = _both(monkeypatch, n_u, len(n_u), metric, 0.1, pilot=pilot, pilot_n_items=n_u,
                           pilot_n_samples=sizes, pilot_adaptive=(50, 3200), designs=[(50, None), (50, 1600)],
                           repeats=12, seed=1, screen=False)
