@@ -22,7 +22,7 @@ import torch
 
 from reco_sampled_plugin import estimators
 from reco_sampled_plugin._rank_hist import sampled_rank_histogram
-from reco_sampled_plugin.rank_distribution import adaptive_sampled_ranks_from_exact
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.simulate import draw_sampled_ranks
 
 

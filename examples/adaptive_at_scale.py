@@ -28,7 +28,8 @@ def main() -> None:
     exclude = torch.from_numpy(train.toarray() > 0)
     n_u = torch.from_numpy((split.n_items - np.diff(train.indptr)).astype(np.int64))
 
-    forecast = plan(n_u.numpy(), len(users), "ndcg@10", 0.25, designs=[(M, None), (M, CAP)], repeats=10)
+    forecast = plan(n_u.numpy(), len(users), "ndcg@10", 0.25,
+                    designs=[rsp.SamplingDesign(M), rsp.SamplingDesign(M, adaptive_max=CAP)], repeats=10)
     print(forecast.format())
     print()
     print(f"{'recommender':12} {'metric':8} {'design':16} {'exact':>7} {'mes':>7}  {'95% interval':>19}  "

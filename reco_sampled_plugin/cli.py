@@ -3,7 +3,7 @@
 Every list of estimators here is the registry's (``registry.py``), read when the parser is built: ``--method``'s
 help lists each registered method with its one-line summary, so a method registered at run time is offered
 without an edit here. ``estimate`` and ``reproduce`` turn ``--n-samples`` / ``--adaptive-max`` / ``--sampling``
-into one :class:`~reco_sampled_plugin.design.SamplingDesign` (``as_design``).
+into one :class:`~reco_sampled_plugin.design.SamplingDesign`.
 
 Building the parser imports neither torch nor scipy (each command imports what it needs), so ``--help`` is instant.
 Every flag is the name of the Python parameter it fills, ``-`` for ``_`` (``--n-users`` is ``plan(n_users=...)``;
@@ -52,10 +52,10 @@ def _methods_epilog(names: Iterable[str]) -> str:
 
 def _sampling_design(n_samples: int, sampling: str, adaptive_max: int | None) -> SamplingDesign:
     """The :class:`~reco_sampled_plugin.design.SamplingDesign` of ``--n-samples``, ``--sampling`` and
-    ``--adaptive-max`` (the one coercion, ``as_design``)."""
-    from .design import as_design
+    ``--adaptive-max``."""
+    from .design import SamplingDesign
 
-    return as_design(n_samples, replacement=sampling == "binomial", adaptive_max=adaptive_max)
+    return SamplingDesign(n_samples, replacement=sampling == "binomial", adaptive_max=adaptive_max)
 
 
 def _add_progress(parser: argparse.ArgumentParser) -> None:
@@ -184,7 +184,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         raise ValueError(f"--method: {unsupported} do not support {design.describe()}; use some of "
                          f"{registry.names(design=design)}")
     print(f"{len(data.ranks):,} sampled ranks; n {int(data.n_items.min()):,}..{int(data.n_items.max()):,}; m {int(data.n_samples.min())}..{int(data.n_samples.max())}")
-    extra: dict[str, Any] = {} if adaptive is None else {"adaptive": (adaptive.n_samples, adaptive.adaptive_max)}
+    extra: dict[str, Any] = {} if adaptive is None else {"adaptive": adaptive}
     if adaptive is not None:
         from ._rank_hist import as_histogram
         from .adaptive import adaptive_cost, check_adaptive_histogram
@@ -379,8 +379,9 @@ def run_plan(args: argparse.Namespace) -> int:
     """Run the ``plan`` subcommand: print ``plan(...).format()``; returns 0 (bad input raises ValueError)."""
     from .planner import plan
 
-    pilot = pilot_n = pilot_m = pilot_design = None
+    pilot = None
     if args.pilot is not None:
+        from .design import SamplingDesign
         from .rank_files import read_rank_file
 
         pilot_n_default = args.pilot_n_items if args.pilot_n_items is not None else args.n_items
@@ -391,19 +392,26 @@ def run_plan(args: argparse.Namespace) -> int:
                              "plan popularity designs from Python with the pilot's SampledRanks "
                              "(plan(n_items, n_users, metric, target, pilot=sampled), docs/popularity.md), or give a "
                              "uniform pilot (fixed m or adaptive)")
-        pilot, pilot_n, pilot_m = data.ranks, data.n_items, data.n_samples
+        design = None
         if args.pilot_adaptive_max is not None:
-            from .design import SamplingDesign
-
             m0 = args.pilot_n_samples if args.pilot_n_samples is not None else int(data.n_samples.min())
-            pilot_design = SamplingDesign(m0, adaptive_max=args.pilot_adaptive_max)
+            design = SamplingDesign(m0, adaptive_max=args.pilot_adaptive_max)
+        pilot = data.sampled(design)
     elif args.pilot_adaptive_max is not None or args.pilot_n_samples is not None or args.pilot_n_items is not None:
         raise ValueError("--pilot-*: given without --pilot")
+    designs = None
+    if args.design is not None:
+        from .design import SamplingDesign
+
+        try:
+            designs = [SamplingDesign(m, adaptive_max=cap) for m, cap in args.design]
+        except ValueError as exc:
+            raise ValueError(f"--design: {exc}") from None
     result = plan(
-        args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, pilot_n_items=pilot_n,
-        pilot_n_samples=pilot_m, pilot_adaptive=pilot_design, designs=args.design, method=args.method,
-        repeats=args.repeats, seed=args.seed, progress=args.progress, seconds_per_pair=args.seconds_per_pair,
-        screen=args.screen, workers=args.workers, forecast_all=args.forecast_all,
+        args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, designs=designs,
+        method=args.method, repeats=args.repeats, seed=args.seed, progress=args.progress,
+        seconds_per_pair=args.seconds_per_pair, screen=args.screen, workers=args.workers,
+        forecast_all=args.forecast_all,
     )
     print(result.format())
     return 0

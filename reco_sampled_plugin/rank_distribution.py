@@ -82,10 +82,7 @@ from .metric_names import MetricSpec, parse_metric
 from .sampling_laws import check_law, log_sampled_rank_pmf_unbounded as _log_sampled_rank_pmf
 from ._gspline import G_DF, G_PENALTY, cell_points, g_basis as _g_basis, spline_objective as _spline_objective
 from ._gspline import softmax as _softmax, spline_penalty, spline_probs, spline_value
-
-# draws live in ``simulate`` and ``adaptive``; importable from here as before
-from .adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact  # noqa: E402,F401
-from .simulate import simulate_sampled_ranks  # noqa: F401
+from .simulate import simulate_sampled_ranks  # noqa: F401  (only for the package's _LAZY table: point it at .simulate)
 
 __all__ = [
     "RANK_DISTRIBUTION_METHODS",
@@ -96,9 +93,6 @@ __all__ = [
     "estimate_rank_distribution",
     "estimate_rank_distributions",
     "ReplicateFits",
-    "simulate_sampled_ranks",
-    "adaptive_sampled_ranks",
-    "adaptive_sampled_ranks_from_exact",
 ]
 
 def __getattr__(name: str) -> tuple[str, ...]:

@@ -32,7 +32,7 @@ from .exclusions import Exclusions, as_exclusions, check_prepared, csr_from_padd
 from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
 from ._popularity import PopularityStats, exclusion_totals, popularity_stats
 from ._options import check_bool
-from .design import SamplingDesign, as_design
+from .design import SamplingDesign
 from ._types import TensorLike
 
 if TYPE_CHECKING:
@@ -887,8 +887,6 @@ def sampled_ranks(
     positives: torch.Tensor,
     n_samples: int | SamplingDesign | None = None,
     exclude: TensorLike | Exclusions | None = None,
-    replacement: bool = True,
-    popularity: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     *,
     negatives: torch.Tensor | None = None,
@@ -898,21 +896,19 @@ def sampled_ranks(
     """Rank each positive against its own m sampled irrelevant items.
 
     For every positive, m items are drawn from the row's irrelevant candidates (never a positive
-    of the row, never an excluded item): uniformly with replacement (the binomial law),
-    uniformly without replacement (hypergeometric), or proportionally to ``popularity``.
+    of the row, never an excluded item) as the design says: uniformly with replacement (the binomial law),
+    uniformly without replacement (hypergeometric), or proportionally to popularity weights.
     The sampled rank is r~ = 1 + #{drawn items scoring higher} (ties per ``ties``), in 1..m+1.
 
     Args:
         scores: (B, n) scores.
         positives: (B, n) bool mask, (B, P) int64 padded with -1, or (B,).
-        n_samples: m, the number of irrelevant items per positive (inferred from ``negatives``), or a fixed-m
-            :class:`~reco_sampled_plugin.design.SamplingDesign` (then ``replacement`` and ``popularity`` stay at
-            their defaults; adaptive designs draw in stages: :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks`).
+        n_samples: a fixed-m :class:`~reco_sampled_plugin.design.SamplingDesign` (with or without replacement,
+            popularity weights), or an int m: uniform with replacement; inferred from ``negatives`` when they are
+            given (adaptive designs draw in stages: :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks`).
         exclude: items never drawn and never ranked (training items), same forms as positives, or an
             :class:`~reco_sampled_plugin.exclusions.Exclusions` prepared once for these rows
             (:func:`~reco_sampled_plugin.exclusions.prepare_exclusions`).
-        replacement: draw with replacement (default) or without (an int ``n_samples`` only).
-        popularity: optional (n,) non-negative weights for popularity-weighted draws (an int ``n_samples`` only).
         generator: a ``torch.Generator`` for reproducible draws (and random tie-breaking).
         negatives: pre-drawn irrelevant items instead of drawing: (B, m) shared by the row's
             positives (NCF-style files with 99 negatives per user) or (B, P, m).
@@ -922,11 +918,10 @@ def sampled_ranks(
         :class:`SampledRanks` (ranks, n_candidates, negatives, and the draw's design).
     """
     check_ties(ties)
-    replacement = check_bool(replacement, "replacement")
     check_finite = check_bool(check_finite, "check_finite")
-    design: SamplingDesign | None = None
-    if isinstance(n_samples, SamplingDesign):
-        design = as_design(n_samples, replacement=replacement, popularity=popularity)  # loose keywords refused
+    design = n_samples if isinstance(n_samples, SamplingDesign) else None  # an int m is checked below
+    replacement, popularity = True, None
+    if design is not None:
         if design.adaptive_max is not None:
             raise ValueError("n_samples: an adaptive design draws in stages; call adaptive_sampled_ranks(scores, "
                              "positives, design)")
@@ -990,8 +985,7 @@ def sampled_ranks(
     neg_scores = scores.gather(1, neg.reshape(b, p * m)).reshape(b, p, m)
     ranks, beat = rank_among_drawn(pos_scores, neg_scores, pos, neg, ties, generator, beating=True)
     if design is None:  # built from validated parts, without a second validation (no extra host sync)
-        design = SamplingDesign.trusted(m, replacement=bool(replacement) if negatives is None else True,
-                                        popularity=popularity if negatives is None else None)
+        design = SamplingDesign.trusted(m)
     stats = popularity_draw_stats(design, beat, neg, pos, exc, n, given=negatives is not None)
     neg = torch.where(pos_valid.unsqueeze(2), neg, torch.full_like(neg, -1))
     n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)

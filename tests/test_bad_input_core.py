@@ -26,14 +26,14 @@ def _gen(seed: int = 0) -> torch.Generator:
     [
         (torch.zeros(0, 1, dtype=L), {}),
         (torch.zeros(0, 10, dtype=torch.bool), {}),
-        (torch.zeros(0, 1, dtype=L), {"replacement": False}),
-        (torch.zeros(0, 1, dtype=L), {"popularity": torch.ones(10)}),
+        (torch.zeros(0, 1, dtype=L), {"n_samples": rsp.SamplingDesign(3, replacement=False)}),
+        (torch.zeros(0, 1, dtype=L), {"n_samples": rsp.SamplingDesign(3, popularity=torch.ones(10))}),
         (torch.zeros(0, 1, dtype=L), {"ties": "random"}),
         (torch.zeros(0, 1, dtype=L), {"ties": "average"}),
     ],
 )
 def test_sampled_ranks_of_zero_users_are_empty(positives, kwargs):
-    out = rsp.sampled_ranks(torch.zeros(0, 10), positives, 3, generator=_gen(), **kwargs)
+    out = rsp.sampled_ranks(torch.zeros(0, 10), positives, generator=_gen(), **{"n_samples": 3, **kwargs})
     p = positives.shape[1] if positives.dtype != torch.bool else 0
     assert out.ranks.shape == (0, p)
     assert out.n_candidates.shape == (0,) and out.n_candidates.dtype == torch.int64
@@ -370,8 +370,8 @@ def test_popularity_weights_are_float64_and_scale_free():
     """A list of 1e300 used to become float32 inf; only the ratios matter."""
     scores = torch.rand(4, 50, generator=_gen(0))
     pos = torch.tensor([0, 1, 2, 3])
-    big = rsp.sampled_ranks(scores, pos, 5, popularity=[1e300] * 25 + [3e300] * 25, generator=_gen(1))
-    small = rsp.sampled_ranks(scores, pos, 5, popularity=[1.0] * 25 + [3.0] * 25, generator=_gen(1))
+    big = rsp.sampled_ranks(scores, pos, rsp.SamplingDesign(5, popularity=[1e300] * 25 + [3e300] * 25), generator=_gen(1))
+    small = rsp.sampled_ranks(scores, pos, rsp.SamplingDesign(5, popularity=[1.0] * 25 + [3.0] * 25), generator=_gen(1))
     assert torch.equal(big.negatives, small.negatives) and torch.equal(big.ranks, small.ranks)
     assert bool(((big.ranks >= 1) & (big.ranks <= 6)).all())
 
@@ -382,12 +382,12 @@ def test_popularity_weights_are_float64_and_scale_free():
 @pytest.mark.parametrize("replacement", [True, False])
 def test_bad_popularity(popularity, replacement):
     with pytest.raises(ValueError, match="popularity"):
-        rsp.sampled_ranks(torch.rand(2, 10), torch.tensor([0, 1]), 3, replacement=replacement, popularity=popularity)
+        rsp.sampled_ranks(torch.rand(2, 10), torch.tensor([0, 1]), rsp.SamplingDesign(3, replacement=replacement, popularity=popularity))
 
 
 def test_bad_popularity_is_refused_even_without_positives():
     with pytest.raises(ValueError, match="popularity"):
-        rsp.sampled_ranks(torch.rand(2, 10), torch.full((2, 1), -1), 3, popularity=torch.full((10,), float("nan")))
+        rsp.sampled_ranks(torch.rand(2, 10), torch.full((2, 1), -1), rsp.SamplingDesign(3, popularity=torch.full((10,), float("nan"))))
 
 
 def test_correction_table_n_beyond_exact_arithmetic():
@@ -489,11 +489,11 @@ def test_whole_float_sizes_are_accepted_for_n_and_m_alike():
         assert rsp.expected_sampled("ndcg@10", torch.tensor([3, 40]), 100.0, m).shape == (2,)
         assert math.isfinite(rsp.corrected_metric("ndcg@10", r, 100.0, m).value)
         assert rsp.correction_table("ndcg@10", 100, m, "bv").shape == (11,)
-        assert rsp.adaptive.AdaptiveDesign(m, 40.0).cap == 40
+        assert rsp.AdaptiveDesign(m, 40.0).cap == 40
     for bad in (10.5, math.inf, math.nan, "10", True):
         for call in (lambda v: rsp.expected_sampled("ndcg@10", torch.tensor([3]), 100, v),
                      lambda v: rsp.correction_table("ndcg@10", 100, v, "bv"),
-                     lambda v: rsp.adaptive.AdaptiveDesign(v, 40)):
+                     lambda v: rsp.AdaptiveDesign(v, 40)):
             with pytest.raises(ValueError, match="^n_samples: "):
                 call(bad)
 

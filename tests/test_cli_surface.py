@@ -83,7 +83,9 @@ CLI_ONLY = {
     ("estimate", "file"): "read_rank_file's path (positional)",
     ("estimate", "progress"): "a bar over the (metric, method) estimates, as SampledRankingMetrics.estimates(progress=)",
     ("plan", "design"): "repeatable: one entry of plan(designs=...)",
-    ("plan", "pilot_adaptive_max"): "the adaptive_max of plan(pilot_adaptive=SamplingDesign(...))",
+    ("plan", "pilot_n_items"): "the pilot file's n when it has no n column (its SampledRanks.n_candidates)",
+    ("plan", "pilot_n_samples"): "the pilot file's m when it has no m column (its design's n_samples)",
+    ("plan", "pilot_adaptive_max"): "the adaptive_max of the pilot's design (plan(pilot=SampledRanks(...)))",
 }
 
 

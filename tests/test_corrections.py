@@ -395,7 +395,7 @@ def test_ls_variance_is_flagged_not_hidden():
     """Plain least squares (minimal bias, eq. 21 without constraint) has a table of huge alternating entries
     at n >> m: its estimate can leave the metric's range. estimate() says so; cls and bv stay inside."""
     from reco_sampled_plugin import estimate
-    from reco_sampled_plugin.rank_distribution import simulate_sampled_ranks
+    from reco_sampled_plugin.simulate import simulate_sampled_ranks
 
     rng = np.random.default_rng(0)
     n = 1600

@@ -10,14 +10,9 @@ from reco_sampled_plugin import registry
 from reco_sampled_plugin._rank_hist import as_histogram, sampled_rank_histogram
 from reco_sampled_plugin.estimators import ESTIMATORS, estimate
 from reco_sampled_plugin.metrics import metric_values
-from reco_sampled_plugin.rank_distribution import (
-    adaptive_sampled_ranks,
-    adaptive_sampled_ranks_from_exact,
-    estimate_rank_distribution,
-    rank_grid,
-    simulate_sampled_ranks,
-)
-from reco_sampled_plugin.simulate import draw_sampled_ranks
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact
+from reco_sampled_plugin.rank_distribution import estimate_rank_distribution, rank_grid
+from reco_sampled_plugin.simulate import draw_sampled_ranks, simulate_sampled_ranks
 
 N, M, USERS = 10_000, 100, 20_000
 
