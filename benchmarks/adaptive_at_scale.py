@@ -73,7 +73,8 @@ def run(dataset: str, repeats: int, seed: int, log=print, progress: bool | None 
                 z = torch.full_like(s, m)
             else:
                 gen = torch.Generator().manual_seed(seed + 1000 * d + i)
-                s, z = adaptive_sampled_ranks_from_exact(runs, n_t, m, cap, gen)
+                drawn = adaptive_sampled_ranks_from_exact(runs, n_t, m, cap, gen)
+                s, z = drawn.ranks, drawn.n_samples
             est = {(meth, mt): [] for meth in methods for mt in METRICS}
             for b in range(repeats):
                 extra = {} if cap is None else {"adaptive": (m, cap)}

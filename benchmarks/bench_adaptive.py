@@ -4,7 +4,7 @@ Synthetic factor model (default 5,000 users x 100,000 items, d = 64 float32, 10 
 Timed in the same run, so ratios compare like with like:
 
 * ``evaluate_factors``: exact metrics only; + fixed m = 100 sampling (``method="mes"``); + adaptive m = 100 ->
-  3200 (``adaptive_max=3200``): the extra stages redraw only rows that still have a positive ranked first.
+  3200 (``SamplingDesign(100, adaptive_max=3200)``): the extra stages redraw only rows that still have a positive ranked first.
 * ``SampledRankingMetrics.update_factors`` + ``compute``: fixed m = 100 against adaptive 100 -> 3200 (keyed draws per
   stage; the state holds about 3,200 counts per distinct n).
 * ``planner.plan``: the default grid (9 designs, 20 repeats) at n = 50,000, 6,000 users.
@@ -24,6 +24,7 @@ import scipy.sparse as sp
 import torch
 
 from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.factors import evaluate_factors
 from reco_sampled_plugin.planner import plan
 
@@ -61,8 +62,8 @@ def main() -> None:
     kw = dict(k=10, metrics=["ndcg", "hit"], as_df=False)
     t_exact = best(lambda: evaluate_factors(x_train, x_test, u, v, **kw), args.repeats)
     t_fixed = best(lambda: evaluate_factors(x_train, x_test, u, v, n_samples=100, method="mes", **kw), args.repeats)
-    res = evaluate_factors(x_train, x_test, u, v, n_samples=100, adaptive_max=3200, method="mes", **kw)
-    t_adapt = best(lambda: evaluate_factors(x_train, x_test, u, v, n_samples=100, adaptive_max=3200, method="mes",
+    res = evaluate_factors(x_train, x_test, u, v, n_samples=SamplingDesign(100, adaptive_max=3200), method="mes", **kw)
+    t_adapt = best(lambda: evaluate_factors(x_train, x_test, u, v, n_samples=SamplingDesign(100, adaptive_max=3200), method="mes",
                                             **kw), args.repeats)
     mean_m = float(res.sampled.sample_sizes.double().mean())
     print(f"evaluate_factors  exact {t_exact:.2f} s | + m = 100 {t_fixed:.2f} s ({t_fixed / t_exact:.2f}x) | "
@@ -73,9 +74,8 @@ def main() -> None:
     exc = torch.from_numpy(picks[:, :10].astype(np.int64))
 
     def run(adaptive):
-        metric = SampledRankingMetrics(("ndcg@10", "hit@10"), n_samples=100, estimators=("none", "mes"),
-                                       estimator_options={"mes": {"n_bootstrap": 0}}, max_n_groups=None,
-                                       adaptive_max=adaptive)
+        metric = SampledRankingMetrics(("ndcg@10", "hit@10"), n_samples=SamplingDesign(100, adaptive_max=adaptive), estimators=("none", "mes"),
+                                       estimator_options={"mes": {"n_bootstrap": 0}}, max_n_groups=None)
         for start in range(0, args.users, 1024):
             sl = slice(start, start + 1024)
             metric.update_factors(ut[sl], vt, pos[sl], exc[sl], ids=torch.arange(args.users)[sl])

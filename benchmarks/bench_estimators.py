@@ -17,7 +17,8 @@ import torch
 
 from reco_sampled_plugin._rank_hist import sampled_rank_histogram
 from reco_sampled_plugin.estimators import estimate
-from reco_sampled_plugin.rank_distribution import estimate_rank_distribution, simulate_sampled_ranks
+from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
+from reco_sampled_plugin.simulate import simulate_sampled_ranks
 
 
 def main() -> None:

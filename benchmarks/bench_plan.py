@@ -113,7 +113,7 @@ def main(argv=None) -> dict | None:
     import inspect
 
     import reco_sampled_plugin
-    from reco_sampled_plugin import planner
+    from reco_sampled_plugin import SampledRanks, SamplingDesign, planner
 
     extra = {} if args.workers is None else {"workers": args.workers}
     if args.forecast_all and "forecast_all" in inspect.signature(planner.plan).parameters:
@@ -124,19 +124,21 @@ def main(argv=None) -> dict | None:
           f"load average {os.getloadavg()[0]:.2f}; workers: {args.workers if has_workers else 'none (serial code)'}; "
           f"CPUs {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()}", flush=True)
     # warm-up, not timed: the lazy imports and first-call costs of both paths (another catalogue, other seed)
-    planner.plan(20_000, 500, "ndcg@10", 0.1, designs=[(100, None), (100, 800)], repeats=2, seed=12345)
+    planner.plan(20_000, 500, "ndcg@10", 0.1, designs=[SamplingDesign(100), SamplingDesign(100, adaptive_max=800)],
+                 repeats=2, seed=12345)
     cases = {}
     wanted = args.cases.split(",")
     if "scorer" in wanted and args.pilot_file:
         z = np.load(args.pilot_file)
         n_u = z["n_candidates"]
-        grid = planner.default_designs(int(n_u.min())) + [(100, int(c)) for c in args.plan_caps.split(",") if c]
+        grid = planner.default_designs(int(n_u.min())) + [SamplingDesign(100, adaptive_max=int(c))
+                                                          for c in args.plan_caps.split(",") if c]
+        pilot = SampledRanks(torch.from_numpy(z["ranks"]), torch.from_numpy(z["n_items"]),
+                             design=SamplingDesign(int(z["m"]), adaptive_max=int(z["cap"])),
+                             n_samples=torch.from_numpy(z["sizes"]))
 
         def scorer_plan(seed: int):
-            return planner.plan(n_u, int(z["n_users"]), "ndcg@10", 0.10, designs=grid,
-                                pilot=torch.from_numpy(z["ranks"]), pilot_n_items=torch.from_numpy(z["n_items"]),
-                                pilot_n_samples=torch.from_numpy(z["sizes"]),
-                                pilot_adaptive=(int(z["m"]), int(z["cap"])),
+            return planner.plan(n_u, int(z["n_users"]), "ndcg@10", 0.10, designs=grid, pilot=pilot,
                                 seconds_per_pair=float(z["seconds_per_pair"]), repeats=args.repeats, seed=seed,
                                 **extra)
 

@@ -56,7 +56,7 @@ import torch
 
 from reco_sampled_plugin import estimate, metric_values, registry
 from reco_sampled_plugin.design import SamplingDesign
-from reco_sampled_plugin.ranking import exact_ranks
+from reco_sampled_plugin.ranking import SampledRanks, exact_ranks
 from reco_sampled_plugin.scorer_ranks import DEFAULT_MAX_PAIRS, ScorerCalls, ScoringCost, sampled_ranks_from_scorer
 
 METRICS = ("ndcg@10", "hit@10")
@@ -291,14 +291,15 @@ def planner_pick(scorer, world: World, *, pilot_users: int, seed: int, max_pairs
     if plan_workers is not None:
         kw["workers"] = plan_workers
     n_u = world.n_candidates.cpu().numpy()
-    grid = planner.default_designs(int(n_u.min())) + [(100, int(c)) for c in extra_caps]
+    grid = planner.default_designs(int(n_u.min())) + [SamplingDesign(100, adaptive_max=int(c)) for c in extra_caps]
     if pilot_cap:  # the draw carries its sizes and design (and the scorer's seconds per pair)
         p = planner.plan(n_u, world.n_users, TARGET_METRIC, TARGET, designs=grid, pilot=s, repeats=plan_repeats,
                          seed=seed, method=method, **kw)
     else:
-        p = planner.plan(n_u, world.n_users, TARGET_METRIC, TARGET, designs=grid,
-                         pilot=s.ranks.reshape(-1).cpu(), pilot_n_items=s.candidates().reshape(-1).cpu(),
-                         pilot_n_samples=100, repeats=plan_repeats, seed=seed, method=method, **kw)
+        ranks_only = SampledRanks(s.ranks.reshape(-1).cpu(), s.candidates().reshape(-1).cpu(),
+                                  design=SamplingDesign(100))  # without the run's cost
+        p = planner.plan(n_u, world.n_users, TARGET_METRIC, TARGET, designs=grid, pilot=ranks_only,
+                         repeats=plan_repeats, seed=seed, method=method, **kw)
     seconds = time.perf_counter() - t0
     design = None if p.recommended is None else p.recommended.design
     return design, p, seconds, pilot["cost"]

@@ -28,7 +28,8 @@ def main() -> None:
     exclude = torch.from_numpy(train.toarray() > 0)
     n_u = torch.from_numpy((split.n_items - np.diff(train.indptr)).astype(np.int64))
 
-    forecast = plan(n_u.numpy(), len(users), "ndcg@10", 0.25, designs=[(M, None), (M, CAP)], repeats=10)
+    forecast = plan(n_u.numpy(), len(users), "ndcg@10", 0.25,
+                    designs=[rsp.SamplingDesign(M), rsp.SamplingDesign(M, adaptive_max=CAP)], repeats=10)
     print(forecast.format())
     print()
     print(f"{'recommender':12} {'metric':8} {'design':16} {'exact':>7} {'mes':>7}  {'95% interval':>19}  "
@@ -38,7 +39,8 @@ def main() -> None:
         scores = model.score(users)
         exact = rsp.exact_ranks(scores, test, exclude, count_other_positives=False).reshape(-1)
         fixed = rsp.sampled_ranks(scores, test, M, exclude=exclude, generator=gen)
-        ranks, sizes = rsp.adaptive_sampled_ranks(scores, test, M, CAP, exclude=exclude, generator=gen)
+        drawn = rsp.adaptive_sampled_ranks(scores, test, M, CAP, exclude=exclude, generator=gen)
+        ranks, sizes = drawn.ranks, drawn.n_samples
         for metric in ("hit@10", "ndcg@10"):
             truth = float(rsp.metric_values(metric, exact, n_u).mean())
             runs = (

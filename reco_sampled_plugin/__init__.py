@@ -17,9 +17,9 @@ from .registry import DEFAULT_ESTIMATOR, Estimator, register
 if TYPE_CHECKING:  # mypy's view of the lazy names below; tests/test_surface.py checks it names exactly _SURFACE
     from ._estimate import Estimate, explain_flags
     from ._rank_hist import RankHistogram, sampled_rank_histogram
-    from .adaptive import AdaptiveCost, AdaptiveDesign, adaptive_cost, adaptive_sampled_ranks
+    from .adaptive import AdaptiveCost, adaptive_cost, adaptive_sampled_ranks
     from .consistency import consistency_report
-    from .design import SamplingDesign, popularity_weights
+    from .design import AdaptiveDesign, SamplingDesign, popularity_weights
     from .estimators import estimate
     from .factor_ranks import exact_ranks_from_factors
     from .factors import FactorEvaluation, evaluate_factors
@@ -27,10 +27,9 @@ if TYPE_CHECKING:  # mypy's view of the lazy names below; tests/test_surface.py 
     from .metric_names import MetricSpec, parse_metric
     from .metrics import metric_values
     from .planner import plan
-    from .rank_distribution import simulate_sampled_ranks
     from .ranking import SampledRanks, candidate_counts, exact_ranks, sampled_ranks
     from .scorer_ranks import ScoringCost, sampled_ranks_from_scorer
-    from .simulate import draw_sampled_ranks
+    from .simulate import draw_sampled_ranks, simulate_sampled_ranks
     from .splits import leave_last_out_split, split_train_test
     from .uncertainty import paired_difference
     from .user_metrics import DEFAULT_METRICS, mean_metrics, per_user_metrics, per_user_metrics_from_factors
@@ -55,7 +54,7 @@ _SURFACE: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
     )),
     ("Sampling designs", (
         ("SamplingDesign", "design", "how the m irrelevant items are drawn, validated once"),
-        ("AdaptiveDesign", "adaptive", "start m and cap of adaptive sampling (its stages)"),
+        ("AdaptiveDesign", "design", "start m and cap of adaptive sampling (its stages)"),
         ("popularity_weights", "design", "RecBole's popularity weights count^alpha (count 0: never drawn)"),
     )),
     ("Metrics", (
@@ -92,7 +91,7 @@ _SURFACE: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
         ("AdaptiveCost", "adaptive", "what an adaptive design spends (mean and largest m, share at the cap)"),
     )),
     ("Simulation", (
-        ("simulate_sampled_ranks", "rank_distribution", "sampled ranks drawn from exact ranks under the sampling law"),
+        ("simulate_sampled_ranks", "simulate", "sampled ranks drawn from exact ranks under the sampling law"),
         ("draw_sampled_ranks", "simulate", "many independent draws of sampled ranks (simulation studies)"),
     )),
     ("Data and splits", (

@@ -56,8 +56,8 @@ __all__ = ["PopularityWorld", "Stratum", "draw_from_cells", "CHUNK_CELLS", "NO_C
 #: Why a pilot without class counts cannot give a world.
 NO_CLASS_COUNTS = ("pilot: these popularity-sampled ranks carry no popularity-class counts (PopularityStats.profile; "
                    "a rank file keeps only the Hansen-Hurwitz sums), which the planner's popularity world is fitted "
-                   "on; draw the pilot with sampled_ranks(..., popularity=w), sampled_ranks_from_scorer or "
-                   "evaluate_factors")
+                   "on; draw the pilot with sampled_ranks(..., SamplingDesign(m, popularity=w)), "
+                   "sampled_ranks_from_scorer or evaluate_factors")
 
 #: Simulated pilots of :meth:`PopularityWorld.pilot_check`.
 PILOT_CHECK_REPLICATES = 10

@@ -197,16 +197,6 @@ class RankHistogram:
     def n_groups(self) -> int:
         return len(self.counts)
 
-    def __setstate__(self, state: dict) -> None:
-        # pickles from before the exact groups (exact_at_cap) carry no ``exact``: every group sampled
-        state = dict(state)
-        if state.get("exact") is None:
-            flags = np.zeros(len(state["n_items"]), dtype=bool)
-            flags.setflags(write=False)
-            state["exact"] = flags
-        state.setdefault("design", None)
-        self.__dict__.update(state)
-
     def with_design(self, design: Any) -> "RankHistogram":
         """These counts under ``design`` (a SamplingDesign or None: see :attr:`design`)."""
         _check_design(design)

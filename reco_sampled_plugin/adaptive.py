@@ -34,7 +34,7 @@ from scipy import special
 from ._checks import MAX_SAMPLES, check_generator, check_rank_values, check_size, check_sizes
 from ._inputs import finite_check, run_checks, score_tensor
 from ._options import check_bool
-from .design import AdaptiveDesign, SamplingDesign, adaptive_design, as_design
+from .design import AdaptiveDesign, SamplingDesign
 from .ranking import SampledRanks, check_ties, prepare_sampling_index, sampled_ranks, stage_positives
 from .simulate import simulate_sampled_ranks
 
@@ -44,9 +44,7 @@ if TYPE_CHECKING:
     from ._types import TensorLike
 
 __all__ = [
-    "AdaptiveDesign",
     "AdaptiveCost",
-    "adaptive_design",
     "adaptive_cost",
     "check_adaptive_histogram",
     "stage_event_cdf",
@@ -109,19 +107,16 @@ def check_adaptive_histogram(hist: RankHistogram, design: AdaptiveDesign) -> Non
         )
 
 
-def adaptive_cost(hist: RankHistogram, design: AdaptiveDesign | SamplingDesign | tuple[int, int | None]) -> AdaptiveCost:
-    """:class:`AdaptiveCost` of a histogram of adaptive ranks (groups keyed by (n, final M)); ``design`` an
-    :class:`AdaptiveDesign`, an adaptive :class:`SamplingDesign` or an ``(m, cap)`` pair. A ValueError names
-    ``hist`` (not a RankHistogram, or empty: no cost to report) or ``design``."""
+def adaptive_cost(hist: RankHistogram, design: SamplingDesign | AdaptiveDesign) -> AdaptiveCost:
+    """:class:`AdaptiveCost` of a histogram of adaptive ranks (groups keyed by (n, final M)); ``design`` an adaptive
+    :class:`SamplingDesign` (or its stages, an :class:`AdaptiveDesign`). A ValueError names ``hist`` (not a
+    RankHistogram, or empty: no cost to report) or ``design``."""
     from ._rank_hist import RankHistogram
-    from .design import coerce_adaptive
 
     if not isinstance(hist, RankHistogram):
         raise ValueError(f"hist: expected a RankHistogram (sampled_rank_histogram), got {type(hist).__name__}")
-    try:
-        adaptive = coerce_adaptive(design)
-    except ValueError as exc:
-        raise ValueError(f"design: {str(exc).partition(': ')[2]}") from None
+    adaptive = design if isinstance(design, AdaptiveDesign) else \
+        design.adaptive if isinstance(design, SamplingDesign) else None
     if adaptive is None:
         raise ValueError(f"design: expected an adaptive design (start m and cap), got {design!r}")
     design = adaptive
@@ -222,8 +217,8 @@ def complete_at_cap(need: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | N
 # ------------------------------------------------------------------------------------------------ draws
 def _adaptive(n_samples: Any, max_samples: Any) -> SamplingDesign:
     """The adaptive design of the draws' ``(n_samples, max_samples)`` arguments, or of a design passed alone."""
-    if isinstance(n_samples, (SamplingDesign, AdaptiveDesign)) or isinstance(n_samples, tuple):
-        design = as_design(n_samples)
+    if isinstance(n_samples, SamplingDesign):
+        design = n_samples
         if max_samples is not None and max_samples != design.adaptive_max:
             raise ValueError(f"max_samples: {max_samples} given next to a design with adaptive_max = "
                              f"{design.adaptive_max}; set it in the design")
@@ -246,7 +241,7 @@ def _adaptive(n_samples: Any, max_samples: Any) -> SamplingDesign:
 
 
 def adaptive_sampled_ranks_from_exact(
-    exact_ranks: TensorLike, n_items: TensorLike, n_samples: int | SamplingDesign | AdaptiveDesign,
+    exact_ranks: TensorLike, n_items: TensorLike, n_samples: int | SamplingDesign,
     max_samples: int | None = None, generator: torch.Generator | None = None
 ) -> SampledRanks:
     """Adaptive sampling simulated from exact ranks (with replacement): positives with r~ = 1 draw as many new
@@ -257,7 +252,7 @@ def adaptive_sampled_ranks_from_exact(
 
     Returns:
         :class:`~reco_sampled_plugin.ranking.SampledRanks` with per-positive n and final m (int64 tensors shaped
-        like ``exact_ranks``) and the design; it unpacks as (sampled ranks among the final m, final m).
+        like ``exact_ranks``) and the design: ``.ranks`` (sampled ranks among the final m), ``.n_samples`` (final m).
     """
     design = _adaptive(n_samples, max_samples)
     m0, cap = design.n_samples, design.cap
@@ -285,7 +280,7 @@ def adaptive_sampled_ranks_from_exact(
 def adaptive_sampled_ranks(
     scores: torch.Tensor,
     positives: TensorLike,
-    n_samples: int | SamplingDesign | AdaptiveDesign,
+    n_samples: int | SamplingDesign,
     max_samples: int | None = None,
     exclude: TensorLike | Exclusions | None = None,
     generator: torch.Generator | None = None,
@@ -304,9 +299,9 @@ def adaptive_sampled_ranks(
 
     Returns:
         :class:`~reco_sampled_plugin.ranking.SampledRanks` (ranks, n_candidates per row, the design, and the
-        final m per positive), which unpacks as (ranks, sizes): (B, P) sampled ranks among each positive's final
-        sample (0 in padded slots; float64 for ``ties="average"``) and the final m per positive (int64, 0 in
-        padded slots).
+        final m per positive): ``.ranks``, (B, P) sampled ranks among each positive's final sample (0 in padded
+        slots; float64 for ``ties="average"``), and ``.n_samples``, the final m per positive (int64, 0 in padded
+        slots).
     """
     design = _adaptive(n_samples, max_samples)
     m0, cap = design.n_samples, design.cap
@@ -319,8 +314,7 @@ def adaptive_sampled_ranks(
     pos, exc, later = prepare_sampling_index(positives, exclude, b, n, scores.device,
                                              [finite_check(scores)] if check_finite else [])
     run_checks(later)
-    first = sampled_ranks(scores, pos, m0, exclude=exc, replacement=True, generator=generator, ties=ties,
-                          check_finite=False)
+    first = sampled_ranks(scores, pos, m0, exclude=exc, generator=generator, ties=ties, check_finite=False)
     ranks = first.ranks.clone()
     valid = ranks > 0
     sizes = torch.where(valid, torch.full_like(ranks, m0, dtype=torch.int64), torch.zeros_like(ranks, dtype=torch.int64))
@@ -333,7 +327,7 @@ def adaptive_sampled_ranks(
             break
         more = sampled_ranks(
             scores[idx], stage_positives(pos, idx, from_mask), m_cur, exclude=None if exc is None else exc.select(idx),
-            replacement=True, generator=generator, ties=ties, check_finite=False,
+            generator=generator, ties=ties, check_finite=False,
         ).ranks
         sub_need = need[idx]
         ranks[idx] = torch.where(sub_need, more.to(ranks.dtype), ranks[idx])

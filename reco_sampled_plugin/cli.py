@@ -3,19 +3,18 @@
 Every list of estimators here is the registry's (``registry.py``), read when the parser is built: ``--method``'s
 help lists each registered method with its one-line summary, so a method registered at run time is offered
 without an edit here. ``estimate`` and ``reproduce`` turn ``--n-samples`` / ``--adaptive-max`` / ``--sampling``
-into one :class:`~reco_sampled_plugin.design.SamplingDesign` (``as_design``).
+into one :class:`~reco_sampled_plugin.design.SamplingDesign`.
 
 Building the parser imports neither torch nor scipy (each command imports what it needs), so ``--help`` is instant.
-Every flag is the name of the Python parameter it fills, ``-`` for ``_`` (``--n-users`` is ``plan(n_users=...)``);
-renamed flags keep their old spelling as a hidden alias that still works and says it is deprecated
-(tests/test_cli_surface.py checks both).
+Every flag is the name of the Python parameter it fills, ``-`` for ``_`` (``--n-users`` is ``plan(n_users=...)``;
+tests/test_cli_surface.py checks it).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable
 
 from . import __version__, registry
 
@@ -53,38 +52,10 @@ def _methods_epilog(names: Iterable[str]) -> str:
 
 def _sampling_design(n_samples: int, sampling: str, adaptive_max: int | None) -> SamplingDesign:
     """The :class:`~reco_sampled_plugin.design.SamplingDesign` of ``--n-samples``, ``--sampling`` and
-    ``--adaptive-max`` (the one coercion, ``as_design``)."""
-    from .design import as_design
+    ``--adaptive-max``."""
+    from .design import SamplingDesign
 
-    return as_design(n_samples, replacement=sampling == "binomial", adaptive_max=adaptive_max)
-
-
-class _DeprecatedAlias(argparse.Action):
-    """An old spelling of an option, hidden from ``--help``: stores into the new option's ``dest`` and says once on
-    stderr which flag replaces it."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, new: str = "", **kwargs: Any) -> None:
-        self.new = new
-        super().__init__(option_strings, dest, help=argparse.SUPPRESS, **kwargs)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
-        print(f"reco-sampled: {option_string} is deprecated; use {self.new} (the Python parameter's name)",
-              file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
-def _add_alias(parser: argparse.ArgumentParser, old: str, new: str, **kwargs: Any) -> None:
-    """Keep ``old`` working as a hidden, deprecated spelling of the option ``new`` (same dest, type and metavar)."""
-    dest = new.lstrip("-").replace("-", "_")
-    parser.add_argument(old, action=_DeprecatedAlias, dest=dest, new=new, **kwargs)
-
-
-def _require(args: argparse.Namespace, *flags: str) -> None:
-    """A required option that has a deprecated alias cannot be ``required=True`` in argparse: checked here."""
-    missing = [f for f in flags if getattr(args, f.lstrip("-").replace("-", "_")) is None]
-    if missing:
-        raise ValueError(f"{', '.join(missing)}: required")
+    return SamplingDesign(n_samples, replacement=sampling == "binomial", adaptive_max=adaptive_max)
 
 
 def _add_progress(parser: argparse.ArgumentParser) -> None:
@@ -389,8 +360,7 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
         epilog=_methods_epilog(registry.names()), formatter_class=_HelpFormatter,
     )
     p.add_argument("--n-items", type=int, required=True, help="catalogue size n (candidates per user)")
-    p.add_argument("--n-users", type=int, help="users (held-out positives) in the evaluation (required)")
-    _add_alias(p, "--users", "--n-users", type=int)
+    p.add_argument("--n-users", type=int, required=True, help="users (held-out positives) in the evaluation")
     p.add_argument("--metric", required=True, help="metric, e.g. ndcg@10, hit@10, mrr")
     p.add_argument("--target-rel-error", type=float, required=True, help="target relative error, e.g. 0.05")
     p.add_argument("--pilot", help="rank file of a pilot's sampled ranks ('rank[,n_candidates[,n_samples]]' lines)")
@@ -429,9 +399,9 @@ def run_plan(args: argparse.Namespace) -> int:
     """Run the ``plan`` subcommand: print ``plan(...).format()``; returns 0 (bad input raises ValueError)."""
     from .planner import plan
 
-    _require(args, "--n-users")
-    pilot = pilot_n = pilot_m = pilot_design = None
+    pilot = None
     if args.pilot is not None:
+        from .design import SamplingDesign
         from .rank_files import read_rank_file
 
         pilot_n_default = args.pilot_n_items if args.pilot_n_items is not None else args.n_items
@@ -442,19 +412,26 @@ def run_plan(args: argparse.Namespace) -> int:
                              "plan popularity designs from Python with the pilot's SampledRanks "
                              "(plan(n_items, n_users, metric, target, pilot=sampled), docs/popularity.md), or give a "
                              "uniform pilot (fixed m or adaptive)")
-        pilot, pilot_n, pilot_m = data.ranks, data.n_items, data.n_samples
+        design = None
         if args.pilot_adaptive_max is not None:
-            from .design import SamplingDesign
-
             m0 = args.pilot_n_samples if args.pilot_n_samples is not None else int(data.n_samples.min())
-            pilot_design = SamplingDesign(m0, adaptive_max=args.pilot_adaptive_max)
+            design = SamplingDesign(m0, adaptive_max=args.pilot_adaptive_max)
+        pilot = data.sampled(design)
     elif args.pilot_adaptive_max is not None or args.pilot_n_samples is not None or args.pilot_n_items is not None:
         raise ValueError("--pilot-*: given without --pilot")
+    designs = None
+    if args.design is not None:
+        from .design import SamplingDesign
+
+        try:
+            designs = [SamplingDesign(m, adaptive_max=cap) for m, cap in args.design]
+        except ValueError as exc:
+            raise ValueError(f"--design: {exc}") from None
     result = plan(
-        args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, pilot_n_items=pilot_n,
-        pilot_n_samples=pilot_m, pilot_adaptive=pilot_design, designs=args.design, method=args.method,
-        repeats=args.repeats, seed=args.seed, progress=args.progress, seconds_per_pair=args.seconds_per_pair,
-        screen=args.screen, workers=args.workers, forecast_all=args.forecast_all,
+        args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, designs=designs,
+        method=args.method, repeats=args.repeats, seed=args.seed, progress=args.progress,
+        seconds_per_pair=args.seconds_per_pair, screen=args.screen, workers=args.workers,
+        forecast_all=args.forecast_all,
     )
     print(result.format())
     return 0
@@ -616,8 +593,6 @@ def build_parser() -> argparse.ArgumentParser:
                           "each positive's final m); the estimators marked [adaptive] below")
     est.add_argument("--test-rating", help="NCF .test.rating file ('user item' per line)")
     est.add_argument("--test-negative", help="NCF .test.negative file ('(user,item) neg1 neg2 ...' per line)")
-    _add_alias(est, "--ncf-rating", "--test-rating")
-    _add_alias(est, "--ncf-negative", "--test-negative")
     est.add_argument("--scores", help="'user item score' lines for the NCF pairs")
     _add_progress(est)
     est.set_defaults(func=_cmd_estimate)

@@ -73,21 +73,8 @@ __all__ = [
     "tables_by_n",
 ]
 
-_METHOD_ALIASES = {
-    "none": "none",
-    "sampled": "none",
-    "uncorrected": "none",
-    "rank_estimate": "rank_estimate",
-    "rank": "rank_estimate",
-    "ls": "ls",
-    "minimal_bias": "ls",
-    "cls": "cls",
-    "constrained_ls": "cls",
-    "bv": "bv",
-    "bias_variance": "bv",
-}
 #: the methods whose tables this module solves (the registry's entries with ``estimate_by_table`` use them)
-METHODS = tuple(dict.fromkeys(_METHOD_ALIASES.values()))
+METHODS = ("none", "rank_estimate", "ls", "cls", "bv")
 # kinds whose M(r) is a polynomial of degree <= 1 in r on 1..k (constant, or linear for AUC)
 _POLY_KINDS = frozenset({"recall", "hit", "precision", "trunc_precision", "auc"})
 # singular values below this fraction of the largest are dropped by the ``ls`` solver
@@ -100,11 +87,11 @@ MAX_LOOKUP_SAMPLES = 1 << 20
 
 
 def check_method(method: str) -> str:
-    """Normalise a method name, raising a ValueError naming ``method``."""
-    name = _METHOD_ALIASES.get(method.lower()) if isinstance(method, str) else None
-    if name is None:
+    """``method`` if it names a correction table (:data:`METHODS`, the registry's names), else a ValueError
+    naming ``method``."""
+    if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"method: unknown correction {method!r}; use one of {METHODS}")
-    return name
+    return method
 
 
 def check_gamma(gamma: Any) -> float:

@@ -134,7 +134,8 @@ class SamplingDesign:
             the top is resolved (no ``cap_reached``). Costs n - 1 scored pairs per row with such a positive in
             the scorer loop; draws nothing (the draws equal those without it). Default False.
 
-    An ``int`` m where a design is expected means ``SamplingDesign(m)`` (:func:`as_design`).
+    An ``int`` m where a design is expected means ``SamplingDesign(m)`` (:func:`as_design`); nothing else stands for
+    a design.
     """
 
     n_samples: int
@@ -236,44 +237,21 @@ class SamplingDesign:
 
 
 @overload
-def as_design(design: None = None, *, replacement: bool | None = None, popularity: TensorLike | None = None,
-              adaptive_max: int | None = None, name: str = "n_samples") -> None: ...
+def as_design(design: None, *, name: str = "n_samples") -> None: ...
 @overload
-def as_design(design: SamplingDesign | AdaptiveDesign | int | tuple[int, int | None], *, replacement: bool | None = None,
-              popularity: TensorLike | None = None, adaptive_max: int | None = None,
-              name: str = "n_samples") -> SamplingDesign: ...
-def as_design(design: SamplingDesign | AdaptiveDesign | int | tuple[int, int | None] | None = None, *,
-              replacement: bool | None = None, popularity: TensorLike | None = None, adaptive_max: int | None = None,
-              name: str = "n_samples") -> SamplingDesign | None:
-    """The one coercion of the package: a :class:`SamplingDesign` from what entry points accept.
-
-    ``design`` is a SamplingDesign (returned as is; loose keywords given with it are refused, they would be
-    ignored), an :class:`AdaptiveDesign`, an ``(m, adaptive_max)`` pair, an int m (with the loose keywords
-    ``replacement``, ``popularity``, ``adaptive_max``: the pre-design signatures), or None (returns None).
-    """
-    if design is None:
-        if adaptive_max is not None:
-            raise ValueError("adaptive_max: needs n_samples (the first stage's sample size m)")
-        return None
-    loose = {"replacement": replacement, "popularity": popularity, "adaptive_max": adaptive_max}
-    if replacement is not None:
-        replacement = check_bool(replacement, "replacement")
-    if isinstance(design, (SamplingDesign, AdaptiveDesign, tuple)):
-        given = [k for k, v in loose.items() if v is not None and not (k == "replacement" and v is True)]
-        if given:
-            raise ValueError(f"{given[0]}: given next to a sampling design; set it in the design instead")
-        if isinstance(design, AdaptiveDesign):
-            return SamplingDesign(design.n_samples, adaptive_max=design.adaptive_max)
-        if isinstance(design, SamplingDesign):
-            return design
-    if isinstance(design, tuple):  # (m, adaptive_max): converted and checked here, never returned as a tuple
-        try:
-            m, cap = design
-        except ValueError:
-            raise ValueError(f"{name}: expected a SamplingDesign, an int m or (m, adaptive_max), got {design!r}") from None
-        return SamplingDesign(m, adaptive_max=cap)
-    return SamplingDesign(design, replacement=True if replacement is None else replacement, popularity=popularity,
-                          adaptive_max=adaptive_max)
+def as_design(design: SamplingDesign | int, *, name: str = "n_samples") -> SamplingDesign: ...
+def as_design(design: SamplingDesign | int | None, *, name: str = "n_samples") -> SamplingDesign | None:
+    """The one coercion of the package: a :class:`SamplingDesign` returned as is, an int m as ``SamplingDesign(m)``
+    (uniform with replacement), None as None; anything else is a ValueError naming ``name``."""
+    if design is None or isinstance(design, SamplingDesign):
+        return design
+    if isinstance(design, (AdaptiveDesign, tuple, list)):
+        raise ValueError(f"{name}: expected a SamplingDesign or an int m, got {design!r}; an adaptive design is "
+                         "SamplingDesign(m, adaptive_max=cap)")
+    try:
+        return SamplingDesign(design)
+    except ValueError as exc:
+        raise ValueError(f"{name}: {str(exc).partition(': ')[2]}") from None
 
 
 def coerce_adaptive(adaptive: SamplingDesign | AdaptiveDesign | tuple[int, int | None] | None) -> AdaptiveDesign | None:

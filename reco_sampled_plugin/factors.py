@@ -31,10 +31,11 @@ k' > |T|. Ties: recometrics sorts without a defined tie order; here ``ties`` pic
 :func:`~reco_sampled_plugin.ranking.exact_ranks` and ``break_ties_with_noise`` adds its Uniform(-1e-12, 1e-12) noise
 (seeded) before ranking.
 
-Sampled side: ``n_samples=m`` draws m irrelevant items per test item from the same score buffer and returns their
-sampled ranks next to the exact single-item ranks; ``correction=`` adds corrected estimates
+Sampled side: ``n_samples=m`` (or a ``SamplingDesign``) draws m irrelevant items per test item from the same score
+buffer and returns their sampled ranks next to the exact single-item ranks; ``correction=`` adds corrected estimates
 (:func:`reco_sampled_plugin.estimate`) next to the exact and the uncorrected sampled values, in the same pass;
-``adaptive_max=M`` samples adaptively (m doubling for test items ranked first, up to M) and reports the cost.
+``n_samples=SamplingDesign(m, adaptive_max=M)`` samples adaptively (m doubling for test items ranked first, up to
+M) and reports the cost.
 """
 
 from __future__ import annotations
@@ -281,10 +282,7 @@ def evaluate_factors(
     device: torch.device | str | None = None,
     dtype: torch.dtype | None = None,
     n_samples: int | SamplingDesign | None = None,
-    replacement: bool = True,
-    popularity: TensorLike | None = None,
     method: "str | registry.Method | None" = None,
-    adaptive_max: int | None = None,
 ) -> "pd.DataFrame | dict[str, torch.Tensor] | FactorEvaluation":
     """Per-user ranking metrics of a factor model, like recometrics' ``calc_reco_metrics`` (see the module doc).
 
@@ -312,20 +310,16 @@ def evaluate_factors(
         batch_size: users per score batch (default: a buffer of about 2**26 scores).
         device: where scores are computed (default: the factors' device).
         dtype: score dtype (default float32 when every factor is float32, else float64, as recometrics).
-        n_samples: m, or a :class:`~reco_sampled_plugin.design.SamplingDesign`; also rank every test item against
-            m sampled irrelevant items (returns a :class:`FactorEvaluation`). An int m takes the loose keywords
-            ``replacement``, ``popularity`` and ``adaptive_max`` below; a design carries them (given next to it
-            they are refused).
-        replacement, popularity: sampling law (uniform with replacement: binomial; without: hypergeometric;
-            popularity-weighted draws: ``method="hh"`` corrects AUC (``metrics=["roc_auc"]``), ``"pl_fit"``
-            every metric, ``"none"`` reports the sampled metrics; docs/popularity.md).
+        n_samples: a :class:`~reco_sampled_plugin.design.SamplingDesign`, or an int m (uniform with
+            replacement); also rank every test item against its sampled irrelevant items (returns a
+            :class:`FactorEvaluation`). The design says the law: without replacement (hypergeometric); popularity
+            weights (``method="hh"`` corrects AUC (``metrics=["roc_auc"]``), ``"pl_fit"`` every metric,
+            ``"none"`` reports the sampled metrics; docs/popularity.md); ``adaptive_max`` (a test item ranked
+            first among its m samples draws m more, m doubling, up to the cap; ``method`` then one that takes
+            adaptive designs, ``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``).
         method: an estimator for corrected estimates next to the exact values: a registered name
             (``reco_sampled_plugin.registry.names()``: ``"bv"``, ``"cls"``, ``"mle"``...) or its options object
             (``registry.Bv(gamma=0.2)``); it must support the design (``registry.get(method).supports(design)``).
-        adaptive_max: adaptive sampling (``reco_sampled_plugin.adaptive``): a test item ranked first among its m
-            samples draws m more (m doubles) until it is not first or m would exceed ``adaptive_max``; uniform
-            with replacement only; ``method`` then one that takes adaptive designs
-            (``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``).
 
     Returns:
         The per-user metrics (DataFrame or dict), or a :class:`FactorEvaluation` when ``n_samples`` is given.
@@ -345,10 +339,9 @@ def evaluate_factors(
                                             (rename_k, "rename_k")))
     if batch_size is not None:
         batch_size = check_int(batch_size, "batch_size", minimum=1)
-    replacement = check_bool(replacement, "replacement")
     correction = None if method is None else registry.as_method(method)  # each option checked once, here
     base_specs, specs = _metric_specs(metrics, k, cumulative)
-    design = _sampling_design(n_samples, replacement, popularity, adaptive_max, correction)
+    design = _sampling_design(n_samples, correction)
     if correction is not None:  # before any work: a metric the method does not estimate (hh: AUC only)
         refused = [str(sp_) for sp_ in base_specs if not registry.get(correction).takes_metric(sp_.kind)]
         if refused:
@@ -544,17 +537,15 @@ def evaluate_factors(
     return _sampled_result(per_user, sampled_parts, base_specs, design, correction, as_df, dev)
 
 
-def _sampling_design(n_samples: int | SamplingDesign | None, replacement: bool, popularity: TensorLike | None,
-                     adaptive_max: int | None, correction: registry.Method | None) -> SamplingDesign | None:
-    """The sampling design (:func:`~reco_sampled_plugin.design.as_design`, the one coercion: an int m with the loose
-    keywords, or a SamplingDesign), with the ``method`` checked against the design; None without sampling.
-    Checked before any work."""
+def _sampling_design(n_samples: int | SamplingDesign | None,
+                     correction: registry.Method | None) -> SamplingDesign | None:
+    """The sampling design (:func:`~reco_sampled_plugin.design.as_design`: a SamplingDesign, or an int m), with the
+    ``method`` checked against the design; None without sampling. Checked before any work."""
     if n_samples is None:
-        if correction is not None or adaptive_max is not None:
-            name = "method" if correction is not None else "adaptive_max"
-            raise ValueError(f"{name}: needs n_samples (the number of sampled irrelevant items per test item)")
+        if correction is not None:
+            raise ValueError("method: needs n_samples (the number of sampled irrelevant items per test item)")
         return None
-    design = as_design(n_samples, replacement=replacement, popularity=popularity, adaptive_max=adaptive_max)
+    design = as_design(n_samples)
     if design.exact_at_cap:  # its summary estimates from bare sampled ranks: the exact ranks would be dropped
         raise ValueError("n_samples: exact_at_cap is not supported by evaluate_factors (its sampled summary "
                          "corrects bare sampled ranks); use adaptive_sampled_ranks and estimate(metric, sampled)")

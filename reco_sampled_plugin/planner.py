@@ -99,8 +99,8 @@ from . import registry
 from ._blas import one_blas_thread
 from ._checks import MAX_SAMPLES, check_int, check_rank_values, check_size, check_sizes, renamed
 from ._options import check_bool, check_positive_float
-from .adaptive import AdaptiveDesign, check_adaptive_histogram, expected_samples
-from .design import SamplingDesign
+from .adaptive import check_adaptive_histogram, expected_samples
+from .design import AdaptiveDesign, SamplingDesign
 from .metric_names import MetricSpec, parse_metric
 from ._popularity_world import NO_CLASS_COUNTS, PopularityWorld
 from .ranking import SampledRanks
@@ -472,37 +472,39 @@ class _PilotShape:
         return np.clip(r, 1, n_u).astype(np.int64)
 
 
-def _unpack_pilot(pilot: Any, pilot_n_items: Any, pilot_n_samples: Any,
-                  pilot_adaptive: Any) -> tuple[Any, Any, Any, AdaptiveDesign | None, Any]:
-    """(ranks, n, m, adaptive design or None, cost or None) of a :class:`~reco_sampled_plugin.ranking.SampledRanks`
-    pilot (padding dropped; adaptive: each positive's final m), which carries its own sizes and design."""
-    for name, value in (("pilot_n_items", pilot_n_items), ("pilot_n_samples", pilot_n_samples),
-                        ("pilot_adaptive", pilot_adaptive)):
-        if value is not None:
-            raise ValueError(f"{name}: the SampledRanks pilot carries its candidate counts, sample sizes and design; "
-                             f"drop {name}")
+def _unpack_pilot(pilot: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, SamplingDesign | None]:
+    """(ranks, n, m, adaptive design or None) of a :class:`~reco_sampled_plugin.ranking.SampledRanks` pilot
+    (padding dropped; adaptive: each positive's final m), which carries its own sizes and design; a ValueError
+    names ``pilot``."""
+    if not isinstance(pilot, SampledRanks):
+        raise ValueError(f"pilot: expected the SampledRanks of a pilot draw (they carry n, m and the design; "
+                         f"SampledRanks(ranks, n_candidates, design=SamplingDesign(m)) for ranks from elsewhere), "
+                         f"got {type(pilot).__name__}")
     design = pilot.design
-    if design is None:
-        raise ValueError("pilot: these SampledRanks carry no design; pass their ranks with pilot_n_items and "
-                         "pilot_n_samples")
-    ranks = pilot.ranks.cpu()  # the plan runs on the CPU whatever device the pilot was drawn on
-    keep = ranks > 0
-    sizes = pilot.sizes()
-    sizes = sizes.cpu()[keep] if isinstance(sizes, torch.Tensor) else torch.full((int(keep.sum()),), int(sizes))
+    if not isinstance(design, SamplingDesign):
+        raise ValueError("pilot: these SampledRanks carry no design; give SampledRanks(ranks, n_candidates, "
+                         "design=SamplingDesign(m)) (adaptive: with n_samples, each positive's final m)")
+    try:  # the parts' own checks, named as the pilot's
+        ranks = check_rank_values(pilot.ranks, "pilot.ranks", whole=True, padding=True).cpu()
+        n = torch.as_tensor(check_sizes(pilot.n_candidates, "pilot.n_candidates", 0)).cpu()
+        m = torch.as_tensor(check_sizes(pilot.sizes(), "pilot.n_samples", 0)).cpu()
+        if ranks.dim() == 2 and n.dim() == 1 and n.shape[0] == ranks.shape[0]:
+            n = n.unsqueeze(1)  # one n per row (sampled_ranks), shared by the row's positives
+        keep = ranks > 0  # padding dropped; the plan runs on the CPU whatever device the pilot was drawn on
+        n, m = n.expand(ranks.shape)[keep], m.expand(ranks.shape)[keep]
+    except RuntimeError as exc:  # shapes that do not broadcast
+        raise ValueError(f"pilot: its ranks, n_candidates and n_samples do not fit together ({exc})") from None
+    n = torch.as_tensor(check_sizes(n, "pilot.n_candidates", 2))
+    m = torch.as_tensor(check_sizes(m, "pilot.n_samples", 1, maximum=MAX_SAMPLES))
     adaptive = design if design.adaptive_max is not None else None
-    return ranks[keep], pilot.candidates().cpu()[keep], sizes, adaptive, pilot.cost
+    return ranks[keep], n, m, adaptive
 
 
-def _popularity_pilot(pilot: SampledRanks, pilot_n_items: Any, pilot_n_samples: Any, pilot_adaptive: Any,
-                      n_items: Any, n_users: int, seed: int) -> tuple[PopularityWorld, np.ndarray, np.ndarray]:
+def _popularity_pilot(pilot: SampledRanks, n_items: Any, n_users: int,
+                      seed: int) -> tuple[PopularityWorld, np.ndarray, np.ndarray]:
     """(world, n per simulated user, the same for ``Plan.n_items``) of a popularity-sampled pilot: its fitted
     ``pl_fit`` model (:class:`~reco_sampled_plugin._popularity_world.PopularityWorld`), whose users are the pilot's
     positives, so ``n_items`` must be the catalogue its weights cover."""
-    for name, value in (("pilot_n_items", pilot_n_items), ("pilot_n_samples", pilot_n_samples),
-                        ("pilot_adaptive", pilot_adaptive)):
-        if value is not None:
-            raise ValueError(f"{name}: the SampledRanks pilot carries its candidate counts, sample sizes and design; "
-                             f"drop {name}")
     assert pilot.design is not None and pilot.design.popularity is not None  # the caller's test
     if pilot.popularity_stats is None or not pilot.popularity_stats.has_profile:
         raise ValueError(NO_CLASS_COUNTS)
@@ -536,42 +538,26 @@ def _seconds_per_pair(seconds_per_pair: Any, cost: Any) -> tuple[float | None, s
                                               f"{cost.scorer_seconds:.3g} s of scorer time{loop}")
 
 
-def _pilot_shape(pilot: Any, pilot_n_items: Any, pilot_n_samples: Any, pilot_adaptive: Any,
+def _pilot_shape(ranks: torch.Tensor, n_items: torch.Tensor, n_samples: torch.Tensor, adaptive: SamplingDesign | None,
                  spec: MetricSpec | None = None) -> _PilotShape:
+    """The rank distribution fitted on a pilot's sampled ranks, n and m per positive (:func:`_unpack_pilot`)."""
     from ._rank_hist import as_histogram
     from .rank_distribution import estimate_rank_distribution
 
-    if pilot_n_items is None or pilot_n_samples is None:
-        raise ValueError("pilot: needs pilot_n_items and pilot_n_samples (ints or per-positive sizes; adaptive "
-                         "pilots: each positive's final m)")
-    ranks = check_rank_values(pilot, "pilot", whole=True, padding=True).reshape(-1)
     if ranks.numel() == 0:
         raise ValueError("pilot: no sampled ranks")
-    n_items = check_sizes(pilot_n_items, "pilot_n_items", 2)
-    n_samples = check_sizes(pilot_n_samples, "pilot_n_samples", 1, maximum=MAX_SAMPLES)
     try:  # the histogram's own checks (range, broadcast) name its arguments: say the planner's
-        hist = as_histogram(ranks, n_items.reshape(-1) if isinstance(n_items, torch.Tensor) else n_items,
-                            n_samples.reshape(-1) if isinstance(n_samples, torch.Tensor) else n_samples)
+        hist = as_histogram(ranks, n_items, n_samples)
         hist.check_nonempty()
     except ValueError as exc:
-        raise ValueError(renamed(str(exc), {"sampled_ranks": "pilot", "n_items": "pilot_n_items",
-                                            "n_samples": "pilot_n_samples"})) from None
-    design_text = ""
-    if pilot_adaptive is not None:
-        if isinstance(pilot_adaptive, SamplingDesign):  # an adaptive SamplingDesign (a fixed one: not adaptive)
-            if pilot_adaptive.adaptive_max is None:
-                raise ValueError(f"pilot_adaptive: {pilot_adaptive!r} is not adaptive (give None for a fixed-m pilot)")
-            pilot_adaptive = (pilot_adaptive.n_samples, pilot_adaptive.adaptive_max)
-        elif hasattr(pilot_adaptive, "stages"):  # an AdaptiveDesign (adaptive.py's or design.py's)
-            pilot_adaptive = (pilot_adaptive.n_samples, pilot_adaptive.adaptive_max)
-        if isinstance(pilot_adaptive, (str, bytes)) or not isinstance(pilot_adaptive, (tuple, list)) \
-                or len(pilot_adaptive) != 2:
-            raise ValueError(f"pilot_adaptive: expected an adaptive design or a (start m, cap) pair, got {pilot_adaptive!r}")
+        raise ValueError(renamed(str(exc), {"sampled_ranks": "pilot.ranks", "n_items": "pilot.n_candidates",
+                                            "n_samples": "pilot.n_samples"})) from None
+    design = None if adaptive is None else adaptive.adaptive
+    if design is not None:
         try:
-            design = AdaptiveDesign(*pilot_adaptive)
+            check_adaptive_histogram(hist, design)
         except ValueError as exc:
-            raise ValueError(f"pilot_adaptive: {exc}") from None
-        check_adaptive_histogram(hist, design)
+            raise ValueError(f"pilot: {exc}") from None
         design_text = f", adaptive m = {design.n_samples}->{design.cap}"
     else:
         ms = hist.n_samples[hist.totals > 0]
@@ -582,15 +568,14 @@ def _pilot_shape(pilot: Any, pilot_n_items: Any, pilot_n_samples: Any, pilot_ada
     if registry.get(fit).family == "auto":
         from .estimators import auto_method
 
-        fit = auto_method(spec if spec is not None else parse_metric("hit@10"), hist,
-                          design if pilot_adaptive is not None else None)[0]
+        fit = auto_method(spec if spec is not None else parse_metric("hit@10"), hist, design)[0]
     dist = estimate_rank_distribution(hist, method=fit, n_bootstrap=0, max_rel_n_spread=_PILOT_N_SPREAD)
     ns = hist.n_items[hist.totals > 0]
     n_text = f"n = {int(ns.min()):,}" + (f"..{int(ns.max()):,}" if ns.max() > ns.min() else "")
     source = f"pilot: {fit} fit on {int(round(hist.total)):,} sampled ranks ({n_text}{design_text})"
     occupied = hist.totals > 0
     n_mean = float(np.average(hist.n_items[occupied], weights=hist.totals[occupied]))
-    top_m = float(design.cap if pilot_adaptive is not None else hist.n_samples[occupied].max())
+    top_m = float(design.cap if design is not None else hist.n_samples[occupied].max())
     return _PilotShape(dist, source, (n_mean - 1.0) / (top_m + 1.0) + 1.0)
 
 
@@ -617,45 +602,30 @@ def _popularity_power(weights: torch.Tensor, pilot: torch.Tensor) -> float:
 
 def _check_design(design: Any, n_min: int, method: str,
                   world: Any = None) -> tuple[int, int | None, bool, bool, _Popularity | None]:
-    """(m, rounded cap or None, replacement, exact_at_cap, popularity) of one candidate design: an (m, cap_or_None)
-    pair, or a :class:`~reco_sampled_plugin.design.SamplingDesign` (uniform draws, fixed or adaptive,
-    ``exact_at_cap``; popularity draws where ``world``, a popularity pilot's
+    """(m, rounded cap or None, replacement, exact_at_cap, popularity) of one candidate design, a
+    :class:`~reco_sampled_plugin.design.SamplingDesign` (uniform draws, fixed or adaptive, ``exact_at_cap``;
+    popularity draws where ``world``, a popularity pilot's
     :class:`~reco_sampled_plugin._popularity_world.PopularityWorld`, is given: then ``popularity`` is (weights,
-    their power of the pilot's)) or AdaptiveDesign; the estimator must support it (``registry.get(method).supports``)."""
-    from .design import AdaptiveDesign as _Adaptive
-
-    if isinstance(design, (AdaptiveDesign, _Adaptive)):
-        design = SamplingDesign(design.n_samples, adaptive_max=design.adaptive_max)
-    if isinstance(design, SamplingDesign):
-        if design.law == "popularity":
-            if world is None:
-                raise ValueError(f"designs: {design.describe()} draws by popularity; {_POPULARITY_PILOT}")
-            if not design.replacement:
-                raise ValueError(f"designs: {design.describe()} draws without replacement, which no popularity "
-                                 "estimator corrects (no Hansen-Hurwitz weights); draw with replacement")
-            world.check_design(design.popularity)
-            if design.n_samples >= n_min - 1:
-                raise ValueError(f"designs: m = {design.n_samples} is not below n_items - 1 = {n_min - 1}; rank all "
-                                 "items instead")
-            if not registry.get(method).supports(design):
-                raise ValueError(f"designs: {method!r} does not correct popularity designs; use one of "
-                                 f"{registry.names(design=design)}")
-            power = _popularity_power(design.popularity, world.weights)
-            return design.n_samples, None, True, False, (design.popularity, power)
-        m, cap, replacement = design.n_samples, design.adaptive_max, design.replacement
-        exact = design.exact_at_cap
-    else:
-        try:
-            m, cap = design
-        except (TypeError, ValueError):
-            raise ValueError(f"designs: each design is (m, cap_or_None) or a SamplingDesign, got {design!r}") from None
-        m = check_size(m, "designs: m", 1, MAX_SAMPLES)
-        if cap is not None:
-            cap = check_size(cap, "designs: cap", 1, MAX_SAMPLES)
-            if cap < m:
-                raise ValueError(f"designs: the adaptive cap {cap} is below its first-stage m = {m}")
-        replacement = True
-        exact = False
+    their power of the pilot's)); the estimator must support it (``registry.get(method).supports``)."""
+    if not isinstance(design, SamplingDesign):
+        raise ValueError(f"designs: each design is a SamplingDesign (SamplingDesign(m), SamplingDesign(m, "
+                         f"adaptive_max=cap), ...), got {design!r}")
+    if design.law == "popularity":
+        if world is None:
+            raise ValueError(f"designs: {design.describe()} draws by popularity; {_POPULARITY_PILOT}")
+        if not design.replacement:
+            raise ValueError(f"designs: {design.describe()} draws without replacement, which no popularity "
+                             "estimator corrects (no Hansen-Hurwitz weights); draw with replacement")
+        world.check_design(design.popularity)
+        if design.n_samples >= n_min - 1:
+            raise ValueError(f"designs: m = {design.n_samples} is not below n_items - 1 = {n_min - 1}; rank all "
+                             "items instead")
+        if not registry.get(method).supports(design):
+            raise ValueError(f"designs: {method!r} does not correct popularity designs; use one of "
+                             f"{registry.names(design=design)}")
+        power = _popularity_power(design.popularity, world.weights)
+        return design.n_samples, None, True, False, (design.popularity, power)
+    m, cap, replacement, exact = design.n_samples, design.adaptive_max, design.replacement, design.exact_at_cap
     entry = registry.get(method)
     if cap is None:
         if m >= n_min - 1:
@@ -677,7 +647,7 @@ def _adaptive_start(n: int) -> int:
     return min(DEFAULT_ADAPTIVE_START, max(1, (n - 1) // 8))
 
 
-def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> list[tuple[int, int | None]]:
+def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> list[SamplingDesign]:
     """The default grid for catalogues of (at least) ``n_items`` candidates.
 
     Fixed m in :data:`DEFAULT_FIXED_M` with m < n - 1; adaptive sampling from m0 = min(100, (n - 1) // 8) with the
@@ -686,12 +656,12 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
     (``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``).
     """
     n = check_size(n_items, "n_items", 2)
-    out: list[tuple[int, int | None]] = [(m, None) for m in DEFAULT_FIXED_M if m < n - 1]
+    out = [SamplingDesign(m) for m in DEFAULT_FIXED_M if m < n - 1]
     if method in registry.names(adaptive=True):
         m0 = _adaptive_start(n)
         for cap in DEFAULT_ADAPTIVE_CAPS:
             if cap >= 2 * m0 and m0 < n - 1:
-                out.append((m0, AdaptiveDesign(m0, cap).cap))
+                out.append(SamplingDesign(m0, adaptive_max=AdaptiveDesign(m0, cap).cap))
                 if cap >= n - 1:
                     break
     return out
@@ -879,11 +849,8 @@ def plan(
     metric: str | MetricSpec,
     target_rel_error: float,
     *,
-    pilot: Any = None,
-    pilot_n_items: TensorLike | None = None,
-    pilot_n_samples: TensorLike | None = None,
-    pilot_adaptive: AdaptiveDesign | SamplingDesign | tuple[int, int | None] | None = None,
-    designs: Sequence[tuple[int, int | None] | SamplingDesign] | None = None,
+    pilot: SampledRanks | None = None,
+    designs: Sequence[SamplingDesign] | None = None,
     method: str | registry.Method = registry.DEFAULT_ESTIMATOR,
     repeats: int = 20,
     seed: int = 0,
@@ -902,24 +869,19 @@ def plan(
         n_users: users (one held-out positive each) in the evaluation.
         metric: e.g. ``"ndcg@10"``, ``"hit@10"``, ``"mrr"``.
         target_rel_error: the largest acceptable relative RMSE (0.05: 5%).
-        pilot: sampled ranks of a pilot evaluation (1-D) that give the shape of the rank distribution; without it
-            the default family :data:`DEFAULT_FAMILY` is used. Or the
-            :class:`~reco_sampled_plugin.ranking.SampledRanks` of a pilot draw, which carry their n, m and design
-            (give no ``pilot_n_items`` / ``pilot_n_samples`` / ``pilot_adaptive`` then); from
+        pilot: the :class:`~reco_sampled_plugin.ranking.SampledRanks` of a pilot draw, which give the shape of the
+            rank distribution and carry their n, m and design (ranks from elsewhere: ``SampledRanks(ranks,
+            n_candidates, design=SamplingDesign(m))``, adaptive ones with ``n_samples=`` each positive's final m);
+            without it the default family :data:`DEFAULT_FAMILY` is used. From
             :func:`~reco_sampled_plugin.scorer_ranks.sampled_ranks_from_scorer` they also carry the scorer's
             measured cost, and its seconds per pair time the plan unless ``seconds_per_pair`` is given. A popularity
             draw's SampledRanks (``SamplingDesign(m, popularity=w)``, with its class counts) make the plan's world
             ``pl_fit``'s fitted model of them (:mod:`~reco_sampled_plugin._popularity_world`: its users, tilt curves
             and rank priors; docs/popularity.md, "Planning a popularity design"): popularity designs are forecast by
             simulated popularity draws estimated as real ones, uniform designs from the same exact ranks.
-        pilot_n_items, pilot_n_samples: the pilot's n and m (ints or per-positive; for an adaptive pilot each
-            positive's final m).
-        pilot_adaptive: the pilot's adaptive design, (m, cap), an
-            :class:`~reco_sampled_plugin.adaptive.AdaptiveDesign` or an adaptive
-            :class:`~reco_sampled_plugin.design.SamplingDesign`.
-        designs: candidate designs: (m, cap_or_None) pairs or :class:`~reco_sampled_plugin.design.SamplingDesign`
-            objects (uniform draws with or without replacement, or adaptive; popularity draws with replacement with
-            a popularity pilot, whose weights put every item in the pilot's popularity class, e.g. any positive
+        designs: candidate designs, :class:`~reco_sampled_plugin.design.SamplingDesign` objects (uniform draws
+            with or without replacement, or adaptive; popularity draws with replacement with a popularity pilot,
+            whose weights put every item in the pilot's popularity class, e.g. any positive
             power of the pilot's weights); default :func:`default_designs` of the smallest n (with a popularity
             pilot: its own law at the fixed m of :data:`DEFAULT_FIXED_M` first).
         method: the estimator to forecast: a registered name (``reco_sampled_plugin.registry.names()``) that
@@ -954,11 +916,11 @@ def plan(
 
     Raises:
         ValueError: non-positive sizes, a target <= 0, an unknown metric or method, a cut-off K above n, a design
-            with cap below m or m >= n - 1, a popularity design without a popularity pilot (or whose weights leave
+            that is not a SamplingDesign or has m >= n - 1, a popularity design without a popularity pilot (or whose weights leave
             the pilot's classes, or drawn without replacement), a popularity pilot without class counts (a rank
-            file's) or with an ``n_items`` other than its catalogue, a pilot without its sizes (or sizes without a pilot), adaptive pilot
-            sizes that do not fit the design, no candidate design, or a ``seconds_per_pair`` that is not a finite
-            number > 0, or ``workers`` not an int >= 1.
+            file's) or with an ``n_items`` other than its catalogue, a pilot that is not SampledRanks with a design,
+            adaptive pilot sizes that do not fit the design, no candidate design, or a ``seconds_per_pair`` that is
+            not a finite number > 0, or ``workers`` not an int >= 1.
 
     Each design's fits run on one torch (and BLAS) thread, restored afterwards (:func:`_one_thread`); ``workers``
     designs at a time.
@@ -966,15 +928,14 @@ def plan(
     if workers is not None:
         check_int(workers, "workers", minimum=1)
     with _one_thread():
-        return _plan(n_items, n_users, metric, target_rel_error, pilot=pilot, pilot_n_items=pilot_n_items,
-                     pilot_n_samples=pilot_n_samples, pilot_adaptive=pilot_adaptive, designs=designs, method=method,
+        return _plan(n_items, n_users, metric, target_rel_error, pilot=pilot, designs=designs, method=method,
                      repeats=repeats, seed=seed, progress=progress, seconds_per_pair=seconds_per_pair,
                      screen=check_bool(screen, "screen"), workers=workers,
                      forecast_all=check_bool(forecast_all, "forecast_all"))
 
 
-def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error: Any, *, pilot: Any, pilot_n_items: Any,
-          pilot_n_samples: Any, pilot_adaptive: Any, designs: Any, method: str | registry.Method, repeats: Any, seed: Any,
+def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error: Any, *, pilot: Any,
+          designs: Any, method: str | registry.Method, repeats: Any, seed: Any,
           progress: bool | None = None, seconds_per_pair: float | None = None, screen: bool = True,
           workers: int | None = None, forecast_all: bool = False) -> Plan:
     import time
@@ -996,29 +957,22 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
     seed = check_int(seed, "seed", minimum=0)
     pilot_cost = None
     world = None
+    shape: _DefaultShape | _PilotShape | PopularityWorld
     if isinstance(pilot, SampledRanks) and pilot.design is not None and pilot.design.law == "popularity":
-        world, n_u, n_keep = _popularity_pilot(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive, n_items,
-                                               n_users, seed)
+        world, n_u, n_keep = _popularity_pilot(pilot, n_items, n_users, seed)
         n_min = int(n_u.min())
         if spec.k is not None and spec.k > n_min:
             raise ValueError(f"metric: cut-off K = {spec.k} is larger than a pilot user's candidates ({n_min})")
-        pilot_cost, pilot = pilot.cost, None
-    elif isinstance(pilot, SampledRanks):
-        pilot, pilot_n_items, pilot_n_samples, pilot_adaptive, pilot_cost = _unpack_pilot(
-            pilot, pilot_n_items, pilot_n_samples, pilot_adaptive)
-    spp, spp_source = _seconds_per_pair(seconds_per_pair, pilot_cost)
-    shape: _DefaultShape | _PilotShape | PopularityWorld
-    if world is not None:
-        shape = world
-    elif pilot is None:
-        if pilot_n_items is not None or pilot_n_samples is not None or pilot_adaptive is not None:
-            raise ValueError("pilot: pilot_n_items / pilot_n_samples / pilot_adaptive given without pilot ranks")
-        shape = _DefaultShape()
+        pilot_cost, shape = pilot.cost, world
+    elif pilot is not None:
+        shape = _pilot_shape(*_unpack_pilot(pilot), spec)
+        pilot_cost = pilot.cost
     else:
-        shape = _pilot_shape(pilot, pilot_n_items, pilot_n_samples, pilot_adaptive, spec)
+        shape = _DefaultShape()
+    spp, spp_source = _seconds_per_pair(seconds_per_pair, pilot_cost)
     if designs is None:
         checked: list[tuple[int, int | None, bool, bool, _Popularity | None]] = [
-            (m, cap, True, False, None) for m, cap in default_designs(n_min, method)]
+            (d.n_samples, d.adaptive_max, True, False, None) for d in default_designs(n_min, method)]
         if world is not None:  # the pilot's own law at the default fixed m, before the uniform grid
             own = world.pilot_design
             checked = [_check_design(SamplingDesign(m, popularity=own.popularity), n_min, method, world)
@@ -1197,13 +1151,3 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         notes=_pilot_notes(shape, spec, int(n_u.max())) if world is None else world.notes(),
     )
 
-
-# ------------------------------------------------------------------------------------------------------ CLI
-def __getattr__(name: str) -> Any:
-    """``add_plan_parser`` and ``run_plan``: the ``plan`` subcommand lives in ``cli.py`` (this module computes);
-    re-exported here, imported on first use."""
-    if name in ("add_plan_parser", "run_plan"):
-        from . import cli
-
-        return getattr(cli, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

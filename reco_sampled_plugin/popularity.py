@@ -77,13 +77,13 @@ def popularity_draws(sampled: SampledRanks, weights: TensorLike | None = None) -
     design = sampled.design
     if design is None:
         raise ValueError("sampled_ranks: these SampledRanks carry no design, so neither the popularity law nor m is "
-                         "known; draw them with sampled_ranks(..., popularity=w), sampled_ranks_from_scorer or "
-                         "evaluate_factors, which keep both")
+                         "known; draw them with sampled_ranks(..., SamplingDesign(m, popularity=w)), "
+                         "sampled_ranks_from_scorer or evaluate_factors, which keep both")
     if stats is None:
         why = ("draws without replacement are not independent: no Hansen-Hurwitz weights; draw with replacement "
                "(RecBole's popN does)" if not design.replacement else
-               "draw them with sampled_ranks(..., popularity=w), sampled_ranks_from_scorer or evaluate_factors, "
-               "which keep each positive's beating draws' 1/q~ (SampledRanks.popularity_stats)")
+               "draw them with sampled_ranks(..., SamplingDesign(m, popularity=w)), sampled_ranks_from_scorer or "
+               "evaluate_factors, which keep each positive's beating draws' 1/q~ (SampledRanks.popularity_stats)")
         raise ValueError(f"sampled_ranks: these popularity-sampled ranks ({design.describe()}) carry no per-draw "
                          f"weights, and a popularity design cannot be corrected from r~ alone; {why}")
     ranks = sampled.ranks
@@ -111,7 +111,7 @@ def popularity_draws(sampled: SampledRanks, weights: TensorLike | None = None) -
 _NO_PROFILE = ("sampled_ranks: pl_fit reads each positive's popularity-class counts (PopularityStats.profile, "
                "beat_bins, miss_bins: the drawable candidates and the distinct beating / other drawn items per "
                "class), which these ranks do not carry (a rank file keeps only the Hansen-Hurwitz sums hh_s1, "
-               "hh_s2); use hh for AUC, or rank the scores with sampled_ranks(..., popularity=w), "
+               "hh_s2); use hh for AUC, or rank the scores with sampled_ranks(..., SamplingDesign(m, popularity=w)), "
                "sampled_ranks_from_scorer or evaluate_factors, which keep them")
 
 

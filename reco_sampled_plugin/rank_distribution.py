@@ -83,10 +83,6 @@ from .sampling_laws import check_law, log_sampled_rank_pmf_unbounded as _log_sam
 from ._gspline import G_DF, G_PENALTY, cell_points, g_basis as _g_basis, spline_objective as _spline_objective
 from ._gspline import softmax as _softmax, spline_penalty, spline_probs, spline_value
 
-# draws live in ``simulate`` and ``adaptive``; importable from here as before
-from .adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact  # noqa: E402,F401
-from .simulate import simulate_sampled_ranks  # noqa: F401
-
 __all__ = [
     "RANK_DISTRIBUTION_METHODS",
     "RankDistribution",
@@ -96,9 +92,6 @@ __all__ = [
     "estimate_rank_distribution",
     "estimate_rank_distributions",
     "ReplicateFits",
-    "simulate_sampled_ranks",
-    "adaptive_sampled_ranks",
-    "adaptive_sampled_ranks_from_exact",
 ]
 
 def __getattr__(name: str) -> tuple[str, ...]:

@@ -75,29 +75,41 @@ class RankFile:
         """Whether the file carries popularity statistics (five columns)."""
         return self.hh_s1 is not None
 
-    def sampled(self) -> SampledRanks:
-        """A popularity file's :class:`~reco_sampled_plugin.ranking.SampledRanks` for ``estimate(metric, sampled)``:
-        the design draws by popularity (the weights themselves are not needed: the statistics are sufficient,
-        docs/popularity.md; a placeholder stands for them), one m for every positive.
+    def sampled(self, design: SamplingDesign | None = None) -> SampledRanks:
+        """This file's :class:`~reco_sampled_plugin.ranking.SampledRanks` for ``estimate(metric, sampled)`` or
+        ``plan(..., pilot=sampled)``.
+
+        A popularity file (``design`` None): the design draws by popularity (the weights themselves are not
+        needed: the statistics are sufficient, docs/popularity.md; a placeholder stands for them), one m for every
+        positive. Another file: ``design`` (default ``SamplingDesign(m)``, m the file's smallest; an adaptive
+        design's m is its first stage), with each positive's m from the file where they differ from the design's m
+        (an adaptive draw's final m).
 
         Raises:
-            ValueError naming ``n_samples`` when the positives' m differ, or ``sampled`` for a file without statistics.
+            ValueError naming ``n_samples`` when a popularity file's m differ, or ``design`` given with one.
         """
         import torch
 
         from ._popularity import PopularityStats
 
+        r = torch.from_numpy(self.ranks.astype(np.float64 if self.popularity else np.int64))
         if self.hh_s1 is None or self.hh_s2 is None:
-            raise ValueError("sampled: this rank file has no hh_s1 / hh_s2 columns (not popularity-sampled)")
+            m_min = int(self.n_samples.min()) if self.n_samples.size else 1
+            design = SamplingDesign(m_min) if design is None else design
+            sizes = None
+            if design.adaptive_max is not None or bool((self.n_samples != design.n_samples).any()):
+                sizes = torch.from_numpy(self.n_samples.astype(np.int64))
+            return SampledRanks(r, torch.from_numpy(self.n_items.astype(np.int64)), None, design, sizes)
+        if design is not None:
+            raise ValueError("design: a popularity-sampled rank file carries its own design (popularity draws)")
         ms = np.unique(self.n_samples)
         if ms.size != 1:
             raise ValueError(f"n_samples: a popularity-sampled rank file needs one m for every positive, got "
                              f"{ms.size} values ({int(ms.min())}..{int(ms.max())})")
-        r = torch.from_numpy(self.ranks.astype(np.float64))
         stats = PopularityStats(r - 1.0, torch.from_numpy(self.hh_s1), torch.from_numpy(self.hh_s2),
                                 torch.zeros(r.shape, dtype=torch.int64))
-        design = SamplingDesign.trusted(int(ms[0]), popularity=torch.ones(1, dtype=torch.float64))
-        return SampledRanks(r, torch.from_numpy(self.n_items.astype(np.float64)), None, design,
+        popularity = SamplingDesign.trusted(int(ms[0]), popularity=torch.ones(1, dtype=torch.float64))
+        return SampledRanks(r, torch.from_numpy(self.n_items.astype(np.float64)), None, popularity,
                             popularity_stats=stats)
 
 

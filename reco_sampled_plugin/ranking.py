@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, NamedTuple, Sequence, overload
+from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Sequence, overload
 
 import torch
 
@@ -452,9 +452,7 @@ class SampledRanks:
         the uncorrected sampled metric (``none``) is unchanged; the rank-distribution fits read a completed
         positive as the point mass at its R (:meth:`histogram`).
 
-    ``estimate(metric, sampled)`` takes it alone. For compatibility it unpacks like the tuples the draws
-    returned before the design object: ``ranks, n_candidates, negatives = sampled_ranks(...)`` for a fixed m,
-    ``ranks, sizes = adaptive_sampled_ranks(...)`` for an adaptive design.
+    ``estimate(metric, sampled)`` takes it alone; its parts are read by attribute (it does not unpack).
     """
 
     ranks: torch.Tensor
@@ -498,7 +496,7 @@ class SampledRanks:
             if design.popularity is not None:
                 raise ValueError("design: bare ranks cannot carry what popularity-sampled ranks need, each positive's "
                                  "beating draws' 1/q~; pass the SampledRanks of the draw (sampled_ranks(..., "
-                                 "n_samples=SamplingDesign(m, popularity=w)), sampled_ranks_from_scorer)")
+                                 "SamplingDesign(m, popularity=w)), sampled_ranks_from_scorer)")
         if n_samples is None:
             if design is None:
                 raise ValueError("n_samples: required (None given) unless a design gives m")
@@ -516,20 +514,6 @@ class SampledRanks:
         sizes = None if m is None else torch.as_tensor(m, dtype=torch.int64, device=r.device).expand(r.shape)
         e = None if exact_ranks is None else check_rank_values(exact_ranks, "exact_ranks", whole=True, padding=True)
         return cls(r, torch.as_tensor(n, dtype=torch.int64, device=r.device), None, design, sizes, exact_ranks=e)
-
-    def _legacy(self) -> tuple:
-        if self.n_samples is not None:
-            return (self.ranks, self.n_samples)
-        return (self.ranks, self.n_candidates, self.negatives)
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._legacy())
-
-    def __getitem__(self, i: int) -> Any:
-        return self._legacy()[i]
-
-    def __len__(self) -> int:
-        return len(self._legacy())
 
     def sizes(self) -> torch.Tensor | int:
         """m per positive: the adaptive sizes, else the design's m."""
@@ -954,8 +938,6 @@ def sampled_ranks(
     positives: torch.Tensor,
     n_samples: int | SamplingDesign | None = None,
     exclude: TensorLike | Exclusions | None = None,
-    replacement: bool = True,
-    popularity: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     *,
     negatives: torch.Tensor | None = None,
@@ -965,21 +947,19 @@ def sampled_ranks(
     """Rank each positive against its own m sampled irrelevant items.
 
     For every positive, m items are drawn from the row's irrelevant candidates (never a positive
-    of the row, never an excluded item): uniformly with replacement (the binomial law),
-    uniformly without replacement (hypergeometric), or proportionally to ``popularity``.
+    of the row, never an excluded item) as the design says: uniformly with replacement (the binomial law),
+    uniformly without replacement (hypergeometric), or proportionally to popularity weights.
     The sampled rank is r~ = 1 + #{drawn items scoring higher} (ties per ``ties``), in 1..m+1.
 
     Args:
         scores: (B, n) scores.
         positives: (B, n) bool mask, (B, P) int64 padded with -1, or (B,).
-        n_samples: m, the number of irrelevant items per positive (inferred from ``negatives``), or a fixed-m
-            :class:`~reco_sampled_plugin.design.SamplingDesign` (then ``replacement`` and ``popularity`` stay at
-            their defaults; adaptive designs draw in stages: :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks`).
+        n_samples: a fixed-m :class:`~reco_sampled_plugin.design.SamplingDesign` (with or without replacement,
+            popularity weights), or an int m: uniform with replacement; inferred from ``negatives`` when they are
+            given (adaptive designs draw in stages: :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks`).
         exclude: items never drawn and never ranked (training items), same forms as positives, or an
             :class:`~reco_sampled_plugin.exclusions.Exclusions` prepared once for these rows
             (:func:`~reco_sampled_plugin.exclusions.prepare_exclusions`).
-        replacement: draw with replacement (default) or without (an int ``n_samples`` only).
-        popularity: optional (n,) non-negative weights for popularity-weighted draws (an int ``n_samples`` only).
         generator: a ``torch.Generator`` for reproducible draws (and random tie-breaking).
         negatives: pre-drawn irrelevant items instead of drawing: (B, m) shared by the row's
             positives (NCF-style files with 99 negatives per user) or (B, P, m).
@@ -989,11 +969,10 @@ def sampled_ranks(
         :class:`SampledRanks` (ranks, n_candidates, negatives, and the draw's design).
     """
     check_ties(ties)
-    replacement = check_bool(replacement, "replacement")
     check_finite = check_bool(check_finite, "check_finite")
-    design: SamplingDesign | None = None
-    if isinstance(n_samples, SamplingDesign):
-        design = as_design(n_samples, replacement=replacement, popularity=popularity)  # loose keywords refused
+    design = n_samples if isinstance(n_samples, SamplingDesign) else None  # an int m is checked below
+    replacement, popularity = True, None
+    if design is not None:
         if design.adaptive_max is not None:
             raise ValueError("n_samples: an adaptive design draws in stages; call adaptive_sampled_ranks(scores, "
                              "positives, design)")
@@ -1057,8 +1036,7 @@ def sampled_ranks(
     neg_scores = scores.gather(1, neg.reshape(b, p * m)).reshape(b, p, m)
     ranks, beat = rank_among_drawn(pos_scores, neg_scores, pos, neg, ties, generator, beating=True)
     if design is None:  # built from validated parts, without a second validation (no extra host sync)
-        design = SamplingDesign.trusted(m, replacement=bool(replacement) if negatives is None else True,
-                                        popularity=popularity if negatives is None else None)
+        design = SamplingDesign.trusted(m)
     stats = popularity_draw_stats(design, beat, neg, pos, exc, n, given=negatives is not None)
     neg = torch.where(pos_valid.unsqueeze(2), neg, torch.full_like(neg, -1))
     n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)

@@ -89,6 +89,13 @@ OPTION_KINDS = {
 }
 
 
+def _code(ref: str) -> Any:
+    """The object named by ``"module:name"`` (a module relative to this package when it starts with a dot),
+    imported on first use."""
+    module, _, obj = ref.partition(":")
+    return getattr(importlib.import_module(module if not module.startswith(".") else __package__ + module), obj)
+
+
 @dataclass(frozen=True)
 class Option:
     """One option of an estimator: its name, kind (:data:`OPTION_KINDS`), default and a one-line summary.
@@ -215,9 +222,7 @@ class Estimator:
         if callable(target):
             return target
         if attr not in self._resolved:
-            module, _, obj = target.partition(":")
-            mod = importlib.import_module(module if not module.startswith(".") else __package__ + module)
-            self._resolved[attr] = getattr(mod, obj)
+            self._resolved[attr] = _code(target)
         return self._resolved[attr]
 
     def compute_function(self) -> Callable:
@@ -288,21 +293,16 @@ class Method:
         for o in entry.options:
             value = getattr(self, o.name)
             object.__setattr__(self, o.name, o.default if value is None and o.named else o.check(value))
+        # the checks below live with the code they guard and are named by reference, as compute functions are:
+        # the table imports nothing heavy, and no module that reads the table is imported back by it
         if self.max_rel_n_spread is not None:
-            from ._rank_hist import check_spread
-
-            object.__setattr__(self, "max_rel_n_spread", check_spread(self.max_rel_n_spread))
-        if self.top_shape is not None:
-            from .identification import TopShape
-
-            if not isinstance(self.top_shape, TopShape):
-                raise ValueError(f"top_shape: expected an identification.TopShape, got {type(self.top_shape).__name__}")
+            object.__setattr__(self, "max_rel_n_spread", _code("._rank_hist:check_spread")(self.max_rel_n_spread))
+        if self.top_shape is not None and not isinstance(self.top_shape, _code(".identification:TopShape")):
+            raise ValueError(f"top_shape: expected an identification.TopShape, got {type(self.top_shape).__name__}")
         if entry.fits_distribution:  # the fit's own rules (gmod's df >= 4, mes's base measure), before any work
-            from .rank_distribution import check_fit_options
-
             own = entry.family == "rank_distribution"
             fit = {k: v for k, v in self.options().items() if own or k in fit_option_names()}
-            check_fit_options(entry.name if own else "mle", **fit)
+            _code(".rank_distribution:check_fit_options")(entry.name if own else "mle", **fit)
 
     @property
     def name(self) -> str:

@@ -101,10 +101,10 @@ def _int_list(x: Any, name: str) -> tuple:
 
 
 def _checked_config(cfg: ReproduceConfig) -> ReproduceConfig:
-    """``cfg`` with its sampling design coerced once (``as_design``: an int ``n_samples`` with ``sampling`` and
-    ``adaptive_max``, or a SamplingDesign that carries them) and written back as plain values (n_samples, the law,
-    adaptive_max), and its estimator labels' base names checked against the registry (``bv:0.1`` -> ``bv``)."""
-    from .design import SamplingDesign, as_design
+    """``cfg`` with its sampling design built once (an int ``n_samples`` with ``sampling`` and ``adaptive_max``,
+    the command line's flags, or a SamplingDesign that carries them) and written back as plain values (n_samples,
+    the law, adaptive_max), and its estimator labels' base names checked against the registry (``bv:0.1`` -> ``bv``)."""
+    from .design import SamplingDesign
 
     # every option through the package's one check of its kind (a ValueError naming the field)
     if cfg.data is not None and not isinstance(cfg.data, (str, os.PathLike)):
@@ -119,12 +119,16 @@ def _checked_config(cfg: ReproduceConfig) -> ReproduceConfig:
                                                                   _int_list(cfg.m_grid, "m_grid")), **lists)
     if not isinstance(cfg.sampling, str) or cfg.sampling not in _LAWS:
         raise ValueError(f"sampling: expected 'binomial' or 'hypergeometric', got {cfg.sampling!r}")
-    replacement = None if cfg.sampling == "binomial" else False  # the default is no keyword next to a design
-    if not isinstance(cfg.n_samples, SamplingDesign):
-        replacement = _LAWS[cfg.sampling]
     if cfg.n_samples is None:
         raise ValueError("n_samples: required (the sampled irrelevant items per test item m, or a SamplingDesign)")
-    design = as_design(cfg.n_samples, replacement=replacement, adaptive_max=cfg.adaptive_max)
+    design: SamplingDesign
+    if isinstance(cfg.n_samples, SamplingDesign):  # the design carries the law and the cap
+        given = "sampling" if cfg.sampling != "binomial" else "adaptive_max" if cfg.adaptive_max is not None else None
+        if given is not None:
+            raise ValueError(f"{given}: given next to a sampling design; set it in the design instead")
+        design = cfg.n_samples
+    else:  # the command line's --n-samples, --sampling and --adaptive-max
+        design = SamplingDesign(cfg.n_samples, replacement=_LAWS[cfg.sampling], adaptive_max=cfg.adaptive_max)
     if design.law not in _LAWS:  # the simulations are of uniform draws
         raise ValueError(f"n_samples: the reproduction simulates uniform draws; {design!r} has {design.law} draws")
     groups = (
@@ -133,12 +137,10 @@ def _checked_config(cfg: ReproduceConfig) -> ReproduceConfig:
         ("rank_dist_methods", cfg.rank_dist_methods, lambda e: e.fits_distribution),
     )
     fixed = SamplingDesign(design.n_samples, replacement=design.replacement)  # Tables 3 and 4: fixed m
-    from .corrections import check_method
-
     for key, labels, fits in groups:
         for label in labels:
             base = str(label).partition(":")[0]
-            entry = registry.get(check_method(base) if key == "methods" else base)  # the corrections' aliases
+            entry = registry.get(base)
             if not fits(entry):
                 raise ValueError(f"{key}: {label!r} is a {entry.family} estimator; use some of "
                                  f"{tuple(n for n in registry.names() if fits(registry.get(n)))}")
@@ -296,7 +298,8 @@ def _adaptive_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: Re
     for i, (name, r) in enumerate(ranks.items()):
         gen = torch.Generator().manual_seed(cfg.seed + 104_729 * (i + 1))
         runs = r.unsqueeze(0).expand(cfg.repeats, -1)
-        s_ranks, sizes = adaptive_sampled_ranks_from_exact(runs, n_cand, design.n_samples, design.cap, gen)
+        drawn = adaptive_sampled_ranks_from_exact(runs, n_cand, design.n_samples, design.cap, gen)
+        s_ranks, sizes = drawn.ranks, cast(torch.Tensor, drawn.n_samples)  # an adaptive draw carries its sizes
         hists = [pool_by_n(sampled_rank_histogram(d, n_np, z), 0.1) for d, z in zip(s_ranks.numpy(), sizes.numpy())]
         fits = estimate_rank_distributions(hists, "mes", sampling="binomial")
         values = torch.from_numpy(np.stack([f.values(metrics) for f in fits]))

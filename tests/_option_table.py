@@ -32,9 +32,9 @@ from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values
 #: Parameters that are data (tensors, arrays, priors, callables, designs), not options: another suite fuzzes them.
 DATA = {
     "exclude", "relevance", "item_bias", "item_biases", "weights", "popularity", "prior", "generator", "negatives",
-    "top_shape", "shape", "adaptive", "score_fn", "pilot", "pilot_adaptive", "designs", "estimator_options",
+    "top_shape", "shape", "adaptive", "score_fn", "pilot", "designs", "estimator_options",
     "kwargs", "options", "n_candidates", "user_factors", "item_factors", "design", "dtype", "device",
-    "headline", "log", "cfg", "fn", "p", "pilot_n_items", "pilot_n_samples", "X_train", "X_test", "flags",
+    "headline", "log", "cfg", "fn", "p", "X_train", "X_test", "flags",
     "scorer", "users",
 }
 
@@ -187,7 +187,6 @@ def entries(tmp: str) -> list[Entry]:
               {"metrics": ["ndcg@5"]}),
         Entry("SamplingDesign", rsp.SamplingDesign, (5,), extra={"n_samples": "size"}),
         Entry("popularity_weights", rsp.popularity_weights, (torch.tensor([3.0, 0.0, 1.0]),)),
-        Entry("as_design", as_design, (5,), skip={"name": "the argument name its messages use, set by the package"}),
         Entry("AdaptiveDesign", rsp.AdaptiveDesign, (4, 16), extra={"n_samples": "size", "adaptive_max": "size"}),
         Entry("expected_sampled", expected_sampled, ("ndcg@5", exact, 30, 5)),
         Entry("sampled_rank_pmf", sampled_rank_pmf, (exact, 30, 5)),
@@ -232,7 +231,7 @@ def entries(tmp: str) -> list[Entry]:
         Entry("consistency_report", rsp.consistency_report, (ranks_by_model, 200, 10),
               {"repeats": 2, "metrics": ["ndcg@5"], "methods": ["none"]}),
         Entry("split_train_test", rsp.split_train_test, (X,)),
-        Entry("plan", planner.plan, (200, 50, "ndcg@10", 0.2), {"designs": [(10, None)], "repeats": 2},
+        Entry("plan", planner.plan, (200, 50, "ndcg@10", 0.2), {"designs": [rsp.SamplingDesign(10)], "repeats": 2},
               extra={"target_rel_error": "float", "n_users": "int"}),
         Entry("pilot_design", planner.pilot_design, (5000, "ndcg@10"), {"n_samples": 50}),
         Entry("load_interactions", datasets.load_interactions, (path,)),

@@ -10,14 +10,13 @@ from scipy import stats
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin.adaptive import (
-    AdaptiveDesign,
     adaptive_cost,
-    adaptive_design,
     adaptive_sampled_ranks,
     adaptive_sampled_ranks_from_exact,
     expected_samples,
     stage_event_cdf,
 )
+from reco_sampled_plugin.design import AdaptiveDesign, adaptive_design
 from reco_sampled_plugin._rank_hist import as_histogram
 
 
@@ -71,8 +70,9 @@ def test_simulated_adaptive_draws_follow_the_law():
     """Event frequencies of 200k simulated positives at one exact rank within 4 standard errors of the law."""
     n, r = 5000, 7
     d = AdaptiveDesign(20, 320)
-    ranks, sizes = adaptive_sampled_ranks_from_exact(torch.full((200_000,), r), n, 20, 320,
-                                                     generator=torch.Generator().manual_seed(3))
+    drawn = adaptive_sampled_ranks_from_exact(torch.full((200_000,), r), n, 20, 320,
+                                              generator=torch.Generator().manual_seed(3))
+    ranks, sizes = drawn.ranks, drawn.n_samples
     p = (r - 1) / (n - 1)
     for s, size in enumerate(d.stages.tolist()):
         i = np.array([1, 2, 4])
@@ -106,7 +106,8 @@ def test_adaptive_from_scores_equals_exact_rank_law():
     n_items, b = 400, 4000
     scores = torch.arange(n_items, 0, -1, dtype=torch.float64).expand(b, n_items).contiguous()  # item 0 best
     pos = torch.full((b, 1), 9)  # exact rank 10 among 400 candidates
-    ranks, sizes = adaptive_sampled_ranks(scores, pos, 8, 64, generator=torch.Generator().manual_seed(0))
+    drawn = adaptive_sampled_ranks(scores, pos, 8, 64, generator=torch.Generator().manual_seed(0))
+    ranks, sizes = drawn.ranks, drawn.n_samples
     d = AdaptiveDesign(8, 64)
     assert set(sizes.unique().tolist()) <= set(d.stages.tolist())
     assert not bool(((ranks == 1) & (sizes < 64)).any())
@@ -129,8 +130,9 @@ def test_cost_report_by_hand():
 
 def test_estimate_adaptive_checks_and_cost():
     exact = _log_uniform_ranks(20_000, 2000, 0)
-    ranks, sizes = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 20_000, 100, 3200,
-                                                     generator=torch.Generator().manual_seed(1))
+    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 20_000, 100, 3200,
+                                              generator=torch.Generator().manual_seed(1))
+    ranks, sizes = drawn.ranks, drawn.n_samples
     est = rsp.estimate("ndcg@10", ranks, 20_000, sizes, adaptive=(100, 3200), n_bootstrap=0)
     cost = est.details["adaptive"]
     assert cost["mean_samples"] == pytest.approx(float(sizes.double().mean()))
@@ -169,8 +171,9 @@ def test_adaptive_identified_interval_covers_truth():
     widths = []
     for rep in range(20):
         exact = _log_uniform_ranks(n, 1500, 100 + rep)
-        ranks, sizes = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), n, 100, 3200,
-                                                         generator=torch.Generator().manual_seed(rep))
+        drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), n, 100, 3200,
+                                                  generator=torch.Generator().manual_seed(rep))
+        ranks, sizes = drawn.ranks, drawn.n_samples
         for metric in hits:
             truth = float(rsp.metric_values(metric, torch.as_tensor(exact), n).mean())
             est = rsp.estimate(metric, ranks, n, sizes, adaptive=(100, 3200), n_bootstrap=0)
@@ -186,8 +189,9 @@ def test_adaptive_identified_interval_covers_truth():
     # narrower (measured: 0.12 against 0.20)
     exact = _log_uniform_ranks(n, 1500, 100)
     fixed = rsp.simulate_sampled_ranks(torch.as_tensor(exact), n, 100, generator=torch.Generator().manual_seed(0))
-    ranks, sizes = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), n, 100, 3200,
-                                                     generator=torch.Generator().manual_seed(0))
+    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), n, 100, 3200,
+                                              generator=torch.Generator().manual_seed(0))
+    ranks, sizes = drawn.ranks, drawn.n_samples
     lo_f, hi_f = rsp.estimate("ndcg@10", fixed, n, 100, n_bootstrap=0).interval(0.95)
     assert np.median(widths[0::2]) < 0.75 * (hi_f - lo_f)
     hr_fixed = rsp.estimate("hit@10", fixed, n, 100, n_bootstrap=0)
@@ -206,8 +210,9 @@ def test_pooling_keeps_adaptive_groups_inside_the_catalogue():
 
     n_u = np.random.default_rng(0).integers(900, 1700, 900)
     exact = np.minimum(_log_uniform_ranks(2000, 900, 1), n_u)
-    ranks, sizes = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), torch.as_tensor(n_u), 100, 3200,
-                                                     generator=torch.Generator().manual_seed(2))
+    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), torch.as_tensor(n_u), 100, 3200,
+                                              generator=torch.Generator().manual_seed(2))
+    ranks, sizes = drawn.ranks, drawn.n_samples
     hist = as_histogram(ranks, torch.as_tensor(n_u), sizes)
     pooled, changed = pool_groups(hist, 16)
     assert changed and pooled.n_items.max() <= n_u.max() and pooled.n_items.min() >= n_u.min()

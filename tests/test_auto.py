@@ -82,7 +82,7 @@ def test_auto_under_popularity_runs_hh_for_auc_and_pl_fit_otherwise():
     weights = torch.rand(300) + 0.1
     scores = torch.randn(50, 300, generator=torch.Generator().manual_seed(0))
     positives = torch.randint(0, 300, (50, 1), generator=torch.Generator().manual_seed(1))
-    sampled = rsp.sampled_ranks(scores, positives, 20, popularity=weights, generator=torch.Generator().manual_seed(2))
+    sampled = rsp.sampled_ranks(scores, positives, rsp.SamplingDesign(20, popularity=weights), generator=torch.Generator().manual_seed(2))
     for metric, chosen in (("auc", "hh"), ("hit@10", "pl_fit"), ("ndcg@10", "pl_fit"), ("mrr", "pl_fit")):
         auto, direct = rsp.estimate(metric, sampled), rsp.estimate(metric, sampled, method=chosen)
         assert auto.details["auto"]["method"] == chosen == registry.popularity_auto(metric)
@@ -101,13 +101,13 @@ def test_auto_refuses_designs_its_choices_cannot_read():
     weights = torch.rand(300) + 0.1
     scores = torch.randn(50, 300, generator=torch.Generator().manual_seed(0))
     positives = torch.randint(0, 300, (50, 1), generator=torch.Generator().manual_seed(1))
-    without = rsp.sampled_ranks(scores, positives, 20, replacement=False, popularity=weights,
+    without = rsp.sampled_ranks(scores, positives, rsp.SamplingDesign(20, replacement=False, popularity=weights),
                                 generator=torch.Generator().manual_seed(2))
     with pytest.raises(ValueError, match="^sampled_ranks: .*without replacement are not independent"):
         rsp.estimate("auc", without, method="auto")  # hh: no Hansen-Hurwitz weights without replacement
     with pytest.raises(ValueError, match="method"):
         rsp.estimate("hit@10", without, method="auto")  # pl_fit models draws with replacement
-    sampled = rsp.sampled_ranks(scores, positives, 20, popularity=weights, generator=torch.Generator().manual_seed(2))
+    sampled = rsp.sampled_ranks(scores, positives, rsp.SamplingDesign(20, popularity=weights), generator=torch.Generator().manual_seed(2))
     stripped = dataclasses.replace(sampled, popularity_stats=dataclasses.replace(
         sampled.popularity_stats, profile=None, beat_bins=None, miss_bins=None))  # as a rank file reads back
     with pytest.raises(ValueError, match=r"^sampled_ranks: pl_fit reads each positive's popularity-class counts"):

@@ -33,14 +33,14 @@ def _gen(seed: int = 0) -> torch.Generator:
     [
         (torch.zeros(0, 1, dtype=L), {}),
         (torch.zeros(0, 10, dtype=torch.bool), {}),
-        (torch.zeros(0, 1, dtype=L), {"replacement": False}),
-        (torch.zeros(0, 1, dtype=L), {"popularity": torch.ones(10)}),
+        (torch.zeros(0, 1, dtype=L), {"n_samples": rsp.SamplingDesign(3, replacement=False)}),
+        (torch.zeros(0, 1, dtype=L), {"n_samples": rsp.SamplingDesign(3, popularity=torch.ones(10))}),
         (torch.zeros(0, 1, dtype=L), {"ties": "random"}),
         (torch.zeros(0, 1, dtype=L), {"ties": "average"}),
     ],
 )
 def test_sampled_ranks_of_zero_users_are_empty(positives, kwargs):
-    out = rsp.sampled_ranks(torch.zeros(0, 10), positives, 3, generator=_gen(), **kwargs)
+    out = rsp.sampled_ranks(torch.zeros(0, 10), positives, generator=_gen(), **{"n_samples": 3, **kwargs})
     p = positives.shape[1] if positives.dtype != torch.bool else 0
     assert out.ranks.shape == (0, p)
     assert out.n_candidates.shape == (0,) and out.n_candidates.dtype == torch.int64
@@ -65,7 +65,8 @@ def test_zero_user_batch_matches_the_end_of_a_loop():
 
 
 def test_adaptive_sampled_ranks_of_zero_users_are_empty():
-    ranks, sizes = rsp.adaptive_sampled_ranks(torch.zeros(0, 10), torch.zeros(0, 1, dtype=L), 2, 8, generator=_gen())
+    drawn = rsp.adaptive_sampled_ranks(torch.zeros(0, 10), torch.zeros(0, 1, dtype=L), 2, 8, generator=_gen())
+    ranks, sizes = drawn.ranks, drawn.n_samples
     assert ranks.shape == (0, 1) and sizes.shape == (0, 1) and sizes.dtype == torch.int64
 
 
@@ -376,8 +377,8 @@ def test_popularity_weights_are_float64_and_scale_free():
     """A list of 1e300 used to become float32 inf; only the ratios matter."""
     scores = torch.rand(4, 50, generator=_gen(0))
     pos = torch.tensor([0, 1, 2, 3])
-    big = rsp.sampled_ranks(scores, pos, 5, popularity=[1e300] * 25 + [3e300] * 25, generator=_gen(1))
-    small = rsp.sampled_ranks(scores, pos, 5, popularity=[1.0] * 25 + [3.0] * 25, generator=_gen(1))
+    big = rsp.sampled_ranks(scores, pos, rsp.SamplingDesign(5, popularity=[1e300] * 25 + [3e300] * 25), generator=_gen(1))
+    small = rsp.sampled_ranks(scores, pos, rsp.SamplingDesign(5, popularity=[1.0] * 25 + [3.0] * 25), generator=_gen(1))
     assert torch.equal(big.negatives, small.negatives) and torch.equal(big.ranks, small.ranks)
     assert bool(((big.ranks >= 1) & (big.ranks <= 6)).all())
 
@@ -388,12 +389,12 @@ def test_popularity_weights_are_float64_and_scale_free():
 @pytest.mark.parametrize("replacement", [True, False])
 def test_bad_popularity(popularity, replacement):
     with pytest.raises(ValueError, match="popularity"):
-        rsp.sampled_ranks(torch.rand(2, 10), torch.tensor([0, 1]), 3, replacement=replacement, popularity=popularity)
+        rsp.sampled_ranks(torch.rand(2, 10), torch.tensor([0, 1]), rsp.SamplingDesign(3, replacement=replacement, popularity=popularity))
 
 
 def test_bad_popularity_is_refused_even_without_positives():
     with pytest.raises(ValueError, match="popularity"):
-        rsp.sampled_ranks(torch.rand(2, 10), torch.full((2, 1), -1), 3, popularity=torch.full((10,), float("nan")))
+        rsp.sampled_ranks(torch.rand(2, 10), torch.full((2, 1), -1), rsp.SamplingDesign(3, popularity=torch.full((10,), float("nan"))))
 
 
 def test_correction_table_n_beyond_exact_arithmetic():

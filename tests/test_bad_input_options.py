@@ -270,7 +270,7 @@ def test_torchmetrics_options_are_checked_at_construction():
         SampledRankingMetrics("hit@10", 10, ("bv",), estimator_options={"bv": {"gamma": math.nan}})
     with pytest.raises(ValueError, match="^foo: "):
         SampledRankingMetrics("hit@10", 10, ("mle",), estimator_options={"mle": {"foo": 1}})
-    with pytest.raises(ValueError, match="^sampling: "):  # set by replacement=, not an estimator option
+    with pytest.raises(ValueError, match="^sampling: "):  # set by the design, not an estimator option
         SampledRankingMetrics("hit@10", 10, ("mle",), estimator_options={"mle": {"sampling": "binomial"}})
     with pytest.raises(ValueError, match="^tol: "):
         SampledRankingMetrics("hit@10", 10, ("mes",), estimator_options={"mes": {"tol": math.nan}})
@@ -279,7 +279,7 @@ def test_torchmetrics_options_are_checked_at_construction():
     with pytest.raises(ValueError, match="^count_other_positives: "):
         ExactRankingMetrics(count_other_positives="no")
     with pytest.raises(ValueError, match="^replacement: "):
-        SampledRankingMetrics(replacement="no")
+        SampledRankingMetrics(n_samples=rsp.SamplingDesign(10, replacement="no"))
     with pytest.raises(ValueError, match="^seed: "):
         SampledRankingMetrics(seed=1.5)
     with pytest.raises(ValueError, match="^max_n_groups: "):

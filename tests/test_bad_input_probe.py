@@ -178,13 +178,16 @@ def test_candidate_counts_refuses_what_does_not_fit_the_catalogue():
 
 
 # ---------------------------------------------------------------------------------------------------- designs
-def test_as_design_converts_and_checks_a_pair():
-    """An (m, cap) pair was returned as the tuple itself, unchecked."""
-    d = as_design((5, 20))
-    assert isinstance(d, rsp.SamplingDesign) and d == rsp.SamplingDesign(5, adaptive_max=20)
+def test_as_design_takes_a_design_or_an_int():
+    """A SamplingDesign is returned as is, an int m is SamplingDesign(m); anything else (the 0.1 (m, cap) pair
+    included) is refused naming the argument."""
+    d = rsp.SamplingDesign(5, adaptive_max=20)
+    assert as_design(d) is d and as_design(5) == rsp.SamplingDesign(5) and as_design(None) is None
+    _raises_naming(lambda: as_design((5, 20)), "n_samples")
     _raises_naming(lambda: as_design((1, 2, 3)), "n_samples")
-    _raises_naming(lambda: as_design((10, 5)), "adaptive_max")  # the cap below the first stage
-    _raises_naming(lambda: as_design(("5", 20)), "n_samples")
+    _raises_naming(lambda: as_design("5"), "n_samples")
+    _raises_naming(lambda: as_design(0, name="design"), "design")
+    _raises_naming(lambda: rsp.SamplingDesign(10, adaptive_max=5), "adaptive_max")  # the cap below the first stage
 
 
 @pytest.mark.parametrize("method", sorted(rsp.registry.names()))
@@ -264,23 +267,32 @@ def test_adaptive_cost_checks_its_arguments():
     _raises_naming(lambda: rsp.adaptive_cost(hist, rsp.SamplingDesign(10)), "design")  # not adaptive
     empty = rsp.sampled_rank_histogram(torch.tensor([1]), 1000, 10, weights=torch.zeros(1))
     _raises_naming(lambda: rsp.adaptive_cost(empty, rsp.AdaptiveDesign(10, 40)), "hist")  # was NaN
-    c = rsp.adaptive_cost(hist, (10, 40))  # a pair is a design, as everywhere else
+    _raises_naming(lambda: rsp.adaptive_cost(hist, (10, 40)), "design")  # a design is a SamplingDesign, not a pair
+    c = rsp.adaptive_cost(hist, rsp.SamplingDesign(10, adaptive_max=40))
     assert c.mean_samples == pytest.approx((40 + 10 + 20) / 3) and c.max_samples == 40
     assert c.share_at_cap == pytest.approx(1 / 3)
 
 
-@pytest.mark.parametrize("kwargs, name", [
-    ({"pilot": torch.tensor([NAN, 1.0]), "pilot_n_items": 100, "pilot_n_samples": 10}, "pilot"),
-    ({"pilot": "abc", "pilot_n_items": 100, "pilot_n_samples": 10}, "pilot"),
-    ({"pilot": torch.tensor([50]), "pilot_n_items": 100, "pilot_n_samples": 10}, "pilot"),  # r~ > m + 1
-    ({"pilot": RT, "pilot_n_items": 100, "pilot_n_samples": NAN}, "pilot_n_samples"),
-    ({"pilot": RT, "pilot_n_items": "100", "pilot_n_samples": 10}, "pilot_n_items"),
-    ({"pilot": RT, "pilot_n_items": torch.full((3,), 100), "pilot_n_samples": 10}, "pilot_n_items"),
-    ({"pilot": RT, "pilot_n_items": 100, "pilot_n_samples": 10, "pilot_adaptive": "x"}, "pilot_adaptive"),
-    ({"pilot": RT, "pilot_n_items": 100, "pilot_n_samples": 10, "pilot_adaptive": (10, 5)}, "pilot_adaptive"),
+def _pilot(ranks, n_items=100, n_samples=None, design=None) -> rsp.SampledRanks:
+    """A pilot's SampledRanks built from parts (no checks: the planner checks them)."""
+    return rsp.SampledRanks(ranks, n_items, design=rsp.SamplingDesign(10) if design is None else design,
+                            n_samples=n_samples)
+
+
+@pytest.mark.parametrize("pilot, name", [
+    (_pilot(torch.tensor([NAN, 1.0])), "pilot.ranks"),
+    ("abc", "pilot"),
+    (_pilot("abc"), "pilot.ranks"),
+    (_pilot(torch.tensor([50])), "pilot.ranks"),  # r~ > m + 1
+    (_pilot(RT, torch.tensor(100), n_samples=torch.tensor(NAN)), "pilot.n_samples"),
+    (_pilot(RT, "100"), "pilot.n_candidates"),
+    (_pilot(RT, torch.full((3,), 100)), "pilot"),  # 3 candidate counts for 10 ranks
+    (rsp.SampledRanks(RT, torch.tensor(100)), "pilot"),  # no design
+    # adaptive: sizes that are not stages of the design
+    (_pilot(RT, torch.tensor(100), torch.full((10,), 10), rsp.SamplingDesign(4, adaptive_max=16)), "pilot"),
 ])
-def test_plan_pilot_arguments_are_named(kwargs, name):
-    _raises_naming(lambda: planner.plan(1000, 100, "ndcg@10", 0.1, repeats=2, progress=False, **kwargs), name)
+def test_plan_pilot_arguments_are_named(pilot, name):
+    _raises_naming(lambda: planner.plan(1000, 100, "ndcg@10", 0.1, repeats=2, progress=False, pilot=pilot), name)
 
 
 # ------------------------------------------------------------------------------------------ datasets, baselines

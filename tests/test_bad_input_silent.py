@@ -148,8 +148,8 @@ SAMPLED_BASE = dict(metrics=("hit@5", "ndcg@10"), n_samples=10, estimators=("non
 # one field changed at a time, and the name the refusal must start with
 SAMPLED_CHANGES = {
     "n_samples": ("n_samples", {"n_samples": 12}),
-    "replacement": ("n_samples", {"replacement": False}),
-    "adaptive": ("n_samples", {"adaptive_max": 40, "estimators": ("none",)}),
+    "replacement": ("n_samples", {"n_samples": rsp.SamplingDesign(10, replacement=False)}),
+    "adaptive": ("n_samples", {"n_samples": rsp.SamplingDesign(10, adaptive_max=40), "estimators": ("none",)}),
     "metrics": ("metrics", {"metrics": ("hit@5", "ndcg@5")}),
     "estimators": ("estimators", {"estimators": ("none", "cls")}),
     "estimator_options": ("estimator_options", {"estimator_options": {"bv": {"gamma": 0.3}}}),

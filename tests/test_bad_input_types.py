@@ -52,8 +52,10 @@ def test_the_table_covers_every_public_entry_point_with_options():
     for name in rsp.__all__:
         obj = getattr(rsp, name)
         # register: its one option (replace) is pinned below, as a call registers; SampledRanks, ScoringCost: result
-        # types (built by the draws, not by users)
-        if not callable(obj) or isinstance(obj, type(rsp)) or name in ("register", "SampledRanks", "ScoringCost"):
+        # types (built by the draws, not by users); as_design: its one option (name) is the argument name its
+        # messages use, set by the package (its design argument: tests/test_bad_input_probe.py)
+        if not callable(obj) or isinstance(obj, type(rsp)) or name in ("register", "SampledRanks", "ScoringCost",
+                                                                          "as_design"):
             continue
         try:
             params = inspect.signature(obj).parameters.values()
@@ -159,8 +161,8 @@ def test_replacement_string_is_refused_and_false_draws_distinct_items():
     pos = torch.zeros(50, dtype=torch.int64)
     for bad in ("no", "False", 0, None):
         with pytest.raises(ValueError, match="^replacement: "):
-            rsp.sampled_ranks(scores, pos, 11, replacement=bad, generator=g)
-    out = rsp.sampled_ranks(scores, pos, 11, replacement=False, generator=g)
+            rsp.sampled_ranks(scores, pos, rsp.SamplingDesign(11, replacement=bad), generator=g)
+    out = rsp.sampled_ranks(scores, pos, rsp.SamplingDesign(11, replacement=False), generator=g)
     neg = out.negatives.reshape(50, 11)
     # without replacement, 11 draws from the 11 irrelevant items are exactly those items: the exact rank
     assert all(sorted(row) == list(range(1, 12)) for row in neg.tolist())

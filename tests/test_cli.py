@@ -110,8 +110,9 @@ def test_estimate_command_adaptive_rank_file(tmp_path, capsys):
 
     gen = np.random.default_rng(5)
     exact = np.minimum(np.floor(np.exp(gen.uniform(0, np.log(20_001), 1500))), 20_000).astype(np.int64)
-    ranks, sizes = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 20_000, 100, 3200,
-                                                         generator=torch.Generator().manual_seed(0))
+    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 20_000, 100, 3200,
+                                              generator=torch.Generator().manual_seed(0))
+    ranks, sizes = drawn.ranks, drawn.n_samples
     f = tmp_path / "adaptive.csv"
     f.write_text("rank,n_candidates,n_samples\n" + "\n".join(f"{r},20000,{m}" for r, m in zip(ranks.tolist(), sizes.tolist())) + "\n")
     assert main(["estimate", str(f), "--metric", "hit@10", "--n-samples", "100", "--adaptive-max", "3200"]) == 0

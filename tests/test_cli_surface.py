@@ -1,5 +1,5 @@
 """The command line's surface (issue 25): ``--help`` starts without torch, and every flag is the Python parameter's
-name (``-`` for ``_``), with the old spellings kept as hidden, deprecated aliases."""
+name (``-`` for ``_``)."""
 
 from __future__ import annotations
 
@@ -83,7 +83,9 @@ CLI_ONLY = {
     ("estimate", "file"): "read_rank_file's path (positional)",
     ("estimate", "progress"): "a bar over the (metric, method) estimates, as SampledRankingMetrics.estimates(progress=)",
     ("plan", "design"): "repeatable: one entry of plan(designs=...)",
-    ("plan", "pilot_adaptive_max"): "the adaptive_max of plan(pilot_adaptive=SamplingDesign(...))",
+    ("plan", "pilot_n_items"): "the pilot file's n when it has no n column (its SampledRanks.n_candidates)",
+    ("plan", "pilot_n_samples"): "the pilot file's m when it has no m column (its design's n_samples)",
+    ("plan", "pilot_adaptive_max"): "the adaptive_max of the pilot's design (plan(pilot=SampledRanks(...)))",
 }
 
 
@@ -116,24 +118,20 @@ def test_recbole_flags_are_run_recbole_parameters():
     assert {"model", "dataset", "config_file_list", "saved"} <= params
 
 
-def _plan_args(flag: str, capsys) -> tuple[argparse.Namespace, str]:
-    args = cli.build_parser().parse_args(["plan", "--n-items", "3000", flag, "400", "--metric", "ndcg@10",
+def test_plan_n_users(capsys):
+    args = cli.build_parser().parse_args(["plan", "--n-items", "3000", "--n-users", "400", "--metric", "ndcg@10",
                                           "--target-rel-error", "0.1"])
-    return args, capsys.readouterr().err
-
-
-def test_plan_n_users_and_its_deprecated_alias(capsys):
-    new, err_new = _plan_args("--n-users", capsys)
-    old, err_old = _plan_args("--users", capsys)
-    assert new.n_users == old.n_users == 400 and vars(new) == vars(old)
-    assert err_new == "" and "--users is deprecated; use --n-users" in err_old
+    assert args.n_users == 400 and capsys.readouterr().err == ""
     help_text = _subparsers(cli.build_parser())["plan"].format_help()
     assert "--n-users" in help_text and "--users" not in help_text.replace("--n-users", "")
-    assert cli.main(["plan", "--n-items", "3000", "--metric", "ndcg@10", "--target-rel-error", "0.1"]) == 2
-    assert "--n-users: required" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # argparse's own check of a required option
+        cli.main(["plan", "--n-items", "3000", "--metric", "ndcg@10", "--target-rel-error", "0.1"])
+    assert exc.value.code == 2 and "--n-users" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the 0.1 spelling is gone
+        cli.main(["plan", "--n-items", "3000", "--users", "400", "--metric", "ndcg@10", "--target-rel-error", "0.1"])
 
 
-def test_estimate_test_rating_and_its_deprecated_aliases(tmp_path, capsys):
+def test_estimate_test_rating(tmp_path, capsys):
     rating = tmp_path / "x.test.rating"
     negative = tmp_path / "x.test.negative"
     scores = tmp_path / "scores.txt"
@@ -143,13 +141,9 @@ def test_estimate_test_rating_and_its_deprecated_aliases(tmp_path, capsys):
     common = ["--scores", str(scores), "--n-items", "50", "--metric", "recall@10", "--method", "none"]
     assert cli.main(["estimate", "--test-rating", str(rating), "--test-negative", str(negative)] + common) == 0
     new = capsys.readouterr()
-    assert cli.main(["estimate", "--ncf-rating", str(rating), "--ncf-negative", str(negative)] + common) == 0
-    old = capsys.readouterr()
-    assert new.out == old.out and "2 sampled ranks" in new.out
+    assert "2 sampled ranks" in new.out
     # sampled ranks 2 and 4 among m = 3 negatives: the plain sampled recall@10 of both is 1
     row = next(line.split() for line in new.out.splitlines() if line.startswith("recall@10"))
     assert row[1] == "none" and float(row[2]) == 1.0
-    assert "--ncf-rating is deprecated; use --test-rating" in old.err
-    assert "--ncf-negative is deprecated; use --test-negative" in old.err
     help_text = _subparsers(cli.build_parser())["estimate"].format_help()
     assert "--test-rating" in help_text and "--ncf-rating" not in help_text

@@ -396,7 +396,7 @@ def test_ls_variance_is_flagged_not_hidden():
     """Plain least squares (minimal bias, eq. 21 without constraint) has a table of huge alternating entries
     at n >> m: its estimate can leave the metric's range. estimate() says so; cls and bv stay inside."""
     from reco_sampled_plugin import estimate
-    from reco_sampled_plugin.rank_distribution import simulate_sampled_ranks
+    from reco_sampled_plugin.simulate import simulate_sampled_ranks
 
     rng = np.random.default_rng(0)
     n = 1600
@@ -518,3 +518,10 @@ def test_bv_mle_tables_refused_by_the_diagonal_equal_the_stacked_least_squares(m
     want = [estimate(k, sampled, n, 100, method="bv_mle").value for k in ("ndcg@10", "recall@10")]
     corr.clear_correction_cache()
     assert got == want
+
+
+@pytest.mark.parametrize("name", ["sampled", "uncorrected", "rank", "minimal_bias", "constrained_ls", "bias_variance", "BV"])
+def test_only_registry_names_name_a_correction(name):
+    with pytest.raises(ValueError, match=r"^method: unknown correction .*; use one of \('none', 'rank_estimate', 'ls', "
+                                         r"'cls', 'bv'\)"):
+        correction_table("hit@10", 100, 10, name)

@@ -4,7 +4,7 @@ For each entry point (``evaluate_factors``, ``SampledRankingMetrics``, the Light
 the CLI, the planner):
 
 (a) ``SamplingDesign(m)`` gives what the int ``m`` gives (same seed);
-(b) ``SamplingDesign(m, adaptive_max=cap)`` gives what the loose ``adaptive_max=cap`` gives;
+(b) an adaptive ``SamplingDesign(m, adaptive_max=cap)`` is taken;
 (c) a design the chosen estimator does not support is refused with a ValueError naming the estimator;
 (d) an estimator registered at run time (``registry.register``) is accepted without any other edit, and runs.
 """
@@ -76,24 +76,22 @@ def test_evaluate_factors_design():
 
     train, test, u, v = _factor_data()
     kw = dict(k=5, metrics=["ndcg@5", "hit@5"], seed=3)
-    # (a) SamplingDesign(m) is the int m; with and without replacement
+    # (a) SamplingDesign(m) is the int m
     _same_factor_results(evaluate_factors(train, test, u, v, n_samples=10, method="bv", **kw),
                          evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10), method="bv", **kw))
-    _same_factor_results(
-        evaluate_factors(train, test, u, v, n_samples=10, replacement=False, method="cls", **kw),
-        evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10, replacement=False), method="cls", **kw))
-    # (b) the adaptive design is the loose adaptive_max
-    _same_factor_results(
-        evaluate_factors(train, test, u, v, n_samples=10, adaptive_max=40, method="none", **kw),
-        evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10, adaptive_max=40), method="none", **kw))
+    without = evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10, replacement=False), method="cls",
+                               **kw)
+    assert without.sampled.n_samples == 10 and without.sampled.adaptive_max is None and without.estimates
+    # (b) an adaptive design
+    adaptive = evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10, adaptive_max=40), method="none",
+                                **kw)
+    assert adaptive.sampled.adaptive_max == 40 and int(adaptive.sampled.sample_sizes.max()) <= 40
     # (c) an estimator that does not support the design, named
     with pytest.raises(ValueError, match="^method: 'bv' assumes one fixed m"):
         evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10, adaptive_max=40), method="bv", **kw)
-    # loose keywords next to a design are refused (they would be ignored)
-    with pytest.raises(ValueError, match="^adaptive_max: given next to a sampling design"):
-        evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10), adaptive_max=40, **kw)
-    with pytest.raises(ValueError, match="^replacement: given next to a sampling design"):
-        evaluate_factors(train, test, u, v, n_samples=SamplingDesign(10), replacement=False, **kw)
+    # a design is one SamplingDesign or an int m: the 0.1 pair (m, cap) is refused
+    with pytest.raises(ValueError, match="^n_samples: expected a SamplingDesign or an int m"):
+        evaluate_factors(train, test, u, v, n_samples=(10, 40), **kw)
 
 
 def test_evaluate_factors_registered_estimator_is_known(bv_copy):
@@ -138,27 +136,25 @@ def _torchmetrics_run(**kw):
 def test_torchmetrics_design():
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
 
-    # (a) SamplingDesign(m) is the int m; with and without replacement
-    for design_kw, loose_kw in (({}, {}), ({"replacement": False}, {"replacement": False})):
-        a, ra = _torchmetrics_run(n_samples=20, estimators=("none", "bv"), **loose_kw)
-        b, rb = _torchmetrics_run(n_samples=SamplingDesign(20, **design_kw), estimators=("none", "bv"))
-        assert torch.equal(a.hist, b.hist) and ra.keys() == rb.keys()
-        assert all(torch.equal(ra[k], rb[k]) for k in ra)
-        assert a.design == b.design == SamplingDesign(20, **design_kw)
-        assert (a.n_samples, a.replacement, a.sampling) == (b.n_samples, b.replacement, b.sampling)
-    # (b) the adaptive design is the loose adaptive_max; self.design is the SamplingDesign either way
-    a, ra = _torchmetrics_run(n_samples=4, adaptive_max=32, estimators=("none", "mes"),
+    # (a) SamplingDesign(m) is the int m
+    a, ra = _torchmetrics_run(n_samples=20, estimators=("none", "bv"))
+    b, rb = _torchmetrics_run(n_samples=SamplingDesign(20), estimators=("none", "bv"))
+    assert torch.equal(a.hist, b.hist) and ra.keys() == rb.keys()
+    assert all(torch.equal(ra[k], rb[k]) for k in ra)
+    assert a.design == b.design == SamplingDesign(20)
+    assert (a.n_samples, a.replacement, a.sampling) == (b.n_samples, b.replacement, b.sampling)
+    w, _ = _torchmetrics_run(n_samples=SamplingDesign(20, replacement=False), estimators=("none", "bv"))
+    assert (w.n_samples, w.replacement, w.sampling) == (20, False, "hypergeometric")
+    # (b) an adaptive design; self.design is the SamplingDesign
+    a, ra = _torchmetrics_run(n_samples=SamplingDesign(4, adaptive_max=32), estimators=("none", "mes"),
                               estimator_options={"mes": {"n_bootstrap": 0}})
-    b, rb = _torchmetrics_run(n_samples=SamplingDesign(4, adaptive_max=32), estimators=("none", "mes"),
-                              estimator_options={"mes": {"n_bootstrap": 0}})
-    assert a.design == b.design == SamplingDesign(4, adaptive_max=32) and b.adaptive_max == 32
-    assert torch.equal(a.hist, b.hist) and all(torch.equal(ra[k], rb[k]) for k in ra)
+    assert a.design == SamplingDesign(4, adaptive_max=32) and a.adaptive_max == 32
     assert a.hist.shape[1] > 5  # the adaptive state (every stage's columns)
     # (c) an estimator that does not support the design, named
     with pytest.raises(ValueError, match=r"^estimators: \['bv'\] assume one fixed m"):
         SampledRankingMetrics("hit@10", SamplingDesign(4, adaptive_max=32), ("none", "bv"))
-    with pytest.raises(ValueError, match="^adaptive_max: given next to a sampling design"):
-        SampledRankingMetrics("hit@10", SamplingDesign(4), ("none",), adaptive_max=32)
+    with pytest.raises(ValueError, match="^n_samples: expected a SamplingDesign or an int m"):
+        SampledRankingMetrics("hit@10", (4, 32), ("none",))
     # popularity designs are drawn by keyed inverse cdf (issue 28; tests/test_popularity_entry_points.py), with
     # replacement only
     with pytest.raises(ValueError, match="^n_samples: keyed popularity draws are with replacement"):
@@ -224,20 +220,18 @@ def test_lightning_callback_design(tmp_path):
     callbacks = [
         RankingMetricsCallback(("ndcg@10", "hit@5"), n_samples=20, prefix="int_", **fixed),
         RankingMetricsCallback(("ndcg@10", "hit@5"), n_samples=SamplingDesign(20), prefix="design_", **fixed),
-        RankingMetricsCallback(("ndcg@10",), n_samples=5, adaptive_max=40, prefix="loose_", **adaptive),
         RankingMetricsCallback(("ndcg@10",), n_samples=SamplingDesign(5, adaptive_max=40), prefix="ad_", **adaptive),
     ]
     assert callbacks[1].design == SamplingDesign(20) and callbacks[1].n_samples == 20
-    assert callbacks[2].design == callbacks[3].design == SamplingDesign(5, adaptive_max=40)
-    r_int, r_design, r_loose, r_ad = _validate(callbacks, tmp_path)
+    assert callbacks[2].design == SamplingDesign(5, adaptive_max=40)  # (b)
+    r_int, r_design, r_ad = _validate(callbacks, tmp_path)
     _same_results(r_int, r_design, "int_", "design_")  # (a)
-    _same_results(r_loose, r_ad, "loose_", "ad_")  # (b)
     assert any(k.endswith("/bv") for k in r_design) and any(k.endswith("/mes") for k in r_ad)
     # (c) refused when the callback is built, naming the estimator
     with pytest.raises(ValueError, match=r"^estimators: \['bv'\] assume one fixed m"):
         RankingMetricsCallback(n_samples=SamplingDesign(5, adaptive_max=40), estimators=("none", "bv"))
-    with pytest.raises(ValueError, match="^replacement: given next to a sampling design"):
-        RankingMetricsCallback(n_samples=SamplingDesign(5), replacement=False)
+    with pytest.raises(ValueError, match="^n_samples: expected a SamplingDesign or an int m"):
+        RankingMetricsCallback(n_samples=(5, 40))
 
 
 def test_lightning_callback_registered_estimator_is_accepted(bv_copy):
@@ -308,7 +302,7 @@ def test_recbole_registered_estimator_is_accepted(bv_copy):
 def _rank_file(tmp_path, with_m: bool = True):
     gen = torch.Generator().manual_seed(4)
     exact = torch.randint(1, 2001, (400,), generator=gen)
-    from reco_sampled_plugin.rank_distribution import simulate_sampled_ranks
+    from reco_sampled_plugin.simulate import simulate_sampled_ranks
 
     ranks = simulate_sampled_ranks(exact, 2000, 50, "binomial", gen)
     path = tmp_path / ("ranks_m.csv" if with_m else "ranks.csv")
@@ -371,11 +365,12 @@ def test_planner_design():
     from reco_sampled_plugin.planner import plan
 
     kw = dict(n_items=3000, n_users=300, metric="hit@10", target_rel_error=0.3, repeats=3, seed=1)
-    # (a) and (b): SamplingDesign objects are the (m, cap) pairs
-    pairs = plan(**kw, designs=[(100, None), (50, 800)])
+    # (a) and (b): fixed and adaptive SamplingDesign objects, forecast in order
     designs = plan(**kw, designs=[SamplingDesign(100), SamplingDesign(50, adaptive_max=800)])
-    assert _forecasts(pairs) == _forecasts(designs)
     assert [f.design for f in designs.forecasts] == [SamplingDesign(100), SamplingDesign(50, adaptive_max=800)]
+    assert (designs.forecasts[1].n_samples, designs.forecasts[1].adaptive_max) == (50, 800)
+    with pytest.raises(ValueError, match="^designs: each design is a SamplingDesign"):  # the 0.1 pairs
+        plan(**kw, designs=[(100, None)])
     # without replacement: the hypergeometric law, labelled
     hyper = plan(**kw, designs=[SamplingDesign(100, replacement=False)], method="cls")
     assert hyper.forecasts[0].label == "m = 100 (no repl.)" and math.isfinite(hyper.forecasts[0].rel_error)
@@ -384,12 +379,6 @@ def test_planner_design():
         plan(**kw, designs=[SamplingDesign(50, adaptive_max=800)], method="bv")
     with pytest.raises(ValueError, match="^method: unknown estimator 'nope'"):
         plan(**kw, method="nope")
-
-
-def test_planner_cli_is_reexported():
-    from reco_sampled_plugin import cli, planner
-
-    assert planner.run_plan is cli.run_plan and planner.add_plan_parser is cli.add_plan_parser
 
 
 def test_planner_registered_estimator_is_known(bv_copy):

@@ -8,7 +8,7 @@ import recometrics
 import scipy.sparse as sp
 import torch
 
-from reco_sampled_plugin import exact_ranks, metric_values
+from reco_sampled_plugin import SamplingDesign, exact_ranks, metric_values
 from reco_sampled_plugin.factors import FactorEvaluation, evaluate_factors
 
 ALL_FLAGS = dict(all_metrics=True, nthreads=1)
@@ -319,8 +319,7 @@ def _uniform_rows(n_users, n_items, n_train, n_test, seed):
 def test_sampled_side_every_irrelevant_item_gives_the_exact_rank():
     """Without replacement and m = all irrelevant candidates, the sampled rank is the exact single-item rank."""
     x_train, x_test, a, b = _uniform_rows(40, 30, 5, 3, 0)
-    res = evaluate_factors(x_train, x_test, a, b, k=5, metrics=["ndcg", "recall", "auc"], n_samples=22,
-                           replacement=False, batch_size=16)
+    res = evaluate_factors(x_train, x_test, a, b, k=5, metrics=["ndcg", "recall", "auc"], n_samples=SamplingDesign(22, replacement=False), batch_size=16)
     assert isinstance(res, FactorEvaluation)
     s = res.sampled
     assert s.sampled_ranks.shape == (40 * 3,) and bool((s.n_candidates == 23).all())
@@ -366,7 +365,7 @@ def test_adaptive_sampling_equals_the_core_on_the_same_draws():
     from reco_sampled_plugin.adaptive import adaptive_sampled_ranks
 
     x_train, x_test, a, b = _uniform_rows(200, 3000, 10, 2, 4)
-    res = evaluate_factors(x_train, x_test, a, b, k=10, metrics=["ndcg", "hit"], n_samples=10, adaptive_max=160,
+    res = evaluate_factors(x_train, x_test, a, b, k=10, metrics=["ndcg", "hit"], n_samples=SamplingDesign(10, adaptive_max=160),
                            method="mes", seed=5)
     s = res.sampled
     assert s.adaptive_max == 160 and s.n_samples == 10
@@ -377,8 +376,9 @@ def test_adaptive_sampling_equals_the_core_on_the_same_draws():
     scores[torch.tensor(x_train.toarray() != 0)] = -math.inf
     pos = torch.tensor(np.stack([np.sort(x_test[u].indices) for u in range(200)]))
     exc = torch.tensor(np.stack([np.sort(x_train[u].indices) for u in range(200)]))
-    ranks, sizes = adaptive_sampled_ranks(scores, pos, 10, 160, exclude=exc,
-                                          generator=torch.Generator().manual_seed(5), check_finite=False)
+    drawn = adaptive_sampled_ranks(scores, pos, 10, 160, exclude=exc,
+                                   generator=torch.Generator().manual_seed(5), check_finite=False)
+    ranks, sizes = drawn.ranks, drawn.n_samples
     order = torch.argsort(s.users * 3000 + s.items)
     assert torch.equal(s.sampled_ranks[order], ranks.reshape(-1))
     assert torch.equal(s.sample_sizes[order], sizes.reshape(-1))
@@ -391,12 +391,10 @@ def test_adaptive_sampling_equals_the_core_on_the_same_draws():
         assert row["max_samples"] == int(s.sample_sizes.max())
         assert row["share_at_cap"] == pytest.approx(float((s.sample_sizes == 160).double().mean()))
         assert row["lo"] <= row["corrected"] <= row["hi"]
-    for kwargs, msg in (
-        ({"adaptive_max": 5}, "adaptive_max"),
-        ({"adaptive_max": 160, "replacement": False}, "with replacement"),
-        ({"adaptive_max": 160, "method": "bv"}, "fixed m"),
+    for design_kw, kwargs, msg in (
+        ({"adaptive_max": 5}, {}, "adaptive_max"),
+        ({"adaptive_max": 160, "replacement": False}, {}, "with replacement"),
+        ({"adaptive_max": 160}, {"method": "bv"}, "fixed m"),
     ):
         with pytest.raises(ValueError, match=msg):
-            evaluate_factors(x_train, x_test, a, b, k=10, n_samples=10, **kwargs)
-    with pytest.raises(ValueError, match="adaptive_max: needs n_samples"):
-        evaluate_factors(x_train, x_test, a, b, k=10, adaptive_max=160)
+            evaluate_factors(x_train, x_test, a, b, k=10, n_samples=SamplingDesign(10, **design_kw), **kwargs)

@@ -196,8 +196,7 @@ def test_sampled_ranking_metrics(m, cap, est, opt, poison, keep_all):
 
     options = {est[0]: opt} if opt else None
     metric = _contract(
-        lambda: SampledRankingMetrics(("ndcg@10", "auc"), n_samples=m, estimators=est, estimator_options=options,
-                                      adaptive_max=cap),
+        lambda: SampledRankingMetrics(("ndcg@10", "auc"), n_samples=rsp.SamplingDesign(m, adaptive_max=cap), estimators=est, estimator_options=options),
         ("n_samples", "adaptive_max", "estimators", "estimator_options", "gamma", "n_bootstrap", "foo", "tol"))
     if metric is None:
         return

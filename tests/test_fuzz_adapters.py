@@ -112,7 +112,7 @@ EVALUATE_OPTIONS = {  # (valid values, bad or edge values) per option of evaluat
     "method": ([None, "bv", "mes", "none"], ["magic", 3]),
     "ties": (["pessimistic", "average", "random", "optimistic"], ["sideways", None]),
     "batch_size": ([None, 1, 5], [0, -3, 2.5]),
-    "adaptive_max": ([None], [3, 2.5, -1, 2**40]),
+    "adaptive_max": ([None], [3, 2.5, -1, 2**40]),  # the cap of n_samples=SamplingDesign(4, adaptive_max=...)
 }
 
 
@@ -130,10 +130,13 @@ def test_evaluate_factors(broken, bad_kind, data, seed):
     v = _factors(bad_kind if broken == "item_factors" else "ok", n_items, d, rng)
     options = {name: data.draw(st.sampled_from(bad if name == broken else good), label=name)
                for name, (good, bad) in EVALUATE_OPTIONS.items()}
-    if options["adaptive_max"] is not None:
-        options["n_samples"] = 4
-    if options["method"] is not None and options["n_samples"] is None:
+    cap = options.pop("adaptive_max")
+    if options["method"] is not None and options["n_samples"] is None and cap is None:
         options["method"] = None
+
+    def run():
+        n_samples = options["n_samples"] if cap is None else rsp.SamplingDesign(4, adaptive_max=cap)
+        return rsp.evaluate_factors(train, test, u, v, seed=seed, **{**options, "n_samples": n_samples})
 
     def check(out):
         frame = out.metrics if hasattr(out, "metrics") else out
@@ -148,8 +151,7 @@ def test_evaluate_factors(broken, bad_kind, data, seed):
             for est in out.estimates.values():  # corrected values: in range, or flagged outside_metric_range
                 _unit_or_flagged_nan(est)
 
-    _contract(lambda: rsp.evaluate_factors(train, test, u, v, seed=seed, **options),
-              ("user_factors", "item_factors", "factors", "X_", "metric") + tuple(EVALUATE_OPTIONS), check)
+    _contract(run, ("user_factors", "item_factors", "factors", "X_", "metric") + tuple(EVALUATE_OPTIONS), check)
 
 
 # ------------------------------------------------------------------------------------------- RecBole configs
@@ -281,7 +283,7 @@ CALLBACK_OPTIONS = {  # (valid values, bad or edge values) per option of the cal
     "n_samples": ([None, 10, 100], [-2, 0, 10.5, 2**31, "10", True]),
     "ties": (["pessimistic", "average", "random"], ["up", None]),
     "estimators": ([("none",), ("bv", "mes"), ()], [("magic",), "bv", (3,)]),
-    "adaptive_max": ([None], [5, 2**30, 100.5, -1]),
+    "adaptive_max": ([None], [5, 2**30, 100.5, -1]),  # the cap of n_samples=SamplingDesign(m, adaptive_max=...)
 }
 
 
@@ -294,4 +296,11 @@ def test_lightning_callback_options(broken, data):
                for name, (good, bad) in CALLBACK_OPTIONS.items()}
     if options["n_samples"] is None:
         options["estimators"] = ()
-    _contract(lambda: RankingMetricsCallback(**options), tuple(CALLBACK_OPTIONS) + ("metric",))
+    cap = options.pop("adaptive_max")
+
+    def run():
+        m = options["n_samples"]
+        return RankingMetricsCallback(**{**options, "n_samples": m if cap is None or m is None else
+                                         rsp.SamplingDesign(m, adaptive_max=cap)})
+
+    _contract(run, tuple(CALLBACK_OPTIONS) + ("metric",))

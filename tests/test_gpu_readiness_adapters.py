@@ -29,6 +29,7 @@ from reco_sampled_plugin.adapters._shared import keyed_negatives, padded_inputs 
 from reco_sampled_plugin.factor_ranks import _GATHER_ELEMENTS as GATHER_ELEMENTS  # noqa: E402
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
 from reco_sampled_plugin.factor_ranks import TILE_ELEMENTS  # noqa: E402
+from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
 
 # the adapters' own host synchronisations per update (beyond the core functions they call)
 OWN = {
@@ -104,14 +105,11 @@ def _counted(box, fn, *args, **kwargs):
 
 
 def _case(name):
-    kw = dict(metrics=("ndcg@10", "hit@5", "auc"), n_samples=20, estimators=("none",))
+    kw = dict(metrics=("ndcg@10", "hit@5", "auc"), estimators=("none",))
     if name.startswith("exact"):
         return ExactRankingMetrics(kw["metrics"], check_finite="positives" if name == "exact_positives" else True)
-    if "noreplace" in name:
-        kw["replacement"] = False
-    if "adaptive" in name:
-        kw["adaptive_max"] = 160
-    return SampledRankingMetrics(**kw)
+    design = SamplingDesign(20, replacement="noreplace" not in name, adaptive_max=160 if "adaptive" in name else None)
+    return SampledRankingMetrics(**kw, n_samples=design)
 
 
 def _update(metric, name, scores, pos, exc, ids, factors):
@@ -183,7 +181,7 @@ def test_states_and_draws_live_on_the_metric_device(device):
     scores, pos, exc, ids = _data(16, 400, device)
     ex = ExactRankingMetrics(("ndcg@10",)).to(device)
     sm = SampledRankingMetrics(("ndcg@10",), n_samples=20, estimators=("none",)).to(device)
-    ad = SampledRankingMetrics(("ndcg@10",), n_samples=20, estimators=("none",), adaptive_max=80).to(device)
+    ad = SampledRankingMetrics(("ndcg@10",), n_samples=SamplingDesign(20, adaptive_max=80), estimators=("none",)).to(device)
     ex.update(scores, pos, exc)
     sm.update(scores, pos, exc, ids=ids)
     ad.update(scores, pos, exc, ids=ids)
@@ -226,9 +224,10 @@ def test_factor_update_temporaries_stay_within_a_tile(name):
     pos, exc = order[:, :p].clone(), order[:, p:p + e].clone()
     pos[1::2, 1] = -1
     metric = _case(name)
-    kw = dict(metrics=("ndcg@10",), n_samples=100, estimators=("none",))
+    kw = dict(metrics=("ndcg@10",), estimators=("none",))
     if name.startswith("sampled"):
-        metric = SampledRankingMetrics(**kw, adaptive_max=400 if "adaptive" in name else None)
+        cap = 400 if "adaptive" in name else None
+        metric = SampledRankingMetrics(**kw, n_samples=SamplingDesign(100, adaptive_max=cap))
     _update(metric, name, None, pos, exc, ids, (u, v))
     _, rec = peak_temporary(_update, metric, name, None, pos, exc, ids, (u, v))
     m = 100

@@ -51,21 +51,24 @@ def _calls(scores, pos, exc):
     gen = torch.Generator().manual_seed(1)
     pm, em = _masks(scores, pos, exc)
     w = _weights(n, scores.device)
+    # the designs are built once, as a user builds them, outside the counted calls
+    without = rsp.SamplingDesign(M, replacement=False)
+    by_popularity = rsp.SamplingDesign(M, popularity=w)
+    by_popularity_without = rsp.SamplingDesign(M, replacement=False, popularity=w)
     return {
         "exact": lambda: rsp.exact_ranks(scores, pos, exc),
         "exact_average": lambda: rsp.exact_ranks(scores, pos, exc, "average", count_other_positives=False),
         "exact_random": lambda: rsp.exact_ranks(scores, pos, exc, "random", generator=gen),
         "exact_masks": lambda: rsp.exact_ranks(scores, pm, exclude=em),
         "sampled": lambda: rsp.sampled_ranks(scores, pos, M, exc, generator=gen),
-        "sampled_no_replacement": lambda: rsp.sampled_ranks(scores, pos, M, exc, replacement=False, generator=gen),
-        "sampled_default_generator": lambda: rsp.sampled_ranks(scores, pos, M, exc, replacement=False),
-        "popularity": lambda: rsp.sampled_ranks(scores, pos, M, exc, popularity=w, generator=gen),
-        "popularity_no_replacement": lambda: rsp.sampled_ranks(scores, pos, M, exc, replacement=False, popularity=w,
-                                                               generator=gen),
+        "sampled_no_replacement": lambda: rsp.sampled_ranks(scores, pos, without, exc, generator=gen),
+        "sampled_default_generator": lambda: rsp.sampled_ranks(scores, pos, without, exc),
+        "popularity": lambda: rsp.sampled_ranks(scores, pos, by_popularity, exc, generator=gen),
+        "popularity_no_replacement": lambda: rsp.sampled_ranks(scores, pos, by_popularity_without, exc, generator=gen),
         "per_user_metrics": lambda: rsp.per_user_metrics(scores, pos, ["ndcg@10", "recall@10", "auc"], exc),
         "per_user_metrics_dict": lambda: rsp.per_user_metrics(scores, pos, ["ndcg@10", "ap@5"], exc, as_frame=False),
         "per_user_metrics_masks": lambda: rsp.per_user_metrics(scores, pm, ["ndcg@10", "recall@10"], em),
-        "sampled_masks": lambda: rsp.sampled_ranks(scores, pm, M, em, replacement=False, generator=gen),
+        "sampled_masks": lambda: rsp.sampled_ranks(scores, pm, without, em, generator=gen),
     }
 
 
@@ -136,7 +139,7 @@ def test_random_numbers_live_on_the_scores_device(device):
     for kw in ({}, {"replacement": False}, {"popularity": _weights(400, device)},
                {"popularity": _weights(400, device), "replacement": False}):
         for gen in (None, torch.Generator().manual_seed(3)):
-            res = rsp.sampled_ranks(scores, pos, 10, exc, generator=gen, **kw)
+            res = rsp.sampled_ranks(scores, pos, rsp.SamplingDesign(10, **kw), exc, generator=gen)
             assert res.ranks.device.type == res.negatives.device.type == device.type
             valid = pos >= 0
             neg = res.negatives[valid]  # (V, m): never a positive or excluded item
@@ -280,7 +283,7 @@ def test_uniform_without_replacement_is_hypergeometric(n_items, m):
     users = 12_000
     scores = torch.arange(n_items, 0, -1, dtype=torch.float64).repeat(users, 1)  # item i has rank i + 1
     r_item = n_items // 3
-    res = rsp.sampled_ranks(scores, torch.full((users, 1), r_item), m, replacement=False,
+    res = rsp.sampled_ranks(scores, torch.full((users, 1), r_item), rsp.SamplingDesign(m, replacement=False),
                             generator=torch.Generator().manual_seed(11))
     observed = torch.bincount(res.ranks[:, 0], minlength=m + 2)[1:].numpy()
     probs = st.hypergeom(n_items - 1, r_item, m).pmf(np.arange(m + 1))
@@ -307,7 +310,7 @@ def test_popularity_without_replacement_is_successive_sampling(weights):
     users = 20_000
     w = torch.tensor(weights, dtype=torch.float64)
     scores = torch.randn(users, len(weights), generator=torch.Generator().manual_seed(0))
-    res = rsp.sampled_ranks(scores, torch.full((users, 1), 0), 2, replacement=False, popularity=w,
+    res = rsp.sampled_ranks(scores, torch.full((users, 1), 0), rsp.SamplingDesign(2, replacement=False, popularity=w),
                             generator=torch.Generator().manual_seed(2))
     neg = res.negatives[:, 0].sort(1).values
     assert (neg[:, 0] != neg[:, 1]).all() and (neg != 0).all()
@@ -321,7 +324,7 @@ def test_popularity_without_replacement_is_successive_sampling(weights):
     assert _chi2_pvalue(observed, probs / probs.sum()) > 1e-3
     # every allowed item of positive weight but one: the redraws of a dominant item's duplicates still end
     n_pos = int((w[1:] > 0).sum())
-    full = rsp.sampled_ranks(scores, torch.full((users, 1), 0), n_pos - 1, replacement=False, popularity=w,
+    full = rsp.sampled_ranks(scores, torch.full((users, 1), 0), rsp.SamplingDesign(n_pos - 1, replacement=False, popularity=w),
                              generator=torch.Generator().manual_seed(3))
     assert (full.negatives[:, 0].sort(1).values.diff(dim=1) > 0).all()
 
@@ -330,7 +333,7 @@ def test_popularity_with_replacement_follows_the_weights_on_device(device):
     users, n = 20_000, 7
     w = torch.tensor([0.0, 1.0, 2.0, 3.0, 0.5, 4.0, 1.5], device=device)
     scores = torch.randn(users, n, device=device)
-    res = rsp.sampled_ranks(scores, torch.full((users, 1), 3, device=device), 3, popularity=w)
+    res = rsp.sampled_ranks(scores, torch.full((users, 1), 3, device=device), rsp.SamplingDesign(3, popularity=w))
     counts = torch.bincount(res.negatives.reshape(-1).cpu(), minlength=n).numpy()
     probs = w.cpu().numpy().copy()
     probs[3] = 0.0

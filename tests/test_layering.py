@@ -193,7 +193,6 @@ def _cycles(graph: dict) -> list[list[str]]:
 
 
 def test_no_import_cycle_anywhere():
-    """Module-level imports form no cycle at all; with the imports inside functions the only cycle is the planner's
-    re-export of the ``plan`` command's functions, which moved to cli.py (a compatibility path, imported lazily)."""
+    """Module-level imports form no cycle at all, nor with the imports inside functions."""
     assert _cycles(import_graph(lazy=False)) == []
-    assert _cycles(import_graph(lazy=True)) == [["cli", "planner"]]
+    assert _cycles(import_graph(lazy=True)) == []

@@ -21,6 +21,7 @@ import _lightning_helpers as H  # noqa: E402
 
 from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, callback_class  # noqa: E402
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
+from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning" / "mf_ml100k.py"
 OPTS = dict(n_samples=20, estimators=("none", "bv", "bound"), max_n_groups=None)
@@ -236,7 +237,7 @@ def test_ddp_two_processes_equal_one(tmp_path):
     the negatives are keyed by the global sample position, which the callback derives from the sampler."""
     opts = dict(OPTS, estimators=("none", "bv", "bound", "cls"))
 
-    adaptive = dict(n_samples=5, adaptive_max=40, estimators=("none", "mes"), max_n_groups=None,
+    adaptive = dict(n_samples=SamplingDesign(5, adaptive_max=40), estimators=("none", "mes"), max_n_groups=None,
                     estimator_options={"mes": {"n_bootstrap": 4}})
 
     def callbacks():

@@ -29,7 +29,7 @@ from reco_sampled_plugin.mapping import (
 )
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_curve
-from reco_sampled_plugin.rank_distribution import simulate_sampled_ranks
+from reco_sampled_plugin.simulate import simulate_sampled_ranks
 
 # ------------------------------------------------------------------------------- closed forms
 @pytest.mark.parametrize("n,m", [(3706, 99), (10_000, 100), (1682, 50), (100_000_000, 10_000)])

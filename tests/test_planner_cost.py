@@ -112,7 +112,7 @@ def test_full_pairs_per_user_with_exclusions():
     sampled = sampled_ranks_from_scorer(MatrixScorer(scores), positives, n, 30, exclude=exclude, generator=g)
     n_u = sampled.n_candidates.numpy()  # n minus the excluded items (the positive included)
     assert np.array_equal(n_u, n - (exclude >= 0).sum(1).numpy())
-    result = plan(n_u, b, "ndcg@10", 0.5, designs=[(30, None)], repeats=2, seconds_per_pair=1e-3)
+    result = plan(n_u, b, "ndcg@10", 0.5, designs=[SamplingDesign(30)], repeats=2, seconds_per_pair=1e-3)
     assert result.full_pairs * b == pytest.approx(sampled.cost.full_pairs, rel=1e-12)
     assert result.forecasts[0].pairs * b == sampled.cost.pairs == b * 31
     assert result.full_scoring_seconds == pytest.approx(sampled.cost.full_pairs * 1e-3, rel=1e-12)
@@ -121,8 +121,10 @@ def test_full_pairs_per_user_with_exclusions():
 # --------------------------------------------------------------------------------------------- seconds arithmetic
 @pytest.fixture(scope="module")
 def timed_plan():
-    return plan(20_000, 1200, "ndcg@10", 0.15, designs=[(50, None), (500, None), (100, 3200), (100, 800)],
-                repeats=4, seed=3, seconds_per_pair=2.5e-5, forecast_all=True)
+    designs = [SamplingDesign(50), SamplingDesign(500), SamplingDesign(100, adaptive_max=3200),
+               SamplingDesign(100, adaptive_max=800)]
+    return plan(20_000, 1200, "ndcg@10", 0.15, designs=designs, repeats=4, seed=3, seconds_per_pair=2.5e-5,
+                forecast_all=True)
 
 
 def test_seconds_arithmetic(timed_plan):
@@ -144,7 +146,7 @@ def test_seconds_arithmetic(timed_plan):
 
 
 def test_no_times_without_seconds_per_pair():
-    result = plan(5000, 300, "hit@10", 0.5, designs=[(50, None)], repeats=2)
+    result = plan(5000, 300, "hit@10", 0.5, designs=[SamplingDesign(50)], repeats=2)
     assert result.seconds_per_pair is None and result.seconds_per_pair_source is None
     assert math.isnan(result.forecasts[0].scoring_seconds) and math.isnan(result.full_scoring_seconds)
     text = result.format()
@@ -162,7 +164,7 @@ def test_duration_formatting():
 @pytest.mark.parametrize("bad", [0.0, -1e-6, math.nan, math.inf, "1e-5", True, [1e-5]])
 def test_bad_seconds_per_pair(bad):
     with pytest.raises(ValueError, match="^seconds_per_pair"):
-        plan(5000, 300, "hit@10", 0.5, designs=[(50, None)], repeats=2, seconds_per_pair=bad)
+        plan(5000, 300, "hit@10", 0.5, designs=[SamplingDesign(50)], repeats=2, seconds_per_pair=bad)
 
 
 # ------------------------------------------------------------------------------------------------ recommendation
@@ -172,8 +174,7 @@ def test_recommended_is_cheapest_meeting_target(timed_plan):
     errors = sorted(f.rel_error for f in timed_plan.forecasts)
     targets = [e * 1.0001 for e in errors] + [errors[0] / 2]
     for target in targets:
-        p = plan(20_000, 1200, "ndcg@10", target, designs=[(f.n_samples, f.adaptive_max) for f in
-                                                            timed_plan.forecasts],
+        p = plan(20_000, 1200, "ndcg@10", target, designs=[f.design for f in timed_plan.forecasts],
                  repeats=4, seed=3, seconds_per_pair=2.5e-5)
         meeting = [f for f in p.forecasts if f.rel_error <= target]
         if not meeting:
@@ -199,13 +200,14 @@ def pilot_run(default_family_set):
 
 
 def test_scorer_loop_pilot_gives_shape_and_seconds(pilot_run):
-    """A SampledRanks pilot from the scorer loop is the same pilot as its ranks, n, final m and design given one by
-    one (same forecasts), and its measured scorer seconds per pair time the plan."""
+    """A SampledRanks pilot from the scorer loop is the same pilot as SampledRanks built from its ranks, n, final m
+    and design (same forecasts), and its measured scorer seconds per pair time the plan."""
     cost = pilot_run.cost
-    designs = [(100, None), (50, 1600)]
+    designs = [SamplingDesign(100), SamplingDesign(50, adaptive_max=1600)]
     got = plan(50_000, 5000, "ndcg@10", 0.2, pilot=pilot_run, designs=designs, repeats=3, seed=2)
-    ref = plan(50_000, 5000, "ndcg@10", 0.2, pilot=pilot_run.ranks, pilot_n_items=pilot_run.n_candidates,
-               pilot_n_samples=pilot_run.n_samples, pilot_adaptive=(25, 800), designs=designs, repeats=3, seed=2,
+    parts = rsp.SampledRanks(pilot_run.ranks, pilot_run.n_candidates, design=SamplingDesign(25, adaptive_max=800),
+                             n_samples=pilot_run.n_samples)  # no cost
+    ref = plan(50_000, 5000, "ndcg@10", 0.2, pilot=parts, designs=designs, repeats=3, seed=2,
                seconds_per_pair=cost.scorer_seconds / cost.pairs)
     assert got.shape_source == ref.shape_source and got.shape_source.startswith("pilot: mes fit on 800")
     assert "adaptive m = 25->800" in got.shape_source
@@ -227,19 +229,9 @@ def test_matrix_pilot_has_no_seconds_and_padding_is_dropped():
     pos = torch.stack([torch.randperm(900, generator=g)[:2] for _ in range(300)])
     pos[::3, 1] = -1
     pilot = rsp.sampled_ranks(scores, pos, 40, generator=g)
-    result = plan(900, 300, "hit@10", 0.5, pilot=pilot, designs=[(50, None)], repeats=2)
+    result = plan(900, 300, "hit@10", 0.5, pilot=pilot, designs=[SamplingDesign(50)], repeats=2)
     assert result.seconds_per_pair is None
     assert result.shape_source.startswith(f"pilot: mes fit on {int((pos >= 0).sum()):,} sampled ranks")
-
-
-@pytest.mark.parametrize("extra, match", [
-    (dict(pilot_n_items=2000), "^pilot_n_items: the SampledRanks pilot carries"),
-    (dict(pilot_n_samples=25), "^pilot_n_samples"),
-    (dict(pilot_adaptive=(25, 800)), "^pilot_adaptive"),
-])
-def test_scorer_loop_pilot_refuses_sizes_it_carries(pilot_run, extra, match):
-    with pytest.raises(ValueError, match=match):
-        plan(5000, 300, "hit@10", 0.5, pilot=pilot_run, designs=[(50, None)], repeats=2, **extra)
 
 
 def test_popularity_pilot_needs_its_own_catalogue():
@@ -251,7 +243,7 @@ def test_popularity_pilot_needs_its_own_catalogue():
                               generator=g)
     with pytest.raises(ValueError, match="^n_items: with a popularity pilot .* give the catalogue its weights cover, "
                                          "200, not 5000"):
-        plan(5000, 300, "hit@10", 0.5, pilot=pilot, designs=[(50, None)], repeats=2)
+        plan(5000, 300, "hit@10", 0.5, pilot=pilot, designs=[SamplingDesign(50)], repeats=2)
 
 
 # ---------------------------------------------------------------------------------------------------- the CLI
@@ -265,8 +257,8 @@ def test_cli_seconds_per_pair(capsys):
     assert "2.5e-05 s per scored pair (given)" in out
     full_row = next(line for line in out.splitlines() if line.startswith("full ranking"))
     assert "10.0 min" in full_row
-    ref = plan(20_000, 1200, "ndcg@10", 0.15, designs=[(50, None), (100, 3200)], repeats=2,
-               seconds_per_pair=2.5e-5)
+    ref = plan(20_000, 1200, "ndcg@10", 0.15, designs=[SamplingDesign(50), SamplingDesign(100, adaptive_max=3200)],
+               repeats=2, seconds_per_pair=2.5e-5)
     assert out.strip() == ref.format().strip()
     assert cli.main(PLAN_ARGS) == 0  # without it: no times
     assert "per scored pair" not in capsys.readouterr().out
@@ -390,7 +382,7 @@ def test_scorer_loop_on_any_device_pilots_the_plan_and_writes_a_rank_file(device
     positives = torch.randint(0, 500, (200,), generator=g, device=device)
     design = SamplingDesign(20, adaptive_max=320)
     run = sampled_ranks_from_scorer(MatrixScorer(scores), positives, 500, design, generator=g)
-    result = plan(500, 200, "hit@10", 0.5, pilot=run, designs=[(40, None)], repeats=2)
+    result = plan(500, 200, "hit@10", 0.5, pilot=run, designs=[SamplingDesign(40)], repeats=2)
     assert result.shape_source.startswith("pilot: mes fit on 200 sampled ranks")
     assert result.seconds_per_pair == run.cost.scorer_seconds / run.cost.pairs
     data = read_rank_file(write_rank_file(tmp_path / "r.csv", run))

@@ -15,6 +15,7 @@ from _profiles import examples
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.planner import pilot_design, pilot_resolution, plan
+from reco_sampled_plugin.ranking import SampledRanks
 
 
 def _b(n: int, top: int) -> float:
@@ -58,43 +59,41 @@ def test_pilot_design_is_the_smallest_doubling_that_resolves(n, k, m):
         assert d.adaptive_max == m * 2**s and _b(n, d.adaptive_max // 2) > need >= _b(n, d.adaptive_max)
 
 
-def _pilot(cap: int, seed: int = 0):
+def _pilot(cap: int, seed: int = 0) -> SampledRanks:
     """An adaptive pilot of 1,000 users at n = 20,000 from a Zipf-like top (HR@10 about 0.2)."""
     rng = np.random.default_rng(seed)
     n = 20_000
     exact = np.minimum(np.floor(np.exp(rng.uniform(0, math.log(n), 1000))).astype(np.int64), n)
     n_u = np.full(1000, n)
-    ranks, sizes = adaptive_sampled_ranks_from_exact(torch.from_numpy(exact), torch.from_numpy(n_u), 100, cap,
-                                                     torch.Generator().manual_seed(seed))
-    return ranks, n_u, sizes
+    return adaptive_sampled_ranks_from_exact(torch.from_numpy(exact), torch.from_numpy(n_u),
+                                             SamplingDesign(100, adaptive_max=cap),
+                                             generator=torch.Generator().manual_seed(seed))
 
 
 def test_plan_notes_a_coarse_pilot():
-    ranks, n_u, sizes = _pilot(800)  # b = 19,999 / 801 + 1 = 26.0 > 5
-    p = plan(20_000, 2000, "ndcg@10", 0.1, pilot=ranks, pilot_n_items=n_u, pilot_n_samples=sizes,
-             pilot_adaptive=(100, 800), designs=[(100, 3200)], repeats=2, seed=0)
+    coarse_pilot = _pilot(800)  # b = 19,999 / 801 + 1 = 26.0 > 5
+    p = plan(20_000, 2000, "ndcg@10", 0.1, pilot=coarse_pilot, designs=[SamplingDesign(100, adaptive_max=3200)],
+             repeats=2, seed=0)
     assert len(p.notes) == 1
     assert "b = 26.0" in p.notes[0] and "adaptive 100->6400" in p.notes[0]
     assert "pilot_design(20000, 'ndcg@10')" in p.notes[0]
     assert p.format().splitlines()[-1] == f"Note: {p.notes[0]}"
-    fine = _pilot(6400)
-    p = plan(20_000, 2000, "ndcg@10", 0.1, pilot=fine[0], pilot_n_items=fine[1], pilot_n_samples=fine[2],
-             pilot_adaptive=(100, 6400), designs=[(100, 3200)], repeats=2, seed=0)
+    p = plan(20_000, 2000, "ndcg@10", 0.1, pilot=_pilot(6400), designs=[SamplingDesign(100, adaptive_max=3200)],
+             repeats=2, seed=0)
     assert p.notes == () and "Note:" not in p.format()
     # AUC needs no resolved top; the default family (no pilot) has no pilot to judge
-    coarse = plan(20_000, 2000, "auc", 0.1, pilot=ranks, pilot_n_items=n_u, pilot_n_samples=sizes,
-                  pilot_adaptive=(100, 800), designs=[(100, None)], repeats=2, seed=0)
+    coarse = plan(20_000, 2000, "auc", 0.1, pilot=coarse_pilot, designs=[SamplingDesign(100)], repeats=2, seed=0)
     assert coarse.notes == ()
-    assert plan(20_000, 2000, "ndcg@10", 0.1, designs=[(100, None)], repeats=2, seed=0).notes == ()
+    assert plan(20_000, 2000, "ndcg@10", 0.1, designs=[SamplingDesign(100)], repeats=2, seed=0).notes == ()
 
 
 def test_plan_notes_a_fixed_pilot():
     rng = np.random.default_rng(3)
     exact = torch.from_numpy(rng.integers(1, 5001, 600))
-    from reco_sampled_plugin.rank_distribution import simulate_sampled_ranks
-    pilot = simulate_sampled_ranks(exact, 5000, 100, "binomial", torch.Generator().manual_seed(1))
-    p = plan(5000, 1000, "hit@10", 0.2, pilot=pilot, pilot_n_items=5000, pilot_n_samples=100,
-             designs=[(200, None)], repeats=2, seed=0)
+    from reco_sampled_plugin.simulate import simulate_sampled_ranks
+    pilot = SampledRanks(simulate_sampled_ranks(exact, 5000, 100, "binomial", torch.Generator().manual_seed(1)),
+                         torch.tensor(5000), design=SamplingDesign(100))
+    p = plan(5000, 1000, "hit@10", 0.2, pilot=pilot, designs=[SamplingDesign(200)], repeats=2, seed=0)
     assert len(p.notes) == 1 and "b = 50.5" in p.notes[0] and "adaptive 100->1600" in p.notes[0]
 
 
@@ -106,7 +105,7 @@ def test_screening_settles_far_designs_and_leaves_the_others_unchanged():
     same."""
     from reco_sampled_plugin.planner import SCREEN_REPEATS
 
-    designs = [(50, None), (2000, None), (100, 12_800)]
+    designs = [SamplingDesign(50), SamplingDesign(2000), SamplingDesign(100, adaptive_max=12_800)]
     fast = plan(20_000, 3000, "hit@10", 0.05, designs=designs, repeats=12, seed=4, forecast_all=True)
     full = plan(20_000, 3000, "hit@10", 0.05, designs=designs, repeats=12, seed=4, screen=False, forecast_all=True)
     by_label = {f.label: f for f in full.forecasts}
@@ -128,7 +127,7 @@ def test_screening_settles_far_designs_and_leaves_the_others_unchanged():
 
 def test_screen_option_checked():
     with pytest.raises(ValueError, match="^screen"):
-        plan(2000, 100, "hit@10", 0.1, designs=[(50, None)], repeats=2, screen="no")  # type: ignore[arg-type]
+        plan(2000, 100, "hit@10", 0.1, designs=[SamplingDesign(50)], repeats=2, screen="no")  # type: ignore[arg-type]
 
 
 def test_screening_rules_on_known_errors():
@@ -176,23 +175,23 @@ def test_workers_give_the_same_plan_bit_for_bit():
     """Designs forecast on several threads (``workers``) equal the one-at-a-time plan exactly, in design order,
     screened designs included, and with a pilot; None (the default) picks DEFAULT_WORKERS."""
     gen = torch.Generator().manual_seed(3)
-    pilot = torch.randint(1, 40, (400,), generator=gen)
-    designs = [(50, None), (400, None), (100, 1600), (100, 6400), SamplingDesign(200, replacement=False)]
+    pilot = SampledRanks(torch.randint(1, 40, (400,), generator=gen), torch.tensor(20_000), design=SamplingDesign(100))
+    designs = [SamplingDesign(50), SamplingDesign(400), SamplingDesign(100, adaptive_max=1600),
+               SamplingDesign(100, adaptive_max=6400), SamplingDesign(200, replacement=False)]
     kw = dict(designs=designs, repeats=8, seed=5)
     one = plan(20_000, 800, "ndcg@10", 0.1, workers=1, **kw)
     for workers in (2, 3, None):
         many = plan(20_000, 800, "ndcg@10", 0.1, workers=workers, **kw)
         assert many.forecasts == one.forecasts and many.recommended == one.recommended
     assert any(f.screened for f in one.forecasts) and any(not f.screened for f in one.forecasts)
-    piloted = [plan(20_000, 800, "hit@10", 0.2, pilot=pilot, pilot_n_items=20_000, pilot_n_samples=100,
-                    workers=w, **kw).forecasts for w in (1, 4)]
+    piloted = [plan(20_000, 800, "hit@10", 0.2, pilot=pilot, workers=w, **kw).forecasts for w in (1, 4)]
     assert piloted[0] == piloted[1]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
 def test_workers_checked(bad):
     with pytest.raises(ValueError, match="^workers"):
-        plan(2000, 100, "hit@10", 0.1, designs=[(50, None)], repeats=2, workers=bad)
+        plan(2000, 100, "hit@10", 0.1, designs=[SamplingDesign(50)], repeats=2, workers=bad)
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -215,8 +214,9 @@ def test_workers_a_failing_design_raises_and_the_plan_is_not_returned(monkeypatc
     monkeypatch.setattr(simulate, "simulate_sampled_ranks", flaky)
     before = torch.get_num_threads()
     with pytest.raises(RuntimeError, match="m = 400"):
-        planner_mod.plan(20_000, 300, "ndcg@10", 0.1, designs=[(50, None), (400, None), (100, 1600), (700, None)],
-                         repeats=3, workers=workers)
+        planner_mod.plan(20_000, 300, "ndcg@10", 0.1,
+                         designs=[SamplingDesign(50), SamplingDesign(400), SamplingDesign(100, adaptive_max=1600),
+                                  SamplingDesign(700)], repeats=3, workers=workers)
     assert torch.get_num_threads() == before
     assert not [t for t in threading.enumerate() if t.name.startswith("reco-sampled-plan")]
 

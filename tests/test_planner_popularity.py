@@ -238,7 +238,7 @@ def test_plan_ndcg_forecast_against_real_draws(pl_pilot):
 
 def test_plan_popularity_is_deterministic_across_workers(pl_pilot):
     *_, counts, _, pilot = pl_pilot
-    designs = [SamplingDesign(m, popularity=counts ** a) for m in (10, 20) for a in (1.0, 0.5)] + [(20, None)]
+    designs = [SamplingDesign(m, popularity=counts ** a) for m in (10, 20) for a in (1.0, 0.5)] + [SamplingDesign(20)]
     one = plan(150, 250, "auc", 0.05, pilot=pilot, designs=designs, repeats=3, workers=1, forecast_all=True)
     two = plan(150, 250, "auc", 0.05, pilot=pilot, designs=designs, repeats=3, workers=2, forecast_all=True)
     assert [f.rel_error for f in one.forecasts] == [f.rel_error for f in two.forecasts]
@@ -277,7 +277,6 @@ def test_popularity_design_needs_a_popularity_pilot(pl_pilot):
 @pytest.mark.parametrize("kwargs, match", [
     (dict(n_items=5000), r"^n_items: with a popularity pilot the simulated users are the pilot's positives .* 150, "
                          r"not 5000"),
-    (dict(pilot_n_items=150), r"^pilot_n_items: the SampledRanks pilot carries"),
     (dict(designs=[SamplingDesign(20, popularity=1.0 / torch.arange(1, 151).double())]),
      r"^designs: a popularity design's weights must put every item in the pilot's popularity class"),
     (dict(designs=[SamplingDesign(20, popularity=torch.ones(151))]), r"^designs: a popularity design's weights "

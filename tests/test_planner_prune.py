@@ -15,10 +15,11 @@ import torch
 
 from reco_sampled_plugin import planner
 from reco_sampled_plugin.design import SamplingDesign
+from reco_sampled_plugin.ranking import SampledRanks
 from reco_sampled_plugin.simulate import simulate_sampled_ranks
 
-DESIGNS = [(50, None), (200, None), (1000, None), (50, 800), (50, 3200),
-           SamplingDesign(50, adaptive_max=800, exact_at_cap=True),
+DESIGNS = [SamplingDesign(50), SamplingDesign(200), SamplingDesign(1000), SamplingDesign(50, adaptive_max=800),
+           SamplingDesign(50, adaptive_max=3200), SamplingDesign(50, adaptive_max=800, exact_at_cap=True),
            SamplingDesign(50, replacement=False)]  # a tie in pairs with m = 50 (51 each): never pruned by it
 
 
@@ -26,12 +27,12 @@ DESIGNS = [(50, None), (200, None), (1000, None), (50, 800), (50, 3200),
 def pilot():
     gen = torch.Generator().manual_seed(5)
     exact = (torch.rand(1200, generator=gen) ** 3 * 4999).long() + 1
-    return simulate_sampled_ranks(exact, 5000, 100, "binomial", gen)
+    return SampledRanks(simulate_sampled_ranks(exact, 5000, 100, "binomial", gen), torch.tensor(5000),
+                        design=SamplingDesign(100))
 
 
 def _plan(pilot, target: float, **kw) -> planner.Plan:
-    return planner.plan(5000, 1200, "ndcg@10", target, pilot=pilot, pilot_n_items=5000, pilot_n_samples=100,
-                        designs=DESIGNS, repeats=8, seed=3, progress=False, seconds_per_pair=1e-6, **kw)
+    return planner.plan(5000, 1200, "ndcg@10", target, pilot=pilot, designs=DESIGNS, repeats=8, seed=3, progress=False, seconds_per_pair=1e-6, **kw)
 
 
 @pytest.fixture(scope="module")

@@ -20,12 +20,9 @@ from reco_sampled_plugin import planner
 from reco_sampled_plugin._rank_hist import as_histogram
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.design import SamplingDesign
-from reco_sampled_plugin.rank_distribution import (
-    ReplicateFits,
-    estimate_rank_distributions,
-    pool_groups,
-    simulate_sampled_ranks,
-)
+from reco_sampled_plugin.rank_distribution import ReplicateFits, estimate_rank_distributions, pool_groups
+from reco_sampled_plugin.ranking import SampledRanks
+from reco_sampled_plugin.simulate import simulate_sampled_ranks
 
 R, U = 6, 1000
 
@@ -237,7 +234,8 @@ def test_plan_small_world_same_pick(monkeypatch):
     """tests/test_planner.py's ``small_plan`` world (default family, fixed m and adaptive): the same forecasts
     and picks on both paths."""
     joint, single = _both(monkeypatch, 5000, 1500, "ndcg@10", 0.10,
-                          designs=[(50, None), (1000, None), (100, 3200)], repeats=6, seed=2)
+                          designs=[SamplingDesign(50), SamplingDesign(1000), SamplingDesign(100, adaptive_max=3200)],
+                          repeats=6, seed=2)
     _assert_same_forecasts(joint, single)
 
 
@@ -250,10 +248,11 @@ def test_plan_adaptive_pilot_same_pick(monkeypatch, metric):
     n_u = rng.integers(3000, 3600, 600)
     r = np.minimum(rng.zipf(1.4, 600), n_u)
     gen = torch.Generator().manual_seed(2024)
-    pilot, sizes = adaptive_sampled_ranks_from_exact(torch.from_numpy(r), torch.from_numpy(n_u), 50, 3200, gen)
-    joint, single = _both(monkeypatch, n_u, len(n_u), metric, 0.1, pilot=pilot, pilot_n_items=n_u,
-                          pilot_n_samples=sizes, pilot_adaptive=(50, 3200), designs=[(50, None), (50, 1600)],
-                          repeats=12, seed=1, screen=False)
+    pilot = adaptive_sampled_ranks_from_exact(torch.from_numpy(r), torch.from_numpy(n_u),
+                                              SamplingDesign(50, adaptive_max=3200), generator=gen)
+    joint, single = _both(monkeypatch, n_u, len(n_u), metric, 0.1, pilot=pilot,
+                          designs=[SamplingDesign(50), SamplingDesign(50, adaptive_max=1600)], repeats=12, seed=1,
+                          screen=False)
     _assert_same_forecasts(joint, single)
     assert single.recommended is not None
 
@@ -263,9 +262,9 @@ def test_plan_screened_default_grid_same_pick(monkeypatch):
     fixed-m pilot: the same forecasts and picks on both paths."""
     gen = torch.Generator().manual_seed(8)
     exact = (torch.rand(1500, generator=gen) ** 2 * 1999).long() + 1
-    pilot = simulate_sampled_ranks(exact, 2000, 100, "binomial", gen)
-    joint, single = _both(monkeypatch, 2000, 1500, "ndcg@10", 0.1, pilot=pilot, pilot_n_items=2000,
-                          pilot_n_samples=100, repeats=10, seed=4)
+    pilot = SampledRanks(simulate_sampled_ranks(exact, 2000, 100, "binomial", gen), torch.tensor(2000),
+                         design=SamplingDesign(100))
+    joint, single = _both(monkeypatch, 2000, 1500, "ndcg@10", 0.1, pilot=pilot, repeats=10, seed=4)
     assert any(f.screened for f in single.forecasts) and not all(f.screened for f in single.forecasts)
     _assert_same_forecasts(joint, single)
 

@@ -333,7 +333,7 @@ def test_refusals_name_the_argument(pop_ranks):
         with pytest.raises(ValueError, match="^popularity: "):
             SamplingDesign(10, popularity=wb)
         with pytest.raises(ValueError, match="^popularity: "):
-            rsp.sampled_ranks(scores, pos, 10, popularity=wb)
+            rsp.sampled_ranks(scores, pos, SamplingDesign(10, popularity=wb))
     neg = torch.full((60, 10), 3)
     neg[pos[:, 0] == 3] = 4
     with pytest.raises(ValueError, match="^negatives: .* weight 0"):

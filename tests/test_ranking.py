@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 from _profiles import examples
 
-from reco_sampled_plugin import exact_ranks, sampled_ranks
+from reco_sampled_plugin import SamplingDesign, exact_ranks, sampled_ranks
 from reco_sampled_plugin import counting
 
 
@@ -217,7 +217,7 @@ def test_sampled_rank_histogram_follows_the_law(replacement, law, gen):
     scores = torch.arange(n_items, 0, -1, dtype=torch.float64).repeat(users, 1)  # item i has rank i + 1
     pos = torch.full((users, 1), 20)  # exact rank 21 among all
     exc = torch.tensor([[0, 59]]).repeat(users, 1)  # excluded: one above, one below
-    res = sampled_ranks(scores, pos, m, exc, replacement=replacement, generator=gen)
+    res = sampled_ranks(scores, pos, SamplingDesign(m, replacement=replacement), exc, generator=gen)
     n = int(res.n_candidates[0])
     assert n == n_items - 2 and (res.n_candidates == n).all()
     r_exact = 20  # 19 non-excluded items above it
@@ -254,13 +254,13 @@ def test_popularity_sampling_follows_weights(gen):
     scores = torch.randn(users, n_items)
     pos = torch.zeros(users, 1, dtype=torch.int64)
     w = torch.tensor([5.0, 1.0, 2.0, 3.0, 0.0, 4.0])
-    res = sampled_ranks(scores, pos, m, popularity=w, generator=gen)
+    res = sampled_ranks(scores, pos, SamplingDesign(m, popularity=w), generator=gen)
     counts = torch.bincount(res.negatives.reshape(-1), minlength=n_items).double()
     assert counts[0] == 0 and counts[4] == 0
     expected = w[1:].clone(); expected[3] = 0
     freq = counts[1:] / counts.sum()
     np.testing.assert_allclose(freq.numpy(), (expected / expected.sum()).numpy(), atol=0.01)
-    res2 = sampled_ranks(scores, pos, 3, popularity=w, replacement=False, generator=gen)
+    res2 = sampled_ranks(scores, pos, SamplingDesign(3, popularity=w, replacement=False), generator=gen)
     assert (torch.sort(res2.negatives[:, 0], 1).values.diff(dim=1) > 0).all()
 
 
@@ -291,7 +291,7 @@ def test_bad_input_errors_name_the_argument():
     with pytest.raises(ValueError, match="ties"):
         exact_ranks(s, torch.tensor([0, 1, 2]), ties="first")
     with pytest.raises(ValueError, match="n_samples"):
-        sampled_ranks(s, torch.tensor([0, 1, 2]), 10, replacement=False)
+        sampled_ranks(s, torch.tensor([0, 1, 2]), SamplingDesign(10, replacement=False))
     with pytest.raises(ValueError, match="positives"):
         exact_ranks(s, torch.zeros(3, 9, dtype=torch.bool))
     if torch.cuda.is_available():  # pragma: no cover - exercised on GPU machines
@@ -316,7 +316,7 @@ def test_without_replacement_mixed_pool_sizes(gen):
     scores = torch.randn(2, n_items)
     exclude = torch.full((2, n_items - 8), -1)
     exclude[0] = torch.arange(8, n_items)  # row 0: 7 irrelevant candidates left
-    res = sampled_ranks(scores, torch.tensor([0, 0]), m, exclude, replacement=False, generator=gen)
+    res = sampled_ranks(scores, torch.tensor([0, 0]), SamplingDesign(m, replacement=False), exclude, generator=gen)
     assert res.n_candidates.tolist() == [8, n_items]
     for row in res.negatives[:, 0]:
         assert len(set(row.tolist())) == m
@@ -353,7 +353,7 @@ def test_rows_without_positives_draw_nothing(popularity):
     scores = torch.randn(3, 6, generator=g)
     pos = torch.tensor([[1, -1], [-1, -1], [-1, -1]])
     exc = torch.tensor([[-1, -1, -1, -1, -1, -1], [0, 2, 3, 4, -1, -1], [0, 1, 2, 3, 4, 5]])
-    kw = dict(n_samples=3, replacement=False, popularity=torch.ones(6) if popularity else None)
+    kw = dict(n_samples=SamplingDesign(3, replacement=False, popularity=torch.ones(6) if popularity else None))
     out = sampled_ranks(scores, pos, exclude=exc, generator=torch.Generator().manual_seed(1), **kw)
     alone = sampled_ranks(scores[:1], pos[:1], exclude=exc[:1], generator=torch.Generator().manual_seed(1), **kw)
     assert torch.equal(out.ranks[:1], alone.ranks) and torch.equal(out.negatives[:1], alone.negatives)

@@ -155,7 +155,7 @@ def test_sampled_ranks_carry_their_design(uniform_ranks):
     scores = torch.randn(50, 200, generator=g)
     pos = torch.randint(0, 200, (50, 2), generator=g)
     s = rsp.sampled_ranks(scores, pos, SamplingDesign(30, replacement=False), generator=g)
-    ranks, n_cand, negatives = s  # unpacks like the former tuple
+    ranks, n_cand = s.ranks, s.n_candidates
     loose = rsp.estimate("ndcg@10", ranks, n_cand.unsqueeze(1).expand(ranks.shape), 30, method="bv",
                          sampling="hypergeometric")
     alone = rsp.estimate("ndcg@10", s, method="bv")
@@ -165,7 +165,7 @@ def test_sampled_ranks_carry_their_design(uniform_ranks):
     with pytest.raises(ValueError, match="^n_items: "):
         rsp.estimate("ndcg@10", s, 200, method="bv")
     a = rsp.adaptive_sampled_ranks(scores, pos, SamplingDesign(10, adaptive_max=80), generator=g)
-    ranks, sizes = a
+    ranks, sizes = a.ranks, a.n_samples
     loose = rsp.estimate("hit@10", ranks, a.candidates(), sizes, method="mes", adaptive=(10, 80), n_bootstrap=0)
     alone = rsp.estimate("hit@10", a, method="mes", n_bootstrap=0)
     assert alone.value == loose.value and alone.details["adaptive"] == loose.details["adaptive"]

@@ -27,9 +27,9 @@ pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::Deprecat
 N = 300
 DESIGNS = {
     "fixed": dict(n_samples=10),
-    "no_replacement": dict(n_samples=10, replacement=False),
-    "small_pool_no_replacement": dict(n_samples=40, replacement=False),  # pools of <= 4m: the top-k keyed draw
-    "adaptive": dict(n_samples=4, adaptive_max=64, estimators=("none", "mes"),
+    "no_replacement": dict(n_samples=SamplingDesign(10, replacement=False)),
+    "small_pool_no_replacement": dict(n_samples=SamplingDesign(40, replacement=False)),  # pools of <= 4m: the top-k keyed draw
+    "adaptive": dict(n_samples=SamplingDesign(4, adaptive_max=64), estimators=("none", "mes"),
                      estimator_options={"mes": {"n_bootstrap": 2}}),
 }
 
@@ -138,7 +138,7 @@ def test_default_ids_and_forms_match_the_score_path(design):
 def test_scorer_equals_scores_hypothesis(seed, m, b, n, replacement, max_pairs, seed_key):
     scores, pos, exclude = _data(seed=seed, b=b, n=n)
     exclude[:, n // 3:] = False  # a pool of at least 2n/3 - 2 items: enough for m without replacement
-    kw = dict(n_samples=m, replacement=replacement, seed=seed_key)
+    kw = dict(n_samples=SamplingDesign(m, replacement=replacement), seed=seed_key)
     by_scores, by_scorer = _pair(kw)
     by_scores.update(scores, pos, exclude)
     scorer = MatrixScorer(scores)
@@ -307,7 +307,7 @@ def _loader(batch_size=8):
 
 METRICS = ("ndcg@10", "hit@5")
 CB = dict(n_samples=12, estimators=("none", "bv"), max_n_groups=None)
-ADAPTIVE = dict(n_samples=4, adaptive_max=32, estimators=("none", "mes"), max_n_groups=None,
+ADAPTIVE = dict(n_samples=SamplingDesign(4, adaptive_max=32), estimators=("none", "mes"), max_n_groups=None,
                 estimator_options={"mes": {"n_bootstrap": 2}})
 
 

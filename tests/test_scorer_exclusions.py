@@ -81,11 +81,11 @@ def _golden_cases(sc, pos, exc, w, ties, prepared: bool):
     ad = SamplingDesign(2, adaptive_max=32)
     return {
         "wr": lambda g: sampled_ranks(sc, pos, 7, e, generator=g, ties=ties),
-        "wor": lambda g: sampled_ranks(sc, pos, 7, e40, replacement=False, generator=g, ties=ties),
-        "wor_small": lambda g: sampled_ranks(sc, pos, 6, e20, replacement=False, generator=g, ties=ties),
-        "pop": lambda g: sampled_ranks(sc, pos, 5, e, popularity=w, generator=g, ties=ties),
-        "popwor": lambda g: sampled_ranks(sc, pos, 5, e20, replacement=False, popularity=w, generator=g, ties=ties),
-        "masks": lambda g: sampled_ranks(sc, pm, 7, emk, replacement=True, generator=g, ties=ties),
+        "wor": lambda g: sampled_ranks(sc, pos, SamplingDesign(7, replacement=False), e40, generator=g, ties=ties),
+        "wor_small": lambda g: sampled_ranks(sc, pos, SamplingDesign(6, replacement=False), e20, generator=g, ties=ties),
+        "pop": lambda g: sampled_ranks(sc, pos, SamplingDesign(5, popularity=w), e, generator=g, ties=ties),
+        "popwor": lambda g: sampled_ranks(sc, pos, SamplingDesign(5, replacement=False, popularity=w), e20, generator=g, ties=ties),
+        "masks": lambda g: sampled_ranks(sc, pm, 7, emk, generator=g, ties=ties),
         "adaptive": lambda g: adaptive_sampled_ranks(sc, pos, ad, exclude=e, generator=g, ties=ties),
         "adaptive_masks": lambda g: adaptive_sampled_ranks(sc, pm, ad, exclude=emk, generator=g, ties=ties),
         "scorer_wr": lambda g: sampled_ranks_from_scorer(s, pos, n, 7, exclude=e, generator=g, ties=ties),

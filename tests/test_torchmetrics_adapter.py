@@ -18,6 +18,7 @@ from reco_sampled_plugin.adapters._shared import (  # noqa: E402
 )
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
 from reco_sampled_plugin._estimate import Estimate  # noqa: E402
+from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
 from reco_sampled_plugin.rank_distribution import pool_groups  # noqa: E402
 
 METRICS = ("ndcg@10", "recall@5", "rr", "auc")  # canonical names (keys of the results)
@@ -422,7 +423,7 @@ def test_rows_without_positives_need_no_sample_pool(device):
     exc = torch.full((4, 28), -1)
     exc[1] = torch.arange(2, 30)  # row 1: 2 items left, fewer than m
     scores, pos, exc = _on(device, scores, pos, exc)
-    kw = dict(metrics=("hit@3",), n_samples=10, estimators=("none",), replacement=False)
+    kw = dict(metrics=("hit@3",), n_samples=SamplingDesign(10, replacement=False), estimators=("none",))
     a, b = SampledRankingMetrics(**kw), SampledRankingMetrics(**kw)
     a.update(scores, pos, exc, ids=torch.arange(4))
     b.update(scores[[0, 2]], pos[[0, 2]], exc[[0, 2]], ids=torch.tensor([0, 2]))
@@ -447,7 +448,7 @@ def test_adaptive_metric_equals_the_core_on_the_same_draws():
     scores, pos_mask, exclude = _data(users=80, n=400, seed=3)
     pos, exc = padded_inputs(scores, pos_mask, exclude)
     ids = torch.arange(80)
-    opts = dict(n_samples=4, adaptive_max=32, estimators=("none", "mes"), max_n_groups=None, seed=7,
+    opts = dict(n_samples=SamplingDesign(4, adaptive_max=32), estimators=("none", "mes"), max_n_groups=None, seed=7,
                 estimator_options={"mes": {"n_bootstrap": 0}})
     one = SampledRankingMetrics(("ndcg@10", "hit@5"), **opts)
     one.update(scores, pos_mask, exclude, ids=ids)
@@ -482,11 +483,11 @@ def test_adaptive_metric_equals_the_core_on_the_same_draws():
             assert cost["mean_samples"] == pytest.approx(float(m.double().mean()))
             assert cost["share_at_cap"] == pytest.approx(float((m == 32).double().mean()))
     with pytest.raises(ValueError, match="adaptive_max"):
-        SampledRankingMetrics(("ndcg@10",), n_samples=4, adaptive_max=2, estimators=("mes",))
+        SampledRankingMetrics(("ndcg@10",), n_samples=SamplingDesign(4, adaptive_max=2), estimators=("mes",))
     with pytest.raises(ValueError, match="fixed m"):
-        SampledRankingMetrics(("ndcg@10",), n_samples=4, adaptive_max=32, estimators=("bv",))
+        SampledRankingMetrics(("ndcg@10",), n_samples=SamplingDesign(4, adaptive_max=32), estimators=("bv",))
     with pytest.raises(ValueError, match="replacement"):
-        SampledRankingMetrics(("ndcg@10",), n_samples=4, adaptive_max=32, estimators=("mes",), replacement=False)
+        SampledRankingMetrics(("ndcg@10",), n_samples=SamplingDesign(4, adaptive_max=32, replacement=False), estimators=("mes",))
 
 
 def test_compute_leads_with_the_interval_and_explains_an_unresolved_top(caplog):

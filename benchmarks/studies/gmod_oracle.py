@@ -62,8 +62,8 @@ import torch  # noqa: E402
 
 from reco_sampled_plugin import metric_values, sampled_rank_histogram  # noqa: E402
 from reco_sampled_plugin import rank_distribution as rd  # noqa: E402
-from reco_sampled_plugin.adaptive import (AdaptiveDesign, adaptive_sampled_ranks_from_exact,  # noqa: E402
-                                          expected_samples)
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact, expected_samples  # noqa: E402
+from reco_sampled_plugin.design import AdaptiveDesign  # noqa: E402
 from reco_sampled_plugin.simulate import simulate_sampled_ranks  # noqa: E402
 from scipy import optimize  # noqa: E402
 

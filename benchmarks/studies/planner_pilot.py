@@ -30,9 +30,10 @@ from bench_scorer import TARGET, TARGET_METRIC, make_world  # noqa: E402
 
 from reco_sampled_plugin import estimate, planner  # noqa: E402
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact  # noqa: E402
+from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
 from reco_sampled_plugin.factor_ranks import exact_ranks_from_factors  # noqa: E402
 from reco_sampled_plugin.metrics import metric_values  # noqa: E402
-from reco_sampled_plugin.rank_distribution import simulate_sampled_ranks  # noqa: E402
+from reco_sampled_plugin.simulate import simulate_sampled_ranks  # noqa: E402
 
 
 def simulated_error(r: np.ndarray, n_u: np.ndarray, design: tuple[int, int | None], repeats: int, seed: int = 7) -> float:
@@ -49,7 +50,8 @@ def simulated_error(r: np.ndarray, n_u: np.ndarray, design: tuple[int, int | Non
             s = simulate_sampled_ranks(rt, nt, m, "binomial", gen)
             value = estimate(TARGET_METRIC, s, nt, m, n_bootstrap=0).value
         else:
-            s, sizes = adaptive_sampled_ranks_from_exact(rt, nt, m, cap, gen)
+            drawn = adaptive_sampled_ranks_from_exact(rt, nt, m, cap, gen)
+            s, sizes = drawn.ranks, drawn.n_samples
             value = estimate(TARGET_METRIC, s, nt, sizes, adaptive=(m, cap), n_bootstrap=0).value
         err.append(value - truth)
         truths.append(truth)
@@ -72,7 +74,8 @@ def main(argv=None) -> None:
     exact = float(metric_values(TARGET_METRIC, torch.from_numpy(r), torch.from_numpy(n_u)).mean())
     print(f"world: {time.perf_counter() - t0:.0f} s; exact {TARGET_METRIC} {exact:.5f}; "
           f"planner.pilot_design: {planner.pilot_design(int(n_u.max()), TARGET_METRIC)}", flush=True)
-    grid = planner.default_designs(int(n_u.min())) + [(100, 25_600), (100, 51_200)]
+    grid = planner.default_designs(int(n_u.min())) + [SamplingDesign(100, adaptive_max=25_600),
+                                                      SamplingDesign(100, adaptive_max=51_200)]
     judged: dict = {}
     print("| pilot cap | draw | pilot pairs / user | pilot fit's NDCG@10 | plan (s) | pick | forecast | simulated |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |", flush=True)
@@ -80,10 +83,9 @@ def main(argv=None) -> None:
         for draw in range(args.draws):
             pick = np.random.default_rng(99 + draw).choice(len(r), args.pilot_users, replace=False)
             gen = torch.Generator().manual_seed(2024 + draw)
-            pr, sizes = adaptive_sampled_ranks_from_exact(torch.from_numpy(r[pick]), torch.from_numpy(n_u[pick]),
-                                                          100, cap, gen)
-            p = planner.plan(n_u, len(n_u), TARGET_METRIC, TARGET, pilot=pr, pilot_n_items=n_u[pick],
-                             pilot_n_samples=sizes, pilot_adaptive=(100, cap), designs=grid, repeats=20, seed=1)
+            pr = adaptive_sampled_ranks_from_exact(torch.from_numpy(r[pick]), torch.from_numpy(n_u[pick]),
+                                                   SamplingDesign(100, adaptive_max=cap), generator=gen)
+            p = planner.plan(n_u, len(n_u), TARGET_METRIC, TARGET, pilot=pr, designs=grid, repeats=20, seed=1)
             rec = p.recommended
             if rec is None:
                 shown = ("full ranking", "", "exact")
@@ -92,7 +94,7 @@ def main(argv=None) -> None:
                 if key not in judged:
                     judged[key] = simulated_error(r, n_u, key, args.repeats)
                 shown = (rec.label, f"{rec.rel_error:.1%}", f"{judged[key]:.1%}")
-            print(f"| 100 -> {cap} | {draw} | {float(sizes.double().mean()) + 1:.0f} | {p.truth:.4f} | {p.seconds:.0f} | "
+            print(f"| 100 -> {cap} | {draw} | {float(pr.n_samples.double().mean()) + 1:.0f} | {p.truth:.4f} | {p.seconds:.0f} | "
                   f"{shown[0]} | {shown[1]} | {shown[2]} |", flush=True)
     print(f"total {time.perf_counter() - t0:.0f} s", flush=True)
 

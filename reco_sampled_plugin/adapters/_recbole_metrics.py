@@ -159,7 +159,7 @@ class _EstimatedMetric(_Metric):
         hist = _sampled_inputs(table, weights, s, spec.k or 2)
         law = "binomial" if s.replacement else "hypergeometric"
         design = s.design.adaptive if s.design is not None else None  # adaptive: rsp_adaptive_max (full or uniN)
-        adaptive: dict[str, Any] = {} if design is None else {"adaptive": (design.n_samples, design.adaptive_max)}
+        adaptive: dict[str, Any] = {} if design is None else {"adaptive": design}
         kwargs = self._method_kwargs()
         popn = _popularity_ranks(table)
         if popn is not None and registry.get(kwargs["method"]).family != "none":

@@ -126,7 +126,6 @@ class _RankingMetricsLogic:
         n_samples: int | SamplingDesign | None = 100,
         estimators: Sequence[str] = ("none", registry.DEFAULT_ESTIMATOR),
         estimator_options: Mapping[str, Mapping[str, Any]] | None = None,
-        replacement: bool = True,
         seed: int = 0,
         ties: str = "pessimistic",
         count_other_positives: bool = False,
@@ -141,7 +140,6 @@ class _RankingMetricsLogic:
         dedup_padding: bool = True,
         progress: bool = True,
         plot_every_n_epochs: int | None = None,
-        adaptive_max: int | None = None,
         scorer: str | Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
         max_pairs: int = DEFAULT_MAX_PAIRS,
     ) -> None:
@@ -175,10 +173,9 @@ class _RankingMetricsLogic:
                                      or len(headline) != 2):
             raise ValueError(f"headline: expected a (metric, label) pair such as ('ndcg@10', 'exact'), got {headline!r}")
         self._exact_kwargs: dict[str, Any] = dict(metrics=metrics, ties=ties, count_other_positives=count_other_positives, check_finite=check_finite)
-        # the sampling design, coerced once (an int m with the loose replacement= / adaptive_max=, or a
-        # SamplingDesign); the sampled metrics of every loader get the design itself
-        replacement = check_bool(replacement, "replacement")
-        design = None if n_samples is None else as_design(n_samples, replacement=replacement, adaptive_max=adaptive_max)
+        # the sampling design, coerced once (a SamplingDesign, or an int m); the sampled metrics of every loader get
+        # the design itself
+        design = as_design(n_samples)
         if design is not None and design.exact_at_cap:  # its sampled metrics' state cannot hold exact ranks
             raise ValueError("n_samples: exact_at_cap is not supported by RankingMetricsCallback: its sampled "
                              "metrics (SampledRankingMetrics) hold sampled-rank counts, not exact ranks")
@@ -531,14 +528,16 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
         metrics: metric names (``"ndcg@10"``, ``"recall@10"``, ``"hit@10"``, ``"mrr"``, ``"auc"``...).
         exact: compute exact (full-catalogue) metrics.
         n_samples: m sampled irrelevant items per relevant item, or a
-            :class:`~reco_sampled_plugin.design.SamplingDesign` (None: no sampled metrics); an int takes the loose
-            ``replacement`` and ``adaptive_max``, a design carries them.
+            :class:`~reco_sampled_plugin.design.SamplingDesign` (None: no sampled metrics): with or without
+            replacement, by popularity, or adaptive (``SamplingDesign(m, adaptive_max=cap)``: estimators ``mes``,
+            ``mle``, ``none``; the cost is logged as ``val/adaptive/mean_samples``, ``.../max_samples`` and
+            ``.../share_at_cap``); an int m is ``SamplingDesign(m)``.
         estimators: estimators run on the sampled ranks, any name of ``reco_sampled_plugin.registry.names()`` whose
             entry supports the design (``"none"`` = plain sampled metric, corrections such as ``bv``, mappings such
             as ``bound``, rank distributions ``mle``/``mes``); default ``("none", registry.DEFAULT_ESTIMATOR)``.
         estimator_options: per-estimator keyword arguments, e.g. ``{{"mle": {{"n_bootstrap": 8}}}}``; checked
             when the callback is built (an unknown or invalid option is a ValueError naming it).
-        replacement, seed, ties, count_other_positives, max_n_groups: see
+        seed, ties, count_other_positives, max_n_groups: see
             :class:`~reco_sampled_plugin.adapters.torchmetrics.SampledRankingMetrics`.
         check_finite: True (default: NaN or inf anywhere in a step's scores is a ValueError; checked in the
             exact metrics' counting pass at no measurable cost, or by one extra pass when ``exact=False``),
@@ -559,9 +558,6 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
         progress: a tqdm bar over the epoch-end estimators (rank zero, when the trainer shows progress).
         plot_every_n_epochs: every k epochs, plot exact vs sampled vs corrected values over epochs
             to the loggers (TensorBoard figure, MLflow artifact, W&B image, else a PNG in the log dir).
-        adaptive_max: adaptive sampling up to this many samples per relevant item (estimators ``mes``,
-            ``mle``, ``none``); the cost is logged as ``val/adaptive/mean_samples``, ``.../max_samples`` and
-            ``.../share_at_cap``.
         scorer: evaluate through a scorer, never a full score row (issue 27; docs/scorer.md): the name of a
             LightningModule method ``pl_module.<name>(users, items) -> scores`` or a callable
             ``scorer(pl_module, users, items) -> scores`` (users (B',) int64, items (B', L) int64 on the module's

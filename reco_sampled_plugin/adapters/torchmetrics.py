@@ -472,8 +472,13 @@ class SampledRankingMetrics(_MergeChecked):
             adaptive; or popularity draws with replacement, ``SamplingDesign(m, popularity=w)``: keyed inverse-cdf
             draws from the score matrix, the state then also keeps each relevant item's Hansen-Hurwitz statistics,
             one row per relevant item concatenated across processes, which the registry's popularity estimators
-            read, e.g. ``hh`` for AUC; docs/popularity.md); an int takes the loose ``replacement`` and
-            ``adaptive_max`` below, a design carries them. :attr:`design` is the SamplingDesign either way.
+            read, e.g. ``hh`` for AUC; docs/popularity.md). Adaptive (``SamplingDesign(m, adaptive_max=cap)``,
+            ``reco_sampled_plugin.adaptive``): a relevant item ranked first among its m draws draws m more (keyed
+            per stage) until it is not first or m would exceed the cap; estimators that take adaptive designs
+            (``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``); the state becomes one row per n of
+            sum over stages of (new draws + 1) counts (about ``adaptive_max`` numbers per distinct n); each
+            estimate's ``details["adaptive"]`` holds the cost (mean and largest m, share at the cap). An int m is
+            ``SamplingDesign(m)``; :attr:`design` is the SamplingDesign either way.
         estimators: methods of :func:`reco_sampled_plugin.estimate` (any name of ``reco_sampled_plugin.registry``
             whose entry supports the design); ``"none"`` is the plain sampled metric (reported as ``sampled``).
             A (metric, estimator) pair the registry does not list (``registry.names(metric=...)``: ``hh`` estimates
@@ -483,7 +488,6 @@ class SampledRankingMetrics(_MergeChecked):
             "mle": {"n_bootstrap": 8}, "beta": {"a": 0.5}}``; validated here, key by key, against the options
             each method takes (``reco_sampled_plugin.registry.method_options()``, plus ``max_rel_n_spread`` and
             ``top_shape``): an unknown key or an invalid value (e.g. ``gamma=nan``) is a ValueError naming it.
-        replacement: draw with replacement (binomial law, default) or without (hypergeometric).
         seed: key of the negative draws (same seed, same instance id -> same negatives).
         ties: ``"pessimistic"`` (default), ``"optimistic"`` or ``"average"``.
         max_n_groups: at most this many distinct candidate counts n are handed to the estimators;
@@ -493,12 +497,6 @@ class SampledRankingMetrics(_MergeChecked):
         check_finite: True (default: every score, one extra pass over the matrix, measured in the module
             docstring), ``"positives"`` (only the relevant items' scores: a NaN irrelevant score that is drawn then
             silently counts as below the positive) or False. Factor inputs are checked (factors and bias) unless False.
-        adaptive_max: adaptive sampling (``reco_sampled_plugin.adaptive``): a relevant item ranked first among
-            its m draws draws m more (keyed per stage) until it is not first or m would exceed ``adaptive_max``.
-            With replacement only; estimators that take adaptive designs (``registry.names(adaptive=True)``: ``mle``,
-            ``mes``, ``none``). The state becomes one row per n of
-            sum over stages of (new draws + 1) counts (about ``adaptive_max`` numbers per distinct n); each
-            estimate's ``details["adaptive"]`` holds the cost (mean and largest m, share at the cap).
         interval: ``compute()`` also returns ``"<metric>/<label>_lo"`` and ``"_hi"``, the 95% interval of each
             estimate (``Estimate.interval(0.95)``: widened where the top is unresolved; default True).
         stderr: ``compute()`` also returns ``"<metric>/<label>_stderr"``, the standard error: sampling noise only
@@ -531,12 +529,10 @@ class SampledRankingMetrics(_MergeChecked):
         estimators: Sequence[str] = ("none", registry.DEFAULT_ESTIMATOR),
         *,
         estimator_options: Mapping[str, Mapping[str, Any]] | None = None,
-        replacement: bool = True,
         seed: int = 0,
         ties: str = "pessimistic",
         max_n_groups: int | None = 64,
         check_finite: bool | str = True,
-        adaptive_max: int | None = None,
         interval: bool = True,
         stderr: bool = False,
         **kwargs: Any,
@@ -548,9 +544,8 @@ class SampledRankingMetrics(_MergeChecked):
         if n_samples is None:
             raise ValueError("n_samples: expected a positive integer m or a SamplingDesign, got None")
         # the one coercion (design.py): m in 1..MAX_SAMPLES (the state holds m + 1 counts per distinct n), the cap,
-        # the law; the loose replacement= / adaptive_max= of an int m
-        replacement = check_bool(replacement, "replacement")
-        design = as_design(n_samples, replacement=replacement, adaptive_max=adaptive_max)
+        # the law
+        design = as_design(n_samples)
         if design.exact_at_cap:  # the state (counts per stage and n) has no place for exact ranks: refused
             raise ValueError("n_samples: exact_at_cap is not supported by SampledRankingMetrics: its state holds "
                              "sampled-rank counts per stage, not exact ranks; draw with adaptive_sampled_ranks or "
@@ -560,7 +555,7 @@ class SampledRankingMetrics(_MergeChecked):
                              f"{design!r} ({design.law} draws) is not supported")
         if design.popularity is not None and not design.replacement:
             raise ValueError("n_samples: keyed popularity draws are with replacement (the Hansen-Hurwitz statistics "
-                             "need independent draws); drop replacement=False")
+                             "need independent draws); use SamplingDesign(m, popularity=w) with replacement")
         # popularity: the weights on the host (moved to each batch's device), and a hash for the merge checks
         self._pop_weights = None if design.popularity is None else design.popularity.detach().cpu()
         self._pop_hash = None if self._pop_weights is None else \
@@ -589,7 +584,7 @@ class SampledRankingMetrics(_MergeChecked):
         self.sampling = design.law
         bad = [e for e in self.estimators if not registry.get(e).supports(design)]
         if bad and self._adaptive is not None:
-            raise ValueError(f"estimators: {bad} assume one fixed m per relevant item; with adaptive_max use "
+            raise ValueError(f"estimators: {bad} assume one fixed m per relevant item; with an adaptive design use "
                              f"some of {registry.names(adaptive=True)}")
         if bad:
             raise ValueError(f"estimators: {bad} do not support {design.describe()}; use some of "
@@ -983,7 +978,7 @@ class SampledRankingMetrics(_MergeChecked):
             opts = dict(self.estimator_options.get(method, {}))
             try:
                 if self._adaptive is not None:
-                    opts["adaptive"] = (self._adaptive.n_samples, self._adaptive.adaptive_max)
+                    opts["adaptive"] = self._adaptive
                 if self._pop_weights is not None and registry.get(method).family != "none":
                     popn = self._popularity_ranks() if popn is None else popn  # the draws' own statistics
                     out[key] = estimate(metric, popn, method=method, **opts)
