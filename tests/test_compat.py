@@ -67,7 +67,7 @@ IMPORTED_B143A75 = {
         "ml100k_path", "ml_latest_small_path",
     ),
     "reco_sampled_plugin.estimate": ("Estimate",),
-    "reco_sampled_plugin.estimators": ("ESTIMATORS", "METHOD_OPTIONS", "check_estimator_options", "estimate"),
+    "reco_sampled_plugin.estimators": ("ESTIMATORS", "METHOD_OPTIONS", "estimate"),
     "reco_sampled_plugin.factor_ranks": ("TILE_ELEMENTS", "check_finite_factors", "factor_ranks_padded",
                                          "positive_scores", "tile_shape"),
     "reco_sampled_plugin.factors": ("FactorEvaluation", "evaluate_factors"),
