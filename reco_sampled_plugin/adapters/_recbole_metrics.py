@@ -18,7 +18,7 @@ import torch
 from reco_sampled_plugin import registry
 from reco_sampled_plugin._estimate import explain_flags, interval_values
 from reco_sampled_plugin._rank_hist import _bincount_histogram, _group_ids, sampled_rank_histogram
-from reco_sampled_plugin.estimators import _estimate
+from reco_sampled_plugin import estimators  # the contract, estimators._estimate (to be renamed estimate)
 from reco_sampled_plugin.metric_names import MetricSpec, parse_metric
 from reco_sampled_plugin.metrics import metric_from_float_ranks
 from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS, PopularityStats
@@ -159,9 +159,9 @@ class _EstimatedMetric(_Metric):
             # (auto runs hh or pl_fit there, which take no bootstrap: the adapter's n_bootstrap and seed are dropped)
             if family == "auto":
                 method = type(method)(**s.options.get(method.name, {}))
-            result = _estimate(spec, popn, method, weights=_sampled_weights(table, weights))
+            result = estimators._estimate(spec, popn, method, weights=_sampled_weights(table, weights))
         else:
-            result = _estimate(spec, hist, method)
+            result = estimators._estimate(spec, hist, method)
         out = {key: self._round(result.value)}
         if design is not None:  # what adaptive sampling cost (weighted like the estimate)
             cost = result.details["adaptive"]

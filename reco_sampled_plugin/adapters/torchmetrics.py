@@ -74,7 +74,7 @@ from reco_sampled_plugin import registry
 from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS
 from reco_sampled_plugin._rank_hist import RankHistogram
 from reco_sampled_plugin.design import SamplingDesign, as_design
-from reco_sampled_plugin.estimators import _estimate
+from reco_sampled_plugin import estimators  # the contract, estimators._estimate (to be renamed estimate)
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin._types import TensorLike
 from reco_sampled_plugin.ranking import SampledRanks
@@ -971,9 +971,9 @@ class SampledRankingMetrics(_MergeChecked):
             try:
                 if self._pop_weights is not None and family != "none":
                     popn = self._popularity_ranks() if popn is None else popn  # the draws' own statistics
-                    out[key] = _estimate(metric, popn, method)
+                    out[key] = estimators._estimate(metric, popn, method)
                 else:  # the histogram carries the design (law, adaptive stages)
-                    out[key] = _estimate(metric, hist, method)
+                    out[key] = estimators._estimate(metric, hist, method)
                 if family != "none":  # the plain sampled metric's interval is not widened
                     explain_once(logger, f"SampledRankingMetrics {metric}", out[key], metric=metric,
                                  n_items=int(self.n_items), n_samples=self.n_samples, users=int(round(hist.total)))
