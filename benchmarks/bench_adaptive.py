@@ -27,6 +27,7 @@ from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
 from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.factors import evaluate_factors
 from reco_sampled_plugin.planner import plan
+from reco_sampled_plugin.registry import Mes
 
 
 def make_data(n_users: int, n_items: int, d: int, seed: int = 0):
@@ -74,8 +75,8 @@ def main() -> None:
     exc = torch.from_numpy(picks[:, :10].astype(np.int64))
 
     def run(adaptive):
-        metric = SampledRankingMetrics(("ndcg@10", "hit@10"), n_samples=SamplingDesign(100, adaptive_max=adaptive), estimators=("none", "mes"),
-                                       estimator_options={"mes": {"n_bootstrap": 0}}, max_n_groups=None)
+        metric = SampledRankingMetrics(("ndcg@10", "hit@10"), n_samples=SamplingDesign(100, adaptive_max=adaptive),
+                                       estimators=("none", Mes(n_bootstrap=0)), max_n_groups=None)
         for start in range(0, args.users, 1024):
             sl = slice(start, start + 1024)
             metric.update_factors(ut[sl], vt, pos[sl], exc[sl], ids=torch.arange(args.users)[sl])

@@ -57,7 +57,7 @@ from .ranking import SampledRanks
 from ._types import TensorLike
 from .rank_distribution import FIT_CACHE as _FITS  # noqa: F401  (``estimators._FITS.clear()`` refits, as before)
 
-__all__ = ["ESTIMATORS", "METHOD_OPTIONS", "estimate", "EstimatorResult", "check_estimator_options"]
+__all__ = ["ESTIMATORS", "METHOD_OPTIONS", "estimate", "EstimatorResult"]
 
 def __getattr__(name: str) -> Any:
     # live views of the registry (an estimator registered later appears in them)
@@ -66,16 +66,6 @@ def __getattr__(name: str) -> Any:
     if name == "METHOD_OPTIONS":
         return registry.method_options()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def check_estimator_options(method: str, options: Mapping[str, Any], where: str | None = None) -> dict:
-    """Transitional: the method object ``method_class(method)(**options)`` validates them (removed with the 0.1
-    form of ``estimate``)."""
-    if not isinstance(options, Mapping):
-        raise ValueError(f"{where or 'options'}: options must be a mapping of keyword arguments, got "
-                         f"{type(options).__name__}")
-    registry.method_class(method)(**options)
-    return dict(options)
 
 
 #: the former name of :class:`~reco_sampled_plugin.Estimate` (kept so that old imports work): ``estimate``

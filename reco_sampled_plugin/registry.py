@@ -7,7 +7,7 @@ reading the table imports neither torch nor scipy: ``reco-sampled --help`` lists
 
 Derived views (never kept by hand): :func:`names` (``ESTIMATORS``), :func:`method_options` (``METHOD_OPTIONS``),
 ``names(adaptive=True)`` (``ADAPTIVE_METHODS``), ``names(family=...)`` (the mapping, rank-distribution and
-correction lists), :func:`recbole_choices` (RecBole's ``rsp_correction`` / ``rsp_mapping`` / ``rsp_rank_dist``),
+correction lists), :func:`recbole_choices` (the estimators each RecBole metric family runs, from ``rsp_estimators``),
 the CLI's ``--method`` choices and help, the planner's and the report's lists, the docs' table (a test checks it).
 
 The compute protocol (``estimators.estimate`` calls it after validating the options and building the histogram)::
@@ -155,7 +155,7 @@ class Estimator:
     """One registered estimator (module docstring).
 
     Attributes:
-        name: the method name users pass (``method="mes"``, ``rsp_correction: bv``, ``--method cls``).
+        name: the method name users pass (``method="mes"``, ``rsp_estimators: [bv]``, ``--method cls``).
         family: a key of :data:`FAMILIES`.
         summary: one line for docs and ``--help``.
         compute: ``"module:function"`` (relative to the package) or a callable (the compute protocol).
@@ -456,16 +456,18 @@ def fit_option_names() -> tuple[str, ...]:
     return tuple(o.name for o in _FIT_OPTIONS)
 
 
-def recbole_choices(key: str) -> tuple[str, ...]:
-    """The methods RecBole's ``rsp_correction`` (tables: the ``none`` and ``correction`` families that fit
-    nothing; ``bv`` with a fitted prior is ``rsp_prior: mle``), ``rsp_mapping`` or ``rsp_rank_dist`` accepts."""
-    if key == "rsp_correction":
-        return names(family=("none", "correction"), fits_distribution=False)
-    if key == "rsp_mapping":
+def recbole_choices(family: str) -> tuple[str, ...]:
+    """The estimators a RecBole metric family runs (the one of them listed in ``rsp_estimators``): ``"corrected"``
+    (``Corrected*``: the ``none`` and ``correction`` families, ``bv_mle`` included, and the per-positive
+    ``hansen_hurwitz`` ``hh``), ``"mapped"`` (``Mapped*``: the mappings) or ``"rankdist"`` (``RankDist*``: ``auto``
+    and the rank-distribution fits)."""
+    if family == "corrected":
+        return names(family=("none", "correction", "hansen_hurwitz"))
+    if family == "mapped":
         return names(family="mapping")
-    if key == "rsp_rank_dist":
+    if family == "rankdist":
         return names(family=("auto", "rank_distribution"))
-    raise ValueError(f"key: no estimator list for {key!r}")
+    raise ValueError(f"family: no RecBole metric family {family!r}; use 'corrected', 'mapped' or 'rankdist'")
 
 
 # ------------------------------------------------------------------------------------------------ the table
@@ -580,7 +582,7 @@ PlFit = method_class("pl_fit")
 
 #: The default estimator of ``estimate()`` (docs/estimators.md), and of every entry point that runs an estimator:
 #: the Lightning callback and torchmetrics' ``SampledRankingMetrics`` (with ``none``), RecBole's ``RankDist*``
-#: (``rsp_rank_dist``), the planner and ``reco-sampled plan``. ``auto`` picks per design and metric (below).
+#: (``rsp_estimators``), the planner and ``reco-sampled plan``. ``auto`` picks per design and metric (below).
 DEFAULT_ESTIMATOR = "auto"
 
 #: What ``auto`` runs: ``"resolved"`` where the design resolves the top (an adaptive design, or a fixed m whose
@@ -621,5 +623,5 @@ def popularity_auto(metric: Any, design: Any = None) -> str:
                      + (f"; use one of {others}" if others else ""))
 
 #: The default where a correction table is needed (one value per sampled rank, so not a fitted method): RecBole's
-#: ``Corrected*`` (``rsp_correction``), ``reco-sampled table``, :func:`~reco_sampled_plugin.uncertainty.corrected_metric`.
+#: ``Corrected*`` (``rsp_estimators``), ``reco-sampled table``, :func:`~reco_sampled_plugin.uncertainty.corrected_metric`.
 DEFAULT_CORRECTION = "bv"

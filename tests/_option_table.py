@@ -32,7 +32,7 @@ from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values
 #: Parameters that are data (tensors, arrays, priors, callables, designs), not options: another suite fuzzes them.
 DATA = {
     "exclude", "relevance", "item_bias", "item_biases", "weights", "popularity", "prior", "generator", "negatives",
-    "top_shape", "shape", "adaptive", "score_fn", "pilot", "designs", "estimator_options",
+    "top_shape", "shape", "adaptive", "score_fn", "pilot", "designs",
     "kwargs", "options", "n_candidates", "user_factors", "item_factors", "design", "dtype", "device",
     "headline", "log", "cfg", "fn", "p", "X_train", "X_test", "flags",
     "scorer", "users",
@@ -224,7 +224,7 @@ def entries(tmp: str) -> list[Entry]:
               {"metrics": ["ndcg"], "k": 3}),
         Entry("evaluate_factors[sampled]", rsp.evaluate_factors, (x_train, x_test, torch.rand(20, 3, generator=g),
                                                                     torch.rand(30, 3, generator=g)),
-              {"metrics": ["ndcg"], "k": 3, "n_samples": 5, "correction": "bv", "gamma": 0.1},
+              {"metrics": ["ndcg"], "k": 3, "n_samples": 5, "method": "bv"},
               skip={"k": "the exact entry covers it"}),
         Entry("ordering_agreement", ordering_agreement, (ranks_by_model, 200, 10),
               {"repeats": 2, "metrics": ["ndcg@5"], "methods": ["none"]}),
@@ -251,10 +251,10 @@ def entries(tmp: str) -> list[Entry]:
               {"users": torch.arange(4)}),
         Entry("RankingMetricsCallback", lightning.RankingMetricsCallback, (["ndcg@5"],)),
         Entry("recbole", recbole, (), {}, extra={
-            "rsp_gamma": "float?", "rsp_n_grid": "float?", "rsp_mapping_a": "float?", "rsp_replacement": "bool?",
+            "rsp_n_grid": "float?", "rsp_replacement": "bool?",
             "rsp_side_by_side": "bool?", "rsp_stderr": "bool?", "rsp_interval": "bool?", "rsp_full_ranks": "bool?",
-            "rsp_tensorboard": "bool?", "rsp_bootstrap": "int?", "rsp_seed": "int?", "rsp_m": "int?",
-            "rsp_correction": "str?", "rsp_mapping": "str?", "rsp_rank_dist": "str?", "rsp_weighting": "str?",
+            "rsp_tensorboard": "bool?", "rsp_seed": "int?", "rsp_m": "int?",
+            "rsp_estimators": "names?", "rsp_weighting": "str?",
             "rsp_ties": "str?", "rsp_check_finite": "bool|str?"}),
     ]
     return out

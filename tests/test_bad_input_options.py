@@ -27,7 +27,7 @@ from reco_sampled_plugin._options import (
     check_options,
     check_positive_float,
 )
-from reco_sampled_plugin.estimators import ESTIMATORS, METHOD_OPTIONS, check_estimator_options
+from reco_sampled_plugin.estimators import ESTIMATORS, METHOD_OPTIONS
 from reco_sampled_plugin.rank_distribution import estimate_rank_distribution, estimate_rank_distributions
 
 R2 = torch.tensor([1, 2])
@@ -122,22 +122,24 @@ def test_rounding_is_validated():
         estimate("hit@10", R2, 100, 10, method="rank_estimate", rounding="ceil")
 
 
-def test_check_estimator_options_without_data():
-    assert check_estimator_options("bv", {"gamma": 0.2}) == {"gamma": 0.2}
+def test_method_objects_check_their_options_without_data():
+    from reco_sampled_plugin import registry
+
+    assert registry.method_class("bv")(gamma=0.2).given() == {"gamma": 0.2}
     with pytest.raises(ValueError, match="^a: .*allowed options: gamma, prior"):
-        check_estimator_options("bv", {"a": 0.5})
+        registry.Bv(a=0.5)
     with pytest.raises(ValueError, match="^sampling: "):
-        check_estimator_options("mle", {"sampling": "binomial"})
+        registry.Mle(sampling="binomial")
     with pytest.raises(ValueError, match="^tol: "):
-        check_estimator_options("bv_mle", {"tol": math.nan})
+        registry.BvMle(tol=math.nan)
     with pytest.raises(ValueError, match="^a: "):
-        check_estimator_options("beta", {"a": -1})
+        registry.Beta(a=-1)
     with pytest.raises(ValueError, match="^max_rel_n_spread: "):
-        check_estimator_options("none", {"max_rel_n_spread": math.nan})
+        registry.Uncorrected(max_rel_n_spread=math.nan)
     with pytest.raises(ValueError, match="^top_shape: "):
-        check_estimator_options("bv", {"top_shape": "flat"})
+        registry.Bv(top_shape="flat")
     with pytest.raises(ValueError, match="^method: "):
-        check_estimator_options("nope", {})
+        registry.method_class("nope")
     assert set(METHOD_OPTIONS) == set(ESTIMATORS)
 
 
@@ -266,14 +268,23 @@ def test_torchmetrics_default_refuses_a_nan_irrelevant_score():
 def test_torchmetrics_options_are_checked_at_construction():
     from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
 
+    from reco_sampled_plugin import registry
+
+    # an estimator's options: its method object's, checked when it is built (before any batch)
     with pytest.raises(ValueError, match="^gamma: "):
-        SampledRankingMetrics("hit@10", 10, ("bv",), estimator_options={"bv": {"gamma": math.nan}})
+        SampledRankingMetrics("hit@10", 10, (registry.Bv(gamma=math.nan),))
     with pytest.raises(ValueError, match="^foo: "):
-        SampledRankingMetrics("hit@10", 10, ("mle",), estimator_options={"mle": {"foo": 1}})
+        SampledRankingMetrics("hit@10", 10, (registry.Mle(foo=1),))
     with pytest.raises(ValueError, match="^sampling: "):  # set by the design, not an estimator option
-        SampledRankingMetrics("hit@10", 10, ("mle",), estimator_options={"mle": {"sampling": "binomial"}})
+        SampledRankingMetrics("hit@10", 10, (registry.Mle(sampling="binomial"),))
     with pytest.raises(ValueError, match="^tol: "):
-        SampledRankingMetrics("hit@10", 10, ("mes",), estimator_options={"mes": {"tol": math.nan}})
+        SampledRankingMetrics("hit@10", 10, (registry.Mes(tol=math.nan),))
+    with pytest.raises(ValueError, match="^estimators: expected a list of estimator names"):  # not {name: options}
+        SampledRankingMetrics("hit@10", 10, {"bv": {"gamma": 0.2}})
+    with pytest.raises(ValueError, match="^estimators: expected estimator names"):
+        SampledRankingMetrics("hit@10", 10, ("bv", ("mes", {"tol": 1e-6})))
+    with pytest.raises(ValueError, match="^estimators: two estimators with the label 'mes_tol-1e-06'"):
+        SampledRankingMetrics("hit@10", 10, (registry.Mes(tol=1e-6), registry.Mes(tol=1e-6)))
     with pytest.raises(ValueError, match="^check_finite: "):
         ExactRankingMetrics(check_finite=1)
     with pytest.raises(ValueError, match="^count_other_positives: "):
@@ -319,6 +330,7 @@ def test_torchmetrics_one_instance_and_failed_estimator_are_flagged():
 
 def test_lightning_callback_options():
     import lightning  # noqa: F401  (a test dependency in pyproject: never skipped)
+    from reco_sampled_plugin import registry
     from reco_sampled_plugin.adapters.lightning import callback_class
 
     cb_cls = callback_class()
@@ -328,8 +340,8 @@ def test_lightning_callback_options():
                      (dict(log_interval="x"), "log_interval"), (dict(dedup_padding=None), "dedup_padding"),
                      (dict(progress="yes"), "progress"), (dict(prefix=3), "prefix"), (dict(score_fn=3), "score_fn"),
                      (dict(exact="no"), "exact"), (dict(headline="ndcg@10"), "headline"),
-                     (dict(estimators=("bv",), estimator_options={"bv": {"gamma": math.nan}}), "gamma"),
-                     (dict(estimators=("mes",), estimator_options={"mes": {"foo": 1}}), "foo"),
+                     (dict(estimators=("bv", registry.Bv())), "estimators"),
+                     (dict(estimators=("mes", {"tol": 1e-6})), "estimators"),
                      (dict(check_finite="all"), "check_finite")):
         with pytest.raises(ValueError, match=name):
             cb_cls(**kw)
@@ -473,14 +485,23 @@ def test_each_named_option_still_reaches_its_method():
 
 
 @pytest.mark.parametrize(
-    "extra, key",
+    "extra, key, fixed",
     [
-        ({"metrics": ["CorrectedRecall"], "rsp_correction": "ls", "rsp_gamma": 0.3}, "rsp_gamma: only rsp_correction: bv"),
-        ({"metrics": ["CorrectedRecall"], "rsp_correction": "none", "rsp_prior": ["beta", 0.5]}, "rsp_prior: only"),
-        ({"metrics": ["MappedHit"], "rsp_mapping": "bound", "rsp_mapping_a": 2.0}, "rsp_mapping_a: only"),
+        ({"metrics": ["CorrectedRecall"], "rsp_estimators": ["ls"], "rsp_estimator_options": {"ls": {"gamma": 0.3}}},
+         "rsp_estimator_options: ls: gamma: method 'ls' does not use it",
+         {"rsp_estimators": ["bv"], "rsp_estimator_options": {"bv": {"gamma": 0.3}}}),
+        ({"metrics": ["CorrectedRecall"], "rsp_estimators": ["none"],
+          "rsp_estimator_options": {"none": {"prior": ["beta", 0.5]}}}, "rsp_estimator_options: none: prior: ",
+         {"rsp_estimators": ["ls"], "rsp_estimator_options": {"ls": {"prior": ["beta", 0.5]}}}),
+        ({"metrics": ["MappedHit"], "rsp_estimators": ["bound"], "rsp_estimator_options": {"bound": {"a": 2.0}}},
+         "rsp_estimator_options: bound: a: ",
+         {"rsp_estimators": ["beta"], "rsp_estimator_options": {"beta": {"a": 2.0}}}),
+        ({"metrics": ["MappedHit"], "rsp_estimators": ["bound"], "rsp_estimator_options": {"beta": {"a": 2.0}}},
+         "rsp_estimator_options: given for 'beta', which rsp_estimators does not list",
+         {"rsp_estimators": ["beta"]}),
     ],
 )
-def test_recbole_keys_unused_by_the_chosen_method_are_refused(extra, key):
+def test_recbole_options_unused_by_the_chosen_method_are_refused(extra, key, fixed):
     from recbole.config import Config
 
     from reco_sampled_plugin.adapters import recbole as _plugin  # noqa: F401  (registers the metrics)
@@ -488,9 +509,7 @@ def test_recbole_keys_unused_by_the_chosen_method_are_refused(extra, key):
 
     with pytest.raises(ValueError, match=f"^{key}"):
         Config(model="BPR", dataset="ml-100k", config_dict={**BASE, "rsp_m": 100, **extra})
-    # the same key with a method that uses it is fine
-    fixed = {"rsp_correction": "bv"} if "rsp_correction" in extra and "rsp_gamma" in extra else \
-        {"rsp_correction": "ls"} if "rsp_prior" in extra else {"rsp_mapping": "beta"}
+    # the same option with a method that uses it is fine
     Config(model="BPR", dataset="ml-100k", config_dict={**BASE, "rsp_m": 100, **extra, **fixed})
 
 

@@ -30,7 +30,7 @@ import reco_sampled_plugin as rsp
 from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
 from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values
 from reco_sampled_plugin.user_metrics import user_metric_values
-from reco_sampled_plugin import baselines, datasets, planner
+from reco_sampled_plugin import baselines, datasets, planner, registry
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
 from reco_sampled_plugin._estimate import Estimate
 from reco_sampled_plugin.priors import empirical_prior
@@ -152,7 +152,7 @@ SAMPLED_CHANGES = {
     "adaptive": ("n_samples", {"n_samples": rsp.SamplingDesign(10, adaptive_max=40), "estimators": ("none",)}),
     "metrics": ("metrics", {"metrics": ("hit@5", "ndcg@5")}),
     "estimators": ("estimators", {"estimators": ("none", "cls")}),
-    "estimator_options": ("estimator_options", {"estimator_options": {"bv": {"gamma": 0.3}}}),
+    "method options": ("estimators", {"estimators": ("none", registry.Bv(gamma=0.3))}),
     "ties": ("ties", {"ties": "optimistic"}),
     "max_n_groups": ("max_n_groups", {"max_n_groups": 3}),
 }
@@ -520,7 +520,7 @@ NAN_CASES = {
     "values": lambda v: Estimate.from_values([0.5, v]),
     "relevance": lambda v: user_metric_values("ndcg@5", torch.tensor([[1, 3]]), 10, relevance=torch.tensor([[1.0, v]])),
     "target_rel_error": lambda v: planner.plan(1000, 100, "hit@10", v),
-    "estimator_options.gamma": lambda v: SampledRankingMetrics("hit@5", 10, ("bv",), estimator_options={"bv": {"gamma": v}}),
+    "Bv.gamma": lambda v: SampledRankingMetrics("hit@5", 10, (registry.Bv(gamma=v),)),
     "level": lambda v: corrected_metric("ndcg@10", R, 100, 10).interval(v),
     "q": lambda v: baselines.ItemKNN(q=v),
     "dense_threshold": lambda v: baselines.ItemKNN(dense_threshold=v),

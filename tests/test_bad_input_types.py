@@ -209,13 +209,19 @@ def test_planner_target_string_is_refused():
 def test_recbole_numbers_and_bools_are_read_strictly():
     from reco_sampled_plugin.adapters._recbole_settings import validate_config
 
-    base = dict(metrics=["CorrectedRecall"], eval_args={"mode": "uni100"}, topk=[10], rsp_correction="bv")
-    for key, bad in (("rsp_gamma", True), ("rsp_gamma", "0.5"), ("rsp_n_grid", False), ("rsp_stderr", "false"),
-                     ("rsp_interval", 1), ("rsp_bootstrap", 8.0), ("rsp_seed", "3"), ("rsp_prior", ["beta", "2"])):
+    base = dict(metrics=["CorrectedRecall"], eval_args={"mode": "uni100"}, topk=[10], rsp_estimators=["bv", "auto"])
+    for key, bad in (("rsp_n_grid", False), ("rsp_stderr", "false"), ("rsp_interval", 1), ("rsp_seed", "3")):
         with pytest.raises(ValueError, match=f"^{key}: "):
             validate_config(_Config({**base, key: bad}))
-    s = validate_config(_Config({**base, "rsp_gamma": np.float64(0.5), "rsp_prior": ["beta", 2], "topk": 5}))
-    assert (s.gamma, s.prior, s.topk) == (0.5, ("beta", 2.0), (5,))
+    # the estimators' options: read as strictly by their method objects, named under rsp_estimator_options
+    for method, option, bad in (("bv", "gamma", True), ("bv", "gamma", "0.5"), ("auto", "n_bootstrap", 8.0),
+                                ("bv", "prior", ["beta", "2"])):
+        with pytest.raises(ValueError, match=f"^rsp_estimator_options: {method}: {option}: "):
+            validate_config(_Config({**base, "rsp_estimator_options": {method: {option: bad}}}))
+    s = validate_config(_Config({**base, "rsp_estimator_options": {"bv": {"gamma": np.float64(0.5),
+                                                                           "prior": ["beta", 2]}}, "topk": 5}))
+    bv = s.methods["corrected"]
+    assert (bv.gamma, bv.prior, s.topk) == (0.5, ("beta", 2.0), (5,))
     for bad in ("10", [10.5], [True]):
         with pytest.raises(ValueError, match="^topk: "):
             validate_config(_Config({**base, "topk": bad}))

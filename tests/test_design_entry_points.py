@@ -146,8 +146,8 @@ def test_torchmetrics_design():
     w, _ = _torchmetrics_run(n_samples=SamplingDesign(20, replacement=False), estimators=("none", "bv"))
     assert (w.n_samples, w.replacement, w.sampling) == (20, False, "hypergeometric")
     # (b) an adaptive design; self.design is the SamplingDesign
-    a, ra = _torchmetrics_run(n_samples=SamplingDesign(4, adaptive_max=32), estimators=("none", "mes"),
-                              estimator_options={"mes": {"n_bootstrap": 0}})
+    a, ra = _torchmetrics_run(n_samples=SamplingDesign(4, adaptive_max=32),
+                              estimators=("none", registry.Mes(n_bootstrap=0)))
     assert a.design == SamplingDesign(4, adaptive_max=32) and a.adaptive_max == 32
     assert a.hist.shape[1] > 5  # the adaptive state (every stage's columns)
     # (c) an estimator that does not support the design, named
@@ -173,10 +173,11 @@ def test_torchmetrics_registered_estimator_is_accepted(bv_copy):
 def test_torchmetrics_checks_a_registered_estimators_options(bv_copy):
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
 
-    metric = SampledRankingMetrics("hit@10", 20, ("bv_copy",), estimator_options={"bv_copy": {"gamma": 0.2}})
-    assert metric.estimator_options == {"bv_copy": {"gamma": 0.2}}
+    method = registry.method_class("bv_copy")(gamma=0.2)  # its options: the registered entry's, checked when built
+    metric = SampledRankingMetrics("hit@10", 20, (method,))
+    assert metric.methods == (method,) and metric.labels == ("bv_copy_gamma-0.2",)
     with pytest.raises(ValueError, match="^gamma: "):
-        SampledRankingMetrics("hit@10", 20, ("bv_copy",), estimator_options={"bv_copy": {"gamma": math.nan}})
+        SampledRankingMetrics("hit@10", 20, (registry.method_class("bv_copy")(gamma=math.nan),))
 
 
 def test_torchmetrics_runs_a_registered_estimator(bv_copy):
@@ -215,8 +216,7 @@ def test_lightning_callback_design(tmp_path):
     from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
 
     fixed = dict(estimators=("none", "bv"), max_n_groups=None, exact=False)
-    adaptive = dict(estimators=("none", "mes"), max_n_groups=None, exact=False,
-                    estimator_options={"mes": {"n_bootstrap": 0}})
+    adaptive = dict(estimators=("none", registry.Mes(n_bootstrap=0)), max_n_groups=None, exact=False)
     callbacks = [
         RankingMetricsCallback(("ndcg@10", "hit@5"), n_samples=20, prefix="int_", **fixed),
         RankingMetricsCallback(("ndcg@10", "hit@5"), n_samples=SamplingDesign(20), prefix="design_", **fixed),
@@ -226,7 +226,7 @@ def test_lightning_callback_design(tmp_path):
     assert callbacks[2].design == SamplingDesign(5, adaptive_max=40)  # (b)
     r_int, r_design, r_ad = _validate(callbacks, tmp_path)
     _same_results(r_int, r_design, "int_", "design_")  # (a)
-    assert any(k.endswith("/bv") for k in r_design) and any(k.endswith("/mes") for k in r_ad)
+    assert any(k.endswith("/bv") for k in r_design) and any(k.endswith("/mes_n_bootstrap-0") for k in r_ad)
     # (c) refused when the callback is built, naming the estimator
     with pytest.raises(ValueError, match=r"^estimators: \['bv'\] assume one fixed m"):
         RankingMetricsCallback(n_samples=SamplingDesign(5, adaptive_max=40), estimators=("none", "bv"))
@@ -271,7 +271,7 @@ def test_recbole_settings_design():
     # (a) rsp_m (and rsp_replacement) are one SamplingDesign; the old fields agree with it
     s = _recbole_settings(metrics=["Recall", "CorrectedRecall"], rsp_m=100)
     assert s.design == SamplingDesign(100) and (s.m, s.replacement, s.adaptive_max) == (100, True, None)
-    s = _recbole_settings(metrics=["CorrectedRecall"], rsp_m=100, rsp_replacement=False, rsp_correction="cls")
+    s = _recbole_settings(metrics=["CorrectedRecall"], rsp_m=100, rsp_replacement=False, rsp_estimators=["cls"])
     assert s.design == SamplingDesign(100, replacement=False) and s.replacement is False
     # RecBole's uniN: the design draws N (rsp_m unset)
     s = _recbole_settings(metrics=["CorrectedRecall"], eval_args={"mode": "uni100"})
@@ -280,22 +280,27 @@ def test_recbole_settings_design():
     s = _recbole_settings(metrics=["RankDistRecall"], rsp_m=100, rsp_adaptive_max=800)
     assert s.design == SamplingDesign(100, adaptive_max=800) and s.design.adaptive.stages.tolist() == [100, 200, 400, 800]
     # (c) an estimator that does not support the design, named with its key
-    with pytest.raises(ValueError, match=r"^rsp_adaptive_max: 'correctedrecall' \(rsp_correction: bv\) assumes one fixed m"):
+    with pytest.raises(ValueError, match=r"^rsp_adaptive_max: 'correctedrecall' \(rsp_estimators: bv\) assumes one fixed m"):
         _recbole_settings(metrics=["CorrectedRecall"], rsp_m=100, rsp_adaptive_max=800)
-    with pytest.raises(ValueError, match=r"^rsp_adaptive_max: 'mappedhit' \(rsp_mapping: bound\) assumes one fixed m"):
+    with pytest.raises(ValueError, match=r"^rsp_adaptive_max: 'mappedhit' \(rsp_estimators: bound\) assumes one fixed m"):
         _recbole_settings(metrics=["MappedHit"], rsp_m=100, rsp_adaptive_max=800)
     # the choices are the registry's
-    with pytest.raises(ValueError, match=r"^rsp_correction: unknown correction method 'magic'; use one of "
-                                         + repr(registry.recbole_choices("rsp_correction")).replace("(", r"\(")
+    with pytest.raises(ValueError, match=r"^rsp_estimators: unknown estimator 'magic'; use some of "
+                                         + repr(registry.names()).replace("(", r"\(").replace(")", r"\)")):
+        _recbole_settings(metrics=["CorrectedRecall"], rsp_m=100, rsp_estimators=["magic"])
+    # each metric family runs the one estimator of its family listed (registry.recbole_choices)
+    with pytest.raises(ValueError, match=r"^rsp_estimators: the Corrected\* metrics need one of "
+                                         + repr(registry.recbole_choices("corrected")).replace("(", r"\(")
                                          .replace(")", r"\)")):
-        _recbole_settings(metrics=["CorrectedRecall"], rsp_m=100, rsp_correction="magic")
+        _recbole_settings(metrics=["CorrectedRecall"], rsp_m=100, rsp_estimators=["mes"])
 
 
 def test_recbole_registered_estimator_is_accepted(bv_copy):
-    s = _recbole_settings(metrics=["CorrectedRecall"], rsp_m=100, rsp_correction="bv_copy", rsp_gamma=0.3)
-    assert s.correction == "bv_copy" and s.gamma == 0.3  # its gamma option read from its entry
-    with pytest.raises(ValueError, match=r"\(rsp_correction: bv_copy\) assumes one fixed m"):
-        _recbole_settings(metrics=["CorrectedRecall"], rsp_m=100, rsp_correction="bv_copy", rsp_adaptive_max=800)
+    s = _recbole_settings(metrics=["CorrectedRecall"], rsp_m=100, rsp_estimators=["bv_copy"],
+                          rsp_estimator_options={"bv_copy": {"gamma": 0.3}})
+    assert s.methods["corrected"] == registry.method_class("bv_copy")(gamma=0.3)  # its gamma: read from its entry
+    with pytest.raises(ValueError, match=r"\(rsp_estimators: bv_copy\) assumes one fixed m"):
+        _recbole_settings(metrics=["CorrectedRecall"], rsp_m=100, rsp_estimators=["bv_copy"], rsp_adaptive_max=800)
 
 
 # ---------------------------------------------------------------------------------------------------- CLI

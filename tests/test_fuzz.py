@@ -192,12 +192,16 @@ def test_sampled_and_exact_ranks(b, n, p, m, dtype, poison):
        opt=st.sampled_from([{}, {"gamma": float("nan")}, {"n_bootstrap": -1}, {"foo": 1}, {"tol": 0.0}]),
        poison=st.sampled_from([None, math.nan, math.inf]), keep_all=st.booleans())
 def test_sampled_ranking_metrics(m, cap, est, opt, poison, keep_all):
+    from reco_sampled_plugin import registry
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
 
-    options = {est[0]: opt} if opt else None
-    metric = _contract(
-        lambda: SampledRankingMetrics(("ndcg@10", "auc"), n_samples=rsp.SamplingDesign(m, adaptive_max=cap), estimators=est, estimator_options=options),
-        ("n_samples", "adaptive_max", "estimators", "estimator_options", "gamma", "n_bootstrap", "foo", "tol"))
+    def build():  # an estimator with options is its method object (options checked when it is built)
+        methods = tuple(registry.method_class(e)(**opt) for e in est) if opt else est
+        return SampledRankingMetrics(("ndcg@10", "auc"), n_samples=rsp.SamplingDesign(m, adaptive_max=cap),
+                                     estimators=methods)
+
+    metric = _contract(build, ("n_samples", "adaptive_max", "estimators", "method", "gamma", "n_bootstrap", "foo",
+                               "tol"))
     if metric is None:
         return
     g = torch.Generator().manual_seed(1)

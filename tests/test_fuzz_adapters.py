@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from _profiles import examples
 
 import reco_sampled_plugin as rsp
+from reco_sampled_plugin import registry
 from test_fuzz import _contract  # the one contract check of the fuzzing suites
 
 FAST = settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -159,13 +160,17 @@ RSP_VALUES = {
     "rsp_m": st.one_of(st.none(), st.integers(-2, 300), st.sampled_from([50.0, 10.5, "100", True])),
     "rsp_adaptive_max": st.one_of(st.none(), st.integers(-2, 2000), st.sampled_from([800.0, "x"])),
     "rsp_replacement": st.sampled_from([True, False, "yes", 1, None]),
-    "rsp_correction": st.sampled_from(["bv", "ls", "none", "rank_estimate", "magic", 3]),
-    "rsp_gamma": st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(["0.1", None])),
-    "rsp_prior": st.sampled_from(["uniform", "mle", ["beta", 0.5], ["beta", -1], "jeffreys", None]),
-    "rsp_mapping": st.sampled_from(["bound", "beta", "linear", "spline"]),
-    "rsp_mapping_a": st.one_of(st.none(), st.floats(allow_nan=True), st.sampled_from(["2"])),
-    "rsp_rank_dist": st.sampled_from(["mes", "mle", "em"]),
-    "rsp_bootstrap": st.one_of(st.integers(-1, 20), st.sampled_from([2.5, "8"])),
+    "rsp_estimators": st.sampled_from([["bv", "bound", "auto"], ["none", "linear", "mes"], ["ls", "beta", "mle"],
+                                       ["rank_estimate", "beta_fit", "gmod"], ["bv_mle", "bound", "auto"], "auto",
+                                       ["magic"], [3], ["bv", "ls"], ["hh", "bound", "auto"], ["pl_fit"], None]),
+    "rsp_estimator_options": st.one_of(
+        st.fixed_dictionaries({"bv": st.fixed_dictionaries({"gamma": st.one_of(
+            st.floats(allow_nan=True, allow_infinity=True), st.sampled_from(["0.1", None]))})}),
+        st.sampled_from([{}, None, {"bv": {"prior": "uniform"}}, {"bv": {"prior": ["beta", 0.5]}},
+                         {"bv": {"prior": ["beta", -1]}}, {"bv": {"prior": "jeffreys"}}, {"bv": {"gammma": 0.1}},
+                         {"auto": {"n_bootstrap": 4}}, {"auto": {"n_bootstrap": -1}}, {"auto": {"n_bootstrap": 2.5}},
+                         {"auto": {"n_bootstrap": "8"}}, {"auto": {"n_bootstrap": 1}}, {"beta": {"a": "2"}},
+                         {"beta": {"a": math.nan}}, {"mes": {"tol": 0.0}}, "x", {"bv": 3}])),
     "rsp_weighting": st.sampled_from(["user", "item", "both"]),
     "rsp_ties": st.sampled_from(["pessimistic", "average", "random", "up"]),
     "rsp_n_grid": st.one_of(st.floats(-1, 1), st.sampled_from([None, math.nan, math.inf])),
@@ -192,12 +197,13 @@ def test_recbole_configs(keys, data, metrics, mode):
     extra = {key: data.draw(RSP_VALUES[key], label=key) for key in keys}
     config_dict = {"data_path": os.path.join(os.path.dirname(recbole.__file__), "dataset_example"), "metrics": metrics,
                    "eval_args": {"mode": mode}, "show_progress": False, **extra}
-    names = tuple(extra) + ("rsp_m", "rsp_replacement", "eval_args.mode", "rsp_adaptive_max", "rsp_correction")
+    names = tuple(extra) + ("rsp_m", "rsp_replacement", "eval_args.mode", "rsp_adaptive_max", "rsp_estimators")
 
     def check(config):
         settings_ = validate_config(config)  # what the plugin will run with: every value valid
         assert settings_.m is None or settings_.m >= 1
-        assert 0.0 <= settings_.gamma <= 1.0
+        assert all(isinstance(m, registry.Method) for m in settings_.methods.values())
+        assert all(0.0 <= getattr(m, "gamma", 0.5) <= 1.0 for m in settings_.methods.values())
 
     _contract(lambda: Config(model="BPR", dataset="ml-100k", config_dict=config_dict), names, check)
 

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _lightning_helpers as H  # noqa: E402
 
+from reco_sampled_plugin import registry  # noqa: E402
 from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, callback_class  # noqa: E402
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
 from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
@@ -237,8 +238,8 @@ def test_ddp_two_processes_equal_one(tmp_path):
     the negatives are keyed by the global sample position, which the callback derives from the sampler."""
     opts = dict(OPTS, estimators=("none", "bv", "bound", "cls"))
 
-    adaptive = dict(n_samples=SamplingDesign(5, adaptive_max=40), estimators=("none", "mes"), max_n_groups=None,
-                    estimator_options={"mes": {"n_bootstrap": 4}})
+    adaptive = dict(n_samples=SamplingDesign(5, adaptive_max=40), estimators=("none", registry.Mes(n_bootstrap=4)),
+                    max_n_groups=None)
 
     def callbacks():
         return [RankingMetricsCallback(METRICS, **opts), RankingMetricsCallback(METRICS, prefix="raw_", dedup_padding=False, **opts),

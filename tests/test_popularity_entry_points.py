@@ -58,7 +58,8 @@ def _recbole():
 _RB_BASE = {
     "device": "cpu", "use_gpu": False, "show_progress": False, "learning_rate": 0.01, "train_batch_size": 4096,
     "eval_batch_size": 1 << 20, "topk": [10], "metric_decimal_place": 12, "seed": 2020, "reproducibility": True,
-    "checkpoint_dir": "saved", "metrics": ["CorrectedAUC"], "valid_metric": "CorrectedAUC", "rsp_correction": "hh",
+    "checkpoint_dir": "saved", "metrics": ["CorrectedAUC"], "valid_metric": "CorrectedAUC",
+    "rsp_estimators": ["hh", "auto"],
 }
 _RB_MODELS = {
     "BPR": {"embedding_size": 16, "epochs": 2},
@@ -105,18 +106,19 @@ def test_recbole_alpha_and_refusals(workdir):
     pop = SamplingDesign(100, popularity=torch.ones(5))
     assert registry.names(design=pop, metric="auc") == ("auto", "none", "hh", "pl_fit")
     with pytest.raises(ValueError, match=r"^eval_args\.mode: 'pop100' draws items by popularity, and 'correctedauc' "
-                                         r"\(rsp_correction: bv\) does not estimate auc there .*use rsp_correction: hh"):
-        _rb_config("BPR", "pop100", rsp_correction="bv")
-    with pytest.raises(ValueError, match=r"^eval_args\.mode: .*'correctedndcg' \(rsp_correction: hh\) .*no "
-                                         r"rsp_correction method corrects ndcg under popularity sampling yet; "
-                                         r"rsp_correction: none reports the plain sampled metric"):
+                                         r"\(rsp_estimators: bv\) does not estimate auc there .*list hh in "
+                                         r"rsp_estimators instead"):
+        _rb_config("BPR", "pop100", rsp_estimators=["bv", "auto"])
+    with pytest.raises(ValueError, match=r"^eval_args\.mode: .*'correctedndcg' \(rsp_estimators: hh\) .*no "
+                                         r"Corrected\* estimator corrects ndcg under popularity sampling yet; "
+                                         r"none \(in rsp_estimators\) reports the plain sampled metric"):
         _rb_config("BPR", "pop100", metrics=["CorrectedNDCG"], valid_metric="CorrectedNDCG@10")
-    # the default rsp_rank_dist, auto, runs hh (AUC) and pl_fit (top-K) there; a fitting method is refused
+    # the default RankDist* estimator, auto, runs hh (AUC) and pl_fit (top-K) there; a fitting method is refused
     _rb_config("BPR", "pop100", metrics=["RankDistAUC", "RankDistNDCG"], valid_metric="RankDistNDCG@10")
-    with pytest.raises(ValueError, match=r"^eval_args\.mode: .*'rankdistauc' \(rsp_rank_dist: mes\) .*use "
-                                         r"rsp_rank_dist: auto"):
-        _rb_config("BPR", "pop100", metrics=["RankDistAUC"], rsp_rank_dist="mes")
-    with pytest.raises(ValueError, match=r"^rsp_correction: 'hh' estimates auc only, not ndcg"):  # uniform too
+    with pytest.raises(ValueError, match=r"^eval_args\.mode: .*'rankdistauc' \(rsp_estimators: mes\) .*list "
+                                         r"auto in rsp_estimators instead"):
+        _rb_config("BPR", "pop100", metrics=["RankDistAUC"], rsp_estimators=["hh", "mes"])
+    with pytest.raises(ValueError, match=r"^rsp_estimators: 'hh' estimates auc only, not ndcg"):  # uniform too
         _rb_config("BPR", "uni100", metrics=["CorrectedNDCG"], valid_metric="CorrectedNDCG@10")
 
 
@@ -270,7 +272,7 @@ def test_recbole_popn_equals_the_core_on_the_same_draws(rb_runs, model):
         got = torch.stack([cols[f"{f}_{c}"] for c in range(POP_BINS)], 1)
         np.testing.assert_array_equal(got.numpy(), getattr(stats, f)[pos_u, slot].double().numpy(), err_msg=f)
     assert float(cols["profile_0"].sum() + sum(cols[f"profile_{c}"].sum() for c in range(1, POP_BINS))) > 0
-    # the default rsp_rank_dist, auto: hh for AUC, pl_fit for NDCG, as the core's on the same draws
+    # the default RankDist* estimator, auto: hh for AUC, pl_fit for NDCG, as the core's on the same draws
     assert run["pop"]["rankdistauc"] == pytest.approx(core.value, abs=1e-11)
     assert ("rankdistndcg@10" in run["pop"]) == (model == "SASRec")  # the fixture runs RankDistNDCG for SASRec only
     if model == "SASRec":

@@ -14,6 +14,7 @@ import torch
 from reco_sampled_plugin._progress import progress_bar, progress_enabled
 from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.planner import plan
+from reco_sampled_plugin.registry import Mle
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,8 +77,8 @@ def test_torchmetrics_estimates_progress_same_values(capsys):
     gen = torch.Generator().manual_seed(0)
     scores = torch.randn(64, 300, generator=gen)
     positives = torch.randint(0, 300, (64, 1), generator=gen)
-    metric = SampledRankingMetrics(("ndcg@10", "hit@10"), n_samples=50, estimators=("none", "bv", "mle"),
-                                   estimator_options={"mle": {"n_bootstrap": 4}}, seed=3)
+    metric = SampledRankingMetrics(("ndcg@10", "hit@10"), n_samples=50, estimators=("none", "bv", Mle(n_bootstrap=4)),
+                                   seed=3)
     metric.update(scores, positives)
     quiet = metric.estimates(progress=False)
     assert capsys.readouterr().err == ""

@@ -76,7 +76,8 @@ def bpr_uni100(bpr):
     """The same trained model evaluated in uni100 mode on the same test split."""
     metrics = ["Recall", "CorrectedRecall", "MappedHit", "RankDistRecall"]
     config, _, _, test = _prepare("BPR", {"eval_args": {"mode": "uni100"}, "metrics": metrics,
-                                          "valid_metric": "CorrectedRecall@10", "rsp_bootstrap": 4})
+                                          "valid_metric": "CorrectedRecall@10",
+                                          "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}})
     trainer = Trainer(config, bpr["model"])
     result, struct = _evaluate(trainer, test)
     return {"result": result, "struct": struct}
@@ -172,7 +173,7 @@ def test_uni100_staged_batches_give_the_per_batch_table(bpr, monkeypatch, mode):
     ranked together, in one flush or in many small ones: the same table as ranking each batch at once
     (the path of other devices). RecBole draws new negatives at every evaluation: each starts from the same
     seed. Pessimistic ties: the plugin draws nothing, so every column agrees exactly."""
-    config, _, _, test = _prepare("BPR", {"eval_args": {"mode": mode}, "eval_batch_size": 4096, "rsp_correction": "none",
+    config, _, _, test = _prepare("BPR", {"eval_args": {"mode": mode}, "eval_batch_size": 4096, "rsp_estimators": ["none"],
                                           "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "CorrectedRecall@10"})
     trainer = Trainer(config, bpr["model"])
 
@@ -210,17 +211,21 @@ def test_uni100_corrected_closer_than_recbole_sampled(bpr, bpr_uni100):
 @pytest.mark.parametrize(
     "extra, key",
     [
-        ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_correction": "magic"}, "rsp_correction"),
-        ({"metrics": ["CorrectedNDCG"], "rsp_m": 100, "rsp_gamma": 1.5}, "rsp_gamma"),
-        ({"metrics": ["MappedHit"], "rsp_m": 100, "rsp_mapping": "spline"}, "rsp_mapping"),
-        ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_rank_dist": "em"}, "rsp_rank_dist"),
+        ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_estimators": ["magic"]}, "rsp_estimators"),
+        ({"metrics": ["CorrectedNDCG"], "rsp_m": 100, "rsp_estimator_options": {"bv": {"gamma": 1.5}}},
+         "rsp_estimator_options: bv: gamma"),
+        ({"metrics": ["MappedHit"], "rsp_m": 100, "rsp_estimators": ["bv", "auto"]}, "rsp_estimators: the Mapped"),
+        ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_estimators": ["mes", "auto"]}, "rsp_estimators: 'mes' and"),
+        # the keys of 0.1's one-key-per-option configuration are unknown keys now
+        ({"metrics": ["CorrectedNDCG"], "rsp_m": 100, "rsp_gamma": 0.2}, "rsp_gamma: unknown reco_sampled_plugin key"),
         ({"metrics": ["CorrectedRecall"]}, "rsp_m"),
         ({"metrics": ["CorrectedRecall"], "eval_args": {"mode": "uni100"}, "rsp_m": 50}, "rsp_m"),
         ({"metrics": ["CorrectedRecall"], "eval_args": {"mode": "labeled"}}, "eval_args.mode"),
         ({"metrics": ["ExactRecall"], "eval_args": {"mode": "uni100"}}, "eval_args.mode"),
         ({"metrics": ["MappedHit"], "eval_args": {"mode": "pop100"}}, "eval_args.mode"),
         ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_gama": 0.2}, "rsp_gama"),
-        ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_prior": "jeffreys"}, "rsp_prior"),
+        ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_estimator_options": {"bv": {"prior": "jeffreys"}}},
+         "rsp_estimator_options: bv: prior"),
         # adaptive sampling: popN's first stage is not uniform (uniN is accepted: tests/test_recbole_scorer.py);
         # fixed-m estimators; cap below m; no rsp_m
         ({"metrics": ["RankDistRecall"], "eval_args": {"mode": "pop100"}, "rsp_adaptive_max": 800}, "pop100.*popularity"),
@@ -300,7 +305,7 @@ def test_run_recbole_wrapper_logs_plugin_results(workdir, caplog):
 
 
 def test_popularity_sampling_uncorrected_is_said(bpr, caplog):
-    """pop100 with rsp_correction: none (the only choice there): CorrectedHit@10 is the plain sampled metric, and the
+    """pop100 with rsp_estimators: [none] (the only Corrected* choice there): CorrectedHit@10 is the plain sampled metric, and the
     run says so (a warning naming the metric), its value equal to its _sampled key; its interval holds it."""
     import logging
 
@@ -308,12 +313,12 @@ def test_popularity_sampling_uncorrected_is_said(bpr, caplog):
 
     _recbole_settings._LOGGED.clear()
     caplog.set_level(logging.INFO)
-    config, _, _, test = _prepare("BPR", {"eval_args": {"mode": "pop100"}, "rsp_correction": "none",
+    config, _, _, test = _prepare("BPR", {"eval_args": {"mode": "pop100"}, "rsp_estimators": ["none"],
                                           "metrics": ["Hit", "CorrectedHit"], "valid_metric": "CorrectedHit@10"})
     res, _ = _evaluate(Trainer(config, bpr["model"]), test)
     assert res["correctedhit@10"] == res["correctedhit@10_sampled"] and res["correctedhit@10"] > 0.2
     assert res["correctedhit@10_lo"] < res["correctedhit@10"] < res["correctedhit@10_hi"]
-    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "rsp_correction: none" in r.getMessage()]
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING and "rsp_estimators lists none" in r.getMessage()]
     assert len(warned) == 1 and "CorrectedHit report the plain sampled metric, uncorrected" in warned[0].getMessage()
     notes = [r.getMessage() for r in caplog.records if "CorrectedHit@k (and its _exact) is the leave-one-out" in r.getMessage()]
     assert len(notes) == 1 and "RecBole's hit@k is the list metric" in notes[0]
@@ -584,7 +589,8 @@ def test_full_mode_adaptive_sampling_equals_the_core(bpr):
 
     metrics = ["RankDistRecall", "RankDistNDCG", "ExactRecall"]
     config, _, _, test = _prepare("BPR", {"metrics": metrics, "valid_metric": "RankDistRecall@10", "rsp_m": 20,
-                                          "rsp_adaptive_max": 320, "rsp_n_grid": 0, "rsp_bootstrap": 4})
+                                          "rsp_adaptive_max": 320, "rsp_n_grid": 0,
+                                          "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}})
     trainer = Trainer(config, bpr["model"])
     res, struct = _evaluate(trainer, test)
     cols = rb.positive_table(struct)
@@ -604,16 +610,17 @@ def test_full_mode_adaptive_sampling_equals_the_core(bpr):
 
 
 def test_rankdist_bootstrap_only_for_a_standard_error():
-    """RankDist* refit the rank distribution rsp_bootstrap times only when a standard error or an interval is
-    reported (the estimate itself is the one fit either way)."""
+    """RankDist* refit the rank distribution n_bootstrap times (8 unless rsp_estimator_options say otherwise) only
+    when a standard error or an interval is reported (the estimate itself is the one fit either way)."""
     from reco_sampled_plugin.adapters import _recbole_metrics as rm
 
     def kwargs(**extra):
         config = Config(model="BPR", dataset="ml-100k", config_dict={
             **BASE, "metrics": ["RankDistRecall"], "valid_metric": "RankDistRecall@10", "rsp_m": 100, **extra})
-        return rm.metric_classes()["rankdistrecall"](config)._method_kwargs()
+        return rm.metric_classes()["rankdistrecall"](config)._method()
 
-    assert kwargs()["n_bootstrap"] == 8  # the interval is reported by default (issue 25)
-    assert kwargs(rsp_interval=False)["n_bootstrap"] == 0
-    assert kwargs(rsp_interval=False, rsp_stderr=True)["n_bootstrap"] == 8
-    assert kwargs(rsp_interval=True, rsp_bootstrap=4)["n_bootstrap"] == 4
+    assert kwargs().n_bootstrap == 8  # the interval is reported by default (issue 25)
+    assert kwargs().seed == BASE["seed"] and kwargs(rsp_seed=5).seed == 5  # the run's seed
+    assert kwargs(rsp_interval=False).n_bootstrap == 0
+    assert kwargs(rsp_interval=False, rsp_stderr=True).n_bootstrap == 8
+    assert kwargs(rsp_interval=True, rsp_estimator_options={"auto": {"n_bootstrap": 4}}).n_bootstrap == 4

@@ -107,13 +107,17 @@ def test_lists_are_views_of_the_registry():
     assert rank_distribution.RANK_DISTRIBUTION_METHODS == registry.names(family="rank_distribution")
     # the mappings the mapping module computes are exactly the registry's mapping entries
     mapped = tuple(e.name for e in registry.entries() if e.compute == ".mapping:estimate_by_mapping")
-    assert mapped == mapping_module.MAPPING_METHODS == registry.recbole_choices("rsp_mapping")
+    assert mapped == mapping_module.MAPPING_METHODS == registry.recbole_choices("mapped")
     # the tables the corrections module solves are exactly the registry's table entries
     tables = tuple(e.name for e in registry.entries() if e.compute == ".corrections:estimate_by_table")
-    assert tables == corrections.METHODS == registry.recbole_choices("rsp_correction")
+    assert tables == corrections.METHODS
+    # RecBole's Corrected*: the tables, bv with its fitted prior and the per-positive hh
+    assert registry.recbole_choices("corrected") == tables + ("bv_mle", "hh")
     assert registry.get(registry.DEFAULT_ESTIMATOR).name == "auto"
-    assert registry.recbole_choices("rsp_rank_dist") == tuple(
+    assert registry.recbole_choices("rankdist") == tuple(
         e.name for e in registry.entries() if e.family in ("auto", "rank_distribution"))
+    with pytest.raises(ValueError, match="^family: no RecBole metric family 'rsp_correction'"):
+        registry.recbole_choices("rsp_correction")
     # auto's choices are registered methods that take every design auto claims
     for key, choice in registry.AUTO_CHOICES.items():
         if key == "popularity":  # popularity designs: corrected estimators of them, every metric kind covered
@@ -201,9 +205,9 @@ def test_a_new_estimator_touches_one_file_and_reaches_every_list(throwaway, unif
     assert "half" in registry.names() and "half" in estimators.ESTIMATORS
     assert estimators.METHOD_OPTIONS["half"] == ("weight",)
     assert "half" in rsp.adaptive.ADAPTIVE_METHODS
-    assert estimators.check_estimator_options("half", {"weight": 0.3}) == {"weight": 0.3}
+    assert registry.method_class("half")(weight=0.3).weight == 0.3  # its options: the method class's fields
     with pytest.raises(ValueError, match="^lam: .*allowed options: weight"):
-        estimators.check_estimator_options("half", {"lam": 1.0})
+        registry.method_class("half")(lam=1.0)
     a = adaptive_sampled_ranks_from_exact(exact[:500], N, 10, 80, torch.Generator().manual_seed(0))
     assert np.isfinite(rsp.estimate("hit@10", a, method="half").value)
     assert "half" in registry.names(family="correction")

@@ -18,7 +18,7 @@ from _profiles import examples
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _lightning_helpers as H  # noqa: E402
 
-from reco_sampled_plugin import SamplingDesign  # noqa: E402
+from reco_sampled_plugin import SamplingDesign, registry  # noqa: E402
 from reco_sampled_plugin.adapters._shared import adaptive_histogram_from_rows  # noqa: E402
 from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics  # noqa: E402
 
@@ -29,8 +29,7 @@ DESIGNS = {
     "fixed": dict(n_samples=10),
     "no_replacement": dict(n_samples=SamplingDesign(10, replacement=False)),
     "small_pool_no_replacement": dict(n_samples=SamplingDesign(40, replacement=False)),  # pools of <= 4m: the top-k keyed draw
-    "adaptive": dict(n_samples=SamplingDesign(4, adaptive_max=64), estimators=("none", "mes"),
-                     estimator_options={"mes": {"n_bootstrap": 2}}),
+    "adaptive": dict(n_samples=SamplingDesign(4, adaptive_max=64), estimators=("none", registry.Mes(n_bootstrap=2))),
 }
 
 
@@ -307,8 +306,8 @@ def _loader(batch_size=8):
 
 METRICS = ("ndcg@10", "hit@5")
 CB = dict(n_samples=12, estimators=("none", "bv"), max_n_groups=None)
-ADAPTIVE = dict(n_samples=SamplingDesign(4, adaptive_max=32), estimators=("none", "mes"), max_n_groups=None,
-                estimator_options={"mes": {"n_bootstrap": 2}})
+ADAPTIVE = dict(n_samples=SamplingDesign(4, adaptive_max=32), estimators=("none", registry.Mes(n_bootstrap=2)),
+                max_n_groups=None)
 
 
 def _callbacks(scorer, **extra):

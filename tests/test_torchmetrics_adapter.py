@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from reco_sampled_plugin import estimate, exact_ranks, metric_values, sampled_ranks  # noqa: E402
+from reco_sampled_plugin import registry  # noqa: E402
 from reco_sampled_plugin._rank_hist import sampled_rank_histogram  # noqa: E402
 from reco_sampled_plugin.adapters._shared import (  # noqa: E402
     keyed_negatives,
@@ -89,11 +90,16 @@ def test_exact_metric_equals_functional_core(ties, count_other, device):
 
 ESTIMATORS = ("none", "rank_estimate", "cls", "bv", "bound", "beta_fit", "mle")
 OPTIONS = {"bv": {"gamma": 0.2}, "mle": {"n_bootstrap": 3}}
+# the estimators as the class takes them: a name, or a method object with its options
+METHODS = tuple(registry.method_class(e)(**OPTIONS[e]) if e in OPTIONS else e for e in ESTIMATORS)
+LABELS = dict(zip(ESTIMATORS, ("sampled", "rank_estimate", "cls", "bv_gamma-0.2", "bound", "beta_fit",
+                               "mle_n_bootstrap-3")))
 
 
 def test_sampled_metric_equals_functional_core(device):
     scores, pos, exc = _on(device, *_data())
-    m = SampledRankingMetrics(METRICS, n_samples=30, estimators=ESTIMATORS, estimator_options=OPTIONS, max_n_groups=None)
+    m = SampledRankingMetrics(METRICS, n_samples=30, estimators=METHODS, max_n_groups=None)
+    assert m.estimators == METHODS and m.labels == tuple(LABELS.values())
     _loop(m, _batches(scores, pos, exc, 16))
     p, e = padded_inputs(scores, pos, exc)
     ranks, n_cand = keyed_sampled_ranks(scores, p, e, 30, torch.arange(scores.shape[0]))
@@ -104,7 +110,7 @@ def test_sampled_metric_equals_functional_core(device):
     for name in METRICS:
         for method in ESTIMATORS:
             ref = estimate(name, ranks, n_cand.unsqueeze(1), 30, method=method, **OPTIONS.get(method, {}))
-            got = est[f"{name}/{'sampled' if method == 'none' else method}"]
+            got = est[f"{name}/{LABELS[method]}"]
             assert got.value == pytest.approx(ref.value, abs=1e-12), (name, method)
             assert got.stderr == pytest.approx(ref.stderr, rel=1e-9, abs=1e-15), (name, method)
     # pooled n groups: the same as the core estimator on the core's pooled histogram
@@ -241,8 +247,15 @@ def test_keyed_hash_in_cache_sized_blocks_is_the_same_stream():
 def test_validation_errors(device):
     with pytest.raises(ValueError, match="estimators"):
         SampledRankingMetrics("hit@10", estimators=("nope",))
-    with pytest.raises(ValueError, match="estimator_options"):
-        SampledRankingMetrics("hit@10", estimators=("none",), estimator_options={"mle": {}})
+    with pytest.raises(ValueError, match=r"^estimators: expected estimator names such as 'auto' or method objects"):
+        SampledRankingMetrics("hit@10", estimators=("none", {"bv": {"gamma": 0.2}}))
+    with pytest.raises(ValueError, match=r"^estimators: two estimators with the label 'bv'"):
+        SampledRankingMetrics("hit@10", estimators=("bv", registry.Bv()))
+    with pytest.raises(ValueError, match=r"^gamma: method 'mes' does not use it"):  # the method object checks
+        SampledRankingMetrics("hit@10", estimators=(registry.Mes(gamma=0.2),))
+    # one method object alone is one estimator; its options make its label (an MLflow-safe name)
+    one = SampledRankingMetrics("hit@10", estimators=registry.Bv(gamma=0.25, prior=("beta", 2.0)))
+    assert one.labels == ("bv_gamma-0.25_prior-beta-2.0",)
     with pytest.raises(ValueError, match="ties"):
         ExactRankingMetrics("hit@10", ties="random")
     scores, pos, exc = _on(device, *_data())
@@ -448,8 +461,8 @@ def test_adaptive_metric_equals_the_core_on_the_same_draws():
     scores, pos_mask, exclude = _data(users=80, n=400, seed=3)
     pos, exc = padded_inputs(scores, pos_mask, exclude)
     ids = torch.arange(80)
-    opts = dict(n_samples=SamplingDesign(4, adaptive_max=32), estimators=("none", "mes"), max_n_groups=None, seed=7,
-                estimator_options={"mes": {"n_bootstrap": 0}})
+    opts = dict(n_samples=SamplingDesign(4, adaptive_max=32), estimators=("none", registry.Mes(n_bootstrap=0)),
+                max_n_groups=None, seed=7)
     one = SampledRankingMetrics(("ndcg@10", "hit@5"), **opts)
     one.update(scores, pos_mask, exclude, ids=ids)
     split = SampledRankingMetrics(("ndcg@10", "hit@5"), **opts)
@@ -476,7 +489,7 @@ def test_adaptive_metric_equals_the_core_on_the_same_draws():
     for metric in ("ndcg@10", "hit@5"):
         for method in ("none", "mes"):
             core = estimate(metric, r, n, m, method=method, adaptive=(4, 32), **({"n_bootstrap": 0} if method == "mes" else {}))
-            key = f"{metric}/{'sampled' if method == 'none' else method}"
+            key = f"{metric}/{'sampled' if method == 'none' else 'mes_n_bootstrap-0'}"
             assert got_one[key].value == pytest.approx(core.value, rel=1e-12, abs=1e-15), key
             assert got_split[key].value == pytest.approx(core.value, rel=1e-12, abs=1e-15), key
             cost = got_one[key].details["adaptive"]

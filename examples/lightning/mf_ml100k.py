@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
 from reco_sampled_plugin.datasets import load_ml100k
+from reco_sampled_plugin.registry import Method, Mle
 
 try:
     import lightning.pytorch as pl
@@ -106,7 +107,7 @@ def main(
     epochs: int = 3,
     logger: str = "csv",
     out: str = "runs/mf_ml100k",
-    estimators: tuple[str, ...] = ESTIMATORS,
+    estimators: tuple[str | Method, ...] = ESTIMATORS,
     plot: bool = False,
     seed: int = 0,
     **callback_options: Any,
@@ -168,8 +169,7 @@ if __name__ == "__main__":
     parser.add_argument("--plot", action="store_true", help="also log a per-epoch plot of the curves")
     parser.add_argument("--mle", action="store_true", help="also run the rank-distribution estimator (slower)")
     args = parser.parse_args()
-    est = ESTIMATORS + (("mle",) if args.mle else ())
-    opts = {"estimator_options": {"mle": {"n_bootstrap": 4}}} if args.mle else {}
-    _, cb = main(args.epochs, args.logger, args.out, est, args.plot, **opts)
+    est = ESTIMATORS + ((Mle(n_bootstrap=4),) if args.mle else ())  # logged as mle_n_bootstrap-4
+    _, cb = main(args.epochs, args.logger, args.out, est, args.plot)
     _print_table(cb)
 

@@ -34,9 +34,10 @@ import torch
 import torch.distributed as dist
 
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
+from reco_sampled_plugin.registry import Mes
 
 METRICS = ("ndcg@10", "recall@10", "mrr", "auc")
-ESTIMATORS = ("none", "bv", "mes")
+ESTIMATORS = ("none", "bv", Mes(n_bootstrap=0))  # mes without bootstrap, reported as mes_n_bootstrap-0
 
 
 def make_data(users: int, items: int, dim: int, n_train: int, n_held_out: int, seed: int):
@@ -92,8 +93,8 @@ def main(argv=None) -> dict:
     u, v, held, train = make_data(args.users, args.items, args.dim, args.train, args.held_out, args.seed)
     mine = shard(args.users, rank, world, args.shard)
     exact = ExactRankingMetrics(METRICS).to(device)
-    sampled = SampledRankingMetrics(METRICS, n_samples=args.n_samples, estimators=ESTIMATORS, seed=args.seed,
-                                    estimator_options={"mes": {"n_bootstrap": 0}}).to(device)
+    sampled = SampledRankingMetrics(METRICS, n_samples=args.n_samples, estimators=ESTIMATORS,
+                                    seed=args.seed).to(device)
     v_dev = v.to(device)
     with torch.no_grad():
         for lo in range(0, len(mine), args.batch_size):

@@ -1,7 +1,8 @@
 """RecBole adapter, metrics: the plugin's metric classes, computed from the per-positive table.
 
 Four families (:data:`~._recbole_settings.FAMILIES`): ``Corrected*``, ``Mapped*`` and ``RankDist*`` estimate a
-full-catalogue metric from sampled ranks (:func:`reco_sampled_plugin.estimators.estimate`); ``Exact*``
+full-catalogue metric from sampled ranks (the one estimation contract, ``estimate(metric, sample, method)``), each with
+the one estimator of its family listed in ``rsp_estimators`` (``registry.recbole_choices``); ``Exact*``
 recompute RecBole's list metrics from exact ranks. Values shared by the metrics of one evaluation (weights,
 the rank histogram) are computed once and cached on the table RecBole hands to each.
 """
@@ -17,7 +18,7 @@ import torch
 from reco_sampled_plugin import registry
 from reco_sampled_plugin._estimate import explain_flags, interval_values
 from reco_sampled_plugin._rank_hist import _bincount_histogram, _group_ids, sampled_rank_histogram
-from reco_sampled_plugin.estimators import estimate
+from reco_sampled_plugin import estimators  # the contract, estimators._estimate (to be renamed estimate)
 from reco_sampled_plugin.metric_names import MetricSpec, parse_metric
 from reco_sampled_plugin.metrics import metric_from_float_ranks
 from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS, PopularityStats
@@ -138,39 +139,29 @@ def _capped_metric(spec: MetricSpec, ranks: torch.Tensor, n: torch.Tensor, all_k
 class _EstimatedMetric(_Metric):
     """A full-catalogue metric estimated from sampled ranks (corrections, mappings, rank distributions)."""
 
-    def _method_kwargs(self) -> dict:
-        s = self.settings
-        if self.family == "corrected":
-            if s.prior == "mle":
-                return {"method": "bv_mle", "gamma": s.gamma}
-            options = {"gamma": s.gamma, "prior": s.prior}  # only those the method uses (estimate refuses others)
-            takes = registry.get(s.correction).option_names
-            return {"method": s.correction, **{k: v for k, v in options.items() if k in takes}}
-        if self.family == "mapped":
-            return {"method": s.mapping, **({"a": s.mapping_a} if "a" in registry.get(s.mapping).option_names else {})}
-        # the bootstrap (rsp_bootstrap refits) only feeds the standard error and the interval: without either,
-        # one fit (same value; the cheap posterior standard error is computed and not reported)
-        return {"method": s.rank_dist, "n_bootstrap": s.bootstrap if s.stderr or s.interval else 0, "seed": s.seed}
+    def _method(self) -> registry.Method:
+        """The method object of this family (``rsp_estimators`` and ``rsp_estimator_options``; RankDist*: the
+        bootstrap only where a standard error or an interval is reported, ``_recbole_settings._family_methods``)."""
+        return self.settings.methods[self.family]
 
     def _values(self, table: torch.Tensor, users: torch.Tensor, weights: torch.Tensor, k: int | None) -> dict:
         s = self.settings
         spec = parse_metric(self.kind if k is None else f"{self.kind}@{k}")
         key = self._key(k)
-        hist = _sampled_inputs(table, weights, s, spec.k or 2)
-        law = "binomial" if s.replacement else "hypergeometric"
+        hist = _sampled_inputs(table, weights, s, spec.k or 2)  # carries its design (law, adaptive stages)
         design = s.design.adaptive if s.design is not None else None  # adaptive: rsp_adaptive_max (full or uniN)
-        adaptive: dict[str, Any] = {} if design is None else {"adaptive": design}
-        kwargs = self._method_kwargs()
+        method = self._method()
+        family = type(method).entry.family
         popn = _popularity_ranks(table)
-        if popn is not None and registry.get(kwargs["method"]).family != "none":
+        if popn is not None and family != "none":
             # popN: the draws' own statistics through the core (the registry's popularity estimators; none keeps the
             # histogram, as the law-free sampled metric needs nothing more)
-            # (auto runs hh or pl_fit there, which take no bootstrap: rsp_bootstrap and rsp_seed are not passed)
-            if registry.get(kwargs["method"]).family == "auto":
-                kwargs = {"method": kwargs["method"]}
-            result = estimate(spec, popn, **kwargs, weights=_sampled_weights(table, weights))
+            # (auto runs hh or pl_fit there, which take no bootstrap: the adapter's n_bootstrap and seed are dropped)
+            if family == "auto":
+                method = type(method)(**s.options.get(method.name, {}))
+            result = estimators._estimate(spec, popn, method, weights=_sampled_weights(table, weights))
         else:
-            result = estimate(spec, hist, sampling=law, **kwargs, **adaptive)
+            result = estimators._estimate(spec, hist, method)
         out = {key: self._round(result.value)}
         if design is not None:  # what adaptive sampling cost (weighted like the estimate)
             cost = result.details["adaptive"]
@@ -180,7 +171,7 @@ class _EstimatedMetric(_Metric):
         # the 95% interval by default (Estimate.interval: honest about the unresolved top); stderr opt-in
         out.update({k2: self._round(v) for k2, v in interval_values(key, result, interval=s.interval,
                                                                     stderr=s.stderr).items()})
-        if "top_unresolved" in result.flags and registry.get(kwargs["method"]).family != "none":
+        if "top_unresolved" in result.flags and family != "none":
             m = s.design.n_samples if s.design is not None else None
             why = explain_flags(["top_unresolved"], metric=str(spec), n_items=int(np.max(hist.n_items)),
                                 n_samples=m, users=int(users.unique().numel()))[0]
@@ -233,8 +224,9 @@ def _sampled_weights(table: torch.Tensor, weights: torch.Tensor) -> torch.Tensor
 
 def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_floor: int) -> Any:
     """The rank histogram (candidate counts on the ``rsp_n_grid`` grid, at least max(m + 1, K)) of the
-    positives that have a sampled rank, with their weights; computed once per evaluation table and shared
-    by every estimated metric (cached on the table, which RecBole hands to each metric)."""
+    positives that have a sampled rank, with their weights, carrying the settings' design (its law and adaptive
+    stages; popN: the uniform N, which the plain sampled metric reads); computed once per evaluation table and
+    shared by every estimated metric (cached on the table, which RecBole hands to each metric)."""
     cache = _table_cache(table)
     key = (s.weighting, s.n_grid, s.replacement, k_floor)
     if key not in cache:
@@ -248,9 +240,10 @@ def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_
         if not s.replacement:
             n_est = np.maximum(n_est, m1)
         if r.shape[0]:  # whole numbers in range by construction: no re-validation
-            cache[key] = _bincount_histogram(r, n_est, m, w)
+            hist = _bincount_histogram(r, n_est, m, w)
         else:
-            cache[key] = sampled_rank_histogram(r, n_est, m, weights=w)  # the empty histogram
+            hist = sampled_rank_histogram(r, n_est, m, weights=w)  # the empty histogram
+        cache[key] = hist.with_design(s.design)
     return cache[key]
 
 

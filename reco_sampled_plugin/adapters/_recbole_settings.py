@@ -25,15 +25,11 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_adaptive_max": None,  # adaptive sampling from rsp_m (uniN: N) up to this many samples (RankDist* only)
     "rsp_replacement": True,  # simulated draws with replacement (binomial law) or without (hypergeometric)
     "rsp_seed": None,  # seed of the simulated draws (default: RecBole's `seed`)
-    # Corrected*: a correction table, registry.recbole_choices("rsp_correction"): none, rank_estimate, ls, cls, bv
-    "rsp_correction": registry.DEFAULT_CORRECTION,
-    "rsp_gamma": 0.1,  # bv: bias-variance weight in [0, 1]
-    "rsp_prior": "uniform",  # ls/cls/bv prior: uniform, mle (bv only), or [beta, a]
-    "rsp_mapping": "bound",  # Mapped*: registry.recbole_choices("rsp_mapping"): linear, bound, beta, beta_fit
-    "rsp_mapping_a": None,  # Mapped* with beta: the Beta shape a (default 1); beta_fit: the start value
-    # RankDist*: registry.recbole_choices("rsp_rank_dist"): mes or mle; default the package's default estimator
-    "rsp_rank_dist": registry.DEFAULT_ESTIMATOR,
-    "rsp_bootstrap": 8,  # RankDist*: bootstrap replicates for the standard error (>= 2)
+    # the estimator each family of metrics runs, one per family (registry.recbole_choices): Corrected* (a correction
+    # table: bv), Mapped* (a mapping of Li et al.: bound), RankDist* (a fitted rank distribution: auto)
+    "rsp_estimators": (registry.DEFAULT_CORRECTION, "bound", registry.DEFAULT_ESTIMATOR),
+    # {estimator: {option: value}} (the registry's options: {bv: {gamma: 0.2}, mes: {n_bootstrap: 16}})
+    "rsp_estimator_options": {},
     "rsp_weighting": "user",  # user: each user counts once (weight 1/|T_u|, as RecBole averages); item
     "rsp_ties": "pessimistic",  # pessimistic, optimistic, average
     "rsp_n_grid": 0.01,  # relative grid the candidate counts n are rounded to (0: exact per-user n)
@@ -70,12 +66,12 @@ def class_name(name: str) -> str:
 
 def note_definitions(config: Any, settings: "_Settings") -> None:
     """The notes a run needs, logged once (when the metrics are built, after RecBole set its logger up): a
-    ``Corrected*`` metric with ``rsp_correction: none`` reports the uncorrected sampled metric; the estimated metrics
-    (and their ``_exact``) are leave-one-out metrics, RecBole's of the same name list metrics."""
+    ``Corrected*`` metric with ``none`` in ``rsp_estimators`` reports the uncorrected sampled metric; the estimated
+    metrics (and their ``_exact``) are leave-one-out metrics, RecBole's of the same name list metrics."""
     names = settings.metrics
     corrected = [class_name(n) for n in names if _family_of(n) == "corrected"]
-    if corrected and settings.correction == "none":
-        log_once(f"reco_sampled_plugin: rsp_correction: none, so {', '.join(corrected)} report the plain sampled "
+    if corrected and settings.methods["corrected"].name == "none":
+        log_once(f"reco_sampled_plugin: rsp_estimators lists none, so {', '.join(corrected)} report the plain sampled "
                  "metric, uncorrected (each value equals its <name>@k_sampled; not an estimate of the full-catalogue "
                  "metric; docs/recbole.md)")
     recbole = {m.lower() for m in config_metrics(config)}
@@ -105,13 +101,17 @@ _ESTIMATED_KINDS = {
 # RecBole's list conventions, computed from the plugin's exact ranks
 _EXACT_KINDS = ("Recall", "Hit", "NDCG", "MRR", "Precision", "MAP")
 
-#: family -> (class name prefix, metric kinds)
+#: family -> (class name prefix, metric kinds); the estimators of each: ``registry.recbole_choices(family)``
 FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     "corrected": ("Corrected", tuple(_ESTIMATED_KINDS)),
     "mapped": ("Mapped", tuple(_ESTIMATED_KINDS)),
     "rankdist": ("RankDist", tuple(_ESTIMATED_KINDS)),
     "exact": ("Exact", _EXACT_KINDS),
 }
+
+#: the families whose metrics are estimated from sampled ranks, and their class prefixes
+_ESTIMATED_FAMILIES = ("corrected", "mapped", "rankdist")
+_PREFIX = {f: FAMILIES[f][0] for f in _ESTIMATED_FAMILIES}
 
 #: lower-case metric name -> family (as RecBole registers the classes)
 METRIC_FAMILIES: dict[str, str] = {
@@ -124,20 +124,19 @@ METRIC_FAMILIES: dict[str, str] = {
 class _Settings:
     """The validated plugin settings. ``design`` is the one sampling design the rsp_* keys describe (rsp_m or the
     uniN/popN mode's N, rsp_replacement, rsp_adaptive_max: :func:`_sampling_design`); ``m``, ``replacement`` and
-    ``adaptive_max`` are its parts as the keys gave them (``m`` None in a sampled mode without rsp_m)."""
+    ``adaptive_max`` are its parts as the keys gave them (``m`` None in a sampled mode without rsp_m).
+    ``estimators``: ``rsp_estimators`` as listed; ``methods``: the method object each estimated family runs
+    (``corrected``, ``mapped``, ``rankdist``: :func:`_family_methods`), options and the adapter's defaults in;
+    ``options``: ``rsp_estimator_options`` as given."""
 
     metrics: tuple[str, ...]  # lower-case plugin metric names in the config
     modes: dict  # phase -> RecBole eval mode string
     m: int | None
     replacement: bool
     seed: int
-    correction: str
-    gamma: float
-    prior: Any
-    mapping: str
-    mapping_a: float | None
-    rank_dist: str
-    bootstrap: int
+    estimators: tuple[str, ...]
+    methods: dict[str, registry.Method]
+    options: dict[str, dict[str, Any]]  # rsp_estimator_options as given (lists as tuples), by lower-case name
     weighting: str
     ties: str
     n_grid: float
@@ -206,20 +205,12 @@ def _as_int(value: Any, key: str, minimum: int) -> int:
         raise ValueError(f"{key}: expected an integer >= {minimum}, got {value!r}") from None
 
 
-def _choice(config: Any, key: str, choices: tuple[str, ...], what: str, also: tuple[str, ...] = ()) -> str:
-    """The lower-cased value of a key that names one of ``choices`` (or of ``also``, listed after them)."""
+def _choice(config: Any, key: str, choices: tuple[str, ...], what: str) -> str:
+    """The lower-cased value of a key that names one of ``choices``."""
     value = str(_get(config, key)).lower()
-    if value not in choices + also:
-        more = f"; per-positive estimators: {also}" if also else ""
-        raise ValueError(f"{key}: unknown {what} {value!r}; use one of {choices}{more}")
+    if value not in choices:
+        raise ValueError(f"{key}: unknown {what} {value!r}; use one of {choices}")
     return value
-
-
-def correction_choices() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """``rsp_correction``'s values: the correction tables (``registry.recbole_choices``), and the registry's
-    per-positive estimators that fit nothing (family ``hansen_hurwitz``: ``hh``, which reads each positive's
-    beating draws, not a table; AUC only, uniform and popN modes)."""
-    return registry.recbole_choices("rsp_correction"), registry.names(family="hansen_hurwitz", fits_distribution=False)
 
 
 def _kind(name: str) -> str:
@@ -252,45 +243,92 @@ def _as_float(value: Any, key: str, what: str) -> float:
         raise ValueError(f"{key}: expected {what}, got {value!r}") from None
 
 
-def _parse_prior(value: Any, correction: str) -> str | tuple[str, float] | None:
-    if isinstance(value, str) and value.lower() in ("uniform", "none"):
-        return None
-    if isinstance(value, str) and value.lower() == "mle":
-        if correction != "bv":
-            raise ValueError(f"rsp_prior: 'mle' (prior estimated from the sampled ranks) needs rsp_correction: bv, got {correction!r}")
-        return "mle"
-    if isinstance(value, (list, tuple)) and len(value) == 2 and str(value[0]).lower() == "beta":
-        a = _as_float(value[1], "rsp_prior", "[beta, a] with a positive shape a")
-        if not a > 0:
-            raise ValueError(f"rsp_prior: the Beta prior needs a positive shape a, got {value[1]!r}")
-        return ("beta", a)
-    raise ValueError(f"rsp_prior: expected 'uniform', 'mle' or [beta, a], got {value!r}")
+#: the adapter's defaults beside the registry's: ``beta``'s shape a = 1 (eq. 18); the RankDist* fits' bootstrap
+#: replicates (the interval and standard error; 0 where neither is reported: one fit, the same value) and seed
+#: (``rsp_seed``, else RecBole's ``seed``) are set in :func:`_family_methods`
+_ADAPTER_DEFAULTS: dict[str, dict[str, Any]] = {"beta": {"a": 1.0}}
+_RANKDIST_BOOTSTRAP = 8
 
 
-def _takes(key: str, option: str) -> list[str]:
-    """The methods of a RecBole key (``registry.recbole_choices``) that take ``option``."""
-    return [n for n in registry.recbole_choices(key) if registry.get(n).option(option) is not None]
+def _estimator_names(config: Any) -> tuple[str, ...]:
+    """``rsp_estimators``: registered names (one string alone is one), lower-cased, each listed once."""
+    names = tuple(str(n).lower() for n in check_names(_get(config, "rsp_estimators"), "rsp_estimators",
+                                                       "estimator names such as 'auto' or 'bv'"))
+    known = registry.names()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"rsp_estimators: unknown estimator {unknown[0]!r}; use some of {known}")
+    twice = [n for i, n in enumerate(names) if n in names[:i]]
+    if twice:
+        raise ValueError(f"rsp_estimators: {twice[0]!r} is listed twice")
+    return names
 
 
-def _and(items: list[str]) -> str:
-    return " and ".join([", ".join(items[:-1]), items[-1]]) if len(items) > 1 else "".join(items)
+def _option_value(value: Any) -> Any:
+    """A YAML value as the registry's options take it: a list is a tuple (``[beta, 2]`` is the prior
+    ``("beta", 2)``; a list of numbers a vector prior), recursively."""
+    return tuple(_option_value(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def _refuse_unused_keys(families: set, correction: str, gamma: float, prior: Any, mapping: str, mapping_a: Any) -> None:
-    """A key set for a listed metric family whose method does not use it is an error, not silently ignored
-    (rsp_gamma with rsp_correction: ls, rsp_prior with none / rank_estimate, rsp_mapping_a with linear / bound);
-    which method takes which option is the registry's (each entry's ``options``)."""
-    if "corrected" in families:
-        if gamma != CONFIG_DEFAULTS["rsp_gamma"] and registry.get(correction).option("gamma") is None:
-            takes = _takes("rsp_correction", "gamma")
-            raise ValueError(f"rsp_gamma: only rsp_correction: {' or '.join(takes)} uses it, but the correction is "
-                             f"{correction!r}")
-        if prior is not None and registry.get(correction).option("prior") is None:
-            raise ValueError(f"rsp_prior: only rsp_correction {_and(_takes('rsp_correction', 'prior'))} use a prior, "
-                             f"but the correction is {correction!r}")
-    if "mapped" in families and mapping_a is not None and registry.get(mapping).option("a") is None:
-        raise ValueError(f"rsp_mapping_a: only rsp_mapping {_and(_takes('rsp_mapping', 'a'))} use it, but the mapping "
-                         f"is {mapping!r}")
+def _estimator_options(config: Any, names: tuple[str, ...]) -> dict[str, dict[str, Any]]:
+    """``rsp_estimator_options``: {estimator listed in rsp_estimators: {option: value}} (validated by the method
+    objects, :func:`_family_methods`)."""
+    raw = _get(config, "rsp_estimator_options")
+    if not hasattr(raw, "items") or not all(isinstance(k, str) for k in raw):
+        raise ValueError(f"rsp_estimator_options: expected a mapping {{estimator: {{option: value}}}} such as "
+                         f"{{bv: {{gamma: 0.2}}}}, got {raw!r}")
+    out: dict[str, dict[str, Any]] = {}
+    for key, opts in raw.items():
+        name = key.lower()
+        if name not in names:
+            raise ValueError(f"rsp_estimator_options: given for {key!r}, which rsp_estimators does not list "
+                             f"({list(names)})")
+        if not hasattr(opts, "items") or not all(isinstance(k, str) for k in opts):
+            raise ValueError(f"rsp_estimator_options: {key}: expected a mapping {{option: value}}, got {opts!r}")
+        out[name] = {k: _option_value(v) for k, v in opts.items()}
+    return out
+
+
+def _family_methods(names: tuple[str, ...], options: dict[str, dict[str, Any]], families: set,
+                    seed: int, bootstrap: bool) -> dict[str, registry.Method]:
+    """The method object of each estimated family (``corrected``, ``mapped``, ``rankdist``): the one estimator of
+    ``names`` among ``registry.recbole_choices(family)``, built from its options (``rsp_estimator_options``) over the
+    adapter's defaults (:data:`_ADAPTER_DEFAULTS`; RankDist*: ``n_bootstrap`` 8, or 0 without ``bootstrap``, and
+    ``seed``). A ValueError naming ``rsp_estimators`` for an estimator of no family, two of one family, or a listed
+    family (``families``) without one; naming ``rsp_estimator_options`` for an option its method refuses."""
+    for n in names:
+        if not any(n in registry.recbole_choices(f) for f in _ESTIMATED_FAMILIES):
+            raise ValueError(f"rsp_estimators: {n!r} runs in no RecBole metric family; "
+                             + "; ".join(f"{_PREFIX[f]}* run one of {registry.recbole_choices(f)}"
+                                         for f in _ESTIMATED_FAMILIES))
+    methods: dict[str, registry.Method] = {}
+    for family in _ESTIMATED_FAMILIES:
+        mine = [n for n in names if n in registry.recbole_choices(family)]
+        if len(mine) > 1:
+            raise ValueError(f"rsp_estimators: {' and '.join(repr(n) for n in mine)} are both estimators of the "
+                             f"{_PREFIX[family]}* metrics, which run one; list one of them")
+        if not mine:
+            if family in families:
+                raise ValueError(f"rsp_estimators: the {_PREFIX[family]}* metrics need one of "
+                                 f"{registry.recbole_choices(family)} listed, got {list(names)}")
+            continue
+        name = mine[0]
+        opts = {**_ADAPTER_DEFAULTS.get(name, {}), **options.get(name, {})}
+        if family == "rankdist":
+            opts = {"n_bootstrap": _RANKDIST_BOOTSTRAP, "seed": seed, **opts}
+            if opts["n_bootstrap"] == 1:
+                raise ValueError(f"rsp_estimator_options: {name}: n_bootstrap: expected 0 (no bootstrap) or at "
+                                 "least 2 replicates for the interval and standard error, got 1")
+            if not bootstrap:  # the refits only feed the standard error and the interval: one fit, the same value
+                opts["n_bootstrap"] = 0
+        cls = registry.method_class(name)
+        opts = {k: v for k, v in opts.items() if k in cls.entry.option_names + registry.COMMON_OPTIONS
+                or k in options.get(name, {})}  # auto's defaults for an estimator that takes no bootstrap
+        try:
+            methods[family] = cls(**opts)
+        except ValueError as exc:
+            raise ValueError(f"rsp_estimator_options: {name}: {exc}") from None
+    return methods
 
 
 def config_metrics(config: Any) -> tuple[str, ...]:
@@ -311,8 +349,8 @@ def validate_config(config: Any) -> _Settings | None:
     """Check the plugin keys of a RecBole ``Config`` (or any mapping with ``[]``); None without plugin metrics.
 
     Raises:
-        ValueError: naming the offending key: unknown ``rsp_*`` key, unknown method, gamma outside [0, 1],
-            a plugin metric in ``labeled`` mode, ``rsp_m`` missing (full mode) or different from N (uniN), ...
+        ValueError: naming the offending key: unknown ``rsp_*`` key, an unknown estimator or an option its method
+            refuses (``rsp_estimators``, ``rsp_estimator_options``), a plugin metric in ``labeled`` mode, ``rsp_m`` missing (full mode) or different from N (uniN), ...
     """
     names = plugin_metrics_in(config)
     unknown = sorted(set(_config_keys(config)) - set(CONFIG_DEFAULTS))
@@ -338,24 +376,14 @@ def validate_config(config: Any) -> _Settings | None:
                 f"eval_args.mode: {[n for n in names if _family_of(n) == 'exact'][0]!r} needs exact ranks "
                 f"(full mode), but the {phase} mode is {mode!r}"
             )
-    tables, per_positive = correction_choices()
-    correction = _choice(config, "rsp_correction", tables, "correction method", per_positive)
-    gamma_raw = _get(config, "rsp_gamma")
-    gamma = _as_float(gamma_raw, "rsp_gamma", "a number in [0, 1]")
-    if not (0.0 <= gamma <= 1.0):
-        raise ValueError(f"rsp_gamma: must lie in [0, 1], got {gamma_raw!r}")
-    prior = _parse_prior(_get(config, "rsp_prior"), correction)
-    mapping = _choice(config, "rsp_mapping", registry.recbole_choices("rsp_mapping"), "mapping method")
-    mapping_a = config["rsp_mapping_a"]
-    if mapping_a is not None:
-        mapping_a = _as_float(mapping_a, "rsp_mapping_a", "a positive number")
-        if not mapping_a > 0:
-            raise ValueError(f"rsp_mapping_a: expected a positive number, got {config['rsp_mapping_a']!r}")
-    if mapping == "beta" and mapping_a is None:
-        mapping_a = 1.0
-    _refuse_unused_keys(families, correction, gamma, prior, mapping, mapping_a)
-    rank_dist = _choice(config, "rsp_rank_dist", registry.recbole_choices("rsp_rank_dist"), "rank-distribution method")
-    bootstrap = _as_int(_get(config, "rsp_bootstrap"), "rsp_bootstrap", 2)
+    seed_raw = config["rsp_seed"]
+    seed = _as_int(seed_raw, "rsp_seed", 0) if seed_raw is not None else int(config["seed"] or 0)
+    stderr = _as_bool(_get(config, "rsp_stderr"), "rsp_stderr")
+    interval = _as_bool(_get(config, "rsp_interval"), "rsp_interval")
+    listed = _estimator_names(config)
+    options = _estimator_options(config, listed)
+    methods = _family_methods(listed, options, estimators, seed, stderr or interval)
+    chosen = {f: methods[f].name for f in estimators}  # the estimator each listed family runs
     weighting = _choice(config, "rsp_weighting", ("user", "item"), "weighting")
     ties = _choice(config, "rsp_ties", _TIES, "tie policy")
     n_grid_raw = _get(config, "rsp_n_grid")
@@ -379,9 +407,7 @@ def validate_config(config: Any) -> _Settings | None:
                 from ._recbole_popularity import recbole_alpha
 
                 recbole_alpha(config)  # a NaN alpha would make RecBole's alias table (and the weights) meaningless
-                _check_popularity(mode, popularity_design(n_draws), names,
-                                  {"corrected": ("rsp_correction", "bv_mle" if prior == "mle" else correction),
-                                   "mapped": ("rsp_mapping", mapping), "rankdist": ("rsp_rank_dist", rank_dist)})
+                _check_popularity(mode, popularity_design(n_draws), names, chosen)
         if mode == "full" and estimators and m is None:
             est = [n for n in names if _family_of(n) != "exact"][0]
             raise ValueError(
@@ -391,10 +417,7 @@ def validate_config(config: Any) -> _Settings | None:
     adaptive_max = _adaptive_max(config, modes, m, replacement)
     design = _sampling_design(modes, m, replacement, adaptive_max)
     if design is not None and estimators:
-        _check_supported(design, names, {"corrected": ("rsp_correction", "bv_mle" if prior == "mle" else correction),
-                                         "mapped": ("rsp_mapping", mapping), "rankdist": ("rsp_rank_dist", rank_dist)})
-    seed_raw = config["rsp_seed"]
-    seed = _as_int(seed_raw, "rsp_seed", 0) if seed_raw is not None else int(config["seed"] or 0)
+        _check_supported(design, names, chosen)
     topk_raw = config["topk"] or [10]
     if isinstance(topk_raw, (str, bytes)) or not isinstance(topk_raw, (list, tuple, int, np.integer)):
         raise ValueError(f"topk: expected an integer or a list of integers, got {topk_raw!r}")
@@ -407,19 +430,15 @@ def validate_config(config: Any) -> _Settings | None:
         m=m,
         replacement=replacement,
         seed=seed,
-        correction=correction,
-        gamma=gamma,
-        prior=prior,
-        mapping=mapping,
-        mapping_a=mapping_a,
-        rank_dist=rank_dist,
-        bootstrap=bootstrap,
+        estimators=listed,
+        methods=methods,
+        options=options,
         weighting=weighting,
         ties=ties,
         n_grid=n_grid,
         side_by_side=_as_bool(_get(config, "rsp_side_by_side"), "rsp_side_by_side"),
-        stderr=_as_bool(_get(config, "rsp_stderr"), "rsp_stderr"),
-        interval=_as_bool(_get(config, "rsp_interval"), "rsp_interval"),
+        stderr=stderr,
+        interval=interval,
         full_ranks=full_ranks,
         tensorboard=_as_bool(_get(config, "rsp_tensorboard"), "rsp_tensorboard"),
         topk=topk,
@@ -486,61 +505,59 @@ def _sampling_design(modes: dict, m: int | None, replacement: bool, adaptive_max
     return SamplingDesign(sizes.pop(), replacement=replacement, adaptive_max=adaptive_max)
 
 
-def _family_choices(key: str) -> tuple[str, ...]:
-    """Every value a family's key accepts (``rsp_correction``: the tables and the per-positive estimators)."""
-    return sum(correction_choices(), ()) if key == "rsp_correction" else registry.recbole_choices(key)
-
-
-def _check_popularity(mode: str, design: SamplingDesign, names: tuple, methods: dict) -> None:
-    """popN: every listed estimated metric's method supports popularity draws and estimates that metric kind
-    (``Estimator.supports`` and ``registry.names(metric=...)``: a new estimator registered with ``popularity=True``
-    is accepted with no edit here); otherwise a ValueError naming ``eval_args.mode`` and what is available."""
+def _check_popularity(mode: str, design: SamplingDesign, names: tuple, chosen: dict[str, str]) -> None:
+    """popN: every listed estimated metric's estimator (``chosen``: family -> name) supports popularity draws and
+    estimates that metric kind (``Estimator.supports`` and ``registry.names(metric=...)``: a new estimator registered
+    with ``popularity=True`` is accepted with no edit here); otherwise a ValueError naming ``eval_args.mode`` and what
+    is available."""
     for name in names:
         family = _family_of(name)
-        if family not in methods:
+        if family not in chosen:
             continue
-        key, method = methods[family]
-        kind = _kind(name)
+        method, kind = chosen[family], _kind(name)
         entry = registry.get(method)
         if entry.supports(design) and entry.takes_metric(kind):
             continue
-        ok = [n for n in _family_choices(key) if n in registry.names(design=design, metric=kind)]
+        ok = [n for n in registry.recbole_choices(family) if n in registry.names(design=design, metric=kind)]
         corrected = [n for n in ok if registry.get(n).family != "none"]
         if corrected:
-            hint = f"use {key}: {' or '.join(corrected)}"
+            hint = f"list {' or '.join(corrected)} in rsp_estimators instead"
         else:
-            hint = f"no {key} method corrects {kind} under popularity sampling yet"
-            hint += f"; {key}: none reports the plain sampled metric" if "none" in ok else ""
+            hint = f"no {_PREFIX[family]}* estimator corrects {kind} under popularity sampling yet"
+            hint += "; none (in rsp_estimators) reports the plain sampled metric" if "none" in ok else ""
         raise ValueError(
-            f"eval_args.mode: {mode!r} draws items by popularity, and {name!r} ({key}: {method}) does not estimate "
-            f"{kind} there (the registry's estimators of {kind} under popularity sampling: "
+            f"eval_args.mode: {mode!r} draws items by popularity, and {name!r} (rsp_estimators: {method}) does not "
+            f"estimate {kind} there (the registry's estimators of {kind} under popularity sampling: "
             f"{registry.names(design=design, metric=kind)}); {hint}; or evaluate in 'uni{design.n_samples}' mode"
         )
 
 
-def _check_supported(design: SamplingDesign, names: tuple, methods: dict) -> None:
-    """Every listed estimated metric's method supports the design (``registry.get(method).supports(design)``) and
-    estimates its metric kind (``Estimator.takes_metric``: ``hh`` is AUC only)."""
+def _check_supported(design: SamplingDesign, names: tuple, chosen: dict[str, str]) -> None:
+    """Every listed estimated metric's estimator (``chosen``: family -> name) supports the design
+    (``registry.get(method).supports(design)``) and estimates its metric kind (``Estimator.takes_metric``: ``hh`` is
+    AUC only)."""
     for name in names:
         family = _family_of(name)
-        if family not in methods:
+        if family not in chosen:
             continue
-        key, method = methods[family]
-        if not registry.get(method).takes_metric(_kind(name)):
-            ok = [n for n in _family_choices(key) if registry.get(n).supports(design)
+        method = chosen[family]
+        entry = registry.get(method)
+        if not entry.takes_metric(_kind(name)):
+            ok = [n for n in registry.recbole_choices(family) if registry.get(n).supports(design)
                   and registry.get(n).takes_metric(_kind(name))]
-            raise ValueError(f"{key}: {method!r} estimates {', '.join(registry.get(method).metrics or ())} only, not "
-                             f"{_kind(name)} ({name!r}); use one of {tuple(ok)}")
-        if registry.get(method).supports(design):
+            raise ValueError(f"rsp_estimators: {method!r} estimates {', '.join(entry.metrics or ())} only, not "
+                             f"{_kind(name)} ({name!r}); the {_PREFIX[family]}* metrics take one of {tuple(ok)}")
+        if entry.supports(design):
             continue
         if design.adaptive is not None:
             raise ValueError(
-                f"rsp_adaptive_max: {name!r} ({key}: {method}) assumes one fixed m per positive; with adaptive "
-                f"sampling use the RankDist* metrics (rsp_rank_dist: "
-                f"{' or '.join(n for n in registry.recbole_choices('rsp_rank_dist') if registry.get(n).supports(design))})"
+                f"rsp_adaptive_max: {name!r} (rsp_estimators: {method}) assumes one fixed m per positive; with adaptive "
+                f"sampling use the RankDist* metrics (rsp_estimators: "
+                f"{' or '.join(n for n in registry.recbole_choices('rankdist') if registry.get(n).supports(design))})"
             )
-        raise ValueError(f"{key}: {method!r} does not support the sampling design ({design.describe()}) of {name!r}; "
-                         f"use one of {tuple(n for n in registry.recbole_choices(key) if registry.get(n).supports(design))}")
+        raise ValueError(f"rsp_estimators: {method!r} does not support the sampling design ({design.describe()}) of "
+                         f"{name!r}; the {_PREFIX[family]}* metrics take one of "
+                         f"{tuple(n for n in registry.recbole_choices(family) if registry.get(n).supports(design))}")
 
 
 def _settings_key(config: Any) -> str:

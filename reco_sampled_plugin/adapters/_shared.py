@@ -14,14 +14,16 @@ Nothing here imports torchmetrics or Lightning.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
+import re
 from typing import TYPE_CHECKING, Any, Callable, Mapping, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 
-from reco_sampled_plugin import RankHistogram
+from reco_sampled_plugin import RankHistogram, registry
 from reco_sampled_plugin._checks import MAX_ELEMENTS, check_dense, check_elements
 from reco_sampled_plugin.rank_distribution import pool_groups
 from reco_sampled_plugin.scorer_ranks import score_drawn
@@ -58,6 +60,7 @@ __all__ = [
     "histogram_from_rows",
     "metric_key",
     "estimator_label",
+    "estimator_methods",
 ]
 
 # ties the adapters support: deterministic ones (``random`` would depend on the batch layout)
@@ -613,9 +616,57 @@ def adaptive_histogram_from_rows(counts: np.ndarray, n_items: int, design: Adapt
 
 
 # ------------------------------------------------------------------------------------- names
-def estimator_label(method: str) -> str:
-    """Display label of an estimator: ``none`` is the plain sampled metric."""
-    return "sampled" if method == "none" else method
+def estimator_label(method: "str | registry.Method") -> str:
+    """The label an estimator's values are keyed and logged under: its registry name (``none``, the plain sampled
+    metric: ``sampled``), then each option it sets away from the default as ``_<option>-<value>``, options in
+    name order (``Bv(gamma=0.2)``: ``bv_gamma-0.2``; ``Mes(n_bootstrap=0, lam=1.0)``: ``mes_lam-1.0_n_bootstrap-0``).
+    Only letters, digits, ``_``, ``-`` and ``.`` (MLflow's metric names allow them); a value that is not a
+    number, string, bool or a tuple of them (a vector prior, a ``TopShape``) is written ``h`` and 8 hex digits of
+    a stable hash of its value."""
+    m = registry.as_method(method)
+    base = "sampled" if m.name == "none" else m.name
+    return base + "".join(f"_{k}-{_label_value(v)}" for k, v in sorted(m.given().items()))
+
+
+def _label_value(v: Any) -> str:
+    """An option value in a label (:func:`estimator_label`)."""
+    if isinstance(v, (bool, int, float, str, np.bool_, np.integer, np.floating)):
+        text = str(v.item() if isinstance(v, np.generic) else v)
+    elif isinstance(v, (tuple, list)) and all(isinstance(x, (bool, int, float, str)) for x in v):
+        text = "-".join(str(x) for x in v)
+    else:
+        data = np.asarray(v).tobytes() if isinstance(v, (np.ndarray, torch.Tensor)) else repr(v).encode()
+        text = "h" + hashlib.blake2b(data, digest_size=4).hexdigest()
+    return re.sub(r"[^A-Za-z0-9_.\-]", "-", text)
+
+
+def estimator_methods(estimators: Any, name: str = "estimators") -> tuple[tuple[Any, ...], tuple["registry.Method", ...],
+                                                                          tuple[str, ...]]:
+    """``estimators`` (registry names or method objects such as ``Bv(gamma=0.2)``; one alone is one) as given,
+    as method objects and as labels (:func:`estimator_label`); a ValueError naming ``name`` for anything else, an
+    unknown name, none at all, or two with the same label."""
+    items: tuple[Any, ...]
+    if isinstance(estimators, (str, registry.Method)):
+        items = (estimators,)
+    elif isinstance(estimators, (bytes, bytearray, Mapping)) or not hasattr(estimators, "__iter__"):
+        raise ValueError(f"{name}: expected a list of estimator names such as 'auto' or method objects such as "
+                         f"Bv(gamma=0.2), got {estimators!r}")
+    else:
+        items = tuple(estimators)
+    bad = [e for e in items if not isinstance(e, (str, registry.Method))]
+    if bad:
+        raise ValueError(f"{name}: expected estimator names such as 'auto' or method objects such as Bv(gamma=0.2), "
+                         f"got {bad[0]!r} in {list(items)!r}")
+    known = registry.names()
+    unknown = [e for e in items if isinstance(e, str) and e not in known]
+    if unknown or not items:
+        raise ValueError(f"{name}: unknown {unknown}; use some of {known}")
+    methods = tuple(registry.as_method(e) for e in items)
+    labels = tuple(estimator_label(m) for m in methods)
+    twice = [lab for i, lab in enumerate(labels) if lab in labels[:i]]
+    if twice:
+        raise ValueError(f"{name}: two estimators with the label {twice[0]!r} (the same method and options)")
+    return items, methods, labels
 
 
 def metric_key(metric: str) -> str:

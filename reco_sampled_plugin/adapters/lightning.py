@@ -45,7 +45,7 @@ from reco_sampled_plugin.factor_ranks import check_factors
 from reco_sampled_plugin.ranking import prepare_index
 from reco_sampled_plugin.scorer_ranks import DEFAULT_MAX_PAIRS, ScoringCost
 
-from ._shared import (FactorBatch, RankingBatch, ScorerBatch, as_ranking_batch, estimator_label, metric_key,
+from ._shared import (FactorBatch, RankingBatch, ScorerBatch, as_ranking_batch, metric_key,
                       padded_inputs)
 from .torchmetrics import ExactRankingMetrics, SampledRankingMetrics
 from reco_sampled_plugin.metric_names import MetricSpec
@@ -124,8 +124,7 @@ class _RankingMetricsLogic:
         *,
         exact: bool = True,
         n_samples: int | SamplingDesign | None = 100,
-        estimators: Sequence[str] = ("none", registry.DEFAULT_ESTIMATOR),
-        estimator_options: Mapping[str, Mapping[str, Any]] | None = None,
+        estimators: Sequence[str | registry.Method] = ("none", registry.DEFAULT_ESTIMATOR),
         seed: int = 0,
         ties: str = "pessimistic",
         count_other_positives: bool = False,
@@ -183,7 +182,6 @@ class _RankingMetricsLogic:
             metrics=metrics,
             n_samples=design,
             estimators=estimators,
-            estimator_options=estimator_options,
             seed=seed,
             ties=ties,
             max_n_groups=max_n_groups,
@@ -198,7 +196,7 @@ class _RankingMetricsLogic:
         self.check_finite = check_finite
         self.metric_names = probe_exact.metric_names
         self.labels = (("exact",) if exact else ()) + (
-            tuple(estimator_label(e) for e in probe_sampled.estimators) if probe_sampled else ()
+            probe_sampled.labels if probe_sampled else ()
         )
         if headline is None:
             pick = "exact" if exact else next((lab for lab in self.labels if lab != "sampled"), self.labels[0])
@@ -532,11 +530,12 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
             replacement, by popularity, or adaptive (``SamplingDesign(m, adaptive_max=cap)``: estimators ``mes``,
             ``mle``, ``none``; the cost is logged as ``val/adaptive/mean_samples``, ``.../max_samples`` and
             ``.../share_at_cap``); an int m is ``SamplingDesign(m)``.
-        estimators: estimators run on the sampled ranks, any name of ``reco_sampled_plugin.registry.names()`` whose
-            entry supports the design (``"none"`` = plain sampled metric, corrections such as ``bv``, mappings such
-            as ``bound``, rank distributions ``mle``/``mes``); default ``("none", registry.DEFAULT_ESTIMATOR)``.
-        estimator_options: per-estimator keyword arguments, e.g. ``{{"mle": {{"n_bootstrap": 8}}}}``; checked
-            when the callback is built (an unknown or invalid option is a ValueError naming it).
+        estimators: estimators run on the sampled ranks, each a name of ``reco_sampled_plugin.registry.names()``
+            or a method object with its options (``registry.Bv(gamma=0.2)``, ``registry.Mle(n_bootstrap=8)``:
+            checked when built) whose entry supports the design (``"none"`` = plain sampled metric, corrections
+            such as ``bv``, mappings such as ``bound``, rank distributions ``mle``/``mes``); default
+            ``("none", registry.DEFAULT_ESTIMATOR)``. Logged under its label: the name (``none``: ``sampled``),
+            then each option set away from its default as ``_<option>-<value>`` (``bv_gamma-0.2``).
         seed, ties, count_other_positives, max_n_groups: see
             :class:`~reco_sampled_plugin.adapters.torchmetrics.SampledRankingMetrics`.
         check_finite: True (default: NaN or inf anywhere in a step's scores is a ValueError; checked in the

@@ -9,11 +9,9 @@ memory does not grow with the number of users:
   relevant items seen (K x 3 + 1 numbers).
 * :class:`SampledRankingMetrics`: the sampled-rank histogram, m + 1 counts per distinct candidate
   count n (one row per n = n_items - e, e = excluded items + other positives of the row), so at most
-  n_items x (m + 1) numbers whatever the number of users. At ``compute`` the histogram goes to
-  :func:`reco_sampled_plugin.estimators.estimate` once per (metric, estimator): the plain sampled
-  metric (``none``), each correction (``rank_estimate``, ``ls``, ``cls``, ``bv``, ``bv_mle``),
-  the mappings of Li et al. (``linear``, ``bound``, ``beta``, ``beta_fit``) and the rank-distribution
-  estimators (``mle``, ``mes``).
+  n_items x (m + 1) numbers whatever the number of users. At ``compute`` the histogram, which carries the
+  design, goes to the one estimation contract (``estimate(metric, histogram, method)``) once per (metric,
+  estimator): any registered estimator, by name or as a method object with its options (``Bv(gamma=0.2)``).
 
 A model that is expensive to score: :meth:`SampledRankingMetrics.update_from_scorer` takes a pointwise scorer instead
 of the score matrix and scores only the positives and their keyed negatives (issue 27); the state is the one
@@ -25,15 +23,15 @@ item per user, per user. Negatives are keyed by (seed, instance id, positive ite
 the number of processes. Rows with ``keep`` False (e.g. DistributedSampler padding) are not counted.
 
 States are added together (``merge_state``, ``forward``, DDP sync) only when they belong together: the same
-catalogue, design, metric list, estimators and options (``_MergeChecked``); otherwise a ValueError names the first
+catalogue, design, metric list and estimators with their options (``_MergeChecked``); otherwise a ValueError names the first
 difference, on every process in DDP.
 
 Nothing counted (no update, every row dropped by ``keep``, or AUC without an irrelevant candidate): ``compute()``
 gives NaN, as before any update, and :meth:`estimates` the Estimate (NaN value, NaN stderr, 0 instances) with
 the flag ``no_instances``, so an empty state is never mistaken for a number. One relevant item: stderr inf and
 the flag ``few_instances``. An estimator that fails at ``compute`` (e.g. a cut-off above the catalogue) warns and
-gives NaN with the flag ``estimator_failed`` (the others still run). Options are validated when the class is
-constructed (``estimator_options`` key by key: an unknown or invalid option is a ValueError naming it).
+gives NaN with the flag ``estimator_failed`` (the others still run). An estimator's options are those of its method
+object (``estimators=("auto", Bv(gamma=0.2))``), checked when the object is built.
 
 Non-finite scores: the default ``check_finite=True`` refuses NaN or inf anywhere in the score matrix, because
 a NaN on an irrelevant item silently changes every rank it is compared with (AUC, NDCG...). Measured cost on
@@ -76,7 +74,7 @@ from reco_sampled_plugin import registry
 from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS
 from reco_sampled_plugin._rank_hist import RankHistogram
 from reco_sampled_plugin.design import SamplingDesign, as_design
-from reco_sampled_plugin.estimators import check_estimator_options, estimate
+from reco_sampled_plugin import estimators  # the contract, estimators._estimate (to be renamed estimate)
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin._types import TensorLike
 from reco_sampled_plugin.ranking import SampledRanks
@@ -95,7 +93,7 @@ from ._shared import (
     keyed_adaptive_ranks,
     keyed_factor_ranks_only,
     keyed_ranks_only,
-    estimator_label,
+    estimator_methods,
     explain_once,
     histogram_from_rows,
     keyed_sampled_ranks,
@@ -479,15 +477,14 @@ class SampledRankingMetrics(_MergeChecked):
             sum over stages of (new draws + 1) counts (about ``adaptive_max`` numbers per distinct n); each
             estimate's ``details["adaptive"]`` holds the cost (mean and largest m, share at the cap). An int m is
             ``SamplingDesign(m)``; :attr:`design` is the SamplingDesign either way.
-        estimators: methods of :func:`reco_sampled_plugin.estimate` (any name of ``reco_sampled_plugin.registry``
-            whose entry supports the design); ``"none"`` is the plain sampled metric (reported as ``sampled``).
+        estimators: the estimators run at ``compute``, each a registered name (``registry.names()``) or a method
+            object with its options (``registry.Bv(gamma=0.2)``, ``Mes(n_bootstrap=8)``, ``Beta(a=0.5)``: checked
+            when built), whose entry supports the design; ``"none"`` is the plain sampled metric. Each is reported
+            under its label (``_shared.estimator_label``): the name (``none``: ``sampled``), then each option set
+            away from its default as ``_<option>-<value>`` (``bv_gamma-0.2``); two with one label are refused.
             A (metric, estimator) pair the registry does not list (``registry.names(metric=...)``: ``hh`` estimates
-            AUC only) is not reported.
-            Default: ``("none", registry.DEFAULT_ESTIMATOR)``: the sampled metric and ``mes``.
-        estimator_options: per-method keyword arguments, e.g. ``{"bv": {"gamma": 0.1},
-            "mle": {"n_bootstrap": 8}, "beta": {"a": 0.5}}``; validated here, key by key, against the options
-            each method takes (``reco_sampled_plugin.registry.method_options()``, plus ``max_rel_n_spread`` and
-            ``top_shape``): an unknown key or an invalid value (e.g. ``gamma=nan``) is a ValueError naming it.
+            AUC only) is not reported. Default: ``("none", registry.DEFAULT_ESTIMATOR)``: the sampled metric and
+            ``auto``. :attr:`estimators` keeps them as given, :attr:`methods` as method objects, :attr:`labels`.
         seed: key of the negative draws (same seed, same instance id -> same negatives).
         ties: ``"pessimistic"`` (default), ``"optimistic"`` or ``"average"``.
         max_n_groups: at most this many distinct candidate counts n are handed to the estimators;
@@ -526,9 +523,8 @@ class SampledRankingMetrics(_MergeChecked):
         self,
         metrics: str | Iterable[str] = ("ndcg@10", "recall@10"),
         n_samples: int | SamplingDesign = 100,
-        estimators: Sequence[str] = ("none", registry.DEFAULT_ESTIMATOR),
+        estimators: Sequence[str | registry.Method] = ("none", registry.DEFAULT_ESTIMATOR),
         *,
-        estimator_options: Mapping[str, Mapping[str, Any]] | None = None,
         seed: int = 0,
         ties: str = "pessimistic",
         max_n_groups: int | None = 64,
@@ -564,25 +560,11 @@ class SampledRankingMetrics(_MergeChecked):
         self._adaptive = design.adaptive  # the stages of an adaptive design (None for a fixed m)
         self.n_samples = design.n_samples
         self.adaptive_max = design.adaptive_max
-        self.estimators = check_names(estimators, "estimators", "estimator names such as 'mes'")  # one str: one
-        known = registry.names()
-        unknown = [e for e in self.estimators if e not in known]
-        if unknown or not self.estimators:
-            raise ValueError(f"estimators: unknown {unknown}; use some of {known}")
-        if estimator_options is not None and not isinstance(estimator_options, Mapping):
-            raise ValueError(f"estimator_options: expected a mapping {{method: {{option: value}}}}, got "
-                             f"{type(estimator_options).__name__}")
-        bad = sorted(set(estimator_options or {}) - set(self.estimators), key=str)
-        if bad:
-            raise ValueError(f"estimator_options: given for {bad}, which are not among estimators {self.estimators}")
-        # every option now, not at the first compute (where a failure would only warn and report NaN)
-        self.estimator_options = {
-            k: check_estimator_options(k, v, where=f"estimator_options[{k!r}]")
-            for k, v in (estimator_options or {}).items()
-        }
+        # names or method objects (options checked when each was built; a name is its method with the defaults)
+        self.estimators, self.methods, self.labels = estimator_methods(estimators)
         self.replacement = design.replacement
         self.sampling = design.law
-        bad = [e for e in self.estimators if not registry.get(e).supports(design)]
+        bad = [lab for lab, e in zip(self.labels, self.methods) if not type(e).entry.supports(design)]
         if bad and self._adaptive is not None:
             raise ValueError(f"estimators: {bad} assume one fixed m per relevant item; with an adaptive design use "
                              f"some of {registry.names(adaptive=True)}")
@@ -877,10 +859,8 @@ class SampledRankingMetrics(_MergeChecked):
 
     # ------------------------------------------------------------------------------ sync
     def _merge_fields(self) -> dict[str, str]:
-        opts = {k: dict(sorted(v.items())) for k, v in sorted(self.estimator_options.items())}
         return {"metrics": repr(self.metric_names), "n_samples": repr(self.design), "ties": repr(self.ties),
-                "estimators": repr(self.estimators), "estimator_options": repr(opts),
-                "max_n_groups": repr(self.max_n_groups), "popularity": repr(self._pop_hash)}
+                "estimators": repr(self.methods), "max_n_groups": repr(self.max_n_groups), "popularity": repr(self._pop_hash)}
 
     def _catalogue(self) -> int:
         """The catalogue size of this state (0: nothing counted yet), from the host's record when it has one."""
@@ -947,21 +927,28 @@ class SampledRankingMetrics(_MergeChecked):
 
     # ---------------------------------------------------------------------------- compute
     def _histogram(self) -> tuple[RankHistogram, bool]:
-        """The histogram of the state, pooled to ``max_n_groups``, and whether pooling changed it."""
+        """The histogram of the state with its design, pooled to ``max_n_groups``, and whether pooling changed it.
+        A popularity design's histogram carries none (it cannot hold the draws' weights): it is read as the plain
+        sampled metric's, law-free; the corrected estimates read :meth:`popularity_ranks`."""
         counts = self.hist.detach().to("cpu", torch.float64).numpy()
         if self._adaptive is not None:
-            return adaptive_histogram_from_rows(counts, int(self.n_items), self._adaptive, self.max_n_groups)
-        return histogram_from_rows(counts, int(self.n_items), self.n_samples, self.max_n_groups)
+            hist, pooled = adaptive_histogram_from_rows(counts, int(self.n_items), self._adaptive, self.max_n_groups)
+        else:
+            hist, pooled = histogram_from_rows(counts, int(self.n_items), self.n_samples, self.max_n_groups)
+        return hist.with_design(None if self._pop_weights is not None else self.design), pooled
 
     def histogram(self) -> RankHistogram:
-        """The synced sampled-rank histogram (:class:`~reco_sampled_plugin.RankHistogram`), pooled as configured."""
+        """The synced sampled-rank histogram (:class:`~reco_sampled_plugin.RankHistogram`), pooled as configured,
+        carrying its design (None under a popularity design)."""
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=True):
             return self._histogram()[0]
 
     def _estimates(self, progress: bool | None | Callable[[Iterable], Iterable] = False) -> dict[str, Estimate]:
         hist, pooled = self._histogram()
         # the registry says which estimator takes which metric (hh: AUC only): the other pairs are not reported
-        jobs: Iterable[tuple[str, str]] = [(m, e) for m in self.metric_names for e in self.estimators if e in registry.names(metric=m)]
+        jobs: Iterable[tuple[str, registry.Method, str]] = [
+            (m, e, lab) for m in self.metric_names for e, lab in zip(self.methods, self.labels)
+            if e.name in registry.names(metric=m)]
         out: dict[str, Estimate] = {}
         if callable(progress):
             jobs = progress(jobs)
@@ -970,22 +957,19 @@ class SampledRankingMetrics(_MergeChecked):
 
             jobs = progress_bar(jobs, desc="ranking metrics", enabled=progress, unit="estimate")
         popn = None
-        for metric, method in jobs:
-            key = f"{metric}/{estimator_label(method)}"
+        for metric, method, label in jobs:
+            key = f"{metric}/{label}"
             if hist.n_groups == 0 or hist.total <= 0:  # nothing counted (no update, or every row dropped by keep)
-                out[key] = _empty_estimate(0.0, {"method": method, "metric": metric})
+                out[key] = _empty_estimate(0.0, {"method": method.name, "metric": metric})
                 continue
-            opts = dict(self.estimator_options.get(method, {}))
+            family = type(method).entry.family
             try:
-                if self._adaptive is not None:
-                    opts["adaptive"] = self._adaptive
-                if self._pop_weights is not None and registry.get(method).family != "none":
+                if self._pop_weights is not None and family != "none":
                     popn = self._popularity_ranks() if popn is None else popn  # the draws' own statistics
-                    out[key] = estimate(metric, popn, method=method, **opts)
-                else:
-                    out[key] = estimate(metric, hist, method=method, sampling=self.sampling if
-                                        self._pop_weights is None else "binomial", **opts)
-                if registry.get(method).family != "none":  # the plain sampled metric's interval is not widened
+                    out[key] = estimators._estimate(metric, popn, method)
+                else:  # the histogram carries the design (law, adaptive stages)
+                    out[key] = estimators._estimate(metric, hist, method)
+                if family != "none":  # the plain sampled metric's interval is not widened
                     explain_once(logger, f"SampledRankingMetrics {metric}", out[key], metric=metric,
                                  n_items=int(self.n_items), n_samples=self.n_samples, users=int(round(hist.total)))
             except ValueError as exc:  # one failing estimator must not take the others (or training) down
