@@ -484,8 +484,8 @@ class SampledRanks:
                 the cap, 0 elsewhere (:attr:`exact_ranks`).
 
         Raises:
-            ValueError naming the argument (values are checked as at estimation: whole, in range, shapes that
-            broadcast).
+            ValueError: naming the argument (values are checked as at estimation: whole, in range, shapes that
+                broadcast).
         """
         from ._checks import check_rank_values, check_sizes
 

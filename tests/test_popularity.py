@@ -272,7 +272,7 @@ def test_evaluate_factors_carries_the_statistics_and_corrects_auc():
     again = rsp.estimate("auc", rsp.SampledRanks(ev.sampled_ranks, ev.n_candidates, None, design,
                                                  popularity_stats=ev.popularity_stats), method="hh")
     assert row["corrected"] == again.value and abs(row["corrected"] - row["exact"]) <= 4 * row["stderr"]
-    with pytest.raises(ValueError, match="^metrics: correction 'hh' estimates auc only"):
+    with pytest.raises(ValueError, match="^metrics: method 'hh' estimates auc only"):
         rsp.evaluate_factors(train, test, a, b, n_samples=design, method="hh")
     with pytest.raises(ValueError, match="^method: 'bv' assumes uniform sampling.*'hh'"):
         rsp.evaluate_factors(train, test, a, b, metrics=["roc_auc"], n_samples=design, method="bv")

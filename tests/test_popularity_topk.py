@@ -139,7 +139,7 @@ def test_refusals_name_the_argument():
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(50, 80, generator=g, dtype=torch.float64)
     pos = torch.randint(0, 80, (50, 1), generator=g)
-    with pytest.raises(ValueError, match="^sampling: "):
+    with pytest.raises(ValueError, match="^method: 'pl_fit' does not support the design .*without replacement"):
         rsp.estimate("hit@10", torch.tensor([1, 2, 3]), 80, 10, method="pl_fit", sampling="hypergeometric")
     with pytest.raises(ValueError, match="^n_samples"):
         rsp.estimate("hit@1", torch.tensor([2, 1]), 5, 10, method="pl_fit", sampling="hypergeometric")
