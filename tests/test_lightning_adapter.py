@@ -176,12 +176,27 @@ def _check_history(cb, read, atol=1e-6):
     assert abs(last[cb.key("hit@10", "bv")] - last[cb.key("hit@10", "exact")]) < 0.05
 
 
+@pytest.fixture(scope="module")
+def example_run(example, tmp_path_factory):
+    """One 2-epoch run of the example writing to a CSV, a TensorBoard and an MLflow logger at once (with plots):
+    each logger's test below reads its own files back."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return example["main"](epochs=2, logger="csv,tensorboard,mlflow", out=str(tmp_path_factory.mktemp("mf")),
+                               plot=True)
+
+
+def _logger(trainer, kind: str):
+    (found,) = [lg for lg in trainer.loggers if type(lg).__name__ == kind]
+    return found
+
+
 @pytest.mark.slow
-def test_example_csv_logger_and_checkpoint(tmp_path, example):
+def test_example_csv_logger_and_checkpoint(example_run):
     import csv
 
-    trainer, cb = example["main"](epochs=2, logger="csv", out=str(tmp_path), plot=True)
-    with open(Path(trainer.logger.log_dir) / "metrics.csv") as f:
+    trainer, cb = example_run
+    with open(Path(_logger(trainer, "CSVLogger").log_dir) / "metrics.csv") as f:
         rows = list(csv.DictReader(f))
 
     def read(k):
@@ -195,30 +210,31 @@ def test_example_csv_logger_and_checkpoint(tmp_path, example):
 
 
 @pytest.mark.slow
-def test_example_tensorboard_logger(tmp_path, example):
+def test_example_tensorboard_logger(example_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    trainer, cb = example["main"](epochs=2, logger="tensorboard", out=str(tmp_path), plot=True)
-    acc = EventAccumulator(trainer.logger.log_dir, size_guidance={"scalars": 0, "images": 0})
+    trainer, cb = example_run
+    acc = EventAccumulator(_logger(trainer, "TensorBoardLogger").log_dir, size_guidance={"scalars": 0, "images": 0})
     acc.Reload()
     _check_history(cb, lambda k: [ev.value for ev in acc.Scalars(k)])
     assert len(acc.Images("val/ranking_metrics")) == 2
 
 
 @pytest.mark.slow
-def test_example_mlflow_logger(tmp_path, example):
+def test_example_mlflow_logger(example_run):
     import mlflow
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        trainer, cb = example["main"](epochs=2, logger="mlflow", out=str(tmp_path))
-        client = mlflow.tracking.MlflowClient(tracking_uri=trainer.logger._tracking_uri)
-        run_id = trainer.logger.run_id
+    trainer, cb = example_run
+    logger = _logger(trainer, "MLFlowLogger")
+    client = mlflow.tracking.MlflowClient(tracking_uri=logger._tracking_uri)
 
-        def read(k):
-            return [m.value for m in sorted(client.get_metric_history(run_id, k), key=lambda m: m.step)]
+    def read(k):
+        return [m.value for m in sorted(client.get_metric_history(logger.run_id, k), key=lambda m: m.step)]
 
-        _check_history(cb, read)
+    _check_history(cb, read)
+    # the plots reach MLflow as artifacts too (one per epoch)
+    artifacts = [a.path for a in client.list_artifacts(logger.run_id, "ranking_metrics")]
+    assert len(artifacts) == 2, artifacts
 
 
 # ------------------------------------------------------------------------------------------- DDP

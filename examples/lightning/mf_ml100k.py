@@ -88,9 +88,15 @@ def make_data(batch_size: int = 1024, eval_batch_size: int = 256) -> tuple[torch
     )
 
 
-def make_logger(kind: str, out: str):
-    if kind == "none":
+def make_loggers(kinds: str, out: str) -> list | bool:
+    """The loggers named in ``kinds`` (comma-separated: ``"csv"``, ``"csv,tensorboard,mlflow"``), or False for
+    ``"none"``: Lightning writes every logged value to each of them."""
+    if kinds == "none":
         return False
+    return [make_logger(kind.strip(), out) for kind in kinds.split(",")]
+
+
+def make_logger(kind: str, out: str):
     if kind == "csv":
         return pl.loggers.CSVLogger(out, name="mf_ml100k")
     if kind == "tensorboard":
@@ -100,7 +106,7 @@ def make_logger(kind: str, out: str):
         os.makedirs(out, exist_ok=True)
         uri = "sqlite:///" + os.path.abspath(os.path.join(out, "mlflow.db"))
         return pl.loggers.MLFlowLogger(experiment_name="mf_ml100k", tracking_uri=uri)
-    raise ValueError(f"logger: use csv, tensorboard, mlflow or none, got {kind!r}")
+    raise ValueError(f"logger: use csv, tensorboard, mlflow (comma-separated) or none, got {kind!r}")
 
 
 def main(
@@ -133,7 +139,7 @@ def main(
         max_epochs=epochs,
         accelerator="cpu",
         devices=1,
-        logger=make_logger(logger, out),
+        logger=make_loggers(logger, out),
         callbacks=[callback, checkpoint],
         default_root_dir=out,
         num_sanity_val_steps=0,
@@ -164,7 +170,8 @@ def _print_table(callback) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--logger", default="csv", choices=["csv", "tensorboard", "mlflow", "none"])
+    parser.add_argument("--logger", default="csv",
+                        help="csv, tensorboard, mlflow, several of them comma-separated, or none")
     parser.add_argument("--out", default="runs/mf_ml100k")
     parser.add_argument("--plot", action="store_true", help="also log a per-epoch plot of the curves")
     parser.add_argument("--mle", action="store_true", help="also run the rank-distribution estimator (slower)")
