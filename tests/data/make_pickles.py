@@ -1,6 +1,6 @@
 """Regenerate the pickle fixtures of tests/test_compat.py: ``python tests/data/make_pickles.py``.
 
-Each fixture is an object the package returned (``Estimate`` from ``estimate()`` and ``corrected_metric()``, a
+Each fixture is an object the package returned (``Estimate`` from ``estimate()`` (a correction table among them), a
 ``RankDistribution``), pickled with protocol 4 under ``tests/data/pickles/<name>.pkl``; ``expected.json`` holds
 what it said when it was made (value, stderr, flags, the 0.95 interval). The test loads each pickle with the
 current code and checks it still says the same: results saved by an older version keep loading.
@@ -20,7 +20,7 @@ import torch
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.rank_distribution import RankDistribution, estimate_rank_distribution
-from reco_sampled_plugin.uncertainty import corrected_metric
+
 
 HERE = Path(__file__).resolve().parent / "pickles"
 N, M = 2000, 50
@@ -38,19 +38,30 @@ def fixtures() -> dict:
     exact = _exact_ranks()
     sampled = rsp.simulate_sampled_ranks(exact, N, M, generator=g)
     out = {
-        "estimate_bv": rsp.estimate("ndcg@10", sampled, N, M, method="bv"),
-        "estimate_mes": rsp.estimate("ndcg@10", sampled, N, M, method="mes", n_bootstrap=4, seed=0),
-        "estimate_bound": rsp.estimate("hit@10", sampled, N, M, method="bound"),
-        "estimate_none": rsp.estimate("hit@10", sampled, N, M, method="none"),
+        "estimate_bv": rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(sampled, N, M), "bv"),
+        "estimate_mes": rsp.estimate(
+            "ndcg@10",
+            rsp.SampledRanks.from_arrays(sampled, N, M),
+            rsp.registry.Mes(n_bootstrap=4, seed=0),
+        ),
+        "estimate_bound": rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(sampled, N, M), "bound"),
+        "estimate_none": rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(sampled, N, M), "none"),
         # the cut-off 5 lies below the resolution b = (N - 1)/(M + 1) + 1 ~ 40: flag top_unresolved, and the
         # interval also spans the identified set (the pickled Identification)
-        "estimate_identified": rsp.estimate("hit@5", sampled, N, M, method="mes", n_bootstrap=0),
-        "corrected_metric": corrected_metric("recall@20", sampled, N, M, method="bv"),
+        "estimate_identified": rsp.estimate(
+            "hit@5",
+            rsp.SampledRanks.from_arrays(sampled, N, M),
+            rsp.registry.Mes(n_bootstrap=0),
+        ),
+        "corrected_metric": rsp.estimate("recall@20", rsp.SampledRanks.from_arrays(sampled, N, M), "bv"),
     }
     g = torch.Generator().manual_seed(13)
     ranks_a, m_a = adaptive_sampled_ranks_from_exact(exact, N, 20, 160, generator=g)
-    out["estimate_adaptive"] = rsp.estimate("ndcg@10", ranks_a, N, m_a, method="mes", adaptive=(20, 160),
-                                            n_bootstrap=0)
+    out["estimate_adaptive"] = rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(ranks_a, N, m_a, rsp.SamplingDesign(20, adaptive_max=160)),
+        rsp.registry.Mes(n_bootstrap=0),
+    )
     # a tiny rank distribution (few users, coarse grid) keeps the file small
     small = sampled[:60]
     out["rank_distribution"] = estimate_rank_distribution(small, N, M, method="mle", n_bootstrap=0,
