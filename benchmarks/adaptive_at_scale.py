@@ -34,6 +34,8 @@ from reco_sampled_plugin import estimate, metric_values  # noqa: E402
 from reco_sampled_plugin._progress import progress_bar  # noqa: E402
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact  # noqa: E402
 from reco_sampled_plugin.simulate import draw_sampled_ranks  # noqa: E402
+from reco_sampled_plugin import SampledRanks
+from reco_sampled_plugin import registry
 
 METRICS = ("hit@10", "ndcg@10")
 # (m, cap): cap None = fixed m
@@ -80,7 +82,11 @@ def run(dataset: str, repeats: int, seed: int, log=print, progress: bool | None 
                 extra = {} if cap is None else {"adaptive": (m, cap)}
                 for meth in methods:
                     for mt in METRICS:
-                        e = estimate(mt, s[b], n_t, z[b], method=meth, **extra)
+                        e = estimate(
+                            mt,
+                            SampledRanks.from_arrays(s[b], n_t, z[b]),
+                            registry.method_class(meth)(**extra),
+                        )
                         lo, hi = e.interval(0.95)
                         est[(meth, mt)].append((e.value, lo, hi))
                 bar.update()

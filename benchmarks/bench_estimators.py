@@ -19,6 +19,7 @@ from reco_sampled_plugin._rank_hist import sampled_rank_histogram
 from reco_sampled_plugin.estimators import estimate
 from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
 from reco_sampled_plugin.simulate import simulate_sampled_ranks
+from reco_sampled_plugin import SampledRanks
 
 
 def main() -> None:
@@ -53,7 +54,7 @@ def main() -> None:
           f"total best {best[3]:.3f} s, median {med[3]:.3f} s over {args.repeats}")
     print(f"  HR@100000: estimate {res.value:.4f} +- {res.stderr:.4f}, exact {true:.4f}")
     t0 = time.perf_counter()
-    e = estimate("hit@100000", sampled, n, m, method="mle")
+    e = estimate("hit@100000", SampledRanks.from_arrays(sampled, n, m), "mle")
     print(f"  estimate(..., method='mle') end to end from per-user ranks: {time.perf_counter() - t0:.3f} s "
           f"({e.value:.4f} +- {e.stderr:.4f})")
 

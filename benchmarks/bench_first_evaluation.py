@@ -32,6 +32,7 @@ import torch  # noqa: E402
 from reco_sampled_plugin import registry  # noqa: E402
 from reco_sampled_plugin.estimators import estimate  # noqa: E402
 from reco_sampled_plugin.simulate import draw_sampled_ranks  # noqa: E402
+from reco_sampled_plugin import SampledRanks
 
 OPTIONS = {"beta": {"a": 1.0}}
 
@@ -71,7 +72,11 @@ def cold(metric: str, sampled, n, method: str, repeats: int) -> float:
     for _ in range(repeats):
         clear_caches()
         t = time.perf_counter()
-        est = estimate(metric, sampled, n, 100, method=method, **OPTIONS.get(method, {}))
+        est = estimate(
+            metric,
+            SampledRanks.from_arrays(sampled, n, 100),
+            registry.method_class(method)(**OPTIONS.get(method, {})),
+        )
         est.interval(0.95)
         times.append(time.perf_counter() - t)
     return statistics.median(times)
@@ -97,7 +102,8 @@ def main() -> None:
         r, n = data(distinct, args.positives, spread=args.ladder is not None)
         sampled = draw_sampled_ranks(r, torch.as_tensor(n), 100, repeats=1, seed=1)[0]
         cases[distinct] = (sampled, torch.as_tensor(n))
-    estimate(args.metric, *cases[counts[0]], 100, method="none")  # imports and one-off work outside the timings
+    # imports and one-off work outside the timings
+    estimate(args.metric, SampledRanks.from_arrays(*cases[counts[0]], 100), "none")
     print(f"{args.metric}, {args.positives:,} positives, m = 100, estimate() + interval(), cold caches, median of "
           f"{args.repeats}; torch {torch.__version__}, {torch.get_num_threads()} thread(s), load average "
           f"{os.getloadavg()[0]:.2f}")

@@ -241,7 +241,7 @@ def _estimates(sampled, methods) -> tuple[dict, float]:
     for method in methods:
         opts = {"n_bootstrap": 0} if method in registry.names(fits_distribution=True) else {}
         for mt in METRICS:
-            out[(method, mt)] = float(estimate(mt, sampled, method=method, **opts).value)
+            out[(method, mt)] = float(estimate(mt, sampled, registry.method_class(method)(**opts)).value)
     return out, time.perf_counter() - t
 
 

@@ -81,7 +81,7 @@ PL_OPTIONS: dict = {}
 
 def em_prior(metric: str, sampled) -> dict:
     """pl_fit under ``rank_prior="em"`` (the default before session 25) on the same fit: its value and interval."""
-    e = rsp.estimate(metric, sampled, method="pl_fit", rank_prior="em", **PL_OPTIONS)
+    e = rsp.estimate(metric, sampled, rsp.registry.PlFit(rank_prior="em", **PL_OPTIONS))
     lo, hi = e.interval(0.95)
     return {"value": e.value, "lo": lo, "hi": hi}
 
@@ -110,7 +110,11 @@ def run(dataset: str, repeats: int, alphas, ms, first: int = 0, out: str | None 
                                                        ("uniform", uni, rsp.registry.DEFAULT_ESTIMATOR)):
                             if label == "uniform" and alpha != alphas[0]:
                                 continue  # the uniform draw does not depend on alpha
-                            e = rsp.estimate(s, sampled, method=method, **(PL_OPTIONS if method == "pl_fit" else {}))
+                            e = rsp.estimate(
+                                s,
+                                sampled,
+                                rsp.registry.method_class(method)(**PL_OPTIONS if method == "pl_fit" else {}),
+                            )
                             lo, hi = e.interval(0.95)
                             row = {"dataset": dataset, "recommender": name, "alpha": alpha, "m": m, "rep": rep,
                                    "metric": s, "label": label, "method": method, "truth": truth[s],
@@ -120,7 +124,11 @@ def run(dataset: str, repeats: int, alphas, ms, first: int = 0, out: str | None 
                                 row.update(beta=e.details["beta"], niche_top=e.details["niche_top"],
                                            niche_lr=e.details["niche_lr"])
                                 rows.append({**row, "label": "em", **em_prior(s, sampled)})
-                                h = rsp.estimate(s, sampled, method=method, niche="hedge", **PL_OPTIONS)  # same fit
+                                h = rsp.estimate(
+                                    s,
+                                    sampled,
+                                    rsp.registry.method_class(method)(niche="hedge", **PL_OPTIONS),
+                                )  # same fit
                                 rows.append({**row, "label": "hedge", "value": h.value,
                                              "lo": h.interval(0.95)[0], "hi": h.interval(0.95)[1]})
                     print(f"{dataset} {name} alpha={alpha} m={m} rep={rep} {time.time() - t0:.1f}s", flush=True)

@@ -44,9 +44,10 @@ def main() -> None:
         for metric in ("hit@10", "ndcg@10"):
             truth = float(rsp.metric_values(metric, exact, n_u).mean())
             runs = (
-                (f"m = {M}", rsp.estimate(metric, fixed.ranks[:, 0], fixed.n_candidates, M), float(M), 0.0),
-                (f"m = {M}->{CAP}", rsp.estimate(metric, ranks[:, 0], fixed.n_candidates, sizes[:, 0],
-                                                 adaptive=(M, CAP)), None, None),
+                (f"m = {M}", rsp.estimate(metric, rsp.SampledRanks.from_arrays(fixed.ranks[:, 0], fixed.n_candidates, M)),
+                 float(M), 0.0),
+                (f"m = {M}->{CAP}", rsp.estimate(metric, rsp.SampledRanks.from_arrays(
+                    ranks[:, 0], fixed.n_candidates, sizes[:, 0], rsp.SamplingDesign(M, adaptive_max=CAP))), None, None),
             )
             for label, est, mean_m, at_cap in runs:
                 cost = est.details.get("adaptive")

@@ -38,7 +38,7 @@ def main() -> None:
         sampled = rsp.sampled_ranks(scores, test, args.m, exclude=exclude, generator=gen)
         for metric in ("hit@10", "ndcg@10"):
             truth = float(rsp.metric_values(metric, exact, n_u).mean())
-            est = rsp.estimate(metric, sampled.ranks[:, 0], sampled.n_candidates, args.m)
+            est = rsp.estimate(metric, rsp.SampledRanks.from_arrays(sampled.ranks[:, 0], sampled.n_candidates, args.m))
             s_lo, s_hi = est.sampling_interval(0.95)
             lo, hi = est.interval(0.95)
             print(f"{model.name:12} {metric:8} {truth:7.4f} {est.value:7.4f}  [{s_lo:.4f}, {s_hi:.4f}]  "

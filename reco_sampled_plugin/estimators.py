@@ -1,20 +1,27 @@
-"""One entry point for every estimator of a global metric from sampled ranks.
+"""One entry point for every estimator of a global metric from sampled ranks: ``estimate(metric, sample, method)``.
 
-``estimate(metric, sampled)`` (a :class:`~reco_sampled_plugin.ranking.SampledRanks` that carries its design
-and candidate counts) or ``estimate(metric, sampled_ranks, n_items, n_samples, method=...)`` works on the
-sampled-rank histogram (built once, any device, per-positive n and m allowed) and returns the value with its
-standard error. The methods are the estimator registry's (``registry.py``: every list of methods is derived
-from it, and ``estimate`` dispatches through each entry's compute function); the built-in ones:
+``sample`` carries its design and candidate counts: a :class:`~reco_sampled_plugin.ranking.SampledRanks` (from a
+draw, or ``SampledRanks.from_arrays(ranks, n_items, n_samples, design)`` for ranks drawn elsewhere) or a
+:class:`~reco_sampled_plugin._rank_hist.RankHistogram` (the adapters' mergeable state, its ``design`` the law and
+adaptive stages). ``method`` is a registered name or the estimator's options object (``Bv(gamma=0.2)``,
+``Mes(n_bootstrap=0)``, ``Gmod(max_rel_n_spread=0.1)``: the classes of :mod:`~reco_sampled_plugin.registry`, each
+option checked at construction). ``estimate`` works on the sampled-rank histogram (built once, any device,
+per-positive n and m allowed) and returns the value with its standard error. The methods are the registry's (every
+list of methods is derived from it, and ``estimate`` dispatches through each entry's compute function); the
+built-in ones:
 
 ==================  =======================================================================================
 method              estimator
 ==================  =======================================================================================
+``auto``            the default: ``gmod`` where the design resolves the top, ``mes`` elsewhere; ``hh`` / ``pl_fit``
+                    under popularity designs
 ``linear``          Li et al. eq. 9 mapping, interpolated between mapped points (``mapping.py``)
 ``bound``           Li et al. eq. 13
 ``beta``            Li et al. eq. 16-17 with the given ``a`` (a = 1: eq. 18)
 ``beta_fit``        Li et al. eq. 19: a fitted on these sampled ranks
 ``mle``             rank distribution by EM, then sum_R P^(R) M(R) (``rank_distribution.py``)
 ``mes``             maximum-entropy-regularised rank distribution
+``gmod``            g-modelling: log P(R) a penalised B-spline in log R
 ``none``            the uncorrected sampled metric            (correction tables, ``corrections.py``)
 ``rank_estimate``   Krichene & Rendle eq. 20
 ``ls``, ``cls``     minimal-bias least squares, monotone constrained least squares (eq. 21-23)
@@ -25,13 +32,12 @@ method              estimator
 ==================  =======================================================================================
 
 Standard errors: for table methods (mapping and corrections) the sample standard deviation of the
-per-positive table values over sqrt(#positives); for ``mle``/``mes`` a multinomial bootstrap of the
+per-positive table values over sqrt(#positives); for the fitted methods a multinomial bootstrap of the
 histogram (see ``rank_distribution``), or with ``n_bootstrap=0`` the cheap posterior standard error
-(sd of the per-positive posterior means; ignores the uncertainty of the fitted distribution). ``bv_mle`` ignores the uncertainty of its estimated prior.
-The correction methods need ``reco_sampled_plugin.corrections`` (imported lazily).
-Fitted rank distributions (``mle``, ``mes``, the prior of ``bv_mle``) of the last few histograms are kept:
-estimating several metrics from one histogram with one method and options fits once (fits are
-deterministic: the bootstrap is seeded).
+(sd of the per-positive posterior means; ignores the uncertainty of the fitted distribution). ``bv_mle`` ignores
+the uncertainty of its estimated prior. Fitted rank distributions of the last few histograms are kept: estimating
+several metrics from one histogram with one method object fits once (fits are deterministic: the bootstrap is
+seeded).
 """
 
 from __future__ import annotations
@@ -45,10 +51,9 @@ import numpy as np
 
 from ._rank_hist import RankHistogram, pool_by_n
 from ._checks import check_without_replacement
-from ._options import check_law
 from . import registry
 from .adaptive import adaptive_cost, check_adaptive_histogram
-from .design import AdaptiveDesign, SamplingDesign, coerce_adaptive
+from .design import AdaptiveDesign, SamplingDesign
 from ._estimate import Estimate, EstimatorOutput, range_flags
 from .identification import Identification, TopShape, resolution, top_sensitive
 from .metric_names import MetricSpec, parse_metric
@@ -57,7 +62,7 @@ from .ranking import SampledRanks
 from ._types import TensorLike
 from .rank_distribution import FIT_CACHE as _FITS  # noqa: F401  (``estimators._FITS.clear()`` refits, as before)
 
-__all__ = ["ESTIMATORS", "METHOD_OPTIONS", "estimate", "EstimatorResult"]
+__all__ = ["ESTIMATORS", "METHOD_OPTIONS", "estimate"]
 
 def __getattr__(name: str) -> Any:
     # live views of the registry (an estimator registered later appears in them)
@@ -68,9 +73,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-#: the former name of :class:`~reco_sampled_plugin.Estimate` (kept so that old imports work): ``estimate``
-#: returns an ``Estimate``, the one result type of the package
-EstimatorResult = Estimate
 
 
 def _result(value: float, stderr: float | None, n: float, details: dict, flags: Iterable[str],
@@ -164,9 +166,6 @@ def _available(spec: MetricSpec, design: SamplingDesign | None) -> str:
         text += (f" (the uncorrected sampled metric): no registered estimator corrects {spec} under this "
                  f"popularity design (docs/popularity.md); corrected there: {', '.join(takes)}")
     return text
-
-
-_NONE_IS_DEFAULT = ("a", "gamma", "prior", "rounding", "max_rel_n_spread", "top_shape")
 
 
 def _refuse_design(entry: registry.Estimator, spec: MetricSpec, design: SamplingDesign) -> None:
@@ -268,7 +267,7 @@ def _adaptive(spec: MetricSpec, hist: RankHistogram, method: registry.Method, de
     return _with_adaptive(_fixed(spec, hist, "binomial", method, None), hist, design, method.top_shape, spec)
 
 
-def _estimate(
+def estimate(
     metric: str | MetricSpec,
     sample: SampledRanks | RankHistogram,
     method: str | registry.Method = registry.DEFAULT_ESTIMATOR,
@@ -294,7 +293,7 @@ def _estimate(
             positive: one per user); a total of at most 1 gives stderr inf, flagged ``few_instances``.
 
     Returns:
-        :class:`~reco_sampled_plugin.estimate.Estimate` (value, stderr, n_instances, details, flags). Where the
+        :class:`~reco_sampled_plugin.Estimate` (value, stderr, n_instances, details, flags). Where the
         metric depends on the shape of the rank distribution inside the first sampled bin (a cut-off below the
         resolution b = (n - 1)/(m + 1) + 1, or AP/RR/NDCG once b >= 2; flag ``top_unresolved``),
         ``interval(level)`` also spans every value the data allow under the method's ``top_shape``
@@ -344,62 +343,3 @@ def _estimate(
         result = dataclasses.replace(result, details={**result.details, "auto": auto})
     return result
 
-
-def estimate(
-    metric: str | MetricSpec,
-    sampled_ranks: TensorLike | RankHistogram | SampledRanks,
-    n_items: Any = None,
-    n_samples: TensorLike | None = None,
-    method: str | registry.Method = registry.DEFAULT_ESTIMATOR,
-    *,
-    sampling: str | None = None,
-    weights: TensorLike | None = None,
-    adaptive: SamplingDesign | AdaptiveDesign | tuple[int, int | None] | None = None,
-    **options: Any,
-) -> Estimate:
-    """Transitional: :func:`_estimate` (the contract) and the 0.1 form, removed once every call site uses the
-    contract."""
-    if isinstance(n_items, (str, registry.Method)) and n_samples is None:  # estimate(metric, sample, method)
-        method, n_items = n_items, None
-    options = {k: v for k, v in options.items() if not (v is None and k in _NONE_IS_DEFAULT)}
-    if options:
-        method = registry.method_class(method)(**options) if isinstance(method, str) else method
-    if isinstance(sampled_ranks, SampledRanks):
-        if n_items is not None or n_samples is not None:
-            name = "n_items" if n_items is not None else "n_samples"
-            raise ValueError(f"{name}: the SampledRanks carry their candidate counts and sample sizes; drop {name}")
-        d = sampled_ranks.design
-        if d is not None and sampling is not None and check_law(sampling) != ("binomial" if d.law == "popularity"
-                                                                                 else d.law):
-            raise ValueError(f"sampling: {sampling!r} contradicts the design of these ranks ({d.describe()})")
-        if d is not None and adaptive is not None and coerce_adaptive(adaptive) != d.adaptive:
-            raise ValueError(f"adaptive: contradicts the design of these ranks ({d.describe()})")
-        return _estimate(metric, sampled_ranks, method, weights=weights)
-    if isinstance(sampling, str) and sampling.lower() == "popularity":
-        raise ValueError("sampled_ranks: bare ranks (or a histogram) cannot carry what popularity-sampled ranks "
-                         "need, each positive's beating draws' 1/q~; pass the SampledRanks of the draw")
-    law = check_law("binomial" if sampling is None else sampling)
-    if isinstance(adaptive, SamplingDesign) and adaptive.adaptive_max is None:
-        raise ValueError("adaptive: the design is not adaptive (no adaptive_max)")
-    ad = coerce_adaptive(adaptive)
-    if ad is not None and law != "binomial":
-        raise ValueError("sampling: adaptive sampling draws with replacement (binomial law)")
-    if isinstance(sampled_ranks, RankHistogram):
-        m0 = int(sampled_ranks.n_samples.min()) if sampled_ranks.n_groups else 1
-        design = (SamplingDesign(ad.n_samples, adaptive_max=ad.adaptive_max) if ad is not None
-                  else None if law == "binomial" else SamplingDesign(m0, replacement=False))
-        return _estimate(metric, sampled_ranks.with_design(design), method, weights=weights)
-    if n_items is None or n_samples is None:
-        missing = "n_items" if n_items is None else "n_samples"
-        raise ValueError(f"{missing}: required (None given); n_items and n_samples are required unless "
-                         "sampled_ranks is a RankHistogram")
-    sample = SampledRanks.from_arrays(sampled_ranks, n_items, n_samples)
-    if ad is not None:
-        design = SamplingDesign(ad.n_samples, adaptive_max=ad.adaptive_max)
-    elif law != "binomial":
-        design = SamplingDesign(sample.design.n_samples, replacement=False)  # type: ignore[union-attr]
-    else:
-        design = None
-    if design is not None:
-        sample = SampledRanks.from_arrays(sampled_ranks, n_items, n_samples, design)
-    return _estimate(metric, sample, method, weights=weights)

@@ -490,7 +490,7 @@ class SampledRanks:
         from ._checks import check_rank_values, check_sizes
 
         r = check_rank_values(ranks, "sampled_ranks", whole=True, padding=True)
-        n = check_sizes(n_items, "n_items", 0, like=r, like_name="sampled_ranks", device=r.device)
+        n = check_sizes(n_items, "n_items", 0, like=r, like_name="sampled_ranks", exact=True, device=r.device)
         if design is not None:
             design = as_design(design, name="design")
             if design.popularity is not None:
@@ -504,7 +504,7 @@ class SampledRanks:
                 raise ValueError("n_samples: an adaptive design needs each positive's final m (None given)")
             m: Any = None
         else:
-            m = check_sizes(n_samples, "n_samples", 0, like=r, like_name="sampled_ranks", device=r.device,
+            m = check_sizes(n_samples, "n_samples", 0, like=r, like_name="sampled_ranks", exact=True, device=r.device,
                             maximum=MAX_SAMPLES)
         if design is None:
             first = m if isinstance(m, int) else int(m.max()) if m.numel() else 1

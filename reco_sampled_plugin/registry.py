@@ -623,5 +623,6 @@ def popularity_auto(metric: Any, design: Any = None) -> str:
                      + (f"; use one of {others}" if others else ""))
 
 #: The default where a correction table is needed (one value per sampled rank, so not a fitted method): RecBole's
-#: ``Corrected*`` (``rsp_estimators``), ``reco-sampled table``, :func:`~reco_sampled_plugin.uncertainty.corrected_metric`.
+#: ``Corrected*`` (``rsp_estimators``), ``reco-sampled table``,
+#: :func:`~reco_sampled_plugin.uncertainty.paired_difference`.
 DEFAULT_CORRECTION = "bv"

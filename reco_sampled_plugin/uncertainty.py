@@ -1,14 +1,10 @@
-"""Corrected metrics with standard errors, and paired comparisons of two recommenders.
+"""Paired comparisons of two recommenders on the same instances.
 
-A corrected metric is the mean of a correction table M^ (corrections.py) looked up at the sampled
-ranks r~ in 1..m+1 of the evaluated relevant items; its standard error is the sample standard
-deviation over those instances / sqrt(#instances). Candidate counts n may differ per instance
-(catalogue minus each user's training items): by default every distinct n gets its own exact table
-(cached), so the lookup is exact, not grouped. With ``max_rel_n_spread=s`` tables are built only on a
-geometric grid of n (consecutive nodes within a factor 1 + s) and each instance uses the table
-interpolated linearly in 1/(n - 1) between its two neighbouring nodes: far fewer tables, with the
-error measured in docs/corrections.md (s = 0.1: below 1e-4 relative on ml-100k). Tables are applied
-on the device of the ranks.
+:func:`paired_difference` looks the correction table M^ (corrections.py) up at each instance's sampled ranks r~ in
+1..m+1 under both recommenders and averages the differences; its standard error is the sample standard deviation
+of the differences / sqrt(#instances). Candidate counts n may differ per instance (catalogue minus each user's
+training items): every distinct n gets its own exact table (cached). Tables are applied on the device of the
+ranks. A corrected metric of one recommender is ``estimate(metric, sample, method)`` (``estimators.py``).
 """
 
 from __future__ import annotations
@@ -18,12 +14,10 @@ import math
 from statistics import NormalDist
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from ._checks import MAX_SAMPLES, check_rank_values, check_sampled_support, check_size, check_sizes
-from ._rank_hist import check_spread
-from .corrections import table_numpy, check_gamma, check_method, n_interpolation, tables_for_counts
+from .corrections import check_gamma, check_method, tables_for_counts
 from ._estimate import Estimate, range_flags
 from .metric_names import parse_metric
 from .metrics import metric_bounds
@@ -34,7 +28,7 @@ if TYPE_CHECKING:
     from .priors import PriorLike
     from ._types import TensorLike
 
-__all__ = ["corrected_values", "corrected_metric", "paired_difference"]
+__all__ = ["paired_difference"]
 
 
 def _check_sampled(sampled_ranks: Any, m: int) -> torch.Tensor:
@@ -68,95 +62,15 @@ def _bounds(spec: MetricSpec, n_items: int | TensorLike) -> tuple[float, float]:
     return metric_bounds(spec, torch.as_tensor(n_items).detach().cpu().reshape(-1).numpy())
 
 
-def corrected_values(
-    metric: str | MetricSpec,
-    sampled_ranks: TensorLike,
-    n_items: int | TensorLike,
-    n_samples: int,
-    method: str = "bv",
-    gamma: float = 0.1,
-    sampling: str = "binomial",
-    prior: PriorLike = None,
-    *,
-    rounding: str = "floor",
-    max_rel_n_spread: float | None = None,
-) -> torch.Tensor:
-    """Per-instance corrected values M^[r~] (float64, shape of ``sampled_ranks``, on its device).
-
-    ``n_items`` is an int or a tensor of per-instance candidate counts broadcastable to the ranks.
-    ``max_rel_n_spread``: None (a table per distinct n, exact) or s > 0 (tables on a geometric grid of n,
-    interpolated in 1/(n - 1); see the module docstring).
-    """
-    m = check_size(n_samples, "n_samples", 1, MAX_SAMPLES)
-    r = _check_sampled(sampled_ranks, m)
+def _table_values(metric: str | MetricSpec, r: torch.Tensor, n_items: int | TensorLike, m: int, method: str,
+                  gamma: float, sampling: str, prior: PriorLike, rounding: str) -> torch.Tensor:
+    """The correction table M^ of each instance's n looked up at its sampled rank (float64, on the device of ``r``):
+    one exact table per distinct n (``corrections.tables_for_counts``, cached)."""
     n = check_sizes(n_items, "n_items", 2, like=r, like_name="sampled_ranks", exact=True, device=r.device)
     n = torch.broadcast_to(torch.as_tensor(n, dtype=torch.int64, device=r.device), r.shape)
     check_sampled_support(r, n, m, check_law(sampling))  # as estimate(): an r~ the design cannot produce is refused
-    spread = check_spread(max_rel_n_spread)
-    if r.numel() == 0:  # an empty batch (the end of a loop): no values; the settings are still checked
-        parse_metric(metric), check_method(method), check_gamma(gamma), check_law(sampling)
-        return torch.empty(r.shape, dtype=torch.float64, device=r.device)
-    if spread is not None and n.numel():
-        grid, j_np, t_np = n_interpolation(n.reshape(-1), spread)
-        rows = [table_numpy(metric, int(v), m, method, gamma, sampling, prior, rounding) for v in grid.tolist()]
-        tables = torch.from_numpy(np.stack(rows)).to(r.device)
-        j = torch.from_numpy(j_np).to(r.device)
-        t = torch.from_numpy(t_np).to(r.device)
-        idx = r.reshape(-1) - 1
-        hi = torch.clamp(j + 1, max=len(grid) - 1)
-        vals = (1.0 - t) * tables[j, idx] + t * tables[hi, idx]
-        return vals.reshape(r.shape)
     tables, inverse = tables_for_counts(metric, n.reshape(-1), m, method, gamma, sampling, prior, rounding)
-    tables = tables.to(r.device)
-    inverse = inverse.to(r.device)
-    return tables[inverse, r.reshape(-1) - 1].reshape(r.shape)
-
-
-def corrected_metric(
-    metric: str | MetricSpec,
-    sampled_ranks: TensorLike,
-    n_items: int | TensorLike,
-    n_samples: int,
-    method: str = "bv",
-    gamma: float = 0.1,
-    sampling: str = "binomial",
-    prior: PriorLike = None,
-    *,
-    rounding: str = "floor",
-    max_rel_n_spread: float | None = None,
-) -> Estimate:
-    """Corrected sampled metric (Krichene & Rendle section 5) with its standard error.
-
-    Args:
-        metric: metric name, e.g. ``"ndcg@10"``, ``"recall@10"``, ``"ap"``, ``"auc"``.
-        sampled_ranks: 1-based ranks r~ in 1..m+1, one per relevant item (any shape, any device).
-        n_items: n, candidates per instance (int, or per-instance tensor: honoured exactly).
-        n_samples: m, sampled irrelevant items per relevant item.
-        method, gamma, sampling, prior, rounding: as :func:`~reco_sampled_plugin.corrections.correction_table`.
-        max_rel_n_spread: None (exact table per distinct n) or s > 0: tables on a geometric grid of n with
-            consecutive nodes within a factor 1 + s, interpolated in 1/(n - 1) (module docstring).
-
-    Returns:
-        :class:`Estimate` (value, stderr over instances, n_instances, details with the settings); a single
-        instance gives stderr inf and the flag ``few_instances``. Its intervals lie inside the metric's range.
-    """
-    spec = parse_metric(metric)
-    values = corrected_values(
-        spec, sampled_ranks, n_items, n_samples, method, gamma, sampling, prior, rounding=rounding,
-        max_rel_n_spread=max_rel_n_spread,
-    )
-    if values.numel() == 0:
-        raise ValueError("sampled_ranks: empty, no instance to average (corrected_values gives per-instance values)")
-    details = {
-        "metric": str(spec),
-        "method": check_method(method),
-        "gamma": check_gamma(gamma),
-        "sampling": check_law(sampling),
-        "n_samples": int(n_samples),
-        "max_rel_n_spread": max_rel_n_spread,
-    }
-    est = _spread_measured(Estimate.from_values(values.detach().cpu(), details))
-    return _with_range(est, _bounds(spec, n_items))
+    return tables.to(r.device)[inverse.to(r.device), r.reshape(-1) - 1].reshape(r.shape)
 
 
 def paired_difference(
@@ -186,8 +100,11 @@ def paired_difference(
         raise ValueError(f"sampled_ranks_b: shape {tuple(b.shape)} differs from sampled_ranks_a {tuple(a.shape)}")
     if a.numel() == 0:
         raise ValueError("sampled_ranks_a: empty, no paired instance to compare")
-    va = corrected_values(metric, a, n_items, n_samples, method, gamma, sampling, prior, rounding=rounding)
-    vb = corrected_values(metric, b.to(a.device), n_items, n_samples, method, gamma, sampling, prior, rounding=rounding)
+    m = check_size(n_samples, "n_samples", 1, MAX_SAMPLES)
+    a, b = _check_sampled(a, m), _check_sampled(b.to(a.device), m)
+    check_method(method), check_gamma(gamma)
+    va = _table_values(metric, a, n_items, m, method, gamma, sampling, prior, rounding)
+    vb = _table_values(metric, b, n_items, m, method, gamma, sampling, prior, rounding)
     est = _spread_measured(Estimate.from_values((va - vb).detach().cpu()))
     lo, hi = _bounds(parse_metric(metric), n_items)
     est = _with_range(est, (lo - hi, hi - lo))  # a difference of two values in [lo, hi]: flagged outside it

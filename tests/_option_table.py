@@ -25,9 +25,9 @@ from reco_sampled_plugin.design import as_design
 from reco_sampled_plugin.mapping import dataset_beta, fit_beta, mapped_points, mapping, mapping_estimate, sampled_hit_rate_curve
 from reco_sampled_plugin.metrics import metric_curve
 from reco_sampled_plugin.priors import BetaPrior, VectorPrior, empirical_prior, fit_beta_prior
+from reco_sampled_plugin import registry
 from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
 from reco_sampled_plugin.sampling_laws import expected_sampled, log_sampled_rank_pmf, sampled_rank_pmf
-from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values
 
 #: Parameters that are data (tensors, arrays, priors, callables, designs), not options: another suite fuzzes them.
 DATA = {
@@ -160,7 +160,8 @@ def entries(tmp: str) -> list[Entry]:
     def recbole(**keys):
         return validate_config(_Config({**config, **keys}))
 
-    est = rsp.estimate("hit@3", sranks, 100, 10)
+    sample = rsp.SampledRanks.from_arrays(sranks, 100, 10)
+    est = rsp.estimate("hit@3", sample)
     fit = estimate_rank_distribution(sranks, 100, 10)
     out = [
         Entry("Estimate.interval", est.interval),
@@ -191,19 +192,18 @@ def entries(tmp: str) -> list[Entry]:
         Entry("expected_sampled", expected_sampled, ("ndcg@5", exact, 30, 5)),
         Entry("sampled_rank_pmf", sampled_rank_pmf, (exact, 30, 5)),
         Entry("log_sampled_rank_pmf", log_sampled_rank_pmf, (exact, 30, 5)),
-        Entry("estimate", rsp.estimate, ("hit@3", sranks, 100, 10)),
-        Entry("estimate[mle]", rsp.estimate, ("hit@3", sranks, 100, 10, "mle"), extra=est_extra),
-        Entry("estimate[bv]", rsp.estimate, ("hit@3", sranks, 100, 10, "bv"), {"gamma": 0.1},
-              extra={"gamma": "float?"}),
-        Entry("estimate[beta]", rsp.estimate, ("hit@3", sranks, 100, 10, "beta"), {"a": 1.0}, extra={"a": "float?"}),
+        Entry("SampledRanks.from_arrays", rsp.SampledRanks.from_arrays, (sranks, 100, 10), extra={"n_items": "size"}),
+        Entry("estimate", rsp.estimate, ("hit@3", sample), extra={"method": "str"}),
+        # the method objects: each option checked at construction (the common ones on every class)
+        Entry("Mle", registry.Mle, extra={**est_extra, "max_rel_n_spread": "float?"}),
+        Entry("Bv", registry.Bv, kwargs={"gamma": 0.1}, extra={"gamma": "float?", "max_rel_n_spread": "float?"}),
+        Entry("Beta", registry.Beta, kwargs={"a": 1.0}, extra={"a": "float?"}),
         Entry("explain_flags", rsp.explain_flags, (("few_instances",),),
               skip={"n_samples": "a description such as '100..3200' is a valid n_samples there"}),
         Entry("correction_table", correction_table, ("ndcg@5", 100, 10), extra={"n_items": "size",
                                                                                       "n_samples": "size"}),
         Entry("expected_corrected", expected_corrected, ("ndcg@5", exact, 100, 10)),
         Entry("table_bias", table_bias, (torch.zeros(11), "ndcg@5", 100, 10)),
-        Entry("corrected_metric", corrected_metric, ("ndcg@5", sranks, 100, 10)),
-        Entry("corrected_values", corrected_values, ("ndcg@5", sranks, 100, 10)),
         Entry("mapping", mapping, (3, 100, 10), extra={"n_items": "size", "n_samples": "size"}),
         Entry("mapping[beta]", mapping, (3, 100, 10, "beta"), {"a": 1.0}),
         Entry("fit_beta", fit_beta, (sranks, 100, 10)),
@@ -224,7 +224,7 @@ def entries(tmp: str) -> list[Entry]:
               {"metrics": ["ndcg"], "k": 3}),
         Entry("evaluate_factors[sampled]", rsp.evaluate_factors, (x_train, x_test, torch.rand(20, 3, generator=g),
                                                                     torch.rand(30, 3, generator=g)),
-              {"metrics": ["ndcg"], "k": 3, "n_samples": 5, "method": "bv"},
+              {"metrics": ["ndcg"], "k": 3, "n_samples": 5, "method": registry.Bv(gamma=0.1)},
               skip={"k": "the exact entry covers it"}),
         Entry("ordering_agreement", ordering_agreement, (ranks_by_model, 200, 10),
               {"repeats": 2, "metrics": ["ndcg@5"], "methods": ["none"]}),

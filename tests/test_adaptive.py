@@ -133,33 +133,57 @@ def test_estimate_adaptive_checks_and_cost():
     drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 20_000, 100, 3200,
                                               generator=torch.Generator().manual_seed(1))
     ranks, sizes = drawn.ranks, drawn.n_samples
-    est = rsp.estimate("ndcg@10", ranks, 20_000, sizes, adaptive=(100, 3200), n_bootstrap=0)
+    est = rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(ranks, 20_000, sizes, rsp.SamplingDesign(100, adaptive_max=3200)),
+        rsp.registry.Auto(n_bootstrap=0),
+    )
     cost = est.details["adaptive"]
     assert cost["mean_samples"] == pytest.approx(float(sizes.double().mean()))
     assert cost["max_samples"] == int(sizes.max()) and cost["cap"] == 3200 and cost["start"] == 100
     assert cost["share_first_at_cap"] == pytest.approx(float(((sizes == 3200) & (ranks == 1)).double().mean()))
     assert "cap_reached" in est.flags and "top_unresolved" in est.flags  # NDCG still depends on the cap's bin
     # the same fit as without the declaration: the stopping rule leaves the likelihood unchanged
-    plain = rsp.estimate("ndcg@10", ranks, 20_000, sizes, n_bootstrap=0)
+    plain = rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(ranks, 20_000, sizes),
+        rsp.registry.Auto(n_bootstrap=0),
+    )
     assert est.value == plain.value
     with pytest.raises(ValueError, match="fixed m"):
-        rsp.estimate("hit@10", ranks, 20_000, sizes, method="bv", adaptive=(100, 3200))
+        rsp.estimate(
+            "hit@10",
+            rsp.SampledRanks.from_arrays(ranks, 20_000, sizes, rsp.SamplingDesign(100, adaptive_max=3200)),
+            "bv",
+        )
     with pytest.raises(ValueError, match="binomial"):
-        rsp.estimate("hit@10", ranks, 20_000, sizes, sampling="hypergeometric", adaptive=(100, 3200))
+        rsp.SamplingDesign(100, replacement=False, adaptive_max=3200)
     with pytest.raises(ValueError, match="not a stage"):
-        rsp.estimate("hit@10", ranks, 20_000, sizes, adaptive=(100, 1600))
+        rsp.estimate(
+            "hit@10",
+            rsp.SampledRanks.from_arrays(ranks, 20_000, sizes, rsp.SamplingDesign(100, adaptive_max=1600)),
+        )
     with pytest.raises(ValueError, match="stopped below the cap"):  # a fixed-m design declared adaptive
-        rsp.estimate("hit@10", torch.tensor([1, 2, 3]), 20_000, 100, adaptive=(100, 3200))
-    with pytest.raises(ValueError, match="adaptive"):
-        rsp.estimate("hit@10", ranks, 20_000, sizes, adaptive="yes")
+        rsp.estimate(
+            "hit@10",
+            rsp.SampledRanks.from_arrays(torch.tensor([1, 2, 3]), 20_000, 100,
+                                         rsp.SamplingDesign(100, adaptive_max=3200)),
+        )
     with pytest.raises(ValueError, match="n_samples"):  # negative sizes
-        rsp.estimate("hit@10", torch.tensor([2, 3]), 20_000, torch.tensor([-100, 100]), adaptive=(100, 3200))
+        rsp.estimate(
+            "hit@10",
+            rsp.SampledRanks.from_arrays(torch.tensor([2, 3]), 20_000, torch.tensor([-100, 100]),
+                                         rsp.SamplingDesign(100, adaptive_max=3200)),
+        )
     with pytest.raises(ValueError, match="n_samples"):
         adaptive_sampled_ranks_from_exact(torch.tensor([3, 4]), 100, -2, 16)
     with pytest.raises(ValueError, match="adaptive_max"):
         rsp.adaptive_sampled_ranks(torch.randn(2, 50), torch.tensor([[1], [2]]), 8, 4)
     with pytest.raises(ValueError, match="adaptive_max"):
-        rsp.estimate("hit@10", ranks, 20_000, sizes, adaptive=(100, 50))
+        rsp.estimate(
+            "hit@10",
+            rsp.SampledRanks.from_arrays(ranks, 20_000, sizes, rsp.SamplingDesign(100, adaptive_max=50)),
+        )
 
 
 def test_adaptive_identified_interval_covers_truth():
@@ -176,7 +200,11 @@ def test_adaptive_identified_interval_covers_truth():
         ranks, sizes = drawn.ranks, drawn.n_samples
         for metric in hits:
             truth = float(rsp.metric_values(metric, torch.as_tensor(exact), n).mean())
-            est = rsp.estimate(metric, ranks, n, sizes, adaptive=(100, 3200), n_bootstrap=0)
+            est = rsp.estimate(
+                metric,
+                rsp.SampledRanks.from_arrays(ranks, n, sizes, rsp.SamplingDesign(100, adaptive_max=3200)),
+                rsp.registry.Auto(n_bootstrap=0),
+            )
             assert est.identification is not None
             ident = est.identification.interval(0.95)
             assert "several_m" not in ident.flags and "identification_failed" not in ident.flags
@@ -192,10 +220,15 @@ def test_adaptive_identified_interval_covers_truth():
     drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), n, 100, 3200,
                                               generator=torch.Generator().manual_seed(0))
     ranks, sizes = drawn.ranks, drawn.n_samples
-    lo_f, hi_f = rsp.estimate("ndcg@10", fixed, n, 100, n_bootstrap=0).interval(0.95)
+    lo_f, hi_f = rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(fixed, n, 100),
+                              rsp.registry.Auto(n_bootstrap=0)).interval(0.95)
     assert np.median(widths[0::2]) < 0.75 * (hi_f - lo_f)
-    hr_fixed = rsp.estimate("hit@10", fixed, n, 100, n_bootstrap=0)
-    hr_adaptive = rsp.estimate("hit@10", ranks, n, sizes, adaptive=(100, 3200), n_bootstrap=0)
+    hr_fixed = rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(fixed, n, 100), rsp.registry.Auto(n_bootstrap=0))
+    hr_adaptive = rsp.estimate(
+        "hit@10",
+        rsp.SampledRanks.from_arrays(ranks, n, sizes, rsp.SamplingDesign(100, adaptive_max=3200)),
+        rsp.registry.Auto(n_bootstrap=0),
+    )
     assert hr_adaptive.identification is None and "top_unresolved" not in hr_adaptive.flags
     w_f = np.subtract(*hr_fixed.interval()[::-1])
     w_a = np.subtract(*hr_adaptive.interval()[::-1])

@@ -55,23 +55,23 @@ def test_auto_runs_gmod_where_the_cut_off_is_resolved(m, metric, chosen):
 def test_auto_runs_gmod_on_adaptive_designs_and_takes_fit_options_only():
     exact = _exact(1)
     sampled = adaptive_sampled_ranks_from_exact(exact, N, 100, 3200, generator=torch.Generator().manual_seed(2))
-    est = rsp.estimate("hit@10", sampled, n_bootstrap=4, seed=3)
+    est = rsp.estimate("hit@10", sampled, rsp.registry.Auto(n_bootstrap=4, seed=3))
     assert est.details["auto"] == {"method": "gmod", "reason": "adaptive design"}
-    same = rsp.estimate("hit@10", sampled, method="gmod", n_bootstrap=4, seed=3)
+    same = rsp.estimate("hit@10", sampled, rsp.registry.Gmod(n_bootstrap=4, seed=3))
     assert est.value == same.value and est.stderr == same.stderr
     assert "adaptive" in est.details  # the adaptive cost is reported as for gmod itself
     with pytest.raises(ValueError, match="lam"):
-        rsp.estimate("hit@10", sampled, lam=0.1)  # an option of one choice only: name the method
+        rsp.estimate("hit@10", sampled, rsp.registry.Auto(lam=0.1))  # an option of one choice only: name the method
     with pytest.raises(ValueError, match="method"):
-        rsp.estimate("hit@10", _fixed(100), method="auto", gamma=0.2)
+        rsp.estimate("hit@10", _fixed(100), rsp.registry.Auto(gamma=0.2))
 
 
 def test_auto_on_bare_ranks_and_histograms_matches_the_sampled_ranks_path():
     sampled = _fixed(500, seed=5)
-    via_object = rsp.estimate("hit@10", sampled, n_bootstrap=0)
-    bare = rsp.estimate("hit@10", sampled.ranks, N, 500, n_bootstrap=0)
+    via_object = rsp.estimate("hit@10", sampled, rsp.registry.Auto(n_bootstrap=0))
+    bare = rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(sampled.ranks, N, 500), rsp.registry.Auto(n_bootstrap=0))
     hist = rsp.sampled_rank_histogram(sampled.ranks, N, 500)
-    via_hist = rsp.estimate("hit@10", hist, n_bootstrap=0)
+    via_hist = rsp.estimate("hit@10", hist, rsp.registry.Auto(n_bootstrap=0))
     assert via_object.value == bare.value == via_hist.value
     assert bare.details["auto"]["method"] == "gmod"
 
@@ -89,11 +89,11 @@ def test_auto_under_popularity_runs_hh_for_auc_and_pl_fit_otherwise():
         assert auto.value == direct.value and auto.stderr == direct.stderr and auto.flags == direct.flags
         assert auto.interval(0.95) == direct.interval(0.95)
     # auto's fit options are validated as auto's and reported where its choice takes none
-    got = rsp.estimate("auc", sampled, n_bootstrap=4)
+    got = rsp.estimate("auc", sampled, rsp.registry.Auto(n_bootstrap=4))
     assert got.value == rsp.estimate("auc", sampled, method="hh").value
     assert got.details["auto"]["options_unused"] == ["n_bootstrap"]
     with pytest.raises(ValueError, match="^n_bootstrap: "):
-        rsp.estimate("auc", sampled, n_bootstrap=-1)
+        rsp.estimate("auc", sampled, rsp.registry.Auto(n_bootstrap=-1))
 
 
 def test_auto_refuses_designs_its_choices_cannot_read():

@@ -39,7 +39,6 @@ from reco_sampled_plugin.mapping import fit_beta, mapping
 from reco_sampled_plugin.metrics import metric_curve
 from reco_sampled_plugin.priors import BetaPrior, CallablePrior, UniformPrior, VectorPrior, empirical_prior, fit_beta_prior
 from reco_sampled_plugin.sampling_laws import expected_sampled, sampled_rank_pmf
-from reco_sampled_plugin.uncertainty import corrected_metric
 from reco_sampled_plugin import planner
 from reco_sampled_plugin._checks import MAX_ELEMENTS
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
@@ -114,8 +113,9 @@ def _value_error_naming(call, *names: str) -> str:
 # ----------------------------------------------------------------------- class 2: huge n under the memory cap
 HUGE_CALLS = {
     # cheap answers (closed form / quadrature): a finite value in range
-    "interval_ndcg": "e = rsp.estimate('ndcg@10', [1, 2, 3, 1], n_items=2**40, n_samples=100); out = list(e.interval())",
-    "interval_mle": "e = rsp.estimate('recall@10', [1, 2, 3, 1] * 20, n_items=2**40, n_samples=100, method='mle');"
+    "interval_ndcg": "e = rsp.estimate('ndcg@10', rsp.SampledRanks.from_arrays([1, 2, 3, 1], 2**40, 100));"
+                     " out = list(e.interval())",
+    "interval_mle": "e = rsp.estimate('recall@10', rsp.SampledRanks.from_arrays([1, 2, 3, 1] * 20, 2**40, 100), 'mle');"
                     " out = list(e.interval())",
     "identified_mixed_n": "r = rsp.identified_interval('ap', [1, 2, 3, 1], n_items=[2**40, 2**39, 2**40 - 5, 10**6],"
                           " n_samples=100); out = [r.lo, r.hi]",
@@ -136,8 +136,9 @@ HUGE_CALLS = {
                            " sampling='hypergeometric')",
 }
 HUGE_CALLS["every_estimator"] = (
-    "out = {m: [rsp.estimate('ndcg@10', [1, 2, 3, 1], n_items=2**40, n_samples=100, method=m,"
-    " **({'a': 1.0} if m == 'beta' else {})).value] for m in rsp.registry.names(metric='ndcg@10')}"
+    "out = {m: [rsp.estimate('ndcg@10', rsp.SampledRanks.from_arrays([1, 2, 3, 1], 2**40, 100),"
+    " rsp.registry.method_class(m)(**({'a': 1.0} if m == 'beta' else {}))).value]"
+    " for m in rsp.registry.names(metric='ndcg@10')}"
 )
 REFUSED = {"metric_curve", "empirical_prior", "uniform_weights", "beta_weights", "callable_weights",
            "distribution_prior", "hypergeometric_draw"}
@@ -212,7 +213,7 @@ def test_correction_system_bounded():
     with memory_cap():
         msg = _value_error_naming(
             lambda: correction_table("ndcg@10", n, 100, "bv", prior=np.full(n, 1.0 / n)), "n_samples")
-        est = rsp.estimate("ndcg@10", [1, 2, 3, 50, 7], n, 100, method="bv_mle")
+        est = rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays([1, 2, 3, 50, 7], n, 100), "bv_mle")
     assert "MAX_ELEMENTS" in msg
     assert math.isfinite(est.value) and -1e-9 <= est.value <= 1.0  # bv may leave the range by rounding (flagged)
 
@@ -223,12 +224,15 @@ def test_histograms_bounded():
     ones = torch.ones(1000, dtype=torch.int64)
     with memory_cap():
         _value_error_naming(lambda: rsp.sampled_rank_histogram(ones, HUGE, 2**24 - torch.arange(1000)), "n_samples")
-        _value_error_naming(lambda: rsp.estimate("ndcg@10", ones, HUGE - torch.arange(1000), 2**20), "n_samples")
+        _value_error_naming(lambda: rsp.estimate(
+            "ndcg@10",
+            rsp.SampledRanks.from_arrays(ones, HUGE - torch.arange(1000), 2**20),
+        ), "n_samples")
         metric = SampledRankingMetrics(["ndcg@10"], n_samples=2**24)
         _value_error_naming(lambda: metric.update(torch.rand(2, 100), [[0], [1]],
                                                   exclude=torch.arange(2, 60).repeat(2, 1)), "n_samples")
         hist = rsp.sampled_rank_histogram(ones[:3], HUGE, 2**24)
-        est = rsp.estimate("ndcg@10", ones, HUGE - torch.arange(1000), 100)
+        est = rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(ones, HUGE - torch.arange(1000), 100))
     assert hist.n_groups == 1 and hist.total == 3
     assert math.isfinite(est.value)
 
@@ -445,7 +449,11 @@ def test_prior_summing_to_zero(n, capfd):
     zero = lambda r, k: 0.0 * r  # noqa: E731
     for prior in (zero, CallablePrior(zero)):
         _value_error_naming(lambda: correction_table("ndcg@10", n, 10, "bv", prior=prior), "prior")
-        _value_error_naming(lambda: corrected_metric("ndcg@10", [1, 2], n, 10, "bv", prior=prior), "prior")
+        _value_error_naming(lambda: rsp.estimate(
+            "ndcg@10",
+            rsp.SampledRanks.from_arrays([1, 2], n, 10),
+            rsp.registry.Bv(prior=prior),
+        ), "prior")
     assert capfd.readouterr().err == ""  # no LAPACK message on stderr
 
 

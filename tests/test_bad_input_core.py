@@ -16,7 +16,6 @@ from reco_sampled_plugin.corrections import correction_table, expected_corrected
 from reco_sampled_plugin.metrics import metric_curve
 from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
 from reco_sampled_plugin.sampling_laws import expected_sampled, sampled_rank_pmf
-from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values
 from reco_sampled_plugin.user_metrics import user_metric_values
 from reco_sampled_plugin._checks import MAX_SIZE, MAX_TOTAL_WEIGHT, check_rank_values, check_sizes, check_weights
 
@@ -97,8 +96,6 @@ def test_empty_rank_vectors_give_empty_values():
     for out in (
         rsp.metric_values("ndcg@10", empty, 20),
         expected_sampled("ndcg@10", empty, 20, 10),
-        corrected_values("ndcg@10", empty, 20, 10),
-        corrected_values("ndcg@10", empty, torch.zeros(0, dtype=L), 10),
         expected_corrected("ndcg@10", empty, 20, 10),
     ):
         assert out.shape == (0,) and out.dtype == torch.float64
@@ -110,14 +107,14 @@ def test_empty_rank_vectors_give_empty_values():
 
 def test_empty_batch_still_checks_the_settings():
     with pytest.raises(ValueError, match="method"):
-        corrected_values("ndcg@10", torch.zeros(0, dtype=L), 20, 10, method="nope")
+        rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(torch.zeros(0, dtype=L), 20, 10), "nope")
     with pytest.raises(ValueError, match="n_items"):
-        corrected_values("ndcg@10", torch.zeros(0, dtype=L), float("nan"), 10)
+        rsp.SampledRanks.from_arrays(torch.zeros(0, dtype=L), float("nan"), 10)
 
 
-def test_corrected_metric_of_nothing_names_sampled_ranks():
+def test_estimate_of_nothing_names_sampled_ranks():
     with pytest.raises(ValueError, match="sampled_ranks"):
-        corrected_metric("ndcg@10", torch.zeros(0, dtype=L), 20, 10)
+        rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(torch.zeros(0, dtype=L), 20, 10), "bv")
 
 
 # ----------------------------------------------------------------------------------------------- sizes
@@ -158,12 +155,11 @@ def test_metric_curve_bad_n_items(n_items):
     [
         lambda n: expected_sampled("hit@10", torch.tensor([1, 2]), n, 10),
         lambda n: sampled_rank_pmf(torch.tensor([1, 2]), n, 10),
-        lambda n: corrected_values("hit@10", torch.tensor([1, 2]), n, 10),
         lambda n: expected_corrected("hit@10", torch.tensor([1, 2]), n, 10),
         lambda n: rsp.draw_sampled_ranks(torch.tensor([1, 2]), n, 10),
         lambda n: rsp.simulate_sampled_ranks(torch.tensor([1, 2]), n, 10),
         lambda n: rsp.sampled_rank_histogram(torch.tensor([1, 2]), n, 10),
-        lambda n: rsp.estimate("hit@10", torch.tensor([1, 2]), n, 10),
+        lambda n: rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(torch.tensor([1, 2]), n, 10)),
         lambda n: adaptive_sampled_ranks_from_exact(torch.tensor([1, 2]), n, 2, 8),
         lambda n: correction_table("hit@10", n, 10),
     ],
@@ -183,8 +179,7 @@ def test_expected_sampled_nan_n_is_an_error_not_nan():
     "fn",
     [
         lambda n: expected_sampled("hit@10", torch.tensor([1, 2, 3]), n, 10),
-        lambda n: corrected_metric("hit@10", torch.tensor([1, 2, 3]), n, 10),
-        lambda n: corrected_values("hit@10", torch.tensor([1, 2, 3]), n, 10),
+        lambda n: rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(torch.tensor([1, 2, 3]), n, 10), "bv"),
         lambda n: expected_corrected("hit@10", torch.tensor([1, 2, 3]), n, 10),
         lambda n: rsp.draw_sampled_ranks(torch.tensor([1, 2, 3]), n, 10),
         lambda n: rsp.sampled_rank_histogram(torch.tensor([1, 2, 3]), n, 10),
@@ -196,11 +191,12 @@ def test_n_items_of_the_wrong_shape(fn):
         fn(torch.tensor([100, 100]))
 
 
-def test_corrected_values_n_must_broadcast_to_the_ranks():
+def test_n_must_broadcast_to_the_ranks():
     with pytest.raises(ValueError, match="n_items: shape"):
-        corrected_values("hit@1", torch.tensor(1), torch.tensor([100, 200]), 10)
-    v = corrected_values("hit@1", torch.tensor([1, 1]), torch.tensor([100.0, 100.0]), 10, method="none")
-    assert torch.equal(v, torch.ones(2, dtype=torch.float64))
+        rsp.SampledRanks.from_arrays(torch.tensor(1), torch.tensor([100, 200]), 10)
+    v = rsp.estimate("hit@1", rsp.SampledRanks.from_arrays(torch.tensor([1, 1]), torch.tensor([100.0, 100.0]), 10),
+                     "none")
+    assert v.value == 1.0 and v.n_instances == 2
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), 2.5, True, 0])
@@ -238,13 +234,11 @@ def test_correction_table_whole_float_n_is_that_n():
 @pytest.mark.parametrize("ranks", [torch.tensor([True, True]), [True, True], torch.tensor([1 + 0j, 2 + 0j])])
 def test_estimate_refuses_bool_and_complex_ranks(ranks):
     with pytest.raises(ValueError, match="sampled_ranks"):
-        rsp.estimate("hit@10", ranks, 100, 10)
+        rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(ranks, 100, 10))
     with pytest.raises(ValueError, match="sampled_ranks"):
         rsp.sampled_rank_histogram(ranks, 100, 10)
     with pytest.raises(ValueError, match="sampled_ranks"):
         estimate_rank_distribution(ranks, 100, 10, n_bootstrap=0)
-    with pytest.raises(ValueError, match="sampled_ranks"):
-        corrected_values("hit@10", ranks, 100, 10)
 
 
 def test_nan_sampled_rank_is_an_error_not_padding():
@@ -347,7 +341,7 @@ def test_check_rank_values_keeps_dtype_and_names_the_argument():
 @pytest.mark.parametrize("method", ["mes", "bv", "linear"])
 def test_estimate_weights_whose_total_overflows(weights, method):
     with pytest.raises(ValueError, match="weights"):
-        rsp.estimate("hit@10", torch.tensor([1, 2]), 100, 10, method, weights=weights)
+        rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(torch.tensor([1, 2]), 100, 10), method, weights=weights)
 
 
 @pytest.mark.parametrize("weights", [[-1.0, 1.0], [float("nan"), 1.0], [float("inf"), 1.0], torch.tensor([True, False]),
@@ -360,8 +354,8 @@ def test_bad_weights(weights):
 def test_large_valid_weights_give_the_right_numbers():
     """Equal weights do not move the value; the standard error shrinks with the total (no overflow to 0)."""
     ranks = torch.tensor([1, 2, 3, 1, 5])
-    plain = rsp.estimate("hit@10", ranks, 100, 10, "bv")
-    heavy = rsp.estimate("hit@10", ranks, 100, 10, "bv", weights=[1e6] * 5)
+    plain = rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(ranks, 100, 10), "bv")
+    heavy = rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(ranks, 100, 10), "bv", weights=[1e6] * 5)
     assert heavy.value == pytest.approx(plain.value, rel=1e-12)
     assert 0.0 < heavy.stderr < plain.stderr and math.isfinite(heavy.stderr)
     # sd over sqrt(total - 1): the unweighted stderr scaled by sqrt((5 - 1) / (5e6 - 1))
@@ -428,7 +422,7 @@ def test_correction_table_m_limit_is_enforced_before_allocating():
     [
         lambda n: rsp.metric_values("auc", torch.tensor([2]), n),
         lambda n: expected_sampled("auc", torch.tensor([2]), n, 10),
-        lambda n: corrected_values("auc", torch.tensor([2]), n, 10),
+        lambda n: rsp.estimate("auc", rsp.SampledRanks.from_arrays(torch.tensor([2]), n, 10), "bv"),
         lambda n: rsp.sampled_rank_histogram(torch.tensor([2]), n, 10),
     ],
 )
@@ -481,10 +475,11 @@ def test_huge_sample_sizes_are_refused_before_allocating():
     with pytest.raises(ValueError, match="n_samples"):
         rsp.sampled_ranks(torch.randn(2, 50), torch.tensor([[1], [2]]), MAX_SAMPLES + 1)
     with pytest.raises(ValueError, match="n_samples"):
-        rsp.estimate("hit@10", torch.tensor([1, 2]), 100, 10**10)
+        rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(torch.tensor([1, 2]), 100, 10**10))
     with pytest.raises(ValueError, match="adaptive_max"):
         rsp.AdaptiveDesign(100, 10**12)
-    assert rsp.estimate("hit@10", torch.tensor([1, 2, 15]), 10**6, 20_000, method="none").value == pytest.approx(2 / 3)
+    wide = rsp.SampledRanks.from_arrays(torch.tensor([1, 2, 15]), 10**6, 20_000)
+    assert rsp.estimate("hit@10", wide, "none").value == pytest.approx(2 / 3)
 
 
 # --- one rule per kind of argument (issue 18): sizes accept whole numbers of any type, options only integers -----
@@ -494,7 +489,7 @@ def test_whole_float_sizes_are_accepted_for_n_and_m_alike():
     r = torch.tensor([1, 2, 5])
     for m in (10, 10.0, np.float64(10.0), np.int32(10), torch.tensor(10)):
         assert expected_sampled("ndcg@10", torch.tensor([3, 40]), 100.0, m).shape == (2,)
-        assert math.isfinite(corrected_metric("ndcg@10", r, 100.0, m).value)
+        assert math.isfinite(rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(r, 100.0, m), "bv").value)
         assert correction_table("ndcg@10", 100, m, "bv").shape == (11,)
         assert rsp.adaptive.AdaptiveDesign(m, 40.0).cap == 40
     for bad in (10.5, math.inf, math.nan, "10", True):
@@ -526,9 +521,10 @@ def test_integer_options_refuse_floats_bools_and_arrays():
     [
         (lambda meta: rsp.metric_values("ndcg@10", meta([1, 2]), 50), "ranks"),
         (lambda meta: rsp.metric_values("ndcg@10", torch.tensor([1, 2]), meta(50)), "n_items"),
-        (lambda meta: rsp.estimate("ndcg@10", meta([1, 2, 3]), 50, 10), "sampled_ranks"),
+        (lambda meta: rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(meta([1, 2, 3]), 50, 10)), "sampled_ranks"),
         (lambda meta: expected_sampled("ndcg@10", meta([1, 2, 3]), 50, 10), "ranks"),
-        (lambda meta: corrected_metric("ndcg@10", meta([1, 2, 3]), 50, 10), "sampled_ranks"),
+        (lambda meta: rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(meta([1, 2, 3]), 50, 10), "bv"),
+         "sampled_ranks"),
         (lambda meta: rsp.sampled_rank_histogram(meta([1, 2, 3]), 50, 10), "sampled_ranks"),
         (lambda meta: rsp.exact_ranks(meta([[0.1, 0.2]]).float(), torch.tensor([0])), "scores"),
         (lambda meta: rsp.exact_ranks(torch.rand(1, 5), meta([0])), "positives"),
@@ -569,5 +565,5 @@ def test_sampled_ranks_impossible_under_the_law_are_named():
     # has probability 0 under every rank distribution and the EM divided by it
     for method in ("mle", "mes"):
         with pytest.raises(ValueError, match=r"^sampled_ranks: r~ = 2 cannot occur with n_items = 2"):
-            rsp.estimate("ndcg", torch.tensor([2]), 2, 2, method=method)
-    assert math.isfinite(rsp.estimate("ndcg", torch.tensor([3, 1, 3]), 2, 2, method="mle").value)
+            rsp.estimate("ndcg", rsp.SampledRanks.from_arrays(torch.tensor([2]), 2, 2), method)
+    assert math.isfinite(rsp.estimate("ndcg", rsp.SampledRanks.from_arrays(torch.tensor([3, 1, 3]), 2, 2), "mle").value)

@@ -13,12 +13,12 @@ import pytest
 import torch
 
 import reco_sampled_plugin as rsp
-from reco_sampled_plugin import consistency_report, estimate, paired_difference, simulate_sampled_ranks
+from reco_sampled_plugin import consistency_report, estimate, paired_difference, SampledRanks, simulate_sampled_ranks
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.consistency import ordering_agreement
 from reco_sampled_plugin.mapping import fit_beta, mapping
 from reco_sampled_plugin.priors import BetaPrior
-from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values
+from reco_sampled_plugin.corrections import correction_table
 from reco_sampled_plugin._options import (
     check_bool,
     check_choice,
@@ -29,6 +29,7 @@ from reco_sampled_plugin._options import (
 )
 from reco_sampled_plugin.estimators import ESTIMATORS, METHOD_OPTIONS
 from reco_sampled_plugin.rank_distribution import estimate_rank_distribution, estimate_rank_distributions
+from reco_sampled_plugin import registry
 
 R2 = torch.tensor([1, 2])
 RANKS = torch.tensor([1, 2, 3, 5, 9, 11, 4, 2, 7, 1])
@@ -37,20 +38,20 @@ RANKS = torch.tensor([1, 2, 3, 5, 9, 11, 4, 2, 7, 1])
 # ------------------------------------------------------------------------------------------- options
 def test_unknown_option_is_named_with_the_allowed_ones():
     with pytest.raises(ValueError, match="^foo: ") as err:
-        estimate("hit@10", R2, 100, 10, method="mes", foo=1)
+        estimate("hit@10", SampledRanks.from_arrays(R2, 100, 10), registry.Mes(foo=1))
     assert "n_bootstrap" in str(err.value) and "lam" in str(err.value)  # the allowed options are listed
     with pytest.raises(ValueError, match="^foo: .*allowed options: n_bootstrap"):
-        estimate("hit@10", R2, 100, 10, method="mle", foo=1)
+        estimate("hit@10", SampledRanks.from_arrays(R2, 100, 10), registry.Mle(foo=1))
     with pytest.raises(ValueError, match="^foo: "):
-        estimate("hit@10", R2, 100, 10, method="bv_mle", foo=1)
+        estimate("hit@10", SampledRanks.from_arrays(R2, 100, 10), registry.BvMle(foo=1))
     for method in ("bound", "linear", "none", "bv", "ls"):  # methods that fit nothing
         with pytest.raises(ValueError, match=f"^n_bootstrap: method {method!r} does not use it"):
-            estimate("hit@10", R2, 100, 10, method=method, n_bootstrap=3)
+            estimate("hit@10", SampledRanks.from_arrays(R2, 100, 10), registry.method_class(method)(n_bootstrap=3))
     # an option of another method is not silently ignored either
     with pytest.raises(ValueError, match="^lam: "):
-        estimate("hit@10", R2, 100, 10, method="mle", lam=0.1)
+        estimate("hit@10", SampledRanks.from_arrays(R2, 100, 10), registry.Mle(lam=0.1))
     with pytest.raises(ValueError, match="^beta: "):
-        estimate("hit@10", R2, 100, 10, method="bv_mle", beta=1.0)
+        estimate("hit@10", SampledRanks.from_arrays(R2, 100, 10), registry.BvMle(beta=1.0))
 
 
 BAD_FIT_OPTIONS = [
@@ -68,7 +69,7 @@ BAD_FIT_OPTIONS = [
 def test_fit_options_are_validated_at_the_entry(method, name, value):
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match=f"^'?{name}'?: "):  # beta for mle: 'beta': unknown option of mle
-        estimate("hit@10", R2, 100, 10, method=method, **{name: value})
+        estimate("hit@10", SampledRanks.from_arrays(R2, 100, 10), registry.method_class(method)(**{name: value}))
     with pytest.raises(ValueError, match=f"^{name}: "):
         estimate_rank_distribution(R2, 100, 10, method=method, **{name: value})
     assert time.perf_counter() - t0 < 5  # refused before any fit (tol=nan used to run the fit to max_iter)
@@ -76,9 +77,9 @@ def test_fit_options_are_validated_at_the_entry(method, name, value):
 
 def test_lam_is_checked_and_only_for_mes():
     with pytest.raises(ValueError, match="^lam: "):
-        estimate("hit@10", R2, 100, 10, method="mes", lam=math.nan)
+        estimate("hit@10", SampledRanks.from_arrays(R2, 100, 10), registry.Mes(lam=math.nan))
     with pytest.raises(ValueError, match="^lam: "):
-        estimate("hit@10", R2, 100, 10, method="mes", lam=-1.0)
+        estimate("hit@10", SampledRanks.from_arrays(R2, 100, 10), registry.Mes(lam=-1.0))
     with pytest.raises(ValueError, match="^lam: only the 'mes'"):
         estimate_rank_distribution(R2, 100, 10, method="mle", lam=0.5)
     # valid options still work and give a real number
@@ -99,33 +100,26 @@ def test_batched_fits_validate_their_options():
 def test_gamma_must_be_a_finite_fraction(method):
     for gamma in (math.nan, -0.1, 1.5, math.inf, "0.1"):
         with pytest.raises(ValueError, match="^gamma: "):
-            estimate("hit@10", R2, 100, 10, method=method, gamma=gamma)
-    ok = estimate("hit@10", RANKS, 100, 10, method="bv", gamma=1.0)
+            estimate("hit@10", SampledRanks.from_arrays(R2, 100, 10), registry.method_class(method)(gamma=gamma))
+    ok = estimate("hit@10", SampledRanks.from_arrays(RANKS, 100, 10), registry.Bv(gamma=1.0))
     assert 0.0 <= ok.value <= 1.0 and ok.details["gamma"] == 1.0
 
 
-@pytest.mark.parametrize("method", ESTIMATORS)
-def test_unknown_sampling_law_is_refused_by_every_method(method):
-    with pytest.raises(ValueError, match="^sampling: unknown law 'xyz'"):
-        estimate("hit@10", R2, 100, 10, method=method, sampling="xyz")
-
-
-def test_mapping_with_an_unknown_law_no_longer_gives_a_number():
-    with pytest.raises(ValueError, match="sampling"):
-        estimate("hit@10", torch.tensor([1, 2]), 100, 10, method="bound", sampling="xyz")
-    # the same call with a valid law: the documented mapping value (both positives above f(k) of HR@10)
-    assert estimate("hit@10", torch.tensor([1, 2]), 100, 10, method="bound", sampling="binomial").value == 0.75
+def test_mapping_gives_the_documented_value():
+    # the documented mapping value (both positives above f(k) of HR@10)
+    assert estimate("hit@10", SampledRanks.from_arrays(torch.tensor([1, 2]), 100, 10), "bound").value == 0.75
 
 
 def test_rounding_is_validated():
     with pytest.raises(ValueError, match="^rounding: "):
-        estimate("hit@10", R2, 100, 10, method="rank_estimate", rounding="ceil")
+        estimate("hit@10", SampledRanks.from_arrays(R2, 100, 10), registry.RankEstimate(rounding="ceil"))
 
 
 def test_method_objects_check_their_options_without_data():
     from reco_sampled_plugin import registry
 
     assert registry.method_class("bv")(gamma=0.2).given() == {"gamma": 0.2}
+    assert registry.Bv(gamma=0.2).options() == {"gamma": 0.2, "prior": None}
     with pytest.raises(ValueError, match="^a: .*allowed options: gamma, prior"):
         registry.Bv(a=0.5)
     with pytest.raises(ValueError, match="^sampling: "):
@@ -155,7 +149,7 @@ def test_mapping_options():
     with pytest.raises(ValueError, match="^a: "):
         mapping(1, 100, 10, "beta", a="x")
     with pytest.raises(ValueError, match="^a: "):
-        estimate("hit@10", RANKS, 100, 10, method="beta_fit", a=math.nan)
+        estimate("hit@10", SampledRanks.from_arrays(RANKS, 100, 10), registry.BetaFit(a=math.nan))
     fit = fit_beta(RANKS, 100, 10, tol=1e-10, max_iter=200)
     assert fit.converged and 0 < fit.a < 10
 
@@ -197,21 +191,25 @@ def test_paired_difference_on_one_instance_is_not_certain():
     assert lo == -1.0 and hi == 1.0  # the range of a difference of two hit rates: no knowledge, not an infinity
     # two instances: a measured spread, a real probability
     d2 = paired_difference("hit@10", torch.tensor([1, 3]), torch.tensor([2, 9]), 100, 10)
-    va = corrected_values("hit@10", torch.tensor([1, 3]), 100, 10)
-    vb = corrected_values("hit@10", torch.tensor([2, 9]), 100, 10)
+    table = correction_table("hit@10", 100, 10, "bv")
+    va, vb = table[torch.tensor([1, 3]) - 1], table[torch.tensor([2, 9]) - 1]
     diff = (va - vb).numpy()
     assert d2.stderr == pytest.approx(diff.std(ddof=1) / math.sqrt(2), rel=1e-12)
     assert 0.5 < d2.details["prob_a_better"] < 1.0 and d2.flags == ()
 
 
 def test_corrected_metric_on_one_instance_is_flagged():
-    e = corrected_metric("ndcg@10", torch.tensor([3]), 100, 10)
+    e = rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(torch.tensor([3]), 100, 10), "bv")
     assert math.isinf(e.stderr) and e.n_instances == 1
     # bv's value at r~ = 3 is negative: flagged as estimate() flags it (issue 25: the range is known)
-    assert e.flags == ("few_instances", "outside_metric_range") == rsp.estimate("ndcg@10", [3], 100, 10, method="bv").flags
-    e2 = corrected_metric("ndcg@10", torch.tensor([3, 5]), 100, 10)
+    assert e.flags == ("few_instances", "outside_metric_range") == rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays([3], 100, 10),
+        "bv",
+    ).flags
+    e2 = rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(torch.tensor([3, 5]), 100, 10), "bv")
     assert math.isfinite(e2.stderr) and e2.stderr > 0 and "few_instances" not in e2.flags
-    assert e2.flags == rsp.estimate("ndcg@10", [3, 5], 100, 10, method="bv").flags
+    assert e2.flags == rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays([3, 5], 100, 10), "bv").flags
 
 
 TWO = {"a": torch.tensor([1, 5, 30, 2]), "b": torch.tensor([2, 3, 40, 9])}
@@ -465,23 +463,24 @@ def test_interaction_files_that_cannot_be_read_name_the_path(tmp_path):
      ("rank_estimate", "prior", BetaPrior(0.5) if hasattr(rsp, "BetaPrior") else "uniform")],
 )
 def test_an_option_the_method_does_not_use_is_named(method, option, value):
-    if value is None:  # None means "the default": always accepted
-        assert math.isfinite(estimate("hit@10", RANKS, 100, 10, method=method, **{option: value}).value)
-        return
     with pytest.raises(ValueError, match=f"^{option}: method {method!r} does not use it") as info:
-        estimate("hit@10", RANKS, 100, 10, method=method, **{option: value})
+        registry.method_class(method)(**{option: value})  # refused at construction, before any data
     users = [m for m, opts in METHOD_OPTIONS.items() if option in opts]
     assert users and all(m in str(info.value) for m in users)  # the message says which methods do take it
 
 
 def test_each_named_option_still_reaches_its_method():
-    base = estimate("ndcg@10", RANKS, 100, 10, method="bv").value
-    assert estimate("ndcg@10", RANKS, 100, 10, method="bv", gamma=0.1).value == base  # the default, explicit
-    assert estimate("ndcg@10", RANKS, 100, 10, method="bv", gamma=1.0).value != base
-    assert estimate("hit@10", RANKS, 100, 10, method="beta", a=3.0).value != estimate("hit@10", RANKS, 100, 10,
-                                                                                   method="beta", a=1.0).value
-    floor = estimate("ndcg@10", RANKS, 100, 10, method="rank_estimate").value
-    assert estimate("ndcg@10", RANKS, 100, 10, method="rank_estimate", rounding="linear").value != floor
+    base = estimate("ndcg@10", SampledRanks.from_arrays(RANKS, 100, 10), "bv").value
+    sample = SampledRanks.from_arrays(RANKS, 100, 10)
+    assert estimate("ndcg@10", sample, registry.Bv(gamma=0.1)).value == base  # the default, explicit
+    assert estimate("ndcg@10", SampledRanks.from_arrays(RANKS, 100, 10), registry.Bv(gamma=1.0)).value != base
+    assert estimate("hit@10", SampledRanks.from_arrays(RANKS, 100, 10), registry.Beta(a=3.0)).value != estimate(
+        "hit@10",
+        SampledRanks.from_arrays(RANKS, 100, 10),
+        registry.Beta(a=1.0),
+    ).value
+    floor = estimate("ndcg@10", SampledRanks.from_arrays(RANKS, 100, 10), "rank_estimate").value
+    assert estimate("ndcg@10", sample, registry.RankEstimate(rounding="linear")).value != floor
 
 
 @pytest.mark.parametrize(
@@ -541,13 +540,13 @@ def test_intervals_never_leave_the_metric_range():
     # found by the long fuzzing profile: evaluate_factors' summary reported lo < 0 for HR@3 (a Wald interval of a
     # small proportion); the estimate's interval is now clipped to the metric's range in every branch
     ranks = torch.tensor([1] + [30] * 39)  # one hit in 40: HR@10 near 0, identified (n = 50, m = 30: b < 10)
-    est = estimate("hit@10", ranks, 50, 30, method="none")
+    est = estimate("hit@10", SampledRanks.from_arrays(ranks, 50, 30), "none")
     assert est.identification is None and est.metric_range == (0.0, 1.0)
     lo, hi = est.interval(0.95)
     raw_lo, raw_hi = est.value - 1.959963984540054 * est.stderr, est.value + 1.959963984540054 * est.stderr
     assert raw_lo < 0.0 == lo and hi == pytest.approx(raw_hi)  # the raw interval left the range; the honest one not
     assert est.sampling_interval(0.95) == (lo, hi)  # the sampling interval is clipped too (issue 25)
-    few = estimate("hit@10", torch.tensor([1]), 50, 30, method="none")  # one instance: stderr inf
+    few = estimate("hit@10", SampledRanks.from_arrays(torch.tensor([1]), 50, 30), "none")  # one instance: stderr inf
     assert few.interval(0.95) == (0.0, 1.0)
     # an interval wholly below the range (around a negative bv value) clamps to (0, 0), never lo > hi
     from reco_sampled_plugin._estimate import Estimate

@@ -40,7 +40,6 @@ from reco_sampled_plugin.design import as_design
 from reco_sampled_plugin.mapping import fit_beta, mapping_estimate
 from reco_sampled_plugin.priors import Prior, UniformPrior, VectorPrior, empirical_prior, fit_beta_prior
 from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
-from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values
 from reco_sampled_plugin.user_metrics import user_metric_values
 from reco_sampled_plugin import baselines, cli, datasets, planner
 from reco_sampled_plugin._checks import MAX_ELEMENTS
@@ -74,9 +73,15 @@ def _sparse(values) -> torch.Tensor:
 ARRAY_ARGUMENTS = {  # name -> (argument name, call taking the bad value)
     "metric_values": ("ranks", lambda x: rsp.metric_values("ndcg@10", x, 20)),
     "user_metric_values": ("ranks", lambda x: user_metric_values("ndcg@10", x, 20)),
-    "estimate.sampled_ranks": ("sampled_ranks", lambda x: rsp.estimate("ndcg@10", x, 100, 10)),
-    "estimate.weights": ("weights", lambda x: rsp.estimate("ndcg@10", RT, 100, 10, weights=x)),
-    "corrected_values": ("sampled_ranks", lambda x: corrected_values("ndcg@10", x, 100, 10)),
+    "estimate.sampled_ranks": ("sampled_ranks", lambda x: rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(x, 100, 10),
+    )),
+    "estimate.weights": ("weights", lambda x: rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(RT, 100, 10),
+        weights=x,
+    )),
     "fit_beta": ("sampled_ranks", lambda x: fit_beta(x, 100, 10)),
     "fit_beta_prior": ("sampled_ranks", lambda x: fit_beta_prior(x, 10)),
     "empirical_prior": ("exact_ranks", lambda x: empirical_prior(x, 20)),
@@ -136,7 +141,7 @@ def test_dense_twins_still_accepted():
 def test_parse_metric_of_a_non_string_is_a_value_error(bad):
     _raises_naming(lambda: rsp.parse_metric(bad), "metric")
     _raises_naming(lambda: rsp.metric_values(bad, torch.tensor([1]), 10), "metric")
-    _raises_naming(lambda: rsp.estimate(bad, RT, 100, 10), "metric")
+    _raises_naming(lambda: rsp.estimate(bad, rsp.SampledRanks.from_arrays(RT, 100, 10)), "metric")
 
 
 @pytest.mark.parametrize("call", [
@@ -195,17 +200,24 @@ def test_draws_without_replacement_of_more_items_than_exist_are_refused_by_every
     """m = 10 draws without replacement among n - 1 = 4 irrelevant items cannot happen: the mappings (which assume
     no law) gave a number, the others refused; now every method refuses, naming n_samples."""
     extra = {"a": 1.0} if method == "beta" else {}
-    _raises_naming(lambda: rsp.estimate("hit@1", torch.tensor([2, 1]), 5, 10, method=method,
-                                        sampling="hypergeometric", **extra), "n_samples")
+    _raises_naming(lambda: rsp.estimate(
+        "hit@1",
+        rsp.SampledRanks.from_arrays(torch.tensor([2, 1]), 5, 10, rsp.SamplingDesign(10, replacement=False)),
+        rsp.registry.method_class(method)(**extra),
+    ), "n_samples")
     if method == "linear":  # with replacement the same data are fine: f(1) = 1, so HR@1 = SHR@1 = share of r~ = 1
-        est = rsp.estimate("hit@1", torch.tensor([2, 1]), 5, 10, method=method, sampling="binomial")
+        est = rsp.estimate("hit@1", rsp.SampledRanks.from_arrays(torch.tensor([2, 1]), 5, 10), method)
         assert est.value == pytest.approx(0.5)
 
 
 # ------------------------------------------------------------------------------------------ options not used
 def test_rounding_is_refused_where_the_method_does_not_use_it():
     _raises_naming(lambda: correction_table("ndcg@10", 100, 10, method="bv", rounding="linear"), "rounding")
-    _raises_naming(lambda: corrected_metric("ndcg@10", RT, 100, 10, method="cls", rounding="linear"), "rounding")
+    _raises_naming(lambda: rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(RT, 100, 10),
+        rsp.registry.Cls(rounding="linear"),
+    ), "rounding")
     # rank_estimate: eq. 20 with linear interpolation, against the closed form M(1 + (n - 1)(r~ - 1) / m)
     table = correction_table("recall@10", 100, 10, method="rank_estimate", rounding="linear")
     pos = 1 + 99 * (np.arange(1, 12) - 1) / 10
@@ -238,12 +250,13 @@ def test_cli_option_without_a_method_that_uses_it(tmp_path):
 
 # --------------------------------------------------------------------------------- messages naming the argument
 def test_zero_weights_name_weights():
-    for call in (lambda w: rsp.estimate("ndcg@10", RT, 100, 10, weights=w),
+    for call in (lambda w: rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(RT, 100, 10), weights=w),
                  lambda w: estimate_rank_distribution(RT, 100, 10, weights=w),
                  lambda w: rsp.identified_interval("ndcg@10", RT, 100, 10, weights=w),
                  lambda w: mapping_estimate("hit@10", RT, 100, 10, weights=w)):
         _raises_naming(lambda: call(torch.zeros(len(RT))), "weights")
-    _raises_naming(lambda: rsp.estimate("ndcg@10", RT[:0], 100, 10), "sampled_ranks")  # no ranks at all
+    # no ranks at all
+    _raises_naming(lambda: rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(RT[:0], 100, 10)), "sampled_ranks")
 
 
 def test_paired_difference_of_nothing_names_its_argument():
@@ -401,7 +414,11 @@ def test_torchmetrics_state_refuses_a_row_too_wide_to_draw():
 def test_the_abstract_prior_is_refused_by_name():
     """``Prior()`` (the base class of ``reco_sampled_plugin.priors``) reached its NotImplementedError inside the corrections."""
     _raises_naming(lambda: correction_table("ndcg@10", 100, 10, prior=Prior()), "prior")
-    _raises_naming(lambda: rsp.estimate("ndcg@10", RT, 100, 10, method="bv", prior=Prior()), "prior")
+    _raises_naming(lambda: rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(RT, 100, 10),
+        rsp.registry.Bv(prior=Prior()),
+    ), "prior")
     # its subclasses as before: a uniform prior object is the default
     assert torch.equal(correction_table("ndcg@10", 100, 10, prior=UniformPrior()),
                        correction_table("ndcg@10", 100, 10))
@@ -414,5 +431,6 @@ def test_a_huge_entropy_weight_is_served_not_overflowed():
     ranks = torch.tensor([1, 2, 3, 5, 8, 13, 21, 1, 1, 2])
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
-        a, b, c = (rsp.estimate("ndcg@10", ranks, 500, 30, method="mes", lam=lam).value for lam in (1e12, 1e100, 1e300))
+        sample = rsp.SampledRanks.from_arrays(ranks, 500, 30)
+        a, b, c = (rsp.estimate("ndcg@10", sample, rsp.registry.Mes(lam=lam)).value for lam in (1e12, 1e100, 1e300))
     assert a == pytest.approx(b, rel=1e-6) and b == pytest.approx(c, rel=1e-6)

@@ -4,7 +4,7 @@ force, closed forms), and the dimensions it sits on are fuzzed with hypothesis:
 * NaN leaking into an average: a user with no irrelevant candidate left (AUC 0/0) must be left out, not NaN * 0;
 * merging states that do not belong together (``_MergeChecked``: ``merge_state``, ``forward``, DDP sync): refused
   with a ValueError naming what differs; compatible merges equal one state's accumulation;
-* every result type carries its range and flags (``corrected_metric``, ``paired_difference``);
+* every result type carries its range and flags (``estimate`` of a correction table, ``paired_difference``);
 * sampled ranks the design cannot produce (r~ in 2..m with n = 2) refused by every estimator (one shared check);
 * numbers truncated or dropped without a word: fractional ranks (``empirical_prior``), a non-integer ``n_items``
   (``consistency_report``), a NaN threshold (``binarize``, loaders), complex input (splits, factors),
@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
-from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values
+from reco_sampled_plugin.corrections import correction_table
 from reco_sampled_plugin.user_metrics import user_metric_values
 from reco_sampled_plugin import baselines, datasets, planner, registry
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
@@ -346,8 +346,8 @@ def test_ddp_sync_of_incompatible_states_is_refused_on_every_process():
 def test_paired_difference_flags_a_value_outside_its_range():
     """The issue's example: a difference of ls-corrected NDCGs of -8 (outside [-1, 1]) came without a flag."""
     d = rsp.paired_difference("ndcg@10", torch.tensor([1, 2]), torch.tensor([5, 11]), 1000, 10, method="ls")
-    va = corrected_values("ndcg@10", torch.tensor([1, 2]), 1000, 10, method="ls")
-    vb = corrected_values("ndcg@10", torch.tensor([5, 11]), 1000, 10, method="ls")
+    table = correction_table("ndcg@10", 1000, 10, "ls")
+    va, vb = table[torch.tensor([1, 2]) - 1], table[torch.tensor([5, 11]) - 1]
     assert d.value == pytest.approx(float((va - vb).mean()))  # the oracle: the mean of the per-instance differences
     assert d.value < -1 and "outside_metric_range" in d.flags and d.details["flags"] == d.flags
     assert d.metric_range == (-1.0, 1.0) and d.interval() == (-1.0, 1.0)  # clipped, never beyond
@@ -363,7 +363,7 @@ def test_corrected_results_carry_range_and_flags(ranks, shift, method, metric):
     a = torch.tensor(ranks)
     b = torch.clamp(a + shift, 1, 11)
     lo, hi = (1 / 200, 1.0) if metric == "ap" else (0.0, 1.0)  # closed form: AP of one item at rank n = 200 is 1/n
-    for est, bounds in ((corrected_metric(metric, a, 200, 10, method=method), (lo, hi)),
+    for est, bounds in ((rsp.estimate(metric, rsp.SampledRanks.from_arrays(a, 200, 10), method), (lo, hi)),
                         (rsp.paired_difference(metric, a, b, 200, 10, method=method), (lo - hi, hi - lo))):
         assert est.metric_range == bounds
         outside = not (bounds[0] <= est.value <= bounds[1])
@@ -382,7 +382,7 @@ def test_every_estimator_refuses_ranks_the_law_cannot_produce(method):
     """With n = 2 every draw is the one irrelevant item: r~ is 1 or m + 1. The likelihood methods refused r~ = 2;
     the corrections and mappings estimated from it."""
     with pytest.raises(ValueError, match=r"^sampled_ranks: r~ = 2 cannot occur with n_items = 2 and n_samples = 10"):
-        rsp.estimate("hit@1", torch.tensor([2, 1, 11]), n_items=2, n_samples=10, method=method)
+        rsp.estimate("hit@1", rsp.SampledRanks.from_arrays(torch.tensor([2, 1, 11]), 2, 10), method)
 
 
 @FAST
@@ -396,7 +396,8 @@ def test_support_check_refuses_exactly_the_impossible_ranks(n, m, law, r, method
     possible = bool((pmf[:, r - 1] > 0).any())
     ranks = torch.tensor([r, 1])
     try:
-        corrected_metric("hit@1", ranks, n, m, method=method, sampling=law)
+        design = rsp.SamplingDesign(m, replacement=law == "binomial")
+        rsp.estimate("hit@1", rsp.SampledRanks.from_arrays(ranks, n, m, design), method)
         refused = False
     except ValueError as exc:
         assert str(exc).startswith(f"sampled_ranks: r~ = {r} cannot occur"), exc
@@ -506,14 +507,31 @@ def test_torchmetrics_histogram_flags_pooled_n():
 # ------------------------------------------------------------------------------ NaN in every numeric argument
 R = torch.tensor([1, 3, 5, 11])
 NAN_CASES = {
-    "n_items": lambda v: corrected_metric("ndcg@10", R, v, 10),
-    "n_samples": lambda v: corrected_metric("ndcg@10", R, 100, v),
-    "gamma": lambda v: corrected_metric("ndcg@10", R, 100, 10, method="bv", gamma=v),
-    "max_rel_n_spread": lambda v: corrected_metric("ndcg@10", R, 100, 10, max_rel_n_spread=v),
-    "prior": lambda v: rsp.estimate("ndcg@10", R, 100, 10, method="ls", prior=np.r_[np.ones(99), v]),
-    "a": lambda v: rsp.estimate("ndcg@10", R, 100, 10, method="beta", a=v),
-    "weights": lambda v: rsp.estimate("ndcg@10", R, 100, 10, method="bv", weights=torch.tensor([1.0, v, 1.0, 1.0])),
-    "sampled_ranks": lambda v: rsp.estimate("ndcg@10", torch.tensor([1.0, v]), 100, 10, method="bv"),
+    "n_items": lambda v: rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(R, v, 10), "bv"),
+    "n_samples": lambda v: rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(R, 100, v), "bv"),
+    "gamma": lambda v: rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(R, 100, 10), rsp.registry.Bv(gamma=v)),
+    "max_rel_n_spread": lambda v: rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(R, 100, 10),
+        rsp.registry.Bv(max_rel_n_spread=v),
+    ),
+    "prior": lambda v: rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(R, 100, 10),
+        rsp.registry.Ls(prior=np.r_[np.ones(99), v]),
+    ),
+    "a": lambda v: rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(R, 100, 10), rsp.registry.Beta(a=v)),
+    "weights": lambda v: rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(R, 100, 10),
+        "bv",
+        weights=torch.tensor([1.0, v, 1.0, 1.0]),
+    ),
+    "sampled_ranks": lambda v: rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(torch.tensor([1.0, v]), 100, 10),
+        "bv",
+    ),
     "smoothing": lambda v: empirical_prior([1, 2], 10, v),
     "exact_ranks": lambda v: empirical_prior([1.0, v], 10),
     "threshold": lambda v: datasets.binarize(_interactions(), v),
@@ -521,7 +539,7 @@ NAN_CASES = {
     "relevance": lambda v: user_metric_values("ndcg@5", torch.tensor([[1, 3]]), 10, relevance=torch.tensor([[1.0, v]])),
     "target_rel_error": lambda v: planner.plan(1000, 100, "hit@10", v),
     "Bv.gamma": lambda v: SampledRankingMetrics("hit@5", 10, (registry.Bv(gamma=v),)),
-    "level": lambda v: corrected_metric("ndcg@10", R, 100, 10).interval(v),
+    "level": lambda v: rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(R, 100, 10), "bv").interval(v),
     "q": lambda v: baselines.ItemKNN(q=v),
     "dense_threshold": lambda v: baselines.ItemKNN(dense_threshold=v),
     "reg": lambda v: baselines.EASE(reg=v),

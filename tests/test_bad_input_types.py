@@ -26,7 +26,6 @@ from reco_sampled_plugin.corrections import correction_table, expected_corrected
 from reco_sampled_plugin.mapping import mapping
 from reco_sampled_plugin.priors import empirical_prior, fit_beta_prior
 from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
-from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values
 from _option_table import _Config, entries, wrong_values
 
 _TMP = tempfile.mkdtemp(prefix="rsp-option-types-")
@@ -173,11 +172,10 @@ def test_replacement_string_is_refused_and_false_draws_distinct_items():
 def test_gamma_string_is_refused_everywhere_estimate_refuses_it():
     r = torch.tensor([1, 2, 3, 1, 5])
     with pytest.raises(ValueError, match="^gamma: "):
-        rsp.estimate("ndcg@5", r, 100, 10, method="bv", gamma="0.5")
+        rsp.estimate("ndcg@5", rsp.SampledRanks.from_arrays(r, 100, 10), rsp.registry.Bv(gamma="0.5"))
     for call in (lambda g: correction_table("ndcg@5", 100, 10, gamma=g),
                  lambda g: expected_corrected("ndcg@5", torch.tensor([1, 5]), 100, 10, gamma=g),
-                 lambda g: corrected_metric("ndcg@5", r, 100, 10, gamma=g),
-                 lambda g: corrected_values("ndcg@5", r, 100, 10, gamma=g),
+                 lambda g: rsp.estimate("ndcg@5", rsp.SampledRanks.from_arrays(r, 100, 10), rsp.registry.Bv(gamma=g)),
                  lambda g: rsp.paired_difference("ndcg@5", r, r.flip(0), 100, 10, gamma=g)):
         for bad in ("0.5", True, b"0.5"):
             with pytest.raises(ValueError, match="^gamma: "):
@@ -324,8 +322,12 @@ def test_none_and_other_non_sizes_are_named(bad):
                  lambda: plan(bad, 10, "ndcg@5", 0.1)):
         with pytest.raises(ValueError, match="^n_items: "):
             call()
-    for call in (lambda: fit_beta_prior(sr, bad), lambda: corrected_metric("ndcg@5", sr, 100, bad),
-                 lambda: rsp.estimate("ndcg@5", sr, 100, bad)):
+    for call in (lambda: fit_beta_prior(sr, bad), lambda: rsp.estimate(
+        "ndcg@5",
+        rsp.SampledRanks.from_arrays(sr, 100, bad),
+        "bv",
+    ),
+                 lambda: rsp.estimate("ndcg@5", rsp.SampledRanks.from_arrays(sr, 100, bad))):
         with pytest.raises(ValueError, match="^n_samples: "):
             call()
 

@@ -119,7 +119,10 @@ def test_estimate_command_adaptive_rank_file(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "adaptive sampling m = 100 -> 3200" in out and f"{float(sizes.double().mean()):.1f} samples per positive" in out
     line = [ln for ln in out.splitlines() if ln.startswith("hit@10") and " auto:gmod " in ln][0]  # the default
-    est = rsp.estimate("hit@10", ranks, 20_000, sizes, adaptive=(100, 3200))
+    est = rsp.estimate(
+        "hit@10",
+        rsp.SampledRanks.from_arrays(ranks, 20_000, sizes, rsp.SamplingDesign(100, adaptive_max=3200)),
+    )
     assert est.details["auto"]["method"] == "gmod"  # adaptive designs resolve the top
     assert float(line.split()[2]) == pytest.approx(est.value, abs=1e-5)
     assert main(["estimate", str(f), "--adaptive-max", "3200"]) == 2
@@ -174,7 +177,7 @@ def test_estimate_command_prints_the_honest_interval(tmp_path, capsys):
     line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("hit@1 ")][0]
     value, se = float(line.split()[2]), float(line.split()[5])
     lo, hi = (float(x) for x in line[line.index("[") + 1 : line.index("]")].split(","))
-    est = rsp.estimate("hit@1", sampled, 20_000, 100, method="bv")
+    est = rsp.estimate("hit@1", rsp.SampledRanks.from_arrays(sampled, 20_000, 100), "bv")
     assert (lo, hi) == pytest.approx(est.interval(0.95), abs=1e-5)
     assert hi - lo > 2 * 1.96 * se and "top_unresolved" in line
     assert lo <= float(np.mean(exact <= 1)) <= hi
@@ -201,7 +204,7 @@ def test_estimate_command_leads_with_the_interval_and_says_why_it_is_wide(tmp_pa
     assert list(rows) == ["none", "bv", "auto"]  # none, registry.DEFAULT_CORRECTION, registry.DEFAULT_ESTIMATOR
     assert rows["auto"].split()[1] == "auto:mes"  # K = 10 < b ~ 199: the top is unresolved, auto runs mes
     for method, line in rows.items():
-        est = rsp.estimate("ndcg@10", sampled, 20_000, 100, method=method)
+        est = rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(sampled, 20_000, 100), method)
         lo, hi = (float(x) for x in line[line.index("[") + 1 : line.index("]")].split(","))
         assert float(line.split()[2]) == pytest.approx(est.value, abs=1e-5)
         assert (lo, hi) == pytest.approx(est.interval(0.95), abs=1e-5) and "top_unresolved" in line

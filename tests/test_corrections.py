@@ -27,6 +27,7 @@ from reco_sampled_plugin.metrics import metric_curve, metric_values
 from reco_sampled_plugin.priors import BetaPrior, CallablePrior, UniformPrior, as_prior
 from reco_sampled_plugin.quadrature import pmf_at_ranks
 from reco_sampled_plugin.sampling_laws import sampled_rank_pmf
+from reco_sampled_plugin import SampledRanks
 
 LAWS = ["binomial", "hypergeometric"]
 TABLE1 = {
@@ -404,10 +405,10 @@ def test_ls_variance_is_flagged_not_hidden():
     sampled = simulate_sampled_ranks(torch.as_tensor(r), n, 100, generator=torch.Generator().manual_seed(1))
     table = correction_table("hit@10", n, 100, "ls").numpy()
     assert np.abs(table).max() > 100  # the minimal-bias solution itself, not a numerical accident
-    ls = estimate("hit@10", sampled, n, 100, method="ls")
+    ls = estimate("hit@10", SampledRanks.from_arrays(sampled, n, 100), "ls")
     assert not 0.0 <= ls.value <= 1.0 and "outside_metric_range" in ls.flags
     for method in ("cls", "bv"):
-        res = estimate("hit@10", sampled, n, 100, method=method)
+        res = estimate("hit@10", SampledRanks.from_arrays(sampled, n, 100), method)
         assert 0.0 <= res.value <= 1.0 and "outside_metric_range" not in res.flags
 
 
@@ -511,11 +512,11 @@ def test_bv_mle_tables_refused_by_the_diagonal_equal_the_stacked_least_squares(m
 
     monkeypatch.setattr(corr, "_bv_normal", spy)
     corr.clear_correction_cache()
-    got = [estimate(k, sampled, n, 100, method="bv_mle").value for k in ("ndcg@10", "recall@10")]
+    got = [estimate(k, SampledRanks.from_arrays(sampled, n, 100), "bv_mle").value for k in ("ndcg@10", "recall@10")]
     assert sum(refused) >= len(refused) // 2 > 0  # most of its tables are refused before the product
     corr.clear_correction_cache()
     monkeypatch.setattr(corr, "BV_MIN_RCOND", np.inf)
-    want = [estimate(k, sampled, n, 100, method="bv_mle").value for k in ("ndcg@10", "recall@10")]
+    want = [estimate(k, SampledRanks.from_arrays(sampled, n, 100), "bv_mle").value for k in ("ndcg@10", "recall@10")]
     corr.clear_correction_cache()
     assert got == want
 

@@ -149,15 +149,15 @@ def test_estimate_with_completion_raises_no_cap_flag():
     full = adaptive_sampled_ranks(scores, pos, SamplingDesign(8, adaptive_max=64, exact_at_cap=True), exclude=exc,
                                   generator=torch.Generator().manual_seed(5))
     for method in ("mle", "mes", "gmod"):
-        before = rsp.estimate("ndcg@10", plain, method=method, n_bootstrap=0)
-        after = rsp.estimate("ndcg@10", full, method=method, n_bootstrap=0)
+        before = rsp.estimate("ndcg@10", plain, rsp.registry.method_class(method)(n_bootstrap=0))
+        after = rsp.estimate("ndcg@10", full, rsp.registry.method_class(method)(n_bootstrap=0))
         assert "cap_reached" in before.flags and "top_unresolved" in before.flags
         assert "cap_reached" not in after.flags and "top_unresolved" not in after.flags
         assert after.details["adaptive"]["share_first_at_cap"] == 0.0
         assert after.details["adaptive"]["share_completed"] == pytest.approx(
             float((full.exact_ranks > 0).sum()) / float((full.ranks > 0).sum()))
     # hit@1 too: an exact group's top is resolved to single ranks
-    assert "top_unresolved" not in rsp.estimate("hit@1", full, method="mle", n_bootstrap=0).flags
+    assert "top_unresolved" not in rsp.estimate("hit@1", full, rsp.registry.Mle(n_bootstrap=0)).flags
 
 
 def _truth(metric, r, n):
@@ -177,7 +177,7 @@ def test_completion_is_at_least_as_accurate_where_the_top_is_unresolved(seed):
             for exact in (False, True):
                 design = SamplingDesign(20, adaptive_max=160, exact_at_cap=exact)
                 s = adaptive_sampled_ranks_from_exact(r, n, design, generator=torch.Generator().manual_seed(seed))
-                est = rsp.estimate(metric, s, method=method, n_bootstrap=0)
+                est = rsp.estimate(metric, s, rsp.registry.method_class(method)(n_bootstrap=0))
                 errs.append(abs(est.value - _truth(metric, r, n)))
             assert errs[1] <= errs[0], (method, metric, errs)
             assert errs[1] < tol, (method, metric, errs)
@@ -194,7 +194,7 @@ def test_every_positive_completed_gives_the_exact_value():
     for metric in ("hit@1", "hit@3", "hit@10", "ndcg@10"):
         truth = _truth(metric, r, 100000)
         for method, tol in (("mle", 1e-12), ("gmod", 1e-9), ("mes", 2e-3)):
-            est = rsp.estimate(metric, s, method=method, n_bootstrap=0)
+            est = rsp.estimate(metric, s, rsp.registry.method_class(method)(n_bootstrap=0))
             assert est.value == pytest.approx(truth, abs=tol), (metric, method)
             assert "cap_reached" not in est.flags and "top_unresolved" not in est.flags
 
@@ -257,7 +257,7 @@ def test_option_is_validated_and_refused_where_state_cannot_hold_exact_ranks():
     for method in ("bv", "none", "rank_estimate"):  # an exact R is no sampled rank among n - 1 draws
         with pytest.raises(ValueError, match=r"^sample: the histogram has exact groups"):
             rsp.estimate("ndcg@10", hist, method=method)
-    assert np.isfinite(rsp.estimate("ndcg@10", hist, method="mle", n_bootstrap=0).value)
+    assert np.isfinite(rsp.estimate("ndcg@10", hist, rsp.registry.Mle(n_bootstrap=0)).value)
     from reco_sampled_plugin.rank_files import write_rank_file
 
     full = adaptive_sampled_ranks_from_exact(torch.tensor([1, 1, 5]), 1000, design,

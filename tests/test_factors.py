@@ -8,7 +8,7 @@ import recometrics
 import scipy.sparse as sp
 import torch
 
-from reco_sampled_plugin import SamplingDesign, exact_ranks, metric_values
+from reco_sampled_plugin import SampledRanks, SamplingDesign, exact_ranks, metric_values
 from reco_sampled_plugin.factors import FactorEvaluation, evaluate_factors
 
 ALL_FLAGS = dict(all_metrics=True, nthreads=1)
@@ -383,8 +383,12 @@ def test_adaptive_sampling_equals_the_core_on_the_same_draws():
     assert torch.equal(s.sampled_ranks[order], ranks.reshape(-1))
     assert torch.equal(s.sample_sizes[order], sizes.reshape(-1))
     for name in ("NDCG@10", "Hit@10"):
-        core = estimate(name.lower(), s.sampled_ranks, s.n_candidates, s.sample_sizes, adaptive=(10, 160),
-                        method="mes")  # the correction asked for above
+        core = estimate(
+            name.lower(),
+            SampledRanks.from_arrays(s.sampled_ranks, s.n_candidates, s.sample_sizes,
+                                     SamplingDesign(10, adaptive_max=160)),
+            "mes",
+        )  # the correction asked for above
         assert res.estimates[name].value == core.value and res.estimates[name].stderr == core.stderr
         row = res.summary.loc[name]
         assert row["mean_samples"] == pytest.approx(float(s.sample_sizes.double().mean()))

@@ -138,7 +138,12 @@ def _check_estimate(est) -> None:
 def test_estimate(metric, ranks, n, m, method, weights):
     w = None if weights is None else torch.full(torch.as_tensor(ranks).shape, weights, dtype=torch.float64)
     opts = {"n_bootstrap": 0} if method in ("mle", "mes") else {}
-    _contract(lambda: rsp.estimate(metric, ranks, n, m, method=method, weights=w, **opts),
+    _contract(lambda: rsp.estimate(
+        metric,
+        rsp.SampledRanks.from_arrays(ranks, n, m),
+        rsp.registry.method_class(method)(**opts),
+        weights=w,
+    ),
               ("ranks", "n_items", "n_samples", "metric", "weights", "method", "counts", "histogram"), _check_estimate)
 
 
@@ -147,7 +152,11 @@ def test_estimate(metric, ranks, n, m, method, weights):
        value=st.sampled_from([float("nan"), float("inf"), -1.0, 0, 1e300, "x", None]))
 def test_estimate_options(option, value):
     ranks = torch.tensor([1, 2, 3, 5, 8, 13, 21, 1, 1, 2])
-    _contract(lambda: rsp.estimate("ndcg@10", ranks, 500, 30, method="mes", **{option: value}), (option,),
+    _contract(lambda: rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(ranks, 500, 30),
+        rsp.registry.Mes(**{option: value}),
+    ), (option,),
               _check_estimate)
 
 

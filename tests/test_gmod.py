@@ -37,7 +37,7 @@ def test_adaptive_recovers_users_and_population_values(metric):
     n = 2000
     exact = _smooth_ranks(3000, n, seed=1)
     sampled = adaptive_sampled_ranks_from_exact(exact, n, 50, 3200, generator=torch.Generator().manual_seed(2))
-    est = rsp.estimate(metric, sampled, method="gmod", n_bootstrap=8)
+    est = rsp.estimate(metric, sampled, rsp.registry.Gmod(n_bootstrap=8))
     truth = float(rsp.metric_values(metric, exact, n).double().mean())
     assert est.details["target"] == "users"
     assert abs(est.value - truth) < 4 * est.stderr, (est.value, truth, est.stderr)
@@ -110,15 +110,23 @@ def test_fits_one_by_one_carry_no_reference():
 def test_options_validated_and_only_for_gmod():
     exact = _smooth_ranks(200, 400, seed=6)
     draws = simulate_sampled_ranks(exact, 400, 20, "binomial", torch.Generator().manual_seed(0))
-    a = rsp.estimate("hit@10", draws, 400, 20, method="gmod", df=6, penalty=0.0, n_bootstrap=0)
-    b = rsp.estimate("hit@10", draws, 400, 20, method="gmod", df=14, penalty=10.0, n_bootstrap=0)
+    a = rsp.estimate(
+        "hit@10",
+        rsp.SampledRanks.from_arrays(draws, 400, 20),
+        rsp.registry.Gmod(df=6, penalty=0.0, n_bootstrap=0),
+    )
+    b = rsp.estimate(
+        "hit@10",
+        rsp.SampledRanks.from_arrays(draws, 400, 20),
+        rsp.registry.Gmod(df=14, penalty=10.0, n_bootstrap=0),
+    )
     assert a.value != b.value and math.isfinite(a.value) and math.isfinite(b.value)
     for bad, match in ((dict(df=3), "^df"), (dict(df=2.5), "^df"), (dict(penalty=-1.0), "^penalty"),
                        (dict(penalty=math.nan), "^penalty"), (dict(df="10"), "^df")):
         with pytest.raises(ValueError, match=match):
-            rsp.estimate("hit@10", draws, 400, 20, method="gmod", **bad)
+            rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(draws, 400, 20), rsp.registry.Gmod(**bad))
     with pytest.raises(ValueError, match="df"):
-        rsp.estimate("hit@10", draws, 400, 20, method="mes", df=10)
+        rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(draws, 400, 20), rsp.registry.Mes(df=10))
     with pytest.raises(ValueError, match="penalty"):
         rd.estimate_rank_distribution(draws, 400, 20, method="mle", penalty=1.0)
 

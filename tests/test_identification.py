@@ -110,7 +110,7 @@ def test_identified_interval_covers_on_ml100k_and_is_wider_than_sampling(ml100k_
         for metric in ("hit@1", "hit@10", "ndcg@10"):
             exact = float(metric_values(metric, torch.from_numpy(r), torch.from_numpy(n_u)).mean())
             for d in draws:
-                est = rsp.estimate(metric, d, n_u, 100, n_bootstrap=0)
+                est = rsp.estimate(metric, rsp.SampledRanks.from_arrays(d, n_u, 100), rsp.registry.Auto(n_bootstrap=0))
                 assert "top_unresolved" in est.flags and est.identification is not None
                 lo, hi = est.interval(0.95)
                 s_lo, s_hi = est.sampling_interval(0.95)
@@ -127,16 +127,16 @@ def test_resolved_metrics_keep_the_sampling_interval():
     n, m = 300, 99  # b = 4: K = 10 is resolved for hit rates
     ranks = rng.integers(1, m + 2, size=500)
     for metric in ("hit@10", "recall@20", "precision@50", "auc"):
-        est = rsp.estimate(metric, ranks, n, m, method="bv")
+        est = rsp.estimate(metric, rsp.SampledRanks.from_arrays(ranks, n, m), "bv")
         assert est.identification is None
         assert est.interval(0.9) == est.sampling_interval(0.9)
     # NDCG and RR weigh ranks 1..4 of the first bin differently: the bin's shape still matters at K = 20
     for metric in ("ndcg@20", "mrr", "ap@50"):
-        assert rsp.estimate(metric, ranks, n, m, method="bv").identification is not None
+        assert rsp.estimate(metric, rsp.SampledRanks.from_arrays(ranks, n, m), "bv").identification is not None
     # one sampled rank per exact rank (b < 2): nothing is unresolved
-    assert rsp.estimate("ndcg@10", ranks, 100, 99, method="bv").identification is None  # b = 1.99
+    assert rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(ranks, 100, 99), "bv").identification is None  # b = 1.99
     # the uncorrected sampled metric estimates the sampled metric: never widened
-    est = rsp.estimate("hit@1", ranks, 10_000, m, method="none")
+    est = rsp.estimate("hit@1", rsp.SampledRanks.from_arrays(ranks, 10_000, m), "none")
     assert est.identification is None
     assert top_sensitive(parse_metric("hit@1"), RankHistogram(np.array([10_000]), np.array([m]),
                                                                (np.bincount(ranks, minlength=m + 2)[1:],)))
@@ -146,7 +146,11 @@ def test_resolved_metrics_keep_the_sampling_interval():
 def test_every_estimator_gets_the_identified_interval(method):
     rng = np.random.default_rng(1)
     ranks = np.minimum(rng.geometric(0.3, size=400), 101)
-    est = rsp.estimate("ndcg@10", ranks, 20_000, 100, method=method, **({"n_bootstrap": 0} if method in ("mes", "mle") else {}))
+    est = rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(ranks, 20_000, 100),
+        rsp.registry.method_class(method)(**{"n_bootstrap": 0} if method in ("mes", "mle") else {}),
+    )
     lo, hi = est.interval()
     assert est.identification is not None and "top_unresolved" in est.flags
     assert 0.0 <= lo <= hi <= 1.0 and not math.isnan(lo) and not math.isnan(hi)
@@ -156,7 +160,7 @@ def test_every_estimator_gets_the_identified_interval(method):
 
 def test_all_at_top_gives_a_finite_honest_interval():
     ranks = np.ones(50, dtype=np.int64)
-    est = rsp.estimate("hit@10", ranks, 50_000, 100, method="bv")
+    est = rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(ranks, 50_000, 100), "bv")
     assert math.isinf(est.stderr)
     lo, hi = est.interval()
     assert 0.0 <= lo < hi <= 1.0
@@ -168,9 +172,9 @@ def test_bad_input():
     with pytest.raises(ValueError, match="shape"):
         TopShape(gamma=float("nan"))
     with pytest.raises(ValueError, match="top_shape"):
-        rsp.estimate("hit@10", [1, 2, 3], 1000, 10, method="bv", top_shape="steep")
+        rsp.estimate("hit@10", rsp.SampledRanks.from_arrays([1, 2, 3], 1000, 10), rsp.registry.Bv(top_shape="steep"))
     with pytest.raises(ValueError, match="level"):
-        rsp.estimate("hit@10", [1, 2, 3], 1000, 10, method="bv").interval(0.0)
+        rsp.estimate("hit@10", rsp.SampledRanks.from_arrays([1, 2, 3], 1000, 10), "bv").interval(0.0)
 
 
 def test_several_sample_sizes_are_flagged_and_contradictions_give_the_whole_range():

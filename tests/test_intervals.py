@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from _profiles import examples
 
 import reco_sampled_plugin as rsp
-from reco_sampled_plugin.uncertainty import corrected_metric
 from reco_sampled_plugin import registry
 from reco_sampled_plugin._estimate import FLAG_TEXT, SAME_INTERVAL_NOTE, Estimate, explain_flags
 from reco_sampled_plugin.metrics import metric_bounds
@@ -53,9 +52,17 @@ def test_every_method_and_metric_keeps_its_intervals_in_range(sampled, method):
     for metric in METRICS:
         if not registry.get(method).takes_metric(parse_metric(metric).kind):  # hh: AUC only; the others refused
             with pytest.raises(ValueError, match="^metric: "):
-                rsp.estimate(metric, ranks, 1000, 20, method=method, **opts)
+                rsp.estimate(
+                    metric,
+                    rsp.SampledRanks.from_arrays(ranks, 1000, 20),
+                    rsp.registry.method_class(method)(**opts),
+                )
             continue
-        est = rsp.estimate(metric, ranks, 1000, 20, method=method, **opts)
+        est = rsp.estimate(
+            metric,
+            rsp.SampledRanks.from_arrays(ranks, 1000, 20),
+            rsp.registry.method_class(method)(**opts),
+        )
         bounds = metric_bounds(parse_metric(metric), [1000])
         _check(est, bounds)
         if metric == "ndcg@10":  # the cut-off lies inside the first sampled bin: the widened interval
@@ -63,13 +70,13 @@ def test_every_method_and_metric_keeps_its_intervals_in_range(sampled, method):
 
 
 @pytest.mark.parametrize("method", registry.names(family=("none", "correction"), fits_distribution=False))
-def test_corrected_metric_intervals_in_range(sampled, method):
-    """``corrected_metric(...).interval(0.95)`` (and its sampling interval) never leave the metric's range: ls with
-    its huge alternating table entries included (then flagged ``outside_metric_range``)."""
+def test_correction_intervals_in_range_with_per_instance_n(sampled, method):
+    """``estimate(...).interval(0.95)`` of a correction table (and its sampling interval) never leave the metric's
+    range: ls with its huge alternating table entries included (then flagged ``outside_metric_range``)."""
     _, ranks = sampled
     n = torch.full_like(ranks, 1000) - torch.arange(ranks.numel()) % 3  # per-instance n
     for metric in METRICS:
-        est = corrected_metric(metric, ranks, n, 20, method=method)
+        est = rsp.estimate(metric, rsp.SampledRanks.from_arrays(ranks, n, 20), method)
         bounds = metric_bounds(parse_metric(metric), n.numpy())
         assert est.metric_range == bounds
         _check(est, bounds)
@@ -100,12 +107,8 @@ def test_paired_difference_interval_in_the_range_of_a_difference():
     n=st.integers(20, 500),  # K <= n: a cut-off above the catalogue is refused (test_bad_input_core)
 )
 def test_random_histograms_keep_intervals_in_range(ranks, metric, method, n):
-    est = rsp.estimate(metric, torch.tensor(ranks), n, 10, method=method)
+    est = rsp.estimate(metric, rsp.SampledRanks.from_arrays(torch.tensor(ranks), n, 10), method)
     _check(est, metric_bounds(parse_metric(metric), [n]))
-    cm = corrected_metric(metric, torch.tensor(ranks), n, 10, method=method) if method in registry.names(
-        family=("none", "correction")) else None
-    if cm is not None:
-        _check(cm, metric_bounds(parse_metric(metric), [n]))
 
 
 def test_flags_are_explained_in_words_with_the_planner_command():

@@ -18,9 +18,6 @@ PACKAGE = "reco_sampled_plugin"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 ALLOWED: set[str] = {
-    # the adapters call the one estimation contract, estimators._estimate, until it is renamed estimate (issue 48)
-    "reco_sampled_plugin/adapters/_recbole_metrics.py _estimate from reco_sampled_plugin.estimators",
-    "reco_sampled_plugin/adapters/torchmetrics.py _estimate from reco_sampled_plugin.estimators",
 }
 
 

@@ -22,7 +22,8 @@ from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_values
 from reco_sampled_plugin.rank_distribution import estimate_rank_distribution, estimate_rank_distributions
 from reco_sampled_plugin.simulate import draw_sampled_ranks
-from reco_sampled_plugin.uncertainty import corrected_metric
+from reco_sampled_plugin import SampledRanks
+from reco_sampled_plugin import registry
 
 M = 100
 
@@ -65,22 +66,32 @@ BOUNDS = {"bv": 1e-3, "cls": 1e-3, "bound": 2e-2}
 def test_pooled_estimates_within_the_documented_bound(wide, method):
     _, n, sampled = wide
     for metric in ("hit@10", "ndcg@10", "hit@50"):
-        exact_n = estimate(metric, sampled, n, M, method=method)
-        pooled = estimate(metric, sampled, n, M, method=method, max_rel_n_spread=0.1)
+        exact_n = estimate(metric, SampledRanks.from_arrays(sampled, n, M), method)
+        pooled = estimate(
+            metric,
+            SampledRanks.from_arrays(sampled, n, M),
+            registry.method_class(method)(max_rel_n_spread=0.1),
+        )
         assert "pooled_n" in pooled.flags and "pooled_n" not in exact_n.flags
         rel = abs(pooled.value - exact_n.value) / exact_n.value
         assert rel < BOUNDS[method], (metric, rel)
-        finer = estimate(metric, sampled, n, M, method=method, max_rel_n_spread=0.01)
+        finer = estimate(
+            metric,
+            SampledRanks.from_arrays(sampled, n, M),
+            registry.method_class(method)(max_rel_n_spread=0.01),
+        )
         assert abs(finer.value - exact_n.value) / exact_n.value < BOUNDS[method] / 2
 
 
-def test_corrected_metric_interpolation_matches_estimate(wide):
+def test_pooled_correction_tables_within_1e_3_of_exact_n(wide):
     _, n, sampled = wide
     for method in ("bv", "cls", "none"):
-        a = corrected_metric("ndcg@10", sampled, n, M, method=method, max_rel_n_spread=0.1)
-        b = estimate("ndcg@10", sampled, n, M, method=method, max_rel_n_spread=0.1)
-        exact_n = corrected_metric("ndcg@10", sampled, n, M, method=method)
-        assert math.isclose(a.value, b.value, rel_tol=1e-10), method
+        a = estimate(
+            "ndcg@10",
+            SampledRanks.from_arrays(sampled, n, M),
+            registry.method_class(method)(max_rel_n_spread=0.1),
+        )
+        exact_n = estimate("ndcg@10", SampledRanks.from_arrays(sampled, n, M), method)
         assert abs(a.value - exact_n.value) <= 1e-3 * abs(exact_n.value) + 1e-12, method
 
 
@@ -143,8 +154,16 @@ def test_batched_fits_equal_single_fits(wide, method):
 def test_posterior_stderr_without_bootstrap(wide):
     r, n, sampled = wide
     true = float(metric_values("hit@500", r, n).mean())
-    fast = estimate("hit@500", sampled, n, M, method="mle", n_bootstrap=0, max_rel_n_spread=0.1)
-    boot = estimate("hit@500", sampled, n, M, method="mle", n_bootstrap=16, max_rel_n_spread=0.1)
+    fast = estimate(
+        "hit@500",
+        SampledRanks.from_arrays(sampled, n, M),
+        registry.Mle(n_bootstrap=0, max_rel_n_spread=0.1),
+    )
+    boot = estimate(
+        "hit@500",
+        SampledRanks.from_arrays(sampled, n, M),
+        registry.Mle(n_bootstrap=16, max_rel_n_spread=0.1),
+    )
     assert fast.details["stderr_method"] == "posterior" and boot.details["stderr_method"] == "bootstrap"
     assert math.isfinite(fast.stderr) and fast.stderr > 0
     assert math.isclose(fast.value, boot.value, rel_tol=1e-12)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from _profiles import examples
 
-from reco_sampled_plugin import _over_n
+from reco_sampled_plugin import _over_n, SampledRanks
 from reco_sampled_plugin.corrections import clear_correction_cache, table_numpy, tables_by_n
 from reco_sampled_plugin.estimators import estimate
 
@@ -89,7 +89,7 @@ def test_estimates_with_many_n_match_the_per_n_sum(method):
     gen = torch.Generator().manual_seed(3)
     n = torch.randint(800, 1200, (3000,), generator=gen)
     r = torch.randint(1, 42, (3000,), generator=gen)
-    est = estimate("ndcg@10", r, n, 40, method=method)
+    est = estimate("ndcg@10", SampledRanks.from_arrays(r, n, 40), method)
     if method in ("linear", "bound"):
         per = [mapping_table("ndcg@10", int(ni), 40, method)[int(ri) - 1] for ni, ri in zip(n, r)]
     else:

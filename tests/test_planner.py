@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from reco_sampled_plugin import SampledRanks, SamplingDesign, estimate
+from reco_sampled_plugin import SampledRanks, SamplingDesign, estimate, registry
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.metrics import metric_values
 from reco_sampled_plugin.cli import add_plan_parser, run_plan
@@ -71,11 +71,15 @@ def simulated_errors(r: np.ndarray, n_u: np.ndarray, metric: str, m: int, cap, r
         truths[j] = float(metric_values(metric, rt, nt).mean())
         if cap is None:
             s = simulate_sampled_ranks(rt, nt, m, "binomial", gen)
-            value = estimate(metric, s, nt, m, n_bootstrap=0).value
+            value = estimate(metric, SampledRanks.from_arrays(s, nt, m), registry.Auto(n_bootstrap=0)).value
         else:
             drawn = adaptive_sampled_ranks_from_exact(rt, nt, m, cap, gen)
             s, sizes = drawn.ranks, drawn.n_samples
-            value = estimate(metric, s, nt, sizes, adaptive=(m, cap), n_bootstrap=0).value
+            value = estimate(
+                metric,
+                SampledRanks.from_arrays(s, nt, sizes, SamplingDesign(m, adaptive_max=cap)),
+                registry.Auto(n_bootstrap=0),
+            ).value
         err[j] = value - truths[j]
     scale = truths.mean()
     mse = err.mean() ** 2 + err.var(ddof=1)

@@ -343,10 +343,8 @@ def test_rank_file_from_scorer_run_estimates_back_through_the_cli(tmp_path, caps
             value = rsp.estimate(metric, sampled, method=method).value
             assert printed[(metric, method)] == pytest.approx(value, abs=5.1e-6), (metric, method)
             # the file read back in Python: the same estimate to rounding
-            adaptive = {} if design.adaptive_max is None else {"adaptive": design}
-            sampling = "binomial" if design.replacement else "hypergeometric"
-            again = rsp.estimate(metric, data.ranks, data.n_items, data.n_samples, method=method, sampling=sampling,
-                                 **adaptive).value
+            again = rsp.estimate(metric, rsp.SampledRanks.from_arrays(data.ranks, data.n_items, data.n_samples, design),
+                                 method).value
             assert again == pytest.approx(value, rel=1e-9, abs=1e-12)
 
 

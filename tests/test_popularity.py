@@ -227,9 +227,9 @@ def test_uniform_weights_give_krichene_and_rendles_values_exactly():
     kr = 1 + (n - 1) * (s.ranks.to(torch.float64) - 1) / 25
     torch.testing.assert_close(popularity.rank_estimates(s), kr, rtol=1e-13, atol=0)
     hh = rsp.estimate("auc", s, method="hh")
-    bare = rsp.estimate("auc", s.ranks, n, 25, method="hh")
-    ke = rsp.estimate("auc", s.ranks, n, 25, method="rank_estimate", rounding="linear")
-    none = rsp.estimate("auc", s.ranks, n, 25, method="none")
+    bare = rsp.estimate("auc", rsp.SampledRanks.from_arrays(s.ranks, n, 25), "hh")
+    ke = rsp.estimate("auc", rsp.SampledRanks.from_arrays(s.ranks, n, 25), rsp.registry.RankEstimate(rounding="linear"))
+    none = rsp.estimate("auc", rsp.SampledRanks.from_arrays(s.ranks, n, 25), "none")
     for other in (bare, ke, none):
         assert hh.value == pytest.approx(other.value, abs=1e-12)
         assert hh.stderr == pytest.approx(other.stderr, rel=1e-9)
@@ -302,8 +302,8 @@ def pop_ranks():
 def test_refusals_name_the_argument(pop_ranks):
     scores, pos, w, s = pop_ranks
     # bare ranks cannot carry the weights; a SampledRanks stripped of them neither
-    with pytest.raises(ValueError, match="^sampled_ranks: bare ranks"):
-        rsp.estimate("auc", s.ranks, s.candidates(), 10, method="hh", sampling="popularity")
+    with pytest.raises(ValueError, match="^design: bare ranks"):
+        rsp.SampledRanks.from_arrays(s.ranks, s.candidates(), 10, SamplingDesign(10, popularity=w))
     with pytest.raises(ValueError, match="^sampled_ranks: these popularity-sampled ranks .* carry no per-draw"):
         rsp.estimate("auc", dataclasses.replace(s, popularity_stats=None), method="hh")
     without = rsp.sampled_ranks(scores, pos, SamplingDesign(10, replacement=False, popularity=w))
@@ -318,7 +318,7 @@ def test_refusals_name_the_argument(pop_ranks):
                                          r"\('auto', 'none', 'pl_fit'\)"):
         rsp.estimate("ndcg@10", s, method="mes")
     with pytest.raises(ValueError, match="^metric: method 'hh' estimates auc only"):
-        rsp.estimate("ndcg@10", s.ranks, 50, 10, method="hh")  # uniform bare ranks too
+        rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(s.ranks, 50, 10), "hh")  # uniform bare ranks too
     # a drawable candidate of weight 0 can never be drawn: its count is unidentified
     w0 = w.clone()
     w0[3] = 0.0

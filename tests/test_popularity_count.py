@@ -128,7 +128,7 @@ def test_ndcg_unbiased_where_the_model_holds():
         s = rsp.sampled_ranks(scores, pos, SamplingDesign(150, popularity=w),
                               generator=torch.Generator().manual_seed(100 + seed))
         for term in errs:
-            errs[term].append(rsp.estimate("ndcg@10", s, method="pl_fit", count_term=term).value / truth - 1.0)
+            errs[term].append(rsp.estimate("ndcg@10", s, rsp.registry.PlFit(count_term=term)).value / truth - 1.0)
     pf._FIT_CACHE.clear()
     assert abs(np.mean(errs["on"])) < 0.025, errs
     assert np.mean(errs["off"]) < -0.025 and abs(np.mean(errs["on"])) < abs(np.mean(errs["off"])), errs

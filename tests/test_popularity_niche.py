@@ -72,9 +72,9 @@ def test_niche_top_is_detected_and_the_hedge_beats_the_constrained_fit(niche_dra
         assert top < deep, (top, deep)
         for s in METRICS:
             spec = parse_metric(s)
-            d = rsp.estimate(s, sampled, method="pl_fit", niche="constrained", count_term=count_term)
-            e = rsp.estimate(s, sampled, method="pl_fit", niche="hedge", count_term=count_term)
-            assert rsp.estimate(s, sampled, method="pl_fit", count_term=count_term).value == e.value  # the default
+            d = rsp.estimate(s, sampled, rsp.registry.PlFit(niche="constrained", count_term=count_term))
+            e = rsp.estimate(s, sampled, rsp.registry.PlFit(niche="hedge", count_term=count_term))
+            assert rsp.estimate(s, sampled, rsp.registry.PlFit(count_term=count_term)).value == e.value  # the default
             assert d.details["niche_top"] is True and e.details["niche_top"] is True
             assert d.details["identified"] == e.details["identified"]  # the option moves the value (and stderr) only
             new[s].append(abs(e.value / truth[s] - 1))
@@ -103,7 +103,7 @@ def test_the_hedge_is_the_harmonic_mean_of_the_branches(niche_draws):
         spec = parse_metric(s)
         a, sa, _ = f.estimate(spec, f.best_constrained)
         b, sb, _ = f.estimate(spec, f.best_free)
-        e = rsp.estimate(s, sampled, method="pl_fit", niche="hedge")
+        e = rsp.estimate(s, sampled, rsp.registry.PlFit(niche="hedge"))
         assert e.details["branch_values"] == (a, b)
         assert e.value == pytest.approx(2 * a * b / (a + b), rel=1e-12)
         assert min(a, b) <= e.value <= max(a, b)
@@ -132,7 +132,7 @@ def test_popularity_tilted_tops_keep_the_constrained_fit(beta_top, beta_deep, se
         e = rsp.estimate(s, sampled, method="pl_fit")
         v, clo, chi = _constrained(f, spec)
         assert e.value == v and e.details["beta"] == f.beta_of(f.best_constrained)
-        assert rsp.estimate(s, sampled, method="pl_fit", niche="hedge").value == v  # no rejection: nothing to hedge
+        assert rsp.estimate(s, sampled, rsp.registry.PlFit(niche="hedge")).value == v  # no rejection: nothing to hedge
         assert e.details["niche_top"] is False
         assert abs(e.value / truth[s] - 1) < 0.15, (s, e.value, truth[s])
         lo, hi = e.interval(0.95)
@@ -156,4 +156,4 @@ def test_niche_option_is_checked():
     pos = torch.randint(0, 50, (20, 1), generator=g)
     s = rsp.sampled_ranks(scores, pos, SamplingDesign(10, popularity=torch.arange(1.0, 51.0)), generator=g)
     with pytest.raises(ValueError, match="^niche"):
-        rsp.estimate("hit@10", s, method="pl_fit", niche="free")
+        rsp.estimate("hit@10", s, rsp.registry.PlFit(niche="free"))

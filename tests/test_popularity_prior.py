@@ -35,7 +35,7 @@ def test_uniform_weights_spline_prior_agrees_with_gmod(seed):
     for metric in ("hit@10", "ndcg@10"):
         truth = float(metric_values(metric, exact, torch.full_like(exact, n)).double().mean())
         a = rsp.estimate(metric, s, method="pl_fit")
-        b = rsp.estimate(metric, s.ranks.view(-1), n, m, method="gmod", n_bootstrap=0)
+        b = rsp.estimate(metric, rsp.SampledRanks.from_arrays(s.ranks.view(-1), n, m), rsp.registry.Gmod(n_bootstrap=0))
         assert a.details["rank_prior"] == "spline"
         assert abs(a.value - b.value) < 2 * a.stderr, (metric, a.value, b.value, a.stderr)
         assert abs(a.value - truth) < 4 * a.stderr and abs(b.value - truth) < 4 * a.stderr, (metric, truth)
@@ -53,7 +53,7 @@ def test_em_prior_is_the_posterior_mean_under_the_fits_em_prior():
         _, prior, idx = f.curves[f.best]
         post = _rows_posterior(f._assemble(idx), prior[None, :])
         direct = float(f.units.w @ (post * f.cell_metric(spec)).sum(1)) / float(f.units.w.sum())
-        em = rsp.estimate(metric, s, method="pl_fit", rank_prior="em")
+        em = rsp.estimate(metric, s, rsp.registry.PlFit(rank_prior="em"))
         spline = rsp.estimate(metric, s, method="pl_fit")
         assert em.value == pytest.approx(direct, rel=1e-12) and em.details["rank_prior"] == "em"
         assert spline.value != pytest.approx(em.value, rel=1e-6)
@@ -88,7 +88,7 @@ def test_rank_prior_checked():
     scores, pos, w, _ = _model_catalogue(1)
     s = rsp.sampled_ranks(scores, pos, SamplingDesign(30, popularity=w), generator=torch.Generator().manual_seed(1))
     with pytest.raises(ValueError, match="^rank_prior"):
-        rsp.estimate("hit@10", s, method="pl_fit", rank_prior="npmle")
+        rsp.estimate("hit@10", s, rsp.registry.PlFit(rank_prior="npmle"))
     f = popularity.pl_fit(s)
     with pytest.raises(ValueError, match="^prior"):
         f.estimate(parse_metric("hit@10"), prior="npmle")

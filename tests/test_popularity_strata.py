@@ -105,7 +105,7 @@ def test_strata_follow_users_who_differ_in_tilt(mixed_draws):
     for sampled, truth in mixed_draws:
         for s in METRICS:
             for how in err:
-                e = rsp.estimate(s, sampled, method="pl_fit", strata=how)
+                e = rsp.estimate(s, sampled, rsp.registry.PlFit(strata=how))
                 assert ("strata" in e.details) == (how == "positive")
                 err[how].append(abs(e.value / truth[s] - 1))
                 lo, hi = e.interval(0.95)
@@ -129,7 +129,7 @@ def test_strata_cost_little_where_every_user_shares_one_tilt():
         for s in METRICS:
             truth = float(metric_values(s, exact, torch.full_like(exact, scores.shape[1])).double().mean())
             for how in err:
-                e = rsp.estimate(s, sampled, method="pl_fit", strata=how)
+                e = rsp.estimate(s, sampled, rsp.registry.PlFit(strata=how))
                 err[how].append(abs(e.value / truth - 1))
                 lo, hi = e.interval(0.95)
                 assert lo <= truth <= hi, (how, s, lo, truth, hi)
@@ -171,7 +171,7 @@ def test_combination_equals_the_strata_fitted_alone(mixed_draws):
         lo, hi, _ = f.bounds(spec)
         assert lo == pytest.approx(sum(b[0] * sh for _, b, sh in parts), rel=1e-12)
         assert hi == pytest.approx(sum(b[1] * sh for _, b, sh in parts), rel=1e-12)
-        e = rsp.estimate(s, sampled, method="pl_fit", niche="constrained")
+        e = rsp.estimate(s, sampled, rsp.registry.PlFit(niche="constrained"))
         assert e.value == pytest.approx(value, rel=1e-12)
         assert [d["share"] for d in e.details["strata"]] == pytest.approx([sh for *_, sh in parts])
         assert [d["value"] for d in e.details["strata"]] == pytest.approx([v for v, *_ in parts], rel=1e-12)
@@ -181,7 +181,7 @@ def test_combination_equals_the_strata_fitted_alone(mixed_draws):
 def test_strata_option_is_checked_and_bare_weights_fit_as_one(mixed_draws):
     sampled = mixed_draws[0][0]
     with pytest.raises(ValueError, match="strata"):
-        rsp.estimate("hit@10", sampled, method="pl_fit", strata="user")
+        rsp.estimate("hit@10", sampled, rsp.registry.PlFit(strata="user"))
     # statistics without the positives' weights (saved before they were kept) are fitted as one
     st_ = sampled.popularity_stats
     bare = type(sampled)(sampled.ranks, sampled.n_candidates, sampled.negatives, sampled.design,
@@ -189,7 +189,7 @@ def test_strata_option_is_checked_and_bare_weights_fit_as_one(mixed_draws):
                                                     st_.beat_bins, st_.miss_bins))
     e = rsp.estimate("hit@10", bare, method="pl_fit")
     assert "strata" not in e.details
-    assert e.value == rsp.estimate("hit@10", sampled, method="pl_fit", strata="none").value
+    assert e.value == rsp.estimate("hit@10", sampled, rsp.registry.PlFit(strata="none")).value
 
 
 def test_stratified_fit_from_device_draws_equals_the_cpu_one(device):

@@ -128,8 +128,8 @@ def test_uniform_weights_reduce_to_the_uniform_binomial_fit():
     exact = rsp.exact_ranks(scores, pos, count_other_positives=False).view(-1)
     for metric in ("hit@10", "ndcg@10", "auc"):
         a = rsp.estimate(metric, s, method="pl_fit").value
-        b = rsp.estimate(metric, ranks, n, 40, method="pl_fit").value
-        e = rsp.estimate(metric, ranks, n, 40, method="pl_fit")
+        b = rsp.estimate(metric, rsp.SampledRanks.from_arrays(ranks, n, 40), "pl_fit").value
+        e = rsp.estimate(metric, rsp.SampledRanks.from_arrays(ranks, n, 40), "pl_fit")
         truth = float(metric_values(metric, exact, torch.full_like(exact, n)).double().mean())
         assert abs(a - b) < 0.02 and abs(b - truth) < 4 * e.stderr + 0.02, (metric, a, b, truth)
 
@@ -139,10 +139,18 @@ def test_refusals_name_the_argument():
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(50, 80, generator=g, dtype=torch.float64)
     pos = torch.randint(0, 80, (50, 1), generator=g)
-    with pytest.raises(ValueError, match="^method: 'pl_fit' does not support the design .*without replacement"):
-        rsp.estimate("hit@10", torch.tensor([1, 2, 3]), 80, 10, method="pl_fit", sampling="hypergeometric")
+    with pytest.raises(ValueError, match="^method: 'pl_fit' does not support the design"):  # without replacement
+        rsp.estimate(
+            "hit@10",
+            rsp.SampledRanks.from_arrays(torch.tensor([1, 2, 3]), 80, 10, rsp.SamplingDesign(10, replacement=False)),
+            "pl_fit",
+        )
     with pytest.raises(ValueError, match="^n_samples"):
-        rsp.estimate("hit@1", torch.tensor([2, 1]), 5, 10, method="pl_fit", sampling="hypergeometric")
+        rsp.estimate(
+            "hit@1",
+            rsp.SampledRanks.from_arrays(torch.tensor([2, 1]), 5, 10, rsp.SamplingDesign(10, replacement=False)),
+            "pl_fit",
+        )
     wor = rsp.sampled_ranks(scores, pos, SamplingDesign(10, replacement=False, popularity=torch.ones(80)), generator=g)
     with pytest.raises(ValueError, match="^method: 'pl_fit' does not support"):
         rsp.estimate("hit@10", wor, method="pl_fit")
@@ -153,11 +161,11 @@ def test_refusals_name_the_argument():
     zero = rsp.sampled_ranks(scores, pos, SamplingDesign(10, popularity=w), generator=g)
     with pytest.raises(ValueError, match="^popularity: "):
         rsp.estimate("ndcg@10", zero, method="pl_fit")
-    with pytest.raises(ValueError, match="^sampled_ranks: "):
-        rsp.estimate("hit@10", torch.tensor([1, 2]), 80, 10, method="pl_fit", sampling="popularity")
+    with pytest.raises(ValueError, match="^design: "):
+        rsp.SampledRanks.from_arrays(torch.tensor([1, 2]), 80, 10, SamplingDesign(10, popularity=w))
     ok = rsp.sampled_ranks(scores, pos, SamplingDesign(10, popularity=torch.ones(80) + torch.arange(80.0)), generator=g)
     with pytest.raises(ValueError, match="^top_shape: "):  # the uniform law's shape option would be ignored silently
-        rsp.estimate("hit@10", ok, method="pl_fit", top_shape=rsp.identification.TopShape(gamma=2.0))
+        rsp.estimate("hit@10", ok, rsp.registry.PlFit(top_shape=rsp.identification.TopShape(gamma=2.0)))
 
 
 def test_registry_entry_declares_popularity_and_its_metrics():

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from reco_sampled_plugin import registry
+from reco_sampled_plugin import registry, SampledRanks
 from reco_sampled_plugin._rank_hist import as_histogram, sampled_rank_histogram
 from reco_sampled_plugin.estimators import ESTIMATORS, estimate
 from reco_sampled_plugin.metrics import metric_values
@@ -183,17 +183,17 @@ def test_dispatcher_every_method(data):
         kw = {"a": 0.5} if method == "beta" else {}
         if method in ("mle", "mes", "bv_mle"):
             kw["n_bootstrap"] = 4
-        res = estimate("ndcg@20", sub, N, M, method=method, **kw)
+        res = estimate("ndcg@20", SampledRanks.from_arrays(sub, N, M), registry.method_class(method)(**kw))
         assert math.isfinite(res.value) and res.stderr > 0 and res.n_instances == 4000, method
-    good = estimate("hit@500", sub, N, M, method="mle", n_bootstrap=8)
+    good = estimate("hit@500", SampledRanks.from_arrays(sub, N, M), registry.Mle(n_bootstrap=8))
     assert abs(good.value - true) < 4 * good.stderr + 0.01
     with pytest.raises(ValueError, match="unknown estimator"):
-        estimate("hit@10", sub, N, M, method="nope")
+        estimate("hit@10", SampledRanks.from_arrays(sub, N, M), "nope")
     with pytest.raises(ValueError, match="^n_bootstrap: method 'bound' does not use it; it takes no options"):
-        estimate("hit@10", sub, N, M, method="bound", n_bootstrap=3)
+        estimate("hit@10", SampledRanks.from_arrays(sub, N, M), registry.Bound(n_bootstrap=3))
     with pytest.raises(ValueError, match="larger than the catalogue"):
-        estimate(f"hit@{N + 5}", sub, N, M, method="bound")
-    blind = estimate("hit@5", torch.ones(50, dtype=torch.int64), N, M, method="bv")
+        estimate(f"hit@{N + 5}", SampledRanks.from_arrays(sub, N, M), "bound")
+    blind = estimate("hit@5", SampledRanks.from_arrays(torch.ones(50, dtype=torch.int64), N, M), "bv")
     assert blind.stderr == math.inf and "all_at_top" in blind.flags
 
 
@@ -210,16 +210,16 @@ def test_several_metrics_from_one_histogram_fit_once(data, monkeypatch, method):
                         lambda *a, **k: fits.append(1) or real(*a, **k))
     estimators._FITS.clear()
     opts = {"n_bootstrap": 4}
-    first = [estimate(m, hist, method=method, **opts) for m in ("hit@100", "ndcg@50", "hit@100")]
+    first = [estimate(m, hist, registry.method_class(method)(**opts)) for m in ("hit@100", "ndcg@50", "hit@100")]
     assert len(fits) == 1
     estimators._FITS.clear()
-    again = [estimate(m, hist, method=method, **opts) for m in ("hit@100", "ndcg@50")]
+    again = [estimate(m, hist, registry.method_class(method)(**opts)) for m in ("hit@100", "ndcg@50")]
     assert len(fits) == 2  # one fit per cleared cache, whatever the number of metrics
     for a, b in zip(first, again):
         assert (a.value, a.stderr, a.flags) == (b.value, b.stderr, b.flags)
     assert first[0].value == first[2].value
-    estimate("hit@100", sampled_rank_histogram(data[1][:2999], N, M), method=method, **opts)  # other counts
-    estimate("hit@100", hist, method=method, n_bootstrap=5)  # other options
+    estimate("hit@100", sampled_rank_histogram(data[1][:2999], N, M), registry.method_class(method)(**opts))  # other counts
+    estimate("hit@100", hist, registry.method_class(method)(n_bootstrap=5))  # other options
     assert len(fits) == 4
 
 
@@ -245,7 +245,7 @@ def test_bv_with_mle_prior_on_many_candidate_counts():
     r = np.clip(np.ceil(rng.beta(0.4, 3.0, size=4000) * n).astype(np.int64), 1, n)
     sampled = simulate_sampled_ranks(torch.as_tensor(r), torch.as_tensor(n), 100, generator=torch.Generator().manual_seed(1))
     truth = float(np.mean(r <= 50))
-    res = estimate("hit@50", sampled, torch.as_tensor(n), 100, method="bv_mle")
+    res = estimate("hit@50", SampledRanks.from_arrays(sampled, torch.as_tensor(n), 100), "bv_mle")
     assert np.isfinite(res.value) and np.isfinite(res.stderr)
     # the sampling noise of HR@50 itself is sqrt(p (1 - p) / 4000) ~ 0.007; bias of bv stays within a few of it
     assert abs(res.value - truth) < 5 * res.stderr + 0.01
@@ -277,9 +277,13 @@ def test_zero_weight_and_empty_groups_do_not_move_estimates(method):
     from reco_sampled_plugin import RankHistogram, estimate
 
     r, n = torch.tensor([1, 2, 3, 2, 4]), torch.tensor([10, 10, 10, 12, 12])
-    base = estimate("recall@3", r, n, 3, method=method)
-    padded = estimate("recall@3", torch.cat([r, torch.tensor([3])]), torch.cat([n, torch.tensor([5000])]), 3,
-                      method=method, weights=torch.tensor([1.0] * 5 + [0.0]))
+    base = estimate("recall@3", SampledRanks.from_arrays(r, n, 3), method)
+    padded = estimate(
+        "recall@3",
+        SampledRanks.from_arrays(torch.cat([r, torch.tensor([3])]), torch.cat([n, torch.tensor([5000])]), 3),
+        method,
+        weights=torch.tensor([1.0] * 5 + [0.0]),
+    )
     assert padded.value == pytest.approx(base.value, rel=1e-12) and padded.stderr == pytest.approx(base.stderr, rel=1e-9)
     c = np.array([1.0, 2.0, 1.0, 0.0])
     h = RankHistogram(np.array([10]), np.array([3]), (c,))
@@ -302,7 +306,12 @@ def test_histogram_copies_its_inputs_and_few_instances_are_flagged():
     assert set(ESTIMATORS) - set(registry.names(metric="recall@2")) == {"hh"}  # AUC only
     for method in registry.names(metric="recall@2"):
         extra = {"a": 0.5} if method == "beta" else {}
-        e = estimate("recall@2", torch.tensor([1, 2, 3, 1]), 50, 3, method=method, weights=torch.full((4,), 0.1), **extra)
+        e = estimate(
+            "recall@2",
+            SampledRanks.from_arrays(torch.tensor([1, 2, 3, 1]), 50, 3),
+            registry.method_class(method)(**extra),
+            weights=torch.full((4,), 0.1),
+        )
         assert math.isfinite(e.value) and e.stderr == math.inf and "few_instances" in e.flags, method
 
 

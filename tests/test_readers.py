@@ -434,7 +434,7 @@ def test_estimate_table_lines_as_before():
 
     gen = np.random.default_rng(0)
     ranks = 1 + gen.binomial(100, gen.uniform(0, 1, 400))
-    rows = [(metric, method, rsp.estimate(metric, ranks, 2000, 100, method=method))
+    rows = [(metric, method, rsp.estimate(metric, rsp.SampledRanks.from_arrays(ranks, 2000, 100), method))
             for metric in ("auc", "ndcg@10") for method in ("none", "bv", "auto")]
     for stderr in (False, True):
         lines = estimate_table(rows, stderr=stderr, n_items=2000, users=400, n_samples=100)

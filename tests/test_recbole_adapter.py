@@ -22,6 +22,8 @@ from recbole.data import create_dataset, data_preparation  # noqa: E402
 from recbole.trainer import Trainer  # noqa: E402
 from _recbole_helpers import evaluate_with_struct  # noqa: E402
 from recbole.utils import get_model, init_seed  # noqa: E402
+from reco_sampled_plugin import SampledRanks, SamplingDesign
+from reco_sampled_plugin import registry
 
 DATA_PATH = os.path.join(os.path.dirname(recbole.__file__), "dataset_example")
 BASE = {
@@ -600,8 +602,12 @@ def test_full_mode_adaptive_sampling_equals_the_core(bpr):
     assert not bool(((r == 1) & (m < 320)).any())
     w = 1.0 / cols["n_positives"]
     for name, metric in (("rankdistrecall@10", "recall@10"), ("rankdistndcg@10", "ndcg@10")):
-        core = estimate(metric, r.long(), n.long(), m.long(), weights=w, adaptive=(20, 320), n_bootstrap=4,
-                        seed=config["seed"])
+        core = estimate(
+            metric,
+            SampledRanks.from_arrays(r.long(), n.long(), m.long(), SamplingDesign(20, adaptive_max=320)),
+            registry.Auto(n_bootstrap=4, seed=config["seed"]),
+            weights=w,
+        )
         assert res[name] == pytest.approx(core.value, abs=1e-10), name
         assert res[f"{name}_mean_samples"] == pytest.approx(float((m * w).sum() / w.sum()), abs=1e-9)
         assert res[f"{name}_max_samples"] == int(m.max())

@@ -33,6 +33,8 @@ from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
 from reco_sampled_plugin.ranking import prepare_index  # noqa: E402
 from reco_sampled_plugin.scorer_ranks import ScorerCalls, adaptive_stages  # noqa: E402
 from _recbole_helpers import evaluate_with_struct  # noqa: E402
+from reco_sampled_plugin import SampledRanks
+from reco_sampled_plugin import registry
 
 DATA_PATH = os.path.join(os.path.dirname(recbole.__file__), "dataset_example")
 N, CAP = 20, 160
@@ -180,7 +182,12 @@ def test_uni_adaptive_rankdist_estimates(run):
     r, m, n = cols["sampled_rank"], cols["m"], cols["n_candidates"]
     w = 1.0 / cols["n_positives"]
     for name, metric in (("rankdistrecall@10", "recall@10"), ("rankdistndcg@10", "ndcg@10")):
-        core = estimate(metric, r.long(), n.long(), m.long(), weights=w, adaptive=(N, CAP), n_bootstrap=4, seed=seed)
+        core = estimate(
+            metric,
+            SampledRanks.from_arrays(r.long(), n.long(), m.long(), SamplingDesign(N, adaptive_max=CAP)),
+            registry.Auto(n_bootstrap=4, seed=seed),
+            weights=w,
+        )
         assert res[name] == pytest.approx(core.value, abs=1e-10), name
         assert res[f"{name}_mean_samples"] == pytest.approx(float((m * w).sum() / w.sum()), abs=1e-9)
         assert res[f"{name}_max_samples"] == int(m.max())

@@ -58,7 +58,7 @@ def check_contract(name: str, uniform_ranks) -> None:
     # 1. values on a known histogram: AUC is linear in r, so every estimator (the sampled AUC is unbiased too)
     #    lands on the exact AUC of these positives within its standard error
     truth = float(((N - exact) / (N - 1.0)).double().mean())
-    est = rsp.estimate("auc", sampled, N, M, method=name, **kw)
+    est = rsp.estimate("auc", rsp.SampledRanks.from_arrays(sampled, N, M), rsp.registry.method_class(name)(**kw))
     assert math.isfinite(est.value) and est.stderr > 0 and est.n_instances == len(exact)
     assert abs(est.value - truth) <= 4 * est.stderr + 0.01, (name, est.value, truth)
     lo, hi = est.interval(0.95)
@@ -67,11 +67,19 @@ def check_contract(name: str, uniform_ranks) -> None:
     foreign = sorted({o for e in registry.entries() for o in e.option_names} - set(entry.option_names))
     for opt in foreign[:3]:
         with pytest.raises(ValueError, match=f"{opt}"):
-            rsp.estimate("auc", sampled, N, M, method=name, **{**kw, opt: 0.5})
+            rsp.estimate(
+                "auc",
+                rsp.SampledRanks.from_arrays(sampled, N, M),
+                rsp.registry.method_class(name)(**{**kw, opt: 0.5}),
+            )
     for o in entry.options:
         bad = object() if o.kind in ("prior",) else "not-a-value"
         with pytest.raises(ValueError, match=f"^{o.name}: "):
-            rsp.estimate("auc", sampled, N, M, method=name, **{**kw, o.name: bad})
+            rsp.estimate(
+                "auc",
+                rsp.SampledRanks.from_arrays(sampled, N, M),
+                rsp.registry.method_class(name)(**{**kw, o.name: bad}),
+            )
     # 3. designs: every design it claims works from SampledRanks alone, every other one is refused naming it
     designs = {
         "fixed": (SamplingDesign(20), True),
@@ -84,11 +92,11 @@ def check_contract(name: str, uniform_ranks) -> None:
         assert ranks.design == design
         assert entry.supports(design) == claimed, (name, label)
         if claimed:
-            e = rsp.estimate("auc", ranks, method=name, **kw)
+            e = rsp.estimate("auc", ranks, rsp.registry.method_class(name)(**kw))
             assert math.isfinite(e.value), (name, label)
         else:
             with pytest.raises(ValueError, match=f"method: {name!r} does not support"):
-                rsp.estimate("auc", ranks, method=name, **kw)
+                rsp.estimate("auc", ranks, rsp.registry.method_class(name)(**kw))
 
 
 @pytest.mark.parametrize("name", registry.names())
@@ -154,24 +162,28 @@ def test_rank_distribution_dispatches_to_its_fitter():
 
 
 def test_sampled_ranks_carry_their_design(uniform_ranks):
-    """estimate(metric, sampled) alone equals the loose form; a contradicting law or size is refused."""
+    """estimate(metric, sampled) alone equals the same ranks built from plain arrays with the same design."""
     g = torch.Generator().manual_seed(3)
     scores = torch.randn(50, 200, generator=g)
     pos = torch.randint(0, 200, (50, 2), generator=g)
     s = rsp.sampled_ranks(scores, pos, SamplingDesign(30, replacement=False), generator=g)
     ranks, n_cand = s.ranks, s.n_candidates
-    loose = rsp.estimate("ndcg@10", ranks, n_cand.unsqueeze(1).expand(ranks.shape), 30, method="bv",
-                         sampling="hypergeometric")
+    loose = rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(ranks, n_cand.unsqueeze(1).expand(ranks.shape), 30,
+                                     rsp.SamplingDesign(30, replacement=False)),
+        "bv",
+    )
     alone = rsp.estimate("ndcg@10", s, method="bv")
     assert alone.value == loose.value and alone.stderr == loose.stderr
-    with pytest.raises(ValueError, match="^sampling: "):
-        rsp.estimate("ndcg@10", s, method="bv", sampling="binomial")
-    with pytest.raises(ValueError, match="^n_items: "):
-        rsp.estimate("ndcg@10", s, 200, method="bv")
     a = rsp.adaptive_sampled_ranks(scores, pos, SamplingDesign(10, adaptive_max=80), generator=g)
     ranks, sizes = a.ranks, a.n_samples
-    loose = rsp.estimate("hit@10", ranks, a.candidates(), sizes, method="mes", adaptive=(10, 80), n_bootstrap=0)
-    alone = rsp.estimate("hit@10", a, method="mes", n_bootstrap=0)
+    loose = rsp.estimate(
+        "hit@10",
+        rsp.SampledRanks.from_arrays(ranks, a.candidates(), sizes, rsp.SamplingDesign(10, adaptive_max=80)),
+        rsp.registry.Mes(n_bootstrap=0),
+    )
+    alone = rsp.estimate("hit@10", a, rsp.registry.Mes(n_bootstrap=0))
     assert alone.value == loose.value and alone.details["adaptive"] == loose.details["adaptive"]
 
 
@@ -201,11 +213,16 @@ def test_a_new_estimator_touches_one_file_and_reaches_every_list(throwaway, unif
     docs/estimators.md's row is the fourth file, checked by tests/test_registry_docs.py for real entries)."""
     check_contract("half", uniform_ranks)
     exact, sampled = uniform_ranks
-    assert rsp.estimate("hit@10", sampled, N, M, method="half", weight=1.0).value == 0.5
+    assert rsp.estimate(
+        "hit@10",
+        rsp.SampledRanks.from_arrays(sampled, N, M),
+        rsp.registry.method_class("half")(weight=1.0),
+    ).value == 0.5
     assert "half" in registry.names() and "half" in estimators.ESTIMATORS
     assert estimators.METHOD_OPTIONS["half"] == ("weight",)
     assert "half" in rsp.adaptive.ADAPTIVE_METHODS
     assert registry.method_class("half")(weight=0.3).weight == 0.3  # its options: the method class's fields
+    assert registry.method_class("half")(weight=0.3).options() == {"weight": 0.3}
     with pytest.raises(ValueError, match="^lam: .*allowed options: weight"):
         registry.method_class("half")(lam=1.0)
     a = adaptive_sampled_ranks_from_exact(exact[:500], N, 10, 80, torch.Generator().manual_seed(0))

@@ -24,9 +24,18 @@ def test_per_row_weights_of_shape_b_refused_not_broadcast():
     s, b = _uniform()
     assert s.ranks.shape == (b, 1)
     with pytest.raises(ValueError, match=r"^weights: shape \(400,\) would broadcast .* given as shape \(400, 1\)"):
-        rsp.estimate("ndcg@10", s.ranks, s.candidates(), 50, weights=torch.ones(b))
-    ok = rsp.estimate("ndcg@10", s.ranks, s.candidates(), 50, weights=torch.ones(b, 1), method="mes", n_bootstrap=0)
-    plain = rsp.estimate("ndcg@10", s.ranks, s.candidates(), 50, method="mes", n_bootstrap=0)
+        rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(s.ranks, s.candidates(), 50), weights=torch.ones(b))
+    ok = rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(s.ranks, s.candidates(), 50),
+        rsp.registry.Mes(n_bootstrap=0),
+        weights=torch.ones(b, 1),
+    )
+    plain = rsp.estimate(
+        "ndcg@10",
+        rsp.SampledRanks.from_arrays(s.ranks, s.candidates(), 50),
+        rsp.registry.Mes(n_bootstrap=0),
+    )
     assert ok.value == pytest.approx(plain.value, rel=1e-9)
 
 
@@ -42,7 +51,7 @@ def _popularity(replacement: bool = True):
 def test_auto_under_popularity_warns_about_options_it_cannot_pass_on():
     s = _popularity()
     with pytest.warns(UserWarning, match="n_bootstrap.*pl_fit"):
-        e = rsp.estimate("ndcg@10", s, n_bootstrap=50)
+        e = rsp.estimate("ndcg@10", s, rsp.registry.Auto(n_bootstrap=50))
     assert e.details["auto"]["options_unused"] == ["n_bootstrap"]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -62,7 +71,7 @@ def test_pooling_not_flagged_where_popularity_estimators_pool_nothing():
     s = rsp.sampled_ranks(scores, pos, SamplingDesign(40, popularity=w), exclude=exclude, generator=g)
     assert len(torch.unique(s.candidates())) == 150
     a = rsp.estimate("auc", s, method="hh")
-    b = rsp.estimate("auc", s, method="hh", max_rel_n_spread=0.5)
+    b = rsp.estimate("auc", s, rsp.registry.Hh(max_rel_n_spread=0.5))
     assert a.value == b.value and "pooled_n" not in b.flags
 
 

@@ -35,8 +35,6 @@ MOVED = {
     "expected_corrected": "corrections",
     "table_bias": "corrections",
     "clear_correction_cache": "corrections",
-    "corrected_metric": "uncertainty",
-    "corrected_values": "uncertainty",
     "mapping": "mapping",
     "fit_beta": "mapping",
     "BetaFit": "mapping",

@@ -21,6 +21,7 @@ from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, Sampl
 from reco_sampled_plugin._estimate import Estimate  # noqa: E402
 from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
 from reco_sampled_plugin.rank_distribution import pool_groups  # noqa: E402
+from reco_sampled_plugin import SampledRanks, SamplingDesign, registry  # noqa: E402
 
 METRICS = ("ndcg@10", "recall@5", "rr", "auc")  # canonical names (keys of the results)
 
@@ -109,7 +110,11 @@ def test_sampled_metric_equals_functional_core(device):
     assert len(est) == len(METRICS) * len(ESTIMATORS)
     for name in METRICS:
         for method in ESTIMATORS:
-            ref = estimate(name, ranks, n_cand.unsqueeze(1), 30, method=method, **OPTIONS.get(method, {}))
+            ref = estimate(
+                name,
+                SampledRanks.from_arrays(ranks, n_cand.unsqueeze(1), 30),
+                registry.method_class(method)(**OPTIONS.get(method, {})),
+            )
             got = est[f"{name}/{LABELS[method]}"]
             assert got.value == pytest.approx(ref.value, abs=1e-12), (name, method)
             assert got.stderr == pytest.approx(ref.stderr, rel=1e-9, abs=1e-15), (name, method)
@@ -488,7 +493,11 @@ def test_adaptive_metric_equals_the_core_on_the_same_draws():
     got_one, got_split = one.estimates(), split.estimates()
     for metric in ("ndcg@10", "hit@5"):
         for method in ("none", "mes"):
-            core = estimate(metric, r, n, m, method=method, adaptive=(4, 32), **({"n_bootstrap": 0} if method == "mes" else {}))
+            core = estimate(
+                metric,
+                SampledRanks.from_arrays(r, n, m, SamplingDesign(4, adaptive_max=32)),
+                registry.method_class(method)(**{"n_bootstrap": 0} if method == "mes" else {}),
+            )
             key = f"{metric}/{'sampled' if method == 'none' else 'mes_n_bootstrap-0'}"
             assert got_one[key].value == pytest.approx(core.value, rel=1e-12, abs=1e-15), key
             assert got_split[key].value == pytest.approx(core.value, rel=1e-12, abs=1e-15), key

@@ -11,7 +11,8 @@ from reco_sampled_plugin.corrections import correction_table, expected_corrected
 from reco_sampled_plugin._estimate import Estimate
 from reco_sampled_plugin.priors import BetaPrior, empirical_prior, fit_beta_prior
 from reco_sampled_plugin.simulate import draw_sampled_ranks
-from reco_sampled_plugin.uncertainty import corrected_metric, corrected_values, paired_difference
+from reco_sampled_plugin.uncertainty import paired_difference
+from reco_sampled_plugin import registry, SampledRanks, SamplingDesign, estimate
 
 TABLE1 = {
     "A": [100, 100, 100, 100, 100],
@@ -36,7 +37,7 @@ def test_corrected_metric_is_table_lookup_mean(gen):
     n, m = 5_000, 50
     r = torch.randint(1, m + 2, (1000,), generator=gen)
     table = correction_table("ndcg@10", n, m, "bv", 0.1)
-    est = corrected_metric("ndcg@10", r, n, m, "bv", 0.1)
+    est = estimate("ndcg@10", SampledRanks.from_arrays(r, n, m), registry.Bv(gamma=0.1))
     vals = table[r - 1]
     assert math.isclose(est.value, float(vals.mean()), rel_tol=1e-12)
     assert math.isclose(est.stderr, float(vals.std() / math.sqrt(1000)), rel_tol=1e-12)
@@ -47,15 +48,18 @@ def test_per_instance_candidate_counts_are_honoured_exactly(gen):
     m = 30
     n = torch.randint(400, 460, (300,), generator=gen)
     r = torch.randint(1, m + 2, (300,), generator=gen)
-    got = corrected_values("ap", r, n, m, "bv", 0.01, "hypergeometric")
+    design = SamplingDesign(m, replacement=False)
+    got = estimate("ap", SampledRanks.from_arrays(r, n, m, design), registry.Bv(gamma=0.01))
     want = torch.stack(
         [correction_table("ap", int(ni), m, "bv", 0.01, "hypergeometric")[int(ri) - 1] for ni, ri in zip(n, r)]
     )
     # 60 distinct n: the tables come from the verified interpolation over n (_over_n, tolerance 1e-10)
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-9)
+    assert got.value == pytest.approx(float(want.mean()), rel=0, abs=1e-9)
+    assert got.stderr == pytest.approx(float(want.std() / math.sqrt(300)), rel=0, abs=1e-9)
     # 2-D ranks with per-row n broadcast
-    got2 = corrected_values("ap", r.reshape(30, 10), n.reshape(30, 10), m, "bv", 0.01, "hypergeometric")
-    assert torch.equal(got2.reshape(-1), got)  # the same tables whatever the shape
+    got2 = estimate("ap", SampledRanks.from_arrays(r.reshape(30, 10), n.reshape(30, 10), m, design),
+                    registry.Bv(gamma=0.01))
+    assert (got2.value, got2.stderr) == (got.value, got.stderr)  # the same tables whatever the shape
 
 
 def test_corrected_metric_unbiased_for_auc_and_stderr_calibrated():
@@ -67,7 +71,7 @@ def test_corrected_metric_unbiased_for_auc_and_stderr_calibrated():
     p = BetaPrior(0.5).weights(n)
     exact = torch.from_numpy(rng.choice(np.arange(1, n + 1), size=(reps, users), p=p))
     draws = draw_sampled_ranks(exact, n, m, "binomial", repeats=1, seed=11)[0]
-    estimates = [corrected_metric("auc", draws[i], n, m, "cls") for i in range(reps)]
+    estimates = [estimate("auc", SampledRanks.from_arrays(draws[i], n, m), "cls") for i in range(reps)]
     values = np.array([e.value for e in estimates])
     truth = float(p @ ((n - np.arange(1, n + 1)) / (n - 1)))
     spread = values.std(ddof=1)
@@ -109,8 +113,8 @@ def test_paired_difference(gen):
     a = torch.randint(1, 12, (800,), generator=gen)
     b = torch.randint(1, 40, (800,), generator=gen)
     est = paired_difference("recall@10", a, b, n, m, "bv", 0.1)
-    va = corrected_values("recall@10", a, n, m, "bv", 0.1)
-    vb = corrected_values("recall@10", b, n, m, "bv", 0.1)
+    table = correction_table("recall@10", n, m, "bv", 0.1)
+    va, vb = table[a - 1], table[b - 1]
     d = va - vb
     assert math.isclose(est.value, float(d.mean()), rel_tol=1e-12)
     assert math.isclose(est.stderr, float(d.std() / math.sqrt(800)), rel_tol=1e-12)
@@ -122,10 +126,10 @@ def test_paired_difference(gen):
         paired_difference("recall@10", a, b[:10], n, m)
 
 
-@pytest.mark.parametrize("bad", [[0, 1], [1, 52], [1.5, 2.0]])
+@pytest.mark.parametrize("bad", [[-1, 1], [1, 52], [1.5, 2.0]])  # 0 marks padding (SampledRanks.from_arrays)
 def test_sampled_ranks_out_of_range(bad):
     with pytest.raises(ValueError, match="sampled_ranks"):
-        corrected_metric("ndcg@10", torch.tensor(bad), 1000, 50)
+        estimate("ndcg@10", SampledRanks.from_arrays(torch.tensor(bad), 1000, 50), "bv")
 
 
 def test_ordering_agreement_on_running_example():

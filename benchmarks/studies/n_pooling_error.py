@@ -23,6 +23,8 @@ import torch  # noqa: E402
 
 from reco_sampled_plugin.estimators import estimate  # noqa: E402
 from reco_sampled_plugin.simulate import draw_sampled_ranks  # noqa: E402
+from reco_sampled_plugin import SampledRanks
+from reco_sampled_plugin import registry
 
 METHODS = [("none", {}), ("rank_estimate", {}), ("cls", {}), ("bv", {"gamma": 0.1}), ("bv", {"gamma": 0.01}),
            ("bound", {}), ("beta", {"a": 0.5})]
@@ -44,9 +46,13 @@ def measure(ranks, n, m: int, repeats: int, seed: int = 0) -> dict:
         for d in draws:
             for meth, kw in METHODS:
                 for mt in METRICS:
-                    ref = estimate(mt, d, n, m, method=meth, **kw).value
+                    ref = estimate(mt, SampledRanks.from_arrays(d, n, m), registry.method_class(meth)(**kw)).value
                     for s in SPREADS:
-                        v = estimate(mt, d, n, m, method=meth, max_rel_n_spread=s, **kw).value
+                        v = estimate(
+                            mt,
+                            SampledRanks.from_arrays(d, n, m),
+                            registry.method_class(meth)(max_rel_n_spread=s, **kw),
+                        ).value
                         rel = abs(v - ref) / abs(ref) if ref else 0.0
                         key = (s, meth + "".join(f"({v})" for v in kw.values()))
                         if rel > worst[key][0]:

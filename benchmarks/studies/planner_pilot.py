@@ -34,6 +34,8 @@ from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
 from reco_sampled_plugin.factor_ranks import exact_ranks_from_factors  # noqa: E402
 from reco_sampled_plugin.metrics import metric_values  # noqa: E402
 from reco_sampled_plugin.simulate import simulate_sampled_ranks  # noqa: E402
+from reco_sampled_plugin import SampledRanks, SamplingDesign
+from reco_sampled_plugin import registry
 
 
 def simulated_error(r: np.ndarray, n_u: np.ndarray, design: tuple[int, int | None], repeats: int, seed: int = 7) -> float:
@@ -48,11 +50,15 @@ def simulated_error(r: np.ndarray, n_u: np.ndarray, design: tuple[int, int | Non
         truth = float(metric_values(TARGET_METRIC, rt, nt).mean())
         if cap is None:
             s = simulate_sampled_ranks(rt, nt, m, "binomial", gen)
-            value = estimate(TARGET_METRIC, s, nt, m, n_bootstrap=0).value
+            value = estimate(TARGET_METRIC, SampledRanks.from_arrays(s, nt, m), registry.Auto(n_bootstrap=0)).value
         else:
             drawn = adaptive_sampled_ranks_from_exact(rt, nt, m, cap, gen)
             s, sizes = drawn.ranks, drawn.n_samples
-            value = estimate(TARGET_METRIC, s, nt, sizes, adaptive=(m, cap), n_bootstrap=0).value
+            value = estimate(
+                TARGET_METRIC,
+                SampledRanks.from_arrays(s, nt, sizes, SamplingDesign(m, adaptive_max=cap)),
+                registry.Auto(n_bootstrap=0),
+            ).value
         err.append(value - truth)
         truths.append(truth)
     return math.sqrt(float(np.mean(np.square(err)))) / float(np.mean(truths))

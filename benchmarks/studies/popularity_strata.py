@@ -147,7 +147,7 @@ def drive(args) -> None:
                             pf._FIT_CACHE.clear()
                             t0 = time.perf_counter()
                             for s in METRICS:
-                                rsp.estimate(s, pop, method="pl_fit", **{key: how}).interval(0.95)
+                                rsp.estimate(s, pop, rsp.registry.PlFit(**{key: how})).interval(0.95)
                             times[how] = time.perf_counter() - t0
                         print(f"{args.dataset} {name} a={alpha} m={m} rep={rep} n_pos={len(units.w)}: HR@10 + NDCG@10 "
                               f"{key}={a} {times[a]:.2f} s, {key}={b} {times[b]:.2f} s", flush=True)

@@ -159,9 +159,9 @@ class _EstimatedMetric(_Metric):
             # (auto runs hh or pl_fit there, which take no bootstrap: the adapter's n_bootstrap and seed are dropped)
             if family == "auto":
                 method = type(method)(**s.options.get(method.name, {}))
-            result = estimators._estimate(spec, popn, method, weights=_sampled_weights(table, weights))
+            result = estimators.estimate(spec, popn, method, weights=_sampled_weights(table, weights))
         else:
-            result = estimators._estimate(spec, hist, method)
+            result = estimators.estimate(spec, hist, method)
         out = {key: self._round(result.value)}
         if design is not None:  # what adaptive sampling cost (weighted like the estimate)
             cost = result.details["adaptive"]

@@ -966,9 +966,9 @@ class SampledRankingMetrics(_MergeChecked):
             try:
                 if self._pop_weights is not None and family != "none":
                     popn = self._popularity_ranks() if popn is None else popn  # the draws' own statistics
-                    out[key] = estimators._estimate(metric, popn, method)
+                    out[key] = estimators.estimate(metric, popn, method)
                 else:  # the histogram carries the design (law, adaptive stages)
-                    out[key] = estimators._estimate(metric, hist, method)
+                    out[key] = estimators.estimate(metric, hist, method)
                 if family != "none":  # the plain sampled metric's interval is not widened
                     explain_once(logger, f"SampledRankingMetrics {metric}", out[key], metric=metric,
                                  n_items=int(self.n_items), n_samples=self.n_samples, users=int(round(hist.total)))
