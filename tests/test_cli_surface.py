@@ -81,6 +81,7 @@ CLI_ONLY = {
     ("reproduce", "quiet"): "no stage lines and no progress bars",
     ("table", "out"): "the CSV file to write",
     ("estimate", "file"): "read_rank_file's path (positional)",
+    ("estimate", "sampling"): "the rank file's design: SamplingDesign(m, replacement=False) for hypergeometric",
     ("estimate", "option"): "repeatable NAME=VALUE: a field of each --method's options object (registry.Bv(gamma=...))",
     ("estimate", "progress"): "a bar over the (metric, method) estimates, as SampledRankingMetrics.estimates(progress=)",
     ("plan", "design"): "repeatable: one entry of plan(designs=...)",

@@ -17,8 +17,7 @@ import pytest
 PACKAGE = "reco_sampled_plugin"
 ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
-ALLOWED: set[str] = {
-}
+ALLOWED: set[str] = set()
 
 
 def _module_name(path: Path) -> str:
