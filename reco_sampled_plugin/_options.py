@@ -6,7 +6,7 @@ Types are strict (issue 26): a boolean option takes True / False (numpy bools to
 (:func:`check_bool`); a float option refuses strings and bools (:func:`check_float` and its range variants); an
 integer option refuses floats and bools (``_checks.check_int``); a list of names reads one string as one name
 (:func:`check_names`). Every public entry point runs each of its options through the helper of its kind
-(tests/test_bad_input_types.py enumerates them). Sizes, ranks and weights are validated in ``_checks``.
+(tests/test_option_types.py enumerates them). Sizes, ranks and weights are validated in ``_checks``.
 """
 
 from __future__ import annotations

@@ -104,7 +104,7 @@ def test_paired_difference_interval_in_the_range_of_a_difference():
     ranks=st.lists(st.integers(1, 11), min_size=1, max_size=30),
     metric=st.sampled_from(("hit@3", "ndcg@5", "mrr", "recall@20", "auc", "precision@2")),
     method=st.sampled_from(("none", "rank_estimate", "ls", "cls", "bv", "linear", "bound")),
-    n=st.integers(20, 500),  # K <= n: a cut-off above the catalogue is refused (test_bad_input_core)
+    n=st.integers(20, 500),  # K <= n: a cut-off above the catalogue is refused (test_input_checks)
 )
 def test_random_histograms_keep_intervals_in_range(ranks, metric, method, n):
     est = rsp.estimate(metric, rsp.SampledRanks.from_arrays(torch.tensor(ranks), n, 10), method)

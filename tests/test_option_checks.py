@@ -1,4 +1,4 @@
-"""Issue 18: bad options, dishonest uncertainty, adapter defaults and CLI input give a ValueError naming the
+"""Bad options, dishonest uncertainty, adapter defaults and CLI input give a ValueError naming the
 argument (or an honest result: stderr inf with a flag), never a deep TypeError, a silent NaN, a hang or a
 wrong number."""
 

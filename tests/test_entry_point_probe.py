@@ -1,4 +1,4 @@
-"""Issue 26, a probe of every public entry point as a new user would call it (about 1,800 bad and edge inputs, kept
+"""A probe of every public entry point as a new user would call it (about 1,800 bad and edge inputs, kept
 outside the project): each class of failure it found is pinned here, fixed at its root in the shared helpers.
 
 * torch sparse tensors as ranks, weights, priors: a NotImplementedError from the elementwise checks (``_numeric``

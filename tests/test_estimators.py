@@ -1,5 +1,5 @@
-"""Regressions found by the session-23 review: per-row weights that would broadcast the ranks, a popularity pilot
-file given to the planner, auto under popularity draws without replacement, options auto cannot pass on under
+"""``estimate``'s dispatch (estimators.py) under popularity designs and weights: per-row weights that would
+broadcast the ranks, a popularity pilot file given to the planner, auto under popularity draws without replacement, options auto cannot pass on under
 popularity designs, pooling flags where nothing is pooled."""
 
 from __future__ import annotations

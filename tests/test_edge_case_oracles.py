@@ -1,4 +1,4 @@
-"""Issue 26, class 1: silent wrong numbers. Each case found is pinned here against an independent oracle (brute
+"""Silent wrong numbers at the edges. Each case found is pinned here against an independent oracle (brute
 force, closed forms), and the dimensions it sits on are fuzzed with hypothesis:
 
 * NaN leaking into an average: a user with no irrelevant candidate left (AUC 0/0) must be left out, not NaN * 0;

@@ -1,4 +1,4 @@
-"""Issue 18: bad input to the core gives a ValueError naming the argument (never NaN, a deep RuntimeError, a
+"""Bad input to the core gives a ValueError naming the argument (never NaN, a deep RuntimeError, a
 hang or a wrong number); empty batches give empty results. Classes: empty batches, sizes (n_items / n_samples),
 rank inputs, overflow. Validation lives in ``_checks.py`` (check_sizes, check_rank_values, check_weights)."""
 

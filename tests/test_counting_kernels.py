@@ -1,4 +1,4 @@
-"""Issue 25, session 24: the faster first evaluation gives the numbers of the reference path.
+"""The counting kernels of the first evaluation (counting.py) give the numbers of the reference path.
 
 * the eager counting kernels (int32 accumulators, cache-sized chunks on a CPU, rows gathered by ``index_select``)
   against brute-force counts in numpy, at chunk sizes from one row to the whole matrix, with ties, NaN and +-inf;

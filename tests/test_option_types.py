@@ -1,4 +1,4 @@
-"""Issue 26, classes 4 and 5: options of the wrong type, and messages that name the argument.
+"""Options of the wrong type, and messages that name the argument.
 
 Class 5: every option of every public entry point (the table in tests/_option_table.py, options read from
 ``inspect.signature`` and typed by their annotations) refuses a wrong-typed value with a ValueError that names
@@ -52,7 +52,7 @@ def test_the_table_covers_every_public_entry_point_with_options():
         obj = getattr(rsp, name)
         # register: its one option (replace) is pinned below, as a call registers; SampledRanks, ScoringCost: result
         # types (built by the draws, not by users); as_design: its one option (name) is the argument name its
-        # messages use, set by the package (its design argument: tests/test_bad_input_probe.py)
+        # messages use, set by the package (its design argument: tests/test_entry_point_probe.py)
         if not callable(obj) or isinstance(obj, type(rsp)) or name in ("register", "SampledRanks", "ScoringCost",
                                                                           "as_design"):
             continue

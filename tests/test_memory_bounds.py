@@ -1,4 +1,4 @@
-"""Issue 26, classes 2 and 3: memory that grows with n or m, and exceptions of another type than ValueError.
+"""Memory that grows with n or m, and exceptions of another type than ValueError.
 
 Class 2: every allocation sized by n (up to 2^40) or m is either computed in closed form / by quadrature (the
 identification's shape rows, the planner's default family, the hypergeometric band) or refused before allocating
