@@ -32,7 +32,7 @@ k' > |T|. Ties: recometrics sorts without a defined tie order; here ``ties`` pic
 (seeded) before ranking.
 
 Sampled side: ``n_samples=m`` (or a ``SamplingDesign``) draws m irrelevant items per test item from the same score
-buffer and returns their sampled ranks next to the exact single-item ranks; ``correction=`` adds corrected estimates
+buffer and returns their sampled ranks next to the exact single-item ranks; ``method=`` adds corrected estimates
 (:func:`reco_sampled_plugin.estimate`) next to the exact and the uncorrected sampled values, in the same pass;
 ``n_samples=SamplingDesign(m, adaptive_max=M)`` samples adaptively (m doubling for test items ranked first, up to
 M) and reports the cost.
