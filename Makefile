@@ -24,10 +24,10 @@ demo: $(STAMP)
 	$(BIN)/reco-sampled reproduce --out reports/reproduce
 
 # the type check first (pyproject's [tool.mypy]: the whole package, every function annotated), then the suite on
-# every core (pytest-xdist; each file's tests in one worker, so module fixtures are built once)
+# every core (pytest-xdist; an idle worker takes over queued tests from the busy one)
 test: $(STAMP)
 	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest -q -n auto --dist loadfile
+	$(BIN)/python -m pytest -q -n auto --dist worksteal
 
 # the documentation site (mkdocs.yml): `make docs` serves it at http://127.0.0.1:8000 and rebuilds on edits;
 # `make docs-build` writes site/ in strict mode (what tests/test_docs_site.py checks). The test extra has the docs extra.

@@ -15,7 +15,7 @@ settings.load_profile("fast")
 # Small inputs stay on the eager counting path; tests that exercise the compiled kernel say so.
 os.environ.setdefault("RECO_SAMPLED_BACKEND", "auto")
 
-# `make test` runs the suite on every core with pytest-xdist (pyproject's addopts: -n auto): each worker then takes its
+# `make test` runs the suite on every core with pytest-xdist (the Makefile's -n auto): each worker then takes its
 # share of the cores for torch's intra-op pool (and passes it to the subprocesses it starts), so that two workers
 # on two cores do not run four spinning threads.
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
