@@ -151,11 +151,11 @@ def test_combination_equals_the_strata_fitted_alone(mixed_draws):
     low = x <= np.median(x) if abs((x <= np.median(x)).mean() - 0.5) <= abs((x < np.median(x)).mean() - 0.5) \
         else x < np.median(x)
     edges = pf.rank_edges(int(units.n.max()))
+    halves = [(rows, pf.PopularityFit(units.select(rows), edges)) for rows in (np.flatnonzero(low), np.flatnonzero(~low))]
     for s in METRICS:
         spec = parse_metric(s)
         parts, mean, var, wts = [], [], [], []
-        for rows in (np.flatnonzero(low), np.flatnonzero(~low)):
-            g = pf.PopularityFit(units.select(rows), edges)
+        for rows, g in halves:
             parts.append((g.estimate(spec, hedge=False)[0], g.bounds(spec)[:2], len(rows) / len(x)))
             post = g._posterior(g.best, "spline")
             cm = g.cell_metric(spec)
