@@ -582,6 +582,9 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int) -> np.ndarray:
 
     n_units, n_x, n_cls = p.shape
     t = np.arange(kmax + 1, dtype=np.float64)
+    # log j! for j = 0..max count (the counts are whole numbers): the same gammaln values, evaluated once
+    log_fact = gammaln(np.arange(int(counts.max(initial=0.0)) + 1, dtype=np.float64) + 1.0)
+    log_fact_t = log_fact[:kmax + 1] if kmax < len(log_fact) else gammaln(t + 1.0)
     acc = np.zeros((n_units, n_x, kmax + 1))
     acc[..., 0] = 1.0
     scale = np.zeros((n_units, n_x))
@@ -593,7 +596,8 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int) -> np.ndarray:
             if not np.any(n > 0):
                 continue
             rest = n - t
-            logc = np.where(rest >= 0, gammaln(n + 1.0) - gammaln(t + 1.0) - gammaln(np.maximum(rest, 0.0) + 1.0),
+            ni = n.astype(np.int64)
+            logc = np.where(rest >= 0, log_fact[ni] - log_fact_t - log_fact[np.clip(ni - t.astype(np.int64), 0, None)],
                             -np.inf)  # (N, 1, kmax + 1): log C(n, t), -inf beyond n
             lpmf = logc + t * logo[..., c:c + 1]
             mx = lpmf.max(-1, keepdims=True)
