@@ -1,4 +1,4 @@
-"""Recorded benchmark tables, read from the Markdown page that publishes them (docs/estimators.md), so a figure
+"""Recorded benchmark tables, read from the Markdown page that publishes them (docs/research-notes.md), so a figure
 shows the numbers of the page and never a second copy of them."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-ESTIMATORS_MD = ROOT / "docs" / "estimators.md"
+RECORDED_MD = ROOT / "docs" / "research-notes.md"
 
 
-def table_after(caption: str, path: Path = ESTIMATORS_MD) -> tuple[list[str], list[list[str]]]:
+def table_after(caption: str, path: Path = RECORDED_MD) -> tuple[list[str], list[list[str]]]:
     """(header, rows) of the first Markdown table after the line containing ``caption``; cells stripped of
     backticks. A missing caption or table is a ValueError naming both (the page changed: update the figure)."""
     lines = path.read_text(encoding="utf-8").splitlines()

@@ -2,7 +2,7 @@
 
     python benchmarks/figures/accuracy_small_multiples.py [--out docs/img]
 
-Replaces one plot of 13 overlapping lines. Reads the recorded tables of docs/estimators.md (nothing is rerun):
+Replaces one plot of 13 overlapping lines. Reads the recorded tables of docs/research-notes.md (nothing is rerun):
 
 * ``accuracy_ml100k_by_m.png``: ml-100k, four recommenders, 100 repeats; mean relative error averaged over
   K = 1..50 for HR@K and NDCG@K ("Accuracy on MovieLens 100k", ``benchmarks/accuracy_ml100k.py``);

@@ -2,7 +2,7 @@
 
     python benchmarks/figures/cost_accuracy.py [--out docs/img]
 
-Writes ``cost_accuracy.png`` from the tables of docs/estimators.md, "Adaptive sampling" (``mes``, five recommenders,
+Writes ``cost_accuracy.png`` from the tables of docs/research-notes.md, "Adaptive sampling with mes" (five recommenders,
 20 repeats, ``benchmarks/adaptive_at_scale.py``): per data set and metric, the worst relative RMSE over the
 recommenders (top) and the median width of the 95% interval relative to the exact value (bottom) against the mean m
 per positive (the cost in scored pairs, beside the positive itself). Nothing is rerun.

@@ -2,7 +2,7 @@
 
     python benchmarks/figures/interval_coverage.py [--out docs/img]
 
-Writes ``interval_coverage.png`` from the tables of docs/estimators.md, "At catalogue scale" (five recommenders,
+Writes ``interval_coverage.png`` from the tables of docs/research-notes.md, "At catalogue scale" (five recommenders,
 m in {50, 100, 500}, 50 repeats, ``benchmarks/accuracy_at_scale.py``):
 
 * left: worst coverage of ``Estimate.interval(0.95)`` over the recommenders and over HR@K / NDCG@K with
