@@ -18,7 +18,6 @@ import scipy.sparse as sp
 import torch
 
 import reco_sampled_plugin as rsp
-from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.consistency import ordering_agreement
 from reco_sampled_plugin.corrections import correction_table, expected_corrected, table_bias
 from reco_sampled_plugin.design import as_design
@@ -177,8 +176,6 @@ def entries(tmp: str) -> list[Entry]:
         Entry("candidate_counts", rsp.candidate_counts, (30, pos, None)),
         Entry("adaptive_sampled_ranks", rsp.adaptive_sampled_ranks, (scores, pos1, rsp.SamplingDesign(4, adaptive_max=16)),
               {"generator": g}),
-        Entry("adaptive_sampled_ranks_from_exact", adaptive_sampled_ranks_from_exact,
-              (exact, 30, rsp.SamplingDesign(4, adaptive_max=16)), {"generator": g}),
         Entry("simulate_sampled_ranks", rsp.simulate_sampled_ranks, (exact, 30, 5), {"generator": g}),
         Entry("draw_sampled_ranks", rsp.draw_sampled_ranks, (exact, 30, 5)),
         Entry("MetricSpec", rsp.MetricSpec, ("ndcg",), {"k": 5}),
