@@ -106,7 +106,8 @@ def test_adaptive_from_scores_equals_exact_rank_law():
     n_items, b = 400, 4000
     scores = torch.arange(n_items, 0, -1, dtype=torch.float64).expand(b, n_items).contiguous()  # item 0 best
     pos = torch.full((b, 1), 9)  # exact rank 10 among 400 candidates
-    drawn = adaptive_sampled_ranks(scores, pos, rsp.SamplingDesign(8, adaptive_max=64), generator=torch.Generator().manual_seed(0))
+    drawn = adaptive_sampled_ranks(scores, pos, rsp.SamplingDesign(8, adaptive_max=64),
+                                   generator=torch.Generator().manual_seed(0))
     ranks, sizes = drawn.ranks, drawn.n_samples
     d = AdaptiveDesign(8, 64)
     assert set(sizes.unique().tolist()) <= set(d.stages.tolist())
@@ -130,7 +131,8 @@ def test_cost_report_by_hand():
 
 def test_estimate_adaptive_checks_and_cost():
     exact = _log_uniform_ranks(20_000, 2000, 0)
-    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 20_000, rsp.SamplingDesign(100, adaptive_max=3200),
+    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 20_000,
+                                              rsp.SamplingDesign(100, adaptive_max=3200),
                                               generator=torch.Generator().manual_seed(1))
     ranks, sizes = drawn.ranks, drawn.n_samples
     est = rsp.estimate(

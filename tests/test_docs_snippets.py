@@ -109,8 +109,8 @@ def write_inputs(d: Path) -> Path:
     (d / "adaptive_ranks.csv").write_text("".join(f"{r},{k},{s}\n" for r, k, s in zip(ada.tolist(), n.tolist(),
                                                                                     sizes.tolist())))
     big = torch.full((300,), 50_000)
-    drawn = adaptive_sampled_ranks_from_exact(torch.minimum(exact * 40, big), big, SamplingDesign(100, adaptive_max=6400),
-                                              gen)
+    drawn = adaptive_sampled_ranks_from_exact(torch.minimum(exact * 40, big), big,
+                                              SamplingDesign(100, adaptive_max=6400), gen)
     pilot, psizes = drawn.ranks, drawn.n_samples
     (d / "pilot_ranks.csv").write_text("".join(f"{r},{s}\n" for r, s in zip(pilot.tolist(), psizes.tolist())))
     # NCF files: 20 users, 99 negatives each among 1000 items, scores of a model

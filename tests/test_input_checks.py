@@ -64,8 +64,8 @@ def test_zero_user_batch_matches_the_end_of_a_loop():
 
 
 def test_adaptive_sampled_ranks_of_zero_users_are_empty():
-    drawn = rsp.adaptive_sampled_ranks(torch.zeros(0, 10), torch.zeros(0, 1, dtype=L), rsp.SamplingDesign(2, adaptive_max=8),
-                                       generator=_gen())
+    drawn = rsp.adaptive_sampled_ranks(torch.zeros(0, 10), torch.zeros(0, 1, dtype=L),
+                                       rsp.SamplingDesign(2, adaptive_max=8), generator=_gen())
     ranks, sizes = drawn.ranks, drawn.n_samples
     assert ranks.shape == (0, 1) and sizes.shape == (0, 1) and sizes.dtype == torch.int64
 

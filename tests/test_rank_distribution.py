@@ -126,7 +126,8 @@ def test_prior_from_fit(mle_fit):
 
 def test_adaptive_sampling_from_exact_ranks():
     exact = _exact(10_000, seed=5)
-    drawn = adaptive_sampled_ranks_from_exact(exact, N, SamplingDesign(50, adaptive_max=400), generator=torch.Generator().manual_seed(0))
+    drawn = adaptive_sampled_ranks_from_exact(exact, N, SamplingDesign(50, adaptive_max=400),
+                                              generator=torch.Generator().manual_seed(0))
     ranks, sizes = drawn.ranks, drawn.n_samples
     assert set(sizes.unique().tolist()) <= {50, 100, 200, 400}
     assert bool(((ranks == 1) <= (sizes == 400)).all())  # only capped positives stay at r~ = 1
