@@ -34,7 +34,7 @@ from reco_sampled_plugin import estimate, metric_values  # noqa: E402
 from reco_sampled_plugin._progress import progress_bar  # noqa: E402
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact  # noqa: E402
 from reco_sampled_plugin.simulate import draw_sampled_ranks  # noqa: E402
-from reco_sampled_plugin import SampledRanks
+from reco_sampled_plugin import SampledRanks, SamplingDesign
 from reco_sampled_plugin import registry
 
 METRICS = ("hit@10", "ndcg@10")
@@ -75,7 +75,7 @@ def run(dataset: str, repeats: int, seed: int, log=print, progress: bool | None 
                 z = torch.full_like(s, m)
             else:
                 gen = torch.Generator().manual_seed(seed + 1000 * d + i)
-                drawn = adaptive_sampled_ranks_from_exact(runs, n_t, m, cap, gen)
+                drawn = adaptive_sampled_ranks_from_exact(runs, n_t, SamplingDesign(m, adaptive_max=cap), gen)
                 s, z = drawn.ranks, drawn.n_samples
             est = {(meth, mt): [] for meth in methods for mt in METRICS}
             for b in range(repeats):

@@ -23,6 +23,7 @@ import torch
 from reco_sampled_plugin import estimators
 from reco_sampled_plugin._rank_hist import sampled_rank_histogram
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
+from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.simulate import draw_sampled_ranks
 
 
@@ -36,7 +37,8 @@ def designs(positives: int, n: int, seed: int = 0):
     yield "one (n, m): n = %d, m = 100" % n, draw_sampled_ranks(exact_n, n, 100, seed=1)[0], n, 100
     yield "per-user n, m = 100", draw_sampled_ranks(exact_u, n_u, 100, seed=2)[0], n_u, 100
     gen = torch.Generator().manual_seed(3)
-    drawn = adaptive_sampled_ranks_from_exact(torch.from_numpy(exact_u), torch.from_numpy(n_u), 100, 3200, gen)
+    drawn = adaptive_sampled_ranks_from_exact(torch.from_numpy(exact_u), torch.from_numpy(n_u),
+                                              SamplingDesign(100, adaptive_max=3200), gen)
     ranks, sizes = drawn.ranks, drawn.n_samples
     yield "adaptive 100 -> 3200, per-user n", ranks, n_u, sizes
     m3 = rng.choice([50, 100, 500], size=positives)

@@ -39,7 +39,8 @@ def main() -> None:
         scores = model.score(users)
         exact = rsp.exact_ranks(scores, test, exclude, count_other_positives=False).reshape(-1)
         fixed = rsp.sampled_ranks(scores, test, M, exclude=exclude, generator=gen)
-        drawn = rsp.adaptive_sampled_ranks(scores, test, M, CAP, exclude=exclude, generator=gen)
+        drawn = rsp.adaptive_sampled_ranks(scores, test, rsp.SamplingDesign(M, adaptive_max=CAP), exclude=exclude,
+                                           generator=gen)
         ranks, sizes = drawn.ranks, drawn.n_samples
         for metric in ("hit@10", "ndcg@10"):
             truth = float(rsp.metric_values(metric, exact, n_u).mean())

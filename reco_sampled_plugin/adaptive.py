@@ -31,10 +31,10 @@ import numpy as np
 import torch
 from scipy import special
 
-from ._checks import MAX_SAMPLES, check_generator, check_rank_values, check_size, check_sizes
+from ._checks import check_generator, check_rank_values, check_sizes
 from ._inputs import finite_check, run_checks, score_tensor
 from ._options import check_bool
-from .design import AdaptiveDesign, SamplingDesign
+from .design import AdaptiveDesign, SamplingDesign, as_design
 from .ranking import SampledRanks, check_ties, prepare_sampling_index, sampled_ranks, stage_positives
 from .simulate import simulate_sampled_ranks
 
@@ -215,46 +215,30 @@ def complete_at_cap(need: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | N
 
 
 # ------------------------------------------------------------------------------------------------ draws
-def _adaptive(n_samples: Any, max_samples: Any) -> SamplingDesign:
-    """The adaptive design of the draws' ``(n_samples, max_samples)`` arguments, or of a design passed alone."""
-    if isinstance(n_samples, SamplingDesign):
-        design = n_samples
-        if max_samples is not None and max_samples != design.adaptive_max:
-            raise ValueError(f"max_samples: {max_samples} given next to a design with adaptive_max = "
-                             f"{design.adaptive_max}; set it in the design")
-    else:
-        if max_samples is None:
-            raise ValueError("max_samples: required with an int n_samples (the cap of the stages), or pass an "
-                             "adaptive SamplingDesign as n_samples")
-        max_samples = check_size(max_samples, "max_samples", 1, MAX_SAMPLES)  # named as the caller named it
-        try:
-            ad = AdaptiveDesign(n_samples, max_samples)  # validates n_samples and max_samples >= n_samples
-        except ValueError as exc:
-            msg = str(exc)
-            if msg.startswith("adaptive_max:"):
-                raise ValueError("max_samples (the design's adaptive_max):" + msg[len("adaptive_max:"):]) from None
-            raise
-        design = SamplingDesign.trusted(ad.n_samples, adaptive_max=ad.adaptive_max)
+def _adaptive(n_samples: Any) -> SamplingDesign:
+    """The adaptive design of the draws' ``n_samples`` (a ValueError naming it for anything else: an int m is the
+    fixed design ``SamplingDesign(m)``, as :func:`~reco_sampled_plugin.ranking.sampled_ranks` reads it)."""
+    design = as_design(n_samples)
     if design.adaptive_max is None:
-        raise ValueError("n_samples: the design is not adaptive (no adaptive_max)")
+        raise ValueError(f"n_samples: {design!r} is not adaptive; adaptive sampling takes SamplingDesign(m, "
+                         "adaptive_max=cap) (a fixed m draws with sampled_ranks)")
     return design
 
 
 def adaptive_sampled_ranks_from_exact(
-    exact_ranks: TensorLike, n_items: TensorLike, n_samples: int | SamplingDesign,
-    max_samples: int | None = None, generator: torch.Generator | None = None
+    exact_ranks: TensorLike, n_items: TensorLike, n_samples: SamplingDesign, generator: torch.Generator | None = None
 ) -> SampledRanks:
     """Adaptive sampling simulated from exact ranks (with replacement): positives with r~ = 1 draw as many new
-    samples again (m doubles) until r~ > 1 or m reaches ``max_samples`` (rounded down to m 2^s).
+    samples again (m doubles) until r~ > 1 or m reaches the cap.
 
-    ``n_samples`` is the first stage's m with the cap ``max_samples``, or an adaptive
-    :class:`~reco_sampled_plugin.design.SamplingDesign` alone.
+    ``n_samples``: an adaptive :class:`~reco_sampled_plugin.design.SamplingDesign` ``SamplingDesign(m,
+    adaptive_max=cap)``: first stage m, stages m 2^s up to ``cap`` (rounded down to m 2^s).
 
     Returns:
         :class:`~reco_sampled_plugin.ranking.SampledRanks` with per-positive n and final m (int64 tensors shaped
         like ``exact_ranks``) and the design: ``.ranks`` (sampled ranks among the final m), ``.n_samples`` (final m).
     """
-    design = _adaptive(n_samples, max_samples)
+    design = _adaptive(n_samples)
     m0, cap = design.n_samples, design.cap
     check_generator(generator)
     r = check_rank_values(exact_ranks, "exact_ranks", whole=True)
@@ -280,8 +264,7 @@ def adaptive_sampled_ranks_from_exact(
 def adaptive_sampled_ranks(
     scores: torch.Tensor,
     positives: TensorLike,
-    n_samples: int | SamplingDesign,
-    max_samples: int | None = None,
+    n_samples: SamplingDesign,
     exclude: TensorLike | Exclusions | None = None,
     generator: torch.Generator | None = None,
     ties: str = "pessimistic",
@@ -290,12 +273,13 @@ def adaptive_sampled_ranks(
 ) -> SampledRanks:
     """Adaptive sampled ranks from scores (Li et al., AAAI 2023), uniform sampling with replacement.
 
-    Each positive is first ranked against m = ``n_samples`` drawn items; while it ranks first and 2m does not
-    exceed ``max_samples``, it draws m more items (so m doubles) and its rank becomes 1 + #{new items
-    scoring higher}. Stages redraw only for rows that still need it (at most log2(max_samples / m) stages).
-    ``n_samples`` may instead be an adaptive :class:`~reco_sampled_plugin.design.SamplingDesign` alone; with
-    ``exact_at_cap`` the positives still first at the cap get their exact rank from the row
-    (:func:`complete_at_cap`, ``SampledRanks.exact_ranks``; no further draw).
+    ``n_samples`` is an adaptive :class:`~reco_sampled_plugin.design.SamplingDesign`, ``SamplingDesign(m,
+    adaptive_max=cap)``. Each positive is first ranked against m drawn items; while it ranks first and 2m does not
+    exceed ``cap``, it draws m more items (so m doubles) and its rank becomes 1 + #{new items scoring higher}.
+    Stages redraw only for rows that still need it (at most log2(cap / m) stages). With ``exact_at_cap`` the
+    positives still first at the cap get their exact rank from the row (:func:`complete_at_cap`,
+    ``SampledRanks.exact_ranks``; no further draw). ``exclude``, ``generator``, ``ties``, ``check_finite`` as in
+    :func:`~reco_sampled_plugin.ranking.sampled_ranks`.
 
     Returns:
         :class:`~reco_sampled_plugin.ranking.SampledRanks` (ranks, n_candidates per row, the design, and the
@@ -303,7 +287,7 @@ def adaptive_sampled_ranks(
         slots; float64 for ``ties="average"``), and ``.n_samples``, the final m per positive (int64, 0 in padded
         slots).
     """
-    design = _adaptive(n_samples, max_samples)
+    design = _adaptive(n_samples)
     m0, cap = design.n_samples, design.cap
     check_generator(generator)
     check_ties(ties)

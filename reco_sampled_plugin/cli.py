@@ -50,9 +50,9 @@ def _methods_epilog(names: Iterable[str]) -> str:
     return "\n".join(lines)
 
 
-def _sampling_design(n_samples: int, sampling: str, adaptive_max: int | None) -> SamplingDesign:
-    """The :class:`~reco_sampled_plugin.design.SamplingDesign` of ``--n-samples``, ``--sampling`` and
-    ``--adaptive-max``."""
+def _sampling_design(n_samples: int, sampling: str, adaptive_max: int | None = None) -> SamplingDesign:
+    """The :class:`~reco_sampled_plugin.design.SamplingDesign` of ``--n-samples``, ``--sampling`` (``binomial``:
+    with replacement, ``hypergeometric``: without) and ``--adaptive-max``: the commands' one construction of it."""
     from .design import SamplingDesign
 
     return SamplingDesign(n_samples, replacement=sampling == "binomial", adaptive_max=adaptive_max)
@@ -89,8 +89,7 @@ def _cmd_reproduce(args: argparse.Namespace) -> int:
 
     cfg = ReproduceConfig(
         data=args.data,
-        # a design is accepted too (the config writes it back as plain values)
-        n_samples=_sampling_design(args.n_samples, args.sampling, args.adaptive_max),  # type: ignore[arg-type]
+        n_samples=_sampling_design(args.n_samples, args.sampling, args.adaptive_max),
         repeats=args.repeats,
         seed=args.seed,
     )
@@ -139,7 +138,6 @@ def _cmd_table(args: argparse.Namespace) -> int:
 def _cmd_estimate(args: argparse.Namespace) -> int:
     import numpy as np
 
-    from .design import SamplingDesign
     from .estimators import estimate
     from .ranking import SampledRanks
     from .rank_files import read_ncf, read_rank_file
@@ -197,8 +195,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
 
     bar = progress_bar(total=len(metrics) * len(methods), desc="estimate", enabled=args.progress, unit="estimate")
     rows = []
-    if design is None:
-        design = SamplingDesign(int(np.max(data.n_samples)), replacement=args.sampling != "hypergeometric")
+    if design is None:  # the file's m column: the largest m, fixed
+        design = _sampling_design(int(np.max(data.n_samples)), args.sampling)
     sample = SampledRanks.from_arrays(data.ranks, data.n_items, data.n_samples, design)
     for metric in metrics:
         for method, obj in zip(methods, objects):

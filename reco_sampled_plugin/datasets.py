@@ -308,8 +308,6 @@ def load_interactions(
     """
     from ._options import check_bool, check_optional  # torch-free callers of the module import nothing more
 
-    from ._options import MissingFileError
-
     if not isinstance(path, (str, os.PathLike)):
         raise ValueError(f"path: expected a file name (str or os.PathLike), got {type(path).__name__}")
     path = os.fspath(path)
@@ -319,16 +317,7 @@ def load_interactions(
         raise ValueError(f"sep: expected 'auto', None (whitespace) or a non-empty string, got {sep!r}")
     header = check_optional(header, check_bool, "header")
     columns = _check_columns(columns)
-    opener = gzip.open if path.endswith(".gz") else open
-    try:
-        with opener(path, "rt", encoding="utf-8-sig", newline=None) as fh:  # -sig: a byte-order mark is dropped
-            text = fh.read()
-    except UnicodeDecodeError as exc:
-        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
-    except (IsADirectoryError, PermissionError) as exc:
-        raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    except FileNotFoundError:
-        raise MissingFileError(f"{path}: no such file") from None
+    text = _read_text(path)
     lines = text.splitlines()
     first = next((k for k, line in enumerate(lines) if line.strip()), None)
     if first is None:
@@ -338,26 +327,58 @@ def load_interactions(
     head = _split(lines[first], sep)
     if header is None:
         header = _is_header(head)
+    found = _file_columns(head, header, columns, path, first + 1)
+    start = first + 1 if header else first
+    fast = _interactions_by_loadtxt(text, start, sep, len(head), found)
+    if fast is not None:
+        return fast
+    return _interactions_by_lines(lines, start, sep, len(head), found, path)
+
+
+def _read_text(path: str) -> str:
+    """The text of ``path`` (UTF-8, a byte-order mark dropped; ``.gz`` through gzip), any line ends read as
+    ``\\n``; a file that cannot be read is a ValueError naming it (a missing one a MissingFileError)."""
+    from ._options import MissingFileError
+
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rt", encoding="utf-8-sig", newline=None) as fh:  # -sig: a byte-order mark is dropped
+            return fh.read()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except (IsADirectoryError, PermissionError) as exc:
+        raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    except FileNotFoundError:
+        raise MissingFileError(f"{path}: no such file") from None
+
+
+def _file_columns(head: list[str], header: bool, columns: tuple[int, int, int | None, int | None] | None,
+                  path: str, line: int) -> tuple[int, int, int | None, int | None]:
+    """The (user, item, rating or None, timestamp or None) positions of a file whose first line (number ``line``,
+    1-based) splits into ``head``: ``columns`` when given, else by the header's names, else by position; checked
+    against the line's field count (a ValueError naming ``path:line``)."""
+    where = f"{path}:{line}"
     if columns is not None:
         ucol, icol, rcol, tcol = columns
     elif header:
         ucol, icol, rcol, tcol = _header_columns([_column_name(f) for f in head], path)
     else:
         if len(head) < 2:
-            raise ValueError(f"{path}:{first + 1}: expected at least 2 fields (user, item), got {len(head)}")
+            raise ValueError(f"{where}: expected at least 2 fields (user, item), got {len(head)}")
         ucol, icol = 0, 1
         rcol = 2 if len(head) > 2 else None
         tcol = 3 if len(head) > 3 else None
-    n_fields = len(head)
     used = [c for c in (ucol, icol, rcol, tcol) if c is not None]
-    if max(used) >= n_fields or min(used) < 0:
-        raise ValueError(f"{path}:{first + 1}: column positions {columns or used} do not fit {n_fields} field(s)")
+    if max(used) >= len(head) or min(used) < 0:
+        raise ValueError(f"{where}: column positions {columns or used} do not fit {len(head)} field(s)")
+    return ucol, icol, rcol, tcol
 
-    start = first + 1 if header else first
-    fast = _interactions_by_loadtxt(text, start, sep, n_fields, (ucol, icol, rcol, tcol))
-    if fast is not None:
-        return fast
 
+def _interactions_by_lines(lines: list[str], start: int, sep: str | None, n_fields: int,
+                           columns: tuple[int, int, int | None, int | None], path: str) -> Interactions:
+    """The events of the data lines (``lines[start:]``, blank ones skipped) read one by one (:func:`_split`); the
+    first malformed line is a ValueError naming ``path:line``."""
+    ucol, icol, rcol, tcol = columns
     users: list[str] = []
     items: list[str] = []
     ratings: list[float] = []

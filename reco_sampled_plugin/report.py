@@ -23,7 +23,7 @@ def _fmt(v: object) -> str:
 
 def _estimator_labels(result: ReproduceResult) -> list[str]:
     cfg = result.config
-    adaptive = ["adaptive:mes"] if getattr(cfg, "adaptive_max", None) is not None else []
+    adaptive = ["adaptive:mes"] if cfg.design.adaptive_max is not None else []
     return list(cfg.methods) + [f"map:{m}" for m in cfg.mapping_methods] + list(cfg.rank_dist_methods) + adaptive
 
 
@@ -49,6 +49,15 @@ def ordering_verdicts(result: ReproduceResult, metric: str = "recall@10", good: 
     return out
 
 
+def _verdict_lines(result: ReproduceResult, metric: str, each: str, otherwise: str) -> list[str]:
+    """The ordering verdict of ``metric`` (:func:`ordering_verdicts`) as lines: ``each`` formatted for every pair the
+    sampled metric mis-orders (fields ``pair``, ``none`` and ``bv``, runs that order it correctly, and ``runs``),
+    else the one line ``otherwise``."""
+    runs = result.config.repeats
+    pairs = ordering_verdicts(result, metric)["misordered_by_none"]
+    return [each.format(pair=p["pair"], none=p["none"], bv=p["bv:0.1"], runs=runs) for p in pairs] or [otherwise]
+
+
 def unresolved_notes(result: ReproduceResult) -> list[str]:
     """Why the metrics of Table 3 whose cut-off lies inside the first sampled bin (flag ``top_unresolved`` of every
     estimate there) cannot be pinned down by m samples, in words (``explain_flags``), with the planner command."""
@@ -56,7 +65,7 @@ def unresolved_notes(result: ReproduceResult) -> list[str]:
     from .identification import top_sensitive
     from .metric_names import parse_metric
 
-    m = int(result.config.n_samples)
+    m = result.config.m
     n = int(np.median(np.asarray(result.n_candidates)))
     hist = RankHistogram(np.array([n]), np.array([m]), (np.ones(m + 1),))  # positives at r~ = 1: the bin matters
     users = int(result.dataset.get("test_users", 0)) or None
@@ -75,7 +84,7 @@ def _markdown(result: ReproduceResult, figures: dict[str, str]) -> str:
         f"Data: `{os.path.basename(d['path'])}` ({d['users']:,} users, {d['items']:,} items, {d['events']:,} events), "
         f"binarised, each user's last event held out ({d['test_users']:,} test events). Exact ranks among each user's "
         f"candidates (catalogue minus training items: {int(result.n_candidates.min()):,} to {int(result.n_candidates.max()):,}). "
-        f"Sampling: m = {cfg.n_samples}, {cfg.sampling}, {cfg.repeats} runs, seed {cfg.seed}.",
+        f"Sampling: m = {cfg.m}, {cfg.sampling}, {cfg.repeats} runs, seed {cfg.seed}.",
         "",
         "Estimators: `none` is the plain sampled metric; `rank_estimate`, `cls`, `bv:gamma` are Krichene & Rendle's "
         "corrections (uniform prior); `map:linear`, `map:bound` and `map:beta:1` are Li et al.'s mappings applied as "
@@ -83,9 +92,9 @@ def _markdown(result: ReproduceResult, figures: dict[str, str]) -> str:
         "`mes` and `mle` estimate the rank distribution from each run's sampled ranks and read every metric from it, "
         "`bv_mle` is `bv` (gamma = 0.1) with that run's `mle` fit as prior "
         "(docs/estimators.md compares them all)."
-        + (f" `adaptive:mes` samples adaptively (m = {cfg.n_samples} doubling for positives ranked first, up to "
-           f"{cfg.adaptive_max}; Li et al., AAAI 2023) and fits `mes` to the final (n, m, rank) of each run."
-           if getattr(cfg, "adaptive_max", None) is not None else ""),
+        + (f" `adaptive:mes` samples adaptively (m = {cfg.m} doubling for positives ranked first, up to "
+           f"{cfg.design.adaptive_max}; Li et al., AAAI 2023) and fits `mes` to the final (n, m, rank) of each run."
+           if cfg.design.adaptive_max is not None else ""),
         "",
         "## Table 3: exact, expected sampled and corrected metrics (mean, and sd over runs)",
         "",
@@ -108,20 +117,14 @@ def _markdown(result: ReproduceResult, figures: dict[str, str]) -> str:
     ]
     lines += format_table(["pair", "metric"] + labels,
                           ([row["pair"], row["metric"]] + [row[lab] for lab in labels] for row in result.table4))
-    verdict = ordering_verdicts(result)
     lines += ["", "## What the data show", ""]
-    if verdict["misordered_by_none"]:
-        for v in verdict["misordered_by_none"]:
-            lines.append(
-                f"- Recall@10, {v['pair']}: the uncorrected sampled metric orders the pair correctly in only "
-                f"{v['none']} of {cfg.repeats} runs; `bv` with gamma = 0.1 in {v['bv:0.1']}."
-            )
-    else:
-        lines.append(
-            f"- On these data the uncorrected sampled Recall@10 orders every pair correctly in most runs: "
-            f"sampling does not mis-order these recommenders here (the sample is {cfg.n_samples} of about "
-            f"{int(result.n_candidates.float().mean())} candidates)."
-        )
+    lines += _verdict_lines(
+        result, "recall@10",
+        "- Recall@10, {pair}: the uncorrected sampled metric orders the pair correctly in only {none} of {runs} runs; "
+        "`bv` with gamma = 0.1 in {bv}.",
+        f"- On these data the uncorrected sampled Recall@10 orders every pair correctly in most runs: sampling does "
+        f"not mis-order these recommenders here (the sample is {cfg.m} of about "
+        f"{int(result.n_candidates.float().mean())} candidates).")
     notes = unresolved_notes(result)
     if notes:
         lines += ["", "Where the top of the ranking is not resolved, no estimator's point value can be trusted alone:", ""]
@@ -135,14 +138,14 @@ def _markdown(result: ReproduceResult, figures: dict[str, str]) -> str:
     if "grouping_error" in result.figure6:
         lines += [
             f"Figure 6 shares one `bv` table among users whose candidate counts differ by less than "
-            f"{100 * cfg.n_spread:g}% (each user's own n still drives the sampling law); at m = {cfg.n_samples} "
+            f"{100 * cfg.n_spread:g}% (each user's own n still drives the sampling law); at m = {cfg.m} "
             f"this moves the expected corrected Recall@10 by at most {result.figure6['grouping_error']:.1e} "
             f"against one table per distinct n.",
             "",
         ]
-    if getattr(cfg, "adaptive_max", None) is not None:
+    if cfg.design.adaptive_max is not None:
         lines += ["What adaptive sampling cost (sampled items per positive, mean over runs; a fixed design costs "
-                  f"m = {cfg.n_samples}):", ""]
+                  f"m = {cfg.m}):", ""]
         first: dict[str, dict] = {}  # each recommender's first row
         for row in result.table3:
             if "adaptive mean m" in row:
@@ -210,7 +213,7 @@ def _plots(result: ReproduceResult, out: Path) -> dict[str, str]:
     ax.set_xscale("log")
     ax.set_xlabel("global cut-off K = f(k) (bound mapping)")
     ax.set_ylabel("hit ratio")
-    ax.set_title(f"Sampled hit ratio mapped to global cut-offs (m = {result.config.n_samples})")
+    ax.set_title(f"Sampled hit ratio mapped to global cut-offs (m = {result.config.m})")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out / "mapping_shr_vs_hr.png", dpi=110)
@@ -252,19 +255,13 @@ def summary_lines(result: ReproduceResult, metric: str = "recall@10") -> list[st
     """A short terminal summary: exact vs sampled vs corrected for one metric, and the ordering verdict."""
     first = result.table3[0] if result.table3 else {}
     labels = [lab for lab in ("none", "bv:0.1", "map:bound", "mes", "adaptive:mes") if lab in first]
-    lines = [f"{metric}: exact vs expected sampled (none), corrected and estimated, m = {result.config.n_samples}"]
+    lines = [f"{metric}: exact vs expected sampled (none), corrected and estimated, m = {result.config.m}"]
     lines += format_table(["recommender", "exact"] + labels,
                           ([row["recommender"], f"{row['exact']:.4f}"] + [f"{row[lab]:.4f}" for lab in labels]
                            for row in result.table3 if row["metric"] == metric),
                           formats=["<22", ">9"] + [">12"] * len(labels))
-    v = ordering_verdicts(result, metric)
-    if v["misordered_by_none"]:
-        for p in v["misordered_by_none"]:
-            lines.append(
-                f"mis-ordered by the sampled metric: {p['pair']} (correct in {p['none']}/{result.config.repeats} runs; "
-                f"bv 0.1: {p['bv:0.1']}/{result.config.repeats})"
-            )
-    else:
-        lines.append("the sampled metric orders every pair correctly in most runs on these data")
+    lines += _verdict_lines(result, metric, "mis-ordered by the sampled metric: {pair} (correct in {none}/{runs} runs; "
+                                            "bv 0.1: {bv}/{runs})",
+                            "the sampled metric orders every pair correctly in most runs on these data")
     lines += [line for line in unresolved_notes(result) if line.startswith(f"{metric}: ")]
     return lines

@@ -12,8 +12,9 @@ user's candidates (the catalogue minus the user's training items), and compute
 * Table 4: how many of the runs order each pair of recommenders as the exact metric does,
 * Figure 6: expected Recall@10 against m, uncorrected and ``bv`` (gamma = 0.1),
 * Li et al.'s SHR-vs-HR mapping (sampled hit ratio at k against exact HR at f(k)),
-* with ``adaptive_max``: adaptive sampling (m doubling for positives ranked first, up to the cap; Li et al.,
-  AAAI 2023) in Tables 3 and 4 (``adaptive:mes``), with its cost (mean m per positive, share at the cap).
+* with an adaptive design (``n_samples=SamplingDesign(m, adaptive_max=cap)``): adaptive sampling (m doubling for
+  positives ranked first, up to the cap; Li et al., AAAI 2023) in Tables 3 and 4 (``adaptive:mes``), with its cost
+  (mean m per positive, share at the cap).
 
 This module computes; :mod:`reco_sampled_plugin.report` writes Markdown, CSV and PNG.
 """
@@ -38,11 +39,12 @@ from ._options import check_names, check_positive_float, check_seed
 from ._progress import ProgressBar, progress_bar
 from .consistency import consistency_report
 from .corrections import correction_tables, expected_corrected
-from .datasets import binarize, leave_last_out, load_interactions, ml100k_path
+from .datasets import LeaveLastOutSplit, binarize, leave_last_out, load_interactions, ml100k_path
+from .design import SamplingDesign, as_design
 from .mapping import mapping, mapping_table, mapping_tables
 from .metrics import metric_values
 from .ranking import exact_ranks
-from .sampling_laws import expected_sampled
+from .sampling_laws import SAMPLING_LAWS, expected_sampled
 from .simulate import draw_sampled_ranks
 
 logger = logging.getLogger(__name__)
@@ -57,13 +59,17 @@ RANK_DIST_METHODS = ("mes", "mle", "bv_mle")  # bv_mle: bv (gamma = 0.1) with ea
 
 @dataclass
 class ReproduceConfig:
-    """Settings of :func:`run_reproduce` (defaults: the paper's setup on MovieLens 100k)."""
+    """Settings of :func:`run_reproduce` (defaults: the paper's setup on MovieLens 100k).
+
+    ``n_samples`` is the sampling design, uniform: an int m (``SamplingDesign(m)``, with replacement),
+    ``SamplingDesign(m, replacement=False)`` (without), or ``SamplingDesign(m, adaptive_max=cap)``: Tables 3 and 4
+    then also sample adaptively from m up to the cap (``adaptive:mes``); every other row draws a fixed m.
+    """
 
     data: str | None = None  # None: ml-100k from the recbole wheel
-    n_samples: int = 100  # or a SamplingDesign (uniform; then it carries sampling and adaptive_max)
+    n_samples: int | SamplingDesign = 100
     repeats: int = 100
     seed: int = 0
-    sampling: str = "binomial"
     metrics: Sequence[str] = PAPER_METRICS
     methods: Sequence[str] = PAPER_METHODS
     mapping_methods: Sequence[str] = MAPPING_METHODS
@@ -72,7 +78,21 @@ class ReproduceConfig:
     als_iterations: int = 20
     batch_size: int = 1024
     n_spread: float = 0.02  # Figure 6: users share a correction table when their n differ by < 2%
-    adaptive_max: int | None = None  # adaptive sampling from n_samples up to this cap (Tables 3 and 4)
+
+    @property
+    def design(self) -> SamplingDesign:
+        """``n_samples`` as a :class:`~reco_sampled_plugin.design.SamplingDesign` (an int m: with replacement)."""
+        return as_design(self.n_samples)
+
+    @property
+    def m(self) -> int:
+        """The sampled irrelevant items per test item of the fixed-m rows (an adaptive design's first stage)."""
+        return self.design.n_samples
+
+    @property
+    def sampling(self) -> str:
+        """The design's law, ``"binomial"`` (with replacement) or ``"hypergeometric"``."""
+        return self.design.law
 
 
 @dataclass
@@ -90,9 +110,6 @@ class ReproduceResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-_LAWS = {"binomial": True, "hypergeometric": False}
-
-
 def _int_list(x: Any, name: str) -> tuple:
     """A list option of integers (``m_grid``): a list or tuple, not one number, a str or a mapping."""
     if not isinstance(x, (list, tuple)) or not x:
@@ -101,11 +118,8 @@ def _int_list(x: Any, name: str) -> tuple:
 
 
 def _checked_config(cfg: ReproduceConfig) -> ReproduceConfig:
-    """``cfg`` with its sampling design built once (an int ``n_samples`` with ``sampling`` and ``adaptive_max``,
-    the command line's flags, or a SamplingDesign that carries them) and written back as plain values (n_samples,
-    the law, adaptive_max), and its estimator labels' base names checked against the registry (``bv:0.1`` -> ``bv``)."""
-    from .design import SamplingDesign
-
+    """``cfg`` with every option checked once: ``n_samples`` as its uniform SamplingDesign (an int m: with
+    replacement), its estimator labels' base names against the registry (``bv:0.1`` -> ``bv``)."""
     # every option through the package's one check of its kind (a ValueError naming the field)
     if cfg.data is not None and not isinstance(cfg.data, (str, os.PathLike)):
         raise ValueError(f"data: expected a file path or None, got {cfg.data!r}")
@@ -117,20 +131,14 @@ def _checked_config(cfg: ReproduceConfig) -> ReproduceConfig:
         batch_size=check_int(cfg.batch_size, "batch_size", 1), n_spread=check_positive_float(cfg.n_spread, "n_spread"),
         metrics=check_names(cfg.metrics, "metrics"), m_grid=tuple(check_int(m, "m_grid", 1) for m in
                                                                   _int_list(cfg.m_grid, "m_grid")), **lists)
-    if not isinstance(cfg.sampling, str) or cfg.sampling not in _LAWS:
-        raise ValueError(f"sampling: expected 'binomial' or 'hypergeometric', got {cfg.sampling!r}")
     if cfg.n_samples is None:
         raise ValueError("n_samples: required (the sampled irrelevant items per test item m, or a SamplingDesign)")
-    design: SamplingDesign
-    if isinstance(cfg.n_samples, SamplingDesign):  # the design carries the law and the cap
-        given = "sampling" if cfg.sampling != "binomial" else "adaptive_max" if cfg.adaptive_max is not None else None
-        if given is not None:
-            raise ValueError(f"{given}: given next to a sampling design; set it in the design instead")
-        design = cfg.n_samples
-    else:  # the command line's --n-samples, --sampling and --adaptive-max
-        design = SamplingDesign(cfg.n_samples, replacement=_LAWS[cfg.sampling], adaptive_max=cfg.adaptive_max)
-    if design.law not in _LAWS:  # the simulations are of uniform draws
+    design = as_design(cfg.n_samples)
+    if design.law not in SAMPLING_LAWS:  # the simulations are of uniform draws
         raise ValueError(f"n_samples: the reproduction simulates uniform draws; {design!r} has {design.law} draws")
+    if design.exact_at_cap:  # the adaptive rows fit the sampled ranks only
+        raise ValueError(f"n_samples: the reproduction's adaptive rows draw without completion; drop exact_at_cap "
+                         f"from {design!r}")
     groups = (
         ("methods", cfg.methods, lambda e: e.family in ("none", "correction") and not e.fits_distribution),
         ("mapping_methods", cfg.mapping_methods, lambda e: e.family == "mapping"),
@@ -147,8 +155,8 @@ def _checked_config(cfg: ReproduceConfig) -> ReproduceConfig:
             if not entry.supports(fixed):
                 raise ValueError(f"{key}: {label!r} does not support {fixed.describe()}")
     if design.adaptive is not None and not registry.get("mes").supports(design):  # the adaptive:mes rows
-        raise ValueError(f"adaptive_max: 'mes' does not support {design.describe()}")
-    return dataclasses.replace(cfg, n_samples=design.n_samples, sampling=design.law, adaptive_max=design.adaptive_max)
+        raise ValueError(f"n_samples: 'mes' does not support {design.describe()}")
+    return dataclasses.replace(cfg, n_samples=design)
 
 
 def _progress(total: int, desc: str, enabled: bool | None) -> ProgressBar:
@@ -204,7 +212,7 @@ def _mapping_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: Rep
             method, _, arg = label.partition(":")
             a = float(arg) if arg else None
             tables = torch.from_numpy(
-                np.stack([mapping_table(metric, int(n), cfg.n_samples, method, a) for n in uniq.tolist()])
+                np.stack([mapping_table(metric, int(n), cfg.m, method, a) for n in uniq.tolist()])
             )
             run_means[metric][f"map:{label}"] = {
                 name: tables[inverse.unsqueeze(0), draws[name] - 1].mean(dim=1) for name in ranks
@@ -232,9 +240,9 @@ def _beta_fit_runs(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: Re
     for name in ranks:
         values = []
         for d in draws[name].numpy():
-            hist = pool_by_n(sampled_rank_histogram(d, n_np, cfg.n_samples), 0.1)
+            hist = pool_by_n(sampled_rank_histogram(d, n_np, cfg.m), 0.1)
             a = fit_beta(hist).a
-            tables = [mapping_tables(list(cfg.metrics), int(n), cfg.n_samples, "beta", a) for n in hist.n_items]
+            tables = [mapping_tables(list(cfg.metrics), int(n), cfg.m, "beta", a) for n in hist.n_items]
             values.append(sum(t @ c for t, c in zip(tables, hist.counts)) / hist.total)
         out[name] = torch.from_numpy(np.stack(values))
     return out
@@ -252,7 +260,7 @@ def _rank_dist_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: R
     per_run: dict = {metric: {} for metric in metrics}
     n_np = n_cand.numpy()
     for name in ranks:
-        hists = [pool_by_n(sampled_rank_histogram(d, n_np, cfg.n_samples), 0.1) for d in draws[name].numpy()]
+        hists = [pool_by_n(sampled_rank_histogram(d, n_np, cfg.m), 0.1) for d in draws[name].numpy()]
         fits = {}
         for method in cfg.rank_dist_methods:
             fit_method = "mle" if method == "bv_mle" else method
@@ -260,7 +268,7 @@ def _rank_dist_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: R
                 fits[fit_method] = estimate_rank_distributions(hists, fit_method, sampling=cfg.sampling)
             if method == "bv_mle":  # bv (gamma = 0.1) with each run's mle fit as the prior p(r)
                 values = torch.from_numpy(np.stack([
-                    cast(np.ndarray, sum(correction_tables(metrics, int(n), cfg.n_samples, "bv", 0.1, cfg.sampling,
+                    cast(np.ndarray, sum(correction_tables(metrics, int(n), cfg.m, "bv", 0.1, cfg.sampling,
                                                            prior=fit.prior(int(n))) @ c
                                          for n, c in zip(h.n_items, h.counts))) / h.total
                     for h, fit in zip(hists, fits["mle"])
@@ -286,11 +294,11 @@ def _adaptive_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: Re
     per run (histograms on the 10% grid of n, groups keyed by (n, final m)): rows with the mean, sd and the cost
     (mean m per positive, share at the cap), and the per-run values as :func:`_mapping_rows`."""
     from ._rank_hist import pool_by_n, sampled_rank_histogram
-    from .adaptive import AdaptiveDesign, adaptive_sampled_ranks_from_exact
+    from .adaptive import adaptive_sampled_ranks_from_exact
     from .rank_distribution import estimate_rank_distributions
 
-    assert cfg.adaptive_max is not None  # called for an adaptive configuration only
-    design = AdaptiveDesign(cfg.n_samples, cfg.adaptive_max)
+    design = cfg.design
+    assert design.adaptive_max is not None  # called for an adaptive configuration only
     metrics = list(cfg.metrics)
     per_run: dict = {metric: {"adaptive:mes": {}} for metric in metrics}
     cost: dict = {}
@@ -298,7 +306,7 @@ def _adaptive_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: Re
     for i, (name, r) in enumerate(ranks.items()):
         gen = torch.Generator().manual_seed(cfg.seed + 104_729 * (i + 1))
         runs = r.unsqueeze(0).expand(cfg.repeats, -1)
-        drawn = adaptive_sampled_ranks_from_exact(runs, n_cand, design.n_samples, design.cap, gen)
+        drawn = adaptive_sampled_ranks_from_exact(runs, n_cand, design, gen)
         s_ranks, sizes = drawn.ranks, cast(torch.Tensor, drawn.n_samples)  # an adaptive draw carries its sizes
         hists = [pool_by_n(sampled_rank_histogram(d, n_np, z), 0.1) for d, z in zip(s_ranks.numpy(), sizes.numpy())]
         fits = estimate_rank_distributions(hists, "mes", sampling="binomial")
@@ -376,18 +384,8 @@ def _expected_corrected_grouped(metric: str, ranks: torch.Tensor, n_cand: torch.
     return (pmf * tables[inverse]).sum(1)
 
 
-def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool | None = None, log: Callable[[str], None] | None = None) -> ReproduceResult:
-    """Run the whole experiment; see the module docstring. ``log`` receives one line per stage (each is also logged
-    at INFO on this module's logger); ``progress``: bars on stderr (True, False; None: when stderr is a terminal)."""
-    cfg = _checked_config(cfg or ReproduceConfig())
-
-    def say(line: str) -> None:
-        logger.info("%s", line)
-        if log is not None:
-            log(line)
-
-    timings: dict[str, float] = {}
-    t0 = time.perf_counter()
+def _load_split(cfg: ReproduceConfig) -> tuple[LeaveLastOutSplit, dict]:
+    """The leave-last-out split of ``cfg.data`` (default ml-100k), binarised, and what the report says of the data."""
     path = cfg.data or ml100k_path()
     inter = binarize(load_interactions(path))
     split = leave_last_out(inter)
@@ -400,27 +398,14 @@ def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool | None = No
     }
     if split.n_test < 2:
         raise ValueError(f"data: {path} leaves fewer than 2 users with a held-out event; nothing to evaluate")
-    timings["load"] = time.perf_counter() - t0
-    say(f"data: {dataset['users']:,} users, {dataset['items']:,} items, {dataset['events']:,} events, "
-        f"{dataset['test_users']:,} held-out events ({timings['load']:.1f} s)")
+    return split, dataset
 
-    from .baselines import train_all
 
-    t = time.perf_counter()
-    models = train_all(split.train, seed=cfg.seed, als_iterations=cfg.als_iterations)
-    timings["train"] = time.perf_counter() - t
-    say(f"trained {', '.join(models)} ({timings['train']:.1f} s)")
-
-    t = time.perf_counter()
-    ranks, n_cand, _ = exact_ranks_for_split(models, split.train, split.test_items, cfg.batch_size, progress)
-    timings["rank"] = time.perf_counter() - t
-    say(f"exact ranks of {len(n_cand):,} test items among {int(n_cand.min()):,}-{int(n_cand.max()):,} candidates ({timings['rank']:.1f} s)")
-
-    m = cfg.n_samples  # the design was checked by _checked_config
-    if m >= int(n_cand.min()) and cfg.sampling == "hypergeometric":
-        raise ValueError(f"n_samples: m = {m} draws without replacement exceed some user's {int(n_cand.min()) - 1} irrelevant items")
-
-    t = time.perf_counter()
+def _tables_3_and_4(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: ReproduceConfig,
+                    progress: bool | None) -> tuple[list[dict], list[dict]]:
+    """Tables 3 and 4: the consistency report's rows (``none`` and the corrections) joined with the mapping,
+    rank-distribution and adaptive estimators' rows (one draw of ``repeats`` runs per recommender, shared)."""
+    m = cfg.m
     bar = _progress(3, "tables 3 and 4", progress)
     report = consistency_report(ranks, n_cand, m, cfg.metrics, cfg.methods, cfg.repeats, cfg.sampling, seed=cfg.seed)
     bar.update()
@@ -433,7 +418,7 @@ def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool | None = No
     bar.update()
     rd_rows, rd_runs = _rank_dist_rows(ranks, n_cand, cfg, draws)
     bar.update()
-    if cfg.adaptive_max is not None:
+    if cfg.design.adaptive_max is not None:
         ad_rows, ad_runs = _adaptive_rows(ranks, n_cand, cfg)
     else:
         ad_rows, ad_runs = [{} for _ in rd_rows], {metric: {} for metric in cfg.metrics}
@@ -450,15 +435,18 @@ def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool | None = No
         runs_by_label = list(map_runs[row["metric"]].items()) + list(rd_runs[row["metric"]].items())
         for label, runs in runs_by_label + list(ad_runs[row["metric"]].items()):
             row[label] = _ordering_counts(exact, runs)[row["pair"]]
-    timings["tables"] = time.perf_counter() - t
-    say(f"tables 3 and 4: {len(cfg.metrics)} metrics x {len(cfg.methods) + len(cfg.mapping_methods) + len(cfg.rank_dist_methods)} estimators, "
-        f"{cfg.repeats} sampling runs ({timings['tables']:.1f} s)")
+    return table3, table4
 
-    t = time.perf_counter()
+
+def _figure6(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: ReproduceConfig,
+             progress: bool | None) -> dict[str, Any]:
+    """Figure 6: expected Recall@10 against m (``m_grid``; without replacement only m below every user's
+    irrelevant items), uncorrected and ``bv`` (gamma = 0.1) on tables shared within ``n_spread``, and the error of
+    that sharing at the Tables' m (``grouping_error``, with ``bv:0.1`` among the methods)."""
     grid = [mm for mm in cfg.m_grid if cfg.sampling == "binomial" or mm < int(n_cand.min())]
     figure6: dict[str, Any] = {"m": grid, "exact": {}, "none": {}, "bv:0.1": {}}
-    bar = _progress(len(grid) * len(names), "Figure 6", progress)
-    for name in names:
+    bar = _progress(len(grid) * len(ranks), "Figure 6", progress)
+    for name in ranks:
         figure6["exact"][name] = float(metric_values("recall@10", ranks[name], n_cand).mean())
         figure6["none"][name], figure6["bv:0.1"][name] = [], []
         for mm in grid:
@@ -471,12 +459,56 @@ def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool | None = No
     # measured error of sharing tables across n-bins, at the m of Table 3 (whose per-n tables exist)
     if "bv:0.1" in cfg.methods:
         figure6["grouping_error"] = max(
-            abs(float(_expected_corrected_grouped("recall@10", r, n_cand, m, cfg.sampling, cfg.n_spread).mean())
-                - float(_expected_corrected_grouped("recall@10", r, n_cand, m, cfg.sampling, 0.0).mean()))
+            abs(float(_expected_corrected_grouped("recall@10", r, n_cand, cfg.m, cfg.sampling, cfg.n_spread).mean())
+                - float(_expected_corrected_grouped("recall@10", r, n_cand, cfg.m, cfg.sampling, 0.0).mean()))
             for r in ranks.values()
         )
+    return figure6
+
+
+def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool | None = None, log: Callable[[str], None] | None = None) -> ReproduceResult:
+    """Run the whole experiment; see the module docstring. ``log`` receives one line per stage (each is also logged
+    at INFO on this module's logger); ``progress``: bars on stderr (True, False; None: when stderr is a terminal)."""
+    cfg = _checked_config(cfg or ReproduceConfig())
+
+    def say(line: str) -> None:
+        logger.info("%s", line)
+        if log is not None:
+            log(line)
+
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    split, dataset = _load_split(cfg)
+    timings["load"] = time.perf_counter() - t0
+    say(f"data: {dataset['users']:,} users, {dataset['items']:,} items, {dataset['events']:,} events, "
+        f"{dataset['test_users']:,} held-out events ({timings['load']:.1f} s)")
+
+    from .baselines import train_all
+
+    t = time.perf_counter()
+    models = train_all(split.train, seed=cfg.seed, als_iterations=cfg.als_iterations)
+    timings["train"] = time.perf_counter() - t
+    say(f"trained {', '.join(models)} ({timings['train']:.1f} s)")
+
+    t = time.perf_counter()
+    ranks, n_cand, _ = exact_ranks_for_split(models, split.train, split.test_items, cfg.batch_size, progress)
+    timings["rank"] = time.perf_counter() - t
+    say(f"exact ranks of {len(n_cand):,} test items among {int(n_cand.min()):,}-{int(n_cand.max()):,} candidates ({timings['rank']:.1f} s)")
+
+    m = cfg.m  # the design was checked by _checked_config
+    if m >= int(n_cand.min()) and cfg.sampling == "hypergeometric":
+        raise ValueError(f"n_samples: m = {m} draws without replacement exceed some user's {int(n_cand.min()) - 1} irrelevant items")
+
+    t = time.perf_counter()
+    table3, table4 = _tables_3_and_4(ranks, n_cand, cfg, progress)
+    timings["tables"] = time.perf_counter() - t
+    say(f"tables 3 and 4: {len(cfg.metrics)} metrics x {len(cfg.methods) + len(cfg.mapping_methods) + len(cfg.rank_dist_methods)} estimators, "
+        f"{cfg.repeats} sampling runs ({timings['tables']:.1f} s)")
+
+    t = time.perf_counter()
+    figure6 = _figure6(ranks, n_cand, cfg, progress)
     timings["figure6"] = time.perf_counter() - t
-    say(f"Figure 6: expected Recall@10 for m in {grid} ({timings['figure6']:.1f} s)")
+    say(f"Figure 6: expected Recall@10 for m in {figure6['m']} ({timings['figure6']:.1f} s)")
 
     t = time.perf_counter()
     curves = _mapping_curves(ranks, n_cand, m, cfg.seed)

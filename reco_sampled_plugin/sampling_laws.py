@@ -28,14 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SAMPLING_LAWS", "log_sampled_rank_pmf", "sampled_rank_pmf", "expected_sampled"]
 
-SAMPLING_LAWS = ("binomial", "hypergeometric")
-_ALIASES = {
-    "binomial": "binomial",
-    "with_replacement": "binomial",
-    "replacement": "binomial",
-    "hypergeometric": "hypergeometric",
-    "without_replacement": "hypergeometric",
-}
+SAMPLING_LAWS = ("binomial", "hypergeometric")  # the names of ``SamplingDesign.law`` for uniform draws
 # elements of the (ranks x (m + 1)) work matrix per chunk
 _CHUNK_ELEMENTS = 1 << 22
 
@@ -45,11 +38,11 @@ _MAX_PMF_ELEMENTS = MAX_ELEMENTS
 
 
 def check_law(sampling: str) -> str:
-    """Normalise a sampling-law name, raising a ValueError naming ``sampling``."""
-    law = _ALIASES.get(str(sampling).lower()) if isinstance(sampling, str) else None
-    if law is None:
+    """``sampling`` if it names a uniform law of :data:`SAMPLING_LAWS` (spelled as ``SamplingDesign.law``), else a
+    ValueError naming ``sampling``."""
+    if not isinstance(sampling, str) or sampling not in SAMPLING_LAWS:
         raise ValueError(f"sampling: unknown law {sampling!r}; use 'binomial' (with replacement) or 'hypergeometric'")
-    return law
+    return str(sampling)  # a str subclass (numpy.str_) as the plain name
 
 
 def _log_pmf_binomial(r: torch.Tensor, n: torch.Tensor, m: int) -> torch.Tensor:

@@ -18,7 +18,6 @@ import scipy.sparse as sp
 import torch
 
 import reco_sampled_plugin as rsp
-from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.consistency import ordering_agreement
 from reco_sampled_plugin.corrections import correction_table, expected_corrected, table_bias
 from reco_sampled_plugin.design import as_design
@@ -41,7 +40,7 @@ DATA = {
 #: Options whose kind the annotation does not give (unannotated, a size that may arrive as a whole float, or a
 #: list of names where one string alone is one name).
 KINDS: dict[str, str] = {
-    "n_items": "size", "n_samples": "size", "max_samples": "size", "adaptive_max": "size",
+    "n_items": "size", "n_samples": "size", "adaptive_max": "size",
     "metrics": "names", "methods": "names", "estimators": "names", "stages": "names",
 }
 
@@ -175,10 +174,8 @@ def entries(tmp: str) -> list[Entry]:
         Entry("sampled_ranks_from_scorer", rsp.sampled_ranks_from_scorer,
               (lambda us, it: scores[us.unsqueeze(1).expand_as(it), it], pos, scores.shape[1], 5), {"generator": g}),
         Entry("candidate_counts", rsp.candidate_counts, (30, pos, None)),
-        Entry("adaptive_sampled_ranks", rsp.adaptive_sampled_ranks, (scores, pos1, 4), {"max_samples": 16,
-                                                                                        "generator": g}),
-        Entry("adaptive_sampled_ranks_from_exact", adaptive_sampled_ranks_from_exact, (exact, 30, 4),
-              {"max_samples": 16, "generator": g}),
+        Entry("adaptive_sampled_ranks", rsp.adaptive_sampled_ranks,
+              (scores, pos1, rsp.SamplingDesign(4, adaptive_max=16)), {"generator": g}),
         Entry("simulate_sampled_ranks", rsp.simulate_sampled_ranks, (exact, 30, 5), {"generator": g}),
         Entry("draw_sampled_ranks", rsp.draw_sampled_ranks, (exact, 30, 5)),
         Entry("MetricSpec", rsp.MetricSpec, ("ndcg",), {"k": 5}),

@@ -70,7 +70,7 @@ def test_simulated_adaptive_draws_follow_the_law():
     """Event frequencies of 200k simulated positives at one exact rank within 4 standard errors of the law."""
     n, r = 5000, 7
     d = AdaptiveDesign(20, 320)
-    drawn = adaptive_sampled_ranks_from_exact(torch.full((200_000,), r), n, 20, 320,
+    drawn = adaptive_sampled_ranks_from_exact(torch.full((200_000,), r), n, rsp.SamplingDesign(20, adaptive_max=320),
                                               generator=torch.Generator().manual_seed(3))
     ranks, sizes = drawn.ranks, drawn.n_samples
     p = (r - 1) / (n - 1)
@@ -106,7 +106,8 @@ def test_adaptive_from_scores_equals_exact_rank_law():
     n_items, b = 400, 4000
     scores = torch.arange(n_items, 0, -1, dtype=torch.float64).expand(b, n_items).contiguous()  # item 0 best
     pos = torch.full((b, 1), 9)  # exact rank 10 among 400 candidates
-    drawn = adaptive_sampled_ranks(scores, pos, 8, 64, generator=torch.Generator().manual_seed(0))
+    drawn = adaptive_sampled_ranks(scores, pos, rsp.SamplingDesign(8, adaptive_max=64),
+                                   generator=torch.Generator().manual_seed(0))
     ranks, sizes = drawn.ranks, drawn.n_samples
     d = AdaptiveDesign(8, 64)
     assert set(sizes.unique().tolist()) <= set(d.stages.tolist())
@@ -130,7 +131,8 @@ def test_cost_report_by_hand():
 
 def test_estimate_adaptive_checks_and_cost():
     exact = _log_uniform_ranks(20_000, 2000, 0)
-    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 20_000, 100, 3200,
+    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 20_000,
+                                              rsp.SamplingDesign(100, adaptive_max=3200),
                                               generator=torch.Generator().manual_seed(1))
     ranks, sizes = drawn.ranks, drawn.n_samples
     est = rsp.estimate(
@@ -175,10 +177,16 @@ def test_estimate_adaptive_checks_and_cost():
             rsp.SampledRanks.from_arrays(torch.tensor([2, 3]), 20_000, torch.tensor([-100, 100]),
                                          rsp.SamplingDesign(100, adaptive_max=3200)),
         )
-    with pytest.raises(ValueError, match="n_samples"):
-        adaptive_sampled_ranks_from_exact(torch.tensor([3, 4]), 100, -2, 16)
+    with pytest.raises(ValueError, match="^n_samples: "):  # a bad size, named as the caller named it
+        adaptive_sampled_ranks_from_exact(torch.tensor([3, 4]), 100, -2)
+    with pytest.raises(ValueError, match=r"^n_samples: SamplingDesign\(8\) is not adaptive"):  # an int m: fixed
+        rsp.adaptive_sampled_ranks(torch.randn(2, 50), torch.tensor([[1], [2]]), 8)
+    with pytest.raises(ValueError, match="^n_samples: expected a SamplingDesign"):  # the (m, cap) pair: a design
+        rsp.adaptive_sampled_ranks(torch.randn(2, 50), torch.tensor([[1], [2]]), (8, 64))
+    with pytest.raises(ValueError, match="^n_samples: "):  # 0.1's loose cap after m: refused at m
+        adaptive_sampled_ranks_from_exact(torch.tensor([3, 4]), 100, 8, 64)
     with pytest.raises(ValueError, match="adaptive_max"):
-        rsp.adaptive_sampled_ranks(torch.randn(2, 50), torch.tensor([[1], [2]]), 8, 4)
+        rsp.SamplingDesign(8, adaptive_max=4)
     with pytest.raises(ValueError, match="adaptive_max"):
         rsp.estimate(
             "hit@10",
@@ -195,7 +203,7 @@ def test_adaptive_identified_interval_covers_truth():
     widths = []
     for rep in range(20):
         exact = _log_uniform_ranks(n, 1500, 100 + rep)
-        drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), n, 100, 3200,
+        drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), n, rsp.SamplingDesign(100, adaptive_max=3200),
                                                   generator=torch.Generator().manual_seed(rep))
         ranks, sizes = drawn.ranks, drawn.n_samples
         for metric in hits:
@@ -217,7 +225,7 @@ def test_adaptive_identified_interval_covers_truth():
     # narrower (measured: 0.12 against 0.20)
     exact = _log_uniform_ranks(n, 1500, 100)
     fixed = rsp.simulate_sampled_ranks(torch.as_tensor(exact), n, 100, generator=torch.Generator().manual_seed(0))
-    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), n, 100, 3200,
+    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), n, rsp.SamplingDesign(100, adaptive_max=3200),
                                               generator=torch.Generator().manual_seed(0))
     ranks, sizes = drawn.ranks, drawn.n_samples
     lo_f, hi_f = rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(fixed, n, 100),
@@ -243,7 +251,8 @@ def test_pooling_keeps_adaptive_groups_inside_the_catalogue():
 
     n_u = np.random.default_rng(0).integers(900, 1700, 900)
     exact = np.minimum(_log_uniform_ranks(2000, 900, 1), n_u)
-    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), torch.as_tensor(n_u), 100, 3200,
+    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), torch.as_tensor(n_u),
+                                              rsp.SamplingDesign(100, adaptive_max=3200),
                                               generator=torch.Generator().manual_seed(2))
     ranks, sizes = drawn.ranks, drawn.n_samples
     hist = as_histogram(ranks, torch.as_tensor(n_u), sizes)

@@ -54,7 +54,8 @@ def test_auto_runs_gmod_where_the_cut_off_is_resolved(m, metric, chosen):
 
 def test_auto_runs_gmod_on_adaptive_designs_and_takes_fit_options_only():
     exact = _exact(1)
-    sampled = adaptive_sampled_ranks_from_exact(exact, N, 100, 3200, generator=torch.Generator().manual_seed(2))
+    sampled = adaptive_sampled_ranks_from_exact(exact, N, rsp.SamplingDesign(100, adaptive_max=3200),
+                                                generator=torch.Generator().manual_seed(2))
     est = rsp.estimate("hit@10", sampled, rsp.registry.Auto(n_bootstrap=4, seed=3))
     assert est.details["auto"] == {"method": "gmod", "reason": "adaptive design"}
     same = rsp.estimate("hit@10", sampled, rsp.registry.Gmod(n_bootstrap=4, seed=3))

@@ -11,6 +11,7 @@ import torch
 from reco_sampled_plugin import metric_values
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.cli import main
+from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.corrections import correction_table
 from reco_sampled_plugin.report import write_report
 from reco_sampled_plugin.reproduce import ReproduceConfig, run_reproduce
@@ -21,7 +22,7 @@ from reco_sampled_plugin.sampling_laws import expected_sampled
 def small_run(tmp_path_factory):
     cfg = ReproduceConfig(metrics=("recall@10", "ndcg@10"), methods=("none", "bv:0.1"), repeats=30,
                           m_grid=(10, 100), mapping_methods=("bound", "beta_fit"),
-                          rank_dist_methods=("mes", "mle", "bv_mle"), adaptive_max=3200)
+                          rank_dist_methods=("mes", "mle", "bv_mle"), n_samples=SamplingDesign(100, adaptive_max=3200))
     result = run_reproduce(cfg, progress=False)
     out = write_report(result, tmp_path_factory.mktemp("report"))
     return result, out
@@ -110,7 +111,7 @@ def test_estimate_command_adaptive_rank_file(tmp_path, capsys):
 
     gen = np.random.default_rng(5)
     exact = np.minimum(np.floor(np.exp(gen.uniform(0, np.log(20_001), 1500))), 20_000).astype(np.int64)
-    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 20_000, 100, 3200,
+    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 20_000, SamplingDesign(100, adaptive_max=3200),
                                               generator=torch.Generator().manual_seed(0))
     ranks, sizes = drawn.ranks, drawn.n_samples
     f = tmp_path / "adaptive.csv"

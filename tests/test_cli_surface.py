@@ -79,6 +79,7 @@ CLI_ONLY = {
     ("reproduce", "no_plots"): "write_report(plots=False)",
     ("reproduce", "quick"): "a shorter m grid (ReproduceConfig.m_grid)",
     ("reproduce", "quiet"): "no stage lines and no progress bars",
+    ("reproduce", "sampling"): "the design's law: ReproduceConfig(n_samples=SamplingDesign(m, replacement=False))",
     ("table", "out"): "the CSV file to write",
     ("estimate", "file"): "read_rank_file's path (positional)",
     ("estimate", "sampling"): "the rank file's design: SamplingDesign(m, replacement=False) for hypergeometric",

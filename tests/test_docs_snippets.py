@@ -95,6 +95,7 @@ def inputs(tmp_path_factory) -> Path:
 def write_inputs(d: Path) -> Path:
     """Write the inputs into ``d``: rank files (fixed m, adaptive, an adaptive pilot at n = 50,000) and NCF files."""
     from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
+    from reco_sampled_plugin.design import SamplingDesign
     from reco_sampled_plugin.simulate import simulate_sampled_ranks
 
     (d / "examples").symlink_to(ROOT / "examples")
@@ -103,12 +104,13 @@ def write_inputs(d: Path) -> Path:
     exact = torch.minimum((torch.rand(300, generator=gen) ** 3 * n).long() + 1, n)
     sampled = simulate_sampled_ranks(exact, n, 100, generator=gen)
     (d / "ranks.csv").write_text("".join(f"{r},{k},100\n" for r, k in zip(sampled.tolist(), n.tolist())))
-    drawn = adaptive_sampled_ranks_from_exact(exact, n, 100, 3200, gen)
+    drawn = adaptive_sampled_ranks_from_exact(exact, n, SamplingDesign(100, adaptive_max=3200), gen)
     ada, sizes = drawn.ranks, drawn.n_samples
     (d / "adaptive_ranks.csv").write_text("".join(f"{r},{k},{s}\n" for r, k, s in zip(ada.tolist(), n.tolist(),
                                                                                     sizes.tolist())))
     big = torch.full((300,), 50_000)
-    drawn = adaptive_sampled_ranks_from_exact(torch.minimum(exact * 40, big), big, 100, 6400, gen)
+    drawn = adaptive_sampled_ranks_from_exact(torch.minimum(exact * 40, big), big,
+                                              SamplingDesign(100, adaptive_max=6400), gen)
     pilot, psizes = drawn.ranks, drawn.n_samples
     (d / "pilot_ranks.csv").write_text("".join(f"{r},{s}\n" for r, s in zip(pilot.tolist(), psizes.tolist())))
     # NCF files: 20 users, 99 negatives each among 1000 items, scores of a model

@@ -363,7 +363,8 @@ def test_adaptive_sampled_ranks_takes_scores_as_sampled_ranks_does():
     pos[:, 0] = True
 
     def draw(s, p):
-        return rsp.adaptive_sampled_ranks(s, p, 5, 20, generator=torch.Generator().manual_seed(0)).ranks
+        return rsp.adaptive_sampled_ranks(s, p, rsp.SamplingDesign(5, adaptive_max=20),
+                                          generator=torch.Generator().manual_seed(0)).ranks
 
     want = draw(scores, pos)
     assert torch.equal(draw(scores.numpy(), pos.numpy()), want)

@@ -376,7 +376,7 @@ def test_adaptive_sampling_equals_the_core_on_the_same_draws():
     scores[torch.tensor(x_train.toarray() != 0)] = -math.inf
     pos = torch.tensor(np.stack([np.sort(x_test[u].indices) for u in range(200)]))
     exc = torch.tensor(np.stack([np.sort(x_train[u].indices) for u in range(200)]))
-    drawn = adaptive_sampled_ranks(scores, pos, 10, 160, exclude=exc,
+    drawn = adaptive_sampled_ranks(scores, pos, SamplingDesign(10, adaptive_max=160), exclude=exc,
                                    generator=torch.Generator().manual_seed(5), check_finite=False)
     ranks, sizes = drawn.ranks, drawn.n_samples
     order = torch.argsort(s.users * 3000 + s.items)

@@ -36,7 +36,8 @@ def test_adaptive_recovers_users_and_population_values(metric):
     population metric; both nearer than the fixed-m sampled metric."""
     n = 2000
     exact = _smooth_ranks(3000, n, seed=1)
-    sampled = adaptive_sampled_ranks_from_exact(exact, n, 50, 3200, generator=torch.Generator().manual_seed(2))
+    sampled = adaptive_sampled_ranks_from_exact(exact, n, rsp.SamplingDesign(50, adaptive_max=3200),
+                                                generator=torch.Generator().manual_seed(2))
     est = rsp.estimate(metric, sampled, rsp.registry.Gmod(n_bootstrap=8))
     truth = float(rsp.metric_values(metric, exact, n).double().mean())
     assert est.details["target"] == "users"
@@ -150,7 +151,8 @@ def test_model_term_is_half_the_gap_to_the_mes_prior():
     the three parts' squares; the interval of a smooth truth still covers and stays narrower than mes's."""
     n = 2000
     exact = _smooth_ranks(3000, n, seed=4)
-    sampled = adaptive_sampled_ranks_from_exact(exact, n, 50, 3200, generator=torch.Generator().manual_seed(5))
+    sampled = adaptive_sampled_ranks_from_exact(exact, n, rsp.SamplingDesign(50, adaptive_max=3200),
+                                                generator=torch.Generator().manual_seed(5))
     hist = rsp.sampled_rank_histogram(sampled.ranks, sampled.n_candidates, sampled.n_samples)
     dist = rd.estimate_rank_distribution(hist, method="gmod", n_bootstrap=8)
     mes = rd.estimate_rank_distribution(hist, method="mes", n_bootstrap=0)

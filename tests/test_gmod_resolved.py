@@ -51,7 +51,8 @@ def _runs(kind: str, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     err, cover, err_mes = [], [], []
     for seed in SEEDS:
         exact = _world(kind, seed)
-        sampled = adaptive_sampled_ranks_from_exact(exact, N, M0, CAP, generator=torch.Generator().manual_seed(seed))
+        sampled = adaptive_sampled_ranks_from_exact(exact, N, rsp.SamplingDesign(M0, adaptive_max=CAP),
+                                                    generator=torch.Generator().manual_seed(seed))
         truth = float(rsp.metric_values(metric, exact, N).double().mean())  # brute force: these users' metric
         est = rsp.estimate(metric, sampled, method="gmod")
         assert "top_unresolved" not in est.flags  # (n - 1)/(m + 1) + 1 < 2 <= K: the design resolves the top

@@ -64,7 +64,8 @@ def test_zero_user_batch_matches_the_end_of_a_loop():
 
 
 def test_adaptive_sampled_ranks_of_zero_users_are_empty():
-    drawn = rsp.adaptive_sampled_ranks(torch.zeros(0, 10), torch.zeros(0, 1, dtype=L), 2, 8, generator=_gen())
+    drawn = rsp.adaptive_sampled_ranks(torch.zeros(0, 10), torch.zeros(0, 1, dtype=L),
+                                       rsp.SamplingDesign(2, adaptive_max=8), generator=_gen())
     ranks, sizes = drawn.ranks, drawn.n_samples
     assert ranks.shape == (0, 1) and sizes.shape == (0, 1) and sizes.dtype == torch.int64
 
@@ -160,7 +161,7 @@ def test_metric_curve_bad_n_items(n_items):
         lambda n: rsp.simulate_sampled_ranks(torch.tensor([1, 2]), n, 10),
         lambda n: rsp.sampled_rank_histogram(torch.tensor([1, 2]), n, 10),
         lambda n: rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(torch.tensor([1, 2]), n, 10)),
-        lambda n: adaptive_sampled_ranks_from_exact(torch.tensor([1, 2]), n, 2, 8),
+        lambda n: adaptive_sampled_ranks_from_exact(torch.tensor([1, 2]), n, rsp.SamplingDesign(2, adaptive_max=8)),
         lambda n: correction_table("hit@10", n, 10),
     ],
 )
@@ -183,7 +184,7 @@ def test_expected_sampled_nan_n_is_an_error_not_nan():
         lambda n: expected_corrected("hit@10", torch.tensor([1, 2, 3]), n, 10),
         lambda n: rsp.draw_sampled_ranks(torch.tensor([1, 2, 3]), n, 10),
         lambda n: rsp.sampled_rank_histogram(torch.tensor([1, 2, 3]), n, 10),
-        lambda n: adaptive_sampled_ranks_from_exact(torch.tensor([1, 2, 3]), n, 2, 8),
+        lambda n: adaptive_sampled_ranks_from_exact(torch.tensor([1, 2, 3]), n, rsp.SamplingDesign(2, adaptive_max=8)),
     ],
 )
 def test_n_items_of_the_wrong_shape(fn):
@@ -258,7 +259,7 @@ def test_nan_sampled_rank_is_an_error_not_padding():
         (lambda r: expected_corrected("hit@1", r, 10, 3), "exact_ranks"),
         (lambda r: rsp.draw_sampled_ranks(r, 10, 3), "exact_ranks"),
         (lambda r: rsp.simulate_sampled_ranks(r, 10, 3), "exact_ranks"),
-        (lambda r: adaptive_sampled_ranks_from_exact(r, 100, 2, 8), "exact_ranks"),
+        (lambda r: adaptive_sampled_ranks_from_exact(r, 100, rsp.SamplingDesign(2, adaptive_max=8)), "exact_ranks"),
     ],
 )
 @pytest.mark.parametrize("ranks", [torch.tensor([True]), torch.tensor([1 + 0j]), torch.tensor([float("nan")])])
@@ -272,7 +273,7 @@ def test_bad_exact_rank_values(fn, name, ranks):
     [
         lambda r: rsp.draw_sampled_ranks(r, 10, 3),
         lambda r: rsp.simulate_sampled_ranks(r, 10, 3),
-        lambda r: adaptive_sampled_ranks_from_exact(r, 100, 2, 8),
+        lambda r: adaptive_sampled_ranks_from_exact(r, 100, rsp.SamplingDesign(2, adaptive_max=8)),
     ],
 )
 def test_draws_need_whole_exact_ranks(fn):

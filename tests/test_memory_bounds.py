@@ -333,12 +333,13 @@ def _scores():
 GENERATOR_CALLS = {
     "exact_ranks": lambda gen: rsp.exact_ranks(*_scores(), ties="random", generator=gen),
     "sampled_ranks": lambda gen: rsp.sampled_ranks(*_scores(), 5, generator=gen).ranks,
-    "adaptive_sampled_ranks": lambda gen: rsp.adaptive_sampled_ranks(*_scores(), 5, 20, generator=gen).ranks,
+    "adaptive_sampled_ranks": lambda gen: rsp.adaptive_sampled_ranks(
+        *_scores(), rsp.SamplingDesign(5, adaptive_max=20), generator=gen).ranks,
     "per_user_metrics": lambda gen: rsp.per_user_metrics(*_scores(), metrics=["ndcg@5"], ties="random",
                                                          generator=gen, as_frame=False)["NDCG@5"],
     "simulate_sampled_ranks": lambda gen: rsp.simulate_sampled_ranks(torch.tensor([1, 5, 30]), 30, 5, generator=gen),
     "adaptive_sampled_ranks_from_exact": lambda gen: adaptive_sampled_ranks_from_exact(
-        torch.tensor([1, 5, 30]), 30, 5, 20, generator=gen).ranks,
+        torch.tensor([1, 5, 30]), 30, rsp.SamplingDesign(5, adaptive_max=20), generator=gen).ranks,
 }
 
 

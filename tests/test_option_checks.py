@@ -432,7 +432,8 @@ def test_seed_generator_groups_and_smoothing_are_named():
     with pytest.raises(ValueError, match="seed"):
         rsp.draw_sampled_ranks(torch.tensor([1, 2]), 100, 10, seed=1.5)
     with pytest.raises(ValueError, match="generator"):
-        adaptive_sampled_ranks_from_exact(torch.tensor([1, 2]), 100, 10, 40, generator="x")
+        adaptive_sampled_ranks_from_exact(torch.tensor([1, 2]), 100, rsp.SamplingDesign(10, adaptive_max=40),
+                                          generator="x")
     with pytest.raises(ValueError, match="max_groups"):
         rsp.identified_interval("hit@5", torch.tensor([1, 2, 3]), 1000, 10, max_groups=0)
     for bad in (-5.0, float("nan")):

@@ -73,7 +73,7 @@ def simulated_errors(r: np.ndarray, n_u: np.ndarray, metric: str, m: int, cap, r
             s = simulate_sampled_ranks(rt, nt, m, "binomial", gen)
             value = estimate(metric, SampledRanks.from_arrays(s, nt, m), registry.Auto(n_bootstrap=0)).value
         else:
-            drawn = adaptive_sampled_ranks_from_exact(rt, nt, m, cap, gen)
+            drawn = adaptive_sampled_ranks_from_exact(rt, nt, SamplingDesign(m, adaptive_max=cap), gen)
             s, sizes = drawn.ranks, drawn.n_samples
             value = estimate(
                 metric,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from reco_sampled_plugin import registry, SampledRanks
+from reco_sampled_plugin import registry, SampledRanks, SamplingDesign
 from reco_sampled_plugin._rank_hist import as_histogram, sampled_rank_histogram
 from reco_sampled_plugin.estimators import ESTIMATORS, estimate
 from reco_sampled_plugin.metrics import metric_values
@@ -126,7 +126,8 @@ def test_prior_from_fit(mle_fit):
 
 def test_adaptive_sampling_from_exact_ranks():
     exact = _exact(10_000, seed=5)
-    drawn = adaptive_sampled_ranks_from_exact(exact, N, 50, 400, generator=torch.Generator().manual_seed(0))
+    drawn = adaptive_sampled_ranks_from_exact(exact, N, SamplingDesign(50, adaptive_max=400),
+                                              generator=torch.Generator().manual_seed(0))
     ranks, sizes = drawn.ranks, drawn.n_samples
     assert set(sizes.unique().tolist()) <= {50, 100, 200, 400}
     assert bool(((ranks == 1) <= (sizes == 400)).all())  # only capped positives stay at r~ = 1
@@ -148,7 +149,7 @@ def test_adaptive_sampling_from_scores():
     scores = torch.randn(64, 500, generator=gen)
     positives = torch.randint(0, 500, (64, 1), generator=gen)
     scores[torch.arange(32), positives[:32, 0]] = 10.0  # half the positives score best: they hit the cap
-    drawn = adaptive_sampled_ranks(scores, positives, 8, 64, generator=gen)
+    drawn = adaptive_sampled_ranks(scores, positives, SamplingDesign(8, adaptive_max=64), generator=gen)
     ranks, sizes = drawn.ranks, drawn.n_samples
     assert ranks.shape == (64, 1)
     assert bool((sizes[:32] == 64).all()) and bool((ranks[:32] == 1).all())
@@ -345,7 +346,7 @@ def test_adaptive_fit_likelihood_equals_the_dense_law():
     rng = np.random.default_rng(5)
     exact = np.minimum(rng.geometric(1 / 400, size=2000), 5000)
     gen = torch.Generator().manual_seed(2)
-    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 5000, 50, 1600, gen)
+    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 5000, SamplingDesign(50, adaptive_max=1600), gen)
     ranks, sizes = drawn.ranks, drawn.n_samples
     fit = estimate_rank_distribution(ranks, 5000, sizes, method="mle", n_bootstrap=0)
     model = rd._build_model(as_histogram(ranks, 5000, sizes), "binomial", 16, 0.05, 0.25)

@@ -225,7 +225,8 @@ def test_a_new_estimator_touches_one_file_and_reaches_every_list(throwaway, unif
     assert registry.method_class("half")(weight=0.3).options() == {"weight": 0.3}
     with pytest.raises(ValueError, match="^lam: .*allowed options: weight"):
         registry.method_class("half")(lam=1.0)
-    a = adaptive_sampled_ranks_from_exact(exact[:500], N, 10, 80, torch.Generator().manual_seed(0))
+    a = adaptive_sampled_ranks_from_exact(exact[:500], N, SamplingDesign(10, adaptive_max=80),
+                                          torch.Generator().manual_seed(0))
     assert np.isfinite(rsp.estimate("hit@10", a, method="half").value)
     assert "half" in registry.names(family="correction")
 

@@ -89,3 +89,18 @@ def test_bad_input_names_argument():
         expected_sampled("auc", torch.tensor([101]), 100, 10)
     with pytest.raises(ValueError, match="k = 20"):
         expected_sampled("recall@20", torch.tensor([1]), 100, 10)
+
+
+def test_check_law_takes_the_design_names_only():
+    """One spelling per law, that of ``SamplingDesign.law``; anything else is a ValueError naming ``sampling``."""
+    from reco_sampled_plugin.design import SamplingDesign
+    from reco_sampled_plugin.sampling_laws import check_law
+
+    assert check_law(SamplingDesign(5).law) == "binomial"
+    assert check_law(SamplingDesign(5, replacement=False).law) == "hypergeometric"
+    for bad in ("with_replacement", "replacement", "without_replacement", "Binomial", "HYPERGEOMETRIC", "popularity",
+                1, None):
+        with pytest.raises(ValueError, match="^sampling: unknown law"):
+            check_law(bad)
+    with pytest.raises(ValueError, match="^sampling: unknown law"):
+        expected_sampled("ndcg@5", torch.tensor([3]), 100, 9, "without_replacement")

@@ -22,6 +22,7 @@ from scipy import stats
 
 from reco_sampled_plugin import metric_values
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
+from reco_sampled_plugin.design import SamplingDesign
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks" / "studies"))
@@ -37,7 +38,7 @@ def test_expected_draws_match_the_adaptive_sampler():
     exp = go.expected_draws(ranks.astype(float), np.full(len(ranks), float(n)), "adaptive")
     reps = 4000
     r = torch.from_numpy(np.repeat(ranks, reps))
-    s = adaptive_sampled_ranks_from_exact(r, torch.full_like(r, n), 100, 3200,
+    s = adaptive_sampled_ranks_from_exact(r, torch.full_like(r, n), SamplingDesign(100, adaptive_max=3200),
                                           generator=torch.Generator().manual_seed(0))
     sizes = s.n_samples.double().reshape(len(ranks), reps).numpy()
     se = sizes.std(1) / math.sqrt(reps)

@@ -63,7 +63,7 @@ import torch  # noqa: E402
 from reco_sampled_plugin import metric_values, sampled_rank_histogram  # noqa: E402
 from reco_sampled_plugin import rank_distribution as rd  # noqa: E402
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact, expected_samples  # noqa: E402
-from reco_sampled_plugin.design import AdaptiveDesign  # noqa: E402
+from reco_sampled_plugin.design import AdaptiveDesign, SamplingDesign  # noqa: E402
 from reco_sampled_plugin.simulate import simulate_sampled_ranks  # noqa: E402
 from scipy import optimize  # noqa: E402
 
@@ -160,7 +160,7 @@ def run(dataset: str, design: str, repeats: int, dfs, penalties, top_penalties=(
         for rep in range(repeats):
             g = torch.Generator().manual_seed(1000 + rep)
             if design == "adaptive":
-                s = adaptive_sampled_ranks_from_exact(rt, nt, 100, 3200, generator=g)
+                s = adaptive_sampled_ranks_from_exact(rt, nt, SamplingDesign(100, adaptive_max=3200), generator=g)
                 hist = sampled_rank_histogram(s.ranks, s.n_candidates, s.n_samples)
             else:
                 m = int(design)
@@ -232,10 +232,10 @@ def draw_sampled(rt: torch.Tensor, nt: torch.Tensor, design: str, seed: int):
 
     g = torch.Generator().manual_seed(seed)
     if design == "adaptive":
-        return adaptive_sampled_ranks_from_exact(rt, nt, 100, 3200, generator=g)
+        return adaptive_sampled_ranks_from_exact(rt, nt, SamplingDesign(100, adaptive_max=3200), generator=g)
     if "-" in design:
         start, cap = (int(x) for x in design.split("-"))
-        return adaptive_sampled_ranks_from_exact(rt, nt, start, cap, generator=g)
+        return adaptive_sampled_ranks_from_exact(rt, nt, SamplingDesign(start, adaptive_max=cap), generator=g)
     m = int(design)
     return rsp.SampledRanks(simulate_sampled_ranks(rt, nt.double(), m, "binomial", g), nt, None, rsp.SamplingDesign(m))
 
@@ -438,7 +438,8 @@ def synthetic(repeats: int, top_penalties, n: int = 300, users: int = 1500, m: i
         for rep in range(repeats):
             rt = torch.from_numpy(np.random.default_rng(rep).choice(n, size=users, p=w / w.sum()) + 1)
             nt = torch.full((users,), n)
-            s = adaptive_sampled_ranks_from_exact(rt, nt, m, cap, generator=torch.Generator().manual_seed(rep))
+            s = adaptive_sampled_ranks_from_exact(rt, nt, SamplingDesign(m, adaptive_max=cap),
+                                                  generator=torch.Generator().manual_seed(rep))
             hist = sampled_rank_histogram(s.ranks, s.n_candidates, s.n_samples)
             model = rd._build_model(hist, "binomial", 16, 0.05, 0.25)
             pts, wts = rd.cell_points(model.edges)
@@ -463,7 +464,7 @@ def resolution(dataset: str, design: str) -> None:
     r, nt = torch.from_numpy(next(iter(ranks.values()))), torch.from_numpy(n_u)
     g = torch.Generator().manual_seed(0)
     if design == "adaptive":
-        s = adaptive_sampled_ranks_from_exact(r, nt, 100, 3200, generator=g)
+        s = adaptive_sampled_ranks_from_exact(r, nt, SamplingDesign(100, adaptive_max=3200), generator=g)
         hist = sampled_rank_histogram(s.ranks, s.n_candidates, s.n_samples)
     else:
         hist = sampled_rank_histogram(simulate_sampled_ranks(r, nt.double(), int(design), "binomial", g), nt, int(design))

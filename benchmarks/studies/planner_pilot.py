@@ -52,7 +52,7 @@ def simulated_error(r: np.ndarray, n_u: np.ndarray, design: tuple[int, int | Non
             s = simulate_sampled_ranks(rt, nt, m, "binomial", gen)
             value = estimate(TARGET_METRIC, SampledRanks.from_arrays(s, nt, m), registry.Auto(n_bootstrap=0)).value
         else:
-            drawn = adaptive_sampled_ranks_from_exact(rt, nt, m, cap, gen)
+            drawn = adaptive_sampled_ranks_from_exact(rt, nt, SamplingDesign(m, adaptive_max=cap), gen)
             s, sizes = drawn.ranks, drawn.n_samples
             value = estimate(
                 TARGET_METRIC,
