@@ -6,7 +6,7 @@ that score higher. Here each (B_t x C) tile of scores is computed into one reuse
 positives' scores while it is hot, and overwritten by the next tile: the count costs no extra trip to memory and
 the full matrix never exists. Tiles are cache-sized on the CPU and large on an accelerator (:func:`tile_shape`).
 
-GPU-readiness (issue 19): a call reads the device once (the overflow bound below, one stacked read) besides the
+GPU-readiness: a call reads the device once (the overflow bound below, one stacked read) besides the
 validation of the positives and exclusions; the tile loop never synchronises (excluded items and positives are
 written as -inf by an ``index_fill_`` whose out-of-tile entries land on a spare element past the tile), so the
 count is the same for any B and n. Temporaries: one tile, the (B, P + E) indices, and gathered factors in chunks
@@ -60,7 +60,7 @@ __all__ = [
 ]
 
 #: scores per tile (B_t x C) on the CPU: 2^21 float32 = 8 MiB, reused for every tile (cache-sized: the count
-#: reads the tile while the matmul's output is still in cache). Measured (issue 19; 4,096 users x 100,000 items,
+#: reads the tile while the matmul's output is still in cache). Measured (4,096 users x 100,000 items,
 #: d = 64, 5 positives, 50 exclusions; one thread, CPU time, best of 5 interleaved, on a shared and noisy
 #: machine), as a share of the score matmul alone into a full buffer, at batches of 256 / 1,024 / 4,096 users:
 #: C <= 4,096 items with 2^21 scores 0.85 / 0.86 / 0.88; 2^22 0.86 / 0.80 / 0.83; 2^20 0.83 / 0.85 / 0.87;
