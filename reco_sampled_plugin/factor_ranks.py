@@ -6,7 +6,7 @@ that score higher. Here each (B_t x C) tile of scores is computed into one reuse
 positives' scores while it is hot, and overwritten by the next tile: the count costs no extra trip to memory and
 the full matrix never exists. Tiles are cache-sized on the CPU and large on an accelerator (:func:`tile_shape`).
 
-GPU-readiness (issue 19): a call reads the device once (the overflow bound below, one stacked read) besides the
+GPU-readiness: a call reads the device once (the overflow bound below, one stacked read) besides the
 validation of the positives and exclusions; the tile loop never synchronises (excluded items and positives are
 written as -inf by an ``index_fill_`` whose out-of-tile entries land on a spare element past the tile), so the
 count is the same for any B and n. Temporaries: one tile, the (B, P + E) indices, and gathered factors in chunks
@@ -52,12 +52,15 @@ __all__ = [
     "check_factors",
     "check_finite_factors",
     "factor_ranks_padded",
+    "other_positive_counts",
+    "overflow_rows",
     "positive_scores",
+    "score_limit",
     "tile_shape",
 ]
 
 #: scores per tile (B_t x C) on the CPU: 2^21 float32 = 8 MiB, reused for every tile (cache-sized: the count
-#: reads the tile while the matmul's output is still in cache). Measured (issue 19; 4,096 users x 100,000 items,
+#: reads the tile while the matmul's output is still in cache). Measured (4,096 users x 100,000 items,
 #: d = 64, 5 positives, 50 exclusions; one thread, CPU time, best of 5 interleaved, on a shared and noisy
 #: machine), as a share of the score matmul alone into a full buffer, at batches of 256 / 1,024 / 4,096 users:
 #: C <= 4,096 items with 2^21 scores 0.85 / 0.86 / 0.88; 2^22 0.86 / 0.80 / 0.83; 2^20 0.83 / 0.85 / 0.87;
@@ -147,6 +150,22 @@ def _overflow_bound(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None)
         if cache:
             _item_norm = (weakref.ref(v), key, v_norm)
     return values["user_factors"] * v_norm + values.get("item_bias", 0.0)
+
+
+def score_limit(dtype: torch.dtype) -> float:
+    """Scores whose Cauchy-Schwarz bound ``|u| |v| (+ |bias|)`` stays below this cannot overflow in ``dtype``: a
+    quarter of its largest value (the one margin of :func:`factor_ranks_padded` and :func:`overflow_rows`)."""
+    return torch.finfo(dtype).max / 4
+
+
+def overflow_rows(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """(B,) bool on the device, nothing read back: the users whose scores ``u @ v.T`` might overflow, by the
+    Cauchy-Schwarz bound ``|u_b| max_j |v_j| >= score_limit`` in float64 (NaN entries count as 0, inf ones
+    overflow). Per user, for a caller that checks those users' scores exactly rather than refusing the call
+    (``evaluate_factors``: their rows get NaN)."""
+    norm_u = torch.linalg.vector_norm(torch.nan_to_num(u.double()), dim=1)
+    norm_v = torch.linalg.vector_norm(torch.nan_to_num(v.double()), dim=1).max()
+    return norm_u * norm_v >= score_limit(u.dtype)
 
 
 def exact_ranks_from_factors(
@@ -281,7 +300,7 @@ def factor_ranks_padded(
     with _exact_precision(u.device):
         # no score can overflow when |u| |v| + |bias| stays below the dtype's largest value (Cauchy-Schwarz);
         # otherwise rank the materialized scores, whose NaN/inf check then names the rows
-        if not _overflow_bound(u, v, bias) < torch.finfo(u.dtype).max / 4:
+        if not _overflow_bound(u, v, bias) < score_limit(u.dtype):
             scores = u @ v.T if bias is None else torch.addmm(bias, u, v.T)
             if ties == TIE_BOUNDS:
                 return exact_ranks_padded(scores, pos, exc, ties, count_other_positives, check_finite=True), None
@@ -331,9 +350,9 @@ def _tiled_ranks(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, po
             if need_gt:
                 gt[r0:r1] += count_beating_tile(tile, ref, inclusive=False)
     if count_other_positives:  # the other positives, compared on the same dot-product scores
-        other = valid.unsqueeze(1) & valid.unsqueeze(2) & ~torch.eye(pos.shape[1], dtype=torch.bool, device=dev)
-        ge += ((s_pos.unsqueeze(1) >= s_pos.unsqueeze(2)) & other).sum(2)
-        gt += ((s_pos.unsqueeze(1) > s_pos.unsqueeze(2)) & other).sum(2)
+        ge_other, gt_other = other_positive_counts(s_pos, valid)
+        ge += ge_other
+        gt += gt_other
         if ties not in ("average", TIE_BOUNDS):  # tied relevant items in slot order, as exact_ranks
             before, after = tied_positives(s_pos, valid)
             ge -= after
@@ -347,3 +366,13 @@ def _tiled_ranks(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, po
     else:
         ranks = (ge + gt + 2).to(torch.float64) / 2
     return torch.where(valid, ranks, torch.zeros_like(ranks)), s_pos
+
+
+def other_positive_counts(pos_scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, P) int64 counts of the row's other valid positives scoring >= / > each positive (0 in padded slots'
+    comparisons): what a positive's rank among all candidates adds to its rank among the irrelevant ones."""
+    p = pos_scores.shape[1]
+    other = valid.unsqueeze(1) & valid.unsqueeze(2) & ~torch.eye(p, dtype=torch.bool, device=pos_scores.device)
+    ge = ((pos_scores.unsqueeze(1) >= pos_scores.unsqueeze(2)) & other).sum(2)
+    gt = ((pos_scores.unsqueeze(1) > pos_scores.unsqueeze(2)) & other).sum(2)
+    return ge, gt

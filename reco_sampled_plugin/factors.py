@@ -51,6 +51,7 @@ import torch
 
 from . import registry
 from ._checks import check_device, check_int, real_tensor
+from .factor_ranks import other_positive_counts, overflow_rows
 from ._inputs import finite_flags
 from ._options import check_bool, check_names
 from ._sparse import canonicalise, csr_copy
@@ -257,9 +258,403 @@ class FactorEvaluation:
 
 
 # ----------------------------------------------------------------------------------------------------------------
+# options (each checked once, before any work)
+
+
+@dataclass(frozen=True)
+class _Columns:
+    """The metric columns asked for and how they come back (recometrics' names and layout)."""
+
+    base: list[MetricSpec]  # as asked (the sampled summary's rows)
+    specs: list[MetricSpec]  # the output columns (every cut-off 1..k with ``cumulative``)
+    k: int
+    cumulative: bool
+    rename_k: bool
+    as_df: bool
+
+    @classmethod
+    def checked(cls, metrics: Sequence[str] | str | None, k: int, cumulative: bool, rename_k: bool,
+                as_df: bool) -> "_Columns":
+        k = check_int(k, "k", minimum=1)
+        cumulative, rename_k, as_df = (check_bool(v, name) for v, name in
+                                       ((cumulative, "cumulative"), (rename_k, "rename_k"), (as_df, "as_df")))
+        base, specs = _metric_specs(metrics, k, cumulative)
+        return cls(base, specs, k, cumulative, rename_k, as_df)
+
+    @property
+    def k_pool(self) -> int:
+        """The largest cut-off (a user needs at least that many candidates)."""
+        return max([self.k] + [s.k for s in self.specs if s.k is not None])
+
+    def names(self) -> list[str]:
+        """Output column names: ``P@K`` for the cut-off ``k`` when not ``rename_k`` (and not cumulative)."""
+        if self.rename_k or self.cumulative:
+            return [s.column for s in self.specs]
+        return [s.column[: -len(str(self.k))] + "K" if s.k == self.k else s.column for s in self.specs]
+
+
+@dataclass(frozen=True)
+class _UserRules:
+    """recometrics' criteria for evaluating a user at all (the others get NaN)."""
+
+    min_pos_test: int
+    min_items_pool: int
+    consider_cold_start: bool
+
+    @classmethod
+    def checked(cls, min_pos_test: int, min_items_pool: int, consider_cold_start: bool,
+                no_train: bool) -> "_UserRules":
+        """``no_train``: X_train is None, so every user is a cold-start user and counts."""
+        return cls(check_int(min_pos_test, "min_pos_test", minimum=1),
+                   check_int(min_items_pool, "min_items_pool", minimum=1),
+                   check_bool(consider_cold_start, "consider_cold_start") or no_train)
+
+
+@dataclass(frozen=True)
+class _Ranking:
+    """How scores become ranks: tie policy, recometrics' noise, the seed of every random draw, users per batch."""
+
+    ties: str
+    noise: bool
+    seed: int
+    batch_size: int | None
+
+    @classmethod
+    def checked(cls, ties: str, break_ties_with_noise: bool, seed: int, batch_size: int | None) -> "_Ranking":
+        seed = check_int(seed, "seed", minimum=0)
+        ties = check_ties(ties)
+        noise = check_bool(break_ties_with_noise, "break_ties_with_noise")
+        if batch_size is not None:
+            batch_size = check_int(batch_size, "batch_size", minimum=1)
+        return cls(ties, noise, seed, batch_size)
+
+
+def _sampling_options(n_samples: int | SamplingDesign | None, method: "str | registry.Method | None",
+                      base: list[MetricSpec]) -> tuple[SamplingDesign | None, "registry.Method | None"]:
+    """(design, method object), or (None, None) without sampling: the method checked against the design and against
+    the metrics it must estimate (hh: AUC only)."""
+    correction = None if method is None else registry.as_method(method)
+    design = _sampling_design(n_samples, correction)
+    if correction is not None:
+        entry = registry.get(correction)
+        refused = [str(sp_) for sp_ in base if not entry.takes_metric(sp_.kind)]
+        if refused:
+            raise ValueError(f"metrics: method {correction.name!r} estimates {', '.join(entry.metrics or ())} only, "
+                             f"not {', '.join(refused)}; pass e.g. metrics=['roc_auc']")
+    return design, correction
+
+
+def _sampling_design(n_samples: int | SamplingDesign | None,
+                     correction: registry.Method | None) -> SamplingDesign | None:
+    """The sampling design (:func:`~reco_sampled_plugin.design.as_design`: a SamplingDesign, or an int m), with the
+    ``method`` checked against the design; None without sampling. Checked before any work."""
+    if n_samples is None:
+        if correction is not None:
+            raise ValueError("method: needs n_samples (the number of sampled irrelevant items per test item)")
+        return None
+    design = as_design(n_samples)
+    if design.exact_at_cap:  # its summary estimates from bare sampled ranks: the exact ranks would be dropped
+        raise ValueError("n_samples: exact_at_cap is not supported by evaluate_factors (its sampled summary "
+                         "corrects bare sampled ranks); use adaptive_sampled_ranks and estimate(metric, sampled)")
+    entry = None if correction is None else registry.get(correction)
+    if entry is not None and not entry.supports(design):
+        name = entry.name
+        if design.popularity is not None:
+            raise ValueError(f"method: {name!r} assumes uniform sampling; with popularity use one of "
+                             f"{registry.names(design=design)} (hh: AUC only; docs/popularity.md)")
+        if design.adaptive is not None:
+            raise ValueError(f"method: {name!r} assumes one fixed m per test item; with adaptive_max "
+                             f"use one of {registry.names(adaptive=True)}")
+        raise ValueError(f"method: {name!r} does not support {design.describe()} "
+                         f"(use one of {registry.names(design=design)})")
+    return design
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the model and the users evaluated
+
+
+def _interactions(X_train: Any, X_test: Any, k_pool: int) -> tuple[_CSR, _CSR]:
+    """(train, test) as :class:`_CSR` of one shape (no train matrix: an empty one); the cut-offs fit the items."""
+    test = _to_csr(X_test, "X_test")
+    n_users, n_items = test.shape
+    if n_users == 0 or n_items == 0:
+        raise ValueError(f"X_test: empty matrix of shape {test.shape}")
+    if X_train is None:
+        train = _CSR(np.zeros(n_users + 1, np.int64), np.zeros(0, np.int64), np.zeros(0), test.shape)
+    else:
+        train = _to_csr(X_train, "X_train")
+        if train.shape != test.shape:
+            raise ValueError(f"X_train: shape {train.shape} differs from X_test's {test.shape} (users x items)")
+    if k_pool > n_items:
+        raise ValueError(f"k: cut-off {k_pool} is larger than the number of items ({n_items})")
+    return train, test
+
+
+def _check_disjoint(train: _CSR, test: _CSR) -> None:
+    """A test item must not be a training item of the same user."""
+    if not (train.indices.size and test.indices.size):
+        return
+    tr = sp.csr_matrix((np.ones(train.indices.size), train.indices, train.indptr), shape=train.shape)
+    te = sp.csr_matrix((np.ones(test.indices.size), test.indices, test.indptr), shape=test.shape)
+    both = tr.multiply(te).tocsr()
+    both.eliminate_zeros()
+    if both.nnz:
+        users_bad = np.flatnonzero(np.diff(both.indptr))
+        raise ValueError(
+            f"X_test: {users_bad.size} user(s) have test items that are also in X_train "
+            f"(first: user {int(users_bad[0])}, item {int(both.indices[both.indptr[users_bad[0]]])}); "
+            "train and test must not overlap for a user"
+        )
+
+
+@dataclass(frozen=True)
+class _Model:
+    """A model's scores on ``device`` in ``dtype``: ``users @ items.T`` (item biases as one more factor,
+    recometrics' layout [A, 1] . [B, bias]), or ``bias`` alone for every user (a non-personalised model)."""
+
+    users: torch.Tensor | None  # (n_users, d) or (n_users, d + 1)
+    items: torch.Tensor | None  # (n_items, d) or (n_items, d + 1); None with users
+    bias: torch.Tensor | None  # (n_items,) when there are no factors, else None
+    device: torch.device
+    dtype: torch.dtype
+
+    def scores(self, rows: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The (len(rows), n_items) scores of the users ``rows``, written into ``out``."""
+        if self.users is not None:
+            assert self.items is not None  # set together
+            return torch.matmul(self.users.index_select(0, rows), self.items.T, out=out)
+        assert self.bias is not None  # a model without factors has biases
+        return out.copy_(self.bias.unsqueeze(0).expand(out.shape))
+
+    def score_checks(self, train: _CSR) -> tuple[np.ndarray, np.ndarray]:
+        """(finite, maybe_overflow), (n_users,) bool each: users whose factors and every non-excluded item's are
+        finite (the others get NaN), and users whose scores could overflow (their candidates get an exact check,
+        :func:`~reco_sampled_plugin.factor_ranks.overflow_rows`)."""
+        n_users = train.shape[0]
+        if self.users is not None:
+            assert self.items is not None  # set together
+            finite_users = finite_flags(self.users, dim=1).cpu().numpy()
+            item_ok = finite_flags(self.items, dim=1)
+            maybe_inf = overflow_rows(self.users, self.items).cpu().numpy()
+        else:
+            assert self.bias is not None  # a model without factors has biases
+            finite_users = np.ones(n_users, dtype=bool)
+            item_ok = torch.isfinite(self.bias)
+            maybe_inf = np.zeros(n_users, dtype=bool)
+        bad_items = np.flatnonzero(~item_ok.cpu().numpy())
+        if bad_items.size:  # users that keep a non-finite item among their candidates
+            excluded_bad = np.bincount(
+                np.repeat(np.arange(n_users), train.row_counts)[np.isin(train.indices, bad_items)], minlength=n_users
+            )
+            finite_users &= excluded_bad == bad_items.size
+        return finite_users, maybe_inf
+
+
+def _model(user_factors: TensorLike | None, item_factors: TensorLike | None, item_biases: TensorLike | None,
+           shape: tuple[int, int], device: torch.device | str | None, dtype: torch.dtype | None) -> _Model:
+    """The factors (or the biases alone) checked against the (users x items) ``shape`` and put on the device in the
+    score dtype (default float32 when every factor is float32, else float64, as recometrics)."""
+    n_users, n_items = shape
+    if (user_factors is None) != (item_factors is None):
+        raise ValueError("user_factors, item_factors: pass both, or neither (with item_biases only)")
+    bias = None if item_biases is None else _as_factor(item_biases, "item_biases", 1)
+    a_mat = b_mat = None
+    if user_factors is None:
+        if bias is None:
+            raise ValueError("item_biases: required when user_factors and item_factors are None")
+        ref = bias
+    else:
+        ref = a_mat = _as_factor(user_factors, "user_factors", 2)
+        b_mat = _as_factor(item_factors, "item_factors", 2)
+        if a_mat.shape[0] != n_users:
+            raise ValueError(f"user_factors: {a_mat.shape[0]} rows but X_test has {n_users} users")
+        if b_mat.shape[0] != n_items:
+            raise ValueError(f"item_factors: {b_mat.shape[0]} rows but X_test has {n_items} items")
+        if a_mat.shape[1] != b_mat.shape[1]:
+            raise ValueError(
+                f"item_factors: {b_mat.shape[1]} factors but user_factors has {a_mat.shape[1]} (they must match)"
+            )
+    if bias is not None and bias.shape[0] != n_items:
+        raise ValueError(f"item_biases: {bias.shape[0]} values but X_test has {n_items} items")
+    dev = check_device(device) or ref.device
+    if dtype is None:
+        all32 = all(t.dtype == torch.float32 for t in (a_mat, b_mat, bias) if t is not None)
+        dtype = torch.float32 if all32 else torch.float64
+    if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype: expected a floating dtype, got {dtype}")
+    if a_mat is None or b_mat is None:
+        assert bias is not None  # checked above
+        return _Model(None, None, bias.to(device=dev, dtype=dtype), dev, dtype)
+    a_mat = a_mat.to(device=dev, dtype=dtype)
+    b_mat = b_mat.to(device=dev, dtype=dtype)
+    if bias is not None:  # recometrics' layout: [A, 1] . [B, bias]
+        a_mat = torch.cat([a_mat, torch.ones((n_users, 1), dtype=dtype, device=dev)], 1)
+        b_mat = torch.cat([b_mat, bias.to(device=dev, dtype=dtype).unsqueeze(1)], 1)
+    return _Model(a_mat, b_mat, None, dev, dtype)
+
+
+def _evaluated_users(train: _CSR, test: _CSR, rules: _UserRules, k_pool: int, finite: np.ndarray) -> np.ndarray:
+    """Sorted indices of the users evaluated at all (recometrics' criteria, and finite scores: ``finite``)."""
+    n_tr = train.row_counts
+    n_te = test.row_counts
+    n_cand = test.shape[1] - n_tr
+    valid = (n_te > 0) & (n_te >= rules.min_pos_test) & (n_cand >= max(rules.min_items_pool, k_pool, 2))
+    if not rules.consider_cold_start:
+        valid &= n_tr > 0
+    return np.flatnonzero(valid & finite)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# one batch of users: scores, ranks, metrics
+
+
+@dataclass(frozen=True)
+class _Batch:
+    """The interactions of a batch of evaluated users on the device (padded) and on the CPU (flat)."""
+
+    rows_np: np.ndarray  # (b,) user indices
+    rows: torch.Tensor  # the same on the device
+    pos: torch.Tensor  # (b, P) test items, -1 padded
+    n_cand: torch.Tensor  # (b,) candidates: items not in the training row
+    relevance: torch.Tensor | None  # (b, P) test values (0 padded) when a metric reads them (NDCG)
+    ex_row: np.ndarray  # flat training entries: row within the batch,
+    ex_slot: np.ndarray  # slot within the row,
+    ex_item: np.ndarray  # and item
+
+    @classmethod
+    def of(cls, train: _CSR, test: _CSR, rows_np: np.ndarray, dev: torch.device, values: bool) -> "_Batch":
+        b = len(rows_np)
+        ex_row, ex_slot, ex_item, _ = _gather_rows(train, rows_np)
+        te_row, te_slot, te_item, te_val = _gather_rows(test, rows_np)
+        pos = torch.from_numpy(_padded(b, te_row, te_slot, te_item, -1)).to(dev)
+        n_cand = torch.from_numpy(test.shape[1] - (train.indptr[rows_np + 1] - train.indptr[rows_np])).to(dev)
+        rel = torch.from_numpy(_padded(b, te_row, te_slot, te_val, 0.0)).to(dev) if values else None
+        return cls(rows_np, torch.from_numpy(rows_np).to(dev), pos, n_cand, rel, ex_row, ex_slot, ex_item)
+
+    def overflowed(self, scores: torch.Tensor, maybe_inf: np.ndarray) -> torch.Tensor:
+        """(b,) bool: rows with a non-finite score among their candidates, checked exactly where ``maybe_inf``
+        (excluded items do not count); False elsewhere (their scores cannot overflow)."""
+        b = len(self.rows_np)
+        nan_rows = torch.zeros(b, dtype=torch.bool, device=scores.device)
+        flag_np = np.flatnonzero(maybe_inf[self.rows_np])
+        if flag_np.size:  # rare
+            flag = torch.from_numpy(flag_np).to(scores.device)
+            bad = ~torch.isfinite(scores[flag])
+            local = np.full(b, -1)
+            local[flag_np] = np.arange(flag_np.size)
+            sel = local[self.ex_row] >= 0  # excluded items of the flagged rows do not count
+            bad[torch.from_numpy(local[self.ex_row][sel]).to(scores.device),
+                torch.from_numpy(self.ex_item[sel]).to(scores.device)] = False
+            nan_rows[flag] = bad.any(1)
+        return nan_rows
+
+    def exclude(self, scores: torch.Tensor) -> None:
+        """Training items never compete: -inf scores them below every candidate (flat indices: no padding)."""
+        if self.ex_item.size:
+            dev = scores.device
+            scores[torch.from_numpy(self.ex_row).to(dev), torch.from_numpy(self.ex_item).to(dev)] = -math.inf
+
+    def padded_exclusions(self) -> torch.Tensor:
+        """(b, E) training items, -1 padded (what sampling must never draw)."""
+        b = len(self.rows_np)
+        return torch.from_numpy(_padded(b, self.ex_row, self.ex_slot, self.ex_item, -1)).to(self.pos.device)
+
+
+def _all_tied_rows(scores: torch.Tensor, ranks: torch.Tensor, bt: _Batch, pos_scores: torch.Tensor,
+                   ties: str) -> torch.Tensor:
+    """(b,) bool: rows whose candidates all score equal (and are more than one), without noise. Only rows whose
+    ranks allow it are read (pessimistic: the last relevant item at n; optimistic: the first at 1)."""
+    n_items = scores.shape[1]
+    if ties == "pessimistic":
+        flag = ranks.max(1).values == bt.n_cand
+    elif ties == "optimistic":
+        flag = torch.where(bt.pos >= 0, ranks, torch.full_like(ranks, n_items + 1)).min(1).values == 1
+    elif ties == "average":
+        flag = ranks[:, 0] * 2 == (bt.n_cand + 1)
+    else:
+        flag = torch.ones(len(bt.rows_np), dtype=torch.bool, device=scores.device)
+    out = torch.zeros(len(bt.rows_np), dtype=torch.bool, device=scores.device)
+    flagged = flag.nonzero().squeeze(1)
+    if flagged.numel():
+        out[flagged] = _all_tied(scores, flagged, pos_scores[flagged]) & (bt.n_cand[flagged] > 1)
+    return out
+
+
+def _batch_ranks(scores: torch.Tensor, bt: _Batch, nan_rows: torch.Tensor, ranking: _Ranking,
+                 noise: torch.Tensor | None, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(ranks, tie bounds, NaN rows) of the test items among the candidates (training items already at -inf):
+    :func:`~reco_sampled_plugin.ranking.exact_ranks_padded`; ``ties="average"`` also returns the (b, P, 2) tie
+    groups [lo, hi] its metrics take expectations over. ``noise`` (recometrics' option) is added to ``scores``
+    first; rows whose candidates all tie join the NaN rows."""
+    pos_scores = scores.gather(1, bt.pos[:, :1])[:, 0]
+    if noise is not None:  # recometrics checks for all-equal scores before adding noise
+        nan_rows = nan_rows | _all_tied(scores, torch.arange(len(bt.rows_np), device=scores.device), pos_scores)
+        noise.uniform_(-1e-12, 1e-12, generator=gen)
+        scores.add_(noise[: scores.shape[0]])
+    if ranking.ties == "average":  # tie groups [lo, hi]: the metrics are expectations over the orders of tied items
+        bounds: torch.Tensor | None = exact_ranks_padded(scores, bt.pos, None, TIE_BOUNDS, True, gen)
+        assert bounds is not None
+        ranks = bounds.sum(-1).to(torch.float64) / 2  # the average rank (0 in padded slots)
+    else:
+        bounds, ranks = None, exact_ranks_padded(scores, bt.pos, None, ranking.ties, True, gen)
+    if noise is None:  # all scores tied: the last relevant item at n (pessimistic), the first at 1
+        nan_rows = nan_rows | _all_tied_rows(scores, ranks, bt, pos_scores, ranking.ties)
+    return ranks, bounds, nan_rows
+
+
+def _batch_metrics(specs: list[MetricSpec], ranks: torch.Tensor, bounds: torch.Tensor | None, bt: _Batch,
+                   n_items: int) -> dict[str, torch.Tensor]:
+    """{column: (b,) values} of every metric from the exact ranks (expectations over the tie groups ``bounds``
+    for ``ties="average"``)."""
+    s = SortedRanks(ranks, bt.n_cand, bt.relevance)
+    out = {}
+    for spec in specs:
+        if bounds is None:
+            vals = _ndcg(spec, s) if spec.kind == "ndcg" else values_from_sorted(spec, s)
+        elif spec.kind == "ndcg":
+            rel = bt.relevance.double() if bt.relevance is not None else (bt.pos >= 0).double()
+            vals = _ndcg(spec, s, expected_dcg(bounds[..., 0].double(), bounds[..., 1].double(), rel, spec.k,
+                                               s.cutoff(spec), n_items))
+        else:
+            vals = expected_metric_values(spec, bounds[..., 0], bounds[..., 1], bt.n_cand, max_position=n_items)
+        out[spec.column] = vals
+    return out
+
+
+def _evaluate_batches(model: _Model, train: _CSR, test: _CSR, users: np.ndarray, maybe_inf: np.ndarray,
+                      specs: list[MetricSpec], ranking: _Ranking,
+                      design: SamplingDesign | None) -> tuple[dict[str, torch.Tensor], list[tuple]]:
+    """({column: (n_users,) float64, NaN where not evaluated}, the sampled parts of :func:`_sample_batch`), user
+    batch by user batch: the batch's scores in one reused buffer, vectorised within the batch."""
+    n_users, n_items = test.shape
+    dev = model.device
+    results = {s.column: torch.full((n_users,), math.nan, dtype=torch.float64, device=dev) for s in specs}
+    parts: list[tuple] = []
+    batch_size = ranking.batch_size or max(1, min(4096, _BUFFER_ELEMENTS // n_items))
+    buf = torch.empty((min(batch_size, max(len(users), 1)), n_items), dtype=model.dtype, device=dev)
+    noise = torch.empty_like(buf) if ranking.noise else None
+    gen = torch.Generator(device=dev).manual_seed(ranking.seed)
+    values = any(s.kind == "ndcg" for s in specs)
+    for start in range(0, len(users), batch_size):  # user batches bound memory; each batch is vectorised
+        bt = _Batch.of(train, test, users[start : start + batch_size], dev, values)
+        scores = model.scores(bt.rows, buf[: len(bt.rows_np)])
+        nan_rows = bt.overflowed(scores, maybe_inf)  # exact check of the candidates where the norms allow overflow
+        bt.exclude(scores)
+        ranks, bounds, nan_rows = _batch_ranks(scores, bt, nan_rows, ranking, noise, gen)
+        for col, vals in _batch_metrics(specs, ranks, bounds, bt, n_items).items():
+            results[col][bt.rows] = torch.where(nan_rows, torch.full_like(vals, math.nan), vals)
+        if design is not None:  # sampling needs the exclusions as a padded index (never drawn)
+            parts.append(_sample_batch(scores, bt.pos, bt.padded_exclusions(), ranks, bt.rows, nan_rows, bt.n_cand,
+                                       design, gen, ranking.ties))
+    return results, parts
+
+
+# ----------------------------------------------------------------------------------------------------------------
 # the entry point
 
 
+# tabular exception: recometrics' calc_reco_metrics signature (21 parameters)
 def evaluate_factors(
     X_train: Any,
     X_test: Any,
@@ -328,239 +723,21 @@ def evaluate_factors(
         ValueError: naming the argument, for shape mismatches, a test item also in the user's training row,
             non-finite interaction values, bad options.
     """
-    k = check_int(k, "k", minimum=1)
-    min_pos_test = check_int(min_pos_test, "min_pos_test", minimum=1)
-    min_items_pool = check_int(min_items_pool, "min_items_pool", minimum=1)
-    seed = check_int(seed, "seed", minimum=0)
-    check_ties(ties)
-    cumulative, consider_cold_start, break_ties_with_noise, as_df, rename_k = (
-        check_bool(v, name) for v, name in ((cumulative, "cumulative"), (consider_cold_start, "consider_cold_start"),
-                                            (break_ties_with_noise, "break_ties_with_noise"), (as_df, "as_df"),
-                                            (rename_k, "rename_k")))
-    if batch_size is not None:
-        batch_size = check_int(batch_size, "batch_size", minimum=1)
-    correction = None if method is None else registry.as_method(method)  # each option checked once, here
-    base_specs, specs = _metric_specs(metrics, k, cumulative)
-    design = _sampling_design(n_samples, correction)
-    if correction is not None:  # before any work: a metric the method does not estimate (hh: AUC only)
-        refused = [str(sp_) for sp_ in base_specs if not registry.get(correction).takes_metric(sp_.kind)]
-        if refused:
-            raise ValueError(f"metrics: method {correction.name!r} estimates "
-                             f"{', '.join(registry.get(correction).metrics or ())} only, not {', '.join(refused)}; "
-                             "pass e.g. metrics=['roc_auc']")
-
-    test = _to_csr(X_test, "X_test")
-    n_users, n_items = test.shape
-    if n_users == 0 or n_items == 0:
-        raise ValueError(f"X_test: empty matrix of shape {test.shape}")
-    if X_train is None:
-        train = _CSR(np.zeros(n_users + 1, np.int64), np.zeros(0, np.int64), np.zeros(0), test.shape)
-        consider_cold_start = True
-    else:
-        train = _to_csr(X_train, "X_train")
-        if train.shape != test.shape:
-            raise ValueError(f"X_train: shape {train.shape} differs from X_test's {test.shape} (users x items)")
-    k_pool = max([k] + [s.k for s in specs if s.k is not None])
-    if k_pool > n_items:
-        raise ValueError(f"k: cut-off {k_pool} is larger than the number of items ({n_items})")
-
-    # factors -> one (users x d') and one (items x d') matrix on the device; biases become an extra factor
-    if (user_factors is None) != (item_factors is None):
-        raise ValueError("user_factors, item_factors: pass both, or neither (with item_biases only)")
-    bias: Any = None if item_biases is None else _as_factor(item_biases, "item_biases", 1)  # given without factors
-    if user_factors is None:
-        if bias is None:
-            raise ValueError("item_biases: required when user_factors and item_factors are None")
-        a_mat: torch.Tensor | None = None
-        b_mat: Any = None  # given together with a_mat
-        ref = bias
-    else:
-        a_mat = _as_factor(user_factors, "user_factors", 2)
-        b_mat = _as_factor(item_factors, "item_factors", 2)
-        ref = a_mat
-        if a_mat.shape[0] != n_users:
-            raise ValueError(f"user_factors: {a_mat.shape[0]} rows but X_test has {n_users} users")
-        if b_mat.shape[0] != n_items:
-            raise ValueError(f"item_factors: {b_mat.shape[0]} rows but X_test has {n_items} items")
-        if a_mat.shape[1] != b_mat.shape[1]:
-            raise ValueError(
-                f"item_factors: {b_mat.shape[1]} factors but user_factors has {a_mat.shape[1]} (they must match)"
-            )
-    if bias is not None and bias.shape[0] != n_items:
-        raise ValueError(f"item_biases: {bias.shape[0]} values but X_test has {n_items} items")
-    dev = check_device(device) or ref.device
-    if dtype is None:
-        all32 = all(t.dtype == torch.float32 for t in (a_mat, b_mat, bias) if t is not None)
-        dtype = torch.float32 if all32 else torch.float64
-    if dtype not in (torch.float32, torch.float64, torch.float16, torch.bfloat16):
-        raise ValueError(f"dtype: expected a floating dtype, got {dtype}")
-    if a_mat is not None:
-        a_mat = a_mat.to(device=dev, dtype=dtype)
-        b_mat = b_mat.to(device=dev, dtype=dtype)
-        if bias is not None:  # recometrics' layout: [A, 1] . [B, bias]
-            a_mat = torch.cat([a_mat, torch.ones((n_users, 1), dtype=dtype, device=dev)], 1)
-            b_mat = torch.cat([b_mat, bias.to(device=dev, dtype=dtype).unsqueeze(1)], 1)
-    elif bias is not None:
-        bias = bias.to(device=dev, dtype=dtype)
-
-    # train/test overlap: a test item must not be a training item of the same user
-    if train.indices.size and test.indices.size:
-        tr = sp.csr_matrix((np.ones(train.indices.size), train.indices, train.indptr), shape=train.shape)
-        te = sp.csr_matrix((np.ones(test.indices.size), test.indices, test.indptr), shape=test.shape)
-        both = tr.multiply(te).tocsr()
-        both.eliminate_zeros()
-        if both.nnz:
-            users_bad = np.flatnonzero(np.diff(both.indptr))
-            raise ValueError(
-                f"X_test: {users_bad.size} user(s) have test items that are also in X_train "
-                f"(first: user {int(users_bad[0])}, item {int(both.indices[both.indptr[users_bad[0]]])}); "
-                "train and test must not overlap for a user"
-            )
-
-    # users evaluated at all (recometrics' criteria) and users whose factors give non-finite scores
-    n_tr = train.row_counts
-    n_te = test.row_counts
-    n_cand = n_items - n_tr
-    valid = (n_te > 0) & (n_te >= min_pos_test) & (n_cand >= max(min_items_pool, k_pool, 2))
-    if not consider_cold_start:
-        valid &= n_tr > 0
-    maybe_inf = np.zeros(n_users, dtype=bool)
-    if a_mat is not None:
-        finite_users = finite_flags(a_mat, dim=1).cpu().numpy()
-        item_ok = finite_flags(b_mat, dim=1)
-        # Cauchy-Schwarz: |a.b| <= |a| |b|; rows whose bound could overflow get an exact check on their scores
-        big = torch.finfo(dtype).max / 4
-        norm_a = torch.linalg.vector_norm(torch.nan_to_num(a_mat.double()), dim=1)
-        norm_b = torch.linalg.vector_norm(torch.nan_to_num(b_mat.double()), dim=1).max()
-        maybe_inf = (norm_a * norm_b >= big).cpu().numpy()
-    else:
-        finite_users = np.ones(n_users, dtype=bool)
-        item_ok = torch.isfinite(bias)
-    bad_items = np.flatnonzero(~item_ok.cpu().numpy())
-    if bad_items.size:  # users that keep a non-finite item among their candidates
-        excluded_bad = np.bincount(
-            np.repeat(np.arange(n_users), n_tr)[np.isin(train.indices, bad_items)], minlength=n_users
-        )
-        finite_users &= excluded_bad == bad_items.size
-    valid &= finite_users
-    users = np.flatnonzero(valid)
-
-    # outputs (NaN = not evaluated)
-    results = {s.column: torch.full((n_users,), math.nan, dtype=torch.float64, device=dev) for s in specs}
-    if design is not None:
-        sampled_parts: list[tuple[torch.Tensor, ...]] = []
-
-    if batch_size is None:
-        batch_size = max(1, min(4096, _BUFFER_ELEMENTS // n_items))
-    batch_size = check_int(batch_size, "batch_size", minimum=1)
-    width = min(batch_size, max(len(users), 1))
-    buf = torch.empty((width, n_items), dtype=dtype, device=dev)
-    noise: Any = torch.empty_like(buf) if break_ties_with_noise else None
-    gen = torch.Generator(device=dev).manual_seed(seed)
-    need_values = any(s.kind == "ndcg" for s in specs)
-
-    for start in range(0, len(users), batch_size):  # user batches bound memory; each batch is vectorised
-        rows_np = users[start : start + batch_size]
-        b = len(rows_np)
-        rows = torch.from_numpy(rows_np).to(dev)
-        scores = buf[:b]
-        if a_mat is not None:
-            torch.matmul(a_mat.index_select(0, rows), b_mat.T, out=scores)
-        else:
-            scores.copy_(bias.unsqueeze(0).expand(b, n_items))
-        ex_row, ex_slot, ex_item, _ = _gather_rows(train, rows_np)
-        te_row, te_slot, te_item, te_val = _gather_rows(test, rows_np)
-        pos = torch.from_numpy(_padded(b, te_row, te_slot, te_item, -1)).to(dev)
-        n_cand_b = torch.from_numpy(n_cand[rows_np]).to(dev)
-        nan_rows = torch.zeros(b, dtype=torch.bool, device=dev)
-        if maybe_inf[rows_np].any():  # exact check of the candidates where the norms allow overflow (rare)
-            flag_np = np.flatnonzero(maybe_inf[rows_np])
-            flag = torch.from_numpy(flag_np).to(dev)
-            bad = ~torch.isfinite(scores[flag])
-            local = np.full(b, -1)
-            local[flag_np] = np.arange(flag_np.size)
-            sel = local[ex_row] >= 0  # excluded items of the flagged rows do not count
-            bad[torch.from_numpy(local[ex_row][sel]).to(dev), torch.from_numpy(ex_item[sel]).to(dev)] = False
-            nan_rows[flag] = bad.any(1)
-        # excluded items never compete: -inf scores them below every candidate (flat indices: no padding)
-        if ex_item.size:
-            scores[torch.from_numpy(ex_row).to(dev), torch.from_numpy(ex_item).to(dev)] = -math.inf
-        pos_scores = scores.gather(1, pos[:, :1])[:, 0]
-        if break_ties_with_noise:  # recometrics checks for all-equal scores before adding noise
-            nan_rows |= _all_tied(scores, torch.arange(b, device=dev), pos_scores)
-            noise.uniform_(-1e-12, 1e-12, generator=gen)
-            scores.add_(noise[:b])
-        if ties == "average":  # tie groups [lo, hi]: the metrics are expectations over the orders of tied items
-            bounds = exact_ranks_padded(scores, pos, None, TIE_BOUNDS, True, gen)
-            ranks = bounds.sum(-1).to(torch.float64) / 2  # the average rank (0 in padded slots)
-        else:
-            bounds, ranks = None, exact_ranks_padded(scores, pos, None, ties, True, gen)
-        if not break_ties_with_noise:  # all scores tied: the last relevant item at n (pessimistic), the first at 1
-            if ties == "pessimistic":
-                flag = ranks.max(1).values == n_cand_b
-            elif ties == "optimistic":
-                flag = torch.where(pos >= 0, ranks, torch.full_like(ranks, n_items + 1)).min(1).values == 1
-            elif ties == "average":
-                flag = ranks[:, 0] * 2 == (n_cand_b + 1)
-            else:
-                flag = torch.ones(b, dtype=torch.bool, device=dev)
-            flagged = flag.nonzero().squeeze(1)
-            if flagged.numel():
-                nan_rows[flagged] |= _all_tied(scores, flagged, pos_scores[flagged]) & (n_cand_b[flagged] > 1)
-        rel = torch.from_numpy(_padded(b, te_row, te_slot, te_val, 0.0)).to(dev) if need_values else None
-        s = SortedRanks(ranks, n_cand_b, rel)
-        for spec in specs:
-            if bounds is None:
-                vals = _ndcg(spec, s) if spec.kind == "ndcg" else values_from_sorted(spec, s)
-            elif spec.kind == "ndcg":
-                vals = _ndcg(spec, s, expected_dcg(bounds[..., 0].double(), bounds[..., 1].double(),
-                                                   rel.double() if rel is not None else (pos >= 0).double(), spec.k,
-                                                   s.cutoff(spec), n_items))
-            else:
-                vals = expected_metric_values(spec, bounds[..., 0], bounds[..., 1], n_cand_b, max_position=n_items)
-            results[spec.column][rows] = torch.where(nan_rows, torch.full_like(vals, math.nan), vals)
-        if design is not None:  # sampling needs the exclusions as a padded index (never drawn)
-            exc = torch.from_numpy(_padded(b, ex_row, ex_slot, ex_item, -1)).to(dev)
-            sampled_parts.append(_sample_batch(scores, pos, exc, ranks, rows, nan_rows, n_cand_b, design, gen, ties))
-
-    names = [s.column for s in specs]
-    if not rename_k and not cumulative:
-        renamed = {}
-        for sp_ in specs:
-            col = sp_.column
-            renamed[col] = col[: -len(str(k))] + "K" if sp_.k == k else col
-        results = {renamed[c]: v for c, v in results.items()}
-        names = [renamed[c] for c in names]
-    per_user = _output(results, names, as_df)
+    rules = _UserRules.checked(min_pos_test, min_items_pool, consider_cold_start, no_train=X_train is None)
+    ranking = _Ranking.checked(ties, break_ties_with_noise, seed, batch_size)
+    columns = _Columns.checked(metrics, k, cumulative, rename_k, as_df)
+    design, correction = _sampling_options(n_samples, method, columns.base)
+    train, test = _interactions(X_train, X_test, columns.k_pool)
+    model = _model(user_factors, item_factors, item_biases, test.shape, device, dtype)
+    _check_disjoint(train, test)
+    finite, maybe_inf = model.score_checks(train)
+    users = _evaluated_users(train, test, rules, columns.k_pool, finite)
+    results, parts = _evaluate_batches(model, train, test, users, maybe_inf, columns.specs, ranking, design)
+    names = columns.names()
+    per_user = _output({name: results[s.column] for s, name in zip(columns.specs, names)}, names, columns.as_df)
     if design is None:
         return per_user
-    return _sampled_result(per_user, sampled_parts, base_specs, design, correction, as_df, dev)
-
-
-def _sampling_design(n_samples: int | SamplingDesign | None,
-                     correction: registry.Method | None) -> SamplingDesign | None:
-    """The sampling design (:func:`~reco_sampled_plugin.design.as_design`: a SamplingDesign, or an int m), with the
-    ``method`` checked against the design; None without sampling. Checked before any work."""
-    if n_samples is None:
-        if correction is not None:
-            raise ValueError("method: needs n_samples (the number of sampled irrelevant items per test item)")
-        return None
-    design = as_design(n_samples)
-    if design.exact_at_cap:  # its summary estimates from bare sampled ranks: the exact ranks would be dropped
-        raise ValueError("n_samples: exact_at_cap is not supported by evaluate_factors (its sampled summary "
-                         "corrects bare sampled ranks); use adaptive_sampled_ranks and estimate(metric, sampled)")
-    entry = None if correction is None else registry.get(correction)
-    if entry is not None and not entry.supports(design):
-        name = entry.name
-        if design.popularity is not None:
-            raise ValueError(f"method: {name!r} assumes uniform sampling; with popularity use one of "
-                             f"{registry.names(design=design)} (hh: AUC only; docs/popularity.md)")
-        if design.adaptive is not None:
-            raise ValueError(f"method: {name!r} assumes one fixed m per test item; with adaptive_max "
-                             f"use one of {registry.names(adaptive=True)}")
-        raise ValueError(f"method: {name!r} does not support {design.describe()} "
-                         f"(use one of {registry.names(design=design)})")
-    return design
+    return _sampled_result(per_user, parts, columns.base, design, correction, columns.as_df, model.device)
 
 
 def _output(results: dict, names: list[str], as_df: bool) -> "pd.DataFrame | dict[str, torch.Tensor]":
@@ -585,9 +762,7 @@ def _single_item_ranks(scores: torch.Tensor, pos: torch.Tensor, ranks: torch.Ten
         return exact_ranks_padded(scores, pos, None, ties, False, gen)
     ps = scores.gather(1, pos.clamp(min=0))
     valid = pos >= 0
-    other = valid.unsqueeze(1) & valid.unsqueeze(2) & ~torch.eye(pos.shape[1], dtype=torch.bool, device=pos.device)
-    ge = ((ps.unsqueeze(1) >= ps.unsqueeze(2)) & other).sum(2)
-    gt = ((ps.unsqueeze(1) > ps.unsqueeze(2)) & other).sum(2)
+    ge, gt = other_positive_counts(ps, valid)
     if ties in END_TIES:  # the full rank counts the tied test items before it in slot order
         return ranks - gt - tied_positives(ps, valid)[0]
     return ranks - (ge + gt).to(torch.float64) / 2

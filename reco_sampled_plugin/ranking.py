@@ -933,6 +933,54 @@ def rank_among_drawn(pos_scores: torch.Tensor, neg_scores: torch.Tensor, pos: to
     return (ranks, beat) if beating else ranks
 
 
+def _given_negatives(negatives: Any, n_samples: int | None, scores: torch.Tensor, pos: torch.Tensor,
+                     exc: Exclusions | None, later: list[Check]) -> tuple[torch.Tensor, int]:
+    """(B, P, m) int64 pre-drawn negatives of :func:`sampled_ranks` and m, checked (shape, dtype, device, range,
+    none a positive or an excluded item of its row) together with the pending index checks ``later``: one read."""
+    b, n = scores.shape
+    p = pos.shape[1]
+    neg = torch.as_tensor(negatives)
+    check_same_device(scores=scores, negatives=neg)
+    check_not_meta(neg, "negatives")
+    if neg.is_floating_point() or neg.dtype == torch.bool:
+        raise ValueError(f"negatives: expected integer item indices, got dtype {neg.dtype}")
+    neg = neg.to(torch.int64)
+    if neg.dim() == 2:
+        if neg.shape[0] != b:
+            raise ValueError(f"negatives: expected shape ({b}, m) or ({b}, {p}, m), got {tuple(neg.shape)}")
+        neg = neg.unsqueeze(1).expand(b, p, neg.shape[1])
+    if neg.dim() != 3 or neg.shape[:2] != (b, p):
+        raise ValueError(f"negatives: expected shape ({b}, m) or ({b}, {p}, m), got {tuple(neg.shape)}")
+    if n_samples is not None and check_int(n_samples, "n_samples", 1) != neg.shape[2]:
+        raise ValueError(f"n_samples: {n_samples} disagrees with the {neg.shape[2]} negatives given per positive")
+    m = neg.shape[2]
+    if m < 1:
+        raise ValueError("negatives: need at least one negative per positive")
+    flat = neg.reshape(b, p * m)
+
+    def out_of_range() -> None:
+        raise ValueError(f"negatives: item indices must lie in 0..{n - 1}")
+
+    checks = later + [Check(((flat < 0) | (flat >= n)).any(), out_of_range)]
+    if (p or exc is not None) and flat.numel():  # each negative looked up in its row's positives, exclusions
+        forb = forbidden_sorted(pos, None, n)
+        at = torch.searchsorted(forb, flat.contiguous()).clamp(max=max(forb.shape[1] - 1, 0))
+        hit = forb.gather(1, at) == flat if forb.shape[1] else torch.zeros_like(flat, dtype=torch.bool)
+        if exc is not None:
+            hit = hit | exc.contains(flat)  # padding (n) never equals an index in range
+
+        def drawn_forbidden() -> None:
+            rows = hit.any(1)
+            raise ValueError(
+                f"negatives: {int(rows.sum())} row(s) draw a positive or excluded item as a negative "
+                f"(first: row {int(rows.nonzero()[0, 0])})"
+            )
+
+        checks.append(Check(hit.any(), drawn_forbidden))
+    run_checks(checks)
+    return neg, m
+
+
 def sampled_ranks(
     scores: torch.Tensor,
     positives: torch.Tensor,
@@ -970,9 +1018,9 @@ def sampled_ranks(
     """
     check_ties(ties)
     check_finite = check_bool(check_finite, "check_finite")
-    design = n_samples if isinstance(n_samples, SamplingDesign) else None  # an int m is checked below
-    replacement, popularity = True, None
-    if design is not None:
+    design, replacement, popularity = None, True, None  # an int m is checked below
+    if isinstance(n_samples, SamplingDesign):
+        design = n_samples
         if design.adaptive_max is not None:
             raise ValueError("n_samples: an adaptive design draws in stages; call adaptive_sampled_ranks(scores, "
                              "positives, design)")
@@ -985,45 +1033,7 @@ def sampled_ranks(
     p = pos.shape[1]
     device = scores.device
     if negatives is not None:
-        neg = torch.as_tensor(negatives)
-        check_same_device(scores=scores, negatives=neg)
-        check_not_meta(neg, "negatives")
-        if neg.is_floating_point() or neg.dtype == torch.bool:
-            raise ValueError(f"negatives: expected integer item indices, got dtype {neg.dtype}")
-        neg = neg.to(torch.int64)
-        if neg.dim() == 2:
-            if neg.shape[0] != b:
-                raise ValueError(f"negatives: expected shape ({b}, m) or ({b}, {p}, m), got {tuple(neg.shape)}")
-            neg = neg.unsqueeze(1).expand(b, p, neg.shape[1])
-        if neg.dim() != 3 or neg.shape[:2] != (b, p):
-            raise ValueError(f"negatives: expected shape ({b}, m) or ({b}, {p}, m), got {tuple(neg.shape)}")
-        if n_samples is not None and check_int(n_samples, "n_samples", 1) != neg.shape[2]:
-            raise ValueError(f"n_samples: {n_samples} disagrees with the {neg.shape[2]} negatives given per positive")
-        m = neg.shape[2]
-        if m < 1:
-            raise ValueError("negatives: need at least one negative per positive")
-        flat = neg.reshape(b, p * m)
-
-        def out_of_range() -> None:
-            raise ValueError(f"negatives: item indices must lie in 0..{n - 1}")
-
-        checks = later + [Check(((flat < 0) | (flat >= n)).any(), out_of_range)]
-        if (p or exc is not None) and flat.numel():  # each negative looked up in its row's positives, exclusions
-            forb = forbidden_sorted(pos, None, n)
-            at = torch.searchsorted(forb, flat.contiguous()).clamp(max=max(forb.shape[1] - 1, 0))
-            hit = forb.gather(1, at) == flat if forb.shape[1] else torch.zeros_like(flat, dtype=torch.bool)
-            if exc is not None:
-                hit = hit | exc.contains(flat)  # padding (n) never equals an index in range
-
-            def drawn_forbidden() -> None:
-                rows = hit.any(1)
-                raise ValueError(
-                    f"negatives: {int(rows.sum())} row(s) draw a positive or excluded item as a negative "
-                    f"(first: row {int(rows.nonzero()[0, 0])})"
-                )
-
-            checks.append(Check(hit.any(), drawn_forbidden))
-        run_checks(checks)
+        neg, m = _given_negatives(negatives, n_samples, scores, pos, exc, later)
     else:
         if n_samples is None:
             raise ValueError("n_samples: required unless negatives are given")

@@ -139,3 +139,26 @@ def test_item_norm_cache_never_serves_a_new_tensor():
             exact_ranks_from_factors(u, v, pos)
             assert factor_ranks._item_norm is not None and factor_ranks._item_norm[0]() is v  # cached for v itself
         del v
+
+
+def test_overflow_rows_and_other_positive_counts():
+    """overflow_rows flags exactly the users whose Cauchy-Schwarz bound reaches score_limit (a quarter of the
+    dtype's largest value; NaN entries count as 0, inf ones overflow); other_positive_counts counts the row's other
+    valid positives scoring >= / > each positive, brute force."""
+    from reco_sampled_plugin.factor_ranks import other_positive_counts, overflow_rows, score_limit
+
+    assert score_limit(torch.float32) == torch.finfo(torch.float32).max / 4
+    v = torch.tensor([[3.0, 4.0], [1.0, 0.0]])  # largest item norm 5
+    u = torch.tensor([[1.0, 0.0], [0.0, 1e38], [0.0, 1.5e37], [math.nan, 1.0], [math.inf, 0.0]])
+    limit = score_limit(torch.float32)
+    want = [5.0 >= limit, 5e38 >= limit, 7.5e37 >= limit, False, True]
+    assert overflow_rows(u, v).tolist() == want == [False, True, False, False, True]
+    g = torch.Generator().manual_seed(2)
+    s = torch.randint(-2, 3, (30, 5), generator=g).double()
+    valid = torch.rand(30, 5, generator=g) < 0.7
+    ge, gt = other_positive_counts(s, valid)
+    for r in range(30):
+        for i in range(5):
+            others = [j for j in range(5) if j != i and valid[r, j] and valid[r, i]]
+            assert ge[r, i] == sum(s[r, j] >= s[r, i] for j in others)
+            assert gt[r, i] == sum(s[r, j] > s[r, i] for j in others)
