@@ -1,4 +1,4 @@
-"""Accuracy and interval coverage of every estimator on ml-100k and ml-latest-small (issue 16).
+"""Accuracy and interval coverage of every estimator on ml-100k and ml-latest-small.
 
 Exact ranks of the held-out item (leave-last-out, training items excluded, per-user n) for five recommenders of
 different shape (``baselines.train_benchmark``: iALS, ItemKNN q = 3, ItemKNN q = 1 k' = 10, popularity, EASE)
@@ -14,7 +14,7 @@ relative to the sampling interval alone. Standard errors: table estimators (corr
 ``bv_mle``) the sd of the per-positive table values over sqrt(N), as ``estimate()``; ``mle`` / ``mes`` the
 multinomial bootstrap of ``estimate()``'s default (32 / 16 refits).
 The **oracle** row is the posterior mean under the recommender's true rank distribution (prior = the empirical
-exact ranks, likelihood = the sampling law): no estimator can expect to beat it. ``gmod`` (issue 30) is fitted as
+exact ranks, likelihood = the sampling law): no estimator can expect to beat it. ``gmod`` is fitted as
 ``estimate()`` fits it (the raw histogram, its 16 bootstrap refits and the ``mes`` reference of its model term) and
 reports the users' value, its interval with ``Estimate.interval``'s bias-aware ends over the twin gap; the table
 "gmod against the oracle where the top is resolved" lists, per recommender, the cells with K >= b (every positive's
@@ -54,9 +54,9 @@ from reco_sampled_plugin.simulate import draw_sampled_ranks  # noqa: E402
 
 KS = (1, 5, 10, 20, 50, 100)
 ESTIMATORS = ("none", "bv(0.1)", "cls", "bound", "beta(0.5)", "beta_fit", "mle", "mes", "bv_mle(0.1)")
-# mes with the entropy relative to r^-beta (issue 16 part 3: a log-rank-smooth prior for the unresolved top)
+# mes with the entropy relative to r^-beta (a log-rank-smooth prior for the unresolved top)
 MES_TILTS = {"mes(beta=0.5)": 0.5, "mes(beta=1)": 1.0}
-# fitted as estimate() fits them, outside run_experiment (issue 30: g-modelling, the users' value)
+# fitted as estimate() fits them, outside run_experiment (g-modelling, the users' value)
 FIT_ESTIMATORS = ("gmod",)
 ALL = ESTIMATORS + tuple(MES_TILTS) + FIT_ESTIMATORS
 Z95 = NormalDist().inv_cdf(0.975)
@@ -246,7 +246,7 @@ def markdown(df, repeats) -> str:
 
 def resolved_table(df) -> list[str]:
     """Per recommender, HR / NDCG at K = 10 and 50 where the top is resolved (K >= b for every positive): relative error of the oracle,
-    ``gmod`` (its ratio to the oracle, its coverage) and ``mes`` (issue 30)."""
+    ``gmod`` (its ratio to the oracle, its coverage) and ``mes``."""
     if "gmod" not in set(df.estimator) or "k_resolved" not in df:
         return []
     res = df[df.k_resolved.astype(bool) & df.metric.isin(["hit@10", "ndcg@10", "hit@50", "ndcg@50"])]

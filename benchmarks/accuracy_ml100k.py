@@ -1,11 +1,11 @@
-"""Accuracy of every estimator on MovieLens 100k (issue 4): error against the exact metric and pairwise ordering.
+"""Accuracy of every estimator on MovieLens 100k: error against the exact metric and pairwise ordering.
 
 Exact ranks come from the four recommenders of ``baselines.train_all`` (iALS, ItemKNN q = 3, ItemKNN q = 1 with
 k' = 10, popularity), leave-last-out, training items excluded (per-user candidate counts n_u, 946..1663).
 For each m, each recommender and R repeats, sampled ranks are drawn in one vectorised call
 (``draw_sampled_ranks(exact, n_u, m, repeats=R)``: r~ - 1 ~ Binomial(m, (r - 1)/(n_u - 1)), the law of uniform
 sampling with replacement). Every repeat's histogram is moved onto a geometric grid of n with
-``max_rel_n_spread`` (default 0.1: 7 nodes; measured error in docs/corrections.md), then
+``max_rel_n_spread`` (default 0.1: 7 nodes; measured error in docs/research-notes.md, "Pooling candidate counts"), then
 
 * table estimators (``none``, ``rank_estimate``, ``cls``, ``bv`` at two gammas, the mappings ``linear``,
   ``bound``, ``beta`` a = 0.5 and 1) are one tensor contraction of the (R, nodes, m + 1) counts with tables

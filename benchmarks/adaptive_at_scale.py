@@ -1,11 +1,11 @@
-"""Adaptive against fixed-m sampling at catalogue scale (issue 17): accuracy, honest-interval coverage, cost.
+"""Adaptive against fixed-m sampling at catalogue scale: accuracy, honest-interval coverage, cost.
 
 Exact ranks of the held-out item for the five recommenders of ``baselines.train_benchmark`` on ml-100k and
 ml-latest-small (as ``accuracy_at_scale.py``). For each design, recommender and repeat, sampled ranks are drawn
 from the exact ranks (with replacement; adaptive: m doubling for positives ranked first, up to the cap,
 ``adaptive_sampled_ranks_from_exact``) and ``estimate(..., method=...)`` for each of ``--methods`` (default
-``mes``; ``gmod`` for issue 30) estimates HR@10 and NDCG@10 (``adaptive=`` for the adaptive designs; the bootstrap
-standard error of ``estimate()``'s default). The **oracle** row (issue 30) is the posterior mean under the
+``mes``; ``gmod`` where the design resolves the top) estimates HR@10 and NDCG@10 (``adaptive=`` for the adaptive
+designs; the bootstrap standard error of ``estimate()``'s default). The **oracle** row is the posterior mean under the
 recommender's own exact ranks as prior (``accuracy_at_scale.oracle_values``, at each positive's final m): what no
 estimator can expect to beat.
 

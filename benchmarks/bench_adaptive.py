@@ -1,4 +1,4 @@
-"""What adaptive sampling costs in time (issue 17): evaluate_factors, the torchmetrics class and the planner.
+"""What adaptive sampling costs in time: evaluate_factors, the torchmetrics class and the planner.
 
 Synthetic factor model (default 5,000 users x 100,000 items, d = 64 float32, 10 training and 1 test item per user).
 Timed in the same run, so ratios compare like with like:

@@ -2,7 +2,7 @@
 
 Run:  python benchmarks/bench_correction_tables.py
 Prints a Markdown table (seconds, cold caches, fast path best of 3) for n = 1e4 .. 1e8, m = 100 and 1000, both laws, for
-bv (gamma = 0.1) and cls on Recall@10, and the issue's targets. Brute force runs only where the explicit
+bv (gamma = 0.1) and cls on Recall@10, and the speed targets. Brute force runs only where the explicit
 pmf matrix has at most 1.1e8 entries (else "n/a"); its agreement with the fast table is reported.
 """
 

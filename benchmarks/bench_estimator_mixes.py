@@ -1,4 +1,4 @@
-"""Speed of the rank-distribution fits on one evaluation with any mix of n and m (issue 16 part 4).
+"""Speed of the rank-distribution fits on one evaluation with any mix of n and m.
 
 1e6 positives drawn from a lognormal exact-rank distribution, sampled with replacement, in five designs:
 one (n, m); per-user n = n - |train_u| (training-set sizes lognormal, median 30, up to n / 10: a few thousand

@@ -1,4 +1,4 @@
-"""Benchmark of the rank-distribution estimators (issue 4): ``mle`` on 1e6 positives, n = 1e7, m = 100.
+"""Benchmark of the rank-distribution estimators: ``mle`` on 1e6 positives, n = 1e7, m = 100.
 
 The estimators run on the sampled-rank histogram (m + 1 counts), so the cost after the single
 ``bincount`` does not depend on the number of users nor on n. Timed: histogram from 1e6 sampled ranks,

@@ -6,7 +6,7 @@ estimator: ``estimate(metric, ...)`` plus its 95% ``interval()`` on 5,000 positi
 Beta(0.4, 3) shape, sampled ranks drawn with replacement), every cache emptied before each call (correction and
 mapping tables, quadrature rules, fits, identification programs): the cost a user meets at the first evaluation.
 Same positives and ranks in both cases; only n differs (n = 1,500 for all, or 1,500..2,499: 1,000 distinct).
-Median of ``--repeats`` cold calls. The goal (issue 25): 1,000 distinct n within 3x of one n, for every method.
+Median of ``--repeats`` cold calls. The goal: 1,000 distinct n within 3x of one n, for every method.
 
 ``--ladder 1 16 100 250 1000``: instead, the cost at each number of distinct n, spread evenly over the same range
 (n = 1,500..2,499), so that only the count changes: the growth from one n is a step at 2..16 distinct n (the fits'
@@ -92,7 +92,8 @@ def main() -> None:
                     help="distinct n counts (<= 1,000) spread over the same range of n: the cost at each")
     args = ap.parse_args()
     # the registry's methods for this metric (hh: AUC only), but pl_fit: the popularity designs' estimator, whose
-    # cost grows with the positives (seconds per 1,000: docs/popularity.md), not with the distinct n
+    # cost grows with the positives (seconds per draw of ml-100k's 943: docs/popularity.md, "Top-K metrics: pl_fit"),
+    # not with the distinct n
     methods = args.methods or [m for m in registry.names(metric=args.metric) if m != "pl_fit"]
     counts = args.ladder or [1, 1000]
     if any(not 1 <= d <= 1000 for d in counts):

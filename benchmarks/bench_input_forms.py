@@ -1,4 +1,4 @@
-"""Exact ranks in three input forms, each as a share of the score matmul's throughput (issue 19).
+"""Exact ranks in three input forms, each as a share of the score matmul's throughput.
 
 One run, one data set: U users x n items, d float32 factors, ``--positives`` held-out items and ``--exclude``
 training items per user (distinct, drawn uniformly), ranked with the training items excluded. For each user
@@ -11,7 +11,7 @@ batch size the users are processed batch by batch and timed (best of ``--repeats
 * factors: ``exact_ranks_from_factors(u_batch, v, positives_index, exclude=exclude_index)`` (the whole call).
 
 The share is floor time / form time (1.0 = as fast as the matmul alone; above 1 is possible for the factor
-form, which never writes the full score matrix). Issue 19's goals: masks >= 0.6, index >= 0.75, factors >= 0.95.
+form, which never writes the full score matrix). The goals: masks >= 0.6, index >= 0.75, factors >= 0.95.
 The ranks of the three forms are checked equal (integer-valued factors: every score exact, so the factor
 path's dot products and tiles round identically).
 
@@ -19,7 +19,7 @@ path's dot products and tiles round identically).
     python benchmarks/bench_input_forms.py --users 256 --items 5000 --batches 64,256 --repeats 1   # smoke run
     python benchmarks/bench_input_forms.py --threads 1 --clock cpu   # steadier on a busy shared machine
     python benchmarks/bench_input_forms.py --device cuda --batches 256,1024,4096   # on a GPU
-    python benchmarks/bench_input_forms.py --tile-items 8192 --tile-elements 4194304   # the pre-issue-19 tile
+    python benchmarks/bench_input_forms.py --tile-items 8192 --tile-elements 4194304   # the former default tile
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def main(argv=None) -> None:
                    help="scores per factor tile (default: factor_ranks.tile_shape's choice for the device)")
     p.add_argument("--tile-items", type=int, default=None,
                    help="items per factor tile at most on the CPU (factor_ranks._TILE_ITEMS; 8192 with "
-                        "--tile-elements 4194304 is the tile used before issue 19)")
+                        "--tile-elements 4194304 is the former default tile)")
     p.add_argument("--device", default="cpu", help="torch device of the factors and scores (cpu, cuda)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="wall-clock time, or this process's CPU time (steadier on a shared machine with --threads 1)")
@@ -156,7 +156,7 @@ def main(argv=None) -> None:
         print(f"| {batch} | {f:.3f} | {t['index']:.3f} | {t['masks']:.3f} | {t['factors']:.3f} | "
               f"{f / t['index']:.2f} | {f / t['masks']:.2f} | {f / t['factors']:.2f} | {'yes' if same else 'NO'} | "
               f"{rows} x {cols} |")
-    print("\nshare = matmul-floor time / form time (goals, issue 19: index >= 0.75, masks >= 0.6, factors >= 0.95)")
+    print("\nshare = matmul-floor time / form time (goals: index >= 0.75, masks >= 0.6, factors >= 0.95)")
 
 
 if __name__ == "__main__":

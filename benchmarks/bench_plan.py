@@ -1,4 +1,4 @@
-"""The planner's own time (issue 27, section 3): ``planner.plan`` on the scorer benchmark's pilot and on the README's
+"""The planner's own time: ``planner.plan`` on the scorer benchmark's pilot and on the README's
 plan example, with its forecasts, so that two trees (main and a branch) can be timed back to back on the same input.
 
 Two inputs:

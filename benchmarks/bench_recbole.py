@@ -12,7 +12,7 @@ plugin evaluation builds the correction tables (cached afterwards); it is report
 ``--by-reference`` adds a third configuration: the plugin with CPU batches held by reference until the
 evaluation ends (the path other devices take) instead of copied into its reused buffers as they arrive.
 
-**--synthetic**: the overhead where evaluation costs something (issue 18). A RecBole atomic ``.inter`` file is
+**--synthetic**: the overhead where evaluation costs something. A RecBole atomic ``.inter`` file is
 written into a temporary directory: ``--users`` users (20,000) x ``--items`` items (50,000), each user with
 10 + Poisson(``--per-user`` - 10) item draws (mean 50) from a Zipf popularity law p(i) ~ i^-``--zipf`` (0.8)
 over a random permutation of the item ids, duplicates within a user dropped (numpy ``default_rng(--seed)``,
@@ -30,7 +30,7 @@ cProfile of one evaluation with all four families instead.
 keys, BPR trained ``--epochs`` epochs (1), ml-100k split 80/10/10 per user: every user's training items are
 excluded, so the validation users have hundreds of distinct candidate counts n). Each run is a fresh process
 (nothing cached): the first ``Trainer.evaluate`` and a second one are timed, with RecBole's Recall/NDCG/MRR@10
-alone and with the example's metrics; ``--repeats`` (3) runs of each, alternating. The goal (issue 25): the
+alone and with the example's metrics; ``--repeats`` (3) runs of each, alternating. The goal: the
 first evaluation adds at most 25% or 0.5 s (whichever is larger) to RecBole's own.
 
 Fitted rank distributions (RankDist* metrics) are cleared before every evaluation: the same model evaluated

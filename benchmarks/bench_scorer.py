@@ -1,4 +1,4 @@
-"""Sampled evaluation where scoring costs (issue 27, section 3): full ranking against the scorer-driven loop.
+"""Sampled evaluation where scoring costs: full ranking against the scorer-driven loop.
 
 The model: an MLP over concatenated user and item embeddings, ``[u, v, u * v] -> hidden -> hidden -> 1`` (three
 float32 ``Linear`` layers with ReLU between them), a ``torch.nn.Module`` called as ``scorer(users, items)``: every
@@ -32,7 +32,7 @@ Compared in one run, on the same scorer, users and machine:
 
 Reported per design: wall time (the loop, and the estimates), pairs scored (``ScoringCost.pairs``), time inside the
 scorer and the loop's own time outside it, and per metric and estimator the relative bias, sd and RMSE over the
-repeats against the exact value. Goals (issue 27): the planner's pick meets its 10% target at <= 10% of full
+repeats against the exact value. Goals: the planner's pick meets its 10% target at <= 10% of full
 ranking's wall time; the loop's own time <= 10% of the scorer's.
 
 Run:  python benchmarks/bench_scorer.py [--users 5000] [--items 50000] [--repeats 5] [--device cpu|cuda]

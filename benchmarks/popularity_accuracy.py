@@ -1,4 +1,4 @@
-"""Popularity-sampled evaluation corrected, on real recommenders (issue 28, section 4): relative error, coverage of
+"""Popularity-sampled evaluation corrected, on real recommenders: relative error, coverage of
 the 95% interval and median width of AUC, HR@10 and NDCG@10, next to uniform sampling at the same m.
 
 The five recommenders of ``baselines.train_benchmark`` on ml-100k or ml-latest-small (leave-last-out); each held-out
@@ -12,7 +12,7 @@ exact metric over the same users (``baselines.held_out_ranks``' ranks). Rows per
 * ``none`` on the popularity draw: the uncorrected popularity-sampled metric (its interval covers the sampled
   metric, not the full one);
 * ``pl_fit rank_prior=em (before)``: pl_fit's value under the EM prior its tilt was chosen with, on the same fit
-  (the default before session 25's g-modelling prior), and ``pl_fit niche=hedge`` (the harmonic-mean hedge where
+  (the default before the g-modelling prior), and ``pl_fit niche=hedge`` (the harmonic-mean hedge where
   the niche test rejects);
 * ``uniform`` at the same m, ``estimate(metric, sampled)`` with the default estimator (``auto``: gmod where the
   design resolves the top, mes elsewhere). (On the popularity draw ``auto`` runs exactly the corrected rows' methods:
@@ -20,7 +20,7 @@ exact metric over the same users (``baselines.held_out_ranks``' ranks). Rows per
 
 Columns: mean |relative error| and mean relative error (bias) over recommenders and repeats, the worst recommender's
 mean |relative error|, coverage of ``interval(0.95)`` (share of recommender x repeat cells whose interval holds the
-exact metric), median interval width relative to the exact metric. A second table gives issue 28's ratio goal per
+exact metric), median interval width relative to the exact metric. A second table gives the 1.5x ratio goal per
 cell (worst recommender against ``auto`` on uniform draws) before / after / hedge.
 
     OMP_NUM_THREADS=1 python benchmarks/popularity_accuracy.py --dataset ml-100k --repeats 20
@@ -80,7 +80,8 @@ PL_OPTIONS: dict = {}
 
 
 def em_prior(metric: str, sampled) -> dict:
-    """pl_fit under ``rank_prior="em"`` (the default before session 25) on the same fit: its value and interval."""
+    """pl_fit under ``rank_prior="em"`` (the default before the g-modelling prior) on the same fit: its value and
+    interval."""
     e = rsp.estimate(metric, sampled, rsp.registry.PlFit(rank_prior="em", **PL_OPTIONS))
     lo, hi = e.interval(0.95)
     return {"value": e.value, "lo": lo, "hi": hi}
@@ -154,7 +155,7 @@ def summarise(rows: list[dict]) -> str:
         recs = sorted({r["recommender"] for r in sel})
         worst = max(np.mean([abs(r["value"] / r["truth"] - 1) for r in sel if r["recommender"] == x]) for x in recs)
         name = {"corrected": sel[0]["method"], "none": "none (uncorrected)", "uniform": f"uniform, {sel[0]['method']}",
-                "em": "pl_fit rank_prior=em (before)", "constrained": "pl_fit constrained (session 24)",
+                "em": "pl_fit rank_prior=em (before)", "constrained": "pl_fit niche=constrained",
                 "hedge": "pl_fit niche=hedge"}[label]
         out.append(f"| {ds} | {s} | {m} | {alpha if alpha is not None else '-'} | {name} | {np.mean(np.abs(rel)):.3f} | "
                    f"{np.mean(rel):+.3f} | {worst:.3f} | {cov:.2f} | {width:.3f} |")
@@ -162,11 +163,10 @@ def summarise(rows: list[dict]) -> str:
 
 
 def ratio_table(rows: list[dict]) -> str:
-    """Issue 28's ratio goal per (data, metric, m, alpha): the worst recommender's mean |relative error| of pl_fit
+    """The 1.5x ratio goal per (data, metric, m, alpha): the worst recommender's mean |relative error| of pl_fit
     (after: the default, the g-modelling prior at the constrained fit's tilt, the interval over both branches;
-    before: ``rank_prior="em"``, the default before session 25; hedge: ``niche="hedge"``) over that of the default
-    estimator on
-    uniform draws at the same m, with coverage and the share of fits whose niche test rejected."""
+    before: ``rank_prior="em"``, the default before the g-modelling prior; hedge: ``niche="hedge"``) over that of the
+    default estimator on uniform draws at the same m, with coverage and the share of fits whose niche test rejected."""
     def worst(sel: list[dict]) -> float:
         recs = sorted({r["recommender"] for r in sel})
         return max(float(np.mean([abs(r["value"] / r["truth"] - 1) for r in sel if r["recommender"] == x]))

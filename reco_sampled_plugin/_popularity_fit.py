@@ -1,9 +1,10 @@
 """Top-K metrics under popularity sampling: a rank-distribution fit whose likelihood reads each drawn item's
-popularity (estimator ``pl_fit``; issue 28, part 2; docs/popularity.md, "Top-K metrics").
+popularity (estimator ``pl_fit``; docs/popularity.md, "Top-K metrics: pl_fit").
 
-The law (docs/popularity.md): a positive with exact rank R and the set A of the R - 1 drawable items scored above
-it; each drawn item j beats it iff j is in A. The sampled rank only gives q~(A); which *items* beat says more, but
-what A holds at a given R depends on the recommender. The model (the stated assumption):
+The law (docs/popularity.md, "The law, and what a draw keeps"): a positive with exact rank R and the set A of the
+R - 1 drawable items scored above it; each drawn item j beats it iff j is in A. The sampled rank only gives q~(A);
+which *items* beat says more, but what A holds at a given R depends on the recommender. The model (the stated
+assumption):
 
     **A is popularity-tilted as in a Plackett-Luce ranking with weights w^beta**: given |A| = R - 1, item j of the
     row's drawable candidates is in A independently with probability pi_j(R) = 1 - exp(-lambda w_j^beta), lambda
@@ -23,21 +24,22 @@ beating draw spread from rank 1 onto ranks 2-5: NDCG@10 4-6% low even where the 
 P(|A - D| = R - 1 - b) / P(|A| = R - 1) (D the distinct drawn items, b those beating;
 :meth:`PopularityFit._count_term`, exact in the single-rank cells R <= :data:`COUNT_EXACT_RANK`), **on by default**
 (option ``count_term``; ``"off"``: the independent product). Alone it raised a niche-topped recommender's estimates,
-already too high; with the niche test's hedge (below) the two biases it exposed are both met (docs/popularity.md,
-"The count term and the hedge together"; twenty repeats on both data sets: issue 28's goal in 16 of 16 cells).
+already too high; with the niche test's hedge (below) the two biases it exposed are both met (docs/research-notes.md,
+"Popularity sampling: pl_fit"; twenty repeats on both data sets: the accuracy goal, the worst recommender's error at
+most 1.5x the uniform default's, met in 16 of 16 cells).
 Items are grouped into popularity classes (``_popularity.weight_bins``; w^beta of a class is
 its items' mean), so a positive is summarised by three count vectors (``PopularityStats.profile``, ``beat_bins``,
 ``miss_bins``). The prior P(R) on a rank grid shared by the positives is fitted by penalised EM (10 pseudo-positives
 spread log-uniformly, the smoothing of ``mes``'s default) for each (beta_top, beta_deep) tried, the pair by maximum
 likelihood. The estimate is the mean of the positives' posterior means of the metric under, by default
-(``rank_prior="spline"``, session 25), a g-modelling prior refitted at the chosen pair: log P(R) a cubic B-spline in
+(``rank_prior="spline"``), a g-modelling prior refitted at the chosen pair: log P(R) a cubic B-spline in
 log R with ``gmod``'s basis and penalty (Efron, Biometrika 2016; ``_gspline.G_DF``, ``G_PENALTY``), by
 penalised maximum likelihood on the same likelihood (:meth:`PopularityFit.spline_prior`); ``rank_prior="em"`` keeps the
-EM prior (the estimator before). Measured on both data sets (docs/popularity.md, "The prior of the value"): the
-worst recommender's error fell in 13 of 16 cells and met issue 28's 1.5x goal in 12 (8 before), with the same basis
+EM prior (the estimator before). Measured on both data sets (docs/research-notes.md, "The prior of the value"): the
+worst recommender's error fell in 13 of 16 cells and met the 1.5x goal in 12 (8 before), with the same basis
 and penalty as ``gmod`` (not tuned here).
 
-Niche tops (issue 28): the constrained fit (beta_top >= beta_deep, coordinate ascent from the best constant beta)
+Niche tops: the constrained fit (beta_top >= beta_deep, coordinate ascent from the best constant beta)
 and the free fit (coordinate ascent over the whole grid from the constrained optimum) are both made; the one-sided
 likelihood-ratio statistic 2 (loglik free - loglik constrained) is tested against :data:`NICHE_LR_CRITICAL` (level
 0.001 under the boundary null's 0.5 chi2(0) + 0.5 chi2(1)). Rejected (``niche``): the draws' classes favour a top
@@ -47,7 +49,7 @@ in tilt: on ml-100k ItemKNN q = 3, whose top-d mass matches a flat tilt, LR reac
 2 a b / (a + b) of the two branches' values a, b, the point with the least worst-case relative error if either
 holds (``niche="constrained"``: the constrained fit's). The interval always covers both branches.
 
-Strata (:func:`strata`, :class:`StratifiedFit`; docs/popularity.md, "Strata by the positive's popularity"): users
+Strata (:func:`strata`, :class:`StratifiedFit`; docs/research-notes.md, "Strata by the positive's popularity"): users
 differ in what sits above their positives (a niche user's top holds niche items, and a niche positive is more
 often such a user's), so one tilt curve misplaces each user's own composition, and a latent tilt per positive is
 confounded with its rank. The positive's own popularity is known before the draw: by default the positives are
@@ -85,8 +87,8 @@ _CHI2_95_2 = 5.991464547107979  # the 95% quantile of chi-square(2): the likelih
 
 #: The critical value of the one-sided likelihood-ratio test of beta_top >= beta_deep against a niche top
 #: (2 (max loglik free - max loglik constrained)): the chi-square(1) quantile at 0.002, i.e. level 0.001 under the
-#: boundary null's 0.5 chi2(0) + 0.5 chi2(1) mixture. Chosen on synthetic worlds and ml-100k (docs/popularity.md,
-#: "Niche tops"), not on ml-latest-small (the module docstring, "Niche tops").
+#: boundary null's 0.5 chi2(0) + 0.5 chi2(1) mixture. Chosen on synthetic worlds and ml-100k (docs/research-notes.md,
+#: "Niche tops: the test, and the hedge"), not on ml-latest-small (the module docstring, "Niche tops").
 NICHE_LR_CRITICAL = 9.549535706083237
 #: beta(r) reaches ``beta_deep`` at this rank (linear in log r from r = 1).
 DEEP_RANK = 200.0
@@ -94,7 +96,7 @@ _EM_ITER = 400
 #: With the count term on (``pl_fit``'s option ``count_term``), the likelihood conditions the independent
 #: memberships on |A| = R - 1 (:meth:`PopularityFit._count_term`) exactly in the single-rank cells up to this rank
 #: (32: every single-rank cell of :func:`rank_edges`). It removes NDCG@10's low bias where the composition model
-#: holds but raises a niche top's estimates (docs/popularity.md, "The count term").
+#: holds but raises a niche top's estimates (docs/research-notes.md, "The count term").
 COUNT_EXACT_RANK = 32
 #: ``pl_fit``'s option ``count_term``: ``on`` (the default), conditioned on |A| = R - 1; ``off``, the independent
 #: memberships.
@@ -678,7 +680,7 @@ def strata(units: Units, how: str = "positive") -> list[np.ndarray] | None:
 class StratifiedFit:
     """``pl_fit`` on strata of the positives (:func:`strata`): one :class:`PopularityFit` per stratum (``fits``, on
     the rows ``groups``, of weight share ``shares``), each with its own tilt curve, niche test and rank prior. Why
-    (docs/popularity.md, "Strata by the positive's popularity"): users differ in the popularity of the items above
+    (docs/research-notes.md, "Strata by the positive's popularity"): users differ in the popularity of the items above
     their positives, and a niche positive's neighbours are niche too; one curve for all misplaces each user's own
     composition, and a latent per-positive tilt is confounded with the rank, while the positive's own popularity is
     known before the draw. Values, bounds and the standard error combine over the strata by their shares."""

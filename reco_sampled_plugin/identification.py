@@ -5,7 +5,8 @@ histogram of sampled ranks does not say how the rank distribution P(R) is shaped
 so the metric is only *partially identified*: every P(R) that reproduces the histogram (within sampling noise)
 and obeys a shape assumption is equally consistent with the data, and the interval must span their metrics.
 
-The shape assumption (:class:`TopShape`, stated in docs/estimators.md), on the per-rank density p(r) = P(R = r):
+The shape assumption (:class:`TopShape`, stated in docs/estimators.md, "Honest intervals where the top is
+unresolved"), on the per-rank density p(r) = P(R = r):
 
 * **monotone top**: p(r) is non-increasing over the first ``monotone_widths`` resolution widths and over twice
   the cut-off (ranks 1 .. max(monotone_widths * b, 2 K)): a recommender's relevant items are at least as likely
@@ -13,8 +14,8 @@ The shape assumption (:class:`TopShape`, stated in docs/estimators.md), on the p
 * **bounded steepness**: r^gamma p(r) is non-decreasing over the first ``decay_widths`` resolution widths, i.e. the
   density falls no faster than r^-gamma there (gamma = 1: no more concentrated than a log-uniform law).
 
-Uniform and r^-gamma tops are the extremes it allows; the within-bin shares HR@10 / HR@b of real recommenders
-measured in NOTATION.md (ml-100k 0.60-0.79, ml-latest-small 0.14-0.23) lie between them. A spike at rank 1 (a
+Uniform and r^-gamma tops are the extremes it allows; the within-bin shares HR@10 / HR@b of ten real recommender/data
+pairs (ml-100k 0.61-0.76, ml-latest-small 0.14-0.23 at m = 100; the same page) lie between them. A spike at rank 1 (a
 recommender that gets many items exactly right, HR@1 much larger than HR@2 - HR@1) breaks the assumption.
 
 The interval at level 1 - alpha (:func:`identified_interval`) is built in three steps:

@@ -1,6 +1,6 @@
-"""Hansen-Hurwitz estimates under popularity (and uniform) sampling: the rank and the AUC (issue 28, part 1).
+"""Hansen-Hurwitz estimates under popularity (and uniform) sampling: the rank and the AUC.
 
-The law (docs/popularity.md; NOTATION.md, "Popularity (non-uniform) sampling"): each of a positive's m draws is
+The law (docs/popularity.md, "The law, and what a draw keeps"): each of a positive's m draws is
 independent, with replacement, from q~, the popularity law renormalised over the row's drawable candidates (its
 irrelevant, non-excluded items: RecBole's ``popN`` redraws a draw that hits a used item). With A the drawable items
 scored above the positive (|A| = R - 1), r~ - 1 ~ Binomial(m, q~(A)): the sampled rank identifies the popularity mass

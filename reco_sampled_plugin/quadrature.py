@@ -2,8 +2,9 @@
 
 Why: a correction table needs sums over all n exact ranks of products of two sampling pmfs
 P(r~ = i | r) (Krichene & Rendle eq. 21-25). Both laws are polynomials of degree m in r
-(NOTATION.md), so those products have degree 2m and a Gauss rule with K >= m + 1 nodes for the
-*discrete* uniform measure on {lo, ..., hi} sums them exactly, at O(m^2) cost per node, whatever n is.
+(docs/corrections.md, "How the sums over n ranks are done"), so those products have degree 2m and a Gauss rule with
+K >= m + 1 nodes for the *discrete* uniform measure on {lo, ..., hi} sums them exactly, at O(m^2) cost per node,
+whatever n is.
 
 Pieces:
 

@@ -1,4 +1,4 @@
-"""GPU-readiness probes that run on the CPU (issue 19).
+"""GPU-readiness probes that run on the CPU.
 
 * :class:`SyncCounter` — a ``TorchFunctionMode`` that counts the calls which force a host-device
   synchronisation on an accelerator (a value read back to Python, a data-dependent output size).

@@ -99,7 +99,7 @@ class DumpResults(pl.Callback):
 
 
 class ScorerModule(SyntheticModule):
-    """The synthetic model as a pointwise scorer (issue 27): its score table ``users @ items.T`` is the model, read
+    """The synthetic model as a pointwise scorer: its score table ``users @ items.T`` is the model, read
     whole by the score protocol (``protocol='step'``) and pair by pair by :meth:`score_pairs` (``'scorer'``: the
     step returns ``positives``, ``n_items``, ``exclude``, ``users`` and no scores), so both paths see the same
     float32 scores bit for bit."""

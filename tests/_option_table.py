@@ -1,4 +1,4 @@
-"""The table of public entry points and their options that tests/test_option_types.py fuzzes (issue 26).
+"""The table of public entry points and their options that tests/test_option_types.py fuzzes.
 
 Each entry is a *valid* call (the callable, its positional data, its data keywords). The options it is fuzzed on
 are read from ``inspect.signature``: every parameter with a default that is not data (:data:`DATA`), of the kind

@@ -40,7 +40,7 @@ def gen():
     return torch.Generator().manual_seed(12345)
 
 
-# Devices every device-parametrised test runs on: the CPU always, CUDA when this machine has it (issue 19).
+# Devices every device-parametrised test runs on: the CPU always, CUDA when this machine has it.
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 

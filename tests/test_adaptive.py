@@ -1,4 +1,4 @@
-"""Adaptive sampling (issue 17): the design, its stopping law, the cost report, estimate(adaptive=) and honest
+"""Adaptive sampling: the design, its stopping law, the cost report, estimate(adaptive=) and honest
 intervals under the stopping law."""
 
 import math

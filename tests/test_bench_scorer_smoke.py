@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/bench_scorer.py (issue 27, section 3) at a tiny size: its bookkeeping, not its speed.
+"""Smoke test of benchmarks/bench_scorer.py at a tiny size: its bookkeeping, not its speed.
 
 The full run's exact values are those of ``exact_ranks`` on the score matrix materialised in one scorer call; the
 pairs and calls the benchmark reports are those a counting wrapper around the scorer saw; the relative errors are

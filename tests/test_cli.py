@@ -49,7 +49,8 @@ def test_reproduce_report_is_internally_consistent(small_run):
         # Monte Carlo sd over 30 runs of a mean over 943 users: positive and small
         assert 0 < float(row["none sd"]) < 0.05
         # rank-distribution estimators, fitted per run: far closer to the exact value than the sampled
-        # metric (3-6x too large here), within a few of their own run-to-run sd plus 30% (docs/estimators.md)
+        # metric (3-6x too large here), within a few of their own run-to-run sd plus 30% (docs/research-notes.md,
+        # "Accuracy on MovieLens 100k")
         for method in ("mes", "mle", "bv_mle", "map:beta_fit"):
             value, sd = float(row[method]), float(row[f"{method} sd"])
             assert abs(value - exact) < abs(float(row["none"]) - exact) / 2, (method, row)
@@ -70,7 +71,7 @@ def test_reproduce_directional_claim(small_run):
     for r in fixed:
         assert r["pair"] in text
     assert result.figure6["grouping_error"] < 1e-3
-    # issue 25: ml-100k at m = 100 (b ~ 16 > K = 10): the report says why no point value can be trusted alone, in the
+    # ml-100k at m = 100 (b ~ 16 > K = 10): the report says why no point value can be trusted alone, in the
     # words of explain_flags, with the planner command for these data; and what its ± is
     n = int(np.median(result.n_candidates.numpy()))
     for metric in ("recall@10", "ndcg@10"):
@@ -185,7 +186,7 @@ def test_estimate_command_prints_the_honest_interval(tmp_path, capsys):
 
 
 def test_estimate_command_leads_with_the_interval_and_says_why_it_is_wide(tmp_path, capsys):
-    """Issue 25: the default table shows estimate and 95% interval, no standard error (opt-in --stderr, named
+    """The default table shows estimate and 95% interval, no standard error (opt-in --stderr, named
     "sampling only"); an unresolved top is explained in words with a runnable planner command, and equal intervals of
     the corrected methods get the note that they are not agreement."""
     import reco_sampled_plugin as rsp

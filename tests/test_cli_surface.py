@@ -1,4 +1,4 @@
-"""The command line's surface (issue 25): ``--help`` starts without torch, and every flag is the Python parameter's
+"""The command line's surface: ``--help`` starts without torch, and every flag is the Python parameter's
 name (``-`` for ``_``)."""
 
 from __future__ import annotations

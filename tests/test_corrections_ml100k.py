@@ -7,7 +7,8 @@ small bias for variance: it does NOT order every pair at least as often as the u
 (e.g. NDCG@10, iALS vs ItemKNN(q=3): 100 vs 92 of 100). What holds, and is tested: wherever the
 uncorrected metric orders a pair wrongly in most runs, bv orders it correctly in most runs; and bv's
 expected value is closer to the exact metric than the uncorrected one for every recommender.
-The issue's literal claim is kept as a strict xfail so that the suite notices if it ever holds.
+The claim as first stated (bv orders every pair at least as often) is kept as a strict xfail so that the suite
+notices if it ever holds.
 """
 
 import numpy as np
@@ -113,11 +114,11 @@ def rank_distribution_runs(ml100k):
 
 
 def test_best_rank_distribution_estimator_beats_uncorrected(rank_distribution_runs):
-    """Issue 4 (docs/estimators.md; full table: benchmarks/accuracy_ml100k.py). At m = 100 the better of
-    mle / mes has a smaller mean relative error than the uncorrected sampled metric for HR@10 and NDCG@10
-    on every recommender; on ordering it fixes what the uncorrected metric gets wrong: every pair the
-    uncorrected metric orders wrongly in most repeats it orders rightly in most, and its worst pair is
-    better. (Its mean agreement is lower: see the xfail below.)"""
+    """The fitted estimators on ml-100k (docs/research-notes.md, "Accuracy on MovieLens 100k"; full table:
+    benchmarks/accuracy_ml100k.py). At m = 100 the better of mle / mes has a smaller mean relative error than the
+    uncorrected sampled metric for HR@10 and NDCG@10 on every recommender; on ordering it fixes what the uncorrected
+    metric gets wrong: every pair the uncorrected metric orders wrongly in most repeats it orders rightly in most, and
+    its worst pair is better. (Its mean agreement is lower: see the xfail below.)"""
     best, rel_err, agreement = rank_distribution_runs
     assert np.all(rel_err(best) < rel_err("none")), (best, rel_err(best), rel_err("none"))
     assert np.all(rel_err(best) < 0.5)  # the uncorrected metric is off by 300-600% here
@@ -128,7 +129,7 @@ def test_best_rank_distribution_estimator_beats_uncorrected(rank_distribution_ru
 
 
 @pytest.mark.xfail(strict=True, reason="false on ml-100k: the uncorrected metric orders most pairs right "
-                   "every time (low variance), the estimators trade that for variance (docs/estimators.md)")
+                   "every time (low variance), the estimators trade that for variance (docs/research-notes.md)")
 def test_issue_claim_best_rank_distribution_orders_pairs_at_least_as_often(rank_distribution_runs):
     best, _, agreement = rank_distribution_runs
     assert agreement(best).mean() >= agreement("none").mean()

@@ -1,4 +1,4 @@
-"""Issue 24: one sampling design and one estimator registry, wired once through every entry point.
+"""One sampling design and one estimator registry, wired once through every entry point.
 
 For each entry point (``evaluate_factors``, ``SampledRankingMetrics``, the Lightning callback, RecBole's settings,
 the CLI, the planner):
@@ -155,7 +155,7 @@ def test_torchmetrics_design():
         SampledRankingMetrics("hit@10", SamplingDesign(4, adaptive_max=32), ("none", "bv"))
     with pytest.raises(ValueError, match="^n_samples: expected a SamplingDesign or an int m"):
         SampledRankingMetrics("hit@10", (4, 32), ("none",))
-    # popularity designs are drawn by keyed inverse cdf (issue 28; tests/test_popularity_entry_points.py), with
+    # popularity designs are drawn by keyed inverse cdf (tests/test_popularity_entry_points.py), with
     # replacement only
     with pytest.raises(ValueError, match="^n_samples: keyed popularity draws are with replacement"):
         SampledRankingMetrics("hit@10", SamplingDesign(4, popularity=torch.ones(300), replacement=False), ("none",))

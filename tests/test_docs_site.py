@@ -1,4 +1,4 @@
-"""The documentation site (issue 29, parts 1 and 2): ``mkdocs.yml`` builds with ``mkdocs build --strict`` (a broken
+"""The documentation site: ``mkdocs.yml`` builds with ``mkdocs build --strict`` (a broken
 link, a missing page, anchor or API reference fails the suite), the API reference documents every public name of
 ``reco_sampled_plugin`` and the adapters from their docstrings, nothing is fetched (no plugin or theme feature that
 downloads; no page loads anything from another host), every figure script runs, and the RecBole guide's configs are
@@ -189,7 +189,7 @@ FIGURES = {"regime_map.py": ["regime_map.png"],
 
 @pytest.mark.parametrize("script", sorted(FIGURES))
 def test_figure_scripts_write_their_figures(script, tmp_path, monkeypatch):
-    """Each figure script of benchmarks/figures runs (recorded tables read from docs/estimators.md) and writes its
+    """Each figure script of benchmarks/figures runs (recorded tables read from docs/research-notes.md) and writes its
     PNGs; the committed images it makes are shown on the site (docs/img, referenced by figures.md)."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks" / "figures"))
     module = runpy.run_path(str(ROOT / "benchmarks" / "figures" / script))
@@ -203,7 +203,8 @@ def test_figure_scripts_write_their_figures(script, tmp_path, monkeypatch):
 
 def test_recorded_tables_read_as_published():
     """The figures read the tables the page publishes: every estimator row, one value per m, numbers checked
-    against cells quoted in docs/estimators.md's text (mes 9.4% HR at m = 100; bv(0.1) HR@10 12.6% on ml-100k)."""
+    against cells quoted in the pages' text (mes 9.4% HR at m = 100: docs/research-notes.md, "Accuracy on MovieLens
+    100k"; bv(0.1) HR@10 12.6% on ml-100k: docs/estimators.md, "The defaults, and why")."""
     sys.path.insert(0, str(ROOT / "benchmarks" / "figures"))
     try:
         import accuracy_small_multiples as acc
@@ -222,7 +223,7 @@ def test_recorded_tables_read_as_published():
     designs = cost_accuracy.designs()
     mls = {(r["design"], r["metric"]): r for r in designs["ml-latest-small"]}
     assert len(designs["ml-100k"]) == len(mls) == 10
-    # the page's text: 100 -> 3200 costs 3.2 m per positive and cuts the worst RMSE of NDCG@10 from 56% to 16%
+    # the research notes' text: 100 -> 3200 costs 3.2 m per positive and cuts the worst RMSE of NDCG@10 from 56% to 16%
     assert mls[("m=100->3200", "ndcg@10")]["mean_m"] == 319 and mls[("m=100->3200", "ndcg@10")]["adaptive"]
     assert mls[("m=100", "ndcg@10")]["worst_rmse"] == pytest.approx(0.558)
     assert mls[("m=100->3200", "ndcg@10")]["worst_rmse"] == pytest.approx(0.158)

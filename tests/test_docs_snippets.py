@@ -1,4 +1,4 @@
-"""Every code block of README.md and docs/*.md runs, so a snippet cannot rot (issue 25).
+"""Every code block of README.md and docs/*.md runs, so a snippet cannot rot.
 
 * ``python`` blocks run in order in one namespace per file (a later block uses an earlier block's names), in a
   temporary folder (``examples/`` linked in);
@@ -48,7 +48,7 @@ SKIPS = {
 # commands run in a reduced form (appended arguments), or only parsed, and why
 REDUCED = {
     "plan": (["--repeats", "2", "--design", "100", "--design", "100:3200"],
-             "the default grid at n = 50,000 takes 10-15 s (mes fits; planner speed is issue 25 part E)"),
+             "the default grid at n = 50,000 takes 10-15 s (mes fits; the plan's own time: BENCHMARKS.md)"),
 }
 PARSE_ONLY = {
     "reproduce": "trains four recommenders on ml-100k and runs 100 sampling runs (minutes); "

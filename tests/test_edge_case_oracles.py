@@ -82,7 +82,7 @@ def _masks(draw):
 
 
 def test_auc_of_a_user_without_irrelevant_candidate_is_left_out():
-    """The issue's example: one user with every item positive made the whole evaluation's AUC NaN (NaN * 0)."""
+    """The case found: one user with every item positive made the whole evaluation's AUC NaN (NaN * 0)."""
     scores = torch.tensor([[0.3, 0.1, 0.2, 0.4], [0.9, 0.1, 0.5, 0.3]])
     pos = torch.tensor([[True] * 4, [False, True, False, False]])
     m = ExactRankingMetrics(["auc", "ndcg@5"])
@@ -166,7 +166,7 @@ def _filled(kw: dict, n_items: int = 40, seed: int = 0):
 
 
 def test_merge_of_another_catalogue_is_refused_not_misread():
-    """The issue's example: a state of another catalogue merged into one of 100 items read the other's rows under
+    """The case found: a state of another catalogue merged into one of 100 items read the other's rows under
     n = 100 (bv hit@10 0.004 where the right merge gives 0.10)."""
     a = _filled(dict(SAMPLED_BASE), n_items=100, seed=1)
     b = _filled(dict(SAMPLED_BASE), n_items=300, seed=2)
@@ -344,7 +344,7 @@ def test_ddp_sync_of_incompatible_states_is_refused_on_every_process():
 
 # ------------------------------------------------------------------------------------- ranges and flags of results
 def test_paired_difference_flags_a_value_outside_its_range():
-    """The issue's example: a difference of ls-corrected NDCGs of -8 (outside [-1, 1]) came without a flag."""
+    """The case found: a difference of ls-corrected NDCGs of -8 (outside [-1, 1]) came without a flag."""
     d = rsp.paired_difference("ndcg@10", torch.tensor([1, 2]), torch.tensor([5, 11]), 1000, 10, method="ls")
     table = correction_table("ndcg@10", 1000, 10, "ls")
     va, vb = table[torch.tensor([1, 2]) - 1], table[torch.tensor([5, 11]) - 1]

@@ -1,4 +1,4 @@
-"""Exact completion at the cap of adaptive sampling (issue 27, ``SamplingDesign(..., exact_at_cap=True)``).
+"""Exact completion at the cap of adaptive sampling (``SamplingDesign(..., exact_at_cap=True)``).
 
 Oracles: the score-matrix path (``adaptive_sampled_ranks``) for the scorer loop, brute-force ranks from the full
 rows for the exact ranks, the same design without the option for the draws, known exact ranks for the estimates,

@@ -98,7 +98,7 @@ def test_cli_example(tmp_path):
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
     exact = dict(re.findall(r"(recall@10|ndcg@10) ([0-9.]+)", out.splitlines()[0]))
-    # metric method estimate [lo, hi] flags (issue 25: the 95% interval leads, no standard error by default)
+    # metric method estimate [lo, hi] flags (the 95% interval leads, no standard error by default)
     found = re.findall(r"^(\S+@10)\s+([\w:]+)\s+([0-9.]+)\s+\[([0-9.]+), ([0-9.]+)\]", out, re.M)
     # the default estimator prints as auto:<what it ran> (auto:mes where K = 10 lies below the resolution)
     rows = {(m, meth.split(":")[0]): (float(v), (float(lo), float(hi))) for m, meth, v, lo, hi in found}

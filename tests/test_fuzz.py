@@ -1,4 +1,4 @@
-"""Fuzzing the public API (issue 18): bad and edge inputs of every class keep the promise.
+"""Fuzzing the public API: bad and edge inputs of every class keep the promise.
 
 The contract, for every generated input: either a ``ValueError`` whose message names one of the call's arguments, or
 a result that is right in kind: empty for empty input, finite, inside the metric's range, with an honest flag or an

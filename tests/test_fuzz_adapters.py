@@ -1,4 +1,4 @@
-"""Fuzzing beyond the core functions (issue 18): the Lightning callback (real Trainers), RecBole configs (real
+"""Fuzzing beyond the core functions: the Lightning callback (real Trainers), RecBole configs (real
 ``Config`` objects), ``evaluate_factors`` and the factor functions, and tensors on the wrong device (``meta``, mixed).
 
 Same contract as tests/test_fuzz.py: a ``ValueError`` whose message names one of the call's arguments (or config

@@ -1,4 +1,4 @@
-"""gmod (issue 30): g-modelling of log P(R) on the log-rank scale, and the users' metric (posterior means)."""
+"""gmod: g-modelling of log P(R) on the log-rank scale, and the users' metric (posterior means)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""gmod where an adaptive design resolves the top (issue 30, session 24): synthetic worlds with a known irregular
+"""gmod where an adaptive design resolves the top: synthetic worlds with a known irregular
 top (spikes and holes at given ranks), the users' exact metric computed by brute force (every positive's exact
 rank through ``metric_values``), over seeded repeats.
 
@@ -6,13 +6,13 @@ The world: n = 200 candidates, P(R) proportional to 1/(2R) + 1/(2n) (smooth on t
 at given ranks; 800 positives; adaptive sampling 800 -> 6,400 (with replacement). The design's resolution at rank
 R, 1 / sqrt(Fisher information of Binomial(r~ - 1; M, (R - 1)/(n - 1))), is about 1.5 ranks at R = 10 (every
 positive of the top ranks has M >= 800), against 7.3 ranks for adaptive 100 -> 3,200 on ml-100k and 5.4 at m = 500
-(docs/estimators.md, "Why 2x is partly out of reach").
+(docs/research-notes.md, "The first pass: basis, penalty, and the oracle").
 
-Tolerances (measured with seeds 0-5, session 24; 12 more seeds gave at most 1.3%): smooth world and a world with spikes inside the top K,
-gmod's largest relative error 2.0% / 1.1% (HR@10), 1.3% / 1.1% (NDCG@10); asserted below 3.5%, 3.5 times the
+Tolerances (measured with seeds 0-5; 12 more seeds gave at most 1.3%): smooth world and a world with spikes inside
+the top K, gmod's largest relative error 2.0% / 1.1% (HR@10), 1.3% / 1.1% (NDCG@10); asserted below 3.5%, 3.5 times the
 largest relative standard error that ``estimate()`` reports there (0.6-1.0%, mostly the users' posterior
 variance; seed 0). The world with a spike just below K (rank 11) and holes at 9-10 is the known limit
-(docs/estimators.md, "A limit: a spike just past the cut-off"; docs/research-notes.md): gmod's smooth prior leaks
+(docs/estimators.md, "Where the top is resolved"; docs/research-notes.md, "The twin margin"): gmod's smooth prior leaks
 the spike into the top 10
 (+4-6% on HR@10, interval missing), where ``mes`` stays within about 5%: pinned here so that a change is seen.
 """

@@ -1,4 +1,4 @@
-"""GPU readiness of the torchmetrics classes and the Lightning callback (issue 19), probed on any device.
+"""GPU readiness of the torchmetrics classes and the Lightning callback, probed on any device.
 
 * Host synchronisations per ``update`` (and per callback batch): counted with ``tests/_budgets.count_syncs``,
   split into the core functions the adapters call (``prepare_index``, ``exact_ranks_padded``,

@@ -1,4 +1,4 @@
-"""GPU-readiness of the core hot paths, checked on the CPU (issue 19).
+"""GPU-readiness of the core hot paths, checked on the CPU.
 
 * host synchronisations per call (``_budgets.SyncCounter``): at most 4, the same for any B and n;
 * the largest temporary (``_budgets.PeakTemporary``): the score block (B x n) plus O(B (P + E + P m));

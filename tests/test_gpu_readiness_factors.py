@@ -1,4 +1,4 @@
-"""GPU-readiness of the factor path (issue 19): host syncs, temporaries, tile choice and precision of
+"""GPU-readiness of the factor path: host syncs, temporaries, tile choice and precision of
 ``exact_ranks_from_factors`` / ``factor_ranks_padded`` / ``positive_scores``, probed on the CPU (and on CUDA
 when the machine has it, through the ``device`` fixture)."""
 
@@ -14,7 +14,7 @@ from reco_sampled_plugin.ranking import prepare_index
 # Syncs of one exact_ranks_from_factors call. The factor path itself reads the device once (the overflow bound:
 # user-factor norm, item-factor norm unless cached, bias, stacked into one read) and never per tile; at most
 # FACTOR_PATH_SYNCS is allowed. The rest is prepare_index's validation of the positives and exclusions
-# (issue 19 budget: <= 4), so the whole call stays within TOTAL_SYNCS = 4 + 2. Measured when written: 1 + 1
+# (the core's budget: <= 4), so the whole call stays within TOTAL_SYNCS = 4 + 2. Measured when written: 1 + 1
 # (the factor path's stacked read and prepare_index's fused validation read); before: 12-14 at 1,024 x 100,000
 # (9 validation reads, 2 norm reads, one nonzero per tile), growing with n.
 FACTOR_PATH_SYNCS = 2

@@ -1,4 +1,4 @@
-"""GPU readiness of the RecBole adapter (issue 19) and its check of the scores (issue 18).
+"""GPU readiness of the RecBole adapter and its check of the scores (NaN / inf).
 
 The per-batch hook (``collect_batch``) and the end of an evaluation (``finish_collection``) are called directly
 with synthetic batches shaped as RecBole passes them: scores (users x items) on the model's device, RecBole's
@@ -178,7 +178,7 @@ def test_device_path_equals_the_cpu_staging(workdir, device, monkeypatch, dtype)
         np.testing.assert_array_equal(tables[0][:, col].numpy(), tables[1][:, col].numpy(), err_msg=rr.COLUMNS[col])
 
 
-# ------------------------------------------------------------------------------------ NaN / inf (issue 18)
+# ------------------------------------------------------------------------------------------------------ NaN / inf
 class _Settings:
     """The evaluation's settings with ``check_finite`` overridden (until ``rsp_check_finite`` is a config key)."""
 

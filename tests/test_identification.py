@@ -1,4 +1,4 @@
-"""Identified intervals (issue 16): containment of the identified set by brute force, coverage on ml-100k with
+"""Identified intervals: containment of the identified set by brute force, coverage on ml-100k with
 known exact ranks, and the Estimate.interval contract."""
 
 from __future__ import annotations

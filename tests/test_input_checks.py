@@ -483,7 +483,7 @@ def test_huge_sample_sizes_are_refused_before_allocating():
     assert rsp.estimate("hit@10", wide, "none").value == pytest.approx(2 / 3)
 
 
-# --- one rule per kind of argument (issue 18): sizes accept whole numbers of any type, options only integers -----
+# --- one rule per kind of argument: sizes accept whole numbers of any type, options only integers ----------------
 
 
 def test_whole_float_sizes_are_accepted_for_n_and_m_alike():

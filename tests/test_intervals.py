@@ -1,4 +1,4 @@
-"""Issue 25, part 1: every interval any function returns lies inside the metric's range and is never NaN, for every
+"""Every interval any function returns lies inside the metric's range and is never NaN, for every
 registered method and many metrics; the flags are explained in words, in one place (``explain_flags``)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Layering rules of the package (issue 24, part 3), checked on the source with ``ast`` (nothing imported):
+"""Layering rules of the package, checked on the source with ``ast`` (nothing imported):
 
 * underscore names are imported only from underscore modules (scipy's rule): ``from .mod import _name``,
   ``from reco_sampled_plugin.mod import _name`` and ``mod._name`` after ``import``/``from . import mod`` are

@@ -321,7 +321,7 @@ def test_padding_is_dropped_only_while_rows_are_samples():
 
 
 def test_defaults_log_the_interval_not_the_stderr(tmp_path):
-    """Issue 25: the callback's defaults run the sampled metric and registry.DEFAULT_ESTIMATOR and log each
+    """The callback's defaults run the sampled metric and registry.DEFAULT_ESTIMATOR and log each
     estimate's 95% interval as ``<name>_lo`` / ``<name>_hi``; the standard error (sampling noise only) is opt-in."""
     from reco_sampled_plugin import registry
 

@@ -1,4 +1,4 @@
-"""Mapping functions of Li et al. (KDD 2020) and the mapping-based estimators (issue 4)."""
+"""Mapping functions of Li et al. (KDD 2020) and the mapping-based estimators."""
 
 import math
 

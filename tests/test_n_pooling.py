@@ -57,8 +57,9 @@ def test_n_grid_and_pooling_preserve_counts(wide):
         pool_by_n(hist, -0.1)
 
 
-# measured worst relative differences (benchmarks/studies/n_pooling_error.py, docs/corrections.md) are below these
-# bounds for s = 0.1; smooth tables (bv, cls) are far more accurate than the floor-based ones
+# measured worst relative differences (benchmarks/studies/n_pooling_error.py; docs/research-notes.md, "Pooling
+# candidate counts") are below these bounds for s = 0.1; smooth tables (bv, cls) are far more accurate than the
+# floor-based ones
 BOUNDS = {"bv": 1e-3, "cls": 1e-3, "bound": 2e-2}
 
 

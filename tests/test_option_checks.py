@@ -201,7 +201,7 @@ def test_paired_difference_on_one_instance_is_not_certain():
 def test_corrected_metric_on_one_instance_is_flagged():
     e = rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(torch.tensor([3]), 100, 10), "bv")
     assert math.isinf(e.stderr) and e.n_instances == 1
-    # bv's value at r~ = 3 is negative: flagged as estimate() flags it (issue 25: the range is known)
+    # bv's value at r~ = 3 is negative: flagged as estimate() flags it (the range is known)
     assert e.flags == ("few_instances", "outside_metric_range") == rsp.estimate(
         "ndcg@10",
         rsp.SampledRanks.from_arrays([3], 100, 10),
@@ -454,7 +454,7 @@ def test_interaction_files_that_cannot_be_read_name_the_path(tmp_path):
         load_interactions(str(tmp_path))
 
 
-# --- options a method does not use are refused, not ignored (issue 18) ------------------------------------------
+# --- options a method does not use are refused, not ignored ---------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -546,7 +546,7 @@ def test_intervals_never_leave_the_metric_range():
     lo, hi = est.interval(0.95)
     raw_lo, raw_hi = est.value - 1.959963984540054 * est.stderr, est.value + 1.959963984540054 * est.stderr
     assert raw_lo < 0.0 == lo and hi == pytest.approx(raw_hi)  # the raw interval left the range; the honest one not
-    assert est.sampling_interval(0.95) == (lo, hi)  # the sampling interval is clipped too (issue 25)
+    assert est.sampling_interval(0.95) == (lo, hi)  # the sampling interval is clipped too
     few = estimate("hit@10", SampledRanks.from_arrays(torch.tensor([1]), 50, 30), "none")  # one instance: stderr inf
     assert few.interval(0.95) == (0.0, 1.0)
     # an interval wholly below the range (around a negative bv value) clamps to (0, 0), never lo > hi

@@ -139,7 +139,7 @@ def test_fuzz_wrong_typed_options(data, case):
     _refused(entry, option, value)
 
 
-# ---------------------------------------------------------------------------------- class 5: the cases
+# ----------------------------------------------------------------- class 5: the cases that went wrong silently
 def test_count_other_positives_string_is_refused_and_the_bools_give_the_right_ranks():
     # scores 0.9 (item 0), 0.8 (item 1), 0.1 (item 2), 0.5 (item 3); positives items 1 and 2
     scores = torch.tensor([[0.9, 0.8, 0.1, 0.5]])

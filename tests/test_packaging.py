@@ -1,5 +1,5 @@
 """The package as a user installs it: a wheel built from the repository, installed into a fresh virtual environment,
-imported and run from there (issue 29, packaging); the version from one place; no ``print`` in the library and one
+imported and run from there; the version from one place; no ``print`` in the library and one
 logger per module named after it.
 
 The wheel test downloads nothing: the wheel is built with the test environment's setuptools (``pip wheel
@@ -290,7 +290,7 @@ def test_tables_over_n_log_what_was_built(caplog):
 
 def test_page_titles_carry_no_internal_issue_numbers():
     """Headings of README.md and docs/*.md (outside code blocks) name their subject, not the project's internal
-    issue or session numbers (``## Adaptive sampling``, not ``## Adaptive sampling (issue 17)``)."""
+    issue or session numbers (``## Adaptive sampling``, with no "(issue N)" after it)."""
     found = []
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         inside = False

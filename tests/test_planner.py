@@ -1,4 +1,4 @@
-"""The planner (issue 17 part 2): forecasts that match simulation on real recommenders, the default family, the
+"""The planner: forecasts that match simulation on real recommenders, the default family, the
 recommendation, the table, bad input and the ``plan`` subcommand."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The planner's cost in scored pairs and time (issue 27, section 2): its forecast against the scorer loop's measured
+"""The planner's cost in scored pairs and time: its forecast against the scorer loop's measured
 cost, the seconds arithmetic, a scorer-loop pilot that times the plan, ``--seconds-per-pair``, the recommendation,
 and a rank file written from a scorer run and estimated back through the CLI."""
 

@@ -1,5 +1,6 @@
 """The planner's pilot advice: the resolution a pilot needs for a metric, the pilot design that reaches it, and the
-plan's note when a pilot is coarser (issue 27: forecasts of small metrics from a pilot that does not resolve the top)."""
+plan's note when a pilot is coarser (a pilot that does not resolve the top forecasts small metrics too
+pessimistically)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The plan's fixed cost (issue 27, section 3): the Monte Carlo repeats of a design fitted together
+"""The plan's fixed cost: the Monte Carlo repeats of a design fitted together
 (``rank_distribution.ReplicateFits``: one pooling of the groups on the sum of the repeats, one likelihood, one
 batched solver) forecast what the one-by-one fits forecast.
 

@@ -1,4 +1,4 @@
-"""Popularity-sampled evaluation corrected (issue 28, part 1): the law, the per-positive statistics every draw keeps,
+"""Popularity-sampled evaluation corrected: the law, the per-positive statistics every draw keeps,
 the Hansen-Hurwitz estimator ``hh`` and its refusals (docs/popularity.md).
 
 Oracles: brute-force enumeration of every draw sequence on small catalogues (n <= 8, m <= 3), simulation of the

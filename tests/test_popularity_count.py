@@ -1,8 +1,8 @@
-"""``pl_fit``'s likelihood conditioned on |A| = R - 1 (issue 28, the low NDCG@10 at m = 500 on ml-100k): the
+"""``pl_fit``'s likelihood conditioned on |A| = R - 1 (the fix of the low NDCG@10 at m = 500 on ml-100k): the
 independent memberships pi_j(R) leave |A| random (A empty with probability ~e^-1 at R = 2), so a positive with no
 beating draw reads as rank 2 or 3 about as readily as rank 1; the count term makes the likelihood that of the
 conditional (Bernoulli) law, exactly in the single-rank cells of the top (``pl_fit``'s option ``count_term``,
-docs/popularity.md "The count term")."""
+docs/research-notes.md, "The count term")."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def count_term():
 
 
 def test_count_term_is_on_by_default():
-    """The default fit conditions on |A| = R - 1 (docs/popularity.md, "The count term and the hedge together"): its
+    """The default fit conditions on |A| = R - 1 (docs/research-notes.md, "Popularity sampling: pl_fit"): its
     tables are those of ``count_term="on"``, not the independent product's."""
     pf._FIT_CACHE.clear()
     f = fit(_units())

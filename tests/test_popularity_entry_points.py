@@ -1,4 +1,4 @@
-"""Popularity-sampled evaluation where users evaluate (issue 28, part 3): RecBole's popN, the rank-file CLI, the planner,
+"""Popularity-sampled evaluation where users evaluate: RecBole's popN, the rank-file CLI, the planner,
 torchmetrics / Lightning; against RecBole's own sampler and the core on the same draws."""
 
 from __future__ import annotations

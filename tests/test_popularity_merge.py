@@ -1,4 +1,4 @@
-"""pl_fit's per-positive class counts on today's paths (issue 28 with issue 27's CSR exclusions).
+"""pl_fit's per-positive class counts on today's paths, with exclusions in CSR form (``exclusions.Exclusions``).
 
 Oracles: a brute-force numpy count over each row's forbidden set (positives and exclusions, each once; weight-0 items
 never in a class) for the row totals from the padded list and from CSR exclusions; a numpy count of the distinct drawn

@@ -1,7 +1,8 @@
-"""pl_fit's niche-top test (issue 28): where a recommender's top is LESS popularity-tilted than its depth
+"""pl_fit's niche-top test: where a recommender's top is LESS popularity-tilted than its depth
 (beta_top < beta_deep), the constrained fit (beta_top >= beta_deep) overestimates HR@10 / NDCG@10; a one-sided
 likelihood-ratio test of the constraint flags it (``details["niche_top"]``), the interval covers both branches, and
-with ``niche="hedge"`` the value is the hedge of the constrained and free fits (docs/popularity.md, "Niche tops").
+with ``niche="hedge"`` the value is the hedge of the constrained and free fits (docs/popularity.md, "Top-K metrics:
+pl_fit"; the study: docs/research-notes.md, "Niche tops: the test, and the hedge").
 
 Oracle: synthetic catalogues whose rankings are drawn from the model itself, a sequential Plackett-Luce ranking whose
 tilt beta(r) runs linearly in log r from beta_top at r = 1 to beta_deep at r = 200 (the fit's parametrisation), the

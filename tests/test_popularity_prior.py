@@ -1,4 +1,4 @@
-"""``pl_fit``'s prior of the value (session 25): the g-modelling (log-spline) prior refitted at the fitted tilt
+"""``pl_fit``'s prior of the value: the g-modelling (log-spline) prior refitted at the fitted tilt
 (``rank_prior="spline"``, the default) against the EM prior the tilt is chosen with (``rank_prior="em"``)."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""pl_fit's strata by the positive's own popularity (docs/popularity.md, "Strata by the positive's popularity").
+"""pl_fit's strata by the positive's own popularity (docs/popularity.md, "Top-K metrics: pl_fit"; the
+study: docs/research-notes.md, "Strata by the positive's popularity").
 
 Oracles: a brute-force weighted median for the split; the strata's own fits (PopularityFit on hand-cut units) for the
 combined value, standard error (the pooled total-variance formula recomputed unit by unit) and bounds; and synthetic

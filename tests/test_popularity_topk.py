@@ -1,4 +1,4 @@
-"""Top-K metrics under popularity sampling (issue 28, part 2): the per-positive popularity classes every draw keeps,
+"""Top-K metrics under popularity sampling: the per-positive popularity classes every draw keeps,
 the estimator ``pl_fit`` (a rank-distribution fit whose likelihood reads which drawn items beat each positive, under
 a Plackett-Luce model of the items above it; docs/popularity.md), its intervals and refusals.
 

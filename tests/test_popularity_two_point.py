@@ -1,5 +1,5 @@
-"""benchmarks/studies/popularity_two_point.py (docs/popularity.md, "What the design allows: a two-point bound"): its
-ingredients against independent computations.
+"""benchmarks/studies/popularity_two_point.py (docs/research-notes.md, "What the draws and the design
+allow"; its figures: docs/popularity.md, "Limits"): its ingredients against independent computations.
 
 * the KL of a move, per draw, against the KL of the two worlds' laws of one draw enumerated item by item and
   reduced to what a draw shows (weight class, beats or not), for every prefix of the moves, up and down;

@@ -1,4 +1,4 @@
-"""Progress bars (issue 25): on stderr when asked (``progress=True``), off by default where stderr is not a
+"""Progress bars: on stderr when asked (``progress=True``), off by default where stderr is not a
 terminal, and never a change in results (planner, CLI ``estimate``, torchmetrics ``estimates()``, benchmarks)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Rank-distribution estimators (mle, mes), adaptive sampling and the estimate() dispatcher (issue 4)."""
+"""Rank-distribution estimators (mle, mes), adaptive sampling and the estimate() dispatcher."""
 
 import math
 

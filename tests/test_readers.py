@@ -1,4 +1,4 @@
-"""Delimited files read by numpy's reader with the line reader's errors, and the one table writer (issue 29, item 5).
+"""Delimited files read by numpy's reader with the line reader's errors, and the one table writer.
 
 Rank files (``rank_files.read_rank_file``) and interaction files (``datasets.load_interactions``) are read by
 ``np.loadtxt`` where the file has one separator throughout, and line by line otherwise; the two must give the same

@@ -294,7 +294,7 @@ def test_run_recbole_wrapper_logs_plugin_results(workdir, caplog):
     # RecBole's logger (the root logger; pytest holds it, so RecBole's own log file stays empty here)
     messages = [r.getMessage() for r in caplog.records]
     assert any("test result" in msg and "correctedrecall@10" in msg for msg in messages)
-    # issue 25: the 95% interval by default (<name>_lo, <name>_hi), the standard error only when asked for
+    # the 95% interval by default (<name>_lo, <name>_hi), the standard error only when asked for
     lo, hi = test["correctedrecall@10_lo"], test["correctedrecall@10_hi"]
     assert 0.0 <= lo <= test["correctedrecall@10"] <= hi <= 1.0 and "correctedrecall@10_stderr" not in test
     # K = 10 below the resolution at m = 100: said once, in words, with the planner command
@@ -626,7 +626,7 @@ def test_rankdist_bootstrap_only_for_a_standard_error():
             **BASE, "metrics": ["RankDistRecall"], "valid_metric": "RankDistRecall@10", "rsp_m": 100, **extra})
         return rm.metric_classes()["rankdistrecall"](config)._method()
 
-    assert kwargs().n_bootstrap == 8  # the interval is reported by default (issue 25)
+    assert kwargs().n_bootstrap == 8  # the interval is reported by default
     assert kwargs().seed == BASE["seed"] and kwargs(rsp_seed=5).seed == 5  # the run's seed
     assert kwargs(rsp_interval=False).n_bootstrap == 0
     assert kwargs(rsp_interval=False, rsp_stderr=True).n_bootstrap == 8

@@ -1,4 +1,4 @@
-"""Adaptive sampling in RecBole's uniN mode through the model's own predict (issue 27, section 2).
+"""Adaptive sampling in RecBole's uniN mode through the model's own predict.
 
 Real RecBole runs on MovieLens 100k (shipped in RecBole's wheel, CPU, 1 epoch, small models): a context-aware model
 (DeepFM, with user and item features) and a sequential one (SASRec). RecBole's uni20 draws are the first stage; the

@@ -13,7 +13,8 @@ TABLE1 = {
     "B": [40, 40, 8437, 9266, 4482],
     "C": [212, 2, 743, 5342, 1548],
 }
-# NOTATION.md: analytic E[M(r~)] (binomial, n = 10,000, m = 99) for AUC, AP, NDCG, Recall@10
+# Krichene & Rendle's Table 2 computed analytically: E[M(r~)] (binomial, n = 10,000, m = 99) for AUC, AP, NDCG,
+# Recall@10
 TABLE2_ANALYTIC = {
     "A": [0.990, 0.637, 0.729, 1.000],
     "B": [0.555, 0.341, 0.447, 0.400],

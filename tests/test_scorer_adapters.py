@@ -1,4 +1,4 @@
-"""Issue 27, the adapters: SampledRankingMetrics.update_from_scorer and the Lightning callback's scorer= evaluate
+"""The adapters' scorer path: SampledRankingMetrics.update_from_scorer and the Lightning callback's scorer= evaluate
 through a pointwise scorer, never a score matrix, and give the state (histogram) the score path gives on the
 materialised matrix with the same instance ids: fixed m, without replacement, adaptive stages; a failing scorer
 leaves the state as it was; 2 DDP processes (gloo) equal 1."""

@@ -1,4 +1,4 @@
-"""Exclusions prepared once (issue 27): the CSR form (``exclusions.Exclusions``) gives the same draws, ranks and ties
+"""Exclusions prepared once: the CSR form (``exclusions.Exclusions``) gives the same draws, ranks and ties
 as the padded exclusion lists did, on the scorer path and the score-matrix path, fixed m (with and without
 replacement, popularity) and adaptive; prepared exclusions reused across calls equal raw ones; bad prepared input
 is refused by name.

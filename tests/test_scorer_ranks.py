@@ -1,4 +1,4 @@
-"""sampled_ranks_from_scorer (issue 27): the scorer loop equals the score-matrix path on the same draws, scores only
+"""sampled_ranks_from_scorer: the scorer loop equals the score-matrix path on the same draws, scores only
 what it draws, within max_pairs per call, reports its cost, and refuses a misbehaving scorer by name."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Metrics under ties="average" are expectations over the orders of tied items: checked against brute-force
-enumeration of every order consistent with the scores (issue 18: P@2 was 1.5 with three tied relevant items)."""
+enumeration of every order consistent with the scores (the case found: P@2 was 1.5 with three tied relevant items)."""
 
 import itertools
 import math

@@ -513,7 +513,7 @@ def test_adaptive_metric_equals_the_core_on_the_same_draws():
 
 
 def test_compute_leads_with_the_interval_and_explains_an_unresolved_top(caplog):
-    """Issue 25: by default the sampled metric and the default estimator, each with its 95% interval (``_lo`` /
+    """By default the sampled metric and the default estimator, each with its 95% interval (``_lo`` /
     ``_hi``, ``Estimate.interval(0.95)``) and no standard error (``stderr=True``: sampling noise only, opt-in); an
     unresolved top is said once, in words, with the planner command."""
     import logging

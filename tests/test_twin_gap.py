@@ -1,4 +1,4 @@
-"""The twin gap of ``gmod``'s interval (issue 30): how far the users' metric moves in a twin of the data whose draws
+"""The twin gap of ``gmod``'s interval: how far the users' metric moves in a twin of the data whose draws
 barely differ (positives moved by one exact rank, squared Hellinger distances summing to at most ``TWIN_H2``), and
 the bias-aware interval ends built on it (Armstrong & Kolesar 2020)."""
 

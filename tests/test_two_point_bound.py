@@ -1,5 +1,5 @@
-"""benchmarks/studies/gmod_oracle.py's two-point bound (docs/estimators.md, "What no estimator can do"): its ingredients
-against independent computations.
+"""benchmarks/studies/gmod_oracle.py's two-point bound (docs/research-notes.md, "What no estimator can do: a
+two-point bound"): its ingredients against independent computations.
 
 * E[draws | R] of the adaptive design against the plugin's own adaptive sampler (simulation);
 * the sequence's KL, E[draws] KL(Bernoulli), against the exact KL of the observed (r~, M) under the adaptive law,

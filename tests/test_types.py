@@ -1,4 +1,4 @@
-"""The package is fully annotated and type-checked (issue 29, item 3).
+"""The package is fully annotated and type-checked.
 
 ``make test`` runs ``python -m mypy`` (pyproject's ``[tool.mypy]``: the whole package) before pytest; this file pins
 what that check means, on the source alone (fast, nothing imported): every function of the package annotated (the

@@ -150,7 +150,7 @@ def test_consistency_report_structure():
     row = next(r for r in rep["table3"] if r["metric"] == "auc" and r["recommender"] == "B")
     assert math.isclose(row["exact"], row["none"], rel_tol=1e-12)  # sampled AUC is unbiased
     assert math.isclose(row["exact"], row["cls"], rel_tol=1e-9)
-    # Table 2 (NOTATION.md): analytic expected sampled AP of A is .637
+    # Krichene & Rendle's Table 2 computed analytically (tests/test_sampling_laws.py): expected sampled AP of A is .637
     row_a = next(r for r in rep["table3"] if r["metric"] == "ap" and r["recommender"] == "A")
     assert abs(row_a["none"] - 0.637) < 5e-4 and row_a["none sd"] > 0
     import pandas as pd

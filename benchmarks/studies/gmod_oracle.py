@@ -1,4 +1,4 @@
-"""gmod against mes and the oracle where the top is resolved (issue 30): mean absolute relative error of HR@10 and
+"""gmod against mes and the oracle where the top is resolved: mean absolute relative error of HR@10 and
 NDCG@10 over repeats, for the five recommenders of ``baselines.train_benchmark``.
 
 Exact ranks of the held-out items on ml-100k or ml-latest-small; sampled ranks drawn from them (adaptive 100 ->
@@ -13,11 +13,11 @@ mes's estimate). The oracle is the posterior mean under the recommender's own ex
     python benchmarks/studies/gmod_oracle.py --synthetic --repeats 8 --top-penalties 0.01 0.1   # resolved synthetic worlds
     python benchmarks/studies/gmod_oracle.py --resolution --dataset ml-100k --design adaptive   # the design's resolution
 
-``--top-penalties T ...`` (issue 30, session 24): also fit the **free-top** variant, the spline plus one free
+``--top-penalties T ...``: also fit the **free-top** variant, the spline plus one free
 log-mass per single-rank cell at the top whose design resolution (:func:`design_resolution`, from the groups' (n, m)
 alone) is at most ``--top-max-resolution`` ranks, each shrunk towards the spline by T times its squared
 resolution (free where the design resolves the rank, held to the spline where it does not). Measured in
-docs/estimators.md ("Free masses at the resolved top"): it does not win, so it stays here, not in ``gmod``.
+docs/research-notes.md ("Free masses at the resolved top"): it does not win, so it stays here, not in ``gmod``.
 
 ``--coverage``: ``estimate(metric, sampled, method=...)`` for ``mes``, ``gmod`` and ``auto`` (the default) at their
 defaults (bootstraps included): mean |relative error|, coverage of ``interval(0.95)`` of the users' exact metric, median relative width.
@@ -41,8 +41,9 @@ over the moved users of E[draws | R] KL(Bernoulli(p_R) || Bernoulli(p_R')), p_R 
 a positive's draws are Bernoulli(p_R) trials whose stopping, at a fixed m or at the adaptive stages, reads only the
 draws). Printed next to the oracle's mean relative error in each world (``--repeats`` draws): where
 |theta_1 - theta_2| (1 - TV) exceeds 2 (O_1 theta_1 + O_2 theta_2), no estimator is within 2x the oracle on both
-worlds, so none can promise "within 2x the oracle" (issue 30) for recommenders of that kind. Also printed: `gmod`'s
-error on the data (the same draws) over max(oracle, bound), the target that any estimator can be held to.
+worlds, so none can promise "within 2x the oracle" (``gmod``'s first accuracy goal) for recommenders of that kind.
+Also printed: `gmod`'s error on the data (the same draws) over max(oracle, bound), the target that any estimator
+can be held to.
 ``--second-world METRIC``: every other mode on that second world (each recommender's exact ranks moved as the
 bound for METRIC at ``--design`` moves them), e.g. to see which estimator wins there.
 """
@@ -416,7 +417,8 @@ def two_point(dataset: str, design: str, repeats: int) -> None:
                   f"{g1:.1%} ({g_bias:+.1%}) | {g1 / max(o1, b):.2f} | {what} |", flush=True)
 
 
-# --synthetic: P(R) proportional to 1/(2R) + 1/(2n) times factors at 0-based rank indices (docs/estimators.md)
+# --synthetic: P(R) proportional to 1/(2R) + 1/(2n) times factors at 0-based rank indices (docs/research-notes.md,
+# "The twin margin")
 SYNTHETIC_WORLDS = {
     "smooth": {},
     "spikes inside the top 10": {1: 3.0, 4: 3.0, 6: 3.0, 3: 0.2, 5: 0.2},

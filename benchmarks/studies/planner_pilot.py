@@ -1,5 +1,5 @@
 """Does the planner pick a design that meets its target? Pilots of different resolution on the scorer benchmark's
-world (issue 27, section 3).
+world.
 
 The world of ``bench_scorer.py`` (iALS on ml-latest-small grown to 5,000 users x 50,000 items, training items
 excluded), ranked exactly by u.v (the MLP's exact part; no scorer is run). For each pilot cap and each of

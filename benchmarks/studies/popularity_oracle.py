@@ -1,6 +1,6 @@
-"""How well *any* estimator can do under popularity sampling (issue 28's 1.5x goal): the Bayes oracle given the truth.
+"""How well *any* estimator can do under popularity sampling (the 1.5x goal): the Bayes oracle given the truth.
 
-Issue 28 asks the worst recommender's relative error of HR@10 / NDCG@10 under popularity-sampled negatives to be at
+The goal asks the worst recommender's relative error of HR@10 / NDCG@10 under popularity-sampled negatives to be at
 most 1.5x that of the default estimator on uniform draws at the same m. This script measures what the draws allow:
 for each recommender of ``baselines.train_benchmark`` (ml-100k or ml-latest-small, leave-last-out, the setting of
 ``popularity_accuracy.py``) it simulates each user's m negatives with replacement from the user's drawable items
@@ -8,7 +8,7 @@ for each recommender of ``baselines.train_benchmark`` (ml-100k or ml-latest-smal
 **oracle**: each positive's posterior mean of the metric under
 
 * the prior: the recommender's true rank distribution (the users' exact ranks, each weight 1/N: the oracle of
-  ``accuracy_at_scale.py`` and issue 30), and
+  ``accuracy_at_scale.py`` and ``gmod_oracle.py``), and
 * the exact likelihood of what a draw shows, given that the positive sits at rank R of *its own user's true
   ranking* (known to the oracle): the draws fall in popularity class c and beat the positive with probability
   Q_c(R), the q-mass of class-c items among the user's top R - 1 drawable items, and miss it with q_c - Q_c(R);

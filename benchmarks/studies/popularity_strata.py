@@ -1,4 +1,5 @@
-"""pl_fit stratified by an observed covariate of each positive (development probe, docs/popularity.md).
+"""pl_fit stratified by an observed covariate of each positive (development probe, docs/research-notes.md, "Strata by
+the positive's popularity").
 
 The per-positive latent tilt (``popularity_tilt_mixture.py``) is confounded with the rank: where few draws beat a
 positive, a slow tilt and a deeper rank explain them alike. An *observed* covariate is not: positives are split into

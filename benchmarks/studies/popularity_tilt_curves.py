@@ -1,4 +1,4 @@
-"""pl_fit's tilt curve beta(r) with three knots (docs/popularity.md, "Richer tilt curves: measured, not adopted").
+"""pl_fit's tilt curve beta(r) with three knots (docs/research-notes.md, "Richer tilt curves: measured, not adopted").
 
 Today's curve runs linearly in log r from beta_top (r = 1) to beta_deep (r = 200). Here: knots at r = 1, 30, 200,
 piecewise linear in log r, constant beyond 200 (cells take the nearest BETAS value), fitted by coordinate ascent
@@ -236,7 +236,9 @@ def main() -> None:
 CRIT = pf.NICHE_LR_CRITICAL
 RECS = ("iALS", "ItemKNN(q=3)", "ItemKNN(q=1,k'=10)", "Popularity", "EASE")
 SHORT = {"iALS": "iALS", "ItemKNN(q=3)": "KNN3", "ItemKNN(q=1,k'=10)": "KNN1", "Popularity": "Pop", "EASE": "EASE"}
-#: the worst recommender's mean |relative error| of the default estimator on uniform draws (docs/popularity.md)
+#: the worst recommender's mean |relative error| of the uniform default on uniform draws, as recorded when this study
+#: ran (the default was ``mes`` then; today's reference, ``auto``: docs/popularity.md, "Measured: the default on real
+#: recommenders")
 REF = {("ml-100k", 100): (0.131, 0.168), ("ml-100k", 500): (0.087, 0.057),
        ("ml-latest-small", 100): (0.521, 0.600), ("ml-latest-small", 500): (0.298, 0.398)}
 RULES = ("a", "b", "c", "d")

@@ -1,4 +1,4 @@
-"""pl_fit with a per-positive latent tilt (docs/popularity.md, "Richer tilt curves: measured, not adopted").
+"""pl_fit with a per-positive latent tilt (docs/research-notes.md, "Richer tilt curves: measured, not adopted").
 
 Each positive has its own tilt class k: a constant beta of ``_popularity_fit.BETAS``, or a two-knot curve. A joint
 prior over (rank cell c, class k) is fitted by penalised EM on ``PopularityFit``'s existing per-beta likelihood

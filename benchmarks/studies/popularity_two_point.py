@@ -1,10 +1,10 @@
-"""What no estimator can do under popularity sampling: Le Cam's two-point bound against issue 28's 1.5x goal.
+"""What no estimator can do under popularity sampling: Le Cam's two-point bound against the 1.5x accuracy goal.
 
-Issue 28 asks the worst recommender's mean |relative error| of HR@10 / NDCG@10 on popularity-sampled negatives to be
+The goal asks the worst recommender's mean |relative error| of HR@10 / NDCG@10 on popularity-sampled negatives to be
 at most 1.5x that of the default estimator on uniform draws at the same m. ``popularity_oracle.py`` shows that the
 draws carry enough *given each user's composition* (which items of which popularity sit above the positive): the
 Bayes oracle, which knows it, is as accurate as the uniform oracle. This script asks whether an estimator can learn
-that composition from the draws, with the argument of ``gmod_oracle.py --two-point`` (docs/estimators.md, "What no
+that composition from the draws, with the argument of ``gmod_oracle.py --two-point`` (docs/research-notes.md, "What no
 estimator can do").
 
 **The worlds.** A draw shows an item and whether it beats the positive; items of equal weight are exchangeable (a
@@ -36,7 +36,7 @@ Next to it, ``uniform draws' bound``: the same bound for uniform draws of the sa
 (``gmod_oracle.two_point_bound``: moves of up to 10 ranks), what the uniform design allows by the same argument.
 Second worlds keep the metric within +-50% of the first's (``MAX_GAP``). ``--min-uniform-kl X``: only moves that
 uniform draws of the same m see clearly (KL >= X nats under them), so that the uniform default can follow the
-second world (docs/popularity.md, "What the design allows").
+second world (docs/research-notes.md, "What the draws and the design allow").
 
 ``--estimators``: ``pl_fit`` (the corrected default) on popularity draws of both worlds too, its mean |relative
 error| in each (the second world's score matrix: the moved items' scores set just past the positive's; the exact
@@ -72,7 +72,7 @@ from popularity_accuracy import load  # noqa: E402
 from popularity_oracle import ordered_world  # noqa: E402,F401 (re-exported for the tests)
 
 METRICS = ("hit@10", "ndcg@10")
-GOAL = 1.5  # issue 28: the worst recommender's error at most 1.5x the uniform default's
+GOAL = 1.5  # the accuracy goal: the worst recommender's error at most 1.5x the uniform default's
 #: a second world of the same kind: its metric within +-50% of the first's (a world with HR@10 = 0 would make every
 #: relative error in it infinite)
 MAX_GAP = 0.5
