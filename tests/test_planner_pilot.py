@@ -198,6 +198,12 @@ def test_workers_checked(bad):
         plan(2000, 100, "hit@10", 0.1, designs=[SamplingDesign(50)], repeats=2, execution=PlanExecution(workers=bad))
 
 
+@pytest.mark.parametrize("bad", [{"workers": 1}, None, 2])
+def test_execution_checked(bad):
+    with pytest.raises(ValueError, match="^execution: expected a planner.PlanExecution"):
+        plan(2000, 100, "hit@10", 0.1, designs=[SamplingDesign(50)], repeats=2, execution=bad)
+
+
 @pytest.mark.parametrize("workers", [1, 3])
 def test_workers_a_failing_design_raises_and_the_plan_is_not_returned(monkeypatch, workers):
     """An exception in a design's thread reaches the caller: the first failing design in design order (here the
