@@ -98,9 +98,9 @@ def main(argv=None) -> dict | None:
     ap.add_argument("--seed", type=int, default=0, help="the plan's seed")
     ap.add_argument("--plan-caps", default="25600,51200", help="as bench_scorer.py's --plan-caps")
     ap.add_argument("--workers", type=int, default=None,
-                    help="plan(workers=...); not given: the plan's default (code without the option: serial)")
+                    help="PlanExecution(workers=...); not given: the plan's default")
     ap.add_argument("--forecast-all", action="store_true",
-                    help="plan(forecast_all=True): every design forecast (default: the plan's own default)")
+                    help="PlanExecution(forecast_all=True): every design forecast (default: the plan's own default)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--compare", nargs=2, metavar=("A_JSON", "B_JSON"), help="print the table of two runs")
     args = ap.parse_args(argv)
@@ -110,18 +110,13 @@ def main(argv=None) -> dict | None:
     if args.make_pilot:
         make_pilot(args.make_pilot)
         return None
-    import inspect
-
     import reco_sampled_plugin
     from reco_sampled_plugin import SampledRanks, SamplingDesign, planner
 
-    extra = {} if args.workers is None else {"workers": args.workers}
-    if args.forecast_all and "forecast_all" in inspect.signature(planner.plan).parameters:
-        extra["forecast_all"] = True  # (a tree without the option forecasts every design already)
-    has_workers = "workers" in inspect.signature(planner.plan).parameters
+    extra = {"execution": planner.PlanExecution(workers=args.workers, forecast_all=args.forecast_all)}
 
     print(f"reco_sampled_plugin from {os.path.dirname(reco_sampled_plugin.__file__)}; torch {torch.__version__}, "
-          f"load average {os.getloadavg()[0]:.2f}; workers: {args.workers if has_workers else 'none (serial code)'}; "
+          f"load average {os.getloadavg()[0]:.2f}; workers: {args.workers}; "
           f"CPUs {len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count()}", flush=True)
     # warm-up, not timed: the lazy imports and first-call costs of both paths (another catalogue, other seed)
     planner.plan(20_000, 500, "ndcg@10", 0.1, designs=[SamplingDesign(100), SamplingDesign(100, adaptive_max=800)],

@@ -289,7 +289,7 @@ def planner_pick(scorer, world: World, *, pilot_users: int, seed: int, max_pairs
     if "seconds_per_pair" in inspect.signature(planner.plan).parameters:  # the planner prices pairs
         kw["seconds_per_pair"] = pilot["cost"].scorer_seconds / max(pilot["cost"].pairs, 1)
     if plan_workers is not None:
-        kw["workers"] = plan_workers
+        kw["execution"] = planner.PlanExecution(workers=plan_workers)
     n_u = world.n_candidates.cpu().numpy()
     grid = planner.default_designs(int(n_u.min())) + [SamplingDesign(100, adaptive_max=int(c)) for c in extra_caps]
     if pilot_cap:  # the draw carries its sizes and design (and the scorer's seconds per pair)
@@ -445,7 +445,7 @@ def main(argv=None) -> dict:
                          "cap, the first that resolves the target metric's top: 12800 for NDCG@10 at 50,000 items)")
     ap.add_argument("--plan-caps", default="25600,51200",
                     help="adaptive caps (from m = 100) added to the planner's default grid (comma-separated; '' none)")
-    ap.add_argument("--plan-workers", type=int, default=None, help="plan(workers=...) (default: the plan's own)")
+    ap.add_argument("--plan-workers", type=int, default=None, help="plan(execution=PlanExecution(workers=...)) (default: the plan's own)")
     ap.add_argument("--max-pairs", type=int, default=DEFAULT_MAX_PAIRS, help="pairs per scorer call, every design")
     ap.add_argument("--block-users", type=int, default=64, help="users per exact-ranking block of the full run")
     ap.add_argument("--seed", type=int, default=0)

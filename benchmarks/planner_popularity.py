@@ -5,7 +5,7 @@ For each recommender of ``baselines.train_benchmark`` on ml-100k or ml-latest-sm
 item against the user's drawable items, counts over all phases as ``popularity_accuracy.py``): a pilot popularity
 draw (m = ``--pilot-m``, q proportional to count^alpha, alpha 1, seed 999), then for each metric
 ``plan(n_items, users, metric, 0.1, pilot=pilot, designs=[SamplingDesign(m, popularity=counts ** alpha) ...],
-forecast_all=True, screen=False, repeats=R)``: the forecast relative RMSE of the default estimator (``auto``: ``hh``
+repeats=R, execution=PlanExecution(forecast_all=True, screen=False))``: the forecast relative RMSE of the default estimator (``auto``: ``hh``
 for AUC, ``pl_fit`` otherwise) per design. Next to it the real relative RMSE: ``--real-repeats`` real popularity
 draws per design on the recommender's scores (seeds as ``popularity_accuracy.py``: 10,000 x repeat + m), each
 estimated with the same default and compared with the recommender's exact metric. Columns: forecast, real, their
@@ -36,7 +36,7 @@ import torch  # noqa: E402
 
 import reco_sampled_plugin as rsp  # noqa: E402
 from reco_sampled_plugin import metric_values  # noqa: E402
-from reco_sampled_plugin.planner import plan  # noqa: E402
+from reco_sampled_plugin.planner import PlanExecution, plan  # noqa: E402
 
 from popularity_accuracy import load  # noqa: E402
 
@@ -68,8 +68,8 @@ def run(dataset: str, repeats: int, real_repeats: int, ms: tuple[int, ...], alph
         t_real = time.time() - t0
         for s in METRICS:
             t1 = time.time()
-            p = plan(len(counts), len(exact), s, 0.1, pilot=pilot, designs=designs, forecast_all=True, screen=False,
-                     repeats=repeats)
+            p = plan(len(counts), len(exact), s, 0.1, pilot=pilot, designs=designs, repeats=repeats,
+                     execution=PlanExecution(forecast_all=True, screen=False))
             seconds = time.time() - t1
             for i, (d, f) in enumerate(zip(designs, p.forecasts)):
                 a = alphas[i // len(ms)]

@@ -395,7 +395,7 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run_plan(args: argparse.Namespace) -> int:
     """Run the ``plan`` subcommand: print ``plan(...).format()``; returns 0 (bad input raises ValueError)."""
-    from .planner import plan
+    from .planner import PlanExecution, plan
 
     pilot = None
     if args.pilot is not None:
@@ -428,8 +428,8 @@ def run_plan(args: argparse.Namespace) -> int:
     result = plan(
         args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, designs=designs,
         method=args.method, repeats=args.repeats, seed=args.seed, progress=args.progress,
-        seconds_per_pair=args.seconds_per_pair, screen=args.screen, workers=args.workers,
-        forecast_all=args.forecast_all,
+        seconds_per_pair=args.seconds_per_pair,
+        execution=PlanExecution(screen=args.screen, forecast_all=args.forecast_all, workers=args.workers),
     )
     print(result.format())
     return 0

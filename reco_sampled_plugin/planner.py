@@ -17,12 +17,13 @@ under each candidate design, for a given catalogue size, number of users and ran
    same forecasts as one fit per repeat up to the solvers' stopping and, where groups are pooled, each bin's
    representative n: within 0.05-0.35 Monte Carlo se in tests/test_planner_speed.py); designs with
    ``exact_at_cap`` fit their repeats' histograms as ``estimate_rank_distributions`` does.
-   With ``screen=True`` (the default) each design first runs :data:`SCREEN_REPEATS` replicates and stops there
-   when every one of them misses the target, or when their relative RMSE exceeds :data:`SCREEN_FACTOR` x the
-   target (``DesignForecast.screened``): a forecast from those alone. With ``forecast_all=False`` (the default)
-   the designs start cheapest first (scored pairs per user) and a design costlier than one already found to meet
-   the target is not forecast (``DesignForecast.pruned``; it cannot be the pick): the pick and every forecast up
-   to its cost are those of ``forecast_all=True``, bit for bit.
+   How the plan spends its own time is :class:`PlanExecution`'s. With ``screen=True`` (the default) each design
+   first runs :data:`SCREEN_REPEATS` replicates and stops there when every one of them misses the target, or when
+   their relative RMSE exceeds :data:`SCREEN_FACTOR` x the target (``DesignForecast.screened``): a forecast from
+   those alone. With ``forecast_all=False`` (the default) the designs start cheapest first (scored pairs per
+   user) and a design costlier than one already found to meet the target is not forecast
+   (``DesignForecast.pruned``; it cannot be the pick): the pick and every forecast up to its cost are those of
+   ``forecast_all=True``, bit for bit.
 3. Reported per design (:class:`DesignForecast`), relative to the shape's truth T (the mean over the replicates of
    the sets' exact metrics): rel_bias = mean(e)/T, rel_sd = sd(e)/T (ddof 1), rel_error =
    sqrt(rel_bias^2 + rel_sd^2), e = estimate - exact metric of the set; and the cost, the mean number of
@@ -119,6 +120,7 @@ __all__ = [
     "DesignForecast",
     "Plan",
     "plan",
+    "PlanExecution",
     "default_designs",
     "SCREEN_FACTOR",
     "DEFAULT_WORKERS",
@@ -134,11 +136,12 @@ DEFAULT_FIXED_M = (50, 100, 200, 500, 1000, 2000)
 DEFAULT_ADAPTIVE_START = 100
 DEFAULT_ADAPTIVE_CAPS = (800, 3200, 12800)
 _PILOT_N_SPREAD = 0.1
-#: Replicates a design runs first under ``plan(screen=True)``: if each of them misses the target (|estimate - exact|
-#: above target x truth), or their relative RMSE exceeds :data:`SCREEN_FACTOR` x the target, the design is reported
-#: as missing it from these alone. RMSE >= min |error|, so the forecast still exceeds the target; a design whose
-#: true relative RMSE is at the target is screened out with probability P(|e| > target)^5 = 0.317^5 = 0.3% by the
-#: first rule and 8.4e-6 by the second for Gaussian errors (1.4% by the second for Student-t(3) errors).
+#: Replicates a design runs first under ``PlanExecution(screen=True)``: if each of them misses the target
+#: (|estimate - exact| above target x truth), or their relative RMSE exceeds :data:`SCREEN_FACTOR` x the target,
+#: the design is reported as missing it from these alone. RMSE >= min |error|, so the forecast still exceeds the
+#: target; a design whose true relative RMSE is at the target is screened out with probability
+#: P(|e| > target)^5 = 0.317^5 = 0.3% by the first rule and 8.4e-6 by the second for Gaussian errors (1.4% by the
+#: second for Student-t(3) errors).
 SCREEN_REPEATS = 5
 #: The second screening rule: the first :data:`SCREEN_REPEATS` replicates' relative RMSE above this multiple of the
 #: target. For errors of true RMSE = the target, P(screened by this rule) is 8.4e-6 for Gaussian errors (chi-square
@@ -147,7 +150,7 @@ SCREEN_REPEATS = 5
 #: rule alone 22% / 33%). A screened design that meets the target would only cost the plan a costlier pick, never
 #: a pick that misses.
 SCREEN_FACTOR = 2.5
-#: Threads of ``plan(workers=None)`` (at most the CPUs available and one per design). Measured on the scorer
+#: Threads of ``PlanExecution(workers=None)`` (at most the CPUs available and one per design). Measured on the scorer
 #: benchmark's plan (BENCHMARKS.md, "Issue 27 on a GPU"; 3 rounds each): on a 16-core host 1.3-1.8 s at 2 threads,
 #: 1.6-2.9 s at 1, 2.1-2.5 s at 4, 2.4-3.4 s at 11 (one per design); on the 2-core machine 1.1-1.6 s at 2 and
 #: 1.4-1.5 s at 1. The fits' Python between their numpy kernels holds the GIL, so more threads contend for it.
@@ -208,10 +211,10 @@ class DesignForecast:
             a screened design); 0: not recorded.
         screened: every one of the first :data:`SCREEN_REPEATS` replicates missed the target, or their relative
             RMSE exceeded :data:`SCREEN_FACTOR` x the target, so the design was settled as missing it and its other
-            replicates were not fitted (``plan(screen=True)``).
+            replicates were not fitted (``PlanExecution(screen=True)``).
         pruned: not forecast: the design scores more pairs per user than the recommended one, so it cannot be the
-            pick (``plan(forecast_all=False)``, the default); its cost fields hold, its error fields are NaN and
-            ``meets_target`` is False. Never set when no design is recommended.
+            pick (``PlanExecution(forecast_all=False)``, the default); its cost fields hold, its error fields are
+            NaN and ``meets_target`` is False. Never set when no design is recommended.
     """
 
     n_samples: int
@@ -360,7 +363,7 @@ class Plan:
                      f"{0.0:>11.1%}{'':>9}  yes")
         if any(f.pruned for f in self.forecasts):
             lines.append("(not forecast: designs scoring more pairs than the pick, which cannot be the pick; "
-                         "plan(forecast_all=True) or --forecast-all forecasts every design)")
+                         "PlanExecution(forecast_all=True) or --forecast-all forecasts every design)")
         lines.append("")
         lines.append(self.recommendation())
         lines += [f"Note: {note}" for note in self.notes]
@@ -586,9 +589,6 @@ _POPULARITY_PILOT = ("a popularity design's accuracy depends on how the items ab
                      "(pilot=sampled_ranks(..., SamplingDesign(m, popularity=w))), whose fitted pl_fit model the "
                      "planner simulates (docs/popularity.md, 'Planning a popularity design')")
 
-#: A popularity design checked for the planner: its weights and their power of the pilot's.
-_Popularity = tuple[torch.Tensor, float]
-
 
 def _popularity_power(weights: torch.Tensor, pilot: torch.Tensor) -> float:
     """a of w = c w_pilot^a: the least-squares slope of log w on log w_pilot over the items of weight > 0 (1 where
@@ -600,16 +600,20 @@ def _popularity_power(weights: torch.Tensor, pilot: torch.Tensor) -> float:
     return 1.0 if var <= 0 else float((xc * (y - y.mean())).sum()) / var
 
 
-def _check_design(design: Any, n_min: int, method: str,
-                  world: Any = None) -> tuple[int, int | None, bool, bool, _Popularity | None]:
-    """(m, rounded cap or None, replacement, exact_at_cap, popularity) of one candidate design, a
-    :class:`~reco_sampled_plugin.design.SamplingDesign` (uniform draws, fixed or adaptive, ``exact_at_cap``;
-    popularity draws where ``world``, a popularity pilot's
-    :class:`~reco_sampled_plugin._popularity_world.PopularityWorld`, is given: then ``popularity`` is (weights,
-    their power of the pilot's)); the estimator must support it (``registry.get(method).supports``)."""
+def _check_below_full(m: int, n_min: int) -> None:
+    if m >= n_min - 1:
+        raise ValueError(f"designs: m = {m} is not below n_items - 1 = {n_min - 1}; rank all items instead")
+
+
+def _check_design(design: Any, n_min: int, method: str, world: PopularityWorld | None = None) -> SamplingDesign:
+    """One candidate :class:`~reco_sampled_plugin.design.SamplingDesign` checked for the plan (uniform draws, fixed
+    or adaptive, ``exact_at_cap``; popularity draws where ``world``, a popularity pilot's
+    :class:`~reco_sampled_plugin._popularity_world.PopularityWorld`, is given), returned as the plan simulates it:
+    an adaptive cap rounded down to m 2^s. The estimator must support it (``registry.get(method).supports``)."""
     if not isinstance(design, SamplingDesign):
         raise ValueError(f"designs: each design is a SamplingDesign (SamplingDesign(m), SamplingDesign(m, "
                          f"adaptive_max=cap), ...), got {design!r}")
+    m, entry = design.n_samples, registry.get(method)
     if design.law == "popularity":
         if world is None:
             raise ValueError(f"designs: {design.describe()} draws by popularity; {_POPULARITY_PILOT}")
@@ -617,29 +621,22 @@ def _check_design(design: Any, n_min: int, method: str,
             raise ValueError(f"designs: {design.describe()} draws without replacement, which no popularity "
                              "estimator corrects (no Hansen-Hurwitz weights); draw with replacement")
         world.check_design(design.popularity)
-        if design.n_samples >= n_min - 1:
-            raise ValueError(f"designs: m = {design.n_samples} is not below n_items - 1 = {n_min - 1}; rank all "
-                             "items instead")
-        if not registry.get(method).supports(design):
+        _check_below_full(m, n_min)
+        if not entry.supports(design):
             raise ValueError(f"designs: {method!r} does not correct popularity designs; use one of "
                              f"{registry.names(design=design)}")
-        power = _popularity_power(design.popularity, world.weights)
-        return design.n_samples, None, True, False, (design.popularity, power)
-    m, cap, replacement, exact = design.n_samples, design.adaptive_max, design.replacement, design.exact_at_cap
-    entry = registry.get(method)
-    if cap is None:
-        if m >= n_min - 1:
-            raise ValueError(f"designs: m = {m} is not below n_items - 1 = {n_min - 1}; rank all items instead")
-        if not entry.supports(SamplingDesign(m, replacement=replacement)):
+        return design
+    if design.adaptive_max is None:
+        _check_below_full(m, n_min)
+        if not entry.supports(design):
             raise ValueError(f"designs: {method!r} does not support draws without replacement; use one of "
-                             f"{registry.names(design=SamplingDesign(m, replacement=replacement))}")
-        return m, None, replacement, False, None
-    if not entry.supports(SamplingDesign(m, adaptive_max=cap)):
+                             f"{registry.names(design=design)}")
+        return design
+    if not entry.supports(SamplingDesign(m, adaptive_max=design.adaptive_max)):
         raise ValueError(f"designs: adaptive sampling needs one of the methods {registry.names(adaptive=True)}, "
                          f"not {method!r}")
-    if m >= n_min - 1:
-        raise ValueError(f"designs: m = {m} is not below n_items - 1 = {n_min - 1}; rank all items instead")
-    return m, AdaptiveDesign(m, cap).cap, True, exact, None
+    _check_below_full(m, n_min)
+    return SamplingDesign(m, adaptive_max=design.cap, exact_at_cap=design.exact_at_cap)
 
 
 def _adaptive_start(n: int) -> int:
@@ -725,6 +722,41 @@ def _pilot_notes(shape: _PilotShape | _DefaultShape | PopularityWorld, spec: Met
 
 
 # ---------------------------------------------------------------------------------------------------- plan
+@dataclass(frozen=True)
+class PlanExecution:
+    """How :func:`plan` spends its own CPU time: which shortcuts it takes and on how many threads. The forecasts
+    of the designs that matter, and so the recommendation, are the same whatever these are (screening aside, which
+    settles far designs from their first replicates); checked at construction.
+
+    Attributes:
+        screen: run each design's first :data:`SCREEN_REPEATS` replicates, and stop there when every one of them
+            misses the target or their relative RMSE exceeds :data:`SCREEN_FACTOR` x the target
+            (``DesignForecast.screened``; the table says so): the designs far from the target (fixed m with an
+            unresolved top, typically) cost a quarter of their fits. False: every design runs the plan's
+            ``repeats`` replicates (as for checking forecasts against simulation).
+        forecast_all: forecast every design. False (the default): designs start cheapest first (in scored pairs
+            per user), and a design that scores more pairs than one already found to meet the target is not
+            forecast (``DesignForecast.pruned``: it cannot be the pick); the recommendation and every forecast of a
+            design up to the pick's cost are those of ``forecast_all=True``, bit for bit, and the designs costlier
+            than the pick are reported as pruned whether or not they ran (so the table is the same whatever the
+            threads). True: every design's error is forecast (tables for comparison, checks against simulation).
+        workers: threads that forecast designs side by side (each design on one thread; the same plan, bit for bit,
+            whatever the number). None: :data:`DEFAULT_WORKERS` (2), at most the CPUs this process may use and one
+            per design (one where threadpoolctl, which holds BLAS to one thread per design, is not installed); 1:
+            one after the other.
+    """
+
+    screen: bool = True
+    forecast_all: bool = False
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.workers is not None:
+            object.__setattr__(self, "workers", check_int(self.workers, "workers", minimum=1))
+        object.__setattr__(self, "screen", check_bool(self.screen, "screen"))
+        object.__setattr__(self, "forecast_all", check_bool(self.forecast_all, "forecast_all"))
+
+
 @contextlib.contextmanager
 def _one_thread() -> Iterator[None]:
     """Run on one torch thread (and one BLAS thread where threadpoolctl is installed), restored afterwards.
@@ -740,8 +772,36 @@ def _one_thread() -> Iterator[None]:
         torch.set_num_threads(prev)
 
 
-def _check_inputs(n_items: Any, n_users: Any, target: Any,
-                  repeats: Any) -> tuple[np.ndarray, int | np.ndarray, int, float, int]:
+@dataclass(frozen=True)
+class _Settings:
+    """A plan's inputs, checked once (:func:`_check_settings`; a popularity pilot's world then replaces the users'
+    candidate counts, :func:`_choose_shape`)."""
+
+    spec: MetricSpec
+    method: registry.Method
+    n_u: np.ndarray  # (n_users,) int64: each simulated user's candidates n
+    n_keep: int | np.ndarray  # Plan.n_items
+    n_users: int
+    target: float
+    repeats: int
+    seed: int
+    execution: PlanExecution
+    seconds_per_pair: float | None = None
+    seconds_per_pair_source: str | None = None
+
+    @property
+    def n_min(self) -> int:
+        return int(self.n_u.min())
+
+
+def _check_k(spec: MetricSpec, n_min: int, where: str) -> None:
+    if spec.k is not None and spec.k > n_min:
+        raise ValueError(f"metric: cut-off K = {spec.k} is larger than {where}")
+
+
+def _check_settings(n_items: Any, n_users: Any, metric: str | MetricSpec, target: Any, method: Any, repeats: Any,
+                    seed: Any, execution: Any) -> _Settings:
+    """:class:`_Settings` of :func:`plan`'s arguments (a ValueError naming the first bad one)."""
     n_users = check_int(n_users, "n_users", minimum=1)
     if np.ndim(n_items) == 0:
         n_scalar = check_size(n_items, "n_items", 2)
@@ -757,13 +817,57 @@ def _check_inputs(n_items: Any, n_users: Any, target: Any,
         n_keep = n_u.copy()
     target = check_positive_float(target, "target_rel_error")  # not "0.05", not True
     repeats = check_int(repeats, "repeats", minimum=2)
-    return n_u, n_keep, n_users, target, repeats
+    spec = parse_metric(metric)
+    method_obj = registry.as_method(method)  # an unknown method: the registry's ValueError naming ``method``
+    _check_k(spec, int(n_u.min()), f"the catalogue (n_items = {int(n_u.min())})")
+    seed = check_int(seed, "seed", minimum=0)
+    if not isinstance(execution, PlanExecution):
+        raise ValueError(f"execution: expected a planner.PlanExecution (screen, forecast_all, workers), "
+                         f"got {execution!r}")
+    return _Settings(spec, method_obj, n_u, n_keep, n_users, target, repeats, seed, execution)
+
+
+def _choose_shape(pilot: Any, n_items: Any, seconds_per_pair: Any,
+                  s: _Settings) -> tuple[_DefaultShape | _PilotShape | PopularityWorld, _Settings]:
+    """The shape the plan draws exact ranks from (a popularity pilot's world, a pilot's fit, or the default family)
+    and the settings it settles: a world's users' candidate counts, the seconds per scored pair."""
+    cost = None
+    shape: _DefaultShape | _PilotShape | PopularityWorld
+    if isinstance(pilot, SampledRanks) and pilot.design is not None and pilot.design.law == "popularity":
+        shape, n_u, n_keep = _popularity_pilot(pilot, n_items, s.n_users, s.seed)
+        _check_k(s.spec, int(n_u.min()), f"a pilot user's candidates ({int(n_u.min())})")
+        s = dataclasses.replace(s, n_u=n_u, n_keep=n_keep)
+        cost = pilot.cost
+    elif pilot is not None:
+        shape = _pilot_shape(*_unpack_pilot(pilot), s.spec)
+        cost = pilot.cost
+    else:
+        shape = _DefaultShape()
+    spp, source = _seconds_per_pair(seconds_per_pair, cost)
+    return shape, dataclasses.replace(s, seconds_per_pair=spp, seconds_per_pair_source=source)
+
+
+def _candidate_designs(designs: Any, s: _Settings, world: PopularityWorld | None) -> list[SamplingDesign]:
+    """The designs to forecast, checked (:func:`_check_design`): ``designs``, or :func:`default_designs` of the
+    smallest n (with a popularity world: the pilot's own law at the default fixed m first)."""
+    n_min, method = s.n_min, s.method.name
+    if designs is None:
+        out = default_designs(n_min, method)
+        if world is not None:  # the pilot's own law at the default fixed m, before the uniform grid
+            own = world.pilot_design.popularity
+            out = [_check_design(SamplingDesign(m, popularity=own), n_min, method, world)
+                   for m in DEFAULT_FIXED_M if m < n_min - 1] + out
+    else:
+        out = [_check_design(d, n_min, method, world) for d in designs]
+    if not out:
+        raise ValueError(f"designs: no candidate design below full ranking for n_items = {n_min}")
+    return out
 
 
 def _check_workers(workers: Any, n_designs: int) -> int:
-    """``plan(workers=)``: None -> :data:`DEFAULT_WORKERS` threads, at most the CPUs this process may run on and one
-    per design (1 without threadpoolctl: BLAS would then keep its own threads in every design's thread, workers x
-    cores threads on a many-core host); else an int >= 1."""
+    """``PlanExecution.workers``: None -> :data:`DEFAULT_WORKERS` threads, at most the CPUs this process may run on
+    and one per design (1 without threadpoolctl: BLAS would then keep its own threads in every design's thread,
+    workers x cores threads on a many-core host); else an int >= 1."""
     if workers is None:
         try:
             import threadpoolctl  # noqa: F401  (limits BLAS to one thread per design: _one_thread)
@@ -777,7 +881,35 @@ def _check_workers(workers: Any, n_designs: int) -> int:
     return min(check_int(workers, "workers", minimum=1), max(1, n_designs))
 
 
-def _map_designs(forecast: Callable[[int], DesignForecast], todo: Sequence[tuple[int, int | None, bool, bool]],
+@dataclass(frozen=True)
+class _Draws:
+    """The exact ranks every design is forecast on (common random numbers) and their metric."""
+
+    exact_np: np.ndarray  # (repeats, n_users) int64
+    exact: torch.Tensor  # the same, as a tensor
+    n_t: torch.Tensor  # (n_users,) int64 candidates n
+    truths: np.ndarray  # (repeats,) each set's exact metric
+    truth: float  # their mean: the shape's truth T
+    n_mean: float  # mean n: full ranking's pairs per user
+
+
+def _draw_exact(shape: _DefaultShape | _PilotShape | PopularityWorld, s: _Settings) -> _Draws:
+    """``repeats`` sets of ``n_users`` exact ranks from the shape, on the plan's seed."""
+    from .metrics import metric_values
+
+    rng = np.random.default_rng(s.seed)
+    exact_np = shape.draw(s.n_u, s.repeats, rng)  # (repeats, n_users), shared by every design
+    exact, n_t = torch.from_numpy(exact_np), torch.from_numpy(s.n_u)
+    truths = metric_values(s.spec, exact, n_t).mean(dim=1).numpy()  # each set's exact metric
+    return _Draws(exact_np, exact, n_t, truths, float(truths.mean()), float(s.n_u.mean()))
+
+
+def _design_order_key(design: SamplingDesign) -> tuple[bool, int]:
+    """Largest designs first (fixed m by m, then adaptive by cap): :func:`_map_designs`' order without pruning."""
+    return design.adaptive_max is None, design.n_samples if design.adaptive_max is None else design.adaptive_max
+
+
+def _map_designs(forecast: Callable[[int], DesignForecast], designs: Sequence[SamplingDesign],
                  workers: int, order: Sequence[int] | None = None) -> list[DesignForecast]:
     """``forecast(d)`` for every design, returned in design order, started in ``order`` on ``workers`` threads.
 
@@ -785,16 +917,15 @@ def _map_designs(forecast: Callable[[int], DesignForecast], todo: Sequence[tuple
     same, bit for bit, whatever the threads and their order. Threads, not processes: the fits spend most of their
     time in numpy and scipy.sparse kernels that release the GIL (2 threads on 2 cores: 1.5x on the scorer
     benchmark's plan), share the prepared caches, and fork no torch. ``order`` None: the largest designs start
-    first (fixed m by m, then adaptive by cap) so that a long fit does not start last (pruning plans pass the
-    cheapest first instead). Each task runs in a copy of the caller's context (context variables hold). A design
-    that raises: the designs not yet started are cancelled, the running ones finish, and the first failure in
-    design order among the designs that ran is raised."""
-    if workers <= 1 or len(todo) <= 1:
-        done = {d: forecast(d) for d in (range(len(todo)) if order is None else order)}
-        return [done[d] for d in range(len(todo))]
+    first (:func:`_design_order_key`) so that a long fit does not start last (pruning plans pass the cheapest first
+    instead). Each task runs in a copy of the caller's context (context variables hold). A design that raises: the
+    designs not yet started are cancelled, the running ones finish, and the first failure in design order among
+    the designs that ran is raised."""
+    if workers <= 1 or len(designs) <= 1:
+        done = {d: forecast(d) for d in (range(len(designs)) if order is None else order)}
+        return [done[d] for d in range(len(designs))]
     if order is None:
-        order = sorted(range(len(todo)), key=lambda d: (todo[d][1] is None, todo[d][0] if todo[d][1] is None
-                                                        else todo[d][1]), reverse=True)
+        order = sorted(range(len(designs)), key=lambda d: _design_order_key(designs[d]), reverse=True)
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="reco-sampled-plan") as pool:
         futures = {d: pool.submit(contextvars.copy_context().run, forecast, d) for d in order}
         try:
@@ -804,11 +935,12 @@ def _map_designs(forecast: Callable[[int], DesignForecast], todo: Sequence[tuple
             raise
         if any(f.done() and not f.cancelled() and f.exception() is not None for f in futures.values()):
             pool.shutdown(wait=True, cancel_futures=True)  # the designs not yet started never start
-            failed = [d for d in range(len(todo)) if not futures[d].cancelled() and futures[d].exception() is not None]
+            failed = [d for d in range(len(designs))
+                      if not futures[d].cancelled() and futures[d].exception() is not None]
             error = futures[failed[0]].exception()
             assert error is not None  # a failed design's exception
             raise error
-        return [futures[d].result() for d in range(len(todo))]
+        return [futures[d].result() for d in range(len(designs))]
 
 
 def _pruned_forecast(f: DesignForecast) -> DesignForecast:
@@ -818,8 +950,7 @@ def _pruned_forecast(f: DesignForecast) -> DesignForecast:
                                rel_error_se=math.nan, repeats=0, screened=False, pruned=True, rel_width=math.nan)
 
 
-def _cheapest_first(todo: Sequence[tuple[int, int | None, bool, bool]], exact: torch.Tensor,
-                    n_t: torch.Tensor) -> list[int]:
+def _cheapest_first(designs: Sequence[SamplingDesign], exact: torch.Tensor, n_t: torch.Tensor) -> list[int]:
     """The designs' indices by expected scored pairs per user, cheapest first: fixed m costs 1 + m; an adaptive
     design 1 + E[M_final] (+ (n - 1) P(first at the cap) with exact completion) over the forecasts' exact ranks, in
     closed form (:func:`adaptive.expected_samples`). An order for pruning only: which designs are pruned is settled
@@ -827,20 +958,289 @@ def _cheapest_first(todo: Sequence[tuple[int, int | None, bool, bool]], exact: t
     n = n_t.double()
     p = ((exact.double() - 1.0) / (n - 1.0).clamp(min=1.0)).numpy()  # (repeats, users)
     cost = []
-    for m, cap, _, complete in todo:
-        if cap is None:
-            cost.append(1.0 + m)
+    for design in designs:
+        adaptive = design.adaptive
+        if adaptive is None:
+            cost.append(1.0 + design.n_samples)
             continue
-        mean, first = expected_samples(p, AdaptiveDesign(m, cap))
-        extra = float((first * (n - 1.0).numpy()).mean()) if complete else 0.0
+        mean, first = expected_samples(p, adaptive)
+        extra = float((first * (n - 1.0).numpy()).mean()) if design.exact_at_cap else 0.0
         cost.append(1.0 + float(mean.mean()) + extra)
-    return sorted(range(len(todo)), key=lambda d: (cost[d], d))
+    return sorted(range(len(designs)), key=lambda d: (cost[d], d))
 
 
 def _screens(err: np.ndarray, tolerance: float) -> bool:
     """The screening rules on the first replicates' errors (estimate - exact, metric units) against the target's
     absolute tolerance: every one misses it, or their RMSE exceeds :data:`SCREEN_FACTOR` x it."""
     return bool(np.all(np.abs(err) > tolerance)) or bool(np.sqrt(np.mean(err**2)) > SCREEN_FACTOR * tolerance)
+
+
+# ------------------------------------------------------------------------------------- one design's forecast
+@dataclass(frozen=True)
+class _Simulation:
+    """One design's sampled ranks over every replicate (``repeats`` x ``n_users``) and the pairs they cost."""
+
+    sampled: torch.Tensor  # sampled ranks (popularity designs: the exact ranks, drawn per replicate later)
+    sizes: torch.Tensor | None  # adaptive: each positive's final m
+    done: torch.Tensor | None  # exact_at_cap: the exact ranks of the positives still first at the cap, 0 elsewhere
+    mean_samples: float
+    completion_pairs: float
+    pairs_se: float
+
+    @property
+    def pairs(self) -> float:
+        return 1.0 + self.mean_samples + self.completion_pairs
+
+
+def _simulate(design: SamplingDesign, draws: _Draws, gen: torch.Generator) -> _Simulation:
+    """The design's draws from the shared exact ranks (fixed m: :func:`~reco_sampled_plugin.simulate.
+    simulate_sampled_ranks`; adaptive: :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks_from_exact`,
+    the same draws with or without completion, which draws nothing) and their cost in pairs per user."""
+    from .adaptive import adaptive_sampled_ranks_from_exact
+    from .simulate import simulate_sampled_ranks
+
+    m, exact, n_t = design.n_samples, draws.exact, draws.n_t
+    done = sizes = None
+    if design.popularity is not None:  # simulated in the replicates (each a popularity draw of the world)
+        sampled = exact
+    elif design.adaptive_max is None:
+        sampled = simulate_sampled_ranks(exact, n_t, m, design.law, gen)
+    else:
+        res = adaptive_sampled_ranks_from_exact(exact, n_t, design, generator=gen)
+        sampled, sizes, done = res.ranks, res.n_samples, res.exact_ranks
+    mean_samples = float(m) if sizes is None else float(sizes.double().mean())
+    # completion: each positive still first at the cap scores its n - 1 irrelevant candidates
+    extra = None if done is None else (done > 0).double() * (n_t.double() - 1.0)
+    completion_pairs = 0.0 if extra is None else float(extra.mean())
+    # the pairs' Monte Carlo se: the spread of each simulated positive's pairs over repeats x n_users
+    per = None if sizes is None else sizes.double() + (0.0 if extra is None else extra)
+    pairs_se = 0.0 if per is None else float(per.std() / math.sqrt(per.numel()))
+    return _Simulation(sampled, sizes, done, mean_samples, completion_pairs, pairs_se)
+
+
+def _design_method(design: SamplingDesign, sim: _Simulation, s: _Settings, n_t: torch.Tensor) -> registry.Method:
+    """The estimator run on the design: the plan's method, ``auto`` resolved as estimate() resolves it (on the
+    first replicate), with the options given of it that the run takes; methods that fit a distribution run with
+    ``n_bootstrap=0`` (the slow bootstrap skipped)."""
+    from ._rank_hist import as_histogram
+    from .estimators import auto_method
+
+    run = s.method.name
+    if registry.get(run).family == "auto":
+        if design.popularity is not None:
+            run = registry.popularity_auto(s.spec, design)
+        else:
+            first = as_histogram(sim.sampled[0], n_t, design.n_samples if sim.sizes is None else sim.sizes[0])
+            run = auto_method(s.spec, first, design.adaptive)[0]
+    run_cls = registry.method_class(run)
+    takes = run_cls.entry.option_names + registry.COMMON_OPTIONS
+    opts: dict[str, Any] = {k: v for k, v in s.method.given().items() if k in takes}
+    if run_cls.entry.fits_distribution:
+        opts["n_bootstrap"] = 0
+    return run_cls(**opts)
+
+
+class _Replicates:
+    """A design's estimates, replicate by replicate (:meth:`fill`), against the shared exact ranks: a popularity
+    draw of the world each; or a rank-distribution estimator's replicates fitted together (one likelihood, one
+    batched solve; ``exact_at_cap``: one histogram each); or one estimator run each (vectorised over users)."""
+
+    def __init__(self, design: SamplingDesign, sim: _Simulation, run: registry.Method, s: _Settings,
+                 shape: _DefaultShape | _PilotShape | PopularityWorld, draws: _Draws, gen: torch.Generator,
+                 tick: Callable[[int], None]) -> None:
+        self.design, self.sim, self.run, self.s = design, sim, run, s
+        self.shape, self.draws, self.gen, self.tick = shape, draws, gen, tick
+        self.est = np.empty(s.repeats)
+        self.width = np.full(s.repeats, math.nan)  # popularity designs: each replicate's 95% interval width
+        entry = registry.get(run.name)
+        # a rank-distribution estimator's value is its fit's (the population's or the users'), as estimate() gives it
+        self.batched = entry.family == "rank_distribution"
+        self.fit_target: str = entry.fitter_object().target if self.batched else "population"
+        self._joint: Any = None  # the design's repeats prepared once (first use): rank_distribution.ReplicateFits
+
+    def fill(self, js: range) -> None:
+        """Fill ``est[j]`` (and ``width[j]``) for j in ``js``."""
+        if self.design.popularity is not None:
+            self._popularity(js)
+        elif self.batched and self.sim.done is None and _JOINT_FITS:  # every repeat on one likelihood
+            self._joint_fits(js)
+        elif self.batched:  # the repeats' fits share one likelihood when their pooled groups agree
+            self._histogram_fits(js)
+        else:
+            self._runs(js)
+
+    def _sizes(self, j: int | None = None) -> Any:
+        m, sizes = self.design.n_samples, self.sim.sizes
+        return m if sizes is None else (sizes if j is None else sizes[j])
+
+    def _popularity(self, js: range) -> None:
+        from .estimators import estimate
+
+        assert isinstance(self.shape, PopularityWorld)
+        for j in js:  # a popularity draw of the world per replicate, estimated as a real one
+            drawn = self.shape.sampled(self.draws.exact_np[j], self.design.popularity, self.design.n_samples,
+                                       _world_seed(self.s.seed, j), self.gen)
+            e = estimate(self.s.spec, drawn, self.run)
+            lo, hi = e.interval(0.95)
+            self.est[j], self.width[j] = e.value, hi - lo
+            self.tick(1)
+
+    def _joint_fits(self, js: range) -> None:
+        from .rank_distribution import ReplicateFits
+
+        if self._joint is None:
+            self._joint = ReplicateFits(self.sim.sampled, self.draws.n_t, self._sizes(), self.run.name,
+                                        sampling=self.design.law)
+        for j, dist in zip(js, self._joint.fit(js)):
+            self.est[j] = dist.values([self.s.spec], target=self.fit_target)[0]  # the spread is over replicates
+        self.tick(len(js))
+
+    def _histogram_fits(self, js: range) -> None:
+        from ._rank_hist import as_histogram, sampled_rank_histogram
+        from .rank_distribution import estimate_rank_distributions
+
+        sampled, n_t, done = self.sim.sampled, self.draws.n_t, self.sim.done
+        hists = [as_histogram(sampled[j], n_t, self._sizes(j)) if done is None
+                 else sampled_rank_histogram(sampled[j], n_t, self._sizes(j), exact_ranks=done[j]) for j in js]
+        for j, dist in zip(js, estimate_rank_distributions(hists, self.run.name, sampling=self.design.law)):
+            self.est[j] = dist.values([self.s.spec], target=self.fit_target)[0]  # the spread is over replicates
+        self.tick(len(js))
+
+    def _runs(self, js: range) -> None:
+        from .estimators import estimate
+
+        m, cap = self.design.n_samples, self.design.adaptive_max
+        # the estimator reads the sampled ranks: an adaptive design's completion changes no r~
+        drawn_as = (SamplingDesign(m, replacement=self.design.replacement) if cap is None
+                    else SamplingDesign(m, adaptive_max=cap))
+        for j in js:
+            drawn = SampledRanks.from_arrays(self.sim.sampled[j], self.draws.n_t, self._sizes(j), drawn_as)
+            self.est[j] = estimate(self.s.spec, drawn, self.run).value
+            self.tick(1)
+
+
+def _error_fields(err: np.ndarray, truth: float) -> dict[str, Any]:
+    """rel_bias, rel_sd, rel_error and rel_error_se of the errors ``err`` (estimate - each set's exact metric)
+    relative to the truth T (infinite relative errors where T = 0 and an error is not)."""
+    bias = float(err.mean())
+    sd = float(err.std(ddof=1))
+    mse = bias**2 + sd**2
+    # delta method on mean(e^2): se(rmse) = sd(e^2) / sqrt(R) / (2 rmse)
+    se_rmse = float(np.std(err**2, ddof=1) / math.sqrt(len(err)) / (2.0 * math.sqrt(mse))) if mse > 0 else 0.0
+    scale = abs(truth)
+    rel = (lambda v: v / scale) if scale > 0 else (lambda v: math.inf if v != 0 else 0.0)
+    return {"rel_bias": rel(bias), "rel_sd": rel(sd), "rel_error": rel(math.sqrt(mse)), "rel_error_se": rel(se_rmse)}
+
+
+class _Pruning:
+    """The pairs per user of the cheapest design found so far to meet the target below full ranking (pruning:
+    ``forecast_all=False``): a design that scores more cannot be the pick. Shared by the designs' threads."""
+
+    def __init__(self) -> None:
+        self.limit = math.inf
+        self._lock = threading.Lock()
+
+    def excludes(self, pairs: float) -> bool:
+        return pairs > self.limit
+
+    def found(self, pairs: float) -> None:
+        with self._lock:
+            self.limit = min(self.limit, pairs)
+
+
+@dataclass(frozen=True)
+class _PlanRun:
+    """What every design's forecast shares: the settings, the shape, its exact ranks, the progress bar's tick and
+    the pruning limit."""
+
+    s: _Settings
+    shape: _DefaultShape | _PilotShape | PopularityWorld
+    draws: _Draws
+    tick: Callable[[int], None]
+    pruning: _Pruning
+
+
+def _forecast_design(run: _PlanRun, d: int, design: SamplingDesign) -> DesignForecast:
+    """Design ``d``'s Monte Carlo forecast: its own generator, the shared exact ranks, so independent of the order
+    (and thread) in which the designs run. Screening: the first :data:`SCREEN_REPEATS` replicates, the rest only
+    if they do not settle it; pruned (its cost alone) when a cheaper design meets the target already."""
+    s, draws, repeats = run.s, run.draws, run.s.repeats
+    gen = torch.Generator().manual_seed(s.seed * 1_000_003 + 7919 * (d + 1))
+    sim = _simulate(design, draws, gen)
+    method = _design_method(design, sim, s, draws.n_t)
+    popular, power = design.popularity is not None, None
+    if popular:  # a popularity pilot's world (_check_design's rule): the weights' power of the pilot's
+        assert isinstance(run.shape, PopularityWorld)
+        power = _popularity_power(design.popularity, run.shape.weights)
+    costs: dict[str, Any] = dict(
+        n_samples=design.n_samples, adaptive_max=design.adaptive_max, mean_samples=sim.mean_samples,
+        resolution=(draws.n_mean - 1.0) / (design.cap + 1.0) + 1.0, replacement=design.replacement,
+        pairs_se=sim.pairs_se, scoring_seconds=_scoring_seconds(sim.pairs, s.n_users, s.seconds_per_pair),
+        exact_at_cap=design.exact_at_cap, completion_pairs=sim.completion_pairs, method=method.name,
+        popularity_power=power, popularity=design.popularity)
+    pruned = _pruned_forecast(DesignForecast(rel_bias=math.nan, rel_sd=math.nan, rel_error=math.nan,
+                                             meets_target=False, **costs))
+    if run.pruning.excludes(sim.pairs):  # a cheaper design meets the target already: this one cannot be the pick
+        run.tick(repeats)
+        return pruned
+    reps = _Replicates(design, sim, method, s, run.shape, draws, gen, run.tick)
+    used = min(repeats, SCREEN_REPEATS) if s.execution.screen else repeats
+    reps.fill(range(used))
+    screened = used < repeats and draws.truth != 0 and _screens(reps.est[:used] - draws.truths[:used],
+                                                                s.target * abs(draws.truth))
+    if screened:  # the first replicates miss the target (all of them, or by 2.5x in RMSE): the rest not fitted
+        run.tick(repeats - used)
+    elif used < repeats:
+        if run.pruning.excludes(sim.pairs):
+            run.tick(repeats - used)
+            return pruned
+        reps.fill(range(used, repeats))
+        used = repeats
+    errors = _error_fields(reps.est[:used] - draws.truths[:used], draws.truth)
+    meets = bool(errors["rel_error"] <= s.target)
+    if meets and sim.pairs < draws.n_mean and not s.execution.forecast_all:
+        run.pruning.found(sim.pairs)  # designs costlier than this one need not be forecast
+    truths = draws.truths[:used]
+    rel_width = (float(np.median(reps.width[:used] / np.abs(truths))) if popular and np.all(truths != 0)
+                 else math.nan)
+    return DesignForecast(meets_target=meets, repeats=used, screened=screened, rel_width=rel_width, **errors, **costs)
+
+
+def _forecast_designs(designs: Sequence[SamplingDesign], s: _Settings,
+                      shape: _DefaultShape | _PilotShape | PopularityWorld, draws: _Draws,
+                      progress: bool | None) -> list[DesignForecast]:
+    """Every design's forecast (in design order), ``workers`` at a time, with a progress bar over the fits;
+    cheapest first when pruning (``forecast_all=False``)."""
+    from ._progress import progress_bar
+
+    workers = _check_workers(s.execution.workers, len(designs))
+    bar = progress_bar(total=len(designs) * s.repeats, desc=f"plan {s.spec}: {s.method.name} fits", enabled=progress,
+                       unit="fit")
+    bar_lock = threading.Lock()  # designs may run on several threads
+
+    def tick(k: int) -> None:
+        with bar_lock:
+            bar.update(k)
+
+    run = _PlanRun(s, shape, draws, tick, _Pruning())
+    order = None if s.execution.forecast_all else _cheapest_first(designs, draws.exact, draws.n_t)
+    try:
+        return _map_designs(lambda d: _forecast_design(run, d, designs[d]), designs, workers, order)
+    finally:
+        bar.close()
+
+
+def _recommend(forecasts: list[DesignForecast], n_mean: float,
+               forecast_all: bool) -> tuple[list[DesignForecast], DesignForecast | None]:
+    """(the table's forecasts, the pick): the cheapest design in scored pairs (and so in predicted time: the same
+    seconds per pair for every design) meeting the target below full ranking's n pairs per user, or None. Without
+    ``forecast_all`` every design costlier than the pick is reported as pruned, whatever the threads ran."""
+    ok = [f for f in forecasts if f.meets_target and f.pairs < n_mean]
+    recommended = min(ok, key=lambda f: f.pairs) if ok else None
+    if not forecast_all:
+        limit = math.inf if recommended is None else recommended.pairs
+        forecasts = [f if f.pairs <= limit else _pruned_forecast(f) for f in forecasts]
+    return forecasts, recommended
 
 
 def plan(
@@ -856,9 +1256,7 @@ def plan(
     seed: int = 0,
     progress: bool | None = None,
     seconds_per_pair: float | None = None,
-    screen: bool = True,
-    workers: int | None = None,
-    forecast_all: bool = False,
+    execution: PlanExecution = PlanExecution(),
 ) -> Plan:
     """Forecast the accuracy and cost of sampled evaluation designs, and recommend the cheapest that meets a target.
 
@@ -895,21 +1293,11 @@ def plan(
             ``cost.scorer_seconds / cost.pairs``): each design's and full ranking's predicted scoring time for the
             ``n_users`` users is pairs x n_users x seconds_per_pair (``DesignForecast.scoring_seconds``,
             ``Plan.full_scoring_seconds``). None: measured on a scorer-loop pilot when there is one, else no times.
-        screen: run each design's first :data:`SCREEN_REPEATS` replicates, and stop there when every one of them
-            misses the target or their relative RMSE exceeds :data:`SCREEN_FACTOR` x the target
-            (``DesignForecast.screened``; the table says so): the designs far from the target
-            (fixed m with an unresolved top, typically) cost a quarter of their fits. False: every design runs
-            ``repeats`` replicates (as for checking forecasts against simulation).
-        workers: threads that forecast designs side by side (each design on one thread; the same plan, bit for bit,
-            whatever the number). None: :data:`DEFAULT_WORKERS` (2), at most the CPUs this process may use and one
-            per design (one where threadpoolctl, which holds BLAS to one thread per design, is not installed); 1:
-            one after the other.
-        forecast_all: forecast every design. False (the default): designs start cheapest first (in scored pairs
-            per user), and a design that scores more pairs than one already found to meet the target is not
-            forecast (``DesignForecast.pruned``: it cannot be the pick); the recommendation and every forecast of a
-            design up to the pick's cost are those of ``forecast_all=True``, bit for bit, and the designs costlier
-            than the pick are reported as pruned whether or not they ran (so the table is the same whatever the
-            threads). True: every design's error is forecast (tables for comparison, checks against simulation).
+        execution: how the plan spends its own CPU time (:class:`PlanExecution`): screening far designs after
+            their first :data:`SCREEN_REPEATS` replicates (``screen``, default on), forecasting only the designs
+            that can be the pick (``forecast_all``, default off) and the threads (``workers``, default
+            :data:`DEFAULT_WORKERS`); the recommendation is the same whatever they are (screening aside, which
+            settles far designs from their first replicates).
 
     Returns:
         a :class:`Plan` (``print(plan(...).format())`` for a table).
@@ -920,234 +1308,38 @@ def plan(
             the pilot's classes, or drawn without replacement), a popularity pilot without class counts (a rank
             file's) or with an ``n_items`` other than its catalogue, a pilot that is not SampledRanks with a design,
             adaptive pilot sizes that do not fit the design, no candidate design, or a ``seconds_per_pair`` that is
-            not a finite number > 0, or ``workers`` not an int >= 1.
+            not a finite number > 0, or an ``execution`` that is not a PlanExecution.
 
-    Each design's fits run on one torch (and BLAS) thread, restored afterwards (:func:`_one_thread`); ``workers``
-    designs at a time.
+    Each design's fits run on one torch (and BLAS) thread, restored afterwards (:func:`_one_thread`);
+    ``execution.workers`` designs at a time.
     """
-    if workers is not None:
-        check_int(workers, "workers", minimum=1)
     with _one_thread():
         return _plan(n_items, n_users, metric, target_rel_error, pilot=pilot, designs=designs, method=method,
                      repeats=repeats, seed=seed, progress=progress, seconds_per_pair=seconds_per_pair,
-                     screen=check_bool(screen, "screen"), workers=workers,
-                     forecast_all=check_bool(forecast_all, "forecast_all"))
+                     execution=execution)
 
 
-def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error: Any, *, pilot: Any,
-          designs: Any, method: str | registry.Method, repeats: Any, seed: Any,
-          progress: bool | None = None, seconds_per_pair: float | None = None, screen: bool = True,
-          workers: int | None = None, forecast_all: bool = False) -> Plan:
+def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error: Any, *, pilot: Any, designs: Any,
+          method: Any, repeats: Any, seed: Any, progress: bool | None, seconds_per_pair: Any, execution: Any) -> Plan:
+    """:func:`plan`'s steps: the settings checked once, the shape, the candidate designs, the shared exact ranks,
+    every design's forecast, the pick."""
     import time
 
-    from ._progress import progress_bar
-    from .estimators import estimate
-    from .metrics import metric_values
-    from .simulate import simulate_sampled_ranks
-    from .adaptive import adaptive_sampled_ranks_from_exact
-
     t_start = time.perf_counter()
-    n_u, n_keep, n_users, target, repeats = _check_inputs(n_items, n_users, target_rel_error, repeats)
-    spec = parse_metric(metric)
-    method_obj = registry.as_method(method)  # an unknown method: the registry's ValueError naming ``method``
-    method = method_obj.name
-    n_min = int(n_u.min())
-    if spec.k is not None and spec.k > n_min:
-        raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {n_min})")
-    seed = check_int(seed, "seed", minimum=0)
-    pilot_cost = None
-    world = None
-    shape: _DefaultShape | _PilotShape | PopularityWorld
-    if isinstance(pilot, SampledRanks) and pilot.design is not None and pilot.design.law == "popularity":
-        world, n_u, n_keep = _popularity_pilot(pilot, n_items, n_users, seed)
-        n_min = int(n_u.min())
-        if spec.k is not None and spec.k > n_min:
-            raise ValueError(f"metric: cut-off K = {spec.k} is larger than a pilot user's candidates ({n_min})")
-        pilot_cost, shape = pilot.cost, world
-    elif pilot is not None:
-        shape = _pilot_shape(*_unpack_pilot(pilot), spec)
-        pilot_cost = pilot.cost
-    else:
-        shape = _DefaultShape()
-    spp, spp_source = _seconds_per_pair(seconds_per_pair, pilot_cost)
-    if designs is None:
-        checked: list[tuple[int, int | None, bool, bool, _Popularity | None]] = [
-            (d.n_samples, d.adaptive_max, True, False, None) for d in default_designs(n_min, method)]
-        if world is not None:  # the pilot's own law at the default fixed m, before the uniform grid
-            own = world.pilot_design
-            checked = [_check_design(SamplingDesign(m, popularity=own.popularity), n_min, method, world)
-                       for m in DEFAULT_FIXED_M if m < n_min - 1] + checked
-    else:
-        checked = [_check_design(d, n_min, method, world) for d in designs]
-    todo = [c[:4] for c in checked]
-    popular = [c[4] for c in checked]
-    if not todo:
-        raise ValueError(f"designs: no candidate design below full ranking for n_items = {n_min}")
-    workers = _check_workers(workers, len(todo))
-
-    rng = np.random.default_rng(seed)
-    exact_np = shape.draw(n_u, repeats, rng)  # (repeats, n_users), shared by every design
-    exact = torch.from_numpy(exact_np)
-    n_t = torch.from_numpy(n_u)
-    truths = metric_values(spec, exact, n_t).mean(dim=1).numpy()  # each set's exact metric
-    truth = float(truths.mean())
-    from ._rank_hist import as_histogram, sampled_rank_histogram
-    from .estimators import auto_method
-    from .rank_distribution import ReplicateFits, estimate_rank_distributions
-    n_mean = float(n_u.mean())
-    bar = progress_bar(total=len(todo) * repeats, desc=f"plan {spec}: {method} fits", enabled=progress, unit="fit")
-    bar_lock = threading.Lock()  # designs may run on several threads (``workers``)
-
-    def tick(k: int = 1) -> None:
-        with bar_lock:
-            bar.update(k)
-
-    def forecast(d: int) -> DesignForecast:
-        """Design ``d``'s Monte Carlo forecast: its own generator, the shared exact ranks, so independent of the
-        order (and thread) in which the designs run."""
-        m, cap, replacement, complete = todo[d]
-        pop = popular[d]
-        gen = torch.Generator().manual_seed(seed * 1_000_003 + 7919 * (d + 1))
-        law = "binomial" if replacement else "hypergeometric"
-        done = None  # exact_at_cap: the exact ranks of the positives still first at the cap, 0 elsewhere
-        sizes: Any = None
-        if pop is not None:  # simulated in the replicates below (each a popularity draw of the world)
-            sampled = exact  # not read
-        elif cap is None:
-            sampled = simulate_sampled_ranks(exact, n_t, m, law, gen)
-        else:  # the same draws with or without completion (it draws nothing)
-            res = adaptive_sampled_ranks_from_exact(
-                exact, n_t, SamplingDesign(m, adaptive_max=cap, exact_at_cap=complete), generator=gen)
-            sampled, sizes, done = res.ranks, res.n_samples, res.exact_ranks
-        mean_samples = float(m) if sizes is None else float(sizes.double().mean())
-        # completion: each positive still first at the cap scores its n - 1 irrelevant candidates
-        extra = None if done is None else (done > 0).double() * (n_t.double() - 1.0)
-        completion_pairs = 0.0 if extra is None else float(extra.mean())
-        # the pairs' Monte Carlo se: the spread of each simulated positive's pairs over repeats x n_users
-        per = None if sizes is None else sizes.double() + (0.0 if extra is None else extra)
-        pairs_se = 0.0 if per is None else float(per.std() / math.sqrt(per.numel()))
-        pairs = 1.0 + mean_samples + completion_pairs
-        est = np.empty(repeats)
-        width = np.full(repeats, math.nan)  # popularity designs: each replicate's 95% interval width
-        run = method  # ``auto``: its choice for this design and metric, as estimate() makes it (first replicate)
-        if pop is not None and registry.get(method).family == "auto":
-            run = registry.popularity_auto(spec, SamplingDesign(m, popularity=pop[0]))
-        elif registry.get(method).family == "auto":
-            first = as_histogram(sampled[0], n_t, m if cap is None else sizes[0])
-            run = auto_method(spec, first, AdaptiveDesign(m, cap) if cap is not None else None)[0]
-        # the options given of the method (those the run takes); methods that fit a distribution take n_bootstrap=0,
-        # which skips the slow bootstrap
-        run_cls = registry.method_class(run)
-        takes = run_cls.entry.option_names + registry.COMMON_OPTIONS
-        opts: dict[str, Any] = {k: v for k, v in method_obj.given().items() if k in takes}
-        if run_cls.entry.fits_distribution:
-            opts["n_bootstrap"] = 0
-        run_method = run_cls(**opts)
-        # a rank-distribution estimator's value is its fit's (the population's or the users'), as estimate() gives
-        # it: the repeats of a design are fitted together
-        batched = registry.get(run).family == "rank_distribution"
-        fit_target: str = registry.get(run).fitter_object().target if batched else "population"
-
-        joint: list[ReplicateFits] = []  # the design's repeats prepared once (first use)
-
-        def replicates(js: range) -> None:
-            """Fill est[j] for j in ``js``: one batched fit of their histograms, or one estimator run each."""
-            if pop is not None:  # a popularity draw of the world per replicate, estimated as a real one
-                assert isinstance(shape, PopularityWorld)
-                for j in js:
-                    drawn = shape.sampled(exact_np[j], pop[0], m, _world_seed(seed, j), gen)
-                    e = estimate(spec, drawn, run_method)
-                    lo, hi = e.interval(0.95)
-                    est[j], width[j] = e.value, hi - lo
-                    tick()
-                return
-            if batched and done is None and _JOINT_FITS:  # every repeat on one likelihood, one batched solve
-                if not joint:
-                    joint.append(ReplicateFits(sampled, n_t, m if cap is None else sizes, run, sampling=law))
-                for j, dist in zip(js, joint[0].fit(js)):
-                    est[j] = dist.values([spec], target=fit_target)[0]  # the value alone: the spread is over replicates
-                tick(len(js))
-                return
-            if batched:  # the repeats' fits share one likelihood when their pooled groups agree
-                hists = [as_histogram(sampled[j], n_t, m if cap is None else sizes[j]) if done is None
-                         else sampled_rank_histogram(sampled[j], n_t, sizes[j], exact_ranks=done[j]) for j in js]
-                for j, dist in zip(js, estimate_rank_distributions(hists, run, sampling=law)):
-                    est[j] = dist.values([spec], target=fit_target)[0]  # the value alone: the spread is over replicates
-                tick(len(js))
-                return
-            for j in js:  # one estimator run per replicate (vectorised over users inside)
-                if cap is None:
-                    drawn_j = SampledRanks.from_arrays(sampled[j], n_t, m, SamplingDesign(m, replacement=replacement))
-                else:  # the estimator reads the sampled ranks (completion changes no r~)
-                    drawn_j = SampledRanks.from_arrays(sampled[j], n_t, sizes[j], SamplingDesign(m, adaptive_max=cap))
-                est[j] = estimate(spec, drawn_j, run_method).value
-                tick()
-
-        top = m if cap is None else cap
-        costs: dict[str, Any] = dict(
-            n_samples=int(m), adaptive_max=None if cap is None else int(cap), mean_samples=mean_samples,
-            resolution=(n_mean - 1.0) / (top + 1.0) + 1.0, replacement=replacement, pairs_se=pairs_se,
-            scoring_seconds=_scoring_seconds(pairs, n_users, spp), exact_at_cap=bool(complete),
-            completion_pairs=completion_pairs, method=run,
-            popularity_power=None if pop is None else pop[1], popularity=None if pop is None else pop[0])
-        def pruned() -> DesignForecast:
-            return _pruned_forecast(DesignForecast(rel_bias=math.nan, rel_sd=math.nan, rel_error=math.nan,
-                                                   meets_target=False, **costs))
-
-        if pairs > cheapest_meeting[0]:  # a cheaper design meets the target already: this one cannot be the pick
-            tick(repeats)
-            return pruned()
-        used = min(repeats, SCREEN_REPEATS) if screen else repeats
-        replicates(range(used))
-        screened = used < repeats and truth != 0 and _screens(est[:used] - truths[:used], target * abs(truth))
-        if screened:  # the first replicates miss the target (all of them, or by 2.5x in RMSE): settled, the rest not fitted
-            tick(repeats - used)
-        elif used < repeats:
-            if pairs > cheapest_meeting[0]:
-                tick(repeats - used)
-                return pruned()
-            replicates(range(used, repeats))
-            used = repeats
-        est, truths_used = est[:used], truths[:used]
-        err = est - truths_used
-        bias = float(err.mean())
-        sd = float(err.std(ddof=1))
-        mse = bias**2 + sd**2
-        # delta method on mean(e^2): se(rmse) = sd(e^2) / sqrt(R) / (2 rmse)
-        se_rmse = float(np.std(err**2, ddof=1) / math.sqrt(used) / (2.0 * math.sqrt(mse))) if mse > 0 else 0.0
-        scale = abs(truth)
-        rel = (lambda v: v / scale) if scale > 0 else (lambda v: math.inf if v != 0 else 0.0)
-        rel_error = rel(math.sqrt(mse))
-        meets = bool(rel_error <= target)
-        if meets and pairs < n_mean and not forecast_all:
-            with bar_lock:  # designs costlier than this one need not be forecast
-                cheapest_meeting[0] = min(cheapest_meeting[0], pairs)
-        return DesignForecast(rel_bias=rel(bias), rel_sd=rel(sd), rel_error=rel_error, meets_target=meets,
-                              rel_error_se=rel(se_rmse), repeats=used, screened=screened,
-                              rel_width=float(np.median(width[:used] / np.abs(truths[:used])))
-                              if pop is not None and np.all(truths[:used] != 0) else math.nan, **costs)
-
-    # pruning (forecast_all=False): the pairs per user of the cheapest design found to meet the target so far
-    cheapest_meeting = [math.inf]
-    order = None if forecast_all else _cheapest_first(todo, exact, n_t)
-    try:
-        forecasts = _map_designs(forecast, todo, workers, order)
-    finally:
-        bar.close()
-    # the cheapest in scored pairs (and so in predicted time: the same seconds per pair for every design) below
-    # full ranking's n pairs per user
-    ok = [f for f in forecasts if f.meets_target and f.pairs < n_mean]
-    recommended = min(ok, key=lambda f: f.pairs) if ok else None
-    if not forecast_all:  # the same table whatever the threads ran: every design costlier than the pick is pruned
-        limit = math.inf if recommended is None else recommended.pairs
-        forecasts = [f if f.pairs <= limit else _pruned_forecast(f) for f in forecasts]
-    logger.debug("plan %s: %d design(s) forecast with %d repeats in %.1f s; recommended: %s", spec, len(forecasts),
-                 repeats, time.perf_counter() - t_start, "full ranking (no design meets the target)" if recommended is
-                 None else f"m = {recommended.n_samples}, adaptive cap {recommended.adaptive_max}")
+    s = _check_settings(n_items, n_users, metric, target_rel_error, method, repeats, seed, execution)
+    shape, s = _choose_shape(pilot, n_items, seconds_per_pair, s)
+    world = shape if isinstance(shape, PopularityWorld) else None
+    designs = _candidate_designs(designs, s, world)
+    draws = _draw_exact(shape, s)
+    forecasts, recommended = _recommend(_forecast_designs(designs, s, shape, draws, progress), draws.n_mean,
+                                        s.execution.forecast_all)
+    logger.debug("plan %s: %d design(s) forecast with %d repeats in %.1f s; recommended: %s", s.spec, len(forecasts),
+                 s.repeats, time.perf_counter() - t_start, "full ranking (no design meets the target)" if recommended
+                 is None else f"m = {recommended.n_samples}, adaptive cap {recommended.adaptive_max}")
     return Plan(
-        metric=str(spec), n_items=n_keep, n_users=n_users, target=target, shape_source=shape.source, truth=truth,
-        forecasts=tuple(forecasts), recommended=recommended, method=method, repeats=repeats, seed=seed,
-        seconds=time.perf_counter() - t_start, seconds_per_pair=spp, seconds_per_pair_source=spp_source,
-        notes=_pilot_notes(shape, spec, int(n_u.max())) if world is None else world.notes(),
+        metric=str(s.spec), n_items=s.n_keep, n_users=s.n_users, target=s.target, shape_source=shape.source,
+        truth=draws.truth, forecasts=tuple(forecasts), recommended=recommended, method=s.method.name,
+        repeats=s.repeats, seed=s.seed, seconds=time.perf_counter() - t_start, seconds_per_pair=s.seconds_per_pair,
+        seconds_per_pair_source=s.seconds_per_pair_source,
+        notes=_pilot_notes(shape, s.spec, int(s.n_u.max())) if world is None else world.notes(),
     )
-

@@ -265,8 +265,10 @@ def sampled_ranks_from_scorer(
     stages = 1
     sizes = exact = None
     if adaptive:
-        ranks, sizes, stages = adaptive_stages(calls, positives, exclude, pos, exc, user_ids, pos_scores, ranks, design,
-                                               n, ties, generator, device)
+        given_as = positives if isinstance(positives, torch.Tensor) else torch.as_tensor(positives)
+        from_mask = given_as.dtype == torch.bool
+        ranks, sizes, stages = adaptive_stages(calls, pos, exc, user_ids, pos_scores, ranks, design, n, ties, generator,
+                                               from_mask=from_mask)
         neg_out = None
         if design.exact_at_cap:
             need = completion_targets(ranks, sizes, design)
@@ -316,29 +318,30 @@ def complete_from_scorer(calls: ScorerCalls, need: torch.Tensor, pos: torch.Tens
     return complete_at_cap(need, pos, exc, n, ties, generator, row_scores)
 
 
-def adaptive_stages(calls: ScorerCalls, positives: Any, exclude: Any, pos: torch.Tensor, exc: torch.Tensor | Exclusions | None,
-                    user_ids: torch.Tensor, pos_scores: torch.Tensor, ranks: torch.Tensor, design: SamplingDesign, n: int,
-                    ties: str, generator: torch.Generator | None,
-                    device: torch.device) -> tuple[torch.Tensor, torch.Tensor, int]:
+def adaptive_stages(calls: ScorerCalls, pos: torch.Tensor, exc: torch.Tensor | Exclusions | None,
+                    user_ids: torch.Tensor, pos_scores: torch.Tensor, ranks: torch.Tensor, design: SamplingDesign,
+                    n: int, ties: str, generator: torch.Generator | None, *,
+                    from_mask: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The adaptive stages of :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks` after the first, scoring
     only the positives still ranked first: the rows that need a stage taken from the prepared positives and
     exclusions (``Exclusions.select``: nothing re-validated or re-sorted), shaped as the score-matrix path shapes
     them (so the draws' shapes and random numbers are the same). Also the later stages of a first stage drawn
     elsewhere (RecBole's ``uniN``: ``adapters._recbole_stages``).
 
-    Args: ``calls`` the scorer's :class:`ScorerCalls`; ``positives`` / ``exclude`` the caller's forms (only whether
-    the positives came as a mask is read) and ``pos`` / ``exc`` their validated padded (B, P) positives and
+    Args: ``calls`` the scorer's :class:`ScorerCalls`; ``pos`` / ``exc`` the validated padded (B, P) positives and
     exclusions (an :class:`~reco_sampled_plugin.exclusions.Exclusions` or padded (B, E) indices:
-    :func:`~reco_sampled_plugin.ranking.prepare_sampling_index`); ``user_ids``
+    :func:`~reco_sampled_plugin.ranking.prepare_sampling_index`), on the device the stages draw on; ``user_ids``
     (B,) handed to the scorer; ``pos_scores`` (B, P) float64 and ``ranks`` (B, P) int64 of the first stage (0 in
-    padded slots); ``design`` adaptive; ``n`` the catalogue size; ``ties`` a core tie policy.
+    padded slots); ``design`` adaptive; ``n`` the catalogue size; ``ties`` a core tie policy; ``from_mask``: the
+    caller gave the positives as a (B, n) bool mask (a stage then trims its rows to their longest, as the mask's
+    own preparation would).
 
     Returns: (ranks (B, P), final m per positive (B, P) int64, stages run including the first).
     """
     m0, cap = design.n_samples, design.cap
     valid = ranks > 0
     sizes = torch.where(valid, torch.full_like(ranks, m0, dtype=torch.int64), torch.zeros_like(ranks, dtype=torch.int64))
-    from_mask = (positives if isinstance(positives, torch.Tensor) else torch.as_tensor(positives)).dtype == torch.bool
+    device = pos.device
     exc = as_exclusions(exc, n, pos.shape[0])
     m_cur, stages = m0, 1
     while m_cur * 2 <= cap:

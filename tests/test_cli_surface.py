@@ -57,7 +57,7 @@ def _python_names() -> dict[str, set[str]]:
     from reco_sampled_plugin.corrections import correction_table
     from reco_sampled_plugin.design import SamplingDesign
     from reco_sampled_plugin.estimators import estimate
-    from reco_sampled_plugin.planner import plan
+    from reco_sampled_plugin.planner import PlanExecution, plan
     from reco_sampled_plugin.rank_files import read_ncf, read_rank_file
     from reco_sampled_plugin.report import write_report
     from reco_sampled_plugin.reproduce import ReproduceConfig, run_reproduce
@@ -68,7 +68,7 @@ def _python_names() -> dict[str, set[str]]:
         "reproduce": _params(ReproduceConfig, run_reproduce, write_report, SamplingDesign),
         "table": _params(correction_table),
         "estimate": _params(estimate, read_rank_file, read_ncf, SamplingDesign, cli.estimate_table),
-        "plan": _params(plan, SamplingDesign),
+        "plan": _params(plan, PlanExecution, SamplingDesign),
     }
 
 

@@ -14,7 +14,7 @@ from reco_sampled_plugin import SampledRanks, SamplingDesign, estimate, registry
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.metrics import metric_values
 from reco_sampled_plugin.cli import add_plan_parser, run_plan
-from reco_sampled_plugin.planner import DEFAULT_FAMILY, DesignForecast, Plan, default_designs, plan
+from reco_sampled_plugin.planner import DEFAULT_FAMILY, DesignForecast, Plan, PlanExecution, default_designs, plan
 from reco_sampled_plugin.simulate import simulate_sampled_ranks
 
 DESIGNS = [SamplingDesign(100), SamplingDesign(100, adaptive_max=3200)]
@@ -101,8 +101,8 @@ def test_prediction_matches_simulation(exact_rank_sets, dataset, model, metric):
     r, n_u = exact_rank_sets[(dataset, model)]
     gen = torch.Generator().manual_seed(2024)
     pilot = adaptive_sampled_ranks_from_exact(torch.from_numpy(r), torch.from_numpy(n_u), PILOT, generator=gen)
-    result = plan(n_u, len(n_u), metric, 0.1, pilot=pilot, designs=DESIGNS, repeats=REPEATS, seed=1, screen=False,
-                  forecast_all=True)
+    result = plan(n_u, len(n_u), metric, 0.1, pilot=pilot, designs=DESIGNS, repeats=REPEATS, seed=1,
+                  execution=PlanExecution(screen=False, forecast_all=True))
     assert result.shape_source.startswith("pilot")
     assert [f.design for f in result.forecasts] == DESIGNS
     misses = {}
@@ -124,7 +124,7 @@ def test_prediction_matches_simulation(exact_rank_sets, dataset, model, metric):
 def test_default_family_truth_and_source():
     n, users, repeats = 10_000, 2000, 10
     result = plan(n, users, "hit@10", 0.05, designs=[SamplingDesign(100), SamplingDesign(2000)], repeats=repeats,
-                  seed=3, forecast_all=True)
+                  seed=3, execution=PlanExecution(forecast_all=True))
     assert result.shape_source == DEFAULT_FAMILY
     harmonic = np.cumsum(1.0 / np.arange(1, n + 1))
     expected = 0.5 * harmonic[9] / harmonic[-1] + 0.5 * 10 / n  # HR@10 of the 50/50 mixture
@@ -176,12 +176,12 @@ def test_adaptive_cost_and_pilot_rescaling():
 def small_plan():
     return plan(5000, 1500, "ndcg@10", 0.10,
                 designs=[SamplingDesign(50), SamplingDesign(1000), SamplingDesign(100, adaptive_max=3200)], repeats=6,
-                seed=2, forecast_all=True)
+                seed=2, execution=PlanExecution(forecast_all=True))
 
 
 def _with_target(p: Plan, target: float, forecast_all: bool = True) -> Plan:
     return plan(p.n_items, p.n_users, p.metric, target, designs=[f.design for f in p.forecasts],
-                repeats=p.repeats, seed=p.seed, forecast_all=forecast_all)
+                repeats=p.repeats, seed=p.seed, execution=PlanExecution(forecast_all=forecast_all))
 
 
 def test_recommended_is_cheapest_meeting_target(small_plan):

@@ -13,7 +13,7 @@ import torch
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin import SamplingDesign, cli, sampled_ranks_from_scorer
-from reco_sampled_plugin.planner import plan
+from reco_sampled_plugin.planner import PlanExecution, plan
 from reco_sampled_plugin.rank_files import read_rank_file, write_rank_file
 
 
@@ -124,7 +124,7 @@ def timed_plan():
     designs = [SamplingDesign(50), SamplingDesign(500), SamplingDesign(100, adaptive_max=3200),
                SamplingDesign(100, adaptive_max=800)]
     return plan(20_000, 1200, "ndcg@10", 0.15, designs=designs, repeats=4, seed=3, seconds_per_pair=2.5e-5,
-                forecast_all=True)
+                execution=PlanExecution(forecast_all=True))
 
 
 def test_seconds_arithmetic(timed_plan):

@@ -15,7 +15,7 @@ from _profiles import examples
 
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.design import SamplingDesign
-from reco_sampled_plugin.planner import pilot_design, pilot_resolution, plan
+from reco_sampled_plugin.planner import PlanExecution, pilot_design, pilot_resolution, plan
 from reco_sampled_plugin.ranking import SampledRanks
 
 
@@ -100,15 +100,17 @@ def test_plan_notes_a_fixed_pilot():
 
 # ----------------------------------------------------------------------------------------------- screening
 def test_screening_settles_far_designs_and_leaves_the_others_unchanged():
-    """``screen=True``: a design whose first SCREEN_REPEATS replicates all miss the target stops there (reported
-    with those replicates, still missing the target); every other design's forecast is the unscreened one (the same
-    draws; its fits in two batches instead of one, equal up to the fits' tolerance), so the recommendation is the
-    same."""
+    """``PlanExecution(screen=True)``: a design whose first SCREEN_REPEATS replicates all miss the target stops
+    there (reported with those replicates, still missing the target); every other design's forecast is the
+    unscreened one (the same draws; its fits in two batches instead of one, equal up to the fits' tolerance), so the
+    recommendation is the same."""
     from reco_sampled_plugin.planner import SCREEN_REPEATS
 
     designs = [SamplingDesign(50), SamplingDesign(2000), SamplingDesign(100, adaptive_max=12_800)]
-    fast = plan(20_000, 3000, "hit@10", 0.05, designs=designs, repeats=12, seed=4, forecast_all=True)
-    full = plan(20_000, 3000, "hit@10", 0.05, designs=designs, repeats=12, seed=4, screen=False, forecast_all=True)
+    fast = plan(20_000, 3000, "hit@10", 0.05, designs=designs, repeats=12, seed=4,
+                execution=PlanExecution(forecast_all=True))
+    full = plan(20_000, 3000, "hit@10", 0.05, designs=designs, repeats=12, seed=4,
+                execution=PlanExecution(screen=False, forecast_all=True))
     by_label = {f.label: f for f in full.forecasts}
     screened = [f for f in fast.forecasts if f.screened]
     assert [f.label for f in screened] == ["m = 50"]  # b = 393 at K = 10: biased in every replicate
@@ -128,7 +130,8 @@ def test_screening_settles_far_designs_and_leaves_the_others_unchanged():
 
 def test_screen_option_checked():
     with pytest.raises(ValueError, match="^screen"):
-        plan(2000, 100, "hit@10", 0.1, designs=[SamplingDesign(50)], repeats=2, screen="no")  # type: ignore[arg-type]
+        plan(2000, 100, "hit@10", 0.1, designs=[SamplingDesign(50)], repeats=2,
+             execution=PlanExecution(screen="no"))  # type: ignore[arg-type]
 
 
 def test_screening_rules_on_known_errors():
@@ -180,19 +183,26 @@ def test_workers_give_the_same_plan_bit_for_bit():
     designs = [SamplingDesign(50), SamplingDesign(400), SamplingDesign(100, adaptive_max=1600),
                SamplingDesign(100, adaptive_max=6400), SamplingDesign(200, replacement=False)]
     kw = dict(designs=designs, repeats=8, seed=5)
-    one = plan(20_000, 800, "ndcg@10", 0.1, workers=1, **kw)
+    one = plan(20_000, 800, "ndcg@10", 0.1, execution=PlanExecution(workers=1), **kw)
     for workers in (2, 3, None):
-        many = plan(20_000, 800, "ndcg@10", 0.1, workers=workers, **kw)
+        many = plan(20_000, 800, "ndcg@10", 0.1, execution=PlanExecution(workers=workers), **kw)
         assert many.forecasts == one.forecasts and many.recommended == one.recommended
     assert any(f.screened for f in one.forecasts) and any(not f.screened for f in one.forecasts)
-    piloted = [plan(20_000, 800, "hit@10", 0.2, pilot=pilot, workers=w, **kw).forecasts for w in (1, 4)]
+    piloted = [plan(20_000, 800, "hit@10", 0.2, pilot=pilot, execution=PlanExecution(workers=w), **kw).forecasts
+               for w in (1, 4)]
     assert piloted[0] == piloted[1]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "2", True])
 def test_workers_checked(bad):
     with pytest.raises(ValueError, match="^workers"):
-        plan(2000, 100, "hit@10", 0.1, designs=[SamplingDesign(50)], repeats=2, workers=bad)
+        plan(2000, 100, "hit@10", 0.1, designs=[SamplingDesign(50)], repeats=2, execution=PlanExecution(workers=bad))
+
+
+@pytest.mark.parametrize("bad", [{"workers": 1}, None, 2])
+def test_execution_checked(bad):
+    with pytest.raises(ValueError, match="^execution: expected a planner.PlanExecution"):
+        plan(2000, 100, "hit@10", 0.1, designs=[SamplingDesign(50)], repeats=2, execution=bad)
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -217,14 +227,14 @@ def test_workers_a_failing_design_raises_and_the_plan_is_not_returned(monkeypatc
     with pytest.raises(RuntimeError, match="m = 400"):
         planner_mod.plan(20_000, 300, "ndcg@10", 0.1,
                          designs=[SamplingDesign(50), SamplingDesign(400), SamplingDesign(100, adaptive_max=1600),
-                                  SamplingDesign(700)], repeats=3, workers=workers)
+                                  SamplingDesign(700)], repeats=3, execution=PlanExecution(workers=workers))
     assert torch.get_num_threads() == before
     assert not [t for t in threading.enumerate() if t.name.startswith("reco-sampled-plan")]
 
 
 def test_cli_workers_reaches_the_plan(capsys, monkeypatch):
-    """``--workers N`` reaches ``planner.plan(workers=N)`` (recorded by a wrapper around the real plan) and the
-    printed plan is the same for 1 and 3 threads."""
+    """``--workers N`` reaches ``planner.plan(execution=PlanExecution(workers=N))`` (recorded by a wrapper around
+    the real plan) and the printed plan is the same for 1 and 3 threads."""
     import argparse
 
     import reco_sampled_plugin.planner as planner_mod
@@ -233,7 +243,7 @@ def test_cli_workers_reaches_the_plan(capsys, monkeypatch):
     real, seen = planner_mod.plan, []
 
     def recording(*args, **kwargs):
-        seen.append(kwargs.get("workers"))
+        seen.append(kwargs["execution"].workers)
         return real(*args, **kwargs)
 
     monkeypatch.setattr(planner_mod, "plan", recording)

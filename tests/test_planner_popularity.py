@@ -16,7 +16,7 @@ from reco_sampled_plugin import SamplingDesign
 from reco_sampled_plugin._popularity import POP_BINS, weight_bins
 from reco_sampled_plugin._popularity_fit import rank_edges
 from reco_sampled_plugin._popularity_world import PopularityWorld, Stratum, draw_from_cells
-from reco_sampled_plugin.planner import plan
+from reco_sampled_plugin.planner import PlanExecution, plan
 
 
 def _counts(n: int = 240) -> torch.Tensor:
@@ -204,7 +204,8 @@ def test_plan_auc_forecasts_match_real_draws(pl_pilot):
     matches the spread of real draws: within 35% (40 repeats each: the relative se of an RMSE is about 11%)."""
     scores, pos, counts, r, pilot = pl_pilot
     designs = [SamplingDesign(m, popularity=counts) for m in (10, 40)]
-    p = plan(150, 250, "auc", 0.5, pilot=pilot, designs=designs, repeats=40, forecast_all=True, screen=False)
+    p = plan(150, 250, "auc", 0.5, pilot=pilot, designs=designs, repeats=40,
+             execution=PlanExecution(forecast_all=True, screen=False))
     for d, f in zip(designs, p.forecasts):
         assert f.method == "hh" and f.popularity_power == pytest.approx(1.0) and f.label == f"m = {d.n_samples} popularity"
         assert torch.equal(f.design.popularity, d.popularity) and f.design.law == "popularity"
@@ -221,8 +222,8 @@ def test_plan_ndcg_forecast_against_real_draws(pl_pilot):
     next to a uniform design forecast in the same world (gmod)."""
     scores, pos, counts, r, pilot = pl_pilot
     pop = SamplingDesign(40, popularity=counts)
-    p = plan(150, 250, "ndcg@10", 0.1, pilot=pilot, designs=[pop, SamplingDesign(40)], repeats=4, forecast_all=True,
-             screen=False)
+    p = plan(150, 250, "ndcg@10", 0.1, pilot=pilot, designs=[pop, SamplingDesign(40)], repeats=4,
+             execution=PlanExecution(forecast_all=True, screen=False))
     f, u = p.forecasts
     assert f.method == "pl_fit" and u.method in ("gmod", "mes") and u.popularity is None
     assert abs(f.rel_bias) < 0.03
@@ -239,8 +240,10 @@ def test_plan_ndcg_forecast_against_real_draws(pl_pilot):
 def test_plan_popularity_is_deterministic_across_workers(pl_pilot):
     *_, counts, _, pilot = pl_pilot
     designs = [SamplingDesign(m, popularity=counts ** a) for m in (10, 20) for a in (1.0, 0.5)] + [SamplingDesign(20)]
-    one = plan(150, 250, "auc", 0.05, pilot=pilot, designs=designs, repeats=3, workers=1, forecast_all=True)
-    two = plan(150, 250, "auc", 0.05, pilot=pilot, designs=designs, repeats=3, workers=2, forecast_all=True)
+    one = plan(150, 250, "auc", 0.05, pilot=pilot, designs=designs, repeats=3,
+               execution=PlanExecution(workers=1, forecast_all=True))
+    two = plan(150, 250, "auc", 0.05, pilot=pilot, designs=designs, repeats=3,
+               execution=PlanExecution(workers=2, forecast_all=True))
     assert [f.rel_error for f in one.forecasts] == [f.rel_error for f in two.forecasts]
     assert one.forecasts[1].popularity_power == pytest.approx(0.5)
     assert one.forecasts[1].label == "m = 10 popularity^0.5"
@@ -250,7 +253,7 @@ def test_plan_popularity_is_deterministic_across_workers(pl_pilot):
 def test_plan_popularity_default_grid(pl_pilot):
     """Without designs: the pilot's law at the default fixed m (below n - 1), then the uniform grid."""
     *_, counts, _, pilot = pl_pilot
-    p = plan(150, 250, "auc", 0.5, pilot=pilot, repeats=2, forecast_all=True)
+    p = plan(150, 250, "auc", 0.5, pilot=pilot, repeats=2, execution=PlanExecution(forecast_all=True))
     labels = [f.label for f in p.forecasts]
     assert labels[:3] == ["m = 50 popularity", "m = 100 popularity", "m = 50"]
     assert all(f.popularity is None or torch.equal(f.popularity, counts) for f in p.forecasts)
@@ -326,8 +329,9 @@ def test_plan_from_a_device_pilot(device):
         design=SamplingDesign(20, popularity=counts), popularity_stats=type(st)(*(cpu(getattr(st, f.name))
                                                                                  for f in dataclasses.fields(st))))
     designs = [SamplingDesign(20, popularity=counts.to(device)), SamplingDesign(20)]
-    a = plan(120, 200, "auc", 0.5, pilot=pilot, designs=designs, repeats=3, forecast_all=True)
-    b = plan(120, 200, "auc", 0.5, pilot=on_cpu, designs=designs, repeats=3, forecast_all=True)
+    every = PlanExecution(forecast_all=True)
+    a = plan(120, 200, "auc", 0.5, pilot=pilot, designs=designs, repeats=3, execution=every)
+    b = plan(120, 200, "auc", 0.5, pilot=on_cpu, designs=designs, repeats=3, execution=every)
     assert [f.rel_error for f in a.forecasts] == [f.rel_error for f in b.forecasts]
     assert all(math.isfinite(f.rel_error) for f in a.forecasts) and a.shape_source == b.shape_source
 

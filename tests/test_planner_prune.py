@@ -1,4 +1,5 @@
-"""``plan(forecast_all=False)``, the default: designs costlier than one found to meet the target are not forecast.
+"""``PlanExecution(forecast_all=False)``, the default: designs costlier than one found to meet the target are not
+forecast.
 
 Oracle: the same plan with ``forecast_all=True`` (every design forecast, each on its own generator): the pick and every
 forecast of a design up to the pick's cost must be equal to it, bit for bit, whatever the threads; the designs
@@ -31,8 +32,10 @@ def pilot():
                         design=SamplingDesign(100))
 
 
-def _plan(pilot, target: float, **kw) -> planner.Plan:
-    return planner.plan(5000, 1200, "ndcg@10", target, pilot=pilot, designs=DESIGNS, repeats=8, seed=3, progress=False, seconds_per_pair=1e-6, **kw)
+def _plan(pilot, target: float, **execution) -> planner.Plan:
+    """The plan of ``pilot`` at ``target``; ``execution``: PlanExecution's fields (screen, forecast_all, workers)."""
+    return planner.plan(5000, 1200, "ndcg@10", target, pilot=pilot, designs=DESIGNS, repeats=8, seed=3, progress=False,
+                        seconds_per_pair=1e-6, execution=planner.PlanExecution(**execution))
 
 
 @pytest.fixture(scope="module")

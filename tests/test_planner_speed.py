@@ -195,7 +195,7 @@ def test_bad_rows(rows):
 def _both(monkeypatch, *args, **kwargs):
     """The plan on the joint path and on the one-by-one path (``planner._JOINT_FITS`` off), same seeds; every
     design forecast."""
-    kwargs.setdefault("forecast_all", True)
+    kwargs.setdefault("execution", planner.PlanExecution(forecast_all=True))
     joint = planner.plan(*args, **kwargs)
     monkeypatch.setattr(planner, "_JOINT_FITS", False)
     single = planner.plan(*args, **kwargs)
@@ -252,7 +252,7 @@ def test_plan_adaptive_pilot_same_pick(monkeypatch, metric):
                                               SamplingDesign(50, adaptive_max=3200), generator=gen)
     joint, single = _both(monkeypatch, n_u, len(n_u), metric, 0.1, pilot=pilot,
                           designs=[SamplingDesign(50), SamplingDesign(50, adaptive_max=1600)], repeats=12, seed=1,
-                          screen=False)
+                          execution=planner.PlanExecution(forecast_all=True, screen=False))
     _assert_same_forecasts(joint, single)
     assert single.recommended is not None
 

@@ -13,7 +13,7 @@ import torch
 
 from reco_sampled_plugin._progress import progress_bar, progress_enabled
 from reco_sampled_plugin.design import SamplingDesign
-from reco_sampled_plugin.planner import plan
+from reco_sampled_plugin.planner import PlanExecution, plan
 from reco_sampled_plugin.registry import Mle
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +44,8 @@ def test_progress_bar_without_tqdm(monkeypatch, capsys):
 
 
 def test_plan_progress_same_plan(capsys):
-    kw = dict(designs=[SamplingDesign(50), SamplingDesign(20, adaptive_max=200)], repeats=3, seed=1, forecast_all=True)
+    kw = dict(designs=[SamplingDesign(50), SamplingDesign(20, adaptive_max=200)], repeats=3, seed=1,
+              execution=PlanExecution(forecast_all=True))
     quiet = plan(2000, 300, "ndcg@10", 0.2, progress=False, **kw)
     assert capsys.readouterr().err == ""
     loud = plan(2000, 300, "ndcg@10", 0.2, progress=True, **kw)

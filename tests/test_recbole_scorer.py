@@ -164,9 +164,9 @@ def test_uni_adaptive_equals_the_core_on_the_same_draws(run):
     rows = torch.arange(k)
     calls = ScorerCalls(scorer, 1 << 16, True, torch.device("cpu"))
     gen = torch.Generator().manual_seed(run["config"]["seed"])
-    ranks, sizes, stages = adaptive_stages(calls, positives, exclude, pos, exc, rows, scorer(rows, positives),
-                                   torch.ones((k, 1), dtype=torch.int64), SamplingDesign(N, adaptive_max=CAP), n,
-                                   "pessimistic", gen, torch.device("cpu"))
+    ranks, sizes, stages = adaptive_stages(calls, pos, exc, rows, scorer(rows, positives),
+                                           torch.ones((k, 1), dtype=torch.int64), SamplingDesign(N, adaptive_max=CAP),
+                                           n, "pessimistic", gen, from_mask=False)
     assert torch.equal(a["sampled_rank"][first], ranks[:, 0].double())
     assert torch.equal(a["m"][first], sizes[:, 0].double())
     # what the evaluation scored: RecBole's 1 + N per positive, then only the new items of the later stages

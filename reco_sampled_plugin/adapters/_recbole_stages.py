@@ -151,9 +151,9 @@ def run_stages(collector: Any, table: torch.Tensor, settings: _Settings) -> Scor
         positives = pos_i.unsqueeze(1)
         pos, exc = prepare_index(positives, exclude, todo.numel(), item_num, dev)
         ranks, sizes, stages = adaptive_stages(
-            calls, positives, exclude, pos, exc, torch.arange(todo.numel(), device=dev),
-            pos_scores[todo].unsqueeze(1).to(torch.float64), ranks0[todo].unsqueeze(1), design, item_num,
-            _CORE_TIES[settings.ties], _generator(collector, settings, dev), dev)
+            calls, pos, exc, torch.arange(todo.numel(), device=dev), pos_scores[todo].unsqueeze(1).to(torch.float64),
+            ranks0[todo].unsqueeze(1), design, item_num, _CORE_TIES[settings.ties],
+            _generator(collector, settings, dev), from_mask=False)
         table[todo, _R_SAMPLED] = ranks[:, 0].to(torch.float64)
         table[todo, _M] = sizes[:, 0].to(torch.float64)
     # full ranking: each evaluated row's candidates (its irrelevant items and its positives), once per row
