@@ -27,7 +27,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Any, Callable, Sequence, cast
+from typing import TYPE_CHECKING, Any, Callable, Sequence, cast
 
 import numpy as np
 import torch
@@ -44,6 +44,9 @@ from .metrics import metric_values
 from .ranking import exact_ranks
 from .sampling_laws import expected_sampled
 from .simulate import draw_sampled_ranks
+
+if TYPE_CHECKING:
+    from .design import SamplingDesign
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +94,13 @@ class ReproduceResult:
 
 
 _LAWS = {"binomial": True, "hypergeometric": False}
+
+
+def _design(m: int, sampling: str) -> SamplingDesign:
+    """The fixed-m :class:`~reco_sampled_plugin.design.SamplingDesign` of ``m`` and the law ``sampling`` (checked)."""
+    from .design import SamplingDesign
+
+    return SamplingDesign(m, replacement=_LAWS[sampling])
 
 
 def _int_list(x: Any, name: str) -> tuple:
@@ -260,8 +270,8 @@ def _rank_dist_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: R
                 fits[fit_method] = estimate_rank_distributions(hists, fit_method, sampling=cfg.sampling)
             if method == "bv_mle":  # bv (gamma = 0.1) with each run's mle fit as the prior p(r)
                 values = torch.from_numpy(np.stack([
-                    cast(np.ndarray, sum(correction_tables(metrics, int(n), cfg.n_samples, "bv", 0.1, cfg.sampling,
-                                                           prior=fit.prior(int(n))) @ c
+                    cast(np.ndarray, sum(correction_tables(metrics, int(n), _design(cfg.n_samples, cfg.sampling),
+                                                           registry.Bv(gamma=0.1, prior=fit.prior(int(n)))) @ c
                                          for n, c in zip(h.n_items, h.counts))) / h.total
                     for h, fit in zip(hists, fits["mle"])
                 ]))
@@ -369,9 +379,9 @@ def _expected_corrected_grouped(metric: str, ranks: torch.Tensor, n_cand: torch.
     from .sampling_laws import log_sampled_rank_pmf_unbounded
 
     if spread <= 0:
-        return expected_corrected(metric, ranks, n_cand, m, "bv", 0.1, sampling)
+        return expected_corrected(metric, ranks, n_cand, _design(m, sampling), "bv")
     reps, inverse = _n_groups(n_cand, spread)
-    tables = torch.stack([correction_table(metric, int(n), m, "bv", 0.1, sampling) for n in reps.tolist()])
+    tables = torch.stack([correction_table(metric, int(n), _design(m, sampling), "bv") for n in reps.tolist()])
     pmf = log_sampled_rank_pmf_unbounded(ranks, n_cand, m, sampling).exp()  # (U, m + 1)
     return (pmf * tables[inverse]).sum(1)
 
@@ -422,7 +432,7 @@ def run_reproduce(cfg: ReproduceConfig | None = None, progress: bool | None = No
 
     t = time.perf_counter()
     bar = _progress(3, "tables 3 and 4", progress)
-    report = consistency_report(ranks, n_cand, m, cfg.metrics, cfg.methods, cfg.repeats, cfg.sampling, seed=cfg.seed)
+    report = consistency_report(ranks, n_cand, _design(m, cfg.sampling), cfg.metrics, cfg.methods, cfg.repeats, seed=cfg.seed)
     bar.update()
     names = list(ranks)
     draws = {
