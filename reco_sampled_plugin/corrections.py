@@ -384,14 +384,9 @@ def _table(spec: MetricSpec, n: int, m: int, corr: _Correction) -> np.ndarray:
     else:
         with one_blas_thread(m + 1 <= SMALL_SYSTEM):  # small systems: BLAS's threads cost more than they save
             table = _solve(spec, n, m, corr)
-    return _finite(table, f"correction table for {spec} (n={n}, m={m}, {corr.method})")
-
-
-def _finite(table: np.ndarray, what: str) -> np.ndarray:
-    """``table`` as a read-only contiguous float64 array, or a FloatingPointError naming ``what``."""
     table = np.ascontiguousarray(table, dtype=np.float64)
     if not np.all(np.isfinite(table)):  # pragma: no cover - guarded by construction and tests
-        raise FloatingPointError(f"{what} is not finite")
+        raise FloatingPointError(f"correction table for {spec} (n={n}, m={m}, {corr.method}) is not finite")
     table.setflags(write=False)
     return table
 
@@ -720,8 +715,8 @@ def estimate_by_table(spec: MetricSpec, hist: RankHistogram, *, method: str, sam
     values = stacked_tables(spec, hist.n_items, hist.n_samples, correction_from_options(method, sampling, options))
     value, se = table_estimate(hist, values)
     flags, se = _resolution_flags(spec, hist, se)
-    gamma = options.get("gamma")
-    details = {"method": method, "metric": str(spec), "gamma": (0.1 if gamma is None else gamma) if method == "bv" else None}
+    gamma = (0.1 if options.get("gamma") is None else options["gamma"]) if method == "bv" else None
+    details = {"method": method, "metric": str(spec), "gamma": gamma}
     return _estimate_output(value, se, hist, details, flags)
 
 
