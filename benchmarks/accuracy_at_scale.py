@@ -42,6 +42,7 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from accuracy_ml100k import TABLE_ESTIMATORS, run_experiment  # noqa: E402
 
+from reco_sampled_plugin import registry  # noqa: E402
 from reco_sampled_plugin._rank_hist import pool_by_n, sampled_rank_histogram  # noqa: E402
 from reco_sampled_plugin.corrections import correction_tables  # noqa: E402
 from reco_sampled_plugin._estimate import bias_aware_halfwidth  # noqa: E402
@@ -114,8 +115,8 @@ def standard_errors(res, per_model, metrics, m):
         for label in ESTIMATORS:
             if label in TABLE_ESTIMATORS:
                 kind, method, arg = TABLE_ESTIMATORS[label]
-                build = correction_tables if kind == "correction" else mapping_tables
-                tab = np.stack([build(metrics, int(n), m, method, arg) for n in nodes])  # (G, S, m + 1)
+                tab = np.stack([correction_tables(metrics, int(n), m, method) if kind == "correction"
+                                else mapping_tables(metrics, int(n), m, method, arg) for n in nodes])  # (G, S, m + 1)
                 tabs = None
             elif label in ("beta_fit", "bv_mle(0.1)"):
                 tabs = []
@@ -125,8 +126,9 @@ def standard_errors(res, per_model, metrics, m):
                         a = fit_beta(h).a
                         tabs.append(np.stack([mapping_tables(metrics, int(n), m, "beta", a) for n in nodes]))
                     else:
-                        tabs.append(np.stack([correction_tables(metrics, int(n), m, "bv", 0.1,
-                                                                prior=fits[b].prior(int(n))) for n in nodes]))
+                        tabs.append(np.stack([correction_tables(metrics, int(n), m,
+                                                                registry.Bv(gamma=0.1, prior=fits[b].prior(int(n))))
+                                              for n in nodes]))
                 tab = None
             else:
                 continue

@@ -38,6 +38,7 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from reco_sampled_plugin import registry  # noqa: E402
 from reco_sampled_plugin._progress import progress_bar  # noqa: E402
 from reco_sampled_plugin._rank_hist import pool_by_n, sampled_rank_histogram  # noqa: E402
 from reco_sampled_plugin.corrections import correction_tables  # noqa: E402
@@ -47,12 +48,12 @@ from reco_sampled_plugin.rank_distribution import estimate_rank_distributions  #
 from reco_sampled_plugin.simulate import draw_sampled_ranks  # noqa: E402
 
 # label -> (kind, arguments); "table" estimators are fixed tables per node, the others are fitted per repeat
-TABLE_ESTIMATORS = {
-    "none": ("correction", "none", 0.0),
-    "rank_estimate": ("correction", "rank_estimate", 0.0),
-    "cls": ("correction", "cls", 0.0),
-    "bv(0.1)": ("correction", "bv", 0.1),
-    "bv(0.01)": ("correction", "bv", 0.01),
+TABLE_ESTIMATORS = {  # (kind, method, the mapping's argument): a correction's options are its method object's
+    "none": ("correction", "none", None),
+    "rank_estimate": ("correction", "rank_estimate", None),
+    "cls": ("correction", "cls", None),
+    "bv(0.1)": ("correction", registry.Bv(gamma=0.1), None),
+    "bv(0.01)": ("correction", registry.Bv(gamma=0.01), None),
     "linear": ("mapping", "linear", None),
     "bound": ("mapping", "bound", None),
     "beta(0.5)": ("mapping", "beta", 0.5),
@@ -121,7 +122,7 @@ def run_experiment(
                 continue
             kind, method, arg = TABLE_ESTIMATORS[label]
             if kind == "correction":
-                tables[label] = np.stack([correction_tables(metrics, int(n), m, method, arg) for n in nodes])
+                tables[label] = np.stack([correction_tables(metrics, int(n), m, method) for n in nodes])
             else:
                 tables[label] = np.stack([mapping_tables(metrics, int(n), m, method, arg) for n in nodes])
         timings[(m, "tables")] = time.perf_counter() - t0
@@ -152,7 +153,8 @@ def run_experiment(
                 t0 = time.perf_counter()
                 out = np.empty((repeats, len(metrics)))
                 for b, fit in enumerate(fits["mle"]):
-                    tab = np.stack([correction_tables(metrics, int(n), m, "bv", 0.1, prior=fit.prior(int(n))) for n in nodes])
+                    tab = np.stack([correction_tables(metrics, int(n), m, registry.Bv(gamma=0.1, prior=fit.prior(int(n))))
+                                    for n in nodes])
                     out[b] = np.einsum("gi,gsi->s", counts[b], tab) / total[b]
                 values[(m, name, "bv_mle(0.1)")] = out
                 timings[(m, "bv_mle(0.1)")] = timings.get((m, "bv_mle(0.1)"), 0.0) + time.perf_counter() - t0

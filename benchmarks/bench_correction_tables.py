@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from reco_sampled_plugin.corrections import clear_correction_cache, correction_table
+from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.metrics import metric_curve
 from reco_sampled_plugin.quadrature import gauss_discrete_uniform
 from reco_sampled_plugin.sampling_laws import sampled_rank_pmf
@@ -37,6 +38,11 @@ def brute_bv(metric: str, n: int, m: int, law: str, gamma: float) -> np.ndarray:
     return np.linalg.solve((1 - gamma) * gram + gamma * np.diag(c), h)
 
 
+def design(m: int, law: str) -> SamplingDesign:
+    """The fixed-m design of the law ``law`` (``"binomial"``: with replacement)."""
+    return SamplingDesign(m, replacement=law == "binomial")
+
+
 def cold(fn):
     clear_correction_cache()
     gauss_discrete_uniform.cache_clear()
@@ -53,9 +59,9 @@ def main() -> None:
     for law in ("binomial", "hypergeometric"):
         for m in (100, 1000):
             for n in (10**4, 10**5, 10**6, 10**7, 10**8):
-                runs = [cold(lambda: correction_table("recall@10", n, m, "bv", 0.1, law).numpy()) for _ in range(3)]
+                runs = [cold(lambda: correction_table("recall@10", n, design(m, law), "bv").numpy()) for _ in range(3)]
                 t_fast, fast = min(t for t, _ in runs), runs[0][1]
-                t_cls = min(cold(lambda: correction_table("recall@10", n, m, "cls", sampling=law))[0] for _ in range(3))
+                t_cls = min(cold(lambda: correction_table("recall@10", n, design(m, law), "cls"))[0] for _ in range(3))
                 if n * (m + 1) <= BRUTE_MAX_ENTRIES:
                     t0 = time.perf_counter()
                     brute = brute_bv("recall@10", n, m, law, 0.1)
@@ -74,7 +80,7 @@ def main() -> None:
         ("auc", "cls", 10**6, 100, 0.1),
     ]:
         for law in ("binomial", "hypergeometric"):
-            best = min(cold(lambda: correction_table(metric, n, m, method, 0.1, law))[0] for _ in range(3))
+            best = min(cold(lambda: correction_table(metric, n, design(m, law), method))[0] for _ in range(3))
             status = "ok" if best < limit else "MISSED"
             print(f"- {method} {metric} n={n:.0e} m={m} {law}: {best:.4f} s (target < {limit} s) {status}")
 

@@ -119,12 +119,12 @@ def _prior(text: str | None) -> BetaPrior | None:
 
 
 def _cmd_table(args: argparse.Namespace) -> int:
-    from .corrections import correction_table
+    from .corrections import check_method, correction_table
 
-    table = correction_table(
-        args.metric, args.n_items, args.n_samples, args.method, args.gamma, args.sampling, _prior(args.prior),
-        rounding=args.rounding,
-    )
+    # the options given, as fields of the method object (one a method does not take is refused, naming it)
+    given = {"gamma": args.gamma, "prior": _prior(args.prior), "rounding": args.rounding}
+    method = registry.method_class(check_method(args.method))(**{k: v for k, v in given.items() if v is not None})
+    table = correction_table(args.metric, args.n_items, _sampling_design(args.n_samples, args.sampling, None), method)
     lines = ["sampled_rank,value"] + [f"{i},{v:.12g}" for i, v in enumerate(table.tolist(), start=1)]
     if args.out:
         with open(args.out, "w") as fh:
@@ -552,10 +552,10 @@ def build_parser() -> argparse.ArgumentParser:
     tab.add_argument("--method", default=registry.DEFAULT_CORRECTION,
                      help=f"{', '.join(registry.names(family=('none', 'correction'), fits_distribution=False))} "
                           f"(a correction table; default {registry.DEFAULT_CORRECTION})")
-    tab.add_argument("--gamma", type=float, default=0.1, help="bias-variance trade-off of bv, in [0, 1] (default 0.1)")
+    tab.add_argument("--gamma", type=float, help="bias-variance trade-off of bv, in [0, 1] (default 0.1)")
     tab.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial")
-    tab.add_argument("--prior", help="uniform (default) or beta:A")
-    tab.add_argument("--rounding", choices=["floor", "linear"], default="floor", help="rank_estimate rounding")
+    tab.add_argument("--prior", help="uniform (default) or beta:A (ls, cls, bv)")
+    tab.add_argument("--rounding", choices=["floor", "linear"], help="rank_estimate rounding (default floor)")
     tab.add_argument("--out", help="write CSV here instead of printing")
     tab.set_defaults(func=_cmd_table)
 

@@ -7,26 +7,34 @@
   corrected metric per recommender, metric and method; analytic expectations, no Monte Carlo) plus
   the Table 4 counts. Plain data: lists of dicts, or pandas DataFrames with ``as_frame=True``.
 
-Methods are named ``"none"``, ``"rank_estimate"``, ``"rank_estimate:linear"``, ``"ls"``, ``"cls"``
-or ``"bv:<gamma>"`` (``"bv"`` alone is gamma = 0.1).
+``n_samples`` is the design of the draws and of the tables (an int m, or a fixed-m ``SamplingDesign``:
+``replacement=False`` for draws without replacement). ``methods`` are labels, each naming one correction: ``"none"``,
+``"rank_estimate"``, ``"rank_estimate:linear"``, ``"ls"``, ``"cls"`` or ``"bv:<gamma>"`` (``"bv"`` alone is gamma =
+0.1), or a mapping from your labels to corrections (a name or the registry's method object, e.g.
+``{"bv beta": registry.Bv(prior=("beta", 0.5))}``: a prior, or any other option, goes in its method object). The
+labels key the outputs.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import combinations
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import torch
 
+from . import registry
 from ._checks import check_int, check_rank_values, check_sizes
 from ._options import check_bool, check_names, check_seed
-from .corrections import check_gamma, check_method, expected_corrected, tables_for_counts
+from .corrections import (as_correction, check_method, correction_method, expected_corrected, fixed_design,
+                          tables_for_counts)
 from .metric_names import parse_metric
 from .metrics import metric_values
 from .simulate import draw_sampled_ranks
 
+from .design import SamplingDesign
+
 if TYPE_CHECKING:
-    from .priors import PriorLike
     from ._types import TensorLike
 
 __all__ = ["DEFAULT_METHODS", "parse_method", "ordering_agreement", "consistency_report"]
@@ -35,24 +43,24 @@ DEFAULT_METHODS = ("none", "rank_estimate", "cls", "bv:1", "bv:0.1", "bv:0.01", 
 DEFAULT_METRICS = ("recall@10", "ndcg@10", "ap", "auc")
 
 
-def parse_method(label: str) -> tuple[str, float, str]:
-    """``"bv:0.01"`` -> ("bv", 0.01, "floor"); ``"rank_estimate:linear"`` -> ("rank_estimate", 0, "linear")."""
+def parse_method(label: str) -> registry.Method:
+    """The correction a label names: ``"bv:0.01"`` -> ``registry.Bv(gamma=0.01)``; ``"rank_estimate:linear"`` ->
+    ``registry.RankEstimate(rounding="linear")``; ``"cls"`` -> ``registry.Cls()``."""
     name, _, arg = str(label).partition(":")
     method = check_method(name)
-    gamma, rounding = 0.1, "floor"
-    if method == "bv" and arg:
-        try:  # the label is text: its number is parsed here, then checked as every gamma is
+    if not arg:
+        return registry.method_class(method)()
+    if method == "bv":
+        try:  # the label is text: its number is parsed here, then checked by the method object as every gamma is
             gamma = float(arg)
         except ValueError:
             raise ValueError(f"method: 'bv:<gamma>' takes a number in [0, 1], got {label!r}") from None
-        gamma = check_gamma(gamma)
-    elif method == "rank_estimate" and arg:
+        return registry.Bv(gamma=gamma)
+    if method == "rank_estimate":
         if arg not in ("floor", "linear"):
             raise ValueError(f"method: rank_estimate takes ':floor' or ':linear', got {label!r}")
-        rounding = arg
-    elif arg:
-        raise ValueError(f"method: {name!r} takes no argument, got {label!r}")
-    return method, gamma, rounding
+        return registry.RankEstimate(rounding=arg)
+    raise ValueError(f"method: {name!r} takes no argument, got {label!r}")
 
 
 def _check_repeats(repeats: Any, allow_zero: bool) -> int:
@@ -69,16 +77,28 @@ def _check_repeats(repeats: Any, allow_zero: bool) -> int:
     return r
 
 
-def _check_lists(metrics: Any, methods: Any) -> tuple[tuple, tuple]:
-    """``metrics`` and ``methods`` as tuples of names, each parsed once (a ValueError naming the list)."""
-    metrics, methods = check_names(metrics, "metrics"), check_names(methods, "methods", "method labels such as 'bv:0.1'")
-    for name, items, parse in (("metrics", metrics, parse_metric), ("methods", methods, parse_method)):
-        for item in items:
-            try:
-                parse(item)
-            except ValueError as exc:
-                raise ValueError(f"{name}: {exc}") from None
-    return metrics, methods
+def _check_lists(metrics: Any, methods: Any) -> tuple[tuple, dict[str, registry.Method]]:
+    """``metrics`` as a tuple of names and ``methods`` as {label: method object}, each parsed once (a ValueError
+    naming the list)."""
+    metrics = check_names(metrics, "metrics")
+    if isinstance(methods, Mapping):
+        if not methods or not all(isinstance(k, str) for k in methods):
+            raise ValueError(f"methods: a mapping needs at least one entry, each keyed by a str label, got {methods!r}")
+        items = list(methods.items())
+    else:
+        items = [(label, label) for label in check_names(methods, "methods", "method labels such as 'bv:0.1'")]
+    for item in metrics:
+        try:
+            parse_metric(item)
+        except ValueError as exc:
+            raise ValueError(f"metrics: {exc}") from None
+    parsed = {}
+    for label, method in items:
+        try:
+            parsed[str(label)] = parse_method(method) if isinstance(method, str) else correction_method(method)
+        except ValueError as exc:
+            raise ValueError(f"methods: {exc}") from None
+    return metrics, parsed
 
 
 def _check_seed(seed: Any) -> int | None:
@@ -103,15 +123,35 @@ def _prepare(exact_ranks: Mapping[str, object], n_items: Any) -> tuple[dict[str,
     return ranks, n
 
 
+@dataclass(frozen=True)
+class _Experiment:
+    """The arguments of :func:`ordering_agreement` and :func:`consistency_report`, each checked once."""
+
+    ranks: dict[str, torch.Tensor]  # recommender -> exact ranks (CPU, flat)
+    n: torch.Tensor  # candidates per instance (CPU, int64)
+    design: SamplingDesign  # fixed m, uniform draws: the law of the draws and of the tables
+    metrics: tuple
+    methods: dict[str, registry.Method]  # label -> correction
+    repeats: int
+    seed: int | None
+
+    @classmethod
+    def checked(cls, exact_ranks: Mapping[str, object], n_items: Any, n_samples: Any, metrics: Any, methods: Any,
+                repeats: Any, seed: Any, allow_zero: bool) -> _Experiment:
+        repeats = _check_repeats(repeats, allow_zero)
+        seed = _check_seed(seed)
+        metrics, parsed = _check_lists(metrics, methods)
+        ranks, n = _prepare(exact_ranks, n_items)
+        return cls(ranks, n, fixed_design(n_samples), metrics, parsed, repeats, seed)
+
+
 def ordering_agreement(
     exact_ranks: Mapping[str, object],
     n_items: int | TensorLike,
-    n_samples: int,
+    n_samples: SamplingDesign | int,
     metrics: Sequence[str] = DEFAULT_METRICS,
-    methods: Sequence[str] = DEFAULT_METHODS,
+    methods: Sequence[str] | Mapping[str, str | registry.Method] = DEFAULT_METHODS,
     repeats: int = 100,
-    sampling: str = "binomial",
-    prior: PriorLike = None,
     seed: int | None = 0,
 ) -> dict:
     """Table 4: for each metric, method and pair "A vs B", in how many of ``repeats`` sampling runs the
@@ -120,32 +160,37 @@ def ordering_agreement(
 
     Args:
         exact_ranks: recommender name -> exact 1-based ranks on the same instances.
-        n_items: n per instance (int or tensor). n_samples: m. sampling: law of the draws and tables.
+        n_items: n per instance (int or tensor). n_samples: the design of the draws and tables (an int m or a
+            fixed-m ``SamplingDesign``). methods: labels or {label: method object} (module docstring).
         repeats: sampling runs, an integer >= 2 (``means`` feeds standard deviations over runs).
         seed: an integer >= 0 (None: unseeded draws).
 
     Returns:
-        ``{"repeats": R, "counts": {metric: {method: {"A vs B": count}}}, "exact": {metric: {name: value}},
-        "means": {metric: {method: {name: [R per-run values]}}}}``
+        ``{"repeats": R, "counts": {metric: {label: {"A vs B": count}}}, "exact": {metric: {name: value}},
+        "means": {metric: {label: {name: [R per-run values]}}}}``
     """
-    repeats = _check_repeats(repeats, allow_zero=False)
-    seed = _check_seed(seed)
-    metrics, methods = _check_lists(metrics, methods)
-    ranks, n = _prepare(exact_ranks, n_items)
+    return _agreement(_Experiment.checked(exact_ranks, n_items, n_samples, metrics, methods, repeats, seed,
+                                          allow_zero=False))
+
+
+def _agreement(exp: _Experiment) -> dict:
+    """:func:`ordering_agreement` of checked arguments."""
+    ranks, n, design, seed = exp.ranks, exp.n, exp.design, exp.seed
     names = list(ranks)
     draws = {
-        name: draw_sampled_ranks(ranks[name], n, n_samples, sampling, repeats, None if seed is None else seed + 7919 * i)
+        name: draw_sampled_ranks(ranks[name], n, design.n_samples, design.law, exp.repeats,
+                                 None if seed is None else seed + 7919 * i)
         for i, name in enumerate(names)
     }
     counts: dict = {}
     exact: dict = {}
     means: dict = {}
-    for metric in metrics:
+    for metric in exp.metrics:
         exact[metric] = {name: float(metric_values(metric, ranks[name], n).mean()) for name in names}
         counts[metric], means[metric] = {}, {}
-        for label in methods:
-            method, gamma, rounding = parse_method(label)
-            tables, inverse = tables_for_counts(metric, n, n_samples, method, gamma, sampling, prior, rounding)
+        for label, method in exp.methods.items():
+            corr, m = as_correction(method, design)
+            tables, inverse = tables_for_counts(metric, n, m, corr)
             run_means = {name: tables[inverse.unsqueeze(0), draws[name] - 1].mean(dim=1) for name in names}
             means[metric][label] = {name: v.tolist() for name, v in run_means.items()}
             counts[metric][label] = {}
@@ -153,48 +198,37 @@ def ordering_agreement(
                 sign_exact = (exact[metric][a] > exact[metric][b]) - (exact[metric][a] < exact[metric][b])
                 sign_runs = torch.sign(run_means[a] - run_means[b])
                 counts[metric][label][f"{a} vs {b}"] = int((sign_runs == sign_exact).sum())
-    return {"repeats": int(repeats), "counts": counts, "exact": exact, "means": means}
+    return {"repeats": int(exp.repeats), "counts": counts, "exact": exact, "means": means}
 
 
 def consistency_report(
     exact_ranks: Mapping[str, object],
     n_items: int | TensorLike,
-    n_samples: int,
+    n_samples: SamplingDesign | int,
     metrics: Sequence[str] = DEFAULT_METRICS,
-    methods: Sequence[str] = DEFAULT_METHODS,
+    methods: Sequence[str] | Mapping[str, str | registry.Method] = DEFAULT_METHODS,
     repeats: int = 100,
-    sampling: str = "binomial",
-    prior: PriorLike = None,
     seed: int | None = 0,
     as_frame: bool = False,
 ) -> dict:
-    """Tables 3 and 4 of Krichene & Rendle for your recommenders.
+    """Tables 3 and 4 of Krichene & Rendle for your recommenders (arguments as in :func:`ordering_agreement`).
 
-    ``table3``: one row per (metric, recommender) with ``exact`` and, per method, the expected corrected
+    ``table3``: one row per (metric, recommender) with ``exact`` and, per method label, the expected corrected
     value E[M^(r~)] averaged over the instances (``none`` is the expected sampled metric), and the Monte
-    Carlo standard deviation over ``repeats`` runs as ``<method> sd``. ``table4``: one row per (pair,
+    Carlo standard deviation over ``repeats`` runs as ``<label> sd``. ``table4``: one row per (pair,
     metric) with the ordering counts per method. ``repeats=0`` skips the Monte Carlo part; otherwise it must be
     an integer >= 2 (a standard deviation over one run does not exist): anything else is a ValueError naming
     ``repeats``.
     """
-    repeats = _check_repeats(repeats, allow_zero=True)
-    seed = _check_seed(seed)
-    metrics, methods = _check_lists(metrics, methods)
     as_frame = check_bool(as_frame, "as_frame")
-    ranks, n = _prepare(exact_ranks, n_items)
+    exp = _Experiment.checked(exact_ranks, n_items, n_samples, metrics, methods, repeats, seed, allow_zero=True)
     table3 = []
-    mc = (
-        ordering_agreement(ranks, n, n_samples, metrics, methods, repeats, sampling, prior, seed)
-        if repeats > 0
-        else None
-    )
-    for metric in metrics:
-        for name, r in ranks.items():
-            row = {"metric": metric, "recommender": name, "exact": float(metric_values(metric, r, n).mean())}
-            for label in methods:
-                method, gamma, rounding = parse_method(label)
-                e = expected_corrected(metric, r, n, n_samples, method, gamma, sampling, prior, rounding=rounding)
-                row[label] = float(e.mean())
+    mc = _agreement(exp) if exp.repeats > 0 else None
+    for metric in exp.metrics:
+        for name, r in exp.ranks.items():
+            row = {"metric": metric, "recommender": name, "exact": float(metric_values(metric, r, exp.n).mean())}
+            for label, method in exp.methods.items():
+                row[label] = float(expected_corrected(metric, r, exp.n, exp.design, method).mean())
                 if mc is not None:
                     row[f"{label} sd"] = float(torch.tensor(mc["means"][metric][label][name]).std())
             table3.append(row)
@@ -202,11 +236,11 @@ def consistency_report(
     if mc is not None:
         pairs = list(next(iter(next(iter(mc["counts"].values())).values())))
         for pair in pairs:
-            for metric in metrics:
+            for metric in exp.metrics:
                 row = {"pair": pair, "metric": metric}
-                row.update({label: mc["counts"][metric][label][pair] for label in methods})
+                row.update({label: mc["counts"][metric][label][pair] for label in exp.methods})
                 table4.append(row)
-    out = {"table3": table3, "table4": table4, "repeats": int(repeats), "n_samples": int(n_samples)}
+    out = {"table3": table3, "table4": table4, "repeats": int(exp.repeats), "n_samples": int(exp.design.n_samples)}
     if as_frame:
         import pandas as pd  # optional dependency
 

@@ -1,7 +1,12 @@
 """Correction tables M^ for sampled metrics (Krichene & Rendle, KDD 2020, section 5).
 
 A correction is a table of m + 1 numbers (index 0 is r~ = 1): the corrected metric of an evaluation
-is the mean of M^[r~ - 1] over its relevant items. Methods:
+is the mean of M^[r~ - 1] over its relevant items. What a table is besides its metric, n and m is one object: the
+registry's method object (``"bv"`` or ``registry.Bv(gamma=0.2, prior=("beta", 0.5))``, ``registry.Cls()``,
+``registry.RankEstimate(rounding="linear")``, ``registry.Uncorrected()``) and the sampling law of the design
+(``n_samples``: a :class:`~reco_sampled_plugin.design.SamplingDesign` of fixed m, or an int m: uniform with
+replacement). Both are checked once and normalised into a hashable :class:`_Correction` (the tables' cache key).
+Methods:
 
 ``none``           M^(r~) = M(r~) on the m + 1 sampled candidates (the plain sampled metric).
 ``rank_estimate``  eq. 20: M^(r~) = M(1 + (n - 1)(r~ - 1)/m), ``rounding="floor"`` (the paper) or
@@ -15,8 +20,8 @@ is the mean of M^[r~ - 1] over its relevant items. Methods:
                    differences d_i = M^[i] - M^[i + 1] >= 0 and a free last value (Lawson-Hanson NNLS).
 ``bv``             eq. 24-25: argmin bias^2 + gamma Var, i.e. ((1-gamma) A'A + gamma diag(c)) M^ = A'b with
                    c[i] = sum_r p(r) P(i | r). gamma = 1 is the posterior mean (eq. 26), computed in
-                   closed form; gamma -> 0 tends to ``ls``. Solved from these normal equations by Cholesky
-                   (condition about 1/gamma under the uniform prior, more where some c_i are small),
+                   closed form; gamma -> 0 tends to ``ls`` (gamma = 0 is ``ls``). Solved from these normal equations
+                   by Cholesky (condition about 1/gamma under the uniform prior, more where some c_i are small),
                    or, where LAPACK estimates a condition above 1e5 (``BV_MIN_RCOND``), as the
                    stacked least-squares problem
                    [sqrt(1-gamma) R; sqrt(gamma c)] M^ = [y / sqrt(1-gamma); 0] (condition ~ sqrt(1/gamma)).
@@ -33,28 +38,32 @@ that sum_k w_k f(r_k) = sum_r p(r) f(r):
 * a vector prior, or n <= 4 (m + 2): every rank enumerated (exact).
 
 The tall weighted system of ``ls``, ``cls`` (and ill-conditioned ``bv``) is compressed by a Householder QR to
-(m + 1) rows before solving; tables are built on the CPU in float64 with numpy / scipy and cached (``functools.lru_cache``) by their arguments.
+(m + 1) rows before solving; tables are built on the CPU in float64 with numpy / scipy and cached
+(``functools.lru_cache``) by (metric, n, m, :class:`_Correction`).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Hashable, Iterable, cast
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 import scipy.linalg
 import scipy.optimize
 import torch
 
+from . import registry
 from ._blas import SMALL_SYSTEM, one_blas_thread
-from ._checks import (MAX_ELEMENTS, MAX_SAMPLES, check_device, check_elements, check_rank_values, check_ranks_in_range,
-                      check_size, check_sizes, real_tensor)
+from ._checks import (MAX_ELEMENTS, check_device, check_elements, check_rank_values, check_ranks_in_range, check_sizes,
+                      real_tensor)
 from ._options import check_fraction, check_metric_names
+from .design import SamplingDesign, as_design
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_from_float_ranks
 from ._types import TensorLike
-from .priors import Prior, PriorLike, as_prior
+from .priors import Prior, PriorLike, UniformPrior, as_prior
 from .quadrature import EXTRA_NODES, composite_rule, gauss_rule, pmf_at_ranks
 from .sampling_laws import check_law
 
@@ -94,10 +103,84 @@ def check_method(method: str) -> str:
     return method
 
 
-def check_gamma(gamma: Any) -> float:
-    """bv's bias-variance weight: a number in [0, 1] (:func:`~reco_sampled_plugin._options.check_fraction`: not a
-    str such as ``"0.5"``, not a bool)."""
-    return check_fraction(gamma, "gamma")
+@dataclass(frozen=True)
+class _Correction:
+    """One correction besides its metric, n and m: the method of :data:`METHODS`, its settings and the sampling
+    law, normalised so that a setting the table does not read shares the cache entry (``gamma`` only for ``bv``,
+    ``bv`` at gamma = 0 is ``ls`` (eq. 25 is then eq. 22), ``prior`` only for ``ls`` / ``cls`` / ``bv``, ``rounding``
+    only for ``rank_estimate``). Hashable (a :class:`~reco_sampled_plugin.priors.Prior` hashes by its key): the key of
+    the table caches. Build it with :func:`as_correction` (a method object) or :func:`correction_from_options`."""
+
+    method: str
+    law: str
+    gamma: float = 0.0
+    prior: Prior = field(default_factory=UniformPrior)
+    rounding: str = "floor"
+
+    @property
+    def solved(self) -> bool:
+        """Whether the table solves a system (``ls``, ``cls``, ``bv``), not a lookup (``none``, ``rank_estimate``)."""
+        return self.method in ("ls", "cls", "bv")
+
+
+def correction_from_options(method: str, sampling: str, options: Mapping[str, Any]) -> _Correction:
+    """The :class:`_Correction` of a method name, a sampling law and the method's options as the registry's compute
+    functions receive them (``gamma``, ``prior``, ``rounding``; None or absent: the default), each checked."""
+    name = check_method(method)
+    law = check_law(sampling)
+    if name == "none":
+        return _Correction(name, law)
+    if name == "rank_estimate":
+        rounding = options.get("rounding") or "floor"
+        if not isinstance(rounding, str) or rounding not in ("floor", "linear"):
+            raise ValueError(f"rounding: use 'floor' or 'linear', got {rounding!r}")
+        return _Correction(name, law, rounding=rounding)
+    gamma = 0.0
+    if name == "bv":
+        gamma = check_fraction(0.1 if options.get("gamma") is None else options["gamma"], "gamma")
+        name = "bv" if gamma > 0.0 else "ls"  # eq. 25 at gamma = 0 is eq. 22
+    return _Correction(name, law, gamma, as_prior(options.get("prior")))
+
+
+def as_correction(method: str | registry.Method, n_samples: SamplingDesign | int) -> tuple[_Correction, int]:
+    """The :class:`_Correction` and m of a correction method (a name of :data:`METHODS` with its defaults, or the
+    registry's method object: ``registry.Bv(gamma=0.2)``) under the design ``n_samples`` (a fixed-m
+    :class:`~reco_sampled_plugin.design.SamplingDesign` of uniform draws, or an int m).
+
+    Raises:
+        ValueError: naming ``method`` (not a correction table, or options of ``estimate`` only: pooling of n,
+            a top shape) or ``n_samples`` (an adaptive or popularity design, a bad m).
+    """
+    obj = correction_method(method)
+    design = fixed_design(n_samples)
+    return correction_from_options(obj.name, design.law, obj.options()), design.n_samples
+
+
+def correction_method(method: str | registry.Method) -> registry.Method:
+    """``method`` as the registry's method object of a correction table (a name of :data:`METHODS`: its class with
+    the defaults), else a ValueError naming ``method``: another estimator, or ``estimate()``'s own options set
+    (``max_rel_n_spread``, ``top_shape``)."""
+    if isinstance(method, str):
+        check_method(method)
+    obj = registry.as_method(method)
+    check_method(obj.name)
+    given = [k for k in registry.COMMON_OPTIONS if getattr(obj, k) is not None]
+    if given:
+        raise ValueError(f"method: {given[0]} is an option of estimate(), not of a correction table (one table "
+                         "per n, under the design's law)")
+    return obj
+
+
+def fixed_design(n_samples: SamplingDesign | int) -> SamplingDesign:
+    """``n_samples`` as a design of a fixed m drawn uniformly (with or without replacement), else a ValueError
+    naming ``n_samples``."""
+    design = as_design(n_samples, name="n_samples")
+    if design is None:
+        raise ValueError("n_samples: required, an int m or a SamplingDesign")
+    if design.adaptive_max is not None or design.popularity is not None:
+        raise ValueError(f"n_samples: a correction table is for a fixed m drawn uniformly, got {design.describe()}; "
+                         "estimate() corrects adaptive and popularity designs")
+    return design
 
 
 def _check_sizes(spec: MetricSpec, n_items: Any, n_samples: Any, law: str, method: str | None = None) -> tuple[int, int]:
@@ -252,9 +335,18 @@ def _bv_normal(p: np.ndarray, w: np.ndarray, mv: np.ndarray, c: np.ndarray, gamm
     return scipy.linalg.cho_solve((factor, True), wp.T @ mv, check_finite=False)
 
 
-def _solve(spec: MetricSpec, n: int, m: int, method: str, gamma: float, law: str, prior: Prior) -> np.ndarray:
+def _posterior_mean(c: np.ndarray, h: np.ndarray) -> np.ndarray:
+    """Eq. 26, M^[i] = h[i] / c[i] (h = sum_r p(r) P(i | r) M(r), c = sum_r p(r) P(i | r)); entries no rank reaches
+    (c = 0) interpolated from their neighbours."""
+    ok = c > 1e-300
+    return _fill_missing(np.where(ok, h / np.where(ok, c, 1.0), 0.0), ok)
+
+
+def _solve(spec: MetricSpec, n: int, m: int, corr: _Correction) -> np.ndarray:
+    """The table of ``ls``, ``cls`` or ``bv`` (module docstring)."""
+    method, gamma, law = corr.method, corr.gamma, corr.law
     if method == "bv" and gamma == 1.0:  # eq. 26, posterior mean; rows in chunks (m up to 1e4)
-        r, w = design_rule(spec, n, m, prior)
+        r, w = design_rule(spec, n, m, corr.prior)
         mv = _metric(spec, r, n)
         c, h = np.zeros(m + 1), np.zeros(m + 1)
         step = max(1, (1 << 22) // (m + 1))
@@ -262,9 +354,8 @@ def _solve(spec: MetricSpec, n: int, m: int, method: str, gamma: float, law: str
             p = pmf_at_ranks(r[s : s + step], n, m, law)
             c += w[s : s + step] @ p
             h += (w[s : s + step] * mv[s : s + step]) @ p
-        ok = c > 1e-300
-        return _fill_missing(np.where(ok, h / np.where(ok, c, 1.0), 0.0), ok)
-    p, w, mv = _weighted_system(spec, n, m, law, prior)
+        return _posterior_mean(c, h)
+    p, w, mv = _weighted_system(spec, n, m, law, corr.prior)
     c = w @ p  # c[i] = sum_r p(r) P(i | r)
     if method == "bv":  # 0 < gamma < 1: eq. 25 by Cholesky where well conditioned
         x = _bv_normal(p, w, mv, c, gamma)
@@ -285,17 +376,17 @@ def _solve(spec: MetricSpec, n: int, m: int, method: str, gamma: float, law: str
 
 
 @lru_cache(maxsize=2048)
-def _table(spec: MetricSpec, n: int, m: int, method: str, gamma: float, law: str, prior: Prior, rounding: str) -> np.ndarray:
-    if method == "none":
+def _table(spec: MetricSpec, n: int, m: int, corr: _Correction) -> np.ndarray:
+    if corr.method == "none":
         table = _metric(spec, np.arange(1, m + 2, dtype=np.float64), m + 1)
-    elif method == "rank_estimate":
-        table = _rank_estimate(spec, n, m, rounding)
+    elif corr.method == "rank_estimate":
+        table = _rank_estimate(spec, n, m, corr.rounding)
     else:
         with one_blas_thread(m + 1 <= SMALL_SYSTEM):  # small systems: BLAS's threads cost more than they save
-            table = _solve(spec, n, m, method, gamma, law, prior)
+            table = _solve(spec, n, m, corr)
     table = np.ascontiguousarray(table, dtype=np.float64)
     if not np.all(np.isfinite(table)):  # pragma: no cover - guarded by construction and tests
-        raise FloatingPointError(f"correction table for {spec} (n={n}, m={m}, {method}) is not finite")
+        raise FloatingPointError(f"correction table for {spec} (n={n}, m={m}, {corr.method}) is not finite")
     table.setflags(write=False)
     return table
 
@@ -304,55 +395,48 @@ def clear_correction_cache() -> None:
     """Drop every cached correction table."""
     _table.cache_clear()
     _stacked.cache_clear()
+    _tables_shared.cache_clear()
 
 
-def stacked_tables(metric: str | MetricSpec, n_items: np.ndarray, n_samples: np.ndarray, method: str, gamma: float, sampling: str,
-                   prior: PriorLike, rounding: str) -> np.ndarray:
+def table_array(metric: str | MetricSpec, n_items: Any, n_samples: Any, corr: _Correction) -> np.ndarray:
+    """The table of one (n, m) (float64, read-only, cached), ``n_items`` and ``n_samples`` checked for ``corr``
+    (:func:`_check_sizes`; a vector prior's length against n)."""
+    spec = parse_metric(metric)
+    n, m = _check_sizes(spec, n_items, n_samples, corr.law, corr.method)
+    as_prior(corr.prior, n)  # a vector prior's length against n
+    return _table(spec, n, m, corr)
+
+
+def stacked_tables(spec: MetricSpec, n_items: np.ndarray, n_samples: np.ndarray, corr: _Correction) -> np.ndarray:
     """The tables of every (n, m) group (``n_items[g]``, ``n_samples[g]``) concatenated in group order
     (float64, read-only): what an estimator dots with a histogram's concatenated counts. Many distinct n
-    cost a bounded number of solves (:func:`tables_by_n`). Cached as a whole when the prior is hashable
-    (None, a name, ("beta", a), a Prior object), so a repeated evaluation (same groups every epoch) costs one
-    lookup instead of one per group."""
-    n = tuple(int(v) for v in n_items)
-    m = tuple(int(v) for v in n_samples)
-    try:
-        hash(prior)
-    except TypeError:  # a vector prior: one n only (its length); per-group tables (each still cached)
-        return _concat(metric, n, m, method, gamma, sampling, prior, rounding)
-    return _stacked(parse_metric(metric), n, m, method, gamma, sampling, cast(Hashable, prior), rounding)
-
-
-def _concat(metric: str | MetricSpec, n: tuple, m: tuple, method: str, gamma: float, sampling: str, prior: PriorLike,
-            rounding: str) -> np.ndarray:
-    out = np.concatenate([table_numpy(metric, ng, mg, method, gamma, sampling, prior, rounding) for ng, mg in zip(n, m)])
-    out.setflags(write=False)
-    return out
+    cost a bounded number of solves (:func:`tables_by_n`). Cached as a whole, so a repeated evaluation (same groups
+    every epoch) costs one lookup instead of one per group."""
+    return _stacked(spec, tuple(int(v) for v in n_items), tuple(int(v) for v in n_samples), corr)
 
 
 @lru_cache(maxsize=256)
-def _stacked(spec: MetricSpec, n: tuple, m: tuple, method: str, gamma: float, sampling: str, prior: PriorLike,
-             rounding: str) -> np.ndarray:
+def _stacked(spec: MetricSpec, n: tuple, m: tuple, corr: _Correction) -> np.ndarray:
     n_arr, m_arr = np.asarray(n, dtype=np.int64), np.asarray(m, dtype=np.int64)
     out = np.empty(int((m_arr + 1).sum()))
     starts = np.cumsum(m_arr + 1) - (m_arr + 1)  # each group's first entry in the concatenation
     for mv in np.unique(m_arr).tolist():  # one table family per sample size (adaptive designs: a few)
         idx = np.flatnonzero(m_arr == mv)
         uniq, inv = np.unique(n_arr[idx], return_inverse=True)
-        tabs = tables_by_n(spec, uniq, mv, method, gamma, sampling, prior, rounding)
+        tabs = tables_by_n(spec, uniq, mv, corr)
         out[starts[idx][:, None] + np.arange(mv + 1)] = tabs[inv]
     out.setflags(write=False)
     return out
 
 
-def tables_by_n(metric: str | MetricSpec, n_items: np.ndarray, n_samples: int, method: str, gamma: float, sampling: str,
-                prior: PriorLike, rounding: str = "floor") -> np.ndarray:
+def tables_by_n(metric: str | MetricSpec, n_items: np.ndarray, n_samples: int, corr: _Correction) -> np.ndarray:
     """Tables of one m for many candidate counts: float64 (len(n_items), m + 1), row i for ``n_items[i]``.
 
-    Same values as :func:`table_numpy` row by row, at a cost that does not grow with the number of distinct
+    Same values as :func:`table_array` row by row, at a cost that does not grow with the number of distinct
     n: ``none`` is one table, ``rank_estimate`` one vectorised formula, ``cls`` / ``bv`` tables are built at
     Chebyshev points in 1/(n - 1) and interpolated, every interpolant verified against exact tables between
     its nodes to 1e-10 (``_over_n.tables_over_n``; pieces that fail are built exactly), ``ls`` (truncated SVD:
-    its tables are not continuous in n) exactly for each distinct n. A vector prior (one n) goes per n.
+    its tables are not continuous in n) exactly for each distinct n. A vector prior has one n (its length).
     """
     from ._over_n import tables_over_n
 
@@ -362,25 +446,15 @@ def tables_by_n(metric: str | MetricSpec, n_items: np.ndarray, n_samples: int, m
         return np.empty((0, int(n_samples) + 1))
     uniq, inv = np.unique(ns, return_inverse=True)
     # validity (n >= 2, m < n without replacement, k <= n, n at most MAX_SIZE) is monotone in n: check the ends
-    table_numpy(spec, int(uniq[-1]), n_samples, method, gamma, sampling, prior, rounding)
-    first = table_numpy(spec, int(uniq[0]), n_samples, method, gamma, sampling, prior, rounding)
+    table_array(spec, int(uniq[-1]), n_samples, corr)
+    first = table_array(spec, int(uniq[0]), n_samples, corr)
     m = first.size - 1
-    name = check_method(method)
-    g = check_gamma(gamma)
-    if name == "bv" and g == 0.0:
-        name = "ls"
-    if uniq.size == 1 or name == "none":
+    if uniq.size == 1 or corr.method == "none":
         out = np.broadcast_to(first, (uniq.size, m + 1))
-    elif name == "rank_estimate":
-        out = _rank_estimate_rows(spec, uniq, m, rounding)
+    elif corr.method == "rank_estimate":
+        out = _rank_estimate_rows(spec, uniq, m, corr.rounding)
     else:
-        try:
-            hash(prior)
-            smooth = name != "ls"
-        except TypeError:
-            smooth = False
-        out, _ = tables_over_n(lambda n: table_numpy(spec, n, m, method, gamma, sampling, prior, rounding), uniq,
-                               interpolate=smooth)
+        out, _ = tables_over_n(lambda n: table_array(spec, n, m, corr), uniq, interpolate=corr.method != "ls")
     return np.ascontiguousarray(out[inv])
 
 
@@ -401,41 +475,12 @@ def _metric_rows(spec: MetricSpec, r: np.ndarray, n: np.ndarray) -> np.ndarray:
     return metric_from_float_ranks(spec, torch.from_numpy(np.ascontiguousarray(r)), torch.from_numpy(np.ascontiguousarray(n))).numpy()
 
 
-def table_numpy(metric: str | MetricSpec, n_items: Any, n_samples: Any, method: str, gamma: Any, sampling: str, prior: PriorLike,
-                rounding: str) -> np.ndarray:
-    spec = parse_metric(metric)
-    method = check_method(method)
-    gamma = check_gamma(gamma)
-    law = check_law(sampling)
-    n, m = _check_sizes(spec, n_items, n_samples, law, method)
-    if not isinstance(rounding, str) or rounding not in ("floor", "linear"):
-        raise ValueError(f"rounding: use 'floor' or 'linear', got {rounding!r}")
-    if rounding != "floor" and method != "rank_estimate":  # as estimate(): an option the method does not use
-        raise ValueError(f"rounding: only method 'rank_estimate' uses it, got rounding={rounding!r} with method {method!r}")
-    prior_obj = as_prior(prior, n)
-    if method in ("none", "rank_estimate"):
-        gamma, prior_obj = 0.0, as_prior(None)  # irrelevant to the table: share the cache entry
-    if method == "bv" and gamma == 0.0:
-        method = "ls"  # eq. 25 with gamma = 0 is eq. 22
-    if method in ("ls", "cls"):
-        gamma = 0.0
-    if method != "rank_estimate":
-        rounding = "floor"
-    return _table(spec, n, m, method, gamma, law, prior_obj, rounding)
-
-
-
-
 def correction_table(
     metric: str | MetricSpec,
     n_items: int,
-    n_samples: int,
-    method: str = "bv",
-    gamma: float = 0.1,
-    sampling: str = "binomial",
-    prior: PriorLike = None,
+    n_samples: SamplingDesign | int,
+    method: str | registry.Method = registry.DEFAULT_CORRECTION,
     *,
-    rounding: str = "floor",
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """The correction table M^ (float64, length m + 1, index 0 is r~ = 1) of section 5.
@@ -443,14 +488,14 @@ def correction_table(
     Args:
         metric: metric name (``"recall@10"``, ``"ndcg@10"``, ``"ap"``, ``"auc"``, ...), M of section 3.1.
         n_items: n, candidates per instance (the relevant item included).
-        n_samples: m, sampled irrelevant items per relevant item (so r~ is in 1..m+1).
-        method: ``"none"``, ``"rank_estimate"`` (eq. 20), ``"ls"`` (eq. 21-23), ``"cls"`` (monotone),
-            ``"bv"`` (eq. 24-25).
-        gamma: bias-variance weight of ``bv`` in [0, 1]; 1 gives the posterior mean (eq. 26).
-        sampling: ``"binomial"`` (with replacement) or ``"hypergeometric"`` (without).
-        prior: p(r) for ``ls``/``cls``/``bv``: None (uniform), a :class:`~reco_sampled_plugin.priors.Prior`,
+        n_samples: the design: an int m (sampled irrelevant items per relevant item, drawn uniformly with
+            replacement: the binomial law; r~ is in 1..m+1) or a fixed-m
+            :class:`~reco_sampled_plugin.design.SamplingDesign` (``replacement=False``: the hypergeometric law).
+        method: the correction, a name of :data:`METHODS` (its defaults) or the registry's method object:
+            ``registry.Uncorrected()``, ``RankEstimate(rounding="floor" | "linear")`` (eq. 20), ``Ls(prior=...)``
+            (eq. 21-23), ``Cls(prior=...)`` (monotone), ``Bv(gamma=0.1, prior=...)`` (eq. 24-25; gamma = 1 is the
+            posterior mean, eq. 26). A prior p(r) is None (uniform), a :class:`~reco_sampled_plugin.priors.Prior`,
             ``("beta", a)``, a vector of length n (summing to 1) or a callable ``fn(r, n)``.
-        rounding: for ``rank_estimate``: ``"floor"`` (the paper) or ``"linear"``.
         device: where the returned tensor lives (tables are built on the CPU and cached).
 
     Raises:
@@ -458,8 +503,8 @@ def correction_table(
             replacement, a cut-off k > n, a bad prior (length, negative, not summing to one).
     """
     device = check_device(device)
-    table = table_numpy(metric, n_items, n_samples, method, gamma, sampling, prior, rounding)
-    return torch.tensor(table, dtype=torch.float64, device=device)
+    corr, m = as_correction(method, n_samples)
+    return torch.tensor(table_array(metric, n_items, m, corr), dtype=torch.float64, device=device)
 
 
 # ------------------------------------------------------------------------------ many metrics at once
@@ -490,9 +535,11 @@ def _shared_rule(specs: tuple[MetricSpec, ...], n: int, m: int, prior: Prior) ->
 
 
 @lru_cache(maxsize=256)
-def _tables_shared(specs: tuple[MetricSpec, ...], n: int, m: int, method: str, gamma: float, law: str,
-                   prior: Prior) -> np.ndarray | None:
-    rule = _shared_rule(specs, n, m, prior)
+def _tables_shared(specs: tuple[MetricSpec, ...], n: int, m: int, corr: _Correction) -> np.ndarray | None:
+    """The tables of ``specs`` (one row each) from one rule, one pmf matrix and one factorisation, or None where no
+    rule serves them all (:func:`_shared_rule`)."""
+    method, gamma, law = corr.method, corr.gamma, corr.law
+    rule = _shared_rule(specs, n, m, corr.prior)
     if rule is None:
         return None
     r, w, enumerated = rule
@@ -502,8 +549,7 @@ def _tables_shared(specs: tuple[MetricSpec, ...], n: int, m: int, method: str, g
     if method == "bv" and gamma == 1.0:  # eq. 26 for every metric: posterior means
         c = w @ p
         h = (w[:, None] * mv).T @ p
-        ok = c > 1e-300
-        return np.stack([_fill_missing(np.where(ok, hh / np.where(ok, c, 1.0), 0.0), ok) for hh in h])
+        return np.stack([_posterior_mean(c, hh) for hh in h])
     c = w @ p
     cols = m + 1
     if method == "bv":
@@ -538,15 +584,11 @@ def _tables_shared(specs: tuple[MetricSpec, ...], n: int, m: int, method: str, g
 def correction_tables(
     metrics: str | MetricSpec | Iterable[str | MetricSpec],
     n_items: int,
-    n_samples: int,
-    method: str = "bv",
-    gamma: float = 0.1,
-    sampling: str = "binomial",
-    prior: PriorLike = None,
-    *,
-    rounding: str = "floor",
+    n_samples: SamplingDesign | int,
+    method: str | registry.Method = registry.DEFAULT_CORRECTION,
 ) -> np.ndarray:
-    """Correction tables of several metrics at once: float64 array (len(metrics), m + 1), row s for metrics[s].
+    """Correction tables of several metrics at once: float64 array (len(metrics), m + 1), row s for metrics[s];
+    ``n_samples`` and ``method`` as in :func:`correction_table`.
 
     Same values as :func:`correction_table` per metric (agreement to ~1e-10, tested), but ``ls``, ``cls`` and
     ``bv`` share one quadrature rule, one pmf matrix and one factorisation across the metrics when they can
@@ -555,43 +597,26 @@ def correction_tables(
     n <= 4 (m + 2)); e.g. HR@K and NDCG@K for K = 1..50 cost about as much as one table. Cached by arguments.
     """
     specs = check_metric_names(metrics)
-    method_n = check_method(method)
-    g = check_gamma(gamma)
-    law = check_law(sampling)
+    corr, m = as_correction(method, n_samples)
     for sp in specs:
-        n, m = _check_sizes(sp, n_items, n_samples, law, method_n)
-    if method_n == "bv" and g == 0.0:
-        method_n = "ls"
-    if method_n in ("ls", "cls", "bv"):
-        out = _tables_shared(specs, n, m, method_n, 0.0 if method_n != "bv" else g, law, as_prior(prior, n))
+        n, m = _check_sizes(sp, n_items, m, corr.law, corr.method)
+    if corr.solved:
+        as_prior(corr.prior, n)  # a vector prior's length against n
+        out = _tables_shared(specs, n, m, corr)
         if out is not None:
             out = np.ascontiguousarray(out, dtype=np.float64)
             if not np.all(np.isfinite(out)):  # pragma: no cover - guarded by construction and tests
-                raise FloatingPointError(f"correction tables (n={n}, m={m}, {method_n}) are not finite")
+                raise FloatingPointError(f"correction tables (n={n}, m={m}, {corr.method}) are not finite")
             return out
-    return np.stack([table_numpy(sp, n, m, method, gamma, sampling, prior, rounding) for sp in specs])
+    return np.stack([table_array(sp, n, m, corr) for sp in specs])
 
 
-def n_interpolation(n_flat: torch.Tensor, max_rel_n_spread: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(grid nodes, lower node index, weight t of the upper node) for per-instance counts n: the linear
-    interpolation in 1/(n - 1) between geometric grid nodes of :func:`~reco_sampled_plugin._rank_hist.pool_by_n`."""
-    from ._rank_hist import n_grid
-
-    ns = n_flat.to("cpu", torch.int64).numpy()
-    grid = n_grid(int(ns.min()), int(ns.max()), max_rel_n_spread)
-    if len(grid) == 1:
-        return grid, np.zeros(ns.size, dtype=np.int64), np.zeros(ns.size)
-    j = np.clip(np.searchsorted(grid, ns, side="right") - 1, 0, len(grid) - 2)
-    x, x0, x1 = 1.0 / (ns - 1.0), 1.0 / (grid[j] - 1.0), 1.0 / (grid[j + 1] - 1.0)
-    return grid, j, np.clip((x - x0) / (x1 - x0), 0.0, 1.0)
-
-
-def tables_for_counts(metric: str | MetricSpec, n_items: torch.Tensor, n_samples: int, method: str, gamma: float, sampling: str,
-                      prior: PriorLike, rounding: str = "floor") -> tuple[torch.Tensor, torch.Tensor]:
+def tables_for_counts(metric: str | MetricSpec, n_items: torch.Tensor, n_samples: int,
+                      corr: _Correction) -> tuple[torch.Tensor, torch.Tensor]:
     """Tables for every distinct candidate count: returns (tables U x (m+1) float64 CPU tensor, inverse)."""
     n_flat = n_items.reshape(-1).to("cpu", torch.int64)
     uniq, inverse = torch.unique(n_flat, return_inverse=True)
-    rows = tables_by_n(metric, uniq.numpy(), n_samples, method, gamma, sampling, prior, rounding)
+    rows = tables_by_n(metric, uniq.numpy(), n_samples, corr)
     return torch.from_numpy(rows), inverse
 
 
@@ -599,15 +624,12 @@ def expected_corrected(
     metric: str | MetricSpec,
     exact_ranks: TensorLike,
     n_items: TensorLike,
-    n_samples: int,
-    method: str = "bv",
-    gamma: float = 0.1,
-    sampling: str = "binomial",
-    prior: PriorLike = None,
-    *,
-    rounding: str = "floor",
+    n_samples: SamplingDesign | int,
+    method: str | registry.Method = registry.DEFAULT_CORRECTION,
 ) -> torch.Tensor:
-    """E[M^(r~) | r] for every exact rank (float64, shaped like ``exact_ranks``; CPU computation).
+    """E[M^(r~) | r] for every exact rank (float64, shaped like ``exact_ranks``; CPU computation): the mean of
+    ``method``'s table over the sampled rank's law under the design ``n_samples`` (both as in
+    :func:`correction_table`).
 
     ``n_items`` is an int or a tensor of per-instance candidate counts broadcastable against the ranks.
     """
@@ -616,12 +638,12 @@ def expected_corrected(
     r = check_rank_values(exact_ranks, "exact_ranks").to("cpu")
     n = check_sizes(n_items, "n_items", 2, like=r, like_name="exact_ranks")
     r, n = torch.broadcast_tensors(r, torch.as_tensor(n, dtype=torch.int64))
-    m = check_size(n_samples, "n_samples", 1, MAX_SAMPLES)
+    corr, m = as_correction(method, n_samples)
     check_ranks_in_range(r, n, "exact_ranks")
-    if r.numel() == 0:  # an empty batch: no values; the settings are still checked
-        parse_metric(metric), check_method(method), check_gamma(gamma), check_law(sampling)
+    if r.numel() == 0:  # an empty batch: no values; the metric is still checked
+        parse_metric(metric)
         return torch.empty(r.shape, dtype=torch.float64)
-    tables, inverse = tables_for_counts(metric, n, m, method, gamma, sampling, prior, rounding)
+    tables, _ = tables_for_counts(metric, n, m, corr)
     pairs = torch.stack([r.reshape(-1).to(torch.float64), n.reshape(-1).to(torch.float64)], dim=1)
     uniq, inv_pairs = torch.unique(pairs, dim=0, return_inverse=True)
     n_uniq = uniq[:, 1].to(torch.int64)
@@ -630,25 +652,25 @@ def expected_corrected(
     chunk = max(1, (1 << 22) // (m + 1))
     for s in range(0, uniq.shape[0], chunk):  # bounded memory; each chunk vectorised
         sl = slice(s, s + chunk)
-        pmf = log_sampled_rank_pmf_unbounded(uniq[sl, 0], uniq[sl, 1], m, sampling).exp()
+        pmf = log_sampled_rank_pmf_unbounded(uniq[sl, 0], uniq[sl, 1], m, corr.law).exp()
         out[sl] = (pmf * tables[t_idx[sl]]).sum(dim=1)
-    del inverse
     return out[inv_pairs].reshape(r.shape)
 
 
-def table_bias(
-    table: TensorLike, metric: str | MetricSpec, n_items: int, n_samples: int, sampling: str = "binomial", prior: PriorLike = None
-) -> float:
-    """Prior-weighted squared bias sum_r p(r) (E[M^(r~) | r] - M(r))^2 of a table (objective of eq. 21)."""
+def table_bias(table: TensorLike, metric: str | MetricSpec, n_items: int, n_samples: SamplingDesign | int,
+               prior: PriorLike = None) -> float:
+    """Prior-weighted squared bias sum_r p(r) (E[M^(r~) | r] - M(r))^2 of a table (objective of eq. 21) under the
+    design ``n_samples`` (an int m or a fixed-m uniform :class:`~reco_sampled_plugin.design.SamplingDesign`); ``prior``
+    as the methods' (None: uniform)."""
     spec = parse_metric(metric)
-    law = check_law(sampling)
-    n, m = _check_sizes(spec, n_items, n_samples, law)
+    design = fixed_design(n_samples)
+    n, m = _check_sizes(spec, n_items, design.n_samples, design.law)
     x = real_tensor(table, "table", "the m + 1 values of a correction table").to(torch.float64).cpu().numpy()
     if x.shape != (m + 1,):
         raise ValueError(f"table: expected length m + 1 = {m + 1}, got {x.shape}")
     if not np.all(np.isfinite(x)):
         raise ValueError("table: contains NaN or inf")
-    p, w, mv = _weighted_system(spec, n, m, law, as_prior(prior, n))
+    p, w, mv = _weighted_system(spec, n, m, design.law, as_prior(prior, n))
     return float(w @ (p @ x - mv) ** 2)
 
 
@@ -690,13 +712,11 @@ def _estimate_output(value: float, se: float, hist: RankHistogram, details: dict
 def estimate_by_table(spec: MetricSpec, hist: RankHistogram, *, method: str, sampling: str, options: dict) -> EstimatorOutput:
     """The registry's compute function of the correction tables (``none``, ``rank_estimate``, ``ls``, ``cls``,
     ``bv``): each group's table (cached) dotted with its counts; ``options``: gamma, prior, rounding."""
-    gamma = options.get("gamma", 0.1)
-    gamma = 0.1 if gamma is None else gamma
-    rounding = options.get("rounding") or "floor"
-    values = stacked_tables(spec, hist.n_items, hist.n_samples, method, gamma, sampling, options.get("prior"), rounding)
+    values = stacked_tables(spec, hist.n_items, hist.n_samples, correction_from_options(method, sampling, options))
     value, se = table_estimate(hist, values)
     flags, se = _resolution_flags(spec, hist, se)
-    details = {"method": method, "metric": str(spec), "gamma": gamma if method == "bv" else None}
+    gamma = (0.1 if options.get("gamma") is None else options["gamma"]) if method == "bv" else None
+    details = {"method": method, "metric": str(spec), "gamma": gamma}
     return _estimate_output(value, se, hist, details, flags)
 
 
@@ -718,7 +738,8 @@ def estimate_by_fitted_prior(spec: MetricSpec, hist: RankHistogram, *, method: s
         return dist.prior(n) if small else dist.as_prior()
 
     values = np.concatenate([
-        table_numpy(spec, int(n), int(m), "bv", gamma, sampling, prior_for_n(int(n), int(m)), "floor")
+        table_array(spec, int(n), int(m),
+                    correction_from_options("bv", sampling, {"gamma": gamma, "prior": prior_for_n(int(n), int(m))}))
         for n, m in zip(hist.n_items, hist.n_samples)
     ])
     value, se = table_estimate(hist, values)

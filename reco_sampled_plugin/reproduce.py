@@ -110,6 +110,14 @@ class ReproduceResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
+_LAWS = {"binomial": True, "hypergeometric": False}
+
+
+def _design(m: int, sampling: str) -> SamplingDesign:
+    """The fixed-m :class:`~reco_sampled_plugin.design.SamplingDesign` of ``m`` and the law ``sampling`` (checked)."""
+    return SamplingDesign(m, replacement=_LAWS[sampling])
+
+
 def _int_list(x: Any, name: str) -> tuple:
     """A list option of integers (``m_grid``): a list or tuple, not one number, a str or a mapping."""
     if not isinstance(x, (list, tuple)) or not x:
@@ -268,8 +276,8 @@ def _rank_dist_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: R
                 fits[fit_method] = estimate_rank_distributions(hists, fit_method, sampling=cfg.sampling)
             if method == "bv_mle":  # bv (gamma = 0.1) with each run's mle fit as the prior p(r)
                 values = torch.from_numpy(np.stack([
-                    cast(np.ndarray, sum(correction_tables(metrics, int(n), cfg.m, "bv", 0.1, cfg.sampling,
-                                                           prior=fit.prior(int(n))) @ c
+                    cast(np.ndarray, sum(correction_tables(metrics, int(n), _design(cfg.m, cfg.sampling),
+                                                           registry.Bv(gamma=0.1, prior=fit.prior(int(n)))) @ c
                                          for n, c in zip(h.n_items, h.counts))) / h.total
                     for h, fit in zip(hists, fits["mle"])
                 ]))
@@ -377,9 +385,9 @@ def _expected_corrected_grouped(metric: str, ranks: torch.Tensor, n_cand: torch.
     from .sampling_laws import log_sampled_rank_pmf_unbounded
 
     if spread <= 0:
-        return expected_corrected(metric, ranks, n_cand, m, "bv", 0.1, sampling)
+        return expected_corrected(metric, ranks, n_cand, _design(m, sampling), "bv")
     reps, inverse = _n_groups(n_cand, spread)
-    tables = torch.stack([correction_table(metric, int(n), m, "bv", 0.1, sampling) for n in reps.tolist()])
+    tables = torch.stack([correction_table(metric, int(n), _design(m, sampling), "bv") for n in reps.tolist()])
     pmf = log_sampled_rank_pmf_unbounded(ranks, n_cand, m, sampling).exp()  # (U, m + 1)
     return (pmf * tables[inverse]).sum(1)
 
@@ -407,7 +415,7 @@ def _tables_3_and_4(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: R
     rank-distribution and adaptive estimators' rows (one draw of ``repeats`` runs per recommender, shared)."""
     m = cfg.m
     bar = _progress(3, "tables 3 and 4", progress)
-    report = consistency_report(ranks, n_cand, m, cfg.metrics, cfg.methods, cfg.repeats, cfg.sampling, seed=cfg.seed)
+    report = consistency_report(ranks, n_cand, _design(m, cfg.sampling), cfg.metrics, cfg.methods, cfg.repeats, seed=cfg.seed)
     bar.update()
     names = list(ranks)
     draws = {

@@ -1,10 +1,12 @@
 """Paired comparisons of two recommenders on the same instances.
 
-:func:`paired_difference` looks the correction table M^ (corrections.py) up at each instance's sampled ranks r~ in
-1..m+1 under both recommenders and averages the differences; its standard error is the sample standard deviation
-of the differences / sqrt(#instances). Candidate counts n may differ per instance (catalogue minus each user's
-training items): every distinct n gets its own exact table (cached). Tables are applied on the device of the
-ranks. A corrected metric of one recommender is ``estimate(metric, sample, method)`` (``estimators.py``).
+:func:`paired_difference` looks the correction table M^ (corrections.py) of one method (a name such as ``"bv"`` or
+the registry's method object: ``registry.Bv(gamma=0.2)``, ``registry.Cls()``, ...) under one design (an int m or a
+fixed-m ``SamplingDesign``) up at each instance's sampled ranks r~ in 1..m+1 under both recommenders and averages the
+differences; its standard error is the sample standard deviation of the differences / sqrt(#instances). Candidate
+counts n may differ per instance (catalogue minus each user's training items): every distinct n gets its own exact
+table (cached). Tables are applied on the device of the ranks. A corrected metric of one recommender is
+``estimate(metric, sample, method)`` (``estimators.py``).
 """
 
 from __future__ import annotations
@@ -16,16 +18,17 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ._checks import MAX_SAMPLES, check_rank_values, check_sampled_support, check_size, check_sizes
-from .corrections import check_gamma, check_method, tables_for_counts
+from . import registry
+from ._checks import check_rank_values, check_sampled_support, check_sizes
+from .corrections import as_correction, tables_for_counts
 from ._estimate import Estimate, range_flags
 from .metric_names import parse_metric
 from .metrics import metric_bounds
-from .sampling_laws import check_law
 
 if TYPE_CHECKING:
+    from .corrections import _Correction
+    from .design import SamplingDesign
     from .metric_names import MetricSpec
-    from .priors import PriorLike
     from ._types import TensorLike
 
 __all__ = ["paired_difference"]
@@ -62,14 +65,14 @@ def _bounds(spec: MetricSpec, n_items: int | TensorLike) -> tuple[float, float]:
     return metric_bounds(spec, torch.as_tensor(n_items).detach().cpu().reshape(-1).numpy())
 
 
-def _table_values(metric: str | MetricSpec, r: torch.Tensor, n_items: int | TensorLike, m: int, method: str,
-                  gamma: float, sampling: str, prior: PriorLike, rounding: str) -> torch.Tensor:
+def _table_values(metric: str | MetricSpec, r: torch.Tensor, n_items: int | TensorLike, m: int,
+                  corr: _Correction) -> torch.Tensor:
     """The correction table M^ of each instance's n looked up at its sampled rank (float64, on the device of ``r``):
     one exact table per distinct n (``corrections.tables_for_counts``, cached)."""
     n = check_sizes(n_items, "n_items", 2, like=r, like_name="sampled_ranks", exact=True, device=r.device)
     n = torch.broadcast_to(torch.as_tensor(n, dtype=torch.int64, device=r.device), r.shape)
-    check_sampled_support(r, n, m, check_law(sampling))  # as estimate(): an r~ the design cannot produce is refused
-    tables, inverse = tables_for_counts(metric, n.reshape(-1), m, method, gamma, sampling, prior, rounding)
+    check_sampled_support(r, n, m, corr.law)  # as estimate(): an r~ the design cannot produce is refused
+    tables, inverse = tables_for_counts(metric, n.reshape(-1), m, corr)
     return tables.to(r.device)[inverse.to(r.device), r.reshape(-1) - 1].reshape(r.shape)
 
 
@@ -78,21 +81,19 @@ def paired_difference(
     sampled_ranks_a: TensorLike,
     sampled_ranks_b: TensorLike,
     n_items: int | TensorLike,
-    n_samples: int,
-    method: str = "bv",
-    gamma: float = 0.1,
-    sampling: str = "binomial",
-    prior: PriorLike = None,
-    *,
-    rounding: str = "floor",
+    n_samples: SamplingDesign | int,
+    method: str | registry.Method = registry.DEFAULT_CORRECTION,
 ) -> Estimate:
     """Corrected metric of A minus that of B on the same instances, with the paired standard error.
 
+    ``n_samples`` is the design (an int m, or a fixed-m ``SamplingDesign``: ``replacement=False`` for draws without
+    replacement) and ``method`` the correction (a name of ``corrections.METHODS`` or the registry's method object,
+    ``registry.Bv(gamma=0.2, prior=...)``), as in :func:`~reco_sampled_plugin.corrections.correction_table`.
     ``details["prob_a_better"]`` is the normal-approximation probability that A's metric exceeds B's,
     Phi(value / stderr); ``details["prob_ordering_holds"]`` is that of the observed ordering,
     Phi(|value| / stderr) (1 when every instance has the same non-zero difference, 0.5 for a zero
     difference). A single instance has no measurable spread: stderr inf, flag ``few_instances``, and both
-    probabilities 0.5 (no evidence either way), never certainty.
+    probabilities 0.5 (no evidence either way), never certainty. ``details["gamma"]`` is bv's (None for the others).
     """
     a = check_rank_values(sampled_ranks_a, "sampled_ranks_a")
     b = check_rank_values(sampled_ranks_b, "sampled_ranks_b")
@@ -100,11 +101,10 @@ def paired_difference(
         raise ValueError(f"sampled_ranks_b: shape {tuple(b.shape)} differs from sampled_ranks_a {tuple(a.shape)}")
     if a.numel() == 0:
         raise ValueError("sampled_ranks_a: empty, no paired instance to compare")
-    m = check_size(n_samples, "n_samples", 1, MAX_SAMPLES)
+    corr, m = as_correction(method, n_samples)
     a, b = _check_sampled(a, m), _check_sampled(b.to(a.device), m)
-    check_method(method), check_gamma(gamma)
-    va = _table_values(metric, a, n_items, m, method, gamma, sampling, prior, rounding)
-    vb = _table_values(metric, b, n_items, m, method, gamma, sampling, prior, rounding)
+    va = _table_values(metric, a, n_items, m, corr)
+    vb = _table_values(metric, b, n_items, m, corr)
     est = _spread_measured(Estimate.from_values((va - vb).detach().cpu()))
     lo, hi = _bounds(parse_metric(metric), n_items)
     est = _with_range(est, (lo - hi, hi - lo))  # a difference of two values in [lo, hi]: flagged outside it
@@ -115,10 +115,11 @@ def paired_difference(
         p_a = NormalDist().cdf(z)
     else:
         p_a = 0.5 if est.value == 0 else float(est.value > 0)
+    obj = registry.as_method(method)
     details = {
         "metric": str(parse_metric(metric)),
-        "method": check_method(method),
-        "gamma": check_gamma(gamma),
+        "method": obj.name,
+        "gamma": getattr(obj, "gamma", None),
         "prob_a_better": p_a,
         "prob_ordering_holds": max(p_a, 1 - p_a) if not math.isnan(p_a) else 0.5,
         "flags": est.flags,

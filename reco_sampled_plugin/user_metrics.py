@@ -214,6 +214,22 @@ def _expand(metrics: Iterable[str | MetricSpec], cumulative: bool) -> list[Metri
     return out
 
 
+def _check_cutoffs(specs: Sequence[MetricSpec], n: int) -> int:
+    """``n``, the candidates of every user, where each cut-off k of ``specs`` is at most n; else a ValueError naming
+    ``metrics``."""
+    for spec in specs:
+        if spec.k is not None and spec.k > n:
+            raise ValueError(f"metrics: k = {spec.k} in {str(spec)!r} is larger than the candidate list ({n} items)")
+    return n
+
+
+def _kernel_ties(ties: str) -> str:
+    """The counting kernels' tie policy of ``ties`` (checked): ``"average"`` counts each positive's tie group
+    [lo, hi] (``TIE_BOUNDS``), over whose orders the metrics then take their expectation."""
+    check_ties(ties)
+    return TIE_BOUNDS if ties == "average" else ties
+
+
 def per_user_metrics(
     scores: torch.Tensor,
     positives: torch.Tensor,
@@ -248,16 +264,11 @@ def per_user_metrics(
     specs = _expand(metrics, cumulative)
     as_frame = check_bool(as_frame, "as_frame")
     check_finite = check_bool(check_finite, "check_finite")
-    check_ties(ties)
+    kernel_ties = _kernel_ties(ties)
     check_generator(generator)
     scores, pos, exc = prepare_inputs(scores, positives, exclude, False)
-    b, n = scores.shape
-    for spec in specs:
-        if spec.k is not None and spec.k > n:
-            raise ValueError(f"metrics: k = {spec.k} in {str(spec)!r} is larger than the candidate list ({n} items)")
-    # the NaN/inf rows come from the counting pass and are read back with the results (one synchronisation fewer);
-    # ties="average": each positive's tie group [lo, hi], over whose orders the metrics take their expectation
-    kernel_ties = TIE_BOUNDS if ties == "average" else ties
+    n = _check_cutoffs(specs, scores.shape[1])
+    # the NaN/inf rows come from the counting pass and are read back with the results (one synchronisation fewer)
     ranks, finite = exact_ranks_padded_finite(scores, pos, exc, kernel_ties, True, generator, check_finite, False)
     return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame, finite)
 
@@ -284,12 +295,8 @@ def per_user_metrics_from_factors(
     specs = _expand(metrics, cumulative)
     as_frame = check_bool(as_frame, "as_frame")
     user_factors, item_factors, item_bias = check_factors(user_factors, item_factors, item_bias)
-    n = int(item_factors.shape[0])
-    for spec in specs:
-        if spec.k is not None and spec.k > n:
-            raise ValueError(f"metrics: k = {spec.k} in {str(spec)!r} is larger than the candidate list ({n} items)")
-    check_ties(ties)
-    kernel_ties = TIE_BOUNDS if ties == "average" else ties
+    n = _check_cutoffs(specs, int(item_factors.shape[0]))
+    kernel_ties = _kernel_ties(ties)
     ranks, pos, exc = ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, kernel_ties, item_bias=item_bias)
     return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame)
 

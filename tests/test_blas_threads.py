@@ -99,8 +99,8 @@ def test_fits_tables_and_intervals_run_on_one_thread_and_large_tables_keep_their
 
     solves = _spy(monkeypatch, corrections, "_solve")
     corrections.clear_correction_cache()
-    corrections.correction_table("ndcg@10", 2_000, 100, "bv", 0.1)
-    corrections.correction_table("ndcg@10", 20_000, _blas.SMALL_SYSTEM, "bv", 0.1)  # m + 1 above SMALL_SYSTEM
+    corrections.correction_table("ndcg@10", 2_000, 100, "bv")
+    corrections.correction_table("ndcg@10", 20_000, _blas.SMALL_SYSTEM, "bv")  # m + 1 above SMALL_SYSTEM
     corrections.clear_correction_cache()
     assert solves == [{1}, {2}]
 

@@ -140,7 +140,7 @@ def test_table_command(tmp_path, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == "sampled_rank,value" and len(lines) == 22
     values = [float(line.split(",")[1]) for line in lines[1:]]
-    np.testing.assert_allclose(values, correction_table("recall@10", 1000, 20, "bv", 0.1).numpy(), rtol=1e-11)
+    np.testing.assert_allclose(values, correction_table("recall@10", 1000, 20, "bv").numpy(), rtol=1e-11)
     target = tmp_path / "t.csv"
     assert main(["table", "ndcg@10", "--n-items", "500", "-m", "9", "--method", "cls", "--out", str(target)]) == 0
     assert len(target.read_text().splitlines()) == 11

@@ -54,6 +54,7 @@ def _params(*functions) -> set[str]:
 
 
 def _python_names() -> dict[str, set[str]]:
+    from reco_sampled_plugin import registry
     from reco_sampled_plugin.corrections import correction_table
     from reco_sampled_plugin.design import SamplingDesign
     from reco_sampled_plugin.estimators import estimate
@@ -66,7 +67,7 @@ def _python_names() -> dict[str, set[str]]:
     return {
         "demo": _params(toy_table),
         "reproduce": _params(ReproduceConfig, run_reproduce, write_report, SamplingDesign),
-        "table": _params(correction_table),
+        "table": _params(correction_table, registry.Bv, registry.RankEstimate),
         "estimate": _params(estimate, read_rank_file, read_ncf, SamplingDesign, cli.estimate_table),
         "plan": _params(plan, PlanExecution, SamplingDesign),
     }
@@ -81,6 +82,7 @@ CLI_ONLY = {
     ("reproduce", "quiet"): "no stage lines and no progress bars",
     ("reproduce", "sampling"): "the design's law: ReproduceConfig(n_samples=SamplingDesign(m, replacement=False))",
     ("table", "out"): "the CSV file to write",
+    ("table", "sampling"): "the table's design: SamplingDesign(m, replacement=False) for hypergeometric",
     ("estimate", "file"): "read_rank_file's path (positional)",
     ("estimate", "sampling"): "the rank file's design: SamplingDesign(m, replacement=False) for hypergeometric",
     ("estimate", "option"): "repeatable NAME=VALUE: a field of each --method's options object (registry.Bv(gamma=...))",

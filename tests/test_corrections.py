@@ -16,6 +16,7 @@ from reco_sampled_plugin.corrections import (
     _stacked,
     _table,
     clear_correction_cache,
+    correction_from_options,
     correction_table,
     stacked_tables,
     design_rule,
@@ -28,6 +29,8 @@ from reco_sampled_plugin.priors import BetaPrior, CallablePrior, UniformPrior, a
 from reco_sampled_plugin.quadrature import pmf_at_ranks
 from reco_sampled_plugin.sampling_laws import sampled_rank_pmf
 from reco_sampled_plugin import SampledRanks
+from reco_sampled_plugin.design import SamplingDesign
+from reco_sampled_plugin.registry import Bv, RankEstimate, method_class
 
 LAWS = ["binomial", "hypergeometric"]
 TABLE1 = {
@@ -64,6 +67,11 @@ def brute_bias(x, pmf, p, mv):
     return float(p @ (pmf @ x - mv) ** 2)
 
 
+def _design(m, law):
+    """The fixed-m design of the law ``law``."""
+    return SamplingDesign(m, replacement=law == "binomial")
+
+
 def rel(a, b):
     return np.abs(np.asarray(a) - np.asarray(b)).max() / np.abs(np.asarray(b)).max()
 
@@ -76,7 +84,7 @@ def rel(a, b):
 @pytest.mark.parametrize("n,m", [(300, 50), (20_000, 100)])
 def test_bv_matches_brute_force(law, metric, n, m):
     for gamma in (1.0, 0.1, 0.01, 0.001):
-        got = correction_table(metric, n, m, "bv", gamma, law).numpy()
+        got = correction_table(metric, n, _design(m, law), Bv(gamma=gamma)).numpy()
         want = brute_bv(metric, n, m, law, gamma)
         assert rel(got, want) < 1e-9, (gamma, rel(got, want))
 
@@ -98,7 +106,7 @@ def test_non_uniform_priors_match_brute_force(law, prior):
     p = as_prior(prior).weights(n)
     for metric in ("ndcg@10", "ap", "auc"):
         for gamma in (1.0, 0.1, 0.01):
-            got = correction_table(metric, n, m, "bv", gamma, law, prior).numpy()
+            got = correction_table(metric, n, _design(m, law), Bv(gamma=gamma, prior=prior)).numpy()
             want = brute_bv(metric, n, m, law, gamma, p)
             assert rel(got, want) < 1e-9, (metric, gamma, rel(got, want))
 
@@ -109,7 +117,7 @@ def test_vector_prior_is_enumerated_exactly(law):
     rng = np.random.default_rng(0)
     p = rng.gamma(0.3, size=n)
     p /= p.sum()
-    got = correction_table("recall@10", n, m, "bv", 0.1, law, torch.tensor(p)).numpy()
+    got = correction_table("recall@10", n, _design(m, law), Bv(prior=torch.tensor(p))).numpy()
     assert rel(got, brute_bv("recall@10", n, m, law, 0.1, p)) < 1e-10
 
 
@@ -138,7 +146,7 @@ def test_gamma_one_is_posterior_mean(law, metric):
     pmf, p, mv, *_ = brute(metric, n, m, law)
     joint = p[:, None] * pmf  # p(r, r~)
     want = (joint * mv[:, None]).sum(0) / joint.sum(0)
-    got = correction_table(metric, n, m, "bv", 1.0, law).numpy()
+    got = correction_table(metric, n, _design(m, law), Bv(gamma=1.0)).numpy()
     assert rel(got, want) < 1e-12
 
 
@@ -157,16 +165,16 @@ def _brute_cls(pmf, p, mv):
 def test_cls_matches_brute_force_and_is_monotone(law, metric):
     n, m = 3_000, 30
     pmf, p, mv, *_ = brute(metric, n, m, law)
-    got = correction_table(metric, n, m, "cls", sampling=law).numpy()
+    got = correction_table(metric, n, _design(m, law), "cls").numpy()
     want = _brute_cls(pmf, p, mv)
     assert np.all(np.diff(got) <= 1e-12)
     b_got, b_want = brute_bias(got, pmf, p, mv), brute_bias(want, pmf, p, mv)
     assert b_got <= b_want * (1 + 1e-6) + 1e-15
     # the optimum beats every other monotone table
     for other in ("none", "rank_estimate"):
-        x = correction_table(metric, n, m, other, sampling=law).numpy()
+        x = correction_table(metric, n, _design(m, law), other).numpy()
         assert b_got <= brute_bias(x, pmf, p, mv)
-    assert b_got <= brute_bias(correction_table(metric, n, m, "bv", 1.0, law).numpy(), pmf, p, mv)
+    assert b_got <= brute_bias(correction_table(metric, n, _design(m, law), Bv(gamma=1.0)).numpy(), pmf, p, mv)
 
 
 @given(
@@ -178,7 +186,7 @@ def test_cls_matches_brute_force_and_is_monotone(law, metric):
 @settings(max_examples=examples(25), deadline=None)
 def test_cls_is_monotone_non_increasing(metric, n, m, law):
     n = max(n, m + 2)
-    table = correction_table(metric, n, m, "cls", sampling=law).numpy()
+    table = correction_table(metric, n, _design(m, law), "cls").numpy()
     assert np.all(np.isfinite(table))
     assert np.all(np.diff(table) <= 1e-12 * max(1.0, np.abs(table).max()))
 
@@ -202,15 +210,15 @@ def test_ls_is_minimal_bias_within_float64(law, metric):
     n, m = 5_000, 60
     pmf, p, mv, *_ = brute(metric, n, m, law)
     oracle = _oracle_min_bias(metric, n, m, p)
-    ls = correction_table(metric, n, m, "ls", sampling=law).numpy()
+    ls = correction_table(metric, n, _design(m, law), "ls").numpy()
     b_ls = brute_bias(ls, pmf, p, mv)
     assert oracle * (1 - 1e-9) <= b_ls <= 2 * oracle
     assert np.abs(ls).max() < 1e9
     for gamma in (1e-3, 1e-2, 0.1, 1.0):
-        assert b_ls < brute_bias(correction_table(metric, n, m, "bv", gamma, law).numpy(), pmf, p, mv)
-    assert b_ls < brute_bias(correction_table(metric, n, m, "cls", sampling=law).numpy(), pmf, p, mv)
+        assert b_ls < brute_bias(correction_table(metric, n, _design(m, law), Bv(gamma=gamma)).numpy(), pmf, p, mv)
+    assert b_ls < brute_bias(correction_table(metric, n, _design(m, law), "cls").numpy(), pmf, p, mv)
     # fast path (quadrature) and explicit A reach the same bias (coefficients ~1e5 cancel in P @ x: 1e-6)
-    assert abs(table_bias(ls, metric, n, m, law) - b_ls) < 1e-6 * b_ls
+    assert abs(table_bias(ls, metric, n, _design(m, law)) - b_ls) < 1e-6 * b_ls
 
 
 @pytest.mark.parametrize("law", LAWS)
@@ -221,7 +229,7 @@ def test_bv_moves_from_posterior_mean_towards_minimal_bias(law, metric):
     gammas = [1.0, 0.5, 0.1, 0.03, 0.01, 1e-3, 1e-4]
     biases, variances = [], []
     for g in gammas:
-        x = correction_table(metric, n, m, "bv", g, law).numpy()
+        x = correction_table(metric, n, _design(m, law), Bv(gamma=g)).numpy()
         mean = pmf @ x
         biases.append(float(p @ (mean - mv) ** 2))
         variances.append(float(p @ (pmf @ x**2 - mean**2)))
@@ -231,7 +239,7 @@ def test_bv_moves_from_posterior_mean_towards_minimal_bias(law, metric):
     assert biases[-1] < 0.75 * biases[0] and biases[-1] >= oracle * (1 - 1e-9)
     # the end of the path: gamma = 0 is the minimal-bias solution
     np.testing.assert_array_equal(
-        correction_table(metric, n, m, "bv", 0.0, law).numpy(), correction_table(metric, n, m, "ls", sampling=law).numpy()
+        correction_table(metric, n, _design(m, law), Bv(gamma=0.0)).numpy(), correction_table(metric, n, _design(m, law), "ls").numpy()
     )
 
 
@@ -242,7 +250,7 @@ def test_auc_recovered_without_bias(law, n):
     ranks = torch.unique(torch.cat([torch.arange(1, 200), torch.linspace(1, n, 500).round().long(), torch.tensor([n])]))
     exact = metric_values("auc", ranks, n)
     for method, kw in [("none", {}), ("rank_estimate", {"rounding": "linear"}), ("ls", {}), ("cls", {})]:
-        got = expected_corrected("auc", ranks, n, m, method, sampling=law, **kw)
+        got = expected_corrected("auc", ranks, n, _design(m, law), method_class(method)(**kw))
         assert torch.abs(got - exact).max() < 1e-9, method
 
 
@@ -255,8 +263,8 @@ def test_recall_at_10_bv_closer_to_exact_than_uncorrected_for_m_10_to_1000(law):
     for m in list(range(10, 101)) + list(range(150, 1001, 50)):
         r, w = design_rule(spec, n, m, UniformPrior())
         c = w @ pmf_at_ranks(r, n, m, law)
-        corrected = float(c @ correction_table("recall@10", n, m, "bv", 0.1, law).numpy())
-        uncorrected = float(c @ correction_table("recall@10", n, m, "none", sampling=law).numpy())
+        corrected = float(c @ correction_table("recall@10", n, _design(m, law), "bv").numpy())
+        uncorrected = float(c @ correction_table("recall@10", n, _design(m, law), "none").numpy())
         assert abs(corrected - exact) < abs(uncorrected - exact), m
 
 
@@ -266,9 +274,9 @@ def test_rank_estimate_closed_forms():
     r_hat = 1 + (n - 1) * (i - 1) / m
     floor = correction_table("ndcg@10", n, m, "rank_estimate").numpy()
     np.testing.assert_allclose(floor, metric_values("ndcg@10", torch.tensor(np.floor(r_hat)), n).numpy(), rtol=1e-15)
-    lin = correction_table("auc", n, m, "rank_estimate", rounding="linear").numpy()
+    lin = correction_table("auc", n, m, RankEstimate(rounding="linear")).numpy()
     np.testing.assert_allclose(lin, (n - r_hat) / (n - 1), rtol=1e-13, atol=1e-15)
-    lin_ap = correction_table("ap", n, m, "rank_estimate", rounding="linear").numpy()
+    lin_ap = correction_table("ap", n, m, RankEstimate(rounding="linear")).numpy()
     lo = np.floor(r_hat)
     want = (1 / lo) * (1 - (r_hat - lo)) + (1 / np.minimum(lo + 1, n)) * (r_hat - lo)
     np.testing.assert_allclose(lin_ap, want, rtol=1e-13)
@@ -279,11 +287,11 @@ def test_rank_estimate_closed_forms():
 # ---------------------------------------------------------------- the paper's running example
 
 
-def _expected_means(metric, method, gamma, law):
+def _expected_means(metric, method, law):
     n, m = 10_000, 99
     out = {}
     for name, ranks in TABLE1.items():
-        out[name] = float(expected_corrected(metric, torch.tensor(ranks), n, m, method, gamma, law).mean())
+        out[name] = float(expected_corrected(metric, torch.tensor(ranks), n, _design(m, law), method).mean())
     return out
 
 
@@ -292,13 +300,13 @@ def test_running_example_bv_gamma_0001_puts_c_first(law):
     for metric in ("ap", "ndcg", "recall@10"):
         exact = {k: float(metric_values(metric, torch.tensor(v), 10_000).mean()) for k, v in TABLE1.items()}
         assert max(exact, key=exact.get) == "C"
-        sampled = _expected_means(metric, "none", 0.0, law)
+        sampled = _expected_means(metric, "none", law)
         assert max(sampled, key=sampled.get) != "C", metric
-        bv = _expected_means(metric, "bv", 0.001, law)
+        bv = _expected_means(metric, Bv(gamma=0.001), law)
         assert max(bv, key=bv.get) == "C", (metric, bv)
     # the trade-off: with gamma = 0.1 (more variance penalty, more bias) C is not first for any of them
     for metric in ("ap", "ndcg", "recall@10"):
-        bv = _expected_means(metric, "bv", 0.1, law)
+        bv = _expected_means(metric, Bv(gamma=0.1), law)
         assert max(bv, key=bv.get) != "C", (metric, bv)
 
 
@@ -307,55 +315,54 @@ def test_running_example_bv_gamma_0001_puts_c_first(law):
 
 @pytest.mark.parametrize("law", LAWS)
 def test_no_nan_or_inf_at_extreme_sizes(law):
-    for method, gamma in [("none", 0), ("rank_estimate", 0), ("bv", 0.1), ("cls", 0), ("ls", 0)]:
+    for method in ("none", "rank_estimate", "bv", "cls", "ls"):
         for metric in ("recall@10", "auc"):
-            t = correction_table(metric, 10**8, 1000, method, gamma, law)
+            t = correction_table(metric, 10**8, _design(1000, law), method)
             assert t.shape == (1001,) and t.dtype == torch.float64 and torch.isfinite(t).all()
-    t = correction_table("ndcg@10", 10**8, 10**4, "none", sampling=law)
+    t = correction_table("ndcg@10", 10**8, _design(10**4, law), "none")
     assert torch.isfinite(t).all()
-    t = correction_table("ndcg@10", 10**8, 10**4, "rank_estimate", sampling=law, rounding="linear")
+    t = correction_table("ndcg@10", 10**8, _design(10**4, law), RankEstimate(rounding="linear"))
     assert torch.isfinite(t).all()
-    t = correction_table("ap", 10**8, 200, "bv", 0.1, law)
+    t = correction_table("ap", 10**8, _design(200, law), "bv")
     assert torch.isfinite(t).all()
     # small n: every sampled rank is reachable or filled, never 0/0
-    t = correction_table("recall@1", 2, 50, "bv", 1.0, "binomial")
+    t = correction_table("recall@1", 2, 50, Bv(gamma=1.0))
     assert torch.isfinite(t).all()
 
 
 @pytest.mark.slow
 def test_no_nan_posterior_mean_m_10000():
-    t = correction_table("ndcg@10", 10**8, 10**4, "bv", 1.0, "binomial")
+    t = correction_table("ndcg@10", 10**8, 10**4, Bv(gamma=1.0))
     assert t.shape == (10_001,) and torch.isfinite(t).all()
     assert torch.all(t[:-1] >= t[1:] - 1e-15)  # posterior mean of a monotone metric is monotone
 
 
 def test_tables_are_cached_and_fresh_tensors():
     _table.cache_clear()
-    a = correction_table("ndcg@10", 12_345, 50, "bv", 0.1)
-    b = correction_table("ndcg@10", 12_345, 50, "bv", 0.1)
+    a = correction_table("ndcg@10", 12_345, 50, Bv(gamma=0.1))
+    b = correction_table("ndcg@10", 12_345, 50, Bv(gamma=0.1))
     assert _table.cache_info().hits == 1
     assert torch.equal(a, b) and a.data_ptr() != b.data_ptr()
     a[0] = 42.0  # mutating a returned tensor does not touch the cache
-    assert correction_table("ndcg@10", 12_345, 50, "bv", 0.1)[0] != 42.0
+    assert correction_table("ndcg@10", 12_345, 50, Bv(gamma=0.1))[0] != 42.0
 
 
 @pytest.mark.parametrize("prior", [None, ("beta", 2.0), np.full(300, 1 / 300)])
 def test_stacked_tables_are_the_groups_tables_and_cached_whole(prior):
     """What the estimators dot with a histogram: every (n, m) group's table in group order; cached as one
-    entry for hashable priors (a repeated evaluation has the same groups), per group for a vector prior."""
+    entry (a repeated evaluation has the same groups), a vector prior too (its Prior object hashes by content)."""
     clear_correction_cache()
     n, m = np.array([300, 300, 300]), np.array([10, 20, 5])
     if prior is None or isinstance(prior, tuple):
         n = np.array([300, 451, 1000])
-    args = ("recall@5", n, m, "bv", 0.1, "binomial", prior, "floor")
+    args = (parse_metric("recall@5"), n, m, correction_from_options("bv", "binomial", {"gamma": 0.1, "prior": prior}))
     out = stacked_tables(*args)
-    expected = np.concatenate([correction_table("recall@5", int(a), int(b), "bv", 0.1, "binomial", prior).numpy()
+    expected = np.concatenate([correction_table("recall@5", int(a), int(b), Bv(gamma=0.1, prior=prior)).numpy()
                                for a, b in zip(n, m)])
     np.testing.assert_array_equal(out, expected)
     assert not out.flags.writeable
-    again = stacked_tables(*args)
-    hashable = not isinstance(prior, np.ndarray)
-    assert (again is out) == hashable and _stacked.cache_info().hits == int(hashable)
+    again = stacked_tables(parse_metric("recall@5"), n, m, correction_from_options("bv", "binomial", {"prior": prior}))
+    assert again is out and _stacked.cache_info().hits == 1
     clear_correction_cache()
     assert _stacked.cache_info().currsize == 0 and _table.cache_info().currsize == 0
 
@@ -363,18 +370,22 @@ def test_stacked_tables_are_the_groups_tables_and_cached_whole(prior):
 @pytest.mark.parametrize(
     "kwargs,name",
     [
-        (dict(n_items=100, n_samples=100, sampling="hypergeometric"), "n_samples"),
-        (dict(n_items=100, n_samples=150, sampling="hypergeometric"), "n_samples"),
+        (dict(n_items=100, n_samples=SamplingDesign(100, replacement=False)), "n_samples"),
+        (dict(n_items=100, n_samples=SamplingDesign(150, replacement=False)), "n_samples"),
+        (dict(n_samples=SamplingDesign(20, adaptive_max=80)), "n_samples"),
+        (dict(n_samples=SamplingDesign(20, popularity=torch.ones(100))), "n_samples"),
         (dict(gamma=-0.1), "gamma"),
         (dict(gamma=1.5), "gamma"),
         (dict(gamma=float("nan")), "gamma"),
         (dict(method="magic"), "method"),
+        (dict(method="bv_mle"), "method"),
+        (dict(method=method_class("mes")(n_bootstrap=0)), "method"),
+        (dict(method=Bv(max_rel_n_spread=0.1)), "method"),
         (dict(prior=np.full(99, 1 / 99)), "prior"),
         (dict(prior=np.r_[-0.1, np.full(99, 1.1 / 99)]), "prior"),
         (dict(prior=np.full(100, 0.02)), "prior"),
         (dict(prior=lambda r, n: -r), "prior"),
         (dict(prior=("beta", -1.0)), "prior"),
-        (dict(sampling="poisson"), "sampling"),
         (dict(n_items=1), "n_items"),
         (dict(n_samples=0), "n_samples"),
         (dict(metric="ndcg@500"), "metric"),
@@ -382,10 +393,11 @@ def test_stacked_tables_are_the_groups_tables_and_cached_whole(prior):
     ],
 )
 def test_bad_input_names_the_argument(kwargs, name):
-    args = dict(metric="ndcg@10", n_items=100, n_samples=20, method="bv", gamma=0.1, sampling="binomial", prior=None)
-    args.update(kwargs)
+    args = dict(metric="ndcg@10", n_items=100, n_samples=20, method="bv")
+    args.update({k: v for k, v in kwargs.items() if k not in ("gamma", "prior")})
+    options = {k: v for k, v in kwargs.items() if k in ("gamma", "prior")}
     with pytest.raises(ValueError, match=name):
-        correction_table(**args)
+        correction_table(**{**args, "method": Bv(**options) if options else args["method"]})
 
 
 def test_device_argument_and_dtype():
@@ -424,11 +436,11 @@ def test_bv_cholesky_equals_the_stacked_least_squares(law, monkeypatch):
     for metric, n, m, gamma in cases:
         p, w, mv = corr._weighted_system(parse_metric(metric), n, m, law, as_prior(None, n))
         assert corr._bv_normal(p, w, mv, w @ p, gamma) is not None  # these go through the normal equations
-        chol[metric] = correction_table(metric, n, m, "bv", gamma, law).numpy()
+        chol[metric] = correction_table(metric, n, _design(m, law), Bv(gamma=gamma)).numpy()
     corr.clear_correction_cache()
     monkeypatch.setattr(corr, "BV_MIN_RCOND", np.inf)  # every bv table by the stacked QR
     for metric, n, m, gamma in cases:
-        qr = correction_table(metric, n, m, "bv", gamma, law).numpy()
+        qr = correction_table(metric, n, _design(m, law), Bv(gamma=gamma)).numpy()
         assert rel(chol[metric], qr) < 1e-11, (metric, rel(chol[metric], qr))
         if n <= 5_000:
             assert rel(qr, brute_bv(metric, n, m, law, gamma)) < 1e-9
@@ -448,7 +460,7 @@ def test_bv_ill_conditioned_normal_equations_fall_back_to_the_stacked_least_squa
     pri = as_prior(prior, n)
     p, w, mv = corr._weighted_system(parse_metric(metric), n, m, "binomial", pri)
     assert corr._bv_normal(p, w, mv, w @ p, gamma) is None
-    got = correction_table(metric, n, m, "bv", gamma, "binomial", prior).numpy()
+    got = correction_table(metric, n, m, Bv(gamma=gamma, prior=prior)).numpy()
     _, _, _, gram, h, c = brute(metric, n, m, "binomial", pri.weights(n))
     normal = (1 - gamma) * gram + gamma * np.diag(c)
     want = np.linalg.lstsq(normal, h, rcond=None)[0]

@@ -212,14 +212,14 @@ def test_draws_without_replacement_of_more_items_than_exist_are_refused_by_every
 
 # ------------------------------------------------------------------------------------------ options not used
 def test_rounding_is_refused_where_the_method_does_not_use_it():
-    _raises_naming(lambda: correction_table("ndcg@10", 100, 10, method="bv", rounding="linear"), "rounding")
+    _raises_naming(lambda: correction_table("ndcg@10", 100, 10, rsp.registry.Bv(rounding="linear")), "rounding")
     _raises_naming(lambda: rsp.estimate(
         "ndcg@10",
         rsp.SampledRanks.from_arrays(RT, 100, 10),
         rsp.registry.Cls(rounding="linear"),
     ), "rounding")
     # rank_estimate: eq. 20 with linear interpolation, against the closed form M(1 + (n - 1)(r~ - 1) / m)
-    table = correction_table("recall@10", 100, 10, method="rank_estimate", rounding="linear")
+    table = correction_table("recall@10", 100, 10, rsp.registry.RankEstimate(rounding="linear"))
     pos = 1 + 99 * (np.arange(1, 12) - 1) / 10
     lo = np.floor(pos)
     frac = pos - lo
@@ -414,14 +414,14 @@ def test_torchmetrics_state_refuses_a_row_too_wide_to_draw():
 
 def test_the_abstract_prior_is_refused_by_name():
     """``Prior()`` (the base class of ``reco_sampled_plugin.priors``) reached its NotImplementedError inside the corrections."""
-    _raises_naming(lambda: correction_table("ndcg@10", 100, 10, prior=Prior()), "prior")
+    _raises_naming(lambda: correction_table("ndcg@10", 100, 10, rsp.registry.Bv(prior=Prior())), "prior")
     _raises_naming(lambda: rsp.estimate(
         "ndcg@10",
         rsp.SampledRanks.from_arrays(RT, 100, 10),
         rsp.registry.Bv(prior=Prior()),
     ), "prior")
     # its subclasses as before: a uniform prior object is the default
-    assert torch.equal(correction_table("ndcg@10", 100, 10, prior=UniformPrior()),
+    assert torch.equal(correction_table("ndcg@10", 100, 10, rsp.registry.Bv(prior=UniformPrior())),
                        correction_table("ndcg@10", 100, 10))
 
 

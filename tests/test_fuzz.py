@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin.corrections import correction_table
+from reco_sampled_plugin.registry import Bv
 from reco_sampled_plugin.sampling_laws import expected_sampled, sampled_rank_pmf
 
 METRICS = ("hit@10", "recall@5", "ndcg@10", "ndcg", "mrr", "ap", "auc", "precision@3", "rr@5")
@@ -168,8 +169,8 @@ def test_correction_table(metric, n, m, method, gamma):
     def check(t):
         assert bool(torch.isfinite(torch.as_tensor(t)).all())
 
-    _contract(lambda: correction_table(metric, n, m, method, gamma), ("n_items", "n_samples", "metric", "method", "gamma"),
-              check)
+    _contract(lambda: correction_table(metric, n, m, Bv(gamma=gamma) if method == "bv" else method),
+              ("n_items", "n_samples", "metric", "method", "gamma"), check)
 
 
 # ------------------------------------------------------------------------------------------------- ranking

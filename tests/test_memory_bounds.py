@@ -35,6 +35,7 @@ from _profiles import examples
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.corrections import correction_table
+from reco_sampled_plugin.registry import Bv
 from reco_sampled_plugin.mapping import fit_beta, mapping
 from reco_sampled_plugin.metrics import metric_curve
 from reco_sampled_plugin.priors import BetaPrior, CallablePrior, UniformPrior, VectorPrior, empirical_prior, fit_beta_prior
@@ -212,7 +213,7 @@ def test_correction_system_bounded():
     n = 10**6
     with memory_cap():
         msg = _value_error_naming(
-            lambda: correction_table("ndcg@10", n, 100, "bv", prior=np.full(n, 1.0 / n)), "n_samples")
+            lambda: correction_table("ndcg@10", n, 100, Bv(prior=np.full(n, 1.0 / n))), "n_samples")
         est = rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays([1, 2, 3, 50, 7], n, 100), "bv_mle")
     assert "MAX_ELEMENTS" in msg
     assert math.isfinite(est.value) and -1e-9 <= est.value <= 1.0  # bv may leave the range by rounding (flagged)
@@ -309,7 +310,7 @@ def test_fuzz_huge_sizes_under_memory_cap(n, which):
         "expected": lambda: expected_sampled("ndcg", torch.tensor([1, n // 3, n]), n, 1000),
         "values": lambda: rsp.metric_values("ap", torch.tensor([1, n]), n),
         "mapping": lambda: mapping([1, 5], n, 1000),
-        "table": lambda: correction_table("recall@10", n, 50, "bv", prior=BetaPrior(0.5)),
+        "table": lambda: correction_table("recall@10", n, 50, Bv(prior=BetaPrior(0.5))),
         "fit_beta": lambda: fit_beta([1, 2, 3], n, 100).a,
     }
     with memory_cap():
@@ -449,7 +450,7 @@ def test_device_meta_or_bad_refused(device):
 def test_prior_summing_to_zero(n, capfd):
     zero = lambda r, k: 0.0 * r  # noqa: E731
     for prior in (zero, CallablePrior(zero)):
-        _value_error_naming(lambda: correction_table("ndcg@10", n, 10, "bv", prior=prior), "prior")
+        _value_error_naming(lambda: correction_table("ndcg@10", n, 10, Bv(prior=prior)), "prior")
         _value_error_naming(lambda: rsp.estimate(
             "ndcg@10",
             rsp.SampledRanks.from_arrays([1, 2], n, 10),
@@ -459,7 +460,7 @@ def test_prior_summing_to_zero(n, capfd):
 
 
 def test_callable_prior_of_one_argument():
-    msg = _value_error_naming(lambda: correction_table("ap", 1000, 10, "bv", prior=lambda r: 1.0 / r), "prior")
+    msg = _value_error_naming(lambda: correction_table("ap", 1000, 10, Bv(prior=lambda r: 1.0 / r)), "prior")
     assert "(r, n)" in msg
 
 

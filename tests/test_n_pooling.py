@@ -100,8 +100,9 @@ def test_pooled_correction_tables_within_1e_3_of_exact_n(wide):
 @pytest.mark.parametrize("method,gamma", [("bv", 0.1), ("bv", 0.01), ("bv", 0.001), ("bv", 1.0), ("cls", 0.0)])
 def test_correction_tables_agree_with_single_tables(n, m, method, gamma):
     metrics = ["hit@1", "hit@10", "hit@50", "ndcg@10", "ndcg@50", "recall@5"]
-    many = correction_tables(metrics, n, m, method, gamma)
-    one = np.stack([correction_table(mt, n, m, method, gamma).numpy() for mt in metrics])
+    method = registry.Bv(gamma=gamma) if method == "bv" else method
+    many = correction_tables(metrics, n, m, method)
+    one = np.stack([correction_table(mt, n, m, method).numpy() for mt in metrics])
     assert many.shape == (len(metrics), m + 1)
     assert np.abs(many - one).max() <= 1e-9 * np.abs(one).max()
 
@@ -111,16 +112,16 @@ def test_correction_tables_ls_vector_prior_and_fallback():
     n, m = 900, 60
     prior = rng.random(n) ** 4
     prior /= prior.sum()
-    many = correction_tables(["hit@10", "ndcg@20"], n, m, "bv", 0.1, prior=prior)
-    one = np.stack([correction_table(mt, n, m, "bv", 0.1, prior=prior).numpy() for mt in ["hit@10", "ndcg@20"]])
+    many = correction_tables(["hit@10", "ndcg@20"], n, m, registry.Bv(gamma=0.1, prior=prior))
+    one = np.stack([correction_table(mt, n, m, registry.Bv(gamma=0.1, prior=prior)).numpy() for mt in ["hit@10", "ndcg@20"]])
     assert np.abs(many - one).max() <= 1e-9 * np.abs(one).max()
     # ls coefficients are ill-conditioned: compare the bias they reach
     ls = correction_tables(["hit@10"], 20000, 100, "ls")[0]
     ref = correction_table("hit@10", 20000, 100, "ls")
     assert table_bias(ls, "hit@10", 20000, 100) <= table_bias(ref, "hit@10", 20000, 100) * 1.001 + 1e-15
     # metrics without a cut-off at a large n: per-metric fallback, same tables
-    many = correction_tables(["ap", "hit@10"], 50000, 50, "bv", 0.1)
-    assert np.allclose(many[0], correction_table("ap", 50000, 50, "bv", 0.1).numpy(), rtol=1e-12, atol=0)
+    many = correction_tables(["ap", "hit@10"], 50000, 50, registry.Bv(gamma=0.1))
+    assert np.allclose(many[0], correction_table("ap", 50000, 50, registry.Bv(gamma=0.1)).numpy(), rtol=1e-12, atol=0)
     assert correction_tables("ndcg@10", 5000, 20, "none").shape == (1, 21)
 
 

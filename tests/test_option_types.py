@@ -173,23 +173,23 @@ def test_gamma_string_is_refused_everywhere_estimate_refuses_it():
     r = torch.tensor([1, 2, 3, 1, 5])
     with pytest.raises(ValueError, match="^gamma: "):
         rsp.estimate("ndcg@5", rsp.SampledRanks.from_arrays(r, 100, 10), rsp.registry.Bv(gamma="0.5"))
-    for call in (lambda g: correction_table("ndcg@5", 100, 10, gamma=g),
-                 lambda g: expected_corrected("ndcg@5", torch.tensor([1, 5]), 100, 10, gamma=g),
+    for call in (lambda g: correction_table("ndcg@5", 100, 10, rsp.registry.Bv(gamma=g)),
+                 lambda g: expected_corrected("ndcg@5", torch.tensor([1, 5]), 100, 10, rsp.registry.Bv(gamma=g)),
                  lambda g: rsp.estimate("ndcg@5", rsp.SampledRanks.from_arrays(r, 100, 10), rsp.registry.Bv(gamma=g)),
-                 lambda g: rsp.paired_difference("ndcg@5", r, r.flip(0), 100, 10, gamma=g)):
+                 lambda g: rsp.paired_difference("ndcg@5", r, r.flip(0), 100, 10, rsp.registry.Bv(gamma=g))):
         for bad in ("0.5", True, b"0.5"):
             with pytest.raises(ValueError, match="^gamma: "):
                 call(bad)
     # a numpy float is a float: the same table as the Python float
-    assert torch.equal(correction_table("ndcg@5", 100, 10, gamma=np.float64(0.5)),
-                       correction_table("ndcg@5", 100, 10, gamma=0.5))
+    assert torch.equal(correction_table("ndcg@5", 100, 10, rsp.registry.Bv(gamma=np.float64(0.5))),
+                       correction_table("ndcg@5", 100, 10, rsp.registry.Bv(gamma=0.5)))
 
 
 def test_bv_label_of_the_consistency_methods_still_parses_its_number():
     """"bv:0.01" is text: its gamma is parsed there, then checked like every gamma (a str gamma is refused)."""
     from reco_sampled_plugin.consistency import parse_method
 
-    assert parse_method("bv:0.01") == ("bv", 0.01, "floor")
+    assert parse_method("bv:0.01") == rsp.registry.Bv(gamma=0.01)
     with pytest.raises(ValueError, match="^method: 'bv:<gamma>'"):
         parse_method("bv:x")
     with pytest.raises(ValueError, match="^gamma: "):

@@ -12,12 +12,17 @@ from hypothesis import strategies as st
 from _profiles import examples
 
 from reco_sampled_plugin import _over_n, SampledRanks
-from reco_sampled_plugin.corrections import clear_correction_cache, table_numpy, tables_by_n
+from reco_sampled_plugin.corrections import clear_correction_cache, correction_from_options, table_array, tables_by_n
 from reco_sampled_plugin.estimators import estimate
 
 
+def _corr(method, gamma=0.1, law="binomial", rounding="floor"):
+    """The correction of ``method`` with its options (those it does not read are dropped) under ``law``."""
+    return correction_from_options(method, law, {"gamma": gamma, "rounding": rounding})
+
+
 def _exact(metric, ns, m, method, gamma, law, rounding="floor"):
-    return np.stack([table_numpy(metric, int(n), m, method, gamma, law, None, rounding) for n in ns])
+    return np.stack([table_array(metric, int(n), m, _corr(method, gamma, law, rounding)) for n in ns])
 
 
 @pytest.mark.parametrize("method,gamma", [("bv", 0.1), ("bv", 1.0), ("cls", 0.0), ("rank_estimate", 0.0), ("none", 0.0)])
@@ -26,14 +31,14 @@ def _exact(metric, ns, m, method, gamma, law, rounding="floor"):
 def test_rows_match_exact_tables(method, gamma, metric, lo, hi, law):
     ns = np.unique(np.rint(np.exp(np.linspace(np.log(lo), np.log(hi), 90))).astype(np.int64))
     clear_correction_cache()
-    got = tables_by_n(metric, ns, 40, method, gamma, law, None)
+    got = tables_by_n(metric, ns, 40, _corr(method, gamma, law))
     want = _exact(metric, ns, 40, method, gamma, law)
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-9 * max(1.0, np.abs(want).max()))
 
 
 def test_rank_estimate_linear_rounding_rows_are_exact():
     ns = np.arange(500, 700, 3)
-    got = tables_by_n("ndcg@10", ns, 60, "rank_estimate", 0.1, "binomial", None, "linear")
+    got = tables_by_n("ndcg@10", ns, 60, _corr("rank_estimate", rounding="linear"))
     np.testing.assert_array_equal(got, _exact("ndcg@10", ns, 60, "rank_estimate", 0.1, "binomial", "linear"))
 
 
@@ -43,7 +48,7 @@ def test_smooth_tables_cost_a_bounded_number_of_solves():
 
     def build(n):
         built.append(n)
-        return table_numpy("hit@10", n, 50, "bv", 0.1, "binomial", None, "floor")
+        return table_array("hit@10", n, 50, _corr("bv"))
 
     _, info = _over_n.tables_over_n(build, np.arange(1500, 2500))
     assert info["built"] == len(built) == 13 and info["interpolated"] == 1000 - 13
@@ -77,7 +82,7 @@ def test_fuzz_bv_rows_within_tolerance(lo, ratio, count, seed):
     rng = np.random.default_rng(seed)
     hi = max(lo + 1, int(lo * ratio))
     ns = np.unique(rng.integers(lo, hi + 1, count))
-    got = tables_by_n("ndcg@5", ns, 20, "bv", 0.1, "binomial", None)
+    got = tables_by_n("ndcg@5", ns, 20, _corr("bv"))
     np.testing.assert_allclose(got, _exact("ndcg@5", ns, 20, "bv", 0.1, "binomial"), rtol=0, atol=1e-9)
 
 
@@ -93,6 +98,5 @@ def test_estimates_with_many_n_match_the_per_n_sum(method):
     if method in ("linear", "bound"):
         per = [mapping_table("ndcg@10", int(ni), 40, method)[int(ri) - 1] for ni, ri in zip(n, r)]
     else:
-        per = [table_numpy("ndcg@10", int(ni), 40, method, 0.1, "binomial", None, "floor")[int(ri) - 1]
-               for ni, ri in zip(n, r)]
+        per = [table_array("ndcg@10", int(ni), 40, _corr(method))[int(ri) - 1] for ni, ri in zip(n, r)]
     assert est.value == pytest.approx(float(np.mean(per)), rel=0, abs=1e-9)

@@ -116,8 +116,8 @@ def test_prior_from_fit(mle_fit):
     np.testing.assert_allclose(fn(np.arange(1, N + 1), N), mle_fit.pmf(np.arange(1, N + 1)))
     from reco_sampled_plugin import corrections
 
-    t_vec = corrections.correction_table("hit@200", N, M, "bv", 0.1, prior=p).numpy()
-    t_fn = corrections.correction_table("hit@200", N, M, "bv", 0.1, prior=fn).numpy()
+    t_vec = corrections.correction_table("hit@200", N, M, registry.Bv(gamma=0.1, prior=p)).numpy()
+    t_fn = corrections.correction_table("hit@200", N, M, registry.Bv(gamma=0.1, prior=fn)).numpy()
     assert np.all(np.isfinite(t_vec)) and t_vec.shape == (M + 1,)
     np.testing.assert_allclose(t_fn, t_vec, atol=0.02)  # callable: composite quadrature of a step function
     assert mle_fit.cdf(N) == pytest.approx(1.0)

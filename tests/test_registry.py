@@ -190,7 +190,8 @@ def test_sampled_ranks_carry_their_design(uniform_ranks):
 # --------------------------------------------------------------------------- adding an estimator: one file
 def _half_compute(spec, hist, *, method, sampling, options):
     """A throw-away estimator: the sampled metric shrunk towards 1/2 by ``weight`` (its one option)."""
-    values = corrections.stacked_tables(spec, hist.n_items, hist.n_samples, "none", 0.1, sampling, None, "floor")
+    values = corrections.stacked_tables(spec, hist.n_items, hist.n_samples,
+                                       corrections.correction_from_options("none", sampling, {}))
     value, se = corrections.table_estimate(hist, values)
     w = options["weight"]
     return EstimatorOutput((1 - w) * value + w * 0.5, (1 - w) * se, hist.total, {"method": method}, ())

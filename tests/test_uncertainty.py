@@ -36,7 +36,7 @@ def test_estimate_dataclass():
 def test_corrected_metric_is_table_lookup_mean(gen):
     n, m = 5_000, 50
     r = torch.randint(1, m + 2, (1000,), generator=gen)
-    table = correction_table("ndcg@10", n, m, "bv", 0.1)
+    table = correction_table("ndcg@10", n, m, registry.Bv(gamma=0.1))
     est = estimate("ndcg@10", SampledRanks.from_arrays(r, n, m), registry.Bv(gamma=0.1))
     vals = table[r - 1]
     assert math.isclose(est.value, float(vals.mean()), rel_tol=1e-12)
@@ -51,7 +51,7 @@ def test_per_instance_candidate_counts_are_honoured_exactly(gen):
     design = SamplingDesign(m, replacement=False)
     got = estimate("ap", SampledRanks.from_arrays(r, n, m, design), registry.Bv(gamma=0.01))
     want = torch.stack(
-        [correction_table("ap", int(ni), m, "bv", 0.01, "hypergeometric")[int(ri) - 1] for ni, ri in zip(n, r)]
+        [correction_table("ap", int(ni), design, registry.Bv(gamma=0.01))[int(ri) - 1] for ni, ri in zip(n, r)]
     )
     # 60 distinct n: the tables come from the verified interpolation over n (_over_n, tolerance 1e-10)
     assert got.value == pytest.approx(float(want.mean()), rel=0, abs=1e-9)
@@ -83,12 +83,13 @@ def test_expected_corrected_matches_monte_carlo():
     n, m = 10_000, 99
     exact = torch.tensor(TABLE1["C"])
     draws = draw_sampled_ranks(exact, n, m, "hypergeometric", repeats=4000, seed=3)
-    for method, gamma in [("none", 0.0), ("bv", 0.1), ("cls", 0.0)]:
-        table = correction_table("ndcg", n, m, method, gamma, "hypergeometric")
+    design = SamplingDesign(m, replacement=False)
+    for method in ("none", registry.Bv(gamma=0.1), "cls"):
+        table = correction_table("ndcg", n, design, method)
         values = table[draws - 1]  # (R, 5)
         mc = values.mean(0)
         se = values.std(0) / math.sqrt(4000)
-        want = expected_corrected("ndcg", exact, n, m, method, gamma, "hypergeometric")
+        want = expected_corrected("ndcg", exact, n, design, method)
         assert torch.all(torch.abs(mc - want) < 4.5 * se + 1e-12), method
 
 
@@ -112,8 +113,8 @@ def test_paired_difference(gen):
     n, m = 2_000, 50
     a = torch.randint(1, 12, (800,), generator=gen)
     b = torch.randint(1, 40, (800,), generator=gen)
-    est = paired_difference("recall@10", a, b, n, m, "bv", 0.1)
-    table = correction_table("recall@10", n, m, "bv", 0.1)
+    est = paired_difference("recall@10", a, b, n, m, registry.Bv(gamma=0.1))
+    table = correction_table("recall@10", n, m, registry.Bv(gamma=0.1))
     va, vb = table[a - 1], table[b - 1]
     d = va - vb
     assert math.isclose(est.value, float(d.mean()), rel_tol=1e-12)
@@ -159,10 +160,30 @@ def test_consistency_report_structure():
     assert isinstance(frames["table3"], pd.DataFrame) and frames["table4"].empty
 
 
+def test_consistency_methods_by_label_carry_their_options():
+    """A mapping of labels to method objects: each column is that correction's expected value (a prior travels in its
+    method object); the design's law serves the draws and the tables; a method that is no correction is refused."""
+    design = SamplingDesign(99, replacement=False)
+    methods = {"bv beta": registry.Bv(prior=("beta", 0.5)), "monotone": "cls"}
+    rep = consistency_report(TABLE1, 10_000, design, ["ndcg@10"], methods, repeats=0)
+    row = next(r for r in rep["table3"] if r["recommender"] == "C")
+    for label, method in methods.items():
+        want = expected_corrected("ndcg@10", torch.tensor(TABLE1["C"]), 10_000, design, method).mean()
+        assert row[label] == float(want)
+    out = ordering_agreement(TABLE1, 10_000, design, ["ndcg@10"], methods, repeats=4, seed=2)
+    assert set(out["counts"]["ndcg@10"]) == set(methods)
+    for bad in ({"fit": "mes"}, {1: "cls"}, {}, {"x": registry.Bv(max_rel_n_spread=0.1)}):
+        with pytest.raises(ValueError, match="^methods: "):
+            consistency_report(TABLE1, 10_000, 99, ["ndcg@10"], bad, repeats=0)
+    with pytest.raises(ValueError, match="^n_samples: "):
+        consistency_report(TABLE1, 10_000, SamplingDesign(99, adaptive_max=400), ["ndcg@10"], ["cls"], repeats=0)
+
+
 def test_parse_method():
-    assert parse_method("bv:0.01") == ("bv", 0.01, "floor")
-    assert parse_method("bv") == ("bv", 0.1, "floor")
-    assert parse_method("rank_estimate:linear") == ("rank_estimate", 0.1, "linear")
+    assert parse_method("bv:0.01") == registry.Bv(gamma=0.01)
+    assert parse_method("bv") == registry.Bv() and registry.Bv().gamma == 0.1
+    assert parse_method("rank_estimate:linear") == registry.RankEstimate(rounding="linear")
+    assert parse_method("cls") == registry.Cls() and parse_method("none") == registry.Uncorrected()
     for bad in ("bv:2", "cls:1", "magic"):
         with pytest.raises(ValueError):
             parse_method(bad)
