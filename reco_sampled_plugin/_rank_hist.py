@@ -367,7 +367,8 @@ def same_histogram(owner: Any, hist: RankHistogram) -> RankHistogram:
     with _DERIVED_LOCK:
         last: tuple[RankHistogram, ...] = owner.__dict__.get("_histograms", ())
         for old in last:
-            if old.same_groups(hist) and old.design == hist.design and np.array_equal(old.flat_counts, hist.flat_counts):
+            if (old.same_groups(hist) and old.design == hist.design
+                    and np.array_equal(old.flat_counts, hist.flat_counts)):
                 return old
         owner.__dict__["_histograms"] = (hist,) + last[:1]
     return hist

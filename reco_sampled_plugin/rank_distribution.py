@@ -108,27 +108,16 @@ class _FitMethod(Protocol):
     own options, such as ``lam`` or ``df``, by name)."""
 
     entry: ClassVar[registry.Estimator]
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def n_bootstrap(self) -> int | None: ...
-    @property
-    def seed(self) -> int: ...
-    @property
-    def tol(self) -> float: ...
-    @property
-    def max_iter(self) -> int: ...
-    @property
-    def max_groups(self) -> int: ...
-    @property
-    def delta(self) -> float: ...
-    @property
-    def kappa(self) -> float: ...
-    @property
-    def trace(self) -> bool: ...
-    @property
-    def max_rel_n_spread(self) -> float | None: ...
+    name: str  # the registered name (a property of the method object)
+    n_bootstrap: int | None
+    seed: int
+    tol: float
+    max_iter: int
+    max_groups: int
+    delta: float
+    kappa: float
+    trace: bool
+    max_rel_n_spread: float | None
 
 
 def _fit_method(method: str | registry.Method) -> _FitMethod:
@@ -1625,8 +1614,8 @@ class ReplicateFits:
     repeats), prepared once and fitted together: one histogram pass over all draws, one pooling of the (n, m)
     groups, one likelihood, and one batched solver for any subset of the draws (:meth:`fit`).
 
-    Against :func:`fit_rank_distribution` of their histograms (which pools each draw on its own and, when the draws' pooled
-    groups differ, e.g. the final sizes of adaptive sampling, fits them one by one, each with its own
+    Against :func:`fit_rank_distribution` of their histograms (which pools each draw on its own and, when the draws'
+    pooled groups differ, e.g. the final sizes of adaptive sampling, fits them one by one, each with its own
     likelihood): the groups are pooled once, on the sum of the draws (quantile bins of n as :func:`pool_groups`,
     each bin's median n over all draws instead of one draw's: a representative n within the bin either way), and
     ``mes`` and ``gmod`` are solved by one batched L-BFGS in which each draw stops on its own rule (the rule of

@@ -93,7 +93,8 @@ def test_fits_tables_and_intervals_run_on_one_thread_and_large_tables_keep_their
     rng = np.random.default_rng(0)
     ranks = rng.integers(1, 102, size=300)
     fits = _spy(monkeypatch, rank_distribution, "_build_model")
-    rank_distribution.fit_rank_distribution(rank_distribution.as_histogram(ranks, 2_000, 100), registry.Mes(n_bootstrap=0))
+    rank_distribution.fit_rank_distribution(rank_distribution.as_histogram(ranks, 2_000, 100),
+                                            registry.Mes(n_bootstrap=0))
     assert fits and all(s == {1} for s in fits)
     assert _blas_threads() == {2}
 

@@ -3,8 +3,8 @@
 batched solver) forecast what the one-by-one fits forecast.
 
 Oracles: ``pool_groups`` of the summed histogram (the pooling map must give its groups and counts exactly);
-``fit_rank_distribution`` of their histograms on the same draws (the one-by-one path: exact for ``mle`` where the groups agree,
-within the solvers' stopping tolerance for ``gmod`` and ``mes``); finite differences (the batched g-modelling
+``fit_rank_distribution`` of their histograms on the same draws (the one-by-one path: exact for ``mle`` where the
+groups agree, within the solvers' stopping tolerance for ``gmod`` and ``mes``); finite differences (the batched g-modelling
 gradient); and the planner itself with ``planner._JOINT_FITS`` off (the previous path) on the same seeds.
 """
 

@@ -291,7 +291,8 @@ def test_mle_bootstrap_stderr_is_calibrated():
     values, ses = [], []
     for rep in range(30):
         s = simulate_sampled_ranks(exact, n, m, generator=torch.Generator().manual_seed(rep))
-        r = fit_rank_distribution(sampled_rank_histogram(s, n, m), registry.Mle(n_bootstrap=32, seed=rep)).metric("hit@100")
+        fit = fit_rank_distribution(sampled_rank_histogram(s, n, m), registry.Mle(n_bootstrap=32, seed=rep))
+        r = fit.metric("hit@100")
         values.append(r.value)
         ses.append(r.stderr)
     ratio = float(np.mean(ses)) / float(np.std(values, ddof=1))
