@@ -50,7 +50,8 @@ from reco_sampled_plugin.identification import identified_interval, top_sensitiv
 from reco_sampled_plugin.metric_names import parse_metric  # noqa: E402
 from reco_sampled_plugin.mapping import fit_beta, mapping_tables  # noqa: E402
 from reco_sampled_plugin.metrics import metric_values  # noqa: E402
-from reco_sampled_plugin.rank_distribution import estimate_rank_distribution, estimate_rank_distributions  # noqa: E402
+from reco_sampled_plugin import registry  # noqa: E402
+from reco_sampled_plugin.rank_distribution import fit_rank_distribution  # noqa: E402
 from reco_sampled_plugin.simulate import draw_sampled_ranks  # noqa: E402
 
 KS = (1, 5, 10, 20, 50, 100)
@@ -120,7 +121,7 @@ def standard_errors(res, per_model, metrics, m):
                 tabs = None
             elif label in ("beta_fit", "bv_mle(0.1)"):
                 tabs = []
-                fits = estimate_rank_distributions(hists, "mle") if label == "bv_mle(0.1)" else None
+                fits = fit_rank_distribution(hists, "mle") if label == "bv_mle(0.1)" else None
                 for b, h in enumerate(hists):
                     if label == "beta_fit":
                         a = fit_beta(h).a
@@ -140,9 +141,9 @@ def standard_errors(res, per_model, metrics, m):
                 se[b] = np.sqrt(np.maximum(sq - mean**2, 0.0) * total[b] / (total[b] - 1.0) / total[b])
             out[(name, label)] = se
         # the bootstrap of estimate()'s default (16 refits for mes, 32 for mle)
-        for label, (method, beta) in {"mle": ("mle", 0.0), "mes": ("mes", 0.0),
-                                      **{k: ("mes", v) for k, v in MES_TILTS.items()}}.items():
-            fits = [estimate_rank_distribution(h, method=method, beta=beta) for h in hists]
+        for label, method in {"mle": registry.Mle(), "mes": registry.Mes(),
+                              **{k: registry.Mes(beta=v) for k, v in MES_TILTS.items()}}.items():
+            fits = [fit_rank_distribution(h, method) for h in hists]
             out[(name, label)] = np.array([[f.metric(mt).stderr for mt in metrics] for f in fits])
     return out
 
@@ -162,13 +163,13 @@ def run(dataset: str, ms, repeats: int, seed: int, log=print, progress: bool | N
             per_model[name] = (hists, np.stack([np.stack(h.counts) for h in hists]), hists[0].n_items)
             draws_by[name] = (draws, [sampled_rank_histogram(d, n_u, m) for d in draws])
             for label, beta in MES_TILTS.items():
-                fits = estimate_rank_distributions(hists, "mes", beta=beta)
+                fits = fit_rank_distribution(hists, registry.Mes(beta=beta))
                 res["values"][(m, name, label)] = np.stack([f.values(metrics) for f in fits])
         ses = standard_errors(res, per_model, metrics, m)
         twins: dict = {}  # gmod's twin gaps (down, up) per draw and metric: its interval's bias-aware ends
         for name in ranks:  # gmod as estimate() runs it: the raw histogram, bootstrap and reference included
             for label in FIT_ESTIMATORS:
-                fits = [estimate_rank_distribution(h, method=label) for h in draws_by[name][1]]
+                fits = [fit_rank_distribution(h, label) for h in draws_by[name][1]]
                 est = [[f.metric(mt, target="users") for mt in metrics] for f in fits]
                 res["values"][(m, name, label)] = np.array([[e.value for e in row] for row in est])
                 ses[(name, label)] = np.array([[e.stderr for e in row] for row in est])

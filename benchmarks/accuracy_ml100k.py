@@ -11,7 +11,7 @@ sampling with replacement). Every repeat's histogram is moved onto a geometric g
   ``bound``, ``beta`` a = 0.5 and 1) are one tensor contraction of the (R, nodes, m + 1) counts with tables
   built once per node for all metrics (``correction_tables``, ``mapping_tables``);
 * ``beta_fit`` fits a per repeat (eq. 19) and builds its mapping tables per repeat;
-* ``mle`` and ``mes`` are fitted once per repeat (``estimate_rank_distributions``, EM batched over repeats) and
+* ``mle`` and ``mes`` are fitted once per repeat (``fit_rank_distribution`` of the repeats' histograms, EM batched over repeats) and
   give every metric and cut-off from that fit; ``bv_mle`` uses each repeat's ``mle`` fit as the prior of
   ``bv`` (gamma = 0.1), all metrics from one factorisation per node.
 
@@ -44,7 +44,7 @@ from reco_sampled_plugin._rank_hist import pool_by_n, sampled_rank_histogram  # 
 from reco_sampled_plugin.corrections import correction_tables  # noqa: E402
 from reco_sampled_plugin.mapping import fit_beta, mapping_tables  # noqa: E402
 from reco_sampled_plugin.metrics import metric_values  # noqa: E402
-from reco_sampled_plugin.rank_distribution import estimate_rank_distributions  # noqa: E402
+from reco_sampled_plugin.rank_distribution import fit_rank_distribution  # noqa: E402
 from reco_sampled_plugin.simulate import draw_sampled_ranks  # noqa: E402
 
 # label -> (kind, arguments); "table" estimators are fixed tables per node, the others are fitted per repeat
@@ -145,7 +145,7 @@ def run_experiment(
             for method in ("mle", "mes"):
                 if method in estimators or (method == "mle" and "bv_mle(0.1)" in estimators):
                     t0 = time.perf_counter()
-                    fits[method] = estimate_rank_distributions(hists, method)
+                    fits[method] = fit_rank_distribution(hists, method)
                     if method in estimators:
                         values[(m, name, method)] = np.stack([f.values(metrics) for f in fits[method]])
                     timings[(m, method)] = timings.get((m, method), 0.0) + time.perf_counter() - t0

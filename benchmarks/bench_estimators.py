@@ -17,7 +17,7 @@ import torch
 
 from reco_sampled_plugin._rank_hist import sampled_rank_histogram
 from reco_sampled_plugin.estimators import estimate
-from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
+from reco_sampled_plugin.rank_distribution import fit_rank_distribution
 from reco_sampled_plugin.simulate import simulate_sampled_ranks
 from reco_sampled_plugin import SampledRanks
 
@@ -39,7 +39,7 @@ def main() -> None:
         t0 = time.perf_counter()
         hist = sampled_rank_histogram(sampled, n, m)
         t1 = time.perf_counter()
-        fit = estimate_rank_distribution(hist, method="mle")
+        fit = fit_rank_distribution(hist, "mle")
         t2 = time.perf_counter()
         res = fit.metric("hit@100000")
         t3 = time.perf_counter()

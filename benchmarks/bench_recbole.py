@@ -94,7 +94,6 @@ def main() -> None:
     eval_batch_size = args.eval_batch_size or (args.users_per_batch * (args.items + 1) if args.synthetic else 4096)
     epochs = args.epochs if args.epochs is not None else (0 if args.synthetic else 1)
 
-    from reco_sampled_plugin import estimators
     from reco_sampled_plugin.adapters import _recbole_ranks as ranks
     import reco_sampled_plugin.adapters.recbole  # noqa: F401  (registers the plugin)
 
@@ -121,7 +120,7 @@ def main() -> None:
         header = (f"synthetic: {stats}, eval users {valid._dataset.user_num - 1}, items {valid._dataset.item_num - 1}, "
                   f"users per batch {valid.step}")
         if args.profile:
-            profile(trainers[list(trainers)[-1]], valid, estimators)
+            profile(trainers[list(trainers)[-1]], valid)
             return
     else:
         recbole_metrics = RECBOLE_METRICS
@@ -152,7 +151,8 @@ def main() -> None:
     for _ in range(repeats):  # interleaved, so load on the machine hits every configuration alike
         for name, trainer in trainers.items():
             ranks._STAGE_ON_CPU = staged[name]
-            estimators._FITS.clear()  # a trained model changes every epoch: rank distributions are refitted
+            # each evaluation counts into new histograms, which keep no fit from the last one: refitted, as after an
+            # epoch of training
             PLUGIN_CPU[0] = 0.0
             c0, t0 = time.thread_time(), time.perf_counter()
             trainer.evaluate(valid, load_best_model=False)
@@ -327,13 +327,13 @@ def trained_bpr(epochs: int, eval_batch_size: int, mode: str = "full", dataset: 
     return config, valid, model
 
 
-def profile(trainer, valid, estimators) -> None:
-    """cProfile of one evaluation (after a first one: correction tables, compiled kernels)."""
+def profile(trainer, valid) -> None:
+    """cProfile of one evaluation (after a first one: correction tables, compiled kernels; its histograms are new,
+    so their rank distributions are fitted again)."""
     import cProfile
     import pstats
 
     trainer.evaluate(valid, load_best_model=False)
-    estimators._FITS.clear()
     prof = cProfile.Profile()
     prof.enable()
     trainer.evaluate(valid, load_best_model=False)

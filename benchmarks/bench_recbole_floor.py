@@ -48,7 +48,6 @@ def main() -> None:
     from recbole.trainer import Trainer
 
     import reco_sampled_plugin.adapters.recbole as rb
-    from reco_sampled_plugin import estimators
     from reco_sampled_plugin.adapters import _recbole_metrics as metrics
     from reco_sampled_plugin.adapters import _recbole_ranks as ranks
 
@@ -150,8 +149,8 @@ def main() -> None:
 
     def estimated_metrics():
         struct = DataStruct()
-        struct.set(ranks.PLUGIN_KEY, table.clone())  # a fresh table: nothing cached from the last round
-        estimators._FITS.clear()
+        struct.set(ranks.PLUGIN_KEY, table.clone())  # a fresh table: nothing cached from the last round (its
+        # histogram, and the fits kept on it, are new)
         for metric in metric_objects:
             metric.calculate_metric(struct)
 

@@ -17,9 +17,11 @@ other groups, and is never pooled with a sampled group.
 from __future__ import annotations
 
 import math
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -81,6 +83,13 @@ def _exact_flags(exact: Any, n: np.ndarray, m: np.ndarray) -> np.ndarray:
                              "counts exact ranks 1..n)")
     flags.setflags(write=False)
     return flags
+
+
+#: what one histogram keeps of what is derived from it (:meth:`RankHistogram._derived`): its fits by method object
+#: and law, its pooled forms; the least recently used entry goes first
+DERIVED_MAX = 8
+_DERIVED_LOCK = threading.Lock()
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -197,11 +206,37 @@ class RankHistogram:
     def n_groups(self) -> int:
         return len(self.counts)
 
+    def _derived(self, key: Hashable, make: Callable[[], _T]) -> _T:
+        """``make()``, kept on this histogram under ``key`` and returned again while the key comes back: what
+        estimation derives from the counts (a fitted rank distribution by method object and law, a pooled
+        histogram), so several metrics of one histogram fit it once. At most :data:`DERIVED_MAX` entries (the least
+        recently used dropped); an unhashable key is made every time. A histogram never changes, so nothing kept
+        goes stale; copies, pickles and :meth:`with_design` start without them."""
+        try:
+            hash(key)
+        except TypeError:
+            return make()
+        with _DERIVED_LOCK:
+            kept = self.__dict__.setdefault("_kept", OrderedDict())
+            if key in kept:
+                kept.move_to_end(key)
+                return kept[key]
+        value = make()  # outside the lock: a fit may take seconds (two threads may both make it, alike)
+        with _DERIVED_LOCK:
+            kept[key] = value
+            while len(kept) > DERIVED_MAX:
+                kept.popitem(last=False)
+        return value
+
+    def __getstate__(self) -> dict:
+        """The fields and their derived arrays, without what :meth:`_derived` keeps (pickles and copies)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_kept"}
+
     def with_design(self, design: Any) -> "RankHistogram":
         """These counts under ``design`` (a SamplingDesign or None: see :attr:`design`)."""
         _check_design(design)
         out = object.__new__(type(self))
-        out.__dict__.update(self.__dict__)
+        out.__dict__.update(self.__getstate__())
         object.__setattr__(out, "design", design)
         return out
 
@@ -273,8 +308,11 @@ class RankHistogram:
         return value / self.total
 
     def without_empty_groups(self) -> "RankHistogram":
-        """This histogram without its (n, m) groups of total count 0 (itself when it has none)."""
-        return self.select(self._totals > 0)
+        """This histogram without its (n, m) groups of total count 0 (itself when it has none; the same object
+        every time, with what it keeps: :meth:`_derived`)."""
+        if bool((self._totals > 0).all()):
+            return self
+        return self._derived("without_empty_groups", lambda: self.select(self._totals > 0))
 
     def merge(self, other: "RankHistogram") -> "RankHistogram":
         """Sum of two histograms (groups with equal (n, m) and exactness are added; exact groups last); their
@@ -319,6 +357,21 @@ class RankHistogram:
                 raise ValueError("weights: every weight is 0 (no positive with a sampled rank and a weight > 0 is left "
                                  "to estimate from)")
             raise ValueError("sampled_ranks: the histogram is empty (no positive with a sampled rank)")
+
+
+def same_histogram(owner: Any, hist: RankHistogram) -> RankHistogram:
+    """``hist``, or the equal histogram (same groups, counts and design) that this call returned before for
+    ``owner`` (the object ``hist`` was built from, e.g. a SampledRanks; its last two histograms are remembered):
+    the same object, with what it keeps (:meth:`RankHistogram._derived`), so estimating several metrics from one
+    sample fits it once. Equal counts, not the owner's identity, decide: an owner changed in place gets new ones."""
+    with _DERIVED_LOCK:
+        last: tuple[RankHistogram, ...] = owner.__dict__.get("_histograms", ())
+        for old in last:
+            if (old.same_groups(hist) and old.design == hist.design
+                    and np.array_equal(old.flat_counts, hist.flat_counts)):
+                return old
+        owner.__dict__["_histograms"] = (hist,) + last[:1]
+    return hist
 
 
 def _flat(x: Any, name: str) -> torch.Tensor:
@@ -498,11 +551,17 @@ def pool_by_n(hist: RankHistogram, max_rel_n_spread: float | None) -> RankHistog
     the interpolated table (1 - t) T_{n_j} + t T_{n_j+1} for a positive with candidate count n, i.e. tables
     are built for the grid nodes only. Interpolation in 1/(n - 1), the scale of the sampled rank
     ((n - 1)/m exact ranks per sampled rank), makes the error second order in the spread; measured
-    errors are in docs/estimators.md. ``None`` returns ``hist`` unchanged. Total counts are preserved.
+    errors are in docs/estimators.md. ``None`` returns ``hist`` unchanged. Total counts are preserved. The pooled
+    histogram is kept on ``hist`` (``RankHistogram._derived``): the same object, with its fits, every time.
     """
     s = check_spread(max_rel_n_spread)
     if s is None or hist.n_groups <= 1:
         return hist
+    return hist._derived(("pool_by_n", s), lambda: _pool_by_n(hist, s))
+
+
+def _pool_by_n(hist: RankHistogram, s: float) -> RankHistogram:
+    """:func:`pool_by_n` of a histogram with several groups onto the grid of spread ``s`` (checked)."""
     if hist.has_exact:  # exact groups are pooled among themselves (pool_exact_groups), never with sampled ones
         return pool_by_n(hist.sampled_part(), s).concat(pool_exact_groups(hist.exact_part(), n_grid_nodes=s))
     n_out: list[int] = []

@@ -35,6 +35,7 @@ from ._checks import check_generator, check_rank_values, check_sizes
 from ._inputs import finite_check, run_checks, score_tensor
 from ._options import check_bool
 from .design import AdaptiveDesign, SamplingDesign, as_design
+from . import registry
 from .ranking import SampledRanks, check_ties, prepare_sampling_index, sampled_ranks, stage_positives
 from .simulate import simulate_sampled_ranks
 
@@ -53,14 +54,9 @@ __all__ = [
     "adaptive_sampled_ranks_from_exact",
 ]
 
-def __getattr__(name: str) -> tuple[str, ...]:
-    # a live view of the registry (an estimator registered later appears): the estimators whose likelihood
-    # takes adaptive sample sizes as given (module docstring); ``none`` reports the uncorrected sampled metric
-    if name == "ADAPTIVE_METHODS":
-        from . import registry
-
-        return registry.names(adaptive=True)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# a live view of the registry (an estimator registered later appears): the estimators whose likelihood takes
+# adaptive sample sizes as given (module docstring); ``none`` reports the uncorrected sampled metric
+__getattr__ = registry.module_views(__name__, ADAPTIVE_METHODS={"adaptive": True})
 
 
 @dataclass(frozen=True)

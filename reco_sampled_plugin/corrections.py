@@ -724,12 +724,13 @@ def estimate_by_fitted_prior(spec: MetricSpec, hist: RankHistogram, *, method: s
                              options: dict) -> EstimatorOutput:
     """The registry's compute function of ``bv_mle``: ``bv`` tables whose prior p(r) is the ``mle`` rank
     distribution fitted on the same histogram (its uncertainty ignored); ``options``: gamma and the fit's."""
-    from .rank_distribution import fitted_distribution
+    from .registry import Mle
+    from .rank_distribution import fit_rank_distribution
 
     gamma = options.get("gamma")
     gamma = 0.1 if gamma is None else gamma
     fit = {k: v for k, v in options.items() if k != "gamma"}
-    dist = fitted_distribution(hist, "mle", sampling, {"n_bootstrap": 0, **fit})
+    dist = fit_rank_distribution(hist, Mle(**{"n_bootstrap": 0, **fit}), sampling=sampling)
     flags = [f for f in dist.flags if f in ("not_converged", "pooled_n", "all_at_top")]
 
     def prior_for_n(n: int, m: int) -> PriorLike:

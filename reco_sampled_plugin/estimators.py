@@ -60,7 +60,6 @@ from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_bounds
 from .ranking import SampledRanks
 from ._types import TensorLike
-from .rank_distribution import FIT_CACHE as _FITS  # noqa: F401  (``estimators._FITS.clear()`` refits, as before)
 
 __all__ = ["ESTIMATORS", "METHOD_OPTIONS", "estimate"]
 

@@ -231,7 +231,8 @@ def _program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax
 
 def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int,
                    cutoff: int = 0, adaptive: AdaptiveDesign | None = None) -> _Program:
-    from .rank_distribution import estimate_rank_distribution, model_grid, pool_groups
+    from . import registry
+    from .rank_distribution import fit_rank_distribution, model_grid, pool_groups
 
     pooled, _ = pool_groups(hist, max_groups)
     check_without_replacement(pooled.n_items, pooled.n_samples, law)
@@ -254,7 +255,7 @@ def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float,
     # truncation masses from a maximum-likelihood fit (they depend on the far tail only)
     fit_cum = None
     if not (np.all(n_items == n_max) and np.all(n_class == n_max)):
-        fit = estimate_rank_distribution(pooled, "mle", sampling=law, n_bootstrap=0, max_groups=max_groups, tol=1e-5)
+        fit = fit_rank_distribution(pooled, registry.Mle(n_bootstrap=0, max_groups=max_groups, tol=1e-5), sampling=law)
         fit_cum = (fit.edges.astype(np.float64), np.concatenate([[0.0], np.cumsum(fit.probs)]))
 
     def mass(ns: np.ndarray) -> np.ndarray:

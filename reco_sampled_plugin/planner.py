@@ -4,7 +4,7 @@
 under each candidate design, for a given catalogue size, number of users and rank distribution:
 
 1. **Shape** (the distribution of the users' exact ranks R): a pilot's sampled ranks when given (fitted with
-   ``estimate_rank_distribution(..., method="mes")``; adaptive pilots take their per-positive final sizes and
+   ``fit_rank_distribution(pilot, registry.Mes(...))``; adaptive pilots take their per-positive final sizes and
    their design), else the default family :data:`DEFAULT_FAMILY`. ``Plan.shape_source`` says which.
 2. For each design and each of ``repeats`` replicates: ``n_users`` exact ranks are drawn from the shape (the
    same sets for every design: common random numbers), the design's sampled ranks are drawn from them
@@ -16,7 +16,7 @@ under each candidate design, for a given catalogue size, number of users and ran
    on the sum of the repeats, one likelihood, one batched solver in which each repeat stops on its own rule; the
    same forecasts as one fit per repeat up to the solvers' stopping and, where groups are pooled, each bin's
    representative n: within 0.05-0.35 Monte Carlo se in tests/test_planner_speed.py); designs with
-   ``exact_at_cap`` fit their repeats' histograms as ``estimate_rank_distributions`` does.
+   ``exact_at_cap`` fit their repeats' histograms as ``fit_rank_distribution`` of a list does.
    How the plan spends its own time is :class:`PlanExecution`'s. With ``screen=True`` (the default) each design
    first runs :data:`SCREEN_REPEATS` replicates and stops there when every one of them misses the target, or when
    their relative RMSE exceeds :data:`SCREEN_FACTOR` x the target (``DesignForecast.screened``): a forecast from
@@ -41,9 +41,9 @@ Conventions (package-wide): ranks are 1-based, ``n`` counts a user's candidates 
 ``m`` the sampled irrelevant items. One sampled rank resolves b = (n - 1)/(m + 1) + 1 exact ranks; adaptive
 sampling (m doubling while a positive ranks first, up to the cap) resolves the top down to (n - 1)/(cap + 1) + 1.
 
-Pilot fit: ``estimate_rank_distribution(..., method="mes", max_rel_n_spread=0.1)`` (candidate counts pooled onto a
-geometric grid of the pilot's own n), then smoothed in log rank (Gaussian kernel, sd 0.4, mass kept): the fit is
-close to maximum likelihood and puts the top's mass on a few single ranks, spikes the data do not require, and a
+Pilot fit: ``fit_rank_distribution(pilot, registry.Mes(n_bootstrap=0, max_rel_n_spread=0.1))`` (candidate counts
+pooled onto a geometric grid of the pilot's own n), then smoothed in log rank (Gaussian kernel, sd 0.4, mass kept):
+the fit is close to maximum likelihood and puts the top's mass on a few single ranks, spikes the data do not require, and a
 plan drawn from spikes misjudges how the top's shape moves the estimators (compared with simulation on ml-100k and
 ml-latest-small, two recommenders each, the smoothing brought mean |log(predicted / simulated)| of the relative
 error from 0.18 to 0.16; sd 1.0 made it 0.32).
@@ -164,7 +164,7 @@ _PILOT_FIT = "mes"
 _PILOT_SMOOTH = 0.4
 # a rank-distribution estimator's repeats of a design (without exact_at_cap) are fitted together by
 # ``rank_distribution.ReplicateFits``: groups pooled once on the sum of the repeats, one likelihood, one batched
-# solver (BENCHMARKS.md, issue 27's plan cost); False: the per-repeat histograms of ``estimate_rank_distributions``
+# solver (BENCHMARKS.md, issue 27's plan cost); False: the per-repeat histograms of ``fit_rank_distribution``
 # (tests/test_planner_speed.py compares the two)
 _JOINT_FITS = True
 # the popularity world's rank prior (``_popularity_world.PopularityWorld.from_pilot``): (``"em"`` or ``"spline"``,
@@ -545,7 +545,7 @@ def _pilot_shape(ranks: torch.Tensor, n_items: torch.Tensor, n_samples: torch.Te
                  spec: MetricSpec | None = None) -> _PilotShape:
     """The rank distribution fitted on a pilot's sampled ranks, n and m per positive (:func:`_unpack_pilot`)."""
     from ._rank_hist import as_histogram
-    from .rank_distribution import estimate_rank_distribution
+    from .rank_distribution import fit_rank_distribution
 
     if ranks.numel() == 0:
         raise ValueError("pilot: no sampled ranks")
@@ -572,7 +572,7 @@ def _pilot_shape(ranks: torch.Tensor, n_items: torch.Tensor, n_samples: torch.Te
         from .estimators import auto_method
 
         fit = auto_method(spec if spec is not None else parse_metric("hit@10"), hist, design)[0]
-    dist = estimate_rank_distribution(hist, method=fit, n_bootstrap=0, max_rel_n_spread=_PILOT_N_SPREAD)
+    dist = fit_rank_distribution(hist, registry.method_class(fit)(n_bootstrap=0, max_rel_n_spread=_PILOT_N_SPREAD))
     ns = hist.n_items[hist.totals > 0]
     n_text = f"n = {int(ns.min()):,}" + (f"..{int(ns.max()):,}" if ns.max() > ns.min() else "")
     source = f"pilot: {fit} fit on {int(round(hist.total)):,} sampled ranks ({n_text}{design_text})"
@@ -1097,12 +1097,12 @@ class _Replicates:
 
     def _histogram_fits(self, js: range) -> None:
         from ._rank_hist import as_histogram, sampled_rank_histogram
-        from .rank_distribution import estimate_rank_distributions
+        from .rank_distribution import fit_rank_distribution
 
         sampled, n_t, done = self.sim.sampled, self.draws.n_t, self.sim.done
         hists = [as_histogram(sampled[j], n_t, self._sizes(j)) if done is None
                  else sampled_rank_histogram(sampled[j], n_t, self._sizes(j), exact_ranks=done[j]) for j in js]
-        for j, dist in zip(js, estimate_rank_distributions(hists, self.run.name, sampling=self.design.law)):
+        for j, dist in zip(js, fit_rank_distribution(hists, self.run.name, sampling=self.design.law)):
             self.est[j] = dist.values([self.s.spec], target=self.fit_target)[0]  # the spread is over replicates
         self.tick(len(js))
 

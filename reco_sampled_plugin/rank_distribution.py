@@ -37,6 +37,13 @@ spread), ``mes`` is refitted from the fit, every replicate by its own stopping r
 unidentified top (see the ``top_unresolved`` flag: below about (n - 1)/(m + 1) the data hardly constrain
 the shape of P(R), which then comes from the uniform start or the entropy term).
 
+Entry points: :func:`fit_rank_distribution` (one sample or a sequence of them, batched) with a method object of the
+registry (``registry.Mle``, ``Mes``, ``Gmod``: the fit options, checked once at construction); :class:`ReplicateFits`
+(many draws of the same positives, prepared once, fitted together); :class:`RankDistribution` (the fit: P(R), its
+metrics, priors); :func:`estimate_by_fit` (the registry's compute function of ``mle``, ``mes``, ``gmod``). The fits
+of one histogram are kept on it by method object and law (``RankHistogram._derived``), so estimating several metrics
+from one sample fits it once.
+
 Adaptive sampling (Li et al., AAAI 2023; ``adaptive.py``): positives ranked first get more samples (doubling m
 until they are not first or a cap is reached). Stopping on r~ = 1 multiplies the likelihood of an instance by a
 factor that does not depend on R, so the estimators simply take the per-positive final sample sizes.
@@ -51,13 +58,11 @@ mixes exact and sampled groups (:func:`pool_groups`).
 
 from __future__ import annotations
 
-import contextvars
 import math
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from collections.abc import Sequence as _Sequence
+from typing import Any, Callable, ClassVar, Iterable, Iterator, Protocol, Sequence, cast, overload
 
 import numpy as np
 import torch
@@ -66,7 +71,6 @@ from scipy import sparse, special
 from ._rank_hist import (
     RankHistogram,
     as_histogram,
-    check_spread,
     interval_mean_metric,
     interval_mean_metrics,
     pool_by_n,
@@ -74,11 +78,12 @@ from ._rank_hist import (
 )
 from ._checks import (MAX_SAMPLES, MAX_SIZE, check_rank_values, check_sampled_support, check_sizes,
                       check_without_replacement, impossible_rank_message)
-from ._options import (check_base_measure, check_bool, check_count, check_metric_names,
-                       check_nonnegative_float, check_positive_float, check_seed)
+from ._options import check_metric_names
+from . import registry
 from ._blas import blas_single
 from ._types import TensorLike
 from .metric_names import MetricSpec, parse_metric
+from .ranking import SampledRanks
 from .sampling_laws import check_law, log_sampled_rank_pmf_unbounded as _log_sampled_rank_pmf
 from ._gspline import G_DF, G_PENALTY, cell_points, g_basis as _g_basis, spline_objective as _spline_objective
 from ._gspline import softmax as _softmax, spline_penalty, spline_probs, spline_value
@@ -89,28 +94,39 @@ __all__ = [
     "DistributionEstimate",
     "rank_grid",
     "pool_groups",
-    "estimate_rank_distribution",
-    "estimate_rank_distributions",
+    "fit_rank_distribution",
     "ReplicateFits",
 ]
 
-def __getattr__(name: str) -> tuple[str, ...]:
-    # a live view of the registry: the rank-distribution methods (an estimator registered later appears)
-    if name == "RANK_DISTRIBUTION_METHODS":
-        from . import registry
-
-        return registry.names(family="rank_distribution")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# a live view of the registry: the rank-distribution methods (an estimator registered later appears)
+__getattr__ = registry.module_views(__name__, RANK_DISTRIBUTION_METHODS={"family": "rank_distribution"})
 
 
-def _entry(method: str) -> Any:
-    """The registry entry of a rank-distribution method (a ValueError naming ``method`` otherwise)."""
-    from . import registry
+class _FitMethod(Protocol):
+    """What the fits read of a rank-distribution method object (``registry.Mle``, ``Mes``, ``Gmod``: a frozen
+    ``registry.Method`` whose fields include the fit options, ``registry.fit_option_names()``; a fitter reads its
+    own options, such as ``lam`` or ``df``, by name)."""
 
-    methods = registry.names(family="rank_distribution")
-    if not isinstance(method, str) or method not in methods:
-        raise ValueError(f"method: unknown rank-distribution method {method!r}; use one of {methods}")
-    return registry.get(method)
+    entry: ClassVar[registry.Estimator]
+    name: str  # the registered name (a property of the method object)
+    n_bootstrap: int | None
+    seed: int
+    tol: float
+    max_iter: int
+    max_groups: int
+    delta: float
+    kappa: float
+    trace: bool
+    max_rel_n_spread: float | None
+
+
+def _fit_method(method: str | registry.Method) -> _FitMethod:
+    """``method`` as the method object of a rank-distribution method (a ValueError naming ``method`` otherwise)."""
+    obj = registry.as_method(method)
+    if type(obj).entry.family != "rank_distribution":
+        raise ValueError(f"method: {obj.name!r} does not fit a rank distribution; use one of "
+                         f"{registry.names(family='rank_distribution')}")
+    return cast(_FitMethod, obj)
 
 
 _LIK_FLOOR = 1e-16
@@ -573,45 +589,6 @@ def _mes_start(model: _Model, pi0: np.ndarray, counts: np.ndarray) -> np.ndarray
     return 0.9 * pi + 0.1 * pi0
 
 
-def check_fit_options(method: str, sampling: str = "binomial", *, tol: float = 1e-7, max_iter: int = 5000, lam: float | None = None, max_groups: int = 16,
-                      delta: float = 0.05, kappa: float = 0.25, beta: float = 0.0, n_bootstrap: int | None = None, seed: int = 0, trace: bool = False, df: int | None = None,
-                      penalty: float | None = None) -> dict:
-    """Validate the options of :func:`estimate_rank_distribution` before any work (a NaN ``tol`` would keep
-    the EM running to ``max_iter``, a ``delta`` of 0 would give one cell per rank): a ValueError naming the
-    option; returns them normalised (``sampling`` as its canonical law name)."""
-    takes = _entry(method).option_names
-    out = {
-        "sampling": check_law(sampling),
-        "tol": check_positive_float(tol, "tol"),
-        "max_iter": check_count(max_iter, "max_iter", 1),
-        "lam": None,
-        "max_groups": check_count(max_groups, "max_groups", 1),
-        "delta": check_positive_float(delta, "delta"),
-        "kappa": check_positive_float(kappa, "kappa"),
-        "beta": _check_beta(beta, method, takes),
-        "n_bootstrap": None if n_bootstrap is None else check_count(n_bootstrap, "n_bootstrap", 0),
-        "seed": check_seed(seed, "seed"),
-        "trace": check_bool(trace, "trace"),
-    }
-    if lam is not None:
-        if "lam" not in takes:
-            raise ValueError(f"lam: only the 'mes' method takes an entropy weight, got method {method!r}")
-        out["lam"] = check_nonnegative_float(lam, "lam")
-    for name, value in (("df", df), ("penalty", penalty)):
-        if value is not None and name not in takes:
-            raise ValueError(f"{name}: only the 'gmod' method takes it, got method {method!r}")
-    out["df"] = G_DF if df is None else check_count(df, "df", 4)
-    out["penalty"] = G_PENALTY if penalty is None else check_nonnegative_float(penalty, "penalty")
-    return out
-
-
-def _check_beta(beta: float, method: str, takes: tuple) -> float:
-    beta = check_base_measure(beta)
-    if beta and "beta" not in takes:
-        raise ValueError(f"beta: only the 'mes' method takes a base measure, got method {method!r}")
-    return beta
-
-
 def _reference_measure(edges: np.ndarray, beta: float) -> np.ndarray:
     """nu_c = sum of r^-beta over the ranks of cell c (beta = 0: the cell widths): the base measure of the
     entropy, whose maximiser spreads each cell's mass like r^-beta (beta = 1: uniform in log r)."""
@@ -853,23 +830,24 @@ class EMFitter:
     default_bootstrap = 32
     target = "population"  # what RankDistribution.metric estimates for the registry (``estimate_by_fit``)
 
-    def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _Fit:
-        """(pi, iterations, converged, objective trace, details) of one histogram's counts."""
-        pi, iters, converged, lls = _em(model, pi0, counts, opts["tol"], opts["max_iter"], opts["trace"])
+    def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, method: _FitMethod) -> _Fit:
+        """(pi, iterations, converged, objective trace, details) of one histogram's counts; ``method`` the options."""
+        pi, iters, converged, lls = _em(model, pi0, counts, method.tol, method.max_iter, method.trace)
         return pi, iters, converged, tuple(float(v) for v in lls), {}
 
-    def fit_batch(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _BatchFit:
+    def fit_batch(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, method: _FitMethod) -> _BatchFit:
         """(pi (B, K), iterations (B,), converged (B,), details per histogram) of B histograms' counts."""
-        pi, steps, conv, _ = _em_batched(model, pi0, counts, opts["tol"], opts["max_iter"])
+        pi, steps, conv, _ = _em_batched(model, pi0, counts, method.tol, method.max_iter)
         return pi, steps, conv, [{} for _ in range(len(counts))]
 
-    def fit_many(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _BatchFit:
+    def fit_many(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, method: _FitMethod) -> _BatchFit:
         """:meth:`fit_batch` (already one batched EM, equal to the single fits)."""
-        return self.fit_batch(model, pi0, counts, opts)
+        return self.fit_batch(model, pi0, counts, method)
 
-    def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, opts: dict, details: dict) -> np.ndarray:
+    def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, method: _FitMethod,
+                  details: dict) -> np.ndarray:
         start = np.broadcast_to(pi0, (len(draws), len(pi)))
-        return _em(model, start, draws, opts["tol"], opts["max_iter"])[0]
+        return _em(model, start, draws, method.tol, method.max_iter)[0]
 
 
 class MESFitter:
@@ -882,37 +860,39 @@ class MESFitter:
     default_bootstrap = 16
     target = "population"
 
-    def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _Fit:
-        lam = float(_mes_lambda(counts.sum(), opts["lam"]))
+    def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, method: _FitMethod) -> _Fit:
+        lam = float(_mes_lambda(counts.sum(), getattr(method, "lam", None)))
         start = _mes_start(model, pi0, counts)
-        pi, res, values = _mes_fit(model, counts, lam, start, opts["tol"], opts["max_iter"], opts["trace"],
-                                   opts["beta"])
+        pi, res, values = _mes_fit(model, counts, lam, start, method.tol, method.max_iter, method.trace,
+                                   getattr(method, "beta", 0.0))
         return pi, int(res.nit), bool(res.success), tuple(float(v) for v in values), {"lam": lam}
 
-    def fit_batch(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _BatchFit:
+    def fit_batch(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, method: _FitMethod) -> _BatchFit:
         # one L-BFGS-B run per histogram, as a single fit (the planner forecasts what estimate() gives: the
         # batched solver stops within the same tolerance but not at the same point, measured up to ~0.1 sd)
-        lam = _mes_lambda(counts.sum(axis=1), opts["lam"])
+        lam = _mes_lambda(counts.sum(axis=1), getattr(method, "lam", None))
         start = _mes_start(model, pi0, counts)
-        fits = [_mes_fit(model, counts[b], float(lam[b]), start[b], opts["tol"], opts["max_iter"], beta=opts["beta"])
-                for b in range(len(counts))]
+        fits = [_mes_fit(model, counts[b], float(lam[b]), start[b], method.tol, method.max_iter,
+                         beta=getattr(method, "beta", 0.0)) for b in range(len(counts))]
         pi = np.stack([f[0] for f in fits])
         iters = np.array([int(f[1].nit) for f in fits])
         conv = np.array([bool(f[1].success) for f in fits])
         return pi, iters, conv, [{"lam": float(lam[b])} for b in range(len(counts))]
 
-    def fit_many(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _BatchFit:
+    def fit_many(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, method: _FitMethod) -> _BatchFit:
         """B histograms' fits in one batched L-BFGS (:func:`_mes_fit_batched`, from the same EM warm start as
         :meth:`fit`), each stopped by its own rule: within the tolerance of the single fits, not at their point."""
-        lam = _mes_lambda(counts.sum(axis=1), opts["lam"])
+        lam = _mes_lambda(counts.sum(axis=1), getattr(method, "lam", None))
         start = _mes_start(model, pi0, counts)
-        pi, iters, conv = _mes_fit_batched(model, counts, lam, start, opts["tol"], opts["max_iter"], opts["beta"])
+        pi, iters, conv = _mes_fit_batched(model, counts, lam, start, method.tol, method.max_iter,
+                                           getattr(method, "beta", 0.0))
         return pi, iters, conv, [{"lam": float(lam[b])} for b in range(len(counts))]
 
-    def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, opts: dict, details: dict) -> np.ndarray:
+    def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, method: _FitMethod,
+                  details: dict) -> np.ndarray:
         start = np.broadcast_to(pi, (len(draws), len(pi)))
         lam = np.full(len(draws), details["lam"])
-        return _mes_fit_batched(model, draws, lam, start, opts["tol"], opts["max_iter"], opts["beta"])[0]
+        return _mes_fit_batched(model, draws, lam, start, method.tol, method.max_iter, getattr(method, "beta", 0.0))[0]
 
 
 def _g_objective(
@@ -983,31 +963,43 @@ class GModelFitter:
     #: users' value between the two priors is the model term of the standard error (see ``metric``)
     reference = "mes"
 
-    def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _Fit:
-        pi, res, values = _g_fit(model, counts, opts["df"], opts["penalty"], None, opts["tol"], opts["max_iter"],
-                                 opts["trace"])
-        return pi, int(res.nit), bool(res.success), tuple(float(v) for v in values), {
-            "df": opts["df"], "penalty": opts["penalty"], "alpha": tuple(float(a) for a in res.x)}
+    @staticmethod
+    def _shape(method: _FitMethod) -> tuple[int, float]:
+        """(df, penalty) of ``method`` (``G_DF``, ``G_PENALTY`` where it has none or None)."""
+        df, penalty = getattr(method, "df", None), getattr(method, "penalty", None)
+        return G_DF if df is None else df, G_PENALTY if penalty is None else penalty
 
-    def fit_batch(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _BatchFit:
-        fits = [self.fit(model, pi0[b], counts[b], {**opts, "trace": False}) for b in range(len(counts))]
+    def _fit(self, model: _Model, counts: np.ndarray, method: _FitMethod, trace: bool) -> _Fit:
+        df, penalty = self._shape(method)
+        pi, res, values = _g_fit(model, counts, df, penalty, None, method.tol, method.max_iter, trace)
+        return pi, int(res.nit), bool(res.success), tuple(float(v) for v in values), {
+            "df": df, "penalty": penalty, "alpha": tuple(float(a) for a in res.x)}
+
+    def fit(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, method: _FitMethod) -> _Fit:
+        return self._fit(model, counts, method, method.trace)
+
+    def fit_batch(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, method: _FitMethod) -> _BatchFit:
+        fits = [self._fit(model, counts[b], method, False) for b in range(len(counts))]
         return (np.stack([f[0] for f in fits]), np.array([f[1] for f in fits]), np.array([f[2] for f in fits]),
                 [f[4] for f in fits])
 
-    def fit_many(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, opts: dict) -> _BatchFit:
+    def fit_many(self, model: _Model, pi0: np.ndarray, counts: np.ndarray, method: _FitMethod) -> _BatchFit:
         """B histograms' fits in one batched L-BFGS (:func:`_lbfgs_batched` on :func:`_g_objective_batched`, from
         alpha = 0 as :meth:`fit`, L-BFGS-B's ftol = tol / 1000 and gtol = 1e-9), each stopped by its own rule."""
-        basis = _g_basis(model.edges, opts["df"])
-        evaluate = _g_objective_batched(model, counts, basis, opts["penalty"])
+        df, penalty = self._shape(method)
+        basis = _g_basis(model.edges, df)
+        evaluate = _g_objective_batched(model, counts, basis, penalty)
         alpha0 = np.zeros((len(counts), basis.shape[1]))
-        out, iters, conv = _lbfgs_batched(evaluate, alpha0, opts["tol"] * 1e-3, 1e-9, opts["max_iter"], 10)
+        out, iters, conv = _lbfgs_batched(evaluate, alpha0, method.tol * 1e-3, 1e-9, method.max_iter, 10)
         pi, alpha = out[:, :-basis.shape[1]], out[:, -basis.shape[1]:]
-        return pi, iters, conv, [{"df": opts["df"], "penalty": opts["penalty"], "alpha": tuple(float(a) for a in a_b)}
+        return pi, iters, conv, [{"df": df, "penalty": penalty, "alpha": tuple(float(a) for a in a_b)}
                                  for a_b in alpha]
 
-    def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, opts: dict, details: dict) -> np.ndarray:
+    def bootstrap(self, model: _Model, draws: np.ndarray, pi: np.ndarray, pi0: np.ndarray, method: _FitMethod,
+                  details: dict) -> np.ndarray:
         alpha = np.asarray(details["alpha"])
-        return np.stack([_g_fit(model, d, opts["df"], opts["penalty"], alpha, opts["tol"], opts["max_iter"])[0]
+        df, penalty = self._shape(method)
+        return np.stack([_g_fit(model, d, df, penalty, alpha, method.tol, method.max_iter)[0]
                          for d in draws]) if len(draws) else np.zeros((0, len(pi)))
 
 
@@ -1412,189 +1404,178 @@ class RankDistribution:
         return self._metrics_from_probs(specs, self.probs)
 
 
-# ---------------------------------------------------------------------------------------- estimator
-#: False inside :func:`estimate_rank_distributions`: its fits carry no ``reference`` (batched or one by one alike;
-#: the planner reads their values only, and a reference is a second fit of each histogram).
-_WITH_REFERENCE: contextvars.ContextVar[bool] = contextvars.ContextVar("_WITH_REFERENCE", default=True)
+# ---------------------------------------------------------------------------------------------- the fit
+def _sample_histogram(sample: Any, method: _FitMethod, sampling: str | None) -> tuple[RankHistogram, str]:
+    """The histogram of ``sample`` (its groups of total count 0 dropped; refused when empty) and the law of its
+    draws: its design's (binomial without one), or ``sampling`` where given (refused when the design says otherwise).
+    A SampledRanks gives its histogram with exact groups where the method reads them (``exact_groups``)."""
+    if isinstance(sample, SampledRanks):
+        design = sample.design
+        if design is None:
+            raise ValueError("sample: these SampledRanks carry no design; build them with "
+                             "SampledRanks.from_arrays(ranks, n_items, n_samples, design)")
+        if design.popularity is not None:
+            raise ValueError("sample: popularity-sampled ranks need the draws' weights, which a rank-distribution fit "
+                             "does not read; estimate them with pl_fit (estimate(metric, sampled, 'pl_fit'))")
+        hist = sample.histogram(exact=type(method).entry.exact_groups)
+    elif isinstance(sample, RankHistogram):
+        hist, design = sample, sample.design
+    else:
+        raise ValueError(f"sample: expected a RankHistogram or SampledRanks (or a sequence of them), got "
+                         f"{type(sample).__name__}")
+    law = "binomial" if design is None else design.law
+    if sampling is not None:
+        given = check_law(sampling)
+        if design is not None and given != law:
+            raise ValueError(f"sampling: {given!r} contradicts the sample's design ({design.describe()}: {law})")
+        law = given
+    hist = as_histogram(hist)
+    hist.check_nonempty()
+    return hist, law
 
 
+@overload
+def fit_rank_distribution(sample: RankHistogram | SampledRanks, method: str | registry.Method = ..., *,
+                          sampling: str | None = ...) -> RankDistribution: ...
+@overload
+def fit_rank_distribution(sample: Sequence[RankHistogram | SampledRanks], method: str | registry.Method = ..., *,
+                          sampling: str | None = ...) -> list[RankDistribution]: ...
 @blas_single  # small dense algebra: one BLAS thread (_blas)
-def estimate_rank_distribution(
-    sampled_ranks: TensorLike | RankHistogram,
-    n_items: TensorLike | None = None,
-    n_samples: TensorLike | None = None,
-    method: str = "mle",
-    sampling: str = "binomial",
-    weights: TensorLike | None = None,
-    n_bootstrap: int | None = None,
-    seed: int = 0,
-    tol: float = 1e-7,
-    max_iter: int = 5000,
-    lam: float | None = None,
-    max_groups: int = 16,
-    delta: float = 0.05,
-    kappa: float = 0.25,
-    trace: bool = False,
-    max_rel_n_spread: float | None = None,
-    beta: float = 0.0,
-    df: int | None = None,
-    penalty: float | None = None,
-) -> RankDistribution:
+def fit_rank_distribution(sample: Any, method: str | registry.Method = "mle", *,
+                          sampling: str | None = None) -> RankDistribution | list[RankDistribution]:
     """Estimate the distribution of exact ranks from sampled ranks (``mle`` by EM, ``mes`` or ``gmod``).
 
     Args:
-        sampled_ranks: sampled ranks r~ (any shape, 0 = padding) or a :class:`RankHistogram`.
-        n_items: n, an int or per-positive candidate counts.
-        n_samples: m, an int or per-positive sample sizes (adaptive sampling).
-        method: ``"mle"`` (EM) or ``"mes"`` (maximum-entropy-regularised, L-BFGS-B).
-        sampling: ``"binomial"`` (with replacement) or ``"hypergeometric"``.
-        weights: optional per-positive weights.
-        n_bootstrap: multinomial bootstrap replicates for standard errors (default 32 for mle, 16 for mes;
-            0 disables them).
-        seed: bootstrap seed.
-        tol: EM stops when an iteration gains less than ``tol`` log-likelihood per positive; MES uses it as
-            L-BFGS-B's ``ftol``.
-        max_iter: iteration cap (reaching it sets ``converged=False`` and the ``not_converged`` flag).
-        lam: MES entropy weight (default ``MES_LAMBDA`` / M = 10 / M, M the number of positives).
-        max_groups: distinct (n, m) pairs beyond which n is pooled into quantile bins (when
-            ``max_rel_n_spread`` is None).
-        max_rel_n_spread: instead of quantile bins, move the groups onto a geometric grid of n (consecutive
-            nodes within a factor 1 + s), each group's counts split between its two neighbouring nodes
-            (``_rank_hist.pool_by_n``; the same grid as the corrections use). Flagged ``pooled_n``.
-        delta, kappa: grid resolution (see the module docstring).
-        trace: keep the per-iteration log-likelihood (EM) or objective (MES) in ``loglik_trace``.
-        beta: MES only: the entropy is taken relative to the base measure r^-beta (0: uniform over ranks, the
-            default; 1: uniform in log r), which is how the fit spreads mass the data do not place. Measured in
-            docs/estimators.md: beta > 0 is worse on both data sets.
-        df, penalty: ``gmod`` only: B-spline coefficients of log P(R) on the log-rank scale (default ``G_DF``
-            = 10, at least 4) and the weight of their squared second differences (default ``G_PENALTY`` = 1).
+        sample: a :class:`~reco_sampled_plugin._rank_hist.RankHistogram` or the
+            :class:`~reco_sampled_plugin.ranking.SampledRanks` of a draw (their histogram: weighted positives are a
+            histogram, ``sampled.histogram(weights)``), or a list of them (fitted together: below).
+        method: a rank-distribution method's name (``"mle"``, ``"mes"``, ``"gmod"``) or its options object, checked
+            at construction (``registry.Mle(tol=1e-6)``, ``registry.Mes(lam=0.5, n_bootstrap=0)``,
+            ``registry.Gmod(df=8)``): the fit options ``n_bootstrap`` (multinomial bootstrap replicates for
+            standard errors; None: 32 for mle, 16 for mes and gmod; 0: none), ``seed`` (of the bootstrap), ``tol``
+            (EM stops when an iteration gains less than ``tol`` log-likelihood per positive; L-BFGS-B's ``ftol``),
+            ``max_iter`` (reaching it sets ``converged=False`` and the ``not_converged`` flag), ``max_groups``
+            (distinct (n, m) pairs beyond which n is pooled into quantile bins), ``delta``, ``kappa`` (the grid:
+            module docstring), ``trace`` (the per-iteration log-likelihood (EM) or objective in ``loglik_trace``);
+            ``mes``: ``lam`` (entropy weight; None: ``MES_LAMBDA`` / M) and ``beta`` (the entropy's base measure
+            r^-beta: 0 uniform over ranks, 1 uniform in log r; docs/estimators.md: beta > 0 is worse on both data
+            sets); ``gmod``: ``df`` (B-spline coefficients of log P(R) on the log-rank scale, at least 4) and
+            ``penalty`` (weight of their squared second differences); and ``max_rel_n_spread``: instead of quantile
+            bins, the groups moved onto a geometric grid of n (``_rank_hist.pool_by_n``, flagged ``pooled_n``).
+            ``top_shape`` is not read (the identified interval is ``estimate``'s).
+        sampling: the law of the draws, ``"binomial"`` (with replacement) or ``"hypergeometric"``; None (default):
+            the sample's design's (binomial without one). Given, it must agree with a design.
+
+    Returns:
+        :class:`RankDistribution`. The fit is kept on the histogram (``RankHistogram._derived``) by method object
+        and law: the same one comes back for an equal method (``estimate`` of several metrics fits once).
+
+    A list of samples (e.g. the repeats of a sampling experiment) gives a list of fits without bootstrap or
+    ``reference`` (``n_bootstrap`` must be None or 0, ``trace`` False): when every (pooled) histogram has the same
+    (n, m) groups the likelihood is built once and the fits are batched (``mle``: one batched EM in which each
+    problem stops on its own rule, equal to the single fits up to rounding; ``mes``, ``gmod``: one L-BFGS-B per
+    histogram on the shared likelihood), otherwise they are fitted one by one. Standard errors:
+    ``RankDistribution.metric`` with ``stderr="posterior"``.
 
     Raises:
-        ValueError: empty histogram, unknown method or law, m > n - 1 without replacement, or an invalid option
-            (``tol``, ``delta``, ``kappa`` finite > 0; ``max_iter``, ``max_groups`` integers >= 1; ``n_bootstrap``,
-            ``seed`` integers >= 0; ``lam`` finite >= 0 and for ``mes`` only; ``trace`` a bool), named in the message.
+        ValueError: a method that does not fit a rank distribution, an empty histogram, an unknown law or one the
+            design contradicts, m > n - 1 without replacement, SampledRanks without a design or under a popularity
+            design, samples of different laws in one list.
     """
-    opts = check_fit_options(method, sampling, tol=tol, max_iter=max_iter, lam=lam, max_groups=max_groups,
-                             delta=delta, kappa=kappa, beta=beta, n_bootstrap=n_bootstrap, seed=seed, trace=trace,
-                             df=df, penalty=penalty)
-    sampling, tol, max_iter, lam, max_groups = (opts[k] for k in ("sampling", "tol", "max_iter", "lam", "max_groups"))
-    delta, kappa, beta, n_bootstrap, seed, trace = (opts[k] for k in ("delta", "kappa", "beta", "n_bootstrap", "seed",
-                                                                      "trace"))
-    hist = as_histogram(sampled_ranks, n_items, n_samples, weights)
-    hist.check_nonempty(weights)
-    model = _build_model(hist, sampling, max_groups, delta, kappa, check_spread(max_rel_n_spread))
+    fit = _fit_method(method)
+    if isinstance(sample, (RankHistogram, SampledRanks)):
+        hist, law = _sample_histogram(sample, fit, sampling)
+        return hist._derived(("fit", fit, law), lambda: _fit(hist, fit, law))
+    if not isinstance(sample, _Sequence):
+        _sample_histogram(sample, fit, sampling)  # names what was given
+    pairs = [_sample_histogram(one, fit, sampling) for one in sample]
+    laws = sorted({law for _, law in pairs})
+    if len(laws) > 1:
+        raise ValueError(f"sample: the histograms were drawn under different laws {laws}; fit each law's apart")
+    return _fit_batch([hist for hist, _ in pairs], fit, laws[0]) if pairs else []
+
+
+def _fit(hist: RankHistogram, method: _FitMethod, law: str, batched: bool = False) -> RankDistribution:
+    """The fit of one non-empty histogram under ``law``: ``method``'s fitter from the uniform P(R), its bootstrap and,
+    where the fitter names a ``reference`` method, that method's fit of the same data; ``batched``: neither (the
+    one-by-one fits of a list)."""
+    model = _build_model(hist, law, method.max_groups, method.delta, method.kappa, method.max_rel_n_spread)
     widths = model.widths
     pi0 = widths / widths.sum()  # uniform over ranks
-    flags: list[str] = []
-    if model.pooled:
-        flags.append("pooled_n")
-    if hist.all_at_top():
-        flags.append("all_at_top")
-    fitter = _entry(method).fitter_object()
-    pi, iters, converged, traced, fit_details = fitter.fit(model, pi0, model.counts, opts)
+    flags: list[str] = (["pooled_n"] if model.pooled else []) + (["all_at_top"] if hist.all_at_top() else [])
+    fitter = type(method).entry.fitter_object()
+    pi, iters, converged, traced, fit_details = fitter.fit(model, pi0, model.counts, method)
     if not converged:
         flags.append("not_converged")
-    B = fitter.default_bootstrap if n_bootstrap is None else n_bootstrap
-    boot = np.zeros((0, len(pi)))
-    flat = model.counts
-    total = flat.sum()
-    if B > 0 and round(total) >= 2:  # a bootstrap of fewer than 2 instances has no spread (stderr inf)
-        rng = np.random.default_rng(seed)
-        draws = rng.multinomial(int(round(total)), flat / total, size=B).astype(np.float64)
-        boot = fitter.bootstrap(model, draws, pi, pi0, opts, fit_details)
-    pooled_hist = RankHistogram(model.n, model.m, model.group_counts(model.counts), model.exact)
-    details = {"sampling": check_law(sampling), "n_cells": len(pi), **fit_details}
+    replicates = 0 if batched else fitter.default_bootstrap if method.n_bootstrap is None else method.n_bootstrap
+    boot = _bootstrap(fitter, model, pi, pi0, method, fit_details, replicates)
+    details = {"sampling": law, "n_cells": len(pi), **fit_details}
+    ref_method = None if batched else getattr(fitter, "reference", None)
     reference = None
-    ref_method = getattr(fitter, "reference", None)
-    if ref_method is not None and _WITH_REFERENCE.get():  # the same data fitted under the other regularisation
-        ref_opts = check_fit_options(ref_method, sampling, tol=tol, max_iter=max_iter, max_groups=max_groups,
-                                     delta=delta, kappa=kappa, seed=seed)
-        reference = _entry(ref_method).fitter_object().fit(model, pi0, model.counts, ref_opts)[0]
+    if ref_method is not None:  # the same data fitted under the other regularisation
+        ref = registry.method_class(ref_method)(tol=method.tol, max_iter=method.max_iter)
+        reference = type(ref).entry.fitter_object().fit(model, pi0, model.counts, ref)[0]
         details["reference_method"] = ref_method
     return RankDistribution(
-        edges=model.edges,
-        probs=pi,
-        method=method,
-        loglik=float(_loglik(model, pi)),
-        iterations=int(iters),
-        converged=bool(converged),
-        bootstrap=boot,
-        histogram=pooled_hist,
-        flags=tuple(flags),
-        loglik_trace=traced,
-        details=details,
-        lik=model.lik,
-        lik_cols=model.cols,
+        edges=model.edges, probs=pi, method=method.name, loglik=float(_loglik(model, pi)), iterations=int(iters),
+        converged=bool(converged), bootstrap=boot,
+        histogram=RankHistogram(model.n, model.m, model.group_counts(model.counts), model.exact),
+        flags=tuple(flags), loglik_trace=traced, details=details, lik=model.lik, lik_cols=model.cols,
         reference=reference,
     )
 
 
-@blas_single
-def estimate_rank_distributions(
-    histograms: Iterable[RankHistogram],
-    method: str = "mle",
-    sampling: str = "binomial",
-    *,
-    tol: float = 1e-7,
-    max_iter: int = 5000,
-    lam: float | None = None,
-    max_groups: int = 16,
-    delta: float = 0.05,
-    kappa: float = 0.25,
-    max_rel_n_spread: float | None = None,
-    beta: float = 0.0,
-    df: int | None = None,
-    penalty: float | None = None,
-) -> list[RankDistribution]:
-    """:func:`estimate_rank_distribution` (no bootstrap) for many histograms of the same users at once,
-    e.g. the repeats of a sampling experiment.
+def _bootstrap(fitter: Any, model: _Model, pi: np.ndarray, pi0: np.ndarray, method: _FitMethod, details: dict,
+               replicates: int) -> np.ndarray:
+    """(B, C) refits of ``replicates`` multinomial redraws of the model's counts (M positives at the observed
+    sampled-rank frequencies, generator seeded by ``method.seed``); none for fewer than 2 positives (no spread)."""
+    flat = model.counts
+    total = flat.sum()
+    if replicates <= 0 or round(total) < 2:
+        return np.zeros((0, len(pi)))
+    rng = np.random.default_rng(method.seed)
+    draws = rng.multinomial(int(round(total)), flat / total, size=replicates).astype(np.float64)
+    return fitter.bootstrap(model, draws, pi, pi0, method, details)
 
-    When every (pooled) histogram has the same (n, m) groups, the likelihood is built once and the fits
-    are batched: ``mle`` runs one batched EM in which each problem stops on its own rule (results equal
-    the single fits up to rounding); ``mes`` runs one L-BFGS-B per histogram on the shared likelihood.
-    Otherwise the histograms are fitted one by one. Standard errors: ``RankDistribution.metric`` with
-    ``stderr="posterior"``; no fit here carries a ``reference`` (``gmod``'s model term needs
-    :func:`estimate_rank_distribution`).
-    """
-    opts = check_fit_options(method, sampling, tol=tol, max_iter=max_iter, lam=lam, max_groups=max_groups,
-                             delta=delta, kappa=kappa, beta=beta, df=df, penalty=penalty)
-    sampling, tol, max_iter, lam, max_groups = (opts[k] for k in ("sampling", "tol", "max_iter", "lam", "max_groups"))
-    delta, kappa, beta = opts["delta"], opts["kappa"], opts["beta"]
-    hists = [as_histogram(h) for h in histograms]
-    if not hists:
-        return []
-    for h in hists:
-        h.check_nonempty()
-    spread = check_spread(max_rel_n_spread)
-    pooled = [pool_groups(h, max_groups, spread) for h in hists]
+
+def _fit_batch(hists: list[RankHistogram], method: _FitMethod, law: str) -> list[RankDistribution]:
+    """:func:`fit_rank_distribution` of a list of non-empty histograms (its docstring): one likelihood and one batched
+    solve when their pooled groups agree, else one fit each; no bootstrap, no reference."""
+    for name, value in (("n_bootstrap", method.n_bootstrap), ("trace", method.trace)):
+        if value:
+            raise ValueError(f"{name}: the fits of a list of samples run no bootstrap and keep no trace (got "
+                             f"{name}={value!r}); fit each sample alone for them")
+    pooled = [pool_groups(h, method.max_groups, method.max_rel_n_spread) for h in hists]
     keys = {(tuple(p.n_items.tolist()), tuple(p.n_samples.tolist()), tuple(p.exact.tolist())) for p, _ in pooled}
-    kw: dict[str, Any] = dict(method=method, sampling=sampling, n_bootstrap=0, tol=tol, max_iter=max_iter, lam=lam,
-              max_groups=max_groups, delta=delta, kappa=kappa, max_rel_n_spread=spread, beta=beta, df=df,
-              penalty=penalty)
     if len(keys) != 1:  # different group structures: no shared likelihood
-        token = _WITH_REFERENCE.set(False)  # as the batched fits below: no reference fit (its model term unused)
-        try:
-            return [estimate_rank_distribution(h, **kw) for h in hists]
-        finally:
-            _WITH_REFERENCE.reset(token)
-    law = check_law(sampling)
-    model = _build_model(hists[0], law, max_groups, delta, kappa, spread, others=[p for p, _ in pooled[1:]])
+        return [_fit(h, method, law, batched=True) for h in hists]
+    model = _build_model(hists[0], law, method.max_groups, method.delta, method.kappa, method.max_rel_n_spread,
+                         others=[p for p, _ in pooled[1:]])
     counts = np.stack([_flat_counts(model, p) for p, _ in pooled])  # (B, K) on the union of occupied columns
     widths = model.widths
     pi0 = np.broadcast_to(widths / widths.sum(), (len(hists), len(widths)))
-    pi, iters, conv, fit_details = _entry(method).fitter_object().fit_batch(model, pi0, counts, opts)
+    fits = type(method).entry.fitter_object().fit_batch(model, pi0, counts, method)
+    return _batch_distributions(model, counts, fits, method.name, law, [was for _, was in pooled],
+                                [h.all_at_top() for h in hists])
+
+
+def _batch_distributions(model: _Model, counts: np.ndarray, fits: _BatchFit, method: str, law: str,
+                         pooled: Sequence[bool], at_top: Sequence[bool]) -> list[RankDistribution]:
+    """The distributions of a batched fit of B histograms' counts (B, K) on one model (no bootstrap, no reference):
+    flags ``pooled_n``, ``all_at_top`` and ``not_converged`` per histogram as the single fits'."""
+    pi, iters, conv, fit_details = fits
     lls = _loglik(model, pi, counts)
+    widths = model.widths
     out = []
-    for b, (h, (p, was_pooled)) in enumerate(zip(hists, pooled)):
-        flags = (["pooled_n"] if was_pooled else []) + (["all_at_top"] if h.all_at_top() else [])
-        if not conv[b]:
-            flags.append("not_converged")
-        pooled_hist = RankHistogram(model.n, model.m, model.group_counts(counts[b]), model.exact)
-        details = {"sampling": law, "n_cells": len(widths), "batched": len(hists), **fit_details[b]}
+    for b in range(len(counts)):
+        flags = (["pooled_n"] if pooled[b] else []) + (["all_at_top"] if at_top[b] else []) + \
+            ([] if conv[b] else ["not_converged"])
+        hist = RankHistogram(model.n, model.m, model.group_counts(counts[b]), model.exact)
+        details = {"sampling": law, "n_cells": len(widths), "batched": len(counts), **fit_details[b]}
         out.append(RankDistribution(
             edges=model.edges, probs=pi[b], method=method, loglik=float(lls[b]), iterations=int(iters[b]),
-            converged=bool(conv[b]), bootstrap=np.zeros((0, len(widths))), histogram=pooled_hist,
-            flags=tuple(flags), details=details, lik=model.lik, lik_cols=model.cols,
+            converged=bool(conv[b]), bootstrap=np.zeros((0, len(widths))), histogram=hist, flags=tuple(flags),
+            details=details, lik=model.lik, lik_cols=model.cols,
         ))
     return out
 
@@ -1633,8 +1614,8 @@ class ReplicateFits:
     repeats), prepared once and fitted together: one histogram pass over all draws, one pooling of the (n, m)
     groups, one likelihood, and one batched solver for any subset of the draws (:meth:`fit`).
 
-    Against :func:`estimate_rank_distributions` (which pools each draw on its own and, when the draws' pooled
-    groups differ, e.g. the final sizes of adaptive sampling, fits them one by one, each with its own
+    Against :func:`fit_rank_distribution` of their histograms (which pools each draw on its own and, when the draws'
+    pooled groups differ, e.g. the final sizes of adaptive sampling, fits them one by one, each with its own
     likelihood): the groups are pooled once, on the sum of the draws (quantile bins of n as :func:`pool_groups`,
     each bin's median n over all draws instead of one draw's: a representative n within the bin either way), and
     ``mes`` and ``gmod`` are solved by one batched L-BFGS in which each draw stops on its own rule (the rule of
@@ -1642,27 +1623,32 @@ class ReplicateFits:
     both. Without pooling (at most ``max_groups`` groups, at most 8 distinct m) the likelihood is the single
     fits'. Draws with or without replacement; any registered fitter (one without ``fit_many`` runs its
     ``fit_batch``). Not for exact groups (``exact_at_cap``) or a grid of n (``max_rel_n_spread``): use
-    :func:`estimate_rank_distributions` there.
+    :func:`fit_rank_distribution` of a list of histograms there.
 
     Args:
         sampled_ranks: (R, U) sampled ranks r~ in 1..m + 1 (no padding): R draws of U positives.
         n_items: n, an int or (U,) or (R, U) per-positive candidate counts.
         n_samples: m, an int or (U,) or (R, U) per-positive sample sizes (adaptive: each positive's final m).
-        method: a rank-distribution method (``mle``, ``mes``, ``gmod``).
+        method: a rank-distribution method's name (``mle``, ``mes``, ``gmod``) or its options object, as
+            :func:`fit_rank_distribution` (``max_groups``, ``delta``, ``kappa``, ``tol``, ``max_iter`` and the
+            method's own options are read; ``n_bootstrap`` must be None or 0, ``trace`` False,
+            ``max_rel_n_spread`` None).
         sampling: ``"binomial"`` (with replacement) or ``"hypergeometric"``.
-        max_groups, delta, kappa, tol, max_iter: as :func:`estimate_rank_distribution`.
 
     Raises:
         ValueError: a rank outside 1..m + 1, a non-2-D ``sampled_ranks`` or an empty one, sizes that do not
-            broadcast, an unknown method or law, an invalid option (named).
+            broadcast, an unknown method or law, an option these fits do not read (named).
     """
 
-    def __init__(self, sampled_ranks: TensorLike, n_items: TensorLike, n_samples: TensorLike, method: str = "mes",
-                 sampling: str = "binomial", *, max_groups: int = 16, delta: float = 0.05, kappa: float = 0.25,
-                 tol: float = 1e-7, max_iter: int = 5000) -> None:
-        self.opts = check_fit_options(method, sampling, tol=tol, max_iter=max_iter, max_groups=max_groups,
-                                      delta=delta, kappa=kappa)
-        self.method = method
+    def __init__(self, sampled_ranks: TensorLike, n_items: TensorLike, n_samples: TensorLike,
+                 method: str | registry.Method = "mes", *, sampling: str = "binomial") -> None:
+        self.method = _fit_method(method)
+        for name, value in (("n_bootstrap", self.method.n_bootstrap), ("trace", self.method.trace),
+                            ("max_rel_n_spread", self.method.max_rel_n_spread)):
+            if value:
+                raise ValueError(f"{name}: replicate fits run no bootstrap, keep no trace and pool no grid of n (got "
+                                 f"{name}={value!r}); fit_rank_distribution of each histogram has them")
+        self.law = check_law(sampling)
         r = check_rank_values(sampled_ranks, "sampled_ranks", whole=True)
         if r.dim() != 2 or r.numel() == 0:
             raise ValueError(f"sampled_ranks: expected (R draws, U positives), not empty, got shape {tuple(r.shape)}")
@@ -1685,7 +1671,7 @@ class ReplicateFits:
             raise ValueError(f"sampled_ranks: must lie in 1..m + 1 (no padding), got {int(r_np[i])} with "
                              f"m = {int(m_np[i])}")
         check_sampled_support(r_t.reshape(-1), n_np, m_np)
-        law = check_law(self.opts["sampling"])
+        law = self.law
         check_without_replacement(n_np, m_np, law)
         # the raw (n, m) groups of all draws together, and their totals (the sum of the draws' histograms)
         span = int(m_np.max()) + 1
@@ -1693,13 +1679,13 @@ class ReplicateFits:
         raw_id = raw_id.reshape(-1)
         n_out, m_out, to_pooled, self.pooled = _pool_map(raw // span, raw % span,
                                                          np.bincount(raw_id, minlength=len(raw)),
-                                                         self.opts["max_groups"])
+                                                         self.method.max_groups)
         group = to_pooled[raw_id]  # (R U,) each positive's pooled group
         check_without_replacement(n_out, m_out, law)
         m_max = int(m_out.max())
         support, col = np.unique(group * (m_max + 1) + (r_np - 1), return_inverse=True)
-        base = _likelihood(tuple(int(v) for v in n_out), tuple(int(v) for v in m_out), law, float(self.opts["delta"]),
-                           float(self.opts["kappa"]), (), tuple(support.tolist()), ())
+        base = _likelihood(tuple(int(v) for v in n_out), tuple(int(v) for v in m_out), law, float(self.method.delta),
+                           float(self.method.kappa), (), tuple(support.tolist()), ())
         self.model = _Model(base.edges, n_out, m_out, base.cols, np.zeros(len(base.cols)), base.lik, base.inside,
                             self.pooled, base.onehot, base.inside_f, base.lik_sparse, np.zeros(len(n_out), dtype=bool))
         possible = np.asarray((self.model.lik > 0).sum(axis=0)).reshape(-1) > 0
@@ -1731,60 +1717,18 @@ class ReplicateFits:
         model, counts = self.model, self.counts[rows_arr]
         widths = model.widths
         pi0 = np.broadcast_to(widths / widths.sum(), (len(rows_arr), len(widths)))
-        fitter = _entry(self.method).fitter_object()
+        fitter = type(self.method).entry.fitter_object()
         solve = getattr(fitter, "fit_many", fitter.fit_batch)
-        pi, iters, conv, fit_details = solve(model, pi0, counts, self.opts)
-        lls = _loglik(model, pi, counts)
         at_top = counts[:, model.cols[:, 1] != 0].sum(axis=1) == 0
-        out = []
-        for b in range(len(rows_arr)):
-            flags = (["pooled_n"] if self.pooled else []) + (["all_at_top"] if at_top[b] else []) + \
-                ([] if conv[b] else ["not_converged"])
-            hist = RankHistogram(model.n, model.m, model.group_counts(counts[b]), model.exact)
-            details = {"sampling": self.opts["sampling"], "n_cells": len(widths), "batched": len(rows_arr),
-                       **fit_details[b]}
-            out.append(RankDistribution(
-                edges=model.edges, probs=pi[b], method=self.method, loglik=float(lls[b]), iterations=int(iters[b]),
-                converged=bool(conv[b]), bootstrap=np.zeros((0, len(widths))), histogram=hist, flags=tuple(flags),
-                details=details, lik=model.lik, lik_cols=model.cols,
-            ))
-        return out
+        return _batch_distributions(model, counts, solve(model, pi0, counts, self.method), self.method.name, self.law,
+                                    [self.pooled] * len(rows_arr), at_top)
 
 
 # --------------------------------------------------------------------------- the registry's compute function
-# fitted rank distributions of the last few (histogram, method, options): estimating several metrics from one
-# evaluation's histogram fits once (the fit, with its bootstrap, dominates their cost)
-#: the cache itself (``clear()`` it to refit, e.g. when a trained model changes between evaluations)
-FIT_CACHE: OrderedDict = OrderedDict()
-_FITS_MAX = 8
-_FITS_LOCK = threading.Lock()
-
-
-def fitted_distribution(hist: RankHistogram, method: str, sampling: str, options: dict) -> RankDistribution:
-    """:func:`estimate_rank_distribution` of ``hist``, reused while the same histogram (same groups and
-    counts), method, law and options come back; options that cannot be hashed are fitted every time."""
-    try:
-        key = (hist.n_items.tobytes(), hist.n_samples.tobytes(), hist.exact.tobytes(), hist.flat_counts.tobytes(),
-               method, sampling,
-               tuple(sorted(options.items())))
-        hash(key)
-    except TypeError:
-        return estimate_rank_distribution(hist, method=method, sampling=sampling, **options)
-    with _FITS_LOCK:
-        dist = FIT_CACHE.get(key)
-        if dist is not None:
-            FIT_CACHE.move_to_end(key)
-            return dist
-    dist = estimate_rank_distribution(hist, method=method, sampling=sampling, **options)
-    with _FITS_LOCK:
-        FIT_CACHE[key] = dist
-        while len(FIT_CACHE) > _FITS_MAX:
-            FIT_CACHE.popitem(last=False)
-    return dist
-
-
 def estimate_by_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sampling: str, options: dict) -> DistributionEstimate:
-    """The registry's compute function of the rank-distribution family: the fitted distribution's (cached)
-    expectation of the metric, with its bootstrap (or posterior) standard error."""
-    target = _entry(method).fitter_object().target
-    return fitted_distribution(hist, method, sampling, options).metric(spec, target=target)
+    """The registry's compute function of the rank-distribution family: the expectation of the metric under the
+    distribution fitted by :func:`fit_rank_distribution` (kept on ``hist``: several metrics of one histogram fit it
+    once), with its bootstrap (or posterior) standard error."""
+    fit_method = registry.method_class(method)(**options)
+    target = type(fit_method).entry.fitter_object().target
+    return fit_rank_distribution(hist, fit_method, sampling=sampling).metric(spec, target=target)

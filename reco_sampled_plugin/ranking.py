@@ -537,12 +537,17 @@ class SampledRanks:
         """The :class:`~reco_sampled_plugin._rank_hist.RankHistogram` of these ranks (padding dropped), with
         per-positive n and m; ``weights`` as in :func:`~reco_sampled_plugin.estimators.estimate`. With
         ``exact`` (default) and :attr:`exact_ranks`, the completed positives form exact groups (n, m = n - 1) of
-        their exact ranks (``RankHistogram.exact``); ``exact=False``: every positive's sampled rank r~."""
-        from ._rank_hist import sampled_rank_histogram
+        their exact ranks (``RankHistogram.exact``); ``exact=False``: every positive's sampled rank r~. An equal
+        histogram made before is returned again (``_rank_hist.same_histogram``: with the fits it keeps)."""
+        from ._rank_hist import same_histogram, sampled_rank_histogram
 
         exact = check_bool(exact, "exact")
-        return sampled_rank_histogram(self.ranks, self.candidates(), self.sizes(), weights,
-                                      exact_ranks=self.exact_ranks if exact else None)
+        return same_histogram(self, sampled_rank_histogram(self.ranks, self.candidates(), self.sizes(), weights,
+                                                           exact_ranks=self.exact_ranks if exact else None))
+
+    def __getstate__(self) -> dict:
+        """The fields, without the histograms remembered by :meth:`histogram` (pickles and copies)."""
+        return {k: v for k, v in self.__dict__.items() if k != "_histograms"}
 
 
 def forbidden_sorted(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int) -> torch.Tensor:

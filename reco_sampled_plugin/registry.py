@@ -52,6 +52,7 @@ __all__ = [
     "names",
     "method_options",
     "fit_option_names",
+    "module_views",
     "recbole_choices",
     "DEFAULT_ESTIMATOR",
     "DEFAULT_CORRECTION",
@@ -80,6 +81,7 @@ OPTION_KINDS = {
     "nonnegative_float": "a finite number >= 0, or None for the default",
     "count": "an integer >= 1",
     "count0": "an integer >= 0, or None for the default",
+    "spline_df": "an integer >= 4 (cubic B-spline coefficients)",
     "seed": "an integer in 0..2**63 - 1",
     "bool": "True or False",
     "choice": "one of the listed values",
@@ -132,6 +134,8 @@ class Option:
             return o.check_count(value, n, 1)
         if k == "count0":
             return o.check_count(value, n, 0)
+        if k == "spline_df":
+            return o.check_count(value, n, 4)
         if k == "seed":
             return o.check_seed(value, n)
         if k == "bool":
@@ -166,7 +170,9 @@ class Estimator:
         fits_distribution: fits a rank distribution (its fit options apply; the planner asks it for no bootstrap).
         exact_groups: reads the exact groups of ``exact_at_cap`` designs (completed positives, ``RankHistogram.exact``)
             as point masses at their exact ranks; an estimator without it reads every positive's sampled rank r~.
-        fitter: rank-distribution methods: ``"module:object"`` of the fitter ``rank_distribution`` dispatches to.
+        fitter: rank-distribution methods: ``"module:object"`` of the fitter ``rank_distribution`` dispatches to
+            (their options include the fit options, :func:`fit_option_names`: the method object is the options
+            object of :func:`~reco_sampled_plugin.rank_distribution.fit_rank_distribution`).
         reference: the paper and equations.
         metrics: the metric kinds it estimates (``metric_names.METRIC_KINDS`` keys), None for every one;
             ``estimate`` refuses the others, naming ``metric``.
@@ -198,6 +204,9 @@ class Estimator:
             raise ValueError(f"family: unknown estimator family {self.family!r}; use one of {tuple(FAMILIES)}")
         if self.family == "rank_distribution" and self.fitter is None:
             raise ValueError(f"fitter: the rank-distribution method {self.name!r} needs a fitter")
+        if self.family == "rank_distribution" and not set(fit_option_names()) <= set(self.option_names):
+            raise ValueError(f"options: the rank-distribution method {self.name!r} takes the fit options "
+                             f"{fit_option_names()} (its method object is the fit's options object)")
         if self.metrics is not None and (not isinstance(self.metrics, tuple) or not self.metrics
                                          or not all(isinstance(k, str) for k in self.metrics)):
             raise ValueError(f"metrics: expected a non-empty tuple of metric kinds such as ('auc',) or None, "
@@ -299,10 +308,6 @@ class Method:
             object.__setattr__(self, "max_rel_n_spread", _code("._rank_hist:check_spread")(self.max_rel_n_spread))
         if self.top_shape is not None and not isinstance(self.top_shape, _code(".identification:TopShape")):
             raise ValueError(f"top_shape: expected an identification.TopShape, got {type(self.top_shape).__name__}")
-        if entry.fits_distribution:  # the fit's own rules (gmod's df >= 4, mes's base measure), before any work
-            own = entry.family == "rank_distribution"
-            fit = {k: v for k, v in self.options().items() if own or k in fit_option_names()}
-            _code(".rank_distribution:check_fit_options")(entry.name if own else "mle", **fit)
 
     @property
     def name(self) -> str:
@@ -456,6 +461,19 @@ def fit_option_names() -> tuple[str, ...]:
     return tuple(o.name for o in _FIT_OPTIONS)
 
 
+def module_views(module: str, **views: dict[str, Any]) -> Callable[[str], tuple[str, ...]]:
+    """A module ``__getattr__`` serving live views of the table: ``views`` maps an attribute name to the filters
+    of :func:`names` it lists (``RANK_DISTRIBUTION_METHODS={"family": "rank_distribution"}``), so an estimator
+    registered later appears in it."""
+
+    def __getattr__(name: str) -> tuple[str, ...]:
+        if name in views:
+            return names(**views[name])
+        raise AttributeError(f"module {module!r} has no attribute {name!r}")
+
+    return __getattr__
+
+
 def recbole_choices(family: str) -> tuple[str, ...]:
     """The estimators a RecBole metric family runs (the one of them listed in ``rsp_estimators``): ``"corrected"``
     (``Corrected*``: the ``none`` and ``correction`` families, ``bv_mle`` included, and the per-positive
@@ -510,7 +528,7 @@ _BUILTIN = (
     Estimator("gmod", "rank_distribution", "g-modelling: log P(R) a penalised B-spline in log R",
               ".rank_distribution:estimate_by_fit",
               options=_FIT_OPTIONS + (
-                  Option("df", "count", 10, "B-spline coefficients of log P(R) on the log-rank scale (>= 4)"),
+                  Option("df", "spline_df", 10, "B-spline coefficients of log P(R) on the log-rank scale (>= 4)"),
                   Option("penalty", "nonnegative_float", 1.0, "weight of the coefficients' squared second differences"),
               ), adaptive=True, fits_distribution=True, exact_groups=True, fitter=".rank_distribution:G_FITTER",
               reference="Efron, Biometrika 2016 (g-modelling)"),

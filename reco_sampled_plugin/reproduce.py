@@ -262,7 +262,7 @@ def _rank_dist_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: R
     of n, fits batched over the runs), every metric read from the fit; ``bv_mle``: ``bv`` (gamma = 0.1) with
     the run's ``mle`` fit as prior. Rows and per-run values as :func:`_mapping_rows`."""
     from ._rank_hist import pool_by_n, sampled_rank_histogram
-    from .rank_distribution import estimate_rank_distributions
+    from .rank_distribution import fit_rank_distribution
 
     metrics = list(cfg.metrics)
     per_run: dict = {metric: {} for metric in metrics}
@@ -273,7 +273,7 @@ def _rank_dist_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: R
         for method in cfg.rank_dist_methods:
             fit_method = "mle" if method == "bv_mle" else method
             if fit_method not in fits:
-                fits[fit_method] = estimate_rank_distributions(hists, fit_method, sampling=cfg.sampling)
+                fits[fit_method] = fit_rank_distribution(hists, fit_method, sampling=cfg.sampling)
             if method == "bv_mle":  # bv (gamma = 0.1) with each run's mle fit as the prior p(r)
                 values = torch.from_numpy(np.stack([
                     cast(np.ndarray, sum(correction_tables(metrics, int(n), _design(cfg.m, cfg.sampling),
@@ -303,7 +303,7 @@ def _adaptive_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: Re
     (mean m per positive, share at the cap), and the per-run values as :func:`_mapping_rows`."""
     from ._rank_hist import pool_by_n, sampled_rank_histogram
     from .adaptive import adaptive_sampled_ranks_from_exact
-    from .rank_distribution import estimate_rank_distributions
+    from .rank_distribution import fit_rank_distribution
 
     design = cfg.design
     assert design.adaptive_max is not None  # called for an adaptive configuration only
@@ -317,7 +317,7 @@ def _adaptive_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: Re
         drawn = adaptive_sampled_ranks_from_exact(runs, n_cand, design, gen)
         s_ranks, sizes = drawn.ranks, cast(torch.Tensor, drawn.n_samples)  # an adaptive draw carries its sizes
         hists = [pool_by_n(sampled_rank_histogram(d, n_np, z), 0.1) for d, z in zip(s_ranks.numpy(), sizes.numpy())]
-        fits = estimate_rank_distributions(hists, "mes", sampling="binomial")
+        fits = fit_rank_distribution(hists, "mes", sampling="binomial")
         values = torch.from_numpy(np.stack([f.values(metrics) for f in fits]))
         for k, metric in enumerate(metrics):
             per_run[metric]["adaptive:mes"][name] = values[:, k]

@@ -25,7 +25,7 @@ from reco_sampled_plugin.mapping import dataset_beta, fit_beta, mapped_points, m
 from reco_sampled_plugin.metrics import metric_curve
 from reco_sampled_plugin.priors import BetaPrior, VectorPrior, empirical_prior, fit_beta_prior
 from reco_sampled_plugin import registry
-from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
+from reco_sampled_plugin.rank_distribution import fit_rank_distribution
 from reco_sampled_plugin.sampling_laws import expected_sampled, log_sampled_rank_pmf, sampled_rank_pmf
 
 #: Parameters that are data (tensors, arrays, priors, callables, designs), not options: another suite fuzzes them.
@@ -161,7 +161,7 @@ def entries(tmp: str) -> list[Entry]:
 
     sample = rsp.SampledRanks.from_arrays(sranks, 100, 10)
     est = rsp.estimate("hit@3", sample)
-    fit = estimate_rank_distribution(sranks, 100, 10)
+    fit = fit_rank_distribution(sample)
     out = [
         Entry("Estimate.interval", est.interval),
         Entry("Estimate.sampling_interval", est.sampling_interval),
@@ -210,7 +210,7 @@ def entries(tmp: str) -> list[Entry]:
         Entry("mapped_points", mapped_points, (sranks, 100, 10)),
         Entry("sampled_hit_rate_curve", sampled_hit_rate_curve, (sranks, 100, 10)),
         Entry("dataset_beta", dataset_beta, ({"a": sranks, "b": sranks + 1}, 100, 10)),
-        Entry("estimate_rank_distribution", estimate_rank_distribution, (sranks, 100, 10)),
+        Entry("fit_rank_distribution", fit_rank_distribution, (sample,)),
         Entry("BetaPrior", BetaPrior, (1.0,), extra={"a": "float"}),
         Entry("VectorPrior", VectorPrior, (np.full(10, 0.1),)),
         Entry("empirical_prior", empirical_prior, (exact, 30)),

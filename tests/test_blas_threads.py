@@ -10,7 +10,7 @@ import torch
 
 import threadpoolctl  # the test extra installs it (as the framework extras do)
 
-from reco_sampled_plugin import _blas, corrections, identification, rank_distribution
+from reco_sampled_plugin import _blas, corrections, identification, rank_distribution, registry
 
 
 def _blas_threads() -> set[int]:
@@ -93,7 +93,8 @@ def test_fits_tables_and_intervals_run_on_one_thread_and_large_tables_keep_their
     rng = np.random.default_rng(0)
     ranks = rng.integers(1, 102, size=300)
     fits = _spy(monkeypatch, rank_distribution, "_build_model")
-    rank_distribution.estimate_rank_distribution(ranks, 2_000, 100, "mes", n_bootstrap=0)
+    rank_distribution.fit_rank_distribution(rank_distribution.as_histogram(ranks, 2_000, 100),
+                                            registry.Mes(n_bootstrap=0))
     assert fits and all(s == {1} for s in fits)
     assert _blas_threads() == {2}
 
@@ -113,8 +114,7 @@ def test_fits_tables_and_intervals_run_on_one_thread_and_large_tables_keep_their
 def test_decorated_functions_keep_their_signatures_and_docs():
     import inspect
 
-    for fn in (rank_distribution.estimate_rank_distribution, rank_distribution.estimate_rank_distributions,
-               identification.identified_interval):
+    for fn in (rank_distribution.fit_rank_distribution, identification.identified_interval):
         assert "sampling" in inspect.signature(fn).parameters
         assert (fn.__doc__ or "").strip()  # the function's own docstring (the wrapper has none), for the API docs
 
@@ -123,6 +123,6 @@ def test_batched_fits_run_on_one_thread(two_threads, monkeypatch):
     rng = np.random.default_rng(1)
     hists = [rank_distribution.as_histogram(torch.as_tensor(rng.integers(1, 102, size=200)), 2_000, 100) for _ in range(3)]
     fits = _spy(monkeypatch, rank_distribution, "_build_model")
-    rank_distribution.estimate_rank_distributions(hists, "mes")
+    rank_distribution.fit_rank_distribution(hists, "mes")
     assert fits and all(s == {1} for s in fits)
     assert _blas_threads() == {2}

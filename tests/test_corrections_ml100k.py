@@ -81,7 +81,7 @@ def rank_distribution_runs(ml100k):
     """m = 100, 20 repeats: HR@10 and NDCG@10 from the uncorrected metric and batched mle / mes fits."""
     from reco_sampled_plugin._rank_hist import pool_by_n, sampled_rank_histogram
     from reco_sampled_plugin.metrics import metric_values
-    from reco_sampled_plugin.rank_distribution import estimate_rank_distributions
+    from reco_sampled_plugin.rank_distribution import fit_rank_distribution
     from reco_sampled_plugin.simulate import draw_sampled_ranks
 
     ranks, n, _ = ml100k
@@ -95,7 +95,7 @@ def rank_distribution_runs(ml100k):
         )
         hists = [pool_by_n(sampled_rank_histogram(d, n.numpy(), m), 0.1) for d in draws]
         for method in ("mle", "mes"):
-            est[method][name] = np.stack([f.values(metrics) for f in estimate_rank_distributions(hists, method)])
+            est[method][name] = np.stack([f.values(metrics) for f in fit_rank_distribution(hists, method)])
 
     def rel_err(method):  # (recommenders, metrics)
         return np.array([np.mean(np.abs(est[method][k] - exact[k]) / exact[k], axis=0) for k in ranks])

@@ -27,7 +27,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reco_sampled_plugin as rsp
-from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
+from reco_sampled_plugin.rank_distribution import fit_rank_distribution
 from reco_sampled_plugin.corrections import correction_table
 from reco_sampled_plugin.user_metrics import user_metric_values
 from reco_sampled_plugin import baselines, datasets, planner, registry
@@ -430,7 +430,7 @@ def test_empirical_prior_refuses_fractional_ranks_and_sizes():
 
 def test_rank_distribution_pmf_refuses_fractional_ranks():
     """``pmf(1.5)`` read rank 1's cell (numpy's int64 cast truncates); whole floats stay fine."""
-    d = estimate_rank_distribution(torch.tensor([1, 2, 3, 5, 9, 11]), 100, 10, method="mle")
+    d = fit_rank_distribution(rsp.SampledRanks.from_arrays(torch.tensor([1, 2, 3, 5, 9, 11]), 100, 10), "mle")
     with pytest.raises(ValueError, match=r"^r: must be whole-number ranks, got 1.5"):
         d.pmf([1.5])
     with pytest.raises(ValueError, match=r"^r: contains NaN"):

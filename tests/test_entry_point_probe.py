@@ -39,7 +39,7 @@ from reco_sampled_plugin.corrections import correction_table, table_bias
 from reco_sampled_plugin.design import as_design
 from reco_sampled_plugin.mapping import fit_beta, mapping_estimate
 from reco_sampled_plugin.priors import Prior, UniformPrior, VectorPrior, empirical_prior, fit_beta_prior
-from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
+from reco_sampled_plugin.rank_distribution import fit_rank_distribution
 from reco_sampled_plugin.user_metrics import user_metric_values
 from reco_sampled_plugin import baselines, cli, datasets, planner
 from reco_sampled_plugin._checks import MAX_ELEMENTS
@@ -148,7 +148,7 @@ def test_parse_metric_of_a_non_string_is_a_value_error(bad):
     lambda: ExactRankingMetrics(metrics=["ndcg@10", "zz"]),
     lambda: SampledRankingMetrics(metrics=["zz@3"]),
     lambda: rsp.per_user_metrics(torch.randn(2, 5), torch.tensor([[True] + [False] * 4] * 2), metrics=["zz"]),
-    lambda: estimate_rank_distribution(RT, 100, 10).metrics(["ndcg@10", "zz"]),
+    lambda: fit_rank_distribution(rsp.SampledRanks.from_arrays(RT, 100, 10)).metrics(["ndcg@10", "zz"]),
 ], ids=["exact", "sampled", "per_user_metrics", "rank_distribution"])
 def test_an_unknown_name_in_a_metric_list_names_metrics(call):
     assert "'zz" in _raises_naming(call, "metrics:")
@@ -251,7 +251,7 @@ def test_cli_option_without_a_method_that_uses_it(tmp_path):
 # --------------------------------------------------------------------------------- messages naming the argument
 def test_zero_weights_name_weights():
     for call in (lambda w: rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(RT, 100, 10), weights=w),
-                 lambda w: estimate_rank_distribution(RT, 100, 10, weights=w),
+                 lambda w: rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(RT, 100, 10), "mle", weights=w),
                  lambda w: rsp.identified_interval("ndcg@10", RT, 100, 10, weights=w),
                  lambda w: mapping_estimate("hit@10", RT, 100, 10, weights=w)):
         _raises_naming(lambda: call(torch.zeros(len(RT))), "weights")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import reco_sampled_plugin as rsp
-from reco_sampled_plugin import rank_distribution as rd
+from reco_sampled_plugin import rank_distribution as rd, registry
 from reco_sampled_plugin._rank_hist import RankHistogram, pool_by_n, sampled_rank_histogram
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.design import SamplingDesign
@@ -221,7 +221,7 @@ def test_an_exact_groups_likelihood_is_the_identity():
     assert not np.allclose(sampled.lik, want)
     # the fit: mle of exact ranks only is their empirical distribution on single-rank cells
     hist = RankHistogram(np.array([n]), np.array([n - 1]), (counts,), np.array([True]))
-    dist = rd.estimate_rank_distribution(hist, method="mle", n_bootstrap=0)
+    dist = rd.fit_rank_distribution(hist, registry.Mle(n_bootstrap=0))
     emp = counts / counts.sum()
     for rr in ranks[:4]:
         assert dist.pmf([rr])[0] == pytest.approx(emp[rr - 1], abs=1e-6)
@@ -321,6 +321,6 @@ def test_fit_of_exact_groups_does_not_flag_the_top_for_k_1():
     sizes = torch.tensor([64, 64, 64, 64, 64, 64, 16, 8, 8, 8])
     done = torch.where(ranks == 1, exact, torch.zeros_like(exact))
     hist = sampled_rank_histogram(ranks, n, sizes, exact_ranks=done)
-    dist = rd.estimate_rank_distribution(hist, method="mle", n_bootstrap=0)
+    dist = rd.fit_rank_distribution(hist, registry.Mle(n_bootstrap=0))
     est = dist.metric("hit@1")
     assert "top_unresolved" not in est.flags

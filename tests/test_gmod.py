@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import reco_sampled_plugin as rsp
-from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
-from reco_sampled_plugin import rank_distribution as rd
+from reco_sampled_plugin._rank_hist import sampled_rank_histogram
+from reco_sampled_plugin.rank_distribution import fit_rank_distribution
+from reco_sampled_plugin import rank_distribution as rd, registry
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.simulate import simulate_sampled_ranks
 
@@ -62,7 +63,8 @@ def test_users_value_is_exact_when_the_draw_ranks_everything():
     exact = _smooth_ranks(400, n, seed=3)
     draws = simulate_sampled_ranks(exact, n, n - 1, "hypergeometric", torch.Generator().manual_seed(0))
     assert torch.equal(draws, exact)
-    dist = estimate_rank_distribution(draws, n, n - 1, method="gmod", sampling="hypergeometric", n_bootstrap=0)
+    dist = fit_rank_distribution(sampled_rank_histogram(draws, n, n - 1), registry.Gmod(n_bootstrap=0),
+                                 sampling="hypergeometric")
     got = dist.metric("hit@10", target="users")
     truth = float(rsp.metric_values("hit@10", exact, n).double().mean())
     assert got.value == pytest.approx(truth, abs=1e-9)
@@ -73,7 +75,7 @@ def test_users_value_is_exact_when_the_draw_ranks_everything():
 def test_users_target_of_any_fit_and_bad_target():
     exact = _smooth_ranks(500, 500, seed=4)
     draws = simulate_sampled_ranks(exact, 500, 50, "binomial", torch.Generator().manual_seed(1))
-    dist = estimate_rank_distribution(draws, 500, 50, method="mes", n_bootstrap=4)
+    dist = fit_rank_distribution(sampled_rank_histogram(draws, 500, 50), registry.Mes(n_bootstrap=4))
     pop = dist.metric("ndcg@10")
     users = dist.metric("ndcg@10", target="users")
     assert pop.value == users.details["population_value"]
@@ -87,9 +89,9 @@ def test_batched_fits_equal_single_fits():
     hists = [rsp.sampled_rank_histogram(simulate_sampled_ranks(exact, 800, 100, "binomial",
                                                                torch.Generator().manual_seed(s)), 800, 100)
              for s in range(3)]
-    batch = rd.estimate_rank_distributions(hists, method="gmod")
+    batch = rd.fit_rank_distribution(hists, "gmod")
     for h, b in zip(hists, batch):
-        single = rd.estimate_rank_distribution(h, method="gmod", n_bootstrap=0)
+        single = rd.fit_rank_distribution(h, registry.Gmod(n_bootstrap=0))
         np.testing.assert_allclose(b.probs, single.probs, rtol=1e-10, atol=1e-14)
 
 
@@ -100,9 +102,9 @@ def test_fits_one_by_one_carry_no_reference():
     hists = [rsp.sampled_rank_histogram(simulate_sampled_ranks(exact, 800, m, "binomial",
                                                                torch.Generator().manual_seed(m)), 800, m)
              for m in (50, 100)]
-    batch = rd.estimate_rank_distributions(hists, method="gmod")
+    batch = rd.fit_rank_distribution(hists, "gmod")
     for h, b in zip(hists, batch):
-        single = rd.estimate_rank_distribution(h, method="gmod", n_bootstrap=0)
+        single = rd.fit_rank_distribution(h, registry.Gmod(n_bootstrap=0))
         np.testing.assert_allclose(b.probs, single.probs, rtol=1e-10, atol=1e-14)
         assert b.reference is None and single.reference is not None
         assert "reference_method" not in b.details and single.details["reference_method"] == "mes"
@@ -129,7 +131,7 @@ def test_options_validated_and_only_for_gmod():
     with pytest.raises(ValueError, match="df"):
         rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(draws, 400, 20), rsp.registry.Mes(df=10))
     with pytest.raises(ValueError, match="penalty"):
-        rd.estimate_rank_distribution(draws, 400, 20, method="mle", penalty=1.0)
+        rd.fit_rank_distribution(sampled_rank_histogram(draws, 400, 20), registry.Mle(penalty=1.0))
 
 
 def test_penalty_zero_approaches_the_unsmoothed_fit_and_large_penalty_a_power_law():
@@ -138,7 +140,7 @@ def test_penalty_zero_approaches_the_unsmoothed_fit_and_large_penalty_a_power_la
     n = 1000
     exact = _smooth_ranks(3000, n, seed=7, power=1.1)
     draws = simulate_sampled_ranks(exact, n, 200, "binomial", torch.Generator().manual_seed(0))
-    dist = estimate_rank_distribution(draws, n, 200, method="gmod", penalty=1e6, n_bootstrap=0)
+    dist = fit_rank_distribution(sampled_rank_histogram(draws, n, 200), registry.Gmod(penalty=1e6, n_bootstrap=0))
     mid = (dist.edges[:-1] + dist.edges[1:] + 1) / 2.0
     dens = dist.probs / np.diff(dist.edges)
     slope = np.polyfit(np.log(mid), np.log(dens), 1)[0]
@@ -154,8 +156,8 @@ def test_model_term_is_half_the_gap_to_the_mes_prior():
     sampled = adaptive_sampled_ranks_from_exact(exact, n, rsp.SamplingDesign(50, adaptive_max=3200),
                                                 generator=torch.Generator().manual_seed(5))
     hist = rsp.sampled_rank_histogram(sampled.ranks, sampled.n_candidates, sampled.n_samples)
-    dist = rd.estimate_rank_distribution(hist, method="gmod", n_bootstrap=8)
-    mes = rd.estimate_rank_distribution(hist, method="mes", n_bootstrap=0)
+    dist = rd.fit_rank_distribution(hist, registry.Gmod(n_bootstrap=8))
+    mes = rd.fit_rank_distribution(hist, registry.Mes(n_bootstrap=0))
     assert dist.details["reference_method"] == "mes"
     np.testing.assert_allclose(dist.reference, mes.probs, rtol=0, atol=1e-12)
     for metric in ("hit@10", "ndcg@10"):

@@ -14,7 +14,7 @@ import reco_sampled_plugin as rsp
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.corrections import correction_table, expected_corrected
 from reco_sampled_plugin.metrics import metric_curve
-from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
+from reco_sampled_plugin.rank_distribution import fit_rank_distribution
 from reco_sampled_plugin.sampling_laws import expected_sampled, sampled_rank_pmf
 from reco_sampled_plugin.user_metrics import user_metric_values
 from reco_sampled_plugin._checks import MAX_SIZE, MAX_TOTAL_WEIGHT, check_rank_values, check_sizes, check_weights
@@ -239,7 +239,7 @@ def test_estimate_refuses_bool_and_complex_ranks(ranks):
     with pytest.raises(ValueError, match="sampled_ranks"):
         rsp.sampled_rank_histogram(ranks, 100, 10)
     with pytest.raises(ValueError, match="sampled_ranks"):
-        estimate_rank_distribution(ranks, 100, 10, n_bootstrap=0)
+        fit_rank_distribution(rsp.SampledRanks.from_arrays(ranks, 100, 10), rsp.registry.Mle(n_bootstrap=0))
 
 
 def test_nan_sampled_rank_is_an_error_not_padding():

@@ -132,7 +132,8 @@ HUGE_CALLS = {
     "uniform_weights": "out = rsp.priors.UniformPrior().weights(2**40)",
     "beta_weights": "out = rsp.priors.BetaPrior(0.5).weights(2**40)",
     "callable_weights": "out = rsp.priors.CallablePrior(lambda r, n: 1.0 / r).weights(2**40)",
-    "distribution_prior": "d = rsp.rank_distribution.estimate_rank_distribution([1, 2, 3, 1], 2**40, 100, 'mle'); out = d.prior()",
+    "distribution_prior": "d = rsp.rank_distribution.fit_rank_distribution("
+                          "rsp.SampledRanks.from_arrays([1, 2, 3, 1], 2**40, 100)); out = d.prior()",
     "hypergeometric_draw": "out = rsp.simulate_sampled_ranks(torch.tensor([1, 2**39]), 2**40, 100,"
                            " sampling='hypergeometric')",
 }

@@ -20,7 +20,7 @@ from reco_sampled_plugin.estimators import estimate
 from reco_sampled_plugin.mapping import mapping_table, mapping_tables
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_values
-from reco_sampled_plugin.rank_distribution import estimate_rank_distribution, estimate_rank_distributions
+from reco_sampled_plugin.rank_distribution import fit_rank_distribution
 from reco_sampled_plugin.simulate import draw_sampled_ranks
 from reco_sampled_plugin import SampledRanks
 from reco_sampled_plugin import registry
@@ -143,10 +143,10 @@ def test_batched_fits_equal_single_fits(wide, method):
     r, n, _ = wide
     draws = draw_sampled_ranks(r[:1500], n[:1500], 50, repeats=4, seed=7)
     hists = [sampled_rank_histogram(d, n[:1500], 50) for d in draws]
-    batch = estimate_rank_distributions(hists, method, max_rel_n_spread=0.2)
+    batch = fit_rank_distribution(hists, registry.method_class(method)(max_rel_n_spread=0.2))
     metrics = ["hit@10", "hit@100", "ndcg@50"]
     for h, fit in zip(hists, batch):
-        single = estimate_rank_distribution(h, method=method, n_bootstrap=0, max_rel_n_spread=0.2)
+        single = fit_rank_distribution(h, registry.method_class(method)(n_bootstrap=0, max_rel_n_spread=0.2))
         assert fit.iterations == single.iterations and fit.converged == single.converged
         assert np.allclose(fit.values(metrics), single.values(metrics), rtol=1e-5, atol=1e-7)
         assert np.allclose(fit.values(metrics), [fit.metric(mt).value for mt in metrics], rtol=1e-12)

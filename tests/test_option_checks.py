@@ -15,6 +15,7 @@ import torch
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin import consistency_report, estimate, paired_difference, SampledRanks, simulate_sampled_ranks
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
+from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.consistency import ordering_agreement
 from reco_sampled_plugin.mapping import fit_beta, mapping
 from reco_sampled_plugin.priors import BetaPrior
@@ -28,7 +29,7 @@ from reco_sampled_plugin._options import (
     check_positive_float,
 )
 from reco_sampled_plugin.estimators import ESTIMATORS, METHOD_OPTIONS
-from reco_sampled_plugin.rank_distribution import estimate_rank_distribution, estimate_rank_distributions
+from reco_sampled_plugin.rank_distribution import ReplicateFits, fit_rank_distribution
 from reco_sampled_plugin import registry
 
 R2 = torch.tensor([1, 2])
@@ -70,8 +71,8 @@ def test_fit_options_are_validated_at_the_entry(method, name, value):
     t0 = time.perf_counter()
     with pytest.raises(ValueError, match=f"^'?{name}'?: "):  # beta for mle: 'beta': unknown option of mle
         estimate("hit@10", SampledRanks.from_arrays(R2, 100, 10), registry.method_class(method)(**{name: value}))
-    with pytest.raises(ValueError, match=f"^{name}: "):
-        estimate_rank_distribution(R2, 100, 10, method=method, **{name: value})
+    with pytest.raises(ValueError, match=f"^'?{name}'?: "):  # the method object refuses it before any fit
+        fit_rank_distribution(SampledRanks.from_arrays(R2, 100, 10), registry.method_class(method)(**{name: value}))
     assert time.perf_counter() - t0 < 5  # refused before any fit (tol=nan used to run the fit to max_iter)
 
 
@@ -80,10 +81,11 @@ def test_lam_is_checked_and_only_for_mes():
         estimate("hit@10", SampledRanks.from_arrays(R2, 100, 10), registry.Mes(lam=math.nan))
     with pytest.raises(ValueError, match="^lam: "):
         estimate("hit@10", SampledRanks.from_arrays(R2, 100, 10), registry.Mes(lam=-1.0))
-    with pytest.raises(ValueError, match="^lam: only the 'mes'"):
-        estimate_rank_distribution(R2, 100, 10, method="mle", lam=0.5)
+    with pytest.raises(ValueError, match="^lam: method 'mle' does not use it; .*lam is an option of mes"):
+        fit_rank_distribution(SampledRanks.from_arrays(R2, 100, 10), registry.Mle(lam=0.5))
     # valid options still work and give a real number
-    fit = estimate_rank_distribution(RANKS, 100, 10, method="mes", lam=0.5, n_bootstrap=0, tol=1e-6, max_iter=50)
+    fit = fit_rank_distribution(SampledRanks.from_arrays(RANKS, 100, 10),
+                                registry.Mes(lam=0.5, n_bootstrap=0, tol=1e-6, max_iter=50))
     assert fit.details["lam"] == 0.5 and abs(fit.probs.sum() - 1) < 1e-9
 
 
@@ -91,9 +93,41 @@ def test_batched_fits_validate_their_options():
     hist = rsp.sampled_rank_histogram(RANKS, 100, 10)
     for name, value in (("tol", math.nan), ("max_iter", 0), ("delta", 0.0), ("kappa", math.nan), ("max_groups", 0)):
         with pytest.raises(ValueError, match=f"^{name}: "):
-            estimate_rank_distributions([hist, hist], **{name: value})
+            fit_rank_distribution([hist, hist], registry.Mle(**{name: value}))
     with pytest.raises(ValueError, match="^sampling: "):
-        estimate_rank_distributions([hist], sampling="xyz")
+        fit_rank_distribution([hist], sampling="xyz")
+    # what a list of fits (and the replicate fits) cannot give is refused, not ignored
+    for name, value in (("n_bootstrap", 4), ("trace", True)):
+        with pytest.raises(ValueError, match=f"^{name}: "):
+            fit_rank_distribution([hist, hist], registry.Mes(**{name: value}))
+        with pytest.raises(ValueError, match=f"^{name}: "):
+            ReplicateFits(torch.tensor([[1, 2], [2, 1]]), 100, 10, registry.Mes(**{name: value}))
+    with pytest.raises(ValueError, match="^max_rel_n_spread: "):
+        ReplicateFits(torch.tensor([[1, 2], [2, 1]]), 100, 10, registry.Mes(max_rel_n_spread=0.1))
+    assert len(fit_rank_distribution([hist, hist], registry.Mes(n_bootstrap=0))) == 2
+
+
+def test_the_law_comes_from_the_design_and_sampling_must_agree():
+    """A histogram's or SampledRanks' design gives the law; ``sampling`` names it for a histogram without one and
+    is refused where the design says otherwise (a hypergeometric fit of binomial draws, or the reverse)."""
+    without = SamplingDesign(10, replacement=False)
+    hist = rsp.sampled_rank_histogram(RANKS, 100, 10)
+    a = fit_rank_distribution(hist.with_design(without), registry.Mle(n_bootstrap=0))
+    b = fit_rank_distribution(hist, registry.Mle(n_bootstrap=0), sampling="hypergeometric")
+    c = fit_rank_distribution(SampledRanks.from_arrays(RANKS, 100, 10, without), registry.Mle(n_bootstrap=0))
+    plain = fit_rank_distribution(hist, registry.Mle(n_bootstrap=0))
+    assert a.details["sampling"] == b.details["sampling"] == c.details["sampling"] == "hypergeometric"
+    np.testing.assert_array_equal(a.probs, b.probs)
+    np.testing.assert_array_equal(a.probs, c.probs)
+    assert plain.details["sampling"] == "binomial" and not np.array_equal(plain.probs, a.probs)
+    with pytest.raises(ValueError, match="^sampling: 'binomial' contradicts the sample's design"):
+        fit_rank_distribution(hist.with_design(without), sampling="binomial")
+    with pytest.raises(ValueError, match="^sample: the histograms were drawn under different laws"):
+        fit_rank_distribution([hist, hist.with_design(without)])
+    with pytest.raises(ValueError, match="^sample: expected a RankHistogram or SampledRanks"):
+        fit_rank_distribution(RANKS)
+    with pytest.raises(ValueError, match="^sample: these SampledRanks carry no design"):
+        fit_rank_distribution(SampledRanks(RANKS, torch.tensor(100)))
 
 
 @pytest.mark.parametrize("method", ["bv", "bv_mle", "none", "mes", "bound"])

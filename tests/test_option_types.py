@@ -25,7 +25,7 @@ from reco_sampled_plugin.consistency import ordering_agreement
 from reco_sampled_plugin.corrections import correction_table, expected_corrected
 from reco_sampled_plugin.mapping import mapping
 from reco_sampled_plugin.priors import empirical_prior, fit_beta_prior
-from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
+from reco_sampled_plugin.rank_distribution import fit_rank_distribution
 from _option_table import _Config, entries, wrong_values
 
 _TMP = tempfile.mkdtemp(prefix="rsp-option-types-")
@@ -254,7 +254,7 @@ def test_one_metric_name_is_one_metric_not_its_letters():
     ranks = rsp.exact_ranks(scores, pos).reshape(-1).double()
     oracle = torch.where(ranks <= 5, 1 / torch.log2(ranks + 1), torch.zeros_like(ranks))  # one relevant item
     assert torch.allclose(one["NDCG@5"], oracle)
-    fit = estimate_rank_distribution(torch.tensor([1, 2, 1, 4, 3]), 100, 10)
+    fit = fit_rank_distribution(rsp.SampledRanks.from_arrays(torch.tensor([1, 2, 1, 4, 3]), 100, 10))
     assert list(fit.metrics("ndcg@5")) == ["ndcg@5"] and fit.values("ndcg@5").shape == (1,)
     report = rsp.consistency_report({"a": torch.tensor([1, 5]), "b": torch.tensor([2, 9])}, 50, 10, metrics="ndcg@5",
                                     methods="none", repeats=0)
@@ -269,7 +269,7 @@ def test_a_metric_list_of_the_wrong_type_names_metrics(bad):
     import importlib
 
     mapping_tables = importlib.import_module("reco_sampled_plugin.mapping").mapping_tables
-    fit = estimate_rank_distribution(torch.tensor([1, 2, 1, 4, 3]), 100, 10)
+    fit = fit_rank_distribution(rsp.SampledRanks.from_arrays(torch.tensor([1, 2, 1, 4, 3]), 100, 10))
     calls = [
         lambda: rsp.per_user_metrics(torch.rand(2, 10), torch.tensor([1, 2]), bad),
         lambda: rsp.per_user_metrics_from_factors(torch.rand(2, 3), torch.rand(10, 3), torch.tensor([1, 2]), bad),

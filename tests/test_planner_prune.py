@@ -95,18 +95,19 @@ def _counted_plan(monkeypatch, pilot, target: float, **kw) -> tuple[planner.Plan
     from reco_sampled_plugin import rank_distribution
 
     fits: list[int] = []
-    joint, single = rank_distribution.ReplicateFits.fit, rank_distribution.estimate_rank_distributions
+    joint, single = rank_distribution.ReplicateFits.fit, rank_distribution.fit_rank_distribution
 
     def count_joint(self, js):
         fits.append(len(js))
         return joint(self, js)
 
-    def count_single(hists, *a, **k):
-        fits.append(len(hists))
-        return single(hists, *a, **k)
+    def count_single(sample, *a, **k):
+        if isinstance(sample, list):  # a design's repeats (not the pilot's one fit)
+            fits.append(len(sample))
+        return single(sample, *a, **k)
 
     monkeypatch.setattr(rank_distribution.ReplicateFits, "fit", count_joint)
-    monkeypatch.setattr(rank_distribution, "estimate_rank_distributions", count_single)
+    monkeypatch.setattr(rank_distribution, "fit_rank_distribution", count_single)
     result = _plan(pilot, target, **kw)
     monkeypatch.undo()
     return result, fits

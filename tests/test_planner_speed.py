@@ -3,8 +3,8 @@
 batched solver) forecast what the one-by-one fits forecast.
 
 Oracles: ``pool_groups`` of the summed histogram (the pooling map must give its groups and counts exactly);
-``estimate_rank_distributions`` on the same draws (the one-by-one path: exact for ``mle`` where the groups agree,
-within the solvers' stopping tolerance for ``gmod`` and ``mes``); finite differences (the batched g-modelling
+``fit_rank_distribution`` of their histograms on the same draws (the one-by-one path: exact for ``mle`` where the
+groups agree, within the solvers' stopping tolerance for ``gmod`` and ``mes``); finite differences (the batched g-modelling
 gradient); and the planner itself with ``planner._JOINT_FITS`` off (the previous path) on the same seeds.
 """
 
@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 import torch
 
-from reco_sampled_plugin import planner
+from reco_sampled_plugin import planner, registry
 from reco_sampled_plugin._rank_hist import as_histogram
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.design import SamplingDesign
-from reco_sampled_plugin.rank_distribution import ReplicateFits, estimate_rank_distributions, pool_groups
+from reco_sampled_plugin.rank_distribution import ReplicateFits, fit_rank_distribution, pool_groups
 from reco_sampled_plugin.ranking import SampledRanks
 from reco_sampled_plugin.simulate import simulate_sampled_ranks
 
@@ -57,7 +57,7 @@ def _values(fits, method: str) -> np.ndarray:
 def _one_by_one(world, sampled, sizes, method: str) -> np.ndarray:
     n_u = world[0]
     hists = [as_histogram(sampled[j], n_u, sizes if isinstance(sizes, int) else sizes[j]) for j in range(R)]
-    return _values(estimate_rank_distributions(hists, method), method)
+    return _values(fit_rank_distribution(hists, method), method)
 
 
 def _joint(world, sampled, sizes, method: str) -> np.ndarray:
@@ -95,7 +95,7 @@ def test_few_groups_are_not_pooled():
     assert not fits.pooled
     np.testing.assert_array_equal(fits.model.n, [3000, 3100, 3200, 3300])
     joint = [d.probs for d in fits.fit()]
-    single = [d.probs for d in estimate_rank_distributions([as_histogram(s, n_u, 50) for s in sampled], "mle")]
+    single = [d.probs for d in fit_rank_distribution([as_histogram(s, n_u, 50) for s in sampled], "mle")]
     for a, b in zip(joint, single):
         np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-15)
 
@@ -171,14 +171,23 @@ def test_subsets_fit_as_the_whole(world):
     (dict(n_items=1), "n_items"),
     (dict(n_samples=torch.tensor([[50, 50], [50, 50]])), "n_samples"),
     (dict(method="nope"), "method"),
+    (dict(method="bv"), "method"),
     (dict(sampling="hypergeometric", n_items=40), "n_samples"),
-    (dict(max_groups=0), "max_groups"),
 ])
 def test_bad_input(kwargs, match):
     args = dict(sampled_ranks=torch.tensor([[1, 2]]), n_items=100, n_samples=50)
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         ReplicateFits(args.pop("sampled_ranks"), args.pop("n_items"), args.pop("n_samples"), **args)
+
+
+def test_options_are_the_method_objects():
+    """The fit options travel in the method object (checked at its construction) and reach the fits."""
+    with pytest.raises(ValueError, match="^max_groups: "):
+        ReplicateFits(torch.tensor([[1, 2]]), 100, 50, registry.Mes(max_groups=0))
+    ranks = torch.tensor([[1, 2, 5, 9], [2, 1, 3, 30]])
+    short = ReplicateFits(ranks, 100, 50, registry.Mle(max_iter=3)).fit()
+    assert all(not d.converged and d.iterations == 3 for d in short)
 
 
 

@@ -11,7 +11,7 @@ from reco_sampled_plugin._rank_hist import as_histogram, sampled_rank_histogram
 from reco_sampled_plugin.estimators import ESTIMATORS, estimate
 from reco_sampled_plugin.metrics import metric_values
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact
-from reco_sampled_plugin.rank_distribution import estimate_rank_distribution, rank_grid
+from reco_sampled_plugin.rank_distribution import fit_rank_distribution, rank_grid
 from reco_sampled_plugin.simulate import draw_sampled_ranks, simulate_sampled_ranks
 
 N, M, USERS = 10_000, 100, 20_000
@@ -34,7 +34,7 @@ def data():
 
 @pytest.fixture(scope="module")
 def mle_fit(data):
-    return estimate_rank_distribution(data[1], N, M, method="mle", n_bootstrap=24, trace=True)
+    return fit_rank_distribution(sampled_rank_histogram(data[1], N, M), registry.Mle(n_bootstrap=24, trace=True))
 
 
 def test_grid_is_small_and_covers_every_rank():
@@ -66,14 +66,15 @@ def test_em_loglik_never_decreases(mle_fit, data):
     assert len(tr) > 3
     assert np.all(np.diff(tr) >= -1e-9 * abs(tr[-1]))
     assert tr[-1] > tr[0] + 100  # it does move away from the uniform start
-    hyp = estimate_rank_distribution(data[1][:3000], N, M, sampling="hypergeometric", n_bootstrap=0, trace=True)
+    hyp = fit_rank_distribution(sampled_rank_histogram(data[1][:3000], N, M), registry.Mle(n_bootstrap=0, trace=True),
+                                sampling="hypergeometric")
     t2 = np.array(hyp.loglik_trace)
     assert np.all(np.diff(t2) >= -1e-9 * abs(t2[-1]))
 
 
 def test_mes_objective_decreases_and_recovers(data):
     exact, sampled = data
-    fit = estimate_rank_distribution(sampled, N, M, method="mes", n_bootstrap=6, trace=True)
+    fit = fit_rank_distribution(sampled_rank_histogram(sampled, N, M), registry.Mes(n_bootstrap=6, trace=True))
     tr = np.array(fit.loglik_trace)
     assert fit.converged and len(tr) > 3
     assert np.all(np.diff(tr) <= 1e-12 * abs(tr[0]))
@@ -91,7 +92,7 @@ def test_hypergeometric_and_per_user_candidates():
     sampled = simulate_sampled_ranks(exact, n_user, 50, "hypergeometric", generator=torch.Generator().manual_seed(1))
     hist = sampled_rank_histogram(sampled, n_user, 50)
     assert hist.n_groups == 3
-    fit = estimate_rank_distribution(hist, sampling="hypergeometric", n_bootstrap=16)
+    fit = fit_rank_distribution(hist, registry.Mle(n_bootstrap=16), sampling="hypergeometric")
     assert set(fit.edges.tolist()) >= {2000, 2500, 3000}  # every n is a cell edge
     for name in ("hit@300", "ndcg"):
         res = fit.metric(name)
@@ -104,7 +105,7 @@ def test_pooling_many_candidate_counts_is_reported():
     n_user = torch.as_tensor(rng.integers(1500, 1700, size=2000))
     exact = torch.as_tensor(rng.integers(1, 1500, size=2000))
     sampled = simulate_sampled_ranks(exact, n_user, 20, generator=torch.Generator().manual_seed(2))
-    fit = estimate_rank_distribution(sampled, n_user, 20, n_bootstrap=0, max_groups=4)
+    fit = fit_rank_distribution(sampled_rank_histogram(sampled, n_user, 20), registry.Mle(n_bootstrap=0, max_groups=4))
     assert "pooled_n" in fit.flags and fit.histogram.n_groups <= 4
     assert fit.histogram.total == 2000
 
@@ -133,8 +134,8 @@ def test_adaptive_sampling_from_exact_ranks():
     assert bool(((ranks == 1) <= (sizes == 400)).all())  # only capped positives stay at r~ = 1
     assert bool((ranks <= sizes + 1).all())
     plain = simulate_sampled_ranks(exact, N, 50, generator=torch.Generator().manual_seed(0))
-    fit_a = estimate_rank_distribution(ranks, N, sizes, n_bootstrap=12)
-    fit_p = estimate_rank_distribution(plain, N, 50, n_bootstrap=0)
+    fit_a = fit_rank_distribution(drawn, registry.Mle(n_bootstrap=12))  # the SampledRanks carry their design
+    fit_p = fit_rank_distribution(sampled_rank_histogram(plain, N, 50), registry.Mle(n_bootstrap=0))
     true = float((exact <= 50).double().mean())
     ra = fit_a.metric("hit@50")
     assert abs(ra.value - true) <= 4 * ra.stderr + 0.005
@@ -159,21 +160,24 @@ def test_adaptive_sampling_from_scores():
 
 def test_blind_spot_and_bad_input():
     top = torch.ones(500, dtype=torch.int64)
-    fit = estimate_rank_distribution(top, N, M, n_bootstrap=4)
+    fit = fit_rank_distribution(sampled_rank_histogram(top, N, M), registry.Mle(n_bootstrap=4))
     res = fit.metric("hit@10")
     assert "all_at_top" in res.flags and "top_unresolved" in res.flags and res.stderr == math.inf
     assert math.isfinite(res.value)
     with pytest.raises(ValueError, match="empty"):
-        estimate_rank_distribution(torch.zeros(4, dtype=torch.int64), N, M)
+        fit_rank_distribution(sampled_rank_histogram(torch.zeros(4, dtype=torch.int64), N, M))
     with pytest.raises(ValueError, match="method"):
-        estimate_rank_distribution(top, N, M, method="magic")
+        fit_rank_distribution(sampled_rank_histogram(top, N, M), "magic")
+    with pytest.raises(ValueError, match="^method: 'bv' does not fit a rank distribution"):
+        fit_rank_distribution(sampled_rank_histogram(top, N, M), "bv")
     with pytest.raises(ValueError, match="larger than the catalogue"):
         fit.metric(f"hit@{N + 1}")
-    slow = estimate_rank_distribution(torch.tensor([1, 5, 30, 101]), N, M, n_bootstrap=0, max_iter=2)
+    slow = fit_rank_distribution(sampled_rank_histogram(torch.tensor([1, 5, 30, 101]), N, M),
+                                 registry.Mle(n_bootstrap=0, max_iter=2))
     assert not slow.converged and "not_converged" in slow.flags
     assert "not_converged" in slow.metric("hit@1000").flags
     with pytest.raises(ValueError, match="n_samples"):
-        estimate_rank_distribution(torch.tensor([1, 2]), 50, 60, sampling="hypergeometric")
+        fit_rank_distribution(sampled_rank_histogram(torch.tensor([1, 2]), 50, 60), sampling="hypergeometric")
 
 
 def test_dispatcher_every_method(data):
@@ -200,28 +204,54 @@ def test_dispatcher_every_method(data):
 
 @pytest.mark.parametrize("method", ["mes", "mle", "bv_mle"])
 def test_several_metrics_from_one_histogram_fit_once(data, monkeypatch, method):
-    """estimate() keeps the fitted rank distribution of recent (histogram, method, options): a second metric
-    of the same histogram reuses it, with the values of a fresh fit; other counts or options refit."""
-    from reco_sampled_plugin import estimators, rank_distribution  # the fit cache lives in rank_distribution
+    """estimate() keeps the fitted rank distribution on the histogram, by method object and law: a second metric
+    of the same histogram (or of the same SampledRanks) reuses it; an equal histogram built again fits afresh, to
+    the same values; other counts or options refit."""
+    from reco_sampled_plugin import rank_distribution
 
     hist = sampled_rank_histogram(data[1][:3000], N, M)
     fits = []
-    real = rank_distribution.estimate_rank_distribution
-    monkeypatch.setattr(rank_distribution, "estimate_rank_distribution",
-                        lambda *a, **k: fits.append(1) or real(*a, **k))
-    estimators._FITS.clear()
+    real = rank_distribution._fit
+    monkeypatch.setattr(rank_distribution, "_fit", lambda *a, **k: fits.append(1) or real(*a, **k))
     opts = {"n_bootstrap": 4}
     first = [estimate(m, hist, registry.method_class(method)(**opts)) for m in ("hit@100", "ndcg@50", "hit@100")]
     assert len(fits) == 1
-    estimators._FITS.clear()
-    again = [estimate(m, hist, registry.method_class(method)(**opts)) for m in ("hit@100", "ndcg@50")]
-    assert len(fits) == 2  # one fit per cleared cache, whatever the number of metrics
+    fresh = sampled_rank_histogram(data[1][:3000], N, M)  # equal counts, a new object: nothing kept on it
+    again = [estimate(m, fresh, registry.method_class(method)(**opts)) for m in ("hit@100", "ndcg@50")]
+    assert len(fits) == 2  # one fit per histogram, whatever the number of metrics
     for a, b in zip(first, again):
         assert (a.value, a.stderr, a.flags) == (b.value, b.stderr, b.flags)
     assert first[0].value == first[2].value
     estimate("hit@100", sampled_rank_histogram(data[1][:2999], N, M), registry.method_class(method)(**opts))  # other counts
     estimate("hit@100", hist, registry.method_class(method)(n_bootstrap=5))  # other options
     assert len(fits) == 4
+    sample = SampledRanks.from_arrays(data[1][:3000], N, M)  # each estimate builds its histogram: equal ones reused
+    via_sample = [estimate(m, sample, registry.method_class(method)(**opts)) for m in ("hit@100", "ndcg@50")]
+    assert len(fits) == 5
+    assert [(e.value, e.stderr) for e in via_sample] == [(e.value, e.stderr) for e in again]
+
+
+def test_kept_fits_are_bounded_and_not_pickled(data):
+    """A histogram keeps at most ``DERIVED_MAX`` fits (the least recently used goes); pickles, copies and
+    ``with_design`` start without them, and compare and merge as before."""
+    import copy
+    import pickle
+
+    from reco_sampled_plugin import _rank_hist
+
+    hist = sampled_rank_histogram(data[1][:500], N, M)
+    first = fit_rank_distribution(hist, registry.Mle(n_bootstrap=0))
+    assert fit_rank_distribution(hist, registry.Mle(n_bootstrap=0)) is first
+    for k in range(_rank_hist.DERIVED_MAX):
+        fit_rank_distribution(hist, registry.Mle(n_bootstrap=0, tol=1e-6 + k * 1e-7, max_iter=3))
+    assert len(hist._kept) == _rank_hist.DERIVED_MAX
+    assert fit_rank_distribution(hist, registry.Mle(n_bootstrap=0)) is not first  # dropped, fitted again
+    for other in (pickle.loads(pickle.dumps(hist)), copy.copy(hist), copy.deepcopy(hist), hist.with_design(None)):
+        assert "_kept" not in other.__dict__ and other.same_groups(hist)
+        np.testing.assert_array_equal(other.flat_counts, hist.flat_counts)
+    merged = hist.merge(hist)
+    np.testing.assert_array_equal(merged.flat_counts, 2 * hist.flat_counts)
+    assert "_kept" not in merged.__dict__
 
 
 def test_prior_beyond_the_fitted_range_extends_the_tail(mle_fit):
@@ -262,7 +292,8 @@ def test_mle_bootstrap_stderr_is_calibrated():
     values, ses = [], []
     for rep in range(30):
         s = simulate_sampled_ranks(exact, n, m, generator=torch.Generator().manual_seed(rep))
-        r = estimate_rank_distribution(s, n, m, method="mle", n_bootstrap=32, seed=rep).metric("hit@100")
+        fit = fit_rank_distribution(sampled_rank_histogram(s, n, m), registry.Mle(n_bootstrap=32, seed=rep))
+        r = fit.metric("hit@100")
         values.append(r.value)
         ses.append(r.stderr)
     ratio = float(np.mean(ses)) / float(np.std(values, ddof=1))
@@ -348,7 +379,7 @@ def test_adaptive_fit_likelihood_equals_the_dense_law():
     gen = torch.Generator().manual_seed(2)
     drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 5000, SamplingDesign(50, adaptive_max=1600), gen)
     ranks, sizes = drawn.ranks, drawn.n_samples
-    fit = estimate_rank_distribution(ranks, 5000, sizes, method="mle", n_bootstrap=0)
+    fit = fit_rank_distribution(sampled_rank_histogram(ranks, 5000, sizes), registry.Mle(n_bootstrap=0))
     model = rd._build_model(as_histogram(ranks, 5000, sizes), "binomial", 16, 0.05, 0.25)
     dense, _ = rd.dense_likelihood(model.edges, model.n, model.m, "binomial")
     dense[dense < 1e-16] = 0.0
@@ -369,14 +400,15 @@ def test_mes_base_measure_beta():
     (beta = 0) or r^-1 (beta = 1): pmf(1) / pmf(10) = 1 and 10."""
     rng = np.random.default_rng(0)
     ranks = rng.integers(1, 12, size=200)
-    flat = estimate_rank_distribution(ranks, 1000, 10, method="mes", lam=1e6, n_bootstrap=0)
-    tilted = estimate_rank_distribution(ranks, 1000, 10, method="mes", lam=1e6, n_bootstrap=0, beta=1.0)
+    hist = sampled_rank_histogram(ranks, 1000, 10)
+    flat = fit_rank_distribution(hist, registry.Mes(lam=1e6, n_bootstrap=0))
+    tilted = fit_rank_distribution(hist, registry.Mes(lam=1e6, n_bootstrap=0, beta=1.0))
     assert flat.pmf(1) / flat.pmf(10) == pytest.approx(1.0, rel=0.03)
     assert tilted.pmf(1) / tilted.pmf(10) == pytest.approx(10.0, rel=0.03)
     with pytest.raises(ValueError, match="beta"):
-        estimate_rank_distribution(ranks, 1000, 10, method="mle", beta=0.5)
+        fit_rank_distribution(hist, registry.Mle(beta=0.5))
     with pytest.raises(ValueError, match="beta"):
-        estimate_rank_distribution(ranks, 1000, 10, method="mes", beta=float("nan"))
+        fit_rank_distribution(hist, registry.Mes(beta=float("nan")))
 
 
 def test_histogram_with_very_different_widths_matches_brute_force():
@@ -431,10 +463,10 @@ def test_many_sample_sizes_are_pooled_onto_a_grid_of_m(monkeypatch):
         expected[k][: mg + 1] += hist.counts[g]
     for k in range(pooled.n_groups):
         np.testing.assert_allclose(pooled.counts[k], expected[k])
-    fit = estimate_rank_distribution(hist, method="mle", n_bootstrap=0)
+    fit = fit_rank_distribution(hist, registry.Mle(n_bootstrap=0))
     assert "pooled_n" in fit.flags
     monkeypatch.setattr(rd, "_MAX_EXACT_M", 10_000)
-    exact_fit = estimate_rank_distribution(hist, method="mle", n_bootstrap=0, max_groups=200)
+    exact_fit = fit_rank_distribution(hist, registry.Mle(n_bootstrap=0, max_groups=200))
     for metric in ("hit@50", "hit@500", "ndcg@100", "auc"):
         assert fit.metric(metric).value == pytest.approx(exact_fit.metric(metric).value, abs=0.01, rel=0.05)
 
@@ -504,7 +536,7 @@ def test_mes_bootstrap_with_a_huge_entropy_weight_returns_the_base_measure_witho
     ranks), reached without an overflow in the L-BFGS products (warnings are errors in this suite); within 3%
     as test_mes_base_measure_beta (the objective is flat near it: L-BFGS-B's ftol stops a little short)."""
     ranks = torch.tensor([1, 2, 3, 5, 8, 11, 2, 1, 4, 6] * 5)
-    fit = estimate_rank_distribution(ranks, 1000, 10, method="mes", lam=1e300, n_bootstrap=4)
+    fit = fit_rank_distribution(sampled_rank_histogram(ranks, 1000, 10), registry.Mes(lam=1e300, n_bootstrap=4))
     widths = np.diff(fit.edges)
     assert fit.converged and fit.bootstrap.shape == (4, len(widths))
     np.testing.assert_allclose(fit.probs, widths / widths.sum(), rtol=0.03)

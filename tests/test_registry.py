@@ -15,7 +15,7 @@ import torch
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
-from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
+from reco_sampled_plugin.rank_distribution import fit_rank_distribution
 from reco_sampled_plugin import corrections, estimators, registry
 from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin._estimate import EstimatorOutput
@@ -143,6 +143,9 @@ def test_registry_refuses_bad_entries():
         registry.Estimator("x", "nope", "s", ".corrections:estimate_by_table")
     with pytest.raises(ValueError, match="^fitter: "):
         registry.Estimator("x", "rank_distribution", "s", ".rank_distribution:estimate_by_fit")
+    with pytest.raises(ValueError, match="^options: the rank-distribution method 'x' takes the fit options"):
+        registry.Estimator("x", "rank_distribution", "s", ".rank_distribution:estimate_by_fit",
+                           fitter=".rank_distribution:EM_FITTER")
     with pytest.raises(ValueError, match="^kind: "):
         registry.Option("x", "integer-ish")
     with pytest.raises(ValueError, match="^name: .*registered already"):
@@ -155,10 +158,12 @@ def test_rank_distribution_dispatches_to_its_fitter():
     """Any method other than mle used to run MES silently: now an unknown one is refused and each runs its own
     fitter (the registry's ``fitter``)."""
     hist = rsp.sampled_rank_histogram(torch.tensor([1, 2, 3, 1, 5]), 100, 10)
-    with pytest.raises(ValueError, match="^method: unknown rank-distribution method 'em'"):
-        estimate_rank_distribution(hist, method="em")
-    assert estimate_rank_distribution(hist, method="mle", n_bootstrap=0).method == "mle"
-    assert "lam" in estimate_rank_distribution(hist, method="mes", n_bootstrap=0).details
+    with pytest.raises(ValueError, match="^method: unknown estimator 'em'"):
+        fit_rank_distribution(hist, "em")
+    with pytest.raises(ValueError, match="^method: 'bv' does not fit a rank distribution; use one of"):
+        fit_rank_distribution(hist, registry.Bv())
+    assert fit_rank_distribution(hist, registry.Mle(n_bootstrap=0)).method == "mle"
+    assert "lam" in fit_rank_distribution(hist, registry.Mes(n_bootstrap=0)).details
 
 
 def test_sampled_ranks_carry_their_design(uniform_ranks):

@@ -42,7 +42,7 @@ MOVED = {
     "mapped_points": "mapping",
     "sampled_hit_rate_curve": "mapping",
     "dataset_beta": "mapping",
-    "estimate_rank_distribution": "rank_distribution",
+    "fit_rank_distribution": "rank_distribution",
     "RankDistribution": "rank_distribution",
     "Prior": "priors",
     "UniformPrior": "priors",

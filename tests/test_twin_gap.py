@@ -13,9 +13,10 @@ import torch
 from scipy import optimize, stats
 
 import reco_sampled_plugin as rsp
-from reco_sampled_plugin.rank_distribution import estimate_rank_distribution
+from reco_sampled_plugin._rank_hist import sampled_rank_histogram
+from reco_sampled_plugin.rank_distribution import fit_rank_distribution
 from reco_sampled_plugin.sampling_laws import sampled_rank_pmf
-from reco_sampled_plugin import rank_distribution as rd
+from reco_sampled_plugin import rank_distribution as rd, registry
 from reco_sampled_plugin._estimate import Estimate, bias_aware_halfwidth
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.simulate import simulate_sampled_ranks
@@ -73,7 +74,8 @@ def _lp_gap(dist: rd.RankDistribution, sampled: torch.Tensor, metric: str, budge
 @pytest.mark.parametrize("budget", [0.003, rd.TWIN_H2, 0.1])
 def test_twin_gap_is_the_linear_program_of_its_definition(metric, budget, law):
     exact, sampled = _smooth_draws(2000, seed=0, law=law)
-    dist = estimate_rank_distribution(sampled, N_ITEMS, M, method="gmod", sampling=law, n_bootstrap=0)
+    dist = fit_rank_distribution(sampled_rank_histogram(sampled, N_ITEMS, M), registry.Gmod(n_bootstrap=0),
+                                 sampling=law)
     assert np.array_equal(dist.edges[:30], np.arange(30))  # single-rank cells where the moves are
     spec = parse_metric(metric)
     first, top = rd._twin_ranks(spec, N_ITEMS, (N_ITEMS - 1) / (M + 1) + 1)
@@ -89,7 +91,7 @@ def test_twin_gap_shrinks_as_one_over_the_positives():
     so the gap halves (while the budget buys less than the cheapest rank's positives); sampling noise shrinks only
     as 1/sqrt(N), so the twins matter less the more positives there are."""
     _, sampled = _smooth_draws(2000, seed=3)
-    one = estimate_rank_distribution(sampled, N_ITEMS, M, method="gmod", n_bootstrap=0)
+    one = fit_rank_distribution(sampled_rank_histogram(sampled, N_ITEMS, M), registry.Gmod(n_bootstrap=0))
     doubled = rsp.sampled_rank_histogram(torch.cat([sampled, sampled]), N_ITEMS, M)
     two = dataclasses.replace(one, histogram=doubled)
     assert two.histogram.total == 2 * one.histogram.total
@@ -102,17 +104,17 @@ def test_twin_gap_shrinks_as_one_over_the_positives():
 
 def test_no_budget_or_nothing_to_move_gives_no_gap():
     _, sampled = _smooth_draws(500, seed=5)
-    dist = estimate_rank_distribution(sampled, N_ITEMS, M, method="gmod", n_bootstrap=0)
+    dist = fit_rank_distribution(sampled_rank_histogram(sampled, N_ITEMS, M), registry.Gmod(n_bootstrap=0))
     assert dist.twin_gap(parse_metric("hit@10"), 0.0) == (0.0, 0.0)
     # a draw of every other item ranks each positive exactly (hypergeometric, m = n - 1): a positive moved by one
     # rank changes its sampled rank for sure (H^2 = 1: disjoint laws), so the budget moves a 0.02 share of one
     # positive; with replacement the same m leaves a little room (a move costs H^2 = 0.014 at rank 10)
     exact = _smooth_draws(500, seed=6)[0]
-    dist = estimate_rank_distribution(exact, N_ITEMS, N_ITEMS - 1, method="gmod", sampling="hypergeometric",
-                                          n_bootstrap=0)
+    dist = fit_rank_distribution(sampled_rank_histogram(exact, N_ITEMS, N_ITEMS - 1), registry.Gmod(n_bootstrap=0),
+                                 sampling="hypergeometric")
     assert dist.twin_gap(parse_metric("hit@10")) == pytest.approx((rd.TWIN_H2 / 500, rd.TWIN_H2 / 500), rel=1e-9)
     binomial = simulate_sampled_ranks(exact, N_ITEMS, N_ITEMS - 1, "binomial", torch.Generator().manual_seed(0))
-    dist = estimate_rank_distribution(binomial, N_ITEMS, N_ITEMS - 1, method="gmod", n_bootstrap=0)
+    dist = fit_rank_distribution(sampled_rank_histogram(binomial, N_ITEMS, N_ITEMS - 1), registry.Gmod(n_bootstrap=0))
     down, up = dist.twin_gap(parse_metric("hit@10"))
     assert 0 < down < 0.01 and 0 < up < 0.01
 
@@ -189,7 +191,7 @@ def test_twin_gap_properties(n, m, n_pos, power, seed, law, metric):
     rng = np.random.default_rng(seed)
     exact = torch.from_numpy(rng.choice(np.arange(1, n + 1), size=n_pos, p=r**-power / (r**-power).sum()))
     sampled = simulate_sampled_ranks(exact, n, m, law, torch.Generator().manual_seed(seed % 1000))
-    dist = estimate_rank_distribution(sampled, n, m, method="gmod", sampling=law, n_bootstrap=0)
+    dist = fit_rank_distribution(sampled_rank_histogram(sampled, n, m), registry.Gmod(n_bootstrap=0), sampling=law)
     spec = parse_metric(metric)
     small, big = np.array(dist.twin_gap(spec, 0.005)), np.array(dist.twin_gap(spec, 0.05))
     assert np.all(np.isfinite(big))

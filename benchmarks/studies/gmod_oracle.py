@@ -62,7 +62,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from reco_sampled_plugin import metric_values, sampled_rank_histogram  # noqa: E402
-from reco_sampled_plugin import rank_distribution as rd  # noqa: E402
+from reco_sampled_plugin import rank_distribution as rd, registry  # noqa: E402
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact, expected_samples  # noqa: E402
 from reco_sampled_plugin.design import AdaptiveDesign, SamplingDesign  # noqa: E402
 from reco_sampled_plugin.simulate import simulate_sampled_ranks  # noqa: E402
@@ -173,10 +173,10 @@ def run(dataset: str, design: str, repeats: int, dfs, penalties, top_penalties=(
             truth = np.histogram(r - 0.5, bins=model.edges)[0].astype(np.float64)  # cells (e_c, e_c+1]
             fits = {"oracle": truth / truth.sum()}
             if not oracle_only:
-                fits["mes"] = rd.estimate_rank_distribution(hist, method="mes", n_bootstrap=0).probs
+                fits["mes"] = rd.fit_rank_distribution(hist, registry.Mes(n_bootstrap=0)).probs
             for df in dfs:
                 for pen in penalties:
-                    opts = {"df": df, "penalty": pen, "tol": 1e-7, "max_iter": 5000, "trace": False}
+                    opts = registry.Gmod(df=df, penalty=pen, tol=1e-7, max_iter=5000, trace=False)
                     fits[f"gmod(df={df}, penalty={pen:g})"] = rd.G_FITTER.fit(model, None, model.counts, opts)[0]
             for tau in top_penalties:
                 fits[f"free-top(T={tau:g}, res<={top_max_resolution:g})"] = fit_free_top(
@@ -446,9 +446,9 @@ def synthetic(repeats: int, top_penalties, n: int = 300, users: int = 1500, m: i
             model = rd._build_model(hist, "binomial", 16, 0.05, 0.25)
             pts, wts = rd.cell_points(model.edges)
             truth = np.histogram(rt.numpy() - 0.5, bins=model.edges)[0].astype(np.float64)
-            opts = {"df": rd.G_DF, "penalty": rd.G_PENALTY, "tol": 1e-7, "max_iter": 5000, "trace": False}
+            opts = registry.Gmod(df=rd.G_DF, penalty=rd.G_PENALTY, tol=1e-7, max_iter=5000, trace=False)
             fits = {"oracle": truth / truth.sum(), "gmod": rd.G_FITTER.fit(model, None, model.counts, opts)[0],
-                    "mes": rd.estimate_rank_distribution(hist, method="mes", n_bootstrap=0).probs}
+                    "mes": rd.fit_rank_distribution(hist, registry.Mes(n_bootstrap=0)).probs}
             for t in top_penalties:
                 fits[f"free top T={t:g}"] = fit_free_top(model, model.counts, t, np.inf)
             for metric in METRICS:
