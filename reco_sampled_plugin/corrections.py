@@ -5,7 +5,7 @@ is the mean of M^[r~ - 1] over its relevant items. What a table is besides its m
 registry's method object (``"bv"`` or ``registry.Bv(gamma=0.2, prior=("beta", 0.5))``, ``registry.Cls()``,
 ``registry.RankEstimate(rounding="linear")``, ``registry.Uncorrected()``) and the sampling law of the design
 (``n_samples``: a :class:`~reco_sampled_plugin.design.SamplingDesign` of fixed m, or an int m: uniform with
-replacement). Both are checked once and normalised into a hashable :class:`_Correction` (the tables' cache key).
+replacement). Both are checked once and normalised into a hashable :class:`Correction` (the tables' cache key).
 Methods:
 
 ``none``           M^(r~) = M(r~) on the m + 1 sampled candidates (the plain sampled metric).
@@ -39,7 +39,7 @@ that sum_k w_k f(r_k) = sum_r p(r) f(r):
 
 The tall weighted system of ``ls``, ``cls`` (and ill-conditioned ``bv``) is compressed by a Householder QR to
 (m + 1) rows before solving; tables are built on the CPU in float64 with numpy / scipy and cached
-(``functools.lru_cache``) by (metric, n, m, :class:`_Correction`).
+(``functools.lru_cache``) by (metric, n, m, :class:`Correction`).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def check_method(method: str) -> str:
 
 
 @dataclass(frozen=True)
-class _Correction:
+class Correction:
     """One correction besides its metric, n and m: the method of :data:`METHODS`, its settings and the sampling
     law, normalised so that a setting the table does not read shares the cache entry (``gamma`` only for ``bv``,
     ``bv`` at gamma = 0 is ``ls`` (eq. 25 is then eq. 22), ``prior`` only for ``ls`` / ``cls`` / ``bv``, ``rounding``
@@ -123,27 +123,27 @@ class _Correction:
         return self.method in ("ls", "cls", "bv")
 
 
-def correction_from_options(method: str, sampling: str, options: Mapping[str, Any]) -> _Correction:
-    """The :class:`_Correction` of a method name, a sampling law and the method's options as the registry's compute
+def correction_from_options(method: str, sampling: str, options: Mapping[str, Any]) -> Correction:
+    """The :class:`Correction` of a method name, a sampling law and the method's options as the registry's compute
     functions receive them (``gamma``, ``prior``, ``rounding``; None or absent: the default), each checked."""
     name = check_method(method)
     law = check_law(sampling)
     if name == "none":
-        return _Correction(name, law)
+        return Correction(name, law)
     if name == "rank_estimate":
         rounding = options.get("rounding") or "floor"
         if not isinstance(rounding, str) or rounding not in ("floor", "linear"):
             raise ValueError(f"rounding: use 'floor' or 'linear', got {rounding!r}")
-        return _Correction(name, law, rounding=rounding)
+        return Correction(name, law, rounding=rounding)
     gamma = 0.0
     if name == "bv":
         gamma = check_fraction(0.1 if options.get("gamma") is None else options["gamma"], "gamma")
         name = "bv" if gamma > 0.0 else "ls"  # eq. 25 at gamma = 0 is eq. 22
-    return _Correction(name, law, gamma, as_prior(options.get("prior")))
+    return Correction(name, law, gamma, as_prior(options.get("prior")))
 
 
-def as_correction(method: str | registry.Method, n_samples: SamplingDesign | int) -> tuple[_Correction, int]:
-    """The :class:`_Correction` and m of a correction method (a name of :data:`METHODS` with its defaults, or the
+def as_correction(method: str | registry.Method, n_samples: SamplingDesign | int) -> tuple[Correction, int]:
+    """The :class:`Correction` and m of a correction method (a name of :data:`METHODS` with its defaults, or the
     registry's method object: ``registry.Bv(gamma=0.2)``) under the design ``n_samples`` (a fixed-m
     :class:`~reco_sampled_plugin.design.SamplingDesign` of uniform draws, or an int m).
 
@@ -342,7 +342,7 @@ def _posterior_mean(c: np.ndarray, h: np.ndarray) -> np.ndarray:
     return _fill_missing(np.where(ok, h / np.where(ok, c, 1.0), 0.0), ok)
 
 
-def _solve(spec: MetricSpec, n: int, m: int, corr: _Correction) -> np.ndarray:
+def _solve(spec: MetricSpec, n: int, m: int, corr: Correction) -> np.ndarray:
     """The table of ``ls``, ``cls`` or ``bv`` (module docstring)."""
     method, gamma, law = corr.method, corr.gamma, corr.law
     if method == "bv" and gamma == 1.0:  # eq. 26, posterior mean; rows in chunks (m up to 1e4)
@@ -376,7 +376,7 @@ def _solve(spec: MetricSpec, n: int, m: int, corr: _Correction) -> np.ndarray:
 
 
 @lru_cache(maxsize=2048)
-def _table(spec: MetricSpec, n: int, m: int, corr: _Correction) -> np.ndarray:
+def _table(spec: MetricSpec, n: int, m: int, corr: Correction) -> np.ndarray:
     if corr.method == "none":
         table = _metric(spec, np.arange(1, m + 2, dtype=np.float64), m + 1)
     elif corr.method == "rank_estimate":
@@ -398,7 +398,7 @@ def clear_correction_cache() -> None:
     _tables_shared.cache_clear()
 
 
-def table_array(metric: str | MetricSpec, n_items: Any, n_samples: Any, corr: _Correction) -> np.ndarray:
+def table_array(metric: str | MetricSpec, n_items: Any, n_samples: Any, corr: Correction) -> np.ndarray:
     """The table of one (n, m) (float64, read-only, cached), ``n_items`` and ``n_samples`` checked for ``corr``
     (:func:`_check_sizes`; a vector prior's length against n)."""
     spec = parse_metric(metric)
@@ -407,7 +407,7 @@ def table_array(metric: str | MetricSpec, n_items: Any, n_samples: Any, corr: _C
     return _table(spec, n, m, corr)
 
 
-def stacked_tables(spec: MetricSpec, n_items: np.ndarray, n_samples: np.ndarray, corr: _Correction) -> np.ndarray:
+def stacked_tables(spec: MetricSpec, n_items: np.ndarray, n_samples: np.ndarray, corr: Correction) -> np.ndarray:
     """The tables of every (n, m) group (``n_items[g]``, ``n_samples[g]``) concatenated in group order
     (float64, read-only): what an estimator dots with a histogram's concatenated counts. Many distinct n
     cost a bounded number of solves (:func:`tables_by_n`). Cached as a whole, so a repeated evaluation (same groups
@@ -416,7 +416,7 @@ def stacked_tables(spec: MetricSpec, n_items: np.ndarray, n_samples: np.ndarray,
 
 
 @lru_cache(maxsize=256)
-def _stacked(spec: MetricSpec, n: tuple, m: tuple, corr: _Correction) -> np.ndarray:
+def _stacked(spec: MetricSpec, n: tuple, m: tuple, corr: Correction) -> np.ndarray:
     n_arr, m_arr = np.asarray(n, dtype=np.int64), np.asarray(m, dtype=np.int64)
     out = np.empty(int((m_arr + 1).sum()))
     starts = np.cumsum(m_arr + 1) - (m_arr + 1)  # each group's first entry in the concatenation
@@ -429,7 +429,7 @@ def _stacked(spec: MetricSpec, n: tuple, m: tuple, corr: _Correction) -> np.ndar
     return out
 
 
-def tables_by_n(metric: str | MetricSpec, n_items: np.ndarray, n_samples: int, corr: _Correction) -> np.ndarray:
+def tables_by_n(metric: str | MetricSpec, n_items: np.ndarray, n_samples: int, corr: Correction) -> np.ndarray:
     """Tables of one m for many candidate counts: float64 (len(n_items), m + 1), row i for ``n_items[i]``.
 
     Same values as :func:`table_array` row by row, at a cost that does not grow with the number of distinct
@@ -535,7 +535,7 @@ def _shared_rule(specs: tuple[MetricSpec, ...], n: int, m: int, prior: Prior) ->
 
 
 @lru_cache(maxsize=256)
-def _tables_shared(specs: tuple[MetricSpec, ...], n: int, m: int, corr: _Correction) -> np.ndarray | None:
+def _tables_shared(specs: tuple[MetricSpec, ...], n: int, m: int, corr: Correction) -> np.ndarray | None:
     """The tables of ``specs`` (one row each) from one rule, one pmf matrix and one factorisation, or None where no
     rule serves them all (:func:`_shared_rule`)."""
     method, gamma, law = corr.method, corr.gamma, corr.law
@@ -612,7 +612,7 @@ def correction_tables(
 
 
 def tables_for_counts(metric: str | MetricSpec, n_items: torch.Tensor, n_samples: int,
-                      corr: _Correction) -> tuple[torch.Tensor, torch.Tensor]:
+                      corr: Correction) -> tuple[torch.Tensor, torch.Tensor]:
     """Tables for every distinct candidate count: returns (tables U x (m+1) float64 CPU tensor, inverse)."""
     n_flat = n_items.reshape(-1).to("cpu", torch.int64)
     uniq, inverse = torch.unique(n_flat, return_inverse=True)
@@ -729,7 +729,7 @@ def estimate_by_fitted_prior(spec: MetricSpec, hist: RankHistogram, *, method: s
 
     gamma = options.get("gamma")
     gamma = 0.1 if gamma is None else gamma
-    fit = {k: v for k, v in options.items() if k != "gamma"}
+    fit = {k: v for k, v in options.items() if k != "gamma" and v is not None}  # None: the default
     dist = fit_rank_distribution(hist, Mle(**{"n_bootstrap": 0, **fit}), sampling=sampling)
     flags = [f for f in dist.flags if f in ("not_converged", "pooled_n", "all_at_top")]
 

@@ -518,7 +518,7 @@ _BUILTIN = (
     Estimator("mle", "rank_distribution", "rank distribution by EM (NPMLE on a log grid), then sum_R P(R) M(R)",
               ".rank_distribution:estimate_by_fit", options=_FIT_OPTIONS, adaptive=True, fits_distribution=True,
               exact_groups=True, fitter=".rank_distribution:EM_FITTER", reference="Jin et al. AAAI 2021"),
-    Estimator("mes", "rank_distribution", "maximum-entropy-regularised rank distribution (the default)",
+    Estimator("mes", "rank_distribution", "maximum-entropy-regularised rank distribution (auto's choice where the top is unresolved)",
               ".rank_distribution:estimate_by_fit",
               options=_FIT_OPTIONS + (
                   Option("lam", "nonnegative_float", None, "entropy weight (default 10 / #positives)"),

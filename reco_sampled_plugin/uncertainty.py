@@ -26,7 +26,7 @@ from .metric_names import parse_metric
 from .metrics import metric_bounds
 
 if TYPE_CHECKING:
-    from .corrections import _Correction
+    from .corrections import Correction
     from .design import SamplingDesign
     from .metric_names import MetricSpec
     from ._types import TensorLike
@@ -66,7 +66,7 @@ def _bounds(spec: MetricSpec, n_items: int | TensorLike) -> tuple[float, float]:
 
 
 def _table_values(metric: str | MetricSpec, r: torch.Tensor, n_items: int | TensorLike, m: int,
-                  corr: _Correction) -> torch.Tensor:
+                  corr: Correction) -> torch.Tensor:
     """The correction table M^ of each instance's n looked up at its sampled rank (float64, on the device of ``r``):
     one exact table per distinct n (``corrections.tables_for_counts``, cached)."""
     n = check_sizes(n_items, "n_items", 2, like=r, like_name="sampled_ranks", exact=True, device=r.device)
