@@ -213,14 +213,16 @@ def _same_results(a: dict, b: dict, prefix_a: str, prefix_b: str):
 
 
 def test_lightning_callback_design(tmp_path):
-    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
 
     fixed = dict(estimators=("none", "bv"), max_n_groups=None, exact=False)
     adaptive = dict(estimators=("none", registry.Mes(n_bootstrap=0)), max_n_groups=None, exact=False)
     callbacks = [
-        RankingMetricsCallback(("ndcg@10", "hit@5"), n_samples=20, prefix="int_", **fixed),
-        RankingMetricsCallback(("ndcg@10", "hit@5"), n_samples=SamplingDesign(20), prefix="design_", **fixed),
-        RankingMetricsCallback(("ndcg@10",), n_samples=SamplingDesign(5, adaptive_max=40), prefix="ad_", **adaptive),
+        RankingMetricsCallback(RankingSettings(("ndcg@10", "hit@5"), n_samples=20, **fixed), prefix="int_"),
+        RankingMetricsCallback(RankingSettings(("ndcg@10", "hit@5"), n_samples=SamplingDesign(20), **fixed),
+                               prefix="design_"),
+        RankingMetricsCallback(RankingSettings(("ndcg@10",), n_samples=SamplingDesign(5, adaptive_max=40), **adaptive),
+                               prefix="ad_"),
     ]
     assert callbacks[1].design == SamplingDesign(20) and callbacks[1].n_samples == 20
     assert callbacks[2].design == SamplingDesign(5, adaptive_max=40)  # (b)
@@ -229,25 +231,25 @@ def test_lightning_callback_design(tmp_path):
     assert any(k.endswith("/bv") for k in r_design) and any(k.endswith("/mes_n_bootstrap-0") for k in r_ad)
     # (c) refused when the callback is built, naming the estimator
     with pytest.raises(ValueError, match=r"^estimators: \['bv'\] assume one fixed m"):
-        RankingMetricsCallback(n_samples=SamplingDesign(5, adaptive_max=40), estimators=("none", "bv"))
+        RankingSettings(n_samples=SamplingDesign(5, adaptive_max=40), estimators=("none", "bv"))
     with pytest.raises(ValueError, match="^n_samples: expected a SamplingDesign or an int m"):
-        RankingMetricsCallback(n_samples=(5, 40))
+        RankingSettings(n_samples=(5, 40))
 
 
 def test_lightning_callback_registered_estimator_is_accepted(bv_copy):
-    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
 
-    cb = RankingMetricsCallback(n_samples=SamplingDesign(20), estimators=("none", "bv_copy"))
+    cb = RankingMetricsCallback(RankingSettings(n_samples=SamplingDesign(20), estimators=("none", "bv_copy")))
     assert "bv_copy" in cb.labels
 
 
 def test_lightning_callback_runs_a_registered_estimator(bv_copy, tmp_path):
-    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
 
-    cbs = [RankingMetricsCallback(("ndcg@10",), n_samples=SamplingDesign(20), estimators=("bv_copy",), exact=False,
-                                  max_n_groups=None, prefix="a_"),
-           RankingMetricsCallback(("ndcg@10",), n_samples=SamplingDesign(20), estimators=("bv",), exact=False,
-                                  max_n_groups=None, prefix="b_")]
+    cbs = [RankingMetricsCallback(RankingSettings(("ndcg@10",), n_samples=SamplingDesign(20), estimators=("bv_copy",),
+                                                  exact=False, max_n_groups=None), prefix="a_"),
+           RankingMetricsCallback(RankingSettings(("ndcg@10",), n_samples=SamplingDesign(20), estimators=("bv",),
+                                                  exact=False, max_n_groups=None), prefix="b_")]
     copy, ref = _validate(cbs, tmp_path)
     assert not any("estimator_failed" in e.flags for e in copy.values())
     assert [e.value for e in copy.values()] == [e.value for e in ref.values()]

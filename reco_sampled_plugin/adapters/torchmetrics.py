@@ -59,7 +59,7 @@ import logging
 import math
 import time
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -67,13 +67,14 @@ from torchmetrics import Metric
 
 from reco_sampled_plugin._checks import check_elements, check_int, check_size, real_tensor
 from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags, score_tensor
-from reco_sampled_plugin._options import (check_bool, check_choice, check_count, check_metric_names, check_names,
-                                          check_seed)
+from reco_sampled_plugin._keyed import (DeviceChecks, DrawnScores, FactorScores, MatrixScores, RowKeys, ScorerScores,
+                                        keyed_adaptive_ranks, keyed_ranks)
+from reco_sampled_plugin._options import check_bool
 from reco_sampled_plugin._estimate import Estimate, interval_values
 from reco_sampled_plugin import registry
 from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS
 from reco_sampled_plugin._rank_hist import RankHistogram
-from reco_sampled_plugin.design import SamplingDesign, as_design
+from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin import estimators  # the contract, estimators._estimate (to be renamed estimate)
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin._types import TensorLike
@@ -86,27 +87,18 @@ from reco_sampled_plugin.scorer_ranks import (DEFAULT_MAX_PAIRS, Scorer, ScorerC
 from reco_sampled_plugin.tie_expectation import expected_single_item_values
 
 from ._shared import (
-    DeviceChecks,
+    RankingSettings,
     adaptive_columns,
     adaptive_histogram_from_rows,
-    check_ties,
-    keyed_adaptive_ranks,
-    keyed_factor_ranks_only,
-    keyed_ranks_only,
-    estimator_methods,
     explain_once,
     histogram_from_rows,
-    keyed_sampled_ranks,
-    keyed_popularity_ranks,
-    keyed_sampled_ranks_from_factors,
-    keyed_scorer_ranks,
     padded_inputs,
     stderr_from_sums,
 )
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ExactRankingMetrics", "SampledRankingMetrics", "estimate_values"]
+__all__ = ["RankingSettings", "ExactRankingMetrics", "SampledRankingMetrics", "estimate_values"]
 
 # the ``pop`` state's columns (popularity designs): one row per relevant item
 # (then pl_fit's class counts: POP_BINS columns each of the profile, beat_bins and miss_bins; then the positive's
@@ -129,23 +121,6 @@ def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
         for key, v in interval_values(k, e, interval=interval, stderr=stderr).items():
             out[key] = torch.tensor(v, dtype=torch.float64)
     return out
-
-
-def _metric_names(metrics: str | Iterable[str]) -> tuple[str, ...]:
-    names = check_names(metrics, "metrics")  # one name alone is one metric, not its letters
-    canonical = tuple(str(s) for s in check_metric_names(names))  # the names results are keyed and logged under
-    for i, c in enumerate(canonical):
-        if c in canonical[:i]:
-            raise ValueError(f"metrics: {names[canonical.index(c)]!r} and {names[i]!r} name the same metric ({c!r})")
-    return canonical
-
-
-def _check_finite_option(value: Any) -> bool | str:
-    """True, False (numpy bools too, as every bool option) or ``"positives"``."""
-    if isinstance(value, np.bool_):
-        value = bool(value)
-    choices: tuple[bool | str, ...] = (True, False, "positives")
-    return check_choice(value, choices, "check_finite")
 
 
 def _empty_estimate(n_instances: float, details: dict) -> Estimate:
@@ -224,13 +199,52 @@ def _field_hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 2
 
 
+_M = TypeVar("_M", bound="_MergeChecked")
+
+
 class _MergeChecked(Metric):
     """The one compatibility check of every stateful metric class before states are added together
     (``merge_state``, ``forward``'s batch state, DDP sync): a ValueError naming what differs instead of a sum of
     states that do not belong together (a silently wrong estimate, or a RuntimeError from tensor sizes).
 
     A class lists in :meth:`_merge_fields` the settings its states depend on (``{name: text}``) and in
-    :meth:`_check_incoming` checks a state's tensors against its own (shapes, catalogue size)."""
+    :meth:`_check_incoming` checks a state's tensors against its own (shapes, catalogue size).
+
+    Also what both classes share: their settings (:class:`RankingSettings`, checked once when built; a metric of
+    settings already built: :meth:`from_settings`) and torchmetrics' class attributes."""
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = True
+
+    settings: RankingSettings
+
+    @classmethod
+    def from_settings(cls: type[_M], settings: RankingSettings, **kwargs: Any) -> _M:
+        """The metric of ``settings`` (checked when they were built; e.g. one object shared with the Lightning
+        callback); ``kwargs``: the class's own keywords (``interval``, ``stderr``) and torchmetrics' ``Metric``
+        keywords."""
+        if not isinstance(settings, RankingSettings):
+            raise ValueError(f"settings: expected a RankingSettings, got {type(settings).__name__}")
+        metric = cls.__new__(cls)
+        metric._build(settings, **kwargs)
+        return metric
+
+    def _build(self, settings: RankingSettings, **kwargs: Any) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @property
+    def metric_names(self) -> tuple[str, ...]:
+        """The metrics' canonical names (``RankingSettings.metrics``)."""
+        return self.settings.metrics
+
+    @property
+    def ties(self) -> str:
+        return self.settings.ties
+
+    @property
+    def check_finite(self) -> bool | str:
+        return self.settings.check_finite
 
     def _merge_fields(self) -> dict[str, str]:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -309,16 +323,13 @@ class ExactRankingMetrics(_MergeChecked):
     item_factors, positives, exclude=None, keep=None, item_bias=None)`` for a factor model (scores in
     cache-sized tiles, never stored); ``compute()`` returns
     ``{"<metric>/exact": float64 tensor}``; :meth:`estimates` returns :class:`Estimate` objects with
-    standard errors.
+    standard errors. The options are those of :class:`RankingSettings` (``from_settings`` takes them as one
+    object); :attr:`settings` holds them.
     """
 
     # torchmetrics states (``add_state``)
     sums: torch.Tensor
     count: torch.Tensor
-
-    full_state_update = False
-    is_differentiable = False
-    higher_is_better = True
 
     def __init__(
         self,
@@ -329,12 +340,13 @@ class ExactRankingMetrics(_MergeChecked):
         check_finite: bool | str = True,
         **kwargs: Any,
     ) -> None:
+        self._build(RankingSettings(metrics, None, ties=ties, count_other_positives=count_other_positives,
+                                    check_finite=check_finite), **kwargs)
+
+    def _build(self, settings: RankingSettings, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.metric_names = _metric_names(metrics)
+        self.settings = settings
         self.specs = tuple(parse_metric(m) for m in self.metric_names)
-        self.ties = check_ties(ties)
-        self.count_other_positives = check_bool(count_other_positives, "count_other_positives")
-        self.check_finite = _check_finite_option(check_finite)
         # per metric: sum of M(r), sum of M(r)^2, number of relevant items it is defined for
         self.add_state("sums", torch.zeros(len(self.specs), 3, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
@@ -382,6 +394,10 @@ class ExactRankingMetrics(_MergeChecked):
         ranks, s_pos = factor_ranks_padded(u, v, bias, pos, exc, self._kernel_ties, self.count_other_positives)
         self._add_ranks(ranks, pos, exc, v.shape[0], keep)
         return s_pos
+
+    @property
+    def count_other_positives(self) -> bool:
+        return self.settings.count_other_positives
 
     @property
     def _kernel_ties(self) -> str:
@@ -515,10 +531,6 @@ class SampledRankingMetrics(_MergeChecked):
     n_items: torch.Tensor
     pop: torch.Tensor
 
-    full_state_update = False
-    is_differentiable = False
-    higher_is_better = True
-
     def __init__(
         self,
         metrics: str | Iterable[str] = ("ndcg@10", "recall@10"),
@@ -533,51 +545,24 @@ class SampledRankingMetrics(_MergeChecked):
         stderr: bool = False,
         **kwargs: Any,
     ) -> None:
+        self._build(RankingSettings(metrics, n_samples, estimators, exact=False, seed=seed, ties=ties,
+                                    max_n_groups=max_n_groups, check_finite=check_finite),
+                    interval=interval, stderr=stderr, **kwargs)
+
+    def _build(self, settings: RankingSettings, interval: bool = True, stderr: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.interval = check_bool(interval, "interval")
         self.stderr = check_bool(stderr, "stderr")
-        self.metric_names = _metric_names(metrics)
-        if n_samples is None:
-            raise ValueError("n_samples: expected a positive integer m or a SamplingDesign, got None")
-        # the one coercion (design.py): m in 1..MAX_SAMPLES (the state holds m + 1 counts per distinct n), the cap,
-        # the law
-        design = as_design(n_samples)
-        if design.exact_at_cap:  # the state (counts per stage and n) has no place for exact ranks: refused
-            raise ValueError("n_samples: exact_at_cap is not supported by SampledRankingMetrics: its state holds "
-                             "sampled-rank counts per stage, not exact ranks; draw with adaptive_sampled_ranks or "
-                             "sampled_ranks_from_scorer and estimate(metric, sampled) instead")
-        if design.law not in ("binomial", "hypergeometric", "popularity"):  # a new law: refused
-            raise ValueError(f"n_samples: the keyed draws of SampledRankingMetrics are uniform or by popularity; "
-                             f"{design!r} ({design.law} draws) is not supported")
-        if design.popularity is not None and not design.replacement:
-            raise ValueError("n_samples: keyed popularity draws are with replacement (the Hansen-Hurwitz statistics "
-                             "need independent draws); use SamplingDesign(m, popularity=w) with replacement")
+        if settings.design is None:
+            raise ValueError("n_samples: SampledRankingMetrics needs a sampling design; the settings have none "
+                             "(n_samples=None)")
+        self.settings = settings
+        design = settings.design
         # popularity: the weights on the host (moved to each batch's device), and a hash for the merge checks
         self._pop_weights = None if design.popularity is None else design.popularity.detach().cpu()
         self._pop_hash = None if self._pop_weights is None else \
             hashlib.sha256(self._pop_weights.numpy().tobytes()).hexdigest()[:16]
-        self.design: SamplingDesign = design
         self._adaptive = design.adaptive  # the stages of an adaptive design (None for a fixed m)
-        self.n_samples = design.n_samples
-        self.adaptive_max = design.adaptive_max
-        # names or method objects (options checked when each was built; a name is its method with the defaults)
-        self.estimators, self.methods, self.labels = estimator_methods(estimators)
-        self.replacement = design.replacement
-        self.sampling = design.law
-        bad = [lab for lab, e in zip(self.labels, self.methods) if not type(e).entry.supports(design)]
-        if bad and self._adaptive is not None:
-            raise ValueError(f"estimators: {bad} assume one fixed m per relevant item; with an adaptive design use "
-                             f"some of {registry.names(adaptive=True)}")
-        if bad:
-            raise ValueError(f"estimators: {bad} do not support {design.describe()}; use some of "
-                             f"{registry.names(design=design)}")
-        self.seed = check_seed(seed, "seed")
-        self.ties = check_ties(ties)
-        if self.ties == "average":
-            raise ValueError("ties: 'average' gives fractional sampled ranks; sampled metrics take 'pessimistic' or "
-                             "'optimistic' (exact metrics alone accept 'average': n_samples=None in the callback)")
-        self.max_n_groups = None if max_n_groups is None else check_count(max_n_groups, "max_n_groups", 1)
-        self.check_finite = _check_finite_option(check_finite)
         # rows e = 0.. of m + 1 counts for n = n_items - e; rows are added as larger e appear
         width = self.n_samples + 1 if self._adaptive is None else adaptive_columns(self._adaptive)[1]
         self.add_state("hist", torch.zeros(0, width, dtype=torch.float64), dist_reduce_fx="sum")
@@ -589,6 +574,54 @@ class SampledRankingMetrics(_MergeChecked):
         self._n_items_host: int | None = 0  # the catalogue size this process's batches had (None: read the state)
         self._offsets: dict = {}
         self._scoring: ScoringCost | None = None  # what update_from_scorer cost (host-side, per process)
+
+    # ----------------------------------------------------------------------------- settings
+    @property
+    def design(self) -> SamplingDesign:
+        """The sampling design (an int m given is ``SamplingDesign(m)``)."""
+        design = self.settings.design
+        assert design is not None  # checked when built
+        return design
+
+    @property
+    def n_samples(self) -> int:
+        """m, the first (or only) stage's draws per relevant item."""
+        return self.design.n_samples
+
+    @property
+    def adaptive_max(self) -> int | None:
+        return self.design.adaptive_max
+
+    @property
+    def replacement(self) -> bool:
+        return self.design.replacement
+
+    @property
+    def sampling(self) -> str:
+        """The design's law (``binomial``, ``hypergeometric``, ``popularity``)."""
+        return self.design.law
+
+    @property
+    def estimators(self) -> tuple:
+        """The estimators as given (names or method objects)."""
+        return self.settings.estimators
+
+    @property
+    def methods(self) -> tuple[registry.Method, ...]:
+        return self.settings.methods
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """The labels the estimates are reported under (``_shared.estimator_label``)."""
+        return self.settings.labels
+
+    @property
+    def seed(self) -> int:
+        return self.settings.seed
+
+    @property
+    def max_n_groups(self) -> int | None:
+        return self.settings.max_n_groups
 
     # ------------------------------------------------------------------------------- update
     def update(self, scores: torch.Tensor, positives: TensorLike, exclude: TensorLike | None = None,
@@ -613,29 +646,43 @@ class SampledRankingMetrics(_MergeChecked):
         self._check_n_items(n_items)
         checks = DeviceChecks()  # every check of the batch, read back once
         _check_scores(scores, pos, self.check_finite, checks)
-        ids = self._ids(ids, b, scores.device)
-        if self._pop_weights is not None:
-            if self._pop_weights.shape[0] != n_items:
-                raise ValueError(f"n_samples: the design's popularity weights count {self._pop_weights.shape[0]} "
-                                 f"items, the scores {n_items}")
-            ranks, n_cand, stats = keyed_popularity_ranks(scores, pos, exc, self.n_samples, ids, self.seed,
-                                                          self._pop_weights, self.ties, checks)
-            checks.read()
-            self._add_ranks(ranks, n_cand, pos, exc, n_items, keep)  # refuses the batch whole before any change
-            self._add_popularity(ranks, n_cand, stats, pos, keep)  # then the statistics (nothing half-written)
-            return
-        ranks, n_cand = keyed_sampled_ranks(
-            scores, pos, exc, self.n_samples, ids, self.seed, self.replacement, self.ties, checks
-        )
-        checks.read()  # the batch's one validation read (without replacement, read with the small-pool sizes)
-        sizes = None
-        if self._adaptive is not None:
-            def draw(rows: torch.Tensor, m_new: int, seed: int, need: torch.Tensor) -> Any:  # the pools were checked at stage 0: nothing to check (or read) here
-                return keyed_ranks_only(scores[rows], pos[rows], None if exc is None else exc[rows], m_new,
-                                        ids[rows], seed, True, self.ties, DeviceChecks())
+        keys = RowKeys.of(self.seed, self._ids(ids, b, scores.device), scores.device)
+        if self._pop_weights is not None and self._pop_weights.shape[0] != n_items:
+            raise ValueError(f"n_samples: the design's popularity weights count {self._pop_weights.shape[0]} "
+                             f"items, the scores {n_items}")
+        self._add_batch(MatrixScores(scores), pos, exc, n_items, keys, keep, checks)
 
-            ranks, sizes = keyed_adaptive_ranks(draw, ranks, self._adaptive, self.seed)
+    def _add_batch(self, source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, keys: RowKeys,
+                   keep: torch.Tensor | None, checks: DeviceChecks | None, slots: torch.Tensor | None = None) -> None:
+        """Rank a batch against its keyed negatives, scored by ``source`` (:meth:`_rank_batch`), and add it to the
+        state (:meth:`_add_ranked`)."""
+        self._add_ranked(self._rank_batch(source, pos, exc, n_items, keys, checks, slots), pos, exc, n_items, keep)
+
+    def _rank_batch(self, source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
+                    keys: RowKeys, checks: DeviceChecks | None,
+                    slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+        """(ranks, final sizes or None, popularity statistics or None) of a batch: the design's first stage
+        (:func:`~reco_sampled_plugin._keyed.keyed_ranks`), then an adaptive design's later stages
+        (:func:`~reco_sampled_plugin._keyed.keyed_adaptive_ranks`). ``checks``: the batch's pending validation flags,
+        read once after the first stage's draw (without replacement: with the small-pool sizes); None: each draw
+        reads its own. ``slots``: the slots to rank (default every positive)."""
+        first = keyed_ranks(source, pos, exc, n_items, self.design, keys, self.ties, slots=slots, checks=checks)
+        if checks is not None:
+            checks.read()  # the batch's one validation read
+        if self._adaptive is None:
+            return first.ranks, None, first.stats
+        ranks, sizes = keyed_adaptive_ranks(source, pos, exc, n_items, first, self._adaptive, keys, self.ties)
+        return ranks, sizes, None
+
+    def _add_ranked(self, ranked: tuple[torch.Tensor, torch.Tensor | None, Any], pos: torch.Tensor,
+                    exc: torch.Tensor | None, n_items: int, keep: torch.Tensor | None) -> None:
+        """Add :meth:`_rank_batch`'s ranks to the histogram (which refuses the batch whole before any change), then
+        the popularity statistics (nothing half-written)."""
+        ranks, sizes, stats = ranked
+        n_cand = padded_candidate_counts(n_items, pos, exc, count_other_positives=False)
         self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
+        if stats is not None:
+            self._add_popularity(ranks, n_cand, stats, pos, keep)
 
     def update_factors(self, user_factors: TensorLike, item_factors: TensorLike, positives: TensorLike,
                        exclude: TensorLike | None = None, ids: TensorLike | None = None, keep: torch.Tensor | None = None,
@@ -698,20 +745,8 @@ class SampledRankingMetrics(_MergeChecked):
         checks = DeviceChecks()
         if check_finite:
             _check_factors_finite(u, v, bias, checks)
-        ids = self._ids(ids, b, u.device)
-        ranks, n_cand = keyed_sampled_ranks_from_factors(
-            u, v, bias, pos, exc, self.n_samples, ids, self.seed, self.replacement, self.ties, pos_scores, checks
-        )
-        checks.read()
-        sizes = None
-        if self._adaptive is not None:
-            def draw(rows: torch.Tensor, m_new: int, seed: int, need: torch.Tensor) -> Any:
-                return keyed_factor_ranks_only(
-                    u[rows], v, bias, pos[rows], None if exc is None else exc[rows], m_new, ids[rows], seed, True,
-                    self.ties, None if pos_scores is None else pos_scores[rows], DeviceChecks())
-
-            ranks, sizes = keyed_adaptive_ranks(draw, ranks, self._adaptive, self.seed)
-        self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
+        keys = RowKeys.of(self.seed, self._ids(ids, b, u.device), u.device)
+        self._add_batch(FactorScores(u, v, bias, pos_scores), pos, exc, n_items, keys, keep, checks)
 
     def update_from_scorer(self, scorer: Scorer, positives: TensorLike, n_items: int, exclude: TensorLike | None = None,
                            ids: TensorLike | None = None, users: TensorLike | None = None,
@@ -748,27 +783,20 @@ class SampledRankingMetrics(_MergeChecked):
         saved = (self._rows_seen, self._n_items_host)
         try:  # nothing reaches the state (or the row counter) unless every call succeeds
             self._check_n_items(n)
-            ids = self._ids(ids, b, device)
-            who = ids.to(torch.int64) if users is None else check_users(users, b, device)
+            keys = RowKeys.of(self.seed, self._ids(ids, b, device), device)
+            who = keys.ids if users is None else check_users(users, b, device)
             calls = ScorerCalls(scorer, max_pairs, self.check_finite is not False, device)
             score = None if k is None else k.unsqueeze(1).expand_as(pos)
-            ranks, pos_scores = keyed_scorer_ranks(calls, who, pos, exc, n, self.n_samples, ids, self.seed,
-                                                   self.replacement, self.ties, score)
-            sizes = None
-            if self._adaptive is not None:
-                def draw(rows: torch.Tensor, m_new: int, seed: int, need: torch.Tensor) -> Any:  # only the positives still first: their new items alone
-                    return keyed_scorer_ranks(calls, who[rows], pos[rows], None if exc is None else exc[rows], n,
-                                              m_new, ids[rows], seed, True, self.ties, need, pos_scores[rows])[0]
-
-                ranks, sizes = keyed_adaptive_ranks(draw, ranks, self._adaptive, self.seed)
-            n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)
+            # each draw reads its own pool check, before any call; adaptive stages score only the positives still
+            # first, their new items alone
+            ranked = self._rank_batch(ScorerScores(calls, who), pos, exc, n, keys, None, score)
             _updated(self)
-            self._add_ranks(ranks, n_cand, pos, exc, n, keep, sizes)
+            self._add_ranked(ranked, pos, exc, n, keep)
         except BaseException:
             self._rows_seen, self._n_items_host = saved
             raise
         rows = (pos >= 0).any(1) if k is None else (pos >= 0).any(1) & k
-        stages = 1 if sizes is None or self._adaptive is None else len(self._adaptive.stages)
+        stages = 1 if self._adaptive is None else len(self._adaptive.stages)
         spent = time.perf_counter() - t0
         cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(spent - calls.seconds, 0.0),
                            full_ranking_pairs(n, exc, rows), stages)
