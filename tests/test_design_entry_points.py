@@ -141,14 +141,14 @@ def test_torchmetrics_design():
     b, rb = _torchmetrics_run(n_samples=SamplingDesign(20), estimators=("none", "bv"))
     assert torch.equal(a.hist, b.hist) and ra.keys() == rb.keys()
     assert all(torch.equal(ra[k], rb[k]) for k in ra)
-    assert a.design == b.design == SamplingDesign(20)
-    assert (a.n_samples, a.replacement, a.sampling) == (b.n_samples, b.replacement, b.sampling)
+    assert a.settings.design == b.settings.design == SamplingDesign(20)
     w, _ = _torchmetrics_run(n_samples=SamplingDesign(20, replacement=False), estimators=("none", "bv"))
-    assert (w.n_samples, w.replacement, w.sampling) == (20, False, "hypergeometric")
-    # (b) an adaptive design; self.design is the SamplingDesign
+    d = w.settings.design
+    assert (d.n_samples, d.replacement, d.law) == (20, False, "hypergeometric")
+    # (b) an adaptive design; settings.design is the SamplingDesign
     a, ra = _torchmetrics_run(n_samples=SamplingDesign(4, adaptive_max=32),
                               estimators=("none", registry.Mes(n_bootstrap=0)))
-    assert a.design == SamplingDesign(4, adaptive_max=32) and a.adaptive_max == 32
+    assert a.settings.design == SamplingDesign(4, adaptive_max=32) and a.settings.design.adaptive_max == 32
     assert a.hist.shape[1] > 5  # the adaptive state (every stage's columns)
     # (c) an estimator that does not support the design, named
     with pytest.raises(ValueError, match=r"^estimators: \['bv'\] assume one fixed m"):
@@ -165,7 +165,7 @@ def test_torchmetrics_registered_estimator_is_accepted(bv_copy):
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
 
     metric = SampledRankingMetrics("hit@10", 20, ("bv_copy",))  # (its options: checked by estimators.py, see below)
-    assert metric.estimators == ("bv_copy",)
+    assert metric.settings.estimators == ("bv_copy",)
     with pytest.raises(ValueError, match=r"^estimators: \['bv_copy'\] assume one fixed m"):
         SampledRankingMetrics("hit@10", SamplingDesign(4, adaptive_max=32), ("bv_copy",))
 
@@ -175,7 +175,7 @@ def test_torchmetrics_checks_a_registered_estimators_options(bv_copy):
 
     method = registry.method_class("bv_copy")(gamma=0.2)  # its options: the registered entry's, checked when built
     metric = SampledRankingMetrics("hit@10", 20, (method,))
-    assert metric.methods == (method,) and metric.labels == ("bv_copy_gamma-0.2",)
+    assert metric.settings.methods == (method,) and metric.settings.labels == ("bv_copy_gamma-0.2",)
     with pytest.raises(ValueError, match="^gamma: "):
         SampledRankingMetrics("hit@10", 20, (registry.method_class("bv_copy")(gamma=math.nan),))
 
@@ -224,8 +224,8 @@ def test_lightning_callback_design(tmp_path):
         RankingMetricsCallback(RankingSettings(("ndcg@10",), n_samples=SamplingDesign(5, adaptive_max=40), **adaptive),
                                prefix="ad_"),
     ]
-    assert callbacks[1].design == SamplingDesign(20) and callbacks[1].n_samples == 20
-    assert callbacks[2].design == SamplingDesign(5, adaptive_max=40)  # (b)
+    assert callbacks[1].settings.design == SamplingDesign(20) and callbacks[1].settings.n_samples == SamplingDesign(20)
+    assert callbacks[2].settings.design == SamplingDesign(5, adaptive_max=40)  # (b)
     r_int, r_design, r_ad = _validate(callbacks, tmp_path)
     _same_results(r_int, r_design, "int_", "design_")  # (a)
     assert any(k.endswith("/bv") for k in r_design) and any(k.endswith("/mes_n_bootstrap-0") for k in r_ad)

@@ -301,7 +301,7 @@ def test_callback_refuses_average_ties_with_sampled_metrics_when_built():
     validation batch); exact metrics alone take them."""
     with pytest.raises(ValueError, match="ties: 'average'"):
         RankingSettings(("ndcg@10",), ties="average", n_samples=20)
-    assert RankingMetricsCallback(RankingSettings(("ndcg@10",), ties="average", n_samples=None)).n_samples is None
+    assert RankingMetricsCallback(RankingSettings(("ndcg@10",), ties="average", n_samples=None)).settings.design is None
 
 
 def test_padding_is_dropped_only_while_rows_are_samples():

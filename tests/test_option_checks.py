@@ -247,7 +247,7 @@ def test_torchmetrics_default_refuses_a_nan_irrelevant_score():
     from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
 
     s, bad, pos = _scores_with_nan_irrelevant()
-    assert ExactRankingMetrics().check_finite is True and SampledRankingMetrics().check_finite is True
+    assert ExactRankingMetrics().settings.check_finite is True and SampledRankingMetrics().settings.check_finite is True
     with pytest.raises(ValueError, match="scores: NaN or inf in 1 of 4 rows"):
         ExactRankingMetrics(("auc",)).update(bad, pos)
     with pytest.raises(ValueError, match="scores: NaN or inf"):
@@ -332,7 +332,7 @@ def test_lightning_callback_options():
     from reco_sampled_plugin.adapters.lightning import RankingSettings, callback_class
 
     cb_cls = callback_class()
-    assert cb_cls().check_finite is True
+    assert cb_cls().settings.check_finite is True
     assert cb_cls(stages="validate").stages == ("validate",)  # one stage by name, not its letters
     for kw, name in ((dict(plot_every_n_epochs=1.5), "plot_every_n_epochs"), (dict(log_stderr="no"), "log_stderr"),
                      (dict(log_interval="x"), "log_interval"), (dict(dedup_padding=None), "dedup_padding"),

@@ -112,7 +112,7 @@ LABELS = dict(zip(ESTIMATORS, ("sampled", "rank_estimate", "cls", "bv_gamma-0.2"
 def test_sampled_metric_equals_functional_core(device):
     scores, pos, exc = _on(device, *_data())
     m = SampledRankingMetrics(METRICS, n_samples=30, estimators=METHODS, max_n_groups=None)
-    assert m.estimators == METHODS and m.labels == tuple(LABELS.values())
+    assert m.settings.estimators == METHODS and m.settings.labels == tuple(LABELS.values())
     _loop(m, _batches(scores, pos, exc, 16))
     p, e = padded_inputs(scores, pos, exc)
     ranks, n_cand = keyed_sampled_ranks(scores, p, e, 30, torch.arange(scores.shape[0]))
@@ -270,7 +270,7 @@ def test_validation_errors(device):
         SampledRankingMetrics("hit@10", estimators=(registry.Mes(gamma=0.2),))
     # one method object alone is one estimator; its options make its label (an MLflow-safe name)
     one = SampledRankingMetrics("hit@10", estimators=registry.Bv(gamma=0.25, prior=("beta", 2.0)))
-    assert one.labels == ("bv_gamma-0.25_prior-beta-2.0",)
+    assert one.settings.labels == ("bv_gamma-0.25_prior-beta-2.0",)
     with pytest.raises(ValueError, match="ties"):
         ExactRankingMetrics("hit@10", ties="random")
     scores, pos, exc = _on(device, *_data())
@@ -462,7 +462,7 @@ def test_rows_without_positives_need_no_sample_pool(device):
 
 def test_metric_names_are_canonical_and_distinct():
     m = ExactRankingMetrics(("mrr", "hr@10"))
-    assert m.metric_names == ("rr", "hit@10")
+    assert m.settings.metric_names == ("rr", "hit@10")
     with pytest.raises(ValueError, match="'mrr' and 'rr' name the same metric"):
         SampledRankingMetrics(("mrr", "rr"))
 
@@ -533,7 +533,7 @@ def test_compute_leads_with_the_interval_and_explains_an_unresolved_top(caplog):
 
     scores, pos, exc = _data()
     m = SampledRankingMetrics(("ndcg@10", "auc"), n_samples=10, max_n_groups=None)
-    assert m.estimators == ("none", registry.DEFAULT_ESTIMATOR)
+    assert m.settings.estimators == ("none", registry.DEFAULT_ESTIMATOR)
     _loop(m, _batches(scores, pos, exc, 16))
     _shared._EXPLAINED.clear()
     with caplog.at_level(logging.WARNING):

@@ -27,7 +27,8 @@ import torch
 
 from reco_sampled_plugin import RankHistogram, registry
 from reco_sampled_plugin._checks import check_dense
-from reco_sampled_plugin._options import check_bool, check_choice, check_count, check_metric_names, check_names, check_seed
+from reco_sampled_plugin._options import (check_bool, check_choice, check_count, check_metric_names, check_names,
+                                          check_seed)
 from reco_sampled_plugin.design import SamplingDesign, as_design
 from reco_sampled_plugin.rank_distribution import pool_groups
 from reco_sampled_plugin.ranking import DETERMINISTIC_TIES, prepare_index
@@ -62,12 +63,14 @@ class RankingSettings:
 
     Args:
         metrics: metric names (``"ndcg@10"``, ``"recall@10"``, ``"hit@10"``, ``"mrr"``, ``"auc"``...); one string
-            alone is one metric. Kept in canonical form (the names results are keyed and logged under).
+            alone is one metric. Kept as given (a tuple); :attr:`metric_names` holds their canonical forms, the
+            names results are keyed and logged under.
         n_samples: m sampled irrelevant items per relevant item (RecBole's ``uni100``: m = 100), or a
             :class:`~reco_sampled_plugin.design.SamplingDesign`: uniform draws (with or without replacement,
             adaptive: ``SamplingDesign(m, adaptive_max=cap)``) or popularity draws with replacement
-            (``SamplingDesign(m, popularity=w)``); None: no sampled metrics. Kept as the SamplingDesign (an int m is
-            ``SamplingDesign(m)``). ``exact_at_cap`` is refused: the sampled state holds sampled-rank counts.
+            (``SamplingDesign(m, popularity=w)``); None: no sampled metrics. Kept as given; :attr:`design` is the
+            SamplingDesign (an int m is ``SamplingDesign(m)``). ``exact_at_cap`` is refused: the sampled state holds
+            sampled-rank counts.
         estimators: the estimators run on the sampled ranks, each a registered name (``registry.names()``) or a
             method object with its options (``registry.Bv(gamma=0.2)``, ``Mes(n_bootstrap=8)``: checked when
             built), whose entry supports the design; ``"none"`` is the plain sampled metric. Each is reported under
@@ -89,9 +92,9 @@ class RankingSettings:
             :mod:`reco_sampled_plugin.adapters.torchmetrics`). Factor inputs are checked unless False.
     """
 
-    metrics: Any = ("ndcg@10", "recall@10")
-    n_samples: Any = 100
-    estimators: Any = ("none", registry.DEFAULT_ESTIMATOR)
+    metrics: str | Iterable[str] = ("ndcg@10", "recall@10")
+    n_samples: int | SamplingDesign | None = 100
+    estimators: str | registry.Method | Sequence[str | registry.Method] = ("none", registry.DEFAULT_ESTIMATOR)
     _: KW_ONLY
     exact: bool = True
     seed: int = 0
@@ -99,17 +102,21 @@ class RankingSettings:
     count_other_positives: bool = False
     max_n_groups: int | None = 64
     check_finite: bool | str = True
+    metric_names: tuple[str, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    design: SamplingDesign | None = dataclasses.field(init=False, repr=False, compare=False)
     methods: tuple = dataclasses.field(init=False, repr=False, compare=False)
     labels: tuple = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         put = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731 - frozen: set once, here
-        put("metrics", _metric_names(self.metrics))
+        names = check_names(self.metrics, "metrics")  # one name alone is one metric, not its letters
+        put("metrics", names)
+        put("metric_names", _metric_names(names))
         put("exact", check_bool(self.exact, "exact"))
         design = _sampled_design(self.n_samples)
         if not self.exact and design is None:
             raise ValueError("exact=False and n_samples=None: nothing to compute")
-        put("n_samples", design)
+        put("design", design)
         methods: tuple = ()
         labels: tuple = ()
         if design is not None:
@@ -127,14 +134,8 @@ class RankingSettings:
         put("max_n_groups", None if self.max_n_groups is None else check_count(self.max_n_groups, "max_n_groups", 1))
         put("check_finite", _check_finite_option(self.check_finite))
 
-    @property
-    def design(self) -> SamplingDesign | None:
-        """The sampling design (:attr:`n_samples`), None without sampled metrics."""
-        return self.n_samples
 
-
-def _metric_names(metrics: str | Iterable[str]) -> tuple[str, ...]:
-    names = check_names(metrics, "metrics")  # one name alone is one metric, not its letters
+def _metric_names(names: tuple[str, ...]) -> tuple[str, ...]:
     canonical = tuple(str(s) for s in check_metric_names(names))  # the names results are keyed and logged under
     for i, c in enumerate(canonical):
         if c in canonical[:i]:
@@ -218,8 +219,8 @@ class FactorBatch(NamedTuple):
 
 
 class ScorerBatch(NamedTuple):
-    """One batch evaluated through a scorer (issue 27): no scores at all, the scorer scores the positives and the
-    keyed negatives drawn for them (:func:`keyed_scorer_ranks`), never a full row.
+    """One batch evaluated through a scorer: no scores at all, the scorer scores the positives and the
+    keyed negatives drawn for them (``_keyed.keyed_ranks`` with ``ScorerScores``), never a full row.
 
     positives: as in :class:`RankingBatch`. n_items: the catalogue size n (items 0..n - 1).
     exclude, ids: as in :class:`RankingBatch`. users: optional (B,) int64 user ids handed to the scorer

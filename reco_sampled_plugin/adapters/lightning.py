@@ -15,7 +15,7 @@ the callback gets ``score_fn(pl_module, batch)`` returning the same. A factor mo
 while hot, never stored, so the metrics cost about what the scores alone would. With ``scorer=`` (a
 LightningModule method's name or a callable), the step hands over ``positives``, ``n_items`` and optional
 ``exclude``, ``ids``, ``users`` and nothing to score (a :class:`ScorerBatch`): the callback draws the keyed
-negatives and has the scorer score the positives and the drawn items only (issue 27), never a full row.
+negatives and has the scorer score the positives and the drawn items only, never a full row.
 
 Both namespaces are supported: ``lightning.pytorch`` and ``pytorch_lightning`` each need their own
 ``Callback`` base, so the class is built per namespace. ``RankingMetricsCallback`` is the one for
@@ -38,7 +38,6 @@ from torch.utils.data import DistributedSampler
 
 from reco_sampled_plugin._checks import check_int
 from reco_sampled_plugin._options import check_bool, check_count, check_names
-from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin._estimate import Estimate, interval_values
 
 from reco_sampled_plugin.factor_ranks import check_factors
@@ -134,7 +133,7 @@ def _score_fn(score_fn: Any) -> Callable[[Any, Any], Any] | None:
 
 def _scorer(scorer: Any, settings: RankingSettings) -> Any:
     """``scorer``: a LightningModule method's name or a callable, with sampled metrics only (a ValueError naming
-    ``scorer`` otherwise)."""
+    ``scorer`` otherwise; settings without exact metrics have a design: ``RankingSettings`` checks it)."""
     if scorer is None:
         return None
     if not (callable(scorer) or (isinstance(scorer, str) and scorer.isidentifier())):
@@ -144,8 +143,6 @@ def _scorer(scorer: Any, settings: RankingSettings) -> Any:
         raise ValueError("scorer: exact metrics need every item's score, which a scorer-driven evaluation "
                          "never computes; pass RankingSettings(..., exact=False) (sampled and corrected metrics "
                          "only)")
-    if settings.design is None:
-        raise ValueError("scorer: a scorer scores the sampled items; n_samples=None leaves nothing to score")
     return scorer
 
 
@@ -154,12 +151,12 @@ def _headline(headline: Any, settings: RankingSettings, labels: tuple[str, ...])
     first corrected estimator."""
     if headline is None:
         pick = "exact" if settings.exact else next((lab for lab in labels if lab != "sampled"), labels[0])
-        return settings.metrics[0], pick
+        return settings.metric_names[0], pick
     if isinstance(headline, str) or not isinstance(headline, (tuple, list)) or len(headline) != 2:
         raise ValueError(f"headline: expected a (metric, label) pair such as ('ndcg@10', 'exact'), got {headline!r}")
     metric = str(_parse(headline[0]))
-    if metric not in settings.metrics or headline[1] not in labels:
-        raise ValueError(f"headline: {headline!r} is not among metrics {settings.metrics} x {labels}")
+    if metric not in settings.metric_names or headline[1] not in labels:
+        raise ValueError(f"headline: {headline!r} is not among metrics {settings.metric_names} x {labels}")
     return metric, headline[1]
 
 
@@ -212,28 +209,6 @@ class _RankingMetricsLogic:
         self.history: dict[str, list[dict[str, float]]] = {}
         self.plots: list[str] = []
 
-    # -------------------------------------------------------------------------- settings
-    @property
-    def exact(self) -> bool:
-        return self.settings.exact
-
-    @property
-    def design(self) -> SamplingDesign | None:
-        return self.settings.design
-
-    @property
-    def n_samples(self) -> int | None:
-        """m of the sampling design (None: no sampled metrics)."""
-        return None if self.design is None else self.design.n_samples
-
-    @property
-    def check_finite(self) -> bool | str:
-        return self.settings.check_finite
-
-    @property
-    def metric_names(self) -> tuple[str, ...]:
-        return self.settings.metrics
-
     # ----------------------------------------------------------------------------- names
     def key(self, metric: str, label: str, stage: str = "validate", dataloader_idx: int = 0) -> str:
         """The logged name of one value, e.g. ``val/ndcg_at_10/bv``."""
@@ -257,10 +232,10 @@ class _RankingMetricsLogic:
         st = self._states.get((stage, dataloader_idx))
         if st is None:
             device = pl_module.device
-            exact = ExactRankingMetrics.from_settings(self.settings).to(device) if self.exact else None
+            exact = ExactRankingMetrics.from_settings(self.settings).to(device) if self.settings.exact else None
             # without exact metrics the sampled update checks the scores itself, in its one validation read
             sampled = (SampledRankingMetrics.from_settings(self._sampled_settings).to(device)
-                       if self.design is not None else None)
+                       if self.settings.design is not None else None)
             loaders = trainer.val_dataloaders if stage == "validate" else trainer.test_dataloaders
             if isinstance(loaders, Mapping):
                 loaders = list(loaders.values())
@@ -313,7 +288,7 @@ class _RankingMetricsLogic:
             s_pos = st.exact.update_factors_padded(u, v, bias, pos, exc, keep)
         if st.sampled is not None:  # alone, it checks them in its one validation read
             st.sampled.update_factors_padded(u, v, bias, pos, exc, ids, keep, s_pos,
-                                             check_finite=st.exact is None and bool(self.check_finite))
+                                             check_finite=st.exact is None and bool(self.settings.check_finite))
 
     def _scorer_batch(self, st: _LoaderState, pl_module: Any, sb: ScorerBatch, where: str) -> None:
         """Sampled ranks through the scorer (``SampledRankingMetrics.update_from_scorer``): the keyed negatives
@@ -416,8 +391,9 @@ class _RankingMetricsLogic:
 
         hist = self.history[stage]
         epochs = [row["epoch"] for row in hist]
-        fig, axes = plt.subplots(1, len(self.metric_names), figsize=(4.2 * len(self.metric_names), 3.4), squeeze=False)
-        for ax, metric in zip(axes[0], self.metric_names):
+        names = self.settings.metric_names
+        fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
+        for ax, metric in zip(axes[0], names):
             for label in self.labels:
                 k = self.key(metric, label, stage)
                 ys = [row.get(k, math.nan) for row in hist]
@@ -560,7 +536,7 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
         progress: a tqdm bar over the epoch-end estimators (rank zero, when the trainer shows progress).
         plot_every_n_epochs: every k epochs, plot exact vs sampled vs corrected values over epochs
             to the loggers (TensorBoard figure, MLflow artifact, W&B image, else a PNG in the log dir).
-        scorer: evaluate through a scorer, never a full score row (issue 27; docs/scorer.md): the name of a
+        scorer: evaluate through a scorer, never a full score row (docs/scorer.md): the name of a
             LightningModule method ``pl_module.<name>(users, items) -> scores`` or a callable
             ``scorer(pl_module, users, items) -> scores`` (users (B',) int64, items (B', L) int64 on the module's
             device; (B', L) scores back there; pointwise). The step (or ``score_fn``) then returns ``positives``,

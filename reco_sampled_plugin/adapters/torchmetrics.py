@@ -14,12 +14,12 @@ memory does not grow with the number of users:
   estimator): any registered estimator, by name or as a method object with its options (``Bv(gamma=0.2)``).
 
 A model that is expensive to score: :meth:`SampledRankingMetrics.update_from_scorer` takes a pointwise scorer instead
-of the score matrix and scores only the positives and their keyed negatives (issue 27); the state is the one
+of the score matrix and scores only the positives and their keyed negatives; the state is the one
 ``update`` gives on the materialised matrix, and :meth:`~SampledRankingMetrics.scoring_cost` records the calls' cost.
 
 Results are per relevant item (the single-relevant-item form M(r) of the papers): with one held-out
 item per user, per user. Negatives are keyed by (seed, instance id, positive item), see
-``reco_sampled_plugin/adapters/_shared.py``; pass ``ids`` (user indices) to make results independent of batching and of
+``reco_sampled_plugin/_keyed.py``; pass ``ids`` (user indices) to make results independent of batching and of
 the number of processes. Rows with ``keep`` False (e.g. DistributedSampler padding) are not counted.
 
 States are added together (``merge_state``, ``forward``, DDP sync) only when they belong together: the same
@@ -44,7 +44,7 @@ scores. (The sampled check is now one ``aminmax`` pass, finite iff both ends are
 
 On an accelerator an update waits for the device a fixed number of times whatever B and n: every check of a
 sampled batch (finite scores or factors, pools large enough to draw from) is kept on the device and read back in
-one synchronisation (``_shared.DeviceChecks``), plus one per adaptive stage (which rows go on) and, without
+one synchronisation (``_keyed.DeviceChecks``), plus one per adaptive stage (which rows go on) and, without
 replacement, one duplicate check; exact metrics add none of their own (masked sums). Nothing per batch reads a
 state back: histogram rows are grown from the batch's shapes (e <= E + P - 1) and filled by an accumulating
 scatter, and the catalogue size is checked against the host's record. ``tests/test_gpu_readiness_adapters.py``
@@ -233,19 +233,6 @@ class _MergeChecked(Metric):
     def _build(self, settings: RankingSettings, **kwargs: Any) -> None:  # pragma: no cover - overridden
         raise NotImplementedError
 
-    @property
-    def metric_names(self) -> tuple[str, ...]:
-        """The metrics' canonical names (``RankingSettings.metrics``)."""
-        return self.settings.metrics
-
-    @property
-    def ties(self) -> str:
-        return self.settings.ties
-
-    @property
-    def check_finite(self) -> bool | str:
-        return self.settings.check_finite
-
     def _merge_fields(self) -> dict[str, str]:  # pragma: no cover - overridden
         raise NotImplementedError
 
@@ -346,7 +333,7 @@ class ExactRankingMetrics(_MergeChecked):
     def _build(self, settings: RankingSettings, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.settings = settings
-        self.specs = tuple(parse_metric(m) for m in self.metric_names)
+        self.specs = tuple(parse_metric(m) for m in self.settings.metric_names)
         # per metric: sum of M(r), sum of M(r)^2, number of relevant items it is defined for
         self.add_state("sums", torch.zeros(len(self.specs), 3, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
@@ -370,11 +357,11 @@ class ExactRankingMetrics(_MergeChecked):
         if not scores.is_floating_point() or scores.dim() != 2:
             raise ValueError(f"scores: expected a floating (B, n) matrix, got {tuple(scores.shape)} {scores.dtype}")
         ties = self._kernel_ties
-        if self.check_finite is True:  # in the counting pass, which reads every score anyway (free)
-            ranks = exact_ranks_padded(scores, pos, exc, ties, self.count_other_positives, check_finite=True)
+        if self.settings.check_finite is True:  # in the counting pass, which reads every score anyway (free)
+            ranks = exact_ranks_padded(scores, pos, exc, ties, self.settings.count_other_positives, check_finite=True)
         else:
-            _check_scores(scores, pos, self.check_finite)  # "positives": one read; False: nothing
-            ranks = exact_ranks_padded(scores, pos, exc, ties, self.count_other_positives)
+            _check_scores(scores, pos, self.settings.check_finite)  # "positives": one read; False: nothing
+            ranks = exact_ranks_padded(scores, pos, exc, ties, self.settings.count_other_positives)
         self._add_ranks(ranks, pos, exc, scores.shape[1], keep)
 
     def update_factors(self, user_factors: TensorLike, item_factors: TensorLike, positives: TensorLike,
@@ -391,18 +378,14 @@ class ExactRankingMetrics(_MergeChecked):
                               exc: torch.Tensor | None, keep: torch.Tensor | None = None) -> torch.Tensor | None:
         """:meth:`update_factors` on validated inputs; returns the positives' scores (for sampled ranks)."""
         _updated(self)
-        ranks, s_pos = factor_ranks_padded(u, v, bias, pos, exc, self._kernel_ties, self.count_other_positives)
+        ranks, s_pos = factor_ranks_padded(u, v, bias, pos, exc, self._kernel_ties, self.settings.count_other_positives)
         self._add_ranks(ranks, pos, exc, v.shape[0], keep)
         return s_pos
 
     @property
-    def count_other_positives(self) -> bool:
-        return self.settings.count_other_positives
-
-    @property
     def _kernel_ties(self) -> str:
         """``average``: the ranking kernels return each positive's tie group [lo, hi] (metrics = expectations)."""
-        return TIE_BOUNDS if self.ties == "average" else self.ties
+        return TIE_BOUNDS if self.settings.ties == "average" else self.settings.ties
 
     def _add_ranks(self, ranks: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
                    keep: torch.Tensor | None) -> None:
@@ -412,7 +395,7 @@ class ExactRankingMetrics(_MergeChecked):
         bounds = ranks if ranks.dim() == 3 else None
         if bounds is not None:
             ranks = bounds[..., 0]
-        n = padded_candidate_counts(n_items, pos, exc, self.count_other_positives)
+        n = padded_candidate_counts(n_items, pos, exc, self.settings.count_other_positives)
         valid = pos >= 0
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
@@ -436,13 +419,13 @@ class ExactRankingMetrics(_MergeChecked):
         self.count += _to(w.sum(), self.count.device)
 
     def _merge_fields(self) -> dict[str, str]:
-        return {"metrics": repr(self.metric_names), "ties": repr(self.ties),
-                "count_other_positives": repr(self.count_other_positives)}
+        return {"metrics": repr(self.settings.metric_names), "ties": repr(self.settings.ties),
+                "count_other_positives": repr(self.settings.count_other_positives)}
 
     def _check_incoming(self, state: Mapping[str, Any]) -> None:
         if state["sums"].shape != self.sums.shape or state["count"].numel() != 1:
             raise ValueError(f"metrics: the incoming state holds sums of shape {tuple(state['sums'].shape)}, this one "
-                             f"{tuple(self.sums.shape)} (one row per metric of {self.metric_names})")
+                             f"{tuple(self.sums.shape)} (one row per metric of {self.settings.metric_names})")
 
     def _sync_dist(self, dist_sync_fn: Callable | None = None, process_group: Any = None) -> None:
         """Check that every process is configured alike (:meth:`_check_sync`), then let torchmetrics sum."""
@@ -455,7 +438,7 @@ class ExactRankingMetrics(_MergeChecked):
     def _estimates(self) -> dict[str, Estimate]:
         sums = self.sums.detach().cpu().tolist()
         out = {}
-        for name, (s1, s2, count) in zip(self.metric_names, sums):
+        for name, (s1, s2, count) in zip(self.settings.metric_names, sums):
             details = {"method": "exact", "metric": name}
             if count <= 0:
                 out[f"{name}/exact"] = _empty_estimate(count, details)
@@ -480,36 +463,18 @@ class SampledRankingMetrics(_MergeChecked):
     """Sampled metrics (m irrelevant items per relevant item) and their corrected estimates.
 
     Args:
-        metrics: metric names (``"ndcg@10"``, ``"hit@10"``, ``"auc"``...).
-        n_samples: m, sampled irrelevant items per relevant item (RecBole's ``uni100``: m = 100), or a
-            :class:`~reco_sampled_plugin.design.SamplingDesign` (uniform draws: with or without replacement,
-            adaptive; or popularity draws with replacement, ``SamplingDesign(m, popularity=w)``: keyed inverse-cdf
-            draws from the score matrix, the state then also keeps each relevant item's Hansen-Hurwitz statistics,
-            one row per relevant item concatenated across processes, which the registry's popularity estimators
-            read, e.g. ``hh`` for AUC; docs/popularity.md). Adaptive (``SamplingDesign(m, adaptive_max=cap)``,
-            ``reco_sampled_plugin.adaptive``): a relevant item ranked first among its m draws draws m more (keyed
-            per stage) until it is not first or m would exceed the cap; estimators that take adaptive designs
-            (``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``); the state becomes one row per n of
-            sum over stages of (new draws + 1) counts (about ``adaptive_max`` numbers per distinct n); each
-            estimate's ``details["adaptive"]`` holds the cost (mean and largest m, share at the cap). An int m is
-            ``SamplingDesign(m)``; :attr:`design` is the SamplingDesign either way.
-        estimators: the estimators run at ``compute``, each a registered name (``registry.names()``) or a method
-            object with its options (``registry.Bv(gamma=0.2)``, ``Mes(n_bootstrap=8)``, ``Beta(a=0.5)``: checked
-            when built), whose entry supports the design; ``"none"`` is the plain sampled metric. Each is reported
-            under its label (``_shared.estimator_label``): the name (``none``: ``sampled``), then each option set
-            away from its default as ``_<option>-<value>`` (``bv_gamma-0.2``); two with one label are refused.
+        metrics, n_samples, estimators, seed, ties, max_n_groups, check_finite: the settings of
+            :class:`RankingSettings` (:attr:`settings` holds them; ``from_settings`` takes them as one object).
+            Popularity designs (``SamplingDesign(m, popularity=w)``: keyed inverse-cdf draws from the score matrix)
+            also keep each relevant item's Hansen-Hurwitz statistics, one row per relevant item concatenated across
+            processes, which the registry's popularity estimators read (``hh`` for AUC; docs/popularity.md).
+            Adaptive designs (``SamplingDesign(m, adaptive_max=cap)``, ``reco_sampled_plugin.adaptive``): a
+            relevant item ranked first among its m draws draws m more (keyed per stage) until it is not first or m
+            would exceed the cap; estimators that take them: ``registry.names(adaptive=True)`` (``mle``, ``mes``,
+            ``none``); the state becomes one row per n of sum over stages of (new draws + 1) counts (about
+            ``adaptive_max`` numbers per distinct n); each estimate's ``details["adaptive"]`` holds the cost.
             A (metric, estimator) pair the registry does not list (``registry.names(metric=...)``: ``hh`` estimates
-            AUC only) is not reported. Default: ``("none", registry.DEFAULT_ESTIMATOR)``: the sampled metric and
-            ``auto``. :attr:`estimators` keeps them as given, :attr:`methods` as method objects, :attr:`labels`.
-        seed: key of the negative draws (same seed, same instance id -> same negatives).
-        ties: ``"pessimistic"`` (default), ``"optimistic"`` or ``"average"``.
-        max_n_groups: at most this many distinct candidate counts n are handed to the estimators;
-            beyond, n is pooled into count-quantile bins (count-weighted median n per bin), as the
-            core's ``mle`` does. None: every distinct n gets its own exact table (one correction table
-            per n, slow with hundreds of distinct n). Default 64.
-        check_finite: True (default: every score, one extra pass over the matrix, measured in the module
-            docstring), ``"positives"`` (only the relevant items' scores: a NaN irrelevant score that is drawn then
-            silently counts as below the positive) or False. Factor inputs are checked (factors and bias) unless False.
+            AUC only) is not reported. ``ties="average"`` is refused (fractional sampled ranks).
         interval: ``compute()`` also returns ``"<metric>/<label>_lo"`` and ``"_hi"``, the 95% interval of each
             estimate (``Estimate.interval(0.95)``: widened where the top is unresolved; default True).
         stderr: ``compute()`` also returns ``"<metric>/<label>_stderr"``, the standard error: sampling noise only
@@ -557,14 +522,14 @@ class SampledRankingMetrics(_MergeChecked):
             raise ValueError("n_samples: SampledRankingMetrics needs a sampling design; the settings have none "
                              "(n_samples=None)")
         self.settings = settings
-        design = settings.design
+        self._design = design = settings.design  # the sampled metrics' design (never None here)
         # popularity: the weights on the host (moved to each batch's device), and a hash for the merge checks
         self._pop_weights = None if design.popularity is None else design.popularity.detach().cpu()
         self._pop_hash = None if self._pop_weights is None else \
             hashlib.sha256(self._pop_weights.numpy().tobytes()).hexdigest()[:16]
         self._adaptive = design.adaptive  # the stages of an adaptive design (None for a fixed m)
         # rows e = 0.. of m + 1 counts for n = n_items - e; rows are added as larger e appear
-        width = self.n_samples + 1 if self._adaptive is None else adaptive_columns(self._adaptive)[1]
+        width = self._design.n_samples + 1 if self._adaptive is None else adaptive_columns(self._adaptive)[1]
         self.add_state("hist", torch.zeros(0, width, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("n_items", torch.zeros((), dtype=torch.int64), dist_reduce_fx="max")
         if self._pop_weights is not None:  # per relevant item: r~, n, S1, S2, beating draws, unreachable (concatenated)
@@ -574,54 +539,6 @@ class SampledRankingMetrics(_MergeChecked):
         self._n_items_host: int | None = 0  # the catalogue size this process's batches had (None: read the state)
         self._offsets: dict = {}
         self._scoring: ScoringCost | None = None  # what update_from_scorer cost (host-side, per process)
-
-    # ----------------------------------------------------------------------------- settings
-    @property
-    def design(self) -> SamplingDesign:
-        """The sampling design (an int m given is ``SamplingDesign(m)``)."""
-        design = self.settings.design
-        assert design is not None  # checked when built
-        return design
-
-    @property
-    def n_samples(self) -> int:
-        """m, the first (or only) stage's draws per relevant item."""
-        return self.design.n_samples
-
-    @property
-    def adaptive_max(self) -> int | None:
-        return self.design.adaptive_max
-
-    @property
-    def replacement(self) -> bool:
-        return self.design.replacement
-
-    @property
-    def sampling(self) -> str:
-        """The design's law (``binomial``, ``hypergeometric``, ``popularity``)."""
-        return self.design.law
-
-    @property
-    def estimators(self) -> tuple:
-        """The estimators as given (names or method objects)."""
-        return self.settings.estimators
-
-    @property
-    def methods(self) -> tuple[registry.Method, ...]:
-        return self.settings.methods
-
-    @property
-    def labels(self) -> tuple[str, ...]:
-        """The labels the estimates are reported under (``_shared.estimator_label``)."""
-        return self.settings.labels
-
-    @property
-    def seed(self) -> int:
-        return self.settings.seed
-
-    @property
-    def max_n_groups(self) -> int | None:
-        return self.settings.max_n_groups
 
     # ------------------------------------------------------------------------------- update
     def update(self, scores: torch.Tensor, positives: TensorLike, exclude: TensorLike | None = None,
@@ -645,8 +562,8 @@ class SampledRankingMetrics(_MergeChecked):
         b, n_items = scores.shape
         self._check_n_items(n_items)
         checks = DeviceChecks()  # every check of the batch, read back once
-        _check_scores(scores, pos, self.check_finite, checks)
-        keys = RowKeys.of(self.seed, self._ids(ids, b, scores.device), scores.device)
+        _check_scores(scores, pos, self.settings.check_finite, checks)
+        keys = RowKeys.of(self.settings.seed, self._ids(ids, b, scores.device), scores.device)
         if self._pop_weights is not None and self._pop_weights.shape[0] != n_items:
             raise ValueError(f"n_samples: the design's popularity weights count {self._pop_weights.shape[0]} "
                              f"items, the scores {n_items}")
@@ -666,12 +583,13 @@ class SampledRankingMetrics(_MergeChecked):
         (:func:`~reco_sampled_plugin._keyed.keyed_adaptive_ranks`). ``checks``: the batch's pending validation flags,
         read once after the first stage's draw (without replacement: with the small-pool sizes); None: each draw
         reads its own. ``slots``: the slots to rank (default every positive)."""
-        first = keyed_ranks(source, pos, exc, n_items, self.design, keys, self.ties, slots=slots, checks=checks)
+        ties = self.settings.ties
+        first = keyed_ranks(source, pos, exc, n_items, self._design, keys, ties, slots=slots, checks=checks)
         if checks is not None:
             checks.read()  # the batch's one validation read
         if self._adaptive is None:
             return first.ranks, None, first.stats
-        ranks, sizes = keyed_adaptive_ranks(source, pos, exc, n_items, first, self._adaptive, keys, self.ties)
+        ranks, sizes = keyed_adaptive_ranks(source, pos, exc, n_items, first, self._adaptive, keys, ties)
         return ranks, sizes, None
 
     def _add_ranked(self, ranked: tuple[torch.Tensor, torch.Tensor | None, Any], pos: torch.Tensor,
@@ -692,13 +610,13 @@ class SampledRankingMetrics(_MergeChecked):
         self._refuse_popularity("update_factors")
         u, v, bias = check_factors(user_factors, item_factors, item_bias)
         pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device)
-        self.update_factors_padded(u, v, bias, pos, exc, ids, keep, check_finite=bool(self.check_finite))
+        self.update_factors_padded(u, v, bias, pos, exc, ids, keep, check_finite=bool(self.settings.check_finite))
 
     def _refuse_popularity(self, where: str) -> None:
         """Keyed popularity draws are made from the score matrix (:meth:`update`) only, for now."""
         if self._pop_weights is not None:
             raise ValueError(f"n_samples: {where} draws uniformly keyed negatives; a popularity design "
-                             f"({self.design.describe()}) is drawn from the score matrix: use update(scores, ...)")
+                             f"({self._design.describe()}) is drawn from the score matrix: use update(scores, ...)")
 
     def _add_popularity(self, ranks: torch.Tensor, n_cand: torch.Tensor, stats: Any, pos: torch.Tensor,
                         keep: torch.Tensor | None) -> None:
@@ -731,7 +649,7 @@ class SampledRankingMetrics(_MergeChecked):
         profile, beat_bins, miss_bins = counts.unbind(1)  # PROFILE_FIELDS' order
         stats = PopularityStats(t[:, 4], t[:, 2], t[:, 3], t[:, 5].to(torch.int64), profile, beat_bins, miss_bins,
                                 t[:, _POP_WEIGHT_AT])
-        return SampledRanks(t[:, 0], t[:, 1], None, self.design, popularity_stats=stats)
+        return SampledRanks(t[:, 0], t[:, 1], None, self._design, popularity_stats=stats)
 
     def update_factors_padded(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
                               exc: torch.Tensor | None, ids: TensorLike | None = None, keep: torch.Tensor | None = None,
@@ -745,13 +663,13 @@ class SampledRankingMetrics(_MergeChecked):
         checks = DeviceChecks()
         if check_finite:
             _check_factors_finite(u, v, bias, checks)
-        keys = RowKeys.of(self.seed, self._ids(ids, b, u.device), u.device)
+        keys = RowKeys.of(self.settings.seed, self._ids(ids, b, u.device), u.device)
         self._add_batch(FactorScores(u, v, bias, pos_scores), pos, exc, n_items, keys, keep, checks)
 
     def update_from_scorer(self, scorer: Scorer, positives: TensorLike, n_items: int, exclude: TensorLike | None = None,
                            ids: TensorLike | None = None, users: TensorLike | None = None,
                            keep: torch.Tensor | None = None, max_pairs: int = DEFAULT_MAX_PAIRS) -> None:
-        """Add a batch through a scorer, never a score matrix (issue 27): the keyed negatives :meth:`update` would
+        """Add a batch through a scorer, never a score matrix: the keyed negatives :meth:`update` would
         draw for these ``ids`` (fixed m, with or without replacement, adaptive stages), but only the positives
         and their drawn items are scored, by ``scorer(users, items) -> scores`` (users (B',) int64, items (B', L)
         int64 on the positives' device; (B', L) real scores back there, higher = better; pointwise), in calls of
@@ -783,9 +701,9 @@ class SampledRankingMetrics(_MergeChecked):
         saved = (self._rows_seen, self._n_items_host)
         try:  # nothing reaches the state (or the row counter) unless every call succeeds
             self._check_n_items(n)
-            keys = RowKeys.of(self.seed, self._ids(ids, b, device), device)
+            keys = RowKeys.of(self.settings.seed, self._ids(ids, b, device), device)
             who = keys.ids if users is None else check_users(users, b, device)
-            calls = ScorerCalls(scorer, max_pairs, self.check_finite is not False, device)
+            calls = ScorerCalls(scorer, max_pairs, self.settings.check_finite is not False, device)
             score = None if k is None else k.unsqueeze(1).expand_as(pos)
             # each draw reads its own pool check, before any call; adaptive stages score only the positives still
             # first, their new items alone
@@ -864,7 +782,8 @@ class SampledRankingMetrics(_MergeChecked):
         e = (n_items - n_cand).unsqueeze(1)
         col = ranks - 1
         if sizes is not None:  # stage s = log2(M / m) starts at its column offset
-            stage = torch.log2(torch.where(valid, sizes, self.n_samples).to(torch.float64) / self.n_samples)
+            m = self._design.n_samples
+            stage = torch.log2(torch.where(valid, sizes, m).to(torch.float64) / m)
             col = col + self._stage_offsets(ranks.device)[stage.round().to(torch.int64)]
         idx = torch.where(valid, e * width + col, 0).reshape(-1)
         w = valid.to(self.hist.dtype).reshape(-1)
@@ -887,8 +806,9 @@ class SampledRankingMetrics(_MergeChecked):
 
     # ------------------------------------------------------------------------------ sync
     def _merge_fields(self) -> dict[str, str]:
-        return {"metrics": repr(self.metric_names), "n_samples": repr(self.design), "ties": repr(self.ties),
-                "estimators": repr(self.methods), "max_n_groups": repr(self.max_n_groups), "popularity": repr(self._pop_hash)}
+        s = self.settings
+        return {"metrics": repr(s.metrics), "n_samples": repr(self._design), "ties": repr(s.ties),
+                "estimators": repr(s.methods), "max_n_groups": repr(s.max_n_groups), "popularity": repr(self._pop_hash)}
 
     def _catalogue(self) -> int:
         """The catalogue size of this state (0: nothing counted yet), from the host's record when it has one."""
@@ -900,7 +820,7 @@ class SampledRankingMetrics(_MergeChecked):
         hist, n_items = state["hist"], state["n_items"]
         if hist.dim() != 2 or hist.shape[1] != self.hist.shape[1]:
             raise ValueError(f"n_samples: the incoming histogram has shape {tuple(hist.shape)}, this one rows of "
-                             f"{self.hist.shape[1]} counts ({self.design!r}): another n_samples or design")
+                             f"{self.hist.shape[1]} counts ({self._design!r}): another n_samples or design")
         if n_items.numel() != 1:
             raise ValueError(f"n_items: expected one catalogue size in the incoming state, got {tuple(n_items.shape)}")
         mine, theirs = self._catalogue(), int(n_items)
@@ -959,11 +879,12 @@ class SampledRankingMetrics(_MergeChecked):
         A popularity design's histogram carries none (it cannot hold the draws' weights): it is read as the plain
         sampled metric's, law-free; the corrected estimates read :meth:`popularity_ranks`."""
         counts = self.hist.detach().to("cpu", torch.float64).numpy()
+        max_groups = self.settings.max_n_groups
         if self._adaptive is not None:
-            hist, pooled = adaptive_histogram_from_rows(counts, int(self.n_items), self._adaptive, self.max_n_groups)
+            hist, pooled = adaptive_histogram_from_rows(counts, int(self.n_items), self._adaptive, max_groups)
         else:
-            hist, pooled = histogram_from_rows(counts, int(self.n_items), self.n_samples, self.max_n_groups)
-        return hist.with_design(None if self._pop_weights is not None else self.design), pooled
+            hist, pooled = histogram_from_rows(counts, int(self.n_items), self._design.n_samples, max_groups)
+        return hist.with_design(None if self._pop_weights is not None else self._design), pooled
 
     def histogram(self) -> RankHistogram:
         """The synced sampled-rank histogram (:class:`~reco_sampled_plugin.RankHistogram`), pooled as configured,
@@ -973,9 +894,10 @@ class SampledRankingMetrics(_MergeChecked):
 
     def _estimates(self, progress: bool | None | Callable[[Iterable], Iterable] = False) -> dict[str, Estimate]:
         hist, pooled = self._histogram()
+        settings = self.settings
         # the registry says which estimator takes which metric (hh: AUC only): the other pairs are not reported
         jobs: Iterable[tuple[str, registry.Method, str]] = [
-            (m, e, lab) for m in self.metric_names for e, lab in zip(self.methods, self.labels)
+            (m, e, lab) for m in settings.metric_names for e, lab in zip(settings.methods, settings.labels)
             if e.name in registry.names(metric=m)]
         out: dict[str, Estimate] = {}
         if callable(progress):
@@ -999,7 +921,8 @@ class SampledRankingMetrics(_MergeChecked):
                     out[key] = estimators.estimate(metric, hist, method)
                 if family != "none":  # the plain sampled metric's interval is not widened
                     explain_once(logger, f"SampledRankingMetrics {metric}", out[key], metric=metric,
-                                 n_items=int(self.n_items), n_samples=self.n_samples, users=int(round(hist.total)))
+                                 n_items=int(self.n_items), n_samples=self._design.n_samples,
+                                 users=int(round(hist.total)))
             except ValueError as exc:  # one failing estimator must not take the others (or training) down
                 warnings.warn(f"{key}: estimator failed ({exc}); reported as NaN", RuntimeWarning, stacklevel=2)
                 out[key] = Estimate(math.nan, math.nan, hist.total, {"error": str(exc), "flags": ("estimator_failed",)},
