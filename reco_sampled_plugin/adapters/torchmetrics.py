@@ -61,7 +61,6 @@ import time
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
-import numpy as np
 import torch
 from torchmetrics import Metric
 
