@@ -51,7 +51,7 @@ import lightning.pytorch as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples" / "lightning"))
 
-from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback  # noqa: E402
+from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings  # noqa: E402
 from reco_sampled_plugin.factor_ranks import _TILE_ITEMS, TILE_ELEMENTS  # noqa: E402
 
 
@@ -196,16 +196,16 @@ def main() -> None:
 
         mask, _, eval_loader = ex.make_data()
         model = ex.MatrixFactorization(mask)
-        make_ex = lambda: RankingMetricsCallback(ex.METRICS, n_samples=100, estimators=ex.ESTIMATORS,  # noqa: E731
-                                                 progress=False)
+        make_ex = lambda: RankingMetricsCallback(RankingSettings(ex.METRICS, n_samples=100,  # noqa: E731
+                                                                 estimators=ex.ESTIMATORS), progress=False)
         rows.append(measure("example (ml-100k, 943 x 1,682)", model, eval_loader, make_ex, args.repeats))
         n_values = len(ex.METRICS) * (1 + len(ex.ESTIMATORS)) + 1  # every metric x label, plus the headline
         rows.append(measure(f"example: Lightning's log_dict of {n_values} constants alone (the floor)", model,
                             eval_loader, lambda: LogOnly(n_values), args.repeats))
     model = Synthetic(args.users, args.items)
     loader = DataLoader(TensorDataset(torch.arange(args.users)), batch_size=args.batch_size or 256)
-    make = lambda: RankingMetricsCallback(("ndcg@10", "hit@10"), n_samples=100, estimators=("none", "bv"),  # noqa: E731
-                                          progress=False)
+    make = lambda: RankingMetricsCallback(RankingSettings(("ndcg@10", "hit@10"), n_samples=100,  # noqa: E731
+                                                          estimators=("none", "bv")), progress=False)
     rows.append(measure(f"synthetic ({args.users:,} x {args.items:,}, d = 64), step returns scores", model, loader,
                         make, args.repeats))
     factors = SyntheticFactors(args.users, args.items)
@@ -221,8 +221,8 @@ def scale(args) -> list[dict]:
     users = 20_000 if args.users == parser_default("users") else args.users
     batch = args.batch_size or 1024
     loader = DataLoader(TensorDataset(torch.arange(users)), batch_size=batch)
-    make = lambda: RankingMetricsCallback(("ndcg@10", "hit@10"), n_samples=100, estimators=("none", "bv"),  # noqa: E731
-                                          progress=False)
+    make = lambda: RankingMetricsCallback(RankingSettings(("ndcg@10", "hit@10"), n_samples=100,  # noqa: E731
+                                                          estimators=("none", "bv")), progress=False)
     model, factors = Synthetic(users, args.items), SyntheticFactors(users, args.items)
     tag = f"scale ({users:,} x {args.items:,}, d = 64, batch {batch})"
     rows = [measure(f"{tag}, step returns scores", model, loader, make, args.repeats),
@@ -265,8 +265,8 @@ def fit_once(kind: str) -> None:
 
     callbacks: list = [Clock()]
     if kind == "callback":  # at its defaults: default estimator, intervals logged
-        opts = json.loads(os.environ.get("RSP_BENCH_CALLBACK", "{}"))  # e.g. {"estimators": ["none", "bv"]}
-        callbacks.insert(0, RankingMetricsCallback(ex.METRICS, n_samples=100, progress=False, **opts))
+        opts = json.loads(os.environ.get("RSP_BENCH_CALLBACK", "{}"))  # RankingSettings, e.g. {"estimators": ["none", "bv"]}
+        callbacks.insert(0, RankingMetricsCallback(RankingSettings(ex.METRICS, n_samples=100, **opts), progress=False))
     trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                          callbacks=callbacks)

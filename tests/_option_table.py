@@ -249,7 +249,8 @@ def entries(tmp: str) -> list[Entry]:
         Entry("SampledRankingMetrics.update_from_scorer", tm.SampledRankingMetrics(["ndcg@5"], 5).update_from_scorer,
               (lambda us, it: scores[us.unsqueeze(1).expand_as(it), it], pos, scores.shape[1]),
               {"users": torch.arange(4)}),
-        Entry("RankingMetricsCallback", lightning.RankingMetricsCallback, (["ndcg@5"],)),
+        Entry("RankingSettings", tm.RankingSettings, (["ndcg@5"],)),
+        Entry("RankingMetricsCallback", lightning.RankingMetricsCallback, (tm.RankingSettings(["ndcg@5"]),)),
         Entry("recbole", recbole, (), {}, extra={
             "rsp_n_grid": "float?", "rsp_replacement": "bool?",
             "rsp_side_by_side": "bool?", "rsp_stderr": "bool?", "rsp_interval": "bool?", "rsp_full_ranks": "bool?",

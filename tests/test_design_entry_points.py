@@ -141,14 +141,14 @@ def test_torchmetrics_design():
     b, rb = _torchmetrics_run(n_samples=SamplingDesign(20), estimators=("none", "bv"))
     assert torch.equal(a.hist, b.hist) and ra.keys() == rb.keys()
     assert all(torch.equal(ra[k], rb[k]) for k in ra)
-    assert a.design == b.design == SamplingDesign(20)
-    assert (a.n_samples, a.replacement, a.sampling) == (b.n_samples, b.replacement, b.sampling)
+    assert a.settings.design == b.settings.design == SamplingDesign(20)
     w, _ = _torchmetrics_run(n_samples=SamplingDesign(20, replacement=False), estimators=("none", "bv"))
-    assert (w.n_samples, w.replacement, w.sampling) == (20, False, "hypergeometric")
-    # (b) an adaptive design; self.design is the SamplingDesign
+    d = w.settings.design
+    assert (d.n_samples, d.replacement, d.law) == (20, False, "hypergeometric")
+    # (b) an adaptive design; settings.design is the SamplingDesign
     a, ra = _torchmetrics_run(n_samples=SamplingDesign(4, adaptive_max=32),
                               estimators=("none", registry.Mes(n_bootstrap=0)))
-    assert a.design == SamplingDesign(4, adaptive_max=32) and a.adaptive_max == 32
+    assert a.settings.design == SamplingDesign(4, adaptive_max=32) and a.settings.design.adaptive_max == 32
     assert a.hist.shape[1] > 5  # the adaptive state (every stage's columns)
     # (c) an estimator that does not support the design, named
     with pytest.raises(ValueError, match=r"^estimators: \['bv'\] assume one fixed m"):
@@ -165,7 +165,7 @@ def test_torchmetrics_registered_estimator_is_accepted(bv_copy):
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
 
     metric = SampledRankingMetrics("hit@10", 20, ("bv_copy",))  # (its options: checked by estimators.py, see below)
-    assert metric.estimators == ("bv_copy",)
+    assert metric.settings.estimators == ("bv_copy",)
     with pytest.raises(ValueError, match=r"^estimators: \['bv_copy'\] assume one fixed m"):
         SampledRankingMetrics("hit@10", SamplingDesign(4, adaptive_max=32), ("bv_copy",))
 
@@ -175,7 +175,7 @@ def test_torchmetrics_checks_a_registered_estimators_options(bv_copy):
 
     method = registry.method_class("bv_copy")(gamma=0.2)  # its options: the registered entry's, checked when built
     metric = SampledRankingMetrics("hit@10", 20, (method,))
-    assert metric.methods == (method,) and metric.labels == ("bv_copy_gamma-0.2",)
+    assert metric.settings.methods == (method,) and metric.settings.labels == ("bv_copy_gamma-0.2",)
     with pytest.raises(ValueError, match="^gamma: "):
         SampledRankingMetrics("hit@10", 20, (registry.method_class("bv_copy")(gamma=math.nan),))
 
@@ -213,41 +213,43 @@ def _same_results(a: dict, b: dict, prefix_a: str, prefix_b: str):
 
 
 def test_lightning_callback_design(tmp_path):
-    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
 
     fixed = dict(estimators=("none", "bv"), max_n_groups=None, exact=False)
     adaptive = dict(estimators=("none", registry.Mes(n_bootstrap=0)), max_n_groups=None, exact=False)
     callbacks = [
-        RankingMetricsCallback(("ndcg@10", "hit@5"), n_samples=20, prefix="int_", **fixed),
-        RankingMetricsCallback(("ndcg@10", "hit@5"), n_samples=SamplingDesign(20), prefix="design_", **fixed),
-        RankingMetricsCallback(("ndcg@10",), n_samples=SamplingDesign(5, adaptive_max=40), prefix="ad_", **adaptive),
+        RankingMetricsCallback(RankingSettings(("ndcg@10", "hit@5"), n_samples=20, **fixed), prefix="int_"),
+        RankingMetricsCallback(RankingSettings(("ndcg@10", "hit@5"), n_samples=SamplingDesign(20), **fixed),
+                               prefix="design_"),
+        RankingMetricsCallback(RankingSettings(("ndcg@10",), n_samples=SamplingDesign(5, adaptive_max=40), **adaptive),
+                               prefix="ad_"),
     ]
-    assert callbacks[1].design == SamplingDesign(20) and callbacks[1].n_samples == 20
-    assert callbacks[2].design == SamplingDesign(5, adaptive_max=40)  # (b)
+    assert callbacks[1].settings.design == SamplingDesign(20) and callbacks[1].settings.n_samples == SamplingDesign(20)
+    assert callbacks[2].settings.design == SamplingDesign(5, adaptive_max=40)  # (b)
     r_int, r_design, r_ad = _validate(callbacks, tmp_path)
     _same_results(r_int, r_design, "int_", "design_")  # (a)
     assert any(k.endswith("/bv") for k in r_design) and any(k.endswith("/mes_n_bootstrap-0") for k in r_ad)
     # (c) refused when the callback is built, naming the estimator
     with pytest.raises(ValueError, match=r"^estimators: \['bv'\] assume one fixed m"):
-        RankingMetricsCallback(n_samples=SamplingDesign(5, adaptive_max=40), estimators=("none", "bv"))
+        RankingSettings(n_samples=SamplingDesign(5, adaptive_max=40), estimators=("none", "bv"))
     with pytest.raises(ValueError, match="^n_samples: expected a SamplingDesign or an int m"):
-        RankingMetricsCallback(n_samples=(5, 40))
+        RankingSettings(n_samples=(5, 40))
 
 
 def test_lightning_callback_registered_estimator_is_accepted(bv_copy):
-    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
 
-    cb = RankingMetricsCallback(n_samples=SamplingDesign(20), estimators=("none", "bv_copy"))
+    cb = RankingMetricsCallback(RankingSettings(n_samples=SamplingDesign(20), estimators=("none", "bv_copy")))
     assert "bv_copy" in cb.labels
 
 
 def test_lightning_callback_runs_a_registered_estimator(bv_copy, tmp_path):
-    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
 
-    cbs = [RankingMetricsCallback(("ndcg@10",), n_samples=SamplingDesign(20), estimators=("bv_copy",), exact=False,
-                                  max_n_groups=None, prefix="a_"),
-           RankingMetricsCallback(("ndcg@10",), n_samples=SamplingDesign(20), estimators=("bv",), exact=False,
-                                  max_n_groups=None, prefix="b_")]
+    cbs = [RankingMetricsCallback(RankingSettings(("ndcg@10",), n_samples=SamplingDesign(20), estimators=("bv_copy",),
+                                                  exact=False, max_n_groups=None), prefix="a_"),
+           RankingMetricsCallback(RankingSettings(("ndcg@10",), n_samples=SamplingDesign(20), estimators=("bv",),
+                                                  exact=False, max_n_groups=None), prefix="b_")]
     copy, ref = _validate(cbs, tmp_path)
     assert not any("estimator_failed" in e.flags for e in copy.values())
     assert [e.value for e in copy.values()] == [e.value for e in ref.values()]

@@ -33,7 +33,8 @@ ALLOWED_PLUGINS = {"search", "mkdocstrings"}
 # adapters and modules outside the namespace whose API the reference must show (module -> names); the names that
 # left the top level in 0.2 (tests/test_surface.py's MOVED) are shown at their module's path
 ADAPTER_NAMES = {
-    "reco_sampled_plugin.adapters.torchmetrics": ["SampledRankingMetrics", "ExactRankingMetrics", "estimate_values"],
+    "reco_sampled_plugin.adapters.torchmetrics": ["RankingSettings", "SampledRankingMetrics", "ExactRankingMetrics",
+                                                  "estimate_values"],
     "reco_sampled_plugin.adapters.lightning": ["RankingMetricsCallback", "PLRankingMetricsCallback", "callback_class"],
     "reco_sampled_plugin.adapters.recbole": ["run_recbole", "register", "validate_config", "positive_table"],
     "reco_sampled_plugin.planner": ["Plan", "DesignForecast"],

@@ -378,31 +378,32 @@ def test_keyed_draws_in_row_chunks_equal_the_whole_batch(replacement):
     """The torchmetrics classes (and the Lightning callback) draw B x P x m negatives; a batch of 256 users at
     m = 2^20 asked for 2 GiB at once (a RuntimeError from the allocator under a 3 GiB cap). They now draw in row
     chunks, which is exact because the keys are per row: any split of the rows gives the whole batch's ranks."""
-    from reco_sampled_plugin.adapters._shared import keyed_factor_ranks_only, keyed_ranks_only
+    from reco_sampled_plugin._keyed import FactorScores, MatrixScores, RowKeys, keyed_negatives, keyed_ranks
 
     g = torch.Generator().manual_seed(0)
     b, n, m = 40, 300, 50
+    design = rsp.SamplingDesign(m, replacement=replacement)
     scores = torch.randn(b, n, generator=g)
     pos = torch.randint(0, n, (b, 3), generator=g)
     pos[::2, 2] = -1
-    ids = torch.arange(b) * 7
-    whole = keyed_ranks_only(scores, pos, None, m, ids, 5, replacement)
-    parts = [keyed_ranks_only(scores[lo:lo + 7], pos[lo:lo + 7], None, m, ids[lo:lo + 7], 5, replacement)
-             for lo in range(0, b, 7)]
+    keys = RowKeys.of(5, torch.arange(b) * 7, scores.device)
+
+    def ranks(source, rows):
+        return keyed_ranks(source.take(rows), pos[rows], None, n, design, keys.take(rows), "pessimistic").ranks
+
+    whole = ranks(MatrixScores(scores), slice(None))
+    parts = [ranks(MatrixScores(scores), slice(lo, lo + 7)) for lo in range(0, b, 7)]
     assert torch.equal(torch.cat(parts), whole)
     u, v = torch.randn(b, 4, generator=g), torch.randn(n, 4, generator=g)
-    whole = keyed_factor_ranks_only(u, v, None, pos, None, m, ids, 5, replacement)
-    parts = [keyed_factor_ranks_only(u[lo:lo + 7], v, None, pos[lo:lo + 7], None, m, ids[lo:lo + 7], 5, replacement)
-             for lo in range(0, b, 7)]
+    whole = ranks(FactorScores(u, v), slice(None))
+    parts = [ranks(FactorScores(u, v), slice(lo, lo + 7)) for lo in range(0, b, 7)]
     assert torch.equal(torch.cat(parts), whole)
     # the ranks themselves, by brute force from the keyed negatives: 1 + drawn items scoring at least as high
-    from reco_sampled_plugin.adapters._shared import keyed_negatives
-
-    neg = keyed_negatives(pos, None, n, m, ids, 5, replacement).numpy()
+    neg = keyed_negatives(pos, None, n, design, keys).numpy()
     s, ps = scores.numpy(), pos.numpy()
     want = [[1 + int((s[i, neg[i, j]] >= s[i, ps[i, j]]).sum()) if ps[i, j] >= 0 else 0 for j in range(3)]
             for i in range(b)]
-    assert keyed_ranks_only(scores, pos, None, m, ids, 5, replacement).tolist() == want
+    assert ranks(MatrixScores(scores), slice(None)).tolist() == want
 
 
 def test_torchmetrics_state_refuses_a_row_too_wide_to_draw():

@@ -271,10 +271,10 @@ def test_option_is_validated_and_refused_where_state_cannot_hold_exact_ranks():
     scores, pos, _ = _problem(1)
     with pytest.raises(ValueError, match=r"^n_samples: exact_at_cap .*evaluate_factors"):
         rsp.evaluate_factors(torch.randn(4, 3), torch.randn(20, 3), pos[:4, :1], n_samples=design, method="mes")
-    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
+    from reco_sampled_plugin.adapters.lightning import RankingSettings
 
     with pytest.raises(ValueError, match=r"^n_samples: exact_at_cap .*RankingMetricsCallback"):
-        RankingMetricsCallback(n_samples=design, estimators=["mes"])
+        RankingSettings(n_samples=design, estimators=["mes"])
 
 
 def test_planner_counts_the_completion_pairs_the_loop_measures():

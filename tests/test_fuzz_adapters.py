@@ -258,7 +258,7 @@ def test_lightning_callback_step_outputs(kind, n_samples, metrics, seed, tmp_pat
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader
 
-    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
 
     b, n = 6, 30
     batch = _bad_outputs(kind, b, n, torch.Generator().manual_seed(seed))
@@ -267,7 +267,8 @@ def test_lightning_callback_step_outputs(kind, n_samples, metrics, seed, tmp_pat
         def validation_step(self, _batch, _idx):
             return batch
 
-    callback = RankingMetricsCallback(metrics, n_samples=n_samples, estimators=("none",) if n_samples else ())
+    callback = RankingMetricsCallback(RankingSettings(metrics, n_samples=n_samples,
+                                                      estimators=("none",) if n_samples else ()))
     trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_progress_bar=False, callbacks=[callback],
                          enable_checkpointing=False, enable_model_summary=False,
                          default_root_dir=str(tmp_path_factory.mktemp("pl")))
@@ -284,7 +285,7 @@ def test_lightning_callback_step_outputs(kind, n_samples, metrics, seed, tmp_pat
     _contract(run, ("scores", "positives", "exclude", "ids", "user_factors", "item_factors", "factors"), check)
 
 
-CALLBACK_OPTIONS = {  # (valid values, bad or edge values) per option of the callback
+CALLBACK_OPTIONS = {  # (valid values, bad or edge values) per option of the callback's RankingSettings
     "metrics": ([("ndcg@10",), "ndcg@10", ("hit@5", "auc")], [("magic@3",), (), ("hit@0",), 3]),
     "n_samples": ([None, 10, 100], [-2, 0, 10.5, 2**31, "10", True]),
     "ties": (["pessimistic", "average", "random"], ["up", None]),
@@ -296,7 +297,7 @@ CALLBACK_OPTIONS = {  # (valid values, bad or edge values) per option of the cal
 @FAST
 @given(broken=st.sampled_from(["nothing"] + sorted(CALLBACK_OPTIONS)), data=st.data())
 def test_lightning_callback_options(broken, data):
-    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
 
     options = {name: data.draw(st.sampled_from(bad if name == broken else good), label=name)
                for name, (good, bad) in CALLBACK_OPTIONS.items()}
@@ -306,7 +307,7 @@ def test_lightning_callback_options(broken, data):
 
     def run():
         m = options["n_samples"]
-        return RankingMetricsCallback(**{**options, "n_samples": m if cap is None or m is None else
-                                         rsp.SamplingDesign(m, adaptive_max=cap)})
+        return RankingMetricsCallback(RankingSettings(**{**options, "n_samples": m if cap is None or m is None else
+                                                         rsp.SamplingDesign(m, adaptive_max=cap)}))
 
     _contract(run, tuple(CALLBACK_OPTIONS) + ("metric",))

@@ -23,9 +23,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _budgets import SyncCounter, peak_temporary  # noqa: E402
 
+from reco_sampled_plugin import _keyed  # noqa: E402
 from reco_sampled_plugin.adapters import _shared  # noqa: E402
 from reco_sampled_plugin.adapters import torchmetrics as tm  # noqa: E402
-from reco_sampled_plugin.adapters._shared import keyed_negatives, padded_inputs  # noqa: E402
+from reco_sampled_plugin._keyed import RowKeys, keyed_negatives  # noqa: E402
+from reco_sampled_plugin.adapters._shared import padded_inputs  # noqa: E402
 from reco_sampled_plugin.factor_ranks import _GATHER_ELEMENTS as GATHER_ELEMENTS  # noqa: E402
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
 from reco_sampled_plugin.factor_ranks import TILE_ELEMENTS  # noqa: E402
@@ -47,7 +49,8 @@ OWN = {
 CORE_BUDGET = 4
 # the core functions (of reco_sampled_plugin) each adapter module calls: their syncs are the core's budget
 _CORE = {
-    _shared: ("prepare_index", "padded_candidate_counts", "forbidden_sorted", "allowed_position_to_item"),
+    _shared: ("prepare_index",),
+    _keyed: ("forbidden_sorted", "allowed_position_to_item"),
     tm: ("prepare_index", "padded_candidate_counts", "exact_ranks_padded", "factor_ranks_padded", "check_factors",
          "_metric_from_float_ranks"),
 }
@@ -150,7 +153,7 @@ def test_callback_batch_syncs_are_constant(device, monkeypatch):
     metric's one validation read."""
     import lightning  # noqa: F401  (a test dependency in pyproject: never skipped)
     from reco_sampled_plugin.adapters import lightning as lt
-    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
 
     trainer = SimpleNamespace(sanity_checking=False, val_dataloaders=None, test_dataloaders=None)
     module = SimpleNamespace(device=device)
@@ -167,8 +170,8 @@ def test_callback_batch_syncs_are_constant(device, monkeypatch):
                     out = {"user_factors": torch.randn(b, 16, generator=g).to(device),
                            "item_factors": torch.randn(n, 16, generator=g).to(device),
                            "positives": pos, "exclude": exc, "ids": ids}
-                cb = RankingMetricsCallback(("ndcg@10", "hit@5"), exact=exact, n_samples=20, estimators=("none",),
-                                            progress=False)
+                cb = RankingMetricsCallback(RankingSettings(("ndcg@10", "hit@5"), n_samples=20, estimators=("none",),
+                                                            exact=exact), progress=False)
                 cb.on_validation_batch_end(trainer, module, out, None, 0)
                 total, core, own, calls = _counted(box, cb.on_validation_batch_end, trainer, module, out, None, 1)
                 got.append((total, core, own))
@@ -188,7 +191,7 @@ def test_states_and_draws_live_on_the_metric_device(device):
     for t in (ex.sums, ex.count, sm.hist, sm.n_items, ad.hist, ad.n_items):
         assert t.device.type == device.type
     p, e = padded_inputs(scores, pos, exc)
-    assert keyed_negatives(p, e, 400, 20, ids).device.type == device.type
+    assert keyed_negatives(p, e, 400, SamplingDesign(20), RowKeys.of(0, ids, device)).device.type == device.type
     # the histogram counts every relevant item once, on the device, whatever the device
     assert float(sm.hist.sum()) == float(ad.hist.sum()) == int((pos >= 0).sum())
     assert float(ex.count) == int((pos >= 0).sum())

@@ -20,12 +20,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _lightning_helpers as H  # noqa: E402
 
 from reco_sampled_plugin import registry  # noqa: E402
-from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, callback_class  # noqa: E402
+from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings, callback_class  # noqa: E402
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
 from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning" / "mf_ml100k.py"
-OPTS = dict(n_samples=20, estimators=("none", "bv", "bound"), max_n_groups=None)
+OPTS = dict(n_samples=20, estimators=("none", "bv", "bound"), max_n_groups=None)  # RankingSettings
 METRICS = ("ndcg@10", "hit@5", "auc")
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
@@ -76,7 +76,7 @@ def _values(cb, stage="validate"):
 def test_step_protocol_and_score_fn_equal_plain_loop(tmp_path, protocol):
     """Scores from the step, from score_fn, or the step's factors (scored in tiles by the callback): the
     same values as the torchmetrics classes fed the score matrix in a plain loop."""
-    cb = RankingMetricsCallback(METRICS, score_fn=H.score_fn if protocol == "score_fn" else None, **OPTS)
+    cb = RankingMetricsCallback(RankingSettings(METRICS, **OPTS), score_fn=H.score_fn if protocol == "score_fn" else None)
     trainer = _trainer(tmp_path, [cb])
     trainer.validate(H.SyntheticModule(protocol=protocol), _loader(), verbose=False)
     expected = _plain_loop()
@@ -98,13 +98,13 @@ def test_missing_protocol_raises_a_clear_error(tmp_path):
         def validation_step(self, batch, batch_idx):
             return {"loss": torch.tensor(0.0)}
 
-    cb = RankingMetricsCallback(METRICS, **OPTS)
+    cb = RankingMetricsCallback(RankingSettings(METRICS, **OPTS))
     with pytest.raises(ValueError, match="scores.*score_fn"):
         _trainer(tmp_path, [cb]).validate(NoScores(), _loader(), verbose=False)
 
 
 def test_sanity_check_is_ignored_and_test_stage_logs(tmp_path):
-    cb = RankingMetricsCallback(METRICS, log_stderr=True, log_interval=True, **OPTS)
+    cb = RankingMetricsCallback(RankingSettings(METRICS, **OPTS), log_stderr=True, log_interval=True)
     model = H.SyntheticModule()
     trainer = _trainer(tmp_path, [cb], max_epochs=1, limit_train_batches=1, num_sanity_val_steps=2)
     trainer.fit(model, _loader(), _loader())
@@ -136,7 +136,7 @@ def test_pytorch_lightning_namespace(tmp_path):
         def validation_step(self, batch, batch_idx):
             return self.inner.outputs(batch)
 
-    cb = cls(METRICS, **OPTS)
+    cb = cls(RankingSettings(METRICS, **OPTS))
     trainer = ptl.Trainer(accelerator="cpu", devices=1, logger=False, callbacks=[cb], enable_progress_bar=False,
                           enable_model_summary=False, default_root_dir=str(tmp_path))
     trainer.validate(PLModule(), _loader(), verbose=False)
@@ -145,7 +145,7 @@ def test_pytorch_lightning_namespace(tmp_path):
 
 
 def test_early_stopping_and_progress(tmp_path, capfd):
-    cb = RankingMetricsCallback(METRICS, headline=("hit@5", "bv"), **OPTS)
+    cb = RankingMetricsCallback(RankingSettings(METRICS, **OPTS), headline=("hit@5", "bv"))
     stop = pl.callbacks.EarlyStopping(monitor=cb.monitor, mode="max", patience=1)
     trainer = _trainer(tmp_path, [cb, stop], max_epochs=5, limit_train_batches=1, num_sanity_val_steps=0,
                        enable_progress_bar=True)
@@ -258,8 +258,9 @@ def test_ddp_two_processes_equal_one(tmp_path):
                     max_n_groups=None)
 
     def callbacks():
-        return [RankingMetricsCallback(METRICS, **opts), RankingMetricsCallback(METRICS, prefix="raw_", dedup_padding=False, **opts),
-                RankingMetricsCallback(METRICS, prefix="ad_", exact=False, **adaptive)]
+        return [RankingMetricsCallback(RankingSettings(METRICS, **opts)),
+                RankingMetricsCallback(RankingSettings(METRICS, **opts), prefix="raw_", dedup_padding=False),
+                RankingMetricsCallback(RankingSettings(METRICS, exact=False, **adaptive), prefix="ad_")]
 
     two = _spawned(tmp_path, "ddp", callbacks(), _loader(batch_size=8), devices=2, strategy="ddp_spawn", return_ids=False)
     one = _spawned(tmp_path, "one", callbacks(), _loader(batch_size=8), devices=1, return_ids=False)
@@ -299,8 +300,8 @@ def test_callback_refuses_average_ties_with_sampled_metrics_when_built():
     """'average' ties give fractional sampled ranks: refused when the callback is built (not at the first
     validation batch); exact metrics alone take them."""
     with pytest.raises(ValueError, match="ties: 'average'"):
-        RankingMetricsCallback(("ndcg@10",), ties="average", n_samples=20)
-    assert RankingMetricsCallback(("ndcg@10",), ties="average", n_samples=None).n_samples is None
+        RankingSettings(("ndcg@10",), ties="average", n_samples=20)
+    assert RankingMetricsCallback(RankingSettings(("ndcg@10",), ties="average", n_samples=None)).settings.design is None
 
 
 def test_padding_is_dropped_only_while_rows_are_samples():
@@ -325,7 +326,7 @@ def test_defaults_log_the_interval_not_the_stderr(tmp_path):
     estimate's 95% interval as ``<name>_lo`` / ``<name>_hi``; the standard error (sampling noise only) is opt-in."""
     from reco_sampled_plugin import registry
 
-    cb = RankingMetricsCallback(("hit@5",), n_samples=20)
+    cb = RankingMetricsCallback(RankingSettings(("hit@5",), n_samples=20))
     assert cb.labels == ("exact", "sampled", registry.DEFAULT_ESTIMATOR)
     trainer = _trainer(tmp_path, [cb])
     trainer.validate(H.SyntheticModule(), _loader(), verbose=False)

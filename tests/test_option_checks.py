@@ -281,7 +281,7 @@ def test_torchmetrics_default_refuses_a_nan_irrelevant_score():
     from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
 
     s, bad, pos = _scores_with_nan_irrelevant()
-    assert ExactRankingMetrics().check_finite is True and SampledRankingMetrics().check_finite is True
+    assert ExactRankingMetrics().settings.check_finite is True and SampledRankingMetrics().settings.check_finite is True
     with pytest.raises(ValueError, match="scores: NaN or inf in 1 of 4 rows"):
         ExactRankingMetrics(("auc",)).update(bad, pos)
     with pytest.raises(ValueError, match="scores: NaN or inf"):
@@ -363,20 +363,23 @@ def test_torchmetrics_one_instance_and_failed_estimator_are_flagged():
 def test_lightning_callback_options():
     import lightning  # noqa: F401  (a test dependency in pyproject: never skipped)
     from reco_sampled_plugin import registry
-    from reco_sampled_plugin.adapters.lightning import callback_class
+    from reco_sampled_plugin.adapters.lightning import RankingSettings, callback_class
 
     cb_cls = callback_class()
-    assert cb_cls().check_finite is True
+    assert cb_cls().settings.check_finite is True
     assert cb_cls(stages="validate").stages == ("validate",)  # one stage by name, not its letters
     for kw, name in ((dict(plot_every_n_epochs=1.5), "plot_every_n_epochs"), (dict(log_stderr="no"), "log_stderr"),
                      (dict(log_interval="x"), "log_interval"), (dict(dedup_padding=None), "dedup_padding"),
                      (dict(progress="yes"), "progress"), (dict(prefix=3), "prefix"), (dict(score_fn=3), "score_fn"),
-                     (dict(exact="no"), "exact"), (dict(headline="ndcg@10"), "headline"),
-                     (dict(estimators=("bv", registry.Bv())), "estimators"),
+                     (dict(headline="ndcg@10"), "headline"), (dict(settings=("ndcg@10",)), "settings")):
+        with pytest.raises(ValueError, match=name):
+            cb_cls(**kw)
+    # the metric settings: checked once, when the RankingSettings the callback takes is built
+    for kw, name in ((dict(exact="no"), "exact"), (dict(estimators=("bv", registry.Bv())), "estimators"),
                      (dict(estimators=("mes", {"tol": 1e-6})), "estimators"),
                      (dict(check_finite="all"), "check_finite")):
         with pytest.raises(ValueError, match=name):
-            cb_cls(**kw)
+            RankingSettings(**kw)
 
 
 # ------------------------------------------------------------------------------------------------ CLI

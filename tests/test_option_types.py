@@ -275,7 +275,7 @@ def test_a_metric_list_of_the_wrong_type_names_metrics(bad):
         lambda: rsp.per_user_metrics_from_factors(torch.rand(2, 3), torch.rand(10, 3), torch.tensor([1, 2]), bad),
         lambda: tm.ExactRankingMetrics(bad),
         lambda: tm.SampledRankingMetrics(bad, 10),
-        lambda: lightning.RankingMetricsCallback(bad),
+        lambda: lightning.RankingSettings(bad),
         lambda: validate_config(_Config(metrics=bad, eval_args={"mode": "uni100"}, topk=[10])),
         lambda: fit.metrics(bad),
         lambda: fit.values(bad),

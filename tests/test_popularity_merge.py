@@ -171,8 +171,8 @@ def test_scorer_loop_statistics_equal_the_score_matrix_path(prepared):
 
 def test_torchmetrics_state_carries_the_class_counts_and_auto_runs_the_choice():
     """SampledRankingMetrics under a popularity design: its state's class counts are the core's on the same keyed
-    draws (padded exclusions through ``keyed_popularity_ranks``), and ``auto`` reports hh's AUC and pl_fit's NDCG."""
-    from reco_sampled_plugin.adapters._shared import DeviceChecks, keyed_popularity_ranks
+    draws (padded exclusions through ``_keyed.keyed_ranks``), and ``auto`` reports hh's AUC and pl_fit's NDCG."""
+    from reco_sampled_plugin._keyed import MatrixScores, RowKeys, keyed_ranks
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
 
     scores, pos, exc, w = _problem(seed=6, b=40, n=120)
@@ -180,8 +180,8 @@ def test_torchmetrics_state_carries_the_class_counts_and_auto_runs_the_choice():
     metric = SampledRankingMetrics(["auc", "ndcg@10"], design, estimators=["auto"], seed=5)
     ids = torch.arange(scores.shape[0])
     metric.update(scores, pos, exc, ids=ids)
-    checks = DeviceChecks()
-    _, _, core = keyed_popularity_ranks(scores.float(), pos, exc, 30, ids, 5, w, "pessimistic", checks)
+    core = keyed_ranks(MatrixScores(scores.float()), pos, exc, scores.shape[1], design, RowKeys.of(5, ids, ids.device),
+                       "pessimistic").stats
     got = metric.popularity_ranks().popularity_stats
     valid = pos >= 0
     for f in PROFILE_FIELDS + ("positive_weight",):

@@ -311,11 +311,11 @@ ADAPTIVE = dict(n_samples=SamplingDesign(4, adaptive_max=32), estimators=("none"
 
 
 def _callbacks(scorer, **extra):
-    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
 
     extra = extra if scorer is None else dict(extra, scorer=scorer, max_pairs=64)
-    return [RankingMetricsCallback(METRICS, exact=False, **CB, **extra),
-            RankingMetricsCallback(METRICS, exact=False, prefix="ad_", **ADAPTIVE, **extra)]
+    return [RankingMetricsCallback(RankingSettings(METRICS, exact=False, **CB), **extra),
+            RankingMetricsCallback(RankingSettings(METRICS, exact=False, **ADAPTIVE), prefix="ad_", **extra)]
 
 
 @pytest.mark.parametrize("scorer", ["score_pairs", "callable", "score_fn"])
@@ -349,18 +349,19 @@ def test_callback_scorer_logs_what_the_score_path_logs(tmp_path, scorer):
 
 
 def test_callback_scorer_protocol_errors(tmp_path):
-    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
 
     with pytest.raises(ValueError, match="scorer: exact metrics"):
-        RankingMetricsCallback(METRICS, scorer="score_pairs")
+        RankingMetricsCallback(RankingSettings(METRICS), scorer="score_pairs")
+    sampled = RankingSettings(METRICS, exact=False, **CB)
     with pytest.raises(ValueError, match="scorer"):
-        RankingMetricsCallback(METRICS, exact=False, scorer=3)
+        RankingMetricsCallback(sampled, scorer=3)
     with pytest.raises(ValueError, match="max_pairs"):
-        RankingMetricsCallback(METRICS, exact=False, scorer="score_pairs", max_pairs=0)
-    cb = RankingMetricsCallback(METRICS, exact=False, **CB)  # no scorer: a batch without scores is refused
+        RankingMetricsCallback(sampled, scorer="score_pairs", max_pairs=0)
+    cb = RankingMetricsCallback(sampled)  # no scorer: a batch without scores is refused
     with pytest.raises(ValueError, match="scorer="):
         _trainer(tmp_path / "a", [cb]).validate(H.ScorerModule(), _loader(), verbose=False)
-    cb = RankingMetricsCallback(METRICS, exact=False, scorer="no_such_method", **CB)
+    cb = RankingMetricsCallback(sampled, scorer="no_such_method")
     with pytest.raises(ValueError, match="no_such_method"):
         _trainer(tmp_path / "b", [cb]).validate(H.ScorerModule(), _loader(), verbose=False)
 

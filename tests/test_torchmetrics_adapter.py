@@ -11,19 +11,31 @@ import torch
 from reco_sampled_plugin import estimate, exact_ranks, metric_values, sampled_ranks  # noqa: E402
 from reco_sampled_plugin import registry  # noqa: E402
 from reco_sampled_plugin._rank_hist import sampled_rank_histogram  # noqa: E402
-from reco_sampled_plugin.adapters._shared import (  # noqa: E402
-    keyed_negatives,
-    keyed_sampled_ranks,
-    keyed_uniform,
-    padded_inputs,
-)
+from reco_sampled_plugin import _keyed  # noqa: E402
+from reco_sampled_plugin._keyed import MatrixScores, RowKeys, keyed_uniform  # noqa: E402
+from reco_sampled_plugin.adapters._shared import padded_inputs  # noqa: E402
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
 from reco_sampled_plugin._estimate import Estimate  # noqa: E402
 from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
 from reco_sampled_plugin.rank_distribution import pool_groups  # noqa: E402
+from reco_sampled_plugin.ranking import padded_candidate_counts  # noqa: E402
 from reco_sampled_plugin import SampledRanks, SamplingDesign, registry  # noqa: E402
 
 METRICS = ("ndcg@10", "recall@5", "rr", "auc")  # canonical names (keys of the results)
+
+
+def keyed_negatives(pos, exc, n_items, m, ids, seed=0, replacement=True):
+    """The keyed negatives of uniform draws of m items (``_keyed.keyed_negatives``)."""
+    keys = RowKeys.of(seed, ids, pos.device)
+    return _keyed.keyed_negatives(pos, exc, n_items, SamplingDesign(m, replacement=replacement), keys)
+
+
+def keyed_sampled_ranks(scores, pos, exc, m, ids, seed=0, replacement=True):
+    """(ranks, candidate counts) against the keyed negatives of uniform draws of m items from the score matrix."""
+    design = SamplingDesign(m, replacement=replacement)
+    keys = RowKeys.of(seed, ids, scores.device)
+    ranks = _keyed.keyed_ranks(MatrixScores(scores), pos, exc, scores.shape[1], design, keys, "pessimistic").ranks
+    return ranks, padded_candidate_counts(scores.shape[1], pos, exc, count_other_positives=False)
 
 
 def _on(device, *tensors):
@@ -100,7 +112,7 @@ LABELS = dict(zip(ESTIMATORS, ("sampled", "rank_estimate", "cls", "bv_gamma-0.2"
 def test_sampled_metric_equals_functional_core(device):
     scores, pos, exc = _on(device, *_data())
     m = SampledRankingMetrics(METRICS, n_samples=30, estimators=METHODS, max_n_groups=None)
-    assert m.estimators == METHODS and m.labels == tuple(LABELS.values())
+    assert m.settings.estimators == METHODS and m.settings.labels == tuple(LABELS.values())
     _loop(m, _batches(scores, pos, exc, 16))
     p, e = padded_inputs(scores, pos, exc)
     ranks, n_cand = keyed_sampled_ranks(scores, p, e, 30, torch.arange(scores.shape[0]))
@@ -230,8 +242,6 @@ def test_keyed_hash_is_pinned_and_takes_int_parts():
 def test_keyed_hash_in_cache_sized_blocks_is_the_same_stream():
     """On the CPU large draws are hashed in blocks of the leading axis (temporaries in cache): the same numbers as
     each row hashed alone (and as the pinned stream), whatever the block size."""
-    from reco_sampled_plugin.adapters import _shared
-
     row = torch.arange(700).view(700, 1, 1) * 13 + 1
     item = torch.arange(700 * 2).view(700, 2, 1) % 997
     draw = torch.arange(100).view(1, 1, 100)
@@ -239,12 +249,12 @@ def test_keyed_hash_in_cache_sized_blocks_is_the_same_stream():
     assert big.shape == (700, 2, 100)
     for r in (0, 1, 327, 699):
         assert torch.equal(big[r], keyed_uniform(3, 0, row[r], item[r], draw[0]))
-    before = _shared._HASH_BLOCK
+    before = _keyed._HASH_BLOCK
     try:
-        _shared._HASH_BLOCK = 1 << 30
+        _keyed._HASH_BLOCK = 1 << 30
         assert torch.equal(big, keyed_uniform(3, 0, row, item, draw))
     finally:
-        _shared._HASH_BLOCK = before
+        _keyed._HASH_BLOCK = before
     flat = keyed_uniform(7, torch.arange(200_000))
     assert torch.equal(flat[123_456:123_460], keyed_uniform(7, torch.arange(123_456, 123_460)))
 
@@ -260,7 +270,7 @@ def test_validation_errors(device):
         SampledRankingMetrics("hit@10", estimators=(registry.Mes(gamma=0.2),))
     # one method object alone is one estimator; its options make its label (an MLflow-safe name)
     one = SampledRankingMetrics("hit@10", estimators=registry.Bv(gamma=0.25, prior=("beta", 2.0)))
-    assert one.labels == ("bv_gamma-0.25_prior-beta-2.0",)
+    assert one.settings.labels == ("bv_gamma-0.25_prior-beta-2.0",)
     with pytest.raises(ValueError, match="ties"):
         ExactRankingMetrics("hit@10", ties="random")
     scores, pos, exc = _on(device, *_data())
@@ -452,7 +462,7 @@ def test_rows_without_positives_need_no_sample_pool(device):
 
 def test_metric_names_are_canonical_and_distinct():
     m = ExactRankingMetrics(("mrr", "hr@10"))
-    assert m.metric_names == ("rr", "hit@10")
+    assert m.settings.metric_names == ("rr", "hit@10")
     with pytest.raises(ValueError, match="'mrr' and 'rr' name the same metric"):
         SampledRankingMetrics(("mrr", "rr"))
 
@@ -461,7 +471,7 @@ def test_adaptive_metric_equals_the_core_on_the_same_draws():
     """adaptive_max: the keyed stage draws with the stopping rule applied by hand (stage s keyed by
     stage_seed(seed, s)) give the ranks and sizes whose core estimate(adaptive=) the metric returns, whatever the
     batching; the cost is in the details; bad options are refused."""
-    from reco_sampled_plugin.adapters._shared import stage_seed
+    from reco_sampled_plugin._keyed import stage_seed
 
     scores, pos_mask, exclude = _data(users=80, n=400, seed=3)
     pos, exc = padded_inputs(scores, pos_mask, exclude)
@@ -523,7 +533,7 @@ def test_compute_leads_with_the_interval_and_explains_an_unresolved_top(caplog):
 
     scores, pos, exc = _data()
     m = SampledRankingMetrics(("ndcg@10", "auc"), n_samples=10, max_n_groups=None)
-    assert m.estimators == ("none", registry.DEFAULT_ESTIMATOR)
+    assert m.settings.estimators == ("none", registry.DEFAULT_ESTIMATOR)
     _loop(m, _batches(scores, pos, exc, 16))
     _shared._EXPLAINED.clear()
     with caplog.at_level(logging.WARNING):

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback
+from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
 from reco_sampled_plugin.datasets import load_ml100k
 from reco_sampled_plugin.registry import Method, Mle
 
@@ -125,9 +125,7 @@ def main(
     mask, train_loader, eval_loader = make_data()
     model = MatrixFactorization(mask)
     callback = RankingMetricsCallback(
-        METRICS,
-        n_samples=100,
-        estimators=estimators,
+        RankingSettings(METRICS, n_samples=100, estimators=estimators),
         headline=("ndcg@10", "exact"),
         plot_every_n_epochs=1 if plot else None,
         **callback_options,

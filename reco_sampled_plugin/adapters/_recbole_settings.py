@@ -54,7 +54,7 @@ def log_once(message: str, level: int = logging.WARNING) -> None:
         logger.log(level, message)
 
 
-# RecBole's list metrics -> the plugin's leave-one-out kind of the same name (part 6 of issue 25)
+# RecBole's list metrics -> the plugin's leave-one-out kind of the same name
 _LIST_TWINS = {"recall": "Recall", "hit": "Hit", "ndcg": "NDCG", "mrr": "MRR", "precision": "Precision", "map": "AP"}
 
 
@@ -361,21 +361,7 @@ def validate_config(config: Any) -> _Settings | None:
     families = {_family_of(n) for n in names}
     estimators = families - {"exact"}
     modes = _modes(config)
-    for phase, mode in modes.items():
-        if not isinstance(mode, str):
-            raise ValueError(f"eval_args.mode: expected a string for {phase}, got {mode!r}")
-        if mode == "labeled":
-            raise ValueError(
-                f"eval_args.mode: plugin metric {names[0]!r} needs a ranking evaluation (full, uniN or popN), "
-                f"but the {phase} mode is 'labeled' (no ranks)"
-            )
-        if mode != "full" and _sample_num(mode) is None:
-            raise ValueError(f"eval_args.mode: unsupported mode {mode!r} for the plugin metrics")
-        if mode != "full" and "exact" in families:
-            raise ValueError(
-                f"eval_args.mode: {[n for n in names if _family_of(n) == 'exact'][0]!r} needs exact ranks "
-                f"(full mode), but the {phase} mode is {mode!r}"
-            )
+    _check_modes(modes, names, families)
     seed_raw = config["rsp_seed"]
     seed = _as_int(seed_raw, "rsp_seed", 0) if seed_raw is not None else int(config["seed"] or 0)
     stderr = _as_bool(_get(config, "rsp_stderr"), "rsp_stderr")
@@ -393,35 +379,13 @@ def validate_config(config: Any) -> _Settings | None:
     replacement = _as_bool(_get(config, "rsp_replacement"), "rsp_replacement")
     m_raw = config["rsp_m"]
     m = None if m_raw is None else _as_int(m_raw, "rsp_m", 1)
-    for phase, mode in modes.items():
-        n_draws = _sample_num(mode)
-        if n_draws is not None and estimators:
-            if n_draws < 1:  # no sampled item: no sampling design (and nothing to estimate from)
-                raise ValueError(f"eval_args.mode: the {phase} mode {mode!r} samples no items; the plugin's estimated "
-                                 "metrics need N >= 1 sampled items per positive")
-            if m is not None and m != n_draws:
-                raise ValueError(f"rsp_m: {m} disagrees with the {phase} mode {mode!r}, which samples {n_draws} items")
-            if not replacement:
-                raise ValueError(f"rsp_replacement: RecBole's {mode!r} mode draws with replacement; set rsp_replacement: true")
-            if mode.startswith("pop"):  # the registry says which estimators take popularity draws, for which metric
-                from ._recbole_popularity import recbole_alpha
-
-                recbole_alpha(config)  # a NaN alpha would make RecBole's alias table (and the weights) meaningless
-                _check_popularity(mode, popularity_design(n_draws), names, chosen)
-        if mode == "full" and estimators and m is None:
-            est = [n for n in names if _family_of(n) != "exact"][0]
-            raise ValueError(
-                f"rsp_m: {est!r} estimates a full-catalogue metric from sampled ranks; in full mode set rsp_m "
-                "(e.g. 100) so the plugin simulates sampling, or evaluate in 'uniN' mode"
-            )
+    if estimators:
+        _check_sample_sizes(config, modes, names, chosen, m, replacement)
     adaptive_max = _adaptive_max(config, modes, m, replacement)
     design = _sampling_design(modes, m, replacement, adaptive_max)
     if design is not None and estimators:
         _check_supported(design, names, chosen)
-    topk_raw = config["topk"] or [10]
-    if isinstance(topk_raw, (str, bytes)) or not isinstance(topk_raw, (list, tuple, int, np.integer)):
-        raise ValueError(f"topk: expected an integer or a list of integers, got {topk_raw!r}")
-    topk = tuple(check_int(k, "topk", 1) for k in ([topk_raw] if isinstance(topk_raw, (int, np.integer)) else topk_raw))
+    topk = _topk(config)
     full_ranks = _as_bool(_get(config, "rsp_full_ranks"), "rsp_full_ranks") or any(n.endswith("auc") for n in names)
     decimal = config["metric_decimal_place"]
     return _Settings(
@@ -447,6 +411,61 @@ def validate_config(config: Any) -> _Settings | None:
         check_finite=_check_finite(_get(config, "rsp_check_finite")),
         design=design,
     )
+
+
+def _check_modes(modes: dict, names: tuple[str, ...], families: set) -> None:
+    """Every phase's mode ranks (``full``, ``uniN`` or ``popN``), and exact metrics run in full mode only."""
+    for phase, mode in modes.items():
+        if not isinstance(mode, str):
+            raise ValueError(f"eval_args.mode: expected a string for {phase}, got {mode!r}")
+        if mode == "labeled":
+            raise ValueError(
+                f"eval_args.mode: plugin metric {names[0]!r} needs a ranking evaluation (full, uniN or popN), "
+                f"but the {phase} mode is 'labeled' (no ranks)"
+            )
+        if mode != "full" and _sample_num(mode) is None:
+            raise ValueError(f"eval_args.mode: unsupported mode {mode!r} for the plugin metrics")
+        if mode != "full" and "exact" in families:
+            raise ValueError(
+                f"eval_args.mode: {[n for n in names if _family_of(n) == 'exact'][0]!r} needs exact ranks "
+                f"(full mode), but the {phase} mode is {mode!r}"
+            )
+
+
+def _check_sample_sizes(config: Any, modes: dict, names: tuple[str, ...], chosen: dict[str, str], m: int | None,
+                        replacement: bool) -> None:
+    """The estimated metrics' sample size in every phase: RecBole's N of a ``uniN`` / ``popN`` mode (>= 1, drawn
+    with replacement, equal to ``rsp_m`` when given; popN: the listed estimators take popularity draws), or
+    ``rsp_m`` in full mode (required there: the plugin simulates the draws)."""
+    for phase, mode in modes.items():
+        n_draws = _sample_num(mode)
+        if n_draws is not None:
+            if n_draws < 1:  # no sampled item: no sampling design (and nothing to estimate from)
+                raise ValueError(f"eval_args.mode: the {phase} mode {mode!r} samples no items; the plugin's estimated "
+                                 "metrics need N >= 1 sampled items per positive")
+            if m is not None and m != n_draws:
+                raise ValueError(f"rsp_m: {m} disagrees with the {phase} mode {mode!r}, which samples {n_draws} items")
+            if not replacement:
+                raise ValueError(f"rsp_replacement: RecBole's {mode!r} mode draws with replacement; set rsp_replacement: true")
+            if mode.startswith("pop"):  # the registry says which estimators take popularity draws, for which metric
+                from ._recbole_popularity import recbole_alpha
+
+                recbole_alpha(config)  # a NaN alpha would make RecBole's alias table (and the weights) meaningless
+                _check_popularity(mode, popularity_design(n_draws), names, chosen)
+        if mode == "full" and m is None:
+            est = [n for n in names if _family_of(n) != "exact"][0]
+            raise ValueError(
+                f"rsp_m: {est!r} estimates a full-catalogue metric from sampled ranks; in full mode set rsp_m "
+                "(e.g. 100) so the plugin simulates sampling, or evaluate in 'uniN' mode"
+            )
+
+
+def _topk(config: Any) -> tuple[int, ...]:
+    """RecBole's ``topk``: an integer or a list of integers >= 1 (default 10)."""
+    topk_raw = config["topk"] or [10]
+    if isinstance(topk_raw, (str, bytes)) or not isinstance(topk_raw, (list, tuple, int, np.integer)):
+        raise ValueError(f"topk: expected an integer or a list of integers, got {topk_raw!r}")
+    return tuple(check_int(k, "topk", 1) for k in ([topk_raw] if isinstance(topk_raw, (int, np.integer)) else topk_raw))
 
 
 def _check_finite(value: Any) -> bool | str:

@@ -15,7 +15,7 @@ the callback gets ``score_fn(pl_module, batch)`` returning the same. A factor mo
 while hot, never stored, so the metrics cost about what the scores alone would. With ``scorer=`` (a
 LightningModule method's name or a callable), the step hands over ``positives``, ``n_items`` and optional
 ``exclude``, ``ids``, ``users`` and nothing to score (a :class:`ScorerBatch`): the callback draws the keyed
-negatives and has the scorer score the positives and the drawn items only (issue 27), never a full row.
+negatives and has the scorer score the positives and the drawn items only, never a full row.
 
 Both namespaces are supported: ``lightning.pytorch`` and ``pytorch_lightning`` each need their own
 ``Callback`` base, so the class is built per namespace. ``RankingMetricsCallback`` is the one for
@@ -25,6 +25,7 @@ the ``pytorch_lightning`` one; :func:`callback_class` builds either.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import logging
 import math
@@ -35,17 +36,15 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, Sized, cast
 import torch
 from torch.utils.data import DistributedSampler
 
-from reco_sampled_plugin import registry
 from reco_sampled_plugin._checks import check_int
 from reco_sampled_plugin._options import check_bool, check_count, check_names
-from reco_sampled_plugin.design import SamplingDesign, as_design
 from reco_sampled_plugin._estimate import Estimate, interval_values
 
 from reco_sampled_plugin.factor_ranks import check_factors
 from reco_sampled_plugin.ranking import prepare_index
 from reco_sampled_plugin.scorer_ranks import DEFAULT_MAX_PAIRS, ScoringCost
 
-from ._shared import (FactorBatch, RankingBatch, ScorerBatch, as_ranking_batch, metric_key,
+from ._shared import (FactorBatch, RankingBatch, RankingSettings, ScorerBatch, as_ranking_batch, metric_key,
                       padded_inputs)
 from .torchmetrics import ExactRankingMetrics, SampledRankingMetrics
 from reco_sampled_plugin.metric_names import MetricSpec
@@ -54,6 +53,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "RankingMetricsCallback",
+    "RankingSettings",
     "PLRankingMetricsCallback",
     "RankingBatch",
     "FactorBatch",
@@ -115,107 +115,95 @@ class _LoaderState:
         return glob, (glob < n) if padded else None
 
 
+def _settings(settings: Any) -> RankingSettings:
+    """The callback's metric settings: a :class:`RankingSettings` (None: its defaults)."""
+    if settings is None:
+        return RankingSettings()
+    if not isinstance(settings, RankingSettings):
+        raise ValueError(f"settings: expected a RankingSettings such as RankingSettings(('ndcg@10', 'hit@10'), "
+                         f"n_samples=100), got {settings!r}")
+    return settings
+
+
+def _score_fn(score_fn: Any) -> Callable[[Any, Any], Any] | None:
+    if score_fn is not None and not callable(score_fn):
+        raise ValueError(f"score_fn: expected a callable score_fn(pl_module, batch) or None, got {score_fn!r}")
+    return score_fn
+
+
+def _scorer(scorer: Any, settings: RankingSettings) -> Any:
+    """``scorer``: a LightningModule method's name or a callable, with sampled metrics only (a ValueError naming
+    ``scorer`` otherwise; settings without exact metrics have a design: ``RankingSettings`` checks it)."""
+    if scorer is None:
+        return None
+    if not (callable(scorer) or (isinstance(scorer, str) and scorer.isidentifier())):
+        raise ValueError(f"scorer: expected the name of a LightningModule method pl_module.<name>(users, "
+                         f"items) or a callable scorer(pl_module, users, items), got {scorer!r}")
+    if settings.exact:
+        raise ValueError("scorer: exact metrics need every item's score, which a scorer-driven evaluation "
+                         "never computes; pass RankingSettings(..., exact=False) (sampled and corrected metrics "
+                         "only)")
+    return scorer
+
+
+def _headline(headline: Any, settings: RankingSettings, labels: tuple[str, ...]) -> tuple[str, str]:
+    """The (metric, label) also logged as ``val_<metric>``; default the first metric, exact if computed, else the
+    first corrected estimator."""
+    if headline is None:
+        pick = "exact" if settings.exact else next((lab for lab in labels if lab != "sampled"), labels[0])
+        return settings.metric_names[0], pick
+    if isinstance(headline, str) or not isinstance(headline, (tuple, list)) or len(headline) != 2:
+        raise ValueError(f"headline: expected a (metric, label) pair such as ('ndcg@10', 'exact'), got {headline!r}")
+    metric = str(_parse(headline[0]))
+    if metric not in settings.metric_names or headline[1] not in labels:
+        raise ValueError(f"headline: {headline!r} is not among metrics {settings.metric_names} x {labels}")
+    return metric, headline[1]
+
+
 class _RankingMetricsLogic:
     """The callback's behaviour, independent of the Lightning namespace (mixed into its Callback)."""
 
     def __init__(
         self,
-        metrics: str | Iterable[str] = ("ndcg@10", "recall@10"),
+        settings: RankingSettings | None = None,
         *,
-        exact: bool = True,
-        n_samples: int | SamplingDesign | None = 100,
-        estimators: Sequence[str | registry.Method] = ("none", registry.DEFAULT_ESTIMATOR),
-        seed: int = 0,
-        ties: str = "pessimistic",
-        count_other_positives: bool = False,
-        max_n_groups: int | None = 64,
-        check_finite: bool | str = True,
         score_fn: Callable[[Any, Any], Any] | None = None,
+        scorer: str | Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+        max_pairs: int = DEFAULT_MAX_PAIRS,
         stages: Sequence[str] = ("validate", "test"),
         headline: tuple[str, str] | None = None,
         prefix: str = "",
-        log_stderr: bool = False,
         log_interval: bool = True,
+        log_stderr: bool = False,
         dedup_padding: bool = True,
         progress: bool = True,
         plot_every_n_epochs: int | None = None,
-        scorer: str | Callable[[Any, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-        max_pairs: int = DEFAULT_MAX_PAIRS,
     ) -> None:
         super().__init__()
-        exact = check_bool(exact, "exact")
+        self.settings = _settings(settings)
+        self.score_fn = _score_fn(score_fn)
+        self.scorer = _scorer(scorer, self.settings)
         self.max_pairs = check_int(max_pairs, "max_pairs", minimum=1)
-        if scorer is not None:
-            if not (callable(scorer) or (isinstance(scorer, str) and scorer.isidentifier())):
-                raise ValueError(f"scorer: expected the name of a LightningModule method pl_module.<name>(users, "
-                                 f"items) or a callable scorer(pl_module, users, items), got {scorer!r}")
-            if exact:
-                raise ValueError("scorer: exact metrics need every item's score, which a scorer-driven evaluation "
-                                 "never computes; pass exact=False (sampled and corrected metrics only)")
-            if n_samples is None:
-                raise ValueError("scorer: a scorer scores the sampled items; n_samples=None leaves nothing to score")
-        if not exact and n_samples is None:
-            raise ValueError("exact=False and n_samples=None: nothing to compute")
         stages = check_names(stages, "stages", "stage names 'validate' and/or 'test'")  # one str: one stage
         bad = [s for s in stages if s not in _STAGES]
         if bad or not stages:
             raise ValueError(f"stages: unknown {bad}; use 'validate' and/or 'test'")
-        log_stderr = check_bool(log_stderr, "log_stderr")
-        log_interval = check_bool(log_interval, "log_interval")
-        dedup_padding = check_bool(dedup_padding, "dedup_padding")
-        progress = check_bool(progress, "progress")
+        self.stages = tuple(stages)
         if not isinstance(prefix, str):
             raise ValueError(f"prefix: expected a string, got {prefix!r}")
-        if score_fn is not None and not callable(score_fn):
-            raise ValueError(f"score_fn: expected a callable score_fn(pl_module, batch) or None, got {score_fn!r}")
-        if headline is not None and (isinstance(headline, str) or not isinstance(headline, (tuple, list))
-                                     or len(headline) != 2):
-            raise ValueError(f"headline: expected a (metric, label) pair such as ('ndcg@10', 'exact'), got {headline!r}")
-        self._exact_kwargs: dict[str, Any] = dict(metrics=metrics, ties=ties, count_other_positives=count_other_positives, check_finite=check_finite)
-        # the sampling design, coerced once (a SamplingDesign, or an int m); the sampled metrics of every loader get
-        # the design itself
-        design = as_design(n_samples)
-        if design is not None and design.exact_at_cap:  # its sampled metrics' state cannot hold exact ranks
-            raise ValueError("n_samples: exact_at_cap is not supported by RankingMetricsCallback: its sampled "
-                             "metrics (SampledRankingMetrics) hold sampled-rank counts, not exact ranks")
-        self._sampled_kwargs: dict[str, Any] = dict(
-            metrics=metrics,
-            n_samples=design,
-            estimators=estimators,
-            seed=seed,
-            ties=ties,
-            max_n_groups=max_n_groups,
-            check_finite=False,  # the exact pass (or the first update) checks
-        )
-        # validate every option now, not at the first batch
-        probe_exact = ExactRankingMetrics(**self._exact_kwargs)
-        probe_sampled = SampledRankingMetrics(**self._sampled_kwargs) if design is not None else None
-        self.exact = exact
-        self.design = design
-        self.n_samples = None if design is None else design.n_samples
-        self.check_finite = check_finite
-        self.metric_names = probe_exact.metric_names
-        self.labels = (("exact",) if exact else ()) + (
-            probe_sampled.labels if probe_sampled else ()
-        )
-        if headline is None:
-            pick = "exact" if exact else next((lab for lab in self.labels if lab != "sampled"), self.labels[0])
-            headline = (self.metric_names[0], pick)
-        h_metric = str(_parse(headline[0]))
-        if h_metric not in self.metric_names or headline[1] not in self.labels:
-            raise ValueError(f"headline: {headline!r} is not among metrics {self.metric_names} x {self.labels}")
-        self.headline = (h_metric, headline[1])
-        self.score_fn = score_fn
-        self.scorer = scorer
-        self.scoring_costs: dict[str, ScoringCost] = {}
-        self.stages = tuple(stages)
         self.prefix = prefix
-        self.log_stderr = log_stderr
-        self.log_interval = bool(log_interval)
-        self.dedup_padding = dedup_padding
-        self.progress = progress
+        self.log_interval = check_bool(log_interval, "log_interval")
+        self.log_stderr = check_bool(log_stderr, "log_stderr")
+        self.dedup_padding = check_bool(dedup_padding, "dedup_padding")
+        self.progress = check_bool(progress, "progress")
         self.plot_every_n_epochs = (None if plot_every_n_epochs is None
                                     else check_count(plot_every_n_epochs, "plot_every_n_epochs", 1))
+        # the sampled metrics of a callback with exact metrics do not check the scores again: the exact pass does
+        self._sampled_settings = (dataclasses.replace(self.settings, check_finite=False) if self.settings.exact
+                                  else self.settings)
+        self.labels = (("exact",) if self.settings.exact else ()) + self.settings.labels
+        self.headline = _headline(headline, self.settings, self.labels)
+        self.scoring_costs: dict[str, ScoringCost] = {}
         self._states: dict[tuple[str, int], _LoaderState] = {}
         self.results: dict[str, dict[str, Estimate]] = {}
         self.history: dict[str, list[dict[str, float]]] = {}
@@ -244,10 +232,10 @@ class _RankingMetricsLogic:
         st = self._states.get((stage, dataloader_idx))
         if st is None:
             device = pl_module.device
-            exact = ExactRankingMetrics(**self._exact_kwargs).to(device) if self.exact else None
+            exact = ExactRankingMetrics.from_settings(self.settings).to(device) if self.settings.exact else None
             # without exact metrics the sampled update checks the scores itself, in its one validation read
-            kw = self._sampled_kwargs if self.exact else {**self._sampled_kwargs, "check_finite": self.check_finite}
-            sampled = SampledRankingMetrics(**kw).to(device) if self.n_samples is not None else None
+            sampled = (SampledRankingMetrics.from_settings(self._sampled_settings).to(device)
+                       if self.settings.design is not None else None)
             loaders = trainer.val_dataloaders if stage == "validate" else trainer.test_dataloaders
             if isinstance(loaders, Mapping):
                 loaders = list(loaders.values())
@@ -300,7 +288,7 @@ class _RankingMetricsLogic:
             s_pos = st.exact.update_factors_padded(u, v, bias, pos, exc, keep)
         if st.sampled is not None:  # alone, it checks them in its one validation read
             st.sampled.update_factors_padded(u, v, bias, pos, exc, ids, keep, s_pos,
-                                             check_finite=st.exact is None and bool(self.check_finite))
+                                             check_finite=st.exact is None and bool(self.settings.check_finite))
 
     def _scorer_batch(self, st: _LoaderState, pl_module: Any, sb: ScorerBatch, where: str) -> None:
         """Sampled ranks through the scorer (``SampledRankingMetrics.update_from_scorer``): the keyed negatives
@@ -403,8 +391,9 @@ class _RankingMetricsLogic:
 
         hist = self.history[stage]
         epochs = [row["epoch"] for row in hist]
-        fig, axes = plt.subplots(1, len(self.metric_names), figsize=(4.2 * len(self.metric_names), 3.4), squeeze=False)
-        for ax, metric in zip(axes[0], self.metric_names):
+        names = self.settings.metric_names
+        fig, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
+        for ax, metric in zip(axes[0], names):
             for label in self.labels:
                 k = self.key(metric, label, stage)
                 ys = [row.get(k, math.nan) for row in hist]
@@ -523,26 +512,16 @@ def callback_class(namespace: str | None = None) -> type:
 _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace}``.
 
     Args:
-        metrics: metric names (``"ndcg@10"``, ``"recall@10"``, ``"hit@10"``, ``"mrr"``, ``"auc"``...).
-        exact: compute exact (full-catalogue) metrics.
-        n_samples: m sampled irrelevant items per relevant item, or a
-            :class:`~reco_sampled_plugin.design.SamplingDesign` (None: no sampled metrics): with or without
-            replacement, by popularity, or adaptive (``SamplingDesign(m, adaptive_max=cap)``: estimators ``mes``,
-            ``mle``, ``none``; the cost is logged as ``val/adaptive/mean_samples``, ``.../max_samples`` and
-            ``.../share_at_cap``); an int m is ``SamplingDesign(m)``.
-        estimators: estimators run on the sampled ranks, each a name of ``reco_sampled_plugin.registry.names()``
-            or a method object with its options (``registry.Bv(gamma=0.2)``, ``registry.Mle(n_bootstrap=8)``:
-            checked when built) whose entry supports the design (``"none"`` = plain sampled metric, corrections
-            such as ``bv``, mappings such as ``bound``, rank distributions ``mle``/``mes``); default
-            ``("none", registry.DEFAULT_ESTIMATOR)``. Logged under its label: the name (``none``: ``sampled``),
-            then each option set away from its default as ``_<option>-<value>`` (``bv_gamma-0.2``).
-        seed, ties, count_other_positives, max_n_groups: see
-            :class:`~reco_sampled_plugin.adapters.torchmetrics.SampledRankingMetrics`.
-        check_finite: True (default: NaN or inf anywhere in a step's scores is a ValueError; checked in the
-            exact metrics' counting pass at no measurable cost, or by one extra pass when ``exact=False``),
-            ``"positives"`` (only the relevant items' scores: faster without exact metrics, but a NaN irrelevant
-            score then goes unnoticed) or False. Cost measured in
-            :mod:`reco_sampled_plugin.adapters.torchmetrics`.
+        settings: the metric settings, a :class:`~reco_sampled_plugin.adapters.lightning.RankingSettings` (the
+            object the torchmetrics classes take: ``SampledRankingMetrics.from_settings``; default
+            ``RankingSettings()``): the metrics; ``exact`` (full-catalogue metrics); ``n_samples``, m or a
+            :class:`~reco_sampled_plugin.design.SamplingDesign` (None: no sampled metrics; adaptive designs log
+            their cost as ``val/adaptive/mean_samples``, ``.../max_samples`` and ``.../share_at_cap``); the
+            ``estimators`` run on the sampled ranks, each logged under its label (the name, ``none``:
+            ``sampled``, then each option set away from its default as ``_<option>-<value>``: ``bv_gamma-0.2``);
+            ``seed``, ``ties``, ``count_other_positives``, ``max_n_groups``; ``check_finite`` (True: NaN or inf
+            anywhere in a step's scores is a ValueError, checked in the exact metrics' counting pass at no
+            measurable cost, or by one extra pass without exact metrics; ``"positives"``; False).
         score_fn: ``score_fn(pl_module, batch)`` -> dict / RankingBatch / FactorBatch; default: the
             step's output.
         stages: ``("validate", "test")`` or a subset.
@@ -557,12 +536,13 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
         progress: a tqdm bar over the epoch-end estimators (rank zero, when the trainer shows progress).
         plot_every_n_epochs: every k epochs, plot exact vs sampled vs corrected values over epochs
             to the loggers (TensorBoard figure, MLflow artifact, W&B image, else a PNG in the log dir).
-        scorer: evaluate through a scorer, never a full score row (issue 27; docs/scorer.md): the name of a
+        scorer: evaluate through a scorer, never a full score row (docs/scorer.md): the name of a
             LightningModule method ``pl_module.<name>(users, items) -> scores`` or a callable
             ``scorer(pl_module, users, items) -> scores`` (users (B',) int64, items (B', L) int64 on the module's
             device; (B', L) scores back there; pointwise). The step (or ``score_fn``) then returns ``positives``,
             ``n_items`` and optional ``exclude``, ``ids``, ``users`` (the ids the scorer gets; default the
-            instance ids) and no ``scores``. Needs ``exact=False``. The cost is logged as ``val/scoring/pairs``,
+            instance ids) and no ``scores``. Needs ``RankingSettings(..., exact=False)``. The cost is logged as
+            ``val/scoring/pairs``,
             ``.../calls``, ``.../share_of_full``, ``.../scorer_seconds``, ``.../loop_seconds`` (summed over the
             processes) and kept in :attr:`scoring_costs`.
         max_pairs: at most this many (user, item) pairs per scorer call.

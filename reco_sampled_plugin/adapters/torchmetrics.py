@@ -14,12 +14,12 @@ memory does not grow with the number of users:
   estimator): any registered estimator, by name or as a method object with its options (``Bv(gamma=0.2)``).
 
 A model that is expensive to score: :meth:`SampledRankingMetrics.update_from_scorer` takes a pointwise scorer instead
-of the score matrix and scores only the positives and their keyed negatives (issue 27); the state is the one
+of the score matrix and scores only the positives and their keyed negatives; the state is the one
 ``update`` gives on the materialised matrix, and :meth:`~SampledRankingMetrics.scoring_cost` records the calls' cost.
 
 Results are per relevant item (the single-relevant-item form M(r) of the papers): with one held-out
 item per user, per user. Negatives are keyed by (seed, instance id, positive item), see
-``reco_sampled_plugin/adapters/_shared.py``; pass ``ids`` (user indices) to make results independent of batching and of
+``reco_sampled_plugin/_keyed.py``; pass ``ids`` (user indices) to make results independent of batching and of
 the number of processes. Rows with ``keep`` False (e.g. DistributedSampler padding) are not counted.
 
 States are added together (``merge_state``, ``forward``, DDP sync) only when they belong together: the same
@@ -44,7 +44,7 @@ scores. (The sampled check is now one ``aminmax`` pass, finite iff both ends are
 
 On an accelerator an update waits for the device a fixed number of times whatever B and n: every check of a
 sampled batch (finite scores or factors, pools large enough to draw from) is kept on the device and read back in
-one synchronisation (``_shared.DeviceChecks``), plus one per adaptive stage (which rows go on) and, without
+one synchronisation (``_keyed.DeviceChecks``), plus one per adaptive stage (which rows go on) and, without
 replacement, one duplicate check; exact metrics add none of their own (masked sums). Nothing per batch reads a
 state back: histogram rows are grown from the batch's shapes (e <= E + P - 1) and filled by an accumulating
 scatter, and the catalogue size is checked against the host's record. ``tests/test_gpu_readiness_adapters.py``
@@ -59,21 +59,21 @@ import logging
 import math
 import time
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
-import numpy as np
 import torch
 from torchmetrics import Metric
 
 from reco_sampled_plugin._checks import check_elements, check_int, check_size, real_tensor
 from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags, score_tensor
-from reco_sampled_plugin._options import (check_bool, check_choice, check_count, check_metric_names, check_names,
-                                          check_seed)
+from reco_sampled_plugin._keyed import (DeviceChecks, DrawnScores, FactorScores, MatrixScores, RowKeys, ScorerScores,
+                                        keyed_adaptive_ranks, keyed_ranks)
+from reco_sampled_plugin._options import check_bool
 from reco_sampled_plugin._estimate import Estimate, interval_values
 from reco_sampled_plugin import registry
 from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS
 from reco_sampled_plugin._rank_hist import RankHistogram
-from reco_sampled_plugin.design import SamplingDesign, as_design
+from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin import estimators  # the contract, estimators._estimate (to be renamed estimate)
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin._types import TensorLike
@@ -86,27 +86,18 @@ from reco_sampled_plugin.scorer_ranks import (DEFAULT_MAX_PAIRS, Scorer, ScorerC
 from reco_sampled_plugin.tie_expectation import expected_single_item_values
 
 from ._shared import (
-    DeviceChecks,
+    RankingSettings,
     adaptive_columns,
     adaptive_histogram_from_rows,
-    check_ties,
-    keyed_adaptive_ranks,
-    keyed_factor_ranks_only,
-    keyed_ranks_only,
-    estimator_methods,
     explain_once,
     histogram_from_rows,
-    keyed_sampled_ranks,
-    keyed_popularity_ranks,
-    keyed_sampled_ranks_from_factors,
-    keyed_scorer_ranks,
     padded_inputs,
     stderr_from_sums,
 )
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ExactRankingMetrics", "SampledRankingMetrics", "estimate_values"]
+__all__ = ["RankingSettings", "ExactRankingMetrics", "SampledRankingMetrics", "estimate_values"]
 
 # the ``pop`` state's columns (popularity designs): one row per relevant item
 # (then pl_fit's class counts: POP_BINS columns each of the profile, beat_bins and miss_bins; then the positive's
@@ -129,23 +120,6 @@ def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
         for key, v in interval_values(k, e, interval=interval, stderr=stderr).items():
             out[key] = torch.tensor(v, dtype=torch.float64)
     return out
-
-
-def _metric_names(metrics: str | Iterable[str]) -> tuple[str, ...]:
-    names = check_names(metrics, "metrics")  # one name alone is one metric, not its letters
-    canonical = tuple(str(s) for s in check_metric_names(names))  # the names results are keyed and logged under
-    for i, c in enumerate(canonical):
-        if c in canonical[:i]:
-            raise ValueError(f"metrics: {names[canonical.index(c)]!r} and {names[i]!r} name the same metric ({c!r})")
-    return canonical
-
-
-def _check_finite_option(value: Any) -> bool | str:
-    """True, False (numpy bools too, as every bool option) or ``"positives"``."""
-    if isinstance(value, np.bool_):
-        value = bool(value)
-    choices: tuple[bool | str, ...] = (True, False, "positives")
-    return check_choice(value, choices, "check_finite")
 
 
 def _empty_estimate(n_instances: float, details: dict) -> Estimate:
@@ -224,13 +198,39 @@ def _field_hash(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little") >> 2
 
 
+_M = TypeVar("_M", bound="_MergeChecked")
+
+
 class _MergeChecked(Metric):
     """The one compatibility check of every stateful metric class before states are added together
     (``merge_state``, ``forward``'s batch state, DDP sync): a ValueError naming what differs instead of a sum of
     states that do not belong together (a silently wrong estimate, or a RuntimeError from tensor sizes).
 
     A class lists in :meth:`_merge_fields` the settings its states depend on (``{name: text}``) and in
-    :meth:`_check_incoming` checks a state's tensors against its own (shapes, catalogue size)."""
+    :meth:`_check_incoming` checks a state's tensors against its own (shapes, catalogue size).
+
+    Also what both classes share: their settings (:class:`RankingSettings`, checked once when built; a metric of
+    settings already built: :meth:`from_settings`) and torchmetrics' class attributes."""
+
+    full_state_update = False
+    is_differentiable = False
+    higher_is_better = True
+
+    settings: RankingSettings
+
+    @classmethod
+    def from_settings(cls: type[_M], settings: RankingSettings, **kwargs: Any) -> _M:
+        """The metric of ``settings`` (checked when they were built; e.g. one object shared with the Lightning
+        callback); ``kwargs``: the class's own keywords (``interval``, ``stderr``) and torchmetrics' ``Metric``
+        keywords."""
+        if not isinstance(settings, RankingSettings):
+            raise ValueError(f"settings: expected a RankingSettings, got {type(settings).__name__}")
+        metric = cls.__new__(cls)
+        metric._build(settings, **kwargs)
+        return metric
+
+    def _build(self, settings: RankingSettings, **kwargs: Any) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
 
     def _merge_fields(self) -> dict[str, str]:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -309,16 +309,13 @@ class ExactRankingMetrics(_MergeChecked):
     item_factors, positives, exclude=None, keep=None, item_bias=None)`` for a factor model (scores in
     cache-sized tiles, never stored); ``compute()`` returns
     ``{"<metric>/exact": float64 tensor}``; :meth:`estimates` returns :class:`Estimate` objects with
-    standard errors.
+    standard errors. The options are those of :class:`RankingSettings` (``from_settings`` takes them as one
+    object); :attr:`settings` holds them.
     """
 
     # torchmetrics states (``add_state``)
     sums: torch.Tensor
     count: torch.Tensor
-
-    full_state_update = False
-    is_differentiable = False
-    higher_is_better = True
 
     def __init__(
         self,
@@ -329,12 +326,13 @@ class ExactRankingMetrics(_MergeChecked):
         check_finite: bool | str = True,
         **kwargs: Any,
     ) -> None:
+        self._build(RankingSettings(metrics, None, ties=ties, count_other_positives=count_other_positives,
+                                    check_finite=check_finite), **kwargs)
+
+    def _build(self, settings: RankingSettings, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.metric_names = _metric_names(metrics)
-        self.specs = tuple(parse_metric(m) for m in self.metric_names)
-        self.ties = check_ties(ties)
-        self.count_other_positives = check_bool(count_other_positives, "count_other_positives")
-        self.check_finite = _check_finite_option(check_finite)
+        self.settings = settings
+        self.specs = tuple(parse_metric(m) for m in self.settings.metric_names)
         # per metric: sum of M(r), sum of M(r)^2, number of relevant items it is defined for
         self.add_state("sums", torch.zeros(len(self.specs), 3, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
@@ -358,11 +356,11 @@ class ExactRankingMetrics(_MergeChecked):
         if not scores.is_floating_point() or scores.dim() != 2:
             raise ValueError(f"scores: expected a floating (B, n) matrix, got {tuple(scores.shape)} {scores.dtype}")
         ties = self._kernel_ties
-        if self.check_finite is True:  # in the counting pass, which reads every score anyway (free)
-            ranks = exact_ranks_padded(scores, pos, exc, ties, self.count_other_positives, check_finite=True)
+        if self.settings.check_finite is True:  # in the counting pass, which reads every score anyway (free)
+            ranks = exact_ranks_padded(scores, pos, exc, ties, self.settings.count_other_positives, check_finite=True)
         else:
-            _check_scores(scores, pos, self.check_finite)  # "positives": one read; False: nothing
-            ranks = exact_ranks_padded(scores, pos, exc, ties, self.count_other_positives)
+            _check_scores(scores, pos, self.settings.check_finite)  # "positives": one read; False: nothing
+            ranks = exact_ranks_padded(scores, pos, exc, ties, self.settings.count_other_positives)
         self._add_ranks(ranks, pos, exc, scores.shape[1], keep)
 
     def update_factors(self, user_factors: TensorLike, item_factors: TensorLike, positives: TensorLike,
@@ -379,14 +377,14 @@ class ExactRankingMetrics(_MergeChecked):
                               exc: torch.Tensor | None, keep: torch.Tensor | None = None) -> torch.Tensor | None:
         """:meth:`update_factors` on validated inputs; returns the positives' scores (for sampled ranks)."""
         _updated(self)
-        ranks, s_pos = factor_ranks_padded(u, v, bias, pos, exc, self._kernel_ties, self.count_other_positives)
+        ranks, s_pos = factor_ranks_padded(u, v, bias, pos, exc, self._kernel_ties, self.settings.count_other_positives)
         self._add_ranks(ranks, pos, exc, v.shape[0], keep)
         return s_pos
 
     @property
     def _kernel_ties(self) -> str:
         """``average``: the ranking kernels return each positive's tie group [lo, hi] (metrics = expectations)."""
-        return TIE_BOUNDS if self.ties == "average" else self.ties
+        return TIE_BOUNDS if self.settings.ties == "average" else self.settings.ties
 
     def _add_ranks(self, ranks: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
                    keep: torch.Tensor | None) -> None:
@@ -396,7 +394,7 @@ class ExactRankingMetrics(_MergeChecked):
         bounds = ranks if ranks.dim() == 3 else None
         if bounds is not None:
             ranks = bounds[..., 0]
-        n = padded_candidate_counts(n_items, pos, exc, self.count_other_positives)
+        n = padded_candidate_counts(n_items, pos, exc, self.settings.count_other_positives)
         valid = pos >= 0
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
@@ -420,13 +418,13 @@ class ExactRankingMetrics(_MergeChecked):
         self.count += _to(w.sum(), self.count.device)
 
     def _merge_fields(self) -> dict[str, str]:
-        return {"metrics": repr(self.metric_names), "ties": repr(self.ties),
-                "count_other_positives": repr(self.count_other_positives)}
+        return {"metrics": repr(self.settings.metric_names), "ties": repr(self.settings.ties),
+                "count_other_positives": repr(self.settings.count_other_positives)}
 
     def _check_incoming(self, state: Mapping[str, Any]) -> None:
         if state["sums"].shape != self.sums.shape or state["count"].numel() != 1:
             raise ValueError(f"metrics: the incoming state holds sums of shape {tuple(state['sums'].shape)}, this one "
-                             f"{tuple(self.sums.shape)} (one row per metric of {self.metric_names})")
+                             f"{tuple(self.sums.shape)} (one row per metric of {self.settings.metric_names})")
 
     def _sync_dist(self, dist_sync_fn: Callable | None = None, process_group: Any = None) -> None:
         """Check that every process is configured alike (:meth:`_check_sync`), then let torchmetrics sum."""
@@ -439,7 +437,7 @@ class ExactRankingMetrics(_MergeChecked):
     def _estimates(self) -> dict[str, Estimate]:
         sums = self.sums.detach().cpu().tolist()
         out = {}
-        for name, (s1, s2, count) in zip(self.metric_names, sums):
+        for name, (s1, s2, count) in zip(self.settings.metric_names, sums):
             details = {"method": "exact", "metric": name}
             if count <= 0:
                 out[f"{name}/exact"] = _empty_estimate(count, details)
@@ -464,36 +462,18 @@ class SampledRankingMetrics(_MergeChecked):
     """Sampled metrics (m irrelevant items per relevant item) and their corrected estimates.
 
     Args:
-        metrics: metric names (``"ndcg@10"``, ``"hit@10"``, ``"auc"``...).
-        n_samples: m, sampled irrelevant items per relevant item (RecBole's ``uni100``: m = 100), or a
-            :class:`~reco_sampled_plugin.design.SamplingDesign` (uniform draws: with or without replacement,
-            adaptive; or popularity draws with replacement, ``SamplingDesign(m, popularity=w)``: keyed inverse-cdf
-            draws from the score matrix, the state then also keeps each relevant item's Hansen-Hurwitz statistics,
-            one row per relevant item concatenated across processes, which the registry's popularity estimators
-            read, e.g. ``hh`` for AUC; docs/popularity.md). Adaptive (``SamplingDesign(m, adaptive_max=cap)``,
-            ``reco_sampled_plugin.adaptive``): a relevant item ranked first among its m draws draws m more (keyed
-            per stage) until it is not first or m would exceed the cap; estimators that take adaptive designs
-            (``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``); the state becomes one row per n of
-            sum over stages of (new draws + 1) counts (about ``adaptive_max`` numbers per distinct n); each
-            estimate's ``details["adaptive"]`` holds the cost (mean and largest m, share at the cap). An int m is
-            ``SamplingDesign(m)``; :attr:`design` is the SamplingDesign either way.
-        estimators: the estimators run at ``compute``, each a registered name (``registry.names()``) or a method
-            object with its options (``registry.Bv(gamma=0.2)``, ``Mes(n_bootstrap=8)``, ``Beta(a=0.5)``: checked
-            when built), whose entry supports the design; ``"none"`` is the plain sampled metric. Each is reported
-            under its label (``_shared.estimator_label``): the name (``none``: ``sampled``), then each option set
-            away from its default as ``_<option>-<value>`` (``bv_gamma-0.2``); two with one label are refused.
+        metrics, n_samples, estimators, seed, ties, max_n_groups, check_finite: the settings of
+            :class:`RankingSettings` (:attr:`settings` holds them; ``from_settings`` takes them as one object).
+            Popularity designs (``SamplingDesign(m, popularity=w)``: keyed inverse-cdf draws from the score matrix)
+            also keep each relevant item's Hansen-Hurwitz statistics, one row per relevant item concatenated across
+            processes, which the registry's popularity estimators read (``hh`` for AUC; docs/popularity.md).
+            Adaptive designs (``SamplingDesign(m, adaptive_max=cap)``, ``reco_sampled_plugin.adaptive``): a
+            relevant item ranked first among its m draws draws m more (keyed per stage) until it is not first or m
+            would exceed the cap; estimators that take them: ``registry.names(adaptive=True)`` (``mle``, ``mes``,
+            ``none``); the state becomes one row per n of sum over stages of (new draws + 1) counts (about
+            ``adaptive_max`` numbers per distinct n); each estimate's ``details["adaptive"]`` holds the cost.
             A (metric, estimator) pair the registry does not list (``registry.names(metric=...)``: ``hh`` estimates
-            AUC only) is not reported. Default: ``("none", registry.DEFAULT_ESTIMATOR)``: the sampled metric and
-            ``auto``. :attr:`estimators` keeps them as given, :attr:`methods` as method objects, :attr:`labels`.
-        seed: key of the negative draws (same seed, same instance id -> same negatives).
-        ties: ``"pessimistic"`` (default), ``"optimistic"`` or ``"average"``.
-        max_n_groups: at most this many distinct candidate counts n are handed to the estimators;
-            beyond, n is pooled into count-quantile bins (count-weighted median n per bin), as the
-            core's ``mle`` does. None: every distinct n gets its own exact table (one correction table
-            per n, slow with hundreds of distinct n). Default 64.
-        check_finite: True (default: every score, one extra pass over the matrix, measured in the module
-            docstring), ``"positives"`` (only the relevant items' scores: a NaN irrelevant score that is drawn then
-            silently counts as below the positive) or False. Factor inputs are checked (factors and bias) unless False.
+            AUC only) is not reported. ``ties="average"`` is refused (fractional sampled ranks).
         interval: ``compute()`` also returns ``"<metric>/<label>_lo"`` and ``"_hi"``, the 95% interval of each
             estimate (``Estimate.interval(0.95)``: widened where the top is unresolved; default True).
         stderr: ``compute()`` also returns ``"<metric>/<label>_stderr"``, the standard error: sampling noise only
@@ -515,10 +495,6 @@ class SampledRankingMetrics(_MergeChecked):
     n_items: torch.Tensor
     pop: torch.Tensor
 
-    full_state_update = False
-    is_differentiable = False
-    higher_is_better = True
-
     def __init__(
         self,
         metrics: str | Iterable[str] = ("ndcg@10", "recall@10"),
@@ -533,53 +509,26 @@ class SampledRankingMetrics(_MergeChecked):
         stderr: bool = False,
         **kwargs: Any,
     ) -> None:
+        self._build(RankingSettings(metrics, n_samples, estimators, exact=False, seed=seed, ties=ties,
+                                    max_n_groups=max_n_groups, check_finite=check_finite),
+                    interval=interval, stderr=stderr, **kwargs)
+
+    def _build(self, settings: RankingSettings, interval: bool = True, stderr: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.interval = check_bool(interval, "interval")
         self.stderr = check_bool(stderr, "stderr")
-        self.metric_names = _metric_names(metrics)
-        if n_samples is None:
-            raise ValueError("n_samples: expected a positive integer m or a SamplingDesign, got None")
-        # the one coercion (design.py): m in 1..MAX_SAMPLES (the state holds m + 1 counts per distinct n), the cap,
-        # the law
-        design = as_design(n_samples)
-        if design.exact_at_cap:  # the state (counts per stage and n) has no place for exact ranks: refused
-            raise ValueError("n_samples: exact_at_cap is not supported by SampledRankingMetrics: its state holds "
-                             "sampled-rank counts per stage, not exact ranks; draw with adaptive_sampled_ranks or "
-                             "sampled_ranks_from_scorer and estimate(metric, sampled) instead")
-        if design.law not in ("binomial", "hypergeometric", "popularity"):  # a new law: refused
-            raise ValueError(f"n_samples: the keyed draws of SampledRankingMetrics are uniform or by popularity; "
-                             f"{design!r} ({design.law} draws) is not supported")
-        if design.popularity is not None and not design.replacement:
-            raise ValueError("n_samples: keyed popularity draws are with replacement (the Hansen-Hurwitz statistics "
-                             "need independent draws); use SamplingDesign(m, popularity=w) with replacement")
+        if settings.design is None:
+            raise ValueError("n_samples: SampledRankingMetrics needs a sampling design; the settings have none "
+                             "(n_samples=None)")
+        self.settings = settings
+        self._design = design = settings.design  # the sampled metrics' design (never None here)
         # popularity: the weights on the host (moved to each batch's device), and a hash for the merge checks
         self._pop_weights = None if design.popularity is None else design.popularity.detach().cpu()
         self._pop_hash = None if self._pop_weights is None else \
             hashlib.sha256(self._pop_weights.numpy().tobytes()).hexdigest()[:16]
-        self.design: SamplingDesign = design
         self._adaptive = design.adaptive  # the stages of an adaptive design (None for a fixed m)
-        self.n_samples = design.n_samples
-        self.adaptive_max = design.adaptive_max
-        # names or method objects (options checked when each was built; a name is its method with the defaults)
-        self.estimators, self.methods, self.labels = estimator_methods(estimators)
-        self.replacement = design.replacement
-        self.sampling = design.law
-        bad = [lab for lab, e in zip(self.labels, self.methods) if not type(e).entry.supports(design)]
-        if bad and self._adaptive is not None:
-            raise ValueError(f"estimators: {bad} assume one fixed m per relevant item; with an adaptive design use "
-                             f"some of {registry.names(adaptive=True)}")
-        if bad:
-            raise ValueError(f"estimators: {bad} do not support {design.describe()}; use some of "
-                             f"{registry.names(design=design)}")
-        self.seed = check_seed(seed, "seed")
-        self.ties = check_ties(ties)
-        if self.ties == "average":
-            raise ValueError("ties: 'average' gives fractional sampled ranks; sampled metrics take 'pessimistic' or "
-                             "'optimistic' (exact metrics alone accept 'average': n_samples=None in the callback)")
-        self.max_n_groups = None if max_n_groups is None else check_count(max_n_groups, "max_n_groups", 1)
-        self.check_finite = _check_finite_option(check_finite)
         # rows e = 0.. of m + 1 counts for n = n_items - e; rows are added as larger e appear
-        width = self.n_samples + 1 if self._adaptive is None else adaptive_columns(self._adaptive)[1]
+        width = self._design.n_samples + 1 if self._adaptive is None else adaptive_columns(self._adaptive)[1]
         self.add_state("hist", torch.zeros(0, width, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("n_items", torch.zeros((), dtype=torch.int64), dist_reduce_fx="max")
         if self._pop_weights is not None:  # per relevant item: r~, n, S1, S2, beating draws, unreachable (concatenated)
@@ -612,30 +561,45 @@ class SampledRankingMetrics(_MergeChecked):
         b, n_items = scores.shape
         self._check_n_items(n_items)
         checks = DeviceChecks()  # every check of the batch, read back once
-        _check_scores(scores, pos, self.check_finite, checks)
-        ids = self._ids(ids, b, scores.device)
-        if self._pop_weights is not None:
-            if self._pop_weights.shape[0] != n_items:
-                raise ValueError(f"n_samples: the design's popularity weights count {self._pop_weights.shape[0]} "
-                                 f"items, the scores {n_items}")
-            ranks, n_cand, stats = keyed_popularity_ranks(scores, pos, exc, self.n_samples, ids, self.seed,
-                                                          self._pop_weights, self.ties, checks)
-            checks.read()
-            self._add_ranks(ranks, n_cand, pos, exc, n_items, keep)  # refuses the batch whole before any change
-            self._add_popularity(ranks, n_cand, stats, pos, keep)  # then the statistics (nothing half-written)
-            return
-        ranks, n_cand = keyed_sampled_ranks(
-            scores, pos, exc, self.n_samples, ids, self.seed, self.replacement, self.ties, checks
-        )
-        checks.read()  # the batch's one validation read (without replacement, read with the small-pool sizes)
-        sizes = None
-        if self._adaptive is not None:
-            def draw(rows: torch.Tensor, m_new: int, seed: int, need: torch.Tensor) -> Any:  # the pools were checked at stage 0: nothing to check (or read) here
-                return keyed_ranks_only(scores[rows], pos[rows], None if exc is None else exc[rows], m_new,
-                                        ids[rows], seed, True, self.ties, DeviceChecks())
+        _check_scores(scores, pos, self.settings.check_finite, checks)
+        keys = RowKeys.of(self.settings.seed, self._ids(ids, b, scores.device), scores.device)
+        if self._pop_weights is not None and self._pop_weights.shape[0] != n_items:
+            raise ValueError(f"n_samples: the design's popularity weights count {self._pop_weights.shape[0]} "
+                             f"items, the scores {n_items}")
+        self._add_batch(MatrixScores(scores), pos, exc, n_items, keys, keep, checks)
 
-            ranks, sizes = keyed_adaptive_ranks(draw, ranks, self._adaptive, self.seed)
+    def _add_batch(self, source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, keys: RowKeys,
+                   keep: torch.Tensor | None, checks: DeviceChecks | None, slots: torch.Tensor | None = None) -> None:
+        """Rank a batch against its keyed negatives, scored by ``source`` (:meth:`_rank_batch`), and add it to the
+        state (:meth:`_add_ranked`)."""
+        self._add_ranked(self._rank_batch(source, pos, exc, n_items, keys, checks, slots), pos, exc, n_items, keep)
+
+    def _rank_batch(self, source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
+                    keys: RowKeys, checks: DeviceChecks | None,
+                    slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
+        """(ranks, final sizes or None, popularity statistics or None) of a batch: the design's first stage
+        (:func:`~reco_sampled_plugin._keyed.keyed_ranks`), then an adaptive design's later stages
+        (:func:`~reco_sampled_plugin._keyed.keyed_adaptive_ranks`). ``checks``: the batch's pending validation flags,
+        read once after the first stage's draw (without replacement: with the small-pool sizes); None: each draw
+        reads its own. ``slots``: the slots to rank (default every positive)."""
+        ties = self.settings.ties
+        first = keyed_ranks(source, pos, exc, n_items, self._design, keys, ties, slots=slots, checks=checks)
+        if checks is not None:
+            checks.read()  # the batch's one validation read
+        if self._adaptive is None:
+            return first.ranks, None, first.stats
+        ranks, sizes = keyed_adaptive_ranks(source, pos, exc, n_items, first, self._adaptive, keys, ties)
+        return ranks, sizes, None
+
+    def _add_ranked(self, ranked: tuple[torch.Tensor, torch.Tensor | None, Any], pos: torch.Tensor,
+                    exc: torch.Tensor | None, n_items: int, keep: torch.Tensor | None) -> None:
+        """Add :meth:`_rank_batch`'s ranks to the histogram (which refuses the batch whole before any change), then
+        the popularity statistics (nothing half-written)."""
+        ranks, sizes, stats = ranked
+        n_cand = padded_candidate_counts(n_items, pos, exc, count_other_positives=False)
         self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
+        if stats is not None:
+            self._add_popularity(ranks, n_cand, stats, pos, keep)
 
     def update_factors(self, user_factors: TensorLike, item_factors: TensorLike, positives: TensorLike,
                        exclude: TensorLike | None = None, ids: TensorLike | None = None, keep: torch.Tensor | None = None,
@@ -645,13 +609,13 @@ class SampledRankingMetrics(_MergeChecked):
         self._refuse_popularity("update_factors")
         u, v, bias = check_factors(user_factors, item_factors, item_bias)
         pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device)
-        self.update_factors_padded(u, v, bias, pos, exc, ids, keep, check_finite=bool(self.check_finite))
+        self.update_factors_padded(u, v, bias, pos, exc, ids, keep, check_finite=bool(self.settings.check_finite))
 
     def _refuse_popularity(self, where: str) -> None:
         """Keyed popularity draws are made from the score matrix (:meth:`update`) only, for now."""
         if self._pop_weights is not None:
             raise ValueError(f"n_samples: {where} draws uniformly keyed negatives; a popularity design "
-                             f"({self.design.describe()}) is drawn from the score matrix: use update(scores, ...)")
+                             f"({self._design.describe()}) is drawn from the score matrix: use update(scores, ...)")
 
     def _add_popularity(self, ranks: torch.Tensor, n_cand: torch.Tensor, stats: Any, pos: torch.Tensor,
                         keep: torch.Tensor | None) -> None:
@@ -684,7 +648,7 @@ class SampledRankingMetrics(_MergeChecked):
         profile, beat_bins, miss_bins = counts.unbind(1)  # PROFILE_FIELDS' order
         stats = PopularityStats(t[:, 4], t[:, 2], t[:, 3], t[:, 5].to(torch.int64), profile, beat_bins, miss_bins,
                                 t[:, _POP_WEIGHT_AT])
-        return SampledRanks(t[:, 0], t[:, 1], None, self.design, popularity_stats=stats)
+        return SampledRanks(t[:, 0], t[:, 1], None, self._design, popularity_stats=stats)
 
     def update_factors_padded(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
                               exc: torch.Tensor | None, ids: TensorLike | None = None, keep: torch.Tensor | None = None,
@@ -698,25 +662,13 @@ class SampledRankingMetrics(_MergeChecked):
         checks = DeviceChecks()
         if check_finite:
             _check_factors_finite(u, v, bias, checks)
-        ids = self._ids(ids, b, u.device)
-        ranks, n_cand = keyed_sampled_ranks_from_factors(
-            u, v, bias, pos, exc, self.n_samples, ids, self.seed, self.replacement, self.ties, pos_scores, checks
-        )
-        checks.read()
-        sizes = None
-        if self._adaptive is not None:
-            def draw(rows: torch.Tensor, m_new: int, seed: int, need: torch.Tensor) -> Any:
-                return keyed_factor_ranks_only(
-                    u[rows], v, bias, pos[rows], None if exc is None else exc[rows], m_new, ids[rows], seed, True,
-                    self.ties, None if pos_scores is None else pos_scores[rows], DeviceChecks())
-
-            ranks, sizes = keyed_adaptive_ranks(draw, ranks, self._adaptive, self.seed)
-        self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
+        keys = RowKeys.of(self.settings.seed, self._ids(ids, b, u.device), u.device)
+        self._add_batch(FactorScores(u, v, bias, pos_scores), pos, exc, n_items, keys, keep, checks)
 
     def update_from_scorer(self, scorer: Scorer, positives: TensorLike, n_items: int, exclude: TensorLike | None = None,
                            ids: TensorLike | None = None, users: TensorLike | None = None,
                            keep: torch.Tensor | None = None, max_pairs: int = DEFAULT_MAX_PAIRS) -> None:
-        """Add a batch through a scorer, never a score matrix (issue 27): the keyed negatives :meth:`update` would
+        """Add a batch through a scorer, never a score matrix: the keyed negatives :meth:`update` would
         draw for these ``ids`` (fixed m, with or without replacement, adaptive stages), but only the positives
         and their drawn items are scored, by ``scorer(users, items) -> scores`` (users (B',) int64, items (B', L)
         int64 on the positives' device; (B', L) real scores back there, higher = better; pointwise), in calls of
@@ -748,27 +700,20 @@ class SampledRankingMetrics(_MergeChecked):
         saved = (self._rows_seen, self._n_items_host)
         try:  # nothing reaches the state (or the row counter) unless every call succeeds
             self._check_n_items(n)
-            ids = self._ids(ids, b, device)
-            who = ids.to(torch.int64) if users is None else check_users(users, b, device)
-            calls = ScorerCalls(scorer, max_pairs, self.check_finite is not False, device)
+            keys = RowKeys.of(self.settings.seed, self._ids(ids, b, device), device)
+            who = keys.ids if users is None else check_users(users, b, device)
+            calls = ScorerCalls(scorer, max_pairs, self.settings.check_finite is not False, device)
             score = None if k is None else k.unsqueeze(1).expand_as(pos)
-            ranks, pos_scores = keyed_scorer_ranks(calls, who, pos, exc, n, self.n_samples, ids, self.seed,
-                                                   self.replacement, self.ties, score)
-            sizes = None
-            if self._adaptive is not None:
-                def draw(rows: torch.Tensor, m_new: int, seed: int, need: torch.Tensor) -> Any:  # only the positives still first: their new items alone
-                    return keyed_scorer_ranks(calls, who[rows], pos[rows], None if exc is None else exc[rows], n,
-                                              m_new, ids[rows], seed, True, self.ties, need, pos_scores[rows])[0]
-
-                ranks, sizes = keyed_adaptive_ranks(draw, ranks, self._adaptive, self.seed)
-            n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)
+            # each draw reads its own pool check, before any call; adaptive stages score only the positives still
+            # first, their new items alone
+            ranked = self._rank_batch(ScorerScores(calls, who), pos, exc, n, keys, None, score)
             _updated(self)
-            self._add_ranks(ranks, n_cand, pos, exc, n, keep, sizes)
+            self._add_ranked(ranked, pos, exc, n, keep)
         except BaseException:
             self._rows_seen, self._n_items_host = saved
             raise
         rows = (pos >= 0).any(1) if k is None else (pos >= 0).any(1) & k
-        stages = 1 if sizes is None or self._adaptive is None else len(self._adaptive.stages)
+        stages = 1 if self._adaptive is None else len(self._adaptive.stages)
         spent = time.perf_counter() - t0
         cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(spent - calls.seconds, 0.0),
                            full_ranking_pairs(n, exc, rows), stages)
@@ -836,7 +781,8 @@ class SampledRankingMetrics(_MergeChecked):
         e = (n_items - n_cand).unsqueeze(1)
         col = ranks - 1
         if sizes is not None:  # stage s = log2(M / m) starts at its column offset
-            stage = torch.log2(torch.where(valid, sizes, self.n_samples).to(torch.float64) / self.n_samples)
+            m = self._design.n_samples
+            stage = torch.log2(torch.where(valid, sizes, m).to(torch.float64) / m)
             col = col + self._stage_offsets(ranks.device)[stage.round().to(torch.int64)]
         idx = torch.where(valid, e * width + col, 0).reshape(-1)
         w = valid.to(self.hist.dtype).reshape(-1)
@@ -859,8 +805,9 @@ class SampledRankingMetrics(_MergeChecked):
 
     # ------------------------------------------------------------------------------ sync
     def _merge_fields(self) -> dict[str, str]:
-        return {"metrics": repr(self.metric_names), "n_samples": repr(self.design), "ties": repr(self.ties),
-                "estimators": repr(self.methods), "max_n_groups": repr(self.max_n_groups), "popularity": repr(self._pop_hash)}
+        s = self.settings
+        return {"metrics": repr(s.metrics), "n_samples": repr(self._design), "ties": repr(s.ties),
+                "estimators": repr(s.methods), "max_n_groups": repr(s.max_n_groups), "popularity": repr(self._pop_hash)}
 
     def _catalogue(self) -> int:
         """The catalogue size of this state (0: nothing counted yet), from the host's record when it has one."""
@@ -872,7 +819,7 @@ class SampledRankingMetrics(_MergeChecked):
         hist, n_items = state["hist"], state["n_items"]
         if hist.dim() != 2 or hist.shape[1] != self.hist.shape[1]:
             raise ValueError(f"n_samples: the incoming histogram has shape {tuple(hist.shape)}, this one rows of "
-                             f"{self.hist.shape[1]} counts ({self.design!r}): another n_samples or design")
+                             f"{self.hist.shape[1]} counts ({self._design!r}): another n_samples or design")
         if n_items.numel() != 1:
             raise ValueError(f"n_items: expected one catalogue size in the incoming state, got {tuple(n_items.shape)}")
         mine, theirs = self._catalogue(), int(n_items)
@@ -931,11 +878,12 @@ class SampledRankingMetrics(_MergeChecked):
         A popularity design's histogram carries none (it cannot hold the draws' weights): it is read as the plain
         sampled metric's, law-free; the corrected estimates read :meth:`popularity_ranks`."""
         counts = self.hist.detach().to("cpu", torch.float64).numpy()
+        max_groups = self.settings.max_n_groups
         if self._adaptive is not None:
-            hist, pooled = adaptive_histogram_from_rows(counts, int(self.n_items), self._adaptive, self.max_n_groups)
+            hist, pooled = adaptive_histogram_from_rows(counts, int(self.n_items), self._adaptive, max_groups)
         else:
-            hist, pooled = histogram_from_rows(counts, int(self.n_items), self.n_samples, self.max_n_groups)
-        return hist.with_design(None if self._pop_weights is not None else self.design), pooled
+            hist, pooled = histogram_from_rows(counts, int(self.n_items), self._design.n_samples, max_groups)
+        return hist.with_design(None if self._pop_weights is not None else self._design), pooled
 
     def histogram(self) -> RankHistogram:
         """The synced sampled-rank histogram (:class:`~reco_sampled_plugin.RankHistogram`), pooled as configured,
@@ -945,9 +893,10 @@ class SampledRankingMetrics(_MergeChecked):
 
     def _estimates(self, progress: bool | None | Callable[[Iterable], Iterable] = False) -> dict[str, Estimate]:
         hist, pooled = self._histogram()
+        settings = self.settings
         # the registry says which estimator takes which metric (hh: AUC only): the other pairs are not reported
         jobs: Iterable[tuple[str, registry.Method, str]] = [
-            (m, e, lab) for m in self.metric_names for e, lab in zip(self.methods, self.labels)
+            (m, e, lab) for m in settings.metric_names for e, lab in zip(settings.methods, settings.labels)
             if e.name in registry.names(metric=m)]
         out: dict[str, Estimate] = {}
         if callable(progress):
@@ -971,7 +920,8 @@ class SampledRankingMetrics(_MergeChecked):
                     out[key] = estimators.estimate(metric, hist, method)
                 if family != "none":  # the plain sampled metric's interval is not widened
                     explain_once(logger, f"SampledRankingMetrics {metric}", out[key], metric=metric,
-                                 n_items=int(self.n_items), n_samples=self.n_samples, users=int(round(hist.total)))
+                                 n_items=int(self.n_items), n_samples=self._design.n_samples,
+                                 users=int(round(hist.total)))
             except ValueError as exc:  # one failing estimator must not take the others (or training) down
                 warnings.warn(f"{key}: estimator failed ({exc}); reported as NaN", RuntimeWarning, stacklevel=2)
                 out[key] = Estimate(math.nan, math.nan, hist.total, {"error": str(exc), "flags": ("estimator_failed",)},

@@ -1,0 +1,450 @@
+"""Keyed draws: sampled negatives that are a pure function of (seed, instance id, positive item, draw index).
+
+The draws of :func:`~reco_sampled_plugin.ranking.sampled_ranks` take their uniform numbers from a
+``torch.Generator``: the items a row gets depend on where it stands in the stream (its batch, the rows before it).
+Keyed draws take them from a counter-based hash of the row's :class:`RowKeys` instead, so the same instance gets the
+same negatives whichever process, batch, chunk or position evaluates it: one process and many processes give
+identical histograms (the reproducibility promise of the torchmetrics and Lightning adapters).
+
+What is shared with the generator draws, called here: the map from uniform positions to the row's allowed items
+(``ranking.allowed_position_to_item`` over ``ranking.forbidden_sorted``), the popularity inverse-cdf lookup
+(``ranking.popularity_inverse_cdf``), the count of beating draws (``ranking.rank_among_drawn``), the popularity
+statistics (``ranking.popularity_draw_stats``) and the scoring of drawn items (score matrix, factors:
+``factor_ranks.positive_scores``, scorer: ``scorer_ranks.score_drawn``). What is keyed: the uniform numbers
+(:func:`keyed_uniform`), and the way draws without replacement are made distinct (a keyed key per pool slot for
+small pools, fresh keys for duplicates: a row's draws must not depend on how many redraws other rows needed).
+
+* :class:`RowKeys`: the randomness source (seed and per-row ids).
+* :func:`keyed_negatives`: (B, P, m) items under a fixed-m design (uniform with or without replacement, popularity
+  with replacement).
+* :func:`keyed_ranks`: sampled ranks against keyed negatives, scored by a :class:`DrawnScores` source (score matrix,
+  factors or a scorer), in row chunks of bounded memory; :func:`keyed_adaptive_ranks`: the later stages of an
+  adaptive design.
+* :class:`DeviceChecks`: validity flags kept on the device and read back together (``_inputs.run_checks``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, NamedTuple, Protocol, TypeVar
+
+import torch
+
+from ._checks import MAX_ELEMENTS, check_elements
+from ._inputs import Check, run_checks
+from ._popularity import PopularityStats
+from .counting import mix32
+from .design import AdaptiveDesign, SamplingDesign
+from .factor_ranks import positive_scores
+from .ranking import (allowed_position_to_item, forbidden_sorted, popularity_draw_stats, popularity_inverse_cdf,
+                      rank_among_drawn)
+from .scorer_ranks import ScorerCalls, score_drawn
+
+__all__ = ["RowKeys", "keyed_uniform", "stage_seed", "keyed_negatives", "DrawnScores", "MatrixScores", "FactorScores",
+           "ScorerScores", "KeyedRanks", "keyed_ranks", "keyed_adaptive_ranks", "DeviceChecks"]
+
+_M32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B9
+
+
+# ------------------------------------------------------------------------------------------ the hash
+_IntOrTensor = TypeVar("_IntOrTensor", int, torch.Tensor)
+
+
+def _absorb(h: _IntOrTensor, part: _IntOrTensor) -> _IntOrTensor:
+    """Fold a 64-bit integer into a 32-bit hash state (low and high words)."""
+    h = mix32(h ^ (part & _M32))
+    return mix32(h ^ ((part >> 32) & _M32) ^ _GOLDEN)
+
+
+def keyed_uniform(seed: int, *parts: int | torch.Tensor) -> torch.Tensor:
+    """Uniform float64 numbers in [0, 1) that are a pure function of (seed, *parts).
+
+    ``parts`` are int64 tensors broadcast together; two independent 32-bit hash chains give the
+    53 bits of each number. The chains grow with the parts, so put small (per-row) parts first; the
+    last part must lie in 0..2**32 - 1 (a draw counter), it is folded in with a single mix. Leading
+    parts may be Python ints (a round counter): they are folded in Python, with the same result as
+    the same values in tensors.
+    """
+    h1 = mix32(((seed * 2 + 1) & _M32) ^ _GOLDEN)
+    h2 = mix32((((seed >> 32) * 2 + 0x51ED27) & _M32) ^ 0x85EBCA6B)
+    rest = list(parts)
+    while rest and not isinstance(rest[0], torch.Tensor):  # the same arithmetic on Python ints
+        p = int(rest.pop(0))
+        h1, h2 = _absorb(h1, p), _absorb(h2, p ^ 0x27D4EB2F)
+    if not rest:
+        raise ValueError("keyed_uniform: the last part must be a tensor (the draw counter)")
+    first = rest[0]
+    assert isinstance(first, torch.Tensor)  # the loop above stopped at a tensor
+    device = first.device
+    tensors = [p if isinstance(p, torch.Tensor) else torch.full((), int(p), dtype=torch.int64, device=device) for p in rest]
+    # both chains in one (2, ...) tensor: half the elementwise calls on these small tensors (dispatch-bound);
+    # parts are left-padded to one rank so the chain axis stays in front under broadcasting
+    rank = max(p.dim() for p in tensors)
+    tensors = [p.reshape((1,) * (rank - p.dim()) + tuple(p.shape)) for p in tensors]
+    if device.type == "cpu" and rank:  # in cache-sized blocks of the leading axis: the same numbers, faster
+        shape = [max(sizes) for sizes in zip(*(p.shape for p in tensors))]
+        step = max(1, _HASH_BLOCK // max(1, math.prod(shape[1:])))
+        if shape[0] > step:
+            return torch.cat([_hash_chains(h1, h2, [q if q.shape[0] == 1 else q[i:i + step] for q in tensors], device)
+                              for i in range(0, shape[0], step)])
+    return _hash_chains(h1, h2, tensors, device)
+
+
+# numbers hashed at a time on the CPU: the dozen int64 temporaries of a block stay in cache (4096 x 100 draws: 18 ms
+# at once, 3.9 ms in blocks of 2^16 on the shared 2-core machine, 1 thread; small batches are one block as before)
+_HASH_BLOCK = 1 << 16
+
+
+def _hash_chains(h1: int, h2: int, parts: list[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """:func:`keyed_uniform` of int64 tensor parts of one rank (the chains' states ``h1``, ``h2`` after the leading
+    Python-int parts)."""
+    rank = parts[0].dim()
+    chain = (2,) + (1,) * rank
+    first, xor, mul = _chain_constants(device)
+    # (h1, h2) built on the device from Python scalars (a kernel argument, not a host-to-device copy)
+    h = (first * h1 + (1 - first) * h2).view(chain)
+    *head, last = parts
+    xor = xor.view(chain)
+    for p in head:
+        h = _absorb(h, p.unsqueeze(0) ^ xor)
+    # the last part (the largest tensor: draw indices, slots) is a small non-negative counter: one mix
+    h = mix32(h ^ (last.unsqueeze(0) * mul.view(chain)))
+    top = h[0] >> 5  # 27 bits
+    low = h[1] >> 6  # 26 bits
+    return (top * (1 << 26) + low).to(torch.float64) * (2.0**-53)
+
+
+# per-chain constants: the second chain absorbs part ^ 0x27D4EB2F and mixes in last * 0x2C1B3C6D
+_CHAIN_FIRST = torch.tensor([1, 0], dtype=torch.int64)
+_CHAIN_XOR = torch.tensor([0, 0x27D4EB2F], dtype=torch.int64)
+_CHAIN_MUL = torch.tensor([1, 0x2C1B3C6D], dtype=torch.int64)
+_DEVICE_CONSTANTS: dict[torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
+def _chain_constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The chain constants on ``device``, copied there once (a host-to-device copy per call would wait for the
+    device: pageable memory)."""
+    out = _DEVICE_CONSTANTS.get(device)
+    if out is None:
+        out = _DEVICE_CONSTANTS[device] = (_CHAIN_FIRST.to(device), _CHAIN_XOR.to(device), _CHAIN_MUL.to(device))
+    return out
+
+
+def stage_seed(seed: int, stage: int) -> int:
+    """The key of adaptive stage ``stage``'s draws (stage 0: ``seed`` itself)."""
+    return int(seed) if stage == 0 else (int(seed) * 1_000_003 + 7919 * int(stage)) % (2**31 - 1)
+
+
+class RowKeys(NamedTuple):
+    """The randomness source of keyed draws: draw k of the positive in slot p of row b is keyed by
+    (``seed``, ``ids[b]``, ``pos[b, p]``, k), never by the row's position, so a row draws the same items in any
+    batch, chunk or process. ``ids``: (B,) int64 instance ids on the rows' device (:meth:`of`)."""
+
+    seed: int
+    ids: torch.Tensor
+
+    @classmethod
+    def of(cls, seed: int, ids: torch.Tensor, device: torch.device) -> "RowKeys":
+        """Keys of ``ids`` (any integer dtype and device) as int64 on ``device``: the same numbers."""
+        same = ids.device == device and ids.dtype == torch.int64
+        return cls(int(seed), ids if same else ids.to(device=device, dtype=torch.int64))
+
+    def take(self, index: Any) -> "RowKeys":
+        """The keys of some rows (a slice or an index tensor)."""
+        return RowKeys(self.seed, self.ids[index])
+
+    def stage(self, stage: int) -> "RowKeys":
+        """The keys of adaptive stage ``stage``'s draws (:func:`stage_seed`)."""
+        return RowKeys(stage_seed(self.seed, stage), self.ids)
+
+    def uniform(self, round_: int, pos: torch.Tensor, width: int) -> torch.Tensor:
+        """(B, P, ``width``) uniform float64 numbers of round ``round_`` for the (B, P) positives ``pos``."""
+        b, p = pos.shape
+        slots = torch.arange(width, device=pos.device, dtype=torch.int64).view(1, 1, width)
+        return keyed_uniform(self.seed, round_, self.ids.view(b, 1, 1), pos.view(b, p, 1), slots)
+
+
+# ------------------------------------------------------------------------------------------ checks
+class DeviceChecks:
+    """Validation flags kept on the device and read back together: one host synchronisation for every check of
+    a batch (and any small values the host needs anyway), instead of one per check. The accumulating form of
+    the core's deferred checks (``_inputs.Check``, read by ``_inputs.run_checks``).
+
+    ``add(flag, message)``: a 0-dim bool tensor, True when the check failed. ``read(*values)``: reads every flag
+    and the given 0-dim integer tensors at once, raises ValueError with the first failed check's message, and
+    returns the values as Python ints. Until ``read``, nothing waits for the device.
+    """
+
+    def __init__(self) -> None:
+        self._checks: list[Check] = []
+
+    def add(self, flag: torch.Tensor, message: str | Callable[[], str]) -> None:
+        def fail() -> None:
+            raise ValueError(message() if callable(message) else message)
+
+        self._checks.append(Check(flag.reshape(()), fail))
+
+    def __len__(self) -> int:
+        return len(self._checks)
+
+    def read(self, *values: torch.Tensor) -> list[int]:
+        checks, self._checks = self._checks, []
+        if not checks and not values:
+            return []
+        device = checks[0].bad.device if checks else values[0].device  # flags and values read on one device
+        checks = [c if c.bad.device == device else c._replace(bad=c.bad.to(device)) for c in checks]
+        return run_checks(checks, [v if v.device == device else v.to(device) for v in values])
+
+
+# ------------------------------------------------------------------------------------------ draws
+def keyed_negatives(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, design: SamplingDesign, keys: RowKeys,
+                    checks: DeviceChecks | None = None) -> torch.Tensor:
+    """(B, P, m) irrelevant items per positive under the fixed-m part of ``design``, keyed by ``keys``; never a
+    positive or an excluded item of the row (validated padded (B, P) / (B, E) indices, -1 padding).
+
+    Uniform: over the row's allowed items, with replacement or without (the m items of a positive distinct: small
+    pools take the m smallest keyed keys over the whole pool, larger ones redraw duplicates with fresh keys).
+    Popularity (with replacement): the item whose cumulative weight interval (weights over the row's drawable
+    items, positives and excluded items at 0) holds u W_u, u keyed (the law of ``sampled_ranks(...,
+    popularity=w)``). Rows without a positive draw nothing under uniform designs (item 0 fills their slots;
+    callers mask padded slots), so their pools need not hold m items; the keys do not depend on a row's
+    position, so the other rows draw what they draw in a batch of their own.
+
+    The check that every row with a positive has enough items to draw from is added to ``checks`` (read later,
+    with the caller's other checks: no host synchronisation here), or read at once when ``checks`` is None.
+    Uniform with replacement and popularity: nothing here waits for the device; without replacement, one read
+    (small pools, fused with the checks) and one per duplicate-redraw round after the first two.
+    """
+    own = checks is None
+    checks = DeviceChecks() if checks is None else checks  # own: read here
+    if design.popularity is not None:
+        neg = _popularity_negatives(pos, exc, n_items, design, keys, checks)
+    else:
+        neg = _uniform_negatives(pos, exc, n_items, design.n_samples, keys, design.replacement, checks)
+    if own and len(checks):
+        checks.read()
+    return neg
+
+
+def _uniform_negatives(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, m: int, keys: RowKeys,
+                       replacement: bool, checks: DeviceChecks) -> torch.Tensor:
+    b, p = pos.shape
+    device = pos.device
+    forb = forbidden_sorted(pos, exc, n_items)
+    n_allowed = n_items - (forb < n_items).sum(1)
+    active = (pos >= 0).any(1)
+    need = "one irrelevant candidate" if replacement else f"m = {m} irrelevant candidates (no replacement)"
+    checks.add((active & (n_allowed < (1 if replacement else m))).any(),
+               f"n_samples: some row has fewer than {need} left to sample from")
+    pool = n_allowed.clamp(min=1)  # rows without a positive (or failing the check) draw in range all the same
+    view = pool.view(b, 1, 1).to(torch.float64)
+    top = pool.view(b, 1, 1) - 1
+
+    def positions(round_: int) -> torch.Tensor:
+        return torch.minimum((keys.uniform(round_, pos, m) * view).floor().to(torch.int64), top)
+
+    pos_idx = positions(0)
+    if not replacement:
+        pos_idx = _distinct(pos_idx, pos, n_allowed, active, keys, checks, positions)
+    neg = allowed_position_to_item(pos_idx, forb, n_items)
+    # rows without a positive: item 0, as a batch of their own would hold (and always a valid index)
+    return torch.where(active.view(b, 1, 1), neg.clamp(max=max(n_items - 1, 0)), torch.zeros_like(neg))
+
+
+def _distinct(pos_idx: torch.Tensor, pos: torch.Tensor, n_allowed: torch.Tensor, active: torch.Tensor, keys: RowKeys,
+              checks: DeviceChecks, positions: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    """The (B, P, m) allowed positions ``pos_idx`` made distinct per positive: small pools (<= 4 m) take the m
+    smallest keyed keys (round -1) over the pool; in the others the duplicates take the positions of later rounds
+    (``positions(round)``) until none is left."""
+    b, _, m = pos_idx.shape
+    small = active & (n_allowed <= 4 * m)
+    # one read: the checks and whether (and how wide) small pools are, before drawing from them
+    any_small, width = checks.read(small.any(), torch.where(small, n_allowed, 0).max()
+                                   if b else torch.zeros((), dtype=torch.int64))
+    if any_small:  # every row computed (keys are per row: the same as a batch of the small rows alone)
+        width = max(width, m)
+        slots = torch.arange(width, device=pos.device, dtype=torch.int64).view(1, 1, -1)
+        key = keys.uniform(-1, pos, width).masked_fill(slots >= n_allowed.view(-1, 1, 1), 2.0)
+        pos_idx = torch.where(small.view(b, 1, 1), torch.topk(key, m, dim=2, largest=False).indices, pos_idx)
+    # duplicates are rare where the pool is large: few rounds. The first two run unchecked (a round without a
+    # duplicate changes nothing, so this is the same draw), then one read per round until none is left
+    live = active.view(b, 1, 1) & (n_allowed >= m).view(b, 1, 1)  # rows that can have m distinct items
+    for round_ in range(1, 10_000):
+        srt, order = torch.sort(pos_idx, dim=2)
+        dup_sorted = torch.zeros_like(srt, dtype=torch.bool)
+        dup_sorted[..., 1:] = (srt[..., 1:] == srt[..., :-1]) & live
+        if round_ > 2 and not bool(dup_sorted.any()):
+            break
+        dup = torch.zeros_like(dup_sorted).scatter(2, order, dup_sorted)
+        pos_idx = torch.where(dup, positions(round_), pos_idx)
+    return pos_idx
+
+
+def _popularity_negatives(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, design: SamplingDesign,
+                          keys: RowKeys, checks: DeviceChecks) -> torch.Tensor:
+    """Keyed popularity draws with replacement: ``ranking.popularity_inverse_cdf`` of keyed numbers (round 0)."""
+    assert design.popularity is not None  # keyed_negatives dispatches here for popularity designs only
+    w = design.popularity.to(device=pos.device, dtype=torch.float64)
+    neg, totals = popularity_inverse_cdf(w, forbidden_sorted(pos, exc, n_items), n_items,
+                                         keys.uniform(0, pos, design.n_samples))
+    checks.add(((pos >= 0).any(1) & (totals <= 0)).any(), "popularity: some row has no irrelevant item of positive "
+                                                         "weight left to sample from")
+    return neg
+
+
+# ------------------------------------------------------------------------------------------ scores
+class DrawnScores(Protocol):
+    """What scores a batch's positives and their drawn items for :func:`keyed_ranks`."""
+
+    def take(self, index: Any) -> "DrawnScores":
+        """The source of some rows (a slice or an index tensor)."""
+
+    def for_stages(self, pos_scores: torch.Tensor) -> "DrawnScores":
+        """The source of an adaptive design's later stages, given the first stage's positive scores."""
+
+    def score(self, pos: torch.Tensor, neg: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scores of the (B, P) positives and their (B, P, m) drawn items; only the ``slots`` (B, P) bool count."""
+
+
+class MatrixScores(NamedTuple):
+    """Drawn items scored by a (B, n) score matrix (gathered, in its dtype)."""
+
+    scores: torch.Tensor
+
+    def take(self, index: Any) -> "MatrixScores":
+        return MatrixScores(self.scores[index])
+
+    def for_stages(self, pos_scores: torch.Tensor) -> "MatrixScores":
+        return self
+
+    def score(self, pos: torch.Tensor, neg: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, p, m = neg.shape
+        return self.scores.gather(1, pos.clamp(min=0)), self.scores.gather(1, neg.reshape(b, p * m)).reshape(b, p, m)
+
+
+class FactorScores(NamedTuple):
+    """Drawn items scored by ``u @ v.T + bias`` without forming it: one dot product each
+    (``factor_ranks.positive_scores``, in chunks); ``pos_scores`` the positives' (B, P) scores when known (e.g.
+    from the exact pass), else computed the same way."""
+
+    u: torch.Tensor
+    v: torch.Tensor
+    bias: torch.Tensor | None = None
+    pos_scores: torch.Tensor | None = None
+
+    def take(self, index: Any) -> "FactorScores":
+        return FactorScores(self.u[index], self.v, self.bias, _take(self.pos_scores, index))
+
+    def for_stages(self, pos_scores: torch.Tensor) -> "FactorScores":
+        return self  # the given scores (or the same dot products) again: the numbers of the first stage
+
+    def score(self, pos: torch.Tensor, neg: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        b, p, m = neg.shape
+        ps = positive_scores(self.u, self.v, self.bias, pos) if self.pos_scores is None else self.pos_scores
+        return ps, positive_scores(self.u, self.v, self.bias, neg.reshape(b, p * m)).reshape(b, p, m)
+
+
+class ScorerScores(NamedTuple):
+    """Drawn items scored through a scorer's calls (``scorer_ranks.score_drawn``: only the slots that count, each
+    positive with its drawn items in one list, or its drawn items alone once ``pos_scores`` are known); ``users``
+    (B,) the ids handed to the scorer. Scores are float64."""
+
+    calls: ScorerCalls
+    users: torch.Tensor
+    pos_scores: torch.Tensor | None = None
+
+    def take(self, index: Any) -> "ScorerScores":
+        return ScorerScores(self.calls, self.users[index], _take(self.pos_scores, index))
+
+    def for_stages(self, pos_scores: torch.Tensor) -> "ScorerScores":
+        return self._replace(pos_scores=pos_scores)  # a positive is scored once, in the first stage
+
+    def score(self, pos: torch.Tensor, neg: torch.Tensor, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return score_drawn(self.calls, self.users, pos, neg, slots, self.pos_scores)
+
+
+def _take(x: torch.Tensor | None, index: Any) -> torch.Tensor | None:
+    return None if x is None else x[index]
+
+
+# ------------------------------------------------------------------------------------------ ranks
+class KeyedRanks(NamedTuple):
+    """What :func:`keyed_ranks` returns: ``ranks`` (B, P) r~ (0 in padded slots and slots not asked for; int64, or
+    float64 under ``ties="average"``), ``pos_scores`` (B, P) the positives' scores, ``stats`` the popularity
+    statistics (popularity designs, else None)."""
+
+    ranks: torch.Tensor
+    pos_scores: torch.Tensor
+    stats: PopularityStats | None
+
+
+def _rows_per_chunk(p: int, m: int) -> int:
+    """Rows drawn at once so that a chunk's B x P x m negatives (and their scores) stay within MAX_ELEMENTS / 8
+    values: the keys are per row, so chunks draw what the whole batch would, in bounded memory (a batch of 256
+    users at m = 2^20 asked for 2 GiB of indices at once). One row's P x m above MAX_ELEMENTS is refused."""
+    check_elements(p * m, "n_samples", "one user's P x m drawn negatives")
+    return max(1, (MAX_ELEMENTS // 8) // max(p * m, 1))
+
+
+@torch.no_grad()
+def keyed_ranks(source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, design: SamplingDesign,
+                keys: RowKeys, ties: str, *, slots: torch.Tensor | None = None,
+                checks: DeviceChecks | None = None) -> KeyedRanks:
+    """Sampled ranks r~ = 1 + #{drawn items beating the positive} (ties per ``ties``, ``ranking.rank_among_drawn``)
+    against the keyed negatives of the fixed-m part of ``design`` (:func:`keyed_negatives`; an adaptive design's
+    first stage), on validated padded (B, P) positives and (B, E) exclusions, scored by ``source``.
+
+    ``slots``: (B, P) bool, the slots to rank (default every positive; the others get rank 0, as padded slots; a
+    scorer scores only them). ``checks``: see :func:`keyed_negatives` (None: read here, chunk by chunk). Rows in
+    chunks (:func:`_rows_per_chunk`): the keys are per row, so chunks draw what the whole batch would."""
+    b, p = pos.shape
+    step = _rows_per_chunk(p, design.n_samples)
+    if b <= step:
+        return _keyed_chunk(source, pos, exc, n_items, design, keys, ties, slots, checks)
+    parts = [_keyed_chunk(source.take(slice(lo, lo + step)), pos[lo:lo + step], _take(exc, slice(lo, lo + step)),
+                          n_items, design, keys.take(slice(lo, lo + step)), ties, _take(slots, slice(lo, lo + step)),
+                          checks) for lo in range(0, b, step)]
+    stats = None if parts[0].stats is None else PopularityStats.cat(part.stats for part in parts if part.stats)
+    return KeyedRanks(torch.cat([part.ranks for part in parts]), torch.cat([part.pos_scores for part in parts]), stats)
+
+
+def _keyed_chunk(source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, design: SamplingDesign,
+                 keys: RowKeys, ties: str, slots: torch.Tensor | None, checks: DeviceChecks | None) -> KeyedRanks:
+    """:func:`keyed_ranks` of one chunk of rows."""
+    valid = pos >= 0 if slots is None else slots & (pos >= 0)
+    neg = keyed_negatives(pos, exc, n_items, design, keys, checks)
+    pos_scores, neg_scores = source.score(pos, neg, valid)
+    ranked = pos if slots is None else torch.where(valid, pos, -1)
+    if design.popularity is None:
+        return KeyedRanks(rank_among_drawn(pos_scores, neg_scores, ranked, neg, ties, None), pos_scores, None)
+    ranks, beat = rank_among_drawn(pos_scores, neg_scores, ranked, neg, ties, None, beating=True)
+    return KeyedRanks(ranks, pos_scores, popularity_draw_stats(design, beat, neg, ranked, exc, n_items))
+
+
+def keyed_adaptive_ranks(source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
+                         first: KeyedRanks, design: AdaptiveDesign, keys: RowKeys,
+                         ties: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The later stages of adaptive sampling (``reco_sampled_plugin.adaptive``) with keyed draws: ``first`` the
+    first stage's :func:`keyed_ranks`; a positive still ranked first (r~ = 1) among its M_s draws ranks against
+    M_{s+1} - M_s fresh keyed items (only it: a scorer scores only the slots that go on), keyed by
+    ``keys.stage(s)``, so a positive's draws do not depend on batching. The pools were checked in the first stage:
+    nothing is checked (or read) here. Returns (ranks, final sizes), (B, P) int64 (0 in padded slots).
+
+    One host synchronisation per stage (the rows that go on: a data-dependent size), log2(cap / m) of them
+    whatever the data: a stage nobody reaches draws for no row (empty tensors) rather than ending the loop, so a
+    batch costs the same number of synchronisations whatever its ranks."""
+    ranks = first.ranks.clone()
+    sizes = torch.where(ranks > 0, torch.full_like(ranks, design.n_samples), torch.zeros_like(ranks))
+    stages = design.stages.tolist()
+    later = source.for_stages(first.pos_scores)
+    for s in range(1, len(stages)):
+        need = (ranks == 1) & (sizes == stages[s - 1])
+        rows = need.any(1).nonzero().squeeze(1)
+        sub = need[rows]
+        more = keyed_ranks(later.take(rows), pos[rows], _take(exc, rows), n_items,
+                           SamplingDesign.trusted(stages[s] - stages[s - 1]), keys.take(rows).stage(s), ties,
+                           slots=sub, checks=DeviceChecks()).ranks
+        ranks[rows] = torch.where(sub, more, ranks[rows])
+        sizes[rows] = torch.where(sub, torch.full_like(more, stages[s]), sizes[rows])
+    return ranks, sizes
