@@ -23,11 +23,14 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/reco-sampled reproduce --out reports/reproduce
 
-# the type check first (pyproject's [tool.mypy]: the whole package, every function annotated), then the suite on
-# every core (pytest-xdist; an idle worker takes over queued tests from the busy one)
+# the type check (pyproject's [tool.mypy]: the whole package, every function annotated) beside the suite on every
+# core (pytest-xdist; an idle worker takes over queued tests from the busy one): mypy runs in the background while
+# pytest collects and runs, its report printed after pytest's; the target fails if either fails
 test: $(STAMP)
-	$(BIN)/python -m mypy
-	$(BIN)/python -m pytest -q -n auto --dist worksteal
+	@log=$$(mktemp); $(BIN)/python -m mypy >$$log 2>&1 & mypy_pid=$$!; \
+	$(BIN)/python -m pytest -q -n auto --dist worksteal; pytest_rc=$$?; \
+	wait $$mypy_pid; mypy_rc=$$?; echo "mypy (exit $$mypy_rc):"; cat $$log; rm -f $$log; \
+	test $$pytest_rc -eq 0 -a $$mypy_rc -eq 0
 
 # the documentation site (mkdocs.yml): `make docs` serves it at http://127.0.0.1:8000 and rebuilds on edits;
 # `make docs-build` writes site/ in strict mode (what tests/test_docs_site.py checks). The test extra has the docs extra.

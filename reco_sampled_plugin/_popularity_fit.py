@@ -578,45 +578,57 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int) -> np.ndarray:
     """(N, X, kmax + 1) log P(S = t), t = 0..kmax, S the sum over classes c of Binomial(counts_c, p_c): counts (N, C)
     integers, p (N, X, C). The classes' truncated pmfs multiplied as polynomials, each step rescaled by its largest
     coefficient (the scale kept in logs). A class's pmf up to its factor (1 - p)^n is C(n, t) o^t, o = p / (1 - p):
-    log C(n, t) + t log o, one pass over (N, X, kmax + 1) (p = 0: o^t is 1 at t = 0 only; p = 1: all of the class's
-    items count, so only t = n is possible)."""
+    log C(n, t) + t log o (p = 0: o^t is 1 at t = 0 only; p = 1: all of the class's items count, so only t = n is
+    possible). Worked with t as the leading axis, so that each step of the product, new[t] += acc[s] poly[t - s]
+    for s = 0..kmax in turn, is one contiguous multiply-add over (N, X) (the coefficients summed in increasing s,
+    each product rounded before its sum)."""
     from scipy.special import gammaln
 
     n_units, n_x, n_cls = p.shape
-    t = np.arange(kmax + 1, dtype=np.float64)
+    t = np.arange(kmax + 1, dtype=np.float64)[:, None, None]  # (kmax + 1, 1, 1)
+    ti = np.arange(kmax + 1, dtype=np.int64)[:, None, None]
     # log j! for j = 0..max count (the counts are whole numbers): the same gammaln values, evaluated once
     log_fact = gammaln(np.arange(int(counts.max(initial=0.0)) + 1, dtype=np.float64) + 1.0)
-    log_fact_t = log_fact[:kmax + 1] if kmax < len(log_fact) else gammaln(t + 1.0)
-    acc = np.zeros((n_units, n_x, kmax + 1))
-    acc[..., 0] = 1.0
+    log_fact_t = log_fact[:kmax + 1] if kmax < len(log_fact) else gammaln(t[:, 0, 0] + 1.0)
+    log_fact_t = log_fact_t[:, None, None]
+    acc = np.zeros((kmax + 1, n_units, n_x))
+    acc[0] = 1.0
+    new = np.empty_like(acc)
+    prod = np.empty_like(acc)
     scale = np.zeros((n_units, n_x))
+    degree = 0  # acc[t] = 0 for t > degree
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         lp, l1p = np.log(p), np.log1p(-p)
         logo = np.clip(lp - l1p, -1e300, 1e300)  # p = 0 / 1: -inf / +inf kept finite (t log o stays defined)
         for c in range(n_cls):  # the popularity classes (16)
-            n = counts[:, c][:, None, None]
+            n = counts[:, c][None, :, None]  # (1, N, 1)
             if not np.any(n > 0):
                 continue
             rest = n - t
             ni = n.astype(np.int64)
-            logc = np.where(rest >= 0, log_fact[ni] - log_fact_t - log_fact[np.clip(ni - t.astype(np.int64), 0, None)],
-                            -np.inf)  # (N, 1, kmax + 1): log C(n, t), -inf beyond n
-            lpmf = logc + t * logo[..., c:c + 1]
-            mx = lpmf.max(-1, keepdims=True)
+            logc = np.where(rest >= 0, log_fact[ni] - log_fact_t - log_fact[np.clip(ni - ti, 0, None)],
+                            -np.inf)  # (kmax + 1, N, 1): log C(n, t), -inf beyond n
+            lpmf = logc + t * logo[None, :, :, c]
+            mx = lpmf.max(0)
             poly = np.exp(lpmf - mx)
             # certain items beyond the truncation: no t <= kmax is possible
-            poly = np.where((p[..., c:c + 1] >= 1.0) & (n > kmax), 0.0, poly)
+            poly = np.where((p[None, :, :, c] >= 1.0) & (n > kmax), 0.0, poly)
             # log of the largest coefficient of the true pmf: the factor (1 - p)^n back (p = 1: the point mass at n)
-            mx = np.where(p[..., c:c + 1] >= 1.0, 0.0, mx + n * l1p[..., c:c + 1])
-            # the polynomial product truncated at kmax, as acc @ T with T[s, t] = poly[t - s] (0 below the diagonal)
-            padded = np.concatenate([np.zeros(poly.shape[:-1] + (kmax,)), poly], axis=-1)
-            toeplitz = np.lib.stride_tricks.sliding_window_view(padded, kmax + 1, axis=-1)[..., ::-1, :]
-            new = np.matmul(acc[..., None, :], toeplitz)[..., 0, :]
-            top = new.max(-1, keepdims=True)
+            mx = np.where(p[..., c] >= 1.0, 0.0, mx + n[0] * l1p[..., c])
+            # the polynomial product truncated at kmax: new[t] = sum_{s <= t} acc[s] poly[t - s], s increasing;
+            # the terms known to be zero (acc beyond its degree, poly beyond the class's largest count) left out
+            new.fill(0.0)
+            n_max = int(n.max())
+            for s in range(degree + 1):  # the coefficients (at most COUNT_EXACT_RANK), not data
+                width = min(kmax + 1 - s, n_max + 1)
+                np.multiply(acc[s], poly[:width], out=prod[:width])
+                np.add(new[s:s + width], prod[:width], out=new[s:s + width])
+            degree = min(kmax, degree + n_max)
+            top = new.max(0)
             top = np.where(top > 0, top, 1.0)
-            acc = new / top
-            scale = scale + np.where(np.isfinite(mx[..., 0]), mx[..., 0], 0.0) + np.log(top[..., 0])
-        return np.log(acc) + scale[..., None]
+            np.divide(new, top, out=acc)
+            scale = scale + np.where(np.isfinite(mx), mx, 0.0) + np.log(top)
+        return np.moveaxis(np.log(acc) + scale, 0, -1)
 
 
 def _rows_posterior(logl: np.ndarray, prior: np.ndarray) -> np.ndarray:

@@ -1,6 +1,6 @@
 """The package is fully annotated and type-checked.
 
-``make test`` runs ``python -m mypy`` (pyproject's ``[tool.mypy]``: the whole package) before pytest; this file pins
+``make test`` runs ``python -m mypy`` (pyproject's ``[tool.mypy]``: the whole package) beside pytest; this file pins
 what that check means, on the source alone (fast, nothing imported): every function of the package annotated (the
 rule ``disallow_untyped_defs`` enforces), the settings strict where they matter, no module of the package
 exempted (``ignore_errors``), every ``# type: ignore`` narrowed to an error code, and the Makefile and the ``test``
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
@@ -120,13 +121,34 @@ def test_type_ignores_name_their_error_code_and_are_rare():
     assert count <= 20  # most mark wrapped functions (RecBole patches) with attributes
 
 
-def test_make_test_runs_mypy_before_pytest():
+def test_make_test_runs_mypy_beside_pytest_and_fails_when_either_fails():
     makefile = (ROOT / "Makefile").read_text()
     target = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, flags=re.M)
     assert target is not None
-    recipe = [line.strip() for line in target.group(1).splitlines()]
-    assert recipe[0] == "$(BIN)/python -m mypy"
-    assert recipe[1].startswith("$(BIN)/python -m pytest -q")
+    recipe = " ".join(line.strip().rstrip("\\") for line in target.group(1).splitlines())
+    assert re.search(r"\$\(BIN\)/python -m mypy >\$\$log 2>&1 & mypy_pid=\$\$!;", recipe)
+    assert "$(BIN)/python -m pytest -q -n auto --dist worksteal; pytest_rc=$$?;" in recipe
+    assert "wait $$mypy_pid; mypy_rc=$$?;" in recipe
+    assert recipe.rstrip().endswith("test $$pytest_rc -eq 0 -a $$mypy_rc -eq 0")
+
+
+@pytest.mark.parametrize(("mypy_rc", "pytest_rc"), [(1, 0), (0, 1), (0, 0)])
+def test_make_test_recipe_fails_when_either_fails(tmp_path, mypy_rc, pytest_rc):
+    """The recipe's shell, run with a stand-in interpreter whose mypy and pytest exit as given: the target fails
+    when either does, and prints both reports."""
+    makefile = (ROOT / "Makefile").read_text()
+    target = re.search(r"^test:.*\n((?:\t.*\n)+)", makefile, flags=re.M)
+    assert target is not None
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python"
+    python.write_text(f'#!/bin/sh\nif [ "$2" = mypy ]; then echo "mypy says {mypy_rc}"; exit {mypy_rc}; fi\n'
+                      f'echo "pytest says {pytest_rc}"; exit {pytest_rc}\n')
+    python.chmod(0o755)
+    (tmp_path / "Makefile").write_text(f"BIN := {bin_dir}\nSTAMP :=\ntest:\n" + target.group(1))
+    done = subprocess.run(["make", "-s", "test"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (done.returncode == 0) == (mypy_rc == 0 and pytest_rc == 0), done
+    assert f"mypy says {mypy_rc}" in done.stdout and f"pytest says {pytest_rc}" in done.stdout
 
 
 @pytest.mark.parametrize("requirement", ["mypy", "types-PyYAML"])
