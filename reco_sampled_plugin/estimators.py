@@ -307,6 +307,14 @@ def estimate(
     spec = parse_metric(metric)
     method = registry.as_method(method)
     entry = type(method).entry
+    if entry.family == "design_based" or (entry.family == "auto" and getattr(sample, "share_ranks", None) is not None):
+        from ._design_based import estimate_design_based  # an exact share: the difference estimator (its module)
+
+        result = estimate_design_based(spec, sample, method, weights)
+        if entry.family == "auto":
+            auto_details = {"method": "diff", "reason": "the sample carries an exact share"}
+            result = dataclasses.replace(result, details={**result.details, "auto": auto_details})
+        return result
     hist, design = _sample_histogram(sample, entry, weights)
     if design is not None and not entry.supports(design):  # the data's own checks first, as every method makes them
         hist.check_nonempty(weights)

@@ -1,0 +1,376 @@
+"""Design-based estimates: a keyed random share of the positives ranked exactly, and the difference estimator.
+
+Every model-based estimator rests on a model of the rank distribution; where the sampled data cannot resolve the
+top, the model's bias is the error, and no interval built from the sampled ranks alone can promise to cover it.
+A small random share of exact ranks can (survey sampling's difference, or regression, estimator; Sarndal,
+Swensson & Wretman, *Model Assisted Survey Sampling*, 1992, ch. 6; restated for model predictions as
+prediction-powered inference, Angelopoulos et al., Science 2023, and PPI++, Angelopoulos, Duchi & Zrnic, 2023).
+
+Notation: N positives i (frequency weights w_i, W = sum_i w_i), y_i = M(R_i) the metric at the exact rank, f_i a
+prediction of y_i from positive i's own sampled data and the fit (below), S the exact share: positive i is in S with
+probability pi_i > 0, independently of the others and of everything sampled (Poisson sampling: a keyed uniform
+u_i < pi_i, ``design.ExactShare``). The estimate of the users' metric theta = sum_i w_i y_i / W is::
+
+    theta^ = ( lambda sum_i w_i f_i + sum_{i in S} w_i (y_i - lambda f_i) / pi_i ) / W                    (1)
+
+the model's mean plus the Horvitz-Thompson (1952) mean of the residuals y - lambda f over the share. Given the
+sampled data, f and pi are fixed and only S is random, so E[theta^ | sampled data] = theta for every fixed lambda
+and *whatever the model*: the model only sets the variance. Under Poisson sampling that variance is
+sum_i (1 - pi_i) (w_i e_i / pi_i)^2 / W^2 with e_i = y_i - lambda f_i, and its unbiased estimator (the
+Horvitz-Thompson variance estimator specialised to Poisson sampling, Sarndal et al. 1992, ch. 3; exact for this
+design, no with-replacement or Hajek approximation) is::
+
+    V^ = sum_{i in S} (1 - pi_i) (w_i e_i / pi_i)^2 / W^2                                                   (2)
+
+The 95% interval is theta^ +- 1.96 sqrt(V^), clipped to the metric's range. lambda: ``coef="tuned"`` (default) the
+PPI++ choice that minimises (2)'s target, estimated on the share and clipped to [0, 1]::
+
+    lambda^ = sum_{i in S} a_i y_i f_i / sum_{i in S} a_i f_i^2,   a_i = (1 - pi_i) w_i^2 / pi_i^2          (3)
+
+(tuning on the same share adds an O(1/|S|) bias, as in PPI++), or ``coef="one"`` (lambda = 1: exactly unbiased).
+
+The prediction f_i = E^[M(R) | r~_i, n_i, m_i] is the posterior mean under the fit ``auto`` would use (``gmod``
+where the design resolves the top, ``mes`` elsewhere; ``pl_fit``'s per-positive posterior under popularity
+designs), fitted on *all* positives' sampled ranks. It depends on positive i's sampled data and on the fit only, never
+on which positives the share chose (the choice is an independent keyed draw), so (1) stays unbiased; the fit may
+even be poor (a popularity tilt it cannot see, a top it cannot resolve): the interval still holds, only wider.
+
+Paired differences (:func:`paired_difference_by_design`): two recommenders evaluated with the same share key on
+the same positives share S and pi (a uniform share: always), so (1)-(3) apply to d_i = y_i^A - y_i^B with
+f_i = f_i^A - f_i^B.
+
+Active share (``ExactShare(choice="active")``; Zrnic & Candes, "Active statistical inference", ICML 2024):
+pi_i = min(1, max(floor, c s_i)) with s_i = sqrt((f_i - lo)(hi - f_i)), the Bhatia-Davis bound on the posterior
+standard deviation of M(R) in [lo, hi] given the positive's sampled data (equal to it for hit rates; positives
+resolved deep in the ranking get the floor, those in the first bin the most), c set so the mean of pi is the share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from ._estimate import Estimate
+    from .design import ExactShare
+    from .metric_names import MetricSpec
+    from .ranking import SampledRanks
+    from ._types import TensorLike
+
+__all__ = ["difference_estimate", "inclusion_probabilities", "predictions", "draw_share", "with_share_arrays",
+           "estimate_design_based", "paired_difference_by_design", "estimate_by_design", "COEFS", "FEW_EXACT"]
+
+#: The choices of lambda in (1): the PPI++ variance-optimal value (3), clipped to [0, 1], or 1.
+COEFS = ("tuned", "one")
+
+#: Fewer exact positives than this: the normal interval of (2) is rough (flag ``few_exact``).
+FEW_EXACT = 30
+
+
+# ---------------------------------------------------------------------------------------------- the estimator
+def difference_estimate(y: np.ndarray, f: np.ndarray, pi: np.ndarray, chosen: np.ndarray, w: np.ndarray | None = None,
+                        coef: str = "tuned") -> tuple[float, float, float]:
+    """(theta^, sqrt(V^), lambda) of eq. (1)-(3) (module docstring) for N positives: ``y`` (N,) metric values (read
+    where ``chosen`` only), ``f`` (N,) predictions, ``pi`` (N,) inclusion probabilities in (0, 1], ``chosen`` (N,)
+    bool, ``w`` (N,) frequency weights (None: 1). Standard error inf with fewer than two chosen positives of
+    probability below 1 (no spread to measure), 0 when every positive was chosen with probability 1 (a census)."""
+    w = np.ones(len(f)) if w is None else np.asarray(w, dtype=np.float64)
+    big_w = float(w.sum())
+    yc, fc, pc, wc = y[chosen], f[chosen], pi[chosen], w[chosen]
+    a = (1.0 - pc) * (wc / pc) ** 2
+    lam = 1.0
+    den = float((a * fc * fc).sum())
+    if coef == "tuned" and den > 0:
+        lam = min(max(float((a * yc * fc).sum()) / den, 0.0), 1.0)
+    e = wc * (yc - lam * fc) / pc
+    value = (lam * float(w @ f) + float(e.sum())) / big_w
+    random = int(np.count_nonzero(pc < 1.0))
+    if random < 2 and bool((pi < 1.0).any()):
+        return value, math.inf, lam
+    return value, math.sqrt(float(((1.0 - pc) * e * e).sum())) / big_w, lam
+
+
+def inclusion_probabilities(share: ExactShare, f: np.ndarray, bounds: tuple[float, float]) -> np.ndarray:
+    """pi per positive (module docstring): ``share.share`` each for a uniform share; for an active one
+    min(1, max(floor, c s)) with s the Bhatia-Davis spread of ``f`` within ``bounds`` and c found by bisection so the
+    mean is the share (a uniform share where every spread is 0)."""
+    n = len(f)
+    if share.choice == "uniform" or n == 0:
+        return np.full(n, share.share)
+    lo, hi = bounds
+    s = np.sqrt(np.maximum((f - lo) * (hi - f), 0.0))
+    if not float(s.max(initial=0.0)) > 0:
+        return np.full(n, share.share)
+    floor = float(share.floor)  # type: ignore[arg-type]  # filled in by ExactShare
+    if np.clip(s / float(s.max()), floor, 1.0).mean() >= share.share or share.share >= 1.0:
+        lo_c, hi_c = math.log(floor / float(s.max())), 0.0  # the mean is at most the floor, then at least the share
+    else:  # the share needs more than the spread's top at 1: c up to where every positive with s > 0 has pi = 1
+        lo_c, hi_c = 0.0, math.log(float(s.max()) / float(s[s > 0].min()))
+    scale = 1.0 / float(s.max())
+    for _ in range(100):  # bisection on log c: the mean of pi is non-decreasing in c
+        mid = 0.5 * (lo_c + hi_c)
+        if np.clip(math.exp(mid) * scale * s, floor, 1.0).mean() < share.share:
+            lo_c = mid
+        else:
+            hi_c = mid
+    return np.clip(math.exp(hi_c) * scale * s, floor, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------- predictions
+def predictions(spec: MetricSpec, sampled: SampledRanks, weights: TensorLike | None = None,
+                fit_options: dict | None = None) -> tuple[np.ndarray, str]:
+    """f_i = E^[M(R) | positive i's sampled data] for every positive (``ranks > 0``, row-major), and the name of
+    the fit: ``pl_fit``'s posterior means under a popularity design, else the posterior means under the
+    rank-distribution fit ``auto`` would run (``gmod`` / ``mes``, without bootstrap; ``fit_options``: its options)."""
+    from . import registry
+    from .estimators import _choose
+
+    design = sampled.design
+    if design is not None and design.popularity is not None:
+        from .popularity import pl_fit
+
+        _, _, means = pl_fit(sampled, weights).estimate(spec)
+        return np.asarray(means, dtype=np.float64), "pl_fit"
+    hist = sampled.histogram(weights, exact=False).without_empty_groups()
+    auto = registry.Auto(**(fit_options or {}))
+    chosen, _ = _choose(spec, auto, hist, design)
+    name = chosen.name
+    method = registry.method_class(name)(**{**chosen.given(), "n_bootstrap": 0})
+    law = "binomial" if design is None or design.adaptive_max is not None else design.law
+    from .rank_distribution import fit_rank_distribution
+
+    fit = fit_rank_distribution(hist, method, sampling=law)
+    valid = sampled.ranks > 0
+    m = sampled.sizes()
+    m_all = m[valid] if isinstance(m, torch.Tensor) else torch.full((int(valid.sum()),), int(m))
+    return _posterior_means(spec, fit, _host(sampled.candidates()[valid]), _host(m_all),
+                            _host(sampled.ranks[valid]), law), name
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
+
+
+def _posterior_means(spec: MetricSpec, fit: Any, n: np.ndarray, m: np.ndarray, r: np.ndarray, law: str) -> np.ndarray:
+    """E[M(R) | r~, group] under ``fit`` (a RankDistribution) per positive: each positive read in the fit's group of
+    its m whose n is nearest on the log scale (a group's n is a cell edge of the fit: its likelihood is exact on
+    the grid), M averaged within each cell (``interval_mean_metric``)."""
+    from ._rank_hist import interval_mean_metric
+    from .rank_distribution import dense_likelihood
+
+    hist = fit.histogram
+    gn, gm = hist.n_items.astype(np.int64), hist.n_samples.astype(np.int64)
+    group = np.full(len(r), -1, dtype=np.int64)
+    for mg in np.unique(m):
+        cand = np.flatnonzero((gm == mg) & ~hist.exact)
+        if not len(cand):  # pragma: no cover - the fit's histogram holds every positive's m
+            raise ValueError(f"sample: no fitted group has m = {mg}")
+        sel = m == mg
+        dist = np.abs(np.log(n[sel, None].astype(np.float64)) - np.log(gn[cand][None, :].astype(np.float64)))
+        group[sel] = cand[np.argmin(dist, axis=1)]
+    out = np.zeros(len(r))
+    ri = np.rint(r).astype(np.int64)
+    for g in np.unique(group):  # one (n, m) group at a time: at most max_groups per m
+        lik, inside = dense_likelihood(fit.edges, gn[g:g + 1], gm[g:g + 1], law)
+        c_in = int(inside[0].sum())
+        cell_m = interval_mean_metric(spec, fit.edges[:c_in], fit.edges[1:c_in + 1], int(gn[g]))
+        joint = fit.probs[:c_in, None] * lik[0, :c_in, :]  # (C_in, m + 1)
+        den = joint.sum(0)
+        post = np.where(den > 0, (cell_m @ joint) / np.where(den > 0, den, 1.0), cell_m.mean())
+        sel = group == g
+        out[sel] = post[ri[sel] - 1]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- the draw
+def draw_share(sampled: SampledRanks, row_keys: torch.Tensor, pos: torch.Tensor,
+               rank_rows: Callable[[torch.Tensor], torch.Tensor]) -> SampledRanks:
+    """``sampled`` with the exact share of its design (``design.exact_share``; itself where there is none).
+
+    pi from :func:`inclusion_probabilities` (an active share fits the model on ``sampled`` first); positive j of row
+    b is chosen iff ``keyed_uniform(seed, row_keys[b], pos[b, j]) < pi`` (``row_keys`` (B,) int64: user ids, or row
+    numbers; ``pos`` (B, P) item indices, -1 padding), then ``rank_rows(chosen)`` ((B, P) bool -> (B, P) exact ranks,
+    0 elsewhere: the score matrix's rows or the scorer's completion) ranks the chosen ones."""
+    from ._keyed import keyed_uniform
+    from .metric_names import parse_metric
+    from .metrics import metric_bounds
+
+    design = sampled.design
+    share = None if design is None else design.exact_share
+    if share is None:
+        return sampled
+    valid = sampled.ranks > 0
+    if share.choice == "active":
+        spec = parse_metric(share.metric)
+        f, _ = predictions(spec, sampled)
+        bounds = metric_bounds(spec, sampled.candidates()[valid]) if bool(valid.any()) else (0.0, 1.0)
+        pi_v = inclusion_probabilities(share, f, bounds)
+    else:
+        pi_v = np.full(int(valid.sum()), share.share)
+    pi = torch.zeros(valid.shape, dtype=torch.float64, device=valid.device)
+    pi[valid] = torch.as_tensor(pi_v, dtype=torch.float64, device=valid.device)
+    u = keyed_uniform(share.seed, row_keys.to(torch.int64).reshape(-1, 1), pos.clamp(min=0).to(torch.int64))
+    chosen = valid & (u.to(pi.device) < pi)
+    exact = rank_rows(chosen)
+    return dataclasses.replace(sampled, share_ranks=exact, inclusion=pi)
+
+
+def with_share_arrays(sampled: SampledRanks, share_ranks: TensorLike | None, inclusion: TensorLike | None
+                      ) -> SampledRanks:
+    """``sampled`` with an exact share given as arrays (``SampledRanks.from_arrays``): both or neither, shaped like
+    the ranks, exact ranks in 1..n where chosen (0 elsewhere), probabilities in (0, 1] at every positive."""
+    from ._checks import check_rank_values
+
+    if share_ranks is None or inclusion is None:
+        raise ValueError("inclusion: an exact share needs both share_ranks and inclusion (one was None)")
+    e = check_rank_values(share_ranks, "share_ranks", whole=True, padding=True).to(sampled.ranks.device)
+    p = torch.as_tensor(inclusion, dtype=torch.float64, device=sampled.ranks.device)
+    r = sampled.ranks
+    for name, t in (("share_ranks", e), ("inclusion", p)):
+        if t.shape != r.shape:
+            raise ValueError(f"{name}: expected the shape of the ranks {tuple(r.shape)}, got {tuple(t.shape)}")
+    valid = r > 0
+    if bool(((e > 0) & ~valid).any()):
+        raise ValueError("share_ranks: an exact rank where the ranks hold padding (0)")
+    if bool((e > sampled.candidates()).any()):
+        raise ValueError("share_ranks: a rank above the positive's n (n_items)")
+    if not bool(((p > 0) & (p <= 1))[valid].all()):
+        raise ValueError("inclusion: every positive's probability must lie in (0, 1]")
+    return dataclasses.replace(sampled, share_ranks=e, inclusion=torch.where(valid, p, torch.zeros_like(p)))
+
+
+# ---------------------------------------------------------------------------------------------- entry points
+def _exact_values(spec: MetricSpec, sampled: SampledRanks) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(y, pi, chosen, n) per positive (row-major): y = M(R) where chosen (0 elsewhere)."""
+    from ._rank_hist import metric_at
+
+    valid = sampled.ranks > 0
+    assert sampled.share_ranks is not None and sampled.inclusion is not None
+    e = _host(sampled.share_ranks[valid]).astype(np.float64)
+    pi = _host(sampled.inclusion[valid]).astype(np.float64)
+    n = _host(sampled.candidates()[valid]).astype(np.float64)
+    chosen = e > 0
+    y = np.zeros(len(e))
+    if chosen.any():
+        y[chosen] = metric_at(spec, e[chosen], n[chosen])
+    return y, pi, chosen, n
+
+
+def _weights(sampled: SampledRanks, weights: TensorLike | None) -> np.ndarray | None:
+    if weights is None:
+        return None
+    from ._checks import check_weights
+
+    r = sampled.ranks
+    w = torch.broadcast_to(check_weights(weights, "weights", like=r, device=r.device), r.shape)
+    return _host(w[r > 0]).astype(np.float64)
+
+
+def _fit_options(method: Any) -> tuple[dict, str]:
+    """The fit options ``method`` gives (for the predictions' fit) and its ``coef`` (auto: ``tuned``)."""
+    from . import registry
+
+    given = dict(method.given())
+    coef = given.pop("coef", "tuned")
+    names = set(registry.fit_option_names()) | set(registry.COMMON_OPTIONS)
+    return {k: v for k, v in given.items() if k in names}, coef
+
+
+def estimate_design_based(spec: MetricSpec, sample: Any, method: Any, weights: TensorLike | None) -> Estimate:
+    """``estimate``'s path for ``diff`` (and ``auto`` on a sample with an exact share): eq. (1)-(3) on the share;
+    without one (a RankHistogram, or SampledRanks without ``share_ranks``), ``auto``'s model-based estimate flagged
+    ``no_exact_share``."""
+    from . import registry
+    from ._estimate import Estimate, range_flags
+    from .estimators import estimate
+    from .metrics import metric_bounds
+    from .ranking import SampledRanks
+
+    fit_opts, coef = _fit_options(method)
+    if not isinstance(sample, SampledRanks) or sample.share_ranks is None:
+        est = estimate(spec, sample, registry.Auto(**fit_opts), weights=weights)
+        flags = est.flags + ("no_exact_share",)
+        return dataclasses.replace(est, flags=flags, details={**est.details, "flags": flags, "design_based": False})
+    design = sample.design
+    entry = registry.get("diff")
+    if design is None or not entry.supports(design):  # pragma: no cover - every design the share draws under
+        raise ValueError(f"method: 'diff' does not support the design of these ranks ({design!r})")
+    f, model = predictions(spec, sample, weights, fit_opts)
+    y, pi, chosen, n = _exact_values(spec, sample)
+    if spec.k is not None and spec.k > int(n.min(initial=spec.k)):
+        raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(n.min())})")
+    w = _weights(sample, weights)
+    value, se, lam = difference_estimate(y, f, pi, chosen, w, coef)
+    big_w = float(len(f) if w is None else w.sum())
+    bounds = metric_bounds(spec, n.astype(np.int64))
+    k = int(chosen.sum())
+    flags: tuple[str, ...] = ("few_exact",) if k < FEW_EXACT else ()
+    if not math.isfinite(se) and "few_exact" not in flags:  # pragma: no cover - se is inf only below FEW_EXACT
+        flags += ("few_exact",)
+    flags = range_flags(value, flags, bounds)
+    details = {"method": "diff", "model": model, "model_value": float(np.average(f, weights=w)), "lambda": lam,
+               "coef": coef, "n_exact": k, "mean_inclusion": float(pi.mean()), "share": design.exact_share,
+               "variance": "poisson_ht", "flags": flags}
+    return Estimate(value, se, big_w, details, flags, None, (float(bounds[0]), float(bounds[1])))
+
+
+def paired_difference_by_design(metric: str | MetricSpec, a: SampledRanks, b: SampledRanks, *, coef: str = "tuned",
+                                weights: TensorLike | None = None) -> Estimate:
+    """theta_A - theta_B of two recommenders by (1)-(3) on d = y^A - y^B with f = f^A - f^B: both samples must hold
+    the same positives (shape) with the same exact share (the same chosen positives and pi: one share key; a uniform
+    share always, an active one when both drew with the same pi). A ValueError naming ``b`` otherwise."""
+    from ._estimate import Estimate
+    from ._options import check_choice
+    from .metric_names import parse_metric
+
+    spec = parse_metric(metric)
+    coef = check_choice(coef, COEFS, "coef")
+    for name, s in (("a", a), ("b", b)):
+        if getattr(s, "share_ranks", None) is None:
+            raise ValueError(f"{name}: expected SampledRanks with an exact share (SamplingDesign(m, exact_share=...))")
+    ya, pa, ca, _ = _exact_values(spec, a)
+    yb, pb, cb, _ = _exact_values(spec, b)
+    if ya.shape != yb.shape or a.ranks.shape != b.ranks.shape or not np.array_equal(ca, cb) or not np.allclose(pa, pb):
+        raise ValueError("b: not the same exact share as a (the same positives, chosen with the same inclusion "
+                         "probabilities); draw both with one ExactShare (a uniform share, or one seed and pi)")
+    fa, ma = predictions(spec, a, weights)
+    fb, _ = predictions(spec, b, weights)
+    w = _weights(a, weights)
+    value, se, lam = difference_estimate(ya - yb, fa - fb, pa, ca, w, coef)
+    big_w = float(len(fa) if w is None else w.sum())
+    k = int(ca.sum())
+    flags = ("few_exact",) if k < FEW_EXACT else ()
+    details = {"method": "diff", "model": ma, "lambda": lam, "coef": coef, "n_exact": k, "variance": "poisson_ht",
+               "flags": flags}
+    return Estimate(value, se, big_w, details, flags)
+
+
+def estimate_by_design(spec: MetricSpec, hist: Any, *, method: str, sampling: str, options: dict) -> Any:
+    """The registry's compute function of ``diff`` on a bare histogram (which carries no exact share): ``auto``'s
+    (``estimate`` routes SampledRanks through :func:`estimate_design_based`)."""
+    from .estimators import estimate_auto
+
+    opts = {k: v for k, v in options.items() if k != "coef"}
+    res = estimate_auto(spec, hist, method="auto", sampling=sampling, options=opts)
+    return res._replace(flags=tuple(res.flags) + ("no_exact_share",)) if hasattr(res, "_replace") else res
+
+
+def share_from_matrix(sampled: SampledRanks, scores: torch.Tensor, pos: torch.Tensor, exc: Any, ties: str,
+                      generator: torch.Generator | None, row_keys: torch.Tensor | None = None) -> SampledRanks:
+    """:func:`draw_share` on a score matrix (B, n): the chosen positives ranked exactly among their rows' candidates
+    (``adaptive.complete_at_cap``: catalogue minus the row's positives minus its exclusions; the generator is not
+    advanced), rows keyed by ``row_keys`` (default: row numbers)."""
+    from .adaptive import complete_at_cap
+    from .exclusions import Exclusions
+
+    if sampled.design is None or sampled.design.exact_share is None:
+        return sampled
+    exc_p = exc.padded() if isinstance(exc, Exclusions) else exc
+    keys = torch.arange(scores.shape[0], device=scores.device) if row_keys is None else row_keys
+    n = scores.shape[1]
+    return draw_share(sampled, keys, pos,
+                      lambda chosen: complete_at_cap(chosen, pos, exc_p, n, ties, generator, lambda idx: scores[idx]))
