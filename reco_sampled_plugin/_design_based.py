@@ -16,14 +16,14 @@ u_i < pi_i, ``design.ExactShare``). The estimate of the users' metric theta = su
 the model's mean plus the Horvitz-Thompson (1952) mean of the residuals y - lambda f over the share. Given the
 sampled data, f and pi are fixed and only S is random, so E[theta^ | sampled data] = theta for every fixed lambda
 and *whatever the model*: the model only sets the variance. Under Poisson sampling that variance is
-sum_i (1 - pi_i) (w_i e_i / pi_i)^2 / W^2 with e_i = y_i - lambda f_i, and its unbiased estimator (the
+sum_i (1 - pi_i) (w_i e_i)^2 / pi_i / W^2 with e_i = y_i - lambda f_i, and its unbiased estimator (the
 Horvitz-Thompson variance estimator specialised to Poisson sampling, Sarndal et al. 1992, ch. 3; exact for this
 design, no with-replacement or Hajek approximation) is::
 
     V^ = sum_{i in S} (1 - pi_i) (w_i e_i / pi_i)^2 / W^2                                                   (2)
 
 The 95% interval is theta^ +- 1.96 sqrt(V^), clipped to the metric's range. lambda: ``coef="tuned"`` (default) the
-PPI++ choice that minimises (2)'s target, estimated on the share and clipped to [0, 1]::
+PPI++ choice that minimises that variance, its sums estimated on the share (Horvitz-Thompson) and clipped to [0, 1]::
 
     lambda^ = sum_{i in S} a_i y_i f_i / sum_{i in S} a_i f_i^2,   a_i = (1 - pi_i) w_i^2 / pi_i^2          (3)
 
@@ -106,11 +106,12 @@ def inclusion_probabilities(share: ExactShare, f: np.ndarray, bounds: tuple[floa
     if not float(s.max(initial=0.0)) > 0:
         return np.full(n, share.share)
     floor = float(share.floor)  # type: ignore[arg-type]  # filled in by ExactShare
-    if np.clip(s / float(s.max()), floor, 1.0).mean() >= share.share or share.share >= 1.0:
-        lo_c, hi_c = math.log(floor / float(s.max())), 0.0  # the mean is at most the floor, then at least the share
-    else:  # the share needs more than the spread's top at 1: c up to where every positive with s > 0 has pi = 1
-        lo_c, hi_c = 0.0, math.log(float(s.max()) / float(s[s > 0].min()))
+    spread = s > 0
+    if share.share >= float(np.where(spread, 1.0, floor).mean()):  # beyond c s >= 1 for all: raise the rest
+        rest = (share.share * n - float(spread.sum())) / max(float((~spread).sum()), 1.0)
+        return np.where(spread, 1.0, min(max(rest, floor), 1.0))
     scale = 1.0 / float(s.max())
+    lo_c, hi_c = math.log(floor), math.log(float(s.max()) / float(s[spread].min()))  # mean <= share <= mean
     for _ in range(100):  # bisection on log c: the mean of pi is non-decreasing in c
         mid = 0.5 * (lo_c + hi_c)
         if np.clip(math.exp(mid) * scale * s, floor, 1.0).mean() < share.share:
