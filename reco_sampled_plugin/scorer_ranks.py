@@ -278,23 +278,29 @@ def sampled_ranks_from_scorer(
             stages += int(bool(need.any()))
     else:
         neg_out = torch.where(valid.unsqueeze(2), neg, torch.full_like(neg, -1))
-    share_ranks = inclusion = None
+    shared = SampledRanks(ranks, n_cand, None, design, sizes, None, stats)
     if design.exact_share is not None:  # the chosen positives' rows scored whole: their pairs in the cost
-        from ._design_based import draw_share
-
-        shared = draw_share(SampledRanks(ranks, n_cand, None, design, sizes, None, stats), user_ids, pos,
-                            lambda chosen: complete_from_scorer(calls, chosen, pos, exc, user_ids, pos_scores, n, ties,
-                                                                generator))
-        share_ranks, inclusion = shared.share_ranks, shared.inclusion
-        stages += int(bool((share_ranks > 0).any()))  # type: ignore[operator]  # set by draw_share
+        shared = _share(shared, calls, user_ids, pos, exc, pos_scores, n, ties, generator)
+        stages += int(bool((shared.share_ranks > 0).any()))  # type: ignore[operator]  # set by _share
     full = full_ranking_pairs(n, exc, valid.any(1))
     total = time.perf_counter() - t_start
     cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(total - calls.seconds, 0.0), full, stages)
     logger.debug("sampled_ranks_from_scorer: %d (user, item) pairs scored in %d call(s), %d stage(s) (%.2f%% of full "
                  "ranking's %d); %.3f s in the scorer, %.3f s drawing and ranking", cost.pairs, cost.calls, cost.stages,
                  100 * cost.share_of_full, cost.full_pairs, cost.scorer_seconds, cost.loop_seconds)
-    return SampledRanks(ranks, n_cand, neg_out, design, sizes, cost, stats, exact_ranks=exact, share_ranks=share_ranks,
-                        inclusion=inclusion)
+    return SampledRanks(ranks, n_cand, neg_out, design, sizes, cost, stats, exact_ranks=exact,
+                        share_ranks=shared.share_ranks, inclusion=shared.inclusion)
+
+
+def _share(sampled: SampledRanks, calls: ScorerCalls, user_ids: torch.Tensor, pos: torch.Tensor,
+           exc: torch.Tensor | Exclusions | None, pos_scores: torch.Tensor, n: int, ties: str,
+           generator: torch.Generator | None) -> SampledRanks:
+    """``sampled`` with its design's exact share (``_design_based.draw_share``, rows keyed by user id): the chosen
+    positives' rows score their whole candidate list through ``calls`` (:func:`complete_from_scorer`)."""
+    from ._design_based import draw_share
+
+    return draw_share(sampled, user_ids, pos, lambda chosen: complete_from_scorer(
+        calls, chosen, pos, exc, user_ids, pos_scores, n, ties, generator))
 
 
 def complete_from_scorer(calls: ScorerCalls, need: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | Exclusions | None,
