@@ -294,24 +294,22 @@ def estimate_design_based(spec: MetricSpec, sample: Any, method: Any, weights: T
     fit_opts, coef = _fit_options(method)
     if not isinstance(sample, SampledRanks) or sample.share_ranks is None:
         est = estimate(spec, sample, registry.Auto(**fit_opts), weights=weights)
-        flags = est.flags + ("no_exact_share",)
-        return dataclasses.replace(est, flags=flags, details={**est.details, "flags": flags, "design_based": False})
+        marked = est.flags + ("no_exact_share",)
+        return dataclasses.replace(est, flags=marked, details={**est.details, "flags": marked, "design_based": False})
     design = sample.design
     entry = registry.get("diff")
     if design is None or not entry.supports(design):  # pragma: no cover - every design the share draws under
         raise ValueError(f"method: 'diff' does not support the design of these ranks ({design!r})")
-    f, model = predictions(spec, sample, weights, fit_opts)
     y, pi, chosen, n = _exact_values(spec, sample)
     if spec.k is not None and spec.k > int(n.min(initial=spec.k)):
         raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(n.min())})")
+    f, model = predictions(spec, sample, weights, fit_opts)
     w = _weights(sample, weights)
     value, se, lam = difference_estimate(y, f, pi, chosen, w, coef)
     big_w = float(len(f) if w is None else w.sum())
     bounds = metric_bounds(spec, n.astype(np.int64))
     k = int(chosen.sum())
     flags: tuple[str, ...] = ("few_exact",) if k < FEW_EXACT else ()
-    if not math.isfinite(se) and "few_exact" not in flags:  # pragma: no cover - se is inf only below FEW_EXACT
-        flags += ("few_exact",)
     flags = range_flags(value, flags, bounds)
     details = {"method": "diff", "model": model, "model_value": float(np.average(f, weights=w)), "lambda": lam,
                "coef": coef, "n_exact": k, "mean_inclusion": float(pi.mean()), "share": design.exact_share,

@@ -281,7 +281,7 @@ def sampled_ranks_from_scorer(
     shared = SampledRanks(ranks, n_cand, None, design, sizes, None, stats)
     if design.exact_share is not None:  # the chosen positives' rows scored whole: their pairs in the cost
         shared = _share(shared, calls, user_ids, pos, exc, pos_scores, n, ties, generator)
-        stages += int(bool((shared.share_ranks > 0).any()))  # type: ignore[operator]  # set by _share
+        stages += int(bool((shared.share_ranks > 0).any()))  # type: ignore[operator, union-attr]  # set by _share
     full = full_ranking_pairs(n, exc, valid.any(1))
     total = time.perf_counter() - t_start
     cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(total - calls.seconds, 0.0), full, stages)
