@@ -76,22 +76,73 @@ def difference_estimate(y: np.ndarray, f: np.ndarray, pi: np.ndarray, chosen: np
                         coef: str = "tuned") -> tuple[float, float, float]:
     """(theta^, sqrt(V^), lambda) of eq. (1)-(3) (module docstring) for N positives: ``y`` (N,) metric values (read
     where ``chosen`` only), ``f`` (N,) predictions, ``pi`` (N,) inclusion probabilities in (0, 1], ``chosen`` (N,)
-    bool, ``w`` (N,) frequency weights (None: 1). Standard error inf with fewer than two chosen positives of
-    probability below 1 (no spread to measure), 0 when every positive was chosen with probability 1 (a census)."""
+    bool, ``w`` (N,) frequency weights (None: 1): :func:`share_estimate` of their sums."""
     w = np.ones(len(f)) if w is None else np.asarray(w, dtype=np.float64)
-    big_w = float(w.sum())
-    yc, fc, pc, wc = y[chosen], f[chosen], pi[chosen], w[chosen]
-    a = (1.0 - pc) * (wc / pc) ** 2
+    return share_estimate(float(w @ f), float(w.sum()), y[chosen], f[chosen], pi[chosen], w[chosen], coef,
+                          census=not bool((pi < 1.0).any()))
+
+
+def share_estimate(model_sum: float, total: float, y: np.ndarray, f: np.ndarray, pi: np.ndarray, w: np.ndarray,
+                   coef: str = "tuned", census: bool = False) -> tuple[float, float, float]:
+    """(theta^, sqrt(V^), lambda) of eq. (1)-(3) from ``model_sum`` = sum_i w_i f_i over all positives, ``total`` = W
+    and the chosen positives' ``y``, ``f``, ``pi``, ``w``. Standard error inf with fewer than two chosen positives of
+    probability below 1 (no spread to measure) unless ``census`` (every positive chosen with probability 1: 0)."""
+    a = (1.0 - pi) * (w / pi) ** 2
     lam = 1.0
-    den = float((a * fc * fc).sum())
+    den = float((a * f * f).sum())
     if coef == "tuned" and den > 0:
-        lam = min(max(float((a * yc * fc).sum()) / den, 0.0), 1.0)
-    e = wc * (yc - lam * fc) / pc
-    value = (lam * float(w @ f) + float(e.sum())) / big_w
-    random = int(np.count_nonzero(pc < 1.0))
-    if random < 2 and bool((pi < 1.0).any()):
+        lam = min(max(float((a * y * f).sum()) / den, 0.0), 1.0)
+    e = w * (y - lam * f) / pi
+    value = (lam * model_sum + float(e.sum())) / total
+    if int(np.count_nonzero(pi < 1.0)) < 2 and not census:
         return value, math.inf, lam
-    return value, math.sqrt(float(((1.0 - pc) * e * e).sum())) / big_w, lam
+    return value, math.sqrt(float(((1.0 - pi) * e * e).sum())) / total, lam
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ShareRows:
+    """An exact share as rows, one per chosen positive (``RankHistogram.share``): ``n``, ``m`` (int64), ``sampled``
+    (r~), ``exact`` (R), ``inclusion`` (pi), ``weight`` (float64); ``census``: every positive of the sample had
+    pi = 1. Joined across batches and processes by :meth:`concat`, as the histogram's counts are added."""
+
+    n: np.ndarray
+    m: np.ndarray
+    sampled: np.ndarray
+    exact: np.ndarray
+    inclusion: np.ndarray
+    weight: np.ndarray
+    census: bool = False
+
+    @classmethod
+    def of(cls, sampled: SampledRanks, weights: TensorLike | None = None) -> "ShareRows":
+        """The rows of ``sampled``'s share (``share_ranks > 0``), weighted by ``weights`` (as ``estimate``)."""
+        assert sampled.share_ranks is not None and sampled.inclusion is not None
+        valid = sampled.ranks > 0
+        chosen = sampled.share_ranks > 0
+        m = sampled.sizes()
+        m_t = m[chosen] if isinstance(m, torch.Tensor) else torch.full((int(chosen.sum()),), int(m))
+        w = _weights(sampled, weights)
+        w_c = np.ones(int(chosen.sum())) if w is None else w[_host(chosen[valid])]
+        f64 = np.float64
+        return cls(_host(sampled.candidates()[chosen]).astype(np.int64), _host(m_t).astype(np.int64),
+                   _host(sampled.ranks[chosen]).astype(f64), _host(sampled.share_ranks[chosen]).astype(f64),
+                   _host(sampled.inclusion[chosen]).astype(f64), w_c.astype(f64),
+                   census=bool((sampled.inclusion[valid] >= 1.0).all()))
+
+    def concat(self, other: "ShareRows") -> "ShareRows":
+        parts = [np.concatenate([getattr(self, k), getattr(other, k)]) for k in
+                 ("n", "m", "sampled", "exact", "inclusion", "weight")]
+        return ShareRows(*parts, census=self.census and other.census)
+
+    def equals(self, other: Any) -> bool:
+        return isinstance(other, ShareRows) and self.census == other.census and all(
+            np.array_equal(getattr(self, k), getattr(other, k)) for k in
+            ("n", "m", "sampled", "exact", "inclusion", "weight"))
+
+
+def carries_share(sample: Any) -> bool:
+    """Whether ``sample`` (SampledRanks or RankHistogram) carries an exact share."""
+    return getattr(sample, "share_ranks", None) is not None or getattr(sample, "share", None) is not None
 
 
 def inclusion_probabilities(share: ExactShare, f: np.ndarray, bounds: tuple[float, float]) -> np.ndarray:
@@ -126,30 +177,34 @@ def predictions(spec: MetricSpec, sampled: SampledRanks, weights: TensorLike | N
                 fit_options: dict | None = None) -> tuple[np.ndarray, str]:
     """f_i = E^[M(R) | positive i's sampled data] for every positive (``ranks > 0``, row-major), and the name of
     the fit: ``pl_fit``'s posterior means under a popularity design, else the posterior means under the
-    rank-distribution fit ``auto`` would run (``gmod`` / ``mes``, without bootstrap; ``fit_options``: its options)."""
-    from . import registry
-    from .estimators import _choose
-
+    rank-distribution fit ``auto`` would run (:func:`model_fit`; ``fit_options``: its options)."""
     design = sampled.design
     if design is not None and design.popularity is not None:
         from .popularity import pl_fit
 
         _, _, means = pl_fit(sampled, weights).estimate(spec)
         return np.asarray(means, dtype=np.float64), "pl_fit"
-    hist = sampled.histogram(weights, exact=False).without_empty_groups()
-    auto = registry.Auto(**(fit_options or {}))
-    chosen, _ = _choose(spec, auto, hist, design)
-    name = chosen.name
-    method = registry.method_class(name)(**{**chosen.given(), "n_bootstrap": 0})
-    law = "binomial" if design is None or design.adaptive_max is not None else design.law
-    from .rank_distribution import fit_rank_distribution
-
-    fit = fit_rank_distribution(hist, method, sampling=law)
+    fit, name, law = model_fit(spec, sampled.histogram(weights, exact=False).without_empty_groups(), fit_options)
     valid = sampled.ranks > 0
     m = sampled.sizes()
     m_all = m[valid] if isinstance(m, torch.Tensor) else torch.full((int(valid.sum()),), int(m))
     return _posterior_means(spec, fit, _host(sampled.candidates()[valid]), _host(m_all),
                             _host(sampled.ranks[valid]), law), name
+
+
+def model_fit(spec: MetricSpec, hist: Any, fit_options: dict | None = None) -> tuple[Any, str, str]:
+    """(fit, its method's name, law) of the rank-distribution fit ``auto`` would run on ``hist`` (a uniform-law
+    RankHistogram: ``gmod`` where the design resolves the top, else ``mes``), without bootstrap: the predictions
+    need its posterior means only."""
+    from . import registry
+    from .estimators import _choose
+    from .rank_distribution import fit_rank_distribution
+
+    design = hist.design
+    chosen, _ = _choose(spec, registry.Auto(**(fit_options or {})), hist, design)
+    method = registry.method_class(chosen.name)(**{**chosen.given(), "n_bootstrap": 0})
+    law = "binomial" if design is None or design.adaptive_max is not None else design.law
+    return fit_rank_distribution(hist, method, sampling=law), chosen.name, law
 
 
 def _host(t: torch.Tensor) -> np.ndarray:
@@ -282,39 +337,88 @@ def _fit_options(method: Any) -> tuple[dict, str]:
 
 
 def estimate_design_based(spec: MetricSpec, sample: Any, method: Any, weights: TensorLike | None) -> Estimate:
-    """``estimate``'s path for ``diff`` (and ``auto`` on a sample with an exact share): eq. (1)-(3) on the share;
-    without one (a RankHistogram, or SampledRanks without ``share_ranks``), ``auto``'s model-based estimate flagged
-    ``no_exact_share``."""
+    """``estimate``'s path for ``diff`` (and ``auto`` on a sample with an exact share): eq. (1)-(3) on the share, from
+    the histogram and its share rows (``RankHistogram.share``: what merges across batches and processes), or from
+    the positives' ``pl_fit`` predictions under a popularity design; without a share, ``auto``'s model-based
+    estimate flagged ``no_exact_share``."""
     from . import registry
-    from ._estimate import Estimate, range_flags
     from .estimators import estimate
-    from .metrics import metric_bounds
     from .ranking import SampledRanks
 
     fit_opts, coef = _fit_options(method)
-    if not isinstance(sample, SampledRanks) or sample.share_ranks is None:
+    if not carries_share(sample):
         est = estimate(spec, sample, registry.Auto(**fit_opts), weights=weights)
         marked = est.flags + ("no_exact_share",)
         return dataclasses.replace(est, flags=marked, details={**est.details, "flags": marked, "design_based": False})
     design = sample.design
-    entry = registry.get("diff")
-    if design is None or not entry.supports(design):  # pragma: no cover - every design the share draws under
-        raise ValueError(f"method: 'diff' does not support the design of these ranks ({design!r})")
+    if design is not None and not registry.get("diff").supports(design):  # pragma: no cover - every share design
+        raise ValueError(f"method: 'diff' does not support the design of these ranks ({design.describe()})")
+    if isinstance(sample, SampledRanks):
+        if design is not None and design.popularity is not None:
+            return _popularity_share(spec, sample, weights, fit_opts, coef)
+        hist = sample.histogram(weights)
+    elif weights is not None:
+        raise ValueError("weights: a RankHistogram holds (weighted) counts already; weight the positives when "
+                         "building it, or pass the SampledRanks")
+    else:
+        hist = sample
+    return _histogram_share(spec, hist.without_empty_groups(), fit_opts, coef)
+
+
+def _histogram_share(spec: MetricSpec, hist: Any, fit_opts: dict, coef: str) -> Estimate:
+    """Eq. (1)-(3) from a histogram with share rows: sum_i w_i f_i over its (group, r~) cells, the residuals over
+    the rows, f from :func:`model_fit` (the same function of (n, m, r~) as :func:`predictions`)."""
+    from ._rank_hist import metric_at
+
+    rows = hist.share
+    hist.check_nonempty()
+    n_min = int(hist.n_items.min())
+    if spec.k is not None and spec.k > n_min:
+        raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {n_min})")
+    fit, model, law = model_fit(spec, hist, fit_opts)
+    sizes = hist.n_samples + 1
+    cell_n = np.repeat(hist.n_items, sizes)
+    cell_m = np.repeat(hist.n_samples, sizes)
+    cell_r = np.arange(len(hist.flat_counts)) - np.repeat(hist._starts, sizes) + 1
+    occupied = hist.flat_counts > 0
+    counts = hist.flat_counts[occupied]
+    f_cells = _posterior_means(spec, fit, cell_n[occupied], cell_m[occupied], cell_r[occupied], law)
+    f_rows = _posterior_means(spec, fit, rows.n, rows.m, rows.sampled, law)
+    y = metric_at(spec, rows.exact, rows.n.astype(np.float64)) if len(rows.n) else np.zeros(0)
+    model_sum = float(counts @ f_cells)
+    value, se, lam = share_estimate(model_sum, hist.total, y, f_rows, rows.inclusion, rows.weight, coef, rows.census)
+    share = None if hist.design is None else hist.design.exact_share
+    return _packaged(spec, value, se, hist.total, hist.n_items, len(rows.n),
+                     {"model": model, "model_value": model_sum / hist.total, "lambda": lam, "coef": coef,
+                      "share": share})
+
+
+def _popularity_share(spec: MetricSpec, sample: SampledRanks, weights: TensorLike | None, fit_opts: dict,
+                      coef: str) -> Estimate:
+    """Eq. (1)-(3) on popularity-sampled ranks: the positives' ``pl_fit`` posterior means as f."""
     y, pi, chosen, n = _exact_values(spec, sample)
     if spec.k is not None and spec.k > int(n.min(initial=spec.k)):
         raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(n.min())})")
     f, model = predictions(spec, sample, weights, fit_opts)
     w = _weights(sample, weights)
     value, se, lam = difference_estimate(y, f, pi, chosen, w, coef)
-    big_w = float(len(f) if w is None else w.sum())
-    bounds = metric_bounds(spec, n.astype(np.int64))
-    k = int(chosen.sum())
-    flags: tuple[str, ...] = ("few_exact",) if k < FEW_EXACT else ()
-    flags = range_flags(value, flags, bounds)
-    details = {"method": "diff", "model": model, "model_value": float(np.average(f, weights=w)), "lambda": lam,
-               "coef": coef, "n_exact": k, "mean_inclusion": float(pi.mean()), "share": design.exact_share,
-               "variance": "poisson_ht", "flags": flags}
-    return Estimate(value, se, big_w, details, flags, None, (float(bounds[0]), float(bounds[1])))
+    total = float(len(f) if w is None else w.sum())
+    return _packaged(spec, value, se, total, n.astype(np.int64), int(chosen.sum()),
+                     {"model": model, "model_value": float(np.average(f, weights=w)), "lambda": lam, "coef": coef,
+                      "share": sample.design.exact_share if sample.design is not None else None,
+                      "mean_inclusion": float(pi.mean())})
+
+
+def _packaged(spec: MetricSpec, value: float, se: float, total: float, n: np.ndarray, k: int, extra: dict) -> Estimate:
+    """The :class:`~reco_sampled_plugin._estimate.Estimate` of the difference estimator: flags ``few_exact`` and
+    ``outside_metric_range``, the metric's range, the variance estimator's name."""
+    from ._estimate import Estimate, range_flags
+    from .metrics import metric_bounds
+
+    bounds = metric_bounds(spec, n)
+    flags = range_flags(value, ("few_exact",) if k < FEW_EXACT else (), bounds)
+    details = {"method": "diff", **extra, "n_exact": k, "variance": "poisson_ht", "flags": flags}
+    return Estimate(value, se, total, details, flags, None, (float(bounds[0]), float(bounds[1])))
 
 
 def paired_difference_by_design(metric: str | MetricSpec, a: SampledRanks, b: SampledRanks, *, coef: str = "tuned",

@@ -307,7 +307,8 @@ def estimate(
     spec = parse_metric(metric)
     method = registry.as_method(method)
     entry = type(method).entry
-    if entry.family == "design_based" or (entry.family == "auto" and getattr(sample, "share_ranks", None) is not None):
+    shared = getattr(sample, "share_ranks", None) is not None or getattr(sample, "share", None) is not None
+    if entry.family == "design_based" or (entry.family == "auto" and shared):
         from ._design_based import estimate_design_based  # an exact share: the difference estimator (its module)
 
         result = estimate_design_based(spec, sample, method, weights)

@@ -552,13 +552,19 @@ class SampledRanks:
         """The :class:`~reco_sampled_plugin._rank_hist.RankHistogram` of these ranks (padding dropped), with
         per-positive n and m; ``weights`` as in :func:`~reco_sampled_plugin.estimators.estimate`. With
         ``exact`` (default) and :attr:`exact_ranks`, the completed positives form exact groups (n, m = n - 1) of
-        their exact ranks (``RankHistogram.exact``); ``exact=False``: every positive's sampled rank r~. An equal
+        their exact ranks (``RankHistogram.exact``); ``exact=False``: every positive's sampled rank r~. An exact
+        share (:attr:`share_ranks`) travels as ``RankHistogram.share``. An equal
         histogram made before is returned again (``_rank_hist.same_histogram``: with the fits it keeps)."""
         from ._rank_hist import same_histogram, sampled_rank_histogram
 
         exact = check_bool(exact, "exact")
-        return same_histogram(self, sampled_rank_histogram(self.ranks, self.candidates(), self.sizes(), weights,
-                                                           exact_ranks=self.exact_ranks if exact else None))
+        hist = sampled_rank_histogram(self.ranks, self.candidates(), self.sizes(), weights,
+                                      exact_ranks=self.exact_ranks if exact else None)
+        if self.share_ranks is not None:  # the exact share travels with the counts (``_design_based.ShareRows``)
+            from ._design_based import ShareRows
+
+            hist = hist.with_share(ShareRows.of(self, weights))
+        return same_histogram(self, hist)
 
     def __getstate__(self) -> dict:
         """The fields, without the histograms remembered by :meth:`histogram` (pickles and copies)."""

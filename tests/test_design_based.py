@@ -220,3 +220,29 @@ def test_design_and_arrays_are_checked():
         rsp.SampledRanks.from_arrays(r, 100, 10, share_ranks=torch.tensor([0, 170, 0]), inclusion=[0.5, 0.5, 0.5])
     with pytest.raises(ValueError, match="^inclusion: an exact share needs both"):
         rsp.SampledRanks.from_arrays(r, 100, 10, share_ranks=torch.tensor([0, 7, 0]))
+
+
+def test_histogram_path_matches_the_positives_and_merges(matrix):
+    """The estimate from the histogram and its share rows equals eq. (1)-(3) on the positives' own predictions; two
+    halves' histograms merged give the whole's estimate (the share rows travel with the counts)."""
+    scores, pos = matrix
+    design = SamplingDesign(30, exact_share=0.3)
+    whole = rsp.sampled_ranks(scores, pos, design, generator=torch.Generator().manual_seed(4))
+    spec = parse_metric("ndcg@10")
+    est = rsp.estimate(spec, whole, registry.Diff(coef="one"))
+    f, _ = predictions(spec, whole)
+    valid = whole.ranks > 0
+    y = metric_at(spec, whole.share_ranks[valid].double().numpy(), whole.candidates()[valid].double().numpy())
+    chosen = (whole.share_ranks[valid] > 0).numpy()
+    v, se, _ = difference_estimate(y, f, whole.inclusion[valid].numpy(), chosen, None, "one")
+    assert est.value == pytest.approx(v, rel=1e-12) and est.stderr == pytest.approx(se, rel=1e-12)
+    halves = [rsp.SampledRanks.from_arrays(whole.ranks[rows], whole.candidates()[rows], 30, design,
+                                           share_ranks=whole.share_ranks[rows], inclusion=whole.inclusion[rows])
+              for rows in (slice(0, 120), slice(120, None))]
+    merged = halves[0].histogram().merge(halves[1].histogram())
+    assert merged.share is not None and len(merged.share.n) == int(chosen.sum())
+    got = rsp.estimate(spec, merged, registry.Diff(coef="one"))
+    assert got.value == pytest.approx(est.value, rel=1e-12) and got.stderr == pytest.approx(est.stderr, rel=1e-12)
+    assert rsp.estimate(spec, merged).details["auto"]["method"] == "diff"
+    with pytest.raises(ValueError, match="^other: one histogram carries an exact share"):
+        merged.merge(rsp.sampled_ranks(scores, pos, 30).histogram())
