@@ -5,7 +5,7 @@ wheel) or ml-latest-small (shared/data), leave-last-out, training items excluded
 ranks at a fixed m from the exact ranks (uniform with replacement, the binomial law); the model (the fit ``auto``
 runs, without bootstrap) predicts every positive once per draw, and then ``--choices`` independent Poisson choices of
 the exact share (uniform: pi = share; active: pi from the model's NDCG@10 spread, ``ExactShare(choice="active")``)
-give that many design-based estimates (eq. 1-3 of ``_design_based``): draws x choices estimates per cell, whose
+give that many design-based estimates (eq. 1-4 of ``_design_based``, as ``estimate(..., "diff")`` computes them): draws x choices estimates per cell, whose
 unbiasedness and coverage hold over both. ``gmod`` (``estimate(..., "gmod")``, its default interval) runs once per
 draw at the same m, and at the same scoring: m' = m + share (mean n - 1), the pairs the share costs spent on
 samples instead.
@@ -32,7 +32,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import reco_sampled_plugin as rsp  # noqa: E402
-from reco_sampled_plugin._design_based import difference_estimate, inclusion_probabilities, predictions  # noqa: E402
+from reco_sampled_plugin._design_based import (_posterior_means, difference_estimate, inclusion_probabilities,  # noqa: E402
+                                               model_fit)
 from reco_sampled_plugin._rank_hist import metric_at  # noqa: E402
 from reco_sampled_plugin.design import ExactShare  # noqa: E402
 from reco_sampled_plugin.metric_names import parse_metric  # noqa: E402
@@ -52,6 +53,10 @@ def exact_ranks(dataset: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
 def _sampled(rt: torch.Tensor, nt: torch.Tensor, m: int, seed: int) -> rsp.SampledRanks:
     g = torch.Generator().manual_seed(seed)
     return rsp.SampledRanks(simulate_sampled_ranks(rt, nt.double(), m, "binomial", g), nt, None, rsp.SamplingDesign(m))
+
+
+def r_tilde(sampled: rsp.SampledRanks) -> np.ndarray:
+    return sampled.ranks.numpy()
 
 
 def _summary(rows: list[tuple[float, float, float]], truth: float) -> str:
@@ -75,14 +80,17 @@ def run_recommender(name: str, r: np.ndarray, n_u: np.ndarray, m: int, share: fl
     out: dict = {}
     for d in range(draws):
         sampled = _sampled(rt, nt, m, 5000 + d)
-        f = {s: predictions(specs[s], sampled)[0] for s in METRICS}
+        law_fits = {s: model_fit(specs[s], sampled.histogram()) for s in METRICS}
+        moments = {s: _posterior_means(specs[s], law_fits[s][0], n_u, np.full(len(r), m), r_tilde(sampled),
+                                       law_fits[s][2], second=True) for s in METRICS}
+        f = {s: moments[s][0] for s in METRICS}
         pis = {"uniform": np.full(len(r), share),
                "active": inclusion_probabilities(ExactShare(share, choice="active"), f["ndcg@10"], (0.0, 1.0))}
         for s in METRICS:
             for choice, pi in pis.items():
                 for _ in range(choices):
                     chosen = rng.uniform(size=len(r)) < pi
-                    v, se, _ = difference_estimate(y[s], f[s], pi, chosen)
+                    v, se, _ = difference_estimate(y[s], f[s], pi, chosen, None, "tuned", moments[s][1])
                     out.setdefault((s, "diff", choice), []).append((v, max(v - Z * se, 0.0), min(v + Z * se, 1.0)))
             for label, mm, smp in (("gmod", m, sampled), ("gmod_equal", m_equal, _sampled(rt, nt, m_equal, 7000 + d))):
                 e = rsp.estimate(s, smp, "gmod")

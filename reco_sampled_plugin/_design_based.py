@@ -29,6 +29,17 @@ PPI++ choice that minimises that variance, its sums estimated on the share (Horv
 
 (tuning on the same share adds an O(1/|S|) bias, as in PPI++), or ``coef="one"`` (lambda = 1: exactly unbiased).
 
+V^ is unbiased, but on a small share of a rare hit it is correlated with theta^ (a share that drew few hits has both
+a low estimate and a low V^: the Wald interval under-covers, as for a binomial proportion). The standard error is
+therefore sqrt(max(V^, V~)), with V~ the model's forecast of (2) at the same positives, which reads their
+predictions but not their y::
+
+    V~ = sum_{i in S} a_i (E^[M(R)^2 | data_i] - (2 lambda - lambda^2) f_i^2) / W^2                         (4)
+
+(E^[M^2] from the fit's cells, exact for cut-off metrics; the Bhatia-Davis bound f (hi) under popularity designs).
+Both terms are unbiased for their targets; the larger is never smaller than the design-based V^, so the interval
+keeps its validity whatever the model, and holds its level on shares of 60-100 exact positives (BENCHMARKS.md).
+
 The prediction f_i = E^[M(R) | r~_i, n_i, m_i] is the posterior mean under the fit ``auto`` would use (``gmod``
 where the design resolves the top, ``mes`` elsewhere; ``pl_fit``'s per-positive posterior under popularity
 designs), fitted on *all* positives' sampled ranks. It depends on positive i's sampled data and on the fit only, never
@@ -67,25 +78,30 @@ __all__ = ["difference_estimate", "inclusion_probabilities", "predictions", "dra
 #: The choices of lambda in (1): the PPI++ variance-optimal value (3), clipped to [0, 1], or 1.
 COEFS = ("tuned", "one")
 
+#: ``details["variance"]``: the larger of the Poisson-sampling Horvitz-Thompson estimator (2) and the model's forecast (4)
+VARIANCE = "max(poisson_ht, model)"
+
 #: Fewer exact positives than this: the normal interval of (2) is rough (flag ``few_exact``).
 FEW_EXACT = 30
 
 
 # ---------------------------------------------------------------------------------------------- the estimator
 def difference_estimate(y: np.ndarray, f: np.ndarray, pi: np.ndarray, chosen: np.ndarray, w: np.ndarray | None = None,
-                        coef: str = "tuned") -> tuple[float, float, float]:
-    """(theta^, sqrt(V^), lambda) of eq. (1)-(3) (module docstring) for N positives: ``y`` (N,) metric values (read
-    where ``chosen`` only), ``f`` (N,) predictions, ``pi`` (N,) inclusion probabilities in (0, 1], ``chosen`` (N,)
-    bool, ``w`` (N,) frequency weights (None: 1): :func:`share_estimate` of their sums."""
+                        coef: str = "tuned", f2: np.ndarray | None = None) -> tuple[float, float, float]:
+    """(theta^, standard error, lambda) of eq. (1)-(4) (module docstring) for N positives: ``y`` (N,) metric values
+    (read where ``chosen`` only), ``f`` (N,) predictions, ``pi`` (N,) inclusion probabilities in (0, 1], ``chosen``
+    (N,) bool, ``w`` (N,) frequency weights (None: 1), ``f2`` (N,) the model's E[M(R)^2 | data] (None: the standard
+    error is sqrt(V^) of eq. 2 alone): :func:`share_estimate` of their sums."""
     w = np.ones(len(f)) if w is None else np.asarray(w, dtype=np.float64)
     return share_estimate(float(w @ f), float(w.sum()), y[chosen], f[chosen], pi[chosen], w[chosen], coef,
-                          census=not bool((pi < 1.0).any()))
+                          census=not bool((pi < 1.0).any()), f2=None if f2 is None else f2[chosen])
 
 
 def share_estimate(model_sum: float, total: float, y: np.ndarray, f: np.ndarray, pi: np.ndarray, w: np.ndarray,
-                   coef: str = "tuned", census: bool = False) -> tuple[float, float, float]:
-    """(theta^, sqrt(V^), lambda) of eq. (1)-(3) from ``model_sum`` = sum_i w_i f_i over all positives, ``total`` = W
-    and the chosen positives' ``y``, ``f``, ``pi``, ``w``. Standard error inf with fewer than two chosen positives of
+                   coef: str = "tuned", census: bool = False, f2: np.ndarray | None = None) -> tuple[float, float, float]:
+    """(theta^, standard error, lambda) of eq. (1)-(4) from ``model_sum`` = sum_i w_i f_i over all positives,
+    ``total`` = W and the chosen positives' ``y``, ``f``, ``pi``, ``w`` (and ``f2``, their model's E[M^2 | data]:
+    the standard error is then sqrt(max(V^, V~)), eq. 4). Standard error inf with fewer than two chosen positives of
     probability below 1 (no spread to measure) unless ``census`` (every positive chosen with probability 1: 0)."""
     a = (1.0 - pi) * (w / pi) ** 2
     lam = 1.0
@@ -96,7 +112,10 @@ def share_estimate(model_sum: float, total: float, y: np.ndarray, f: np.ndarray,
     value = (lam * model_sum + float(e.sum())) / total
     if int(np.count_nonzero(pi < 1.0)) < 2 and not census:
         return value, math.inf, lam
-    return value, math.sqrt(float(((1.0 - pi) * e * e).sum())) / total, lam
+    var = float(((1.0 - pi) * e * e).sum())
+    if f2 is not None:  # eq. (4): the model's forecast of (2), read at the same positives but not at their y
+        var = max(var, float((a * np.maximum(f2 - (2.0 * lam - lam * lam) * f * f, 0.0)).sum()))
+    return value, math.sqrt(var) / total, lam
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -130,9 +149,9 @@ class ShareRows:
                    census=bool((sampled.inclusion[valid] >= 1.0).all()))
 
     def concat(self, other: "ShareRows") -> "ShareRows":
-        parts = [np.concatenate([getattr(self, k), getattr(other, k)]) for k in
-                 ("n", "m", "sampled", "exact", "inclusion", "weight")]
-        return ShareRows(*parts, census=self.census and other.census)
+        n, m, sampled, exact, inclusion, weight = (np.concatenate([getattr(self, k), getattr(other, k)]) for k in
+                                                   ("n", "m", "sampled", "exact", "inclusion", "weight"))
+        return ShareRows(n, m, sampled, exact, inclusion, weight, self.census and other.census)
 
     def equals(self, other: Any) -> bool:
         return isinstance(other, ShareRows) and self.census == other.census and all(
@@ -211,10 +230,12 @@ def _host(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy()
 
 
-def _posterior_means(spec: MetricSpec, fit: Any, n: np.ndarray, m: np.ndarray, r: np.ndarray, law: str) -> np.ndarray:
+def _posterior_means(spec: MetricSpec, fit: Any, n: np.ndarray, m: np.ndarray, r: np.ndarray, law: str,
+                     second: bool = False) -> Any:
     """E[M(R) | r~, group] under ``fit`` (a RankDistribution) per positive: each positive read in the fit's group of
     its m whose n is nearest on the log scale (a group's n is a cell edge of the fit: its likelihood is exact on
-    the grid), M averaged within each cell (``interval_mean_metric``)."""
+    the grid), M averaged within each cell (``interval_mean_metric``). ``second``: also E[M(R)^2 | r~, group]
+    (:func:`_cell_second_moments`), as a pair."""
     from ._rank_hist import interval_mean_metric
     from .rank_distribution import dense_likelihood
 
@@ -228,18 +249,33 @@ def _posterior_means(spec: MetricSpec, fit: Any, n: np.ndarray, m: np.ndarray, r
         sel = m == mg
         dist = np.abs(np.log(n[sel, None].astype(np.float64)) - np.log(gn[cand][None, :].astype(np.float64)))
         group[sel] = cand[np.argmin(dist, axis=1)]
-    out = np.zeros(len(r))
+    out, out2 = np.zeros(len(r)), np.zeros(len(r))
     ri = np.rint(r).astype(np.int64)
     for g in np.unique(group):  # one (n, m) group at a time: at most max_groups per m
         lik, inside = dense_likelihood(fit.edges, gn[g:g + 1], gm[g:g + 1], law)
         c_in = int(inside[0].sum())
-        cell_m = interval_mean_metric(spec, fit.edges[:c_in], fit.edges[1:c_in + 1], int(gn[g]))
+        lo, hi = fit.edges[:c_in], fit.edges[1:c_in + 1]
         joint = fit.probs[:c_in, None] * lik[0, :c_in, :]  # (C_in, m + 1)
         den = joint.sum(0)
-        post = np.where(den > 0, (cell_m @ joint) / np.where(den > 0, den, 1.0), cell_m.mean())
         sel = group == g
-        out[sel] = post[ri[sel] - 1]
-    return out
+        for target, cell in ((out, interval_mean_metric(spec, lo, hi, int(gn[g]))),
+                             (out2, _cell_second_moments(spec, lo, hi, int(gn[g])) if second else None)):
+            if cell is not None:
+                post = np.where(den > 0, (cell @ joint) / np.where(den > 0, den, 1.0), cell.mean())
+                target[sel] = post[ri[sel] - 1]
+    return (out, out2) if second else out
+
+
+def _cell_second_moments(spec: MetricSpec, lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:
+    """Mean of M(r)^2 over the whole ranks r in (lo, hi] of each cell: exact for cut-off metrics (M = 0 beyond K,
+    prefix sums over 1..K), the squared cell mean elsewhere (AUC, AP and NDCG without cut-off: smooth in r)."""
+    from ._rank_hist import interval_mean_metric, metric_at
+
+    if spec.k is None or spec.kind == "auc":
+        return interval_mean_metric(spec, lo, hi, n) ** 2
+    k = min(int(spec.k), n)
+    prefix = np.concatenate([[0.0], np.cumsum(metric_at(spec, np.arange(1, k + 1, dtype=np.float64), float(n)) ** 2)])
+    return (prefix[np.minimum(hi, k)] - prefix[np.minimum(lo, k)]) / (hi - lo)
 
 
 # ---------------------------------------------------------------------------------------------- the draw
@@ -383,10 +419,11 @@ def _histogram_share(spec: MetricSpec, hist: Any, fit_opts: dict, coef: str) -> 
     occupied = hist.flat_counts > 0
     counts = hist.flat_counts[occupied]
     f_cells = _posterior_means(spec, fit, cell_n[occupied], cell_m[occupied], cell_r[occupied], law)
-    f_rows = _posterior_means(spec, fit, rows.n, rows.m, rows.sampled, law)
+    f_rows, f2_rows = _posterior_means(spec, fit, rows.n, rows.m, rows.sampled, law, second=True)
     y = metric_at(spec, rows.exact, rows.n.astype(np.float64)) if len(rows.n) else np.zeros(0)
     model_sum = float(counts @ f_cells)
-    value, se, lam = share_estimate(model_sum, hist.total, y, f_rows, rows.inclusion, rows.weight, coef, rows.census)
+    value, se, lam = share_estimate(model_sum, hist.total, y, f_rows, rows.inclusion, rows.weight, coef, rows.census,
+                                    f2_rows)
     share = None if hist.design is None else hist.design.exact_share
     return _packaged(spec, value, se, hist.total, hist.n_items, len(rows.n),
                      {"model": model, "model_value": model_sum / hist.total, "lambda": lam, "coef": coef,
@@ -401,7 +438,10 @@ def _popularity_share(spec: MetricSpec, sample: SampledRanks, weights: TensorLik
         raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(n.min())})")
     f, model = predictions(spec, sample, weights, fit_opts)
     w = _weights(sample, weights)
-    value, se, lam = difference_estimate(y, f, pi, chosen, w, coef)
+    from .metrics import metric_bounds
+
+    lo, hi = metric_bounds(spec, n.astype(np.int64))  # E[M^2] <= lo^2 + (hi + lo)(f - lo) (Bhatia-Davis)
+    value, se, lam = difference_estimate(y, f, pi, chosen, w, coef, lo * lo + (hi + lo) * (f - lo))
     total = float(len(f) if w is None else w.sum())
     return _packaged(spec, value, se, total, n.astype(np.int64), int(chosen.sum()),
                      {"model": model, "model_value": float(np.average(f, weights=w)), "lambda": lam, "coef": coef,
@@ -417,13 +457,14 @@ def _packaged(spec: MetricSpec, value: float, se: float, total: float, n: np.nda
 
     bounds = metric_bounds(spec, n)
     flags = range_flags(value, ("few_exact",) if k < FEW_EXACT else (), bounds)
-    details = {"method": "diff", **extra, "n_exact": k, "variance": "poisson_ht", "flags": flags}
+    details = {"method": "diff", **extra, "n_exact": k, "variance": VARIANCE, "flags": flags}
     return Estimate(value, se, total, details, flags, None, (float(bounds[0]), float(bounds[1])))
 
 
 def paired_difference_by_design(metric: str | MetricSpec, a: SampledRanks, b: SampledRanks, *, coef: str = "tuned",
                                 weights: TensorLike | None = None) -> Estimate:
-    """theta_A - theta_B of two recommenders by (1)-(3) on d = y^A - y^B with f = f^A - f^B: both samples must hold
+    """theta_A - theta_B of two recommenders by (1)-(3) on d = y^A - y^B with f = f^A - f^B (standard error sqrt(V^):
+    the model gives no joint law of the two ranks for eq. 4): both samples must hold
     the same positives (shape) with the same exact share (the same chosen positives and pi: one share key; a uniform
     share always, an active one when both drew with the same pi). A ValueError naming ``b`` otherwise."""
     from ._estimate import Estimate

@@ -17,8 +17,8 @@ import torch
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin import registry
-from reco_sampled_plugin._design_based import (difference_estimate, inclusion_probabilities,
-                                               paired_difference_by_design, predictions)
+from reco_sampled_plugin._design_based import (_posterior_means, difference_estimate, inclusion_probabilities,
+                                               model_fit, paired_difference_by_design, predictions)
 from reco_sampled_plugin._rank_hist import metric_at
 from reco_sampled_plugin.design import ExactShare, SamplingDesign
 from reco_sampled_plugin.metric_names import parse_metric
@@ -84,6 +84,24 @@ def test_tuned_lambda_minimises_the_variance_estimate():
     best = grid[int(np.argmin(ses))]
     assert lam == pytest.approx(best, abs=1e-3) and 0 < lam < 1
     assert se == pytest.approx(min(ses), rel=1e-6)
+
+
+def test_the_model_floor_of_the_variance():
+    """Eq. (4): the standard error is sqrt(max(V^, V~)), V~ = sum_S a (f2 - (2 lambda - lambda^2) f^2) / W^2."""
+    rng = np.random.default_rng(7)
+    n = 300
+    f = rng.uniform(0, 0.3, n)
+    f2 = f * rng.uniform(0.5, 1.0, n)  # E[M^2] <= E[M] for M in [0, 1]
+    y = (rng.uniform(size=n) < f).astype(float)
+    pi = np.full(n, 0.2)
+    chosen = rng.uniform(size=n) < pi
+    for y_try in (y, np.where(chosen, 0.0, y)):  # a share with hits, and one without (V^ small, V~ takes over)
+        _, se_ht, lam = difference_estimate(y_try, f, pi, chosen, None, "tuned")
+        _, se, lam2 = difference_estimate(y_try, f, pi, chosen, None, "tuned", f2)
+        c = chosen
+        v_model = float(((1 - pi[c]) / pi[c] ** 2 * np.maximum(f2[c] - (2 * lam - lam * lam) * f[c] ** 2, 0)).sum()) / n**2
+        assert lam2 == lam and se == pytest.approx(math.sqrt(max(se_ht**2, v_model)), rel=1e-12)
+    assert se > se_ht  # the share without hits: the forecast is the larger
 
 
 def test_a_census_is_exact():
@@ -172,7 +190,7 @@ def test_auto_runs_diff_on_a_share_and_diff_without_one_is_auto(matrix):
     shared = rsp.sampled_ranks(scores, pos, SamplingDesign(30, exact_share=0.3), generator=torch.Generator().manual_seed(4))
     est = rsp.estimate("ndcg@10", shared)
     assert est.details["auto"]["method"] == "diff" and est.details["n_exact"] == int((shared.share_ranks > 0).sum())
-    assert est.details["variance"] == "poisson_ht" and 0 <= est.details["lambda"] <= 1
+    assert est.details["variance"] == "max(poisson_ht, model)" and 0 <= est.details["lambda"] <= 1
     assert rsp.estimate("ndcg@10", shared, registry.Diff(coef="one")).details["lambda"] == 1.0
     plain = rsp.sampled_ranks(scores, pos, SamplingDesign(30), generator=torch.Generator().manual_seed(4))
     a = rsp.estimate("ndcg@10", plain, registry.Auto(n_bootstrap=0))
@@ -232,9 +250,13 @@ def test_histogram_path_matches_the_positives_and_merges(matrix):
     est = rsp.estimate(spec, whole, registry.Diff(coef="one"))
     f, _ = predictions(spec, whole)
     valid = whole.ranks > 0
+    fit, _, law = model_fit(spec, whole.histogram(exact=False).without_empty_groups())
+    g, f2 = _posterior_means(spec, fit, whole.candidates()[valid].numpy(), np.full(int(valid.sum()), 30),
+                             whole.ranks[valid].numpy(), law, second=True)
+    assert np.array_equal(g, f)
     y = metric_at(spec, whole.share_ranks[valid].double().numpy(), whole.candidates()[valid].double().numpy())
     chosen = (whole.share_ranks[valid] > 0).numpy()
-    v, se, _ = difference_estimate(y, f, whole.inclusion[valid].numpy(), chosen, None, "one")
+    v, se, _ = difference_estimate(y, f, whole.inclusion[valid].numpy(), chosen, None, "one", f2)
     assert est.value == pytest.approx(v, rel=1e-12) and est.stderr == pytest.approx(se, rel=1e-12)
     halves = [rsp.SampledRanks.from_arrays(whole.ranks[rows], whole.candidates()[rows], 30, design,
                                            share_ranks=whole.share_ranks[rows], inclusion=whole.inclusion[rows])
