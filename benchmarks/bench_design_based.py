@@ -16,6 +16,10 @@ width; gmod's bias, coverage and median width at m and at m'; the width ratio di
 
     python benchmarks/bench_design_based.py --dataset ml-100k --draws 10 --choices 20
     python benchmarks/bench_design_based.py --dataset ml-latest-small --draws 10 --choices 20 --share 0.1
+    python benchmarks/bench_design_based.py --dataset ml-100k --popularity 1 --draws 3 --choices 20
+
+``--popularity ALPHA``: popularity draws on the recommenders' score matrices (``run_popularity``), ``pl_fit``'s
+predictions (the Bhatia-Davis bound f for eq. 4's E[M^2]) against ``pl_fit``'s own interval on the same draw.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import torch  # noqa: E402
 
 import reco_sampled_plugin as rsp  # noqa: E402
 from reco_sampled_plugin._design_based import (_posterior_means, difference_estimate, inclusion_probabilities,  # noqa: E402
-                                               model_fit)
+                                               model_fit, predictions)
 from reco_sampled_plugin._rank_hist import metric_at  # noqa: E402
 from reco_sampled_plugin.design import ExactShare  # noqa: E402
 from reco_sampled_plugin.metric_names import parse_metric  # noqa: E402
@@ -106,6 +110,48 @@ def run_recommender(name: str, r: np.ndarray, n_u: np.ndarray, m: int, share: fl
     return rows
 
 
+def run_popularity(dataset: str, m: int, share: float, alpha: float, draws: int, choices: int,
+                   only: str | None) -> None:
+    """The popularity design (q proportional to count^alpha, RecBole's ``popN``, drawn by the plugin on each
+    recommender's score matrix as ``benchmarks/popularity_accuracy.py`` draws it): ``pl_fit``'s per-positive
+    predictions, ``choices`` Poisson shares per draw, against ``pl_fit``'s own interval on the same draw."""
+    from popularity_accuracy import load
+
+    scores, test, exc, counts, n_u = load(dataset)
+    print(f"{dataset}, popularity alpha = {alpha}, m = {m}, share {share}, {draws} draws x {choices} choices")
+    print("| recommender | metric | share | exact | diff | pl_fit (m) | width diff / pl_fit |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    rng = np.random.default_rng(1)
+    for name, sc in scores.items():
+        if only is not None and only not in name:
+            continue
+        exact = rsp.exact_ranks(sc, test, exc, count_other_positives=False).view(-1).double().numpy()
+        specs = {s: parse_metric(s) for s in METRICS}
+        y = {s: metric_at(specs[s], exact, n_u.double().numpy()) for s in METRICS}
+        out: dict = {}
+        for d in range(draws):
+            pop = rsp.sampled_ranks(sc, test, rsp.SamplingDesign(m, popularity=counts ** alpha), exclude=exc,
+                                    generator=torch.Generator().manual_seed(9000 + d))
+            f = {s: predictions(specs[s], pop)[0] for s in METRICS}
+            pis = {"uniform": np.full(len(exact), share),
+                   "active": inclusion_probabilities(ExactShare(share, choice="active"), f["ndcg@10"], (0.0, 1.0))}
+            for s in METRICS:
+                for choice, pi in pis.items():
+                    for _ in range(choices):
+                        chosen = rng.uniform(size=len(exact)) < pi
+                        v, se, _ = difference_estimate(y[s], f[s], pi, chosen, None, "tuned", f[s])  # f2: BD bound
+                        out.setdefault((s, choice), []).append((v, max(v - Z * se, 0.0), min(v + Z * se, 1.0)))
+                e = rsp.estimate(s, pop, "pl_fit")
+                out.setdefault((s, "pl_fit"), []).append((e.value, *e.interval(0.95)))
+        for s in METRICS:
+            truth = float(y[s].mean())
+            for choice in ("uniform", "active"):
+                dd, pl = out[(s, choice)], out[(s, "pl_fit")]
+                ratio = np.median([hi - lo for _, lo, hi in dd]) / np.median([hi - lo for _, lo, hi in pl])
+                print(f"| {name} | {s} | {choice} | {truth:.4f} | {_summary(dd, truth)} | {_summary(pl, truth)} | "
+                      f"{ratio:.2f} |", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--dataset", default="ml-100k", choices=("ml-100k", "ml-latest-small"))
@@ -114,8 +160,14 @@ def main() -> None:
     ap.add_argument("--draws", type=int, default=10, help="sampled draws per cell (one model fit each)")
     ap.add_argument("--choices", type=int, default=20, help="Poisson choices of the exact share per draw")
     ap.add_argument("--recommender", default=None, help="only recommenders whose name contains this")
+    ap.add_argument("--popularity", type=float, default=None, metavar="ALPHA",
+                    help="popularity draws (q ~ count^ALPHA) on the score matrices, against pl_fit")
     args = ap.parse_args()
     t0 = time.perf_counter()
+    if args.popularity is not None:
+        run_popularity(args.dataset, args.m, args.share, args.popularity, args.draws, args.choices, args.recommender)
+        print(f"total {time.perf_counter() - t0:.0f} s")
+        return
     ranks, n_u = exact_ranks(args.dataset)
     print(f"{args.dataset}: {len(n_u)} positives, mean n {n_u.mean():.0f}; m = {args.m}, share {args.share}, "
           f"{args.draws} draws x {args.choices} choices (trained in {time.perf_counter() - t0:.0f} s)")
