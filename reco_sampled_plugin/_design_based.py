@@ -203,7 +203,8 @@ def predictions(spec: MetricSpec, sampled: SampledRanks, weights: TensorLike | N
 
         _, _, means = pl_fit(sampled, weights).estimate(spec)
         return np.asarray(means, dtype=np.float64), "pl_fit"
-    fit, name, law = model_fit(spec, sampled.histogram(weights, exact=False).without_empty_groups(), fit_options)
+    fit, name, law = model_fit(spec, sampled.histogram(weights, exact=False).without_empty_groups(), fit_options,
+                               design)
     valid = sampled.ranks > 0
     m = sampled.sizes()
     m_all = m[valid] if isinstance(m, torch.Tensor) else torch.full((int(valid.sum()),), int(m))
@@ -211,15 +212,16 @@ def predictions(spec: MetricSpec, sampled: SampledRanks, weights: TensorLike | N
                             _host(sampled.ranks[valid]), law), name
 
 
-def model_fit(spec: MetricSpec, hist: Any, fit_options: dict | None = None) -> tuple[Any, str, str]:
+def model_fit(spec: MetricSpec, hist: Any, fit_options: dict | None = None, design: Any = None
+              ) -> tuple[Any, str, str]:
     """(fit, its method's name, law) of the rank-distribution fit ``auto`` would run on ``hist`` (a uniform-law
-    RankHistogram: ``gmod`` where the design resolves the top, else ``mes``), without bootstrap: the predictions
-    need its posterior means only."""
+    RankHistogram drawn under ``design``, default its own: ``gmod`` where the design resolves the top, else ``mes``),
+    without bootstrap: the predictions need its posterior means only."""
     from . import registry
     from .estimators import _choose
     from .rank_distribution import fit_rank_distribution
 
-    design = hist.design
+    design = hist.design if design is None else design
     chosen, _ = _choose(spec, registry.Auto(**(fit_options or {})), hist, design)
     method = registry.method_class(chosen.name)(**{**chosen.given(), "n_bootstrap": 0})
     law = "binomial" if design is None or design.adaptive_max is not None else design.law
@@ -398,10 +400,10 @@ def estimate_design_based(spec: MetricSpec, sample: Any, method: Any, weights: T
                          "building it, or pass the SampledRanks")
     else:
         hist = sample
-    return _histogram_share(spec, hist.without_empty_groups(), fit_opts, coef)
+    return _histogram_share(spec, hist.without_empty_groups(), fit_opts, coef, design)
 
 
-def _histogram_share(spec: MetricSpec, hist: Any, fit_opts: dict, coef: str) -> Estimate:
+def _histogram_share(spec: MetricSpec, hist: Any, fit_opts: dict, coef: str, design: Any) -> Estimate:
     """Eq. (1)-(3) from a histogram with share rows: sum_i w_i f_i over its (group, r~) cells, the residuals over
     the rows, f from :func:`model_fit` (the same function of (n, m, r~) as :func:`predictions`)."""
     from ._rank_hist import metric_at
@@ -411,7 +413,7 @@ def _histogram_share(spec: MetricSpec, hist: Any, fit_opts: dict, coef: str) -> 
     n_min = int(hist.n_items.min())
     if spec.k is not None and spec.k > n_min:
         raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {n_min})")
-    fit, model, law = model_fit(spec, hist, fit_opts)
+    fit, model, law = model_fit(spec, hist, fit_opts, design)
     sizes = hist.n_samples + 1
     cell_n = np.repeat(hist.n_items, sizes)
     cell_m = np.repeat(hist.n_samples, sizes)
@@ -424,7 +426,7 @@ def _histogram_share(spec: MetricSpec, hist: Any, fit_opts: dict, coef: str) -> 
     model_sum = float(counts @ f_cells)
     value, se, lam = share_estimate(model_sum, hist.total, y, f_rows, rows.inclusion, rows.weight, coef, rows.census,
                                     f2_rows)
-    share = None if hist.design is None else hist.design.exact_share
+    share = None if design is None else design.exact_share
     return _packaged(spec, value, se, hist.total, hist.n_items, len(rows.n),
                      {"model": model, "model_value": model_sum / hist.total, "lambda": lam, "coef": coef,
                       "share": share})
