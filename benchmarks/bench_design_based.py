@@ -63,6 +63,16 @@ def r_tilde(sampled: rsp.SampledRanks) -> np.ndarray:
     return sampled.ranks.numpy()
 
 
+def _shares(rng: np.random.Generator, y: np.ndarray, f: np.ndarray, f2: np.ndarray, pi: np.ndarray,
+            choices: int) -> list[tuple[float, float, float]]:
+    """(estimate, interval) of ``choices`` Poisson shares with probabilities ``pi`` (eq. 1-4, lambda tuned)."""
+    out = []
+    for _ in range(choices):
+        v, se, _ = difference_estimate(y, f, pi, rng.uniform(size=len(y)) < pi, None, "tuned", f2)
+        out.append((v, max(v - Z * se, 0.0), min(v + Z * se, 1.0)))
+    return out
+
+
 def _summary(rows: list[tuple[float, float, float]], truth: float) -> str:
     a = np.asarray(rows, dtype=np.float64)
     v, lo, hi = a[:, 0], a[:, 1], a[:, 2]
@@ -92,10 +102,7 @@ def run_recommender(name: str, r: np.ndarray, n_u: np.ndarray, m: int, share: fl
                "active": inclusion_probabilities(ExactShare(share, choice="active"), f["ndcg@10"], (0.0, 1.0))}
         for s in METRICS:
             for choice, pi in pis.items():
-                for _ in range(choices):
-                    chosen = rng.uniform(size=len(r)) < pi
-                    v, se, _ = difference_estimate(y[s], f[s], pi, chosen, None, "tuned", moments[s][1])
-                    out.setdefault((s, "diff", choice), []).append((v, max(v - Z * se, 0.0), min(v + Z * se, 1.0)))
+                out.setdefault((s, "diff", choice), []).extend(_shares(rng, y[s], f[s], moments[s][1], pi, choices))
             for label, mm, smp in (("gmod", m, sampled), ("gmod_equal", m_equal, _sampled(rt, nt, m_equal, 7000 + d))):
                 e = rsp.estimate(s, smp, "gmod")
                 out.setdefault((s, label, ""), []).append((e.value, *e.interval(0.95)))
@@ -136,11 +143,8 @@ def run_popularity(dataset: str, m: int, share: float, alpha: float, draws: int,
             pis = {"uniform": np.full(len(exact), share),
                    "active": inclusion_probabilities(ExactShare(share, choice="active"), f["ndcg@10"], (0.0, 1.0))}
             for s in METRICS:
-                for choice, pi in pis.items():
-                    for _ in range(choices):
-                        chosen = rng.uniform(size=len(exact)) < pi
-                        v, se, _ = difference_estimate(y[s], f[s], pi, chosen, None, "tuned", f[s])  # f2: BD bound
-                        out.setdefault((s, choice), []).append((v, max(v - Z * se, 0.0), min(v + Z * se, 1.0)))
+                for choice, pi in pis.items():  # E[M^2] <= f: the Bhatia-Davis bound, as estimate() takes it here
+                    out.setdefault((s, choice), []).extend(_shares(rng, y[s], f[s], f[s], pi, choices))
                 e = rsp.estimate(s, pop, "pl_fit")
                 out.setdefault((s, "pl_fit"), []).append((e.value, *e.interval(0.95)))
         for s in METRICS:
