@@ -39,6 +39,10 @@ FLAG_TEXT: dict[str, str] = {
     "uncorrected": "the plain sampled metric (method none), not an estimate of the full-catalogue metric: its "
                    "interval covers the sampled metric only",
     "no_instances": "nothing was counted: no value (NaN)",
+    "no_exact_share": "method diff on ranks without an exact share: the model's estimate (auto), not a design-based "
+                      "one; draw with SamplingDesign(m, exact_share=...)",
+    "few_exact": "fewer than 30 exactly ranked positives in the share: the design-based interval is rough (stderr inf "
+                 "below 2); raise the share",
     "estimator_failed": "the estimator failed on these data (see the warning): no value (NaN)",
 }
 

@@ -108,6 +108,9 @@ class RankHistogram:
             (``adaptive_max``); the groups carry their own m. None (the default): uniform draws with replacement
             of a fixed m. A popularity design is refused: a histogram cannot carry the draws' weights
             (estimate from the draw's :class:`~reco_sampled_plugin.ranking.SampledRanks`).
+        share: an exact share's rows (``_design_based.ShareRows``: per chosen positive its n, m, r~, exact rank,
+            inclusion probability and weight), which :meth:`merge` and :meth:`concat` join and the difference
+            estimator ``diff`` reads; None (the default) without a share.
     """
 
     n_items: np.ndarray
@@ -116,6 +119,7 @@ class RankHistogram:
     # None (no exact group) is accepted; __post_init__ always stores a (G,) bool array, the type readers see
     exact: np.ndarray = None  # type: ignore[assignment]
     design: Any = None
+    share: Any = None
     if TYPE_CHECKING:  # derived in __post_init__, not fields
         _totals: np.ndarray = field(init=False)
         _flat: np.ndarray = field(init=False)
@@ -198,7 +202,7 @@ class RankHistogram:
         exact = np.zeros(len(n), dtype=bool) if exact is None else np.array(exact, dtype=bool)
         exact.setflags(write=False)
         for name, value in (("n_items", n), ("n_samples", m), ("counts", rows), ("exact", exact), ("design", design),
-                            ("_totals", totals), ("_flat", flat), ("_starts", starts)):
+                            ("share", None), ("_totals", totals), ("_flat", flat), ("_starts", starts)):
             object.__setattr__(self, name, value)
         return self
 
@@ -240,6 +244,13 @@ class RankHistogram:
         object.__setattr__(out, "design", design)
         return out
 
+    def with_share(self, share: Any) -> "RankHistogram":
+        """These counts with an exact share's rows (:attr:`share`; None: without)."""
+        out = object.__new__(type(self))
+        out.__dict__.update(self.__getstate__())
+        object.__setattr__(out, "share", share)
+        return out
+
     @property
     def has_exact(self) -> bool:
         """Whether some group is exact (module docstring)."""
@@ -251,7 +262,7 @@ class RankHistogram:
         if idx.shape[0] == self.n_groups and np.array_equal(idx, np.arange(self.n_groups)):
             return self
         return RankHistogram(self.n_items[idx], self.n_samples[idx], tuple(self.counts[g] for g in idx),
-                             self.exact[idx], self.design)
+                             self.exact[idx], self.design, self.share)
 
     def exact_part(self) -> "RankHistogram":
         """The exact groups only."""
@@ -263,14 +274,16 @@ class RankHistogram:
 
     def concat(self, other: "RankHistogram") -> "RankHistogram":
         """The groups of both histograms side by side (this one's first; equal keys are not merged)."""
-        if other.n_groups == 0:
+        if other.n_groups == 0 and other.share is None:
             return self
-        if self.n_groups == 0:
+        if self.n_groups == 0 and self.share is None:
             return other
-        return RankHistogram._trusted_ragged(np.concatenate([self.n_items, other.n_items]),
-                                             np.concatenate([self.n_samples, other.n_samples]),
-                                             np.concatenate([self._flat, other._flat]),
-                                             np.concatenate([self.exact, other.exact]), self.design)
+        out = RankHistogram._trusted_ragged(np.concatenate([self.n_items, other.n_items]),
+                                            np.concatenate([self.n_samples, other.n_samples]),
+                                            np.concatenate([self._flat, other._flat]),
+                                            np.concatenate([self.exact, other.exact]), self.design)
+        share = _join_shares(self.share, other.share)
+        return out if share is None else out.with_share(share)
 
     @property
     def totals(self) -> np.ndarray:
@@ -332,6 +345,7 @@ class RankHistogram:
             tuple(table[k] for k in keys),
             np.array([k[0] for k in keys], dtype=bool),
             self.design if self.design is not None else other.design,
+            _join_shares(self.share, other.share),
         )
 
     def same_groups(self, other: "RankHistogram") -> bool:
@@ -368,10 +382,22 @@ def same_histogram(owner: Any, hist: RankHistogram) -> RankHistogram:
         last: tuple[RankHistogram, ...] = owner.__dict__.get("_histograms", ())
         for old in last:
             if (old.same_groups(hist) and old.design == hist.design
-                    and np.array_equal(old.flat_counts, hist.flat_counts)):
+                    and np.array_equal(old.flat_counts, hist.flat_counts)
+                    and (old.share is hist.share or (old.share is not None and old.share.equals(hist.share)))):
                 return old
         owner.__dict__["_histograms"] = (hist,) + last[:1]
     return hist
+
+
+def _join_shares(a: Any, b: Any) -> Any:
+    """The exact-share rows of two histograms joined (``ShareRows.concat``); None where neither has any. One with a
+    share and one without do not add (a ValueError naming ``other``)."""
+    if a is None and b is None:
+        return None
+    if a is None or b is None:
+        raise ValueError("other: one histogram carries an exact share and the other not; histograms of different "
+                         "designs do not add")
+    return a.concat(b)
 
 
 def _flat(x: Any, name: str) -> torch.Tensor:

@@ -320,4 +320,9 @@ def adaptive_sampled_ranks(
         pos, exc_padded = prepare_index(positives, exclude, scores.shape[0], scores.shape[1], scores.device)
         exact = complete_at_cap(completion_targets(ranks, sizes, design), pos, exc_padded, scores.shape[1], ties, generator,
                                 lambda idx: scores[idx])
-    return SampledRanks(ranks, first.n_candidates, None, design, sizes, None, exact_ranks=exact)
+    out = SampledRanks(ranks, first.n_candidates, None, design, sizes, None, exact_ranks=exact)
+    if design.exact_share is None:
+        return out
+    from ._design_based import share_from_matrix  # the exact share: the chosen positives ranked from the matrix
+
+    return share_from_matrix(out, scores, pos, exc, ties, generator)

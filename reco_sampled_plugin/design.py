@@ -21,6 +21,10 @@ exact_at_cap=True)``                of such a positive is the point mass at its 
 ``SamplingDesign(m,                 r~ - 1 ~ Binomial(m, q(A)), q the popularity law renormalised over the
 popularity=w)``                     row's irrelevant items, A the items above the positive (``law ==
                                     "popularity"``; ``hh`` corrects AUC and mean rank: docs/popularity.md)
+``SamplingDesign(m,                 any design above, and besides each positive's sampled rank a keyed random
+exact_share=ExactShare(...))``      share of the positives ranked exactly (Poisson sampling with known
+                                    inclusion probabilities, ``SampledRanks.share_ranks`` / ``inclusion``): the
+                                    difference estimator ``diff`` (``_design_based.py``) holds by design
 ==================================  ========================================================================
 
 Adding a design (docs/architecture.md): a keyword here, validated in ``__post_init__``, a ``law`` name, the draw
@@ -43,7 +47,7 @@ if TYPE_CHECKING:  # torch is imported where weights are checked, not with this 
 
     from ._types import TensorLike
 
-__all__ = ["SamplingDesign", "AdaptiveDesign", "as_design", "adaptive_design", "coerce_adaptive", "popularity_weights"]
+__all__ = ["SamplingDesign", "AdaptiveDesign", "ExactShare", "as_design", "adaptive_design", "coerce_adaptive", "popularity_weights"]
 
 
 @dataclass(frozen=True)
@@ -71,6 +75,58 @@ class AdaptiveDesign:
     def cap(self) -> int:
         """The largest stage size (m 2^S <= adaptive_max)."""
         return int(self.stages[-1])
+
+
+#: How :class:`ExactShare` chooses its positives: the same probability for each, or one following the model's spread
+SHARE_CHOICES = ("uniform", "active")
+
+
+@dataclass(frozen=True)
+class ExactShare:
+    """A keyed random share of the positives ranked exactly besides their sampled ranks (``_design_based.py``).
+
+    Each positive i is chosen independently (Poisson sampling) with inclusion probability pi_i, by a keyed uniform
+    u_i of (``seed``, row id, positive item): chosen iff u_i < pi_i, so the same positive of the same user is chosen
+    whichever batch, process or recommender draws it (paired differences share the exact positives).
+
+    Args:
+        share: the mean inclusion probability, in (0, 1] (1: every positive ranked exactly).
+        choice: ``"uniform"`` (pi_i = share) or ``"active"``: pi_i = min(1, max(floor, c s_i)), s_i the model's
+            spread of M(R) given the positive's sampled data (``_design_based.inclusion_probabilities``), c such that
+            the mean is ``share`` (Zrnic & Candes, ICML 2024: labels where the model is least sure).
+        metric: ``"active"``: the metric whose spread sets pi (a metric name, default ``"ndcg@10"``).
+        floor: ``"active"``: the least pi_i, in (0, share] (default share / 5): no positive has probability 0, so
+            the Horvitz-Thompson mean stays unbiased whatever the model.
+        seed: the key of the choice (an integer in 0..2**63 - 1).
+    """
+
+    share: float
+    choice: str = "uniform"
+    metric: str = "ndcg@10"
+    floor: float | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from ._options import check_choice, check_seed
+
+        try:
+            share = float(self.share)
+        except (TypeError, ValueError):
+            raise ValueError(f"share: expected a number in (0, 1], got {self.share!r}") from None
+        if isinstance(self.share, bool) or not 0.0 < share <= 1.0:
+            raise ValueError(f"share: expected a number in (0, 1], got {self.share!r}")
+        object.__setattr__(self, "share", share)
+        object.__setattr__(self, "choice", check_choice(self.choice, SHARE_CHOICES, "choice"))
+        if not isinstance(self.metric, str):
+            raise ValueError(f"metric: expected a metric name such as 'ndcg@10', got {self.metric!r}")
+        floor = share / 5.0 if self.floor is None else self.floor
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0.0 < float(floor) <= share:
+            raise ValueError(f"floor: expected a number in (0, share = {share:g}], got {self.floor!r}")
+        object.__setattr__(self, "floor", float(floor))
+        object.__setattr__(self, "seed", check_seed(self.seed, "seed"))
+
+    def describe(self) -> str:
+        return f"exact share {self.share:g} ({self.choice})"
 
 
 def _check_popularity(w: Any) -> torch.Tensor:
@@ -133,6 +189,10 @@ class SamplingDesign:
             candidate list (n - 1 irrelevant items: catalogue minus the row's positives minus its exclusions), so
             the top is resolved (no ``cap_reached``). Costs n - 1 scored pairs per row with such a positive in
             the scorer loop; draws nothing (the draws equal those without it). Default False.
+        exact_share: an :class:`ExactShare` (a number s means ``ExactShare(s)``, a uniform share): a keyed random
+            share of the positives is also ranked exactly among its whole candidate list (``SampledRanks.share_ranks``,
+            ``inclusion``), which the difference estimator ``diff`` (``auto``'s choice then) reads. The draws equal
+            those without it. Not with ``exact_at_cap``. Default None.
 
     An ``int`` m where a design is expected means ``SamplingDesign(m)`` (:func:`as_design`); nothing else stands for
     a design.
@@ -143,6 +203,7 @@ class SamplingDesign:
     popularity: Any = field(default=None, kw_only=True)
     adaptive_max: int | None = field(default=None, kw_only=True)
     exact_at_cap: bool = field(default=False, kw_only=True)
+    exact_share: ExactShare | None = field(default=None, kw_only=True)
 
     def __post_init__(self) -> None:
         m = check_size(self.n_samples, "n_samples", 1, MAX_SAMPLES)
@@ -154,6 +215,12 @@ class SamplingDesign:
                              "give adaptive_max too (a fixed m has no cap)")
         if self.popularity is not None:
             object.__setattr__(self, "popularity", _check_popularity(self.popularity))
+        if self.exact_share is not None:
+            share = self.exact_share if isinstance(self.exact_share, ExactShare) else ExactShare(self.exact_share)
+            object.__setattr__(self, "exact_share", share)
+            if self.exact_at_cap:
+                raise ValueError("exact_share: not with exact_at_cap (the completed positives would be exact "
+                                 "outside the share's design); drop one of them")
         if self.adaptive_max is not None:
             cap = AdaptiveDesign(m, self.adaptive_max)  # validates adaptive_max >= m
             object.__setattr__(self, "adaptive_max", cap.adaptive_max)
@@ -165,13 +232,14 @@ class SamplingDesign:
 
     @classmethod
     def trusted(cls, n_samples: int, *, replacement: bool = True, popularity: torch.Tensor | None = None,
-                adaptive_max: int | None = None, exact_at_cap: bool = False) -> "SamplingDesign":
+                adaptive_max: int | None = None, exact_at_cap: bool = False,
+                exact_share: ExactShare | None = None) -> "SamplingDesign":
         """A design from parts a draw has validated already (no second validation, no host synchronisation):
         for the package's draws, which record the design they drew under."""
         self = object.__new__(cls)
         for k, v in (("n_samples", int(n_samples)), ("replacement", bool(replacement)), ("popularity", popularity),
                      ("adaptive_max", None if adaptive_max is None else int(adaptive_max)),
-                     ("exact_at_cap", bool(exact_at_cap))):
+                     ("exact_at_cap", bool(exact_at_cap)), ("exact_share", exact_share)):
             object.__setattr__(self, k, v)
         return self
 
@@ -200,15 +268,17 @@ class SamplingDesign:
 
     def describe(self) -> str:
         """A short human-readable name: ``uniform m=100``, ``adaptive 100->3200``, ``popularity m=100``..."""
+        share = "" if self.exact_share is None else ", " + self.exact_share.describe()
         if self.adaptive_max is not None:
-            return f"adaptive {self.n_samples}->{self.cap}" + (", exact at cap" if self.exact_at_cap else "")
+            return f"adaptive {self.n_samples}->{self.cap}" + (", exact at cap" if self.exact_at_cap else "") + share
         kind = "popularity" if self.popularity is not None else "uniform"
         extra = "" if self.replacement else ", without replacement"
-        return f"{kind} m={self.n_samples}{extra}"
+        return f"{kind} m={self.n_samples}{extra}{share}"
 
     # ------------------------------------------------------------------------------- equality and hashing
     def _key(self) -> tuple:
-        return (self.n_samples, self.replacement, self.adaptive_max, self.exact_at_cap, self.popularity is not None)
+        return (self.n_samples, self.replacement, self.adaptive_max, self.exact_at_cap, self.popularity is not None,
+                self.exact_share)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SamplingDesign):
@@ -233,6 +303,8 @@ class SamplingDesign:
             parts.append(f"adaptive_max={self.adaptive_max}")
         if self.exact_at_cap:
             parts.append("exact_at_cap=True")
+        if self.exact_share is not None:
+            parts.append(f"exact_share={self.exact_share!r}")
         return f"SamplingDesign({', '.join(parts)})"
 
 

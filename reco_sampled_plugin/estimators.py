@@ -29,6 +29,8 @@ method              estimator
 ``bv_mle``          ``bv`` with the prior p(r) estimated by ``mle`` on the same sampled ranks
 ``hh``              Hansen-Hurwitz AUC (and mean rank): uniform and popularity designs (``popularity.py``)
 ``pl_fit``          every metric under popularity sampling: a Plackett-Luce model of the items above each positive
+``diff``            the difference estimator on an exact share (``SamplingDesign(m, exact_share=...)``): ``auto``'s
+                    choice whenever a sample carries one (``_design_based.py``); its interval holds by design
 ==================  =======================================================================================
 
 Standard errors: for table methods (mapping and corrections) the sample standard deviation of the
@@ -286,7 +288,7 @@ def estimate(
             object (``Bv(gamma=0.2)``, ``Mes(n_bootstrap=0)``, ``Gmod(df=8)``, ``Auto(seed=1)``: the classes of
             :mod:`~reco_sampled_plugin.registry`, each option checked at construction). Default ``auto``: ``gmod``
             where the design resolves the top, ``mes`` elsewhere, ``hh`` (AUC) / ``pl_fit`` under popularity
-            designs (``details["auto"]`` says which and why).
+            designs, ``diff`` on a sample with an exact share (``details["auto"]`` says which and why).
         weights: optional per-positive frequency weights (a SampledRanks only): their sum is the number of
             instances that standard errors (and bootstraps) assume, so scale them to it (e.g. 1/|T_u| per
             positive: one per user); a total of at most 1 gives stderr inf, flagged ``few_instances``.
@@ -307,6 +309,15 @@ def estimate(
     spec = parse_metric(metric)
     method = registry.as_method(method)
     entry = type(method).entry
+    shared = getattr(sample, "share_ranks", None) is not None or getattr(sample, "share", None) is not None
+    if entry.family == "design_based" or (entry.family == "auto" and shared):
+        from ._design_based import estimate_design_based  # an exact share: the difference estimator (its module)
+
+        result = estimate_design_based(spec, sample, method, weights)
+        if entry.family == "auto":
+            auto_details = {"method": "diff", "reason": "the sample carries an exact share"}
+            result = dataclasses.replace(result, details={**result.details, "auto": auto_details})
+        return result
     hist, design = _sample_histogram(sample, entry, weights)
     if design is not None and not entry.supports(design):  # the data's own checks first, as every method makes them
         hist.check_nonempty(weights)

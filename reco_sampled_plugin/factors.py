@@ -356,6 +356,9 @@ def _sampling_design(n_samples: int | SamplingDesign | None,
     if design.exact_at_cap:  # its summary estimates from bare sampled ranks: the exact ranks would be dropped
         raise ValueError("n_samples: exact_at_cap is not supported by evaluate_factors (its sampled summary "
                          "corrects bare sampled ranks); use adaptive_sampled_ranks and estimate(metric, sampled)")
+    if design.exact_share is not None:  # the factor path draws no exact share yet: refused, not dropped
+        raise ValueError("n_samples: exact_share is not supported by evaluate_factors yet; draw with sampled_ranks "
+                         "(scores = users @ items.T) or sampled_ranks_from_scorer and estimate(metric, sampled)")
     entry = None if correction is None else registry.get(correction)
     if entry is not None and not entry.supports(design):
         name = entry.name

@@ -614,6 +614,9 @@ def _check_design(design: Any, n_min: int, method: str, world: PopularityWorld |
         raise ValueError(f"designs: each design is a SamplingDesign (SamplingDesign(m), SamplingDesign(m, "
                          f"adaptive_max=cap), ...), got {design!r}")
     m, entry = design.n_samples, registry.get(method)
+    if design.exact_share is not None:  # the plan does not forecast an exact share yet: refused, not dropped
+        raise ValueError(f"designs: {design.describe()} has an exact share, which the planner does not forecast yet; "
+                         "give the design without exact_share")
     if design.law == "popularity":
         if world is None:
             raise ValueError(f"designs: {design.describe()} draws by popularity; {_POPULARITY_PILOT}")

@@ -422,6 +422,10 @@ def write_rank_file(path: str | os.PathLike, sampled: SampledRanks) -> Path:
     if sampled.exact_ranks is not None:  # the format has no column for them: refused, not dropped
         raise ValueError("sampled: exact_at_cap ranks cannot be written to a rank file (it has no column for the "
                          "exact ranks of the completed positives); estimate in Python: estimate(metric, sampled)")
+    if sampled.share_ranks is not None:  # no column for the exact share either: refused, not dropped
+        raise ValueError("sampled: ranks with an exact share cannot be written to a rank file (it has no column for "
+                         "the share's exact ranks and inclusion probabilities); estimate in Python: "
+                         "estimate(metric, sampled)")
     ranks = sampled.ranks.cpu()
     if ranks.is_floating_point() and not bool((ranks == ranks.floor()).all()):
         raise ValueError("sampled: the ranks are not whole (ties='average'); draw with ties='pessimistic' or "

@@ -451,6 +451,12 @@ class SampledRanks:
         ``ties="average"``). None without completion. ``ranks`` keeps the sampled rank r~ of every positive, so
         the uncorrected sampled metric (``none``) is unchanged; the rank-distribution fits read a completed
         positive as the point mass at its R (:meth:`histogram`).
+    share_ranks: designs with an ``exact_share``: the exact rank R (as ``exact_ranks``) of each positive the share
+        chose, 0 elsewhere (shaped like ``ranks``); None without a share. ``ranks`` keeps every sampled rank, so
+        every other estimator reads these ranks as before; ``diff`` (and ``auto``) read the share
+        (``_design_based.py``).
+    inclusion: with ``share_ranks``: each positive's inclusion probability pi in (0, 1] (float64, shaped like
+        ``ranks``, 0 in padded slots), with which the share was chosen.
 
     ``estimate(metric, sampled)`` takes it alone; its parts are read by attribute (it does not unpack).
     """
@@ -463,10 +469,13 @@ class SampledRanks:
     cost: Any = None  # a scorer_ranks.ScoringCost (not imported here: scorer_ranks builds on this module)
     popularity_stats: PopularityStats | None = None
     exact_ranks: torch.Tensor | None = None
+    share_ranks: torch.Tensor | None = None
+    inclusion: torch.Tensor | None = None
 
     @classmethod
     def from_arrays(cls, ranks: TensorLike, n_items: TensorLike, n_samples: TensorLike | None = None,
-                    design: SamplingDesign | int | None = None, *, exact_ranks: TensorLike | None = None) -> "SampledRanks":
+                    design: SamplingDesign | int | None = None, *, exact_ranks: TensorLike | None = None,
+                    share_ranks: TensorLike | None = None, inclusion: TensorLike | None = None) -> "SampledRanks":
         """Sampled ranks drawn elsewhere, with what estimation needs: the one constructor from plain arrays.
 
         Args:
@@ -482,6 +491,7 @@ class SampledRanks:
                 are refused: their estimators read the draws' weights (use the SampledRanks of the draw).
             exact_ranks: adaptive designs with ``exact_at_cap``: the exact rank R of each positive completed at
                 the cap, 0 elsewhere (:attr:`exact_ranks`).
+            share_ranks, inclusion: an exact share (:attr:`share_ranks`, :attr:`inclusion`), both or neither.
 
         Raises:
             ValueError: naming the argument (values are checked as at estimation: whole, in range, shapes that
@@ -513,7 +523,12 @@ class SampledRanks:
             m = None  # the design's fixed m
         sizes = None if m is None else torch.as_tensor(m, dtype=torch.int64, device=r.device).expand(r.shape)
         e = None if exact_ranks is None else check_rank_values(exact_ranks, "exact_ranks", whole=True, padding=True)
-        return cls(r, torch.as_tensor(n, dtype=torch.int64, device=r.device), None, design, sizes, exact_ranks=e)
+        out = cls(r, torch.as_tensor(n, dtype=torch.int64, device=r.device), None, design, sizes, exact_ranks=e)
+        if share_ranks is None and inclusion is None:
+            return out
+        from ._design_based import with_share_arrays
+
+        return with_share_arrays(out, share_ranks, inclusion)
 
     def sizes(self) -> torch.Tensor | int:
         """m per positive: the adaptive sizes, else the design's m."""
@@ -537,13 +552,19 @@ class SampledRanks:
         """The :class:`~reco_sampled_plugin._rank_hist.RankHistogram` of these ranks (padding dropped), with
         per-positive n and m; ``weights`` as in :func:`~reco_sampled_plugin.estimators.estimate`. With
         ``exact`` (default) and :attr:`exact_ranks`, the completed positives form exact groups (n, m = n - 1) of
-        their exact ranks (``RankHistogram.exact``); ``exact=False``: every positive's sampled rank r~. An equal
+        their exact ranks (``RankHistogram.exact``); ``exact=False``: every positive's sampled rank r~. An exact
+        share (:attr:`share_ranks`) travels as ``RankHistogram.share``. An equal
         histogram made before is returned again (``_rank_hist.same_histogram``: with the fits it keeps)."""
         from ._rank_hist import same_histogram, sampled_rank_histogram
 
         exact = check_bool(exact, "exact")
-        return same_histogram(self, sampled_rank_histogram(self.ranks, self.candidates(), self.sizes(), weights,
-                                                           exact_ranks=self.exact_ranks if exact else None))
+        hist = sampled_rank_histogram(self.ranks, self.candidates(), self.sizes(), weights,
+                                      exact_ranks=self.exact_ranks if exact else None)
+        if self.share_ranks is not None:  # the exact share travels with the counts (``_design_based.ShareRows``)
+            from ._design_based import ShareRows
+
+            hist = hist.with_share(ShareRows.of(self, weights))
+        return same_histogram(self, hist)
 
     def __getstate__(self) -> dict:
         """The fields, without the histograms remembered by :meth:`histogram` (pickles and copies)."""
@@ -1055,7 +1076,12 @@ def sampled_ranks(
     stats = popularity_draw_stats(design, beat, neg, pos, exc, n, given=negatives is not None)
     neg = torch.where(pos_valid.unsqueeze(2), neg, torch.full_like(neg, -1))
     n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)
-    return SampledRanks(ranks, n_cand, neg, design, popularity_stats=stats)
+    out = SampledRanks(ranks, n_cand, neg, design, popularity_stats=stats)
+    if design.exact_share is None:
+        return out
+    from ._design_based import share_from_matrix  # the exact share: the chosen positives ranked from the matrix
+
+    return share_from_matrix(out, scores, pos, exc, ties, generator)
 
 
 def popularity_draw_stats(design: SamplingDesign, beat: torch.Tensor, neg: torch.Tensor, pos: torch.Tensor,

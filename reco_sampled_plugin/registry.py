@@ -72,6 +72,8 @@ FAMILIES = {
     "popularity_fit": "the distribution of exact ranks fitted by the likelihood of which drawn items beat each "
                       "positive, the items above it modelled as popularity-tilted (Plackett-Luce with weights w^beta); "
                       "every metric, under popularity and uniform sampling",
+    "design_based": "the model's per-positive predictions corrected by the Horvitz-Thompson mean of their residuals "
+                    "over a keyed random share of exactly ranked positives: unbiased whatever the model",
 }
 
 #: Kinds of option values; each is validated by the named helper of ``_options`` (or the module named).
@@ -575,6 +577,14 @@ _BUILTIN = (
                               "on the rank's count |A| = R - 1 (exactly in the single-rank cells up to 32), or "
                               "takes them independent given R", ("on", "off"))),
               reference="Plackett 1975 / Luce 1959 inclusion (conditional Poisson); NPMLE as Jin et al. AAAI 2021"),
+    Estimator("diff", "design_based", "difference estimator on an exact share (SamplingDesign(m, exact_share=...)): "
+              "auto's fit predicts each positive, the exact share corrects it; its interval holds by design "
+              "(auto's choice whenever the sample carries exact ranks)", "._design_based:estimate_by_design",
+              options=_FIT_OPTIONS + (Option("coef", "choice", "tuned", "lambda of the predictions: PPI++'s "
+                                             "variance-optimal value clipped to [0, 1], or 1", ("tuned", "one")),),
+              adaptive=True, popularity=True, fits_distribution=True, exact_groups=True,
+              reference="Horvitz & Thompson 1952; Sarndal et al. 1992 ch. 6; Angelopoulos et al. 2023 (PPI, PPI++); "
+                        "Zrnic & Candes ICML 2024"),
 )
 for _entry in _BUILTIN:
     register(_entry)
@@ -597,6 +607,7 @@ Bv = method_class("bv")
 BvMle = method_class("bv_mle")
 Hh = method_class("hh")
 PlFit = method_class("pl_fit")
+Diff = method_class("diff")
 
 #: The default estimator of ``estimate()`` (docs/estimators.md), and of every entry point that runs an estimator:
 #: the Lightning callback and torchmetrics' ``SampledRankingMetrics`` (with ``none``), RecBole's ``RankDist*``

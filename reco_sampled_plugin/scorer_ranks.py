@@ -216,7 +216,9 @@ def sampled_ranks_from_scorer(
             still ranked first draw the next stage's new items, stage after stage, up to the cap; only their new
             items are scored. With ``exact_at_cap`` the rows of positives still first at the cap then score
             their whole candidate list once (n - 1 pairs per row, one more stage in ``cost.stages``) and those
-            positives get their exact ranks (``SampledRanks.exact_ranks``).
+            positives get their exact ranks (``SampledRanks.exact_ranks``). With ``exact_share`` the rows of the
+            share's chosen positives score their whole candidate list (in ``cost``) and those positives get their
+            exact ranks (``SampledRanks.share_ranks``, ``inclusion``).
         exclude: items never drawn and never ranked (training items), same forms as ``positives``, or an
             :class:`~reco_sampled_plugin.exclusions.Exclusions` prepared once for these rows
             (:func:`~reco_sampled_plugin.exclusions.prepare_exclusions`: repeated evaluations reuse it).
@@ -276,13 +278,29 @@ def sampled_ranks_from_scorer(
             stages += int(bool(need.any()))
     else:
         neg_out = torch.where(valid.unsqueeze(2), neg, torch.full_like(neg, -1))
+    shared = SampledRanks(ranks, n_cand, None, design, sizes, None, stats)
+    if design.exact_share is not None:  # the chosen positives' rows scored whole: their pairs in the cost
+        shared = _share(shared, calls, user_ids, pos, exc, pos_scores, n, ties, generator)
+        stages += int(bool((shared.share_ranks > 0).any()))  # type: ignore[operator, union-attr]  # set by _share
     full = full_ranking_pairs(n, exc, valid.any(1))
     total = time.perf_counter() - t_start
     cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(total - calls.seconds, 0.0), full, stages)
     logger.debug("sampled_ranks_from_scorer: %d (user, item) pairs scored in %d call(s), %d stage(s) (%.2f%% of full "
                  "ranking's %d); %.3f s in the scorer, %.3f s drawing and ranking", cost.pairs, cost.calls, cost.stages,
                  100 * cost.share_of_full, cost.full_pairs, cost.scorer_seconds, cost.loop_seconds)
-    return SampledRanks(ranks, n_cand, neg_out, design, sizes, cost, stats, exact_ranks=exact)
+    return SampledRanks(ranks, n_cand, neg_out, design, sizes, cost, stats, exact_ranks=exact,
+                        share_ranks=shared.share_ranks, inclusion=shared.inclusion)
+
+
+def _share(sampled: SampledRanks, calls: ScorerCalls, user_ids: torch.Tensor, pos: torch.Tensor,
+           exc: torch.Tensor | Exclusions | None, pos_scores: torch.Tensor, n: int, ties: str,
+           generator: torch.Generator | None) -> SampledRanks:
+    """``sampled`` with its design's exact share (``_design_based.draw_share``, rows keyed by user id): the chosen
+    positives' rows score their whole candidate list through ``calls`` (:func:`complete_from_scorer`)."""
+    from ._design_based import draw_share
+
+    return draw_share(sampled, user_ids, pos, lambda chosen: complete_from_scorer(
+        calls, chosen, pos, exc, user_ids, pos_scores, n, ties, generator))
 
 
 def complete_from_scorer(calls: ScorerCalls, need: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | Exclusions | None,

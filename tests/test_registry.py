@@ -108,7 +108,7 @@ def test_contract(name, uniform_ranks):
 def test_lists_are_views_of_the_registry():
     assert estimators.ESTIMATORS == registry.names()
     assert estimators.METHOD_OPTIONS == registry.method_options()
-    assert rsp.adaptive.ADAPTIVE_METHODS == registry.names(adaptive=True) == ("mle", "mes", "gmod", "auto", "none")
+    assert rsp.adaptive.ADAPTIVE_METHODS == registry.names(adaptive=True) == ("mle", "mes", "gmod", "auto", "none", "diff")
     from reco_sampled_plugin import mapping as mapping_module
     from reco_sampled_plugin import rank_distribution
 

@@ -162,6 +162,10 @@ def _sampled_design(n_samples: Any) -> SamplingDesign | None:
                          "RankingMetricsCallback): its state holds sampled-rank counts per stage, not exact ranks; "
                          "draw with adaptive_sampled_ranks or sampled_ranks_from_scorer and estimate(metric, sampled) "
                          "instead")
+    if design.exact_share is not None:  # the merged state holds sampled-rank counts only, no share yet
+        raise ValueError("n_samples: exact_share is not supported by SampledRankingMetrics (nor by "
+                         "RankingMetricsCallback) yet; draw with sampled_ranks or sampled_ranks_from_scorer and "
+                         "estimate(metric, sampled) instead")
     if design.law not in ("binomial", "hypergeometric", "popularity"):  # a new law: refused
         raise ValueError(f"n_samples: the keyed draws of SampledRankingMetrics are uniform or by popularity; "
                          f"{design!r} ({design.law} draws) is not supported")

@@ -1,0 +1,523 @@
+"""Design-based estimates: a keyed random share of the positives ranked exactly, and the difference estimator.
+
+Every model-based estimator rests on a model of the rank distribution; where the sampled data cannot resolve the
+top, the model's bias is the error, and no interval built from the sampled ranks alone can promise to cover it.
+A small random share of exact ranks can (survey sampling's difference, or regression, estimator; Sarndal,
+Swensson & Wretman, *Model Assisted Survey Sampling*, 1992, ch. 6; restated for model predictions as
+prediction-powered inference, Angelopoulos et al., Science 2023, and PPI++, Angelopoulos, Duchi & Zrnic, 2023).
+
+Notation: N positives i (frequency weights w_i, W = sum_i w_i), y_i = M(R_i) the metric at the exact rank, f_i a
+prediction of y_i from positive i's own sampled data and the fit (below), S the exact share: positive i is in S with
+probability pi_i > 0, independently of the others and of everything sampled (Poisson sampling: a keyed uniform
+u_i < pi_i, ``design.ExactShare``). The estimate of the users' metric theta = sum_i w_i y_i / W is::
+
+    theta^ = ( lambda sum_i w_i f_i + sum_{i in S} w_i (y_i - lambda f_i) / pi_i ) / W                    (1)
+
+the model's mean plus the Horvitz-Thompson (1952) mean of the residuals y - lambda f over the share. Given the
+sampled data, f and pi are fixed and only S is random, so E[theta^ | sampled data] = theta for every fixed lambda
+and *whatever the model*: the model only sets the variance. Under Poisson sampling that variance is
+sum_i (1 - pi_i) (w_i e_i)^2 / pi_i / W^2 with e_i = y_i - lambda f_i, and its unbiased estimator (the
+Horvitz-Thompson variance estimator specialised to Poisson sampling, Sarndal et al. 1992, ch. 3; exact for this
+design, no with-replacement or Hajek approximation) is::
+
+    V^ = sum_{i in S} (1 - pi_i) (w_i e_i / pi_i)^2 / W^2                                                   (2)
+
+The 95% interval is theta^ +- 1.96 sqrt(V^), clipped to the metric's range. lambda: ``coef="tuned"`` (default) the
+PPI++ choice that minimises that variance, its sums estimated on the share (Horvitz-Thompson) and clipped to [0, 1]::
+
+    lambda^ = sum_{i in S} a_i y_i f_i / sum_{i in S} a_i f_i^2,   a_i = (1 - pi_i) w_i^2 / pi_i^2          (3)
+
+(tuning on the same share adds an O(1/|S|) bias, as in PPI++), or ``coef="one"`` (lambda = 1: exactly unbiased).
+
+V^ is unbiased, but on a small share of a rare hit it is correlated with theta^ (a share that drew few hits has both
+a low estimate and a low V^: the Wald interval under-covers, as for a binomial proportion). The standard error is
+therefore sqrt(max(V^, V~)), with V~ the model's forecast of (2) at the same positives, which reads their
+predictions but not their y::
+
+    V~ = sum_{i in S} a_i (E^[M(R)^2 | data_i] - (2 lambda - lambda^2) f_i^2) / W^2                         (4)
+
+(E^[M^2] from the fit's cells, exact for cut-off metrics; the Bhatia-Davis bound f (hi) under popularity designs).
+Both terms are unbiased for their targets; the larger is never smaller than the design-based V^, so the interval
+keeps its validity whatever the model; on shares of 60-100 exact positives it covered 0.92-1.00 where (2) alone
+covered 0.80-0.95 (BENCHMARKS.md, "Design-based estimates").
+
+The prediction f_i = E^[M(R) | r~_i, n_i, m_i] is the posterior mean under the fit ``auto`` would use (``gmod``
+where the design resolves the top, ``mes`` elsewhere; ``pl_fit``'s per-positive posterior under popularity
+designs), fitted on *all* positives' sampled ranks. It depends on positive i's sampled data and on the fit only, never
+on which positives the share chose (the choice is an independent keyed draw), so (1) stays unbiased; the fit may
+even be poor (a popularity tilt it cannot see, a top it cannot resolve): the interval still holds, only wider.
+
+Paired differences (:func:`paired_difference_by_design`): two recommenders evaluated with the same share key on
+the same positives share S and pi (a uniform share: always), so (1)-(3) apply to d_i = y_i^A - y_i^B with
+f_i = f_i^A - f_i^B.
+
+Active share (``ExactShare(choice="active")``; Zrnic & Candes, "Active statistical inference", ICML 2024):
+pi_i = min(1, max(floor, c s_i)) with s_i = sqrt((f_i - lo)(hi - f_i)), the Bhatia-Davis bound on the posterior
+standard deviation of M(R) in [lo, hi] given the positive's sampled data (equal to it for hit rates; positives
+resolved deep in the ranking get the floor, those in the first bin the most), c set so the mean of pi is the share.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import TYPE_CHECKING, Any, Callable
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from ._estimate import Estimate
+    from .design import ExactShare
+    from .metric_names import MetricSpec
+    from .ranking import SampledRanks
+    from ._types import TensorLike
+
+__all__ = ["difference_estimate", "inclusion_probabilities", "predictions", "draw_share", "with_share_arrays",
+           "estimate_design_based", "paired_difference_by_design", "estimate_by_design", "COEFS", "FEW_EXACT"]
+
+#: The choices of lambda in (1): the PPI++ variance-optimal value (3), clipped to [0, 1], or 1.
+COEFS = ("tuned", "one")
+
+#: ``details["variance"]``: the larger of the Poisson-sampling Horvitz-Thompson estimator (2) and the model's forecast (4)
+VARIANCE = "max(poisson_ht, model)"
+
+#: Fewer exact positives than this: the normal interval of (2) is rough (flag ``few_exact``).
+FEW_EXACT = 30
+
+
+# ---------------------------------------------------------------------------------------------- the estimator
+def difference_estimate(y: np.ndarray, f: np.ndarray, pi: np.ndarray, chosen: np.ndarray, w: np.ndarray | None = None,
+                        coef: str = "tuned", f2: np.ndarray | None = None) -> tuple[float, float, float]:
+    """(theta^, standard error, lambda) of eq. (1)-(4) (module docstring) for N positives: ``y`` (N,) metric values
+    (read where ``chosen`` only), ``f`` (N,) predictions, ``pi`` (N,) inclusion probabilities in (0, 1], ``chosen``
+    (N,) bool, ``w`` (N,) frequency weights (None: 1), ``f2`` (N,) the model's E[M(R)^2 | data] (None: the standard
+    error is sqrt(V^) of eq. 2 alone): :func:`share_estimate` of their sums."""
+    w = np.ones(len(f)) if w is None else np.asarray(w, dtype=np.float64)
+    return share_estimate(float(w @ f), float(w.sum()), y[chosen], f[chosen], pi[chosen], w[chosen], coef,
+                          census=not bool((pi < 1.0).any()), f2=None if f2 is None else f2[chosen])
+
+
+def share_estimate(model_sum: float, total: float, y: np.ndarray, f: np.ndarray, pi: np.ndarray, w: np.ndarray,
+                   coef: str = "tuned", census: bool = False, f2: np.ndarray | None = None) -> tuple[float, float, float]:
+    """(theta^, standard error, lambda) of eq. (1)-(4) from ``model_sum`` = sum_i w_i f_i over all positives,
+    ``total`` = W and the chosen positives' ``y``, ``f``, ``pi``, ``w`` (and ``f2``, their model's E[M^2 | data]:
+    the standard error is then sqrt(max(V^, V~)), eq. 4). Standard error inf with fewer than two chosen positives of
+    probability below 1 (no spread to measure) unless ``census`` (every positive chosen with probability 1: 0)."""
+    a = (1.0 - pi) * (w / pi) ** 2
+    lam = 1.0
+    den = float((a * f * f).sum())
+    if coef == "tuned" and den > 0:
+        lam = min(max(float((a * y * f).sum()) / den, 0.0), 1.0)
+    e = w * (y - lam * f) / pi
+    value = (lam * model_sum + float(e.sum())) / total
+    if int(np.count_nonzero(pi < 1.0)) < 2 and not census:
+        return value, math.inf, lam
+    var = float(((1.0 - pi) * e * e).sum())
+    if f2 is not None:  # eq. (4): the model's forecast of (2), read at the same positives but not at their y
+        var = max(var, float((a * np.maximum(f2 - (2.0 * lam - lam * lam) * f * f, 0.0)).sum()))
+    return value, math.sqrt(var) / total, lam
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class ShareRows:
+    """An exact share as rows, one per chosen positive (``RankHistogram.share``): ``n``, ``m`` (int64), ``sampled``
+    (r~), ``exact`` (R), ``inclusion`` (pi), ``weight`` (float64); ``census``: every positive of the sample had
+    pi = 1. Joined across batches and processes by :meth:`concat`, as the histogram's counts are added."""
+
+    n: np.ndarray
+    m: np.ndarray
+    sampled: np.ndarray
+    exact: np.ndarray
+    inclusion: np.ndarray
+    weight: np.ndarray
+    census: bool = False
+
+    @classmethod
+    def of(cls, sampled: SampledRanks, weights: TensorLike | None = None) -> "ShareRows":
+        """The rows of ``sampled``'s share (``share_ranks > 0``), weighted by ``weights`` (as ``estimate``)."""
+        assert sampled.share_ranks is not None and sampled.inclusion is not None
+        valid = sampled.ranks > 0
+        chosen = sampled.share_ranks > 0
+        m = sampled.sizes()
+        m_t = m[chosen] if isinstance(m, torch.Tensor) else torch.full((int(chosen.sum()),), int(m))
+        w = _weights(sampled, weights)
+        w_c = np.ones(int(chosen.sum())) if w is None else w[_host(chosen[valid])]
+        f64 = np.float64
+        return cls(_host(sampled.candidates()[chosen]).astype(np.int64), _host(m_t).astype(np.int64),
+                   _host(sampled.ranks[chosen]).astype(f64), _host(sampled.share_ranks[chosen]).astype(f64),
+                   _host(sampled.inclusion[chosen]).astype(f64), w_c.astype(f64),
+                   census=bool((sampled.inclusion[valid] >= 1.0).all()))
+
+    def concat(self, other: "ShareRows") -> "ShareRows":
+        n, m, sampled, exact, inclusion, weight = (np.concatenate([getattr(self, k), getattr(other, k)]) for k in
+                                                   ("n", "m", "sampled", "exact", "inclusion", "weight"))
+        return ShareRows(n, m, sampled, exact, inclusion, weight, self.census and other.census)
+
+    def equals(self, other: Any) -> bool:
+        return isinstance(other, ShareRows) and self.census == other.census and all(
+            np.array_equal(getattr(self, k), getattr(other, k)) for k in
+            ("n", "m", "sampled", "exact", "inclusion", "weight"))
+
+
+def carries_share(sample: Any) -> bool:
+    """Whether ``sample`` (SampledRanks or RankHistogram) carries an exact share."""
+    return getattr(sample, "share_ranks", None) is not None or getattr(sample, "share", None) is not None
+
+
+def inclusion_probabilities(share: ExactShare, f: np.ndarray, bounds: tuple[float, float]) -> np.ndarray:
+    """pi per positive (module docstring): ``share.share`` each for a uniform share; for an active one
+    min(1, max(floor, c s)) with s the Bhatia-Davis spread of ``f`` within ``bounds`` and c found by bisection so the
+    mean is the share (a uniform share where every spread is 0)."""
+    n = len(f)
+    if share.choice == "uniform" or n == 0:
+        return np.full(n, share.share)
+    lo, hi = bounds
+    s = np.sqrt(np.maximum((f - lo) * (hi - f), 0.0))
+    if not float(s.max(initial=0.0)) > 0:
+        return np.full(n, share.share)
+    floor = float(share.floor)  # type: ignore[arg-type]  # filled in by ExactShare
+    spread = s > 0
+    if share.share >= float(np.where(spread, 1.0, floor).mean()):  # beyond c s >= 1 for all: raise the rest
+        rest = (share.share * n - float(spread.sum())) / max(float((~spread).sum()), 1.0)
+        return np.where(spread, 1.0, min(max(rest, floor), 1.0))
+    scale = 1.0 / float(s.max())
+    lo_c, hi_c = math.log(floor), math.log(float(s.max()) / float(s[spread].min()))  # mean <= share <= mean
+    for _ in range(100):  # bisection on log c: the mean of pi is non-decreasing in c
+        mid = 0.5 * (lo_c + hi_c)
+        if np.clip(math.exp(mid) * scale * s, floor, 1.0).mean() < share.share:
+            lo_c = mid
+        else:
+            hi_c = mid
+    return np.clip(math.exp(hi_c) * scale * s, floor, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------- predictions
+def predictions(spec: MetricSpec, sampled: SampledRanks, weights: TensorLike | None = None,
+                fit_options: dict | None = None) -> tuple[np.ndarray, str]:
+    """f_i = E^[M(R) | positive i's sampled data] for every positive (``ranks > 0``, row-major), and the name of
+    the fit: ``pl_fit``'s posterior means under a popularity design, else the posterior means under the
+    rank-distribution fit ``auto`` would run (:func:`model_fit`; ``fit_options``: its options)."""
+    design = sampled.design
+    if design is not None and design.popularity is not None:
+        from .popularity import pl_fit
+
+        _, _, means = pl_fit(sampled, weights).estimate(spec)
+        return np.asarray(means, dtype=np.float64), "pl_fit"
+    fit, name, law = model_fit(spec, sampled.histogram(weights, exact=False).without_empty_groups(), fit_options,
+                               design)
+    valid = sampled.ranks > 0
+    m = sampled.sizes()
+    m_all = m[valid] if isinstance(m, torch.Tensor) else torch.full((int(valid.sum()),), int(m))
+    return _posterior_means(spec, fit, _host(sampled.candidates()[valid]), _host(m_all),
+                            _host(sampled.ranks[valid]), law), name
+
+
+def model_fit(spec: MetricSpec, hist: Any, fit_options: dict | None = None, design: Any = None
+              ) -> tuple[Any, str, str]:
+    """(fit, its method's name, law) of the rank-distribution fit ``auto`` would run on ``hist`` (a uniform-law
+    RankHistogram drawn under ``design``, default its own: ``gmod`` where the design resolves the top, else ``mes``),
+    without bootstrap: the predictions need its posterior means only."""
+    from . import registry
+    from .estimators import _choose
+    from .rank_distribution import fit_rank_distribution
+
+    design = hist.design if design is None else design
+    chosen, _ = _choose(spec, registry.Auto(**(fit_options or {})), hist, design)
+    method = registry.method_class(chosen.name)(**{**chosen.given(), "n_bootstrap": 0})
+    law = "binomial" if design is None or design.adaptive_max is not None else design.law
+    return fit_rank_distribution(hist, method, sampling=law), chosen.name, law
+
+
+def _host(t: torch.Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy()
+
+
+def _posterior_means(spec: MetricSpec, fit: Any, n: np.ndarray, m: np.ndarray, r: np.ndarray, law: str,
+                     second: bool = False) -> Any:
+    """E[M(R) | r~, group] under ``fit`` (a RankDistribution) per positive: each positive read in the fit's group of
+    its m whose n is nearest on the log scale (a group's n is a cell edge of the fit: its likelihood is exact on
+    the grid), M averaged within each cell (``interval_mean_metric``). ``second``: also E[M(R)^2 | r~, group]
+    (:func:`_cell_second_moments`), as a pair."""
+    from ._rank_hist import interval_mean_metric
+    from .rank_distribution import dense_likelihood
+
+    hist = fit.histogram
+    gn, gm = hist.n_items.astype(np.int64), hist.n_samples.astype(np.int64)
+    group = np.full(len(r), -1, dtype=np.int64)
+    for mg in np.unique(m):
+        cand = np.flatnonzero((gm == mg) & ~hist.exact)
+        if not len(cand):  # pragma: no cover - the fit's histogram holds every positive's m
+            raise ValueError(f"sample: no fitted group has m = {mg}")
+        sel = m == mg
+        dist = np.abs(np.log(n[sel, None].astype(np.float64)) - np.log(gn[cand][None, :].astype(np.float64)))
+        group[sel] = cand[np.argmin(dist, axis=1)]
+    out, out2 = np.zeros(len(r)), np.zeros(len(r))
+    ri = np.rint(r).astype(np.int64)
+    for g in np.unique(group):  # one (n, m) group at a time: at most max_groups per m
+        lik, inside = dense_likelihood(fit.edges, gn[g:g + 1], gm[g:g + 1], law)
+        c_in = int(inside[0].sum())
+        lo, hi = fit.edges[:c_in], fit.edges[1:c_in + 1]
+        joint = fit.probs[:c_in, None] * lik[0, :c_in, :]  # (C_in, m + 1)
+        den = joint.sum(0)
+        sel = group == g
+        for target, cell in ((out, interval_mean_metric(spec, lo, hi, int(gn[g]))),
+                             (out2, _cell_second_moments(spec, lo, hi, int(gn[g])) if second else None)):
+            if cell is not None:
+                post = np.where(den > 0, (cell @ joint) / np.where(den > 0, den, 1.0), cell.mean())
+                target[sel] = post[ri[sel] - 1]
+    return (out, out2) if second else out
+
+
+def _cell_second_moments(spec: MetricSpec, lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:
+    """Mean of M(r)^2 over the whole ranks r in (lo, hi] of each cell: exact for cut-off metrics (M = 0 beyond K,
+    prefix sums over 1..K), the squared cell mean elsewhere (AUC, AP and NDCG without cut-off: smooth in r)."""
+    from ._rank_hist import interval_mean_metric, metric_at
+
+    if spec.k is None or spec.kind == "auc":
+        return interval_mean_metric(spec, lo, hi, n) ** 2
+    k = min(int(spec.k), n)
+    prefix = np.concatenate([[0.0], np.cumsum(metric_at(spec, np.arange(1, k + 1, dtype=np.float64), float(n)) ** 2)])
+    return (prefix[np.minimum(hi, k)] - prefix[np.minimum(lo, k)]) / (hi - lo)
+
+
+# ---------------------------------------------------------------------------------------------- the draw
+def draw_share(sampled: SampledRanks, row_keys: torch.Tensor, pos: torch.Tensor,
+               rank_rows: Callable[[torch.Tensor], torch.Tensor]) -> SampledRanks:
+    """``sampled`` with the exact share of its design (``design.exact_share``; itself where there is none).
+
+    pi from :func:`inclusion_probabilities` (an active share fits the model on ``sampled`` first); positive j of row
+    b is chosen iff ``keyed_uniform(seed, row_keys[b], pos[b, j]) < pi`` (``row_keys`` (B,) int64: user ids, or row
+    numbers; ``pos`` (B, P) item indices, -1 padding), then ``rank_rows(chosen)`` ((B, P) bool -> (B, P) exact ranks,
+    0 elsewhere: the score matrix's rows or the scorer's completion) ranks the chosen ones."""
+    from ._keyed import keyed_uniform
+    from .metric_names import parse_metric
+    from .metrics import metric_bounds
+
+    design = sampled.design
+    share = None if design is None else design.exact_share
+    if share is None:
+        return sampled
+    valid = sampled.ranks > 0
+    if share.choice == "active":
+        spec = parse_metric(share.metric)
+        f, _ = predictions(spec, sampled)
+        bounds = metric_bounds(spec, sampled.candidates()[valid]) if bool(valid.any()) else (0.0, 1.0)
+        pi_v = inclusion_probabilities(share, f, bounds)
+    else:
+        pi_v = np.full(int(valid.sum()), share.share)
+    pi = torch.zeros(valid.shape, dtype=torch.float64, device=valid.device)
+    pi[valid] = torch.as_tensor(pi_v, dtype=torch.float64, device=valid.device)
+    u = keyed_uniform(share.seed, row_keys.to(torch.int64).reshape(-1, 1), pos.clamp(min=0).to(torch.int64))
+    chosen = valid & (u.to(pi.device) < pi)
+    exact = rank_rows(chosen)
+    return dataclasses.replace(sampled, share_ranks=exact, inclusion=pi)
+
+
+def with_share_arrays(sampled: SampledRanks, share_ranks: TensorLike | None, inclusion: TensorLike | None
+                      ) -> SampledRanks:
+    """``sampled`` with an exact share given as arrays (``SampledRanks.from_arrays``): both or neither, shaped like
+    the ranks, exact ranks in 1..n where chosen (0 elsewhere), probabilities in (0, 1] at every positive."""
+    from ._checks import check_rank_values
+
+    if share_ranks is None or inclusion is None:
+        raise ValueError("inclusion: an exact share needs both share_ranks and inclusion (one was None)")
+    e = check_rank_values(share_ranks, "share_ranks", whole=True, padding=True).to(sampled.ranks.device)
+    p = torch.as_tensor(inclusion, dtype=torch.float64, device=sampled.ranks.device)
+    r = sampled.ranks
+    for name, t in (("share_ranks", e), ("inclusion", p)):
+        if t.shape != r.shape:
+            raise ValueError(f"{name}: expected the shape of the ranks {tuple(r.shape)}, got {tuple(t.shape)}")
+    valid = r > 0
+    if bool(((e > 0) & ~valid).any()):
+        raise ValueError("share_ranks: an exact rank where the ranks hold padding (0)")
+    if bool((e > sampled.candidates()).any()):
+        raise ValueError("share_ranks: a rank above the positive's n (n_items)")
+    if not bool(((p > 0) & (p <= 1))[valid].all()):
+        raise ValueError("inclusion: every positive's probability must lie in (0, 1]")
+    return dataclasses.replace(sampled, share_ranks=e, inclusion=torch.where(valid, p, torch.zeros_like(p)))
+
+
+# ---------------------------------------------------------------------------------------------- entry points
+def _exact_values(spec: MetricSpec, sampled: SampledRanks) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(y, pi, chosen, n) per positive (row-major): y = M(R) where chosen (0 elsewhere)."""
+    from ._rank_hist import metric_at
+
+    valid = sampled.ranks > 0
+    assert sampled.share_ranks is not None and sampled.inclusion is not None
+    e = _host(sampled.share_ranks[valid]).astype(np.float64)
+    pi = _host(sampled.inclusion[valid]).astype(np.float64)
+    n = _host(sampled.candidates()[valid]).astype(np.float64)
+    chosen = e > 0
+    y = np.zeros(len(e))
+    if chosen.any():
+        y[chosen] = metric_at(spec, e[chosen], n[chosen])
+    return y, pi, chosen, n
+
+
+def _weights(sampled: SampledRanks, weights: TensorLike | None) -> np.ndarray | None:
+    if weights is None:
+        return None
+    from ._checks import check_weights
+
+    r = sampled.ranks
+    w = torch.broadcast_to(check_weights(weights, "weights", like=r, device=r.device), r.shape)
+    return _host(w[r > 0]).astype(np.float64)
+
+
+def _fit_options(method: Any) -> tuple[dict, str]:
+    """The fit options ``method`` gives (for the predictions' fit) and its ``coef`` (auto: ``tuned``)."""
+    from . import registry
+
+    given = dict(method.given())
+    coef = given.pop("coef", "tuned")
+    names = set(registry.fit_option_names()) | set(registry.COMMON_OPTIONS)
+    return {k: v for k, v in given.items() if k in names}, coef
+
+
+def estimate_design_based(spec: MetricSpec, sample: Any, method: Any, weights: TensorLike | None) -> Estimate:
+    """``estimate``'s path for ``diff`` (and ``auto`` on a sample with an exact share): eq. (1)-(3) on the share, from
+    the histogram and its share rows (``RankHistogram.share``: what merges across batches and processes), or from
+    the positives' ``pl_fit`` predictions under a popularity design; without a share, ``auto``'s model-based
+    estimate flagged ``no_exact_share``."""
+    from . import registry
+    from .estimators import estimate
+    from .ranking import SampledRanks
+
+    fit_opts, coef = _fit_options(method)
+    if not carries_share(sample):
+        est = estimate(spec, sample, registry.Auto(**fit_opts), weights=weights)
+        marked = est.flags + ("no_exact_share",)
+        return dataclasses.replace(est, flags=marked, details={**est.details, "flags": marked, "design_based": False})
+    design = sample.design
+    if design is not None and not registry.get("diff").supports(design):  # pragma: no cover - every share design
+        raise ValueError(f"method: 'diff' does not support the design of these ranks ({design.describe()})")
+    if isinstance(sample, SampledRanks):
+        if design is not None and design.popularity is not None:
+            return _popularity_share(spec, sample, weights, fit_opts, coef)
+        hist = sample.histogram(weights)
+    elif weights is not None:
+        raise ValueError("weights: a RankHistogram holds (weighted) counts already; weight the positives when "
+                         "building it, or pass the SampledRanks")
+    else:
+        hist = sample
+    return _histogram_share(spec, hist.without_empty_groups(), fit_opts, coef, design)
+
+
+def _histogram_share(spec: MetricSpec, hist: Any, fit_opts: dict, coef: str, design: Any) -> Estimate:
+    """Eq. (1)-(3) from a histogram with share rows: sum_i w_i f_i over its (group, r~) cells, the residuals over
+    the rows, f from :func:`model_fit` (the same function of (n, m, r~) as :func:`predictions`)."""
+    from ._rank_hist import metric_at
+
+    rows = hist.share
+    hist.check_nonempty()
+    n_min = int(hist.n_items.min())
+    if spec.k is not None and spec.k > n_min:
+        raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {n_min})")
+    fit, model, law = model_fit(spec, hist, fit_opts, design)
+    sizes = hist.n_samples + 1
+    cell_n = np.repeat(hist.n_items, sizes)
+    cell_m = np.repeat(hist.n_samples, sizes)
+    cell_r = np.arange(len(hist.flat_counts)) - np.repeat(hist._starts, sizes) + 1
+    occupied = hist.flat_counts > 0
+    counts = hist.flat_counts[occupied]
+    f_cells = _posterior_means(spec, fit, cell_n[occupied], cell_m[occupied], cell_r[occupied], law)
+    f_rows, f2_rows = _posterior_means(spec, fit, rows.n, rows.m, rows.sampled, law, second=True)
+    y = metric_at(spec, rows.exact, rows.n.astype(np.float64)) if len(rows.n) else np.zeros(0)
+    model_sum = float(counts @ f_cells)
+    value, se, lam = share_estimate(model_sum, hist.total, y, f_rows, rows.inclusion, rows.weight, coef, rows.census,
+                                    f2_rows)
+    share = None if design is None else design.exact_share
+    return _packaged(spec, value, se, hist.total, hist.n_items, len(rows.n),
+                     {"model": model, "model_value": model_sum / hist.total, "lambda": lam, "coef": coef,
+                      "share": share})
+
+
+def _popularity_share(spec: MetricSpec, sample: SampledRanks, weights: TensorLike | None, fit_opts: dict,
+                      coef: str) -> Estimate:
+    """Eq. (1)-(3) on popularity-sampled ranks: the positives' ``pl_fit`` posterior means as f."""
+    y, pi, chosen, n = _exact_values(spec, sample)
+    if spec.k is not None and spec.k > int(n.min(initial=spec.k)):
+        raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(n.min())})")
+    f, model = predictions(spec, sample, weights, fit_opts)
+    w = _weights(sample, weights)
+    from .metrics import metric_bounds
+
+    lo, hi = metric_bounds(spec, n.astype(np.int64))  # E[M^2] <= lo^2 + (hi + lo)(f - lo) (Bhatia-Davis)
+    value, se, lam = difference_estimate(y, f, pi, chosen, w, coef, lo * lo + (hi + lo) * (f - lo))
+    total = float(len(f) if w is None else w.sum())
+    return _packaged(spec, value, se, total, n.astype(np.int64), int(chosen.sum()),
+                     {"model": model, "model_value": float(np.average(f, weights=w)), "lambda": lam, "coef": coef,
+                      "share": sample.design.exact_share if sample.design is not None else None,
+                      "mean_inclusion": float(pi.mean())})
+
+
+def _packaged(spec: MetricSpec, value: float, se: float, total: float, n: np.ndarray, k: int, extra: dict) -> Estimate:
+    """The :class:`~reco_sampled_plugin._estimate.Estimate` of the difference estimator: flags ``few_exact`` and
+    ``outside_metric_range``, the metric's range, the variance estimator's name."""
+    from ._estimate import Estimate, range_flags
+    from .metrics import metric_bounds
+
+    bounds = metric_bounds(spec, n)
+    flags = range_flags(value, ("few_exact",) if k < FEW_EXACT else (), bounds)
+    details = {"method": "diff", **extra, "n_exact": k, "variance": VARIANCE, "flags": flags}
+    return Estimate(value, se, total, details, flags, None, (float(bounds[0]), float(bounds[1])))
+
+
+def paired_difference_by_design(metric: str | MetricSpec, a: SampledRanks, b: SampledRanks, *, coef: str = "tuned",
+                                weights: TensorLike | None = None) -> Estimate:
+    """theta_A - theta_B of two recommenders by (1)-(3) on d = y^A - y^B with f = f^A - f^B (standard error sqrt(V^):
+    the model gives no joint law of the two ranks for eq. 4): both samples must hold
+    the same positives (shape) with the same exact share (the same chosen positives and pi: one share key; a uniform
+    share always, an active one when both drew with the same pi). A ValueError naming ``b`` otherwise."""
+    from ._estimate import Estimate
+    from ._options import check_choice
+    from .metric_names import parse_metric
+
+    spec = parse_metric(metric)
+    coef = check_choice(coef, COEFS, "coef")
+    for name, s in (("a", a), ("b", b)):
+        if getattr(s, "share_ranks", None) is None:
+            raise ValueError(f"{name}: expected SampledRanks with an exact share (SamplingDesign(m, exact_share=...))")
+    ya, pa, ca, _ = _exact_values(spec, a)
+    yb, pb, cb, _ = _exact_values(spec, b)
+    if ya.shape != yb.shape or a.ranks.shape != b.ranks.shape or not np.array_equal(ca, cb) or not np.allclose(pa, pb):
+        raise ValueError("b: not the same exact share as a (the same positives, chosen with the same inclusion "
+                         "probabilities); draw both with one ExactShare (a uniform share, or one seed and pi)")
+    fa, ma = predictions(spec, a, weights)
+    fb, _ = predictions(spec, b, weights)
+    w = _weights(a, weights)
+    value, se, lam = difference_estimate(ya - yb, fa - fb, pa, ca, w, coef)
+    big_w = float(len(fa) if w is None else w.sum())
+    k = int(ca.sum())
+    flags = ("few_exact",) if k < FEW_EXACT else ()
+    details = {"method": "diff", "model": ma, "lambda": lam, "coef": coef, "n_exact": k, "variance": "poisson_ht",
+               "flags": flags}
+    return Estimate(value, se, big_w, details, flags)
+
+
+def estimate_by_design(spec: MetricSpec, hist: Any, *, method: str, sampling: str, options: dict) -> Any:
+    """The registry's compute function of ``diff`` on a bare histogram (which carries no exact share): ``auto``'s
+    (``estimate`` routes SampledRanks through :func:`estimate_design_based`)."""
+    from .estimators import estimate_auto
+
+    opts = {k: v for k, v in options.items() if k != "coef"}
+    res = estimate_auto(spec, hist, method="auto", sampling=sampling, options=opts)
+    return res._replace(flags=tuple(res.flags) + ("no_exact_share",)) if hasattr(res, "_replace") else res
+
+
+def share_from_matrix(sampled: SampledRanks, scores: torch.Tensor, pos: torch.Tensor, exc: Any, ties: str,
+                      generator: torch.Generator | None, row_keys: torch.Tensor | None = None) -> SampledRanks:
+    """:func:`draw_share` on a score matrix (B, n): the chosen positives ranked exactly among their rows' candidates
+    (``adaptive.complete_at_cap``: catalogue minus the row's positives minus its exclusions; the generator is not
+    advanced), rows keyed by ``row_keys`` (default: row numbers)."""
+    from .adaptive import complete_at_cap
+    from .exclusions import Exclusions
+
+    if sampled.design is None or sampled.design.exact_share is None:
+        return sampled
+    exc_p = exc.padded() if isinstance(exc, Exclusions) else exc
+    keys = torch.arange(scores.shape[0], device=scores.device) if row_keys is None else row_keys
+    n = scores.shape[1]
+    return draw_share(sampled, keys, pos,
+                      lambda chosen: complete_at_cap(chosen, pos, exc_p, n, ties, generator, lambda idx: scores[idx]))

@@ -1,0 +1,289 @@
+"""The exact share (``SamplingDesign(m, exact_share=...)``) and the difference estimator ``diff`` (_design_based.py).
+
+Oracles: the estimator's expectation and variance by enumerating every Poisson sample of a few positives (closed
+forms of eq. 1-2), PPI++'s lambda as the minimiser of the variance estimate, unbiasedness and coverage by repeating
+the keyed choice on fixed sampled data with known exact ranks (a model the data mislead), and the exact ranks of the
+chosen positives against ``exact_ranks`` of the score matrix.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import reco_sampled_plugin as rsp
+from reco_sampled_plugin import registry
+from reco_sampled_plugin._design_based import (_posterior_means, difference_estimate, inclusion_probabilities,
+                                               model_fit, paired_difference_by_design, predictions)
+from reco_sampled_plugin._rank_hist import metric_at
+from reco_sampled_plugin.design import ExactShare, SamplingDesign
+from reco_sampled_plugin.metric_names import parse_metric
+from reco_sampled_plugin.simulate import draw_sampled_ranks
+
+
+def _matrix(b: int = 200, n: int = 600, seed: int = 0, lift: float = 2.0):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(b, n, generator=g, dtype=torch.float64)
+    pos = torch.stack([torch.randperm(n, generator=g)[:2] for _ in range(b)])
+    scores[torch.arange(b).unsqueeze(1), pos] += lift
+    return scores, pos
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    return _matrix()
+
+
+# ------------------------------------------------------------------------------------------ closed forms
+@pytest.mark.parametrize("weighted", [False, True])
+def test_expectation_and_variance_by_enumeration(weighted):
+    """Every subset S of 6 positives with its Poisson probability: E[theta^] = theta (lambda = 1), the variance of
+    theta^ is sum (1 - pi) (w e)^2 / pi / W^2, and E[V^] equals it (V^ is unbiased)."""
+    rng = np.random.default_rng(3)
+    y, f = rng.uniform(0, 1, 6), rng.uniform(0, 1, 6)
+    pi = np.array([0.2, 0.5, 0.9, 0.35, 1.0, 0.6])
+    w = rng.uniform(0.5, 2.0, 6) if weighted else np.ones(6)
+    theta = float(w @ y / w.sum())
+    mean = second = ev = 0.0
+    for bits in itertools.product([False, True], repeat=6):
+        s = np.array(bits)
+        prob = float(np.prod(np.where(s, pi, 1 - pi)))
+        if prob == 0:
+            continue
+        v, se, lam = difference_estimate(y, f, pi, s, w if weighted else None, "one")
+        assert lam == 1.0
+        mean += prob * v
+        second += prob * v * v
+        v_hat = float(((1 - pi[s]) * (w[s] * (y[s] - f[s]) / pi[s]) ** 2).sum()) / w.sum() ** 2  # eq. (2)
+        random = int((s & (pi < 1)).sum())
+        assert (se * se == pytest.approx(v_hat, rel=1e-12, abs=1e-300)) if random >= 2 else se == math.inf
+        ev += prob * v_hat
+    target = float(((1 - pi) / pi * (w * (y - f)) ** 2).sum()) / w.sum() ** 2
+    assert mean == pytest.approx(theta, abs=1e-12)
+    assert second - mean * mean == pytest.approx(target, rel=1e-9)
+    assert ev == pytest.approx(target, rel=1e-9)  # V^ is unbiased
+
+
+def test_tuned_lambda_minimises_the_variance_estimate():
+    rng = np.random.default_rng(5)
+    n = 400
+    f = rng.uniform(0, 1, n)
+    y = np.clip(0.6 * f + rng.normal(0, 0.1, n), 0, 1)
+    pi = rng.uniform(0.1, 0.6, n)
+    chosen = rng.uniform(size=n) < pi
+    _, se, lam = difference_estimate(y, f, pi, chosen, None, "tuned")
+    grid = np.linspace(0, 1, 2001)
+    ses = []
+    for g in grid:
+        e = (y - g * f)[chosen] / pi[chosen]
+        ses.append(math.sqrt(float(((1 - pi[chosen]) * e * e).sum())) / n)
+    best = grid[int(np.argmin(ses))]
+    assert lam == pytest.approx(best, abs=1e-3) and 0 < lam < 1
+    assert se == pytest.approx(min(ses), rel=1e-6)
+
+
+def test_the_model_floor_of_the_variance():
+    """Eq. (4): the standard error is sqrt(max(V^, V~)), V~ = sum_S a (f2 - (2 lambda - lambda^2) f^2) / W^2."""
+    rng = np.random.default_rng(7)
+    n = 300
+    f = rng.uniform(0, 0.3, n)
+    f2 = f * rng.uniform(0.5, 1.0, n)  # E[M^2] <= E[M] for M in [0, 1]
+    y = (rng.uniform(size=n) < f).astype(float)
+    pi = np.full(n, 0.2)
+    chosen = rng.uniform(size=n) < pi
+    for y_try in (y, np.where(chosen, 0.0, y)):  # a share with hits, and one without (V^ small, V~ takes over)
+        _, se_ht, lam = difference_estimate(y_try, f, pi, chosen, None, "tuned")
+        _, se, lam2 = difference_estimate(y_try, f, pi, chosen, None, "tuned", f2)
+        c = chosen
+        v_model = float(((1 - pi[c]) / pi[c] ** 2 * np.maximum(f2[c] - (2 * lam - lam * lam) * f[c] ** 2, 0)).sum()) / n**2
+        assert lam2 == lam and se == pytest.approx(math.sqrt(max(se_ht**2, v_model)), rel=1e-12)
+    assert se > se_ht  # the share without hits: the forecast is the larger
+
+
+def test_a_census_is_exact():
+    y, f = np.array([0.1, 0.7, 0.0]), np.array([0.3, 0.3, 0.3])
+    v, se, _ = difference_estimate(y, f, np.ones(3), np.ones(3, bool))
+    assert v == pytest.approx(y.mean()) and se == 0.0
+
+
+def test_active_probabilities():
+    share = ExactShare(0.2, choice="active", floor=0.05)
+    f = np.concatenate([np.zeros(50), np.linspace(0.01, 0.5, 50), np.full(10, 1.0)])
+    pi = inclusion_probabilities(share, f, (0.0, 1.0))
+    assert pi.mean() == pytest.approx(0.2, abs=1e-9)
+    assert pi.min() == pytest.approx(0.05) and pi.max() <= 1.0
+    assert (pi[:50] == 0.05).all() and (pi[-10:] == 0.05).all()  # no spread at the ends of the range: the floor
+    assert (np.diff(pi[50:100]) >= -1e-15).all()  # more spread (f up to 1/2): more probability
+    assert (inclusion_probabilities(ExactShare(0.3), f, (0.0, 1.0)) == 0.3).all()
+    assert inclusion_probabilities(ExactShare(1.0, choice="active"), f, (0.0, 1.0)).min() == 1.0
+
+
+# ------------------------------------------------------------------------------------------ simulation
+def test_unbiased_and_covering_where_the_model_is_wrong():
+    """Exact ranks piled on rank 1 and spread deep (n = 2000, m = 20: a first bin of ~95 ranks, which the fit spreads
+    over the bin): the model's HR@10 misses by far, the difference estimator over 400 repeated keyed choices on the
+    same sampled data is unbiased within 3 Monte Carlo standard errors and its 95% interval covers 0.90-0.99."""
+    n, m, size = 2000, 20, 1500
+    g = torch.Generator().manual_seed(11)
+    exact = torch.where(torch.rand(size, generator=g) < 0.3, torch.ones(size, dtype=torch.int64),
+                        torch.randint(50, n + 1, (size,), generator=g))
+    sampled = draw_sampled_ranks(exact, n, m, seed=2)[0]
+    spec = parse_metric("hit@10")
+    truth = float(metric_at(spec, exact.double().numpy(), float(n)).mean())
+    base = rsp.SampledRanks.from_arrays(sampled, n, m)
+    f, model = predictions(spec, base)
+    assert abs(float(f.mean()) - truth) > 0.05  # the model alone is far off
+    y = metric_at(spec, exact.double().numpy(), float(n))
+    pi = np.full(size, 0.1)
+    rng = np.random.default_rng(0)
+    values, covered = [], 0
+    for _ in range(400):
+        chosen = rng.uniform(size=size) < pi
+        v, se, _ = difference_estimate(y, f, pi, chosen, None, "one")
+        values.append(v)
+        covered += abs(v - truth) <= 1.959964 * se
+    values = np.array(values)
+    assert abs(values.mean() - truth) <= 3 * values.std(ddof=1) / math.sqrt(len(values))
+    assert 0.90 <= covered / 400 <= 0.99
+
+
+# ------------------------------------------------------------------------------------------ the draws
+def test_share_draws_exact_ranks_and_keeps_the_sampled_draws(matrix):
+    scores, pos = matrix
+    plain = rsp.sampled_ranks(scores, pos, SamplingDesign(30), generator=torch.Generator().manual_seed(4))
+    shared = rsp.sampled_ranks(scores, pos, SamplingDesign(30, exact_share=0.25), generator=torch.Generator().manual_seed(4))
+    assert torch.equal(plain.ranks, shared.ranks) and torch.equal(plain.negatives, shared.negatives)
+    exact = rsp.exact_ranks(scores, pos, count_other_positives=False)
+    chosen = shared.share_ranks > 0
+    assert 60 <= int(chosen.sum()) <= 140  # 400 positives at 1/4
+    assert torch.equal(shared.share_ranks[chosen], exact[chosen])
+    assert torch.equal(shared.inclusion, torch.full_like(shared.inclusion, 0.25))
+    # keyed: the same positives whatever the generator
+    other = rsp.sampled_ranks(scores, pos, SamplingDesign(30, exact_share=0.25), generator=torch.Generator().manual_seed(9))
+    assert torch.equal(other.share_ranks > 0, chosen)
+
+
+def test_scorer_path_matches_the_matrix_and_counts_the_exact_pairs(matrix):
+    scores, pos = matrix
+    design = SamplingDesign(30, exact_share=ExactShare(0.1, seed=3))
+
+    def scorer(users, items):
+        return scores[users.unsqueeze(1), items]
+
+    got = rsp.sampled_ranks_from_scorer(scorer, pos, scores.shape[1], design, generator=torch.Generator().manual_seed(4))
+    ref = rsp.sampled_ranks(scores, pos, design, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(got.ranks, ref.ranks) and torch.equal(got.share_ranks, ref.share_ranks)
+    assert torch.equal(got.inclusion, ref.inclusion)
+    plain = rsp.sampled_ranks_from_scorer(scorer, pos, scores.shape[1], SamplingDesign(30),
+                                          generator=torch.Generator().manual_seed(4))
+    rows = int((got.share_ranks > 0).any(1).sum())
+    assert got.cost.pairs - plain.cost.pairs == rows * (scores.shape[1] - 2)  # each such row's candidates, once
+    assert got.cost.stages == plain.cost.stages + 1
+
+
+def test_auto_runs_diff_on_a_share_and_diff_without_one_is_auto(matrix):
+    scores, pos = matrix
+    shared = rsp.sampled_ranks(scores, pos, SamplingDesign(30, exact_share=0.3), generator=torch.Generator().manual_seed(4))
+    est = rsp.estimate("ndcg@10", shared)
+    assert est.details["auto"]["method"] == "diff" and est.details["n_exact"] == int((shared.share_ranks > 0).sum())
+    assert est.details["variance"] == "max(poisson_ht, model)" and 0 <= est.details["lambda"] <= 1
+    assert rsp.estimate("ndcg@10", shared, registry.Diff(coef="one")).details["lambda"] == 1.0
+    plain = rsp.sampled_ranks(scores, pos, SamplingDesign(30), generator=torch.Generator().manual_seed(4))
+    a = rsp.estimate("ndcg@10", plain, registry.Auto(n_bootstrap=0))
+    d = rsp.estimate("ndcg@10", plain, registry.Diff(n_bootstrap=0))
+    assert d.value == a.value and d.stderr == a.stderr and "no_exact_share" in d.flags
+
+
+def test_paired_difference(matrix):
+    scores, pos = matrix
+    other = scores + 0.5 * torch.randn(scores.shape, generator=torch.Generator().manual_seed(8), dtype=torch.float64)
+    everyone = SamplingDesign(30, exact_share=1.0)
+    a = rsp.sampled_ranks(scores, pos, everyone, generator=torch.Generator().manual_seed(1))
+    b = rsp.sampled_ranks(other, pos, everyone, generator=torch.Generator().manual_seed(2))
+    spec = parse_metric("ndcg@10")
+    n = a.candidates().double().numpy()
+    truth = float((metric_at(spec, a.share_ranks.double().numpy(), n)
+                   - metric_at(spec, b.share_ranks.double().numpy(), n)).mean())
+    est = paired_difference_by_design("ndcg@10", a, b)
+    assert est.value == pytest.approx(truth, abs=1e-12) and est.stderr == 0.0  # a census
+    c = rsp.sampled_ranks(other, pos, SamplingDesign(30, exact_share=ExactShare(0.5, seed=1)))
+    with pytest.raises(ValueError, match="^b: not the same exact share"):
+        paired_difference_by_design("ndcg@10", a, c)
+
+
+# ------------------------------------------------------------------------------------------ validation
+def test_design_and_arrays_are_checked():
+    assert SamplingDesign(10, exact_share=0.1) == SamplingDesign(10, exact_share=ExactShare(0.1))
+    assert SamplingDesign(10, exact_share=0.1) != SamplingDesign(10)
+    assert "exact share 0.1 (uniform)" in SamplingDesign(10, exact_share=0.1).describe()
+    for bad, match in ((0.0, "^share: "), (1.5, "^share: "), (True, "^share: ")):
+        with pytest.raises(ValueError, match=match):
+            ExactShare(bad)
+    with pytest.raises(ValueError, match="^choice: "):
+        ExactShare(0.1, choice="greedy")
+    with pytest.raises(ValueError, match="^floor: "):
+        ExactShare(0.1, choice="active", floor=0.2)
+    with pytest.raises(ValueError, match="^exact_share: not with exact_at_cap"):
+        SamplingDesign(10, adaptive_max=40, exact_at_cap=True, exact_share=0.1)
+    r = torch.tensor([3, 1, 5])
+    s = rsp.SampledRanks.from_arrays(r, 100, 10, share_ranks=torch.tensor([0, 7, 0]), inclusion=[0.5, 0.5, 0.5])
+    assert s.share_ranks.tolist() == [0, 7, 0]
+    with pytest.raises(ValueError, match="^inclusion: every positive"):
+        rsp.SampledRanks.from_arrays(r, 100, 10, share_ranks=torch.tensor([0, 7, 0]), inclusion=[0.5, 0.0, 0.5])
+    with pytest.raises(ValueError, match="^share_ranks: a rank above"):
+        rsp.SampledRanks.from_arrays(r, 100, 10, share_ranks=torch.tensor([0, 170, 0]), inclusion=[0.5, 0.5, 0.5])
+    with pytest.raises(ValueError, match="^inclusion: an exact share needs both"):
+        rsp.SampledRanks.from_arrays(r, 100, 10, share_ranks=torch.tensor([0, 7, 0]))
+
+
+def test_histogram_path_matches_the_positives_and_merges(matrix):
+    """The estimate from the histogram and its share rows equals eq. (1)-(3) on the positives' own predictions; two
+    halves' histograms merged give the whole's estimate (the share rows travel with the counts)."""
+    scores, pos = matrix
+    design = SamplingDesign(30, exact_share=0.3)
+    whole = rsp.sampled_ranks(scores, pos, design, generator=torch.Generator().manual_seed(4))
+    spec = parse_metric("ndcg@10")
+    est = rsp.estimate(spec, whole, registry.Diff(coef="one"))
+    f, _ = predictions(spec, whole)
+    valid = whole.ranks > 0
+    fit, _, law = model_fit(spec, whole.histogram(exact=False).without_empty_groups())
+    g, f2 = _posterior_means(spec, fit, whole.candidates()[valid].numpy(), np.full(int(valid.sum()), 30),
+                             whole.ranks[valid].numpy(), law, second=True)
+    assert np.array_equal(g, f)
+    y = metric_at(spec, whole.share_ranks[valid].double().numpy(), whole.candidates()[valid].double().numpy())
+    chosen = (whole.share_ranks[valid] > 0).numpy()
+    v, se, _ = difference_estimate(y, f, whole.inclusion[valid].numpy(), chosen, None, "one", f2)
+    assert est.value == pytest.approx(v, rel=1e-12) and est.stderr == pytest.approx(se, rel=1e-12)
+    halves = [rsp.SampledRanks.from_arrays(whole.ranks[rows], whole.candidates()[rows], 30, design,
+                                           share_ranks=whole.share_ranks[rows], inclusion=whole.inclusion[rows])
+              for rows in (slice(0, 120), slice(120, None))]
+    merged = halves[0].histogram().merge(halves[1].histogram())
+    assert merged.share is not None and len(merged.share.n) == int(chosen.sum())
+    got = rsp.estimate(spec, merged, registry.Diff(coef="one"))
+    assert got.value == pytest.approx(est.value, rel=1e-12) and got.stderr == pytest.approx(est.stderr, rel=1e-12)
+    assert rsp.estimate(spec, merged).details["auto"]["method"] == "diff"
+    with pytest.raises(ValueError, match="^other: one histogram carries an exact share"):
+        merged.merge(rsp.sampled_ranks(scores, pos, 30).histogram())
+
+
+def test_entry_points_without_a_share_refuse_it():
+    """Where no exact share is drawn yet (factor models, the adapters' merged state, rank files, the planner) a
+    design with one is refused, naming it, never silently dropped."""
+    from reco_sampled_plugin.adapters._shared import _sampled_design  # the adapters' one check (no torchmetrics import)
+    from reco_sampled_plugin.rank_files import write_rank_file
+
+    design = SamplingDesign(10, exact_share=0.2)
+    with pytest.raises(ValueError, match=r"^n_samples: exact_share .*SampledRankingMetrics"):
+        _sampled_design(design)
+    pos = torch.arange(4).view(4, 1)
+    with pytest.raises(ValueError, match=r"^n_samples: exact_share .*evaluate_factors"):
+        rsp.evaluate_factors(torch.randn(4, 3), torch.randn(30, 3), pos, n_samples=design)
+    scores, positives = _matrix(20, 60)
+    with pytest.raises(ValueError, match=r"^sampled: ranks with an exact share cannot be written"):
+        write_rank_file("unused.csv", rsp.sampled_ranks(scores, positives, design))
+    with pytest.raises(ValueError, match=r"^designs: .*exact share"):
+        rsp.plan(2000, 500, "ndcg@10", 0.05, designs=[design])
