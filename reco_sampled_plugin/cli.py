@@ -361,6 +361,10 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--n-users", type=int, required=True, help="users (held-out positives) in the evaluation")
     p.add_argument("--metric", required=True, help="metric, e.g. ndcg@10, hit@10, mrr")
     p.add_argument("--target-rel-error", type=float, required=True, help="target relative error, e.g. 0.05")
+    p.add_argument("--target-rel-halfwidth", type=float, metavar="H",
+                   help="target for the 95%% interval you will read: its median half-width relative to the value, "
+                        "e.g. 0.1 for value +-10%% (default: full ranking's own half-width combined with 1.96 x "
+                        "--target-rel-error)")
     p.add_argument("--pilot", help="rank file of a pilot's sampled ranks ('rank[,n_candidates[,n_samples]]' lines)")
     p.add_argument("--pilot-n-items", type=int,
                    help="the pilot's n when its file has no n column (default: --n-items)")
@@ -427,9 +431,10 @@ def run_plan(args: argparse.Namespace) -> int:
             raise ValueError(f"--design: {exc}") from None
     result = plan(
         args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, designs=designs,
-        method=args.method, repeats=args.repeats, seed=args.seed, progress=args.progress,
+        method=args.method, target_rel_halfwidth=args.target_rel_halfwidth, repeats=args.repeats, seed=args.seed,
         seconds_per_pair=args.seconds_per_pair,
-        execution=PlanExecution(screen=args.screen, forecast_all=args.forecast_all, workers=args.workers),
+        execution=PlanExecution(screen=args.screen, forecast_all=args.forecast_all, workers=args.workers,
+                                progress=args.progress),
     )
     print(result.format())
     return 0

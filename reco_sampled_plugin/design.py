@@ -42,8 +42,9 @@ if TYPE_CHECKING:  # torch is imported where weights are checked, not with this 
     import torch
 
     from ._types import TensorLike
+    from .planner import DesignForecast, Plan
 
-__all__ = ["SamplingDesign", "AdaptiveDesign", "as_design", "adaptive_design", "coerce_adaptive", "popularity_weights"]
+__all__ = ["SamplingDesign", "AdaptiveDesign", "as_design", "planned_design", "adaptive_design", "coerce_adaptive", "popularity_weights"]
 
 
 @dataclass(frozen=True)
@@ -236,13 +237,33 @@ class SamplingDesign:
         return f"SamplingDesign({', '.join(parts)})"
 
 
+def planned_design(design: Any, name: str = "n_samples") -> Any:
+    """The design a planner result stands for: a :class:`~reco_sampled_plugin.planner.Plan` (``plan(...)``) its
+    recommended design, a :class:`~reco_sampled_plugin.planner.DesignForecast` (``plan(...).recommended``, one of
+    ``plan(...).forecasts``) its :attr:`~reco_sampled_plugin.planner.DesignForecast.design`; anything else as is.
+    A plan that recommends full ranking (no sampled design meets its target) is a ValueError naming ``name``."""
+    if design is None or isinstance(design, (SamplingDesign, int, np.integer)):
+        return design
+    from .planner import DesignForecast, Plan  # the planner imports this module: not at import time
+
+    if isinstance(design, Plan):
+        if design.recommended is None:
+            raise ValueError(f"{name}: the plan recommends no sampled design (none meets its target below full "
+                             "ranking): rank all items, or plan again with a looser target")
+        design = design.recommended
+    return design.design if isinstance(design, DesignForecast) else design
+
+
 @overload
 def as_design(design: None, *, name: str = "n_samples") -> None: ...
 @overload
-def as_design(design: SamplingDesign | int, *, name: str = "n_samples") -> SamplingDesign: ...
-def as_design(design: SamplingDesign | int | None, *, name: str = "n_samples") -> SamplingDesign | None:
+def as_design(design: SamplingDesign | int | DesignForecast | Plan, *, name: str = "n_samples") -> SamplingDesign: ...
+def as_design(design: SamplingDesign | int | DesignForecast | Plan | None, *,
+              name: str = "n_samples") -> SamplingDesign | None:
     """The one coercion of the package: a :class:`SamplingDesign` returned as is, an int m as ``SamplingDesign(m)``
-    (uniform with replacement), None as None; anything else is a ValueError naming ``name``."""
+    (uniform with replacement), a planner result as its design (:func:`planned_design`: a ``Plan``'s recommended
+    one, a ``DesignForecast``'s), None as None; anything else is a ValueError naming ``name``."""
+    design = planned_design(design, name)
     if design is None or isinstance(design, SamplingDesign):
         return design
     if isinstance(design, (AdaptiveDesign, tuple, list)):
