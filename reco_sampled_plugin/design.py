@@ -263,14 +263,14 @@ def as_design(design: SamplingDesign | int | DesignForecast | Plan | None, *,
     """The one coercion of the package: a :class:`SamplingDesign` returned as is, an int m as ``SamplingDesign(m)``
     (uniform with replacement), a planner result as its design (:func:`planned_design`: a ``Plan``'s recommended
     one, a ``DesignForecast``'s), None as None; anything else is a ValueError naming ``name``."""
-    design = planned_design(design, name)
-    if design is None or isinstance(design, SamplingDesign):
-        return design
-    if isinstance(design, (AdaptiveDesign, tuple, list)):
-        raise ValueError(f"{name}: expected a SamplingDesign or an int m, got {design!r}; an adaptive design is "
+    given: Any = planned_design(design, name)  # a planner result as its SamplingDesign, anything else as is
+    if given is None or isinstance(given, SamplingDesign):
+        return given
+    if isinstance(given, (AdaptiveDesign, tuple, list)):
+        raise ValueError(f"{name}: expected a SamplingDesign or an int m, got {given!r}; an adaptive design is "
                          "SamplingDesign(m, adaptive_max=cap)")
     try:
-        return SamplingDesign(design)
+        return SamplingDesign(given)
     except ValueError as exc:
         raise ValueError(f"{name}: {str(exc).partition(': ')[2]}") from None
 

@@ -1450,5 +1450,5 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         repeats=s.repeats, seed=s.seed, seconds=time.perf_counter() - t_start, seconds_per_pair=s.seconds_per_pair,
         seconds_per_pair_source=s.seconds_per_pair_source,
         notes=_pilot_notes(shape, s.spec, int(s.n_u.max())) if world is None else world.notes(),
-        target_halfwidth=s.target_halfwidth, full_rel_width=draws.full_width,
+        target_halfwidth=_interval_target(s, draws), full_rel_width=draws.full_width,
     )
