@@ -30,6 +30,12 @@ under each candidate design, for a given catalogue size, number of users and ran
    sampled items per user (fixed m: m; adaptive: the mean final m) and the (user, item) pairs a scorer scores per
    user, 1 + that (the positive and every drawn item once: the unit of
    :class:`~reco_sampled_plugin.scorer_ranks.ScoringCost`'s ``pairs``; full ranking: n per user, its candidates).
+   Beside the point error, the interval the user will read: ``rel_width``, the median over the first
+   :data:`WIDTH_REPEATS` sets of the width of ``estimate(metric, sampled, method).interval(0.95)`` (the plan's method
+   as given: ``auto``'s choice, bootstrap, twin gaps, the identified interval of ``top_unresolved`` /
+   ``cap_reached``) relative to the set's exact metric, for the designs meeting the point target; a design meets
+   the plan's target when its rel_error <= ``target_rel_error`` and rel_width / 2 <= ``target_rel_halfwidth``
+   (default: full ranking's own half-width, ``Plan.full_rel_width / 2``, combined with 1.96 x the point target).
 4. **Time**, given seconds per scored pair (``seconds_per_pair=``, or measured on a pilot run through
    :func:`~reco_sampled_plugin.scorer_ranks.sampled_ranks_from_scorer`: its ``cost.scorer_seconds / cost.pairs``):
    each design's predicted scoring time for the ``n_users`` users, pairs x n_users x seconds_per_pair, next to
