@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
 
 import numpy as np
 
@@ -42,9 +42,8 @@ if TYPE_CHECKING:  # torch is imported where weights are checked, not with this 
     import torch
 
     from ._types import TensorLike
-    from .planner import DesignForecast, Plan
 
-__all__ = ["SamplingDesign", "AdaptiveDesign", "as_design", "planned_design", "adaptive_design", "coerce_adaptive", "popularity_weights"]
+__all__ = ["SamplingDesign", "AdaptiveDesign", "as_design", "planned_design", "PlannedDesign", "adaptive_design", "coerce_adaptive", "popularity_weights"]
 
 
 @dataclass(frozen=True)
@@ -237,28 +236,30 @@ class SamplingDesign:
         return f"SamplingDesign({', '.join(parts)})"
 
 
+@runtime_checkable
+class PlannedDesign(Protocol):
+    """What stands for a design it carries: the planner's results (:class:`~reco_sampled_plugin.planner.Plan`, its
+    recommended design; :class:`~reco_sampled_plugin.planner.DesignForecast`, its design). A protocol, so that this
+    module imports no planner (the planner builds on it)."""
+
+    def sampling_design(self, name: str) -> SamplingDesign:
+        """The design, or a ValueError naming ``name`` where there is none (a plan recommending full ranking)."""
+        ...
+
+
 def planned_design(design: Any, name: str = "n_samples") -> Any:
-    """The design a planner result stands for: a :class:`~reco_sampled_plugin.planner.Plan` (``plan(...)``) its
-    recommended design, a :class:`~reco_sampled_plugin.planner.DesignForecast` (``plan(...).recommended``, one of
-    ``plan(...).forecasts``) its :attr:`~reco_sampled_plugin.planner.DesignForecast.design`; anything else as is.
-    A plan that recommends full ranking (no sampled design meets its target) is a ValueError naming ``name``."""
+    """The design a planner result stands for (:class:`PlannedDesign`: ``plan(...)``, its ``recommended``, any of
+    its ``forecasts``); anything else as is. A plan that recommends full ranking is a ValueError naming ``name``."""
     if design is None or isinstance(design, (SamplingDesign, int, np.integer)):
         return design
-    from .planner import DesignForecast, Plan  # the planner imports this module: not at import time
-
-    if isinstance(design, Plan):
-        if design.recommended is None:
-            raise ValueError(f"{name}: the plan recommends no sampled design (none meets its target below full "
-                             "ranking): rank all items, or plan again with a looser target")
-        design = design.recommended
-    return design.design if isinstance(design, DesignForecast) else design
+    return design.sampling_design(name) if isinstance(design, PlannedDesign) else design
 
 
 @overload
 def as_design(design: None, *, name: str = "n_samples") -> None: ...
 @overload
-def as_design(design: SamplingDesign | int | DesignForecast | Plan, *, name: str = "n_samples") -> SamplingDesign: ...
-def as_design(design: SamplingDesign | int | DesignForecast | Plan | None, *,
+def as_design(design: SamplingDesign | int | PlannedDesign, *, name: str = "n_samples") -> SamplingDesign: ...
+def as_design(design: SamplingDesign | int | PlannedDesign | None, *,
               name: str = "n_samples") -> SamplingDesign | None:
     """The one coercion of the package: a :class:`SamplingDesign` returned as is, an int m as ``SamplingDesign(m)``
     (uniform with replacement), a planner result as its design (:func:`planned_design`: a ``Plan``'s recommended

@@ -283,6 +283,11 @@ class DesignForecast:
             return f"m = {self.n_samples}" + ("" if self.replacement else " (no repl.)")
         return f"adaptive {self.n_samples}->{self.adaptive_max}" + (" exact" if self.exact_at_cap else "")
 
+    def sampling_design(self, name: str = "n_samples") -> SamplingDesign:
+        """:attr:`design` (:class:`~reco_sampled_plugin.design.PlannedDesign`: a forecast is taken wherever a design
+        is)."""
+        return self.design
+
     @property
     def design(self) -> SamplingDesign:
         """The forecast's design as a :class:`~reco_sampled_plugin.design.SamplingDesign`."""
@@ -403,6 +408,14 @@ class Plan:
         lines.append(self.recommendation())
         lines += [f"Note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+    def sampling_design(self, name: str = "n_samples") -> SamplingDesign:
+        """The recommended design (:class:`~reco_sampled_plugin.design.PlannedDesign`: a plan is taken wherever a
+        design is); a ValueError naming ``name`` where the plan recommends full ranking."""
+        if self.recommended is None:
+            raise ValueError(f"{name}: the plan recommends no sampled design (none meets its target below full "
+                             "ranking): rank all items, or plan again with a looser target")
+        return self.recommended.design
 
     def recommendation(self) -> str:
         """The one-line recommendation."""
@@ -695,7 +708,7 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
     caps of :data:`DEFAULT_ADAPTIVE_CAPS` that are at least 2 m0, up to and including the first cap >= n - 1 (a
     larger one resolves nothing more); adaptive designs only for the methods that take them
     (``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``). Last, where the largest cap stays below
-    n - 1, that design with ``exact_at_cap`` (the positives still first at the cap ranked exactly): without it
+    n - 1 (and n - 1 <= MAX_SAMPLES, the largest m of the exact groups it is read as), that design with ``exact_at_cap`` (the positives still first at the cap ranked exactly): without it
     the flag ``cap_reached`` widens the interval the user reads to what the top leaves unidentified (on the
     README's plan, +-28% of NDCG@10 for a point error of 2.7%), and the plan's interval target would find no
     sampled design.
@@ -710,7 +723,8 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
                 if cap >= n - 1:
                     break
         last = out[-1]
-        if last.adaptive_max is not None and last.adaptive_max < n - 1:
+        # the completed positives are read as exact groups, m = n - 1 (at most MAX_SAMPLES)
+        if last.adaptive_max is not None and last.adaptive_max < n - 1 <= MAX_SAMPLES:
             completed = dataclasses.replace(last, exact_at_cap=True)
             if registry.get(method).supports(completed):
                 out.append(completed)
