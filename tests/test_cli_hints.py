@@ -118,3 +118,23 @@ def test_documented_plan_commands_run(tmp_path, capsys, monkeypatch):
         n_items = int(shlex.split(command)[shlex.split(command).index("--n-items") + 1])
         # one design of the documented grid keeps the test cheap (a fixed m below the catalogue)
         _run_pasted(command, capsys, FAST + ["--design", str(min(100, n_items // 4))])
+
+
+def test_adapter_warning_hint_runs(caplog, capsys):
+    """The warning ``SampledRankingMetrics`` logs once for an unresolved top names a ``reco-sampled plan`` command
+    with this evaluation's sizes (the adapters' one path, ``_shared.explain_once``): it runs as printed."""
+    import logging
+
+    from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(40, 317, generator=g)  # a catalogue of its own: the warning is logged once per process
+    pos = torch.randint(0, 317, (40, 1), generator=g)
+    scores[torch.arange(40), pos[:, 0]] += 2.0
+    metric = SampledRankingMetrics(("ndcg@10",), 20, ("bv",), seed=1)
+    metric.update(scores, pos)
+    with caplog.at_level(logging.WARNING):
+        metric.compute()
+    hints = _plan_hints(caplog.text)
+    assert hints and "--n-items 317 --n-users 40 --metric ndcg@10" in hints[0]
+    _run_pasted(hints[0], capsys, FAST + ["--design", "20"])
