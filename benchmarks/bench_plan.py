@@ -66,7 +66,7 @@ def forecasts(p) -> list[dict]:
     """The plan's forecasts as plain numbers."""
     return [{"label": f.label, "method": f.method, "rel_error": f.rel_error, "rel_error_se": f.rel_error_se,
              "rel_bias": f.rel_bias, "rel_sd": f.rel_sd, "pairs": f.pairs, "screened": f.screened,
-             "repeats": f.repeats, "meets": f.meets_target, "pruned": getattr(f, "pruned", False)}
+             "repeats": f.repeats, "meets": f.meets_target, "rel_width": f.rel_width, "pruned": getattr(f, "pruned", False)}
             for f in p.forecasts]
 
 

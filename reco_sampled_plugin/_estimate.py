@@ -51,22 +51,32 @@ SAME_INTERVAL_NOTE = ("note: where the top is unresolved the 95% interval is wha
                       "assumption, the same for every estimator: equal intervals do not mean the methods agree")
 
 
-def _plan_command(metric: str | None, n_items: int | None, users: int | None, pilot: str | None) -> str:
-    """The ``reco-sampled plan`` invocation for these data (placeholders where a value is unknown)."""
+def _plan_command(metric: str | None, n_items: int | None, users: int | None, pilot: str | None,
+                  pilot_design: Any = None) -> str:
+    """The ``reco-sampled plan`` invocation for these data (placeholders where a value is unknown); a ``pilot``
+    file with the ``pilot_design`` its lines leave out (a SamplingDesign: its m, and its cap when adaptive) is read
+    back with ``--pilot-n-samples`` / ``--pilot-adaptive-max``."""
+    import shlex
+
     parts = ["reco-sampled plan", f"--n-items {n_items if n_items is not None else 'N'}",
              f"--n-users {users if users is not None else 'U'}", f"--metric {metric or 'METRIC'}",
              "--target-rel-error 0.05"]
     if pilot:
-        parts.append(f"--pilot {pilot}")
+        parts.append(f"--pilot {shlex.quote(os.fspath(pilot))}")
+        if pilot_design is not None:
+            parts.append(f"--pilot-n-samples {pilot_design.n_samples}")
+            if pilot_design.adaptive_max is not None:
+                parts.append(f"--pilot-adaptive-max {pilot_design.adaptive_max}")
     return " ".join(parts)
 
 
 def explain_flags(flags: Iterable[str], *, metric: str | None = None, n_items: int | None = None, n_samples: int | str | None = None,
-                  users: int | None = None, pilot: str | None = None) -> list[str]:
+                  users: int | None = None, pilot: str | None = None, pilot_design: Any = None) -> list[str]:
     """Each flag of ``flags`` as one sentence users understand (:data:`FLAG_TEXT`; an unknown flag as itself).
 
     The context fills the advice in: ``n_samples`` (m), and ``metric``, ``n_items``, ``users``, ``pilot`` (a rank
-    file) the ``reco-sampled plan`` command to run (placeholders such as ``N`` where not given). Each context value
+    file; ``pilot_design`` the SamplingDesign its lines leave out, passed as ``--pilot-n-samples`` and
+    ``--pilot-adaptive-max``) the ``reco-sampled plan`` command to run (placeholders such as ``N`` where not given). Each context value
     is checked (a ValueError naming it): sizes are whole numbers, ``n_samples`` may also be a description such as
     ``"100..3200"``, ``metric`` and ``pilot`` are strings."""
     from ._checks import check_int, check_size
@@ -82,7 +92,11 @@ def explain_flags(flags: Iterable[str], *, metric: str | None = None, n_items: i
     users = None if users is None else check_int(users, "users", 0)
     if n_samples is not None and not isinstance(n_samples, str):
         n_samples = check_size(n_samples, "n_samples", 1)
-    plan = _plan_command(metric, n_items, users, pilot)
+    if pilot_design is not None:
+        from .design import as_design
+
+        pilot_design = as_design(pilot_design, name="pilot_design")
+    plan = _plan_command(metric, n_items, users, pilot, pilot_design)
     m = "m" if n_samples is None else f"m = {n_samples}"
     out = []
     if flags is None or (isinstance(flags, (tuple, list)) and not flags):

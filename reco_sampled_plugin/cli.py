@@ -161,6 +161,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         raise ValueError("--adaptive-max: give --n-samples, the first stage's m of the adaptive sampling")
     # the design of the draws, when --n-samples gives it (adaptive: the file's m column holds each final m)
     design = None if args.n_samples is None else _sampling_design(args.n_samples, args.sampling, args.adaptive_max)
+    given = design  # what the file's lines may leave out: the plan hint passes it on (--pilot-n-samples ...)
     adaptive = None if design is None else design.adaptive
     methods = args.method or [m for m in _default_methods() if design is None or registry.get(m).supports(design)]
     from .metric_names import parse_metric
@@ -206,7 +207,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     m_values = np.unique(np.asarray(data.n_samples)).astype(int).tolist()
     context = dict(n_items=int(data.n_items.max()), users=len(data.ranks),
                    n_samples=m_values[0] if len(m_values) == 1 else f"{m_values[0]}..{m_values[-1]}",
-                   pilot=args.file)
+                   pilot=args.file, pilot_design=given)
     print("\n".join(estimate_table(rows, stderr=args.stderr, **context)))
     return 0
 
@@ -299,7 +300,8 @@ def _default_methods() -> tuple[str, ...]:
 
 
 def estimate_table(rows: Iterable[tuple[str, str, Estimate]], *, stderr: bool = False, n_items: int | None = None,
-                   users: int | None = None, n_samples: int | str | None = None, pilot: str | None = None) -> list[str]:
+                   users: int | None = None, n_samples: int | str | None = None, pilot: str | None = None,
+                   pilot_design: Any = None) -> list[str]:
     """The lines of ``reco-sampled estimate``'s table: per (metric, method, Estimate) the estimate and its 95%
     interval (``Estimate.interval``: honest about the unresolved top), the standard error only with ``stderr``
     (sampling noise only), the flags; under it each flag in words (``explain_flags``, with the ``reco-sampled plan``
@@ -328,7 +330,7 @@ def estimate_table(rows: Iterable[tuple[str, str, Estimate]], *, stderr: bool = 
                          + ["  flags"], table, formats=["<12", "<14", ">11", ">22"] + ([">24"] if stderr else []) + [""])
     notes = [ln for f, metric in flagged.items()
              for ln in explain_flags([f], metric=metric, n_items=n_items, n_samples=n_samples, users=users,
-                                     pilot=pilot)]
+                                     pilot=pilot, pilot_design=pilot_design)]
     if any(len(v) > 1 and len(set(v)) == 1 for v in intervals.values()):
         notes.append(SAME_INTERVAL_NOTE)
     if notes:
@@ -361,6 +363,10 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--n-users", type=int, required=True, help="users (held-out positives) in the evaluation")
     p.add_argument("--metric", required=True, help="metric, e.g. ndcg@10, hit@10, mrr")
     p.add_argument("--target-rel-error", type=float, required=True, help="target relative error, e.g. 0.05")
+    p.add_argument("--target-rel-halfwidth", type=float, metavar="H",
+                   help="target for the 95%% interval you will read: its median half-width relative to the value, "
+                        "e.g. 0.1 for value +-10%% (default: full ranking's own half-width combined with 1.96 x "
+                        "--target-rel-error)")
     p.add_argument("--pilot", help="rank file of a pilot's sampled ranks ('rank[,n_candidates[,n_samples]]' lines)")
     p.add_argument("--pilot-n-items", type=int,
                    help="the pilot's n when its file has no n column (default: --n-items)")
@@ -403,7 +409,10 @@ def run_plan(args: argparse.Namespace) -> int:
         from .rank_files import read_rank_file
 
         pilot_n_default = args.pilot_n_items if args.pilot_n_items is not None else args.n_items
-        data = read_rank_file(args.pilot, pilot_n_default, args.pilot_n_samples)
+        try:
+            data = read_rank_file(args.pilot, pilot_n_default, args.pilot_n_samples)
+        except ValueError as exc:  # the reader names estimate's flags; plan's are --pilot-*
+            raise ValueError(str(exc).replace("--n-samples", "--pilot-n-samples")) from None
         if data.popularity:  # as plan(pilot=<SampledRanks read from a popularity rank file>) refuses
             raise ValueError(f"--pilot: {args.pilot} holds popularity-sampled ranks (hh_s1, hh_s2 columns), which "
                              "carry no popularity-class counts, and the planner's popularity world is fitted on them: "
@@ -427,9 +436,10 @@ def run_plan(args: argparse.Namespace) -> int:
             raise ValueError(f"--design: {exc}") from None
     result = plan(
         args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, designs=designs,
-        method=args.method, repeats=args.repeats, seed=args.seed, progress=args.progress,
+        method=args.method, target_rel_halfwidth=args.target_rel_halfwidth, repeats=args.repeats, seed=args.seed,
         seconds_per_pair=args.seconds_per_pair,
-        execution=PlanExecution(screen=args.screen, forecast_all=args.forecast_all, workers=args.workers),
+        execution=PlanExecution(screen=args.screen, forecast_all=args.forecast_all, workers=args.workers,
+                                progress=args.progress),
     )
     print(result.format())
     return 0

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
 
 import numpy as np
 
@@ -47,7 +47,8 @@ if TYPE_CHECKING:  # torch is imported where weights are checked, not with this 
 
     from ._types import TensorLike
 
-__all__ = ["SamplingDesign", "AdaptiveDesign", "ExactShare", "as_design", "adaptive_design", "coerce_adaptive", "popularity_weights"]
+__all__ = ["SamplingDesign", "AdaptiveDesign", "ExactShare", "as_design", "planned_design", "PlannedDesign",
+           "adaptive_design", "coerce_adaptive", "popularity_weights"]
 
 
 @dataclass(frozen=True)
@@ -308,20 +309,42 @@ class SamplingDesign:
         return f"SamplingDesign({', '.join(parts)})"
 
 
+@runtime_checkable
+class PlannedDesign(Protocol):
+    """What stands for a design it carries: the planner's results (:class:`~reco_sampled_plugin.planner.Plan`, its
+    recommended design; :class:`~reco_sampled_plugin.planner.DesignForecast`, its design). A protocol, so that this
+    module imports no planner (the planner builds on it)."""
+
+    def sampling_design(self, name: str) -> SamplingDesign:
+        """The design, or a ValueError naming ``name`` where there is none (a plan recommending full ranking)."""
+        ...
+
+
+def planned_design(design: Any, name: str = "n_samples") -> Any:
+    """The design a planner result stands for (:class:`PlannedDesign`: ``plan(...)``, its ``recommended``, any of
+    its ``forecasts``); anything else as is. A plan that recommends full ranking is a ValueError naming ``name``."""
+    if design is None or isinstance(design, (SamplingDesign, int, np.integer)):
+        return design
+    return design.sampling_design(name) if isinstance(design, PlannedDesign) else design
+
+
 @overload
 def as_design(design: None, *, name: str = "n_samples") -> None: ...
 @overload
-def as_design(design: SamplingDesign | int, *, name: str = "n_samples") -> SamplingDesign: ...
-def as_design(design: SamplingDesign | int | None, *, name: str = "n_samples") -> SamplingDesign | None:
+def as_design(design: SamplingDesign | int | PlannedDesign, *, name: str = "n_samples") -> SamplingDesign: ...
+def as_design(design: SamplingDesign | int | PlannedDesign | None, *,
+              name: str = "n_samples") -> SamplingDesign | None:
     """The one coercion of the package: a :class:`SamplingDesign` returned as is, an int m as ``SamplingDesign(m)``
-    (uniform with replacement), None as None; anything else is a ValueError naming ``name``."""
-    if design is None or isinstance(design, SamplingDesign):
-        return design
-    if isinstance(design, (AdaptiveDesign, tuple, list)):
-        raise ValueError(f"{name}: expected a SamplingDesign or an int m, got {design!r}; an adaptive design is "
+    (uniform with replacement), a planner result as its design (:func:`planned_design`: a ``Plan``'s recommended
+    one, a ``DesignForecast``'s), None as None; anything else is a ValueError naming ``name``."""
+    given: Any = planned_design(design, name)  # a planner result as its SamplingDesign, anything else as is
+    if given is None or isinstance(given, SamplingDesign):
+        return given
+    if isinstance(given, (AdaptiveDesign, tuple, list)):
+        raise ValueError(f"{name}: expected a SamplingDesign or an int m, got {given!r}; an adaptive design is "
                          "SamplingDesign(m, adaptive_max=cap)")
     try:
-        return SamplingDesign(design)
+        return SamplingDesign(given)
     except ValueError as exc:
         raise ValueError(f"{name}: {str(exc).partition(': ')[2]}") from None
 

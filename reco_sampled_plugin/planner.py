@@ -30,6 +30,12 @@ under each candidate design, for a given catalogue size, number of users and ran
    sampled items per user (fixed m: m; adaptive: the mean final m) and the (user, item) pairs a scorer scores per
    user, 1 + that (the positive and every drawn item once: the unit of
    :class:`~reco_sampled_plugin.scorer_ranks.ScoringCost`'s ``pairs``; full ranking: n per user, its candidates).
+   Beside the point error, the interval the user will read: ``rel_width``, the median over the first
+   :data:`WIDTH_REPEATS` sets of the width of ``estimate(metric, sampled, method).interval(0.95)`` (the plan's method
+   as given: ``auto``'s choice, bootstrap, twin gaps, the identified interval of ``top_unresolved`` /
+   ``cap_reached``) relative to the set's exact metric, for the designs meeting the point target; a design meets
+   the plan's target when its rel_error <= ``target_rel_error`` and rel_width / 2 <= ``target_rel_halfwidth``
+   (default: full ranking's own half-width, ``Plan.full_rel_width / 2``, combined with 1.96 x the point target).
 4. **Time**, given seconds per scored pair (``seconds_per_pair=``, or measured on a pilot run through
    :func:`~reco_sampled_plugin.scorer_ranks.sampled_ranks_from_scorer`: its ``cost.scorer_seconds / cost.pairs``):
    each design's predicted scoring time for the ``n_users`` users, pairs x n_users x seconds_per_pair, next to
@@ -125,6 +131,7 @@ __all__ = [
     "SCREEN_FACTOR",
     "DEFAULT_WORKERS",
     "SCREEN_REPEATS",
+    "WIDTH_REPEATS",
     "pilot_design",
     "pilot_resolution",
     "add_plan_parser",  # the CLI's (cli.py), re-exported
@@ -150,6 +157,15 @@ SCREEN_REPEATS = 5
 #: rule alone 22% / 33%). A screened design that meets the target would only cost the plan a costlier pick, never
 #: a pick that misses.
 SCREEN_FACTOR = 2.5
+#: Replicates whose 95% interval a design's ``rel_width`` is the median of (popularity designs: all of them): the
+#: first ones, each estimated as the user will (``estimate(metric, sampled, method)`` with the plan's method as
+#: given: ``auto``'s choice, its bootstrap, twin gaps and identified intervals), only for designs meeting the point
+#: target (the others cannot be the pick). The widths of a design's replicates vary far less than its errors
+#: (benchmarks/bench_plan.py --cases width: forecast within 0.8-1.3x of the measured median on ml-100k and
+#: ml-latest-small).
+WIDTH_REPEATS = 5
+#: The normal quantile of a 95% interval, z = 1.96.
+_Z95 = 1.959963984540054
 #: Threads of ``PlanExecution(workers=None)`` (at most the CPUs available and one per design). Measured on the scorer
 #: benchmark's plan (BENCHMARKS.md, "Issue 27 on a GPU"; 3 rounds each): on a 16-core host 1.3-1.8 s at 2 threads,
 #: 1.6-2.9 s at 1, 2.1-2.5 s at 4, 2.4-3.4 s at 11 (one per design); on the 2-core machine 1.1-1.6 s at 2 and
@@ -190,7 +206,8 @@ class DesignForecast:
         rel_error_se: Monte Carlo standard error of ``rel_error`` (delta method over the replicates).
         resolution: exact ranks one sampled rank spans at the top, (n - 1)/(M + 1) + 1 at the mean n, M = m or the
             cap.
-        meets_target: rel_error <= the plan's target.
+        meets_target: rel_error <= the plan's point target and rel_width / 2 <= its interval target (both are
+            the plan's ``target``).
         replacement: the draws are with replacement (binomial law; False: without, hypergeometric).
         pairs_se: Monte Carlo standard error of :attr:`pairs` (0 for a fixed m).
         scoring_seconds: predicted scorer time for the plan's ``n_users`` users, :attr:`pairs` x n_users x the
@@ -204,9 +221,13 @@ class DesignForecast:
             the exponent a of its weights as a power of the pilot's, w = c w_pilot^a (1: the pilot's own law); None
             for uniform draws.
         popularity: a popularity design's weights (``SamplingDesign(m, popularity=...)``), None for uniform draws.
-        rel_width: a popularity design's median width of the estimate's ``interval(0.95)`` over the replicates,
-            relative to each set's exact metric: what the draws leave unidentified (the model's top, the tilt's
-            likelihood set) besides the error the world forecasts; NaN for uniform designs.
+        rel_width: the median width of the 95% interval the user will read, ``estimate(metric, sampled,
+            method).interval(0.95)`` with the plan's method as given (``auto``: its choice per draw, its bootstrap,
+            twin gaps and the identified interval of ``top_unresolved`` / ``cap_reached``), relative to each set's
+            exact metric, over the first :data:`WIDTH_REPEATS` replicates (popularity designs: every replicate;
+            there it also holds what the draws leave unidentified, the model's top and the tilt's likelihood set).
+            NaN for designs not forecast (screened, pruned) or missing the point target (they cannot be the
+            pick). :attr:`rel_halfwidth` is half of it.
         repeats: Monte Carlo replicates behind the forecast (the plan's ``repeats``, or :data:`SCREEN_REPEATS` for
             a screened design); 0: not recorded.
         screened: every one of the first :data:`SCREEN_REPEATS` replicates missed the target, or their relative
@@ -240,6 +261,12 @@ class DesignForecast:
     rel_width: float = math.nan
 
     @property
+    def rel_halfwidth(self) -> float:
+        """Half the median 95% interval width relative to the value, ``rel_width / 2``: the interval the user
+        reads is about value +- that (what the plan's interval target bounds)."""
+        return self.rel_width / 2.0
+
+    @property
     def pairs(self) -> float:
         """Expected (user, item) pairs scored per user: the positive and its sampled items, 1 + ``mean_samples``
         (adaptive: every stage's new draws; the unit of ``ScoringCost.pairs``), plus ``completion_pairs``."""
@@ -255,6 +282,11 @@ class DesignForecast:
         if self.adaptive_max is None:
             return f"m = {self.n_samples}" + ("" if self.replacement else " (no repl.)")
         return f"adaptive {self.n_samples}->{self.adaptive_max}" + (" exact" if self.exact_at_cap else "")
+
+    def sampling_design(self, name: str = "n_samples") -> SamplingDesign:
+        """:attr:`design` (:class:`~reco_sampled_plugin.design.PlannedDesign`: a forecast is taken wherever a design
+        is)."""
+        return self.design
 
     @property
     def design(self) -> SamplingDesign:
@@ -273,7 +305,9 @@ class Plan:
         metric: the metric's canonical name (``"ndcg@10"``).
         n_items: the catalogue size n (int), or the per-user candidate counts (int64 array).
         n_users: users (one held-out positive each) per evaluation.
-        target: the target relative error.
+        target: the point target: the largest relative RMSE of a design's estimate.
+        target_halfwidth: the interval target: the largest median half-width of a design's 95% interval relative to
+            the value (``DesignForecast.rel_halfwidth``); a design meets the plan's target when it meets both.
         shape_source: where the rank distribution came from (the pilot's fit, or :data:`DEFAULT_FAMILY`).
         truth: the metric under the shape (mean of the drawn sets' exact metrics).
         forecasts: one :class:`DesignForecast` per design, in the order given.
@@ -286,6 +320,8 @@ class Plan:
         seconds_per_pair_source: where it came from (``"given"``, or the pilot's measured cost).
         notes: warnings about the forecast in words (e.g. a pilot that does not resolve the metric's top:
             :func:`pilot_design`); printed under the recommendation.
+        full_rel_width: full ranking's own 95% interval width relative to the value (2 z sd / sqrt(n_users) / T per
+            set of users, the median; z = 1.96): the users' spread, which no design removes.
     """
 
     metric: str
@@ -303,6 +339,8 @@ class Plan:
     seconds_per_pair: float | None = None
     seconds_per_pair_source: str | None = None
     notes: tuple[str, ...] = ()
+    target_halfwidth: float = math.nan
+    full_rel_width: float = math.nan
 
     @property
     def full_cost(self) -> float:
@@ -328,9 +366,11 @@ class Plan:
             f"..{int(np.max(n)):,}" if np.max(n) > np.min(n) else "") + " (per user)"
         lines = [
             f"Plan for {self.metric} (estimator {self.method}): n_items = {n_text}, {self.n_users:,} users, "
-            f"target relative error {self.target:.1%}",
+            f"target relative error {self.target:.1%}, 95% interval within +-{self.target_halfwidth:.1%} of the value",
             f"rank distribution: {self.shape_source}",
-            f"{self.metric} under it: {self.truth:.4g}; {self.repeats} Monte Carlo repeats, seed {self.seed}",
+            f"{self.metric} under it: {self.truth:.4g}; {self.repeats} Monte Carlo repeats, seed {self.seed}; "
+            f"interval: the median over {WIDTH_REPEATS} repeats of estimate(...).interval(0.95), the estimate you will "
+            f"read, for the designs meeting the point target",
         ]
         timed = self.seconds_per_pair is not None
         if timed:
@@ -339,28 +379,28 @@ class Plan:
         time_head = f"{'time':>10}" if timed else ""
         lines += [
             "",
-            f"{'design':<24}{'estimator':<10}{'pairs/user':>12}{'of full':>9}{time_head}{'resolution':>12}{'rel.bias':>10}"
-            f"{'rel.sd':>9}{'rel.error':>11}{'(MC se)':>9}  meets",
+            f"{'design':<26}{'estimator':<10}{'pairs/user':>12}{'of full':>9}{time_head}{'resolution':>12}{'rel.bias':>10}"
+            f"{'rel.sd':>9}{'rel.error':>11}{'(MC se)':>9}{'interval':>10}  meets",
         ]
         full = self.full_pairs
         for f in self.forecasts:
             if f.pruned:  # its cost alone: it scores more pairs than the pick
                 when = f"{_duration(f.scoring_seconds):>10}" if timed else ""
-                lines.append(f"{f.label:<24}{f.method or self.method:<10}{f.pairs:>12,.0f}{f.pairs / full:>9.1%}{when}"
-                             f"{f.resolution:>12.1f}{'-':>10}{'-':>9}{'-':>11}{'':>9}  not forecast: costlier than the pick")
+                lines.append(f"{f.label:<26}{f.method or self.method:<10}{f.pairs:>12,.0f}{f.pairs / full:>9.1%}{when}"
+                             f"{f.resolution:>12.1f}{'-':>10}{'-':>9}{'-':>11}{'':>9}{'-':>10}  not forecast: costlier than the pick")
                 continue
             err = f"{f.rel_error:.1%}" if math.isfinite(f.rel_error) else "inf"
             se = f"({f.rel_error_se:.1%})" if math.isfinite(f.rel_error_se) else ""
             when = f"{_duration(f.scoring_seconds):>10}" if timed else ""
             lines.append(
-                f"{f.label:<24}{f.method or self.method:<10}{f.pairs:>12,.0f}{f.pairs / full:>9.1%}{when}{f.resolution:>12.1f}{f.rel_bias:>10.1%}"
-                f"{f.rel_sd:>9.1%}{err:>11}{se:>9}  {'yes' if f.meets_target else 'no'}"
+                f"{f.label:<26}{f.method or self.method:<10}{f.pairs:>12,.0f}{f.pairs / full:>9.1%}{when}{f.resolution:>12.1f}{f.rel_bias:>10.1%}"
+                f"{f.rel_sd:>9.1%}{err:>11}{se:>9}{_plus_minus(f.rel_halfwidth):>10}  {'yes' if f.meets_target else 'no'}"
                 + (f" (screened: {f.repeats} repeats)" if f.screened else "")
-                + (f"; 95% interval {f.rel_width:.0%} wide" if math.isfinite(f.rel_width) else "")
             )
         when = f"{_duration(self.full_scoring_seconds):>10}" if timed else ""
-        lines.append(f"{'full ranking':<24}{'exact':<10}{full:>12,.0f}{1.0:>9.1%}{when}{1.0:>12.1f}{0.0:>10.1%}{0.0:>9.1%}"
-                     f"{0.0:>11.1%}{'':>9}  yes")
+        full_ok = "yes" if not self.full_rel_width / 2.0 > self.target_halfwidth else "no (the users' spread)"
+        lines.append(f"{'full ranking':<26}{'exact':<10}{full:>12,.0f}{1.0:>9.1%}{when}{1.0:>12.1f}{0.0:>10.1%}{0.0:>9.1%}"
+                     f"{0.0:>11.1%}{'':>9}{_plus_minus(self.full_rel_width / 2.0):>10}  {full_ok}")
         if any(f.pruned for f in self.forecasts):
             lines.append("(not forecast: designs scoring more pairs than the pick, which cannot be the pick; "
                          "PlanExecution(forecast_all=True) or --forecast-all forecasts every design)")
@@ -369,22 +409,39 @@ class Plan:
         lines += [f"Note: {note}" for note in self.notes]
         return "\n".join(lines)
 
+    def sampling_design(self, name: str = "n_samples") -> SamplingDesign:
+        """The recommended design (:class:`~reco_sampled_plugin.design.PlannedDesign`: a plan is taken wherever a
+        design is); a ValueError naming ``name`` where the plan recommends full ranking."""
+        if self.recommended is None:
+            raise ValueError(f"{name}: the plan recommends no sampled design (none meets its target below full "
+                             "ranking): rank all items, or plan again with a looser target")
+        return self.recommended.design
+
     def recommendation(self) -> str:
         """The one-line recommendation."""
         r = self.recommended
         full_time = (f", predicted scoring time {_duration(self.full_scoring_seconds)}"
                      if self.seconds_per_pair is not None else "")
+        full_half = self.full_rel_width / 2.0
         if r is None:
-            return (f"Recommendation: no sampled design meets {self.target:.1%}; rank all items "
-                    f"({self.full_pairs:,.0f} scored pairs per user{full_time}) or relax the target.")
+            floor = (f"; full ranking's own 95% interval is about +-{full_half:.1%} (the users' spread: more users "
+                     f"narrow it)" if full_half > self.target_halfwidth else "")
+            return (f"Recommendation: no sampled design meets a relative error of {self.target:.1%} with a 95% "
+                    f"interval within +-{self.target_halfwidth:.1%}; rank all items ({self.full_pairs:,.0f} scored "
+                    f"pairs per user{full_time}) or relax the target{floor}.")
         when = (f"; predicted scoring time {_duration(r.scoring_seconds)} against "
                 f"{_duration(self.full_scoring_seconds)} for full ranking" if self.seconds_per_pair is not None
                 else "")
-        width = (f"; its 95% interval about {r.rel_width:.0%} of the value wide, what the draws leave to "
-                 f"pl_fit's model" if math.isfinite(r.rel_width) else "")
+        model = ", what the draws leave to pl_fit's model included" if r.popularity is not None else ""
         return (f"Recommendation: {r.label} (about {r.pairs:,.0f} scored pairs per user, {r.pairs / self.full_pairs:.1%} "
                 f"of full ranking's {self.full_pairs:,.0f}{when}; predicted relative error {r.rel_error:.1%} <= "
-                f"{self.target:.1%}{width}).")
+                f"{self.target:.1%}, 95% interval about +-{r.rel_halfwidth:.1%} of the value <= "
+                f"+-{self.target_halfwidth:.1%}{model}): n_samples={r.design!r}.")
+
+
+def _plus_minus(half: float) -> str:
+    """``"+-12.3%"`` (``"-"`` for NaN)."""
+    return f"+-{half:.1%}" if math.isfinite(half) else "-"
 
 
 def _scoring_seconds(pairs_per_user: float, n_users: int, seconds_per_pair: float | None) -> float:
@@ -653,7 +710,11 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
     Fixed m in :data:`DEFAULT_FIXED_M` with m < n - 1; adaptive sampling from m0 = min(100, (n - 1) // 8) with the
     caps of :data:`DEFAULT_ADAPTIVE_CAPS` that are at least 2 m0, up to and including the first cap >= n - 1 (a
     larger one resolves nothing more); adaptive designs only for the methods that take them
-    (``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``).
+    (``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``). Last, where the largest cap stays below
+    n - 1 (and n - 1 <= MAX_SAMPLES, the largest m of the exact groups it is read as), that design with ``exact_at_cap`` (the positives still first at the cap ranked exactly): without it
+    the flag ``cap_reached`` widens the interval the user reads to what the top leaves unidentified (on the
+    README's plan, +-28% of NDCG@10 for a point error of 2.7%), and the plan's interval target would find no
+    sampled design.
     """
     n = check_size(n_items, "n_items", 2)
     out = [SamplingDesign(m) for m in DEFAULT_FIXED_M if m < n - 1]
@@ -664,6 +725,12 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
                 out.append(SamplingDesign(m0, adaptive_max=AdaptiveDesign(m0, cap).cap))
                 if cap >= n - 1:
                     break
+        last = out[-1]
+        # the completed positives are read as exact groups, m = n - 1 (at most MAX_SAMPLES)
+        if last.adaptive_max is not None and last.adaptive_max < n - 1 <= MAX_SAMPLES:
+            completed = dataclasses.replace(last, exact_at_cap=True)
+            if registry.get(method).supports(completed):
+                out.append(completed)
     return out
 
 
@@ -747,15 +814,19 @@ class PlanExecution:
             whatever the number). None: :data:`DEFAULT_WORKERS` (2), at most the CPUs this process may use and one
             per design (one where threadpoolctl, which holds BLAS to one thread per design, is not installed); 1:
             one after the other.
+        progress: a bar over the estimator fits on stderr (True, False; None: when stderr is a terminal).
     """
 
     screen: bool = True
     forecast_all: bool = False
     workers: int | None = None
+    progress: bool | None = None
 
     def __post_init__(self) -> None:
         if self.workers is not None:
             object.__setattr__(self, "workers", check_int(self.workers, "workers", minimum=1))
+        if self.progress is not None:
+            object.__setattr__(self, "progress", check_bool(self.progress, "progress"))
         object.__setattr__(self, "screen", check_bool(self.screen, "screen"))
         object.__setattr__(self, "forecast_all", check_bool(self.forecast_all, "forecast_all"))
 
@@ -791,6 +862,7 @@ class _Settings:
     execution: PlanExecution
     seconds_per_pair: float | None = None
     seconds_per_pair_source: str | None = None
+    target_halfwidth: float | None = None  # None: settled from full ranking's interval (:func:`_interval_target`)
 
     @property
     def n_min(self) -> int:
@@ -803,7 +875,7 @@ def _check_k(spec: MetricSpec, n_min: int, where: str) -> None:
 
 
 def _check_settings(n_items: Any, n_users: Any, metric: str | MetricSpec, target: Any, method: Any, repeats: Any,
-                    seed: Any, execution: Any) -> _Settings:
+                    seed: Any, execution: Any, target_halfwidth: Any = None) -> _Settings:
     """:class:`_Settings` of :func:`plan`'s arguments (a ValueError naming the first bad one)."""
     n_users = check_int(n_users, "n_users", minimum=1)
     if np.ndim(n_items) == 0:
@@ -819,6 +891,8 @@ def _check_settings(n_items: Any, n_users: Any, metric: str | MetricSpec, target
             raise ValueError(f"n_items: {len(n_u)} per-user counts for n_users = {n_users}")
         n_keep = n_u.copy()
     target = check_positive_float(target, "target_rel_error")  # not "0.05", not True
+    if target_halfwidth is not None:
+        target_halfwidth = check_positive_float(target_halfwidth, "target_rel_halfwidth")
     repeats = check_int(repeats, "repeats", minimum=2)
     spec = parse_metric(metric)
     method_obj = registry.as_method(method)  # an unknown method: the registry's ValueError naming ``method``
@@ -827,7 +901,8 @@ def _check_settings(n_items: Any, n_users: Any, metric: str | MetricSpec, target
     if not isinstance(execution, PlanExecution):
         raise ValueError(f"execution: expected a planner.PlanExecution (screen, forecast_all, workers), "
                          f"got {execution!r}")
-    return _Settings(spec, method_obj, n_u, n_keep, n_users, target, repeats, seed, execution)
+    return _Settings(spec, method_obj, n_u, n_keep, n_users, target, repeats, seed, execution,
+                     target_halfwidth=target_halfwidth)
 
 
 def _choose_shape(pilot: Any, n_items: Any, seconds_per_pair: Any,
@@ -894,6 +969,7 @@ class _Draws:
     truths: np.ndarray  # (repeats,) each set's exact metric
     truth: float  # their mean: the shape's truth T
     n_mean: float  # mean n: full ranking's pairs per user
+    full_width: float = math.nan  # full ranking's 95% interval width relative to the value (Plan.full_rel_width)
 
 
 def _draw_exact(shape: _DefaultShape | _PilotShape | PopularityWorld, s: _Settings) -> _Draws:
@@ -903,8 +979,25 @@ def _draw_exact(shape: _DefaultShape | _PilotShape | PopularityWorld, s: _Settin
     rng = np.random.default_rng(s.seed)
     exact_np = shape.draw(s.n_u, s.repeats, rng)  # (repeats, n_users), shared by every design
     exact, n_t = torch.from_numpy(exact_np), torch.from_numpy(s.n_u)
-    truths = metric_values(s.spec, exact, n_t).mean(dim=1).numpy()  # each set's exact metric
-    return _Draws(exact_np, exact, n_t, truths, float(truths.mean()), float(s.n_u.mean()))
+    values = metric_values(s.spec, exact, n_t).double()
+    truths = values.mean(dim=1).numpy()  # each set's exact metric
+    # full ranking's own interval, value +- z sd / sqrt(U): the users' spread
+    sd = values.std(dim=1, correction=1).numpy() if s.n_users > 1 else np.full(s.repeats, math.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        full = 2.0 * _Z95 * sd / math.sqrt(s.n_users) / np.abs(truths)
+    return _Draws(exact_np, exact, n_t, truths, float(truths.mean()), float(s.n_u.mean()), float(np.median(full)))
+
+
+def _interval_target(s: _Settings, draws: _Draws) -> float:
+    """The plan's interval target (``target_rel_halfwidth``): as given, else the half-width of an unbiased design
+    whose sampling error is the point target on top of full ranking's interval, sqrt(h_full^2 + (z target)^2)
+    (h_full: half of ``Plan.full_rel_width``; z = 1.96): the interval a design meeting the point target should
+    show, so a design whose interval is wider than its point error explains (an unresolved top, an identified
+    interval, a twin gap) misses it."""
+    if s.target_halfwidth is not None:
+        return s.target_halfwidth
+    half = draws.full_width / 2.0
+    return math.hypot(half, _Z95 * s.target) if math.isfinite(half) else _Z95 * s.target
 
 
 def _design_order_key(design: SamplingDesign) -> tuple[bool, int]:
@@ -1076,6 +1169,20 @@ class _Replicates:
         m, sizes = self.design.n_samples, self.sim.sizes
         return m if sizes is None else (sizes if j is None else sizes[j])
 
+    def widths(self, js: range) -> None:
+        """Fill ``width[j]`` for j in ``js`` with the 95% interval the user will read of replicate j's draws: their
+        SampledRanks (the design's own, completion included) through ``estimate(metric, sampled, method)`` with the
+        plan's method as given (``auto`` chooses per draw; bootstrap, twin gaps and identified intervals as at any
+        entry point)."""
+        from .estimators import estimate
+
+        for j in js:
+            done = None if self.sim.done is None else self.sim.done[j]
+            drawn = SampledRanks.from_arrays(self.sim.sampled[j], self.draws.n_t, self._sizes(j), self.design,
+                                             exact_ranks=done)
+            lo, hi = estimate(self.s.spec, drawn, self.s.method).interval(0.95)
+            self.width[j] = hi - lo
+
     def _popularity(self, js: range) -> None:
         from .estimators import estimate
 
@@ -1200,24 +1307,36 @@ def _forecast_design(run: _PlanRun, d: int, design: SamplingDesign) -> DesignFor
         reps.fill(range(used, repeats))
         used = repeats
     errors = _error_fields(reps.est[:used] - draws.truths[:used], draws.truth)
-    meets = bool(errors["rel_error"] <= s.target)
+    rel_width = _rel_width(reps, used) if errors["rel_error"] <= s.target else math.nan
+    assert s.target_halfwidth is not None  # settled before the designs run (_plan)
+    meets = bool(errors["rel_error"] <= s.target and rel_width / 2.0 <= s.target_halfwidth)
     if meets and sim.pairs < draws.n_mean and not s.execution.forecast_all:
         run.pruning.found(sim.pairs)  # designs costlier than this one need not be forecast
-    truths = draws.truths[:used]
-    rel_width = (float(np.median(reps.width[:used] / np.abs(truths))) if popular and np.all(truths != 0)
-                 else math.nan)
     return DesignForecast(meets_target=meets, repeats=used, screened=screened, rel_width=rel_width, **errors, **costs)
 
 
+def _rel_width(reps: _Replicates, used: int) -> float:
+    """The median over replicates of the 95% interval's width relative to each set's exact metric
+    (``DesignForecast.rel_width``): the popularity replicates' own intervals, else the first :data:`WIDTH_REPEATS`
+    replicates estimated as the user will (:meth:`_Replicates.widths`); NaN where a set's metric is 0."""
+    truths = reps.draws.truths[:used]
+    if not np.all(truths != 0):
+        return math.nan
+    if reps.design.popularity is None:
+        js = range(min(used, WIDTH_REPEATS))
+        reps.widths(js)
+        truths = truths[: len(js)]
+    return float(np.median(reps.width[: len(truths)] / np.abs(truths)))
+
+
 def _forecast_designs(designs: Sequence[SamplingDesign], s: _Settings,
-                      shape: _DefaultShape | _PilotShape | PopularityWorld, draws: _Draws,
-                      progress: bool | None) -> list[DesignForecast]:
+                      shape: _DefaultShape | _PilotShape | PopularityWorld, draws: _Draws) -> list[DesignForecast]:
     """Every design's forecast (in design order), ``workers`` at a time, with a progress bar over the fits;
     cheapest first when pruning (``forecast_all=False``)."""
     from ._progress import progress_bar
 
     workers = _check_workers(s.execution.workers, len(designs))
-    bar = progress_bar(total=len(designs) * s.repeats, desc=f"plan {s.spec}: {s.method.name} fits", enabled=progress,
+    bar = progress_bar(total=len(designs) * s.repeats, desc=f"plan {s.spec}: {s.method.name} fits", enabled=s.execution.progress,
                        unit="fit")
     bar_lock = threading.Lock()  # designs may run on several threads
 
@@ -1255,13 +1374,15 @@ def plan(
     pilot: SampledRanks | None = None,
     designs: Sequence[SamplingDesign] | None = None,
     method: str | registry.Method = registry.DEFAULT_ESTIMATOR,
+    target_rel_halfwidth: float | None = None,
     repeats: int = 20,
     seed: int = 0,
-    progress: bool | None = None,
     seconds_per_pair: float | None = None,
     execution: PlanExecution = PlanExecution(),
 ) -> Plan:
-    """Forecast the accuracy and cost of sampled evaluation designs, and recommend the cheapest that meets a target.
+    """Forecast the accuracy and cost of sampled evaluation designs, and recommend the cheapest that meets a target:
+    its estimate within ``target_rel_error`` of the metric (relative RMSE) and the 95% interval the user will read
+    within +- ``target_rel_halfwidth`` of the value (median over draws).
 
     Args:
         n_items: catalogue size n (every user ranks n candidates), or per-user candidate counts (length n_users,
@@ -1269,7 +1390,14 @@ def plan(
             cover (the simulated users are the pilot's positives, with their own candidate counts).
         n_users: users (one held-out positive each) in the evaluation.
         metric: e.g. ``"ndcg@10"``, ``"hit@10"``, ``"mrr"``.
-        target_rel_error: the largest acceptable relative RMSE (0.05: 5%).
+        target_rel_error: the point target, the largest acceptable relative RMSE of the estimate (0.05: 5%).
+        target_rel_halfwidth: the interval target, the largest acceptable median half-width of the 95% interval
+            the user will read (``estimate(metric, sampled, method).interval(0.95)``, flags and all), relative to
+            the value (0.1: the interval about value +- 10%; ``DesignForecast.rel_halfwidth``). None (default): the
+            half-width an unbiased design meeting the point target shows on top of full ranking's own interval,
+            sqrt(h_full^2 + (1.96 target_rel_error)^2) (h_full: half of ``Plan.full_rel_width``, the users'
+            spread), so that a design whose interval is wider than its point error explains (an unresolved top, a
+            reached cap) is not the pick. ``Plan.target_halfwidth`` is the one used.
         pilot: the :class:`~reco_sampled_plugin.ranking.SampledRanks` of a pilot draw, which give the shape of the
             rank distribution and carry their n, m and design (ranks from elsewhere: ``SampledRanks(ranks,
             n_candidates, design=SamplingDesign(m))``, adaptive ones with ``n_samples=`` each positive's final m);
@@ -1290,17 +1418,15 @@ def plan(
             default ``auto``.
         repeats: Monte Carlo replicates per design (each a fresh set of n_users exact ranks).
         seed: seeds every draw (the same seed gives the same plan).
-        progress: a bar over the estimator fits on stderr (True, False; None: when stderr is a terminal); it does
-            not change the plan.
         seconds_per_pair: the scorer's seconds per scored (user, item) pair (e.g. a scorer-loop run's
             ``cost.scorer_seconds / cost.pairs``): each design's and full ranking's predicted scoring time for the
             ``n_users`` users is pairs x n_users x seconds_per_pair (``DesignForecast.scoring_seconds``,
             ``Plan.full_scoring_seconds``). None: measured on a scorer-loop pilot when there is one, else no times.
         execution: how the plan spends its own CPU time (:class:`PlanExecution`): screening far designs after
             their first :data:`SCREEN_REPEATS` replicates (``screen``, default on), forecasting only the designs
-            that can be the pick (``forecast_all``, default off) and the threads (``workers``, default
-            :data:`DEFAULT_WORKERS`); the recommendation is the same whatever they are (screening aside, which
-            settles far designs from their first replicates).
+            that can be the pick (``forecast_all``, default off), the threads (``workers``, default
+            :data:`DEFAULT_WORKERS`) and a progress bar (``progress``); the recommendation is the same whatever
+            they are (screening aside, which settles far designs from their first replicates).
 
     Returns:
         a :class:`Plan` (``print(plan(...).format())`` for a table).
@@ -1318,23 +1444,25 @@ def plan(
     """
     with _one_thread():
         return _plan(n_items, n_users, metric, target_rel_error, pilot=pilot, designs=designs, method=method,
-                     repeats=repeats, seed=seed, progress=progress, seconds_per_pair=seconds_per_pair,
-                     execution=execution)
+                     target_halfwidth=target_rel_halfwidth, repeats=repeats, seed=seed,
+                     seconds_per_pair=seconds_per_pair, execution=execution)
 
 
 def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error: Any, *, pilot: Any, designs: Any,
-          method: Any, repeats: Any, seed: Any, progress: bool | None, seconds_per_pair: Any, execution: Any) -> Plan:
+          method: Any, target_halfwidth: Any, repeats: Any, seed: Any, seconds_per_pair: Any, execution: Any) -> Plan:
     """:func:`plan`'s steps: the settings checked once, the shape, the candidate designs, the shared exact ranks,
     every design's forecast, the pick."""
     import time
 
     t_start = time.perf_counter()
-    s = _check_settings(n_items, n_users, metric, target_rel_error, method, repeats, seed, execution)
+    s = _check_settings(n_items, n_users, metric, target_rel_error, method, repeats, seed, execution,
+                        target_halfwidth)
     shape, s = _choose_shape(pilot, n_items, seconds_per_pair, s)
     world = shape if isinstance(shape, PopularityWorld) else None
     designs = _candidate_designs(designs, s, world)
     draws = _draw_exact(shape, s)
-    forecasts, recommended = _recommend(_forecast_designs(designs, s, shape, draws, progress), draws.n_mean,
+    s = dataclasses.replace(s, target_halfwidth=_interval_target(s, draws))
+    forecasts, recommended = _recommend(_forecast_designs(designs, s, shape, draws), draws.n_mean,
                                         s.execution.forecast_all)
     logger.debug("plan %s: %d design(s) forecast with %d repeats in %.1f s; recommended: %s", s.spec, len(forecasts),
                  s.repeats, time.perf_counter() - t_start, "full ranking (no design meets the target)" if recommended
@@ -1345,4 +1473,5 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         repeats=s.repeats, seed=s.seed, seconds=time.perf_counter() - t_start, seconds_per_pair=s.seconds_per_pair,
         seconds_per_pair_source=s.seconds_per_pair_source,
         notes=_pilot_notes(shape, s.spec, int(s.n_u.max())) if world is None else world.notes(),
+        target_halfwidth=_interval_target(s, draws), full_rel_width=draws.full_width,
     )

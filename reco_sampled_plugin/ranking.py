@@ -32,7 +32,7 @@ from .exclusions import Exclusions, as_exclusions, check_prepared, csr_from_padd
 from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
 from ._popularity import PopularityStats, exclusion_totals, popularity_stats
 from ._options import check_bool
-from .design import SamplingDesign, as_design
+from .design import SamplingDesign, as_design, planned_design
 from ._types import TensorLike
 
 if TYPE_CHECKING:
@@ -1045,6 +1045,7 @@ def sampled_ranks(
     check_ties(ties)
     check_finite = check_bool(check_finite, "check_finite")
     design, replacement, popularity = None, True, None  # an int m is checked below
+    n_samples = planned_design(n_samples)  # a planner result: its design
     if isinstance(n_samples, SamplingDesign):
         design = n_samples
         if design.adaptive_max is not None:

@@ -402,3 +402,73 @@ def test_planner_runs_a_registered_estimator(bv_copy):
     kw = dict(n_items=3000, n_users=300, metric="hit@10", target_rel_error=0.3, repeats=3, seed=1,
               designs=[SamplingDesign(100)])
     assert _forecasts(plan(**kw, method="bv_copy")) == _forecasts(plan(**kw, method="bv"))
+
+
+# ------------------------------------------------------------------------------------------- planner results
+@pytest.fixture(scope="module")
+def planned():
+    """A real plan on a 300-item catalogue: a fixed-m and an adaptive forecast, the fixed one recommended."""
+    from reco_sampled_plugin.planner import PlanExecution, plan
+
+    result = plan(300, 100, "hit@10", 0.9, designs=[SamplingDesign(20), SamplingDesign(10, adaptive_max=80)],
+                  target_rel_halfwidth=10.0, repeats=2, seed=1, execution=PlanExecution(forecast_all=True))
+    assert result.recommended is not None and result.recommended.design == SamplingDesign(20)
+    return result
+
+
+def test_planner_results_pass_to_every_entry_point(planned, tmp_path):
+    """(e) ``plan(...)``, its ``recommended`` and each of its ``forecasts`` stand for their SamplingDesign wherever a
+    design is taken (``design.as_design``, the one coercion): the draws, the scorer loop, evaluate_factors, the
+    adapters' settings, the reproduction's config and SampledRanks."""
+    from reco_sampled_plugin import evaluate_factors, sampled_ranks_from_scorer
+    from reco_sampled_plugin.adaptive import adaptive_sampled_ranks
+    from reco_sampled_plugin.adapters.lightning import RankingSettings
+    from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+    from reco_sampled_plugin.corrections import fixed_design
+    from reco_sampled_plugin.design import as_design
+    from reco_sampled_plugin.ranking import SampledRanks, sampled_ranks
+    from reco_sampled_plugin.reproduce import ReproduceConfig
+
+    fixed, adaptive = planned.forecasts
+    assert as_design(planned) == as_design(fixed) == fixed.design == SamplingDesign(20)
+    assert as_design(adaptive) == SamplingDesign(10, adaptive_max=80)
+    scores, pos = _batch(n=300)
+    # the draws: the same ranks as the design itself (same seed)
+    for given in (planned, fixed):
+        a = sampled_ranks(scores, pos, given, generator=torch.Generator().manual_seed(3))
+        b = sampled_ranks(scores, pos, SamplingDesign(20), generator=torch.Generator().manual_seed(3))
+        assert torch.equal(a.ranks, b.ranks) and a.design == SamplingDesign(20)
+    a = adaptive_sampled_ranks(scores, pos, adaptive, generator=torch.Generator().manual_seed(3))
+    b = adaptive_sampled_ranks(scores, pos, adaptive.design, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a.ranks, b.ranks) and a.design == adaptive.design
+
+    def scorer(users, items):
+        return scores[users.unsqueeze(1).expand_as(items), items]
+
+    users = torch.arange(scores.shape[0])
+    for given, design in ((planned, fixed.design), (adaptive, adaptive.design)):
+        a = sampled_ranks_from_scorer(scorer, pos, 300, given, users=users, generator=torch.Generator().manual_seed(4))
+        b = sampled_ranks_from_scorer(scorer, pos, 300, design, users=users, generator=torch.Generator().manual_seed(4))
+        assert torch.equal(a.ranks, b.ranks) and a.design == design
+    train, test, u, v = _factor_data()
+    kw = dict(k=5, metrics=["hit@5"], seed=3, method="none")
+    _same_factor_results(evaluate_factors(train, test, u, v, n_samples=fixed, **kw),
+                         evaluate_factors(train, test, u, v, n_samples=SamplingDesign(20), **kw))
+    assert evaluate_factors(train, test, u, v, n_samples=adaptive, **kw).sampled.adaptive_max == 80
+    # the adapters' settings and the reproduction's config hold the design
+    assert SampledRankingMetrics("hit@10", planned, ("none",)).settings.design == SamplingDesign(20)
+    assert RankingSettings(n_samples=adaptive, estimators=("none",)).design == adaptive.design
+    assert ReproduceConfig(n_samples=fixed).design == SamplingDesign(20) and fixed_design(planned) == fixed.design
+    drawn = SampledRanks.from_arrays(torch.tensor([1, 3]), 300, design=fixed)
+    assert drawn.design == SamplingDesign(20)
+
+
+def test_a_plan_recommending_full_ranking_is_refused_by_name(planned):
+    import dataclasses as dc
+
+    from reco_sampled_plugin.ranking import sampled_ranks
+
+    none = dc.replace(planned, recommended=None)
+    scores, pos = _batch(n=300)
+    with pytest.raises(ValueError, match="^n_samples: the plan recommends no sampled design"):
+        sampled_ranks(scores, pos, none)

@@ -305,7 +305,8 @@ def _pilot(ranks, n_items=100, n_samples=None, design=None) -> rsp.SampledRanks:
     (_pilot(RT, torch.tensor(100), torch.full((10,), 10), rsp.SamplingDesign(4, adaptive_max=16)), "pilot"),
 ])
 def test_plan_pilot_arguments_are_named(pilot, name):
-    _raises_naming(lambda: planner.plan(1000, 100, "ndcg@10", 0.1, repeats=2, progress=False, pilot=pilot), name)
+    _raises_naming(lambda: planner.plan(1000, 100, "ndcg@10", 0.1, repeats=2, pilot=pilot,
+                                              execution=planner.PlanExecution(progress=False)), name)
 
 
 # ------------------------------------------------------------------------------------------ datasets, baselines

@@ -299,7 +299,7 @@ def test_planner_counts_the_completion_pairs_the_loop_measures():
     assert loop.cost.pairs == int(per_user.sum())
     pilot = sampled_ranks_from_scorer(scorer, r - 1, n, 1000, generator=torch.Generator().manual_seed(2))
     plan = planner.plan(n, users, "ndcg@10", 0.2, pilot=pilot, designs=[design, SamplingDesign(50, adaptive_max=400)],
-                        repeats=8, progress=False, execution=planner.PlanExecution(forecast_all=True))
+                        repeats=8, execution=planner.PlanExecution(forecast_all=True, progress=False))
     exact, plain = plan.forecasts
     assert exact.exact_at_cap and exact.design == design and "exact" in exact.label
     assert exact.pairs == pytest.approx(1.0 + exact.mean_samples + exact.completion_pairs)

@@ -180,8 +180,10 @@ def small_plan():
 
 
 def _with_target(p: Plan, target: float, forecast_all: bool = True) -> Plan:
+    """``p`` replanned at the point target ``target`` (the interval target out of the way: 1000%)."""
     return plan(p.n_items, p.n_users, p.metric, target, designs=[f.design for f in p.forecasts],
-                repeats=p.repeats, seed=p.seed, execution=PlanExecution(forecast_all=forecast_all))
+                repeats=p.repeats, seed=p.seed, target_rel_halfwidth=10.0,
+                execution=PlanExecution(forecast_all=forecast_all))
 
 
 def test_recommended_is_cheapest_meeting_target(small_plan):

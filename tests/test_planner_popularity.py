@@ -222,15 +222,19 @@ def test_plan_ndcg_forecast_against_real_draws(pl_pilot):
     next to a uniform design forecast in the same world (gmod)."""
     scores, pos, counts, r, pilot = pl_pilot
     pop = SamplingDesign(40, popularity=counts)
-    p = plan(150, 250, "ndcg@10", 0.1, pilot=pilot, designs=[pop, SamplingDesign(40)], repeats=4,
+    # the interval target generous: pl_fit's interval (about +-35%, what the draws leave to its model) is wider than
+    # the default's +-26%, which would recommend full ranking
+    p = plan(150, 250, "ndcg@10", 0.1, pilot=pilot, designs=[pop, SamplingDesign(40)], repeats=4, target_rel_halfwidth=1.0,
              execution=PlanExecution(forecast_all=True, screen=False))
     f, u = p.forecasts
     assert f.method == "pl_fit" and u.method in ("gmod", "mes") and u.popularity is None
     assert abs(f.rel_bias) < 0.03
-    assert 0 < f.rel_width < 10 and math.isnan(u.rel_width)  # the interval's width: popularity designs only
-    assert f"95% interval {f.rel_width:.0%} wide" in p.format()
+    assert 0 < f.rel_width < 10  # the interval's width (every design meeting the point target)
+    assert math.isnan(u.rel_width) == (u.rel_error > 0.1)
+    assert f"+-{f.rel_halfwidth:.1%}" in p.format()
     assert p.recommended is f  # the first of two designs of equal cost that meet the target
-    assert f"its 95% interval about {f.rel_width:.0%} of the value wide" in p.recommendation()
+    assert (f"95% interval about +-{f.rel_halfwidth:.1%} of the value <= +-{p.target_halfwidth:.1%}, what the draws "
+            "leave to pl_fit's model included") in p.recommendation()
     real = _real_rel_rmse(scores, pos, r, pop, "ndcg@10", 4, 150)
     assert 1 / 4 < f.rel_error / real < 4, (f.rel_error, real)
     assert f.rel_error < 0.1 and p.recommended is not None

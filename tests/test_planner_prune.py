@@ -34,8 +34,8 @@ def pilot():
 
 def _plan(pilot, target: float, **execution) -> planner.Plan:
     """The plan of ``pilot`` at ``target``; ``execution``: PlanExecution's fields (screen, forecast_all, workers)."""
-    return planner.plan(5000, 1200, "ndcg@10", target, pilot=pilot, designs=DESIGNS, repeats=8, seed=3, progress=False,
-                        seconds_per_pair=1e-6, execution=planner.PlanExecution(**execution))
+    return planner.plan(5000, 1200, "ndcg@10", target, pilot=pilot, designs=DESIGNS, repeats=8, seed=3,
+                        seconds_per_pair=1e-6, execution=planner.PlanExecution(progress=False, **execution))
 
 
 @pytest.fixture(scope="module")

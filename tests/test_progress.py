@@ -44,11 +44,10 @@ def test_progress_bar_without_tqdm(monkeypatch, capsys):
 
 
 def test_plan_progress_same_plan(capsys):
-    kw = dict(designs=[SamplingDesign(50), SamplingDesign(20, adaptive_max=200)], repeats=3, seed=1,
-              execution=PlanExecution(forecast_all=True))
-    quiet = plan(2000, 300, "ndcg@10", 0.2, progress=False, **kw)
+    kw = dict(designs=[SamplingDesign(50), SamplingDesign(20, adaptive_max=200)], repeats=3, seed=1)
+    quiet = plan(2000, 300, "ndcg@10", 0.2, execution=PlanExecution(forecast_all=True, progress=False), **kw)
     assert capsys.readouterr().err == ""
-    loud = plan(2000, 300, "ndcg@10", 0.2, progress=True, **kw)
+    loud = plan(2000, 300, "ndcg@10", 0.2, execution=PlanExecution(forecast_all=True, progress=True), **kw)
     err = capsys.readouterr().err
     assert "plan ndcg@10" in err and "/6" in err
     assert loud.forecasts == quiet.forecasts and loud.truth == quiet.truth
