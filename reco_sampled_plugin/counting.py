@@ -211,14 +211,9 @@ def _lanes(n: int) -> tuple[int, int]:
 
 
 def _finite_rows(block: np.ndarray) -> np.ndarray:
-    """(rows,) bool: True where a row of ``block`` holds no NaN or inf. A row's sum is finite when its values are
-    (one fast pass); a non-finite sum (NaN / inf, or finite values whose sum overflows) is settled by the row's min
-    and max, which propagate NaN: host arrays, so the branch costs no synchronisation."""
-    flags = np.isfinite(block.sum(1))  # the caller ignores overflow warnings (np.errstate)
-    if not flags.all():
-        odd = np.flatnonzero(~flags)
-        flags[odd] = np.isfinite(block[odd].min(1)) & np.isfinite(block[odd].max(1))
-    return flags
+    """(rows,) bool: True where a row of ``block`` holds no NaN or inf: its min and max are finite (both propagate
+    NaN; numpy's SIMD reductions, 4x its float sum, which is pairwise)."""
+    return np.isfinite(block.min(1)) & np.isfinite(block.max(1))
 
 
 def _numpy_padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool,
@@ -238,7 +233,6 @@ def _numpy_padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool,
     flags = np.empty(b, dtype=np.bool_) if finite else None
     compare = np.greater_equal if inclusive else np.greater
 
-    @np.errstate(over="ignore", invalid="ignore")  # a sum may overflow (_finite_rows)
     def work(first: int, last: int, cells: np.ndarray) -> None:
         for lo in range(first, last, rows):  # cache-sized row blocks; each block is one vectorised compare and count
             hi = min(lo + rows, last)
@@ -249,7 +243,7 @@ def _numpy_padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool,
             if flags is not None:
                 flags[lo:hi] = _finite_rows(block)
 
-    _in_threads(work, b, rows, b * p * n, (rows, p, width))
+    _in_threads(work, b, rows, n, p, (rows, p, width))
     return torch.from_numpy(out), (None if flags is None else torch.from_numpy(flags))
 
 
@@ -258,14 +252,16 @@ _THREAD_MIN_WORK = 1 << 23
 _pool: list[Any] = [None, None]  # (process id, ThreadPoolExecutor): a forked child builds its own
 
 
-def _in_threads(work: Callable[[int, int, np.ndarray], None], b: int, rows: int, comparisons: int,
+def _in_threads(work: Callable[[int, int, np.ndarray], None], b: int, rows: int, n: int, p: int,
                 shape: tuple[int, ...]) -> None:
     """Run ``work(first, last, cells)`` over rows 0..b in ranges of whole blocks of ``rows``, one range per torch
-    intra-op thread for large inputs (``comparisons`` >= ``_THREAD_MIN_WORK``), each with its own zeroed byte buffer
-    ``cells`` of ``shape`` (bytes past a row's n stay 0)."""
+    intra-op thread for large inputs (b x ``p`` x ``n`` comparisons >= ``_THREAD_MIN_WORK``), each with its own byte
+    buffer ``cells`` of ``shape`` (its bytes past a row's ``n`` zero)."""
     blocks = -(-b // rows)
-    workers = min(torch.get_num_threads(), blocks) if comparisons >= _THREAD_MIN_WORK else 1
-    buffers = [torch.zeros(shape, dtype=torch.uint8).numpy().view(np.bool_) for _ in range(max(workers, 1))]
+    workers = min(torch.get_num_threads(), blocks) if b * p * n >= _THREAD_MIN_WORK else 1
+    buffers = [torch.empty(shape, dtype=torch.uint8).numpy().view(np.bool_) for _ in range(max(workers, 1))]
+    for cells in buffers:
+        cells[..., n:] = False  # the lanes past n count nothing
     if workers <= 1:
         work(0, b, buffers[0])
         return
@@ -297,7 +293,7 @@ def _numpy_rows(inclusive: bool, scores: torch.Tensor, rows: torch.Tensor, ref: 
             lanes = cells[: hi - lo].view(np.uint64).reshape(hi - lo, groups, k).sum(-1, dtype=np.uint64)
             out[lo:hi] = lanes.view(np.uint8).reshape(hi - lo, groups * 8).sum(-1, dtype=np.int64)
 
-    _in_threads(work, ref.shape[0], chunk, ref.shape[0] * n, (chunk, width))
+    _in_threads(work, ref.shape[0], chunk, n, 1, (chunk, width))
     return torch.from_numpy(out)
 
 
