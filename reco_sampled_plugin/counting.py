@@ -218,32 +218,37 @@ def _finite_rows(block: np.ndarray) -> np.ndarray:
 
 def _numpy_padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool,
                   finite: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`_padded`'s eager path on a CPU: rows in blocks whose (rows, P, n) comparison bytes fit the chunk
-    (``_NUMPY_CHUNK_BYTES``, a cache-sized buffer allocated once per worker), compared by numpy and counted 8 bytes at
-    a time (:func:`_lanes`); the NaN/inf flags from each block while it is in cache (:func:`_finite_rows`). Large
-    inputs split their rows between torch's intra-op threads (numpy releases the GIL). Counts equal the torch
-    loop's (the same IEEE comparisons: NaN beats nothing, nothing beats a NaN reference)."""
+    """:func:`_padded`'s eager path on a CPU: rows in blocks (and references in groups) whose comparison bytes fit
+    ``_NUMPY_CHUNK_BYTES`` and the score block (a cache-sized buffer allocated once per worker), compared by numpy
+    and counted 8 bytes at a time (:func:`_lanes`); the NaN/inf flags from each block while it is in cache
+    (:func:`_finite_rows`). Large inputs split their rows between torch's intra-op threads (numpy releases the GIL).
+    Counts equal the torch loop's (the same IEEE comparisons: NaN beats nothing, nothing beats a NaN reference)."""
     b, n = scores.shape
     p = ref.shape[1]
     groups, k = _lanes(n)
     width = groups * k * 8
-    rows = max(1, min(b, _NUMPY_CHUNK_BYTES // max(p * width, 1)))
+    budget = min(_NUMPY_CHUNK_BYTES, b * n)
+    group = max(1, min(p, budget // width))  # references compared per pass
+    rows = max(1, min(b, budget // (group * width)))
     s, t = scores.detach().numpy(), ref.detach().numpy()
     out = np.empty((b, p), dtype=np.int64)
     flags = np.empty(b, dtype=np.bool_) if finite else None
     compare = np.greater_equal if inclusive else np.greater
 
-    def work(first: int, last: int, cells: np.ndarray) -> None:
+    def work(first: int, last: int, flat: np.ndarray) -> None:
         for lo in range(first, last, rows):  # cache-sized row blocks; each block is one vectorised compare and count
             hi = min(lo + rows, last)
             block = s[lo:hi]
-            compare(block[:, None, :], t[lo:hi, :, None], out=cells[: hi - lo, :, :n])
-            lanes = cells[: hi - lo].view(np.uint64).reshape(hi - lo, p, groups, k).sum(-1, dtype=np.uint64)
-            out[lo:hi] = lanes.view(np.uint8).reshape(hi - lo, p, groups * 8).sum(-1, dtype=np.int64)
+            for g in range(0, p, group):
+                q = min(group, p - g)
+                cells = flat[: (hi - lo) * q * width].reshape(hi - lo, q, width)
+                compare(block[:, None, :], t[lo:hi, g:g + q, None], out=cells[..., :n])
+                lanes = cells.view(np.uint64).reshape(hi - lo, q, groups, k).sum(-1, dtype=np.uint64)
+                out[lo:hi, g:g + q] = lanes.view(np.uint8).reshape(hi - lo, q, groups * 8).sum(-1, dtype=np.int64)
             if flags is not None:
                 flags[lo:hi] = _finite_rows(block)
 
-    _in_threads(work, b, rows, n, p, (rows, p, width))
+    _in_threads(work, b, rows, n, p, rows * group * width, width)
     return torch.from_numpy(out), (None if flags is None else torch.from_numpy(flags))
 
 
@@ -252,16 +257,16 @@ _THREAD_MIN_WORK = 1 << 23
 _pool: list[Any] = [None, None]  # (process id, ThreadPoolExecutor): a forked child builds its own
 
 
-def _in_threads(work: Callable[[int, int, np.ndarray], None], b: int, rows: int, n: int, p: int,
-                shape: tuple[int, ...]) -> None:
-    """Run ``work(first, last, cells)`` over rows 0..b in ranges of whole blocks of ``rows``, one range per torch
-    intra-op thread for large inputs (b x ``p`` x ``n`` comparisons >= ``_THREAD_MIN_WORK``), each with its own byte
-    buffer ``cells`` of ``shape`` (its bytes past a row's ``n`` zero)."""
+def _in_threads(work: Callable[[int, int, np.ndarray], None], b: int, rows: int, n: int, p: int, size: int,
+                width: int) -> None:
+    """Run ``work(first, last, flat)`` over rows 0..b in ranges of whole blocks of ``rows``, one range per torch
+    intra-op thread for large inputs (b x ``p`` x ``n`` comparisons >= ``_THREAD_MIN_WORK``), each with its own flat
+    byte buffer of ``size`` (segments of ``width`` whose bytes past ``n`` are zero, whatever shape it is viewed as)."""
     blocks = -(-b // rows)
     workers = min(torch.get_num_threads(), blocks) if b * p * n >= _THREAD_MIN_WORK else 1
-    buffers = [torch.empty(shape, dtype=torch.uint8).numpy().view(np.bool_) for _ in range(max(workers, 1))]
-    for cells in buffers:
-        cells[..., n:] = False  # the lanes past n count nothing
+    buffers = [torch.empty(size, dtype=torch.uint8).numpy().view(np.bool_) for _ in range(max(workers, 1))]
+    for flat in buffers:
+        flat.reshape(-1, width)[:, n:] = False  # the lanes past n count nothing
     if workers <= 1:
         work(0, b, buffers[0])
         return
@@ -281,19 +286,20 @@ def _numpy_rows(inclusive: bool, scores: torch.Tensor, rows: torch.Tensor, ref: 
     n = scores.shape[1]
     groups, k = _lanes(n)
     width = groups * k * 8
-    chunk = max(1, min(_NUMPY_CHUNK_BYTES // width, ref.shape[0]))
+    chunk = max(1, min(min(_NUMPY_CHUNK_BYTES, ref.shape[0] * n) // width, ref.shape[0]))
     s, idx, t = scores.detach().numpy(), rows.numpy(), ref.detach().numpy()
     out = np.empty(ref.shape[0], dtype=np.int64)
     compare = np.greater_equal if inclusive else np.greater
 
-    def work(first: int, last: int, cells: np.ndarray) -> None:
+    def work(first: int, last: int, flat: np.ndarray) -> None:
         for lo in range(first, last, chunk):
             hi = min(lo + chunk, last)
-            compare(s[idx[lo:hi]], t[lo:hi, None], out=cells[: hi - lo, :n])
-            lanes = cells[: hi - lo].view(np.uint64).reshape(hi - lo, groups, k).sum(-1, dtype=np.uint64)
+            cells = flat[: (hi - lo) * width].reshape(hi - lo, width)
+            compare(s[idx[lo:hi]], t[lo:hi, None], out=cells[:, :n])
+            lanes = cells.view(np.uint64).reshape(hi - lo, groups, k).sum(-1, dtype=np.uint64)
             out[lo:hi] = lanes.view(np.uint8).reshape(hi - lo, groups * 8).sum(-1, dtype=np.int64)
 
-    _in_threads(work, ref.shape[0], chunk, n, 1, (chunk, width))
+    _in_threads(work, ref.shape[0], chunk, n, 1, chunk * width, width)
     return torch.from_numpy(out)
 
 

@@ -23,7 +23,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 _SYNC_METHODS = {
     "item",
     "tolist",
-    "numpy",
+    # not "numpy": a CUDA tensor's .numpy() raises, so device-agnostic code reaches numpy through .cpu() / .to("cpu")
+    # (counted); a .numpy() call is a CPU-only path (the CPU's numpy counting kernels), no synchronisation anywhere
     "cpu",
     "__bool__",
     "__int__",
