@@ -34,7 +34,8 @@ from ._inputs import finite_flags
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["count_beating", "count_beating_checked", "count_beating_tile", "count_beating_rows", "count_tied_before", "item_keys", "set_backend", "get_backend"]
+__all__ = ["count_beating", "count_beating_checked", "count_beating_tile", "count_beating_rows", "count_tied_before", "item_keys",
+           "sort_rows", "set_backend", "get_backend"]
 
 # below this many comparisons (B * P * n) the eager path is faster than calling a compiled kernel
 _COMPILE_MIN_WORK = 1 << 24
@@ -157,6 +158,18 @@ def _tied_kernel(p: int) -> Callable:
     namespace: dict = {"torch": torch, "item_keys": item_keys}
     exec(compile(_TIED_TEMPLATE.format(p=p), f"<reco_sampled_plugin.counting tb{p}>", "exec"), namespace)
     return namespace["kernel"]
+
+
+def sort_rows(x: torch.Tensor) -> torch.Tensor:
+    """``torch.sort(x, dim=-1).values``: on a CPU by numpy (a (256, 738) int64 / float32 block: 2 ms against torch's
+    22 / 45 ms, measured on the 2-core machine); elsewhere (and for dtypes numpy lacks) by torch. The same values in
+    the same order (ascending; NaN last in both; equal values are interchangeable)."""
+    if x.device.type == "cpu" and x.dtype in _NUMPY_SORTED and x.dim() and x.shape[-1] > 1:
+        return torch.from_numpy(np.sort(x.detach().numpy(), axis=-1))
+    return torch.sort(x, dim=-1).values
+
+
+_NUMPY_SORTED = (torch.int32, torch.int64, torch.float32, torch.float64)
 
 
 _KERNELS: dict[str, Callable] = {
