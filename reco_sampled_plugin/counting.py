@@ -228,6 +228,14 @@ def _lanes(n: int) -> tuple[int, int]:
     return groups, -(-words // groups)
 
 
+def _count_set(cells: np.ndarray, groups: int, k: int) -> np.ndarray:
+    """True entries along the last axis of a C-contiguous bool array (..., ``groups`` x ``k`` x 8) (:func:`_lanes`):
+    its bytes summed as 64-bit words, ``k`` <= 255 words per group (no byte lane carries), then the lanes' bytes."""
+    lead = cells.shape[:-1]
+    lanes = cells.view(np.uint64).reshape(*lead, groups, k).sum(-1, dtype=np.uint64)
+    return lanes.view(np.uint8).reshape(*lead, groups * 8).sum(-1, dtype=np.int64)
+
+
 def _finite_rows(block: np.ndarray) -> np.ndarray:
     """(rows,) bool: True where a row of ``block`` holds no NaN or inf: its min and max are finite (both propagate
     NaN; numpy's SIMD reductions, 4x its float sum, which is pairwise)."""
@@ -261,8 +269,7 @@ def _numpy_padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool,
                 q = min(group, p - g)
                 cells = flat[: (hi - lo) * q * width].reshape(hi - lo, q, width)
                 compare(block[:, None, :], t[lo:hi, g:g + q, None], out=cells[..., :n])
-                lanes = cells.view(np.uint64).reshape(hi - lo, q, groups, k).sum(-1, dtype=np.uint64)
-                out[lo:hi, g:g + q] = lanes.view(np.uint8).reshape(hi - lo, q, groups * 8).sum(-1, dtype=np.int64)
+                out[lo:hi, g:g + q] = _count_set(cells, groups, k)
             if flags is not None:
                 flags[lo:hi] = _finite_rows(block)
 
@@ -314,8 +321,7 @@ def _numpy_rows(inclusive: bool, scores: torch.Tensor, rows: torch.Tensor, ref: 
             hi = min(lo + chunk, last)
             cells = flat[: (hi - lo) * width].reshape(hi - lo, width)
             compare(s[idx[lo:hi]], t[lo:hi, None], out=cells[:, :n])
-            lanes = cells.view(np.uint64).reshape(hi - lo, groups, k).sum(-1, dtype=np.uint64)
-            out[lo:hi] = lanes.view(np.uint8).reshape(hi - lo, groups * 8).sum(-1, dtype=np.int64)
+            out[lo:hi] = _count_set(cells, groups, k)
 
     _in_threads(work, ref.shape[0], chunk, n, 1, chunk * width, width)
     return torch.from_numpy(out)
