@@ -110,6 +110,16 @@ def test_numpy_counts_equal_the_torch_loop_across_lane_groups_and_threads(n, eag
             torch.set_num_threads(threads)
 
 
+def test_empty_rows_or_catalogue_count_nothing(eager_backend):
+    """No items (n = 0) or no rows: zero counts of the right shape, finite flags for every row (numpy's path needs a
+    row of at least one item; the torch loop takes n = 0)."""
+    assert torch.equal(counting.count_beating(torch.zeros(3, 0), torch.zeros(3, 2)), torch.zeros(3, 2, dtype=torch.int64))
+    counts, finite = counting.count_beating_checked(torch.zeros(0, 5), torch.zeros(0, 2))
+    assert counts.shape == (0, 2) and finite.shape == (0,)
+    got = counting.count_beating_rows(torch.zeros(2, 0), torch.zeros(1, dtype=torch.int64), torch.zeros(1))
+    assert torch.equal(got, torch.zeros(1, dtype=torch.int64))
+
+
 def test_sort_rows_equals_torch_sort():
     """numpy's sort on the CPU (int32/int64/float32/float64) and torch's for other dtypes: torch.sort's values, NaN
     last, any shape (1-D, empty rows)."""
