@@ -20,6 +20,11 @@ path's dot products and tiles round identically).
     python benchmarks/bench_input_forms.py --threads 1 --clock cpu   # steadier on a busy shared machine
     python benchmarks/bench_input_forms.py --device cuda --batches 256,1024,4096   # on a GPU
     python benchmarks/bench_input_forms.py --tile-items 8192 --tile-elements 4194304   # the former default tile
+    python benchmarks/bench_input_forms.py --first --users 1024 --batches 256,1024 --repeats 3   # first evaluations
+
+``--first``: the first evaluation as a user meets it, at the default settings: each form's first pass over all
+users in a fresh process (nothing compiled, nothing cached; no warm-up), against the matmul floor timed in the same
+process after it; median of ``--repeats`` processes per form and batch size.
 """
 
 from __future__ import annotations
@@ -107,6 +112,59 @@ def run_forms(u, v, pos, exc, batch: int, repeats: int, clock=time.perf_counter,
     return best, same
 
 
+def first_once(args, form: str, batch: int) -> None:
+    """``--first-once``: one fresh process's first pass of ``form`` over all users, then the floor; prints JSON."""
+    import json
+
+    u, v, pos, exc = make_data(args.users, args.items, args.dim, args.positives, args.exclude)
+    n = v.shape[0]
+    starts = range(0, u.shape[0], batch)
+    masks = {s: (_mask(pos[s : s + batch], n), _mask(exc[s : s + batch], n)) for s in starts} if form == "masks" else {}
+    buf = torch.zeros((min(batch, u.shape[0]), n), dtype=u.dtype)  # touched: the scores' pages are the model's cost
+    t0 = time.perf_counter()
+    for s in starts:
+        ub = u[s : s + batch]
+        if form == "factors":
+            exact_ranks_from_factors(ub, v, pos[s : s + batch], exclude=exc[s : s + batch])
+            continue
+        scores = buf[: ub.shape[0]]
+        torch.matmul(ub, v.T, out=scores)
+        if form == "index":
+            exact_ranks(scores, pos[s : s + batch], exclude=exc[s : s + batch])
+        else:
+            exact_ranks(scores, *masks[s][:1], exclude=masks[s][1])
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for s in starts:
+        torch.matmul(u[s : s + batch], v.T, out=buf[: min(batch, u.shape[0] - s)])
+    print(json.dumps({"form": form, "first": first, "floor": time.perf_counter() - t0}))
+
+
+def first_table(args) -> None:
+    """``--first``: each form's first evaluation in fresh processes (:func:`first_once`), medians."""
+    import json
+    import statistics
+    import subprocess
+
+    print("| users per batch | form | first evaluation (s) | matmul floor (s) | share (floor / first) |")
+    print("| --- | --- | --- | --- | --- |")
+    for batch in (int(b) for b in args.batches.split(",")):
+        for form in ("index", "masks", "factors"):
+            runs = []
+            for _ in range(args.repeats):
+                cmd = [sys.executable, __file__, "--first-once", form, "--batches", str(batch), "--users",
+                       str(args.users), "--items", str(args.items), "--dim", str(args.dim), "--positives",
+                       str(args.positives), "--exclude", str(args.exclude)]
+                if args.threads is not None:
+                    cmd += ["--threads", str(args.threads)]
+                out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+                runs.append(json.loads(out.strip().splitlines()[-1]))
+            first = statistics.median(r["first"] for r in runs)
+            floor = statistics.median(r["floor"] for r in runs)
+            shares = ", ".join(f"{r['floor'] / r['first']:.2f}" for r in runs)
+            print(f"| {batch} | {form} | {first:.3f} | {floor:.3f} | {floor / first:.2f} ({shares}) |", flush=True)
+
+
 def add_data_args(p: argparse.ArgumentParser) -> None:
     """The data set's options (``make_data``), shared with ``bench_sampled_draws.py``."""
     p.add_argument("--users", type=int, default=4096)
@@ -130,9 +188,14 @@ def main(argv=None) -> None:
     p.add_argument("--device", default="cpu", help="torch device of the factors and scores (cpu, cuda)")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="wall-clock time, or this process's CPU time (steadier on a shared machine with --threads 1)")
+    p.add_argument("--first", action="store_true", help="each form's first evaluation, a fresh process per run")
+    p.add_argument("--first-once", choices=("index", "masks", "factors"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    if args.first_once:
+        first_once(args, args.first_once, int(args.batches))
+        return
     clock = time.perf_counter if args.clock == "wall" else time.process_time
     if args.tile_items is not None:
         factor_ranks._TILE_ITEMS = args.tile_items
@@ -146,6 +209,9 @@ def main(argv=None) -> None:
           f"{args.exclude} excluded items per user; best of {args.repeats}")
     print(f"command: python benchmarks/bench_input_forms.py {' '.join(sys.argv[1:] if argv is None else argv)}")
     print()
+    if args.first:
+        first_table(args)
+        return
     print("| users per batch | matmul floor (s) | index (s) | masks (s) | factors (s) | index / floor | masks / floor "
           "| factors / floor | equal ranks | factor tile (users x items) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")

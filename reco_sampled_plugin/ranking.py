@@ -29,7 +29,7 @@ from ._checks import (MAX_SAMPLES, MAX_SIZE, check_elements, check_generator, ch
 from ._inputs import (Check, score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
                        finite_flags, pending_index, run_checks, sparse_masks)
 from .exclusions import Exclusions, as_exclusions, check_prepared, csr_from_padded, pending_exclusions, skip_sorted
-from .counting import count_beating, count_beating_checked, count_tied_before, item_keys
+from .counting import count_beating, count_beating_checked, count_tied_before, item_keys, sort_rows
 from ._popularity import PopularityStats, exclusion_totals, popularity_stats
 from ._options import check_bool
 from .design import SamplingDesign, as_design, planned_design
@@ -103,13 +103,20 @@ def _removed_counts(
     pos_scores: torch.Tensor,
     inclusive: bool,
     self_removed: bool,
+    n_items: int,
 ) -> torch.Tensor:
     """(B, P) how many removed items (excluded, or other positives) beat each positive (>= if ``inclusive``), never
-    the positive itself (``self_removed``: the positives are among the removed items, each once). The row's removed
-    scores are sorted once and each positive looked up (searchsorted): O(B (P + R)) memory, no (B, P, R) compare."""
-    r = removed_scores.shape[1]
+    the positive itself (``self_removed``: the positives are among the removed items, each once). A (B, P, R)
+    comparison where P x R <= ``n_items`` (within the score block); else the row's removed scores are sorted once
+    and each positive looked up (searchsorted): O(B (P + R)) memory."""
+    p, r = pos_scores.shape[1], removed_scores.shape[1]
+    if p * r <= n_items:  # a (B, P, R) comparison within the score block: fewer, cheaper calls than sorting
+        beat = removed_scores.unsqueeze(1) >= pos_scores.unsqueeze(2) if inclusive else \
+            removed_scores.unsqueeze(1) > pos_scores.unsqueeze(2)
+        counts = (beat & removed_valid.unsqueeze(1)).sum(2)
+        return counts - 1 if self_removed and inclusive else counts
     low = torch.full_like(removed_scores, -math.inf)
-    srt = torch.sort(torch.where(removed_valid, removed_scores, low), dim=1).values  # padding first
+    srt = sort_rows(torch.where(removed_valid, removed_scores, low))  # padding first
     at = torch.searchsorted(srt, pos_scores.contiguous(), right=not inclusive)
     counts = torch.minimum(r - at, removed_valid.sum(1, keepdim=True))  # the padding is a prefix: never counted
     if self_removed and inclusive:
@@ -160,7 +167,7 @@ def _clash_check(pos: torch.Tensor, exc: torch.Tensor, n_items: int | None = Non
     """Each positive looked up in its row's sorted exclusions: O(B (P + E)) memory, not a (B, P, E) comparison.
     ``n_items`` given: ``exc`` is ascending per row with its -1 padding last (a mask's indices, ``sparse_masks``),
     so the padding becomes n_items (above every item, never a positive) instead of sorting the rows again."""
-    srt = torch.sort(exc, dim=1).values if n_items is None else torch.where(exc >= 0, exc, torch.full_like(exc, n_items))
+    srt = sort_rows(exc) if n_items is None else torch.where(exc >= 0, exc, torch.full_like(exc, n_items))
     at = torch.searchsorted(srt, pos.contiguous()).clamp(max=srt.shape[1] - 1)
     clash = (srt.gather(1, at) == pos) & (pos >= 0)
     return Check(clash.any(), lambda: _clash_error(clash.any(1)))
@@ -395,11 +402,11 @@ def exact_ranks_padded_finite(scores: torch.Tensor, pos: torch.Tensor, exc: torc
     if ties in ("pessimistic", "average", TIE_BOUNDS):
         ge = count(pos_scores, True)  # includes the positive itself
         if removed:
-            ge = ge - _removed_counts(rem_scores, rem_valid, pos_scores, True, not count_other_positives)
+            ge = ge - _removed_counts(rem_scores, rem_valid, pos_scores, True, not count_other_positives, scores.shape[1])
     if ties in ("optimistic", "average", "random", TIE_BOUNDS):
         gt = count(pos_scores, False)
         if removed:
-            gt = gt - _removed_counts(rem_scores, rem_valid, pos_scores, False, not count_other_positives)
+            gt = gt - _removed_counts(rem_scores, rem_valid, pos_scores, False, not count_other_positives, scores.shape[1])
     if count_other_positives and ties in END_TIES and pos.shape[1] > 1:
         before, after = tied_positives(pos_scores, pos_valid)  # tied relevant items in slot order
         if ties == "pessimistic":
@@ -576,7 +583,7 @@ def forbidden_sorted(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int) 
     ascending, padding replaced by ``n_items`` (sorts last): the items a sampler must skip."""
     forb = pos if exc is None else torch.cat([pos, exc], dim=1)
     forb = torch.where(forb >= 0, forb, torch.full_like(forb, n_items))  # padding sorts last
-    return torch.sort(forb, dim=1).values
+    return sort_rows(forb)
 
 
 def _uniform_positions(n_allowed: torch.Tensor, shape: tuple[int, ...], generator: torch.Generator | None,
@@ -720,7 +727,7 @@ def allowed_items(positions: torch.Tensor, pos: torch.Tensor, exc: Exclusions | 
         return exc.allowed_item(positions, pos)
     b = positions.shape[0]
     flat = positions.reshape(b, math.prod(positions.shape[1:]))
-    forb = torch.sort(torch.where(pos >= 0, pos, torch.full_like(pos, n_items)), dim=1).values
+    forb = sort_rows(torch.where(pos >= 0, pos, torch.full_like(pos, n_items)))
     return skip_sorted(flat, forb, n_items).reshape(positions.shape)
 
 

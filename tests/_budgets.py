@@ -6,6 +6,8 @@
   run would pay per call.
 * :class:`PeakTemporary` — a ``TorchDispatchMode`` that records the largest tensor (in elements) that
   any aten operator produced, with the operator's name: the bound on a hot path's temporaries.
+* :class:`OpCounter` — a ``TorchDispatchMode`` that counts the aten operators dispatched in a block: on an
+  accelerator each is (at least) one kernel launch, so the count bounds a call's fixed cost there.
 
 Both are test tools (they live in ``tests/``), not part of the package.
 """
@@ -23,7 +25,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 _SYNC_METHODS = {
     "item",
     "tolist",
-    "numpy",
+    # not "numpy": a CUDA tensor's .numpy() raises, so device-agnostic code reaches numpy through .cpu() / .to("cpu")
+    # (counted); a .numpy() call is a CPU-only path (the CPU's numpy counting kernels), no synchronisation anywhere
     "cpu",
     "__bool__",
     "__int__",
@@ -138,3 +141,20 @@ def peak_temporary(fn, *args, **kwargs) -> tuple[object, PeakTemporary]:
     with PeakTemporary() as rec:
         out = fn(*args, **kwargs)
     return out, rec
+
+
+class OpCounter(TorchDispatchMode):
+    """Count the aten operators dispatched in a block: ``with OpCounter() as ops: f(); ops.count``; ``ops.calls`` a
+    Counter of their names (to say which in a failing assertion)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: Counter[str] = Counter()
+
+    @property
+    def count(self) -> int:
+        return sum(self.calls.values())
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.calls[str(func)] += 1
+        return func(*args, **(kwargs or {}))

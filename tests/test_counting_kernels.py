@@ -41,9 +41,14 @@ def eager_backend():
     counting.set_backend(old)
 
 
+@pytest.mark.parametrize("numpy_path", [True, False])
 @pytest.mark.parametrize("chunk", [1, 40, 1 << 10, 1 << 19])
-def test_eager_counts_equal_brute_force_at_any_chunk_size(chunk, eager_backend, monkeypatch):
+def test_eager_counts_equal_brute_force_at_any_chunk_size(chunk, numpy_path, eager_backend, monkeypatch):
+    """Both CPU eager paths (numpy's comparisons counted 8 bytes at a time, the torch loop) at any chunk size: one
+    row and one reference per block, part of a block, the whole matrix."""
     monkeypatch.setattr(counting, "_EAGER_CPU_CHUNK_ELEMENTS", chunk)
+    monkeypatch.setattr(counting, "_NUMPY_CHUNK_BYTES", chunk)
+    monkeypatch.setattr(counting, "_numpy_blocked", [not numpy_path])
     rng = np.random.default_rng(25)
     b, n, p = 9, 53, 4
     s = _scores(rng, b, n)
@@ -73,6 +78,61 @@ def test_eager_counts_equal_brute_force_at_any_chunk_size(chunk, eager_backend, 
     got = counting.count_tied_before(scores, torch.from_numpy(tied_ref), torch.from_numpy(ref_keys), seed)
     truth = ((s[:, None, :] == tied_ref[:, :, None]) & (keys[:, None, :] < ref_keys[:, :, None])).sum(-1)
     np.testing.assert_array_equal(got.numpy(), truth)
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 2039, 2041, 4100])
+def test_numpy_counts_equal_the_torch_loop_across_lane_groups_and_threads(n, eager_backend, monkeypatch):
+    """The numpy path's SWAR count (a row's bytes in groups of at most 255 words) at widths around a group's edge and
+    over several groups, split between two threads (``_THREAD_MIN_WORK`` lowered), float32 and float64, with ties,
+    NaN and +-inf; equal to the torch loop (the reference) and its finite flags to numpy's isfinite."""
+    monkeypatch.setattr(counting, "_THREAD_MIN_WORK", 1)
+    monkeypatch.setattr(counting, "_NUMPY_CHUNK_BYTES", 3 * 8 * (n + 8))  # a few rows per block: several blocks
+    rng = np.random.default_rng(n)
+    b, p = 11, 6
+    for dtype in (np.float32, np.float64):
+        s = _scores(rng, b, max(n, 8))[:, :n].astype(dtype)
+        ref = s[np.arange(b)[:, None], rng.integers(0, n, (b, p))]
+        scores, ref_t = torch.from_numpy(s), torch.from_numpy(ref)
+        rows, r_ref = torch.from_numpy(rng.integers(0, b, 30)), torch.from_numpy(s[rng.integers(0, b, 30), 0])
+        threads = torch.get_num_threads()
+        torch.set_num_threads(2)  # two workers whatever the machine (restored below)
+        try:
+            for inclusive in (False, True):
+                got, finite = counting.count_beating_checked(scores, ref_t, inclusive)
+                got_rows = counting.count_beating_rows(scores, rows, r_ref, inclusive)
+                monkeypatch.setattr(counting, "_numpy_blocked", [True])
+                np.testing.assert_array_equal(got.numpy(), counting.count_beating(scores, ref_t, inclusive).numpy())
+                np.testing.assert_array_equal(got_rows.numpy(),
+                                              counting.count_beating_rows(scores, rows, r_ref, inclusive).numpy())
+                monkeypatch.setattr(counting, "_numpy_blocked", [False])
+                np.testing.assert_array_equal(finite.numpy(), np.isfinite(s).all(1))
+        finally:
+            torch.set_num_threads(threads)
+
+
+def test_empty_rows_or_catalogue_count_nothing(eager_backend):
+    """No items (n = 0) or no rows: zero counts of the right shape, finite flags for every row (numpy's path needs a
+    row of at least one item; the torch loop takes n = 0)."""
+    assert torch.equal(counting.count_beating(torch.zeros(3, 0), torch.zeros(3, 2)), torch.zeros(3, 2, dtype=torch.int64))
+    counts, finite = counting.count_beating_checked(torch.zeros(0, 5), torch.zeros(0, 2))
+    assert counts.shape == (0, 2) and finite.shape == (0,)
+    got = counting.count_beating_rows(torch.zeros(2, 0), torch.zeros(1, dtype=torch.int64), torch.zeros(1))
+    assert torch.equal(got, torch.zeros(1, dtype=torch.int64))
+
+
+def test_sort_rows_equals_torch_sort():
+    """numpy's sort on the CPU (int32/int64/float32/float64) and torch's for other dtypes: torch.sort's values, NaN
+    last, any shape (1-D, empty rows)."""
+    rng = np.random.default_rng(3)
+    cases = [torch.from_numpy(rng.integers(-5, 5, (7, 40))), torch.from_numpy(rng.normal(size=(3, 9)).astype(np.float32)),
+             torch.from_numpy(rng.integers(0, 9, 50).astype(np.int32)),
+             torch.tensor([[2.0, float("nan"), -1.0, float("inf"), -float("inf")]], dtype=torch.float64),
+             torch.zeros((4, 0), dtype=torch.int64), torch.tensor([[3, 1, 2]], dtype=torch.int16)]
+    for x in cases:
+        got, want = counting.sort_rows(x), torch.sort(x, dim=-1).values
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.isnan(), want.isnan()) if x.is_floating_point() else True
+        assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
 
 
 def test_count_accumulator_is_int32_only_where_a_row_cannot_overflow_it():

@@ -1,0 +1,94 @@
+"""Operators dispatched per call on the hot paths, counted on the CPU (``tests/_budgets.OpCounter``).
+
+Each aten operator is at least one kernel launch on an accelerator, where a call's time is its fixed cost per
+launch (BENCHMARKS.md, "Where the time goes on a GPU"); on a CPU each is a few microseconds of dispatch. The count
+of every hot path and adapter update is the same whatever the batch size B and the catalogue size n (no loop that
+dispatches per chunk of users or items: the CPU's eager counting runs its chunks in numpy, ``counting._numpy_padded``)
+and stays within a budget: today's count, so that a change that adds operators says so here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _budgets import OpCounter  # noqa: E402
+
+from reco_sampled_plugin import counting, exact_ranks, sampled_ranks  # noqa: E402
+from reco_sampled_plugin.adapters._shared import RankingSettings, padded_inputs  # noqa: E402
+from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
+
+P, E, M = 5, 50, 100
+SIZES = [(16, 296), (128, 20_000)]  # B x P x m <= 2^16: one block of keyed numbers (_keyed._HASH_BLOCK) at both;
+# n a multiple of 8: a mask is read as 64-bit words, padded (one operator more) otherwise
+SETTINGS = RankingSettings(("hit@10", "ndcg@10", "auc"), n_samples=M)
+
+# operators per call, measured on this commit (CPU, eager counting); the count before the CPU's numpy counting
+# path grew with B x n (index form: 125 at 64 x 2,000, 689 at 512 x 20,000)
+BUDGET = {
+    "exact index": 90,
+    "exact masks": 127,
+    "sampled index": 169,
+    "ExactRankingMetrics.update_padded": 86,
+    "SampledRankingMetrics.update_padded": 188,
+    "callback batch (mask exclusions)": 327,
+}
+
+
+def _problem(b: int, n: int) -> dict:
+    g = torch.Generator().manual_seed(b + n)
+    scores = torch.randint(-5, 6, (b, n), generator=g).to(torch.float32)  # many ties
+    items = torch.stack([torch.randperm(n, generator=g)[: P + E] for _ in range(b)])
+    pos, exc = items[:, :P].sort(1).values, items[:, P:].clone()
+    exc[::3, E // 2:] = -1  # ragged exclusions (padding)
+    pm = torch.zeros(b, n, dtype=torch.bool).scatter_(1, pos, True)
+    em = torch.zeros(b, n + 1, dtype=torch.bool).scatter_(1, torch.where(exc >= 0, exc, n), True)[:, :n]
+    return dict(scores=scores, pos=pos, exc=exc, pm=pm, em=em, ids=torch.arange(b))
+
+
+def _calls(d: dict) -> dict:
+    s, pos, exc = d["scores"], d["pos"], d["exc"]
+    exact = ExactRankingMetrics.from_settings(SETTINGS)
+    sampled = SampledRankingMetrics.from_settings(SETTINGS)
+    both = (ExactRankingMetrics.from_settings(SETTINGS),
+            SampledRankingMetrics.from_settings(dataclasses.replace(SETTINGS, check_finite=False)))
+
+    def callback_batch() -> None:  # what the Lightning callback does with a batch (its _batch_end)
+        p, e = padded_inputs(s, pos[:, 0], d["em"])
+        both[0].update_padded(s, p, e, None)
+        both[1].update_padded(s, p, e, d["ids"], None)
+
+    return {
+        "exact index": lambda: exact_ranks(s, pos, exclude=exc),
+        "exact masks": lambda: exact_ranks(s, d["pm"], exclude=d["em"]),
+        "sampled index": lambda: sampled_ranks(s, pos, M, exclude=exc, generator=torch.Generator().manual_seed(1)),
+        "ExactRankingMetrics.update_padded": lambda: exact.update_padded(s, pos, exc),
+        "SampledRankingMetrics.update_padded": lambda: sampled.update_padded(s, pos, exc, d["ids"]),
+        "callback batch (mask exclusions)": callback_batch,
+    }
+
+
+@pytest.fixture
+def eager():
+    before = counting.get_backend()
+    counting.set_backend("eager")
+    yield
+    counting.set_backend(before)
+
+
+@pytest.mark.parametrize("name", list(BUDGET))
+def test_operators_per_call_are_constant_in_size_and_within_budget(name, eager):
+    counts = []
+    for b, n in SIZES:
+        fn = _calls(_problem(b, n))[name]
+        fn()  # first call: caches (device constants, tables) filled
+        with OpCounter() as ops:
+            fn()
+        counts.append(ops.count)
+        assert ops.count <= BUDGET[name], (b, n, ops.count, ops.calls.most_common(8))
+    assert counts[0] == counts[1], (name, counts)
