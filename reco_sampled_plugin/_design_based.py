@@ -219,11 +219,11 @@ def model_fit(spec: MetricSpec, hist: Any, fit_options: dict | None = None, desi
     RankHistogram drawn under ``design``, default its own: ``gmod`` where the design resolves the top, else ``mes``),
     without bootstrap: the predictions need its posterior means only."""
     from . import registry
-    from .estimators import _choose
+    from .estimators import auto_choice
     from .rank_distribution import fit_rank_distribution
 
     design = hist.design if design is None else design
-    chosen, _ = _choose(spec, registry.Auto(**(fit_options or {})), hist, design)
+    chosen, _ = auto_choice(spec, registry.Auto(**(fit_options or {})), hist, design)
     method = registry.method_class(chosen.name)(**{**chosen.given(), "n_bootstrap": 0})
     law = "binomial" if design is None or design.adaptive_max is not None else design.law
     return fit_rank_distribution(hist, method, sampling=law), chosen.name, law

@@ -199,7 +199,7 @@ def _sample_histogram(sample: Any, entry: registry.Estimator, weights: TensorLik
                      f"plain arrays) or a RankHistogram, got {type(sample).__name__}")
 
 
-def _choose(spec: MetricSpec, auto: registry.Method, hist: RankHistogram, design: SamplingDesign | None
+def auto_choice(spec: MetricSpec, auto: registry.Method, hist: RankHistogram, design: SamplingDesign | None
             ) -> tuple[registry.Method, dict]:
     """What ``auto`` runs on these data (one place): ``registry.popularity_auto`` under a popularity design
     (``hh`` for AUC, ``pl_fit`` otherwise), else :func:`auto_method`; the choice gets auto's options it takes
@@ -334,7 +334,7 @@ def estimate(
     hist.check_support(law)  # every method: an r~ the design cannot produce is refused, not estimated from
     auto = None
     if entry.family == "auto":  # the registry's choice for this design and metric, run under its own name
-        method, auto = _choose(spec, method, hist, design)
+        method, auto = auto_choice(spec, method, hist, design)
         entry = type(method).entry
     _refuse_metric(spec, entry, hist, law, design, popularity)
     adaptive = None if design is None else design.adaptive
