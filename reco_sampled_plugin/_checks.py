@@ -190,7 +190,7 @@ def check_int(value: Any, name: str, minimum: int | None = None, maximum: int | 
     return v
 
 
-def check_required(value: _T | None, name: str, what: str) -> _T:
+def check_required(value: _T, name: str, what: str) -> _T:
     """``value`` unless it is None: an :class:`ArgumentTypeError` naming ``name`` says that ``what`` (e.g. "a
     SamplingDesign or an int m") is required there, where None would fail later as an AttributeError."""
     if value is None:

@@ -585,7 +585,7 @@ def _check_design(design: Any) -> None:
 
 def _real_number(x: Any) -> bool:
     """A real number (Python, numpy or one-element torch), never a bool, a str or an array of several."""
-    if isinstance(x, (bool, str, bytes)) or "bool" in str(getattr(x, "dtype", "")) or getattr(x, "ndim", 0):
+    if isinstance(x, (bool, str, bytes)) or "bool" in str(getattr(x, "dtype", "")) or bool(getattr(x, "ndim", 0)):
         return False
     try:
         float(x)
