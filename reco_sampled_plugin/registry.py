@@ -828,6 +828,8 @@ def popularity_auto(metric: Any, design: Any = None) -> str:
             top-K metric), naming what does.
     """
     kind = getattr(metric, "kind", None) or _metric_kind(metric)
+    if design is not None:
+        _check_design(design)
     for name in AUTO_CHOICES["popularity"]:
         if get(name).takes_metric(kind) and (design is None or get(name).supports(design)):
             return name

@@ -238,6 +238,12 @@ def test_query_filters_check_their_arguments(kwargs, named):
         registry.names(**kwargs)
 
 
+def test_popularity_auto_checks_its_design():
+    with pytest.raises(ValueError, match="^design: expected a SamplingDesign"):
+        registry.popularity_auto("auc", design=5)
+    assert registry.popularity_auto("auc", SamplingDesign(10, popularity=torch.ones(5))) == "hh"
+
+
 def test_query_filters_still_select():
     assert registry.names(family=["mapping"]) == registry.names(family="mapping") == ("linear", "bound", "beta",
                                                                                       "beta_fit")
