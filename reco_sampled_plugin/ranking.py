@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Sequence, 
 
 import torch
 
-from ._checks import (MAX_SAMPLES, MAX_SIZE, check_elements, check_generator, check_int, check_not_meta, check_required,
-                      check_same_device, check_size, check_weights, real_tensor)
+from ._checks import (MAX_SAMPLES, MAX_SIZE, ArgumentTypeError, check_elements, check_generator, check_int, check_not_meta,
+                      check_required, check_same_device, check_size, check_weights, real_tensor)
 from ._inputs import (Check, score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
                        finite_flags, pending_index, run_checks, sparse_masks)
 from .exclusions import Exclusions, as_exclusions, check_prepared, csr_from_padded, pending_exclusions, skip_sorted
@@ -499,7 +499,8 @@ class SampledRanks:
                                  "SamplingDesign(m, popularity=w)), sampled_ranks_from_scorer)")
         if n_samples is None:
             if design is None:
-                raise ValueError("n_samples: required (None given) unless a design gives m")
+                raise ArgumentTypeError("n_samples: required, expected m per positive (it may be None only where a "
+                                        "design gives m), got None")
             if design.adaptive_max is not None:
                 raise ValueError("n_samples: an adaptive design needs each positive's final m (None given)")
             m: Any = None

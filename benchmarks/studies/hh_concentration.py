@@ -65,7 +65,8 @@ def main() -> None:
     runs = ap.parse_args().runs
     kinds = ("uniform", "zipf^0.5", "zipf^1", "counts+1 (ml-like)", "zipf^2", "4 items x 1e3", "4 items x 1e6",
              "1 item x 1e9")
-    print(f"{'design':<20} {'flagged':>8} {'auto':>6} {'far off':>8} {'silent':>7} {'rare':>6}  (n=400, 300 users, m=20, {runs} runs)")
+    print(f"{'design':<20} {'flagged':>8} {'auto':>6} {'far off':>8} {'silent':>7} {'rare':>6}  "
+          f"(n=400, 300 users, m=20, {runs} runs)")
     for kind in kinds:
         res = [run(kind, seed) for seed in range(runs)]
         out = np.array([r[:3] for r in res], dtype=bool)
