@@ -22,6 +22,8 @@ import torch
 _T = TypeVar("_T")
 
 __all__ = [
+    "ArgumentTypeError",
+    "MAX_INT",
     "MAX_SIZE",
     "MAX_TOTAL_WEIGHT",
     "MAX_SAMPLES",
@@ -35,6 +37,7 @@ __all__ = [
     "real_tensor",
     "check_same_device",
     "check_int",
+    "check_required",
     "check_size",
     "check_sizes",
     "check_not_meta",
@@ -63,6 +66,15 @@ MAX_TOTAL_WEIGHT = float(1 << 53)
 #: in closed form or by quadrature (sums over 1..n, the identification's shape rows, the planner's default
 #: family) are computed so and need no bound; the others are refused before allocating.
 MAX_ELEMENTS = 1 << 27
+#: Largest integer option accepted where a caller sets no tighter bound (2^63 - 1: what an int64 holds; a seed's
+#: range). Larger Python ints are refused, never wrapped around or passed on to an allocation.
+MAX_INT = (1 << 63) - 1
+
+
+class ArgumentTypeError(ValueError, TypeError):
+    """An argument of the wrong type (a string, a float or a bool where an integer is expected, None where a design
+    is required): a ValueError (the package's promise) that is also the TypeError Python raises for a wrong type.
+    Its message starts with the argument's name."""
 
 
 def check_elements(count: int, name: str, what: str) -> None:
@@ -151,10 +163,15 @@ def check_same_device(**tensors: torch.Tensor | None) -> None:
 
 
 def check_int(value: Any, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
-    """The one check of an integer option (a seed, an iteration count, a batch size, k...): ``value`` as an int,
-    raising a ValueError naming ``name`` unless it is a Python, numpy or 0-d torch integer in minimum..maximum.
-    Bools, floats (even 3.0), complex numbers and arrays are refused. Sizes (n, m) that may arrive as whole
-    floats go through :func:`check_size` instead."""
+    """The one check of an integer option (a seed, an iteration count, a batch size, k...): ``value`` as an int
+    when it is a Python, numpy or 0-d torch integer in minimum..maximum (``maximum`` None: :data:`MAX_INT`).
+
+    Raises:
+        ArgumentTypeError (a ValueError and a TypeError) naming ``name`` for a value of another type: bools,
+            strings (``"10"``), floats (even 3.0), complex numbers, arrays.
+        ValueError naming ``name`` for an integer outside minimum..maximum (2^70 included).
+
+    Sizes (n, m) that may arrive as whole floats go through :func:`check_size` instead."""
     dtype = str(getattr(value, "dtype", ""))
     bad_type = (isinstance(value, (bool, np.bool_)) or any(k in dtype for k in ("bool", "float", "complex"))
                 or bool(getattr(value, "ndim", 0)) or not hasattr(value, "__index__"))
@@ -164,12 +181,21 @@ def check_int(value: Any, name: str, minimum: int | None = None, maximum: int | 
         v = None
     if v is None:
         bound = "" if minimum is None else f" >= {minimum}"
-        raise ValueError(f"{name}: expected an integer{bound}, got {value!r}") from None
+        raise ArgumentTypeError(f"{name}: expected an integer{bound}, got {type(value).__name__} {value!r}") from None
     if minimum is not None and v < minimum:
         raise ValueError(f"{name}: must be >= {minimum}, got {v}")
-    if maximum is not None and v > maximum:
-        raise ValueError(f"{name}: must be <= {maximum}, got {v}")
+    top = MAX_INT if maximum is None else maximum
+    if v > top:
+        raise ValueError(f"{name}: must be <= {top}{' (2^63 - 1, an int64)' if maximum is None else ''}, got {_show(v)}")
     return v
+
+
+def check_required(value: _T, name: str, what: str) -> _T:
+    """``value`` unless it is None: an :class:`ArgumentTypeError` naming ``name`` says that ``what`` (e.g. "a
+    SamplingDesign or an int m") is required there, where None would fail later as an AttributeError."""
+    if value is None:
+        raise ArgumentTypeError(f"{name}: required, expected {what}, got None")
+    return value
 
 
 def check_size(value: Any, name: str, minimum: int = 1, maximum: int = MAX_SIZE) -> int:
@@ -189,13 +215,13 @@ def _numeric(x: Any, name: str, what: str, device: torch.device | None = None, b
         t = check_not_meta(x, name)
     else:
         if isinstance(x, (bool, np.bool_)) and not booleans:
-            raise ValueError(f"{name}: expected {what}, got the bool {x!r}")
+            raise ArgumentTypeError(f"{name}: expected {what}, got the bool {x!r}")
         try:
             a = np.asarray(x)
         except Exception as exc:  # ragged lists and the like
             raise ValueError(f"{name}: expected {what}, got {type(x).__name__} ({exc})") from None
         if a.dtype.kind not in "biufc":
-            raise ValueError(f"{name}: expected {what}, got {type(x).__name__} of dtype {a.dtype}")
+            raise ArgumentTypeError(f"{name}: expected {what}, got {type(x).__name__} of dtype {a.dtype}")
         if a.dtype.kind == "u" and a.dtype.itemsize == 8:  # torch has little uint64 support
             if a.size and a.max() > np.iinfo(np.int64).max:
                 raise ValueError(f"{name}: values too large, got {a.max()}")
@@ -204,9 +230,9 @@ def _numeric(x: Any, name: str, what: str, device: torch.device | None = None, b
             a = a.copy()
         t = torch.as_tensor(a)
     if t.dtype == torch.bool and not booleans:
-        raise ValueError(f"{name}: expected {what}, got booleans (dtype {t.dtype})")
+        raise ArgumentTypeError(f"{name}: expected {what}, got booleans (dtype {t.dtype})")
     if t.is_complex():
-        raise ValueError(f"{name}: expected {what}, got complex numbers (dtype {t.dtype})")
+        raise ArgumentTypeError(f"{name}: expected {what}, got complex numbers (dtype {t.dtype})")
     if device is not None and t.device != device:
         t = t.to(device)
     return t

@@ -33,9 +33,10 @@ FLAG_TEXT: dict[str, str] = {
                             "ls); its interval is clipped to the range",
     "several_m": "several sample sizes m in one histogram",
     "weights_concentrated": "popularity sampling: a few rarely drawn items carry most of the Hansen-Hurwitz weight "
-                            "(Kish effective sample size of the beating draws' 1/q below 10% of their number); the "
-                            "estimate and its standard error rest on the few positives that drew them: raise m or "
-                            "flatten the sampling law (a smaller alpha)",
+                            "(Kish effective sample size of the beating draws' 1/q below 10% of their number, or more "
+                            "than 1% of the catalogue in popularity classes the draws are expected to hit fewer than "
+                            "5 times: details['rare_share']); the estimate and its standard error rest on the few "
+                            "draws of those items, or on none: raise m or flatten the sampling law (a smaller alpha)",
     "uncorrected": "the plain sampled metric (method none), not an estimate of the full-catalogue metric: its "
                    "interval covers the sampled metric only",
     "no_instances": "nothing was counted: no value (NaN)",

@@ -56,7 +56,13 @@ def bspline_design(x: np.ndarray, knots: np.ndarray, k: int) -> np.ndarray:
 
 
 def g_basis(edges: np.ndarray, df: int) -> np.ndarray:
-    """(C, df) cubic B-spline basis at log(mean rank) of each cell, knots equally spaced on [0, log n]."""
+    """(C, df) cubic B-spline basis at log(mean rank) of each cell, knots equally spaced on [0, log n]; a ValueError
+    naming ``df`` where it exceeds both the C cells of the rank grid (coefficients the data cannot identify) and the
+    default G_DF (always allowed)."""
+    cells = len(edges) - 1
+    if df > max(cells, G_DF):
+        raise ValueError(f"df: {df} B-spline coefficients for a rank grid of {cells} cells; the data identify at "
+                         f"most {max(cells, G_DF)} (one per cell; the default is {G_DF})")
     pts, wts = cell_points(edges)
     x = np.log((pts * wts).sum(1))
     hi = max(math.log(float(edges[-1])), 1e-9)

@@ -19,12 +19,26 @@ from typing import Any, TypeVar
 import numpy as np
 
 from .sampling_laws import check_law  # the one sampling-law check of the package
-from ._checks import check_int  # the one integer check of the package
+from ._checks import ArgumentTypeError, check_int  # the one integer check of the package, and its type error
 from .metric_names import MetricSpec
 
 _T = TypeVar("_T")
 
+#: Most bootstrap replicates of a fit (``n_bootstrap``): each replicate is a whole refit (the defaults take 16-32),
+#: and 2,000 is what a percentile interval needs (Efron & Tibshirani 1993, ch. 13); beyond it a fit would run for
+#: hours and hold n_bootstrap x cells float64 for nothing.
+MAX_BOOTSTRAP = 2000
+#: Most iterations of a fit (``max_iter``, default 5000): the EM and L-BFGS-B loops stop at ``tol`` long before.
+MAX_ITERATIONS = 1_000_000
+#: Most B-spline coefficients of g-modelling (``df``, default 10): its penalty is a df x df matrix (2^24 values,
+#: 128 MiB, at the bound: MAX_ELEMENTS / 8), its basis cells x df; at fit time df is also at most the number of
+#: cells of the rank grid (coefficients beyond it are not identified by the data).
+MAX_SPLINE_DF = 4096
+
 __all__ = [
+    "MAX_BOOTSTRAP",
+    "MAX_ITERATIONS",
+    "MAX_SPLINE_DF",
     "ArgumentTypeError",
     "NotFittedError",
     "MissingFileError",
@@ -43,11 +57,6 @@ __all__ = [
     "check_beta_shape",
     "check_base_measure",
 ]
-
-
-class ArgumentTypeError(ValueError, TypeError):
-    """An argument of the wrong type: a ValueError (the package's promise) that is also the TypeError that callers
-    written before the promise catch."""
 
 
 class NotFittedError(ValueError, RuntimeError):
@@ -79,11 +88,11 @@ def _real(x: Any, name: str, what: str) -> float:
     (numpy and torch bools too), complex numbers and arrays of any other shape are refused."""
     dtype = str(getattr(x, "dtype", ""))
     if isinstance(x, (bool, np.bool_)) or "bool" in dtype or "complex" in dtype:
-        raise ValueError(f"{name}: expected {what}, got {x!r}")
+        raise ArgumentTypeError(f"{name}: expected {what}, got {x!r}")
     if not isinstance(x, numbers.Real):
         # numpy / torch scalars are numbers.Real or have __float__; strings and containers are refused
         if isinstance(x, (str, bytes)) or not hasattr(x, "__float__") or bool(getattr(x, "ndim", 0)):
-            raise ValueError(f"{name}: expected {what}, got {x!r}")
+            raise ArgumentTypeError(f"{name}: expected {what}, got {x!r}")
     try:
         return float(x)
     except (TypeError, ValueError, OverflowError):
@@ -128,10 +137,10 @@ def check_fraction(x: Any, name: str) -> float:
     return v
 
 
-def check_count(x: Any, name: str, minimum: int = 0) -> int:
-    """An integer option >= ``minimum`` (:func:`~reco_sampled_plugin._checks.check_int`: Python, numpy or 0-d
-    integer torch values; not a bool, not a float such as 2.5 or 1e3)."""
-    return check_int(x, name, minimum)
+def check_count(x: Any, name: str, minimum: int = 0, maximum: int | None = None) -> int:
+    """An integer option in ``minimum``..``maximum`` (:func:`~reco_sampled_plugin._checks.check_int`: Python, numpy
+    or 0-d integer torch values; not a bool, not a float such as 2.5 or 1e3; None: at most 2^63 - 1)."""
+    return check_int(x, name, minimum, maximum)
 
 
 def check_seed(x: Any, name: str = "seed") -> int:
@@ -148,7 +157,7 @@ def check_bool(x: Any, name: str) -> bool:
     non-empty string is truthy: ``"False"`` would do what True does)."""
     if isinstance(x, (bool, np.bool_)):
         return bool(x)
-    raise ValueError(f"{name}: expected True or False, got {x!r}")
+    raise ArgumentTypeError(f"{name}: expected True or False, got {x!r}")
 
 
 def check_choice(x: Any, choices: Iterable[_T], name: str) -> _T:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from scipy import special
 
-from ._checks import check_generator, check_rank_values, check_sizes
+from ._checks import check_generator, check_rank_values, check_required, check_sizes
 from ._inputs import finite_check, run_checks, score_tensor
 from ._options import check_bool
 from .design import AdaptiveDesign, SamplingDesign, as_design
@@ -214,7 +214,7 @@ def complete_at_cap(need: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | N
 def _adaptive(n_samples: Any) -> SamplingDesign:
     """The adaptive design of the draws' ``n_samples`` (a ValueError naming it for anything else: an int m is the
     fixed design ``SamplingDesign(m)``, as :func:`~reco_sampled_plugin.ranking.sampled_ranks` reads it)."""
-    design = as_design(n_samples)
+    design = as_design(check_required(n_samples, "n_samples", "an adaptive SamplingDesign(m, adaptive_max=cap)"))
     if design.adaptive_max is None:
         raise ValueError(f"n_samples: {design!r} is not adaptive; adaptive sampling takes SamplingDesign(m, "
                          "adaptive_max=cap) (a fixed m draws with sampled_ranks)")

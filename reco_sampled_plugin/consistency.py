@@ -115,6 +115,8 @@ def _prepare(exact_ranks: Mapping[str, object], n_items: Any) -> tuple[dict[str,
     if len(sizes) != 1:
         raise ValueError("exact_ranks: every recommender must be evaluated on the same instances")
     size = sizes.pop()
+    if size == 0:  # a mean over no instance is NaN: every table cell would be
+        raise ValueError("exact_ranks: no instances (every recommender's ranks are empty); give each at least one rank")
     # whole counts (n_items = 100.5 is refused, not truncated to 100), one or one per instance
     n = torch.as_tensor(check_sizes(n_items, "n_items", 2)).detach().cpu().to(torch.int64)
     if n.dim() and n.numel() not in (1, size):

@@ -56,7 +56,7 @@ import torch
 
 from . import registry
 from ._blas import SMALL_SYSTEM, one_blas_thread
-from ._checks import (MAX_ELEMENTS, check_device, check_elements, check_rank_values, check_ranks_in_range, check_sizes,
+from ._checks import (MAX_ELEMENTS, check_required, check_device, check_elements, check_rank_values, check_ranks_in_range, check_sizes,
                       real_tensor)
 from ._options import check_fraction, check_metric_names
 from .design import SamplingDesign, as_design
@@ -174,9 +174,7 @@ def correction_method(method: str | registry.Method) -> registry.Method:
 def fixed_design(n_samples: SamplingDesign | int) -> SamplingDesign:
     """``n_samples`` as a design of a fixed m drawn uniformly (with or without replacement), else a ValueError
     naming ``n_samples``."""
-    design = as_design(n_samples, name="n_samples")
-    if design is None:
-        raise ValueError("n_samples: required, an int m or a SamplingDesign")
+    design = as_design(check_required(n_samples, "n_samples", "an int m or a SamplingDesign"), name="n_samples")
     if design.adaptive_max is not None or design.popularity is not None:
         raise ValueError(f"n_samples: a correction table is for a fixed m drawn uniformly, got {design.describe()}; "
                          "estimate() corrects adaptive and popularity designs")

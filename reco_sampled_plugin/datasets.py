@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import zlib
 import importlib.util
 import io
 import os
@@ -170,8 +171,8 @@ def _columns_by_loadtxt(text: str, start: int, sep: str | None, n_fields: int,
     a line or separate fields for ``str`` but not for numpy, a changing number of fields, a blank line between
     fields, an empty id, no data line): the line reader then reads it and names the first bad line."""
     chars = set(text)
-    if '"' in chars or any(ch.isspace() for ch in chars - _PLAIN_BLANKS):
-        return None
+    if '"' in chars or "\x00" in chars or any(ch.isspace() for ch in chars - _PLAIN_BLANKS):
+        return None  # NUL: numpy's strings drop trailing NULs ("1\x00" would read as 1); the line reader refuses it
     if sep == "::":  # numpy takes one-character separators; "\x1f" is not in the text (it is a blank)
         text, sep = text.replace("::", "\x1f"), "\x1f"
     offset = 0
@@ -346,6 +347,9 @@ def _read_text(path: str) -> str:
             return fh.read()
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason})") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:  # a .gz that is not gzip, or is cut short
+        raise ValueError(f"{path}: not a readable gzip file, as its suffix .gz says ({exc}); gunzip it to check, or "
+                         "rename a plain text file without .gz") from None
     except (IsADirectoryError, PermissionError) as exc:
         raise ValueError(f"{path}: cannot read ({exc.strerror or exc})") from None
     except FileNotFoundError:
@@ -387,6 +391,9 @@ def _interactions_by_lines(lines: list[str], start: int, sep: str | None, n_fiel
         line = lines[k]
         if not line.strip():
             continue
+        if "\x00" in line:  # binary data (e.g. a compressed file without its .gz)
+            raise ValueError(f"{path}:{k + 1}: a NUL character: not a text file of interactions (compressed or binary "
+                             "data?)")
         fields = _split(line, sep)
         if len(fields) != n_fields:
             raise ValueError(f"{path}:{k + 1}: expected {n_fields} fields, got {len(fields)}: {line!r}")

@@ -255,6 +255,7 @@ def _fixed(spec: MetricSpec, hist: RankHistogram, law: str, method: registry.Met
     opts = method.options()
     res = entry.compute_function()(spec, hist, method=entry.name, sampling=law,
                                    options=opts if draws is None else {**opts, "draws": draws})
+    registry.check_output(entry.name, res)
     if draws is not None:
         ident = getattr(res, "identification", None)
     return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds,

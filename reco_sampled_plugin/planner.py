@@ -104,7 +104,8 @@ from scipy import special
 
 from . import registry
 from ._blas import one_blas_thread
-from ._checks import MAX_SAMPLES, check_int, check_rank_values, check_size, check_sizes, renamed
+from ._checks import (MAX_ELEMENTS, MAX_SAMPLES, check_elements, check_int, check_rank_values, check_size, check_sizes,
+                      renamed)
 from ._options import check_bool, check_positive_float
 from .adaptive import check_adaptive_histogram, expected_samples
 from .design import AdaptiveDesign, SamplingDesign
@@ -877,7 +878,7 @@ def _check_k(spec: MetricSpec, n_min: int, where: str) -> None:
 def _check_settings(n_items: Any, n_users: Any, metric: str | MetricSpec, target: Any, method: Any, repeats: Any,
                     seed: Any, execution: Any, target_halfwidth: Any = None) -> _Settings:
     """:class:`_Settings` of :func:`plan`'s arguments (a ValueError naming the first bad one)."""
-    n_users = check_int(n_users, "n_users", minimum=1)
+    n_users = check_int(n_users, "n_users", minimum=1, maximum=MAX_ELEMENTS)  # per-user arrays (memory rule)
     if np.ndim(n_items) == 0:
         n_scalar = check_size(n_items, "n_items", 2)
         n_u = np.full(n_users, n_scalar, dtype=np.int64)
@@ -894,6 +895,7 @@ def _check_settings(n_items: Any, n_users: Any, metric: str | MetricSpec, target
     if target_halfwidth is not None:
         target_halfwidth = check_positive_float(target_halfwidth, "target_rel_halfwidth")
     repeats = check_int(repeats, "repeats", minimum=2)
+    check_elements(repeats * n_users, "repeats", f"the simulated exact ranks (repeats x n_users = {repeats} x {n_users})")
     spec = parse_metric(metric)
     method_obj = registry.as_method(method)  # an unknown method: the registry's ValueError naming ``method``
     _check_k(spec, int(n_u.min()), f"the catalogue (n_items = {int(n_u.min())})")
@@ -929,12 +931,20 @@ def _candidate_designs(designs: Any, s: _Settings, world: PopularityWorld | None
     """The designs to forecast, checked (:func:`_check_design`): ``designs``, or :func:`default_designs` of the
     smallest n (with a popularity world: the pilot's own law at the default fixed m first)."""
     n_min, method = s.n_min, s.method.name
-    if designs is None:
+    if designs is None:  # the defaults: a refusal is of the caller's method or catalogue, never of ``designs``
         out = default_designs(n_min, method)
         if world is not None:  # the pilot's own law at the default fixed m, before the uniform grid
             own = world.pilot_design.popularity
-            out = [_check_design(SamplingDesign(m, popularity=own), n_min, method, world)
-                   for m in DEFAULT_FIXED_M if m < n_min - 1] + out
+            try:
+                out = [_check_design(SamplingDesign(m, popularity=own), n_min, method, world)
+                       for m in DEFAULT_FIXED_M if m < n_min - 1] + out
+            except ValueError as exc:
+                raise ValueError(renamed(str(exc), {"designs": "method"}) + " (the default designs of a popularity "
+                                 "pilot draw by its law)") from None
+        if not out:
+            raise ValueError(f"n_items: no default design below full ranking for n_items = {n_min} with method "
+                             f"{method!r} (fixed m in {DEFAULT_FIXED_M} need m < n - 1); pass designs, or rank all "
+                             "items")
     else:
         out = [_check_design(d, n_min, method, world) for d in designs]
     if not out:

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from .identification import IdentifiedInterval
     from .ranking import SampledRanks
 
-__all__ = ["HH_METRICS", "ESS_SHARE_FLAG", "PopularityDraws", "popularity_draws", "rank_estimates", "mean_rank",
+__all__ = ["HH_METRICS", "ESS_SHARE_FLAG", "RARE_DRAWS", "RARE_SHARE_FLAG", "rare_share", "PopularityDraws", "popularity_draws", "rank_estimates", "mean_rank",
            "estimate_by_hh", "estimate_by_pl_fit", "pl_fit"]
 
 #: The metric kinds ``hh`` estimates: those linear in the exact rank.
@@ -52,6 +52,32 @@ HH_METRICS = ("auc",)
 #: most of the estimate, and its standard error rests on the few positives that drew them.
 ESS_SHARE_FLAG = 0.1
 
+#: A popularity class of the design (``_popularity.weight_bins``: items of similar weight) is *rarely drawn* when
+#: all the evaluation's draws together (positives x m) are expected to hit it fewer than this many times: the
+#: count of its items above a positive then rests on a handful of draws of weight 1/q~ each, or on none.
+RARE_DRAWS = 5.0
+#: ``weights_concentrated`` is also flagged when rarely drawn classes hold more than this share of the drawable
+#: catalogue (``details["rare_share"]``): read from the design's weights, not from the draws, so a design that puts
+#: nearly all its mass on a few items is flagged even when no rare item was drawn (then the drawn items alone look
+#: even). The AUC can be off by up to that share (the rarely drawn items above the positives, mostly unseen).
+RARE_SHARE_FLAG = 0.01
+
+
+def rare_share(weights: torch.Tensor, draws: float) -> float:
+    """The share of the items of weight > 0 that lie in popularity classes (:func:`~reco_sampled_plugin._popularity.
+    weight_bins`) which ``draws`` draws from the law w / sum(w) are expected to hit fewer than :data:`RARE_DRAWS`
+    times in all: 0 for uniform weights (one class, hit by every draw) once draws >= RARE_DRAWS, near 1 when a few
+    items hold nearly all the mass."""
+    w = weights.detach().to(torch.float64).cpu()
+    cls = weight_bins(w)
+    count = torch.zeros(POP_BINS, dtype=torch.float64).scatter_add_(0, cls, (w > 0).double())
+    mass = torch.zeros(POP_BINS, dtype=torch.float64).scatter_add_(0, cls, w)
+    total = float(mass.sum())
+    if total <= 0:
+        return 0.0
+    rare = (count > 0) & (draws * mass / total < RARE_DRAWS)
+    return float(count[rare].sum() / count.sum())
+
 
 class PopularityDraws:
     """The per-positive inputs of ``hh`` (valid slots only, 1-D float64 numpy arrays): S1, S2, beating draws, n, m,
@@ -60,9 +86,10 @@ class PopularityDraws:
     for a uniform histogram."""
 
     def __init__(self, s1: np.ndarray, s2: np.ndarray, beating: np.ndarray, n: np.ndarray, m: np.ndarray,
-                 w: np.ndarray, units: Units | None = None) -> None:
+                 w: np.ndarray, units: Units | None = None, rare: float | None = None) -> None:
         self.s1, self.s2, self.beating, self.n, self.m, self.w = s1, s2, beating, n, m, w
         self.units = units
+        self.rare = rare  # rare_share of the design's weights at these draws (None: no design weights known)
 
 
 def popularity_draws(sampled: SampledRanks, weights: TensorLike | None = None) -> PopularityDraws:
@@ -103,8 +130,11 @@ def popularity_draws(sampled: SampledRanks, weights: TensorLike | None = None) -
 
     m = np.full(int(valid.sum()), float(design.n_samples))
     units = _units(stats, valid, design, n, m, w, host) if stats.has_profile else None
+    assert design.popularity is not None  # a popularity design: statistics are kept for those only
+    # a rank file's design carries one placeholder weight (its law is not known): no share then
+    rare = rare_share(design.popularity, float(m.sum())) if design.popularity.numel() > 1 else None
     return PopularityDraws(host(stats.inv_q[valid]), host(stats.inv_q2[valid]), host(stats.beating[valid]), host(n),
-                           m, host(w[valid]), units)
+                           m, host(w[valid]), units, rare)
 
 
 #: Why ``pl_fit`` refuses statistics without class counts (rank files carry S1, S2 only).
@@ -243,8 +273,10 @@ def estimate_by_hh(spec: MetricSpec, hist: RankHistogram, *, method: str, sampli
     s = _summary(d)
     details = {"method": method, "design": design, "stderr_sampling":
                math.sqrt(float(d.w @ within)) / total if np.all(np.isfinite(within)) else None, **s}
+    if d.rare is not None:
+        details["rare_share"] = d.rare
     flags: tuple[str, ...] = ()
-    if s["ess_share"] is not None and s["ess_share"] < ESS_SHARE_FLAG:
+    if (s["ess_share"] is not None and s["ess_share"] < ESS_SHARE_FLAG) or (d.rare or 0.0) > RARE_SHARE_FLAG:
         flags = ("weights_concentrated",)
     return EstimatorOutput(value, se, total, details, flags)
 

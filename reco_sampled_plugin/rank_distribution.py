@@ -76,7 +76,7 @@ from ._rank_hist import (
     pool_by_n,
     pool_exact_groups,
 )
-from ._checks import (MAX_SAMPLES, MAX_SIZE, check_rank_values, check_sampled_support, check_sizes,
+from ._checks import (MAX_SAMPLES, MAX_SIZE, check_elements, check_rank_values, check_sampled_support, check_sizes,
                       check_without_replacement, impossible_rank_message)
 from ._options import check_metric_names
 from . import registry
@@ -1533,6 +1533,7 @@ def _bootstrap(fitter: Any, model: _Model, pi: np.ndarray, pi0: np.ndarray, meth
     total = flat.sum()
     if replicates <= 0 or round(total) < 2:
         return np.zeros((0, len(pi)))
+    check_elements(replicates * len(flat), "n_bootstrap", "the bootstrap's redrawn counts (replicates x cells)")
     rng = np.random.default_rng(method.seed)
     draws = rng.multinomial(int(round(total)), flat / total, size=replicates).astype(np.float64)
     return fitter.bootstrap(model, draws, pi, pi0, method, details)

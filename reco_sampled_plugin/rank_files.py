@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import MAX_SIZE, check_size
+from ._checks import MAX_SIZE, check_real_array, check_size
 from .design import SamplingDesign
 from .ranking import END_TIES, SampledRanks
 
@@ -69,6 +69,32 @@ class RankFile:
     n_samples: np.ndarray
     hh_s1: np.ndarray | None = None
     hh_s2: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        """The columns checked and normalised (built by hand as well as by the readers): ranks, n and m whole numbers
+        (int64; a NaN or 2.5 is a ValueError naming the column and the entry, never cast to a wrapped integer), one per
+        positive, n >= 2, m >= 1, 1 <= r~ <= m + 1; hh_s1 and hh_s2 both or neither, finite numbers >= 0."""
+        cols = {name: _whole_column(getattr(self, name), name, low)
+                for name, low in (("ranks", 1), ("n_items", 2), ("n_samples", 1))}
+        if len({c.shape for c in cols.values()}) != 1:
+            raise ValueError(f"RankFile: ranks, n_items and n_samples need one value per positive each, got shapes "
+                             f"{[c.shape for c in cols.values()]}")
+        over = np.flatnonzero(cols["ranks"] > cols["n_samples"] + 1)
+        if over.size:
+            k = int(over[0])
+            raise ValueError(f"ranks: entry {k}: sampled rank {int(cols['ranks'][k])} outside 1..m+1 = "
+                             f"1..{int(cols['n_samples'][k]) + 1}")
+        if (self.hh_s1 is None) != (self.hh_s2 is None):
+            raise ValueError("hh_s1: give hh_s1 and hh_s2 together (a popularity-sampled file) or neither")
+        for name in ("hh_s1", "hh_s2"):
+            v = getattr(self, name)
+            if v is not None:
+                a = check_real_array(v, name)
+                if a.shape != cols["ranks"].shape or not bool(np.all(np.isfinite(a) & (a >= 0))):
+                    raise ValueError(f"{name}: expected one finite number >= 0 per positive")
+                object.__setattr__(self, name, a)
+        for name, c in cols.items():
+            object.__setattr__(self, name, c)
 
     @property
     def popularity(self) -> bool:
@@ -113,6 +139,19 @@ class RankFile:
                             popularity_stats=stats)
 
 
+def _whole_column(x: Any, name: str, minimum: int) -> np.ndarray:
+    """A :class:`RankFile` column as a 1-D int64 array: whole finite numbers in minimum..MAX_SIZE, else a ValueError
+    naming the column and the first bad entry."""
+    a = check_real_array(x, name, "whole numbers (one per positive)")
+    if a.ndim != 1:
+        raise ValueError(f"{name}: expected one value per positive (1-D), got shape {a.shape}")
+    bad = ~(np.isfinite(a) & (a == np.round(a)) & (a >= minimum) & (a <= MAX_SIZE))
+    if bool(bad.any()):
+        k = int(np.argmax(bad))
+        raise ValueError(f"{name}: entry {k} is {a[k]!r}, expected a whole number in {minimum}..2^40")
+    return a.astype(np.int64)
+
+
 def _float(field: str, path: Path, number: int, what: str) -> float:
     """A finite number >= 0 (a popularity statistic)."""
     try:
@@ -152,6 +191,8 @@ def _utf8_text(data: bytes) -> str | None:
     try:
         text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError:
+        return None
+    if "\x00" in text:  # numpy drops a field's trailing NULs ("1\x00" would read as 1): the line reader refuses them
         return None
     return _CR.sub("\n", text) if "\r" in text else text
 
@@ -312,7 +353,7 @@ def _rank_table(data: bytes, n_items: int | None, n_samples: int | None) -> Rank
     n = np.full(len(r), n_items, dtype=np.int64) if n is None else np.ascontiguousarray(n)
     m = np.full(len(r), n_samples, dtype=np.int64) if m is None else np.ascontiguousarray(m)
     r = np.ascontiguousarray(r)
-    ok = (m >= 1) & (n >= 2) & (r >= 1) & (r - 1 <= m)
+    ok = (m >= 1) & (n >= 2) & (r >= 1) & (r - 1 <= m) & (n <= MAX_SIZE) & (m <= MAX_SIZE)
     if s1 is not None and s2 is not None:  # _check_hh, column-wise (both or neither are read)
         tol = 1e-9
         s1, s2 = np.ascontiguousarray(s1), np.ascontiguousarray(s2)
@@ -356,6 +397,9 @@ def _rank_file_by_line(path: Path, data: bytes, n_items: int | None, n_samples: 
             raise ValueError(f"{path}:{number}: no sample size on the line and no --n-samples given")
         if m < 1 or n < 2:
             raise ValueError(f"{path}:{number}: need n_candidates >= 2 and n_samples >= 1, got n = {n}, m = {m}")
+        if max(n, m) > MAX_SIZE:
+            raise ValueError(f"{path}:{number}: n_candidates and n_samples are at most 2^40 = {MAX_SIZE}, got n = {n}, "
+                             f"m = {m}")
         if not 1 <= r <= m + 1:
             raise ValueError(f"{path}:{number}: sampled rank {r} outside 1..m+1 = 1..{m + 1}")
         if len(fields) == 5:
@@ -533,6 +577,7 @@ def read_ncf(test_rating: str | os.PathLike, test_negative: str | os.PathLike, s
     sorted by (user, item); others (commas or semicolons) and any file that fails a check by the line reader,
     which names the line of the first error.
     """
+    n_items = check_size(n_items, "n_items", 2)
     test_rating, test_negative, scores = Path(test_rating), Path(test_negative), Path(scores)
     if not isinstance(ties, str) or ties not in END_TIES:
         raise ValueError(f"ties: use 'pessimistic' or 'optimistic', got {ties!r}")

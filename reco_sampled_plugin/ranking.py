@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Sequence, 
 
 import torch
 
-from ._checks import (MAX_SAMPLES, MAX_SIZE, check_elements, check_generator, check_int, check_not_meta,
-                      check_same_device, check_size, check_weights, real_tensor)
+from ._checks import (MAX_SAMPLES, MAX_SIZE, ArgumentTypeError, check_elements, check_generator, check_int, check_not_meta,
+                      check_required, check_same_device, check_size, check_weights, real_tensor)
 from ._inputs import (Check, score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
                        finite_flags, pending_index, run_checks, sparse_masks)
 from .exclusions import Exclusions, as_exclusions, check_prepared, csr_from_padded, pending_exclusions, skip_sorted
@@ -516,7 +516,8 @@ class SampledRanks:
                                  "SamplingDesign(m, popularity=w)), sampled_ranks_from_scorer)")
         if n_samples is None:
             if design is None:
-                raise ValueError("n_samples: required (None given) unless a design gives m")
+                raise ArgumentTypeError("n_samples: required, expected m per positive (it may be None only where a "
+                                        "design gives m), got None")
             if design.adaptive_max is not None:
                 raise ValueError("n_samples: an adaptive design needs each positive's final m (None given)")
             m: Any = None
@@ -1070,7 +1071,8 @@ def sampled_ranks(
         neg, m = _given_negatives(negatives, n_samples, scores, pos, exc, later)
     else:
         if n_samples is None:
-            raise ValueError("n_samples: required unless negatives are given")
+            check_required(n_samples, "n_samples", "an int m or a SamplingDesign (it may be None only where negatives "
+                           "are given)")
         m = check_int(n_samples, "n_samples", minimum=1, maximum=MAX_SAMPLES)
         check_elements(b * p * m, "n_samples", "the draw of B x P x m negatives (returned in SampledRanks.negatives)")
         if popularity is not None:  # checked once per call, also when no row has a positive

@@ -33,6 +33,9 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import keyword
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, TypedDict
 
@@ -46,6 +49,8 @@ __all__ = [
     "method_class",
     "as_method",
     "register",
+    "check_entry",
+    "check_output",
     "unregister",
     "get",
     "entries",
@@ -83,7 +88,9 @@ OPTION_KINDS = {
     "nonnegative_float": "a finite number >= 0, or None for the default",
     "count": "an integer >= 1",
     "count0": "an integer >= 0, or None for the default",
-    "spline_df": "an integer >= 4 (cubic B-spline coefficients)",
+    "bootstrap": "an integer in 0..2000 (replicates), or None for the default",
+    "iterations": "an integer in 1..1000000",
+    "spline_df": "an integer in 4..4096 (cubic B-spline coefficients), at most the rank grid's cells",
     "seed": "an integer in 0..2**63 - 1",
     "bool": "True or False",
     "choice": "one of the listed values",
@@ -115,8 +122,27 @@ class Option:
     named: bool = False
 
     def __post_init__(self) -> None:
-        if self.kind not in OPTION_KINDS:
-            raise ValueError(f"kind: unknown option kind {self.kind!r}; use one of {tuple(OPTION_KINDS)}")
+        _check_identifier(self.name, "name", "an option")
+        if not isinstance(self.kind, str) or self.kind not in OPTION_KINDS:
+            raise ValueError(f"kind: unknown option kind {self.kind!r} of option {self.name!r}; use one of "
+                             f"{tuple(OPTION_KINDS)}")
+        _check_text(self.summary, "summary", self.name)
+        if not isinstance(self.choices, tuple) or (self.kind == "choice") != bool(self.choices):
+            raise ValueError(f"choices: option {self.name!r} of kind {self.kind!r} "
+                             + ("needs a non-empty tuple of its values" if self.kind == "choice" else
+                                "takes no choices (only kind 'choice' does)") + f", got {self.choices!r}")
+        object.__setattr__(self, "named", _check_bool(self.named, "named"))
+
+    def check_default(self) -> None:
+        """Raise a ValueError naming the option where its default is not a value of its kind (None passes where it
+        means the default: the kinds that allow None, and ``named`` options)."""
+        if self.default is None and self.named:
+            return
+        try:
+            self.check(self.default)
+        except ValueError as exc:
+            raise ValueError(f"{self.name}: the default {self.default!r} is not a value of its kind "
+                             f"{self.kind!r} ({OPTION_KINDS[self.kind]}): {exc}") from None
 
     def check(self, value: Any) -> Any:
         """``value`` validated and normalised (a ValueError naming the option otherwise); None is the default
@@ -124,7 +150,7 @@ class Option:
         from . import _options as o
 
         k, n = self.kind, self.name
-        if value is None and k in ("nonnegative_float", "count0", "prior", "beta_shape"):
+        if value is None and k in ("nonnegative_float", "count0", "bootstrap", "prior", "beta_shape"):
             return None
         if k == "fraction":
             return o.check_fraction(value, n)
@@ -136,8 +162,12 @@ class Option:
             return o.check_count(value, n, 1)
         if k == "count0":
             return o.check_count(value, n, 0)
+        if k == "bootstrap":
+            return o.check_count(value, n, 0, o.MAX_BOOTSTRAP)
+        if k == "iterations":
+            return o.check_count(value, n, 1, o.MAX_ITERATIONS)
         if k == "spline_df":
-            return o.check_count(value, n, 4)
+            return o.check_count(value, n, 4, o.MAX_SPLINE_DF)
         if k == "seed":
             return o.check_seed(value, n)
         if k == "bool":
@@ -199,6 +229,22 @@ class Estimator:
     _resolved: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        _check_identifier(self.name, "name", "an estimator")
+        _check_text(self.summary, "summary", self.name, empty=False)
+        _check_text(self.reference, "reference", self.name)
+        _check_reference(self.compute, "compute", self.name)
+        if self.fitter is not None:
+            _check_reference(self.fitter, "fitter", self.name)
+        if isinstance(self.options, list):
+            object.__setattr__(self, "options", tuple(self.options))
+        if not isinstance(self.options, tuple) or not all(isinstance(o, Option) for o in self.options):
+            bad = self.options if not isinstance(self.options, tuple) else \
+                next(o for o in self.options if not isinstance(o, Option))
+            raise ValueError(f"options: estimator {self.name!r} takes a tuple of registry.Option, got {bad!r}")
+        seen = [o.name for o in self.options]
+        twice = sorted({x for x in seen if seen.count(x) > 1})
+        if twice:
+            raise ValueError(f"options: estimator {self.name!r} lists the option {twice[0]!r} twice")
         for flag in ("adaptive", "without_replacement", "popularity", "fits_distribution", "exact_groups",
                      "class_counts"):
             object.__setattr__(self, flag, _check_bool(getattr(self, flag), flag))
@@ -387,15 +433,91 @@ def _check_bool(x: Any, name: str) -> bool:
     raise ValueError(f"{name}: expected True or False, got {x!r}")
 
 
+_NAME = re.compile(r"[a-z][a-z0-9_]*\Z")
+_REFERENCE = re.compile(r"\.?[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*\Z")
+#: Names a method object uses itself: no option may take them.
+_RESERVED = COMMON_OPTIONS + ("entry", "name", "options", "given")
+
+
+def _check_identifier(x: Any, what: str, of: str) -> None:
+    """A method or option name: lower-case letters, digits and ``_``, a letter first (what ``--method``, RecBole's
+    ``rsp_estimators`` and a keyword argument can carry); no Python keyword."""
+    if not isinstance(x, str) or not _NAME.match(x) or keyword.iskeyword(x):
+        raise ValueError(f"{what}: {of} name is lower-case letters, digits and '_', a letter first, and no Python "
+                         f"keyword (e.g. 'my_method'), got {x!r}")
+
+
+def _check_text(x: Any, what: str, owner: str, empty: bool = True) -> None:
+    """A one-line text (summary, reference) of ``owner``."""
+    if not isinstance(x, str) or "\n" in x or (not empty and not x.strip()):
+        raise ValueError(f"{what}: {owner!r} needs {'a' if empty else 'a non-empty'} one-line string, got {x!r}")
+
+
+def _check_reference(x: Any, what: str, owner: str) -> None:
+    """``compute`` / ``fitter``: a callable or ``"module:name"`` (module relative to the package when it starts
+    with a dot); its target is imported by :func:`register`."""
+    if not callable(x) and not (isinstance(x, str) and _REFERENCE.match(x)):
+        raise ValueError(f"{what}: estimator {owner!r} needs a callable or a 'module:name' reference such as "
+                         f"'.corrections:estimate_by_table' or 'mypackage.mymodule:compute', got {x!r}")
+
+
+def _resolved(entry: Estimator, attr: str) -> Any:
+    """The target of ``entry.<attr>`` (``compute`` or ``fitter``), imported now: a ValueError naming ``attr`` where
+    the module or the name does not exist."""
+    ref = getattr(entry, attr)
+    if callable(ref):
+        return ref
+    try:
+        return _code(ref)
+    except ImportError as exc:
+        raise ValueError(f"{attr}: estimator {entry.name!r} names {ref!r}, whose module cannot be imported ({exc})") from None
+    except AttributeError:
+        raise ValueError(f"{attr}: estimator {entry.name!r} names {ref!r}, which its module does not define") from None
+
+
+def check_entry(entry: Estimator) -> None:
+    """What :func:`register` checks beyond the entry's construction: its ``compute`` is a function taking the
+    compute protocol's arguments, its ``fitter`` (rank-distribution methods) has ``fit``, every option's default is
+    a value of its kind, its metric kinds exist. A ValueError names the attribute."""
+    import inspect
+
+    fn = _resolved(entry, "compute")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        raise ValueError(f"compute: estimator {entry.name!r}: {fn!r} is not a function") from None
+    try:
+        signature.bind(None, None, method=entry.name, sampling="binomial", options={})
+    except TypeError as exc:
+        raise ValueError(f"compute: estimator {entry.name!r}: {getattr(fn, '__name__', fn)!r} does not take the compute "
+                         "protocol's arguments (spec, hist, *, method, sampling, options): " + str(exc)) from None
+    if entry.fitter is not None and not callable(getattr(_resolved(entry, "fitter"), "fit", None)):
+        raise ValueError(f"fitter: estimator {entry.name!r}: {entry.fitter!r} has no fit method (rank_distribution's "
+                         "fitters: EM_FITTER, MES_FITTER, G_FITTER)")
+    for o in entry.options:
+        o.check_default()
+    if entry.metrics is not None:
+        from .metric_names import METRIC_KINDS
+
+        unknown = [k for k in entry.metrics if k not in METRIC_KINDS]
+        if unknown:
+            raise ValueError(f"metrics: estimator {entry.name!r}: unknown metric kind {unknown[0]!r}; use those of "
+                             f"{tuple(METRIC_KINDS)}")
+
+
 def register(entry: Estimator, *, replace: bool = False) -> Estimator:
     """Add ``entry`` to the registry (every entry point offers it from then on); ``replace`` to redefine. Its
-    method class is built from it (:func:`method_class`; its fields are the entry's options)."""
+    method class is built from it (:func:`method_class`; its fields are the entry's options). Checked first
+    (:func:`check_entry`: its compute function and fitter are imported and must take the protocol, its options'
+    defaults must be values of their kinds), so a bad entry is refused here, never later elsewhere."""
     if not isinstance(entry, Estimator):
         raise ValueError(f"entry: expected a registry.Estimator, got {type(entry).__name__}")
     replace = _check_bool(replace, "replace")
+    if not any(entry is b for b in _BUILTIN):  # the built-in table is checked by its tests (read without importing)
+        check_entry(entry)
     if entry.name in _REGISTRY and not replace:
         raise ValueError(f"name: estimator {entry.name!r} is registered already (replace=True to redefine it)")
-    clash = [o.name for o in entry.options if o.name in COMMON_OPTIONS or o.name in ("entry", "name", "options", "given")]
+    clash = [o.name for o in entry.options if o.name in _RESERVED]
     if clash:
         raise ValueError(f"options: {clash[0]!r} is reserved (every method takes {', '.join(COMMON_OPTIONS)})")
     _REGISTRY[entry.name] = _make_class(entry)
@@ -424,7 +546,11 @@ def names(*, family: str | tuple[str, ...] | None = None, adaptive: bool | None 
     adaptive designs (or not), those that fit a distribution (or not), those that support ``design``, or those
     that estimate ``metric`` (a name such as ``"ndcg@10"`` or a kind such as ``"auc"``)."""
     kind: Any = None if metric is None else getattr(metric, "kind", None) or _metric_kind(metric)
-    fams = (family,) if isinstance(family, str) else family
+    fams = _check_families(family)
+    adaptive = None if adaptive is None else _check_bool(adaptive, "adaptive")
+    fits_distribution = None if fits_distribution is None else _check_bool(fits_distribution, "fits_distribution")
+    if design is not None:
+        _check_design(design)
     out = []
     for e in entries():
         if fams is not None and e.family not in fams:
@@ -439,6 +565,77 @@ def names(*, family: str | tuple[str, ...] | None = None, adaptive: bool | None 
             continue
         out.append(e.name)
     return tuple(out)
+
+
+def _check_families(family: Any) -> tuple[str, ...] | None:
+    """``names``' ``family`` filter as a tuple: None, a key of :data:`FAMILIES` or a tuple / list of them (a
+    ValueError naming ``family`` otherwise: a misspelt family would silently list nothing)."""
+    if family is None:
+        return None
+    fams = (family,) if isinstance(family, str) else family
+    if not isinstance(fams, (tuple, list)) or not fams or any(not isinstance(f, str) or f not in FAMILIES for f in fams):
+        raise ValueError(f"family: expected one of {tuple(FAMILIES)} or a tuple of them, got {family!r}")
+    return tuple(fams)
+
+
+def _check_design(design: Any) -> None:
+    """A ``design`` filter: a :class:`~reco_sampled_plugin.design.SamplingDesign` (a ValueError naming ``design``)."""
+    if not isinstance(design, _code(".design:SamplingDesign")):
+        raise ValueError(f"design: expected a SamplingDesign (SamplingDesign(m), SamplingDesign(m, popularity=w), "
+                         f"...), got {type(design).__name__}")
+
+
+def _real_number(x: Any) -> bool:
+    """A real number (Python, numpy or one-element torch), never a bool, a str or an array of several."""
+    if isinstance(x, (bool, str, bytes)) or "bool" in str(getattr(x, "dtype", "")) or bool(getattr(x, "ndim", 0)):
+        return False
+    try:
+        float(x)
+    except (TypeError, ValueError, RuntimeError):
+        return False
+    return not isinstance(x, complex)
+
+
+def check_output(name: str, res: Any) -> None:
+    """What the compute function of estimator ``name`` returned, checked before an ``Estimate`` is built from it
+    (a ValueError naming ``compute`` and the estimator): an object with ``value`` (a finite real number),
+    ``stderr`` (None, or a real number >= 0: inf allowed, NaN only for at most one instance), ``n_instances`` (a
+    finite number >= 0), ``details`` (a dict), ``flags`` (a tuple or list of strings) and, if any,
+    ``identification`` (an ``interval(level)`` whose ``lo`` and ``hi`` are ordered real numbers, and a
+    ``metric_range``). The estimate's own interval then holds its value (the hull of the sampling interval around
+    it and the identified one)."""
+    where = f"compute: estimator {name!r} returned"
+    if not all(hasattr(res, a) for a in ("value", "stderr", "n_instances", "details", "flags")):
+        raise ValueError(f"{where} {type(res).__name__}, not an object with value, stderr, n_instances, details and "
+                         "flags (_estimate.EstimatorOutput)")
+    value, se, n = res.value, res.stderr, res.n_instances
+    if not _real_number(value) or not math.isfinite(float(value)):
+        raise ValueError(f"{where} the value {value!r}: expected a finite real number")
+    if not _real_number(n) or not math.isfinite(float(n)) or float(n) < 0:
+        raise ValueError(f"{where} n_instances {n!r}: expected a finite number >= 0")
+    if se is not None and (not _real_number(se) or float(se) < 0
+                           or (math.isnan(float(se)) and float(n) > 1)):
+        raise ValueError(f"{where} the standard error {se!r}: expected None or a number >= 0 (NaN only for at most "
+                         f"one instance; n_instances = {float(n):g})")
+    if not isinstance(res.details, dict):
+        raise ValueError(f"{where} details of type {type(res.details).__name__}: expected a dict")
+    flags = res.flags
+    if not isinstance(flags, (tuple, list)) or not all(isinstance(f, str) for f in flags):
+        raise ValueError(f"{where} flags {flags!r}: expected a tuple of flag names")
+    twin = res.details.get("twin_gap")
+    if twin is not None and (not isinstance(twin, (tuple, list)) or len(twin) != 2
+                             or not all(_real_number(g) and 0 <= float(g) < math.inf for g in twin)):
+        raise ValueError(f"{where} details['twin_gap'] {twin!r}: expected two finite numbers >= 0 (down, up)")
+    ident = getattr(res, "identification", None)
+    if ident is not None:
+        try:
+            iv = ident.interval(0.95)
+            lo, hi, _ = iv.lo, iv.hi, ident.metric_range
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ValueError(f"{where} an identification without a usable interval(level) with lo and hi, or without "
+                             f"metric_range ({exc})") from None
+        if not (_real_number(lo) and _real_number(hi)) or not float(lo) <= float(hi):
+            raise ValueError(f"{where} an identified interval ({lo!r}, {hi!r}): expected ordered real numbers")
 
 
 def _metric_kind(name: str) -> str:
@@ -492,10 +689,10 @@ def recbole_choices(family: str) -> tuple[str, ...]:
 
 # ------------------------------------------------------------------------------------------------ the table
 _FIT_OPTIONS = (
-    Option("n_bootstrap", "count0", None, "bootstrap replicates of the fit (default 32 for mle, 16 for mes and gmod; 0: none)"),
+    Option("n_bootstrap", "bootstrap", None, "bootstrap replicates of the fit (default 32 for mle, 16 for mes and gmod; 0: none)"),
     Option("seed", "seed", 0, "seed of the bootstrap"),
     Option("tol", "positive_float", 1e-7, "stopping tolerance (log-likelihood gain per positive; L-BFGS-B ftol)"),
-    Option("max_iter", "count", 5000, "iteration cap (flag not_converged when reached)"),
+    Option("max_iter", "iterations", 5000, "iteration cap (flag not_converged when reached)"),
     Option("max_groups", "count", 16, "distinct (n, m) groups beyond which n is pooled into quantile bins"),
     Option("delta", "positive_float", 0.05, "relative width of the rank grid's cells"),
     Option("kappa", "positive_float", 0.25, "grid refinement inside the first sampled bin"),
@@ -642,6 +839,8 @@ def popularity_auto(metric: Any, design: Any = None) -> str:
             top-K metric), naming what does.
     """
     kind = getattr(metric, "kind", None) or _metric_kind(metric)
+    if design is not None:
+        _check_design(design)
     for name in AUTO_CHOICES["popularity"]:
         if get(name).takes_metric(kind) and (design is None or get(name).supports(design)):
             return name

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from . import registry
-from ._checks import check_int
+from ._checks import check_int, check_required
 from ._options import check_names, check_positive_float, check_seed
 from ._progress import ProgressBar, progress_bar
 from .consistency import consistency_report
@@ -139,9 +139,8 @@ def _checked_config(cfg: ReproduceConfig) -> ReproduceConfig:
         batch_size=check_int(cfg.batch_size, "batch_size", 1), n_spread=check_positive_float(cfg.n_spread, "n_spread"),
         metrics=check_names(cfg.metrics, "metrics"), m_grid=tuple(check_int(m, "m_grid", 1) for m in
                                                                   _int_list(cfg.m_grid, "m_grid")), **lists)
-    if cfg.n_samples is None:
-        raise ValueError("n_samples: required (the sampled irrelevant items per test item m, or a SamplingDesign)")
-    design = as_design(cfg.n_samples)
+    design = as_design(check_required(cfg.n_samples, "n_samples", "the sampled irrelevant items per test item m, or a "
+                                      "SamplingDesign"))
     if design.law not in SAMPLING_LAWS:  # the simulations are of uniform draws
         raise ValueError(f"n_samples: the reproduction simulates uniform draws; {design!r} has {design.law} draws")
     if design.exact_at_cap:  # the adaptive rows fit the sampled ranks only

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from ._checks import check_elements, check_generator, check_int, check_size, real_tensor
+from ._checks import check_elements, check_generator, check_int, check_required, check_size, real_tensor
 from ._options import check_bool
 from .adaptive import complete_at_cap, completion_targets
 from .design import SamplingDesign, as_design
@@ -241,7 +241,7 @@ def sampled_ranks_from_scorer(
     """
     t_start = time.perf_counter()
     check_scorer(scorer)  # before any other argument
-    design = as_design(design)
+    design = as_design(check_required(design, "design", "an int m or a SamplingDesign"))
     ties = check_ties(ties)
     check_finite = check_bool(check_finite, "check_finite")
     max_pairs = check_int(max_pairs, "max_pairs", minimum=1)

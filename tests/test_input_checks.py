@@ -568,3 +568,87 @@ def test_sampled_ranks_impossible_under_the_law_are_named():
         with pytest.raises(ValueError, match=r"^sampled_ranks: r~ = 2 cannot occur with n_items = 2"):
             rsp.estimate("ndcg", rsp.SampledRanks.from_arrays(torch.tensor([2]), 2, 2), method)
     assert math.isfinite(rsp.estimate("ndcg", rsp.SampledRanks.from_arrays(torch.tensor([3, 1, 3]), 2, 2), "mle").value)
+
+
+# ------------------------------------------------------------------ a design of None where a design is required
+from reco_sampled_plugin import planner  # noqa: E402
+from reco_sampled_plugin._checks import ArgumentTypeError, check_int  # noqa: E402
+from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
+
+
+def _scorer(users, items):
+    return torch.zeros(items.shape, dtype=torch.float32)
+
+
+_NEEDS_A_DESIGN = [
+    ("n_samples", lambda: rsp.sampled_ranks(torch.rand(3, 50), torch.tensor([[1], [2], [3]]), None)),
+    ("n_samples", lambda: rsp.adaptive_sampled_ranks(torch.rand(3, 50), torch.tensor([[1], [2], [3]]), None)),
+    ("n_samples", lambda: adaptive_sampled_ranks_from_exact(torch.tensor([1, 5]), 100, None)),
+    ("n_samples", lambda: correction_table("ndcg@10", 100, None)),
+    ("n_samples", lambda: expected_corrected("ndcg@10", torch.tensor([1, 5]), 100, None)),
+    ("design", lambda: rsp.scorer_ranks.sampled_ranks_from_scorer(_scorer, torch.tensor([[1]]), 50, None)),
+    ("n_samples", lambda: rsp.SampledRanks.from_arrays(torch.tensor([1, 2]), 100, None)),
+    ("n_samples", lambda: rsp.sampled_rank_histogram(torch.tensor([1, 2]), 100, None)),
+    ("n_samples", lambda: rsp.consistency_report({"a": torch.tensor([1, 5])}, 100, None, repeats=0)),
+    ("n_samples", lambda: rsp.reproduce.run_reproduce(rsp.reproduce.ReproduceConfig(n_samples=None), progress=False)),
+]
+
+
+@pytest.mark.parametrize("named, call", _NEEDS_A_DESIGN)
+def test_a_design_of_none_where_one_is_required_is_a_type_error_naming_it(named, call):
+    """None where a design is required: a TypeError (ArgumentTypeError, also the package's ValueError) naming the
+    argument, not an AttributeError from deep inside."""
+    with pytest.raises(ArgumentTypeError, match=f"^{named}: (required|expected)"):
+        call()
+
+
+# ------------------------------------------------------------------ integers as strings, floats or huge ints
+@pytest.mark.parametrize("value, error", [("10", TypeError), (10.0, TypeError), (1e3, TypeError), (2.5, TypeError),
+                                          (True, TypeError), (np.float32(3), TypeError), (None, TypeError),
+                                          (torch.tensor([3]), TypeError), (2**63, ValueError), (2**70, ValueError),
+                                          (-(2**70), ValueError)])
+def test_one_integer_checker_for_every_integer_argument(value, error):
+    """``check_int``: a wrong type is an ArgumentTypeError (TypeError and ValueError), an integer out of range (past
+    int64 included) a ValueError; both name the argument, at every entry point that takes an integer."""
+    with pytest.raises(error, match="^k: "):
+        check_int(value, "k", 0)
+    calls = [("n_users", lambda: rsp.plan(1000, value, "auc", 0.1)),
+             ("n_samples", lambda: planner.pilot_design(1000, "auc", n_samples=value)),
+             ("max_iter", lambda: rsp.registry.Mle(max_iter=value)),
+             ("seed", lambda: rsp.registry.Mes(seed=value)),
+             ("max_pairs", lambda: rsp.scorer_ranks.sampled_ranks_from_scorer(_scorer, torch.tensor([[1]]), 50, 10,
+                                                                               max_pairs=value))]
+    for named, call in calls:
+        if value is None and named in ("n_samples", "max_iter", "seed"):
+            continue  # None is their default
+        with pytest.raises(error, match=f"^{named}: "):
+            call()
+
+
+# ------------------------------------------------------------------------------ the planner names what was passed
+def test_plan_without_designs_names_n_items_not_designs():
+    with pytest.raises(ValueError, match=r"^n_items: no default design below full ranking for n_items = 5 with "
+                                         r"method 'bv'"):
+        rsp.plan(5, 10, "auc", 0.1, method="bv")
+    with pytest.raises(ValueError, match=r"^designs: no candidate design"):  # designs given: named
+        rsp.plan(5, 10, "auc", 0.1, method="bv", designs=[])
+
+
+def test_plan_of_a_popularity_pilot_without_designs_names_the_method():
+    n, users = 150, 250
+    w = torch.floor(600.0 / torch.arange(1, n + 1, dtype=torch.float64)) + 1.0
+    g = torch.Generator().manual_seed(0)
+    scores = torch.rand(users, n, generator=g, dtype=torch.float64)
+    pilot = rsp.sampled_ranks(scores, torch.randint(0, n, (users, 1), generator=g), SamplingDesign(20, popularity=w),
+                              generator=g)
+    with pytest.raises(ValueError, match=r"^method: 'mes' does not correct popularity designs; use one of .*the "
+                                         r"default designs of a popularity pilot"):
+        rsp.plan(n, 250, "auc", 0.05, pilot=pilot, method="mes", repeats=2)
+
+
+# ----------------------------------------------------------------------------------- a report over empty ranks
+def test_consistency_report_over_empty_ranks_is_a_clear_error():
+    """Every table cell would be a mean over no instance (NaN): refused naming exact_ranks."""
+    for repeats in (0, 2):
+        with pytest.raises(ValueError, match=r"^exact_ranks: no instances"):
+            rsp.consistency_report({"a": torch.empty(0), "b": torch.empty(0)}, 100, 10, repeats=repeats)

@@ -591,3 +591,76 @@ def test_intervals_never_leave_the_metric_range():
 
     below = Estimate(-0.05, 0.01, 100.0, flags=("outside_metric_range",), metric_range=(0.0, 1.0))
     assert below.interval(0.95) == (0.0, 0.0)
+
+
+# ----------------------------------------------------------------------------- option sizes up to 2^40 and beyond
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from _profiles import examples  # noqa: E402
+
+from reco_sampled_plugin import _options  # noqa: E402
+from reco_sampled_plugin._checks import MAX_ELEMENTS, MAX_INT  # noqa: E402
+
+#: The documented bound of each integer option kind (None: only what an int64 holds).
+_KIND_BOUND = {"bootstrap": _options.MAX_BOOTSTRAP, "iterations": _options.MAX_ITERATIONS,
+               "spline_df": _options.MAX_SPLINE_DF, "count": None, "count0": None, "seed": None}
+_INT_OPTIONS = sorted({(e.name, o.name, o.kind) for e in registry.entries() for o in e.options if o.kind in _KIND_BOUND})
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(case=st.sampled_from(_INT_OPTIONS), size=st.one_of(st.integers(0, 40).map(lambda k: 2**k),
+                                                          st.integers(0, 2**41), st.sampled_from([2**63 - 1, 2**63, 2**70])))
+def test_integer_option_sizes_up_to_2_40_are_bounded_naming_the_option(case, size):
+    """Every integer option of every registered method, at sizes from 1 to 2^40 and past int64: accepted up to its
+    kind's documented bound (n_bootstrap 2,000, max_iter 10^6, df 4,096; others 2^63 - 1), else a ValueError that
+    starts with the option's name, at construction, before anything is allocated."""
+    method, option, kind = case
+    bound = _KIND_BOUND[kind] or MAX_INT
+    lowest = {"count0": 0, "bootstrap": 0, "seed": 0, "spline_df": 4}.get(kind, 1)
+    if lowest <= size <= bound:
+        assert getattr(registry.method_class(method)(**{option: size}), option) == size
+    else:
+        with pytest.raises(ValueError, match=f"^{option}: "):
+            registry.method_class(method)(**{option: size})
+
+
+@pytest.mark.parametrize("value", ["10", 10.0, 1e3, 2.5, True, np.float64(4), "abc", b"4", [4], None])
+def test_integer_options_of_the_wrong_type_are_type_errors_naming_the_option(value):
+    """One checker (``_checks.check_int``) for every integer option: a string, a float, a bool or a list is an
+    ArgumentTypeError (a ValueError and a TypeError) that names the option."""
+    for method, option, kind in _INT_OPTIONS:
+        if value is None and kind in ("count0", "bootstrap"):
+            continue  # None is their default
+        with pytest.raises(TypeError, match=f"^{option}: expected an integer"):
+            registry.method_class(method)(**{option: value})
+
+
+def test_spline_df_is_bounded_by_the_rank_grid():
+    """df above the cells of the rank grid (what the data identify) is refused at the fit, naming df; up to it the
+    fit runs (default 10 always)."""
+    ranks = SampledRanks.from_arrays(torch.tensor([1, 2, 3, 5, 1, 2, 11] * 20), 60, 10)
+    cells = fit_rank_distribution(ranks.histogram(), registry.Gmod(n_bootstrap=0)).probs.size
+    with pytest.raises(ValueError, match=rf"^df: {cells + 1} B-spline coefficients for a rank grid of {cells} cells"):
+        estimate("ndcg@10", ranks, registry.Gmod(df=cells + 1, n_bootstrap=0))
+    assert math.isfinite(estimate("ndcg@10", ranks, registry.Gmod(df=max(cells, 4), n_bootstrap=0)).value)
+
+
+def test_bootstrap_replicates_are_bounded_by_the_memory_rule(monkeypatch):
+    """The replicates x cells table of a bootstrap obeys MAX_ELEMENTS (checked before drawing; the bound lowered
+    here so that a small fit meets it)."""
+    import reco_sampled_plugin._checks as checks
+
+    ranks = SampledRanks.from_arrays(torch.tensor([1, 2, 3, 5, 1, 2, 11] * 20), 1000, 10)
+    monkeypatch.setattr(checks, "MAX_ELEMENTS", 100)
+    with pytest.raises(ValueError, match=r"^n_bootstrap: the bootstrap's redrawn counts"):
+        estimate("ndcg@10", ranks, registry.Mes(n_bootstrap=2000))
+    assert MAX_ELEMENTS == 1 << 27
+
+
+@pytest.mark.parametrize("kwargs, named", [(dict(n_users=2**40), "n_users"), (dict(n_users=2**70), "n_users"),
+                                           (dict(n_users=10**6, repeats=1000), "repeats"),
+                                           (dict(n_users="100"), "n_users"), (dict(repeats=2**40), "repeats")])
+def test_plan_sizes_are_bounded_naming_the_argument(kwargs, named):
+    args = dict(n_users=100, repeats=20) | kwargs
+    with pytest.raises(ValueError, match=f"^{named}: "):
+        rsp.plan(1000, args.pop("n_users"), "auc", 0.1, **args)

@@ -10,6 +10,7 @@ the fixed-width lines the terminal printed before it existed.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tempfile
 from pathlib import Path
@@ -447,3 +448,138 @@ def test_estimate_table_lines_as_before():
             se = f"{est.stderr:24.5f}" if stderr else ""
             expected.append(f"{metric:12}{label:14}{est.value:11.5f}{f'[{lo:.5f}, {hi:.5f}]':>22}{se}  {','.join(flags)}")
         assert lines[: len(expected)] == expected
+
+
+# ------------------------------------------------------------------------- every reader, the same bytes, both paths
+_PLAIN_FIELDS = st.sampled_from([b"1", b"2", b"10", b"100", b"0", b"-1", b"+3", b"1e2", b"3.0", b"2.5", b"u", b"x"])
+#: Bytes around a field beyond the well-formed: control characters (NUL, which numpy's strings drop at a field's
+#: end; vertical tab, form feed, file separators; NEL and U+2028, which end a line for str but not for numpy), digits
+#: and numbers that Python's float() and numpy read differently or not at all, quotes, comments, long integers.
+_ODD_BYTES = st.sampled_from([b"\x00", b"\x0b", b"\x0c", b"\x1c", b"\xc2\x85", b"\xe2\x80\xa8", b"\xef\xbb\xbf",
+                              b"\xff", b'"', b"#", b"\r", b" ", b"::", b"_0", b"nan", b"inf", b"e400",
+                              b"9223372036854775808", b"\xd9\xa3", b"\xc2\xa0", b"j", b"."])
+
+
+@st.composite
+def _file_bytes(draw) -> bytes:
+    """A file: lines of plain fields, one field count throughout (so that the fast paths take it), with one or two
+    odd bytes put at the start or the end of a field; or any bytes at all."""
+    if draw(st.integers(0, 4)) == 0:
+        return draw(st.binary(max_size=24))
+    sep = draw(st.sampled_from([b",", b";", b"\t", b" "]))
+    width = draw(st.integers(1, 5))
+    lines = draw(st.lists(st.lists(_PLAIN_FIELDS, min_size=width, max_size=width), min_size=1, max_size=4))
+    for _ in range(draw(st.integers(1, 2))):
+        row, col = draw(st.integers(0, len(lines) - 1)), draw(st.integers(0, width - 1))
+        odd = draw(_ODD_BYTES)
+        lines[row][col] = odd + lines[row][col] if draw(st.booleans()) else lines[row][col] + odd
+    return b"\n".join(sep.join(fields) for fields in lines) + draw(st.sampled_from([b"", b"\n"]))
+
+
+def _reader_outcomes(reader: str, data: bytes, path: Path) -> tuple[object, object]:
+    """(fast path's outcome, line reader's outcome) of ``reader`` on ``data``: the value, None where the fast path
+    declines the file, or the error message."""
+    path.write_bytes(data)
+
+    def outcome(read):
+        try:
+            return read()
+        except ValueError as exc:
+            return str(exc)
+
+    if reader == "rank":
+        return outcome(lambda: rank_files._rank_table(data, 100, 10)), outcome(lambda: _by_line(path, 100, 10))
+    if reader == "score":
+        return outcome(lambda: rank_files._score_table(data)), outcome(lambda: rank_files._scores_by_line(path, data))
+    fast = outcome(lambda: load_interactions(path, header=False))
+    with _line_reader_only():
+        return fast, outcome(lambda: load_interactions(path, header=False))
+
+
+def _agree(reader: str, fast: object, slow: object) -> bool:
+    if reader == "interactions":  # the public reader: the same value or the same message
+        return fast == slow if isinstance(slow, str) else not isinstance(fast, str) and _same_interactions(fast, slow)
+    if fast is None:  # the fast path declined: the line reader decides alone
+        return True
+    if isinstance(slow, str):  # the line reader refuses: the fast path must not have read it
+        return False
+    if reader == "rank":
+        return _same(fast, slow)
+    return all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(fast, slow))
+
+
+@pytest.mark.parametrize("reader", ["rank", "score", "interactions"])
+@settings(max_examples=examples(80), deadline=None)
+@given(data=_file_bytes())
+def test_every_reader_fast_path_refuses_what_its_line_reader_refuses(reader, data):
+    """The same bytes through both paths of each reader (rank files, score files, interactions): the fast path
+    takes a file only where the line reader reads the same values, and never one the line reader refuses."""
+    with tempfile.TemporaryDirectory() as tmp:
+        fast, slow = _reader_outcomes(reader, data, Path(tmp) / "f.txt")
+    assert _agree(reader, fast, slow), (data, fast, slow)
+
+
+def test_a_nul_character_is_refused_by_both_paths_naming_the_line(tmp_path):
+    """numpy's strings drop a field's trailing NULs ("1\\x00" would read as the rating 1.0, "a\\x00" as the id "a"):
+    the fast path declines such files and the line reader refuses them with the file and line."""
+    path = tmp_path / "i.csv"
+    for body in (b"u,i,1\x00\nv,j,2\n", b"u,i,1\nv\x00,j,2\n"):
+        path.write_bytes(body)
+        line = 1 if body.index(b"\x00") < body.index(b"\n") else 2
+        for ctx in (contextlib.nullcontext(), _line_reader_only()):
+            with ctx, pytest.raises(ValueError, match=re.escape(f"{path}:{line}: a NUL character")):
+                load_interactions(path, header=False)
+    rank = tmp_path / "r.txt"
+    rank.write_bytes(b"1\x00,100,10\n")
+    assert rank_files._rank_table(rank.read_bytes(), None, None) is None
+    with pytest.raises(ValueError, match=re.escape(f"{rank}:1: rank '1\\x00' is not a number")):
+        read_rank_file(rank)
+
+
+@pytest.mark.parametrize("name, data", [
+    ("plain.csv.gz", b"u,i\n1,2\n"),  # not compressed at all
+    ("bz.csv.gz", b"BZh91AY&SY" + bytes(20)),  # another compressor's data
+    ("cut.csv.gz", __import__("gzip").compress(b"u,i\n1,2\n" * 40)[:25]),  # gzip cut short
+])
+def test_a_gz_file_that_is_not_gzip_is_a_value_error_naming_it(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=re.escape(f"{path}: not a readable gzip file")):
+        load_interactions(path)
+
+
+def test_gzip_data_without_its_suffix_is_a_value_error_naming_it(tmp_path):
+    import gzip
+
+    for name, read in (("i.csv", load_interactions), ("r.txt", read_rank_file)):
+        path = tmp_path / name
+        path.write_bytes(gzip.compress(b"1,100,10\n"))
+        with pytest.raises(ValueError, match=re.escape(str(path))):
+            read(path)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 2.5, 0.0, 1.0, float(2**41)])
+def test_rank_file_columns_are_whole_counts(bad):
+    """A RankFile built by hand (or by a reader) holds whole numbers: a NaN n used to be cast to -2^63."""
+    with pytest.raises(ValueError, match=r"^n_items: entry 1 is"):
+        rank_files.RankFile(np.array([1, 2]), np.array([100.0, bad]), np.array([10, 10]))
+    with pytest.raises(ValueError, match=r"^ranks: entry 0: sampled rank 12 outside 1..m\+1 = 1..11"):
+        rank_files.RankFile(np.array([12]), np.array([100]), np.array([10]))
+    with pytest.raises(ValueError, match=r"^hh_s1: give hh_s1 and hh_s2 together"):
+        rank_files.RankFile(np.array([1]), np.array([100]), np.array([10]), np.array([0.0]))
+    f = rank_files.RankFile(np.array([1.0, 3.0]), np.array([100.0, 50.0]), np.array([10, 10]))
+    assert f.n_items.dtype == np.int64 and f.n_items.tolist() == [100, 50] and f.ranks.tolist() == [1, 3]
+
+
+@pytest.mark.parametrize("n_items", [float("nan"), float("inf"), 1, 2.5, "60", None])
+def test_ncf_n_items_is_checked(tmp_path, n_items):
+    _ncf_files(tmp_path)
+    with pytest.raises(ValueError, match=r"^n_items: "):
+        _read_ncf(tmp_path, n=n_items)
+
+
+def test_rank_file_counts_above_2_40_name_their_line(tmp_path):
+    path = tmp_path / "r.txt"
+    path.write_text(f"1,100,10\n1,{2**41},10\n")
+    with pytest.raises(ValueError, match=re.escape(f"{path}:2: n_candidates and n_samples are at most 2^40")):
+        read_rank_file(path)
