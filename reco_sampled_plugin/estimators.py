@@ -93,13 +93,26 @@ def _result(value: float, stderr: float | None, n: float, details: dict, flags: 
     if identification is not None and "top_unresolved" not in flags:
         flags += ("top_unresolved",)
     details = dict(details)
+    if "outside_metric_range" in flags and bounds is not None:  # the point is the range's nearest end
+        details["unclipped_value"] = float(value)
+        value = min(max(float(value), float(bounds[0])), float(bounds[1]))
     details["flags"] = tuple(flags)
     if identification is not None:
         details["interval"] = "identified"
     metric_range = None if bounds is None else (float(bounds[0]), float(bounds[1]))
-    twin = details.get("twin_gap")
     return Estimate(float(value), se, float(n), details, tuple(flags), identification, metric_range,
-                    None if twin is None else (float(twin[0]), float(twin[1])))
+                    _shift_bounds(details))
+
+
+def _shift_bounds(details: Mapping[str, Any]) -> tuple[float, float] | None:
+    """How far the estimate may be shifted each way (down, up), which ``Estimate.interval``'s bias-aware ends
+    cover: ``gmod``'s twin gap, or a correction table's plug-in bias (``corrections.plug_in_bias``; its sign is
+    estimated, so both ways)."""
+    twin = details.get("twin_gap")
+    if twin is not None:
+        return (float(twin[0]), float(twin[1]))
+    bias = details.get("table_bias")
+    return None if bias is None else (abs(float(bias)), abs(float(bias)))
 
 
 def auto_method(spec: MetricSpec, hist: RankHistogram, design: AdaptiveDesign | None) -> tuple[str, str]:
@@ -255,8 +268,10 @@ def _fixed(spec: MetricSpec, hist: RankHistogram, law: str, method: registry.Met
                                    options=opts if draws is None else {**opts, "draws": draws})
     if draws is not None:
         ident = getattr(res, "identification", None)
-    return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds,
-                   ident)
+    # a mapping's interval is its sampling noise alone: its bias (unknown, the rank distribution's) is flagged
+    bias_flag = ["interval_omits_bias"] if entry.family == "mapping" else []
+    return _result(res.value, res.stderr, res.n_instances, res.details,
+                   _merge_flags(res.flags, pool_flag + bias_flag), bounds, ident)
 
 
 def _adaptive(spec: MetricSpec, hist: RankHistogram, method: registry.Method, design: AdaptiveDesign) -> Estimate:

@@ -121,7 +121,7 @@ def test_exact_auc_matches_brute_force_with_users_without_competitors(masks, cop
         assert math.isnan(got) and "no_instances" in m.estimates()["auc/exact"].flags
     else:
         assert got == pytest.approx(want, abs=1e-12)
-    assert not math.isnan(float(m.compute()["hit@1/exact"])) or not pos.any()
+    assert not math.isnan(float(m.compute()["hit_at_1/exact"])) or not pos.any()
 
 
 @pytest.mark.parametrize("ties", ["pessimistic", "average"])
@@ -304,11 +304,11 @@ def _ddp_worker(rank: int, port: int, queue) -> None:
             if kind == "sampled":
                 m = SampledRankingMetrics(**{**SAMPLED_BASE, "estimators": ("none",), **kw})
                 m.update(scores, pos, ids=torch.arange(rank * 100, rank * 100 + scores.shape[0]))
-                key = "hit@5/sampled"
+                key = "hit_at_5/sampled"
             else:
                 m = ExactRankingMetrics(**{"metrics": ("hit@5", "auc"), **kw})
                 m.update(scores, pos)
-                key = "hit@5/exact"
+                key = "hit_at_5/exact"
             try:
                 queue.put((i, rank, "ok", float(m.compute()[key])))
             except ValueError as exc:
@@ -333,7 +333,7 @@ def test_ddp_sync_of_incompatible_states_is_refused_on_every_process():
     for r in range(2):
         s, p = _data(40, r)
         one.update(s, p, ids=torch.arange(r * 100, r * 100 + s.shape[0]))
-    want = float(one.compute()["hit@5/sampled"])
+    want = float(one.compute()["hit_at_5/sampled"])
     for i, (_, _, name) in enumerate(DDP_SCENARIOS):
         got = [res[2:] for res in results if res[0] == i]
         if name is None:

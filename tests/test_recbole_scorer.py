@@ -43,7 +43,7 @@ BASE = {
     "data_path": DATA_PATH, "device": "cpu", "use_gpu": False, "show_progress": False, "epochs": 1,
     "learning_rate": 0.01, "train_batch_size": 4096, "eval_batch_size": 1 << 16, "topk": [10],
     "metric_decimal_place": 12, "seed": 2020, "reproducibility": True, "checkpoint_dir": "saved",
-    "metrics": METRICS, "valid_metric": "RankDistRecall@10", "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}, "rsp_n_grid": 0,
+    "metrics": METRICS, "valid_metric": "RankDistRecall@10/auto", "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}, "rsp_n_grid": 0,
     "user_inter_num_interval": "[0,120]",  # the lighter 3/4 of the users: shorter runs
 }
 MODELS = {
@@ -181,7 +181,7 @@ def test_uni_adaptive_rankdist_estimates(run):
     res, cols, seed = run["result"], run["cols"], run["config"]["seed"]
     r, m, n = cols["sampled_rank"], cols["m"], cols["n_candidates"]
     w = 1.0 / cols["n_positives"]
-    for name, metric in (("rankdistrecall@10", "recall@10"), ("rankdistndcg@10", "ndcg@10")):
+    for name, metric in (("rankdistrecall@10/auto", "recall@10"), ("rankdistndcg@10/auto", "ndcg@10")):
         core = estimate(
             metric,
             SampledRanks.from_arrays(r.long(), n.long(), m.long(), SamplingDesign(N, adaptive_max=CAP)),
