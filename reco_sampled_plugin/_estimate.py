@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple
 
-__all__ = ["Estimate", "EstimatorOutput", "FLAG_TEXT", "bias_aware_halfwidth", "explain_flags", "interval_values", "range_flags",
+__all__ = ["Estimate", "EstimatorOutput", "FLAG_TEXT", "bias_aware_halfwidth", "explain_flags", "in_range", "interval_values",
+           "range_flags",
            "INTERVAL_SUFFIXES", "SAME_INTERVAL_NOTE"]
 
 #: The suffixes of an interval's bounds in every output (RecBole result keys, Lightning logs, torchmetrics
@@ -131,6 +132,19 @@ def interval_values(name: str, est: "Estimate", *, interval: bool = True, stderr
     if stderr:
         out[f"{name}_stderr"] = est.stderr
     return out
+
+
+def in_range(value: float, flags: Iterable[str], details: Mapping[str, Any],
+             bounds: tuple[float, float] | None) -> tuple[float, tuple[str, ...], dict]:
+    """(value, flags, details) with the point inside ``bounds`` (the metric's range): a raw value outside is flagged
+    ``outside_metric_range`` (:func:`range_flags`), the point becomes the range's nearest end and the raw value is kept
+    in ``details["unclipped_value"]``; the projection never moves the point away from the metric."""
+    flags = range_flags(float(value), flags, bounds)
+    details = dict(details)
+    if bounds is not None and not math.isnan(value) and not bounds[0] <= value <= bounds[1]:
+        details["unclipped_value"] = float(value)
+        value = min(max(float(value), float(bounds[0])), float(bounds[1]))
+    return float(value), flags, details
 
 
 def range_flags(value: float, flags: Iterable[str], bounds: tuple[float, float] | None) -> tuple[str, ...]:

@@ -54,7 +54,7 @@ from ._checks import check_without_replacement
 from . import registry
 from .adaptive import adaptive_cost, check_adaptive_histogram
 from .design import AdaptiveDesign, SamplingDesign
-from ._estimate import Estimate, EstimatorOutput, range_flags
+from ._estimate import Estimate, EstimatorOutput, in_range
 from .identification import Identification, TopShape, resolution, top_sensitive
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_bounds
@@ -89,13 +89,9 @@ def _result(value: float, stderr: float | None, n: float, details: dict, flags: 
     if math.isnan(se) or float(n) <= 1.0:  # one instance (total weight <= 1): no spread to measure
         se = math.inf
         flags += ("few_instances",) if "few_instances" not in flags else ()
-    flags = range_flags(float(value), flags, bounds)
+    value, flags, details = in_range(float(value), flags, details, bounds)  # the point is in the metric's range
     if identification is not None and "top_unresolved" not in flags:
         flags += ("top_unresolved",)
-    details = dict(details)
-    if "outside_metric_range" in flags and bounds is not None:  # the point is the range's nearest end
-        details["unclipped_value"] = float(value)
-        value = min(max(float(value), float(bounds[0])), float(bounds[1]))
     details["flags"] = tuple(flags)
     if identification is not None:
         details["interval"] = "identified"

@@ -348,8 +348,10 @@ def test_paired_difference_flags_a_value_outside_its_range():
     d = rsp.paired_difference("ndcg@10", torch.tensor([1, 2]), torch.tensor([5, 11]), 1000, 10, method="ls")
     table = correction_table("ndcg@10", 1000, 10, "ls")
     va, vb = table[torch.tensor([1, 2]) - 1], table[torch.tensor([5, 11]) - 1]
-    assert d.value == pytest.approx(float((va - vb).mean()))  # the oracle: the mean of the per-instance differences
-    assert d.value < -1 and "outside_metric_range" in d.flags and d.details["flags"] == d.flags
+    raw = d.details["unclipped_value"]
+    assert raw == pytest.approx(float((va - vb).mean()))  # the oracle: the mean of the per-instance differences
+    assert raw < -1 and "outside_metric_range" in d.flags and d.details["flags"] == d.flags
+    assert d.value == -1.0  # the point at the range's nearest end, as estimate()'s
     assert d.metric_range == (-1.0, 1.0) and d.interval() == (-1.0, 1.0)  # clipped, never beyond
     one = rsp.paired_difference("ndcg@10", torch.tensor([1]), torch.tensor([5]), 1000, 10, method="ls")
     assert one.interval() == (-1.0, 1.0) and set(one.flags) == {"few_instances", "outside_metric_range"}
@@ -366,10 +368,12 @@ def test_corrected_results_carry_range_and_flags(ranks, shift, method, metric):
     for est, bounds in ((rsp.estimate(metric, rsp.SampledRanks.from_arrays(a, 200, 10), method), (lo, hi)),
                         (rsp.paired_difference(metric, a, b, 200, 10, method=method), (lo - hi, hi - lo))):
         assert est.metric_range == bounds
-        outside = not (bounds[0] <= est.value <= bounds[1])
+        raw = est.details.get("unclipped_value", est.value)
+        outside = not (bounds[0] <= raw <= bounds[1])
         assert ("outside_metric_range" in est.flags) == outside
+        assert est.value == min(max(raw, bounds[0]), bounds[1])  # the point in the range
         i_lo, i_hi = est.interval()
-        assert bounds[0] <= i_lo <= i_hi <= bounds[1]  # never (-inf, inf): the range at worst
+        assert bounds[0] <= i_lo <= est.value <= i_hi <= bounds[1]  # never (-inf, inf): the range at worst
         assert (len(ranks) == 1) == ("few_instances" in est.flags)
 
 

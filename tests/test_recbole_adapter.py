@@ -214,8 +214,14 @@ def test_uni100_corrected_closer_than_recbole_sampled(bpr, bpr_uni100):
     "extra, key",
     [
         ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_estimators": ["magic"]}, "rsp_estimators"),
-        ({"metrics": ["CorrectedNDCG"], "rsp_m": 100, "rsp_estimator_options": {"bv": {"gamma": 1.5}}},
-         "rsp_estimator_options: bv: gamma"),
+        ({"metrics": ["CorrectedNDCG"], "rsp_m": 100, "rsp_estimators": ["bv"],
+          "rsp_estimator_options": {"bv": {"gamma": 1.5}}}, "rsp_estimator_options: bv: gamma"),
+        # auto is the default: options for an estimator not listed are refused
+        ({"metrics": ["CorrectedNDCG"], "rsp_m": 100, "rsp_estimator_options": {"bv": {"gamma": 0.2}}},
+         "rsp_estimator_options: given for 'bv'"),
+        # an estimated metric named without its estimator (the key is correctedndcg@10/auto)
+        ({"metrics": ["CorrectedNDCG"], "rsp_m": 100, "valid_metric": "CorrectedNDCG@10"},
+         "valid_metric: 'CorrectedNDCG@10' is reported as 'correctedndcg@10/auto'"),
         ({"metrics": ["MappedHit"], "rsp_m": 100, "rsp_estimators": ["bv", "auto"]}, "rsp_estimators: the Mapped"),
         ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_estimators": ["mes", "auto"]}, "rsp_estimators: 'mes' and"),
         # the keys of 0.1's one-key-per-option configuration are unknown keys now
@@ -226,12 +232,13 @@ def test_uni100_corrected_closer_than_recbole_sampled(bpr, bpr_uni100):
         ({"metrics": ["ExactRecall"], "eval_args": {"mode": "uni100"}}, "eval_args.mode"),
         ({"metrics": ["MappedHit"], "eval_args": {"mode": "pop100"}}, "eval_args.mode"),
         ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_gama": 0.2}, "rsp_gama"),
-        ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_estimator_options": {"bv": {"prior": "jeffreys"}}},
-         "rsp_estimator_options: bv: prior"),
+        ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_estimators": ["bv"],
+          "rsp_estimator_options": {"bv": {"prior": "jeffreys"}}}, "rsp_estimator_options: bv: prior"),
         # adaptive sampling: popN's first stage is not uniform (uniN is accepted: tests/test_recbole_scorer.py);
         # fixed-m estimators; cap below m; no rsp_m
         ({"metrics": ["RankDistRecall"], "eval_args": {"mode": "pop100"}, "rsp_adaptive_max": 800}, "pop100.*popularity"),
-        ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_adaptive_max": 800}, "rsp_adaptive_max.*fixed m"),
+        ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_adaptive_max": 800, "rsp_estimators": ["bv"]},
+         "rsp_adaptive_max.*fixed m"),
         ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_adaptive_max": 50}, "rsp_adaptive_max"),
         ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_adaptive_max": -5}, "rsp_adaptive_max"),
         ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_adaptive_max": 800, "rsp_replacement": False}, "rsp_adaptive_max"),
