@@ -185,8 +185,10 @@ class Estimate:
             where the sampled data cannot resolve ranks: :meth:`interval` then also spans what the data cannot
             identify), ``all_at_top`` (every positive at r~ = 1;
             stderr is inf), ``few_instances`` (total weight at most 1: stderr inf), ``not_converged``,
-            ``fit_not_converged``, ``pooled_n``, ``outside_metric_range``, ``cap_reached`` (adaptive sampling:
-            positives still rank first at the cap and the metric depends on the cap's bin).
+            ``fit_not_converged``, ``pooled_n``, ``outside_metric_range`` (the raw value left the range: the point is
+            its nearest end), ``cap_reached`` (adaptive sampling: positives still rank first at the cap and the
+            metric depends on the cap's bin), ``interval_omits_bias`` (a mapping: its interval is sampling noise
+            only). Whatever the flags, :meth:`interval` and :meth:`sampling_interval` hold :attr:`value`.
     """
 
     value: float

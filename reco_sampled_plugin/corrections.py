@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
 import scipy.linalg
@@ -720,7 +720,7 @@ def estimate_by_table(spec: MetricSpec, hist: RankHistogram, *, method: str, sam
     details = {"method": method, "metric": str(spec), "gamma": gamma}
     if method != "none":  # the plain sampled metric's interval is the sampled metric's (flag uncorrected)
         details["table_bias"] = plug_in_bias(spec, hist, correction_from_options(method, sampling, options),
-                                             _bias_fit(hist, sampling))
+                                             lambda: _bias_fit(hist, sampling))
     return _estimate_output(value, se, hist, details, flags)
 
 
@@ -751,18 +751,40 @@ def _fitted_prior(dist: "RankDistribution", n: int, m: int) -> PriorLike:
     return dist.prior(n) if small else dist.as_prior()
 
 
-def plug_in_bias(spec: MetricSpec, hist: RankHistogram, corr: Correction, dist: "RankDistribution") -> float:
-    """The bias of a table estimate under a fitted rank distribution P^: sum over groups g of their share of the
-    positives times sum_r P^(r) (E[T_g(r~) | r] - M(r)) (the prior-weighted bias of eq. 21, signed, with P^ as
-    the prior), on the groups pooled onto a 10% grid of n (``pool_by_n``) and summed by the composite quadrature
-    of a callable prior (:func:`design_rule`). A correction table trades bias for variance (eq. 24-25) and its
-    standard error measures the variance only: this is the shift ``Estimate.interval`` widens by (Armstrong &
-    Kolesar's bias-aware ends), estimated with a fit of the same data (:data:`BIAS_FIT`)."""
+#: A table whose bias E[T(r~) | r] - M(r) is below this at every rank (relative to the metric's largest value) is
+#: unbiased whatever the rank distribution (``cls`` and ``bv`` for AUC, whose M is linear in r): no fit is needed.
+UNBIASED_TOL = 1e-9
+
+
+def _unbiased_everywhere(spec: MetricSpec, n: int, m: int, law: str, table: np.ndarray) -> bool:
+    """Whether the (n, m) table has no bias at any rank: E[T(r~) | r] - M(r) is a polynomial of degree m in r
+    wherever M is (:func:`design_rule`'s uniform rule, exact for such polynomials, checks it at its nodes); a
+    metric that is not polynomial on its support (NDCG, AP, RR) is never taken as unbiased here."""
+    if spec.kind not in ("auc", "hit", "recall", "precision"):
+        return False
+    p, _, mv = _weighted_system(spec, n, m, law, UniformPrior())
+    scale = max(float(np.max(np.abs(mv))), 1e-300)
+    return bool(np.max(np.abs(p @ table - mv)) <= UNBIASED_TOL * scale)
+
+
+def plug_in_bias(spec: MetricSpec, hist: RankHistogram, corr: Correction,
+                 fit: Callable[[], "RankDistribution"]) -> float:
+    """The bias of a table estimate under a fitted rank distribution P^ (``fit()``, called only where a group's
+    table is biased at some rank): sum over groups g of their share of the positives times sum_r P^(r)
+    (E[T_g(r~) | r] - M(r)) (the prior-weighted bias of eq. 21, signed, with P^ as the prior), on the groups pooled
+    onto a 10% grid of n (``pool_by_n``) and summed by the composite quadrature of a callable prior
+    (:func:`design_rule`). A correction table trades bias for variance (eq. 24-25) and its standard error measures
+    the variance only: this is the shift ``Estimate.interval`` widens by (Armstrong & Kolesar's bias-aware ends),
+    estimated with a fit of the same data (:data:`BIAS_FIT`); 0 where every table is unbiased at every rank."""
     from ._rank_hist import pool_by_n
 
     pooled = pool_by_n(hist, 0.1)
     values = stacked_tables(spec, pooled.n_items, pooled.n_samples, corr)
-    prior = dist.as_prior()
+    tables = np.split(values, np.cumsum(pooled.n_samples + 1)[:-1])
+    if all(_unbiased_everywhere(spec, int(n), int(m), corr.law, t)
+           for n, m, t in zip(pooled.n_items.tolist(), pooled.n_samples.tolist(), tables)):
+        return 0.0
+    prior = fit().as_prior()
     total, at = 0.0, 0
     for g, (n, m) in enumerate(zip(pooled.n_items.tolist(), pooled.n_samples.tolist())):
         n, m = int(n), int(m)
@@ -795,5 +817,5 @@ def estimate_by_fitted_prior(spec: MetricSpec, hist: RankHistogram, *, method: s
     details = {"method": method, "metric": str(spec), "gamma": gamma, "prior": "mle",
                "mle_iterations": dist.iterations,
                "table_bias": plug_in_bias(spec, hist, correction_from_options("bv", sampling, {"gamma": gamma,
-                                          "prior": dist.as_prior()}), _bias_fit(hist, sampling))}
+                                          "prior": dist.as_prior()}), lambda: _bias_fit(hist, sampling))}
     return _estimate_output(value, se, hist, details, flags)

@@ -106,12 +106,12 @@ def test_recbole_alpha_and_refusals(workdir):
     pop = SamplingDesign(100, popularity=torch.ones(5))
     assert registry.names(design=pop, metric="auc") == ("auto", "none", "hh", "pl_fit")
     with pytest.raises(ValueError, match=r"^eval_args\.mode: 'pop100' draws items by popularity, and 'correctedauc' "
-                                         r"\(rsp_estimators: bv\) does not estimate auc there .*list hh in "
+                                         r"\(rsp_estimators: bv\) does not estimate auc there .*list auto or hh in "
                                          r"rsp_estimators instead"):
         _rb_config("BPR", "pop100", rsp_estimators=["bv", "auto"])
-    with pytest.raises(ValueError, match=r"^eval_args\.mode: .*'correctedndcg' \(rsp_estimators: hh\) .*no "
-                                         r"Corrected\* estimator corrects ndcg under popularity sampling yet; "
-                                         r"none \(in rsp_estimators\) reports the plain sampled metric"):
+    # auto, a Corrected* estimator too, corrects ndcg there (pl_fit): the refusal names it
+    with pytest.raises(ValueError, match=r"^eval_args\.mode: .*'correctedndcg' \(rsp_estimators: hh\) .*list auto in "
+                                         r"rsp_estimators instead"):
         _rb_config("BPR", "pop100", metrics=["CorrectedNDCG"], valid_metric="CorrectedNDCG@10/hh")
     # the default RankDist* estimator, auto, runs hh (AUC) and pl_fit (top-K) there; a fitting method is refused
     _rb_config("BPR", "pop100", metrics=["RankDistAUC", "RankDistNDCG"], valid_metric="RankDistNDCG@10/auto")

@@ -309,7 +309,7 @@ def test_run_recbole_wrapper_logs_plugin_results(workdir, caplog):
     assert len(why) == 1 and "m = 100 samples" in why[0] and "(reco-sampled plan --n-items " in why[0]
     assert "--metric recall@10 --target-rel-error 0.05)" in why[0]
     # Recall (RecBole's list recall) beside CorrectedRecall (leave-one-out): one note on the difference
-    notes = [m for m in messages if "CorrectedRecall@k (and its _exact) is the leave-one-out metric" in m]
+    notes = [m for m in messages if "CorrectedRecall@k (and its /exact) is the leave-one-out metric" in m]
     assert len(notes) == 1 and "RecBole's recall@k is the list metric" in notes[0]
 
 
@@ -572,7 +572,7 @@ def test_binomial_sampled_law(device):
     assert bool((rr._binomial_sampled(ten, None, ten, 7, "pessimistic", g) == 8).all())
 
 
-def test_sequential_model_in_uni100_mode(workdir):
+def test_sequential_model_in_uni100_mode(workdir, caplog):
     """A sequential model (GRU4Rec) in uni100: RecBole's RepeatableSampler excludes only each row's own target
     (its used_ids hold the last batch's rows, not users'), so n = item_num - 1, as in full mode; small batches
     used to crash indexing used_ids by user id. The model is evaluated as initialised: what is checked (the
@@ -582,10 +582,18 @@ def test_sequential_model_in_uni100_mode(workdir):
         "epochs": 1, "hidden_size": 16, "embedding_size": 16, "train_neg_sample_args": None, "loss_type": "CE",
         "eval_args": {"split": {"LS": "valid_and_test"}, "order": "TO", "group_by": "user", "mode": "uni100"},
         "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10", "eval_batch_size": 2048})
+    import logging
+
+    from reco_sampled_plugin.adapters import _recbole_settings
+
+    _recbole_settings._LOGGED.clear()
+    caplog.set_level(logging.INFO)
     init_seed(config["seed"], config["reproducibility"])
     model = get_model("GRU4Rec")(config, train._dataset)
     trainer = Trainer(config, model)
     result, struct = _evaluate(trainer, test)
+    # one held-out item per user: the leave-one-out and list metrics agree, so no note says they differ
+    assert not [r for r in caplog.records if "is the leave-one-out metric" in r.getMessage()]
     cols = rb.positive_table(struct)
     item_num = test._dataset.item_num
     assert cols["user"].shape[0] == test._dataset.user_num - 1  # one held-out item per user (id 0 is padding)

@@ -298,7 +298,7 @@ def _family_methods(names: tuple[str, ...], options: dict[str, dict[str, Any]], 
                     seed: int, bootstrap: bool) -> dict[str, registry.Method]:
     """The method object of each estimated family (``corrected``, ``mapped``, ``rankdist``): the one estimator of
     ``names`` among ``registry.recbole_choices(family)`` (``auto``, a choice of ``Corrected*`` and ``RankDist*``,
-    where no other of the family is listed), built from its options (``rsp_estimator_options``) over the
+    runs ``Corrected*`` only where no other of its estimators is listed), built from its options (``rsp_estimator_options``) over the
     adapter's defaults (:data:`_ADAPTER_DEFAULTS`; RankDist*: ``n_bootstrap`` 8, or 0 without ``bootstrap``, and
     ``seed``). A ValueError naming ``rsp_estimators`` for an estimator of no family, two of one family, or a listed
     family (``families``) without one; naming ``rsp_estimator_options`` for an option its method refuses."""
@@ -310,8 +310,8 @@ def _family_methods(names: tuple[str, ...], options: dict[str, dict[str, Any]], 
     methods: dict[str, registry.Method] = {}
     for family in _ESTIMATED_FAMILIES:
         mine = [n for n in names if n in registry.recbole_choices(family)]
-        if len(mine) > 1 and registry.DEFAULT_ESTIMATOR in mine:  # auto serves a family only where none else is listed
-            mine.remove(registry.DEFAULT_ESTIMATOR)
+        if family == "corrected" and len(mine) > 1 and registry.DEFAULT_ESTIMATOR in mine:
+            mine.remove(registry.DEFAULT_ESTIMATOR)  # Corrected*'s fallback: a listed table (or hh) runs there
         if len(mine) > 1:
             raise ValueError(f"rsp_estimators: {' and '.join(repr(n) for n in mine)} are both estimators of the "
                              f"{_PREFIX[family]}* metrics, which run one; list one of them")
