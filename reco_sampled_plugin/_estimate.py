@@ -7,7 +7,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, NamedTuple
 
-__all__ = ["Estimate", "EstimatorOutput", "FLAG_TEXT", "bias_aware_halfwidth", "explain_flags", "interval_values", "range_flags",
+__all__ = ["Estimate", "EstimatorOutput", "FLAG_TEXT", "bias_aware_halfwidth", "explain_flags", "in_range", "interval_values",
+           "range_flags",
            "INTERVAL_SUFFIXES", "SAME_INTERVAL_NOTE"]
 
 #: The suffixes of an interval's bounds in every output (RecBole result keys, Lightning logs, torchmetrics
@@ -19,8 +20,7 @@ INTERVAL_SUFFIXES = ("_lo", "_hi")
 #: ``{plan}`` and ``{m}`` are filled in by :func:`explain_flags`.
 FLAG_TEXT: dict[str, str] = {
     "top_unresolved": "top of the ranking not resolved by {m} samples: the 95% interval spans every value the data "
-                      "allow under the top-shape assumption, whatever the estimator; rank exactly or sample "
-                      "adaptively ({plan})",
+                      "allow under the top-shape assumption, whatever the estimator; {advice} ({plan})",
     "cap_reached": "adaptive sampling reached its cap with positives still ranked first: the top stays unresolved "
                    "there; raise the cap ({plan})",
     "all_at_top": "every positive ranked first among its samples: no spread to measure (stderr inf); rank exactly or "
@@ -29,8 +29,12 @@ FLAG_TEXT: dict[str, str] = {
     "not_converged": "the fit stopped at its iteration cap before converging (raise max_iter)",
     "fit_not_converged": "the fit stopped at its iteration cap before converging (raise max_iter)",
     "pooled_n": "candidate counts pooled into bins (max_groups) before fitting",
-    "outside_metric_range": "the estimator's value lies outside the metric's range (an unbounded correction such as "
-                            "ls); its interval is clipped to the range",
+    "outside_metric_range": "the estimator's raw value lies outside the metric's range (an unbounded correction such "
+                            "as ls): the point is the range's nearest end (details['unclipped_value']), its interval "
+                            "lies in the range",
+    "interval_omits_bias": "a mapping's interval is its sampling noise only: the mapping's bias, which depends on the "
+                           "unknown rank distribution and can exceed the interval's width, is not in it; the default "
+                           "estimator (auto) gives an interval that holds it",
     "several_m": "several sample sizes m in one histogram",
     "weights_concentrated": "popularity sampling: a few rarely drawn items carry most of the Hansen-Hurwitz weight "
                             "(Kish effective sample size of the beating draws' 1/q below 10% of their number, or more "
@@ -71,15 +75,36 @@ def _plan_command(metric: str | None, n_items: int | None, users: int | None, pi
     return " ".join(parts)
 
 
+#: What resolves the top, by design (``{advice}`` of ``top_unresolved``): a fixed uniform m, an adaptive design (already
+#: adaptive: its cap), a popularity design (which adaptive sampling does not take).
+TOP_ADVICE = {"fixed": "rank exactly or sample adaptively", "adaptive": "rank exactly or raise the adaptive cap",
+              "popularity": "rank exactly or raise m (adaptive sampling does not take popularity designs)"}
+
+
+def _design_context(design: Any, n_samples: int | str | None) -> tuple[str, int | str | None]:
+    """The ``TOP_ADVICE`` key of ``design`` (None: fixed) and m as the text shows it (``100..800`` when adaptive)."""
+    if design is None:
+        return "fixed", n_samples
+    if getattr(design, "popularity", None) is not None:
+        return "popularity", n_samples if n_samples is not None else design.n_samples
+    cap = getattr(design, "adaptive_max", None)
+    if cap is not None:
+        return "adaptive", f"{design.n_samples}..{cap}"
+    return "fixed", n_samples if n_samples is not None else design.n_samples
+
+
 def explain_flags(flags: Iterable[str], *, metric: str | None = None, n_items: int | None = None, n_samples: int | str | None = None,
-                  users: int | None = None, pilot: str | None = None, pilot_design: Any = None) -> list[str]:
+                  users: int | None = None, pilot: str | None = None, pilot_design: Any = None,
+                  design: Any = None) -> list[str]:
     """Each flag of ``flags`` as one sentence users understand (:data:`FLAG_TEXT`; an unknown flag as itself).
 
     The context fills the advice in: ``n_samples`` (m), and ``metric``, ``n_items``, ``users``, ``pilot`` (a rank
     file; ``pilot_design`` the SamplingDesign its lines leave out, passed as ``--pilot-n-samples`` and
     ``--pilot-adaptive-max``) the ``reco-sampled plan`` command to run (placeholders such as ``N`` where not given). Each context value
     is checked (a ValueError naming it): sizes are whole numbers, ``n_samples`` may also be a description such as
-    ``"100..3200"``, ``metric`` and ``pilot`` are strings."""
+    ``"100..3200"``, ``metric`` and ``pilot`` are strings. ``design`` (a ``SamplingDesign``) fits the advice to it
+    (:data:`TOP_ADVICE`: an adaptive design is told to raise its cap, a popularity design is never told to sample
+    adaptively) and gives m where ``n_samples`` is not given."""
     from ._checks import check_int, check_size
     from .metric_names import MetricSpec
 
@@ -98,6 +123,7 @@ def explain_flags(flags: Iterable[str], *, metric: str | None = None, n_items: i
 
         pilot_design = as_design(pilot_design, name="pilot_design")
     plan = _plan_command(metric, n_items, users, pilot, pilot_design)
+    kind, n_samples = _design_context(design, n_samples)
     m = "m" if n_samples is None else f"m = {n_samples}"
     out = []
     if flags is None or (isinstance(flags, (tuple, list)) and not flags):
@@ -108,7 +134,7 @@ def explain_flags(flags: Iterable[str], *, metric: str | None = None, n_items: i
         flags = check_names(flags, "flags", "flag names such as 'few_instances'")
     for f in dict.fromkeys(flags):  # once each, in order
         text = FLAG_TEXT.get(f)
-        out.append(f"{f}: " + (text.format(m=m, plan=plan) if text is not None else f))
+        out.append(f"{f}: " + (text.format(m=m, plan=plan, advice=TOP_ADVICE[kind]) if text is not None else f))
     return out
 
 
@@ -126,6 +152,19 @@ def interval_values(name: str, est: "Estimate", *, interval: bool = True, stderr
     if stderr:
         out[f"{name}_stderr"] = est.stderr
     return out
+
+
+def in_range(value: float, flags: Iterable[str], details: Mapping[str, Any],
+             bounds: tuple[float, float] | None) -> tuple[float, tuple[str, ...], dict]:
+    """(value, flags, details) with the point inside ``bounds`` (the metric's range): a raw value outside is flagged
+    ``outside_metric_range`` (:func:`range_flags`), the point becomes the range's nearest end and the raw value is kept
+    in ``details["unclipped_value"]``; the projection never moves the point away from the metric."""
+    flags = range_flags(float(value), flags, bounds)
+    details = dict(details)
+    if bounds is not None and not math.isnan(value) and not bounds[0] <= value <= bounds[1]:
+        details["unclipped_value"] = float(value)
+        value = min(max(float(value), float(bounds[0])), float(bounds[1]))
+    return float(value), flags, details
 
 
 def range_flags(value: float, flags: Iterable[str], bounds: tuple[float, float] | None) -> tuple[str, ...]:
@@ -166,8 +205,10 @@ class Estimate:
             where the sampled data cannot resolve ranks: :meth:`interval` then also spans what the data cannot
             identify), ``all_at_top`` (every positive at r~ = 1;
             stderr is inf), ``few_instances`` (total weight at most 1: stderr inf), ``not_converged``,
-            ``fit_not_converged``, ``pooled_n``, ``outside_metric_range``, ``cap_reached`` (adaptive sampling:
-            positives still rank first at the cap and the metric depends on the cap's bin).
+            ``fit_not_converged``, ``pooled_n``, ``outside_metric_range`` (the raw value left the range: the point is
+            its nearest end), ``cap_reached`` (adaptive sampling: positives still rank first at the cap and the
+            metric depends on the cap's bin), ``interval_omits_bias`` (a mapping: its interval is sampling noise
+            only). Whatever the flags, :meth:`interval` and :meth:`sampling_interval` hold :attr:`value`.
     """
 
     value: float
@@ -180,8 +221,9 @@ class Estimate:
     metric_range: tuple[float, float] | None = field(default=None, compare=False, repr=False)
     """The metric's range (e.g. (0, 1)) when the estimator knows it: :meth:`interval` never leaves it."""
     twin_gap: tuple[float, float] | None = field(default=None, compare=False, repr=False)
-    """(down, up): how far the metric moves in twins of the data that the draws barely tell apart
-    (``RankDistribution.twin_gap``, ``gmod``); :meth:`interval` reaches that much further each way."""
+    """(down, up): how far the estimate may be shifted each way: the metric's move in twins of the data that the
+    draws barely tell apart (``RankDistribution.twin_gap``, ``gmod``), or a correction table's plug-in bias
+    (``details["table_bias"]``, ``corrections.plug_in_bias``); :meth:`interval` reaches that much further each way."""
 
     def sampling_interval(self, level: float = 0.95) -> tuple[float, float]:
         """Normal-approximation interval value +- z stderr: sampling noise only (not what the data cannot identify:
@@ -189,7 +231,15 @@ class Estimate:
         identification's)."""
         lo, hi = self._wald(level)
         bounds = self._range()
-        return (lo, hi) if bounds is None else _clamp(lo, hi, bounds)
+        return self._holding_value(*((lo, hi) if bounds is None else _clamp(lo, hi, bounds)))
+
+    def _holding_value(self, lo: float, hi: float) -> tuple[float, float]:
+        """(lo, hi) stretched to hold the point: no estimate lies outside its own interval, whatever built it (a
+        NaN value, nothing estimated, leaves the interval as it is)."""
+        v = float(self.value)
+        if math.isnan(v):
+            return (lo, hi)
+        return (v if math.isnan(lo) else min(lo, v), v if math.isnan(hi) else max(hi, v))
 
     def _wald(self, level: float) -> tuple[float, float]:
         if not (isinstance(level, (int, float)) and 0.0 < level < 1.0):
@@ -212,11 +262,13 @@ class Estimate:
         would otherwise reach below 0; the clipped set keeps its coverage, the metric cannot lie outside),
         where the estimator gives a :attr:`twin_gap` (``gmod``: how far the metric moves in near-indistinguishable
         twins of the data), each end is Armstrong & Kolesar's bias-aware one, value -+ stderr cv(gap / stderr):
-        it covers at ``level`` whenever the estimate is shifted by at most that end's gap.
+        it covers at ``level`` whenever the estimate is shifted by at most that end's gap (a correction table's
+        plug-in bias enters the same way).
         Where it depends on the shape of the rank distribution inside the first
         sampled bin (flag ``top_unresolved``), it is the hull of the sampling interval and the identified
         interval (every rank distribution consistent with the data and the documented shape assumption, see
-        ``reco_sampled_plugin.identification``), clipped to the metric's range. Never NaN.
+        ``reco_sampled_plugin.identification``), clipped to the metric's range. Never NaN where the value is a
+        number, and always holds the value (``lo <= value <= hi``: no point outside its own interval).
         """
         lo, hi = self._wald(level)
         if self.twin_gap is not None:  # bias-aware ends: each covers whenever the shift is within the gap
@@ -226,11 +278,11 @@ class Estimate:
         if bounds is not None:  # a metric of [0, 1] is never negative, the interval says so
             lo, hi = _clamp(lo, hi, bounds)
         if self.identification is None:
-            return (lo, hi)
+            return self._holding_value(lo, hi)
         ident = self.identification.interval(level)
         lo = ident.lo if math.isnan(lo) else min(lo, ident.lo)
         hi = ident.hi if math.isnan(hi) else max(hi, ident.hi)
-        return _clamp(lo, hi, self.identification.metric_range)
+        return self._holding_value(*_clamp(lo, hi, self.identification.metric_range))
 
     def __float__(self) -> float:
         return float(self.value)

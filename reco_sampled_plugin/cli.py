@@ -208,7 +208,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     context = dict(n_items=int(data.n_items.max()), users=len(data.ranks),
                    n_samples=m_values[0] if len(m_values) == 1 else f"{m_values[0]}..{m_values[-1]}",
                    pilot=args.file, pilot_design=given)
-    print("\n".join(estimate_table(rows, stderr=args.stderr, **context)))
+    print("\n".join(estimate_table(rows, stderr=args.stderr, design=design, **context)))
     return 0
 
 
@@ -250,7 +250,7 @@ def _estimate_popularity(args: argparse.Namespace, data: Any) -> int:
             rows.append((metric, method, estimate(metric, sampled, obj)))
     # no --pilot in the suggested plan: the planner takes uniform pilots only (this file is popularity-sampled)
     context = dict(n_items=int(data.n_items.max()), users=len(data.ranks), n_samples=design.n_samples, pilot=None)
-    print("\n".join(estimate_table(rows, stderr=args.stderr, **context)))
+    print("\n".join(estimate_table(rows, stderr=args.stderr, design=design, **context)))
     return 0
 
 
@@ -294,18 +294,18 @@ def _reads_file(method: str, metric: str, sampled: SampledRanks) -> bool:
 
 
 def _default_methods() -> tuple[str, ...]:
-    """``estimate``'s methods when none is named: the plain sampled metric, the default correction table and the
-    default estimator (``registry.DEFAULT_CORRECTION``, ``registry.DEFAULT_ESTIMATOR``)."""
-    return tuple(dict.fromkeys(("none", registry.DEFAULT_CORRECTION, registry.DEFAULT_ESTIMATOR)))
+    """``estimate``'s methods when none is named: the plain sampled metric (the papers' number, beside it) and the
+    default estimator (``registry.DEFAULT_ESTIMATOR``)."""
+    return ("none", registry.DEFAULT_ESTIMATOR)
 
 
 def estimate_table(rows: Iterable[tuple[str, str, Estimate]], *, stderr: bool = False, n_items: int | None = None,
                    users: int | None = None, n_samples: int | str | None = None, pilot: str | None = None,
-                   pilot_design: Any = None) -> list[str]:
+                   pilot_design: Any = None, design: SamplingDesign | None = None) -> list[str]:
     """The lines of ``reco-sampled estimate``'s table: per (metric, method, Estimate) the estimate and its 95%
     interval (``Estimate.interval``: honest about the unresolved top), the standard error only with ``stderr``
-    (sampling noise only), the flags; under it each flag in words (``explain_flags``, with the ``reco-sampled plan``
-    command for these data) and, where corrected methods show one identified interval, a note that equal intervals
+    (sampling noise only), the flags; under it each flag in words (``explain_flags``, its advice fitted to
+    ``design``, with the ``reco-sampled plan`` command for these data) and, where corrected methods show one identified interval, a note that equal intervals
     are not agreement."""
     from ._tables import format_table
     from ._estimate import SAME_INTERVAL_NOTE, explain_flags
@@ -330,7 +330,7 @@ def estimate_table(rows: Iterable[tuple[str, str, Estimate]], *, stderr: bool = 
                          + ["  flags"], table, formats=["<12", "<14", ">11", ">22"] + ([">24"] if stderr else []) + [""])
     notes = [ln for f, metric in flagged.items()
              for ln in explain_flags([f], metric=metric, n_items=n_items, n_samples=n_samples, users=users,
-                                     pilot=pilot, pilot_design=pilot_design)]
+                                     pilot=pilot, pilot_design=pilot_design, design=design)]
     if any(len(v) > 1 and len(set(v)) == 1 for v in intervals.values()):
         notes.append(SAME_INTERVAL_NOTE)
     if notes:
@@ -561,7 +561,8 @@ def build_parser() -> argparse.ArgumentParser:
     tab.add_argument("--n-samples", "-m", type=int, required=True, help="sampled items m")
     tab.add_argument("--method", default=registry.DEFAULT_CORRECTION,
                      help=f"{', '.join(registry.names(family=('none', 'correction'), fits_distribution=False))} "
-                          f"(a correction table; default {registry.DEFAULT_CORRECTION})")
+                          f"(the table's correction, default {registry.DEFAULT_CORRECTION}; a table is not an estimate: "
+                          f"`estimate` runs {registry.DEFAULT_ESTIMATOR} by default)")
     tab.add_argument("--gamma", type=float, help="bias-variance trade-off of bv, in [0, 1] (default 0.1)")
     tab.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial")
     tab.add_argument("--prior", help="uniform (default) or beta:A (ls, cls, bv)")

@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
 import scipy.linalg
@@ -70,6 +70,7 @@ from .sampling_laws import check_law
 if TYPE_CHECKING:
     from ._rank_hist import RankHistogram
     from ._estimate import EstimatorOutput
+    from .rank_distribution import RankDistribution
 
 __all__ = [
     "METHODS",
@@ -715,35 +716,104 @@ def estimate_by_table(spec: MetricSpec, hist: RankHistogram, *, method: str, sam
     flags, se = _resolution_flags(spec, hist, se)
     gamma = (0.1 if options.get("gamma") is None else options["gamma"]) if method == "bv" else None
     details = {"method": method, "metric": str(spec), "gamma": gamma}
+    if method != "none":  # the plain sampled metric's interval is the sampled metric's (flag uncorrected)
+        details["table_bias"] = plug_in_bias(spec, hist, correction_from_options(method, sampling, options),
+                                             lambda: _bias_fit(hist, sampling))
     return _estimate_output(value, se, hist, details, flags)
+
+
+#: The fit whose rank distribution :func:`plug_in_bias` weighs a table's bias with: ``mes`` (smooth in log rank, so
+#: its mass around a cut-off moves little between draws), no bootstrap.
+BIAS_FIT = registry.Mes(n_bootstrap=0)
+
+
+def _bias_fit(hist: RankHistogram, sampling: str) -> "RankDistribution":
+    """:data:`BIAS_FIT` on ``hist`` (cached with the histogram)."""
+    from .rank_distribution import fit_rank_distribution
+
+    return fit_rank_distribution(hist, BIAS_FIT, sampling=sampling)
+
+
+def _mle_fit(hist: RankHistogram, sampling: str, fit: Mapping[str, Any]) -> "RankDistribution":
+    """The ``mle`` rank distribution of ``hist`` without bootstrap (``fit``: its options), cached with the histogram."""
+    from .registry import Mle
+    from .rank_distribution import fit_rank_distribution
+
+    return fit_rank_distribution(hist, Mle(**{"n_bootstrap": 0, **fit}), sampling=sampling)
+
+
+def _fitted_prior(dist: "RankDistribution", n: int, m: int) -> PriorLike:
+    """``dist`` as the prior of an (n, m) table: a vector (enumerated exactly) while its system fits the bound of
+    :func:`_check_system`, a callable beyond."""
+    small = n <= VECTOR_PRIOR_MAX and 4 * n * (m + 1) <= MAX_ELEMENTS
+    return dist.prior(n) if small else dist.as_prior()
+
+
+#: A table whose bias E[T(r~) | r] - M(r) is below this at every rank (relative to the metric's largest value) is
+#: unbiased whatever the rank distribution (``cls`` and ``bv`` for AUC, whose M is linear in r): no fit is needed.
+UNBIASED_TOL = 1e-9
+
+
+def _unbiased_everywhere(spec: MetricSpec, n: int, m: int, law: str, table: np.ndarray) -> bool:
+    """Whether the (n, m) table has no bias at any rank: E[T(r~) | r] - M(r) is a polynomial of degree m in r
+    wherever M is (:func:`design_rule`'s uniform rule, exact for such polynomials, checks it at its nodes); a
+    metric that is not polynomial on its support (NDCG, AP, RR) is never taken as unbiased here."""
+    if spec.kind not in ("auc", "hit", "recall", "precision"):
+        return False
+    p, _, mv = _weighted_system(spec, n, m, law, UniformPrior())
+    scale = max(float(np.max(np.abs(mv))), 1e-300)
+    return bool(np.max(np.abs(p @ table - mv)) <= UNBIASED_TOL * scale)
+
+
+def plug_in_bias(spec: MetricSpec, hist: RankHistogram, corr: Correction,
+                 fit: Callable[[], "RankDistribution"]) -> float:
+    """The bias of a table estimate under a fitted rank distribution P^ (``fit()``, called only where a group's
+    table is biased at some rank): sum over groups g of their share of the positives times sum_r P^(r)
+    (E[T_g(r~) | r] - M(r)) (the prior-weighted bias of eq. 21, signed, with P^ as the prior), on the groups pooled
+    onto a 10% grid of n (``pool_by_n``) and summed by the composite quadrature of a callable prior
+    (:func:`design_rule`). A correction table trades bias for variance (eq. 24-25) and its standard error measures
+    the variance only: this is the shift ``Estimate.interval`` widens by (Armstrong & Kolesar's bias-aware ends),
+    estimated with a fit of the same data (:data:`BIAS_FIT`); 0 where every table is unbiased at every rank."""
+    from ._rank_hist import pool_by_n
+
+    pooled = pool_by_n(hist, 0.1)
+    values = stacked_tables(spec, pooled.n_items, pooled.n_samples, corr)
+    tables = np.split(values, np.cumsum(pooled.n_samples + 1)[:-1])
+    if all(_unbiased_everywhere(spec, int(n), int(m), corr.law, t)
+           for n, m, t in zip(pooled.n_items.tolist(), pooled.n_samples.tolist(), tables)):
+        return 0.0
+    prior = fit().as_prior()
+    total, at = 0.0, 0
+    for g, (n, m) in enumerate(zip(pooled.n_items.tolist(), pooled.n_samples.tolist())):
+        n, m = int(n), int(m)
+        table = values[at: at + m + 1]
+        at += m + 1
+        if pooled.totals[g] > 0:
+            p, w, mv = _weighted_system(spec, n, m, corr.law, as_prior(prior, n))
+            total += float(pooled.totals[g]) * float(w @ (p @ table - mv))
+    return total / pooled.total
 
 
 def estimate_by_fitted_prior(spec: MetricSpec, hist: RankHistogram, *, method: str, sampling: str,
                              options: dict) -> EstimatorOutput:
     """The registry's compute function of ``bv_mle``: ``bv`` tables whose prior p(r) is the ``mle`` rank
     distribution fitted on the same histogram (its uncertainty ignored); ``options``: gamma and the fit's."""
-    from .registry import Mle
-    from .rank_distribution import fit_rank_distribution
-
     gamma = options.get("gamma")
     gamma = 0.1 if gamma is None else gamma
     fit = {k: v for k, v in options.items() if k != "gamma" and v is not None}  # None: the default
-    dist = fit_rank_distribution(hist, Mle(**{"n_bootstrap": 0, **fit}), sampling=sampling)
+    dist = _mle_fit(hist, sampling, fit)
     flags = [f for f in dist.flags if f in ("not_converged", "pooled_n", "all_at_top")]
-
-    def prior_for_n(n: int, m: int) -> PriorLike:
-        # a vector (enumerated exactly) while its system fits the bound of _check_system, a callable beyond
-        small = n <= VECTOR_PRIOR_MAX and 4 * n * (m + 1) <= MAX_ELEMENTS
-        return dist.prior(n) if small else dist.as_prior()
-
     values = np.concatenate([
         table_array(spec, int(n), int(m),
-                    correction_from_options("bv", sampling, {"gamma": gamma, "prior": prior_for_n(int(n), int(m))}))
+                    correction_from_options("bv", sampling, {"gamma": gamma,
+                                                             "prior": _fitted_prior(dist, int(n), int(m))}))
         for n, m in zip(hist.n_items, hist.n_samples)
     ])
     value, se = table_estimate(hist, values)
     more, se = _resolution_flags(spec, hist, se)
     flags += [f for f in more if f not in flags]
     details = {"method": method, "metric": str(spec), "gamma": gamma, "prior": "mle",
-               "mle_iterations": dist.iterations}
+               "mle_iterations": dist.iterations,
+               "table_bias": plug_in_bias(spec, hist, correction_from_options("bv", sampling, {"gamma": gamma,
+                                          "prior": dist.as_prior()}), lambda: _bias_fit(hist, sampling))}
     return _estimate_output(value, se, hist, details, flags)

@@ -54,8 +54,8 @@ from . import registry
 from ._adaptive_law import adaptive_cost, check_adaptive_histogram
 from ._auto import auto_choice
 from .design import AdaptiveDesign, SamplingDesign
-from ._estimate import Estimate, range_flags
-from .identification import Identification, TopShape, top_sensitive
+from ._estimate import Estimate, in_range
+from .identification import Identification, TopShape, resolution, top_sensitive
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_bounds
 from ._sampled import SampledRanks
@@ -89,17 +89,26 @@ def _result(value: float, stderr: float | None, n: float, details: dict, flags: 
     if math.isnan(se) or float(n) <= 1.0:  # one instance (total weight <= 1): no spread to measure
         se = math.inf
         flags += ("few_instances",) if "few_instances" not in flags else ()
-    flags = range_flags(float(value), flags, bounds)
+    value, flags, details = in_range(float(value), flags, details, bounds)  # the point is in the metric's range
     if identification is not None and "top_unresolved" not in flags:
         flags += ("top_unresolved",)
-    details = dict(details)
     details["flags"] = tuple(flags)
     if identification is not None:
         details["interval"] = "identified"
     metric_range = None if bounds is None else (float(bounds[0]), float(bounds[1]))
-    twin = details.get("twin_gap")
     return Estimate(float(value), se, float(n), details, tuple(flags), identification, metric_range,
-                    None if twin is None else (float(twin[0]), float(twin[1])))
+                    _shift_bounds(details))
+
+
+def _shift_bounds(details: Mapping[str, Any]) -> tuple[float, float] | None:
+    """How far the estimate may be shifted each way (down, up), which ``Estimate.interval``'s bias-aware ends
+    cover: ``gmod``'s twin gap, or a correction table's plug-in bias (``corrections.plug_in_bias``; its sign is
+    estimated, so both ways)."""
+    twin = details.get("twin_gap")
+    if twin is not None:
+        return (float(twin[0]), float(twin[1]))
+    bias = details.get("table_bias")
+    return None if bias is None else (abs(float(bias)), abs(float(bias)))
 
 
 def _with_adaptive(result: Estimate, hist: RankHistogram, design: AdaptiveDesign, top_shape: TopShape | None,
@@ -207,8 +216,10 @@ def _fixed(spec: MetricSpec, hist: RankHistogram, law: str, method: registry.Met
     registry.check_output(entry.name, res)
     if draws is not None:
         ident = getattr(res, "identification", None)
-    return _result(res.value, res.stderr, res.n_instances, res.details, _merge_flags(res.flags, pool_flag), bounds,
-                   ident)
+    # a mapping's interval is its sampling noise alone: its bias (unknown, the rank distribution's) is flagged
+    bias_flag = ["interval_omits_bias"] if entry.family == "mapping" else []
+    return _result(res.value, res.stderr, res.n_instances, res.details,
+                   _merge_flags(res.flags, pool_flag + bias_flag), bounds, ident)
 
 
 def _adaptive(spec: MetricSpec, hist: RankHistogram, method: registry.Method, design: AdaptiveDesign) -> Estimate:

@@ -675,11 +675,11 @@ def module_views(module: str, **views: dict[str, Any]) -> Callable[[str], tuple[
 
 def recbole_choices(family: str) -> tuple[str, ...]:
     """The estimators a RecBole metric family runs (the one of them listed in ``rsp_estimators``): ``"corrected"``
-    (``Corrected*``: the ``none`` and ``correction`` families, ``bv_mle`` included, and the per-positive
-    ``hansen_hurwitz`` ``hh``), ``"mapped"`` (``Mapped*``: the mappings) or ``"rankdist"`` (``RankDist*``: ``auto``
-    and the rank-distribution fits)."""
+    (``Corrected*``: ``auto``, the default, the ``none`` and ``correction`` families, ``bv_mle`` included, and the
+    per-positive ``hansen_hurwitz`` ``hh``), ``"mapped"`` (``Mapped*``: the mappings) or ``"rankdist"``
+    (``RankDist*``: ``auto`` and the rank-distribution fits)."""
     if family == "corrected":
-        return names(family=("none", "correction", "hansen_hurwitz"))
+        return names(family=("auto", "none", "correction", "hansen_hurwitz"))
     if family == "mapped":
         return names(family="mapping")
     if family == "rankdist":

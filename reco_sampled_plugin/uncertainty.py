@@ -21,7 +21,7 @@ import torch
 from . import registry
 from ._checks import check_rank_values, check_sampled_support, check_sizes
 from .corrections import as_correction, tables_for_counts
-from ._estimate import Estimate, range_flags
+from ._estimate import Estimate, in_range
 from .metric_names import parse_metric
 from .metrics import metric_bounds
 
@@ -54,10 +54,13 @@ def _spread_measured(est: Estimate) -> Estimate:
 
 def _with_range(est: Estimate, bounds: tuple[float, float]) -> Estimate:
     """``est`` with the metric's range (its intervals never leave it); a value outside is flagged
-    ``outside_metric_range`` (e.g. ``ls``, whose minimal-bias table has huge alternating entries)."""
-    flags = range_flags(est.value, est.flags, bounds)
-    details = {**dict(est.details), "flags": flags} if flags else dict(est.details)
-    return dataclasses.replace(est, details=details, flags=flags, metric_range=(float(bounds[0]), float(bounds[1])))
+    ``outside_metric_range`` (e.g. ``ls``, whose minimal-bias table has huge alternating entries) and becomes the
+    range's nearest end, as ``estimate()``'s (``_estimate.in_range``)."""
+    value, flags, details = in_range(est.value, est.flags, est.details, bounds)
+    if flags:
+        details["flags"] = flags
+    return dataclasses.replace(est, value=value, details=details, flags=flags,
+                               metric_range=(float(bounds[0]), float(bounds[1])))
 
 
 def _bounds(spec: MetricSpec, n_items: int | TensorLike) -> tuple[float, float]:
@@ -123,5 +126,6 @@ def paired_difference(
         "prob_a_better": p_a,
         "prob_ordering_holds": max(p_a, 1 - p_a) if not math.isnan(p_a) else 0.5,
         "flags": est.flags,
+        **({"unclipped_value": est.details["unclipped_value"]} if "unclipped_value" in est.details else {}),
     }
     return Estimate(est.value, est.stderr, est.n_instances, details, est.flags, metric_range=est.metric_range)

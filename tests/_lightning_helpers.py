@@ -152,3 +152,26 @@ class DumpScoringCosts(pl.Callback):
         path = os.path.join(self.folder, f"cost{trainer.global_rank}_of{trainer.world_size}.json")
         with open(path, "w") as f:
             json.dump(out, f)
+
+
+class TorchmetricsModule(SyntheticModule):
+    """The synthetic model evaluated by the torchmetrics classes themselves (no callback): ``compute()``'s keys
+    logged after the stage, ``val/<key>``, as a user's module logs them."""
+
+    def __init__(self, metrics, **settings) -> None:
+        super().__init__()
+        from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
+
+        self.exact = ExactRankingMetrics(metrics)
+        self.sampled = SampledRankingMetrics(metrics, **settings)
+
+    def validation_step(self, batch, batch_idx):
+        out = self.outputs(batch)
+        self.exact.update(out["scores"], out["positives"], out["exclude"])
+        self.sampled.update(out["scores"], out["positives"], out["exclude"], ids=out["ids"])
+
+    def on_validation_epoch_end(self) -> None:
+        values = {**self.exact.compute(), **self.sampled.compute()}
+        self.log_dict({f"val/{k}": v.float() for k, v in values.items()})
+        self.exact.reset()
+        self.sampled.reset()

@@ -407,7 +407,8 @@ def test_device_argument_and_dtype():
 
 def test_ls_variance_is_flagged_not_hidden():
     """Plain least squares (minimal bias, eq. 21 without constraint) has a table of huge alternating entries
-    at n >> m: its estimate can leave the metric's range. estimate() says so; cls and bv stay inside."""
+    at n >> m: its raw estimate can leave the metric's range. estimate() says so and reports the range's nearest end
+    (the raw value in details); cls and bv stay inside."""
     from reco_sampled_plugin import estimate
     from reco_sampled_plugin.simulate import simulate_sampled_ranks
 
@@ -418,7 +419,11 @@ def test_ls_variance_is_flagged_not_hidden():
     table = correction_table("hit@10", n, 100, "ls").numpy()
     assert np.abs(table).max() > 100  # the minimal-bias solution itself, not a numerical accident
     ls = estimate("hit@10", SampledRanks.from_arrays(sampled, n, 100), "ls")
-    assert not 0.0 <= ls.value <= 1.0 and "outside_metric_range" in ls.flags
+    raw = ls.details["unclipped_value"]
+    assert not 0.0 <= raw <= 1.0 and "outside_metric_range" in ls.flags
+    assert ls.value == min(max(raw, 0.0), 1.0)  # the point at the range's nearest end, inside its interval
+    lo, hi = ls.interval()
+    assert lo <= ls.value <= hi
     for method in ("cls", "bv"):
         res = estimate("hit@10", SampledRanks.from_arrays(sampled, n, 100), method)
         assert 0.0 <= res.value <= 1.0 and "outside_metric_range" not in res.flags

@@ -187,8 +187,8 @@ def test_torchmetrics_runs_a_registered_estimator(bv_copy):
         warnings.simplefilter("error", RuntimeWarning)  # an estimator that fails warns: fail here instead
         _, copy = _torchmetrics_run(n_samples=20, estimators=("bv_copy",))
     _, ref = _torchmetrics_run(n_samples=20, estimators=("bv",))
-    assert math.isfinite(float(copy["ndcg@10/bv_copy"]))
-    assert float(copy["ndcg@10/bv_copy"]) == float(ref["ndcg@10/bv"])
+    assert math.isfinite(float(copy["ndcg_at_10/bv_copy"]))
+    assert float(copy["ndcg_at_10/bv_copy"]) == float(ref["ndcg_at_10/bv"])
 
 
 # ---------------------------------------------------------------------------------------------- Lightning
@@ -283,7 +283,7 @@ def test_recbole_settings_design():
     assert s.design == SamplingDesign(100, adaptive_max=800) and s.design.adaptive.stages.tolist() == [100, 200, 400, 800]
     # (c) an estimator that does not support the design, named with its key
     with pytest.raises(ValueError, match=r"^rsp_adaptive_max: 'correctedrecall' \(rsp_estimators: bv\) assumes one fixed m"):
-        _recbole_settings(metrics=["CorrectedRecall"], rsp_m=100, rsp_adaptive_max=800)
+        _recbole_settings(metrics=["CorrectedRecall"], rsp_m=100, rsp_adaptive_max=800, rsp_estimators=["bv"])
     with pytest.raises(ValueError, match=r"^rsp_adaptive_max: 'mappedhit' \(rsp_estimators: bound\) assumes one fixed m"):
         _recbole_settings(metrics=["MappedHit"], rsp_m=100, rsp_adaptive_max=800)
     # the choices are the registry's

@@ -121,7 +121,7 @@ def test_exact_auc_matches_brute_force_with_users_without_competitors(masks, cop
         assert math.isnan(got) and "no_instances" in m.estimates()["auc/exact"].flags
     else:
         assert got == pytest.approx(want, abs=1e-12)
-    assert not math.isnan(float(m.compute()["hit@1/exact"])) or not pos.any()
+    assert not math.isnan(float(m.compute()["hit_at_1/exact"])) or not pos.any()
 
 
 @pytest.mark.parametrize("ties", ["pessimistic", "average"])
@@ -304,11 +304,11 @@ def _ddp_worker(rank: int, port: int, queue) -> None:
             if kind == "sampled":
                 m = SampledRankingMetrics(**{**SAMPLED_BASE, "estimators": ("none",), **kw})
                 m.update(scores, pos, ids=torch.arange(rank * 100, rank * 100 + scores.shape[0]))
-                key = "hit@5/sampled"
+                key = "hit_at_5/sampled"
             else:
                 m = ExactRankingMetrics(**{"metrics": ("hit@5", "auc"), **kw})
                 m.update(scores, pos)
-                key = "hit@5/exact"
+                key = "hit_at_5/exact"
             try:
                 queue.put((i, rank, "ok", float(m.compute()[key])))
             except ValueError as exc:
@@ -333,7 +333,7 @@ def test_ddp_sync_of_incompatible_states_is_refused_on_every_process():
     for r in range(2):
         s, p = _data(40, r)
         one.update(s, p, ids=torch.arange(r * 100, r * 100 + s.shape[0]))
-    want = float(one.compute()["hit@5/sampled"])
+    want = float(one.compute()["hit_at_5/sampled"])
     for i, (_, _, name) in enumerate(DDP_SCENARIOS):
         got = [res[2:] for res in results if res[0] == i]
         if name is None:
@@ -348,8 +348,10 @@ def test_paired_difference_flags_a_value_outside_its_range():
     d = rsp.paired_difference("ndcg@10", torch.tensor([1, 2]), torch.tensor([5, 11]), 1000, 10, method="ls")
     table = correction_table("ndcg@10", 1000, 10, "ls")
     va, vb = table[torch.tensor([1, 2]) - 1], table[torch.tensor([5, 11]) - 1]
-    assert d.value == pytest.approx(float((va - vb).mean()))  # the oracle: the mean of the per-instance differences
-    assert d.value < -1 and "outside_metric_range" in d.flags and d.details["flags"] == d.flags
+    raw = d.details["unclipped_value"]
+    assert raw == pytest.approx(float((va - vb).mean()))  # the oracle: the mean of the per-instance differences
+    assert raw < -1 and "outside_metric_range" in d.flags and d.details["flags"] == d.flags
+    assert d.value == -1.0  # the point at the range's nearest end, as estimate()'s
     assert d.metric_range == (-1.0, 1.0) and d.interval() == (-1.0, 1.0)  # clipped, never beyond
     one = rsp.paired_difference("ndcg@10", torch.tensor([1]), torch.tensor([5]), 1000, 10, method="ls")
     assert one.interval() == (-1.0, 1.0) and set(one.flags) == {"few_instances", "outside_metric_range"}
@@ -366,10 +368,12 @@ def test_corrected_results_carry_range_and_flags(ranks, shift, method, metric):
     for est, bounds in ((rsp.estimate(metric, rsp.SampledRanks.from_arrays(a, 200, 10), method), (lo, hi)),
                         (rsp.paired_difference(metric, a, b, 200, 10, method=method), (lo - hi, hi - lo))):
         assert est.metric_range == bounds
-        outside = not (bounds[0] <= est.value <= bounds[1])
+        raw = est.details.get("unclipped_value", est.value)
+        outside = not (bounds[0] <= raw <= bounds[1])
         assert ("outside_metric_range" in est.flags) == outside
+        assert est.value == min(max(raw, bounds[0]), bounds[1])  # the point in the range
         i_lo, i_hi = est.interval()
-        assert bounds[0] <= i_lo <= i_hi <= bounds[1]  # never (-inf, inf): the range at worst
+        assert bounds[0] <= i_lo <= est.value <= i_hi <= bounds[1]  # never (-inf, inf): the range at worst
         assert (len(ranks) == 1) == ("few_instances" in est.flags)
 
 

@@ -68,7 +68,7 @@ def test_recbole_example(capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(EXAMPLES / "recbole" / "run_bpr_ml100k.py"), run_name="__main__")
     out = capsys.readouterr().out
-    assert "correctedrecall@10" in out and "exact target" in out
+    assert "correctedrecall@10/auto" in out and "exact target" in out
 
 
 def test_recbole_cli_help_and_bad_override(capsys):

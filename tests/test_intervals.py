@@ -35,6 +35,7 @@ def _check(est: Estimate, bounds: tuple[float, float]) -> None:
         for interval in (est.interval(level), est.sampling_interval(level)):
             assert not any(math.isnan(x) for x in interval), (est, interval)
             assert _inside(interval, bounds), (est, level, interval, bounds)
+            assert interval[0] <= est.value <= interval[1], (est, level, interval)  # no point outside its interval
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +81,10 @@ def test_correction_intervals_in_range_with_per_instance_n(sampled, method):
         bounds = metric_bounds(parse_metric(metric), n.numpy())
         assert est.metric_range == bounds
         _check(est, bounds)
-        if not bounds[0] <= est.value <= bounds[1]:
-            assert "outside_metric_range" in est.flags
+        raw = est.details.get("unclipped_value", est.value)
+        # a raw value outside the range is flagged, and the point is the range's nearest end
+        assert ("outside_metric_range" in est.flags) == (not bounds[0] <= raw <= bounds[1])
+        assert est.value == min(max(raw, bounds[0]), bounds[1])
 
 
 def test_sampling_interval_is_clipped():
@@ -111,6 +114,42 @@ def test_random_histograms_keep_intervals_in_range(ranks, metric, method, n):
     _check(est, metric_bounds(parse_metric(metric), [n]))
 
 
+@settings(max_examples=examples(40), deadline=None)
+@given(
+    value=st.floats(-2.0, 3.0),
+    stderr=st.one_of(st.floats(0.0, 2.0), st.just(math.inf)),
+    bounds=st.one_of(st.none(), st.tuples(st.floats(-1.0, 0.5), st.floats(0.0, 1.5))),
+    gap=st.one_of(st.none(), st.tuples(st.floats(0.0, 1.0), st.floats(0.0, 1.0))),
+    level=st.floats(0.01, 0.999),
+)
+def test_any_estimate_holds_its_point(value, stderr, bounds, gap, level):
+    """No point outside its own interval, however the Estimate was built (a value outside its metric range, a
+    twin gap or table bias, an infinite standard error): both intervals hold the value."""
+    if bounds is not None and bounds[0] > bounds[1]:
+        bounds = (bounds[1], bounds[0])
+    est = Estimate(value, stderr, 10.0, metric_range=bounds, twin_gap=gap)
+    for lo, hi in (est.interval(level), est.sampling_interval(level)):
+        assert lo <= value <= hi, (est, lo, hi)
+
+
+def test_table_bias_widens_the_correction_interval():
+    """bv where K lies above the resolution and its table's bias is larger than its standard error: the sampling
+    interval misses the exact value, ``interval()`` widens by the plug-in bias (``details["table_bias"]``,
+    Armstrong & Kolesar's ends) and holds it; a mapping's interval says it leaves its bias out."""
+    rng = np.random.default_rng(11)
+    exact = np.minimum(np.ceil(rng.pareto(0.6, size=4000) * 3), 2000).astype(np.int64)  # a recommender's ranks
+    ranks = torch.as_tensor(draw_sampled_ranks(exact, 2000, 100, seed=2)[0])
+    truth = float((exact <= 50).mean())  # HR@50 at n = 2000, m = 100: resolution b ~ 21, K resolved
+    est = rsp.estimate("hit@50", rsp.SampledRanks.from_arrays(ranks, 2000, 100), "bv")
+    lo, hi = est.sampling_interval()
+    assert not lo <= truth <= hi and abs(est.details["table_bias"]) > est.stderr
+    wide = est.interval()
+    assert wide[0] <= truth <= wide[1] and wide[1] - wide[0] > hi - lo
+    assert "top_unresolved" not in est.flags and est.twin_gap == (abs(est.details["table_bias"]),) * 2
+    mapped = rsp.estimate("hit@50", rsp.SampledRanks.from_arrays(ranks, 2000, 100), "bound")
+    assert "interval_omits_bias" in mapped.flags
+
+
 def test_flags_are_explained_in_words_with_the_planner_command():
     lines = explain_flags(("top_unresolved", "pooled_n", "made_up"), metric="ndcg@10", n_items=1682, n_samples=100,
                           users=943, pilot="ranks.txt")
@@ -125,3 +164,20 @@ def test_flags_are_explained_in_words_with_the_planner_command():
         "few_instances: " + FLAG_TEXT["few_instances"]]
     assert "the same for every estimator" in SAME_INTERVAL_NOTE
     assert rsp.explain_flags is explain_flags
+
+
+def test_top_unresolved_advice_fits_the_design():
+    """A run already adaptive is told to raise its cap (m shown as first..cap), a popularity design (which adaptive
+    sampling does not take) to rank exactly or raise m; a fixed uniform m keeps the advice to sample adaptively."""
+    from reco_sampled_plugin.design import SamplingDesign
+
+    def advice(design):
+        return explain_flags(["top_unresolved"], metric="ndcg@10", n_items=1682, users=943, design=design)[0]
+
+    adaptive = advice(SamplingDesign(100, adaptive_max=800))
+    assert "not resolved by m = 100..800 samples" in adaptive and "raise the adaptive cap" in adaptive
+    assert "sample adaptively" not in adaptive
+    popular = advice(SamplingDesign(100, popularity=torch.ones(1682, dtype=torch.float64)))
+    assert "m = 100 samples" in popular and "adaptive" in popular and "sample adaptively" not in popular
+    assert "rank exactly or sample adaptively" in advice(SamplingDesign(100))
+    assert advice(SamplingDesign(100)) == advice(None).replace("by m samples", "by m = 100 samples")

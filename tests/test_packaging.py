@@ -126,8 +126,10 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
             src.mkdir(exist_ok=True)
             shutil.copy2(ROOT / name, src / name)
     dist = tmp_path / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-          "--wheel-dir", dist, src], cwd=tmp_path)
+    built = _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-v",
+                  "--wheel-dir", dist, src], cwd=tmp_path)
+    # no setuptools warning at install (e.g. a data folder Python can import, absent from `packages`)
+    assert "Warning" not in built.stdout + built.stderr, built.stdout + built.stderr
     (wheel,) = dist.glob("*.whl")
     assert wheel.name == f"reco_sampled_plugin-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel) as zf:

@@ -58,7 +58,7 @@ def _recbole():
 _RB_BASE = {
     "device": "cpu", "use_gpu": False, "show_progress": False, "learning_rate": 0.01, "train_batch_size": 4096,
     "eval_batch_size": 1 << 20, "topk": [10], "metric_decimal_place": 12, "seed": 2020, "reproducibility": True,
-    "checkpoint_dir": "saved", "metrics": ["CorrectedAUC"], "valid_metric": "CorrectedAUC",
+    "checkpoint_dir": "saved", "metrics": ["CorrectedAUC"], "valid_metric": "CorrectedAUC/hh",
     "rsp_estimators": ["hh", "auto"],
 }
 _RB_MODELS = {
@@ -106,20 +106,20 @@ def test_recbole_alpha_and_refusals(workdir):
     pop = SamplingDesign(100, popularity=torch.ones(5))
     assert registry.names(design=pop, metric="auc") == ("auto", "none", "hh", "pl_fit")
     with pytest.raises(ValueError, match=r"^eval_args\.mode: 'pop100' draws items by popularity, and 'correctedauc' "
-                                         r"\(rsp_estimators: bv\) does not estimate auc there .*list hh in "
+                                         r"\(rsp_estimators: bv\) does not estimate auc there .*list auto or hh in "
                                          r"rsp_estimators instead"):
         _rb_config("BPR", "pop100", rsp_estimators=["bv", "auto"])
-    with pytest.raises(ValueError, match=r"^eval_args\.mode: .*'correctedndcg' \(rsp_estimators: hh\) .*no "
-                                         r"Corrected\* estimator corrects ndcg under popularity sampling yet; "
-                                         r"none \(in rsp_estimators\) reports the plain sampled metric"):
-        _rb_config("BPR", "pop100", metrics=["CorrectedNDCG"], valid_metric="CorrectedNDCG@10")
+    # auto, a Corrected* estimator too, corrects ndcg there (pl_fit): the refusal names it
+    with pytest.raises(ValueError, match=r"^eval_args\.mode: .*'correctedndcg' \(rsp_estimators: hh\) .*list auto in "
+                                         r"rsp_estimators instead"):
+        _rb_config("BPR", "pop100", metrics=["CorrectedNDCG"], valid_metric="CorrectedNDCG@10/hh")
     # the default RankDist* estimator, auto, runs hh (AUC) and pl_fit (top-K) there; a fitting method is refused
-    _rb_config("BPR", "pop100", metrics=["RankDistAUC", "RankDistNDCG"], valid_metric="RankDistNDCG@10")
+    _rb_config("BPR", "pop100", metrics=["RankDistAUC", "RankDistNDCG"], valid_metric="RankDistNDCG@10/auto")
     with pytest.raises(ValueError, match=r"^eval_args\.mode: .*'rankdistauc' \(rsp_estimators: mes\) .*list "
                                          r"auto in rsp_estimators instead"):
         _rb_config("BPR", "pop100", metrics=["RankDistAUC"], rsp_estimators=["hh", "mes"])
     with pytest.raises(ValueError, match=r"^rsp_estimators: 'hh' estimates auc only, not ndcg"):  # uniform too
-        _rb_config("BPR", "uni100", metrics=["CorrectedNDCG"], valid_metric="CorrectedNDCG@10")
+        _rb_config("BPR", "uni100", metrics=["CorrectedNDCG"], valid_metric="CorrectedNDCG@10/hh")
 
 
 def _rb_frequencies(sampler, user: int, k: int, w: torch.Tensor):
@@ -266,18 +266,18 @@ def test_recbole_popn_equals_the_core_on_the_same_draws(rb_runs, model):
     weights = torch.zeros(positives.shape, dtype=torch.float64)
     weights[pos_u, slot] = 1.0 / cols["n_positives"]  # RecBole's user weighting, as the adapter
     core = rsp.estimate("auc", sampled, method="hh", weights=weights)
-    assert run["pop"]["correctedauc"] == pytest.approx(core.value, abs=1e-11)
+    assert run["pop"]["correctedauc/hh"] == pytest.approx(core.value, abs=1e-11)
     # pl_fit's class counts: from RecBole's used items (the adapter) = from the core's exclusions
     for f in PROFILE_FIELDS:
         got = torch.stack([cols[f"{f}_{c}"] for c in range(POP_BINS)], 1)
         np.testing.assert_array_equal(got.numpy(), getattr(stats, f)[pos_u, slot].double().numpy(), err_msg=f)
     assert float(cols["profile_0"].sum() + sum(cols[f"profile_{c}"].sum() for c in range(1, POP_BINS))) > 0
     # the default RankDist* estimator, auto: hh for AUC, pl_fit for NDCG, as the core's on the same draws
-    assert run["pop"]["rankdistauc"] == pytest.approx(core.value, abs=1e-11)
-    assert ("rankdistndcg@10" in run["pop"]) == (model == "SASRec")  # the fixture runs RankDistNDCG for SASRec only
+    assert run["pop"]["rankdistauc/auto"] == pytest.approx(core.value, abs=1e-11)
+    assert ("rankdistndcg@10/auto" in run["pop"]) == (model == "SASRec")  # the fixture runs RankDistNDCG for SASRec only
     if model == "SASRec":
         ndcg = rsp.estimate("ndcg@10", sampled, method="pl_fit", weights=weights)
-        assert run["pop"]["rankdistndcg@10"] == pytest.approx(ndcg.value, abs=1e-11)
+        assert run["pop"]["rankdistndcg@10/auto"] == pytest.approx(ndcg.value, abs=1e-11)
         # 943 positives: stratified by their own popularity, so the adapter's positive weights (RecBole's item
         # column under the sampler's weights) are the core's too
         assert len(ndcg.details["strata"]) == 2
@@ -295,13 +295,13 @@ def test_recbole_pop100_hh_auc_matches_full_mode(rb_runs, model):
     weights = torch.zeros(sampled.ranks.shape, dtype=torch.float64)
     weights[pos_u, slot] = 1.0 / cols["n_positives"]
     est = rsp.estimate("auc", sampled, method="hh", weights=weights)
-    exact, hh, plain = run["full"]["correctedauc_exact"], run["pop"]["correctedauc"], run["pop"]["correctedauc_sampled"]
+    exact, hh, plain = run["full"]["correctedauc/exact"], run["pop"]["correctedauc/hh"], run["pop"]["correctedauc/sampled"]
     se = est.details["stderr_sampling"]
     print(f"\n{model}: exact {exact:.4f}  hh {hh:.4f} (sampling se {se:.4f}, se {est.stderr:.4f}, Kish share "
           f"{est.details['ess_share']:.2f})  plain pop100 {plain:.4f}", file=sys.stderr)
     assert abs(hh - exact) < 4 * se, (hh, exact, se)
     assert abs(plain - exact) > 20 * se
-    assert run["pop"]["correctedauc_lo"] < exact < run["pop"]["correctedauc_hi"]
+    assert run["pop"]["correctedauc/hh_lo"] < exact < run["pop"]["correctedauc/hh_hi"]
 
 
 # ------------------------------------------------------------------------------------------------- CLI rank files

@@ -78,7 +78,7 @@ def bpr_uni100(bpr):
     """The same trained model evaluated in uni100 mode on the same test split."""
     metrics = ["Recall", "CorrectedRecall", "MappedHit", "RankDistRecall"]
     config, _, _, test = _prepare("BPR", {"eval_args": {"mode": "uni100"}, "metrics": metrics,
-                                          "valid_metric": "CorrectedRecall@10",
+                                          "valid_metric": "CorrectedRecall@10/auto",
                                           "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}})
     trainer = Trainer(config, bpr["model"])
     result, struct = _evaluate(trainer, test)
@@ -101,7 +101,7 @@ def test_registration_in_place_idempotent_lowercase():
     for name in ("correctedrecall", "correctedndcg", "correctedap", "mappedhit", "rankdistrecall", "exactmrr"):
         assert name in reg.metrics_dict
     config = Config(model="BPR", dataset="ml-100k",
-                    config_dict={**BASE, "metrics": ["CorrectedRecall"], "valid_metric": "CorrectedRecall@10", "rsp_m": 50})
+                    config_dict={**BASE, "metrics": ["CorrectedRecall"], "valid_metric": "CorrectedRecall@10/auto", "rsp_m": 50})
     assert config["valid_metric_bigger"] is True
 
 
@@ -129,13 +129,13 @@ def test_full_mode_rank_sums_equal_meanrank(bpr):
 
 def test_full_mode_side_by_side_and_stderr(bpr):
     res = bpr["result"]
-    exact, sampled, corrected = (res["correctedrecall@10_exact"], res["correctedrecall@10_sampled"], res["correctedrecall@10"])
-    se = res["correctedrecall@10_stderr"]
+    exact, sampled, corrected = (res["correctedrecall@10/exact"], res["correctedrecall@10/sampled"], res["correctedrecall@10/auto"])
+    se = res["correctedrecall@10/auto_stderr"]
     assert sampled > 3 * exact  # sampled Recall@10 with m = 100 overstates the full-catalogue value
     assert abs(corrected - exact) < 4 * se + 0.01
     # rsp_interval: K = 10 lies below the resolution (~17 on ml-100k at m = 100): the interval is the identified one,
     # wider than corrected +- 1.96 se, and it holds the exact value
-    lo, hi = res["correctedrecall@10_lo"], res["correctedrecall@10_hi"]
+    lo, hi = res["correctedrecall@10/auto_lo"], res["correctedrecall@10/auto_hi"]
     assert lo <= min(corrected, exact) and max(corrected, exact) <= hi
     assert hi - lo > 2 * 1.96 * se
     # brute force from the per-positive table: each user counts once (weights 1/|T_u|, rsp_weighting: user)
@@ -143,7 +143,7 @@ def test_full_mode_side_by_side_and_stderr(bpr):
     w = 1.0 / cols["n_positives"].numpy()
     for key, ranks in (("sampled", cols["sampled_rank"]), ("exact", cols["rank_irrelevant"])):
         expect = float(((ranks.numpy() <= 10) * w).sum() / w.sum())
-        assert res[f"correctedrecall@10_{key}"] == pytest.approx(expect, abs=5e-5), key
+        assert res[f"correctedrecall@10/{key}"] == pytest.approx(expect, abs=5e-5), key
 
 
 def test_uni100_sampled_ranks_follow_binomial_law(bpr, bpr_uni100):
@@ -176,7 +176,7 @@ def test_uni100_staged_batches_give_the_per_batch_table(bpr, monkeypatch, mode):
     (the path of other devices). RecBole draws new negatives at every evaluation: each starts from the same
     seed. Pessimistic ties: the plugin draws nothing, so every column agrees exactly."""
     config, _, _, test = _prepare("BPR", {"eval_args": {"mode": mode}, "eval_batch_size": 4096, "rsp_estimators": ["none"],
-                                          "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "CorrectedRecall@10"})
+                                          "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "CorrectedRecall@10/none"})
     trainer = Trainer(config, bpr["model"])
 
     def table():
@@ -201,21 +201,27 @@ def test_uni100_staged_batches_give_the_per_batch_table(bpr, monkeypatch, mode):
 
 def test_uni100_corrected_closer_than_recbole_sampled(bpr, bpr_uni100):
     res, full = bpr_uni100["result"], bpr["result"]
-    corrected, recbole_sampled = res["correctedrecall@10"], float(res["recall@10"])
-    for exact in (full["correctedrecall@10_exact"], float(full["recall@10"])):
+    corrected, recbole_sampled = res["correctedrecall@10/auto"], float(res["recall@10"])
+    for exact in (full["correctedrecall@10/exact"], float(full["recall@10"])):
         assert abs(corrected - exact) < abs(recbole_sampled - exact)
     # every estimator family reports, with the plain sampled metric of the papers side by side
-    for key in ("mappedhit@10", "rankdistrecall@10", "correctedrecall@10_sampled"):
+    for key in ("mappedhit@10/bound", "rankdistrecall@10/auto", "correctedrecall@10/sampled"):
         assert 0.0 <= res[key] <= 1.0
-    assert "correctedrecall@10_exact" not in res  # no exact ranks in a sampled mode
+    assert "correctedrecall@10/exact" not in res  # no exact ranks in a sampled mode
 
 
 @pytest.mark.parametrize(
     "extra, key",
     [
         ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_estimators": ["magic"]}, "rsp_estimators"),
-        ({"metrics": ["CorrectedNDCG"], "rsp_m": 100, "rsp_estimator_options": {"bv": {"gamma": 1.5}}},
-         "rsp_estimator_options: bv: gamma"),
+        ({"metrics": ["CorrectedNDCG"], "rsp_m": 100, "rsp_estimators": ["bv"],
+          "rsp_estimator_options": {"bv": {"gamma": 1.5}}}, "rsp_estimator_options: bv: gamma"),
+        # auto is the default: options for an estimator not listed are refused
+        ({"metrics": ["CorrectedNDCG"], "rsp_m": 100, "rsp_estimator_options": {"bv": {"gamma": 0.2}}},
+         "rsp_estimator_options: given for 'bv'"),
+        # an estimated metric named without its estimator (the key is correctedndcg@10/auto)
+        ({"metrics": ["CorrectedNDCG"], "rsp_m": 100, "valid_metric": "CorrectedNDCG@10"},
+         "valid_metric: 'CorrectedNDCG@10' is reported as 'correctedndcg@10/auto'"),
         ({"metrics": ["MappedHit"], "rsp_m": 100, "rsp_estimators": ["bv", "auto"]}, "rsp_estimators: the Mapped"),
         ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_estimators": ["mes", "auto"]}, "rsp_estimators: 'mes' and"),
         # the keys of 0.1's one-key-per-option configuration are unknown keys now
@@ -226,12 +232,13 @@ def test_uni100_corrected_closer_than_recbole_sampled(bpr, bpr_uni100):
         ({"metrics": ["ExactRecall"], "eval_args": {"mode": "uni100"}}, "eval_args.mode"),
         ({"metrics": ["MappedHit"], "eval_args": {"mode": "pop100"}}, "eval_args.mode"),
         ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_gama": 0.2}, "rsp_gama"),
-        ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_estimator_options": {"bv": {"prior": "jeffreys"}}},
-         "rsp_estimator_options: bv: prior"),
+        ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_estimators": ["bv"],
+          "rsp_estimator_options": {"bv": {"prior": "jeffreys"}}}, "rsp_estimator_options: bv: prior"),
         # adaptive sampling: popN's first stage is not uniform (uniN is accepted: tests/test_recbole_scorer.py);
         # fixed-m estimators; cap below m; no rsp_m
         ({"metrics": ["RankDistRecall"], "eval_args": {"mode": "pop100"}, "rsp_adaptive_max": 800}, "pop100.*popularity"),
-        ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_adaptive_max": 800}, "rsp_adaptive_max.*fixed m"),
+        ({"metrics": ["CorrectedRecall"], "rsp_m": 100, "rsp_adaptive_max": 800, "rsp_estimators": ["bv"]},
+         "rsp_adaptive_max.*fixed m"),
         ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_adaptive_max": 50}, "rsp_adaptive_max"),
         ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_adaptive_max": -5}, "rsp_adaptive_max"),
         ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_adaptive_max": 800, "rsp_replacement": False}, "rsp_adaptive_max"),
@@ -252,26 +259,26 @@ def test_lightgcn_under_compat_with_tensorboard(workdir, tmp_path, monkeypatch):
     config, train, valid, test = _prepare(
         "LightGCN",
         {"epochs": 1, "n_layers": 1, "metrics": ["Recall", "CorrectedRecall", "CorrectedNDCG", "MappedHit"],
-         "valid_metric": "CorrectedRecall@10", "rsp_m": 100},
+         "valid_metric": "CorrectedRecall@10/auto", "rsp_m": 100},
     )
     init_seed(config["seed"], config["reproducibility"])
     model = get_model("LightGCN")(config, train._dataset)
     trainer = Trainer(config, model)
     best_score, best_result = trainer.fit(train, valid, saved=True, show_progress=False)
-    assert best_score == best_result["correctedrecall@10"]  # valid_metric on a plugin metric
+    assert best_score == best_result["correctedrecall@10/auto"]  # valid_metric on a plugin metric
     result = trainer.evaluate(test, load_best_model=True)  # RecBole's own checkpoint (torch >= 2.6)
-    assert 0.0 <= result["correctedrecall@10"] <= 1.0
+    assert 0.0 <= result["correctedrecall@10/auto"] <= 1.0
     trainer.tensorboard.flush()
     files = glob.glob(os.path.join(trainer.tensorboard.log_dir, "events.out.tfevents.*"))
     assert files
     acc = EventAccumulator(trainer.tensorboard.log_dir)
     acc.Reload()
     tags = acc.Tags()["scalars"]
-    for tag in ("reco_sampled/valid/correctedrecall@10", "reco_sampled/test/correctedrecall@10",
-                "reco_sampled/test/mappedhit@10", "reco_sampled/test/correctedrecall@10_exact"):
+    for tag in ("reco_sampled/valid/correctedrecall@10/auto", "reco_sampled/test/correctedrecall@10/auto",
+                "reco_sampled/test/mappedhit@10/bound", "reco_sampled/test/correctedrecall@10/exact"):
         assert tag in tags, tags
-    [event] = acc.Scalars("reco_sampled/test/correctedrecall@10")
-    assert event.value == pytest.approx(result["correctedrecall@10"], abs=1e-6)
+    [event] = acc.Scalars("reco_sampled/test/correctedrecall@10/auto")
+    assert event.value == pytest.approx(result["correctedrecall@10/auto"], abs=1e-6)
 
 
 def test_run_recbole_wrapper_logs_plugin_results(workdir, caplog):
@@ -290,25 +297,25 @@ def test_run_recbole_wrapper_logs_plugin_results(workdir, caplog):
     )
     test = result["test_result"]
     assert test["exactrecall@10"] == pytest.approx(float(test["recall@10"]), abs=1e-10)
-    assert "correctedrecall@10" in result["best_valid_result"]
+    assert "correctedrecall@10/auto" in result["best_valid_result"]
     # RecBole's logger (the root logger; pytest holds it, so RecBole's own log file stays empty here)
     messages = [r.getMessage() for r in caplog.records]
-    assert any("test result" in msg and "correctedrecall@10" in msg for msg in messages)
+    assert any("test result" in msg and "correctedrecall@10/auto" in msg for msg in messages)
     # the 95% interval by default (<name>_lo, <name>_hi), the standard error only when asked for
-    lo, hi = test["correctedrecall@10_lo"], test["correctedrecall@10_hi"]
-    assert 0.0 <= lo <= test["correctedrecall@10"] <= hi <= 1.0 and "correctedrecall@10_stderr" not in test
+    lo, hi = test["correctedrecall@10/auto_lo"], test["correctedrecall@10/auto_hi"]
+    assert 0.0 <= lo <= test["correctedrecall@10/auto"] <= hi <= 1.0 and "correctedrecall@10/auto_stderr" not in test
     # K = 10 below the resolution at m = 100: said once, in words, with the planner command
     why = [m for m in messages if "CorrectedRecall@10: top_unresolved: top of the ranking not resolved" in m]
     assert len(why) == 1 and "m = 100 samples" in why[0] and "(reco-sampled plan --n-items " in why[0]
     assert "--metric recall@10 --target-rel-error 0.05)" in why[0]
     # Recall (RecBole's list recall) beside CorrectedRecall (leave-one-out): one note on the difference
-    notes = [m for m in messages if "CorrectedRecall@k (and its _exact) is the leave-one-out metric" in m]
+    notes = [m for m in messages if "CorrectedRecall@k (and its /exact) is the leave-one-out metric" in m]
     assert len(notes) == 1 and "RecBole's recall@k is the list metric" in notes[0]
 
 
 def test_popularity_sampling_uncorrected_is_said(bpr, caplog):
-    """pop100 with rsp_estimators: [none] (the only Corrected* choice there): CorrectedHit@10 is the plain sampled metric, and the
-    run says so (a warning naming the metric), its value equal to its _sampled key; its interval holds it."""
+    """pop100 with rsp_estimators: [none]: CorrectedHit@10/none is the plain sampled metric, and the run says so (a
+    warning naming the metric), its value equal to its /sampled key; its interval holds it."""
     import logging
 
     from reco_sampled_plugin.adapters import _recbole_settings
@@ -316,13 +323,15 @@ def test_popularity_sampling_uncorrected_is_said(bpr, caplog):
     _recbole_settings._LOGGED.clear()
     caplog.set_level(logging.INFO)
     config, _, _, test = _prepare("BPR", {"eval_args": {"mode": "pop100"}, "rsp_estimators": ["none"],
-                                          "metrics": ["Hit", "CorrectedHit"], "valid_metric": "CorrectedHit@10"})
+                                          "metrics": ["Hit", "CorrectedHit"], "valid_metric": "CorrectedHit@10/none"})
     res, _ = _evaluate(Trainer(config, bpr["model"]), test)
-    assert res["correctedhit@10"] == res["correctedhit@10_sampled"] and res["correctedhit@10"] > 0.2
-    assert res["correctedhit@10_lo"] < res["correctedhit@10"] < res["correctedhit@10_hi"]
+    assert res["correctedhit@10/none"] == res["correctedhit@10/sampled"] and res["correctedhit@10/none"] > 0.2
+    assert res["correctedhit@10/none_lo"] < res["correctedhit@10/none"] < res["correctedhit@10/none_hi"]
+    keys = [k for k in res if k.startswith("correctedhit@10")]  # the interval right after its point
+    assert keys[:3] == ["correctedhit@10/none", "correctedhit@10/none_lo", "correctedhit@10/none_hi"]
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "rsp_estimators lists none" in r.getMessage()]
     assert len(warned) == 1 and "CorrectedHit report the plain sampled metric, uncorrected" in warned[0].getMessage()
-    notes = [r.getMessage() for r in caplog.records if "CorrectedHit@k (and its _exact) is the leave-one-out" in r.getMessage()]
+    notes = [r.getMessage() for r in caplog.records if "CorrectedHit@k (and its /exact) is the leave-one-out" in r.getMessage()]
     assert len(notes) == 1 and "RecBole's hit@k is the list metric" in notes[0]
 
 
@@ -563,7 +572,7 @@ def test_binomial_sampled_law(device):
     assert bool((rr._binomial_sampled(ten, None, ten, 7, "pessimistic", g) == 8).all())
 
 
-def test_sequential_model_in_uni100_mode(workdir):
+def test_sequential_model_in_uni100_mode(workdir, caplog):
     """A sequential model (GRU4Rec) in uni100: RecBole's RepeatableSampler excludes only each row's own target
     (its used_ids hold the last batch's rows, not users'), so n = item_num - 1, as in full mode; small batches
     used to crash indexing used_ids by user id. The model is evaluated as initialised: what is checked (the
@@ -573,16 +582,24 @@ def test_sequential_model_in_uni100_mode(workdir):
         "epochs": 1, "hidden_size": 16, "embedding_size": 16, "train_neg_sample_args": None, "loss_type": "CE",
         "eval_args": {"split": {"LS": "valid_and_test"}, "order": "TO", "group_by": "user", "mode": "uni100"},
         "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10", "eval_batch_size": 2048})
+    import logging
+
+    from reco_sampled_plugin.adapters import _recbole_settings
+
+    _recbole_settings._LOGGED.clear()
+    caplog.set_level(logging.INFO)
     init_seed(config["seed"], config["reproducibility"])
     model = get_model("GRU4Rec")(config, train._dataset)
     trainer = Trainer(config, model)
     result, struct = _evaluate(trainer, test)
+    # one held-out item per user: the leave-one-out and list metrics agree, so no note says they differ
+    assert not [r for r in caplog.records if "is the leave-one-out metric" in r.getMessage()]
     cols = rb.positive_table(struct)
     item_num = test._dataset.item_num
     assert cols["user"].shape[0] == test._dataset.user_num - 1  # one held-out item per user (id 0 is padding)
     assert bool((cols["n_candidates"] == item_num - 1).all()) and bool((cols["m"] == 100).all())
     assert bool((cols["sampled_rank"] >= 1).all()) and bool((cols["sampled_rank"] <= 101).all())
-    assert 0.0 <= result["correctedrecall@10"] <= 1.0
+    assert 0.0 <= result["correctedrecall@10/auto"] <= 1.0
 
 
 def test_full_mode_adaptive_sampling_equals_the_core(bpr):
@@ -591,7 +608,7 @@ def test_full_mode_adaptive_sampling_equals_the_core(bpr):
     from reco_sampled_plugin import estimate
 
     metrics = ["RankDistRecall", "RankDistNDCG", "ExactRecall"]
-    config, _, _, test = _prepare("BPR", {"metrics": metrics, "valid_metric": "RankDistRecall@10", "rsp_m": 20,
+    config, _, _, test = _prepare("BPR", {"metrics": metrics, "valid_metric": "RankDistRecall@10/auto", "rsp_m": 20,
                                           "rsp_adaptive_max": 320, "rsp_n_grid": 0,
                                           "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}})
     trainer = Trainer(config, bpr["model"])
@@ -601,19 +618,20 @@ def test_full_mode_adaptive_sampling_equals_the_core(bpr):
     assert set(m.unique().tolist()) <= {20.0, 40.0, 80.0, 160.0, 320.0} and bool((m > 20).any())
     assert not bool(((r == 1) & (m < 320)).any())
     w = 1.0 / cols["n_positives"]
-    for name, metric in (("rankdistrecall@10", "recall@10"), ("rankdistndcg@10", "ndcg@10")):
+    for name, metric in (("rankdistrecall@10/auto", "recall@10"), ("rankdistndcg@10/auto", "ndcg@10")):
         core = estimate(
             metric,
             SampledRanks.from_arrays(r.long(), n.long(), m.long(), SamplingDesign(20, adaptive_max=320)),
             registry.Auto(n_bootstrap=4, seed=config["seed"]),
             weights=w,
         )
+        base = name.split("/")[0]
         assert res[name] == pytest.approx(core.value, abs=1e-10), name
-        assert res[f"{name}_mean_samples"] == pytest.approx(float((m * w).sum() / w.sum()), abs=1e-9)
-        assert res[f"{name}_max_samples"] == int(m.max())
-        assert res[f"{name}_share_at_cap"] == pytest.approx(float(((m == 320) * w).sum() / w.sum()), abs=1e-9)
+        assert res[f"{base}/adaptive_mean_samples"] == pytest.approx(float((m * w).sum() / w.sum()), abs=1e-9)
+        assert res[f"{base}/adaptive_max_samples"] == int(m.max())
+        assert res[f"{base}/adaptive_share_at_cap"] == pytest.approx(float(((m == 320) * w).sum() / w.sum()), abs=1e-9)
     # the adaptive estimate lands near the exact value (ml-100k, m = 20 -> 320)
-    assert abs(res["rankdistrecall@10"] - res["exactrecall@10"]) < 0.35 * res["exactrecall@10"]
+    assert abs(res["rankdistrecall@10/auto"] - res["exactrecall@10"]) < 0.35 * res["exactrecall@10"]
 
 
 def test_rankdist_bootstrap_only_for_a_standard_error():
@@ -623,7 +641,7 @@ def test_rankdist_bootstrap_only_for_a_standard_error():
 
     def kwargs(**extra):
         config = Config(model="BPR", dataset="ml-100k", config_dict={
-            **BASE, "metrics": ["RankDistRecall"], "valid_metric": "RankDistRecall@10", "rsp_m": 100, **extra})
+            **BASE, "metrics": ["RankDistRecall"], "valid_metric": "RankDistRecall@10/auto", "rsp_m": 100, **extra})
         return rm.metric_classes()["rankdistrecall"](config)._method()
 
     assert kwargs().n_bootstrap == 8  # the interval is reported by default

@@ -43,7 +43,7 @@ BASE = {
     "data_path": DATA_PATH, "device": "cpu", "use_gpu": False, "show_progress": False, "epochs": 1,
     "learning_rate": 0.01, "train_batch_size": 4096, "eval_batch_size": 1 << 16, "topk": [10],
     "metric_decimal_place": 12, "seed": 2020, "reproducibility": True, "checkpoint_dir": "saved",
-    "metrics": METRICS, "valid_metric": "RankDistRecall@10", "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}, "rsp_n_grid": 0,
+    "metrics": METRICS, "valid_metric": "RankDistRecall@10/auto", "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}, "rsp_n_grid": 0,
     "user_inter_num_interval": "[0,120]",  # the lighter 3/4 of the users: shorter runs
 }
 MODELS = {
@@ -181,17 +181,18 @@ def test_uni_adaptive_rankdist_estimates(run):
     res, cols, seed = run["result"], run["cols"], run["config"]["seed"]
     r, m, n = cols["sampled_rank"], cols["m"], cols["n_candidates"]
     w = 1.0 / cols["n_positives"]
-    for name, metric in (("rankdistrecall@10", "recall@10"), ("rankdistndcg@10", "ndcg@10")):
+    for name, metric in (("rankdistrecall@10/auto", "recall@10"), ("rankdistndcg@10/auto", "ndcg@10")):
         core = estimate(
             metric,
             SampledRanks.from_arrays(r.long(), n.long(), m.long(), SamplingDesign(N, adaptive_max=CAP)),
             registry.Auto(n_bootstrap=4, seed=seed),
             weights=w,
         )
+        base = name.split("/")[0]
         assert res[name] == pytest.approx(core.value, abs=1e-10), name
-        assert res[f"{name}_mean_samples"] == pytest.approx(float((m * w).sum() / w.sum()), abs=1e-9)
-        assert res[f"{name}_max_samples"] == int(m.max())
-        assert f"{name}_mean_samples" not in run["fixed"]
+        assert res[f"{base}/adaptive_mean_samples"] == pytest.approx(float((m * w).sum() / w.sum()), abs=1e-9)
+        assert res[f"{base}/adaptive_max_samples"] == int(m.max())
+        assert f"{base}/adaptive_mean_samples" not in run["fixed"]
         assert 0.0 <= res[name] <= 1.0
 
 
@@ -206,7 +207,8 @@ def test_uni_adaptive_logs_its_cost(run):
     ({"eval_args": {"mode": {"valid": "uni50", "test": "uni100"}}, "metrics": ["RankDistRecall"]},
      "rsp_adaptive_max.*different first stages"),
     ({"eval_args": {"mode": "uni100"}, "metrics": ["RankDistRecall"], "rsp_adaptive_max": 50}, "rsp_adaptive_max"),
-    ({"eval_args": {"mode": "uni100"}, "metrics": ["CorrectedRecall"]}, "rsp_adaptive_max.*fixed m"),
+    ({"eval_args": {"mode": "uni100"}, "metrics": ["CorrectedRecall"], "rsp_estimators": ["bv", "auto"]},
+     "rsp_adaptive_max.*fixed m"),
 ])
 def test_what_stays_refused(extra, match):
     """uniN adaptive sampling is accepted; what is still impossible is refused by key before any data is loaded."""

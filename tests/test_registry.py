@@ -119,8 +119,8 @@ def test_lists_are_views_of_the_registry():
     # the tables the corrections module solves are exactly the registry's table entries
     tables = tuple(e.name for e in registry.entries() if e.compute == ".corrections:estimate_by_table")
     assert tables == corrections.METHODS
-    # RecBole's Corrected*: the tables, bv with its fitted prior and the per-positive hh
-    assert registry.recbole_choices("corrected") == tables + ("bv_mle", "hh")
+    # RecBole's Corrected*: the default auto, the tables, bv with its fitted prior and the per-positive hh
+    assert registry.recbole_choices("corrected") == ("auto",) + tables + ("bv_mle", "hh")
     assert registry.get(registry.DEFAULT_ESTIMATOR).name == "auto"
     assert registry.recbole_choices("rankdist") == tuple(
         e.name for e in registry.entries() if e.family in ("auto", "rank_distribution"))

@@ -14,7 +14,7 @@ from reco_sampled_plugin._rank_hist import sampled_rank_histogram  # noqa: E402
 from reco_sampled_plugin import _hash, _keyed  # noqa: E402
 from reco_sampled_plugin._hash import keyed_uniform  # noqa: E402
 from reco_sampled_plugin._keyed import MatrixScores, RowKeys  # noqa: E402
-from reco_sampled_plugin.adapters._shared import padded_inputs  # noqa: E402
+from reco_sampled_plugin.adapters._shared import metric_key, padded_inputs  # noqa: E402
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
 from reco_sampled_plugin._estimate import Estimate  # noqa: E402
 from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
@@ -99,7 +99,7 @@ def test_exact_metric_equals_functional_core(ties, count_other, device):
         assert est[f"{name}/exact"].value == pytest.approx(ref.value, abs=1e-12)
         assert est[f"{name}/exact"].stderr == pytest.approx(ref.stderr, rel=1e-9)
         assert est[f"{name}/exact"].n_instances == ref.n_instances == int(valid.sum())
-        assert float(out[f"{name}/exact"]) == est[f"{name}/exact"].value
+        assert float(out[f"{metric_key(name)}/exact"]) == est[f"{name}/exact"].value
 
 
 ESTIMATORS = ("none", "rank_estimate", "cls", "bv", "bound", "beta_fit", "mle")
@@ -137,7 +137,7 @@ def test_sampled_metric_equals_functional_core(device):
     ph = pool_groups(sampled_rank_histogram(ranks, n_cand.unsqueeze(1), 30), 8)[0]
     for name in METRICS:
         for method in ("bv", "cls"):
-            assert float(pooled.compute()[f"{name}/{method}"]) == pytest.approx(estimate(name, ph, method=method).value, abs=1e-12)
+            assert float(pooled.compute()[f"{metric_key(name)}/{method}"]) == pytest.approx(estimate(name, ph, method=method).value, abs=1e-12)
 
 
 def test_batching_and_order_do_not_matter_with_ids(device):
@@ -388,8 +388,9 @@ def test_compute_is_fresh_after_every_entry_point():
             second = metric.compute()
         est = metric.estimates()
         assert {k: v for k, v in second.items() if not k.endswith(("_lo", "_hi"))} == {
-            k: torch.tensor(e.value, dtype=torch.float64) for k, e in est.items()}
-        for k, e in est.items():  # sampled estimates lead with their 95% interval (exact values have none)
+            metric_key(k): torch.tensor(e.value, dtype=torch.float64) for k, e in est.items()}
+        for name, e in est.items():  # sampled estimates lead with their 95% interval (exact values have none)
+            k = metric_key(name)  # compute()'s keys are the logged ones
             if k.endswith("/exact"):
                 assert f"{k}_lo" not in second
             else:
@@ -540,10 +541,12 @@ def test_compute_leads_with_the_interval_and_explains_an_unresolved_top(caplog):
     with caplog.at_level(logging.WARNING):
         out, est = m.compute(), m.estimates()
     labels = ("sampled", registry.DEFAULT_ESTIMATOR)
-    assert set(out) == {f"{n}/{lab}{end}" for n in ("ndcg@10", "auc") for lab in labels for end in ("", "_lo", "_hi")}
+    # compute()'s keys are the logged ones (ndcg_at_10/auto, as the Lightning callback's after its stage)
+    assert set(out) == {f"{n}/{lab}{end}" for n in ("ndcg_at_10", "auc") for lab in labels for end in ("", "_lo", "_hi")}
     for k, e in est.items():
         lo, hi = e.interval(0.95)
-        assert float(out[k]) == e.value and (float(out[f"{k}_lo"]), float(out[f"{k}_hi"])) == (lo, hi)
+        key = metric_key(k)
+        assert float(out[key]) == e.value and (float(out[f"{key}_lo"]), float(out[f"{key}_hi"])) == (lo, hi)
         assert 0.0 <= lo <= hi <= 1.0
     default = registry.DEFAULT_ESTIMATOR  # auto: mes for ndcg@10 here (K = 10 < b), gmod for auc (no top)
     assert "top_unresolved" in est[f"ndcg@10/{default}"].flags and "top_unresolved" not in est[f"auc/{default}"].flags

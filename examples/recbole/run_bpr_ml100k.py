@@ -29,9 +29,9 @@ def main() -> None:
     for key, value in test.items():
         print(f"{key:32s} {float(value):.4f}")
     print(f"\nRecBole Recall@10 (full): {float(test['recall@10']):.4f}; plugin, from {100} sampled items: "
-          f"sampled {test['correctedrecall@10_sampled']:.4f}, corrected {test['correctedrecall@10']:.4f} "
-          f"(95% interval [{test['correctedrecall@10_lo']:.4f}, {test['correctedrecall@10_hi']:.4f}]), "
-          f"exact target {test['correctedrecall@10_exact']:.4f}")
+          f"sampled {test['correctedrecall@10/sampled']:.4f}, corrected {test['correctedrecall@10/auto']:.4f} "
+          f"(95% interval [{test['correctedrecall@10/auto_lo']:.4f}, {test['correctedrecall@10/auto_hi']:.4f}]), "
+          f"exact target {test['correctedrecall@10/exact']:.4f}")
 
 
 if __name__ == "__main__":

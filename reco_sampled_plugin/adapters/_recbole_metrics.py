@@ -27,7 +27,8 @@ from reco_sampled_plugin.ranking import SampledRanks
 
 from ._recbole_ranks import (_HH_BEATING, _HH_S1, _HH_S2, _HH_UNREACHABLE, _ITEM, _M, _N_COLS, _N_IRR, _N_POS,
                              _POP, _R_FULL, _R_IRR, _R_SAMPLED, _USER, PLUGIN_KEY)
-from ._recbole_settings import _ESTIMATED_KINDS, FAMILIES, _Settings, _settings, class_name, log_once, note_definitions
+from ._recbole_settings import (_ESTIMATED_KINDS, FAMILIES, _Settings, _settings, class_name, estimate_key, log_once,
+                                note_definitions, note_leave_one_out)
 
 #: the public module the classes are documented in (``reco_sampled_plugin.adapters.recbole``)
 _PUBLIC_MODULE = __name__.rsplit(".", 1)[0] + ".recbole"
@@ -81,6 +82,8 @@ class _Metric:
         if table.shape[0] == 0:
             raise ValueError(f"{self.name}: no held-out items were evaluated")
         users, weights = _users_and_weights(table, self.settings.weighting)
+        if float(table[:, _N_POS].max()) > 1:  # some user holds out several items: the definitions differ
+            note_leave_one_out(self.config, self.settings)
         out: dict[str, float] = {}
         for k in self._cutoffs():
             out.update(self._values(table, users, weights, k))
@@ -147,7 +150,8 @@ class _EstimatedMetric(_Metric):
     def _values(self, table: torch.Tensor, users: torch.Tensor, weights: torch.Tensor, k: int | None) -> dict:
         s = self.settings
         spec = parse_metric(self.kind if k is None else f"{self.kind}@{k}")
-        key = self._key(k)
+        base = self._key(k)
+        key = estimate_key(base, self._method().name)  # each key names its estimator
         hist = _sampled_inputs(table, weights, s, spec.k or 2)  # carries its design (law, adaptive stages)
         design = s.design.adaptive if s.design is not None else None  # adaptive: rsp_adaptive_max (full or uniN)
         method = self._method()
@@ -163,21 +167,21 @@ class _EstimatedMetric(_Metric):
         else:
             result = estimators.estimate(spec, hist, method)
         out = {key: self._round(result.value)}
-        if design is not None:  # what adaptive sampling cost (weighted like the estimate)
-            cost = result.details["adaptive"]
-            out[f"{key}_mean_samples"] = self._round(cost["mean_samples"])
-            out[f"{key}_max_samples"] = int(cost["max_samples"])
-            out[f"{key}_share_at_cap"] = self._round(cost["share_at_cap"])
-        # the 95% interval by default (Estimate.interval: honest about the unresolved top); stderr opt-in
+        # the 95% interval right after its point (Estimate.interval: honest about the unresolved top); stderr opt-in
         out.update({k2: self._round(v) for k2, v in interval_values(key, result, interval=s.interval,
                                                                     stderr=s.stderr).items()})
+        if design is not None:  # what adaptive sampling cost (weighted like the estimate)
+            cost = result.details["adaptive"]
+            out[f"{base}/adaptive_mean_samples"] = self._round(cost["mean_samples"])
+            out[f"{base}/adaptive_max_samples"] = int(cost["max_samples"])
+            out[f"{base}/adaptive_share_at_cap"] = self._round(cost["share_at_cap"])
         if "top_unresolved" in result.flags and family != "none":
-            m = s.design.n_samples if s.design is not None else None
             why = explain_flags(["top_unresolved"], metric=str(spec), n_items=int(np.max(hist.n_items)),
-                                n_samples=m, users=int(users.unique().numel()))[0]
+                                users=int(users.unique().numel()),
+                                design=popn.design if popn is not None else s.design)[0]
             log_once(f"reco_sampled_plugin: {class_name(self.name)}{'' if k is None else f'@{k}'}: {why}")
         if s.side_by_side:
-            out[f"{key}_sampled"] = self._round(hist.sampled_metric(spec))
+            out[f"{base}/sampled"] = self._round(hist.sampled_metric(spec))
             exact = _exact_ranks(table)
             if exact is not None:
                 r_irr, all_known = exact
@@ -189,7 +193,7 @@ class _EstimatedMetric(_Metric):
                 if spec.kind == "auc":  # AUC needs an irrelevant candidate (n = 1 gives 0/0): left out otherwise
                     w = torch.where(n_irr > 1, weights, torch.zeros_like(weights))
                     values = torch.where(n_irr > 1, values, torch.zeros_like(values))
-                out[f"{key}_exact"] = self._round(_weighted_mean(values, w))
+                out[f"{base}/exact"] = self._round(_weighted_mean(values, w))
         return out
 
 

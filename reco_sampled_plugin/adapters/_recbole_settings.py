@@ -25,9 +25,9 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_adaptive_max": None,  # adaptive sampling from rsp_m (uniN: N) up to this many samples (RankDist* only)
     "rsp_replacement": True,  # simulated draws with replacement (binomial law) or without (hypergeometric)
     "rsp_seed": None,  # seed of the simulated draws (default: RecBole's `seed`)
-    # the estimator each family of metrics runs, one per family (registry.recbole_choices): Corrected* (a correction
-    # table: bv), Mapped* (a mapping of Li et al.: bound), RankDist* (a fitted rank distribution: auto)
-    "rsp_estimators": (registry.DEFAULT_CORRECTION, "bound", registry.DEFAULT_ESTIMATOR),
+    # the estimator each family of metrics runs, one per family (registry.recbole_choices): Corrected* and RankDist*
+    # the default estimator, auto (one name serves both), Mapped* a mapping of Li et al. (bound)
+    "rsp_estimators": (registry.DEFAULT_ESTIMATOR, "bound"),
     # {estimator: {option: value}} (the registry's options: {bv: {gamma: 0.2}, mes: {n_bootstrap: 16}})
     "rsp_estimator_options": {},
     "rsp_weighting": "user",  # user: each user counts once (weight 1/|T_u|, as RecBole averages); item
@@ -65,15 +65,20 @@ def class_name(name: str) -> str:
 
 
 def note_definitions(config: Any, settings: "_Settings") -> None:
-    """The notes a run needs, logged once (when the metrics are built, after RecBole set its logger up): a
-    ``Corrected*`` metric with ``none`` in ``rsp_estimators`` reports the uncorrected sampled metric; the estimated
-    metrics (and their ``_exact``) are leave-one-out metrics, RecBole's of the same name list metrics."""
+    """The note a run needs from its config, logged once (when the metrics are built, after RecBole set its logger
+    up): a ``Corrected*`` metric with ``none`` in ``rsp_estimators`` reports the uncorrected sampled metric."""
     names = settings.metrics
     corrected = [class_name(n) for n in names if _family_of(n) == "corrected"]
     if corrected and settings.methods["corrected"].name == "none":
         log_once(f"reco_sampled_plugin: rsp_estimators lists none, so {', '.join(corrected)} report the plain sampled "
-                 "metric, uncorrected (each value equals its <name>@k_sampled; not an estimate of the full-catalogue "
-                 "metric; docs/recbole.md)")
+                 "metric, uncorrected (each <name>@k/none equals its <name>@k/sampled; not an estimate of the "
+                 "full-catalogue metric; docs/recbole.md)")
+
+
+def note_leave_one_out(config: Any, settings: "_Settings") -> None:
+    """Logged once, at the first evaluation where some user holds out several items (where the two differ): the
+    estimated metrics (and their ``/exact``) are leave-one-out metrics, RecBole's of the same name list metrics."""
+    names = settings.metrics
     recbole = {m.lower() for m in config_metrics(config)}
     for n in names:
         family = _family_of(n)
@@ -82,7 +87,7 @@ def note_definitions(config: Any, settings: "_Settings") -> None:
         plugin = class_name(n)
         kind = plugin[len(FAMILIES[family][0]):]
         for r in sorted(r for r in recbole if _LIST_TWINS.get(r) == kind):
-            log_once(f"reco_sampled_plugin: {plugin}@k (and its _exact) is the leave-one-out metric: each held-out "
+            log_once(f"reco_sampled_plugin: {plugin}@k (and its /exact) is the leave-one-out metric: each held-out "
                      f"item ranked alone against the non-relevant items, then averaged per user; RecBole's {r}@k is "
                      "the list metric over all of a user's held-out items in one list. They differ where users hold "
                      f"out several items (Exact{'MAP' if r == 'map' else kind} recomputes RecBole's; docs/recbole.md)",
@@ -292,7 +297,8 @@ def _estimator_options(config: Any, names: tuple[str, ...]) -> dict[str, dict[st
 def _family_methods(names: tuple[str, ...], options: dict[str, dict[str, Any]], families: set,
                     seed: int, bootstrap: bool) -> dict[str, registry.Method]:
     """The method object of each estimated family (``corrected``, ``mapped``, ``rankdist``): the one estimator of
-    ``names`` among ``registry.recbole_choices(family)``, built from its options (``rsp_estimator_options``) over the
+    ``names`` among ``registry.recbole_choices(family)`` (``auto``, a choice of ``Corrected*`` and ``RankDist*``,
+    runs ``Corrected*`` only where no other of its estimators is listed), built from its options (``rsp_estimator_options``) over the
     adapter's defaults (:data:`_ADAPTER_DEFAULTS`; RankDist*: ``n_bootstrap`` 8, or 0 without ``bootstrap``, and
     ``seed``). A ValueError naming ``rsp_estimators`` for an estimator of no family, two of one family, or a listed
     family (``families``) without one; naming ``rsp_estimator_options`` for an option its method refuses."""
@@ -304,6 +310,8 @@ def _family_methods(names: tuple[str, ...], options: dict[str, dict[str, Any]], 
     methods: dict[str, registry.Method] = {}
     for family in _ESTIMATED_FAMILIES:
         mine = [n for n in names if n in registry.recbole_choices(family)]
+        if family == "corrected" and len(mine) > 1 and registry.DEFAULT_ESTIMATOR in mine:
+            mine.remove(registry.DEFAULT_ESTIMATOR)  # Corrected*'s fallback: a listed table (or hh) runs there
         if len(mine) > 1:
             raise ValueError(f"rsp_estimators: {' and '.join(repr(n) for n in mine)} are both estimators of the "
                              f"{_PREFIX[family]}* metrics, which run one; list one of them")
@@ -314,7 +322,7 @@ def _family_methods(names: tuple[str, ...], options: dict[str, dict[str, Any]], 
             continue
         name = mine[0]
         opts = {**_ADAPTER_DEFAULTS.get(name, {}), **options.get(name, {})}
-        if family == "rankdist":
+        if registry.get(name).family in ("auto", "rank_distribution"):  # RankDist*, or auto behind Corrected*
             opts = {"n_bootstrap": _RANKDIST_BOOTSTRAP, "seed": seed, **opts}
             if opts["n_bootstrap"] == 1:
                 raise ValueError(f"rsp_estimator_options: {name}: n_bootstrap: expected 0 (no bootstrap) or at "
@@ -386,6 +394,7 @@ def validate_config(config: Any) -> _Settings | None:
     if design is not None and estimators:
         _check_supported(design, names, chosen)
     topk = _topk(config)
+    _check_valid_metric(config, names, chosen)
     full_ranks = _as_bool(_get(config, "rsp_full_ranks"), "rsp_full_ranks") or any(n.endswith("auc") for n in names)
     decimal = config["metric_decimal_place"]
     return _Settings(
@@ -411,6 +420,28 @@ def validate_config(config: Any) -> _Settings | None:
         check_finite=_check_finite(_get(config, "rsp_check_finite")),
         design=design,
     )
+
+
+def estimate_key(metric: str, estimator: str) -> str:
+    """The result key of an estimated plugin metric: ``<metric>@<k>/<estimator>`` (``correctedndcg@10/auto``), its
+    interval ``<key>_lo`` / ``<key>_hi`` right after it, then ``<metric>@<k>/sampled`` (and ``/exact``)."""
+    return f"{metric}/{estimator}"
+
+
+def _check_valid_metric(config: Any, names: tuple[str, ...], chosen: dict[str, str]) -> None:
+    """``valid_metric`` naming an estimated plugin metric names its estimator, as the result keys do
+    (:func:`estimate_key`): a ValueError naming ``valid_metric`` with the key to use, before training."""
+    try:
+        raw = config["valid_metric"]
+    except KeyError:
+        return
+    if not isinstance(raw, str) or "/" in raw:
+        return
+    metric = raw.lower().split("@")[0]
+    if metric in names and _family_of(metric) in chosen:
+        key = estimate_key(raw, chosen[_family_of(metric)])
+        raise ValueError(f"valid_metric: {raw!r} is reported as {key.lower()!r} (each estimated metric's key names "
+                         f"its estimator); set valid_metric: {key}")
 
 
 def _check_modes(modes: dict, names: tuple[str, ...], families: set) -> None:

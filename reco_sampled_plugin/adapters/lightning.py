@@ -211,7 +211,7 @@ class _RankingMetricsLogic:
 
     # ----------------------------------------------------------------------------- names
     def key(self, metric: str, label: str, stage: str = "validate", dataloader_idx: int = 0) -> str:
-        """The logged name of one value, e.g. ``val/ndcg_at_10/bv``."""
+        """The logged name of one value, e.g. ``val/ndcg_at_10/auto``."""
         return f"{self._stage_prefix(stage, dataloader_idx)}/{metric_key(str(_parse(metric)))}/{label}"
 
     def _stage_prefix(self, stage: str, dataloader_idx: int) -> str:
@@ -548,7 +548,7 @@ _CALLBACK_DOC = """Exact, sampled and corrected ranking metrics for ``{namespace
         max_pairs: at most this many (user, item) pairs per scorer call.
 
     Logged names: ``{{prefix}}val/<metric>/<label>`` (``@`` written ``_at_``), e.g. ``val/ndcg_at_10/exact``,
-    ``val/ndcg_at_10/sampled``, ``val/ndcg_at_10/mes`` with ``val/ndcg_at_10/mes_lo`` and ``_hi``; ``test/...`` in testing; ``_dl<k>`` after the stage
+    ``val/ndcg_at_10/sampled``, ``val/ndcg_at_10/auto`` with ``val/ndcg_at_10/auto_lo`` and ``_hi``; ``test/...`` in testing; ``_dl<k>`` after the stage
     for dataloader k > 0. After each epoch, :attr:`results` maps those names to Estimate objects
     (float64 value, stderr) and :attr:`history` keeps the values per epoch. A value that could not be computed is
     logged as NaN and its Estimate flagged: ``no_instances`` (nothing counted, e.g. every row dropped as padding),

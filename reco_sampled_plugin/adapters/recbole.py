@@ -127,7 +127,7 @@ def _adaptive_stages(collector: Any, table: torch.Tensor, settings: _Settings) -
 
 def _plugin_keys(result: dict, settings: _Settings) -> list[str]:
     prefixes = tuple(settings.metrics)
-    return [k for k in result if isinstance(k, str) and k.split("@")[0] in prefixes]
+    return [k for k in result if isinstance(k, str) and k.split("@")[0].split("/")[0] in prefixes]
 
 
 def _wrap_trainer() -> None:

@@ -91,6 +91,7 @@ from ._shared import (
     adaptive_histogram_from_rows,
     explain_once,
     histogram_from_rows,
+    metric_key,
     padded_inputs,
     stderr_from_sums,
 )
@@ -110,12 +111,14 @@ _POP_WEIGHT_AT = _POP_CLASS_AT + len(PROFILE_FIELDS) * POP_BINS  # the positive'
 
 def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
                     stderr: bool = False) -> dict[str, torch.Tensor]:
-    """``{name: value}`` of ``{name: Estimate}``, with ``<name>_lo`` / ``<name>_hi`` (``Estimate.interval(0.95)``)
-    and ``<name>_stderr`` (sampling noise only) beside each when asked for (float64 tensors); the keys of
-    ``compute()``, the Lightning callback's logs and RecBole's results follow one convention."""
+    """``{key: value}`` of ``{name: Estimate}`` (``name`` ``"ndcg@10/auto"``), with ``<key>_lo`` / ``<key>_hi``
+    (``Estimate.interval(0.95)``) and ``<key>_stderr`` (sampling noise only) beside each when asked for (float64
+    tensors). ``key`` is the logged key, ``metric_key(name)``: ``ndcg_at_10/auto``, what the Lightning callback logs
+    after its stage (``val/ndcg_at_10/auto``), accepted by every logger (MLflow refuses ``@``)."""
     interval, stderr = check_bool(interval, "interval"), check_bool(stderr, "stderr")  # also with no estimates
     out: dict[str, torch.Tensor] = {}
-    for k, e in estimates.items():
+    for name, e in estimates.items():
+        k = metric_key(name)
         out[k] = torch.tensor(e.value, dtype=torch.float64)
         for key, v in interval_values(k, e, interval=interval, stderr=stderr).items():
             out[key] = torch.tensor(v, dtype=torch.float64)
@@ -308,7 +311,7 @@ class ExactRankingMetrics(_MergeChecked):
     ``update(scores, positives, exclude=None, keep=None)``, or ``update_factors(user_factors,
     item_factors, positives, exclude=None, keep=None, item_bias=None)`` for a factor model (scores in
     cache-sized tiles, never stored); ``compute()`` returns
-    ``{"<metric>/exact": float64 tensor}``; :meth:`estimates` returns :class:`Estimate` objects with
+    ``{"<metric key>/exact": float64 tensor}`` (``ndcg_at_10/exact``, the logged key); :meth:`estimates` returns :class:`Estimate` objects with
     standard errors. The options are those of :class:`RankingSettings` (``from_settings`` takes them as one
     object); :attr:`settings` holds them.
     """
@@ -455,7 +458,8 @@ class ExactRankingMetrics(_MergeChecked):
             return self._estimates()
 
     def compute(self) -> dict[str, torch.Tensor]:
-        return {k: torch.tensor(e.value, dtype=torch.float64) for k, e in self._estimates().items()}
+        """``{"<metric key>/exact": value}`` (``ndcg_at_10/exact``: the logged key, ``metric_key``)."""
+        return {metric_key(k): torch.tensor(e.value, dtype=torch.float64) for k, e in self._estimates().items()}
 
 
 class SampledRankingMetrics(_MergeChecked):
@@ -474,7 +478,7 @@ class SampledRankingMetrics(_MergeChecked):
             ``adaptive_max`` numbers per distinct n); each estimate's ``details["adaptive"]`` holds the cost.
             A (metric, estimator) pair the registry does not list (``registry.names(metric=...)``: ``hh`` estimates
             AUC only) is not reported. ``ties="average"`` is refused (fractional sampled ranks).
-        interval: ``compute()`` also returns ``"<metric>/<label>_lo"`` and ``"_hi"``, the 95% interval of each
+        interval: ``compute()`` also returns ``"<metric key>/<label>_lo"`` and ``"_hi"``, the 95% interval of each
             estimate (``Estimate.interval(0.95)``: widened where the top is unresolved; default True).
         stderr: ``compute()`` also returns ``"<metric>/<label>_stderr"``, the standard error: sampling noise only
             (default False).
@@ -920,8 +924,7 @@ class SampledRankingMetrics(_MergeChecked):
                     out[key] = estimators.estimate(metric, hist, method)
                 if family != "none":  # the plain sampled metric's interval is not widened
                     explain_once(logger, f"SampledRankingMetrics {metric}", out[key], metric=metric,
-                                 n_items=int(self.n_items), n_samples=self._design.n_samples,
-                                 users=int(round(hist.total)))
+                                 n_items=int(self.n_items), design=self._design, users=int(round(hist.total)))
             except ValueError as exc:  # one failing estimator must not take the others (or training) down
                 warnings.warn(f"{key}: estimator failed ({exc}); reported as NaN", RuntimeWarning, stacklevel=2)
                 out[key] = Estimate(math.nan, math.nan, hist.total, {"error": str(exc), "flags": ("estimator_failed",)},
@@ -940,7 +943,8 @@ class SampledRankingMetrics(_MergeChecked):
             return self._estimates(progress)
 
     def compute(self) -> dict[str, torch.Tensor]:
-        """``{"<metric>/<label>": value}``, with ``_lo`` / ``_hi`` (the 95% interval, ``interval=True``) and
+        """``{"<metric key>/<label>": value}`` (``ndcg_at_10/auto``: the logged key, ``metric_key``; the Lightning
+        callback logs the same after its stage), with ``_lo`` / ``_hi`` (the 95% interval, ``interval=True``) and
         ``_stderr`` (sampling noise only, ``stderr=True``) beside each (float64 tensors)."""
         return estimate_values(self._estimates(), interval=self.interval, stderr=self.stderr)
 
