@@ -17,7 +17,8 @@ from .registry import DEFAULT_ESTIMATOR, Estimator, register
 if TYPE_CHECKING:  # mypy's view of the lazy names below; tests/test_surface.py checks it names exactly _SURFACE
     from ._estimate import Estimate, explain_flags
     from ._rank_hist import RankHistogram, sampled_rank_histogram
-    from .adaptive import AdaptiveCost, adaptive_cost, adaptive_sampled_ranks
+    from ._adaptive_law import AdaptiveCost, adaptive_cost
+    from .adaptive import adaptive_sampled_ranks
     from .consistency import consistency_report
     from .design import AdaptiveDesign, SamplingDesign, popularity_weights
     from .estimators import estimate
@@ -87,8 +88,8 @@ _SURFACE: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
     )),
     ("Planning", (
         ("plan", "planner", "which design to run: forecast error and cost, pick the cheapest meeting a target"),
-        ("adaptive_cost", "adaptive", "the AdaptiveCost of a histogram of adaptive ranks"),
-        ("AdaptiveCost", "adaptive", "what an adaptive design spends (mean and largest m, share at the cap)"),
+        ("adaptive_cost", "_adaptive_law", "the AdaptiveCost of a histogram of adaptive ranks"),
+        ("AdaptiveCost", "_adaptive_law", "what an adaptive design spends (mean and largest m, share at the cap)"),
     )),
     ("Simulation", (
         ("simulate_sampled_ranks", "simulate", "sampled ranks drawn from exact ranks under the sampling law"),

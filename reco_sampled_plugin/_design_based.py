@@ -55,6 +55,10 @@ Active share (``ExactShare(choice="active")``; Zrnic & Candes, "Active statistic
 pi_i = min(1, max(floor, c s_i)) with s_i = sqrt((f_i - lo)(hi - f_i)), the Bhatia-Davis bound on the posterior
 standard deviation of M(R) in [lo, hi] given the positive's sampled data (equal to it for hit rates; positives
 resolved deep in the ranking get the floor, those in the first bin the most), c set so the mean of pi is the share.
+
+Layers: the share's data and its keyed choice given pi are ``_share.py`` (below the draws and the fits); this module
+holds the fit's side (the predictions, pi of an active share: :func:`share_inclusion`, the estimator), above the fits
+and below the draws, which call :func:`draw_share` once phase 1 is drawn.
 """
 
 from __future__ import annotations
@@ -66,14 +70,16 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
+from ._share import _host, carries_share, choose_share, share_weights
+
 if TYPE_CHECKING:
     from ._estimate import Estimate
     from .design import ExactShare
     from .metric_names import MetricSpec
-    from .ranking import SampledRanks
+    from ._sampled import SampledRanks
     from ._types import TensorLike
 
-__all__ = ["difference_estimate", "inclusion_probabilities", "predictions", "draw_share", "with_share_arrays",
+__all__ = ["difference_estimate", "inclusion_probabilities", "predictions", "share_inclusion", "draw_share",
            "estimate_design_based", "paired_difference_by_design", "estimate_by_design", "COEFS", "FEW_EXACT"]
 
 #: The choices of lambda in (1): the PPI++ variance-optimal value (3), clipped to [0, 1], or 1.
@@ -117,52 +123,6 @@ def share_estimate(model_sum: float, total: float, y: np.ndarray, f: np.ndarray,
     if f2 is not None:  # eq. (4): the model's forecast of (2), read at the same positives but not at their y
         var = max(var, float((a * np.maximum(f2 - (2.0 * lam - lam * lam) * f * f, 0.0)).sum()))
     return value, math.sqrt(var) / total, lam
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class ShareRows:
-    """An exact share as rows, one per chosen positive (``RankHistogram.share``): ``n``, ``m`` (int64), ``sampled``
-    (r~), ``exact`` (R), ``inclusion`` (pi), ``weight`` (float64); ``census``: every positive of the sample had
-    pi = 1. Joined across batches and processes by :meth:`concat`, as the histogram's counts are added."""
-
-    n: np.ndarray
-    m: np.ndarray
-    sampled: np.ndarray
-    exact: np.ndarray
-    inclusion: np.ndarray
-    weight: np.ndarray
-    census: bool = False
-
-    @classmethod
-    def of(cls, sampled: SampledRanks, weights: TensorLike | None = None) -> "ShareRows":
-        """The rows of ``sampled``'s share (``share_ranks > 0``), weighted by ``weights`` (as ``estimate``)."""
-        assert sampled.share_ranks is not None and sampled.inclusion is not None
-        valid = sampled.ranks > 0
-        chosen = sampled.share_ranks > 0
-        m = sampled.sizes()
-        m_t = m[chosen] if isinstance(m, torch.Tensor) else torch.full((int(chosen.sum()),), int(m))
-        w = _weights(sampled, weights)
-        w_c = np.ones(int(chosen.sum())) if w is None else w[_host(chosen[valid])]
-        f64 = np.float64
-        return cls(_host(sampled.candidates()[chosen]).astype(np.int64), _host(m_t).astype(np.int64),
-                   _host(sampled.ranks[chosen]).astype(f64), _host(sampled.share_ranks[chosen]).astype(f64),
-                   _host(sampled.inclusion[chosen]).astype(f64), w_c.astype(f64),
-                   census=bool((sampled.inclusion[valid] >= 1.0).all()))
-
-    def concat(self, other: "ShareRows") -> "ShareRows":
-        n, m, sampled, exact, inclusion, weight = (np.concatenate([getattr(self, k), getattr(other, k)]) for k in
-                                                   ("n", "m", "sampled", "exact", "inclusion", "weight"))
-        return ShareRows(n, m, sampled, exact, inclusion, weight, self.census and other.census)
-
-    def equals(self, other: Any) -> bool:
-        return isinstance(other, ShareRows) and self.census == other.census and all(
-            np.array_equal(getattr(self, k), getattr(other, k)) for k in
-            ("n", "m", "sampled", "exact", "inclusion", "weight"))
-
-
-def carries_share(sample: Any) -> bool:
-    """Whether ``sample`` (SampledRanks or RankHistogram) carries an exact share."""
-    return getattr(sample, "share_ranks", None) is not None or getattr(sample, "share", None) is not None
 
 
 def inclusion_probabilities(share: ExactShare, f: np.ndarray, bounds: tuple[float, float]) -> np.ndarray:
@@ -219,7 +179,7 @@ def model_fit(spec: MetricSpec, hist: Any, fit_options: dict | None = None, desi
     RankHistogram drawn under ``design``, default its own: ``gmod`` where the design resolves the top, else ``mes``),
     without bootstrap: the predictions need its posterior means only."""
     from . import registry
-    from .estimators import auto_choice
+    from ._auto import auto_choice
     from .rank_distribution import fit_rank_distribution
 
     design = hist.design if design is None else design
@@ -227,10 +187,6 @@ def model_fit(spec: MetricSpec, hist: Any, fit_options: dict | None = None, desi
     method = registry.method_class(chosen.name)(**{**chosen.given(), "n_bootstrap": 0})
     law = "binomial" if design is None or design.adaptive_max is not None else design.law
     return fit_rank_distribution(hist, method, sampling=law), chosen.name, law
-
-
-def _host(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().numpy()
 
 
 def _posterior_means(spec: MetricSpec, fit: Any, n: np.ndarray, m: np.ndarray, r: np.ndarray, law: str,
@@ -282,60 +238,31 @@ def _cell_second_moments(spec: MetricSpec, lo: np.ndarray, hi: np.ndarray, n: in
 
 
 # ---------------------------------------------------------------------------------------------- the draw
-def draw_share(sampled: SampledRanks, row_keys: torch.Tensor, pos: torch.Tensor,
-               rank_rows: Callable[[torch.Tensor], torch.Tensor]) -> SampledRanks:
-    """``sampled`` with the exact share of its design (``design.exact_share``; itself where there is none).
-
-    pi from :func:`inclusion_probabilities` (an active share fits the model on ``sampled`` first); positive j of row
-    b is chosen iff ``keyed_uniform(seed, row_keys[b], pos[b, j]) < pi`` (``row_keys`` (B,) int64: user ids, or row
-    numbers; ``pos`` (B, P) item indices, -1 padding), then ``rank_rows(chosen)`` ((B, P) bool -> (B, P) exact ranks,
-    0 elsewhere: the score matrix's rows or the scorer's completion) ranks the chosen ones."""
-    from ._keyed import keyed_uniform
+def share_inclusion(sampled: SampledRanks, share: ExactShare) -> np.ndarray:
+    """pi of every positive of ``sampled`` (``ranks > 0``, row-major) under ``share``, its design's exact share:
+    ``share.share`` each for a uniform share; for an active one :func:`inclusion_probabilities` of the model's
+    predictions fitted on ``sampled`` (phase 2 of the two-phase design: it reads phase 1's sampled ranks)."""
     from .metric_names import parse_metric
     from .metrics import metric_bounds
 
-    design = sampled.design
-    share = None if design is None else design.exact_share
+    valid = sampled.ranks > 0
+    if share.choice != "active":
+        return np.full(int(valid.sum()), share.share)
+    spec = parse_metric(share.metric)
+    f, _ = predictions(spec, sampled)
+    bounds = metric_bounds(spec, sampled.candidates()[valid]) if bool(valid.any()) else (0.0, 1.0)
+    return inclusion_probabilities(share, f, bounds)
+
+
+def draw_share(sampled: SampledRanks, row_keys: torch.Tensor, pos: torch.Tensor,
+               rank_rows: Callable[[torch.Tensor], torch.Tensor]) -> SampledRanks:
+    """``sampled`` with the exact share of its design (``design.exact_share``; itself where there is none): pi from
+    :func:`share_inclusion` (an active share fits the model on ``sampled`` first), the keyed choice and the ranking
+    of the chosen positives by ``_share.choose_share`` (``row_keys``, ``pos``, ``rank_rows`` as there)."""
+    share = None if sampled.design is None else sampled.design.exact_share
     if share is None:
         return sampled
-    valid = sampled.ranks > 0
-    if share.choice == "active":
-        spec = parse_metric(share.metric)
-        f, _ = predictions(spec, sampled)
-        bounds = metric_bounds(spec, sampled.candidates()[valid]) if bool(valid.any()) else (0.0, 1.0)
-        pi_v = inclusion_probabilities(share, f, bounds)
-    else:
-        pi_v = np.full(int(valid.sum()), share.share)
-    pi = torch.zeros(valid.shape, dtype=torch.float64, device=valid.device)
-    pi[valid] = torch.as_tensor(pi_v, dtype=torch.float64, device=valid.device)
-    u = keyed_uniform(share.seed, row_keys.to(torch.int64).reshape(-1, 1), pos.clamp(min=0).to(torch.int64))
-    chosen = valid & (u.to(pi.device) < pi)
-    exact = rank_rows(chosen)
-    return dataclasses.replace(sampled, share_ranks=exact, inclusion=pi)
-
-
-def with_share_arrays(sampled: SampledRanks, share_ranks: TensorLike | None, inclusion: TensorLike | None
-                      ) -> SampledRanks:
-    """``sampled`` with an exact share given as arrays (``SampledRanks.from_arrays``): both or neither, shaped like
-    the ranks, exact ranks in 1..n where chosen (0 elsewhere), probabilities in (0, 1] at every positive."""
-    from ._checks import check_rank_values
-
-    if share_ranks is None or inclusion is None:
-        raise ValueError("inclusion: an exact share needs both share_ranks and inclusion (one was None)")
-    e = check_rank_values(share_ranks, "share_ranks", whole=True, padding=True).to(sampled.ranks.device)
-    p = torch.as_tensor(inclusion, dtype=torch.float64, device=sampled.ranks.device)
-    r = sampled.ranks
-    for name, t in (("share_ranks", e), ("inclusion", p)):
-        if t.shape != r.shape:
-            raise ValueError(f"{name}: expected the shape of the ranks {tuple(r.shape)}, got {tuple(t.shape)}")
-    valid = r > 0
-    if bool(((e > 0) & ~valid).any()):
-        raise ValueError("share_ranks: an exact rank where the ranks hold padding (0)")
-    if bool((e > sampled.candidates()).any()):
-        raise ValueError("share_ranks: a rank above the positive's n (n_items)")
-    if not bool(((p > 0) & (p <= 1))[valid].all()):
-        raise ValueError("inclusion: every positive's probability must lie in (0, 1]")
-    return dataclasses.replace(sampled, share_ranks=e, inclusion=torch.where(valid, p, torch.zeros_like(p)))
+    return choose_share(sampled, row_keys, pos, rank_rows, share_inclusion(sampled, share))
 
 
 # ---------------------------------------------------------------------------------------------- entry points
@@ -355,16 +282,6 @@ def _exact_values(spec: MetricSpec, sampled: SampledRanks) -> tuple[np.ndarray, 
     return y, pi, chosen, n
 
 
-def _weights(sampled: SampledRanks, weights: TensorLike | None) -> np.ndarray | None:
-    if weights is None:
-        return None
-    from ._checks import check_weights
-
-    r = sampled.ranks
-    w = torch.broadcast_to(check_weights(weights, "weights", like=r, device=r.device), r.shape)
-    return _host(w[r > 0]).astype(np.float64)
-
-
 def _fit_options(method: Any) -> tuple[dict, str]:
     """The fit options ``method`` gives (for the predictions' fit) and its ``coef`` (auto: ``tuned``)."""
     from . import registry
@@ -375,18 +292,19 @@ def _fit_options(method: Any) -> tuple[dict, str]:
     return {k: v for k, v in given.items() if k in names}, coef
 
 
-def estimate_design_based(spec: MetricSpec, sample: Any, method: Any, weights: TensorLike | None) -> Estimate:
+def estimate_design_based(spec: MetricSpec, sample: Any, method: Any, weights: TensorLike | None,
+                          model_estimate: Callable[[Any], Estimate]) -> Estimate:
     """``estimate``'s path for ``diff`` (and ``auto`` on a sample with an exact share): eq. (1)-(3) on the share, from
     the histogram and its share rows (``RankHistogram.share``: what merges across batches and processes), or from
     the positives' ``pl_fit`` predictions under a popularity design; without a share, ``auto``'s model-based
-    estimate flagged ``no_exact_share``."""
+    estimate flagged ``no_exact_share``: ``model_estimate(registry.Auto(...))``, the estimate of ``sample`` by that
+    method (``estimators.estimate`` passes it: it sits above this module)."""
     from . import registry
-    from .estimators import estimate
-    from .ranking import SampledRanks
+    from ._sampled import SampledRanks
 
     fit_opts, coef = _fit_options(method)
     if not carries_share(sample):
-        est = estimate(spec, sample, registry.Auto(**fit_opts), weights=weights)
+        est = model_estimate(registry.Auto(**fit_opts))
         marked = est.flags + ("no_exact_share",)
         return dataclasses.replace(est, flags=marked, details={**est.details, "flags": marked, "design_based": False})
     design = sample.design
@@ -440,7 +358,7 @@ def _popularity_share(spec: MetricSpec, sample: SampledRanks, weights: TensorLik
     if spec.k is not None and spec.k > int(n.min(initial=spec.k)):
         raise ValueError(f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(n.min())})")
     f, model = predictions(spec, sample, weights, fit_opts)
-    w = _weights(sample, weights)
+    w = share_weights(sample, weights)
     from .metrics import metric_bounds
 
     lo, hi = metric_bounds(spec, n.astype(np.int64))  # E[M^2] <= lo^2 + (hi + lo)(f - lo) (Bhatia-Davis)
@@ -486,7 +404,7 @@ def paired_difference_by_design(metric: str | MetricSpec, a: SampledRanks, b: Sa
                          "probabilities); draw both with one ExactShare (a uniform share, or one seed and pi)")
     fa, ma = predictions(spec, a, weights)
     fb, _ = predictions(spec, b, weights)
-    w = _weights(a, weights)
+    w = share_weights(a, weights)
     value, se, lam = difference_estimate(ya - yb, fa - fb, pa, ca, w, coef)
     big_w = float(len(fa) if w is None else w.sum())
     k = int(ca.sum())
@@ -499,25 +417,8 @@ def paired_difference_by_design(metric: str | MetricSpec, a: SampledRanks, b: Sa
 def estimate_by_design(spec: MetricSpec, hist: Any, *, method: str, sampling: str, options: dict) -> Any:
     """The registry's compute function of ``diff`` on a bare histogram (which carries no exact share): ``auto``'s
     (``estimate`` routes SampledRanks through :func:`estimate_design_based`)."""
-    from .estimators import estimate_auto
+    from ._auto import estimate_auto
 
     opts = {k: v for k, v in options.items() if k != "coef"}
     res = estimate_auto(spec, hist, method="auto", sampling=sampling, options=opts)
     return res._replace(flags=tuple(res.flags) + ("no_exact_share",)) if hasattr(res, "_replace") else res
-
-
-def share_from_matrix(sampled: SampledRanks, scores: torch.Tensor, pos: torch.Tensor, exc: Any, ties: str,
-                      generator: torch.Generator | None, row_keys: torch.Tensor | None = None) -> SampledRanks:
-    """:func:`draw_share` on a score matrix (B, n): the chosen positives ranked exactly among their rows' candidates
-    (``adaptive.complete_at_cap``: catalogue minus the row's positives minus its exclusions; the generator is not
-    advanced), rows keyed by ``row_keys`` (default: row numbers)."""
-    from .adaptive import complete_at_cap
-    from .exclusions import Exclusions
-
-    if sampled.design is None or sampled.design.exact_share is None:
-        return sampled
-    exc_p = exc.padded() if isinstance(exc, Exclusions) else exc
-    keys = torch.arange(scores.shape[0], device=scores.device) if row_keys is None else row_keys
-    n = scores.shape[1]
-    return draw_share(sampled, keys, pos,
-                      lambda chosen: complete_at_cap(chosen, pos, exc_p, n, ties, generator, lambda idx: scores[idx]))

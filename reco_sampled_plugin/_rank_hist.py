@@ -108,7 +108,7 @@ class RankHistogram:
             (``adaptive_max``); the groups carry their own m. None (the default): uniform draws with replacement
             of a fixed m. A popularity design is refused: a histogram cannot carry the draws' weights
             (estimate from the draw's :class:`~reco_sampled_plugin.ranking.SampledRanks`).
-        share: an exact share's rows (``_design_based.ShareRows``: per chosen positive its n, m, r~, exact rank,
+        share: an exact share's rows (``_share.ShareRows``: per chosen positive its n, m, r~, exact rank,
             inclusion probability and weight), which :meth:`merge` and :meth:`concat` join and the difference
             estimator ``diff`` reads; None (the default) without a share.
     """

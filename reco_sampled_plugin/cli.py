@@ -184,7 +184,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     print(f"{len(data.ranks):,} sampled ranks; n {int(data.n_items.min()):,}..{int(data.n_items.max()):,}; m {int(data.n_samples.min())}..{int(data.n_samples.max())}")
     if adaptive is not None:
         from ._rank_hist import as_histogram
-        from .adaptive import adaptive_cost, check_adaptive_histogram
+        from ._adaptive_law import adaptive_cost, check_adaptive_histogram
 
         hist = as_histogram(data.ranks, data.n_items, data.n_samples)
         check_adaptive_histogram(hist, adaptive)

@@ -46,21 +46,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import warnings
 from typing import Any, Iterable, Mapping
-
-import numpy as np
 
 from ._rank_hist import RankHistogram, pool_by_n
 from ._checks import check_without_replacement
 from . import registry
-from .adaptive import adaptive_cost, check_adaptive_histogram
+from ._adaptive_law import adaptive_cost, check_adaptive_histogram
+from ._auto import auto_choice
 from .design import AdaptiveDesign, SamplingDesign
-from ._estimate import Estimate, EstimatorOutput, in_range
+from ._estimate import Estimate, in_range
 from .identification import Identification, TopShape, resolution, top_sensitive
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_bounds
-from .ranking import SampledRanks
+from ._sampled import SampledRanks
 from ._types import TensorLike
 
 __all__ = ["ESTIMATORS", "METHOD_OPTIONS", "estimate"]
@@ -111,31 +109,6 @@ def _shift_bounds(details: Mapping[str, Any]) -> tuple[float, float] | None:
         return (float(twin[0]), float(twin[1]))
     bias = details.get("table_bias")
     return None if bias is None else (abs(float(bias)), abs(float(bias)))
-
-
-def auto_method(spec: MetricSpec, hist: RankHistogram, design: AdaptiveDesign | None) -> tuple[str, str]:
-    """What ``method="auto"`` runs on ``hist`` (``registry.AUTO_CHOICES``) and why: the ``resolved`` choice for an
-    adaptive design or where every group with positives at r~ = 1 has its resolution b = (n - 1)/(m + 1) + 1 at
-    most the metric's cut-off K; the ``unresolved`` one otherwise (a metric without cut-off counts as resolved
-    only when no positive ranks first). Popularity-sampled ranks never reach here: ``estimate`` runs
-    ``registry.popularity_auto`` on their SampledRanks (``hh`` for AUC, ``pl_fit`` otherwise)."""
-    if design is not None:
-        return registry.AUTO_CHOICES["resolved"], "adaptive design"
-    occupied = hist.top_counts > 0
-    if not np.any(occupied):
-        return registry.AUTO_CHOICES["resolved"], "no positive ranked first"
-    b = float(np.max(resolution(hist)[occupied]))
-    if spec.k is not None and spec.k >= b:
-        return registry.AUTO_CHOICES["resolved"], f"cut-off K = {spec.k} >= resolution b = {b:.3g}"
-    why = f"cut-off K = {spec.k} < resolution b = {b:.3g}" if spec.k is not None else "no cut-off"
-    return registry.AUTO_CHOICES["unresolved"], why
-
-
-def estimate_auto(spec: MetricSpec, hist: RankHistogram, *, method: str, sampling: str, options: dict) -> EstimatorOutput:
-    """The registry's compute function of ``auto`` on a bare histogram (fixed m per group): the chosen method's."""
-    chosen, _ = auto_method(spec, hist, None)
-    entry = registry.get(chosen)
-    return entry.compute_function()(spec, hist, method=chosen, sampling=sampling, options=options)
 
 
 def _with_adaptive(result: Estimate, hist: RankHistogram, design: AdaptiveDesign, top_shape: TopShape | None,
@@ -206,30 +179,6 @@ def _sample_histogram(sample: Any, entry: registry.Estimator, weights: TensorLik
         return sample.without_empty_groups(), sample.design
     raise ValueError(f"sample: expected SampledRanks (SampledRanks.from_arrays(ranks, n_items, n_samples) for "
                      f"plain arrays) or a RankHistogram, got {type(sample).__name__}")
-
-
-def auto_choice(spec: MetricSpec, auto: registry.Method, hist: RankHistogram, design: SamplingDesign | None
-            ) -> tuple[registry.Method, dict]:
-    """What ``auto`` runs on these data (one place): ``registry.popularity_auto`` under a popularity design
-    (``hh`` for AUC, ``pl_fit`` otherwise), else :func:`auto_method`; the choice gets auto's options it takes
-    (the others are reported in ``details["auto"]["options_unused"]`` and warned about where given)."""
-    if design is not None and design.popularity is not None:
-        name = registry.popularity_auto(spec, design)
-        why = f"popularity design: {name} is the first of AUTO_CHOICES['popularity'] that estimates {spec.kind}"
-    else:
-        name, why = auto_method(spec, hist, None if design is None else design.adaptive)
-    cls = registry.method_class(name)
-    takes = cls.entry.option_names + registry.COMMON_OPTIONS
-    given = auto.given()
-    chosen = cls(**{k: v for k, v in given.items() if k in takes})
-    details: dict[str, Any] = {"method": name, "reason": why}
-    if design is not None and design.popularity is not None:
-        unused = sorted(k for k in given if k not in takes)
-        if unused:
-            warnings.warn(f"auto runs {name} on popularity-sampled ranks, which takes no {', '.join(unused)}: "
-                          f"ignored (its standard error is {name}'s own)", UserWarning, stacklevel=3)
-        details["options_unused"] = unused
-    return chosen, details
 
 
 def _refuse_metric(spec: MetricSpec, entry: registry.Estimator, hist: RankHistogram, law: str,
@@ -325,7 +274,8 @@ def estimate(
     if entry.family == "design_based" or (entry.family == "auto" and shared):
         from ._design_based import estimate_design_based  # an exact share: the difference estimator (its module)
 
-        result = estimate_design_based(spec, sample, method, weights)
+        result = estimate_design_based(spec, sample, method, weights,
+                                       lambda auto: estimate(spec, sample, auto, weights=weights))
         if entry.family == "auto":
             auto_details = {"method": "diff", "reason": "the sample carries an exact share"}
             result = dataclasses.replace(result, details={**result.details, "auto": auto_details})

@@ -58,7 +58,8 @@ from ._sparse import canonicalise, csr_copy
 from .design import SamplingDesign, as_design
 from .metric_names import MetricSpec, parse_metric
 from ._rank_hist import as_histogram
-from .adaptive import adaptive_cost, adaptive_sampled_ranks
+from ._adaptive_law import adaptive_cost
+from .adaptive import adaptive_sampled_ranks
 from .ranking import (END_TIES, TIE_BOUNDS, SampledRanks, check_ties, exact_ranks_padded, sampled_ranks,
                       tied_positives)
 from ._popularity import PopularityStats

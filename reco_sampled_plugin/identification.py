@@ -53,7 +53,7 @@ from ._blas import blas_single
 from ._checks import check_int, check_without_replacement
 from ._options import check_nonnegative_float
 from ._rank_hist import RankHistogram, as_histogram, interval_mean_metric
-from .adaptive import check_adaptive_histogram, stage_event_cdf
+from ._adaptive_law import check_adaptive_histogram, stage_event_cdf
 from .design import AdaptiveDesign, coerce_adaptive
 from .metric_names import MetricSpec, parse_metric
 from .metrics import metric_bounds
@@ -336,7 +336,7 @@ def _n_classes(hist: RankHistogram, max_groups: int) -> tuple[np.ndarray, np.nda
 
 def _adaptive_band(pooled: RankHistogram, edges: np.ndarray, n_class: np.ndarray, n_tot: np.ndarray,
                    z_class: np.ndarray, design: AdaptiveDesign, level: float) -> tuple[np.ndarray, list, list]:
-    """Band rows for adaptive sampling: shares of the nested events E(s, i) (``adaptive.stage_event_cdf``) at
+    """Band rows for adaptive sampling: shares of the nested events E(s, i) (``_adaptive_law.stage_event_cdf``) at
     checkpoints i of each stage's new draws, over every positive, simultaneous by Bonferroni."""
     from .rank_distribution import cell_points
 
@@ -472,7 +472,7 @@ def identified_interval(
         shape: the :class:`TopShape` assumption (default: monotone over 2 b, no steeper than 1/r over b).
         adaptive: an :class:`~reco_sampled_plugin.adaptive.AdaptiveDesign` (or (m, adaptive_max)) when the ranks
             come from adaptive sampling (``n_samples`` then holds each positive's final m): the band then uses the
-            stopping law (``adaptive.stage_event_cdf``), and the top is resolved down to the cap's bin.
+            stopping law (``_adaptive_law.stage_event_cdf``), and the top is resolved down to the cap's bin.
 
     Raises:
         ValueError: bad level, law, shape, empty histogram, cut-off above n.

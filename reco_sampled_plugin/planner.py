@@ -107,7 +107,7 @@ from ._blas import one_blas_thread
 from ._checks import (MAX_ELEMENTS, MAX_SAMPLES, check_elements, check_int, check_rank_values, check_size, check_sizes,
                       renamed)
 from ._options import check_bool, check_positive_float
-from .adaptive import check_adaptive_histogram, expected_samples
+from ._adaptive_law import check_adaptive_histogram, expected_samples
 from .design import AdaptiveDesign, SamplingDesign
 from .metric_names import MetricSpec, parse_metric
 from ._popularity_world import NO_CLASS_COUNTS, PopularityWorld
@@ -627,7 +627,7 @@ def _pilot_shape(ranks: torch.Tensor, n_items: torch.Tensor, n_samples: torch.Te
     # with m >= n to n = m + 1, outside the catalogue)
     fit = _PILOT_FIT
     if registry.get(fit).family == "auto":
-        from .estimators import auto_method
+        from ._auto import auto_method
 
         fit = auto_method(spec if spec is not None else parse_metric("hit@10"), hist, design)[0]
     dist = fit_rank_distribution(hist, registry.method_class(fit)(n_bootstrap=0, max_rel_n_spread=_PILOT_N_SPREAD))
@@ -1059,7 +1059,7 @@ def _pruned_forecast(f: DesignForecast) -> DesignForecast:
 def _cheapest_first(designs: Sequence[SamplingDesign], exact: torch.Tensor, n_t: torch.Tensor) -> list[int]:
     """The designs' indices by expected scored pairs per user, cheapest first: fixed m costs 1 + m; an adaptive
     design 1 + E[M_final] (+ (n - 1) P(first at the cap) with exact completion) over the forecasts' exact ranks, in
-    closed form (:func:`adaptive.expected_samples`). An order for pruning only: which designs are pruned is settled
+    closed form (:func:`_adaptive_law.expected_samples`). An order for pruning only: which designs are pruned is settled
     by their forecasts' own costs."""
     n = n_t.double()
     p = ((exact.double() - 1.0) / (n - 1.0).clamp(min=1.0)).numpy()  # (repeats, users)
@@ -1129,7 +1129,7 @@ def _design_method(design: SamplingDesign, sim: _Simulation, s: _Settings, n_t: 
     first replicate), with the options given of it that the run takes; methods that fit a distribution run with
     ``n_bootstrap=0`` (the slow bootstrap skipped)."""
     from ._rank_hist import as_histogram
-    from .estimators import auto_method
+    from ._auto import auto_method
 
     run = s.method.name
     if registry.get(run).family == "auto":

@@ -39,7 +39,7 @@ from ._types import TensorLike
 if TYPE_CHECKING:
     from ._rank_hist import RankHistogram
     from .identification import IdentifiedInterval
-    from .ranking import SampledRanks
+    from ._sampled import SampledRanks
 
 __all__ = ["HH_METRICS", "ESS_SHARE_FLAG", "RARE_DRAWS", "RARE_SHARE_FLAG", "rare_share", "PopularityDraws", "popularity_draws", "rank_estimates", "mean_rank",
            "estimate_by_hh", "estimate_by_pl_fit", "pl_fit"]
@@ -217,7 +217,7 @@ def _summary(d: PopularityDraws) -> dict:
 def _fixed_m(sampled: object) -> SamplingDesign | None:
     """The design of ``sampled`` (a SampledRanks), refused where the rank estimate is not unbiased: adaptive draws
     (a positive keeps drawing while it ranks first: the stopping rule biases (n - 1)(r~ - 1)/M)."""
-    from .ranking import SampledRanks
+    from ._sampled import SampledRanks
 
     if not isinstance(sampled, SampledRanks):
         raise ValueError(f"sampled: expected the SampledRanks of a draw, got {type(sampled).__name__}")

@@ -83,7 +83,7 @@ from . import registry
 from ._blas import blas_single
 from ._types import TensorLike
 from .metric_names import MetricSpec, parse_metric
-from .ranking import SampledRanks
+from ._sampled import SampledRanks
 from .sampling_laws import check_law, log_sampled_rank_pmf_unbounded as _log_sampled_rank_pmf
 from ._gspline import G_DF, G_PENALTY, cell_points, g_basis as _g_basis, spline_objective as _spline_objective
 from ._gspline import softmax as _softmax, spline_penalty, spline_probs, spline_value

@@ -733,7 +733,7 @@ _BUILTIN = (
               reference="Efron, Biometrika 2016 (g-modelling)"),
     Estimator("auto", "auto", "the default: gmod where the design resolves the top (adaptive, or K >= b), else mes; "
               "popularity designs: hh for AUC, pl_fit for the others",
-              ".estimators:estimate_auto", options=_FIT_OPTIONS, adaptive=True, popularity=True, fits_distribution=True,
+              "._auto:estimate_auto", options=_FIT_OPTIONS, adaptive=True, popularity=True, fits_distribution=True,
               exact_groups=True,
               reference="docs/estimators.md, 'The defaults, and why'"),
     Estimator("none", "none", "the uncorrected sampled metric", ".corrections:estimate_by_table", adaptive=True,

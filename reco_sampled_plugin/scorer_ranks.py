@@ -31,11 +31,11 @@ import torch
 
 from ._checks import check_elements, check_generator, check_int, check_required, check_size, real_tensor
 from ._options import check_bool
-from .adaptive import complete_at_cap, completion_targets
+from .adaptive import completion_targets
 from .design import SamplingDesign, as_design
 from .exclusions import Exclusions, as_exclusions
 from ._types import TensorLike
-from .ranking import (SampledRanks, allowed_position_to_item, draw_negatives, check_popularity, check_ties,
+from .ranking import (SampledRanks, allowed_position_to_item, check_popularity, check_ties, complete_at_cap, draw_negatives,
                       exclusion_counts, forbidden_sorted, padded_candidate_counts, popularity_draw_stats,
                       prepare_sampling_index, rank_among_drawn, stage_positives)
 
@@ -309,7 +309,7 @@ def complete_from_scorer(calls: ScorerCalls, need: torch.Tensor, pos: torch.Tens
     """Exact ranks of the ``need`` (B, P) positives (0 elsewhere), scoring through ``calls`` the whole candidate
     list of each row holding one: its irrelevant items (catalogue minus the row's positives minus its
     exclusions), once per row whatever its number of such positives, in calls of at most ``max_pairs`` pairs.
-    The rows are ranked as :func:`~reco_sampled_plugin.adaptive.complete_at_cap` ranks the score matrix's (same
+    The rows are ranked as :func:`~reco_sampled_plugin.ranking.complete_at_cap` ranks the score matrix's (same
     blocks, same tie order): a row's scores are its scored candidates and its positives' ``pos_scores`` (B, P)
     (scored in the first stage); excluded entries are never read. Within a block, rows are padded to its longest
     candidate list with their own last candidate (scored again: counted in ``calls.pairs``). ``exc``: padded, or

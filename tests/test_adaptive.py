@@ -9,13 +9,8 @@ import torch
 from scipy import stats
 
 import reco_sampled_plugin as rsp
-from reco_sampled_plugin.adaptive import (
-    adaptive_cost,
-    adaptive_sampled_ranks,
-    adaptive_sampled_ranks_from_exact,
-    expected_samples,
-    stage_event_cdf,
-)
+from reco_sampled_plugin._adaptive_law import adaptive_cost, expected_samples, stage_event_cdf
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.design import AdaptiveDesign, adaptive_design
 from reco_sampled_plugin._rank_hist import as_histogram
 

@@ -24,7 +24,7 @@ from reco_sampled_plugin.adapters._shared import RankingSettings, padded_inputs 
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
 
 P, E, M = 5, 50, 100
-SIZES = [(16, 296), (128, 20_000)]  # B x P x m <= 2^16: one block of keyed numbers (_keyed._HASH_BLOCK) at both;
+SIZES = [(16, 296), (128, 20_000)]  # B x P x m <= 2^16: one block of keyed numbers (_hash._HASH_BLOCK) at both;
 # n a multiple of 8: a mask is read as 64-bit words, padded (one operator more) otherwise
 SETTINGS = RankingSettings(("hit@10", "ndcg@10", "auc"), n_samples=M)
 

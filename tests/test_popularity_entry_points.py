@@ -411,7 +411,7 @@ def test_torchmetrics_popularity_state_equals_the_core():
     core's inverse cdf gives for the same uniform number), its state keeps each relevant item's statistics exactly as
     the core computes them on the same negatives, and its hh AUC equals the core's estimate on them; batches, forward,
     merge_state and reset keep or drop them together."""
-    from reco_sampled_plugin import _keyed
+    from reco_sampled_plugin import _hash
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
 
     scores, pos, exclude, w = _tm_batches()
@@ -422,7 +422,7 @@ def test_torchmetrics_popularity_state_equals_the_core():
     metric.update(scores[100:], pos[100:], exclude[100:], ids=ids[100:])
     # the same negatives through the core: the keyed draw, then sampled_ranks(..., negatives=...) under the design
     b, p = pos.shape
-    u = _keyed.keyed_uniform(7, 0, ids.view(b, 1, 1), pos.view(b, p, 1), torch.arange(40).view(1, 1, 40))
+    u = _hash.keyed_uniform(7, 0, ids.view(b, 1, 1), pos.view(b, p, 1), torch.arange(40).view(1, 1, 40))
     # the inverse cdf by brute force: the first item whose cumulative allowed weight exceeds u W
     allowed = torch.ones((b, scores.shape[1]), dtype=torch.float64)
     for r in range(b):  # the row's relevant and excluded items are never drawn

@@ -11,8 +11,9 @@ import torch
 from reco_sampled_plugin import estimate, exact_ranks, metric_values, sampled_ranks  # noqa: E402
 from reco_sampled_plugin import registry  # noqa: E402
 from reco_sampled_plugin._rank_hist import sampled_rank_histogram  # noqa: E402
-from reco_sampled_plugin import _keyed  # noqa: E402
-from reco_sampled_plugin._keyed import MatrixScores, RowKeys, keyed_uniform  # noqa: E402
+from reco_sampled_plugin import _hash, _keyed  # noqa: E402
+from reco_sampled_plugin._hash import keyed_uniform  # noqa: E402
+from reco_sampled_plugin._keyed import MatrixScores, RowKeys  # noqa: E402
 from reco_sampled_plugin.adapters._shared import metric_key, padded_inputs  # noqa: E402
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
 from reco_sampled_plugin._estimate import Estimate  # noqa: E402
@@ -249,12 +250,12 @@ def test_keyed_hash_in_cache_sized_blocks_is_the_same_stream():
     assert big.shape == (700, 2, 100)
     for r in (0, 1, 327, 699):
         assert torch.equal(big[r], keyed_uniform(3, 0, row[r], item[r], draw[0]))
-    before = _keyed._HASH_BLOCK
+    before = _hash._HASH_BLOCK
     try:
-        _keyed._HASH_BLOCK = 1 << 30
+        _hash._HASH_BLOCK = 1 << 30
         assert torch.equal(big, keyed_uniform(3, 0, row, item, draw))
     finally:
-        _keyed._HASH_BLOCK = before
+        _hash._HASH_BLOCK = before
     flat = keyed_uniform(7, torch.arange(200_000))
     assert torch.equal(flat[123_456:123_460], keyed_uniform(7, torch.arange(123_456, 123_460)))
 

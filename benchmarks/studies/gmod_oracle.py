@@ -63,7 +63,8 @@ import torch  # noqa: E402
 
 from reco_sampled_plugin import metric_values, sampled_rank_histogram  # noqa: E402
 from reco_sampled_plugin import rank_distribution as rd, registry  # noqa: E402
-from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact, expected_samples  # noqa: E402
+from reco_sampled_plugin._adaptive_law import expected_samples  # noqa: E402
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact  # noqa: E402
 from reco_sampled_plugin.design import AdaptiveDesign, SamplingDesign  # noqa: E402
 from reco_sampled_plugin.simulate import simulate_sampled_ranks  # noqa: E402
 from scipy import optimize  # noqa: E402
@@ -292,7 +293,7 @@ def user_sets(dataset: str, design: str, sets: int, draws: int, jitter: float, o
 def expected_draws(r: np.ndarray, n: np.ndarray, design: str) -> np.ndarray:
     """E[draws | R] of each positive: m for a fixed m; for adaptive 100 -> 3,200 (stages 100, 200, ..., 3,200, the
     next stage drawn while no draw has beaten the positive) sum_s (M_s - M_{s-1}) (1 - p)^(M_{s-1})
-    (``adaptive.expected_samples``)."""
+    (``_adaptive_law.expected_samples``)."""
     if design != "adaptive":
         return np.full(r.shape, float(design))
     return expected_samples((r - 1.0) / (n - 1.0), AdaptiveDesign(100, 3200))[0]
