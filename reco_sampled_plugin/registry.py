@@ -210,6 +210,9 @@ class Estimator:
             ``estimate`` refuses the others, naming ``metric``.
         class_counts: reads each positive's popularity-class counts (``_popularity.PopularityStats.profile``,
             ``beat_bins``, ``miss_bins``) under popularity designs, which rank files do not carry (there it refuses).
+        exact_share: reads the exact share of a design (``SamplingDesign(m, exact_share=...)``): :func:`names`
+            lists it for a design only where the design carries one (on a sample without, it gives ``auto``'s
+            estimate, flagged ``no_exact_share``).
     """
 
     name: str
@@ -226,6 +229,7 @@ class Estimator:
     reference: str = ""
     metrics: tuple[str, ...] | None = None
     class_counts: bool = False
+    exact_share: bool = False
     _resolved: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -246,7 +250,7 @@ class Estimator:
         if twice:
             raise ValueError(f"options: estimator {self.name!r} lists the option {twice[0]!r} twice")
         for flag in ("adaptive", "without_replacement", "popularity", "fits_distribution", "exact_groups",
-                     "class_counts"):
+                     "class_counts", "exact_share"):
             object.__setattr__(self, flag, _check_bool(getattr(self, flag), flag))
         if not isinstance(self.family, str) or self.family not in FAMILIES:
             raise ValueError(f"family: unknown estimator family {self.family!r}; use one of {tuple(FAMILIES)}")
@@ -559,7 +563,8 @@ def names(*, family: str | tuple[str, ...] | None = None, adaptive: bool | None 
             continue
         if fits_distribution is not None and e.fits_distribution != fits_distribution:
             continue
-        if design is not None and not e.supports(design):
+        if design is not None and (not e.supports(design)
+                                   or e.exact_share and getattr(design, "exact_share", None) is None):
             continue
         if metric is not None and not e.takes_metric(kind):
             continue
@@ -779,7 +784,7 @@ _BUILTIN = (
               "(auto's choice whenever the sample carries exact ranks)", "._design_based:estimate_by_design",
               options=_FIT_OPTIONS + (Option("coef", "choice", "tuned", "lambda of the predictions: PPI++'s "
                                              "variance-optimal value clipped to [0, 1], or 1", ("tuned", "one")),),
-              adaptive=True, popularity=True, fits_distribution=True, exact_groups=True,
+              adaptive=True, popularity=True, fits_distribution=True, exact_groups=True, exact_share=True,
               reference="Horvitz & Thompson 1952; Sarndal et al. 1992 ch. 6; Angelopoulos et al. 2023 (PPI, PPI++); "
                         "Zrnic & Candes ICML 2024"),
 )
