@@ -492,11 +492,11 @@ def test_whole_float_sizes_are_accepted_for_n_and_m_alike():
         assert expected_sampled("ndcg@10", torch.tensor([3, 40]), 100.0, m).shape == (2,)
         assert math.isfinite(rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(r, 100.0, m), "bv").value)
         assert correction_table("ndcg@10", 100, m, "bv").shape == (11,)
-        assert rsp.adaptive.AdaptiveDesign(m, 40.0).cap == 40
+        assert rsp.design.AdaptiveDesign(m, 40.0).cap == 40
     for bad in (10.5, math.inf, math.nan, "10", True):
         for call in (lambda v: expected_sampled("ndcg@10", torch.tensor([3]), 100, v),
                      lambda v: correction_table("ndcg@10", 100, v, "bv"),
-                     lambda v: rsp.adaptive.AdaptiveDesign(v, 40)):
+                     lambda v: rsp.design.AdaptiveDesign(v, 40)):
             with pytest.raises(ValueError, match="^n_samples: "):
                 call(bad)
 
