@@ -3,7 +3,7 @@
 The estimators' matrices are small (a fit: ~150 cells x ~1,000 occupied columns, a bootstrap's 8-32 replicates at
 once; a correction table's (m + 1)^2 system), and BLAS's own threads cost more than they save there: on the project's
 2-core machine numpy's default two OpenBLAS threads made the shipped RecBole example's `mes` fit with 8 bootstrap
-refits about twice as slow as one thread (BENCHMARKS.md, "Issue 25, sixth measurement").
+refits about twice as slow as one thread (measured there; git history of BENCHMARKS.md).
 
 :func:`one_blas_thread` limits every BLAS library loaded in the process to one thread while the block runs, through
 threadpoolctl where it is installed (the framework extras install it; without it nothing changes), from the main

@@ -2,7 +2,7 @@
 
 Every helper raises a ``ValueError`` whose message starts with the argument's name, so bad input never ends
 as a deep TypeError, a silent NaN, a loop that never stops (``tol=nan``) or an option that is ignored.
-Types are strict (issue 26): a boolean option takes True / False (numpy bools too), never ``"False"`` or 0/1
+Types are strict: a boolean option takes True / False (numpy bools too), never ``"False"`` or 0/1
 (:func:`check_bool`); a float option refuses strings and bools (:func:`check_float` and its range variants); an
 integer option refuses floats and bools (``_checks.check_int``); a list of names reads one string as one name
 (:func:`check_names`). Every public entry point runs each of its options through the helper of its kind

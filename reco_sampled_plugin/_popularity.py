@@ -4,7 +4,7 @@ One helper, :func:`popularity_stats`, is called by every path that draws (or is 
 :func:`~reco_sampled_plugin.ranking.sampled_ranks` (score matrix; ``evaluate_factors`` draws through it) and
 :func:`~reco_sampled_plugin.scorer_ranks.sampled_ranks_from_scorer` (the scorer loop).
 
-The law (NOTATION.md, "Popularity (non-uniform) sampling"; docs/popularity.md): the m draws of a positive are
+The law (docs/popularity.md): the m draws of a positive are
 independent, with replacement, from q~_j = w_j / W_u over the row's drawable candidates (irrelevant, not excluded;
 W_u their total weight). The plugin's draw gives the row's positives and excluded items weight 0 (an inverse-cdf
 lookup among the others), which is the law of RecBole's ``popN``: a draw that hits a used item is redrawn.

@@ -53,7 +53,7 @@ _work_done = [0]  # comparisons counted so far in this process (shapes only: no 
 _EAGER_CHUNK_ELEMENTS = 1 << 22
 # on a CPU, the eager path's gathered rows / boolean temporaries in cache-sized chunks (2 MB of float32): the
 # row-indexed count of RecBole's ml-100k evaluation (10,539 rows x 1,682 scores) took 43 ms with these chunks,
-# int32 counts and index_select, against 97 ms before (BENCHMARKS.md, issue 25's fourth measurement); accelerators keep the large
+# int32 counts and index_select, against 97 ms before (measured on this project's 2-core CPU); accelerators keep the large
 # chunks (fewer kernel launches)
 _EAGER_CPU_CHUNK_ELEMENTS = 1 << 19
 
@@ -203,7 +203,7 @@ def _get_compiled(name: str) -> Callable | None:
 def _count_true(mask: torch.Tensor) -> torch.Tensor:
     """Number of True entries along the last axis, accumulated in int32 where a row cannot overflow it (fewer than
     2^31 entries): a bool tensor's ``.sum()`` accumulates in int64 through a slow path on CPU (60 ms against 9 ms
-    for 2,490 x 1,682 entries, measured in session 24); the counts are the same integers either way."""
+    for 2,490 x 1,682 entries, measured on a 2-core CPU); the counts are the same integers either way."""
     return mask.sum(-1, dtype=torch.int32 if mask.shape[-1] < 2**31 - 1 else torch.int64)
 
 

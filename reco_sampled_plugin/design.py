@@ -7,7 +7,7 @@ needs nothing else and an estimator cannot be applied to a design it does not su
 ``registry.py``, says which designs each estimator takes).
 
 ==================================  ========================================================================
-design                              law of the sampled rank r~ given the exact rank r (NOTATION.md)
+design                              law of the sampled rank r~ given the exact rank r (docs/estimators.md)
 ==================================  ========================================================================
 ``SamplingDesign(m)``               r~ - 1 ~ Binomial(m, (r - 1)/(n - 1))           (``law == "binomial"``)
 ``SamplingDesign(m,                 r~ - 1 ~ Hypergeometric(n - 1, r - 1, m)    (``law == "hypergeometric"``)

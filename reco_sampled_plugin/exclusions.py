@@ -1,4 +1,4 @@
-"""Per-row excluded items (training items) prepared once: validated, sorted, ragged (issue 27).
+"""Per-row excluded items (training items) prepared once: validated, sorted, ragged.
 
 A user's exclusions come as a (B, n) boolean mask or a (B, E) int64 index tensor padded with -1, E the longest
 list: one heavy user pads every row (5,000 users whose longest list holds 2,697 items and whose lists hold 0.82 M
@@ -256,7 +256,7 @@ def as_exclusions(exc: torch.Tensor | Exclusions | None, n_items: int, batch: in
 
 
 def prepare_exclusions(exclude: TensorLike, n_items: int) -> Exclusions:
-    """Validate and prepare exclusions once, for every later call on the same rows (issue 27).
+    """Validate and prepare exclusions once, for every later call on the same rows.
 
     Args:
         exclude: (B, n_items) bool mask, (B, E) int64 item indices padded with -1, or (B,): the items each row

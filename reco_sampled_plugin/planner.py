@@ -82,7 +82,7 @@ forecast with the target. With the default family the forecast is a rough guide.
 nothing else running, each design's fits on one thread, designs on both cores: see :func:`plan`): the default grid
 (9 designs, 180 fits) for ``n_items = 50_000, n_users = 6000, repeats = 20`` takes 1.3-1.9 s after the imports; a
 1,000-user adaptive pilot on 47,303..49,981 candidates per user, 11 designs, 4.1-6.2 s (8-12 s one design at a
-time before session 25's screening rule; BENCHMARKS.md, "The plan's fixed cost, again").
+time before the screening rule; BENCHMARKS.md, "The planner's own time").
 """
 
 from __future__ import annotations
@@ -168,7 +168,7 @@ WIDTH_REPEATS = 5
 #: The normal quantile of a 95% interval, z = 1.96.
 _Z95 = 1.959963984540054
 #: Threads of ``PlanExecution(workers=None)`` (at most the CPUs available and one per design). Measured on the scorer
-#: benchmark's plan (BENCHMARKS.md, "Issue 27 on a GPU"; 3 rounds each): on a 16-core host 1.3-1.8 s at 2 threads,
+#: benchmark's plan (a device run recorded in docs/gpu.md; 3 rounds each): on a 16-core host 1.3-1.8 s at 2 threads,
 #: 1.6-2.9 s at 1, 2.1-2.5 s at 4, 2.4-3.4 s at 11 (one per design); on the 2-core machine 1.1-1.6 s at 2 and
 #: 1.4-1.5 s at 1. The fits' Python between their numpy kernels holds the GIL, so more threads contend for it.
 DEFAULT_WORKERS = 2
@@ -181,7 +181,7 @@ _PILOT_FIT = "mes"
 _PILOT_SMOOTH = 0.4
 # a rank-distribution estimator's repeats of a design (without exact_at_cap) are fitted together by
 # ``rank_distribution.ReplicateFits``: groups pooled once on the sum of the repeats, one likelihood, one batched
-# solver (BENCHMARKS.md, issue 27's plan cost); False: the per-repeat histograms of ``fit_rank_distribution``
+# solver (BENCHMARKS.md, "The planner's own time"); False: the per-repeat histograms of ``fit_rank_distribution``
 # (tests/test_planner_speed.py compares the two)
 _JOINT_FITS = True
 # the popularity world's rank prior (``_popularity_world.PopularityWorld.from_pilot``): (``"em"`` or ``"spline"``,

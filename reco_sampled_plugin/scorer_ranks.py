@@ -1,4 +1,4 @@
-"""Sampled ranks from a scorer: draw first, then score only the positives and the drawn items (issue 27).
+"""Sampled ranks from a scorer: draw first, then score only the positives and the drawn items.
 
 Sampling exists to save scoring. Where every (user, item) pair costs a forward pass (context-aware models such as
 DeepFM or DCN, cross-encoders, LLM re-rankers), full ranking costs n pairs per user; this loop costs 1 + m per

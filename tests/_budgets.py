@@ -54,7 +54,17 @@ _SYNC_FUNCTIONS = {
 }
 
 
-class SyncCounter(TorchFunctionMode):
+class _Calls:
+    """A Counter of call names, ``calls``, and their total, ``count`` (the counters' shared part)."""
+
+    calls: Counter[str]
+
+    @property
+    def count(self) -> int:
+        return sum(self.calls.values())
+
+
+class SyncCounter(_Calls, TorchFunctionMode):
     """Count host synchronisations during a block: ``with SyncCounter() as s: f(); s.count``.
 
     ``s.calls`` is a Counter of the offending call names (to say *which* in a failing assertion).
@@ -64,11 +74,7 @@ class SyncCounter(TorchFunctionMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls: Counter[str] = Counter()
-
-    @property
-    def count(self) -> int:
-        return sum(self.calls.values())
+        self.calls = Counter()
 
     def _hit(self, name: str) -> None:
         self.calls[name] += 1
@@ -143,17 +149,13 @@ def peak_temporary(fn, *args, **kwargs) -> tuple[object, PeakTemporary]:
     return out, rec
 
 
-class OpCounter(TorchDispatchMode):
+class OpCounter(_Calls, TorchDispatchMode):
     """Count the aten operators dispatched in a block: ``with OpCounter() as ops: f(); ops.count``; ``ops.calls`` a
     Counter of their names (to say which in a failing assertion)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.calls: Counter[str] = Counter()
-
-    @property
-    def count(self) -> int:
-        return sum(self.calls.values())
+        self.calls = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         self.calls[str(func)] += 1
