@@ -61,6 +61,7 @@ import time
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
+import numpy as np
 import torch
 from torchmetrics import Metric
 
@@ -80,9 +81,11 @@ from reco_sampled_plugin._types import TensorLike
 from reco_sampled_plugin.ranking import SampledRanks
 from reco_sampled_plugin.metrics import metric_from_float_ranks as _metric_from_float_ranks  # patched by name in tests
 from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
-from reco_sampled_plugin.ranking import TIE_BOUNDS, padded_candidate_counts, exact_ranks_padded, prepare_index
+from reco_sampled_plugin.ranking import (TIE_BOUNDS, complete_at_cap, padded_candidate_counts, exact_ranks_padded,
+                                         prepare_index)
 from reco_sampled_plugin.scorer_ranks import (DEFAULT_MAX_PAIRS, Scorer, ScorerCalls, ScoringCost, check_scorer,
-                                              check_users, full_ranking_pairs)
+                                              check_users, complete_from_scorer, full_ranking_pairs)
+from reco_sampled_plugin._share import ShareRows, keyed_choice
 from reco_sampled_plugin.tie_expectation import expected_single_item_values
 
 from ._shared import (
@@ -107,6 +110,9 @@ _POP_COLUMNS = ("sampled_rank", "n_candidates", "hh_s1", "hh_s2", "hh_beating", 
     f"{f}_{c}" for f in PROFILE_FIELDS for c in range(POP_BINS)) + ("positive_weight",)
 _POP_CLASS_AT = 6  # the first class-count column
 _POP_WEIGHT_AT = _POP_CLASS_AT + len(PROFILE_FIELDS) * POP_BINS  # the positive's weight
+# the ``share`` state's columns (an exact share): one row per chosen relevant item (on an accelerator one per slot,
+# exact_rank 0 where not chosen: no read of how many were chosen; dropped at compute)
+_SHARE_COLUMNS = ("n_candidates", "n_samples", "sampled_rank", "exact_rank", "inclusion")
 
 
 def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
@@ -194,6 +200,31 @@ def _pad_rows(hist: torch.Tensor, rows: int) -> torch.Tensor:
     if hist.shape[0] >= rows:
         return hist
     return torch.cat([hist, hist.new_zeros(rows - hist.shape[0], hist.shape[1])])
+
+
+def share_exact_ranks(source: DrawnScores, chosen: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
+                      n_items: int, ties: str, pos_scores: torch.Tensor) -> torch.Tensor:
+    """Exact ranks R (among the row's irrelevant candidates and the positive, ``ranking.complete_at_cap``) of the
+    ``chosen`` (B, P) positives, 0 elsewhere, from the scores the batch has: a score matrix's rows (on an
+    accelerator every row, masked: no read of which rows hold a chosen positive); a factor model's chosen rows
+    (``factor_ranks_padded``: tiles, never the (B, n) matrix); a scorer's chosen rows scored whole
+    (``scorer_ranks.complete_from_scorer``, their pairs in the calls' count)."""
+    if isinstance(source, MatrixScores):
+        scores = source.scores
+        if scores.device.type != "cpu":
+            r = exact_ranks_padded(scores, pos, exc, ties, False)
+            return torch.where(chosen, r, torch.zeros_like(r))
+        return complete_at_cap(chosen, pos, exc, n_items, ties, None, lambda idx: scores[idx])
+    if isinstance(source, FactorScores):
+        out = torch.zeros(chosen.shape, dtype=torch.int64, device=chosen.device)
+        rows = chosen.any(1).nonzero().squeeze(1)
+        if rows.numel():
+            r, _ = factor_ranks_padded(source.u[rows], source.v, source.bias, pos[rows],
+                                       None if exc is None else exc[rows], ties, False)
+            out[rows] = torch.where(chosen[rows], r.to(torch.int64), 0)
+        return out
+    assert isinstance(source, ScorerScores)
+    return complete_from_scorer(source.calls, chosen, pos, exc, source.users, pos_scores, n_items, ties, None)
 
 
 def _field_hash(text: str) -> int:
@@ -537,6 +568,9 @@ class SampledRankingMetrics(_MergeChecked):
         self.add_state("n_items", torch.zeros((), dtype=torch.int64), dist_reduce_fx="max")
         if self._pop_weights is not None:  # per relevant item: r~, n, S1, S2, beating draws, unreachable (concatenated)
             self.add_state("pop", torch.zeros(0, len(_POP_COLUMNS), dtype=torch.float64), dist_reduce_fx="cat")
+        self._share = design.exact_share  # a uniform exact share (_shared._sampled_design refuses the others)
+        if self._share is not None:  # per chosen relevant item: n, m, r~, R, pi (concatenated across processes)
+            self.add_state("share", torch.zeros(0, len(_SHARE_COLUMNS), dtype=torch.float64), dist_reduce_fx="cat")
         self._rows_seen = 0  # default instance keys when no ids are given
         self._in_forward = False
         self._n_items_host: int | None = 0  # the catalogue size this process's batches had (None: read the state)
@@ -576,12 +610,37 @@ class SampledRankingMetrics(_MergeChecked):
                    keep: torch.Tensor | None, checks: DeviceChecks | None, slots: torch.Tensor | None = None) -> None:
         """Rank a batch against its keyed negatives, scored by ``source`` (:meth:`_rank_batch`), and add it to the
         state (:meth:`_add_ranked`)."""
-        self._add_ranked(self._rank_batch(source, pos, exc, n_items, keys, checks, slots), pos, exc, n_items, keep)
+        ranked = self._rank_batch(source, pos, exc, n_items, keys, checks, slots)
+        shared = self._share_rows(source, ranked, pos, exc, n_items, keys, keep)
+        self._add_ranked(ranked, pos, exc, n_items, keep, shared)
+
+    def _share_rows(self, source: DrawnScores, ranked: tuple, pos: torch.Tensor, exc: torch.Tensor | None,
+                    n_items: int, keys: RowKeys, keep: torch.Tensor | None) -> torch.Tensor | None:
+        """The ``share`` state's rows (:data:`_SHARE_COLUMNS`) of a ranked batch (None without a share): the valid,
+        kept positives chosen by the keyed uniform of (share seed, instance id, item) below the share
+        (``_share.keyed_choice``, as the core's draws choose), ranked exactly by :func:`share_exact_ranks`. On the
+        CPU only the chosen rows are kept; elsewhere every slot (R = 0 where not chosen), so nothing is read back."""
+        share = self._share
+        if share is None:
+            return None
+        ranks, sizes, _, pos_scores = ranked
+        valid = pos >= 0
+        k = _keep_mask(keep, pos.shape[0], pos.device)
+        if k is not None:
+            valid = valid & k.unsqueeze(1)
+        chosen = valid & keyed_choice(share.seed, keys.ids, pos, share.share)
+        exact = share_exact_ranks(source, chosen, pos, exc, n_items, self.settings.ties, pos_scores)
+        n = padded_candidate_counts(n_items, pos, exc, count_other_positives=False).unsqueeze(1).expand(pos.shape)
+        m = torch.full_like(ranks, self._design.n_samples) if sizes is None else sizes
+        f64 = torch.float64
+        rows = torch.stack([n.to(f64), m.to(f64), ranks.to(f64), torch.where(chosen, exact, 0).to(f64),
+                            torch.full(pos.shape, share.share, dtype=f64, device=pos.device)], -1).reshape(-1, 5)
+        return rows[chosen.reshape(-1)] if rows.device.type == "cpu" else rows
 
     def _rank_batch(self, source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
                     keys: RowKeys, checks: DeviceChecks | None,
-                    slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
-        """(ranks, final sizes or None, popularity statistics or None) of a batch: the design's first stage
+                    slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, Any, torch.Tensor]:
+        """(ranks, final sizes or None, popularity statistics or None, the positives' scores) of a batch: the design's first stage
         (:func:`~reco_sampled_plugin._keyed.keyed_ranks`), then an adaptive design's later stages
         (:func:`~reco_sampled_plugin._keyed.keyed_adaptive_ranks`). ``checks``: the batch's pending validation flags,
         read once after the first stage's draw (without replacement: with the small-pool sizes); None: each draw
@@ -591,19 +650,22 @@ class SampledRankingMetrics(_MergeChecked):
         if checks is not None:
             checks.read()  # the batch's one validation read
         if self._adaptive is None:
-            return first.ranks, None, first.stats
+            return first.ranks, None, first.stats, first.pos_scores
         ranks, sizes = keyed_adaptive_ranks(source, pos, exc, n_items, first, self._adaptive, keys, ties)
-        return ranks, sizes, None
+        return ranks, sizes, None, first.pos_scores
 
-    def _add_ranked(self, ranked: tuple[torch.Tensor, torch.Tensor | None, Any], pos: torch.Tensor,
-                    exc: torch.Tensor | None, n_items: int, keep: torch.Tensor | None) -> None:
+    def _add_ranked(self, ranked: tuple[torch.Tensor, torch.Tensor | None, Any, torch.Tensor], pos: torch.Tensor,
+                    exc: torch.Tensor | None, n_items: int, keep: torch.Tensor | None,
+                    shared: torch.Tensor | None = None) -> None:
         """Add :meth:`_rank_batch`'s ranks to the histogram (which refuses the batch whole before any change), then
-        the popularity statistics (nothing half-written)."""
-        ranks, sizes, stats = ranked
+        the popularity statistics and the exact share's rows (:meth:`_share_rows`; nothing half-written)."""
+        ranks, sizes, stats, _ = ranked
         n_cand = padded_candidate_counts(n_items, pos, exc, count_other_positives=False)
         self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
         if stats is not None:
             self._add_popularity(ranks, n_cand, stats, pos, keep)
+        if shared is not None:
+            self.share = torch.cat([self.share, _to(shared, self.share.device)])
 
     def update_factors(self, user_factors: TensorLike, item_factors: TensorLike, positives: TensorLike,
                        exclude: TensorLike | None = None, ids: TensorLike | None = None, keep: torch.Tensor | None = None,
@@ -710,9 +772,11 @@ class SampledRankingMetrics(_MergeChecked):
             score = None if k is None else k.unsqueeze(1).expand_as(pos)
             # each draw reads its own pool check, before any call; adaptive stages score only the positives still
             # first, their new items alone
-            ranked = self._rank_batch(ScorerScores(calls, who), pos, exc, n, keys, None, score)
+            source = ScorerScores(calls, who)
+            ranked = self._rank_batch(source, pos, exc, n, keys, None, score)
+            shared = self._share_rows(source, ranked, pos, exc, n, keys, keep)  # the chosen rows scored whole
             _updated(self)
-            self._add_ranked(ranked, pos, exc, n, keep)
+            self._add_ranked(ranked, pos, exc, n, keep, shared)
         except BaseException:
             self._rows_seen, self._n_items_host = saved
             raise
@@ -826,6 +890,9 @@ class SampledRankingMetrics(_MergeChecked):
                              f"{self.hist.shape[1]} counts ({self._design!r}): another n_samples or design")
         if n_items.numel() != 1:
             raise ValueError(f"n_items: expected one catalogue size in the incoming state, got {tuple(n_items.shape)}")
+        if self._share is not None and (state["share"].dim() != 2 or state["share"].shape[1] != len(_SHARE_COLUMNS)):
+            raise ValueError(f"n_samples: the incoming exact-share state has shape {tuple(state['share'].shape)}, "
+                             f"this one rows of {len(_SHARE_COLUMNS)} columns {_SHARE_COLUMNS}")
         mine, theirs = self._catalogue(), int(n_items)
         if mine and theirs and mine != theirs:
             raise ValueError(f"n_items: the incoming state counts a catalogue of {theirs} items, this one {mine}; "
@@ -844,10 +911,13 @@ class SampledRankingMetrics(_MergeChecked):
         rows = torch.tensor([self.hist.shape[0]], dtype=torch.int64, device=self.hist.device)
         dist.all_reduce(rows, op=dist.ReduceOp.MAX, group=group)
         self.hist = _pad_rows(self.hist, int(rows.item()))
-        if self._pop_weights is not None:  # torchmetrics stacks the gathered states: pad every process's rows alike
-            count = torch.tensor([self.pop.shape[0]], dtype=torch.int64, device=self.pop.device)
+        # torchmetrics stacks the gathered states: pad every process's rows alike (padded rows: r~ = 0 in ``pop``,
+        # R = 0 in ``share``; dropped after the gather, at compute)
+        for name in ("pop",) * (self._pop_weights is not None) + ("share",) * (self._share is not None):
+            state = getattr(self, name)
+            count = torch.tensor([state.shape[0]], dtype=torch.int64, device=state.device)
             dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
-            self.pop = _pad_rows(self.pop, int(count.item()))  # padded rows: r~ = 0, dropped after the gather
+            setattr(self, name, _pad_rows(state, int(count.item())))
         if dist_sync_fn is None:
             super()._sync_dist(process_group=process_group)
         else:
@@ -887,7 +957,20 @@ class SampledRankingMetrics(_MergeChecked):
             hist, pooled = adaptive_histogram_from_rows(counts, int(self.n_items), self._adaptive, max_groups)
         else:
             hist, pooled = histogram_from_rows(counts, int(self.n_items), self._design.n_samples, max_groups)
-        return hist.with_design(None if self._pop_weights is not None else self._design), pooled
+        hist = hist.with_design(None if self._pop_weights is not None else self._design)
+        return (hist if self._share is None else hist.with_share(self._share_state())), pooled
+
+    def _share_state(self) -> ShareRows:
+        """The exact share's rows (``_share.ShareRows``: what ``diff`` reads beside the histogram), the rows not
+        chosen or padded (R = 0) dropped, in one canonical order (sorted by every column), so the estimate is the
+        same bit for bit whatever the batches, their order or the processes."""
+        t = self.share.detach().to("cpu", torch.float64).numpy()
+        t = t[t[:, 3] > 0]
+        t = t[np.lexsort(t.T[::-1])]
+        share = self._share
+        assert share is not None
+        return ShareRows(t[:, 0].astype(np.int64), t[:, 1].astype(np.int64), t[:, 2].copy(), t[:, 3].copy(),
+                         t[:, 4].copy(), np.ones(len(t)), census=share.share >= 1.0)
 
     def histogram(self) -> RankHistogram:
         """The synced sampled-rank histogram (:class:`~reco_sampled_plugin.RankHistogram`), pooled as configured,
