@@ -118,12 +118,12 @@ class RankFile:
         bad = ~(np.isfinite(e) & (e == np.round(e)) & (e >= 0) & (e <= self.n_items))
         if bool(bad.any()):
             k = int(np.argmax(bad))
-            raise ValueError(f"exact_rank: entry {k} is {e[k]!r}, expected a whole number in 1..n = "
+            raise ValueError(f"exact_rank: entry {k} is {float(e[k])!r}, expected a whole number in 1..n = "
                              f"1..{int(self.n_items[k])} (0 or an empty field: not chosen)")
         bad = ~(np.isfinite(p) & (p > 0) & (p <= 1))
         if bool(bad.any()):
             k = int(np.argmax(bad))
-            raise ValueError(f"inclusion: entry {k} is {p[k]!r}, expected a probability in (0, 1]")
+            raise ValueError(f"inclusion: entry {k} is {float(p[k])!r}, expected a probability in (0, 1]")
         object.__setattr__(self, "exact_rank", e.astype(np.int64))
         object.__setattr__(self, "inclusion", p.astype(np.float64))
 
