@@ -527,6 +527,7 @@ class SampledRankingMetrics(_MergeChecked):
 
     # torchmetrics states (``add_state``; ``pop`` for popularity designs only)
     hist: torch.Tensor
+    share: torch.Tensor  # with an exact share only
     n_items: torch.Tensor
     pop: torch.Tensor
 
