@@ -116,7 +116,7 @@ def keyed_choice(seed: int, row_keys: torch.Tensor, pos: torch.Tensor, pi: torch
     """(B, P) bool: positive j of row b is chosen iff ``keyed_uniform(seed, row_keys[b], pos[b, j]) < pi`` (``pi``
     (B, P) float64 or one number; padding slots (-1) are keyed as item 0: mask them). No host synchronisation."""
     u = keyed_uniform(seed, row_keys.to(torch.int64).reshape(-1, 1), pos.clamp(min=0).to(torch.int64))
-    return u.to(pos.device) < pi
+    return (u if u.device == pos.device else u.to(pos.device)) < pi
 
 
 def share_weights(sampled: SampledRanks, weights: TensorLike | None) -> np.ndarray | None:

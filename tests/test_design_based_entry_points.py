@@ -19,6 +19,7 @@ import reco_sampled_plugin as rsp
 from _profiles import examples
 from reco_sampled_plugin._hash import keyed_uniform
 from reco_sampled_plugin._keyed import MatrixScores, RowKeys, keyed_ranks
+from reco_sampled_plugin.adapters import torchmetrics as tm
 from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
 from reco_sampled_plugin.design import ExactShare, SamplingDesign
 from reco_sampled_plugin.factors import evaluate_factors
@@ -54,11 +55,15 @@ def _metric(**kw):
     return SampledRankingMetrics(["ndcg@10", "hit@10"], DESIGN, estimators=["none", "auto", "diff"], seed=SEED, **kw)
 
 
-@pytest.mark.parametrize("source", ["scores", "factors", "scorer"])
-def test_torchmetrics_share_equals_the_core(source):
+@pytest.mark.parametrize("source", ["scores", "factors", "scorer", "scores-static", "factors-static"])
+def test_torchmetrics_share_equals_the_core(source, monkeypatch):
     """Every batch form gives the core's estimate: the same share rows and counts; to 1e-6 relative, since the
     adapter's histogram lists its two candidate counts n in ascending order and the core's in order of appearance,
-    so the model's fit (the predictions f) adds its terms in another order and stops its iterations elsewhere."""
+    so the model's fit (the predictions f) adds its terms in another order and stops its iterations elsewhere.
+    ``-static``: the accelerator's form on the CPU (a static capacity of rows, nothing read back): the same share."""
+    if source.endswith("-static"):
+        monkeypatch.setattr(tm, "_SHARE_READS_ON_CPU", False)
+        source = source.removesuffix("-static")
     u, v, pos, ids = _batch()
     scores = u @ v.T
     core = _core(scores, pos, ids)
@@ -105,6 +110,45 @@ def test_merge_forward_and_reset_equal_one_state(cut, order, forward):
     assert a.compute()["hit_at_10/auto_hi"].item() == one.compute()["hit_at_10/auto_hi"].item()
     a.reset()
     assert a.share.shape == (0, 5) and a.hist.shape[0] == 0
+
+
+@pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")  # the merged-into state had no update
+@pytest.mark.parametrize("source", ["scores", "factors"])
+def test_static_capacity_overflow_is_refused_at_compute_and_reset(source, monkeypatch):
+    """The accelerator's form with a capacity too small for the batch (forced: 2 rows where about 40 hold a chosen
+    positive): counted on the device, refused at compute (never a share with chosen positives missing); merged
+    states carry the count; reset clears it."""
+    monkeypatch.setattr(tm, "_SHARE_READS_ON_CPU", False)
+    u, v, pos, ids = _batch(48)
+    monkeypatch.setattr(tm, "share_capacity", lambda rows, slots, share: 2)
+    metric, other = _metric(), _metric()
+    (metric.update(u @ v.T, pos, ids=ids) if source == "scores" else metric.update_factors(u, v, pos, ids=ids))
+    assert int(metric.share_overflow) == 1 and metric.share.shape == (2 * 2, 5)
+    other.merge_state(metric)
+    for m in (metric, other):
+        with pytest.raises(RuntimeError, match="^exact share: in 1 batch"):
+            m.compute()
+    metric.reset()
+    assert int(metric.share_overflow) == 0 and metric.share.shape == (0, 5)
+
+
+def test_share_capacity_tail_is_below_1e_9():
+    """The capacity's overflow probability, Binomial(T, s) beyond it (scipy), stays below 1e-9 where it is largest
+    (large T, s near 0.17) and at small T; s = 1 takes every row."""
+    from scipy.stats import binom
+
+    for t, s in ((10**6, 0.1736), (10**5, 0.5), (1000, 0.05), (40, 0.3), (3, 0.01)):
+        cap = tm.share_capacity(t, t, s)
+        assert binom.sf(cap, t, s) < 1e-9, (t, s, cap)
+    assert binom.sf(tm.share_capacity(10**6, 10**6, 0.1736), 10**6, 0.1736) > 1e-10  # 6 sigma, not more
+    assert tm.share_capacity(7, 14, 1.0) == 7 and tm.share_capacity(100, 200, 0.05) == 37  # 10 + 6 (3.08) + 8
+    # the picked rows: those holding a chosen slot first, in row order, then the others in row order
+    chosen = torch.rand(200, 2, generator=torch.Generator().manual_seed(0)) < 0.05
+    picked, over = tm.share_capacity_rows(chosen, 0.05)
+    held, rest = chosen.any(1).nonzero().squeeze(1), (~chosen.any(1)).nonzero().squeeze(1)
+    assert 0 < held.numel() < picked.numel() == tm.share_capacity(200, 400, 0.05) < 200 and int(over) == 0
+    assert torch.equal(picked, torch.cat([held, rest])[: picked.numel()])
+    assert int(tm.share_capacity_rows(torch.ones(200, 2, dtype=torch.bool), 0.05)[1]) == 1
 
 
 def test_torchmetrics_share_refusals():

@@ -80,7 +80,7 @@ from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin._types import TensorLike
 from reco_sampled_plugin.ranking import SampledRanks
 from reco_sampled_plugin.metrics import metric_from_float_ranks as _metric_from_float_ranks  # patched by name in tests
-from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
+from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded, overflow_rows, score_limit
 from reco_sampled_plugin.ranking import (TIE_BOUNDS, complete_at_cap, padded_candidate_counts, exact_ranks_padded,
                                          prepare_index)
 from reco_sampled_plugin.scorer_ranks import (DEFAULT_MAX_PAIRS, Scorer, ScorerCalls, ScoringCost, check_scorer,
@@ -110,9 +110,14 @@ _POP_COLUMNS = ("sampled_rank", "n_candidates", "hh_s1", "hh_s2", "hh_beating", 
     f"{f}_{c}" for f in PROFILE_FIELDS for c in range(POP_BINS)) + ("positive_weight",)
 _POP_CLASS_AT = 6  # the first class-count column
 _POP_WEIGHT_AT = _POP_CLASS_AT + len(PROFILE_FIELDS) * POP_BINS  # the positive's weight
-# the ``share`` state's columns (an exact share): one row per chosen relevant item (on an accelerator one per slot,
-# exact_rank 0 where not chosen: no read of how many were chosen; dropped at compute)
+# the ``share`` state's columns (an exact share): one row per chosen relevant item (on an accelerator one per slot of
+# the rows within the static capacity, exact_rank 0 where not chosen: no read of how many were chosen; dropped at
+# compute)
 _SHARE_COLUMNS = ("n_candidates", "n_samples", "sampled_rank", "exact_rank", "inclusion")
+#: On the CPU a read of which rows hold a chosen positive costs nothing (no device to wait for): only those rows are
+#: ranked and kept. On an accelerator (and on the CPU with this False: how the tests probe the accelerator's path)
+#: score and factor batches rank a static capacity of rows instead (:func:`share_capacity`), nothing read back.
+_SHARE_READS_ON_CPU = True
 
 
 def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
@@ -205,15 +210,12 @@ def _pad_rows(hist: torch.Tensor, rows: int) -> torch.Tensor:
 def share_exact_ranks(source: DrawnScores, chosen: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
                       n_items: int, ties: str, pos_scores: torch.Tensor) -> torch.Tensor:
     """Exact ranks R (among the row's irrelevant candidates and the positive, ``ranking.complete_at_cap``) of the
-    ``chosen`` (B, P) positives, 0 elsewhere, from the scores the batch has: a score matrix's rows (on an
-    accelerator every row, masked: no read of which rows hold a chosen positive); a factor model's chosen rows
-    (``factor_ranks_padded``: tiles, never the (B, n) matrix); a scorer's chosen rows scored whole
-    (``scorer_ranks.complete_from_scorer``, their pairs in the calls' count)."""
+    ``chosen`` (B, P) positives, 0 elsewhere, reading which rows hold one (one synchronisation): a score matrix's
+    rows; a factor model's rows (``factor_ranks_padded``: tiles, never the (B, n) matrix); a scorer's rows scored
+    whole (``scorer_ranks.complete_from_scorer``, their pairs in the calls' count). :func:`share_capacity_ranks`
+    is the form without a read."""
     if isinstance(source, MatrixScores):
         scores = source.scores
-        if scores.device.type != "cpu":
-            r = exact_ranks_padded(scores, pos, exc, ties, False)
-            return torch.where(chosen, r, torch.zeros_like(r))
         return complete_at_cap(chosen, pos, exc, n_items, ties, None, lambda idx: scores[idx])
     if isinstance(source, FactorScores):
         out = torch.zeros(chosen.shape, dtype=torch.int64, device=chosen.device)
@@ -225,6 +227,55 @@ def share_exact_ranks(source: DrawnScores, chosen: torch.Tensor, pos: torch.Tens
         return out
     assert isinstance(source, ScorerScores)
     return complete_from_scorer(source.calls, chosen, pos, exc, source.users, pos_scores, n_items, ties, None)
+
+
+def share_capacity(rows: int, slots: int, share: float) -> int:
+    """The rows of a batch a static-shape exact share ranks: ``min(B, ceil(T s + 6 sqrt(T s (1 - s)) + 8))`` for B
+    rows of T = B P slots and share s. The rows holding a chosen positive number at most the chosen slots,
+    Binomial(V, s) for V <= T valid ones, so they exceed the capacity with probability at most the Binomial(T, s)
+    tail beyond 6 standard deviations + 8: below 1e-9 per batch for every T and s (computed with scipy's
+    ``binom.sf``: largest 9.1e-10, at T = 10^6 and s = 0.17; the normal tail at 6 sigma, 9.9e-10, bounds it as T
+    grows). An overflow is counted and refused at compute (``SampledRankingMetrics``: never silently dropped)."""
+    mean = slots * share
+    return min(rows, math.ceil(mean + 6.0 * math.sqrt(mean * (1.0 - share)) + 8.0))
+
+
+def share_capacity_rows(chosen: torch.Tensor, share: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(picked (k,) int64 row indices, overflow 0-dim int64) of a (B, P) ``chosen`` mask, nothing read back: the
+    :func:`share_capacity` k rows, those holding a chosen positive first, in row order (a stable sort of the rows'
+    flags), and 1 when more rows than k hold one (the rows past k then go unranked: refused at compute)."""
+    b, p = chosen.shape
+    k = share_capacity(b, b * p, share)
+    held = chosen.any(1)
+    picked = torch.sort((~held).to(torch.uint8), stable=True).indices[:k]
+    return picked, (held.sum() > k).to(torch.int64)
+
+
+def share_capacity_ranks(source: DrawnScores, picked: torch.Tensor, chosen: torch.Tensor, pos: torch.Tensor,
+                         exc: torch.Tensor | None, ties: str) -> torch.Tensor:
+    """:func:`share_exact_ranks` of the ``picked`` rows only ((k, P) int64: R where ``chosen``, 0 elsewhere), from a
+    score matrix's rows or a factor model's (tiles; the overflow bound is the batch's validation flag,
+    :func:`share_factor_check`), nothing read back."""
+    exc_k = None if exc is None else exc[picked]
+    if isinstance(source, MatrixScores):
+        r = exact_ranks_padded(source.scores[picked], pos[picked], exc_k, ties, False)
+    else:
+        assert isinstance(source, FactorScores)
+        r, _ = factor_ranks_padded(source.u[picked], source.v, source.bias, pos[picked], exc_k, ties, False,
+                                   bounded=True)
+    return torch.where(chosen[picked], r.to(torch.int64), 0)
+
+
+def share_factor_check(source: FactorScores, picked: torch.Tensor, checks: DeviceChecks) -> None:
+    """The overflow bound ``factor_ranks_padded`` reads, for the ``picked`` rows, as a flag of the batch's one
+    validation read: refused where a score of theirs could overflow (``factor_ranks.overflow_rows``, or a bias of
+    ``score_limit`` or more), since the tiles' scores are not materialized and checked there."""
+    big = overflow_rows(source.u[picked], source.v).any()
+    if source.bias is not None and source.bias.numel():
+        big = big | (source.bias.detach().abs().amax().to(torch.float64) >= score_limit(source.u.dtype))
+    checks.add(big, f"user_factors: |u| |v| (+ |item_bias|) reaches {score_limit(source.u.dtype):.3g}, where "
+                    f"{source.u.dtype} scores could overflow; the exact share ranks its rows in tiles on this device: "
+                    "scale the factors or give them in float64")
 
 
 def _field_hash(text: str) -> int:
@@ -572,6 +623,8 @@ class SampledRankingMetrics(_MergeChecked):
         self._share = design.exact_share  # a uniform exact share (_shared._sampled_design refuses the others)
         if self._share is not None:  # per chosen relevant item: n, m, r~, R, pi (concatenated across processes)
             self.add_state("share", torch.zeros(0, len(_SHARE_COLUMNS), dtype=torch.float64), dist_reduce_fx="cat")
+            # batches whose chosen rows exceeded the static capacity (share_capacity_rows): refused at compute
+            self.add_state("share_overflow", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
         self._rows_seen = 0  # default instance keys when no ids are given
         self._in_forward = False
         self._n_items_host: int | None = 0  # the catalogue size this process's batches had (None: read the state)
@@ -611,32 +664,58 @@ class SampledRankingMetrics(_MergeChecked):
                    keep: torch.Tensor | None, checks: DeviceChecks | None, slots: torch.Tensor | None = None) -> None:
         """Rank a batch against its keyed negatives, scored by ``source`` (:meth:`_rank_batch`), and add it to the
         state (:meth:`_add_ranked`)."""
+        plan = self._share_plan(source, pos, keys, keep, checks)
         ranked = self._rank_batch(source, pos, exc, n_items, keys, checks, slots)
-        shared = self._share_rows(source, ranked, pos, exc, n_items, keys, keep)
-        self._add_ranked(ranked, pos, exc, n_items, keep, shared)
+        self._add_ranked(ranked, pos, exc, n_items, keep, self._share_rows(source, ranked, plan, pos, exc, n_items))
 
-    def _share_rows(self, source: DrawnScores, ranked: tuple, pos: torch.Tensor, exc: torch.Tensor | None,
-                    n_items: int, keys: RowKeys, keep: torch.Tensor | None) -> torch.Tensor | None:
-        """The ``share`` state's rows (:data:`_SHARE_COLUMNS`) of a ranked batch (None without a share): the valid,
-        kept positives chosen by the keyed uniform of (share seed, instance id, item) below the share
-        (``_share.keyed_choice``, as the core's draws choose), ranked exactly by :func:`share_exact_ranks`. On the
-        CPU only the chosen rows are kept; elsewhere every slot (R = 0 where not chosen), so nothing is read back."""
+    def _share_plan(self, source: DrawnScores, pos: torch.Tensor, keys: RowKeys, keep: torch.Tensor | None,
+                    checks: DeviceChecks | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+        """(chosen, picked, overflow) of a batch, before it is ranked (None without a share): ``chosen`` (B, P) the
+        valid, kept positives whose keyed uniform of (share seed, instance id, item) lies below the share
+        (``_share.keyed_choice``, as the core's draws choose); ``picked`` and ``overflow`` the static capacity's
+        rows and overflow flag (:func:`share_capacity_rows`) where nothing may be read back (score and factor
+        batches on an accelerator; a factor batch's overflow bound joins ``checks``), both None where the chosen
+        rows are read: on the CPU (free there), and for scorer batches everywhere (the scorer loop synchronises at
+        every call anyway, for its timing and checks, and a static capacity would score up to twice the rows)."""
         share = self._share
         if share is None:
             return None
-        ranks, sizes, _, pos_scores = ranked
         valid = pos >= 0
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
             valid = valid & k.unsqueeze(1)
         chosen = valid & keyed_choice(share.seed, keys.ids, pos, share.share)
-        exact = share_exact_ranks(source, chosen, pos, exc, n_items, self.settings.ties, pos_scores)
+        if isinstance(source, ScorerScores) or (_SHARE_READS_ON_CPU and pos.device.type == "cpu"):
+            return chosen, None, None
+        picked, overflow = share_capacity_rows(chosen, share.share)
+        if isinstance(source, FactorScores) and checks is not None:
+            share_factor_check(source, picked, checks)
+        return chosen, picked, overflow
+
+    def _share_rows(self, source: DrawnScores, ranked: tuple, plan: tuple | None, pos: torch.Tensor,
+                    exc: torch.Tensor | None, n_items: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """(the ``share`` state's rows (:data:`_SHARE_COLUMNS`), the overflow flag or None) of a ranked batch and
+        its :meth:`_share_plan` (None without a share): the chosen positives ranked exactly, by
+        :func:`share_exact_ranks` (then only their rows are kept) or, with a static capacity, by
+        :func:`share_capacity_ranks` (then every slot of the picked rows, R = 0 where not chosen)."""
+        if plan is None:
+            return None
+        chosen, picked, overflow = plan
+        ranks, sizes, _, pos_scores = ranked
+        ties = self.settings.ties
         n = padded_candidate_counts(n_items, pos, exc, count_other_positives=False).unsqueeze(1).expand(pos.shape)
         m = torch.full_like(ranks, self._design.n_samples) if sizes is None else sizes
+        if picked is None:
+            exact = share_exact_ranks(source, chosen, pos, exc, n_items, ties, pos_scores)
+        else:
+            exact = share_capacity_ranks(source, picked, chosen, pos, exc, ties)
+            chosen, n, m, ranks = chosen[picked], n[picked], m[picked], ranks[picked]
         f64 = torch.float64
+        assert self._share is not None
         rows = torch.stack([n.to(f64), m.to(f64), ranks.to(f64), torch.where(chosen, exact, 0).to(f64),
-                            torch.full(pos.shape, share.share, dtype=f64, device=pos.device)], -1).reshape(-1, 5)
-        return rows[chosen.reshape(-1)] if rows.device.type == "cpu" else rows
+                            torch.full(chosen.shape, self._share.share, dtype=f64, device=chosen.device)],
+                           -1).reshape(-1, len(_SHARE_COLUMNS))
+        return (rows[chosen.reshape(-1)], None) if picked is None else (rows, overflow)
 
     def _rank_batch(self, source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
                     keys: RowKeys, checks: DeviceChecks | None,
@@ -657,7 +736,7 @@ class SampledRankingMetrics(_MergeChecked):
 
     def _add_ranked(self, ranked: tuple[torch.Tensor, torch.Tensor | None, Any, torch.Tensor], pos: torch.Tensor,
                     exc: torch.Tensor | None, n_items: int, keep: torch.Tensor | None,
-                    shared: torch.Tensor | None = None) -> None:
+                    shared: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> None:
         """Add :meth:`_rank_batch`'s ranks to the histogram (which refuses the batch whole before any change), then
         the popularity statistics and the exact share's rows (:meth:`_share_rows`; nothing half-written)."""
         ranks, sizes, stats, _ = ranked
@@ -666,7 +745,9 @@ class SampledRankingMetrics(_MergeChecked):
         if stats is not None:
             self._add_popularity(ranks, n_cand, stats, pos, keep)
         if shared is not None:
-            self.share = torch.cat([self.share, _to(shared, self.share.device)])
+            self.share = torch.cat([self.share, _to(shared[0], self.share.device)])
+            if shared[1] is not None:
+                self.share_overflow += _to(shared[1], self.share_overflow.device)
 
     def update_factors(self, user_factors: TensorLike, item_factors: TensorLike, positives: TensorLike,
                        exclude: TensorLike | None = None, ids: TensorLike | None = None, keep: torch.Tensor | None = None,
@@ -774,8 +855,9 @@ class SampledRankingMetrics(_MergeChecked):
             # each draw reads its own pool check, before any call; adaptive stages score only the positives still
             # first, their new items alone
             source = ScorerScores(calls, who)
+            plan = self._share_plan(source, pos, keys, keep, None)
             ranked = self._rank_batch(source, pos, exc, n, keys, None, score)
-            shared = self._share_rows(source, ranked, pos, exc, n, keys, keep)  # the chosen rows scored whole
+            shared = self._share_rows(source, ranked, plan, pos, exc, n)  # the chosen rows scored whole
             _updated(self)
             self._add_ranked(ranked, pos, exc, n, keep, shared)
         except BaseException:
@@ -965,6 +1047,13 @@ class SampledRankingMetrics(_MergeChecked):
         """The exact share's rows (``_share.ShareRows``: what ``diff`` reads beside the histogram), the rows not
         chosen or padded (R = 0) dropped, in one canonical order (sorted by every column), so the estimate is the
         same bit for bit whatever the batches, their order or the processes."""
+        over = int(self.share_overflow)
+        if over:
+            raise RuntimeError(f"exact share: in {over} batch(es) more rows held a chosen positive than the static "
+                               "capacity ranks without a read back (share_capacity: 6 standard deviations + 8 above "
+                               "the mean, exceeded with probability below 1e-9 per batch), so chosen positives went "
+                               "unranked and the design-based estimate would be biased; evaluate again (another "
+                               "ExactShare seed) or on the CPU")
         t = self.share.detach().to("cpu", torch.float64).numpy()
         t = t[t[:, 3] > 0]
         t = t[np.lexsort(t.T[::-1])]
