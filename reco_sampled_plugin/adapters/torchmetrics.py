@@ -47,8 +47,9 @@ sampled batch (finite scores or factors, pools large enough to draw from) is kep
 one synchronisation (``_keyed.DeviceChecks``), plus one per adaptive stage (which rows go on) and, without
 replacement, one duplicate check; exact metrics add none of their own (masked sums). Nothing per batch reads a
 state back: histogram rows are grown from the batch's shapes (e <= E + P - 1) and filled by an accumulating
-scatter, and the catalogue size is checked against the host's record. ``tests/test_gpu_readiness_adapters.py``
-counts them.
+scatter, and the catalogue size is checked against the host's record. An exact share adds no read to score and
+factor batches there (a static capacity of rows, :func:`share_capacity`; its rare overflow is counted on the device
+and refused at compute); scorer batches read their chosen rows. ``tests/test_gpu_readiness_adapters.py`` counts them.
 """
 
 from __future__ import annotations
@@ -1008,6 +1009,8 @@ class SampledRankingMetrics(_MergeChecked):
         if self._pop_weights is not None:
             pop = self.pop.reshape(-1, len(_POP_COLUMNS))
             self.pop = pop[pop[:, 0] > 0]  # the processes' rows in rank order
+        if self._share is not None:  # (processes, rows, columns) stacked: one table (padded rows dropped at compute)
+            self.share = self.share.reshape(-1, len(_SHARE_COLUMNS))
 
     def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
         """``forward`` and ``merge_state`` add another state: both histograms padded to the same rows first."""
