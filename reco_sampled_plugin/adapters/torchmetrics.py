@@ -580,6 +580,7 @@ class SampledRankingMetrics(_MergeChecked):
     # torchmetrics states (``add_state``; ``pop`` for popularity designs only)
     hist: torch.Tensor
     share: torch.Tensor  # with an exact share only
+    share_overflow: torch.Tensor  # with an exact share only: batches past the static capacity (0-dim int64)
     n_items: torch.Tensor
     pop: torch.Tensor
 
