@@ -2,6 +2,9 @@
 class (score, factor and scorer batches; merge, forward, reset), ``evaluate_factors`` and rank files with the
 ``exact_rank`` / ``inclusion`` columns through ``reco-sampled estimate``.
 
+The accelerator's form of the torchmetrics class (a static capacity of rows, nothing read back; forced on the CPU
+with ``_SHARE_READS_ON_CPU = False``) gives the same share; its overflow is refused at compute.
+
 Oracle: the core's ``estimate(metric, SampledRanks.from_arrays(..., share_ranks=, inclusion=))`` on the same keyed
 draws, the chosen positives' exact ranks from ``exact_ranks`` of the materialised score matrix and the keyed choice
 ``keyed_uniform(share seed, user id, item) < pi`` written out here.
@@ -130,6 +133,22 @@ def test_static_capacity_overflow_is_refused_at_compute_and_reset(source, monkey
             m.compute()
     metric.reset()
     assert int(metric.share_overflow) == 0 and metric.share.shape == (0, 5)
+
+
+def test_static_capacity_refuses_factors_that_could_overflow(monkeypatch):
+    """The accelerator's form ranks the share's rows in tiles without reading the factors' overflow bound per batch:
+    the bound of the rows holding a chosen positive joins the batch's one validation read and refuses them (float32
+    scores of |u| |v| >= max / 4); a large row without a chosen positive is not ranked, so not refused."""
+    monkeypatch.setattr(tm, "_SHARE_READS_ON_CPU", False)
+    u, v, pos, ids = _batch(48)
+    u, v = u.to(torch.float32), v.to(torch.float32)
+    chosen = ((pos >= 0) & (keyed_uniform(5, ids.view(-1, 1), pos.clamp(min=0)) < SHARE)).any(1)
+    big_chosen, big_other = int(chosen.nonzero()[0]), int((~chosen).nonzero()[0])
+    big = torch.full((6,), 1e37)  # |u| |v| = 2.4e37 x 4.4 >= 8.5e37, every score finite (|s| <= 1.1e38)
+    metric = _metric()
+    metric.update_factors(torch.where(torch.arange(48).view(-1, 1) == big_other, big, u), v, pos, ids=ids)
+    with pytest.raises(ValueError, match="^user_factors: .* scores could overflow"):
+        metric.update_factors(torch.where(torch.arange(48).view(-1, 1) == big_chosen, big, u), v, pos, ids=ids)
 
 
 def test_share_capacity_tail_is_below_1e_9():

@@ -267,11 +267,12 @@ def share_capacity_ranks(source: DrawnScores, picked: torch.Tensor, chosen: torc
     return torch.where(chosen[picked], r.to(torch.int64), 0)
 
 
-def share_factor_check(source: FactorScores, picked: torch.Tensor, checks: DeviceChecks) -> None:
-    """The overflow bound ``factor_ranks_padded`` reads, for the ``picked`` rows, as a flag of the batch's one
-    validation read: refused where a score of theirs could overflow (``factor_ranks.overflow_rows``, or a bias of
-    ``score_limit`` or more), since the tiles' scores are not materialized and checked there."""
-    big = overflow_rows(source.u[picked], source.v).any()
+def share_factor_check(source: FactorScores, picked: torch.Tensor, chosen: torch.Tensor, checks: DeviceChecks) -> None:
+    """The overflow bound ``factor_ranks_padded`` reads, for the ``picked`` rows holding a ``chosen`` positive, as a
+    flag of the batch's one validation read: refused where a score of theirs could overflow
+    (``factor_ranks.overflow_rows``, or a bias of ``score_limit`` or more), since the tiles' scores are not
+    materialized and checked there."""
+    big = (overflow_rows(source.u[picked], source.v) & chosen[picked].any(1)).any()
     if source.bias is not None and source.bias.numel():
         big = big | (source.bias.detach().abs().amax().to(torch.float64) >= score_limit(source.u.dtype))
     checks.add(big, f"user_factors: |u| |v| (+ |item_bias|) reaches {score_limit(source.u.dtype):.3g}, where "
@@ -691,7 +692,7 @@ class SampledRankingMetrics(_MergeChecked):
             return chosen, None, None
         picked, overflow = share_capacity_rows(chosen, share.share)
         if isinstance(source, FactorScores) and checks is not None:
-            share_factor_check(source, picked, checks)
+            share_factor_check(source, picked, chosen, checks)
         return chosen, picked, overflow
 
     def _share_rows(self, source: DrawnScores, ranked: tuple, plan: tuple | None, pos: torch.Tensor,
