@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ._sampled import SampledRanks
     from ._types import TensorLike
 
-__all__ = ["ShareRows", "carries_share", "with_share_arrays", "choose_share"]
+__all__ = ["ShareRows", "carries_share", "with_share_arrays", "choose_share", "keyed_choice"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -107,10 +107,16 @@ def choose_share(sampled: SampledRanks, row_keys: torch.Tensor, pos: torch.Tenso
     valid = sampled.ranks > 0
     pi = torch.zeros(valid.shape, dtype=torch.float64, device=valid.device)
     pi[valid] = torch.as_tensor(inclusion, dtype=torch.float64, device=valid.device)
-    u = keyed_uniform(share.seed, row_keys.to(torch.int64).reshape(-1, 1), pos.clamp(min=0).to(torch.int64))
-    chosen = valid & (u.to(pi.device) < pi)
+    chosen = valid & keyed_choice(share.seed, row_keys, pos, pi)
     exact = rank_rows(chosen)
     return dataclasses.replace(sampled, share_ranks=exact, inclusion=pi)
+
+
+def keyed_choice(seed: int, row_keys: torch.Tensor, pos: torch.Tensor, pi: torch.Tensor | float) -> torch.Tensor:
+    """(B, P) bool: positive j of row b is chosen iff ``keyed_uniform(seed, row_keys[b], pos[b, j]) < pi`` (``pi``
+    (B, P) float64 or one number; padding slots (-1) are keyed as item 0: mask them). No host synchronisation."""
+    u = keyed_uniform(seed, row_keys.to(torch.int64).reshape(-1, 1), pos.clamp(min=0).to(torch.int64))
+    return (u if u.device == pos.device else u.to(pos.device)) < pi
 
 
 def share_weights(sampled: SampledRanks, weights: TensorLike | None) -> np.ndarray | None:

@@ -162,6 +162,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     # the design of the draws, when --n-samples gives it (adaptive: the file's m column holds each final m)
     design = None if args.n_samples is None else _sampling_design(args.n_samples, args.sampling, args.adaptive_max)
     given = design  # what the file's lines may leave out: the plan hint passes it on (--pilot-n-samples ...)
+    if data.inclusion is not None:  # exact_rank and inclusion columns: the design carries the file's exact share
+        design = data.share_design(design or _sampling_design(int(np.max(data.n_samples)), args.sampling))
     adaptive = None if design is None else design.adaptive
     methods = args.method or [m for m in _default_methods() if design is None or registry.get(m).supports(design)]
     from .metric_names import parse_metric
@@ -198,7 +200,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     rows = []
     if design is None:  # the file's m column: the largest m, fixed
         design = _sampling_design(int(np.max(data.n_samples)), args.sampling)
-    sample = SampledRanks.from_arrays(data.ranks, data.n_items, data.n_samples, design)
+    sample = SampledRanks.from_arrays(data.ranks, data.n_items, data.n_samples, design, share_ranks=data.exact_rank,
+                                      inclusion=data.inclusion)
     for metric in metrics:
         for method, obj in zip(methods, objects):
             rows.append((metric, method, estimate(metric, sample, obj)))

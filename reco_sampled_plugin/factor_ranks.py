@@ -285,11 +285,15 @@ def factor_ranks_padded(
     ties: str = "pessimistic",
     count_other_positives: bool = True,
     tile_elements: int | None = None,
+    *,
+    bounded: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Exact ranks from validated factors (:func:`check_factors`) and padded indices
     (:func:`~reco_sampled_plugin.ranking.prepare_index`); ``ties`` pessimistic, optimistic or average.
 
     One host synchronisation (the overflow bound), none per tile; tiles per :func:`tile_shape`; autocast off.
+    ``bounded``: the caller has ruled out overflow itself (``|u_b| max |v_j| < score_limit`` and ``|bias| <
+    score_limit``, e.g. :func:`overflow_rows` read with its other checks): no host synchronisation at all.
     Returns the (B, P) ranks and the positives' (B, P) dot-product scores (+inf in padded slots), or None
     in their place when the factors could overflow and the materialized scores were ranked instead.
     """
@@ -300,7 +304,7 @@ def factor_ranks_padded(
     with _exact_precision(u.device):
         # no score can overflow when |u| |v| + |bias| stays below the dtype's largest value (Cauchy-Schwarz);
         # otherwise rank the materialized scores, whose NaN/inf check then names the rows
-        if not _overflow_bound(u, v, bias) < score_limit(u.dtype):
+        if not bounded and not _overflow_bound(u, v, bias) < score_limit(u.dtype):
             scores = u @ v.T if bias is None else torch.addmm(bias, u, v.T)
             if ties == TIE_BOUNDS:
                 return exact_ranks_padded(scores, pos, exc, ties, count_other_positives, check_finite=True), None

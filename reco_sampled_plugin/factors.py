@@ -40,6 +40,7 @@ M) and reports the cost.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ from .adaptive import adaptive_sampled_ranks
 from .ranking import (END_TIES, TIE_BOUNDS, SampledRanks, check_ties, exact_ranks_padded, sampled_ranks,
                       tied_positives)
 from ._popularity import PopularityStats
+from ._share import keyed_choice
 from .user_metrics import SortedRanks, values_from_sorted
 from .tie_expectation import expected_dcg, expected_metric_values
 from ._types import TensorLike
@@ -237,6 +239,8 @@ class SampledEvaluation:
     sample_sizes: torch.Tensor | None = None
     adaptive_max: int | None = None
     popularity_stats: PopularityStats | None = None
+    share_ranks: torch.Tensor | None = None
+    inclusion: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -357,9 +361,6 @@ def _sampling_design(n_samples: int | SamplingDesign | None,
     if design.exact_at_cap:  # its summary estimates from bare sampled ranks: the exact ranks would be dropped
         raise ValueError("n_samples: exact_at_cap is not supported by evaluate_factors (its sampled summary "
                          "corrects bare sampled ranks); use adaptive_sampled_ranks and estimate(metric, sampled)")
-    if design.exact_share is not None:  # the factor path draws no exact share yet: refused, not dropped
-        raise ValueError("n_samples: exact_share is not supported by evaluate_factors yet; draw with sampled_ranks "
-                         "(scores = users @ items.T) or sampled_ranks_from_scorer and estimate(metric, sampled)")
     entry = None if correction is None else registry.get(correction)
     if entry is not None and not entry.supports(design):
         name = entry.name
@@ -715,7 +716,12 @@ def evaluate_factors(
             weights (``method="hh"`` corrects AUC (``metrics=["roc_auc"]``), ``"pl_fit"`` every metric,
             ``"none"`` reports the sampled metrics; docs/popularity.md); ``adaptive_max`` (a test item ranked
             first among its m samples draws m more, m doubling, up to the cap; ``method`` then one that takes
-            adaptive designs, ``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``).
+            adaptive designs, ``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``). ``exact_share``
+            (``SamplingDesign(m, exact_share=ExactShare(s))``, uniform or active): the keyed share of the test items
+            (keyed by user index and item) keeps its exact ranks beside the sampled ones
+            (``SampledEvaluation.share_ranks``, ``inclusion``), and ``method="auto"`` (or ``"diff"``) gives the
+            design-based estimate (docs/estimators.md); the exact ranks cost nothing extra (every test item is
+            ranked exactly here anyway).
         method: an estimator for corrected estimates next to the exact values: a registered name
             (``reco_sampled_plugin.registry.names()``: ``"bv"``, ``"cls"``, ``"mle"``...) or its options object
             (``registry.Bv(gamma=0.2)``); it must support the design (``registry.get(method).supports(design)``).
@@ -784,6 +790,7 @@ def _sample_batch(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor, ra
         empty = torch.zeros(0, dtype=torch.int64, device=pos.device)
         return empty, empty, empty, empty.to(ranks.dtype), empty, empty, None
     exc_arg = exc if exc.shape[1] else None
+    design = dataclasses.replace(design, exact_share=None)  # the share is chosen on the whole sample (_with_share)
     if design.adaptive is None:
         res = sampled_ranks(scores, pos, design, exclude=exc_arg, generator=gen, ties=ties, check_finite=False)
         sizes: Any = torch.full_like(pos, design.n_samples)  # adaptive: the draws' sizes (always set there)
@@ -812,7 +819,15 @@ def _sampled_result(per_user: dict, parts: list, base_specs: list[MetricSpec], d
     kept = [p[6] for p in parts if p[6] is not None]
     stats = PopularityStats.cat(kept) if kept else None
     m, adaptive = design.n_samples, design.adaptive
-    sampled = SampledEvaluation(users, items, sranks, eranks, n_single, m, sizes, design.adaptive_max, stats)
+    drawn = None
+    if users.numel():
+        if design.popularity is not None:  # the draw's statistics travel with the ranks (hh reads them)
+            drawn = SampledRanks(sranks, n_single, None, design, popularity_stats=stats)
+        else:  # the per-positive final m of an adaptive design, else the design's m
+            drawn = SampledRanks.from_arrays(sranks, n_single, m if adaptive is None else sizes, design)
+        drawn = _with_share(drawn, users, items, eranks)
+    sampled = SampledEvaluation(users, items, sranks, eranks, n_single, m, sizes, design.adaptive_max, stats,
+                                None if drawn is None else drawn.share_ranks, None if drawn is None else drawn.inclusion)
     cost = None
     if adaptive is not None and users.numel():
         cost = adaptive_cost(as_histogram(sranks, n_single, sizes), adaptive).as_dict()
@@ -833,12 +848,9 @@ def _sampled_result(per_user: dict, parts: list, base_specs: list[MetricSpec], d
 
             if users.numel() == 0:
                 raise ValueError("method: no test item could be sampled (no evaluated user)")
+            assert drawn is not None  # built above for every sampled test item
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
-                if design.popularity is not None:  # the draw's statistics travel with the ranks (hh reads them)
-                    drawn = SampledRanks(sranks, n_single, None, design, popularity_stats=stats)
-                else:  # the per-positive final m of an adaptive design, else the design's m
-                    drawn = SampledRanks.from_arrays(sranks, n_single, m if adaptive is None else sizes, design)
                 est = estimate(spec, drawn, correction)
             estimates[spec.column] = est
             row["corrected"] = float(est.value)
@@ -852,3 +864,18 @@ def _sampled_result(per_user: dict, parts: list, base_specs: list[MetricSpec], d
 
         summary = pd.DataFrame.from_dict(summary, orient="index")
     return FactorEvaluation(per_user, sampled, summary, estimates)
+
+
+def _with_share(drawn: SampledRanks, users: torch.Tensor, items: torch.Tensor, eranks: torch.Tensor) -> SampledRanks:
+    """``drawn`` (every test item's sampled ranks, flat) with its design's exact share (itself without one): pi from
+    the whole sample (``_design_based.share_inclusion``: an active share fits the model on every item's sampled
+    ranks), the keyed choice of (share seed, user index, item) as the core's draws choose (``_share.keyed_choice``),
+    and the chosen items' exact ranks, already computed for every test item (no scoring beyond the exact pass)."""
+    share = None if drawn.design is None else drawn.design.exact_share
+    if share is None:
+        return drawn
+    from ._design_based import share_inclusion
+
+    pi = torch.as_tensor(share_inclusion(drawn, share), dtype=torch.float64, device=users.device)
+    chosen = keyed_choice(share.seed, users, items.view(-1, 1), pi.view(-1, 1)).view(-1)
+    return dataclasses.replace(drawn, share_ranks=torch.where(chosen, eranks, torch.zeros_like(eranks)), inclusion=pi)

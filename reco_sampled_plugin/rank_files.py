@@ -34,6 +34,7 @@ first error with its line. ``tests/test_readers.py`` checks the two readers agre
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 import os
@@ -48,6 +49,7 @@ import numpy as np
 
 from ._checks import MAX_SIZE, check_real_array, check_size
 from .design import SamplingDesign
+from ._share import with_share_arrays
 from .ranking import END_TIES, SampledRanks
 
 __all__ = ["RankFile", "read_rank_file", "write_rank_file", "read_ncf"]
@@ -57,6 +59,9 @@ _SPLIT = re.compile(r"[,\t ;]+")
 _FIELDS = re.compile(r" *[,;\t] *| +")
 _WHOLE = re.compile(r"[+-]?[0-9]+")
 _INT64_MAX = 2**63 - 1
+#: The header of a rank file with an exact share (required: it tells the file from a popularity-sampled one):
+#: exact_rank empty where the positive was not chosen, inclusion its probability pi on every line
+SHARE_HEADER = ("sampled_rank", "n_candidates", "n_samples", "exact_rank", "inclusion")
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,8 @@ class RankFile:
     n_samples: np.ndarray
     hh_s1: np.ndarray | None = None
     hh_s2: np.ndarray | None = None
+    exact_rank: np.ndarray | None = None
+    inclusion: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         """The columns checked and normalised (built by hand as well as by the readers): ranks, n and m whole numbers
@@ -95,6 +102,42 @@ class RankFile:
                 object.__setattr__(self, name, a)
         for name, c in cols.items():
             object.__setattr__(self, name, c)
+        if self.exact_rank is not None or self.inclusion is not None:
+            self._check_share()
+
+    def _check_share(self) -> None:
+        """An exact share's columns (:data:`SHARE_HEADER`): both, one value per positive, not with popularity
+        statistics; exact_rank whole in 0..n (0: not chosen), inclusion in (0, 1]."""
+        if self.exact_rank is None or self.inclusion is None or self.hh_s1 is not None:
+            raise ValueError("exact_rank: give exact_rank and inclusion together, without hh_s1 / hh_s2")
+        e = check_real_array(self.exact_rank, "exact_rank", "whole numbers (one per positive)")
+        p = check_real_array(self.inclusion, "inclusion")
+        if e.shape != self.ranks.shape or p.shape != self.ranks.shape:
+            raise ValueError("exact_rank: expected one exact rank (0: not chosen) and one inclusion probability per "
+                             "positive")
+        bad = ~(np.isfinite(e) & (e == np.round(e)) & (e >= 0) & (e <= self.n_items))
+        if bool(bad.any()):
+            k = int(np.argmax(bad))
+            raise ValueError(f"exact_rank: entry {k} is {float(e[k])!r}, expected a whole number in 1..n = "
+                             f"1..{int(self.n_items[k])} (0 or an empty field: not chosen)")
+        bad = ~(np.isfinite(p) & (p > 0) & (p <= 1))
+        if bool(bad.any()):
+            k = int(np.argmax(bad))
+            raise ValueError(f"inclusion: entry {k} is {float(p[k])!r}, expected a probability in (0, 1]")
+        object.__setattr__(self, "exact_rank", e.astype(np.int64))
+        object.__setattr__(self, "inclusion", p.astype(np.float64))
+
+    def share_design(self, design: SamplingDesign) -> SamplingDesign:
+        """``design`` with this file's exact share (itself without one): ``ExactShare(pi)`` where every positive had
+        the same inclusion probability pi, else an active share of their mean (its floor the least pi)."""
+        from .design import ExactShare
+
+        if self.inclusion is None or design.exact_share is not None:
+            return design
+        p = self.inclusion
+        share = (ExactShare(float(p[0])) if bool((p == p[0]).all()) else
+                 ExactShare(float(p.mean()), choice="active", floor=float(p.min())))
+        return dataclasses.replace(design, exact_share=share)
 
     @property
     def popularity(self) -> bool:
@@ -125,7 +168,10 @@ class RankFile:
             sizes = None
             if design.adaptive_max is not None or bool((self.n_samples != design.n_samples).any()):
                 sizes = torch.from_numpy(self.n_samples.astype(np.int64))
-            return SampledRanks(r, torch.from_numpy(self.n_items.astype(np.int64)), None, design, sizes)
+            out = SampledRanks(r, torch.from_numpy(self.n_items.astype(np.int64)), None, self.share_design(design), sizes)
+            if self.exact_rank is None:
+                return out
+            return with_share_arrays(out, torch.from_numpy(self.exact_rank), torch.from_numpy(self.inclusion))
         if design is not None:
             raise ValueError("design: a popularity-sampled rank file carries its own design (popularity draws)")
         ms = np.unique(self.n_samples)
@@ -278,6 +324,8 @@ def read_rank_file(path: str | os.PathLike, n_items: int | None = None, n_sample
         n_samples = check_size(n_samples, "n_samples", 1, MAX_SIZE)
     path = Path(path)
     data = _read_bytes(path)
+    if _names_share(data):
+        return _share_rank_file(path, data)
     table = _rank_table(data, n_items, n_samples)
     return table if table is not None else _rank_file_by_line(path, data, n_items, n_samples)
 
@@ -388,20 +436,7 @@ def _rank_file_by_line(path: Path, data: bytes, n_items: int | None, n_samples: 
             raise ValueError(f"{path}:{number}: expected 'rank[,n_candidates[,n_samples]]' or, on every line of a "
                              f"popularity-sampled file, 'rank,n_candidates,n_samples,hh_s1,hh_s2', got {len(fields)} "
                              "fields")
-        r = _int(fields[0], path, number, "rank")
-        n = _int(fields[1], path, number, "n_candidates") if len(fields) > 1 else n_items
-        m = _int(fields[2], path, number, "n_samples") if len(fields) > 2 else n_samples
-        if n is None:
-            raise ValueError(f"{path}:{number}: no candidate count on the line and no --n-items given")
-        if m is None:
-            raise ValueError(f"{path}:{number}: no sample size on the line and no --n-samples given")
-        if m < 1 or n < 2:
-            raise ValueError(f"{path}:{number}: need n_candidates >= 2 and n_samples >= 1, got n = {n}, m = {m}")
-        if max(n, m) > MAX_SIZE:
-            raise ValueError(f"{path}:{number}: n_candidates and n_samples are at most 2^40 = {MAX_SIZE}, got n = {n}, "
-                             f"m = {m}")
-        if not 1 <= r <= m + 1:
-            raise ValueError(f"{path}:{number}: sampled rank {r} outside 1..m+1 = 1..{m + 1}")
+        r, n, m = _rank_fields(fields, path, number, n_items, n_samples)
         if len(fields) == 5:
             s1, s2 = _float(fields[3], path, number, "hh_s1"), _float(fields[4], path, number, "hh_s2")
             _check_hh(r - 1, s1, s2, path, number)
@@ -415,6 +450,69 @@ def _rank_file_by_line(path: Path, data: bytes, n_items: int | None, n_samples: 
     hh = (np.asarray(s1s, dtype=np.float64), np.asarray(s2s, dtype=np.float64)) if s1s else (None, None)
     return RankFile(np.asarray(ranks, dtype=np.int64), np.asarray(ns, dtype=np.int64), np.asarray(ms, dtype=np.int64),
                     *hh)
+
+
+def _rank_fields(fields: list[str], path: Path, number: int, n_items: int | None,
+                 n_samples: int | None) -> tuple[int, int, int]:
+    """(r~, n, m) of a line's first fields (n, m from the defaults where the line has none), checked."""
+    r = _int(fields[0], path, number, "rank")
+    n = _int(fields[1], path, number, "n_candidates") if len(fields) > 1 else n_items
+    m = _int(fields[2], path, number, "n_samples") if len(fields) > 2 else n_samples
+    if n is None:
+        raise ValueError(f"{path}:{number}: no candidate count on the line and no --n-items given")
+    if m is None:
+        raise ValueError(f"{path}:{number}: no sample size on the line and no --n-samples given")
+    if m < 1 or n < 2:
+        raise ValueError(f"{path}:{number}: need n_candidates >= 2 and n_samples >= 1, got n = {n}, m = {m}")
+    if max(n, m) > MAX_SIZE:
+        raise ValueError(f"{path}:{number}: n_candidates and n_samples are at most 2^40 = {MAX_SIZE}, got n = {n}, "
+                         f"m = {m}")
+    if not 1 <= r <= m + 1:
+        raise ValueError(f"{path}:{number}: sampled rank {r} outside 1..m+1 = 1..{m + 1}")
+    return r, n, m
+
+
+def _names_share(data: bytes) -> bool:
+    """Whether the file's header (its first data line, without digits in its first field) names ``exact_rank``."""
+    text = _utf8_text(data)
+    first = None if text is None else _data_line(text, 0)
+    if first is None:
+        return False
+    fields = [f.strip().lower() for f in _fields(first[0])]
+    return not any(ch.isdigit() for ch in fields[0]) and "exact_rank" in fields
+
+
+def _share_rank_file(path: Path, data: bytes) -> RankFile:
+    """A rank file with an exact share: the header :data:`SHARE_HEADER`, then per positive
+    ``sampled_rank,n_candidates,n_samples,exact_rank,inclusion`` (one comma, semicolon or tab between fields; exact_rank
+    empty where the positive was not chosen). The first error names its line."""
+    cols: list[tuple[int, int, int, int, float]] = []
+    lines = _lines(path, data)
+    number, text = next(lines)
+    header = tuple(f.strip().lower() for f in _fields(text))
+    if header != SHARE_HEADER:
+        raise ValueError(f"{path}:{number}: a rank file with exact ranks needs the header {','.join(SHARE_HEADER)} "
+                         f"(exact_rank empty where the positive was not chosen), got {text!r}")
+    for number, text in lines:
+        fields = [f.strip() for f in re.split(r"[,;\t]", text.replace('"', ""))]
+        if len(fields) != len(SHARE_HEADER):
+            raise ValueError(f"{path}:{number}: expected {len(SHARE_HEADER)} fields {','.join(SHARE_HEADER)}, got "
+                             f"{len(fields)}")
+        if "" in fields[:3] or not fields[4]:
+            raise ValueError(f"{path}:{number}: empty field in {text!r} (only exact_rank may be empty)")
+        r, n, m = _rank_fields(fields, path, number, None, None)
+        e = _int(fields[3], path, number, "exact_rank") if fields[3] else 0
+        if fields[3] and not 1 <= e <= n:
+            raise ValueError(f"{path}:{number}: exact_rank {e} outside 1..n = 1..{n} (leave it empty where the "
+                             "positive was not chosen)")
+        p = _float(fields[4], path, number, "inclusion")
+        if not 0 < p <= 1:
+            raise ValueError(f"{path}:{number}: inclusion {fields[4]!r} must be a probability in (0, 1]")
+        cols.append((r, n, m, e, p))
+    if not cols:
+        raise ValueError(f"{path}: no ranks found")
+    r_, n_, m_, e_, p_ = (np.asarray(c) for c in zip(*cols))
+    return RankFile(r_, n_, m_, exact_rank=e_, inclusion=p_.astype(np.float64))
 
 
 def _estimate_flags(design: SamplingDesign) -> str:
@@ -466,10 +564,10 @@ def write_rank_file(path: str | os.PathLike, sampled: SampledRanks) -> Path:
     if sampled.exact_ranks is not None:  # the format has no column for them: refused, not dropped
         raise ValueError("sampled: exact_at_cap ranks cannot be written to a rank file (it has no column for the "
                          "exact ranks of the completed positives); estimate in Python: estimate(metric, sampled)")
-    if sampled.share_ranks is not None:  # no column for the exact share either: refused, not dropped
-        raise ValueError("sampled: ranks with an exact share cannot be written to a rank file (it has no column for "
-                         "the share's exact ranks and inclusion probabilities); estimate in Python: "
-                         "estimate(metric, sampled)")
+    share = sampled.share_ranks is not None
+    if share and design.popularity is not None:  # the five columns of either: one file cannot hold both
+        raise ValueError("sampled: popularity-sampled ranks with an exact share cannot be written to a rank file "
+                         "(its columns hold the exact share or the Hansen-Hurwitz statistics); estimate in Python")
     ranks = sampled.ranks.cpu()
     if ranks.is_floating_point() and not bool((ranks == ranks.floor()).all()):
         raise ValueError("sampled: the ranks are not whole (ties='average'); draw with ties='pessimistic' or "
@@ -495,12 +593,18 @@ def write_rank_file(path: str | os.PathLike, sampled: SampledRanks) -> Path:
         lines.append(f"# scorer cost: {cost.pairs:,} pairs in {cost.calls:,} calls, {cost.scorer_seconds:.6g} s in "
                      f"the scorer ({per_pair:.6g} s per pair: reco-sampled plan --seconds-per-pair), "
                      f"{cost.loop_seconds:.6g} s in the loop; full ranking: {cost.full_pairs:,} pairs")
-    lines.append("sampled_rank,n_candidates,n_samples" + (",hh_s1,hh_s2" if design.popularity is not None else ""))
+    lines.append(",".join(SHARE_HEADER) if share else
+                 "sampled_rank,n_candidates,n_samples" + (",hh_s1,hh_s2" if design.popularity is not None else ""))
     path = Path(path)
     try:
         with open(path, "w", encoding="utf-8", newline="\n") as fh:
             fh.write("\n".join(lines) + "\n")
-            if design.popularity is None:
+            if share:  # exact_rank empty where not chosen; pi to 17 significant digits: read back exactly
+                assert sampled.share_ranks is not None and sampled.inclusion is not None
+                e = sampled.share_ranks.cpu()[keep].to(torch.int64).tolist()
+                p = sampled.inclusion.cpu()[keep].to(torch.float64).tolist()
+                fh.writelines(f"{r},{n},{k},{x or ''},{q!r}\n" for (r, n, k), x, q in zip(table.tolist(), e, p))
+            elif design.popularity is None:
                 np.savetxt(fh, table, fmt="%d", delimiter=",")
             else:  # the statistics to 17 significant digits: read back exactly
                 fh.writelines(f"{r},{n},{k},{a!r},{b!r}\n" for (r, n, k), (a, b) in

@@ -271,19 +271,8 @@ def test_histogram_path_matches_the_positives_and_merges(matrix):
 
 
 def test_entry_points_without_a_share_refuse_it():
-    """Where no exact share is drawn yet (factor models, the adapters' merged state, rank files, the planner) a
-    design with one is refused, naming it, never silently dropped."""
-    from reco_sampled_plugin.adapters._shared import _sampled_design  # the adapters' one check (no torchmetrics import)
-    from reco_sampled_plugin.rank_files import write_rank_file
-
+    """Where no exact share is drawn yet (the planner) a design with one is refused, naming it, never silently
+    dropped (the adapters, evaluate_factors and rank files take it: tests/test_design_based_entry_points.py)."""
     design = SamplingDesign(10, exact_share=0.2)
-    with pytest.raises(ValueError, match=r"^n_samples: exact_share .*SampledRankingMetrics"):
-        _sampled_design(design)
-    pos = torch.arange(4).view(4, 1)
-    with pytest.raises(ValueError, match=r"^n_samples: exact_share .*evaluate_factors"):
-        rsp.evaluate_factors(torch.randn(4, 3), torch.randn(30, 3), pos, n_samples=design)
-    scores, positives = _matrix(20, 60)
-    with pytest.raises(ValueError, match=r"^sampled: ranks with an exact share cannot be written"):
-        write_rank_file("unused.csv", rsp.sampled_ranks(scores, positives, design))
     with pytest.raises(ValueError, match=r"^designs: .*exact share"):
         rsp.plan(2000, 500, "ndcg@10", 0.05, designs=[design])

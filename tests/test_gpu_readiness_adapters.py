@@ -8,12 +8,16 @@
 * Temporaries: the largest tensor an ``update`` builds stays within the score block (or one factor tile / gather
   chunk) plus O(B (P + E + m)); never B x P m x d gathered factors or B x n x P comparisons.
 * Device: states live on the metric's device, keyed draws on the inputs' device.
+* An exact share adds nothing to score and factor batches (a static capacity of rows on an accelerator, probed
+  here on the CPU with ``_SHARE_READS_ON_CPU = False``); a scorer batch reads its chosen rows, beside the calls'
+  own checks.
 """
 
 from __future__ import annotations
 
 import contextlib
 import sys
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -31,7 +35,7 @@ from reco_sampled_plugin.adapters._shared import padded_inputs  # noqa: E402
 from reco_sampled_plugin.factor_ranks import _GATHER_ELEMENTS as GATHER_ELEMENTS  # noqa: E402
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
 from reco_sampled_plugin.factor_ranks import TILE_ELEMENTS  # noqa: E402
-from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
+from reco_sampled_plugin.design import ExactShare, SamplingDesign  # noqa: E402
 
 # the adapters' own host synchronisations per update (beyond the core functions they call)
 OWN = {
@@ -43,6 +47,10 @@ OWN = {
     "exact_factors": 0,
     "sampled_factors": 1,  # the validation read, the factors' NaN/inf check fused into it
     "sampled_factors_adaptive": 1 + 3,
+    # an exact share, as on an accelerator (a static capacity of rows: nothing read of which were chosen; a factor
+    # batch's overflow bound for the share's tiles joins the validation read): none more than without
+    "sampled_share": 1,
+    "sampled_factors_share": 1,
 }
 # the core's budget for what one update calls of it (validation of the indices, the exact counts / the factor
 # tiles' overflow bound): at most 4, like exact_ranks and sampled_ranks themselves
@@ -111,7 +119,8 @@ def _case(name):
     kw = dict(metrics=("ndcg@10", "hit@5", "auc"), estimators=("none",))
     if name.startswith("exact"):
         return ExactRankingMetrics(kw["metrics"], check_finite="positives" if name == "exact_positives" else True)
-    design = SamplingDesign(20, replacement="noreplace" not in name, adaptive_max=160 if "adaptive" in name else None)
+    design = SamplingDesign(20, replacement="noreplace" not in name, adaptive_max=160 if "adaptive" in name else None,
+                            exact_share=ExactShare(0.3) if "share" in name else None)
     return SampledRankingMetrics(**kw, n_samples=design)
 
 
@@ -131,6 +140,7 @@ def test_update_syncs_are_constant_in_batch_and_catalogue_size(name, device, mon
     """Total, core and own synchronisations of an update (the second: the first may read a fresh state) are the
     same for B in (8, 64) and n in (500, 3000); the adapter's own count is OWN[name], the total at most
     CORE_BUDGET + OWN[name]."""
+    monkeypatch.setattr(tm, "_SHARE_READS_ON_CPU", False)  # an exact share's accelerator path, on any device
     got = []
     with _core_attributed(monkeypatch) as box:
         for b, n in SIZES:
@@ -178,6 +188,29 @@ def test_callback_batch_syncs_are_constant(device, monkeypatch):
         assert len(set(got)) == 1, (protocol, exact, got)
         assert got[0][2] == 1, (protocol, exact, got, dict(calls))
         assert got[0][0] <= CORE_BUDGET + 1, (protocol, exact, got, dict(calls))
+
+
+def test_scorer_batch_share_reads_its_chosen_rows_only(device):
+    """A scorer batch with an exact share: beside the scorer calls' own checks (one per call, as every call's), the
+    share adds the read of its chosen rows (which, and the longest candidate list to score: the rows are scored
+    whole, each once) and the filter of the state's rows, the same for two B and two n; on an accelerator the
+    scorer loop synchronises at every call anyway (timing), so these reads add no wait."""
+    got = []
+    for b, n in SIZES:
+        scores, pos, exc, ids = _data(b, n, device)
+        counts, calls = [], []
+        for share in (None, ExactShare(0.3)):
+            metric = SampledRankingMetrics(("ndcg@10",), n_samples=SamplingDesign(20, exact_share=share),
+                                           estimators=("none",)).to(device)
+            for _ in range(2):  # the second: the first may read a fresh state
+                with SyncCounter() as counter:
+                    metric.update_from_scorer(lambda u, items: scores[u].gather(1, items), pos, n, exc, ids=ids)
+            counts.append(counter.calls)
+            calls.append(metric.scoring_cost().calls // 2)
+        extra = counts[1] - counts[0]
+        assert calls[1] > calls[0] and extra["__bool__"] == calls[1] - calls[0], (b, n, extra, calls)  # per call
+        got.append(extra - Counter({"__bool__": calls[1] - calls[0]}))
+    assert got[0] == got[1] == got[2] == got[3] == {"nonzero": 1, "__int__": 1, "x[bool mask]": 1}, got
 
 
 def test_states_and_draws_live_on_the_metric_device(device):

@@ -20,12 +20,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _lightning_helpers as H  # noqa: E402
 
 from reco_sampled_plugin import registry  # noqa: E402
+from reco_sampled_plugin._hash import keyed_uniform  # noqa: E402
 from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings, callback_class  # noqa: E402
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
-from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
+from reco_sampled_plugin.design import ExactShare, SamplingDesign  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "lightning" / "mf_ml100k.py"
 OPTS = dict(n_samples=20, estimators=("none", "bv", "bound"), max_n_groups=None)  # RankingSettings
+# an exact share of half the relevant items (`auto`: the design-based estimate), sampled metrics only
+SHARE = dict(n_samples=SamplingDesign(20, exact_share=ExactShare(0.5, seed=3)), estimators=("auto",),
+             max_n_groups=None, exact=False)
+SHARE_METRICS = ("ndcg@10", "hit@5")
 METRICS = ("ndcg@10", "hit@5", "auc")
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
@@ -49,11 +54,13 @@ def _loader(index=None, batch_size=8):
     return DataLoader(H.UserDataset(index), batch_size=batch_size)
 
 
-def _plain_loop(index=None, batch_size=8, ids=True):
-    """The same quantities from the torchmetrics classes in a plain loop (no Lightning)."""
+def _plain_loop(index=None, batch_size=8, ids=True, share=False):
+    """The same quantities from the torchmetrics classes in a plain loop (no Lightning); ``share``: the sampled
+    metrics of :data:`SHARE` (an exact share) instead."""
     model = H.SyntheticModule()
     exact = ExactRankingMetrics(METRICS)
-    sampled = SampledRankingMetrics(METRICS, **OPTS)
+    sampled = SampledRankingMetrics.from_settings(RankingSettings(SHARE_METRICS, **SHARE) if share else
+                                                  RankingSettings(METRICS, **OPTS))
     pos = 0
     with torch.no_grad():
         for batch in _loader(index, batch_size):
@@ -63,8 +70,8 @@ def _plain_loop(index=None, batch_size=8, ids=True):
             pos += b
             exact.update(out["scores"], out["positives"], out["exclude"])
             sampled.update(out["scores"], out["positives"], out["exclude"], ids=key)
-    res = {f"val/{k.replace('@', '_at_')}": e for k, e in {**exact.estimates(), **sampled.estimates()}.items()}
-    return res
+    states = sampled.estimates() if share else {**exact.estimates(), **sampled.estimates()}
+    return {f"val/{k.replace('@', '_at_')}": e for k, e in states.items()}
 
 
 def _values(cb, stage="validate"):
@@ -76,9 +83,19 @@ def _values(cb, stage="validate"):
 def test_step_protocol_and_score_fn_equal_plain_loop(tmp_path, protocol):
     """Scores from the step, from score_fn, or the step's factors (scored in tiles by the callback): the
     same values as the torchmetrics classes fed the score matrix in a plain loop."""
-    cb = RankingMetricsCallback(RankingSettings(METRICS, **OPTS), score_fn=H.score_fn if protocol == "score_fn" else None)
-    trainer = _trainer(tmp_path, [cb])
+    score_fn = H.score_fn if protocol == "score_fn" else None
+    cb = RankingMetricsCallback(RankingSettings(METRICS, **OPTS), score_fn=score_fn)
+    # with factors, an exact share too: the callback ranks the chosen rows in tiles
+    shared = RankingMetricsCallback(RankingSettings(SHARE_METRICS, **SHARE), prefix="sh_")
+    trainer = _trainer(tmp_path, [cb] + [shared] * (protocol == "factors"))
     trainer.validate(H.SyntheticModule(protocol=protocol), _loader(), verbose=False)
+    if protocol == "factors":  # the plain loop's design-based estimates (from the score matrix)
+        want = {"sh_" + k: e for k, e in _plain_loop(share=True).items()}
+        assert set(shared.results["validate"]) == set(want) and len(want) == 2
+        for k, e in want.items():
+            got_e = shared.results["validate"][k]
+            assert (got_e.value, got_e.stderr) == pytest.approx((e.value, e.stderr), abs=1e-12), k
+            assert got_e.details["method"] == "diff" and got_e.details["n_exact"] == e.details["n_exact"] > 10, k
     expected = _plain_loop()
     got = cb.results["validate"]
     assert set(got) == set(expected)
@@ -260,7 +277,8 @@ def test_ddp_two_processes_equal_one(tmp_path):
     def callbacks():
         return [RankingMetricsCallback(RankingSettings(METRICS, **opts)),
                 RankingMetricsCallback(RankingSettings(METRICS, **opts), prefix="raw_", dedup_padding=False),
-                RankingMetricsCallback(RankingSettings(METRICS, exact=False, **adaptive), prefix="ad_")]
+                RankingMetricsCallback(RankingSettings(METRICS, exact=False, **adaptive), prefix="ad_"),
+                RankingMetricsCallback(RankingSettings(SHARE_METRICS, **SHARE), prefix="sh_")]
 
     two = _spawned(tmp_path, "ddp", callbacks(), _loader(batch_size=8), devices=2, strategy="ddp_spawn", return_ids=False)
     one = _spawned(tmp_path, "one", callbacks(), _loader(batch_size=8), devices=1, return_ids=False)
@@ -273,10 +291,15 @@ def test_ddp_two_processes_equal_one(tmp_path):
     assert n_pos == 50 and int((positives[0] >= 0).sum()) == 2
     r0, r1 = two["rank0_of2.json"], two["rank1_of2.json"]
     ref, ref_padded = one["rank0_of1.json"], padded["rank0_of1.json"]
-    dedup_keys = [k for k in ref if not k.startswith(("raw_", "ad_"))]
+    dedup_keys = [k for k in ref if not k.startswith(("raw_", "ad_", "sh_"))]
     adaptive_keys = [k for k in ref if k.startswith("ad_")]
-    assert len(adaptive_keys) == len(METRICS) * 2
-    for k in adaptive_keys:  # adaptive states (rows of every stage) sync as a sum too
+    share_keys = [k for k in ref if k.startswith("sh_")]
+    chosen = (positives >= 0) & (keyed_uniform(3, torch.arange(37).view(-1, 1), positives.clamp(min=0)) < 0.5)
+    assert (int(chosen[0::2].sum()), int(chosen[1::2].sum())) == (10, 16)  # share rows per process: padded to 16
+    assert len(adaptive_keys) == len(METRICS) * 2 and len(share_keys) == len(SHARE_METRICS)
+    # the exact share's rows (a different number per process: padded, gathered, the padding dropped) and the
+    # adaptive states (rows of every stage, summed) sync to the one process's estimates
+    for k in adaptive_keys + share_keys:
         assert r0[k] == r1[k], k
         for a, b in zip(r0[k], ref[k]):
             assert a == pytest.approx(b, abs=1e-9, rel=0), k

@@ -70,7 +70,9 @@ class RankingSettings:
             adaptive: ``SamplingDesign(m, adaptive_max=cap)``) or popularity draws with replacement
             (``SamplingDesign(m, popularity=w)``); None: no sampled metrics. Kept as given; :attr:`design` is the
             SamplingDesign (an int m is ``SamplingDesign(m)``). ``exact_at_cap`` is refused: the sampled state holds
-            sampled-rank counts.
+            sampled-rank counts. A uniform exact share (``SamplingDesign(m, exact_share=ExactShare(s))``; not with
+            popularity draws, not ``choice="active"``) also ranks the keyed share of the positives exactly; ``auto``
+            (and ``diff``) then give the design-based estimate.
         estimators: the estimators run on the sampled ranks, each a registered name (``registry.names()``) or a
             method object with its options (``registry.Bv(gamma=0.2)``, ``Mes(n_bootstrap=8)``: checked when
             built), whose entry supports the design; ``"none"`` is the plain sampled metric. Each is reported under
@@ -162,10 +164,16 @@ def _sampled_design(n_samples: Any) -> SamplingDesign | None:
                          "RankingMetricsCallback): its state holds sampled-rank counts per stage, not exact ranks; "
                          "draw with adaptive_sampled_ranks or sampled_ranks_from_scorer and estimate(metric, sampled) "
                          "instead")
-    if design.exact_share is not None:  # the merged state holds sampled-rank counts only, no share yet
-        raise ValueError("n_samples: exact_share is not supported by SampledRankingMetrics (nor by "
-                         "RankingMetricsCallback) yet; draw with sampled_ranks or sampled_ranks_from_scorer and "
-                         "estimate(metric, sampled) instead")
+    share = design.exact_share
+    if share is not None and share.choice != "uniform":  # pi would need a fit of every batch's sampled ranks
+        raise ValueError("n_samples: an active exact share (choice='active') sets each positive's probability from "
+                         "the model's fit of the whole sample, which a streaming metric does not hold while it "
+                         "counts; use ExactShare(share) (uniform) here, or draw with sampled_ranks or "
+                         "sampled_ranks_from_scorer and estimate(metric, sampled)")
+    if share is not None and design.popularity is not None:
+        raise ValueError("n_samples: an exact share with a popularity design is not supported by "
+                         "SampledRankingMetrics (nor by RankingMetricsCallback); draw with sampled_ranks(scores, "
+                         "positives, design) and estimate(metric, sampled)")
     if design.law not in ("binomial", "hypergeometric", "popularity"):  # a new law: refused
         raise ValueError(f"n_samples: the keyed draws of SampledRankingMetrics are uniform or by popularity; "
                          f"{design!r} ({design.law} draws) is not supported")

@@ -47,8 +47,9 @@ sampled batch (finite scores or factors, pools large enough to draw from) is kep
 one synchronisation (``_keyed.DeviceChecks``), plus one per adaptive stage (which rows go on) and, without
 replacement, one duplicate check; exact metrics add none of their own (masked sums). Nothing per batch reads a
 state back: histogram rows are grown from the batch's shapes (e <= E + P - 1) and filled by an accumulating
-scatter, and the catalogue size is checked against the host's record. ``tests/test_gpu_readiness_adapters.py``
-counts them.
+scatter, and the catalogue size is checked against the host's record. An exact share adds no read to score and
+factor batches there (a static capacity of rows, :func:`share_capacity`; its rare overflow is counted on the device
+and refused at compute); scorer batches read their chosen rows. ``tests/test_gpu_readiness_adapters.py`` counts them.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ import time
 import warnings
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
+import numpy as np
 import torch
 from torchmetrics import Metric
 
@@ -79,10 +81,12 @@ from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin._types import TensorLike
 from reco_sampled_plugin.ranking import SampledRanks
 from reco_sampled_plugin.metrics import metric_from_float_ranks as _metric_from_float_ranks  # patched by name in tests
-from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded
-from reco_sampled_plugin.ranking import TIE_BOUNDS, padded_candidate_counts, exact_ranks_padded, prepare_index
+from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded, overflow_rows, score_limit
+from reco_sampled_plugin.ranking import (TIE_BOUNDS, complete_at_cap, padded_candidate_counts, exact_ranks_padded,
+                                         prepare_index)
 from reco_sampled_plugin.scorer_ranks import (DEFAULT_MAX_PAIRS, Scorer, ScorerCalls, ScoringCost, check_scorer,
-                                              check_users, full_ranking_pairs)
+                                              check_users, complete_from_scorer, full_ranking_pairs)
+from reco_sampled_plugin._share import ShareRows, keyed_choice
 from reco_sampled_plugin.tie_expectation import expected_single_item_values
 
 from ._shared import (
@@ -107,6 +111,14 @@ _POP_COLUMNS = ("sampled_rank", "n_candidates", "hh_s1", "hh_s2", "hh_beating", 
     f"{f}_{c}" for f in PROFILE_FIELDS for c in range(POP_BINS)) + ("positive_weight",)
 _POP_CLASS_AT = 6  # the first class-count column
 _POP_WEIGHT_AT = _POP_CLASS_AT + len(PROFILE_FIELDS) * POP_BINS  # the positive's weight
+# the ``share`` state's columns (an exact share): one row per chosen relevant item (on an accelerator one per slot of
+# the rows within the static capacity, exact_rank 0 where not chosen: no read of how many were chosen; dropped at
+# compute)
+_SHARE_COLUMNS = ("n_candidates", "n_samples", "sampled_rank", "exact_rank", "inclusion")
+#: On the CPU a read of which rows hold a chosen positive costs nothing (no device to wait for): only those rows are
+#: ranked and kept. On an accelerator (and on the CPU with this False: how the tests probe the accelerator's path)
+#: score and factor batches rank a static capacity of rows instead (:func:`share_capacity`), nothing read back.
+_SHARE_READS_ON_CPU = True
 
 
 def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
@@ -194,6 +206,78 @@ def _pad_rows(hist: torch.Tensor, rows: int) -> torch.Tensor:
     if hist.shape[0] >= rows:
         return hist
     return torch.cat([hist, hist.new_zeros(rows - hist.shape[0], hist.shape[1])])
+
+
+def share_exact_ranks(source: DrawnScores, chosen: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
+                      n_items: int, ties: str, pos_scores: torch.Tensor) -> torch.Tensor:
+    """Exact ranks R (among the row's irrelevant candidates and the positive, ``ranking.complete_at_cap``) of the
+    ``chosen`` (B, P) positives, 0 elsewhere, reading which rows hold one (one synchronisation): a score matrix's
+    rows; a factor model's rows (``factor_ranks_padded``: tiles, never the (B, n) matrix); a scorer's rows scored
+    whole (``scorer_ranks.complete_from_scorer``, their pairs in the calls' count). :func:`share_capacity_ranks`
+    is the form without a read."""
+    if isinstance(source, MatrixScores):
+        scores = source.scores
+        return complete_at_cap(chosen, pos, exc, n_items, ties, None, lambda idx: scores[idx])
+    if isinstance(source, FactorScores):
+        out = torch.zeros(chosen.shape, dtype=torch.int64, device=chosen.device)
+        rows = chosen.any(1).nonzero().squeeze(1)
+        if rows.numel():
+            r, _ = factor_ranks_padded(source.u[rows], source.v, source.bias, pos[rows],
+                                       None if exc is None else exc[rows], ties, False)
+            out[rows] = torch.where(chosen[rows], r.to(torch.int64), 0)
+        return out
+    assert isinstance(source, ScorerScores)
+    return complete_from_scorer(source.calls, chosen, pos, exc, source.users, pos_scores, n_items, ties, None)
+
+
+def share_capacity(rows: int, slots: int, share: float) -> int:
+    """The rows of a batch a static-shape exact share ranks: ``min(B, ceil(T s + 6 sqrt(T s (1 - s)) + 8))`` for B
+    rows of T = B P slots and share s. The rows holding a chosen positive number at most the chosen slots,
+    Binomial(V, s) for V <= T valid ones, so they exceed the capacity with probability at most the Binomial(T, s)
+    tail beyond 6 standard deviations + 8: below 1e-9 per batch for every T and s (computed with scipy's
+    ``binom.sf``: largest 9.1e-10, at T = 10^6 and s = 0.17; the normal tail at 6 sigma, 9.9e-10, bounds it as T
+    grows). An overflow is counted and refused at compute (``SampledRankingMetrics``: never silently dropped)."""
+    mean = slots * share
+    return min(rows, math.ceil(mean + 6.0 * math.sqrt(mean * (1.0 - share)) + 8.0))
+
+
+def share_capacity_rows(chosen: torch.Tensor, share: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(picked (k,) int64 row indices, overflow 0-dim int64) of a (B, P) ``chosen`` mask, nothing read back: the
+    :func:`share_capacity` k rows, those holding a chosen positive first, in row order (a stable sort of the rows'
+    flags), and 1 when more rows than k hold one (the rows past k then go unranked: refused at compute)."""
+    b, p = chosen.shape
+    k = share_capacity(b, b * p, share)
+    held = chosen.any(1)
+    picked = torch.sort((~held).to(torch.uint8), stable=True).indices[:k]
+    return picked, (held.sum() > k).to(torch.int64)
+
+
+def share_capacity_ranks(source: DrawnScores, picked: torch.Tensor, chosen: torch.Tensor, pos: torch.Tensor,
+                         exc: torch.Tensor | None, ties: str) -> torch.Tensor:
+    """:func:`share_exact_ranks` of the ``picked`` rows only ((k, P) int64: R where ``chosen``, 0 elsewhere), from a
+    score matrix's rows or a factor model's (tiles; the overflow bound is the batch's validation flag,
+    :func:`share_factor_check`), nothing read back."""
+    exc_k = None if exc is None else exc[picked]
+    if isinstance(source, MatrixScores):
+        r = exact_ranks_padded(source.scores[picked], pos[picked], exc_k, ties, False)
+    else:
+        assert isinstance(source, FactorScores)
+        r, _ = factor_ranks_padded(source.u[picked], source.v, source.bias, pos[picked], exc_k, ties, False,
+                                   bounded=True)
+    return torch.where(chosen[picked], r.to(torch.int64), 0)
+
+
+def share_factor_check(source: FactorScores, picked: torch.Tensor, chosen: torch.Tensor, checks: DeviceChecks) -> None:
+    """The overflow bound ``factor_ranks_padded`` reads, for the ``picked`` rows holding a ``chosen`` positive, as a
+    flag of the batch's one validation read: refused where a score of theirs could overflow
+    (``factor_ranks.overflow_rows``, or a bias of ``score_limit`` or more), since the tiles' scores are not
+    materialized and checked there."""
+    big = (overflow_rows(source.u[picked], source.v) & chosen[picked].any(1)).any()
+    if source.bias is not None and source.bias.numel():
+        big = big | (source.bias.detach().abs().amax().to(torch.float64) >= score_limit(source.u.dtype))
+    checks.add(big, f"user_factors: |u| |v| (+ |item_bias|) reaches {score_limit(source.u.dtype):.3g}, where "
+                    f"{source.u.dtype} scores could overflow; the exact share ranks its rows in tiles on this device: "
+                    "scale the factors or give them in float64")
 
 
 def _field_hash(text: str) -> int:
@@ -496,6 +580,8 @@ class SampledRankingMetrics(_MergeChecked):
 
     # torchmetrics states (``add_state``; ``pop`` for popularity designs only)
     hist: torch.Tensor
+    share: torch.Tensor  # with an exact share only
+    share_overflow: torch.Tensor  # with an exact share only: batches past the static capacity (0-dim int64)
     n_items: torch.Tensor
     pop: torch.Tensor
 
@@ -537,6 +623,11 @@ class SampledRankingMetrics(_MergeChecked):
         self.add_state("n_items", torch.zeros((), dtype=torch.int64), dist_reduce_fx="max")
         if self._pop_weights is not None:  # per relevant item: r~, n, S1, S2, beating draws, unreachable (concatenated)
             self.add_state("pop", torch.zeros(0, len(_POP_COLUMNS), dtype=torch.float64), dist_reduce_fx="cat")
+        self._share = design.exact_share  # a uniform exact share (_shared._sampled_design refuses the others)
+        if self._share is not None:  # per chosen relevant item: n, m, r~, R, pi (concatenated across processes)
+            self.add_state("share", torch.zeros(0, len(_SHARE_COLUMNS), dtype=torch.float64), dist_reduce_fx="cat")
+            # batches whose chosen rows exceeded the static capacity (share_capacity_rows): refused at compute
+            self.add_state("share_overflow", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
         self._rows_seen = 0  # default instance keys when no ids are given
         self._in_forward = False
         self._n_items_host: int | None = 0  # the catalogue size this process's batches had (None: read the state)
@@ -576,12 +667,63 @@ class SampledRankingMetrics(_MergeChecked):
                    keep: torch.Tensor | None, checks: DeviceChecks | None, slots: torch.Tensor | None = None) -> None:
         """Rank a batch against its keyed negatives, scored by ``source`` (:meth:`_rank_batch`), and add it to the
         state (:meth:`_add_ranked`)."""
-        self._add_ranked(self._rank_batch(source, pos, exc, n_items, keys, checks, slots), pos, exc, n_items, keep)
+        plan = self._share_plan(source, pos, keys, keep, checks)
+        ranked = self._rank_batch(source, pos, exc, n_items, keys, checks, slots)
+        self._add_ranked(ranked, pos, exc, n_items, keep, self._share_rows(source, ranked, plan, pos, exc, n_items))
+
+    def _share_plan(self, source: DrawnScores, pos: torch.Tensor, keys: RowKeys, keep: torch.Tensor | None,
+                    checks: DeviceChecks | None) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None] | None:
+        """(chosen, picked, overflow) of a batch, before it is ranked (None without a share): ``chosen`` (B, P) the
+        valid, kept positives whose keyed uniform of (share seed, instance id, item) lies below the share
+        (``_share.keyed_choice``, as the core's draws choose); ``picked`` and ``overflow`` the static capacity's
+        rows and overflow flag (:func:`share_capacity_rows`) where nothing may be read back (score and factor
+        batches on an accelerator; a factor batch's overflow bound joins ``checks``), both None where the chosen
+        rows are read: on the CPU (free there), and for scorer batches everywhere (the scorer loop synchronises at
+        every call anyway, for its timing and checks, and a static capacity would score up to twice the rows)."""
+        share = self._share
+        if share is None:
+            return None
+        valid = pos >= 0
+        k = _keep_mask(keep, pos.shape[0], pos.device)
+        if k is not None:
+            valid = valid & k.unsqueeze(1)
+        chosen = valid & keyed_choice(share.seed, keys.ids, pos, share.share)
+        if isinstance(source, ScorerScores) or (_SHARE_READS_ON_CPU and pos.device.type == "cpu"):
+            return chosen, None, None
+        picked, overflow = share_capacity_rows(chosen, share.share)
+        if isinstance(source, FactorScores) and checks is not None:
+            share_factor_check(source, picked, chosen, checks)
+        return chosen, picked, overflow
+
+    def _share_rows(self, source: DrawnScores, ranked: tuple, plan: tuple | None, pos: torch.Tensor,
+                    exc: torch.Tensor | None, n_items: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """(the ``share`` state's rows (:data:`_SHARE_COLUMNS`), the overflow flag or None) of a ranked batch and
+        its :meth:`_share_plan` (None without a share): the chosen positives ranked exactly, by
+        :func:`share_exact_ranks` (then only their rows are kept) or, with a static capacity, by
+        :func:`share_capacity_ranks` (then every slot of the picked rows, R = 0 where not chosen)."""
+        if plan is None:
+            return None
+        chosen, picked, overflow = plan
+        ranks, sizes, _, pos_scores = ranked
+        ties = self.settings.ties
+        n = padded_candidate_counts(n_items, pos, exc, count_other_positives=False).unsqueeze(1).expand(pos.shape)
+        m = torch.full_like(ranks, self._design.n_samples) if sizes is None else sizes
+        if picked is None:
+            exact = share_exact_ranks(source, chosen, pos, exc, n_items, ties, pos_scores)
+        else:
+            exact = share_capacity_ranks(source, picked, chosen, pos, exc, ties)
+            chosen, n, m, ranks = chosen[picked], n[picked], m[picked], ranks[picked]
+        f64 = torch.float64
+        assert self._share is not None
+        rows = torch.stack([n.to(f64), m.to(f64), ranks.to(f64), torch.where(chosen, exact, 0).to(f64),
+                            torch.full(chosen.shape, self._share.share, dtype=f64, device=chosen.device)],
+                           -1).reshape(-1, len(_SHARE_COLUMNS))
+        return (rows[chosen.reshape(-1)], None) if picked is None else (rows, overflow)
 
     def _rank_batch(self, source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
                     keys: RowKeys, checks: DeviceChecks | None,
-                    slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
-        """(ranks, final sizes or None, popularity statistics or None) of a batch: the design's first stage
+                    slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, Any, torch.Tensor]:
+        """(ranks, final sizes or None, popularity statistics or None, the positives' scores) of a batch: the design's first stage
         (:func:`~reco_sampled_plugin._keyed.keyed_ranks`), then an adaptive design's later stages
         (:func:`~reco_sampled_plugin._keyed.keyed_adaptive_ranks`). ``checks``: the batch's pending validation flags,
         read once after the first stage's draw (without replacement: with the small-pool sizes); None: each draw
@@ -591,19 +733,24 @@ class SampledRankingMetrics(_MergeChecked):
         if checks is not None:
             checks.read()  # the batch's one validation read
         if self._adaptive is None:
-            return first.ranks, None, first.stats
+            return first.ranks, None, first.stats, first.pos_scores
         ranks, sizes = keyed_adaptive_ranks(source, pos, exc, n_items, first, self._adaptive, keys, ties)
-        return ranks, sizes, None
+        return ranks, sizes, None, first.pos_scores
 
-    def _add_ranked(self, ranked: tuple[torch.Tensor, torch.Tensor | None, Any], pos: torch.Tensor,
-                    exc: torch.Tensor | None, n_items: int, keep: torch.Tensor | None) -> None:
+    def _add_ranked(self, ranked: tuple[torch.Tensor, torch.Tensor | None, Any, torch.Tensor], pos: torch.Tensor,
+                    exc: torch.Tensor | None, n_items: int, keep: torch.Tensor | None,
+                    shared: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> None:
         """Add :meth:`_rank_batch`'s ranks to the histogram (which refuses the batch whole before any change), then
-        the popularity statistics (nothing half-written)."""
-        ranks, sizes, stats = ranked
+        the popularity statistics and the exact share's rows (:meth:`_share_rows`; nothing half-written)."""
+        ranks, sizes, stats, _ = ranked
         n_cand = padded_candidate_counts(n_items, pos, exc, count_other_positives=False)
         self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
         if stats is not None:
             self._add_popularity(ranks, n_cand, stats, pos, keep)
+        if shared is not None:
+            self.share = torch.cat([self.share, _to(shared[0], self.share.device)])
+            if shared[1] is not None:
+                self.share_overflow += _to(shared[1], self.share_overflow.device)
 
     def update_factors(self, user_factors: TensorLike, item_factors: TensorLike, positives: TensorLike,
                        exclude: TensorLike | None = None, ids: TensorLike | None = None, keep: torch.Tensor | None = None,
@@ -710,9 +857,12 @@ class SampledRankingMetrics(_MergeChecked):
             score = None if k is None else k.unsqueeze(1).expand_as(pos)
             # each draw reads its own pool check, before any call; adaptive stages score only the positives still
             # first, their new items alone
-            ranked = self._rank_batch(ScorerScores(calls, who), pos, exc, n, keys, None, score)
+            source = ScorerScores(calls, who)
+            plan = self._share_plan(source, pos, keys, keep, None)
+            ranked = self._rank_batch(source, pos, exc, n, keys, None, score)
+            shared = self._share_rows(source, ranked, plan, pos, exc, n)  # the chosen rows scored whole
             _updated(self)
-            self._add_ranked(ranked, pos, exc, n, keep)
+            self._add_ranked(ranked, pos, exc, n, keep, shared)
         except BaseException:
             self._rows_seen, self._n_items_host = saved
             raise
@@ -826,6 +976,9 @@ class SampledRankingMetrics(_MergeChecked):
                              f"{self.hist.shape[1]} counts ({self._design!r}): another n_samples or design")
         if n_items.numel() != 1:
             raise ValueError(f"n_items: expected one catalogue size in the incoming state, got {tuple(n_items.shape)}")
+        if self._share is not None and (state["share"].dim() != 2 or state["share"].shape[1] != len(_SHARE_COLUMNS)):
+            raise ValueError(f"n_samples: the incoming exact-share state has shape {tuple(state['share'].shape)}, "
+                             f"this one rows of {len(_SHARE_COLUMNS)} columns {_SHARE_COLUMNS}")
         mine, theirs = self._catalogue(), int(n_items)
         if mine and theirs and mine != theirs:
             raise ValueError(f"n_items: the incoming state counts a catalogue of {theirs} items, this one {mine}; "
@@ -844,10 +997,13 @@ class SampledRankingMetrics(_MergeChecked):
         rows = torch.tensor([self.hist.shape[0]], dtype=torch.int64, device=self.hist.device)
         dist.all_reduce(rows, op=dist.ReduceOp.MAX, group=group)
         self.hist = _pad_rows(self.hist, int(rows.item()))
-        if self._pop_weights is not None:  # torchmetrics stacks the gathered states: pad every process's rows alike
-            count = torch.tensor([self.pop.shape[0]], dtype=torch.int64, device=self.pop.device)
+        # torchmetrics stacks the gathered states: pad every process's rows alike (padded rows: r~ = 0 in ``pop``,
+        # R = 0 in ``share``; dropped after the gather, at compute)
+        for name in ("pop",) * (self._pop_weights is not None) + ("share",) * (self._share is not None):
+            state = getattr(self, name)
+            count = torch.tensor([state.shape[0]], dtype=torch.int64, device=state.device)
             dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
-            self.pop = _pad_rows(self.pop, int(count.item()))  # padded rows: r~ = 0, dropped after the gather
+            setattr(self, name, _pad_rows(state, int(count.item())))
         if dist_sync_fn is None:
             super()._sync_dist(process_group=process_group)
         else:
@@ -855,6 +1011,8 @@ class SampledRankingMetrics(_MergeChecked):
         if self._pop_weights is not None:
             pop = self.pop.reshape(-1, len(_POP_COLUMNS))
             self.pop = pop[pop[:, 0] > 0]  # the processes' rows in rank order
+        if self._share is not None:  # (processes, rows, columns) stacked: one table (padded rows dropped at compute)
+            self.share = self.share.reshape(-1, len(_SHARE_COLUMNS))
 
     def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
         """``forward`` and ``merge_state`` add another state: both histograms padded to the same rows first."""
@@ -887,7 +1045,27 @@ class SampledRankingMetrics(_MergeChecked):
             hist, pooled = adaptive_histogram_from_rows(counts, int(self.n_items), self._adaptive, max_groups)
         else:
             hist, pooled = histogram_from_rows(counts, int(self.n_items), self._design.n_samples, max_groups)
-        return hist.with_design(None if self._pop_weights is not None else self._design), pooled
+        hist = hist.with_design(None if self._pop_weights is not None else self._design)
+        return (hist if self._share is None else hist.with_share(self._share_state())), pooled
+
+    def _share_state(self) -> ShareRows:
+        """The exact share's rows (``_share.ShareRows``: what ``diff`` reads beside the histogram), the rows not
+        chosen or padded (R = 0) dropped, in one canonical order (sorted by every column), so the estimate is the
+        same bit for bit whatever the batches, their order or the processes."""
+        over = int(self.share_overflow)
+        if over:
+            raise RuntimeError(f"exact share: in {over} batch(es) more rows held a chosen positive than the static "
+                               "capacity ranks without a read back (share_capacity: 6 standard deviations + 8 above "
+                               "the mean, exceeded with probability below 1e-9 per batch), so chosen positives went "
+                               "unranked and the design-based estimate would be biased; evaluate again (another "
+                               "ExactShare seed) or on the CPU")
+        t = self.share.detach().to("cpu", torch.float64).numpy()
+        t = t[t[:, 3] > 0]
+        t = t[np.lexsort(t.T[::-1])]
+        share = self._share
+        assert share is not None
+        return ShareRows(t[:, 0].astype(np.int64), t[:, 1].astype(np.int64), t[:, 2].copy(), t[:, 3].copy(),
+                         t[:, 4].copy(), np.ones(len(t)), census=share.share >= 1.0)
 
     def histogram(self) -> RankHistogram:
         """The synced sampled-rank histogram (:class:`~reco_sampled_plugin.RankHistogram`), pooled as configured,
