@@ -333,15 +333,15 @@ class Evaluation:
 class Engine:
     """How Ray runs the ranking: ``workers`` actors, each with ``num_cpus`` CPUs and ``num_gpus`` GPUs (0: the CPU;
     a GPU actor builds its scorer on ``cuda``), ``batch_size`` rows per ranked batch (None: a whole block),
-    ``max_restarts`` (a dead actor is restarted and its blocks retried that often: ``max_restarts`` /
-    ``max_task_retries``), ``progress`` Ray Data's progress bars on the driver (None: on for a terminal). Leave a
-    CPU to Ray's own tasks (reads, the aggregation) when ``workers x num_cpus`` fills the cluster."""
+    ``progress`` Ray Data's progress bars on the driver (None: on for a terminal). Leave a CPU to Ray's own tasks
+    (reads, repartitions, the aggregation) when ``workers x num_cpus`` fills the cluster. A dead actor is restarted
+    and its blocks retried by Ray Data (its actors' defaults, ``max_restarts=-1``, ``max_task_retries=-1``): a
+    retried block gives the same state (keyed draws), so nothing is lost or counted twice."""
 
     workers: int = 1
     num_cpus: float = 1.0
     num_gpus: float = 0.0
     batch_size: int | None = 4096
-    max_restarts: int = 3
     progress: bool | None = None
 
 
@@ -365,12 +365,11 @@ def evaluate_dataset(dataset: Any, scorer_factory: ScorerFactory, n_items: int, 
     design = check_design(n_samples)
     job = _Job(check_size(n_items, "n_items", 1), design, check_seed(seed, "seed"), check_ties(ties),
                check_int(max_pairs, "max_pairs", minimum=1), check_bool(check_finite, "check_finite"), columns)
-    restarts = check_int(engine.max_restarts, "max_restarts", minimum=0)
     ctx = ray.data.DataContext.get_current()
     bars, ctx.enable_progress_bars = ctx.enable_progress_bars, progress_enabled(engine.progress)
     t0 = time.perf_counter()
     try:
-        merged = _run(dataset, scorer_factory, job, engine, restarts)
+        merged = _run(dataset, scorer_factory, job, engine)
     finally:
         ctx.enable_progress_bars = bars
     state: EvaluationState = pickle.loads(merged)
@@ -380,11 +379,10 @@ def evaluate_dataset(dataset: Any, scorer_factory: ScorerFactory, n_items: int, 
     return Evaluation(state, design)
 
 
-def _run(dataset: Any, scorer_factory: ScorerFactory, job: _Job, engine: Engine, restarts: int) -> bytes:
+def _run(dataset: Any, scorer_factory: ScorerFactory, job: _Job, engine: Engine) -> bytes:
     """The pickled merged state: ranked by the actor pool, added by Ray's aggregation."""
     ranked = dataset.map_batches(_RankActor, fn_constructor_args=(scorer_factory, job), batch_format="pyarrow",
                                  batch_size=engine.batch_size,
                                  compute=ray.data.ActorPoolStrategy(size=check_int(engine.workers, "workers", minimum=1)),
-                                 num_cpus=engine.num_cpus, num_gpus=engine.num_gpus or None,
-                                 max_restarts=restarts, max_task_retries=restarts)
+                                 num_cpus=engine.num_cpus, num_gpus=engine.num_gpus or None)
     return bytes(ranked.aggregate(_MergeStates())["state"])
