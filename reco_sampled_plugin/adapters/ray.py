@@ -95,8 +95,8 @@ class EvaluationState:
     """What a block (or several, added) leaves: additive, so blocks, actors and retries combine by :meth:`merge`.
 
     hist: the rank histogram (None before any positive, and for popularity designs); rows: per-positive columns
-    where the estimators need them (popularity designs: ranks, n and :class:`~reco_sampled_plugin._popularity.
-    PopularityStats` fields; an exact share: the chosen positives' ``ShareRows`` fields), with ``user`` and
+    where the estimators need them (popularity designs: ranks, n and the ``PopularityStats`` fields; an exact
+    share: the chosen positives' ``ShareRows`` fields), with ``user`` and
     ``item`` to put them in one order whatever the blocks; census: every positive had inclusion 1 (an exact
     share); cost: the scoring cost summed over blocks (seconds are summed actor time); users: rows evaluated."""
 
@@ -130,10 +130,9 @@ class EvaluationState:
         hist = self.hist.with_design(design)
         if design.exact_share is None:
             return hist
-        keys = ("n", "m", "sampled", "exact", "inclusion", "weight")
-        return hist.with_share(ShareRows(*(r[k] for k in keys), census=self.census) if r else
-                               ShareRows(*(np.zeros(0, np.int64 if k in "nm" else np.float64) for k in keys),
-                                         census=self.census))
+        cols = {k: r[k] if r else np.zeros(0, dtype=np.int64 if k in ("n", "m") else np.float64)
+                for k in ("n", "m", "sampled", "exact", "inclusion", "weight")}
+        return hist.with_share(ShareRows(**cols, census=self.census))
 
     def nbytes(self) -> int:
         """The pickled size of this state in bytes: what a block sends and the driver holds."""
@@ -285,7 +284,7 @@ class _RankActor:
                                            type=pa.large_binary())})
 
 
-class _MergeStates(AggregateFnV2):  # type: ignore[misc]  # ray's classes are untyped here
+class _MergeStates(AggregateFnV2):  # ray is read as untyped (pyproject.toml, [tool.mypy])
     """Ray's aggregation of the blocks' pickled :class:`EvaluationState`: added block by block, then combined."""
 
     def __init__(self) -> None:
