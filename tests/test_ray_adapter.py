@@ -86,12 +86,13 @@ DESIGNS = {
     "popularity": SamplingDesign(12, popularity=torch.linspace(0.5, 3.0, N_ITEMS, dtype=torch.float64)),
     "adaptive_exact_at_cap": SamplingDesign(8, adaptive_max=32, exact_at_cap=True),
     "exact_share": SamplingDesign(12, exact_share=ExactShare(0.4, seed=3)),
+    "exact": None,  # exact ranks: every candidate scored
 }
 # (metric, method) pairs estimated per design: the design's own estimators
 METHODS = {"uniform": (("ndcg@10", "auto"), ("hit@5", "bv")), "without_replacement": (("ndcg@10", "auto"),),
            "popularity": (("auc", "hh"), ("ndcg@10", "none")),
            "adaptive_exact_at_cap": (("ndcg@10", "auto"), ("hit@5", "mle")),
-           "exact_share": (("ndcg@10", "auto"), ("ndcg@10", "diff"))}
+           "exact_share": (("ndcg@10", "auto"), ("ndcg@10", "diff")), "exact": (("ndcg@10", "auto"), ("hit@5", "mle"))}
 
 
 def _estimates(evaluation, pairs):
@@ -113,12 +114,29 @@ def test_blocks_and_merge_order_do_not_change_the_numbers(name):
         assert split.users == one.users == N_USERS
         assert _estimates(rr.Evaluation(split, design), METHODS[name]) == expected
         a, b = ev_one.sample(), rr.Evaluation(split, design).sample()
-        if design.popularity is None:
+        if design is None or design.popularity is None:
             assert a.same_groups(b) and np.array_equal(a.flat_counts, b.flat_counts)
         else:
             assert torch.equal(a.ranks, b.ranks) and torch.equal(a.popularity_stats.inv_q, b.popularity_stats.inv_q)
-        if not design.exact_at_cap and design.exact_share is None:
+        if design is not None and not design.exact_at_cap and design.exact_share is None:  # no completion padding
             assert split.cost.pairs == one.cost.pairs and split.cost.full_pairs == one.cost.full_pairs
+    if design is None:  # against brute force on the score matrix: R = 1 + candidates scoring above the positive
+        assert expected[("ndcg@10", "auto")][0] == pytest.approx(_brute_ndcg(rows), rel=1e-9)
+        # each positive, then its row's irrelevant candidates (rows padded to a block's longest list: counted)
+        assert one.cost.pairs >= one.cost.full_pairs
+
+
+def _brute_ndcg(rows) -> float:
+    f = Factory()
+    scores = (f.u @ f.v.T).numpy()
+    users, items, exclude = rows
+    gains = []
+    for b, u in enumerate(users):
+        allowed = np.setdiff1d(np.arange(N_ITEMS), np.concatenate([items[b], exclude[b] or []]))
+        for i in items[b]:
+            r = 1 + int((scores[u, allowed] >= scores[u, i]).sum())
+            gains.append(1 / np.log2(r + 1) if r <= 10 else 0.0)
+    return float(np.mean(gains))
 
 
 def _canonical(hist):

@@ -114,13 +114,13 @@ class EvaluationState:
         return EvaluationState(hist, rows, self.census and other.census, self.cost + other.cost,
                                self.users + other.users)
 
-    def sample(self, design: SamplingDesign) -> SampledRanks | RankHistogram:
+    def sample(self, design: SamplingDesign | None) -> SampledRanks | RankHistogram:
         """What ``estimate(metric, sample, method)`` takes: the histogram under ``design`` (with its exact share's
         rows), or the popularity design's :class:`~reco_sampled_plugin.ranking.SampledRanks`; per-positive rows
         in (user, item) order."""
         order = np.lexsort((self.rows["item"], self.rows["user"])) if self.rows else None
         r = {k: v[order] for k, v in self.rows.items()}
-        if design.popularity is not None:
+        if design is not None and design.popularity is not None:
             t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in r.items()}
             stats = PopularityStats(t["beating"], t["inv_q"], t["inv_q2"], t["unreachable"], t["profile"],
                                     t["beat_bins"], t["miss_bins"], t["positive_weight"])
@@ -128,7 +128,7 @@ class EvaluationState:
         if self.hist is None:
             raise ValueError("dataset: no held-out item was ranked (an empty dataset, or rows without items)")
         hist = self.hist.with_design(design)
-        if design.exact_share is None:
+        if design is None or design.exact_share is None:
             return hist
         cols = {k: r[k] if r else np.zeros(0, dtype=np.int64 if k in ("n", "m") else np.float64)
                 for k in ("n", "m", "sampled", "exact", "inclusion", "weight")}
@@ -140,11 +140,13 @@ class EvaluationState:
 
 
 # ------------------------------------------------------------------------------------------ one block
-def check_design(n_samples: Any) -> SamplingDesign:
+def check_design(n_samples: Any) -> SamplingDesign | None:
     """The design a Ray evaluation draws (keyed draws): uniform with or without replacement, popularity with
-    replacement, adaptive (``exact_at_cap`` too), a uniform exact share; an active share is refused (its inclusion
-    probabilities need a fit of the whole sample, not of a block)."""
+    replacement, adaptive (``exact_at_cap`` too), a uniform exact share; None: exact ranks (every candidate scored).
+    An active share is refused (its inclusion probabilities need a fit of the whole sample, not of a block)."""
     design = as_design(n_samples)
+    if design is None:
+        return None
     if design.popularity is not None and not design.replacement:
         raise ValueError("n_samples: keyed popularity draws are with replacement (the Hansen-Hurwitz statistics need "
                          "independent draws); use SamplingDesign(m, popularity=w)")
@@ -157,10 +159,26 @@ def check_design(n_samples: Any) -> SamplingDesign:
     return design
 
 
+def _exact_state(calls: ScorerCalls, users: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
+                 n_items: int, ties: str) -> EvaluationState:
+    """Exact ranks (``n_samples=None``): each positive scored, then each row's whole candidate list
+    (``scorer_ranks.complete_from_scorer``); counted in exact groups (n, m = n - 1) of the histogram."""
+    from reco_sampled_plugin._rank_hist import sampled_rank_histogram
+
+    valid = pos >= 0
+    rows, cols = valid.nonzero(as_tuple=True)
+    pos_scores = torch.zeros(pos.shape, dtype=torch.float64, device=pos.device)
+    pos_scores[rows, cols] = calls.score(users[rows], pos[rows, cols].unsqueeze(1))[:, 0]
+    exact = complete_from_scorer(calls, valid, pos, exc, users, pos_scores, n_items, ties, None)
+    n = padded_candidate_counts(n_items, pos, exc, count_other_positives=False).view(-1, 1).expand(pos.shape)
+    hist = sampled_rank_histogram(exact, n, n - 1, exact_ranks=exact) if bool(valid.any()) else None
+    return EvaluationState(hist)
+
+
 @torch.no_grad()
 def rank_block(scorer: Scorer, users: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
-               design: SamplingDesign, *, seed: int, ties: str = "pessimistic", max_pairs: int = DEFAULT_MAX_PAIRS,
-               check_finite: bool = True) -> EvaluationState:
+               design: SamplingDesign | None, *, seed: int, ties: str = "pessimistic",
+               max_pairs: int = DEFAULT_MAX_PAIRS, check_finite: bool = True) -> EvaluationState:
     """One block's state: keyed sampled ranks of the (B, P) held-out items ``pos`` (-1 padding; (B, E) ``exc``
     likewise, validated by ``ranking.prepare_index``) of the (B,) ``users`` (ids: they key the draws and go to the
     scorer), scored by ``scorer``, under ``design`` (:func:`check_design`), turned into an :class:`EvaluationState`.
@@ -169,6 +187,8 @@ def rank_block(scorer: Scorer, users: torch.Tensor, pos: torch.Tensor, exc: torc
     device = pos.device
     keys = RowKeys.of(seed, users, device)
     calls = ScorerCalls(scorer, max_pairs, check_finite, device)
+    if design is None:
+        return _finish(_exact_state(calls, keys.ids, pos, exc, n_items, ties), calls, pos, exc, n_items, t0, 1)
     source = ScorerScores(calls, keys.ids)
     first = keyed_ranks(source, pos, exc, n_items, design, keys, ties)
     ranks, sizes, exact, stages = first.ranks, None, None, 1
@@ -186,12 +206,16 @@ def rank_block(scorer: Scorer, users: torch.Tensor, pos: torch.Tensor, exc: torc
 
         sampled = draw_share(sampled, keys.ids, pos, lambda chosen: complete_from_scorer(
             calls, chosen, pos, exc, keys.ids, first.pos_scores, n_items, ties, None))
-    state = _state(sampled, keys.ids, pos)
-    valid_rows = (pos >= 0).any(1)
+    return _finish(_state(sampled, keys.ids, pos), calls, pos, exc, n_items, t0, stages)
+
+
+def _finish(state: EvaluationState, calls: ScorerCalls, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
+            t0: float, stages: int) -> EvaluationState:
+    """``state`` with the block's scoring cost (since ``t0``) and its users."""
     spent = time.perf_counter() - t0
     cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(spent - calls.seconds, 0.0),
-                       full_ranking_pairs(n_items, exc, valid_rows), stages)
-    return replace(state, cost=cost, users=int(users.shape[0]))
+                       full_ranking_pairs(n_items, exc, (pos >= 0).any(1)), stages)
+    return replace(state, cost=cost, users=int(pos.shape[0]))
 
 
 def _state(sampled: SampledRanks, users: torch.Tensor, pos: torch.Tensor) -> EvaluationState:
@@ -257,7 +281,7 @@ class _Job:
     """What every actor needs besides its scorer."""
 
     n_items: int
-    design: SamplingDesign
+    design: SamplingDesign | None
     seed: int
     ties: str
     max_pairs: int
@@ -312,7 +336,7 @@ class Evaluation:
     """The merged state of a dataset and its design: ``estimate(metric, method)`` runs the core's estimation."""
 
     state: EvaluationState
-    design: SamplingDesign
+    design: SamplingDesign | None
 
     @property
     def cost(self) -> ScoringCost:
@@ -344,7 +368,7 @@ class Engine:
     progress: bool | None = None
 
 
-def evaluate_dataset(dataset: Any, scorer_factory: ScorerFactory, n_items: int, n_samples: int | SamplingDesign, *,
+def evaluate_dataset(dataset: Any, scorer_factory: ScorerFactory, n_items: int, n_samples: int | SamplingDesign | None, *,
                      seed: int = 0, columns: Columns = Columns(), ties: str = "pessimistic",
                      max_pairs: int = DEFAULT_MAX_PAIRS, check_finite: bool = True,
                      engine: Engine = Engine()) -> Evaluation:
@@ -354,7 +378,7 @@ def evaluate_dataset(dataset: Any, scorer_factory: ScorerFactory, n_items: int, 
         dataset: a ``ray.data.Dataset`` with the :class:`Columns` (user ids, held-out items, optional exclusions).
         scorer_factory: ``factory(device) -> scorer``, called once per actor (docs/scorer.md's protocol).
         n_items: n, the catalogue size. n_samples: m or a :class:`~reco_sampled_plugin.design.SamplingDesign`
-            (:func:`check_design`). seed: the key of the draws (the same seed gives the same ranks whatever the
+            (:func:`check_design`), or None: exact ranks (each row's whole candidate list scored). seed: the key of the draws (the same seed gives the same ranks whatever the
             blocks or actors). ties: a deterministic tie policy. max_pairs, check_finite: as in
             ``sampled_ranks_from_scorer``. engine: the actors (:class:`Engine`).
 
