@@ -10,8 +10,13 @@ a retry. Each block becomes a :class:`EvaluationState` (a rank histogram, per-po
 them, the scoring cost), the blocks' states are added by Ray's aggregation (``Dataset.aggregate``), and the driver
 estimates from the merged state with the core's ``estimate``.
 
+Designs: uniform (with or without replacement), popularity (with replacement), adaptive (``exact_at_cap`` too), a
+uniform exact share, and exact ranks (``n_samples=None``: each row's whole candidate list scored); an active exact
+share is refused (:func:`check_design`).
+
 State size: the histogram holds at most (distinct candidate counts) x (m + 1) counts whatever the number of users
-(an adaptive design: one row per stage; ``exact_at_cap``: n counts per distinct n of a completed positive).
+(an adaptive design: one row per stage; exact ranks and ``exact_at_cap``: n counts per distinct n of an exactly
+ranked positive).
 Popularity designs keep one row per positive (the Hansen-Hurwitz and ``pl_fit`` statistics are per positive), an
 exact share one row per chosen positive: those grow with the users (docs/guides/scale.md).
 
