@@ -6,6 +6,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-test
 BENCH_STAMP := $(VENV)/.installed-bench
 TORCH  := torch==2.13.0
+# Ray after the test extra: RecBole 1.2.1 pins ray<=2.6.3 (pip warns about the pin and installs); the Ray adapter's
+# tests need Ray Data >= 2.44 (docs/install.md)
+RAY    := ray[data]>=2.44
 
 .PHONY: install demo test bench docs docs-build clean
 
@@ -16,6 +19,7 @@ $(BIN)/python:
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH)
 	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet --upgrade '$(RAY)'
 	touch $(STAMP)
 
 install: $(STAMP)

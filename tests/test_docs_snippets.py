@@ -44,6 +44,10 @@ SKIPS = {
     "matrix factorisation on ml-100k for several epochs (tests/test_lightning_adapter.py runs the example)",
     ("recbole.md", "import reco_sampled_plugin.adapters.recbole as rb"): "trains a RecBole model on ml-100k "
     "(tests/test_examples.py::test_recbole_example runs examples/recbole)",
+    ("scale.md", "import pyarrow as pa"): "needs your model and a Parquet dataset (tests/test_examples.py runs "
+    "examples/ray_at_scale.py)",
+    ("scale.md", "python examples/ray_at_scale.py"): "starts a Ray cluster "
+    "(tests/test_examples.py::test_ray_at_scale_example runs the example)",
 }
 # commands run in a reduced form (appended arguments), or only parsed, and why
 REDUCED = {

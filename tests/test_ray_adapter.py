@@ -1,0 +1,224 @@
+"""The Ray Data adapter (reco_sampled_plugin.adapters.ray): a block's state is a pure function of its rows (keyed
+draws), so any split into blocks, any actor count and a killed, retried actor give the one-process numbers bit for
+bit; checked on a real local Ray cluster (no mocks). Skipped only where Ray is missing or too old (`make test`
+installs a supported Ray)."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+try:
+    from reco_sampled_plugin.adapters import ray as rr
+except ImportError as err:  # only the adapter's own message (Ray missing or too old): anything else is a failure
+    if "reco_sampled_plugin.adapters.ray needs Ray" not in str(err):
+        raise
+    pytest.skip(str(err), allow_module_level=True)
+
+import pyarrow as pa
+import ray
+
+from reco_sampled_plugin import SamplingDesign
+from reco_sampled_plugin.design import ExactShare
+
+N_ITEMS, N_USERS = 150, 90
+
+
+class Factory:
+    """A dot-product scorer over fixed factors (float64), built per actor; with ``marker`` its first call kills the
+    actor's process (``os._exit``) unless the marker file exists, which it creates first: the retry then runs."""
+
+    def __init__(self, marker: str | None = None) -> None:
+        g = torch.Generator().manual_seed(7)
+        self.u = torch.randn(N_USERS, 6, generator=g, dtype=torch.float64)
+        self.v = torch.randn(N_ITEMS, 6, generator=g, dtype=torch.float64)
+        self.marker = marker
+
+    def __call__(self, device):
+        u, v, marker = self.u.to(device), self.v.to(device), self.marker
+
+        def scorer(users, items):
+            if marker is not None and not os.path.exists(marker):
+                open(marker, "w").close()
+                os._exit(1)  # the actor dies mid-run; Ray restarts it and retries the block
+            return (u[users].unsqueeze(1) * v[items]).sum(-1)
+
+        return scorer
+
+
+def _rows(seed: int = 0):
+    """(users, held-out lists, exclusion lists) of N_USERS rows: 1-3 held-out items, 0-12 excluded items, a few users
+    without exclusions (null lists)."""
+    rng = np.random.default_rng(seed)
+    items, exclude = [], []
+    for _ in range(N_USERS):
+        drawn = rng.choice(N_ITEMS, size=int(rng.integers(1, 16)), replace=False)
+        k = int(rng.integers(1, 4))
+        items.append(drawn[:k].tolist())
+        exclude.append(drawn[k:].tolist() or None)
+    users = rng.permutation(N_USERS)  # ids not in row order
+    return users, items, exclude
+
+
+def _table(rows, lo: int = 0, hi: int = N_USERS) -> pa.Table:
+    users, items, exclude = rows
+    return pa.table({"user": users[lo:hi], "items": pa.array(items[lo:hi], pa.list_(pa.int64())),
+                     "exclude": pa.array(exclude[lo:hi], pa.list_(pa.int64()))})
+
+
+def _blocks_state(rows, design, cuts, order=None) -> "rr.EvaluationState":
+    """The state of the rows ranked in the blocks between ``cuts``, merged in ``order``."""
+    scorer, cpu = Factory()(torch.device("cpu")), torch.device("cpu")
+    bounds = list(zip([0, *cuts], [*cuts, N_USERS]))
+    states = [rr.rank_block(scorer, *rr.batch_tensors(_table(rows, lo, hi), rr.Columns(), N_ITEMS, cpu), N_ITEMS,
+                            design, seed=11) for lo, hi in bounds]
+    total = rr.EvaluationState()
+    for i in order or range(len(states)):
+        total = total.merge(states[i])
+    return total
+
+
+DESIGNS = {
+    "uniform": SamplingDesign(12),
+    "without_replacement": SamplingDesign(12, replacement=False),
+    "popularity": SamplingDesign(12, popularity=torch.linspace(0.5, 3.0, N_ITEMS, dtype=torch.float64)),
+    "adaptive_exact_at_cap": SamplingDesign(8, adaptive_max=32, exact_at_cap=True),
+    "exact_share": SamplingDesign(12, exact_share=ExactShare(0.4, seed=3)),
+    "exact": None,  # exact ranks: every candidate scored
+}
+# (metric, method) pairs estimated per design: the design's own estimators
+METHODS = {"uniform": (("ndcg@10", "auto"), ("hit@5", "bv")), "without_replacement": (("ndcg@10", "auto"),),
+           "popularity": (("auc", "hh"), ("ndcg@10", "none")),
+           "adaptive_exact_at_cap": (("ndcg@10", "auto"), ("hit@5", "mle")),
+           "exact_share": (("ndcg@10", "auto"), ("ndcg@10", "diff")), "exact": (("ndcg@10", "auto"), ("hit@5", "mle"))}
+
+
+def _estimates(evaluation, pairs):
+    return {(m, k): (e.value, e.stderr) for m, k in pairs for e in [evaluation.estimate(m, k)]}
+
+
+@pytest.mark.parametrize("name", list(DESIGNS))
+def test_blocks_and_merge_order_do_not_change_the_numbers(name):
+    """Every design: one block, three uneven blocks merged in another order, and eleven blocks give the same sample
+    and the same estimates bit for bit; the pairs scored add up (a completion pads only within its block); the
+    users are counted once."""
+    design, rows = DESIGNS[name], _rows()
+    one = _blocks_state(rows, design, [])
+    ev_one = rr.Evaluation(one, design)
+    expected = _estimates(ev_one, METHODS[name])
+    assert all(np.isfinite(v) for v, _ in expected.values())
+    for cuts, order in (([7, 50], [2, 0, 1]), (list(range(8, N_USERS, 8)), None)):
+        split = _blocks_state(rows, design, cuts, order)
+        assert split.users == one.users == N_USERS
+        assert _estimates(rr.Evaluation(split, design), METHODS[name]) == expected
+        a, b = ev_one.sample(), rr.Evaluation(split, design).sample()
+        if design is None or design.popularity is None:
+            assert a.same_groups(b) and np.array_equal(a.flat_counts, b.flat_counts)
+        else:
+            assert torch.equal(a.ranks, b.ranks) and torch.equal(a.popularity_stats.inv_q, b.popularity_stats.inv_q)
+        if design is not None and not design.exact_at_cap and design.exact_share is None:  # no completion padding
+            assert split.cost.pairs == one.cost.pairs and split.cost.full_pairs == one.cost.full_pairs
+    if design is None:  # against brute force on the score matrix: R = 1 + candidates scoring above the positive
+        assert expected[("ndcg@10", "auto")][0] == pytest.approx(_brute_ndcg(rows), rel=1e-9)
+        # each positive, then its row's irrelevant candidates (rows padded to a block's longest list: counted)
+        assert one.cost.pairs >= one.cost.full_pairs
+
+
+def _brute_ndcg(rows) -> float:
+    f = Factory()
+    scores = (f.u @ f.v.T).numpy()
+    users, items, exclude = rows
+    gains = []
+    for b, u in enumerate(users):
+        allowed = np.setdiff1d(np.arange(N_ITEMS), np.concatenate([items[b], exclude[b] or []]))
+        for i in items[b]:
+            r = 1 + int((scores[u, allowed] >= scores[u, i]).sum())
+            gains.append(1 / np.log2(r + 1) if r <= 10 else 0.0)
+    return float(np.mean(gains))
+
+
+def _canonical(hist):
+    """The histogram's non-empty groups in merge's order (exact flag, n, m)."""
+    return hist.select(np.zeros(hist.n_groups, dtype=bool)).merge(hist).without_empty_groups()
+
+
+@pytest.mark.parametrize("name", ["uniform", "adaptive"])
+def test_state_equals_the_torchmetrics_scorer_loop(name):
+    """The merged histogram equals SampledRankingMetrics.update_from_scorer's (one process, its own batching) on the
+    same keys: the counts bit for bit, the estimates too; so do the pairs scored."""
+    from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+    from reco_sampled_plugin.ranking import prepare_index
+
+    design = SamplingDesign(12) if name == "uniform" else SamplingDesign(8, adaptive_max=64)
+    rows = _rows(1)
+    state = _blocks_state(rows, design, [30, 31, 77])
+    metric = SampledRankingMetrics(("ndcg@10",), n_samples=design, estimators=("auto",), seed=11,
+                                   max_n_groups=None)
+    users, pos, exc = rr.batch_tensors(_table(rows), rr.Columns(), N_ITEMS, torch.device("cpu"))
+    for lo in range(0, N_USERS, 25):
+        sl = slice(lo, lo + 25)
+        metric.update_from_scorer(Factory()(torch.device("cpu")), pos[sl], N_ITEMS, exclude=exc[sl], ids=users[sl])
+    ref, got = _canonical(metric.histogram()), _canonical(rr.Evaluation(state, design).sample())
+    assert ref.same_groups(got) and np.array_equal(ref.flat_counts, got.flat_counts)
+    # the class orders its groups by stage first: the fit's sums in another order, equal to rounding
+    assert rr.Evaluation(state, design).estimate("ndcg@10").value == pytest.approx(
+        metric.estimates()["ndcg@10/auto"].value, rel=1e-12, abs=0)
+    assert metric.scoring_cost().pairs == state.cost.pairs
+
+
+def test_batches_designs_and_versions_are_checked():
+    """Rows: a list column with null lists, or one scalar held-out item per row, become padded indices; a held-out
+    item also excluded is refused. Designs: an active share and popularity without replacement are refused naming
+    ``n_samples``. Versions: a Ray older than MIN_RAY is an ImportError that says what to install."""
+    cpu = torch.device("cpu")
+    t = pa.table({"user": [4, 9, 2], "items": pa.array([[3, 1], [5], [7, 8, 0]], pa.list_(pa.int64())),
+                  "exclude": pa.array([None, [2, 6], []], pa.list_(pa.int64()))}).slice(1)  # sliced: offsets != 0
+    users, pos, exc = rr.batch_tensors(t, rr.Columns(), 10, cpu)
+    assert users.tolist() == [9, 2] and pos.tolist() == [[5, -1, -1], [7, 8, 0]] and exc.tolist() == [[2, 6], [-1, -1]]
+    scalar = pa.table({"uid": [1, 2], "item": [4, 0]})
+    users, pos, exc = rr.batch_tensors(scalar, rr.Columns("uid", "item", None), 10, cpu)
+    assert pos.tolist() == [[4], [0]] and exc is None
+    with pytest.raises(ValueError, match="exclude|positive"):
+        rr.batch_tensors(pa.table({"user": [1], "items": [[3]], "exclude": [[3]]}), rr.Columns(), 10, cpu)
+    with pytest.raises(ValueError, match="n_samples: an active exact share"):
+        rr.check_design(SamplingDesign(5, exact_share=ExactShare(0.3, choice="active")))
+    with pytest.raises(ValueError, match="n_samples: keyed popularity draws are with replacement"):
+        rr.check_design(SamplingDesign(5, replacement=False, popularity=torch.ones(10)))
+    saved = ray.__version__
+    try:
+        ray.__version__ = "2.6.3"
+        with pytest.raises(ImportError, match=r'found 2\.6\.3; pip install -U "ray\[data\]>=2\.44"'):
+            rr._import_ray()
+    finally:
+        ray.__version__ = saved
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One small local Ray cluster for the module (2 CPUs; pytest-xdist workers each start their own)."""
+    import ray.cloudpickle
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors unpickle this module's Factory
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def test_ray_run_with_a_killed_actor_equals_one_process(cluster, tmp_path):
+    """On a real local cluster, 2 actors over 4 blocks in batches of 7 rows, an exact share (a histogram and
+    per-positive rows to merge), and the scorer kills its actor on its first call (``os._exit``): Ray restarts the
+    actor and retries the block, and the result equals the one-process run: estimates and counts bit for bit, the
+    share's rows, every user counted once (no block lost or counted twice), the calls of every batch summed."""
+    rows, marker = _rows(2), tmp_path / "killed"
+    ds = ray.data.from_arrow([_table(rows, lo, min(lo + 25, N_USERS)) for lo in range(0, N_USERS, 25)])
+    design = DESIGNS["exact_share"]
+    got = rr.evaluate_dataset(ds, Factory(str(marker)), N_ITEMS, design, seed=11,
+                              engine=rr.Engine(workers=2, num_cpus=0.5, batch_size=7, progress=False))
+    assert marker.exists()  # an actor was killed once
+    ref = rr.Evaluation(_blocks_state(rows, design, []), design)
+    assert got.state.users == N_USERS and got.cost.calls >= -(-N_USERS // 7)
+    assert _estimates(got, METHODS["exact_share"]) == _estimates(ref, METHODS["exact_share"])
+    a, b = got.sample(), ref.sample()
+    assert np.array_equal(a.flat_counts, b.flat_counts) and a.share.equals(b.share) and len(a.share.n) > 0
