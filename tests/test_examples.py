@@ -114,19 +114,3 @@ def test_cli_example(tmp_path):
         assert lo <= truth <= hi  # the default estimator's honest interval holds the exact value
         assert abs(default - truth) < 0.1 * truth + 3 * (hi - lo) / (2 * 1.96)
     assert len((tmp_path / "bv_table.csv").read_text().splitlines()) == 102
-
-
-def test_ray_at_scale_example(capsys, monkeypatch):
-    """Ray Data, 2 actors over 8 blocks: the estimates equal one process's bit for bit, and the cost is reported
-    (skipped only where Ray is missing or older than the adapter needs; `make test` installs it)."""
-    try:
-        import reco_sampled_plugin.adapters.ray  # noqa: F401
-    except ImportError as err:
-        if "reco_sampled_plugin.adapters.ray needs Ray" not in str(err):
-            raise
-        pytest.skip(str(err))
-    monkeypatch.setattr(sys, "argv", ["ray_at_scale.py"])
-    runpy.run_path(str(EXAMPLES / "ray_at_scale.py"), run_name="__main__")
-    out = capsys.readouterr().out
-    assert out.count("same as one process: True") == 2
-    assert "users 2000, pairs scored" in out and "% of full ranking" in out

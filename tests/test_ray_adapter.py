@@ -222,3 +222,16 @@ def test_ray_run_with_a_killed_actor_equals_one_process(cluster, tmp_path):
     assert _estimates(got, METHODS["exact_share"]) == _estimates(ref, METHODS["exact_share"])
     a, b = got.sample(), ref.sample()
     assert np.array_equal(a.flat_counts, b.flat_counts) and a.share.equals(b.share) and len(a.share.n) > 0
+
+
+def test_ray_at_scale_example(cluster, capsys, monkeypatch):
+    """examples/ray_at_scale.py on the module's cluster (it starts its own only where none runs): 2 actors over 8
+    blocks give one process's estimates bit for bit, and the cost is reported."""
+    import runpy
+    from pathlib import Path
+
+    monkeypatch.setattr(sys, "argv", ["ray_at_scale.py"])
+    runpy.run_path(str(Path(__file__).parents[1] / "examples" / "ray_at_scale.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert out.count("same as one process: True") == 2
+    assert "users 2000, pairs scored" in out and "% of full ranking" in out
