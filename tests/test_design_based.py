@@ -271,7 +271,7 @@ def test_histogram_path_matches_the_positives_and_merges(matrix):
 
 
 def test_entry_points_without_a_share_refuse_it():
-    """Where no exact share is drawn yet (factor models, the adapters' merged state, rank files, the planner) a
+    """Where no exact share is drawn yet (factor models, the adapters' merged state, rank files) a
     design with one is refused, naming it, never silently dropped."""
     from reco_sampled_plugin.adapters._shared import _sampled_design  # the adapters' one check (no torchmetrics import)
     from reco_sampled_plugin.rank_files import write_rank_file
@@ -285,5 +285,3 @@ def test_entry_points_without_a_share_refuse_it():
     scores, positives = _matrix(20, 60)
     with pytest.raises(ValueError, match=r"^sampled: ranks with an exact share cannot be written"):
         write_rank_file("unused.csv", rsp.sampled_ranks(scores, positives, design))
-    with pytest.raises(ValueError, match=r"^designs: .*exact share"):
-        rsp.plan(2000, 500, "ndcg@10", 0.05, designs=[design])
