@@ -239,15 +239,13 @@ def _binomial_columns(edges: np.ndarray, n: int, m: int, j: np.ndarray) -> np.nd
     """P(r~ = j + 1 | cell) of the binomial law (r~ - 1 ~ Binomial(m, (r - 1)/(n - 1))) for the cells of ``edges``
     (C + 1,) and the whole j (K,): each cell's law averaged over its points (``cell_points``), as ``dense_likelihood``
     averages it, at K columns instead of m + 1. (C, K) float64."""
+    from scipy.stats import binom
+
     from ._gspline import cell_points
-    from .rank_distribution import _binomial_logpmf
 
     pts, wts = cell_points(edges)
     p = (pts.astype(np.float64) - 1.0) / (n - 1.0)
-    with np.errstate(divide="ignore"):
-        logp, log1mp = np.log(p), np.log1p(-p)
-    lp = _binomial_logpmf(logp[:, :, None], log1mp[:, :, None], j[None, None, :], m)  # (C, S, K)
-    return np.einsum("cs,csk->ck", wts, np.exp(lp))
+    return np.einsum("cs,csk->ck", wts, binom.pmf(j[None, None, :], m, p[:, :, None]))  # (C, S, K) summed over S
 
 
 def _cell_second_moments(spec: MetricSpec, lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:

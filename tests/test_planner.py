@@ -149,8 +149,7 @@ def test_default_designs_grid():
         grid = default_designs(n, **kw)
         shared = [d for d in grid if d.exact_share is not None]
         last = [d for d in grid if d.adaptive_max is not None and not d.exact_at_cap and d.exact_share is None]
-        assert [(d.n_samples, d.adaptive_max) for d in shared] == [(last[-1].n_samples, last[-1].adaptive_max)] * (
-            3 if last else 0)
+        assert [(d.n_samples, d.adaptive_max) for d in shared] == [(d.n_samples, d.adaptive_max) for d in last[-1:]] * 3
         return _pairs([d for d in grid if d.exact_share is None])
 
     assert plain(10_000) == [(50, None), (100, None), (200, None), (500, None), (1000, None),
