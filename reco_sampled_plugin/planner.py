@@ -68,6 +68,13 @@ each positive a Plackett-Luce draw with weights w^beta(R), and each replicate's 
 designs are forecast from the same exact ranks, so both laws share one table (docs/popularity.md, "Planning a
 popularity design", measured against real draws on ml-100k and ml-latest-small).
 
+Designs with an exact share (``SamplingDesign(m, exact_share=ExactShare(...))``, uniform draws): each replicate draws
+the share as the loop does (pi from ``_design_based.share_inclusion`` of the replicate's sampled ranks: an active
+share fits the model first; a positive chosen when a uniform < pi; its exact rank the replicate's own) and is
+estimated as the user will read it (``estimate(metric, sampled, method)``: ``diff``), point and interval together;
+its cost adds share x (mean n - 1) pairs per user (``DesignForecast.share_pairs``). The forecast was checked against
+simulation on real exact ranks (tests/test_planner_share.py: within 1.5x), so the default grid includes active shares.
+
 Default family (no pilot): P(R) = 1/2 (1/R)/H_n + 1/2 (1/n) on 1..n (H_n the n-th harmonic number): half the
 positives with a Zipf-like head, half anywhere; HR@10 about 0.15 at n = 10^4. Default designs
 (:func:`default_designs`): fixed m in {50, 100, 200, 500, 1000, 2000} below n - 1, and adaptive from m0 = 100
@@ -1497,8 +1504,9 @@ def plan(
         designs: candidate designs, :class:`~reco_sampled_plugin.design.SamplingDesign` objects (uniform draws
             with or without replacement, or adaptive; popularity draws with replacement with a popularity pilot,
             whose weights put every item in the pilot's popularity class, e.g. any positive
-            power of the pilot's weights); default :func:`default_designs` of the smallest n (with a popularity
-            pilot: its own law at the fixed m of :data:`DEFAULT_FIXED_M` first).
+            power of the pilot's weights), with an exact share (uniform draws; ``method`` ``auto`` or ``diff``, which
+            read it); default :func:`default_designs` of the smallest n (with a popularity pilot: its own law at the
+            fixed m of :data:`DEFAULT_FIXED_M` first).
         method: the estimator to forecast: a registered name (``reco_sampled_plugin.registry.names()``) that
             supports the designs, or its options object (``registry.Gmod(df=8)``; fits run without bootstrap);
             default ``auto``.
