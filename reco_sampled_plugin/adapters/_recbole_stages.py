@@ -222,18 +222,27 @@ def run_share(collector: Any, table: torch.Tensor, settings: _Settings, context:
     dev = table.device
     uids, items = table[:, _UID].to(torch.int64), table[:, _ITEM].to(torch.int64)
     item_num = int(eval_data._dataset.item_num)
-    exclude = _on(_exclusions(_used_csr(eval_data._sampler), uids, items), dev)
+    csr = _used_csr(eval_data._sampler)
     scorer = _predict_scorer(model, eval_data._dataset, collector._rsp_device, rows,
                              collector.config["ITEM_ID_FIELD"])
     calls = ScorerCalls(scorer, int(collector.config["eval_batch_size"]), settings.check_finite is True, dev)
-    pos, exc = prepare_index(items.unsqueeze(1), exclude, table.shape[0], item_num, dev)
     gen = _generator(collector, settings, dev)
+
+    def rank_chosen(chosen: torch.Tensor) -> torch.Tensor:
+        """Exact ranks of the chosen positives (K, 1), 0 elsewhere: only their rows' exclusions are built."""
+        out = torch.zeros(chosen.shape, dtype=torch.int64, device=dev)
+        idx = chosen[:, 0].nonzero().squeeze(1)
+        if idx.numel():
+            exclude = _on(_exclusions(csr, uids[idx], items[idx]), dev)
+            pos, exc = prepare_index(items[idx].unsqueeze(1), exclude, idx.numel(), item_num, dev)
+            out[idx] = complete_from_scorer(calls, pos >= 0, pos, exc, idx, pos_scores[idx].reshape(-1, 1).to(
+                torch.float64), item_num, _CORE_TIES[settings.ties], gen).to(torch.int64)
+        return out
+
     assert sampled.design is not None and sampled.design.exact_share is not None  # rsp_exact_share
     pi = share_inclusion(sampled, sampled.design.exact_share)  # one positive per row of the choice:
     per_row = SampledRanks(sampled.ranks.reshape(-1, 1), sampled.candidates().reshape(-1, 1), None, sampled.design)
-    got = choose_share(per_row, uids, pos, lambda chosen: complete_from_scorer(
-        calls, chosen, pos, exc, torch.arange(table.shape[0], device=dev), pos_scores.reshape(-1, 1).to(torch.float64),
-        item_num, _CORE_TIES[settings.ties], gen), pi)
+    got = choose_share(per_row, uids, items.unsqueeze(1), rank_chosen, pi)
     assert got.share_ranks is not None and got.inclusion is not None  # the design has a share
     seconds = time.perf_counter() - t0
     cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(seconds - calls.seconds, 0.0), 0, 1)
