@@ -211,18 +211,41 @@ def _posterior_means(spec: MetricSpec, fit: Any, n: np.ndarray, m: np.ndarray, r
     out, out2 = np.zeros(len(r)), np.zeros(len(r))
     ri = np.rint(r).astype(np.int64)
     for g in np.unique(group):  # one (n, m) group at a time: at most max_groups per m
-        lik, inside = dense_likelihood(fit.edges, gn[g:g + 1], gm[g:g + 1], law)
-        c_in = int(inside[0].sum())
-        lo, hi = fit.edges[:c_in], fit.edges[1:c_in + 1]
-        joint = fit.probs[:c_in, None] * lik[0, :c_in, :]  # (C_in, m + 1)
-        den = joint.sum(0)
         sel = group == g
+        c_in = int(np.searchsorted(fit.edges, gn[g]))  # cells 0..c_in-1 lie within 1..n_g (n_g is an edge)
+        if law == "binomial" and c_in * (int(gm[g]) + 1) > _DENSE_ELEMENTS:  # the observed columns r~ alone
+            cols, at = np.unique(ri[sel], return_inverse=True)
+            lik = _binomial_columns(fit.edges[:c_in + 1], int(gn[g]), int(gm[g]), cols - 1)
+        else:
+            dense, inside = dense_likelihood(fit.edges, gn[g:g + 1], gm[g:g + 1], law)
+            lik, at = dense[0, :c_in, :], ri[sel] - 1
+        lo, hi = fit.edges[:c_in], fit.edges[1:c_in + 1]
+        joint = fit.probs[:c_in, None] * lik  # (C_in, columns)
+        den = joint.sum(0)
         for target, cell in ((out, interval_mean_metric(spec, lo, hi, int(gn[g]))),
                              (out2, _cell_second_moments(spec, lo, hi, int(gn[g])) if second else None)):
             if cell is not None:
                 post = np.where(den > 0, (cell @ joint) / np.where(den > 0, den, 1.0), cell.mean())
-                target[sel] = post[ri[sel] - 1]
+                target[sel] = post[at]
     return (out, out2) if second else out
+
+
+#: cells x (m + 1) (each cell read at up to 8 points) above which :func:`_posterior_means` evaluates the binomial likelihood at the observed sampled ranks
+#: only (:func:`_binomial_columns`), not the whole table (an adaptive cap of 12,800 on 50,000 items: 10^8 entries)
+_DENSE_ELEMENTS = 1 << 18
+
+
+def _binomial_columns(edges: np.ndarray, n: int, m: int, j: np.ndarray) -> np.ndarray:
+    """P(r~ = j + 1 | cell) of the binomial law (r~ - 1 ~ Binomial(m, (r - 1)/(n - 1))) for the cells of ``edges``
+    (C + 1,) and the whole j (K,): each cell's law averaged over its points (``cell_points``), as ``dense_likelihood``
+    averages it, at K columns instead of m + 1. (C, K) float64."""
+    from scipy.stats import binom
+
+    from ._gspline import cell_points
+
+    pts, wts = cell_points(edges)
+    p = (pts.astype(np.float64) - 1.0) / (n - 1.0)
+    return np.einsum("cs,csk->ck", wts, binom.pmf(j[None, None, :], m, p[:, :, None]))  # (C, S, K) summed over S
 
 
 def _cell_second_moments(spec: MetricSpec, lo: np.ndarray, hi: np.ndarray, n: int) -> np.ndarray:

@@ -342,12 +342,16 @@ def estimate_table(rows: Iterable[tuple[str, str, Estimate]], *, stderr: bool = 
 
 
 # ------------------------------------------------------------------------------------------------------- plan
-def _design_arg(text: str) -> tuple[int, int | None]:
-    m, _, cap = text.partition(":")
+def _design_arg(text: str) -> tuple[int, int | None, tuple[float, str] | None]:
+    """``--design M[:CAP][+SHARE[:active]]``: (m, cap or None, (share, choice) or None)."""
+    sampled, plus, share_text = text.partition("+")
+    m, _, cap = sampled.partition(":")
+    share, _, choice = share_text.partition(":")
     try:
-        return int(m), (int(cap) if cap else None)
+        return int(m), (int(cap) if cap else None), ((float(share), choice or "uniform") if plus else None)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected M or M:CAP (e.g. 100 or 100:3200), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected M, M:CAP, optionally +SHARE or +SHARE:active (e.g. 100, 100:3200, "
+                                         f"100:12800+0.03:active), got {text!r}") from None
 
 
 def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -377,8 +381,9 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the pilot's m when its file has no m column; for an adaptive pilot its first-stage m "
                         "(default: the smallest m in the file)")
     p.add_argument("--pilot-adaptive-max", type=int, help="the pilot's adaptive cap, if it was adaptive")
-    p.add_argument("--design", action="append", type=_design_arg, metavar="M[:CAP]",
-                   help="candidate design (repeatable): fixed m, or adaptive m:cap (default: the built-in grid)")
+    p.add_argument("--design", action="append", type=_design_arg, metavar="M[:CAP][+SHARE[:active]]",
+                   help="candidate design (repeatable): fixed m, or adaptive m:cap, with +share an exact share of the "
+                        "positives ranked exactly (uniform, or :active) (default: the built-in grid)")
     p.add_argument("--method", default=registry.DEFAULT_ESTIMATOR, metavar="METHOD",
                    help=f"estimator to forecast (default {registry.DEFAULT_ESTIMATOR}; the estimators are listed below)")
     p.add_argument("--repeats", type=int, default=20, help="Monte Carlo repeats per design (default 20)")
@@ -434,7 +439,10 @@ def run_plan(args: argparse.Namespace) -> int:
         from .design import SamplingDesign
 
         try:
-            designs = [SamplingDesign(m, adaptive_max=cap) for m, cap in args.design]
+            from .design import ExactShare
+
+            designs = [SamplingDesign(m, adaptive_max=cap, exact_share=None if share is None
+                                      else ExactShare(share[0], choice=share[1])) for m, cap, share in args.design]
         except ValueError as exc:
             raise ValueError(f"--design: {exc}") from None
     result = plan(

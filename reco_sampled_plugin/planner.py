@@ -68,6 +68,13 @@ each positive a Plackett-Luce draw with weights w^beta(R), and each replicate's 
 designs are forecast from the same exact ranks, so both laws share one table (docs/popularity.md, "Planning a
 popularity design", measured against real draws on ml-100k and ml-latest-small).
 
+Designs with an exact share (``SamplingDesign(m, exact_share=ExactShare(...))``, uniform draws): each replicate draws
+the share as the loop does (pi from ``_design_based.share_inclusion`` of the replicate's sampled ranks: an active
+share fits the model first; a positive chosen when a uniform < pi; its exact rank the replicate's own) and is
+estimated as the user will read it (``estimate(metric, sampled, method)``: ``diff``), point and interval together;
+its cost adds share x (mean n - 1) pairs per user (``DesignForecast.share_pairs``). The forecast was checked against
+simulation on real exact ranks (tests/test_planner_share.py: within 1.5x), so the default grid includes active shares.
+
 Default family (no pilot): P(R) = 1/2 (1/R)/H_n + 1/2 (1/n) on 1..n (H_n the n-th harmonic number): half the
 positives with a Zipf-like head, half anywhere; HR@10 about 0.15 at n = 10^4. Default designs
 (:func:`default_designs`): fixed m in {50, 100, 200, 500, 1000, 2000} below n - 1, and adaptive from m0 = 100
@@ -108,7 +115,7 @@ from ._checks import (MAX_ELEMENTS, MAX_SAMPLES, check_elements, check_int, chec
                       renamed)
 from ._options import check_bool, check_positive_float
 from ._adaptive_law import check_adaptive_histogram, expected_samples
-from .design import AdaptiveDesign, SamplingDesign
+from .design import AdaptiveDesign, ExactShare, SamplingDesign
 from .metric_names import MetricSpec, parse_metric
 from ._popularity_world import NO_CLASS_COUNTS, PopularityWorld
 from .ranking import SampledRanks
@@ -124,6 +131,7 @@ __all__ = [
     "DEFAULT_FIXED_M",
     "DEFAULT_ADAPTIVE_START",
     "DEFAULT_ADAPTIVE_CAPS",
+    "DEFAULT_SHARES",
     "DesignForecast",
     "Plan",
     "plan",
@@ -143,6 +151,10 @@ DEFAULT_FAMILY = "default: 50/50 mixture of P(R) proportional to 1/R and uniform
 DEFAULT_FIXED_M = (50, 100, 200, 500, 1000, 2000)
 DEFAULT_ADAPTIVE_START = 100
 DEFAULT_ADAPTIVE_CAPS = (800, 3200, 12800)
+#: Active exact shares of the default grid (:func:`default_designs`), on its largest adaptive design without
+#: completion, for the methods that read a share (``auto``, ``diff``). Their forecast is validated against
+#: simulation on real exact ranks (tests/test_planner_share.py: within 1.5x).
+DEFAULT_SHARES = (0.01, 0.03, 0.1)
 _PILOT_N_SPREAD = 0.1
 #: Replicates a design runs first under ``PlanExecution(screen=True)``: if each of them misses the target
 #: (|estimate - exact| above target x truth), or their relative RMSE exceeds :data:`SCREEN_FACTOR` x the target,
@@ -237,6 +249,11 @@ class DesignForecast:
         pruned: not forecast: the design scores more pairs per user than the recommended one, so it cannot be the
             pick (``PlanExecution(forecast_all=False)``, the default); its cost fields hold, its error fields are
             NaN and ``meets_target`` is False. Never set when no design is recommended.
+        exact_share: the design's :class:`~reco_sampled_plugin.design.ExactShare` (its estimate is ``diff``'s, whose
+            interval holds by design), None without one.
+        share_pairs: expected pairs per user the exact share scores: the share times the mean n - 1 irrelevant
+            candidates of a chosen positive's row (the mean inclusion probability is the share, uniform or
+            active); 0 without a share.
     """
 
     n_samples: int
@@ -260,6 +277,8 @@ class DesignForecast:
     popularity_power: float | None = None
     popularity: torch.Tensor | None = field(default=None, repr=False, compare=False)
     rel_width: float = math.nan
+    exact_share: ExactShare | None = None
+    share_pairs: float = 0.0
 
     @property
     def rel_halfwidth(self) -> float:
@@ -270,13 +289,18 @@ class DesignForecast:
     @property
     def pairs(self) -> float:
         """Expected (user, item) pairs scored per user: the positive and its sampled items, 1 + ``mean_samples``
-        (adaptive: every stage's new draws; the unit of ``ScoringCost.pairs``), plus ``completion_pairs``."""
-        return 1.0 + self.mean_samples + self.completion_pairs
+        (adaptive: every stage's new draws; the unit of ``ScoringCost.pairs``), plus ``completion_pairs`` and
+        ``share_pairs``."""
+        return 1.0 + self.mean_samples + self.completion_pairs + self.share_pairs
 
     @property
     def label(self) -> str:
         """``"m = 100"``, ``"m = 100 (no repl.)"``, ``"adaptive 100->3200"``, ``"m = 100 popularity"`` (the pilot's
-        weights) or ``"m = 100 popularity^0.5"`` (their square root)."""
+        weights) or ``"m = 100 popularity^0.5"`` (their square root); an exact share adds ``" + exact 0.02 active"``."""
+        share = self.exact_share
+        return self._sampling_label() + ("" if share is None else f" + exact {share.share:g} {share.choice}")
+
+    def _sampling_label(self) -> str:
         if self.popularity_power is not None:
             a = self.popularity_power
             return f"m = {self.n_samples} popularity" + ("" if abs(a - 1.0) < 1e-9 else f"^{a:.3g}")
@@ -295,7 +319,7 @@ class DesignForecast:
         if self.popularity is not None:
             return SamplingDesign(self.n_samples, popularity=self.popularity)
         return SamplingDesign(self.n_samples, replacement=self.replacement, adaptive_max=self.adaptive_max,
-                              exact_at_cap=self.exact_at_cap)
+                              exact_at_cap=self.exact_at_cap, exact_share=self.exact_share)
 
 
 @dataclass(frozen=True, eq=False)
@@ -378,29 +402,30 @@ class Plan:
             lines.append(f"scoring time: {self.seconds_per_pair:.3g} s per scored pair ({self.seconds_per_pair_source})"
                          f"; times are the scorer's for {self.n_users:,} users")
         time_head = f"{'time':>10}" if timed else ""
+        w = max([26] + [len(f.label) + 1 for f in self.forecasts])  # the design column (a share's label is longer)
         lines += [
             "",
-            f"{'design':<26}{'estimator':<10}{'pairs/user':>12}{'of full':>9}{time_head}{'resolution':>12}{'rel.bias':>10}"
+            f"{'design':<{w}}{'estimator':<10}{'pairs/user':>12}{'of full':>9}{time_head}{'resolution':>12}{'rel.bias':>10}"
             f"{'rel.sd':>9}{'rel.error':>11}{'(MC se)':>9}{'interval':>10}  meets",
         ]
         full = self.full_pairs
         for f in self.forecasts:
             if f.pruned:  # its cost alone: it scores more pairs than the pick
                 when = f"{_duration(f.scoring_seconds):>10}" if timed else ""
-                lines.append(f"{f.label:<26}{f.method or self.method:<10}{f.pairs:>12,.0f}{f.pairs / full:>9.1%}{when}"
+                lines.append(f"{f.label:<{w}}{f.method or self.method:<10}{f.pairs:>12,.0f}{f.pairs / full:>9.1%}{when}"
                              f"{f.resolution:>12.1f}{'-':>10}{'-':>9}{'-':>11}{'':>9}{'-':>10}  not forecast: costlier than the pick")
                 continue
             err = f"{f.rel_error:.1%}" if math.isfinite(f.rel_error) else "inf"
             se = f"({f.rel_error_se:.1%})" if math.isfinite(f.rel_error_se) else ""
             when = f"{_duration(f.scoring_seconds):>10}" if timed else ""
             lines.append(
-                f"{f.label:<26}{f.method or self.method:<10}{f.pairs:>12,.0f}{f.pairs / full:>9.1%}{when}{f.resolution:>12.1f}{f.rel_bias:>10.1%}"
+                f"{f.label:<{w}}{f.method or self.method:<10}{f.pairs:>12,.0f}{f.pairs / full:>9.1%}{when}{f.resolution:>12.1f}{f.rel_bias:>10.1%}"
                 f"{f.rel_sd:>9.1%}{err:>11}{se:>9}{_plus_minus(f.rel_halfwidth):>10}  {'yes' if f.meets_target else 'no'}"
                 + (f" (screened: {f.repeats} repeats)" if f.screened else "")
             )
         when = f"{_duration(self.full_scoring_seconds):>10}" if timed else ""
         full_ok = "yes" if not self.full_rel_width / 2.0 > self.target_halfwidth else "no (the users' spread)"
-        lines.append(f"{'full ranking':<26}{'exact':<10}{full:>12,.0f}{1.0:>9.1%}{when}{1.0:>12.1f}{0.0:>10.1%}{0.0:>9.1%}"
+        lines.append(f"{'full ranking':<{w}}{'exact':<10}{full:>12,.0f}{1.0:>9.1%}{when}{1.0:>12.1f}{0.0:>10.1%}{0.0:>9.1%}"
                      f"{0.0:>11.1%}{'':>9}{_plus_minus(self.full_rel_width / 2.0):>10}  {full_ok}")
         if any(f.pruned for f in self.forecasts):
             lines.append("(not forecast: designs scoring more pairs than the pick, which cannot be the pick; "
@@ -672,9 +697,8 @@ def _check_design(design: Any, n_min: int, method: str, world: PopularityWorld |
         raise ValueError(f"designs: each design is a SamplingDesign (SamplingDesign(m), SamplingDesign(m, "
                          f"adaptive_max=cap), ...), got {design!r}")
     m, entry = design.n_samples, registry.get(method)
-    if design.exact_share is not None:  # the plan does not forecast an exact share yet: refused, not dropped
-        raise ValueError(f"designs: {design.describe()} has an exact share, which the planner does not forecast yet; "
-                         "give the design without exact_share")
+    if design.exact_share is not None:
+        return _check_share_design(design, n_min, method)
     if design.law == "popularity":
         if world is None:
             raise ValueError(f"designs: {design.describe()} draws by popularity; {_POPULARITY_PILOT}")
@@ -700,6 +724,25 @@ def _check_design(design: Any, n_min: int, method: str, world: PopularityWorld |
     return SamplingDesign(m, adaptive_max=design.cap, exact_at_cap=design.exact_at_cap)
 
 
+def _check_share_design(design: SamplingDesign, n_min: int, method: str) -> SamplingDesign:
+    """A design with an exact share checked for the plan: uniform draws (fixed or adaptive), read by ``diff``
+    (``method`` ``auto`` or ``diff``; any other estimator ignores the share, whose pairs would be spent for
+    nothing). Returned as simulated (an adaptive cap rounded down to m 2^s)."""
+    share = design.exact_share
+    if registry.get(method).family not in ("auto", "design_based"):
+        raise ValueError(f"designs: {design.describe()} has an exact share, which only 'diff' (and 'auto', which "
+                         f"runs it there) reads; {method!r} would ignore it: plan with method='auto' or 'diff', or "
+                         "give the design without exact_share")
+    if design.law == "popularity":
+        raise ValueError(f"designs: {design.describe()} draws by popularity with an exact share, which the planner "
+                         "does not forecast (its popularity world simulates no exact share); plan the share on "
+                         "uniform draws, or give the design without exact_share")
+    _check_below_full(design.n_samples, n_min)
+    if design.adaptive_max is None:
+        return design
+    return SamplingDesign(design.n_samples, adaptive_max=design.cap, exact_share=share)
+
+
 def _adaptive_start(n: int) -> int:
     """m0 of the default adaptive designs (and of :func:`pilot_design`): 100, or (n - 1) // 8 below n = 801."""
     return min(DEFAULT_ADAPTIVE_START, max(1, (n - 1) // 8))
@@ -715,7 +758,8 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
     n - 1 (and n - 1 <= MAX_SAMPLES, the largest m of the exact groups it is read as), that design with ``exact_at_cap`` (the positives still first at the cap ranked exactly): without it
     the flag ``cap_reached`` widens the interval the user reads to what the top leaves unidentified (on the
     README's plan, +-28% of NDCG@10 for a point error of 2.7%), and the plan's interval target would find no
-    sampled design.
+    sampled design. Then, for ``auto`` and ``diff``, the largest adaptive design with an active exact share of each
+    of :data:`DEFAULT_SHARES` (``diff``'s interval holds by design; each costs its share of n - 1 pairs per user).
     """
     n = check_size(n_items, "n_items", 2)
     out = [SamplingDesign(m) for m in DEFAULT_FIXED_M if m < n - 1]
@@ -732,6 +776,8 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
             completed = dataclasses.replace(last, exact_at_cap=True)
             if registry.get(method).supports(completed):
                 out.append(completed)
+        if registry.get(method).family in ("auto", "design_based") and last.adaptive_max is not None:
+            out += [dataclasses.replace(last, exact_share=ExactShare(s, choice="active")) for s in DEFAULT_SHARES]
     return out
 
 
@@ -1065,13 +1111,13 @@ def _cheapest_first(designs: Sequence[SamplingDesign], exact: torch.Tensor, n_t:
     p = ((exact.double() - 1.0) / (n - 1.0).clamp(min=1.0)).numpy()  # (repeats, users)
     cost = []
     for design in designs:
-        adaptive = design.adaptive
+        adaptive, share = design.adaptive, _share_pairs(design, n_t)
         if adaptive is None:
-            cost.append(1.0 + design.n_samples)
+            cost.append(1.0 + design.n_samples + share)
             continue
         mean, first = expected_samples(p, adaptive)
         extra = float((first * (n - 1.0).numpy()).mean()) if design.exact_at_cap else 0.0
-        cost.append(1.0 + float(mean.mean()) + extra)
+        cost.append(1.0 + float(mean.mean()) + extra + share)
     return sorted(range(len(designs)), key=lambda d: (cost[d], d))
 
 
@@ -1092,10 +1138,11 @@ class _Simulation:
     mean_samples: float
     completion_pairs: float
     pairs_se: float
+    share_pairs: float = 0.0  # an exact share: its expected pairs per user (:func:`_share_pairs`)
 
     @property
     def pairs(self) -> float:
-        return 1.0 + self.mean_samples + self.completion_pairs
+        return 1.0 + self.mean_samples + self.completion_pairs + self.share_pairs
 
 
 def _simulate(design: SamplingDesign, draws: _Draws, gen: torch.Generator) -> _Simulation:
@@ -1121,7 +1168,17 @@ def _simulate(design: SamplingDesign, draws: _Draws, gen: torch.Generator) -> _S
     # the pairs' Monte Carlo se: the spread of each simulated positive's pairs over repeats x n_users
     per = None if sizes is None else sizes.double() + (0.0 if extra is None else extra)
     pairs_se = 0.0 if per is None else float(per.std() / math.sqrt(per.numel()))
-    return _Simulation(sampled, sizes, done, mean_samples, completion_pairs, pairs_se)
+    return _Simulation(sampled, sizes, done, mean_samples, completion_pairs, pairs_se, _share_pairs(design, n_t))
+
+
+def _share_pairs(design: SamplingDesign, n_t: torch.Tensor) -> float:
+    """Expected pairs per user of ``design``'s exact share: a chosen positive's row scores its n - 1 irrelevant
+    candidates (``scorer_ranks.complete_from_scorer``), and the mean inclusion probability is the share (uniform:
+    each pi; active: pi's mean by construction, ``_design_based.inclusion_probabilities``), so share x mean(n - 1)
+    (exact for a uniform share, for an active one where pi does not follow n); 0 without a share."""
+    if design.exact_share is None:
+        return 0.0
+    return design.exact_share.share * float((n_t.double() - 1.0).mean())
 
 
 def _design_method(design: SamplingDesign, sim: _Simulation, s: _Settings, n_t: torch.Tensor) -> registry.Method:
@@ -1132,7 +1189,9 @@ def _design_method(design: SamplingDesign, sim: _Simulation, s: _Settings, n_t: 
     from ._auto import auto_method
 
     run = s.method.name
-    if registry.get(run).family == "auto":
+    if design.exact_share is not None:  # auto runs diff on a sample with an exact share (_check_share_design)
+        run = "diff"
+    elif registry.get(run).family == "auto":
         if design.popularity is not None:
             run = registry.popularity_auto(s.spec, design)
         else:
@@ -1166,7 +1225,9 @@ class _Replicates:
 
     def fill(self, js: range) -> None:
         """Fill ``est[j]`` (and ``width[j]``) for j in ``js``."""
-        if self.design.popularity is not None:
+        if self.design.exact_share is not None:
+            self._shares(js)
+        elif self.design.popularity is not None:
             self._popularity(js)
         elif self.batched and self.sim.done is None and _JOINT_FITS:  # every repeat on one likelihood
             self._joint_fits(js)
@@ -1201,6 +1262,27 @@ class _Replicates:
             drawn = self.shape.sampled(self.draws.exact_np[j], self.design.popularity, self.design.n_samples,
                                        _world_seed(self.s.seed, j), self.gen)
             e = estimate(self.s.spec, drawn, self.run)
+            lo, hi = e.interval(0.95)
+            self.est[j], self.width[j] = e.value, hi - lo
+            self.tick(1)
+
+    def _shares(self, js: range) -> None:
+        """A design with an exact share: per replicate, the share drawn as the loop draws it (pi from
+        ``_design_based.share_inclusion`` of the replicate's sampled ranks: an active share's model fit, phase 2;
+        each positive chosen when a uniform < pi), its exact ranks the replicate's own, and the estimate and 95%
+        interval the user will read (``estimate(metric, sampled, method)``: ``diff``)."""
+        from ._design_based import share_inclusion
+        from ._share import with_share_arrays
+        from .estimators import estimate
+
+        share = self.design.exact_share
+        assert share is not None  # fill's test
+        for j in js:
+            drawn = SampledRanks.from_arrays(self.sim.sampled[j], self.draws.n_t, self._sizes(j), self.design)
+            pi = share_inclusion(drawn, share)
+            chosen = torch.rand(len(pi), generator=self.gen, dtype=torch.float64) < torch.from_numpy(pi)
+            exact = torch.where(chosen, self.draws.exact[j], torch.zeros_like(self.draws.exact[j]))
+            e = estimate(self.s.spec, with_share_arrays(drawn, exact, pi), self.s.method)
             lo, hi = e.interval(0.95)
             self.est[j], self.width[j] = e.value, hi - lo
             self.tick(1)
@@ -1297,7 +1379,8 @@ def _forecast_design(run: _PlanRun, d: int, design: SamplingDesign) -> DesignFor
         resolution=(draws.n_mean - 1.0) / (design.cap + 1.0) + 1.0, replacement=design.replacement,
         pairs_se=sim.pairs_se, scoring_seconds=_scoring_seconds(sim.pairs, s.n_users, s.seconds_per_pair),
         exact_at_cap=design.exact_at_cap, completion_pairs=sim.completion_pairs, method=method.name,
-        popularity_power=power, popularity=design.popularity)
+        popularity_power=power, popularity=design.popularity, exact_share=design.exact_share,
+        share_pairs=sim.share_pairs)
     pruned = _pruned_forecast(DesignForecast(rel_bias=math.nan, rel_sd=math.nan, rel_error=math.nan,
                                              meets_target=False, **costs))
     if run.pruning.excludes(sim.pairs):  # a cheaper design meets the target already: this one cannot be the pick
@@ -1332,7 +1415,7 @@ def _rel_width(reps: _Replicates, used: int) -> float:
     truths = reps.draws.truths[:used]
     if not np.all(truths != 0):
         return math.nan
-    if reps.design.popularity is None:
+    if reps.design.popularity is None and reps.design.exact_share is None:  # the others' replicates hold theirs
         js = range(min(used, WIDTH_REPEATS))
         reps.widths(js)
         truths = truths[: len(js)]
@@ -1421,8 +1504,9 @@ def plan(
         designs: candidate designs, :class:`~reco_sampled_plugin.design.SamplingDesign` objects (uniform draws
             with or without replacement, or adaptive; popularity draws with replacement with a popularity pilot,
             whose weights put every item in the pilot's popularity class, e.g. any positive
-            power of the pilot's weights); default :func:`default_designs` of the smallest n (with a popularity
-            pilot: its own law at the fixed m of :data:`DEFAULT_FIXED_M` first).
+            power of the pilot's weights), with an exact share (uniform draws; ``method`` ``auto`` or ``diff``, which
+            read it); default :func:`default_designs` of the smallest n (with a popularity pilot: its own law at the
+            fixed m of :data:`DEFAULT_FIXED_M` first).
         method: the estimator to forecast: a registered name (``reco_sampled_plugin.registry.names()``) that
             supports the designs, or its options object (``registry.Gmod(df=8)``; fits run without bootstrap);
             default ``auto``.

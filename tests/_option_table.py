@@ -256,7 +256,8 @@ def entries(tmp: str) -> list[Entry]:
             "rsp_side_by_side": "bool?", "rsp_stderr": "bool?", "rsp_interval": "bool?", "rsp_full_ranks": "bool?",
             "rsp_tensorboard": "bool?", "rsp_seed": "int?", "rsp_m": "int?",
             "rsp_estimators": "names?", "rsp_weighting": "str?",
-            "rsp_ties": "str?", "rsp_check_finite": "bool|str?"}),
+            "rsp_ties": "str?", "rsp_check_finite": "bool|str?", "rsp_exact_share": "float?",
+            "rsp_exact_share_choice": "str?"}),
     ]
     return out
 

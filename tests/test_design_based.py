@@ -269,10 +269,3 @@ def test_histogram_path_matches_the_positives_and_merges(matrix):
     with pytest.raises(ValueError, match="^other: one histogram carries an exact share"):
         merged.merge(rsp.sampled_ranks(scores, pos, 30).histogram())
 
-
-def test_entry_points_without_a_share_refuse_it():
-    """Where no exact share is drawn yet (the planner) a design with one is refused, naming it, never silently
-    dropped (the adapters, evaluate_factors and rank files take it: tests/test_design_based_entry_points.py)."""
-    design = SamplingDesign(10, exact_share=0.2)
-    with pytest.raises(ValueError, match=r"^designs: .*exact share"):
-        rsp.plan(2000, 500, "ndcg@10", 0.05, designs=[design])

@@ -145,14 +145,20 @@ def _pairs(designs: list[SamplingDesign]) -> list[tuple[int, int | None]]:
 
 
 def test_default_designs_grid():
-    assert _pairs(default_designs(10_000)) == [(50, None), (100, None), (200, None), (500, None), (1000, None),
-                                               (2000, None), (100, 800), (100, 3200), (100, 12800)]
+    def plain(n, **kw):  # the grid without its active exact shares (tests/test_planner_share.py)
+        grid = default_designs(n, **kw)
+        shared = [d for d in grid if d.exact_share is not None]
+        last = [d for d in grid if d.adaptive_max is not None and not d.exact_at_cap and d.exact_share is None]
+        assert [(d.n_samples, d.adaptive_max) for d in shared] == [(d.n_samples, d.adaptive_max) for d in last[-1:]] * 3
+        return _pairs([d for d in grid if d.exact_share is None])
+
+    assert plain(10_000) == [(50, None), (100, None), (200, None), (500, None), (1000, None),
+                             (2000, None), (100, 800), (100, 3200), (100, 12800)]
     # up to the first cap >= n - 1; fixed m < n - 1
-    assert _pairs(default_designs(1000)) == [(50, None), (100, None), (200, None), (500, None), (100, 800),
-                                             (100, 3200)]
+    assert plain(1000) == [(50, None), (100, None), (200, None), (500, None), (100, 800), (100, 3200)]
     # small catalogues start adaptive sampling lower (m0 = (n - 1) // 8), caps rounded down to m0 2^s
-    assert _pairs(default_designs(300)) == [(50, None), (100, None), (200, None), (37, 592)]
-    assert _pairs(default_designs(10_000, method="bv")) == [(m, None) for m in (50, 100, 200, 500, 1000, 2000)]
+    assert plain(300) == [(50, None), (100, None), (200, None), (37, 592)]
+    assert plain(10_000, method="bv") == [(m, None) for m in (50, 100, 200, 500, 1000, 2000)]
 
 
 def test_adaptive_cost_and_pilot_rescaling():

@@ -649,3 +649,76 @@ def test_rankdist_bootstrap_only_for_a_standard_error():
     assert kwargs(rsp_interval=False).n_bootstrap == 0
     assert kwargs(rsp_interval=False, rsp_stderr=True).n_bootstrap == 8
     assert kwargs(rsp_interval=True, rsp_estimator_options={"auto": {"n_bootstrap": 4}}).n_bootstrap == 4
+
+
+@pytest.mark.parametrize("mode, choice", [("uni100", "active"), ("pop100", "uniform")])
+def test_exact_share_equals_the_core(bpr, mode, choice):
+    """rsp_exact_share in uniN / popN: the positives chosen by the keyed uniform of (rsp_seed, user id, item id)
+    below their inclusion probability, their exact ranks those of full mode (the same model and split, ranked
+    independently there), the reported estimates the core's difference estimator on those draws (user weights),
+    and the cost the first stage plus each chosen row's whole candidate list. popN: the share drawn alike and carried
+    by the popularity sample the estimators read (``pl_fit``'s estimates, 50-100 s each here, are the core's: their
+    share is tests/test_design_based.py's)."""
+    from reco_sampled_plugin import estimate
+    from reco_sampled_plugin._hash import keyed_uniform
+    from reco_sampled_plugin.adapters import _recbole_metrics as rm
+    from reco_sampled_plugin.design import ExactShare
+
+    metrics = ["CorrectedNDCG", "CorrectedHit"]
+    cheap = {} if mode == "uni100" else {"rsp_estimators": ["none"]}  # popN: no pl_fit (below)
+    config, _, _, test = _prepare("BPR", {**cheap, "eval_args": {"mode": mode}, "metrics": metrics, "rsp_seed": 5,
+                                          "valid_metric": "CorrectedNDCG@10/auto", "rsp_exact_share": 0.05,
+                                          "rsp_exact_share_choice": choice, "rsp_n_grid": 0})
+    trainer = Trainer(config, bpr["model"])
+    res, struct = _evaluate(trainer, test)
+    cols = rb.positive_table(struct)
+    exact, pi = struct.get(rb.PLUGIN_KEY).__dict__["_rsp_share"]
+    uid, item = cols["uid"].long(), cols["item"].long()
+    chosen = exact > 0
+    assert torch.equal(chosen, keyed_uniform(5, uid, item) < pi) and 10 < int(chosen.sum()) < 0.2 * len(pi)
+    if choice == "uniform":
+        assert bool((pi == 0.05).all())
+    else:
+        assert float(pi.mean()) == pytest.approx(0.05, rel=1e-6) and float(pi.max()) > 2 * float(pi.min())
+    full = rb.positive_table(bpr["struct"])  # full mode: every positive's exact rank among its irrelevant items
+    where = {(int(u), int(i)): k for k, (u, i) in enumerate(zip(full["uid"].long(), full["item"].long()))}
+    at = torch.tensor([where[(int(u), int(i))] for u, i in zip(uid[chosen], item[chosen])])
+    assert torch.equal(exact[chosen], full["rank_irrelevant"][at])
+    assert torch.equal(cols["n_candidates"][chosen], full["n_candidates"][at])
+    cost = trainer.eval_collector.rsp_cost  # a chosen row scores its candidates (a block's rows padded to its longest)
+    share_pairs = cost.pairs - int((1 + cols["m"]).sum())
+    n_irr = cols["n_candidates"][chosen] - 1
+    assert int(n_irr.sum()) <= share_pairs <= int(chosen.sum()) * int(n_irr.max()) and cost.stages == 2
+    w = 1.0 / cols["n_positives"]
+    if mode == "uni100":
+        design = SamplingDesign(100, exact_share=ExactShare(0.05, choice=choice, seed=5))
+        sampled = SampledRanks.from_arrays(cols["sampled_rank"].long(), cols["n_candidates"].long(), 100, design,
+                                           share_ranks=exact.long(), inclusion=pi)
+    else:  # popN: the sample the estimators read carries the share as drawn (the design's and the arrays)
+        table = struct.get(rb.PLUGIN_KEY)
+        rm._table_cache(table).clear()
+        popn = rm._popularity_ranks(table, ExactShare(0.05, seed=5))
+        assert popn.design.exact_share == ExactShare(0.05, seed=5) and popn.design.popularity is not None
+        assert torch.equal(popn.share_ranks, exact) and torch.equal(popn.inclusion, pi)
+        return
+    for key, metric in (("correctedndcg@10/auto", "ndcg@10"), ("correctedhit@10/auto", "hit@10")):
+        core = estimate(metric, sampled, weights=w)
+        assert core.details["method"] == "diff" and core.details["n_exact"] == int(chosen.sum())
+        assert res[key] == pytest.approx(core.value, abs=1e-10), key
+        lo, hi = core.interval(0.95)
+        assert res[f"{key}_lo"] == pytest.approx(lo, abs=1e-10) and res[f"{key}_hi"] == pytest.approx(hi, abs=1e-10)
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"rsp_exact_share": 0.1}, "^rsp_exact_share: the (valid|test) mode is 'full'"),
+    ({"eval_args": {"mode": "uni100"}, "rsp_exact_share": 1.5}, r"^rsp_exact_share: expected a number in \(0, 1\]"),
+    ({"eval_args": {"mode": "uni100"}, "rsp_exact_share": 0.1, "rsp_exact_share_choice": "greedy"},
+     "^rsp_exact_share_choice: expected one of"),
+    ({"eval_args": {"mode": "uni100"}, "rsp_exact_share_choice": "active"}, "^rsp_exact_share_choice: set rsp_exact_share"),
+])
+def test_exact_share_keys_are_checked(extra, match):
+    base = {**BASE, "metrics": ["CorrectedNDCG"], "valid_metric": "CorrectedNDCG@10/auto", "rsp_m": 100}
+    if "eval_args" in extra:
+        base.pop("rsp_m")
+    with pytest.raises(ValueError, match=match):
+        Config(model="BPR", dataset="ml-100k", config_dict={**base, **extra})

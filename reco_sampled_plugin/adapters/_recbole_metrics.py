@@ -22,7 +22,8 @@ from reco_sampled_plugin import estimators  # the contract, estimators._estimate
 from reco_sampled_plugin.metric_names import MetricSpec, parse_metric
 from reco_sampled_plugin.metrics import metric_from_float_ranks
 from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS, PopularityStats
-from reco_sampled_plugin.design import SamplingDesign
+from reco_sampled_plugin._share import ShareRows
+from reco_sampled_plugin.design import ExactShare, SamplingDesign
 from reco_sampled_plugin.ranking import SampledRanks
 
 from ._recbole_ranks import (_HH_BEATING, _HH_S1, _HH_S2, _HH_UNREACHABLE, _ITEM, _M, _N_COLS, _N_IRR, _N_POS,
@@ -156,7 +157,7 @@ class _EstimatedMetric(_Metric):
         design = s.design.adaptive if s.design is not None else None  # adaptive: rsp_adaptive_max (full or uniN)
         method = self._method()
         family = type(method).entry.family
-        popn = _popularity_ranks(table)
+        popn = _popularity_ranks(table, s.exact_share)
         if popn is not None and family != "none":
             # popN: the draws' own statistics through the core (the registry's popularity estimators; none keeps the
             # histogram, as the law-free sampled metric needs nothing more)
@@ -170,7 +171,8 @@ class _EstimatedMetric(_Metric):
         # the 95% interval right after its point (Estimate.interval: honest about the unresolved top); stderr opt-in
         out.update({k2: self._round(v) for k2, v in interval_values(key, result, interval=s.interval,
                                                                     stderr=s.stderr).items()})
-        if design is not None:  # what adaptive sampling cost (weighted like the estimate)
+        if design is not None and "adaptive" in result.details:  # what adaptive sampling cost (weighted like the
+            # estimate; diff's estimate on a share reports none)
             cost = result.details["adaptive"]
             out[f"{base}/adaptive_mean_samples"] = self._round(cost["mean_samples"])
             out[f"{base}/adaptive_max_samples"] = int(cost["max_samples"])
@@ -197,10 +199,12 @@ class _EstimatedMetric(_Metric):
         return out
 
 
-def _popularity_ranks(table: torch.Tensor) -> SampledRanks:
+def _popularity_ranks(table: torch.Tensor, share: ExactShare | None = None) -> SampledRanks | None:
     """popN tables: the positives' :class:`~reco_sampled_plugin.ranking.SampledRanks` under the sampler's popularity
-    design, carrying each positive's Hansen-Hurwitz statistics (the ``hh_*`` columns) and its exact candidate count
-    (no ``rsp_n_grid``: the estimate reads n per positive); None for other modes. Cached on the table."""
+    design (with ``share``, ``rsp_exact_share``: its exact ranks and inclusion probabilities once drawn, the table's
+    ``_rsp_share``), carrying each positive's Hansen-Hurwitz statistics (the ``hh_*`` columns) and its exact
+    candidate count (no ``rsp_n_grid``: the estimate reads n per positive); None for other modes. Cached on the
+    table."""
     cache = _table_cache(table)
     if "popularity" not in cache:
         weights = table.__dict__.get("_rsp_popularity")
@@ -216,9 +220,49 @@ def _popularity_ranks(table: torch.Tensor) -> SampledRanks:
             stats = PopularityStats(t[:, _HH_BEATING], t[:, _HH_S1], t[:, _HH_S2],
                                     t[:, _HH_UNREACHABLE].to(torch.int64), profile, beat_bins, miss_bins,
                                     w[t[:, _ITEM].to(torch.int64).clamp(0, w.shape[0] - 1).to(w.device)].cpu())
-            design = SamplingDesign.trusted(m, popularity=weights)
-            cache["popularity"] = SampledRanks(t[:, _R_SAMPLED], t[:, _N_IRR], None, design, popularity_stats=stats)
+            design = SamplingDesign.trusted(m, popularity=weights, exact_share=share)
+            drawn = table.__dict__.get("_rsp_share")
+            exact, pi = (None, None) if drawn is None or share is None else (drawn[0][rows], drawn[1][rows])
+            cache["popularity"] = SampledRanks(t[:, _R_SAMPLED], t[:, _N_IRR], None, design, popularity_stats=stats,
+                                               share_ranks=exact, inclusion=pi)
     return cache["popularity"]
+
+
+def share_sample(table: torch.Tensor, s: _Settings) -> SampledRanks:
+    """The table's positives as :class:`~reco_sampled_plugin.ranking.SampledRanks` under the evaluation's design with
+    its exact share (``s.exact_share``; popN: the sampler's popularity weights and the draws' statistics), before
+    the share is drawn: what its inclusion probabilities are computed from (``_recbole_stages.run_share``). Not
+    cached (the estimates read the table once the share is on it)."""
+    popn = _popularity_ranks(table, s.exact_share)
+    _table_cache(table).pop("popularity", None)
+    if popn is not None:
+        return popn
+    m = table[:, _M].to(torch.int64)
+    design = _share_design(table, s)
+    return SampledRanks(table[:, _R_SAMPLED].to(torch.int64), table[:, _N_IRR].to(torch.int64), None, design,
+                        m if design.adaptive_max is not None else None)
+
+
+def _share_design(table: torch.Tensor, s: _Settings) -> SamplingDesign:
+    """The design of a sampled-mode table with an exact share: the settings' (one N for every phase), else this
+    phase's N (its ``m`` column) with the share."""
+    if s.design is not None:
+        return s.design
+    return SamplingDesign.trusted(int(table[0, _M]), exact_share=s.exact_share)
+
+
+def _share_rows(table: torch.Tensor, rows: Any, n_est: np.ndarray, w: np.ndarray) -> ShareRows | None:
+    """The exact share's rows (``RankHistogram.share``) of the positives ``rows`` of a table whose share is drawn
+    (``_rsp_share``), at the histogram's candidate counts ``n_est`` and weights ``w``; None without a share."""
+    drawn = table.__dict__.get("_rsp_share")
+    if drawn is None:
+        return None
+    exact, pi = (x.numpy(force=True)[rows] for x in drawn)
+    chosen = exact > 0
+    columns = table.numpy(force=True)[rows]
+    return ShareRows(n_est[chosen].astype(np.int64), columns[chosen, _M].astype(np.int64),
+                     columns[chosen, _R_SAMPLED].astype(np.float64), exact[chosen].astype(np.float64),
+                     pi[chosen].astype(np.float64), w[chosen].astype(np.float64), census=bool((pi >= 1.0).all()))
 
 
 def _sampled_weights(table: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -247,7 +291,11 @@ def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_
             hist = _bincount_histogram(r, n_est, m, w)
         else:
             hist = sampled_rank_histogram(r, n_est, m, weights=w)  # the empty histogram
-        cache[key] = hist.with_design(s.design)
+        share = _share_rows(table, rows, n_est, w)
+        if share is None:
+            cache[key] = hist.with_design(s.design)
+        else:  # the exact share travels with the counts (RankHistogram.share): diff reads it
+            cache[key] = hist.with_design(_share_design(table, s)).with_share(share)
     return cache[key]
 
 

@@ -752,7 +752,8 @@ def _process_sampled(collector: Any, scores: torch.Tensor, pos_u: torch.Tensor, 
     gen = _generator(collector, settings, scores.device)
     table[:, _R_SAMPLED] = _sampled_from_scores(s_neg, s_pos, settings.ties, gen)
     table[:, _M] = float(n_draws)
-    if settings.adaptive_max is not None:  # the later stages rank against the positives' first-stage scores
+    if settings.adaptive_max is not None or settings.exact_share is not None:  # the later stages and the share
+        # rank against the positives' first-stage scores
         collector.__dict__.setdefault("_rsp_pos_scores", []).append(s_pos)
     table[:, _UID] = uids.to(torch.float64)
     table[:, _N_IRR] = (scores.shape[1] - _used_counts(collector, uids)).to(torch.float64)  # item_num (padding included) minus used

@@ -16,7 +16,7 @@ import numpy as np
 from reco_sampled_plugin import registry
 from reco_sampled_plugin._checks import check_int
 from reco_sampled_plugin._options import check_bool, check_float, check_names
-from reco_sampled_plugin.design import SamplingDesign
+from reco_sampled_plugin.design import SHARE_CHOICES, ExactShare, SamplingDesign
 from reco_sampled_plugin.ranking import DETERMINISTIC_TIES
 
 #: Every plugin config key with its default (``None``: see docs/recbole.md).
@@ -39,6 +39,8 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_full_ranks": False,  # full mode: exact ranks of every positive even with > 64 positives per user on average
     "rsp_tensorboard": True,  # write the plugin's values to RecBole's TensorBoard writer
     "rsp_check_finite": True,  # NaN / +inf anywhere in the scores is an error; "positives" or false: held-out items only
+    "rsp_exact_share": None,  # uniN / popN: a keyed share in (0, 1] of the positives also ranked exactly (full sort)
+    "rsp_exact_share_choice": "uniform",  # uniform: each positive with that probability; active: the model's spread
 }
 
 _TIES = DETERMINISTIC_TIES
@@ -155,6 +157,7 @@ class _Settings:
     adaptive_max: int | None = None
     check_finite: bool | str = True  # True, False or "positives" (False and "positives": held-out items' scores only)
     design: SamplingDesign | None = None  # None: full mode without rsp_m, or sampled modes of different N
+    exact_share: ExactShare | None = None  # rsp_exact_share (uniN / popN): in ``design`` too (uniN)
 
     @property
     def needs_exact(self) -> bool:
@@ -391,6 +394,10 @@ def validate_config(config: Any) -> _Settings | None:
         _check_sample_sizes(config, modes, names, chosen, m, replacement)
     adaptive_max = _adaptive_max(config, modes, m, replacement)
     design = _sampling_design(modes, m, replacement, adaptive_max)
+    share = _exact_share(config, modes, seed)
+    if share is not None and design is not None:
+        design = SamplingDesign(design.n_samples, replacement=replacement, adaptive_max=adaptive_max,
+                                exact_share=share)
     if design is not None and estimators:
         _check_supported(design, names, chosen)
     topk = _topk(config)
@@ -419,7 +426,33 @@ def validate_config(config: Any) -> _Settings | None:
         adaptive_max=adaptive_max,
         check_finite=_check_finite(_get(config, "rsp_check_finite")),
         design=design,
+        exact_share=share,
     )
+
+
+def _exact_share(config: Any, modes: dict, seed: int) -> ExactShare | None:
+    """``rsp_exact_share`` / ``rsp_exact_share_choice``: the keyed share of the positives the plugin also ranks
+    exactly in ``uniN`` / ``popN`` modes (the chosen users' whole candidate lists scored through the model's
+    ``predict``: ``_recbole_stages.run_share``), keyed by ``rsp_seed`` (else RecBole's ``seed``); None without one.
+    Full mode ranks every positive exactly already: refused there."""
+    raw = _get(config, "rsp_exact_share")
+    choice = _get(config, "rsp_exact_share_choice")
+    if raw is None:
+        if choice != CONFIG_DEFAULTS["rsp_exact_share_choice"]:
+            raise ValueError("rsp_exact_share_choice: set rsp_exact_share too (the share, e.g. 0.1)")
+        return None
+    full = [phase for phase, mode in modes.items() if mode == "full"]
+    if full:
+        raise ValueError(f"rsp_exact_share: the {full[0]} mode is 'full', which ranks every positive exactly already; "
+                         "an exact share is for the sampled modes (uniN, popN)")
+    if isinstance(raw, (bool, np.bool_)) or not isinstance(raw, (int, float, np.integer, np.floating)):
+        raise ValueError(f"rsp_exact_share: expected a number in (0, 1], got {raw!r}")
+    if not isinstance(choice, str) or choice.lower() not in SHARE_CHOICES:
+        raise ValueError(f"rsp_exact_share_choice: expected one of {SHARE_CHOICES}, got {choice!r}")
+    try:
+        return ExactShare(float(raw), choice=choice.lower(), seed=seed)
+    except ValueError as exc:
+        raise ValueError(f"rsp_exact_share: {str(exc).partition(': ')[2]}") from None
 
 
 def estimate_key(metric: str, estimator: str) -> str:

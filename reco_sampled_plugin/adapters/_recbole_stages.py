@@ -23,14 +23,15 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from reco_sampled_plugin.scorer_ranks import ScoringCost, ScorerCalls, adaptive_stages
+from reco_sampled_plugin.ranking import SampledRanks
+from reco_sampled_plugin.scorer_ranks import ScoringCost, ScorerCalls, adaptive_stages, complete_from_scorer
 
 from reco_sampled_plugin.ranking import prepare_index
 
 from ._recbole_ranks import _ITEM, _M, _N_IRR, _N_POS, _R_SAMPLED, _UID, _counts_per_row, _generator, _neg_layout, _on
 from ._recbole_settings import _Settings
 
-__all__ = ["keep_positive_rows", "run_stages"]
+__all__ = ["keep_positive_rows", "later_scoring", "run_stages", "run_share", "stage_context"]
 
 
 # the plugin's rsp_ties -> the core's tie policy with the same law (``average``: the positive placed uniformly
@@ -109,10 +110,10 @@ def _predict_scorer(model: Any, dataset: Any, device: torch.device, rows: Any,
     return scorer
 
 
-def run_stages(collector: Any, table: torch.Tensor, settings: _Settings) -> ScoringCost | None:
-    """Run the adaptive stages on the per-positive table of a ``uniN`` evaluation, in place (``sampled_rank`` and
-    ``m`` of the positives that drew more) and return what the evaluation scored (RecBole's first stage and the
-    plugin's stages); None when nothing was kept (no uniN batch)."""
+def stage_context(collector: Any, table: torch.Tensor, key: str) -> tuple[Any, torch.Tensor, Any, Any] | None:
+    """(the positives' kept rows, their first-stage scores, the model, the dataloader) of a ``uniN`` / ``popN``
+    evaluation, taken off the collector once for the plugin's later scoring (``key``: the config key that asks for
+    it, named in errors); None when nothing was kept (no sampled batch)."""
     kept = collector.__dict__.pop("_rsp_kept", None)
     scores = collector.__dict__.pop("_rsp_pos_scores", None)
     if not kept or not scores or table.shape[0] == 0:
@@ -121,16 +122,24 @@ def run_stages(collector: Any, table: torch.Tensor, settings: _Settings) -> Scor
                      table.device)
     from recbole.data.interaction import cat_interactions
 
-    t0 = time.perf_counter()
     model = getattr(collector, "_rsp_model", None)
     eval_data = getattr(collector, "_rsp_eval_data", None)
     if model is None or eval_data is None:
-        raise RuntimeError("reco_sampled_plugin: rsp_adaptive_max in uniN mode scores the later stages with the "
-                           "model's predict; evaluate through a RecBole Trainer (its evaluate hands the model over)")
+        raise RuntimeError(f"reco_sampled_plugin: {key} in a sampled mode scores with the model's predict; "
+                           "evaluate through a RecBole Trainer (its evaluate hands the model over)")
     rows = kept[0] if len(kept) == 1 else cat_interactions(kept)
     if len(rows) != table.shape[0] or pos_scores.shape[0] != table.shape[0]:
         raise RuntimeError(f"reco_sampled_plugin: {len(rows)} kept rows and {pos_scores.shape[0]} scores for "
                            f"{table.shape[0]} positives")
+    return rows, pos_scores, model, eval_data
+
+
+def run_stages(collector: Any, table: torch.Tensor, settings: _Settings, context: tuple) -> ScoringCost:
+    """Run the adaptive stages on the per-positive table of a ``uniN`` evaluation, in place (``sampled_rank`` and
+    ``m`` of the positives that drew more) and return what the evaluation scored (RecBole's first stage and the
+    plugin's stages); ``context``: :func:`stage_context`'s."""
+    rows, pos_scores, model, eval_data = context
+    t0 = time.perf_counter()
     dev = table.device
     design = settings.design
     assert design is not None  # rsp_adaptive_max: one first-stage size, so one design (validate_config)
@@ -156,8 +165,85 @@ def run_stages(collector: Any, table: torch.Tensor, settings: _Settings) -> Scor
             _generator(collector, settings, dev), from_mask=False)
         table[todo, _R_SAMPLED] = ranks[:, 0].to(torch.float64)
         table[todo, _M] = sizes[:, 0].to(torch.float64)
-    # full ranking: each evaluated row's candidates (its irrelevant items and its positives), once per row
-    full = int(((table[:, _N_IRR] - 1 + table[:, _N_POS]) / table[:, _N_POS]).sum().round())
+    full = _full_pairs(table)
     seconds = time.perf_counter() - t0
     return ScoringCost(first_stage + calls.pairs, calls.calls, calls.seconds, max(seconds - calls.seconds, 0.0),
                        full, stages)
+
+
+def _full_pairs(table: torch.Tensor) -> int:
+    """The pairs full ranking scores: each evaluated row's candidates (its irrelevant items and its positives), once
+    per row."""
+    return int(((table[:, _N_IRR] - 1 + table[:, _N_POS]) / table[:, _N_POS]).sum().round())
+
+
+def later_scoring(collector: Any, table: torch.Tensor, settings: _Settings) -> tuple[ScoringCost, str] | None:
+    """What the plugin scores after RecBole's sampled batches, in place on the per-positive table: ``uniN`` with
+    ``rsp_adaptive_max`` the later stages (:func:`run_stages`), then with ``rsp_exact_share`` the share
+    (:func:`run_share`; its exact ranks and inclusion probabilities kept on the table as ``_rsp_share``, which
+    ``_recbole_metrics`` reads). Returns (what the evaluation scored, RecBole's first stage included; its name in
+    words), None where nothing was kept (no sampled batch)."""
+    from ._recbole_metrics import share_sample
+
+    key = "rsp_adaptive_max" if settings.adaptive_max is not None else "rsp_exact_share"
+    context = stage_context(collector, table, key)
+    if context is None:
+        return None
+    if settings.adaptive_max is not None:
+        cost, what = run_stages(collector, table, settings, context), "adaptive uniN sampling"
+    else:  # RecBole's sampled batches alone: 1 + N pairs per positive
+        cost, what = ScoringCost(int((1 + table[:, _M]).sum()), 0, 0.0, 0.0, _full_pairs(table), 1), "sampling"
+    if settings.exact_share is not None:
+        exact, inclusion, share_cost = run_share(collector, table, settings, context, share_sample(table, settings))
+        table.__dict__["_rsp_share"] = (exact.to(torch.float64).cpu(), inclusion.cpu())
+        chosen = int((exact > 0).sum())
+        cost = cost + share_cost
+        cost = ScoringCost(cost.pairs, cost.calls, cost.scorer_seconds, cost.loop_seconds, cost.full_pairs,
+                           cost.stages + int(chosen > 0))
+        what += f" with an exact share ({settings.exact_share.describe()}: {chosen} positives ranked exactly)"
+    return cost, what
+
+
+def run_share(collector: Any, table: torch.Tensor, settings: _Settings, context: tuple,
+              sampled: SampledRanks) -> tuple[torch.Tensor, torch.Tensor, ScoringCost]:
+    """The exact share (``rsp_exact_share``) of a ``uniN`` / ``popN`` evaluation: pi of each positive
+    (``_design_based.share_inclusion`` of ``sampled``, the table's sampled ranks under the evaluation's design: an
+    active share fits the model on them first), the keyed choice (``_share.choose_share``: user id and item id
+    under ``rsp_seed``, the same positives whichever batch or model), and each chosen positive ranked exactly
+    among its user's candidates (the catalogue but the padding item 0 and the user's used items, RecBole's
+    exclusions: the table's ``n_candidates``) by scoring them all through the model's ``predict``
+    (``scorer_ranks.complete_from_scorer``). Returns (exact ranks, 0 where not chosen; pi; what the share scored:
+    ``ScoringCost``, its ``full_pairs`` 0: the evaluation's are counted once, by the caller)."""
+    from reco_sampled_plugin._design_based import share_inclusion
+    from reco_sampled_plugin._share import choose_share
+
+    rows, pos_scores, model, eval_data = context
+    t0 = time.perf_counter()
+    dev = table.device
+    uids, items = table[:, _UID].to(torch.int64), table[:, _ITEM].to(torch.int64)
+    item_num = int(eval_data._dataset.item_num)
+    csr = _used_csr(eval_data._sampler)
+    scorer = _predict_scorer(model, eval_data._dataset, collector._rsp_device, rows,
+                             collector.config["ITEM_ID_FIELD"])
+    calls = ScorerCalls(scorer, int(collector.config["eval_batch_size"]), settings.check_finite is True, dev)
+    gen = _generator(collector, settings, dev)
+
+    def rank_chosen(chosen: torch.Tensor) -> torch.Tensor:
+        """Exact ranks of the chosen positives (K, 1), 0 elsewhere: only their rows' exclusions are built."""
+        out = torch.zeros(chosen.shape, dtype=torch.int64, device=dev)
+        idx = chosen[:, 0].nonzero().squeeze(1)
+        if idx.numel():
+            exclude = _on(_exclusions(csr, uids[idx], items[idx]), dev)
+            pos, exc = prepare_index(items[idx].unsqueeze(1), exclude, idx.numel(), item_num, dev)
+            out[idx] = complete_from_scorer(calls, pos >= 0, pos, exc, idx, pos_scores[idx].reshape(-1, 1).to(
+                torch.float64), item_num, _CORE_TIES[settings.ties], gen).to(torch.int64)
+        return out
+
+    assert sampled.design is not None and sampled.design.exact_share is not None  # rsp_exact_share
+    pi = share_inclusion(sampled, sampled.design.exact_share)  # one positive per row of the choice:
+    per_row = SampledRanks(sampled.ranks.reshape(-1, 1), sampled.candidates().reshape(-1, 1), None, sampled.design)
+    got = choose_share(per_row, uids, items.unsqueeze(1), rank_chosen, pi)
+    assert got.share_ranks is not None and got.inclusion is not None  # the design has a share
+    seconds = time.perf_counter() - t0
+    cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(seconds - calls.seconds, 0.0), 0, 1)
+    return got.share_ranks.reshape(-1), got.inclusion.reshape(-1), cost

@@ -38,7 +38,7 @@ from ._recbole_settings import CONFIG_DEFAULTS, FAMILIES, _Settings, _settings, 
 
 if TYPE_CHECKING:
     import torch
-from ._recbole_stages import keep_positive_rows, run_stages
+from ._recbole_stages import keep_positive_rows, later_scoring
 
 __all__ = [
     "register",
@@ -89,14 +89,14 @@ def _wrap_collector() -> None:
         collect(self, scores_tensor, interaction, positive_u, positive_i)
         collect_batch(self, scores_tensor, interaction, positive_u, positive_i)
         settings = self.__dict__.get("_rsp_settings_now")
-        if settings is not None and settings.adaptive_max is not None and len(interaction) != scores_tensor.shape[0]:
-            keep_positive_rows(self, interaction, positive_u, positive_i)  # uniN: context of the later stages
+        if settings is not None and _scores_later(settings) and len(interaction) != scores_tensor.shape[0]:
+            keep_positive_rows(self, interaction, positive_u, positive_i)  # uniN / popN: context of later scoring
 
     def get_data_struct(self: Any) -> Any:
         table = finish_collection(self)
         settings = self.__dict__.get("_rsp_settings_now")
-        if table is not None and settings is not None and settings.adaptive_max is not None:
-            _adaptive_stages(self, table, settings)
+        if table is not None and settings is not None and _scores_later(settings):
+            _later_scoring(self, table, settings)
         struct = get_struct(self)
         if table is not None:
             struct.set(PLUGIN_KEY, table)
@@ -111,18 +111,25 @@ def _wrap_collector() -> None:
     Collector.get_data_struct = get_data_struct
 
 
-def _adaptive_stages(collector: Any, table: torch.Tensor, settings: _Settings) -> None:
-    """uniN with ``rsp_adaptive_max``: the later stages scored through the model's predict (``_recbole_stages``);
-    what the evaluation scored is logged and kept as ``collector.rsp_cost`` (a ``ScoringCost``)."""
-    cost = run_stages(collector, table, settings)
-    if cost is None:
+def _scores_later(settings: _Settings) -> bool:
+    """Whether the plugin scores pairs itself after RecBole's sampled batches (adaptive stages, an exact share)."""
+    return settings.adaptive_max is not None or settings.exact_share is not None
+
+
+def _later_scoring(collector: Any, table: torch.Tensor, settings: _Settings) -> None:
+    """uniN with ``rsp_adaptive_max``: the later stages; uniN / popN with ``rsp_exact_share``: the share's users
+    scored whole (``_recbole_stages.later_scoring``); what the evaluation scored is logged and kept as
+    ``collector.rsp_cost`` (a ``ScoringCost``)."""
+    done = later_scoring(collector, table, settings)
+    if done is None:
         return
+    cost, what = done
     collector.rsp_cost = cost
     logger.info(
-        "reco_sampled_plugin: adaptive uniN sampling scored %d (user, item) pairs in %d stage(s) (%.1f%% of full "
-        "ranking's %d): RecBole's first stage and %d plugin predict call(s) on the positives still first, %.3f s in "
-        "predict, %.3f s drawing and counting", cost.pairs, cost.stages, 100 * cost.share_of_full, cost.full_pairs,
-        cost.calls, cost.scorer_seconds, cost.loop_seconds)
+        "reco_sampled_plugin: %s scored %d (user, item) pairs in %d stage(s) (%.1f%% of full ranking's %d): "
+        "RecBole's first stage and %d plugin predict call(s), %.3f s in predict, %.3f s drawing and counting", what,
+        cost.pairs, cost.stages, 100 * cost.share_of_full, cost.full_pairs, cost.calls, cost.scorer_seconds,
+        cost.loop_seconds)
 
 
 def _plugin_keys(result: dict, settings: _Settings) -> list[str]:
