@@ -604,11 +604,13 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int) -> np.ndarray:
             n = counts[:, c][None, :, None]  # (1, N, 1)
             if not np.any(n > 0):
                 continue
-            rest = n - t
+            n_max = int(n.max())
+            h = min(kmax, n_max) + 1  # rows t > n_max are nil for every unit (log C(n, t) = -inf): never formed
+            rest = n - t[:h]
             ni = n.astype(np.int64)
-            logc = np.where(rest >= 0, log_fact[ni] - log_fact_t - log_fact[np.clip(ni - ti, 0, None)],
-                            -np.inf)  # (kmax + 1, N, 1): log C(n, t), -inf beyond n
-            lpmf = logc + t * logo[None, :, :, c]
+            logc = np.where(rest >= 0, log_fact[ni] - log_fact_t[:h] - log_fact[np.clip(ni - ti[:h], 0, None)],
+                            -np.inf)  # (h, N, 1): log C(n, t), -inf beyond n
+            lpmf = logc + t[:h] * logo[None, :, :, c]
             mx = lpmf.max(0)
             poly = np.exp(lpmf - mx)
             # certain items beyond the truncation: no t <= kmax is possible
@@ -616,13 +618,20 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int) -> np.ndarray:
             # log of the largest coefficient of the true pmf: the factor (1 - p)^n back (p = 1: the point mass at n)
             mx = np.where(p[..., c] >= 1.0, 0.0, mx + n[0] * l1p[..., c])
             # the polynomial product truncated at kmax: new[t] = sum_{s <= t} acc[s] poly[t - s], s increasing;
-            # the terms known to be zero (acc beyond its degree, poly beyond the class's largest count) left out
+            # the terms known to be zero (acc beyond its degree, poly beyond the class's largest count) left out.
+            # One multiply-add per s, or per d = t - s in decreasing d (the same terms of each t in the same order),
+            # whichever takes fewer steps
             new.fill(0.0)
-            n_max = int(n.max())
-            for s in range(degree + 1):  # the coefficients (at most COUNT_EXACT_RANK), not data
-                width = min(kmax + 1 - s, n_max + 1)
-                np.multiply(acc[s], poly[:width], out=prod[:width])
-                np.add(new[s:s + width], prod[:width], out=new[s:s + width])
+            if degree < h:
+                for s in range(degree + 1):  # the coefficients (at most COUNT_EXACT_RANK), not data
+                    width = min(kmax + 1 - s, h)
+                    np.multiply(acc[s], poly[:width], out=prod[:width])
+                    np.add(new[s:s + width], prod[:width], out=new[s:s + width])
+            else:
+                for d in range(h - 1, -1, -1):
+                    length = min(degree + 1, kmax + 1 - d)
+                    np.multiply(acc[:length], poly[d], out=prod[:length])
+                    np.add(new[d:d + length], prod[:length], out=new[d:d + length])
             degree = min(kmax, degree + n_max)
             top = new.max(0)
             top = np.where(top > 0, top, 1.0)

@@ -84,17 +84,31 @@ def _world(seed: int, users: int = 600, n: int = 300, tilts: tuple = ((0.0, 0.0)
 
 
 @pytest.fixture(scope="module")
-def mixed_draws():
-    out = []
-    for seed in range(3):
-        scores, pos, w = _world(seed)
+def mixed_worlds():
+    """The three mixed-tilt worlds of ``_world`` (seeds 0-2), built once for the module."""
+    return [_world(seed) for seed in range(3)]
+
+
+@pytest.fixture(scope="module")
+def mixed_draws(mixed_worlds):
+    """(per seed (sampled, {metric: truth}, {(metric, strata): Estimate}), seed 0's stratified fit
+    (``popularity.pl_fit(sampled)``), seed 0's estimates with ``niche="constrained"``): each draw fitted once per
+    strata option for the tests of this module. Seed 0 comes last, so that its two fits (``fit`` keeps the last two)
+    are the ones the later estimates on the same statistics find."""
+    out: list = [None] * 3
+    for seed in (1, 2, 0):
+        scores, pos, w = mixed_worlds[seed]
         exact = rsp.exact_ranks(scores, pos, count_other_positives=False).view(-1)
         sampled = rsp.sampled_ranks(scores, pos, SamplingDesign(50, popularity=w),
                                     generator=torch.Generator().manual_seed(100 + seed))
         truth = {s: float(metric_values(s, exact, torch.full_like(exact, scores.shape[1])).double().mean())
                  for s in METRICS}
-        out.append((sampled, truth))
-    return out
+        est = {(s, how): rsp.estimate(s, sampled, rsp.registry.PlFit(strata=how))
+               for s in METRICS for how in ("positive", "none")}
+        out[seed] = (sampled, truth, est)
+    sampled = out[0][0]
+    constrained = {s: rsp.estimate(s, sampled, rsp.registry.PlFit(niche="constrained")) for s in METRICS}
+    return out, popularity.pl_fit(sampled), constrained
 
 
 def test_strata_follow_users_who_differ_in_tilt(mixed_draws):
@@ -103,10 +117,10 @@ def test_strata_follow_users_who_differ_in_tilt(mixed_draws):
     against 0.091 as one fit, over HR@10 and NDCG@10 and three seeds, stratified closer in 4 of 6; without the count
     term 0.049 against 0.092); both intervals cover."""
     err = {"positive": [], "none": []}
-    for sampled, truth in mixed_draws:
+    for sampled, truth, est in mixed_draws[0]:
         for s in METRICS:
             for how in err:
-                e = rsp.estimate(s, sampled, rsp.registry.PlFit(strata=how))
+                e = est[(s, how)]
                 assert ("strata" in e.details) == (how == "positive")
                 err[how].append(abs(e.value / truth[s] - 1))
                 lo, hi = e.interval(0.95)
@@ -116,37 +130,14 @@ def test_strata_follow_users_who_differ_in_tilt(mixed_draws):
     assert strat < 0.08, strat
 
 
-def test_strata_cost_little_where_every_user_shares_one_tilt():
-    """Where the model holds for all users alike (beta 1.5 for everyone), the halves estimate the same tilt from half
-    the positives each: no measurable loss (measured with the defaults: mean |relative error| 0.013 stratified,
-    0.017 as one fit, HR@10 and NDCG@10, three seeds; without the count term 0.040 and 0.046: where the model holds,
-    the count term removes the low NDCG bias); every interval covers."""
-    err = {"positive": [], "none": []}
-    for seed in range(3):
-        scores, pos, w = _world(seed, tilts=((1.5, 1.5), (1.5, 1.5)))
-        exact = rsp.exact_ranks(scores, pos, count_other_positives=False).view(-1)
-        sampled = rsp.sampled_ranks(scores, pos, SamplingDesign(50, popularity=w),
-                                    generator=torch.Generator().manual_seed(100 + seed))
-        for s in METRICS:
-            truth = float(metric_values(s, exact, torch.full_like(exact, scores.shape[1])).double().mean())
-            for how in err:
-                e = rsp.estimate(s, sampled, rsp.registry.PlFit(strata=how))
-                err[how].append(abs(e.value / truth - 1))
-                lo, hi = e.interval(0.95)
-                assert lo <= truth <= hi, (how, s, lo, truth, hi)
-    strat, pooled = float(np.mean(err["positive"])), float(np.mean(err["none"]))
-    assert strat <= pooled + 0.02 and strat < 0.03, (strat, pooled)
-
-
 def test_combination_equals_the_strata_fitted_alone(mixed_draws):
     """Value = the shares' mean of each stratum's own fit (PopularityFit on the hand-cut units); the standard error
     = the pooled total-variance formula recomputed from every unit's posterior mean and variance; the hull = the
     shares' mean of the strata's hulls; the details name each stratum. The constrained values (``niche="constrained"``),
     whose per-unit posterior means the formula reads; the hedge where a stratum's test rejects is
     tests/test_popularity_niche.py's."""
-    sampled = mixed_draws[0][0]
+    (sampled, _, _), f, constrained = mixed_draws[0][0], mixed_draws[1], mixed_draws[2]  # f: pl_fit(sampled)
     units = popularity.popularity_draws(sampled).units
-    f = popularity.pl_fit(sampled)
     assert isinstance(f, pf.StratifiedFit)
     x = units.covariate
     low = x <= np.median(x) if abs((x <= np.median(x)).mean() - 0.5) <= abs((x < np.median(x)).mean() - 0.5) \
@@ -172,28 +163,14 @@ def test_combination_equals_the_strata_fitted_alone(mixed_draws):
         lo, hi, _ = f.bounds(spec)
         assert lo == pytest.approx(sum(b[0] * sh for _, b, sh in parts), rel=1e-12)
         assert hi == pytest.approx(sum(b[1] * sh for _, b, sh in parts), rel=1e-12)
-        e = rsp.estimate(s, sampled, rsp.registry.PlFit(niche="constrained"))
+        e = constrained[s]  # rsp.estimate(s, sampled, rsp.registry.PlFit(niche="constrained"))
         assert e.value == pytest.approx(value, rel=1e-12)
         assert [d["share"] for d in e.details["strata"]] == pytest.approx([sh for *_, sh in parts])
         assert [d["value"] for d in e.details["strata"]] == pytest.approx([v for v, *_ in parts], rel=1e-12)
         assert len(e.details["beta"]) == 2 and e.details["identified"] == pytest.approx((lo, hi))
 
 
-def test_strata_option_is_checked_and_bare_weights_fit_as_one(mixed_draws):
-    sampled = mixed_draws[0][0]
-    with pytest.raises(ValueError, match="strata"):
-        rsp.estimate("hit@10", sampled, rsp.registry.PlFit(strata="user"))
-    # statistics without the positives' weights (saved before they were kept) are fitted as one
-    st_ = sampled.popularity_stats
-    bare = type(sampled)(sampled.ranks, sampled.n_candidates, sampled.negatives, sampled.design,
-                         popularity_stats=type(st_)(st_.beating, st_.inv_q, st_.inv_q2, st_.unreachable, st_.profile,
-                                                    st_.beat_bins, st_.miss_bins))
-    e = rsp.estimate("hit@10", bare, method="pl_fit")
-    assert "strata" not in e.details
-    assert e.value == rsp.estimate("hit@10", sampled, rsp.registry.PlFit(strata="none")).value
-
-
-def test_stratified_fit_from_device_draws_equals_the_cpu_one(device):
+def test_stratified_fit_from_device_draws_equals_the_cpu_one(device, mixed_worlds, mixed_draws):
     """The same draws on ``device`` (one CPU generator, integer weights: the inverse-cdf draw is exact on every
     device) give the same ranks and statistics, each on the device (the positive's own weight too: w at the
     positive), and the same stratified estimate as on the CPU."""
@@ -209,6 +186,8 @@ def test_stratified_fit_from_device_draws_equals_the_cpu_one(device):
         assert torch.equal(st_.positive_weight.cpu().view(-1), w.double()[pos.view(-1)])
         got[str(dev)] = (s, [f.cpu() for f in fields])
     (s_cpu, f_cpu), (s_dev, f_dev) = got["cpu"], got[str(device)]
+    shared, _, est = mixed_draws[0][0]
+    assert torch.equal(s_cpu.ranks, shared.ranks) and torch.equal(s_cpu.negatives, shared.negatives)
     assert torch.equal(s_cpu.ranks, s_dev.ranks.cpu())
     # the device's draws, their statistics recomputed on the CPU from the drawn negatives alone (not a second draw)
     given = rsp.sampled_ranks(scores, pos, SamplingDesign(50, popularity=w), negatives=s_dev.negatives.cpu())
@@ -218,8 +197,44 @@ def test_stratified_fit_from_device_draws_equals_the_cpu_one(device):
     for a, b in zip(f_cpu, f_dev):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-9)
     for metric in METRICS:
-        e_cpu = rsp.estimate(metric, s_cpu, method="pl_fit")
+        e_cpu = est[(metric, "positive")]  # rsp.estimate(metric, s_cpu, method="pl_fit") on the same draw
         e_dev = rsp.estimate(metric, s_dev, method="pl_fit")
         assert len(e_dev.details["strata"]) == 2
         assert e_dev.value == pytest.approx(e_cpu.value, rel=1e-9, abs=1e-12)
         assert e_dev.stderr == pytest.approx(e_cpu.stderr, rel=1e-9, abs=1e-12)
+
+
+def test_strata_option_is_checked_and_bare_weights_fit_as_one(mixed_draws):
+    sampled, _, est = mixed_draws[0][0]
+    with pytest.raises(ValueError, match="strata"):
+        rsp.estimate("hit@10", sampled, rsp.registry.PlFit(strata="user"))
+    # statistics without the positives' weights (saved before they were kept) are fitted as one
+    st_ = sampled.popularity_stats
+    bare = type(sampled)(sampled.ranks, sampled.n_candidates, sampled.negatives, sampled.design,
+                         popularity_stats=type(st_)(st_.beating, st_.inv_q, st_.inv_q2, st_.unreachable, st_.profile,
+                                                    st_.beat_bins, st_.miss_bins))
+    e = rsp.estimate("hit@10", bare, method="pl_fit")
+    assert "strata" not in e.details
+    assert e.value == est[("hit@10", "none")].value  # rsp.estimate("hit@10", sampled, PlFit(strata="none"))
+
+
+def test_strata_cost_little_where_every_user_shares_one_tilt():
+    """Where the model holds for all users alike (beta 1.5 for everyone), the halves estimate the same tilt from half
+    the positives each: no measurable loss (measured with the defaults: mean |relative error| 0.013 stratified,
+    0.017 as one fit, HR@10 and NDCG@10, three seeds; without the count term 0.040 and 0.046: where the model holds,
+    the count term removes the low NDCG bias); every interval covers."""
+    err = {"positive": [], "none": []}
+    for seed in range(3):
+        scores, pos, w = _world(seed, tilts=((1.5, 1.5), (1.5, 1.5)))
+        exact = rsp.exact_ranks(scores, pos, count_other_positives=False).view(-1)
+        sampled = rsp.sampled_ranks(scores, pos, SamplingDesign(50, popularity=w),
+                                    generator=torch.Generator().manual_seed(100 + seed))
+        for s in METRICS:
+            truth = float(metric_values(s, exact, torch.full_like(exact, scores.shape[1])).double().mean())
+            for how in err:
+                e = rsp.estimate(s, sampled, rsp.registry.PlFit(strata=how))
+                err[how].append(abs(e.value / truth - 1))
+                lo, hi = e.interval(0.95)
+                assert lo <= truth <= hi, (how, s, lo, truth, hi)
+    strat, pooled = float(np.mean(err["positive"])), float(np.mean(err["none"]))
+    assert strat <= pooled + 0.02 and strat < 0.03, (strat, pooled)
