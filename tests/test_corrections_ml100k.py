@@ -69,7 +69,7 @@ def test_bv_expected_value_closer_to_exact(ml100k):
 
 
 @pytest.mark.xfail(strict=True, reason="false on ml-100k: bv adds variance where sampling is nearly unbiased")
-def test_issue_claim_bv_orders_every_pair_at_least_as_often(ml100k):
+def test_the_claim_that_bv_orders_every_pair_at_least_as_often(ml100k):
     _, _, out = ml100k
     for metric in METRICS:
         for pair, count_none in out["counts"][metric]["none"].items():
@@ -130,6 +130,6 @@ def test_best_rank_distribution_estimator_beats_uncorrected(rank_distribution_ru
 
 @pytest.mark.xfail(strict=True, reason="false on ml-100k: the uncorrected metric orders most pairs right "
                    "every time (low variance), the estimators trade that for variance (docs/research-notes.md)")
-def test_issue_claim_best_rank_distribution_orders_pairs_at_least_as_often(rank_distribution_runs):
+def test_the_claim_that_the_best_rank_distribution_orders_pairs_at_least_as_often(rank_distribution_runs):
     best, _, agreement = rank_distribution_runs
     assert agreement(best).mean() >= agreement("none").mean()
