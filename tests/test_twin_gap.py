@@ -1,5 +1,5 @@
 """The twin gap of ``gmod``'s interval: how far the users' metric moves in a twin of the data whose draws
-barely differ (positives moved by one exact rank, squared Hellinger distances summing to at most ``TWIN_H2``), and
+barely differ (positives moved to other exact ranks, squared Hellinger distances summing to at most ``TWIN_H2``), and
 the bias-aware interval ends built on it (Armstrong & Kolesar 2020)."""
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def _lp_gap(dist: rd.RankDistribution, sampled: torch.Tensor, metric: str, budge
             return stats.binom.pmf(j, M, r / (N_ITEMS - 1.0))
         return stats.hypergeom.pmf(j, N_ITEMS - 1, r, M)
 
-    moves = [(i, i + s) for i in range(top) for s in (-1, 1) if 0 <= i + s < top]
+    moves = [(i, j) for i in range(top) for j in range(top) if i != j]  # any rank to any other in the window
     gain = np.array([(value[b] - value[a]) / len(sampled) for a, b in moves])
     cost = np.array([1.0 - np.sum(np.sqrt(pmf(a) * pmf(b))) for a, b in moves])
     ok = np.isfinite(cost)
@@ -203,8 +203,9 @@ def test_twin_gap_properties(n, m, n_pos, power, seed, law, metric):
     assert np.all(big >= small - 1e-15)
     users = dist.metric(spec, target="users").value
     assert big[0] <= users + 1e-12 and big[1] <= 1.0 - users + 1e-12
-    # one positive moved by one rank changes the users' metric by at most 1/N and costs at least the cheapest
-    # move's H^2 (positive: m >= 1 draws see every move): the budget buys at most budget / that many positives
+    # one positive moved changes the users' metric by at most 1/N and costs at least the cheapest one-rank move's
+    # H^2 (a move's cost grows with its distance; positive: m >= 1 draws see every move): the budget buys at most
+    # budget / that many positives
     first, last = rd._twin_ranks(spec, n, (n - 1) / (m + 1) + 1)
     ranks = np.arange(first, last, dtype=np.float64)
     cheapest = float(np.min(rd._move_h2(dist.details["sampling"], n, m, ranks, ranks + 1)))
