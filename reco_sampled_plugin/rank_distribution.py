@@ -1064,7 +1064,8 @@ def _pareto_moves(gain: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     nearer = np.full_like(g, -np.inf)
     nearer[:, :-1] = np.where(col[:, :-1] < src, best_left[:, 1:], -np.inf)
     nearer[:, 1:] = np.where(col[:, 1:] > src, best_right[:, :-1], nearer[:, 1:])
-    return np.nonzero(g > np.maximum(nearer, 0.0))
+    rows, cols = np.nonzero(g > np.maximum(nearer, 0.0))
+    return rows, cols
 
 
 def _twin_lp(rows: np.ndarray, g: np.ndarray, c: np.ndarray, count: np.ndarray, budget: float, steps: int = 50) -> float:
@@ -1293,7 +1294,7 @@ class RankDistribution:
 
         The positives come from the fitted prior: per candidate count n and rank R, the posterior expected number
         of positives, sum over the occupied columns of count x P(R | r~). Moving one of them from R to R' costs the
-        squared Hellinger distance of its sampled rank's two laws (:func:`_pair_h2`; m the group's, averaged over
+        squared Hellinger distance of its sampled rank's two laws (:func:`_move_h2`; m the group's, averaged over
         the groups of that n by their share of the positives at R: an adaptive design's stages, read from where
         the posterior puts each stage's positives, so no design is needed) and changes the users' metric by
         (M(R') - M(R)) / #positives. Per direction the largest change within ``budget``, each positive moved at
@@ -1351,8 +1352,11 @@ class RankDistribution:
         if not amounts:
             return 0.0, 0.0
         amount = np.concatenate(amounts)
-        down, up = ([np.concatenate(x) for x in zip(*moves[sign])] for sign in (-1.0, 1.0))
-        return _twin_lp(*down, amount, budget), _twin_lp(*up, amount, budget)
+        gaps = []
+        for sign in (-1.0, 1.0):
+            rows, gain, cost = (np.concatenate(x) for x in zip(*moves[sign]))
+            gaps.append(_twin_lp(rows, gain, cost, amount, budget))
+        return gaps[0], gaps[1]
 
     def metric(self, metric: str | MetricSpec, stderr: str = "auto", target: str = "population") -> DistributionEstimate:
         """Estimate sum_R P^(R) M(R) (each group's P^ truncated to its n) with a standard error; or, with
