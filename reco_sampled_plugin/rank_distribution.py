@@ -1017,34 +1017,91 @@ TWIN_H2 = 0.02
 def _move_h2(law: str, n: int, m: int, r: np.ndarray, r2: np.ndarray) -> np.ndarray:
     """Squared Hellinger distance H^2 = 1 - sum sqrt(P(r~ | r) P(r~ | r2)) between a positive's sampled-rank laws at
     exact ranks r and r2 (arrays of whole ranks in 1..n), m draws: 1 - BC^m, BC = sqrt(p q) + sqrt((1 - p)(1 - q))
-    the Bhattacharyya coefficient of one draw (p = (r - 1)/(n - 1)), for the binomial law; enumerated over r~ for
-    the hypergeometric one. Finite even where one law misses an outcome of the other (a rank moved up past the
-    draws without replacement: KL is infinite there, the laws still nearly equal)."""
+    the Bhattacharyya coefficient of one draw (p = (r - 1)/(n - 1)), for the binomial law; for the hypergeometric
+    one the laws' square roots at the distinct ranks, multiplied out (memory: distinct ranks x (m + 1)). Finite even
+    where one law misses an outcome of the other (a rank moved past draws without replacement: KL is infinite
+    there, the laws may still nearly agree)."""
     if law == "binomial":
         p, q = (r - 1.0) / (n - 1.0), (r2 - 1.0) / (n - 1.0)
         bc = np.sqrt(p * q) + np.sqrt((1.0 - p) * (1.0 - q))
         with np.errstate(divide="ignore"):
             return -np.expm1(m * np.log(np.minimum(bc, 1.0)))
-    a = _log_sampled_rank_pmf(torch.from_numpy(r), n, m, law).numpy()
-    b = _log_sampled_rank_pmf(torch.from_numpy(r2), n, m, law).numpy()
-    return np.maximum(1.0 - np.exp(0.5 * (a + b)).sum(1), 0.0)
+    ranks, inverse = np.unique(np.concatenate([r, r2]), return_inverse=True)
+    root = np.exp(0.5 * _log_sampled_rank_pmf(torch.from_numpy(ranks), n, m, law).numpy())
+    bc = root @ root.T
+    return np.maximum(1.0 - bc[inverse[: len(r)], inverse[len(r) :]], 0.0)
 
 
-#: at most this many consecutive exact ranks carry ``twin_gap``'s moves (bounds its memory: ranks x (m + 1)
-#: float64 per group for the hypergeometric law, 20 MB at m = 10^4)
+#: at most this many consecutive exact ranks carry ``twin_gap``'s moves (bounds its memory: ranks x ranks and
+#: ranks x (m + 1) float64 per group for the hypergeometric law, 20 MB at m = 10^4)
 TWIN_MAX_RANKS = 256
 
 
 def _twin_ranks(spec: MetricSpec, n: int, b: float) -> tuple[int, int]:
-    """The exact ranks first..last (1-based, within 1..n) whose one-rank moves ``twin_gap`` considers: up to K + 1
-    for a cut-off metric (moves past K + 1 leave it unchanged; the last ``TWIN_MAX_RANKS`` of them for a large K),
-    the first 2 b + 20 for a metric whose weight changes at every rank (MRR, AP, NDCG without cut-off), at most
-    ``TWIN_MAX_RANKS`` ranks in both cases."""
-    last = spec.k + 1 if spec.k is not None else int(math.ceil(2.0 * b)) + 20
+    """The exact ranks first..last (1-based, within 1..n) between which ``twin_gap`` moves positives: up to
+    2 (K + 1) for a cut-off metric (a move across K from twice as deep costs a positive at least (sqrt 2 - 1)^2 K /
+    (2 b) >= 4 budgets where K >= b; the last ``TWIN_MAX_RANKS`` of them for a large K), the first 2 b + 20 for a
+    metric whose weight changes at every rank (MRR, AP, NDCG without cut-off), at most ``TWIN_MAX_RANKS`` ranks in
+    both cases."""
+    last = 2 * (spec.k + 1) if spec.k is not None else int(math.ceil(2.0 * b)) + 20
     last = min(int(n), last)
     if spec.k is None:
         last = min(last, TWIN_MAX_RANKS)
     return max(1, last - TWIN_MAX_RANKS + 1), last
+
+
+def _pareto_moves(gain: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The moves (row i: from rank i of the window, column j: to rank j; positive gain) that no nearer move of the
+    same source beats, as (rows, cols), rows ascending: the others never carry an optimum of :func:`_twin_lp`. A
+    move's cost grows with its distance on either side of the source (the laws of r~ are ordered in R: binomial and
+    hypergeometric have monotone likelihood ratios), so a target is kept where its gain beats every nearer target's
+    on its side: running maxima outward from the diagonal, no costs needed."""
+    col = np.arange(gain.shape[1])[None, :]
+    src = np.arange(gain.shape[0])[:, None]
+    g = np.where(gain > 0, gain, -np.inf)
+    best_left = np.maximum.accumulate(np.where(col < src, g, -np.inf)[:, ::-1], axis=1)[:, ::-1]
+    best_right = np.maximum.accumulate(np.where(col > src, g, -np.inf), axis=1)
+    nearer = np.full_like(g, -np.inf)
+    nearer[:, :-1] = np.where(col[:, :-1] < src, best_left[:, 1:], -np.inf)
+    nearer[:, 1:] = np.where(col[:, 1:] > src, best_right[:, :-1], nearer[:, 1:])
+    rows, cols = np.nonzero(g > np.maximum(nearer, 0.0))
+    return rows, cols
+
+
+def _twin_lp(rows: np.ndarray, g: np.ndarray, c: np.ndarray, count: np.ndarray, budget: float, steps: int = 50) -> float:
+    """max sum_k g_k x_k subject to sum_k c_k x_k <= budget, sum over a row's moves of x_k <= count[row], x >= 0 (each
+    source's positives moved at most once): the linear program of the twin gap over flat moves (``rows``
+    ascending, gains ``g`` > 0, costs ``c``), solved on its Lagrangian. For a price lambda each source takes its
+    move of largest g - lambda c (if positive); the spend falls with lambda, and the optimum mixes the two
+    solutions that bracket the budget (bisection on log lambda; both optimal at the breakpoint, so their mix is
+    the LP's). Every 10 steps the moves worth less than the lower price (g / c <= lambda) are dropped: the
+    bisection never prices below it again, so they are never taken."""
+    keep = np.isfinite(c) & (count[rows] > 0)
+    if not np.any(keep):
+        return 0.0
+    ratio = g[keep] / np.maximum(c[keep], 1e-300)
+    lo, hi = math.log(float(ratio.min())) - 1.0, math.log(float(ratio.max())) + 1.0
+    g_hi = c_hi = 0.0
+    g_lo = c_lo = math.inf
+    for step in range(steps + 1):
+        if step % 10 == 0:  # (re)group the moves left by source
+            rows, g, c = rows[keep], g[keep], np.maximum(c[keep], 1e-300)
+            starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+            cnt, sizes, idx = count[rows[starts]], np.diff(np.r_[starts, len(g)]), np.arange(len(g))
+        lam = math.exp(lo if step == 0 else 0.5 * (lo + hi))
+        v = g - lam * c  # each source's best move at this price (the first of equal ones)
+        top = np.maximum.reduceat(v, starts)
+        best = np.minimum.reduceat(np.where(v == np.repeat(top, sizes), idx, len(g)), starts)
+        take = top > 0
+        gain, spend = float(np.sum((cnt * g[best])[take])), float(np.sum((cnt * c[best])[take]))
+        if step == 0 and spend <= budget:  # every worthwhile move fits the budget
+            return gain
+        if spend > budget:
+            lo, g_lo, c_lo = math.log(lam), gain, spend
+        else:
+            hi, g_hi, c_hi = math.log(lam), gain, spend
+        keep = g > math.exp(lo) * c
+    return g_hi + (g_lo - g_hi) * (budget - c_hi) / (c_lo - c_hi)
 
 
 # ------------------------------------------------------------------------------------------ results
@@ -1232,17 +1289,19 @@ class RankDistribution:
 
     def twin_gap(self, spec: MetricSpec, budget: float = TWIN_H2) -> tuple[float, float]:
         """How far the users' metric can move, down and up, in a *twin* of the data that the draws barely tell
-        apart: some positives moved by one exact rank (R -> R +- 1), their laws' squared Hellinger distances summing
-        to at most ``budget``.
+        apart: some positives moved to other exact ranks (R -> R', any R' of :func:`_twin_ranks`' window), their
+        laws' squared Hellinger distances summing to at most ``budget``.
 
         The positives come from the fitted prior: per candidate count n and rank R, the posterior expected number
         of positives, sum over the occupied columns of count x P(R | r~). Moving one of them from R to R' costs the
         squared Hellinger distance of its sampled rank's two laws (:func:`_move_h2`; m the group's, averaged over
         the groups of that n by their share of the positives at R: an adaptive design's stages, read from where
         the posterior puts each stage's positives, so no design is needed) and changes the users' metric by
-        (M(R') - M(R)) / #positives. Per direction the moves with the largest change per unit cost are taken
-        first, fractionally, until ``budget`` is spent (one move per positive). Exact groups (``exact_at_cap``) do
-        not move.
+        (M(R') - M(R)) / #positives. Per direction the largest change within ``budget``, each positive moved at
+        most once, fractionally (a linear program, :func:`_twin_lp`). Exact groups (``exact_at_cap``) do not move.
+        Moves of one rank alone leave out what matters where ranks are fine against the positives' density (a
+        cut-off K near a coarse resolution: about one positive per rank at K), where a twin moves positives from
+        several ranks past K at once.
 
         Why an interval should span it: if an interval covers the users' metric with probability 1 - alpha in
         both the data's world and a twin within total variation t, it contains the twin's value with probability
@@ -1265,7 +1324,10 @@ class RankDistribution:
         widths = np.diff(self.edges).astype(np.float64)
         movable = (hist.totals > 0) & ~hist.exact
         law = check_law(self.details.get("sampling", "binomial"))
-        gains, costs, amounts = [], [], []
+        moves: dict[float, list] = {-1.0: [], 1.0: []}  # per direction: (rows, gains, costs) of each n
+        amounts: list[np.ndarray] = []
+        offset = 0
+        pareto: dict[tuple[float, bytes], tuple[np.ndarray, np.ndarray]] = {}  # candidate counts with equal windows
         for n in np.unique(hist.n_items[movable]):
             groups = np.flatnonzero(movable & (hist.n_items == n))
             b = float(np.max((n - 1.0) / (hist.n_samples[groups] + 1.0))) + 1.0
@@ -1278,27 +1340,23 @@ class RankDistribution:
             # stopped), which weighs the groups' information about a move
             share = per_group / np.where(count > 0, count, 1.0)[:, None]
             value = interval_mean_metric(spec, r - 1.0, r, float(n))
-            for step in (-1, 1):  # r -> r - 1 (up the list), r -> r + 1 (down)
-                j = np.flatnonzero((r + step >= first) & (r + step <= last))
-                h2 = np.stack([_move_h2(law, int(n), int(hist.n_samples[g]), r[j], r[j + step]) for g in groups], 1)
-                gains.append((value[j + step] - value[j]) / hist.total)
-                costs.append((share[j] * h2).sum(1))
-                amounts.append(count[j])
-        if not gains:
+            change = (value[None, :] - value[:, None]) / hist.total  # (from rank i, to rank j)
+            for sign in moves:
+                key = (sign, change.tobytes())
+                i, j = pareto[key] = pareto[key] if key in pareto else _pareto_moves(sign * change)
+                h2 = sum(share[i, k] * _move_h2(law, int(n), int(hist.n_samples[g]), r[i], r[j])
+                         for k, g in enumerate(groups))
+                moves[sign].append((i + offset, sign * change[i, j], np.asarray(h2, dtype=np.float64)))
+            amounts.append(count)
+            offset += len(r)
+        if not amounts:
             return 0.0, 0.0
-        gain, cost, amount = (np.concatenate(x) for x in (gains, costs, amounts))
-        out = []
+        amount = np.concatenate(amounts)
+        gaps = []
         for sign in (-1.0, 1.0):
-            pick = (sign * gain > 0) & np.isfinite(cost) & (amount > 0)
-            g_, c_, a_ = sign * gain[pick], cost[pick], amount[pick]
-            order = np.argsort(-g_ / np.maximum(c_, 1e-300), kind="stable")
-            g_, c_, a_ = g_[order], c_[order], a_[order]
-            spent = np.cumsum(c_ * a_)
-            # whole moves while the budget lasts, then a fraction of the next one
-            before = np.concatenate([[0.0], spent[:-1]])
-            used = np.clip((budget - before) / np.maximum(c_ * a_, 1e-300), 0.0, 1.0)
-            out.append(float(np.sum(g_ * a_ * used)))
-        return out[0], out[1]
+            rows, gain, cost = (np.concatenate(x) for x in zip(*moves[sign]))
+            gaps.append(_twin_lp(rows, gain, cost, amount, budget))
+        return gaps[0], gaps[1]
 
     def metric(self, metric: str | MetricSpec, stderr: str = "auto", target: str = "population") -> DistributionEstimate:
         """Estimate sum_R P^(R) M(R) (each group's P^ truncated to its n) with a standard error; or, with

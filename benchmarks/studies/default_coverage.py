@@ -13,7 +13,7 @@ usable) and prints the summary: per method, the worst cell, the cells below 0.9,
 
 Run:  python benchmarks/studies/default_coverage.py [--repeats 100] [--datasets ml-100k ml-latest-small]
       [--ms 50 100 500] [--also bv] [--only bv] [--resolved-only] [--models iALS ...]
-      [--out benchmarks/results/default_coverage.jsonl] [--summary FILE ...]
+      [--out benchmarks/results/default_coverage.jsonl] [--ranks-cache DIR] [--summary FILE ...]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import pickle  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import warnings  # noqa: E402
@@ -43,10 +44,25 @@ from reco_sampled_plugin.simulate import draw_sampled_ranks  # noqa: E402
 METRICS = [f"hit@{k}" for k in KS] + [f"ndcg@{k}" for k in KS]
 
 
-def cells(dataset: str, ms, repeats: int, methods, seed: int = 0, resolved_only: bool = False, models=None):
+def rank_data(dataset: str, seed: int, cache: str | None):
+    """``accuracy_at_scale.exact_rank_data`` (the recommenders' exact ranks: a minute of training on
+    ml-latest-small), kept as ``{cache}/{dataset}-{seed}.pkl`` when ``cache`` is given."""
+    if cache is None:
+        return exact_rank_data(dataset, seed)
+    path = Path(cache) / f"{dataset}-{seed}.pkl"
+    if path.exists():
+        return pickle.loads(path.read_bytes())
+    data = exact_rank_data(dataset, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(pickle.dumps(data))
+    return data
+
+
+def cells(dataset: str, ms, repeats: int, methods, seed: int = 0, resolved_only: bool = False, models=None,
+          cache: str | None = None):
     """Yield one record per (m, recommender, metric, method): coverage, median width, what auto ran.
     ``resolved_only``: only the metrics with K at least the coarsest resolution b, and HR@100."""
-    ranks, n_u = exact_rank_data(dataset, seed)
+    ranks, n_u = rank_data(dataset, seed, cache)
     b_max = {m: (float(n_u.max()) - 1.0) / (m + 1.0) + 1.0 for m in ms}
     for m in ms:
         metrics = [mt for mt in METRICS if not resolved_only or mt == "hit@100" or int(mt.split("@")[1]) >= b_max[m]]
@@ -113,6 +129,7 @@ def main() -> None:
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "default_coverage.jsonl"))
     ap.add_argument("--resolved-only", action="store_true", help="only the cells with K >= b, and HR@100")
     ap.add_argument("--models", nargs="*", help="only these recommenders (default: all five)")
+    ap.add_argument("--ranks-cache", help="a folder keeping the recommenders' exact ranks between runs")
     ap.add_argument("--summary", nargs="+", help="no run: the summary of these JSON-lines files")
     args = ap.parse_args()
     if args.summary:
@@ -127,7 +144,7 @@ def main() -> None:
     with out.open("a") as fh:
         for ds in args.datasets:
             for row in cells(ds, args.ms, args.repeats, methods, resolved_only=args.resolved_only,
-                             models=args.models):
+                             models=args.models, cache=args.ranks_cache):
                 rows.append(row)
                 fh.write(json.dumps(row) + "\n")
                 fh.flush()
