@@ -481,7 +481,7 @@ def evaluate_dataset(dataset: Any, scorer_factory: ScorerFactory, n_items: int, 
 def _passes(dataset: Any, scorer_factory: ScorerFactory, job: _Job, engine: Engine) -> tuple[EvaluationState, int]:
     """(the merged state, its pickled bytes): one pass; an active exact share two (module docstring), pass 1 drawn
     without the share, its histogram tabulated into the share's pi (:class:`ShareLookup`), pass 2 with the table;
-    the state is pass 2's with the cost of both."""
+    the state is pass 2's with the cost of both (the pairs, calls and seconds of both; full ranking's pairs once)."""
     share = None if job.design is None else job.design.exact_share
     if share is None or share.choice != "active":
         merged = _run(dataset, scorer_factory, job, engine)
@@ -494,7 +494,7 @@ def _passes(dataset: Any, scorer_factory: ScorerFactory, job: _Job, engine: Engi
     lookup = ShareLookup.of(first.hist, job.design)
     merged = _run(dataset, scorer_factory, replace(job, share=lookup), engine)
     second: EvaluationState = pickle.loads(merged)
-    return replace(second, cost=first.cost + second.cost), len(merged)
+    return replace(second, cost=replace(first.cost + second.cost, full_pairs=second.cost.full_pairs)), len(merged)
 
 
 def _run(dataset: Any, scorer_factory: ScorerFactory, job: _Job, engine: Engine) -> bytes:
