@@ -125,31 +125,38 @@ def share_estimate(model_sum: float, total: float, y: np.ndarray, f: np.ndarray,
     return value, math.sqrt(var) / total, lam
 
 
-def inclusion_probabilities(share: ExactShare, f: np.ndarray, bounds: tuple[float, float]) -> np.ndarray:
+def inclusion_probabilities(share: ExactShare, f: np.ndarray, bounds: tuple[float, float],
+                            counts: np.ndarray | None = None) -> np.ndarray:
     """pi per positive (module docstring): ``share.share`` each for a uniform share; for an active one
     min(1, max(floor, c s)) with s the Bhatia-Davis spread of ``f`` within ``bounds`` and c found by bisection so the
-    mean is the share (a uniform share where every spread is 0)."""
+    mean is the share (a uniform share where every spread is 0). The means read the distinct spreads and how many
+    positives have each, so pi is a function of the multiset of spreads: the same bits in any order of the positives,
+    or from a table of them (``counts``: ``f`` holds cells, each standing for that many positives; the Ray adapter's
+    ``ShareLookup``)."""
     n = len(f)
     if share.choice == "uniform" or n == 0:
         return np.full(n, share.share)
     lo, hi = bounds
-    s = np.sqrt(np.maximum((f - lo) * (hi - f), 0.0))
+    s, at = np.unique(np.sqrt(np.maximum((f - lo) * (hi - f), 0.0)), return_inverse=True)
     if not float(s.max(initial=0.0)) > 0:
         return np.full(n, share.share)
+    c_w = np.bincount(at.reshape(-1), None if counts is None else np.asarray(counts, dtype=np.float64),
+                      len(s)).astype(np.float64)  # positives per distinct spread: whole numbers, summed exactly
+    total = float(c_w.sum())
     floor = float(share.floor)  # type: ignore[arg-type]  # filled in by ExactShare
     spread = s > 0
-    if share.share >= float(np.where(spread, 1.0, floor).mean()):  # beyond c s >= 1 for all: raise the rest
-        rest = (share.share * n - float(spread.sum())) / max(float((~spread).sum()), 1.0)
-        return np.where(spread, 1.0, min(max(rest, floor), 1.0))
+    if share.share >= float((c_w * np.where(spread, 1.0, floor)).sum()) / total:  # c s >= 1 for all: raise the rest
+        rest = (share.share * total - float(c_w[spread].sum())) / max(float(c_w[~spread].sum()), 1.0)
+        return np.where(spread, 1.0, min(max(rest, floor), 1.0))[at]
     scale = 1.0 / float(s.max())
     lo_c, hi_c = math.log(floor), math.log(float(s.max()) / float(s[spread].min()))  # mean <= share <= mean
     for _ in range(100):  # bisection on log c: the mean of pi is non-decreasing in c
         mid = 0.5 * (lo_c + hi_c)
-        if np.clip(math.exp(mid) * scale * s, floor, 1.0).mean() < share.share:
+        if float((c_w * np.clip(math.exp(mid) * scale * s, floor, 1.0)).sum()) / total < share.share:
             lo_c = mid
         else:
             hi_c = mid
-    return np.clip(math.exp(hi_c) * scale * s, floor, 1.0)
+    return np.clip(math.exp(hi_c) * scale * s, floor, 1.0)[at]
 
 
 # ---------------------------------------------------------------------------------------------- predictions

@@ -122,6 +122,23 @@ def test_active_probabilities():
     assert inclusion_probabilities(ExactShare(1.0, choice="active"), f, (0.0, 1.0)).min() == 1.0
 
 
+@pytest.mark.parametrize("share", [0.2, 0.9])  # 0.9: the branch where every spread positive gets 1
+def test_active_probabilities_are_a_function_of_the_spreads(share):
+    """pi depends on the multiset of predictions only: the positives shuffled, or given as cells with counts (a
+    histogram's table, as the Ray adapter's), give the same bits per positive."""
+    s = ExactShare(share, choice="active", floor=share / 5)
+    rng = np.random.default_rng(4)
+    cells = np.concatenate([[0.0, 1.0], rng.uniform(0, 1, 30)])
+    counts = rng.integers(1, 40, len(cells))
+    f = np.repeat(cells, counts)
+    pi = inclusion_probabilities(s, f, (0.0, 1.0))
+    assert np.average(pi) == pytest.approx(share, abs=1e-9)
+    perm = rng.permutation(len(f))
+    assert np.array_equal(inclusion_probabilities(s, f[perm], (0.0, 1.0)), pi[perm])
+    by_cell = inclusion_probabilities(s, cells, (0.0, 1.0), counts.astype(np.float64))
+    assert np.array_equal(np.repeat(by_cell, counts), pi)
+
+
 # ------------------------------------------------------------------------------------------ simulation
 def test_unbiased_and_covering_where_the_model_is_wrong():
     """Exact ranks piled on rank 1 and spread deep (n = 2000, m = 20: a first bin of ~95 ranks, which the fit spreads

@@ -3,6 +3,7 @@ draws), so any split into blocks, any actor count and a killed, retried actor gi
 bit; checked on a real local Ray cluster (no mocks). Skipped only where Ray is missing or too old (`make test`
 installs a supported Ray)."""
 
+import dataclasses
 import os
 import sys
 
@@ -68,12 +69,18 @@ def _table(rows, lo: int = 0, hi: int = N_USERS) -> pa.Table:
                      "exclude": pa.array(exclude[lo:hi], pa.list_(pa.int64()))})
 
 
-def _blocks_state(rows, design, cuts, order=None) -> "rr.EvaluationState":
-    """The state of the rows ranked in the blocks between ``cuts``, merged in ``order``."""
+def _blocks_state(rows, design, cuts, order=None, share=None) -> "rr.EvaluationState":
+    """The state of the rows ranked in the blocks between ``cuts``, merged in ``order``. An active share over
+    several blocks: evaluate_dataset's two passes (pass 1 without the share, its merged histogram tabulated, pass 2
+    with the table); over one block (no cuts), the core's own choice on the whole sample (``draw_share``)."""
+    active = design is not None and design.exact_share is not None and design.exact_share.choice == "active"
+    if active and cuts and share is None:
+        first = _blocks_state(rows, dataclasses.replace(design, exact_share=None), cuts, order)
+        return _blocks_state(rows, design, cuts, order, rr.ShareLookup.of(first.hist, design))
     scorer, cpu = Factory()(torch.device("cpu")), torch.device("cpu")
     bounds = list(zip([0, *cuts], [*cuts, N_USERS]))
     states = [rr.rank_block(scorer, *rr.batch_tensors(_table(rows, lo, hi), rr.Columns(), N_ITEMS, cpu), N_ITEMS,
-                            design, seed=11) for lo, hi in bounds]
+                            design, seed=11, share=share) for lo, hi in bounds]
     total = rr.EvaluationState()
     for i in order or range(len(states)):
         total = total.merge(states[i])
@@ -86,13 +93,17 @@ DESIGNS = {
     "popularity": SamplingDesign(12, popularity=torch.linspace(0.5, 3.0, N_ITEMS, dtype=torch.float64)),
     "adaptive_exact_at_cap": SamplingDesign(8, adaptive_max=32, exact_at_cap=True),
     "exact_share": SamplingDesign(12, exact_share=ExactShare(0.4, seed=3)),
+    "active_share": SamplingDesign(12, exact_share=ExactShare(0.3, choice="active", metric="hit@5", seed=3)),
+    "adaptive_active_share": SamplingDesign(8, adaptive_max=32, exact_share=ExactShare(0.3, choice="active", seed=3)),
     "exact": None,  # exact ranks: every candidate scored
 }
 # (metric, method) pairs estimated per design: the design's own estimators
 METHODS = {"uniform": (("ndcg@10", "auto"), ("hit@5", "bv")), "without_replacement": (("ndcg@10", "auto"),),
            "popularity": (("auc", "hh"), ("ndcg@10", "none")),
            "adaptive_exact_at_cap": (("ndcg@10", "auto"), ("hit@5", "mle")),
-           "exact_share": (("ndcg@10", "auto"), ("ndcg@10", "diff")), "exact": (("ndcg@10", "auto"), ("hit@5", "mle"))}
+           "exact_share": (("ndcg@10", "auto"), ("ndcg@10", "diff")), "active_share": (("hit@5", "diff"),),
+           "adaptive_active_share": (("ndcg@10", "auto"), ("hit@5", "diff")),
+           "exact": (("ndcg@10", "auto"), ("hit@5", "mle"))}
 
 
 def _estimates(evaluation, pairs):
@@ -103,7 +114,8 @@ def _estimates(evaluation, pairs):
 def test_blocks_and_merge_order_do_not_change_the_numbers(name):
     """Every design: one block, three uneven blocks merged in another order, and eleven blocks give the same sample
     and the same estimates bit for bit; the pairs scored add up (a completion pads only within its block); the
-    users are counted once."""
+    users are counted once. An exact share: the same share rows (chosen positives, exact ranks, inclusion
+    probabilities) bit for bit; an active one drawn in two passes equals the core's choice on the whole sample."""
     design, rows = DESIGNS[name], _rows()
     one = _blocks_state(rows, design, [])
     ev_one = rr.Evaluation(one, design)
@@ -118,6 +130,10 @@ def test_blocks_and_merge_order_do_not_change_the_numbers(name):
             assert a.same_groups(b) and np.array_equal(a.flat_counts, b.flat_counts)
         else:
             assert torch.equal(a.ranks, b.ranks) and torch.equal(a.popularity_stats.inv_q, b.popularity_stats.inv_q)
+        if design is not None and design.exact_share is not None:
+            assert a.share.equals(b.share) and len(a.share.n) > 0
+            if design.exact_share.choice == "active":  # probabilities that vary with the sampled data
+                assert len(np.unique(a.share.inclusion)) > 3
         if design is not None and not design.exact_at_cap and design.exact_share is None:  # no completion padding
             assert split.cost.pairs == one.cost.pairs and split.cost.full_pairs == one.cost.full_pairs
     if design is None:  # against brute force on the score matrix: R = 1 + candidates scoring above the positive
@@ -170,8 +186,9 @@ def test_state_equals_the_torchmetrics_scorer_loop(name):
 
 def test_batches_designs_and_versions_are_checked():
     """Rows: a list column with null lists, or one scalar held-out item per row, become padded indices; a held-out
-    item also excluded is refused. Designs: an active share and popularity without replacement are refused naming
-    ``n_samples``. Versions: a Ray older than MIN_RAY is an ImportError that says what to install."""
+    item also excluded is refused. Designs: an exact share with popularity draws and popularity without replacement
+    are refused naming ``n_samples``; an active share is taken, and its table refuses a positive it does not hold
+    (pass 2 on other rows than pass 1). Versions: a Ray older than MIN_RAY is an ImportError that says what to install."""
     cpu = torch.device("cpu")
     t = pa.table({"user": [4, 9, 2], "items": pa.array([[3, 1], [5], [7, 8, 0]], pa.list_(pa.int64())),
                   "exclude": pa.array([None, [2, 6], []], pa.list_(pa.int64()))}).slice(1)  # sliced: offsets != 0
@@ -182,8 +199,15 @@ def test_batches_designs_and_versions_are_checked():
     assert pos.tolist() == [[4], [0]] and exc is None
     with pytest.raises(ValueError, match="exclude|positive"):
         rr.batch_tensors(pa.table({"user": [1], "items": [[3]], "exclude": [[3]]}), rr.Columns(), 10, cpu)
-    with pytest.raises(ValueError, match="n_samples: an active exact share"):
-        rr.check_design(SamplingDesign(5, exact_share=ExactShare(0.3, choice="active")))
+    active = SamplingDesign(5, exact_share=ExactShare(0.3, choice="active"))
+    assert rr.check_design(active) is active
+    with pytest.raises(ValueError, match="n_samples: an exact share with popularity draws"):
+        rr.check_design(dataclasses.replace(active, popularity=torch.ones(10)))
+    design = DESIGNS["active_share"]
+    table = rr.ShareLookup.of(_blocks_state(_rows(), dataclasses.replace(design, exact_share=None), [45]).hist, design)
+    other = rr.batch_tensors(_table(_rows(5)), rr.Columns(), N_ITEMS, cpu)
+    with pytest.raises(ValueError, match="inclusion: a positive's sampled data is not in the share's table"):
+        rr.rank_block(Factory()(cpu), *other, N_ITEMS, design, seed=11, share=table)
     with pytest.raises(ValueError, match="n_samples: keyed popularity draws are with replacement"):
         rr.check_design(SamplingDesign(5, replacement=False, popularity=torch.ones(10)))
     saved = ray.__version__
@@ -207,19 +231,23 @@ def cluster():
 
 
 def test_ray_run_with_a_killed_actor_equals_one_process(cluster, tmp_path):
-    """On a real local cluster, 2 actors over 4 blocks in batches of 7 rows, an exact share (a histogram and
-    per-positive rows to merge), and the scorer kills its actor on its first call (``os._exit``): Ray restarts the
-    actor and retries the block, and the result equals the one-process run: estimates and counts bit for bit, the
-    share's rows, every user counted once (no block lost or counted twice), the calls of every batch summed."""
+    """On a real local cluster, 2 actors over 4 blocks in batches of 7 rows, an active exact share (two passes: a
+    histogram, the share's table broadcast, per-positive rows to merge), and the scorer kills its actor on its first
+    call (``os._exit``, in pass 1): Ray restarts the actor and retries the block, and the result equals the
+    one-process run (the core's choice on the whole sample): estimates and counts bit for bit, the share's rows,
+    every user counted once (no block lost or counted twice), the calls of every batch of both passes summed."""
     rows, marker = _rows(2), tmp_path / "killed"
     ds = ray.data.from_arrow([_table(rows, lo, min(lo + 25, N_USERS)) for lo in range(0, N_USERS, 25)])
-    design = DESIGNS["exact_share"]
+    design = DESIGNS["active_share"]
     got = rr.evaluate_dataset(ds, Factory(str(marker)), N_ITEMS, design, seed=11,
                               engine=rr.Engine(workers=2, num_cpus=0.5, batch_size=7, progress=False))
     assert marker.exists()  # an actor was killed once
     ref = rr.Evaluation(_blocks_state(rows, design, []), design)
-    assert got.state.users == N_USERS and got.cost.calls >= -(-N_USERS // 7)
-    assert _estimates(got, METHODS["exact_share"]) == _estimates(ref, METHODS["exact_share"])
+    assert got.state.users == N_USERS and got.cost.calls >= 2 * -(-N_USERS // 7)
+    # pass 1's draws counted too (pass 2 alone, in batches of 7, pads its completions less than one block does);
+    # full ranking's pairs once
+    assert got.cost.pairs > ref.cost.pairs and got.cost.full_pairs == ref.cost.full_pairs
+    assert _estimates(got, METHODS["active_share"]) == _estimates(ref, METHODS["active_share"])
     a, b = got.sample(), ref.sample()
     assert np.array_equal(a.flat_counts, b.flat_counts) and a.share.equals(b.share) and len(a.share.n) > 0
 

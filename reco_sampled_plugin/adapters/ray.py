@@ -11,8 +11,16 @@ them, the scoring cost), the blocks' states are added by Ray's aggregation (``Da
 estimates from the merged state with the core's ``estimate``.
 
 Designs: uniform (with or without replacement), popularity (with replacement), adaptive (``exact_at_cap`` too), a
-uniform exact share, and exact ranks (``n_samples=None``: each row's whole candidate list scored); an active exact
-share is refused (:func:`check_design`).
+uniform or an active exact share, and exact ranks (``n_samples=None``: each row's whole candidate list scored)
+(:func:`check_design`).
+
+An active share is phase 2 of a two-phase design: its inclusion probabilities pi come from the model fitted on every
+positive's sampled ranks (``_design_based.share_inclusion``), so it takes two passes over the dataset. Pass 1 draws
+without the share; its merged histogram is the whole sample's, and pi is a function of a positive's (n, m, r~) and of
+that histogram alone (the fit, the metric's range over the n present, the scale c set so the mean of pi is the
+share): the driver tabulates pi over the histogram's occupied cells (:class:`ShareLookup`, the histogram's size
+whatever the number of users). Pass 2 draws the same keyed ranks again, reads each positive's pi in the table, makes
+the core's keyed choice (``_share.choose_share``) and completes the chosen rows; the cost counts both passes.
 
 State size: the histogram holds at most (distinct candidate counts) x (m + 1) counts whatever the number of users
 (an adaptive design: one row per stage; exact ranks and ``exact_at_cap``: n counts per distinct n of an exactly
@@ -41,7 +49,7 @@ from reco_sampled_plugin._options import check_bool, check_seed
 from reco_sampled_plugin._popularity import PopularityStats
 from reco_sampled_plugin._progress import progress_enabled
 from reco_sampled_plugin._rank_hist import RankHistogram
-from reco_sampled_plugin._share import ShareRows
+from reco_sampled_plugin._share import ShareRows, choose_share
 from reco_sampled_plugin._estimate import Estimate
 from reco_sampled_plugin.adaptive import completion_targets
 from reco_sampled_plugin.design import SamplingDesign, as_design
@@ -75,8 +83,8 @@ def _import_ray() -> Any:
 ray = _import_ray()
 from ray.data.aggregate import AggregateFnV2  # noqa: E402  (after the version check)
 
-__all__ = ["MIN_RAY", "Columns", "EvaluationState", "Evaluation", "Engine", "check_design", "rank_block", "batch_tensors",
-           "evaluate_dataset"]
+__all__ = ["MIN_RAY", "Columns", "EvaluationState", "Evaluation", "Engine", "ShareLookup", "check_design", "rank_block",
+           "batch_tensors", "evaluate_dataset"]
 
 logger = logging.getLogger(__name__)
 
@@ -147,21 +155,77 @@ class EvaluationState:
 # ------------------------------------------------------------------------------------------ one block
 def check_design(n_samples: Any) -> SamplingDesign | None:
     """The design a Ray evaluation draws (keyed draws): uniform with or without replacement, popularity with
-    replacement, adaptive (``exact_at_cap`` too), a uniform exact share; None: exact ranks (every candidate scored).
-    An active share is refused (its inclusion probabilities need a fit of the whole sample, not of a block)."""
+    replacement, adaptive (``exact_at_cap`` too), a uniform or active exact share (active: two passes,
+    :class:`ShareLookup`); None: exact ranks (every candidate scored)."""
     design = as_design(n_samples)
     if design is None:
         return None
     if design.popularity is not None and not design.replacement:
         raise ValueError("n_samples: keyed popularity draws are with replacement (the Hansen-Hurwitz statistics need "
                          "independent draws); use SamplingDesign(m, popularity=w)")
-    if design.exact_share is not None and design.exact_share.choice != "uniform":
-        raise ValueError(f"n_samples: an {design.exact_share.choice} exact share needs the model fitted on the whole "
-                         "sample before any positive is chosen (two passes over the data); the Ray adapter takes a "
-                         "uniform share, ExactShare(s), or draw in one process with sampled_ranks_from_scorer")
     if design.exact_share is not None and design.popularity is not None:
         raise ValueError("n_samples: an exact share with popularity draws is not supported by the Ray adapter")
     return design
+
+
+@dataclass(frozen=True)
+class ShareLookup:
+    """An active exact share's inclusion probabilities over the whole dataset, as a table of a positive's sampled
+    data: pi of every occupied cell (n, m, r~) of the phase-1 histogram (the whole sample's, :meth:`of`). Its size is
+    the histogram's, whatever the number of users; pass 2 broadcasts it to the actors (:func:`rank_block`).
+
+    keys: the groups' sorted keys n * width + m (int64); starts: each group's first cell in ``pi``; pi: float64 per
+    cell, r~ = 1..m + 1 of each group in turn (0 where no positive fell); width: the largest m + 1."""
+
+    keys: np.ndarray
+    starts: np.ndarray
+    pi: np.ndarray
+    width: int
+
+    @classmethod
+    def of(cls, hist: RankHistogram, design: SamplingDesign) -> "ShareLookup":
+        """The table of ``design``'s active share from ``hist``, every positive's sampled ranks r~ (pass 1: drawn
+        without the share): the core's ``_design_based.share_inclusion`` per cell, bit for bit. The fit,
+        f = E^[M(R) | n, m, r~] and the metric's range (over the n present) are computed on the same histogram as the
+        core's; the scale c reads the distinct spreads and their counts (``inclusion_probabilities(counts=...)``),
+        which the core's positives one by one and these cells give alike."""
+        from reco_sampled_plugin._design_based import _posterior_means, inclusion_probabilities, model_fit
+        from reco_sampled_plugin.metric_names import parse_metric
+        from reco_sampled_plugin.metrics import metric_bounds
+
+        share = design.exact_share
+        assert share is not None and share.choice == "active" and not hist.has_exact
+        spec = parse_metric(share.metric)
+        fit, _, law = model_fit(spec, hist.without_empty_groups(), None, design)
+        m = hist.n_samples.astype(np.int64)
+        n, width = hist.n_items.astype(np.int64), int(m.max()) + 1
+        if int(n.max()) >= np.iinfo(np.int64).max // width - 1:  # pragma: no cover - n * m beyond 2**63
+            raise ValueError("n_items: too large to key the share's table (n x m above 2**63)")
+        counts = hist.flat_counts
+        cell = np.flatnonzero(counts > 0)
+        group = np.searchsorted(np.cumsum(m + 1), cell, side="right")  # the group of each occupied cell
+        starts = np.concatenate([[0], np.cumsum(m + 1)[:-1]])
+        f = _posterior_means(spec, fit, n[group], m[group], (cell - starts[group] + 1).astype(np.float64), law)
+        pi = np.zeros(len(counts))
+        pi[cell] = inclusion_probabilities(share, f, metric_bounds(spec, np.unique(n[group])), counts[cell])
+        key = n * width + m
+        order = np.argsort(key, kind="stable")
+        return cls(key[order], starts[order], pi, width)
+
+    def inclusion(self, sampled: SampledRanks) -> np.ndarray:
+        """pi of every positive of ``sampled`` (``ranks > 0``, row-major), read in the table by its (n, m, r~)."""
+        valid = sampled.ranks > 0
+        m = sampled.sizes()
+        m_v = m[valid] if isinstance(m, torch.Tensor) else torch.full((int(valid.sum()),), int(m))
+        n = sampled.candidates()[valid].cpu().numpy().astype(np.int64)
+        key = n * self.width + m_v.cpu().numpy().astype(np.int64)
+        g = np.minimum(np.searchsorted(self.keys, key), len(self.keys) - 1)
+        cell = self.starts[g] + sampled.ranks[valid].cpu().numpy().astype(np.int64) - 1
+        pi = self.pi[cell]
+        if not (np.array_equal(self.keys[g], key) and bool((pi > 0).all())):
+            raise ValueError("inclusion: a positive's sampled data is not in the share's table (pass 2 drew other "
+                             "ranks than pass 1: the same dataset, seed and design are needed)")
+        return pi
 
 
 def _exact_state(calls: ScorerCalls, users: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
@@ -183,11 +247,14 @@ def _exact_state(calls: ScorerCalls, users: torch.Tensor, pos: torch.Tensor, exc
 @torch.no_grad()
 def rank_block(scorer: Scorer, users: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
                design: SamplingDesign | None, *, seed: int, ties: str = "pessimistic",
-               max_pairs: int = DEFAULT_MAX_PAIRS, check_finite: bool = True) -> EvaluationState:
+               max_pairs: int = DEFAULT_MAX_PAIRS, check_finite: bool = True,
+               share: ShareLookup | None = None) -> EvaluationState:
     """One block's state: keyed sampled ranks of the (B, P) held-out items ``pos`` (-1 padding; (B, E) ``exc``
     likewise, validated by ``ranking.prepare_index``) of the (B,) ``users`` (ids: they key the draws and go to the
     scorer), scored by ``scorer``, under ``design`` (:func:`check_design`), turned into an :class:`EvaluationState`.
-    A pure function of its rows: the same rows give the same state in any block, on any actor, at any retry."""
+    A pure function of its rows: the same rows give the same state in any block, on any actor, at any retry.
+    An active exact share reads pi in ``share``, the whole dataset's table (pass 2); without it, pi is fitted on
+    this block alone (the core's ``draw_share``: the one-process result when the block holds every row)."""
     t0 = time.perf_counter()
     device = pos.device
     keys = RowKeys.of(seed, users, device)
@@ -209,8 +276,11 @@ def rank_block(scorer: Scorer, users: torch.Tensor, pos: torch.Tensor, exc: torc
     if design.exact_share is not None:
         from reco_sampled_plugin._design_based import draw_share
 
-        sampled = draw_share(sampled, keys.ids, pos, lambda chosen: complete_from_scorer(
-            calls, chosen, pos, exc, keys.ids, first.pos_scores, n_items, ties, None))
+        def complete(chosen: torch.Tensor) -> torch.Tensor:
+            return complete_from_scorer(calls, chosen, pos, exc, keys.ids, first.pos_scores, n_items, ties, None)
+
+        sampled = draw_share(sampled, keys.ids, pos, complete) if share is None else \
+            choose_share(sampled, keys.ids, pos, complete, share.inclusion(sampled))
     return _finish(_state(sampled, keys.ids, pos), calls, pos, exc, n_items, t0, stages)
 
 
@@ -292,6 +362,7 @@ class _Job:
     max_pairs: int
     check_finite: bool
     columns: Columns
+    share: ShareLookup | None = None
 
 
 class _RankActor:
@@ -308,7 +379,7 @@ class _RankActor:
         j = self.job
         users, pos, exc = batch_tensors(batch, j.columns, j.n_items, self.device)
         state = rank_block(self.scorer, users, pos, exc, j.n_items, j.design, seed=j.seed, ties=j.ties,
-                           max_pairs=j.max_pairs, check_finite=j.check_finite)
+                           max_pairs=j.max_pairs, check_finite=j.check_finite, share=j.share)
         return pa.table({"state": pa.array([pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)],
                                            type=pa.large_binary())})
 
@@ -383,8 +454,9 @@ def evaluate_dataset(dataset: Any, scorer_factory: ScorerFactory, n_items: int, 
         dataset: a ``ray.data.Dataset`` with the :class:`Columns` (user ids, held-out items, optional exclusions).
         scorer_factory: ``factory(device) -> scorer``, called once per actor (docs/scorer.md's protocol).
         n_items: n, the catalogue size. n_samples: m or a :class:`~reco_sampled_plugin.design.SamplingDesign`
-            (:func:`check_design`), or None: exact ranks (each row's whole candidate list scored). seed: the key of the draws (the same seed gives the same ranks whatever the
-            blocks or actors). ties: a deterministic tie policy. max_pairs, check_finite: as in
+            (:func:`check_design`; an active exact share: two passes over ``dataset``, module docstring), or None:
+            exact ranks (each row's whole candidate list scored). seed: the key of the draws (the same seed gives
+            the same ranks whatever the blocks or actors). ties: a deterministic tie policy. max_pairs, check_finite: as in
             ``sampled_ranks_from_scorer``. engine: the actors (:class:`Engine`).
 
     Returns:
@@ -397,14 +469,32 @@ def evaluate_dataset(dataset: Any, scorer_factory: ScorerFactory, n_items: int, 
     bars, ctx.enable_progress_bars = ctx.enable_progress_bars, progress_enabled(engine.progress)
     t0 = time.perf_counter()
     try:
-        merged = _run(dataset, scorer_factory, job, engine)
+        state, merged = _passes(dataset, scorer_factory, job, engine)
     finally:
         ctx.enable_progress_bars = bars
-    state: EvaluationState = pickle.loads(merged)
     logger.info("evaluate_dataset: %d users, %d pairs scored in %d calls (%.2f%% of full ranking), %.1f s, driver "
                 "state %d bytes", state.users, state.cost.pairs, state.cost.calls, 100 * state.cost.share_of_full,
-                time.perf_counter() - t0, len(merged))
+                time.perf_counter() - t0, merged)
     return Evaluation(state, design)
+
+
+def _passes(dataset: Any, scorer_factory: ScorerFactory, job: _Job, engine: Engine) -> tuple[EvaluationState, int]:
+    """(the merged state, its pickled bytes): one pass; an active exact share two (module docstring), pass 1 drawn
+    without the share, its histogram tabulated into the share's pi (:class:`ShareLookup`), pass 2 with the table;
+    the state is pass 2's with the cost of both (the pairs, calls and seconds of both; full ranking's pairs once)."""
+    share = None if job.design is None else job.design.exact_share
+    if share is None or share.choice != "active":
+        merged = _run(dataset, scorer_factory, job, engine)
+        return pickle.loads(merged), len(merged)
+    assert job.design is not None
+    first: EvaluationState = pickle.loads(_run(dataset, scorer_factory, replace(
+        job, design=replace(job.design, exact_share=None)), engine))
+    if first.hist is None:
+        raise ValueError("dataset: no held-out item was ranked (an empty dataset, or rows without items)")
+    lookup = ShareLookup.of(first.hist, job.design)
+    merged = _run(dataset, scorer_factory, replace(job, share=lookup), engine)
+    second: EvaluationState = pickle.loads(merged)
+    return replace(second, cost=replace(first.cost + second.cost, full_pairs=second.cost.full_pairs)), len(merged)
 
 
 def _run(dataset: Any, scorer_factory: ScorerFactory, job: _Job, engine: Engine) -> bytes:
