@@ -57,8 +57,8 @@ standard deviation of M(R) in [lo, hi] given the positive's sampled data (equal 
 resolved deep in the ranking get the floor, those in the first bin the most), c set so the mean of pi is the share.
 
 Layers: the share's data and its keyed choice given pi are ``_share.py`` (below the draws and the fits); this module
-holds the fit's side (the predictions, pi of an active share: :func:`share_inclusion`, the estimator), above the fits
-and below the draws, which call :func:`draw_share` once phase 1 is drawn.
+holds the fit's side (the predictions, pi of an active share: :class:`ShareTable`, :func:`share_inclusion`, the
+estimator), above the fits and below the draws, which call :func:`draw_share` once phase 1 is drawn.
 """
 
 from __future__ import annotations
@@ -79,8 +79,9 @@ if TYPE_CHECKING:
     from ._sampled import SampledRanks
     from ._types import TensorLike
 
-__all__ = ["difference_estimate", "inclusion_probabilities", "predictions", "share_inclusion", "draw_share",
-           "estimate_design_based", "paired_difference_by_design", "estimate_by_design", "COEFS", "FEW_EXACT"]
+__all__ = ["difference_estimate", "inclusion_probabilities", "predictions", "share_inclusion", "ShareTable",
+           "draw_share", "estimate_design_based", "paired_difference_by_design", "estimate_by_design", "COEFS",
+           "FEW_EXACT"]
 
 #: The choices of lambda in (1): the PPI++ variance-optimal value (3), clipped to [0, 1], or 1.
 COEFS = ("tuned", "one")
@@ -131,8 +132,8 @@ def inclusion_probabilities(share: ExactShare, f: np.ndarray, bounds: tuple[floa
     min(1, max(floor, c s)) with s the Bhatia-Davis spread of ``f`` within ``bounds`` and c found by bisection so the
     mean is the share (a uniform share where every spread is 0). The means read the distinct spreads and how many
     positives have each, so pi is a function of the multiset of spreads: the same bits in any order of the positives,
-    or from a table of them (``counts``: ``f`` holds cells, each standing for that many positives; the Ray adapter's
-    ``ShareLookup``)."""
+    or from a table of them (``counts``: ``f`` holds cells, each standing for that many positives;
+    :class:`ShareTable`)."""
     n = len(f)
     if share.choice == "uniform" or n == 0:
         return np.full(n, share.share)
@@ -268,20 +269,90 @@ def _cell_second_moments(spec: MetricSpec, lo: np.ndarray, hi: np.ndarray, n: in
 
 
 # ---------------------------------------------------------------------------------------------- the draw
+@dataclasses.dataclass(frozen=True)
+class ShareTable:
+    """An active exact share's inclusion probabilities as a table of a positive's sampled data: pi of every occupied
+    cell (n, m, r~) of the whole sample's histogram (:meth:`of`). pi is a function of the cell and of that histogram
+    alone (the fit, the metric's range over the n present, the scale c set so the mean of pi is the share), so this
+    table is the one computation of an active share's pi: :func:`share_inclusion` reads the positives of one sample
+    in it, the Ray adapter broadcasts it to its actors for pass 2. Its size is the histogram's, whatever the users.
+
+    keys: the groups' sorted keys n * width + m (int64); starts: each group's first cell in ``pi``; pi: float64 per
+    cell, r~ = 1..m + 1 of each group in turn (0 where no positive fell); width: the largest m + 1."""
+
+    keys: np.ndarray
+    starts: np.ndarray
+    pi: np.ndarray
+    width: int
+
+    @classmethod
+    def of(cls, hist: Any, share: ExactShare, design: Any) -> "ShareTable":
+        """The table of the active ``share`` from ``hist``, a RankHistogram of every positive's sampled ranks r~ (no
+        exact groups, unweighted counts) drawn under ``design`` (a uniform-law or adaptive SamplingDesign): the fit
+        of ``model_fit``, f = E^[M(R) | n, m, r~] per occupied cell, and :func:`inclusion_probabilities` of the cells
+        with their counts (the same bits as of the positives one by one: it reads the distinct spreads' counts)."""
+        from .metric_names import parse_metric
+        from .metrics import metric_bounds
+
+        if share.choice != "active" or hist.has_exact or (design is not None and design.popularity is not None):
+            raise ValueError("share: a table is of an active share over sampled ranks of a uniform-law or adaptive "
+                             "design (popularity designs' predictions are per positive)")
+        spec = parse_metric(share.metric)
+        fit, _, law = model_fit(spec, hist.without_empty_groups(), None, design)
+        m = hist.n_samples.astype(np.int64)
+        n, width = hist.n_items.astype(np.int64), int(m.max()) + 1
+        if int(n.max()) >= np.iinfo(np.int64).max // width - 1:  # pragma: no cover - n * m beyond 2**63
+            raise ValueError("n_items: too large to key the share's table (n x m above 2**63)")
+        counts = hist.flat_counts
+        cell = np.flatnonzero(counts > 0)
+        group = np.searchsorted(np.cumsum(m + 1), cell, side="right")  # the group of each occupied cell
+        starts = np.concatenate([[0], np.cumsum(m + 1)[:-1]])
+        f = _posterior_means(spec, fit, n[group], m[group], (cell - starts[group] + 1).astype(np.float64), law)
+        pi = np.zeros(len(counts))
+        pi[cell] = inclusion_probabilities(share, f, metric_bounds(spec, np.unique(n[group])), counts[cell])
+        key = n * width + m
+        order = np.argsort(key, kind="stable")
+        return cls(key[order], starts[order], pi, width)
+
+    def lookup(self, n: np.ndarray, m: np.ndarray, r: np.ndarray) -> np.ndarray:
+        """pi of the positives with candidates ``n``, sample sizes ``m`` and sampled ranks ``r`` (integer arrays of
+        one shape); a ValueError where a positive's cell is not in the table (not a positive of its histogram)."""
+        n, m, r = (np.asarray(a).astype(np.int64) for a in (n, m, r))
+        key = n * self.width + m
+        g = np.minimum(np.searchsorted(self.keys, key), len(self.keys) - 1)
+        cell = self.starts[g] + r - 1
+        found = np.equal(self.keys[g], key) & (r >= 1) & (r <= m + 1)
+        pi = self.pi[np.where(found, cell, 0)]
+        if not bool((found & (pi > 0)).all()):
+            raise ValueError("inclusion: a positive's sampled data is not in the share's table (its ranks were not "
+                             "those the table was built from: the same rows, seed and design are needed)")
+        return pi
+
+    def inclusion(self, sampled: SampledRanks) -> np.ndarray:
+        """pi of every positive of ``sampled`` (``ranks > 0``, row-major), read by its (n, m, r~): :meth:`lookup`."""
+        valid = sampled.ranks > 0
+        m = sampled.sizes()
+        m_v = _host(m[valid]) if isinstance(m, torch.Tensor) else np.full(int(valid.sum()), int(m))
+        return self.lookup(_host(sampled.candidates()[valid]), m_v, _host(sampled.ranks[valid]))
+
+
 def share_inclusion(sampled: SampledRanks, share: ExactShare) -> np.ndarray:
     """pi of every positive of ``sampled`` (``ranks > 0``, row-major) under ``share``, its design's exact share:
-    ``share.share`` each for a uniform share; for an active one :func:`inclusion_probabilities` of the model's
-    predictions fitted on ``sampled`` (phase 2 of the two-phase design: it reads phase 1's sampled ranks)."""
+    ``share.share`` each for a uniform share; for an active one (phase 2 of the two-phase design: it reads phase 1's
+    sampled ranks) the positives read in the :class:`ShareTable` of ``sampled``'s histogram, or under a popularity
+    design :func:`inclusion_probabilities` of ``pl_fit``'s per-positive predictions."""
     from .metric_names import parse_metric
     from .metrics import metric_bounds
 
     valid = sampled.ranks > 0
-    if share.choice != "active":
+    if share.choice != "active" or not bool(valid.any()):
         return np.full(int(valid.sum()), share.share)
+    design = sampled.design
+    if design is None or design.popularity is None:
+        return ShareTable.of(sampled.histogram(exact=False), share, design).inclusion(sampled)
     spec = parse_metric(share.metric)
     f, _ = predictions(spec, sampled)
-    bounds = metric_bounds(spec, sampled.candidates()[valid]) if bool(valid.any()) else (0.0, 1.0)
-    return inclusion_probabilities(share, f, bounds)
+    return inclusion_probabilities(share, f, metric_bounds(spec, sampled.candidates()[valid]))
 
 
 def draw_share(sampled: SampledRanks, row_keys: torch.Tensor, pos: torch.Tensor,

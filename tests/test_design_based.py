@@ -17,11 +17,13 @@ import torch
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin import registry
-from reco_sampled_plugin._design_based import (_posterior_means, difference_estimate, inclusion_probabilities,
-                                               model_fit, paired_difference_by_design, predictions)
+from reco_sampled_plugin._design_based import (ShareTable, _posterior_means, difference_estimate,
+                                               inclusion_probabilities, model_fit, paired_difference_by_design,
+                                               predictions, share_inclusion)
 from reco_sampled_plugin._rank_hist import metric_at
 from reco_sampled_plugin.design import ExactShare, SamplingDesign
 from reco_sampled_plugin.metric_names import parse_metric
+from reco_sampled_plugin.metrics import metric_bounds
 from reco_sampled_plugin.simulate import draw_sampled_ranks
 
 
@@ -125,7 +127,7 @@ def test_active_probabilities():
 @pytest.mark.parametrize("share", [0.2, 0.9])  # 0.9: the branch where every spread positive gets 1
 def test_active_probabilities_are_a_function_of_the_spreads(share):
     """pi depends on the multiset of predictions only: the positives shuffled, or given as cells with counts (a
-    histogram's table, as the Ray adapter's), give the same bits per positive."""
+    histogram's table, ``ShareTable``), give the same bits per positive."""
     s = ExactShare(share, choice="active", floor=share / 5)
     rng = np.random.default_rng(4)
     cells = np.concatenate([[0.0, 1.0], rng.uniform(0, 1, 30)])
@@ -137,6 +139,43 @@ def test_active_probabilities_are_a_function_of_the_spreads(share):
     assert np.array_equal(inclusion_probabilities(s, f[perm], (0.0, 1.0)), pi[perm])
     by_cell = inclusion_probabilities(s, cells, (0.0, 1.0), counts.astype(np.float64))
     assert np.array_equal(np.repeat(by_cell, counts), pi)
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+def test_share_table_is_the_positives_inclusion(adaptive):
+    """An active share's ShareTable (pi per histogram cell (n, m, r~)) read at each positive equals
+    inclusion_probabilities of that positive's own prediction (``predictions``), computed positive by positive, bit
+    for bit, and so does ``share_inclusion``; the same positives in another user order give the same table; a
+    positive whose cell is not in the table is refused."""
+    rng = np.random.default_rng(5)
+    b = 150
+    n = torch.as_tensor(rng.choice([300, 800, 2000], b)).view(-1, 1).expand(b, 2)
+    exact = torch.as_tensor(np.ceil(rng.beta(0.3, 3.0, (b, 2)) * n.numpy())).long().clamp(min=1)
+    m = torch.as_tensor(rng.choice([10, 20, 40], (b, 2))) if adaptive else torch.tensor(20)
+    ranks = draw_sampled_ranks(exact, n, m, seed=6)[0]
+    ranks[::7, 1] = 0  # padding
+    share = ExactShare(0.2, choice="active", metric="ndcg@10", floor=0.02)
+    design = SamplingDesign(10, adaptive_max=40, exact_share=share) if adaptive else \
+        SamplingDesign(20, exact_share=share)
+    sample = rsp.SampledRanks.from_arrays(ranks, n, m, design)
+    spec, valid = parse_metric("ndcg@10"), ranks > 0
+    f, _ = predictions(spec, sample)
+    want = inclusion_probabilities(share, f, metric_bounds(spec, n[valid]))
+    assert len(np.unique(want)) > 5 and want.mean() == pytest.approx(0.2, abs=1e-9)
+    table = ShareTable.of(sample.histogram(exact=False), share, design)
+    assert np.array_equal(table.inclusion(sample), want) and np.array_equal(share_inclusion(sample, share), want)
+    perm = torch.as_tensor(rng.permutation(b))
+    shuffled = rsp.SampledRanks.from_arrays(ranks[perm], n[perm], m[perm] if adaptive else m, design)
+    again = ShareTable.of(shuffled.histogram(exact=False), share, design)
+    assert all(np.array_equal(getattr(again, k), getattr(table, k)) for k in ("keys", "starts", "pi", "width"))
+    full = np.zeros(ranks.shape)
+    full[valid.numpy()] = want
+    assert np.array_equal(table.inclusion(shuffled), full[perm.numpy()][valid[perm].numpy()])
+    for cell in ([301, 20, 1], [300, 20, 22], [300, 20, 0]):  # an n, a rank beyond m + 1, no rank: not in the table
+        with pytest.raises(ValueError, match="^inclusion: a positive's sampled data is not in the share's table"):
+            table.lookup(*(np.array([v]) for v in cell))
+    with pytest.raises(ValueError, match="^share: a table is of an active share"):
+        ShareTable.of(sample.histogram(exact=False), ExactShare(0.2), design)
 
 
 # ------------------------------------------------------------------------------------------ simulation

@@ -22,6 +22,7 @@ import pyarrow as pa
 import ray
 
 from reco_sampled_plugin import SamplingDesign
+from reco_sampled_plugin._design_based import ShareTable
 from reco_sampled_plugin.design import ExactShare
 
 N_ITEMS, N_USERS = 150, 90
@@ -76,7 +77,7 @@ def _blocks_state(rows, design, cuts, order=None, share=None) -> "rr.EvaluationS
     active = design is not None and design.exact_share is not None and design.exact_share.choice == "active"
     if active and cuts and share is None:
         first = _blocks_state(rows, dataclasses.replace(design, exact_share=None), cuts, order)
-        return _blocks_state(rows, design, cuts, order, rr.ShareLookup.of(first.hist, design))
+        return _blocks_state(rows, design, cuts, order, ShareTable.of(first.hist, design.exact_share, design))
     scorer, cpu = Factory()(torch.device("cpu")), torch.device("cpu")
     bounds = list(zip([0, *cuts], [*cuts, N_USERS]))
     states = [rr.rank_block(scorer, *rr.batch_tensors(_table(rows, lo, hi), rr.Columns(), N_ITEMS, cpu), N_ITEMS,
@@ -204,7 +205,8 @@ def test_batches_designs_and_versions_are_checked():
     with pytest.raises(ValueError, match="n_samples: an exact share with popularity draws"):
         rr.check_design(dataclasses.replace(active, popularity=torch.ones(10)))
     design = DESIGNS["active_share"]
-    table = rr.ShareLookup.of(_blocks_state(_rows(), dataclasses.replace(design, exact_share=None), [45]).hist, design)
+    first = _blocks_state(_rows(), dataclasses.replace(design, exact_share=None), [45])
+    table = ShareTable.of(first.hist, design.exact_share, design)
     other = rr.batch_tensors(_table(_rows(5)), rr.Columns(), N_ITEMS, cpu)
     with pytest.raises(ValueError, match="inclusion: a positive's sampled data is not in the share's table"):
         rr.rank_block(Factory()(cpu), *other, N_ITEMS, design, seed=11, share=table)

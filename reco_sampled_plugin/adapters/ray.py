@@ -15,12 +15,12 @@ uniform or an active exact share, and exact ranks (``n_samples=None``: each row'
 (:func:`check_design`).
 
 An active share is phase 2 of a two-phase design: its inclusion probabilities pi come from the model fitted on every
-positive's sampled ranks (``_design_based.share_inclusion``), so it takes two passes over the dataset. Pass 1 draws
-without the share; its merged histogram is the whole sample's, and pi is a function of a positive's (n, m, r~) and of
-that histogram alone (the fit, the metric's range over the n present, the scale c set so the mean of pi is the
-share): the driver tabulates pi over the histogram's occupied cells (:class:`ShareLookup`, the histogram's size
-whatever the number of users). Pass 2 draws the same keyed ranks again, reads each positive's pi in the table, makes
-the core's keyed choice (``_share.choose_share``) and completes the chosen rows; the cost counts both passes.
+positive's sampled ranks, so it takes two passes over the dataset. Pass 1 draws without the share; its merged
+histogram is the whole sample's, and pi is a function of a positive's (n, m, r~) and of that histogram alone: the
+driver builds the core's table of pi over the histogram's occupied cells (``_design_based.ShareTable``, the one
+computation of an active share's pi, the histogram's size whatever the number of users). Pass 2 draws the same keyed
+ranks again, reads each positive's pi in the table, makes the core's keyed choice (``_share.choose_share``) and
+completes the chosen rows; the cost counts both passes.
 
 State size: the histogram holds at most (distinct candidate counts) x (m + 1) counts whatever the number of users
 (an adaptive design: one row per stage; exact ranks and ``exact_at_cap``: n counts per distinct n of an exactly
@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from reco_sampled_plugin._checks import check_int, check_size
+from reco_sampled_plugin._design_based import ShareTable, draw_share
 from reco_sampled_plugin._keyed import RowKeys, ScorerScores, keyed_adaptive_ranks, keyed_ranks
 from reco_sampled_plugin._options import check_bool, check_seed
 from reco_sampled_plugin._popularity import PopularityStats
@@ -83,7 +84,7 @@ def _import_ray() -> Any:
 ray = _import_ray()
 from ray.data.aggregate import AggregateFnV2  # noqa: E402  (after the version check)
 
-__all__ = ["MIN_RAY", "Columns", "EvaluationState", "Evaluation", "Engine", "ShareLookup", "check_design", "rank_block",
+__all__ = ["MIN_RAY", "Columns", "EvaluationState", "Evaluation", "Engine", "check_design", "rank_block",
            "batch_tensors", "evaluate_dataset"]
 
 logger = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ class EvaluationState:
 def check_design(n_samples: Any) -> SamplingDesign | None:
     """The design a Ray evaluation draws (keyed draws): uniform with or without replacement, popularity with
     replacement, adaptive (``exact_at_cap`` too), a uniform or active exact share (active: two passes,
-    :class:`ShareLookup`); None: exact ranks (every candidate scored)."""
+    ``_design_based.ShareTable``); None: exact ranks (every candidate scored)."""
     design = as_design(n_samples)
     if design is None:
         return None
@@ -166,66 +167,6 @@ def check_design(n_samples: Any) -> SamplingDesign | None:
     if design.exact_share is not None and design.popularity is not None:
         raise ValueError("n_samples: an exact share with popularity draws is not supported by the Ray adapter")
     return design
-
-
-@dataclass(frozen=True)
-class ShareLookup:
-    """An active exact share's inclusion probabilities over the whole dataset, as a table of a positive's sampled
-    data: pi of every occupied cell (n, m, r~) of the phase-1 histogram (the whole sample's, :meth:`of`). Its size is
-    the histogram's, whatever the number of users; pass 2 broadcasts it to the actors (:func:`rank_block`).
-
-    keys: the groups' sorted keys n * width + m (int64); starts: each group's first cell in ``pi``; pi: float64 per
-    cell, r~ = 1..m + 1 of each group in turn (0 where no positive fell); width: the largest m + 1."""
-
-    keys: np.ndarray
-    starts: np.ndarray
-    pi: np.ndarray
-    width: int
-
-    @classmethod
-    def of(cls, hist: RankHistogram, design: SamplingDesign) -> "ShareLookup":
-        """The table of ``design``'s active share from ``hist``, every positive's sampled ranks r~ (pass 1: drawn
-        without the share): the core's ``_design_based.share_inclusion`` per cell, bit for bit. The fit,
-        f = E^[M(R) | n, m, r~] and the metric's range (over the n present) are computed on the same histogram as the
-        core's; the scale c reads the distinct spreads and their counts (``inclusion_probabilities(counts=...)``),
-        which the core's positives one by one and these cells give alike."""
-        from reco_sampled_plugin._design_based import _posterior_means, inclusion_probabilities, model_fit
-        from reco_sampled_plugin.metric_names import parse_metric
-        from reco_sampled_plugin.metrics import metric_bounds
-
-        share = design.exact_share
-        assert share is not None and share.choice == "active" and not hist.has_exact
-        spec = parse_metric(share.metric)
-        fit, _, law = model_fit(spec, hist.without_empty_groups(), None, design)
-        m = hist.n_samples.astype(np.int64)
-        n, width = hist.n_items.astype(np.int64), int(m.max()) + 1
-        if int(n.max()) >= np.iinfo(np.int64).max // width - 1:  # pragma: no cover - n * m beyond 2**63
-            raise ValueError("n_items: too large to key the share's table (n x m above 2**63)")
-        counts = hist.flat_counts
-        cell = np.flatnonzero(counts > 0)
-        group = np.searchsorted(np.cumsum(m + 1), cell, side="right")  # the group of each occupied cell
-        starts = np.concatenate([[0], np.cumsum(m + 1)[:-1]])
-        f = _posterior_means(spec, fit, n[group], m[group], (cell - starts[group] + 1).astype(np.float64), law)
-        pi = np.zeros(len(counts))
-        pi[cell] = inclusion_probabilities(share, f, metric_bounds(spec, np.unique(n[group])), counts[cell])
-        key = n * width + m
-        order = np.argsort(key, kind="stable")
-        return cls(key[order], starts[order], pi, width)
-
-    def inclusion(self, sampled: SampledRanks) -> np.ndarray:
-        """pi of every positive of ``sampled`` (``ranks > 0``, row-major), read in the table by its (n, m, r~)."""
-        valid = sampled.ranks > 0
-        m = sampled.sizes()
-        m_v = m[valid] if isinstance(m, torch.Tensor) else torch.full((int(valid.sum()),), int(m))
-        n = sampled.candidates()[valid].cpu().numpy().astype(np.int64)
-        key = n * self.width + m_v.cpu().numpy().astype(np.int64)
-        g = np.minimum(np.searchsorted(self.keys, key), len(self.keys) - 1)
-        cell = self.starts[g] + sampled.ranks[valid].cpu().numpy().astype(np.int64) - 1
-        pi = self.pi[cell]
-        if not (np.array_equal(self.keys[g], key) and bool((pi > 0).all())):
-            raise ValueError("inclusion: a positive's sampled data is not in the share's table (pass 2 drew other "
-                             "ranks than pass 1: the same dataset, seed and design are needed)")
-        return pi
 
 
 def _exact_state(calls: ScorerCalls, users: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
@@ -248,7 +189,7 @@ def _exact_state(calls: ScorerCalls, users: torch.Tensor, pos: torch.Tensor, exc
 def rank_block(scorer: Scorer, users: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
                design: SamplingDesign | None, *, seed: int, ties: str = "pessimistic",
                max_pairs: int = DEFAULT_MAX_PAIRS, check_finite: bool = True,
-               share: ShareLookup | None = None) -> EvaluationState:
+               share: ShareTable | None = None) -> EvaluationState:
     """One block's state: keyed sampled ranks of the (B, P) held-out items ``pos`` (-1 padding; (B, E) ``exc``
     likewise, validated by ``ranking.prepare_index``) of the (B,) ``users`` (ids: they key the draws and go to the
     scorer), scored by ``scorer``, under ``design`` (:func:`check_design`), turned into an :class:`EvaluationState`.
@@ -274,8 +215,6 @@ def rank_block(scorer: Scorer, users: torch.Tensor, pos: torch.Tensor, exc: torc
     n_cand = padded_candidate_counts(n_items, pos, exc, count_other_positives=False)
     sampled = SampledRanks(ranks, n_cand, None, design, sizes, None, first.stats, exact_ranks=exact)
     if design.exact_share is not None:
-        from reco_sampled_plugin._design_based import draw_share
-
         def complete(chosen: torch.Tensor) -> torch.Tensor:
             return complete_from_scorer(calls, chosen, pos, exc, keys.ids, first.pos_scores, n_items, ties, None)
 
@@ -362,7 +301,7 @@ class _Job:
     max_pairs: int
     check_finite: bool
     columns: Columns
-    share: ShareLookup | None = None
+    share: ShareTable | None = None
 
 
 class _RankActor:
@@ -480,7 +419,7 @@ def evaluate_dataset(dataset: Any, scorer_factory: ScorerFactory, n_items: int, 
 
 def _passes(dataset: Any, scorer_factory: ScorerFactory, job: _Job, engine: Engine) -> tuple[EvaluationState, int]:
     """(the merged state, its pickled bytes): one pass; an active exact share two (module docstring), pass 1 drawn
-    without the share, its histogram tabulated into the share's pi (:class:`ShareLookup`), pass 2 with the table;
+    without the share, its histogram tabulated into the share's pi (``ShareTable``), pass 2 with the table;
     the state is pass 2's with the cost of both (the pairs, calls and seconds of both; full ranking's pairs once)."""
     share = None if job.design is None else job.design.exact_share
     if share is None or share.choice != "active":
@@ -491,8 +430,8 @@ def _passes(dataset: Any, scorer_factory: ScorerFactory, job: _Job, engine: Engi
         job, design=replace(job.design, exact_share=None)), engine))
     if first.hist is None:
         raise ValueError("dataset: no held-out item was ranked (an empty dataset, or rows without items)")
-    lookup = ShareLookup.of(first.hist, job.design)
-    merged = _run(dataset, scorer_factory, replace(job, share=lookup), engine)
+    table = ShareTable.of(first.hist, share, job.design)
+    merged = _run(dataset, scorer_factory, replace(job, share=table), engine)
     second: EvaluationState = pickle.loads(merged)
     return replace(second, cost=replace(first.cost + second.cost, full_pairs=second.cost.full_pairs)), len(merged)
 
