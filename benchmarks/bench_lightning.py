@@ -2,6 +2,7 @@
 
     python benchmarks/bench_lightning.py [--repeats 5] [--users 4096] [--items 100000]
     python benchmarks/bench_lightning.py --scale [--repeats 3] [--threads 1] [--profile] [--accelerator gpu]
+    python benchmarks/bench_lightning.py --ml100k [--repeats 15] [--threads 1] [--profile]
 
 Two cases, each timed as ``trainer.validate`` without the callback (the step computes the scores and
 returns them: the cost of scoring) and with it (ranks, histogram updates, epoch-end estimators and
@@ -29,6 +30,11 @@ cold first epoch is reported separately. Overhead = median(callback) / median(pl
    the scores) and with it (the same step; or the step handing over its factors). ``--profile`` adds a cProfile
    of one warm callback epoch (the functions where its time goes). ``--threads`` sets torch's intra-op threads
    (on a machine shared with other jobs, 1 avoids OpenMP threads waiting for each other's time slices).
+5. ``--ml100k`` (alone): the example's warm validation epoch (MF on ml-100k, 4 batches of 256 users) with the
+   callback at its defaults (hit@10, ndcg@10, AUC; exact, ``none`` and ``auto``, intervals logged), then where the
+   callback's process CPU time goes, part by part (timers around its per-batch hook, the sampled estimates, the
+   default estimator's fit and bootstrap, Lightning's ``log_dict``), and the floor of logging as many constants.
+   ``--profile`` adds a cProfile of one warm callback epoch (sorted by cumulative time).
 """
 
 from __future__ import annotations
@@ -164,6 +170,8 @@ def main() -> None:
     parser.add_argument("--skip-example", action="store_true")
     parser.add_argument("--scale", action="store_true", help="only the at-scale mode (20,000 x 100,000)")
     parser.add_argument("--fit", action="store_true", help="only the 2-epoch fit from a fresh process (first evaluation)")
+    parser.add_argument("--ml100k", action="store_true", help="only the warm ml-100k epoch at the callback's defaults, "
+                        "with its parts")
     parser.add_argument("--fit-once", choices=("plain", "callback"), help=argparse.SUPPRESS)
     parser.add_argument("--batch-size", type=int, default=None, help="default 256 (1,024 with --scale)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
@@ -184,6 +192,10 @@ def main() -> None:
         return
     if args.fit:
         fit(args.repeats)
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
+        return
+    if args.ml100k:
+        ml100k(args.repeats, args.profile)
         print(f"load average after: {os.getloadavg()[0]:.2f}")
         return
     if args.scale:
@@ -241,6 +253,87 @@ def scale(args) -> list[dict]:
     return rows
 
 
+class _Parts:
+    """Process CPU time spent inside some functions, patched in for the ``with`` block (outermost calls only, so a
+    recursive or nested call is not counted twice): ``{label: seconds}``."""
+
+    def __init__(self, targets: list[tuple[object, str, str]]) -> None:
+        self.targets, self.seconds, self._saved = targets, {label: 0.0 for _, _, label in targets}, []
+
+    def _timed(self, fn, label: str):
+        depth = [0]
+
+        def timed(*args, **kwargs):
+            depth[0] += 1
+            c = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+                if not depth[0]:
+                    self.seconds[label] += time.process_time() - c
+
+        return timed
+
+    def __enter__(self) -> "_Parts":
+        for owner, name, label in self.targets:
+            fn = owner.__dict__[name]
+            self._saved.append((owner, name, fn))
+            setattr(owner, name, self._timed(fn, label))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for owner, name, fn in reversed(self._saved):
+            setattr(owner, name, fn)
+
+
+def ml100k(repeats: int, profile: bool) -> list[dict]:
+    """``--ml100k``: the example's warm validation epoch with the callback at its defaults, alternating with the plain
+    epoch; then the callback's CPU time by part over ``repeats`` more epochs, and the floor of its logging."""
+    import mf_ml100k as ex
+
+    from reco_sampled_plugin import rank_distribution
+    from reco_sampled_plugin.adapters import lightning as adapter
+    from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+
+    mask, _, loader = ex.make_data()
+    model = ex.MatrixFactorization(mask)
+    make = lambda: RankingMetricsCallback(RankingSettings(ex.METRICS, n_samples=100), progress=False)  # noqa: E731
+    rows = [measure("ml-100k (943 x 1,682, 4 batches of 256), the callback at its defaults", model, loader, make,
+                    repeats)]
+    probe = make()
+    _time(model, loader, lambda: probe)
+    n_values = len(probe.history["validate"][-1]) - 1  # every logged value (the row's "epoch" aside)
+    rows.append(measure(f"ml-100k: Lightning's log_dict of {n_values} constants alone (the floor)", model, loader,
+                        lambda: LogOnly(n_values), repeats))
+    targets = [(adapter._RankingMetricsLogic, "_batch_end", "per-batch updates (4 batches)"),
+               (adapter._RankingMetricsLogic, "_epoch_end", "epoch end, all of it"),
+               (SampledRankingMetrics, "estimates", "  sampled estimates"),
+               (rank_distribution, "_fit", "    the default estimator's fit (mes), bootstrap included"),
+               (rank_distribution, "_bootstrap", "      its 16 bootstrap refits"),
+               (pl.LightningModule, "log_dict", f"  Lightning's log_dict ({n_values} values)")]
+    with _Parts(targets) as parts:
+        cpu = []
+        for _ in range(repeats):
+            _time(model, loader, make)
+            cpu.append(_CPU[-1])
+    plain = rows[0]["cpu_plain"]
+    print(f"--- the callback's CPU time by part, mean of {repeats} warm epochs (plain epoch {plain * 1e3:.1f} ms, with "
+          f"the callback {statistics.mean(cpu) * 1e3:.1f} ms)")
+    for label, sec in parts.seconds.items():
+        print(f"  {label}: {sec / repeats * 1e3:.1f} ms ({sec / repeats / plain * 100:.0f}% of the plain epoch)")
+    if profile:
+        prof = cProfile.Profile()
+        prof.enable()
+        _time(model, loader, make)
+        prof.disable()
+        out = io.StringIO()
+        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(40)
+        print("--- profile, one warm epoch with the callback (sorted by cumulative time)")
+        print("\n".join(ln for ln in out.getvalue().splitlines() if ln.strip())[:9000])
+    return rows
+
+
 def fit_once(kind: str) -> None:
     """One 2-epoch fit in this (fresh) process; prints JSON: total seconds and each validation epoch's seconds."""
     import json
@@ -252,16 +345,15 @@ def fit_once(kind: str) -> None:
     mask, train_loader, eval_loader = ex.make_data()
     model = ex.MatrixFactorization(mask)
     epochs: list[float] = []
+    epochs_cpu: list[float] = []
 
-    class Clock(pl.Callback):  # validation epoch wall time (the callback's epoch-end work included)
+    class Clock(pl.Callback):  # validation epoch wall and process CPU time (the callback's epoch-end work included)
         def on_validation_epoch_start(self, trainer, pl_module):
-            self.t = time.perf_counter()
-
-        def on_validation_epoch_end(self, trainer, pl_module):
-            epochs.append(self.t)
+            self.t, self.c = time.perf_counter(), time.process_time()
 
         def on_validation_end(self, trainer, pl_module):
-            epochs[-1] = time.perf_counter() - epochs[-1]
+            epochs.append(time.perf_counter() - self.t)
+            epochs_cpu.append(time.process_time() - self.c)
 
     callbacks: list = [Clock()]
     if kind == "callback":  # at its defaults: default estimator, intervals logged
@@ -270,9 +362,10 @@ def fit_once(kind: str) -> None:
     trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                          enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                          callbacks=callbacks)
-    t = time.perf_counter()
+    t, c = time.perf_counter(), time.process_time()
     trainer.fit(model, train_loader, eval_loader)
-    print(json.dumps({"total": time.perf_counter() - t, "validation": epochs}))
+    print(json.dumps({"total": time.perf_counter() - t, "cpu": time.process_time() - c, "validation": epochs,
+                      "validation_cpu": epochs_cpu}))
 
 
 def fit(repeats: int) -> list[dict]:
@@ -302,7 +395,17 @@ def fit(repeats: int) -> list[dict]:
           f"({own / med['plain'] * 100:+.1f}% of the plain fit); run-to-run spread of the totals: plain "
           f"{spread['plain'][0]:.2f}-{spread['plain'][1]:.2f} s, callback {spread['callback'][0]:.2f}-"
           f"{spread['callback'][1]:.2f} s")
-    return [dict(case="fit", plain=med["plain"], callback=med["callback"], added=added, own=own)]
+    # process CPU time: the same figures, robust to other jobs' load (a busy machine stretches the wall clock)
+    cpu = {k: statistics.median(r["cpu"] for r in v) for k, v in runs.items()}
+    val_cpu = {k: [statistics.median(r["validation_cpu"][i] for r in v) for i in range(2)] for k, v in runs.items()}
+    own_cpu = sum(val_cpu["callback"]) - sum(val_cpu["plain"])
+    print(f"  process CPU time: fit plain {cpu['plain']:.2f} s, with the callback {cpu['callback']:.2f} s "
+          f"({(cpu['callback'] / cpu['plain'] - 1) * 100:+.1f}%); validation epochs 1 / 2: plain "
+          f"{val_cpu['plain'][0] * 1e3:.0f} / {val_cpu['plain'][1] * 1e3:.0f} ms, callback {val_cpu['callback'][0] * 1e3:.0f}"
+          f" / {val_cpu['callback'][1] * 1e3:.0f} ms; the callback's own +{own_cpu:.2f} s "
+          f"({own_cpu / cpu['plain'] * 100:+.1f}% of the plain fit)")
+    return [dict(case="fit", plain=med["plain"], callback=med["callback"], added=added, own=own, cpu=cpu,
+                 own_cpu=own_cpu)]
 
 
 def parser_default(name: str):
