@@ -282,9 +282,9 @@ def _race_rows(pos: torch.Tensor, forb: torch.Tensor, w: torch.Tensor, m: int, c
         wb = w[lo:lo + width]
         race = -torch.log1p(-keys.uniform(_RACE_ROUND, pos, width, start=lo)) / wb  # u < 1: E finite
         race = race.masked_fill(blocked.unsqueeze(1) | (wb <= 0), math.inf)
-        ids = torch.arange(lo, lo + width, device=pos.device, dtype=torch.int64).expand(r, p, width)
-        top = torch.topk(torch.cat([best, race], 2), m, dim=2, largest=False, sorted=True)
-        best, items = top.values, torch.cat([items, ids], 2).gather(2, top.indices)
+        block = torch.topk(race, min(m, width), dim=2, largest=False, sorted=False)  # the block's best, then merged
+        top = torch.topk(torch.cat([best, block.values], 2), m, dim=2, largest=False, sorted=True)
+        best, items = top.values, torch.cat([items, block.indices + lo], 2).gather(2, top.indices)
     return best, items
 
 
