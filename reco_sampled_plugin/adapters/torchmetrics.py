@@ -796,8 +796,8 @@ class SampledRankingMetrics(_MergeChecked):
         from reco_sampled_plugin.ranking import SampledRanks
 
         if not self._pop_rows:  # without replacement: the unpooled histogram's positives
-            counts = self.hist.detach().to("cpu", torch.float64).numpy()
-            return ranks_of_histogram(histogram_from_rows(counts, int(self.n_items), self._design.n_samples,
+            rows = self.hist.detach().to("cpu", torch.float64).numpy()
+            return ranks_of_histogram(histogram_from_rows(rows, int(self.n_items), self._design.n_samples,
                                                           None)[0], self._design)
 
         t = self.pop.detach().to("cpu", torch.float64)
