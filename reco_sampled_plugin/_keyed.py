@@ -11,12 +11,13 @@ What is shared with the generator draws, called here: the map from uniform posit
 (``ranking.popularity_inverse_cdf``), the count of beating draws (``ranking.rank_among_drawn``), the popularity
 statistics (``ranking.popularity_draw_stats``) and the scoring of drawn items (score matrix, factors:
 ``factor_ranks.positive_scores``, scorer: ``scorer_ranks.score_drawn``). What is keyed: the uniform numbers
-(``_hash.keyed_uniform``), and the way draws without replacement are made distinct (a keyed key per pool slot for
-small pools, fresh keys for duplicates: a row's draws must not depend on how many redraws other rows needed).
+(``_hash.keyed_uniform``), and the way draws without replacement are made distinct (uniform: a keyed key per pool
+slot for small pools, fresh keys for duplicates, so a row's draws do not depend on how many redraws other rows
+needed; popularity: an exponential race over the catalogue, one keyed key per item, :func:`_race_negatives`).
 
 * :class:`RowKeys`: the randomness source (seed and per-row ids).
-* :func:`keyed_negatives`: (B, P, m) items under a fixed-m design (uniform with or without replacement, popularity
-  with replacement).
+* :func:`keyed_negatives`: (B, P, m) items under a fixed-m design (uniform or popularity, with or without
+  replacement).
 * :func:`keyed_ranks`: sampled ranks against keyed negatives, scored by a :class:`DrawnScores` source (score matrix,
   factors or a scorer), in row chunks of bounded memory; :func:`keyed_adaptive_ranks`: the later stages of an
   adaptive design.
@@ -25,6 +26,7 @@ small pools, fresh keys for duplicates: a row's draws must not depend on how man
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, NamedTuple, Protocol
 
 import torch
@@ -71,10 +73,11 @@ class RowKeys(NamedTuple):
         """The keys of adaptive stage ``stage``'s draws (:func:`stage_seed`)."""
         return RowKeys(stage_seed(self.seed, stage), self.ids)
 
-    def uniform(self, round_: int, pos: torch.Tensor, width: int) -> torch.Tensor:
-        """(B, P, ``width``) uniform float64 numbers of round ``round_`` for the (B, P) positives ``pos``."""
+    def uniform(self, round_: int, pos: torch.Tensor, width: int, start: int = 0) -> torch.Tensor:
+        """(B, P, ``width``) uniform float64 numbers of round ``round_`` for the (B, P) positives ``pos``: those of
+        slots ``start`` .. ``start + width - 1`` (a slice of a wider draw is the same numbers)."""
         b, p = pos.shape
-        slots = torch.arange(width, device=pos.device, dtype=torch.int64).view(1, 1, width)
+        slots = torch.arange(start, start + width, device=pos.device, dtype=torch.int64).view(1, 1, width)
         return keyed_uniform(self.seed, round_, self.ids.view(b, 1, 1), pos.view(b, p, 1), slots)
 
 
@@ -118,21 +121,28 @@ def keyed_negatives(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, d
 
     Uniform: over the row's allowed items, with replacement or without (the m items of a positive distinct: small
     pools take the m smallest keyed keys over the whole pool, larger ones redraw duplicates with fresh keys).
-    Popularity (with replacement): the item whose cumulative weight interval (weights over the row's drawable
+    Popularity with replacement: the item whose cumulative weight interval (weights over the row's drawable
     items, positives and excluded items at 0) holds u W_u, u keyed (the law of ``sampled_ranks(...,
-    popularity=w)``). Rows without a positive draw nothing under uniform designs (item 0 fills their slots;
-    callers mask padded slots), so their pools need not hold m items; the keys do not depend on a row's
-    position, so the other rows draw what they draw in a batch of their own.
+    popularity=w)``). Popularity without replacement: successive sampling, each draw proportional to w among the
+    row's drawable items not drawn yet (the law of ``sampled_ranks(..., SamplingDesign(m, replacement=False,
+    popularity=w))``), by a keyed exponential race (:func:`_race_negatives`; slot 0 the first draw, and so on).
+    Rows without a positive draw nothing under uniform designs (item 0 fills their slots; callers mask padded
+    slots), so their pools need not hold m items; the keys do not depend on a row's position, so the other rows
+    draw what they draw in a batch of their own.
 
     The check that every row with a positive has enough items to draw from is added to ``checks`` (read later,
     with the caller's other checks: no host synchronisation here), or read at once when ``checks`` is None.
-    Uniform with replacement and popularity: nothing here waits for the device; without replacement, one read
-    (small pools, fused with the checks) and one per duplicate-redraw round after the first two.
+    Uniform with replacement and popularity: nothing here waits for the device; uniform without replacement, one
+    read (small pools, fused with the checks) and one per duplicate-redraw round after the first two.
     """
     own = checks is None
     checks = DeviceChecks() if checks is None else checks  # own: read here
     if design.popularity is not None:
-        neg = _popularity_negatives(pos, exc, n_items, design, keys, checks)
+        if design.popularity.shape[0] != n_items:
+            raise ValueError(f"n_samples: the design's popularity weights count {design.popularity.shape[0]} items, "
+                             f"the catalogue {n_items}")
+        draw = _popularity_negatives if design.replacement else _race_negatives
+        neg = draw(pos, exc, n_items, design, keys, checks)
     else:
         neg = _uniform_negatives(pos, exc, n_items, design.n_samples, keys, design.replacement, checks)
     if own and len(checks):
@@ -204,6 +214,78 @@ def _popularity_negatives(pos: torch.Tensor, exc: torch.Tensor | None, n_items: 
     checks.add(((pos >= 0).any(1) & (totals <= 0)).any(), "popularity: some row has no irrelevant item of positive "
                                                          "weight left to sample from")
     return neg
+
+
+#: The round whose keyed numbers drive the race of popularity draws without replacement (slot = item index)
+_RACE_ROUND = -2
+
+#: Race keys held at once: a tile of rows x P x (an item block + m) float64 numbers, at most about this many
+#: (2^22: 32 MiB, the hash's int64 temporaries a few times that; one row whose P x n exceeds it walks the catalogue
+#: in item blocks, merging a running top m)
+RACE_TILE = 1 << 22
+
+
+def _race_tiles(p: int, n_items: int, m: int) -> tuple[int, int]:
+    """(rows per tile, items per block) of :func:`_race_negatives` within :data:`RACE_TILE` keys."""
+    cols = min(n_items, max(m, RACE_TILE // max(p, 1)))
+    return max(1, RACE_TILE // (max(p, 1) * (cols + m))), max(cols, 1)
+
+
+def _race_negatives(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, design: SamplingDesign,
+                    keys: RowKeys, checks: DeviceChecks) -> torch.Tensor:
+    """Keyed popularity draws without replacement: successive sampling (each draw proportional to w among the
+    row's drawable items not drawn yet) as an exponential race (Efraimidis & Spirakis 2006). Item j races positive
+    p of row b with the key E / w_j, E = -log(1 - u) a unit exponential of the keyed uniform u of (seed, round -2,
+    id, p's item, j); positives, excluded items and items of weight 0 never finish (key inf). The m smallest keys,
+    ascending, are the m draws in order: the first is item j with probability w_j / W (the smallest of independent
+    exponentials of rates w), and, the exponentials being memoryless, each next one is the next draw among the
+    items left: the law of ``ranking._draw_popularity`` without replacement.
+
+    Every item is keyed, so a row's draws are a function of its keys alone whatever the batch (no redraw rounds,
+    no host synchronisation): cost O(B P n) hashes, memory O(:data:`RACE_TILE`) (rows in tiles, the catalogue in
+    blocks: :func:`_race_tiles`). A row with a positive and fewer than m drawable items of weight > 0 fails the
+    check added to ``checks``; rows without a positive may have fewer (item 0 fills the slots left)."""
+    assert design.popularity is not None  # keyed_negatives dispatches here for popularity designs only
+    b, p = pos.shape
+    m = design.n_samples
+    if b == 0 or p == 0:
+        return torch.zeros((b, p, m), dtype=torch.int64, device=pos.device)
+    w = design.popularity.to(device=pos.device, dtype=torch.float64)
+    forb = forbidden_sorted(pos, exc, n_items)
+    rows, cols = _race_tiles(p, n_items, m)
+    parts = [_race_rows(pos[lo:lo + rows], forb[lo:lo + rows], w, m, cols, keys.take(slice(lo, lo + rows)))
+             for lo in range(0, b, rows)]
+    key = torch.cat([k for k, _ in parts])
+    neg = torch.cat([i for _, i in parts])
+    done = torch.isfinite(key)  # a slot past the row's drawable items keeps inf
+    checks.add(((pos >= 0).any(1) & ~done[:, 0, -1]).any(),
+               f"popularity: some row has fewer than m = {m} irrelevant items of positive weight left to sample from "
+               "(no replacement)")
+    return torch.where(done, neg, torch.zeros_like(neg))
+
+
+def _race_rows(pos: torch.Tensor, forb: torch.Tensor, w: torch.Tensor, m: int, cols: int,
+               keys: RowKeys) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keys, items), each (r, P, m), of the race of :func:`_race_negatives` over the rows ``pos`` (r, P) with
+    their sorted forbidden items ``forb`` (r, F): the catalogue in blocks of ``cols`` items, each block's keys
+    merged into the running m smallest (ascending)."""
+    r, p = pos.shape
+    n = w.shape[0]
+    best = torch.full((r, p, m), math.inf, dtype=torch.float64, device=pos.device)
+    items = torch.zeros((r, p, m), dtype=torch.int64, device=pos.device)
+    for lo in range(0, n, cols):
+        width = min(cols, n - lo)
+        at = forb - lo  # the forbidden items of the block, as a (r, width) mask (one scatter, padding outside)
+        inside = (at >= 0) & (at < width)
+        blocked = torch.zeros((r, width + 1), dtype=torch.bool, device=pos.device)
+        blocked = blocked.scatter_(1, torch.where(inside, at, width), True)[:, :width]
+        wb = w[lo:lo + width]
+        race = -torch.log1p(-keys.uniform(_RACE_ROUND, pos, width, start=lo)) / wb  # u < 1: E finite
+        race = race.masked_fill(blocked.unsqueeze(1) | (wb <= 0), math.inf)
+        block = torch.topk(race, min(m, width), dim=2, largest=False, sorted=False)  # the block's best, then merged
+        top = torch.topk(torch.cat([best, block.values], 2), m, dim=2, largest=False, sorted=True)
+        best, items = top.values, torch.cat([items, block.indices + lo], 2).gather(2, top.indices)
+    return best, items
 
 
 # ------------------------------------------------------------------------------------------ scores

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from ._checks import MAX_SAMPLES, ArgumentTypeError
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
     from ._rank_hist import RankHistogram
     from ._types import TensorLike
 
-__all__ = ["SampledRanks"]
+__all__ = ["SampledRanks", "ranks_of_histogram"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -165,3 +166,22 @@ class SampledRanks:
     def __getstate__(self) -> dict:
         """The fields, without the histograms remembered by :meth:`histogram` (pickles and copies)."""
         return {k: v for k, v in self.__dict__.items() if k != "_histograms"}
+
+
+def ranks_of_histogram(hist: RankHistogram, design: SamplingDesign) -> SampledRanks:
+    """The :class:`SampledRanks` of a histogram's positives under a fixed-m ``design``: one positive per count (1-D,
+    in the histogram's cell order), no per-draw statistics. What a streaming state keeps of popularity draws without
+    replacement, whose ranks carry no Hansen-Hurwitz weights (``sampled_ranks`` keeps none: the draws are not
+    independent) and which a histogram cannot carry with its design (``RankHistogram`` refuses popularity designs):
+    ``estimate(metric, ranks_of_histogram(hist, design), method)`` reads them as the core reads the draw's own.
+    The counts must be whole (unweighted positives)."""
+    counts = hist.flat_counts
+    if not np.array_equal(counts, np.round(counts)):
+        raise ValueError("hist: ranks_of_histogram needs whole counts (one per positive), got weighted counts")
+    m = hist.n_samples.astype(np.int64)
+    each = counts.astype(np.int64)
+    r = np.concatenate([np.arange(1, k + 2, dtype=np.int64) for k in m]) if len(m) else np.zeros(0, np.int64)
+    group = np.repeat(np.arange(len(m)), m + 1)
+    ranks = torch.from_numpy(np.repeat(r, each))
+    n = torch.from_numpy(np.repeat(hist.n_items.astype(np.int64)[group], each))
+    return SampledRanks(ranks, n, None, design)

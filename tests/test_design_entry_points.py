@@ -155,10 +155,10 @@ def test_torchmetrics_design():
         SampledRankingMetrics("hit@10", SamplingDesign(4, adaptive_max=32), ("none", "bv"))
     with pytest.raises(ValueError, match="^n_samples: expected a SamplingDesign or an int m"):
         SampledRankingMetrics("hit@10", (4, 32), ("none",))
-    # popularity designs are drawn by keyed inverse cdf (tests/test_popularity_entry_points.py), with
-    # replacement only
-    with pytest.raises(ValueError, match="^n_samples: keyed popularity draws are with replacement"):
-        SampledRankingMetrics("hit@10", SamplingDesign(4, popularity=torch.ones(300), replacement=False), ("none",))
+    # popularity designs are drawn by keyed inverse cdf, or without replacement by a keyed race
+    # (tests/test_popularity_entry_points.py, tests/test_torchmetrics_adapter.py)
+    pw = SamplingDesign(4, popularity=torch.ones(300), replacement=False)
+    assert SampledRankingMetrics("hit@10", pw, ("none",)).settings.design == pw
 
 
 def test_torchmetrics_registered_estimator_is_accepted(bv_copy):

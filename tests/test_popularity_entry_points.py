@@ -466,10 +466,72 @@ def test_torchmetrics_popularity_state_equals_the_core():
     with pytest.raises(ValueError, match="^n_samples: the design's popularity weights count 300 items, the scores 299"):
         fresh.update(scores[:5, :-1], pos[:5].clamp(max=298), None)
     assert fresh.pop.shape == (0, 6 + 3 * POP_BINS + 1) and fresh.hist.shape[0] == 0
-    with pytest.raises(ValueError, match="^n_samples: update_factors draws uniformly"):
-        metric.update_factors(torch.randn(3, 4), torch.randn(300, 4), torch.tensor([[1], [2], [3]]))
-    with pytest.raises(ValueError, match="^n_samples: keyed popularity draws are with replacement"):
-        SampledRankingMetrics(["auc"], SamplingDesign(40, popularity=w, replacement=False), estimators=["none"])
+
+
+@pytest.mark.parametrize("replacement", [True, False], ids=["with_replacement", "without_replacement"])
+def test_torchmetrics_popularity_from_factors_and_a_scorer_equals_the_score_matrix(replacement):
+    """Factor batches (update_factors) and scorer batches (update_from_scorer) draw the same keyed popularity
+    negatives as the score matrix of the same factors (with or without replacement): the same histogram, the same
+    per-positive statistics (with replacement; none without) and the same estimates bit for bit."""
+    from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+
+    scores, pos, exclude, w = _tm_batches(users=60)
+    g = torch.Generator().manual_seed(2)
+    u, v = torch.randn(60, 5, generator=g, dtype=torch.float64), torch.randn(300, 5, generator=g, dtype=torch.float64)
+    design = SamplingDesign(20, replacement=replacement, popularity=w)
+    methods = ["none", "hh"] if replacement else ["none"]
+    made = [SampledRankingMetrics(["auc", "ndcg@10"], design, estimators=methods, seed=3) for _ in range(3)]
+    ids = torch.arange(60)
+    made[0].update(u @ v.T, pos, exclude, ids=ids)
+    made[1].update_factors(u, v, pos, exclude, ids=ids)
+    made[2].update_from_scorer(lambda users, items: (u[users].unsqueeze(1) * v[items]).sum(-1), pos, 300,
+                               exclude=exclude, ids=ids)
+    ref = made[0].estimates()
+    for other in made[1:]:
+        assert torch.equal(other.hist, made[0].hist) and other.estimates().keys() == ref.keys()
+        assert all(other.estimates()[k].value == ref[k].value for k in ref)
+        if replacement:
+            assert torch.equal(other.pop, made[0].pop)
+    assert not hasattr(made[0], "pop") if not replacement else made[0].pop.shape[0] == int((pos >= 0).sum())
+
+
+def test_torchmetrics_popularity_without_replacement_equals_the_core():
+    """Popularity draws without replacement through SampledRankingMetrics (keyed: an exponential race): the state's
+    sampled metric equals the core's estimate on the same keyed ranks (``estimate(metric, SampledRanks(ranks, n,
+    design=...), "none")``) bit for bit, its popularity_ranks carry the same sampled ranks (no statistics, as the
+    core's), the corrected estimators report NaN with the core's reasons; and over 1,200 users its sampled metric
+    agrees with the core's own (generator) draws of the same design within 4 standard errors of the difference."""
+    from reco_sampled_plugin._keyed import MatrixScores, RowKeys, keyed_ranks
+    from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+    from reco_sampled_plugin.ranking import padded_candidate_counts
+
+    scores, pos, exclude, w = _tm_batches(seed=4, users=1200)
+    design = SamplingDesign(30, replacement=False, popularity=w)
+    metric = SampledRankingMetrics(["auc", "ndcg@10"], design, estimators=["none", "auto"], seed=7, max_n_groups=None)
+    ids = torch.arange(scores.shape[0])
+    for part in (slice(0, 500), slice(500, None)):
+        metric.update(scores[part], pos[part], exclude[part], ids=ids[part])
+    with pytest.warns(RuntimeWarning, match="estimator failed"):
+        est = metric.estimates()
+    assert math.isnan(est["auc/auto"].value) and "without replacement" in est["auc/auto"].details["error"]
+    keyed = keyed_ranks(MatrixScores(scores), pos, exclude, scores.shape[1], design, RowKeys.of(7, ids, pos.device),
+                        "pessimistic")
+    n = padded_candidate_counts(scores.shape[1], pos, exclude, count_other_positives=False)
+    core = rsp.SampledRanks(keyed.ranks, n, None, design)
+    for name in ("auc", "ndcg@10"):
+        want = rsp.estimate(name, core, method="none")
+        assert (est[f"{name}/sampled"].value, est[f"{name}/sampled"].stderr) == (want.value, want.stderr)
+    got = metric.popularity_ranks()
+    valid = keyed.ranks > 0
+    assert got.popularity_stats is None and got.design == design
+    assert torch.equal(torch.sort(got.ranks).values, torch.sort(keyed.ranks[valid]).values)
+    with pytest.raises(ValueError, match="draws without replacement are not independent"):
+        rsp.estimate("auc", got, method="hh")
+    drawn = rsp.sampled_ranks(scores, pos, design, exclude=exclude, generator=torch.Generator().manual_seed(9))
+    assert drawn.popularity_stats is None
+    for name in ("auc", "ndcg@10"):
+        a, b = est[f"{name}/sampled"], rsp.estimate(name, drawn, method="none")
+        assert abs(a.value - b.value) <= 4 * math.hypot(a.stderr, b.stderr)
 
 
 def _lightning_callbacks(w):

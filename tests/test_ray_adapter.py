@@ -92,6 +92,8 @@ DESIGNS = {
     "uniform": SamplingDesign(12),
     "without_replacement": SamplingDesign(12, replacement=False),
     "popularity": SamplingDesign(12, popularity=torch.linspace(0.5, 3.0, N_ITEMS, dtype=torch.float64)),
+    "popularity_without_replacement": SamplingDesign(12, replacement=False,
+                                                     popularity=torch.linspace(0.5, 3.0, N_ITEMS, dtype=torch.float64)),
     "adaptive_exact_at_cap": SamplingDesign(8, adaptive_max=32, exact_at_cap=True),
     "exact_share": SamplingDesign(12, exact_share=ExactShare(0.4, seed=3)),
     "active_share": SamplingDesign(12, exact_share=ExactShare(0.3, choice="active", metric="hit@5", seed=3)),
@@ -101,6 +103,7 @@ DESIGNS = {
 # (metric, method) pairs estimated per design: the design's own estimators
 METHODS = {"uniform": (("ndcg@10", "auto"), ("hit@5", "bv")), "without_replacement": (("ndcg@10", "auto"),),
            "popularity": (("auc", "hh"), ("ndcg@10", "none")),
+           "popularity_without_replacement": (("auc", "none"), ("ndcg@10", "none")),
            "adaptive_exact_at_cap": (("ndcg@10", "auto"), ("hit@5", "mle")),
            "exact_share": (("ndcg@10", "auto"), ("ndcg@10", "diff")), "active_share": (("hit@5", "diff"),),
            "adaptive_active_share": (("ndcg@10", "auto"), ("hit@5", "diff")),
@@ -129,6 +132,9 @@ def test_blocks_and_merge_order_do_not_change_the_numbers(name):
         a, b = ev_one.sample(), rr.Evaluation(split, design).sample()
         if design is None or design.popularity is None:
             assert a.same_groups(b) and np.array_equal(a.flat_counts, b.flat_counts)
+        elif not design.replacement:  # the histogram's positives, no statistics (as the core's draws)
+            assert torch.equal(a.ranks, b.ranks) and torch.equal(a.n_candidates, b.n_candidates)
+            assert a.popularity_stats is None and a.design is design and len(a.ranks) == (split.hist.total)
         else:
             assert torch.equal(a.ranks, b.ranks) and torch.equal(a.popularity_stats.inv_q, b.popularity_stats.inv_q)
         if design is not None and design.exact_share is not None:
@@ -161,35 +167,38 @@ def _canonical(hist):
     return hist.select(np.zeros(hist.n_groups, dtype=bool)).merge(hist).without_empty_groups()
 
 
-@pytest.mark.parametrize("name", ["uniform", "adaptive"])
+@pytest.mark.parametrize("name", ["uniform", "adaptive", "popularity_without_replacement"])
 def test_state_equals_the_torchmetrics_scorer_loop(name):
     """The merged histogram equals SampledRankingMetrics.update_from_scorer's (one process, its own batching) on the
-    same keys: the counts bit for bit, the estimates too; so do the pairs scored."""
+    same keys: the counts bit for bit, the estimates too (popularity without replacement: the sampled metric, the
+    one estimate there, as in the core); so do the pairs scored."""
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
     from reco_sampled_plugin.ranking import prepare_index
 
-    design = SamplingDesign(12) if name == "uniform" else SamplingDesign(8, adaptive_max=64)
+    design = {"uniform": SamplingDesign(12), "adaptive": SamplingDesign(8, adaptive_max=64)}.get(name) or DESIGNS[name]
     rows = _rows(1)
     state = _blocks_state(rows, design, [30, 31, 77])
-    metric = SampledRankingMetrics(("ndcg@10",), n_samples=design, estimators=("auto",), seed=11,
+    method = "none" if design.popularity is not None else "auto"
+    metric = SampledRankingMetrics(("ndcg@10",), n_samples=design, estimators=(method,), seed=11,
                                    max_n_groups=None)
     users, pos, exc = rr.batch_tensors(_table(rows), rr.Columns(), N_ITEMS, torch.device("cpu"))
     for lo in range(0, N_USERS, 25):
         sl = slice(lo, lo + 25)
         metric.update_from_scorer(Factory()(torch.device("cpu")), pos[sl], N_ITEMS, exclude=exc[sl], ids=users[sl])
-    ref, got = _canonical(metric.histogram()), _canonical(rr.Evaluation(state, design).sample())
+    sample = rr.Evaluation(state, design).sample()
+    ref = _canonical(metric.histogram())
+    got = _canonical(sample.histogram() if design.popularity is not None else sample)
     assert ref.same_groups(got) and np.array_equal(ref.flat_counts, got.flat_counts)
     # the class orders its groups by stage first: the fit's sums in another order, equal to rounding
-    assert rr.Evaluation(state, design).estimate("ndcg@10").value == pytest.approx(
-        metric.estimates()["ndcg@10/auto"].value, rel=1e-12, abs=0)
+    assert rr.Evaluation(state, design).estimate("ndcg@10", method).value == pytest.approx(
+        metric.estimates()[f"ndcg@10/{metric.settings.labels[0]}"].value, rel=1e-12, abs=0)
     assert metric.scoring_cost().pairs == state.cost.pairs
 
 
 def test_batches_designs_and_versions_are_checked():
     """Rows: a list column with null lists, or one scalar held-out item per row, become padded indices; a held-out
-    item also excluded is refused. Designs: an exact share with popularity draws and popularity without replacement
-    are refused naming ``n_samples``; an active share is taken, and its table refuses a positive it does not hold
-    (pass 2 on other rows than pass 1). Versions: a Ray older than MIN_RAY is an ImportError that says what to install."""
+    item also excluded is refused. Designs: an exact share with popularity draws is refused naming ``n_samples``;
+    an active share is taken, and its table refuses a positive it does not hold (pass 2 on other rows than pass 1). Versions: a Ray older than MIN_RAY is an ImportError that says what to install."""
     cpu = torch.device("cpu")
     t = pa.table({"user": [4, 9, 2], "items": pa.array([[3, 1], [5], [7, 8, 0]], pa.list_(pa.int64())),
                   "exclude": pa.array([None, [2, 6], []], pa.list_(pa.int64()))}).slice(1)  # sliced: offsets != 0
@@ -210,8 +219,6 @@ def test_batches_designs_and_versions_are_checked():
     other = rr.batch_tensors(_table(_rows(5)), rr.Columns(), N_ITEMS, cpu)
     with pytest.raises(ValueError, match="inclusion: a positive's sampled data is not in the share's table"):
         rr.rank_block(Factory()(cpu), *other, N_ITEMS, design, seed=11, share=table)
-    with pytest.raises(ValueError, match="n_samples: keyed popularity draws are with replacement"):
-        rr.check_design(SamplingDesign(5, replacement=False, popularity=torch.ones(10)))
     saved = ray.__version__
     try:
         ray.__version__ = "2.6.3"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -25,10 +26,11 @@ from reco_sampled_plugin import SampledRanks, SamplingDesign, registry  # noqa: 
 METRICS = ("ndcg@10", "recall@5", "rr", "auc")  # canonical names (keys of the results)
 
 
-def keyed_negatives(pos, exc, n_items, m, ids, seed=0, replacement=True):
-    """The keyed negatives of uniform draws of m items (``_keyed.keyed_negatives``)."""
+def keyed_negatives(pos, exc, n_items, m, ids, seed=0, replacement=True, popularity=None):
+    """The keyed negatives of m items drawn uniformly (or by ``popularity``) (``_keyed.keyed_negatives``)."""
     keys = RowKeys.of(seed, ids, pos.device)
-    return _keyed.keyed_negatives(pos, exc, n_items, SamplingDesign(m, replacement=replacement), keys)
+    design = SamplingDesign(m, replacement=replacement, popularity=popularity)
+    return _keyed.keyed_negatives(pos, exc, n_items, design, keys)
 
 
 def keyed_sampled_ranks(scores, pos, exc, m, ids, seed=0, replacement=True):
@@ -216,6 +218,86 @@ def test_keyed_draws_are_uniform_and_follow_the_binomial_law():
     p = (r - 1) / (n - 1)
     assert float(x.mean()) == pytest.approx(m * p, abs=4 * math.sqrt(m * p * (1 - p) / users))
     assert float(x.var()) == pytest.approx(m * p * (1 - p), rel=0.1)
+
+
+def _successive_sampling(w, allowed, m):
+    """Closed form of successive sampling (each draw proportional to w among the allowed items not drawn yet) by
+    enumerating every ordered m-tuple: (first-draw probabilities, inclusion probabilities, pairwise inclusion)."""
+    first, inc, pair = np.zeros(len(w)), np.zeros(len(w)), np.zeros((len(w), len(w)))
+    for seq in itertools.permutations(allowed, m):
+        pr, left = 1.0, sum(w[j] for j in allowed)
+        for j in seq:
+            pr, left = pr * w[j] / left, left - w[j]
+        first[seq[0]] += pr
+        inc[list(seq)] += pr
+        for a, b in itertools.permutations(seq, 2):
+            pair[a, b] += pr
+    return first, inc, pair
+
+
+def test_keyed_popularity_draws_without_replacement_follow_successive_sampling(monkeypatch):
+    """Popularity without replacement, keyed (an exponential race): over 40,000 keyed rows of a 7-item catalogue
+    (item 0 the positive, item 4 excluded, item 2 of weight 0), the first draws, the inclusion and the pairwise
+    inclusion frequencies match the closed form of successive sampling within 4.5 standard errors; no row repeats
+    an item, and the positive, the excluded item and the weight-0 item are never drawn. Rows in tiles and the
+    catalogue in blocks (a small RACE_TILE) draw the same items."""
+    w = np.array([1.0, 2.0, 0.0, 4.0, 0.5, 6.0, 2.5])
+    n, m, users = len(w), 3, 40_000
+    pos, exc = torch.zeros(users, 1, dtype=torch.int64), torch.full((users, 1), 4)
+    neg = keyed_negatives(pos, exc, n, m, torch.arange(users), seed=3, replacement=False,
+                          popularity=torch.tensor(w))[:, 0]
+    first, inc, pair = _successive_sampling(w, [1, 3, 5, 6], m)
+    drawn = torch.nn.functional.one_hot(neg, n).sum(1).double()  # (users, n) counts per item
+    assert float(drawn.max()) == 1 and float(drawn[:, [0, 2, 4]].sum()) == 0  # distinct; never forbidden
+    got_first = torch.bincount(neg[:, 0], minlength=n).double().numpy() / users
+    got_pair = (drawn.T @ drawn).numpy() / users  # the diagonal: inclusion
+    for got, want in ((got_first, first), (np.diag(got_pair), inc), (got_pair, pair + np.diag(inc))):
+        se = np.sqrt(want * (1 - want) / users)
+        assert np.all(np.abs(got - want) <= 4.5 * se + 1e-12)
+    assert got_first[1] < got_first[3] < got_first[5]  # the order of the weights (the law has resolution here)
+    monkeypatch.setattr(_keyed, "RACE_TILE", 4)  # one row per tile, the catalogue in blocks of 4 items
+    assert _keyed._race_tiles(1, n, m) == (1, 4)
+    small = keyed_negatives(pos[:50], exc[:50], n, m, torch.arange(50), seed=3, replacement=False,
+                            popularity=torch.tensor(w))[:, 0]
+    assert torch.equal(small, neg[:50])
+
+
+def test_keyed_popularity_draws_without_replacement_are_keyed(device):
+    """Popularity without replacement on the adapters' data (several positives, exclusions, padding): the draws are
+    a function of (seed, row id) alone (any batch of the rows gives the same items, and so the same state),
+    distinct per positive, never a positive or an excluded item of the row (the core's check of given negatives),
+    and the core ranks them to the keyed ranks. A row with a positive and fewer than m drawable items of weight > 0
+    is refused; a row without one is not."""
+    scores, pos, exc = _on(device, *_data())
+    p, e = padded_inputs(scores, pos, exc)
+    w = torch.linspace(0.2, 5.0, 300, dtype=torch.float64, device=device)
+    w[::7] = 0.0  # never drawn
+    design = SamplingDesign(40, replacement=False, popularity=w)
+    ids = torch.arange(61, device=device) * 7 + 3
+    neg = keyed_negatives(p, e, 300, 40, ids, seed=5, replacement=False, popularity=w)
+    order = torch.randperm(61, generator=torch.Generator().manual_seed(1)).to(device)
+    assert torch.equal(keyed_negatives(p[order], e[order], 300, 40, ids[order], seed=5, replacement=False,
+                                       popularity=w), neg[order])
+    srt = torch.sort(neg, dim=2).values
+    valid = (p >= 0).unsqueeze(2)
+    assert not bool(((srt[..., 1:] == srt[..., :-1]) & valid).any())
+    assert not bool(((w[neg] == 0) & valid).any())
+    core = sampled_ranks(scores, p, design, exclude=e, negatives=neg)  # validates: no positive or excluded item
+    ours = _keyed.keyed_ranks(MatrixScores(scores), p, e, 300, design, RowKeys.of(5, ids, device), "pessimistic")
+    assert torch.equal(ours.ranks, core.ranks) and ours.stats is None and core.popularity_stats is None
+    kw = dict(metrics=("ndcg@10", "hit@10"), n_samples=design, estimators=("none",), seed=5)
+    a = _loop(SampledRankingMetrics(**kw), ((s, q, x, i * 7 + 3) for s, q, x, i in _batches(scores, pos, exc, 7)))
+    b = _loop(SampledRankingMetrics(**kw), ((s, q, x, i * 7 + 3) for s, q, x, i in
+                                            _batches(scores, pos, exc, 61, order=order.cpu())))
+    assert torch.equal(a.hist, b.hist) and a.compute() == b.compute() and float(a.hist.sum()) == float((p >= 0).sum())
+    few = torch.zeros(300, dtype=torch.float64, device=device)
+    few[:45] = 1.0  # 45 items of weight > 0: a row with 6 of them forbidden has 39 < m left
+    rows = torch.tensor([[0, 1, -1], [-1, -1, -1]], device=device)
+    with pytest.raises(ValueError, match=r"^popularity: some row has fewer than m = 40 irrelevant items of positive"):
+        keyed_negatives(rows[:1], torch.arange(2, 6, device=device).view(1, 4), 300, 40, ids[:1], replacement=False,
+                        popularity=few)
+    keyed_negatives(rows[1:], torch.arange(0, 10, device=device).view(1, 10), 300, 40, ids[:1], replacement=False,
+                    popularity=few)  # no positive: nothing to draw
 
 
 # the hash of seed 3, round 0, ids 0 and 9, item 5, draws 0..3 (pinned: the keyed negatives of a run must not

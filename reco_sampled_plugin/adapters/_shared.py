@@ -67,8 +67,9 @@ class RankingSettings:
             names results are keyed and logged under.
         n_samples: m sampled irrelevant items per relevant item (RecBole's ``uni100``: m = 100), or a
             :class:`~reco_sampled_plugin.design.SamplingDesign`: uniform draws (with or without replacement,
-            adaptive: ``SamplingDesign(m, adaptive_max=cap)``) or popularity draws with replacement
-            (``SamplingDesign(m, popularity=w)``); None: no sampled metrics. Kept as given; :attr:`design` is the
+            adaptive: ``SamplingDesign(m, adaptive_max=cap)``) or popularity draws (``SamplingDesign(m,
+            popularity=w)``, with or without replacement: without, only ``none`` estimates, as in the core); None:
+            no sampled metrics. Kept as given; :attr:`design` is the
             SamplingDesign (an int m is ``SamplingDesign(m)``). ``exact_at_cap`` is refused: the sampled state holds
             sampled-rank counts. A uniform exact share (``SamplingDesign(m, exact_share=ExactShare(s))``; not with
             popularity draws, not ``choice="active"``) also ranks the keyed share of the positives exactly; ``auto``
@@ -155,7 +156,8 @@ def _check_finite_option(value: Any) -> bool | str:
 
 def _sampled_design(n_samples: Any) -> SamplingDesign | None:
     """The design the adapters' keyed draws take (None: no sampled metrics): uniform (with or without replacement,
-    adaptive) or popularity with replacement; ``exact_at_cap`` refused (the state holds sampled-rank counts)."""
+    adaptive) or popularity (with or without replacement); ``exact_at_cap`` refused (the state holds sampled-rank
+    counts)."""
     design = as_design(n_samples)  # the one coercion (design.py): m in 1..MAX_SAMPLES, the cap, the law
     if design is None:
         return None
@@ -177,9 +179,6 @@ def _sampled_design(n_samples: Any) -> SamplingDesign | None:
     if design.law not in ("binomial", "hypergeometric", "popularity"):  # a new law: refused
         raise ValueError(f"n_samples: the keyed draws of SampledRankingMetrics are uniform or by popularity; "
                          f"{design!r} ({design.law} draws) is not supported")
-    if design.popularity is not None and not design.replacement:
-        raise ValueError("n_samples: keyed popularity draws are with replacement (the Hansen-Hurwitz statistics "
-                         "need independent draws); use SamplingDesign(m, popularity=w) with replacement")
     return design
 
 

@@ -10,8 +10,8 @@ a retry. Each block becomes a :class:`EvaluationState` (a rank histogram, per-po
 them, the scoring cost), the blocks' states are added by Ray's aggregation (``Dataset.aggregate``), and the driver
 estimates from the merged state with the core's ``estimate``.
 
-Designs: uniform (with or without replacement), popularity (with replacement), adaptive (``exact_at_cap`` too), a
-uniform or an active exact share, and exact ranks (``n_samples=None``: each row's whole candidate list scored)
+Designs: uniform or popularity (each with or without replacement), adaptive (``exact_at_cap`` too), a uniform or an
+active exact share, and exact ranks (``n_samples=None``: each row's whole candidate list scored)
 (:func:`check_design`).
 
 An active share is phase 2 of a two-phase design: its inclusion probabilities pi come from the model fitted on every
@@ -25,8 +25,9 @@ completes the chosen rows; the cost counts both passes.
 State size: the histogram holds at most (distinct candidate counts) x (m + 1) counts whatever the number of users
 (an adaptive design: one row per stage; exact ranks and ``exact_at_cap``: n counts per distinct n of an exactly
 ranked positive).
-Popularity designs keep one row per positive (the Hansen-Hurwitz and ``pl_fit`` statistics are per positive), an
-exact share one row per chosen positive: those grow with the users (docs/guides/scale.md).
+Popularity designs with replacement keep one row per positive (the Hansen-Hurwitz and ``pl_fit`` statistics are per
+positive), an exact share one row per chosen positive: those grow with the users (docs/guides/scale.md). Popularity
+without replacement keeps the histogram alone (no per-draw statistics exist there, as in the core).
 
 Versions: Ray Data with ``AggregateFnV2`` (:data:`MIN_RAY`). RecBole 1.2.1 pins ``ray<=2.6.3``, which does not import
 beside setuptools >= 81 and is older than this adapter needs: install Ray after RecBole (docs/install.md).
@@ -50,6 +51,7 @@ from reco_sampled_plugin._options import check_bool, check_seed
 from reco_sampled_plugin._popularity import PopularityStats
 from reco_sampled_plugin._progress import progress_enabled
 from reco_sampled_plugin._rank_hist import RankHistogram
+from reco_sampled_plugin._sampled import ranks_of_histogram
 from reco_sampled_plugin._share import ShareRows, choose_share
 from reco_sampled_plugin._estimate import Estimate
 from reco_sampled_plugin.adaptive import completion_targets
@@ -108,8 +110,9 @@ class Columns:
 class EvaluationState:
     """What a block (or several, added) leaves: additive, so blocks, actors and retries combine by :meth:`merge`.
 
-    hist: the rank histogram (None before any positive, and for popularity designs); rows: per-positive columns
-    where the estimators need them (popularity designs: ranks, n and the ``PopularityStats`` fields; an exact
+    hist: the rank histogram (None before any positive, and for popularity designs with replacement); rows:
+    per-positive columns where the estimators need them (popularity with replacement: ranks, n and the
+    ``PopularityStats`` fields; an exact
     share: the chosen positives' ``ShareRows`` fields), with ``user`` and
     ``item`` to put them in one order whatever the blocks; census: every positive had inclusion 1 (an exact
     share); cost: the scoring cost summed over blocks (seconds are summed actor time); users: rows evaluated."""
@@ -130,17 +133,19 @@ class EvaluationState:
 
     def sample(self, design: SamplingDesign | None) -> SampledRanks | RankHistogram:
         """What ``estimate(metric, sample, method)`` takes: the histogram under ``design`` (with its exact share's
-        rows), or the popularity design's :class:`~reco_sampled_plugin.ranking.SampledRanks`; per-positive rows
-        in (user, item) order."""
+        rows), or the popularity design's :class:`~reco_sampled_plugin.ranking.SampledRanks` (with replacement:
+        per-positive rows in (user, item) order; without: the histogram's positives, ``ranks_of_histogram``)."""
         order = np.lexsort((self.rows["item"], self.rows["user"])) if self.rows else None
         r = {k: v[order] for k, v in self.rows.items()}
-        if design is not None and design.popularity is not None:
+        if design is not None and design.popularity is not None and design.replacement:
             t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in r.items()}
             stats = PopularityStats(t["beating"], t["inv_q"], t["inv_q2"], t["unreachable"], t["profile"],
                                     t["beat_bins"], t["miss_bins"], t["positive_weight"])
             return SampledRanks(t["ranks"], t["n"], None, design, popularity_stats=stats)
         if self.hist is None:
             raise ValueError("dataset: no held-out item was ranked (an empty dataset, or rows without items)")
+        if design is not None and design.popularity is not None:
+            return ranks_of_histogram(self.hist, design)
         hist = self.hist.with_design(design)
         if design is None or design.exact_share is None:
             return hist
@@ -155,15 +160,12 @@ class EvaluationState:
 
 # ------------------------------------------------------------------------------------------ one block
 def check_design(n_samples: Any) -> SamplingDesign | None:
-    """The design a Ray evaluation draws (keyed draws): uniform with or without replacement, popularity with
-    replacement, adaptive (``exact_at_cap`` too), a uniform or active exact share (active: two passes,
+    """The design a Ray evaluation draws (keyed draws): uniform or popularity, each with or without replacement,
+    adaptive (``exact_at_cap`` too), a uniform or active exact share (active: two passes,
     ``_design_based.ShareTable``); None: exact ranks (every candidate scored)."""
     design = as_design(n_samples)
     if design is None:
         return None
-    if design.popularity is not None and not design.replacement:
-        raise ValueError("n_samples: keyed popularity draws are with replacement (the Hansen-Hurwitz statistics need "
-                         "independent draws); use SamplingDesign(m, popularity=w)")
     if design.exact_share is not None and design.popularity is not None:
         raise ValueError("n_samples: an exact share with popularity draws is not supported by the Ray adapter")
     return design
@@ -238,7 +240,7 @@ def _state(sampled: SampledRanks, users: torch.Tensor, pos: torch.Tensor) -> Eva
     assert design is not None
     valid = sampled.ranks > 0
     user_of = users.view(-1, 1).expand_as(pos)
-    if design.popularity is not None:
+    if design.popularity is not None and design.replacement:
         stats = sampled.popularity_stats
         assert stats is not None
         s = stats.select(valid)

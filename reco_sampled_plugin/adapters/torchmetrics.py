@@ -44,8 +44,8 @@ scores. (The sampled check is now one ``aminmax`` pass, finite iff both ends are
 
 On an accelerator an update waits for the device a fixed number of times whatever B and n: every check of a
 sampled batch (finite scores or factors, pools large enough to draw from) is kept on the device and read back in
-one synchronisation (``_keyed.DeviceChecks``), plus one per adaptive stage (which rows go on) and, without
-replacement, one duplicate check; exact metrics add none of their own (masked sums). Nothing per batch reads a
+one synchronisation (``_keyed.DeviceChecks``), plus one per adaptive stage (which rows go on) and, uniform without
+replacement, one duplicate check (popularity without replacement adds none: a race over every item); exact metrics add none of their own (masked sums). Nothing per batch reads a
 state back: histogram rows are grown from the batch's shapes (e <= E + P - 1) and filled by an accumulating
 scatter, and the catalogue size is checked against the host's record. An exact share adds no read to score and
 factor batches there (a static capacity of rows, :func:`share_capacity`; its rare overflow is counted on the device
@@ -552,9 +552,12 @@ class SampledRankingMetrics(_MergeChecked):
     Args:
         metrics, n_samples, estimators, seed, ties, max_n_groups, check_finite: the settings of
             :class:`RankingSettings` (:attr:`settings` holds them; ``from_settings`` takes them as one object).
-            Popularity designs (``SamplingDesign(m, popularity=w)``: keyed inverse-cdf draws from the score matrix)
-            also keep each relevant item's Hansen-Hurwitz statistics, one row per relevant item concatenated across
-            processes, which the registry's popularity estimators read (``hh`` for AUC; docs/popularity.md).
+            Popularity designs (``SamplingDesign(m, popularity=w)``: keyed inverse-cdf draws, from scores, factors
+            or a scorer alike) also keep each relevant item's Hansen-Hurwitz statistics, one row per relevant item
+            concatenated across processes, which the registry's popularity estimators read (``hh`` for AUC;
+            docs/popularity.md). Without replacement (``replacement=False``: a keyed exponential race, successive
+            sampling as the core draws it) no such statistics exist (as in the core): the histogram is the state,
+            and only ``none`` estimates (the other estimators report NaN with the core's reason).
             Adaptive designs (``SamplingDesign(m, adaptive_max=cap)``, ``reco_sampled_plugin.adaptive``): a
             relevant item ranked first among its m draws draws m more (keyed per stage) until it is not first or m
             would exceed the cap; estimators that take them: ``registry.names(adaptive=True)`` (``mle``, ``mes``,
@@ -578,7 +581,7 @@ class SampledRankingMetrics(_MergeChecked):
     command).
     """
 
-    # torchmetrics states (``add_state``; ``pop`` for popularity designs only)
+    # torchmetrics states (``add_state``; ``pop`` for popularity designs with replacement only)
     hist: torch.Tensor
     share: torch.Tensor  # with an exact share only
     share_overflow: torch.Tensor  # with an exact share only: batches past the static capacity (0-dim int64)
@@ -616,12 +619,15 @@ class SampledRankingMetrics(_MergeChecked):
         self._pop_weights = None if design.popularity is None else design.popularity.detach().cpu()
         self._pop_hash = None if self._pop_weights is None else \
             hashlib.sha256(self._pop_weights.numpy().tobytes()).hexdigest()[:16]
+        # the per-positive statistics (the ``pop`` state): popularity draws with replacement only (without, the
+        # draws are not independent and the core keeps none either: the histogram says everything)
+        self._pop_rows = design.popularity is not None and design.replacement
         self._adaptive = design.adaptive  # the stages of an adaptive design (None for a fixed m)
         # rows e = 0.. of m + 1 counts for n = n_items - e; rows are added as larger e appear
         width = self._design.n_samples + 1 if self._adaptive is None else adaptive_columns(self._adaptive)[1]
         self.add_state("hist", torch.zeros(0, width, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("n_items", torch.zeros((), dtype=torch.int64), dist_reduce_fx="max")
-        if self._pop_weights is not None:  # per relevant item: r~, n, S1, S2, beating draws, unreachable (concatenated)
+        if self._pop_rows:  # per relevant item: r~, n, S1, S2, beating draws, unreachable (concatenated)
             self.add_state("pop", torch.zeros(0, len(_POP_COLUMNS), dtype=torch.float64), dist_reduce_fx="cat")
         self._share = design.exact_share  # a uniform exact share (_shared._sampled_design refuses the others)
         if self._share is not None:  # per chosen relevant item: n, m, r~, R, pi (concatenated across processes)
@@ -757,16 +763,9 @@ class SampledRankingMetrics(_MergeChecked):
                        item_bias: TensorLike | None = None) -> None:
         """:meth:`update` for the scores ``user_factors @ item_factors.T (+ item_bias)`` without forming
         them: the keyed negatives (the same items as from scores) are scored by one dot product each."""
-        self._refuse_popularity("update_factors")
         u, v, bias = check_factors(user_factors, item_factors, item_bias)
         pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device)
         self.update_factors_padded(u, v, bias, pos, exc, ids, keep, check_finite=bool(self.settings.check_finite))
-
-    def _refuse_popularity(self, where: str) -> None:
-        """Keyed popularity draws are made from the score matrix (:meth:`update`) only, for now."""
-        if self._pop_weights is not None:
-            raise ValueError(f"n_samples: {where} draws uniformly keyed negatives; a popularity design "
-                             f"({self._design.describe()}) is drawn from the score matrix: use update(scores, ...)")
 
     def _add_popularity(self, ranks: torch.Tensor, n_cand: torch.Tensor, stats: Any, pos: torch.Tensor,
                         keep: torch.Tensor | None) -> None:
@@ -786,13 +785,20 @@ class SampledRankingMetrics(_MergeChecked):
     def popularity_ranks(self) -> SampledRanks:
         """The state's relevant items as the :class:`~reco_sampled_plugin.ranking.SampledRanks` of the popularity
         design, carrying each one's Hansen-Hurwitz statistics (synced across processes); what the registry's
-        popularity estimators read (``estimate(metric, sampled, method=...)``)."""
+        popularity estimators read (``estimate(metric, sampled, method=...)``). Draws without replacement carry
+        none (as the core's ``sampled_ranks``): one positive per count of the histogram, in its cell order."""
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=True):
             return self._popularity_ranks()
 
     def _popularity_ranks(self) -> SampledRanks:
         from reco_sampled_plugin._popularity import PopularityStats
+        from reco_sampled_plugin._sampled import ranks_of_histogram
         from reco_sampled_plugin.ranking import SampledRanks
+
+        if not self._pop_rows:  # without replacement: the unpooled histogram's positives
+            rows = self.hist.detach().to("cpu", torch.float64).numpy()
+            return ranks_of_histogram(histogram_from_rows(rows, int(self.n_items), self._design.n_samples,
+                                                          None)[0], self._design)
 
         t = self.pop.detach().to("cpu", torch.float64)
         counts = t[:, _POP_CLASS_AT:_POP_WEIGHT_AT].reshape(-1, len(PROFILE_FIELDS), POP_BINS).to(torch.float32)
@@ -838,7 +844,6 @@ class SampledRankingMetrics(_MergeChecked):
         check). A scorer that raises or returns the wrong type, shape, dtype or device is a ValueError naming it
         and the call's rows (``scorer_ranks.ScorerCalls``); the state (and the row counter) is then left as it was.
         What the calls cost accumulates in :meth:`scoring_cost`."""
-        self._refuse_popularity("update_from_scorer")
         t0 = time.perf_counter()
         check_scorer(scorer)
         max_pairs = check_int(max_pairs, "max_pairs", minimum=1)
@@ -999,7 +1004,7 @@ class SampledRankingMetrics(_MergeChecked):
         self.hist = _pad_rows(self.hist, int(rows.item()))
         # torchmetrics stacks the gathered states: pad every process's rows alike (padded rows: r~ = 0 in ``pop``,
         # R = 0 in ``share``; dropped after the gather, at compute)
-        for name in ("pop",) * (self._pop_weights is not None) + ("share",) * (self._share is not None):
+        for name in ("pop",) * self._pop_rows + ("share",) * (self._share is not None):
             state = getattr(self, name)
             count = torch.tensor([state.shape[0]], dtype=torch.int64, device=state.device)
             dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
@@ -1008,7 +1013,7 @@ class SampledRankingMetrics(_MergeChecked):
             super()._sync_dist(process_group=process_group)
         else:
             super()._sync_dist(dist_sync_fn, process_group)
-        if self._pop_weights is not None:
+        if self._pop_rows:
             pop = self.pop.reshape(-1, len(_POP_COLUMNS))
             self.pop = pop[pop[:, 0] > 0]  # the processes' rows in rank order
         if self._share is not None:  # (processes, rows, columns) stacked: one table (padded rows dropped at compute)
