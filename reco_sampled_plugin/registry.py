@@ -300,6 +300,8 @@ class Estimator:
             return False
         if not design.replacement and not self.without_replacement:
             return False
+        if design.popularity is not None and not design.replacement and self.family != "none":
+            return False  # popularity draws without replacement keep no per-draw statistics: nothing corrects them
         return True
 
 

@@ -77,9 +77,12 @@ def test_pooling_not_flagged_where_popularity_estimators_pool_nothing():
 
 def test_auto_under_popularity_without_replacement_names_what_runs():
     s = _popularity(replacement=False)
-    with pytest.raises(ValueError, match="^method: auto .*without replacement.*'none'") as info:
-        rsp.estimate("ndcg@10", s)
-    assert "use one of ('auto'" not in str(info.value)
+    for metric in ("ndcg@10", "auc"):
+        with pytest.raises(ValueError, match=r"^method: 'auto' does not support .*without replacement.*use one of "
+                                             r"\('none',\).*draw with replacement") as info:
+            rsp.estimate(metric, s)
+        assert "use one of ('auto'" not in str(info.value)
+    assert rsp.registry.names(design=s.design) == ("none",)
 
 
 def test_cli_plan_refuses_a_popularity_pilot_file(tmp_path, capsys):

@@ -499,7 +499,7 @@ def test_torchmetrics_popularity_without_replacement_equals_the_core():
     """Popularity draws without replacement through SampledRankingMetrics (keyed: an exponential race): the state's
     sampled metric equals the core's estimate on the same keyed ranks (``estimate(metric, SampledRanks(ranks, n,
     design=...), "none")``) bit for bit, its popularity_ranks carry the same sampled ranks (no statistics, as the
-    core's), the corrected estimators report NaN with the core's reasons; and over 1,200 users its sampled metric
+    core's), a corrected estimator is refused when the metric is built (nothing corrects these draws); and over 1,200 users its sampled metric
     agrees with the core's own (generator) draws of the same design within 4 standard errors of the difference."""
     from reco_sampled_plugin._keyed import MatrixScores, RowKeys, keyed_ranks
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
@@ -507,13 +507,15 @@ def test_torchmetrics_popularity_without_replacement_equals_the_core():
 
     scores, pos, exclude, w = _tm_batches(seed=4, users=1200)
     design = SamplingDesign(30, replacement=False, popularity=w)
-    metric = SampledRankingMetrics(["auc", "ndcg@10"], design, estimators=["none", "auto"], seed=7, max_n_groups=None)
+    with pytest.raises(ValueError, match=r"^estimators: \['auto'\] do not support popularity m=30, without "
+                                         r"replacement; use some of \('none',\)"):
+        SampledRankingMetrics(["auc", "ndcg@10"], design, estimators=["none", "auto"], seed=7)
+    metric = SampledRankingMetrics(["auc", "ndcg@10"], design, estimators=["none"], seed=7, max_n_groups=None)
     ids = torch.arange(scores.shape[0])
     for part in (slice(0, 500), slice(500, None)):
         metric.update(scores[part], pos[part], exclude[part], ids=ids[part])
-    with pytest.warns(RuntimeWarning, match="estimator failed"):
-        est = metric.estimates()
-    assert math.isnan(est["auc/auto"].value) and "without replacement" in est["auc/auto"].details["error"]
+    est = metric.estimates()
+    assert "auc/auto" not in est
     keyed = keyed_ranks(MatrixScores(scores), pos, exclude, scores.shape[1], design, RowKeys.of(7, ids, pos.device),
                         "pessimistic")
     n = padded_candidate_counts(scores.shape[1], pos, exclude, count_other_positives=False)
@@ -525,7 +527,7 @@ def test_torchmetrics_popularity_without_replacement_equals_the_core():
     valid = keyed.ranks > 0
     assert got.popularity_stats is None and got.design == design
     assert torch.equal(torch.sort(got.ranks).values, torch.sort(keyed.ranks[valid]).values)
-    with pytest.raises(ValueError, match="draws without replacement are not independent"):
+    with pytest.raises(ValueError, match="^method: 'hh' does not support .*keep no per-draw statistics"):
         rsp.estimate("auc", got, method="hh")
     drawn = rsp.sampled_ranks(scores, pos, design, exclude=exclude, generator=torch.Generator().manual_seed(9))
     assert drawn.popularity_stats is None
