@@ -416,10 +416,11 @@ def planned():
     return result
 
 
-def test_planner_results_pass_to_every_entry_point(planned, tmp_path):
+def test_planner_results_pass_to_every_entry_point(planned, tmp_path, capsys):
     """(e) ``plan(...)``, its ``recommended`` and each of its ``forecasts`` stand for their SamplingDesign wherever a
     design is taken (``design.as_design``, the one coercion): the draws, the scorer loop, evaluate_factors, the
-    adapters' settings, the reproduction's config and SampledRanks."""
+    adapters' settings (RecBole's ``rsp_design``), the reproduction's config and SampledRanks; and their spec
+    (``DesignForecast.spec``) wherever a string is: the CLI's ``--design``, RecBole's ``rsp_design``."""
     from reco_sampled_plugin import evaluate_factors, sampled_ranks_from_scorer
     from reco_sampled_plugin.adaptive import adaptive_sampled_ranks
     from reco_sampled_plugin.adapters.lightning import RankingSettings
@@ -461,6 +462,25 @@ def test_planner_results_pass_to_every_entry_point(planned, tmp_path):
     assert ReproduceConfig(n_samples=fixed).design == SamplingDesign(20) and fixed_design(planned) == fixed.design
     drawn = SampledRanks.from_arrays(torch.tensor([1, 3]), 300, design=fixed)
     assert drawn.design == SamplingDesign(20)
+    # the CLI's --design and RecBole's rsp_design: the spec the plan prints, and (RecBole) the result itself
+    from reco_sampled_plugin.cli import main
+
+    assert [f.spec for f in planned.forecasts] == ["20", "10:80"]
+    assert f'rsp_design: "{fixed.spec}"' in planned.recommendation()
+    assert main(["plan", "--n-items", "300", "--n-users", "100", "--metric", "hit@10", "--target-rel-error", "0.9",
+                 "--target-rel-halfwidth", "10", "--repeats", "2", "--seed", "1", "--forecast-all",
+                 *(a for f in planned.forecasts for a in ("--design", f.spec))]) == 0
+    assert planned.recommendation() in capsys.readouterr().out  # the same plan from the printed specs
+    uni = {"metrics": ["CorrectedRecall"], "eval_args": {"mode": "uni20"}}
+    for given in (planned, fixed, fixed.design, fixed.spec):  # the settings of the keys the design sets
+        s = _recbole_settings(**uni, rsp_design=given)
+        assert s.planned == SamplingDesign(20)
+        assert dataclasses.replace(s, planned=None) == _recbole_settings(**uni, rsp_m=20)
+    full = {"metrics": ["RankDistRecall"]}
+    for given in (adaptive, adaptive.spec):
+        s = _recbole_settings(**full, rsp_design=given)
+        assert dataclasses.replace(s, planned=None) == _recbole_settings(**full, rsp_m=10, rsp_adaptive_max=80)
+        assert s.design == s.planned == adaptive.design
 
 
 def test_a_plan_recommending_full_ranking_is_refused_by_name(planned):

@@ -23,6 +23,7 @@ from recbole.trainer import Trainer  # noqa: E402
 from _recbole_helpers import evaluate_with_struct  # noqa: E402
 from recbole.utils import get_model, init_seed  # noqa: E402
 from reco_sampled_plugin import SampledRanks, SamplingDesign
+from reco_sampled_plugin.design import ExactShare
 from reco_sampled_plugin import registry
 
 DATA_PATH = os.path.join(os.path.dirname(recbole.__file__), "dataset_example")
@@ -632,6 +633,16 @@ def test_full_mode_adaptive_sampling_equals_the_core(bpr):
         assert res[f"{base}/adaptive_share_at_cap"] == pytest.approx(float(((m == 320) * w).sum() / w.sum()), abs=1e-9)
     # the adaptive estimate lands near the exact value (ml-100k, m = 20 -> 320)
     assert abs(res["rankdistrecall@10/auto"] - res["exactrecall@10"]) < 0.35 * res["exactrecall@10"]
+    # a planner's result in rsp_design (here the forecast it recommends) is the same evaluation as the keys it sets
+    from reco_sampled_plugin.planner import plan
+
+    planned = plan(400, 50, "recall@10", 10.0, designs=[SamplingDesign(20, adaptive_max=320)], repeats=2,
+                   target_rel_halfwidth=100.0, method="mes").recommended
+    assert planned is not None and planned.spec == "20:320"
+    config = Config(model="BPR", dataset="ml-100k", config_dict={
+        **BASE, "metrics": metrics, "valid_metric": "RankDistRecall@10/auto", "rsp_design": planned, "rsp_n_grid": 0,
+        "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}})
+    assert _evaluate(Trainer(config, bpr["model"]), test)[0] == res  # the same data, scored alike
 
 
 def test_rankdist_bootstrap_only_for_a_standard_error():
@@ -662,13 +673,25 @@ def test_exact_share_equals_the_core(bpr, mode, choice):
     from reco_sampled_plugin import estimate
     from reco_sampled_plugin._hash import keyed_uniform
     from reco_sampled_plugin.adapters import _recbole_metrics as rm
-    from reco_sampled_plugin.design import ExactShare
-
     metrics = ["CorrectedNDCG", "CorrectedHit"]
     cheap = {} if mode == "uni100" else {"rsp_estimators": ["none"]}  # popN: no pl_fit (below)
-    config, _, _, test = _prepare("BPR", {**cheap, "eval_args": {"mode": mode}, "metrics": metrics, "rsp_seed": 5,
-                                          "valid_metric": "CorrectedNDCG@10/auto", "rsp_exact_share": 0.05,
-                                          "rsp_exact_share_choice": choice, "rsp_n_grid": 0})
+    given = {**cheap, "eval_args": {"mode": mode}, "metrics": metrics, "rsp_seed": 5, "rsp_n_grid": 0,
+             "valid_metric": "CorrectedNDCG@10/auto"}
+    config, _, _, test = _prepare("BPR", {**given, "rsp_exact_share": 0.05, "rsp_exact_share_choice": choice})
+    if mode == "pop100":  # the design in one key (rsp_design, as a planner's popularity design carries it): weights
+        # the sampler's up to a factor run as the keys do; others are refused at the first batch, naming rsp_design
+        from reco_sampled_plugin.adapters._recbole_popularity import sampler_weights
+
+        w = sampler_weights(test._sampler, test._dataset.item_num)
+
+        def planned(weights):
+            design = SamplingDesign(100, popularity=weights, exact_share=ExactShare(0.05, choice=choice))
+            return Config(model="BPR", dataset="ml-100k", config_dict={**BASE, **given, "rsp_design": design})
+
+        with pytest.raises(ValueError, match=r"^rsp_design: popularity m=100, exact share 0.05 \(uniform\) draws by "
+                                             "its own popularity weights"):
+            _evaluate(Trainer(planned(w.sqrt()), bpr["model"]), test)
+        config = planned(3.0 * w)
     trainer = Trainer(config, bpr["model"])
     res, struct = _evaluate(trainer, test)
     cols = rb.positive_table(struct)
@@ -722,3 +745,36 @@ def test_exact_share_keys_are_checked(extra, match):
         base.pop("rsp_m")
     with pytest.raises(ValueError, match=match):
         Config(model="BPR", dataset="ml-100k", config_dict={**base, **extra})
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"rsp_design": "100:800", "rsp_m": 100},
+     r"^rsp_design: given together with rsp_m \(100\); rsp_design sets rsp_m, "),
+    ({"eval_args": {"mode": "uni100"}, "rsp_design": "100+0.1:active", "rsp_exact_share": 0.1},
+     "^rsp_design: given together with rsp_exact_share .* drop rsp_exact_share or rsp_design"),
+    ({"eval_args": {"mode": "uni100"}, "rsp_design": "100", "rsp_exact_share_choice": "active"},
+     "^rsp_design: given together with rsp_exact_share_choice"),
+    ({"eval_args": {"mode": "pop100"}, "rsp_design": "100:800"},
+     "^rsp_design: '100:800' draws uniformly, but RecBole's 'pop100' mode .* draws by popularity"),
+    ({"eval_args": {"mode": "uni100"}, "rsp_design": "50"}, "^rsp_design: '50' \\(its rsp_m\\): 50 disagrees with"),
+    ({"eval_args": {"mode": "uni100"}, "rsp_design": "100:norepl"}, "^rsp_design: '100:norepl' draws without "),
+    ({"eval_args": {"mode": "uni100"}, "rsp_design": "100:800:exact"}, "^rsp_design: '100:800:exact' completes"),
+    ({"rsp_design": "100+0.1:uniform"},
+     r"^rsp_design: '100\+0.1:uniform' \(its rsp_exact_share\): the (valid|test) mode is 'full'"),
+    # RecBole evaluates a config string: 100+0.1 arrives as the sum 100.1 (the spec writes 100+0.1:uniform)
+    ({"eval_args": {"mode": "uni100"}, "rsp_design": "100+0.1"}, "^rsp_design: expected a design spec .* got 100.1"),
+    ({"eval_args": {"mode": "uni100"}, "rsp_design": "100:x"}, "^rsp_design: expected a design spec M"),
+    ({"eval_args": {"mode": "uni100"}, "rsp_seed": 5,
+      "rsp_design": SamplingDesign(100, exact_share=ExactShare(0.1, seed=3))},
+     r"^rsp_design: .* \(its rsp_exact_share\): the share is keyed by seed 3, the run by 5"),
+    ({"rsp_design": SamplingDesign(100, popularity=torch.ones(1683))},
+     "^rsp_design: popularity m=100 draws by popularity, which RecBole runs in its popN mode only"),
+])
+def test_design_key_is_checked(extra, match):
+    """rsp_design (a design, a planner result or its spec) sets rsp_m, rsp_adaptive_max, rsp_replacement and the
+    share keys: given beside one of them it is refused naming both; what the mode cannot run is refused with the
+    reason, before any data is loaded."""
+    base = {**BASE, "metrics": ["CorrectedNDCG"], "valid_metric": "CorrectedNDCG@10/auto"}
+    with pytest.raises(ValueError, match=match):
+        Config(model="BPR", dataset="ml-100k", config_dict={**base, **extra})
+
