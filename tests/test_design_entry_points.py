@@ -256,7 +256,7 @@ def test_lightning_callback_runs_a_registered_estimator(bv_copy, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ RecBole
-def _recbole_settings(**extra):
+def _recbole_settings(yaml_file=None, **extra):
     import recbole
     from recbole.config import Config
 
@@ -265,7 +265,8 @@ def _recbole_settings(**extra):
 
     base = {"data_path": os.path.join(os.path.dirname(recbole.__file__), "dataset_example"), "device": "cpu",
             "use_gpu": False, "show_progress": False, "topk": [10], "seed": 2020}
-    config = Config(model="BPR", dataset="ml-100k", config_dict={**base, **extra})
+    config = Config(model="BPR", dataset="ml-100k", config_dict={**base, **extra},
+                    config_file_list=None if yaml_file is None else [str(yaml_file)])
     return validate_config(config)
 
 
@@ -477,8 +478,10 @@ def test_planner_results_pass_to_every_entry_point(planned, tmp_path, capsys):
         assert s.planned == SamplingDesign(20)
         assert dataclasses.replace(s, planned=None) == _recbole_settings(**uni, rsp_m=20)
     full = {"metrics": ["RankDistRecall"]}
-    for given in (adaptive, adaptive.spec):
-        s = _recbole_settings(**full, rsp_design=given)
+    yaml_file = tmp_path / "run.yaml"  # the printed spec pasted into a YAML file, quoted as printed
+    yaml_file.write_text(f'rsp_design: "{adaptive.spec}"\n')
+    for s in (_recbole_settings(**full, rsp_design=adaptive), _recbole_settings(**full, rsp_design=adaptive.spec),
+              _recbole_settings(yaml_file, **full)):
         assert dataclasses.replace(s, planned=None) == _recbole_settings(**full, rsp_m=10, rsp_adaptive_max=80)
         assert s.design == s.planned == adaptive.design
 
