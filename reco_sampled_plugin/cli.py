@@ -342,16 +342,15 @@ def estimate_table(rows: Iterable[tuple[str, str, Estimate]], *, stderr: bool = 
 
 
 # ------------------------------------------------------------------------------------------------------- plan
-def _design_arg(text: str) -> tuple[int, int | None, tuple[float, str] | None]:
-    """``--design M[:CAP][+SHARE[:active]]``: (m, cap or None, (share, choice) or None)."""
-    sampled, plus, share_text = text.partition("+")
-    m, _, cap = sampled.partition(":")
-    share, _, choice = share_text.partition(":")
+def _design_arg(text: str) -> SamplingDesign:
+    """``--design``: a design spec (``design.SPEC_SYNTAX``, read by ``design.parse_design``, as RecBole's
+    ``rsp_design``), an argparse error naming what is wrong."""
+    from .design import parse_design
+
     try:
-        return int(m), (int(cap) if cap else None), ((float(share), choice or "uniform") if plus else None)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected M, M:CAP, optionally +SHARE or +SHARE:active (e.g. 100, 100:3200, "
-                                         f"100:12800+0.03:active), got {text!r}") from None
+        return parse_design(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -382,8 +381,9 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
                         "(default: the smallest m in the file)")
     p.add_argument("--pilot-adaptive-max", type=int, help="the pilot's adaptive cap, if it was adaptive")
     p.add_argument("--design", action="append", type=_design_arg, metavar="M[:CAP][+SHARE[:active]]",
-                   help="candidate design (repeatable): fixed m, or adaptive m:cap, with +share an exact share of the "
-                        "positives ranked exactly (uniform, or :active) (default: the built-in grid)")
+                   help="candidate design (repeatable): fixed m (m:norepl without replacement), or adaptive m:cap "
+                        "(m:cap:exact: exact_at_cap), with +share an exact share of the positives ranked exactly "
+                        "(uniform, or :active); the spec the plan prints (default: the built-in grid)")
     p.add_argument("--method", default=registry.DEFAULT_ESTIMATOR, metavar="METHOD",
                    help=f"estimator to forecast (default {registry.DEFAULT_ESTIMATOR}; the estimators are listed below)")
     p.add_argument("--repeats", type=int, default=20, help="Monte Carlo repeats per design (default 20)")
@@ -434,19 +434,8 @@ def run_plan(args: argparse.Namespace) -> int:
         pilot = data.sampled(design)
     elif args.pilot_adaptive_max is not None or args.pilot_n_samples is not None or args.pilot_n_items is not None:
         raise ValueError("--pilot-*: given without --pilot")
-    designs = None
-    if args.design is not None:
-        from .design import SamplingDesign
-
-        try:
-            from .design import ExactShare
-
-            designs = [SamplingDesign(m, adaptive_max=cap, exact_share=None if share is None
-                                      else ExactShare(share[0], choice=share[1])) for m, cap, share in args.design]
-        except ValueError as exc:
-            raise ValueError(f"--design: {exc}") from None
     result = plan(
-        args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, designs=designs,
+        args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, designs=args.design,
         method=args.method, target_rel_halfwidth=args.target_rel_halfwidth, repeats=args.repeats, seed=args.seed,
         seconds_per_pair=args.seconds_per_pair,
         execution=PlanExecution(screen=args.screen, forecast_all=args.forecast_all, workers=args.workers,

@@ -27,6 +27,9 @@ exact_share=ExactShare(...))``      share of the positives ranked exactly (Poiss
                                     difference estimator ``diff`` (``_design_based.py``) holds by design
 ==================================  ========================================================================
 
+A design without popularity weights has a one-line spec (:func:`design_spec`, read back by :func:`parse_design`):
+the planner prints it, ``reco-sampled plan --design`` and RecBole's ``rsp_design`` key take it (:data:`SPEC_SYNTAX`).
+
 Adding a design (docs/architecture.md): a keyword here, validated in ``__post_init__``, a ``law`` name, the draw
 in ``ranking.py`` (or ``adaptive.py``), and the ``supports_*`` flag the registry's entries declare.
 """
@@ -48,7 +51,7 @@ if TYPE_CHECKING:  # torch is imported where weights are checked, not with this 
     from ._types import TensorLike
 
 __all__ = ["SamplingDesign", "AdaptiveDesign", "ExactShare", "as_design", "planned_design", "PlannedDesign",
-           "adaptive_design", "coerce_adaptive", "popularity_weights"]
+           "adaptive_design", "coerce_adaptive", "popularity_weights", "parse_design", "design_spec", "SPEC_SYNTAX"]
 
 
 @dataclass(frozen=True)
@@ -372,3 +375,75 @@ def adaptive_design(n_samples: int | None, adaptive_max: int | None) -> Adaptive
     if n_samples is None:
         raise ValueError("adaptive_max: needs n_samples (the first stage's sample size m)")
     return AdaptiveDesign(n_samples, adaptive_max)
+
+
+# ---------------------------------------------------------------------------------------------------- specs
+#: The spec syntax of a design (``reco-sampled plan --design``, RecBole's ``rsp_design``): ``M`` a fixed m (with
+#: replacement), ``M:norepl`` without, ``M:CAP`` adaptive from m up to the cap, ``M:CAP:exact`` with ``exact_at_cap``;
+#: ``+SHARE:CHOICE[:METRIC]`` an exact share (choice ``uniform`` or ``active``, the active share's metric when not
+#: ndcg@10; ``+SHARE`` alone is uniform). Examples: ``100``, ``100:3200``, ``100:12800+0.03:active``.
+SPEC_SYNTAX = "M[:CAP[:exact]|:norepl][+SHARE[:uniform|:active[:METRIC]]]"
+_SPEC_FLAGS = {"exact": "exact_at_cap", "norepl": "replacement"}
+
+
+def parse_design(text: str) -> SamplingDesign:
+    """The :class:`SamplingDesign` of a spec (:data:`SPEC_SYNTAX`): ``parse_design(design_spec(d)) == d``.
+
+    Raises:
+        ValueError: a malformed spec (naming the syntax) or a design its parts cannot make (SamplingDesign's and
+            ExactShare's own messages: ``share: expected a number in (0, 1], ...``).
+    """
+    bad = ValueError(f"expected a design spec {SPEC_SYNTAX} (e.g. '100', '100:3200', '100:norepl', "
+                     f"'100:12800+0.03:active'), got {text!r}")
+    if not isinstance(text, str):
+        raise bad
+    sampled, plus, share_text = text.strip().partition("+")
+    m_text, *rest = (t.strip() for t in sampled.split(":"))
+    cap = rest.pop(0) if rest and rest[0].isdigit() else None
+    share, _, tail = (t.strip() for t in share_text.partition(":"))
+    choice, _, metric = (t.strip() for t in tail.partition(":"))
+    if (not m_text.isdigit() or len(set(rest)) < len(rest) or not set(rest) <= set(_SPEC_FLAGS)
+            or (plus and not _is_number(share))):
+        raise bad
+    parts: dict[str, Any] = {_SPEC_FLAGS[flag]: flag == "exact" for flag in rest}  # exact: True; norepl: False
+    if cap is not None:
+        parts["adaptive_max"] = int(cap)
+    if plus:
+        parts["exact_share"] = ExactShare(float(share), choice=choice or "uniform", metric=metric or ExactShare.metric)
+    return SamplingDesign(int(m_text), **parts)
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def design_spec(design: SamplingDesign | int | PlannedDesign) -> str:
+    """The spec of a design (:data:`SPEC_SYNTAX`; a planner result's design, an int m), which :func:`parse_design`
+    reads back equal. A share is written with its choice (``+0.05:uniform``: RecBole evaluates an unquoted
+    ``100+0.05`` as a sum).
+
+    Raises:
+        ValueError: naming ``design`` where no spec holds it: popularity weights (give the design itself), an exact
+            share with its own ``floor`` or ``seed`` (the spec keeps the defaults: floor share / 5, seed 0).
+    """
+    d = as_design(design, name="design")
+    if d.popularity is not None:
+        raise ValueError(f"design: {d.describe()} draws by popularity weights, which a spec cannot hold; pass the "
+                         "SamplingDesign (or the planner's result) itself")
+    text = str(d.n_samples)
+    if d.adaptive_max is not None:
+        text += f":{d.adaptive_max}" + (":exact" if d.exact_at_cap else "")
+    elif not d.replacement:
+        text += ":norepl"
+    share = d.exact_share
+    if share is None:
+        return text
+    if share.floor != share.share / 5.0 or share.seed != 0:
+        raise ValueError(f"design: its exact share sets floor = {share.floor:g} / seed = {share.seed}, which a spec "
+                         "cannot hold (it keeps floor share / 5 and seed 0); pass the SamplingDesign itself")
+    metric = "" if share.metric == ExactShare.metric else f":{share.metric}"
+    return f"{text}+{share.share!r}:{share.choice}{metric}"

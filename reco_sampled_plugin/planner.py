@@ -115,7 +115,7 @@ from ._checks import (MAX_ELEMENTS, MAX_SAMPLES, check_elements, check_int, chec
                       renamed)
 from ._options import check_bool, check_positive_float
 from ._adaptive_law import check_adaptive_histogram, expected_samples
-from .design import AdaptiveDesign, ExactShare, SamplingDesign
+from .design import AdaptiveDesign, ExactShare, SamplingDesign, design_spec
 from .metric_names import MetricSpec, parse_metric
 from ._popularity_world import NO_CLASS_COUNTS, PopularityWorld
 from .ranking import SampledRanks
@@ -314,6 +314,13 @@ class DesignForecast:
         return self.design
 
     @property
+    def spec(self) -> str | None:
+        """The design's one-line spec (:func:`~reco_sampled_plugin.design.design_spec`: ``"100:3200"``,
+        ``"100:12800+0.03:active"``), what ``reco-sampled plan --design`` and RecBole's ``rsp_design`` take; None
+        for a popularity design (its weights: pass the forecast or its design itself)."""
+        return None if self.popularity is not None else design_spec(self.design)
+
+    @property
     def design(self) -> SamplingDesign:
         """The forecast's design as a :class:`~reco_sampled_plugin.design.SamplingDesign`."""
         if self.popularity is not None:
@@ -462,7 +469,15 @@ class Plan:
         return (f"Recommendation: {r.label} (about {r.pairs:,.0f} scored pairs per user, {r.pairs / self.full_pairs:.1%} "
                 f"of full ranking's {self.full_pairs:,.0f}{when}; predicted relative error {r.rel_error:.1%} <= "
                 f"{self.target:.1%}, 95% interval about +-{r.rel_halfwidth:.1%} of the value <= "
-                f"+-{self.target_halfwidth:.1%}{model}): n_samples={r.design!r}.")
+                f"+-{self.target_halfwidth:.1%}{model}): n_samples={r.design!r}" + _spec_step(r.spec) + ".")
+
+
+def _spec_step(spec: str | None) -> str:
+    """The recommendation's spec of the design, as the CLI and a RecBole YAML file take it (quoted: YAML 1.1 reads
+    an unquoted ``10:40`` as the base-60 integer 640)."""
+    if spec is None:
+        return ""
+    return f"; design spec {spec} (RecBole: rsp_design: \"{spec}\"; reco-sampled plan --design {spec})"
 
 
 def _plus_minus(half: float) -> str:

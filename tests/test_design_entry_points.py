@@ -256,7 +256,7 @@ def test_lightning_callback_runs_a_registered_estimator(bv_copy, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ RecBole
-def _recbole_settings(**extra):
+def _recbole_settings(yaml_file=None, **extra):
     import recbole
     from recbole.config import Config
 
@@ -265,7 +265,8 @@ def _recbole_settings(**extra):
 
     base = {"data_path": os.path.join(os.path.dirname(recbole.__file__), "dataset_example"), "device": "cpu",
             "use_gpu": False, "show_progress": False, "topk": [10], "seed": 2020}
-    config = Config(model="BPR", dataset="ml-100k", config_dict={**base, **extra})
+    config = Config(model="BPR", dataset="ml-100k", config_dict={**base, **extra},
+                    config_file_list=None if yaml_file is None else [str(yaml_file)])
     return validate_config(config)
 
 
@@ -416,10 +417,11 @@ def planned():
     return result
 
 
-def test_planner_results_pass_to_every_entry_point(planned, tmp_path):
+def test_planner_results_pass_to_every_entry_point(planned, tmp_path, capsys):
     """(e) ``plan(...)``, its ``recommended`` and each of its ``forecasts`` stand for their SamplingDesign wherever a
     design is taken (``design.as_design``, the one coercion): the draws, the scorer loop, evaluate_factors, the
-    adapters' settings, the reproduction's config and SampledRanks."""
+    adapters' settings (RecBole's ``rsp_design``), the reproduction's config and SampledRanks; and their spec
+    (``DesignForecast.spec``) wherever a string is: the CLI's ``--design``, RecBole's ``rsp_design``."""
     from reco_sampled_plugin import evaluate_factors, sampled_ranks_from_scorer
     from reco_sampled_plugin.adaptive import adaptive_sampled_ranks
     from reco_sampled_plugin.adapters.lightning import RankingSettings
@@ -461,6 +463,27 @@ def test_planner_results_pass_to_every_entry_point(planned, tmp_path):
     assert ReproduceConfig(n_samples=fixed).design == SamplingDesign(20) and fixed_design(planned) == fixed.design
     drawn = SampledRanks.from_arrays(torch.tensor([1, 3]), 300, design=fixed)
     assert drawn.design == SamplingDesign(20)
+    # the CLI's --design and RecBole's rsp_design: the spec the plan prints, and (RecBole) the result itself
+    from reco_sampled_plugin.cli import main
+
+    assert [f.spec for f in planned.forecasts] == ["20", "10:80"]
+    assert f'rsp_design: "{fixed.spec}"' in planned.recommendation()
+    assert main(["plan", "--n-items", "300", "--n-users", "100", "--metric", "hit@10", "--target-rel-error", "0.9",
+                 "--target-rel-halfwidth", "10", "--repeats", "2", "--seed", "1", "--forecast-all",
+                 *(a for f in planned.forecasts for a in ("--design", f.spec))]) == 0
+    assert planned.recommendation() in capsys.readouterr().out  # the same plan from the printed specs
+    uni = {"metrics": ["CorrectedRecall"], "eval_args": {"mode": "uni20"}}
+    for given in (planned, fixed, fixed.design, fixed.spec):  # the settings of the keys the design sets
+        s = _recbole_settings(**uni, rsp_design=given)
+        assert s.planned == SamplingDesign(20)
+        assert dataclasses.replace(s, planned=None) == _recbole_settings(**uni, rsp_m=20)
+    full = {"metrics": ["RankDistRecall"]}
+    yaml_file = tmp_path / "run.yaml"  # the printed spec pasted into a YAML file, quoted as printed
+    yaml_file.write_text(f'rsp_design: "{adaptive.spec}"\n')
+    for s in (_recbole_settings(**full, rsp_design=adaptive), _recbole_settings(**full, rsp_design=adaptive.spec),
+              _recbole_settings(yaml_file, **full)):
+        assert dataclasses.replace(s, planned=None) == _recbole_settings(**full, rsp_m=10, rsp_adaptive_max=80)
+        assert s.design == s.planned == adaptive.design
 
 
 def test_a_plan_recommending_full_ranking_is_refused_by_name(planned):

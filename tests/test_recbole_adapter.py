@@ -23,6 +23,7 @@ from recbole.trainer import Trainer  # noqa: E402
 from _recbole_helpers import evaluate_with_struct  # noqa: E402
 from recbole.utils import get_model, init_seed  # noqa: E402
 from reco_sampled_plugin import SampledRanks, SamplingDesign
+from reco_sampled_plugin.design import ExactShare
 from reco_sampled_plugin import registry
 
 DATA_PATH = os.path.join(os.path.dirname(recbole.__file__), "dataset_example")
@@ -70,16 +71,42 @@ def bpr(workdir):
     trainer = Trainer(config, model)
     trainer.fit(train, valid, saved=False, show_progress=False)
     result, struct = _evaluate(trainer, test)
-    return {"config": config, "model": model, "trainer": trainer, "result": result, "struct": struct}
+    return {"config": config, "model": model, "trainer": trainer, "result": result, "struct": struct, "test": test}
+
+
+def _full_mode(bpr, extra: dict):
+    """A full-mode config of ``extra`` and the ``bpr`` fixture's test split (the data do not depend on the plugin's
+    keys: built once)."""
+    return Config(model="BPR", dataset="ml-100k", config_dict={**BASE, **extra}), bpr["test"]
 
 
 @pytest.fixture(scope="module")
-def bpr_uni100(bpr):
+def sampled_splits():
+    """The test split's loader of a sampled mode (``uni100``, ``pop100``), built once per mode for the module: a
+    loader does not depend on the plugin's keys (each test's own Config goes to its Trainer)."""
+    loaders: dict = {}
+
+    def split(mode: str):
+        if mode not in loaders:
+            loaders[mode] = _prepare("BPR", {"eval_args": {"mode": mode}})[3]
+        return loaders[mode]
+
+    return split
+
+
+def _sampled_mode(sampled_splits, extra: dict):
+    """A config of ``extra`` (its ``eval_args`` a sampled mode) and that mode's shared test split."""
+    config = Config(model="BPR", dataset="ml-100k", config_dict={**BASE, **extra})
+    return config, sampled_splits(extra["eval_args"]["mode"])
+
+
+@pytest.fixture(scope="module")
+def bpr_uni100(bpr, sampled_splits):
     """The same trained model evaluated in uni100 mode on the same test split."""
     metrics = ["Recall", "CorrectedRecall", "MappedHit", "RankDistRecall"]
-    config, _, _, test = _prepare("BPR", {"eval_args": {"mode": "uni100"}, "metrics": metrics,
-                                          "valid_metric": "CorrectedRecall@10/auto",
-                                          "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}})
+    config, test = _sampled_mode(sampled_splits, {"eval_args": {"mode": "uni100"}, "metrics": metrics,
+                                                  "valid_metric": "CorrectedRecall@10/auto",
+                                                  "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}})
     trainer = Trainer(config, bpr["model"])
     result, struct = _evaluate(trainer, test)
     return {"result": result, "struct": struct}
@@ -313,7 +340,7 @@ def test_run_recbole_wrapper_logs_plugin_results(workdir, caplog):
     assert len(notes) == 1 and "RecBole's recall@k is the list metric" in notes[0]
 
 
-def test_popularity_sampling_uncorrected_is_said(bpr, caplog):
+def test_popularity_sampling_uncorrected_is_said(bpr, sampled_splits, caplog):
     """pop100 with rsp_estimators: [none]: CorrectedHit@10/none is the plain sampled metric, and the run says so (a
     warning naming the metric), its value equal to its /sampled key; its interval holds it."""
     import logging
@@ -322,8 +349,9 @@ def test_popularity_sampling_uncorrected_is_said(bpr, caplog):
 
     _recbole_settings._LOGGED.clear()
     caplog.set_level(logging.INFO)
-    config, _, _, test = _prepare("BPR", {"eval_args": {"mode": "pop100"}, "rsp_estimators": ["none"],
-                                          "metrics": ["Hit", "CorrectedHit"], "valid_metric": "CorrectedHit@10/none"})
+    config, test = _sampled_mode(sampled_splits, {"eval_args": {"mode": "pop100"}, "rsp_estimators": ["none"],
+                                                  "metrics": ["Hit", "CorrectedHit"],
+                                                  "valid_metric": "CorrectedHit@10/none"})
     res, _ = _evaluate(Trainer(config, bpr["model"]), test)
     assert res["correctedhit@10/none"] == res["correctedhit@10/sampled"] and res["correctedhit@10/none"] > 0.2
     assert res["correctedhit@10/none_lo"] < res["correctedhit@10/none"] < res["correctedhit@10/none_hi"]
@@ -370,8 +398,8 @@ def test_binomial_sampling_matches_item_draws(bpr, monkeypatch, ties, replacemen
     1 + Hypergeometric(N, a, m) without) instead of drawing m items: same ranks where both are exact, and the
     sampled ranks follow the law of the item draws (checked against the exact expectation m p and against
     the item-draw path)."""
-    config, _, _, test = _prepare("BPR", {"metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10",
-                                          "rsp_m": 100, "rsp_ties": ties, "rsp_replacement": replacement})
+    config, test = _full_mode(bpr, {"metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10",
+                                    "rsp_m": 100, "rsp_ties": ties, "rsp_replacement": replacement})
     trainer = Trainer(config, bpr["model"])
     binom = rb.positive_table(_evaluate(trainer, test)[1])
     monkeypatch.setattr(rr, "_COUNT_MAX_MEAN_POSITIVES", 0)  # topk for exact ranks, m drawn items per positive
@@ -427,7 +455,7 @@ def test_score_dtypes_staged_or_referenced_give_the_same_table(bpr, monkeypatch)
     """Models scoring in float64, float16 or bfloat16 (numpy has no bfloat16: those batches are held by reference)
     give the same table through either way of gathering, within one collector whose staging buffers
     change dtype between evaluations."""
-    config, _, _, test = _prepare("BPR", {"metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10", "rsp_m": 100})
+    config, test = _full_mode(bpr, {"metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10", "rsp_m": 100})
     model = bpr["model"]
     trainer = Trainer(config, model)
     original = type(model).full_sort_predict
@@ -608,9 +636,9 @@ def test_full_mode_adaptive_sampling_equals_the_core(bpr):
     from reco_sampled_plugin import estimate
 
     metrics = ["RankDistRecall", "RankDistNDCG", "ExactRecall"]
-    config, _, _, test = _prepare("BPR", {"metrics": metrics, "valid_metric": "RankDistRecall@10/auto", "rsp_m": 20,
-                                          "rsp_adaptive_max": 320, "rsp_n_grid": 0,
-                                          "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}})
+    config, test = _full_mode(bpr, {"metrics": metrics, "valid_metric": "RankDistRecall@10/auto", "rsp_m": 20,
+                                    "rsp_adaptive_max": 320, "rsp_n_grid": 0,
+                                    "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}})
     trainer = Trainer(config, bpr["model"])
     res, struct = _evaluate(trainer, test)
     cols = rb.positive_table(struct)
@@ -632,6 +660,15 @@ def test_full_mode_adaptive_sampling_equals_the_core(bpr):
         assert res[f"{base}/adaptive_share_at_cap"] == pytest.approx(float(((m == 320) * w).sum() / w.sum()), abs=1e-9)
     # the adaptive estimate lands near the exact value (ml-100k, m = 20 -> 320)
     assert abs(res["rankdistrecall@10/auto"] - res["exactrecall@10"]) < 0.35 * res["exactrecall@10"]
+    # a planner's result in rsp_design (here the forecast it recommends) is the same evaluation as the keys it sets
+    from reco_sampled_plugin.planner import plan
+
+    planned = plan(400, 50, "recall@10", 10.0, designs=[SamplingDesign(20, adaptive_max=320)], repeats=2,
+                   target_rel_halfwidth=100.0, method="mes").recommended
+    assert planned is not None and planned.spec == "20:320"
+    config, _ = _full_mode(bpr, {"metrics": metrics, "valid_metric": "RankDistRecall@10/auto", "rsp_design": planned,
+                                 "rsp_n_grid": 0, "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}})
+    assert _evaluate(Trainer(config, bpr["model"]), test)[0] == res  # the same data, scored alike
 
 
 def test_rankdist_bootstrap_only_for_a_standard_error():
@@ -652,7 +689,7 @@ def test_rankdist_bootstrap_only_for_a_standard_error():
 
 
 @pytest.mark.parametrize("mode, choice", [("uni100", "active"), ("pop100", "uniform")])
-def test_exact_share_equals_the_core(bpr, mode, choice):
+def test_exact_share_equals_the_core(bpr, sampled_splits, mode, choice):
     """rsp_exact_share in uniN / popN: the positives chosen by the keyed uniform of (rsp_seed, user id, item id)
     below their inclusion probability, their exact ranks those of full mode (the same model and split, ranked
     independently there), the reported estimates the core's difference estimator on those draws (user weights),
@@ -662,13 +699,25 @@ def test_exact_share_equals_the_core(bpr, mode, choice):
     from reco_sampled_plugin import estimate
     from reco_sampled_plugin._hash import keyed_uniform
     from reco_sampled_plugin.adapters import _recbole_metrics as rm
-    from reco_sampled_plugin.design import ExactShare
-
     metrics = ["CorrectedNDCG", "CorrectedHit"]
     cheap = {} if mode == "uni100" else {"rsp_estimators": ["none"]}  # popN: no pl_fit (below)
-    config, _, _, test = _prepare("BPR", {**cheap, "eval_args": {"mode": mode}, "metrics": metrics, "rsp_seed": 5,
-                                          "valid_metric": "CorrectedNDCG@10/auto", "rsp_exact_share": 0.05,
-                                          "rsp_exact_share_choice": choice, "rsp_n_grid": 0})
+    given = {**cheap, "eval_args": {"mode": mode}, "metrics": metrics, "rsp_seed": 5, "rsp_n_grid": 0,
+             "valid_metric": "CorrectedNDCG@10/auto"}
+    config, test = _sampled_mode(sampled_splits, {**given, "rsp_exact_share": 0.05, "rsp_exact_share_choice": choice})
+    if mode == "pop100":  # the design in one key (rsp_design, as a planner's popularity design carries it): weights
+        # the sampler's up to a factor run as the keys do; others are refused at the first batch, naming rsp_design
+        from reco_sampled_plugin.adapters._recbole_popularity import sampler_weights
+
+        w = sampler_weights(test._sampler, test._dataset.item_num)
+
+        def planned(weights):
+            design = SamplingDesign(100, popularity=weights, exact_share=ExactShare(0.05, choice=choice))
+            return Config(model="BPR", dataset="ml-100k", config_dict={**BASE, **given, "rsp_design": design})
+
+        with pytest.raises(ValueError, match=r"^rsp_design: popularity m=100, exact share 0.05 \(uniform\) draws by "
+                                             "its own popularity weights"):
+            _evaluate(Trainer(planned(w.sqrt()), bpr["model"]), test)
+        config = planned(3.0 * w)
     trainer = Trainer(config, bpr["model"])
     res, struct = _evaluate(trainer, test)
     cols = rb.positive_table(struct)
@@ -722,3 +771,36 @@ def test_exact_share_keys_are_checked(extra, match):
         base.pop("rsp_m")
     with pytest.raises(ValueError, match=match):
         Config(model="BPR", dataset="ml-100k", config_dict={**base, **extra})
+
+
+@pytest.mark.parametrize("extra, match", [
+    ({"rsp_design": "100:800", "rsp_m": 100},
+     r"^rsp_design: given together with rsp_m \(100\); rsp_design sets rsp_m, "),
+    ({"eval_args": {"mode": "uni100"}, "rsp_design": "100+0.1:active", "rsp_exact_share": 0.1},
+     "^rsp_design: given together with rsp_exact_share .* drop rsp_exact_share or rsp_design"),
+    ({"eval_args": {"mode": "uni100"}, "rsp_design": "100", "rsp_exact_share_choice": "active"},
+     "^rsp_design: given together with rsp_exact_share_choice"),
+    ({"eval_args": {"mode": "pop100"}, "rsp_design": "100:800"},
+     "^rsp_design: '100:800' draws uniformly, but RecBole's 'pop100' mode .* draws by popularity"),
+    ({"eval_args": {"mode": "uni100"}, "rsp_design": "50"}, "^rsp_design: '50' \\(its rsp_m\\): 50 disagrees with"),
+    ({"eval_args": {"mode": "uni100"}, "rsp_design": "100:norepl"}, "^rsp_design: '100:norepl' draws without "),
+    ({"eval_args": {"mode": "uni100"}, "rsp_design": "100:800:exact"}, "^rsp_design: '100:800:exact' completes"),
+    ({"rsp_design": "100+0.1:uniform"},
+     r"^rsp_design: '100\+0.1:uniform' \(its rsp_exact_share\): the (valid|test) mode is 'full'"),
+    # RecBole evaluates a config string: 100+0.1 arrives as the sum 100.1 (the spec writes 100+0.1:uniform)
+    ({"eval_args": {"mode": "uni100"}, "rsp_design": "100+0.1"}, "^rsp_design: expected a design spec .* got 100.1"),
+    ({"eval_args": {"mode": "uni100"}, "rsp_design": "100:x"}, "^rsp_design: expected a design spec M"),
+    ({"eval_args": {"mode": "uni100"}, "rsp_seed": 5,
+      "rsp_design": SamplingDesign(100, exact_share=ExactShare(0.1, seed=3))},
+     r"^rsp_design: .* \(its rsp_exact_share\): the share is keyed by seed 3, the run by 5"),
+    ({"rsp_design": SamplingDesign(100, popularity=torch.ones(1683))},
+     "^rsp_design: popularity m=100 draws by popularity, which RecBole runs in its popN mode only"),
+])
+def test_design_key_is_checked(extra, match):
+    """rsp_design (a design, a planner result or its spec) sets rsp_m, rsp_adaptive_max, rsp_replacement and the
+    share keys: given beside one of them it is refused naming both; what the mode cannot run is refused with the
+    reason, before any data is loaded."""
+    base = {**BASE, "metrics": ["CorrectedNDCG"], "valid_metric": "CorrectedNDCG@10/auto"}
+    with pytest.raises(ValueError, match=match):
+        Config(model="BPR", dataset="ml-100k", config_dict={**base, **extra})
+

@@ -25,9 +25,9 @@ import torch
 
 from reco_sampled_plugin._popularity import (PopularityStats, RowTotals, class_totals, item_totals, stats_from_totals,
                                              weight_bins)
-from reco_sampled_plugin.design import popularity_weights
+from reco_sampled_plugin.design import SamplingDesign, popularity_weights
 
-__all__ = ["recbole_alpha", "sampler_weights", "popularity_columns"]
+__all__ = ["recbole_alpha", "sampler_weights", "popularity_columns", "check_planned_weights"]
 
 
 def recbole_alpha(config: Any) -> float:
@@ -64,6 +64,22 @@ def sampler_weights(sampler: Any, n_items: int) -> torch.Tensor:
         raise ValueError(f"train_neg_sample_args.alpha: {str(e).removeprefix('alpha: ')}") from None
     sampler.__dict__["_rsp_pop_weights"] = ((n_items, sampler.alpha), w)
     return w
+
+
+def check_planned_weights(planned: SamplingDesign, sampler: Any, w: torch.Tensor) -> None:
+    """``rsp_design``'s popularity weights are RecBole's sampler's ``w`` up to a factor (the law renormalises them;
+    float64, relative 1e-9), checked once per sampler: else a ValueError naming ``rsp_design`` (the estimates would
+    assume a law RecBole does not draw). Weights on CPU (the sampler's are), so no device synchronisation."""
+    if planned.popularity is None or sampler.__dict__.get("_rsp_planned") is planned:
+        return
+    p = planned.popularity.detach().cpu().to(torch.float64)
+    q = w.detach().cpu().to(torch.float64)
+    if p.shape != q.shape or not torch.allclose(p / p.sum(), q / q.sum(), rtol=1e-9, atol=0.0):
+        raise ValueError(f"rsp_design: {planned.describe()} draws by its own popularity weights ({p.numel()}), not "
+                         f"by RecBole's popN sampler's (interaction count^alpha over {q.numel()} items, "
+                         f"train_neg_sample_args.alpha = {sampler.alpha:g}), so its estimates would assume a law "
+                         "RecBole does not draw: plan from this data's popN weights (a popN pilot's SampledRanks)")
+    sampler.__dict__["_rsp_planned"] = planned
 
 
 def _used_sums(sampler: Any, w: torch.Tensor) -> RowTotals:

@@ -759,8 +759,10 @@ def _process_sampled(collector: Any, scores: torch.Tensor, pos_u: torch.Tensor, 
     table[:, _N_IRR] = (scores.shape[1] - _used_counts(collector, uids)).to(torch.float64)  # item_num (padding included) minus used
     sampler = getattr(getattr(collector, "_rsp_eval_data", None), "_sampler", None)
     if getattr(sampler, "distribution", None) == "popularity":  # popN: each positive's 1/q~ of its beating draws
-        from ._recbole_popularity import popularity_columns
+        from ._recbole_popularity import check_planned_weights, popularity_columns, sampler_weights
 
+        if settings.planned is not None:  # rsp_design's weights: the sampler's (once per sampler)
+            check_planned_weights(settings.planned, sampler, sampler_weights(sampler, scores.shape[1]))
         stats, w = popularity_columns(sampler, scores.shape[1], uids, pos_i, neg_items, s_neg, s_pos, settings.ties)
         table[:, _POP] = 1.0
         for col, t in ((_HH_BEATING, stats.beating), (_HH_S1, stats.inv_q), (_HH_S2, stats.inv_q2),

@@ -7,6 +7,7 @@ adapter reads, raising a ValueError that names the offending key before any data
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +17,7 @@ import numpy as np
 from reco_sampled_plugin import registry
 from reco_sampled_plugin._checks import check_int
 from reco_sampled_plugin._options import check_bool, check_float, check_names
-from reco_sampled_plugin.design import SHARE_CHOICES, ExactShare, SamplingDesign
+from reco_sampled_plugin.design import SHARE_CHOICES, ExactShare, SamplingDesign, as_design, design_spec, parse_design
 from reco_sampled_plugin.ranking import DETERMINISTIC_TIES
 
 #: Every plugin config key with its default (``None``: see docs/recbole.md).
@@ -41,7 +42,13 @@ CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_check_finite": True,  # NaN / +inf anywhere in the scores is an error; "positives" or false: held-out items only
     "rsp_exact_share": None,  # uniN / popN: a keyed share in (0, 1] of the positives also ranked exactly (full sort)
     "rsp_exact_share_choice": "uniform",  # uniform: each positive with that probability; active: the model's spread
+    # the whole design in one key (a SamplingDesign, a planner result, or a spec string such as "100:3200"): sets
+    # the design keys below, which are then not given (:func:`_planned_design`)
+    "rsp_design": None,
 }
+
+#: the keys ``rsp_design`` sets (a design given in both places is refused)
+DESIGN_KEYS = ("rsp_m", "rsp_adaptive_max", "rsp_replacement", "rsp_exact_share", "rsp_exact_share_choice")
 
 _TIES = DETERMINISTIC_TIES
 
@@ -158,6 +165,7 @@ class _Settings:
     check_finite: bool | str = True  # True, False or "positives" (False and "positives": held-out items' scores only)
     design: SamplingDesign | None = None  # None: full mode without rsp_m, or sampled modes of different N
     exact_share: ExactShare | None = None  # rsp_exact_share (uniN / popN): in ``design`` too (uniN)
+    planned: SamplingDesign | None = None  # rsp_design as given (popN: its weights, checked against the sampler's)
 
     @property
     def needs_exact(self) -> bool:
@@ -369,10 +377,26 @@ def validate_config(config: Any) -> _Settings | None:
         raise ValueError(f"{unknown[0]}: unknown reco_sampled_plugin key; known keys: {sorted(CONFIG_DEFAULTS)}")
     if not names:
         return None
+    modes = _modes(config)
+    _check_modes(modes, names, {_family_of(n) for n in names})
+    planned = _planned_design(config, modes)
+    if planned is None:
+        return _validated(config, names, modes)
+    try:  # the design's parts read as the keys they replace, checked as those keys are
+        settings = _validated(_Planned(config, planned), names, modes)
+    except ValueError as exc:
+        key, _, why = str(exc).partition(": ")
+        if key not in DESIGN_KEYS:
+            raise
+        raise ValueError(f"rsp_design: {_design_label(planned)} (its {key}): {why}") from None
+    return dataclasses.replace(settings, planned=planned)
+
+
+def _validated(config: Any, names: tuple[str, ...], modes: dict) -> _Settings:
+    """:func:`validate_config`'s checks past the metric names and the modes (``config``: the config, or the config
+    read through ``rsp_design``, :class:`_Planned`)."""
     families = {_family_of(n) for n in names}
     estimators = families - {"exact"}
-    modes = _modes(config)
-    _check_modes(modes, names, families)
     seed_raw = config["rsp_seed"]
     seed = _as_int(seed_raw, "rsp_seed", 0) if seed_raw is not None else int(config["seed"] or 0)
     stderr = _as_bool(_get(config, "rsp_stderr"), "rsp_stderr")
@@ -445,6 +469,11 @@ def _exact_share(config: Any, modes: dict, seed: int) -> ExactShare | None:
     if full:
         raise ValueError(f"rsp_exact_share: the {full[0]} mode is 'full', which ranks every positive exactly already; "
                          "an exact share is for the sampled modes (uniN, popN)")
+    if isinstance(raw, ExactShare):  # rsp_design's share: its choice, metric and floor; keyed by the run's seed
+        if raw.seed not in (0, seed):
+            raise ValueError(f"rsp_exact_share: the share is keyed by seed {raw.seed}, the run by {seed} (rsp_seed, "
+                             f"else seed): set rsp_seed: {raw.seed}, or leave the share's seed 0 (the run's)")
+        return dataclasses.replace(raw, seed=seed)
     if isinstance(raw, (bool, np.bool_)) or not isinstance(raw, (int, float, np.integer, np.floating)):
         raise ValueError(f"rsp_exact_share: expected a number in (0, 1], got {raw!r}")
     if not isinstance(choice, str) or choice.lower() not in SHARE_CHOICES:
@@ -459,6 +488,71 @@ def estimate_key(metric: str, estimator: str) -> str:
     """The result key of an estimated plugin metric: ``<metric>@<k>/<estimator>`` (``correctedndcg@10/auto``), its
     interval ``<key>_lo`` / ``<key>_hi`` right after it, then ``<metric>@<k>/sampled`` (and ``/exact``)."""
     return f"{metric}/{estimator}"
+
+
+class _Planned:
+    """A config read through ``rsp_design``: its design's parts under the keys they replace (:data:`DESIGN_KEYS`:
+    ``rsp_m`` m, ``rsp_adaptive_max`` the cap, ``rsp_replacement``, ``rsp_exact_share`` the ExactShare itself),
+    every other key the config's."""
+
+    def __init__(self, config: Any, design: SamplingDesign) -> None:
+        self._config = config
+        self._values = {"rsp_m": design.n_samples, "rsp_adaptive_max": design.adaptive_max,
+                        "rsp_replacement": design.replacement, "rsp_exact_share": design.exact_share,
+                        "rsp_exact_share_choice": None}
+
+    def __getitem__(self, key: str) -> Any:
+        return self._values[key] if key in self._values else self._config[key]
+
+
+def _design_label(design: SamplingDesign) -> str:
+    """A design named in a message: its spec where it has one (``'100:3200'``), else its description."""
+    try:
+        return repr(design_spec(design))
+    except ValueError:
+        return design.describe()
+
+
+def _planned_design(config: Any, modes: dict) -> SamplingDesign | None:
+    """``rsp_design``: a :class:`SamplingDesign`, a planner result (``plan(...)``: its recommended design, or a
+    ``DesignForecast``), an int m, or a spec string (``design.parse_design``: ``"100:3200"``); None without one.
+    Refused: a design given here and in a key it sets (:data:`DESIGN_KEYS`), ``exact_at_cap`` (the adapter does not
+    complete the positives at the cap), a popularity design outside ``popN`` and a uniform one in ``popN``."""
+    raw = config["rsp_design"]
+    if raw is None:
+        return None
+    if isinstance(raw, (bool, np.bool_, float, np.floating)):
+        raise ValueError(f"rsp_design: expected a design spec such as '100:3200' (quoted in YAML), a SamplingDesign or "
+                         f"a planner result, got {raw!r} (RecBole reads an unquoted 100+0.05 as a sum: write "
+                         "'100+0.05:uniform')")
+    try:
+        design = parse_design(raw) if isinstance(raw, str) else as_design(raw, name="rsp_design")
+    except ValueError as exc:
+        message = str(exc)
+        raise ValueError(message if message.startswith("rsp_design: ") else f"rsp_design: {message}") from None
+    given = [k for k in DESIGN_KEYS if config[k] is not None]
+    if given:
+        raise ValueError(f"rsp_design: given together with {given[0]} ({config[given[0]]!r}); rsp_design sets "
+                         f"{', '.join(DESIGN_KEYS)} itself: drop {given[0]} or rsp_design")
+    label = _design_label(design)
+    if design.exact_at_cap:
+        raise ValueError(f"rsp_design: {label} completes the positives still first at the cap (exact_at_cap), which "
+                         "the RecBole adapter does not; give the design without it (the RankDist* metrics read the "
+                         "positives at the cap as cap_reached)")
+    for phase, mode in modes.items():
+        if design.popularity is not None and not mode.startswith("pop"):
+            raise ValueError(f"rsp_design: {label} draws by popularity, which RecBole runs in its popN mode only (its "
+                             f"sampler's weights); the {phase} mode is {mode!r}: set eval_args.mode: "
+                             f"pop{design.n_samples}")
+        if not design.replacement and mode != "full":
+            raise ValueError(f"rsp_design: {label} draws without replacement, but RecBole's {mode!r} mode ({phase}) "
+                             f"draws with replacement: give the design with replacement ('{design.n_samples}'), or "
+                             "evaluate in full mode (rsp_design simulates the draws there)")
+        if design.popularity is None and mode.startswith("pop"):
+            raise ValueError(f"rsp_design: {label} draws uniformly, but RecBole's {mode!r} mode ({phase}) draws by "
+                             f"popularity: set eval_args.mode: uni{design.n_samples} (or full), or give a popularity "
+                             "design")
+    return design
 
 
 def _check_valid_metric(config: Any, names: tuple[str, ...], chosen: dict[str, str]) -> None:
