@@ -804,3 +804,25 @@ def test_design_key_is_checked(extra, match):
     with pytest.raises(ValueError, match=match):
         Config(model="BPR", dataset="ml-100k", config_dict={**base, **extra})
 
+
+
+def test_settings_follow_a_changed_design_of_the_same_length():
+    """The validated settings are cached on the config while its keys stay the same; a design whose weights change
+    only in the middle (their repr alike: torch elides it) is a change, and the settings follow it."""
+    from reco_sampled_plugin.adapters._recbole_settings import _settings
+
+    w1 = torch.ones(1683, dtype=torch.float64)
+    w2 = w1.clone()
+    w2[800] = 2.0
+    assert repr(w1) == repr(w2)
+    config = Config(model="BPR", dataset="ml-100k",
+                    config_dict={**BASE, "eval_args": {"mode": "pop100"}, "metrics": ["CorrectedNDCG"],
+                                 "valid_metric": "CorrectedNDCG@10/none", "rsp_estimators": ["none"],
+                                 "rsp_design": SamplingDesign(100, popularity=w1)})
+    first = _settings(config)
+    assert _settings(config) is first  # unchanged keys: the cached settings
+    config["rsp_design"] = SamplingDesign(100, popularity=w1.clone())
+    assert _settings(config) is first  # equal content: still cached
+    config["rsp_design"] = SamplingDesign(100, popularity=w2)
+    second = _settings(config)
+    assert second is not first and second.planned is not None and float(second.planned.popularity[800]) == 2.0

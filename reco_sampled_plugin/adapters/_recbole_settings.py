@@ -8,11 +8,13 @@ adapter reads, raising a ValueError that names the offending key before any data
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from reco_sampled_plugin import registry
 from reco_sampled_plugin._checks import check_int
@@ -737,9 +739,28 @@ def _check_supported(design: SamplingDesign, names: tuple, chosen: dict[str, str
                          f"{tuple(n for n in registry.recbole_choices(family) if registry.get(n).supports(design))}")
 
 
+def _fingerprint(value: Any) -> Any:
+    """A config value in comparable form: tensors and arrays by dtype, shape and a digest of their content (their
+    repr elides the middle: two weight vectors of one length can print alike), dataclasses (designs, planner
+    results) field by field, containers element-wise, anything else by its repr."""
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().numpy()
+    if isinstance(value, np.ndarray):
+        data = np.ascontiguousarray(value).tobytes()
+        return ("array", str(value.dtype), value.shape, hashlib.blake2b(data, digest_size=16).hexdigest())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return (type(value).__name__, tuple((f.name, _fingerprint(getattr(value, f.name)))
+                                            for f in dataclasses.fields(value)))
+    if isinstance(value, dict):
+        return ("dict", tuple((repr(k), _fingerprint(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, tuple(_fingerprint(v) for v in value))
+    return repr(value)
+
+
 def _settings_key(config: Any) -> str:
     keys = ["metrics", "eval_args", "topk", "seed", "metric_decimal_place", *sorted(_config_keys(config))]
-    return repr([(k, config[k]) for k in keys])
+    return repr([(k, _fingerprint(config[k])) for k in keys])
 
 
 def _settings(config: Any) -> _Settings | None:
