@@ -12,7 +12,7 @@ Writes one JSON line per (data set, m, recommender, metric, method) to ``--out``
 usable) and prints the summary: per method, the worst cell, the cells below 0.9, and the cells with K >= b.
 
 Run:  python benchmarks/studies/default_coverage.py [--repeats 100] [--datasets ml-100k ml-latest-small]
-      [--ms 50 100 500] [--also bv] [--only bv] [--resolved-only] [--models iALS ...]
+      [--ms 50 100 500] [--also bv] [--only bv] [--resolved-only | --unresolved-only] [--models iALS ...]
       [--out benchmarks/results/default_coverage.jsonl] [--ranks-cache DIR] [--summary FILE ...]
 """
 
@@ -59,13 +59,15 @@ def rank_data(dataset: str, seed: int, cache: str | None):
 
 
 def cells(dataset: str, ms, repeats: int, methods, seed: int = 0, resolved_only: bool = False, models=None,
-          cache: str | None = None):
+          cache: str | None = None, unresolved_only: bool = False):
     """Yield one record per (m, recommender, metric, method): coverage, median width, what auto ran.
-    ``resolved_only``: only the metrics with K at least the coarsest resolution b, and HR@100."""
+    ``resolved_only``: only the metrics with K at least the coarsest resolution b, and HR@100;
+    ``unresolved_only``: only those with K < b (where ``auto`` runs ``mes``)."""
     ranks, n_u = rank_data(dataset, seed, cache)
     b_max = {m: (float(n_u.max()) - 1.0) / (m + 1.0) + 1.0 for m in ms}
     for m in ms:
         metrics = [mt for mt in METRICS if not resolved_only or mt == "hit@100" or int(mt.split("@")[1]) >= b_max[m]]
+        metrics = [mt for mt in metrics if not unresolved_only or int(mt.split("@")[1]) < b_max[m]]
         for i, (name, r) in enumerate(ranks.items()):
             if models and name not in models:
                 continue
@@ -127,7 +129,9 @@ def main() -> None:
     ap.add_argument("--also", nargs="*", default=[], help="other methods to run on the same draws (e.g. bv)")
     ap.add_argument("--only", nargs="*", default=None, help="only these methods (default: auto and --also)")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "results" / "default_coverage.jsonl"))
-    ap.add_argument("--resolved-only", action="store_true", help="only the cells with K >= b, and HR@100")
+    only_k = ap.add_mutually_exclusive_group()
+    only_k.add_argument("--resolved-only", action="store_true", help="only the cells with K >= b, and HR@100")
+    only_k.add_argument("--unresolved-only", action="store_true", help="only the cells with K < b (auto runs mes)")
     ap.add_argument("--models", nargs="*", help="only these recommenders (default: all five)")
     ap.add_argument("--ranks-cache", help="a folder keeping the recommenders' exact ranks between runs")
     ap.add_argument("--summary", nargs="+", help="no run: the summary of these JSON-lines files")
@@ -144,7 +148,7 @@ def main() -> None:
     with out.open("a") as fh:
         for ds in args.datasets:
             for row in cells(ds, args.ms, args.repeats, methods, resolved_only=args.resolved_only,
-                             models=args.models, cache=args.ranks_cache):
+                             models=args.models, cache=args.ranks_cache, unresolved_only=args.unresolved_only):
                 rows.append(row)
                 fh.write(json.dumps(row) + "\n")
                 fh.flush()
