@@ -146,9 +146,9 @@ def _available(spec: MetricSpec, design: SamplingDesign | None) -> str:
     if design is not None and design.popularity is not None and not [n for n in ok if registry.get(n).family != "none"]:
         takes = [f"{n} ({', '.join(registry.get(n).metrics or ('every metric',))})" for n in registry.names(design=design)
                  if registry.get(n).family != "none"]
-        there = (f"corrected there: {', '.join(takes)}" if takes else "popularity draws without replacement keep no "
-                 "per-draw statistics, so nothing corrects them: draw with replacement (SamplingDesign(m, "
-                 "popularity=w)) for hh and pl_fit")
+        there = (f"corrected there: {', '.join(takes)}" if takes else "popularity draws without replacement are not "
+                 "independent and keep no per-draw statistics, so nothing corrects them: draw with replacement "
+                 "(SamplingDesign(m, popularity=w)) for hh and pl_fit")
         text += (f" (the uncorrected sampled metric): no registered estimator corrects {spec} under this "
                  f"popularity design (docs/popularity.md); {there}")
     return text

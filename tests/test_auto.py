@@ -104,7 +104,7 @@ def test_auto_refuses_designs_its_choices_cannot_read():
     positives = torch.randint(0, 300, (50, 1), generator=torch.Generator().manual_seed(1))
     without = rsp.sampled_ranks(scores, positives, rsp.SamplingDesign(20, replacement=False, popularity=weights),
                                 generator=torch.Generator().manual_seed(2))
-    with pytest.raises(ValueError, match="^sampled_ranks: .*without replacement are not independent"):
+    with pytest.raises(ValueError, match="^method: 'auto' does not support .*without replacement are not independent"):
         rsp.estimate("auc", without, method="auto")  # hh: no Hansen-Hurwitz weights without replacement
     with pytest.raises(ValueError, match="method"):
         rsp.estimate("hit@10", without, method="auto")  # pl_fit models draws with replacement

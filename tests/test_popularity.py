@@ -308,7 +308,7 @@ def test_refusals_name_the_argument(pop_ranks):
         rsp.estimate("auc", dataclasses.replace(s, popularity_stats=None), method="hh")
     without = rsp.sampled_ranks(scores, pos, SamplingDesign(10, replacement=False, popularity=w))
     assert without.popularity_stats is None
-    with pytest.raises(ValueError, match="^sampled_ranks: .*without replacement are not independent"):
+    with pytest.raises(ValueError, match="^method: 'hh' does not support .*without replacement are not independent"):
         rsp.estimate("auc", without, method="hh")
     # top-K metrics under popularity: refused, naming what is available
     with pytest.raises(ValueError, match=r"^metric: method 'hh' estimates auc only; for hit@10 use one of "

@@ -527,7 +527,7 @@ def test_torchmetrics_popularity_without_replacement_equals_the_core():
     valid = keyed.ranks > 0
     assert got.popularity_stats is None and got.design == design
     assert torch.equal(torch.sort(got.ranks).values, torch.sort(keyed.ranks[valid]).values)
-    with pytest.raises(ValueError, match="^method: 'hh' does not support .*keep no per-draw statistics"):
+    with pytest.raises(ValueError, match="^method: 'hh' does not support .*not independent and keep no per-draw statistics"):
         rsp.estimate("auc", got, method="hh")
     drawn = rsp.sampled_ranks(scores, pos, design, exclude=exclude, generator=torch.Generator().manual_seed(9))
     assert drawn.popularity_stats is None
