@@ -200,7 +200,7 @@ def test_torchmetrics_popularity_share_equals_the_core(source, monkeypatch):
     if source.endswith("-static"):
         monkeypatch.setattr(tm, "_SHARE_READS_ON_CPU", False)
         source = source.removesuffix("-static")
-    u, v, pos, ids = _batch()
+    u, v, pos, ids = _batch(96)  # pl_fit's cost grows with the positives
     scores = u @ v.T
     core = _pop_core(scores, pos, ids)
     metric = _pop_metric()
@@ -227,11 +227,11 @@ def test_torchmetrics_popularity_share_equals_the_core(source, monkeypatch):
 
 
 @settings(max_examples=examples(6), deadline=None)
-@given(cut=st.integers(1, 159), order=st.booleans(), seed=st.integers(0, 2**16))
+@given(cut=st.integers(1, 79), order=st.booleans(), seed=st.integers(0, 2**16))
 def test_popularity_share_is_order_free(cut, order, seed):
     """A popularity design with a share: the rows in any order (a permutation of the users with their ids), split
     into two states merged in either order, give one state's estimates and rows bit for bit; reset empties both."""
-    u, v, pos, ids = _batch()
+    u, v, pos, ids = _batch(80)
     scores = u @ v.T
     one = _pop_metric()
     one.update(scores, pos, ids=ids)

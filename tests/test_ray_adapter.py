@@ -179,8 +179,7 @@ def test_state_equals_the_torchmetrics_scorer_loop(name):
     """The merged histogram equals SampledRankingMetrics.update_from_scorer's (one process, its own batching) on the
     same keys: the counts bit for bit, the estimates too (popularity without replacement: the sampled metric, the
     one estimate there, as in the core); so do the pairs scored (without a share). A popularity design with a uniform
-    share: every positive's row (sampled rank, pl_fit statistics, exact rank, pi) bit for bit, and ``auto``
-    (``diff``)."""
+    share: every positive's row (sampled rank, pl_fit statistics, exact rank, pi) bit for bit."""
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
     from reco_sampled_plugin.ranking import prepare_index
 
@@ -195,8 +194,11 @@ def test_state_equals_the_torchmetrics_scorer_loop(name):
         sl = slice(lo, lo + 25)
         metric.update_from_scorer(Factory()(torch.device("cpu")), pos[sl], N_ITEMS, exclude=exc[sl], ids=users[sl])
     sample = rr.Evaluation(state, design).sample()
-    if design.exact_share is not None:  # per-positive rows: the two adapters' orders differ, the rows do not
+    if design.exact_share is not None:  # per-positive rows: the two adapters' orders differ, the rows do not (the
+        # estimates are the core's of these rows: test_design_based_entry_points.py)
         assert np.array_equal(canonical_rows(sample), canonical_rows(metric.popularity_ranks()))
+        assert _canonical(metric.histogram()).total == len(sample.ranks)
+        return
     ref = _canonical(metric.histogram())
     got = _canonical(sample.histogram() if design.popularity is not None else sample)
     assert ref.same_groups(got) and np.array_equal(ref.flat_counts, got.flat_counts)
