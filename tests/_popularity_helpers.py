@@ -1,4 +1,5 @@
-"""Shared data of the popularity tests: a small factor model with a popularity design."""
+"""Shared data of the popularity tests: a small factor model with a popularity design; a popularity sample's positives
+as one canonical table (the torchmetrics state's order)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,21 @@ import scipy.sparse as sp
 import torch
 
 from reco_sampled_plugin.design import SamplingDesign
+
+
+def canonical_rows(sampled: Any) -> np.ndarray:
+    """A popularity-sampled SampledRanks' positives (``ranks > 0``) as rows (r~, n, S1, S2, beating, unreachable,
+    pl_fit's class counts, the positive's weight; with an exact share R and pi), sorted by every column: the
+    positives as a multiset, in the order ``SampledRankingMetrics.popularity_ranks`` reads its state in."""
+    valid = sampled.ranks > 0
+    st = sampled.popularity_stats.select(valid)
+    cols = [sampled.ranks[valid], sampled.candidates()[valid], st.inv_q, st.inv_q2, st.beating, st.unreachable]
+    parts = [torch.stack([c.to(torch.float64) for c in cols], 1), st.profile.double(), st.beat_bins.double(),
+             st.miss_bins.double(), st.positive_weight.double().unsqueeze(1)]
+    if sampled.share_ranks is not None:
+        parts += [sampled.share_ranks[valid].double().unsqueeze(1), sampled.inclusion[valid].double().unsqueeze(1)]
+    t = torch.cat(parts, 1).numpy()
+    return t[np.lexsort(t.T[::-1])]
 
 
 def factor_world(m: int = 40) -> tuple[Any, Any, np.ndarray, np.ndarray, SamplingDesign]:

@@ -19,6 +19,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import reco_sampled_plugin as rsp
+from _popularity_helpers import canonical_rows
 from _profiles import examples
 from reco_sampled_plugin._hash import keyed_uniform
 from reco_sampled_plugin._keyed import MatrixScores, RowKeys, keyed_ranks
@@ -51,7 +52,7 @@ def _core(scores, pos, ids, design=DESIGN, seed=SEED):
     n = padded_candidate_counts(N_ITEMS, pos, None, False).unsqueeze(1).expand(pos.shape)
     return rsp.SampledRanks.from_arrays(kr.ranks, torch.where(valid, n, 0), M, design,
                                         share_ranks=torch.where(chosen, exact, 0),
-                                        inclusion=torch.where(valid, SHARE, 0.0).to(torch.float64))
+                                        inclusion=torch.where(valid, torch.tensor(SHARE, dtype=torch.float64), 0.0))
 
 
 def _metric(**kw):
@@ -170,12 +171,112 @@ def test_share_capacity_tail_is_below_1e_9():
     assert int(tm.share_capacity_rows(torch.ones(200, 2, dtype=torch.bool), 0.05)[1]) == 1
 
 
+# a popularity design with a uniform exact share: the share's R and pi travel in each positive's ``pop`` row
+POP_W = torch.linspace(0.5, 3.0, N_ITEMS, dtype=torch.float64)
+POP_DESIGN = SamplingDesign(M, popularity=POP_W, exact_share=ExactShare(SHARE, seed=5))
+
+
+def _pop_core(scores, pos, ids):
+    """The core's SampledRanks of the adapter's keyed popularity draws (their per-positive statistics) with the share
+    chosen and ranked here, as ``_core``."""
+    kr = keyed_ranks(MatrixScores(scores), pos, None, N_ITEMS, POP_DESIGN, RowKeys.of(SEED, ids, scores.device),
+                     "pessimistic")
+    plain = _core(scores, pos, ids)  # the same ExactShare: the same keyed choice and exact ranks
+    return rsp.SampledRanks(kr.ranks, plain.n_candidates, None, POP_DESIGN, popularity_stats=kr.stats,
+                            share_ranks=plain.share_ranks, inclusion=plain.inclusion)
+
+
+def _pop_metric():
+    return SampledRankingMetrics(["ndcg@10", "hit@10"], POP_DESIGN, estimators=["none", "auto", "diff"], seed=SEED)
+
+
+@pytest.mark.parametrize("source", ["scores", "factors-static", "scorer"])
+def test_torchmetrics_popularity_share_equals_the_core(source, monkeypatch):
+    """A popularity design with a uniform exact share, every batch form (``-static``: the accelerator's capacity of
+    rows): each positive's state row holds the core's sampled rank, pl_fit statistics, exact rank R (the keyed
+    choice, ranked on the score matrix) and pi, bit for bit; ``auto`` and ``diff`` are the core's ``estimate`` on
+    those positives in the state's order bit for bit (``diff`` with ``pl_fit``'s predictions), and on the core's
+    row-major order to 1e-12 (pl_fit's sums in another order)."""
+    if source.endswith("-static"):
+        monkeypatch.setattr(tm, "_SHARE_READS_ON_CPU", False)
+        source = source.removesuffix("-static")
+    u, v, pos, ids = _batch(96)  # pl_fit's cost grows with the positives
+    scores = u @ v.T
+    core = _pop_core(scores, pos, ids)
+    metric = _pop_metric()
+    for s in range(0, len(ids), 48):
+        sl = slice(s, s + 48)
+        if source == "scores":
+            metric.update(scores[sl], pos[sl], ids=ids[sl])
+        elif source == "factors":
+            metric.update_factors(u[sl], v, pos[sl], ids=ids[sl])
+        else:
+            metric.update_from_scorer(lambda us, items: scores[us - 1000].gather(1, items), pos[sl], N_ITEMS,
+                                      ids=ids[sl])
+    state = metric.popularity_ranks()
+    assert np.array_equal(canonical_rows(state), canonical_rows(core)) and 30 < int((state.share_ranks > 0).sum()) < 120
+    est = metric.estimates()
+    for name in ("ndcg@10", "hit@10"):
+        want, rowwise = rsp.estimate(name, state, "diff"), rsp.estimate(name, core, "auto")
+        assert want.details["model"] == "pl_fit" and want.details["n_exact"] == int((core.share_ranks > 0).sum())
+        for label in ("auto", "diff"):
+            got = est[f"{name}/{label}"]
+            assert (got.value, got.stderr) == (want.value, want.stderr), (name, label)
+            assert got.value == pytest.approx(rowwise.value, rel=1e-12) and got.stderr == pytest.approx(
+                rowwise.stderr, rel=1e-12)
+
+
+@settings(max_examples=examples(6), deadline=None)
+@given(cut=st.integers(1, 79), order=st.booleans(), seed=st.integers(0, 2**16))
+def test_popularity_share_is_order_free(cut, order, seed):
+    """A popularity design with a share: the rows in any order (a permutation of the users with their ids), split
+    into two states merged in either order, give one state's estimates and rows bit for bit; reset empties both."""
+    u, v, pos, ids = _batch(80)
+    scores = u @ v.T
+    one = _pop_metric()
+    one.update(scores, pos, ids=ids)
+    perm = torch.randperm(len(ids), generator=torch.Generator().manual_seed(seed))
+    a, b = _pop_metric(), _pop_metric()
+    a.update(scores[perm[:cut]], pos[perm[:cut]], ids=ids[perm[:cut]])
+    b.update(scores[perm[cut:]], pos[perm[cut:]], ids=ids[perm[cut:]])
+    (a.merge_state(b) if order else (b.merge_state(a), a := b))
+    assert torch.equal(a.popularity_ranks().share_ranks, one.popularity_ranks().share_ranks)
+    want = {k: (e.value, e.stderr) for k, e in one.estimates().items()}
+    assert {k: (e.value, e.stderr) for k, e in a.estimates().items()} == want
+    a.reset()
+    assert a.pop.shape == (0, len(tm._POP_COLUMNS) + 2) and int(a.share_overflow) == 0 and not hasattr(a, "share")
+
+
+@pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")  # the merged-into state had no update
+def test_popularity_share_static_capacity_overflow_is_refused(monkeypatch):
+    """The accelerator's form under a popularity design: a capacity too small for the batch is counted and refused
+    at compute (and by popularity_ranks), never a share with chosen positives unranked."""
+    monkeypatch.setattr(tm, "_SHARE_READS_ON_CPU", False)
+    monkeypatch.setattr(tm, "share_capacity", lambda rows, slots, share: 2)
+    u, v, pos, ids = _batch(48)
+    metric = _pop_metric()
+    metric.update(u @ v.T, pos, ids=ids)
+    assert int(metric.share_overflow) == 1 and metric.pop.shape[0] == int((pos >= 0).sum())
+    for read in (metric.compute, metric.popularity_ranks):
+        with pytest.raises(RuntimeError, match="^exact share: in 1 batch"):
+            read()
+
+
 def test_torchmetrics_share_refusals():
     with pytest.raises(ValueError, match="^n_samples: an active exact share"):
         _ = SampledRankingMetrics("ndcg@10", SamplingDesign(M, exact_share=ExactShare(0.2, choice="active")))
     w = torch.ones(N_ITEMS, dtype=torch.float64)
-    with pytest.raises(ValueError, match="^n_samples: an exact share with a popularity design"):
-        _ = SampledRankingMetrics("ndcg@10", SamplingDesign(M, popularity=w, exact_share=ExactShare(0.2)))
+    active = SamplingDesign(M, popularity=w, exact_share=ExactShare(0.2, choice="active"))
+    with pytest.raises(ValueError, match=r"^n_samples: an active exact share \(choice='active'\) with a popularity "
+                                         r"design .* its own pl_fit prediction.* a uniform exact share"):
+        _ = SampledRankingMetrics("ndcg@10", active)
+    with pytest.raises(ValueError, match="^n_samples: an exact share with popularity draws without replacement"):
+        _ = SampledRankingMetrics("ndcg@10", SamplingDesign(M, popularity=w, replacement=False,
+                                                             exact_share=ExactShare(0.2)))
+    state = dict(_pop_metric().metric_state)
+    state["pop"] = torch.zeros(0, len(tm._POP_COLUMNS), dtype=torch.float64)  # without the share's columns
+    with pytest.raises(ValueError, match="^n_samples: the incoming popularity state"):
+        _pop_metric().merge_state(state)
     other = SampledRankingMetrics(["ndcg@10", "hit@10"], SamplingDesign(M), estimators=["none", "auto", "diff"],
                                   seed=SEED)
     with pytest.raises(ValueError, match="^n_samples: cannot merge"):

@@ -33,6 +33,7 @@ from reco_sampled_plugin.user_metrics import user_metric_values
 from reco_sampled_plugin import baselines, datasets, planner, registry
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
 from reco_sampled_plugin._estimate import Estimate
+from reco_sampled_plugin.design import ExactShare
 from reco_sampled_plugin.priors import empirical_prior
 from reco_sampled_plugin.sampling_laws import sampled_rank_pmf
 
@@ -285,7 +286,17 @@ DDP_SCENARIOS = [  # (kind, settings of process 1, the name the refusal starts w
     ("sampled", {"n_items": 50}, "n_items"),
     ("sampled", {"n_samples": 12}, "n_samples"),
     ("exact", {"metrics": ("hit@5", "mrr")}, "metrics"),
+    ("popularity_share", {}, None),  # per-positive rows (pl_fit's statistics, R and pi) gathered across processes
 ]
+# a popularity design with a uniform exact share: its rows are read in one canonical order, so DDP equals one process
+POP_SHARE = dict(metrics=("hit@5", "ndcg@10"), estimators=("auto",),
+                 n_samples=rsp.SamplingDesign(10, popularity=torch.linspace(1.0, 2.0, 40, dtype=torch.float64),
+                                              exact_share=ExactShare(0.5, seed=1)))
+
+
+def _ddp_metric(kind: str, kw: dict) -> SampledRankingMetrics:
+    base = {**SAMPLED_BASE, "estimators": ("none",)} if kind == "sampled" else POP_SHARE
+    return SampledRankingMetrics(**{**base, **kw})
 
 
 def _ddp_worker(rank: int, port: int, queue) -> None:
@@ -301,10 +312,10 @@ def _ddp_worker(rank: int, port: int, queue) -> None:
             kw = {} if rank == 0 else dict(other)
             n_items = kw.pop("n_items", 40)
             scores, pos = _data(n_items, rank)
-            if kind == "sampled":
-                m = SampledRankingMetrics(**{**SAMPLED_BASE, "estimators": ("none",), **kw})
+            if kind != "exact":
+                m = _ddp_metric(kind, kw)
                 m.update(scores, pos, ids=torch.arange(rank * 100, rank * 100 + scores.shape[0]))
-                key = "hit_at_5/sampled"
+                key = "hit_at_5/sampled" if kind == "sampled" else "ndcg_at_10/auto"
             else:
                 m = ExactRankingMetrics(**{"metrics": ("hit@5", "auc"), **kw})
                 m.update(scores, pos)
@@ -329,15 +340,17 @@ def test_ddp_sync_of_incompatible_states_is_refused_on_every_process():
     results = sorted(queue.get(timeout=300) for _ in range(2 * len(DDP_SCENARIOS)))
     for p in procs:
         p.join(60)
-    one = SampledRankingMetrics(**{**SAMPLED_BASE, "estimators": ("none",)})
-    for r in range(2):
-        s, p = _data(40, r)
-        one.update(s, p, ids=torch.arange(r * 100, r * 100 + s.shape[0]))
-    want = float(one.compute()["hit_at_5/sampled"])
-    for i, (_, _, name) in enumerate(DDP_SCENARIOS):
+    want = {}
+    for kind, key in (("sampled", "hit_at_5/sampled"), ("popularity_share", "ndcg_at_10/auto")):
+        one = _ddp_metric(kind, {})
+        for r in (1, 0):  # the processes' rows in the other order: the same bits
+            s, p = _data(40, r)
+            one.update(s, p, ids=torch.arange(r * 100, r * 100 + s.shape[0]))
+        want[kind] = float(one.compute()[key])
+    for i, (kind, _, name) in enumerate(DDP_SCENARIOS):
         got = [res[2:] for res in results if res[0] == i]
         if name is None:
-            assert got == [("ok", want)] * 2
+            assert got == [("ok", want[kind])] * 2
         else:
             assert all(g[0] == "ValueError" and g[1].startswith(f"{name}: the processes'") for g in got), got
 

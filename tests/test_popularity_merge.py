@@ -13,6 +13,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from _popularity_helpers import canonical_rows
 from _profiles import examples
 
 import reco_sampled_plugin as rsp
@@ -174,20 +175,23 @@ def test_torchmetrics_state_carries_the_class_counts_and_auto_runs_the_choice():
     draws (padded exclusions through ``_keyed.keyed_ranks``), and ``auto`` reports hh's AUC and pl_fit's NDCG."""
     from reco_sampled_plugin._keyed import MatrixScores, RowKeys, keyed_ranks
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+    from reco_sampled_plugin.ranking import padded_candidate_counts
 
     scores, pos, exc, w = _problem(seed=6, b=40, n=120)
     design = SamplingDesign(30, popularity=w)
     metric = SampledRankingMetrics(["auc", "ndcg@10"], design, estimators=["auto"], seed=5)
     ids = torch.arange(scores.shape[0])
     metric.update(scores, pos, exc, ids=ids)
-    core = keyed_ranks(MatrixScores(scores.float()), pos, exc, scores.shape[1], design, RowKeys.of(5, ids, ids.device),
-                       "pessimistic").stats
+    kr = keyed_ranks(MatrixScores(scores.float()), pos, exc, scores.shape[1], design, RowKeys.of(5, ids, ids.device),
+                     "pessimistic")
+    core = rsp.SampledRanks(kr.ranks, padded_candidate_counts(scores.shape[1], pos, exc, False), None, design,
+                            popularity_stats=kr.stats)
     got = metric.popularity_ranks().popularity_stats
     valid = pos >= 0
-    for f in PROFILE_FIELDS + ("positive_weight",):
-        assert torch.equal(getattr(got, f), getattr(core, f)[valid]), f
+    # every positive's row (class counts and own weight included) is the core's; the state reads them sorted
+    assert np.array_equal(canonical_rows(metric.popularity_ranks()), canonical_rows(core))
     assert bool((got.profile.sum(-1) > 0).all())
-    assert torch.equal(got.positive_weight, w.to(torch.float64)[pos[valid]])
+    assert torch.equal(kr.stats.positive_weight[valid], w.to(torch.float64)[pos[valid]])
     est = metric.estimates()
     popn = metric.popularity_ranks()
     assert est["auc/auto"].value == rsp.estimate("auc", popn, method="hh").value

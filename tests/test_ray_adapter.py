@@ -21,6 +21,7 @@ except ImportError as err:  # only the adapter's own message (Ray missing or too
 import pyarrow as pa
 import ray
 
+from _popularity_helpers import canonical_rows
 from reco_sampled_plugin import SamplingDesign
 from reco_sampled_plugin._design_based import ShareTable
 from reco_sampled_plugin.design import ExactShare
@@ -96,6 +97,8 @@ DESIGNS = {
                                                      popularity=torch.linspace(0.5, 3.0, N_ITEMS, dtype=torch.float64)),
     "adaptive_exact_at_cap": SamplingDesign(8, adaptive_max=32, exact_at_cap=True),
     "exact_share": SamplingDesign(12, exact_share=ExactShare(0.4, seed=3)),
+    "popularity_share": SamplingDesign(12, popularity=torch.linspace(0.5, 3.0, N_ITEMS, dtype=torch.float64),
+                                       exact_share=ExactShare(0.4, seed=3)),
     "active_share": SamplingDesign(12, exact_share=ExactShare(0.3, choice="active", metric="hit@5", seed=3)),
     "adaptive_active_share": SamplingDesign(8, adaptive_max=32, exact_share=ExactShare(0.3, choice="active", seed=3)),
     "exact": None,  # exact ranks: every candidate scored
@@ -106,6 +109,7 @@ METHODS = {"uniform": (("ndcg@10", "auto"), ("hit@5", "bv")), "without_replaceme
            "popularity_without_replacement": (("auc", "none"), ("ndcg@10", "none")),
            "adaptive_exact_at_cap": (("ndcg@10", "auto"), ("hit@5", "mle")),
            "exact_share": (("ndcg@10", "auto"), ("ndcg@10", "diff")), "active_share": (("hit@5", "diff"),),
+           "popularity_share": (("ndcg@10", "auto"), ("auc", "hh")),
            "adaptive_active_share": (("ndcg@10", "auto"), ("hit@5", "diff")),
            "exact": (("ndcg@10", "auto"), ("hit@5", "mle"))}
 
@@ -137,7 +141,10 @@ def test_blocks_and_merge_order_do_not_change_the_numbers(name):
             assert a.popularity_stats is None and a.design is design and len(a.ranks) == (split.hist.total)
         else:
             assert torch.equal(a.ranks, b.ranks) and torch.equal(a.popularity_stats.inv_q, b.popularity_stats.inv_q)
-        if design is not None and design.exact_share is not None:
+        if design is not None and design.exact_share is not None and design.popularity is not None:  # per positive
+            assert torch.equal(a.share_ranks, b.share_ranks) and torch.equal(a.inclusion, b.inclusion)
+            assert 0 < int((a.share_ranks > 0).sum()) < len(a.ranks)
+        elif design is not None and design.exact_share is not None:
             assert a.share.equals(b.share) and len(a.share.n) > 0
             if design.exact_share.choice == "active":  # probabilities that vary with the sampled data
                 assert len(np.unique(a.share.inclusion)) > 3
@@ -167,18 +174,19 @@ def _canonical(hist):
     return hist.select(np.zeros(hist.n_groups, dtype=bool)).merge(hist).without_empty_groups()
 
 
-@pytest.mark.parametrize("name", ["uniform", "adaptive", "popularity_without_replacement"])
+@pytest.mark.parametrize("name", ["uniform", "adaptive", "popularity_without_replacement", "popularity_share"])
 def test_state_equals_the_torchmetrics_scorer_loop(name):
     """The merged histogram equals SampledRankingMetrics.update_from_scorer's (one process, its own batching) on the
     same keys: the counts bit for bit, the estimates too (popularity without replacement: the sampled metric, the
-    one estimate there, as in the core); so do the pairs scored."""
+    one estimate there, as in the core); so do the pairs scored (without a share). A popularity design with a uniform
+    share: every positive's row (sampled rank, pl_fit statistics, exact rank, pi) bit for bit."""
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
     from reco_sampled_plugin.ranking import prepare_index
 
     design = {"uniform": SamplingDesign(12), "adaptive": SamplingDesign(8, adaptive_max=64)}.get(name) or DESIGNS[name]
     rows = _rows(1)
     state = _blocks_state(rows, design, [30, 31, 77])
-    method = "none" if design.popularity is not None else "auto"
+    method = "none" if design.popularity is not None and design.exact_share is None else "auto"
     metric = SampledRankingMetrics(("ndcg@10",), n_samples=design, estimators=(method,), seed=11,
                                    max_n_groups=None)
     users, pos, exc = rr.batch_tensors(_table(rows), rr.Columns(), N_ITEMS, torch.device("cpu"))
@@ -186,18 +194,25 @@ def test_state_equals_the_torchmetrics_scorer_loop(name):
         sl = slice(lo, lo + 25)
         metric.update_from_scorer(Factory()(torch.device("cpu")), pos[sl], N_ITEMS, exclude=exc[sl], ids=users[sl])
     sample = rr.Evaluation(state, design).sample()
+    if design.exact_share is not None:  # per-positive rows: the two adapters' orders differ, the rows do not (the
+        # estimates are the core's of these rows: test_design_based_entry_points.py)
+        assert np.array_equal(canonical_rows(sample), canonical_rows(metric.popularity_ranks()))
+        assert _canonical(metric.histogram()).total == len(sample.ranks)
+        return
     ref = _canonical(metric.histogram())
     got = _canonical(sample.histogram() if design.popularity is not None else sample)
     assert ref.same_groups(got) and np.array_equal(ref.flat_counts, got.flat_counts)
     # the class orders its groups by stage first: the fit's sums in another order, equal to rounding
     assert rr.Evaluation(state, design).estimate("ndcg@10", method).value == pytest.approx(
         metric.estimates()[f"ndcg@10/{metric.settings.labels[0]}"].value, rel=1e-12, abs=0)
-    assert metric.scoring_cost().pairs == state.cost.pairs
+    if design.exact_share is None:  # a share's completion pads to its batch's longest row: batches differ here
+        assert metric.scoring_cost().pairs == state.cost.pairs
 
 
 def test_batches_designs_and_versions_are_checked():
     """Rows: a list column with null lists, or one scalar held-out item per row, become padded indices; a held-out
-    item also excluded is refused. Designs: an exact share with popularity draws is refused naming ``n_samples``;
+    item also excluded is refused. Designs: an active exact share with popularity draws is refused naming
+    ``n_samples``, the uniform share as what works (so is a share with popularity draws without replacement);
     an active share is taken, and its table refuses a positive it does not hold (pass 2 on other rows than pass 1). Versions: a Ray older than MIN_RAY is an ImportError that says what to install."""
     cpu = torch.device("cpu")
     t = pa.table({"user": [4, 9, 2], "items": pa.array([[3, 1], [5], [7, 8, 0]], pa.list_(pa.int64())),
@@ -211,8 +226,15 @@ def test_batches_designs_and_versions_are_checked():
         rr.batch_tensors(pa.table({"user": [1], "items": [[3]], "exclude": [[3]]}), rr.Columns(), 10, cpu)
     active = SamplingDesign(5, exact_share=ExactShare(0.3, choice="active"))
     assert rr.check_design(active) is active
-    with pytest.raises(ValueError, match="n_samples: an exact share with popularity draws"):
+    with pytest.raises(ValueError, match=r"^n_samples: an active exact share \(choice='active'\) with a popularity "
+                                         r"design is not supported by the Ray adapter.* pl_fit prediction.* a "
+                                         r"uniform exact share \(ExactShare\(share\)\) with this popularity design "
+                                         r"is supported"):
         rr.check_design(dataclasses.replace(active, popularity=torch.ones(10)))
+    with pytest.raises(ValueError, match="^n_samples: an exact share with popularity draws without replacement"):
+        rr.check_design(dataclasses.replace(active, popularity=torch.ones(10), replacement=False,
+                                            exact_share=ExactShare(0.3)))
+    assert rr.check_design(DESIGNS["popularity_share"]) is DESIGNS["popularity_share"]
     design = DESIGNS["active_share"]
     first = _blocks_state(_rows(), dataclasses.replace(design, exact_share=None), [45])
     table = ShareTable.of(first.hist, design.exact_share, design)

@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RankingSettings",
+    "check_share_design",
     "RankingBatch",
     "FactorBatch",
     "ScorerBatch",
@@ -71,9 +72,11 @@ class RankingSettings:
             popularity=w)``, with or without replacement: without, only ``none`` estimates, as in the core); None:
             no sampled metrics. Kept as given; :attr:`design` is the
             SamplingDesign (an int m is ``SamplingDesign(m)``). ``exact_at_cap`` is refused: the sampled state holds
-            sampled-rank counts. A uniform exact share (``SamplingDesign(m, exact_share=ExactShare(s))``; not with
-            popularity draws, not ``choice="active"``) also ranks the keyed share of the positives exactly; ``auto``
-            (and ``diff``) then give the design-based estimate.
+            sampled-rank counts. A uniform exact share (``SamplingDesign(m, exact_share=ExactShare(s))``,
+            popularity draws with replacement included; not ``choice="active"``, not popularity draws without
+            replacement: :func:`check_share_design`) also ranks the keyed share of the positives exactly; ``auto``
+            (and ``diff``) then give the design-based estimate (under a popularity design from ``pl_fit``'s
+            predictions).
         estimators: the estimators run on the sampled ranks, each a registered name (``registry.names()``) or a
             method object with its options (``registry.Bv(gamma=0.2)``, ``Mes(n_bootstrap=8)``: checked when
             built), whose entry supports the design; ``"none"`` is the plain sampled metric. Each is reported under
@@ -156,8 +159,8 @@ def _check_finite_option(value: Any) -> bool | str:
 
 def _sampled_design(n_samples: Any) -> SamplingDesign | None:
     """The design the adapters' keyed draws take (None: no sampled metrics): uniform (with or without replacement,
-    adaptive) or popularity (with or without replacement); ``exact_at_cap`` refused (the state holds sampled-rank
-    counts)."""
+    adaptive) or popularity (with or without replacement), with a uniform exact share or none
+    (:func:`check_share_design`); ``exact_at_cap`` refused (the state holds sampled-rank counts)."""
     design = as_design(n_samples)  # the one coercion (design.py): m in 1..MAX_SAMPLES, the cap, the law
     if design is None:
         return None
@@ -166,20 +169,40 @@ def _sampled_design(n_samples: Any) -> SamplingDesign | None:
                          "RankingMetricsCallback): its state holds sampled-rank counts per stage, not exact ranks; "
                          "draw with adaptive_sampled_ranks or sampled_ranks_from_scorer and estimate(metric, sampled) "
                          "instead")
-    share = design.exact_share
-    if share is not None and share.choice != "uniform":  # pi would need a fit of every batch's sampled ranks
-        raise ValueError("n_samples: an active exact share (choice='active') sets each positive's probability from "
-                         "the model's fit of the whole sample, which a streaming metric does not hold while it "
-                         "counts; use ExactShare(share) (uniform) here, or draw with sampled_ranks or "
-                         "sampled_ranks_from_scorer and estimate(metric, sampled)")
-    if share is not None and design.popularity is not None:
-        raise ValueError("n_samples: an exact share with a popularity design is not supported by "
-                         "SampledRankingMetrics (nor by RankingMetricsCallback); draw with sampled_ranks(scores, "
-                         "positives, design) and estimate(metric, sampled)")
+    check_share_design(design, "n_samples", "SampledRankingMetrics (nor by RankingMetricsCallback)",
+                       "draw with sampled_ranks or sampled_ranks_from_scorer and estimate(metric, sampled)")
     if design.law not in ("binomial", "hypergeometric", "popularity"):  # a new law: refused
         raise ValueError(f"n_samples: the keyed draws of SampledRankingMetrics are uniform or by popularity; "
                          f"{design!r} ({design.law} draws) is not supported")
     return design
+
+
+def check_share_design(design: SamplingDesign, name: str, who: str, instead: str, *, active: bool = False) -> None:
+    """The exact shares a streaming adapter (``who``: the torchmetrics class, the Ray adapter) draws: uniform ones,
+    with any design, popularity draws with replacement included (their pl_fit statistics are per positive, the share's
+    exact rank and pi travel in the same row); a ValueError naming ``name`` for an active share (its pi is a fit of
+    the whole sample: with a popularity design each positive's pl_fit prediction, which no table of (n, m, r~) cells
+    holds) and for popularity draws without replacement (only ``none`` estimates them, which reads no share).
+    ``instead``: what to call instead; ``active``: the adapter takes an active share of a uniform-law or adaptive
+    design (two passes over the data: the Ray adapter), else it is refused too."""
+    share = design.exact_share
+    if share is None:
+        return
+    if share.choice != "uniform" and design.popularity is not None:
+        raise ValueError(f"{name}: an active exact share (choice='active') with a popularity design is not "
+                         f"supported by {who}: each positive's inclusion probability would depend on its own pl_fit "
+                         "prediction, fitted on the whole sample, not only on its (n, m, r~) cell, so no table of "
+                         "cells (_design_based.ShareTable) can carry it to the batches; a uniform exact share "
+                         f"(ExactShare(share)) with this popularity design is supported; or {instead}")
+    if share.choice != "uniform" and not active:  # pi would need a fit of every batch's sampled ranks
+        raise ValueError(f"{name}: an active exact share (choice='active') sets each positive's probability from "
+                         "the model's fit of the whole sample, which a streaming metric does not hold while it "
+                         f"counts; use ExactShare(share) (uniform) here, or {instead}")
+    if design.popularity is not None and not design.replacement:
+        raise ValueError(f"{name}: an exact share with popularity draws without replacement is not supported by "
+                         f"{who}: only 'none' estimates those draws (no per-draw statistics), and it reads no "
+                         "share; draw with replacement (SamplingDesign(m, popularity=w), the default) for the "
+                         f"design-based estimate, or {instead}")
 
 
 def _check_supported(design: SamplingDesign, methods: Sequence[registry.Method], labels: Sequence[str]) -> None:

@@ -11,8 +11,9 @@ them, the scoring cost), the blocks' states are added by Ray's aggregation (``Da
 estimates from the merged state with the core's ``estimate``.
 
 Designs: uniform or popularity (each with or without replacement), adaptive (``exact_at_cap`` too), a uniform or an
-active exact share, and exact ranks (``n_samples=None``: each row's whole candidate list scored)
-(:func:`check_design`).
+active exact share, a uniform exact share with popularity draws with replacement (``diff`` on ``pl_fit``'s
+predictions, as the core), and exact ranks (``n_samples=None``: each row's whole candidate list scored)
+(:func:`check_design`; an active share with popularity draws is refused: its pi is not a function of a cell).
 
 An active share is phase 2 of a two-phase design: its inclusion probabilities pi come from the model fitted on every
 positive's sampled ranks, so it takes two passes over the dataset. Pass 1 draws without the share; its merged
@@ -26,7 +27,8 @@ State size: the histogram holds at most (distinct candidate counts) x (m + 1) co
 (an adaptive design: one row per stage; exact ranks and ``exact_at_cap``: n counts per distinct n of an exactly
 ranked positive).
 Popularity designs with replacement keep one row per positive (the Hansen-Hurwitz and ``pl_fit`` statistics are per
-positive), an exact share one row per chosen positive: those grow with the users (docs/guides/scale.md). Popularity
+positive; a uniform exact share adds its exact rank and pi to each row), an exact share of another design one row per
+chosen positive: those grow with the users (docs/guides/scale.md). Popularity
 without replacement keeps the histogram alone (no per-draw statistics exist there, as in the core).
 
 Versions: Ray Data with ``AggregateFnV2`` (:data:`MIN_RAY`). RecBole 1.2.1 pins ``ray<=2.6.3``, which does not import
@@ -60,7 +62,7 @@ from reco_sampled_plugin.ranking import SampledRanks, padded_candidate_counts, p
 from reco_sampled_plugin.scorer_ranks import (DEFAULT_MAX_PAIRS, Scorer, ScorerCalls, ScoringCost,
                                               complete_from_scorer, full_ranking_pairs)
 
-from ._shared import check_ties
+from ._shared import check_share_design, check_ties
 
 #: the oldest Ray this adapter supports: Ray Data's ``AggregateFnV2`` (``aggregate_block`` / ``combine``)
 MIN_RAY = (2, 44)
@@ -112,8 +114,8 @@ class EvaluationState:
 
     hist: the rank histogram (None before any positive, and for popularity designs with replacement); rows:
     per-positive columns where the estimators need them (popularity with replacement: ranks, n and the
-    ``PopularityStats`` fields; an exact
-    share: the chosen positives' ``ShareRows`` fields), with ``user`` and
+    ``PopularityStats`` fields, with an exact share each positive's ``share_ranks`` (R, 0 where not chosen) and
+    ``inclusion`` too; an exact share otherwise: the chosen positives' ``ShareRows`` fields), with ``user`` and
     ``item`` to put them in one order whatever the blocks; census: every positive had inclusion 1 (an exact
     share); cost: the scoring cost summed over blocks (seconds are summed actor time); users: rows evaluated."""
 
@@ -141,7 +143,8 @@ class EvaluationState:
             t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in r.items()}
             stats = PopularityStats(t["beating"], t["inv_q"], t["inv_q2"], t["unreachable"], t["profile"],
                                     t["beat_bins"], t["miss_bins"], t["positive_weight"])
-            return SampledRanks(t["ranks"], t["n"], None, design, popularity_stats=stats)
+            return SampledRanks(t["ranks"], t["n"], None, design, popularity_stats=stats,
+                                share_ranks=t.get("share_ranks"), inclusion=t.get("inclusion"))
         if self.hist is None:
             raise ValueError("dataset: no held-out item was ranked (an empty dataset, or rows without items)")
         if design is not None and design.popularity is not None:
@@ -162,12 +165,16 @@ class EvaluationState:
 def check_design(n_samples: Any) -> SamplingDesign | None:
     """The design a Ray evaluation draws (keyed draws): uniform or popularity, each with or without replacement,
     adaptive (``exact_at_cap`` too), a uniform or active exact share (active: two passes,
-    ``_design_based.ShareTable``); None: exact ranks (every candidate scored)."""
+    ``_design_based.ShareTable``), a uniform one with popularity draws with replacement (one pass: each positive's
+    row holds its exact rank and pi beside its pl_fit statistics); refused (``_shared.check_share_design``): an
+    active share with popularity draws (pi would be each positive's pl_fit prediction's, which no table of cells
+    holds) and a share with popularity draws without replacement; None: exact ranks (every candidate scored)."""
     design = as_design(n_samples)
     if design is None:
         return None
-    if design.exact_share is not None and design.popularity is not None:
-        raise ValueError("n_samples: an exact share with popularity draws is not supported by the Ray adapter")
+    check_share_design(design, "n_samples", "the Ray adapter",
+                       "draw with sampled_ranks_from_scorer and estimate(metric, sampled) on one process",
+                       active=True)
     return design
 
 
@@ -247,7 +254,9 @@ def _state(sampled: SampledRanks, users: torch.Tensor, pos: torch.Tensor) -> Eva
         cols = {"user": user_of[valid], "item": pos[valid], "ranks": sampled.ranks[valid],
                 "n": sampled.candidates()[valid], "beating": s.beating, "inv_q": s.inv_q, "inv_q2": s.inv_q2,
                 "unreachable": s.unreachable, "profile": s.profile, "beat_bins": s.beat_bins,
-                "miss_bins": s.miss_bins, "positive_weight": s.positive_weight}
+                "miss_bins": s.miss_bins, "positive_weight": s.positive_weight,
+                "share_ranks": None if sampled.share_ranks is None else sampled.share_ranks[valid],
+                "inclusion": None if sampled.inclusion is None else sampled.inclusion[valid]}
         return EvaluationState(rows={k: v.cpu().numpy() for k, v in cols.items() if v is not None})
     plain = replace(sampled, share_ranks=None, inclusion=None)
     hist = plain.histogram().with_design(None) if bool(valid.any()) else None

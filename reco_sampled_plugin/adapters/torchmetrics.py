@@ -111,6 +111,9 @@ _POP_COLUMNS = ("sampled_rank", "n_candidates", "hh_s1", "hh_s2", "hh_beating", 
     f"{f}_{c}" for f in PROFILE_FIELDS for c in range(POP_BINS)) + ("positive_weight",)
 _POP_CLASS_AT = 6  # the first class-count column
 _POP_WEIGHT_AT = _POP_CLASS_AT + len(PROFILE_FIELDS) * POP_BINS  # the positive's weight
+# with a (uniform) exact share, two more columns in the same row: the positive's exact rank R (0: not chosen) and
+# its inclusion probability pi, so the share lines up with pl_fit's statistics positive by positive, in any order
+_POP_SHARE_COLUMNS = ("exact_rank", "inclusion")
 # the ``share`` state's columns (an exact share): one row per chosen relevant item (on an accelerator one per slot of
 # the rows within the static capacity, exact_rank 0 where not chosen: no read of how many were chosen; dropped at
 # compute)
@@ -555,9 +558,12 @@ class SampledRankingMetrics(_MergeChecked):
             Popularity designs (``SamplingDesign(m, popularity=w)``: keyed inverse-cdf draws, from scores, factors
             or a scorer alike) also keep each relevant item's Hansen-Hurwitz statistics, one row per relevant item
             concatenated across processes, which the registry's popularity estimators read (``hh`` for AUC;
-            docs/popularity.md). Without replacement (``replacement=False``: a keyed exponential race, successive
-            sampling as the core draws it) no such statistics exist (as in the core): the histogram is the state,
-            and only ``none`` estimates (the other estimators report NaN with the core's reason).
+            docs/popularity.md); with a uniform exact share each row also holds the positive's exact rank (0 where
+            not chosen) and pi, read in one canonical order (:meth:`popularity_ranks`), and ``auto`` / ``diff``
+            correct ``pl_fit``'s predictions on the share. Without replacement (``replacement=False``: a keyed
+            exponential race, successive sampling as the core draws it) no such statistics exist (as in the
+            core): the histogram is the state, and only ``none`` estimates (the other estimators are refused when
+            built).
             Adaptive designs (``SamplingDesign(m, adaptive_max=cap)``, ``reco_sampled_plugin.adaptive``): a
             relevant item ranked first among its m draws draws m more (keyed per stage) until it is not first or m
             would exceed the cap; estimators that take them: ``registry.names(adaptive=True)`` (``mle``, ``mes``,
@@ -583,7 +589,7 @@ class SampledRankingMetrics(_MergeChecked):
 
     # torchmetrics states (``add_state``; ``pop`` for popularity designs with replacement only)
     hist: torch.Tensor
-    share: torch.Tensor  # with an exact share only
+    share: torch.Tensor  # with an exact share only, not under a popularity design (its ``pop`` rows hold the share)
     share_overflow: torch.Tensor  # with an exact share only: batches past the static capacity (0-dim int64)
     n_items: torch.Tensor
     pop: torch.Tensor
@@ -627,11 +633,17 @@ class SampledRankingMetrics(_MergeChecked):
         width = self._design.n_samples + 1 if self._adaptive is None else adaptive_columns(self._adaptive)[1]
         self.add_state("hist", torch.zeros(0, width, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("n_items", torch.zeros((), dtype=torch.int64), dist_reduce_fx="max")
+        self._share = design.exact_share  # a uniform exact share (_shared.check_share_design refuses the others)
+        # the ``pop`` rows' columns: with a share, each positive's exact rank and pi beside its statistics
+        self._pop_columns = _POP_COLUMNS + (_POP_SHARE_COLUMNS if self._share is not None else ())
         if self._pop_rows:  # per relevant item: r~, n, S1, S2, beating draws, unreachable (concatenated)
-            self.add_state("pop", torch.zeros(0, len(_POP_COLUMNS), dtype=torch.float64), dist_reduce_fx="cat")
-        self._share = design.exact_share  # a uniform exact share (_shared._sampled_design refuses the others)
-        if self._share is not None:  # per chosen relevant item: n, m, r~, R, pi (concatenated across processes)
+            self.add_state("pop", torch.zeros(0, len(self._pop_columns), dtype=torch.float64), dist_reduce_fx="cat")
+        # the ``share`` rows (per chosen relevant item: n, m, r~, R, pi; concatenated across processes) where no
+        # ``pop`` rows hold the share
+        self._share_table = self._share is not None and not self._pop_rows
+        if self._share_table:
             self.add_state("share", torch.zeros(0, len(_SHARE_COLUMNS), dtype=torch.float64), dist_reduce_fx="cat")
+        if self._share is not None:
             # batches whose chosen rows exceeded the static capacity (share_capacity_rows): refused at compute
             self.add_state("share_overflow", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
         self._rows_seen = 0  # default instance keys when no ids are given
@@ -706,7 +718,9 @@ class SampledRankingMetrics(_MergeChecked):
         """(the ``share`` state's rows (:data:`_SHARE_COLUMNS`), the overflow flag or None) of a ranked batch and
         its :meth:`_share_plan` (None without a share): the chosen positives ranked exactly, by
         :func:`share_exact_ranks` (then only their rows are kept) or, with a static capacity, by
-        :func:`share_capacity_ranks` (then every slot of the picked rows, R = 0 where not chosen)."""
+        :func:`share_capacity_ranks` (then every slot of the picked rows, R = 0 where not chosen). With ``pop``
+        rows (a popularity design), the (B, P) exact ranks instead (0 where not chosen; the picked rows' scattered
+        back, nothing read): each positive's ``pop`` row takes its own (:meth:`_add_popularity`)."""
         if plan is None:
             return None
         chosen, picked, overflow = plan
@@ -716,8 +730,13 @@ class SampledRankingMetrics(_MergeChecked):
         m = torch.full_like(ranks, self._design.n_samples) if sizes is None else sizes
         if picked is None:
             exact = share_exact_ranks(source, chosen, pos, exc, n_items, ties, pos_scores)
+            if not self._share_table:
+                return torch.where(chosen, exact, 0), None
         else:
             exact = share_capacity_ranks(source, picked, chosen, pos, exc, ties)
+            if not self._share_table:
+                return torch.zeros(pos.shape, dtype=torch.int64, device=pos.device).index_copy(0, picked, exact), \
+                    overflow
             chosen, n, m, ranks = chosen[picked], n[picked], m[picked], ranks[picked]
         f64 = torch.float64
         assert self._share is not None
@@ -747,14 +766,16 @@ class SampledRankingMetrics(_MergeChecked):
                     exc: torch.Tensor | None, n_items: int, keep: torch.Tensor | None,
                     shared: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> None:
         """Add :meth:`_rank_batch`'s ranks to the histogram (which refuses the batch whole before any change), then
-        the popularity statistics and the exact share's rows (:meth:`_share_rows`; nothing half-written)."""
+        the popularity statistics and the exact share's rows (:meth:`_share_rows`: in the ``share`` state, or in the
+        ``pop`` rows under a popularity design; nothing half-written)."""
         ranks, sizes, stats, _ = ranked
         n_cand = padded_candidate_counts(n_items, pos, exc, count_other_positives=False)
         self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
         if stats is not None:
-            self._add_popularity(ranks, n_cand, stats, pos, keep)
+            self._add_popularity(ranks, n_cand, stats, pos, keep, None if shared is None else shared[0])
         if shared is not None:
-            self.share = torch.cat([self.share, _to(shared[0], self.share.device)])
+            if self._share_table:
+                self.share = torch.cat([self.share, _to(shared[0], self.share.device)])
             if shared[1] is not None:
                 self.share_overflow += _to(shared[1], self.share_overflow.device)
 
@@ -768,25 +789,34 @@ class SampledRankingMetrics(_MergeChecked):
         self.update_factors_padded(u, v, bias, pos, exc, ids, keep, check_finite=bool(self.settings.check_finite))
 
     def _add_popularity(self, ranks: torch.Tensor, n_cand: torch.Tensor, stats: Any, pos: torch.Tensor,
-                        keep: torch.Tensor | None) -> None:
-        """Append the valid, kept slots' (r~, n, S1, S2, beating draws, unreachable, then ``pl_fit``'s class counts)
-        to the ``pop`` state (one row per relevant item; the DDP sync concatenates the processes' rows)."""
+                        keep: torch.Tensor | None, exact: torch.Tensor | None = None) -> None:
+        """Append the valid, kept slots' (r~, n, S1, S2, beating draws, unreachable, then ``pl_fit``'s class counts
+        and the positive's weight; with an exact share, ``exact`` (B, P) its exact rank R, 0 where not chosen, and
+        pi) to the ``pop`` state (one row per relevant item; the DDP sync concatenates the processes' rows)."""
         valid = pos >= 0
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
             valid = valid & k.unsqueeze(1)
         n = n_cand.view(-1, 1).expand(pos.shape)
+        share: list[torch.Tensor] = []
+        if exact is not None:
+            assert self._share is not None
+            pi = torch.full(exact.shape, self._share.share, dtype=torch.float64, device=exact.device)
+            share = [torch.stack([exact.to(torch.float64), pi], -1)[valid]]
         cols = torch.cat([torch.stack([ranks.to(torch.float64), n.to(torch.float64), stats.inv_q, stats.inv_q2,
                                        stats.beating, stats.unreachable.to(torch.float64)], -1)[valid]]
                          + [getattr(stats, f)[valid].to(torch.float64) for f in PROFILE_FIELDS]
-                         + [stats.positive_weight[valid].to(torch.float64).unsqueeze(1)], 1)
+                         + [stats.positive_weight[valid].to(torch.float64).unsqueeze(1)] + share, 1)
         self.pop = torch.cat([self.pop, _to(cols, self.pop.device)])
 
     def popularity_ranks(self) -> SampledRanks:
         """The state's relevant items as the :class:`~reco_sampled_plugin.ranking.SampledRanks` of the popularity
         design, carrying each one's Hansen-Hurwitz statistics (synced across processes); what the registry's
-        popularity estimators read (``estimate(metric, sampled, method=...)``). Draws without replacement carry
-        none (as the core's ``sampled_ranks``): one positive per count of the histogram, in its cell order."""
+        popularity estimators read (``estimate(metric, sampled, method=...)``), in one canonical order (the rows
+        sorted by every column: the same bits, so the same estimates, whatever the batches, the merge order or the
+        processes); with an exact share also each one's ``share_ranks`` (R, 0 where not chosen) and ``inclusion``,
+        read from the same row. Draws without replacement carry none (as the core's ``sampled_ranks``): one
+        positive per count of the histogram, in its cell order."""
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=True):
             return self._popularity_ranks()
 
@@ -800,12 +830,18 @@ class SampledRankingMetrics(_MergeChecked):
             return ranks_of_histogram(histogram_from_rows(rows, int(self.n_items), self._design.n_samples,
                                                           None)[0], self._design)
 
-        t = self.pop.detach().to("cpu", torch.float64)
+        if self._share is not None:
+            self._check_share_overflow()
+        rows = self.pop.detach().to("cpu", torch.float64).numpy()
+        t = torch.from_numpy(np.ascontiguousarray(rows[np.lexsort(rows.T[::-1])]))  # canonical order: every column
         counts = t[:, _POP_CLASS_AT:_POP_WEIGHT_AT].reshape(-1, len(PROFILE_FIELDS), POP_BINS).to(torch.float32)
         profile, beat_bins, miss_bins = counts.unbind(1)  # PROFILE_FIELDS' order
         stats = PopularityStats(t[:, 4], t[:, 2], t[:, 3], t[:, 5].to(torch.int64), profile, beat_bins, miss_bins,
                                 t[:, _POP_WEIGHT_AT])
-        return SampledRanks(t[:, 0], t[:, 1], None, self._design, popularity_stats=stats)
+        at = _POP_WEIGHT_AT + 1  # an exact share's columns (R, pi), when the design has one
+        share = (t[:, at].to(torch.int64), t[:, at + 1].clone()) if self._share is not None else (None, None)
+        return SampledRanks(t[:, 0], t[:, 1], None, self._design, popularity_stats=stats, share_ranks=share[0],
+                            inclusion=share[1])
 
     def update_factors_padded(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
                               exc: torch.Tensor | None, ids: TensorLike | None = None, keep: torch.Tensor | None = None,
@@ -981,7 +1017,10 @@ class SampledRankingMetrics(_MergeChecked):
                              f"{self.hist.shape[1]} counts ({self._design!r}): another n_samples or design")
         if n_items.numel() != 1:
             raise ValueError(f"n_items: expected one catalogue size in the incoming state, got {tuple(n_items.shape)}")
-        if self._share is not None and (state["share"].dim() != 2 or state["share"].shape[1] != len(_SHARE_COLUMNS)):
+        if self._pop_rows and (state["pop"].dim() != 2 or state["pop"].shape[1] != len(self._pop_columns)):
+            raise ValueError(f"n_samples: the incoming popularity state has shape {tuple(state['pop'].shape)}, this "
+                             f"one rows of {len(self._pop_columns)} columns (with an exact share: R and pi last)")
+        if self._share_table and (state["share"].dim() != 2 or state["share"].shape[1] != len(_SHARE_COLUMNS)):
             raise ValueError(f"n_samples: the incoming exact-share state has shape {tuple(state['share'].shape)}, "
                              f"this one rows of {len(_SHARE_COLUMNS)} columns {_SHARE_COLUMNS}")
         mine, theirs = self._catalogue(), int(n_items)
@@ -1004,7 +1043,7 @@ class SampledRankingMetrics(_MergeChecked):
         self.hist = _pad_rows(self.hist, int(rows.item()))
         # torchmetrics stacks the gathered states: pad every process's rows alike (padded rows: r~ = 0 in ``pop``,
         # R = 0 in ``share``; dropped after the gather, at compute)
-        for name in ("pop",) * self._pop_rows + ("share",) * (self._share is not None):
+        for name in ("pop",) * self._pop_rows + ("share",) * self._share_table:
             state = getattr(self, name)
             count = torch.tensor([state.shape[0]], dtype=torch.int64, device=state.device)
             dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
@@ -1013,10 +1052,10 @@ class SampledRankingMetrics(_MergeChecked):
             super()._sync_dist(process_group=process_group)
         else:
             super()._sync_dist(dist_sync_fn, process_group)
-        if self._pop_rows:
-            pop = self.pop.reshape(-1, len(_POP_COLUMNS))
-            self.pop = pop[pop[:, 0] > 0]  # the processes' rows in rank order
-        if self._share is not None:  # (processes, rows, columns) stacked: one table (padded rows dropped at compute)
+        if self._pop_rows:  # the processes' rows (read in a canonical order: _popularity_ranks)
+            pop = self.pop.reshape(-1, len(self._pop_columns))
+            self.pop = pop[pop[:, 0] > 0]
+        if self._share_table:  # (processes, rows, columns) stacked: one table (padded rows dropped at compute)
             self.share = self.share.reshape(-1, len(_SHARE_COLUMNS))
 
     def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
@@ -1051,12 +1090,10 @@ class SampledRankingMetrics(_MergeChecked):
         else:
             hist, pooled = histogram_from_rows(counts, int(self.n_items), self._design.n_samples, max_groups)
         hist = hist.with_design(None if self._pop_weights is not None else self._design)
-        return (hist if self._share is None else hist.with_share(self._share_state())), pooled
+        return (hist.with_share(self._share_state()) if self._share_table else hist), pooled
 
-    def _share_state(self) -> ShareRows:
-        """The exact share's rows (``_share.ShareRows``: what ``diff`` reads beside the histogram), the rows not
-        chosen or padded (R = 0) dropped, in one canonical order (sorted by every column), so the estimate is the
-        same bit for bit whatever the batches, their order or the processes."""
+    def _check_share_overflow(self) -> None:
+        """A RuntimeError where a batch's chosen rows exceeded the static capacity (some went unranked)."""
         over = int(self.share_overflow)
         if over:
             raise RuntimeError(f"exact share: in {over} batch(es) more rows held a chosen positive than the static "
@@ -1064,6 +1101,12 @@ class SampledRankingMetrics(_MergeChecked):
                                "the mean, exceeded with probability below 1e-9 per batch), so chosen positives went "
                                "unranked and the design-based estimate would be biased; evaluate again (another "
                                "ExactShare seed) or on the CPU")
+
+    def _share_state(self) -> ShareRows:
+        """The exact share's rows (``_share.ShareRows``: what ``diff`` reads beside the histogram), the rows not
+        chosen or padded (R = 0) dropped, in one canonical order (sorted by every column), so the estimate is the
+        same bit for bit whatever the batches, their order or the processes."""
+        self._check_share_overflow()
         t = self.share.detach().to("cpu", torch.float64).numpy()
         t = t[t[:, 3] > 0]
         t = t[np.lexsort(t.T[::-1])]
