@@ -285,7 +285,20 @@ DDP_SCENARIOS = [  # (kind, settings of process 1, the name the refusal starts w
     ("sampled", {"n_items": 50}, "n_items"),
     ("sampled", {"n_samples": 12}, "n_samples"),
     ("exact", {"metrics": ("hit@5", "mrr")}, "metrics"),
+    ("atcap", {}, None),  # exact_at_cap: the processes' completed rows (5 and 3: padded), gathered, joined
 ]
+# exact_at_cap: its exact-group estimate (the completed positives at their exact ranks)
+AT_CAP = dict(metrics=("hit@5",), n_samples=rsp.SamplingDesign(4, adaptive_max=8, exact_at_cap=True),
+              estimators=("none", registry.Mes(n_bootstrap=0)))
+_KEYS = {"sampled": "hit_at_5/sampled", "exact": "hit_at_5/exact", "atcap": "hit_at_5/mes_n_bootstrap-0"}
+
+
+def _ddp_metric(kind: str, kw: dict):
+    if kind == "exact":
+        return ExactRankingMetrics(**{"metrics": ("hit@5", "auc"), **kw})
+    if kind == "atcap":
+        return SampledRankingMetrics(**AT_CAP)
+    return SampledRankingMetrics(**{**SAMPLED_BASE, "estimators": ("none",), **kw})
 
 
 def _ddp_worker(rank: int, port: int, queue) -> None:
@@ -301,16 +314,13 @@ def _ddp_worker(rank: int, port: int, queue) -> None:
             kw = {} if rank == 0 else dict(other)
             n_items = kw.pop("n_items", 40)
             scores, pos = _data(n_items, rank)
-            if kind == "sampled":
-                m = SampledRankingMetrics(**{**SAMPLED_BASE, "estimators": ("none",), **kw})
-                m.update(scores, pos, ids=torch.arange(rank * 100, rank * 100 + scores.shape[0]))
-                key = "hit_at_5/sampled"
-            else:
-                m = ExactRankingMetrics(**{"metrics": ("hit@5", "auc"), **kw})
+            m = _ddp_metric(kind, kw)
+            if kind == "exact":
                 m.update(scores, pos)
-                key = "hit_at_5/exact"
+            else:
+                m.update(scores, pos, ids=torch.arange(rank * 100, rank * 100 + scores.shape[0]))
             try:
-                queue.put((i, rank, "ok", float(m.compute()[key])))
+                queue.put((i, rank, "ok", float(m.compute()[_KEYS[kind]])))
             except ValueError as exc:
                 queue.put((i, rank, "ValueError", str(exc)))
     finally:
@@ -329,15 +339,18 @@ def test_ddp_sync_of_incompatible_states_is_refused_on_every_process():
     results = sorted(queue.get(timeout=300) for _ in range(2 * len(DDP_SCENARIOS)))
     for p in procs:
         p.join(60)
-    one = SampledRankingMetrics(**{**SAMPLED_BASE, "estimators": ("none",)})
-    for r in range(2):
-        s, p = _data(40, r)
-        one.update(s, p, ids=torch.arange(r * 100, r * 100 + s.shape[0]))
-    want = float(one.compute()["hit_at_5/sampled"])
-    for i, (_, _, name) in enumerate(DDP_SCENARIOS):
+    want = {}
+    for kind in ("sampled", "atcap"):
+        one = _ddp_metric(kind, {})
+        for r in range(2):
+            s, p = _data(40, r)
+            one.update(s, p, ids=torch.arange(r * 100, r * 100 + s.shape[0]))
+        want[kind] = float(one.compute()[_KEYS[kind]])
+    assert int((one.completed[:, 1] > 0).sum()) > 0
+    for i, (kind, _, name) in enumerate(DDP_SCENARIOS):
         got = [res[2:] for res in results if res[0] == i]
         if name is None:
-            assert got == [("ok", want)] * 2
+            assert got == [("ok", want[kind])] * 2
         else:
             assert all(g[0] == "ValueError" and g[1].startswith(f"{name}: the processes'") for g in got), got
 
