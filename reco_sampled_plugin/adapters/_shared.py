@@ -349,7 +349,8 @@ def completed_histogram_from_rows(counts: np.ndarray, n_items: int, design: Samp
     assert adaptive is not None and design.exact_at_cap  # called for exact_at_cap designs only
     n = completed[:, 0].astype(np.int64)
     left = counts.copy()  # whole counts in float64: the subtraction is exact
-    np.subtract.at(left, (n_items - n, int(adaptive_columns(adaptive)[0][-1])), 1.0)
+    cap_column = np.full(len(n), adaptive_columns(adaptive)[0][-1], dtype=np.int64)  # r~ = 1 of the cap's stage
+    np.subtract.at(left, (n_items - n, cap_column), 1.0)
     hist, _ = adaptive_histogram_from_rows(left, n_items, adaptive, None)
     if len(n):
         r = torch.from_numpy(completed[:, 1].astype(np.int64))

@@ -803,6 +803,7 @@ class SampledRankingMetrics(_MergeChecked):
         :func:`read_exact_ranks`; else every slot of the cap stage's rows (read with that stage), by
         :func:`rows_exact_ranks` (R = 0 where not completed; a factor batch's overflow bound was in its validation
         read), nothing read back."""
+        assert self._adaptive is not None  # exact_at_cap designs are adaptive
         need = completion_targets(stages.ranks, stages.sizes, self._adaptive)
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
