@@ -20,7 +20,7 @@ needed; popularity: an exponential race over the catalogue, one keyed key per it
   replacement).
 * :func:`keyed_ranks`: sampled ranks against keyed negatives, scored by a :class:`DrawnScores` source (score matrix,
   factors or a scorer), in row chunks of bounded memory; :func:`keyed_adaptive_ranks`: the later stages of an
-  adaptive design.
+  adaptive design (and the rows of its cap stage, where an ``exact_at_cap`` design's completed positives lie).
 * :class:`DeviceChecks`: validity flags kept on the device and read back together (``_inputs.run_checks``).
 """
 
@@ -42,7 +42,7 @@ from .ranking import (allowed_position_to_item, forbidden_sorted, popularity_dra
 from .scorer_ranks import ScorerCalls, score_drawn
 
 __all__ = ["RowKeys", "stage_seed", "keyed_negatives", "DrawnScores", "MatrixScores", "FactorScores",
-           "ScorerScores", "KeyedRanks", "keyed_ranks", "keyed_adaptive_ranks", "DeviceChecks"]
+           "ScorerScores", "KeyedRanks", "keyed_ranks", "AdaptiveRanks", "keyed_adaptive_ranks", "DeviceChecks"]
 
 
 # ------------------------------------------------------------------------------------------ keys
@@ -417,14 +417,23 @@ def _keyed_chunk(source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | Non
     return KeyedRanks(ranks, pos_scores, popularity_draw_stats(design, beat, neg, ranked, exc, n_items))
 
 
+class AdaptiveRanks(NamedTuple):
+    """What :func:`keyed_adaptive_ranks` returns: ``ranks`` and ``sizes`` (B, P) int64, the final r~ and m (0 in
+    padded slots); ``last`` the (k,) int64 rows that drew the cap's stage (read on the host with that stage: every
+    positive still first at the cap lies in them), None for a design of one stage (cap < 2 m: nothing read)."""
+
+    ranks: torch.Tensor
+    sizes: torch.Tensor
+    last: torch.Tensor | None
+
+
 def keyed_adaptive_ranks(source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
-                         first: KeyedRanks, design: AdaptiveDesign, keys: RowKeys,
-                         ties: str) -> tuple[torch.Tensor, torch.Tensor]:
+                         first: KeyedRanks, design: AdaptiveDesign, keys: RowKeys, ties: str) -> AdaptiveRanks:
     """The later stages of adaptive sampling (``reco_sampled_plugin.adaptive``) with keyed draws: ``first`` the
     first stage's :func:`keyed_ranks`; a positive still ranked first (r~ = 1) among its M_s draws ranks against
     M_{s+1} - M_s fresh keyed items (only it: a scorer scores only the slots that go on), keyed by
     ``keys.stage(s)``, so a positive's draws do not depend on batching. The pools were checked in the first stage:
-    nothing is checked (or read) here. Returns (ranks, final sizes), (B, P) int64 (0 in padded slots).
+    nothing is checked (or read) here. Returns :class:`AdaptiveRanks` (ranks, final sizes, the cap stage's rows).
 
     One host synchronisation per stage (the rows that go on: a data-dependent size), log2(cap / m) of them
     whatever the data: a stage nobody reaches draws for no row (empty tensors) rather than ending the loop, so a
@@ -433,6 +442,7 @@ def keyed_adaptive_ranks(source: DrawnScores, pos: torch.Tensor, exc: torch.Tens
     sizes = torch.where(ranks > 0, torch.full_like(ranks, design.n_samples), torch.zeros_like(ranks))
     stages = design.stages.tolist()
     later = source.for_stages(first.pos_scores)
+    rows = None
     for s in range(1, len(stages)):
         need = (ranks == 1) & (sizes == stages[s - 1])
         rows = need.any(1).nonzero().squeeze(1)
@@ -442,4 +452,4 @@ def keyed_adaptive_ranks(source: DrawnScores, pos: torch.Tensor, exc: torch.Tens
                            slots=sub, checks=DeviceChecks()).ranks
         ranks[rows] = torch.where(sub, more, ranks[rows])
         sizes[rows] = torch.where(sub, torch.full_like(more, stages[s]), sizes[rows])
-    return ranks, sizes
+    return AdaptiveRanks(ranks, sizes, rows)

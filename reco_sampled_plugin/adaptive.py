@@ -30,7 +30,7 @@ import torch
 from ._checks import check_generator, check_rank_values, check_required, check_sizes
 from ._inputs import finite_check, run_checks, score_tensor
 from ._options import check_bool
-from .design import SamplingDesign, as_design
+from .design import AdaptiveDesign, SamplingDesign, as_design
 from . import registry
 from .ranking import (SampledRanks, check_ties, complete_at_cap, prepare_index, prepare_sampling_index, sampled_ranks,
                       share_from_matrix, stage_positives)
@@ -51,8 +51,9 @@ __getattr__ = registry.module_views(__name__, ADAPTIVE_METHODS={"adaptive": True
 
 
 # ----------------------------------------------------------------------------------------- completion
-def completion_targets(ranks: torch.Tensor, sizes: torch.Tensor, design: SamplingDesign) -> torch.Tensor:
-    """(B, P) bool: the positives an ``exact_at_cap`` design completes: still ranked first (r~ = 1) at the cap."""
+def completion_targets(ranks: torch.Tensor, sizes: torch.Tensor, design: SamplingDesign | AdaptiveDesign) -> torch.Tensor:
+    """(B, P) bool: the positives an ``exact_at_cap`` design completes: still ranked first (r~ = 1) at the cap
+    (``design.cap``; its :class:`~reco_sampled_plugin.design.AdaptiveDesign` reads it without building one)."""
     return (ranks == 1) & (sizes == design.cap)
 
 

@@ -3,7 +3,7 @@ class (score, factor and scorer batches; merge, forward, reset), ``evaluate_fact
 ``exact_rank`` / ``inclusion`` columns through ``reco-sampled estimate``.
 
 The accelerator's form of the torchmetrics class (a static capacity of rows, nothing read back; forced on the CPU
-with ``_SHARE_READS_ON_CPU = False``) gives the same share; its overflow is refused at compute.
+with ``_READS_ON_CPU = False``) gives the same share; its overflow is refused at compute.
 
 Oracle: the core's ``estimate(metric, SampledRanks.from_arrays(..., share_ranks=, inclusion=))`` on the same keyed
 draws, the chosen positives' exact ranks from ``exact_ranks`` of the materialised score matrix and the keyed choice
@@ -66,7 +66,7 @@ def test_torchmetrics_share_equals_the_core(source, monkeypatch):
     so the model's fit (the predictions f) adds its terms in another order and stops its iterations elsewhere.
     ``-static``: the accelerator's form on the CPU (a static capacity of rows, nothing read back): the same share."""
     if source.endswith("-static"):
-        monkeypatch.setattr(tm, "_SHARE_READS_ON_CPU", False)
+        monkeypatch.setattr(tm, "_READS_ON_CPU", False)
         source = source.removesuffix("-static")
     u, v, pos, ids = _batch()
     scores = u @ v.T
@@ -122,7 +122,7 @@ def test_static_capacity_overflow_is_refused_at_compute_and_reset(source, monkey
     """The accelerator's form with a capacity too small for the batch (forced: 2 rows where about 40 hold a chosen
     positive): counted on the device, refused at compute (never a share with chosen positives missing); merged
     states carry the count; reset clears it."""
-    monkeypatch.setattr(tm, "_SHARE_READS_ON_CPU", False)
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
     u, v, pos, ids = _batch(48)
     monkeypatch.setattr(tm, "share_capacity", lambda rows, slots, share: 2)
     metric, other = _metric(), _metric()
@@ -140,7 +140,7 @@ def test_static_capacity_refuses_factors_that_could_overflow(monkeypatch):
     """The accelerator's form ranks the share's rows in tiles without reading the factors' overflow bound per batch:
     the bound of the rows holding a chosen positive joins the batch's one validation read and refuses them (float32
     scores of |u| |v| >= max / 4); a large row without a chosen positive is not ranked, so not refused."""
-    monkeypatch.setattr(tm, "_SHARE_READS_ON_CPU", False)
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
     u, v, pos, ids = _batch(48)
     u, v = u.to(torch.float32), v.to(torch.float32)
     chosen = ((pos >= 0) & (keyed_uniform(5, ids.view(-1, 1), pos.clamp(min=0)) < SHARE)).any(1)
@@ -198,7 +198,7 @@ def test_torchmetrics_popularity_share_equals_the_core(source, monkeypatch):
     those positives in the state's order bit for bit (``diff`` with ``pl_fit``'s predictions), and on the core's
     row-major order to 1e-12 (pl_fit's sums in another order)."""
     if source.endswith("-static"):
-        monkeypatch.setattr(tm, "_SHARE_READS_ON_CPU", False)
+        monkeypatch.setattr(tm, "_READS_ON_CPU", False)
         source = source.removesuffix("-static")
     u, v, pos, ids = _batch(96)  # pl_fit's cost grows with the positives
     scores = u @ v.T
@@ -251,7 +251,7 @@ def test_popularity_share_is_order_free(cut, order, seed):
 def test_popularity_share_static_capacity_overflow_is_refused(monkeypatch):
     """The accelerator's form under a popularity design: a capacity too small for the batch is counted and refused
     at compute (and by popularity_ranks), never a share with chosen positives unranked."""
-    monkeypatch.setattr(tm, "_SHARE_READS_ON_CPU", False)
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
     monkeypatch.setattr(tm, "share_capacity", lambda rows, slots, share: 2)
     u, v, pos, ids = _batch(48)
     metric = _pop_metric()

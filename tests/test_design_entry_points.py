@@ -408,10 +408,12 @@ def test_planner_runs_a_registered_estimator(bv_copy):
 # ------------------------------------------------------------------------------------------- planner results
 @pytest.fixture(scope="module")
 def planned():
-    """A real plan on a 300-item catalogue: a fixed-m and an adaptive forecast, the fixed one recommended."""
+    """A real plan on a 300-item catalogue: a fixed-m, an adaptive and an adaptive exact_at_cap forecast (as the default
+    grid holds), the fixed one recommended."""
     from reco_sampled_plugin.planner import PlanExecution, plan
 
-    result = plan(300, 100, "hit@10", 0.9, designs=[SamplingDesign(20), SamplingDesign(10, adaptive_max=80)],
+    result = plan(300, 100, "hit@10", 0.9, designs=[SamplingDesign(20), SamplingDesign(10, adaptive_max=80),
+                                                    SamplingDesign(10, adaptive_max=80, exact_at_cap=True)],
                   target_rel_halfwidth=10.0, repeats=2, seed=1, execution=PlanExecution(forecast_all=True))
     assert result.recommended is not None and result.recommended.design == SamplingDesign(20)
     return result
@@ -421,19 +423,22 @@ def test_planner_results_pass_to_every_entry_point(planned, tmp_path, capsys):
     """(e) ``plan(...)``, its ``recommended`` and each of its ``forecasts`` stand for their SamplingDesign wherever a
     design is taken (``design.as_design``, the one coercion): the draws, the scorer loop, evaluate_factors, the
     adapters' settings (RecBole's ``rsp_design``), the reproduction's config and SampledRanks; and their spec
-    (``DesignForecast.spec``) wherever a string is: the CLI's ``--design``, RecBole's ``rsp_design``."""
+    (``DesignForecast.spec``) wherever a string is: the CLI's ``--design``, RecBole's ``rsp_design``. An
+    ``exact_at_cap`` forecast runs in SampledRankingMetrics and the Lightning callback and sets RecBole's
+    ``rsp_exact_at_cap`` in full mode."""
     from reco_sampled_plugin import evaluate_factors, sampled_ranks_from_scorer
     from reco_sampled_plugin.adaptive import adaptive_sampled_ranks
-    from reco_sampled_plugin.adapters.lightning import RankingSettings
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
     from reco_sampled_plugin.corrections import fixed_design
     from reco_sampled_plugin.design import as_design
     from reco_sampled_plugin.ranking import SampledRanks, sampled_ranks
     from reco_sampled_plugin.reproduce import ReproduceConfig
 
-    fixed, adaptive = planned.forecasts
+    fixed, adaptive, at_cap = planned.forecasts
     assert as_design(planned) == as_design(fixed) == fixed.design == SamplingDesign(20)
     assert as_design(adaptive) == SamplingDesign(10, adaptive_max=80)
+    assert as_design(at_cap) == SamplingDesign(10, adaptive_max=80, exact_at_cap=True)
     scores, pos = _batch(n=300)
     # the draws: the same ranks as the design itself (same seed)
     for given in (planned, fixed):
@@ -460,13 +465,21 @@ def test_planner_results_pass_to_every_entry_point(planned, tmp_path, capsys):
     # the adapters' settings and the reproduction's config hold the design
     assert SampledRankingMetrics("hit@10", planned, ("none",)).settings.design == SamplingDesign(20)
     assert RankingSettings(n_samples=adaptive, estimators=("none",)).design == adaptive.design
+    metric = SampledRankingMetrics("hit@10", at_cap, ("none", registry.Mes(n_bootstrap=0)), seed=5)
+    metric.update(scores, pos, ids=torch.arange(scores.shape[0]))  # the positives near the top: some completed
+    assert metric.settings.design == at_cap.design and metric.completed.shape[0] > 0
+    assert all(math.isfinite(float(v)) for v in metric.compute().values())
+    (result,) = _validate([RankingMetricsCallback(RankingSettings(("hit@10",), n_samples=at_cap, exact=False,
+                                                                  estimators=("none", registry.Mes(n_bootstrap=0))))],
+                          tmp_path)
+    assert all(math.isfinite(e.value) for e in result.values()) and any(k.endswith("/mes_n_bootstrap-0") for k in result)
     assert ReproduceConfig(n_samples=fixed).design == SamplingDesign(20) and fixed_design(planned) == fixed.design
     drawn = SampledRanks.from_arrays(torch.tensor([1, 3]), 300, design=fixed)
     assert drawn.design == SamplingDesign(20)
     # the CLI's --design and RecBole's rsp_design: the spec the plan prints, and (RecBole) the result itself
     from reco_sampled_plugin.cli import main
 
-    assert [f.spec for f in planned.forecasts] == ["20", "10:80"]
+    assert [f.spec for f in planned.forecasts] == ["20", "10:80", "10:80:exact"]
     assert f'rsp_design: "{fixed.spec}"' in planned.recommendation()
     assert main(["plan", "--n-items", "300", "--n-users", "100", "--metric", "hit@10", "--target-rel-error", "0.9",
                  "--target-rel-halfwidth", "10", "--repeats", "2", "--seed", "1", "--forecast-all",
@@ -484,6 +497,11 @@ def test_planner_results_pass_to_every_entry_point(planned, tmp_path, capsys):
               _recbole_settings(yaml_file, **full)):
         assert dataclasses.replace(s, planned=None) == _recbole_settings(**full, rsp_m=10, rsp_adaptive_max=80)
         assert s.design == s.planned == adaptive.design
+    for given in (at_cap, at_cap.spec):  # full mode completes at the cap from the scores at hand
+        s = _recbole_settings(**full, rsp_design=given)
+        assert dataclasses.replace(s, planned=None) == _recbole_settings(**full, rsp_m=10, rsp_adaptive_max=80,
+                                                                         rsp_exact_at_cap=True)
+        assert s.design == s.planned == at_cap.design
 
 
 def test_a_plan_recommending_full_ranking_is_refused_by_name(planned):

@@ -287,16 +287,27 @@ DDP_SCENARIOS = [  # (kind, settings of process 1, the name the refusal starts w
     ("sampled", {"n_samples": 12}, "n_samples"),
     ("exact", {"metrics": ("hit@5", "mrr")}, "metrics"),
     ("popularity_share", {}, None),  # per-positive rows (pl_fit's statistics, R and pi) gathered across processes
+    ("atcap", {}, None),  # exact_at_cap: the processes' completed rows (5 and 3: padded), gathered, joined
 ]
 # a popularity design with a uniform exact share: its rows are read in one canonical order, so DDP equals one process
 POP_SHARE = dict(metrics=("hit@5", "ndcg@10"), estimators=("auto",),
                  n_samples=rsp.SamplingDesign(10, popularity=torch.linspace(1.0, 2.0, 40, dtype=torch.float64),
                                               exact_share=ExactShare(0.5, seed=1)))
+# exact_at_cap: its exact-group estimate (the completed positives at their exact ranks)
+AT_CAP = dict(metrics=("hit@5",), n_samples=rsp.SamplingDesign(4, adaptive_max=8, exact_at_cap=True),
+              estimators=("none", registry.Mes(n_bootstrap=0)))
+_KEYS = {"sampled": "hit_at_5/sampled", "exact": "hit_at_5/exact", "atcap": "hit_at_5/mes_n_bootstrap-0",
+         "popularity_share": "ndcg_at_10/auto"}
 
 
-def _ddp_metric(kind: str, kw: dict) -> SampledRankingMetrics:
-    base = {**SAMPLED_BASE, "estimators": ("none",)} if kind == "sampled" else POP_SHARE
-    return SampledRankingMetrics(**{**base, **kw})
+def _ddp_metric(kind: str, kw: dict):
+    if kind == "exact":
+        return ExactRankingMetrics(**{"metrics": ("hit@5", "auc"), **kw})
+    if kind == "atcap":
+        return SampledRankingMetrics(**AT_CAP)
+    if kind == "popularity_share":
+        return SampledRankingMetrics(**{**POP_SHARE, **kw})
+    return SampledRankingMetrics(**{**SAMPLED_BASE, "estimators": ("none",), **kw})
 
 
 def _ddp_worker(rank: int, port: int, queue) -> None:
@@ -312,16 +323,13 @@ def _ddp_worker(rank: int, port: int, queue) -> None:
             kw = {} if rank == 0 else dict(other)
             n_items = kw.pop("n_items", 40)
             scores, pos = _data(n_items, rank)
-            if kind != "exact":
-                m = _ddp_metric(kind, kw)
-                m.update(scores, pos, ids=torch.arange(rank * 100, rank * 100 + scores.shape[0]))
-                key = "hit_at_5/sampled" if kind == "sampled" else "ndcg_at_10/auto"
-            else:
-                m = ExactRankingMetrics(**{"metrics": ("hit@5", "auc"), **kw})
+            m = _ddp_metric(kind, kw)
+            if kind == "exact":
                 m.update(scores, pos)
-                key = "hit_at_5/exact"
+            else:
+                m.update(scores, pos, ids=torch.arange(rank * 100, rank * 100 + scores.shape[0]))
             try:
-                queue.put((i, rank, "ok", float(m.compute()[key])))
+                queue.put((i, rank, "ok", float(m.compute()[_KEYS[kind]])))
             except ValueError as exc:
                 queue.put((i, rank, "ValueError", str(exc)))
     finally:
@@ -341,12 +349,14 @@ def test_ddp_sync_of_incompatible_states_is_refused_on_every_process():
     for p in procs:
         p.join(60)
     want = {}
-    for kind, key in (("sampled", "hit_at_5/sampled"), ("popularity_share", "ndcg_at_10/auto")):
+    for kind in ("sampled", "popularity_share", "atcap"):
         one = _ddp_metric(kind, {})
-        for r in (1, 0):  # the processes' rows in the other order: the same bits
+        # popularity_share: the processes' rows in the other order (the same bits: rows read in a canonical order)
+        for r in ((1, 0) if kind == "popularity_share" else (0, 1)):
             s, p = _data(40, r)
             one.update(s, p, ids=torch.arange(r * 100, r * 100 + s.shape[0]))
-        want[kind] = float(one.compute()[key])
+        want[kind] = float(one.compute()[_KEYS[kind]])
+    assert int((one.completed[:, 1] > 0).sum()) > 0  # the atcap metric's completed rows
     for i, (kind, _, name) in enumerate(DDP_SCENARIOS):
         got = [res[2:] for res in results if res[0] == i]
         if name is None:

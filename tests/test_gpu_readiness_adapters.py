@@ -4,12 +4,13 @@
   split into the core functions the adapters call (``prepare_index``, ``exact_ranks_padded``,
   ``factor_ranks_padded``, ``candidate_counts``...: their budget is the core's) and the adapters' own. The adapters'
   own count is a fixed number whatever the batch size B and the catalogue size n: one validation read per batch
-  (every check of the batch fused), plus one per adaptive stage, plus one duplicate check without replacement.
+  (every check of the batch fused), plus one per adaptive stage, plus one duplicate check without replacement;
+  ``exact_at_cap`` none more (the cap stage's rows ranked exactly, probed with ``_READS_ON_CPU = False``).
 * Temporaries: the largest tensor an ``update`` builds stays within the score block (or one factor tile / gather
   chunk) plus O(B (P + E + m)); never B x P m x d gathered factors or B x n x P comparisons.
 * Device: states live on the metric's device, keyed draws on the inputs' device.
 * An exact share adds nothing to score and factor batches (a static capacity of rows on an accelerator, probed
-  here on the CPU with ``_SHARE_READS_ON_CPU = False``); a scorer batch reads its chosen rows, beside the calls'
+  here on the CPU with ``_READS_ON_CPU = False``); a scorer batch reads its chosen rows, beside the calls'
   own checks.
 """
 
@@ -47,6 +48,10 @@ OWN = {
     "exact_factors": 0,
     "sampled_factors": 1,  # the validation read, the factors' NaN/inf check fused into it
     "sampled_factors_adaptive": 1 + 3,
+    # exact_at_cap, as on an accelerator: the rows of the cap's stage (read with that stage) ranked exactly, the
+    # factors' overflow bound for their tiles in the validation read: none more than without
+    "sampled_adaptive_atcap": 1 + 3,
+    "sampled_factors_adaptive_atcap": 1 + 3,
     # an exact share, as on an accelerator (a static capacity of rows: nothing read of which were chosen; a factor
     # batch's overflow bound for the share's tiles joins the validation read): none more than without
     "sampled_share": 1,
@@ -120,7 +125,7 @@ def _case(name):
     if name.startswith("exact"):
         return ExactRankingMetrics(kw["metrics"], check_finite="positives" if name == "exact_positives" else True)
     design = SamplingDesign(20, replacement="noreplace" not in name, adaptive_max=160 if "adaptive" in name else None,
-                            exact_share=ExactShare(0.3) if "share" in name else None)
+                            exact_share=ExactShare(0.3) if "share" in name else None, exact_at_cap="atcap" in name)
     return SampledRankingMetrics(**kw, n_samples=design)
 
 
@@ -140,7 +145,7 @@ def test_update_syncs_are_constant_in_batch_and_catalogue_size(name, device, mon
     """Total, core and own synchronisations of an update (the second: the first may read a fresh state) are the
     same for B in (8, 64) and n in (500, 3000); the adapter's own count is OWN[name], the total at most
     CORE_BUDGET + OWN[name]."""
-    monkeypatch.setattr(tm, "_SHARE_READS_ON_CPU", False)  # an exact share's accelerator path, on any device
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)  # an exact share's (and exact_at_cap's) accelerator path
     got = []
     with _core_attributed(monkeypatch) as box:
         for b, n in SIZES:

@@ -91,7 +91,7 @@ def eager():
 
 @pytest.mark.parametrize("name", list(BUDGET))
 def test_operators_per_call_are_constant_in_size_and_within_budget(name, eager, monkeypatch):
-    monkeypatch.setattr(tm, "_SHARE_READS_ON_CPU", False)  # an exact share's accelerator path
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)  # an exact share's accelerator path
     counts = []
     for b, n in SIZES:
         fn = _calls(_problem(b, n))[name]

@@ -174,7 +174,8 @@ def _canonical(hist):
     return hist.select(np.zeros(hist.n_groups, dtype=bool)).merge(hist).without_empty_groups()
 
 
-@pytest.mark.parametrize("name", ["uniform", "adaptive", "popularity_without_replacement", "popularity_share"])
+@pytest.mark.parametrize("name", ["uniform", "adaptive", "exact_at_cap", "popularity_without_replacement",
+                                  "popularity_share"])
 def test_state_equals_the_torchmetrics_scorer_loop(name):
     """The merged histogram equals SampledRankingMetrics.update_from_scorer's (one process, its own batching) on the
     same keys: the counts bit for bit, the estimates too (popularity without replacement: the sampled metric, the
@@ -183,7 +184,8 @@ def test_state_equals_the_torchmetrics_scorer_loop(name):
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
     from reco_sampled_plugin.ranking import prepare_index
 
-    design = {"uniform": SamplingDesign(12), "adaptive": SamplingDesign(8, adaptive_max=64)}.get(name) or DESIGNS[name]
+    design = {"uniform": SamplingDesign(12), "adaptive": SamplingDesign(8, adaptive_max=64),
+              "exact_at_cap": SamplingDesign(8, adaptive_max=64, exact_at_cap=True)}.get(name) or DESIGNS[name]
     rows = _rows(1)
     state = _blocks_state(rows, design, [30, 31, 77])
     method = "none" if design.popularity is not None and design.exact_share is None else "auto"
@@ -202,7 +204,7 @@ def test_state_equals_the_torchmetrics_scorer_loop(name):
     ref = _canonical(metric.histogram())
     got = _canonical(sample.histogram() if design.popularity is not None else sample)
     assert ref.same_groups(got) and np.array_equal(ref.flat_counts, got.flat_counts)
-    # the class orders its groups by stage first: the fit's sums in another order, equal to rounding
+    # the blocks' merge orders the groups by exactness first: the fit's sums in another order, equal to rounding
     assert rr.Evaluation(state, design).estimate("ndcg@10", method).value == pytest.approx(
         metric.estimates()[f"ndcg@10/{metric.settings.labels[0]}"].value, rel=1e-12, abs=0)
     if design.exact_share is None:  # a share's completion pads to its batch's longest row: batches differ here

@@ -269,6 +269,12 @@ def test_uni100_corrected_closer_than_recbole_sampled(bpr, bpr_uni100):
         ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_adaptive_max": 50}, "rsp_adaptive_max"),
         ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_adaptive_max": -5}, "rsp_adaptive_max"),
         ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_adaptive_max": 800, "rsp_replacement": False}, "rsp_adaptive_max"),
+        # exact_at_cap: adaptive, full mode only (uniN's scores cover the drawn items), a bool
+        ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_exact_at_cap": True}, "^rsp_exact_at_cap: .*rsp_adaptive_max"),
+        ({"metrics": ["RankDistRecall"], "eval_args": {"mode": "uni100"}, "rsp_adaptive_max": 800,
+          "rsp_exact_at_cap": True}, "^rsp_exact_at_cap: RecBole's 'uni100' mode"),
+        ({"metrics": ["RankDistRecall"], "rsp_m": 100, "rsp_adaptive_max": 800, "rsp_exact_at_cap": "yes"},
+         "^rsp_exact_at_cap"),
     ],
 )
 def test_bad_config_fails_before_training(extra, key):
@@ -671,6 +677,36 @@ def test_full_mode_adaptive_sampling_equals_the_core(bpr):
     assert _evaluate(Trainer(config, bpr["model"]), test)[0] == res  # the same data, scored alike
 
 
+def test_full_mode_exact_at_cap_equals_the_core(bpr):
+    """rsp_exact_at_cap in full mode: the positives still first at the cap get their exact rank among the irrelevant
+    candidates (the ``exact_at_cap`` column: ``rank_irrelevant`` there, 0 elsewhere); RankDist* estimates equal the
+    core's ``estimate`` on the table's SampledRanks with those exact ranks (user weights), the plain sampled metric
+    reads r~; rsp_design's spec ``20:320:exact`` is the same evaluation as the keys."""
+    from reco_sampled_plugin import estimate
+
+    metrics = ["RankDistRecall", "RankDistNDCG"]
+    keys = {"metrics": metrics, "valid_metric": "RankDistRecall@10/auto", "rsp_n_grid": 0,
+            "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}}
+    config, test = _full_mode(bpr, {**keys, "rsp_m": 20, "rsp_adaptive_max": 320, "rsp_exact_at_cap": True})
+    res, struct = _evaluate(Trainer(config, bpr["model"]), test)
+    cols = rb.positive_table(struct)
+    r, m, n, at_cap = cols["sampled_rank"], cols["m"], cols["n_candidates"], cols["exact_at_cap"]
+    done = (r == 1) & (m == 320)
+    assert 0 < int(done.sum()) < r.shape[0]
+    assert torch.equal(at_cap, torch.where(done, cols["rank_irrelevant"], torch.zeros_like(at_cap)))
+    assert bool((at_cap[done] > 1).any())  # completions below the top, not only R = 1
+    w = 1.0 / cols["n_positives"]
+    sampled = SampledRanks.from_arrays(r.long(), n.long(), m.long(), SamplingDesign(20, adaptive_max=320,
+                                                                                    exact_at_cap=True),
+                                       exact_ranks=at_cap.long())
+    for name, metric in (("rankdistrecall@10", "recall@10"), ("rankdistndcg@10", "ndcg@10")):
+        core = estimate(metric, sampled, registry.Auto(n_bootstrap=4, seed=config["seed"]), weights=w)
+        assert res[f"{name}/auto"] == pytest.approx(core.value, abs=1e-10), name
+        assert res[f"{name}/sampled"] == pytest.approx(estimate(metric, sampled, "none", weights=w).value, abs=1e-10)
+    config, _ = _full_mode(bpr, {**keys, "rsp_design": "20:320:exact"})
+    assert _evaluate(Trainer(config, bpr["model"]), test)[0] == res
+
+
 def test_rankdist_bootstrap_only_for_a_standard_error():
     """RankDist* refit the rank distribution n_bootstrap times (8 unless rsp_estimator_options say otherwise) only
     when a standard error or an interval is reported (the estimate itself is the one fit either way)."""
@@ -784,7 +820,8 @@ def test_exact_share_keys_are_checked(extra, match):
      "^rsp_design: '100:800' draws uniformly, but RecBole's 'pop100' mode .* draws by popularity"),
     ({"eval_args": {"mode": "uni100"}, "rsp_design": "50"}, "^rsp_design: '50' \\(its rsp_m\\): 50 disagrees with"),
     ({"eval_args": {"mode": "uni100"}, "rsp_design": "100:norepl"}, "^rsp_design: '100:norepl' draws without "),
-    ({"eval_args": {"mode": "uni100"}, "rsp_design": "100:800:exact"}, "^rsp_design: '100:800:exact' completes"),
+    ({"eval_args": {"mode": "uni100"}, "rsp_design": "100:800:exact"},
+     r"^rsp_design: '100:800:exact' \(its rsp_exact_at_cap\): RecBole's 'uni100' mode .* scores the drawn items only"),
     ({"rsp_design": "100+0.1:uniform"},
      r"^rsp_design: '100\+0.1:uniform' \(its rsp_exact_share\): the (valid|test) mode is 'full'"),
     # RecBole evaluates a config string: 100+0.1 arrives as the sum 100.1 (the spec writes 100+0.1:uniform)

@@ -606,6 +606,113 @@ def test_adaptive_metric_equals_the_core_on_the_same_draws():
         SampledRankingMetrics(("ndcg@10",), n_samples=SamplingDesign(4, adaptive_max=32, replacement=False), estimators=("mes",))
 
 
+# ------------------------------------------------------------------------ exact_at_cap (completion at the cap)
+CAP_DESIGN = SamplingDesign(4, adaptive_max=32, exact_at_cap=True)
+CAP_METHODS = ("none", registry.Mes(n_bootstrap=0), "auto")
+
+
+def _cap_data(users=64, n=300, seed=5):
+    """Factors, their scores, two positives per row near the top (the row's best item, which every stage leaves
+    first, and one of ranks 2..40; every third row one), and up to 7 excluded items; ids not 0-based."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randn(users, 6, generator=g, dtype=torch.float64)
+    v = torch.randn(n, 6, generator=g, dtype=torch.float64)
+    scores = u @ v.T
+    order = torch.argsort(scores, 1, descending=True)
+    second = order[torch.arange(users), torch.randint(1, 40, (users,), generator=g)]
+    pos = torch.stack([order[:, 0], second], 1)
+    pos[::3, 1] = -1
+    exc = order[:, 50:57].clone()
+    exc[::2, 3:] = -1
+    return u, v, scores, pos, exc, torch.arange(users) + 100
+
+
+def _cap_core(scores, pos, exc, ids, seed=7):
+    """The core's SampledRanks of the adapter's keyed draws (``_keyed``: the same stages), the positives still first at
+    the cap completed here from the whole score matrix (``exact_ranks_padded`` among the irrelevant candidates)."""
+    from reco_sampled_plugin.ranking import exact_ranks_padded
+
+    n_items = scores.shape[1]
+    keys = RowKeys.of(seed, ids, scores.device)
+    first = _keyed.keyed_ranks(MatrixScores(scores), pos, exc, n_items, CAP_DESIGN, keys, "pessimistic")
+    ranks, sizes, _ = _keyed.keyed_adaptive_ranks(MatrixScores(scores), pos, exc, n_items, first, CAP_DESIGN.adaptive,
+                                                  keys, "pessimistic")
+    done = (ranks == 1) & (sizes == 32)
+    exact = torch.where(done, exact_ranks_padded(scores, pos, exc, "pessimistic", False), 0)
+    n = torch.where(pos >= 0, padded_candidate_counts(n_items, pos, exc, False).unsqueeze(1), 0)
+    return SampledRanks.from_arrays(ranks, n, sizes, CAP_DESIGN, exact_ranks=exact)
+
+
+def _cap_metric():
+    return SampledRankingMetrics(("ndcg@10", "hit@5"), CAP_DESIGN, CAP_METHODS, max_n_groups=None, seed=7)
+
+
+def _same_as_core(metric, core):
+    est = metric.estimates()
+    for name in ("ndcg@10", "hit@5"):
+        for method, label in zip(CAP_METHODS, metric.settings.labels):
+            want = estimate(name, core, method)
+            got = est[f"{name}/{label}"]
+            assert (got.value, got.stderr) == (want.value, want.stderr), (name, label)
+
+
+@pytest.mark.parametrize("source", ["scores", "factors", "scorer", "scores-static", "factors-static"])
+def test_exact_at_cap_equals_the_core_on_the_same_draws(source, monkeypatch):
+    """exact_at_cap: the positives still first at the cap are completed exactly (score rows, factor tiles, a scorer
+    scoring the rows whole) and kept as (n, R) rows; every estimate equals the core's on the same keyed draws bit for
+    bit (exact-group readers at R, ``none`` at r~), batches of any size. ``-static``: the accelerator's form on the
+    CPU (the rows of the cap's stage ranked, nothing read back): the same estimates."""
+    from reco_sampled_plugin.adapters import torchmetrics as tm
+
+    if source.endswith("-static"):
+        monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+        source = source.removesuffix("-static")
+    u, v, scores, pos, exc, ids = _cap_data()
+    core = _cap_core(scores, pos, exc, ids)
+    done = int((core.exact_ranks > 0).sum())
+    assert 40 < done < int((pos >= 0).sum()) and bool((core.exact_ranks > 1).any())  # completions, not only R = 1
+    metric = _cap_metric()
+    for lo, hi in ((0, 7), (7, 40), (40, 64)):
+        sl = slice(lo, hi)
+        if source == "scores":
+            metric.update(scores[sl], pos[sl], exc[sl], ids=ids[sl])
+        elif source == "factors":
+            metric.update_factors(u[sl], v, pos[sl], exc[sl], ids=ids[sl])
+        else:
+            metric.update_from_scorer(lambda us, items: scores[us - 100].gather(1, items), pos[sl], 300, exc[sl],
+                                      ids=ids[sl])
+    assert int((metric.completed[:, 1] > 0).sum()) == done
+    _same_as_core(metric, core)
+    plain = metric.histogram(exact=False)
+    assert not plain.has_exact and metric.histogram().has_exact and plain.total == metric.histogram().total
+    if source == "scorer":  # the completed rows scored whole: their candidates in the pairs
+        rows = int((core.exact_ranks > 0).any(1).sum())
+        assert metric.scoring_cost().pairs > rows * (300 - 9) and metric.scoring_cost().stages == 4 + 1
+
+
+@pytest.mark.parametrize("merge", ["a<-b", "b<-a", "forward"])
+def test_exact_at_cap_merge_forward_and_reset(merge):
+    """Two states merged (either order) or batches through forward give the one-state estimates bit for bit (the
+    completed rows concatenated, in any order); reset empties the completed rows."""
+    u, v, scores, pos, exc, ids = _cap_data()
+    core = _cap_core(scores, pos, exc, ids)
+    a, b = _cap_metric(), _cap_metric()
+    if merge == "forward":
+        a(scores[:25], pos[:25], exc[:25], ids=ids[:25])
+        a(scores[25:], pos[25:], exc[25:], ids=ids[25:])
+    else:
+        a.update(scores[:25], pos[:25], exc[:25], ids=ids[:25])
+        b.update(scores[25:], pos[25:], exc[25:], ids=ids[25:])
+        (a.merge_state(b) if merge == "a<-b" else (b.merge_state(a), a := b))
+    _same_as_core(a, core)
+    a.reset()
+    assert a.completed.shape == (0, 2) and a.hist.shape[0] == 0
+    state = dict(_cap_metric().metric_state)
+    state["completed"] = torch.zeros(0, 3, dtype=torch.float64)
+    with pytest.raises(ValueError, match="^n_samples: the incoming exact_at_cap state"):
+        _cap_metric().merge_state(state)
+
+
 def test_compute_leads_with_the_interval_and_explains_an_unresolved_top(caplog):
     """By default the sampled metric and the default estimator, each with its 95% interval (``_lo`` /
     ``_hi``, ``Estimate.interval(0.95)``) and no standard error (``stderr=True``: sampling noise only, opt-in); an

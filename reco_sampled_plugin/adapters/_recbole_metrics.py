@@ -26,8 +26,8 @@ from reco_sampled_plugin._share import ShareRows
 from reco_sampled_plugin.design import ExactShare, SamplingDesign
 from reco_sampled_plugin.ranking import SampledRanks
 
-from ._recbole_ranks import (_HH_BEATING, _HH_S1, _HH_S2, _HH_UNREACHABLE, _ITEM, _M, _N_COLS, _N_IRR, _N_POS,
-                             _POP, _R_FULL, _R_IRR, _R_SAMPLED, _USER, PLUGIN_KEY)
+from ._recbole_ranks import (_AT_CAP, _HH_BEATING, _HH_S1, _HH_S2, _HH_UNREACHABLE, _ITEM, _M, _N_COLS, _N_IRR,
+                             _N_POS, _POP, _R_FULL, _R_IRR, _R_SAMPLED, _USER, PLUGIN_KEY)
 from ._recbole_settings import (_ESTIMATED_KINDS, FAMILIES, _Settings, _settings, class_name, estimate_key, log_once,
                                 note_definitions, note_leave_one_out)
 
@@ -153,9 +153,11 @@ class _EstimatedMetric(_Metric):
         spec = parse_metric(self.kind if k is None else f"{self.kind}@{k}")
         base = self._key(k)
         key = estimate_key(base, self._method().name)  # each key names its estimator
-        hist = _sampled_inputs(table, weights, s, spec.k or 2)  # carries its design (law, adaptive stages)
-        design = s.design.adaptive if s.design is not None else None  # adaptive: rsp_adaptive_max (full or uniN)
         method = self._method()
+        # carries its design (law, adaptive stages); exact_at_cap: the completed positives at R for the estimators
+        # that read exact groups, at r~ for the others (as the core's SampledRanks.histogram)
+        hist = _sampled_inputs(table, weights, s, spec.k or 2, exact=type(method).entry.exact_groups)
+        design = s.design.adaptive if s.design is not None else None  # adaptive: rsp_adaptive_max (full or uniN)
         family = type(method).entry.family
         popn = _popularity_ranks(table, s.exact_share)
         if popn is not None and family != "none":
@@ -183,7 +185,7 @@ class _EstimatedMetric(_Metric):
                                 design=popn.design if popn is not None else s.design)[0]
             log_once(f"reco_sampled_plugin: {class_name(self.name)}{'' if k is None else f'@{k}'}: {why}")
         if s.side_by_side:
-            out[f"{base}/sampled"] = self._round(hist.sampled_metric(spec))
+            out[f"{base}/sampled"] = self._round(_sampled_inputs(table, weights, s, spec.k or 2).sampled_metric(spec))
             exact = _exact_ranks(table)
             if exact is not None:
                 r_irr, all_known = exact
@@ -270,13 +272,16 @@ def _sampled_weights(table: torch.Tensor, weights: torch.Tensor) -> torch.Tensor
     return weights[table[:, _R_SAMPLED] > 0]
 
 
-def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_floor: int) -> Any:
+def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_floor: int, exact: bool = False) -> Any:
     """The rank histogram (candidate counts on the ``rsp_n_grid`` grid, at least max(m + 1, K)) of the
     positives that have a sampled rank, with their weights, carrying the settings' design (its law and adaptive
     stages; popN: the uniform N, which the plain sampled metric reads); computed once per evaluation table and
-    shared by every estimated metric (cached on the table, which RecBole hands to each metric)."""
+    shared by every estimated metric (cached on the table, which RecBole hands to each metric). ``exact`` with an
+    ``exact_at_cap`` design: the positives completed at the cap (the ``exact_at_cap`` column) in exact groups at
+    their R (``sampled_rank_histogram(..., exact_ranks=)``, at the same grid's n), else at their r~."""
+    exact = exact and s.design is not None and s.design.exact_at_cap
     cache = _table_cache(table)
-    key = (s.weighting, s.n_grid, s.replacement, k_floor)
+    key = (s.weighting, s.n_grid, s.replacement, k_floor, exact)
     if key not in cache:
         columns = table.numpy(force=True)  # the adapter's tables live on the CPU: a view
         sampled = columns[:, _R_SAMPLED]
@@ -287,7 +292,9 @@ def _sampled_inputs(table: torch.Tensor, weights: torch.Tensor, s: _Settings, k_
         n_est = np.maximum(_grid_n(n, s.n_grid), np.maximum(m1, float(k_floor))) if s.n_grid > 0 else n
         if not s.replacement:
             n_est = np.maximum(n_est, m1)
-        if r.shape[0]:  # whole numbers in range by construction: no re-validation
+        if exact:  # the core's exact groups (checked: a handful of arrays, once per evaluation)
+            hist = sampled_rank_histogram(r, n_est, m, weights=w, exact_ranks=columns[rows, _AT_CAP])
+        elif r.shape[0]:  # whole numbers in range by construction: no re-validation
             hist = _bincount_histogram(r, n_est, m, w)
         else:
             hist = sampled_rank_histogram(r, n_est, m, weights=w)  # the empty histogram

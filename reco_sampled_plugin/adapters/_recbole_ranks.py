@@ -33,10 +33,11 @@ PLUGIN_KEY = "rsp.ranks"
 # columns of the per-positive table (float64, one row per held-out (user, item) pair)
 _USER, _R_FULL, _R_IRR, _N_IRR, _R_SAMPLED, _M, _N_POS, _UID, _ITEM = range(9)
 _POP, _HH_BEATING, _HH_S1, _HH_S2, _HH_UNREACHABLE = range(9, 14)  # popN: the Hansen-Hurwitz statistics
-_N_COLS = 14
+_AT_CAP = 14  # full mode, exact_at_cap: the exact rank of a positive completed at the cap
+_N_COLS = 15
 #: Column names of the per-positive table stored under :data:`PLUGIN_KEY` (see :func:`positive_table`).
 COLUMNS = ("user", "rank_full", "rank_irrelevant", "n_candidates", "sampled_rank", "m", "n_positives", "uid", "item",
-           "popularity", "hh_beating", "hh_s1", "hh_s2", "hh_unreachable")
+           "popularity", "hh_beating", "hh_s1", "hh_s2", "hh_unreachable", "exact_at_cap")
 #: popN only: the table goes on with ``pl_fit``'s class counts (``_popularity.PopularityStats``), POP_BINS columns
 #: each of the profile, beat_bins and miss_bins (other modes keep the first :data:`COLUMNS` alone).
 CLASS_COLUMNS = tuple(f"{f}_{c}" for f in PROFILE_FIELDS for c in range(POP_BINS))
@@ -54,7 +55,9 @@ def positive_table(dataobject: Any) -> dict[str, torch.Tensor]:
     (``popularity`` 1, else 0 and the next columns 0): each positive's Hansen-Hurwitz statistics of its N drawn
     negatives (``_popularity.PopularityStats``; docs/popularity.md): ``hh_beating`` the beating draws,
     ``hh_s1`` / ``hh_s2`` the sums of b / q~ and (b / q~)^2 over them, ``hh_unreachable`` the candidates of weight 0;
-    then :data:`CLASS_COLUMNS` (popN only): the class counts ``pl_fit`` reads.
+    ``exact_at_cap`` (full mode, an ``exact_at_cap`` design): the exact rank R (among the irrelevant candidates and
+    itself; a whole number, ties as ``rsp_ties`` with ``average`` placing it uniformly among its ties) of a positive
+    still first at the cap, 0 elsewhere; then :data:`CLASS_COLUMNS` (popN only): the class counts ``pl_fit`` reads.
     """
     table = dataobject.get(PLUGIN_KEY)
     return {name: table[:, i] for i, name in enumerate(COLUMNS + CLASS_COLUMNS) if i < table.shape[1]}
@@ -288,6 +291,26 @@ def _adaptive_from_counts(first: torch.Tensor, ge_irr: torch.Tensor, gt_irr: tor
                                         settings.ties, generator)
         sizes[need] = float(stages[s])
     return ranks, sizes
+
+
+def _completed_at_cap(ranks: torch.Tensor, sizes: torch.Tensor, ge_irr: torch.Tensor, gt_irr: torch.Tensor, cap: int,
+                      ties: str, generator: torch.Generator) -> torch.Tensor:
+    """``exact_at_cap`` in full mode: the exact rank R of each positive still first at the cap (r~ = 1 among ``cap``
+    draws), 0 elsewhere (float64), from the exact counts (the scores at hand; nothing drawn): 1 + #(irrelevant
+    candidates scoring >= it) (pessimistic), > it (optimistic), or placed uniformly among its ties (``average``, a
+    whole rank as the draws' ``_sampled_from_scores`` places it; the core's ``random``). ``gt_irr``: the count > it
+    (pessimistic: unused)."""
+    done = (ranks == 1.0) & (sizes == float(cap))
+    ge = ge_irr.to(torch.float64)
+    if ties == "pessimistic":
+        r = ge + 1.0
+    elif ties == "optimistic":
+        r = gt_irr.to(torch.float64) + 1.0
+    else:
+        gt = gt_irr.to(torch.float64)
+        u = torch.rand(gt.shape, generator=generator, dtype=torch.float64, device=gt.device)
+        r = gt + 1.0 + torch.floor(u * (ge - gt + 1.0))
+    return torch.where(done, r, torch.zeros_like(r))
 
 
 def _hypergeometric_sampled(ge_irr: torch.Tensor, gt_irr: torch.Tensor, n_irr_items: torch.Tensor, m: int, ties: str,
@@ -720,6 +743,9 @@ def _process_full(collector: Any, scores: torch.Tensor, pos_u: torch.Tensor, pos
             if settings.adaptive_max is not None:
                 table[:, _R_SAMPLED], table[:, _M] = _adaptive_from_counts(
                     table[:, _R_SAMPLED], ge_irr, gt_irr, n_irr - 1, settings, gen)
+            if settings.design is not None and settings.design.exact_at_cap:
+                table[:, _AT_CAP] = _completed_at_cap(table[:, _R_SAMPLED], table[:, _M], ge_irr, gt_irr,
+                                                      settings.design.cap, settings.ties, gen)
         else:
             table[:, _R_SAMPLED] = _simulate(scores, pos_u, pos_i, s_pos, settings, gen)
             table[:, _M] = float(settings.m)

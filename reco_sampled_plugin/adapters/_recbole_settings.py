@@ -26,6 +26,7 @@ from reco_sampled_plugin.ranking import DETERMINISTIC_TIES
 CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_m": None,  # simulated sample size m in full mode (uniN: must equal N if given)
     "rsp_adaptive_max": None,  # adaptive sampling from rsp_m (uniN: N) up to this many samples (RankDist* only)
+    "rsp_exact_at_cap": False,  # full mode, adaptive: rank the positives still first at the cap exactly
     "rsp_replacement": True,  # simulated draws with replacement (binomial law) or without (hypergeometric)
     "rsp_seed": None,  # seed of the simulated draws (default: RecBole's `seed`)
     # the estimator each family of metrics runs, one per family (registry.recbole_choices): Corrected* and RankDist*
@@ -50,7 +51,8 @@ CONFIG_DEFAULTS: dict[str, Any] = {
 }
 
 #: the keys ``rsp_design`` sets (a design given in both places is refused)
-DESIGN_KEYS = ("rsp_m", "rsp_adaptive_max", "rsp_replacement", "rsp_exact_share", "rsp_exact_share_choice")
+DESIGN_KEYS = ("rsp_m", "rsp_adaptive_max", "rsp_exact_at_cap", "rsp_replacement", "rsp_exact_share",
+               "rsp_exact_share_choice")
 
 _TIES = DETERMINISTIC_TIES
 
@@ -419,7 +421,7 @@ def _validated(config: Any, names: tuple[str, ...], modes: dict) -> _Settings:
     if estimators:
         _check_sample_sizes(config, modes, names, chosen, m, replacement)
     adaptive_max = _adaptive_max(config, modes, m, replacement)
-    design = _sampling_design(modes, m, replacement, adaptive_max)
+    design = _sampling_design(modes, m, replacement, adaptive_max, _exact_at_cap(config, modes, adaptive_max))
     share = _exact_share(config, modes, seed)
     if share is not None and design is not None:
         design = SamplingDesign(design.n_samples, replacement=replacement, adaptive_max=adaptive_max,
@@ -494,12 +496,14 @@ def estimate_key(metric: str, estimator: str) -> str:
 
 class _Planned:
     """A config read through ``rsp_design``: its design's parts under the keys they replace (:data:`DESIGN_KEYS`:
-    ``rsp_m`` m, ``rsp_adaptive_max`` the cap, ``rsp_replacement``, ``rsp_exact_share`` the ExactShare itself),
+    ``rsp_m`` m, ``rsp_adaptive_max`` the cap, ``rsp_exact_at_cap``, ``rsp_replacement``, ``rsp_exact_share`` the
+    ExactShare itself),
     every other key the config's."""
 
     def __init__(self, config: Any, design: SamplingDesign) -> None:
         self._config = config
         self._values = {"rsp_m": design.n_samples, "rsp_adaptive_max": design.adaptive_max,
+                        "rsp_exact_at_cap": design.exact_at_cap,
                         "rsp_replacement": design.replacement, "rsp_exact_share": design.exact_share,
                         "rsp_exact_share_choice": None}
 
@@ -518,8 +522,8 @@ def _design_label(design: SamplingDesign) -> str:
 def _planned_design(config: Any, modes: dict) -> SamplingDesign | None:
     """``rsp_design``: a :class:`SamplingDesign`, a planner result (``plan(...)``: its recommended design, or a
     ``DesignForecast``), an int m, or a spec string (``design.parse_design``: ``"100:3200"``); None without one.
-    Refused: a design given here and in a key it sets (:data:`DESIGN_KEYS`), ``exact_at_cap`` (the adapter does not
-    complete the positives at the cap), a popularity design outside ``popN`` and a uniform one in ``popN``."""
+    Refused: a design given here and in a key it sets (:data:`DESIGN_KEYS`), a popularity design outside ``popN`` and a
+    uniform one in ``popN`` (``exact_at_cap`` outside full mode: refused as ``rsp_exact_at_cap`` is)."""
     raw = config["rsp_design"]
     if raw is None:
         return None
@@ -537,10 +541,6 @@ def _planned_design(config: Any, modes: dict) -> SamplingDesign | None:
         raise ValueError(f"rsp_design: given together with {given[0]} ({config[given[0]]!r}); rsp_design sets "
                          f"{', '.join(DESIGN_KEYS)} itself: drop {given[0]} or rsp_design")
     label = _design_label(design)
-    if design.exact_at_cap:
-        raise ValueError(f"rsp_design: {label} completes the positives still first at the cap (exact_at_cap), which "
-                         "the RecBole adapter does not; give the design without it (the RankDist* metrics read the "
-                         "positives at the cap as cap_reached)")
     for phase, mode in modes.items():
         if design.popularity is not None and not mode.startswith("pop"):
             raise ValueError(f"rsp_design: {label} draws by popularity, which RecBole runs in its popN mode only (its "
@@ -671,9 +671,27 @@ def _adaptive_max(config: Any, modes: dict, m: int | None, replacement: bool) ->
     return cap
 
 
-def _sampling_design(modes: dict, m: int | None, replacement: bool, adaptive_max: int | None) -> SamplingDesign | None:
+def _exact_at_cap(config: Any, modes: dict, adaptive_max: int | None) -> bool:
+    """``rsp_exact_at_cap``: the positives still first at the cap of adaptive sampling (``rsp_adaptive_max``) are then
+    ranked exactly, from the scores full mode holds (``_recbole_ranks._completed_at_cap``); refused in ``uniN`` and
+    ``popN`` modes, whose scores cover the drawn items only."""
+    if not _as_bool(_get(config, "rsp_exact_at_cap"), "rsp_exact_at_cap"):
+        return False
+    if adaptive_max is None:
+        raise ValueError("rsp_exact_at_cap: completes the positives still first at the cap of adaptive sampling; set "
+                         "rsp_adaptive_max (the cap) and rsp_m")
+    sampled = [(phase, mode) for phase, mode in modes.items() if mode != "full"]
+    if sampled:
+        raise ValueError(f"rsp_exact_at_cap: RecBole's {sampled[0][1]!r} mode ({sampled[0][0]}) scores the drawn items "
+                         "only; the exact ranks at the cap come from full mode's scores: evaluate in full mode with "
+                         "rsp_m and rsp_adaptive_max")
+    return True
+
+
+def _sampling_design(modes: dict, m: int | None, replacement: bool, adaptive_max: int | None,
+                     exact_at_cap: bool = False) -> SamplingDesign | None:
     """The one sampling design of the validated keys: full mode simulates rsp_m draws (``rsp_replacement``,
-    ``rsp_adaptive_max``); RecBole's uniN / popN draw N items with replacement (rsp_m, when given, equals N). popN's
+    ``rsp_adaptive_max``, ``rsp_exact_at_cap``); RecBole's uniN / popN draw N items with replacement (rsp_m, when given, equals N). popN's
     popularity weights come with the data (RecBole's sampler: ``_recbole_popularity``), so its design is kept as the
     uniform N here; popN itself is checked against the registry with :func:`popularity_design` (``_check_popularity``)
     and estimated from the draws' statistics (``_recbole_metrics``). None when the sampled modes of the phases draw different N
@@ -681,7 +699,7 @@ def _sampling_design(modes: dict, m: int | None, replacement: bool, adaptive_max
     sizes: set[int] = {m} if m is not None else {_sampled_size(mode) for mode in modes.values() if mode != "full"}
     if len(sizes) != 1:
         return None
-    return SamplingDesign(sizes.pop(), replacement=replacement, adaptive_max=adaptive_max)
+    return SamplingDesign(sizes.pop(), replacement=replacement, adaptive_max=adaptive_max, exact_at_cap=exact_at_cap)
 
 
 def _check_popularity(mode: str, design: SamplingDesign, names: tuple, chosen: dict[str, str]) -> None:

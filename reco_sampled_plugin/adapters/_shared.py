@@ -71,8 +71,9 @@ class RankingSettings:
             adaptive: ``SamplingDesign(m, adaptive_max=cap)``) or popularity draws (``SamplingDesign(m,
             popularity=w)``, with or without replacement: without, only ``none`` estimates, as in the core); None:
             no sampled metrics. Kept as given; :attr:`design` is the
-            SamplingDesign (an int m is ``SamplingDesign(m)``). ``exact_at_cap`` is refused: the sampled state holds
-            sampled-rank counts. A uniform exact share (``SamplingDesign(m, exact_share=ExactShare(s))``,
+            SamplingDesign (an int m is ``SamplingDesign(m)``). ``SamplingDesign(m, adaptive_max=cap,
+            exact_at_cap=True)`` also ranks the positives still first at the cap exactly (kept one row each: their
+            n and exact rank R). A uniform exact share (``SamplingDesign(m, exact_share=ExactShare(s))``,
             popularity draws with replacement included; not ``choice="active"``, not popularity draws without
             replacement: :func:`check_share_design`) also ranks the keyed share of the positives exactly; ``auto``
             (and ``diff``) then give the design-based estimate (under a popularity design from ``pl_fit``'s
@@ -159,16 +160,11 @@ def _check_finite_option(value: Any) -> bool | str:
 
 def _sampled_design(n_samples: Any) -> SamplingDesign | None:
     """The design the adapters' keyed draws take (None: no sampled metrics): uniform (with or without replacement,
-    adaptive) or popularity (with or without replacement), with a uniform exact share or none
-    (:func:`check_share_design`); ``exact_at_cap`` refused (the state holds sampled-rank counts)."""
+    adaptive, ``exact_at_cap`` too) or popularity (with or without replacement), with a uniform exact share or none
+    (:func:`check_share_design`)."""
     design = as_design(n_samples)  # the one coercion (design.py): m in 1..MAX_SAMPLES, the cap, the law
     if design is None:
         return None
-    if design.exact_at_cap:
-        raise ValueError("n_samples: exact_at_cap is not supported by SampledRankingMetrics (nor by "
-                         "RankingMetricsCallback): its state holds sampled-rank counts per stage, not exact ranks; "
-                         "draw with adaptive_sampled_ranks or sampled_ranks_from_scorer and estimate(metric, sampled) "
-                         "instead")
     check_share_design(design, "n_samples", "SampledRankingMetrics (nor by RankingMetricsCallback)",
                        "draw with sampled_ranks or sampled_ranks_from_scorer and estimate(metric, sampled)")
     if design.law not in ("binomial", "hypergeometric", "popularity"):  # a new law: refused
@@ -339,9 +335,10 @@ def adaptive_columns(design: AdaptiveDesign) -> tuple[np.ndarray, int]:
 
 def adaptive_histogram_from_rows(counts: np.ndarray, n_items: int, design: AdaptiveDesign,
                                  max_groups: int | None) -> tuple[RankHistogram, bool]:
-    """RankHistogram (groups (n, M_s)) from adaptive rows: ``counts[e]`` holds, stage after stage, the counts of
-    r~ = 1..new_s + 1 of instances with n = n_items - e that stopped at stage s (:func:`adaptive_columns`); and
-    whether it was pooled (as :func:`histogram_from_rows`)."""
+    """RankHistogram (groups (n, M_s), ascending in n then M_s: the core's order, ``_rank_hist._bincount_histogram``)
+    from adaptive rows: ``counts[e]`` holds, stage after stage, the counts of r~ = 1..new_s + 1 of instances with
+    n = n_items - e that stopped at stage s (:func:`adaptive_columns`); and whether it was pooled (as
+    :func:`histogram_from_rows`)."""
     offsets, _ = adaptive_columns(design)
     news = np.diff(np.concatenate([[0], design.stages]))
     ns: list[int] = []
@@ -355,9 +352,36 @@ def adaptive_histogram_from_rows(counts: np.ndarray, n_items: int, design: Adapt
         ns.extend((n_items - rows).tolist())
         ms.extend([size] * len(rows))
         rows_out.extend(full)
-    hist = RankHistogram(np.asarray(ns, dtype=np.int64), np.asarray(ms, dtype=np.int64), tuple(rows_out))
+    order = np.lexsort((ms, ns))
+    hist = RankHistogram(np.asarray(ns, dtype=np.int64)[order], np.asarray(ms, dtype=np.int64)[order],
+                         tuple(rows_out[g] for g in order))
     if max_groups is not None and hist.n_groups > max_groups * len(design.stages):
         return pool_groups(hist, max_groups * len(design.stages))[0], True
+    return hist, False
+
+
+def completed_histogram_from_rows(counts: np.ndarray, n_items: int, design: SamplingDesign, completed: np.ndarray,
+                                  max_groups: int | None) -> tuple[RankHistogram, bool]:
+    """The histogram with exact groups of an ``exact_at_cap`` design (what ``SampledRanks.histogram()`` gives the
+    core's likelihood estimators): the adaptive rows ``counts`` (every positive at its r~, :func:`adaptive_columns`)
+    less the ``completed`` positives ((k, 2) rows: n and exact rank R), which counted at r~ = 1 of the cap's stage,
+    then their exact groups (n, n - 1) with the counts at R (``_rank_hist.sampled_rank_histogram``); and whether it
+    was pooled (:func:`~reco_sampled_plugin.rank_distribution.pool_groups`, exact groups among themselves)."""
+    from reco_sampled_plugin._rank_hist import sampled_rank_histogram
+
+    adaptive = design.adaptive
+    assert adaptive is not None and design.exact_at_cap  # called for exact_at_cap designs only
+    n = completed[:, 0].astype(np.int64)
+    left = counts.copy()  # whole counts in float64: the subtraction is exact
+    cap_column = np.full(len(n), adaptive_columns(adaptive)[0][-1], dtype=np.int64)  # r~ = 1 of the cap's stage
+    np.subtract.at(left, (n_items - n, cap_column), 1.0)
+    hist, _ = adaptive_histogram_from_rows(left, n_items, adaptive, None)
+    if len(n):
+        r = torch.from_numpy(completed[:, 1].astype(np.int64))
+        hist = hist.concat(sampled_rank_histogram(torch.ones_like(r), torch.from_numpy(n), torch.from_numpy(n - 1),
+                                                  exact_ranks=r))
+    if max_groups is not None and hist.n_groups > max_groups * len(adaptive.stages):
+        return pool_groups(hist, max_groups * len(adaptive.stages))[0], True
     return hist, False
 
 

@@ -216,7 +216,7 @@ def rank_block(scorer: Scorer, users: torch.Tensor, pos: torch.Tensor, exc: torc
     ranks, sizes, exact, stages = first.ranks, None, None, 1
     if design.adaptive is not None:
         stages = len(design.adaptive.stages)
-        ranks, sizes = keyed_adaptive_ranks(source, pos, exc, n_items, first, design.adaptive, keys, ties)
+        ranks, sizes, _ = keyed_adaptive_ranks(source, pos, exc, n_items, first, design.adaptive, keys, ties)
         if design.exact_at_cap:
             need = completion_targets(ranks, sizes, design)
             exact = complete_from_scorer(calls, need, pos, exc, keys.ids, first.pos_scores, n_items, ties, None)

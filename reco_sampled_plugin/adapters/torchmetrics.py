@@ -49,7 +49,11 @@ replacement, one duplicate check (popularity without replacement adds none: a ra
 state back: histogram rows are grown from the batch's shapes (e <= E + P - 1) and filled by an accumulating
 scatter, and the catalogue size is checked against the host's record. An exact share adds no read to score and
 factor batches there (a static capacity of rows, :func:`share_capacity`; its rare overflow is counted on the device
-and refused at compute); scorer batches read their chosen rows. ``tests/test_gpu_readiness_adapters.py`` counts them.
+and refused at compute); scorer batches read their chosen rows. ``exact_at_cap`` adds none to score and factor
+batches there either: the rows that drew the cap's stage, known on the host since that stage's read, are ranked
+exactly (every positive still first at the cap lies in them; R kept where it is), and a factor batch's overflow bound
+for their tiles joins its validation read; a design of one stage (cap < 2 m) reads its completed rows once, and
+scorer batches read them (the calls synchronise anyway). ``tests/test_gpu_readiness_adapters.py`` counts them.
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ import logging
 import math
 import time
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -68,8 +72,8 @@ from torchmetrics import Metric
 
 from reco_sampled_plugin._checks import check_elements, check_int, check_size, real_tensor
 from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags, score_tensor
-from reco_sampled_plugin._keyed import (DeviceChecks, DrawnScores, FactorScores, MatrixScores, RowKeys, ScorerScores,
-                                        keyed_adaptive_ranks, keyed_ranks)
+from reco_sampled_plugin._keyed import (AdaptiveRanks, DeviceChecks, DrawnScores, FactorScores, MatrixScores, RowKeys,
+                                        ScorerScores, keyed_adaptive_ranks, keyed_ranks)
 from reco_sampled_plugin._options import check_bool
 from reco_sampled_plugin._estimate import Estimate, interval_values
 from reco_sampled_plugin import registry
@@ -87,12 +91,14 @@ from reco_sampled_plugin.ranking import (TIE_BOUNDS, complete_at_cap, padded_can
 from reco_sampled_plugin.scorer_ranks import (DEFAULT_MAX_PAIRS, Scorer, ScorerCalls, ScoringCost, check_scorer,
                                               check_users, complete_from_scorer, full_ranking_pairs)
 from reco_sampled_plugin._share import ShareRows, keyed_choice
+from reco_sampled_plugin.adaptive import completion_targets
 from reco_sampled_plugin.tie_expectation import expected_single_item_values
 
 from ._shared import (
     RankingSettings,
     adaptive_columns,
     adaptive_histogram_from_rows,
+    completed_histogram_from_rows,
     explain_once,
     histogram_from_rows,
     metric_key,
@@ -118,10 +124,16 @@ _POP_SHARE_COLUMNS = ("exact_rank", "inclusion")
 # the rows within the static capacity, exact_rank 0 where not chosen: no read of how many were chosen; dropped at
 # compute)
 _SHARE_COLUMNS = ("n_candidates", "n_samples", "sampled_rank", "exact_rank", "inclusion")
-#: On the CPU a read of which rows hold a chosen positive costs nothing (no device to wait for): only those rows are
-#: ranked and kept. On an accelerator (and on the CPU with this False: how the tests probe the accelerator's path)
-#: score and factor batches rank a static capacity of rows instead (:func:`share_capacity`), nothing read back.
-_SHARE_READS_ON_CPU = True
+# the ``completed`` state's columns (``exact_at_cap``): one row per positive still first at the cap, ranked exactly (on
+# an accelerator one per slot of the rows that drew the cap's stage, exact_rank 0 where not completed; dropped at
+# compute)
+_CAP_COLUMNS = ("n_candidates", "exact_rank")
+#: On the CPU a read of which rows hold a chosen (an exact share) or completed (``exact_at_cap``) positive costs nothing
+#: (no device to wait for): only those rows are ranked and kept. On an accelerator (and on the CPU with this False: how
+#: the tests probe the accelerator's path) score and factor batches rank a static set of rows instead, nothing read
+#: back: the share a static capacity (:func:`share_capacity`), the completion the rows of the cap's stage (read with
+#: that stage already).
+_READS_ON_CPU = True
 
 
 def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
@@ -211,13 +223,13 @@ def _pad_rows(hist: torch.Tensor, rows: int) -> torch.Tensor:
     return torch.cat([hist, hist.new_zeros(rows - hist.shape[0], hist.shape[1])])
 
 
-def share_exact_ranks(source: DrawnScores, chosen: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
-                      n_items: int, ties: str, pos_scores: torch.Tensor) -> torch.Tensor:
+def read_exact_ranks(source: DrawnScores, chosen: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
+                     n_items: int, ties: str, pos_scores: torch.Tensor) -> torch.Tensor:
     """Exact ranks R (among the row's irrelevant candidates and the positive, ``ranking.complete_at_cap``) of the
     ``chosen`` (B, P) positives, 0 elsewhere, reading which rows hold one (one synchronisation): a score matrix's
     rows; a factor model's rows (``factor_ranks_padded``: tiles, never the (B, n) matrix); a scorer's rows scored
-    whole (``scorer_ranks.complete_from_scorer``, their pairs in the calls' count). :func:`share_capacity_ranks`
-    is the form without a read."""
+    whole (``scorer_ranks.complete_from_scorer``, their pairs in the calls' count). :func:`rows_exact_ranks`
+    is the form without a read. The exact share's chosen positives and ``exact_at_cap``'s completed ones alike."""
     if isinstance(source, MatrixScores):
         scores = source.scores
         return complete_at_cap(chosen, pos, exc, n_items, ties, None, lambda idx: scores[idx])
@@ -255,11 +267,11 @@ def share_capacity_rows(chosen: torch.Tensor, share: float) -> tuple[torch.Tenso
     return picked, (held.sum() > k).to(torch.int64)
 
 
-def share_capacity_ranks(source: DrawnScores, picked: torch.Tensor, chosen: torch.Tensor, pos: torch.Tensor,
-                         exc: torch.Tensor | None, ties: str) -> torch.Tensor:
-    """:func:`share_exact_ranks` of the ``picked`` rows only ((k, P) int64: R where ``chosen``, 0 elsewhere), from a
+def rows_exact_ranks(source: DrawnScores, picked: torch.Tensor, chosen: torch.Tensor, pos: torch.Tensor,
+                     exc: torch.Tensor | None, ties: str) -> torch.Tensor:
+    """:func:`read_exact_ranks` of the ``picked`` rows only ((k, P) int64: R where ``chosen``, 0 elsewhere), from a
     score matrix's rows or a factor model's (tiles; the overflow bound is the batch's validation flag,
-    :func:`share_factor_check`), nothing read back."""
+    :func:`tile_factor_check`), nothing read back."""
     exc_k = None if exc is None else exc[picked]
     if isinstance(source, MatrixScores):
         r = exact_ranks_padded(source.scores[picked], pos[picked], exc_k, ties, False)
@@ -270,16 +282,17 @@ def share_capacity_ranks(source: DrawnScores, picked: torch.Tensor, chosen: torc
     return torch.where(chosen[picked], r.to(torch.int64), 0)
 
 
-def share_factor_check(source: FactorScores, picked: torch.Tensor, chosen: torch.Tensor, checks: DeviceChecks) -> None:
-    """The overflow bound ``factor_ranks_padded`` reads, for the ``picked`` rows holding a ``chosen`` positive, as a
-    flag of the batch's one validation read: refused where a score of theirs could overflow
-    (``factor_ranks.overflow_rows``, or a bias of ``score_limit`` or more), since the tiles' scores are not
-    materialized and checked there."""
+def tile_factor_check(source: FactorScores, picked: Any, chosen: torch.Tensor, checks: DeviceChecks,
+                      what: str = "the exact share") -> None:
+    """The overflow bound ``factor_ranks_padded`` reads, for the ``picked`` rows (an index tensor or a slice) holding
+    a ``chosen`` positive, as a flag of the batch's one validation read: refused where a score of theirs could
+    overflow (``factor_ranks.overflow_rows``, or a bias of ``score_limit`` or more), since the tiles' scores are not
+    materialized and checked there. ``what`` ranks the rows (named in the message)."""
     big = (overflow_rows(source.u[picked], source.v) & chosen[picked].any(1)).any()
     if source.bias is not None and source.bias.numel():
         big = big | (source.bias.detach().abs().amax().to(torch.float64) >= score_limit(source.u.dtype))
     checks.add(big, f"user_factors: |u| |v| (+ |item_bias|) reaches {score_limit(source.u.dtype):.3g}, where "
-                    f"{source.u.dtype} scores could overflow; the exact share ranks its rows in tiles on this device: "
+                    f"{source.u.dtype} scores could overflow; {what} ranks its rows in tiles on this device: "
                     "scale the factors or give them in float64")
 
 
@@ -549,6 +562,19 @@ class ExactRankingMetrics(_MergeChecked):
         return {metric_key(k): torch.tensor(e.value, dtype=torch.float64) for k, e in self._estimates().items()}
 
 
+class _Ranked(NamedTuple):
+    """A batch's ranks (``SampledRankingMetrics._rank_batch``): ``ranks`` (B, P) r~; ``sizes`` (B, P) the final m of
+    an adaptive design (None for a fixed m); ``stats`` the popularity statistics (popularity designs with replacement,
+    else None); ``pos_scores`` (B, P) the positives' scores; ``completed`` the ``completed`` state's rows of an
+    ``exact_at_cap`` design (else None)."""
+
+    ranks: torch.Tensor
+    sizes: torch.Tensor | None
+    stats: Any
+    pos_scores: torch.Tensor
+    completed: torch.Tensor | None = None
+
+
 class SampledRankingMetrics(_MergeChecked):
     """Sampled metrics (m irrelevant items per relevant item) and their corrected estimates.
 
@@ -569,6 +595,15 @@ class SampledRankingMetrics(_MergeChecked):
             would exceed the cap; estimators that take them: ``registry.names(adaptive=True)`` (``mle``, ``mes``,
             ``none``); the state becomes one row per n of sum over stages of (new draws + 1) counts (about
             ``adaptive_max`` numbers per distinct n); each estimate's ``details["adaptive"]`` holds the cost.
+            With ``exact_at_cap=True`` the relevant items still first at the cap are then ranked exactly among their
+            whole candidate list (score batches: the rows at hand; factor batches: the rows' scores in tiles; scorer
+            batches: the rows scored whole, ``scorer_ranks.complete_from_scorer``) and kept one row each (n, R) in
+            the ``completed`` state, concatenated across processes: 16 bytes per completed item (the share at the
+            cap, ``details["adaptive"]["share_at_cap"]``, of the relevant items; on an accelerator one row per
+            slot of the rows that drew the cap's stage, R = 0 where not completed, dropped at compute). The
+            estimators that read exact groups (``mle``, ``mes``, ``gmod``, ``auto``) get the histogram with the
+            completed items at R (``completed_histogram_from_rows``: the core's ``SampledRanks.histogram()``);
+            ``none`` their r~, as in the core.
             A (metric, estimator) pair the registry does not list (``registry.names(metric=...)``: ``hh`` estimates
             AUC only) is not reported. ``ties="average"`` is refused (fractional sampled ranks).
         interval: ``compute()`` also returns ``"<metric key>/<label>_lo"`` and ``"_hi"``, the 95% interval of each
@@ -591,6 +626,7 @@ class SampledRankingMetrics(_MergeChecked):
     hist: torch.Tensor
     share: torch.Tensor  # with an exact share only, not under a popularity design (its ``pop`` rows hold the share)
     share_overflow: torch.Tensor  # with an exact share only: batches past the static capacity (0-dim int64)
+    completed: torch.Tensor  # exact_at_cap only: (n, R) of each positive completed at the cap
     n_items: torch.Tensor
     pop: torch.Tensor
 
@@ -646,6 +682,9 @@ class SampledRankingMetrics(_MergeChecked):
         if self._share is not None:
             # batches whose chosen rows exceeded the static capacity (share_capacity_rows): refused at compute
             self.add_state("share_overflow", torch.zeros((), dtype=torch.int64), dist_reduce_fx="sum")
+        self._at_cap = design.exact_at_cap
+        if self._at_cap:  # per completed relevant item: n, R (concatenated across processes)
+            self.add_state("completed", torch.zeros(0, len(_CAP_COLUMNS), dtype=torch.float64), dist_reduce_fx="cat")
         self._rows_seen = 0  # default instance keys when no ids are given
         self._in_forward = False
         self._n_items_host: int | None = 0  # the catalogue size this process's batches had (None: read the state)
@@ -686,7 +725,9 @@ class SampledRankingMetrics(_MergeChecked):
         """Rank a batch against its keyed negatives, scored by ``source`` (:meth:`_rank_batch`), and add it to the
         state (:meth:`_add_ranked`)."""
         plan = self._share_plan(source, pos, keys, keep, checks)
-        ranked = self._rank_batch(source, pos, exc, n_items, keys, checks, slots)
+        if self._at_cap and isinstance(source, FactorScores) and checks is not None and self._static_completion(source, pos):
+            tile_factor_check(source, slice(None), pos >= 0, checks, "exact_at_cap")  # any row may reach the cap
+        ranked = self._rank_batch(source, pos, exc, n_items, keys, checks, slots, keep)
         self._add_ranked(ranked, pos, exc, n_items, keep, self._share_rows(source, ranked, plan, pos, exc, n_items))
 
     def _share_plan(self, source: DrawnScores, pos: torch.Tensor, keys: RowKeys, keep: torch.Tensor | None,
@@ -706,34 +747,34 @@ class SampledRankingMetrics(_MergeChecked):
         if k is not None:
             valid = valid & k.unsqueeze(1)
         chosen = valid & keyed_choice(share.seed, keys.ids, pos, share.share)
-        if isinstance(source, ScorerScores) or (_SHARE_READS_ON_CPU and pos.device.type == "cpu"):
+        if isinstance(source, ScorerScores) or (_READS_ON_CPU and pos.device.type == "cpu"):
             return chosen, None, None
         picked, overflow = share_capacity_rows(chosen, share.share)
         if isinstance(source, FactorScores) and checks is not None:
-            share_factor_check(source, picked, chosen, checks)
+            tile_factor_check(source, picked, chosen, checks)
         return chosen, picked, overflow
 
-    def _share_rows(self, source: DrawnScores, ranked: tuple, plan: tuple | None, pos: torch.Tensor,
+    def _share_rows(self, source: DrawnScores, ranked: _Ranked, plan: tuple | None, pos: torch.Tensor,
                     exc: torch.Tensor | None, n_items: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """(the ``share`` state's rows (:data:`_SHARE_COLUMNS`), the overflow flag or None) of a ranked batch and
         its :meth:`_share_plan` (None without a share): the chosen positives ranked exactly, by
-        :func:`share_exact_ranks` (then only their rows are kept) or, with a static capacity, by
-        :func:`share_capacity_ranks` (then every slot of the picked rows, R = 0 where not chosen). With ``pop``
+        :func:`read_exact_ranks` (then only their rows are kept) or, with a static capacity, by
+        :func:`rows_exact_ranks` (then every slot of the picked rows, R = 0 where not chosen). With ``pop``
         rows (a popularity design), the (B, P) exact ranks instead (0 where not chosen; the picked rows' scattered
         back, nothing read): each positive's ``pop`` row takes its own (:meth:`_add_popularity`)."""
         if plan is None:
             return None
         chosen, picked, overflow = plan
-        ranks, sizes, _, pos_scores = ranked
+        ranks, sizes, pos_scores = ranked.ranks, ranked.sizes, ranked.pos_scores
         ties = self.settings.ties
         n = padded_candidate_counts(n_items, pos, exc, count_other_positives=False).unsqueeze(1).expand(pos.shape)
         m = torch.full_like(ranks, self._design.n_samples) if sizes is None else sizes
         if picked is None:
-            exact = share_exact_ranks(source, chosen, pos, exc, n_items, ties, pos_scores)
+            exact = read_exact_ranks(source, chosen, pos, exc, n_items, ties, pos_scores)
             if not self._share_table:
                 return torch.where(chosen, exact, 0), None
         else:
-            exact = share_capacity_ranks(source, picked, chosen, pos, exc, ties)
+            exact = rows_exact_ranks(source, picked, chosen, pos, exc, ties)
             if not self._share_table:
                 return torch.zeros(pos.shape, dtype=torch.int64, device=pos.device).index_copy(0, picked, exact), \
                     overflow
@@ -746,38 +787,70 @@ class SampledRankingMetrics(_MergeChecked):
         return (rows[chosen.reshape(-1)], None) if picked is None else (rows, overflow)
 
     def _rank_batch(self, source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
-                    keys: RowKeys, checks: DeviceChecks | None,
-                    slots: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None, Any, torch.Tensor]:
-        """(ranks, final sizes or None, popularity statistics or None, the positives' scores) of a batch: the design's first stage
+                    keys: RowKeys, checks: DeviceChecks | None, slots: torch.Tensor | None = None,
+                    keep: torch.Tensor | None = None) -> _Ranked:
+        """The ranks of a batch (:class:`_Ranked`): the design's first stage
         (:func:`~reco_sampled_plugin._keyed.keyed_ranks`), then an adaptive design's later stages
-        (:func:`~reco_sampled_plugin._keyed.keyed_adaptive_ranks`). ``checks``: the batch's pending validation flags,
-        read once after the first stage's draw (without replacement: with the small-pool sizes); None: each draw
-        reads its own. ``slots``: the slots to rank (default every positive)."""
+        (:func:`~reco_sampled_plugin._keyed.keyed_adaptive_ranks`) and an ``exact_at_cap`` design's completion
+        (:meth:`_completed_rows`). ``checks``: the batch's pending validation flags, read once after the first
+        stage's draw (without replacement: with the small-pool sizes); None: each draw reads its own. ``slots``: the
+        slots to rank (default every positive); ``keep``: the rows counted (the others are not completed)."""
         ties = self.settings.ties
         first = keyed_ranks(source, pos, exc, n_items, self._design, keys, ties, slots=slots, checks=checks)
         if checks is not None:
             checks.read()  # the batch's one validation read
         if self._adaptive is None:
-            return first.ranks, None, first.stats, first.pos_scores
-        ranks, sizes = keyed_adaptive_ranks(source, pos, exc, n_items, first, self._adaptive, keys, ties)
-        return ranks, sizes, None, first.pos_scores
+            return _Ranked(first.ranks, None, first.stats, first.pos_scores)
+        stages = keyed_adaptive_ranks(source, pos, exc, n_items, first, self._adaptive, keys, ties)
+        completed = None
+        if self._at_cap:
+            completed = self._completed_rows(source, stages, first.pos_scores, pos, exc, n_items, keep)
+        return _Ranked(stages.ranks, stages.sizes, None, first.pos_scores, completed)
 
-    def _add_ranked(self, ranked: tuple[torch.Tensor, torch.Tensor | None, Any, torch.Tensor], pos: torch.Tensor,
-                    exc: torch.Tensor | None, n_items: int, keep: torch.Tensor | None,
-                    shared: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> None:
+    def _static_completion(self, source: DrawnScores, pos: torch.Tensor) -> bool:
+        """Whether an ``exact_at_cap`` batch completes the rows of the cap's stage without a read (score and factor
+        batches on an accelerator, designs of more than one stage) rather than reading the completed rows."""
+        assert self._adaptive is not None
+        return (len(self._adaptive.stages) > 1 and not isinstance(source, ScorerScores)
+                and not (_READS_ON_CPU and pos.device.type == "cpu"))
+
+    def _completed_rows(self, source: DrawnScores, stages: AdaptiveRanks, pos_scores: torch.Tensor, pos: torch.Tensor,
+                        exc: torch.Tensor | None, n_items: int, keep: torch.Tensor | None) -> torch.Tensor:
+        """The ``completed`` state's rows (:data:`_CAP_COLUMNS`: n, R) of the kept positives still first at the cap
+        (``adaptive.completion_targets``), ranked exactly among their rows' candidates. Read where a read is free or
+        made anyway (the CPU, scorer batches, a design of one stage): only the completed rows, by
+        :func:`read_exact_ranks`; else every slot of the cap stage's rows (read with that stage), by
+        :func:`rows_exact_ranks` (R = 0 where not completed; a factor batch's overflow bound was in its validation
+        read), nothing read back."""
+        assert self._adaptive is not None  # exact_at_cap designs are adaptive
+        need = completion_targets(stages.ranks, stages.sizes, self._adaptive)
+        k = _keep_mask(keep, pos.shape[0], pos.device)
+        if k is not None:
+            need = need & k.unsqueeze(1)
+        n = padded_candidate_counts(n_items, pos, exc, count_other_positives=False).unsqueeze(1).expand(pos.shape)
+        if stages.last is None or not self._static_completion(source, pos):
+            exact = read_exact_ranks(source, need, pos, exc, n_items, self.settings.ties, pos_scores)
+            return torch.stack([n[need], exact[need]], 1).to(torch.float64)
+        picked = stages.last
+        exact = rows_exact_ranks(source, picked, need, pos, exc, self.settings.ties)
+        return torch.stack([n[picked], exact], -1).to(torch.float64).reshape(-1, len(_CAP_COLUMNS))
+
+    def _add_ranked(self, ranked: _Ranked, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
+                    keep: torch.Tensor | None, shared: tuple[torch.Tensor, torch.Tensor | None] | None = None) -> None:
         """Add :meth:`_rank_batch`'s ranks to the histogram (which refuses the batch whole before any change), then
         the popularity statistics and the exact share's rows (:meth:`_share_rows`: in the ``share`` state, or in the
-        ``pop`` rows under a popularity design; nothing half-written)."""
-        ranks, sizes, stats, _ = ranked
+        ``pop`` rows under a popularity design) and the completed rows (nothing half-written)."""
         n_cand = padded_candidate_counts(n_items, pos, exc, count_other_positives=False)
-        self._add_ranks(ranks, n_cand, pos, exc, n_items, keep, sizes)
-        if stats is not None:
-            self._add_popularity(ranks, n_cand, stats, pos, keep, None if shared is None else shared[0])
+        self._add_ranks(ranked.ranks, n_cand, pos, exc, n_items, keep, ranked.sizes)
+        if ranked.stats is not None:
+            self._add_popularity(ranked.ranks, n_cand, ranked.stats, pos, keep, None if shared is None else shared[0])
         if shared is not None:
             if self._share_table:
                 self.share = torch.cat([self.share, _to(shared[0], self.share.device)])
             if shared[1] is not None:
                 self.share_overflow += _to(shared[1], self.share_overflow.device)
+        if ranked.completed is not None:
+            self.completed = torch.cat([self.completed, _to(ranked.completed, self.completed.device)])
 
     def update_factors(self, user_factors: TensorLike, item_factors: TensorLike, positives: TensorLike,
                        exclude: TensorLike | None = None, ids: TensorLike | None = None, keep: torch.Tensor | None = None,
@@ -900,7 +973,7 @@ class SampledRankingMetrics(_MergeChecked):
             # first, their new items alone
             source = ScorerScores(calls, who)
             plan = self._share_plan(source, pos, keys, keep, None)
-            ranked = self._rank_batch(source, pos, exc, n, keys, None, score)
+            ranked = self._rank_batch(source, pos, exc, n, keys, None, score, keep)
             shared = self._share_rows(source, ranked, plan, pos, exc, n)  # the chosen rows scored whole
             _updated(self)
             self._add_ranked(ranked, pos, exc, n, keep, shared)
@@ -909,6 +982,7 @@ class SampledRankingMetrics(_MergeChecked):
             raise
         rows = (pos >= 0).any(1) if k is None else (pos >= 0).any(1) & k
         stages = 1 if self._adaptive is None else len(self._adaptive.stages)
+        stages += int(ranked.completed is not None and ranked.completed.shape[0] > 0)  # the completion's rows scored
         spent = time.perf_counter() - t0
         cost = ScoringCost(calls.pairs, calls.calls, calls.seconds, max(spent - calls.seconds, 0.0),
                            full_ranking_pairs(n, exc, rows), stages)
@@ -1023,6 +1097,9 @@ class SampledRankingMetrics(_MergeChecked):
         if self._share_table and (state["share"].dim() != 2 or state["share"].shape[1] != len(_SHARE_COLUMNS)):
             raise ValueError(f"n_samples: the incoming exact-share state has shape {tuple(state['share'].shape)}, "
                              f"this one rows of {len(_SHARE_COLUMNS)} columns {_SHARE_COLUMNS}")
+        if self._at_cap and (state["completed"].dim() != 2 or state["completed"].shape[1] != len(_CAP_COLUMNS)):
+            raise ValueError(f"n_samples: the incoming exact_at_cap state has shape {tuple(state['completed'].shape)}, "
+                             f"this one rows of {len(_CAP_COLUMNS)} columns {_CAP_COLUMNS}")
         mine, theirs = self._catalogue(), int(n_items)
         if mine and theirs and mine != theirs:
             raise ValueError(f"n_items: the incoming state counts a catalogue of {theirs} items, this one {mine}; "
@@ -1042,8 +1119,8 @@ class SampledRankingMetrics(_MergeChecked):
         dist.all_reduce(rows, op=dist.ReduceOp.MAX, group=group)
         self.hist = _pad_rows(self.hist, int(rows.item()))
         # torchmetrics stacks the gathered states: pad every process's rows alike (padded rows: r~ = 0 in ``pop``,
-        # R = 0 in ``share``; dropped after the gather, at compute)
-        for name in ("pop",) * self._pop_rows + ("share",) * self._share_table:
+        # R = 0 in ``share`` and ``completed``; dropped after the gather, at compute)
+        for name in ("pop",) * self._pop_rows + ("share",) * self._share_table + ("completed",) * self._at_cap:
             state = getattr(self, name)
             count = torch.tensor([state.shape[0]], dtype=torch.int64, device=state.device)
             dist.all_reduce(count, op=dist.ReduceOp.MAX, group=group)
@@ -1057,6 +1134,8 @@ class SampledRankingMetrics(_MergeChecked):
             self.pop = pop[pop[:, 0] > 0]
         if self._share_table:  # (processes, rows, columns) stacked: one table (padded rows dropped at compute)
             self.share = self.share.reshape(-1, len(_SHARE_COLUMNS))
+        if self._at_cap:
+            self.completed = self.completed.reshape(-1, len(_CAP_COLUMNS))
 
     def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
         """``forward`` and ``merge_state`` add another state: both histograms padded to the same rows first."""
@@ -1079,13 +1158,19 @@ class SampledRankingMetrics(_MergeChecked):
             self._in_forward = False
 
     # ---------------------------------------------------------------------------- compute
-    def _histogram(self) -> tuple[RankHistogram, bool]:
+    def _histogram(self, exact: bool = False) -> tuple[RankHistogram, bool]:
         """The histogram of the state with its design, pooled to ``max_n_groups``, and whether pooling changed it.
         A popularity design's histogram carries none (it cannot hold the draws' weights): it is read as the plain
-        sampled metric's, law-free; the corrected estimates read :meth:`popularity_ranks`."""
+        sampled metric's, law-free; the corrected estimates read :meth:`popularity_ranks`. ``exact``: an
+        ``exact_at_cap`` design's completed positives in exact groups at their R (``completed_histogram_from_rows``),
+        else at their r~."""
         counts = self.hist.detach().to("cpu", torch.float64).numpy()
         max_groups = self.settings.max_n_groups
-        if self._adaptive is not None:
+        if exact and self._at_cap:
+            done = self.completed.detach().to("cpu", torch.float64).numpy()
+            hist, pooled = completed_histogram_from_rows(counts, int(self.n_items), self._design, done[done[:, 1] > 0],
+                                                         max_groups)
+        elif self._adaptive is not None:
             hist, pooled = adaptive_histogram_from_rows(counts, int(self.n_items), self._adaptive, max_groups)
         else:
             hist, pooled = histogram_from_rows(counts, int(self.n_items), self._design.n_samples, max_groups)
@@ -1115,14 +1200,18 @@ class SampledRankingMetrics(_MergeChecked):
         return ShareRows(t[:, 0].astype(np.int64), t[:, 1].astype(np.int64), t[:, 2].copy(), t[:, 3].copy(),
                          t[:, 4].copy(), np.ones(len(t)), census=share.share >= 1.0)
 
-    def histogram(self) -> RankHistogram:
+    def histogram(self, exact: bool = True) -> RankHistogram:
         """The synced sampled-rank histogram (:class:`~reco_sampled_plugin.RankHistogram`), pooled as configured,
-        carrying its design (None under a popularity design)."""
+        carrying its design (None under a popularity design). ``exact`` (default): an ``exact_at_cap`` design's
+        completed positives in exact groups at their exact ranks (as ``SampledRanks.histogram()``); False: at r~."""
+        exact = check_bool(exact, "exact")
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=True):
-            return self._histogram()[0]
+            return self._histogram(exact)[0]
 
     def _estimates(self, progress: bool | None | Callable[[Iterable], Iterable] = False) -> dict[str, Estimate]:
-        hist, pooled = self._histogram()
+        plain = self._histogram()
+        # exact_at_cap: the estimators that read exact groups get them (completed positives at R), the others r~
+        both = {False: plain, True: self._histogram(True) if self._at_cap else plain}
         settings = self.settings
         # the registry says which estimator takes which metric (hh: AUC only): the other pairs are not reported
         jobs: Iterable[tuple[str, registry.Method, str]] = [
@@ -1138,6 +1227,7 @@ class SampledRankingMetrics(_MergeChecked):
         popn = None
         for metric, method, label in jobs:
             key = f"{metric}/{label}"
+            hist, pooled = both[type(method).entry.exact_groups]
             if hist.n_groups == 0 or hist.total <= 0:  # nothing counted (no update, or every row dropped by keep)
                 out[key] = _empty_estimate(0.0, {"method": method.name, "metric": metric})
                 continue
