@@ -272,6 +272,26 @@ class RankHistogram:
         """The sampled (not exact) groups only."""
         return self.select(~self.exact)
 
+    def completed_as_sampled(self) -> "RankHistogram":
+        """The sampled view of an ``exact_at_cap`` histogram: each exact group's positives, completed because they
+        were still first at the cap, counted at r~ = 1 among the last stage's M draws in the sampled group (n, M), as a
+        method that reads sampled ranks alone takes them (itself without exact groups). A ValueError where the
+        design (:attr:`design`) has no cap: exact groups of full ranking have no sampled rank."""
+        if not self.has_exact:
+            return self
+        adaptive = None if self.design is None else getattr(self.design, "adaptive", None)
+        if adaptive is None or not getattr(self.design, "exact_at_cap", False):
+            raise ValueError("sample: the histogram has exact groups but no exact_at_cap design (its design: "
+                             f"{None if self.design is None else self.design.describe()}); exactly ranked positives "
+                             "without a cap have no sampled rank")
+        cap = int(adaptive.stages[-1])  # the last stage's draws (m 2^s <= adaptive_max)
+        done = self.exact_part()
+        firsts = np.zeros((done.n_groups, cap + 1))
+        firsts[:, 0] = done.totals
+        at_cap = RankHistogram._trusted(done.n_items.copy(), np.full(done.n_groups, cap, dtype=np.int64), firsts,
+                                        design=self.design)
+        return self.sampled_part().merge(at_cap)
+
     def concat(self, other: "RankHistogram") -> "RankHistogram":
         """The groups of both histograms side by side (this one's first; equal keys are not merged)."""
         if other.n_groups == 0 and other.share is None:

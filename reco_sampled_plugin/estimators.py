@@ -293,9 +293,7 @@ def estimate(
     law = "binomial" if design is None or popularity else design.law
     hist.check_nonempty(weights)
     if hist.has_exact and not entry.exact_groups:  # it would read an exact rank R as a sampled rank among n - 1
-        raise ValueError(f"sample: the histogram has exact groups (exact_at_cap), which method {entry.name!r} "
-                         f"cannot read; use one of {[e.name for e in registry.entries() if e.exact_groups]}, or "
-                         "the SampledRanks themselves (which give other methods the sampled ranks)")
+        hist = hist.completed_as_sampled()  # the completed positives at r~ = 1 among the cap's draws
     hist.check_support(law)  # every method: an r~ the design cannot produce is refused, not estimated from
     auto = None
     if entry.family == "auto":  # the registry's choice for this design and metric, run under its own name

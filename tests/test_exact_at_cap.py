@@ -319,3 +319,25 @@ def test_fit_of_exact_groups_does_not_flag_the_top_for_k_1():
     dist = rd.fit_rank_distribution(hist, registry.Mle(n_bootstrap=0))
     est = dist.metric("hit@1")
     assert "top_unresolved" not in est.flags
+
+
+@pytest.mark.parametrize("m,cap", [(4, 16), (3, 10)])  # the last stage 16; 6 (3 * 2 <= 10 < 3 * 4)
+def test_methods_of_sampled_ranks_read_the_completed_positives_at_the_cap(m, cap):
+    """A histogram with exact groups under an exact_at_cap design (the state of the Ray adapter, merged blocks):
+    a method that reads sampled ranks alone (``none``, the one that takes adaptive designs) takes each completed positive at r~ = 1 among the last
+    stage's draws, which is where the draws left it: the histogram equals ``histogram(exact=False)`` of the
+    SampledRanks, and the estimates equal theirs."""
+    design = SamplingDesign(m, adaptive_max=cap, exact_at_cap=True)
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randn(300, 200, generator=g)
+    pos = torch.stack([torch.randperm(200, generator=g)[:2] for _ in range(300)])
+    sampled = adaptive_sampled_ranks(scores, pos, design, generator=g)
+    hist = sampled.histogram(exact=True).with_design(design)
+    assert hist.has_exact and hist.exact_part().total > 10
+    view = hist.completed_as_sampled()
+    want = sampled.histogram(exact=False)
+    assert not view.has_exact and view.same_groups(want) and np.array_equal(view.flat_counts, want.flat_counts)
+    assert int(view.n_samples.max()) == int(design.adaptive.stages[-1])
+    for metric in ("ndcg@10", "auc"):
+        a, b = rsp.estimate(metric, hist, "none"), rsp.estimate(metric, sampled, "none")
+        assert (a.value, a.stderr) == (b.value, b.stderr)
