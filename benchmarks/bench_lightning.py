@@ -140,6 +140,17 @@ def _time(model, loader, make_callback) -> float:
     return time.perf_counter() - t
 
 
+def _profile_epoch(model, loader, make, sort: str, lines: int) -> str:
+    """cProfile of one validation epoch with the callback (``_time``), its ``lines`` heaviest rows by ``sort``."""
+    prof = cProfile.Profile()
+    prof.enable()
+    _time(model, loader, make)
+    prof.disable()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats(sort).print_stats(lines)
+    return "\n".join(ln for ln in out.getvalue().splitlines() if ln.strip())
+
+
 def measure(name: str, model, loader, make_callback, repeats: int, cb_model=None) -> dict:
     """``model`` scores (the plain run); ``cb_model`` (default ``model``) is the one run with the callback."""
     cb_model = model if cb_model is None else cb_model
@@ -242,14 +253,8 @@ def scale(args) -> list[dict]:
                     args.repeats, cb_model=factors)]
     if args.profile:
         for name, m in (("scores", model), ("factors", factors)):
-            prof = cProfile.Profile()
-            prof.enable()
-            _time(m, loader, make)
-            prof.disable()
-            out = io.StringIO()
-            pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(14)
             print(f"--- profile, one epoch with the callback, step returns {name} (sorted by own time)")
-            print("\n".join(ln for ln in out.getvalue().splitlines() if ln.strip())[:6000])
+            print(_profile_epoch(m, loader, make, "tottime", 14)[:6000])
     return rows
 
 
@@ -323,14 +328,8 @@ def ml100k(repeats: int, profile: bool) -> list[dict]:
     for label, sec in parts.seconds.items():
         print(f"  {label}: {sec / repeats * 1e3:.1f} ms ({sec / repeats / plain * 100:.0f}% of the plain epoch)")
     if profile:
-        prof = cProfile.Profile()
-        prof.enable()
-        _time(model, loader, make)
-        prof.disable()
-        out = io.StringIO()
-        pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(40)
         print("--- profile, one warm epoch with the callback (sorted by cumulative time)")
-        print("\n".join(ln for ln in out.getvalue().splitlines() if ln.strip())[:9000])
+        print(_profile_epoch(model, loader, make, "cumulative", 40)[:9000])
     return rows
 
 

@@ -59,6 +59,20 @@ def _metric(**kw):
     return SampledRankingMetrics(["ndcg@10", "hit@10"], DESIGN, estimators=["none", "auto", "diff"], seed=SEED, **kw)
 
 
+def _feed(metric, source: str, u: torch.Tensor, v: torch.Tensor, pos: torch.Tensor, ids: torch.Tensor) -> None:
+    """``metric`` updated in batches of 48 users from ``source``: score matrices, factors or a scorer of the pairs."""
+    scores = u @ v.T
+    for s in range(0, len(ids), 48):
+        sl = slice(s, s + 48)
+        if source == "scores":
+            metric.update(scores[sl], pos[sl], ids=ids[sl])
+        elif source == "factors":
+            metric.update_factors(u[sl], v, pos[sl], ids=ids[sl])
+        else:
+            metric.update_from_scorer(lambda us, items: scores[us - 1000].gather(1, items), pos[sl], N_ITEMS,
+                                      ids=ids[sl])
+
+
 @pytest.mark.parametrize("source", ["scores", "factors", "scorer", "scores-static", "factors-static"])
 def test_torchmetrics_share_equals_the_core(source, monkeypatch):
     """Every batch form gives the core's estimate: the same share rows and counts; to 1e-6 relative, since the
@@ -72,15 +86,7 @@ def test_torchmetrics_share_equals_the_core(source, monkeypatch):
     scores = u @ v.T
     core = _core(scores, pos, ids)
     metric = _metric()
-    for s in range(0, len(ids), 48):
-        sl = slice(s, s + 48)
-        if source == "scores":
-            metric.update(scores[sl], pos[sl], ids=ids[sl])
-        elif source == "factors":
-            metric.update_factors(u[sl], v, pos[sl], ids=ids[sl])
-        else:
-            metric.update_from_scorer(lambda us, items: scores[us - 1000].gather(1, items), pos[sl], N_ITEMS,
-                                      ids=ids[sl])
+    _feed(metric, source, u, v, pos, ids)
     est = metric.estimates()
     for metric_name in ("ndcg@10", "hit@10"):
         want = rsp.estimate(metric_name, core, "auto")
@@ -204,15 +210,7 @@ def test_torchmetrics_popularity_share_equals_the_core(source, monkeypatch):
     scores = u @ v.T
     core = _pop_core(scores, pos, ids)
     metric = _pop_metric()
-    for s in range(0, len(ids), 48):
-        sl = slice(s, s + 48)
-        if source == "scores":
-            metric.update(scores[sl], pos[sl], ids=ids[sl])
-        elif source == "factors":
-            metric.update_factors(u[sl], v, pos[sl], ids=ids[sl])
-        else:
-            metric.update_from_scorer(lambda us, items: scores[us - 1000].gather(1, items), pos[sl], N_ITEMS,
-                                      ids=ids[sl])
+    _feed(metric, source, u, v, pos, ids)
     state = metric.popularity_ranks()
     assert np.array_equal(canonical_rows(state), canonical_rows(core)) and 30 < int((state.share_ranks > 0).sum()) < 120
     est = metric.estimates()
