@@ -57,8 +57,9 @@ standard deviation of M(R) in [lo, hi] given the positive's sampled data (equal 
 resolved deep in the ranking get the floor, those in the first bin the most), c set so the mean of pi is the share.
 
 Layers: the share's data and its keyed choice given pi are ``_share.py`` (below the draws and the fits); this module
-holds the fit's side (the predictions, pi of an active share: :class:`ShareTable`, :func:`share_inclusion`, the
-estimator), above the fits and below the draws, which call :func:`draw_share` once phase 1 is drawn.
+holds the fit's side (the predictions, pi of an active share: :class:`ShareTable`, :func:`share_inclusion`,
+:class:`KeyedInclusion`, the estimator), above the fits and below the draws, which call :func:`draw_share` once
+phase 1 is drawn.
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ if TYPE_CHECKING:
     from ._types import TensorLike
 
 __all__ = ["difference_estimate", "inclusion_probabilities", "predictions", "share_inclusion", "ShareTable",
-           "draw_share", "estimate_design_based", "paired_difference_by_design", "estimate_by_design", "COEFS",
-           "FEW_EXACT"]
+           "KeyedInclusion", "draw_share", "estimate_design_based", "paired_difference_by_design",
+           "estimate_by_design", "COEFS", "FEW_EXACT"]
 
 #: The choices of lambda in (1): the PPI++ variance-optimal value (3), clipped to [0, 1], or 1.
 COEFS = ("tuned", "one")
@@ -336,11 +337,73 @@ class ShareTable:
         return self.lookup(_host(sampled.candidates()[valid]), m_v, _host(sampled.ranks[valid]))
 
 
+@dataclasses.dataclass(frozen=True)
+class KeyedInclusion:
+    """An exact share's inclusion probabilities per positive, keyed by (row key, item): pi of every positive of a
+    whole sample, computed once where pi is not a function of a cell (an active share under a popularity design:
+    :func:`share_inclusion` on the whole sample, ``pl_fit``'s predictions), read back by the positives when they are
+    drawn again on the same keys (the Ray adapter's pass 2, :meth:`inclusion`). Its size is the number of distinct
+    positives (16 bytes each), where :class:`ShareTable`'s is the histogram's.
+
+    keys: sorted distinct int64 keys row_key * width + item; pi: float64 per key; width: the items' range (the
+    catalogue size: items 0..width - 1)."""
+
+    keys: np.ndarray
+    pi: np.ndarray
+    width: int
+
+    @classmethod
+    def of(cls, row_keys: np.ndarray, items: np.ndarray, pi: np.ndarray, width: int) -> "KeyedInclusion":
+        """The table of the positives (N,) with row keys ``row_keys`` (the draws' keys: user ids), ``items`` in
+        0..``width`` - 1 and inclusion probabilities ``pi``; a ValueError where one (row key, item) has two
+        different pi (two rows with one key held that item with other data: the draws cannot tell them apart)."""
+        keys = _positive_keys(row_keys, items, width)
+        order = np.argsort(keys, kind="stable")
+        keys, pi = keys[order], np.asarray(pi, dtype=np.float64)[order]
+        same = keys[1:] == keys[:-1]
+        if bool((same & (pi[1:] != pi[:-1])).any()):
+            raise ValueError("inclusion: one (row key, item) holds positives of different sampled data (one user id "
+                             "on several rows with the same held-out item): key each row by its own id")
+        keep = np.concatenate([[True], ~same])
+        return cls(keys[keep], pi[keep], int(width))
+
+    def lookup(self, row_keys: np.ndarray, items: np.ndarray) -> np.ndarray:
+        """pi of the positives keyed by ``row_keys`` and ``items`` (integer arrays of one shape); a ValueError where
+        a positive is not in the table (not a positive of the sample it was built from)."""
+        key = _positive_keys(row_keys, items, self.width)
+        if key.size == 0:
+            return np.zeros(0)
+        at = np.minimum(np.searchsorted(self.keys, key), max(len(self.keys) - 1, 0))
+        if not len(self.keys) or not bool(np.equal(self.keys[at], key).all()):
+            raise ValueError("inclusion: a positive is not in the share's table (its row and item were not among "
+                             "those the table was built from: the same rows, seed and design are needed)")
+        return self.pi[at]
+
+    def inclusion(self, sampled: SampledRanks, row_keys: torch.Tensor, pos: torch.Tensor) -> np.ndarray:
+        """pi of every positive of ``sampled`` (``ranks > 0``, row-major), read by its row's key (``row_keys``
+        (B,)) and its item (``pos`` (B, P)): :meth:`lookup`."""
+        valid = sampled.ranks > 0
+        return self.lookup(_host(row_keys.view(-1, 1).expand(pos.shape)[valid]), _host(pos[valid]))
+
+
+def _positive_keys(row_keys: np.ndarray, items: np.ndarray, width: int) -> np.ndarray:
+    """int64 keys row_key * width + item (one per positive: distinct for distinct (row key, item) with items in
+    0..width - 1); a ValueError for an item outside that range or a row key too large to key."""
+    r, i = np.asarray(row_keys).astype(np.int64), np.asarray(items).astype(np.int64)
+    if i.size and (int(i.min()) < 0 or int(i.max()) >= width):
+        raise ValueError(f"items: expected item indices in 0..{width - 1} to key the share's table")
+    if r.size and int(np.abs(r).max()) >= np.iinfo(np.int64).max // width - 1:
+        raise ValueError("row_keys: ids too large to key the share's table (|id| x n_items above 2**63)")
+    return r * width + i
+
+
 def share_inclusion(sampled: SampledRanks, share: ExactShare) -> np.ndarray:
     """pi of every positive of ``sampled`` (``ranks > 0``, row-major) under ``share``, its design's exact share:
     ``share.share`` each for a uniform share; for an active one (phase 2 of the two-phase design: it reads phase 1's
     sampled ranks) the positives read in the :class:`ShareTable` of ``sampled``'s histogram, or under a popularity
-    design :func:`inclusion_probabilities` of ``pl_fit``'s per-positive predictions."""
+    design :func:`inclusion_probabilities` of ``pl_fit``'s per-positive predictions, fitted on the positives in one
+    canonical order (:func:`_canonical_positives`): each positive's pi is the same bits in any order of the
+    positives, so any process that holds the whole sample finds it (the Ray adapter's :class:`KeyedInclusion`)."""
     from .metric_names import parse_metric
     from .metrics import metric_bounds
 
@@ -351,8 +414,32 @@ def share_inclusion(sampled: SampledRanks, share: ExactShare) -> np.ndarray:
     if design is None or design.popularity is None:
         return ShareTable.of(sampled.histogram(exact=False), share, design).inclusion(sampled)
     spec = parse_metric(share.metric)
-    f, _ = predictions(spec, sampled)
+    ordered, order = _canonical_positives(sampled)
+    f_ordered, _ = predictions(spec, ordered)
+    f = np.empty(len(order))
+    f[order] = f_ordered
     return inclusion_probabilities(share, f, metric_bounds(spec, sampled.candidates()[valid]))
+
+
+def _canonical_positives(sampled: SampledRanks) -> tuple[SampledRanks, np.ndarray]:
+    """(the positives of popularity-sampled ``sampled`` (``ranks > 0``, row-major) as one 1-D sample sorted by every
+    column of their data (r~, n, the :class:`~reco_sampled_plugin._popularity.PopularityStats` fields), order):
+    entry k of the sorted sample is positive ``order[k]``. Equal positives are interchangeable, so the sorted sample
+    is the same bits whatever the positives' order (pl_fit's sums then are too)."""
+    from ._sampled import SampledRanks
+
+    valid = sampled.ranks > 0
+    assert sampled.popularity_stats is not None, "share_inclusion: popularity draws with replacement carry statistics"
+    st = sampled.popularity_stats.select(valid)
+    n = sampled.candidates()[valid]
+    scalars = [sampled.ranks[valid], n, st.beating, st.inv_q, st.inv_q2, st.unreachable, st.positive_weight]
+    cols = [torch.stack([c.to(torch.float64) for c in scalars if c is not None], 1)]
+    cols += [c.to(torch.float64) for c in (st.profile, st.beat_bins, st.miss_bins) if c is not None]
+    table = _host(torch.cat(cols, 1))
+    order = np.lexsort(table.T[::-1])  # the first column first
+    at = torch.as_tensor(order, device=valid.device)
+    return SampledRanks(sampled.ranks[valid][at], n[at], None, sampled.design,
+                        popularity_stats=st.select(at)), order
 
 
 def draw_share(sampled: SampledRanks, row_keys: torch.Tensor, pos: torch.Tensor,

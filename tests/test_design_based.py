@@ -8,6 +8,7 @@ chosen positives against ``exact_ranks`` of the score matrix.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -17,7 +18,7 @@ import torch
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin import registry
-from reco_sampled_plugin._design_based import (ShareTable, _posterior_means, difference_estimate,
+from reco_sampled_plugin._design_based import (KeyedInclusion, ShareTable, _posterior_means, difference_estimate,
                                                inclusion_probabilities, model_fit, paired_difference_by_design,
                                                predictions, share_inclusion)
 from reco_sampled_plugin._rank_hist import metric_at
@@ -176,6 +177,49 @@ def test_share_table_is_the_positives_inclusion(adaptive):
             table.lookup(*(np.array([v]) for v in cell))
     with pytest.raises(ValueError, match="^share: a table is of an active share"):
         ShareTable.of(sample.histogram(exact=False), ExactShare(0.2), design)
+
+
+def test_popularity_active_inclusion_is_order_free_and_keyed():
+    """An active share under a popularity design: ``share_inclusion`` gives each positive inclusion_probabilities of
+    its own pl_fit prediction (to 1e-12 of the fit on the row-major order: pl_fit's sums in another order), the same
+    bits with the rows shuffled (the fit reads the positives in one canonical order), with the share's mean; the
+    KeyedInclusion of those pi gives each positive's back by (row key, item) in any row order, and refuses a positive
+    it does not hold, an item outside the catalogue, a key too large and one key with two different pi."""
+    g = torch.Generator().manual_seed(8)
+    b, n = 30, 80  # pl_fit's cost grows with the catalogue and the positives
+    scores = torch.randn(b, n, generator=g, dtype=torch.float64)
+    pos = torch.stack([torch.randperm(n, generator=g)[:2] for _ in range(b)])
+    pos[::4, 1] = -1
+    share = ExactShare(0.3, choice="active", metric="hit@10", seed=1)
+    design = SamplingDesign(20, popularity=torch.linspace(0.5, 3.0, n, dtype=torch.float64), exact_share=share)
+    phase1 = rsp.sampled_ranks(scores, pos, dataclasses.replace(design, exact_share=None), generator=g)
+    sample = dataclasses.replace(phase1, design=design)
+    spec, valid = parse_metric("hit@10"), sample.ranks > 0
+    pi = share_inclusion(sample, share)
+    assert len(np.unique(pi)) > 5 and pi.mean() == pytest.approx(0.3, abs=1e-9)
+    f, _ = predictions(spec, sample)
+    np.testing.assert_allclose(pi, inclusion_probabilities(share, f, metric_bounds(spec, sample.candidates()[valid])),
+                               rtol=1e-12, atol=0)
+    perm = torch.randperm(b, generator=g)
+    shuffled = dataclasses.replace(sample, ranks=sample.ranks[perm], n_candidates=sample.n_candidates[perm],
+                                   negatives=None, popularity_stats=sample.popularity_stats.select(perm))
+    full = np.zeros(valid.shape)
+    full[valid.numpy()] = pi
+    want = full[perm.numpy()][valid[perm].numpy()]
+    assert np.array_equal(share_inclusion(shuffled, share), want)
+    users = torch.arange(b) * 7 - 50  # row keys: any int64 ids
+    table = KeyedInclusion.of(users.view(-1, 1).expand(pos.shape)[valid].numpy(), pos[valid].numpy(), pi, n)
+    assert np.array_equal(table.inclusion(shuffled, users[perm], pos[perm]), want) and len(table.keys) == len(pi)
+    with pytest.raises(ValueError, match="^inclusion: a positive is not in the share's table"):
+        table.lookup(np.array([-49]), np.array([0]))
+    with pytest.raises(ValueError, match=r"^items: expected item indices in 0\.\.79"):
+        table.lookup(np.array([-50]), np.array([n]))
+    with pytest.raises(ValueError, match="^row_keys: ids too large"):
+        KeyedInclusion.of(np.array([2**62]), np.array([0]), np.array([0.5]), n)
+    with pytest.raises(ValueError, match=r"^inclusion: one \(row key, item\) holds positives of different"):
+        KeyedInclusion.of(np.array([3, 3]), np.array([1, 1]), np.array([0.5, 0.25]), n)
+    twice = KeyedInclusion.of(np.array([3, 3, 2]), np.array([1, 1, 1]), np.array([0.5, 0.5, 0.25]), n)
+    assert twice.keys.tolist() == [2 * n + 1, 3 * n + 1] and twice.pi.tolist() == [0.25, 0.5]
 
 
 # ------------------------------------------------------------------------------------------ simulation

@@ -25,6 +25,7 @@ from reco_sampled_plugin._hash import keyed_uniform
 from reco_sampled_plugin._keyed import MatrixScores, RowKeys, keyed_ranks
 from reco_sampled_plugin.adapters import torchmetrics as tm
 from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+from reco_sampled_plugin.adapters._shared import RankingSettings
 from reco_sampled_plugin.design import ExactShare, SamplingDesign
 from reco_sampled_plugin.factors import evaluate_factors
 from reco_sampled_plugin.ranking import exact_ranks_padded, padded_candidate_counts
@@ -265,9 +266,12 @@ def test_torchmetrics_share_refusals():
         _ = SampledRankingMetrics("ndcg@10", SamplingDesign(M, exact_share=ExactShare(0.2, choice="active")))
     w = torch.ones(N_ITEMS, dtype=torch.float64)
     active = SamplingDesign(M, popularity=w, exact_share=ExactShare(0.2, choice="active"))
-    with pytest.raises(ValueError, match=r"^n_samples: an active exact share \(choice='active'\) with a popularity "
-                                         r"design .* its own pl_fit prediction.* a uniform exact share"):
-        _ = SampledRankingMetrics("ndcg@10", active)
+    for build in (lambda: SampledRankingMetrics("ndcg@10", active), lambda: RankingSettings(n_samples=active)):
+        with pytest.raises(ValueError, match=r"^n_samples: an active exact share \(choice='active'\) with a "
+                                             r"popularity design .* its own pl_fit prediction.* the Ray adapter "
+                                             r"\(adapters\.ray\.evaluate_dataset: two passes\) and the core .* take "
+                                             r"it; a uniform exact share"):
+            build()  # the torchmetrics class, and the settings of the Lightning callback
     with pytest.raises(ValueError, match="^n_samples: an exact share with popularity draws without replacement"):
         _ = SampledRankingMetrics("ndcg@10", SamplingDesign(M, popularity=w, replacement=False,
                                                              exact_share=ExactShare(0.2)))

@@ -23,7 +23,7 @@ import ray
 
 from _popularity_helpers import canonical_rows
 from reco_sampled_plugin import SamplingDesign
-from reco_sampled_plugin._design_based import ShareTable
+from reco_sampled_plugin._design_based import KeyedInclusion, ShareTable
 from reco_sampled_plugin.design import ExactShare
 
 N_ITEMS, N_USERS = 150, 90
@@ -73,12 +73,13 @@ def _table(rows, lo: int = 0, hi: int = N_USERS) -> pa.Table:
 
 def _blocks_state(rows, design, cuts, order=None, share=None) -> "rr.EvaluationState":
     """The state of the rows ranked in the blocks between ``cuts``, merged in ``order``. An active share over
-    several blocks: evaluate_dataset's two passes (pass 1 without the share, its merged histogram tabulated, pass 2
-    with the table); over one block (no cuts), the core's own choice on the whole sample (``draw_share``)."""
+    several blocks: evaluate_dataset's two passes (pass 1 without the share, its merged state turned into the
+    share's pi, ``EvaluationState.share_table``, pass 2 with that table); over one block (no cuts), the core's own
+    choice on the whole sample (``draw_share``)."""
     active = design is not None and design.exact_share is not None and design.exact_share.choice == "active"
     if active and cuts and share is None:
         first = _blocks_state(rows, dataclasses.replace(design, exact_share=None), cuts, order)
-        return _blocks_state(rows, design, cuts, order, ShareTable.of(first.hist, design.exact_share, design))
+        return _blocks_state(rows, design, cuts, order, first.share_table(design, N_ITEMS))
     scorer, cpu = Factory()(torch.device("cpu")), torch.device("cpu")
     bounds = list(zip([0, *cuts], [*cuts, N_USERS]))
     states = [rr.rank_block(scorer, *rr.batch_tensors(_table(rows, lo, hi), rr.Columns(), N_ITEMS, cpu), N_ITEMS,
@@ -99,6 +100,8 @@ DESIGNS = {
     "exact_share": SamplingDesign(12, exact_share=ExactShare(0.4, seed=3)),
     "popularity_share": SamplingDesign(12, popularity=torch.linspace(0.5, 3.0, N_ITEMS, dtype=torch.float64),
                                        exact_share=ExactShare(0.4, seed=3)),
+    "popularity_active_share": SamplingDesign(12, popularity=torch.linspace(0.5, 3.0, N_ITEMS, dtype=torch.float64),
+                                              exact_share=ExactShare(0.3, choice="active", metric="hit@5", seed=3)),
     "active_share": SamplingDesign(12, exact_share=ExactShare(0.3, choice="active", metric="hit@5", seed=3)),
     "adaptive_active_share": SamplingDesign(8, adaptive_max=32, exact_share=ExactShare(0.3, choice="active", seed=3)),
     "exact": None,  # exact ranks: every candidate scored
@@ -110,6 +113,7 @@ METHODS = {"uniform": (("ndcg@10", "auto"), ("hit@5", "bv")), "without_replaceme
            "adaptive_exact_at_cap": (("ndcg@10", "auto"), ("hit@5", "mle")),
            "exact_share": (("ndcg@10", "auto"), ("ndcg@10", "diff")), "active_share": (("hit@5", "diff"),),
            "popularity_share": (("ndcg@10", "auto"), ("auc", "hh")),
+           "popularity_active_share": (("hit@5", "diff"), ("ndcg@10", "auto")),
            "adaptive_active_share": (("ndcg@10", "auto"), ("hit@5", "diff")),
            "exact": (("ndcg@10", "auto"), ("hit@5", "mle"))}
 
@@ -123,7 +127,8 @@ def test_blocks_and_merge_order_do_not_change_the_numbers(name):
     """Every design: one block, three uneven blocks merged in another order, and eleven blocks give the same sample
     and the same estimates bit for bit; the pairs scored add up (a completion pads only within its block); the
     users are counted once. An exact share: the same share rows (chosen positives, exact ranks, inclusion
-    probabilities) bit for bit; an active one drawn in two passes equals the core's choice on the whole sample."""
+    probabilities) bit for bit; an active one drawn in two passes equals the core's choice on the whole sample (under
+    a popularity design: pi of each positive's pl_fit prediction, broadcast keyed by (user, item))."""
     design, rows = DESIGNS[name], _rows()
     one = _blocks_state(rows, design, [])
     ev_one = rr.Evaluation(one, design)
@@ -144,10 +149,12 @@ def test_blocks_and_merge_order_do_not_change_the_numbers(name):
         if design is not None and design.exact_share is not None and design.popularity is not None:  # per positive
             assert torch.equal(a.share_ranks, b.share_ranks) and torch.equal(a.inclusion, b.inclusion)
             assert 0 < int((a.share_ranks > 0).sum()) < len(a.ranks)
+            pi = a.inclusion.numpy()
         elif design is not None and design.exact_share is not None:
             assert a.share.equals(b.share) and len(a.share.n) > 0
-            if design.exact_share.choice == "active":  # probabilities that vary with the sampled data
-                assert len(np.unique(a.share.inclusion)) > 3
+            pi = a.share.inclusion
+        if design is not None and design.exact_share is not None and design.exact_share.choice == "active":
+            assert len(np.unique(pi)) > 3  # probabilities that vary with the sampled data
         if design is not None and not design.exact_at_cap and design.exact_share is None:  # no completion padding
             assert split.cost.pairs == one.cost.pairs and split.cost.full_pairs == one.cost.full_pairs
     if design is None:  # against brute force on the score matrix: R = 1 + candidates scoring above the positive
@@ -213,9 +220,10 @@ def test_state_equals_the_torchmetrics_scorer_loop(name):
 
 def test_batches_designs_and_versions_are_checked():
     """Rows: a list column with null lists, or one scalar held-out item per row, become padded indices; a held-out
-    item also excluded is refused. Designs: an active exact share with popularity draws is refused naming
-    ``n_samples``, the uniform share as what works (so is a share with popularity draws without replacement);
-    an active share is taken, and its table refuses a positive it does not hold (pass 2 on other rows than pass 1). Versions: a Ray older than MIN_RAY is an ImportError that says what to install."""
+    item also excluded is refused. Designs: an active exact share is taken, with popularity draws too; a share with
+    popularity draws without replacement is refused naming ``n_samples``; an active share's table (by cell, or by
+    (user, item) under a popularity design) refuses a positive it does not hold (pass 2 on other rows than pass 1).
+    Versions: a Ray older than MIN_RAY is an ImportError that says what to install."""
     cpu = torch.device("cpu")
     t = pa.table({"user": [4, 9, 2], "items": pa.array([[3, 1], [5], [7, 8, 0]], pa.list_(pa.int64())),
                   "exclude": pa.array([None, [2, 6], []], pa.list_(pa.int64()))}).slice(1)  # sliced: offsets != 0
@@ -228,21 +236,25 @@ def test_batches_designs_and_versions_are_checked():
         rr.batch_tensors(pa.table({"user": [1], "items": [[3]], "exclude": [[3]]}), rr.Columns(), 10, cpu)
     active = SamplingDesign(5, exact_share=ExactShare(0.3, choice="active"))
     assert rr.check_design(active) is active
-    with pytest.raises(ValueError, match=r"^n_samples: an active exact share \(choice='active'\) with a popularity "
-                                         r"design is not supported by the Ray adapter.* pl_fit prediction.* a "
-                                         r"uniform exact share \(ExactShare\(share\)\) with this popularity design "
-                                         r"is supported"):
-        rr.check_design(dataclasses.replace(active, popularity=torch.ones(10)))
-    with pytest.raises(ValueError, match="^n_samples: an exact share with popularity draws without replacement"):
-        rr.check_design(dataclasses.replace(active, popularity=torch.ones(10), replacement=False,
-                                            exact_share=ExactShare(0.3)))
-    assert rr.check_design(DESIGNS["popularity_share"]) is DESIGNS["popularity_share"]
+    for name in ("popularity_share", "popularity_active_share"):
+        assert rr.check_design(DESIGNS[name]) is DESIGNS[name]
+    for share in (ExactShare(0.3), ExactShare(0.3, choice="active")):
+        with pytest.raises(ValueError, match="^n_samples: an exact share with popularity draws without replacement"):
+            rr.check_design(dataclasses.replace(active, popularity=torch.ones(10), replacement=False,
+                                                exact_share=share))
     design = DESIGNS["active_share"]
     first = _blocks_state(_rows(), dataclasses.replace(design, exact_share=None), [45])
     table = ShareTable.of(first.hist, design.exact_share, design)
     other = rr.batch_tensors(_table(_rows(5)), rr.Columns(), N_ITEMS, cpu)
     with pytest.raises(ValueError, match="inclusion: a positive's sampled data is not in the share's table"):
         rr.rank_block(Factory()(cpu), *other, N_ITEMS, design, seed=11, share=table)
+    users, pos, _ = other  # a table of other positives than these (one of them: no fit needed)
+    keyed = KeyedInclusion.of(np.array([int(users[0]) + N_USERS]), np.array([int(pos[0, 0])]), np.array([0.5]),
+                              N_ITEMS)
+    with pytest.raises(ValueError, match="^inclusion: a positive is not in the share's table"):
+        rr.rank_block(Factory()(cpu), *other, N_ITEMS, DESIGNS["popularity_active_share"], seed=11, share=keyed)
+    with pytest.raises(ValueError, match="^dataset: no held-out item was ranked"):
+        rr.EvaluationState().share_table(DESIGNS["popularity_active_share"], N_ITEMS)
     saved = ray.__version__
     try:
         ray.__version__ = "2.6.3"

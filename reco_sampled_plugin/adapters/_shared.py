@@ -75,9 +75,9 @@ class RankingSettings:
             exact_at_cap=True)`` also ranks the positives still first at the cap exactly (kept one row each: their
             n and exact rank R). A uniform exact share (``SamplingDesign(m, exact_share=ExactShare(s))``,
             popularity draws with replacement included; not ``choice="active"``, not popularity draws without
-            replacement: :func:`check_share_design`) also ranks the keyed share of the positives exactly; ``auto``
-            (and ``diff``) then give the design-based estimate (under a popularity design from ``pl_fit``'s
-            predictions).
+            replacement: :func:`check_share_design`; the Ray adapter and the core take an active share) also ranks
+            the keyed share of the positives exactly; ``auto`` (and ``diff``) then give the design-based estimate
+            (under a popularity design from ``pl_fit``'s predictions).
         estimators: the estimators run on the sampled ranks, each a registered name (``registry.names()``) or a
             method object with its options (``registry.Bv(gamma=0.2)``, ``Mes(n_bootstrap=8)``: checked when
             built), whose entry supports the design; ``"none"`` is the plain sampled metric. Each is reported under
@@ -174,22 +174,24 @@ def _sampled_design(n_samples: Any) -> SamplingDesign | None:
 
 
 def check_share_design(design: SamplingDesign, name: str, who: str, instead: str, *, active: bool = False) -> None:
-    """The exact shares a streaming adapter (``who``: the torchmetrics class, the Ray adapter) draws: uniform ones,
-    with any design, popularity draws with replacement included (their pl_fit statistics are per positive, the share's
-    exact rank and pi travel in the same row); a ValueError naming ``name`` for an active share (its pi is a fit of
-    the whole sample: with a popularity design each positive's pl_fit prediction, which no table of (n, m, r~) cells
-    holds) and for popularity draws without replacement (only ``none`` estimates them, which reads no share).
-    ``instead``: what to call instead; ``active``: the adapter takes an active share of a uniform-law or adaptive
-    design (two passes over the data: the Ray adapter), else it is refused too."""
+    """The exact shares an adapter (``who``: the torchmetrics class, the Ray adapter) draws: uniform ones, with any
+    design, popularity draws with replacement included (their pl_fit statistics are per positive, the share's exact
+    rank and pi travel in the same row); a ValueError naming ``name`` for popularity draws without replacement (only
+    ``none`` estimates them, which reads no share) and, unless ``active`` (the adapter makes two passes over the data,
+    pass 1 for the fit of the whole sample that sets pi: the Ray adapter), for an active share (one streaming pass
+    does not hold that fit while it counts; with a popularity design each positive's pi is its own pl_fit prediction,
+    not a function of its (n, m, r~) cell). ``instead``: what to call instead."""
     share = design.exact_share
     if share is None:
         return
-    if share.choice != "uniform" and design.popularity is not None:
+    if share.choice != "uniform" and not active and design.popularity is not None:
         raise ValueError(f"{name}: an active exact share (choice='active') with a popularity design is not "
                          f"supported by {who}: each positive's inclusion probability would depend on its own pl_fit "
-                         "prediction, fitted on the whole sample, not only on its (n, m, r~) cell, so no table of "
-                         "cells (_design_based.ShareTable) can carry it to the batches; a uniform exact share "
-                         f"(ExactShare(share)) with this popularity design is supported; or {instead}")
+                         "prediction, fitted on the whole sample, which one streaming pass does not hold while it "
+                         "counts (nor can a table of (n, m, r~) cells carry it to the batches); the Ray adapter "
+                         "(adapters.ray.evaluate_dataset: two passes) and the core (sampled_ranks or "
+                         "sampled_ranks_from_scorer, then estimate(metric, sampled)) take it; a uniform exact share "
+                         f"(ExactShare(share)) with this popularity design is supported here; or {instead}")
     if share.choice != "uniform" and not active:  # pi would need a fit of every batch's sampled ranks
         raise ValueError(f"{name}: an active exact share (choice='active') sets each positive's probability from "
                          "the model's fit of the whole sample, which a streaming metric does not hold while it "

@@ -11,24 +11,29 @@ them, the scoring cost), the blocks' states are added by Ray's aggregation (``Da
 estimates from the merged state with the core's ``estimate``.
 
 Designs: uniform or popularity (each with or without replacement), adaptive (``exact_at_cap`` too), a uniform or an
-active exact share, a uniform exact share with popularity draws with replacement (``diff`` on ``pl_fit``'s
-predictions, as the core), and exact ranks (``n_samples=None``: each row's whole candidate list scored)
-(:func:`check_design`; an active share with popularity draws is refused: its pi is not a function of a cell).
+active exact share, with popularity draws with replacement too (``diff`` on ``pl_fit``'s predictions, as the core),
+and exact ranks (``n_samples=None``: each row's whole candidate list scored) (:func:`check_design`; a share with
+popularity draws without replacement is refused, as everywhere: only ``none`` estimates those).
 
 An active share is phase 2 of a two-phase design: its inclusion probabilities pi come from the model fitted on every
-positive's sampled ranks, so it takes two passes over the dataset. Pass 1 draws without the share; its merged
-histogram is the whole sample's, and pi is a function of a positive's (n, m, r~) and of that histogram alone: the
-driver builds the core's table of pi over the histogram's occupied cells (``_design_based.ShareTable``, the one
-computation of an active share's pi, the histogram's size whatever the number of users). Pass 2 draws the same keyed
-ranks again, reads each positive's pi in the table, makes the core's keyed choice (``_share.choose_share``) and
-completes the chosen rows; the cost counts both passes.
+positive's sampled ranks, so it takes two passes over the dataset. Pass 1 draws without the share; its merged state
+is the whole sample's, from which the driver computes pi once (:meth:`EvaluationState.share_table`) and broadcasts
+it to the actors: under a uniform-law or adaptive design pi is a function of a positive's (n, m, r~) and of the
+histogram alone, so the driver builds the core's table of pi over the histogram's occupied cells
+(``_design_based.ShareTable``, the histogram's size whatever the number of users); under a popularity design pi is
+each positive's own (``pl_fit``'s prediction from its statistics), so the driver computes every positive's pi with the
+core's ``share_inclusion`` on the merged sample and keys it by (user, item) (``_design_based.KeyedInclusion``: one
+int64 key and one float64 pi per positive, 16 bytes each, smaller than the per-positive rows pass 1 already brought
+to the driver). Pass 2 draws the same keyed ranks again, reads each positive's pi in the table, makes the core's keyed
+choice (``_share.choose_share``) and completes the chosen rows; the cost counts both passes.
 
 State size: the histogram holds at most (distinct candidate counts) x (m + 1) counts whatever the number of users
 (an adaptive design: one row per stage; exact ranks and ``exact_at_cap``: n counts per distinct n of an exactly
 ranked positive).
 Popularity designs with replacement keep one row per positive (the Hansen-Hurwitz and ``pl_fit`` statistics are per
-positive; a uniform exact share adds its exact rank and pi to each row), an exact share of another design one row per
-chosen positive: those grow with the users (docs/guides/scale.md). Popularity
+positive; an exact share adds its exact rank and pi to each row, and an active one broadcasts 16 bytes per positive
+to every actor for pass 2), an exact share of another design one row per chosen positive: those grow with the users
+(docs/guides/scale.md). Popularity
 without replacement keeps the histogram alone (no per-draw statistics exist there, as in the core).
 
 Versions: Ray Data with ``AggregateFnV2`` (:data:`MIN_RAY`). RecBole 1.2.1 pins ``ray<=2.6.3``, which does not import
@@ -47,7 +52,7 @@ import numpy as np
 import torch
 
 from reco_sampled_plugin._checks import check_int, check_size
-from reco_sampled_plugin._design_based import ShareTable, draw_share
+from reco_sampled_plugin._design_based import KeyedInclusion, ShareTable, draw_share, share_inclusion
 from reco_sampled_plugin._keyed import RowKeys, ScorerScores, keyed_adaptive_ranks, keyed_ranks
 from reco_sampled_plugin._options import check_bool, check_seed
 from reco_sampled_plugin._popularity import PopularityStats
@@ -96,6 +101,11 @@ logger = logging.getLogger(__name__)
 #: a scorer factory: ``factory(device) -> scorer``, called once per actor (module-level or picklable)
 ScorerFactory = Callable[[torch.device], Scorer]
 
+#: what pass 2 of an active exact share reads each positive's pi in (:meth:`EvaluationState.share_table`)
+InclusionTable = ShareTable | KeyedInclusion
+
+_EMPTY = "dataset: no held-out item was ranked (an empty dataset, or rows without items)"
+
 
 @dataclass(frozen=True)
 class Columns:
@@ -137,7 +147,7 @@ class EvaluationState:
         """What ``estimate(metric, sample, method)`` takes: the histogram under ``design`` (with its exact share's
         rows), or the popularity design's :class:`~reco_sampled_plugin.ranking.SampledRanks` (with replacement:
         per-positive rows in (user, item) order; without: the histogram's positives, ``ranks_of_histogram``)."""
-        order = np.lexsort((self.rows["item"], self.rows["user"])) if self.rows else None
+        order = self._order()
         r = {k: v[order] for k, v in self.rows.items()}
         if design is not None and design.popularity is not None and design.replacement:
             t = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in r.items()}
@@ -146,7 +156,7 @@ class EvaluationState:
             return SampledRanks(t["ranks"], t["n"], None, design, popularity_stats=stats,
                                 share_ranks=t.get("share_ranks"), inclusion=t.get("inclusion"))
         if self.hist is None:
-            raise ValueError("dataset: no held-out item was ranked (an empty dataset, or rows without items)")
+            raise ValueError(_EMPTY)
         if design is not None and design.popularity is not None:
             return ranks_of_histogram(self.hist, design)
         hist = self.hist.with_design(design)
@@ -155,6 +165,30 @@ class EvaluationState:
         cols = {k: r[k] if r else np.zeros(0, dtype=np.int64 if k in ("n", "m") else np.float64)
                 for k in ("n", "m", "sampled", "exact", "inclusion", "weight")}
         return hist.with_share(ShareRows(**cols, census=self.census))
+
+    def _order(self) -> np.ndarray | None:
+        """The rows' (user, item) order (None without rows): the one order of :meth:`sample` whatever the blocks."""
+        return np.lexsort((self.rows["item"], self.rows["user"])) if self.rows else None
+
+    def share_table(self, design: SamplingDesign, n_items: int) -> InclusionTable:
+        """What pass 2 of ``design``'s active exact share reads pi in, from this state, pass 1's merged state (the
+        whole sample drawn under ``design`` without its share; items in 0..``n_items`` - 1): the histogram's
+        ``ShareTable``, or under a popularity design with replacement every positive's pi (the core's
+        ``share_inclusion`` on the merged sample) keyed by (user, item): a ``KeyedInclusion`` of one entry per
+        positive."""
+        share = design.exact_share
+        assert share is not None and share.choice == "active", "share_table: a design with an active exact share"
+        if design.popularity is None:
+            if self.hist is None:
+                raise ValueError(_EMPTY)
+            return ShareTable.of(self.hist, share, design)
+        if not self.rows:
+            raise ValueError(_EMPTY)
+        sample = self.sample(design)
+        assert isinstance(sample, SampledRanks)
+        order = self._order()
+        return KeyedInclusion.of(self.rows["user"][order], self.rows["item"][order], share_inclusion(sample, share),
+                                 n_items)
 
     def nbytes(self) -> int:
         """The pickled size of this state in bytes: what a block sends and the driver holds."""
@@ -165,10 +199,9 @@ class EvaluationState:
 def check_design(n_samples: Any) -> SamplingDesign | None:
     """The design a Ray evaluation draws (keyed draws): uniform or popularity, each with or without replacement,
     adaptive (``exact_at_cap`` too), a uniform or active exact share (active: two passes,
-    ``_design_based.ShareTable``), a uniform one with popularity draws with replacement (one pass: each positive's
-    row holds its exact rank and pi beside its pl_fit statistics); refused (``_shared.check_share_design``): an
-    active share with popularity draws (pi would be each positive's pl_fit prediction's, which no table of cells
-    holds) and a share with popularity draws without replacement; None: exact ranks (every candidate scored)."""
+    :meth:`EvaluationState.share_table`), with popularity draws with replacement too (each positive's row holds its
+    exact rank and pi beside its pl_fit statistics); refused (``_shared.check_share_design``): a share with
+    popularity draws without replacement; None: exact ranks (every candidate scored)."""
     design = as_design(n_samples)
     if design is None:
         return None
@@ -198,13 +231,14 @@ def _exact_state(calls: ScorerCalls, users: torch.Tensor, pos: torch.Tensor, exc
 def rank_block(scorer: Scorer, users: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
                design: SamplingDesign | None, *, seed: int, ties: str = "pessimistic",
                max_pairs: int = DEFAULT_MAX_PAIRS, check_finite: bool = True,
-               share: ShareTable | None = None) -> EvaluationState:
+               share: InclusionTable | None = None) -> EvaluationState:
     """One block's state: keyed sampled ranks of the (B, P) held-out items ``pos`` (-1 padding; (B, E) ``exc``
     likewise, validated by ``ranking.prepare_index``) of the (B,) ``users`` (ids: they key the draws and go to the
     scorer), scored by ``scorer``, under ``design`` (:func:`check_design`), turned into an :class:`EvaluationState`.
     A pure function of its rows: the same rows give the same state in any block, on any actor, at any retry.
-    An active exact share reads pi in ``share``, the whole dataset's table (pass 2); without it, pi is fitted on
-    this block alone (the core's ``draw_share``: the one-process result when the block holds every row)."""
+    An active exact share reads pi in ``share``, the whole dataset's table (pass 2,
+    :meth:`EvaluationState.share_table`: by cell, or by (user, item) under a popularity design); without it, pi is
+    fitted on this block alone (the core's ``draw_share``: the one-process result when the block holds every row)."""
     t0 = time.perf_counter()
     device = pos.device
     keys = RowKeys.of(seed, users, device)
@@ -227,8 +261,11 @@ def rank_block(scorer: Scorer, users: torch.Tensor, pos: torch.Tensor, exc: torc
         def complete(chosen: torch.Tensor) -> torch.Tensor:
             return complete_from_scorer(calls, chosen, pos, exc, keys.ids, first.pos_scores, n_items, ties, None)
 
-        sampled = draw_share(sampled, keys.ids, pos, complete) if share is None else \
-            choose_share(sampled, keys.ids, pos, complete, share.inclusion(sampled))
+        if share is None:
+            sampled = draw_share(sampled, keys.ids, pos, complete)
+        else:
+            pi = share.inclusion(sampled) if isinstance(share, ShareTable) else share.inclusion(sampled, keys.ids, pos)
+            sampled = choose_share(sampled, keys.ids, pos, complete, pi)
     return _finish(_state(sampled, keys.ids, pos), calls, pos, exc, n_items, t0, stages)
 
 
@@ -312,7 +349,7 @@ class _Job:
     max_pairs: int
     check_finite: bool
     columns: Columns
-    share: ShareTable | None = None
+    share: InclusionTable | None = None
 
 
 class _RankActor:
@@ -430,8 +467,9 @@ def evaluate_dataset(dataset: Any, scorer_factory: ScorerFactory, n_items: int, 
 
 def _passes(dataset: Any, scorer_factory: ScorerFactory, job: _Job, engine: Engine) -> tuple[EvaluationState, int]:
     """(the merged state, its pickled bytes): one pass; an active exact share two (module docstring), pass 1 drawn
-    without the share, its histogram tabulated into the share's pi (``ShareTable``), pass 2 with the table;
-    the state is pass 2's with the cost of both (the pairs, calls and seconds of both; full ranking's pairs once)."""
+    without the share, its merged state turned into the share's pi (:meth:`EvaluationState.share_table`), pass 2
+    with that table; the state is pass 2's with the cost of both (the pairs, calls and seconds of both; full
+    ranking's pairs once)."""
     share = None if job.design is None else job.design.exact_share
     if share is None or share.choice != "active":
         merged = _run(dataset, scorer_factory, job, engine)
@@ -439,9 +477,7 @@ def _passes(dataset: Any, scorer_factory: ScorerFactory, job: _Job, engine: Engi
     assert job.design is not None
     first: EvaluationState = pickle.loads(_run(dataset, scorer_factory, replace(
         job, design=replace(job.design, exact_share=None)), engine))
-    if first.hist is None:
-        raise ValueError("dataset: no held-out item was ranked (an empty dataset, or rows without items)")
-    table = ShareTable.of(first.hist, share, job.design)
+    table = first.share_table(job.design, job.n_items)
     merged = _run(dataset, scorer_factory, replace(job, share=table), engine)
     second: EvaluationState = pickle.loads(merged)
     return replace(second, cost=replace(first.cost + second.cost, full_pairs=second.cost.full_pairs)), len(merged)
