@@ -57,6 +57,14 @@ def completion_targets(ranks: torch.Tensor, sizes: torch.Tensor, design: Samplin
     return (ranks == 1) & (sizes == design.cap)
 
 
+def completed_from_exact(exact_ranks: torch.Tensor, ranks: torch.Tensor, sizes: torch.Tensor,
+                         design: SamplingDesign) -> torch.Tensor:
+    """``SampledRanks.exact_ranks`` of an ``exact_at_cap`` draw whose exact ranks are at hand (simulated from
+    them, or ranked beside the draws as ``evaluate_factors`` does): ``exact_ranks`` at the :func:`completion_targets`,
+    0 elsewhere (shaped and typed like ``exact_ranks``)."""
+    return torch.where(completion_targets(ranks, sizes, design), exact_ranks, torch.zeros_like(exact_ranks))
+
+
 def _adaptive(n_samples: Any) -> SamplingDesign:
     """The adaptive design of the draws' ``n_samples`` (a ValueError naming it for anything else: an int m is the
     fixed design ``SamplingDesign(m)``, as :func:`~reco_sampled_plugin.ranking.sampled_ranks` reads it)."""
@@ -99,7 +107,7 @@ def adaptive_sampled_ranks_from_exact(
         m_cur *= 2
     exact = None
     if design.exact_at_cap:  # the given exact ranks of the positives still first at the cap
-        exact = torch.where(completion_targets(ranks, m, design), r.to(torch.int64), torch.zeros_like(ranks))
+        exact = completed_from_exact(r.to(torch.int64), ranks, m, design)
     return SampledRanks(ranks, n.to(torch.int64), None, design, m, None, exact_ranks=exact)
 
 

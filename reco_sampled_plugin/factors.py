@@ -35,7 +35,8 @@ Sampled side: ``n_samples=m`` (or a ``SamplingDesign``) draws m irrelevant items
 buffer and returns their sampled ranks next to the exact single-item ranks; ``method=`` adds corrected estimates
 (:func:`reco_sampled_plugin.estimate`) next to the exact and the uncorrected sampled values, in the same pass;
 ``n_samples=SamplingDesign(m, adaptive_max=M)`` samples adaptively (m doubling for test items ranked first, up to
-M) and reports the cost.
+M) and reports the cost; with ``exact_at_cap=True`` the test items still ranked first at M keep their exact ranks
+(those of the exact pass: no further scoring).
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from .design import SamplingDesign, as_design
 from .metric_names import MetricSpec, parse_metric
 from ._rank_hist import as_histogram
 from ._adaptive_law import adaptive_cost
-from .adaptive import adaptive_sampled_ranks
+from .adaptive import adaptive_sampled_ranks, completed_from_exact
 from .ranking import (END_TIES, TIE_BOUNDS, SampledRanks, check_ties, exact_ranks_padded, sampled_ranks,
                       tied_positives)
 from ._popularity import PopularityStats
@@ -228,6 +229,11 @@ class SampledEvaluation:
     adaptive_max: the cap of adaptive sampling, or None.
     popularity_stats: (N,) per test item, the beating draws' statistics of a popularity design (with replacement):
         what ``hh`` and ``pl_fit`` read (``SampledRanks.popularity_stats``); None otherwise.
+    share_ranks, inclusion: (N,) an ``exact_share`` design's chosen items' exact ranks (0 elsewhere) and their
+        inclusion probabilities (``SampledRanks.share_ranks``, ``inclusion``); None otherwise.
+    completed_ranks: (N,) an ``exact_at_cap`` design's completion: the exact rank (``exact_ranks``) of each test
+        item still ranked first at the cap, 0 elsewhere (``SampledRanks.exact_ranks``: the exact groups the
+        estimators read); None otherwise.
     """
 
     users: torch.Tensor
@@ -241,6 +247,7 @@ class SampledEvaluation:
     popularity_stats: PopularityStats | None = None
     share_ranks: torch.Tensor | None = None
     inclusion: torch.Tensor | None = None
+    completed_ranks: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -358,9 +365,6 @@ def _sampling_design(n_samples: int | SamplingDesign | None,
             raise ValueError("method: needs n_samples (the number of sampled irrelevant items per test item)")
         return None
     design = as_design(n_samples)
-    if design.exact_at_cap:  # its summary estimates from bare sampled ranks: the exact ranks would be dropped
-        raise ValueError("n_samples: exact_at_cap is not supported by evaluate_factors (its sampled summary "
-                         "corrects bare sampled ranks); use adaptive_sampled_ranks and estimate(metric, sampled)")
     entry = None if correction is None else registry.get(correction)
     if entry is not None and not entry.supports(design):
         name = entry.name
@@ -716,7 +720,10 @@ def evaluate_factors(
             weights (``method="hh"`` corrects AUC (``metrics=["roc_auc"]``), ``"pl_fit"`` every metric,
             ``"none"`` reports the sampled metrics; docs/popularity.md); ``adaptive_max`` (a test item ranked
             first among its m samples draws m more, m doubling, up to the cap; ``method`` then one that takes
-            adaptive designs, ``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``). ``exact_share``
+            adaptive designs, ``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``; with
+            ``exact_at_cap=True`` the items still first at the cap keep their exact ranks,
+            ``SampledEvaluation.completed_ranks``, read as exact groups by ``auto``, ``mes``, ``gmod``, ``mle``).
+            ``exact_share``
             (``SamplingDesign(m, exact_share=ExactShare(s))``, uniform or active): the keyed share of the test items
             (keyed by user index and item) keeps its exact ranks beside the sampled ones
             (``SampledEvaluation.share_ranks``, ``inclusion``), and ``method="auto"`` (or ``"diff"``) gives the
@@ -788,14 +795,16 @@ def _sample_batch(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor, ra
         scores, pos, exc, ranks, rows = scores[idx], pos[idx], exc[idx], ranks[idx], rows[idx]
     if pos.shape[0] == 0:
         empty = torch.zeros(0, dtype=torch.int64, device=pos.device)
-        return empty, empty, empty, empty.to(ranks.dtype), empty, empty, None
+        return empty, empty, empty, empty.to(ranks.dtype), empty, empty, None, \
+            empty.to(ranks.dtype) if design.exact_at_cap else None
     exc_arg = exc if exc.shape[1] else None
-    design = dataclasses.replace(design, exact_share=None)  # the share is chosen on the whole sample (_with_share)
+    # the share is chosen on the whole sample (_with_share); the completion reads the exact pass's ranks (below)
+    draws = dataclasses.replace(design, exact_share=None, exact_at_cap=False)
     if design.adaptive is None:
-        res = sampled_ranks(scores, pos, design, exclude=exc_arg, generator=gen, ties=ties, check_finite=False)
+        res = sampled_ranks(scores, pos, draws, exclude=exc_arg, generator=gen, ties=ties, check_finite=False)
         sizes: Any = torch.full_like(pos, design.n_samples)  # adaptive: the draws' sizes (always set there)
     else:
-        res = adaptive_sampled_ranks(scores, pos, design, exclude=exc_arg, generator=gen, ties=ties,
+        res = adaptive_sampled_ranks(scores, pos, draws, exclude=exc_arg, generator=gen, ties=ties,
                                      check_finite=False)
         sizes = res.n_samples
     s_ranks, n_cand = res.ranks, res.n_candidates
@@ -804,7 +813,8 @@ def _sample_batch(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor, ra
     users = rows.unsqueeze(1).expand_as(pos)[valid]
     n_single = n_cand.unsqueeze(1).expand_as(pos)[valid]
     stats = None if res.popularity_stats is None else res.popularity_stats.select(valid)
-    return users, pos[valid], s_ranks[valid], single[valid], n_single, sizes[valid], stats
+    completed = completed_from_exact(single, s_ranks, sizes, design)[valid] if design.exact_at_cap else None
+    return users, pos[valid], s_ranks[valid], single[valid], n_single, sizes[valid], stats, completed
 
 
 def _sampled_result(per_user: dict, parts: list, base_specs: list[MetricSpec], design: SamplingDesign,
@@ -818,16 +828,21 @@ def _sampled_result(per_user: dict, parts: list, base_specs: list[MetricSpec], d
         users, items, sranks, eranks, n_single, sizes = z, z, z, z, z, z
     kept = [p[6] for p in parts if p[6] is not None]
     stats = PopularityStats.cat(kept) if kept else None
+    completed = None  # an exact_at_cap design's completed exact ranks (empty without an evaluated user)
+    if design.exact_at_cap:
+        completed = torch.cat([p[7] for p in parts]) if parts else eranks
     m, adaptive = design.n_samples, design.adaptive
     drawn = None
     if users.numel():
         if design.popularity is not None:  # the draw's statistics travel with the ranks (hh reads them)
             drawn = SampledRanks(sranks, n_single, None, design, popularity_stats=stats)
-        else:  # the per-positive final m of an adaptive design, else the design's m
-            drawn = SampledRanks.from_arrays(sranks, n_single, m if adaptive is None else sizes, design)
+        else:  # the per-positive final m of an adaptive design, else the design's m; the completed exact ranks
+            drawn = SampledRanks.from_arrays(sranks, n_single, m if adaptive is None else sizes, design,
+                                             exact_ranks=completed)
         drawn = _with_share(drawn, users, items, eranks)
     sampled = SampledEvaluation(users, items, sranks, eranks, n_single, m, sizes, design.adaptive_max, stats,
-                                None if drawn is None else drawn.share_ranks, None if drawn is None else drawn.inclusion)
+                                None if drawn is None else drawn.share_ranks, None if drawn is None else drawn.inclusion,
+                                completed)
     cost = None
     if adaptive is not None and users.numel():
         cost = adaptive_cost(as_histogram(sranks, n_single, sizes), adaptive).as_dict()

@@ -424,8 +424,8 @@ def test_planner_results_pass_to_every_entry_point(planned, tmp_path, capsys):
     design is taken (``design.as_design``, the one coercion): the draws, the scorer loop, evaluate_factors, the
     adapters' settings (RecBole's ``rsp_design``), the reproduction's config and SampledRanks; and their spec
     (``DesignForecast.spec``) wherever a string is: the CLI's ``--design``, RecBole's ``rsp_design``. An
-    ``exact_at_cap`` forecast runs in SampledRankingMetrics and the Lightning callback and sets RecBole's
-    ``rsp_exact_at_cap`` in full mode."""
+    ``exact_at_cap`` forecast runs in evaluate_factors, SampledRankingMetrics and the Lightning callback and sets
+    RecBole's ``rsp_exact_at_cap`` in full mode."""
     from reco_sampled_plugin import evaluate_factors, sampled_ranks_from_scorer
     from reco_sampled_plugin.adaptive import adaptive_sampled_ranks
     from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
@@ -462,6 +462,11 @@ def test_planner_results_pass_to_every_entry_point(planned, tmp_path, capsys):
     _same_factor_results(evaluate_factors(train, test, u, v, n_samples=fixed, **kw),
                          evaluate_factors(train, test, u, v, n_samples=SamplingDesign(20), **kw))
     assert evaluate_factors(train, test, u, v, n_samples=adaptive, **kw).sampled.adaptive_max == 80
+    cap_kw = dict(kw, method=registry.Mes(n_bootstrap=0))  # completed from the exact pass: some exact groups read
+    done = evaluate_factors(train, test, u, v, n_samples=at_cap, **cap_kw)
+    _same_factor_results(done, evaluate_factors(train, test, u, v, n_samples=at_cap.design, **cap_kw))
+    completed = done.sampled.completed_ranks
+    assert completed is not None and bool((completed > 0).any()) and math.isfinite(done.estimates["Hit@5"].value)
     # the adapters' settings and the reproduction's config hold the design
     assert SampledRankingMetrics("hit@10", planned, ("none",)).settings.design == SamplingDesign(20)
     assert RankingSettings(n_samples=adaptive, estimators=("none",)).design == adaptive.design

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 import torch
 
 import reco_sampled_plugin as rsp
@@ -18,6 +19,7 @@ from reco_sampled_plugin.adaptive import adaptive_sampled_ranks, adaptive_sample
 from reco_sampled_plugin.design import SamplingDesign
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_from_float_ranks
+from reco_sampled_plugin.ranking import SampledRanks
 from reco_sampled_plugin.scorer_ranks import sampled_ranks_from_scorer
 
 
@@ -264,12 +266,45 @@ def test_option_is_validated_and_refused_where_state_cannot_hold_exact_ranks():
                                              generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match=r"^sampled: exact_at_cap .*rank file"):
         write_rank_file("unused.csv", full)
-    scores, pos, _ = _problem(1)
-    with pytest.raises(ValueError, match=r"^n_samples: exact_at_cap .*evaluate_factors"):
-        rsp.evaluate_factors(torch.randn(4, 3), torch.randn(20, 3), pos[:4, :1], n_samples=design, method="mes")
     from reco_sampled_plugin.adapters.lightning import RankingSettings  # the streaming states hold it (their tests)
 
     assert RankingSettings(n_samples=design, estimators=["mes"]).design == design
+
+
+@pytest.mark.parametrize("method", ["mes", "gmod", "auto"])
+def test_evaluate_factors_completes_from_its_exact_pass_as_the_core_completes_from_the_row(method):
+    """evaluate_factors with an exact_at_cap design: the draws of the score-matrix path (same scores, exclusions,
+    generator), the completed test items' exact ranks equal to those the core ranks from the rows
+    (``complete_at_cap``; here read from the exact pass), and the estimates the core's on those draws, whose
+    exact groups they read (they differ from the same draws without the completion)."""
+    scores, pos, exc = _problem(2)
+    b, n = scores.shape
+    pos = torch.sort(torch.where(pos < 0, n, pos), 1).values  # slots in item order, as the CSR rows hold them
+    pos = torch.where(pos == n, -1, pos)
+    rows = torch.arange(b).unsqueeze(1)
+    x_test = sp.csr_matrix((np.ones(int((pos >= 0).sum())), (rows.expand_as(pos)[pos >= 0], pos[pos >= 0])), (b, n))
+    x_train = sp.csr_matrix((np.ones(int((exc >= 0).sum())), (rows.expand_as(exc)[exc >= 0], exc[exc >= 0])), (b, n))
+    design = SamplingDesign(8, adaptive_max=64, exact_at_cap=True)
+    res = rsp.evaluate_factors(x_train, x_test, scores, torch.eye(n, dtype=torch.float64), metrics=["ndcg@10"],
+                               n_samples=design, method=method, seed=4, as_df=False)  # scores = scores @ I
+    core = adaptive_sampled_ranks(scores, pos, design, exclude=exc, generator=torch.Generator().manual_seed(4))
+    s, valid = res.sampled, pos >= 0
+    assert torch.equal(s.users, rows.expand_as(pos)[valid]) and torch.equal(s.items, pos[valid])
+    assert torch.equal(s.sampled_ranks, core.ranks[valid]) and torch.equal(s.sample_sizes, core.n_samples[valid])
+    done = s.completed_ranks > 0
+    assert int(done.sum()) >= 3 and torch.equal(s.completed_ranks, core.exact_ranks[valid])
+    assert torch.equal(done, (s.sampled_ranks == 1) & (s.sample_sizes == 64))
+    assert torch.equal(s.completed_ranks[done], s.exact_ranks[done])
+    est = res.estimates["NDCG@10"]
+    want = rsp.estimate("ndcg@10", core, method)
+    assert est.value == pytest.approx(want.value, rel=1e-12) and est.stderr == pytest.approx(want.stderr, rel=1e-12)
+    hist = SampledRanks.from_arrays(s.sampled_ranks, s.n_candidates, s.sample_sizes, design,
+                                    exact_ranks=s.completed_ranks).histogram()
+    assert hist.exact.sum() >= 1 and (hist.n_samples[hist.exact] == hist.n_items[hist.exact] - 1).all()
+    bare = rsp.estimate("ndcg@10", SampledRanks.from_arrays(s.sampled_ranks, s.n_candidates, s.sample_sizes,
+                                                            SamplingDesign(8, adaptive_max=64)), method)
+    assert bare.value != est.value and "cap_reached" not in est.flags
+    assert res.summary["NDCG@10"]["share_at_cap"] == pytest.approx(float((s.sample_sizes == 64).double().mean()))
 
 
 def test_planner_counts_the_completion_pairs_the_loop_measures():
