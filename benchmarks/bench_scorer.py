@@ -383,7 +383,12 @@ def label(design) -> str:
     if design is None:
         return "full ranking"
     d = design if isinstance(design, SamplingDesign) else SamplingDesign(int(design))
-    return f"m = {d.n_samples}" if d.adaptive_max is None else f"adaptive {d.n_samples} -> {d.adaptive_max}"
+    text = f"m = {d.n_samples}" if d.adaptive_max is None else f"adaptive {d.n_samples} -> {d.adaptive_max}"
+    if d.exact_at_cap:
+        text += ", exact at the cap"
+    if d.exact_share is not None:
+        text += f" + exact {d.exact_share.share:g} {d.exact_share.choice}"
+    return text
 
 
 def summarise(name: str, runs: list[dict], exact: dict, extra_seconds: float = 0.0) -> dict:

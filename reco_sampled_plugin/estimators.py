@@ -48,6 +48,8 @@ import dataclasses
 import math
 from typing import Any, Iterable, Mapping
 
+import torch
+
 from ._rank_hist import RankHistogram, pool_by_n
 from ._checks import check_without_replacement
 from . import registry
@@ -174,6 +176,12 @@ def _sample_histogram(sample: Any, entry: registry.Estimator, weights: TensorLik
         if sample.design is None:
             raise ValueError("sample: these SampledRanks carry no design; build them with "
                              "SampledRanks.from_arrays(ranks, n_items, n_samples, design)")
+        r = sample.ranks
+        if r.is_floating_point() and bool((r != torch.round(r)).any()):
+            raise ValueError("sample: fractional sampled ranks (ties='average' counts each draw tied with the relevant "
+                             "item one half: an expectation over the orders of the ties, not a draw); the estimators "
+                             "read whole ranks: rank with ties='random' (a whole rank per relevant item, the same "
+                             "expected metric) or 'pessimistic'")
         return sample.histogram(weights, exact=entry.exact_groups).without_empty_groups(), sample.design
     if isinstance(sample, RankHistogram):
         if weights is not None:

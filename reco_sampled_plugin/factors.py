@@ -836,6 +836,9 @@ def _sampled_result(per_user: dict, parts: list, base_specs: list[MetricSpec], d
     if users.numel():
         if design.popularity is not None:  # the draw's statistics travel with the ranks (hh reads them)
             drawn = SampledRanks(sranks, n_single, None, design, popularity_stats=stats)
+        elif sranks.is_floating_point():  # ties="average": expected ranks, kept (estimate() names the fix)
+            drawn = SampledRanks(sranks, n_single, None, design, None if adaptive is None else sizes,
+                                 exact_ranks=completed)
         else:  # the per-positive final m of an adaptive design, else the design's m; the completed exact ranks
             drawn = SampledRanks.from_arrays(sranks, n_single, m if adaptive is None else sizes, design,
                                              exact_ranks=completed)

@@ -8,6 +8,7 @@ import recometrics
 import scipy.sparse as sp
 import torch
 
+import reco_sampled_plugin as rsp
 from reco_sampled_plugin import SampledRanks, SamplingDesign, exact_ranks, metric_values
 from reco_sampled_plugin.factors import FactorEvaluation, evaluate_factors
 
@@ -402,3 +403,33 @@ def test_adaptive_sampling_equals_the_core_on_the_same_draws():
     ):
         with pytest.raises(ValueError, match=msg):
             evaluate_factors(x_train, x_test, a, b, k=10, n_samples=SamplingDesign(10, **design_kw), **kwargs)
+
+
+def test_sampled_ranks_under_average_ties_are_expectations_the_estimators_refuse():
+    """Four irrelevant items tie with the test item, one scores below: under ``ties="average"`` each tied draw counts
+    one half, r~ = 1 + (tied draws)/2 (the expected sampled rank over the orders of the ties, 2.5 where all m = 3
+    draws tie); evaluate_factors reports such ranks and their uncorrected metric, and an estimator, which reads whole
+    ranks, is refused naming ``ties='random'`` (in evaluate_factors and in the core alike); ``ties="random"`` gives
+    whole ranks that it estimates from."""
+    b = np.array([[1.0, 0.0]] * 5 + [[0.0, 0.0]])
+    a = np.tile([[1.0, 0.0]], (20, 1))
+    x_test = sp.csr_matrix(np.tile([[1.0, 0, 0, 0, 0, 0]], (20, 1)))
+    res = evaluate_factors(None, x_test, a, b, k=1, metrics=["rr"], ties="average", n_samples=3, as_df=False)
+    r = res.sampled.sampled_ranks
+    assert set(r.tolist()) <= {1.0, 1.5, 2.0, 2.5} and bool((r != r.round()).any())
+    assert res.sampled.exact_ranks.tolist() == [3.0] * 20  # 1 + 4/2
+    assert res.summary["RR@1"]["sampled"] == pytest.approx(float((r == 1.0).double().mean()))
+    refusal = r"^sample: fractional sampled ranks \(ties='average'.*ties='random'"
+    with pytest.raises(ValueError, match=refusal):
+        evaluate_factors(None, x_test, a, b, k=1, metrics=["rr"], ties="average", n_samples=3, method="none")
+    scores = torch.tensor([[1.0] * 5 + [0.0]] * 20)
+    pos = torch.zeros(20, dtype=torch.int64)
+    drawn = rsp.sampled_ranks(scores, pos, rsp.SamplingDesign(3), ties="average",
+                              generator=torch.Generator().manual_seed(0))
+    assert bool((drawn.ranks != drawn.ranks.round()).any())
+    with pytest.raises(ValueError, match=refusal):
+        rsp.estimate("mrr", drawn, "none")
+    whole = rsp.sampled_ranks(scores, pos, rsp.SamplingDesign(3), ties="random",
+                              generator=torch.Generator().manual_seed(0))
+    assert bool((whole.ranks == whole.ranks.round()).all())
+    assert math.isfinite(rsp.estimate("mrr", whole, "none").value)
