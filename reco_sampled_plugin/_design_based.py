@@ -64,9 +64,12 @@ phase 1 is drawn.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any, Callable
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -162,6 +165,50 @@ def inclusion_probabilities(share: ExactShare, f: np.ndarray, bounds: tuple[floa
 
 
 # ---------------------------------------------------------------------------------------------- predictions
+#: what :func:`model_fit` and :func:`_posterior_means` computed inside this thread's :func:`reusing_fits` block,
+#: by the content of their inputs, least recently used first (None outside one)
+_REUSED: contextvars.ContextVar[OrderedDict | None] = contextvars.ContextVar("design_based_reused", default=None)
+
+#: entries a :func:`reusing_fits` block keeps (a replicate's fit and predictions, the few dense likelihoods its
+#: groups share with the next replicates'): the least recently used beyond it are dropped
+REUSED_MAX = 16
+
+
+@contextlib.contextmanager
+def reusing_fits() -> Iterator[None]:
+    """Inside this block (this thread), :func:`model_fit` returns the fit it made before of equal counts (groups,
+    counts, exactness, design, options, metric), and :func:`_posterior_means` its results and each group's dense
+    likelihood for equal inputs: an active share's pi (:func:`share_inclusion`) and then the estimate of the same
+    draw with its share fit and predict once, and draws on the same (n, m) groups and grid share the likelihoods.
+    The same bits as without (deterministic functions of those inputs); at most :data:`REUSED_MAX` entries, all
+    dropped on exit (the planner holds one block per share design)."""
+    token = _REUSED.set(OrderedDict())
+    try:
+        yield
+    finally:
+        _REUSED.reset(token)
+
+
+def _reused(key: tuple, make: Callable[[], Any]) -> Any:
+    """``make()``, or inside :func:`reusing_fits` what it returned before under ``key``."""
+    kept = _REUSED.get()
+    if kept is None:
+        return make()
+    if key in kept:
+        kept.move_to_end(key)
+        return kept[key]
+    value = kept[key] = make()
+    while len(kept) > REUSED_MAX:
+        kept.popitem(last=False)
+    return value
+
+
+def _counts_key(hist: Any) -> tuple:
+    """The content of a histogram's counts (what a fit reads; not its share rows), as a hashable key."""
+    return (hist.n_items.astype(np.int64).tobytes(), hist.n_samples.astype(np.int64).tobytes(),
+            np.asarray(hist.exact, dtype=bool).tobytes(), hist.flat_counts.tobytes(), repr(hist.design))
+
+
 def predictions(spec: MetricSpec, sampled: SampledRanks, weights: TensorLike | None = None,
                 fit_options: dict | None = None) -> tuple[np.ndarray, str]:
     """f_i = E^[M(R) | positive i's sampled data] for every positive (``ranks > 0``, row-major), and the name of
@@ -186,16 +233,22 @@ def model_fit(spec: MetricSpec, hist: Any, fit_options: dict | None = None, desi
               ) -> tuple[Any, str, str]:
     """(fit, its method's name, law) of the rank-distribution fit ``auto`` would run on ``hist`` (a uniform-law
     RankHistogram drawn under ``design``, default its own: ``gmod`` where the design resolves the top, else ``mes``),
-    without bootstrap: the predictions need its posterior means only."""
+    without bootstrap: the predictions need its posterior means only. Inside :func:`reusing_fits`: the fit made
+    before of equal counts, options and design."""
     from . import registry
     from ._auto import auto_choice
     from .rank_distribution import fit_rank_distribution
 
     design = hist.design if design is None else design
-    chosen, _ = auto_choice(spec, registry.Auto(**(fit_options or {})), hist, design)
-    method = registry.method_class(chosen.name)(**{**chosen.given(), "n_bootstrap": 0})
-    law = "binomial" if design is None or design.adaptive_max is not None else design.law
-    return fit_rank_distribution(hist, method, sampling=law), chosen.name, law
+
+    def make() -> tuple[Any, str, str]:
+        chosen, _ = auto_choice(spec, registry.Auto(**(fit_options or {})), hist, design)
+        method = registry.method_class(chosen.name)(**{**chosen.given(), "n_bootstrap": 0})
+        law = "binomial" if design is None or design.adaptive_max is not None else design.law
+        return fit_rank_distribution(hist, method, sampling=law), chosen.name, law
+
+    options = tuple(sorted((k, repr(v)) for k, v in (fit_options or {}).items()))
+    return _reused(("fit", str(spec), options, repr(design), _counts_key(hist)), make)
 
 
 def _posterior_means(spec: MetricSpec, fit: Any, n: np.ndarray, m: np.ndarray, r: np.ndarray, law: str,
@@ -203,13 +256,25 @@ def _posterior_means(spec: MetricSpec, fit: Any, n: np.ndarray, m: np.ndarray, r
     """E[M(R) | r~, group] under ``fit`` (a RankDistribution) per positive: each positive read in the fit's group of
     its m whose n is nearest on the log scale (a group's n is a cell edge of the fit: its likelihood is exact on
     the grid), M averaged within each cell (``interval_mean_metric``). ``second``: also E[M(R)^2 | r~, group]
-    (:func:`_cell_second_moments`), as a pair."""
+    (:func:`_cell_second_moments`), as a pair. Inside :func:`reusing_fits`: the results and dense likelihoods
+    computed before for equal inputs (copies)."""
+    ri = np.rint(r).astype(np.int64)
+    key = ("means", id(fit), str(spec), law, second, n.astype(np.int64).tobytes(), m.astype(np.int64).tobytes(),
+           ri.tobytes())
+    fit_and_means = _reused(key, lambda: (fit, _posterior_means_of(spec, fit, n, m, ri, law, second)))
+    means = fit_and_means[1]  # the fit is kept with them: its id stays its own while the block lasts
+    return (means[0].copy(), means[1].copy()) if second else means.copy()
+
+
+def _posterior_means_of(spec: MetricSpec, fit: Any, n: np.ndarray, m: np.ndarray, ri: np.ndarray, law: str,
+                        second: bool) -> Any:
+    """:func:`_posterior_means` computed (``ri``: the sampled ranks as int64)."""
     from ._rank_hist import interval_mean_metric
     from .rank_distribution import dense_likelihood
 
     hist = fit.histogram
     gn, gm = hist.n_items.astype(np.int64), hist.n_samples.astype(np.int64)
-    group = np.full(len(r), -1, dtype=np.int64)
+    group = np.full(len(ri), -1, dtype=np.int64)
     for mg in np.unique(m):
         cand = np.flatnonzero((gm == mg) & ~hist.exact)
         if not len(cand):  # pragma: no cover - the fit's histogram holds every positive's m
@@ -217,8 +282,7 @@ def _posterior_means(spec: MetricSpec, fit: Any, n: np.ndarray, m: np.ndarray, r
         sel = m == mg
         dist = np.abs(np.log(n[sel, None].astype(np.float64)) - np.log(gn[cand][None, :].astype(np.float64)))
         group[sel] = cand[np.argmin(dist, axis=1)]
-    out, out2 = np.zeros(len(r)), np.zeros(len(r))
-    ri = np.rint(r).astype(np.int64)
+    out, out2 = np.zeros(len(ri)), np.zeros(len(ri))
     for g in np.unique(group):  # one (n, m) group at a time: at most max_groups per m
         sel = group == g
         c_in = int(np.searchsorted(fit.edges, gn[g]))  # cells 0..c_in-1 lie within 1..n_g (n_g is an edge)
@@ -226,7 +290,8 @@ def _posterior_means(spec: MetricSpec, fit: Any, n: np.ndarray, m: np.ndarray, r
             cols, at = np.unique(ri[sel], return_inverse=True)
             lik = _binomial_columns(fit.edges[:c_in + 1], int(gn[g]), int(gm[g]), cols - 1)
         else:
-            dense, inside = dense_likelihood(fit.edges, gn[g:g + 1], gm[g:g + 1], law)
+            dense, inside = _reused(("dense", fit.edges.tobytes(), int(gn[g]), int(gm[g]), law),
+                                    lambda: dense_likelihood(fit.edges, gn[g:g + 1], gm[g:g + 1], law))
             lik, at = dense[0, :c_in, :], ri[sel] - 1
         lo, hi = fit.edges[:c_in], fit.edges[1:c_in + 1]
         joint = fit.probs[:c_in, None] * lik  # (C_in, columns)

@@ -1285,22 +1285,25 @@ class _Replicates:
         """A design with an exact share: per replicate, the share drawn as the loop draws it (pi from
         ``_design_based.share_inclusion`` of the replicate's sampled ranks: an active share's model fit, phase 2;
         each positive chosen when a uniform < pi), its exact ranks the replicate's own, and the estimate and 95%
-        interval the user will read (``estimate(metric, sampled, method)``: ``diff``)."""
-        from ._design_based import share_inclusion
+        interval the user will read (``estimate(metric, sampled, method)``: ``diff``). The estimate's model fit and
+        predictions of the sampled ranks are pi's, the replicates' likelihoods on the same groups one
+        (``_design_based.reusing_fits``: the same bits, computed once)."""
+        from ._design_based import reusing_fits, share_inclusion
         from ._share import with_share_arrays
         from .estimators import estimate
 
         share = self.design.exact_share
         assert share is not None  # fill's test
-        for j in js:
-            drawn = SampledRanks.from_arrays(self.sim.sampled[j], self.draws.n_t, self._sizes(j), self.design)
-            pi = share_inclusion(drawn, share)
-            chosen = torch.rand(len(pi), generator=self.gen, dtype=torch.float64) < torch.from_numpy(pi)
-            exact = torch.where(chosen, self.draws.exact[j], torch.zeros_like(self.draws.exact[j]))
-            e = estimate(self.s.spec, with_share_arrays(drawn, exact, pi), self.s.method)
-            lo, hi = e.interval(0.95)
-            self.est[j], self.width[j] = e.value, hi - lo
-            self.tick(1)
+        with reusing_fits():
+            for j in js:
+                drawn = SampledRanks.from_arrays(self.sim.sampled[j], self.draws.n_t, self._sizes(j), self.design)
+                pi = share_inclusion(drawn, share)
+                chosen = torch.rand(len(pi), generator=self.gen, dtype=torch.float64) < torch.from_numpy(pi)
+                exact = torch.where(chosen, self.draws.exact[j], torch.zeros_like(self.draws.exact[j]))
+                e = estimate(self.s.spec, with_share_arrays(drawn, exact, pi), self.s.method)
+                lo, hi = e.interval(0.95)
+                self.est[j], self.width[j] = e.value, hi - lo
+                self.tick(1)
 
     def _joint_fits(self, js: range) -> None:
         from .rank_distribution import ReplicateFits

@@ -20,8 +20,9 @@ import reco_sampled_plugin as rsp
 from reco_sampled_plugin import registry
 from reco_sampled_plugin._design_based import (KeyedInclusion, ShareTable, _posterior_means, difference_estimate,
                                                inclusion_probabilities, model_fit, paired_difference_by_design,
-                                               predictions, share_inclusion)
+                                               predictions, reusing_fits, share_inclusion)
 from reco_sampled_plugin._rank_hist import metric_at
+from reco_sampled_plugin._share import with_share_arrays
 from reco_sampled_plugin.design import ExactShare, SamplingDesign
 from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin.metrics import metric_bounds
@@ -177,6 +178,50 @@ def test_share_table_is_the_positives_inclusion(adaptive):
             table.lookup(*(np.array([v]) for v in cell))
     with pytest.raises(ValueError, match="^share: a table is of an active share"):
         ShareTable.of(sample.histogram(exact=False), ExactShare(0.2), design)
+
+
+@pytest.mark.parametrize("adaptive", [False, True], ids=["fixed", "adaptive"])
+def test_reusing_fits_gives_the_same_bits_and_fits_once(adaptive):
+    """Inside ``reusing_fits`` an active share's pi and then the estimate of the same draw with its share (the
+    planner's replicate) give the same bits as without (oracle: the same calls outside the block), the estimate's
+    model fit is the one pi's fit made (one object: fitted once, its share rows aside) and the predictions are
+    returned as copies; outside the block every call fits anew; the second replicate on the same groups reuses the
+    first one's likelihoods and still equals its own uncached run."""
+    rng = np.random.default_rng(11)
+    b, spec = 400, parse_metric("ndcg@10")
+    n = torch.as_tensor(rng.choice([3000, 5000], b))
+    share = ExactShare(0.1, choice="active", metric="ndcg@10")
+    design = (SamplingDesign(10, adaptive_max=80, exact_share=share) if adaptive
+              else SamplingDesign(50, exact_share=share))
+
+    def replicate(seed: int):
+        exact = torch.as_tensor(np.ceil(rng.beta(0.3, 3.0, b) * n.numpy())).long().clamp(min=1)
+        m = torch.as_tensor(rng.choice([10, 20, 40, 80], b)) if adaptive else torch.tensor(50)
+        drawn = rsp.SampledRanks.from_arrays(draw_sampled_ranks(exact, n, m, seed=seed)[0], n, m, design)
+        return drawn, exact
+
+    def run(drawn, exact):
+        pi = share_inclusion(drawn, share)
+        chosen = torch.as_tensor(np.random.default_rng(3).random(len(pi)) < pi)
+        shared = with_share_arrays(drawn, torch.where(chosen, exact, torch.zeros_like(exact)), pi)
+        e = rsp.estimate(spec, shared, "auto")
+        return pi, e.value, e.interval(0.95), shared
+
+    draws = [replicate(seed) for seed in (1, 2)]
+    plain = [run(*d) for d in draws]
+    with reusing_fits():
+        reused = [run(*d) for d in draws]
+        hist = draws[0][0].histogram(exact=False)
+        fit = model_fit(spec, hist)[0]
+        assert model_fit(spec, reused[0][3].histogram().without_empty_groups())[0] is fit  # pi's fit, rows aside
+        f = _posterior_means(spec, fit, np.array([3000]), np.array([10 if adaptive else 50]), np.array([1]), "binomial")
+        f[0] = -1.0
+        assert _posterior_means(spec, fit, np.array([3000]), np.array([10 if adaptive else 50]), np.array([1]),
+                                "binomial")[0] != -1.0  # a copy each time
+    for (pi_a, v_a, i_a, _), (pi_b, v_b, i_b, _) in zip(plain, reused):
+        assert np.array_equal(pi_a, pi_b) and v_a == v_b and i_a == i_b
+    equal = draws[0][0].histogram(exact=False).with_share(None)  # equal counts, a new histogram (no kept fits)
+    assert model_fit(spec, equal)[0] is not fit  # outside a block: fitted anew
 
 
 def test_popularity_active_inclusion_is_order_free_and_keyed():
