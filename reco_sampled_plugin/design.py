@@ -225,6 +225,11 @@ class SamplingDesign:
             if self.exact_at_cap:
                 raise ValueError("exact_share: not with exact_at_cap (the completed positives would be exact "
                                  "outside the share's design); drop one of them")
+            if self.popularity is not None and not self.replacement:
+                raise ValueError("exact_share: not with popularity draws without replacement (they keep no per-draw "
+                                 "statistics, so only 'none' estimates them, and it reads no share); draw with "
+                                 "replacement (SamplingDesign(m, popularity=w, exact_share=...)) for the "
+                                 "design-based estimate")
         if self.adaptive_max is not None:
             cap = AdaptiveDesign(m, self.adaptive_max)  # validates adaptive_max >= m
             object.__setattr__(self, "adaptive_max", cap.adaptive_max)

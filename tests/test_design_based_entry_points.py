@@ -272,9 +272,8 @@ def test_torchmetrics_share_refusals():
                                              r"\(adapters\.ray\.evaluate_dataset: two passes\) and the core .* take "
                                              r"it; a uniform exact share"):
             build()  # the torchmetrics class, and the settings of the Lightning callback
-    with pytest.raises(ValueError, match="^n_samples: an exact share with popularity draws without replacement"):
-        _ = SampledRankingMetrics("ndcg@10", SamplingDesign(M, popularity=w, replacement=False,
-                                                             exact_share=ExactShare(0.2)))
+    with pytest.raises(ValueError, match="^exact_share: not with popularity draws without replacement"):
+        SamplingDesign(M, popularity=w, replacement=False, exact_share=ExactShare(0.2))  # refused for every entry point
     state = dict(_pop_metric().metric_state)
     state["pop"] = torch.zeros(0, len(tm._POP_COLUMNS), dtype=torch.float64)  # without the share's columns
     with pytest.raises(ValueError, match="^n_samples: the incoming popularity state"):

@@ -239,9 +239,8 @@ def test_batches_designs_and_versions_are_checked():
     for name in ("popularity_share", "popularity_active_share"):
         assert rr.check_design(DESIGNS[name]) is DESIGNS[name]
     for share in (ExactShare(0.3), ExactShare(0.3, choice="active")):
-        with pytest.raises(ValueError, match="^n_samples: an exact share with popularity draws without replacement"):
-            rr.check_design(dataclasses.replace(active, popularity=torch.ones(10), replacement=False,
-                                                exact_share=share))
+        with pytest.raises(ValueError, match="^exact_share: not with popularity draws without replacement"):
+            dataclasses.replace(active, popularity=torch.ones(10), replacement=False, exact_share=share)
     design = DESIGNS["active_share"]
     first = _blocks_state(_rows(), dataclasses.replace(design, exact_share=None), [45])
     table = ShareTable.of(first.hist, design.exact_share, design)

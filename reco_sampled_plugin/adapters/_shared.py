@@ -176,8 +176,8 @@ def _sampled_design(n_samples: Any) -> SamplingDesign | None:
 def check_share_design(design: SamplingDesign, name: str, who: str, instead: str, *, active: bool = False) -> None:
     """The exact shares an adapter (``who``: the torchmetrics class, the Ray adapter) draws: uniform ones, with any
     design, popularity draws with replacement included (their pl_fit statistics are per positive, the share's exact
-    rank and pi travel in the same row); a ValueError naming ``name`` for popularity draws without replacement (only
-    ``none`` estimates them, which reads no share) and, unless ``active`` (the adapter makes two passes over the data,
+    rank and pi travel in the same row; ``SamplingDesign`` refuses a share with popularity draws without
+    replacement); a ValueError naming ``name``, unless ``active`` (the adapter makes two passes over the data,
     pass 1 for the fit of the whole sample that sets pi: the Ray adapter), for an active share (one streaming pass
     does not hold that fit while it counts; with a popularity design each positive's pi is its own pl_fit prediction,
     not a function of its (n, m, r~) cell). ``instead``: what to call instead."""
@@ -196,11 +196,6 @@ def check_share_design(design: SamplingDesign, name: str, who: str, instead: str
         raise ValueError(f"{name}: an active exact share (choice='active') sets each positive's probability from "
                          "the model's fit of the whole sample, which a streaming metric does not hold while it "
                          f"counts; use ExactShare(share) (uniform) here, or {instead}")
-    if design.popularity is not None and not design.replacement:
-        raise ValueError(f"{name}: an exact share with popularity draws without replacement is not supported by "
-                         f"{who}: only 'none' estimates those draws (no per-draw statistics), and it reads no "
-                         "share; draw with replacement (SamplingDesign(m, popularity=w), the default) for the "
-                         f"design-based estimate, or {instead}")
 
 
 def _check_supported(design: SamplingDesign, methods: Sequence[registry.Method], labels: Sequence[str]) -> None:
