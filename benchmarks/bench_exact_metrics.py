@@ -17,7 +17,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
-from reco_sampled_plugin import per_user_metrics, per_user_metrics_from_factors
+from reco_sampled_plugin import per_user_metrics
 
 METRICS = ["precision@10", "tp@10", "recall@10", "ap@10", "tap@10", "ndcg@10", "hit@10", "rr@10", "auc", "pr_auc"]
 
@@ -58,7 +58,7 @@ def run_ours_factors(user_f, item_f, train, test, batch):
     """The same ten metrics from the factors: scores computed in cache-sized tiles and never stored."""
     sums = torch.zeros(len(METRICS), dtype=torch.float64, device=user_f.device)
     for sl in batches(len(user_f), batch):
-        vals = per_user_metrics_from_factors(user_f[sl], item_f, test[sl], METRICS, exclude=train[sl], as_frame=False)
+        vals = per_user_metrics((user_f[sl], item_f), test[sl], METRICS, exclude=train[sl], as_frame=False)
         sums += torch.stack([torch.nan_to_num(v).sum() for v in vals.values()])
     return sums / len(user_f)
 

@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # mypy's view of the lazy names below; tests/test_surface.py 
     from .simulate import draw_sampled_ranks, simulate_sampled_ranks
     from .splits import leave_last_out_split, split_train_test
     from .uncertainty import paired_difference
-    from .user_metrics import DEFAULT_METRICS, mean_metrics, per_user_metrics, per_user_metrics_from_factors
+    from .user_metrics import DEFAULT_METRICS, mean_metrics, per_user_metrics
 
 # The one place of the version: pyproject.toml reads it ([tool.setuptools.dynamic]); CHANGELOG.md names each release.
 __version__ = "0.1.0"
@@ -62,8 +62,7 @@ _SURFACE: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
         ("parse_metric", "metric_names", '"ndcg@10" -> MetricSpec'),
         ("MetricSpec", "metric_names", "a parsed metric name (kind and cut-off)"),
         ("metric_values", "metrics", "M(r) at given ranks"),
-        ("per_user_metrics", "user_metrics", "per-user metrics straight from a score batch"),
-        ("per_user_metrics_from_factors", "user_metrics", "per-user metrics straight from user and item factors"),
+        ("per_user_metrics", "user_metrics", "per-user metrics straight from a score batch or user and item factors"),
         ("mean_metrics", "user_metrics", "means over users with a defined value"),
         ("DEFAULT_METRICS", "user_metrics", "the metrics reported when none are named"),
     )),

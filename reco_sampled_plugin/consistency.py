@@ -1,11 +1,11 @@
 """Consistency of sampled and corrected metrics with the exact metric, on exact ranks you already have.
 
-* :func:`ordering_agreement` -- the Monte Carlo experiment of Krichene & Rendle's Table 4: repeat the
-  sampling ``repeats`` times given the exact ranks of several recommenders and count, for every pair,
-  metric and correction, how often the pair is ordered as by the exact metric.
-* :func:`consistency_report` -- the analogue of their Table 3 (exact, expected sampled and expected
-  corrected metric per recommender, metric and method; analytic expectations, no Monte Carlo) plus
-  the Table 4 counts. Plain data: lists of dicts, or pandas DataFrames with ``as_frame=True``.
+:func:`consistency_report` gives Krichene & Rendle's two studies in one result: the analogue of their Table 3
+(exact, expected sampled and expected corrected metric per recommender, metric and method; analytic expectations, no
+Monte Carlo) and their Table 4 (repeat the sampling ``repeats`` times given the exact ranks of several recommenders
+and count, for every pair, metric and correction, how often the pair is ordered as by the exact metric), with the
+Monte Carlo runs behind it. Plain data: lists of dicts and nested dicts (the two tables as pandas DataFrames with
+``as_frame=True``).
 
 ``n_samples`` is the design of the draws and of the tables (an int m, or a fixed-m ``SamplingDesign``:
 ``replacement=False`` for draws without replacement). ``methods`` are labels, each naming one correction: ``"none"``,
@@ -37,7 +37,7 @@ from .design import SamplingDesign
 if TYPE_CHECKING:
     from ._types import TensorLike
 
-__all__ = ["DEFAULT_METHODS", "parse_method", "ordering_agreement", "consistency_report"]
+__all__ = ["DEFAULT_METHODS", "parse_method", "consistency_report"]
 
 DEFAULT_METHODS = ("none", "rank_estimate", "cls", "bv:1", "bv:0.1", "bv:0.01", "bv:0.001")
 DEFAULT_METRICS = ("recall@10", "ndcg@10", "ap", "auc")
@@ -63,17 +63,12 @@ def parse_method(label: str) -> registry.Method:
     raise ValueError(f"method: {name!r} takes no argument, got {label!r}")
 
 
-def _check_repeats(repeats: Any, allow_zero: bool) -> int:
+def _check_repeats(repeats: Any) -> int:
     """``repeats`` as an int: at least 2 runs (a standard deviation over runs needs two; one run would
-    report NaN), or 0 to skip the Monte Carlo part where that is allowed."""
+    report NaN), or 0 to skip the Monte Carlo part."""
     r = check_int(repeats, "repeats")
-    if r == 0 and allow_zero:
-        return 0
-    if r < 2:
-        raise ValueError(
-            f"repeats: need at least 2 sampling runs (the spread over runs needs two){'; 0 skips them' if allow_zero else ''}, "
-            f"got {r}"
-        )
+    if r != 0 and r < 2:
+        raise ValueError(f"repeats: need at least 2 sampling runs (the spread over runs needs two); 0 skips them, got {r}")
     return r
 
 
@@ -127,7 +122,7 @@ def _prepare(exact_ranks: Mapping[str, object], n_items: Any) -> tuple[dict[str,
 
 @dataclass(frozen=True)
 class _Experiment:
-    """The arguments of :func:`ordering_agreement` and :func:`consistency_report`, each checked once."""
+    """The arguments of :func:`consistency_report`, each checked once."""
 
     ranks: dict[str, torch.Tensor]  # recommender -> exact ranks (CPU, flat)
     n: torch.Tensor  # candidates per instance (CPU, int64)
@@ -139,68 +134,12 @@ class _Experiment:
 
     @classmethod
     def checked(cls, exact_ranks: Mapping[str, object], n_items: Any, n_samples: Any, metrics: Any, methods: Any,
-                repeats: Any, seed: Any, allow_zero: bool) -> _Experiment:
-        repeats = _check_repeats(repeats, allow_zero)
+                repeats: Any, seed: Any) -> _Experiment:
+        repeats = _check_repeats(repeats)
         seed = _check_seed(seed)
         metrics, parsed = _check_lists(metrics, methods)
         ranks, n = _prepare(exact_ranks, n_items)
         return cls(ranks, n, fixed_design(n_samples), metrics, parsed, repeats, seed)
-
-
-def ordering_agreement(
-    exact_ranks: Mapping[str, object],
-    n_items: int | TensorLike,
-    n_samples: SamplingDesign | int,
-    metrics: Sequence[str] = DEFAULT_METRICS,
-    methods: Sequence[str] | Mapping[str, str | registry.Method] = DEFAULT_METHODS,
-    repeats: int = 100,
-    seed: int | None = 0,
-) -> dict:
-    """Table 4: for each metric, method and pair "A vs B", in how many of ``repeats`` sampling runs the
-    corrected metric orders A and B as the exact metric does (ties count as disagreement unless the
-    exact values tie too).
-
-    Args:
-        exact_ranks: recommender name -> exact 1-based ranks on the same instances.
-        n_items: n per instance (int or tensor). n_samples: the design of the draws and tables (an int m or a
-            fixed-m ``SamplingDesign``). methods: labels or {label: method object} (module docstring).
-        repeats: sampling runs, an integer >= 2 (``means`` feeds standard deviations over runs).
-        seed: an integer >= 0 (None: unseeded draws).
-
-    Returns:
-        ``{"repeats": R, "counts": {metric: {label: {"A vs B": count}}}, "exact": {metric: {name: value}},
-        "means": {metric: {label: {name: [R per-run values]}}}}``
-    """
-    return _agreement(_Experiment.checked(exact_ranks, n_items, n_samples, metrics, methods, repeats, seed,
-                                          allow_zero=False))
-
-
-def _agreement(exp: _Experiment) -> dict:
-    """:func:`ordering_agreement` of checked arguments."""
-    ranks, n, design, seed = exp.ranks, exp.n, exp.design, exp.seed
-    names = list(ranks)
-    draws = {
-        name: draw_sampled_ranks(ranks[name], n, design.n_samples, design.law, exp.repeats,
-                                 None if seed is None else seed + 7919 * i)
-        for i, name in enumerate(names)
-    }
-    counts: dict = {}
-    exact: dict = {}
-    means: dict = {}
-    for metric in exp.metrics:
-        exact[metric] = {name: float(metric_values(metric, ranks[name], n).mean()) for name in names}
-        counts[metric], means[metric] = {}, {}
-        for label, method in exp.methods.items():
-            corr, m = as_correction(method, design)
-            tables, inverse = tables_for_counts(metric, n, m, corr)
-            run_means = {name: tables[inverse.unsqueeze(0), draws[name] - 1].mean(dim=1) for name in names}
-            means[metric][label] = {name: v.tolist() for name, v in run_means.items()}
-            counts[metric][label] = {}
-            for a, b in combinations(names, 2):
-                sign_exact = (exact[metric][a] > exact[metric][b]) - (exact[metric][a] < exact[metric][b])
-                sign_runs = torch.sign(run_means[a] - run_means[b])
-                counts[metric][label][f"{a} vs {b}"] = int((sign_runs == sign_exact).sum())
-    return {"repeats": int(exp.repeats), "counts": counts, "exact": exact, "means": means}
 
 
 def consistency_report(
@@ -213,39 +152,85 @@ def consistency_report(
     seed: int | None = 0,
     as_frame: bool = False,
 ) -> dict:
-    """Tables 3 and 4 of Krichene & Rendle for your recommenders (arguments as in :func:`ordering_agreement`).
+    """Tables 3 and 4 of Krichene & Rendle for your recommenders, with the Monte Carlo runs behind Table 4.
 
-    ``table3``: one row per (metric, recommender) with ``exact`` and, per method label, the expected corrected
-    value E[M^(r~)] averaged over the instances (``none`` is the expected sampled metric), and the Monte
-    Carlo standard deviation over ``repeats`` runs as ``<label> sd``. ``table4``: one row per (pair,
-    metric) with the ordering counts per method. ``repeats=0`` skips the Monte Carlo part; otherwise it must be
-    an integer >= 2 (a standard deviation over one run does not exist): anything else is a ValueError naming
-    ``repeats``.
+    Args:
+        exact_ranks: recommender name -> exact 1-based ranks on the same instances.
+        n_items: n per instance (an int, or one whole count per instance).
+        n_samples: the design of the draws and tables (an int m or a fixed-m ``SamplingDesign``).
+        metrics: metric names. methods: labels or {label: method object} (module docstring).
+        repeats: sampling runs of Table 4, an integer >= 2 (a standard deviation over one run does not exist), or
+            0 to skip the Monte Carlo part.
+        seed: an integer >= 0 (None: unseeded draws).
+        as_frame: ``table3`` and ``table4`` as pandas DataFrames.
+
+    Returns:
+        ``{"table3": rows, "table4": rows, "exact": ..., "counts": ..., "means": ..., "repeats": R, "n_samples": m}``:
+
+        * ``table3``: one row per (metric, recommender) with ``exact`` and, per method label, the expected corrected
+          value E[M^(r~)] averaged over the instances (``none`` is the expected sampled metric), and the Monte
+          Carlo standard deviation over the R runs as ``<label> sd``.
+        * ``table4``: one row per (pair, metric) with the ordering counts per method label.
+        * ``exact``: ``{metric: {recommender: exact metric}}``.
+        * ``counts``: Table 4 by key, ``{metric: {label: {"A vs B": count}}}``: in how many of the R runs the
+          corrected metric orders A and B as the exact metric does (ties count as disagreement unless the exact
+          values tie too).
+        * ``means``: ``{metric: {label: {recommender: [R per-run values]}}}``.
+
+        With ``repeats=0``, ``table4``, ``counts`` and ``means`` are empty.
+
+    Raises:
+        ValueError: naming the argument (``repeats`` that is not 0 or an integer >= 2, a fractional ``n_items``,
+            empty ranks, a method that is no correction, ...).
     """
     as_frame = check_bool(as_frame, "as_frame")
-    exp = _Experiment.checked(exact_ranks, n_items, n_samples, metrics, methods, repeats, seed, allow_zero=True)
+    exp = _Experiment.checked(exact_ranks, n_items, n_samples, metrics, methods, repeats, seed)
+    exact = {metric: {name: float(metric_values(metric, r, exp.n).mean()) for name, r in exp.ranks.items()}
+             for metric in exp.metrics}
+    counts, means = _agreement(exp, exact) if exp.repeats > 0 else ({}, {})
     table3 = []
-    mc = _agreement(exp) if exp.repeats > 0 else None
     for metric in exp.metrics:
         for name, r in exp.ranks.items():
-            row = {"metric": metric, "recommender": name, "exact": float(metric_values(metric, r, exp.n).mean())}
+            row = {"metric": metric, "recommender": name, "exact": exact[metric][name]}
             for label, method in exp.methods.items():
                 row[label] = float(expected_corrected(metric, r, exp.n, exp.design, method).mean())
-                if mc is not None:
-                    row[f"{label} sd"] = float(torch.tensor(mc["means"][metric][label][name]).std())
+                if exp.repeats:
+                    row[f"{label} sd"] = float(torch.tensor(means[metric][label][name]).std())
             table3.append(row)
-    table4 = []
-    if mc is not None:
-        pairs = list(next(iter(next(iter(mc["counts"].values())).values())))
-        for pair in pairs:
-            for metric in exp.metrics:
-                row = {"pair": pair, "metric": metric}
-                row.update({label: mc["counts"][metric][label][pair] for label in exp.methods})
-                table4.append(row)
-    out = {"table3": table3, "table4": table4, "repeats": int(exp.repeats), "n_samples": int(exp.design.n_samples)}
+    pairs = [f"{a} vs {b}" for a, b in combinations(exp.ranks, 2)] if exp.repeats else []
+    table4 = [{"pair": pair, "metric": metric, **{label: counts[metric][label][pair] for label in exp.methods}}
+              for pair in pairs for metric in exp.metrics]
+    out: dict[str, Any] = {"table3": table3, "table4": table4, "exact": exact, "counts": counts, "means": means,
+                           "repeats": int(exp.repeats), "n_samples": int(exp.design.n_samples)}
     if as_frame:
         import pandas as pd  # optional dependency
 
         out["table3"] = pd.DataFrame(table3)
         out["table4"] = pd.DataFrame(table4)
     return out
+
+
+def _agreement(exp: _Experiment, exact: dict[str, dict[str, float]]) -> tuple[dict, dict]:
+    """Table 4 of checked arguments: (counts, means) of :func:`consistency_report` from ``repeats`` sampling runs."""
+    ranks, n, design, seed = exp.ranks, exp.n, exp.design, exp.seed
+    names = list(ranks)
+    draws = {
+        name: draw_sampled_ranks(ranks[name], n, design.n_samples, design.law, exp.repeats,
+                                 None if seed is None else seed + 7919 * i)
+        for i, name in enumerate(names)
+    }
+    counts: dict = {}
+    means: dict = {}
+    for metric in exp.metrics:
+        counts[metric], means[metric] = {}, {}
+        for label, method in exp.methods.items():
+            corr, m = as_correction(method, design)
+            tables, inverse = tables_for_counts(metric, n, m, corr)
+            run_means = {name: tables[inverse.unsqueeze(0), draws[name] - 1].mean(dim=1) for name in names}
+            means[metric][label] = {name: v.tolist() for name, v in run_means.items()}
+            counts[metric][label] = {}
+            for a, b in combinations(names, 2):
+                sign_exact = (exact[metric][a] > exact[metric][b]) - (exact[metric][a] < exact[metric][b])
+                sign_runs = torch.sign(run_means[a] - run_means[b])
+                counts[metric][label][f"{a} vs {b}"] = int((sign_runs == sign_exact).sum())
+    return counts, means

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from ._types import TensorLike
     import pandas as pd
 
-__all__ = ["user_metric_values", "per_user_metrics", "per_user_metrics_from_factors", "mean_metrics", "DEFAULT_METRICS"]
+__all__ = ["user_metric_values", "per_user_metrics", "mean_metrics", "DEFAULT_METRICS"]
 
 DEFAULT_METRICS = (
     "precision@10",
@@ -231,11 +231,11 @@ def _kernel_ties(ties: str) -> str:
 
 
 def per_user_metrics(
-    scores: torch.Tensor,
-    positives: torch.Tensor,
+    scores: TensorLike | tuple[TensorLike, ...],
+    positives: TensorLike,
     metrics: Sequence[str | MetricSpec] = DEFAULT_METRICS,
-    exclude: torch.Tensor | None = None,
-    relevance: torch.Tensor | None = None,
+    exclude: TensorLike | None = None,
+    relevance: TensorLike | None = None,
     ties: str = "pessimistic",
     *,
     cumulative: bool = False,
@@ -243,10 +243,13 @@ def per_user_metrics(
     generator: torch.Generator | None = None,
     check_finite: bool = True,
 ) -> "pd.DataFrame | dict[str, torch.Tensor]":
-    """Per-user metrics straight from a score batch, like recometrics' ``calc_reco_metrics(as_df=True)``.
+    """Per-user metrics straight from a score batch or a factor model, like recometrics' ``calc_reco_metrics(as_df=True)``.
 
     Args:
-        scores: (B, n) scores.
+        scores: (B, n) scores, or the factors whose product they are, as a tuple ``(user_factors, item_factors)``
+            or ``(user_factors, item_factors, item_bias)``: scores ``user_factors @ item_factors.T (+ item_bias)``
+            ((B, d), (n, d), (n,)), ranked in cache-sized tiles without storing them
+            (:func:`~reco_sampled_plugin.factor_ranks.exact_ranks_from_factors`; NaN/inf factors raise).
         positives: relevant items, (B, n) bool mask or (B, P) int64 padded with -1.
         metrics: metric names; default: the ten of the catalogue at k = 10.
         exclude: training items to leave out of the ranking.
@@ -255,17 +258,30 @@ def per_user_metrics(
         ties: tie policy of :func:`exact_ranks`; with ``"average"`` every metric is its expectation over uniformly
             random orders of each group of tied items (:mod:`~reco_sampled_plugin.tie_expectation`: exact, in
             closed form), e.g. HR@1 = 0.5 for a relevant item tied with one irrelevant item at the top.
+            From factors: pessimistic, optimistic or average.
         cumulative: expand every ``metric@k`` into ``metric@1 .. metric@k``.
         as_frame: return a pandas DataFrame (recometrics column names, e.g. ``NDCG@10``, ``ROC_AUC``);
             False returns a dict of (B,) float64 tensors keyed the same way.
+        generator: the draws of ``ties="random"``.
         check_finite: raise a ValueError naming the rows with NaN or inf scores (checked inside the
-            counting pass; nearly free).
+            counting pass; nearly free). Factors are always checked.
     """
     specs = _expand(metrics, cumulative)
     as_frame = check_bool(as_frame, "as_frame")
     check_finite = check_bool(check_finite, "check_finite")
     kernel_ties = _kernel_ties(ties)
     check_generator(generator)
+    if isinstance(scores, tuple):  # factors: (B, d) and (n, d) matrices (a tuple of (n,) score rows is refused)
+        from .factor_ranks import check_factors, ranks_and_index_from_factors
+
+        if len(scores) not in (2, 3):
+            raise ValueError(f"scores: a tuple is (user_factors, item_factors) or (user_factors, item_factors, "
+                             f"item_bias), got {len(scores)} entries")
+        user_factors, item_factors, item_bias = check_factors(*scores)
+        n = _check_cutoffs(specs, int(item_factors.shape[0]))
+        ranks, pos, exc = ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, kernel_ties,
+                                                       item_bias=item_bias)
+        return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame)
     scores, pos, exc = prepare_inputs(scores, positives, exclude, False)
     n = _check_cutoffs(specs, scores.shape[1])
     # the NaN/inf rows come from the counting pass and are read back with the results (one synchronisation fewer)
@@ -273,36 +289,8 @@ def per_user_metrics(
     return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame, finite)
 
 
-def per_user_metrics_from_factors(
-    user_factors: torch.Tensor,
-    item_factors: torch.Tensor,
-    positives: torch.Tensor,
-    metrics: Sequence[str | MetricSpec] = DEFAULT_METRICS,
-    exclude: torch.Tensor | None = None,
-    relevance: torch.Tensor | None = None,
-    ties: str = "pessimistic",
-    *,
-    cumulative: bool = False,
-    as_frame: bool = True,
-    item_bias: torch.Tensor | None = None,
-) -> "pd.DataFrame | dict[str, torch.Tensor]":
-    """:func:`per_user_metrics` of the scores ``user_factors @ item_factors.T`` (+ ``item_bias``, (n,))
-    without storing them: ranks from :func:`~reco_sampled_plugin.factor_ranks.exact_ranks_from_factors`
-    (cache-sized score tiles; NaN/inf factors raise). Arguments as in :func:`per_user_metrics`; ``ties``
-    pessimistic, optimistic or average."""
-    from .factor_ranks import check_factors, ranks_and_index_from_factors
-
-    specs = _expand(metrics, cumulative)
-    as_frame = check_bool(as_frame, "as_frame")
-    user_factors, item_factors, item_bias = check_factors(user_factors, item_factors, item_bias)
-    n = _check_cutoffs(specs, int(item_factors.shape[0]))
-    kernel_ties = _kernel_ties(ties)
-    ranks, pos, exc = ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, kernel_ties, item_bias=item_bias)
-    return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame)
-
-
 def _metrics_from_ranks(specs: Sequence[MetricSpec], ranks: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n: int,
-                        relevance: torch.Tensor | None, as_frame: bool,
+                        relevance: TensorLike | None, as_frame: bool,
                         finite: torch.Tensor | None = None) -> "pd.DataFrame | dict[str, torch.Tensor]":
     """The per-user values of ``specs`` from padded exact ranks (other positives competing), or from (B, P, 2)
     tie groups [lo, hi] (``ties="average"``: expectations over the orders of tied items). ``finite``: (B,) bool

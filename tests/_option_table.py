@@ -18,7 +18,6 @@ import scipy.sparse as sp
 import torch
 
 import reco_sampled_plugin as rsp
-from reco_sampled_plugin.consistency import ordering_agreement
 from reco_sampled_plugin.corrections import correction_table, expected_corrected, table_bias
 from reco_sampled_plugin.design import as_design
 from reco_sampled_plugin.mapping import dataset_beta, fit_beta, mapped_points, mapping, mapping_estimate, sampled_hit_rate_curve
@@ -181,8 +180,7 @@ def entries(tmp: str) -> list[Entry]:
         Entry("MetricSpec", rsp.MetricSpec, ("ndcg",), {"k": 5}),
         Entry("metric_curve", metric_curve, ("ndcg@5", 30), extra={"n_items": "size"}),
         Entry("per_user_metrics", rsp.per_user_metrics, (scores, pos), {"metrics": ["ndcg@5"]}),
-        Entry("per_user_metrics_from_factors", rsp.per_user_metrics_from_factors, (u, v, pos),
-              {"metrics": ["ndcg@5"]}),
+        Entry("per_user_metrics[factors]", rsp.per_user_metrics, ((u, v), pos), {"metrics": ["ndcg@5"]}),
         Entry("SamplingDesign", rsp.SamplingDesign, (5,), extra={"n_samples": "size"}),
         Entry("popularity_weights", rsp.popularity_weights, (torch.tensor([3.0, 0.0, 1.0]),)),
         Entry("AdaptiveDesign", rsp.AdaptiveDesign, (4, 16), extra={"n_samples": "size", "adaptive_max": "size"}),
@@ -226,8 +224,6 @@ def entries(tmp: str) -> list[Entry]:
                                                                     torch.rand(30, 3, generator=g)),
               {"metrics": ["ndcg"], "k": 3, "n_samples": 5, "method": registry.Bv(gamma=0.1)},
               skip={"k": "the exact entry covers it"}),
-        Entry("ordering_agreement", ordering_agreement, (ranks_by_model, 200, 10),
-              {"repeats": 2, "metrics": ["ndcg@5"], "methods": ["none"]}),
         Entry("consistency_report", rsp.consistency_report, (ranks_by_model, 200, 10),
               {"repeats": 2, "metrics": ["ndcg@5"], "methods": ["none"]}),
         Entry("split_train_test", rsp.split_train_test, (X,)),

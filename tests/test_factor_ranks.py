@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from reco_sampled_plugin import counting, exact_ranks, exact_ranks_from_factors, per_user_metrics, per_user_metrics_from_factors
+from reco_sampled_plugin import counting, exact_ranks, exact_ranks_from_factors, per_user_metrics
 
 
 def _problem(seed: int, b=37, n=1_000, d=6, integer=True, dtype=torch.float32):
@@ -51,14 +51,14 @@ def test_equal_on_random_float64_factors_and_large_tiles():
     assert torch.equal(exact_ranks_from_factors(u, v, pos[:, 0]), exact_ranks(u @ v.T, pos[:, 0]))
 
 
-def test_per_user_metrics_from_factors_equal_the_score_path():
+def test_per_user_metrics_of_factors_equal_the_score_path():
     u, v, pos, exc = _problem(3)
     a = per_user_metrics(u @ v.T, pos, exclude=exc, as_frame=False)
-    b = per_user_metrics_from_factors(u, v, pos, exclude=exc, as_frame=False)
+    b = per_user_metrics((u, v), pos, exclude=exc, as_frame=False)
     assert list(a) == list(b) and len(a) == 10
     for name in a:
         np.testing.assert_array_equal(a[name].numpy(), b[name].numpy(), err_msg=name)
-    frame = per_user_metrics_from_factors(u, v, pos, ["ndcg@5", "auc"], exclude=exc)
+    frame = per_user_metrics((u, v), pos, ["ndcg@5", "auc"], exclude=exc)
     assert list(frame.columns) == ["NDCG@5", "ROC_AUC"] and len(frame) == u.shape[0]
 
 
@@ -75,7 +75,7 @@ def test_bad_inputs_name_the_argument():
     with pytest.raises(ValueError, match="exclude: .* exclude one of their own positives"):
         exact_ranks_from_factors(u, v, pos, torch.cat([exc, pos[:, :1]], 1))
     with pytest.raises(ValueError, match="k = 2000"):
-        per_user_metrics_from_factors(u, v, pos, ["ndcg@2000"])
+        per_user_metrics((u, v), pos, ["ndcg@2000"])
     # factors whose scores could overflow: ranked on the materialized scores, whose check names the rows
     big = u.clone()
     big[5] = 3e38
@@ -94,7 +94,7 @@ def test_item_bias_equals_ranking_the_biased_scores(ties):
     for tile in (1 << 22, 5 * 256):
         assert torch.equal(exact_ranks_from_factors(u, v, pos, exc, ties, item_bias=bias, tile_elements=tile), want)
     assert not torch.equal(exact_ranks_from_factors(u, v, pos, exc, ties), want)  # the bias matters here
-    a = per_user_metrics_from_factors(u, v, pos, ["ndcg@10", "auc"], exclude=exc, item_bias=bias, as_frame=False)
+    a = per_user_metrics((u, v, bias), pos, ["ndcg@10", "auc"], exclude=exc, as_frame=False)
     b = per_user_metrics(u @ v.T + bias, pos, ["ndcg@10", "auc"], exclude=exc, as_frame=False)
     for name in a:
         np.testing.assert_array_equal(a[name].numpy(), b[name].numpy(), err_msg=name)

@@ -420,8 +420,8 @@ def test_factor_functions_lists_equal_arrays():
     pos = [[0], [1], [2], [3], [4], [5]]
     torch.testing.assert_close(rsp.exact_ranks_from_factors(u.tolist(), v.tolist(), pos),
                                rsp.exact_ranks_from_factors(u, v, pos))
-    want = rsp.per_user_metrics_from_factors(u, v, pos, metrics=["ndcg@5"], as_frame=False)
-    got = rsp.per_user_metrics_from_factors(u.tolist(), v.tolist(), pos, metrics=["ndcg@5"], as_frame=False)
+    want = rsp.per_user_metrics((u, v), pos, metrics=["ndcg@5"], as_frame=False)
+    got = rsp.per_user_metrics((u.tolist(), v.tolist()), pos, metrics=["ndcg@5"], as_frame=False)
     torch.testing.assert_close(got["NDCG@5"], want["NDCG@5"])
 
 
@@ -431,7 +431,7 @@ def test_bad_factor_forms_name_the_argument(bad):
     X, u, v = _factor_data()
     _value_error_naming(lambda: rsp.evaluate_factors(None, X, bad, v, k=3), "user_factors")
     _value_error_naming(lambda: rsp.exact_ranks_from_factors(u, bad, [[0]] * 6), "item_factors")
-    _value_error_naming(lambda: rsp.per_user_metrics_from_factors(bad, v, [[0]] * 6, metrics=["ndcg@5"]),
+    _value_error_naming(lambda: rsp.per_user_metrics((bad, v), [[0]] * 6, metrics=["ndcg@5"]),
                         "user_factors")
 
 

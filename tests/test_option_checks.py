@@ -16,7 +16,6 @@ import reco_sampled_plugin as rsp
 from reco_sampled_plugin import consistency_report, estimate, paired_difference, SampledRanks, simulate_sampled_ranks
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.design import SamplingDesign
-from reco_sampled_plugin.consistency import ordering_agreement
 from reco_sampled_plugin.mapping import fit_beta, mapping
 from reco_sampled_plugin.priors import BetaPrior
 from reco_sampled_plugin.corrections import correction_table
@@ -262,9 +261,9 @@ def test_consistency_report_real_spread_and_skip():
     skipped = consistency_report(TWO, 100, 10, ["hit@10"], ["none"], repeats=0)
     assert skipped["table4"] == [] and "none sd" not in skipped["table3"][0]
     with pytest.raises(ValueError, match="^repeats: "):
-        ordering_agreement(TWO, 100, 10, ["hit@10"], ["none"], repeats=1)
+        consistency_report(TWO, 100, 10, ["hit@10"], ["none"], repeats=1)
     with pytest.raises(ValueError, match="^seed: "):
-        ordering_agreement(TWO, 100, 10, ["hit@10"], ["none"], repeats=5, seed=1.5)
+        consistency_report(TWO, 100, 10, ["hit@10"], ["none"], repeats=5, seed=1.5)
 
 
 # ------------------------------------------------------------------------------------------- adapters

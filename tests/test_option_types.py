@@ -21,7 +21,6 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import reco_sampled_plugin as rsp
-from reco_sampled_plugin.consistency import ordering_agreement
 from reco_sampled_plugin.corrections import correction_table, expected_corrected
 from reco_sampled_plugin.mapping import mapping
 from reco_sampled_plugin.priors import empirical_prior, fit_beta_prior
@@ -272,7 +271,7 @@ def test_a_metric_list_of_the_wrong_type_names_metrics(bad):
     fit = fit_rank_distribution(rsp.SampledRanks.from_arrays(torch.tensor([1, 2, 1, 4, 3]), 100, 10))
     calls = [
         lambda: rsp.per_user_metrics(torch.rand(2, 10), torch.tensor([1, 2]), bad),
-        lambda: rsp.per_user_metrics_from_factors(torch.rand(2, 3), torch.rand(10, 3), torch.tensor([1, 2]), bad),
+        lambda: rsp.per_user_metrics((torch.rand(2, 3), torch.rand(10, 3)), torch.tensor([1, 2]), bad),
         lambda: tm.ExactRankingMetrics(bad),
         lambda: tm.SampledRankingMetrics(bad, 10),
         lambda: lightning.RankingSettings(bad),
@@ -282,7 +281,7 @@ def test_a_metric_list_of_the_wrong_type_names_metrics(bad):
         lambda: correction_tables(bad, 100, 10),
         lambda: mapping_tables(bad, 100, 10),
         lambda: rsp.consistency_report({"a": torch.tensor([1, 5])}, 50, 10, metrics=bad, repeats=0),
-        lambda: ordering_agreement({"a": torch.tensor([1, 5])}, 50, 10, metrics=bad, repeats=2),
+        lambda: rsp.consistency_report({"a": torch.tensor([1, 5])}, 50, 10, metrics=bad, repeats=2),
     ]
     for call in calls:
         with pytest.raises(ValueError, match="^metrics: "):
@@ -300,8 +299,8 @@ def test_scipy_sparse_scores_and_factors_are_named():
                        (lambda: tm.ExactRankingMetrics(["ndcg@5"]).update(s, pos), "scores"),
                        (lambda: rsp.exact_ranks_from_factors(sp.random(3, 4, density=0.5), torch.rand(10, 4), pos),
                         "user_factors"),
-                       (lambda: rsp.per_user_metrics_from_factors(torch.rand(3, 4), sp.random(10, 4, density=0.5),
-                                                                  pos, ["ndcg@5"]), "item_factors"),
+                       (lambda: rsp.per_user_metrics((torch.rand(3, 4), sp.random(10, 4, density=0.5)),
+                                                     pos, ["ndcg@5"]), "item_factors"),
                        (lambda: rsp.evaluate_factors(None, sp.eye(3, 10, format="csr"), sp.random(3, 4, density=0.5),
                                                      torch.rand(10, 4)), "user_factors"),
                        (lambda: rsp.exact_ranks(torch.rand(3, 10).to_sparse(), pos), "scores")):
@@ -315,7 +314,7 @@ def test_none_and_other_non_sizes_are_named(bad):
     from reco_sampled_plugin.planner import plan
 
     for call in (lambda: rsp.consistency_report({"a": ex, "b": ex}, bad, 5, repeats=0),
-                 lambda: ordering_agreement({"a": ex, "b": ex}, bad, 5, repeats=2),
+                 lambda: rsp.consistency_report({"a": ex, "b": ex}, bad, 5, repeats=2),
                  lambda: empirical_prior(ex, bad),
                  lambda: mapping(3, bad, 10),
                  lambda: correction_table("ndcg@5", bad, 10),

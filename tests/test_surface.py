@@ -52,7 +52,6 @@ MOVED = {
     "fit_beta_prior": "priors",
     "empirical_prior": "priors",
     "IdentifiedInterval": "identification",
-    "ordering_agreement": "consistency",
 }
 
 

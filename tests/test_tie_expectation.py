@@ -116,8 +116,8 @@ def test_per_user_metrics_average_ties_are_expectations():
         torch.testing.assert_close(got[column], torch.tensor(want[name], dtype=torch.float64), equal_nan=True)
     # from factors (integer-valued scores: the tiles compute them exactly) the same numbers
     u = scores  # scores = u @ v.T with v the identity
-    via_factors = rsp.per_user_metrics_from_factors(u, torch.eye(n, dtype=torch.float64), pos, names, exclude=exc,
-                                                   ties="average", as_frame=False)
+    via_factors = rsp.per_user_metrics((u, torch.eye(n, dtype=torch.float64)), pos, names, exclude=exc,
+                                       ties="average", as_frame=False)
     for name in names:
         column = parse_metric(name).column
         torch.testing.assert_close(via_factors[column], got[column], equal_nan=True)

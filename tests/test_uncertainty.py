@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from reco_sampled_plugin.consistency import consistency_report, ordering_agreement, parse_method
+from reco_sampled_plugin.consistency import consistency_report, parse_method
 from reco_sampled_plugin.corrections import correction_table, expected_corrected
 from reco_sampled_plugin._estimate import Estimate
 from reco_sampled_plugin.priors import BetaPrior, empirical_prior, fit_beta_prior
@@ -134,14 +134,14 @@ def test_sampled_ranks_out_of_range(bad):
 
 
 def test_ordering_agreement_on_running_example():
-    out = ordering_agreement(TABLE1, 10_000, 99, ["auc", "recall@10"], ["none", "bv:0.001"], repeats=60, seed=1)
+    out = consistency_report(TABLE1, 10_000, 99, ["auc", "recall@10"], ["none", "bv:0.001"], repeats=60, seed=1)
     assert out["repeats"] == 60
     # sampled AUC keeps A ahead of B and C in every run (large gaps, unbiased)
     assert out["counts"]["auc"]["none"]["A vs B"] == 60
     # uncorrected Recall@10 in expectation ranks A first though C is best: mostly wrong
     assert out["counts"]["recall@10"]["none"]["A vs C"] < 10
     assert out["counts"]["recall@10"]["bv:0.001"]["A vs C"] > out["counts"]["recall@10"]["none"]["A vs C"]
-    again = ordering_agreement(TABLE1, 10_000, 99, ["auc", "recall@10"], ["none", "bv:0.001"], repeats=60, seed=1)
+    again = consistency_report(TABLE1, 10_000, 99, ["auc", "recall@10"], ["none", "bv:0.001"], repeats=60, seed=1)
     assert again["counts"] == out["counts"]  # seeded
 
 
@@ -170,7 +170,7 @@ def test_consistency_methods_by_label_carry_their_options():
     for label, method in methods.items():
         want = expected_corrected("ndcg@10", torch.tensor(TABLE1["C"]), 10_000, design, method).mean()
         assert row[label] == float(want)
-    out = ordering_agreement(TABLE1, 10_000, design, ["ndcg@10"], methods, repeats=4, seed=2)
+    out = consistency_report(TABLE1, 10_000, design, ["ndcg@10"], methods, repeats=4, seed=2)
     assert set(out["counts"]["ndcg@10"]) == set(methods)
     for bad in ({"fit": "mes"}, {1: "cls"}, {}, {"x": registry.Bv(max_rel_n_spread=0.1)}):
         with pytest.raises(ValueError, match="^methods: "):
