@@ -265,11 +265,15 @@ def test_batches_designs_and_versions_are_checked():
 
 @pytest.fixture(scope="module")
 def cluster():
-    """One small local Ray cluster for the module (2 CPUs; pytest-xdist workers each start their own)."""
+    """One small local Ray cluster for the module (2 CPUs; pytest-xdist workers each start their own). Its idle
+    worker processes are kept for the module (Ray's default ends them after a second): each run's actor pool, its
+    aggregation and a restarted actor then start in a process that has imported torch and the package already,
+    not in a new one (a killed actor's process is gone either way)."""
     import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors unpickle this module's Factory
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _system_config={"idle_worker_killing_time_threshold_ms": 600_000})
     yield
     ray.shutdown()
 
