@@ -373,6 +373,13 @@ class PopularityFit:
             if len(rows):
                 pe = p[rows][:, exact]
                 prof, und = np.round(u.profile[rows]), np.round(undrawn[rows])
+                # the denominator is a function of each unit's profile and probabilities alone, one row at a time:
+                # computed once per distinct row (the same bytes, the same bits), shared by the units that hold it
+                # (without exclusions nearly every unit: the catalogue's profile but the positive's class)
+                key = np.ascontiguousarray(np.concatenate([prof, pe.reshape(len(rows), -1)], 1))
+                _, first, inv = np.unique(key.view(np.dtype((np.void, key.itemsize * key.shape[1]))).ravel(),
+                                          return_index=True, return_inverse=True)
+                inv = inv.reshape(-1)
                 need = k[None, :] - b[rows, None].astype(np.int64)
                 r_ = np.arange(len(rows))[:, None]
                 top = np.empty(need.shape)
@@ -382,7 +389,7 @@ class PopularityFit:
                 for c0 in range(0, len(exact), _COUNT_CHUNK):
                     sl = slice(c0, c0 + _COUNT_CHUNK)
                     kc = int(k[sl].max())
-                    den = _log_count_pmf(prof, pe[:, sl], kc)
+                    den = _log_count_pmf(prof[first], pe[first][:, sl], kc)[inv]
                     num = _log_count_pmf(und, pe[:, sl], kc)
                     cols = np.arange(den.shape[1])[None, :]
                     nd = need[:, sl]

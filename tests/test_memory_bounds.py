@@ -177,28 +177,46 @@ def test_bound_message_names_the_bound():
 
 
 def test_cli_huge_n_under_memory_cap(tmp_path):
+    """The CLI at n = 2^40 under the address-space cap: estimate and plan succeed, n = 2^41 is refused in one line
+    (exit status 2); no traceback. The three commands run in turn in one capped process (main() as the console
+    script calls it, each command's stderr its own)."""
     ranks = tmp_path / "ranks.txt"
     ranks.write_text("1\n2\n3\n1\n5\n")
     child = textwrap.dedent(f"""
-        import resource, sys
+        import contextlib, io, json, resource, sys, traceback
         resource.setrlimit(resource.RLIMIT_AS, ({CAP}, {CAP}))
         from reco_sampled_plugin.cli import main
-        sys.exit(main(sys.argv[1:]))
+        out = []
+        for args in json.loads(sys.stdin.read()):
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                try:
+                    code = main(args)
+                except SystemExit as exc:  # sys.exit(main()): None is 0, a message is printed with status 1
+                    code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+                except BaseException:
+                    traceback.print_exc()
+                    code = 1
+            out.append([code, err.getvalue()])
+        print(json.dumps(out))
     """)
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    for args, code in (
+    commands = (
         (["estimate", str(ranks), "--n-items", str(HUGE), "-m", "100"], 0),
         (["plan", "--n-items", str(HUGE), "--n-users", "5", "--metric", "recall@10", "--target-rel-error", "0.05",
           "--repeats", "2"], 0),
         (["estimate", str(ranks), "--n-items", str(2 * HUGE), "-m", "100"], 2),
-    ):
-        proc = subprocess.run([sys.executable, "-c", child, *args], capture_output=True, text=True, timeout=400,
-                              env=env, cwd=ROOT)
-        assert proc.returncode == code, proc.stderr[-2000:]
-        assert "Traceback" not in proc.stderr
+    )
+    proc = subprocess.run([sys.executable, "-c", child], input=json.dumps([a for a, _ in commands]),
+                          capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    for (args, code), (got, stderr) in zip(commands, results, strict=True):
+        assert got == code, (args, stderr[-2000:])
+        assert "Traceback" not in stderr
         if code == 2:
-            lines = proc.stderr.strip().splitlines()
-            assert len(lines) == 1 and lines[0].startswith("reco-sampled: error: "), proc.stderr
+            lines = stderr.strip().splitlines()
+            assert len(lines) == 1 and lines[0].startswith("reco-sampled: error: "), stderr
 
 
 def test_cli_memory_error_is_one_line():

@@ -174,7 +174,7 @@ def test_stratified_fit_from_device_draws_equals_the_cpu_one(device, mixed_world
     """The same draws on ``device`` (one CPU generator, integer weights: the inverse-cdf draw is exact on every
     device) give the same ranks and statistics, each on the device (the positive's own weight too: w at the
     positive), and the same stratified estimate as on the CPU."""
-    scores, pos, w = _world(0)
+    scores, pos, w = mixed_worlds[0]  # _world(0)
     got = {}
     for dev in ("cpu", device):
         s = rsp.sampled_ranks(scores.to(dev), pos.to(dev), SamplingDesign(50, popularity=w.to(dev)),

@@ -265,13 +265,31 @@ def test_batches_designs_and_versions_are_checked():
 
 @pytest.fixture(scope="module")
 def cluster():
-    """One small local Ray cluster for the module (2 CPUs; pytest-xdist workers each start their own)."""
+    """One small local Ray cluster for the module (2 CPUs; pytest-xdist workers each start their own). Its idle
+    worker processes are kept for the module (Ray's default ends them after a second): each run's actor pool, its
+    aggregation and a restarted actor then start in a process that has imported torch and the package already,
+    not in a new one (a killed actor's process is gone either way; the example runs first, so that the killed-actor
+    test's pool starts warm too)."""
     import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors unpickle this module's Factory
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _system_config={"idle_worker_killing_time_threshold_ms": 600_000})
     yield
     ray.shutdown()
+
+
+def test_ray_at_scale_example(cluster, capsys, monkeypatch):
+    """examples/ray_at_scale.py on the module's cluster (it starts its own only where none runs): 2 actors over 8
+    blocks give one process's estimates bit for bit, and the cost is reported."""
+    import runpy
+    from pathlib import Path
+
+    monkeypatch.setattr(sys, "argv", ["ray_at_scale.py"])
+    runpy.run_path(str(Path(__file__).parents[1] / "examples" / "ray_at_scale.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    assert out.count("same as one process: True") == 2
+    assert "users 2000, pairs scored" in out and "% of full ranking" in out
 
 
 def test_ray_run_with_a_killed_actor_equals_one_process(cluster, tmp_path):
@@ -294,16 +312,3 @@ def test_ray_run_with_a_killed_actor_equals_one_process(cluster, tmp_path):
     assert _estimates(got, METHODS["active_share"]) == _estimates(ref, METHODS["active_share"])
     a, b = got.sample(), ref.sample()
     assert np.array_equal(a.flat_counts, b.flat_counts) and a.share.equals(b.share) and len(a.share.n) > 0
-
-
-def test_ray_at_scale_example(cluster, capsys, monkeypatch):
-    """examples/ray_at_scale.py on the module's cluster (it starts its own only where none runs): 2 actors over 8
-    blocks give one process's estimates bit for bit, and the cost is reported."""
-    import runpy
-    from pathlib import Path
-
-    monkeypatch.setattr(sys, "argv", ["ray_at_scale.py"])
-    runpy.run_path(str(Path(__file__).parents[1] / "examples" / "ray_at_scale.py"), run_name="__main__")
-    out = capsys.readouterr().out
-    assert out.count("same as one process: True") == 2
-    assert "users 2000, pairs scored" in out and "% of full ranking" in out
