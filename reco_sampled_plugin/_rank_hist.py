@@ -27,8 +27,8 @@ import numpy as np
 import torch
 from scipy import special
 
-from ._checks import (MAX_SAMPLES, MAX_SIZE, MAX_TOTAL_WEIGHT, check_elements, check_rank_values, check_sampled_support,
-                      check_sizes, check_weights)
+from ._checks import (MAX_SAMPLES, MAX_SIZE, MAX_TOTAL_WEIGHT, ArgumentTypeError, check_elements, check_rank_values,
+                      check_real_array, check_sampled_support, check_sizes, check_weights)
 from ._options import check_optional, check_positive_float
 from ._types import TensorLike
 from .metric_names import MetricSpec
@@ -50,6 +50,24 @@ def _size_array(x: Any, name: str) -> np.ndarray:
     """A fresh 1-D int64 copy of group sizes, refused unless whole, finite and real (``check_sizes``)."""
     v = check_sizes(x, name, None, maximum=None)
     return np.array(v.cpu().numpy() if isinstance(v, torch.Tensor) else v, dtype=np.int64).reshape(-1)
+
+
+def _count_rows(counts: Any) -> tuple[np.ndarray, ...]:
+    """Each group's counts as a fresh 1-D float64 row: ``counts`` an iterable of arrays of real numbers, one per group
+    (an ArgumentTypeError naming ``counts`` for None, a string, a mapping; a ValueError for strings or bools inside)."""
+    if counts is None or isinstance(counts, (str, bytes, dict)) or not hasattr(counts, "__iter__"):
+        raise ArgumentTypeError(f"counts: expected one array of m + 1 counts per group (a list of arrays), got "
+                                f"{type(counts).__name__}")
+    return tuple(check_real_array(c, "counts", "counts (real numbers)").reshape(-1) for c in counts)
+
+
+def _check_share(share: Any) -> None:
+    """A histogram's ``share``: None or the ``_share.ShareRows`` of an exact share (a ValueError naming ``share``)."""
+    from ._share import ShareRows
+
+    if share is not None and not isinstance(share, ShareRows):
+        raise ArgumentTypeError(f"share: expected None or an exact share's rows (_share.ShareRows, from "
+                                f"SampledRanks.histogram()), got {type(share).__name__}")
 
 
 def _check_design(design: Any) -> None:
@@ -130,7 +148,7 @@ class RankHistogram:
         # whole, finite, real (check_sizes); the ranges are checked per group below
         n = _size_array(self.n_items, "n_items")
         m = _size_array(self.n_samples, "n_samples")
-        counts = tuple(np.array(c, dtype=np.float64).reshape(-1) for c in self.counts)
+        counts = _count_rows(self.counts)
         for a in (n, m, *counts):
             a.setflags(write=False)
         if not (len(n) == len(m) == len(counts)):
@@ -165,6 +183,7 @@ class RankHistogram:
         flat.setflags(write=False)
         exact = _exact_flags(self.exact, n, m)
         _check_design(self.design)
+        _check_share(self.share)
         object.__setattr__(self, "n_items", n)
         object.__setattr__(self, "n_samples", m)
         object.__setattr__(self, "counts", counts)

@@ -226,6 +226,21 @@ def test_rank_histogram_bad_n_items(n):
         rsp.RankHistogram(n, np.array([10]), (np.ones(11),))
 
 
+@pytest.mark.parametrize("kwargs, named", [
+    (dict(counts=None), "counts"), (dict(counts="abc"), "counts"), (dict(counts={"g": [1.0, 2.0]}), "counts"),
+    (dict(counts=(["1", "2", "3"],)), "counts"), (dict(counts=(np.array([True, False, True]),)), "counts"),
+    (dict(share="rows"), "share"), (dict(share=np.ones(3)), "share"),
+], ids=["counts None", "counts str", "counts dict", "count strings", "count bools", "share str", "share array"])
+def test_rank_histogram_counts_and_share_of_the_wrong_kind_are_named(kwargs, named):
+    """Built by hand (a public constructor): counts must be one array of real numbers per group and share None or an
+    exact share's rows; None was a TypeError, strings numpy's 'could not convert', a share an AttributeError later
+    in the estimate."""
+    args = dict(n_items=np.array([60]), n_samples=np.array([2]), counts=(np.array([1.0, 2.0, 3.0]),)) | kwargs
+    with pytest.raises(ValueError, match=f"^{named}: "):
+        rsp.RankHistogram(**args)
+    assert rsp.RankHistogram(np.array([60]), np.array([2]), [[1, 2, 3]]).total == 6.0  # lists of ints still count
+
+
 def test_correction_table_whole_float_n_is_that_n():
     assert torch.equal(correction_table("hit@10", 100.0, 10, "rank_estimate"),
                        correction_table("hit@10", 100, 10, "rank_estimate"))
