@@ -35,6 +35,7 @@ from .metric_names import MetricSpec
 from .metrics import metric_from_float_ranks
 
 __all__ = [
+    "pair_groups",
     "RankHistogram",
     "sampled_rank_histogram",
     "as_histogram",
@@ -535,6 +536,20 @@ def _group_ids(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(key, return_inverse=True)
 
 
+def pair_groups(n: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (n, m) pairs of int64 ``n``, ``m`` >= 0 sorted by n then m, and each entry's index among them: one
+    int64 key n (max m + 1) + m where it cannot overflow (:func:`_group_ids`), else numpy's row-wise unique, in the same
+    order (n up to 2^40 times m + 1 up to 2^24 + 1 leaves int64: the key wrapped around to n = 0)."""
+    if n.shape[0] == 0:
+        return n.copy(), m.copy(), np.zeros(0, np.int64)
+    span = int(m.max()) + 1
+    if int(n.max()) <= (np.iinfo(np.int64).max - span) // span:
+        key, gid = _group_ids(n * span + m)
+        return key // span, key % span, gid
+    pairs, gid = np.unique(np.stack([n, m], 1), axis=0, return_inverse=True)
+    return pairs[:, 0].copy(), pairs[:, 1].copy(), gid.reshape(-1)
+
+
 def _numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
@@ -551,9 +566,7 @@ def _bincount_histogram(r: np.ndarray, n: np.ndarray, m: np.ndarray, w: np.ndarr
         un, gid = _group_ids(n)
         um = np.full(un.shape[0], m0, dtype=np.int64)
     else:
-        span = int(m.max()) + 1
-        key, gid = _group_ids(n * span + m)
-        un, um = key // span, key % span
+        un, um, gid = pair_groups(n, m)
     if un[0] < 2 or um.min() < 1:  # O(groups): the checks of the validating constructor that can fail here
         g = 0 if un[0] < 2 else int(np.argmin(um))
         raise ValueError(f"n_items: need at least 2 candidates, got {un[g]} in group {g}" if un[0] < 2
