@@ -28,6 +28,7 @@ __all__ = [
     "MAX_TOTAL_WEIGHT",
     "MAX_SAMPLES",
     "MAX_ELEMENTS",
+    "MIN_INCLUSION",
     "as_tensor",
     "check_elements",
     "check_generator",
@@ -66,6 +67,10 @@ MAX_TOTAL_WEIGHT = float(1 << 53)
 #: in closed form or by quadrature (sums over 1..n, the identification's shape rows, the planner's default
 #: family) are computed so and need no bound; the others are refused before allocating.
 MAX_ELEMENTS = 1 << 27
+#: Least inclusion probability pi of an exact share's positive (a share, an active share's floor, a rank file's or an
+#: array's pi): the Horvitz-Thompson weights 1/pi and their squares stay far inside float64 (a chosen positive at
+#: pi = 1e-300 makes the design-based estimate NaN); a share of 1e-9 chooses about no positive of a billion.
+MIN_INCLUSION = 1e-9
 #: Largest integer option accepted where a caller sets no tighter bound (2^63 - 1: what an int64 holds; a seed's
 #: range). Larger Python ints are refused, never wrapped around or passed on to an allocation.
 MAX_INT = (1 << 63) - 1

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -55,6 +56,7 @@ __all__ = [
     "check_names",
     "check_law",
     "check_beta_shape",
+    "check_path",
     "check_base_measure",
 ]
 
@@ -202,15 +204,36 @@ def check_metric_names(x: Any, name: str = "metrics") -> tuple[MetricSpec, ...]:
     return tuple(specs)
 
 
+#: The Beta shapes a the mapping computes (eq. 16-17): at a = 1e-20 or 1e300 its values collapse in float64 (the
+#: mapping stops increasing, eq. 19's update divides by 0); fit_beta's iteration stops above 1e6 as well.
+BETA_SHAPE_RANGE = (1e-6, 1e6)
+
+
+def check_path(path: Any, name: str = "path") -> str:
+    """A file name argument as a str: a ``str`` or ``os.PathLike`` naming text (an ArgumentTypeError naming ``name``
+    for None, numbers, bytes; a ValueError for an empty name, which would read the current directory)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArgumentTypeError(f"{name}: expected a file name (str or os.PathLike), got {type(path).__name__}")
+    text = os.fspath(path)
+    if not isinstance(text, str):  # a bytes path
+        raise ArgumentTypeError(f"{name}: expected a file name as str, got {text!r}")
+    if not text.strip():
+        raise ValueError(f"{name}: expected a file name, got the empty name {text!r}")
+    return text
+
+
 def check_beta_shape(a: Any, name: str = "a") -> float:
-    """The Beta shape a of Li et al.'s mapping (eq. 16-17) as a float: a ValueError naming ``name`` unless a finite
-    number > 0 (None: the method ``beta`` needs one)."""
+    """The Beta shape a of Li et al.'s mapping (eq. 16-17) as a float: a ValueError naming ``name`` unless a number in
+    :data:`BETA_SHAPE_RANGE` (None: the method ``beta`` needs one)."""
+    lo, hi = BETA_SHAPE_RANGE
     if a is None:
-        raise ValueError(f"{name}: method 'beta' needs the Beta shape a > 0 (a = 1 is eq. 18; use fit_beta for eq. 19)")
-    try:
-        return check_positive_float(a, name)
-    except ValueError:
-        raise ValueError(f"{name}: the Beta shape must be a finite number > 0, got {a!r}") from None
+        raise ValueError(f"{name}: method 'beta' needs the Beta shape a in [{lo:g}, {hi:g}] (a = 1 is eq. 18; use "
+                         "fit_beta for eq. 19)")
+    v = _real(a, name, f"the Beta shape, a number in [{lo:g}, {hi:g}]")
+    if not lo <= v <= hi:  # NaN included
+        raise ValueError(f"{name}: the Beta shape must be a number in [{lo:g}, {hi:g}] (the mapping's float64 range), "
+                         f"got {a!r}")
+    return v
 
 
 def check_base_measure(beta: Any) -> float:

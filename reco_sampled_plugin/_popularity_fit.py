@@ -165,6 +165,14 @@ def rank_edges(n_max: int) -> np.ndarray:
     return np.asarray(edges, dtype=np.int64)
 
 
+def _tilted(log_v: np.ndarray, beta: float) -> np.ndarray:
+    """The classes' tilted weights v^beta (``log_v``: log v), up to a common factor (lambda absorbs it): the largest
+    is 1 for beta >= 0; for beta < 0 the smallest class's would be v_max^|beta| / v_min^|beta|, kept at most e^300
+    (weights spanning more than e^150 at beta = -2 would overflow float64 and leave no lambda to solve)."""
+    x = beta * (log_v - log_v.max())
+    return np.exp(x - max(0.0, float(x.max()) - 300.0))
+
+
 def _solve_lambda(profile: np.ndarray, v: np.ndarray, k: np.ndarray, points: int = 400) -> np.ndarray:
     """lambda >= 0 with sum_c profile_c (1 - exp(-lambda v_c)) = k, for every unit (rows) and target k (columns):
     (N, K). The left side, increasing in t = log lambda, is tabulated on ``points`` values of t spanning every
@@ -177,9 +185,12 @@ def _solve_lambda(profile: np.ndarray, v: np.ndarray, k: np.ndarray, points: int
         return hit
     n_units = profile.shape[0]
     pos = v > 0
-    vmax, vmin = float(v.max()), float(v[pos].min())
+    # vmin at least 1e-300: the grid's top exp(t) = 40 / vmin stays finite (tilted weights below it, of weights spanning
+    # more than e^40 tilted by beta = 16 or e^300 by beta = -2, are classes hardly ever drawn)
+    vmax, vmin = float(v.max()), max(float(v[pos].min()), 1e-300)
     t = np.linspace(math.log(1e-4 / (vmax * max(float(profile.sum(1).max()), 1.0))), math.log(40.0 / vmin), points)
-    table = profile @ (-np.expm1(-np.exp(t)[:, None] * v[None, :])).T  # (N, T), increasing along T
+    with np.errstate(over="ignore"):  # lambda v beyond float64 at the grid's top: the membership is certain (1)
+        table = profile @ (-np.expm1(-np.exp(t)[:, None] * v[None, :])).T  # (N, T), increasing along T
     reach = profile @ pos.astype(np.float64)
     logk = np.log(np.maximum(k, 1e-300))
     ltab = np.log(np.maximum(table, 1e-300))
@@ -320,7 +331,7 @@ class PopularityFit:
     def _log_likelihood(self, b: int) -> np.ndarray:
         """(N, cells) log-likelihood of each unit's memberships at each cell's rank, at the b-th beta."""
         u = self.units
-        v = np.exp(self.betas[b] * (u.log_v - u.log_v.max()))
+        v = _tilted(u.log_v, float(self.betas[b]))
         k = np.clip(self.r_mid - 1.0, 0.0, None)
         lam = _solve_lambda(u.profile, v, k)  # (N, cells)
         self._lam[b] = lam
@@ -395,7 +406,8 @@ class PopularityFit:
                     nd = need[:, sl]
                     top[:, sl] = np.where(nd >= 0, num[r_, cols, np.clip(nd, 0, kc)], -np.inf)
                     bottom[:, sl] = den[r_, cols, k[sl][None, :]]
-                sub[rows] = np.where(np.isfinite(bottom), top - bottom, 0.0)
+                with np.errstate(invalid="ignore"):  # -inf - -inf where bottom is not finite: masked
+                    sub[rows] = np.where(np.isfinite(bottom), top - bottom, 0.0)
             out[:, exact] = sub
         return out
 
@@ -407,7 +419,7 @@ class PopularityFit:
         if b in self._zone:
             return self._zone[b]
         u = self.units
-        v = np.exp(self.betas[b] * (u.log_v - u.log_v.max()))
+        v = _tilted(u.log_v, float(self.betas[b]))
         lam = self._lam[b]
         assert lam is not None, "zone_cells after the likelihood at that beta"  # _log_likelihood(b) fills it
         mass_w = u.profile * u.mean_w
@@ -678,7 +690,8 @@ def _em(logl: np.ndarray, w: np.ndarray, base: np.ndarray, start: np.ndarray | N
             break
         prev = ll
     mix = lik @ p
-    ll = float(wk @ np.log(np.maximum(mix, 1e-300))) + float(wk @ mx[ok, 0]) - (math.inf if not ok.all() else 0.0)
+    with np.errstate(over="ignore"):  # units beyond float64 (weights spanning e^300): the fit's ll is -inf
+        ll = float(wk @ np.log(np.maximum(mix, 1e-300))) + float(wk @ mx[ok, 0]) - (math.inf if not ok.all() else 0.0)
     return p, ll
 
 

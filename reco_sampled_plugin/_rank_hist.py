@@ -27,14 +27,15 @@ import numpy as np
 import torch
 from scipy import special
 
-from ._checks import (MAX_SAMPLES, MAX_SIZE, MAX_TOTAL_WEIGHT, check_elements, check_rank_values, check_sampled_support,
-                      check_sizes, check_weights)
+from ._checks import (MAX_SAMPLES, MAX_SIZE, MAX_TOTAL_WEIGHT, ArgumentTypeError, check_elements, check_rank_values,
+                      check_real_array, check_sampled_support, check_sizes, check_weights)
 from ._options import check_optional, check_positive_float
 from ._types import TensorLike
 from .metric_names import MetricSpec
 from .metrics import metric_from_float_ranks
 
 __all__ = [
+    "pair_groups",
     "RankHistogram",
     "sampled_rank_histogram",
     "as_histogram",
@@ -50,6 +51,24 @@ def _size_array(x: Any, name: str) -> np.ndarray:
     """A fresh 1-D int64 copy of group sizes, refused unless whole, finite and real (``check_sizes``)."""
     v = check_sizes(x, name, None, maximum=None)
     return np.array(v.cpu().numpy() if isinstance(v, torch.Tensor) else v, dtype=np.int64).reshape(-1)
+
+
+def _count_rows(counts: Any) -> tuple[np.ndarray, ...]:
+    """Each group's counts as a fresh 1-D float64 row: ``counts`` an iterable of arrays of real numbers, one per group
+    (an ArgumentTypeError naming ``counts`` for None, a string, a mapping; a ValueError for strings or bools inside)."""
+    if counts is None or isinstance(counts, (str, bytes, dict)) or not hasattr(counts, "__iter__"):
+        raise ArgumentTypeError(f"counts: expected one array of m + 1 counts per group (a list of arrays), got "
+                                f"{type(counts).__name__}")
+    return tuple(check_real_array(c, "counts", "counts (real numbers)").reshape(-1) for c in counts)
+
+
+def _check_share(share: Any) -> None:
+    """A histogram's ``share``: None or the ``_share.ShareRows`` of an exact share (a ValueError naming ``share``)."""
+    from ._share import ShareRows
+
+    if share is not None and not isinstance(share, ShareRows):
+        raise ArgumentTypeError(f"share: expected None or an exact share's rows (_share.ShareRows, from "
+                                f"SampledRanks.histogram()), got {type(share).__name__}")
 
 
 def _check_design(design: Any) -> None:
@@ -130,7 +149,7 @@ class RankHistogram:
         # whole, finite, real (check_sizes); the ranges are checked per group below
         n = _size_array(self.n_items, "n_items")
         m = _size_array(self.n_samples, "n_samples")
-        counts = tuple(np.array(c, dtype=np.float64).reshape(-1) for c in self.counts)
+        counts = _count_rows(self.counts)
         for a in (n, m, *counts):
             a.setflags(write=False)
         if not (len(n) == len(m) == len(counts)):
@@ -165,6 +184,7 @@ class RankHistogram:
         flat.setflags(write=False)
         exact = _exact_flags(self.exact, n, m)
         _check_design(self.design)
+        _check_share(self.share)
         object.__setattr__(self, "n_items", n)
         object.__setattr__(self, "n_samples", m)
         object.__setattr__(self, "counts", counts)
@@ -516,6 +536,20 @@ def _group_ids(key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.unique(key, return_inverse=True)
 
 
+def pair_groups(n: np.ndarray, m: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The distinct (n, m) pairs of int64 ``n``, ``m`` >= 0 sorted by n then m, and each entry's index among them: one
+    int64 key n (max m + 1) + m where it cannot overflow (:func:`_group_ids`), else numpy's row-wise unique, in the same
+    order (n up to 2^40 times m + 1 up to 2^24 + 1 leaves int64: the key wrapped around to n = 0)."""
+    if n.shape[0] == 0:
+        return n.copy(), m.copy(), np.zeros(0, np.int64)
+    span = int(m.max()) + 1
+    if int(n.max()) <= (np.iinfo(np.int64).max - span) // span:
+        key, gid = _group_ids(n * span + m)
+        return key // span, key % span, gid
+    pairs, gid = np.unique(np.stack([n, m], 1), axis=0, return_inverse=True)
+    return pairs[:, 0].copy(), pairs[:, 1].copy(), gid.reshape(-1)
+
+
 def _numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
     return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
 
@@ -532,9 +566,7 @@ def _bincount_histogram(r: np.ndarray, n: np.ndarray, m: np.ndarray, w: np.ndarr
         un, gid = _group_ids(n)
         um = np.full(un.shape[0], m0, dtype=np.int64)
     else:
-        span = int(m.max()) + 1
-        key, gid = _group_ids(n * span + m)
-        un, um = key // span, key % span
+        un, um, gid = pair_groups(n, m)
     if un[0] < 2 or um.min() < 1:  # O(groups): the checks of the validating constructor that can fail here
         g = 0 if un[0] < 2 else int(np.argmin(um))
         raise ValueError(f"n_items: need at least 2 candidates, got {un[g]} in group {g}" if un[0] < 2

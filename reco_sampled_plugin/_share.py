@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
-from ._checks import check_rank_values, check_weights
+from ._checks import MIN_INCLUSION, check_rank_values, check_weights
 from ._hash import keyed_uniform
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ def carries_share(sample: Any) -> bool:
 def with_share_arrays(sampled: SampledRanks, share_ranks: TensorLike | None, inclusion: TensorLike | None
                       ) -> SampledRanks:
     """``sampled`` with an exact share given as arrays (``SampledRanks.from_arrays``): both or neither, shaped like
-    the ranks, exact ranks in 1..n where chosen (0 elsewhere), probabilities in (0, 1] at every positive."""
+    the ranks, exact ranks in 1..n where chosen (0 elsewhere), probabilities in [MIN_INCLUSION, 1] at every positive."""
     if share_ranks is None or inclusion is None:
         raise ValueError("inclusion: an exact share needs both share_ranks and inclusion (one was None)")
     e = check_rank_values(share_ranks, "share_ranks", whole=True, padding=True).to(sampled.ranks.device)
@@ -90,8 +90,8 @@ def with_share_arrays(sampled: SampledRanks, share_ranks: TensorLike | None, inc
         raise ValueError("share_ranks: an exact rank where the ranks hold padding (0)")
     if bool((e > sampled.candidates()).any()):
         raise ValueError("share_ranks: a rank above the positive's n (n_items)")
-    if not bool(((p > 0) & (p <= 1))[valid].all()):
-        raise ValueError("inclusion: every positive's probability must lie in (0, 1]")
+    if not bool(((p >= MIN_INCLUSION) & (p <= 1))[valid].all()):
+        raise ValueError(f"inclusion: every positive's probability must lie in [{MIN_INCLUSION:g}, 1] (MIN_INCLUSION)")
     return dataclasses.replace(sampled, share_ranks=e, inclusion=torch.where(valid, p, torch.zeros_like(p)))
 
 

@@ -349,8 +349,8 @@ def _design_arg(text: str) -> SamplingDesign:
 
     try:
         return parse_design(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+    except ValueError as exc:  # argparse names --design itself
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("spec: ")) from None
 
 
 def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -307,13 +307,9 @@ def load_interactions(
     Raises ValueError with ``path:line`` for a malformed line (wrong field count, empty id, non-numeric or
     non-finite rating or timestamp) and for a file without data lines.
     """
-    from ._options import check_bool, check_optional  # torch-free callers of the module import nothing more
+    from ._options import check_bool, check_optional, check_path  # torch-free callers import nothing more
 
-    if not isinstance(path, (str, os.PathLike)):
-        raise ValueError(f"path: expected a file name (str or os.PathLike), got {type(path).__name__}")
-    path = os.fspath(path)
-    if not isinstance(path, str):  # a bytes path
-        raise ValueError(f"path: expected a file name as str, got {path!r}")
+    path = check_path(path)
     if sep is not None and not (isinstance(sep, str) and sep):  # "auto" is a str: checked before any comparison
         raise ValueError(f"sep: expected 'auto', None (whitespace) or a non-empty string, got {sep!r}")
     header = check_optional(header, check_bool, "header")

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
 
 import numpy as np
 
-from ._checks import MAX_SAMPLES, check_size
+from ._checks import MAX_SAMPLES, MIN_INCLUSION, ArgumentTypeError, check_required, check_size
 from ._options import check_bool
 
 if TYPE_CHECKING:  # torch is imported where weights are checked, not with this module
@@ -94,13 +94,13 @@ class ExactShare:
     whichever batch, process or recommender draws it (paired differences share the exact positives).
 
     Args:
-        share: the mean inclusion probability, in (0, 1] (1: every positive ranked exactly).
+        share: the mean inclusion probability, in [1e-9, 1] (1: every positive ranked exactly; ``MIN_INCLUSION``).
         choice: ``"uniform"`` (pi_i = share) or ``"active"``: pi_i = min(1, max(floor, c s_i)), s_i the model's
             spread of M(R) given the positive's sampled data (``_design_based.inclusion_probabilities``), c such that
             the mean is ``share`` (Zrnic & Candes, ICML 2024: labels where the model is least sure).
         metric: ``"active"``: the metric whose spread sets pi (a metric name, default ``"ndcg@10"``).
-        floor: ``"active"``: the least pi_i, in (0, share] (default share / 5): no positive has probability 0, so
-            the Horvitz-Thompson mean stays unbiased whatever the model.
+        floor: ``"active"``: the least pi_i, in [1e-9, share] (default share / 5, at least 1e-9): no positive has
+            probability 0, so the Horvitz-Thompson mean stays unbiased whatever the model.
         seed: the key of the choice (an integer in 0..2**63 - 1).
     """
 
@@ -117,15 +117,17 @@ class ExactShare:
             share = float(self.share)
         except (TypeError, ValueError):
             raise ValueError(f"share: expected a number in (0, 1], got {self.share!r}") from None
-        if isinstance(self.share, bool) or not 0.0 < share <= 1.0:
-            raise ValueError(f"share: expected a number in (0, 1], got {self.share!r}")
+        if isinstance(self.share, bool) or not MIN_INCLUSION <= share <= 1.0:
+            raise ValueError(f"share: expected a number in (0, 1], at least {MIN_INCLUSION:g} (MIN_INCLUSION), got "
+                             f"{self.share!r}")
         object.__setattr__(self, "share", share)
         object.__setattr__(self, "choice", check_choice(self.choice, SHARE_CHOICES, "choice"))
         if not isinstance(self.metric, str):
             raise ValueError(f"metric: expected a metric name such as 'ndcg@10', got {self.metric!r}")
-        floor = share / 5.0 if self.floor is None else self.floor
-        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0.0 < float(floor) <= share:
-            raise ValueError(f"floor: expected a number in (0, share = {share:g}], got {self.floor!r}")
+        floor = max(share / 5.0, MIN_INCLUSION) if self.floor is None else self.floor
+        if (isinstance(floor, bool) or not isinstance(floor, (int, float, np.floating))
+                or not MIN_INCLUSION <= float(floor) <= share):
+            raise ValueError(f"floor: expected a number in [{MIN_INCLUSION:g}, share = {share:g}], got {self.floor!r}")
         object.__setattr__(self, "floor", float(floor))
         object.__setattr__(self, "seed", check_seed(self.seed, "seed"))
 
@@ -391,31 +393,41 @@ SPEC_SYNTAX = "M[:CAP[:exact]|:norepl][+SHARE[:uniform|:active[:METRIC]]]"
 _SPEC_FLAGS = {"exact": "exact_at_cap", "norepl": "replacement"}
 
 
-def parse_design(text: str) -> SamplingDesign:
+def parse_design(spec: str, *, name: str = "spec") -> SamplingDesign:
     """The :class:`SamplingDesign` of a spec (:data:`SPEC_SYNTAX`): ``parse_design(design_spec(d)) == d``.
 
+    Args:
+        spec: the spec string. name: the argument the caller's user typed (``rsp_design``...), which a malformed
+            spec's message starts with.
+
     Raises:
-        ValueError: a malformed spec (naming the syntax) or a design its parts cannot make (SamplingDesign's and
-            ExactShare's own messages: ``share: expected a number in (0, 1], ...``).
+        ValueError: a malformed spec (naming ``name`` and the syntax; an ArgumentTypeError for a spec that is not a
+            string) or a design its parts cannot make (SamplingDesign's and ExactShare's own messages: ``share:
+            expected a number in (0, 1], ...``).
     """
-    bad = ValueError(f"expected a design spec {SPEC_SYNTAX} (e.g. '100', '100:3200', '100:norepl', "
-                     f"'100:12800+0.03:active'), got {text!r}")
-    if not isinstance(text, str):
-        raise bad
-    sampled, plus, share_text = text.strip().partition("+")
+    bad = (f"{name}: expected a design spec {SPEC_SYNTAX} (e.g. '100', '100:3200', '100:norepl', "
+           f"'100:12800+0.03:active'), got {spec!r}")
+    if not isinstance(spec, str):
+        raise ArgumentTypeError(bad)
+    sampled, plus, share_text = spec.strip().partition("+")
     m_text, *rest = (t.strip() for t in sampled.split(":"))
-    cap = rest.pop(0) if rest and rest[0].isdigit() else None
+    cap = rest.pop(0) if rest and _digits(rest[0]) else None
     share, _, tail = (t.strip() for t in share_text.partition(":"))
     choice, _, metric = (t.strip() for t in tail.partition(":"))
-    if (not m_text.isdigit() or len(set(rest)) < len(rest) or not set(rest) <= set(_SPEC_FLAGS)
+    if (not _digits(m_text) or len(set(rest)) < len(rest) or not set(rest) <= set(_SPEC_FLAGS)
             or (plus and not _is_number(share))):
-        raise bad
+        raise ValueError(bad)
     parts: dict[str, Any] = {_SPEC_FLAGS[flag]: flag == "exact" for flag in rest}  # exact: True; norepl: False
     if cap is not None:
         parts["adaptive_max"] = int(cap)
     if plus:
         parts["exact_share"] = ExactShare(float(share), choice=choice or "uniform", metric=metric or ExactShare.metric)
     return SamplingDesign(int(m_text), **parts)
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also takes '²' and other digits that ``int`` cannot read)."""
+    return text.isascii() and text.isdigit()
 
 
 def _is_number(text: str) -> bool:
@@ -435,7 +447,7 @@ def design_spec(design: SamplingDesign | int | PlannedDesign) -> str:
         ValueError: naming ``design`` where no spec holds it: popularity weights (give the design itself), an exact
             share with its own ``floor`` or ``seed`` (the spec keeps the defaults: floor share / 5, seed 0).
     """
-    d = as_design(design, name="design")
+    d = as_design(check_required(design, "design", "a SamplingDesign, an int m or a planner result"), name="design")
     if d.popularity is not None:
         raise ValueError(f"design: {d.describe()} draws by popularity weights, which a spec cannot hold; pass the "
                          "SamplingDesign (or the planner's result) itself")

@@ -211,7 +211,7 @@ def fit_beta(
     by_m = _counts_by_m(hist)
     for it in range(1, max_iter + 1):  # scalar fixed point; each step is O(sum of distinct m)
         s = _sum_log_g(by_m, a)
-        a_new = -total * a / s
+        a_new = -total * a / s if s < 0 else math.nan  # sum ln G < 0; 0 where G rounds to 1: no fixed point
         history.append(a_new)
         if not math.isfinite(a_new) or a_new <= 0 or a_new > 1e6:
             break

@@ -103,7 +103,7 @@ import os
 import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -111,8 +111,8 @@ from scipy import special
 
 from . import registry
 from ._blas import one_blas_thread
-from ._checks import (MAX_ELEMENTS, MAX_SAMPLES, check_elements, check_int, check_rank_values, check_size, check_sizes,
-                      renamed)
+from ._checks import (MAX_ELEMENTS, MAX_SAMPLES, ArgumentTypeError, check_elements, check_int, check_rank_values,
+                      check_size, check_sizes, renamed)
 from ._options import check_bool, check_positive_float
 from ._adaptive_law import check_adaptive_histogram, expected_samples
 from .design import AdaptiveDesign, ExactShare, SamplingDesign, design_spec
@@ -1007,6 +1007,9 @@ def _candidate_designs(designs: Any, s: _Settings, world: PopularityWorld | None
                              f"{method!r} (fixed m in {DEFAULT_FIXED_M} need m < n - 1); pass designs, or rank all "
                              "items")
     else:
+        if isinstance(designs, (SamplingDesign, str, bytes, dict)) or not isinstance(designs, Iterable):
+            raise ArgumentTypeError(f"designs: expected a list of SamplingDesigns ([SamplingDesign(100), "
+                                    f"SamplingDesign(100, adaptive_max=3200), ...]) or None, got {designs!r}")
         out = [_check_design(d, n_min, method, world) for d in designs]
     if not out:
         raise ValueError(f"designs: no candidate design below full ranking for n_items = {n_min}")

@@ -73,6 +73,7 @@ from ._rank_hist import (
     as_histogram,
     interval_mean_metric,
     interval_mean_metrics,
+    pair_groups,
     pool_by_n,
     pool_exact_groups,
 )
@@ -276,9 +277,7 @@ def _pool_m(hist: RankHistogram, spread: float = _M_SPREAD) -> RankHistogram:
     (r~ <= m + 1 <= m' + 1). Exact for the top; the approximation is flagged ``pooled_n`` by the callers."""
     m_new = _m_bin_tops(hist.n_samples, spread)
     n_new = 1 + np.rint((hist.n_items - 1.0) * m_new / hist.n_samples).astype(np.int64)
-    span = int(m_new.max()) + 1
-    keys, gid = np.unique(n_new * span + m_new, return_inverse=True)
-    n_out, m_out = keys // span, keys % span
+    n_out, m_out, gid = pair_groups(n_new, m_new)
     offsets = np.concatenate([[0], np.cumsum(m_out + 1)])
     sizes = hist.n_samples + 1
     starts = np.cumsum(sizes) - sizes
@@ -1654,18 +1653,15 @@ def _pool_map(n: np.ndarray, m: np.ndarray, totals: np.ndarray,
         m_new = _m_bin_tops(m)
         n = 1 + np.rint((n - 1.0) * m_new / m).astype(np.int64)
         m = m_new
-    span = int(m.max()) + 1
-    keys, gid = np.unique(n * span + m, return_inverse=True)
-    gid = gid.reshape(-1)
-    n1, m1 = keys // span, keys % span
-    if len(keys) <= max_groups:
+    n1, m1, gid = pair_groups(n, m)
+    if len(n1) <= max_groups:
         return n1, m1, gid, changed
-    t1 = np.bincount(gid, weights=np.asarray(totals, dtype=np.float64), minlength=len(keys))
-    rep_key = np.empty(len(keys), dtype=np.int64)
+    t1 = np.bincount(gid, weights=np.asarray(totals, dtype=np.float64), minlength=len(n1))
+    rep_n, rep_m = np.empty(len(n1), dtype=np.int64), np.empty(len(n1), dtype=np.int64)
     for mval, members, rep in _quantile_bins(n1, m1, t1, max_groups):  # pool_groups' quantile bins
-        rep_key[members] = rep * span + mval
-    keys2, gid2 = np.unique(rep_key, return_inverse=True)
-    return keys2 // span, keys2 % span, gid2.reshape(-1)[gid], True
+        rep_n[members], rep_m[members] = rep, mval
+    n2, m2, gid2 = pair_groups(rep_n, rep_m)
+    return n2, m2, gid2[gid], True
 
 
 class ReplicateFits:
@@ -1733,11 +1729,8 @@ class ReplicateFits:
         law = self.law
         check_without_replacement(n_np, m_np, law)
         # the raw (n, m) groups of all draws together, and their totals (the sum of the draws' histograms)
-        span = int(m_np.max()) + 1
-        raw, raw_id = np.unique(n_np * span + m_np, return_inverse=True)
-        raw_id = raw_id.reshape(-1)
-        n_out, m_out, to_pooled, self.pooled = _pool_map(raw // span, raw % span,
-                                                         np.bincount(raw_id, minlength=len(raw)),
+        raw_n, raw_m, raw_id = pair_groups(n_np.astype(np.int64), m_np.astype(np.int64))
+        n_out, m_out, to_pooled, self.pooled = _pool_map(raw_n, raw_m, np.bincount(raw_id, minlength=len(raw_n)),
                                                          self.method.max_groups)
         group = to_pooled[raw_id]  # (R U,) each positive's pooled group
         check_without_replacement(n_out, m_out, law)

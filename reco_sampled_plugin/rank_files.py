@@ -47,7 +47,8 @@ from typing import Any
 
 import numpy as np
 
-from ._checks import MAX_SIZE, check_real_array, check_size
+from ._checks import MAX_SIZE, MIN_INCLUSION, check_real_array, check_size
+from ._options import check_path
 from .design import SamplingDesign
 from ._share import with_share_arrays
 from .ranking import END_TIES, SampledRanks
@@ -107,7 +108,7 @@ class RankFile:
 
     def _check_share(self) -> None:
         """An exact share's columns (:data:`SHARE_HEADER`): both, one value per positive, not with popularity
-        statistics; exact_rank whole in 0..n (0: not chosen), inclusion in (0, 1]."""
+        statistics; exact_rank whole in 0..n (0: not chosen), inclusion in [MIN_INCLUSION, 1]."""
         if self.exact_rank is None or self.inclusion is None or self.hh_s1 is not None:
             raise ValueError("exact_rank: give exact_rank and inclusion together, without hh_s1 / hh_s2")
         e = check_real_array(self.exact_rank, "exact_rank", "whole numbers (one per positive)")
@@ -120,10 +121,11 @@ class RankFile:
             k = int(np.argmax(bad))
             raise ValueError(f"exact_rank: entry {k} is {float(e[k])!r}, expected a whole number in 1..n = "
                              f"1..{int(self.n_items[k])} (0 or an empty field: not chosen)")
-        bad = ~(np.isfinite(p) & (p > 0) & (p <= 1))
+        bad = ~(np.isfinite(p) & (p >= MIN_INCLUSION) & (p <= 1))
         if bool(bad.any()):
             k = int(np.argmax(bad))
-            raise ValueError(f"inclusion: entry {k} is {float(p[k])!r}, expected a probability in (0, 1]")
+            raise ValueError(f"inclusion: entry {k} is {float(p[k])!r}, expected a probability in "
+                             f"[{MIN_INCLUSION:g}, 1] (MIN_INCLUSION)")
         object.__setattr__(self, "exact_rank", e.astype(np.int64))
         object.__setattr__(self, "inclusion", p.astype(np.float64))
 
@@ -322,7 +324,7 @@ def read_rank_file(path: str | os.PathLike, n_items: int | None = None, n_sample
         n_items = check_size(n_items, "n_items", 2, MAX_SIZE)
     if n_samples is not None:
         n_samples = check_size(n_samples, "n_samples", 1, MAX_SIZE)
-    path = Path(path)
+    path = Path(check_path(path))
     data = _read_bytes(path)
     if _names_share(data):
         return _share_rank_file(path, data)
@@ -506,8 +508,9 @@ def _share_rank_file(path: Path, data: bytes) -> RankFile:
             raise ValueError(f"{path}:{number}: exact_rank {e} outside 1..n = 1..{n} (leave it empty where the "
                              "positive was not chosen)")
         p = _float(fields[4], path, number, "inclusion")
-        if not 0 < p <= 1:
-            raise ValueError(f"{path}:{number}: inclusion {fields[4]!r} must be a probability in (0, 1]")
+        if not MIN_INCLUSION <= p <= 1:
+            raise ValueError(f"{path}:{number}: inclusion {fields[4]!r} must be a probability in "
+                             f"[{MIN_INCLUSION:g}, 1] (MIN_INCLUSION)")
         cols.append((r, n, m, e, p))
     if not cols:
         raise ValueError(f"{path}: no ranks found")
@@ -551,6 +554,7 @@ def write_rank_file(path: str | os.PathLike, sampled: SampledRanks) -> Path:
     """
     import torch
 
+    path = check_path(path)
     if not isinstance(sampled, SampledRanks):
         raise ValueError(f"sampled: expected the SampledRanks of a draw (sampled_ranks, adaptive_sampled_ranks, "
                          f"sampled_ranks_from_scorer), got {type(sampled).__name__}")
@@ -682,7 +686,8 @@ def read_ncf(test_rating: str | os.PathLike, test_negative: str | os.PathLike, s
     which names the line of the first error.
     """
     n_items = check_size(n_items, "n_items", 2)
-    test_rating, test_negative, scores = Path(test_rating), Path(test_negative), Path(scores)
+    test_rating, test_negative, scores = (Path(check_path(p, k)) for p, k in (
+        (test_rating, "test_rating"), (test_negative, "test_negative"), (scores, "scores")))
     if not isinstance(ties, str) or ties not in END_TIES:
         raise ValueError(f"ties: use 'pessimistic' or 'optimistic', got {ties!r}")
     held_out: dict[int, int] = {}

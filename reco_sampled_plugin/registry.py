@@ -95,7 +95,7 @@ OPTION_KINDS = {
     "bool": "True or False",
     "choice": "one of the listed values",
     "prior": "a prior: 'uniform', ('beta', a), a vector over ranks, a callable, or a Prior",
-    "beta_shape": "the Beta shape a > 0",
+    "beta_shape": "the Beta shape a, a number in [1e-6, 1e6]",
     "base_measure": "a number in [0, 2]",
 }
 
@@ -531,7 +531,10 @@ def register(entry: Estimator, *, replace: bool = False) -> Estimator:
 
 
 def unregister(name: str) -> None:
-    """Remove a registered estimator (built-in ones too: meant for tests and for replacing a method)."""
+    """Remove a registered estimator (built-in ones too: meant for tests and for replacing a method); a name not
+    registered is a no-op, one that is not a string a ValueError naming ``name``."""
+    if not isinstance(name, str):
+        raise ValueError(f"name: expected an estimator's name (a string such as 'bv'), got {type(name).__name__}")
     _REGISTRY.pop(name, None)
 
 
@@ -715,7 +718,7 @@ _BUILTIN = (
               reference="Li, Jin et al. KDD 2020, eq. 13"),
     Estimator("beta", "mapping", "Li et al. Beta mapping with a given shape a (a = 1: eq. 18)",
               ".mapping:estimate_by_mapping",
-              options=(Option("a", "beta_shape", None, "the Beta shape a > 0 (required)", named=True),),
+              options=(Option("a", "beta_shape", None, "the Beta shape a in [1e-6, 1e6] (required)", named=True),),
               reference="Li, Jin et al. KDD 2020, eq. 16-18"),
     Estimator("beta_fit", "mapping", "Li et al. Beta mapping with a fitted on these sampled ranks",
               ".mapping:estimate_by_mapping",

@@ -385,6 +385,40 @@ def test_design_and_arrays_are_checked():
         rsp.SampledRanks.from_arrays(r, 100, 10, share_ranks=torch.tensor([0, 7, 0]))
 
 
+def _share_file(path, pi_last: str):
+    """A rank file of 40 positives (n = 60, m = 10) with a uniform share 0.5 (every other one chosen), the last chosen
+    positive's inclusion written as ``pi_last``."""
+    rows = [f"{1 + i % 11},60,10,{(7 + i) % 60 + 1 if i % 2 else ''},{pi_last if i == 39 else '0.5'}"
+            for i in range(40)]
+    path.write_text("sampled_rank,n_candidates,n_samples,exact_rank,inclusion\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def test_an_inclusion_below_the_least_is_refused_wherever_it_is_given(tmp_path):
+    """pi >= MIN_INCLUSION (1e-9) for a share, an active share's floor, arrays and rank files: a chosen positive at
+    pi = 1e-300 made the difference estimate NaN (1/pi^2 overflows); at the bound the estimate is finite."""
+    from reco_sampled_plugin._checks import MIN_INCLUSION
+    from reco_sampled_plugin.rank_files import RankFile, read_rank_file
+
+    for bad, match in ((1e-10, "^share: "), (1e-300, "^share: ")):
+        with pytest.raises(ValueError, match=match):
+            ExactShare(bad)
+    with pytest.raises(ValueError, match=r"^floor: expected a number in \[1e-09, share"):
+        ExactShare(0.5, choice="active", floor=1e-300)
+    assert ExactShare(MIN_INCLUSION).floor == MIN_INCLUSION  # the default share / 5, at least the bound
+    r = torch.tensor([3, 1, 5])
+    with pytest.raises(ValueError, match=r"^inclusion: every positive's probability must lie in \[1e-09, 1\]"):
+        rsp.SampledRanks.from_arrays(r, 100, 10, share_ranks=torch.tensor([0, 7, 0]), inclusion=[0.5, 1e-300, 0.5])
+    with pytest.raises(ValueError, match=r"f\.csv:41: inclusion '1e-300' must be a probability in \[1e-09, 1\]"):
+        read_rank_file(_share_file(tmp_path / "f.csv", "1e-300"))
+    with pytest.raises(ValueError, match=r"^inclusion: entry 1 is 1e-300"):
+        RankFile(np.array([3, 2]), np.array([60, 60]), np.array([10, 10]), exact_rank=np.array([0, 7]),
+                 inclusion=np.array([0.5, 1e-300]))
+    at_bound = read_rank_file(_share_file(tmp_path / "g.csv", "1e-9")).sampled(SamplingDesign(10))
+    est = rsp.estimate("ndcg@10", at_bound, "diff")
+    assert math.isfinite(est.value) and not math.isnan(est.stderr)
+
+
 def test_histogram_path_matches_the_positives_and_merges(matrix):
     """The estimate from the histogram and its share rows equals eq. (1)-(3) on the positives' own predictions; two
     halves' histograms merged give the whole's estimate (the share rows travel with the counts)."""

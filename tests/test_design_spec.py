@@ -3,6 +3,8 @@ prints and ``reco-sampled plan --design`` / RecBole's ``rsp_design`` take reads 
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 
 from _profiles import examples
 from reco_sampled_plugin import registry
-from reco_sampled_plugin._checks import MAX_SAMPLES
+from reco_sampled_plugin._checks import MAX_SAMPLES, ArgumentTypeError
 from reco_sampled_plugin.design import ExactShare, SamplingDesign, design_spec, parse_design
 from reco_sampled_plugin.planner import default_designs
 
@@ -66,11 +68,15 @@ def test_the_syntax(spec, design):
 
 
 @pytest.mark.parametrize("spec, match", [
-    ("a:b", "^expected a design spec M"),
-    ("100:foo", "^expected a design spec M"),
-    ("100:3200:exact:exact", "^expected a design spec M"),
-    ("20+x", "^expected a design spec M"),
-    ("100+", "^expected a design spec M"),
+    ("a:b", "^spec: expected a design spec M"),
+    ("100:foo", "^spec: expected a design spec M"),
+    ("100:3200:exact:exact", "^spec: expected a design spec M"),
+    ("20+x", "^spec: expected a design spec M"),
+    ("100+", "^spec: expected a design spec M"),
+    ("\u00b2", "^spec: expected a design spec M"),  # a digit to str.isdigit, not to int()
+    ("100:\u00b2", "^spec: expected a design spec M"),
+    ("\uff11\uff10\uff10", "^spec: expected a design spec M"),  # fullwidth digits: ASCII digits only
+    ("", "^spec: expected a design spec M"),
     ("100:exact", "^exact_at_cap: completes the positives still first at the cap"),
     ("100:3200:norepl", "^replacement: adaptive sampling draws with replacement"),
     ("100:50", "^adaptive_max: must be at least n_samples"),
@@ -81,8 +87,38 @@ def test_the_syntax(spec, design):
 def test_a_bad_spec_is_named(spec, match):
     with pytest.raises(ValueError, match=match):
         parse_design(spec)
-    with pytest.raises(ValueError, match="^expected a design spec"):
+    with pytest.raises(ArgumentTypeError, match="^spec: expected a design spec"):
         parse_design(100)  # type: ignore[arg-type]  # a spec is a string (an int m is as_design's)
+
+
+#: What a refusal of parse_design may start with: the spec itself, or the field of the design it sets
+_SPEC_NAMES = r"^(spec|n_samples|adaptive_max|exact_at_cap|replacement|exact_share|share|choice|metric|floor): "
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(text=st.one_of(st.text(max_size=20), st.from_regex(r"[0-9\u00b2\u0663\uff11:+.eanorplxctiv -]{0,14}",
+                                                          fullmatch=True)))
+def test_any_text_is_a_design_or_a_refusal_naming_the_spec(text):
+    """Fuzz: any string reads as a SamplingDesign (its spec reading back as it) or gives a ValueError naming the spec
+    or the design field it sets, never another exception (``int('\u00b2')`` fails though ``'\u00b2'.isdigit()``)."""
+    try:
+        design = parse_design(text)
+    except ValueError as exc:
+        assert re.match(_SPEC_NAMES, str(exc)), str(exc)
+    else:
+        assert parse_design(design_spec(design)) == design
+
+
+def test_a_spec_refusal_names_the_callers_argument():
+    """``name``: the argument the caller's user typed (RecBole's rsp_design); None is an ArgumentTypeError (a
+    ValueError and a TypeError) naming it, as a non-string spec is."""
+    with pytest.raises(ValueError, match="^rsp_design: expected a design spec"):
+        parse_design("100:x", name="rsp_design")
+    for bad in (None, b"100", ["100"], SamplingDesign(10)):
+        with pytest.raises(ArgumentTypeError, match="^spec: expected a design spec"):
+            parse_design(bad)  # type: ignore[arg-type]
+    with pytest.raises(ArgumentTypeError, match="^design: required, expected a SamplingDesign"):
+        design_spec(None)  # type: ignore[arg-type]
 
 
 def test_what_a_spec_cannot_hold_is_refused():

@@ -9,6 +9,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from _profiles import examples
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
@@ -224,6 +227,48 @@ def test_candidate_counts_bad_n_items():
 def test_rank_histogram_bad_n_items(n):
     with pytest.raises(ValueError, match="n_items"):
         rsp.RankHistogram(n, np.array([10]), (np.ones(11),))
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    (dict(counts=None), "counts"), (dict(counts="abc"), "counts"), (dict(counts={"g": [1.0, 2.0]}), "counts"),
+    (dict(counts=(["1", "2", "3"],)), "counts"), (dict(counts=(np.array([True, False, True]),)), "counts"),
+    (dict(share="rows"), "share"), (dict(share=np.ones(3)), "share"),
+], ids=["counts None", "counts str", "counts dict", "count strings", "count bools", "share str", "share array"])
+def test_rank_histogram_counts_and_share_of_the_wrong_kind_are_named(kwargs, named):
+    """Built by hand (a public constructor): counts must be one array of real numbers per group and share None or an
+    exact share's rows; None was a TypeError, strings numpy's 'could not convert', a share an AttributeError later
+    in the estimate."""
+    args = dict(n_items=np.array([60]), n_samples=np.array([2]), counts=(np.array([1.0, 2.0, 3.0]),)) | kwargs
+    with pytest.raises(ValueError, match=f"^{named}: "):
+        rsp.RankHistogram(**args)
+    assert rsp.RankHistogram(np.array([60]), np.array([2]), [[1, 2, 3]]).total == 6.0  # lists of ints still count
+
+
+def test_histogram_groups_are_exact_at_the_size_bounds():
+    """n up to 2^40 with m up to 2^24 (both MAX bounds): the (n, m) key n (max m + 1) + m left int64 and wrapped
+    around, so the groups' n read 65536 where the ranks had 2^40 (a silent wrong histogram, and the planner's
+    replicate fits refused its own draws naming sampled_ranks)."""
+    n = torch.tensor([MAX_SIZE, MAX_SIZE, 5, MAX_SIZE])
+    m = torch.tensor([1 << 24, 1 << 23, 3, 1 << 24])
+    h = rsp.sampled_rank_histogram(torch.tensor([1, 2, 3, 4]), n, m)
+    assert h.n_items.tolist() == [5, MAX_SIZE, MAX_SIZE] and h.n_samples.tolist() == [3, 1 << 23, 1 << 24]
+    assert h.totals.tolist() == [1.0, 1.0, 2.0]
+
+
+@settings(max_examples=examples(30), deadline=None)
+@given(pairs=st.lists(st.tuples(st.integers(2, MAX_SIZE), st.integers(1, 1 << 24)), min_size=1, max_size=12),
+       small=st.booleans())
+def test_pair_groups_are_numpys_row_unique(pairs, small):
+    """``_rank_hist.pair_groups`` (the one grouping by (n, m)): numpy's row-wise unique, whichever way it keys them."""
+    from reco_sampled_plugin._rank_hist import pair_groups
+
+    a = np.array(pairs, dtype=np.int64)
+    if small:  # the packed key's range
+        a = a % 1000 + 1
+    n, m, gid = pair_groups(a[:, 0].copy(), a[:, 1].copy())
+    rows, inv = np.unique(a, axis=0, return_inverse=True)
+    assert n.tolist() == rows[:, 0].tolist() and m.tolist() == rows[:, 1].tolist()
+    assert gid.tolist() == inv.reshape(-1).tolist()
 
 
 def test_correction_table_whole_float_n_is_that_n():

@@ -187,6 +187,18 @@ def test_mapping_options():
     assert fit.converged and 0 < fit.a < 10
 
 
+@pytest.mark.parametrize("a", [1e-300, 1e-20, 1e-7, 2e6, 2.0**40, 1e300], ids=lambda a: f"{a:g}")
+@pytest.mark.parametrize("method", ["beta", "beta_fit"])
+def test_beta_shapes_outside_the_mappings_float64_range_are_refused(method, a):
+    """a in [1e-6, 1e6] (BETA_SHAPE_RANGE): beyond, the mapping collapses in float64 (eq. 19's update divided by 0 at
+    a = 1e-300, a ZeroDivisionError) or says its m is too large; at the bounds both methods give a finite value."""
+    sample = SampledRanks.from_arrays(RANKS, 100, 10)
+    with pytest.raises(ValueError, match=r"^a: the Beta shape must be a number in \[1e-06, 1e\+06\]"):
+        estimate("ndcg@10", sample, registry.method_class(method)(a=a))
+    for edge in (1e-6, 1e6):
+        assert math.isfinite(estimate("ndcg@10", sample, registry.method_class(method)(a=edge)).value)
+
+
 def test_simulate_generator_is_checked():
     with pytest.raises(ValueError, match="^generator: "):
         simulate_sampled_ranks(RANKS, 100, 10, generator="x")

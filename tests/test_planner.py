@@ -250,6 +250,9 @@ def test_format_contents(small_plan):
         (dict(designs=[100]), "designs"),
         (dict(designs=[(50, 400)]), "^designs: each design is a SamplingDesign"),
         (dict(designs=[]), "no candidate design"),
+        (dict(designs=SamplingDesign(50)), "^designs: expected a list of SamplingDesigns"),  # one design, not a list
+        (dict(designs=100), "^designs: expected a list of SamplingDesigns"),
+        (dict(designs="100:3200"), "^designs: expected a list of SamplingDesigns"),
         (dict(designs=[SamplingDesign(50, adaptive_max=400)], method="bv"), "adaptive"),
         (dict(method="nope"), "method"),
         (dict(repeats=1), "repeats"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -107,3 +108,38 @@ def test_rank_files_carry_no_design_weights():
                  st_.inv_q2.reshape(-1).numpy())
     est = rsp.estimate("auc", f.sampled(), method="hh")
     assert "rare_share" not in est.details and math.isfinite(est.value)
+
+
+@pytest.mark.parametrize("weights", ["one item among 1e-300", "1e-300..1e300"])
+def test_weights_beyond_float64s_tilt_range_fit_and_are_flagged(weights):
+    """Weights spanning more than e^150: pl_fit's tilt v^beta at beta = -2 overflowed (a ValueError 'math domain
+    error' from deep inside, auto on NDCG included); now every estimate is finite, its interval inside [0, 1] and
+    holding the exact AUC or flagged (hh: weights_concentrated; pl_fit: top_unresolved)."""
+    n = 60
+    w = {"one item among 1e-300": torch.tensor([1e-300] * (n - 1) + [1.0], dtype=torch.float64),
+         "1e-300..1e300": torch.logspace(-300, 300, n, dtype=torch.float64)}[weights]
+    sampled, truth = _world(w, seed=6, users=40, m=8)
+    for metric, method in (("auc", "auto"), ("ndcg@10", "auto")):  # hh, then pl_fit
+        est = rsp.estimate(metric, sampled, method=method)
+        lo, hi = est.interval()
+        assert math.isfinite(est.value) and 0.0 <= lo <= hi <= 1.0, (metric, method, est)
+        if metric == "auc":
+            assert lo <= truth <= hi or est.flags, (method, est, truth)
+
+
+def test_the_tilt_keeps_ordinary_weights_bits_and_bounds_extreme_ones():
+    """``_popularity_fit._tilted``: exp(beta (log v - max)) itself while the smallest class's tilt stays below e^300
+    (the fits' numbers unchanged), else the same ratios scaled down by a common factor (which lambda absorbs)."""
+    from reco_sampled_plugin._popularity_fit import BETAS, _tilted
+
+    ordinary = np.log(np.array([1e-20, 1e-3, 1.0, 7.0, 1e30]))  # a range of e^115: beta = -2 tilts it to e^230
+    for beta in BETAS:
+        assert np.array_equal(_tilted(ordinary, beta), np.exp(beta * (ordinary - ordinary.max())))
+    extreme = np.log(np.array([1e-300, 1e-100, 1.0, 1e300]))
+    for beta in (-2.0, -1.0, -0.5):
+        v = _tilted(extreme, beta)
+        assert np.all(np.isfinite(v)) and v.max() == pytest.approx(math.exp(300.0))
+        normal = np.flatnonzero(v > 1e-300)  # the others underflow, as the heaviest do at a large positive beta
+        i, j = normal[0], normal[-1]
+        assert len(normal) >= 2
+        assert np.log(v[i]) - np.log(v[j]) == pytest.approx(beta * (extreme[i] - extreme[j]), rel=1e-12)

@@ -263,6 +263,52 @@ def test_batches_designs_and_versions_are_checked():
         ray.__version__ = saved
 
 
+_NOT_A_DATASET = [1, 2]
+BAD_RUNS = {  # evaluate_dataset's keywords -> the argument its refusal names
+    "dataset": (dict(dataset=_NOT_A_DATASET), "dataset"),
+    "dataset None": (dict(dataset=None), "dataset"),
+    "factory": (dict(scorer_factory=3), "scorer_factory"),
+    "columns": (dict(columns="user"), "columns"),
+    "engine": (dict(engine=None), "engine"),
+    "weights per item": (dict(n_samples=SamplingDesign(5, popularity=torch.ones(N_ITEMS - 3))), "popularity"),
+    "m without replacement": (dict(n_samples=SamplingDesign(N_ITEMS, replacement=False)), "n_samples"),
+    "popularity m without replacement": (dict(n_samples=SamplingDesign(N_ITEMS, replacement=False,
+                                                                       popularity=torch.ones(N_ITEMS))), "n_samples"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_RUNS))
+def test_evaluate_dataset_refuses_bad_arguments_before_ray_runs(case):
+    """Checked on the driver before any Ray call (no cluster starts), each a ValueError naming the argument, where
+    the actors (or Ray Data's first call) failed deep inside with an AttributeError."""
+    kwargs, named = BAD_RUNS[case]
+    started = ray.is_initialized()
+    args = dict(dataset=_NOT_A_DATASET, scorer_factory=Factory(), n_items=N_ITEMS, n_samples=5) | kwargs
+    with pytest.raises(ValueError, match=f"^{named}: "):
+        rr.evaluate_dataset(**args)
+    assert ray.is_initialized() == started
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    (dict(workers=0), "workers"), (dict(workers="2"), "workers"), (dict(num_cpus=-1.0), "num_cpus"),
+    (dict(num_gpus=float("nan")), "num_gpus"), (dict(batch_size=0), "batch_size"), (dict(batch_size=2.5), "batch_size"),
+    (dict(progress="yes"), "progress"),
+], ids=lambda v: str(v) if isinstance(v, str) else "-".join(f"{k}={v[k]}" for k in v))
+def test_engine_fields_are_checked_at_construction(kwargs, named):
+    with pytest.raises(ValueError, match=f"^{named}: "):
+        rr.Engine(**kwargs)
+    assert rr.Engine() == rr.Engine(1, 1.0, 0.0, 4096, None)
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    (dict(user=None), "user"), (dict(items=3), "items"), (dict(exclude=""), "exclude"), (dict(user="items"), "columns"),
+], ids=["user None", "items int", "exclude empty", "same column"])
+def test_columns_are_named_column_names(kwargs, named):
+    with pytest.raises(ValueError, match=f"^{named}: "):
+        rr.Columns(**kwargs)
+    assert rr.Columns(exclude=None).exclude is None
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """One small local Ray cluster for the module (2 CPUs; pytest-xdist workers each start their own). Its idle

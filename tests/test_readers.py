@@ -311,6 +311,35 @@ def _same_interactions(a, b) -> bool:
                for f in ("user", "item", "rating", "timestamp", "user_ids", "item_ids"))
 
 
+def _path_call(reader: str, path):
+    if reader == "read_ncf":
+        return rank_files.read_ncf(path, "x.test.negative", "x.scores", n_items=10)
+    if reader == "write_rank_file":
+        import torch
+
+        import reco_sampled_plugin as rsp
+
+        sampled = rsp.sampled_ranks(torch.rand(2, 10, generator=torch.Generator().manual_seed(0)),
+                                    torch.tensor([[1], [2]]), 3, generator=torch.Generator().manual_seed(1))
+        return rank_files.write_rank_file(path, sampled)
+    return {"read_rank_file": read_rank_file, "load_interactions": load_interactions}[reader](path)
+
+
+@pytest.mark.parametrize("path, kind", [(None, "type"), (3, "type"), (3.5, "type"), (b"ranks.txt", "type"),
+                                        ("", "empty"), ("  ", "empty")],
+                         ids=["None", "int", "float", "bytes", "empty", "blank"])
+@pytest.mark.parametrize("reader", ["read_rank_file", "load_interactions", "read_ncf", "write_rank_file"])
+def test_every_reader_names_a_path_that_is_not_a_file_name(reader, path, kind):
+    """One check of a file name (``_options.check_path``) for every reader and writer: None, numbers and bytes are an
+    ArgumentTypeError naming the argument (not os.fspath's TypeError), an empty name a ValueError (not the current
+    directory read as the file)."""
+    from reco_sampled_plugin._checks import ArgumentTypeError
+
+    name = "test_rating" if reader == "read_ncf" else "path"
+    with pytest.raises(ArgumentTypeError if kind == "type" else ValueError, match=f"^{name}: expected a file name"):
+        _path_call(reader, path)
+
+
 @pytest.mark.parametrize("sep", [",", ";", "\t", "::", " "])
 @pytest.mark.parametrize("form", ["plain", "no header", "BOM", "CRLF", "quoted"])
 def test_interaction_formats_read_the_same_events(tmp_path, sep, form):

@@ -238,6 +238,14 @@ def test_query_filters_check_their_arguments(kwargs, named):
         registry.names(**kwargs)
 
 
+@pytest.mark.parametrize("name", [["bv"], {"bv": 1}, None, 3, b"bv"], ids=["list", "dict", "None", "int", "bytes"])
+def test_unregister_refuses_what_is_not_a_name(name):
+    """A list or a dict would fail as an unhashable key, None or a number would remove nothing silently."""
+    with pytest.raises(ValueError, match="^name: expected an estimator's name"):
+        registry.unregister(name)
+    assert "bv" in registry.names()
+
+
 def test_popularity_auto_checks_its_design():
     with pytest.raises(ValueError, match="^design: expected a SamplingDesign"):
         registry.popularity_auto("auc", design=5)

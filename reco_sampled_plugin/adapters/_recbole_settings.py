@@ -532,7 +532,7 @@ def _planned_design(config: Any, modes: dict) -> SamplingDesign | None:
                          f"a planner result, got {raw!r} (RecBole reads an unquoted 100+0.05 as a sum: write "
                          "'100+0.05:uniform')")
     try:
-        design = parse_design(raw) if isinstance(raw, str) else as_design(raw, name="rsp_design")
+        design = parse_design(raw, name="rsp_design") if isinstance(raw, str) else as_design(raw, name="rsp_design")
     except ValueError as exc:
         message = str(exc)
         raise ValueError(message if message.startswith("rsp_design: ") else f"rsp_design: {message}") from None

@@ -51,10 +51,10 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
-from reco_sampled_plugin._checks import check_int, check_size
+from reco_sampled_plugin._checks import ArgumentTypeError, check_int, check_size, check_without_replacement
 from reco_sampled_plugin._design_based import KeyedInclusion, ShareTable, draw_share, share_inclusion
 from reco_sampled_plugin._keyed import RowKeys, ScorerScores, keyed_adaptive_ranks, keyed_ranks
-from reco_sampled_plugin._options import check_bool, check_seed
+from reco_sampled_plugin._options import check_bool, check_nonnegative_float, check_optional, check_seed
 from reco_sampled_plugin._popularity import PopularityStats
 from reco_sampled_plugin._progress import progress_enabled
 from reco_sampled_plugin._rank_hist import RankHistogram
@@ -63,7 +63,7 @@ from reco_sampled_plugin._share import ShareRows, choose_share
 from reco_sampled_plugin._estimate import Estimate
 from reco_sampled_plugin.adaptive import completion_targets
 from reco_sampled_plugin.design import SamplingDesign, as_design
-from reco_sampled_plugin.ranking import SampledRanks, padded_candidate_counts, prepare_index
+from reco_sampled_plugin.ranking import SampledRanks, check_popularity, padded_candidate_counts, prepare_index
 from reco_sampled_plugin.scorer_ranks import (DEFAULT_MAX_PAIRS, Scorer, ScorerCalls, ScoringCost,
                                               complete_from_scorer, full_ranking_pairs)
 
@@ -116,6 +116,15 @@ class Columns:
     user: str = "user"
     items: str = "items"
     exclude: str | None = "exclude"
+
+    def __post_init__(self) -> None:
+        named = {"user": self.user, "items": self.items, "exclude": self.exclude}
+        for name, value in named.items():
+            if not (isinstance(value, str) and value) and not (name == "exclude" and value is None):
+                raise ArgumentTypeError(f"{name}: expected a column name (a non-empty string"
+                                        f"{'; None: no such column' if name == 'exclude' else ''}), got {value!r}")
+        if len({v for v in named.values() if v is not None}) < sum(v is not None for v in named.values()):
+            raise ValueError(f"columns: user, items and exclude name different columns, got {named}")
 
 
 @dataclass(frozen=True)
@@ -430,6 +439,13 @@ class Engine:
     batch_size: int | None = 4096
     progress: bool | None = None
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "workers", check_int(self.workers, "workers", minimum=1))
+        object.__setattr__(self, "num_cpus", check_nonnegative_float(self.num_cpus, "num_cpus"))
+        object.__setattr__(self, "num_gpus", check_nonnegative_float(self.num_gpus, "num_gpus"))
+        object.__setattr__(self, "batch_size", check_optional(self.batch_size, check_int, "batch_size", 1))
+        object.__setattr__(self, "progress", check_optional(self.progress, check_bool, "progress"))
+
 
 def evaluate_dataset(dataset: Any, scorer_factory: ScorerFactory, n_items: int, n_samples: int | SamplingDesign | None, *,
                      seed: int = 0, columns: Columns = Columns(), ties: str = "pessimistic",
@@ -452,6 +468,7 @@ def evaluate_dataset(dataset: Any, scorer_factory: ScorerFactory, n_items: int, 
     design = check_design(n_samples)
     job = _Job(check_size(n_items, "n_items", 1), design, check_seed(seed, "seed"), check_ties(ties),
                check_int(max_pairs, "max_pairs", minimum=1), check_bool(check_finite, "check_finite"), columns)
+    _check_before_ray(dataset, scorer_factory, job, engine)
     ctx = ray.data.DataContext.get_current()
     bars, ctx.enable_progress_bars = ctx.enable_progress_bars, progress_enabled(engine.progress)
     t0 = time.perf_counter()
@@ -463,6 +480,26 @@ def evaluate_dataset(dataset: Any, scorer_factory: ScorerFactory, n_items: int, 
                 "state %d bytes", state.users, state.cost.pairs, state.cost.calls, 100 * state.cost.share_of_full,
                 time.perf_counter() - t0, merged)
     return Evaluation(state, design)
+
+
+def _check_before_ray(dataset: Any, scorer_factory: Any, job: _Job, engine: Any) -> None:
+    """What :func:`evaluate_dataset` can check on the driver before Ray runs anything (a ValueError naming the
+    argument, where the actors would fail deep inside): the design against the catalogue (popularity weights one per
+    item, draws without replacement below n), the factory, the columns and engine objects, and the dataset."""
+    design = job.design
+    if design is not None and design.popularity is not None:
+        check_popularity(design.popularity, job.n_items, design.popularity.device)
+    if design is not None and not design.replacement:  # uniform or popularity: m distinct items of n - 1
+        check_without_replacement(job.n_items, design.n_samples, "hypergeometric")
+    if not callable(scorer_factory):
+        raise ArgumentTypeError(f"scorer_factory: expected a callable factory(device) -> scorer, got "
+                                f"{type(scorer_factory).__name__}")
+    for name, value, kind in (("columns", job.columns, Columns), ("engine", engine, Engine)):
+        if not isinstance(value, kind):
+            raise ArgumentTypeError(f"{name}: expected a {kind.__name__}(...), got {type(value).__name__}")
+    if not isinstance(dataset, ray.data.Dataset):
+        raise ArgumentTypeError(f"dataset: expected a ray.data.Dataset (ray.data.from_items(...), "
+                                f"ray.data.read_parquet(...)), got {type(dataset).__name__}")
 
 
 def _passes(dataset: Any, scorer_factory: ScorerFactory, job: _Job, engine: Engine) -> tuple[EvaluationState, int]:
