@@ -1,25 +1,32 @@
 """The difference estimator ``diff`` on an exact share against ``gmod``: bias, coverage and width per cell.
 
 Exact ranks of the held-out items of the five recommenders of ``baselines.train_benchmark`` on ml-100k (RecBole's
-wheel) or ml-latest-small (shared/data), leave-last-out, training items excluded. Each draw simulates the sampled
-ranks at a fixed m from the exact ranks (uniform with replacement, the binomial law); the model (the fit ``auto``
-runs, without bootstrap) predicts every positive once per draw, and then ``--choices`` independent Poisson choices of
-the exact share (uniform: pi = share; active: pi from the model's NDCG@10 spread, ``ExactShare(choice="active")``)
-give that many design-based estimates (eq. 1-4 of ``_design_based``, as ``estimate(..., "diff")`` computes them): draws x choices estimates per cell, whose
+wheel) or ml-latest-small (shared/data), leave-last-out, training items excluded. Each draw simulates uniform
+sampled ranks (with replacement) from the exact ranks: at a fixed m (the binomial law), or adaptive (``--adaptive
+CAP``: m doubling while the positive ranks first, up to CAP, ``adaptive_sampled_ranks_from_exact``). The model (the
+fit ``auto`` runs, without bootstrap: ``gmod`` for adaptive draws) predicts every positive once per draw, and then
+``--choices`` independent Poisson choices of the exact share (uniform: pi = share; active: pi from the model's
+NDCG@10 spread, ``ExactShare(choice="active")``) give that many design-based estimates (eq. 1-4 of
+``_design_based``, as ``estimate(..., "diff")`` computes them): draws x choices estimates per cell, whose
 unbiasedness and coverage hold over both. ``gmod`` (``estimate(..., "gmod")``, its default interval) runs once per
-draw at the same m, and at the same scoring: m' = m + share (mean n - 1), the pairs the share costs spent on
-samples instead.
+draw on the same draw, and at equal scoring: the pairs the share costs, share (mean n - 1) per positive, spent on
+samples instead (fixed: m' = m + share (mean n - 1); adaptive: first stage and cap scaled by the mean pairs of the
+first draw plus the share's over those alone, the same stages).
 
 Reported per (dataset, recommender, metric, share choice): the exact users' metric; diff's bias (mean estimate minus
-the truth, with its Monte Carlo standard error), coverage of the 95% interval (+- its standard error) and median
-width; gmod's bias, coverage and median width at m and at m'; the width ratio diff / gmod(m').
+the truth, with its Monte Carlo standard error; in parentheses the standard error over the draws' means, which the
+choices sharing a draw's predictions cannot understate), coverage of the 95% interval (+- its standard error, and by
+draw) and median width; gmod's bias, coverage and median width on the draw and at equal scoring; the width ratio
+diff / gmod at equal scoring.
 
     python benchmarks/bench_design_based.py --dataset ml-100k --draws 10 --choices 20
     python benchmarks/bench_design_based.py --dataset ml-latest-small --draws 10 --choices 20 --share 0.1
-    python benchmarks/bench_design_based.py --dataset ml-100k --popularity 1 --draws 3 --choices 20
+    python benchmarks/bench_design_based.py --dataset ml-100k --adaptive 3200 --draws 10 --choices 20
+    python benchmarks/bench_design_based.py --dataset ml-100k --popularity 1 --draws 10 --choices 20
 
 ``--popularity ALPHA``: popularity draws on the recommenders' score matrices (``run_popularity``), ``pl_fit``'s
 predictions (the Bhatia-Davis bound f for eq. 4's E[M^2]) against ``pl_fit``'s own interval on the same draw.
+``--coef one``: lambda = 1 in eq. 1 (exactly unbiased; default the tuned PPI++ value).
 """
 
 from __future__ import annotations
@@ -36,11 +43,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 import reco_sampled_plugin as rsp  # noqa: E402
-from reco_sampled_plugin._design_based import (_posterior_means, difference_estimate, inclusion_probabilities,  # noqa: E402
-                                               model_fit, predictions)
+from reco_sampled_plugin._design_based import (  # noqa: E402
+    _posterior_means, difference_estimate, inclusion_probabilities, model_fit, predictions)
 from reco_sampled_plugin._rank_hist import metric_at  # noqa: E402
+from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact  # noqa: E402
 from reco_sampled_plugin.design import ExactShare  # noqa: E402
-from reco_sampled_plugin.metric_names import parse_metric  # noqa: E402
+from reco_sampled_plugin.metric_names import MetricSpec, parse_metric  # noqa: E402
 from reco_sampled_plugin.simulate import simulate_sampled_ranks  # noqa: E402
 
 METRICS = ("hit@10", "ndcg@10")
@@ -54,56 +62,90 @@ def exact_ranks(dataset: str) -> tuple[dict[str, np.ndarray], np.ndarray]:
     return baselines.held_out_ranks(baselines.train_benchmark(split.train, seed=0), split)
 
 
-def _sampled(rt: torch.Tensor, nt: torch.Tensor, m: int, seed: int) -> rsp.SampledRanks:
+def _sampled(rt: torch.Tensor, nt: torch.Tensor, design: rsp.SamplingDesign, seed: int) -> rsp.SampledRanks:
+    """A uniform draw (with replacement) simulated from the exact ranks: fixed m (the binomial law), or adaptive
+    (``adaptive_sampled_ranks_from_exact``: m doubling while the positive ranks first, up to the cap)."""
     g = torch.Generator().manual_seed(seed)
-    return rsp.SampledRanks(simulate_sampled_ranks(rt, nt.double(), m, "binomial", g), nt, None, rsp.SamplingDesign(m))
+    if design.adaptive_max is not None:
+        return adaptive_sampled_ranks_from_exact(rt, nt, design, g)
+    return rsp.SampledRanks(simulate_sampled_ranks(rt, nt.double(), design.n_samples, "binomial", g), nt, None, design)
 
 
-def r_tilde(sampled: rsp.SampledRanks) -> np.ndarray:
-    return sampled.ranks.numpy()
+def _equal_design(design: rsp.SamplingDesign, pairs: float, extra: float) -> rsp.SamplingDesign:
+    """The design of the same shape that scores ``extra`` more pairs per positive than ``pairs`` (the mean final m
+    of ``design``'s draw): fixed m' = m + extra; adaptive: first stage and cap scaled by (pairs + extra) / pairs,
+    the same number of stages."""
+    m = design.n_samples
+    if design.adaptive_max is None:
+        return rsp.SamplingDesign(int(round(m + extra)))
+    m_equal = int(round(m * (pairs + extra) / pairs))
+    return rsp.SamplingDesign(m_equal, adaptive_max=m_equal * (design.cap // m))
+
+
+def _label(design: rsp.SamplingDesign) -> str:
+    return f"m = {design.n_samples}" + ("" if design.adaptive_max is None else f" up to {design.cap}")
 
 
 def _shares(rng: np.random.Generator, y: np.ndarray, f: np.ndarray, f2: np.ndarray, pi: np.ndarray,
-            choices: int) -> list[tuple[float, float, float]]:
-    """(estimate, interval) of ``choices`` Poisson shares with probabilities ``pi`` (eq. 1-4, lambda tuned)."""
+            choices: int, coef: str) -> list[tuple[float, float, float]]:
+    """(estimate, interval) of ``choices`` Poisson shares with probabilities ``pi`` (eq. 1-4; ``coef``: lambda)."""
     out = []
     for _ in range(choices):
-        v, se, _ = difference_estimate(y, f, pi, rng.uniform(size=len(y)) < pi, None, "tuned", f2)
+        v, se, _ = difference_estimate(y, f, pi, rng.uniform(size=len(y)) < pi, None, coef, f2)
         out.append((v, max(v - Z * se, 0.0), min(v + Z * se, 1.0)))
     return out
 
 
-def _summary(rows: list[tuple[float, float, float]], truth: float) -> str:
+def _summary(rows: list[tuple[float, float, float]], truth: float, per: int = 1) -> str:
+    """bias +- its Monte Carlo se, coverage +- its se, median width; rows in blocks of ``per`` from one draw
+    (``per`` > 1: each se also by draw, in parentheses: the standard error of the mean over the draws' block means,
+    which the choices sharing a draw's predictions cannot understate)."""
     a = np.asarray(rows, dtype=np.float64)
     v, lo, hi = a[:, 0], a[:, 1], a[:, 2]
-    cov = float(((lo <= truth) & (truth <= hi)).mean())
+    hit = ((lo <= truth) & (truth <= hi)).astype(np.float64)
+    cov = float(hit.mean())
     bias_se = v.std(ddof=1) / np.sqrt(len(v)) if len(v) > 1 else float("nan")
-    return (f"{v.mean() - truth:+.4f} +- {bias_se:.4f}, {cov:.3f} +- {np.sqrt(cov * (1 - cov) / len(v)):.3f}, "
-            f"{np.median(hi - lo):.4f}")
+    text = [f"{v.mean() - truth:+.4f} +- {bias_se:.4f}", f"{cov:.3f} +- {np.sqrt(cov * (1 - cov) / len(v)):.3f}"]
+    if per > 1 and len(v) >= 2 * per:
+        for i, x in enumerate((v, hit)):
+            blocks = x.reshape(-1, per).mean(1)
+            text[i] += f" ({blocks.std(ddof=1) / np.sqrt(len(blocks)):.{4 - i}f})"
+    return f"{text[0]}, {text[1]}, {np.median(hi - lo):.4f}"
 
 
-def run_recommender(name: str, r: np.ndarray, n_u: np.ndarray, m: int, share: float, draws: int, choices: int,
-                    seed: int) -> list[str]:
+def _moments(spec: MetricSpec, sampled: rsp.SampledRanks) -> tuple[np.ndarray, np.ndarray]:
+    """(f, E[M^2 | data]) per positive under the fit ``auto`` runs on ``sampled`` (``gmod`` for an adaptive
+    design or where the top is resolved, else ``mes``), as ``estimate(..., "diff")`` reads them."""
+    hist = sampled.histogram(exact=False).without_empty_groups()
+    fit, _, law = model_fit(spec, hist, None, sampled.design)
+    m = sampled.sizes()
+    m_all = m.numpy() if isinstance(m, torch.Tensor) else np.full(sampled.ranks.numel(), m)
+    return _posterior_means(spec, fit, sampled.candidates().numpy(), m_all, sampled.ranks.numpy(), law, second=True)
+
+
+def run_recommender(name: str, r: np.ndarray, n_u: np.ndarray, design: rsp.SamplingDesign, share: float, draws: int,
+                    choices: int, seed: int, coef: str = "tuned") -> list[str]:
     """The table rows of one recommender (both metrics, both share choices)."""
     rt, nt = torch.from_numpy(r), torch.from_numpy(n_u)
-    m_equal = int(round(m + share * (n_u.mean() - 1)))
     specs = {s: parse_metric(s) for s in METRICS}
     y = {s: metric_at(specs[s], r.astype(np.float64), n_u.astype(np.float64)) for s in METRICS}
     truth = {s: float(y[s].mean()) for s in METRICS}
     rng = np.random.default_rng(seed)
     out: dict = {}
+    equal = None
     for d in range(draws):
-        sampled = _sampled(rt, nt, m, 5000 + d)
-        law_fits = {s: model_fit(specs[s], sampled.histogram()) for s in METRICS}
-        moments = {s: _posterior_means(specs[s], law_fits[s][0], n_u, np.full(len(r), m), r_tilde(sampled),
-                                       law_fits[s][2], second=True) for s in METRICS}
-        f = {s: moments[s][0] for s in METRICS}
+        sampled = _sampled(rt, nt, design, 5000 + d)
+        if equal is None:  # the share's pairs spent on more draws, from the first draw's mean final m
+            pairs = float(np.mean(sampled.sizes() if design.adaptive_max is None else sampled.sizes().numpy()))
+            equal = _equal_design(design, pairs, share * (n_u.mean() - 1))
+        moments = {s: _moments(specs[s], sampled) for s in METRICS}
         pis = {"uniform": np.full(len(r), share),
-               "active": inclusion_probabilities(ExactShare(share, choice="active"), f["ndcg@10"], (0.0, 1.0))}
+               "active": inclusion_probabilities(ExactShare(share, choice="active"), moments["ndcg@10"][0], (0.0, 1.0))}
         for s in METRICS:
             for choice, pi in pis.items():
-                out.setdefault((s, "diff", choice), []).extend(_shares(rng, y[s], f[s], moments[s][1], pi, choices))
-            for label, mm, smp in (("gmod", m, sampled), ("gmod_equal", m_equal, _sampled(rt, nt, m_equal, 7000 + d))):
+                out.setdefault((s, "diff", choice), []).extend(
+                    _shares(rng, y[s], moments[s][0], moments[s][1], pi, choices, coef))
+            for label, smp in (("gmod", sampled), ("gmod_equal", _sampled(rt, nt, equal, 7000 + d))):
                 e = rsp.estimate(s, smp, "gmod")
                 out.setdefault((s, label, ""), []).append((e.value, *e.interval(0.95)))
     rows = []
@@ -112,13 +154,13 @@ def run_recommender(name: str, r: np.ndarray, n_u: np.ndarray, m: int, share: fl
         for choice in ("uniform", "active"):
             dd = out[(s, "diff", choice)]
             ratio = np.median([hi - lo for _, lo, hi in dd]) / np.median([hi - lo for _, lo, hi in ge])
-            rows.append(f"| {name} | {s} | {choice} | {truth[s]:.4f} | {_summary(dd, truth[s])} | "
-                        f"{_summary(g, truth[s])} | {_summary(ge, truth[s])} (m' = {m_equal}) | {ratio:.2f} |")
+            rows.append(f"| {name} | {s} | {choice} | {truth[s]:.4f} | {_summary(dd, truth[s], choices)} | "
+                        f"{_summary(g, truth[s])} | {_summary(ge, truth[s])} ({_label(equal)}) | {ratio:.2f} |")
     return rows
 
 
 def run_popularity(dataset: str, m: int, share: float, alpha: float, draws: int, choices: int,
-                   only: str | None) -> None:
+                   only: str | None, coef: str = "tuned") -> None:
     """The popularity design (q proportional to count^alpha, RecBole's ``popN``, drawn by the plugin on each
     recommender's score matrix as ``benchmarks/popularity_accuracy.py`` draws it): ``pl_fit``'s per-positive
     predictions, ``choices`` Poisson shares per draw, against ``pl_fit``'s own interval on the same draw."""
@@ -144,7 +186,7 @@ def run_popularity(dataset: str, m: int, share: float, alpha: float, draws: int,
                    "active": inclusion_probabilities(ExactShare(share, choice="active"), f["ndcg@10"], (0.0, 1.0))}
             for s in METRICS:
                 for choice, pi in pis.items():  # E[M^2] <= f: the Bhatia-Davis bound, as estimate() takes it here
-                    out.setdefault((s, choice), []).extend(_shares(rng, y[s], f[s], f[s], pi, choices))
+                    out.setdefault((s, choice), []).extend(_shares(rng, y[s], f[s], f[s], pi, choices, coef))
                 e = rsp.estimate(s, pop, "pl_fit")
                 out.setdefault((s, "pl_fit"), []).append((e.value, *e.interval(0.95)))
         for s in METRICS:
@@ -152,8 +194,8 @@ def run_popularity(dataset: str, m: int, share: float, alpha: float, draws: int,
             for choice in ("uniform", "active"):
                 dd, pl = out[(s, choice)], out[(s, "pl_fit")]
                 ratio = np.median([hi - lo for _, lo, hi in dd]) / np.median([hi - lo for _, lo, hi in pl])
-                print(f"| {name} | {s} | {choice} | {truth:.4f} | {_summary(dd, truth)} | {_summary(pl, truth)} | "
-                      f"{ratio:.2f} |", flush=True)
+                print(f"| {name} | {s} | {choice} | {truth:.4f} | {_summary(dd, truth, choices)} | "
+                      f"{_summary(pl, truth)} | {ratio:.2f} |", flush=True)
 
 
 def main() -> None:
@@ -166,22 +208,33 @@ def main() -> None:
     ap.add_argument("--recommender", default=None, help="only recommenders whose name contains this")
     ap.add_argument("--popularity", type=float, default=None, metavar="ALPHA",
                     help="popularity draws (q ~ count^ALPHA) on the score matrices, against pl_fit")
+    ap.add_argument("--adaptive", type=int, default=None, metavar="CAP",
+                    help="adaptive uniform draws from --m doubling up to CAP (gmod's fit), against gmod at equal "
+                    "scoring")
+    ap.add_argument("--coef", default="tuned", choices=("tuned", "one"),
+                    help="lambda of eq. 1: the PPI++ value (default) or 1 (exactly unbiased)")
     args = ap.parse_args()
+    if args.popularity is not None and args.adaptive is not None:
+        ap.error("--adaptive: adaptive draws are uniform (not with --popularity)")
     t0 = time.perf_counter()
     if args.popularity is not None:
-        run_popularity(args.dataset, args.m, args.share, args.popularity, args.draws, args.choices, args.recommender)
+        run_popularity(args.dataset, args.m, args.share, args.popularity, args.draws, args.choices, args.recommender,
+                       args.coef)
         print(f"total {time.perf_counter() - t0:.0f} s")
         return
     ranks, n_u = exact_ranks(args.dataset)
-    print(f"{args.dataset}: {len(n_u)} positives, mean n {n_u.mean():.0f}; m = {args.m}, share {args.share}, "
+    design = rsp.SamplingDesign(args.m, adaptive_max=args.adaptive)
+    print(f"{args.dataset}: {len(n_u)} positives, mean n {n_u.mean():.0f}; {_label(design)}, share {args.share}, "
           f"{args.draws} draws x {args.choices} choices (trained in {time.perf_counter() - t0:.0f} s)")
-    print("cells: bias +- MC se, coverage of interval(0.95) +- se, median width")
-    print("| recommender | metric | share | exact | diff | gmod (m) | gmod (m', equal scoring) | width diff / gmod(m') |")
+    print("cells: bias +- MC se (by draw), coverage of interval(0.95) +- se (by draw), median width")
+    print("| recommender | metric | share | exact | diff | gmod (same draw) | gmod (equal scoring) | "
+          "width diff / gmod (equal) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for i, (name, r) in enumerate(ranks.items()):
         if args.recommender is not None and args.recommender not in name:
             continue
-        for row in run_recommender(name, r, n_u, args.m, args.share, args.draws, args.choices, seed=i):
+        for row in run_recommender(name, r, n_u, design, args.share, args.draws, args.choices, seed=i,
+                                   coef=args.coef):
             print(row, flush=True)
     print(f"total {time.perf_counter() - t0:.0f} s")
 
