@@ -83,9 +83,13 @@ def _calls(d: dict) -> dict:
 
 @pytest.fixture
 def eager():
-    before = counting.get_backend()
+    """The eager backend on one intra-op thread: the CPU's counting splits large calls between threads with one
+    buffer each (``counting._in_threads``: one ``empty`` per thread), which an accelerator never runs."""
+    before, threads = counting.get_backend(), torch.get_num_threads()
     counting.set_backend("eager")
+    torch.set_num_threads(1)
     yield
+    torch.set_num_threads(threads)
     counting.set_backend(before)
 
 
