@@ -787,8 +787,10 @@ _BUILTIN = (
     Estimator("diff", "design_based", "difference estimator on an exact share (SamplingDesign(m, exact_share=...)): "
               "auto's fit predicts each positive, the exact share corrects it; its interval holds by design "
               "(auto's choice whenever the sample carries exact ranks)", "._design_based:estimate_by_design",
-              options=_FIT_OPTIONS + (Option("coef", "choice", "tuned", "lambda of the predictions: PPI++'s "
-                                             "variance-optimal value clipped to [0, 1], or 1", ("tuned", "one")),),
+              options=_FIT_OPTIONS + (Option("coef", "choice", "one", "lambda of the predictions: 1 (exactly "
+                                             "unbiased), or PPI++'s variance-optimal value clipped to [0, 1] (a bias "
+                                             "of order 1 / #exact; narrower with many exact hits)",
+                                             ("one", "tuned")),),
               adaptive=True, popularity=True, fits_distribution=True, exact_groups=True, exact_share=True,
               reference="Horvitz & Thompson 1952; Sarndal et al. 1992 ch. 6; Angelopoulos et al. 2023 (PPI, PPI++); "
                         "Zrnic & Candes ICML 2024"),

@@ -72,6 +72,32 @@ def test_expectation_and_variance_by_enumeration(weighted):
     assert ev == pytest.approx(target, rel=1e-9)  # V^ is unbiased
 
 
+def test_the_default_lambda_is_exactly_unbiased_where_the_tuned_one_is_not():
+    """A rare hit (2 hits among 12 positives, a 25% share, predictions that rank them poorly): over every Poisson
+    share, the default (lambda = 1) has E[theta^] = theta exactly; PPI++'s lambda (eq. 3), tuned on the share's few
+    hits, does not (about -8% of theta). Both recomputed here from eq. 1 and 3 on each share."""
+    n = 12
+    y = np.zeros(n)
+    y[[2, 9]] = 1.0
+    f = np.linspace(0.02, 0.4, n)[np.random.default_rng(1).permutation(n)]
+    pi = np.full(n, 0.25)
+    theta = float(y.mean())
+    shares = np.array(list(itertools.product([False, True], repeat=n)))
+    prob = np.prod(np.where(shares, pi, 1 - pi), axis=1)
+    default = np.array([difference_estimate(y, f, pi, s)[0] for s in shares])
+    tuned = np.array([difference_estimate(y, f, pi, s, None, "tuned")[0] for s in shares])
+    a = (1 - pi) / pi**2  # eq. 3 with w = 1; lambda = 1 where the share holds no prediction to tune on
+    num, den = shares @ (a * y * f), shares @ (a * f * f)
+    lam = np.where(den > 0, np.clip(num / np.where(den > 0, den, 1.0), 0.0, 1.0), 1.0)
+    one = (f.sum() + shares @ ((y - f) / pi)) / n  # eq. 1, lambda = 1
+    by_lam = (lam * f.sum() + shares @ (y / pi) - lam * (shares @ (f / pi))) / n  # eq. 1, lambda of eq. 3
+    assert np.allclose(default, one, rtol=0, atol=1e-12) and np.allclose(tuned, by_lam, rtol=0, atol=1e-12)
+    assert float(prob.sum()) == pytest.approx(1.0, abs=1e-12)
+    assert float(prob @ default) == pytest.approx(theta, abs=1e-12)  # exactly unbiased
+    bias = float(prob @ by_lam) - theta
+    assert bias < -0.05 * theta  # tuned on the share's hits: biased (low, as on the goal grid)
+
+
 def test_tuned_lambda_minimises_the_variance_estimate():
     rng = np.random.default_rng(5)
     n = 400
@@ -335,8 +361,11 @@ def test_auto_runs_diff_on_a_share_and_diff_without_one_is_auto(matrix):
     shared = rsp.sampled_ranks(scores, pos, SamplingDesign(30, exact_share=0.3), generator=torch.Generator().manual_seed(4))
     est = rsp.estimate("ndcg@10", shared)
     assert est.details["auto"]["method"] == "diff" and est.details["n_exact"] == int((shared.share_ranks > 0).sum())
-    assert est.details["variance"] == "max(poisson_ht, model)" and 0 <= est.details["lambda"] <= 1
-    assert rsp.estimate("ndcg@10", shared, registry.Diff(coef="one")).details["lambda"] == 1.0
+    assert est.details["variance"] == "max(poisson_ht, model)"
+    assert est.details["lambda"] == 1.0 and est.details["coef"] == "one"  # the default: exactly unbiased
+    assert rsp.estimate("ndcg@10", shared, registry.Diff(coef="one")).value == est.value
+    tuned = rsp.estimate("ndcg@10", shared, registry.Diff(coef="tuned")).details
+    assert tuned["coef"] == "tuned" and 0 <= tuned["lambda"] <= 1
     plain = rsp.sampled_ranks(scores, pos, SamplingDesign(30), generator=torch.Generator().manual_seed(4))
     a = rsp.estimate("ndcg@10", plain, registry.Auto(n_bootstrap=0))
     d = rsp.estimate("ndcg@10", plain, registry.Diff(n_bootstrap=0))
@@ -437,6 +466,10 @@ def test_histogram_path_matches_the_positives_and_merges(matrix):
     chosen = (whole.share_ranks[valid] > 0).numpy()
     v, se, _ = difference_estimate(y, f, whole.inclusion[valid].numpy(), chosen, None, "one", f2)
     assert est.value == pytest.approx(v, rel=1e-12) and est.stderr == pytest.approx(se, rel=1e-12)
+    v, se, lam = difference_estimate(y, f, whole.inclusion[valid].numpy(), chosen, None, "tuned", f2)
+    tuned = rsp.estimate(spec, whole, registry.Diff(coef="tuned"))
+    assert tuned.value == pytest.approx(v, rel=1e-12) and tuned.stderr == pytest.approx(se, rel=1e-12)
+    assert tuned.details["lambda"] == lam and tuned.details["coef"] == "tuned"
     halves = [rsp.SampledRanks.from_arrays(whole.ranks[rows], whole.candidates()[rows], 30, design,
                                            share_ranks=whole.share_ranks[rows], inclusion=whole.inclusion[rows])
               for rows in (slice(0, 120), slice(120, None))]
