@@ -94,8 +94,8 @@ __all__ = ["difference_estimate", "inclusion_probabilities", "predictions", "sha
            "estimate_by_design", "COEFS", "COEF", "FEW_EXACT"]
 
 #: The choices of lambda in (1) (1, or the PPI++ variance-optimal value (3) clipped to [0, 1]) and the default: the
-#: ``coef`` option of ``diff`` in the registry's table, the one place they are set.
-COEFS, COEF = next((o.choices, o.default) for o in registry.get("diff").options if o.name == "coef")
+#: ``coef`` option of ``diff`` in the registry's table (``registry.DIFF_COEFS`` / ``DIFF_COEF``, the one place they are set).
+COEFS, COEF = registry.DIFF_COEFS, registry.DIFF_COEF
 
 #: ``details["variance"]``: the larger of the Poisson-sampling Horvitz-Thompson estimator (2) and the model's forecast (4)
 VARIANCE = "max(poisson_ht, model)"

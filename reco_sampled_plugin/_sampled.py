@@ -55,7 +55,7 @@ class SampledRanks:
         chose, 0 elsewhere (shaped like ``ranks``); None without a share. ``ranks`` keeps every sampled rank, so
         every other estimator reads these ranks as before; ``diff`` (and ``auto``) read the share
         (``_design_based.py``; drawn by ``_share.py``).
-    inclusion: with ``share_ranks``: each positive's inclusion probability pi in (0, 1] (float64, shaped like
+    inclusion: with ``share_ranks``: each positive's inclusion probability pi in [1e-9, 1] (``MIN_INCLUSION``) (float64, shaped like
         ``ranks``, 0 in padded slots), with which the share was chosen.
 
     ``estimate(metric, sampled)`` takes it alone; its parts are read by attribute (it does not unpack).

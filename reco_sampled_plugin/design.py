@@ -459,7 +459,7 @@ def design_spec(design: SamplingDesign | int | PlannedDesign) -> str:
     share = d.exact_share
     if share is None:
         return text
-    if share.floor != share.share / 5.0 or share.seed != 0:
+    if share.floor != max(share.share / 5.0, MIN_INCLUSION) or share.seed != 0:
         raise ValueError(f"design: its exact share sets floor = {share.floor:g} / seed = {share.seed}, which a spec "
                          "cannot hold (it keeps floor share / 5 and seed 0); pass the SamplingDesign itself")
     metric = "" if share.metric == ExactShare.metric else f":{share.metric}"

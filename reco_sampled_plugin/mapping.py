@@ -37,7 +37,7 @@ from scipy import special
 
 from ._checks import MAX_SAMPLES, check_size, check_without_replacement
 from .sampling_laws import check_law
-from ._options import check_beta_shape, check_count, check_metric_names, check_positive_float
+from ._options import BETA_SHAPE_RANGE, check_beta_shape, check_count, check_metric_names, check_positive_float
 from ._rank_hist import RankHistogram, as_histogram, interval_mean_metrics
 from .metric_names import MetricSpec, parse_metric
 
@@ -268,7 +268,8 @@ def _resolve_a(method: str, a: Any, hist: RankHistogram) -> tuple[str, float | N
     a = _check_a(method, a)
     if method == "beta_fit":
         fit = fit_beta(hist, a0=1.0 if a is None else check_beta_shape(a))
-        return "beta", fit.a, fit
+        lo, hi = BETA_SHAPE_RANGE  # a fit that runs off to a -> 0 or infinity (no interior maximum) maps at the bound
+        return "beta", min(max(fit.a, lo), hi), fit
     if method == "beta":
         return "beta", check_beta_shape(a), None
     if not isinstance(method, str) or method not in MAPPING_METHODS:

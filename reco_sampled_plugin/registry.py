@@ -665,6 +665,11 @@ def method_options() -> dict[str, tuple[str, ...]]:
     return {e.name: e.option_names for e in entries()}
 
 
+#: ``diff``'s choices of lambda (eq. 1 of ``_design_based``: 1, or PPI++'s variance-optimal value clipped to [0, 1])
+#: and its default: module constants, so that a registry entry replaced or removed cannot change them.
+DIFF_COEFS: tuple[str, ...] = ("one", "tuned")
+DIFF_COEF = "one"
+
 def fit_option_names() -> tuple[str, ...]:
     """The options of the rank-distribution fit shared by every fitting method (the common fit options)."""
     return tuple(o.name for o in _FIT_OPTIONS)
@@ -787,10 +792,10 @@ _BUILTIN = (
     Estimator("diff", "design_based", "difference estimator on an exact share (SamplingDesign(m, exact_share=...)): "
               "auto's fit predicts each positive, the exact share corrects it; its interval holds by design "
               "(auto's choice whenever the sample carries exact ranks)", "._design_based:estimate_by_design",
-              options=_FIT_OPTIONS + (Option("coef", "choice", "one", "lambda of the predictions: 1 (exactly "
+              options=_FIT_OPTIONS + (Option("coef", "choice", DIFF_COEF, "lambda of the predictions: 1 (exactly "
                                              "unbiased), or PPI++'s variance-optimal value clipped to [0, 1] (a bias "
                                              "of order 1 / #exact; narrower with many exact hits)",
-                                             ("one", "tuned")),),
+                                             DIFF_COEFS),),
               adaptive=True, popularity=True, fits_distribution=True, exact_groups=True, exact_share=True,
               reference="Horvitz & Thompson 1952; Sarndal et al. 1992 ch. 6; Angelopoulos et al. 2023 (PPI, PPI++); "
                         "Zrnic & Candes ICML 2024"),

@@ -25,8 +25,9 @@ has no irrelevant candidate left. NaN users are left out of means (:func:`mean_m
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, TypeGuard
 
+import numpy as np
 import torch
 
 from ._checks import as_tensor, check_generator, check_rank_values, real_tensor, check_sizes, check_weights
@@ -230,6 +231,13 @@ def _kernel_ties(ties: str) -> str:
     return TIE_BOUNDS if ties == "average" else ties
 
 
+def _is_factors(scores: object) -> TypeGuard[tuple[Any, ...]]:
+    """A tuple of tensors or arrays (with None for a missing bias) is factors; a tuple of numbers or of
+    sequences of numbers is score rows, as a list would be."""
+    return isinstance(scores, tuple) and len(scores) > 0 and all(
+        isinstance(x, (torch.Tensor, np.ndarray)) or (x is None and i == 2) for i, x in enumerate(scores))
+
+
 def per_user_metrics(
     scores: TensorLike | tuple[TensorLike, ...],
     positives: TensorLike,
@@ -249,7 +257,8 @@ def per_user_metrics(
         scores: (B, n) scores, or the factors whose product they are, as a tuple ``(user_factors, item_factors)``
             or ``(user_factors, item_factors, item_bias)``: scores ``user_factors @ item_factors.T (+ item_bias)``
             ((B, d), (n, d), (n,)), ranked in cache-sized tiles without storing them
-            (:func:`~reco_sampled_plugin.factor_ranks.exact_ranks_from_factors`; NaN/inf factors raise).
+            (:func:`~reco_sampled_plugin.factor_ranks.exact_ranks_from_factors`; NaN/inf factors raise). A tuple is
+            factors when its entries are tensors or arrays; nested tuples of numbers are score rows.
         positives: relevant items, (B, n) bool mask or (B, P) int64 padded with -1.
         metrics: metric names; default: the ten of the catalogue at k = 10.
         exclude: training items to leave out of the ranking.
@@ -271,7 +280,7 @@ def per_user_metrics(
     check_finite = check_bool(check_finite, "check_finite")
     kernel_ties = _kernel_ties(ties)
     check_generator(generator)
-    if isinstance(scores, tuple):  # factors: (B, d) and (n, d) matrices (a tuple of (n,) score rows is refused)
+    if _is_factors(scores):  # factors: (B, d) and (n, d) matrices (a tuple of (n,) tensors is refused)
         from .factor_ranks import check_factors, ranks_and_index_from_factors
 
         if len(scores) not in (2, 3):

@@ -143,3 +143,12 @@ def test_the_cli_reads_the_same_spec():
     args = parser.parse_args(["plan", *required, *(a for s in specs for a in ("--design", s))])
     assert args.design == [parse_design(s) for s in specs]
     assert registry.get("auto").supports(args.design[-1])
+
+
+@pytest.mark.parametrize("choice", ["uniform", "active"])
+def test_a_share_at_the_inclusion_floor_reads_back(choice):
+    """A share below 5 x MIN_INCLUSION keeps the floor MIN_INCLUSION (not share / 5): its spec still reads back."""
+    design = SamplingDesign(100, exact_share=ExactShare(3e-9, choice=choice))
+    assert design.exact_share.floor == 1e-9
+    assert parse_design(design_spec(design)) == design
+    assert design_spec(parse_design(f"100+3e-09:{choice}")) == f"100+3e-09:{choice}"

@@ -162,3 +162,16 @@ def test_overflow_rows_and_other_positive_counts():
             others = [j for j in range(5) if j != i and valid[r, j] and valid[r, i]]
             assert ge[r, i] == sum(s[r, j] >= s[r, i] for j in others)
             assert gt[r, i] == sum(s[r, j] > s[r, i] for j in others)
+
+
+def test_per_user_metrics_reads_nested_tuples_of_numbers_as_score_rows():
+    """Only a tuple of tensors or arrays is factors: score rows given as nested tuples rank like the same list."""
+    from reco_sampled_plugin import per_user_metrics
+
+    rows = ((0.1, 0.9, 0.3), (0.5, 0.2, 0.7), (0.3, 0.1, 0.2), (0.0, 0.4, 0.8))
+    pos = torch.tensor([[1], [0], [0], [2]])
+    got = per_user_metrics(rows, pos, metrics=("hit@1", "ndcg@2"), as_frame=False)
+    want = per_user_metrics(torch.tensor(rows), pos, metrics=("hit@1", "ndcg@2"), as_frame=False)
+    assert torch.equal(got["Hit@1"], torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64))
+    for key in want:
+        assert torch.equal(got[key], want[key])

@@ -319,3 +319,22 @@ def test_per_positive_sizes_use_their_own_tables():
     t4 = mapping_table("ndcg@100", 4000, 10, "linear")
     assert est.value == pytest.approx((t1[0] + t1[1] + t4[2] + t4[0]) / 4, rel=1e-12)
     assert RankHistogram(np.array([10]), np.array([2]), (np.array([1.0, 0, 2]),)).total == 3
+
+
+def test_beta_fit_that_runs_off_the_shape_range_maps_at_its_bound():
+    """Ranks piled on the last two bins have no interior maximum: the fit runs off towards a -> infinity (not
+    converged); the estimate maps at the bound of BETA_SHAPE_RANGE (the method beta at a = 1e6), not an error."""
+    import reco_sampled_plugin as rsp
+    from reco_sampled_plugin import registry
+    from reco_sampled_plugin._options import BETA_SHAPE_RANGE
+    from reco_sampled_plugin.mapping import fit_beta
+
+    m, n = 100, 1000
+    r = torch.tensor([m] * 2 + [m + 1] * 98)
+    fit = fit_beta(r, n, m)
+    assert not fit.converged and fit.a > BETA_SHAPE_RANGE[1]
+    sample = rsp.SampledRanks(r, torch.full_like(r, n), None, rsp.SamplingDesign(m))
+    for metric in ("ndcg@10", "hit@100"):
+        got = rsp.estimate(metric, sample, "beta_fit").value
+        at_bound = rsp.estimate(metric, sample, registry.method_class("beta")(a=BETA_SHAPE_RANGE[1])).value
+        assert math.isfinite(got) and got == at_bound

@@ -257,3 +257,28 @@ def test_query_filters_still_select():
                                                                                       "beta_fit")
     assert set(registry.names(design=SamplingDesign(10, popularity=torch.ones(5)), metric="auc")) >= {"hh", "none"}
     assert registry.names(adaptive=np.bool_(True)) == registry.names(adaptive=True)
+
+
+def test_diff_replaced_without_coef_leaves_exact_shares_working():
+    """diff's lambda choices are module constants: a user's replacement of the entry (here one without a coef option)
+    registered before anything draws an exact share changes nothing of the draws (a fresh process: the import order)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import dataclasses, torch\n"
+        "import reco_sampled_plugin as rsp\n"
+        "from reco_sampled_plugin import registry\n"
+        "from reco_sampled_plugin.design import ExactShare\n"
+        "bv = registry.get('bv')\n"
+        "registry.register(dataclasses.replace(bv, name='diff'), replace=True)\n"
+        "g = torch.Generator().manual_seed(0)\n"
+        "scores = torch.randn(20, 300, generator=g)\n"
+        "pos = torch.zeros(20, 300, dtype=torch.bool); pos[:, 0] = True\n"
+        "s = rsp.sampled_ranks(scores, pos, rsp.SamplingDesign(50, exact_share=ExactShare(0.5)))\n"
+        "from reco_sampled_plugin import _design_based\n"
+        "print(s.share_ranks is not None, _design_based.COEF, _design_based.COEFS)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "one", "('one',", "'tuned')"]
