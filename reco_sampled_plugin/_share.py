@@ -80,7 +80,10 @@ def with_share_arrays(sampled: SampledRanks, share_ranks: TensorLike | None, inc
     if share_ranks is None or inclusion is None:
         raise ValueError("inclusion: an exact share needs both share_ranks and inclusion (one was None)")
     e = check_rank_values(share_ranks, "share_ranks", whole=True, padding=True).to(sampled.ranks.device)
-    p = torch.as_tensor(inclusion, dtype=torch.float64, device=sampled.ranks.device)
+    raw = torch.as_tensor(inclusion)
+    # the floor in the input's own precision (float32's 1e-9 is 9.99999972e-10 in float64), then at least MIN_INCLUSION
+    floor = float(torch.tensor(MIN_INCLUSION, dtype=raw.dtype)) if raw.is_floating_point() else MIN_INCLUSION
+    p = raw.to(device=sampled.ranks.device, dtype=torch.float64)
     r = sampled.ranks
     for name, t in (("share_ranks", e), ("inclusion", p)):
         if t.shape != r.shape:
@@ -90,8 +93,9 @@ def with_share_arrays(sampled: SampledRanks, share_ranks: TensorLike | None, inc
         raise ValueError("share_ranks: an exact rank where the ranks hold padding (0)")
     if bool((e > sampled.candidates()).any()):
         raise ValueError("share_ranks: a rank above the positive's n (n_items)")
-    if not bool(((p >= MIN_INCLUSION) & (p <= 1))[valid].all()):
+    if not bool(((p >= floor) & (p <= 1))[valid].all()):
         raise ValueError(f"inclusion: every positive's probability must lie in [{MIN_INCLUSION:g}, 1] (MIN_INCLUSION)")
+    p = p.clamp(min=MIN_INCLUSION)
     return dataclasses.replace(sampled, share_ranks=e, inclusion=torch.where(valid, p, torch.zeros_like(p)))
 
 

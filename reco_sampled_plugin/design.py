@@ -117,9 +117,13 @@ class ExactShare:
             share = float(self.share)
         except (TypeError, ValueError):
             raise ValueError(f"share: expected a number in (0, 1], got {self.share!r}") from None
-        if isinstance(self.share, bool) or not MIN_INCLUSION <= share <= 1.0:
+        # the bound in the value's own precision (numpy's float32 1e-9 is 9.99999972e-10 as a Python float)
+        floor = float(np.asarray(MIN_INCLUSION, dtype=self.share.dtype)) if isinstance(self.share, np.floating) \
+            else MIN_INCLUSION
+        if isinstance(self.share, bool) or not floor <= share <= 1.0:
             raise ValueError(f"share: expected a number in (0, 1], at least {MIN_INCLUSION:g} (MIN_INCLUSION), got "
                              f"{self.share!r}")
+        share = max(share, MIN_INCLUSION)
         object.__setattr__(self, "share", share)
         object.__setattr__(self, "choice", check_choice(self.choice, SHARE_CHOICES, "choice"))
         if not isinstance(self.metric, str):

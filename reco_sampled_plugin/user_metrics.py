@@ -232,10 +232,9 @@ def _kernel_ties(ties: str) -> str:
 
 
 def _is_factors(scores: object) -> TypeGuard[tuple[Any, ...]]:
-    """A tuple of tensors or arrays (with None for a missing bias) is factors; a tuple of numbers or of
-    sequences of numbers is score rows, as a list would be."""
-    return isinstance(scores, tuple) and len(scores) > 0 and all(
-        isinstance(x, (torch.Tensor, np.ndarray)) or (x is None and i == 2) for i, x in enumerate(scores))
+    """A tuple is factors unless every entry is a number or a list / tuple (nested tuples of numbers are score rows,
+    as a list would be); factor entries that are not matrices are refused by name (``user_factors``, ...)."""
+    return isinstance(scores, tuple) and not all(isinstance(x, (tuple, list, int, float)) for x in scores)
 
 
 def per_user_metrics(
@@ -257,8 +256,8 @@ def per_user_metrics(
         scores: (B, n) scores, or the factors whose product they are, as a tuple ``(user_factors, item_factors)``
             or ``(user_factors, item_factors, item_bias)``: scores ``user_factors @ item_factors.T (+ item_bias)``
             ((B, d), (n, d), (n,)), ranked in cache-sized tiles without storing them
-            (:func:`~reco_sampled_plugin.factor_ranks.exact_ranks_from_factors`; NaN/inf factors raise). A tuple is
-            factors when its entries are tensors or arrays; nested tuples of numbers are score rows.
+            (:func:`~reco_sampled_plugin.factor_ranks.exact_ranks_from_factors`; NaN/inf factors raise). A tuple of
+            numbers or of tuples of numbers is score rows, any other tuple factors.
         positives: relevant items, (B, n) bool mask or (B, P) int64 padded with -1.
         metrics: metric names; default: the ten of the catalogue at k = 10.
         exclude: training items to leave out of the ranking.

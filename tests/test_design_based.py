@@ -481,3 +481,27 @@ def test_histogram_path_matches_the_positives_and_merges(matrix):
     with pytest.raises(ValueError, match="^other: one histogram carries an exact share"):
         merged.merge(rsp.sampled_ranks(scores, pos, 30).histogram())
 
+
+
+def test_inclusion_bound_holds_on_every_path_and_in_the_inputs_precision():
+    """A SampledRanks built by hand with pi = 1e-300 is refused when estimated (was: -6.7e282, stderr inf);
+    float32 probabilities and shares at exactly 1e-9 are accepted (9.99999972e-10 as float64), below it refused."""
+    from reco_sampled_plugin._checks import MIN_INCLUSION
+
+    g = torch.Generator().manual_seed(0)
+    r, n = torch.randint(1, 20, (200,), generator=g), torch.full((200,), 1000)
+    e = torch.zeros(200, dtype=torch.long)
+    e[:20] = torch.randint(1, 1000, (20,), generator=g)
+    design = rsp.SamplingDesign(100, exact_share=ExactShare(0.1))
+    pi = torch.full((200,), 0.1, dtype=torch.float64)
+    pi[0] = 1e-300
+    by_hand = rsp.SampledRanks(r, n, None, design, share_ranks=e, inclusion=pi)
+    with pytest.raises(ValueError, match="^inclusion: .*MIN_INCLUSION"):
+        rsp.estimate("ndcg@10", by_hand)
+    pi32 = torch.full((200,), MIN_INCLUSION, dtype=torch.float32)
+    assert rsp.SampledRanks.from_arrays(r, n, 100, design, share_ranks=e, inclusion=pi32).inclusion[0] == MIN_INCLUSION
+    assert ExactShare(np.float32(MIN_INCLUSION)).share == MIN_INCLUSION
+    with pytest.raises(ValueError, match="^share: "):
+        ExactShare(np.float32(9e-10))
+    with pytest.raises(ValueError, match="^inclusion: "):
+        rsp.SampledRanks.from_arrays(r, n, 100, design, share_ranks=e, inclusion=torch.full((200,), 9e-10))
