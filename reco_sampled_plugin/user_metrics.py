@@ -25,6 +25,7 @@ has no irrelevant candidate left. NaN users are left out of means (:func:`mean_m
 from __future__ import annotations
 
 import math
+from numbers import Real
 from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence, TypeGuard
 
 import numpy as np
@@ -232,9 +233,13 @@ def _kernel_ties(ties: str) -> str:
 
 
 def _is_factors(scores: object) -> TypeGuard[tuple[Any, ...]]:
-    """A tuple is factors unless every entry is a number or a list / tuple (nested tuples of numbers are score rows,
-    as a list would be); factor entries that are not matrices are refused by name (``user_factors``, ...)."""
-    return isinstance(scores, tuple) and not all(isinstance(x, (tuple, list, int, float)) for x in scores)
+    """A tuple is factors unless it is score rows: every entry a number or a flat list / tuple of numbers (nested
+    tuples of numbers, as a list of rows would be); factors given as lists of lists stay factors, and entries that are
+    not matrices are refused by name (``user_factors``, ...)."""
+    def row(x: object) -> bool:
+        return isinstance(x, Real) or (isinstance(x, (tuple, list)) and all(isinstance(y, Real) for y in x))
+
+    return isinstance(scores, tuple) and not all(row(x) for x in scores)
 
 
 def per_user_metrics(
@@ -257,7 +262,7 @@ def per_user_metrics(
             or ``(user_factors, item_factors, item_bias)``: scores ``user_factors @ item_factors.T (+ item_bias)``
             ((B, d), (n, d), (n,)), ranked in cache-sized tiles without storing them
             (:func:`~reco_sampled_plugin.factor_ranks.exact_ranks_from_factors`; NaN/inf factors raise). A tuple of
-            numbers or of tuples of numbers is score rows, any other tuple factors.
+            flat rows of numbers is score rows, any other tuple factors.
         positives: relevant items, (B, n) bool mask or (B, P) int64 padded with -1.
         metrics: metric names; default: the ten of the catalogue at k = 10.
         exclude: training items to leave out of the ranking.

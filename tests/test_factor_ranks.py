@@ -175,3 +175,15 @@ def test_per_user_metrics_reads_nested_tuples_of_numbers_as_score_rows():
     assert torch.equal(got["Hit@1"], torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64))
     for key in want:
         assert torch.equal(got[key], want[key])
+
+
+def test_per_user_metrics_reads_factors_given_as_lists_of_lists():
+    """A tuple of nested lists (user_factors.tolist(), item_factors.tolist()) is factors, not score rows."""
+    from reco_sampled_plugin import per_user_metrics
+
+    g = torch.Generator().manual_seed(3)
+    u, v = torch.randn(4, 3, generator=g, dtype=torch.float64), torch.randn(7, 3, generator=g, dtype=torch.float64)
+    pos = torch.tensor([[0], [1], [2], [3]])
+    got = per_user_metrics((u.tolist(), v.tolist()), pos, metrics=("ndcg@5",), as_frame=False)
+    want = per_user_metrics(u @ v.T, pos, metrics=("ndcg@5",), as_frame=False)
+    torch.testing.assert_close(got["NDCG@5"], want["NDCG@5"])
