@@ -80,7 +80,7 @@ import numpy as np
 import torch
 
 from . import registry
-from ._share import _host, carries_share, choose_share, share_weights
+from ._share import _host, carries_share, check_inclusion, choose_share, share_weights
 
 if TYPE_CHECKING:
     from ._estimate import Estimate
@@ -549,16 +549,6 @@ def _fit_options(method: Any) -> tuple[dict, str]:
     return {k: v for k, v in given.items() if k in names}, coef
 
 
-def _check_inclusion(sample: Any) -> None:
-    """Every positive's pi in [MIN_INCLUSION, 1]: ``from_arrays`` and the draws check it, a SampledRanks built by
-    hand does not (a pi of 1e-300 would weigh its positive 1e300 in eq. 2)."""
-    from ._checks import MIN_INCLUSION
-
-    pi = sample.inclusion[sample.ranks > 0]
-    if not bool(((pi >= MIN_INCLUSION) & (pi <= 1)).all()):
-        raise ValueError(f"inclusion: every positive's probability must lie in [{MIN_INCLUSION:g}, 1] (MIN_INCLUSION)")
-
-
 def estimate_design_based(spec: MetricSpec, sample: Any, method: Any, weights: TensorLike | None,
                           model_estimate: Callable[[Any], Estimate]) -> Estimate:
     """``estimate``'s path for ``diff`` (and ``auto`` on a sample with an exact share): eq. (1)-(3) on the share, from
@@ -577,7 +567,9 @@ def estimate_design_based(spec: MetricSpec, sample: Any, method: Any, weights: T
     if design is not None and not registry.get("diff").supports(design):  # pragma: no cover - every share design
         raise ValueError(f"method: 'diff' does not support the design of these ranks ({design.describe()})")
     if isinstance(sample, SampledRanks):
-        _check_inclusion(sample)
+        # from_arrays and the draws check pi; a SampledRanks built by hand does not (1e-300 weighs 1e300 in eq. 2)
+        assert sample.inclusion is not None  # carries_share
+        check_inclusion(sample.inclusion[sample.ranks > 0])
         if design is not None and design.popularity is not None:
             return _popularity_share(spec, sample, weights, fit_opts, coef)
         hist = sample.histogram(weights)

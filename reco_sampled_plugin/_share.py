@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from ._sampled import SampledRanks
     from ._types import TensorLike
 
-__all__ = ["ShareRows", "carries_share", "with_share_arrays", "choose_share", "keyed_choice"]
+__all__ = ["ShareRows", "carries_share", "check_inclusion", "with_share_arrays", "choose_share", "keyed_choice"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -73,6 +73,13 @@ def carries_share(sample: Any) -> bool:
     return getattr(sample, "share_ranks", None) is not None or getattr(sample, "share", None) is not None
 
 
+def check_inclusion(pi: torch.Tensor, floor: float = MIN_INCLUSION) -> None:
+    """Every positive's pi (``pi``: the positives' probabilities) in [MIN_INCLUSION, 1], a ValueError naming
+    ``inclusion`` otherwise (``floor``: MIN_INCLUSION in the input's own precision)."""
+    if not bool(((pi >= floor) & (pi <= 1)).all()):
+        raise ValueError(f"inclusion: every positive's probability must lie in [{MIN_INCLUSION:g}, 1] (MIN_INCLUSION)")
+
+
 def with_share_arrays(sampled: SampledRanks, share_ranks: TensorLike | None, inclusion: TensorLike | None
                       ) -> SampledRanks:
     """``sampled`` with an exact share given as arrays (``SampledRanks.from_arrays``): both or neither, shaped like
@@ -93,8 +100,7 @@ def with_share_arrays(sampled: SampledRanks, share_ranks: TensorLike | None, inc
         raise ValueError("share_ranks: an exact rank where the ranks hold padding (0)")
     if bool((e > sampled.candidates()).any()):
         raise ValueError("share_ranks: a rank above the positive's n (n_items)")
-    if not bool(((p >= floor) & (p <= 1))[valid].all()):
-        raise ValueError(f"inclusion: every positive's probability must lie in [{MIN_INCLUSION:g}, 1] (MIN_INCLUSION)")
+    check_inclusion(p[valid], floor)
     p = p.clamp(min=MIN_INCLUSION)
     return dataclasses.replace(sampled, share_ranks=e, inclusion=torch.where(valid, p, torch.zeros_like(p)))
 
