@@ -64,6 +64,20 @@ def _add_progress(parser: argparse.ArgumentParser) -> None:
                         help="progress bar on stderr (default: when stderr is a terminal); results are the same")
 
 
+_LAWS = "binomial: uniform with replacement (default); hypergeometric: uniform without"
+
+
+def _add_sampling(parser: argparse.ArgumentParser, popularity: str | None = None) -> None:
+    """``--sampling``, the draws' law, with one help text for every command; ``popularity``: the command also reads
+    popularity-sampled ranks (that choice's help), and the default is then None: the file's columns tell."""
+    if popularity is None:
+        parser.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial",
+                            help=f"the draws' law ({_LAWS})")
+    else:
+        parser.add_argument("--sampling", choices=["binomial", "hypergeometric", "popularity"], default=None,
+                            help=f"the draws' law ({_LAWS}; popularity: {popularity})")
+
+
 def _check_int_arguments(args: argparse.Namespace) -> None:
     """Every integer option within int64 (``--n-items 10**30`` is a ValueError naming the option, not an
     OverflowError deep inside)."""
@@ -532,8 +546,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="exact vs sampled metrics on the paper's toy example (Tables 1 and 2)")
     demo.add_argument("--n-samples", "-m", type=int, default=99, help="sampled irrelevant items per relevant item (default 99)")
-    demo.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial",
-                      help="with replacement (binomial, default) or without (hypergeometric)")
+    _add_sampling(demo)
     demo.set_defaults(func=_cmd_demo)
 
     rep = sub.add_parser("reproduce", help="the papers' experiments on real data: tables, plots and a report folder",
@@ -545,7 +558,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--n-samples", "-m", type=int, default=100, help="sampled items per relevant item (default 100)")
     rep.add_argument("--repeats", type=int, default=100, help="sampling runs for standard deviations and Table 4 (default 100)")
     rep.add_argument("--seed", type=int, default=0)
-    rep.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial")
+    _add_sampling(rep)
     rep.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     rep.add_argument("--quick", action="store_true", help="fewer values of m for Figure 6")
     rep.add_argument("--quiet", action="store_true", help="no stage lines and no progress bars")
@@ -564,7 +577,7 @@ def build_parser() -> argparse.ArgumentParser:
                           f"(the table's correction, default {registry.DEFAULT_CORRECTION}; a table is not an estimate: "
                           f"`estimate` runs {registry.DEFAULT_ESTIMATOR} by default)")
     tab.add_argument("--gamma", type=float, help="bias-variance trade-off of bv, in [0, 1] (default 0.1)")
-    tab.add_argument("--sampling", choices=["binomial", "hypergeometric"], default="binomial")
+    _add_sampling(tab)
     tab.add_argument("--prior", help="uniform (default) or beta:A (ls, cls, bv)")
     tab.add_argument("--rounding", choices=["floor", "linear"], help="rank_estimate rounding (default floor)")
     tab.add_argument("--out", help="write CSV here instead of printing")
@@ -593,10 +606,8 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--option", action="append", metavar="NAME=VALUE", default=None,
                      help="an estimator option (repeatable), e.g. gamma=0.2 for bv, n_bootstrap=0 for mes; given to "
                           "every --method that takes it, refused where none does (the options are listed below)")
-    est.add_argument("--sampling", choices=["binomial", "hypergeometric", "popularity"], default=None,
-                     help="the draws' law (default binomial: uniform with replacement); popularity: the file holds "
-                          "each positive's hh_s1, hh_s2 (sums of 1/q~ and 1/q~^2 over its beating draws), which a "
-                          "five-column file implies")
+    _add_sampling(est, popularity="the file holds each positive's hh_s1, hh_s2 (sums of 1/q~ and 1/q~^2 over "
+                                  "its beating draws), which a five-column file implies")
     est.add_argument("--adaptive-max", type=int, metavar="M",
                      help="the ranks come from adaptive sampling from --n-samples up to M (the file's m column: "
                           "each positive's final m); the estimators marked [adaptive] below")
