@@ -97,10 +97,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import hashlib
 import logging
 import math
 import os
 import threading
+from collections import OrderedDict
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Sequence
@@ -177,6 +179,15 @@ SCREEN_FACTOR = 2.5
 #: (benchmarks/bench_plan.py --cases width: forecast within 0.8-1.3x of the measured median on ml-100k and
 #: ml-latest-small).
 WIDTH_REPEATS = 5
+#: The replicate interval widths this process has estimated (:meth:`_Replicates.widths`), by what the estimate reads:
+#: the metric, the method object, the design, the replicate's sampled ranks, n, sizes and completed ranks (their
+#: bytes, dtype and shape) and the plan's ``workers`` as given. The estimate is a deterministic function of these, so a
+#: plan of the same draws (the same seed at another target, with or without pruning or screening) reads the very
+#: width it would estimate again; plans on other threads estimate their own. At most :data:`_WIDTHS_MAX` (floats;
+#: the least recently used dropped).
+_WIDTHS: OrderedDict[tuple, float] = OrderedDict()
+_WIDTHS_MAX = 4096
+_WIDTHS_LOCK = threading.Lock()
 #: The normal quantile of a 95% interval, z = 1.96.
 _Z95 = 1.959963984540054
 #: Threads of ``PlanExecution(workers=None)`` (at most the CPUs available and one per design). Measured on the scorer
@@ -1267,10 +1278,45 @@ class _Replicates:
 
         for j in js:
             done = None if self.sim.done is None else self.sim.done[j]
-            drawn = SampledRanks.from_arrays(self.sim.sampled[j], self.draws.n_t, self._sizes(j), self.design,
-                                             exact_ranks=done)
-            lo, hi = estimate(self.s.spec, drawn, self.s.method).interval(0.95)
-            self.width[j] = hi - lo
+            key = self._width_key(j, done)
+            kept = None
+            if key is not None:
+                with _WIDTHS_LOCK:
+                    kept = _WIDTHS.get(key)
+                    if kept is not None:
+                        _WIDTHS.move_to_end(key)
+            if kept is None:  # estimated outside the lock (seconds); two threads may both estimate one, alike
+                drawn = SampledRanks.from_arrays(self.sim.sampled[j], self.draws.n_t, self._sizes(j), self.design,
+                                                 exact_ranks=done)
+                lo, hi = estimate(self.s.spec, drawn, self.s.method).interval(0.95)
+                kept = hi - lo
+                if key is not None:
+                    with _WIDTHS_LOCK:
+                        _WIDTHS[key] = kept
+                        while len(_WIDTHS) > _WIDTHS_MAX:
+                            _WIDTHS.popitem(last=False)
+            self.width[j] = kept
+
+    def _width_key(self, j: int, done: torch.Tensor | None) -> tuple | None:
+        """:data:`_WIDTHS`' key of replicate ``j``'s width, or None (not kept) where the method object is not
+        hashable. Uniform designs only (the popularity and share designs' replicates hold their own widths)."""
+        d = self.design
+        assert d.popularity is None and d.exact_share is None  # _rel_width's rule
+        h = hashlib.blake2b(digest_size=20)
+        for part in (self.sim.sampled[j], self.draws.n_t, self._sizes(j), done):
+            if part is None:
+                h.update(b"none;")
+                continue
+            arr = np.ascontiguousarray(torch.as_tensor(part).detach().cpu().numpy())
+            h.update(f"{arr.dtype.str}{arr.shape};".encode())
+            h.update(arr.tobytes())
+        key = (self.s.spec, self.s.method, d.n_samples, d.replacement, d.adaptive_max, d.exact_at_cap,
+               self.s.execution.workers, h.hexdigest())
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
 
     def _popularity(self, js: range) -> None:
         from .estimators import estimate

@@ -78,3 +78,37 @@ def test_interval_target_decides_the_pick(width_plan):
     assert default.full_rel_width == width_plan.full_rel_width
     assert 0.3 < default.full_rel_width < 0.6  # NDCG@10 about 0.12 with per-user sd about 0.29 over 400 users
     assert default.target_halfwidth == pytest.approx(math.hypot(default.full_rel_width / 2, 1.959964 * 0.5), rel=1e-6)
+
+
+def test_kept_widths_change_no_bit(monkeypatch):
+    """The replicate widths a plan estimated are kept (``planner._WIDTHS``) for plans of the same draws: the same
+    plan again estimates none and equals the first bit for bit, as does the plan after the kept widths are
+    dropped; another metric, seed or thread count estimates its own."""
+    from collections import OrderedDict
+
+    from reco_sampled_plugin import estimators, planner
+
+    monkeypatch.setattr(planner, "_WIDTHS", OrderedDict())
+    calls: list[int] = []
+    real = estimators.estimate
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(estimators, "estimate", counted)
+
+    def run(metric: str = METRIC, seed: int = 4, workers: int = 1):
+        before = len(calls)
+        p = plan(N, USERS, metric, 5.0, designs=[SamplingDesign(100)], repeats=2, seed=seed, target_rel_halfwidth=10.0,
+                 execution=PlanExecution(workers=workers))
+        return p, len(calls) - before
+
+    first, estimated = run()
+    assert estimated == 2 and math.isfinite(first.forecasts[0].rel_width)  # both replicates' intervals
+    again, estimated = run()
+    assert estimated == 0 and again.forecasts == first.forecasts
+    planner._WIDTHS.clear()
+    fresh, estimated = run()
+    assert estimated == 2 and fresh.forecasts == first.forecasts
+    assert [run(metric="hit@10")[1], run(seed=5)[1], run(workers=2)[1]] == [2, 2, 2]
