@@ -746,11 +746,12 @@ def _em(logl: np.ndarray, w: np.ndarray, base: np.ndarray, start: np.ndarray | N
     p = base.copy() if start is None else 0.9 * start + 0.1 * base
     tot = float(wk.sum())
     prev = -math.inf
+    smooth, norm = PSEUDO_COUNT * base, tot + PSEUDO_COUNT  # the same values each step: formed once
     for _ in range(_EM_ITER):  # iterations of the fit, not a loop over data
-        mix = lik @ p
-        ll = float(wk @ np.log(np.maximum(mix, 1e-300)))
-        p = p * ((wk / np.maximum(mix, 1e-300)) @ lik) + PSEUDO_COUNT * base
-        p /= tot + PSEUDO_COUNT
+        mix = np.maximum(lik @ p, 1e-300)
+        ll = float(wk @ np.log(mix))
+        p = p * ((wk / mix) @ lik) + smooth
+        p /= norm
         if ll - prev < _EM_TOL * tot:
             break
         prev = ll
