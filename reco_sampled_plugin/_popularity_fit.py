@@ -382,19 +382,24 @@ class PopularityFit:
                 with np.errstate(over="ignore", invalid="ignore"):  # the memberships' probabilities (rows, exact, C)
                     pe = -np.expm1(-lam[rows][:, exact, None] * v[None, None, :])
                 pe = np.where(np.isnan(pe), 1.0, pe)
-                # units of the same probabilities (the same bytes: the same profile, so the same lambdas) share each
-                # class's polynomial in the products below
-                pk = np.ascontiguousarray(pe.reshape(len(rows), -1))
-                group = np.unique(pk.view(np.dtype((np.void, pk.itemsize * pk.shape[1]))).ravel(),
-                                  return_inverse=True)[1].reshape(-1)
                 prof, und = np.round(u.profile[rows]), np.round(undrawn[rows])
                 # the denominator is a function of each unit's profile and probabilities alone, one row at a time:
                 # computed once per distinct row (the same bytes, the same bits), shared by the units that hold it
-                # (without exclusions nearly every unit: the catalogue's profile but the positive's class)
-                key = np.ascontiguousarray(np.concatenate([prof, pe.reshape(len(rows), -1)], 1))
-                _, first, inv = np.unique(key.view(np.dtype((np.void, key.itemsize * key.shape[1]))).ravel(),
+                # (without exclusions nearly every unit: the catalogue's profile but the positive's class); those
+                # rows share each class's polynomial in the numerators' products too. Found by the profile (one
+                # profile, one lambda row), each row's probabilities checked to be its profile's first's bytes (a row
+                # that is not: a group of its own)
+                pk = np.ascontiguousarray(prof)
+                _, first, inv = np.unique(pk.view(np.dtype((np.void, pk.itemsize * pk.shape[1]))).ravel(),
                                           return_index=True, return_inverse=True)
                 inv = inv.reshape(-1)
+                bits = np.ascontiguousarray(pe).reshape(len(rows), -1).view(np.uint64)
+                odd = np.flatnonzero((bits != bits[first][inv]).any(1))
+                if len(odd):
+                    inv = inv.copy()
+                    inv[odd] = len(first) + np.arange(len(odd))
+                    first = np.concatenate([first, odd])
+                group = inv
                 need = k[None, :] - b[rows, None].astype(np.int64)
                 r_ = np.arange(len(rows))[:, None]
                 top = np.empty(need.shape)
