@@ -365,9 +365,6 @@ class PopularityFit:
         u = self.units
         lo, hi = self.edges[:-1], self.edges[1:]
         out = np.zeros(lam.shape)
-        with np.errstate(over="ignore", invalid="ignore"):
-            p = -np.expm1(-lam[..., None] * v[None, None, :])  # (N, cells, C)
-        p = np.where(np.isnan(p), 1.0, p)
         b = np.round(u.beat.sum(1))
         drawn = u.beat + u.miss
         undrawn = np.maximum(u.profile - drawn, 0.0)
@@ -382,15 +379,27 @@ class PopularityFit:
             sub[b > kmax] = -np.inf  # more beating draws than R - 1 in every such cell
             rows = np.flatnonzero((b <= kmax) & near)
             if len(rows):
-                pe = p[rows][:, exact]
+                with np.errstate(over="ignore", invalid="ignore"):  # the memberships' probabilities (rows, exact, C)
+                    pe = -np.expm1(-lam[rows][:, exact, None] * v[None, None, :])
+                pe = np.where(np.isnan(pe), 1.0, pe)
                 prof, und = np.round(u.profile[rows]), np.round(undrawn[rows])
                 # the denominator is a function of each unit's profile and probabilities alone, one row at a time:
                 # computed once per distinct row (the same bytes, the same bits), shared by the units that hold it
-                # (without exclusions nearly every unit: the catalogue's profile but the positive's class)
-                key = np.ascontiguousarray(np.concatenate([prof, pe.reshape(len(rows), -1)], 1))
-                _, first, inv = np.unique(key.view(np.dtype((np.void, key.itemsize * key.shape[1]))).ravel(),
+                # (without exclusions nearly every unit: the catalogue's profile but the positive's class); those
+                # rows share each class's polynomial in the numerators' products too. Found by the profile (one
+                # profile, one lambda row), each row's probabilities checked to be its profile's first's bytes (a row
+                # that is not: a group of its own)
+                pk = np.ascontiguousarray(prof)
+                _, first, inv = np.unique(pk.view(np.dtype((np.void, pk.itemsize * pk.shape[1]))).ravel(),
                                           return_index=True, return_inverse=True)
                 inv = inv.reshape(-1)
+                bits = np.ascontiguousarray(pe).reshape(len(rows), -1).view(np.uint64)
+                odd = np.flatnonzero((bits != bits[first][inv]).any(1))
+                if len(odd):
+                    inv = inv.copy()
+                    inv[odd] = len(first) + np.arange(len(odd))
+                    first = np.concatenate([first, odd])
+                group = inv
                 need = k[None, :] - b[rows, None].astype(np.int64)
                 r_ = np.arange(len(rows))[:, None]
                 top = np.empty(need.shape)
@@ -400,11 +409,19 @@ class PopularityFit:
                 for c0 in range(0, len(exact), _COUNT_CHUNK):
                     sl = slice(c0, c0 + _COUNT_CHUNK)
                     kc = int(k[sl].max())
-                    den = _log_count_pmf(prof[first], pe[first][:, sl], kc)[inv]
-                    num = _log_count_pmf(und, pe[:, sl], kc)
+                    # the numerator only of the units with a cell of the chunk that can hold their beating draws
+                    # (b <= R - 1; the others' is nil there), in one product with the denominators' distinct rows
+                    # (each row's coefficients are its own: the same bits as in products of their own)
+                    live = np.flatnonzero(b[rows] <= kc)
+                    both = _log_count_pmf(np.concatenate([prof[first], und[live]]),
+                                          np.concatenate([pe[first][:, sl], pe[live][:, sl]]), kc,
+                                          groups=np.concatenate([group[first], group[live]]))
+                    den, num = both[:len(first)][inv], both[len(first):]
                     cols = np.arange(den.shape[1])[None, :]
-                    nd = need[:, sl]
-                    top[:, sl] = np.where(nd >= 0, num[r_, cols, np.clip(nd, 0, kc)], -np.inf)
+                    nd = need[live][:, sl]
+                    top[:, sl] = -np.inf
+                    top[live, sl] = np.where(nd >= 0, num[np.arange(len(live))[:, None], cols, np.clip(nd, 0, kc)],
+                                             -np.inf)
                     bottom[:, sl] = den[r_, cols, k[sl][None, :]]
                 with np.errstate(invalid="ignore"):  # -inf - -inf where bottom is not finite: masked
                     sub[rows] = np.where(np.isfinite(bottom), top - bottom, 0.0)
@@ -593,14 +610,15 @@ class PopularityFit:
         return lo, hi, details
 
 
-def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int) -> np.ndarray:
+def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int, groups: np.ndarray | None = None) -> np.ndarray:
     """(N, X, kmax + 1) log P(S = t), t = 0..kmax, S the sum over classes c of Binomial(counts_c, p_c): counts (N, C)
     integers, p (N, X, C). The classes' truncated pmfs multiplied as polynomials, each step rescaled by its largest
     coefficient (the scale kept in logs). A class's pmf up to its factor (1 - p)^n is C(n, t) o^t, o = p / (1 - p):
     log C(n, t) + t log o (p = 0: o^t is 1 at t = 0 only; p = 1: all of the class's items count, so only t = n is
     possible). Worked with t as the leading axis, so that each step of the product, new[t] += acc[s] poly[t - s]
     for s = 0..kmax in turn, is one contiguous multiply-add over (N, X) (the coefficients summed in increasing s,
-    each product rounded before its sum)."""
+    each product rounded before its sum). ``groups``: optional ids of the rows of ``p`` (equal ids: the same bytes),
+    spares finding them (the result is the same either way: each unit's coefficients are its own)."""
     from scipy.special import gammaln
 
     n_units, n_x, n_cls = p.shape
@@ -616,26 +634,50 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int) -> np.ndarray:
     prod = np.empty_like(acc)
     scale = np.zeros((n_units, n_x))
     degree = 0  # acc[t] = 0 for t > degree
+    # a class's polynomial is a function of the unit's count and probabilities alone (element by element): formed
+    # once per distinct (probability row, count), and gathered for the units that hold it (rows of p repeat: the
+    # units of one catalogue profile share their lambdas). ``groups``: ids of rows known to be the same bytes (else
+    # found here)
+    pu, pairs = p, None
+    if n_units > 1 and p.size:
+        if groups is None:
+            pk = np.ascontiguousarray(p.reshape(n_units, -1))
+            _, p_first, p_inv = np.unique(pk.view(np.dtype((np.void, pk.itemsize * pk.shape[1]))).ravel(),
+                                          return_index=True, return_inverse=True)
+        else:
+            _, p_first, p_inv = np.unique(groups, return_index=True, return_inverse=True)
+        if len(p_first) < n_units:  # else every row distinct: so is every (row, count) pair, nothing to share
+            p_inv = p_inv.reshape(-1)
+            pu, pairs = p[p_first], _distinct_pairs(p_inv, len(p_first), counts)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        lp, l1p = np.log(p), np.log1p(-p)
+        lp, l1p = np.log(pu), np.log1p(-pu)
         logo = np.clip(lp - l1p, -1e300, 1e300)  # p = 0 / 1: -inf / +inf kept finite (t log o stays defined)
         for c in range(n_cls):  # the popularity classes (16)
-            n = counts[:, c][None, :, None]  # (1, N, 1)
-            if not np.any(n > 0):
+            nc = np.ascontiguousarray(counts[:, c], dtype=np.float64)
+            if not np.any(nc > 0):
                 continue
-            n_max = int(n.max())
+            inv = None
+            n, pr = nc[None, :, None], slice(None)  # (1, U, 1): the distinct pairs' counts; their rows of pu
+            if pairs is not None:
+                first, inv = pairs[c]
+                n, pr = nc[first][None, :, None], p_inv[first]
+            n_max = int(nc.max())
             h = min(kmax, n_max) + 1  # rows t > n_max are nil for every unit (log C(n, t) = -inf): never formed
             rest = n - t[:h]
             ni = n.astype(np.int64)
             logc = np.where(rest >= 0, log_fact[ni] - log_fact_t[:h] - log_fact[np.clip(ni - ti[:h], 0, None)],
-                            -np.inf)  # (h, N, 1): log C(n, t), -inf beyond n
-            lpmf = logc + t[:h] * logo[None, :, :, c]
+                            -np.inf)  # (h, U, 1): log C(n, t), -inf beyond n
+            lpmf = logc + t[:h] * logo[pr, :, c][None]
             mx = lpmf.max(0)
             poly = np.exp(lpmf - mx)
             # certain items beyond the truncation: no t <= kmax is possible
-            poly = np.where((p[None, :, :, c] >= 1.0) & (n > kmax), 0.0, poly)
+            poly = np.where((pu[pr, :, c][None] >= 1.0) & (n > kmax), 0.0, poly)
+            if inv is not None:
+                poly = np.take(poly, inv, axis=1)  # (h, N, X)
             # log of the largest coefficient of the true pmf: the factor (1 - p)^n back (p = 1: the point mass at n)
-            mx = np.where(p[..., c] >= 1.0, 0.0, mx + n[0] * l1p[..., c])
+            mx = np.where(pu[pr, :, c] >= 1.0, 0.0, mx + n[0] * l1p[pr, :, c])
+            if inv is not None:
+                mx = mx[inv]
             # the polynomial product truncated at kmax: new[t] = sum_{s <= t} acc[s] poly[t - s], s increasing;
             # the terms known to be zero (acc beyond its degree, poly beyond the class's largest count) left out.
             # One multiply-add per s, or per d = t - s in decreasing d (the same terms of each t in the same order),
@@ -657,6 +699,34 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int) -> np.ndarray:
             np.divide(new, top, out=acc)
             scale = scale + np.where(np.isfinite(mx), mx, 0.0) + np.log(top)
         return np.moveaxis(np.log(acc) + scale, 0, -1)
+
+
+def _distinct_pairs(rows: np.ndarray, n_rows: int, counts: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per class c (columns of ``counts``, (N, C) floats), (first, inverse) of the distinct pairs (rows[i],
+    counts[i, c]): ``rows`` integer ids in [0, n_rows); ``first`` one index of each distinct pair, ``inverse`` each
+    unit's pair among them. Whole counts (those of the fit: rounded class counts) are paired by value through one
+    table of the class-id-count grid; any other counts by their bit patterns."""
+    n_units, n_cls = counts.shape
+    whole = counts.astype(np.int64)
+    if whole.min() >= 0 and np.array_equal(whole, counts) and n_cls * n_rows * (int(whole.max()) + 1) <= 1 << 24:
+        span = n_rows * (int(whole.max()) + 1)  # one class's block of the table
+        key = rows[:, None] * (int(whole.max()) + 1) + whole + np.arange(n_cls)[None, :] * span  # (N, C)
+        at = np.empty(n_cls * span, dtype=np.int64)
+        at[key] = np.arange(n_units)[:, None]  # one unit of each pair (every unit of a pair has the same values)
+        present = np.zeros(n_cls * span, dtype=bool)
+        present[key] = True
+        ids = np.cumsum(present) - 1
+        start = np.r_[0, ids[np.arange(1, n_cls + 1) * span - 1] + 1]  # the first pair id of each class
+        used = np.flatnonzero(present)
+        return [(at[used[start[c]:start[c + 1]]], ids[key[:, c]] - start[c]) for c in range(n_cls)]
+    out = []
+    for c in range(n_cls):
+        col = np.ascontiguousarray(counts[:, c], dtype=np.float64)
+        _, bits = np.unique(col.view(np.int64), return_inverse=True)
+        _, first, inv = np.unique(rows * (int(bits.max()) + 1) + bits.reshape(-1), return_index=True,
+                                  return_inverse=True)
+        out.append((first, inv.reshape(-1)))
+    return out
 
 
 def _rows_posterior(logl: np.ndarray, prior: np.ndarray) -> np.ndarray:
@@ -681,11 +751,12 @@ def _em(logl: np.ndarray, w: np.ndarray, base: np.ndarray, start: np.ndarray | N
     p = base.copy() if start is None else 0.9 * start + 0.1 * base
     tot = float(wk.sum())
     prev = -math.inf
+    smooth, norm = PSEUDO_COUNT * base, tot + PSEUDO_COUNT  # the same values each step: formed once
     for _ in range(_EM_ITER):  # iterations of the fit, not a loop over data
-        mix = lik @ p
-        ll = float(wk @ np.log(np.maximum(mix, 1e-300)))
-        p = p * ((wk / np.maximum(mix, 1e-300)) @ lik) + PSEUDO_COUNT * base
-        p /= tot + PSEUDO_COUNT
+        mix = np.maximum(lik @ p, 1e-300)
+        ll = float(wk @ np.log(mix))
+        p = p * ((wk / mix) @ lik) + smooth
+        p /= norm
         if ll - prev < _EM_TOL * tot:
             break
         prev = ll

@@ -34,6 +34,24 @@ def test_count_pmf_matches_a_brute_force_convolution():
         assert np.allclose(np.exp(got[i, x]), np.exp(want), rtol=1e-9, atol=1e-300), (i, x)
 
 
+def test_count_pmf_of_repeated_rows_equals_each_row_alone():
+    """Units that share their probabilities (one catalogue profile: the same lambdas) share each class's polynomial
+    inside ``_log_count_pmf``: every unit's log pmf is bit for bit the one it gets alone, whether the repeats are
+    found by their bytes or named by ``groups``, with whole and fractional counts."""
+    rng = np.random.default_rng(1)
+    p_rows = rng.uniform(0.01, 0.99, size=(3, 4, 5))
+    p_rows[1, 2, 3] = 1.0
+    p_rows[2, :, 0] = 0.0
+    which = rng.integers(0, 3, size=40)
+    p = p_rows[which]
+    counts = rng.integers(0, 6, size=(40, 5)).astype(np.float64)
+    for c in (counts, counts + np.where(rng.random((40, 5)) < 0.2, 0.5, 0.0)):
+        alone = np.stack([_log_count_pmf(c[i:i + 1], p[i:i + 1], 9)[0] for i in range(40)])
+        for groups in (None, which * 7 + 2):
+            got = _log_count_pmf(c, p, 9, groups=groups)
+            assert got.tobytes() == alone.tobytes()
+
+
 def _units() -> Units:
     """Two positives over three popularity classes (5, 10, 20 candidates): the first with no beating draw (three
     distinct misses), the second beaten by one drawn item of the most popular class."""

@@ -247,14 +247,28 @@ def _core_from_seen(run):
     return sampled, positives, pos_u, slot
 
 
+@pytest.fixture(scope="module")
+def rb_core(rb_runs):
+    """``_core_from_seen`` of each model's run, built once for the module (on first use): the popN and pop100 tests
+    read the same core draws."""
+    built: dict = {}
+
+    def core(model):
+        if model not in built:
+            built[model] = _core_from_seen(rb_runs[model])
+        return built[model]
+
+    return core
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("model", list(_RB_MODELS))
-def test_recbole_popn_equals_the_core_on_the_same_draws(rb_runs, model):
+def test_recbole_popn_equals_the_core_on_the_same_draws(rb_runs, rb_core, model):
     """The adapter's per-positive statistics (from RecBole's drawn negatives and the model's scores) equal the core's
     ``sampled_ranks(..., negatives=RecBole's draws)`` under the sampler's weights, and so does the estimate."""
     rb = _recbole()
     run = rb_runs[model]
-    sampled, positives, pos_u, slot = _core_from_seen(run)
+    sampled, positives, pos_u, slot = rb_core(model)
     cols = rb.positive_table(run["struct"])
     stats = sampled.popularity_stats
     assert bool((cols["popularity"] == 1).all())
@@ -286,12 +300,12 @@ def test_recbole_popn_equals_the_core_on_the_same_draws(rb_runs, model):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model", list(_RB_MODELS))
-def test_recbole_pop100_hh_auc_matches_full_mode(rb_runs, model):
+def test_recbole_pop100_hh_auc_matches_full_mode(rb_runs, rb_core, model):
     """pop100 next to full mode on the same trained model: the hh AUC agrees with the exact AUC of full mode within
     4 of its sampling standard errors (conditional on these positives), while RecBole's plain pop100 AUC is far off.
     Figures: docs/recbole.md."""
     run = rb_runs[model]
-    sampled, _, pos_u, slot = _core_from_seen(run)
+    sampled, _, pos_u, slot = rb_core(model)
     cols = _recbole().positive_table(run["struct"])
     weights = torch.zeros(sampled.ranks.shape, dtype=torch.float64)
     weights[pos_u, slot] = 1.0 / cols["n_positives"]
