@@ -638,6 +638,7 @@ def test_sequential_model_in_uni100_mode(workdir, caplog):
     minutes for a sequence model on ml-100k."""
     config, train, _, test = _prepare("GRU4Rec", {
         "epochs": 1, "hidden_size": 16, "embedding_size": 16, "train_neg_sample_args": None, "loss_type": "CE",
+        "MAX_ITEM_LIST_LENGTH": 10,  # the sequences' window: what is checked does not depend on it (RecBole: 50)
         "eval_args": {"split": {"LS": "valid_and_test"}, "order": "TO", "group_by": "user", "mode": "uni100"},
         "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10", "eval_batch_size": 2048})
     import logging
