@@ -94,6 +94,13 @@ def sampled_splits():
     return split
 
 
+@pytest.fixture(scope="module")
+def full_batches(workdir):
+    """The test split of full mode in small batches (``eval_batch_size`` 4096: a couple of users each), built once
+    for the module: a loader does not depend on the plugin's keys (each test's own Config goes to its Trainer)."""
+    return _prepare("BPR", {"eval_batch_size": 4096})[3]
+
+
 def _sampled_mode(sampled_splits, extra: dict):
     """A config of ``extra`` (its ``eval_args`` a sampled mode) and that mode's shared test split."""
     config = Config(model="BPR", dataset="ml-100k", config_dict={**BASE, **extra})
@@ -205,6 +212,20 @@ def test_uni100_staged_batches_give_the_per_batch_table(bpr, monkeypatch, mode):
     config, _, _, test = _prepare("BPR", {"eval_args": {"mode": mode}, "eval_batch_size": 4096, "rsp_estimators": ["none"],
                                           "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "CorrectedRecall@10/none"})
     trainer = Trainer(config, bpr["model"])
+    # RecBole's batches (its negatives drawn from the same seed every time) recorded as the first evaluation draws
+    # them and given again to the later ones: the same batches, without drawing them twice more (RecBole's pop100
+    # sampler costs seconds per evaluation)
+    batches: list = []
+    iterate = type(test).__iter__
+
+    def replayed(self):
+        if self is not test:
+            return iterate(self)
+        if batches:
+            return iter(batches)
+        return (batches.append(batch) or batch for batch in iterate(self))
+
+    monkeypatch.setattr(type(test), "__iter__", replayed)
 
     def table():
         init_seed(config["seed"], config["reproducibility"])
@@ -370,13 +391,15 @@ def test_popularity_sampling_uncorrected_is_said(bpr, sampled_splits, caplog):
 
 
 @pytest.mark.parametrize("staged", [True, False], ids=["copied", "referenced"])
-def test_buffered_flushes_give_the_same_table(bpr, monkeypatch, staged):
+def test_buffered_flushes_give_the_same_table(bpr, full_batches, monkeypatch, staged):
     """Full-sort batches are gathered (CPU: copied into reused buffers; other devices: held by reference)
     and processed together. With RecBole's default small batches (2 users each), flushing every few users
     gives the same exact ranks, candidate counts, users and ids as one flush at the end, and sampled ranks
     from the same law; both ways of gathering give the same table."""
-    config, _, _, test = _prepare("BPR", {"eval_batch_size": 4096, "metrics": FULL_METRICS, "valid_metric": "ExactRecall@10",
-                                          "rsp_m": 100, "rsp_full_ranks": True, "rsp_ties": "average"})
+    config = Config(model="BPR", dataset="ml-100k", config_dict={
+        **BASE, "eval_batch_size": 4096, "metrics": FULL_METRICS, "valid_metric": "ExactRecall@10", "rsp_m": 100,
+        "rsp_full_ranks": True, "rsp_ties": "average"})
+    test = full_batches
     trainer = Trainer(config, bpr["model"])
     monkeypatch.setattr(rr, "_STAGE_ON_CPU", staged)
     flushes = []
@@ -426,13 +449,14 @@ def test_binomial_sampling_matches_item_draws(bpr, monkeypatch, ties, replacemen
         assert int(top.sum()) > 0 and bool((table["sampled_rank"][top] == 1).all())
 
 
-def test_reused_score_buffer_is_copied_or_caught_and_nan_scores_raise(bpr, monkeypatch):
+def test_reused_score_buffer_is_copied_or_caught_and_nan_scores_raise(bpr, full_batches, monkeypatch):
     """A model that writes every batch's scores into one persistent tensor: on CPU the plugin copies each
     batch as it arrives, so the table equals the ordinary model's; batches held by reference (other devices)
     are read when the evaluation ends, so the reuse is caught (tensor version counter), not silently ranked
     on the last batch's scores. NaN scores of held-out items are named, not ranked."""
-    config, _, _, test = _prepare("BPR", {"eval_batch_size": 4096, "metrics": ["Recall", "CorrectedRecall"],
-                                          "valid_metric": "Recall@10", "rsp_m": 100})
+    config = Config(model="BPR", dataset="ml-100k", config_dict={
+        **BASE, "eval_batch_size": 4096, "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10", "rsp_m": 100})
+    test = full_batches
     model = bpr["model"]
     trainer = Trainer(config, model)
     plain = rb.positive_table(_evaluate(trainer, test)[1])
@@ -614,6 +638,7 @@ def test_sequential_model_in_uni100_mode(workdir, caplog):
     minutes for a sequence model on ml-100k."""
     config, train, _, test = _prepare("GRU4Rec", {
         "epochs": 1, "hidden_size": 16, "embedding_size": 16, "train_neg_sample_args": None, "loss_type": "CE",
+        "MAX_ITEM_LIST_LENGTH": 10,  # the sequences' window: what is checked does not depend on it (RecBole: 50)
         "eval_args": {"split": {"LS": "valid_and_test"}, "order": "TO", "group_by": "user", "mode": "uni100"},
         "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10", "eval_batch_size": 2048})
     import logging

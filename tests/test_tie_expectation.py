@@ -21,16 +21,22 @@ def _bounds(s: torch.Tensor, rel: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     return lo, hi
 
 
+def _orders(s: torch.Tensor) -> list[tuple[int, ...]]:
+    """Every order of the items consistent with the scores (ties in any order): the permutations whose scores never
+    increase."""
+    v = s.tolist()
+    return [order for order in itertools.permutations(range(len(v)))
+            if not any(v[order[a]] < v[order[a + 1]] for a in range(len(v) - 1))]
+
+
 def _brute_force(spec, s: torch.Tensor, rel: torch.Tensor, gains) -> float:
-    """Mean of the metric over every order of the items consistent with the scores (ties in any order)."""
+    """Mean of the metric over every order of the items consistent with the scores (ties in any order): the metric
+    of each order's ranks (one row per order, as many users), averaged."""
     n = s.numel()
-    values = []
-    for order in itertools.permutations(range(n)):
-        if any(s[order[a]] < s[order[a + 1]] for a in range(n - 1)):
-            continue
-        position = {item: i + 1 for i, item in enumerate(order)}
-        ranks = torch.tensor([[position[int(i)] for i in rel]])
-        values.append(float(user_metric_values(spec, ranks, torch.tensor([n]), gains)[0]))
+    orders = _orders(s)
+    ranks = torch.tensor([[order.index(int(i)) + 1 for i in rel] for order in orders])
+    values = user_metric_values(spec, ranks, torch.full((len(orders),), n),
+                                None if gains is None else gains.expand(len(orders), -1)).tolist()
     return sum(values) / len(values)
 
 
