@@ -17,6 +17,7 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _forkserver  # noqa: E402
 import _lightning_helpers as H  # noqa: E402
 
 from reco_sampled_plugin import registry  # noqa: E402
@@ -280,7 +281,8 @@ def test_ddp_two_processes_equal_one(tmp_path):
                 RankingMetricsCallback(RankingSettings(METRICS, exact=False, **adaptive), prefix="ad_"),
                 RankingMetricsCallback(RankingSettings(SHARE_METRICS, **SHARE), prefix="sh_")]
 
-    two = _spawned(tmp_path, "ddp", callbacks(), _loader(batch_size=8), devices=2, strategy="ddp_spawn", return_ids=False)
+    two = _spawned(tmp_path, "ddp", callbacks(), _loader(batch_size=8), devices=2, strategy=_forkserver.lightning_ddp(),
+                   return_ids=False)
     one = _spawned(tmp_path, "one", callbacks(), _loader(batch_size=8), devices=1, return_ids=False)
     # what happens without dedup: user 0 counted twice, its copy keyed by position 37
     padded = _spawned(tmp_path, "padded", callbacks(), _loader(index=list(range(37)) + [0], batch_size=8),
