@@ -197,11 +197,17 @@ def _check_history(cb, read, atol=1e-6):
 @pytest.fixture(scope="module")
 def example_run(example, tmp_path_factory):
     """One 2-epoch run of the example writing to a CSV, a TensorBoard and an MLflow logger at once (with plots):
-    each logger's test below reads its own files back."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return example["main"](epochs=2, logger="csv,tensorboard,mlflow", out=str(tmp_path_factory.mktemp("mf")),
-                               plot=True)
+    each logger's test below reads its own files back. The example sets torch's threads to 2 (its standalone
+    default): the test process's own count is restored after it, so that the tests after it in this process do not
+    run on 2 threads where tests/conftest.py gave each pytest-xdist worker its share of the cores."""
+    threads = torch.get_num_threads()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return example["main"](epochs=2, logger="csv,tensorboard,mlflow", out=str(tmp_path_factory.mktemp("mf")),
+                                   plot=True)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _logger(trainer, kind: str):
