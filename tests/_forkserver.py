@@ -11,6 +11,7 @@ are given theirs).
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.context
 import multiprocessing.forkserver
 
 # what the server imports before it forks (an import that fails there is left to the process that needs it)
@@ -18,11 +19,17 @@ PRELOAD = ("pytest", "torch", "torch.distributed", "reco_sampled_plugin.adapters
            "reco_sampled_plugin.adapters.lightning", "_lightning_helpers")
 
 
-def context(*extra: str) -> multiprocessing.context.ForkServerContext:
+def start_method() -> str:
+    """``forkserver``; ``spawn`` where the platform has no fork server (Windows)."""
+    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+
+
+def context(*extra: str) -> multiprocessing.context.BaseContext:
     """The forkserver context, its server preloading :data:`PRELOAD` and ``extra`` modules (set before the server
-    starts: once it runs, every test process's later callers share it as it is)."""
-    multiprocessing.forkserver.set_forkserver_preload([*PRELOAD, *extra])
-    return multiprocessing.get_context("forkserver")
+    starts: once it runs, every test process's later callers share it as it is); spawn's where there is none."""
+    if start_method() == "forkserver":
+        multiprocessing.forkserver.set_forkserver_preload([*PRELOAD, *extra])
+    return multiprocessing.get_context(start_method())
 
 
 def lightning_ddp():
@@ -31,4 +38,4 @@ def lightning_ddp():
     from lightning.pytorch.strategies import DDPStrategy
 
     context()
-    return DDPStrategy(start_method="forkserver")
+    return DDPStrategy(start_method=start_method())
