@@ -15,7 +15,6 @@ force, closed forms), and the dimensions it sits on are fuzzed with hypothesis:
 from __future__ import annotations
 
 import math
-import multiprocessing
 import socket
 import warnings
 
@@ -26,6 +25,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import _forkserver
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin.rank_distribution import fit_rank_distribution
 from reco_sampled_plugin.corrections import correction_table
@@ -337,9 +337,10 @@ def _ddp_worker(rank: int, port: int, queue) -> None:
 
 
 def test_ddp_sync_of_incompatible_states_is_refused_on_every_process():
-    """Two gloo processes: alike, the synced value equals one process that saw both batches; configured
+    """Two gloo processes (fresh, their worker pickled: forked from the test process's fork server,
+    tests/_forkserver.py): alike, the synced value equals one process that saw both batches; configured
     differently, every process raises the same ValueError naming the difference (no hang, no wrong sum)."""
-    ctx = multiprocessing.get_context("spawn")
+    ctx = _forkserver.context(__name__)
     queue = ctx.Queue()
     port = _free_port()
     procs = [ctx.Process(target=_ddp_worker, args=(r, port, queue)) for r in range(2)]

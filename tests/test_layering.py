@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -28,8 +29,15 @@ def _module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _files() -> list[Path]:
-    return sorted(ROOT.rglob("*.py"))
+@functools.lru_cache(maxsize=1)
+def _files() -> tuple[Path, ...]:
+    return tuple(sorted(ROOT.rglob("*.py")))
+
+
+@functools.lru_cache(maxsize=None)
+def _tree(path: Path) -> ast.Module:
+    """The module's AST, parsed once per test process (every test reads the same source; none changes a tree)."""
+    return ast.parse(path.read_text(), str(path))
 
 
 def _resolve(path: Path, module: str | None, level: int) -> str | None:
@@ -43,15 +51,16 @@ def _resolve(path: Path, module: str | None, level: int) -> str | None:
     return ".".join(base + ([module] if module else []))
 
 
-def _modules() -> set[str]:
-    return {_module_name(p) for p in _files()}
+@functools.lru_cache(maxsize=1)
+def _modules() -> frozenset[str]:
+    return frozenset(_module_name(p) for p in _files())
 
 
 def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def _package_imports(path: Path, nodes, modules: set[str]):
+def _package_imports(path: Path, nodes, modules: frozenset[str]):
     """(line, source module, imported name or None, local name) of each import of a package module among ``nodes``:
     ``from src import name`` (name None when ``src.name`` is itself a module: then the module is ``src.name``),
     ``import src`` / ``import src as local``."""
@@ -74,7 +83,7 @@ def _package_imports(path: Path, nodes, modules: set[str]):
 
 def _violations(path: Path) -> list[tuple[str, int, str]]:
     """(file, line, "name from module") of each private name of a public package module used in ``path``."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = _tree(path)
     modules = _modules()
     rel = path.relative_to(ROOT.parent).as_posix()
     out = []
@@ -122,7 +131,7 @@ def import_graph(lazy: bool = True) -> dict[str, set[str]]:
     graph: dict[str, set[str]] = {}
     for path in _files():
         name = _module_name(path)
-        tree = ast.parse(path.read_text(), str(path))
+        tree = _tree(path)
         skip = _type_checking_only(tree)
         nodes = (n for n in ast.walk(tree) if id(n) not in skip) if lazy else iter(tree.body)
         edges = {src for _, src, _, _ in _package_imports(path, nodes, modules)}

@@ -17,6 +17,7 @@ import lightning.pytorch as pl
 from torch.utils.data import DataLoader  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _forkserver  # noqa: E402
 import _lightning_helpers as H  # noqa: E402
 
 from reco_sampled_plugin import registry  # noqa: E402
@@ -196,11 +197,17 @@ def _check_history(cb, read, atol=1e-6):
 @pytest.fixture(scope="module")
 def example_run(example, tmp_path_factory):
     """One 2-epoch run of the example writing to a CSV, a TensorBoard and an MLflow logger at once (with plots):
-    each logger's test below reads its own files back."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return example["main"](epochs=2, logger="csv,tensorboard,mlflow", out=str(tmp_path_factory.mktemp("mf")),
-                               plot=True)
+    each logger's test below reads its own files back. The example sets torch's threads to 2 (its standalone
+    default): the test process's own count is restored after it, so that the tests after it in this process do not
+    run on 2 threads where tests/conftest.py gave each pytest-xdist worker its share of the cores."""
+    threads = torch.get_num_threads()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return example["main"](epochs=2, logger="csv,tensorboard,mlflow", out=str(tmp_path_factory.mktemp("mf")),
+                                   plot=True)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _logger(trainer, kind: str):
@@ -280,7 +287,8 @@ def test_ddp_two_processes_equal_one(tmp_path):
                 RankingMetricsCallback(RankingSettings(METRICS, exact=False, **adaptive), prefix="ad_"),
                 RankingMetricsCallback(RankingSettings(SHARE_METRICS, **SHARE), prefix="sh_")]
 
-    two = _spawned(tmp_path, "ddp", callbacks(), _loader(batch_size=8), devices=2, strategy="ddp_spawn", return_ids=False)
+    two = _spawned(tmp_path, "ddp", callbacks(), _loader(batch_size=8), devices=2, strategy=_forkserver.lightning_ddp(),
+                   return_ids=False)
     one = _spawned(tmp_path, "one", callbacks(), _loader(batch_size=8), devices=1, return_ids=False)
     # what happens without dedup: user 0 counted twice, its copy keyed by position 37
     padded = _spawned(tmp_path, "padded", callbacks(), _loader(index=list(range(37)) + [0], batch_size=8),

@@ -53,31 +53,48 @@ FAST = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, Heal
 
 
 # ------------------------------------------------------------------------------------------------ helpers
-def _run_capped(snippets: dict[str, str], timeout: float = 500.0) -> dict[str, list]:
-    """Run each snippet (it sets ``out``) in one subprocess under RLIMIT_AS = CAP; returns, per name, ["ok", out],
-    ["ValueError", message] or [other type, message]."""
+def _run_capped(snippets: dict[str, str], cli: list[list[str]] = (), timeout: float = 500.0) -> dict:
+    """One subprocess under RLIMIT_AS = CAP: first the CLI commands ``cli`` in turn (``main()`` as the console script
+    calls it, each command's stderr its own), then each snippet (it sets ``out``). Returns {"cli": [[exit status,
+    stderr] per command], "snippets": {name: ["ok", out], ["ValueError", message] or [other type, message]},
+    "stderr": the process's own stderr}."""
     child = textwrap.dedent(f"""
         import json, resource, sys
         resource.setrlimit(resource.RLIMIT_AS, ({CAP}, {CAP}))
+        request = json.loads(sys.stdin.read())
+        cli = []
+        if request["cli"]:  # first, in a process that has run nothing else (the console script's own start)
+            import contextlib, io, traceback
+            from reco_sampled_plugin.cli import main
+            for args in request["cli"]:
+                err = io.StringIO()
+                with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+                    try:
+                        code = main(args)
+                    except SystemExit as exc:  # sys.exit(main()): None is 0, a message is printed with status 1
+                        code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
+                    except BaseException:
+                        traceback.print_exc()
+                        code = 1
+                cli.append([code, err.getvalue()])
         import numpy as np, torch
         import reco_sampled_plugin as rsp
         from reco_sampled_plugin import planner
-        snippets = json.loads(sys.stdin.read())
         result = {{}}
-        for name, code in snippets.items():
+        for name, code in request["snippets"].items():
             scope = {{"np": np, "torch": torch, "rsp": rsp, "planner": planner}}
             try:
                 exec(code, scope)
                 result[name] = ["ok", scope.get("out")]
             except BaseException as exc:
                 result[name] = [type(exc).__name__, str(exc)[:400]]
-        print(json.dumps(result))
+        print(json.dumps({{"cli": cli, "snippets": result}}))
     """)
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-c", child], input=json.dumps(snippets), capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+    proc = subprocess.run([sys.executable, "-c", child], input=json.dumps({"cli": list(cli), "snippets": snippets}),
+                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "stderr": proc.stderr}
 
 
 def _vm_size() -> int:
@@ -146,9 +163,30 @@ REFUSED = {"metric_curve", "empirical_prior", "uniform_weights", "beta_weights",
            "distribution_prior", "hypergeometric_draw"}
 
 
+def _cli_commands(ranks: Path) -> tuple:
+    """(argv, expected exit status) of the CLI at n = 2^40 (estimate, plan) and 2^41 (refused) on a rank file."""
+    return (
+        (["estimate", str(ranks), "--n-items", str(HUGE), "-m", "100"], 0),
+        (["plan", "--n-items", str(HUGE), "--n-users", "5", "--metric", "recall@10", "--target-rel-error", "0.05",
+          "--repeats", "2"], 0),
+        (["estimate", str(ranks), "--n-items", str(2 * HUGE), "-m", "100"], 2),
+    )
+
+
 @pytest.fixture(scope="module")
-def huge_results() -> dict[str, list]:
-    return _run_capped(HUGE_CALLS)
+def capped_run(tmp_path_factory) -> dict:
+    """The huge-n snippets and the CLI commands (on a five-line rank file) in one capped subprocess: one start of
+    the interpreter, torch and the package for both tests below (the CLI's commands run first, as in a fresh
+    console script)."""
+    ranks = tmp_path_factory.mktemp("cli") / "ranks.txt"
+    ranks.write_text("1\n2\n3\n1\n5\n")
+    commands = _cli_commands(ranks)
+    return {**_run_capped(HUGE_CALLS, [args for args, _ in commands]), "commands": commands}
+
+
+@pytest.fixture(scope="module")
+def huge_results(capped_run) -> dict[str, list]:
+    return capped_run["snippets"]
 
 
 @pytest.mark.parametrize("name", sorted(HUGE_CALLS))
@@ -176,42 +214,12 @@ def test_bound_message_names_the_bound():
     torch.testing.assert_close(curve, expected)
 
 
-def test_cli_huge_n_under_memory_cap(tmp_path):
+def test_cli_huge_n_under_memory_cap(capped_run):
     """The CLI at n = 2^40 under the address-space cap: estimate and plan succeed, n = 2^41 is refused in one line
     (exit status 2); no traceback. The three commands run in turn in one capped process (main() as the console
-    script calls it, each command's stderr its own)."""
-    ranks = tmp_path / "ranks.txt"
-    ranks.write_text("1\n2\n3\n1\n5\n")
-    child = textwrap.dedent(f"""
-        import contextlib, io, json, resource, sys, traceback
-        resource.setrlimit(resource.RLIMIT_AS, ({CAP}, {CAP}))
-        from reco_sampled_plugin.cli import main
-        out = []
-        for args in json.loads(sys.stdin.read()):
-            err = io.StringIO()
-            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-                try:
-                    code = main(args)
-                except SystemExit as exc:  # sys.exit(main()): None is 0, a message is printed with status 1
-                    code = exc.code if isinstance(exc.code, int) else 0 if exc.code is None else 1
-                except BaseException:
-                    traceback.print_exc()
-                    code = 1
-            out.append([code, err.getvalue()])
-        print(json.dumps(out))
-    """)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
-    commands = (
-        (["estimate", str(ranks), "--n-items", str(HUGE), "-m", "100"], 0),
-        (["plan", "--n-items", str(HUGE), "--n-users", "5", "--metric", "recall@10", "--target-rel-error", "0.05",
-          "--repeats", "2"], 0),
-        (["estimate", str(ranks), "--n-items", str(2 * HUGE), "-m", "100"], 2),
-    )
-    proc = subprocess.run([sys.executable, "-c", child], input=json.dumps([a for a, _ in commands]),
-                          capture_output=True, text=True, timeout=400, env=env, cwd=ROOT)
-    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
-    for (args, code), (got, stderr) in zip(commands, results, strict=True):
+    script calls it, each command's stderr its own), before the snippets of test_huge_n_under_memory_cap."""
+    assert "Traceback" not in capped_run["stderr"], capped_run["stderr"][-2000:]
+    for (args, code), (got, stderr) in zip(capped_run["commands"], capped_run["cli"], strict=True):
         assert got == code, (args, stderr[-2000:])
         assert "Traceback" not in stderr
         if code == 2:

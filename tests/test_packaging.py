@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import json
 import logging
 import os
 import re
@@ -21,6 +22,7 @@ import shutil
 import subprocess
 import sys
 import sysconfig
+import textwrap
 import tomllib
 import zipfile
 from importlib import metadata
@@ -157,29 +159,38 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    probe = ("import importlib.metadata as md, pathlib, reco_sampled_plugin as rsp; "
-             "print(rsp.__file__); print(rsp.__version__); print(md.version('reco-sampled-plugin')); "
-             "print(pathlib.Path(rsp.__file__).with_name('py.typed').is_file())")
-    file, module_version, dist_version, typed = _run([python, "-c", probe], cwd=elsewhere).stdout.split()
-    assert Path(file).resolve().is_relative_to(site.resolve()), f"imported {file}, not the venv's copy"
-    assert module_version == dist_version == version
-    assert typed == "True"
-
-    # the adapters of the [recbole,lightning] extras import from the installed wheel (their requirements are the
-    # test environment's, reached through the .pth: nothing is downloaded)
-    adapters = ("import reco_sampled_plugin.adapters.recbole as r, reco_sampled_plugin.adapters.lightning as lt, "
-                "reco_sampled_plugin.adapters.torchmetrics as tm; print(r.__file__); print(lt.__file__); "
-                "print(tm.__file__)")
-    for path in _run([python, "-c", adapters], cwd=elsewhere).stdout.split():
+    # n = 101 candidates, m = 100 samples: every irrelevant item is drawn, r~ = r; AUC = mean (n - r) / (n - 1)
+    (elsewhere / "ranks.csv").write_text("1,101,100\n3,101,100\n50,101,100\n")
+    # one process of the venv's interpreter: the package, then the adapters of the [recbole,lightning] extras (their
+    # requirements are the test environment's, reached through the .pth: nothing is downloaded), then `estimate`
+    # through the console script's function (the script itself runs --help and --version below)
+    probe = textwrap.dedent("""
+        import contextlib, importlib.metadata as md, io, json, pathlib
+        import reco_sampled_plugin as rsp
+        out = {"file": rsp.__file__, "version": rsp.__version__, "dist_version": md.version("reco-sampled-plugin"),
+               "typed": pathlib.Path(rsp.__file__).with_name("py.typed").is_file()}
+        import reco_sampled_plugin.adapters.recbole as r, reco_sampled_plugin.adapters.lightning as lt
+        import reco_sampled_plugin.adapters.torchmetrics as tm
+        out["adapters"] = [r.__file__, lt.__file__, tm.__file__]
+        from reco_sampled_plugin.cli import main
+        text = io.StringIO()
+        with contextlib.redirect_stdout(text):
+            out["estimate_status"] = main(["estimate", "ranks.csv", "--metric", "auc", "--method", "none"])
+        out["estimate"] = text.getvalue()
+        print(json.dumps(out))
+    """)
+    got = json.loads(_run([python, "-c", probe], cwd=elsewhere).stdout.strip().splitlines()[-1])
+    assert Path(got["file"]).resolve().is_relative_to(site.resolve()), f"imported {got['file']}, not the venv's copy"
+    assert got["version"] == got["dist_version"] == version
+    assert got["typed"] is True
+    for path in got["adapters"]:
         assert Path(path).resolve().is_relative_to(site.resolve()), f"imported {path}, not the venv's copy"
 
     script = venv / ("Scripts/reco-sampled.exe" if os.name == "nt" else "bin/reco-sampled")
     assert "estimate" in _run([script, "--help"], cwd=elsewhere).stdout
     assert _run([script, "--version"], cwd=elsewhere).stdout.split() == ["reco-sampled", version]
-    # n = 101 candidates, m = 100 samples: every irrelevant item is drawn, r~ = r; AUC = mean (n - r) / (n - 1)
-    (elsewhere / "ranks.csv").write_text("1,101,100\n3,101,100\n50,101,100\n")
-    out = _run([script, "estimate", "ranks.csv", "--metric", "auc", "--method", "none"], cwd=elsewhere).stdout
-    row = next(line.split() for line in out.splitlines() if line.startswith("auc"))
+    assert got["estimate_status"] in (0, None)
+    row = next(line.split() for line in got["estimate"].splitlines() if line.startswith("auc"))
     assert row[1] == "none" and float(row[2]) == pytest.approx((100 + 98 + 51) / 300, abs=5e-6)
 
 

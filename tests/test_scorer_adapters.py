@@ -16,6 +16,7 @@ from hypothesis import given, settings, strategies as st
 from _profiles import examples
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _forkserver  # noqa: E402
 import _lightning_helpers as H  # noqa: E402
 
 from reco_sampled_plugin import SamplingDesign, registry  # noqa: E402
@@ -382,7 +383,7 @@ def test_callback_scorer_ddp_two_processes_equal_one(tmp_path):
     """37 users over 2 gloo processes (the DistributedSampler pads user 0 onto process 1 and the callback drops it
     before scoring): every synced estimate equals the 1-process run's, fixed and adaptive, and so does the scoring
     cost summed over the processes (the padding row is never scored)."""
-    two = _spawned(tmp_path, "ddp", devices=2, strategy="ddp_spawn")
+    two = _spawned(tmp_path, "ddp", devices=2, strategy=_forkserver.lightning_ddp())
     one = _spawned(tmp_path, "one", devices=1)
     assert sorted(two) == ["cost0_of2.json", "cost1_of2.json", "rank0_of2.json", "rank1_of2.json"]
     c0, c1, c_ref = two.pop("cost0_of2.json"), two.pop("cost1_of2.json"), one.pop("cost0_of1.json")

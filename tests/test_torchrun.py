@@ -1,12 +1,14 @@
 """examples/torchrun/evaluate_sharded.py under ``torchrun --standalone``: 2 processes (gloo, CPU) give the same
-results as 1 process. Sampled metrics exactly (negatives keyed by user id: the same histogram whatever the
-sharding), exact metrics to float rounding (sums added in another order)."""
+results as 1 process (the script's one-process run, ``python evaluate_sharded.py``, here called in the test's own
+process: no launcher and no second interpreter to start). Sampled metrics exactly (negatives keyed by user id: the
+same histogram whatever the sharding), exact metrics to float rounding (sums added in another order)."""
 
 from __future__ import annotations
 
 import json
 import math
 import os
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -31,8 +33,25 @@ def _run(tmp_path: Path, nproc: int, *extra: str) -> dict:
     return json.loads(out.read_text())
 
 
-def test_two_processes_equal_one(tmp_path):
-    one = _run(tmp_path, 1)
+def _run_here(tmp_path: Path, monkeypatch) -> dict:
+    """The script's one-process run (no torchrun: no process group), in this process with the eager counting path
+    (as the torchrun runs), its JSON read back as theirs is."""
+    from reco_sampled_plugin import counting
+
+    out = tmp_path / "results_here.json"
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    before = counting.get_backend()
+    counting.set_backend("eager")
+    try:
+        runpy.run_path(str(SCRIPT), run_name="evaluate_sharded")["main"]([*ARGS, "--device", "cpu", "--out", str(out)])
+    finally:
+        counting.set_backend(before)
+    return json.loads(out.read_text())
+
+
+def test_two_processes_equal_one(tmp_path, monkeypatch):
+    one = _run_here(tmp_path, monkeypatch)
     two = _run(tmp_path, 2, "--shard", "blocks")  # contiguous blocks (the default is strided)
     assert one["world_size"] == 1 and two["world_size"] == 2
     assert two["users_on_rank0"] == 150 and one["relevant_items"] == two["relevant_items"] == 300 * 3
