@@ -703,28 +703,23 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int, groups: np.ndar
 
 def _distinct_pairs(rows: np.ndarray, n_rows: int, counts: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per class c (columns of ``counts``, (N, C) floats), (first, inverse) of the distinct pairs (rows[i],
-    counts[i, c]): ``rows`` integer ids in [0, n_rows); ``first`` one index of each distinct pair, ``inverse`` each
-    unit's pair among them. Whole counts (those of the fit: rounded class counts) are paired by value through one
-    table of the class-id-count grid; any other counts by their bit patterns."""
+    counts[i, c]), in increasing (row, count): ``rows`` integer ids in [0, n_rows); ``first`` one index of each
+    distinct pair, ``inverse`` each unit's pair among them. Whole counts (those of the fit: rounded class counts)
+    are paired by value, any other counts by their bit patterns; one sort of N keys per class (no table over the
+    grid of rows and counts, whose size grows with both)."""
     n_units, n_cls = counts.shape
     whole = counts.astype(np.int64)
-    if whole.min() >= 0 and np.array_equal(whole, counts) and n_cls * n_rows * (int(whole.max()) + 1) <= 1 << 24:
-        span = n_rows * (int(whole.max()) + 1)  # one class's block of the table
-        key = rows[:, None] * (int(whole.max()) + 1) + whole + np.arange(n_cls)[None, :] * span  # (N, C)
-        at = np.empty(n_cls * span, dtype=np.int64)
-        at[key] = np.arange(n_units)[:, None]  # one unit of each pair (every unit of a pair has the same values)
-        present = np.zeros(n_cls * span, dtype=bool)
-        present[key] = True
-        ids = np.cumsum(present) - 1
-        start = np.r_[0, ids[np.arange(1, n_cls + 1) * span - 1] + 1]  # the first pair id of each class
-        used = np.flatnonzero(present)
-        return [(at[used[start[c]:start[c + 1]]], ids[key[:, c]] - start[c]) for c in range(n_cls)]
+    by_value = whole.min(initial=0) >= 0 and np.array_equal(whole, counts)
     out = []
-    for c in range(n_cls):
-        col = np.ascontiguousarray(counts[:, c], dtype=np.float64)
-        _, bits = np.unique(col.view(np.int64), return_inverse=True)
-        _, first, inv = np.unique(rows * (int(bits.max()) + 1) + bits.reshape(-1), return_index=True,
-                                  return_inverse=True)
+    for c in range(n_cls):  # the popularity classes (16), not data
+        if by_value:
+            bits, top = whole[:, c], int(whole[:, c].max(initial=0))
+        if not by_value or (top + 1) * max(n_rows, 1) >= 1 << 62:  # the key rows * (top + 1) + bits within int64
+            _, bits = np.unique(np.ascontiguousarray(counts[:, c], dtype=np.float64).view(np.int64)
+                                if not by_value else bits, return_inverse=True)
+            bits = bits.reshape(-1)
+            top = int(bits.max(initial=0))
+        _, first, inv = np.unique(rows * (top + 1) + bits, return_index=True, return_inverse=True)
         out.append((first, inv.reshape(-1)))
     return out
 
