@@ -121,7 +121,7 @@ def main(
     """Train for ``epochs`` epochs; returns (trainer, callback). The callback's ``history`` holds
     every logged value per epoch, its ``results`` the last epoch's estimates with standard errors."""
     pl.seed_everything(seed, verbose=False)
-    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    torch.set_num_threads(max(1, min(2, torch.get_num_threads())))  # at most 2 (a small model), never more than set
     mask, train_loader, eval_loader = make_data()
     model = MatrixFactorization(mask)
     callback = RankingMetricsCallback(
