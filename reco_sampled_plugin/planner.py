@@ -180,8 +180,9 @@ SCREEN_FACTOR = 2.5
 #: ml-latest-small).
 WIDTH_REPEATS = 5
 #: The replicate interval widths this process has estimated (:meth:`_Replicates.widths`), by what the estimate reads:
-#: the metric, the method object, the design, the replicate's sampled ranks, n, sizes and completed ranks (their
-#: bytes, dtype and shape) and the plan's ``workers`` as given. The estimate is a deterministic function of these, so a
+#: the metric, the method object (only where every option is a value: :func:`_plain_value`), the registry's entries
+#: and ``AUTO_CHOICES``, the design, the replicate's sampled ranks, n, sizes and completed ranks (their bytes, dtype
+#: and shape) and the plan's ``workers`` as given. The estimate is a deterministic function of these, so a
 #: plan of the same draws (the same seed at another target, with or without pruning or screening) reads the very
 #: width it would estimate again; plans on other threads estimate their own. At most :data:`_WIDTHS_MAX` (floats;
 #: the least recently used dropped).
@@ -1234,6 +1235,18 @@ def _design_method(design: SamplingDesign, sim: _Simulation, s: _Settings, n_t: 
     return run_cls(**opts)
 
 
+def _plain_value(value: Any) -> bool:
+    """Whether ``value`` is equal to another only by its content and cannot change in place: None, numbers,
+    strings, and tuples or frozen dataclasses (a method object, ``TopShape``) of such values."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, tuple):
+        return all(_plain_value(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type) and getattr(value, "__dataclass_params__").frozen:
+        return all(_plain_value(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return False
+
+
 class _Replicates:
     """A design's estimates, replicate by replicate (:meth:`fill`), against the shared exact ranks: a popularity
     draw of the world each; or a rank-distribution estimator's replicates fitted together (one likelihood, one
@@ -1298,8 +1311,8 @@ class _Replicates:
             self.width[j] = kept
 
     def _width_key(self, j: int, done: torch.Tensor | None) -> tuple | None:
-        """:data:`_WIDTHS`' key of replicate ``j``'s width, or None (not kept) where the method object is not
-        hashable. Uniform designs only (the popularity and share designs' replicates hold their own widths)."""
+        """:data:`_WIDTHS`' key of replicate ``j``'s width, or None (not kept) where the method object holds a value
+        by identity (:func:`_plain_value`). Uniform designs only (the popularity and share designs' replicates hold their own widths)."""
         d = self.design
         assert d.popularity is None and d.exact_share is None  # _rel_width's rule
         h = hashlib.blake2b(digest_size=20)
@@ -1310,7 +1323,12 @@ class _Replicates:
             arr = np.ascontiguousarray(torch.as_tensor(part).detach().cpu().numpy())
             h.update(f"{arr.dtype.str}{arr.shape};".encode())
             h.update(arr.tobytes())
-        key = (self.s.spec, self.s.method, d.n_samples, d.replacement, d.adaptive_max, d.exact_at_cap,
+        if not _plain_value(self.s.method):  # an option held by identity (a tensor, a callable): not kept
+            return None
+        # the registry as estimate() reads it: auto's choices and every entry (a method replaced by register(...,
+        # replace=True) changes the key; entries and choices are values: names, references and option tables)
+        table = (registry.entries(), tuple(sorted((k, v) for k, v in registry.AUTO_CHOICES.items())))
+        key = (self.s.spec, self.s.method, table, d.n_samples, d.replacement, d.adaptive_max, d.exact_at_cap,
                self.s.execution.workers, h.hexdigest())
         try:
             hash(key)

@@ -2,10 +2,13 @@
 
 A spawned process is a new interpreter that imports torch, Lightning and the package again: several seconds of CPU,
 twice per two-process test. The fork server imports them once, in a process of its own that has run nothing else
-(no threads, no test state), and forks each new process from there. What the processes get is what spawn gives
-them: a fresh state, their function and arguments pickled (a callback or state that does not pickle still fails),
-the environment the server started with (Lightning passes its port in the pickled strategy; the tests' own workers
-are given theirs).
+(no threads, no test state), and forks each new process from there. Like spawn, each process gets its function and
+arguments pickled (a callback or state that does not pickle still fails). Unlike spawn: the environment and limits
+are the server's, as they were when it started (Lightning passes its port in the pickled strategy; the tests' own
+workers are given theirs), and Lightning neither restores its global-state snapshot nor stops the model's
+parameters from being shared, which it does only for ``spawn``: fine for the evaluation these tests run (keyed
+draws, no training across ranks), not for a DDP fit. Linux only (forking after importing torch is fragile on macOS,
+where Python's default is spawn); elsewhere spawn.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.context
 import multiprocessing.forkserver
+import sys
 
 # what the server imports before it forks (an import that fails there is left to the process that needs it)
 PRELOAD = ("pytest", "torch", "torch.distributed", "reco_sampled_plugin.adapters.torchmetrics", "lightning.pytorch",
@@ -20,8 +24,8 @@ PRELOAD = ("pytest", "torch", "torch.distributed", "reco_sampled_plugin.adapters
 
 
 def start_method() -> str:
-    """``forkserver``; ``spawn`` where the platform has no fork server (Windows)."""
-    return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    """``forkserver`` on Linux; ``spawn`` elsewhere."""
+    return "forkserver" if sys.platform.startswith("linux") else "spawn"
 
 
 def context(*extra: str) -> multiprocessing.context.BaseContext:

@@ -161,22 +161,23 @@ def test_wheel_installs_into_a_fresh_venv_and_runs(tmp_path):
     elsewhere.mkdir()
     # n = 101 candidates, m = 100 samples: every irrelevant item is drawn, r~ = r; AUC = mean (n - r) / (n - 1)
     (elsewhere / "ranks.csv").write_text("1,101,100\n3,101,100\n50,101,100\n")
-    # one process of the venv's interpreter: the package, then the adapters of the [recbole,lightning] extras (their
-    # requirements are the test environment's, reached through the .pth: nothing is downloaded), then `estimate`
-    # through the console script's function (the script itself runs --help and --version below)
+    # one process of the venv's interpreter: the package and `estimate` through the console script's function (first,
+    # as in a fresh console script: nothing else imported; the script itself runs --help and --version below), then
+    # the adapters of the [recbole,lightning] extras (their requirements are the test environment's, reached through
+    # the .pth: nothing is downloaded)
     probe = textwrap.dedent("""
         import contextlib, importlib.metadata as md, io, json, pathlib
         import reco_sampled_plugin as rsp
+        from reco_sampled_plugin.cli import main
         out = {"file": rsp.__file__, "version": rsp.__version__, "dist_version": md.version("reco-sampled-plugin"),
                "typed": pathlib.Path(rsp.__file__).with_name("py.typed").is_file()}
-        import reco_sampled_plugin.adapters.recbole as r, reco_sampled_plugin.adapters.lightning as lt
-        import reco_sampled_plugin.adapters.torchmetrics as tm
-        out["adapters"] = [r.__file__, lt.__file__, tm.__file__]
-        from reco_sampled_plugin.cli import main
         text = io.StringIO()
         with contextlib.redirect_stdout(text):
             out["estimate_status"] = main(["estimate", "ranks.csv", "--metric", "auc", "--method", "none"])
         out["estimate"] = text.getvalue()
+        import reco_sampled_plugin.adapters.recbole as r, reco_sampled_plugin.adapters.lightning as lt
+        import reco_sampled_plugin.adapters.torchmetrics as tm
+        out["adapters"] = [r.__file__, lt.__file__, tm.__file__]
         print(json.dumps(out))
     """)
     got = json.loads(_run([python, "-c", probe], cwd=elsewhere).stdout.strip().splitlines()[-1])

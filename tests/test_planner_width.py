@@ -112,3 +112,38 @@ def test_kept_widths_change_no_bit(monkeypatch):
     fresh, estimated = run()
     assert estimated == 2 and fresh.forecasts == first.forecasts
     assert [run(metric="hit@10")[1], run(seed=5)[1], run(workers=2)[1]] == [2, 2, 2]
+
+
+def test_kept_widths_follow_the_registry_and_skip_options_held_by_identity():
+    """A width kept for a method is not read once ``register(..., replace=True)`` redefines what ``auto`` runs (the
+    plan equals one with nothing kept, bit for bit), and a method holding an option by identity (a tensor prior,
+    which can change in place) keeps none: a prior changed in place gives the width of the new prior."""
+    import dataclasses
+
+    from reco_sampled_plugin import planner, registry
+
+    def run(method=None) -> float:
+        kwargs = {} if method is None else {"method": method}
+        return plan(N, USERS, "recall@50", 5.0, designs=[SamplingDesign(100)], repeats=2, seed=4,
+                    target_rel_halfwidth=10.0, execution=PlanExecution(workers=1), **kwargs).forecasts[0].rel_width
+
+    run()
+    orig = registry.get("gmod")
+    opts = tuple(dataclasses.replace(o, default=50.0) if o.name == "penalty" else o for o in orig.options)
+    registry.register(dataclasses.replace(orig, options=opts), replace=True)
+    try:
+        replaced = run()
+        planner._WIDTHS.clear()
+        assert replaced == run()
+    finally:
+        registry.register(orig, replace=True)
+    assert replaced != run()  # the replacement changes the width (else this test could not fail)
+
+    prior = torch.full((N,), 1.0 / N, dtype=torch.float64)
+    method = registry.method_class("bv")(prior=prior)
+    uniform = run(method)
+    r = torch.arange(1, N + 1, dtype=torch.float64)
+    prior.copy_((1 / r) / (1 / r).sum())
+    changed = run(method)
+    planner._WIDTHS.clear()
+    assert changed == run(method) and changed != uniform

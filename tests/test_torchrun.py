@@ -1,7 +1,7 @@
 """examples/torchrun/evaluate_sharded.py under ``torchrun --standalone``: 2 processes (gloo, CPU) give the same
-results as 1 process (the script's one-process run, ``python evaluate_sharded.py``, here called in the test's own
-process: no launcher and no second interpreter to start). Sampled metrics exactly (negatives keyed by user id: the
-same histogram whatever the sharding), exact metrics to float rounding (sums added in another order)."""
+results as 1 process (the script as one torchrun process runs it, a gloo group of one rank, here called in the
+test's own process: no launcher and no second interpreter to start). Sampled metrics exactly (negatives keyed by
+user id: the same histogram whatever the sharding), exact metrics to float rounding (sums added in another order)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import math
 import os
 import runpy
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -33,20 +34,34 @@ def _run(tmp_path: Path, nproc: int, *extra: str) -> dict:
     return json.loads(out.read_text())
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def _run_here(tmp_path: Path, monkeypatch) -> dict:
-    """The script's one-process run (no torchrun: no process group), in this process with the eager counting path
-    (as the torchrun runs), its JSON read back as theirs is."""
+    """The script's run as one torchrun process would make it (a gloo group of one rank: the environment torchrun
+    sets), in this process with the eager counting path and one torch thread (as the torchrun runs), its JSON read
+    back as theirs is: no launcher and no second interpreter."""
+    import torch
+
     from reco_sampled_plugin import counting
 
     out = tmp_path / "results_here.json"
-    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
-        monkeypatch.delenv(name, raising=False)
-    before = counting.get_backend()
+    for name, value in {"WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(_free_port())}.items():
+        monkeypatch.setenv(name, value)
+    before, threads = counting.get_backend(), torch.get_num_threads()
     counting.set_backend("eager")
+    torch.set_num_threads(1)
     try:
-        runpy.run_path(str(SCRIPT), run_name="evaluate_sharded")["main"]([*ARGS, "--device", "cpu", "--out", str(out)])
+        runpy.run_path(str(SCRIPT), run_name="evaluate_sharded")["main"](
+            [*ARGS, "--device", "cpu", "--backend", "gloo", "--out", str(out)])
     finally:
         counting.set_backend(before)
+        torch.set_num_threads(threads)
+    assert not dist.is_initialized()  # the script destroyed its group
     return json.loads(out.read_text())
 
 
