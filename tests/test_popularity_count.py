@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -50,6 +51,52 @@ def test_count_pmf_of_repeated_rows_equals_each_row_alone():
         for groups in (None, which * 7 + 2):
             got = _log_count_pmf(c, p, 9, groups=groups)
             assert got.tobytes() == alone.tobytes()
+
+
+def test_count_term_keeps_each_rows_own_probabilities_within_a_shared_profile():
+    """The count term forms its polynomials once per popularity profile, but a unit whose lambdas differ from its
+    profile's first unit's (``_solve_lambda`` solves row by row: its rounding can differ by an ulp between rows of
+    one profile) keeps its own probabilities: every unit's term is bit for bit the one it gets alone, with every
+    third unit's lambdas moved one ulp up."""
+    rng = np.random.default_rng(3)
+    profiles = np.array([[6.0, 9.0, 14.0, 20.0, 11.0], [3.0, 12.0, 0.0, 25.0, 17.0], [8.0, 5.0, 10.0, 7.0, 30.0]])
+    which = np.arange(12) // 4  # four units per profile
+    profile = profiles[which]
+    beat = np.zeros_like(profile)
+    miss = np.zeros_like(profile)
+    for i in range(12):  # 0-2 beating draws and 1-4 misses per unit, never more than the class holds
+        for c in rng.choice(np.flatnonzero(profile[i] > 0), size=int(rng.integers(1, 5)), replace=False):
+            miss[i, c] = 1.0
+        for c in rng.choice(np.flatnonzero(profile[i] > 1), size=int(rng.integers(0, 3)), replace=False):
+            beat[i, c] = 1.0
+    n = profile.sum(1) + 1.0
+    log_v = np.log(np.array([9.0, 4.0, 2.0, 1.0, 0.5]))
+    units = Units(profile, beat, miss, n, np.full(12, 10.0), np.ones(12), log_v, np.exp(log_v))
+    edges = pf.rank_edges(int(n.max()))
+    lo, hi = edges[:-1], edges[1:]
+    v = pf._tilted(log_v, 2.0)
+    lam = pf._solve_lambda(profile, v, np.clip(np.sqrt((lo + 1.0) * hi) - 1.0, 0.0, None))
+    # units 2, 5, 8 and 11 moved: an odd unit in each of the first two profiles; in the third its first (8) and
+    # last (11), so that 9 and 10 are the odd ones there
+    odd = np.arange(12) % 3 == 2
+    lam = np.where(odd[:, None] & (lam > 0) & np.isfinite(lam), np.nextafter(lam, np.inf), lam)
+    exact = (hi - lo == 1) & (hi <= pf.COUNT_EXACT_RANK)
+    pe = -np.expm1(-lam[:, exact, None] * v)
+    first = {w: i for i, w in reversed(list(enumerate(which)))}
+    # the ulp reaches the probabilities: units 2, 5, 9 and 10 differ from their profile's first
+    assert [i for i, w in enumerate(which) if pe[i].tobytes() != pe[first[w]].tobytes()] == [2, 5, 9, 10]
+    logl = np.zeros(lam.shape)  # every unit near its best in the exact cells: each takes the term
+
+    def count_term(rows: np.ndarray) -> np.ndarray:
+        sub = units.select(rows)
+        fit_ = SimpleNamespace(units=sub, edges=edges, count_rank=pf.COUNT_EXACT_RANK,
+                               allowed=lo[None, :] < sub.n[:, None])
+        return pf.PopularityFit._count_term(fit_, lam[rows], v, logl[rows])
+
+    got = count_term(np.arange(12))
+    alone = np.concatenate([count_term(np.array([i])) for i in range(12)])
+    assert np.isfinite(got[:, exact]).any() and np.any(got[:, exact] != 0.0)
+    assert got.tobytes() == alone.tobytes()
 
 
 def _units() -> Units:
