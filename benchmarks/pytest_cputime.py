@@ -37,6 +37,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    path = os.path.join(os.environ.get("PYTEST_CPUTIME_DIR", "."), f"cputime_{worker}.json")
+    folder = os.environ.get("PYTEST_CPUTIME_DIR", ".")
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, f"cputime_{worker}.json")
     with open(path, "w") as f:
         json.dump(_RECORDS, f)
