@@ -1,7 +1,7 @@
 """Offline evaluation on Ray Data: the same numbers as one process (docs/guides/scale.md).
 
 A Ray Dataset of evaluation rows (user, held-out items, training items to exclude) is ranked by 2 actors, each with
-its own scorer built once by a factory; the blocks' states are added by Ray's aggregation and the driver estimates.
+its own scorer built once by a factory; the driver adds the blocks' states as they stream in and estimates.
 The same rows ranked in one process (``rank_block`` on every row at once) give the same estimates bit for bit.
 
 Run: ``python examples/ray_at_scale.py`` (needs the ``ray`` extra: ``pip install "ray[data]>=2.44"``).

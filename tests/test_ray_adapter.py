@@ -312,11 +312,10 @@ def test_columns_are_named_column_names(kwargs, named):
 @pytest.fixture(scope="module")
 def cluster():
     """One small local Ray cluster for the module (2 CPUs; pytest-xdist workers each start their own). Its idle
-    worker processes are kept for the module (Ray's default ends those above its soft limit after a second): Ray
-    Data's aggregation runs in workers of their own runtime env, which import torch and the package to unpickle the
-    states, and these then serve every later run (without it the killed-actor test starts them again, three more
-    processes: about 30 s more on two cores). Actors are not helped: Ray starts each actor, a restarted one too, in
-    a new process (never in a worker that has run tasks), so every run's pool imports torch anew."""
+    worker processes are kept for the module (Ray's default ends those above its soft limit after a second), so that
+    Ray Data's tasks (reads, repartitions) run in workers started once. Actors are not helped: Ray starts each actor,
+    a restarted one too, in a new process (never in a worker that has run tasks), so every run's pool imports torch
+    anew."""
     import ray.cloudpickle
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the actors unpickle this module's Factory

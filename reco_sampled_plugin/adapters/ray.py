@@ -7,8 +7,8 @@ when it has one; the scorer protocol of docs/scorer.md). Each block is ranked by
 ``SampledRankingMetrics.update_from_scorer``): a positive's negatives are a hash of (seed, user, item, draw index),
 never of its block, so a block's result does not depend on how the dataset is split, on which actor ranks it, or on
 a retry. Each block becomes a :class:`EvaluationState` (a rank histogram, per-positive rows where the estimators need
-them, the scoring cost), the blocks' states are added by Ray's aggregation (``Dataset.aggregate``), and the driver
-estimates from the merged state with the core's ``estimate``.
+them, the scoring cost), the driver adds the blocks' states as Ray Data streams them to it (``Dataset.iter_batches``:
+no shuffle, no aggregation workers) and estimates from the merged state with the core's ``estimate``.
 
 Designs: uniform or popularity (each with or without replacement), adaptive (``exact_at_cap`` too), a uniform or an
 active exact share, with popularity draws with replacement too (``diff`` on ``pl_fit``'s predictions, as the core),
@@ -36,7 +36,7 @@ to every actor for pass 2), an exact share of another design one row per chosen 
 (docs/guides/scale.md). Popularity
 without replacement keeps the histogram alone (no per-draw statistics exist there, as in the core).
 
-Versions: Ray Data with ``AggregateFnV2`` (:data:`MIN_RAY`). RecBole 1.2.1 pins ``ray<=2.6.3``, which does not import
+Versions: Ray Data >= 2.44 (:data:`MIN_RAY`). RecBole 1.2.1 pins ``ray<=2.6.3``, which does not import
 beside setuptools >= 81 and is older than this adapter needs: install Ray after RecBole (docs/install.md).
 """
 
@@ -69,7 +69,7 @@ from reco_sampled_plugin.scorer_ranks import (DEFAULT_MAX_PAIRS, Scorer, ScorerC
 
 from ._shared import check_share_design, check_ties
 
-#: the oldest Ray this adapter supports: Ray Data's ``AggregateFnV2`` (``aggregate_block`` / ``combine``)
+#: the oldest Ray this adapter supports
 MIN_RAY = (2, 44)
 _FIX = ('pip install -U "ray[data]>=2.44" (RecBole 1.2.1 pins ray<=2.6.3: install Ray after RecBole, '
         "docs/install.md)")
@@ -91,7 +91,6 @@ def _import_ray() -> Any:
 
 
 ray = _import_ray()
-from ray.data.aggregate import AggregateFnV2  # noqa: E402  (after the version check)
 
 __all__ = ["MIN_RAY", "Columns", "EvaluationState", "Evaluation", "Engine", "check_design", "rank_block",
            "batch_tensors", "evaluate_dataset"]
@@ -380,25 +379,6 @@ class _RankActor:
                                            type=pa.large_binary())})
 
 
-class _MergeStates(AggregateFnV2):  # ray is read as untyped (pyproject.toml, [tool.mypy])
-    """Ray's aggregation of the blocks' pickled :class:`EvaluationState`: added block by block, then combined."""
-
-    def __init__(self) -> None:
-        super().__init__("state", zero_factory=lambda: _dump(EvaluationState()), on="state", ignore_nulls=True)
-
-    def aggregate_block(self, block: Any) -> bytes:
-        from ray.data.block import BlockAccessor
-
-        col = BlockAccessor.for_block(block).to_arrow().column("state").to_pylist()
-        state = EvaluationState()
-        for blob in col:  # one pickled state per ranked block
-            state = state.merge(pickle.loads(blob))
-        return _dump(state)
-
-    def combine(self, current_accumulator: bytes, new: bytes) -> bytes:
-        return _dump(pickle.loads(current_accumulator).merge(pickle.loads(new)))
-
-
 def _dump(state: EvaluationState) -> bytes:
     return pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -429,7 +409,7 @@ class Engine:
     """How Ray runs the ranking: ``workers`` actors, each with ``num_cpus`` CPUs and ``num_gpus`` GPUs (0: the CPU;
     a GPU actor builds its scorer on ``cuda``), ``batch_size`` rows per ranked batch (None: a whole block),
     ``progress`` Ray Data's progress bars on the driver (None: on for a terminal). Leave a CPU to Ray's own tasks
-    (reads, repartitions, the aggregation) when ``workers x num_cpus`` fills the cluster. A dead actor is restarted
+    (reads, repartitions) when ``workers x num_cpus`` fills the cluster. A dead actor is restarted
     and its blocks retried by Ray Data (its actors' defaults, ``max_restarts=-1``, ``max_task_retries=-1``): a
     retried block gives the same state (keyed draws), so nothing is lost or counted twice."""
 
@@ -521,9 +501,14 @@ def _passes(dataset: Any, scorer_factory: ScorerFactory, job: _Job, engine: Engi
 
 
 def _run(dataset: Any, scorer_factory: ScorerFactory, job: _Job, engine: Engine) -> bytes:
-    """The pickled merged state: ranked by the actor pool, added by Ray's aggregation."""
+    """The pickled merged state: ranked by the actor pool, each block's state added on the driver as it arrives (one
+    block's pickled state at a time besides the sum; the sum is the same in any order: :meth:`EvaluationState.merge`)."""
     ranked = dataset.map_batches(_RankActor, fn_constructor_args=(scorer_factory, job), batch_format="pyarrow",
                                  batch_size=engine.batch_size,
                                  compute=ray.data.ActorPoolStrategy(size=check_int(engine.workers, "workers", minimum=1)),
                                  num_cpus=engine.num_cpus, num_gpus=engine.num_gpus or None)
-    return bytes(ranked.aggregate(_MergeStates())["state"])
+    state = EvaluationState()
+    for batch in ranked.iter_batches(batch_format="pyarrow", batch_size=None):
+        for blob in batch.column("state").to_pylist():  # one pickled state per ranked batch
+            state = state.merge(pickle.loads(blob))
+    return _dump(state)
