@@ -34,7 +34,11 @@ demo: $(STAMP)
 # the type check (pyproject's [tool.mypy]: the whole package, every function annotated) beside the suite on every
 # core (pytest-xdist; an idle worker takes over queued tests from the busy one): mypy runs in the background while
 # pytest collects and runs, its report printed after pytest's; the target fails if either fails
+# The package's bytecode is written first (the environment may set PYTHONDONTWRITEBYTECODE): every process the suite
+# starts (xdist workers, Ray actors, subprocesses) then reads it instead of compiling the package again (a source
+# that does not compile fails in pytest and mypy, which report it)
 test: $(STAMP)
+	@$(BIN)/python -m compileall -qq reco_sampled_plugin >/dev/null 2>&1 || true
 	@log=$$(mktemp); $(BIN)/python -m mypy >$$log 2>&1 & mypy_pid=$$!; \
 	$(BIN)/python -m pytest -q -n auto --dist worksteal; pytest_rc=$$?; \
 	wait $$mypy_pid; mypy_rc=$$?; echo "mypy (exit $$mypy_rc):"; cat $$log; rm -f $$log; \
