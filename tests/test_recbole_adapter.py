@@ -103,15 +103,16 @@ def _full_mode(bpr, extra: dict):
 
 @pytest.fixture(scope="module")
 def sampled_splits():
-    """The test split's loader of a sampled mode (``uni100``, ``pop100``), built once per mode for the module: a
-    loader does not depend on the plugin's keys (each test's own Config goes to its Trainer). Its evaluations are
-    reseeded (``_evaluate(..., reseed=True)``): every one reads RecBole's negatives drawn from the run's seed, drawn
-    once for the module (``replay_seeded_draws``: RecBole's pop100 sampler costs seconds per evaluation)."""
+    """The test split's loader of a sampled mode (``uni100``, ``pop100``) in RecBole's default batches
+    (``eval_batch_size`` 4096: a few users each), built once per mode for the module: a loader does not depend on
+    the plugin's keys (each test's own Config goes to its Trainer). Its evaluations are reseeded
+    (``_evaluate(..., reseed=True)``): every one reads RecBole's negatives drawn from the run's seed, drawn once for
+    the module (``replay_seeded_draws``: RecBole's pop100 sampler costs seconds per evaluation)."""
     loaders: dict = {}
 
     def split(mode: str):
         if mode not in loaders:
-            loaders[mode] = replay_seeded_draws(_prepare("BPR", {"eval_args": {"mode": mode}})[3])
+            loaders[mode] = replay_seeded_draws(_prepare("BPR", {"eval_args": {"mode": mode}, "eval_batch_size": 4096})[3])
         return loaders[mode]
 
     return split
@@ -227,18 +228,17 @@ def test_uni100_sampled_ranks_follow_binomial_law(bpr, bpr_uni100):
 
 
 @pytest.mark.parametrize("mode", ["uni100", "pop100"])
-def test_uni100_staged_batches_give_the_per_batch_table(bpr, monkeypatch, mode):
+def test_uni100_staged_batches_give_the_per_batch_table(bpr, sampled_splits, monkeypatch, mode):
     """uni100 / pop100 batches (RecBole's default eval_batch_size: a few users each) are copied as they arrive and
     ranked together, in one flush or in many small ones: the same table as ranking each batch at once
     (the path of other devices). RecBole draws new negatives at every evaluation: each starts from the same
     seed. Pessimistic ties: the plugin draws nothing, so every column agrees exactly."""
-    config, _, _, test = _prepare("BPR", {"eval_args": {"mode": mode}, "eval_batch_size": 4096, "rsp_estimators": ["none"],
-                                          "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "CorrectedRecall@10/none"})
+    config, test = _sampled_mode(sampled_splits, {
+        "eval_args": {"mode": mode}, "eval_batch_size": 4096, "rsp_estimators": ["none"],
+        "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "CorrectedRecall@10/none"})
     trainer = Trainer(config, bpr["model"])
-    # RecBole's batches (its negatives drawn from the same seed every time) recorded as the first evaluation draws
-    # them and given again to the later ones: the same batches, without drawing them twice more (RecBole's pop100
-    # sampler costs seconds per evaluation)
-    replay_seeded_draws(test)
+    # RecBole's batches (its negatives drawn from the same seed every time) drawn once for the module
+    # (sampled_splits) and given to every evaluation: the same batches, without drawing them again
 
     def table():
         return rb.positive_table(_evaluate(trainer, test, reseed=True)[1])
