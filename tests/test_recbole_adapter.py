@@ -55,17 +55,22 @@ _DATASETS: dict = {}
 
 
 def _dataset(config):
-    """``create_dataset(config)``, read once per test process for each model and set of dataset arguments (those
-    RecBole compares before reusing a saved dataset, and the other keys its reading looks at), deep-copied for every
-    caller with the caller's ``config``: ``data_preparation`` reads its split settings from the dataset's config and
-    shuffles the dataset in place. Reading ml-100k's files draws nothing from the generators ``init_seed`` reset:
-    the copy and a fresh read give the same splits, loaders and batches (checked for every loader of this module)."""
+    """``create_dataset(config)``, read once per test process for each dataset class (RecBole's choice for the
+    model: BPR and LightGCN read the same ``Dataset``) and set of dataset arguments (those RecBole compares before
+    reusing a saved dataset, and the other keys its reading looks at), deep-copied for every caller with the
+    caller's ``config``: ``data_preparation`` reads its split settings from the dataset's config and shuffles the
+    dataset in place. Reading ml-100k's files draws nothing from the generators ``init_seed`` reset: the copy and a
+    fresh read give the same splits, loaders and batches (checked for every loader of this module)."""
     import copy
+    import importlib
 
     from recbole.utils.argument_list import dataset_arguments
 
+    # create_dataset's choice of class: the model's own dataset class, else one per model type
+    own = hasattr(importlib.import_module("recbole.data.dataset"), config["model"] + "Dataset")
+    kind = config["model"] if own else str(config["MODEL_TYPE"])
     read_with = dataset_arguments + ["seed", "repeatable", "data_path", "encoding", "discretization", "numerical_features"]
-    key = (config["model"], config["dataset"], *(repr(config[arg]) for arg in read_with))
+    key = (kind, config["dataset"], *(repr(config[arg]) for arg in read_with))
     if key not in _DATASETS:
         _DATASETS[key] = create_dataset(config)
     dataset = copy.deepcopy(_DATASETS[key])
