@@ -20,7 +20,7 @@ import recbole  # noqa: E402
 from recbole.config import Config  # noqa: E402
 from recbole.data import create_dataset, data_preparation  # noqa: E402
 from recbole.trainer import Trainer  # noqa: E402
-from _recbole_helpers import evaluate_with_struct  # noqa: E402
+from _recbole_helpers import evaluate_with_struct, replay_seeded_draws  # noqa: E402
 from recbole.utils import get_model, init_seed  # noqa: E402
 from reco_sampled_plugin import SampledRanks, SamplingDesign
 from reco_sampled_plugin.design import ExactShare
@@ -47,9 +47,35 @@ BASE = {
 def _prepare(model: str, extra: dict):
     config = Config(model=model, dataset="ml-100k", config_dict={**BASE, **extra})
     init_seed(config["seed"], config["reproducibility"])
-    dataset = create_dataset(config)
-    train, valid, test = data_preparation(config, dataset)
+    train, valid, test = data_preparation(config, _dataset(config))
     return config, train, valid, test
+
+
+_DATASETS: dict = {}
+
+
+def _dataset(config):
+    """``create_dataset(config)``, read once per test process for each dataset class (RecBole's choice for the
+    model: BPR and LightGCN read the same ``Dataset``) and set of dataset arguments (those RecBole compares before
+    reusing a saved dataset, and the other keys its reading looks at), deep-copied for every caller with the
+    caller's ``config``: ``data_preparation`` reads its split settings from the dataset's config and shuffles the
+    dataset in place. Reading ml-100k's files draws nothing from the generators ``init_seed`` reset: the copy and a
+    fresh read give the same splits, loaders and batches (checked for every loader of this module)."""
+    import copy
+    import importlib
+
+    from recbole.utils.argument_list import dataset_arguments
+
+    # create_dataset's choice of class: the model's own dataset class, else one per model type
+    own = hasattr(importlib.import_module("recbole.data.dataset"), config["model"] + "Dataset")
+    kind = config["model"] if own else str(config["MODEL_TYPE"])
+    read_with = dataset_arguments + ["seed", "repeatable", "data_path", "encoding", "discretization", "numerical_features"]
+    key = (kind, config["dataset"], *(repr(config[arg]) for arg in read_with))
+    if key not in _DATASETS:
+        _DATASETS[key] = create_dataset(config)
+    dataset = copy.deepcopy(_DATASETS[key])
+    dataset.config = config
+    return dataset
 
 
 _evaluate = evaluate_with_struct  # trainer.evaluate and the DataStruct the evaluator saw
@@ -82,13 +108,16 @@ def _full_mode(bpr, extra: dict):
 
 @pytest.fixture(scope="module")
 def sampled_splits():
-    """The test split's loader of a sampled mode (``uni100``, ``pop100``), built once per mode for the module: a
-    loader does not depend on the plugin's keys (each test's own Config goes to its Trainer)."""
+    """The test split's loader of a sampled mode (``uni100``, ``pop100``) in RecBole's default batches
+    (``eval_batch_size`` 4096: a few users each), built once per mode for the module: a loader does not depend on
+    the plugin's keys (each test's own Config goes to its Trainer). Its evaluations are reseeded
+    (``_evaluate(..., reseed=True)``): every one reads RecBole's negatives drawn from the run's seed, drawn once for
+    the module (``replay_seeded_draws``: RecBole's pop100 sampler costs seconds per evaluation)."""
     loaders: dict = {}
 
     def split(mode: str):
         if mode not in loaders:
-            loaders[mode] = _prepare("BPR", {"eval_args": {"mode": mode}})[3]
+            loaders[mode] = replay_seeded_draws(_prepare("BPR", {"eval_args": {"mode": mode}, "eval_batch_size": 4096})[3])
         return loaders[mode]
 
     return split
@@ -115,7 +144,7 @@ def bpr_uni100(bpr, sampled_splits):
                                                   "valid_metric": "CorrectedRecall@10/auto",
                                                   "rsp_estimator_options": {"auto": {"n_bootstrap": 4}}})
     trainer = Trainer(config, bpr["model"])
-    result, struct = _evaluate(trainer, test)
+    result, struct = _evaluate(trainer, test, reseed=True)
     return {"result": result, "struct": struct}
 
 
@@ -204,32 +233,20 @@ def test_uni100_sampled_ranks_follow_binomial_law(bpr, bpr_uni100):
 
 
 @pytest.mark.parametrize("mode", ["uni100", "pop100"])
-def test_uni100_staged_batches_give_the_per_batch_table(bpr, monkeypatch, mode):
+def test_uni100_staged_batches_give_the_per_batch_table(bpr, sampled_splits, monkeypatch, mode):
     """uni100 / pop100 batches (RecBole's default eval_batch_size: a few users each) are copied as they arrive and
     ranked together, in one flush or in many small ones: the same table as ranking each batch at once
     (the path of other devices). RecBole draws new negatives at every evaluation: each starts from the same
     seed. Pessimistic ties: the plugin draws nothing, so every column agrees exactly."""
-    config, _, _, test = _prepare("BPR", {"eval_args": {"mode": mode}, "eval_batch_size": 4096, "rsp_estimators": ["none"],
-                                          "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "CorrectedRecall@10/none"})
+    config, test = _sampled_mode(sampled_splits, {
+        "eval_args": {"mode": mode}, "eval_batch_size": 4096, "rsp_estimators": ["none"],
+        "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "CorrectedRecall@10/none"})
     trainer = Trainer(config, bpr["model"])
-    # RecBole's batches (its negatives drawn from the same seed every time) recorded as the first evaluation draws
-    # them and given again to the later ones: the same batches, without drawing them twice more (RecBole's pop100
-    # sampler costs seconds per evaluation)
-    batches: list = []
-    iterate = type(test).__iter__
-
-    def replayed(self):
-        if self is not test:
-            return iterate(self)
-        if batches:
-            return iter(batches)
-        return (batches.append(batch) or batch for batch in iterate(self))
-
-    monkeypatch.setattr(type(test), "__iter__", replayed)
+    # RecBole's batches (its negatives drawn from the same seed every time) drawn once for the module
+    # (sampled_splits) and given to every evaluation: the same batches, without drawing them again
 
     def table():
-        init_seed(config["seed"], config["reproducibility"])
-        return rb.positive_table(_evaluate(trainer, test)[1])
+        return rb.positive_table(_evaluate(trainer, test, reseed=True)[1])
 
     flushes = []
     original = rr._flush
@@ -379,7 +396,7 @@ def test_popularity_sampling_uncorrected_is_said(bpr, sampled_splits, caplog):
     config, test = _sampled_mode(sampled_splits, {"eval_args": {"mode": "pop100"}, "rsp_estimators": ["none"],
                                                   "metrics": ["Hit", "CorrectedHit"],
                                                   "valid_metric": "CorrectedHit@10/none"})
-    res, _ = _evaluate(Trainer(config, bpr["model"]), test)
+    res, _ = _evaluate(Trainer(config, bpr["model"]), test, reseed=True)
     assert res["correctedhit@10/none"] == res["correctedhit@10/sampled"] and res["correctedhit@10/none"] > 0.2
     assert res["correctedhit@10/none_lo"] < res["correctedhit@10/none"] < res["correctedhit@10/none_hi"]
     keys = [k for k in res if k.startswith("correctedhit@10")]  # the interval right after its point
@@ -640,7 +657,11 @@ def test_sequential_model_in_uni100_mode(workdir, caplog):
         "epochs": 1, "hidden_size": 16, "embedding_size": 16, "train_neg_sample_args": None, "loss_type": "CE",
         "MAX_ITEM_LIST_LENGTH": 10,  # the sequences' window: what is checked does not depend on it (RecBole: 50)
         "eval_args": {"split": {"LS": "valid_and_test"}, "order": "TO", "group_by": "user", "mode": "uni100"},
-        "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10", "eval_batch_size": 2048})
+        "metrics": ["Recall", "CorrectedRecall"], "valid_metric": "Recall@10", "eval_batch_size": 2048,
+        # the users with <= 120 ratings (641 of 943, as tests/test_recbole_scorer.py's SASRec): RecBole's sequence
+        # augmentation loops over every interaction in Python (2 s of the test's 3.5); the checks do not depend on
+        # the size, and indexing used_ids by these user ids still crashes (IndexError) without the fix
+        "user_inter_num_interval": "[0,120]"})
     import logging
 
     from reco_sampled_plugin.adapters import _recbole_settings
@@ -777,10 +798,10 @@ def test_exact_share_equals_the_core(bpr, sampled_splits, mode, choice):
 
         with pytest.raises(ValueError, match=r"^rsp_design: popularity m=100, exact share 0.05 \(uniform\) draws by "
                                              "its own popularity weights"):
-            _evaluate(Trainer(planned(w.sqrt()), bpr["model"]), test)
+            _evaluate(Trainer(planned(w.sqrt()), bpr["model"]), test, reseed=True)
         config = planned(3.0 * w)
     trainer = Trainer(config, bpr["model"])
-    res, struct = _evaluate(trainer, test)
+    res, struct = _evaluate(trainer, test, reseed=True)
     cols = rb.positive_table(struct)
     exact, pi = struct.get(rb.PLUGIN_KEY).__dict__["_rsp_share"]
     uid, item = cols["uid"].long(), cols["item"].long()

@@ -32,7 +32,7 @@ from reco_sampled_plugin import estimate  # noqa: E402
 from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
 from reco_sampled_plugin.ranking import prepare_index  # noqa: E402
 from reco_sampled_plugin.scorer_ranks import ScorerCalls, adaptive_stages  # noqa: E402
-from _recbole_helpers import evaluate_with_struct  # noqa: E402
+from _recbole_helpers import evaluate_with_struct, replay_seeded_draws  # noqa: E402
 from reco_sampled_plugin import SampledRanks
 from reco_sampled_plugin import registry
 
@@ -73,12 +73,15 @@ def _evaluate(trainer, data):
 @pytest.fixture(scope="module", params=list(MODELS))
 def run(request, workdir):
     """One model trained 1 epoch (users with <= 120 ratings, to keep the run short); its test split
-    evaluated in uni20 (fixed) and uni20 -> 160 (adaptive), RecBole's sampler reseeded before each."""
+    evaluated in uni20 (fixed) and uni20 -> 160 (adaptive), RecBole's sampler reseeded before each (as before every
+    evaluation in this module: RecBole's batches of the first, drawn from the seed, are given to the later ones,
+    ``replay_seeded_draws``)."""
     name = request.param
     config = _config(name, rsp_adaptive_max=CAP)
     init_seed(config["seed"], config["reproducibility"])
     dataset = create_dataset(config)
     train, _, test = data_preparation(config, dataset)
+    replay_seeded_draws(test)
     init_seed(config["seed"], config["reproducibility"])
     model = get_model(name)(config, train._dataset)
     trainer = Trainer(config, model)
