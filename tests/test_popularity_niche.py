@@ -55,7 +55,7 @@ def niche_draws():
     return [_draw(seed, 0.0, 2.0) for seed in range(3)]
 
 
-@pytest.mark.parametrize("count_term, hedge_bound", [("on", 0.30), ("off", 0.25)])
+@pytest.mark.parametrize("count_term, hedge_bound", [("off", 0.25), ("on", 0.30)])
 def test_niche_top_is_detected_and_the_hedge_beats_the_constrained_fit(niche_draws, count_term, hedge_bound):
     """On a niche top the test rejects beta_top >= beta_deep in every repeat (LR far above its critical value,
     the free fit's top below its depth); the constrained fit (``niche="constrained"``, flagged) overestimates NDCG@10
@@ -66,7 +66,9 @@ def test_niche_top_is_detected_and_the_hedge_beats_the_constrained_fit(niche_dra
     every repeat."""
     new, old, free = ({s: [] for s in METRICS} for _ in range(3))
     old_cover, new_cover = {s: 0 for s in METRICS}, {s: 0 for s in METRICS}
-    for sampled, truth in niche_draws:
+    # seed 0 last (and the default count term run last): the hedge test below finds seed 0's default fit in the
+    # fit cache (``_popularity_fit.fit`` keeps the last two)
+    for sampled, truth in niche_draws[::-1]:
         f = popularity.pl_fit(sampled, count_term=count_term)
         assert f.niche and f.niche_lr > 2 * NICHE_LR_CRITICAL, f.niche_lr
         top, deep = f.beta_of(f.best_free)
