@@ -100,7 +100,8 @@ def _gumbel_argmax(rng: np.random.Generator, bl: np.ndarray, taken: np.ndarray) 
             g += tk
             out[r0:r0 + 128] = g.argmax(1)
             continue
-        g = 1.0 - u  # numpy's U; then g = bl - log(-log U) + taken in place (bl + (0 - 1 x) = bl - x up to a zero's sign)
+        # numpy's U, then g = bl - log(-log U) + taken in place (bl + (0 - 1 x) = bl - x, up to a zero's sign)
+        g = 1.0 - u
         np.log(g, out=g)
         np.negative(g, out=g)
         np.log(g, out=g)
