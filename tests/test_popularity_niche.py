@@ -143,6 +143,32 @@ def test_popularity_tilted_tops_keep_the_constrained_fit(beta_top, beta_deep, se
         assert lo <= truth[s] <= hi, (s, lo, hi, truth[s])
 
 
+def test_the_worlds_rank_by_numpys_own_gumbel_draws():
+    """The worlds' sampler (``_popularity_helpers.tilted_world``) reads the Gumbel noise from the stream's uniforms
+    with vectorised logs, in blocks of rows: its rankings, positives and weights are those of the plain loop over
+    ``rng.gumbel`` (per-user tilts, 150 users: two blocks), and its stream ends where that loop's does."""
+    import math
+
+    from reco_sampled_plugin._popularity_fit import DEEP_RANK
+
+    users, n, seed = 150, 40, 7
+    top, deep = np.linspace(-1.0, 3.0, users), np.linspace(2.5, 0.0, users)
+    rng = np.random.default_rng(seed)
+    w = np.floor(2000.0 / np.arange(1, n + 1) ** 0.9) + 1.0
+    taken = np.zeros((users, n), dtype=bool)
+    order = np.empty((users, n), dtype=np.int64)
+    for r in range(1, n + 1):
+        b = top + (deep - top) * min(math.log(r) / math.log(DEEP_RANK), 1.0)
+        j = np.where(taken, -np.inf, b[:, None] * np.log(w)[None, :] + rng.gumbel(size=(users, n))).argmax(1)
+        order[:, r - 1] = j
+        taken[np.arange(users), j] = True
+    exact = np.minimum(np.ceil(rng.pareto(0.8, size=users) * 6.0), n - 1).astype(np.int64)
+    scores, pos, weights = tilted_world(seed, top, deep, users, n)
+    assert torch.equal(pos.view(-1), torch.from_numpy(order[np.arange(users), exact - 1]))
+    assert torch.equal(torch.argsort(scores, dim=1, descending=True), torch.from_numpy(order))
+    assert torch.equal(weights, torch.from_numpy(w))
+
+
 def test_uniform_weights_have_no_niche_branch():
     """Under uniform weights beta has no effect: one curve, LR 0, no niche branch."""
     g = torch.Generator().manual_seed(5)
