@@ -103,6 +103,8 @@ COUNT_EXACT_RANK = 32
 COUNT_TERMS = ("on", "off")
 _COUNT_SKIP = 40.0
 _COUNT_CHUNK = 4  # single-rank cells per truncated product of the count term
+_COUNT_BATCH = 1 << 18  # the most coefficients (units x cells x terms) of one product of the count term's betas
+_COUNT_GROUP_BYTES = 64 << 20  # the most bytes of the count term's membership probabilities held for its betas at once
 
 #: Pseudo-positives of the prior's smoothing towards a log-uniform law in the rank (the ``mes`` default's 10 / N).
 PSEUDO_COUNT = 10.0
@@ -242,7 +244,7 @@ class PopularityFit:
         harmonic = np.log((hi + 0.5) / (lo + 0.5))  # ~ sum of 1/r over each cell's ranks: log-uniform per rank
         self._base = harmonic / harmonic.sum()
         self._lam: list[np.ndarray | None] = [None] * len(self.betas)
-        self.tables = np.stack([self._log_likelihood(i) for i in range(len(self.betas))])  # (betas, N, cells)
+        self.tables = self._log_likelihoods()  # (betas, N, cells)
         self._zone: dict[int, np.ndarray] = {}
         self._spline: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
         # estimate()'s results per (metric, pair, prior): the hedge, the branch values and the interval's hull ask
@@ -328,8 +330,20 @@ class PopularityFit:
         i, j = self.best if key is None else key
         return float(self.betas[i]), float(self.betas[j])
 
-    def _log_likelihood(self, b: int) -> np.ndarray:
-        """(N, cells) log-likelihood of each unit's memberships at each cell's rank, at the b-th beta."""
+    def _log_likelihoods(self) -> np.ndarray:
+        """(betas, N, cells) log-likelihood of each unit's memberships at each cell's rank, at every beta: the
+        independent product (:meth:`_independent`), plus the count term where it is on (:meth:`_count_terms`, all
+        betas together)."""
+        parts = [self._independent(b) for b in range(len(self.betas))]
+        logls = [logl for _, _, logl in parts]
+        if self.count_rank > 0 and self.units.distinct:
+            terms = self._count_terms([lam for lam, _, _ in parts], [v for _, v, _ in parts], logls)
+            logls = [logl + term for logl, term in zip(logls, terms)]
+        return np.stack([np.where(self.allowed, logl, -np.inf) for logl in logls])
+
+    def _independent(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(lambda (N, cells), tilted class weights v, the independent memberships' log-likelihood (N, cells)) at
+        the b-th beta (lambda kept for :meth:`zone_cells`)."""
         u = self.units
         v = _tilted(u.log_v, float(self.betas[b]))
         k = np.clip(self.r_mid - 1.0, 0.0, None)
@@ -346,87 +360,119 @@ class PopularityFit:
             if len(rows):
                 first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
                 beat[rows[first]] = np.add.reduceat(term, first, axis=0)
-        logl = np.nan_to_num(beat + miss, nan=-np.inf)
-        if self.count_rank > 0 and u.distinct:
-            logl = logl + self._count_term(lam, v, logl)
-        return np.where(self.allowed, logl, -np.inf)
+        return lam, v, np.nan_to_num(beat + miss, nan=-np.inf)
 
     def _count_term(self, lam: np.ndarray, v: np.ndarray, logl: np.ndarray) -> np.ndarray:
-        """(N, cells) log P(|A - D| = R - 1 - b) - log P(|A| = R - 1) under the independent memberships: the
-        conditioning on |A| = R - 1 (conditional Poisson sampling) that the product over the drawn items D leaves
-        out (b: the distinct beating draws). Without it a positive at R = 2 has A empty with probability about
-        e^-1, so no beating draw is read as rank 2 or 3 about as readily as rank 1 (the top's mass spread too flat:
-        NDCG low, HR nearly unbiased). Exact (Poisson-binomial over the classes, truncated polynomials) in the
-        single-rank cells R <= ``count_rank``, nothing beyond (a local normal approximation there was
-        tried: mixed results).
-        ``logl``: the independent product (N, cells); units whose exact cells lie :data:`_COUNT_SKIP` log-units
-        below their best cell there keep it unchanged (the term is at most a few log-units: their posterior mass
-        there stays nil)."""
+        """The count term at one beta (``lam``, ``v``, ``logl`` as one entry of :meth:`_count_terms`'s lists)."""
+        return PopularityFit._count_terms(self, [lam], [v], [logl])[0]
+
+    def _count_terms(self, lams: list[np.ndarray], vs: list[np.ndarray],
+                     logls: list[np.ndarray]) -> list[np.ndarray]:
+        """Per beta (the lists' entries: lambda (N, cells), the tilted class weights v, the independent product
+        (N, cells)), the (N, cells) log P(|A - D| = R - 1 - b) - log P(|A| = R - 1) under the independent
+        memberships: the conditioning on |A| = R - 1 (conditional Poisson sampling) that the product over the drawn
+        items D leaves out (b: the distinct beating draws). Without it a positive at R = 2 has A empty with
+        probability about e^-1, so no beating draw is read as rank 2 or 3 about as readily as rank 1 (the top's mass
+        spread too flat: NDCG low, HR nearly unbiased). Exact (Poisson-binomial over the classes, truncated
+        polynomials) in the single-rank cells R <= ``count_rank``, nothing beyond (a local normal approximation
+        there was tried: mixed results).
+        Units whose exact cells lie :data:`_COUNT_SKIP` log-units below their best cell there (in the independent
+        product) keep it unchanged (the term is at most a few log-units: their posterior mass there stays nil).
+        The betas are evaluated together, as columns of one polynomial product per chunk of cells (fewer, larger
+        array operations; :func:`_log_count_pmf` works element by element, so each unit's term at each beta is bit
+        for bit the one it gets alone): in groups whose probabilities fit :data:`_COUNT_GROUP_BYTES`, each product
+        of at most :data:`_COUNT_BATCH` coefficients."""
         u = self.units
         lo, hi = self.edges[:-1], self.edges[1:]
-        out = np.zeros(lam.shape)
+        outs = [np.zeros(lam.shape) for lam in lams]
         b = np.round(u.beat.sum(1))
         drawn = u.beat + u.miss
         undrawn = np.maximum(u.profile - drawn, 0.0)
         exact = np.flatnonzero((hi - lo == 1) & (hi <= self.count_rank))
-        if len(exact):
-            k = (hi[exact] - 1).astype(np.int64)  # R - 1 of each single-rank cell
-            kmax = int(k.max())
+        if not len(exact):
+            return outs
+        k = (hi[exact] - 1).astype(np.int64)  # R - 1 of each single-rank cell
+        kmax = int(k.max())
+        subs, near_rows = [], []
+        for logl in logls:  # the betas
             with np.errstate(invalid="ignore"):
                 near = np.where(self.allowed[:, exact], logl[:, exact], -np.inf).max(1) \
                     >= np.where(self.allowed, logl, -np.inf).max(1) - _COUNT_SKIP
             sub = np.zeros((len(b), len(exact)))
             sub[b > kmax] = -np.inf  # more beating draws than R - 1 in every such cell
-            rows = np.flatnonzero((b <= kmax) & near)
-            if len(rows):
-                with np.errstate(over="ignore", invalid="ignore"):  # the memberships' probabilities (rows, exact, C)
-                    pe = -np.expm1(-lam[rows][:, exact, None] * v[None, None, :])
-                pe = np.where(np.isnan(pe), 1.0, pe)
-                prof, und = np.round(u.profile[rows]), np.round(undrawn[rows])
-                # the denominator is a function of each unit's profile and probabilities alone, one row at a time:
-                # computed once per distinct row (the same bytes, the same bits), shared by the units that hold it
-                # (without exclusions nearly every unit: the catalogue's profile but the positive's class); those
-                # rows share each class's polynomial in the numerators' products too. Found by the profile (one
-                # profile, one lambda row), each row's probabilities checked to be its profile's first's bytes (a row
-                # that is not: a group of its own)
-                pk = np.ascontiguousarray(prof)
-                _, first, inv = np.unique(pk.view(np.dtype((np.void, pk.itemsize * pk.shape[1]))).ravel(),
-                                          return_index=True, return_inverse=True)
-                inv = inv.reshape(-1)
-                bits = np.ascontiguousarray(pe).reshape(len(rows), -1).view(np.uint64)
-                odd = np.flatnonzero((bits != bits[first][inv]).any(1))
-                if len(odd):
-                    inv = inv.copy()
-                    inv[odd] = len(first) + np.arange(len(odd))
-                    first = np.concatenate([first, odd])
-                group = inv
-                need = k[None, :] - b[rows, None].astype(np.int64)
-                r_ = np.arange(len(rows))[:, None]
-                top = np.empty(need.shape)
-                bottom = np.empty(need.shape)
-                # cells in chunks, each truncated at its own largest R - 1 (the coefficients below are the same):
-                # the products cost (R - 1)^2, not kmax^2, per cell
-                for c0 in range(0, len(exact), _COUNT_CHUNK):
-                    sl = slice(c0, c0 + _COUNT_CHUNK)
-                    kc = int(k[sl].max())
-                    # the numerator only of the units with a cell of the chunk that can hold their beating draws
-                    # (b <= R - 1; the others' is nil there), in one product with the denominators' distinct rows
-                    # (each row's coefficients are its own: the same bits as in products of their own)
-                    live = np.flatnonzero(b[rows] <= kc)
-                    both = _log_count_pmf(np.concatenate([prof[first], und[live]]),
-                                          np.concatenate([pe[first][:, sl], pe[live][:, sl]]), kc,
-                                          groups=np.concatenate([group[first], group[live]]))
-                    den, num = both[:len(first)][inv], both[len(first):]
-                    cols = np.arange(den.shape[1])[None, :]
-                    nd = need[live][:, sl]
-                    top[:, sl] = -np.inf
-                    top[live, sl] = np.where(nd >= 0, num[np.arange(len(live))[:, None], cols, np.clip(nd, 0, kc)],
-                                             -np.inf)
-                    bottom[:, sl] = den[r_, cols, k[sl][None, :]]
+            subs.append(sub)
+            near_rows.append(np.flatnonzero((b <= kmax) & near))
+        # the betas in groups whose probabilities (units x exact cells x classes per beta) fit _COUNT_GROUP_BYTES
+        size = max(1, _COUNT_GROUP_BYTES // max(1, 8 * len(b) * len(exact) * u.profile.shape[1]))
+        for g0 in range(0, len(lams), size):
+            group = range(g0, min(len(lams), g0 + size))
+            rows = np.unique(np.concatenate([near_rows[i] for i in group]))  # units taking the term at some beta
+            if not len(rows):
+                continue
+            # the memberships' probabilities at each beta of the group: (rows, exact cells, betas, C)
+            pes = np.empty((len(rows), len(exact), len(group), u.profile.shape[1]))
+            for col, i in enumerate(group):
+                with np.errstate(over="ignore", invalid="ignore"):
+                    pe = -np.expm1(-lams[i][rows][:, exact, None] * vs[i][None, None, :])
+                pes[:, :, col] = np.where(np.isnan(pe), 1.0, pe)
+            prof, und = np.round(u.profile[rows]), np.round(undrawn[rows])
+            # the denominator is a function of each unit's profile and probabilities alone, one row at a time:
+            # computed once per distinct row (the same bytes, the same bits), shared by the units that hold it
+            # (without exclusions nearly every unit: the catalogue's profile but the positive's class); those rows
+            # share each class's polynomial in the numerators' products too. Found by the profile (one profile, one
+            # lambda row), each row's probabilities at every beta of the group checked to be its profile's first's
+            # bytes (a row that is not: a group of its own)
+            pk = np.ascontiguousarray(prof)
+            _, first, inv = np.unique(pk.view(np.dtype((np.void, pk.itemsize * pk.shape[1]))).ravel(),
+                                      return_index=True, return_inverse=True)
+            inv = inv.reshape(-1)
+            bits = pes.reshape(len(rows), -1).view(np.uint64)
+            odd = np.flatnonzero((bits != bits[first][inv]).any(1))
+            if len(odd):
+                inv = inv.copy()
+                inv[odd] = len(first) + np.arange(len(odd))
+                first = np.concatenate([first, odd])
+            ids = inv
+            need = k[None, :] - b[rows, None].astype(np.int64)
+            tops = [np.empty(need.shape) for _ in group]
+            bottoms = [np.empty(need.shape) for _ in group]
+            # cells in chunks, each truncated at its own largest R - 1 (the coefficients below are the same):
+            # the products cost (R - 1)^2, not kmax^2, per cell
+            for c0 in range(0, len(exact), _COUNT_CHUNK):
+                sl = slice(c0, c0 + _COUNT_CHUNK)
+                width = len(exact[sl])
+                kc = int(k[sl].max())
+                # the numerator only of the units with a cell of the chunk that can hold their beating draws
+                # (b <= R - 1; the others' is nil there), in one product with the denominators' distinct rows
+                # (each row's coefficients are its own: the same bits as in products of their own)
+                live = np.flatnonzero(b[rows] <= kc)
+                both_rows = np.concatenate([first, live])
+                counts = np.concatenate([prof[first], und[live]])
+                ids_both = np.concatenate([ids[first], ids[live]])
+                nd = need[live][:, sl]
+                # the coefficient each row reads: t = R - 1 of the cell (denominators), R - 1 - b (numerators)
+                at_cell = np.concatenate([np.broadcast_to(k[sl], (len(first), width)), np.clip(nd, 0, kc)])
+                step = max(1, _COUNT_BATCH // max(1, len(both_rows) * width * (kc + 1)))
+                for b0 in range(0, len(group), step):  # the group's betas, in batches of bounded size
+                    batch = range(b0, min(len(group), b0 + step))
+                    # columns (cell, beta) of the chunk's cells and the batch's betas
+                    pb = pes[both_rows, sl, b0:b0 + len(batch)].reshape(len(both_rows), width * len(batch), -1)
+                    both = _log_count_pmf(counts, pb, kc, groups=ids_both,
+                                          at=np.repeat(at_cell, len(batch), axis=1))
+                    both = both.reshape(len(both_rows), width, len(batch))
+                    for col in batch:
+                        part = both[:, :, col - b0]
+                        tops[col][:, sl] = -np.inf
+                        tops[col][live, sl] = np.where(nd >= 0, part[len(first):], -np.inf)
+                        bottoms[col][:, sl] = part[:len(first)][inv]
+            for col, i in enumerate(group):  # each beta's units near their best
+                at = np.searchsorted(rows, near_rows[i])
                 with np.errstate(invalid="ignore"):  # -inf - -inf where bottom is not finite: masked
-                    sub[rows] = np.where(np.isfinite(bottom), top - bottom, 0.0)
+                    subs[i][near_rows[i]] = np.where(np.isfinite(bottoms[col][at]),
+                                                     tops[col][at] - bottoms[col][at], 0.0)
+        for out, sub in zip(outs, subs):
             out[:, exact] = sub
-        return out
+        return outs
 
     def zone_cells(self, b: int) -> np.ndarray:
         """(N,) at the b-th beta, the number of leading cells of each unit where it expects at most one beating draw,
@@ -610,7 +656,8 @@ class PopularityFit:
         return lo, hi, details
 
 
-def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int, groups: np.ndarray | None = None) -> np.ndarray:
+def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int, groups: np.ndarray | None = None,
+                   at: np.ndarray | None = None) -> np.ndarray:
     """(N, X, kmax + 1) log P(S = t), t = 0..kmax, S the sum over classes c of Binomial(counts_c, p_c): counts (N, C)
     integers, p (N, X, C). The classes' truncated pmfs multiplied as polynomials, each step rescaled by its largest
     coefficient (the scale kept in logs). A class's pmf up to its factor (1 - p)^n is C(n, t) o^t, o = p / (1 - p):
@@ -618,7 +665,9 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int, groups: np.ndar
     possible). Worked with t as the leading axis, so that each step of the product, new[t] += acc[s] poly[t - s]
     for s = 0..kmax in turn, is one contiguous multiply-add over (N, X) (the coefficients summed in increasing s,
     each product rounded before its sum). ``groups``: optional ids of the rows of ``p`` (equal ids: the same bytes),
-    spares finding them (the result is the same either way: each unit's coefficients are its own)."""
+    spares finding them (the result is the same either way: each unit's coefficients are its own). ``at``: optional
+    (N, X) integers in 0..kmax; then only log P(S = at) is returned, (N, X) (the same values: the log taken of the
+    coefficients asked for alone)."""
     from scipy.special import gammaln
 
     n_units, n_x, n_cls = p.shape
@@ -667,15 +716,19 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int, groups: np.ndar
             ni = n.astype(np.int64)
             logc = np.where(rest >= 0, log_fact[ni] - log_fact_t[:h] - log_fact[np.clip(ni - ti[:h], 0, None)],
                             -np.inf)  # (h, U, 1): log C(n, t), -inf beyond n
-            lpmf = logc + t[:h] * logo[pr, :, c][None]
+            pc = pu[pr, :, c]  # (U, X)
+            lpmf = t[:h] * logo[pr, :, c][None]
+            lpmf += logc  # (h, U, X): log C(n, t) + t log o, in place (the same sums)
             mx = lpmf.max(0)
-            poly = np.exp(lpmf - mx)
-            # certain items beyond the truncation: no t <= kmax is possible
-            poly = np.where((pu[pr, :, c][None] >= 1.0) & (n > kmax), 0.0, poly)
+            lpmf -= mx
+            poly = np.exp(lpmf, out=lpmf)
+            certain = (pc >= 1.0) & (n[0] > kmax)
+            if certain.any():  # certain items beyond the truncation: no t <= kmax is possible
+                poly[:, certain] = 0.0
             if inv is not None:
                 poly = np.take(poly, inv, axis=1)  # (h, N, X)
             # log of the largest coefficient of the true pmf: the factor (1 - p)^n back (p = 1: the point mass at n)
-            mx = np.where(pu[pr, :, c] >= 1.0, 0.0, mx + n[0] * l1p[pr, :, c])
+            mx = np.where(pc >= 1.0, 0.0, mx + n[0] * l1p[pr, :, c])
             if inv is not None:
                 mx = mx[inv]
             # the polynomial product truncated at kmax: new[t] = sum_{s <= t} acc[s] poly[t - s], s increasing;
@@ -698,6 +751,8 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int, groups: np.ndar
             top = np.where(top > 0, top, 1.0)
             np.divide(new, top, out=acc)
             scale = scale + np.where(np.isfinite(mx), mx, 0.0) + np.log(top)
+        if at is not None:
+            return np.log(acc[at, np.arange(n_units)[:, None], np.arange(n_x)[None, :]]) + scale
         return np.moveaxis(np.log(acc) + scale, 0, -1)
 
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import reco_sampled_plugin as rsp
+import _forkserver
 from _popularity_helpers import canonical_rows
 from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS
 from reco_sampled_plugin import registry
@@ -584,16 +585,17 @@ def _lightning_weights():
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")
 def test_lightning_popularity_ddp_two_processes_equal_one(tmp_path):
-    """RankingMetricsCallback with a popularity design: 2 gloo processes (ddp_spawn; the DistributedSampler pads user
-    0 onto process 1 and the callback drops it) give what 1 process gives, and 1 process what the torchmetrics class
-    gives in a plain loop; hh reports AUC only (the registry's metrics), hit@5 only its sampled value."""
+    """RankingMetricsCallback with a popularity design: 2 gloo processes (started as ddp_spawn starts them, from the
+    fork server of tests/_forkserver.py; the DistributedSampler pads user 0 onto process 1 and the callback drops it)
+    give what 1 process gives, and 1 process what the torchmetrics class gives in a plain loop; hh reports AUC only
+    (the registry's metrics), hit@5 only its sampled value."""
     from torch.utils.data import DataLoader
 
     import _lightning_helpers as H
     from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
 
     w = _lightning_weights()
-    two = _lightning_run(tmp_path, "ddp", w, 2, "ddp_spawn")
+    two = _lightning_run(tmp_path, "ddp", w, 2, _forkserver.lightning_ddp())
     one = _lightning_run(tmp_path, "one", w, 1)
     r0, r1, ref = two["rank0_of2.json"], two["rank1_of2.json"], one["rank0_of1.json"]
     hh = [k for k in ref if k.endswith("/hh")]
