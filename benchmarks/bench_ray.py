@@ -6,7 +6,7 @@ killed actor's run against the clean run. Figures in BENCHMARKS.md ("Offline eva
 
 * throughput: an MLP scorer (pairs through a 2-layer MLP, one torch thread per actor), uniform m = 100 over
   ``--users`` users, on 1 then 2 actors in the same run; pairs per second over the scoring span (first to last scorer
-  call of any actor: actor start-up and the aggregation excluded; the whole call's wall time beside it) and the
+  call of any actor: actor start-up and the driver's merge excluded; the whole call's wall time beside it) and the
   ratio. The machine's 2 cores are shared with other jobs: the ratio is of this run only.
 * driver state: a cheap dot-product scorer, uniform m = 20, 0-20 excluded items per user, at 10^4 and ``--big``
   users: the pickled merged state's bytes (what the driver holds), flat in the users.
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def throughput(n_users: int) -> None:
     """1 then 2 actors on the MLP scorer: pairs per second over the span from the first scorer call of any actor to
-    the last (actor start-up and the aggregation excluded), and over the whole call."""
+    the last (actor start-up and the driver's merge excluded), and over the whole call."""
     table, rates = rows(n_users, 0), {}
     for workers in (1, 2):
         with tempfile.TemporaryDirectory() as tmp:
@@ -138,7 +138,7 @@ def throughput(n_users: int) -> None:
         span = spans[:, 1].max() - spans[:, 0].min()
         rates[workers] = ev.cost.pairs / span
         print(f"throughput, {workers} actor(s): {n_users:,} users, {ev.cost.pairs:,} pairs, scoring span {span:.1f} s "
-              f"= {rates[workers]:,.0f} pairs/s ({wall:.1f} s wall with start-up and aggregation: "
+              f"= {rates[workers]:,.0f} pairs/s ({wall:.1f} s wall with start-up and the merge: "
               f"{ev.cost.pairs / wall:,.0f} pairs/s); in the actors: scorer {ev.cost.scorer_seconds:.1f} s, loop "
               f"{ev.cost.loop_seconds:.1f} s; ndcg@10 {ev.estimate('ndcg@10').value:.6f}")
     print(f"throughput ratio 2 vs 1 actors (scoring span): {rates[2] / rates[1]:.2f}x")
