@@ -332,14 +332,28 @@ class PopularityFit:
 
     def _log_likelihoods(self) -> np.ndarray:
         """(betas, N, cells) log-likelihood of each unit's memberships at each cell's rank, at every beta: the
-        independent product (:meth:`_independent`), plus the count term where it is on (:meth:`_count_terms`, all
-        betas together)."""
-        parts = [self._independent(b) for b in range(len(self.betas))]
-        logls = [logl for _, _, logl in parts]
+        independent product (:meth:`_independent`), plus the count term where it is on (:meth:`_count_subs`, all
+        betas together, in the single-rank cells). Written into one (betas, N, cells) array as each beta's product
+        is formed, the count term added in place: peak memory one set of tables (plus the lambdas kept for
+        :meth:`zone_cells` and the count term's (N, exact cells) parts)."""
+        lams, vs = [], []
+        tables: np.ndarray | None = None
+        for b in range(len(self.betas)):
+            lam, v, logl = self._independent(b)
+            if tables is None:
+                tables = np.empty((len(self.betas),) + logl.shape)
+            tables[b] = logl
+            lams.append(lam)
+            vs.append(v)
+        assert tables is not None  # at least one beta (the grid)
         if self.count_rank > 0 and self.units.distinct:
-            terms = self._count_terms([lam for lam, _, _ in parts], [v for _, v, _ in parts], logls)
-            logls = [logl + term for logl, term in zip(logls, terms)]
-        return np.stack([np.where(self.allowed, logl, -np.inf) for logl in logls])
+            exact, subs = self._count_subs(lams, vs, list(tables))
+            rest = np.setdiff1d(np.arange(tables.shape[2]), exact)
+            for table, sub in zip(tables, subs):  # logl + term, the term 0 outside the exact cells
+                table[:, exact] += sub
+                table[:, rest] += 0.0
+        tables[:, ~self.allowed] = -np.inf
+        return tables
 
     def _independent(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(lambda (N, cells), tilted class weights v, the independent memberships' log-likelihood (N, cells)) at
@@ -363,13 +377,18 @@ class PopularityFit:
         return lam, v, np.nan_to_num(beat + miss, nan=-np.inf)
 
     def _count_term(self, lam: np.ndarray, v: np.ndarray, logl: np.ndarray) -> np.ndarray:
-        """The count term at one beta (``lam``, ``v``, ``logl`` as one entry of :meth:`_count_terms`'s lists)."""
-        return PopularityFit._count_terms(self, [lam], [v], [logl])[0]
+        """The count term at one beta (``lam``, ``v``, ``logl`` as one entry of :meth:`_count_subs`'s lists), as
+        an (N, cells) table: 0 outside the single-rank cells."""
+        exact, subs = PopularityFit._count_subs(self, [lam], [v], [logl])
+        out = np.zeros(lam.shape)
+        out[:, exact] = subs[0]
+        return out
 
-    def _count_terms(self, lams: list[np.ndarray], vs: list[np.ndarray],
-                     logls: list[np.ndarray]) -> list[np.ndarray]:
-        """Per beta (the lists' entries: lambda (N, cells), the tilted class weights v, the independent product
-        (N, cells)), the (N, cells) log P(|A - D| = R - 1 - b) - log P(|A| = R - 1) under the independent
+    def _count_subs(self, lams: list[np.ndarray], vs: list[np.ndarray],
+                    logls: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The single-rank cells ``exact`` (R <= ``count_rank``; indices of cells) and, per beta (the lists' entries:
+        lambda (N, cells), the tilted class weights v, the independent product (N, cells)), the (N, len(exact))
+        log P(|A - D| = R - 1 - b) - log P(|A| = R - 1) under the independent
         memberships: the conditioning on |A| = R - 1 (conditional Poisson sampling) that the product over the drawn
         items D leaves out (b: the distinct beating draws). Without it a positive at R = 2 has A empty with
         probability about e^-1, so no beating draw is read as rank 2 or 3 about as readily as rank 1 (the top's mass
@@ -384,13 +403,12 @@ class PopularityFit:
         of at most :data:`_COUNT_BATCH` coefficients."""
         u = self.units
         lo, hi = self.edges[:-1], self.edges[1:]
-        outs = [np.zeros(lam.shape) for lam in lams]
         b = np.round(u.beat.sum(1))
         drawn = u.beat + u.miss
         undrawn = np.maximum(u.profile - drawn, 0.0)
         exact = np.flatnonzero((hi - lo == 1) & (hi <= self.count_rank))
         if not len(exact):
-            return outs
+            return exact, [np.zeros((len(b), 0)) for _ in lams]
         k = (hi[exact] - 1).astype(np.int64)  # R - 1 of each single-rank cell
         kmax = int(k.max())
         subs, near_rows = [], []
@@ -470,9 +488,7 @@ class PopularityFit:
                 with np.errstate(invalid="ignore"):  # -inf - -inf where bottom is not finite: masked
                     subs[i][near_rows[i]] = np.where(np.isfinite(bottoms[col][at]),
                                                      tops[col][at] - bottoms[col][at], 0.0)
-        for out, sub in zip(outs, subs):
-            out[:, exact] = sub
-        return outs
+        return exact, subs
 
     def zone_cells(self, b: int) -> np.ndarray:
         """(N,) at the b-th beta, the number of leading cells of each unit where it expects at most one beating draw,
@@ -484,7 +500,7 @@ class PopularityFit:
         u = self.units
         v = _tilted(u.log_v, float(self.betas[b]))
         lam = self._lam[b]
-        assert lam is not None, "zone_cells after the likelihood at that beta"  # _log_likelihood(b) fills it
+        assert lam is not None, "zone_cells after the likelihood at that beta"  # _independent(b) fills it
         mass_w = u.profile * u.mean_w
         total = np.maximum(mass_w.sum(1), 1e-300)
         n_units, n_cells = lam.shape

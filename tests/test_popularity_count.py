@@ -197,3 +197,37 @@ def test_ndcg_unbiased_where_the_model_holds():
     pf._FIT_CACHE.clear()
     assert abs(np.mean(errs["on"])) < 0.025, errs
     assert np.mean(errs["off"]) < -0.025 and abs(np.mean(errs["on"])) < abs(np.mean(errs["off"])), errs
+
+
+def test_count_pmf_at_gives_the_full_pmf_at_each_rows_coefficient():
+    """``_log_count_pmf(..., at=A)``: each (unit, x)'s coefficient t = A[unit, x] of the full log pmf, bit for bit."""
+    rng = np.random.default_rng(4)
+    counts = rng.integers(0, 9, size=(6, 5)).astype(np.float64)
+    p = rng.uniform(0.0, 1.0, size=(6, 4, 5))
+    p[1, 2, 3], p[2, 0, 0] = 1.0, 0.0
+    kmax = 6
+    at = rng.integers(0, kmax + 1, size=(6, 4))
+    full = _log_count_pmf(counts, p, kmax)
+    got = _log_count_pmf(counts, p, kmax, at=at)
+    assert got.tobytes() == np.take_along_axis(full, at[..., None], axis=-1)[..., 0].tobytes()
+
+
+def test_likelihood_tables_do_not_depend_on_how_the_betas_are_grouped(monkeypatch):
+    """The count term's betas in one product or one at a time (``_COUNT_BATCH`` / ``_COUNT_GROUP_BYTES`` of 1): the
+    same tables, bit for bit (each coefficient is its own unit's and beta's); the count term changes them."""
+    rng = np.random.default_rng(5)
+    n_units, n_cls = 40, 4
+    profile = rng.integers(3, 40, size=(n_units, n_cls)).astype(np.float64)
+    profile[::4] = profile[0]  # units sharing a catalogue profile
+    drawn = np.minimum(profile, rng.integers(0, 4, size=(n_units, n_cls)).astype(np.float64))
+    beat = np.floor(drawn * rng.uniform(0.0, 1.0, size=drawn.shape) ** 3)
+    n = profile.sum(1) + 1.0
+    log_v = np.log(np.array([16.0, 4.0, 2.0, 1.0]))
+    units = Units(profile, beat, drawn - beat, n, np.full(n_units, 12.0), np.ones(n_units), log_v, np.exp(log_v))
+    edges = pf.rank_edges(int(n.max()))
+    default = pf.PopularityFit(units, edges).tables
+    monkeypatch.setattr(pf, "_COUNT_BATCH", 1)
+    monkeypatch.setattr(pf, "_COUNT_GROUP_BYTES", 1)
+    one_by_one = pf.PopularityFit(units, edges).tables
+    assert default.shape[0] == len(pf.BETAS) and default.tobytes() == one_by_one.tobytes()
+    assert default.tobytes() != pf.PopularityFit(units, edges, count_rank=0).tables.tobytes()

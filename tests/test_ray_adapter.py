@@ -87,6 +87,13 @@ def _blocks_state(rows, design, cuts, order=None, share=None) -> "rr.EvaluationS
     total = rr.EvaluationState()
     for i in order or range(len(states)):
         total = total.merge(states[i])
+    # evaluate_dataset's merge on the driver (histograms one by one, rows concatenated once): the same state
+    at_once = rr.EvaluationState.merge_all(states[i] for i in order or range(len(states)))
+    assert (at_once.census, at_once.cost, at_once.users) == (total.census, total.cost, total.users)
+    assert (at_once.hist is None and total.hist is None) or at_once.hist.same_groups(total.hist) \
+        and np.array_equal(at_once.hist.flat_counts, total.hist.flat_counts)
+    assert at_once.rows.keys() == total.rows.keys()
+    assert all(at_once.rows[k].tobytes() == total.rows[k].tobytes() for k in total.rows)
     return total
 
 
