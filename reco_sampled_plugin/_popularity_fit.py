@@ -22,7 +22,7 @@ of the uniform design. That leaves |A| random (A empty with probability ~e^-1 at
 beating draw spread from rank 1 onto ranks 2-5: NDCG@10 4-6% low even where the model holds (HR@10 within 1%),
 6-11% low on ml-100k at m = 500. The conditional law given |A| = R - 1 multiplies it by the count term
 P(|A - D| = R - 1 - b) / P(|A| = R - 1) (D the distinct drawn items, b those beating;
-:meth:`PopularityFit._count_term`, exact in the single-rank cells R <= :data:`COUNT_EXACT_RANK`), **on by default**
+:meth:`PopularityFit._count_subs`, exact in the single-rank cells R <= :data:`COUNT_EXACT_RANK`), **on by default**
 (option ``count_term``; ``"off"``: the independent product). Alone it raised a niche-topped recommender's estimates,
 already too high; with the niche test's hedge (below) the two biases it exposed are both met (docs/research-notes.md,
 "Popularity sampling: pl_fit"; twenty repeats on both data sets: the accuracy goal, the worst recommender's error at
@@ -94,7 +94,7 @@ NICHE_LR_CRITICAL = 9.549535706083237
 DEEP_RANK = 200.0
 _EM_ITER = 400
 #: With the count term on (``pl_fit``'s option ``count_term``), the likelihood conditions the independent
-#: memberships on |A| = R - 1 (:meth:`PopularityFit._count_term`) exactly in the single-rank cells up to this rank
+#: memberships on |A| = R - 1 (:meth:`PopularityFit._count_subs`) exactly in the single-rank cells up to this rank
 #: (32: every single-rank cell of :func:`rank_edges`). It removes NDCG@10's low bias where the composition model
 #: holds but raises a niche top's estimates (docs/research-notes.md, "The count term").
 COUNT_EXACT_RANK = 32
@@ -375,14 +375,6 @@ class PopularityFit:
                 first = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
                 beat[rows[first]] = np.add.reduceat(term, first, axis=0)
         return lam, v, np.nan_to_num(beat + miss, nan=-np.inf)
-
-    def _count_term(self, lam: np.ndarray, v: np.ndarray, logl: np.ndarray) -> np.ndarray:
-        """The count term at one beta (``lam``, ``v``, ``logl`` as one entry of :meth:`_count_subs`'s lists), as
-        an (N, cells) table: 0 outside the single-rank cells."""
-        exact, subs = PopularityFit._count_subs(self, [lam], [v], [logl])
-        out = np.zeros(lam.shape)
-        out[:, exact] = subs[0]
-        return out
 
     def _count_subs(self, lams: list[np.ndarray], vs: list[np.ndarray],
                     logls: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:

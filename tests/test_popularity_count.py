@@ -91,7 +91,10 @@ def test_count_term_keeps_each_rows_own_probabilities_within_a_shared_profile():
         sub = units.select(rows)
         fit_ = SimpleNamespace(units=sub, edges=edges, count_rank=pf.COUNT_EXACT_RANK,
                                allowed=lo[None, :] < sub.n[:, None])
-        return pf.PopularityFit._count_term(fit_, lam[rows], v, logl[rows])
+        exact_cells, (sub_,) = pf.PopularityFit._count_subs(fit_, [lam[rows]], [v], [logl[rows]])
+        term = np.zeros((len(rows), lam.shape[1]))
+        term[:, exact_cells] = sub_
+        return term
 
     got = count_term(np.arange(12))
     alone = np.concatenate([count_term(np.array([i])) for i in range(12)])

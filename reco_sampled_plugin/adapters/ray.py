@@ -145,19 +145,18 @@ class EvaluationState:
 
     def merge(self, other: "EvaluationState") -> "EvaluationState":
         """The state of both (histogram counts added: exact in float64, so any order gives the same bits)."""
-        hist = other.hist if self.hist is None else self.hist if other.hist is None else self.hist.merge(other.hist)
-        rows = {k: np.concatenate([self.rows[k], other.rows[k]]) for k in self.rows} if self.rows and other.rows \
-            else dict(self.rows or other.rows)
-        return EvaluationState(hist, rows, self.census and other.census, self.cost + other.cost,
-                               self.users + other.users)
+        return EvaluationState.merge_all((self, other))
 
     @staticmethod
     def merge_all(states: Iterable["EvaluationState"]) -> "EvaluationState":
-        """The :meth:`merge` of many states (the same state): histograms added one state at a time (each bounded),
-        each row column concatenated once at the end, so the copying is linear in the rows, not rows x states."""
+        """The state of all (what :meth:`merge` one by one gives): histograms added one state at a time (each
+        bounded), each row column concatenated once at the end, so the copying is linear in the rows, not rows x
+        states."""
         total, parts = EvaluationState(), []
         for state in states:
-            total = total.merge(replace(state, rows={}))
+            h = total.hist
+            total = EvaluationState(state.hist if h is None else h if state.hist is None else h.merge(state.hist), {},
+                                    total.census and state.census, total.cost + state.cost, total.users + state.users)
             if state.rows:
                 parts.append(state.rows)
         rows = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]} if parts else {}
