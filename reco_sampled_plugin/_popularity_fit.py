@@ -426,22 +426,7 @@ class PopularityFit:
                     pe = -np.expm1(-lams[i][rows][:, exact, None] * vs[i][None, None, :])
                 pes[:, :, col] = np.where(np.isnan(pe), 1.0, pe)
             prof, und = np.round(u.profile[rows]), np.round(undrawn[rows])
-            # the denominator is a function of each unit's profile and probabilities alone, one row at a time:
-            # computed once per distinct row (the same bytes, the same bits), shared by the units that hold it
-            # (without exclusions nearly every unit: the catalogue's profile but the positive's class); those rows
-            # share each class's polynomial in the numerators' products too. Found by the profile (one profile, one
-            # lambda row), each row's probabilities at every beta of the group checked to be its profile's first's
-            # bytes (a row that is not: a group of its own)
-            pk = np.ascontiguousarray(prof)
-            _, first, inv = np.unique(pk.view(np.dtype((np.void, pk.itemsize * pk.shape[1]))).ravel(),
-                                      return_index=True, return_inverse=True)
-            inv = inv.reshape(-1)
-            bits = pes.reshape(len(rows), -1).view(np.uint64)
-            odd = np.flatnonzero((bits != bits[first][inv]).any(1))
-            if len(odd):
-                inv = inv.copy()
-                inv[odd] = len(first) + np.arange(len(odd))
-                first = np.concatenate([first, odd])
+            first, inv = _distinct_rows(prof, pes)
             ids = inv
             need = k[None, :] - b[rows, None].astype(np.int64)
             tops = [np.empty(need.shape) for _ in group]
@@ -662,6 +647,27 @@ class PopularityFit:
                 lo, hi = min(lo, v), max(hi, v)
         details = {"beta_set": [self.beta_of(k) for k in keys], "mean_top_zone_end": max(zone_end)}
         return lo, hi, details
+
+
+def _distinct_rows(prof: np.ndarray, pes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows whose count term's denominator is computed, ``first`` (indices into the rows), and the one each row
+    reads, ``inv`` (indices into ``first``). The denominator is a function of a unit's profile and probabilities alone:
+    computed once per distinct row (the same bytes, the same bits) and shared by the units that hold it (without
+    exclusions nearly every unit: the catalogue's profile but the positive's class); those rows share each class's
+    polynomial in the numerators' products too. Found by the profile ``prof`` (rows, C) (one profile, one lambda row),
+    each row's probabilities ``pes`` (rows, ...) at every beta checked to be its profile's first's bytes (a row that
+    is not: a group of its own)."""
+    pk = np.ascontiguousarray(prof)
+    _, first, inv = np.unique(pk.view(np.dtype((np.void, pk.itemsize * pk.shape[1]))).ravel(),
+                              return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    bits = pes.reshape(len(prof), -1).view(np.uint64)
+    odd = np.flatnonzero((bits != bits[first][inv]).any(1))
+    if len(odd):
+        inv = inv.copy()
+        inv[odd] = len(first) + np.arange(len(odd))
+        first = np.concatenate([first, odd])
+    return first, inv
 
 
 def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int, groups: np.ndarray | None = None,
