@@ -4,7 +4,9 @@
   ``from reco_sampled_plugin.mod import _name`` and ``mod._name`` after ``import``/``from . import mod`` are
   refused where the last component of ``mod`` does not start with an underscore (dunder names are fine);
 * no import cycle between adaptive and rank_distribution, nor between estimators and identification
-  (module-level imports and imports inside functions alike).
+  (module-level imports and imports inside functions alike);
+* no function longer than :data:`MAX_LINES` lines (decorators to last line) or with more than :data:`MAX_PARAMETERS`
+  parameters (``self`` / ``cls`` not counted), but the tabular exceptions of :data:`WIDE`, each with its reason.
 """
 
 from __future__ import annotations
@@ -205,3 +207,43 @@ def test_no_import_cycle_anywhere():
     """Module-level imports form no cycle at all, nor with the imports inside functions."""
     assert _cycles(import_graph(lazy=False)) == []
     assert _cycles(import_graph(lazy=True)) == []
+
+
+MAX_LINES, MAX_PARAMETERS = 100, 12
+# tabular exceptions: (module, function) -> why
+WIDE = {
+    ("reco_sampled_plugin.factors", "evaluate_factors"): "recometrics' calc_reco_metrics signature (21 parameters)",
+}
+
+
+def _function_sizes() -> dict[tuple[str, str], tuple[int, int]]:
+    """(module, qualified function name) -> (lines, parameters) of every function of the package."""
+    out: dict[tuple[str, str], tuple[int, int]] = {}
+    for path in _files():
+        module = _module_name(path)
+
+        def visit(node: ast.AST, prefix: str) -> None:
+            for child in ast.iter_child_nodes(node):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    a = child.args
+                    params = [*a.posonlyargs, *a.args, *a.kwonlyargs, *filter(None, (a.vararg, a.kwarg))]
+                    if params and params[0].arg in ("self", "cls") and isinstance(node, ast.ClassDef):
+                        params = params[1:]
+                    first = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                    out[(module, prefix + child.name)] = (child.end_lineno - first + 1, len(params))
+                    visit(child, prefix + child.name + ".")
+                elif isinstance(child, ast.ClassDef):
+                    visit(child, prefix + child.name + ".")
+
+        visit(_tree(path), "")
+    return out
+
+
+def test_functions_are_short_and_narrow():
+    sizes = _function_sizes()
+    assert ("reco_sampled_plugin.factors", "evaluate_factors") in sizes  # the walk reaches module functions
+    assert any("." in name for _, name in sizes)  # and methods
+    over = {key: size for key, size in sizes.items()
+            if key not in WIDE and (size[0] > MAX_LINES or size[1] > MAX_PARAMETERS)}
+    assert not over, f"functions over {MAX_LINES} lines or {MAX_PARAMETERS} parameters (lines, parameters): {over}"
+    assert all(sizes[key][1] > MAX_PARAMETERS for key in WIDE), "an exception that is no longer needed"
