@@ -204,6 +204,44 @@ def test_callback_batch_syncs_are_constant(device, monkeypatch):
         assert got[0][0] <= CORE_BUDGET, (protocol, exact, got, dict(calls))
 
 
+@pytest.mark.parametrize("protocol", ["scores", "factors"])
+@pytest.mark.parametrize("exact", [True, False])
+def test_callback_refuses_an_invalid_batch_at_the_epoch_end(protocol, exact, device, monkeypatch):
+    """On an accelerator the callback's batch reads nothing: a batch with an out-of-range positive (batch 2) is
+    counted on safe inputs and refused when the epoch's metrics are computed, naming the check and the update; on the
+    CPU it is refused at the batch."""
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
+
+    trainer = SimpleNamespace(sanity_checking=False, val_dataloaders=None, test_dataloaders=None, current_epoch=0,
+                              is_global_zero=True)
+    module = SimpleNamespace(device=device)
+    b, n = 8, 500
+
+    def out(seed, broken):
+        scores, pos, exc, ids = _data(b, n, device, seed=seed)
+        if broken:
+            pos[3, 0] = n
+        if protocol == "scores":
+            return {"scores": scores, "positives": pos, "exclude": exc, "ids": ids}
+        g = torch.Generator().manual_seed(seed)
+        return {"user_factors": torch.randn(b, 16, generator=g).to(device),
+                "item_factors": torch.randn(n, 16, generator=g).to(device), "positives": pos, "exclude": exc, "ids": ids}
+
+    settings = RankingSettings(("ndcg@10",), n_samples=20, estimators=("none",), exact=exact)
+    for reads in (False, True):
+        monkeypatch.setattr(tm, "_READS_ON_CPU", reads)
+        cb = RankingMetricsCallback(settings, progress=False)
+        cb.on_validation_batch_end(trainer, module, out(0, False), None, 0)
+        if reads and device.type == "cpu":
+            with pytest.raises(ValueError, match=r"^positives: item indices must lie in 0\.\.499"):
+                cb.on_validation_batch_end(trainer, module, out(1, True), None, 1)
+            continue
+        cb.on_validation_batch_end(trainer, module, out(1, True), None, 1)
+        with pytest.raises(ValueError, match=r"^positives: item indices must lie in 0\.\.499 .*\[check "
+                                             r"'positives_range', first failed at update 2:"):
+            cb.on_validation_epoch_end(trainer, module)
+
+
 def test_scorer_batch_share_reads_its_chosen_rows_only(device):
     """A scorer batch with an exact share: beside the scorer calls' own checks (one per call, as every call's), the
     share adds the read of its chosen rows (which, and the longest candidate list to score: the rows are scored

@@ -46,7 +46,7 @@ from reco_sampled_plugin.scorer_ranks import DEFAULT_MAX_PAIRS, ScoringCost
 
 from ._shared import (FactorBatch, RankingBatch, RankingSettings, ScorerBatch, as_ranking_batch, metric_key,
                       padded_inputs)
-from .torchmetrics import ExactRankingMetrics, SampledRankingMetrics, _defers
+from .torchmetrics import ExactRankingMetrics, SampledRankingMetrics, defers_checks
 from reco_sampled_plugin.metric_names import MetricSpec
 
 logger = logging.getLogger(__name__)
@@ -277,7 +277,7 @@ class _RankingMetricsLogic:
             self._scorer_batch(st, pl_module, rb, where if self.score_fn is None else "score_fn")
             return
         scores = rb.scores.detach()
-        pending: list | None = [] if _defers(scores.device) else None  # an accelerator: the index checks unread
+        pending: list | None = [] if defers_checks(scores.device) else None  # an accelerator: the index checks unread
         pos, exc = padded_inputs(scores, rb.positives, rb.exclude, pending)
         ids, keep = self._ids_keep(st, scores.shape[0], scores.device, rb.ids)
         if st.exact is not None:
@@ -292,7 +292,7 @@ class _RankingMetricsLogic:
         # not detached (the factor kernels run under no_grad): a detached parameter inside Lightning's
         # inference mode is an inference tensor, with no version counter to key the cached item-factor norm
         u, v, bias = check_factors(fb.user_factors, fb.item_factors, fb.item_bias)
-        pending: list | None = [] if _defers(u.device) else None  # an accelerator: the index checks unread
+        pending: list | None = [] if defers_checks(u.device) else None  # an accelerator: the index checks unread
         pos, exc = prepare_index(fb.positives, fb.exclude, u.shape[0], v.shape[0], u.device, pending=pending)
         ids, keep = self._ids_keep(st, u.shape[0], u.device, fb.ids)
         s_pos = None

@@ -135,7 +135,7 @@ _CAP_COLUMNS = ("n_candidates", "exact_rank")
 #: back: the share a static capacity (:func:`share_capacity`), the completion the rows of the cap's stage (read with
 #: that stage already).
 _READS_ON_CPU = True
-#: The validity checks an update keeps on the device where reads are not free (:func:`_defers`: an accelerator, or the
+#: The validity checks an update keeps on the device where reads are not free (:func:`defers_checks`: an accelerator, or the
 #: CPU with ``_READS_ON_CPU`` False): ``{name: message}``, the message raised at compute for a state that holds a
 #: failed batch (the updating instance's own message, with its numbers, where it has one), in the order reported when
 #: two failed at the same update. The ``failed_checks`` state holds one entry per check (:data:`_FIRST` - the first
@@ -160,7 +160,7 @@ _FIRST = 1 << 62  # a failed check's entry: _FIRST - update number (the max over
 _SCORES_MESSAGE = DEFERRED_CHECKS["scores_finite"]
 
 
-def _defers(device: torch.device) -> bool:
+def defers_checks(device: torch.device) -> bool:
     """Whether an update on ``device`` keeps its validity checks on the device, read at compute (an accelerator: a
     read would wait for it), rather than reading them at once (the CPU: reads are free and an immediate error is
     kinder)."""
@@ -550,7 +550,7 @@ class ExactRankingMetrics(_MergeChecked):
         """Add a batch: (B, n) scores, positives and exclusions (bool masks or padded indices); tensors, numpy arrays
         or lists."""
         scores = score_tensor(scores)
-        pending: list[Check] | None = [] if _defers(scores.device) else None
+        pending: list[Check] | None = [] if defers_checks(scores.device) else None
         pos, exc = padded_inputs(scores, positives, exclude, pending)
         self._update_padded(scores, pos, exc, keep, pending)
 
@@ -558,11 +558,11 @@ class ExactRankingMetrics(_MergeChecked):
                       keep: torch.Tensor | None = None) -> None:
         """:meth:`update` on validated padded index tensors (as from ``_shared.padded_inputs``)."""
         _updated(self)
-        self._update_padded(scores, pos, exc, keep, [] if _defers(scores.device) else None)
+        self._update_padded(scores, pos, exc, keep, [] if defers_checks(scores.device) else None)
 
     def _update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
                        keep: torch.Tensor | None, pending: list[Check] | None = None) -> None:
-        """``pending`` (a list, the inputs' unread checks: where :func:`_defers`): the scores' checks join them in the
+        """``pending`` (a list, the inputs' unread checks: where :func:`defers_checks`): the scores' checks join them in the
         ``failed_checks`` state, nothing read back; None: every check read at once."""
         if not scores.is_floating_point() or scores.dim() != 2:
             raise ValueError(f"scores: expected a floating (B, n) matrix, got {tuple(scores.shape)} {scores.dtype}")
@@ -594,20 +594,20 @@ class ExactRankingMetrics(_MergeChecked):
         cache-sized tiles and never stored (:func:`~reco_sampled_plugin.exact_ranks_from_factors`);
         NaN/inf factors raise."""
         u, v, bias = check_factors(user_factors, item_factors, item_bias)
-        pending: list[Check] | None = [] if _defers(u.device) else None
+        pending: list[Check] | None = [] if defers_checks(u.device) else None
         pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device, pending=pending)
         self._update_factors(u, v, bias, pos, exc, keep, pending)
 
     def update_factors_padded(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
                               exc: torch.Tensor | None, keep: torch.Tensor | None = None) -> torch.Tensor | None:
         """:meth:`update_factors` on validated inputs; returns the positives' scores (for sampled ranks)."""
-        return self._update_factors(u, v, bias, pos, exc, keep, [] if _defers(u.device) else None)
+        return self._update_factors(u, v, bias, pos, exc, keep, [] if defers_checks(u.device) else None)
 
     def _update_factors(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
                         exc: torch.Tensor | None, keep: torch.Tensor | None,
                         pending: list[Check] | None) -> torch.Tensor | None:
         """``pending`` None: the factors checked by the overflow bound's read (``factor_ranks_padded``); a list
-        (where :func:`_defers`): their NaN/inf flags and the bound (``factor_ranks.overflow_flag``: refused where
+        (where :func:`defers_checks`): their NaN/inf flags and the bound (``factor_ranks.overflow_flag``: refused where
         scores could overflow, never ranked on materialized scores instead) join the ``failed_checks`` state, the
         scores ranked in tiles, nothing read back."""
         _updated(self)
@@ -840,7 +840,7 @@ class SampledRankingMetrics(_MergeChecked):
         """Add a batch: (B, n) scores, positives, exclusions, optional instance ids and keep mask; tensors, numpy
         arrays or lists."""
         scores = score_tensor(scores)
-        pending: list[Check] | None = [] if _defers(scores.device) else None
+        pending: list[Check] | None = [] if defers_checks(scores.device) else None
         pos, exc = padded_inputs(scores, positives, exclude, pending)
         self._update_padded(scores, pos, exc, ids, keep, pending)
 
@@ -848,11 +848,11 @@ class SampledRankingMetrics(_MergeChecked):
                       ids: TensorLike | None = None, keep: torch.Tensor | None = None) -> None:
         """:meth:`update` on validated padded index tensors."""
         _updated(self)
-        self._update_padded(scores, pos, exc, ids, keep, [] if _defers(scores.device) else None)
+        self._update_padded(scores, pos, exc, ids, keep, [] if defers_checks(scores.device) else None)
 
     def _update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, ids: TensorLike | None,
                        keep: torch.Tensor | None, pending: list[Check] | None = None) -> None:
-        """``pending``: the inputs' unread checks where :func:`_defers` (the batch's checks join them in the
+        """``pending``: the inputs' unread checks where :func:`defers_checks` (the batch's checks join them in the
         ``failed_checks`` state, nothing read back), None where the batch's checks are read at once."""
         if not scores.is_floating_point() or scores.dim() != 2:
             raise ValueError(f"scores: expected a floating (B, n) matrix, got {tuple(scores.shape)} {scores.dtype}")
@@ -895,7 +895,7 @@ class SampledRankingMetrics(_MergeChecked):
         if k is not None:
             valid = valid & k.unsqueeze(1)
         chosen = valid & keyed_choice(share.seed, keys.ids, pos, share.share)
-        if isinstance(source, ScorerScores) or not _defers(pos.device):
+        if isinstance(source, ScorerScores) or not defers_checks(pos.device):
             return chosen, None, None
         picked, overflow = share_capacity_rows(chosen, share.share)
         if isinstance(source, FactorScores) and checks is not None:
@@ -959,7 +959,7 @@ class SampledRankingMetrics(_MergeChecked):
         """Whether an ``exact_at_cap`` batch completes the rows of the cap's stage without a read (score and factor
         batches on an accelerator, designs of more than one stage) rather than reading the completed rows."""
         assert self._adaptive is not None
-        return len(self._adaptive.stages) > 1 and not isinstance(source, ScorerScores) and _defers(pos.device)
+        return len(self._adaptive.stages) > 1 and not isinstance(source, ScorerScores) and defers_checks(pos.device)
 
     def _completed_rows(self, source: DrawnScores, stages: AdaptiveRanks, pos_scores: torch.Tensor, pos: torch.Tensor,
                         exc: torch.Tensor | None, n_items: int, keep: torch.Tensor | None) -> torch.Tensor:
@@ -1005,7 +1005,7 @@ class SampledRankingMetrics(_MergeChecked):
         """:meth:`update` for the scores ``user_factors @ item_factors.T (+ item_bias)`` without forming
         them: the keyed negatives (the same items as from scores) are scored by one dot product each."""
         u, v, bias = check_factors(user_factors, item_factors, item_bias)
-        pending: list[Check] | None = [] if _defers(u.device) else None
+        pending: list[Check] | None = [] if defers_checks(u.device) else None
         pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device, pending=pending)
         self._update_factors(u, v, bias, pos, exc, ids, keep, None, bool(self.settings.check_finite), pending)
 
@@ -1072,7 +1072,7 @@ class SampledRankingMetrics(_MergeChecked):
         when already computed, e.g. by :meth:`ExactRankingMetrics.update_factors_padded`; ``check_finite``: also
         refuse NaN or inf factors, in the batch's one validation read)."""
         self._update_factors(u, v, bias, pos, exc, ids, keep, pos_scores, check_finite,
-                             [] if _defers(u.device) else None)
+                             [] if defers_checks(u.device) else None)
 
     def _update_factors(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
                         exc: torch.Tensor | None, ids: TensorLike | None, keep: torch.Tensor | None,
