@@ -851,14 +851,17 @@ def test_deferred_check_raises_at_compute_naming_the_check_and_update(check, kin
     pattern = rf"{head}.*\[check '{check}', first failed at update 2[:;]"
     reads = [metric.compute, metric.estimates] + ([metric.histogram] if kind == "sampled" else [])
     for read in reads:
-        with pytest.raises(ValueError, match=pattern):
+        with pytest.raises(ValueError, match=pattern) as own:
             read()
     for incoming in (metric, metric.metric_state):  # a metric (its own message) or a state dict (the generic one)
         other = _deferring_metric(kind)
-        _feed_batch(other, form, good[0])
+        if incoming is not metric:  # (a metric of no update of its own: the message is the incoming one's)
+            _feed_batch(other, form, good[0])
         other.merge_state(incoming)
-        with pytest.raises(ValueError, match=pattern):
+        with pytest.raises(ValueError, match=pattern) as merged:
             other.compute()
+        if incoming is metric:
+            assert str(merged.value) == str(own.value)
     metric.reset()
     assert not bool(metric.failed_checks.any())
     _feed_batch(metric, form, good[0])
@@ -918,3 +921,18 @@ def test_deferring_checks_changes_no_result_of_valid_batches(case, monkeypatch):
     assert not bool(have_state["failed_checks"].any())
     assert want.keys() == have.keys() and all(torch.equal(want[k], have[k]) for k in want)
     assert all(torch.equal(want_state[k], have_state[k]) for k in want_state)
+
+
+@pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")
+@pytest.mark.parametrize("kind", ["exact", "sampled"])
+def test_invalid_batch_is_counted_in_range_on_a_tiny_catalogue(kind, monkeypatch):
+    """A duplicated positive where exclusions and positives outnumber the catalogue (E + P > n): the removed items
+    counted exceed n, yet the accelerator's path counts the batch in range (histogram row clamped; refused at
+    compute), never indexing outside its state."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    metric = _deferring_metric(kind)
+    scores = torch.randn(2, 4, dtype=torch.float64)
+    pos, exc = torch.tensor([[0, 0], [1, -1]]), torch.tensor([[1, 2, 3], [0, 2, -1]])
+    _feed_batch(metric, "scores", dict(scores=scores, pos=pos, exc=exc, ids=torch.arange(2)))
+    with pytest.raises(ValueError, match=r"^positives: .*\[check 'positives_duplicates', first failed at update 1"):
+        metric.compute()
