@@ -42,18 +42,25 @@ which reads every score anyway: 11.3 ms per update with the check vs 11.4 ms wit
 relevant items' scores: a NaN irrelevant score then goes unnoticed) or ``False`` are opt-in speed for trusted
 scores. (The sampled check is now one ``aminmax`` pass, finite iff both ends are, as the core's ``finite_rows``.)
 
-On an accelerator an update waits for the device a fixed number of times whatever B and n: every check of a
-sampled batch (finite scores or factors, pools large enough to draw from) is kept on the device and read back in
-one synchronisation (``_keyed.DeviceChecks``), plus one per adaptive stage (which rows go on) and, uniform without
-replacement, one duplicate check (popularity without replacement adds none: a race over every item); exact metrics add none of their own (masked sums). Nothing per batch reads a
-state back: histogram rows are grown from the batch's shapes (e <= E + P - 1) and filled by an accumulating
-scatter, and the catalogue size is checked against the host's record. An exact share adds no read to score and
-factor batches there (a static capacity of rows, :func:`share_capacity`; its rare overflow is counted on the device
-and refused at compute); scorer batches read their chosen rows. ``exact_at_cap`` adds none to score and factor
-batches there either: the rows that drew the cap's stage, known on the host since that stage's read, are ranked
-exactly (every positive still first at the cap lies in them; R kept where it is), and a factor batch's overflow bound
-for their tiles joins its validation read; a design of one stage (cap < 2 m) reads its completed rows once, and
-scorer batches read them (the calls synchronise anyway). ``tests/test_gpu_readiness_adapters.py`` counts them.
+On an accelerator a score or factor update of a fixed-m design never waits for the device (exact; sampled with
+replacement, uniform or by popularity; with an exact share): every check of the batch (indices in range, without
+duplicates or clashes; finite scores or factors; pools large enough to draw from; factors that could overflow) is a
+flag kept on the device in the ``failed_checks`` state (the first failing update per check: :data:`DEFERRED_CHECKS`,
+reduced by max, so merged and synced states keep the earliest; cleared by ``reset``), the batch computed on safe
+inputs (indices clamped into the catalogue, histogram rows into the state) and never reported: ``compute()``,
+``estimates()``, ``histogram()`` and ``popularity_ranks()`` read the flags in one synchronisation and raise the CPU's
+ValueError with the check's name and update appended. Data-dependent work still reads: one read per adaptive stage
+(which rows go on) and, uniform without replacement, the small pools' width and one duplicate check (popularity
+without replacement adds none: a race over every item). On the CPU (``_READS_ON_CPU``) the checks are read at once,
+one read per batch: free there, and an immediate error is kinder. Nothing per batch reads a state back: histogram
+rows are grown from the batch's shapes (e <= E + P - 1) and filled by an accumulating scatter, and the catalogue size
+is checked against the host's record. An exact share adds no read to score and factor batches there (a static
+capacity of rows, :func:`share_capacity`; its rare overflow is counted on the device and refused at compute); scorer
+batches read their chosen rows. ``exact_at_cap`` adds none to score and factor batches there either: the rows that
+drew the cap's stage, known on the host since that stage's read, are ranked exactly (every positive still first at
+the cap lies in them; R kept where it is), and a factor batch's overflow bound for their tiles is one more flag; a
+design of one stage (cap < 2 m) reads its completed rows once, and scorer batches read them (the calls synchronise
+anyway). ``tests/test_gpu_readiness_adapters.py`` counts them.
 """
 
 from __future__ import annotations
