@@ -19,10 +19,15 @@ __all__ = ["as_padded_index", "check_finite_rows", "check_scores", "factor_finit
 
 class Check(NamedTuple):
     """A deferred validity condition: ``bad`` a 0-d tensor (True or non-zero = invalid), ``fail`` raises its error
-    (it may read more values back; it only runs on invalid input)."""
+    (it may read more values back; it only runs on invalid input). ``name``: the check's kind (e.g.
+    ``"positives_range"``), ``message``: its error text without reading anything back; both for a caller that keeps
+    the flag on the device past the call and reads it later (the torchmetrics adapters on an accelerator: the flag
+    goes to the metric's state, refused at compute); empty where no caller defers the check."""
 
     bad: torch.Tensor
     fail: Callable[[], None]
+    name: str = ""
+    message: str = ""
 
 
 def run_checks(checks: list[Check], values: Sequence[torch.Tensor] = ()) -> list[int]:
@@ -122,7 +127,7 @@ def mask_to_padded(mask: torch.Tensor, width: int | None = None) -> torch.Tensor
 
 
 def pending_index(
-    x: Any, n_items: int, batch: int, name: str, device: torch.device, duplicates: bool = True,
+    x: Any, n_items: int, batch: int, name: str, device: torch.device, duplicates: bool = True, safe: bool = False,
 ) -> tuple[torch.Tensor, bool | None, list[Check]]:
     """Shape and dtype checks of positives or exclusions (raised now), the value checks deferred.
 
@@ -130,7 +135,9 @@ def pending_index(
         (tensor, is_mask, checks): a (B, n) bool mask (``is_mask`` True: no value to check, see
         :func:`sparse_masks`) or a (B, P) int64 index tensor padded with -1 (``is_mask`` None); ``checks`` the
         deferred :class:`Check` list (range, duplicates unless ``duplicates`` is False: the caller checks them on
-        its own sorted copy) for :func:`run_checks`.
+        its own sorted copy) for :func:`run_checks`. ``safe``: out-of-range entries of an index tensor are
+        returned clamped to -1..n_items - 1, so that a caller which reads the checks later (after computing on the batch)
+        never indexes out of range; in-range inputs are returned as they are.
     """
     x = real_tensor(x, name, "a boolean mask or integer item indices", booleans=True)
     check_same_device(scores=torch.empty(0, device=device), **{name: x})
@@ -147,11 +154,15 @@ def pending_index(
     x = x.to(torch.int64)
     checks: list[Check] = []
     if x.numel():
+        range_message = f"{name}: item indices must lie in 0..{n_items - 1} (or -1 for padding)"
+
         def bad_range() -> None:
-            raise ValueError(f"{name}: item indices must lie in 0..{n_items - 1} (or -1 for padding)")
+            raise ValueError(range_message)
 
         lo, hi = torch.aminmax(x)  # one pass, no (B, P) temporary
-        checks.append(Check((lo < -1) | (hi >= n_items), bad_range))
+        checks.append(Check((lo < -1) | (hi >= n_items), bad_range, f"{name}_range", range_message))
+        if safe:  # read later: the batch is computed on first, so no index may point outside the catalogue
+            x = x.clamp(-1, n_items - 1)
         if duplicates and x.shape[1] > 1:
             srt = torch.sort(x, dim=1).values
             dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
@@ -159,7 +170,7 @@ def pending_index(
             def bad_dup() -> None:
                 raise ValueError(f"{name}: {int(dup.any(1).sum())} row(s) list the same item twice")
 
-            checks.append(Check(dup.any(), bad_dup))
+            checks.append(Check(dup.any(), bad_dup, f"{name}_duplicates", f"{name}: a row lists the same item twice"))
     return x, None, checks
 
 

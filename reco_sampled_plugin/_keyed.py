@@ -87,24 +87,37 @@ class DeviceChecks:
     a batch (and any small values the host needs anyway), instead of one per check. The accumulating form of
     the core's deferred checks (``_inputs.Check``, read by ``_inputs.run_checks``).
 
-    ``add(flag, message)``: a 0-dim bool tensor, True when the check failed. ``read(*values)``: reads every flag
-    and the given 0-dim integer tensors at once, raises ValueError with the first failed check's message, and
-    returns the values as Python ints. Until ``read``, nothing waits for the device.
+    ``add(flag, message, name)``: a 0-dim bool tensor, True when the check failed (``name``: its kind, for a
+    caller that defers it). ``read(*values)``: reads every flag and the given 0-dim integer tensors at once, raises
+    ValueError with the first failed check's message, and returns the values as Python ints. Until ``read``,
+    nothing waits for the device.
+
+    ``defer=True`` (the torchmetrics adapters on an accelerator): ``read`` reads only the values it is given (none:
+    no synchronisation at all) and keeps the flags, which the caller takes with :meth:`pending` (each a
+    :class:`~reco_sampled_plugin._inputs.Check` with its name and message) and reads later, at compute.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, defer: bool = False) -> None:
         self._checks: list[Check] = []
+        self.defer = defer
 
-    def add(self, flag: torch.Tensor, message: str | Callable[[], str]) -> None:
+    def add(self, flag: torch.Tensor, message: str, name: str = "") -> None:
         def fail() -> None:
-            raise ValueError(message() if callable(message) else message)
+            raise ValueError(message)
 
-        self._checks.append(Check(flag.reshape(()), fail))
+        self._checks.append(Check(flag.reshape(()), fail, name, message))
 
     def __len__(self) -> int:
         return len(self._checks)
 
+    def pending(self) -> list[Check]:
+        """The flags not read yet (deferred), handed to the caller and cleared here."""
+        checks, self._checks = self._checks, []
+        return checks
+
     def read(self, *values: torch.Tensor) -> list[int]:
+        if self.defer:  # the flags stay (pending); only the values the host needs now are read
+            return run_checks([], list(values)) if values else []
         checks, self._checks = self._checks, []
         if not checks and not values:
             return []
@@ -159,7 +172,7 @@ def _uniform_negatives(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int
     active = (pos >= 0).any(1)
     need = "one irrelevant candidate" if replacement else f"m = {m} irrelevant candidates (no replacement)"
     checks.add((active & (n_allowed < (1 if replacement else m))).any(),
-               f"n_samples: some row has fewer than {need} left to sample from")
+               f"n_samples: some row has fewer than {need} left to sample from", "sample_pool")
     pool = n_allowed.clamp(min=1)  # rows without a positive (or failing the check) draw in range all the same
     view = pool.view(b, 1, 1).to(torch.float64)
     top = pool.view(b, 1, 1) - 1
@@ -212,7 +225,7 @@ def _popularity_negatives(pos: torch.Tensor, exc: torch.Tensor | None, n_items: 
     neg, totals = popularity_inverse_cdf(w, forbidden_sorted(pos, exc, n_items), n_items,
                                          keys.uniform(0, pos, design.n_samples))
     checks.add(((pos >= 0).any(1) & (totals <= 0)).any(), "popularity: some row has no irrelevant item of positive "
-                                                         "weight left to sample from")
+                                                         "weight left to sample from", "sample_pool")
     return neg
 
 
@@ -260,7 +273,7 @@ def _race_negatives(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, d
     done = torch.isfinite(key)  # a slot past the row's drawable items keeps inf
     checks.add(((pos >= 0).any(1) & ~done[:, 0, -1]).any(),
                f"popularity: some row has fewer than m = {m} irrelevant items of positive weight left to sample from "
-               "(no replacement)")
+               "(no replacement)", "sample_pool")
     return torch.where(done, neg, torch.zeros_like(neg))
 
 

@@ -168,6 +168,18 @@ def overflow_rows(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return norm_u * norm_v >= score_limit(u.dtype)
 
 
+def overflow_flag(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """0-d bool on the device, nothing read back: the bound of :func:`factor_ranks_padded`, ``max |u_b| max |v_j| +
+    max |bias_j| >= score_limit`` (float64; NaN entries count as 0, inf ones overflow), for a caller that ranks in
+    tiles (``bounded=True``) and reads the flag later with its other checks."""
+    norm_u = _row_norm_max(torch.nan_to_num(u.detach().double()))
+    norm_v = _row_norm_max(torch.nan_to_num(v.detach().double()))
+    big = norm_u * norm_v
+    if bias is not None and bias.numel():
+        big = big + torch.nan_to_num(bias.detach().double()).abs().amax()
+    return big >= score_limit(u.dtype)
+
+
 def exact_ranks_from_factors(
     user_factors: torch.Tensor,
     item_factors: torch.Tensor,

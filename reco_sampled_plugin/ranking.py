@@ -148,11 +148,20 @@ def prepare_inputs(scores: Any, positives: Any, exclude: Any,
     return scores, pos, exc
 
 
-def prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+def prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.device, *,
+                  pending: list[Check] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Positives and exclusions of B rows over n items as padded (B, P) / (B, E) int64 indices (-1 padding),
     validated: in range, no positive also excluded (a ValueError naming the argument). Every check is read back
-    in one host synchronisation (two when one argument is a mask and the other an index tensor)."""
-    return _prepare_index(positives, exclude, b, n, device, [])
+    in one host synchronisation (two when one argument is a mask and the other an index tensor).
+
+    ``pending`` (a list): the value checks of index tensors (range, duplicates, a positive also excluded) are
+    appended to it unread instead (no host synchronisation; out-of-range indices returned clamped into range, so
+    the batch can be computed on safely), for a caller that reads them later (the torchmetrics adapters on an accelerator). A
+    mask still reads its width (a data-dependent shape), and the checks read with it, at once."""
+    return _prepare_index(positives, exclude, b, n, device, [], pending)
+
+
+_CLASH_MESSAGE = "exclude: a row excludes one of its own positives; a relevant item cannot also be excluded"
 
 
 def _clash_error(rows: torch.Tensor) -> None:
@@ -169,11 +178,11 @@ def _clash_check(pos: torch.Tensor, exc: torch.Tensor, n_items: int | None = Non
     srt = sort_rows(exc) if n_items is None else torch.where(exc >= 0, exc, torch.full_like(exc, n_items))
     at = torch.searchsorted(srt, pos.contiguous()).clamp(max=srt.shape[1] - 1)
     clash = (srt.gather(1, at) == pos) & (pos >= 0)
-    return Check(clash.any(), lambda: _clash_error(clash.any(1)))
+    return Check(clash.any(), lambda: _clash_error(clash.any(1)), "exclude_clash", _CLASH_MESSAGE)
 
 
 def _prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.device,
-                   first: list[Check]) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   first: list[Check], pending: list[Check] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     if isinstance(exclude, Exclusions):  # prepared: the exact paths take its padded form
         exclude = check_prepared(exclude, n, b, device).padded()
     if n == 0:  # an empty catalogue: nothing to rank (an empty (B, 0) mask still gives (B, 0) ranks)
@@ -181,12 +190,13 @@ def _prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.d
         if given.dtype != torch.bool and given.numel():
             raise ValueError("scores: has 0 items (columns), so there is nothing to rank the positives among; "
                              "give scores for the whole catalogue")
-    pos, pos_mask, checks = pending_index(positives, n, b, "positives", device)
+    safe = pending is not None
+    pos, pos_mask, checks = pending_index(positives, n, b, "positives", device, safe=safe)
     checks = list(first) + checks
     exc: Any = None  # padded indices or a mask, then padded indices
     exc_mask: bool | None = None
     if exclude is not None:
-        exc, exc_mask, exc_checks = pending_index(exclude, n, b, "exclude", device)
+        exc, exc_mask, exc_checks = pending_index(exclude, n, b, "exclude", device, safe=safe)
         checks += exc_checks
     masks = [t for t, is_mask in ((pos, pos_mask), (exc, exc_mask)) if is_mask and b and n]
     widths: list[torch.Tensor] = []
@@ -198,7 +208,11 @@ def _prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.d
             checks.append(Check(sparse.overlap, lambda: _clash_error((pm & em).any(1))))
     elif exc is not None and not pos_mask and not exc_mask and pos.numel() and exc.numel():
         checks.append(_clash_check(pos, exc))
-    values = run_checks(checks, widths)  # every check (and the masks' widths) in one synchronisation
+    if pending is not None and not masks:  # nothing to read now: the checks go to the caller, unread
+        pending.extend(checks)
+        values: list[int] = []
+    else:
+        values = run_checks(checks, widths)  # every check (and the masks' widths) in one synchronisation
     if masks:
         padded = sparse.finish(values)
     if pos_mask:
@@ -207,14 +221,18 @@ def _prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.d
         exc = padded.pop(0) if b and n else torch.full((b, 0), -1, dtype=torch.int64, device=device)
     if exclude is not None and bool(pos_mask) != bool(exc_mask) and pos.numel() and exc.numel():
         # a mask and an index tensor: checked once both are indices (a mask's indices are sorted already)
-        run_checks([_clash_check(pos, exc, n if exc_mask else None)])
+        clash = _clash_check(pos, exc, n if exc_mask else None)
+        if pending is not None:
+            pending.append(clash)
+        else:
+            run_checks([clash])
     return pos, exc
 
 
 def _exclusions_clash(pos: torch.Tensor, exc: Exclusions) -> Check:
     """Each positive looked up in its row's prepared exclusions: O(B P log T)."""
     clash = exc.contains(pos)  # False at padding
-    return Check(clash.any(), lambda: _clash_error(clash.any(1)))
+    return Check(clash.any(), lambda: _clash_error(clash.any(1)), "exclude_clash", _CLASH_MESSAGE)
 
 
 def prepare_sampling_index(positives: Any, exclude: Any, b: int, n: int, device: torch.device, first: Sequence[Check] = ()) \

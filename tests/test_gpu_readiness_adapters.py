@@ -1,11 +1,13 @@
 """GPU readiness of the torchmetrics classes and the Lightning callback, probed on any device.
 
-* Host synchronisations per ``update`` (and per callback batch): counted with ``tests/_budgets.count_syncs``,
-  split into the core functions the adapters call (``prepare_index``, ``exact_ranks_padded``,
-  ``factor_ranks_padded``, ``candidate_counts``...: their budget is the core's) and the adapters' own. The adapters'
-  own count is a fixed number whatever the batch size B and the catalogue size n: one validation read per batch
-  (every check of the batch fused), plus one per adaptive stage, plus one duplicate check without replacement;
-  ``exact_at_cap`` none more (the cap stage's rows ranked exactly, probed with ``_READS_ON_CPU = False``).
+* Host synchronisations per ``update`` (and per callback batch) on the accelerator's path (probed on the CPU with
+  ``_READS_ON_CPU = False``): counted with ``tests/_budgets.count_syncs``, split into the core functions the
+  adapters call (``prepare_index``, ``exact_ranks_padded``, ``factor_ranks_padded``, ``candidate_counts``...: their
+  budget is the core's) and the adapters' own. None for score and factor batches of fixed m (exact, sampled with
+  replacement, an exact share): every validity check stays on the device, in the ``failed_checks`` state, read at
+  compute. What a batch cannot do without a read is a fixed number whatever the batch size B and the catalogue size
+  n: one per adaptive stage (which rows go on: a data-dependent size); without replacement, the small pools' width
+  and one duplicate check; ``exact_at_cap`` none more (the cap stage's rows ranked exactly).
 * Temporaries: the largest tensor an ``update`` builds stays within the score block (or one factor tile / gather
   chunk) plus O(B (P + E + m)); never B x P m x d gathered factors or B x n x P comparisons.
 * Device: states live on the metric's device, keyed draws on the inputs' device.
@@ -38,28 +40,34 @@ from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, Sampl
 from reco_sampled_plugin.factor_ranks import TILE_ELEMENTS  # noqa: E402
 from reco_sampled_plugin.design import ExactShare, SamplingDesign  # noqa: E402
 
-# the adapters' own host synchronisations per update (beyond the core functions they call)
+# the adapters' own host synchronisations per update on an accelerator (beyond the core functions they call); every
+# validity check of a batch (indices, finite scores or factors, sample pools, the factors' overflow bound) is kept on
+# the device in the ``failed_checks`` state and read at compute (tests/test_torchmetrics_adapter.py: each one raises
+# there, naming the check and the update)
 OWN = {
-    "exact": 0,  # the NaN/inf check is the core counting pass's; sums are masked sums, kept on the device
-    "exact_positives": 1,  # check_finite="positives": one read of the relevant items' check
-    "sampled": 1,  # the one validation read (scores finite, sample pools large enough)
-    "sampled_noreplace": 2,  # + one duplicate check after the two unchecked redraw rounds
-    "sampled_adaptive": 1 + 3,  # + one per adaptive stage after the first (m = 20, cap 160: 20, 40, 80, 160)
-    "exact_factors": 0,
-    "sampled_factors": 1,  # the validation read, the factors' NaN/inf check fused into it
-    "sampled_factors_adaptive": 1 + 3,
+    "exact": 0,  # the NaN/inf flags of the counting pass, unread; sums are masked sums, kept on the device
+    "exact_positives": 0,  # check_finite="positives": the relevant items' flag, unread
+    "sampled": 0,  # scores finite, sample pools large enough: flags, unread
+    "sampled_noreplace": 2,  # the small pools' width (a data-dependent draw) + one duplicate check after the two
+    # unchecked redraw rounds (a data-dependent loop: ending it early would change the draws)
+    "sampled_adaptive": 3,  # one per adaptive stage after the first (m = 20, cap 160: 20, 40, 80, 160): which rows
+    # go on is a data-dependent size
+    "exact_factors": 0,  # the factors' NaN/inf flags and overflow bound, unread (tiles: bounded)
+    "sampled_factors": 0,
+    "sampled_factors_adaptive": 3,
     # exact_at_cap, as on an accelerator: the rows of the cap's stage (read with that stage) ranked exactly, the
-    # factors' overflow bound for their tiles in the validation read: none more than without
-    "sampled_adaptive_atcap": 1 + 3,
-    "sampled_factors_adaptive_atcap": 1 + 3,
+    # factors' overflow bound for their tiles a flag: none more than without
+    "sampled_adaptive_atcap": 3,
+    "sampled_factors_adaptive_atcap": 3,
     # an exact share, as on an accelerator (a static capacity of rows: nothing read of which were chosen; a factor
-    # batch's overflow bound for the share's tiles joins the validation read): none more than without
-    "sampled_share": 1,
-    "sampled_factors_share": 1,
+    # batch's overflow bound for the share's tiles a flag): none more than without
+    "sampled_share": 0,
+    "sampled_factors_share": 0,
 }
-# the core's budget for what one update calls of it (validation of the indices, the exact counts / the factor
-# tiles' overflow bound): at most 4, like exact_ranks and sampled_ranks themselves
-CORE_BUDGET = 4
+# the core's budget for what one update calls of it on an accelerator: none (the index checks of
+# ``prepare_index(pending=...)`` and the counting pass's finite rows go to the state unread; factor tiles bounded by
+# a flag)
+CORE_BUDGET = 0
 # the core functions (of reco_sampled_plugin) each adapter module calls: their syncs are the core's budget
 _CORE = {
     _shared: ("prepare_index",),
@@ -164,12 +172,13 @@ def test_update_syncs_are_constant_in_batch_and_catalogue_size(name, device, mon
 
 def test_callback_batch_syncs_are_constant(device, monkeypatch):
     """The Lightning callback's per-batch work (``on_validation_batch_end``: padding, ids, exact and sampled
-    updates), with scores and with factors: the same count for two B and two n; its own syncs: the sampled
-    metric's one validation read."""
+    updates), with scores and with factors, on an accelerator: no synchronisation at all, for two B and two n (the
+    index checks and the metrics' own checks kept on the device, read at the epoch's end)."""
     import lightning  # noqa: F401  (a test dependency in pyproject: never skipped)
     from reco_sampled_plugin.adapters import lightning as lt
     from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
 
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)  # the accelerator's path
     trainer = SimpleNamespace(sanity_checking=False, val_dataloaders=None, test_dataloaders=None)
     module = SimpleNamespace(device=device)
     extra = [(lt, ("check_factors", "prepare_index"))]
@@ -191,8 +200,46 @@ def test_callback_batch_syncs_are_constant(device, monkeypatch):
                 total, core, own, calls = _counted(box, cb.on_validation_batch_end, trainer, module, out, None, 1)
                 got.append((total, core, own))
         assert len(set(got)) == 1, (protocol, exact, got)
-        assert got[0][2] == 1, (protocol, exact, got, dict(calls))
-        assert got[0][0] <= CORE_BUDGET + 1, (protocol, exact, got, dict(calls))
+        assert got[0][2] == 0, (protocol, exact, got, dict(calls))
+        assert got[0][0] <= CORE_BUDGET, (protocol, exact, got, dict(calls))
+
+
+@pytest.mark.parametrize("protocol", ["scores", "factors"])
+@pytest.mark.parametrize("exact", [True, False])
+def test_callback_refuses_an_invalid_batch_at_the_epoch_end(protocol, exact, device, monkeypatch):
+    """On an accelerator the callback's batch reads nothing: a batch with an out-of-range positive (batch 2) is
+    counted on safe inputs and refused when the epoch's metrics are computed, naming the check and the update; on the
+    CPU it is refused at the batch."""
+    from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
+
+    trainer = SimpleNamespace(sanity_checking=False, val_dataloaders=None, test_dataloaders=None, current_epoch=0,
+                              is_global_zero=True)
+    module = SimpleNamespace(device=device)
+    b, n = 8, 500
+
+    def out(seed, broken):
+        scores, pos, exc, ids = _data(b, n, device, seed=seed)
+        if broken:
+            pos[3, 0] = n
+        if protocol == "scores":
+            return {"scores": scores, "positives": pos, "exclude": exc, "ids": ids}
+        g = torch.Generator().manual_seed(seed)
+        return {"user_factors": torch.randn(b, 16, generator=g).to(device),
+                "item_factors": torch.randn(n, 16, generator=g).to(device), "positives": pos, "exclude": exc, "ids": ids}
+
+    settings = RankingSettings(("ndcg@10",), n_samples=20, estimators=("none",), exact=exact)
+    for reads in (False, True):
+        monkeypatch.setattr(tm, "_READS_ON_CPU", reads)
+        cb = RankingMetricsCallback(settings, progress=False)
+        cb.on_validation_batch_end(trainer, module, out(0, False), None, 0)
+        if reads and device.type == "cpu":
+            with pytest.raises(ValueError, match=r"^positives: item indices must lie in 0\.\.499"):
+                cb.on_validation_batch_end(trainer, module, out(1, True), None, 1)
+            continue
+        cb.on_validation_batch_end(trainer, module, out(1, True), None, 1)
+        with pytest.raises(ValueError, match=r"^positives: item indices must lie in 0\.\.499 .*\[check "
+                                             r"'positives_range', first failed at update 2:"):
+            cb.on_validation_epoch_end(trainer, module)
 
 
 def test_scorer_batch_share_reads_its_chosen_rows_only(device):

@@ -697,3 +697,33 @@ def test_consistency_report_over_empty_ranks_is_a_clear_error():
     for repeats in (0, 2):
         with pytest.raises(ValueError, match=r"^exact_ranks: no instances"):
             rsp.consistency_report({"a": torch.empty(0), "b": torch.empty(0)}, 100, 10, repeats=repeats)
+
+
+@pytest.mark.parametrize("case,positives,exclude,name,error", [
+    ("range", [[0, 40], [1, -1]], [[2, 3], [4, -1]], "positives_range", r"^positives: item indices must lie in 0\.\.39"),
+    ("below -1", [[0, 1], [1, -1]], [[2, -3], [4, -1]], "exclude_range", r"^exclude: item indices must lie in 0\.\.39"),
+    ("duplicates", [[5, 5], [1, -1]], [[2, 3], [4, -1]], "positives_duplicates", r"^positives: 1 row\(s\) list the same"),
+    ("clash", [[0, 1], [1, -1]], [[2, 3], [1, -1]], "exclude_clash", r"^exclude: 1 row\(s\) exclude one of their own"),
+])
+def test_prepare_index_hands_its_checks_over_unread(case, positives, exclude, name, error):
+    """``prepare_index(pending=...)`` (the torchmetrics adapters on an accelerator): no read, the value checks appended
+    with their names and read-free messages, indices clamped into the catalogue (safe to compute on); read later, the
+    failing check raises the error ``prepare_index`` raises at once; valid inputs come back as they are."""
+    from _budgets import count_syncs
+    from reco_sampled_plugin._inputs import run_checks
+    from reco_sampled_plugin.ranking import prepare_index
+
+    pos, exc = torch.tensor(positives), torch.tensor(exclude)
+    with pytest.raises(ValueError, match=error):
+        prepare_index(pos, exc, 2, 40, pos.device)
+    pending: list = []
+    (p, e), counter = count_syncs(prepare_index, pos, exc, 2, 40, pos.device, pending=pending)
+    assert counter.count == 0, dict(counter.calls)
+    assert ((p >= -1) & (p < 40)).all() and ((e >= -1) & (e < 40)).all()
+    failed = [c.name for c in pending if bool(c.bad)]
+    assert failed[0] == name and all(c.name and c.message.startswith(c.name.split("_")[0]) for c in pending)
+    with pytest.raises(ValueError, match=error):
+        run_checks(pending)
+    good: list = []
+    p, e = prepare_index(torch.tensor([[0, 39]]), torch.tensor([[2, -1]]), 1, 40, pos.device, pending=good)
+    assert p.tolist() == [[0, 39]] and e.tolist() == [[2, -1]] and not any(bool(c.bad) for c in good)

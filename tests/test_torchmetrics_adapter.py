@@ -16,6 +16,7 @@ from reco_sampled_plugin import _hash, _keyed  # noqa: E402
 from reco_sampled_plugin._hash import keyed_uniform  # noqa: E402
 from reco_sampled_plugin._keyed import MatrixScores, RowKeys  # noqa: E402
 from reco_sampled_plugin.adapters._shared import metric_key, padded_inputs  # noqa: E402
+from reco_sampled_plugin.adapters import torchmetrics as tm  # noqa: E402
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
 from reco_sampled_plugin._estimate import Estimate  # noqa: E402
 from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
@@ -750,3 +751,188 @@ def test_compute_leads_with_the_interval_and_explains_an_unresolved_top(caplog):
     assert float(se.compute()["auc/sampled_stderr"]) == se.estimates()["auc/sampled"].stderr
     with pytest.raises(ValueError, match="interval"):
         SampledRankingMetrics("auc", interval="yes")
+
+
+# ------------------------------------------------------------------ checks deferred to compute on an accelerator
+def _valid_batch(seed, b=6, n=40, d=4):
+    """A valid batch of both forms: scores, factors (scores = u @ v.T + bias), positives, exclusions, ids."""
+    g = torch.Generator().manual_seed(seed)
+    u, v, bias = torch.randn(b, d, generator=g), torch.randn(n, d, generator=g), torch.randn(n, generator=g)
+    order = torch.argsort(torch.rand(b, n, generator=g), 1)
+    pos, exc = order[:, :2].clone(), order[:, 2:5].clone()
+    pos[1::2, 1] = -1
+    exc[::3, -1] = -1
+    return dict(scores=torch.addmm(bias, u, v.T), u=u, v=v, bias=bias, pos=pos, exc=exc,
+                ids=torch.arange(seed * b, seed * b + b))
+
+
+def _broken(check, batch):
+    """``batch`` with the one defect the deferred check ``check`` flags (in row 2)."""
+    bad = {k: t.clone() for k, t in batch.items()}
+    n = bad["v"].shape[0]
+    pos, exc = bad["pos"], bad["exc"]
+    if check == "positives_range":
+        pos[2, 0] = n
+    elif check == "positives_duplicates":
+        pos[2, 1] = pos[2, 0]
+    elif check == "exclude_range":
+        exc[2, 0] = -2
+    elif check == "exclude_duplicates":
+        exc[2, 1] = exc[2, 0]
+    elif check == "exclude_clash":
+        exc[2, 0] = pos[2, 0]
+    elif check == "scores_finite":  # a relevant item's score (check_finite="positives" sees it too)
+        bad["scores"][2, pos[2, 0]] = math.nan
+    elif check in ("user_factors_finite", "item_factors_finite", "item_bias_finite"):
+        key = {"user_factors_finite": "u", "item_factors_finite": "v", "item_bias_finite": "bias"}[check]
+        bad[key].view(-1)[3] = math.inf
+    elif check == "factors_overflow":  # finite float32 factors whose scores could overflow: |u| |v| >= max / 4
+        bad["u"], bad["v"], bad["bias"] = bad["u"].float(), bad["v"].float(), bad["bias"].float()
+        bad["u"][2] = 3e37
+    elif check == "sample_pool":  # row 2: every item but its positives excluded
+        others = torch.tensor([j for j in range(n) if j not in pos[2].tolist()])
+        bad["exc"] = torch.full((exc.shape[0], n), -1, dtype=torch.int64)
+        bad["exc"][:, : exc.shape[1]] = exc
+        bad["exc"][2, : others.numel()] = others
+    return bad
+
+
+# check -> (metrics it is deferred in, the form of the batch, the message's start (also the CPU's error), or None
+# where the CPU computes the batch instead of refusing it)
+_DEFERRED = {
+    "positives_range": (("exact", "sampled"), "scores", r"^positives: item indices must lie in", True),
+    "positives_duplicates": (("exact", "sampled"), "scores", r"^positives: .*the same item twice", True),
+    "exclude_range": (("exact", "sampled"), "factors", r"^exclude: item indices must lie in", True),
+    "exclude_duplicates": (("exact", "sampled"), "scores", r"^exclude: .*the same item twice", True),
+    "exclude_clash": (("exact", "sampled"), "factors", r"^exclude: .*one of (their|its) own positives", True),
+    "scores_finite": (("exact", "exact_positives", "sampled"), "scores", r"^scores: NaN or inf", True),
+    "user_factors_finite": (("exact", "sampled"), "factors", r"^user_factors: contains NaN or inf", True),
+    "item_factors_finite": (("exact", "sampled"), "factors", r"^item_factors: contains NaN or inf", True),
+    "item_bias_finite": (("exact", "sampled"), "factors", r"^item_bias: contains NaN or inf", True),
+    # the CPU ranks the materialized scores instead (bound read at once); an accelerator ranks tiles: refused
+    "factors_overflow": (("exact",), "factors", r"^user_factors: .*scores could overflow", False),
+    "sample_pool": (("sampled",), "scores", r"^n_samples: some row has fewer than one irrelevant candidate", True),
+}
+
+
+def _deferring_metric(kind):
+    if kind.startswith("exact"):
+        return ExactRankingMetrics(("ndcg@10", "auc"), check_finite="positives" if kind == "exact_positives" else True)
+    return SampledRankingMetrics(("ndcg@10", "auc"), n_samples=5, estimators=("none",))
+
+
+def _feed_batch(metric, form, batch):
+    if form == "scores":
+        args = (batch["scores"], batch["pos"], batch["exc"])
+        return metric.update(*args) if isinstance(metric, ExactRankingMetrics) else metric.update(*args, ids=batch["ids"])
+    args = (batch["u"], batch["v"], batch["pos"], batch["exc"])
+    if isinstance(metric, ExactRankingMetrics):
+        return metric.update_factors(*args, item_bias=batch["bias"])
+    return metric.update_factors(*args, ids=batch["ids"], item_bias=batch["bias"])
+
+
+@pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")  # a merged-into state without an update
+@pytest.mark.parametrize("check,kind", [(c, k) for c, spec in _DEFERRED.items() for k in spec[0]])
+def test_deferred_check_raises_at_compute_naming_the_check_and_update(check, kind, monkeypatch):
+    """On an accelerator's path (``_READS_ON_CPU = False``) an invalid batch is counted without a read (computed on
+    safe, clamped inputs) and refused at compute, estimates and histogram with the CPU's error type and message start,
+    the check and the first update that failed it; merged states (a metric or its state dict) carry the failure;
+    reset clears it. On the CPU the same batch is refused at once (factors that could overflow: ranked there on the
+    materialized scores instead)."""
+    _, form, head, cpu_refuses = _DEFERRED[check]
+    good = [_valid_batch(s) for s in range(3)]
+    bad = _broken(check, good[1])
+    if check == "factors_overflow":
+        good = [{k: (t.float() if t.is_floating_point() else t) for k, t in g.items()} for g in good]
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    metric = _deferring_metric(kind)
+    for batch in (good[0], bad, good[2]):  # updates 1, 2 (invalid: nothing raised), 3
+        _feed_batch(metric, form, batch)
+    pattern = rf"{head}.*\[check '{check}', first failed at update 2[:;]"
+    reads = [metric.compute, metric.estimates] + ([metric.histogram] if kind == "sampled" else [])
+    for read in reads:
+        with pytest.raises(ValueError, match=pattern) as own:
+            read()
+    for incoming in (metric, metric.metric_state):  # a metric (its own message) or a state dict (the generic one)
+        other = _deferring_metric(kind)
+        if incoming is not metric:  # (a metric of no update of its own: the message is the incoming one's)
+            _feed_batch(other, form, good[0])
+        other.merge_state(incoming)
+        with pytest.raises(ValueError, match=pattern) as merged:
+            other.compute()
+        if incoming is metric:
+            assert str(merged.value) == str(own.value)
+    metric.reset()
+    assert not bool(metric.failed_checks.any())
+    _feed_batch(metric, form, good[0])
+    assert all(math.isfinite(float(v)) for v in metric.compute().values())
+    monkeypatch.setattr(tm, "_READS_ON_CPU", True)  # the CPU: reads are free, the error comes at once
+    cpu = _deferring_metric(kind)
+    if cpu_refuses:
+        with pytest.raises(ValueError, match=head):
+            _feed_batch(cpu, form, bad)
+        assert not bool(cpu.failed_checks.any())
+    else:
+        _feed_batch(cpu, form, bad)
+        assert all(math.isfinite(float(v)) for v in cpu.compute().values())
+
+
+@pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")
+def test_deferred_checks_keep_the_earliest_failure_of_merged_states_and_forward(monkeypatch):
+    """Merged states keep each check's earliest failing update (max of the encoded entries) and list the other
+    failed checks; ``forward`` refuses its own invalid batch at once (its batch value is computed), naming its
+    update number, and leaves the flag in the accumulated state."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    good = [_valid_batch(s) for s in range(4)]
+    a, b = _deferring_metric("sampled"), _deferring_metric("sampled")
+    for batch in (good[0], good[1], _broken("scores_finite", good[2])):  # a: scores at update 3
+        _feed_batch(a, "scores", batch)
+    for batch in (_broken("positives_duplicates", good[0]), _broken("scores_finite", good[3])):  # b: 1, 2
+        _feed_batch(b, "scores", batch)
+    a.merge_state(b)
+    with pytest.raises(ValueError, match=r"^positives: .*\[check 'positives_duplicates', first failed at update 1; "
+                                         r"also failed: 'scores_finite' \(update 2\)"):
+        a.compute()
+    c = _deferring_metric("exact")
+    c(good[0]["scores"], good[0]["pos"], good[0]["exc"])
+    with pytest.raises(ValueError, match=r"^scores: NaN or inf.*first failed at update 2:"):
+        bad = _broken("scores_finite", good[1])
+        c(bad["scores"], bad["pos"], bad["exc"])
+
+
+@pytest.mark.parametrize("case", ["exact", "exact_positives", "exact_factors", "sampled", "sampled_factors",
+                                  "sampled_noreplace", "sampled_adaptive"])
+def test_deferring_checks_changes_no_result_of_valid_batches(case, monkeypatch):
+    """The same valid batches with the checks read at once (the CPU) and kept on the device (the accelerator's path):
+    every state and every computed value the same bit for bit, and no deferred check failed."""
+    got = []
+    for reads in (True, False):
+        monkeypatch.setattr(tm, "_READS_ON_CPU", reads)
+        if case.startswith("exact"):
+            metric = _deferring_metric("exact_positives" if case == "exact_positives" else "exact")
+        else:
+            design = SamplingDesign(5, replacement=case != "sampled_noreplace",
+                                    adaptive_max=20 if case == "sampled_adaptive" else None)
+            metric = SampledRankingMetrics(("ndcg@10", "auc", "recall@5"), n_samples=design, estimators=("none", "mes"))
+        for seed in range(3):
+            _feed_batch(metric, "factors" if case.endswith("factors") else "scores", _valid_batch(seed))
+        got.append((metric.compute(), {k: v.clone() for k, v in metric.metric_state.items()}))
+    (want, want_state), (have, have_state) = got
+    assert not bool(have_state["failed_checks"].any())
+    assert want.keys() == have.keys() and all(torch.equal(want[k], have[k]) for k in want)
+    assert all(torch.equal(want_state[k], have_state[k]) for k in want_state)
+
+
+@pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")
+@pytest.mark.parametrize("kind", ["exact", "sampled"])
+def test_invalid_batch_is_counted_in_range_on_a_tiny_catalogue(kind, monkeypatch):
+    """A duplicated positive where exclusions and positives outnumber the catalogue (E + P > n): the removed items
+    counted exceed n, yet the accelerator's path counts the batch in range (histogram row clamped; refused at
+    compute), never indexing outside its state."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    metric = _deferring_metric(kind)
+    scores = torch.randn(2, 4, dtype=torch.float64)
+    pos, exc = torch.tensor([[0, 0], [1, -1]]), torch.tensor([[1, 2, 3], [0, 2, -1]])
+    _feed_batch(metric, "scores", dict(scores=scores, pos=pos, exc=exc, ids=torch.arange(2)))
+    with pytest.raises(ValueError, match=r"^positives: .*\[check 'positives_duplicates', first failed at update 1"):
+        metric.compute()

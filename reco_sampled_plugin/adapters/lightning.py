@@ -46,7 +46,7 @@ from reco_sampled_plugin.scorer_ranks import DEFAULT_MAX_PAIRS, ScoringCost
 
 from ._shared import (FactorBatch, RankingBatch, RankingSettings, ScorerBatch, as_ranking_batch, metric_key,
                       padded_inputs)
-from .torchmetrics import ExactRankingMetrics, SampledRankingMetrics
+from .torchmetrics import ExactRankingMetrics, SampledRankingMetrics, defers_checks
 from reco_sampled_plugin.metric_names import MetricSpec
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,15 @@ __all__ = [
 
 NAMESPACES = ("lightning.pytorch", "pytorch_lightning")
 _STAGES = {"validate": "val", "test": "test"}
+
+
+def _defer_index_checks(st: "_LoaderState", pending: list | None) -> None:
+    """An accelerator's batch: its index checks (unread, ``ranking.prepare_index(pending=...)``) join the
+    ``failed_checks`` state of the first metric it updated, the exact one if any (read at the epoch's end with its
+    own, before the other metric's results are computed)."""
+    metric = st.exact if st.exact is not None else st.sampled
+    if pending and metric is not None:
+        metric._defer_checks(pending)
 
 
 def _find_distributed_sampler(dataloader: Any) -> DistributedSampler | None:
@@ -268,12 +277,14 @@ class _RankingMetricsLogic:
             self._scorer_batch(st, pl_module, rb, where if self.score_fn is None else "score_fn")
             return
         scores = rb.scores.detach()
-        pos, exc = padded_inputs(scores, rb.positives, rb.exclude)
+        pending: list | None = [] if defers_checks(scores.device) else None  # an accelerator: the index checks unread
+        pos, exc = padded_inputs(scores, rb.positives, rb.exclude, pending)
         ids, keep = self._ids_keep(st, scores.shape[0], scores.device, rb.ids)
         if st.exact is not None:
             st.exact.update_padded(scores, pos, exc, keep)
         if st.sampled is not None:
             st.sampled.update_padded(scores, pos, exc, ids, keep)
+        _defer_index_checks(st, pending)
 
     def _factor_batch(self, st: _LoaderState, fb: FactorBatch) -> None:
         """Ranks from factors: exact ranks from cache-sized score tiles, sampled ranks from dot products
@@ -281,7 +292,8 @@ class _RankingMetricsLogic:
         # not detached (the factor kernels run under no_grad): a detached parameter inside Lightning's
         # inference mode is an inference tensor, with no version counter to key the cached item-factor norm
         u, v, bias = check_factors(fb.user_factors, fb.item_factors, fb.item_bias)
-        pos, exc = prepare_index(fb.positives, fb.exclude, u.shape[0], v.shape[0], u.device)
+        pending: list | None = [] if defers_checks(u.device) else None  # an accelerator: the index checks unread
+        pos, exc = prepare_index(fb.positives, fb.exclude, u.shape[0], v.shape[0], u.device, pending=pending)
         ids, keep = self._ids_keep(st, u.shape[0], u.device, fb.ids)
         s_pos = None
         if st.exact is not None:  # checks the factors (through its overflow bound)
@@ -289,6 +301,7 @@ class _RankingMetricsLogic:
         if st.sampled is not None:  # alone, it checks them in its one validation read
             st.sampled.update_factors_padded(u, v, bias, pos, exc, ids, keep, s_pos,
                                              check_finite=st.exact is None and bool(self.settings.check_finite))
+        _defer_index_checks(st, pending)
 
     def _scorer_batch(self, st: _LoaderState, pl_module: Any, sb: ScorerBatch, where: str) -> None:
         """Sampled ranks through the scorer (``SampledRankingMetrics.update_from_scorer``): the keyed negatives

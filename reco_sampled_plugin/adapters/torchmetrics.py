@@ -42,18 +42,25 @@ which reads every score anyway: 11.3 ms per update with the check vs 11.4 ms wit
 relevant items' scores: a NaN irrelevant score then goes unnoticed) or ``False`` are opt-in speed for trusted
 scores. (The sampled check is now one ``aminmax`` pass, finite iff both ends are, as the core's ``finite_rows``.)
 
-On an accelerator an update waits for the device a fixed number of times whatever B and n: every check of a
-sampled batch (finite scores or factors, pools large enough to draw from) is kept on the device and read back in
-one synchronisation (``_keyed.DeviceChecks``), plus one per adaptive stage (which rows go on) and, uniform without
-replacement, one duplicate check (popularity without replacement adds none: a race over every item); exact metrics add none of their own (masked sums). Nothing per batch reads a
-state back: histogram rows are grown from the batch's shapes (e <= E + P - 1) and filled by an accumulating
-scatter, and the catalogue size is checked against the host's record. An exact share adds no read to score and
-factor batches there (a static capacity of rows, :func:`share_capacity`; its rare overflow is counted on the device
-and refused at compute); scorer batches read their chosen rows. ``exact_at_cap`` adds none to score and factor
-batches there either: the rows that drew the cap's stage, known on the host since that stage's read, are ranked
-exactly (every positive still first at the cap lies in them; R kept where it is), and a factor batch's overflow bound
-for their tiles joins its validation read; a design of one stage (cap < 2 m) reads its completed rows once, and
-scorer batches read them (the calls synchronise anyway). ``tests/test_gpu_readiness_adapters.py`` counts them.
+On an accelerator a score or factor update of a fixed-m design never waits for the device (exact; sampled with
+replacement, uniform or by popularity; with an exact share): every check of the batch (indices in range, without
+duplicates or clashes; finite scores or factors; pools large enough to draw from; factors that could overflow) is a
+flag kept on the device in the ``failed_checks`` state (the first failing update per check: :data:`DEFERRED_CHECKS`,
+reduced by max, so merged and synced states keep the earliest; cleared by ``reset``), the batch computed on safe
+inputs (indices clamped into the catalogue, histogram rows into the state) and never reported: ``compute()``,
+``estimates()``, ``histogram()`` and ``popularity_ranks()`` read the flags in one synchronisation and raise the CPU's
+ValueError with the check's name and update appended. Data-dependent work still reads: one read per adaptive stage
+(which rows go on) and, uniform without replacement, the small pools' width and one duplicate check (popularity
+without replacement adds none: a race over every item). On the CPU (``_READS_ON_CPU``) the checks are read at once,
+one read per batch: free there, and an immediate error is kinder. Nothing per batch reads a state back: histogram
+rows are grown from the batch's shapes (e <= E + P - 1) and filled by an accumulating scatter, and the catalogue size
+is checked against the host's record. An exact share adds no read to score and factor batches there (a static
+capacity of rows, :func:`share_capacity`; its rare overflow is counted on the device and refused at compute); scorer
+batches read their chosen rows. ``exact_at_cap`` adds none to score and factor batches there either: the rows that
+drew the cap's stage, known on the host since that stage's read, are ranked exactly (every positive still first at
+the cap lies in them; R kept where it is), and a factor batch's overflow bound for their tiles is one more flag; a
+design of one stage (cap < 2 m) reads its completed rows once, and scorer batches read them (the calls synchronise
+anyway). ``tests/test_gpu_readiness_adapters.py`` counts them.
 """
 
 from __future__ import annotations
@@ -71,7 +78,7 @@ import torch
 from torchmetrics import Metric
 
 from reco_sampled_plugin._checks import check_elements, check_int, check_size, real_tensor
-from reco_sampled_plugin._inputs import factor_finite_checks, finite_flags, score_tensor
+from reco_sampled_plugin._inputs import Check, factor_finite_checks, finite_flags, run_checks, score_tensor
 from reco_sampled_plugin._keyed import (AdaptiveRanks, DeviceChecks, DrawnScores, FactorScores, MatrixScores, RowKeys,
                                         ScorerScores, keyed_adaptive_ranks, keyed_ranks)
 from reco_sampled_plugin._options import check_bool
@@ -85,9 +92,10 @@ from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin._types import TensorLike
 from reco_sampled_plugin.ranking import SampledRanks
 from reco_sampled_plugin.metrics import metric_from_float_ranks as _metric_from_float_ranks  # patched by name in tests
-from reco_sampled_plugin.factor_ranks import check_factors, factor_ranks_padded, overflow_rows, score_limit
+from reco_sampled_plugin.factor_ranks import (check_factors, factor_ranks_padded, overflow_flag, overflow_rows,
+                                              score_limit)
 from reco_sampled_plugin.ranking import (TIE_BOUNDS, complete_at_cap, padded_candidate_counts, exact_ranks_padded,
-                                         prepare_index)
+                                         exact_ranks_padded_finite, prepare_index)
 from reco_sampled_plugin.scorer_ranks import (DEFAULT_MAX_PAIRS, Scorer, ScorerCalls, ScoringCost, check_scorer,
                                               check_users, complete_from_scorer, full_ranking_pairs)
 from reco_sampled_plugin._share import ShareRows, keyed_choice
@@ -134,6 +142,36 @@ _CAP_COLUMNS = ("n_candidates", "exact_rank")
 #: back: the share a static capacity (:func:`share_capacity`), the completion the rows of the cap's stage (read with
 #: that stage already).
 _READS_ON_CPU = True
+#: The validity checks an update keeps on the device where reads are not free (:func:`defers_checks`: an accelerator, or the
+#: CPU with ``_READS_ON_CPU`` False): ``{name: message}``, the message raised at compute for a state that holds a
+#: failed batch (the updating instance's own message, with its numbers, where it has one), in the order reported when
+#: two failed at the same update. The ``failed_checks`` state holds one entry per check (:data:`_FIRST` - the first
+#: update that failed it, 0: never), reduced by max: merged and synced states keep each check's earliest failure.
+DEFERRED_CHECKS: dict[str, str] = {
+    "positives_range": "positives: item indices must lie in 0..n_items - 1 (or -1 for padding)",
+    "positives_duplicates": "positives: a row lists the same item twice",
+    "exclude_range": "exclude: item indices must lie in 0..n_items - 1 (or -1 for padding)",
+    "exclude_duplicates": "exclude: a row lists the same item twice",
+    "exclude_clash": "exclude: a row excludes one of its own positives; a relevant item cannot also be excluded",
+    "scores_finite": "scores: NaN or inf in the score matrix; ranks would be meaningless",
+    "user_factors_finite": "user_factors: contains NaN or inf; ranks would be meaningless",
+    "item_factors_finite": "item_factors: contains NaN or inf; ranks would be meaningless",
+    "item_bias_finite": "item_bias: contains NaN or inf; ranks would be meaningless",
+    "factors_overflow": "user_factors: |u| |v| (+ |item_bias|) reaches a quarter of the largest value of the "
+                        "factors' dtype, where scores could overflow; this device ranks factors in tiles: scale the "
+                        "factors or give them in float64",
+    "sample_pool": "n_samples: some row has too few irrelevant candidates left to sample from",
+}
+_CHECK_SLOT = {name: i for i, name in enumerate(DEFERRED_CHECKS)}
+_FIRST = 1 << 62  # a failed check's entry: _FIRST - update number (the max over states: the earliest update)
+_SCORES_MESSAGE = DEFERRED_CHECKS["scores_finite"]
+
+
+def defers_checks(device: torch.device) -> bool:
+    """Whether an update on ``device`` keeps its validity checks on the device, read at compute (an accelerator: a
+    read would wait for it), rather than reading them at once (the CPU: reads are free and an immediate error is
+    kinder)."""
+    return not (_READS_ON_CPU and torch.device(device).type == "cpu")
 
 
 def estimate_values(estimates: Mapping[str, Estimate], *, interval: bool = True,
@@ -174,11 +212,11 @@ def _check_scores(scores: torch.Tensor, pos: torch.Tensor, check_finite: bool | 
     checks = DeviceChecks() if checks is None else checks  # own: read here
     if check_finite is True and scores.numel():
         checks.add(~finite_flags(scores),  # one aminmax pass, no temporary
-                   "scores: NaN or inf in the score matrix; ranks would be meaningless")
+                   _SCORES_MESSAGE, "scores_finite")
     elif check_finite == "positives" and pos.numel():
         ps = scores.gather(1, pos.clamp(min=0))
         checks.add(~(torch.isfinite(ps) | (pos < 0)).all(),
-                   "scores: NaN or inf score for a relevant item; ranks would be meaningless")
+                   "scores: NaN or inf score for a relevant item; ranks would be meaningless", "scores_finite")
     if own and len(checks):
         checks.read()
 
@@ -186,7 +224,7 @@ def _check_scores(scores: torch.Tensor, pos: torch.Tensor, check_finite: bool | 
 def _check_factors_finite(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, checks: DeviceChecks) -> None:
     """NaN or inf factors or bias (then scores would be), as flags in ``checks`` (no synchronisation here)."""
     for flag, message in factor_finite_checks(u, v, bias):
-        checks.add(flag, message)
+        checks.add(flag, message, f"{message.partition(':')[0]}_finite")
 
 
 def _to(x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -293,7 +331,7 @@ def tile_factor_check(source: FactorScores, picked: Any, chosen: torch.Tensor, c
         big = big | (source.bias.detach().abs().amax().to(torch.float64) >= score_limit(source.u.dtype))
     checks.add(big, f"user_factors: |u| |v| (+ |item_bias|) reaches {score_limit(source.u.dtype):.3g}, where "
                     f"{source.u.dtype} scores could overflow; {what} ranks its rows in tiles on this device: "
-                    "scale the factors or give them in float64")
+                    "scale the factors or give them in float64", "factors_overflow")
 
 
 def _field_hash(text: str) -> int:
@@ -320,6 +358,73 @@ class _MergeChecked(Metric):
     higher_is_better = True
 
     settings: RankingSettings
+    failed_checks: torch.Tensor  # per DEFERRED_CHECKS entry: _FIRST - the first update that failed it (0: none)
+    _in_forward = False  # inside ``forward`` (its reset keeps the host's records)
+    _forward_base = 0  # the update count before ``forward``'s batch
+
+    def _add_check_state(self) -> None:
+        """The ``failed_checks`` state (:data:`DEFERRED_CHECKS`: what an update on an accelerator keeps on the
+        device instead of reading it) and the host's record of each failed check's own message."""
+        self.add_state("failed_checks", torch.zeros(len(DEFERRED_CHECKS), dtype=torch.int64), dist_reduce_fx="max")
+        self._check_messages: dict[str, str] = {}
+        self._no_flag: dict[torch.device, torch.Tensor] = {}
+
+    def _update_number(self) -> int:
+        """The number of the update in progress (1 for the first after construction or ``reset``), also inside
+        ``forward`` (which resets the state for its batch)."""
+        return self._forward_base + 1 if self._in_forward else self._update_count
+
+    def _defer_checks(self, checks: Sequence[Check]) -> None:
+        """Add a batch's pending checks (``_inputs.Check``, unread) to the ``failed_checks`` state, nothing read
+        back: each named one's flag, OR-ed per :data:`DEFERRED_CHECKS` entry, marks this update where it failed
+        (the earliest kept). A check of another name is read at once (none on the paths that defer)."""
+        now = [c for c in checks if c.name not in _CHECK_SLOT]
+        if now:
+            run_checks(now)
+        if len(now) == len(checks):
+            return
+        state = self.failed_checks
+        flags: list[torch.Tensor | None] = [None] * len(DEFERRED_CHECKS)
+        for c in checks:
+            i = _CHECK_SLOT.get(c.name)
+            if i is None:
+                continue
+            bad = _to(c.bad if c.bad.dim() == 0 else c.bad.reshape(()), state.device)
+            before = flags[i]
+            flags[i] = bad if before is None else before | bad
+            self._check_messages[c.name] = c.message or DEFERRED_CHECKS[c.name]
+        none = self._no_flag.get(state.device)
+        if none is None:  # one False per device, made once
+            none = self._no_flag[state.device] = torch.zeros((), dtype=torch.bool, device=state.device)
+        failed = torch.stack([none if f is None else f.to(torch.bool) for f in flags])
+        self.failed_checks = torch.maximum(state, failed * (_FIRST - self._update_number()))  # three operators
+
+    def _raise_deferred(self) -> None:
+        """Raise the ValueError of the earliest failed deferred check (one read of the ``failed_checks`` state),
+        naming the check and the first update at which it failed; nothing when none failed."""
+        failed = [(_FIRST - v, i) for i, v in enumerate(self.failed_checks.tolist()) if v > 0]
+        if not failed:
+            return
+        failed.sort()
+        names = list(DEFERRED_CHECKS)
+        update, i = failed[0]
+        name = names[i]
+        also = "; also failed: " + ", ".join(f"{names[j]!r} (update {u})" for u, j in failed[1:]) if failed[1:] else ""
+        raise ValueError(f"{self._check_messages.get(name, DEFERRED_CHECKS[name])} [check {name!r}, first failed at "
+                         f"update {update}{also}: an update on an accelerator keeps its checks on the device and they "
+                         "are read at compute; a state holding a failed batch reports no results until reset()]")
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        self._in_forward, self._forward_base = True, self._update_count  # the batch's update number
+        try:
+            return super().forward(*args, **kwargs)
+        finally:
+            self._in_forward = False
+
+    def reset(self) -> None:
+        super().reset()
+        if not self._in_forward:  # forward restores the accumulated state (and its failed checks) after the batch
+            self._check_messages = {}
 
     @classmethod
     def from_settings(cls: type[_M], settings: RankingSettings, **kwargs: Any) -> _M:
@@ -353,6 +458,9 @@ class _MergeChecked(Metric):
                 raise ValueError(f"{differ[0]}: cannot merge states of differently configured "
                                  f"{type(self).__name__} ({listing})")
         super().merge_state(incoming_state)
+        if isinstance(incoming_state, _MergeChecked):  # the other state's own messages of its failed checks
+            for name, message in incoming_state._check_messages.items():
+                self._check_messages.setdefault(name, message)
 
     def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
         self._validate_incoming(incoming_state)
@@ -367,6 +475,9 @@ class _MergeChecked(Metric):
         bad = [k for k, v in incoming_state.items() if not isinstance(v, torch.Tensor)]
         if bad:
             raise ValueError(f"incoming_state: {bad[0]!r} must be a tensor, got {type(incoming_state[bad[0]]).__name__}")
+        if incoming_state["failed_checks"].shape != self.failed_checks.shape:
+            raise ValueError(f"incoming_state: 'failed_checks' has shape {tuple(incoming_state['failed_checks'].shape)}, "
+                             f"this one {tuple(self.failed_checks.shape)} (one entry per deferred check)")
         self._check_incoming(incoming_state)
 
     def _sync_sizes(self) -> list[tuple[str, int]]:
@@ -439,31 +550,48 @@ class ExactRankingMetrics(_MergeChecked):
         # per metric: sum of M(r), sum of M(r)^2, number of relevant items it is defined for
         self.add_state("sums", torch.zeros(len(self.specs), 3, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self._add_check_state()
 
     def update(self, scores: torch.Tensor, positives: TensorLike, exclude: TensorLike | None = None,
                keep: torch.Tensor | None = None) -> None:
         """Add a batch: (B, n) scores, positives and exclusions (bool masks or padded indices); tensors, numpy arrays
         or lists."""
         scores = score_tensor(scores)
-        pos, exc = padded_inputs(scores, positives, exclude)
-        self._update_padded(scores, pos, exc, keep)
+        pending: list[Check] | None = [] if defers_checks(scores.device) else None
+        pos, exc = padded_inputs(scores, positives, exclude, pending)
+        self._update_padded(scores, pos, exc, keep, pending)
 
     def update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
                       keep: torch.Tensor | None = None) -> None:
         """:meth:`update` on validated padded index tensors (as from ``_shared.padded_inputs``)."""
         _updated(self)
-        self._update_padded(scores, pos, exc, keep)
+        self._update_padded(scores, pos, exc, keep, [] if defers_checks(scores.device) else None)
 
     def _update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
-                       keep: torch.Tensor | None) -> None:
+                       keep: torch.Tensor | None, pending: list[Check] | None = None) -> None:
+        """``pending`` (a list, the inputs' unread checks: where :func:`defers_checks`): the scores' checks join them in the
+        ``failed_checks`` state, nothing read back; None: every check read at once."""
         if not scores.is_floating_point() or scores.dim() != 2:
             raise ValueError(f"scores: expected a floating (B, n) matrix, got {tuple(scores.shape)} {scores.dtype}")
         ties = self._kernel_ties
+        cop = self.settings.count_other_positives
+        if pending is not None:
+            checks = DeviceChecks(defer=True)
+            if self.settings.check_finite is True:  # the counting pass's finite rows, unread
+                ranks, finite = exact_ranks_padded_finite(scores, pos, exc, ties, cop, None, True, False)
+                if finite is not None:
+                    checks.add(~finite.all(), _SCORES_MESSAGE, "scores_finite")
+            else:
+                _check_scores(scores, pos, self.settings.check_finite, checks)
+                ranks = exact_ranks_padded(scores, pos, exc, ties, cop)
+            self._add_ranks(ranks, pos, exc, scores.shape[1], keep)
+            self._defer_checks(pending + checks.pending())
+            return
         if self.settings.check_finite is True:  # in the counting pass, which reads every score anyway (free)
-            ranks = exact_ranks_padded(scores, pos, exc, ties, self.settings.count_other_positives, check_finite=True)
+            ranks = exact_ranks_padded(scores, pos, exc, ties, cop, check_finite=True)
         else:
             _check_scores(scores, pos, self.settings.check_finite)  # "positives": one read; False: nothing
-            ranks = exact_ranks_padded(scores, pos, exc, ties, self.settings.count_other_positives)
+            ranks = exact_ranks_padded(scores, pos, exc, ties, cop)
         self._add_ranks(ranks, pos, exc, scores.shape[1], keep)
 
     def update_factors(self, user_factors: TensorLike, item_factors: TensorLike, positives: TensorLike,
@@ -473,15 +601,35 @@ class ExactRankingMetrics(_MergeChecked):
         cache-sized tiles and never stored (:func:`~reco_sampled_plugin.exact_ranks_from_factors`);
         NaN/inf factors raise."""
         u, v, bias = check_factors(user_factors, item_factors, item_bias)
-        pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device)
-        self.update_factors_padded(u, v, bias, pos, exc, keep)
+        pending: list[Check] | None = [] if defers_checks(u.device) else None
+        pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device, pending=pending)
+        self._update_factors(u, v, bias, pos, exc, keep, pending)
 
     def update_factors_padded(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
                               exc: torch.Tensor | None, keep: torch.Tensor | None = None) -> torch.Tensor | None:
         """:meth:`update_factors` on validated inputs; returns the positives' scores (for sampled ranks)."""
+        return self._update_factors(u, v, bias, pos, exc, keep, [] if defers_checks(u.device) else None)
+
+    def _update_factors(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
+                        exc: torch.Tensor | None, keep: torch.Tensor | None,
+                        pending: list[Check] | None) -> torch.Tensor | None:
+        """``pending`` None: the factors checked by the overflow bound's read (``factor_ranks_padded``); a list
+        (where :func:`defers_checks`): their NaN/inf flags and the bound (``factor_ranks.overflow_flag``: refused where
+        scores could overflow, never ranked on materialized scores instead) join the ``failed_checks`` state, the
+        scores ranked in tiles, nothing read back."""
         _updated(self)
-        ranks, s_pos = factor_ranks_padded(u, v, bias, pos, exc, self._kernel_ties, self.settings.count_other_positives)
+        ties, cop = self._kernel_ties, self.settings.count_other_positives
+        if pending is None:
+            ranks, s_pos = factor_ranks_padded(u, v, bias, pos, exc, ties, cop)
+        else:
+            checks = DeviceChecks(defer=True)
+            _check_factors_finite(u, v, bias, checks)
+            checks.add(overflow_flag(u, v, bias), DEFERRED_CHECKS["factors_overflow"], "factors_overflow")
+            ranks, s_pos = factor_ranks_padded(u, v, bias, pos, exc, ties, cop, bounded=True)
+            pending = pending + checks.pending()
         self._add_ranks(ranks, pos, exc, v.shape[0], keep)
+        if pending is not None:
+            self._defer_checks(pending)
         return s_pos
 
     @property
@@ -538,6 +686,7 @@ class ExactRankingMetrics(_MergeChecked):
             super()._sync_dist(dist_sync_fn, process_group)
 
     def _estimates(self) -> dict[str, Estimate]:
+        self._raise_deferred()
         sums = self.sums.detach().cpu().tolist()
         out = {}
         for name, (s1, s2, count) in zip(self.settings.metric_names, sums):
@@ -685,6 +834,7 @@ class SampledRankingMetrics(_MergeChecked):
         self._at_cap = design.exact_at_cap
         if self._at_cap:  # per completed relevant item: n, R (concatenated across processes)
             self.add_state("completed", torch.zeros(0, len(_CAP_COLUMNS), dtype=torch.float64), dist_reduce_fx="cat")
+        self._add_check_state()
         self._rows_seen = 0  # default instance keys when no ids are given
         self._in_forward = False
         self._n_items_host: int | None = 0  # the catalogue size this process's batches had (None: read the state)
@@ -697,28 +847,33 @@ class SampledRankingMetrics(_MergeChecked):
         """Add a batch: (B, n) scores, positives, exclusions, optional instance ids and keep mask; tensors, numpy
         arrays or lists."""
         scores = score_tensor(scores)
-        pos, exc = padded_inputs(scores, positives, exclude)
-        self._update_padded(scores, pos, exc, ids, keep)
+        pending: list[Check] | None = [] if defers_checks(scores.device) else None
+        pos, exc = padded_inputs(scores, positives, exclude, pending)
+        self._update_padded(scores, pos, exc, ids, keep, pending)
 
     def update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
                       ids: TensorLike | None = None, keep: torch.Tensor | None = None) -> None:
         """:meth:`update` on validated padded index tensors."""
         _updated(self)
-        self._update_padded(scores, pos, exc, ids, keep)
+        self._update_padded(scores, pos, exc, ids, keep, [] if defers_checks(scores.device) else None)
 
     def _update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, ids: TensorLike | None,
-                       keep: torch.Tensor | None) -> None:
+                       keep: torch.Tensor | None, pending: list[Check] | None = None) -> None:
+        """``pending``: the inputs' unread checks where :func:`defers_checks` (the batch's checks join them in the
+        ``failed_checks`` state, nothing read back), None where the batch's checks are read at once."""
         if not scores.is_floating_point() or scores.dim() != 2:
             raise ValueError(f"scores: expected a floating (B, n) matrix, got {tuple(scores.shape)} {scores.dtype}")
         b, n_items = scores.shape
         self._check_n_items(n_items)
-        checks = DeviceChecks()  # every check of the batch, read back once
+        checks = DeviceChecks(defer=pending is not None)  # every check of the batch, read back once (or deferred)
         _check_scores(scores, pos, self.settings.check_finite, checks)
         keys = RowKeys.of(self.settings.seed, self._ids(ids, b, scores.device), scores.device)
         if self._pop_weights is not None and self._pop_weights.shape[0] != n_items:
             raise ValueError(f"n_samples: the design's popularity weights count {self._pop_weights.shape[0]} "
                              f"items, the scores {n_items}")
         self._add_batch(MatrixScores(scores), pos, exc, n_items, keys, keep, checks)
+        if pending is not None:
+            self._defer_checks(pending + checks.pending())
 
     def _add_batch(self, source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, keys: RowKeys,
                    keep: torch.Tensor | None, checks: DeviceChecks | None, slots: torch.Tensor | None = None) -> None:
@@ -747,7 +902,7 @@ class SampledRankingMetrics(_MergeChecked):
         if k is not None:
             valid = valid & k.unsqueeze(1)
         chosen = valid & keyed_choice(share.seed, keys.ids, pos, share.share)
-        if isinstance(source, ScorerScores) or (_READS_ON_CPU and pos.device.type == "cpu"):
+        if isinstance(source, ScorerScores) or not defers_checks(pos.device):
             return chosen, None, None
         picked, overflow = share_capacity_rows(chosen, share.share)
         if isinstance(source, FactorScores) and checks is not None:
@@ -811,8 +966,7 @@ class SampledRankingMetrics(_MergeChecked):
         """Whether an ``exact_at_cap`` batch completes the rows of the cap's stage without a read (score and factor
         batches on an accelerator, designs of more than one stage) rather than reading the completed rows."""
         assert self._adaptive is not None
-        return (len(self._adaptive.stages) > 1 and not isinstance(source, ScorerScores)
-                and not (_READS_ON_CPU and pos.device.type == "cpu"))
+        return len(self._adaptive.stages) > 1 and not isinstance(source, ScorerScores) and defers_checks(pos.device)
 
     def _completed_rows(self, source: DrawnScores, stages: AdaptiveRanks, pos_scores: torch.Tensor, pos: torch.Tensor,
                         exc: torch.Tensor | None, n_items: int, keep: torch.Tensor | None) -> torch.Tensor:
@@ -858,8 +1012,9 @@ class SampledRankingMetrics(_MergeChecked):
         """:meth:`update` for the scores ``user_factors @ item_factors.T (+ item_bias)`` without forming
         them: the keyed negatives (the same items as from scores) are scored by one dot product each."""
         u, v, bias = check_factors(user_factors, item_factors, item_bias)
-        pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device)
-        self.update_factors_padded(u, v, bias, pos, exc, ids, keep, check_finite=bool(self.settings.check_finite))
+        pending: list[Check] | None = [] if defers_checks(u.device) else None
+        pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device, pending=pending)
+        self._update_factors(u, v, bias, pos, exc, ids, keep, None, bool(self.settings.check_finite), pending)
 
     def _add_popularity(self, ranks: torch.Tensor, n_cand: torch.Tensor, stats: Any, pos: torch.Tensor,
                         keep: torch.Tensor | None, exact: torch.Tensor | None = None) -> None:
@@ -891,6 +1046,7 @@ class SampledRankingMetrics(_MergeChecked):
         read from the same row. Draws without replacement carry none (as the core's ``sampled_ranks``): one
         positive per count of the histogram, in its cell order."""
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=True):
+            self._raise_deferred()
             return self._popularity_ranks()
 
     def _popularity_ranks(self) -> SampledRanks:
@@ -922,14 +1078,23 @@ class SampledRankingMetrics(_MergeChecked):
         """:meth:`update_factors` on validated inputs (``pos_scores``: the positives' dot-product scores
         when already computed, e.g. by :meth:`ExactRankingMetrics.update_factors_padded`; ``check_finite``: also
         refuse NaN or inf factors, in the batch's one validation read)."""
+        self._update_factors(u, v, bias, pos, exc, ids, keep, pos_scores, check_finite,
+                             [] if defers_checks(u.device) else None)
+
+    def _update_factors(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
+                        exc: torch.Tensor | None, ids: TensorLike | None, keep: torch.Tensor | None,
+                        pos_scores: torch.Tensor | None, check_finite: bool, pending: list[Check] | None) -> None:
+        """:meth:`update_factors_padded`; ``pending`` as in :meth:`_update_padded`."""
         _updated(self)
         b, n_items = u.shape[0], v.shape[0]
         self._check_n_items(n_items)
-        checks = DeviceChecks()
+        checks = DeviceChecks(defer=pending is not None)
         if check_finite:
             _check_factors_finite(u, v, bias, checks)
         keys = RowKeys.of(self.settings.seed, self._ids(ids, b, u.device), u.device)
         self._add_batch(FactorScores(u, v, bias, pos_scores), pos, exc, n_items, keys, keep, checks)
+        if pending is not None:
+            self._defer_checks(pending + checks.pending())
 
     def update_from_scorer(self, scorer: Scorer, positives: TensorLike, n_items: int, exclude: TensorLike | None = None,
                            ids: TensorLike | None = None, users: TensorLike | None = None,
@@ -1053,6 +1218,9 @@ class SampledRankingMetrics(_MergeChecked):
             m = self._design.n_samples
             stage = torch.log2(torch.where(valid, sizes, m).to(torch.float64) / m)
             col = col + self._stage_offsets(ranks.device)[stage.round().to(torch.int64)]
+        # in range by construction; clamped for a batch whose deferred checks failed (duplicated or excluded
+        # positives can count more removed items than the catalogue holds): its state is refused at compute
+        e, col = e.clamp(0, max(rows - 1, 0)), col.clamp(0, width - 1)
         idx = torch.where(valid, e * width + col, 0).reshape(-1)
         w = valid.to(self.hist.dtype).reshape(-1)
         if rows > self.hist.shape[0]:
@@ -1151,11 +1319,7 @@ class SampledRankingMetrics(_MergeChecked):
         scores = args[0] if args else kwargs.get("scores")
         if isinstance(scores, torch.Tensor) and scores.dim() == 2:  # the batch's catalogue against the state's
             self._check_n_items(scores.shape[1])
-        self._in_forward = True  # torchmetrics resets the state before the batch's update: not the row counter
-        try:
-            return super().forward(*args, **kwargs)
-        finally:
-            self._in_forward = False
+        return super().forward(*args, **kwargs)  # _in_forward: torchmetrics resets the state, not the row counter
 
     # ---------------------------------------------------------------------------- compute
     def _histogram(self, exact: bool = False) -> tuple[RankHistogram, bool]:
@@ -1206,9 +1370,11 @@ class SampledRankingMetrics(_MergeChecked):
         completed positives in exact groups at their exact ranks (as ``SampledRanks.histogram()``); False: at r~."""
         exact = check_bool(exact, "exact")
         with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self._to_sync, should_unsync=True):
+            self._raise_deferred()
             return self._histogram(exact)[0]
 
     def _estimates(self, progress: bool | None | Callable[[Iterable], Iterable] = False) -> dict[str, Estimate]:
+        self._raise_deferred()
         plain = self._histogram()
         # exact_at_cap: the estimators that read exact groups get them (completed positives at R), the others r~
         both = {False: plain, True: self._histogram(True) if self._at_cap else plain}
