@@ -249,7 +249,9 @@ def test_correction_system_bounded():
 
 def test_histograms_bounded():
     """A histogram holds m + 1 counts per distinct (n, m) group (and the torchmetrics state per row of excluded
-    counts): many groups at a large m are refused before allocating, naming n_samples; few groups are served."""
+    counts): many groups at a large m are refused before allocating, naming n_samples; few groups are served. The
+    torchmetrics state is refused from the batch's shapes, before any negative is drawn or scored (a scorer is never
+    called)."""
     ones = torch.ones(1000, dtype=torch.int64)
     with memory_cap():
         _value_error_naming(lambda: rsp.sampled_rank_histogram(ones, HUGE, 2**24 - torch.arange(1000)), "n_samples")
@@ -258,8 +260,19 @@ def test_histograms_bounded():
             rsp.SampledRanks.from_arrays(ones, HUGE - torch.arange(1000), 2**20),
         ), "n_samples")
         metric = SampledRankingMetrics(["ndcg@10"], n_samples=2**24)
-        _value_error_naming(lambda: metric.update(torch.rand(2, 100), [[0], [1]],
-                                                  exclude=torch.arange(2, 60).repeat(2, 1)), "n_samples")
+        msg = _value_error_naming(lambda: metric.update(torch.rand(2, 100), [[0], [1]],
+                                                        exclude=torch.arange(2, 60).repeat(2, 1)), "n_samples")
+        assert "the histogram state (59 rows" in msg and "MAX_ELEMENTS" in msg
+        calls = []
+
+        def scorer(users, items):
+            calls.append(items.shape)
+            return torch.zeros(items.shape, dtype=torch.float64)
+
+        _value_error_naming(lambda: metric.update_from_scorer(scorer, [[0], [1]], 100,
+                                                              exclude=torch.arange(2, 60).repeat(2, 1)), "n_samples")
+        assert calls == []  # refused before the draws were scored
+        assert metric.hist.shape[0] == 0 and int(metric.n_items) == 0  # no state changed
         hist = rsp.sampled_rank_histogram(ones[:3], HUGE, 2**24)
         est = rsp.estimate("ndcg@10", rsp.SampledRanks.from_arrays(ones, HUGE - torch.arange(1000), 100))
     assert hist.n_groups == 1 and hist.total == 3

@@ -38,6 +38,23 @@ def wide():
     return torch.as_tensor(r), torch.as_tensor(n), sampled
 
 
+@pytest.fixture(scope="module")
+def wide_estimate(wide):
+    """``estimate(metric, <wide's sampled ranks>, method)`` (``max_rel_n_spread``: the method built with that
+    spread), each computed once for the module: the tests below compare the same exact-n and pooled estimates."""
+    _, n, sampled = wide
+    cache: dict = {}
+
+    def get(metric: str, method: str, max_rel_n_spread: float | None = None):
+        key = (metric, method, max_rel_n_spread)
+        if key not in cache:
+            how = method if max_rel_n_spread is None else registry.method_class(method)(max_rel_n_spread=max_rel_n_spread)
+            cache[key] = estimate(metric, SampledRanks.from_arrays(sampled, n, M), how)
+        return cache[key]
+
+    return get
+
+
 def test_n_grid_and_pooling_preserve_counts(wide):
     _, n, sampled = wide
     grid = n_grid(1000, 100000, 0.1)
@@ -64,35 +81,21 @@ BOUNDS = {"bv": 1e-3, "cls": 1e-3, "bound": 2e-2}
 
 
 @pytest.mark.parametrize("method", list(BOUNDS))
-def test_pooled_estimates_within_the_documented_bound(wide, method):
-    _, n, sampled = wide
+def test_pooled_estimates_within_the_documented_bound(wide_estimate, method):
     for metric in ("hit@10", "ndcg@10", "hit@50"):
-        exact_n = estimate(metric, SampledRanks.from_arrays(sampled, n, M), method)
-        pooled = estimate(
-            metric,
-            SampledRanks.from_arrays(sampled, n, M),
-            registry.method_class(method)(max_rel_n_spread=0.1),
-        )
+        exact_n = wide_estimate(metric, method)
+        pooled = wide_estimate(metric, method, 0.1)
         assert "pooled_n" in pooled.flags and "pooled_n" not in exact_n.flags
         rel = abs(pooled.value - exact_n.value) / exact_n.value
         assert rel < BOUNDS[method], (metric, rel)
-        finer = estimate(
-            metric,
-            SampledRanks.from_arrays(sampled, n, M),
-            registry.method_class(method)(max_rel_n_spread=0.01),
-        )
+        finer = wide_estimate(metric, method, 0.01)
         assert abs(finer.value - exact_n.value) / exact_n.value < BOUNDS[method] / 2
 
 
-def test_pooled_correction_tables_within_1e_3_of_exact_n(wide):
-    _, n, sampled = wide
+def test_pooled_correction_tables_within_1e_3_of_exact_n(wide_estimate):
     for method in ("bv", "cls", "none"):
-        a = estimate(
-            "ndcg@10",
-            SampledRanks.from_arrays(sampled, n, M),
-            registry.method_class(method)(max_rel_n_spread=0.1),
-        )
-        exact_n = estimate("ndcg@10", SampledRanks.from_arrays(sampled, n, M), method)
+        a = wide_estimate("ndcg@10", method, 0.1)
+        exact_n = wide_estimate("ndcg@10", method)
         assert abs(a.value - exact_n.value) <= 1e-3 * abs(exact_n.value) + 1e-12, method
 
 

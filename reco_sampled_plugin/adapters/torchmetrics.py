@@ -845,7 +845,10 @@ class SampledRankingMetrics(_MergeChecked):
     def update(self, scores: torch.Tensor, positives: TensorLike, exclude: TensorLike | None = None,
                ids: TensorLike | None = None, keep: torch.Tensor | None = None) -> None:
         """Add a batch: (B, n) scores, positives, exclusions, optional instance ids and keep mask; tensors, numpy
-        arrays or lists."""
+        arrays or lists. A batch whose histogram state (a row of the design's m + 1 counts, or adaptive columns, per
+        count e <= E + P - 1 of excluded items and other positives) would exceed ``MAX_ELEMENTS`` is a ValueError naming ``n_samples``, raised from the shapes before any
+        negative is drawn or ranked (the same for :meth:`update_factors` and :meth:`update_from_scorer`); no state
+        changes."""
         scores = score_tensor(scores)
         pending: list[Check] | None = [] if defers_checks(scores.device) else None
         pos, exc = padded_inputs(scores, positives, exclude, pending)
@@ -879,6 +882,7 @@ class SampledRankingMetrics(_MergeChecked):
                    keep: torch.Tensor | None, checks: DeviceChecks | None, slots: torch.Tensor | None = None) -> None:
         """Rank a batch against its keyed negatives, scored by ``source`` (:meth:`_rank_batch`), and add it to the
         state (:meth:`_add_ranked`)."""
+        self._check_hist_rows(pos, exc, n_items, checks)  # a state too large is refused before any draw
         plan = self._share_plan(source, pos, keys, keep, checks)
         if self._at_cap and isinstance(source, FactorScores) and checks is not None and self._static_completion(source, pos):
             tile_factor_check(source, slice(None), pos >= 0, checks, "exact_at_cap")  # any row may reach the cap
@@ -1137,6 +1141,7 @@ class SampledRankingMetrics(_MergeChecked):
             # each draw reads its own pool check, before any call; adaptive stages score only the positives still
             # first, their new items alone
             source = ScorerScores(calls, who)
+            self._check_hist_rows(pos, exc, n, None)  # a state too large is refused before any scorer call
             plan = self._share_plan(source, pos, keys, keep, None)
             ranked = self._rank_batch(source, pos, exc, n, keys, None, score, keep)
             shared = self._share_rows(source, ranked, plan, pos, exc, n)  # the chosen rows scored whole
@@ -1195,6 +1200,24 @@ class SampledRankingMetrics(_MergeChecked):
         self._rows_seen += b
         return ids
 
+    def _check_hist_rows(self, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
+                         checks: DeviceChecks | None) -> int:
+        """The histogram rows a batch needs (e = excluded items + other positives <= E + P - 1, and < n_items: known
+        from the shapes alone). A state that would grow past ``MAX_ELEMENTS`` is a ValueError naming ``n_samples``,
+        raised before anything is drawn, scored or ranked (the batch's pending input ``checks``, when given, are
+        read first, so that a bad input is reported as it would be when ranked)."""
+        width = self.hist.shape[1]
+        rows = min((0 if exc is None else exc.shape[1]) + pos.shape[1], n_items)
+        if rows > self.hist.shape[0]:
+            try:
+                check_elements(rows * width, "n_samples", f"the histogram state ({rows} rows of excluded counts x "
+                               f"{width} sampled ranks; rows grow with the exclusions and positives of a row)")
+            except ValueError:
+                if checks is not None and len(checks):
+                    checks.read()
+                raise
+        return rows
+
     def _add_ranks(self, ranks: torch.Tensor, n_cand: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
                    keep: torch.Tensor | None, sizes: torch.Tensor | None = None) -> None:
         """Add the valid slots' (e, r~) to the histogram by an accumulating scatter over every slot (weight 0
@@ -1205,10 +1228,7 @@ class SampledRankingMetrics(_MergeChecked):
         if k is not None:
             valid = valid & k.unsqueeze(1)
         width = self.hist.shape[1]
-        rows = min((0 if exc is None else exc.shape[1]) + pos.shape[1], n_items)
-        if rows > self.hist.shape[0]:  # before the state changes: the batch is refused whole
-            check_elements(rows * width, "n_samples", f"the histogram state ({rows} rows of excluded counts x "
-                           f"{width} sampled ranks; rows grow with the exclusions and positives of a row)")
+        rows = self._check_hist_rows(pos, exc, n_items, None)  # before the state changes: refused whole
         self.n_items = torch.full((), n_items, dtype=torch.int64, device=self.n_items.device)
         if valid.numel() == 0:
             return
