@@ -413,8 +413,10 @@ class Plan:
                 plan did not run far enough: a design screened here but not at the new target, pruned here (costlier
                 than this plan's pick) and needed now, or whose interval was not estimated (it missed this plan's
                 point target) and is needed now. From a plan made with ``PlanExecution(forecast_all=True)`` every
-                tighter target (smaller ``target_rel_error``, any ``target_rel_halfwidth``) is available; a looser
-                one where the designs meeting it met this plan's point target too.
+                tighter target (a ``target_rel_error`` at most this plan's, any ``target_rel_halfwidth``) is
+                available: a design screened here is screened there too, and one meeting the tighter point target
+                met this one, so its interval was estimated. A looser target only where no design it needs was
+                screened or pruned here, or missed this plan's point target while meeting the new one.
         """
         return _at_target(self, target_rel_error, target_rel_halfwidth)
 
