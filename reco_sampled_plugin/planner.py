@@ -385,6 +385,40 @@ class Plan:
     notes: tuple[str, ...] = ()
     target_halfwidth: float = math.nan
     full_rel_width: float = math.nan
+    # the replicates behind the forecasts (:func:`plan` sets them; :meth:`at_target` reads them)
+    _replicates: _PlanReplicates | None = field(default=None, init=False, repr=False, compare=False)
+
+    def at_target(self, target_rel_error: float | None = None, *,
+                  target_rel_halfwidth: float | None = None) -> Plan:
+        """The plan at other targets, from this plan's own replicates (no estimator runs): the forecasts and the
+        pick that :func:`plan` with these two arguments, and every other argument as this plan's, gives, bit for
+        bit (the same draws, estimates, screening and pruning rules and interval widths).
+
+        Args:
+            target_rel_error: the point target, the largest acceptable relative RMSE of the estimate (a fraction
+                of the metric's value: 0.05 is 5%); None: this plan's (:attr:`target`).
+            target_rel_halfwidth: the interval target, the largest acceptable median half-width of the 95%
+                interval relative to the value (a fraction: 0.1 is value +- 10%); None: :func:`plan`'s default at
+                the point target, sqrt(h_full^2 + (1.96 target_rel_error)^2) with h_full half of
+                :attr:`full_rel_width` (not this plan's :attr:`target_halfwidth` where that was given).
+
+        Returns:
+            a :class:`Plan` for the same metric, shape and designs: :attr:`target`, :attr:`target_halfwidth`,
+            :attr:`forecasts` and :attr:`recommended` at the new targets, the rest as this plan's (``seconds``
+            included: the time of the replicates it reads), and this plan's replicates (its own ``at_target`` reads
+            the same ones).
+
+        Raises:
+            ValueError: a target that is not a finite number > 0, or a forecast the new pick depends on that this
+                plan did not run far enough: a design screened here but not at the new target, pruned here (costlier
+                than this plan's pick) and needed now, or whose interval was not estimated (it missed this plan's
+                point target) and is needed now. From a plan made with ``PlanExecution(forecast_all=True)`` every
+                tighter target (a ``target_rel_error`` at most this plan's, any ``target_rel_halfwidth``) is
+                available: a design screened here is screened there too, and one meeting the tighter point target
+                met this one, so its interval was estimated. A looser target only where no design it needs was
+                screened or pruned here, or missed this plan's point target while meeting the new one.
+        """
+        return _at_target(self, target_rel_error, target_rel_halfwidth)
 
     @property
     def full_cost(self) -> float:
@@ -1082,8 +1116,14 @@ def _interval_target(s: _Settings, draws: _Draws) -> float:
     interval, a twin gap) misses it."""
     if s.target_halfwidth is not None:
         return s.target_halfwidth
-    half = draws.full_width / 2.0
-    return math.hypot(half, _Z95 * s.target) if math.isfinite(half) else _Z95 * s.target
+    return _default_halfwidth(draws.full_width, s.target)
+
+
+def _default_halfwidth(full_width: float, target: float) -> float:
+    """The default interval target at the point target ``target``: sqrt(h_full^2 + (z target)^2), h_full half of
+    full ranking's relative width ``full_width`` (z target alone where that is not finite)."""
+    half = full_width / 2.0
+    return math.hypot(half, _Z95 * target) if math.isfinite(half) else _Z95 * target
 
 
 def _design_order_key(design: SamplingDesign) -> tuple[bool, int]:
@@ -1259,6 +1299,7 @@ class _Replicates:
         self.shape, self.draws, self.gen, self.tick = shape, draws, gen, tick
         self.est = np.empty(s.repeats)
         self.width = np.full(s.repeats, math.nan)  # popularity designs: each replicate's 95% interval width
+        self.has_width = np.zeros(s.repeats, dtype=bool)  # the widths estimated (:meth:`run_record`)
         entry = registry.get(run.name)
         # a rank-distribution estimator's value is its fit's (the population's or the users'), as estimate() gives it
         self.batched = entry.family == "rank_distribution"
@@ -1277,6 +1318,10 @@ class _Replicates:
             self._histogram_fits(js)
         else:
             self._runs(js)
+
+    def run_record(self, used: int) -> _DesignRun:
+        """What the forecast read: the first ``used`` replicates' estimates and the widths estimated (copies)."""
+        return _DesignRun(self.est[:used].copy(), self.width.copy(), self.has_width.copy())
 
     def _sizes(self, j: int | None = None) -> Any:
         m, sizes = self.design.n_samples, self.sim.sizes
@@ -1309,6 +1354,7 @@ class _Replicates:
                         while len(_WIDTHS) > _WIDTHS_MAX:
                             _WIDTHS.popitem(last=False)
             self.width[j] = kept
+            self.has_width[j] = True
 
     def _width_key(self, j: int, done: torch.Tensor | None) -> tuple | None:
         """:data:`_WIDTHS`' key of replicate ``j``'s width, or None (not kept) where the method object holds a value
@@ -1345,7 +1391,7 @@ class _Replicates:
                                        _world_seed(self.s.seed, j), self.gen)
             e = estimate(self.s.spec, drawn, self.run)
             lo, hi = e.interval(0.95)
-            self.est[j], self.width[j] = e.value, hi - lo
+            self.est[j], self.width[j], self.has_width[j] = e.value, hi - lo, True
             self.tick(1)
 
     def _shares(self, js: range) -> None:
@@ -1369,7 +1415,7 @@ class _Replicates:
                 exact = torch.where(chosen, self.draws.exact[j], torch.zeros_like(self.draws.exact[j]))
                 e = estimate(self.s.spec, with_share_arrays(drawn, exact, pi), self.s.method)
                 lo, hi = e.interval(0.95)
-                self.est[j], self.width[j] = e.value, hi - lo
+                self.est[j], self.width[j], self.has_width[j] = e.value, hi - lo, True
                 self.tick(1)
 
     def _joint_fits(self, js: range) -> None:
@@ -1436,6 +1482,30 @@ class _Pruning:
 
 
 @dataclass(frozen=True)
+class _DesignRun:
+    """What one design's forecast read, for :meth:`Plan.at_target`: the estimates of the replicates it ran (the
+    first ``len(est)``, in order) and the 95% interval widths it estimated (``has_width``; NaN elsewhere)."""
+
+    est: np.ndarray  # (replicates run,) each replicate's estimate
+    width: np.ndarray  # (repeats,) each replicate's interval width where estimated
+    has_width: np.ndarray  # (repeats,) bool: the width was estimated
+
+
+@dataclass(frozen=True)
+class _PlanReplicates:
+    """A plan's replicates, kept on the :class:`Plan` (``Plan._replicates``) for :meth:`Plan.at_target`: one
+    :class:`_DesignRun` per design (None: pruned before any replicate ran), each set's exact metric, full ranking's
+    pairs per user, and the execution's settings that decide which replicates a forecast reads."""
+
+    runs: tuple[_DesignRun | None, ...]
+    truths: np.ndarray  # (repeats,) each set's exact metric
+    n_mean: float  # full ranking's pairs per user (mean n)
+    repeats: int
+    screen: bool
+    forecast_all: bool
+
+
+@dataclass(frozen=True)
 class _PlanRun:
     """What every design's forecast shares: the settings, the shape, its exact ranks, the progress bar's tick and
     the pruning limit."""
@@ -1445,6 +1515,7 @@ class _PlanRun:
     draws: _Draws
     tick: Callable[[int], None]
     pruning: _Pruning
+    runs: list[_DesignRun | None]  # per design (its index), what its forecast read: :meth:`Plan.at_target`'s input
 
 
 def _forecast_design(run: _PlanRun, d: int, design: SamplingDesign) -> DesignForecast:
@@ -1481,6 +1552,7 @@ def _forecast_design(run: _PlanRun, d: int, design: SamplingDesign) -> DesignFor
     elif used < repeats:
         if run.pruning.excludes(sim.pairs):
             run.tick(repeats - used)
+            run.runs[d] = reps.run_record(used)
             return pruned
         reps.fill(range(used, repeats))
         used = repeats
@@ -1490,7 +1562,19 @@ def _forecast_design(run: _PlanRun, d: int, design: SamplingDesign) -> DesignFor
     meets = bool(errors["rel_error"] <= s.target and rel_width / 2.0 <= s.target_halfwidth)
     if meets and sim.pairs < draws.n_mean and not s.execution.forecast_all:
         run.pruning.found(sim.pairs)  # designs costlier than this one need not be forecast
+    run.runs[d] = reps.run_record(used)
     return DesignForecast(meets_target=meets, repeats=used, screened=screened, rel_width=rel_width, **errors, **costs)
+
+
+def _width_count(f: DesignForecast | SamplingDesign, used: int) -> int:
+    """How many first replicates a design's ``rel_width`` is the median of: :data:`WIDTH_REPEATS` (popularity and
+    share designs: every one used, their replicates hold their own intervals)."""
+    return min(used, WIDTH_REPEATS) if f.popularity is None and f.exact_share is None else used
+
+
+def _median_rel_width(width: np.ndarray, truths: np.ndarray) -> float:
+    """The median of the first ``len(truths)`` widths relative to those sets' exact metrics."""
+    return float(np.median(width[: len(truths)] / np.abs(truths)))
 
 
 def _rel_width(reps: _Replicates, used: int) -> float:
@@ -1500,17 +1584,18 @@ def _rel_width(reps: _Replicates, used: int) -> float:
     truths = reps.draws.truths[:used]
     if not np.all(truths != 0):
         return math.nan
+    k = _width_count(reps.design, used)
     if reps.design.popularity is None and reps.design.exact_share is None:  # the others' replicates hold theirs
-        js = range(min(used, WIDTH_REPEATS))
-        reps.widths(js)
-        truths = truths[: len(js)]
-    return float(np.median(reps.width[: len(truths)] / np.abs(truths)))
+        reps.widths(range(k))
+    return _median_rel_width(reps.width, truths[:k])
 
 
 def _forecast_designs(designs: Sequence[SamplingDesign], s: _Settings,
-                      shape: _DefaultShape | _PilotShape | PopularityWorld, draws: _Draws) -> list[DesignForecast]:
+                      shape: _DefaultShape | _PilotShape | PopularityWorld, draws: _Draws,
+                      runs: list[_DesignRun | None]) -> list[DesignForecast]:
     """Every design's forecast (in design order), ``workers`` at a time, with a progress bar over the fits;
-    cheapest first when pruning (``forecast_all=False``)."""
+    cheapest first when pruning (``forecast_all=False``). ``runs`` (one None per design) receives what each
+    design's forecast read (:class:`_DesignRun`; None where it ran no replicate)."""
     from ._progress import progress_bar
 
     workers = _check_workers(s.execution.workers, len(designs))
@@ -1522,7 +1607,7 @@ def _forecast_designs(designs: Sequence[SamplingDesign], s: _Settings,
         with bar_lock:
             bar.update(k)
 
-    run = _PlanRun(s, shape, draws, tick, _Pruning())
+    run = _PlanRun(s, shape, draws, tick, _Pruning(), runs)
     order = None if s.execution.forecast_all else _cheapest_first(designs, draws.exact, draws.n_t)
     try:
         return _map_designs(lambda d: _forecast_design(run, d, designs[d]), designs, workers, order)
@@ -1541,6 +1626,61 @@ def _recommend(forecasts: list[DesignForecast], n_mean: float,
         limit = math.inf if recommended is None else recommended.pairs
         forecasts = [f if f.pairs <= limit else _pruned_forecast(f) for f in forecasts]
     return forecasts, recommended
+
+
+def _forecast_at(f: DesignForecast, run: _DesignRun | None, kept: _PlanReplicates, truth: float, target: float,
+                 halfwidth: float) -> DesignForecast | None:
+    """Design ``f``'s forecast at another target from the replicates it ran (:func:`_forecast_design`'s rules on
+    the same numbers: screening, the errors, the width where the point target is met, meeting both targets), or
+    None where that forecast needs a replicate or a width the plan did not run."""
+    if run is None:
+        return None
+    repeats, truths = kept.repeats, kept.truths
+    used = min(repeats, SCREEN_REPEATS) if kept.screen else repeats
+    screened = used < repeats and truth != 0 and _screens(run.est[:used] - truths[:used], target * abs(truth))
+    if not screened:
+        used = repeats
+    if len(run.est) < used:  # screened (or pruned) at the plan's own target: the other replicates never ran
+        return None
+    errors = _error_fields(run.est[:used] - truths[:used], truth)
+    rel_width = math.nan
+    if errors["rel_error"] <= target and np.all(truths[:used] != 0):
+        k = _width_count(f, used)
+        if not run.has_width[:k].all():  # the point target missed at the plan's own target: no interval estimated
+            return None
+        rel_width = _median_rel_width(run.width, truths[:k])
+    meets = bool(errors["rel_error"] <= target and rel_width / 2.0 <= halfwidth)
+    return dataclasses.replace(f, meets_target=meets, repeats=used, screened=screened, rel_width=rel_width,
+                               pruned=False, **errors)
+
+
+def _at_target(p: Plan, target_rel_error: Any, target_rel_halfwidth: Any) -> Plan:
+    """:meth:`Plan.at_target`: each design's forecast at the targets from the plan's replicates, then
+    :func:`_recommend`; a ValueError where a design the pick depends on was not forecast far enough."""
+    kept = p._replicates
+    if kept is None:
+        raise ValueError("at_target: this Plan holds no replicates (it was not returned by plan()); plan again at "
+                         "the target")
+    target = p.target if target_rel_error is None else check_positive_float(target_rel_error, "target_rel_error")
+    halfwidth = (_default_halfwidth(p.full_rel_width, target) if target_rel_halfwidth is None
+                 else check_positive_float(target_rel_halfwidth, "target_rel_halfwidth"))
+    at = [_forecast_at(f, run, kept, p.truth, target, halfwidth) for f, run in zip(p.forecasts, kept.runs)]
+    ok = [g for g in at if g is not None and g.meets_target and g.pairs < kept.n_mean]
+    pick = min(ok, key=lambda g: g.pairs) if ok else None
+    limit = math.inf if pick is None or kept.forecast_all else pick.pairs
+    missing = [f.label for f, g in zip(p.forecasts, at) if g is None and f.pairs <= limit]
+    if missing:
+        raise ValueError(
+            f"at_target: at a target of {target:.4g} (interval +-{halfwidth:.4g}) the forecast of "
+            f"{', '.join(missing)} needs replicates or intervals this plan did not run (screened, pruned, or its "
+            f"point target missed at {p.target:.4g}): plan again at that target, or re-pick from a plan made with "
+            "PlanExecution(forecast_all=True) at the loosest target you consider")
+    table = [g if g is not None else _pruned_forecast(f) for f, g in zip(p.forecasts, at)]
+    forecasts, recommended = _recommend(table, kept.n_mean, kept.forecast_all)
+    out = dataclasses.replace(p, target=target, target_halfwidth=halfwidth, forecasts=tuple(forecasts),
+                              recommended=recommended)
+    object.__setattr__(out, "_replicates", kept)
+    return out
 
 
 def plan(
@@ -1641,12 +1781,13 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
     designs = _candidate_designs(designs, s, world)
     draws = _draw_exact(shape, s)
     s = dataclasses.replace(s, target_halfwidth=_interval_target(s, draws))
-    forecasts, recommended = _recommend(_forecast_designs(designs, s, shape, draws), draws.n_mean,
+    runs: list[_DesignRun | None] = [None] * len(designs)
+    forecasts, recommended = _recommend(_forecast_designs(designs, s, shape, draws, runs), draws.n_mean,
                                         s.execution.forecast_all)
     logger.debug("plan %s: %d design(s) forecast with %d repeats in %.1f s; recommended: %s", s.spec, len(forecasts),
                  s.repeats, time.perf_counter() - t_start, "full ranking (no design meets the target)" if recommended
                  is None else f"m = {recommended.n_samples}, adaptive cap {recommended.adaptive_max}")
-    return Plan(
+    result = Plan(
         metric=str(s.spec), n_items=s.n_keep, n_users=s.n_users, target=s.target, shape_source=shape.source,
         truth=draws.truth, forecasts=tuple(forecasts), recommended=recommended, method=s.method.name,
         repeats=s.repeats, seed=s.seed, seconds=time.perf_counter() - t_start, seconds_per_pair=s.seconds_per_pair,
@@ -1654,3 +1795,7 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         notes=_pilot_notes(shape, s.spec, int(s.n_u.max())) if world is None else world.notes(),
         target_halfwidth=_interval_target(s, draws), full_rel_width=draws.full_width,
     )
+    object.__setattr__(result, "_replicates", _PlanReplicates(tuple(runs), draws.truths.copy(), draws.n_mean,
+                                                              s.repeats, s.execution.screen,
+                                                              s.execution.forecast_all))
+    return result

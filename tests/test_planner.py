@@ -219,7 +219,7 @@ def _with_target(p: Plan, target: float, forecast_all: bool = True) -> Plan:
 
 
 def test_recommended_is_cheapest_meeting_target(small_plan):
-    generous = _with_target(small_plan, 10.0)
+    generous = _with_target(small_plan, 10.0)  # every design's replicates and interval: at_target re-picks any target
     assert all(f.meets_target for f in generous.forecasts)
     assert generous.recommended == min(generous.forecasts, key=lambda f: f.mean_samples)
     assert generous.recommended.label == "m = 50"
@@ -230,9 +230,10 @@ def test_recommended_is_cheapest_meeting_target(small_plan):
     assert all(math.isnan(f.rel_error) and not f.meets_target and f.repeats == 0 for f in pruned.forecasts[1:])
     assert [f.pairs for f in pruned.forecasts] == [f.pairs for f in generous.forecasts]  # the costs stay
     assert pruned.format().count("not forecast: costlier than the pick") == 2
-    # a middle target: the recommendation meets it and nothing cheaper does
+    # a middle target: the recommendation meets it and nothing cheaper does (re-picked from the generous plan's
+    # replicates: what _with_target gives there, bit for bit, tests/test_planner_prune.py)
     errors = sorted(f.rel_error for f in small_plan.forecasts)
-    middle = _with_target(small_plan, (errors[0] + errors[1]) / 2)
+    middle = generous.at_target((errors[0] + errors[1]) / 2, target_rel_halfwidth=10.0)
     rec = middle.recommended
     assert rec is not None and rec.meets_target and rec.rel_error == errors[0]
     assert not any(f.meets_target for f in middle.forecasts if f.mean_samples < rec.mean_samples)
@@ -241,7 +242,9 @@ def test_recommended_is_cheapest_meeting_target(small_plan):
 
 
 def test_none_meets_target(small_plan):
-    strict = _with_target(small_plan, 1e-6)
+    # re-picked from small_plan's replicates (a tighter target: every forecast there ran), what
+    # _with_target(small_plan, 1e-6) gives bit for bit (tests/test_planner_prune.py)
+    strict = small_plan.at_target(1e-6, target_rel_halfwidth=10.0)
     assert strict.recommended is None
     assert not any(f.meets_target for f in strict.forecasts)
     assert "no sampled design meets" in strict.format()

@@ -4,7 +4,9 @@ forecast.
 Oracle: the same plan with ``forecast_all=True`` (every design forecast, each on its own generator): the pick and every
 forecast of a design up to the pick's cost must be equal to it, bit for bit, whatever the threads; the designs
 costlier than the pick are reported as pruned (their costs kept, their errors NaN), and nothing is pruned when no
-design meets the target.
+design meets the target. The oracle at each target is one such plan (per screening setting and thread count) made
+at the loosest target and re-picked with ``Plan.at_target``, itself checked here against fresh plans (bit for bit,
+at a target no design meets, at a middle one and with an interval target that bites) and for what it refuses.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ def pilot():
                         design=SamplingDesign(100))
 
 
+LOOSE = 10.0  # a target every design meets (relative RMSE 1000%), looser than every target of _targets
+
+
 def _plan(pilot, target: float, **execution) -> planner.Plan:
     """The plan of ``pilot`` at ``target``; ``execution``: PlanExecution's fields (screen, forecast_all, workers)."""
     return planner.plan(5000, 1200, "ndcg@10", target, pilot=pilot, designs=DESIGNS, repeats=8, seed=3,
@@ -40,8 +45,9 @@ def _plan(pilot, target: float, **execution) -> planner.Plan:
 
 @pytest.fixture(scope="module")
 def every(pilot):
-    """Every design forecast on every replicate: its errors do not depend on the target (screening would)."""
-    return _plan(pilot, 0.1, forecast_all=True, screen=False)
+    """Every design forecast on every replicate: its errors do not depend on the target (screening would); at a
+    target every design meets (every interval estimated), on one thread: ``full_plans(False, 1)``."""
+    return _plan(pilot, LOOSE, forecast_all=True, screen=False, workers=1)
 
 
 def _targets(every: planner.Plan) -> list[float]:
@@ -50,12 +56,28 @@ def _targets(every: planner.Plan) -> list[float]:
     return [errors[0] / 2] + [(a + b) / 2 for a, b in zip(errors, errors[1:])] + [errors[-1] * 2]
 
 
+@pytest.fixture(scope="module")
+def full_plans(pilot, every):
+    """``full(screen, workers)``: the plan with ``forecast_all=True`` at ``LOOSE`` (made on first use and kept for
+    the module; ``every`` is the one without screening on one thread); ``Plan.at_target`` gives it at every target of
+    ``_targets`` (each tighter: every replicate and interval a forecast there reads ran), what ``plan()`` there gives
+    bit for bit (test_at_target_is_a_fresh_plan)."""
+    kept: dict = {(False, 1): every}
+
+    def full(screen: bool, workers: int) -> planner.Plan:
+        if (screen, workers) not in kept:
+            kept[(screen, workers)] = _plan(pilot, LOOSE, forecast_all=True, workers=workers, screen=screen)
+        return kept[(screen, workers)]
+
+    return full
+
+
 @pytest.mark.parametrize("screen", [True, False])
 @pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize("k", range(8))
-def test_pruned_plan_equals_the_full_plan_up_to_the_pick(pilot, every, workers, k, screen):
+def test_pruned_plan_equals_the_full_plan_up_to_the_pick(pilot, every, full_plans, workers, k, screen):
     target = _targets(every)[k]
-    full = _plan(pilot, target, forecast_all=True, workers=workers, screen=screen)
+    full = full_plans(screen, workers).at_target(target)
     fast = _plan(pilot, target, workers=workers, screen=screen)
     assert fast.recommended == full.recommended
     if not screen:  # each design the cheapest meeting the target in turn: the fixture's forecasts (no draw changes)
@@ -77,6 +99,70 @@ def test_pruned_plan_equals_the_full_plan_up_to_the_pick(pilot, every, workers, 
         assert fast.format().count("not forecast: costlier than the pick") == n_pruned
         assert "--forecast-all" in fast.format()
     assert not any(g.pruned for g in full.forecasts)
+
+
+def _assert_same_plan(got: planner.Plan, want: planner.Plan) -> None:
+    assert got.forecasts == want.forecasts and got.recommended == want.recommended
+    assert (got.target, got.target_halfwidth, got.truth, got.full_rel_width) == (
+        want.target, want.target_halfwidth, want.truth, want.full_rel_width)
+    assert got.format() == want.format()
+
+
+@pytest.mark.parametrize("screen", [True, False])
+def test_at_target_is_a_fresh_plan(pilot, every, full_plans, screen):
+    """``Plan.at_target`` re-picks from the plan's own replicates exactly what ``plan()`` at that target gives (every
+    forecast, its screening, widths and the pick, bit for bit): at a target no design meets and at a middle one (with
+    screening on, some designs screened there, none at ``LOOSE``), from the plan at ``LOOSE``; and with an interval
+    target given that some designs meeting the point target miss."""
+    base = full_plans(screen, 1)
+    targets = _targets(every)
+    for k in (0, 3):
+        fresh = _plan(pilot, targets[k], forecast_all=True, workers=1, screen=screen)
+        _assert_same_plan(base.at_target(targets[k]), fresh)
+        assert (fresh.recommended is None) == (k == 0)
+        screened = sum(f.screened for f in fresh.forecasts)  # screening on: screened and unscreened designs
+        assert 0 < screened < len(DESIGNS) if screen else screened == 0
+    _assert_same_plan(base.at_target(), base)  # its own targets: itself
+    # an interval target between the forecasts' half-widths: some designs meeting the point target miss it
+    halves = sorted(f.rel_halfwidth for f in base.forecasts)
+    half = (halves[2] + halves[3]) / 2
+    fresh = planner.plan(5000, 1200, "ndcg@10", targets[5], pilot=pilot, designs=DESIGNS, repeats=8, seed=3,
+                         seconds_per_pair=1e-6, target_rel_halfwidth=half,
+                         execution=planner.PlanExecution(progress=False, forecast_all=True, workers=1, screen=screen))
+    assert any(f.rel_error <= targets[5] and not f.meets_target for f in fresh.forecasts)
+    _assert_same_plan(base.at_target(targets[5], target_rel_halfwidth=half), fresh)
+
+
+def test_at_target_refuses_what_the_plan_did_not_run(pilot, every, full_plans):
+    """A forecast the new pick depends on that the plan did not run is refused, naming the design: pruned designs
+    (a default plan at a generous target, re-picked at a strict one), screened ones (screened at a strict target,
+    needed at a generous one) and intervals never estimated; bad targets; a Plan not made by plan(). A re-picked
+    plan re-picks from the replicates of the plan it came from."""
+    targets = _targets(every)
+    pruned = _plan(pilot, targets[-1], workers=1)
+    assert any(f.pruned for f in pruned.forecasts)
+    with pytest.raises(ValueError, match=r"^at_target: .* the forecast of .*m = 1000.* plan again at that target"):
+        pruned.at_target(targets[0])
+    # where none meets the target: every design screened but the last but one, which ran every replicate and
+    # estimated no interval (it missed the point target); at the loosest target all of them are needed
+    screened = _plan(pilot, targets[0], forecast_all=True, workers=1)
+    assert [f.screened for f in screened.forecasts] == [True] * 5 + [False, True]
+    assert screened.forecasts[5].repeats == 8 and math.isnan(screened.forecasts[5].rel_width)
+    with pytest.raises(ValueError, match=r"^at_target: .* the forecast of m = 50, m = 200, m = 1000, adaptive 50->800, "
+                                         r"adaptive 50->3200, adaptive 50->800 exact, m = 50 \(no repl.\) needs "):
+        screened.at_target(targets[-1])
+    # a re-picked plan keeps the replicates it was re-picked from: back at LOOSE, the plan made there
+    loosest = full_plans(True, 1)
+    _assert_same_plan(loosest.at_target(targets[0]).at_target(LOOSE), loosest)
+    for bad in (0.0, -0.1, math.nan, "0.1", True):
+        with pytest.raises(ValueError, match="^target_rel_error"):
+            every.at_target(bad)
+        with pytest.raises(ValueError, match="^target_rel_halfwidth"):
+            every.at_target(0.1, target_rel_halfwidth=bad)
+    bare = planner.Plan(metric="ndcg@10", n_items=5000, n_users=1200, target=0.1, shape_source="x", truth=0.1,
+                        forecasts=every.forecasts, recommended=None)
+    with pytest.raises(ValueError, match="^at_target: this Plan holds no replicates"):
+        bare.at_target(0.2)
 
 
 def test_the_targets_move_the_pick_across_the_designs(every):
