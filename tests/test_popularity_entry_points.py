@@ -85,11 +85,14 @@ def _rb_config(model: str, mode: str, **extra):
 
 
 def _rb_data(config):
-    from recbole.data import create_dataset, data_preparation
+    """``init_seed`` and RecBole's ``data_preparation`` on ml-100k, read once per process (``read_dataset``)."""
+    from recbole.data import data_preparation
     from recbole.utils import init_seed
 
+    from _recbole_helpers import read_dataset
+
     init_seed(config["seed"], config["reproducibility"])
-    return data_preparation(config, create_dataset(config))
+    return data_preparation(config, read_dataset(config))
 
 
 def test_recbole_alpha_and_refusals(workdir):
@@ -173,18 +176,21 @@ def test_recbole_sampler_frequencies_match_the_weights(workdir, alpha):
 @pytest.fixture(scope="module")
 def rb_runs(workdir):  # about a minute on 2 cores: the tests that use it are marked slow
     """BPR and SASRec trained briefly on ml-100k; the test split in full mode (exact AUC) and pop100 (hh), with what
-    the pop100 evaluation drew (captured at the adapter's flush)."""
+    the pop100 evaluation drew (captured at the adapter's flush). The two modes' loaders come from one split per
+    model (``SplitOnce``: RecBole's data_preparation for each mode, the dataset built once; the pop100 evaluation
+    draws from the generators as a fresh preparation leaves them)."""
     _recbole()
     from recbole.trainer import Trainer
     from recbole.utils import get_model, init_seed
 
-    from _recbole_helpers import evaluate_with_struct
+    from _recbole_helpers import SplitOnce, evaluate_with_struct
     from reco_sampled_plugin.adapters import _recbole_ranks as rr
 
     out = {}
     for name in _RB_MODELS:
+        prepare = SplitOnce()
         config = _rb_config(name, "full")
-        train, _, test = _rb_data(config)
+        train, _, test = prepare(config)
         init_seed(config["seed"], config["reproducibility"])
         model = get_model(name)(config, train._dataset)
         trainer = Trainer(config, model)
@@ -194,7 +200,7 @@ def rb_runs(workdir):  # about a minute on 2 cores: the tests that use it are ma
         # positives in a minute)
         pconfig = _rb_config(name, "pop100", rsp_stderr=True, metrics=["CorrectedAUC", "RankDistAUC"] + (
             ["RankDistNDCG"] if name == "SASRec" else []))
-        _, _, ptest = _rb_data(pconfig)
+        _, _, ptest = prepare(pconfig)
         seen = []
         original = rr._process_sampled
         rr._process_sampled = lambda c, *a: (seen.append(tuple(x.clone() for x in a)), original(c, *a))
