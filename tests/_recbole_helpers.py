@@ -78,16 +78,10 @@ def read_dataset(config):
     fresh read give the same splits, loaders and batches (checked for every loader of test_recbole_adapter.py and
     for the popN runs of test_popularity_entry_points.py)."""
     import copy
-    import importlib
 
     from recbole.data import create_dataset
-    from recbole.utils.argument_list import dataset_arguments
 
-    # create_dataset's choice of class: the model's own dataset class, else one per model type
-    own = hasattr(importlib.import_module("recbole.data.dataset"), config["model"] + "Dataset")
-    kind = config["model"] if own else str(config["MODEL_TYPE"])
-    read_with = dataset_arguments + ["seed", "repeatable", "data_path", "encoding", "discretization", "numerical_features"]
-    key = (kind, config["dataset"], *(repr(config[arg]) for arg in read_with))
+    key = _read_key(config)
     if key not in _DATASETS:
         _DATASETS[key] = create_dataset(config)
     dataset = copy.deepcopy(_DATASETS[key])
@@ -95,62 +89,71 @@ def read_dataset(config):
     return dataset
 
 
-class SplitOnce:
-    """``init_seed`` then RecBole's ``data_preparation(config, read_dataset(config))`` for configs that differ only
-    in what the split does not read (the evaluation mode, metrics, the plugin's keys, training settings), the split
-    built once. The first call prepares as RecBole does and keeps the built split (``dataset.build()``: the ordering,
-    the split, a sequential dataset's data augmentation, seconds for SASRec); a later call runs RecBole's own
-    ``data_preparation`` with its config (its samplers and loaders) on a copy of the split as built, the datasets
-    given that config (as a fresh read with it gives), and leaves RecBole's generators as the first preparation left
-    them: where ``init_seed`` and a fresh preparation would have left them (building draws the same whatever the
-    mode; samplers and loaders draw nothing when made). A later config that would split differently is refused."""
+def _read_key(config):
+    """What ``create_dataset`` reads: its choice of class (the model's own dataset class, else one per model type)
+    and the dataset arguments (those RecBole compares before reusing a saved dataset, and the other keys its reading
+    looks at)."""
+    import importlib
 
-    _SPLIT_KEYS = ("seed", "reproducibility", "MODEL_TYPE", "repeatable")
+    from recbole.utils.argument_list import dataset_arguments
 
-    def __init__(self) -> None:
-        self._first = None
+    own = hasattr(importlib.import_module("recbole.data.dataset"), config["model"] + "Dataset")
+    kind = config["model"] if own else str(config["MODEL_TYPE"])
+    read_with = dataset_arguments + ["seed", "repeatable", "data_path", "encoding", "discretization", "numerical_features"]
+    return (kind, config["dataset"], *(repr(config[arg]) for arg in read_with))
 
-    def _split_of(self, config):
-        from recbole.utils.argument_list import dataset_arguments
 
-        args = config["eval_args"]
-        return (config["model"], config["dataset"], repr(args["split"]), repr(args["order"]), repr(args["group_by"]),
-                *(repr(config[k]) for k in (*self._SPLIT_KEYS, *dataset_arguments)))
+_SPLITS: dict = {}
 
-    def __call__(self, config):
-        import copy
 
-        from recbole.data import data_preparation
-        from recbole.utils import init_seed
+def prepare_data(config):
+    """``init_seed(config)`` and RecBole's ``data_preparation(config, read_dataset(config))``, the split built once per
+    test process for each dataset read and split (``eval_args``' split, order and grouping, the seed): configs that
+    differ in what building the split does not read (the evaluation mode, metrics, batch sizes, samplers, training
+    settings, the plugin's keys) share it. The first preparation of a split runs as RecBole's and keeps a copy of the
+    split as built (``dataset.build()``: the ordering, the split, a sequential dataset's data augmentation, seconds
+    for SASRec); a later one runs RecBole's own ``data_preparation`` with its config (its samplers and loaders) on a
+    copy of that (the datasets given its config, as a fresh read with it gives: the loaders sort datasets in place,
+    and a popularity sampler's alias table follows the order in which it finds the items), and leaves RecBole's
+    generators as the first preparation left them: as ``init_seed`` and a fresh preparation would (building draws
+    the same for the same split and seed; samplers and loaders draw nothing when made). Checked: the popN runs of
+    test_popularity_entry_points.py and every evaluation of test_recbole_adapter.py give the same results, bit for
+    bit, as fresh preparations."""
+    import copy
 
-        if self._first is None:
-            init_seed(config["seed"], config["reproducibility"])
-            dataset = read_dataset(config)
-            build = dataset.build
-            kept = {}
+    from recbole.data import data_preparation
+    from recbole.utils import init_seed
 
-            def build_and_keep():
-                built = build()
-                # as built: the loaders then sort datasets in place, and a popularity sampler's alias table
-                # follows the order of the items as it finds them
-                kept["split"] = copy.deepcopy((dataset, built))
-                return built
+    init_seed(config["seed"], config["reproducibility"])
+    args = config["eval_args"]
+    key = (_read_key(config), repr(args["split"]), repr(args["order"]), repr(args["group_by"]),
+           repr(config["reproducibility"]))
+    if key not in _SPLITS:
+        dataset = read_dataset(config)
+        build = dataset.build
+        kept = {}
 
-            dataset.build = build_and_keep
+        def build_and_keep():
+            built = build()
+            kept["split"] = copy.deepcopy((dataset, built))
+            return built
+
+        dataset.build = build_and_keep
+        try:
             loaders = data_preparation(config, dataset)
+        finally:
             del dataset.build
-            self._first = (self._split_of(config), kept["split"], _generator_states())
-            return loaders
-        split, kept, states = self._first
-        if self._split_of(config) != split:
-            raise ValueError("SplitOnce: this config splits the data differently from the first one")
-        whole, built = copy.deepcopy(kept)
-        for d in (whole, *built):
-            d.config = config
-        whole.build = lambda: built
-        loaders = data_preparation(config, whole)
-        _set_generator_states(states)
+        whole, built = kept["split"]
+        del whole.build  # the copy's own: the class's build
+        _SPLITS[key] = (whole, built, _generator_states())
         return loaders
+    whole, built, states = copy.deepcopy(_SPLITS[key])
+    for d in (whole, *built):
+        d.config = config
+    whole.build = lambda: built
+    loaders = data_preparation(config, whole)
+    _set_generator_states(states)
+    return loaders
 
 
 def _generator_states():

@@ -85,14 +85,11 @@ def _rb_config(model: str, mode: str, **extra):
 
 
 def _rb_data(config):
-    """``init_seed`` and RecBole's ``data_preparation`` on ml-100k, read once per process (``read_dataset``)."""
-    from recbole.data import data_preparation
-    from recbole.utils import init_seed
+    """``init_seed`` and RecBole's ``data_preparation`` on ml-100k, read and split once per process for all modes
+    (``prepare_data``)."""
+    from _recbole_helpers import prepare_data
 
-    from _recbole_helpers import read_dataset
-
-    init_seed(config["seed"], config["reproducibility"])
-    return data_preparation(config, read_dataset(config))
+    return prepare_data(config)
 
 
 def test_recbole_alpha_and_refusals(workdir):
@@ -177,20 +174,19 @@ def test_recbole_sampler_frequencies_match_the_weights(workdir, alpha):
 def rb_runs(workdir):  # about a minute on 2 cores: the tests that use it are marked slow
     """BPR and SASRec trained briefly on ml-100k; the test split in full mode (exact AUC) and pop100 (hh), with what
     the pop100 evaluation drew (captured at the adapter's flush). The two modes' loaders come from one split per
-    model (``SplitOnce``: RecBole's data_preparation for each mode, the dataset built once; the pop100 evaluation
+    model (``prepare_data``: RecBole's data_preparation for each mode, the split built once; the pop100 evaluation
     draws from the generators as a fresh preparation leaves them)."""
     _recbole()
     from recbole.trainer import Trainer
     from recbole.utils import get_model, init_seed
 
-    from _recbole_helpers import SplitOnce, evaluate_with_struct
+    from _recbole_helpers import evaluate_with_struct
     from reco_sampled_plugin.adapters import _recbole_ranks as rr
 
     out = {}
     for name in _RB_MODELS:
-        prepare = SplitOnce()
         config = _rb_config(name, "full")
-        train, _, test = prepare(config)
+        train, _, test = _rb_data(config)
         init_seed(config["seed"], config["reproducibility"])
         model = get_model(name)(config, train._dataset)
         trainer = Trainer(config, model)
@@ -200,7 +196,7 @@ def rb_runs(workdir):  # about a minute on 2 cores: the tests that use it are ma
         # positives in a minute)
         pconfig = _rb_config(name, "pop100", rsp_stderr=True, metrics=["CorrectedAUC", "RankDistAUC"] + (
             ["RankDistNDCG"] if name == "SASRec" else []))
-        _, _, ptest = prepare(pconfig)
+        _, _, ptest = _rb_data(pconfig)
         seen = []
         original = rr._process_sampled
         rr._process_sampled = lambda c, *a: (seen.append(tuple(x.clone() for x in a)), original(c, *a))
