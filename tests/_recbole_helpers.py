@@ -75,8 +75,7 @@ def read_dataset(config):
     reusing a saved dataset, and the other keys its reading looks at), deep-copied for every caller with the
     caller's ``config``: ``data_preparation`` reads its split settings from the dataset's config and shuffles the
     dataset in place. Reading ml-100k's files draws nothing from the generators ``init_seed`` reset: the copy and a
-    fresh read give the same splits, loaders and batches (checked for every loader of test_recbole_adapter.py and
-    for the popN runs of test_popularity_entry_points.py)."""
+    fresh read give the same splits, loaders and batches (checked: see ``prepare_data``)."""
     import copy
 
     from recbole.data import create_dataset
@@ -117,8 +116,9 @@ def prepare_data(config):
     and a popularity sampler's alias table follows the order in which it finds the items), and leaves RecBole's
     generators as the first preparation left them: as ``init_seed`` and a fresh preparation would (building draws
     the same for the same split and seed; samplers and loaders draw nothing when made). Checked: the popN runs of
-    test_popularity_entry_points.py and every evaluation of test_recbole_adapter.py give the same results, bit for
-    bit, as fresh preparations."""
+    test_popularity_entry_points.py and every evaluation of test_recbole_adapter.py and test_recbole_scorer.py (the
+    three modules in one process too) give the same results, bit for bit, as fresh preparations; the popN sampler's
+    alias table and draws are the same as a fresh preparation's."""
     import copy
 
     from recbole.data import data_preparation
@@ -143,6 +143,8 @@ def prepare_data(config):
             loaders = data_preparation(config, dataset)
         finally:
             del dataset.build
+        if "split" not in kept:  # RecBole loaded saved dataloaders (save_dataloaders): nothing built to keep
+            return loaders
         whole, built = kept["split"]
         del whole.build  # the copy's own: the class's build
         _SPLITS[key] = (whole, built, _generator_states())
