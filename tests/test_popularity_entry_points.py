@@ -85,11 +85,11 @@ def _rb_config(model: str, mode: str, **extra):
 
 
 def _rb_data(config):
-    from recbole.data import create_dataset, data_preparation
-    from recbole.utils import init_seed
+    """``init_seed`` and RecBole's ``data_preparation`` on ml-100k, read and split once per process for all modes
+    (``prepare_data``)."""
+    from _recbole_helpers import prepare_data
 
-    init_seed(config["seed"], config["reproducibility"])
-    return data_preparation(config, create_dataset(config))
+    return prepare_data(config)
 
 
 def test_recbole_alpha_and_refusals(workdir):
@@ -173,7 +173,9 @@ def test_recbole_sampler_frequencies_match_the_weights(workdir, alpha):
 @pytest.fixture(scope="module")
 def rb_runs(workdir):  # about a minute on 2 cores: the tests that use it are marked slow
     """BPR and SASRec trained briefly on ml-100k; the test split in full mode (exact AUC) and pop100 (hh), with what
-    the pop100 evaluation drew (captured at the adapter's flush)."""
+    the pop100 evaluation drew (captured at the adapter's flush). The two modes' loaders come from one split per
+    model (``prepare_data``: RecBole's data_preparation for each mode, the split built once; the pop100 evaluation
+    draws from the generators as a fresh preparation leaves them)."""
     _recbole()
     from recbole.trainer import Trainer
     from recbole.utils import get_model, init_seed

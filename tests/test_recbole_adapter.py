@@ -18,9 +18,8 @@ pytestmark = pytest.mark.slow
 
 import recbole  # noqa: E402
 from recbole.config import Config  # noqa: E402
-from recbole.data import create_dataset, data_preparation  # noqa: E402
 from recbole.trainer import Trainer  # noqa: E402
-from _recbole_helpers import evaluate_with_struct, replay_seeded_draws  # noqa: E402
+from _recbole_helpers import evaluate_with_struct, prepare_data, replay_seeded_draws  # noqa: E402
 from recbole.utils import get_model, init_seed  # noqa: E402
 from reco_sampled_plugin import SampledRanks, SamplingDesign
 from reco_sampled_plugin.design import ExactShare
@@ -45,37 +44,11 @@ BASE = {
 
 
 def _prepare(model: str, extra: dict):
+    """The config and RecBole's loaders: ``init_seed`` and ``data_preparation``, ml-100k read and each split built
+    once per test process (``prepare_data``: the same loaders and batches as a fresh read and preparation)."""
     config = Config(model=model, dataset="ml-100k", config_dict={**BASE, **extra})
-    init_seed(config["seed"], config["reproducibility"])
-    train, valid, test = data_preparation(config, _dataset(config))
+    train, valid, test = prepare_data(config)
     return config, train, valid, test
-
-
-_DATASETS: dict = {}
-
-
-def _dataset(config):
-    """``create_dataset(config)``, read once per test process for each dataset class (RecBole's choice for the
-    model: BPR and LightGCN read the same ``Dataset``) and set of dataset arguments (those RecBole compares before
-    reusing a saved dataset, and the other keys its reading looks at), deep-copied for every caller with the
-    caller's ``config``: ``data_preparation`` reads its split settings from the dataset's config and shuffles the
-    dataset in place. Reading ml-100k's files draws nothing from the generators ``init_seed`` reset: the copy and a
-    fresh read give the same splits, loaders and batches (checked for every loader of this module)."""
-    import copy
-    import importlib
-
-    from recbole.utils.argument_list import dataset_arguments
-
-    # create_dataset's choice of class: the model's own dataset class, else one per model type
-    own = hasattr(importlib.import_module("recbole.data.dataset"), config["model"] + "Dataset")
-    kind = config["model"] if own else str(config["MODEL_TYPE"])
-    read_with = dataset_arguments + ["seed", "repeatable", "data_path", "encoding", "discretization", "numerical_features"]
-    key = (kind, config["dataset"], *(repr(config[arg]) for arg in read_with))
-    if key not in _DATASETS:
-        _DATASETS[key] = create_dataset(config)
-    dataset = copy.deepcopy(_DATASETS[key])
-    dataset.config = config
-    return dataset
 
 
 _evaluate = evaluate_with_struct  # trainer.evaluate and the DataStruct the evaluator saw

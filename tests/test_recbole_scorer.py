@@ -23,7 +23,6 @@ pytestmark = pytest.mark.slow
 
 import recbole  # noqa: E402
 from recbole.config import Config  # noqa: E402
-from recbole.data import create_dataset, data_preparation  # noqa: E402
 from recbole.data.interaction import Interaction  # noqa: E402
 from recbole.trainer import Trainer  # noqa: E402
 from recbole.utils import get_model, init_seed  # noqa: E402
@@ -32,7 +31,7 @@ from reco_sampled_plugin import estimate  # noqa: E402
 from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
 from reco_sampled_plugin.ranking import prepare_index  # noqa: E402
 from reco_sampled_plugin.scorer_ranks import ScorerCalls, adaptive_stages  # noqa: E402
-from _recbole_helpers import evaluate_with_struct, replay_seeded_draws  # noqa: E402
+from _recbole_helpers import evaluate_with_struct, prepare_data, replay_seeded_draws  # noqa: E402
 from reco_sampled_plugin import SampledRanks
 from reco_sampled_plugin import registry
 
@@ -78,9 +77,7 @@ def run(request, workdir):
     ``replay_seeded_draws``)."""
     name = request.param
     config = _config(name, rsp_adaptive_max=CAP)
-    init_seed(config["seed"], config["reproducibility"])
-    dataset = create_dataset(config)
-    train, _, test = data_preparation(config, dataset)
+    train, _, test = prepare_data(config)  # init_seed, data_preparation (read and split once per process)
     replay_seeded_draws(test)
     init_seed(config["seed"], config["reproducibility"])
     model = get_model(name)(config, train._dataset)
