@@ -166,13 +166,16 @@ class ItemKNN(Recommender):
         """s'' of eq. 29 as a float64 CSR matrix (items x items, row i = scored item, column j = history item)."""
         x = _as_binary_csr(train)
         counts = np.asarray(x.sum(axis=0)).reshape(-1)
-        co = sp.csr_matrix(x.T @ x)  # co-occurrence counts, float64
+        # co-occurrence counts, float64: whole numbers, so exact in any order of summation; a CSR product (x.T as CSR
+        # first: a CSC product would be converted to CSR afterwards, a pass over every co-occurrence)
+        co = sp.csr_matrix(x.T) @ x
         co.setdiag(0.0)
         co.eliminate_zeros()
         co.sort_indices()
         rows = np.repeat(np.arange(co.shape[0]), np.diff(co.indptr))
         s = co.copy()
-        s.data = (co.data / (np.sqrt(counts[rows]) * np.sqrt(counts[co.indices]))) ** self.q
+        root = np.sqrt(counts)  # sqrt(n_i) per item, gathered (the same bits as the square root of each gathered count)
+        s.data = (co.data / (root[rows] * root[co.indices])) ** self.q
         # Both neighbourhoods of eq. 28 are taken on s itself, then combined.
         keep = np.ones(s.nnz, dtype=bool)
         if self.k_neighbors is not None:
