@@ -900,6 +900,32 @@ def test_deferred_checks_keep_the_earliest_failure_of_merged_states_and_forward(
         c(bad["scores"], bad["pos"], bad["exc"])
 
 
+@pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")
+@pytest.mark.parametrize("kind", ["exact", "sampled"])
+@pytest.mark.parametrize("how", ["merge_state", "merge_state_dict", "load_state_dict"])
+def test_failed_check_added_after_a_compute_is_refused_at_the_next_compute(kind, how, monkeypatch):
+    """A state computed once (torchmetrics caches the result), then given a failed batch's state by merging (a
+    metric or its state dict) or loading: the next compute reads the new state and refuses it, as estimates does,
+    rather than returning the cached value."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    good = _valid_batch(0)
+    a, b = _deferring_metric(kind), _deferring_metric(kind)
+    _feed_batch(a, "scores", good)
+    assert all(math.isfinite(float(v)) for v in a.compute().values())
+    _feed_batch(b, "scores", _broken("scores_finite", good))
+    if how == "merge_state":
+        a.merge_state(b)
+    elif how == "merge_state_dict":
+        a.merge_state(b.metric_state)
+    else:
+        a.persistent(True)
+        b.persistent(True)
+        a.load_state_dict(b.state_dict())
+    for read in (a.compute, a.estimates):
+        with pytest.raises(ValueError, match=r"^scores: NaN or inf.*\[check 'scores_finite', first failed at update 1"):
+            read()
+
+
 @pytest.mark.parametrize("case", ["exact", "exact_positives", "exact_factors", "sampled", "sampled_factors",
                                   "sampled_noreplace", "sampled_adaptive"])
 def test_deferring_checks_changes_no_result_of_valid_batches(case, monkeypatch):

@@ -465,6 +465,18 @@ class _MergeChecked(Metric):
     def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
         self._validate_incoming(incoming_state)
         super()._reduce_states(incoming_state)
+        self._forget_computed()
+
+    def _forget_computed(self) -> None:
+        """Drop torchmetrics' cached ``compute()`` result after another state was added or loaded (its
+        ``merge_state`` and state loading keep it), so that the next ``compute()`` reads the new state and its
+        failed checks; ``forward`` drops it itself after its batch."""
+        if not self._in_forward:
+            self._computed = None
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._forget_computed()
 
     def _validate_incoming(self, incoming_state: Any) -> None:
         """The incoming state has this class's state names, as tensors, and passes :meth:`_check_incoming`."""
@@ -1334,6 +1346,7 @@ class SampledRankingMetrics(_MergeChecked):
         rows = max(self.hist.shape[0], other.shape[0])
         self.hist = _pad_rows(self.hist, rows)
         Metric._reduce_states(self, {**incoming_state, "hist": _pad_rows(other.to(self.hist.device), rows)})
+        self._forget_computed()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         scores = args[0] if args else kwargs.get("scores")
