@@ -322,3 +322,34 @@ def test_factor_update_temporaries_stay_within_a_tile(name):
     assert b * p * m * d > TILE_ELEMENTS  # the unchunked gather would exceed the bound
     bound = max(TILE_ELEMENTS, GATHER_ELEMENTS + b * d, 8 * b * p * (p + e + m))
     assert rec.peak <= bound, (rec.peak, rec.op)
+
+
+def test_factor_overflow_flag_reads_the_item_factors_once_per_tensor_version(monkeypatch):
+    """The accelerator's factor path (the overflow bound a flag, ``factor_ranks.overflow_flag``) computes the item
+    factors' largest norm once per tensor and version, from the factors as they are (no float64 copy of them per
+    batch), as the read-at-once path does; an in-place change of the item factors is seen (the flag then fails)."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    b, n, d = 8, 500, 16
+    _, pos, exc, _ = _data(b, n, "cpu")
+    g = torch.Generator().manual_seed(1)
+    v = torch.randn(n, d, generator=g)
+    seen = []
+    norm = torch.linalg.vector_norm
+
+    def recording(x, *args, **kwargs):
+        if x.dim() == 2 and x.shape[0] == n:
+            seen.append(x.dtype)
+        return norm(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "vector_norm", recording)
+    metric = ExactRankingMetrics(("ndcg@10",))
+    for seed in range(3):  # one item-factor tensor, three user batches
+        metric.update_factors(torch.randn(b, d, generator=torch.Generator().manual_seed(seed)), v, pos, exc)
+    assert seen == [torch.float32], seen
+    assert not bool(metric.failed_checks.any())
+    with torch.no_grad():
+        v.mul_(3e37)  # in place: a new version, whose scores could overflow float32
+    metric.update_factors(torch.randn(b, d, generator=g), v, pos, exc)
+    assert seen == [torch.float32] * 2, seen
+    with pytest.raises(ValueError, match=r"\[check 'factors_overflow', first failed at update 4"):
+        metric.compute()
