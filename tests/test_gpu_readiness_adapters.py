@@ -63,6 +63,11 @@ OWN = {
     # batch's overflow bound for the share's tiles a flag): none more than without
     "sampled_share": 0,
     "sampled_factors_share": 0,
+    # drawn by popularity with replacement (alone and with an exact share): the draws' statistics appended to the
+    # ``pop`` state as a fixed block of B x P rows (the slots not counted dropped at compute), nothing compacted
+    "sampled_popularity": 0,
+    "sampled_popularity_share": 0,
+    "sampled_factors_popularity": 0,
 }
 # the core's budget for what one update calls of it on an accelerator: none (the index checks of
 # ``prepare_index(pending=...)`` and the counting pass's finite rows go to the state unread; factor tiles bounded by
@@ -128,12 +133,14 @@ def _counted(box, fn, *args, **kwargs):
     return counter.count, box["core"], counter.count - box["core"], counter.calls
 
 
-def _case(name):
+def _case(name, n=None):
     kw = dict(metrics=("ndcg@10", "hit@5", "auc"), estimators=("none",))
     if name.startswith("exact"):
         return ExactRankingMetrics(kw["metrics"], check_finite="positives" if name == "exact_positives" else True)
+    weights = torch.linspace(0.5, 2.0, n, dtype=torch.float64) if "popularity" in name else None  # n: the catalogue
     design = SamplingDesign(20, replacement="noreplace" not in name, adaptive_max=160 if "adaptive" in name else None,
-                            exact_share=ExactShare(0.3) if "share" in name else None, exact_at_cap="atcap" in name)
+                            exact_share=ExactShare(0.3) if "share" in name else None, exact_at_cap="atcap" in name,
+                            popularity=weights)
     return SampledRankingMetrics(**kw, n_samples=design)
 
 
@@ -160,7 +167,7 @@ def test_update_syncs_are_constant_in_batch_and_catalogue_size(name, device, mon
             scores, pos, exc, ids = _data(b, n, device)
             g = torch.Generator().manual_seed(b + n)
             factors = (torch.randn(b, 16, generator=g).to(device), torch.randn(n, 16, generator=g).to(device))
-            metric = _case(name).to(device)
+            metric = _case(name, n).to(device)
             _update(metric, name, scores, pos, exc, ids, factors)
             total, core, own, calls = _counted(box, _update, metric, name, scores, pos, exc, ids, factors)
             got.append((total, core, own))

@@ -19,7 +19,7 @@ from reco_sampled_plugin.adapters._shared import metric_key, padded_inputs  # no
 from reco_sampled_plugin.adapters import torchmetrics as tm  # noqa: E402
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
 from reco_sampled_plugin._estimate import Estimate  # noqa: E402
-from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
+from reco_sampled_plugin.design import ExactShare, SamplingDesign  # noqa: E402
 from reco_sampled_plugin.rank_distribution import pool_groups  # noqa: E402
 from reco_sampled_plugin.ranking import padded_candidate_counts  # noqa: E402
 from reco_sampled_plugin import SampledRanks, SamplingDesign, registry  # noqa: E402
@@ -947,6 +947,42 @@ def test_deferring_checks_changes_no_result_of_valid_batches(case, monkeypatch):
     assert not bool(have_state["failed_checks"].any())
     assert want.keys() == have.keys() and all(torch.equal(want[k], have[k]) for k in want)
     assert all(torch.equal(want_state[k], have_state[k]) for k in want_state)
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["popularity", "popularity_share"])
+def test_deferred_popularity_rows_give_the_same_results_as_read_at_once(share, monkeypatch):
+    """Drawn by popularity with replacement, the accelerator's path appends every slot of a batch to the ``pop``
+    state (padded and not-kept slots with r~ = 0) instead of compacting the counted ones (a read): compute(),
+    popularity_ranks() and the histogram are the same bit for bit as with the checks read at once, merged states
+    too, and the counted rows are the same rows."""
+    weights = torch.linspace(0.5, 2.0, 40, dtype=torch.float64)
+    design = SamplingDesign(5, popularity=weights, exact_share=ExactShare(0.5) if share else None)
+    got = []
+    for reads in (True, False):
+        monkeypatch.setattr(tm, "_READS_ON_CPU", reads)
+        metrics = [SampledRankingMetrics(("ndcg@10", "auc"), n_samples=design, estimators=("none", "hh"))
+                   for _ in range(2)]
+        for seed in range(4):  # padded positives in every other row; row 0 of each batch not kept
+            batch = _valid_batch(seed)
+            keep = torch.ones(batch["pos"].shape[0], dtype=torch.bool)
+            keep[0] = False
+            metrics[seed % 2].update(batch["scores"], batch["pos"], batch["exc"], ids=batch["ids"], keep=keep)
+        metrics[0].merge_state(metrics[1])
+        metric = metrics[0]
+        ranks = metric.popularity_ranks()
+        rows = metric.pop
+        got.append((metric.compute(), ranks, metric.histogram().counts, rows[rows[:, 0] > 0], rows.shape[0]))
+    (want, want_ranks, want_hist, want_rows, n_read), (have, have_ranks, have_hist, have_rows, n_deferred) = got
+    assert want.keys() == have.keys() and all(torch.equal(want[k], have[k]) for k in want)
+    assert torch.equal(want_ranks.ranks, have_ranks.ranks) and torch.equal(want_ranks.n_candidates, have_ranks.n_candidates)
+    for field in ("inv_q", "inv_q2", "beating", "unreachable", "profile", "beat_bins", "miss_bins", "positive_weight"):
+        assert torch.equal(getattr(want_ranks.popularity_stats, field), getattr(have_ranks.popularity_stats, field))
+    if share:
+        assert torch.equal(want_ranks.share_ranks, have_ranks.share_ranks)
+        assert torch.equal(want_ranks.inclusion, have_ranks.inclusion)
+    assert np.array_equal(np.asarray(want_hist), np.asarray(have_hist))
+    assert torch.equal(want_rows, have_rows)  # the counted rows, in the order appended
+    assert n_read == want_rows.shape[0] < n_deferred == 4 * 6 * 2  # the read compacts; the deferred path keeps B x P
 
 
 @pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")

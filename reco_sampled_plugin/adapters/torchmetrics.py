@@ -833,7 +833,8 @@ class SampledRankingMetrics(_MergeChecked):
         self._share = design.exact_share  # a uniform exact share (_shared.check_share_design refuses the others)
         # the ``pop`` rows' columns: with a share, each positive's exact rank and pi beside its statistics
         self._pop_columns = _POP_COLUMNS + (_POP_SHARE_COLUMNS if self._share is not None else ())
-        if self._pop_rows:  # per relevant item: r~, n, S1, S2, beating draws, unreachable (concatenated)
+        if self._pop_rows:  # per relevant item: r~, n, S1, S2, beating draws, unreachable (concatenated; r~ = 0:
+            # a slot not counted, kept by an update that reads nothing, dropped at compute)
             self.add_state("pop", torch.zeros(0, len(self._pop_columns), dtype=torch.float64), dist_reduce_fx="cat")
         # the ``share`` rows (per chosen relevant item: n, m, r~, R, pi; concatenated across processes) where no
         # ``pop`` rows hold the share
@@ -1036,21 +1037,32 @@ class SampledRankingMetrics(_MergeChecked):
                         keep: torch.Tensor | None, exact: torch.Tensor | None = None) -> None:
         """Append the valid, kept slots' (r~, n, S1, S2, beating draws, unreachable, then ``pl_fit``'s class counts
         and the positive's weight; with an exact share, ``exact`` (B, P) its exact rank R, 0 where not chosen, and
-        pi) to the ``pop`` state (one row per relevant item; the DDP sync concatenates the processes' rows)."""
+        pi) to the ``pop`` state (one row per relevant item; the DDP sync concatenates the processes' rows). Where the
+        batch's checks stay on the device (:func:`defers_checks`) nothing is read: every one of the B x P slots gets
+        a row, those not counted (padding, ``keep`` False) with r~ = 0, dropped at compute (as a sync's padding
+        rows); else the counted rows only (a boolean selection: one read)."""
         valid = pos >= 0
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
             valid = valid & k.unsqueeze(1)
+        if defers_checks(pos.device):  # a fixed block of B x P rows: no compaction (a nonzero: a read on CUDA)
+            ranks = torch.where(valid, ranks, torch.zeros_like(ranks))
+
+            def take(x: torch.Tensor) -> torch.Tensor:
+                return x.reshape(-1, *x.shape[2:])
+        else:
+            def take(x: torch.Tensor) -> torch.Tensor:
+                return x[valid]
         n = n_cand.view(-1, 1).expand(pos.shape)
         share: list[torch.Tensor] = []
         if exact is not None:
             assert self._share is not None
             pi = torch.full(exact.shape, self._share.share, dtype=torch.float64, device=exact.device)
-            share = [torch.stack([exact.to(torch.float64), pi], -1)[valid]]
-        cols = torch.cat([torch.stack([ranks.to(torch.float64), n.to(torch.float64), stats.inv_q, stats.inv_q2,
-                                       stats.beating, stats.unreachable.to(torch.float64)], -1)[valid]]
-                         + [getattr(stats, f)[valid].to(torch.float64) for f in PROFILE_FIELDS]
-                         + [stats.positive_weight[valid].to(torch.float64).unsqueeze(1)] + share, 1)
+            share = [take(torch.stack([exact.to(torch.float64), pi], -1))]
+        cols = torch.cat([take(torch.stack([ranks.to(torch.float64), n.to(torch.float64), stats.inv_q, stats.inv_q2,
+                                            stats.beating, stats.unreachable.to(torch.float64)], -1))]
+                         + [take(getattr(stats, f)).to(torch.float64) for f in PROFILE_FIELDS]
+                         + [take(stats.positive_weight).to(torch.float64).unsqueeze(1)] + share, 1)
         self.pop = torch.cat([self.pop, _to(cols, self.pop.device)])
 
     def popularity_ranks(self) -> SampledRanks:
@@ -1078,6 +1090,7 @@ class SampledRankingMetrics(_MergeChecked):
         if self._share is not None:
             self._check_share_overflow()
         rows = self.pop.detach().to("cpu", torch.float64).numpy()
+        rows = rows[rows[:, 0] > 0]  # the slots not counted (r~ = 0: an accelerator's fixed blocks) dropped
         t = torch.from_numpy(np.ascontiguousarray(rows[np.lexsort(rows.T[::-1])]))  # canonical order: every column
         counts = t[:, _POP_CLASS_AT:_POP_WEIGHT_AT].reshape(-1, len(PROFILE_FIELDS), POP_BINS).to(torch.float32)
         profile, beat_bins, miss_bins = counts.unbind(1)  # PROFILE_FIELDS' order
