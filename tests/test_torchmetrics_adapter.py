@@ -949,6 +949,25 @@ def test_deferring_checks_changes_no_result_of_valid_batches(case, monkeypatch):
     assert all(torch.equal(want_state[k], have_state[k]) for k in want_state)
 
 
+@pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")
+def test_deferred_error_message_is_the_failing_updates_own(monkeypatch):
+    """A check's message carries the failing batch's numbers (its catalogue), not those of a later valid batch of
+    another catalogue, as the CPU's error at that batch does; also after merging into a fresh metric."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", True)
+    with pytest.raises(ValueError) as cpu:
+        ExactRankingMetrics(("ndcg@10",)).update(torch.randn(2, 10), torch.tensor([[0], [12]]))
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    metric = ExactRankingMetrics(("ndcg@10",))
+    metric.update(torch.randn(2, 10), torch.tensor([[0], [12]]))  # update 1: 12 outside 0..9
+    metric.update(torch.randn(2, 50), torch.tensor([[0], [12]]))  # update 2: valid in 0..49
+    fresh = ExactRankingMetrics(("ndcg@10",))
+    fresh.merge_state(metric)
+    for m in (metric, fresh):
+        with pytest.raises(ValueError) as deferred:
+            m.compute()
+        assert str(deferred.value).startswith(str(cpu.value) + " [check 'positives_range', first failed at update 1")
+
+
 @pytest.mark.parametrize("share", [False, True], ids=["popularity", "popularity_share"])
 def test_deferred_popularity_rows_give_the_same_results_as_read_at_once(share, monkeypatch):
     """Drawn by popularity with replacement, the accelerator's path appends every slot of a batch to the ``pop``

@@ -366,7 +366,8 @@ class _MergeChecked(Metric):
         """The ``failed_checks`` state (:data:`DEFERRED_CHECKS`: what an update on an accelerator keeps on the
         device instead of reading it) and the host's record of each failed check's own message."""
         self.add_state("failed_checks", torch.zeros(len(DEFERRED_CHECKS), dtype=torch.int64), dist_reduce_fx="max")
-        self._check_messages: dict[str, str] = {}
+        # per check, (first update, message) each time its message text changed (its numbers: the catalogue size)
+        self._check_messages: dict[str, list[tuple[int, str]]] = {}
         self._no_flag: dict[torch.device, torch.Tensor] = {}
 
     def _update_number(self) -> int:
@@ -392,12 +393,24 @@ class _MergeChecked(Metric):
             bad = _to(c.bad if c.bad.dim() == 0 else c.bad.reshape(()), state.device)
             before = flags[i]
             flags[i] = bad if before is None else before | bad
-            self._check_messages[c.name] = c.message or DEFERRED_CHECKS[c.name]
+            self._note_message(c.name, c.message or DEFERRED_CHECKS[c.name], self._update_number())
         none = self._no_flag.get(state.device)
         if none is None:  # one False per device, made once
             none = self._no_flag[state.device] = torch.zeros((), dtype=torch.bool, device=state.device)
         failed = torch.stack([none if f is None else f.to(torch.bool) for f in flags])
         self.failed_checks = torch.maximum(state, failed * (_FIRST - self._update_number()))  # three operators
+
+    def _note_message(self, name: str, message: str, update: int) -> None:
+        """Record check ``name``'s message from ``update`` on (a new entry only where its text changed)."""
+        kept = self._check_messages.setdefault(name, [])
+        if not kept or kept[-1][1] != message:
+            kept.append((update, message))
+
+    def _message(self, name: str, update: int) -> str:
+        """The message check ``name`` had at ``update`` (the last recorded at or before it; the generic text where
+        none was recorded: e.g. a loaded state)."""
+        told = [message for first, message in self._check_messages.get(name, []) if first <= update]
+        return told[-1] if told else DEFERRED_CHECKS[name]
 
     def _raise_deferred(self) -> None:
         """Raise the ValueError of the earliest failed deferred check (one read of the ``failed_checks`` state),
@@ -410,7 +423,7 @@ class _MergeChecked(Metric):
         update, i = failed[0]
         name = names[i]
         also = "; also failed: " + ", ".join(f"{names[j]!r} (update {u})" for u, j in failed[1:]) if failed[1:] else ""
-        raise ValueError(f"{self._check_messages.get(name, DEFERRED_CHECKS[name])} [check {name!r}, first failed at "
+        raise ValueError(f"{self._message(name, update)} [check {name!r}, first failed at "
                          f"update {update}{also}: an update on an accelerator keeps its checks on the device and they "
                          "are read at compute; a state holding a failed batch reports no results until reset()]")
 
@@ -459,8 +472,11 @@ class _MergeChecked(Metric):
                                  f"{type(self).__name__} ({listing})")
         super().merge_state(incoming_state)
         if isinstance(incoming_state, _MergeChecked):  # the other state's own messages of its failed checks
-            for name, message in incoming_state._check_messages.items():
-                self._check_messages.setdefault(name, message)
+            for name, told in incoming_state._check_messages.items():  # (at an update both record: this one's)
+                kept = self._check_messages.setdefault(name, [])
+                recorded = {first for first, _ in kept}
+                kept.extend(entry for entry in told if entry[0] not in recorded)
+                kept.sort(key=lambda entry: entry[0])
 
     def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
         self._validate_incoming(incoming_state)
@@ -477,6 +493,7 @@ class _MergeChecked(Metric):
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(*args, **kwargs)
         self._forget_computed()
+        self._check_messages = {}  # the loaded state's updates are not this one's: its checks' generic messages
 
     def _validate_incoming(self, incoming_state: Any) -> None:
         """The incoming state has this class's state names, as tensors, and passes :meth:`_check_incoming`."""
