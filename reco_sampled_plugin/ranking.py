@@ -155,8 +155,8 @@ def prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.de
     in one host synchronisation (two when one argument is a mask and the other an index tensor).
 
     ``pending`` (a list): the value checks of index tensors (range, duplicates, a positive also excluded) are
-    appended to it unread instead (no host synchronisation; out-of-range indices returned clamped into range, so
-    the batch can be computed on safely), for a caller that reads them later (the torchmetrics adapters on an accelerator). A
+    appended to it unread instead (no host synchronisation; out-of-range indices returned as -1 padding, so
+    the batch can be computed on safely, and no duplicate or clash check fails on them), for a caller that reads them later (the torchmetrics adapters on an accelerator). A
     mask still reads its width (a data-dependent shape), and the checks read with it, at once."""
     return _prepare_index(positives, exclude, b, n, device, [], pending)
 

@@ -835,7 +835,7 @@ def _feed_batch(metric, form, batch):
 @pytest.mark.parametrize("check,kind", [(c, k) for c, spec in _DEFERRED.items() for k in spec[0]])
 def test_deferred_check_raises_at_compute_naming_the_check_and_update(check, kind, monkeypatch):
     """On an accelerator's path (``_READS_ON_CPU = False``) an invalid batch is counted without a read (computed on
-    safe, clamped inputs) and refused at compute, estimates and histogram with the CPU's error type and message start,
+    safe inputs: out-of-range indices as padding) and refused at compute, estimates and histogram with the CPU's error type and message start,
     the check and the first update that failed it; merged states (a metric or its state dict) carry the failure;
     reset clears it. On the CPU the same batch is refused at once (factors that could overflow: ranked there on the
     materialized scores instead)."""
@@ -966,6 +966,23 @@ def test_deferred_error_message_is_the_failing_updates_own(monkeypatch):
         with pytest.raises(ValueError) as deferred:
             m.compute()
         assert str(deferred.value).startswith(str(cpu.value) + " [check 'positives_range', first failed at update 1")
+
+
+@pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")
+@pytest.mark.parametrize("kind", ["exact", "sampled"])
+def test_deferred_out_of_range_indices_report_no_made_up_duplicate_or_clash(kind, monkeypatch):
+    """Two different out-of-range positives (11, 12 of 10 items) beside an exclusion of the last item: only the
+    range check fails (the CPU's one error); the safe copy the batch is computed on must not turn them into the
+    same item, nor into the excluded one (no 'also failed')."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    metric = _deferring_metric(kind)
+    scores = torch.randn(2, 10, dtype=torch.float64)
+    _feed_batch(metric, "scores", dict(scores=scores, pos=torch.tensor([[11, 12], [0, -1]]),
+                                       exc=torch.tensor([[9], [1]]), ids=torch.arange(2)))
+    with pytest.raises(ValueError, match=r"^positives: item indices must lie in 0\.\.9 ") as err:
+        metric.compute()
+    assert "[check 'positives_range', first failed at update 1:" in str(err.value)
+    assert "also failed" not in str(err.value)
 
 
 @pytest.mark.parametrize("share", [False, True], ids=["popularity", "popularity_share"])

@@ -47,7 +47,7 @@ replacement, uniform or by popularity; with an exact share): every check of the 
 duplicates or clashes; finite scores or factors; pools large enough to draw from; factors that could overflow) is a
 flag kept on the device in the ``failed_checks`` state (the first failing update per check: :data:`DEFERRED_CHECKS`,
 reduced by max, so merged and synced states keep the earliest; cleared by ``reset``), the batch computed on safe
-inputs (indices clamped into the catalogue, histogram rows into the state) and never reported: ``compute()``,
+inputs (out-of-range indices read as padding, histogram rows clamped into the state) and never reported: ``compute()``,
 ``estimates()``, ``histogram()`` and ``popularity_ranks()`` read the flags in one synchronisation and raise the CPU's
 ValueError with the check's name and update appended. Data-dependent work still reads: one read per adaptive stage
 (which rows go on) and, uniform without replacement, the small pools' width and one duplicate check (popularity
