@@ -27,7 +27,7 @@ needed; popularity: an exponential race over the catalogue, one keyed key per it
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import torch
 
@@ -109,6 +109,10 @@ class DeviceChecks:
 
     def __len__(self) -> int:
         return len(self._checks)
+
+    def include(self, checks: Sequence[Check]) -> None:
+        """Add checks made elsewhere (e.g. the inputs' pending index checks), ahead of this batch's own."""
+        self._checks.extend(checks)
 
     def pending(self) -> list[Check]:
         """The flags not read yet (deferred), handed to the caller and cleared here."""

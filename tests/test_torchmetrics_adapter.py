@@ -985,6 +985,20 @@ def test_deferred_out_of_range_indices_report_no_made_up_duplicate_or_clash(kind
     assert "also failed" not in str(err.value)
 
 
+@pytest.mark.parametrize("reads", [True, False], ids=["cpu", "deferred"])
+def test_oversized_histogram_batch_reports_its_bad_input_first(reads, monkeypatch):
+    """A batch whose histogram state would be too large and whose positives are out of range: the input's error
+    (as on the CPU, where the index checks are read first), also on the deferred path (the call raises anyway, so
+    its pending checks are read); no state changed."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", reads)
+    metric = SampledRankingMetrics(["ndcg@10"], n_samples=2**24)
+    with pytest.raises(ValueError, match=r"^positives: item indices must lie in 0\.\.99 "):
+        metric.update(torch.rand(2, 100), [[0], [150]], exclude=torch.arange(2, 60).repeat(2, 1))
+    assert metric.hist.shape[0] == 0 and not bool(metric.failed_checks.any())
+    with pytest.raises(ValueError, match="the histogram state"):  # a valid input: the state's own error
+        metric.update(torch.rand(2, 100), [[0], [1]], exclude=torch.arange(2, 60).repeat(2, 1))
+
+
 @pytest.mark.parametrize("share", [False, True], ids=["popularity", "popularity_share"])
 def test_deferred_popularity_rows_give_the_same_results_as_read_at_once(share, monkeypatch):
     """Drawn by popularity with replacement, the accelerator's path appends every slot of a batch to the ``pop``

@@ -899,6 +899,7 @@ class SampledRankingMetrics(_MergeChecked):
         b, n_items = scores.shape
         self._check_n_items(n_items)
         checks = DeviceChecks(defer=pending is not None)  # every check of the batch, read back once (or deferred)
+        checks.include(pending or [])  # the inputs' checks first (the order they are read and reported in)
         _check_scores(scores, pos, self.settings.check_finite, checks)
         keys = RowKeys.of(self.settings.seed, self._ids(ids, b, scores.device), scores.device)
         if self._pop_weights is not None and self._pop_weights.shape[0] != n_items:
@@ -906,7 +907,7 @@ class SampledRankingMetrics(_MergeChecked):
                              f"items, the scores {n_items}")
         self._add_batch(MatrixScores(scores), pos, exc, n_items, keys, keep, checks)
         if pending is not None:
-            self._defer_checks(pending + checks.pending())
+            self._defer_checks(checks.pending())
 
     def _add_batch(self, source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, keys: RowKeys,
                    keep: torch.Tensor | None, checks: DeviceChecks | None, slots: torch.Tensor | None = None) -> None:
@@ -1135,12 +1136,13 @@ class SampledRankingMetrics(_MergeChecked):
         b, n_items = u.shape[0], v.shape[0]
         self._check_n_items(n_items)
         checks = DeviceChecks(defer=pending is not None)
+        checks.include(pending or [])  # the inputs' checks first (the order they are read and reported in)
         if check_finite:
             _check_factors_finite(u, v, bias, checks)
         keys = RowKeys.of(self.settings.seed, self._ids(ids, b, u.device), u.device)
         self._add_batch(FactorScores(u, v, bias, pos_scores), pos, exc, n_items, keys, keep, checks)
         if pending is not None:
-            self._defer_checks(pending + checks.pending())
+            self._defer_checks(checks.pending())
 
     def update_from_scorer(self, scorer: Scorer, positives: TensorLike, n_items: int, exclude: TensorLike | None = None,
                            ids: TensorLike | None = None, users: TensorLike | None = None,
@@ -1246,8 +1248,9 @@ class SampledRankingMetrics(_MergeChecked):
                          checks: DeviceChecks | None) -> int:
         """The histogram rows a batch needs (e = excluded items + other positives <= E + P - 1, and < n_items: known
         from the shapes alone). A state that would grow past ``MAX_ELEMENTS`` is a ValueError naming ``n_samples``,
-        raised before anything is drawn, scored or ranked (the batch's pending input ``checks``, when given, are
-        read first, so that a bad input is reported as it would be when ranked)."""
+        raised before anything is drawn, scored or ranked (the batch's pending ``checks``, when given, its inputs'
+        among them, are read first, also where they would be deferred: an error is raised anyway, so that a bad
+        input is reported as the CPU reports it)."""
         width = self.hist.shape[1]
         rows = min((0 if exc is None else exc.shape[1]) + pos.shape[1], n_items)
         if rows > self.hist.shape[0]:
@@ -1256,6 +1259,7 @@ class SampledRankingMetrics(_MergeChecked):
                                f"{width} sampled ranks; rows grow with the exclusions and positives of a row)")
             except ValueError:
                 if checks is not None and len(checks):
+                    checks.defer = False  # read now even where deferred (the call raises anyway)
                     checks.read()
                 raise
         return rows
