@@ -360,3 +360,28 @@ def test_factor_overflow_flag_reads_the_item_factors_once_per_tensor_version(mon
     assert seen == [torch.float32] * 2, seen
     with pytest.raises(ValueError, match=r"\[check 'factors_overflow', first failed at update 4"):
         metric.compute()
+
+
+def test_deferred_flags_cross_to_the_metric_device_in_one_copy(monkeypatch):
+    """A metric kept on another device than its inputs (e.g. on the CPU, inputs on CUDA): a batch's deferred flags
+    are combined on the inputs' device and moved to the state's in one copy, not one per flag. The inputs' device
+    is stood in for by ``meta`` (no second device needed): every move between devices is recorded."""
+    from reco_sampled_plugin._inputs import Check
+
+    moves = []
+    to = tm._to
+
+    def recording(x, device):
+        if x.device != torch.device(device):
+            moves.append((x.device.type, torch.device(device).type))
+            if x.device.type == "meta":  # a meta tensor has no values to copy: a False flag stands in
+                return torch.zeros(x.shape, dtype=x.dtype, device=device)
+        return to(x, device)
+
+    monkeypatch.setattr(tm, "_to", recording)
+    metric = ExactRankingMetrics(("ndcg@10",))
+    flag = torch.zeros((), dtype=torch.bool, device="meta")
+    names = ["positives_range", "positives_duplicates", "exclude_range", "scores_finite", "scores_finite"]
+    metric._defer_checks([Check(flag, lambda: None, name, "") for name in names])
+    assert moves == [("meta", "cpu")], moves
+    assert metric.failed_checks.device.type == "cpu" and not bool(metric.failed_checks.any())

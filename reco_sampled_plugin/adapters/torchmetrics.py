@@ -385,19 +385,19 @@ class _MergeChecked(Metric):
         if len(now) == len(checks):
             return
         state = self.failed_checks
+        named = [c for c in checks if c.name in _CHECK_SLOT]
+        device = named[0].bad.device  # the inputs' device: the flags are combined there, then moved once
         flags: list[torch.Tensor | None] = [None] * len(DEFERRED_CHECKS)
-        for c in checks:
-            i = _CHECK_SLOT.get(c.name)
-            if i is None:
-                continue
-            bad = _to(c.bad if c.bad.dim() == 0 else c.bad.reshape(()), state.device)
+        for c in named:
+            i = _CHECK_SLOT[c.name]
+            bad = _to(c.bad if c.bad.dim() == 0 else c.bad.reshape(()), device)
             before = flags[i]
             flags[i] = bad if before is None else before | bad
             self._note_message(c.name, c.message or DEFERRED_CHECKS[c.name], self._update_number())
-        none = self._no_flag.get(state.device)
+        none = self._no_flag.get(device)
         if none is None:  # one False per device, made once
-            none = self._no_flag[state.device] = torch.zeros((), dtype=torch.bool, device=state.device)
-        failed = torch.stack([none if f is None else f.to(torch.bool) for f in flags])
+            none = self._no_flag[device] = torch.zeros((), dtype=torch.bool, device=device)
+        failed = _to(torch.stack([none if f is None else f.to(torch.bool) for f in flags]), state.device)  # one copy
         self.failed_checks = torch.maximum(state, failed * (_FIRST - self._update_number()))  # three operators
 
     def _note_message(self, name: str, message: str, update: int) -> None:
