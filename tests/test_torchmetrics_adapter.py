@@ -881,7 +881,8 @@ def test_deferred_check_raises_at_compute_naming_the_check_and_update(check, kin
 def test_deferred_checks_keep_the_earliest_failure_of_merged_states_and_forward(monkeypatch):
     """Merged states keep each check's earliest failing update (max of the encoded entries) and list the other
     failed checks; ``forward`` refuses its own invalid batch at once (its batch value is computed), naming its
-    update number, and leaves the flag in the accumulated state."""
+    update number, after adding the batch (its flag) to the accumulated state, which it keeps: the earlier batches
+    stay counted, the update count goes on, and an earlier failure stays the one reported."""
     monkeypatch.setattr(tm, "_READS_ON_CPU", False)
     good = [_valid_batch(s) for s in range(4)]
     a, b = _deferring_metric("sampled"), _deferring_metric("sampled")
@@ -898,6 +899,19 @@ def test_deferred_checks_keep_the_earliest_failure_of_merged_states_and_forward(
     with pytest.raises(ValueError, match=r"^scores: NaN or inf.*first failed at update 2:"):
         bad = _broken("scores_finite", good[1])
         c(bad["scores"], bad["pos"], bad["exc"])
+    relevant = int((good[0]["pos"] >= 0).sum() + (good[1]["pos"] >= 0).sum())
+    assert float(c.count) == relevant and c._update_count == 2  # both batches kept, counted
+    with pytest.raises(ValueError, match=r"^scores: NaN or inf.*first failed at update 2:"):
+        c.compute()
+    d = _deferring_metric("sampled")  # an earlier failure (update 1, by update) outlives forward's failing batch
+    _feed_batch(d, "scores", _broken("positives_duplicates", good[0]))
+    with pytest.raises(ValueError, match=r"^scores: NaN or inf.*first failed at update 2:"):
+        bad = _broken("scores_finite", good[1])
+        d(bad["scores"], bad["pos"], bad["exc"], ids=bad["ids"])
+    assert float(d.hist.sum()) == relevant
+    with pytest.raises(ValueError, match=r"^positives: .*\[check 'positives_duplicates', first failed at update 1; "
+                                         r"also failed: 'scores_finite' \(update 2\)"):
+        d.compute()
 
 
 @pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")

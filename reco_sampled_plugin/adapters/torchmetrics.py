@@ -342,6 +342,11 @@ def _field_hash(text: str) -> int:
 _M = TypeVar("_M", bound="_MergeChecked")
 
 
+class _ForwardBatchFailed(Exception):
+    """``forward``'s own batch failed a deferred check: its ``compute`` gives no value, so that torchmetrics still
+    adds the batch's state (its failed flag) to the accumulated one and restores it; ``forward`` then raises."""
+
+
 class _MergeChecked(Metric):
     """The one compatibility check of every stateful metric class before states are added together
     (``merge_state``, ``forward``'s batch state, DDP sync): a ValueError naming what differs instead of a sum of
@@ -361,6 +366,7 @@ class _MergeChecked(Metric):
     failed_checks: torch.Tensor  # per DEFERRED_CHECKS entry: _FIRST - the first update that failed it (0: none)
     _in_forward = False  # inside ``forward`` (its reset keeps the host's records)
     _forward_base = 0  # the update count before ``forward``'s batch
+    _forward_error: ValueError | None = None  # forward's own batch failed: raised once the state is restored
 
     def _add_check_state(self) -> None:
         """The ``failed_checks`` state (:data:`DEFERRED_CHECKS`: what an update on an accelerator keeps on the
@@ -423,16 +429,32 @@ class _MergeChecked(Metric):
         update, i = failed[0]
         name = names[i]
         also = "; also failed: " + ", ".join(f"{names[j]!r} (update {u})" for u, j in failed[1:]) if failed[1:] else ""
-        raise ValueError(f"{self._message(name, update)} [check {name!r}, first failed at "
+        error = ValueError(f"{self._message(name, update)} [check {name!r}, first failed at "
                          f"update {update}{also}: an update on an accelerator keeps its checks on the device and they "
                          "are read at compute; a state holding a failed batch reports no results until reset()]")
+        if self._in_forward:  # forward's batch: refused by forward once torchmetrics restored the accumulated state
+            self._forward_error = error
+            raise _ForwardBatchFailed
+        raise error
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._in_forward, self._forward_base = True, self._update_count  # the batch's update number
+        self._forward_error = None
         try:
-            return super().forward(*args, **kwargs)
+            out = super().forward(*args, **kwargs)
         finally:
             self._in_forward = False
+        error, self._forward_error = self._forward_error, None
+        if error is not None:  # the batch's state (its flag) is already in the accumulated one, which is kept
+            raise error
+        return out
+
+    def _compute_or_none(self, values: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """``values()``, or nothing for ``forward``'s own batch that failed a deferred check (raised by forward)."""
+        try:
+            return values()
+        except _ForwardBatchFailed:
+            return {}
 
     def reset(self) -> None:
         super().reset()
@@ -737,7 +759,8 @@ class ExactRankingMetrics(_MergeChecked):
 
     def compute(self) -> dict[str, torch.Tensor]:
         """``{"<metric key>/exact": value}`` (``ndcg_at_10/exact``: the logged key, ``metric_key``)."""
-        return {metric_key(k): torch.tensor(e.value, dtype=torch.float64) for k, e in self._estimates().items()}
+        return self._compute_or_none(lambda: {metric_key(k): torch.tensor(e.value, dtype=torch.float64)
+                                              for k, e in self._estimates().items()})
 
 
 class _Ranked(NamedTuple):
@@ -1495,7 +1518,8 @@ class SampledRankingMetrics(_MergeChecked):
         """``{"<metric key>/<label>": value}`` (``ndcg_at_10/auto``: the logged key, ``metric_key``; the Lightning
         callback logs the same after its stage), with ``_lo`` / ``_hi`` (the 95% interval, ``interval=True``) and
         ``_stderr`` (sampling noise only, ``stderr=True``) beside each (float64 tensors)."""
-        return estimate_values(self._estimates(), interval=self.interval, stderr=self.stderr)
+        return self._compute_or_none(lambda: estimate_values(self._estimates(), interval=self.interval,
+                                                             stderr=self.stderr))
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(*args, **kwargs)
