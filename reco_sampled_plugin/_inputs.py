@@ -136,8 +136,9 @@ def pending_index(
         :func:`sparse_masks`) or a (B, P) int64 index tensor padded with -1 (``is_mask`` None); ``checks`` the
         deferred :class:`Check` list (range, duplicates unless ``duplicates`` is False: the caller checks them on
         its own sorted copy) for :func:`run_checks`. ``safe``: out-of-range entries of an index tensor are
-        returned clamped to -1..n_items - 1, so that a caller which reads the checks later (after computing on the batch)
-        never indexes out of range; in-range inputs are returned as they are.
+        returned as -1 (padding), so that a caller which reads the checks later (after computing on the batch) never
+        indexes out of range, and no duplicate or clash is made up from them (a clamp to the last item would); in-range
+        inputs are returned as they are.
     """
     x = real_tensor(x, name, "a boolean mask or integer item indices", booleans=True)
     check_same_device(scores=torch.empty(0, device=device), **{name: x})
@@ -162,7 +163,7 @@ def pending_index(
         lo, hi = torch.aminmax(x)  # one pass, no (B, P) temporary
         checks.append(Check((lo < -1) | (hi >= n_items), bad_range, f"{name}_range", range_message))
         if safe:  # read later: the batch is computed on first, so no index may point outside the catalogue
-            x = x.clamp(-1, n_items - 1)
+            x = torch.where((x < -1) | (x >= n_items), torch.full_like(x, -1), x)  # as padding: no made-up duplicate
         if duplicates and x.shape[1] > 1:
             srt = torch.sort(x, dim=1).values
             dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)

@@ -27,7 +27,7 @@ needed; popularity: an exponential race over the catalogue, one keyed key per it
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, NamedTuple, Protocol, Sequence
 
 import torch
 
@@ -109,6 +109,10 @@ class DeviceChecks:
 
     def __len__(self) -> int:
         return len(self._checks)
+
+    def include(self, checks: Sequence[Check]) -> None:
+        """Add checks made elsewhere (e.g. the inputs' pending index checks), ahead of this batch's own."""
+        self._checks.extend(checks)
 
     def pending(self) -> list[Check]:
         """The flags not read yet (deferred), handed to the caller and cleared here."""
@@ -221,7 +225,9 @@ def _popularity_negatives(pos: torch.Tensor, exc: torch.Tensor | None, n_items: 
                           keys: RowKeys, checks: DeviceChecks) -> torch.Tensor:
     """Keyed popularity draws with replacement: ``ranking.popularity_inverse_cdf`` of keyed numbers (round 0)."""
     assert design.popularity is not None  # keyed_negatives dispatches here for popularity designs only
-    w = design.popularity.to(device=pos.device, dtype=torch.float64)
+    w = design.popularity
+    if w.device != pos.device or w.dtype != torch.float64:  # (already there: no conversion, no copy)
+        w = w.to(device=pos.device, dtype=torch.float64)
     neg, totals = popularity_inverse_cdf(w, forbidden_sorted(pos, exc, n_items), n_items,
                                          keys.uniform(0, pos, design.n_samples))
     checks.add(((pos >= 0).any(1) & (totals <= 0)).any(), "popularity: some row has no irrelevant item of positive "
@@ -263,7 +269,9 @@ def _race_negatives(pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, d
     m = design.n_samples
     if b == 0 or p == 0:
         return torch.zeros((b, p, m), dtype=torch.int64, device=pos.device)
-    w = design.popularity.to(device=pos.device, dtype=torch.float64)
+    w = design.popularity
+    if w.device != pos.device or w.dtype != torch.float64:  # (already there: no conversion, no copy)
+        w = w.to(device=pos.device, dtype=torch.float64)
     forb = forbidden_sorted(pos, exc, n_items)
     rows, cols = _race_tiles(p, n_items, m)
     parts = [_race_rows(pos[lo:lo + rows], forb[lo:lo + rows], w, m, cols, keys.take(slice(lo, lo + rows)))

@@ -168,13 +168,42 @@ def overflow_rows(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return norm_u * norm_v >= score_limit(u.dtype)
 
 
+# the deferred path's item norm (:func:`overflow_flag`): a 0-d float64 tensor on the item factors' device, never
+# read back, cached as ``_item_norm`` is (a weak reference to the tensor; its storage, version, shape, dtype, device)
+_item_norm_flag: tuple[weakref.ref, tuple, torch.Tensor] | None = None
+
+
+def _row_norm_max_nan0(x: torch.Tensor) -> torch.Tensor:
+    """:func:`_row_norm_max` with NaN row norms counted as 0 (inf ones stay inf), nothing read back: float64 row
+    norms of ``x`` as it is (``vector_norm``'s dtype, as :func:`_row_norm_max`: no converted copy made here)."""
+    if x.shape[0] == 0:
+        return torch.zeros((), dtype=torch.float64, device=x.device)
+    norms = torch.linalg.vector_norm(x.detach(), dim=1, dtype=torch.float64)
+    return norms.nan_to_num(nan=0.0, posinf=math.inf).amax()
+
+
+def _item_norm_on_device(v: torch.Tensor) -> torch.Tensor:
+    """The largest row norm of the item factors for :func:`overflow_flag`, computed once per tensor version (the
+    item factors are usually one tensor for every user batch), kept on the device."""
+    global _item_norm_flag
+    if v.is_inference():  # no version counter: never cached
+        return _row_norm_max_nan0(v)
+    key = (v.data_ptr(), v._version, tuple(v.shape), v.dtype, v.device)
+    entry = _item_norm_flag
+    if entry is not None and entry[0]() is v and entry[1] == key:
+        return entry[2]
+    norm = _row_norm_max_nan0(v)
+    _item_norm_flag = (weakref.ref(v), key, norm)
+    return norm
+
+
 def overflow_flag(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """0-d bool on the device, nothing read back: the bound of :func:`factor_ranks_padded`, ``max |u_b| max |v_j| +
-    max |bias_j| >= score_limit`` (float64; NaN entries count as 0, inf ones overflow), for a caller that ranks in
-    tiles (``bounded=True``) and reads the flag later with its other checks."""
-    norm_u = _row_norm_max(torch.nan_to_num(u.detach().double()))
-    norm_v = _row_norm_max(torch.nan_to_num(v.detach().double()))
-    big = norm_u * norm_v
+    max |bias_j| >= score_limit`` (float64; a row norm that is NaN counts as 0, inf ones overflow: the caller's
+    finite checks refuse NaN), for a caller that ranks in tiles (``bounded=True``) and reads the flag later with its
+    other checks. The item factors' norm is computed as the read-at-once path's (:func:`_row_norm_max`) and cached per
+    tensor version, on the device."""
+    big = _row_norm_max_nan0(u) * _item_norm_on_device(v)
     if bias is not None and bias.numel():
         big = big + torch.nan_to_num(bias.detach().double()).abs().amax()
     return big >= score_limit(u.dtype)

@@ -155,8 +155,8 @@ def prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.de
     in one host synchronisation (two when one argument is a mask and the other an index tensor).
 
     ``pending`` (a list): the value checks of index tensors (range, duplicates, a positive also excluded) are
-    appended to it unread instead (no host synchronisation; out-of-range indices returned clamped into range, so
-    the batch can be computed on safely), for a caller that reads them later (the torchmetrics adapters on an accelerator). A
+    appended to it unread instead (no host synchronisation; out-of-range indices returned as -1 padding, so
+    the batch can be computed on safely, and no duplicate or clash check fails on them), for a caller that reads them later (the torchmetrics adapters on an accelerator). A
     mask still reads its width (a data-dependent shape), and the checks read with it, at once."""
     return _prepare_index(positives, exclude, b, n, device, [], pending)
 
@@ -1032,7 +1032,10 @@ def popularity_draw_stats(design: SamplingDesign, beat: torch.Tensor, neg: torch
     if design.popularity is None or not design.replacement:
         return None
     w = design.popularity  # validated by the design (values) and by the draw (its length) where it drew
-    w = check_popularity(w, n_items, neg.device) if w.shape != (n_items,) else w.to(neg.device, torch.float64)
+    if w.shape != (n_items,):
+        w = check_popularity(w, n_items, neg.device)
+    elif w.device != neg.device or w.dtype != torch.float64:  # (already there: no conversion, no copy)
+        w = w.to(neg.device, torch.float64)
     if isinstance(exc, Exclusions):  # CSR exclusions: positives sorted per row, the exclusions summed per row
         totals = exclusion_totals(forbidden_sorted(pos, None, n_items), exc, w)  # weight, zeros, class counts
         return popularity_stats(beat, neg, pos >= 0, w, totals, given, positives=pos)

@@ -258,7 +258,9 @@ def test_popularity_share_static_capacity_overflow_is_refused(monkeypatch):
     u, v, pos, ids = _batch(48)
     metric = _pop_metric()
     metric.update(u @ v.T, pos, ids=ids)
-    assert int(metric.share_overflow) == 1 and metric.pop.shape[0] == int((pos >= 0).sum())
+    assert int(metric.share_overflow) == 1
+    # a row per relevant item (r~ > 0), in a fixed block of one row per slot (padding r~ = 0: nothing read per batch)
+    assert int((metric.pop[:, 0] > 0).sum()) == int((pos >= 0).sum()) and metric.pop.shape[0] == pos.numel()
     for read in (metric.compute, metric.popularity_ranks):
         with pytest.raises(RuntimeError, match="^exact share: in 1 batch"):
             read()

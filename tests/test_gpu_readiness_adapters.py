@@ -63,6 +63,11 @@ OWN = {
     # batch's overflow bound for the share's tiles a flag): none more than without
     "sampled_share": 0,
     "sampled_factors_share": 0,
+    # drawn by popularity with replacement (alone and with an exact share): the draws' statistics appended to the
+    # ``pop`` state as a fixed block of B x P rows (the slots not counted dropped at compute), nothing compacted
+    "sampled_popularity": 0,
+    "sampled_popularity_share": 0,
+    "sampled_factors_popularity": 0,
 }
 # the core's budget for what one update calls of it on an accelerator: none (the index checks of
 # ``prepare_index(pending=...)`` and the counting pass's finite rows go to the state unread; factor tiles bounded by
@@ -128,12 +133,14 @@ def _counted(box, fn, *args, **kwargs):
     return counter.count, box["core"], counter.count - box["core"], counter.calls
 
 
-def _case(name):
+def _case(name, n=None):
     kw = dict(metrics=("ndcg@10", "hit@5", "auc"), estimators=("none",))
     if name.startswith("exact"):
         return ExactRankingMetrics(kw["metrics"], check_finite="positives" if name == "exact_positives" else True)
+    weights = torch.linspace(0.5, 2.0, n, dtype=torch.float64) if "popularity" in name else None  # n: the catalogue
     design = SamplingDesign(20, replacement="noreplace" not in name, adaptive_max=160 if "adaptive" in name else None,
-                            exact_share=ExactShare(0.3) if "share" in name else None, exact_at_cap="atcap" in name)
+                            exact_share=ExactShare(0.3) if "share" in name else None, exact_at_cap="atcap" in name,
+                            popularity=weights)
     return SampledRankingMetrics(**kw, n_samples=design)
 
 
@@ -160,7 +167,7 @@ def test_update_syncs_are_constant_in_batch_and_catalogue_size(name, device, mon
             scores, pos, exc, ids = _data(b, n, device)
             g = torch.Generator().manual_seed(b + n)
             factors = (torch.randn(b, 16, generator=g).to(device), torch.randn(n, 16, generator=g).to(device))
-            metric = _case(name).to(device)
+            metric = _case(name, n).to(device)
             _update(metric, name, scores, pos, exc, ids, factors)
             total, core, own, calls = _counted(box, _update, metric, name, scores, pos, exc, ids, factors)
             got.append((total, core, own))
@@ -322,3 +329,59 @@ def test_factor_update_temporaries_stay_within_a_tile(name):
     assert b * p * m * d > TILE_ELEMENTS  # the unchunked gather would exceed the bound
     bound = max(TILE_ELEMENTS, GATHER_ELEMENTS + b * d, 8 * b * p * (p + e + m))
     assert rec.peak <= bound, (rec.peak, rec.op)
+
+
+def test_factor_overflow_flag_reads_the_item_factors_once_per_tensor_version(monkeypatch):
+    """The accelerator's factor path (the overflow bound a flag, ``factor_ranks.overflow_flag``) computes the item
+    factors' largest norm once per tensor and version, from the factors as they are (no float64 copy of them per
+    batch), as the read-at-once path does; an in-place change of the item factors is seen (the flag then fails)."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    b, n, d = 8, 500, 16
+    _, pos, exc, _ = _data(b, n, "cpu")
+    g = torch.Generator().manual_seed(1)
+    v = torch.randn(n, d, generator=g)
+    seen = []
+    norm = torch.linalg.vector_norm
+
+    def recording(x, *args, **kwargs):
+        if x.dim() == 2 and x.shape[0] == n:
+            seen.append(x.dtype)
+        return norm(x, *args, **kwargs)
+
+    monkeypatch.setattr(torch.linalg, "vector_norm", recording)
+    metric = ExactRankingMetrics(("ndcg@10",))
+    for seed in range(3):  # one item-factor tensor, three user batches
+        metric.update_factors(torch.randn(b, d, generator=torch.Generator().manual_seed(seed)), v, pos, exc)
+    assert seen == [torch.float32], seen
+    assert not bool(metric.failed_checks.any())
+    with torch.no_grad():
+        v.mul_(3e37)  # in place: a new version, whose scores could overflow float32
+    metric.update_factors(torch.randn(b, d, generator=g), v, pos, exc)
+    assert seen == [torch.float32] * 2, seen
+    with pytest.raises(ValueError, match=r"\[check 'factors_overflow', first failed at update 4"):
+        metric.compute()
+
+
+def test_deferred_flags_cross_to_the_metric_device_in_one_copy(monkeypatch):
+    """A metric kept on another device than its inputs (e.g. on the CPU, inputs on CUDA): a batch's deferred flags
+    are combined on the inputs' device and moved to the state's in one copy, not one per flag. The inputs' device
+    is stood in for by ``meta`` (no second device needed): every move between devices is recorded."""
+    from reco_sampled_plugin._inputs import Check
+
+    moves = []
+    to = tm._to
+
+    def recording(x, device):
+        if x.device != torch.device(device):
+            moves.append((x.device.type, torch.device(device).type))
+            if x.device.type == "meta":  # a meta tensor has no values to copy: a False flag stands in
+                return torch.zeros(x.shape, dtype=x.dtype, device=device)
+        return to(x, device)
+
+    monkeypatch.setattr(tm, "_to", recording)
+    metric = ExactRankingMetrics(("ndcg@10",))
+    flag = torch.zeros((), dtype=torch.bool, device="meta")
+    names = ["positives_range", "positives_duplicates", "exclude_range", "scores_finite", "scores_finite"]
+    metric._defer_checks([Check(flag, lambda: None, name, "") for name in names])
+    assert moves == [("meta", "cpu")], moves
+    assert metric.failed_checks.device.type == "cpu" and not bool(metric.failed_checks.any())

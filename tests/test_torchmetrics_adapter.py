@@ -19,7 +19,7 @@ from reco_sampled_plugin.adapters._shared import metric_key, padded_inputs  # no
 from reco_sampled_plugin.adapters import torchmetrics as tm  # noqa: E402
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
 from reco_sampled_plugin._estimate import Estimate  # noqa: E402
-from reco_sampled_plugin.design import SamplingDesign  # noqa: E402
+from reco_sampled_plugin.design import ExactShare, SamplingDesign  # noqa: E402
 from reco_sampled_plugin.rank_distribution import pool_groups  # noqa: E402
 from reco_sampled_plugin.ranking import padded_candidate_counts  # noqa: E402
 from reco_sampled_plugin import SampledRanks, SamplingDesign, registry  # noqa: E402
@@ -835,7 +835,7 @@ def _feed_batch(metric, form, batch):
 @pytest.mark.parametrize("check,kind", [(c, k) for c, spec in _DEFERRED.items() for k in spec[0]])
 def test_deferred_check_raises_at_compute_naming_the_check_and_update(check, kind, monkeypatch):
     """On an accelerator's path (``_READS_ON_CPU = False``) an invalid batch is counted without a read (computed on
-    safe, clamped inputs) and refused at compute, estimates and histogram with the CPU's error type and message start,
+    safe inputs: out-of-range indices as padding) and refused at compute, estimates and histogram with the CPU's error type and message start,
     the check and the first update that failed it; merged states (a metric or its state dict) carry the failure;
     reset clears it. On the CPU the same batch is refused at once (factors that could overflow: ranked there on the
     materialized scores instead)."""
@@ -881,7 +881,8 @@ def test_deferred_check_raises_at_compute_naming_the_check_and_update(check, kin
 def test_deferred_checks_keep_the_earliest_failure_of_merged_states_and_forward(monkeypatch):
     """Merged states keep each check's earliest failing update (max of the encoded entries) and list the other
     failed checks; ``forward`` refuses its own invalid batch at once (its batch value is computed), naming its
-    update number, and leaves the flag in the accumulated state."""
+    update number, after adding the batch (its flag) to the accumulated state, which it keeps: the earlier batches
+    stay counted, the update count goes on, and an earlier failure stays the one reported."""
     monkeypatch.setattr(tm, "_READS_ON_CPU", False)
     good = [_valid_batch(s) for s in range(4)]
     a, b = _deferring_metric("sampled"), _deferring_metric("sampled")
@@ -898,6 +899,45 @@ def test_deferred_checks_keep_the_earliest_failure_of_merged_states_and_forward(
     with pytest.raises(ValueError, match=r"^scores: NaN or inf.*first failed at update 2:"):
         bad = _broken("scores_finite", good[1])
         c(bad["scores"], bad["pos"], bad["exc"])
+    relevant = int((good[0]["pos"] >= 0).sum() + (good[1]["pos"] >= 0).sum())
+    assert float(c.count) == relevant and c._update_count == 2  # both batches kept, counted
+    with pytest.raises(ValueError, match=r"^scores: NaN or inf.*first failed at update 2:"):
+        c.compute()
+    d = _deferring_metric("sampled")  # an earlier failure (update 1, by update) outlives forward's failing batch
+    _feed_batch(d, "scores", _broken("positives_duplicates", good[0]))
+    with pytest.raises(ValueError, match=r"^scores: NaN or inf.*first failed at update 2:"):
+        bad = _broken("scores_finite", good[1])
+        d(bad["scores"], bad["pos"], bad["exc"], ids=bad["ids"])
+    assert float(d.hist.sum()) == relevant
+    with pytest.raises(ValueError, match=r"^positives: .*\[check 'positives_duplicates', first failed at update 1; "
+                                         r"also failed: 'scores_finite' \(update 2\)"):
+        d.compute()
+
+
+@pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")
+@pytest.mark.parametrize("kind", ["exact", "sampled"])
+@pytest.mark.parametrize("how", ["merge_state", "merge_state_dict", "load_state_dict"])
+def test_failed_check_added_after_a_compute_is_refused_at_the_next_compute(kind, how, monkeypatch):
+    """A state computed once (torchmetrics caches the result), then given a failed batch's state by merging (a
+    metric or its state dict) or loading: the next compute reads the new state and refuses it, as estimates does,
+    rather than returning the cached value."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    good = _valid_batch(0)
+    a, b = _deferring_metric(kind), _deferring_metric(kind)
+    _feed_batch(a, "scores", good)
+    assert all(math.isfinite(float(v)) for v in a.compute().values())
+    _feed_batch(b, "scores", _broken("scores_finite", good))
+    if how == "merge_state":
+        a.merge_state(b)
+    elif how == "merge_state_dict":
+        a.merge_state(b.metric_state)
+    else:
+        a.persistent(True)
+        b.persistent(True)
+        a.load_state_dict(b.state_dict())
+    for read in (a.compute, a.estimates):
+        with pytest.raises(ValueError, match=r"^scores: NaN or inf.*\[check 'scores_finite', first failed at update 1"):
+            read()
 
 
 @pytest.mark.parametrize("case", ["exact", "exact_positives", "exact_factors", "sampled", "sampled_factors",
@@ -921,6 +961,92 @@ def test_deferring_checks_changes_no_result_of_valid_batches(case, monkeypatch):
     assert not bool(have_state["failed_checks"].any())
     assert want.keys() == have.keys() and all(torch.equal(want[k], have[k]) for k in want)
     assert all(torch.equal(want_state[k], have_state[k]) for k in want_state)
+
+
+@pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")
+def test_deferred_error_message_is_the_failing_updates_own(monkeypatch):
+    """A check's message carries the failing batch's numbers (its catalogue), not those of a later valid batch of
+    another catalogue, as the CPU's error at that batch does; also after merging into a fresh metric."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", True)
+    with pytest.raises(ValueError) as cpu:
+        ExactRankingMetrics(("ndcg@10",)).update(torch.randn(2, 10), torch.tensor([[0], [12]]))
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    metric = ExactRankingMetrics(("ndcg@10",))
+    metric.update(torch.randn(2, 10), torch.tensor([[0], [12]]))  # update 1: 12 outside 0..9
+    metric.update(torch.randn(2, 50), torch.tensor([[0], [12]]))  # update 2: valid in 0..49
+    fresh = ExactRankingMetrics(("ndcg@10",))
+    fresh.merge_state(metric)
+    for m in (metric, fresh):
+        with pytest.raises(ValueError) as deferred:
+            m.compute()
+        assert str(deferred.value).startswith(str(cpu.value) + " [check 'positives_range', first failed at update 1")
+
+
+@pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")
+@pytest.mark.parametrize("kind", ["exact", "sampled"])
+def test_deferred_out_of_range_indices_report_no_made_up_duplicate_or_clash(kind, monkeypatch):
+    """Two different out-of-range positives (11, 12 of 10 items) beside an exclusion of the last item: only the
+    range check fails (the CPU's one error); the safe copy the batch is computed on must not turn them into the
+    same item, nor into the excluded one (no 'also failed')."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    metric = _deferring_metric(kind)
+    scores = torch.randn(2, 10, dtype=torch.float64)
+    _feed_batch(metric, "scores", dict(scores=scores, pos=torch.tensor([[11, 12], [0, -1]]),
+                                       exc=torch.tensor([[9], [1]]), ids=torch.arange(2)))
+    with pytest.raises(ValueError, match=r"^positives: item indices must lie in 0\.\.9 ") as err:
+        metric.compute()
+    assert "[check 'positives_range', first failed at update 1:" in str(err.value)
+    assert "also failed" not in str(err.value)
+
+
+@pytest.mark.parametrize("reads", [True, False], ids=["cpu", "deferred"])
+def test_oversized_histogram_batch_reports_its_bad_input_first(reads, monkeypatch):
+    """A batch whose histogram state would be too large and whose positives are out of range: the input's error
+    (as on the CPU, where the index checks are read first), also on the deferred path (the call raises anyway, so
+    its pending checks are read); no state changed."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", reads)
+    metric = SampledRankingMetrics(["ndcg@10"], n_samples=2**24)
+    with pytest.raises(ValueError, match=r"^positives: item indices must lie in 0\.\.99 "):
+        metric.update(torch.rand(2, 100), [[0], [150]], exclude=torch.arange(2, 60).repeat(2, 1))
+    assert metric.hist.shape[0] == 0 and not bool(metric.failed_checks.any())
+    with pytest.raises(ValueError, match="the histogram state"):  # a valid input: the state's own error
+        metric.update(torch.rand(2, 100), [[0], [1]], exclude=torch.arange(2, 60).repeat(2, 1))
+
+
+@pytest.mark.parametrize("share", [False, True], ids=["popularity", "popularity_share"])
+def test_deferred_popularity_rows_give_the_same_results_as_read_at_once(share, monkeypatch):
+    """Drawn by popularity with replacement, the accelerator's path appends every slot of a batch to the ``pop``
+    state (padded and not-kept slots with r~ = 0) instead of compacting the counted ones (a read): compute(),
+    popularity_ranks() and the histogram are the same bit for bit as with the checks read at once, merged states
+    too, and the counted rows are the same rows."""
+    weights = torch.linspace(0.5, 2.0, 40, dtype=torch.float64)
+    design = SamplingDesign(5, popularity=weights, exact_share=ExactShare(0.5) if share else None)
+    got = []
+    for reads in (True, False):
+        monkeypatch.setattr(tm, "_READS_ON_CPU", reads)
+        metrics = [SampledRankingMetrics(("ndcg@10", "auc"), n_samples=design, estimators=("none", "hh"))
+                   for _ in range(2)]
+        for seed in range(4):  # padded positives in every other row; row 0 of each batch not kept
+            batch = _valid_batch(seed)
+            keep = torch.ones(batch["pos"].shape[0], dtype=torch.bool)
+            keep[0] = False
+            metrics[seed % 2].update(batch["scores"], batch["pos"], batch["exc"], ids=batch["ids"], keep=keep)
+        metrics[0].merge_state(metrics[1])
+        metric = metrics[0]
+        ranks = metric.popularity_ranks()
+        rows = metric.pop
+        got.append((metric.compute(), ranks, metric.histogram().counts, rows[rows[:, 0] > 0], rows.shape[0]))
+    (want, want_ranks, want_hist, want_rows, n_read), (have, have_ranks, have_hist, have_rows, n_deferred) = got
+    assert want.keys() == have.keys() and all(torch.equal(want[k], have[k]) for k in want)
+    assert torch.equal(want_ranks.ranks, have_ranks.ranks) and torch.equal(want_ranks.n_candidates, have_ranks.n_candidates)
+    for field in ("inv_q", "inv_q2", "beating", "unreachable", "profile", "beat_bins", "miss_bins", "positive_weight"):
+        assert torch.equal(getattr(want_ranks.popularity_stats, field), getattr(have_ranks.popularity_stats, field))
+    if share:
+        assert torch.equal(want_ranks.share_ranks, have_ranks.share_ranks)
+        assert torch.equal(want_ranks.inclusion, have_ranks.inclusion)
+    assert np.array_equal(np.asarray(want_hist), np.asarray(have_hist))
+    assert torch.equal(want_rows, have_rows)  # the counted rows, in the order appended
+    assert n_read == want_rows.shape[0] < n_deferred == 4 * 6 * 2  # the read compacts; the deferred path keeps B x P
 
 
 @pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")

@@ -47,7 +47,7 @@ replacement, uniform or by popularity; with an exact share): every check of the 
 duplicates or clashes; finite scores or factors; pools large enough to draw from; factors that could overflow) is a
 flag kept on the device in the ``failed_checks`` state (the first failing update per check: :data:`DEFERRED_CHECKS`,
 reduced by max, so merged and synced states keep the earliest; cleared by ``reset``), the batch computed on safe
-inputs (indices clamped into the catalogue, histogram rows into the state) and never reported: ``compute()``,
+inputs (out-of-range indices read as padding, histogram rows clamped into the state) and never reported: ``compute()``,
 ``estimates()``, ``histogram()`` and ``popularity_ranks()`` read the flags in one synchronisation and raise the CPU's
 ValueError with the check's name and update appended. Data-dependent work still reads: one read per adaptive stage
 (which rows go on) and, uniform without replacement, the small pools' width and one duplicate check (popularity
@@ -342,6 +342,11 @@ def _field_hash(text: str) -> int:
 _M = TypeVar("_M", bound="_MergeChecked")
 
 
+class _ForwardBatchFailed(Exception):
+    """``forward``'s own batch failed a deferred check: its ``compute`` gives no value, so that torchmetrics still
+    adds the batch's state (its failed flag) to the accumulated one and restores it; ``forward`` then raises."""
+
+
 class _MergeChecked(Metric):
     """The one compatibility check of every stateful metric class before states are added together
     (``merge_state``, ``forward``'s batch state, DDP sync): a ValueError naming what differs instead of a sum of
@@ -361,12 +366,14 @@ class _MergeChecked(Metric):
     failed_checks: torch.Tensor  # per DEFERRED_CHECKS entry: _FIRST - the first update that failed it (0: none)
     _in_forward = False  # inside ``forward`` (its reset keeps the host's records)
     _forward_base = 0  # the update count before ``forward``'s batch
+    _forward_error: ValueError | None = None  # forward's own batch failed: raised once the state is restored
 
     def _add_check_state(self) -> None:
         """The ``failed_checks`` state (:data:`DEFERRED_CHECKS`: what an update on an accelerator keeps on the
         device instead of reading it) and the host's record of each failed check's own message."""
         self.add_state("failed_checks", torch.zeros(len(DEFERRED_CHECKS), dtype=torch.int64), dist_reduce_fx="max")
-        self._check_messages: dict[str, str] = {}
+        # per check, (first update, message) each time its message text changed (its numbers: the catalogue size)
+        self._check_messages: dict[str, list[tuple[int, str]]] = {}
         self._no_flag: dict[torch.device, torch.Tensor] = {}
 
     def _update_number(self) -> int:
@@ -384,20 +391,32 @@ class _MergeChecked(Metric):
         if len(now) == len(checks):
             return
         state = self.failed_checks
+        named = [c for c in checks if c.name in _CHECK_SLOT]
+        device = named[0].bad.device  # the inputs' device: the flags are combined there, then moved once
         flags: list[torch.Tensor | None] = [None] * len(DEFERRED_CHECKS)
-        for c in checks:
-            i = _CHECK_SLOT.get(c.name)
-            if i is None:
-                continue
-            bad = _to(c.bad if c.bad.dim() == 0 else c.bad.reshape(()), state.device)
+        for c in named:
+            i = _CHECK_SLOT[c.name]
+            bad = _to(c.bad if c.bad.dim() == 0 else c.bad.reshape(()), device)
             before = flags[i]
             flags[i] = bad if before is None else before | bad
-            self._check_messages[c.name] = c.message or DEFERRED_CHECKS[c.name]
-        none = self._no_flag.get(state.device)
+            self._note_message(c.name, c.message or DEFERRED_CHECKS[c.name], self._update_number())
+        none = self._no_flag.get(device)
         if none is None:  # one False per device, made once
-            none = self._no_flag[state.device] = torch.zeros((), dtype=torch.bool, device=state.device)
-        failed = torch.stack([none if f is None else f.to(torch.bool) for f in flags])
+            none = self._no_flag[device] = torch.zeros((), dtype=torch.bool, device=device)
+        failed = _to(torch.stack([none if f is None else f.to(torch.bool) for f in flags]), state.device)  # one copy
         self.failed_checks = torch.maximum(state, failed * (_FIRST - self._update_number()))  # three operators
+
+    def _note_message(self, name: str, message: str, update: int) -> None:
+        """Record check ``name``'s message from ``update`` on (a new entry only where its text changed)."""
+        kept = self._check_messages.setdefault(name, [])
+        if not kept or kept[-1][1] != message:
+            kept.append((update, message))
+
+    def _message(self, name: str, update: int) -> str:
+        """The message check ``name`` had at ``update`` (the last recorded at or before it; the generic text where
+        none was recorded: e.g. a loaded state)."""
+        told = [message for first, message in self._check_messages.get(name, []) if first <= update]
+        return told[-1] if told else DEFERRED_CHECKS[name]
 
     def _raise_deferred(self) -> None:
         """Raise the ValueError of the earliest failed deferred check (one read of the ``failed_checks`` state),
@@ -410,16 +429,32 @@ class _MergeChecked(Metric):
         update, i = failed[0]
         name = names[i]
         also = "; also failed: " + ", ".join(f"{names[j]!r} (update {u})" for u, j in failed[1:]) if failed[1:] else ""
-        raise ValueError(f"{self._check_messages.get(name, DEFERRED_CHECKS[name])} [check {name!r}, first failed at "
+        error = ValueError(f"{self._message(name, update)} [check {name!r}, first failed at "
                          f"update {update}{also}: an update on an accelerator keeps its checks on the device and they "
                          "are read at compute; a state holding a failed batch reports no results until reset()]")
+        if self._in_forward:  # forward's batch: refused by forward once torchmetrics restored the accumulated state
+            self._forward_error = error
+            raise _ForwardBatchFailed
+        raise error
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         self._in_forward, self._forward_base = True, self._update_count  # the batch's update number
+        self._forward_error = None
         try:
-            return super().forward(*args, **kwargs)
+            out = super().forward(*args, **kwargs)
         finally:
             self._in_forward = False
+        error, self._forward_error = self._forward_error, None
+        if error is not None:  # the batch's state (its flag) is already in the accumulated one, which is kept
+            raise error
+        return out
+
+    def _compute_or_none(self, values: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """``values()``, or nothing for ``forward``'s own batch that failed a deferred check (raised by forward)."""
+        try:
+            return values()
+        except _ForwardBatchFailed:
+            return {}
 
     def reset(self) -> None:
         super().reset()
@@ -459,12 +494,28 @@ class _MergeChecked(Metric):
                                  f"{type(self).__name__} ({listing})")
         super().merge_state(incoming_state)
         if isinstance(incoming_state, _MergeChecked):  # the other state's own messages of its failed checks
-            for name, message in incoming_state._check_messages.items():
-                self._check_messages.setdefault(name, message)
+            for name, told in incoming_state._check_messages.items():  # (at an update both record: this one's)
+                kept = self._check_messages.setdefault(name, [])
+                recorded = {first for first, _ in kept}
+                kept.extend(entry for entry in told if entry[0] not in recorded)
+                kept.sort(key=lambda entry: entry[0])
 
     def _reduce_states(self, incoming_state: dict[str, Any]) -> None:
         self._validate_incoming(incoming_state)
         super()._reduce_states(incoming_state)
+        self._forget_computed()
+
+    def _forget_computed(self) -> None:
+        """Drop torchmetrics' cached ``compute()`` result after another state was added or loaded (its
+        ``merge_state`` and state loading keep it), so that the next ``compute()`` reads the new state and its
+        failed checks; ``forward`` drops it itself after its batch."""
+        if not self._in_forward:
+            self._computed = None
+
+    def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
+        super()._load_from_state_dict(*args, **kwargs)
+        self._forget_computed()
+        self._check_messages = {}  # the loaded state's updates are not this one's: its checks' generic messages
 
     def _validate_incoming(self, incoming_state: Any) -> None:
         """The incoming state has this class's state names, as tensors, and passes :meth:`_check_incoming`."""
@@ -708,7 +759,8 @@ class ExactRankingMetrics(_MergeChecked):
 
     def compute(self) -> dict[str, torch.Tensor]:
         """``{"<metric key>/exact": value}`` (``ndcg_at_10/exact``: the logged key, ``metric_key``)."""
-        return {metric_key(k): torch.tensor(e.value, dtype=torch.float64) for k, e in self._estimates().items()}
+        return self._compute_or_none(lambda: {metric_key(k): torch.tensor(e.value, dtype=torch.float64)
+                                              for k, e in self._estimates().items()})
 
 
 class _Ranked(NamedTuple):
@@ -821,7 +873,8 @@ class SampledRankingMetrics(_MergeChecked):
         self._share = design.exact_share  # a uniform exact share (_shared.check_share_design refuses the others)
         # the ``pop`` rows' columns: with a share, each positive's exact rank and pi beside its statistics
         self._pop_columns = _POP_COLUMNS + (_POP_SHARE_COLUMNS if self._share is not None else ())
-        if self._pop_rows:  # per relevant item: r~, n, S1, S2, beating draws, unreachable (concatenated)
+        if self._pop_rows:  # per relevant item: r~, n, S1, S2, beating draws, unreachable (concatenated; r~ = 0:
+            # a slot not counted, kept by an update that reads nothing, dropped at compute)
             self.add_state("pop", torch.zeros(0, len(self._pop_columns), dtype=torch.float64), dist_reduce_fx="cat")
         # the ``share`` rows (per chosen relevant item: n, m, r~, R, pi; concatenated across processes) where no
         # ``pop`` rows hold the share
@@ -869,6 +922,7 @@ class SampledRankingMetrics(_MergeChecked):
         b, n_items = scores.shape
         self._check_n_items(n_items)
         checks = DeviceChecks(defer=pending is not None)  # every check of the batch, read back once (or deferred)
+        checks.include(pending or [])  # the inputs' checks first (the order they are read and reported in)
         _check_scores(scores, pos, self.settings.check_finite, checks)
         keys = RowKeys.of(self.settings.seed, self._ids(ids, b, scores.device), scores.device)
         if self._pop_weights is not None and self._pop_weights.shape[0] != n_items:
@@ -876,7 +930,7 @@ class SampledRankingMetrics(_MergeChecked):
                              f"items, the scores {n_items}")
         self._add_batch(MatrixScores(scores), pos, exc, n_items, keys, keep, checks)
         if pending is not None:
-            self._defer_checks(pending + checks.pending())
+            self._defer_checks(checks.pending())
 
     def _add_batch(self, source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int, keys: RowKeys,
                    keep: torch.Tensor | None, checks: DeviceChecks | None, slots: torch.Tensor | None = None) -> None:
@@ -1024,21 +1078,32 @@ class SampledRankingMetrics(_MergeChecked):
                         keep: torch.Tensor | None, exact: torch.Tensor | None = None) -> None:
         """Append the valid, kept slots' (r~, n, S1, S2, beating draws, unreachable, then ``pl_fit``'s class counts
         and the positive's weight; with an exact share, ``exact`` (B, P) its exact rank R, 0 where not chosen, and
-        pi) to the ``pop`` state (one row per relevant item; the DDP sync concatenates the processes' rows)."""
+        pi) to the ``pop`` state (one row per relevant item; the DDP sync concatenates the processes' rows). Where the
+        batch's checks stay on the device (:func:`defers_checks`) nothing is read: every one of the B x P slots gets
+        a row, those not counted (padding, ``keep`` False) with r~ = 0, dropped at compute (as a sync's padding
+        rows); else the counted rows only (a boolean selection: one read)."""
         valid = pos >= 0
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
             valid = valid & k.unsqueeze(1)
+        if defers_checks(pos.device):  # a fixed block of B x P rows: no compaction (a nonzero: a read on CUDA)
+            ranks = torch.where(valid, ranks, torch.zeros_like(ranks))
+
+            def take(x: torch.Tensor) -> torch.Tensor:
+                return x.reshape(-1, *x.shape[2:])
+        else:
+            def take(x: torch.Tensor) -> torch.Tensor:
+                return x[valid]
         n = n_cand.view(-1, 1).expand(pos.shape)
         share: list[torch.Tensor] = []
         if exact is not None:
             assert self._share is not None
             pi = torch.full(exact.shape, self._share.share, dtype=torch.float64, device=exact.device)
-            share = [torch.stack([exact.to(torch.float64), pi], -1)[valid]]
-        cols = torch.cat([torch.stack([ranks.to(torch.float64), n.to(torch.float64), stats.inv_q, stats.inv_q2,
-                                       stats.beating, stats.unreachable.to(torch.float64)], -1)[valid]]
-                         + [getattr(stats, f)[valid].to(torch.float64) for f in PROFILE_FIELDS]
-                         + [stats.positive_weight[valid].to(torch.float64).unsqueeze(1)] + share, 1)
+            share = [take(torch.stack([exact.to(torch.float64), pi], -1))]
+        cols = torch.cat([take(torch.stack([ranks.to(torch.float64), n.to(torch.float64), stats.inv_q, stats.inv_q2,
+                                            stats.beating, stats.unreachable.to(torch.float64)], -1))]
+                         + [take(getattr(stats, f)).to(torch.float64) for f in PROFILE_FIELDS]
+                         + [take(stats.positive_weight).to(torch.float64).unsqueeze(1)] + share, 1)
         self.pop = torch.cat([self.pop, _to(cols, self.pop.device)])
 
     def popularity_ranks(self) -> SampledRanks:
@@ -1066,6 +1131,7 @@ class SampledRankingMetrics(_MergeChecked):
         if self._share is not None:
             self._check_share_overflow()
         rows = self.pop.detach().to("cpu", torch.float64).numpy()
+        rows = rows[rows[:, 0] > 0]  # the slots not counted (r~ = 0: an accelerator's fixed blocks) dropped
         t = torch.from_numpy(np.ascontiguousarray(rows[np.lexsort(rows.T[::-1])]))  # canonical order: every column
         counts = t[:, _POP_CLASS_AT:_POP_WEIGHT_AT].reshape(-1, len(PROFILE_FIELDS), POP_BINS).to(torch.float32)
         profile, beat_bins, miss_bins = counts.unbind(1)  # PROFILE_FIELDS' order
@@ -1093,12 +1159,13 @@ class SampledRankingMetrics(_MergeChecked):
         b, n_items = u.shape[0], v.shape[0]
         self._check_n_items(n_items)
         checks = DeviceChecks(defer=pending is not None)
+        checks.include(pending or [])  # the inputs' checks first (the order they are read and reported in)
         if check_finite:
             _check_factors_finite(u, v, bias, checks)
         keys = RowKeys.of(self.settings.seed, self._ids(ids, b, u.device), u.device)
         self._add_batch(FactorScores(u, v, bias, pos_scores), pos, exc, n_items, keys, keep, checks)
         if pending is not None:
-            self._defer_checks(pending + checks.pending())
+            self._defer_checks(checks.pending())
 
     def update_from_scorer(self, scorer: Scorer, positives: TensorLike, n_items: int, exclude: TensorLike | None = None,
                            ids: TensorLike | None = None, users: TensorLike | None = None,
@@ -1204,8 +1271,9 @@ class SampledRankingMetrics(_MergeChecked):
                          checks: DeviceChecks | None) -> int:
         """The histogram rows a batch needs (e = excluded items + other positives <= E + P - 1, and < n_items: known
         from the shapes alone). A state that would grow past ``MAX_ELEMENTS`` is a ValueError naming ``n_samples``,
-        raised before anything is drawn, scored or ranked (the batch's pending input ``checks``, when given, are
-        read first, so that a bad input is reported as it would be when ranked)."""
+        raised before anything is drawn, scored or ranked (the batch's pending ``checks``, when given, its inputs'
+        among them, are read first, also where they would be deferred: an error is raised anyway, so that a bad
+        input is reported as the CPU reports it)."""
         width = self.hist.shape[1]
         rows = min((0 if exc is None else exc.shape[1]) + pos.shape[1], n_items)
         if rows > self.hist.shape[0]:
@@ -1214,6 +1282,7 @@ class SampledRankingMetrics(_MergeChecked):
                                f"{width} sampled ranks; rows grow with the exclusions and positives of a row)")
             except ValueError:
                 if checks is not None and len(checks):
+                    checks.defer = False  # read now even where deferred (the call raises anyway)
                     checks.read()
                 raise
         return rows
@@ -1334,6 +1403,7 @@ class SampledRankingMetrics(_MergeChecked):
         rows = max(self.hist.shape[0], other.shape[0])
         self.hist = _pad_rows(self.hist, rows)
         Metric._reduce_states(self, {**incoming_state, "hist": _pad_rows(other.to(self.hist.device), rows)})
+        self._forget_computed()
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         scores = args[0] if args else kwargs.get("scores")
@@ -1448,7 +1518,8 @@ class SampledRankingMetrics(_MergeChecked):
         """``{"<metric key>/<label>": value}`` (``ndcg_at_10/auto``: the logged key, ``metric_key``; the Lightning
         callback logs the same after its stage), with ``_lo`` / ``_hi`` (the 95% interval, ``interval=True``) and
         ``_stderr`` (sampling noise only, ``stderr=True``) beside each (float64 tensors)."""
-        return estimate_values(self._estimates(), interval=self.interval, stderr=self.stderr)
+        return self._compute_or_none(lambda: estimate_values(self._estimates(), interval=self.interval,
+                                                             stderr=self.stderr))
 
     def _load_from_state_dict(self, *args: Any, **kwargs: Any) -> None:
         super()._load_from_state_dict(*args, **kwargs)
