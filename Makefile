@@ -16,14 +16,23 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-# pip writes each file's bytecode one file at a time (~70 s of the install on 2 cores); installed without it, the
-# venv's bytecode is then written by compileall on every core: the same .pyc files, about half the wall time. Its exit
-# status is not read: like pip's own step it reports the few files of the dependencies that are not Python 3 sources
+# Bytecode: the environment may set PYTHONDONTWRITEBYTECODE, and then every process the suite starts (xdist workers,
+# Ray actors, DDP ranks, subprocesses) would compile torch & co. from source again: every recipe here writes it.
+unexport PYTHONDONTWRITEBYTECODE
+
+# pip writes the bytecode of every file it installs, one at a time (~70 s on 2 cores; compileall on every core: ~50 s
+# for 20,000 files); the suite imports about a quarter of them. So pip installs without it and two imports of what
+# the suite uses (one torch's stack, one the rest: ~25 s) write theirs; what else a test imports is written at its
+# first import. An import that fails here fails the install (the test extra is broken).
+WARM_TORCH := torch, torch._dynamo, torch._inductor.compile_fx, torchmetrics, lightning.pytorch, pytorch_lightning
+WARM_REST  := numpy, scipy.stats, scipy.optimize, scipy.sparse, pandas, ray.data, matplotlib.pyplot, mlflow, \
+              mkdocs.commands.build, hypothesis, yaml, mypy.main, recometrics, recbole.quick_start, reco_sampled_plugin
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --no-compile $(TORCH)
 	$(BIN)/pip install --quiet --no-compile -e '.[test]'
 	$(BIN)/pip install --quiet --no-compile --upgrade '$(RAY)'
-	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib >/dev/null 2>&1 || true
+	$(BIN)/python -c 'import $(WARM_TORCH)' & torch_pid=$$!; \
+	$(BIN)/python -c 'import $(WARM_REST)'; rest_rc=$$?; wait $$torch_pid && test $$rest_rc -eq 0
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -34,9 +43,8 @@ demo: $(STAMP)
 # the type check (pyproject's [tool.mypy]: the whole package, every function annotated) beside the suite on every
 # core (pytest-xdist; an idle worker takes over queued tests from the busy one): mypy runs in the background while
 # pytest collects and runs, its report printed after pytest's; the target fails if either fails
-# The package's bytecode is written first (the environment may set PYTHONDONTWRITEBYTECODE): every process the suite
-# starts (xdist workers, Ray actors, subprocesses) then reads it instead of compiling the package again (a source
-# that does not compile fails in pytest and mypy, which report it)
+# The package's bytecode is written first, so that the processes the suite starts at once do not each compile it (a
+# source that does not compile fails in pytest and mypy, which report it)
 test: $(STAMP)
 	@$(BIN)/python -m compileall -qq reco_sampled_plugin >/dev/null 2>&1 || true
 	@log=$$(mktemp); $(BIN)/python -m mypy >$$log 2>&1 & mypy_pid=$$!; \
