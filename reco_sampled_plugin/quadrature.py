@@ -140,10 +140,21 @@ def _log_binom_coef(m: int) -> np.ndarray:
 def _pmf_binomial(r: np.ndarray, n: int, m: int) -> np.ndarray:
     t = np.clip((r - 1.0) / (n - 1.0), 0.0, 1.0)[:, None]
     j = np.arange(m + 1, dtype=np.float64)
-    logp = _log_binom_coef(m) + xlogy(j, t) + xlog1py(m - j, -t)
-    top = logp.max(axis=1, keepdims=True)
-    p = np.exp(logp - top)
-    return p / p.sum(axis=1, keepdims=True)  # rows sum to 1 exactly in theory; removes gammaln rounding
+    # log C(m, j) + xlogy(j, t) + xlog1py(m - j, -t) with one logarithm per rank: scipy's xlogy(x, y) is
+    # x * log(y) (0 where x == 0), so j * xlogy(1, t) is the same product bit for bit, several times faster than a
+    # logarithm per element (the x == 0 column, where 0 * -inf would be nan, set to scipy's 0); the same sums,
+    # exponentials and quotients in place (two (rows, m + 1) arrays instead of six)
+    with np.errstate(invalid="ignore"):
+        logp = j * xlogy(1.0, t)
+        rest = (m - j) * xlog1py(1.0, -t)
+    logp[:, 0] = 0.0
+    rest[:, m] = 0.0
+    np.add(_log_binom_coef(m), logp, out=logp)
+    logp += rest
+    logp -= logp.max(axis=1, keepdims=True)
+    p = np.exp(logp, out=logp)
+    p /= p.sum(axis=1, keepdims=True)  # rows sum to 1 exactly in theory; removes gammaln rounding
+    return p
 
 
 def _pmf_hypergeometric(r: np.ndarray, n: int, m: int) -> np.ndarray:
