@@ -169,10 +169,13 @@ class ItemKNN(Recommender):
         # co-occurrence counts, float64: whole numbers, so exact in any order of summation; a CSR product (x.T as CSR
         # first: a CSC product would be converted to CSR afterwards, a pass over every co-occurrence)
         co = sp.csr_matrix(x.T) @ x
-        co.setdiag(0.0)
-        co.eliminate_zeros()
-        co.sort_indices()
+        # the diagonal (and any zero) dropped: what setdiag(0) and eliminate_zeros() leave, in one pass
         rows = np.repeat(np.arange(co.shape[0]), np.diff(co.indptr))
+        off = (rows != co.indices) & (co.data != 0)
+        indptr = np.concatenate([[0], np.cumsum(np.bincount(rows[off], minlength=co.shape[0]))]).astype(co.indptr.dtype)
+        co = sp.csr_matrix((co.data[off], co.indices[off], indptr), shape=co.shape)
+        co.sort_indices()
+        rows = rows[off]
         s = co.copy()
         root = np.sqrt(counts)  # sqrt(n_i) per item, gathered (the same bits as the square root of each gathered count)
         s.data = (co.data / (root[rows] * root[co.indices])) ** self.q
@@ -204,12 +207,19 @@ class ItemKNN(Recommender):
         denom = np.asarray(s.sum(axis=1)).reshape(-1)
         inv = np.divide(1.0, denom, out=np.zeros_like(denom), where=denom > 0)
         # score(u, .) = x_u @ W with W[j, i] = s''_ij / sum_j' s''_ij'.
-        w = sp.csr_matrix(s.multiply(inv[:, None]).T)
         self._x = x
-        if w.nnz >= self.dense_threshold * w.shape[0] * w.shape[1]:
-            self._w_dense: torch.Tensor | None = torch.from_numpy(w.toarray()).to(torch.float32).to(self.device)
+        rows = np.repeat(np.arange(s.shape[0]), np.diff(s.indptr))
+        scaled = s.data * inv[rows]  # s''_ij / sum_j' s''_ij', one product each (the bits of s.multiply(inv[:, None]))
+        nnz = int(np.count_nonzero(scaled))  # W's stored entries (a product that underflows to 0 is not stored)
+        if nnz >= self.dense_threshold * s.shape[0] * s.shape[1]:
+            # W dense in float32, scattered from the products (each rounded to float32 once, as W.toarray() then
+            # .to(float32)), without the float64 dense copy of the catalogue's square
+            dense = np.zeros((s.shape[1], s.shape[0]), dtype=np.float32)
+            dense[s.indices, rows] = scaled.astype(np.float32)
+            self._w_dense: torch.Tensor | None = torch.from_numpy(dense).to(self.device)
             self._wt_sparse = None
         else:
+            w = sp.csr_matrix(s.multiply(inv[:, None]).T)
             self._w_dense = None
             self._wt_sparse = _torch_csr(sp.csr_matrix(w.T), torch.float32, self.device)
         return self

@@ -58,10 +58,28 @@ def default_family_set():
 
 
 # --------------------------------------------------------------------------- forecast cost against the loop's cost
+@pytest.fixture(scope="module")
+def family_plan():
+    """``family_plan(design)``: the default family's plan of ``design`` alone on N items and B users (repeats 3,
+    seed 1), made on first use and kept for the module (a Plan is frozen): the power test reads the very plan the
+    comparison test made for adaptive 5 -> 1280."""
+    kept: dict = {}
+
+    def get(design: SamplingDesign):
+        key = (design.n_samples, design.replacement, design.adaptive_max)
+        assert design == SamplingDesign(design.n_samples, replacement=design.replacement,
+                                        adaptive_max=design.adaptive_max)  # the key is the whole design
+        if key not in kept:
+            kept[key] = plan(N, B, "ndcg@10", 0.5, designs=[design], repeats=3, seed=1)
+        return kept[key]
+
+    return get
+
+
 @pytest.mark.parametrize("design", [SamplingDesign(40), SamplingDesign(40, replacement=False),
                                     SamplingDesign(20, adaptive_max=640), SamplingDesign(5, adaptive_max=1280)],
                          ids=["m40", "m40-without", "adaptive20-640", "adaptive5-1280"])
-def test_forecast_pairs_match_the_loops_measured_pairs(default_family_set, design):
+def test_forecast_pairs_match_the_loops_measured_pairs(default_family_set, family_plan, design):
     """On users whose exact ranks follow the default family, the plan's expected pairs per positive (under that
     family) equals the scorer loop's measured pairs per positive within 4 standard errors (the loop's users and
     the plan's Monte Carlo); a fixed m costs exactly 1 + m pairs on both sides, and full ranking n."""
@@ -73,7 +91,7 @@ def test_forecast_pairs_match_the_loops_measured_pairs(default_family_set, desig
                         else torch.full((B,), float(design.n_samples), dtype=torch.float64))
     assert cost.pairs == int(per_positive.sum())  # the record counts the positive and every drawn item once
     assert cost.full_pairs == B * N
-    result = plan(N, B, "ndcg@10", 0.5, designs=[design], repeats=3, seed=1)
+    result = family_plan(design)
     (f,) = result.forecasts
     assert result.full_pairs * B == cost.full_pairs
     measured = cost.pairs / B
@@ -86,7 +104,7 @@ def test_forecast_pairs_match_the_loops_measured_pairs(default_family_set, desig
     assert measured > 1.2 * (1 + design.n_samples)  # the stages cost something: the comparison is not trivial
 
 
-def test_forecast_cost_tells_rank_distributions_apart():
+def test_forecast_cost_tells_rank_distributions_apart(family_plan):
     """The comparison has power: a set whose ranks are uniform (few positives rank first, few stages) costs
     clearly less than the default family's forecast, beyond the tolerance the test above allows."""
     exact = np.random.default_rng(5).integers(1, N + 1, B)
@@ -95,7 +113,7 @@ def test_forecast_cost_tells_rank_distributions_apart():
     sampled = sampled_ranks_from_scorer(MatrixScorer(scores), positives, N, design,
                                         generator=torch.Generator().manual_seed(7))
     per_positive = 1 + sampled.n_samples.double()
-    (f,) = plan(N, B, "ndcg@10", 0.5, designs=[design], repeats=3, seed=1).forecasts
+    (f,) = family_plan(design).forecasts
     tol = 4 * math.hypot(float(per_positive.std()) / math.sqrt(B), f.pairs_se)
     assert f.pairs - sampled.cost.pairs / B > 3 * tol
 

@@ -15,7 +15,7 @@ from _profiles import examples
 
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks_from_exact
 from reco_sampled_plugin.design import SamplingDesign
-from reco_sampled_plugin.planner import PlanExecution, pilot_design, pilot_resolution, plan
+from reco_sampled_plugin.planner import PlanExecution, _check_workers, pilot_design, pilot_resolution, plan
 from reco_sampled_plugin.ranking import SampledRanks
 
 
@@ -184,7 +184,11 @@ def test_workers_give_the_same_plan_bit_for_bit():
                SamplingDesign(100, adaptive_max=6400), SamplingDesign(200, replacement=False)]
     kw = dict(designs=designs, repeats=8, seed=5)
     one = plan(20_000, 800, "ndcg@10", 0.1, execution=PlanExecution(workers=1), **kw)
-    for workers in (2, 3, None):
+    # None resolves to DEFAULT_WORKERS' count (_check_workers: 1 or 2 here) before any design runs, and the plan
+    # runs with it from there: the explicit count None stands for is not planned a second time
+    default = _check_workers(None, len(designs))
+    assert default in (1, 2)
+    for workers in [w for w in (2, 3) if w != default] + [None]:
         many = plan(20_000, 800, "ndcg@10", 0.1, execution=PlanExecution(workers=workers), **kw)
         assert many.forecasts == one.forecasts and many.recommended == one.recommended
     assert any(f.screened for f in one.forecasts) and any(not f.screened for f in one.forecasts)

@@ -44,10 +44,35 @@ def _plan(pilot, target: float, **execution) -> planner.Plan:
 
 
 @pytest.fixture(scope="module")
-def every(pilot):
+def plans(pilot):
+    """``plans(target, **execution)``: ``_plan(pilot, target, **execution)``, made on first use and kept for the
+    module (a Plan is frozen): the tests that need the very plan of the same target and execution (defaults
+    spelled out: ``PlanExecution``'s screen=True, forecast_all=False) read one run of it; ``plans.fits(target,
+    **execution)``: the replicate fits that run made (``_counted_plan``)."""
+    kept: dict = {}
+
+    class Plans:
+        def _get(self, target: float, screen: bool, forecast_all: bool, workers: int) -> tuple[planner.Plan, list]:
+            key = (target, screen, forecast_all, workers)
+            if key not in kept:
+                kept[key] = _counted_plan(pilot, target, screen=screen, forecast_all=forecast_all, workers=workers)
+            return kept[key]
+
+        def __call__(self, target: float, *, screen: bool = True, forecast_all: bool = False,
+                     workers: int) -> planner.Plan:
+            return self._get(target, screen, forecast_all, workers)[0]
+
+        def fits(self, target: float, *, screen: bool = True, forecast_all: bool = False, workers: int) -> list[int]:
+            return self._get(target, screen, forecast_all, workers)[1]
+
+    return Plans()
+
+
+@pytest.fixture(scope="module")
+def every(plans):
     """Every design forecast on every replicate: its errors do not depend on the target (screening would); at a
     target every design meets (every interval estimated), on one thread: ``full_plans(False, 1)``."""
-    return _plan(pilot, LOOSE, forecast_all=True, screen=False, workers=1)
+    return plans(LOOSE, forecast_all=True, screen=False, workers=1)
 
 
 def _targets(every: planner.Plan) -> list[float]:
@@ -57,17 +82,14 @@ def _targets(every: planner.Plan) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def full_plans(pilot, every):
-    """``full(screen, workers)``: the plan with ``forecast_all=True`` at ``LOOSE`` (made on first use and kept for
-    the module; ``every`` is the one without screening on one thread); ``Plan.at_target`` gives it at every target of
-    ``_targets`` (each tighter: every replicate and interval a forecast there reads ran), what ``plan()`` there gives
-    bit for bit (test_at_target_is_a_fresh_plan)."""
-    kept: dict = {(False, 1): every}
+def full_plans(plans):
+    """``full(screen, workers)``: the plan with ``forecast_all=True`` at ``LOOSE`` (``plans``: made on first use and
+    kept for the module; ``every`` is the one without screening on one thread); ``Plan.at_target`` gives it at every
+    target of ``_targets`` (each tighter: every replicate and interval a forecast there reads ran), what ``plan()``
+    there gives bit for bit (test_at_target_is_a_fresh_plan)."""
 
     def full(screen: bool, workers: int) -> planner.Plan:
-        if (screen, workers) not in kept:
-            kept[(screen, workers)] = _plan(pilot, LOOSE, forecast_all=True, workers=workers, screen=screen)
-        return kept[(screen, workers)]
+        return plans(LOOSE, forecast_all=True, workers=workers, screen=screen)
 
     return full
 
@@ -75,10 +97,10 @@ def full_plans(pilot, every):
 @pytest.mark.parametrize("screen", [True, False])
 @pytest.mark.parametrize("workers", [1, 3])
 @pytest.mark.parametrize("k", range(8))
-def test_pruned_plan_equals_the_full_plan_up_to_the_pick(pilot, every, full_plans, workers, k, screen):
+def test_pruned_plan_equals_the_full_plan_up_to_the_pick(plans, every, full_plans, workers, k, screen):
     target = _targets(every)[k]
     full = full_plans(screen, workers).at_target(target)
-    fast = _plan(pilot, target, workers=workers, screen=screen)
+    fast = plans(target, workers=workers, screen=screen)
     assert fast.recommended == full.recommended
     if not screen:  # each design the cheapest meeting the target in turn: the fixture's forecasts (no draw changes)
         assert [f.rel_error for f in full.forecasts] == [f.rel_error for f in every.forecasts]
@@ -109,7 +131,7 @@ def _assert_same_plan(got: planner.Plan, want: planner.Plan) -> None:
 
 
 @pytest.mark.parametrize("screen", [True, False])
-def test_at_target_is_a_fresh_plan(pilot, every, full_plans, screen):
+def test_at_target_is_a_fresh_plan(pilot, plans, every, full_plans, screen):
     """``Plan.at_target`` re-picks from the plan's own replicates exactly what ``plan()`` at that target gives (every
     forecast, its screening, widths and the pick, bit for bit): at a target no design meets and at a middle one (with
     screening on, some designs screened there, none at ``LOOSE``), from the plan at ``LOOSE``; and with an interval
@@ -117,7 +139,7 @@ def test_at_target_is_a_fresh_plan(pilot, every, full_plans, screen):
     base = full_plans(screen, 1)
     targets = _targets(every)
     for k in (0, 3):
-        fresh = _plan(pilot, targets[k], forecast_all=True, workers=1, screen=screen)
+        fresh = plans(targets[k], forecast_all=True, workers=1, screen=screen)
         _assert_same_plan(base.at_target(targets[k]), fresh)
         assert (fresh.recommended is None) == (k == 0)
         screened = sum(f.screened for f in fresh.forecasts)  # screening on: screened and unscreened designs
@@ -133,19 +155,19 @@ def test_at_target_is_a_fresh_plan(pilot, every, full_plans, screen):
     _assert_same_plan(base.at_target(targets[5], target_rel_halfwidth=half), fresh)
 
 
-def test_at_target_refuses_what_the_plan_did_not_run(pilot, every, full_plans):
+def test_at_target_refuses_what_the_plan_did_not_run(plans, every, full_plans):
     """A forecast the new pick depends on that the plan did not run is refused, naming the design: pruned designs
     (a default plan at a generous target, re-picked at a strict one), screened ones (screened at a strict target,
     needed at a generous one) and intervals never estimated; bad targets; a Plan not made by plan(). A re-picked
     plan re-picks from the replicates of the plan it came from."""
     targets = _targets(every)
-    pruned = _plan(pilot, targets[-1], workers=1)
+    pruned = plans(targets[-1], workers=1)  # the oracle test's plan at that target (its k = 7, one thread)
     assert any(f.pruned for f in pruned.forecasts)
     with pytest.raises(ValueError, match=r"^at_target: .* the forecast of .*m = 1000.* plan again at that target"):
         pruned.at_target(targets[0])
     # where none meets the target: every design screened but the last but one, which ran every replicate and
     # estimated no interval (it missed the point target); at the loosest target all of them are needed
-    screened = _plan(pilot, targets[0], forecast_all=True, workers=1)
+    screened = plans(targets[0], forecast_all=True, workers=1)  # test_at_target_is_a_fresh_plan's (k = 0)
     assert [f.screened for f in screened.forecasts] == [True] * 5 + [False, True]
     assert screened.forecasts[5].repeats == 8 and math.isnan(screened.forecasts[5].rel_width)
     with pytest.raises(ValueError, match=r"^at_target: .* the forecast of m = 50, m = 200, m = 1000, adaptive 50->800, "
@@ -175,7 +197,7 @@ def test_the_targets_move_the_pick_across_the_designs(every):
     assert None in picks and len(set(picks)) >= 4, picks
 
 
-def _counted_plan(monkeypatch, pilot, target: float, **kw) -> tuple[planner.Plan, list[int]]:
+def _counted_plan(pilot, target: float, **kw) -> tuple[planner.Plan, list[int]]:
     """The plan, and the replicate fits it ran: one count per replicate, through every fitting path (the joint
     fits of a design's repeats, and the per-repeat fits of exact_at_cap designs)."""
     from reco_sampled_plugin import rank_distribution
@@ -192,24 +214,26 @@ def _counted_plan(monkeypatch, pilot, target: float, **kw) -> tuple[planner.Plan
             fits.append(len(sample))
         return single(sample, *a, **k)
 
-    monkeypatch.setattr(rank_distribution.ReplicateFits, "fit", count_joint)
-    monkeypatch.setattr(rank_distribution, "fit_rank_distribution", count_single)
-    result = _plan(pilot, target, **kw)
-    monkeypatch.undo()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(rank_distribution.ReplicateFits, "fit", count_joint)
+        monkeypatch.setattr(rank_distribution, "fit_rank_distribution", count_single)
+        result = _plan(pilot, target, **kw)
     return result, fits
 
 
-def test_pruning_happens_and_saves_fits(monkeypatch, pilot, every):
+def test_pruning_happens_and_saves_fits(pilot, plans, every):
     """At a generous target every design meets it: only the cheapest two (a tie) are forecast, and on one thread
-    the designs costlier than them are never fitted (2 x 8 replicate fits against 7 x 8 with forecast_all)."""
-    fast, fast_fits = _counted_plan(monkeypatch, pilot, 10.0, workers=1)
-    full, full_fits = _counted_plan(monkeypatch, pilot, 10.0, workers=1, forecast_all=True, screen=False)
+    the designs costlier than them are never fitted (2 x 8 replicate fits against 7 x 8 with forecast_all: the
+    fits ``every``, that plan at LOOSE = 10.0, ran)."""
+    assert LOOSE == 10.0
+    fast, fast_fits = _counted_plan(pilot, 10.0, workers=1)
+    full_fits = plans.fits(LOOSE, forecast_all=True, screen=False, workers=1)
     assert fast.recommended is not None and fast.recommended.label == "m = 50"
     assert [f.pruned for f in fast.forecasts] == [False] + [True] * (len(DESIGNS) - 2) + [False]
     assert fast.forecasts[-1].pairs == fast.recommended.pairs and fast.forecasts[-1].meets_target
     assert sum(fast_fits) == 16 and sum(full_fits) == 8 * len(DESIGNS)
     # a strict target: nothing meets it, nothing is pruned, every design fitted (screened ones 5 replicates)
-    none, none_fits = _counted_plan(monkeypatch, pilot, 1e-6, workers=1)
+    none, none_fits = _counted_plan(pilot, 1e-6, workers=1)
     assert none.recommended is None and not any(f.pruned for f in none.forecasts)
     assert sum(none_fits) == sum(f.repeats for f in none.forecasts) >= 5 * len(DESIGNS)
 

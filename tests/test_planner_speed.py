@@ -10,6 +10,7 @@ gradient); and the planner itself with ``planner._JOINT_FITS`` off (the previous
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -274,7 +275,22 @@ def test_plan_screened_default_grid_same_pick(monkeypatch):
     exact = (torch.rand(1500, generator=gen) ** 2 * 1999).long() + 1
     pilot = SampledRanks(simulate_sampled_ranks(exact, 2000, 100, "binomial", gen), torch.tensor(2000),
                          design=SamplingDesign(100))
-    joint, single = _both(monkeypatch, 2000, 1500, "ndcg@10", 0.1, pilot=pilot, repeats=10, seed=4)
+    kwargs = dict(pilot=pilot, repeats=10, seed=4, execution=planner.PlanExecution(forecast_all=True))
+    joint = planner.plan(2000, 1500, "ndcg@10", 0.1, **kwargs)
+    # The grid's designs with an exact share (last) take neither path: each replicate is estimated by the difference
+    # estimator (``_Replicates._shares``, chosen before ``_JOINT_FITS`` is read), so their forecasts are the same bits
+    # on both paths and are planned once, here on the joint one. The one-by-one path plans the other designs: each
+    # design draws from its own generator (seeded by its index) on the shared exact ranks, so their forecasts are
+    # those of the whole grid, and the pick is the plan's rule (``planner._recommend``) over all of them.
+    grid = [f.design for f in joint.forecasts]
+    k = sum(d.exact_share is None for d in grid)
+    assert 0 < k < len(grid) and all(d.exact_share is not None for d in grid[k:])
+    monkeypatch.setattr(planner, "_JOINT_FITS", False)
+    part = planner.plan(2000, 1500, "ndcg@10", 0.1, designs=grid[:k], **kwargs)
+    monkeypatch.setattr(planner, "_JOINT_FITS", True)
+    forecasts = part.forecasts + joint.forecasts[k:]
+    _, recommended = planner._recommend(list(forecasts), part._replicates.n_mean, True)
+    single = dataclasses.replace(part, forecasts=forecasts, recommended=recommended)
     assert any(f.screened for f in single.forecasts) and not all(f.screened for f in single.forecasts)
     _assert_same_forecasts(joint, single)
 
