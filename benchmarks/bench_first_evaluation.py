@@ -52,9 +52,8 @@ def clear_caches() -> None:
         for obj in list(vars(mod).values()):
             if callable(getattr(obj, "cache_clear", None)) and getattr(obj, "__module__", "") == mod.__name__:
                 obj.cache_clear()
-    from reco_sampled_plugin import identification
-
-    identification._CACHE.clear()  # (fitted rank distributions are kept on their histogram: each call builds a new one)
+    # (fitted rank distributions and the identification's programs and intervals are kept on their histogram: each
+    # call builds a new one)
 
 
 def data(distinct: int, positives: int, seed: int = 0, spread: bool = False) -> tuple[np.ndarray, np.ndarray]:

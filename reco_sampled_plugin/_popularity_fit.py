@@ -75,6 +75,7 @@ from statistics import NormalDist
 
 import numpy as np
 
+from ._kept import KeepsDerived
 from ._rank_hist import interval_mean_metric
 from .metric_names import MetricSpec
 
@@ -120,8 +121,9 @@ STRATUM_MIN = 200.0
 
 
 @dataclass(frozen=True)
-class Units:
+class Units(KeepsDerived):
     """The fit's data: one row per unit (a positive, or a cell of a uniform histogram with its count as weight).
+    Its fits are kept on it (:func:`fit`; ``_kept.KeepsDerived``), left out of its pickles and copies.
 
     profile: (N, C) drawable candidates per popularity class; beat, miss: (N, C) distinct drawn items per class that
     beat the unit's positive or not; n: (N,) candidates (the positive and its drawable items); m: (N,) draws;
@@ -908,28 +910,20 @@ class StratifiedFit:
 def fit(units: Units, how: str = "positive", count_term: str = "on") -> PopularityFit | StratifiedFit:
     """Fit the model of the module docstring to ``units``, on the strata of ``how`` (:func:`strata`; one
     :class:`PopularityFit` where they are None), with the count term ``count_term`` (one of :data:`COUNT_TERMS`).
-    The last two fits are kept: estimating several metrics from one draw fits once."""
+    The fit is kept on ``units`` (``Units._derived``, by ``how``, the count term and :data:`STRATUM_MIN`): the
+    metrics estimated from one draw, whose units ``popularity.popularity_draws`` returns again for equal
+    statistics, fit once."""
     if count_term not in COUNT_TERMS:
         raise ValueError(f"count_term: one of {COUNT_TERMS}, not {count_term!r}")
     count_rank = COUNT_EXACT_RANK if count_term == "on" else 0
-    key = tuple((a.shape, hash(np.ascontiguousarray(a).tobytes())) for a in
-                (units.profile, units.beat, units.miss, units.n, units.m, units.w, units.log_v, units.mean_w,
-                 np.zeros(0) if units.covariate is None else units.covariate)) \
-        + (units.distinct, count_rank, how, STRATUM_MIN)
-    hit = _FIT_CACHE.get(key)
-    if hit is None:
-        edges = rank_edges(int(units.n.max()))
-        groups = strata(units, how)
-        hit = PopularityFit(units, edges, count_rank) if groups is None \
-            else StratifiedFit(units, groups, edges, count_rank)
-        with _CACHE_LOCK:
-            _FIT_CACHE[key] = hit
-            while len(_FIT_CACHE) > 2:  # the metrics of one draw share its fit; older draws' tables are let go
-                _FIT_CACHE.pop(next(iter(_FIT_CACHE)))
-    return hit
+    return units._derived(("fit", how, count_rank, STRATUM_MIN), lambda: _fit(units, how, count_rank))
 
 
-_FIT_CACHE: dict = {}
+def _fit(units: Units, how: str, count_rank: int) -> PopularityFit | StratifiedFit:
+    edges = rank_edges(int(units.n.max()))
+    groups = strata(units, how)
+    return PopularityFit(units, edges, count_rank) if groups is None \
+        else StratifiedFit(units, groups, edges, count_rank)
 
 
 def z_value(level: float) -> float:

@@ -17,11 +17,9 @@ other groups, and is never pooled with a sampled group.
 from __future__ import annotations
 
 import math
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Callable, Hashable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 import torch
@@ -29,6 +27,7 @@ from scipy import special
 
 from ._checks import (MAX_SAMPLES, MAX_SIZE, MAX_TOTAL_WEIGHT, ArgumentTypeError, check_elements, check_rank_values,
                       check_real_array, check_sampled_support, check_sizes, check_weights)
+from ._kept import DERIVED_MAX, KeepsDerived, same_as_before  # noqa: F401  (DERIVED_MAX: named here)
 from ._options import check_optional, check_positive_float
 from ._types import TensorLike
 from .metric_names import MetricSpec
@@ -104,15 +103,8 @@ def _exact_flags(exact: Any, n: np.ndarray, m: np.ndarray) -> np.ndarray:
     return flags
 
 
-#: what one histogram keeps of what is derived from it (:meth:`RankHistogram._derived`): its fits by method object
-#: and law, its pooled forms; the least recently used entry goes first
-DERIVED_MAX = 8
-_DERIVED_LOCK = threading.Lock()
-_T = TypeVar("_T")
-
-
 @dataclass(frozen=True)
-class RankHistogram:
+class RankHistogram(KeepsDerived):
     """Counts of sampled ranks per (n, m) group.
 
     Attributes:
@@ -130,6 +122,10 @@ class RankHistogram:
         share: an exact share's rows (``_share.ShareRows``: per chosen positive its n, m, r~, exact rank,
             inclusion probability and weight), which :meth:`merge` and :meth:`concat` join and the difference
             estimator ``diff`` reads; None (the default) without a share.
+
+    What estimation derives from the counts is kept on the histogram (``_derived``, of ``_kept.KeepsDerived``: at
+    most :data:`DERIVED_MAX` entries): its fitted rank distributions by method object and law, its pooled forms,
+    the identification's programs and intervals; copies, pickles and :meth:`with_design` start without them.
     """
 
     n_items: np.ndarray
@@ -229,32 +225,6 @@ class RankHistogram:
     @property
     def n_groups(self) -> int:
         return len(self.counts)
-
-    def _derived(self, key: Hashable, make: Callable[[], _T]) -> _T:
-        """``make()``, kept on this histogram under ``key`` and returned again while the key comes back: what
-        estimation derives from the counts (a fitted rank distribution by method object and law, a pooled
-        histogram), so several metrics of one histogram fit it once. At most :data:`DERIVED_MAX` entries (the least
-        recently used dropped); an unhashable key is made every time. A histogram never changes, so nothing kept
-        goes stale; copies, pickles and :meth:`with_design` start without them."""
-        try:
-            hash(key)
-        except TypeError:
-            return make()
-        with _DERIVED_LOCK:
-            kept = self.__dict__.setdefault("_kept", OrderedDict())
-            if key in kept:
-                kept.move_to_end(key)
-                return kept[key]
-        value = make()  # outside the lock: a fit may take seconds (two threads may both make it, alike)
-        with _DERIVED_LOCK:
-            kept[key] = value
-            while len(kept) > DERIVED_MAX:
-                kept.popitem(last=False)
-        return value
-
-    def __getstate__(self) -> dict:
-        """The fields and their derived arrays, without what :meth:`_derived` keeps (pickles and copies)."""
-        return {k: v for k, v in self.__dict__.items() if k != "_kept"}
 
     def with_design(self, design: Any) -> "RankHistogram":
         """These counts under ``design`` (a SamplingDesign or None: see :attr:`design`)."""
@@ -418,15 +388,9 @@ def same_histogram(owner: Any, hist: RankHistogram) -> RankHistogram:
     ``owner`` (the object ``hist`` was built from, e.g. a SampledRanks; its last two histograms are remembered):
     the same object, with what it keeps (:meth:`RankHistogram._derived`), so estimating several metrics from one
     sample fits it once. Equal counts, not the owner's identity, decide: an owner changed in place gets new ones."""
-    with _DERIVED_LOCK:
-        last: tuple[RankHistogram, ...] = owner.__dict__.get("_histograms", ())
-        for old in last:
-            if (old.same_groups(hist) and old.design == hist.design
-                    and np.array_equal(old.flat_counts, hist.flat_counts)
-                    and (old.share is hist.share or (old.share is not None and old.share.equals(hist.share)))):
-                return old
-        owner.__dict__["_histograms"] = (hist,) + last[:1]
-    return hist
+    return same_as_before(owner, "_histograms", hist, lambda old, new: (
+        old.same_groups(new) and old.design == new.design and np.array_equal(old.flat_counts, new.flat_counts)
+        and (old.share is new.share or (old.share is not None and old.share.equals(new.share)))))
 
 
 def _join_shares(a: Any, b: Any) -> Any:

@@ -164,8 +164,9 @@ class SampledRanks:
         return same_histogram(self, hist)
 
     def __getstate__(self) -> dict:
-        """The fields, without the histograms remembered by :meth:`histogram` (pickles and copies)."""
-        return {k: v for k, v in self.__dict__.items() if k != "_histograms"}
+        """The fields, without the histograms remembered by :meth:`histogram` and the popularity units remembered
+        by ``popularity.popularity_draws`` (with what they keep; pickles and copies)."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_histograms", "_units")}
 
 
 def ranks_of_histogram(hist: RankHistogram, design: SamplingDesign) -> SampledRanks:

@@ -39,7 +39,6 @@ design, or adaptive sampling declared with ``adaptive=`` (then the band uses the
 from __future__ import annotations
 
 import math
-import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -51,6 +50,7 @@ from scipy import special
 
 from ._blas import blas_single
 from ._checks import check_int, check_without_replacement
+from ._kept import keep
 from ._options import check_nonnegative_float
 from ._rank_hist import RankHistogram, as_histogram, interval_mean_metric
 from ._adaptive_law import check_adaptive_histogram, stage_event_cdf
@@ -193,40 +193,27 @@ def _shape_rows(edges: np.ndarray, zone_end: int, gamma: float | None) -> np.nda
     return rows / scale
 
 
-_CACHE: OrderedDict = OrderedDict()
-_CACHE_MAX = 64
-_CACHE_LOCK = threading.Lock()
+#: what one histogram keeps of its identification (programs, LP solutions, identified intervals: :func:`_memo`), in
+#: one table among what it keeps (``RankHistogram._derived``); the least recently used entry goes first
+KEPT_MAX = 64
 
 
-def _memo(key: tuple, build: Callable[[], _T]) -> _T:
-    """``build()`` kept under ``key`` (programs and identified intervals of the last few histograms: estimators
-    of one evaluation share them, e.g. a corrected and a rank-distribution Recall@10 of the same ranks)."""
-    with _CACHE_LOCK:
-        hit = _CACHE.get(key)
-        if hit is not None:
-            _CACHE.move_to_end(key)
-            return hit
-    value = build()
-    with _CACHE_LOCK:
-        _CACHE[key] = value
-        while len(_CACHE) > _CACHE_MAX:
-            _CACHE.popitem(last=False)
-    return value
+def _memo(hist: RankHistogram, key: tuple, build: Callable[[], _T]) -> _T:
+    """``build()`` kept on ``hist`` under ``key`` (the programs, LP solutions and identified intervals of that
+    histogram: the estimators of one evaluation share them, e.g. a corrected and a rank-distribution Recall@10 of
+    the same ranks); at most :data:`KEPT_MAX` of them, which go with the histogram."""
+    return keep(hist._derived("identification", OrderedDict), key, build, KEPT_MAX)
 
 
-def _hist_key(hist: RankHistogram) -> tuple:
-    return (hist.n_items.tobytes(), hist.n_samples.tobytes(), hist.flat_counts.tobytes())
-
-
-def _program_key(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int,
-                 cutoff: int = 0, adaptive: AdaptiveDesign | None = None) -> tuple:
-    return ("program",) + _hist_key(hist) + (law, shape, level, relax, max_groups, cutoff, adaptive)
+def _program_key(law: str, shape: TopShape, level: float, relax: int, max_groups: int, cutoff: int = 0,
+                 adaptive: AdaptiveDesign | None = None) -> tuple:
+    return ("program", law, shape, level, relax, max_groups, cutoff, adaptive)
 
 
 def _program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int,
              cutoff: int = 0, adaptive: AdaptiveDesign | None = None) -> _Program:
-    key = _program_key(hist, law, shape, level, relax, max_groups, cutoff, adaptive)
-    return _memo(key, lambda: _build_program(hist, law, shape, level, relax, max_groups, cutoff, adaptive))
+    key = _program_key(law, shape, level, relax, max_groups, cutoff, adaptive)
+    return _memo(hist, key, lambda: _build_program(hist, law, shape, level, relax, max_groups, cutoff, adaptive))
 
 
 def _build_program(hist: RankHistogram, law: str, shape: TopShape, level: float, relax: int, max_groups: int,
@@ -509,9 +496,9 @@ def identified_interval(
         c = _objective(spec, prog)
         # one LP per (program, objective, sense): metrics with the same per-rank objective on the same data
         # (Hit@K and leave-one-out Recall@K) share the solutions instead of solving the same LP again
-        lp_key = ("lp",) + _program_key(*args) + (c.tobytes(),)
-        r_lo = _memo(lp_key + (1.0,), lambda: _solve(c, prog, 1.0))
-        r_hi = _memo(lp_key + (-1.0,), lambda: _solve(c, prog, -1.0))
+        lp_key = ("lp",) + _program_key(*args[1:]) + (c.tobytes(),)
+        r_lo = _memo(hist, lp_key + (1.0,), lambda: _solve(c, prog, 1.0))
+        r_hi = _memo(hist, lp_key + (-1.0,), lambda: _solve(c, prog, -1.0))
         if r_lo.status == 0 and r_hi.status == 0:
             lp_lo, lp_hi = float(c @ r_lo.x), float(c @ r_hi.x)
             flags = prog.flags
@@ -561,8 +548,8 @@ class Identification:
     def interval(self, level: float = 0.95) -> IdentifiedInterval:
         key = float(level)
         if key not in self._cache:
-            shared = ("interval", self.spec) + _hist_key(self.hist) + (self.sampling, self.shape, key, self.adaptive)
-            self._cache[key] = _memo(shared, lambda: identified_interval(
+            shared = ("interval", self.spec, self.sampling, self.shape, key, self.adaptive)
+            self._cache[key] = _memo(self.hist, shared, lambda: identified_interval(
                 self.spec, self.hist, level=key, sampling=self.sampling, shape=self.shape, adaptive=self.adaptive))
         return self._cache[key]
 

@@ -33,6 +33,7 @@ from ._popularity import POP_BINS, PopularityStats, weight_bins
 from ._popularity_fit import PopularityFit, StratifiedFit, Units, fit as _fit_units, z_value
 from .design import SamplingDesign
 from ._estimate import Estimate, EstimatorOutput
+from ._kept import same_as_before
 from .metric_names import MetricSpec
 from ._types import TensorLike
 
@@ -93,7 +94,8 @@ class PopularityDraws:
 
 
 def popularity_draws(sampled: SampledRanks, weights: TensorLike | None = None) -> PopularityDraws:
-    """The :class:`PopularityDraws` of popularity-sampled :class:`~reco_sampled_plugin.ranking.SampledRanks`.
+    """The :class:`PopularityDraws` of popularity-sampled :class:`~reco_sampled_plugin.ranking.SampledRanks`. Their
+    ``units`` are those returned before for ``sampled`` where equal (:func:`_same_units`), with the fits they keep.
 
     Raises:
         ValueError naming ``sampled_ranks`` when they carry no design or no statistics (bare ranks cannot; draws without
@@ -129,7 +131,7 @@ def popularity_draws(sampled: SampledRanks, weights: TensorLike | None = None) -
         return t.detach().to(torch.float64).cpu().numpy()
 
     m = np.full(int(valid.sum()), float(design.n_samples))
-    units = _units(stats, valid, design, n, m, w, host) if stats.has_profile else None
+    units = _same_units(sampled, _units(stats, valid, design, n, m, w, host)) if stats.has_profile else None
     assert design.popularity is not None  # a popularity design: statistics are kept for those only
     # a rank file's design carries one placeholder weight (its law is not known): no share then
     rare = rare_share(design.popularity, float(m.sum())) if design.popularity.numel() > 1 else None
@@ -166,6 +168,22 @@ def _units(stats: PopularityStats, valid: torch.Tensor, design: SamplingDesign, 
             cov = np.where(pw > 0, np.log(np.where(pw > 0, pw, 1.0)), -np.inf)  # a positive of weight 0: the least
     return Units(host(stats.profile[valid]), host(stats.beat_bins[valid]), host(stats.miss_bins[valid]), host(n), m,
                  host(w[valid]), log_v, mean_w, covariate=cov)
+
+
+def _equal_units(a: Units, b: Units) -> bool:
+    """Whether two :class:`~reco_sampled_plugin._popularity_fit.Units` hold the same numbers, bit for bit."""
+    arrays = ("profile", "beat", "miss", "n", "m", "w", "log_v", "mean_w", "covariate")
+    return a.distinct == b.distinct and all(
+        (x is None and y is None) or (x is not None and y is not None and x.shape == y.shape and x.dtype == y.dtype
+                                      and x.tobytes() == y.tobytes())
+        for x, y in ((getattr(a, k), getattr(b, k)) for k in arrays))
+
+
+def _same_units(sampled: SampledRanks, units: Units) -> Units:
+    """``units``, or the equal units (the same numbers, bit for bit) returned before for ``sampled`` (its last two
+    are remembered, as its histograms: ``_rank_hist.same_histogram``): the same object, with the ``pl_fit`` fits it
+    keeps (``_popularity_fit.fit``), so the metrics estimated from one draw fit once."""
+    return same_as_before(sampled, "_units", units, _equal_units)
 
 
 def _uniform_draws(hist: RankHistogram) -> PopularityDraws:
@@ -299,6 +317,11 @@ def _uniform_units(hist: RankHistogram) -> Units:
     return Units(col(n - 1.0), col(b), col(m - b), n, m, w, np.zeros(1), np.ones(1), distinct=False)
 
 
+def _kept_uniform_units(hist: RankHistogram) -> Units:
+    """:func:`_uniform_units` of ``hist``, kept on it (``RankHistogram._derived``), with the fits they keep."""
+    return hist._derived("pl_fit_units", lambda: _uniform_units(hist))
+
+
 def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None,
            strata: str = "positive", count_term: str = "on") -> PopularityFit | StratifiedFit:
     """The fitted model of ``pl_fit`` (module ``_popularity_fit``) on popularity-sampled
@@ -313,7 +336,9 @@ def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None,
     :class:`~reco_sampled_plugin._popularity_fit.StratifiedFit`: ``.fits`` (one such fit per stratum), ``.groups``,
     ``.shares``, ``.estimate(spec)``, ``.bounds(spec)``, ``.niche`` (any stratum's). ``strata="none"``: one fit.
     ``count_term``: the likelihood's count term (``_popularity_fit.COUNT_TERMS``), as the estimator's option.
-    Refusals as :func:`popularity_draws`; adaptive draws refused naming ``sampled``."""
+    The fit is kept with ``sampled`` (on its popularity units, or on its histogram for uniform draws): this call again,
+    and ``estimate`` of any metric with the same options, fit once. Refusals as :func:`popularity_draws`; adaptive
+    draws refused naming ``sampled``."""
     design = _fixed_m(sampled)
     if design is not None and design.popularity is not None:
         units = popularity_draws(sampled, weights).units
@@ -322,7 +347,7 @@ def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None,
         return _fit_units(units, strata, count_term)
     if design is not None and not design.replacement:
         raise ValueError("sampled: pl_fit models draws with replacement; these were drawn without")
-    return _fit_units(_uniform_units(sampled.histogram(weights)), strata, count_term)
+    return _fit_units(_kept_uniform_units(sampled.histogram(weights)), strata, count_term)
 
 
 def _fit_details(f: PopularityFit, spec: MetricSpec, prior: str) -> dict:
@@ -378,7 +403,7 @@ def estimate_by_pl_fit(spec: MetricSpec, hist: RankHistogram, *, method: str, sa
         if sampling != "binomial":
             raise ValueError("sampling: pl_fit models draws with replacement (binomial law); use mle or mes for "
                              "draws without replacement")
-        units = _uniform_units(hist)
+        units = _kept_uniform_units(hist)
     else:
         units = d.units
         if units is None:

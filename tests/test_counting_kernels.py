@@ -3,8 +3,8 @@
 * the eager counting kernels (int32 accumulators, cache-sized chunks on a CPU, rows gathered by ``index_select``)
   against brute-force counts in numpy, at chunk sizes from one row to the whole matrix, with ties, NaN and +-inf;
 * identified intervals: LP solutions shared by metrics with the same objective on the same data (Hit@K and
-  leave-one-out Recall@K) equal a recomputation with every cache emptied, new data are solved afresh, the memo
-  stays bounded;
+  leave-one-out Recall@K) of one histogram equal a recomputation on an equal histogram built again (which keeps
+  nothing), new data are solved afresh, what one histogram keeps stays bounded;
 * RecBole's staging buffer sized for the evaluation's users returns what the doubling buffer returned;
 * the update / reset lifecycle of the torchmetrics class behind the Lightning callback: after a reset and new
   data, ``compute()`` equals a fresh metric's (no stale cached fit, program or LP solution), and the first data
@@ -19,6 +19,7 @@ import torch
 
 from reco_sampled_plugin import counting
 from reco_sampled_plugin import identification as idf
+from reco_sampled_plugin._rank_hist import RankHistogram, sampled_rank_histogram
 from reco_sampled_plugin.adapters import _recbole_ranks as rr
 from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
 
@@ -159,10 +160,13 @@ def _top_unresolved_ranks(seed: int, users: int = 600) -> tuple[torch.Tensor, to
     return hits + 1, n.to(torch.float64), torch.full((users,), 100.0)
 
 
+def _top_unresolved_histogram(seed: int, users: int = 600) -> RankHistogram:
+    return sampled_rank_histogram(*_top_unresolved_ranks(seed, users))
+
+
 @pytest.fixture
 def counted_solves(monkeypatch):
-    """Empty memo before and after; every LP solve counted."""
-    idf._CACHE.clear()
+    """Every LP solve counted."""
     calls = []
     real = idf._solve
 
@@ -171,38 +175,42 @@ def counted_solves(monkeypatch):
         return real(c, prog, sense)
 
     monkeypatch.setattr(idf, "_solve", counting_solve)
-    yield calls
-    idf._CACHE.clear()
+    return calls
 
 
 def test_equal_objectives_share_lp_solutions_and_equal_a_fresh_recomputation(counted_solves):
-    ranks, n, m = _top_unresolved_ranks(1)
-    rec = idf.identified_interval("recall@10", ranks, n, m)
+    hist = _top_unresolved_histogram(1)
+    rec = idf.identified_interval("recall@10", hist)
     assert len(counted_solves) == 2  # min and max
-    hit = idf.identified_interval("hit@10", ranks, n, m)
-    assert len(counted_solves) == 2  # the same per-rank objective on the same data: no new LP
-    idf._CACHE.clear()  # the reference path: every cache emptied, solved again
-    hit_ref = idf.identified_interval("hit@10", ranks, n, m)
+    hit = idf.identified_interval("hit@10", hist)
+    assert len(counted_solves) == 2  # the same per-rank objective on the same histogram: no new LP
+    # the reference path: an equal histogram built again keeps nothing (what is solved is kept on the histogram)
+    hit_ref = idf.identified_interval("hit@10", _top_unresolved_histogram(1))
     assert len(counted_solves) == 4
     assert (hit.lo, hit.hi, hit.lp_lo, hit.lp_hi, hit.flags) == (hit_ref.lo, hit_ref.hi, hit_ref.lp_lo, hit_ref.lp_hi, hit_ref.flags)
     assert (rec.lp_lo, rec.lp_hi) == (hit.lp_lo, hit.lp_hi)
-    ndcg = idf.identified_interval("ndcg@10", ranks, n, m)  # another objective: its own LPs
+    ndcg = idf.identified_interval("ndcg@10", hist)  # another objective: its own LPs
     assert len(counted_solves) == 6 and ndcg.lp_hi != hit.lp_hi
 
 
 def test_new_data_are_solved_afresh_and_the_memo_stays_bounded(counted_solves):
-    first = idf.identified_interval("recall@10", *_top_unresolved_ranks(1))
-    other = idf.identified_interval("recall@10", *_top_unresolved_ranks(2))
+    hist = _top_unresolved_histogram(1)
+    first = idf.identified_interval("recall@10", hist)
+    other = idf.identified_interval("recall@10", _top_unresolved_histogram(2))
     assert len(counted_solves) == 4 and (other.lo, other.hi) != (first.lo, first.hi)
-    again = idf.identified_interval("recall@10", *_top_unresolved_ranks(1))
-    assert len(counted_solves) == 4 and (again.lo, again.hi) == (first.lo, first.hi)  # kept while in the memo
-    for seed in range(3, 3 + idf._CACHE_MAX // 3 + 2):  # more histograms than the memo holds entries for
-        idf.identified_interval("recall@10", *_top_unresolved_ranks(seed, users=150))
-    assert len(idf._CACHE) <= idf._CACHE_MAX
+    again = idf.identified_interval("recall@10", hist)
+    assert len(counted_solves) == 4 and (again.lo, again.hi) == (first.lo, first.hi)  # kept on the histogram
+    # more programs and solutions of one histogram (a program and two LPs per level) than it keeps
+    small = _top_unresolved_histogram(3, users=150)
+    levels = [0.5 + 0.02 * i for i in range(idf.KEPT_MAX // 3 + 2)]
+    oldest = idf.identified_interval("recall@10", small, level=levels[0])
+    for level in levels[1:]:
+        idf.identified_interval("recall@10", small, level=level)
+    assert len(small.without_empty_groups()._kept["identification"]) <= idf.KEPT_MAX
     solves = len(counted_solves)
-    evicted = idf.identified_interval("recall@10", *_top_unresolved_ranks(1))
+    evicted = idf.identified_interval("recall@10", small, level=levels[0])
     assert len(counted_solves) == solves + 2  # evicted long ago: solved again, to the same numbers
-    assert (evicted.lo, evicted.hi, evicted.lp_lo, evicted.lp_hi) == (first.lo, first.hi, first.lp_lo, first.lp_hi)
+    assert (evicted.lo, evicted.hi, evicted.lp_lo, evicted.lp_hi) == (oldest.lo, oldest.hi, oldest.lp_lo, oldest.lp_hi)
 
 
 # ------------------------------------------------------------------------------------- RecBole staging
@@ -269,7 +277,6 @@ def _values(metric: SampledRankingMetrics) -> dict[str, float]:
 
 
 def test_reset_and_new_data_recompute_and_old_data_give_the_old_values():
-    idf._CACHE.clear()
     metric = SampledRankingMetrics(("hit@10", "ndcg@10"), n_samples=100, max_n_groups=16)
     metric.update(*_batch(1))
     first = _values(metric)
@@ -277,8 +284,7 @@ def test_reset_and_new_data_recompute_and_old_data_give_the_old_values():
     metric.update(*_batch(2))
     second = _values(metric)
     fresh = SampledRankingMetrics(("hit@10", "ndcg@10"), n_samples=100, max_n_groups=16)
-    fresh.update(*_batch(2))
-    idf._CACHE.clear()  # the reference recomputation shares nothing with the run above
+    fresh.update(*_batch(2))  # the reference recomputation: its own histogram, sharing nothing with the run above
     assert _values(fresh) == second
     assert second != first
     assert any(k.endswith("_lo") for k in second)  # the intervals are among the compared values

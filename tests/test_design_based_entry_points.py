@@ -12,6 +12,8 @@ draws, the chosen positives' exact ranks from ``exact_ranks`` of the materialise
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -200,8 +202,27 @@ def _pop_metric():
     return SampledRankingMetrics(["ndcg@10", "hit@10"], POP_DESIGN, estimators=["none", "auto", "diff"], seed=SEED)
 
 
+@pytest.fixture(scope="module")
+def pop_core():
+    """The core's SampledRanks of ``_batch(96)``'s keyed popularity draws with the share (:func:`_pop_core`) and its
+    ``auto`` estimates, made once for every batch form."""
+    u, v, pos, ids = _batch(96)  # pl_fit's cost grows with the positives
+    core = _pop_core(u @ v.T, pos, ids)
+    return core, {name: rsp.estimate(name, core, "auto") for name in ("ndcg@10", "hit@10")}
+
+
+@functools.lru_cache(maxsize=1)
+def _one_pop_state() -> tuple:
+    """The share ranks and estimates of one popularity state fed ``_batch(80)`` at once (the same for every example
+    of :func:`test_popularity_share_is_order_free`, so made once)."""
+    u, v, pos, ids = _batch(80)
+    one = _pop_metric()
+    one.update(u @ v.T, pos, ids=ids)
+    return one.popularity_ranks().share_ranks, {k: (e.value, e.stderr) for k, e in one.estimates().items()}
+
+
 @pytest.mark.parametrize("source", ["scores", "factors-static", "scorer"])
-def test_torchmetrics_popularity_share_equals_the_core(source, monkeypatch):
+def test_torchmetrics_popularity_share_equals_the_core(source, monkeypatch, pop_core):
     """A popularity design with a uniform exact share, every batch form (``-static``: the accelerator's capacity of
     rows): each positive's state row holds the core's sampled rank, pl_fit statistics, exact rank R (the keyed
     choice, ranked on the score matrix) and pi, bit for bit; ``auto`` and ``diff`` are the core's ``estimate`` on
@@ -211,15 +232,14 @@ def test_torchmetrics_popularity_share_equals_the_core(source, monkeypatch):
         monkeypatch.setattr(tm, "_READS_ON_CPU", False)
         source = source.removesuffix("-static")
     u, v, pos, ids = _batch(96)  # pl_fit's cost grows with the positives
-    scores = u @ v.T
-    core = _pop_core(scores, pos, ids)
+    core, rowwise_of = pop_core  # _pop_core(u @ v.T, pos, ids) and its auto estimates
     metric = _pop_metric()
     _feed(metric, source, u, v, pos, ids)
     state = metric.popularity_ranks()
     assert np.array_equal(canonical_rows(state), canonical_rows(core)) and 30 < int((state.share_ranks > 0).sum()) < 120
     est = metric.estimates()
     for name in ("ndcg@10", "hit@10"):
-        want, rowwise = rsp.estimate(name, state, "diff"), rsp.estimate(name, core, "auto")
+        want, rowwise = rsp.estimate(name, state, "diff"), rowwise_of[name]
         assert want.details["model"] == "pl_fit" and want.details["n_exact"] == int((core.share_ranks > 0).sum())
         for label in ("auto", "diff"):
             got = est[f"{name}/{label}"]
@@ -235,15 +255,13 @@ def test_popularity_share_is_order_free(cut, order, seed):
     into two states merged in either order, give one state's estimates and rows bit for bit; reset empties both."""
     u, v, pos, ids = _batch(80)
     scores = u @ v.T
-    one = _pop_metric()
-    one.update(scores, pos, ids=ids)
+    one_share_ranks, want = _one_pop_state()  # one state fed every row at once
     perm = torch.randperm(len(ids), generator=torch.Generator().manual_seed(seed))
     a, b = _pop_metric(), _pop_metric()
     a.update(scores[perm[:cut]], pos[perm[:cut]], ids=ids[perm[:cut]])
     b.update(scores[perm[cut:]], pos[perm[cut:]], ids=ids[perm[cut:]])
     (a.merge_state(b) if order else (b.merge_state(a), a := b))
-    assert torch.equal(a.popularity_ranks().share_ranks, one.popularity_ranks().share_ranks)
-    want = {k: (e.value, e.stderr) for k, e in one.estimates().items()}
+    assert torch.equal(a.popularity_ranks().share_ranks, one_share_ranks)
     assert {k: (e.value, e.stderr) for k, e in a.estimates().items()} == want
     a.reset()
     assert a.pop.shape == (0, len(tm._POP_COLUMNS) + 2) and int(a.share_overflow) == 0 and not hasattr(a, "share")

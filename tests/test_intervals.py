@@ -46,24 +46,29 @@ def sampled():
     return torch.from_numpy(exact), draw_sampled_ranks(exact, 1000, 20, seed=5)[0]
 
 
+@pytest.fixture(scope="module")
+def sample(sampled):
+    """``sampled``'s ranks as one SampledRanks (n = 1000, m = 20) for every method and metric: what estimation
+    derives from them (histogram, identified intervals) is kept on it and shared, as in one evaluation."""
+    return rsp.SampledRanks.from_arrays(sampled[1], 1000, 20)
+
+
+@pytest.fixture(scope="module")
+def sample_per_instance_n(sampled):
+    """``sampled``'s ranks with per-instance n = 1000 - (i mod 3), one SampledRanks for every method and metric."""
+    ranks = sampled[1]
+    return ranks, rsp.SampledRanks.from_arrays(ranks, torch.full_like(ranks, 1000) - torch.arange(ranks.numel()) % 3, 20)
+
+
 @pytest.mark.parametrize("method", registry.names())
-def test_every_method_and_metric_keeps_its_intervals_in_range(sampled, method):
-    _, ranks = sampled
+def test_every_method_and_metric_keeps_its_intervals_in_range(sample, method):
     opts = {**OPTIONS.get(method, {}), **({"n_bootstrap": 0} if method in FITTED else {})}
     for metric in METRICS:
         if not registry.get(method).takes_metric(parse_metric(metric).kind):  # hh: AUC only; the others refused
             with pytest.raises(ValueError, match="^metric: "):
-                rsp.estimate(
-                    metric,
-                    rsp.SampledRanks.from_arrays(ranks, 1000, 20),
-                    rsp.registry.method_class(method)(**opts),
-                )
+                rsp.estimate(metric, sample, rsp.registry.method_class(method)(**opts))
             continue
-        est = rsp.estimate(
-            metric,
-            rsp.SampledRanks.from_arrays(ranks, 1000, 20),
-            rsp.registry.method_class(method)(**opts),
-        )
+        est = rsp.estimate(metric, sample, rsp.registry.method_class(method)(**opts))
         bounds = metric_bounds(parse_metric(metric), [1000])
         _check(est, bounds)
         if metric == "ndcg@10":  # the cut-off lies inside the first sampled bin: the widened interval
@@ -71,13 +76,13 @@ def test_every_method_and_metric_keeps_its_intervals_in_range(sampled, method):
 
 
 @pytest.mark.parametrize("method", registry.names(family=("none", "correction"), fits_distribution=False))
-def test_correction_intervals_in_range_with_per_instance_n(sampled, method):
+def test_correction_intervals_in_range_with_per_instance_n(sample_per_instance_n, method):
     """``estimate(...).interval(0.95)`` of a correction table (and its sampling interval) never leave the metric's
     range: ls with its huge alternating table entries included (then flagged ``outside_metric_range``)."""
-    _, ranks = sampled
+    ranks, sample = sample_per_instance_n
     n = torch.full_like(ranks, 1000) - torch.arange(ranks.numel()) % 3  # per-instance n
     for metric in METRICS:
-        est = rsp.estimate(metric, rsp.SampledRanks.from_arrays(ranks, n, 20), method)
+        est = rsp.estimate(metric, sample, method)
         bounds = metric_bounds(parse_metric(metric), n.numpy())
         assert est.metric_range == bounds
         _check(est, bounds)

@@ -115,23 +115,19 @@ def _units() -> Units:
 
 @pytest.fixture
 def count_term():
-    """The count term on (every single-rank cell of the grid), the fit cache emptied around the test."""
-    pf._FIT_CACHE.clear()
-    yield "on"
-    pf._FIT_CACHE.clear()
+    """The count term on (every single-rank cell of the grid)."""
+    return "on"
 
 
 def test_count_term_is_on_by_default():
     """The default fit conditions on |A| = R - 1 (docs/research-notes.md, "Popularity sampling: pl_fit"): its
     tables are those of ``count_term="on"``, not the independent product's."""
-    pf._FIT_CACHE.clear()
     f = fit(_units())
     assert f.count_rank == pf.COUNT_EXACT_RANK
     np.testing.assert_array_equal(f.tables, fit(_units(), count_term="on").tables)
     u = f.units
     v = np.exp(f.betas[4] * (u.log_v - u.log_v.max()))
     assert f.tables[4, 0, 1] != pytest.approx(-f._lam[4][0, 1] * float(u.miss[0] @ v), rel=1e-6)
-    pf._FIT_CACHE.clear()
 
 
 @pytest.mark.parametrize("b", [0, 4, 7])
@@ -160,11 +156,13 @@ def test_rank_two_is_the_conditional_bernoulli_law(b, count_term):
 
 
 def test_count_term_off_restores_the_independent_product():
-    """``count_term="off"``: each drawn item's membership independent given R; the fit cache keeps the two apart;
-    an unknown setting is refused naming the option."""
-    pf._FIT_CACHE.clear()
-    with_term = fit(_units(), count_term="on").tables[4, 0, 1]
-    f = fit(_units(), count_term="off")
+    """``count_term="off"``: each drawn item's membership independent given R; the fits kept on one set of units
+    keep the two apart; an unknown setting is refused naming the option."""
+    units = _units()
+    kept_on = fit(units, count_term="on")
+    with_term = kept_on.tables[4, 0, 1]
+    f = fit(units, count_term="off")
+    assert f is not kept_on and fit(units, count_term="off") is f and fit(units) is kept_on
     assert f.count_rank == 0 and f.tables[4, 0, 1] != with_term
     u = f.units
     v = np.exp(f.betas[4] * (u.log_v - u.log_v.max()))
@@ -172,7 +170,6 @@ def test_count_term_off_restores_the_independent_product():
     assert f.tables[4, 0, 1] == pytest.approx(-lam * float(u.miss[0] @ v), rel=1e-9)
     with pytest.raises(ValueError, match="^count_term: one of"):
         fit(_units(), count_term="yes")
-    pf._FIT_CACHE.clear()
 
 
 @pytest.mark.slow
@@ -197,7 +194,6 @@ def test_ndcg_unbiased_where_the_model_holds():
                               generator=torch.Generator().manual_seed(100 + seed))
         for term in errs:
             errs[term].append(rsp.estimate("ndcg@10", s, rsp.registry.PlFit(count_term=term)).value / truth - 1.0)
-    pf._FIT_CACHE.clear()
     assert abs(np.mean(errs["on"])) < 0.025, errs
     assert np.mean(errs["off"]) < -0.025 and abs(np.mean(errs["on"])) < abs(np.mean(errs["off"])), errs
 

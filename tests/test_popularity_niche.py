@@ -66,8 +66,8 @@ def test_niche_top_is_detected_and_the_hedge_beats_the_constrained_fit(niche_dra
     every repeat."""
     new, old, free = ({s: [] for s in METRICS} for _ in range(3))
     old_cover, new_cover = {s: 0 for s in METRICS}, {s: 0 for s in METRICS}
-    # seed 0 last (and the default count term run last): the hedge test below finds seed 0's default fit in the
-    # fit cache (``_popularity_fit.fit`` keeps the last two)
+    # each draw's fits are kept on its popularity units, which the draw (the module's fixture) keeps: the hedge test
+    # below finds seed 0's default fit there (``_popularity_fit.fit``, ``popularity.popularity_draws``)
     for sampled, truth in niche_draws[::-1]:
         f = popularity.pl_fit(sampled, count_term=count_term)
         assert f.niche and f.niche_lr > 2 * NICHE_LR_CRITICAL, f.niche_lr

@@ -93,8 +93,9 @@ def mixed_worlds():
 def mixed_draws(mixed_worlds):
     """(per seed (sampled, {metric: truth}, {(metric, strata): Estimate}), seed 0's stratified fit
     (``popularity.pl_fit(sampled)``), seed 0's estimates with ``niche="constrained"``): each draw fitted once per
-    strata option for the tests of this module. Seed 0 comes last, so that its two fits (``fit`` keeps the last two)
-    are the ones the later estimates on the same statistics find."""
+    strata option for the tests of this module: the fits are kept on each draw's popularity units, which the draw
+    keeps (``_popularity_fit.fit``, ``popularity.popularity_draws``), so the later estimates on the same draw find
+    them."""
     out: list = [None] * 3
     for seed in (1, 2, 0):
         scores, pos, w = mixed_worlds[seed]

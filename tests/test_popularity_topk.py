@@ -134,6 +134,43 @@ def test_uniform_weights_reduce_to_the_uniform_binomial_fit():
         assert abs(a - b) < 0.02 and abs(b - truth) < 4 * e.stderr + 0.02, (metric, a, b, truth)
 
 
+def test_several_metrics_of_one_draw_fit_once(monkeypatch):
+    """The fit is kept on the draw's popularity units, which the draw returns again for equal statistics: several
+    metrics estimated from one draw (and ``popularity.pl_fit`` of it, and weights equal to the default ones) fit
+    once; another count term, or other weights, fit apart; an equal draw made again fits afresh, to the same values. A uniform
+    sample's fit is kept on its histogram alike."""
+    from reco_sampled_plugin import _popularity_fit as pf
+
+    fits = []
+    real = pf._fit
+    monkeypatch.setattr(pf, "_fit", lambda units, how, count_rank: fits.append((how, count_rank)) or
+                        real(units, how, count_rank))
+    scores, pos, w, _ = _model_catalogue(11, users=80, n=150, beta=1.5)
+
+    def draw() -> rsp.SampledRanks:
+        return rsp.sampled_ranks(scores, pos, SamplingDesign(30, popularity=w), generator=torch.Generator().manual_seed(5))
+
+    s = draw()
+    first = [rsp.estimate(m, s, method="pl_fit") for m in ("hit@10", "ndcg@10", "hit@10")]
+    assert len(fits) == 1 and first[0].value == first[2].value
+    f = popularity.pl_fit(s)
+    rsp.estimate("ndcg@10", s, method="pl_fit", weights=torch.ones(s.ranks.shape))  # the same units
+    assert len(fits) == 1 and popularity.pl_fit(s) is f
+    rsp.estimate("hit@10", s, registry.PlFit(count_term="off"))
+    assert fits == [("positive", pf.COUNT_EXACT_RANK), ("positive", 0)]
+    rsp.estimate("hit@10", s, method="pl_fit", weights=torch.full(s.ranks.shape, 2.0))  # other weights: other units
+    assert len(fits) == 3
+    other = draw()
+    again = [rsp.estimate(m, other, method="pl_fit") for m in ("hit@10", "ndcg@10")]
+    assert len(fits) == 4  # an equal draw, a new object: nothing kept on it
+    for a, b in zip(first, again):
+        assert (a.value, a.stderr, a.interval(0.95)) == (b.value, b.stderr, b.interval(0.95))
+    uniform = rsp.SampledRanks.from_arrays(s.ranks.view(-1), scores.shape[1], 30)
+    for m in ("hit@10", "ndcg@10"):
+        rsp.estimate(m, uniform, method="pl_fit")
+    assert len(fits) == 5
+
+
 # ------------------------------------------------------------------------------------------- refusals
 def test_refusals_name_the_argument():
     g = torch.Generator().manual_seed(0)
