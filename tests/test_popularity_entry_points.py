@@ -175,8 +175,14 @@ def rb_runs(workdir):  # about a minute on 2 cores: the tests that use it are ma
     """BPR and SASRec trained briefly on ml-100k; the test split in full mode (exact AUC) and pop100 (hh), with what
     the pop100 evaluation drew (captured at the adapter's flush). The two modes' loaders come from one split per
     model (``prepare_data``: RecBole's data_preparation for each mode, the split built once; the pop100 evaluation
-    draws from the generators as a fresh preparation leaves them)."""
+    draws from the generators as a fresh preparation leaves them). Trained and evaluated with torch's anomaly
+    detection off: importing RecBole's sequential models turns it on for the whole process (recbole's SINE module
+    calls ``torch.autograd.set_detect_anomaly(True)``), which only adds NaN checks to every backward pass and a
+    stack trace to every autograd node and changes no value (the runs' results and drawn batches checked bit for bit
+    against runs with it on), at a cost: this module's CPU time 28-31 s with it, 21-23 s without. The process's
+    setting is restored afterwards."""
     _recbole()
+    import recbole.model.sequential_recommender  # noqa: F401  (the import that turns anomaly detection on)
     from recbole.trainer import Trainer
     from recbole.utils import get_model, init_seed
 
@@ -184,28 +190,29 @@ def rb_runs(workdir):  # about a minute on 2 cores: the tests that use it are ma
     from reco_sampled_plugin.adapters import _recbole_ranks as rr
 
     out = {}
-    for name in _RB_MODELS:
-        config = _rb_config(name, "full")
-        train, _, test = _rb_data(config)
-        init_seed(config["seed"], config["reproducibility"])
-        model = get_model(name)(config, train._dataset)
-        trainer = Trainer(config, model)
-        trainer.fit(train, None, saved=False, show_progress=False)
-        full, _ = evaluate_with_struct(trainer, test)
-        # RankDist*: auto runs hh (AUC) and pl_fit (NDCG; SASRec only: its 943 positives fit in seconds, BPR's 10k
-        # positives in a minute)
-        pconfig = _rb_config(name, "pop100", rsp_stderr=True, metrics=["CorrectedAUC", "RankDistAUC"] + (
-            ["RankDistNDCG"] if name == "SASRec" else []))
-        _, _, ptest = _rb_data(pconfig)
-        seen = []
-        original = rr._process_sampled
-        rr._process_sampled = lambda c, *a: (seen.append(tuple(x.clone() for x in a)), original(c, *a))
-        try:
-            pop, struct = evaluate_with_struct(Trainer(pconfig, model), ptest)
-        finally:
-            rr._process_sampled = original
-        out[name] = {"full": full, "pop": pop, "struct": struct, "seen": seen, "sampler": ptest._sampler,
-                     "n_items": ptest._dataset.item_num}
+    with torch.autograd.set_detect_anomaly(False):  # restored on leaving
+        for name in _RB_MODELS:
+            config = _rb_config(name, "full")
+            train, _, test = _rb_data(config)
+            init_seed(config["seed"], config["reproducibility"])
+            model = get_model(name)(config, train._dataset)
+            trainer = Trainer(config, model)
+            trainer.fit(train, None, saved=False, show_progress=False)
+            full, _ = evaluate_with_struct(trainer, test)
+            # RankDist*: auto runs hh (AUC) and pl_fit (NDCG; SASRec only: its 943 positives fit in seconds, BPR's 10k
+            # positives in a minute)
+            pconfig = _rb_config(name, "pop100", rsp_stderr=True, metrics=["CorrectedAUC", "RankDistAUC"] + (
+                ["RankDistNDCG"] if name == "SASRec" else []))
+            _, _, ptest = _rb_data(pconfig)
+            seen = []
+            original = rr._process_sampled
+            rr._process_sampled = lambda c, *a: (seen.append(tuple(x.clone() for x in a)), original(c, *a))
+            try:
+                pop, struct = evaluate_with_struct(Trainer(pconfig, model), ptest)
+            finally:
+                rr._process_sampled = original
+            out[name] = {"full": full, "pop": pop, "struct": struct, "seen": seen, "sampler": ptest._sampler,
+                         "n_items": ptest._dataset.item_num}
     return out
 
 
