@@ -25,6 +25,17 @@ if _WORKERS > 1:
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+@pytest.fixture(autouse=True)
+def _no_leaked_anomaly_mode():
+    """Importing RecBole's sequential models (recbole/model/sequential_recommender/sine.py) turns torch's anomaly
+    detection on for the whole process: every later backward pass in the worker then checks for NaN and keeps a stack
+    trace per node (the same values, a fifth to a third more time in RecBole's training). Switched off after the test
+    that imported them, so later tests run as a user's process would."""
+    yield
+    if torch.is_anomaly_enabled():
+        torch.autograd.set_detect_anomaly(False)
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A working directory of the module's own: RecBole writes log/, log_tensorboard/ and saved/ relative to it."""
