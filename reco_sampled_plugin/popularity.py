@@ -95,7 +95,10 @@ class PopularityDraws:
 
 def popularity_draws(sampled: SampledRanks, weights: TensorLike | None = None) -> PopularityDraws:
     """The :class:`PopularityDraws` of popularity-sampled :class:`~reco_sampled_plugin.ranking.SampledRanks`. Their
-    ``units`` are those returned before for ``sampled`` where equal (:func:`_same_units`), with the fits they keep.
+    ``units`` are those returned before for ``sampled`` where equal (:func:`_same_units`), with the fits they keep:
+    a ``pl_fit`` fit lives as long as the draw it came from (its units; ``sampled`` remembers its last two), at most
+    2 per units (``Units._derived_max``; a fit holds about 100 times the units' data). The units' arrays are
+    read-only.
 
     Raises:
         ValueError naming ``sampled_ranks`` when they carry no design or no statistics (bare ranks cannot; draws without
@@ -337,7 +340,9 @@ def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None,
     ``.shares``, ``.estimate(spec)``, ``.bounds(spec)``, ``.niche`` (any stratum's). ``strata="none"``: one fit.
     ``count_term``: the likelihood's count term (``_popularity_fit.COUNT_TERMS``), as the estimator's option.
     The fit is kept with ``sampled`` (on its popularity units, or on its histogram for uniform draws): this call again,
-    and ``estimate`` of any metric with the same options, fit once. Refusals as :func:`popularity_draws`; adaptive
+    and ``estimate`` of any metric with the same options, fit once. It lives as long as the draw it came from, at
+    most 2 per units (``Units._derived_max``; a fit holds about 100 times the units' data); ``.units`` (read-only
+    arrays) is a copy of those units that keeps nothing, so a dropped draw frees its fits at once. Refusals as :func:`popularity_draws`; adaptive
     draws refused naming ``sampled``."""
     design = _fixed_m(sampled)
     if design is not None and design.popularity is not None:
