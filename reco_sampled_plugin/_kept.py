@@ -70,11 +70,14 @@ def same_as_before(owner: Any, slot: str, value: _T, equal: Callable[[_T, _T], b
     """``value``, or the one equal to it (``equal(old, value)``) that this call returned before for ``owner`` under
     ``slot`` (the last two are remembered in ``owner.__dict__[slot]``): the same object, with what it keeps, so
     several metrics estimated from one sample derive once. Equal content, not the owner's identity, decides: an
-    owner changed in place gets new ones. The owner's pickles and copies must leave ``slot`` out."""
+    owner changed in place gets new ones. The owner's pickles and copies must leave ``slot`` out. The remembered
+    values are read and the new one inserted under :data:`LOCK`; ``equal`` (which may read large arrays) runs
+    outside it (two threads may both insert equal values: the later is remembered first)."""
     with LOCK:
         last: tuple = owner.__dict__.get(slot, ())
-        for old in last:
-            if equal(old, value):
-                return old
-        owner.__dict__[slot] = (value,) + last[:1]
+    for old in last:
+        if equal(old, value):
+            return old
+    with LOCK:
+        owner.__dict__[slot] = (value,) + owner.__dict__.get(slot, ())[:1]
     return value

@@ -174,12 +174,26 @@ def _units(stats: PopularityStats, valid: torch.Tensor, design: SamplingDesign, 
 
 
 def _equal_units(a: Units, b: Units) -> bool:
-    """Whether two :class:`~reco_sampled_plugin._popularity_fit.Units` hold the same numbers, bit for bit."""
+    """Whether two :class:`~reco_sampled_plugin._popularity_fit.Units` hold the same numbers, bit for bit (the
+    arrays' bytes compared in place, without copies of contiguous arrays)."""
     arrays = ("profile", "beat", "miss", "n", "m", "w", "log_v", "mean_w", "covariate")
     return a.distinct == b.distinct and all(
-        (x is None and y is None) or (x is not None and y is not None and x.shape == y.shape and x.dtype == y.dtype
-                                      and x.tobytes() == y.tobytes())
+        (x is None and y is None) or (x is not None and y is not None and _same_bits(x, y))
         for x, y in ((getattr(a, k), getattr(b, k)) for k in arrays))
+
+
+def _same_bits(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether two arrays have the same dtype, shape and bytes (bitwise, as ``tobytes``: NaNs of one pattern equal,
+    -0.0 not 0.0)."""
+    if x is y:
+        return True
+    if x.dtype != y.dtype or x.shape != y.shape:
+        return False
+
+    def raw(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a).reshape(-1).view(np.uint8)  # a view where contiguous (the units' arrays are)
+
+    return bool(np.array_equal(raw(x), raw(y)))
 
 
 def _same_units(sampled: SampledRanks, units: Units) -> Units:

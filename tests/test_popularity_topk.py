@@ -255,6 +255,27 @@ def test_kept_fits_units_are_read_only():
         uniform.units.w[0] = 5.0
 
 
+def test_units_are_compared_bitwise_outside_the_lock(monkeypatch):
+    """A draw's units are compared with the ones it returned before outside the process-wide lock (other threads'
+    lookups do not wait on a comparison of large arrays), bit for bit: -0.0 is not 0.0, a NaN equals its own bits,
+    dtype and shape count, non-contiguous arrays compare by value."""
+    from reco_sampled_plugin import _kept
+
+    real = popularity._equal_units
+    held = []
+    monkeypatch.setattr(popularity, "_equal_units", lambda a, b: held.append(_kept.LOCK.locked()) or real(a, b))
+    s = _draw(_kept_world())
+    u = popularity.popularity_draws(s).units
+    assert popularity.popularity_draws(s).units is u
+    assert held and not any(held)
+    same = popularity._same_bits
+    assert same(np.array([0.0, np.nan]), np.array([0.0, np.nan]))
+    assert not same(np.array([0.0]), np.array([-0.0]))
+    assert not same(np.zeros(2), np.zeros(2, dtype=np.float32)) and not same(np.zeros(2), np.zeros((2, 1)))
+    x = np.arange(12.0).reshape(3, 4)
+    assert same(x[:, ::2], x[:, ::2].copy()) and not same(x[:, ::2], x[:, 1::2])
+
+
 # ------------------------------------------------------------------------------------------- refusals
 def test_refusals_name_the_argument():
     g = torch.Generator().manual_seed(0)
