@@ -45,16 +45,21 @@ def keep(table: "OrderedDict[Hashable, Any]", key: Hashable, make: Callable[[], 
 
 class KeepsDerived:
     """An immutable object of data that keeps what is derived from it (in ``__dict__["_kept"]``, an OrderedDict made
-    on first use), which its pickles and copies leave out (:meth:`__getstate__`)."""
+    on first use), which its pickles and copies leave out (:meth:`__getstate__`). ``_derived_max``: the most entries
+    one object keeps (:data:`DERIVED_MAX`; a class whose entries are large keeps fewer)."""
+
+    _derived_max = DERIVED_MAX
 
     def _derived(self, key: Hashable, make: Callable[[], _T]) -> _T:
         """``make()``, kept on this object under ``key`` and returned again while the key comes back, so several
-        metrics of one object derive it once. At most :data:`DERIVED_MAX` entries (the least recently used
-        dropped); an unhashable key is made every time. The object never changes, so nothing kept goes stale;
-        copies and pickles start without them."""
+        metrics of one object derive it once. At most ``_derived_max`` entries (:data:`DERIVED_MAX` unless the
+        class says fewer; the least recently used dropped); an unhashable key is made every time. The object never
+        changes (its arrays are read-only), so nothing kept goes stale; copies and pickles start without them. What
+        is made must not hold this object (it would keep itself alive in a reference cycle until a full garbage
+        collection): hold a copy (``copy.copy``, the same arrays without what is kept) instead."""
         with LOCK:
             table = self.__dict__.setdefault("_kept", OrderedDict())
-        return keep(table, key, make, DERIVED_MAX)
+        return keep(table, key, make, self._derived_max)
 
     def __getstate__(self) -> dict:
         """The fields (and their derived arrays), without what :meth:`_derived` keeps (pickles and copies)."""
@@ -65,11 +70,14 @@ def same_as_before(owner: Any, slot: str, value: _T, equal: Callable[[_T, _T], b
     """``value``, or the one equal to it (``equal(old, value)``) that this call returned before for ``owner`` under
     ``slot`` (the last two are remembered in ``owner.__dict__[slot]``): the same object, with what it keeps, so
     several metrics estimated from one sample derive once. Equal content, not the owner's identity, decides: an
-    owner changed in place gets new ones. The owner's pickles and copies must leave ``slot`` out."""
+    owner changed in place gets new ones. The owner's pickles and copies must leave ``slot`` out. The remembered
+    values are read and the new one inserted under :data:`LOCK`; ``equal`` (which may read large arrays) runs
+    outside it (two threads may both insert equal values: the later is remembered first)."""
     with LOCK:
         last: tuple = owner.__dict__.get(slot, ())
-        for old in last:
-            if equal(old, value):
-                return old
-        owner.__dict__[slot] = (value,) + last[:1]
+    for old in last:
+        if equal(old, value):
+            return old
+    with LOCK:
+        owner.__dict__[slot] = (value,) + owner.__dict__.get(slot, ())[:1]
     return value

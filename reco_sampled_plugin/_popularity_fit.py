@@ -68,6 +68,7 @@ the uniform case allows (``identification.TopShape`` defaults: the density non-i
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 from dataclasses import dataclass
@@ -123,7 +124,9 @@ STRATUM_MIN = 200.0
 @dataclass(frozen=True)
 class Units(KeepsDerived):
     """The fit's data: one row per unit (a positive, or a cell of a uniform histogram with its count as weight).
-    Its fits are kept on it (:func:`fit`; ``_kept.KeepsDerived``), left out of its pickles and copies.
+    Its fits are kept on it (:func:`fit`; ``_kept.KeepsDerived``), left out of its pickles and copies: at most
+    ``_derived_max`` = 2 (a fit holds about 100 times the units' data), living as long as the units. Its arrays are
+    made read-only (so a kept fit cannot go stale).
 
     profile: (N, C) drawable candidates per popularity class; beat, miss: (N, C) distinct drawn items per class that
     beat the unit's positive or not; n: (N,) candidates (the positive and its drawable items); m: (N,) draws;
@@ -145,6 +148,13 @@ class Units(KeepsDerived):
     #: (N,) log popularity weight of each unit's positive (``PopularityStats.positive_weight``), or None (not
     #: carried): the covariate of :func:`strata` (known before the draw, so the strata are fixed by the design)
     covariate: np.ndarray | None = None
+    #: the most fits one units keeps (what the process-wide cache held before fits were kept on their units)
+    _derived_max = 2
+
+    def __post_init__(self) -> None:
+        for a in (self.profile, self.beat, self.miss, self.n, self.m, self.w, self.log_v, self.mean_w, self.covariate):
+            if a is not None:
+                a.setflags(write=False)
 
     def select(self, rows: np.ndarray) -> "Units":
         """The units of ``rows`` (an index array), with the classes' weights unchanged."""
@@ -910,13 +920,14 @@ class StratifiedFit:
 def fit(units: Units, how: str = "positive", count_term: str = "on") -> PopularityFit | StratifiedFit:
     """Fit the model of the module docstring to ``units``, on the strata of ``how`` (:func:`strata`; one
     :class:`PopularityFit` where they are None), with the count term ``count_term`` (one of :data:`COUNT_TERMS`).
-    The fit is kept on ``units`` (``Units._derived``, by ``how``, the count term and :data:`STRATUM_MIN`): the
-    metrics estimated from one draw, whose units ``popularity.popularity_draws`` returns again for equal
-    statistics, fit once."""
+    The fit is kept on ``units`` (``Units._derived``, by ``how``, the count term and :data:`STRATUM_MIN`; at most 2
+    per units): the metrics estimated from one draw, whose units ``popularity.popularity_draws`` returns again for
+    equal statistics, fit once. The fit holds a shallow copy of ``units`` (the same read-only arrays, nothing kept),
+    not ``units`` itself, so the two make no reference cycle: the fit is freed with the units that keep it."""
     if count_term not in COUNT_TERMS:
         raise ValueError(f"count_term: one of {COUNT_TERMS}, not {count_term!r}")
     count_rank = COUNT_EXACT_RANK if count_term == "on" else 0
-    return units._derived(("fit", how, count_rank, STRATUM_MIN), lambda: _fit(units, how, count_rank))
+    return units._derived(("fit", how, count_rank, STRATUM_MIN), lambda: _fit(copy.copy(units), how, count_rank))
 
 
 def _fit(units: Units, how: str, count_rank: int) -> PopularityFit | StratifiedFit:

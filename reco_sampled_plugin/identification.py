@@ -201,7 +201,9 @@ KEPT_MAX = 64
 def _memo(hist: RankHistogram, key: tuple, build: Callable[[], _T]) -> _T:
     """``build()`` kept on ``hist`` under ``key`` (the programs, LP solutions and identified intervals of that
     histogram: the estimators of one evaluation share them, e.g. a corrected and a rank-distribution Recall@10 of
-    the same ranks); at most :data:`KEPT_MAX` of them, which go with the histogram."""
+    the same ranks); at most :data:`KEPT_MAX` of them, which go with the histogram. Equal histograms built
+    separately (the same ranks histogrammed twice, a histogram and its ``with_design`` copies) do not share them:
+    each builds its own."""
     return keep(hist._derived("identification", OrderedDict), key, build, KEPT_MAX)
 
 

@@ -95,7 +95,10 @@ class PopularityDraws:
 
 def popularity_draws(sampled: SampledRanks, weights: TensorLike | None = None) -> PopularityDraws:
     """The :class:`PopularityDraws` of popularity-sampled :class:`~reco_sampled_plugin.ranking.SampledRanks`. Their
-    ``units`` are those returned before for ``sampled`` where equal (:func:`_same_units`), with the fits they keep.
+    ``units`` are those returned before for ``sampled`` where equal (:func:`_same_units`), with the fits they keep:
+    a ``pl_fit`` fit lives as long as the draw it came from (its units; ``sampled`` remembers its last two), at most
+    2 per units (``Units._derived_max``; a fit holds about 100 times the units' data). The units' arrays are
+    read-only.
 
     Raises:
         ValueError naming ``sampled_ranks`` when they carry no design or no statistics (bare ranks cannot; draws without
@@ -171,12 +174,26 @@ def _units(stats: PopularityStats, valid: torch.Tensor, design: SamplingDesign, 
 
 
 def _equal_units(a: Units, b: Units) -> bool:
-    """Whether two :class:`~reco_sampled_plugin._popularity_fit.Units` hold the same numbers, bit for bit."""
+    """Whether two :class:`~reco_sampled_plugin._popularity_fit.Units` hold the same numbers, bit for bit (the
+    arrays' bytes compared in place, without copies of contiguous arrays)."""
     arrays = ("profile", "beat", "miss", "n", "m", "w", "log_v", "mean_w", "covariate")
     return a.distinct == b.distinct and all(
-        (x is None and y is None) or (x is not None and y is not None and x.shape == y.shape and x.dtype == y.dtype
-                                      and x.tobytes() == y.tobytes())
+        (x is None and y is None) or (x is not None and y is not None and _same_bits(x, y))
         for x, y in ((getattr(a, k), getattr(b, k)) for k in arrays))
+
+
+def _same_bits(x: np.ndarray, y: np.ndarray) -> bool:
+    """Whether two arrays have the same dtype, shape and bytes (bitwise, as ``tobytes``: NaNs of one pattern equal,
+    -0.0 not 0.0)."""
+    if x is y:
+        return True
+    if x.dtype != y.dtype or x.shape != y.shape:
+        return False
+
+    def raw(a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a).reshape(-1).view(np.uint8)  # a view where contiguous (the units' arrays are)
+
+    return bool(np.array_equal(raw(x), raw(y)))
 
 
 def _same_units(sampled: SampledRanks, units: Units) -> Units:
@@ -337,7 +354,9 @@ def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None,
     ``.shares``, ``.estimate(spec)``, ``.bounds(spec)``, ``.niche`` (any stratum's). ``strata="none"``: one fit.
     ``count_term``: the likelihood's count term (``_popularity_fit.COUNT_TERMS``), as the estimator's option.
     The fit is kept with ``sampled`` (on its popularity units, or on its histogram for uniform draws): this call again,
-    and ``estimate`` of any metric with the same options, fit once. Refusals as :func:`popularity_draws`; adaptive
+    and ``estimate`` of any metric with the same options, fit once. It lives as long as the draw it came from, at
+    most 2 per units (``Units._derived_max``; a fit holds about 100 times the units' data); ``.units`` (read-only
+    arrays) is a copy of those units that keeps nothing, so a dropped draw frees its fits at once. Refusals as :func:`popularity_draws`; adaptive
     draws refused naming ``sampled``."""
     design = _fixed_m(sampled)
     if design is not None and design.popularity is not None:

@@ -171,6 +171,111 @@ def test_several_metrics_of_one_draw_fit_once(monkeypatch):
     assert len(fits) == 5
 
 
+def _kept_world() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    scores, pos, w, _ = _model_catalogue(11, users=80, n=150, beta=1.5)
+    return scores, pos, w
+
+
+def _draw(world: tuple[torch.Tensor, torch.Tensor, torch.Tensor], seed: int = 5) -> rsp.SampledRanks:
+    scores, pos, w = world
+    return rsp.sampled_ranks(scores, pos, SamplingDesign(30, popularity=w), generator=torch.Generator().manual_seed(seed))
+
+
+def test_a_dropped_draw_frees_its_fit_without_garbage_collection():
+    """The fit kept on a draw's units holds a copy of them that keeps nothing (no reference cycle units <-> fit):
+    dropping the draw frees its fit at once, by reference counting alone (the garbage collector off), for a
+    popularity draw and a uniform one (whose units are kept on its histogram)."""
+    import gc
+    import weakref
+
+    world = _kept_world()
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        s = _draw(world)
+        f = popularity.pl_fit(s)
+        units = weakref.ref(popularity.popularity_draws(s).units)
+        assert f.units.w is units().w  # the fit's units: the draw's (a copy sharing the arrays)
+        fit, draw = weakref.ref(f), weakref.ref(s)
+        del s, f
+        assert draw() is None and units() is None and fit() is None
+        uniform = rsp.SampledRanks.from_arrays(_draw(world).ranks.view(-1), world[0].shape[1], 30)
+        uf = weakref.ref(popularity.pl_fit(uniform))
+        assert uf() is not None  # kept on the uniform draw's histogram while it lives
+        del uniform
+        assert uf() is None
+    finally:
+        if was:
+            gc.enable()
+
+
+def test_units_keep_at_most_two_fits(monkeypatch):
+    """A draw's units keep at most ``Units._derived_max`` = 2 fits (a fit holds about 100 times the units' data): a
+    third set of options drops the least recently used fit, which is fitted again when asked for."""
+    from reco_sampled_plugin import _popularity_fit as pf
+
+    fits = []
+    real = pf._fit
+    monkeypatch.setattr(pf, "_fit", lambda units, how, count_rank: fits.append((how, count_rank)) or
+                        real(units, how, count_rank))
+    s = _draw(_kept_world())
+    units = popularity.popularity_draws(s).units
+    first = popularity.pl_fit(s)
+    popularity.pl_fit(s, count_term="off")
+    assert popularity.pl_fit(s) is first and len(fits) == 2  # both kept
+    popularity.pl_fit(s, strata="none")  # a third: the least recently used ("off") goes
+    assert len(units.__dict__["_kept"]) == 2 and len(fits) == 3
+    assert popularity.pl_fit(s) is first and len(fits) == 3
+    popularity.pl_fit(s, count_term="off")
+    assert fits[-1] == ("positive", 0) and len(fits) == 4
+    assert pf.Units._derived_max == 2
+
+
+def test_kept_fits_units_are_read_only():
+    """The units a fit is kept on are read-only (so a kept fit cannot go stale): writing into ``pl_fit(s).units``
+    (a popularity draw's, a stratum's, a uniform histogram's) raises, and the next fit is the same object."""
+    from reco_sampled_plugin import _popularity_fit as pf
+
+    world = _kept_world()
+    s = _draw(world)
+    f = popularity.pl_fit(s)
+    arrays = ("profile", "beat", "miss", "n", "m", "w", "log_v", "mean_w", "covariate")
+    for u in (f.units, popularity.popularity_draws(s).units, f.units.select(np.arange(3))):
+        for k in arrays:
+            assert not getattr(u, k).flags.writeable, k
+    with pytest.raises(ValueError, match="read-only"):
+        f.units.w[:] = 2.0
+    with pytest.raises(ValueError, match="read-only"):
+        popularity.popularity_draws(s).units.profile[0, 0] = 1.0
+    assert popularity.pl_fit(s) is f
+    uniform = popularity.pl_fit(rsp.SampledRanks.from_arrays(s.ranks.view(-1), world[0].shape[1], 30))
+    assert isinstance(uniform.units, pf.Units)
+    with pytest.raises(ValueError, match="read-only"):
+        uniform.units.w[0] = 5.0
+
+
+def test_units_are_compared_bitwise_outside_the_lock(monkeypatch):
+    """A draw's units are compared with the ones it returned before outside the process-wide lock (other threads'
+    lookups do not wait on a comparison of large arrays), bit for bit: -0.0 is not 0.0, a NaN equals its own bits,
+    dtype and shape count, non-contiguous arrays compare by value."""
+    from reco_sampled_plugin import _kept
+
+    real = popularity._equal_units
+    held = []
+    monkeypatch.setattr(popularity, "_equal_units", lambda a, b: held.append(_kept.LOCK.locked()) or real(a, b))
+    s = _draw(_kept_world())
+    u = popularity.popularity_draws(s).units
+    assert popularity.popularity_draws(s).units is u
+    assert held and not any(held)
+    same = popularity._same_bits
+    assert same(np.array([0.0, np.nan]), np.array([0.0, np.nan]))
+    assert not same(np.array([0.0]), np.array([-0.0]))
+    assert not same(np.zeros(2), np.zeros(2, dtype=np.float32)) and not same(np.zeros(2), np.zeros((2, 1)))
+    x = np.arange(12.0).reshape(3, 4)
+    assert same(x[:, ::2], x[:, ::2].copy()) and not same(x[:, ::2], x[:, 1::2])
+
+
 # ------------------------------------------------------------------------------------------- refusals
 def test_refusals_name_the_argument():
     g = torch.Generator().manual_seed(0)
