@@ -356,8 +356,8 @@ def pl_fit(sampled: SampledRanks, weights: TensorLike | None = None,
     The fit is kept with ``sampled`` (on its popularity units, or on its histogram for uniform draws): this call again,
     and ``estimate`` of any metric with the same options, fit once. It lives as long as the draw it came from, at
     most 2 per units (``Units._derived_max``; a fit holds about 100 times the units' data); ``.units`` (read-only
-    arrays) is a copy of those units that keeps nothing, so a dropped draw frees its fits at once. Refusals as :func:`popularity_draws`; adaptive
-    draws refused naming ``sampled``."""
+    arrays) is a copy of those units that keeps nothing, so a dropped draw frees its fits at once. Refusals as
+    :func:`popularity_draws`; adaptive draws refused naming ``sampled``."""
     design = _fixed_m(sampled)
     if design is not None and design.popularity is not None:
         units = popularity_draws(sampled, weights).units
