@@ -65,32 +65,30 @@ def weight_bins(weights: torch.Tensor, bins: int = POP_BINS) -> torch.Tensor:
 class PopularityStats:
     """What a popularity-sampled draw keeps per positive (all shaped like the ranks, 0 in padded slots).
 
-    beating: float64, the beating draws, r~ - 1 (halves under ``ties="average"``).
-    inv_q: float64, S1 = sum over beating draws of b_k / q~_j (q~ renormalised over the row's drawable candidates).
-    inv_q2: float64, S2 = sum over beating draws of (b_k / q~_j)^2.
-    unreachable: int64, the row's drawable candidates (irrelevant, not excluded) of weight 0: never drawn, so no
-        estimate can count them (the estimators refuse rows that have any).
-    profile: float32 (..., POP_BINS), the row's drawable candidates of weight > 0 in each popularity class
-        (:func:`weight_bins`); None where the source cannot carry it (rank files), then ``pl_fit`` refuses.
-    beat_bins: float32 (..., POP_BINS), the distinct drawn items in each class that beat the positive (b: 1/2 for
-        a tie under ``ties="average"``); None with ``profile``.
-    miss_bins: float32 (..., POP_BINS), the distinct drawn items in each class that do not (1 - b); None with
-        ``profile``.
-    positive_weight: float64, the popularity weight w of the positive itself (0 in padded slots): the covariate by
-        which ``pl_fit`` stratifies the positives (``_popularity_fit.strata``); None where the source does not
-        know it (rank files, statistics saved before it was kept), then ``pl_fit`` fits all positives as one.
-
     Per positive and additive: batches, epochs and processes concatenate them like the ranks.
     """
 
     beating: torch.Tensor
+    """float64, the beating draws, r~ - 1 (halves under ``ties="average"``)."""
     inv_q: torch.Tensor
+    """float64, S1 = sum over beating draws of b_k / q~_j (q~ renormalised over the row's drawable candidates)."""
     inv_q2: torch.Tensor
+    """float64, S2 = sum over beating draws of (b_k / q~_j)^2."""
     unreachable: torch.Tensor
+    """int64, the row's drawable candidates (irrelevant, not excluded) of weight 0: never drawn, so no estimate can
+    count them (the estimators refuse rows that have any)."""
     profile: torch.Tensor | None = None
+    """float32 (..., POP_BINS), the row's drawable candidates of weight > 0 in each popularity class
+    (:func:`weight_bins`); None where the source cannot carry it (rank files), then ``pl_fit`` refuses."""
     beat_bins: torch.Tensor | None = None
+    """float32 (..., POP_BINS), the distinct drawn items in each class that beat the positive (b: 1/2 for a tie under
+    ``ties="average"``); None with ``profile``."""
     miss_bins: torch.Tensor | None = None
+    """float32 (..., POP_BINS), the distinct drawn items in each class that do not (1 - b); None with ``profile``."""
     positive_weight: torch.Tensor | None = None
+    """float64, the popularity weight w of the positive itself (0 in padded slots): the covariate by which ``pl_fit``
+    stratifies the positives (``_popularity_fit.strata``); None where the source does not know it (rank files,
+    statistics saved before it was kept), then ``pl_fit`` fits all positives as one."""
 
     @property
     def has_profile(self) -> bool:

@@ -67,16 +67,23 @@ SHARE_HEADER = ("sampled_rank", "n_candidates", "n_samples", "exact_rank", "incl
 
 @dataclass(frozen=True)
 class RankFile:
-    """Sampled ranks with per-positive candidate counts n and sample sizes m (int64 arrays); popularity-sampled files
-    also each positive's Hansen-Hurwitz statistics ``hh_s1``, ``hh_s2`` (float64; None for other files)."""
+    """The columns of a rank file, one entry per positive: its sampled rank, candidate count n and sample size m;
+    popularity-sampled files add the Hansen-Hurwitz statistics, files with an exact share the exact ranks."""
 
     ranks: np.ndarray
+    """int64, the sampled rank r~ in 1..m + 1."""
     n_items: np.ndarray
+    """int64, the candidates n (the positive included), n >= 2."""
     n_samples: np.ndarray
+    """int64, the sampled irrelevant items m >= 1."""
     hh_s1: np.ndarray | None = None
+    """float64, popularity-sampled files: S1 = sum of b_k / q~_j over the beating draws; None for other files."""
     hh_s2: np.ndarray | None = None
+    """float64, popularity-sampled files: S2 = sum of (b_k / q~_j)^2; None for other files."""
     exact_rank: np.ndarray | None = None
+    """int64, files with an exact share: the exact rank in 1..n, 0 where the positive was not chosen; else None."""
     inclusion: np.ndarray | None = None
+    """float64, files with an exact share: each positive's inclusion probability pi; else None."""
 
     def __post_init__(self) -> None:
         """The columns checked and normalised (built by hand as well as by the readers): ranks, n and m whole numbers

@@ -231,18 +231,18 @@ class FactorBatch(NamedTuple):
     The scores are ``user_factors @ item_factors.T + item_bias``; the adapters compute them in
     cache-sized tiles and count while they are hot (:mod:`reco_sampled_plugin.factor_ranks`), so the
     (B, n) matrix is never stored: evaluating costs about what computing the scores alone would.
-
-    user_factors: (B, d) factors of the B instances. item_factors: (n, d) factors of every item (the
-    same tensor each batch; its largest norm is cached). item_bias: optional (n,) per-item offset.
-    positives, exclude, ids: as in :class:`RankingBatch`.
+    ``positives``, ``exclude`` and ``ids`` are as in :class:`RankingBatch`.
     """
 
     user_factors: torch.Tensor
+    """(B, d) factors of the B instances."""
     item_factors: torch.Tensor
+    """(n, d) factors of every item (the same tensor each batch; its largest norm is cached)."""
     positives: torch.Tensor
     exclude: torch.Tensor | None = None
     ids: torch.Tensor | None = None
     item_bias: torch.Tensor | None = None
+    """Optional (n,) per-item offset added to every score."""
 
 
 class ScorerBatch(NamedTuple):
