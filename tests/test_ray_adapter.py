@@ -129,15 +129,6 @@ def _estimates(evaluation, pairs):
     return {(m, k): (e.value, e.stderr) for m, k in pairs for e in [evaluation.estimate(m, k)]}
 
 
-def _estimates_of(sample, pairs):
-    """What ``_estimates`` gives (``Evaluation.estimate`` is ``estimate(metric, self.sample(), method)``), from one
-    sample: the pairs' metrics share the fits the core keeps on it (pl_fit, the histogram's), fitted once, not once
-    per pair on equal copies (``Evaluation.estimate`` itself: the killed-actor test, the example)."""
-    from reco_sampled_plugin import estimate
-
-    return {(m, k): (e.value, e.stderr) for m, k in pairs for e in [estimate(m, sample, k)]}
-
-
 @pytest.mark.parametrize("name", list(DESIGNS))
 def test_blocks_and_merge_order_do_not_change_the_numbers(name):
     """Every design: one block, three uneven blocks merged in another order, and eleven blocks give the same sample
@@ -147,14 +138,16 @@ def test_blocks_and_merge_order_do_not_change_the_numbers(name):
     a popularity design: pi of each positive's pl_fit prediction, broadcast keyed by (user, item))."""
     design, rows = DESIGNS[name], _rows()
     one = _blocks_state(rows, design, [])
-    a = rr.Evaluation(one, design).sample()
-    expected = _estimates_of(a, METHODS[name])
+    evaluation = rr.Evaluation(one, design)
+    a = evaluation.sample()
+    expected = _estimates(evaluation, METHODS[name])
     assert all(np.isfinite(v) for v, _ in expected.values())
     for cuts, order in (([7, 50], [2, 0, 1]), (list(range(8, N_USERS, 8)), None)):
         split = _blocks_state(rows, design, cuts, order)
         assert split.users == one.users == N_USERS
-        b = rr.Evaluation(split, design).sample()
-        assert _estimates_of(b, METHODS[name]) == expected
+        evaluation = rr.Evaluation(split, design)
+        b = evaluation.sample()
+        assert _estimates(evaluation, METHODS[name]) == expected
         if design is None or design.popularity is None:
             assert a.same_groups(b) and np.array_equal(a.flat_counts, b.flat_counts)
         elif not design.replacement:  # the histogram's positives, no statistics (as the core's draws)
@@ -190,6 +183,30 @@ def _brute_ndcg(rows) -> float:
             r = 1 + int((scores[u, allowed] >= scores[u, i]).sum())
             gains.append(1 / np.log2(r + 1) if r <= 10 else 0.0)
     return float(np.mean(gains))
+
+
+def test_an_evaluation_keeps_its_sample_so_its_metrics_fit_once(monkeypatch):
+    """``Evaluation.sample()`` is built once (the same object on every call, left out of pickles and copies), so
+    the estimates of several metrics share the fit the core keeps on it: one ``pl_fit`` for two metrics under a
+    popularity design, with the numbers of a fresh evaluation of the same state."""
+    import copy
+    import pickle
+
+    from reco_sampled_plugin import _popularity_fit
+
+    design = DESIGNS["popularity"]
+    state = _blocks_state(_rows(), design, [])
+    fits = []
+    real = _popularity_fit._fit
+    monkeypatch.setattr(_popularity_fit, "_fit", lambda *a: fits.append(1) or real(*a))
+    evaluation = rr.Evaluation(state, design)
+    assert evaluation.sample() is evaluation.sample()
+    got = _estimates(evaluation, (("ndcg@10", "pl_fit"), ("hit@10", "pl_fit")))
+    assert len(fits) == 1
+    fresh = rr.Evaluation(state, design)
+    assert fresh.estimate("hit@10", "pl_fit").value == got["hit@10", "pl_fit"][0] and len(fits) == 2
+    for other in (pickle.loads(pickle.dumps(evaluation)), copy.copy(evaluation)):
+        assert "_kept" not in vars(other) and other.sample() is not evaluation.sample()
 
 
 def _canonical(hist):

@@ -53,6 +53,7 @@ import torch
 
 from reco_sampled_plugin._checks import ArgumentTypeError, check_int, check_size, check_without_replacement
 from reco_sampled_plugin._design_based import KeyedInclusion, ShareTable, draw_share, share_inclusion
+from reco_sampled_plugin._kept import KeepsDerived
 from reco_sampled_plugin._keyed import RowKeys, ScorerScores, keyed_adaptive_ranks, keyed_ranks
 from reco_sampled_plugin._options import check_bool, check_nonnegative_float, check_optional, check_seed
 from reco_sampled_plugin._popularity import PopularityStats
@@ -395,8 +396,9 @@ def _dump(state: EvaluationState) -> bytes:
 
 
 @dataclass(frozen=True)
-class Evaluation:
-    """The merged state of a dataset and its design: ``estimate(metric, method)`` runs the core's estimation."""
+class Evaluation(KeepsDerived):
+    """The merged state of a dataset and its design: ``estimate(metric, method)`` runs the core's estimation on
+    :meth:`sample`, built once and kept, so the fits the core keeps on a sample serve every metric and method."""
 
     state: EvaluationState
     design: SamplingDesign | None
@@ -406,7 +408,8 @@ class Evaluation:
         return self.state.cost
 
     def sample(self) -> SampledRanks | RankHistogram:
-        return self.state.sample(self.design)
+        """What ``estimate`` takes (:meth:`EvaluationState.sample` under the design); the same object on every call."""
+        return self._derived("sample", lambda: self.state.sample(self.design))
 
     def estimate(self, metric: str, method: Any = "auto") -> Estimate:
         """``reco_sampled_plugin.estimate(metric, self.sample(), method)``."""
