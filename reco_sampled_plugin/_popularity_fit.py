@@ -760,15 +760,22 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int, groups: np.ndar
             # the polynomial product truncated at kmax: new[t] = sum_{s <= t} acc[s] poly[t - s], s increasing;
             # the terms known to be zero (acc beyond its degree, poly beyond the class's largest count) left out.
             # One multiply-add per s, or per d = t - s in decreasing d (the same terms of each t in the same order),
-            # whichever takes fewer steps
-            new.fill(0.0)
+            # whichever takes fewer steps. The first step's products are written into ``new`` as they are (each is
+            # the first term of its coefficient, and 0 + x is x: the products are never -0), the rest of ``new`` set
+            # to 0, in place of zeroing all of it and adding
             if degree < h:
-                for s in range(degree + 1):  # the coefficients (at most COUNT_EXACT_RANK), not data
+                np.multiply(acc[0], poly[:h], out=new[:h])  # s = 0: width min(kmax + 1, h) = h
+                new[h:] = 0.0
+                for s in range(1, degree + 1):  # the coefficients (at most COUNT_EXACT_RANK), not data
                     width = min(kmax + 1 - s, h)
                     np.multiply(acc[s], poly[:width], out=prod[:width])
                     np.add(new[s:s + width], prod[:width], out=new[s:s + width])
             else:
-                for d in range(h - 1, -1, -1):
+                length = min(degree + 1, kmax + 2 - h)  # d = h - 1
+                np.multiply(acc[:length], poly[h - 1], out=new[h - 1:h - 1 + length])
+                new[:h - 1] = 0.0
+                new[h - 1 + length:] = 0.0
+                for d in range(h - 2, -1, -1):
                     length = min(degree + 1, kmax + 1 - d)
                     np.multiply(acc[:length], poly[d], out=prod[:length])
                     np.add(new[d:d + length], prod[:length], out=new[d:d + length])
