@@ -835,11 +835,17 @@ def _em(logl: np.ndarray, w: np.ndarray, base: np.ndarray, start: np.ndarray | N
     tot = float(wk.sum())
     prev = -math.inf
     smooth, norm = PSEUDO_COUNT * base, tot + PSEUDO_COUNT  # the same values each step: formed once
+    # each step's unit-length vectors written into two buffers (the same operations, none allocated per step)
+    mix, tmp = np.empty(len(wk)), np.empty(len(wk))
     for _ in range(_EM_ITER):  # iterations of the fit, not a loop over data
-        mix = np.maximum(lik @ p, 1e-300)
-        ll = float(wk @ np.log(mix))
-        p = p * ((wk / mix) @ lik) + smooth
-        p /= norm
+        np.matmul(lik, p, out=mix)
+        np.maximum(mix, 1e-300, out=mix)
+        ll = float(wk @ np.log(mix, out=tmp))
+        step = np.divide(wk, mix, out=tmp) @ lik
+        np.multiply(p, step, out=step)  # p * ((wk / mix) @ lik) + smooth, over norm
+        step += smooth
+        step /= norm
+        p = step
         if ll - prev < _EM_TOL * tot:
             break
         prev = ll
