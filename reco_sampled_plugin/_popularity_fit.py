@@ -816,10 +816,13 @@ def _rows_posterior(logl: np.ndarray, prior: np.ndarray) -> np.ndarray:
     """Posterior per unit with a per-unit prior (N, cells)."""
     with np.errstate(divide="ignore"):
         lp = logl + np.log(np.maximum(prior, 0.0))
-    lp = np.where(np.isfinite(lp), lp, -np.inf)
+    # the same values as the out-of-place steps (non-finite to -inf, less the row's finite maximum, exp, over the
+    # row's sum), each written over ``lp``: no further (N, cells) array per call
+    np.copyto(lp, -np.inf, where=~np.isfinite(lp))
     mx = lp.max(1, keepdims=True)
-    e = np.exp(lp - np.where(np.isfinite(mx), mx, 0.0))
-    return e / np.maximum(e.sum(1, keepdims=True), 1e-300)
+    np.subtract(lp, np.where(np.isfinite(mx), mx, 0.0), out=lp)
+    e = np.exp(lp, out=lp)
+    return np.divide(e, np.maximum(e.sum(1, keepdims=True), 1e-300), out=e)
 
 
 def _em(logl: np.ndarray, w: np.ndarray, base: np.ndarray, start: np.ndarray | None = None) -> tuple[np.ndarray, float]:
