@@ -760,15 +760,22 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int, groups: np.ndar
             # the polynomial product truncated at kmax: new[t] = sum_{s <= t} acc[s] poly[t - s], s increasing;
             # the terms known to be zero (acc beyond its degree, poly beyond the class's largest count) left out.
             # One multiply-add per s, or per d = t - s in decreasing d (the same terms of each t in the same order),
-            # whichever takes fewer steps
-            new.fill(0.0)
+            # whichever takes fewer steps. The first step's products are written into ``new`` as they are (each is
+            # the first term of its coefficient, and 0 + x is x: the products are never -0), the rest of ``new`` set
+            # to 0, in place of zeroing all of it and adding
             if degree < h:
-                for s in range(degree + 1):  # the coefficients (at most COUNT_EXACT_RANK), not data
+                np.multiply(acc[0], poly[:h], out=new[:h])  # s = 0: width min(kmax + 1, h) = h
+                new[h:] = 0.0
+                for s in range(1, degree + 1):  # the coefficients (at most COUNT_EXACT_RANK), not data
                     width = min(kmax + 1 - s, h)
                     np.multiply(acc[s], poly[:width], out=prod[:width])
                     np.add(new[s:s + width], prod[:width], out=new[s:s + width])
             else:
-                for d in range(h - 1, -1, -1):
+                length = min(degree + 1, kmax + 2 - h)  # d = h - 1
+                np.multiply(acc[:length], poly[h - 1], out=new[h - 1:h - 1 + length])
+                new[:h - 1] = 0.0
+                new[h - 1 + length:] = 0.0
+                for d in range(h - 2, -1, -1):
                     length = min(degree + 1, kmax + 1 - d)
                     np.multiply(acc[:length], poly[d], out=prod[:length])
                     np.add(new[d:d + length], prod[:length], out=new[d:d + length])
@@ -809,10 +816,13 @@ def _rows_posterior(logl: np.ndarray, prior: np.ndarray) -> np.ndarray:
     """Posterior per unit with a per-unit prior (N, cells)."""
     with np.errstate(divide="ignore"):
         lp = logl + np.log(np.maximum(prior, 0.0))
-    lp = np.where(np.isfinite(lp), lp, -np.inf)
+    # the same values as the out-of-place steps (non-finite to -inf, less the row's finite maximum, exp, over the
+    # row's sum), each written over ``lp``: no further (N, cells) array per call
+    np.copyto(lp, -np.inf, where=~np.isfinite(lp))
     mx = lp.max(1, keepdims=True)
-    e = np.exp(lp - np.where(np.isfinite(mx), mx, 0.0))
-    return e / np.maximum(e.sum(1, keepdims=True), 1e-300)
+    np.subtract(lp, np.where(np.isfinite(mx), mx, 0.0), out=lp)
+    e = np.exp(lp, out=lp)
+    return np.divide(e, np.maximum(e.sum(1, keepdims=True), 1e-300), out=e)
 
 
 def _em(logl: np.ndarray, w: np.ndarray, base: np.ndarray, start: np.ndarray | None = None) -> tuple[np.ndarray, float]:
@@ -828,11 +838,17 @@ def _em(logl: np.ndarray, w: np.ndarray, base: np.ndarray, start: np.ndarray | N
     tot = float(wk.sum())
     prev = -math.inf
     smooth, norm = PSEUDO_COUNT * base, tot + PSEUDO_COUNT  # the same values each step: formed once
+    # each step's unit-length vectors written into two buffers (the same operations, none allocated per step)
+    mix, tmp = np.empty(len(wk)), np.empty(len(wk))
     for _ in range(_EM_ITER):  # iterations of the fit, not a loop over data
-        mix = np.maximum(lik @ p, 1e-300)
-        ll = float(wk @ np.log(mix))
-        p = p * ((wk / mix) @ lik) + smooth
-        p /= norm
+        np.matmul(lik, p, out=mix)
+        np.maximum(mix, 1e-300, out=mix)
+        ll = float(wk @ np.log(mix, out=tmp))
+        step = np.divide(wk, mix, out=tmp) @ lik
+        np.multiply(p, step, out=step)  # p * ((wk / mix) @ lik) + smooth, over norm
+        step += smooth
+        step /= norm
+        p = step
         if ll - prev < _EM_TOL * tot:
             break
         prev = ll

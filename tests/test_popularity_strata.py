@@ -177,7 +177,7 @@ def test_stratified_fit_from_device_draws_equals_the_cpu_one(device, mixed_world
     positive), and the same stratified estimate as on the CPU."""
     scores, pos, w = mixed_worlds[0]  # _world(0)
     got = {}
-    for dev in ("cpu", device):
+    for dev in dict.fromkeys(("cpu", str(device))):  # on the CPU alone: one draw, compared with itself as before
         s = rsp.sampled_ranks(scores.to(dev), pos.to(dev), SamplingDesign(50, popularity=w.to(dev)),
                               generator=torch.Generator().manual_seed(100))
         st_ = s.popularity_stats
