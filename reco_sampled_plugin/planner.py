@@ -1312,7 +1312,8 @@ class _Replicates:
             self._shares(js)
         elif self.design.popularity is not None:
             self._popularity(js)
-        elif self.batched and self.sim.done is None and _JOINT_FITS:  # every repeat on one likelihood
+        elif self.batched and self.sim.done is None and _JOINT_FITS and self.run.max_rel_n_spread is None \
+                and not getattr(self.run, "trace", False):  # every repeat on one likelihood (ReplicateFits' options)
             self._joint_fits(js)
         elif self.batched:  # the repeats' fits share one likelihood when their pooled groups agree
             self._histogram_fits(js)
@@ -1422,7 +1423,7 @@ class _Replicates:
         from .rank_distribution import ReplicateFits
 
         if self._joint is None:
-            self._joint = ReplicateFits(self.sim.sampled, self.draws.n_t, self._sizes(), self.run.name,
+            self._joint = ReplicateFits(self.sim.sampled, self.draws.n_t, self._sizes(), self.run,
                                         sampling=self.design.law)
         for j, dist in zip(js, self._joint.fit(js)):
             self.est[j] = dist.values([self.s.spec], target=self.fit_target)[0]  # the spread is over replicates
@@ -1435,7 +1436,7 @@ class _Replicates:
         sampled, n_t, done = self.sim.sampled, self.draws.n_t, self.sim.done
         hists = [as_histogram(sampled[j], n_t, self._sizes(j)) if done is None
                  else sampled_rank_histogram(sampled[j], n_t, self._sizes(j), exact_ranks=done[j]) for j in js]
-        for j, dist in zip(js, fit_rank_distribution(hists, self.run.name, sampling=self.design.law)):
+        for j, dist in zip(js, fit_rank_distribution(hists, self.run, sampling=self.design.law)):
             self.est[j] = dist.values([self.s.spec], target=self.fit_target)[0]  # the spread is over replicates
         self.tick(len(js))
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -189,6 +190,37 @@ def test_options_are_the_method_objects():
     ranks = torch.tensor([[1, 2, 5, 9], [2, 1, 3, 30]])
     short = ReplicateFits(ranks, 100, 50, registry.Mle(max_iter=3)).fit()
     assert all(not d.converged and d.iterations == 3 for d in short)
+
+
+@pytest.mark.parametrize("exact_at_cap", [False, True], ids=["joint", "one_by_one"])
+def test_plan_fits_with_the_method_options(monkeypatch, exact_at_cap):
+    """A plan's method object reaches its replicate fits with its options (and ``n_bootstrap=0``) on both paths, so
+    a fit cut to 2 EM iterations forecasts other errors than the converged default (before, the fits read the
+    method's name alone: ``plan(..., method=Mle(max_iter=2))`` forecast what ``Mle()`` did)."""
+    from reco_sampled_plugin import rank_distribution
+
+    seen = []
+    real_joint, real_single = rank_distribution.ReplicateFits.__init__, rank_distribution.fit_rank_distribution
+
+    def joint(self, sampled, n, m, method="mes", **kw):
+        seen.append(method)
+        real_joint(self, sampled, n, m, method, **kw)
+
+    def single(hists, method="mle", **kw):  # the replicates' fits (estimate()'s, of the interval widths, apart)
+        if sys._getframe(1).f_code.co_name == "_histogram_fits":
+            seen.append(method)
+        return real_single(hists, method, **kw)
+
+    monkeypatch.setattr(rank_distribution.ReplicateFits, "__init__", joint)
+    monkeypatch.setattr(rank_distribution, "fit_rank_distribution", single)
+    design = SamplingDesign(50, adaptive_max=800, exact_at_cap=True) if exact_at_cap else SamplingDesign(50)
+    kw = dict(designs=[design], repeats=4, seed=3)
+    short = planner.plan(3000, 500, "ndcg@10", 0.1, method=registry.Mle(max_iter=2), **kw)
+    assert seen and all(m == registry.Mle(max_iter=2, n_bootstrap=0) for m in seen)
+    seen.clear()
+    full = planner.plan(3000, 500, "ndcg@10", 0.1, method="mle", **kw)
+    assert seen and all(m == registry.Mle(n_bootstrap=0) for m in seen)
+    assert short.forecasts[0].rel_bias != full.forecasts[0].rel_bias
 
 
 
