@@ -136,7 +136,8 @@ class ItemKNN(Recommender):
     neighbour; the paper does not say). Sparsification (eq. 28): ``s'_ij = s_ij [i in N_k(j)] [j in N_k'(i)]``,
     where N_k'(i) holds the k' largest s_ij of row i (``k_neighbors``) and N_k(j) the k largest of column j (``k_column``);
     None means infinity; ties go to the smaller item index; zero similarities are never neighbours. Row
-    normalisation (eq. 29): s''_i = s'_i / ||s'_i||_2. Prediction (eq. 30):
+    normalisation (eq. 29): s''_i = s'_i / ||s'_i||_2 (taken as max|s'_i| ||s'_i / max|s'_i||| where the squares
+    would underflow, e.g. q = 800). Prediction (eq. 30):
     y(u, i) = sum_{j in H_u} s''_ij / sum_j s''_ij, and 0 when item i has no neighbour (0/0). The normalisation
     of eq. 29 cancels in eq. 30; it is kept to follow the paper literally.
 
@@ -197,6 +198,13 @@ class ItemKNN(Recommender):
         s.sort_indices()
         norms = np.sqrt(np.asarray(s.multiply(s).sum(axis=1)).reshape(-1))
         rows = np.repeat(np.arange(s.shape[0]), np.diff(s.indptr))
+        small = np.flatnonzero(norms[rows] < 2.0 ** -484)  # entries of rows whose squares' sum nears underflow (q large)
+        if small.size:  # those rows' norms as max |s| ||s / max|s|||: no square underflows; other rows keep their bits
+            top = np.zeros(s.shape[0])
+            np.maximum.at(top, rows[small], s.data[small])
+            scaled = np.bincount(rows[small], weights=(s.data[small] / top[rows[small]]) ** 2, minlength=s.shape[0])
+            hit = top > 0
+            norms[hit] = top[hit] * np.sqrt(scaled[hit])
         s.data = s.data / norms[rows]
         return s
 

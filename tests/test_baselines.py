@@ -131,6 +131,32 @@ def test_itemknn_matches_brute_force(q, k_row, k_col, dense_threshold):
         assert np.all(np.diff(model.similarity(x).indptr) <= k_row)
 
 
+def test_itemknn_large_q_scores_without_underflow():
+    """q = 800: a row's largest s_ij = ratio^q is representable but its square underflows, so ||s'_i|| of eq. 29 taken
+    directly is 0 and the scores NaN. Oracle: eq. 30 is invariant to each row's scale (the norm cancels), so
+    y(u, i) = sum_{j in H_u} t_ij / sum_j t_ij with t_ij = exp(q (log ratio_ij - max_j log ratio_ij)), in log space;
+    an s_ij that underflows to 0 is no neighbour, as the docstring says."""
+    x = _random_binary(25, 11, 0.3, seed=4)
+    q = 800.0
+    model = ItemKNN(q=q).fit(x)
+    got = model.score(np.arange(25)).double().numpy()
+    d = x.toarray().astype(np.float64)
+    counts = d.sum(0)
+    co = d.T @ d
+    np.fill_diagonal(co, 0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(co > 0, co / (np.sqrt(counts)[:, None] * np.sqrt(counts)[None, :]), 0.0)
+        log_t = np.where(ratio**q > 0, q * np.log(ratio), -np.inf)
+    want = np.zeros_like(got)
+    for i in range(d.shape[1]):
+        if np.isfinite(log_t[i]).any():
+            t = np.exp(log_t[i] - log_t[i].max())
+            want[:, i] = (d @ t) / t.sum()
+    top = ratio.max(1)
+    assert np.isfinite(got).all() and np.any((top**q > 0) & (top ** (2 * q) == 0))  # rows whose norm underflowed
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
 def test_itemknn_names():
     assert ItemKNN(q=3).name == "ItemKNN(q=3)"
     assert ItemKNN(q=1, k_neighbors=10).name == "ItemKNN(q=1,k'=10)"
