@@ -193,7 +193,10 @@ def _get_compiled(name: str) -> Callable | None:
             if fn is None:
                 kernel = _KERNELS.get(name) or (
                     _tied_kernel(int(name[2:])) if name.startswith("tb") else _multi_kernel(int(name[2:]), name.startswith("ge")))
-                fn = torch.compile(kernel, dynamic=True)
+                # called without autograd whatever the caller's grad mode (the counts are integers): a compiled
+                # function guards on the grad mode, and would otherwise trace and compile once more for a caller
+                # that counts both inside and outside torch.no_grad() (a training loop's validation, a test)
+                fn = torch.no_grad()(torch.compile(kernel, dynamic=True))
                 _compiled[name] = fn
                 logger.debug("counting kernel %s: compiled path chosen (backend %r, %d comparisons counted in this "
                              "process); torch.compile runs at its first call", name, _backend, _work_done[0])
@@ -413,6 +416,14 @@ def _compile_failure(name: str, exc: Exception) -> None:
     )
 
 
+def _fresh(ref: torch.Tensor) -> torch.Tensor:
+    """A group of references as a compiled kernel's argument: a copy with its own storage and row-major strides (B x
+    at most ``_GROUP`` values). A view (a slice of the caller's references, one row of a tile) would make the compiled
+    function guard on its base's size and on strides that a one-row view leaves free, and compile again for the
+    next slice or row count."""
+    return ref.clone(memory_format=torch.contiguous_format)
+
+
 def _run(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
     if name.startswith("rows_"):  # (rows, ref) per positive: compiled from a smaller size (no padding)
         work = scores.shape[1] * ref.shape[0] * (_COMPILE_MIN_WORK // _COMPILE_MIN_WORK_ROWS)
@@ -446,7 +457,7 @@ def _padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool, finite: bo
             for start in range(0, p, size):
                 fn = _get_compiled(f"{family}{min(size, p - start)}")
                 assert fn is not None  # None only for a name in _compile_failed (this family is not)
-                counts, sums = fn(scores, ref[:, start : start + size].contiguous())
+                counts, sums = fn(scores, _fresh(ref[:, start : start + size]))
                 parts.append(counts)
                 row_sums = sums if row_sums is None else row_sums
             counts = (parts[0] if len(parts) == 1 else torch.cat(parts, 1)).to(torch.int64)
@@ -524,7 +535,7 @@ def count_tied_before(scores: torch.Tensor, ref: torch.Tensor, ref_keys: torch.T
                 sl = slice(start, start + size)
                 fn = _get_compiled(f"tb{min(size, p - start)}")
                 assert fn is not None  # None only for a name in _compile_failed ("tb" is not)
-                parts.append(fn(scores, ref[:, sl].contiguous(), ref_keys[:, sl].contiguous(), row_seed, cols))
+                parts.append(fn(scores, _fresh(ref[:, sl]), _fresh(ref_keys[:, sl]), row_seed, cols))
             return (parts[0] if len(parts) == 1 else torch.cat(parts, 1)).to(torch.int64)
         except Exception as exc:  # compilation unavailable: fall back once (out-of-memory errors propagate)
             _compile_failure("tb", exc)
