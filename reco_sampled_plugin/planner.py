@@ -1254,7 +1254,7 @@ def _share_pairs(design: SamplingDesign, n_t: torch.Tensor) -> float:
 def _design_method(design: SamplingDesign, sim: _Simulation, s: _Settings, n_t: torch.Tensor) -> registry.Method:
     """The estimator run on the design: the plan's method, ``auto`` resolved as estimate() resolves it (on the
     first replicate), with the options given of it that the run takes; methods that fit a distribution run with
-    ``n_bootstrap=0`` (the slow bootstrap skipped)."""
+    ``n_bootstrap=0`` (the slow bootstrap skipped) and ``trace=False``."""
     from ._rank_hist import as_histogram
     from ._auto import auto_method
 
@@ -1270,8 +1270,10 @@ def _design_method(design: SamplingDesign, sim: _Simulation, s: _Settings, n_t: 
     run_cls = registry.method_class(run)
     takes = run_cls.entry.option_names + registry.COMMON_OPTIONS
     opts: dict[str, Any] = {k: v for k, v in s.method.given().items() if k in takes}
-    if run_cls.entry.fits_distribution:
+    if run_cls.entry.fits_distribution:  # the replicates' spread is the error: no bootstrap, no per-fit trace
         opts["n_bootstrap"] = 0
+        if "trace" in takes:
+            opts["trace"] = False
     return run_cls(**opts)
 
 
@@ -1312,8 +1314,8 @@ class _Replicates:
             self._shares(js)
         elif self.design.popularity is not None:
             self._popularity(js)
-        elif self.batched and self.sim.done is None and _JOINT_FITS and self.run.max_rel_n_spread is None \
-                and not getattr(self.run, "trace", False):  # every repeat on one likelihood (ReplicateFits' options)
+        elif self.batched and self.sim.done is None and _JOINT_FITS and self.run.max_rel_n_spread is None:
+            # every repeat on one likelihood (ReplicateFits pools no grid of n: max_rel_n_spread takes the next path)
             self._joint_fits(js)
         elif self.batched:  # the repeats' fits share one likelihood when their pooled groups agree
             self._histogram_fits(js)

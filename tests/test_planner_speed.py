@@ -194,7 +194,7 @@ def test_options_are_the_method_objects():
 
 @pytest.mark.parametrize("exact_at_cap", [False, True], ids=["joint", "one_by_one"])
 def test_plan_fits_with_the_method_options(monkeypatch, exact_at_cap):
-    """A plan's method object reaches its replicate fits with its options (and ``n_bootstrap=0``) on both paths, so
+    """A plan's method object reaches its replicate fits with its options (``n_bootstrap=0``, ``trace`` off) on both paths, so
     a fit cut to 2 EM iterations forecasts other errors than the converged default (before, the fits read the
     method's name alone: ``plan(..., method=Mle(max_iter=2))`` forecast what ``Mle()`` did)."""
     from reco_sampled_plugin import rank_distribution
@@ -215,12 +215,15 @@ def test_plan_fits_with_the_method_options(monkeypatch, exact_at_cap):
     monkeypatch.setattr(rank_distribution, "fit_rank_distribution", single)
     design = SamplingDesign(50, adaptive_max=800, exact_at_cap=True) if exact_at_cap else SamplingDesign(50)
     kw = dict(designs=[design], repeats=4, seed=3)
-    short = planner.plan(3000, 500, "ndcg@10", 0.1, method=registry.Mle(max_iter=2), **kw)
-    assert seen and all(m == registry.Mle(max_iter=2, n_bootstrap=0) for m in seen)
+    short = planner.plan(3000, 500, "ndcg@10", 0.1, method=registry.Mle(max_iter=2, trace=True), **kw)
+    assert seen and all(m == registry.Mle(max_iter=2, n_bootstrap=0) for m in seen)  # a trace is of one fit: off
     seen.clear()
     full = planner.plan(3000, 500, "ndcg@10", 0.1, method="mle", **kw)
     assert seen and all(m == registry.Mle(n_bootstrap=0) for m in seen)
     assert short.forecasts[0].rel_bias != full.forecasts[0].rel_bias
+    seen.clear()  # a grid of n: fitted one by one (ReplicateFits pools none), the option read
+    planner.plan(3000, 500, "ndcg@10", 0.1, method=registry.Mle(max_rel_n_spread=0.5), **kw)
+    assert seen and all(m == registry.Mle(max_rel_n_spread=0.5, n_bootstrap=0) for m in seen)
 
 
 

@@ -408,7 +408,8 @@ class Evaluation(KeepsDerived):
         return self.state.cost
 
     def sample(self) -> SampledRanks | RankHistogram:
-        """What ``estimate`` takes (:meth:`EvaluationState.sample` under the design); the same object on every call."""
+        """What ``estimate`` takes (:meth:`EvaluationState.sample` under the design); the same object on every call,
+        kept as long as this evaluation: read it, never change its tensors in place (later estimates would read them)."""
         return self._derived("sample", lambda: self.state.sample(self.design))
 
     def estimate(self, metric: str, method: Any = "auto") -> Estimate:
