@@ -757,28 +757,7 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int, groups: np.ndar
             mx = np.where(pc >= 1.0, 0.0, mx + n[0] * l1p[pr, :, c])
             if inv is not None:
                 mx = mx[inv]
-            # the polynomial product truncated at kmax: new[t] = sum_{s <= t} acc[s] poly[t - s], s increasing;
-            # the terms known to be zero (acc beyond its degree, poly beyond the class's largest count) left out.
-            # One multiply-add per s, or per d = t - s in decreasing d (the same terms of each t in the same order),
-            # whichever takes fewer steps. The first step's products are written into ``new`` as they are (each is
-            # the first term of its coefficient, and 0 + x is x: the products are never -0), the rest of ``new`` set
-            # to 0, in place of zeroing all of it and adding
-            if degree < h:
-                np.multiply(acc[0], poly[:h], out=new[:h])  # s = 0: width min(kmax + 1, h) = h
-                new[h:] = 0.0
-                for s in range(1, degree + 1):  # the coefficients (at most COUNT_EXACT_RANK), not data
-                    width = min(kmax + 1 - s, h)
-                    np.multiply(acc[s], poly[:width], out=prod[:width])
-                    np.add(new[s:s + width], prod[:width], out=new[s:s + width])
-            else:
-                length = min(degree + 1, kmax + 2 - h)  # d = h - 1
-                np.multiply(acc[:length], poly[h - 1], out=new[h - 1:h - 1 + length])
-                new[:h - 1] = 0.0
-                new[h - 1 + length:] = 0.0
-                for d in range(h - 2, -1, -1):
-                    length = min(degree + 1, kmax + 1 - d)
-                    np.multiply(acc[:length], poly[d], out=prod[:length])
-                    np.add(new[d:d + length], prod[:length], out=new[d:d + length])
+            _times_truncated(acc, poly, degree, new, prod)
             degree = min(kmax, degree + n_max)
             top = new.max(0)
             top = np.where(top > 0, top, 1.0)
@@ -787,6 +766,33 @@ def _log_count_pmf(counts: np.ndarray, p: np.ndarray, kmax: int, groups: np.ndar
         if at is not None:
             return np.log(acc[at, np.arange(n_units)[:, None], np.arange(n_x)[None, :]]) + scale
         return np.moveaxis(np.log(acc) + scale, 0, -1)
+
+
+def _times_truncated(acc: np.ndarray, poly: np.ndarray, degree: int, new: np.ndarray, prod: np.ndarray) -> None:
+    """One step of :func:`_log_count_pmf`'s polynomial product truncated at kmax (``acc``, ``new``, ``prod``: (kmax +
+    1, N, X); ``poly``: (h, N, X), its coefficients beyond the class's largest count left out; ``acc`` zero beyond
+    ``degree``): new[t] = sum_{s <= t} acc[s] poly[t - s], s increasing; the terms known to be zero left out. One
+    multiply-add per s, or per d = t - s in decreasing d (the same terms of each t in the same order), whichever
+    takes fewer steps. The first step's products are written into ``new`` as they are (each is the first term of its
+    coefficient, and 0 + x is x: the products are never -0), the rest of ``new`` set to 0, in place of zeroing all
+    of it and adding."""
+    kmax, h = acc.shape[0] - 1, poly.shape[0]
+    if degree < h:
+        np.multiply(acc[0], poly[:h], out=new[:h])  # s = 0: width min(kmax + 1, h) = h
+        new[h:] = 0.0
+        for s in range(1, degree + 1):  # the coefficients (at most COUNT_EXACT_RANK), not data
+            width = min(kmax + 1 - s, h)
+            np.multiply(acc[s], poly[:width], out=prod[:width])
+            np.add(new[s:s + width], prod[:width], out=new[s:s + width])
+    else:
+        length = min(degree + 1, kmax + 2 - h)  # d = h - 1
+        np.multiply(acc[:length], poly[h - 1], out=new[h - 1:h - 1 + length])
+        new[:h - 1] = 0.0
+        new[h - 1 + length:] = 0.0
+        for d in range(h - 2, -1, -1):
+            length = min(degree + 1, kmax + 1 - d)
+            np.multiply(acc[:length], poly[d], out=prod[:length])
+            np.add(new[d:d + length], prod[:length], out=new[d:d + length])
 
 
 def _distinct_pairs(rows: np.ndarray, n_rows: int, counts: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
