@@ -210,19 +210,17 @@ def _check_supported(design: SamplingDesign, methods: Sequence[registry.Method],
 
 
 class RankingBatch(NamedTuple):
-    """One batch of an evaluation, as the adapters consume it.
-
-    scores: (B, n) scores of every item for B instances (users), on any device.
-    positives: held-out relevant items: (B, n) bool mask, (B, P) int64 padded with -1, or (B,).
-    exclude: items left out of the ranking (training items), same forms, or None.
-    ids: optional (B,) int64 instance ids (user indices). They key the sampled negatives, so an
-        instance gets the same negatives whatever batch or process evaluates it.
-    """
+    """One batch of an evaluation, as the adapters consume it: the scores of every item for B instances."""
 
     scores: torch.Tensor
+    """(B, n) scores of every item for B instances (users), on any device."""
     positives: torch.Tensor
+    """Held-out relevant items: a (B, n) bool mask, (B, P) int64 item indices padded with -1, or (B,) one each."""
     exclude: torch.Tensor | None = None
+    """Items left out of the ranking (training items), in the forms of ``positives``, or None."""
     ids: torch.Tensor | None = None
+    """Optional (B,) int64 instance ids (user indices). They key the sampled negatives, so an instance gets the same
+    negatives whatever batch or process evaluates it."""
 
 
 class FactorBatch(NamedTuple):
@@ -231,7 +229,6 @@ class FactorBatch(NamedTuple):
     The scores are ``user_factors @ item_factors.T + item_bias``; the adapters compute them in
     cache-sized tiles and count while they are hot (:mod:`reco_sampled_plugin.factor_ranks`), so the
     (B, n) matrix is never stored: evaluating costs about what computing the scores alone would.
-    ``positives``, ``exclude`` and ``ids`` are as in :class:`RankingBatch`.
     """
 
     user_factors: torch.Tensor
@@ -239,26 +236,29 @@ class FactorBatch(NamedTuple):
     item_factors: torch.Tensor
     """(n, d) factors of every item (the same tensor each batch; its largest norm is cached)."""
     positives: torch.Tensor
+    """As in :class:`RankingBatch`."""
     exclude: torch.Tensor | None = None
+    """As in :class:`RankingBatch`."""
     ids: torch.Tensor | None = None
+    """As in :class:`RankingBatch`."""
     item_bias: torch.Tensor | None = None
     """Optional (n,) per-item offset added to every score."""
 
 
 class ScorerBatch(NamedTuple):
     """One batch evaluated through a scorer: no scores at all, the scorer scores the positives and the
-    keyed negatives drawn for them (``_keyed.keyed_ranks`` with ``ScorerScores``), never a full row.
-
-    positives: as in :class:`RankingBatch`. n_items: the catalogue size n (items 0..n - 1).
-    exclude, ids: as in :class:`RankingBatch`. users: optional (B,) int64 user ids handed to the scorer
-    (default: the instance ids).
-    """
+    keyed negatives drawn for them (``_keyed.keyed_ranks`` with ``ScorerScores``), never a full row."""
 
     positives: torch.Tensor
+    """As in :class:`RankingBatch`."""
     n_items: int
+    """The catalogue size n (items 0..n - 1)."""
     exclude: torch.Tensor | None = None
+    """As in :class:`RankingBatch`."""
     ids: torch.Tensor | None = None
+    """As in :class:`RankingBatch`."""
     users: torch.Tensor | None = None
+    """Optional (B,) int64 user ids handed to the scorer (default: the instance ids)."""
 
 
 def as_ranking_batch(obj: Any, where: str = "validation_step") -> RankingBatch | FactorBatch | ScorerBatch:
