@@ -99,11 +99,26 @@ def ml100k_held_out(ml100k_split, ml100k_models):
     return baselines.held_out_ranks(ml100k_models, ml100k_split)
 
 
+def _knn_pop_held_out(split):
+    """ItemKNN(q=3) and Popularity fitted on ``split.train`` as ``baselines.train_all`` fits them (deterministic),
+    and their held-out items' exact ranks: ({name: exact ranks}, n per user)."""
+    from reco_sampled_plugin import baselines
+
+    models = {"ItemKNN(q=3)": baselines.ItemKNN(q=3).fit(split.train), "Popularity": baselines.Popularity().fit(split.train)}
+    return baselines.held_out_ranks(models, split)
+
+
+@pytest.fixture(scope="session")
+def ml100k_knn_pop_held_out(ml100k_split):
+    """ItemKNN(q=3) and Popularity alone on MovieLens 100k's split: the very arrays ``ml100k_held_out`` gives for
+    them, without training iALS and ItemKNN(q=1,k'=10) (2 s of CPU) in a worker whose tests read only these two
+    (the planner's checks against simulation)."""
+    return _knn_pop_held_out(ml100k_split)
+
+
 @pytest.fixture(scope="session")
 def ml_latest_small_held_out():
     """ItemKNN(q=3) and Popularity on ml-latest-small's leave-last-out split: ({name: exact ranks}, n per user)."""
-    from reco_sampled_plugin import baselines, datasets
+    from reco_sampled_plugin import datasets
 
-    split = datasets.load_ml_latest_small()
-    models = {"ItemKNN(q=3)": baselines.ItemKNN(q=3).fit(split.train), "Popularity": baselines.Popularity().fit(split.train)}
-    return baselines.held_out_ranks(models, split)
+    return _knn_pop_held_out(datasets.load_ml_latest_small())

@@ -45,11 +45,11 @@ KNOWN_MISSES = {
 
 # ------------------------------------------------------------------------------------ real recommenders
 @pytest.fixture(scope="module")
-def exact_rank_sets(ml100k_held_out, ml_latest_small_held_out):
+def exact_rank_sets(ml100k_knn_pop_held_out, ml_latest_small_held_out):
     """Exact ranks of the held-out item (leave-last-out) for two cheap recommenders of different shape on each data
     set: ItemKNN(q=3) (Krichene & Rendle's Y) and popularity (the session's shared fixtures, tests/conftest.py)."""
     out = {}
-    for name, (ranks, n_u) in (("ml-100k", ml100k_held_out), ("ml-latest-small", ml_latest_small_held_out)):
+    for name, (ranks, n_u) in (("ml-100k", ml100k_knn_pop_held_out), ("ml-latest-small", ml_latest_small_held_out)):
         for model in ("ItemKNN(q=3)", "Popularity"):
             out[(name, model)] = (ranks[model], n_u)
     return out

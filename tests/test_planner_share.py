@@ -43,11 +43,11 @@ def simulated_error(r: np.ndarray, n_u: np.ndarray, metric: str, design: Samplin
 
 
 @pytest.mark.parametrize("share", [ExactShare(0.2), ExactShare(0.1, choice="active")], ids=["uniform", "active"])
-def test_share_forecast_matches_simulation(ml100k_held_out, share):
+def test_share_forecast_matches_simulation(ml100k_knn_pop_held_out, share):
     """ml-100k, ItemKNN(q=3), NDCG@10: the plan from a pilot (m = 100 drawn from the real exact ranks) forecasts
     the relative error of m = 50 with an exact share within 1.5x of simulation on the real exact ranks (the check
     that puts the active shares in the default grid; benchmarks/bench_share_plan.py measures the pick at scale)."""
-    ranks, n_u = ml100k_held_out
+    ranks, n_u = ml100k_knn_pop_held_out
     r = ranks["ItemKNN(q=3)"]
     design = SamplingDesign(50, exact_share=share)
     nt = torch.from_numpy(n_u)
