@@ -272,6 +272,7 @@ def _rank_dist_rows(ranks: dict[str, torch.Tensor], cfg: ReproduceConfig,
 
     metrics = list(cfg.metrics)
     per_run: dict = {metric: {} for metric in metrics}
+    design = _design(cfg.m, cfg.sampling)  # bv_mle's tables: one fixed-m design for every run and n
     for name in ranks:
         hists = run_hists[name]
         fits = {}
@@ -281,7 +282,7 @@ def _rank_dist_rows(ranks: dict[str, torch.Tensor], cfg: ReproduceConfig,
                 fits[fit_method] = fit_rank_distribution(hists, fit_method, sampling=cfg.sampling)
             if method == "bv_mle":  # bv (gamma = 0.1) with each run's mle fit as the prior p(r)
                 values = torch.from_numpy(np.stack([
-                    cast(np.ndarray, sum(correction_tables(metrics, int(n), _design(cfg.m, cfg.sampling),
+                    cast(np.ndarray, sum(correction_tables(metrics, int(n), design,
                                                            registry.Bv(gamma=0.1, prior=fit.prior(int(n)))) @ c
                                          for n, c in zip(h.n_items, h.counts))) / h.total
                     for h, fit in zip(hists, fits["mle"])
