@@ -84,18 +84,28 @@ class PopularityDraws:
     """The per-positive inputs of ``hh`` (valid slots only, 1-D float64 numpy arrays): S1, S2, beating draws, n, m,
     frequency weights; from :func:`popularity_draws` (a popularity draw) or from a uniform histogram. ``units``:
     what ``pl_fit`` reads (the popularity classes of the distinct drawn items and of the row's candidates), None
-    for a uniform histogram."""
+    for a uniform histogram; ``units_of``: instead of ``units``, a function forming them, called when ``units`` is
+    first read (``hh`` and the rank estimates never read them)."""
 
     def __init__(self, s1: np.ndarray, s2: np.ndarray, beating: np.ndarray, n: np.ndarray, m: np.ndarray,
-                 w: np.ndarray, units: Units | None = None, rare: float | None = None) -> None:
+                 w: np.ndarray, units: Units | None = None, rare: float | None = None,
+                 units_of: Callable[[], Units] | None = None) -> None:
         self.s1, self.s2, self.beating, self.n, self.m, self.w = s1, s2, beating, n, m, w
-        self.units = units
+        self._units, self._units_of = units, units_of
         self.rare = rare  # rare_share of the design's weights at these draws (None: no design weights known)
+
+    @property
+    def units(self) -> Units | None:
+        """The units ``pl_fit`` reads (formed by ``units_of`` at the first read, then kept)."""
+        if self._units_of is not None:
+            self._units, self._units_of = self._units_of(), None
+        return self._units
 
 
 def popularity_draws(sampled: SampledRanks, weights: TensorLike | None = None) -> PopularityDraws:
     """The :class:`PopularityDraws` of popularity-sampled :class:`~reco_sampled_plugin.ranking.SampledRanks`. Their
-    ``units`` are those returned before for ``sampled`` where equal (:func:`_same_units`), with the fits they keep:
+    ``units`` (formed at their first read) are those returned before for ``sampled`` where equal
+    (:func:`_same_units`), with the fits they keep:
     a ``pl_fit`` fit lives as long as the draw it came from (its units; ``sampled`` remembers its last two), at most
     2 per units (``Units._derived_max``; a fit holds about 100 times the units' data). The units' arrays are
     read-only.
@@ -134,12 +144,16 @@ def popularity_draws(sampled: SampledRanks, weights: TensorLike | None = None) -
         return t.detach().to(torch.float64).cpu().numpy()
 
     m = np.full(int(valid.sum()), float(design.n_samples))
-    units = _same_units(sampled, _units(stats, valid, design, n, m, w, host)) if stats.has_profile else None
+
+    def units_of() -> Units:  # pl_fit's units, formed where they are read (hh does not read them)
+        assert stats is not None and design is not None  # checked above
+        return _same_units(sampled, _units(stats, valid, design, n, m, w, host))
+
     assert design.popularity is not None  # a popularity design: statistics are kept for those only
     # a rank file's design carries one placeholder weight (its law is not known): no share then
     rare = rare_share(design.popularity, float(m.sum())) if design.popularity.numel() > 1 else None
     return PopularityDraws(host(stats.inv_q[valid]), host(stats.inv_q2[valid]), host(stats.beating[valid]), host(n),
-                           m, host(w[valid]), units, rare)
+                           m, host(w[valid]), None, rare, units_of if stats.has_profile else None)
 
 
 #: Why ``pl_fit`` refuses statistics without class counts (rank files carry S1, S2 only).

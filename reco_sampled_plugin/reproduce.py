@@ -201,15 +201,25 @@ def exact_ranks_for_split(models: dict, train: Any, test_items: np.ndarray, batc
     return out, n_cand, users
 
 
+def _run_histograms(draws: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: ReproduceConfig) -> dict[str, list]:
+    """recommender -> each run's histogram of sampled ranks moved onto the 10% grid of n (``pool_by_n``): formed
+    once, read by ``beta_fit`` (:func:`_beta_fit_runs`) and the rank-distribution fits (:func:`_rank_dist_rows`)."""
+    from ._rank_hist import pool_by_n, sampled_rank_histogram
+
+    n_np = n_cand.numpy()
+    return {name: [pool_by_n(sampled_rank_histogram(d, n_np, cfg.m), 0.1) for d in d_runs.numpy()]
+            for name, d_runs in draws.items()}
+
+
 def _mapping_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: ReproduceConfig,
-                  draws: dict[str, torch.Tensor]) -> tuple[list[dict], dict]:
+                  draws: dict[str, torch.Tensor], hists: dict[str, list]) -> tuple[list[dict], dict]:
     """Li et al.'s mapping estimators as table methods: expected value and Monte Carlo sd per
-    (metric, recommender), and the per-run means for the ordering counts."""
+    (metric, recommender), and the per-run means for the ordering counts (``hists``: :func:`_run_histograms`)."""
     rows: list[dict] = []
     run_means: dict = {}
     uniq, inverse = torch.unique(n_cand, return_inverse=True)
     if "beta_fit" in cfg.mapping_methods:  # a fitted per run (eq. 19): tables on the 10% grid of n
-        fitted = _beta_fit_runs(ranks, n_cand, cfg, draws)
+        fitted = _beta_fit_runs(ranks, cfg, hists)
     for metric in cfg.metrics:
         run_means[metric] = {}
         for label in cfg.mapping_methods:
@@ -235,19 +245,16 @@ def _mapping_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: Rep
     return rows, run_means
 
 
-def _beta_fit_runs(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: ReproduceConfig,
-                   draws: dict[str, torch.Tensor]) -> dict:
+def _beta_fit_runs(ranks: dict[str, torch.Tensor], cfg: ReproduceConfig, hists: dict[str, list]) -> dict:
     """Li et al.'s ``beta_fit`` per run: a from the run's sampled ranks (eq. 19), then the Beta mapping tables
-    of every metric on the 10% grid of n (``pool_by_n``); returns recommender -> (runs, metrics) values."""
-    from ._rank_hist import pool_by_n, sampled_rank_histogram
+    of every metric on the 10% grid of n (``hists``: :func:`_run_histograms`); returns recommender -> (runs,
+    metrics) values."""
     from .mapping import fit_beta
 
-    n_np = n_cand.numpy()
     out = {}
     for name in ranks:
         values = []
-        for d in draws[name].numpy():
-            hist = pool_by_n(sampled_rank_histogram(d, n_np, cfg.m), 0.1)
+        for hist in hists[name]:
             a = fit_beta(hist).a
             tables = [mapping_tables(list(cfg.metrics), int(n), cfg.m, "beta", a) for n in hist.n_items]
             values.append(sum(t @ c for t, c in zip(tables, hist.counts)) / hist.total)
@@ -255,19 +262,19 @@ def _beta_fit_runs(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: Re
     return out
 
 
-def _rank_dist_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: ReproduceConfig,
-                    draws: dict[str, torch.Tensor]) -> tuple[list[dict], dict]:
+def _rank_dist_rows(ranks: dict[str, torch.Tensor], cfg: ReproduceConfig,
+                    run_hists: dict[str, list]) -> tuple[list[dict], dict]:
     """Rank-distribution estimators (``mle``, ``mes``): one fit per run (histograms moved onto a 10% grid
     of n, fits batched over the runs), every metric read from the fit; ``bv_mle``: ``bv`` (gamma = 0.1) with
-    the run's ``mle`` fit as prior. Rows and per-run values as :func:`_mapping_rows`."""
-    from ._rank_hist import pool_by_n, sampled_rank_histogram
+    the run's ``mle`` fit as prior. Rows and per-run values as :func:`_mapping_rows` (``run_hists``:
+    :func:`_run_histograms`)."""
     from .rank_distribution import fit_rank_distribution
 
     metrics = list(cfg.metrics)
     per_run: dict = {metric: {} for metric in metrics}
-    n_np = n_cand.numpy()
+    design = _design(cfg.m, cfg.sampling)  # bv_mle's tables: one fixed-m design for every run and n
     for name in ranks:
-        hists = [pool_by_n(sampled_rank_histogram(d, n_np, cfg.m), 0.1) for d in draws[name].numpy()]
+        hists = run_hists[name]
         fits = {}
         for method in cfg.rank_dist_methods:
             fit_method = "mle" if method == "bv_mle" else method
@@ -275,7 +282,7 @@ def _rank_dist_rows(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: R
                 fits[fit_method] = fit_rank_distribution(hists, fit_method, sampling=cfg.sampling)
             if method == "bv_mle":  # bv (gamma = 0.1) with each run's mle fit as the prior p(r)
                 values = torch.from_numpy(np.stack([
-                    cast(np.ndarray, sum(correction_tables(metrics, int(n), _design(cfg.m, cfg.sampling),
+                    cast(np.ndarray, sum(correction_tables(metrics, int(n), design,
                                                            registry.Bv(gamma=0.1, prior=fit.prior(int(n)))) @ c
                                          for n, c in zip(h.n_items, h.counts))) / h.total
                     for h, fit in zip(hists, fits["mle"])
@@ -421,9 +428,10 @@ def _tables_3_and_4(ranks: dict[str, torch.Tensor], n_cand: torch.Tensor, cfg: R
         name: draw_sampled_ranks(ranks[name], n_cand, m, cfg.sampling, cfg.repeats, cfg.seed + 7919 * i)
         for i, name in enumerate(names)
     }
-    map_rows, map_runs = _mapping_rows(ranks, n_cand, cfg, draws)
+    hists = _run_histograms(draws, n_cand, cfg)  # each run's pooled histogram, for beta_fit and the fits
+    map_rows, map_runs = _mapping_rows(ranks, n_cand, cfg, draws, hists)
     bar.update()
-    rd_rows, rd_runs = _rank_dist_rows(ranks, n_cand, cfg, draws)
+    rd_rows, rd_runs = _rank_dist_rows(ranks, cfg, hists)
     bar.update()
     if cfg.design.adaptive_max is not None:
         ad_rows, ad_runs = _adaptive_rows(ranks, n_cand, cfg)
