@@ -19,9 +19,84 @@ import recbole  # noqa: E402
 DATA_PATH = os.path.join(os.path.dirname(recbole.__file__), "dataset_example")
 
 
-def _run_python(code: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=300)
+# The checks that need a fresh interpreter (what importing the adapter does, with the layer on or switched off): each
+# runs in a process of its own, forked from one interpreter that has imported torch (and numpy with it) and nothing
+# of RecBole, the plugin or ray, so that torch is imported once for all of them, not once per check (about 2 s of
+# CPU each). A check's process sets its environment variables before it runs its code, which imports the plugin.
+_FRESH_CHECKS = {
+    "ray_tune": (
+        """
+        import sys
+        import reco_sampled_plugin.adapters.recbole
+        from recbole.quick_start import quick_start as qs
+        assert "ray" not in sys.modules  # ray is imported only when tuning uses it
+        try:
+            report = qs.tune.report
+        except ImportError as exc:
+            print("EXPLAINED", exc)
+        else:
+            print("REAL", callable(report))
+        """,
+        {},
+    ),
+    "switched_off": (
+        """
+        import reco_sampled_plugin.adapters._recbole_compat as c
+        print("ENABLED", c.env_enabled())
+        import reco_sampled_plugin.adapters.recbole
+        print("APPLIED", sorted(c.applied()))
+        import scipy.sparse as sp
+        print("DOK", hasattr(sp.dok_matrix, "_update"))
+        """,
+        {compat.ENV_VAR: "0"},
+    ),
+}
+
+# run by one interpreter: torch imported, then each check forked, its stdout and stderr in files, its exit status 1 on
+# an exception; what each gave printed as JSON
+_FORKING_RUNNER = """
+import json, os, sys, tempfile, traceback
+import torch  # noqa: F401  (imported once, before the checks' processes are forked)
+assert not {"recbole", "ray", "reco_sampled_plugin"} & set(sys.modules), sorted(sys.modules)
+checks = json.loads(sys.argv[1])
+out = {}
+for name, (code, env) in checks.items():
+    files = [tempfile.TemporaryFile(mode="w+") for _ in range(2)]
+    sys.stdout.flush(); sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(files[0].fileno(), 1); os.dup2(files[1].fileno(), 2)
+        status = 0
+        try:
+            os.environ.update(env)
+            exec(compile(code, "<" + name + ">", "exec"), {"__name__": "__main__"})
+        except BaseException:
+            traceback.print_exc()
+            status = 1
+        sys.stdout.flush(); sys.stderr.flush()
+        os._exit(status)
+    _, status = os.waitpid(pid, 0)
+    texts = []
+    for f in files:
+        f.seek(0)
+        texts.append(f.read())
+    out[name] = [os.waitstatus_to_exitcode(status), *texts]
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_checks() -> dict:
+    """{check name: CompletedProcess-like (returncode, stdout, stderr)} of each of :data:`_FRESH_CHECKS` run in a
+    fresh process of its own (forked after importing torch only: see :data:`_FORKING_RUNNER`)."""
+    import json
+
+    checks = {name: (textwrap.dedent(code), env) for name, (code, env) in _FRESH_CHECKS.items()}
+    runner = subprocess.run([sys.executable, "-c", _FORKING_RUNNER, json.dumps(checks)], capture_output=True,
+                            text=True, timeout=300)
+    assert runner.returncode == 0, runner.stderr[-3000:]
+    return {name: subprocess.CompletedProcess(name, rc, out, err)
+            for name, (rc, out, err) in json.loads(runner.stdout.splitlines()[-1]).items()}
 
 
 def test_apply_is_idempotent_and_reports_fixes():
@@ -65,21 +140,8 @@ def test_ray_lazy_tune_in_quick_start():
     assert stub is None or not (stub.__doc__ or "").startswith("Temporary stand-in")  # no stand-in left behind
 
 
-def test_ray_tune_resolves_or_explains_in_subprocess():
-    out = _run_python(
-        """
-        import sys
-        import reco_sampled_plugin.adapters.recbole
-        from recbole.quick_start import quick_start as qs
-        assert "ray" not in sys.modules  # ray is imported only when tuning uses it
-        try:
-            report = qs.tune.report
-        except ImportError as exc:
-            print("EXPLAINED", exc)
-        else:
-            print("REAL", callable(report))
-        """
-    )
+def test_ray_tune_resolves_or_explains_in_subprocess(fresh_checks):
+    out = fresh_checks["ray_tune"]
     assert out.returncode == 0, out.stderr[-3000:]
     assert "REAL True" in out.stdout or "EXPLAINED ray.tune is not usable" in out.stdout
 
@@ -137,18 +199,8 @@ def test_pandas_missing_values_are_filled(tmp_path):
     assert "pandas" in compat.applied()
 
 
-def test_switched_off_by_environment_variable():
-    out = _run_python(
-        """
-        import reco_sampled_plugin.adapters._recbole_compat as c
-        print("ENABLED", c.env_enabled())
-        import reco_sampled_plugin.adapters.recbole
-        print("APPLIED", sorted(c.applied()))
-        import scipy.sparse as sp
-        print("DOK", hasattr(sp.dok_matrix, "_update"))
-        """,
-        {compat.ENV_VAR: "0"},
-    )
+def test_switched_off_by_environment_variable(fresh_checks):
+    out = fresh_checks["switched_off"]
     assert out.returncode == 0, out.stderr[-3000:]
     assert "ENABLED False" in out.stdout and "APPLIED []" in out.stdout
     assert "DOK False" in out.stdout
