@@ -20,9 +20,12 @@ DATA_PATH = os.path.join(os.path.dirname(recbole.__file__), "dataset_example")
 
 
 # The checks that need a fresh interpreter (what importing the adapter does, with the layer on or switched off): each
-# runs in a process of its own, forked from one interpreter that has imported torch (and numpy with it) and nothing
-# of RecBole, the plugin or ray, so that torch is imported once for all of them, not once per check (about 2 s of
-# CPU each). A check's process sets its environment variables before it runs its code, which imports the plugin.
+# runs in a process of its own, forked from one interpreter that has imported the third-party libraries RecBole
+# imports in both (torch, numpy, pandas, scipy, scikit-learn's metrics: :data:`_PRELOAD`) and nothing of RecBole, the
+# plugin or ray, so that those are imported once for all the checks, not once per check (about 4 s of CPU each). The
+# layer's fixes patch these libraries' attributes whenever they were imported (none hooks their import). A check's
+# process sets its environment variables before it runs its code, which imports the plugin.
+_PRELOAD = ("torch", "numpy", "pandas", "scipy.sparse", "scipy.stats", "sklearn.metrics")
 _FRESH_CHECKS = {
     "ray_tune": (
         """
@@ -52,13 +55,14 @@ _FRESH_CHECKS = {
     ),
 }
 
-# run by one interpreter: torch imported, then each check forked, its stdout and stderr in files, its exit status 1 on
-# an exception; what each gave printed as JSON
+# run by one interpreter: the libraries of _PRELOAD imported, then each check forked, its stdout and stderr in files,
+# its exit status 1 on an exception; what each gave printed as JSON
 _FORKING_RUNNER = """
-import json, os, sys, tempfile, traceback
-import torch  # noqa: F401  (imported once, before the checks' processes are forked)
-assert not {"recbole", "ray", "reco_sampled_plugin"} & set(sys.modules), sorted(sys.modules)
-checks = json.loads(sys.argv[1])
+import importlib, json, os, sys, tempfile, traceback
+preload, checks = json.loads(sys.argv[1])
+for module in preload:  # imported once, before the checks' processes are forked
+    importlib.import_module(module)
+assert not {"recbole", "ray", "reco_sampled_plugin"} & {m.split(".")[0] for m in sys.modules}, sorted(sys.modules)
 out = {}
 for name, (code, env) in checks.items():
     files = [tempfile.TemporaryFile(mode="w+") for _ in range(2)]
@@ -88,12 +92,12 @@ print(json.dumps(out))
 @pytest.fixture(scope="module")
 def fresh_checks() -> dict:
     """{check name: CompletedProcess-like (returncode, stdout, stderr)} of each of :data:`_FRESH_CHECKS` run in a
-    fresh process of its own (forked after importing torch only: see :data:`_FORKING_RUNNER`)."""
+    fresh process of its own (forked after importing :data:`_PRELOAD` only: see :data:`_FORKING_RUNNER`)."""
     import json
 
     checks = {name: (textwrap.dedent(code), env) for name, (code, env) in _FRESH_CHECKS.items()}
-    runner = subprocess.run([sys.executable, "-c", _FORKING_RUNNER, json.dumps(checks)], capture_output=True,
-                            text=True, timeout=300)
+    runner = subprocess.run([sys.executable, "-c", _FORKING_RUNNER, json.dumps([_PRELOAD, checks])],
+                            capture_output=True, text=True, timeout=300)
     assert runner.returncode == 0, runner.stderr[-3000:]
     return {name: subprocess.CompletedProcess(name, rc, out, err)
             for name, (rc, out, err) in json.loads(runner.stdout.splitlines()[-1]).items()}
