@@ -150,6 +150,13 @@ def test_ray_tune_resolves_or_explains_in_subprocess(fresh_checks):
     assert "REAL True" in out.stdout or "EXPLAINED ray.tune is not usable" in out.stdout
 
 
+def test_switched_off_by_environment_variable(fresh_checks):
+    out = fresh_checks["switched_off"]
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "ENABLED False" in out.stdout and "APPLIED []" in out.stdout
+    assert "DOK False" in out.stdout
+
+
 def test_pkg_resources_shim():
     shim = compat._pkg_resources_shim()
     assert shim.get_distribution("numpy").version == np.__version__
@@ -201,10 +208,3 @@ def test_pandas_missing_values_are_filled(tmp_path):
     assert sorted(len(t) for t in titles)[:3] == [0, 0, 2]  # padding row and item 2 (missing title): empty
     assert all(np.issubdtype(np.asarray(t).dtype, np.integer) for t in titles if len(t))  # remapped to ids
     assert "pandas" in compat.applied()
-
-
-def test_switched_off_by_environment_variable(fresh_checks):
-    out = fresh_checks["switched_off"]
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "ENABLED False" in out.stdout and "APPLIED []" in out.stdout
-    assert "DOK False" in out.stdout
