@@ -21,18 +21,23 @@ $(BIN)/python:
 unexport PYTHONDONTWRITEBYTECODE
 
 # pip writes the bytecode of every file it installs, one at a time (~70 s on 2 cores; compileall on every core: ~50 s
-# for 20,000 files); the suite imports about a quarter of them. So pip installs without it and two imports of what
-# the suite uses (one torch's stack, one the rest: ~25 s) write theirs; what else a test imports is written at its
-# first import. An import that fails here fails the install (the test extra is broken).
-WARM_TORCH := torch, torch._dynamo, torch._inductor.compile_fx, torchmetrics, lightning.pytorch, pytorch_lightning
+# for 20,000 files); the suite imports about a quarter of them. So pip installs without it and imports of what the
+# suite uses write theirs; what else a test imports is written at its first import. pip installs on one core: torch's
+# own stack (~15 s) is imported on the other while pip installs the test extra (torch and numpy first, so that it
+# never reads a package pip is writing; a failure there only leaves bytecode unwritten, and the imports after pip
+# import torch again), then the frameworks and the rest side by side. An import that fails after pip fails the
+# install (the test extra is broken).
+WARM_TORCH := torch, torch._dynamo, torch._inductor.compile_fx
+WARM_FRAMEWORKS := torchmetrics, lightning.pytorch, pytorch_lightning
 WARM_REST  := numpy, scipy.stats, scipy.optimize, scipy.sparse, pandas, ray.data, matplotlib.pyplot, mlflow, \
               mkdocs.commands.build, hypothesis, yaml, mypy.main, recometrics, recbole.quick_start, reco_sampled_plugin
 $(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet --no-compile $(TORCH)
-	$(BIN)/pip install --quiet --no-compile -e '.[test]'
-	$(BIN)/pip install --quiet --no-compile --upgrade '$(RAY)'
-	$(BIN)/python -c 'import $(WARM_TORCH)' & torch_pid=$$!; \
-	$(BIN)/python -c 'import $(WARM_REST)'; rest_rc=$$?; wait $$torch_pid && test $$rest_rc -eq 0
+	$(BIN)/pip install --quiet --no-compile $(TORCH) numpy
+	$(BIN)/python -c 'import $(WARM_TORCH)' >/dev/null 2>&1 & torch_pid=$$!; \
+	$(BIN)/pip install --quiet --no-compile -e '.[test]' && \
+	$(BIN)/pip install --quiet --no-compile --upgrade '$(RAY)'; pip_rc=$$?; wait $$torch_pid; test $$pip_rc -eq 0
+	$(BIN)/python -c 'import $(WARM_FRAMEWORKS)' & frameworks_pid=$$!; \
+	$(BIN)/python -c 'import $(WARM_REST)'; rest_rc=$$?; wait $$frameworks_pid && test $$rest_rc -eq 0
 	touch $(STAMP)
 
 install: $(STAMP)

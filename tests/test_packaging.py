@@ -314,3 +314,32 @@ def test_page_titles_carry_no_internal_issue_numbers():
             elif not inside and line.startswith("#") and re.search(r"\b(issue|session)s? \d", line, re.I):
                 found.append(f"{path.name}:{number}: {line}")
     assert not found, "\n".join(found)
+
+
+def _install_recipe(tmp_path: Path, fail: str) -> subprocess.CompletedProcess:
+    """The Makefile's install recipe run with stand-ins for pip and python: ``fail`` names the one step that exits 1
+    (``pip-test``: pip's install of the test extra; ``warm-torch`` / ``warm-rest``: an import of the bytecode
+    warm-up; ``none``)."""
+    makefile = (ROOT / "Makefile").read_text()
+    stamp = re.search(r"^\$\(STAMP\):.*\n((?:\t.*\n)+)", makefile, flags=re.M)
+    assert stamp is not None
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pip").write_text(f'#!/bin/sh\ncase "$*" in *".[test]"*) [ {fail} = pip-test ] && exit 1;; esac\nexit 0\n')
+    (bin_dir / "python").write_text(
+        f'#!/bin/sh\ncase "$2" in *torch._dynamo*) [ {fail} = warm-torch ] && exit 1;; *scipy.stats*) [ {fail} = warm-rest ] && exit 1;; esac\nexit 0\n')
+    for tool in ("pip", "python"):
+        (bin_dir / tool).chmod(0o755)
+    variables = "\n".join(line for line in makefile.splitlines() if re.match(r"^(TORCH|RAY|WARM_\w+)\s*:?=", line)
+                          or line.startswith("              "))
+    (tmp_path / "Makefile").write_text(f"BIN := {bin_dir}\nSTAMP := done\n{variables}\n$(STAMP):\n" + stamp.group(1))
+    return subprocess.run(["make", "-s"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("fail", ["none", "pip-test", "warm-torch", "warm-rest"])
+def test_install_fails_when_pip_or_an_import_after_it_fails(tmp_path, fail):
+    """The install recipe (``$(STAMP)``): it fails when pip fails or an import after pip fails (the test extra is
+    broken); the warm-up of torch's stack beside pip only writes bytecode, so its failure alone does not."""
+    done = _install_recipe(tmp_path, fail)
+    assert (done.returncode == 0) == (fail in ("none", "warm-torch")), done
+    assert (tmp_path / "done").exists() == (fail in ("none", "warm-torch"))
