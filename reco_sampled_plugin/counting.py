@@ -90,22 +90,20 @@ def get_backend() -> str:
 # Padded references (B, P) are counted in passes over the scores that each compare every score with up to
 # _GROUP references held in registers (one load, P compares: 34 ms for 1,024 x 100,000 x 5 against 45 ms
 # for a (B, P, n) reduction that re-reads each row P times; more than 5 references per pass spill
-# registers: 6 took 51 ms, 8 took 96 ms). The same pass counts the entries where scores - scores != 0 per
-# row (an int32 count like the others: 0 for a finite row, more once the row holds a NaN or an infinity): the
-# NaN/inf check rides along for about 5 ms instead of a separate 20-25 ms pass over the scores (aminmax). (A float
-# sum of scores - scores gave the same flags, but inductor sums float32 rows longer than 4,096 with a cascade
-# helper and guards on that length: rows on either side of 4,096 compiled twice.) Each group size p is a separate
+# registers: 6 took 51 ms, 8 took 96 ms). The same pass sums scores - scores per row, 0 for a finite
+# row and NaN once the row holds a NaN or an infinity: the NaN/inf check rides along for about 5 ms
+# instead of a separate 20-25 ms pass over the scores (aminmax). Each group size p is a separate
 # function (own code object, own compile cache), built from this template.
 _GROUP = 5
 _MULTI_TEMPLATE = """
 def kernel(scores, ref):
     counts = [(scores {op} ref[:, j : j + 1]).sum(1, dtype=torch.int32) for j in range({p})]
-    return torch.stack(counts, 1), ((scores - scores) != 0).sum(1, dtype=torch.int32)
+    return torch.stack(counts, 1), (scores - scores).sum(1)
 """
 
 
 def _multi_kernel(p: int, inclusive: bool) -> Callable:
-    """(scores (B, n), ref (B, p)) -> (int32 counts (B, p), int32 non-finite entries per row (B,))."""
+    """(scores (B, n), ref (B, p)) -> (int32 counts (B, p), per-row sums of scores - scores (B,))."""
     namespace: dict = {"torch": torch}
     source = _MULTI_TEMPLATE.format(op=">=" if inclusive else ">", p=p)
     exec(compile(source, f"<reco_sampled_plugin.counting {'ge' if inclusive else 'gt'}{p}>", "exec"), namespace)
@@ -185,39 +183,17 @@ _KERNELS: dict[str, Callable] = {
 }
 
 
-# per kernel family, per argument: the dimensions that are fixed by the kernel (its p references; the (B, 1) row
-# seeds, the (1, n) columns), traced as static sizes; the others are dynamic and size-oblivious (:func:`_one_graph`)
-_STATIC_DIMS: dict[str, tuple[tuple[int, ...], ...]] = {
-    "gt": ((), (1,)), "ge": ((), (1,)), "tb": ((), (1,), (1,), (1,), (0,)), "rows_gt": ((), (), ()), "rows_ge": ((), (), ()),
-}
-
-
-def _one_graph(compiled: Callable, static: tuple[tuple[int, ...], ...]) -> Callable:
+def _one_graph(compiled: Callable) -> Callable:
     """``compiled`` called so that the forms of one input that count alike share one graph (a compiled function guards
-    on each form, and would trace and compile once more for each):
-
-    * without autograd whatever the caller's grad mode (the counts are integers), on detached arguments: grad mode
-      and ``requires_grad`` are guarded on (a training loop's validation counts both inside and outside
-      ``torch.no_grad()``);
-    * detached arguments are no views: a view is traced with its base (a tile of the factor path's flat buffer, a
-      row of positives), and a graph traced for a view guards on its base and misses a tensor of its own (or the
-      reverse);
-    * the dynamic sizes are size-oblivious (``backed_size_oblivious``): traced as any size, not specialised to 1 when
-      the first call has one row, nor guarded to be >= 2 when it has more (a factor tile of one row, a one-user batch
-      would compile again); the sizes a kernel fixes (``static``: dimensions per argument) are static."""
-    from torch.fx.experimental import _config as fx_config
-
-    oblivious = getattr(fx_config, "patch")  # added to the module by torch's config machinery (not in its stubs)
+    on each form, and would trace, and compile or look up its cache, once more for each): without autograd whatever
+    the caller's grad mode (the counts are integers), on detached arguments. Grad mode and ``requires_grad`` are
+    guarded on (a training loop's validation counts both inside and outside ``torch.no_grad()``); and a view is traced
+    with its base (a tile of the factor path's flat buffer), so that a graph traced for a view guards on its base and
+    misses a tensor of its own, or the reverse; a detached tensor is no view."""
 
     def call(*args: torch.Tensor) -> Any:
-        detached = []
-        for a, dims in zip(args, static):
-            a = a.detach()
-            for d in dims:
-                torch._dynamo.mark_static(a, d)
-            detached.append(a)
-        with torch.no_grad(), oblivious(backed_size_oblivious=True):
-            return compiled(*detached)
+        with torch.no_grad():
+            return compiled(*(a.detach() for a in args))
 
     return call
 
@@ -232,7 +208,7 @@ def _get_compiled(name: str) -> Callable | None:
             if fn is None:
                 kernel = _KERNELS.get(name) or (
                     _tied_kernel(int(name[2:])) if name.startswith("tb") else _multi_kernel(int(name[2:]), name.startswith("ge")))
-                fn = _one_graph(torch.compile(kernel, dynamic=True), _STATIC_DIMS[name.rstrip("0123456789")])
+                fn = _one_graph(torch.compile(kernel, dynamic=True))
                 _compiled[name] = fn
                 logger.debug("counting kernel %s: compiled path chosen (backend %r, %d comparisons counted in this "
                              "process); torch.compile runs at its first call", name, _backend, _work_done[0])
@@ -497,7 +473,7 @@ def _padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool, finite: bo
                 parts.append(counts)
                 row_sums = sums if row_sums is None else row_sums
             counts = (parts[0] if len(parts) == 1 else torch.cat(parts, 1)).to(torch.int64)
-            return counts, (row_sums == 0 if finite else None)  # no NaN or inf in the row
+            return counts, (row_sums == 0 if finite else None)
         except Exception as exc:  # compilation unavailable (no compiler...): fall back once
             _compile_failure(family, exc)
     if p and _numpy_ok(scores):
