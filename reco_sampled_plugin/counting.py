@@ -430,9 +430,9 @@ def _compile_failure(name: str, exc: Exception) -> None:
 
 def _fresh(ref: torch.Tensor) -> torch.Tensor:
     """A group of references as a compiled kernel's argument: a copy with its own storage and row-major strides (B x
-    at most ``_GROUP`` values). A view (a slice of the caller's references, one row of a tile) would make the compiled
-    function guard on its base's size and on strides that a one-row view leaves free, and compile again for the
-    next slice or row count."""
+    at most ``_GROUP`` values). A slice of the caller's references (or one row of a tile) keeps its base's strides,
+    which the compiled function guards on (a one-row view leaves them free): it would compile again for the next slice
+    or row count. (Its base is not traced: :func:`_one_graph` detaches the arguments.)"""
     return ref.clone(memory_format=torch.contiguous_format)
 
 
