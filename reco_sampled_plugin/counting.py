@@ -183,6 +183,21 @@ _KERNELS: dict[str, Callable] = {
 }
 
 
+def _one_graph(compiled: Callable) -> Callable:
+    """``compiled`` called so that the forms of one input that count alike share one graph (a compiled function guards
+    on each form, and would trace, and compile or look up its cache, once more for each): without autograd whatever
+    the caller's grad mode (the counts are integers), on detached arguments. Grad mode and ``requires_grad`` are
+    guarded on (a training loop's validation counts both inside and outside ``torch.no_grad()``); and a view is traced
+    with its base (a tile of the factor path's flat buffer), so that a graph traced for a view guards on its base and
+    misses a tensor of its own, or the reverse; a detached tensor is no view."""
+
+    def call(*args: torch.Tensor) -> Any:
+        with torch.no_grad():
+            return compiled(*(a.detach() for a in args))
+
+    return call
+
+
 def _get_compiled(name: str) -> Callable | None:
     if name in _compile_failed:
         return None
@@ -193,10 +208,7 @@ def _get_compiled(name: str) -> Callable | None:
             if fn is None:
                 kernel = _KERNELS.get(name) or (
                     _tied_kernel(int(name[2:])) if name.startswith("tb") else _multi_kernel(int(name[2:]), name.startswith("ge")))
-                # called without autograd whatever the caller's grad mode (the counts are integers): a compiled
-                # function guards on the grad mode, and would otherwise trace and compile once more for a caller
-                # that counts both inside and outside torch.no_grad() (a training loop's validation, a test)
-                fn = torch.no_grad()(torch.compile(kernel, dynamic=True))
+                fn = _one_graph(torch.compile(kernel, dynamic=True))
                 _compiled[name] = fn
                 logger.debug("counting kernel %s: compiled path chosen (backend %r, %d comparisons counted in this "
                              "process); torch.compile runs at its first call", name, _backend, _work_done[0])
@@ -418,9 +430,9 @@ def _compile_failure(name: str, exc: Exception) -> None:
 
 def _fresh(ref: torch.Tensor) -> torch.Tensor:
     """A group of references as a compiled kernel's argument: a copy with its own storage and row-major strides (B x
-    at most ``_GROUP`` values). A view (a slice of the caller's references, one row of a tile) would make the compiled
-    function guard on its base's size and on strides that a one-row view leaves free, and compile again for the
-    next slice or row count."""
+    at most ``_GROUP`` values). A slice of the caller's references (or one row of a tile) keeps its base's strides,
+    which the compiled function guards on (a one-row view leaves them free): it would compile again for the next slice
+    or row count. (Its base is not traced: :func:`_one_graph` detaches the arguments.)"""
     return ref.clone(memory_format=torch.contiguous_format)
 
 

@@ -1,6 +1,7 @@
 """Exact and sampled ranks against brute force, laws, and invariants."""
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -150,6 +151,38 @@ def test_grouped_compiled_counts_and_fused_finite_check(p):
         counting.set_backend("compiled")
         with pytest.raises(ValueError, match=r"NaN or inf in 3 of 40 rows \(first bad row 3\)"):
             exact_ranks(bad, pos)
+    finally:
+        counting.set_backend("auto")
+
+
+def test_compiled_counts_trace_one_graph_for_views_and_grad_mode():
+    """One compiled graph for a score matrix of its own, a view of a flat buffer (the factor path's tiles), scores
+    that require grad, inside or outside no_grad: all run the graph the first call traced (a recompile raises), and
+    count as brute force does."""
+    import torch._dynamo
+
+    g = torch.Generator().manual_seed(3)
+    flat = torch.randn(40 * 9_000 + 1, generator=g)
+    forms = {
+        "own rows": flat[1:].clone().view(40, 9_000),
+        "view": flat[: 37 * 5_000].view(37, 5_000),
+        "view past an offset": flat[7 : 7 + 2 * 20_000].view(2, 20_000),
+        "requires grad": flat[: 5 * 6_000].clone().view(5, 6_000).requires_grad_(),
+    }
+    try:
+        counting.set_backend("compiled")
+        counting.count_beating_checked(forms["own rows"], forms["own rows"][:, :3].clone())  # traced here
+        # a recompile raises, and the counting's fallback to the eager path warns: an error here
+        with torch._dynamo.config.patch(error_on_recompile=True), warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for name, scores in forms.items():
+                ref = scores.detach()[:, 10:13].clone()
+                for grad in (True, False):
+                    with torch.set_grad_enabled(grad):
+                        counts, finite = counting.count_beating_checked(scores, ref)
+                    want = (scores.detach().unsqueeze(1) > ref.unsqueeze(2)).sum(-1)
+                    assert torch.equal(counts, want) and bool(finite.all()), (name, grad)
+        assert "gt" not in counting._compile_failed
     finally:
         counting.set_backend("auto")
 
