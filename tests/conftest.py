@@ -36,6 +36,18 @@ def _no_leaked_anomaly_mode():
         torch.autograd.set_detect_anomaly(False)
 
 
+@pytest.fixture(autouse=True)
+def _fresh_counting_process():
+    """Each test counts as a fresh process would: the ``auto`` counting backend compiles its kernel only once a
+    process has counted ``counting._COMPILE_AFTER_WORK`` comparisons, and a test worker that ran other tests before
+    would otherwise cross it part-way through some later test, whose path (compiled or eager) and cost then
+    depended on the tests before it in that worker. Tests of the compiled path ask for it (``set_backend``)."""
+    from reco_sampled_plugin import counting
+
+    counting._work_done[0] = 0
+    yield
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A working directory of the module's own: RecBole writes log/, log_tensorboard/ and saved/ relative to it."""

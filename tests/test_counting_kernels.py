@@ -143,6 +143,31 @@ def test_count_accumulator_is_int32_only_where_a_row_cannot_overflow_it():
     assert counting._count_true(huge).dtype == torch.int64
 
 
+def test_auto_backend_compiles_only_large_inputs_once_enough_was_counted(monkeypatch):
+    """``auto``: eager until the process has counted ``_COMPILE_AFTER_WORK`` comparisons (``_COMPILE_AFTER_WORK_FAST``
+    where the eager path is numpy's), then compiled for inputs of at least ``_COMPILE_MIN_WORK`` comparisons and for
+    any tile of a tiled loop; never where the int32 accumulators could overflow (n >= 2^31 - 1); ``eager`` and
+    ``compiled`` force their path; the counter adds every call's work."""
+    monkeypatch.setattr(counting, "_work_done", [0])
+    monkeypatch.setattr(counting, "_backend", "auto")
+    big, small, after = counting._COMPILE_MIN_WORK, counting._COMPILE_MIN_WORK - 1, counting._COMPILE_AFTER_WORK
+    assert not counting._use_compiled(big, 1_000)  # a first evaluation never compiles
+    assert not counting._use_compiled(after - 2 * big, 1_000, tile=True)  # not yet: one input short of the bound
+    assert counting._work_done[0] == after - big
+    assert counting._use_compiled(big, 1_000)  # the bound reached by this call's own work
+    assert not counting._use_compiled(small, 1_000)  # small inputs stay eager
+    assert counting._use_compiled(1, 1_000, tile=True)  # a tile of a tiled loop is compiled at any size
+    assert not counting._use_compiled(big, 2**31 - 1)  # int32 counts could overflow
+    assert not counting._use_compiled(big, 1_000, fast_eager=True)  # numpy's eager path: the later bound
+    counting._work_done[0] = counting._COMPILE_AFTER_WORK_FAST
+    assert counting._use_compiled(big, 1_000, fast_eager=True)
+    monkeypatch.setattr(counting, "_backend", "eager")
+    assert not counting._use_compiled(big, 1_000, tile=True)
+    monkeypatch.setattr(counting, "_backend", "compiled")
+    counting._work_done[0] = 0
+    assert counting._use_compiled(1, 1_000)
+
+
 def test_cpu_chunks_are_cache_sized_and_accelerators_keep_large_ones():
     assert counting._chunk_elements(torch.device("cpu")) == counting._EAGER_CPU_CHUNK_ELEMENTS
     assert counting._chunk_elements(torch.device("meta")) == counting._EAGER_CHUNK_ELEMENTS
