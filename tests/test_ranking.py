@@ -120,6 +120,41 @@ def test_compiled_and_eager_counts_agree():
     assert (eager_tb[:, 0] > 0).any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_compiled_ranks_of_half_precision_scores_equal_the_eager_ones(dtype):
+    """Scores in half precision (mixed-precision models) with many ties, exclusions and padding: the compiled kernels
+    give the eager path's exact ranks for every tie policy, and both the brute-force ranks of the same scores (the
+    excluded items at -inf, the other positives competing)."""
+    g = torch.Generator().manual_seed(3)
+    scores = (torch.randint(0, 9, (48, 5_000), generator=g).to(torch.float32) / 4).to(dtype)  # exact in both dtypes
+    pos = torch.stack([torch.randperm(5_000, generator=g)[:9] for _ in range(48)])
+    pos, exc = pos[:, :3].clone(), pos[:, 3:].clone()
+    pos[::5, 2] = -1
+    exc[::3, 4:] = -1
+    got = {}
+    try:
+        for backend in ("eager", "compiled"):
+            counting.set_backend(backend)
+            got[backend] = {t: exact_ranks(scores, pos, exc, t) for t in ("pessimistic", "optimistic", "average")}
+    finally:
+        counting.set_backend("auto")
+    s = scores.to(torch.float64)
+    s.scatter_(1, exc.clamp(min=0), torch.where(exc >= 0, -math.inf, s.gather(1, exc.clamp(min=0))))
+    ref = s.gather(1, pos.clamp(min=0))  # the other positives compete (the default), the excluded items do not
+    beat = (s.unsqueeze(1) > ref.unsqueeze(2)).sum(-1)
+    tied = (s.unsqueeze(1) == ref.unsqueeze(2)).sum(-1)  # the positive itself included
+    # positives tied with each other in slot order under the first two policies (their ranks form an ordering)
+    same = (ref.unsqueeze(2) == ref.unsqueeze(1)) & (pos >= 0).unsqueeze(1)  # [b, j, k]: slot k ties slot j
+    before = torch.tril(same, diagonal=-1).sum(-1)
+    after = torch.triu(same, diagonal=1).sum(-1)
+    for t, want in (("optimistic", beat + 1 + before), ("pessimistic", beat + tied - after),
+                    ("average", beat + (tied + 1) / 2)):
+        assert torch.equal(got["eager"][t], got["compiled"][t]), t
+        valid = pos >= 0
+        assert torch.equal(got["eager"][t][valid].to(torch.float64), want[valid].to(torch.float64)), t
+        assert bool((got["eager"][t][~valid] == 0).all())
+
+
 @pytest.mark.parametrize("p", [1, 5, 7, 11])
 def test_grouped_compiled_counts_and_fused_finite_check(p):
     """Padded counts run in compiled passes of up to 5 references (7 -> 4 + 3, 11 -> 4 + 4 + 3): equal to
