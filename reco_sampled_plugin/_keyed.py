@@ -35,6 +35,7 @@ from ._checks import MAX_ELEMENTS, check_elements
 from ._hash import keyed_uniform
 from ._inputs import Check, run_checks
 from ._popularity import PopularityStats
+from .adaptive import added_ranks, continues
 from .design import AdaptiveDesign, SamplingDesign
 from .factor_ranks import positive_scores
 from .ranking import (allowed_position_to_item, forbidden_sorted, popularity_draw_stats, popularity_inverse_cdf,
@@ -451,7 +452,8 @@ class AdaptiveRanks(NamedTuple):
 def keyed_adaptive_ranks(source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
                          first: KeyedRanks, design: AdaptiveDesign, keys: RowKeys, ties: str) -> AdaptiveRanks:
     """The later stages of adaptive sampling (``reco_sampled_plugin.adaptive``) with keyed draws: ``first`` the
-    first stage's :func:`keyed_ranks`; a positive still ranked first (r~ = 1) among its M_s draws ranks against
+    first stage's :func:`keyed_ranks`; a positive still within the top (r~ <= t, the design's ``top``) among its
+    M_s draws ranks against
     M_{s+1} - M_s fresh keyed items (only it: a scorer scores only the slots that go on), keyed by
     ``keys.stage(s)``, so a positive's draws do not depend on batching. The pools were checked in the first stage:
     nothing is checked (or read) here. Returns :class:`AdaptiveRanks` (ranks, final sizes, the cap stage's rows).
@@ -465,12 +467,12 @@ def keyed_adaptive_ranks(source: DrawnScores, pos: torch.Tensor, exc: torch.Tens
     later = source.for_stages(first.pos_scores)
     rows = None
     for s in range(1, len(stages)):
-        need = (ranks == 1) & (sizes == stages[s - 1])
+        need = continues(ranks, design) & (sizes == stages[s - 1])
         rows = need.any(1).nonzero().squeeze(1)
         sub = need[rows]
         more = keyed_ranks(later.take(rows), pos[rows], _take(exc, rows), n_items,
                            SamplingDesign.trusted(stages[s] - stages[s - 1]), keys.take(rows).stage(s), ties,
                            slots=sub, checks=DeviceChecks()).ranks
-        ranks[rows] = torch.where(sub, more, ranks[rows])
+        ranks[rows] = torch.where(sub, added_ranks(ranks[rows], more), ranks[rows])
         sizes[rows] = torch.where(sub, torch.full_like(more, stages[s]), sizes[rows])
     return AdaptiveRanks(ranks, sizes, rows)

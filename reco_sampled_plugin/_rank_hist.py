@@ -310,6 +310,15 @@ class RankHistogram(KeepsDerived):
         """(G,) count of each group at sampled rank r~ = 1."""
         return self._flat[self._starts]
 
+    def counts_within(self, top: int) -> np.ndarray:
+        """(G,) count of each group at sampled ranks r~ <= ``top`` (``top_counts`` at 1; an adaptive design's
+        positives that would draw more: ``_adaptive_law``)."""
+        if top == 1:
+            return self.top_counts
+        ends = np.append(self._starts[1:], self._flat.shape[0])
+        cum = np.concatenate([[0], np.cumsum(self._flat)])
+        return cum[np.minimum(self._starts + top, ends)] - cum[self._starts]
+
     def all_at_top(self) -> bool:
         """True when no positive has a sampled rank above 1 (every count lies at r~ = 1)."""
         rest = np.ones(self._flat.shape[0], dtype=bool)

@@ -52,9 +52,22 @@ __getattr__ = registry.module_views(__name__, ADAPTIVE_METHODS={"adaptive": True
 
 # ----------------------------------------------------------------------------------------- completion
 def completion_targets(ranks: torch.Tensor, sizes: torch.Tensor, design: SamplingDesign | AdaptiveDesign) -> torch.Tensor:
-    """(B, P) bool: the positives an ``exact_at_cap`` design completes: still ranked first (r~ = 1) at the cap
-    (``design.cap``; its :class:`~reco_sampled_plugin.design.AdaptiveDesign` reads it without building one)."""
-    return (ranks == 1) & (sizes == design.cap)
+    """(B, P) bool: the positives an ``exact_at_cap`` design completes: still within the top (0 < r~ <= t, t the
+    design's ``adaptive_top``) at the cap (``design.cap``; an :class:`~reco_sampled_plugin.design.AdaptiveDesign`
+    reads them too)."""
+    return continues(ranks, design) & (sizes == design.cap)
+
+
+def continues(ranks: torch.Tensor, design: SamplingDesign | AdaptiveDesign) -> torch.Tensor:
+    """(B, P) bool: the positives whose sampled rank keeps them drawing (0 < r~ <= t; padded slots hold 0)."""
+    top = design.top if isinstance(design, AdaptiveDesign) else design.adaptive_top
+    return ranks == 1 if top == 1 else (ranks > 0) & (ranks <= top)
+
+
+def added_ranks(ranks: torch.Tensor, more: torch.Tensor) -> torch.Tensor:
+    """A stage's rank among all its draws: r~ + (r~' - 1), r~' the positive's rank among the stage's new draws
+    alone (the beats add; ``ties="random"`` then places it among each draw's ties separately)."""
+    return ranks + (more.to(ranks.dtype) - 1)
 
 
 def completed_from_exact(exact_ranks: torch.Tensor, ranks: torch.Tensor, sizes: torch.Tensor,
@@ -78,8 +91,8 @@ def _adaptive(n_samples: Any) -> SamplingDesign:
 def adaptive_sampled_ranks_from_exact(
     exact_ranks: TensorLike, n_items: TensorLike, n_samples: SamplingDesign, generator: torch.Generator | None = None
 ) -> SampledRanks:
-    """Adaptive sampling simulated from exact ranks (with replacement): positives with r~ = 1 draw as many new
-    samples again (m doubles) until r~ > 1 or m reaches the cap.
+    """Adaptive sampling simulated from exact ranks (with replacement): positives with r~ <= t (the design's
+    ``adaptive_top``, default 1) draw as many new samples again (m doubles) until r~ > t or m reaches the cap.
 
     ``n_samples``: an adaptive :class:`~reco_sampled_plugin.design.SamplingDesign` ``SamplingDesign(m,
     adaptive_max=cap)``: first stage m, stages m 2^s up to ``cap`` (rounded down to m 2^s).
@@ -98,11 +111,11 @@ def adaptive_sampled_ranks_from_exact(
     m = torch.full_like(ranks, m0)
     m_cur = m0
     while m_cur * 2 <= cap:  # at most log2(cap / m0) stages, each vectorised over positives
-        need = (ranks == 1) & (m == m_cur)
+        need = continues(ranks, design) & (m == m_cur)
         if not bool(need.any()):
             break
         extra = simulate_sampled_ranks(r[need], n[need], m_cur, "binomial", generator)
-        ranks[need] = extra  # no earlier sample beat it, so its rank among 2m is 1 + (beats among the new m)
+        ranks[need] = added_ranks(ranks[need], extra)  # its rank among 2m: the beats of both draws
         m[need] = 2 * m_cur
         m_cur *= 2
     exact = None
@@ -124,8 +137,9 @@ def adaptive_sampled_ranks(
     """Adaptive sampled ranks from scores (Li et al., AAAI 2023), uniform sampling with replacement.
 
     ``n_samples`` is an adaptive :class:`~reco_sampled_plugin.design.SamplingDesign`, ``SamplingDesign(m,
-    adaptive_max=cap)``. Each positive is first ranked against m drawn items; while it ranks first and 2m does not
-    exceed ``cap``, it draws m more items (so m doubles) and its rank becomes 1 + #{new items scoring higher}.
+    adaptive_max=cap)``. Each positive is first ranked against m drawn items; while its sampled rank is at most t
+    (``adaptive_top``, default 1: while first) and 2m does not exceed ``cap``, it draws m more items (so m doubles)
+    and its rank becomes r~ + #{new items scoring higher}.
     Stages redraw only for rows that still need it (at most log2(cap / m) stages). With ``exact_at_cap`` the
     positives still first at the cap get their exact rank from the row (:func:`~reco_sampled_plugin.ranking.complete_at_cap`,
     ``SampledRanks.exact_ranks``; no further draw). ``exclude``, ``generator``, ``ties``, ``check_finite`` as in
@@ -155,7 +169,7 @@ def adaptive_sampled_ranks(
     from_mask = (positives if isinstance(positives, torch.Tensor) else torch.as_tensor(positives)).dtype == torch.bool
     m_cur = m0
     while m_cur * 2 <= cap:  # stages, not a loop over positives
-        need = (ranks == 1) & (sizes == m_cur)
+        need = continues(ranks, design) & (sizes == m_cur)
         idx = need.any(1).nonzero().squeeze(1)
         if idx.numel() == 0:
             break
@@ -164,7 +178,7 @@ def adaptive_sampled_ranks(
             generator=generator, ties=ties, check_finite=False,
         ).ranks
         sub_need = need[idx]
-        ranks[idx] = torch.where(sub_need, more.to(ranks.dtype), ranks[idx])
+        ranks[idx] = torch.where(sub_need, added_ranks(ranks[idx], more), ranks[idx])
         sizes[idx] = torch.where(sub_need, torch.full_like(sizes[idx], 2 * m_cur), sizes[idx])
         m_cur *= 2
     exact = None

@@ -50,12 +50,19 @@ def _methods_epilog(names: Iterable[str]) -> str:
     return "\n".join(lines)
 
 
-def _sampling_design(n_samples: int, sampling: str, adaptive_max: int | None = None) -> SamplingDesign:
+def _sampling_design(n_samples: int, sampling: str, adaptive_max: int | None = None,
+                     adaptive_top: int | None = None) -> SamplingDesign:
     """The :class:`~reco_sampled_plugin.design.SamplingDesign` of ``--n-samples``, ``--sampling`` (``binomial``:
-    with replacement, ``hypergeometric``: without) and ``--adaptive-max``: the commands' one construction of it."""
+    with replacement, ``hypergeometric``: without), ``--adaptive-max`` and ``--adaptive-top``: the commands' one
+    construction of it (a bad part named by its flag)."""
     from .design import SamplingDesign
 
-    return SamplingDesign(n_samples, replacement=sampling == "binomial", adaptive_max=adaptive_max)
+    try:
+        return SamplingDesign(n_samples, replacement=sampling == "binomial", adaptive_max=adaptive_max,
+                              adaptive_top=1 if adaptive_top is None else adaptive_top)
+    except ValueError as exc:
+        name, _, rest = str(exc).partition(": ")
+        raise ValueError(f"--{name.replace('_', '-')}: {rest}") from None
 
 
 def _add_progress(parser: argparse.ArgumentParser) -> None:
@@ -174,7 +181,10 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     if args.adaptive_max is not None and args.n_samples is None:
         raise ValueError("--adaptive-max: give --n-samples, the first stage's m of the adaptive sampling")
     # the design of the draws, when --n-samples gives it (adaptive: the file's m column holds each final m)
-    design = None if args.n_samples is None else _sampling_design(args.n_samples, args.sampling, args.adaptive_max)
+    if args.adaptive_top is not None and args.adaptive_max is None:
+        raise ValueError("--adaptive-top: the continuation rule of adaptive sampling; give --adaptive-max too")
+    design = None if args.n_samples is None else _sampling_design(args.n_samples, args.sampling, args.adaptive_max,
+                                                                  args.adaptive_top)
     given = design  # what the file's lines may leave out: the plan hint passes it on (--pilot-n-samples ...)
     if data.inclusion is not None:  # exact_rank and inclusion columns: the design carries the file's exact share
         design = data.share_design(design or _sampling_design(int(np.max(data.n_samples)), args.sampling))
@@ -207,7 +217,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         cost = adaptive_cost(hist, adaptive)
         print(f"adaptive sampling m = {adaptive.n_samples} -> {adaptive.cap}: {cost.mean_samples:.1f} samples per "
               f"positive on average (max {cost.max_samples}); {100 * cost.share_at_cap:.1f}% reached the cap, "
-              f"{100 * cost.share_first_at_cap:.1f}% still ranked first there")
+              f"{100 * cost.share_first_at_cap:.1f}% still ranked first there"
+              + (f" (drawing more while r~ <= {adaptive.top})" if adaptive.top > 1 else ""))
     from ._progress import progress_bar
 
     bar = progress_bar(total=len(metrics) * len(methods), desc="estimate", enabled=args.progress, unit="estimate")
@@ -394,9 +405,11 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="the pilot's m when its file has no m column; for an adaptive pilot its first-stage m "
                         "(default: the smallest m in the file)")
     p.add_argument("--pilot-adaptive-max", type=int, help="the pilot's adaptive cap, if it was adaptive")
+    p.add_argument("--pilot-adaptive-top", type=int, metavar="T",
+                   help="the pilot's continuation rule, if it drew more while r~ <= T (default 1: while first)")
     p.add_argument("--design", action="append", type=_design_arg, metavar="M[:CAP][+SHARE[:active]]",
                    help="candidate design (repeatable): fixed m (m:norepl without replacement), or adaptive m:cap "
-                        "(m:cap:exact: exact_at_cap), with +share an exact share of the positives ranked exactly "
+                        "(m:cap:topT: drawing more while r~ <= T; m:cap:exact: exact_at_cap), with +share an exact share of the positives ranked exactly "
                         "(uniform, or :active); the spec the plan prints (default: the built-in grid)")
     p.add_argument("--method", default=registry.DEFAULT_ESTIMATOR, metavar="METHOD",
                    help=f"estimator to forecast (default {registry.DEFAULT_ESTIMATOR}; the estimators are listed below)")
@@ -442,11 +455,19 @@ def run_plan(args: argparse.Namespace) -> int:
                              "(plan(n_items, n_users, metric, target, pilot=sampled), docs/popularity.md), or give a "
                              "uniform pilot (fixed m or adaptive)")
         design = None
+        if args.pilot_adaptive_top is not None and args.pilot_adaptive_max is None:
+            raise ValueError("--pilot-adaptive-top: the pilot's continuation rule; give --pilot-adaptive-max too")
         if args.pilot_adaptive_max is not None:
             m0 = args.pilot_n_samples if args.pilot_n_samples is not None else int(data.n_samples.min())
-            design = SamplingDesign(m0, adaptive_max=args.pilot_adaptive_max)
+            try:
+                design = SamplingDesign(m0, adaptive_max=args.pilot_adaptive_max,
+                                        adaptive_top=1 if args.pilot_adaptive_top is None else args.pilot_adaptive_top)
+            except ValueError as exc:
+                name, _, rest = str(exc).partition(": ")
+                raise ValueError(f"--pilot-{name.replace('_', '-')}: {rest}") from None
         pilot = data.sampled(design)
-    elif args.pilot_adaptive_max is not None or args.pilot_n_samples is not None or args.pilot_n_items is not None:
+    elif (args.pilot_adaptive_max is not None or args.pilot_adaptive_top is not None
+          or args.pilot_n_samples is not None or args.pilot_n_items is not None):
         raise ValueError("--pilot-*: given without --pilot")
     result = plan(
         args.n_items, args.n_users, args.metric, args.target_rel_error, pilot=pilot, designs=args.design,
@@ -611,6 +632,9 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("--adaptive-max", type=int, metavar="M",
                      help="the ranks come from adaptive sampling from --n-samples up to M (the file's m column: "
                           "each positive's final m); the estimators marked [adaptive] below")
+    est.add_argument("--adaptive-top", type=int, metavar="T",
+                     help="with --adaptive-max: the draws went on while a positive's sampled rank was at most T "
+                          "(default 1: while first)")
     est.add_argument("--test-rating", help="NCF .test.rating file ('user item' per line)")
     est.add_argument("--test-negative", help="NCF .test.negative file ('(user,item) neg1 neg2 ...' per line)")
     est.add_argument("--scores", help="'user item score' lines for the NCF pairs")

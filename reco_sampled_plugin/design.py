@@ -15,9 +15,12 @@ replacement=False)``
 ``SamplingDesign(m,                 stages M_s = m 2^s <= adaptive_max; a positive still first draws M_s more
 adaptive_max=cap)``                 (Li et al., AAAI 2023; ``adaptive.py``): Binomial at the final M, times a
                                     factor free of r
-``SamplingDesign(m,                 as above; positives still first at the cap are then ranked exactly among
-adaptive_max=cap,                   their whole candidate list (``SampledRanks.exact_ranks``): the likelihood
-exact_at_cap=True)``                of such a positive is the point mass at its exact rank R
+``SamplingDesign(m,                 as above, but a positive draws more while its sampled rank is at most t
+adaptive_max=cap,                   (not only while first): the same Binomial at the final M times a factor
+adaptive_top=t)``                   free of r (``adaptive.py``)
+``SamplingDesign(m,                 as above; positives still within the top (r~ <= t) at the cap are then
+adaptive_max=cap,                   ranked exactly among their whole candidate list (``SampledRanks.exact_ranks``):
+exact_at_cap=True)``                the likelihood of such a positive is the point mass at its exact rank R
 ``SamplingDesign(m,                 r~ - 1 ~ Binomial(m, q(A)), q the popularity law renormalised over the
 popularity=w)``                     row's irrelevant items, A the items above the positive (``law ==
                                     "popularity"``; ``hh`` corrects AUC and mean rank: docs/popularity.md)
@@ -56,10 +59,12 @@ __all__ = ["SamplingDesign", "AdaptiveDesign", "ExactShare", "as_design", "plann
 
 @dataclass(frozen=True)
 class AdaptiveDesign:
-    """Start m and cap of adaptive sampling (the cap is rounded down to m 2^s: :attr:`cap`)."""
+    """Start m, cap and continuation rule of adaptive sampling (the cap is rounded down to m 2^s: :attr:`cap`):
+    a positive draws more while its sampled rank is at most ``top`` (1: while first, Li et al.)."""
 
     n_samples: int
     adaptive_max: int
+    top: int = 1
 
     def __post_init__(self) -> None:
         m = check_size(self.n_samples, "n_samples", 1, MAX_SAMPLES)
@@ -68,6 +73,7 @@ class AdaptiveDesign:
             raise ValueError(f"adaptive_max: must be at least n_samples (m = {m}), got {cap}")
         object.__setattr__(self, "n_samples", m)
         object.__setattr__(self, "adaptive_max", cap)
+        object.__setattr__(self, "top", check_size(self.top, "adaptive_top", 1, m))
 
     @property
     def stages(self) -> np.ndarray:
@@ -195,9 +201,13 @@ class SamplingDesign:
             them (renormalised over each row's irrelevant items); a tensor stays on its device.
         adaptive_max: the cap of adaptive sampling (positives still ranked first draw as many again, m doubling,
             up to the largest m 2^s <= adaptive_max); needs ``replacement=True`` and uniform draws.
-        exact_at_cap: adaptive designs only: rank the positives still first at the cap exactly among their whole
-            candidate list (n - 1 irrelevant items: catalogue minus the row's positives minus its exclusions), so
-            the top is resolved (no ``cap_reached``). Costs n - 1 scored pairs per row with such a positive in
+        adaptive_top: adaptive designs only: a positive draws more while its sampled rank is at most this t, in
+            1..m (default 1: while first, Li et al.'s rule). A larger t follows every positive that may be in the
+            top K further (t = 3 with ``exact_at_cap`` ranks nearly every top-10 positive exactly at a low cap:
+            docs/research-notes.md, "The threshold rule"); stages then draw for more positives.
+        exact_at_cap: adaptive designs only: rank the positives still within the top (r~ <= ``adaptive_top``) at
+            the cap exactly among their whole candidate list (n - 1 irrelevant items: catalogue minus the row's
+            positives minus its exclusions), so the top is resolved (no ``cap_reached``). Costs n - 1 scored pairs per row with such a positive in
             the scorer loop; draws nothing (the draws equal those without it). Default False.
         exact_share: an :class:`ExactShare` (a number s means ``ExactShare(s)``, a uniform share): a keyed random
             share of the positives is also ranked exactly among its whole candidate list (``SampledRanks.share_ranks``,
@@ -212,6 +222,7 @@ class SamplingDesign:
     replacement: bool = field(default=True, kw_only=True)
     popularity: Any = field(default=None, kw_only=True)
     adaptive_max: int | None = field(default=None, kw_only=True)
+    adaptive_top: int = field(default=1, kw_only=True)
     exact_at_cap: bool = field(default=False, kw_only=True)
     exact_share: ExactShare | None = field(default=None, kw_only=True)
 
@@ -236,9 +247,15 @@ class SamplingDesign:
                                  "statistics, so only 'none' estimates them, and it reads no share); draw with "
                                  "replacement (SamplingDesign(m, popularity=w, exact_share=...)) for the "
                                  "design-based estimate")
+        top = check_size(self.adaptive_top, "adaptive_top", 1, MAX_SAMPLES)
+        object.__setattr__(self, "adaptive_top", top)
+        if self.adaptive_max is None and top != 1:
+            raise ValueError(f"adaptive_top: the continuation rule of adaptive sampling; give adaptive_max too (a "
+                             f"fixed m draws once), got adaptive_top={top}")
         if self.adaptive_max is not None:
-            cap = AdaptiveDesign(m, self.adaptive_max)  # validates adaptive_max >= m
+            cap = AdaptiveDesign(m, self.adaptive_max, self.adaptive_top)  # validates adaptive_max >= m, 1 <= t <= m
             object.__setattr__(self, "adaptive_max", cap.adaptive_max)
+            object.__setattr__(self, "adaptive_top", cap.top)
             if not self.replacement:
                 raise ValueError("replacement: adaptive sampling draws with replacement (binomial law); "
                                  "drop replacement=False or adaptive_max")
@@ -247,13 +264,14 @@ class SamplingDesign:
 
     @classmethod
     def trusted(cls, n_samples: int, *, replacement: bool = True, popularity: torch.Tensor | None = None,
-                adaptive_max: int | None = None, exact_at_cap: bool = False,
+                adaptive_max: int | None = None, adaptive_top: int = 1, exact_at_cap: bool = False,
                 exact_share: ExactShare | None = None) -> "SamplingDesign":
         """A design from parts a draw has validated already (no second validation, no host synchronisation):
         for the package's draws, which record the design they drew under."""
         self = object.__new__(cls)
         for k, v in (("n_samples", int(n_samples)), ("replacement", bool(replacement)), ("popularity", popularity),
                      ("adaptive_max", None if adaptive_max is None else int(adaptive_max)),
+                     ("adaptive_top", int(adaptive_top)),
                      ("exact_at_cap", bool(exact_at_cap)), ("exact_share", exact_share)):
             object.__setattr__(self, k, v)
         return self
@@ -273,7 +291,8 @@ class SamplingDesign:
     @property
     def adaptive(self) -> AdaptiveDesign | None:
         """The stages of an adaptive design (:class:`AdaptiveDesign`), None for a fixed m."""
-        return None if self.adaptive_max is None else AdaptiveDesign(self.n_samples, self.adaptive_max)
+        return None if self.adaptive_max is None else AdaptiveDesign(self.n_samples, self.adaptive_max,
+                                                                     self.adaptive_top)
 
     @property
     def cap(self) -> int:
@@ -285,15 +304,17 @@ class SamplingDesign:
         """A short human-readable name: ``uniform m=100``, ``adaptive 100->3200``, ``popularity m=100``..."""
         share = "" if self.exact_share is None else ", " + self.exact_share.describe()
         if self.adaptive_max is not None:
-            return f"adaptive {self.n_samples}->{self.cap}" + (", exact at cap" if self.exact_at_cap else "") + share
+            top = "" if self.adaptive_top == 1 else f" while r~ <= {self.adaptive_top}"
+            return (f"adaptive {self.n_samples}->{self.cap}{top}" + (", exact at cap" if self.exact_at_cap else "")
+                    + share)
         kind = "popularity" if self.popularity is not None else "uniform"
         extra = "" if self.replacement else ", without replacement"
         return f"{kind} m={self.n_samples}{extra}{share}"
 
     # ------------------------------------------------------------------------------- equality and hashing
     def _key(self) -> tuple:
-        return (self.n_samples, self.replacement, self.adaptive_max, self.exact_at_cap, self.popularity is not None,
-                self.exact_share)
+        return (self.n_samples, self.replacement, self.adaptive_max, self.adaptive_top, self.exact_at_cap,
+                self.popularity is not None, self.exact_share)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, SamplingDesign):
@@ -316,6 +337,8 @@ class SamplingDesign:
             parts.append(f"popularity=<{self.popularity.numel()} weights>")
         if self.adaptive_max is not None:
             parts.append(f"adaptive_max={self.adaptive_max}")
+        if self.adaptive_top != 1:
+            parts.append(f"adaptive_top={self.adaptive_top}")
         if self.exact_at_cap:
             parts.append("exact_at_cap=True")
         if self.exact_share is not None:
@@ -390,10 +413,12 @@ def adaptive_design(n_samples: int | None, adaptive_max: int | None) -> Adaptive
 
 # ---------------------------------------------------------------------------------------------------- specs
 #: The spec syntax of a design (``reco-sampled plan --design``, RecBole's ``rsp_design``): ``M`` a fixed m (with
-#: replacement), ``M:norepl`` without, ``M:CAP`` adaptive from m up to the cap, ``M:CAP:exact`` with ``exact_at_cap``;
+#: replacement), ``M:norepl`` without, ``M:CAP`` adaptive from m up to the cap, ``M:CAP:topT`` drawing more while
+#: r~ <= T (``adaptive_top``), ``M:CAP:exact`` with ``exact_at_cap``;
 #: ``+SHARE:CHOICE[:METRIC]`` an exact share (choice ``uniform`` or ``active``, the active share's metric when not
-#: ndcg@10; ``+SHARE`` alone is uniform). Examples: ``100``, ``100:3200``, ``100:12800+0.03:active``.
-SPEC_SYNTAX = "M[:CAP[:exact]|:norepl][+SHARE[:uniform|:active[:METRIC]]]"
+#: ndcg@10; ``+SHARE`` alone is uniform). Examples: ``100``, ``100:3200``, ``100:3200:top3:exact``,
+#: ``100:12800+0.03:active``.
+SPEC_SYNTAX = "M[:CAP[:topT][:exact]|:norepl][+SHARE[:uniform|:active[:METRIC]]]"
 _SPEC_FLAGS = {"exact": "exact_at_cap", "norepl": "replacement"}
 
 
@@ -409,13 +434,14 @@ def parse_design(spec: str, *, name: str = "spec") -> SamplingDesign:
             string) or a design its parts cannot make (SamplingDesign's and ExactShare's own messages: ``share:
             expected a number in (0, 1], ...``).
     """
-    bad = (f"{name}: expected a design spec {SPEC_SYNTAX} (e.g. '100', '100:3200', '100:norepl', "
-           f"'100:12800+0.03:active'), got {spec!r}")
+    bad = (f"{name}: expected a design spec {SPEC_SYNTAX} (e.g. '100', '100:3200', '100:3200:top3:exact', "
+           f"'100:norepl', '100:12800+0.03:active'), got {spec!r}")
     if not isinstance(spec, str):
         raise ArgumentTypeError(bad)
     sampled, plus, share_text = spec.strip().partition("+")
     m_text, *rest = (t.strip() for t in sampled.split(":"))
     cap = rest.pop(0) if rest and _digits(rest[0]) else None
+    top = rest.pop(0)[3:] if cap is not None and rest and rest[0].startswith("top") and _digits(rest[0][3:]) else None
     share, _, tail = (t.strip() for t in share_text.partition(":"))
     choice, _, metric = (t.strip() for t in tail.partition(":"))
     if (not _digits(m_text) or len(set(rest)) < len(rest) or not set(rest) <= set(_SPEC_FLAGS)
@@ -424,6 +450,8 @@ def parse_design(spec: str, *, name: str = "spec") -> SamplingDesign:
     parts: dict[str, Any] = {_SPEC_FLAGS[flag]: flag == "exact" for flag in rest}  # exact: True; norepl: False
     if cap is not None:
         parts["adaptive_max"] = int(cap)
+    if top is not None:
+        parts["adaptive_top"] = int(top)
     if plus:
         parts["exact_share"] = ExactShare(float(share), choice=choice or "uniform", metric=metric or ExactShare.metric)
     return SamplingDesign(int(m_text), **parts)
@@ -457,7 +485,8 @@ def design_spec(design: SamplingDesign | int | PlannedDesign) -> str:
                          "SamplingDesign (or the planner's result) itself")
     text = str(d.n_samples)
     if d.adaptive_max is not None:
-        text += f":{d.adaptive_max}" + (":exact" if d.exact_at_cap else "")
+        text += (f":{d.adaptive_max}" + ("" if d.adaptive_top == 1 else f":top{d.adaptive_top}")
+                 + (":exact" if d.exact_at_cap else ""))
     elif not d.replacement:
         text += ":norepl"
     share = d.exact_share

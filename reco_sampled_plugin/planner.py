@@ -157,6 +157,10 @@ DEFAULT_ADAPTIVE_CAPS = (800, 3200, 12800)
 #: completion, for the methods that read a share (``auto``, ``diff``). Their forecast is validated against
 #: simulation on real exact ranks (tests/test_planner_share.py: within 1.5x).
 DEFAULT_SHARES = (0.01, 0.03, 0.1)
+#: The continuation rule of the default grid's threshold designs (:func:`default_designs`): each adaptive cap below
+#: n - 1 also drawn while r~ <= 3 and completed at the cap, so nearly every positive that may be in the top 10 is
+#: ranked exactly (docs/research-notes.md, "The threshold rule").
+DEFAULT_ADAPTIVE_TOP = 3
 _PILOT_N_SPREAD = 0.1
 #: Replicates a design runs first under ``PlanExecution(screen=True)``: if each of them misses the target
 #: (|estimate - exact| above target x truth), or their relative RMSE exceeds :data:`SCREEN_FACTOR` x the target,
@@ -238,10 +242,10 @@ class DesignForecast:
         scoring_seconds: predicted scorer time for the plan's ``n_users`` users, :attr:`pairs` x n_users x the
             plan's ``seconds_per_pair``; NaN without one.
         method: the estimator forecast for this design (``auto``'s choice, e.g. ``gmod`` for an adaptive design).
-        exact_at_cap: the adaptive design completes the positives still first at the cap (``SamplingDesign``'s
-            ``exact_at_cap``); their estimates read those positives' exact ranks.
-        completion_pairs: expected pairs per user its completion scores: the share of positives still first at
-            the cap times their n - 1 irrelevant candidates (0 without ``exact_at_cap``).
+        exact_at_cap: the adaptive design completes the positives still within the top at the cap
+            (``SamplingDesign``'s ``exact_at_cap``); their estimates read those positives' exact ranks.
+        completion_pairs: expected pairs per user its completion scores: the share of positives still within the
+            top at the cap times their n - 1 irrelevant candidates (0 without ``exact_at_cap``).
         popularity_power: a popularity design (forecast in a popularity pilot's world, :mod:`._popularity_world`):
             the exponent a of its weights as a power of the pilot's, w = c w_pilot^a (1: the pilot's own law); None
             for uniform draws.
@@ -266,6 +270,8 @@ class DesignForecast:
         share_pairs: expected pairs per user the exact share scores: the share times the mean n - 1 irrelevant
             candidates of a chosen positive's row (the mean inclusion probability is the share, uniform or
             active); 0 without a share.
+        adaptive_top: an adaptive design's continuation rule (``SamplingDesign``'s ``adaptive_top``: a positive
+            draws more while r~ <= it; 1 for fixed m).
     """
 
     n_samples: int
@@ -291,6 +297,7 @@ class DesignForecast:
     rel_width: float = math.nan
     exact_share: ExactShare | None = None
     share_pairs: float = 0.0
+    adaptive_top: int = 1
 
     @property
     def rel_halfwidth(self) -> float:
@@ -318,7 +325,8 @@ class DesignForecast:
             return f"m = {self.n_samples} popularity" + ("" if abs(a - 1.0) < 1e-9 else f"^{a:.3g}")
         if self.adaptive_max is None:
             return f"m = {self.n_samples}" + ("" if self.replacement else " (no repl.)")
-        return f"adaptive {self.n_samples}->{self.adaptive_max}" + (" exact" if self.exact_at_cap else "")
+        top = "" if self.adaptive_top == 1 else f" top {self.adaptive_top}"
+        return f"adaptive {self.n_samples}->{self.adaptive_max}{top}" + (" exact" if self.exact_at_cap else "")
 
     def sampling_design(self, name: str = "n_samples") -> SamplingDesign:
         """:attr:`design` (:class:`~reco_sampled_plugin.design.PlannedDesign`: a forecast is taken wherever a design
@@ -338,7 +346,8 @@ class DesignForecast:
         if self.popularity is not None:
             return SamplingDesign(self.n_samples, popularity=self.popularity)
         return SamplingDesign(self.n_samples, replacement=self.replacement, adaptive_max=self.adaptive_max,
-                              exact_at_cap=self.exact_at_cap, exact_share=self.exact_share)
+                              adaptive_top=self.adaptive_top, exact_at_cap=self.exact_at_cap,
+                              exact_share=self.exact_share)
 
 
 @dataclass(frozen=True, eq=False)
@@ -782,7 +791,8 @@ def _check_design(design: Any, n_min: int, method: str, world: PopularityWorld |
         raise ValueError(f"designs: adaptive sampling needs one of the methods {registry.names(adaptive=True)}, "
                          f"not {method!r}")
     _check_below_full(m, n_min)
-    return SamplingDesign(m, adaptive_max=design.cap, exact_at_cap=design.exact_at_cap)
+    return SamplingDesign(m, adaptive_max=design.cap, adaptive_top=design.adaptive_top,
+                          exact_at_cap=design.exact_at_cap)
 
 
 def _check_share_design(design: SamplingDesign, n_min: int, method: str) -> SamplingDesign:
@@ -801,7 +811,8 @@ def _check_share_design(design: SamplingDesign, n_min: int, method: str) -> Samp
     _check_below_full(design.n_samples, n_min)
     if design.adaptive_max is None:
         return design
-    return SamplingDesign(design.n_samples, adaptive_max=design.cap, exact_share=share)
+    return SamplingDesign(design.n_samples, adaptive_max=design.cap, adaptive_top=design.adaptive_top,
+                          exact_share=share)
 
 
 def _adaptive_start(n: int) -> int:
@@ -816,11 +827,14 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
     caps of :data:`DEFAULT_ADAPTIVE_CAPS` that are at least 2 m0, up to and including the first cap >= n - 1 (a
     larger one resolves nothing more); adaptive designs only for the methods that take them
     (``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``). Last, where the largest cap stays below
-    n - 1 (and n - 1 <= MAX_SAMPLES, the largest m of the exact groups it is read as), that design with ``exact_at_cap`` (the positives still first at the cap ranked exactly): without it
-    the flag ``cap_reached`` widens the interval the user reads to what the top leaves unidentified (on the
-    README's plan, +-28% of NDCG@10 for a point error of 2.7%), and the plan's interval target would find no
-    sampled design. Then, for ``auto`` and ``diff``, the largest adaptive design with an active exact share of each
-    of :data:`DEFAULT_SHARES` (``diff``'s interval holds by design; each costs its share of n - 1 pairs per user).
+    n - 1 (and n - 1 <= MAX_SAMPLES, the largest m of the exact groups it is read as), that design with
+    ``exact_at_cap`` (the positives still first at the cap ranked exactly): without it the flag ``cap_reached``
+    widens the interval the user reads to what the top leaves unidentified (on the README's plan, +-28% of NDCG@10
+    for a point error of 2.7%), and the plan's interval target would find no sampled design. Then the threshold
+    designs: each adaptive cap below n - 1 drawing while r~ <= :data:`DEFAULT_ADAPTIVE_TOP` and completed at the cap
+    (what a 2% target on HR@10 needs: the positives that may be hits ranked exactly). Then, for ``auto`` and
+    ``diff``, the largest adaptive design with an active exact share of each of :data:`DEFAULT_SHARES` (``diff``'s
+    interval holds by design; each costs its share of n - 1 pairs per user).
     """
     n = check_size(n_items, "n_items", 2)
     out = [SamplingDesign(m) for m in DEFAULT_FIXED_M if m < n - 1]
@@ -837,6 +851,10 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
             completed = dataclasses.replace(last, exact_at_cap=True)
             if registry.get(method).supports(completed):
                 out.append(completed)
+        if n - 1 <= MAX_SAMPLES and DEFAULT_ADAPTIVE_TOP <= m0:
+            out += [d for d in (dataclasses.replace(a, adaptive_top=DEFAULT_ADAPTIVE_TOP, exact_at_cap=True)
+                                for a in out if a.adaptive_max is not None and not a.exact_at_cap
+                                and a.adaptive_max < n - 1) if registry.get(method).supports(d)]
         if registry.get(method).family in ("auto", "design_based") and last.adaptive_max is not None:
             out += [dataclasses.replace(last, exact_share=ExactShare(s, choice="active")) for s in DEFAULT_SHARES]
     return out
@@ -1448,7 +1466,7 @@ class _Replicates:
         m, cap = self.design.n_samples, self.design.adaptive_max
         # the estimator reads the sampled ranks: an adaptive design's completion changes no r~
         drawn_as = (SamplingDesign(m, replacement=self.design.replacement) if cap is None
-                    else SamplingDesign(m, adaptive_max=cap))
+                    else SamplingDesign(m, adaptive_max=cap, adaptive_top=self.design.adaptive_top))
         for j in js:
             drawn = SampledRanks.from_arrays(self.sim.sampled[j], self.draws.n_t, self._sizes(j), drawn_as)
             self.est[j] = estimate(self.s.spec, drawn, self.run).value
@@ -1539,7 +1557,7 @@ def _forecast_design(run: _PlanRun, d: int, design: SamplingDesign) -> DesignFor
         pairs_se=sim.pairs_se, scoring_seconds=_scoring_seconds(sim.pairs, s.n_users, s.seconds_per_pair),
         exact_at_cap=design.exact_at_cap, completion_pairs=sim.completion_pairs, method=method.name,
         popularity_power=power, popularity=design.popularity, exact_share=design.exact_share,
-        share_pairs=sim.share_pairs)
+        share_pairs=sim.share_pairs, adaptive_top=design.adaptive_top)
     pruned = _pruned_forecast(DesignForecast(rel_bias=math.nan, rel_sd=math.nan, rel_error=math.nan,
                                              meets_target=False, **costs))
     if run.pruning.excludes(sim.pairs):  # a cheaper design meets the target already: this one cannot be the pick

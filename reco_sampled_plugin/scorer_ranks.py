@@ -31,7 +31,7 @@ import torch
 
 from ._checks import check_elements, check_generator, check_int, check_required, check_size, real_tensor
 from ._options import check_bool
-from .adaptive import completion_targets
+from .adaptive import added_ranks, completion_targets, continues
 from .design import SamplingDesign, as_design
 from .exclusions import Exclusions, as_exclusions
 from ._types import TensorLike
@@ -341,7 +341,7 @@ def adaptive_stages(calls: ScorerCalls, pos: torch.Tensor, exc: torch.Tensor | E
                     n: int, ties: str, generator: torch.Generator | None, *,
                     from_mask: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The adaptive stages of :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks` after the first, scoring
-    only the positives still ranked first: the rows that need a stage taken from the prepared positives and
+    only the positives still going on (r~ <= the design's ``adaptive_top``): the rows that need a stage taken from the prepared positives and
     exclusions (``Exclusions.select``: nothing re-validated or re-sorted), shaped as the score-matrix path shapes
     them (so the draws' shapes and random numbers are the same). Also the later stages of a first stage drawn
     elsewhere (RecBole's ``uniN``: ``adapters._recbole_stages``).
@@ -363,7 +363,7 @@ def adaptive_stages(calls: ScorerCalls, pos: torch.Tensor, exc: torch.Tensor | E
     exc = as_exclusions(exc, n, pos.shape[0])
     m_cur, stages = m0, 1
     while m_cur * 2 <= cap:
-        need = (ranks == 1) & (sizes == m_cur)
+        need = continues(ranks, design) & (sizes == m_cur)
         idx = need.any(1).nonzero().squeeze(1)
         if idx.numel() == 0:
             break
@@ -374,12 +374,12 @@ def adaptive_stages(calls: ScorerCalls, pos: torch.Tensor, exc: torch.Tensor | E
         check_elements(idx.numel() * p_sub * m_cur, "design", "an adaptive stage's draw")
         neg = draw_negatives(sub_pos, sub_exc, n, m_cur, True, None, generator, device)
         sub_pos_scores, neg_scores = score_drawn(calls, user_ids[idx], sub_pos, neg, need[idx][:, :p_sub],
-                                                 pos_scores[idx][:, :p_sub])  # only the positives still first
+                                                 pos_scores[idx][:, :p_sub])  # only the positives going on
         more = rank_among_drawn(sub_pos_scores, neg_scores, sub_pos, neg, ties, generator)
         if p_sub < ranks.shape[1]:
             more = torch.nn.functional.pad(more, (0, ranks.shape[1] - p_sub))
         full_need = need[idx]
-        ranks[idx] = torch.where(full_need, more.to(ranks.dtype), ranks[idx])
+        ranks[idx] = torch.where(full_need, added_ranks(ranks[idx], more), ranks[idx])
         sizes[idx] = torch.where(full_need, torch.full_like(sizes[idx], 2 * m_cur), sizes[idx])
         m_cur *= 2
     return ranks, sizes, stages

@@ -11,7 +11,7 @@ from scipy import stats
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin._adaptive_law import adaptive_cost, expected_samples, stage_event_cdf
 from reco_sampled_plugin.adaptive import adaptive_sampled_ranks, adaptive_sampled_ranks_from_exact
-from reco_sampled_plugin.design import AdaptiveDesign, adaptive_design
+from reco_sampled_plugin.design import AdaptiveDesign, adaptive_design, design_spec, parse_design
 from reco_sampled_plugin._rank_hist import as_histogram
 
 
@@ -254,3 +254,122 @@ def test_pooling_keeps_adaptive_groups_inside_the_catalogue():
     pooled, changed = pool_groups(hist, 16)
     assert changed and pooled.n_items.max() <= n_u.max() and pooled.n_items.min() >= n_u.min()
     assert set(pooled.n_samples.tolist()) == set(hist.n_samples.tolist())
+
+
+# ------------------------------------------------------------------------------ the threshold rule (adaptive_top)
+def _threshold_stops(d: AdaptiveDesign, p: float) -> dict:
+    """Brute force: P(stop at stage s with A beats among its M_s draws) of the rule 'draw on while A <= t - 1',
+    summed over every path of per-stage new beats (the oracle of the threshold law)."""
+    stages, t = d.stages.tolist(), d.top
+    paths = {0: 1.0}  # beats so far -> probability of reaching the next stage with them
+    stop, prev = {}, 0
+    for s, size in enumerate(stages):
+        new, nxt = size - prev, {}
+        for a, w in paths.items():
+            for j in range(new + 1):
+                v = w * stats.binom.pmf(j, new, p)
+                if a + j <= t - 1 and s < len(stages) - 1:
+                    nxt[a + j] = nxt.get(a + j, 0.0) + v
+                else:
+                    stop[(s, a + j)] = stop.get((s, a + j), 0.0) + v
+        paths, prev = nxt, size
+    return stop
+
+
+@pytest.mark.parametrize("m, cap, top", [(3, 12, 2), (4, 16, 3), (2, 16, 2)])
+def test_threshold_law_matches_enumeration(m, cap, top):
+    """adaptive_top = t: every stopping point's probability is Binomial(A; M_s, p) times a factor free of p (the
+    likelihood fits read final (M, r~) as if M were fixed); the band's events E(s, i) and the expected cost in
+    closed form equal the sums over every path."""
+    d = AdaptiveDesign(m, cap, top)
+    stages = d.stages.tolist()
+    ps = (0.0, 0.02, 0.2, 0.55, 0.9, 1.0)
+    stops = {p: _threshold_stops(d, p) for p in ps}
+    for p in ps:
+        assert sum(stops[p].values()) == pytest.approx(1.0, abs=1e-12)
+        assert all(a >= top for (s, a), v in stops[p].items() if s < len(stages) - 1 and v > 0)
+    for key in stops[0.2]:  # the factor P(stop at key) / Binomial(A; M_s, p), the same for every 0 < p < 1
+        s, a = key
+        factors = [stops[p].get(key, 0.0) / stats.binom.pmf(a, stages[s], p) for p in ps[1:-1]]
+        np.testing.assert_allclose(factors, factors[0], rtol=1e-9)
+    for p in ps:
+        for s, size in enumerate(stages):
+            i = np.arange(1, size + 2)
+            got = stage_event_cdf(np.array([p]), d, s, i)[0]
+            want = [sum(v for (t, a), v in stops[p].items() if t > s or (t == s and a + 1 <= ii)) for ii in i]
+            np.testing.assert_allclose(got, want, atol=1e-12)
+        mean, at_cap = expected_samples(np.array([p]), d)
+        assert mean[0] == pytest.approx(sum(v * stages[s] for (s, a), v in stops[p].items()), abs=1e-10)
+        last = len(stages) - 1
+        assert at_cap[0] == pytest.approx(sum(v for (s, a), v in stops[p].items() if s == last and a < top), abs=1e-12)
+
+
+def test_threshold_draws_follow_the_law():
+    """The threshold rule drawn from exact ranks and from scores: the frequency of every stopping point (final M,
+    r~) of 100k positives at one exact rank within 4.5 standard errors of the enumerated law; completion at the cap
+    takes exactly the positives with r~ <= t there."""
+    n, r, reps = 400, 10, 100_000
+    design = rsp.SamplingDesign(4, adaptive_max=32, adaptive_top=3, exact_at_cap=True)
+    law = _threshold_stops(design.adaptive, (r - 1) / (n - 1))
+    scores = torch.arange(n, 0, -1, dtype=torch.float64).expand(reps // 10, n)  # item r - 1 has exact rank r
+    drawn = [adaptive_sampled_ranks_from_exact(torch.full((reps,), r), n, design,
+                                               generator=torch.Generator().manual_seed(5))]
+    drawn += [adaptive_sampled_ranks(scores, torch.full((reps // 10, 1), r - 1), design,
+                                     generator=torch.Generator().manual_seed(s)) for s in range(10)]
+    ranks = torch.cat([drawn[0].ranks.reshape(-1), torch.cat([d.ranks.reshape(-1) for d in drawn[1:]])])
+    sizes = torch.cat([drawn[0].n_samples.reshape(-1), torch.cat([d.n_samples.reshape(-1) for d in drawn[1:]])])
+    done = torch.cat([drawn[0].exact_ranks.reshape(-1), torch.cat([d.exact_ranks.reshape(-1) for d in drawn[1:]])])
+    stages = design.adaptive.stages.tolist()
+    for half in (slice(0, reps), slice(reps, 2 * reps)):  # from exact ranks; from scores
+        rk, sz, dn = ranks[half], sizes[half], done[half]
+        for (s, a), v in law.items():
+            emp = float(((sz == stages[s]) & (rk == a + 1)).double().mean())
+            assert abs(emp - v) <= 4.5 * math.sqrt(v * (1 - v) / reps) + 1e-9, (s, a, emp, v)
+        assert torch.equal(dn > 0, (sz == 32) & (rk <= 3)) and bool((dn[dn > 0] == r).all())
+
+
+def test_threshold_design_spec_and_validation():
+    d = rsp.SamplingDesign(100, adaptive_max=3200, adaptive_top=3, exact_at_cap=True)
+    assert design_spec(d) == "100:3200:top3:exact" and parse_design("100:3200:top3:exact") == d
+    assert parse_design("100:3200:top3+0.05:uniform") == rsp.SamplingDesign(
+        100, adaptive_max=3200, adaptive_top=3, exact_share=0.05)
+    assert d != rsp.SamplingDesign(100, adaptive_max=3200, exact_at_cap=True) and d.adaptive.top == 3
+    assert "r~ <= 3" in d.describe() and "adaptive_top=3" in repr(d)
+    assert rsp.SamplingDesign(100, adaptive_max=3200, adaptive_top=1) == rsp.SamplingDesign(100, adaptive_max=3200)
+    for kw, msg in ((dict(adaptive_top=3), "^adaptive_top: .*give adaptive_max"),
+                    (dict(adaptive_max=800, adaptive_top=0), "^adaptive_top"),
+                    (dict(adaptive_max=800, adaptive_top=101), "^adaptive_top"),
+                    (dict(adaptive_max=800, adaptive_top=True), "^adaptive_top"),
+                    (dict(adaptive_max=800, adaptive_top=2.5), "^adaptive_top")):
+        with pytest.raises(ValueError, match=msg):
+            rsp.SamplingDesign(100, **kw)
+    for bad in ("100:3200:top:exact", "100:3200:top0", "100:top3", "100:3200:exact:top3", "100:3200:top3:top3"):
+        with pytest.raises(ValueError):
+            parse_design(bad)
+
+
+def test_threshold_estimates_recover_the_truth_and_checks_refuse_impossible_stops():
+    """mle on threshold draws (t = 3, with and without completion at the cap) of 12 sets of 3,000 log-uniform
+    ranks: the mean error of HR@10 and NDCG@10 within 4 standard errors of 0 over the sets; a histogram with
+    positives stopped at r~ <= t below the cap is refused for that design."""
+    n = 5000
+    truth_sets, est = [], {True: [], False: []}
+    for rep in range(12):
+        exact = torch.as_tensor(_log_uniform_ranks(n, 3000, 200 + rep))
+        truth_sets.append([float(rsp.metric_values(k, exact, n).mean()) for k in ("hit@10", "ndcg@10")])
+        for at_cap in (True, False):
+            design = rsp.SamplingDesign(50, adaptive_max=800, adaptive_top=3, exact_at_cap=at_cap)
+            drawn = adaptive_sampled_ranks_from_exact(exact, n, design, generator=torch.Generator().manual_seed(rep))
+            est[at_cap].append([rsp.estimate(k, drawn, "mle").value for k in ("hit@10", "ndcg@10")])
+    truth = np.asarray(truth_sets)
+    for at_cap in (True, False):
+        err = np.asarray(est[at_cap]) - truth
+        se = err.std(0, ddof=1) / math.sqrt(len(err))
+        assert np.all(np.abs(err.mean(0)) <= 4 * se + 1e-4), (at_cap, err.mean(0), se)
+    plain = adaptive_sampled_ranks_from_exact(torch.as_tensor(_log_uniform_ranks(n, 3000, 1)), n,
+                                              rsp.SamplingDesign(50, adaptive_max=800),
+                                              generator=torch.Generator().manual_seed(0))
+    assert bool(((plain.ranks == 2) & (plain.n_samples < 800)).any())  # stopped at r~ = 2: impossible with t = 3
+    with pytest.raises(ValueError, match=r"within the top 3 \(adaptive_top\) among m = \d+ samples stopped below"):
+        rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(plain.ranks, n, plain.n_samples, rsp.SamplingDesign(
+            50, adaptive_max=800, adaptive_top=3)), "mle")

@@ -91,6 +91,7 @@ CLI_ONLY = {
     ("plan", "pilot_n_items"): "the pilot file's n when it has no n column (its SampledRanks.n_candidates)",
     ("plan", "pilot_n_samples"): "the pilot file's m when it has no m column (its design's n_samples)",
     ("plan", "pilot_adaptive_max"): "the adaptive_max of the pilot's design (plan(pilot=SampledRanks(...)))",
+    ("plan", "pilot_adaptive_top"): "the adaptive_top of the pilot's design (plan(pilot=SampledRanks(...)))",
 }
 
 

@@ -70,10 +70,13 @@ def _brute_exact(scores, pos, exc, ties):
 
 @pytest.mark.parametrize("ties", ["pessimistic", "optimistic", "average", "random"])
 @pytest.mark.parametrize("coarse", [False, True])
-def test_scorer_loop_equals_matrix_path_with_completion(ties, coarse):
+@pytest.mark.parametrize("top", [1, 3])
+def test_scorer_loop_equals_matrix_path_with_completion(ties, coarse, top):
+    """The scorer loop's ranks, sizes, completions and cost against the score-matrix path; ``top``: the design's
+    continuation rule (``adaptive_top``: drawing more while r~ <= top, completing those within it at the cap)."""
     scores, pos, exc = _problem(3, coarse=coarse)
     n = scores.shape[1]
-    design = SamplingDesign(8, adaptive_max=64, exact_at_cap=True)
+    design = SamplingDesign(8, adaptive_max=64, adaptive_top=top, exact_at_cap=True)
     mat = adaptive_sampled_ranks(scores, pos, design, exclude=exc, generator=torch.Generator().manual_seed(5), ties=ties)
     max_pairs = 100  # below n: candidate lists split into column blocks
     scorer = CountingScorer(scores)
@@ -85,14 +88,17 @@ def test_scorer_loop_equals_matrix_path_with_completion(ties, coarse):
     assert torch.equal(loop.exact_ranks, mat.exact_ranks)
     assert torch.equal(loop.n_samples, mat.n_samples)
     assert torch.equal(loop.n_candidates, mat.n_candidates)
-    # completed: exactly the positives still first at the cap
-    assert torch.equal(done, (mat.ranks == 1) & (mat.n_samples == design.cap))
+    # completed: exactly the positives still within the top at the cap
+    assert torch.equal(done, (mat.ranks > 0) & (mat.ranks <= top) & (mat.n_samples == design.cap))
+    if top > 1:
+        assert bool((done & (mat.ranks > 1)).any())
     # the cost: every scored pair counted, no call above max_pairs
     assert loop.cost.pairs == sum(a * b for a, b in scorer.shapes)
     assert loop.cost.calls == len(scorer.shapes)
     assert max(a * b for a, b in scorer.shapes) <= max_pairs
     # the completion's pairs: at least each completed row's irrelevant candidates, once per row
-    plain = sampled_ranks_from_scorer(CountingScorer(scores), pos, n, SamplingDesign(8, adaptive_max=64), exclude=exc,
+    plain = sampled_ranks_from_scorer(CountingScorer(scores), pos, n, SamplingDesign(8, adaptive_max=64,
+                                                                                    adaptive_top=top), exclude=exc,
                                       generator=torch.Generator().manual_seed(5), max_pairs=max_pairs, ties=ties)
     rows = done.any(1)
     irrelevant = (mat.n_candidates - 1)[rows]

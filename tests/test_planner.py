@@ -171,12 +171,18 @@ def _pairs(designs: list[SamplingDesign]) -> list[tuple[int, int | None]]:
 
 
 def test_default_designs_grid():
+    tops = {}
+
     def plain(n, **kw):  # the grid without its active exact shares (tests/test_planner_share.py)
         grid = default_designs(n, **kw)
         shared = [d for d in grid if d.exact_share is not None]
         last = [d for d in grid if d.adaptive_max is not None and not d.exact_at_cap and d.exact_share is None]
         assert [(d.n_samples, d.adaptive_max) for d in shared] == [(d.n_samples, d.adaptive_max) for d in last[-1:]] * 3
-        return _pairs([d for d in grid if d.exact_share is None])
+        top = [d for d in grid if d.adaptive_top != 1]  # the threshold designs: completed at the cap, after the rest
+        assert all(d.adaptive_top == 3 and d.exact_at_cap and d.exact_share is None for d in top)
+        assert grid[len(grid) - len(shared) - len(top):len(grid) - len(shared)] == top
+        tops[n, kw.get("method")] = [(d.n_samples, d.adaptive_max) for d in top]
+        return _pairs([d for d in grid if d.exact_share is None and d.adaptive_top == 1])
 
     assert plain(10_000) == [(50, None), (100, None), (200, None), (500, None), (1000, None),
                              (2000, None), (100, 800), (100, 3200), (100, 12800)]
@@ -185,6 +191,9 @@ def test_default_designs_grid():
     # small catalogues start adaptive sampling lower (m0 = (n - 1) // 8), caps rounded down to m0 2^s
     assert plain(300) == [(50, None), (100, None), (200, None), (37, 592)]
     assert plain(10_000, method="bv") == [(m, None) for m in (50, 100, 200, 500, 1000, 2000)]
+    # the threshold designs: every adaptive cap below n - 1, drawn while r~ <= 3 and completed there
+    assert tops == {(10_000, None): [(100, 800), (100, 3200)], (1000, None): [(100, 800)], (300, None): [],
+                    (10_000, "bv"): []}
 
 
 def test_adaptive_cost_and_pilot_rescaling():

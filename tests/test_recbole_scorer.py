@@ -175,6 +175,41 @@ def test_uni_adaptive_equals_the_core_on_the_same_draws(run):
     assert cost.stages == stages >= 2 and cost.calls >= stages - 1 and 0 < cost.share_of_full < 1
 
 
+def test_uni_adaptive_top_rule_equals_the_core_on_the_same_draws(run):
+    """rsp_adaptive_top: 3: the positives within the top 3 of RecBole's 20 draws go on (their beats added), and
+    ranks and sizes equal the core's stages of SamplingDesign(20, adaptive_max=160, adaptive_top=3) on the same first
+    stage over the oracle's score matrix; none stops within the top 3 below the cap; every other positive keeps its
+    first-stage rank and m = 20."""
+    f, test = run["fixed_cols"], run["test"]
+    trainer = Trainer(_config(run["name"], rsp_adaptive_max=CAP, rsp_adaptive_top=3), run["model"])
+    _, a = _evaluate(trainer, test)
+    assert torch.equal(f["uid"], a["uid"]) and torch.equal(f["item"], a["item"])
+    going = f["sampled_rank"] <= 3
+    assert bool((going & (f["sampled_rank"] > 1)).any())
+    assert torch.equal(a["sampled_rank"][~going], f["sampled_rank"][~going]) and bool((a["m"][~going] == N).all())
+    assert not bool(((a["sampled_rank"] <= 3) & (a["m"] < CAP)).any())
+    uids, pos_i = f["uid"][going].long(), f["item"][going].long()
+    scorer = _oracle_scorer(run, uids)
+    k = uids.numel()
+    used = test._sampler.used_ids
+    sequential = run["name"] == "SASRec"
+    excl = [[0] + ([] if sequential else sorted(set(used[int(u)]) - {int(i)})) for u, i in zip(uids, pos_i)]
+    exclude = torch.full((k, max(map(len, excl))), -1, dtype=torch.int64)
+    for r, e in enumerate(excl):
+        exclude[r, : len(e)] = torch.tensor(e)
+    positives = pos_i.unsqueeze(1)
+    n = test._dataset.item_num
+    pos, exc = prepare_index(positives, exclude, k, n, torch.device("cpu"))
+    rows = torch.arange(k)
+    calls = ScorerCalls(scorer, 1 << 16, True, torch.device("cpu"))
+    ranks, sizes, _ = adaptive_stages(calls, pos, exc, rows, scorer(rows, positives),
+                                      f["sampled_rank"][going].long().unsqueeze(1),
+                                      SamplingDesign(N, adaptive_max=CAP, adaptive_top=3), n, "pessimistic",
+                                      torch.Generator().manual_seed(run["config"]["seed"]), from_mask=False)
+    assert torch.equal(a["sampled_rank"][going], ranks[:, 0].double())
+    assert torch.equal(a["m"][going], sizes[:, 0].double())
+
+
 def test_uni_adaptive_rankdist_estimates(run):
     """RankDist* estimates with the adaptive design on the table's ranks (user weights), their cost keys, and no
     refusal; the fixed run reports no adaptive keys."""

@@ -31,6 +31,8 @@ DESIGNS = {
     "no_replacement": dict(n_samples=SamplingDesign(10, replacement=False)),
     "small_pool_no_replacement": dict(n_samples=SamplingDesign(40, replacement=False)),  # pools of <= 4m: the top-k keyed draw
     "adaptive": dict(n_samples=SamplingDesign(4, adaptive_max=64), estimators=("none", registry.Mes(n_bootstrap=2))),
+    "adaptive_top3": dict(n_samples=SamplingDesign(4, adaptive_max=64, adaptive_top=3),
+                          estimators=("none", registry.Mes(n_bootstrap=2))),
 }
 
 

@@ -609,6 +609,8 @@ def test_adaptive_metric_equals_the_core_on_the_same_draws():
 
 # ------------------------------------------------------------------------ exact_at_cap (completion at the cap)
 CAP_DESIGN = SamplingDesign(4, adaptive_max=32, exact_at_cap=True)
+#: the threshold rule: drawing more while r~ <= 3, completing the positives within the top 3 at the cap
+TOP3_DESIGN = SamplingDesign(4, adaptive_max=32, adaptive_top=3, exact_at_cap=True)
 CAP_METHODS = ("none", registry.Mes(n_bootstrap=0), "auto")
 
 
@@ -628,24 +630,24 @@ def _cap_data(users=64, n=300, seed=5):
     return u, v, scores, pos, exc, torch.arange(users) + 100
 
 
-def _cap_core(scores, pos, exc, ids, seed=7):
+def _cap_core(scores, pos, exc, ids, seed=7, design=CAP_DESIGN):
     """The core's SampledRanks of the adapter's keyed draws (``_keyed``: the same stages), the positives still first at
     the cap completed here from the whole score matrix (``exact_ranks_padded`` among the irrelevant candidates)."""
     from reco_sampled_plugin.ranking import exact_ranks_padded
 
     n_items = scores.shape[1]
     keys = RowKeys.of(seed, ids, scores.device)
-    first = _keyed.keyed_ranks(MatrixScores(scores), pos, exc, n_items, CAP_DESIGN, keys, "pessimistic")
-    ranks, sizes, _ = _keyed.keyed_adaptive_ranks(MatrixScores(scores), pos, exc, n_items, first, CAP_DESIGN.adaptive,
+    first = _keyed.keyed_ranks(MatrixScores(scores), pos, exc, n_items, design, keys, "pessimistic")
+    ranks, sizes, _ = _keyed.keyed_adaptive_ranks(MatrixScores(scores), pos, exc, n_items, first, design.adaptive,
                                                   keys, "pessimistic")
-    done = (ranks == 1) & (sizes == 32)
+    done = (ranks > 0) & (ranks <= design.adaptive_top) & (sizes == 32)
     exact = torch.where(done, exact_ranks_padded(scores, pos, exc, "pessimistic", False), 0)
     n = torch.where(pos >= 0, padded_candidate_counts(n_items, pos, exc, False).unsqueeze(1), 0)
-    return SampledRanks.from_arrays(ranks, n, sizes, CAP_DESIGN, exact_ranks=exact)
+    return SampledRanks.from_arrays(ranks, n, sizes, design, exact_ranks=exact)
 
 
-def _cap_metric():
-    return SampledRankingMetrics(("ndcg@10", "hit@5"), CAP_DESIGN, CAP_METHODS, max_n_groups=None, seed=7)
+def _cap_metric(design=CAP_DESIGN):
+    return SampledRankingMetrics(("ndcg@10", "hit@5"), design, CAP_METHODS, max_n_groups=None, seed=7)
 
 
 def _same_as_core(metric, core):
@@ -657,22 +659,26 @@ def _same_as_core(metric, core):
             assert (got.value, got.stderr) == (want.value, want.stderr), (name, label)
 
 
+@pytest.mark.parametrize("design", [CAP_DESIGN, TOP3_DESIGN], ids=["first", "top3"])
 @pytest.mark.parametrize("source", ["scores", "factors", "scorer", "scores-static", "factors-static"])
-def test_exact_at_cap_equals_the_core_on_the_same_draws(source, monkeypatch):
-    """exact_at_cap: the positives still first at the cap are completed exactly (score rows, factor tiles, a scorer
-    scoring the rows whole) and kept as (n, R) rows; every estimate equals the core's on the same keyed draws bit for
-    bit (exact-group readers at R, ``none`` at r~), batches of any size. ``-static``: the accelerator's form on the
-    CPU (the rows of the cap's stage ranked, nothing read back): the same estimates."""
+def test_exact_at_cap_equals_the_core_on_the_same_draws(source, design, monkeypatch):
+    """exact_at_cap: the positives still first at the cap (``top3``: within the top 3, drawing more while r~ <= 3)
+    are completed exactly (score rows, factor tiles, a scorer scoring the rows whole) and kept as (n, R) rows; every
+    estimate equals the core's on the same keyed draws bit for bit (exact-group readers at R, ``none`` at r~),
+    batches of any size. ``-static``: the accelerator's form on the CPU (the rows of the cap's stage ranked, nothing
+    read back): the same estimates."""
     from reco_sampled_plugin.adapters import torchmetrics as tm
 
     if source.endswith("-static"):
         monkeypatch.setattr(tm, "_READS_ON_CPU", False)
         source = source.removesuffix("-static")
     u, v, scores, pos, exc, ids = _cap_data()
-    core = _cap_core(scores, pos, exc, ids)
+    core = _cap_core(scores, pos, exc, ids, design=design)
     done = int((core.exact_ranks > 0).sum())
     assert 40 < done < int((pos >= 0).sum()) and bool((core.exact_ranks > 1).any())  # completions, not only R = 1
-    metric = _cap_metric()
+    if design.adaptive_top > 1:  # the rule completes positives that were not first at the cap
+        assert bool(((core.exact_ranks > 0) & (core.ranks > 1)).any())
+    metric = _cap_metric(design)
     for lo, hi in ((0, 7), (7, 40), (40, 64)):
         sl = slice(lo, hi)
         if source == "scores":

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 
 from reco_sampled_plugin._popularity import POP_BINS, PROFILE_FIELDS
+from reco_sampled_plugin.adaptive import completion_targets, continues
+from reco_sampled_plugin.design import SamplingDesign
 
 from ._recbole_settings import _Settings, _settings
 
@@ -57,7 +59,7 @@ def positive_table(dataobject: Any) -> dict[str, torch.Tensor]:
     ``hh_s1`` / ``hh_s2`` the sums of b / q~ and (b / q~)^2 over them, ``hh_unreachable`` the candidates of weight 0;
     ``exact_at_cap`` (full mode, an ``exact_at_cap`` design): the exact rank R (among the irrelevant candidates and
     itself; a whole number, ties as ``rsp_ties`` with ``average`` placing it uniformly among its ties) of a positive
-    still first at the cap, 0 elsewhere; then :data:`CLASS_COLUMNS` (popN only): the class counts ``pl_fit`` reads.
+    still within the top at the cap (``adaptive.completion_targets``), 0 elsewhere; then :data:`CLASS_COLUMNS` (popN only): the class counts ``pl_fit`` reads.
     """
     table = dataobject.get(PLUGIN_KEY)
     return {name: table[:, i] for i, name in enumerate(COLUMNS + CLASS_COLUMNS) if i < table.shape[1]}
@@ -275,8 +277,9 @@ def _binomial_sampled(ge_irr: torch.Tensor, gt_irr: torch.Tensor, n_irr_items: t
 
 def _adaptive_from_counts(first: torch.Tensor, ge_irr: torch.Tensor, gt_irr: torch.Tensor, n_irr_items: torch.Tensor,
                           settings: _Settings, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Adaptive sampling (``reco_sampled_plugin.adaptive``) drawn from the exact counts: positives still first
-    draw the stage's new items (m doubling) by :func:`_binomial_sampled`, until not first or at the cap.
+    """Adaptive sampling (``reco_sampled_plugin.adaptive``) drawn from the exact counts: positives still within the
+    top (r~ <= the design's ``adaptive_top``) draw the stage's new items (m doubling) by :func:`_binomial_sampled`
+    (their beats added), until past it or at the cap.
     Returns (sampled ranks among the final m, final m), float64 per positive; one check per stage."""
     adaptive = None if settings.design is None else settings.design.adaptive
     assert adaptive is not None  # called with rsp_adaptive_max (an adaptive design)
@@ -284,23 +287,23 @@ def _adaptive_from_counts(first: torch.Tensor, ge_irr: torch.Tensor, gt_irr: tor
     ranks = first.clone()
     sizes = torch.full_like(ranks, float(stages[0]))
     for s in range(1, len(stages)):
-        need = ((ranks == 1.0) & (sizes == stages[s - 1])).nonzero().squeeze(1)
+        need = (continues(ranks, adaptive) & (sizes == stages[s - 1])).nonzero().squeeze(1)
         if need.numel() == 0:
             break
-        ranks[need] = _binomial_sampled(ge_irr[need], gt_irr[need], n_irr_items[need], stages[s] - stages[s - 1],
+        ranks[need] = ranks[need] - 1.0 + _binomial_sampled(ge_irr[need], gt_irr[need], n_irr_items[need], stages[s] - stages[s - 1],
                                         settings.ties, generator)
         sizes[need] = float(stages[s])
     return ranks, sizes
 
 
-def _completed_at_cap(ranks: torch.Tensor, sizes: torch.Tensor, ge_irr: torch.Tensor, gt_irr: torch.Tensor, cap: int,
-                      ties: str, generator: torch.Generator) -> torch.Tensor:
-    """``exact_at_cap`` in full mode: the exact rank R of each positive still first at the cap (r~ = 1 among ``cap``
-    draws), 0 elsewhere (float64), from the exact counts (the scores at hand; nothing drawn): 1 + #(irrelevant
+def _completed_at_cap(ranks: torch.Tensor, sizes: torch.Tensor, ge_irr: torch.Tensor, gt_irr: torch.Tensor,
+                      design: SamplingDesign, ties: str, generator: torch.Generator) -> torch.Tensor:
+    """``exact_at_cap`` in full mode: the exact rank R of each positive still within the top at the cap (r~ <= t
+    among the cap's draws, t the design's ``adaptive_top``: ``adaptive.completion_targets``), 0 elsewhere (float64), from the exact counts (the scores at hand; nothing drawn): 1 + #(irrelevant
     candidates scoring >= it) (pessimistic), > it (optimistic), or placed uniformly among its ties (``average``, a
     whole rank as the draws' ``_sampled_from_scores`` places it; the core's ``random``). ``gt_irr``: the count > it
     (pessimistic: unused)."""
-    done = (ranks == 1.0) & (sizes == float(cap))
+    done = completion_targets(ranks, sizes, design)
     ge = ge_irr.to(torch.float64)
     if ties == "pessimistic":
         r = ge + 1.0
@@ -745,7 +748,7 @@ def _process_full(collector: Any, scores: torch.Tensor, pos_u: torch.Tensor, pos
                     table[:, _R_SAMPLED], ge_irr, gt_irr, n_irr - 1, settings, gen)
             if settings.design is not None and settings.design.exact_at_cap:
                 table[:, _AT_CAP] = _completed_at_cap(table[:, _R_SAMPLED], table[:, _M], ge_irr, gt_irr,
-                                                      settings.design.cap, settings.ties, gen)
+                                                      settings.design, settings.ties, gen)
         else:
             table[:, _R_SAMPLED] = _simulate(scores, pos_u, pos_i, s_pos, settings, gen)
             table[:, _M] = float(settings.m)

@@ -26,7 +26,8 @@ from reco_sampled_plugin.ranking import DETERMINISTIC_TIES
 CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_m": None,  # simulated sample size m in full mode (uniN: must equal N if given)
     "rsp_adaptive_max": None,  # adaptive sampling from rsp_m (uniN: N) up to this many samples (RankDist* only)
-    "rsp_exact_at_cap": False,  # full mode, adaptive: rank the positives still first at the cap exactly
+    "rsp_adaptive_top": 1,  # adaptive: a positive draws more while its sampled rank is at most this (1: while first)
+    "rsp_exact_at_cap": False,  # full mode, adaptive: rank the positives still within the top at the cap exactly
     "rsp_replacement": True,  # simulated draws with replacement (binomial law) or without (hypergeometric)
     "rsp_seed": None,  # seed of the simulated draws (default: RecBole's `seed`)
     # the estimator each family of metrics runs, one per family (registry.recbole_choices): Corrected* and RankDist*
@@ -51,8 +52,8 @@ CONFIG_DEFAULTS: dict[str, Any] = {
 }
 
 #: the keys ``rsp_design`` sets (a design given in both places is refused)
-DESIGN_KEYS = ("rsp_m", "rsp_adaptive_max", "rsp_exact_at_cap", "rsp_replacement", "rsp_exact_share",
-               "rsp_exact_share_choice")
+DESIGN_KEYS = ("rsp_m", "rsp_adaptive_max", "rsp_adaptive_top", "rsp_exact_at_cap", "rsp_replacement",
+               "rsp_exact_share", "rsp_exact_share_choice")
 
 _TIES = DETERMINISTIC_TIES
 
@@ -421,11 +422,12 @@ def _validated(config: Any, names: tuple[str, ...], modes: dict) -> _Settings:
     if estimators:
         _check_sample_sizes(config, modes, names, chosen, m, replacement)
     adaptive_max = _adaptive_max(config, modes, m, replacement)
-    design = _sampling_design(modes, m, replacement, adaptive_max, _exact_at_cap(config, modes, adaptive_max))
+    top = _adaptive_top(config, adaptive_max)
+    design = _sampling_design(modes, m, replacement, adaptive_max, _exact_at_cap(config, modes, adaptive_max), top)
     share = _exact_share(config, modes, seed)
     if share is not None and design is not None:
         design = SamplingDesign(design.n_samples, replacement=replacement, adaptive_max=adaptive_max,
-                                exact_share=share)
+                                adaptive_top=top, exact_share=share)
     if design is not None and estimators:
         _check_supported(design, names, chosen)
     topk = _topk(config)
@@ -503,7 +505,7 @@ class _Planned:
     def __init__(self, config: Any, design: SamplingDesign) -> None:
         self._config = config
         self._values = {"rsp_m": design.n_samples, "rsp_adaptive_max": design.adaptive_max,
-                        "rsp_exact_at_cap": design.exact_at_cap,
+                        "rsp_adaptive_top": design.adaptive_top, "rsp_exact_at_cap": design.exact_at_cap,
                         "rsp_replacement": design.replacement, "rsp_exact_share": design.exact_share,
                         "rsp_exact_share_choice": None}
 
@@ -671,6 +673,17 @@ def _adaptive_max(config: Any, modes: dict, m: int | None, replacement: bool) ->
     return cap
 
 
+def _adaptive_top(config: Any, adaptive_max: int | None) -> int:
+    """``rsp_adaptive_top``: a positive of adaptive sampling draws more while its sampled rank is at most this (1:
+    while first); only with ``rsp_adaptive_max`` (its range, 1..m, is the design's check)."""
+    raw = _get(config, "rsp_adaptive_top")
+    top = 1 if raw is None else _as_int(raw, "rsp_adaptive_top", 1)
+    if top != 1 and adaptive_max is None:
+        raise ValueError(f"rsp_adaptive_top: the continuation rule of adaptive sampling; set rsp_adaptive_max (the "
+                         f"cap) too, got rsp_adaptive_top: {raw!r}")
+    return top
+
+
 def _exact_at_cap(config: Any, modes: dict, adaptive_max: int | None) -> bool:
     """``rsp_exact_at_cap``: the positives still first at the cap of adaptive sampling (``rsp_adaptive_max``) are then
     ranked exactly, from the scores full mode holds (``_recbole_ranks._completed_at_cap``); refused in ``uniN`` and
@@ -689,7 +702,7 @@ def _exact_at_cap(config: Any, modes: dict, adaptive_max: int | None) -> bool:
 
 
 def _sampling_design(modes: dict, m: int | None, replacement: bool, adaptive_max: int | None,
-                     exact_at_cap: bool = False) -> SamplingDesign | None:
+                     exact_at_cap: bool = False, adaptive_top: int = 1) -> SamplingDesign | None:
     """The one sampling design of the validated keys: full mode simulates rsp_m draws (``rsp_replacement``,
     ``rsp_adaptive_max``, ``rsp_exact_at_cap``); RecBole's uniN / popN draw N items with replacement (rsp_m, when given, equals N). popN's
     popularity weights come with the data (RecBole's sampler: ``_recbole_popularity``), so its design is kept as the
@@ -699,7 +712,13 @@ def _sampling_design(modes: dict, m: int | None, replacement: bool, adaptive_max
     sizes: set[int] = {m} if m is not None else {_sampled_size(mode) for mode in modes.values() if mode != "full"}
     if len(sizes) != 1:
         return None
-    return SamplingDesign(sizes.pop(), replacement=replacement, adaptive_max=adaptive_max, exact_at_cap=exact_at_cap)
+    try:
+        return SamplingDesign(sizes.pop(), replacement=replacement, adaptive_max=adaptive_max,
+                              adaptive_top=adaptive_top, exact_at_cap=exact_at_cap)
+    except ValueError as exc:
+        if str(exc).startswith("adaptive_top"):
+            raise ValueError(f"rsp_{exc}") from None
+        raise
 
 
 def _check_popularity(mode: str, design: SamplingDesign, names: tuple, chosen: dict[str, str]) -> None:

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from reco_sampled_plugin.adaptive import continues
 from reco_sampled_plugin.ranking import SampledRanks
 from reco_sampled_plugin.scorer_ranks import ScoringCost, ScorerCalls, adaptive_stages, complete_from_scorer
 
@@ -146,7 +147,7 @@ def run_stages(collector: Any, table: torch.Tensor, settings: _Settings, context
     m0 = design.n_samples
     first_stage = int(table.shape[0] * (1 + m0))
     ranks0 = table[:, _R_SAMPLED].to(torch.int64)
-    todo = ((ranks0 == 1) & (table[:, _M] == m0)).nonzero().squeeze(1)
+    todo = (continues(ranks0, design) & (table[:, _M] == m0)).nonzero().squeeze(1)
     config = collector.config
     item_num = int(eval_data._dataset.item_num)
     uids = table[todo, _UID].to(torch.int64)

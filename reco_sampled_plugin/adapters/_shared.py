@@ -325,11 +325,17 @@ def histogram_from_rows(counts: np.ndarray, n_items: int, n_samples: int,
 
 
 def adaptive_columns(design: AdaptiveDesign) -> tuple[np.ndarray, int]:
-    """Column offset of each stage in an adaptive histogram row (stage s holds r~ = 1..new_s + 1, new_s the
-    stage's fresh draws) and the row width sum_s (new_s + 1)."""
-    news = np.diff(np.concatenate([[0], design.stages]))
-    offsets = np.concatenate([[0], np.cumsum(news + 1)])
+    """Column offset of each stage in an adaptive histogram row and the row width: stage s holds r~ = 1..w_s, w_s =
+    new_s + 1 at stage 0 and new_s + t after it (:func:`stage_widths`)."""
+    offsets = np.concatenate([[0], np.cumsum(stage_widths(design))])
     return offsets[:-1], int(offsets[-1])
+
+
+def stage_widths(design: AdaptiveDesign) -> np.ndarray:
+    """The largest r~ a positive stopping at each stage can have: new_s + 1 at stage 0 (M_0 draws), new_s + t after
+    it (at most t - 1 beats before the stage's new_s draws; t the design's ``top``, 1 for Li et al.'s rule)."""
+    news = np.diff(np.concatenate([[0], design.stages]))
+    return news + np.where(np.arange(len(news)) == 0, 1, design.top)
 
 
 def adaptive_histogram_from_rows(counts: np.ndarray, n_items: int, design: AdaptiveDesign,
@@ -339,15 +345,15 @@ def adaptive_histogram_from_rows(counts: np.ndarray, n_items: int, design: Adapt
     n = n_items - e that stopped at stage s (:func:`adaptive_columns`); and whether it was pooled (as
     :func:`histogram_from_rows`)."""
     offsets, _ = adaptive_columns(design)
-    news = np.diff(np.concatenate([[0], design.stages]))
+    widths = stage_widths(design)
     ns: list[int] = []
     ms: list[int] = []
     rows_out: list[np.ndarray] = []
     for s, size in enumerate(design.stages.tolist()):  # a few stages
-        block = counts[:, offsets[s] : offsets[s] + news[s] + 1]
+        block = counts[:, offsets[s] : offsets[s] + widths[s]]
         rows = np.flatnonzero(block.sum(1) > 0)[::-1]  # ascending n
         full = np.zeros((len(rows), size + 1))
-        full[:, : news[s] + 1] = block[rows]
+        full[:, : widths[s]] = block[rows]
         ns.extend((n_items - rows).tolist())
         ms.extend([size] * len(rows))
         rows_out.extend(full)
@@ -363,17 +369,23 @@ def completed_histogram_from_rows(counts: np.ndarray, n_items: int, design: Samp
                                   max_groups: int | None) -> tuple[RankHistogram, bool]:
     """The histogram with exact groups of an ``exact_at_cap`` design (what ``SampledRanks.histogram()`` gives the
     core's likelihood estimators): the adaptive rows ``counts`` (every positive at its r~, :func:`adaptive_columns`)
-    less the ``completed`` positives ((k, 2) rows: n and exact rank R), which counted at r~ = 1 of the cap's stage,
-    then their exact groups (n, n - 1) with the counts at R (``_rank_hist.sampled_rank_histogram``); and whether it
-    was pooled (:func:`~reco_sampled_plugin.rank_distribution.pool_groups`, exact groups among themselves)."""
+    less the ``completed`` positives ((k, 2) rows: n and exact rank R), which counted at r~ <= t of the cap's stage
+    (every positive there is completed: those cells are emptied, after checking they hold as many positives per n as
+    ``completed``), then their exact groups (n, n - 1) with the counts at R (``_rank_hist.sampled_rank_histogram``);
+    and whether it was pooled (:func:`~reco_sampled_plugin.rank_distribution.pool_groups`, exact groups among
+    themselves)."""
     from reco_sampled_plugin._rank_hist import sampled_rank_histogram
 
     adaptive = design.adaptive
     assert adaptive is not None and design.exact_at_cap  # called for exact_at_cap designs only
     n = completed[:, 0].astype(np.int64)
-    left = counts.copy()  # whole counts in float64: the subtraction is exact
-    cap_column = np.full(len(n), adaptive_columns(adaptive)[0][-1], dtype=np.int64)  # r~ = 1 of the cap's stage
-    np.subtract.at(left, (n_items - n, cap_column), 1.0)
+    left = counts.copy()  # whole counts in float64: the sums are exact
+    cap = int(adaptive_columns(adaptive)[0][-1])  # r~ = 1 of the cap's stage
+    done = np.bincount(n_items - n, minlength=left.shape[0]).astype(np.float64)
+    if len(done) > left.shape[0] or not np.array_equal(left[:, cap:cap + adaptive.top].sum(1), done):
+        raise ValueError("completed: the completed positives do not match the histogram's positives within the top "
+                         "at the cap (a state assembled from different designs?)")
+    left[:, cap:cap + adaptive.top] = 0.0
     hist, _ = adaptive_histogram_from_rows(left, n_items, adaptive, None)
     if len(n):
         r = torch.from_numpy(completed[:, 1].astype(np.int64))
