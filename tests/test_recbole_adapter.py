@@ -724,6 +724,22 @@ def test_full_mode_exact_at_cap_equals_the_core(bpr):
         assert res[f"{name}/sampled"] == pytest.approx(estimate(metric, sampled, "none", weights=w).value, abs=1e-10)
     config, _ = _full_mode(bpr, {**keys, "rsp_design": "20:320:exact"})
     assert _evaluate(Trainer(config, bpr["model"]), test)[0] == res
+    # the threshold rule (rsp_design "20:320:top3:exact" = rsp_adaptive_top: 3): within the top 3 at the cap completed
+    config, _ = _full_mode(bpr, {**keys, "rsp_design": "20:320:top3:exact"})
+    res3, struct3 = _evaluate(Trainer(config, bpr["model"]), test)
+    cols3 = rb.positive_table(struct3)
+    r3, m3, at_cap3 = cols3["sampled_rank"], cols3["m"], cols3["exact_at_cap"]
+    done3 = (r3 <= 3) & (m3 == 320)
+    assert not bool(((r3 <= 3) & (m3 < 320)).any()) and bool((done3 & (r3 > 1)).any())
+    assert torch.equal(at_cap3, torch.where(done3, cols3["rank_irrelevant"], torch.zeros_like(at_cap3)))
+    sampled3 = SampledRanks.from_arrays(r3.long(), cols3["n_candidates"].long(), m3.long(), SamplingDesign(
+        20, adaptive_max=320, adaptive_top=3, exact_at_cap=True), exact_ranks=at_cap3.long())
+    core3 = estimate("recall@10", sampled3, registry.Auto(n_bootstrap=4, seed=config["seed"]),
+                     weights=1.0 / cols3["n_positives"])
+    assert res3["rankdistrecall@10/auto"] == pytest.approx(core3.value, abs=1e-10)
+    config, _ = _full_mode(bpr, {**keys, "rsp_m": 20, "rsp_adaptive_max": 320, "rsp_adaptive_top": 3,
+                                 "rsp_exact_at_cap": True})
+    assert _evaluate(Trainer(config, bpr["model"]), test)[0] == res3
 
 
 def test_rankdist_bootstrap_only_for_a_standard_error():
