@@ -629,10 +629,12 @@ class _PilotShape:
         return np.clip(r, 1, n_u).astype(np.int64)
 
 
-def _unpack_pilot(pilot: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, SamplingDesign | None]:
-    """(ranks, n, m, adaptive design or None) of a :class:`~reco_sampled_plugin.ranking.SampledRanks` pilot
-    (padding dropped; adaptive: each positive's final m), which carries its own sizes and design; a ValueError
-    names ``pilot``."""
+def _unpack_pilot(pilot: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, SamplingDesign | None,
+                                       torch.Tensor | None]:
+    """(ranks, n, m, adaptive design or None, exact ranks or None) of a :class:`~reco_sampled_plugin.ranking.
+    SampledRanks` pilot (padding dropped; adaptive: each positive's final m; an ``exact_at_cap`` pilot: the exact
+    ranks of its completed positives, 0 elsewhere), which carries its own sizes and design; a ValueError names
+    ``pilot``."""
     if not isinstance(pilot, SampledRanks):
         raise ValueError(f"pilot: expected the SampledRanks of a pilot draw (they carry n, m and the design; "
                          f"SampledRanks(ranks, n_candidates, design=SamplingDesign(m)) for ranks from elsewhere), "
@@ -654,7 +656,11 @@ def _unpack_pilot(pilot: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
     n = torch.as_tensor(check_sizes(n, "pilot.n_candidates", 2))
     m = torch.as_tensor(check_sizes(m, "pilot.n_samples", 1, maximum=MAX_SAMPLES))
     adaptive = design if design.adaptive_max is not None else None
-    return ranks[keep], n, m, adaptive
+    exact = None
+    if design.exact_at_cap and pilot.exact_ranks is not None:  # completed at the cap: their exact ranks are data too
+        exact = check_rank_values(pilot.exact_ranks, "pilot.exact_ranks", whole=True, padding=True).cpu()
+        exact = exact.expand(ranks.shape)[keep].to(torch.int64)
+    return ranks[keep], n, m, adaptive, exact
 
 
 def _popularity_pilot(pilot: SampledRanks, n_items: Any, n_users: int,
@@ -696,15 +702,18 @@ def _seconds_per_pair(seconds_per_pair: Any, cost: Any) -> tuple[float | None, s
 
 
 def _pilot_shape(ranks: torch.Tensor, n_items: torch.Tensor, n_samples: torch.Tensor, adaptive: SamplingDesign | None,
-                 spec: MetricSpec | None = None) -> _PilotShape:
-    """The rank distribution fitted on a pilot's sampled ranks, n and m per positive (:func:`_unpack_pilot`)."""
-    from ._rank_hist import as_histogram
+                 exact: torch.Tensor | None = None, spec: MetricSpec | None = None) -> _PilotShape:
+    """The rank distribution fitted on a pilot's sampled ranks, n and m per positive (:func:`_unpack_pilot`); the
+    positives an ``exact_at_cap`` pilot completed (``exact`` > 0) enter as exact groups, the point mass at their R
+    (as every estimator reads them), so a pilot completed at a low cap resolves the top it forecasts."""
+    from ._rank_hist import as_histogram, sampled_rank_histogram
     from .rank_distribution import fit_rank_distribution
 
     if ranks.numel() == 0:
         raise ValueError("pilot: no sampled ranks")
     try:  # the histogram's own checks (range, broadcast) name its arguments: say the planner's
-        hist = as_histogram(ranks, n_items, n_samples)
+        hist = as_histogram(ranks, n_items, n_samples) if exact is None or not bool((exact > 0).any()) \
+            else sampled_rank_histogram(ranks, n_items, n_samples, exact_ranks=exact)
         hist.check_nonempty()
     except ValueError as exc:
         raise ValueError(renamed(str(exc), {"sampled_ranks": "pilot.ranks", "n_items": "pilot.n_candidates",
@@ -1046,7 +1055,7 @@ def _choose_shape(pilot: Any, n_items: Any, seconds_per_pair: Any,
         s = dataclasses.replace(s, n_u=n_u, n_keep=n_keep)
         cost = pilot.cost
     elif pilot is not None:
-        shape = _pilot_shape(*_unpack_pilot(pilot), s.spec)
+        shape = _pilot_shape(*_unpack_pilot(pilot), spec=s.spec)
         cost = pilot.cost
     else:
         shape = _DefaultShape()

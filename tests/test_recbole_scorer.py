@@ -136,20 +136,13 @@ def _oracle_scorer(run, uids: torch.Tensor):
     return scorer
 
 
-def test_uni_adaptive_equals_the_core_on_the_same_draws(run):
-    """The positives first among RecBole's 20 draws go on to 40, 80, 160 items scored by the model's predict:
-    ranks and sizes equal the core's adaptive stages on the same first stage and generator over an independently
-    built score matrix; every other positive keeps its first-stage rank and m = 20."""
-    f, a, test = run["fixed_cols"], run["cols"], run["test"]
-    assert torch.equal(f["uid"], a["uid"]) and torch.equal(f["item"], a["item"])  # same first stage, same order
-    first = f["sampled_rank"] == 1
-    assert bool((f["m"] == N).all()) and 0 < int(first.sum()) < first.numel()
-    assert torch.equal(a["sampled_rank"][~first], f["sampled_rank"][~first]) and bool((a["m"][~first] == N).all())
-    assert set(a["m"][first].unique().tolist()) <= {2.0 * N, 4.0 * N, 8.0 * N} and CAP == 8 * N
-    assert not bool(((a["sampled_rank"] == 1) & (a["m"] < CAP)).any())
-    # the oracle: the core's stages over the score matrix, exclusions from RecBole's sampler (item 0 and, for
-    # DeepFM, the user's used items but the positive itself; SASRec's RepeatableSampler excludes the target only)
-    uids, pos_i = f["uid"][first].long(), f["item"][first].long()
+def _core_stages(run, going: torch.Tensor, design: SamplingDesign):
+    """The oracle of the later stages: the core's ``adaptive_stages`` of ``design`` over the score matrix for the
+    fixed run's positives ``going`` (their first-stage ranks and RecBole's seed), exclusions from RecBole's sampler
+    (item 0 and, for DeepFM, the user's used items but the positive itself; SASRec's RepeatableSampler excludes the
+    target only). Returns (ranks, sizes, stages, the scorer's calls)."""
+    f, test = run["fixed_cols"], run["test"]
+    uids, pos_i = f["uid"][going].long(), f["item"][going].long()
     scorer = _oracle_scorer(run, uids)
     k = uids.numel()
     used = test._sampler.used_ids
@@ -163,10 +156,24 @@ def test_uni_adaptive_equals_the_core_on_the_same_draws(run):
     pos, exc = prepare_index(positives, exclude, k, n, torch.device("cpu"))
     rows = torch.arange(k)
     calls = ScorerCalls(scorer, 1 << 16, True, torch.device("cpu"))
-    gen = torch.Generator().manual_seed(run["config"]["seed"])
     ranks, sizes, stages = adaptive_stages(calls, pos, exc, rows, scorer(rows, positives),
-                                           torch.ones((k, 1), dtype=torch.int64), SamplingDesign(N, adaptive_max=CAP),
-                                           n, "pessimistic", gen, from_mask=False)
+                                           f["sampled_rank"][going].long().unsqueeze(1), design, n, "pessimistic",
+                                           torch.Generator().manual_seed(run["config"]["seed"]), from_mask=False)
+    return ranks, sizes, stages, calls
+
+
+def test_uni_adaptive_equals_the_core_on_the_same_draws(run):
+    """The positives first among RecBole's 20 draws go on to 40, 80, 160 items scored by the model's predict:
+    ranks and sizes equal the core's adaptive stages on the same first stage and generator over an independently
+    built score matrix; every other positive keeps its first-stage rank and m = 20."""
+    f, a = run["fixed_cols"], run["cols"]
+    assert torch.equal(f["uid"], a["uid"]) and torch.equal(f["item"], a["item"])  # same first stage, same order
+    first = f["sampled_rank"] == 1
+    assert bool((f["m"] == N).all()) and 0 < int(first.sum()) < first.numel()
+    assert torch.equal(a["sampled_rank"][~first], f["sampled_rank"][~first]) and bool((a["m"][~first] == N).all())
+    assert set(a["m"][first].unique().tolist()) <= {2.0 * N, 4.0 * N, 8.0 * N} and CAP == 8 * N
+    assert not bool(((a["sampled_rank"] == 1) & (a["m"] < CAP)).any())
+    ranks, sizes, stages, calls = _core_stages(run, first, SamplingDesign(N, adaptive_max=CAP))
     assert torch.equal(a["sampled_rank"][first], ranks[:, 0].double())
     assert torch.equal(a["m"][first], sizes[:, 0].double())
     # what the evaluation scored: RecBole's 1 + N per positive, then only the new items of the later stages
@@ -188,24 +195,7 @@ def test_uni_adaptive_top_rule_equals_the_core_on_the_same_draws(run):
     assert bool((going & (f["sampled_rank"] > 1)).any())
     assert torch.equal(a["sampled_rank"][~going], f["sampled_rank"][~going]) and bool((a["m"][~going] == N).all())
     assert not bool(((a["sampled_rank"] <= 3) & (a["m"] < CAP)).any())
-    uids, pos_i = f["uid"][going].long(), f["item"][going].long()
-    scorer = _oracle_scorer(run, uids)
-    k = uids.numel()
-    used = test._sampler.used_ids
-    sequential = run["name"] == "SASRec"
-    excl = [[0] + ([] if sequential else sorted(set(used[int(u)]) - {int(i)})) for u, i in zip(uids, pos_i)]
-    exclude = torch.full((k, max(map(len, excl))), -1, dtype=torch.int64)
-    for r, e in enumerate(excl):
-        exclude[r, : len(e)] = torch.tensor(e)
-    positives = pos_i.unsqueeze(1)
-    n = test._dataset.item_num
-    pos, exc = prepare_index(positives, exclude, k, n, torch.device("cpu"))
-    rows = torch.arange(k)
-    calls = ScorerCalls(scorer, 1 << 16, True, torch.device("cpu"))
-    ranks, sizes, _ = adaptive_stages(calls, pos, exc, rows, scorer(rows, positives),
-                                      f["sampled_rank"][going].long().unsqueeze(1),
-                                      SamplingDesign(N, adaptive_max=CAP, adaptive_top=3), n, "pessimistic",
-                                      torch.Generator().manual_seed(run["config"]["seed"]), from_mask=False)
+    ranks, sizes, _, _ = _core_stages(run, going, SamplingDesign(N, adaptive_max=CAP, adaptive_top=3))
     assert torch.equal(a["sampled_rank"][going], ranks[:, 0].double())
     assert torch.equal(a["m"][going], sizes[:, 0].double())
 
