@@ -407,10 +407,11 @@ def add_plan_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--pilot-adaptive-max", type=int, help="the pilot's adaptive cap, if it was adaptive")
     p.add_argument("--pilot-adaptive-top", type=int, metavar="T",
                    help="the pilot's continuation rule, if it drew more while r~ <= T (default 1: while first)")
-    p.add_argument("--design", action="append", type=_design_arg, metavar="M[:CAP][+SHARE[:active]]",
+    p.add_argument("--design", action="append", type=_design_arg, metavar="M[:CAP[:topT]][+SHARE[:active]]",
                    help="candidate design (repeatable): fixed m (m:norepl without replacement), or adaptive m:cap "
-                        "(m:cap:topT: drawing more while r~ <= T; m:cap:exact: exact_at_cap), with +share an exact share of the positives ranked exactly "
-                        "(uniform, or :active); the spec the plan prints (default: the built-in grid)")
+                        "(m:cap:topT: drawing more while r~ <= T; m:cap:exact: exact_at_cap), with +share an exact "
+                        "share of the positives ranked exactly (uniform, or :active); the spec the plan prints "
+                        "(default: the built-in grid)")
     p.add_argument("--method", default=registry.DEFAULT_ESTIMATOR, metavar="METHOD",
                    help=f"estimator to forecast (default {registry.DEFAULT_ESTIMATOR}; the estimators are listed below)")
     p.add_argument("--repeats", type=int, default=20, help="Monte Carlo repeats per design (default 20)")

@@ -207,8 +207,9 @@ class SamplingDesign:
             docs/research-notes.md, "The threshold rule"); stages then draw for more positives.
         exact_at_cap: adaptive designs only: rank the positives still within the top (r~ <= ``adaptive_top``) at
             the cap exactly among their whole candidate list (n - 1 irrelevant items: catalogue minus the row's
-            positives minus its exclusions), so the top is resolved (no ``cap_reached``). Costs n - 1 scored pairs per row with such a positive in
-            the scorer loop; draws nothing (the draws equal those without it). Default False.
+            positives minus its exclusions), so the top is resolved (no ``cap_reached``). Costs n - 1 scored pairs
+            per row with such a positive in the scorer loop; draws nothing (the draws equal those without it).
+            Default False.
         exact_share: an :class:`ExactShare` (a number s means ``ExactShare(s)``, a uniform share): a keyed random
             share of the positives is also ranked exactly among its whole candidate list (``SampledRanks.share_ranks``,
             ``inclusion``), which the difference estimator ``diff`` (``auto``'s choice then) reads. The draws equal

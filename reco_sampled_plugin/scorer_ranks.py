@@ -341,10 +341,10 @@ def adaptive_stages(calls: ScorerCalls, pos: torch.Tensor, exc: torch.Tensor | E
                     n: int, ties: str, generator: torch.Generator | None, *,
                     from_mask: bool) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The adaptive stages of :func:`~reco_sampled_plugin.adaptive.adaptive_sampled_ranks` after the first, scoring
-    only the positives still going on (r~ <= the design's ``adaptive_top``): the rows that need a stage taken from the prepared positives and
-    exclusions (``Exclusions.select``: nothing re-validated or re-sorted), shaped as the score-matrix path shapes
-    them (so the draws' shapes and random numbers are the same). Also the later stages of a first stage drawn
-    elsewhere (RecBole's ``uniN``: ``adapters._recbole_stages``).
+    only the positives still going on (r~ <= the design's ``adaptive_top``): the rows that need a stage taken from
+    the prepared positives and exclusions (``Exclusions.select``: nothing re-validated or re-sorted), shaped as the
+    score-matrix path shapes them (so the draws' shapes and random numbers are the same). Also the later stages of a
+    first stage drawn elsewhere (RecBole's ``uniN``: ``adapters._recbole_stages``).
 
     Args: ``calls`` the scorer's :class:`ScorerCalls`; ``pos`` / ``exc`` the validated padded (B, P) positives and
     exclusions (an :class:`~reco_sampled_plugin.exclusions.Exclusions` or padded (B, E) indices:

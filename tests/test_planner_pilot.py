@@ -297,9 +297,9 @@ def test_default_workers_without_threadpoolctl_is_one(monkeypatch):
 def test_a_completed_pilot_reads_its_exact_ranks():
     """A pilot drawn with exact_at_cap (and the threshold rule) fits its completed positives as exact groups: the
     planner's world then puts NDCG@10 and HR@10 within 10% of the pilot's own exact values on known log-uniform ranks
-    (n = 20,000; measured -7% / -5%: the log-rank smoothing spreads the exact top), and NDCG@10 less than half as far off as the
-    same draws read without the exact ranks, whose top (a bin of ~25 ranks at the cap 800) rests on the fit's
-    shape."""
+    (n = 20,000; measured -7% / -5%: the log-rank smoothing spreads the exact top), and NDCG@10 less than half as far
+    off as the same draws read without the exact ranks, whose top (a bin of ~25 ranks at the cap 800) rests on the
+    fit's shape."""
     n, size = 20_000, 3000
     u = np.random.default_rng(7).uniform(0.0, 1.0, size)
     exact = torch.as_tensor(np.minimum(np.floor(np.exp(u * math.log(n + 1.0))), n).astype(np.int64))

@@ -59,7 +59,8 @@ def positive_table(dataobject: Any) -> dict[str, torch.Tensor]:
     ``hh_s1`` / ``hh_s2`` the sums of b / q~ and (b / q~)^2 over them, ``hh_unreachable`` the candidates of weight 0;
     ``exact_at_cap`` (full mode, an ``exact_at_cap`` design): the exact rank R (among the irrelevant candidates and
     itself; a whole number, ties as ``rsp_ties`` with ``average`` placing it uniformly among its ties) of a positive
-    still within the top at the cap (``adaptive.completion_targets``), 0 elsewhere; then :data:`CLASS_COLUMNS` (popN only): the class counts ``pl_fit`` reads.
+    still within the top at the cap (``adaptive.completion_targets``), 0 elsewhere; then :data:`CLASS_COLUMNS`
+    (popN only): the class counts ``pl_fit`` reads.
     """
     table = dataobject.get(PLUGIN_KEY)
     return {name: table[:, i] for i, name in enumerate(COLUMNS + CLASS_COLUMNS) if i < table.shape[1]}
@@ -290,8 +291,9 @@ def _adaptive_from_counts(first: torch.Tensor, ge_irr: torch.Tensor, gt_irr: tor
         need = (continues(ranks, adaptive) & (sizes == stages[s - 1])).nonzero().squeeze(1)
         if need.numel() == 0:
             break
-        ranks[need] = ranks[need] - 1.0 + _binomial_sampled(ge_irr[need], gt_irr[need], n_irr_items[need], stages[s] - stages[s - 1],
-                                        settings.ties, generator)
+        more = _binomial_sampled(ge_irr[need], gt_irr[need], n_irr_items[need], stages[s] - stages[s - 1],
+                                 settings.ties, generator)
+        ranks[need] = ranks[need] - 1.0 + more  # the beats of every stage add
         sizes[need] = float(stages[s])
     return ranks, sizes
 
@@ -299,10 +301,10 @@ def _adaptive_from_counts(first: torch.Tensor, ge_irr: torch.Tensor, gt_irr: tor
 def _completed_at_cap(ranks: torch.Tensor, sizes: torch.Tensor, ge_irr: torch.Tensor, gt_irr: torch.Tensor,
                       design: SamplingDesign, ties: str, generator: torch.Generator) -> torch.Tensor:
     """``exact_at_cap`` in full mode: the exact rank R of each positive still within the top at the cap (r~ <= t
-    among the cap's draws, t the design's ``adaptive_top``: ``adaptive.completion_targets``), 0 elsewhere (float64), from the exact counts (the scores at hand; nothing drawn): 1 + #(irrelevant
-    candidates scoring >= it) (pessimistic), > it (optimistic), or placed uniformly among its ties (``average``, a
-    whole rank as the draws' ``_sampled_from_scores`` places it; the core's ``random``). ``gt_irr``: the count > it
-    (pessimistic: unused)."""
+    among the cap's draws, t the design's ``adaptive_top``: ``adaptive.completion_targets``), 0 elsewhere (float64),
+    from the exact counts (the scores at hand; nothing drawn): 1 + #(irrelevant candidates scoring >= it)
+    (pessimistic), > it (optimistic), or placed uniformly among its ties (``average``, a whole rank as the draws'
+    ``_sampled_from_scores`` places it; the core's ``random``). ``gt_irr``: the count > it (pessimistic: unused)."""
     done = completion_targets(ranks, sizes, design)
     ge = ge_irr.to(torch.float64)
     if ties == "pessimistic":
