@@ -135,6 +135,56 @@ def test_estimate_command_adaptive_rank_file(tmp_path, capsys):
     assert "not a stage" in capsys.readouterr().err
 
 
+def test_estimate_and_plan_read_the_threshold_rule(tmp_path, capsys):
+    """Ranks drawn while r~ <= 3 (adaptive_top): --adaptive-top 3 gives the core's estimate of that design, and
+    the same value without it (the likelihood is free of the rule: only the cost line and the band read it); ranks
+    drawn under Li et al.'s rule are refused with --adaptive-top 3 (positives within the top 3 stopped below the
+    cap), as is --adaptive-top without --adaptive-max or out of range, each naming its flag; plan's
+    --pilot-adaptive-top reads such a pilot."""
+    import reco_sampled_plugin as rsp
+
+    gen = np.random.default_rng(6)
+    exact = np.minimum(np.floor(np.exp(gen.uniform(0, np.log(20_001), 1500))), 20_000).astype(np.int64)
+    design = SamplingDesign(100, adaptive_max=3200, adaptive_top=3)
+    drawn = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 20_000, design,
+                                              generator=torch.Generator().manual_seed(0))
+    ranks, sizes = drawn.ranks, drawn.n_samples
+    assert bool(((ranks == 2) & (sizes > 100)).any())  # went on at r~ = 2
+    f = tmp_path / "top3.csv"
+    f.write_text("rank,n_candidates,n_samples\n" + "\n".join(f"{r},20000,{m}" for r, m in zip(ranks.tolist(),
+                                                                                             sizes.tolist())) + "\n")
+    base = ["estimate", str(f), "--metric", "hit@10", "--n-samples", "100", "--adaptive-max", "3200"]
+    assert main(base + ["--adaptive-top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "drawing more while r~ <= 3" in out
+    line = [ln for ln in out.splitlines() if ln.startswith("hit@10") and " auto:gmod " in ln][0]
+    est = rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(ranks, 20_000, sizes, design))
+    assert float(line.split()[2]) == pytest.approx(est.value, abs=1e-5)
+    assert main(base) == 0
+    plain = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("hit@10") and " auto:gmod " in ln]
+    assert plain == [line]
+    for extra in (["--adaptive-top", "101"], ["--adaptive-top", "0"]):
+        assert main(base + extra) == 2
+        assert "--adaptive-top: " in capsys.readouterr().err
+    assert main(["estimate", str(f), "--n-samples", "100", "--adaptive-top", "3"]) == 2
+    assert "--adaptive-top: " in capsys.readouterr().err
+    first = adaptive_sampled_ranks_from_exact(torch.as_tensor(exact), 20_000, SamplingDesign(100, adaptive_max=3200),
+                                              generator=torch.Generator().manual_seed(0))
+    assert bool(((first.ranks == 2) & (first.n_samples < 3200)).any())
+    g = tmp_path / "first.csv"
+    g.write_text("rank,n_candidates,n_samples\n" + "\n".join(
+        f"{r},20000,{m}" for r, m in zip(first.ranks.tolist(), first.n_samples.tolist())) + "\n")
+    assert main(["estimate", str(g), "--metric", "hit@10", "--n-samples", "100", "--adaptive-max", "3200",
+                 "--adaptive-top", "3"]) == 2
+    assert "within the top 3 (adaptive_top)" in capsys.readouterr().err
+    plan = ["plan", "--n-items", "20000", "--n-users", "1500", "--metric", "hit@10", "--target-rel-error", "0.2",
+            "--pilot-n-samples", "100", "--pilot-adaptive-max", "3200", "--design", "100:3200:top3"]
+    assert main(plan + ["--pilot", str(f), "--pilot-adaptive-top", "3"]) == 0
+    assert "adaptive 100->3200 top 3" in capsys.readouterr().out
+    assert main(plan + ["--pilot", str(g), "--pilot-adaptive-top", "3"]) == 2
+    assert "within the top 3" in capsys.readouterr().err
+
+
 def test_table_command(tmp_path, capsys):
     assert main(["table", "recall@10", "--n-items", "1000", "--n-samples", "20", "--method", "bv", "--gamma", "0.1"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

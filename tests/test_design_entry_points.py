@@ -282,6 +282,17 @@ def test_recbole_settings_design():
     # (b) rsp_adaptive_max is the adaptive design
     s = _recbole_settings(metrics=["RankDistRecall"], rsp_m=100, rsp_adaptive_max=800)
     assert s.design == SamplingDesign(100, adaptive_max=800) and s.design.adaptive.stages.tolist() == [100, 200, 400, 800]
+    # rsp_adaptive_top: the threshold rule (rsp_design's ":top3" the same), only with rsp_adaptive_max, in 1..m
+    s = _recbole_settings(metrics=["RankDistRecall"], rsp_m=100, rsp_adaptive_max=800, rsp_adaptive_top=3)
+    assert s.design == SamplingDesign(100, adaptive_max=800, adaptive_top=3)
+    assert _recbole_settings(metrics=["RankDistRecall"], rsp_design="100:800:top3").design == s.design
+    for extra, match in ((dict(rsp_m=100, rsp_adaptive_top=3), r"^rsp_adaptive_top: .*set rsp_adaptive_max"),
+                         (dict(rsp_m=100, rsp_adaptive_max=800, rsp_adaptive_top=0), r"^rsp_adaptive_top: "),
+                         (dict(rsp_m=100, rsp_adaptive_max=800, rsp_adaptive_top=101), r"^rsp_adaptive_top: "),
+                         (dict(rsp_design="100:800", rsp_adaptive_top=3), r"^rsp_design: given together with "
+                                                                           r"rsp_adaptive_top")):
+        with pytest.raises(ValueError, match=match):
+            _recbole_settings(metrics=["RankDistRecall"], **extra)
     # (c) an estimator that does not support the design, named with its key
     with pytest.raises(ValueError, match=r"^rsp_adaptive_max: 'correctedrecall' \(rsp_estimators: bv\) assumes one fixed m"):
         _recbole_settings(metrics=["CorrectedRecall"], rsp_m=100, rsp_adaptive_max=800, rsp_estimators=["bv"])
