@@ -158,9 +158,10 @@ DEFAULT_ADAPTIVE_CAPS = (800, 3200, 12800)
 #: simulation on real exact ranks (tests/test_planner_share.py: within 1.5x).
 DEFAULT_SHARES = (0.01, 0.03, 0.1)
 #: The continuation rule of the default grid's threshold designs (:func:`default_designs`): adaptive sampling from m0
-#: drawn while r~ <= 3 and completed at the cap, at every cap m0 2^s from 8 m0 up to n / 3 (a cap above n / 3 leaves
-#: bins of fewer than 3 ranks, so r~ <= 3 stops short of the top 10), so nearly every positive that may be in the top
-#: 10 is ranked exactly (docs/research-notes.md, "The threshold rule").
+#: drawn while r~ <= 3 and completed at the cap, at every cap m0 2^s from max(8 m0, n / 16) up to n / 3, so nearly
+#: every positive that may be in the top 10 is ranked exactly (docs/research-notes.md, "The threshold rule"): a cap
+#: above n / 3 leaves bins of fewer than 3 ranks, so r~ <= 3 stops short of the top 10; one below n / 16 completes
+#: every positive down to rank ~50 (on the scorer workload 13-26% of full ranking's pairs, never the pick).
 DEFAULT_ADAPTIVE_TOP = 3
 _PILOT_N_SPREAD = 0.1
 #: Replicates a design runs first under ``PlanExecution(screen=True)``: if each of them misses the target
@@ -842,8 +843,8 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
     widens the interval the user reads to what the top leaves unidentified (on the README's plan, +-28% of NDCG@10
     for a point error of 2.7%), and the plan's interval target would find no sampled design. Then the threshold
     designs: adaptive sampling from m0 drawing while r~ <= :data:`DEFAULT_ADAPTIVE_TOP` and completed at the cap, at
-    each cap m0 2^s from 8 m0 up to n / 3 (what a 2% target on HR@10 needs: the positives that may be hits ranked
-    exactly). Then, for ``auto`` and
+    each cap m0 2^s from max(8 m0, n / 16) up to n / 3 (what a 2% target on HR@10 needs: the positives that may be
+    hits ranked exactly). Then, for ``auto`` and
     ``diff``, the largest adaptive design with an active exact share of each of :data:`DEFAULT_SHARES` (``diff``'s
     interval holds by design; each costs its share of n - 1 pairs per user).
     """
@@ -863,7 +864,7 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
             if registry.get(method).supports(completed):
                 out.append(completed)
         if n - 1 <= MAX_SAMPLES and DEFAULT_ADAPTIVE_TOP <= m0:
-            caps = [m0 << s for s in range(3, 64) if m0 << s <= n // 3]
+            caps = [m0 << s for s in range(3, 64) if n // 16 <= m0 << s <= n // 3]
             out += [d for d in (SamplingDesign(m0, adaptive_max=cap, adaptive_top=DEFAULT_ADAPTIVE_TOP,
                                                exact_at_cap=True) for cap in caps) if registry.get(method).supports(d)]
         if registry.get(method).family in ("auto", "design_based") and last.adaptive_max is not None:

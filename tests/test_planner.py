@@ -191,11 +191,11 @@ def test_default_designs_grid():
     # small catalogues start adaptive sampling lower (m0 = (n - 1) // 8), caps rounded down to m0 2^s
     assert plain(300) == [(50, None), (100, None), (200, None), (37, 592)]
     assert plain(10_000, method="bv") == [(m, None) for m in (50, 100, 200, 500, 1000, 2000)]
-    # the threshold designs: caps m0 2^s from 8 m0 up to n / 3, drawn while r~ <= 3 and completed there
+    # the threshold designs: caps m0 2^s from max(8 m0, n / 16) up to n / 3, drawn while r~ <= 3 and completed there
     assert tops == {(10_000, None): [(100, 800), (100, 1600), (100, 3200)], (1000, None): [], (300, None): [],
                     (10_000, "bv"): []}
     assert [(d.adaptive_max, d.adaptive_top) for d in default_designs(50_000) if d.adaptive_top > 1] == [
-        (800, 3), (1600, 3), (3200, 3), (6400, 3), (12800, 3)]
+        (3200, 3), (6400, 3), (12800, 3)]
 
 
 def test_adaptive_cost_and_pilot_rescaling():
