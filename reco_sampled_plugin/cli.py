@@ -441,7 +441,6 @@ def run_plan(args: argparse.Namespace) -> int:
 
     pilot = None
     if args.pilot is not None:
-        from .design import SamplingDesign
         from .rank_files import read_rank_file
 
         pilot_n_default = args.pilot_n_items if args.pilot_n_items is not None else args.n_items
@@ -461,11 +460,9 @@ def run_plan(args: argparse.Namespace) -> int:
         if args.pilot_adaptive_max is not None:
             m0 = args.pilot_n_samples if args.pilot_n_samples is not None else int(data.n_samples.min())
             try:
-                design = SamplingDesign(m0, adaptive_max=args.pilot_adaptive_max,
-                                        adaptive_top=1 if args.pilot_adaptive_top is None else args.pilot_adaptive_top)
-            except ValueError as exc:
-                name, _, rest = str(exc).partition(": ")
-                raise ValueError(f"--pilot-{name.replace('_', '-')}: {rest}") from None
+                design = _sampling_design(m0, "binomial", args.pilot_adaptive_max, args.pilot_adaptive_top)
+            except ValueError as exc:  # named as plan's flags
+                raise ValueError(str(exc).replace("--", "--pilot-", 1)) from None
         pilot = data.sampled(design)
     elif (args.pilot_adaptive_max is not None or args.pilot_adaptive_top is not None
           or args.pilot_n_samples is not None or args.pilot_n_items is not None):

@@ -268,3 +268,26 @@ def test_recbole_guide_configs_are_accepted(config):
     assert settings is not None and settings.m == raw["rsp_m"]
     assert settings.adaptive_max == raw.get("rsp_adaptive_max")
     assert f'--8<-- "examples/recbole/{config}"' in (DOCS / "guides" / "recbole.md").read_text(encoding="utf-8")
+
+
+def test_every_recbole_key_is_documented_with_its_default():
+    """docs/recbole.md's key table has a row for every plugin config key (``CONFIG_DEFAULTS``), its default column
+    the code's where the default is a plain value, and the ``rsp_design`` row names every key it sets
+    (``DESIGN_KEYS``): a key added or a default changed without the docs fails here."""
+    from reco_sampled_plugin.adapters._recbole_settings import CONFIG_DEFAULTS, DESIGN_KEYS
+
+    text = (DOCS / "recbole.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in text.splitlines():
+        if line.startswith("| `rsp_"):
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0].strip("`")] = cells[1]
+    assert set(CONFIG_DEFAULTS) <= set(rows), sorted(set(CONFIG_DEFAULTS) - set(rows))
+    words = {True: "`true`", False: "`false`"}
+    for key, default in CONFIG_DEFAULTS.items():
+        if isinstance(default, bool):
+            assert rows[key] == words[default], (key, rows[key])
+        elif isinstance(default, (int, float)):
+            assert rows[key] == f"`{default}`", (key, rows[key])
+    design_row = next(line for line in text.splitlines() if line.startswith("| `rsp_design`"))
+    assert all(f"`{k}`" in design_row for k in DESIGN_KEYS), [k for k in DESIGN_KEYS if f"`{k}`" not in design_row]
