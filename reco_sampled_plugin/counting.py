@@ -6,8 +6,9 @@ materialises a boolean of B x P x n and runs at a fraction of the score matmul's
 inputs go through a ``torch.compile`` kernel that fuses the compare and the sum (no temporaries).
 Otherwise an eager path in bounded chunks: on a CPU, numpy's SIMD comparisons into a cache-sized byte buffer counted
 8 bytes at a time (``_numpy_padded``: 1.3-2x the compiled kernel's time, a few numpy calls per block of rows); on
-other devices (or bfloat16 / float16 scores) a torch loop over item chunks. All give identical integer counts; the
-backend is chosen per call:
+other devices (or bfloat16 / float16 scores) a torch loop, one pass per reference over whole rows on an accelerator (a
+fixed number of operators per call whatever B and n; temporaries: a (B, n) boolean, and ``ties="random"``'s (B, n) int64
+tie-break keys) and over cache-sized chunks of items on a CPU. All give identical integer counts; the backend is chosen per call:
 
 * ``auto`` (the default): the eager path until this process has done ``_COMPILE_AFTER_WORK`` comparisons
   (about as many as the eager path does in the seconds one compilation takes; ``_COMPILE_AFTER_WORK_FAST`` for the
@@ -49,17 +50,19 @@ _COMPILE_AFTER_WORK = 1 << 32
 # 20x for the torch loop): a compilation saves ~0.05-0.1 ns per comparison, so it pays for its 4-9 s after ~7e10
 _COMPILE_AFTER_WORK_FAST = 1 << 36
 _work_done = [0]  # comparisons counted so far in this process (shapes only: no device synchronisation)
-# elements of the B x P x chunk boolean temporary in the eager path
-_EAGER_CHUNK_ELEMENTS = 1 << 22
-# on a CPU, the eager path's gathered rows / boolean temporaries in cache-sized chunks (2 MB of float32): the
-# row-indexed count of RecBole's ml-100k evaluation (10,539 rows x 1,682 scores) took 43 ms with these chunks,
-# int32 counts and index_select, against 97 ms before (measured on this project's 2-core CPU); accelerators keep the large
-# chunks (fewer kernel launches)
+# comparisons per chunk of the torch loop on a CPU (half-precision scores, the random tie policy): a cache-sized
+# (B, chunk) boolean per reference, 2x faster there than whole rows (1,024 x 100,000 scores, 5 references: the random
+# tie policy 1.6 s against 4-9 s, bfloat16 0.9 against 1.9 s; the 2-core machine, one thread)
 _EAGER_CPU_CHUNK_ELEMENTS = 1 << 19
+_cpu_chunks = [True]  # tests clear it to run an accelerator's loop (whole rows) on a CPU
 
 
-def _chunk_elements(device: torch.device) -> int:
-    return _EAGER_CPU_CHUNK_ELEMENTS if device.type == "cpu" else _EAGER_CHUNK_ELEMENTS
+def _whole_rows(scores: torch.Tensor) -> bool:
+    """Whether the torch loop compares whole rows (an accelerator: a fixed number of kernels per call whatever B and n;
+    the former chunks of 2^22 comparisons launched ~5 kernels each, 5,981 operators for one ``exact_ranks`` call of
+    1,024 x 100,000 scores with 5 positives, 111 with whole rows) or cache-sized chunks (a CPU)."""
+    return scores.device.type != "cpu" or not _cpu_chunks[0]
+
 
 _backend = os.environ.get("RECO_SAMPLED_BACKEND", "auto").lower()
 _compiled: dict[str, Callable] = {}
@@ -344,8 +347,10 @@ def _numpy_rows(inclusive: bool, scores: torch.Tensor, rows: torch.Tensor, ref: 
 
 
 def _eager(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:
-    """The eager kernels in chunks: the boolean temporary stays within the score block (B x n) and the chunk size
-    (``_chunk_elements``); on a CPU the comparisons and counts run in numpy (:func:`_numpy_padded`)."""
+    """The eager kernels: on a CPU the comparisons and counts run in numpy (:func:`_numpy_padded`, :func:`_numpy_rows`);
+    elsewhere (and for half-precision scores or the random tie policy) a torch loop, one pass per reference over
+    chunks of items (:func:`_whole_rows`: whole rows on an accelerator, so that the operators dispatched do not grow
+    with B or n)."""
     if name.startswith("rows_"):
         if _numpy_ok(scores) and ref.numel():
             return _numpy_rows(name == "rows_ge", scores, extra[0], ref)
@@ -353,32 +358,39 @@ def _eager(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Ten
     if name in ("gt", "ge") and _numpy_ok(scores) and ref.numel():
         return _numpy_padded(scores, ref, name == "ge", False)[0]
     b, n = scores.shape
-    p = max(ref.shape[1], 1)
-    chunk = max(1, min(_chunk_elements(scores.device), b * n) // max(b * p, 1))
-    out = torch.zeros(ref.shape, dtype=torch.int64, device=scores.device)
-    for start in range(0, n, chunk):  # item chunks bound the temporary; each chunk is vectorised
-        block = scores[:, start : start + chunk]
-        if name == "gt":
-            out += _count_true(block.unsqueeze(1) > ref.unsqueeze(2))
-        elif name == "ge":
-            out += _count_true(block.unsqueeze(1) >= ref.unsqueeze(2))
-        else:
+    p = ref.shape[1]
+    if not p:
+        return torch.zeros(ref.shape, dtype=torch.int64, device=scores.device)
+    compare = torch.ge if name == "ge" else torch.gt
+    out = None
+    step = max(n, 1) if _whole_rows(scores) else max(1, _EAGER_CPU_CHUNK_ELEMENTS // max(b * p, 1))
+    for start in range(0, max(n, 1), step):  # one chunk (whole rows) on an accelerator
+        block = scores if step >= n else scores[:, start : start + step]
+        if name == "tied_before":  # equal scores with smaller tie-break keys
             ref_keys, row_seed = extra
             cols = torch.arange(start, start + block.shape[1], device=scores.device, dtype=torch.int64)
             keys = item_keys(cols.unsqueeze(0), row_seed)
-            out += _count_true((block.unsqueeze(1) == ref.unsqueeze(2)) & (keys.unsqueeze(1) < ref_keys.unsqueeze(2)))
-    return out
+            parts = [_count_true((block == ref[:, j : j + 1]) & (keys < ref_keys[:, j : j + 1])) for j in range(p)]
+        else:
+            parts = [_count_true(compare(block, ref[:, j : j + 1])) for j in range(p)]
+        counts = torch.stack(parts, 1)
+        out = counts if out is None else out + counts
+    assert out is not None  # at least one pass
+    return out.to(torch.int64)
 
 
 def _eager_rows(inclusive: bool, scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    chunk = max(1, min(_chunk_elements(scores.device) // max(scores.shape[1], 1), scores.shape[0]))  # rows within the score block
-    out = torch.empty(ref.shape, dtype=torch.int64, device=scores.device)
-    for start in range(0, ref.shape[0], chunk):  # chunks of positives bound the gathered rows
-        sl = slice(start, start + chunk)
-        block = scores.index_select(0, rows[sl])
-        t = ref[sl].unsqueeze(1)
-        out[sl] = _count_true(block >= t if inclusive else block > t)
-    return out
+    """:func:`count_beating_rows` in torch: the positives' rows gathered in blocks (of B rows on an accelerator: the
+    gathered block within the score block, about P passes whatever n; cache-sized on a CPU)."""
+    step = max(1, scores.shape[0] if _whole_rows(scores) else _EAGER_CPU_CHUNK_ELEMENTS // max(scores.shape[1], 1))
+    parts = []
+    for start in range(0, ref.shape[0], step):
+        block = scores.index_select(0, rows[start : start + step])
+        t = ref[start : start + step].unsqueeze(1)
+        parts.append(_count_true(block >= t if inclusive else block > t))
+    if not parts:
+        return torch.zeros(ref.shape, dtype=torch.int64, device=scores.device)
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)).to(torch.int64)
 
 
 def _use_compiled(work: int, n: int, tile: bool = False, fast_eager: bool = False) -> bool:

@@ -1,6 +1,6 @@
 """The counting kernels of the first evaluation (counting.py) give the numbers of the reference path.
 
-* the eager counting kernels (int32 accumulators, cache-sized chunks on a CPU, rows gathered by ``index_select``)
+* the eager counting kernels (int32 accumulators, cache-sized chunks on a CPU, an accelerator's whole rows)
   against brute-force counts in numpy, at chunk sizes from one row to the whole matrix, with ties, NaN and +-inf;
 * identified intervals: LP solutions shared by metrics with the same objective on the same data (Hit@K and
   leave-one-out Recall@K) of one histogram equal a recomputation on an equal histogram built again (which keeps
@@ -42,14 +42,18 @@ def eager_backend():
     counting.set_backend(old)
 
 
-@pytest.mark.parametrize("numpy_path", [True, False])
-@pytest.mark.parametrize("chunk", [1, 40, 1 << 10, 1 << 19])
-def test_eager_counts_equal_brute_force_at_any_chunk_size(chunk, numpy_path, eager_backend, monkeypatch):
-    """Both CPU eager paths (numpy's comparisons counted 8 bytes at a time, the torch loop) at any chunk size: one
-    row and one reference per block, part of a block, the whole matrix."""
-    monkeypatch.setattr(counting, "_EAGER_CPU_CHUNK_ELEMENTS", chunk)
-    monkeypatch.setattr(counting, "_NUMPY_CHUNK_BYTES", chunk)
-    monkeypatch.setattr(counting, "_numpy_blocked", [not numpy_path])
+CHUNKS = [1, 40, 1 << 10, 1 << 19]
+
+
+@pytest.mark.parametrize("path, chunk", [("numpy", c) for c in CHUNKS] + [("torch", c) for c in CHUNKS] + [("whole rows", None)])
+def test_eager_counts_equal_brute_force_at_any_chunk_size(path, chunk, eager_backend, monkeypatch):
+    """Every eager path: numpy's comparisons counted 8 bytes at a time and the CPU's torch loop at any chunk size (one
+    row and one reference per block, part of a block, the whole matrix), and the torch loop of accelerators (whole
+    rows, one reference per pass; the row-indexed count in blocks of B gathered rows: five blocks here)."""
+    monkeypatch.setattr(counting, "_NUMPY_CHUNK_BYTES", chunk or counting._NUMPY_CHUNK_BYTES)
+    monkeypatch.setattr(counting, "_EAGER_CPU_CHUNK_ELEMENTS", chunk or counting._EAGER_CPU_CHUNK_ELEMENTS)
+    monkeypatch.setattr(counting, "_numpy_blocked", [path != "numpy"])
+    monkeypatch.setattr(counting, "_cpu_chunks", [path != "whole rows"])
     rng = np.random.default_rng(25)
     b, n, p = 9, 53, 4
     s = _scores(rng, b, n)
@@ -166,12 +170,6 @@ def test_auto_backend_compiles_only_large_inputs_once_enough_was_counted(monkeyp
     monkeypatch.setattr(counting, "_backend", "compiled")
     counting._work_done[0] = 0
     assert counting._use_compiled(1, 1_000)
-
-
-def test_cpu_chunks_are_cache_sized_and_accelerators_keep_large_ones():
-    assert counting._chunk_elements(torch.device("cpu")) == counting._EAGER_CPU_CHUNK_ELEMENTS
-    assert counting._chunk_elements(torch.device("meta")) == counting._EAGER_CHUNK_ELEMENTS
-    assert counting._EAGER_CPU_CHUNK_ELEMENTS < counting._EAGER_CHUNK_ELEMENTS
 
 
 # ------------------------------------------------------------------------------------- identification

@@ -109,8 +109,13 @@ def test_popularity_draws_build_no_rows_by_catalogue_block(name, device, backend
         assert rec.peak <= bound, (b, n, rec.peak, rec.op)
 
 
+@pytest.mark.parametrize("path", ["numpy", "cpu chunks", "whole rows"])
 @pytest.mark.parametrize("p", [1, 3, 12])
-def test_eager_counting_temporary_stays_within_the_score_block(p):
+def test_eager_counting_temporary_stays_within_the_score_block(p, path, monkeypatch):
+    """Every eager path's largest temporary (numpy's, the CPU's torch loop in cache-sized chunks, an accelerator's whole
+    rows: a (B, n) boolean, and the random tie policy's (B, n) keys) holds at most B x n elements."""
+    monkeypatch.setattr(counting, "_numpy_blocked", [path != "numpy"])
+    monkeypatch.setattr(counting, "_cpu_chunks", [path != "whole rows"])
     scores = torch.randn(16, 3_000)
     ref = scores[:, :p].clone()
     before = counting.get_backend()
