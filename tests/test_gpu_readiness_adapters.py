@@ -30,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _budgets import SyncCounter, peak_temporary  # noqa: E402
 
-from reco_sampled_plugin import _keyed  # noqa: E402
+from reco_sampled_plugin import _inputs, _keyed  # noqa: E402
 from reco_sampled_plugin.adapters import _shared  # noqa: E402
 from reco_sampled_plugin.adapters import torchmetrics as tm  # noqa: E402
 from reco_sampled_plugin._keyed import RowKeys, keyed_negatives  # noqa: E402
@@ -39,6 +39,13 @@ from reco_sampled_plugin.factor_ranks import _GATHER_ELEMENTS as GATHER_ELEMENTS
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
 from reco_sampled_plugin.factor_ranks import TILE_ELEMENTS  # noqa: E402
 from reco_sampled_plugin.design import ExactShare, SamplingDesign  # noqa: E402
+
+@pytest.fixture(autouse=True)
+def _accelerator_mask_scan(monkeypatch):
+    """Masks scanned as on an accelerator, in torch (one ``nonzero``: a synchronisation there); a CPU scans them in
+    numpy (``_inputs._sparse_masks_numpy``), which these probes would not see."""
+    monkeypatch.setattr(_inputs, "_numpy_scan", [False])
+
 
 # the adapters' own host synchronisations per update on an accelerator (beyond the core functions they call); every
 # validity check of a batch (indices, finite scores or factors, sample pools, the factors' overflow bound) is kept on

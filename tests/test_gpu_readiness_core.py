@@ -18,8 +18,15 @@ import torch
 from _budgets import count_syncs, peak_temporary
 
 import reco_sampled_plugin as rsp
-from reco_sampled_plugin import counting
+from reco_sampled_plugin import _inputs, counting
 from reco_sampled_plugin.ranking import _rand, _row_seeds
+
+@pytest.fixture(autouse=True)
+def _accelerator_mask_scan(monkeypatch):
+    """Masks scanned as on an accelerator, in torch (one ``nonzero``: a synchronisation there); a CPU scans them in
+    numpy (``_inputs._sparse_masks_numpy``), which these probes would not see."""
+    monkeypatch.setattr(_inputs, "_numpy_scan", [False])
+
 
 SYNC_BUDGET = 4
 SIZES = [(8, 1_000), (48, 12_000)]  # (B, n)
@@ -220,24 +227,41 @@ def test_ranks_match_an_argsort_oracle_with_ties(ties, count_other, seed, device
         np.testing.assert_array_equal(by_mask.cpu().double().numpy(), expect.numpy())
 
 
-def test_mask_and_index_forms_agree_and_mask_conversion_is_exact():
-    from reco_sampled_plugin._inputs import mask_to_padded
+@pytest.mark.parametrize("scan", ["numpy", "torch"])
+def test_mask_and_index_forms_agree_and_mask_conversion_is_exact(scan, monkeypatch):
+    """Both scans of masks (numpy's on a CPU, the accelerators' torch one) give each row's set items in order, the
+    widths, totals and, for two masks, whether they share an entry, at widths around a 64-bit word and a group of 8
+    words, sparse and dense rows, empty and full rows, and views."""
+    from reco_sampled_plugin import _inputs
+    from reco_sampled_plugin._inputs import mask_to_padded, sparse_masks
 
+    monkeypatch.setattr(_inputs, "_numpy_scan", [scan == "numpy"])
     g = torch.Generator().manual_seed(3)
-    for n in (1, 7, 8, 13, 64, 1001):
-        mask = torch.rand(11, n, generator=g) < 0.3
-        mask[4] = False
-        mask[5] = True
-        got = mask_to_padded(mask)
-        width = int(mask.sum(1).max())
-        want = torch.full((11, width), -1, dtype=torch.int64)
-        for b in range(11):
-            items = mask[b].nonzero()[:, 0]
-            want[b, : items.numel()] = items
-        assert torch.equal(got, want)
-        assert torch.equal(mask_to_padded(mask, width), want)
-        sliced = torch.rand(11, n + 5, generator=g)[:, 2 : n + 2] < 0.3  # not contiguous
-        assert torch.equal(mask_to_padded(sliced), mask_to_padded(sliced.contiguous()))
+    for n in (1, 7, 8, 13, 64, 65, 513, 1001):
+        for density in (0.003, 0.3):
+            mask = torch.rand(11, n, generator=g) < density
+            mask[4] = False
+            mask[5] = True
+            got = mask_to_padded(mask)
+            width = int(mask.sum(1).max())
+            want = torch.full((11, width), -1, dtype=torch.int64)
+            for b in range(11):
+                items = mask[b].nonzero()[:, 0]
+                want[b, : items.numel()] = items
+            assert torch.equal(got, want)
+            assert torch.equal(mask_to_padded(mask, width), want)
+            sliced = torch.rand(11, n + 5, generator=g)[:, 2 : n + 2] < density  # not contiguous
+            assert torch.equal(mask_to_padded(sliced), mask_to_padded(sliced.contiguous()))
+            other = (torch.rand(11, n, generator=g) < density) & ~mask  # disjoint from mask, then one shared entry
+            for shared in (False, True):
+                if shared:
+                    other[5, n // 2] = True
+                sm = sparse_masks([mask, other])
+                assert [int(w) for w in sm.widths] == [width, int(other.sum(1).max())]
+                assert [int(t) for t in sm.totals] == [int(mask.sum()), int(other.sum())]
+                assert bool(sm.overlap) == shared
+                padded = sm.finish([int(w) for w in sm.widths])
+                assert torch.equal(padded[0], want) and torch.equal(padded[1], mask_to_padded(other))
 
 
 def test_fused_validation_keeps_the_errors():
