@@ -273,7 +273,7 @@ def finite_flags(scores: torch.Tensor, dim: int | None = None) -> torch.Tensor:
             d = dim % scores.dim()
             return torch.ones(scores.shape[:d] + scores.shape[d + 1:], dtype=torch.bool, device=scores.device)
         lo, hi = torch.aminmax(scores, dim=dim)
-    return torch.isfinite(lo) & torch.isfinite(hi)
+    return lo * 0 + hi * 0 == 0  # 0 where both are finite, NaN otherwise: 4 kernels (two isfinite and an and: 9)
 
 
 def factor_finite_checks(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None) -> list[tuple[torch.Tensor, str]]:

@@ -705,18 +705,20 @@ class ExactRankingMetrics(_MergeChecked):
         r = torch.where(valid, ranks.to(torch.float64), 1.0)  # in 1..n by construction
         nn = torch.where(valid, n.unsqueeze(1).to(torch.float64), 2.0)
         w = valid.to(torch.float64)
-        rows = []
+        values, weights = [], []
         if bounds is not None:
             hi = torch.where(valid, bounds[..., 1].to(torch.float64), 1.0)
         for spec in self.specs:
             if bounds is None:
-                v = _metric_from_float_ranks(spec, r, nn)  # a cut-off k >= n is defined: [r <= k]
+                values.append(_metric_from_float_ranks(spec, r, nn))  # a cut-off k >= n is defined: [r <= k]
             else:
-                v = expected_single_item_values(spec, r, hi, nn, max_position=n_items)
-            wk = w * (nn > 1) if spec.kind == "auc" else w  # AUC needs an irrelevant candidate: left out otherwise
-            v = torch.where(wk > 0, v, 0.0)  # a left-out slot's value (AUC of n = 1 is 0/0) must not reach the sums
-            rows.append(torch.stack([v.sum(), (v * v).sum(), wk.sum()]))
-        self.sums += _to(torch.stack(rows), self.sums.device)
+                values.append(expected_single_item_values(spec, r, hi, nn, max_position=n_items))
+            weights.append(w * (nn > 1) if spec.kind == "auc" else w)  # AUC needs an irrelevant candidate
+        # every metric's (sum, sum of squares, weight) in one set of reductions (a fixed number of kernels, not one
+        # set per metric); a left-out slot's value (AUC of n = 1 is 0/0) must not reach the sums
+        wk = torch.stack(weights)
+        v = torch.where(wk > 0, torch.stack(values), 0.0)
+        self.sums += _to(torch.stack([v.sum((1, 2)), (v * v).sum((1, 2)), wk.sum((1, 2))], 1), self.sums.device)
         self.count += _to(w.sum(), self.count.device)
 
     def _merge_fields(self) -> dict[str, str]:
