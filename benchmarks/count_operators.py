@@ -1,8 +1,9 @@
-"""Operators dispatched per call on the hot paths (the cases of ``tests/test_gpu_readiness_dispatch.py``) at several sizes.
+"""Operators dispatched per call on the hot paths (``tests/test_gpu_readiness_dispatch.py``'s cases) at several sizes.
 
 Each aten operator is at least one kernel launch on an accelerator; counted on the CPU with ``tests/_budgets.OpCounter``
-(eager backend, one thread, adapters on their accelerator path). ``--path torch`` runs the eager counting loop an
-accelerator runs (numpy blocked: whole rows, masks scanned in torch; the keyed hash in one block, as off the CPU); ``--path numpy`` the CPU's.
+(eager backend, one thread, adapters on their accelerator path). ``--path torch`` runs the eager path an accelerator
+runs (numpy blocked: whole rows, masks scanned in torch; the keyed hash in one block, as off the CPU); ``--path
+numpy`` the CPU's.
 
     python benchmarks/count_operators.py --path torch --sizes 16x296,128x20000,1024x100000
 """

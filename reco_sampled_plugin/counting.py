@@ -6,9 +6,10 @@ materialises a boolean of B x P x n and runs at a fraction of the score matmul's
 inputs go through a ``torch.compile`` kernel that fuses the compare and the sum (no temporaries).
 Otherwise an eager path in bounded chunks: on a CPU, numpy's SIMD comparisons into a cache-sized byte buffer counted
 8 bytes at a time (``_numpy_padded``: 1.3-2x the compiled kernel's time, a few numpy calls per block of rows); on
-other devices (or bfloat16 / float16 scores) a torch loop, one pass per reference over whole rows on an accelerator (a
-fixed number of operators per call whatever B and n; temporaries: a (B, n) boolean, and ``ties="random"``'s (B, n) int64
-tie-break keys) and over cache-sized chunks of items on a CPU. All give identical integer counts; the backend is chosen per call:
+other devices (or bfloat16 / float16 scores) a torch loop, one pass per reference over whole rows on an accelerator
+(a fixed number of operators per call whatever B and n; temporaries: a (B, n) boolean, and ``ties="random"``'s (B, n)
+int64 tie-break keys) and over cache-sized chunks of items on a CPU. All give identical integer counts; the backend is
+chosen per call:
 
 * ``auto`` (the default): the eager path until this process has done ``_COMPILE_AFTER_WORK`` comparisons
   (about as many as the eager path does in the seconds one compilation takes; ``_COMPILE_AFTER_WORK_FAST`` for the
@@ -50,9 +51,10 @@ _COMPILE_AFTER_WORK = 1 << 32
 # 20x for the torch loop): a compilation saves ~0.05-0.1 ns per comparison, so it pays for its 4-9 s after ~7e10
 _COMPILE_AFTER_WORK_FAST = 1 << 36
 _work_done = [0]  # comparisons counted so far in this process (shapes only: no device synchronisation)
-# comparisons per chunk of the torch loop on a CPU (half-precision scores, the random tie policy): a cache-sized
-# (B, chunk) boolean per reference, 2x faster there than whole rows (1,024 x 100,000 scores, 5 references: the random
-# tie policy 1.6 s against 4-9 s, bfloat16 0.9 against 1.9 s; the 2-core machine, one thread)
+# comparisons per chunk of the torch loop on a CPU (half-precision scores, the random tie policy): chunks of
+# 2^19 / (B P) items (at least 64), 2x faster there than whole rows (1,024 x 100,000 scores, 5 references: the random
+# tie policy 1.5-2.0 s against 4-9 s, bfloat16 0.9 against 1.9 s; the 2-core machine, one thread; the same as the
+# former chunks, which compared all P references at once)
 _EAGER_CPU_CHUNK_ELEMENTS = 1 << 19
 _cpu_chunks = [True]  # tests clear it to run an accelerator's loop (whole rows) on a CPU
 
@@ -363,7 +365,8 @@ def _eager(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Ten
         return torch.zeros(ref.shape, dtype=torch.int64, device=scores.device)
     compare = torch.ge if name == "ge" else torch.gt
     out = None
-    step = max(n, 1) if _whole_rows(scores) else max(1, _EAGER_CPU_CHUNK_ELEMENTS // max(b * p, 1))
+    # items per pass: whole rows on an accelerator; on a CPU a cache-sized chunk (at least 64 items at large B P)
+    step = max(n, 1) if _whole_rows(scores) else max(64, _EAGER_CPU_CHUNK_ELEMENTS // max(b * p, 1))
     for start in range(0, max(n, 1), step):  # one chunk (whole rows) on an accelerator
         block = scores if step >= n else scores[:, start : start + step]
         if name == "tied_before":  # equal scores with smaller tie-break keys

@@ -45,7 +45,8 @@ def eager_backend():
 CHUNKS = [1, 40, 1 << 10, 1 << 19]
 
 
-@pytest.mark.parametrize("path, chunk", [("numpy", c) for c in CHUNKS] + [("torch", c) for c in CHUNKS] + [("whole rows", None)])
+@pytest.mark.parametrize("path, chunk",
+                         [("numpy", c) for c in CHUNKS] + [("torch", c) for c in CHUNKS] + [("whole rows", None)])
 def test_eager_counts_equal_brute_force_at_any_chunk_size(path, chunk, eager_backend, monkeypatch):
     """Every eager path: numpy's comparisons counted 8 bytes at a time and the CPU's torch loop at any chunk size (one
     row and one reference per block, part of a block, the whole matrix), and the torch loop of accelerators (whole

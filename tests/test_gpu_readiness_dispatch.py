@@ -92,7 +92,8 @@ def _calls(d: dict) -> dict:
 def eager(request, monkeypatch):
     """The eager backend on one intra-op thread (the CPU's counting splits large calls between threads with one buffer
     each, ``counting._in_threads``: one ``empty`` per thread, which an accelerator never runs), on the numpy path or
-    the torch loop of an accelerator (numpy blocked, whole rows, masks scanned in torch); yields the path's index in ``PATHS``."""
+    the torch loop of an accelerator (numpy blocked, whole rows, masks scanned in torch); yields the path's index in
+    ``PATHS``."""
     before, threads = counting.get_backend(), torch.get_num_threads()
     counting.set_backend("eager")
     torch.set_num_threads(1)
