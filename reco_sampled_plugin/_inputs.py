@@ -48,8 +48,10 @@ def _words(mask: torch.Tensor) -> torch.Tensor:
     """A (B, n) bool mask as (B, ceil(n / 8)) int64 words of 8 items each (zero padding), in item order."""
     b, n = mask.shape
     m = mask.contiguous()
-    if m.storage_offset() % 8:  # int64 words need 8-byte aligned storage
-        m = m.clone()
+    # int64 words need 8-byte aligned storage and rows n apart: a one-row view (contiguous whatever its row stride) or
+    # an offset view is copied into fresh row-major storage (``clone()`` alone keeps a one-row view's stride)
+    if m.storage_offset() % 8 or (b and m.stride(0) != n):
+        m = mask.clone(memory_format=torch.contiguous_format)
     if n % 8:
         m = torch.nn.functional.pad(m.view(torch.uint8), (0, 8 - n % 8))
     return m.view(torch.uint8).view(torch.int64) if b else m.new_zeros((0, (n + 7) // 8), dtype=torch.int64)

@@ -298,8 +298,12 @@ def _numpy_padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool,
     return torch.from_numpy(out), (None if flags is None else torch.from_numpy(flags))
 
 
-# comparisons of one call from which the CPU eager path splits its rows between threads (below, one thread)
-_THREAD_MIN_WORK = 1 << 23
+# comparisons of one call from which the CPU eager path splits its rows between threads (below, one thread). Two
+# threads against one, best of 15 (the 2-core machine, 5 references): 1e7 comparisons 0.79-1.15 ms against 0.85-0.88,
+# 2e7 2.24 against 2.38-2.88, 4e7 2.9-3.1 against 4.3-4.5; the factor path's tiles (2^21 scores: 1e7 comparisons with
+# 5 positives, 200 per 4,096 x 100,000 evaluation) split at 2^23 made its first pass 1.30-1.56 s against 0.94-1.21 s
+# unsplit (three alternating pairs, torch's two threads)
+_THREAD_MIN_WORK = 1 << 25
 _pool: list[Any] = [None, None]  # (process id, ThreadPoolExecutor): a forked child builds its own
 
 

@@ -16,6 +16,8 @@ import pytest
 import scipy.stats as st
 import torch
 from _budgets import count_syncs, peak_temporary
+from hypothesis import given, settings
+from hypothesis import strategies as hst
 
 import reco_sampled_plugin as rsp
 from reco_sampled_plugin import _inputs, counting
@@ -262,6 +264,44 @@ def test_mask_and_index_forms_agree_and_mask_conversion_is_exact(scan, monkeypat
                 assert bool(sm.overlap) == shared
                 padded = sm.finish([int(w) for w in sm.widths])
                 assert torch.equal(padded[0], want) and torch.equal(padded[1], mask_to_padded(other))
+
+
+@settings(max_examples=60, deadline=None)
+@given(b=hst.integers(1, 9), n=hst.integers(1, 200), density=hst.sampled_from([0.0, 0.01, 0.2, 1.0]),
+       offset=hst.integers(0, 3), seed=hst.integers(0, 2**31 - 1))
+def test_both_scans_of_masks_agree_on_any_masks(b, n, density, offset, seed):
+    """The CPU's numpy scan equals the accelerators' torch scan (indices, widths, totals, overlap) for two masks of any
+    shape and density, views offset into a wider buffer included (unaligned storage, rows n + offset apart)."""
+    g = torch.Generator().manual_seed(seed)
+    wide = torch.rand(2, b, n + offset, generator=g) < density
+    masks = [wide[0, :, offset:], wide[1, :, : n]]
+    got = {}
+    for scan in (True, False):
+        _inputs._numpy_scan[0] = scan
+        try:
+            sm = _inputs.sparse_masks(masks)
+            widths = [int(w) for w in sm.widths]
+            got[scan] = (widths, [int(t) for t in sm.totals], bool(sm.overlap), sm.finish(widths))
+        finally:
+            _inputs._numpy_scan[0] = True
+    (w1, t1, o1, p1), (w2, t2, o2, p2) = got[True], got[False]
+    assert (w1, t1, o1) == (w2, t2, o2)
+    assert all(torch.equal(x, y) for x, y in zip(p1, p2))
+    assert o1 == bool((masks[0] & masks[1]).any()) and t1 == [int(m.sum()) for m in masks]
+
+
+@pytest.mark.parametrize("scan", ["numpy", "torch"])
+def test_a_one_row_mask_view_is_ranked(scan, monkeypatch):
+    """A one-row view into a wider mask (contiguous, but its rows 17 apart, offset by one) is read as words from a
+    row-major copy: it raised a RuntimeError (a one-row view kept its row stride through ``clone()``)."""
+    monkeypatch.setattr(_inputs, "_numpy_scan", [scan == "numpy"])
+    wide = torch.zeros(1, 17, dtype=torch.bool)
+    wide[0, 3] = True  # item 2 of the view
+    excluded = torch.zeros(1, 17, dtype=torch.bool)
+    excluded[0, 15:] = True  # items 14, 15 of the view
+    scores = torch.arange(16.0).unsqueeze(0)
+    assert torch.equal(rsp.exact_ranks(scores, wide[:, 1:]), torch.tensor([[14]]))
+    assert torch.equal(rsp.exact_ranks(scores, wide[:, 1:], exclude=excluded[:, 1:]), torch.tensor([[12]]))
 
 
 def test_fused_validation_keeps_the_errors():
