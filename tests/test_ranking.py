@@ -12,7 +12,7 @@ from hypothesis import strategies as hs
 from _profiles import examples
 
 from reco_sampled_plugin import SamplingDesign, exact_ranks, sampled_ranks
-from reco_sampled_plugin import counting
+from reco_sampled_plugin import _inputs, counting
 
 
 def brute_ranks(scores, pos, exc, ties, count_other=True):
@@ -59,6 +59,52 @@ def test_exact_ranks_match_brute_force(ties, levels, count_other):
     scores, pos, exc = random_problem(rng, levels=levels)
     got = exact_ranks(torch.tensor(scores), torch.tensor(pos), torch.tensor(exc), ties, count_other_positives=count_other)
     np.testing.assert_array_equal(got.numpy(), brute_ranks(scores, pos, exc, ties, count_other))
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=hs.integers(0, 2**31 - 1), b=hs.integers(1, 6), n=hs.integers(10, 70), levels=hs.sampled_from([None, 2, 5]),
+       dtype=hs.sampled_from([torch.float32, torch.float64, torch.bfloat16, torch.float16]),
+       path=hs.sampled_from(["numpy", "cpu chunks", "whole rows"]), form=hs.sampled_from(["index", "masks"]),
+       ties=hs.sampled_from(["pessimistic", "optimistic", "average"]), offset=hs.integers(0, 3))
+def test_exact_ranks_match_brute_force_on_every_eager_path(seed, b, n, levels, dtype, path, form, ties, offset):
+    """Every eager counting path (numpy's on a CPU, the CPU's torch loop in small chunks, an accelerator's whole
+    rows) and both mask scans give the oracle's ranks, for any dtype, ties, padding, and inputs given as views offset
+    into wider tensors (scores, masks)."""
+    rng = np.random.default_rng(seed)
+    scores, pos, exc = random_problem(rng, b=b, n=n, levels=levels)  # 4 positives, 5 exclusions at most
+    wide = torch.zeros(b, n + offset, dtype=dtype)
+    wide[:, offset:] = torch.tensor(scores).to(dtype)
+    s = wide[:, offset:]  # a view: rows n + offset apart
+    exact = s.to(torch.float64).numpy()  # the scores as compared (low precision rounds some to equal values)
+    slots = pos
+    if form == "masks":
+        pm = torch.zeros(b, n + offset, dtype=torch.bool)
+        em = torch.zeros(b, n + offset, dtype=torch.bool)
+        for i in range(b):
+            pm[i, offset + pos[i][pos[i] >= 0]] = True
+            em[i, offset + exc[i][exc[i] >= 0]] = True
+        positives, excluded = pm[:, offset:], em[:, offset:]
+        ascending = np.sort(np.where(pos >= 0, pos, n), 1)  # a mask's slots: its items in ascending order
+        slots = np.where(ascending < n, ascending, -1)
+    else:
+        positives, excluded = torch.tensor(pos), torch.tensor(exc)
+    want = brute_ranks(exact, slots, exc, ties)
+    old = (counting.get_backend(), counting._numpy_blocked[0], counting._cpu_chunks[0], counting._EAGER_CPU_CHUNK_ELEMENTS,
+           _inputs._numpy_scan[0])
+    counting.set_backend("eager")
+    counting._numpy_blocked[0] = path != "numpy"
+    counting._cpu_chunks[0] = path != "whole rows"
+    counting._EAGER_CPU_CHUNK_ELEMENTS = 7  # chunks of the floor's 64 items: two where n > 64
+    _inputs._numpy_scan[0] = path != "whole rows"  # an accelerator scans masks in torch
+    try:
+        got = exact_ranks(s, positives, excluded, ties)
+    finally:
+        counting.set_backend(old[0])
+        (counting._numpy_blocked[0], counting._cpu_chunks[0], counting._EAGER_CPU_CHUNK_ELEMENTS,
+         _inputs._numpy_scan[0]) = old[1:]
+    got = got.double().numpy()  # a mask's width is its longest row's; the oracle's further slots are padding (0)
+    np.testing.assert_array_equal(got, want[:, : got.shape[1]])
+    assert not want[:, got.shape[1]:].any()
 
 
 def test_mask_and_index_inputs_agree():
