@@ -107,6 +107,39 @@ def test_exact_ranks_match_brute_force_on_every_eager_path(seed, b, n, levels, d
     assert not want[:, got.shape[1]:].any()
 
 
+@settings(max_examples=40, deadline=None)
+@given(seed=hs.integers(0, 2**31 - 1), b=hs.integers(1, 6), n=hs.integers(10, 140), levels=hs.sampled_from([2, 5]),
+       dtype=hs.sampled_from([torch.float32, torch.bfloat16]))
+def test_random_ties_are_the_same_on_every_eager_path(seed, b, n, levels, dtype):
+    """The random tie policy's ranks (tied items with smaller keys in front) are the same on the CPU's torch loop in
+    64-item chunks and on an accelerator's whole rows, for one generator seed, and each row's ranks among a tie group
+    stay within its tie group: from 1 + the items above it to that + the items tied with it."""
+    rng = np.random.default_rng(seed)
+    scores, pos, exc = random_problem(rng, b=b, n=n, levels=levels)
+    s = torch.tensor(scores).to(dtype)
+    exact = s.to(torch.float64).numpy()
+    old = (counting.get_backend(), counting._cpu_chunks[0], counting._EAGER_CPU_CHUNK_ELEMENTS)
+    counting.set_backend("eager")
+    counting._EAGER_CPU_CHUNK_ELEMENTS = 7  # chunks of the floor's 64 items: up to three at these n
+    got = []
+    try:
+        for whole in (False, True):
+            counting._cpu_chunks[0] = not whole
+            got.append(exact_ranks(s, torch.tensor(pos), torch.tensor(exc), "random",
+                                   generator=torch.Generator().manual_seed(seed)))
+    finally:
+        counting.set_backend(old[0])
+        counting._cpu_chunks[0], counting._EAGER_CPU_CHUNK_ELEMENTS = old[1:]
+    assert torch.equal(got[0], got[1])
+    r = got[0].double().numpy()
+    for i in range(b):
+        for j in np.flatnonzero(pos[i] >= 0):
+            others = [k for k in range(n) if k != pos[i, j] and k not in set(exc[i][exc[i] >= 0].tolist())]
+            above = sum(exact[i, k] > exact[i, pos[i, j]] for k in others)
+            tied = sum(exact[i, k] == exact[i, pos[i, j]] for k in others)
+            assert 1 + above <= r[i, j] <= 1 + above + tied, (i, j, r[i, j], above, tied)
+
+
 def test_mask_and_index_inputs_agree():
     rng = np.random.default_rng(2)
     scores, pos, exc = random_problem(rng)
