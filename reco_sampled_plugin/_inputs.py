@@ -36,8 +36,13 @@ def run_checks(checks: list[Check], values: Sequence[torch.Tensor] = ()) -> list
     failing check's error, else return the values as Python ints."""
     if not checks and not values:
         return []
-    flat = torch.stack([t.reshape(()).to(torch.int64) for t in list(values) + [c.bad for c in checks]])
-    host = flat.tolist()  # the one synchronisation
+    def scalar(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return (t if t.dim() == 0 else t.reshape(())).to(dtype)  # no operator for a 0-d tensor of that dtype
+
+    parts = [torch.stack([scalar(t, torch.int64) for t in values])] if values else []
+    if checks:  # the flags stacked as they are (bool: no copy each), then cast once
+        parts.append(torch.stack([scalar(c.bad, torch.bool) for c in checks]).to(torch.int64))
+    host = (parts[0] if len(parts) == 1 else torch.cat(parts)).tolist()  # the one synchronisation
     for c, bad in zip(checks, host[len(values):]):
         if bad:
             c.fail()

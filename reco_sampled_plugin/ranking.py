@@ -368,12 +368,8 @@ def tied_positives(pos_scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch
     each positive in slot order. Deterministic tie policies place tied relevant items in slot order, so
     their ranks form an ordering (two tied relevant items at ranks 1 and 2, never both 1 or both 2, which
     would give P@1 = 2 or an AUC above 1)."""
-    p = pos_scores.shape[1]
     tied = (pos_scores.unsqueeze(2) == pos_scores.unsqueeze(1)) & valid.unsqueeze(1) & valid.unsqueeze(2)
-    slot = torch.arange(p, device=pos_scores.device)
-    before = (tied & (slot.view(1, 1, p) < slot.view(1, p, 1))).sum(2)
-    after = (tied & (slot.view(1, 1, p) > slot.view(1, p, 1))).sum(2)
-    return before, after
+    return tied.tril(-1).sum(2), tied.triu(1).sum(2)  # tied[b, k, j] with j < k (before k), with j > k (after)
 
 
 def exact_ranks_padded(scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, ties: str, count_other_positives: bool = True,

@@ -35,16 +35,16 @@ SETTINGS = RankingSettings(("hit@10", "ndcg@10", "auc"), n_samples=M)
 
 # operators per call, measured on this commit (CPU, eager counting): (numpy path, the torch loop of accelerators)
 BUDGET = {
-    "exact index": (90, 106),
-    "exact masks": (70, 143),  # the CPU scans masks in numpy (``_inputs._sparse_masks_numpy``; 127 in torch)
-    "sampled index": (164, 164),
+    "exact index": (74, 90),
+    "exact masks": (62, 135),  # the CPU scans masks in numpy (``_inputs._sparse_masks_numpy``; 127 in torch)
+    "sampled index": (154, 154),
     # the exact update on an accelerator keeps its finite-scores flag in the ``failed_checks`` state instead of reading
     # it (three operators: stack, mul, maximum); its metrics' sums in one set of reductions (22 operators for three
     # metrics when summed one by one: 89 / 110 before)
     "ExactRankingMetrics.update_padded": (74, 90),
     "SampledRankingMetrics.update_padded": (183, 183),
     # the exact and sampled updates of one batch (flags kept, unread); the CPU's numpy scan of the masks 32 fewer
-    "callback batch (mask exclusions)": (285, 321),
+    "callback batch (mask exclusions)": (284, 320),
     # with an exact share, as on an accelerator (a static capacity of rows ranked in one pass); 64 of the 128 more:
     # the keyed uniform of the share's choice (hash chains)
     "SampledRankingMetrics.update_padded, exact share": (311, 323),
