@@ -217,10 +217,14 @@ def pending_index(
         def bad_range() -> None:
             raise ValueError(range_message)
 
-        lo, hi = torch.aminmax(x)  # one pass, no (B, P) temporary
-        checks.append(Check((lo < -1) | (hi >= n_items), bad_range, f"{name}_range", range_message))
         if safe:  # read later: the batch is computed on first, so no index may point outside the catalogue
-            x = torch.where((x < -1) | (x >= n_items), torch.full_like(x, -1), x)  # as padding: no made-up duplicate
+            inside = x.clamp(-1, n_items - 1) == x
+            bad = ~inside.all()
+            x = torch.where(inside, x, -1)  # out-of-range entries as padding: no made-up duplicate or clash
+        else:
+            lo, hi = torch.aminmax(x)  # one pass, no (B, P) temporary
+            bad = (lo < -1) | (hi >= n_items)
+        checks.append(Check(bad, bad_range, f"{name}_range", range_message))
         if duplicates and x.shape[1] > 1:
             srt = torch.sort(x, dim=1).values
             dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)

@@ -62,7 +62,7 @@ _cpu_chunks = [True]  # tests clear it to run an accelerator's loop (whole rows)
 def _whole_rows(scores: torch.Tensor) -> bool:
     """Whether the torch loop compares whole rows (an accelerator: a fixed number of kernels per call whatever B and n;
     the former chunks of 2^22 comparisons launched ~5 kernels each, 5,981 operators for one ``exact_ranks`` call of
-    1,024 x 100,000 scores with 5 positives, 90 now) or cache-sized chunks (a CPU)."""
+    1,024 x 100,000 scores with 5 positives, 93 now) or cache-sized chunks (a CPU)."""
     return scores.device.type != "cpu" or not _cpu_chunks[0]
 
 

@@ -359,8 +359,19 @@ def exact_ranks(
     count_other_positives = check_bool(count_other_positives, "count_other_positives")
     check_finite = check_bool(check_finite, "check_finite")
     check_generator(generator)
-    scores, pos, exc = prepare_inputs(scores, positives, exclude, False)
-    return exact_ranks_padded(scores, pos, exc, ties, count_other_positives, generator, check_finite=check_finite)
+    scores = score_tensor(scores)
+    # the index checks deferred (out-of-range entries ranked as padding meanwhile) and read back with the counting
+    # pass's NaN/inf rows: one synchronisation after the work is queued, not one before it and one after (a mask
+    # still reads its width first)
+    pending: list[Check] = []
+    pos, exc = _prepare_index(positives, exclude, scores.shape[0], scores.shape[1], scores.device, [], pending)
+    ranks, finite = exact_ranks_padded_finite(scores, pos, exc, ties, count_other_positives, generator, check_finite,
+                                              False)
+    if finite is not None:
+        rows = finite
+        pending.append(Check(~rows.all(), lambda: check_finite_rows(rows)))
+    run_checks(pending)
+    return ranks
 
 
 def tied_positives(pos_scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -96,6 +96,24 @@ def test_host_synchronisations_within_budget_and_independent_of_size(name, devic
     assert len({c for c, _ in counts.values()}) == 1, counts
 
 
+def test_exact_ranks_of_index_inputs_read_back_once(device):
+    """``exact_ranks`` with index tensors reads its index checks and the counting pass's NaN/inf rows in one
+    synchronisation, after the work is queued (two before: the checks, then the rows); a failing check still raises
+    its own error, the index checks before the scores'."""
+    scores, pos, exc = _problem(16, 2_000, device)
+    rsp.exact_ranks(scores, pos, exc)
+    _, counter = count_syncs(rsp.exact_ranks, scores, pos, exc)
+    assert counter.count == 1, dict(counter.calls)
+    bad = scores.clone()
+    bad[3, 7] = float("nan")
+    with pytest.raises(ValueError, match=r"^scores: NaN or inf in 1 of 16 rows \(first bad row 3\)"):
+        rsp.exact_ranks(bad, pos, exc)
+    out_of_range = pos.clone()
+    out_of_range[2, 0] = 2_000
+    with pytest.raises(ValueError, match=r"^positives: item indices must lie in 0\.\.1999"):
+        rsp.exact_ranks(bad, out_of_range, exc)  # the index check first, though the scores fail too
+
+
 @pytest.mark.parametrize("name", CALLS)
 def test_largest_temporary_is_the_score_block_plus_small_terms(name, device, backend):
     for b, n in SIZES:
