@@ -139,12 +139,14 @@ def _removed_tied_before(rem_scores: torch.Tensor, rem_valid: torch.Tensor, rem_
     return below_key - below_score
 
 
-def prepare_inputs(scores: Any, positives: Any, exclude: Any,
-                   check_finite: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def prepare_inputs(scores: Any, positives: Any, exclude: Any, check_finite: bool,
+                   pending: list[Check] | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Scores as a tensor and the positives / exclusions as padded indices (:func:`prepare_index`, ``pending`` as
+    there); ``check_finite``: the scores' NaN/inf check read back with the index checks."""
     scores = score_tensor(scores)
     b, n = scores.shape
     first = [finite_check(scores)] if check_finite else []  # read back with the index checks: one synchronisation
-    pos, exc = _prepare_index(positives, exclude, b, n, scores.device, first)
+    pos, exc = _prepare_index(positives, exclude, b, n, scores.device, first, pending)
     return scores, pos, exc
 
 
@@ -359,12 +361,11 @@ def exact_ranks(
     count_other_positives = check_bool(count_other_positives, "count_other_positives")
     check_finite = check_bool(check_finite, "check_finite")
     check_generator(generator)
-    scores = score_tensor(scores)
     # the index checks deferred (out-of-range entries ranked as padding meanwhile) and read back with the counting
     # pass's NaN/inf rows: one synchronisation after the work is queued, not one before it and one after (a mask
     # still reads its width first)
     pending: list[Check] = []
-    pos, exc = _prepare_index(positives, exclude, scores.shape[0], scores.shape[1], scores.device, [], pending)
+    scores, pos, exc = prepare_inputs(scores, positives, exclude, False, pending)
     ranks, finite = exact_ranks_padded_finite(scores, pos, exc, ties, count_other_positives, generator, check_finite,
                                               False)
     if finite is not None:
