@@ -343,7 +343,16 @@ def test_keyed_hash_in_cache_sized_blocks_is_the_same_stream():
     assert torch.equal(flat[123_456:123_460], keyed_uniform(7, torch.arange(123_456, 123_460)))
 
 
-def test_validation_errors(device):
+def _update_and_compute(metric, *args, **kwargs):
+    """One update, then compute: a CPU refuses an invalid batch at update; an accelerator counts it without a read and
+    refuses it at compute (its checks deferred, ``defers_checks``)."""
+    metric.update(*args, **kwargs)
+    metric.compute()
+
+
+@pytest.mark.parametrize("reads", [True, False], ids=["reads", "deferred"])
+def test_validation_errors(device, reads, monkeypatch):
+    monkeypatch.setattr(tm, "_READS_ON_CPU", reads)  # False: the CPU runs an accelerator's path (checks deferred)
     with pytest.raises(ValueError, match="estimators"):
         SampledRankingMetrics("hit@10", estimators=("nope",))
     with pytest.raises(ValueError, match=r"^estimators: expected estimator names such as 'auto' or method objects"):
@@ -360,8 +369,8 @@ def test_validation_errors(device):
     scores, pos, exc = _on(device, *_data())
     bad = scores.clone()
     bad[3, int(pos[3, 0])] = float("nan")
-    with pytest.raises(ValueError, match="NaN"):
-        ExactRankingMetrics("hit@10").update(bad, pos, exc)
+    with pytest.raises(ValueError, match="NaN"):  # at update on a CPU, at compute on an accelerator (checks deferred)
+        _update_and_compute(ExactRankingMetrics("hit@10"), bad, pos, exc)
     m = SampledRankingMetrics("hit@10", n_samples=5, estimators=("none",))
     m.update(scores, pos, exc)
     with pytest.raises(ValueError, match="items"):
@@ -527,9 +536,11 @@ def test_positive_also_excluded_and_average_ties_are_refused():
     ExactRankingMetrics("hit@10", ties="average")  # exact metrics take it
 
 
-def test_rows_without_positives_need_no_sample_pool(device):
+@pytest.mark.parametrize("reads", [True, False], ids=["reads", "deferred"])
+def test_rows_without_positives_need_no_sample_pool(device, reads, monkeypatch):
     """Without replacement, a row with no relevant item (or only padding) draws nothing, so a small pool there
     is fine; the other rows draw exactly what they draw in a batch of their own."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", reads)  # False: the CPU runs an accelerator's path (checks deferred)
     g = torch.Generator().manual_seed(0)
     scores = torch.randn(4, 30, generator=g)
     pos = torch.tensor([[2, 5], [-1, -1], [7, -1], [-1, -1]])
@@ -541,8 +552,8 @@ def test_rows_without_positives_need_no_sample_pool(device):
     a.update(scores, pos, exc, ids=torch.arange(4))
     b.update(scores[[0, 2]], pos[[0, 2]], exc[[0, 2]], ids=torch.tensor([0, 2]))
     assert torch.equal(a.hist, b.hist) and float(a.hist.sum()) == 3
-    with pytest.raises(ValueError, match="fewer than m = 10"):
-        a.update(scores[1:2], torch.tensor([[0]], device=device), exc[1:2], ids=torch.tensor([9]))
+    with pytest.raises(ValueError, match="fewer than m = 10"):  # at update on a CPU, at compute on an accelerator
+        _update_and_compute(a, scores[1:2], torch.tensor([[0]], device=device), exc[1:2], ids=torch.tensor([9]))
 
 
 def test_metric_names_are_canonical_and_distinct():
