@@ -15,7 +15,7 @@ import torch
 from ._checks import check_not_meta, check_same_device, real_tensor
 
 __all__ = ["as_padded_index", "check_finite_rows", "check_scores", "factor_finite_checks", "finite_flags", "finite_rows", "mask_to_padded",
-           "Check", "run_checks", "pending_index", "finite_check", "sparse_masks", "SparseMasks"]
+           "Check", "check_flags", "run_checks", "pending_index", "finite_check", "sparse_masks", "SparseMasks"]
 
 
 class Check(NamedTuple):
@@ -40,13 +40,19 @@ def run_checks(checks: list[Check], values: Sequence[torch.Tensor] = ()) -> list
         return (t if t.dim() == 0 else t.reshape(())).to(dtype)  # no operator for a 0-d tensor of that dtype
 
     parts = [torch.stack([scalar(t, torch.int64) for t in values])] if values else []
-    if checks:  # the flags stacked as they are (bool: no copy each), then cast once
-        parts.append(torch.stack([scalar(c.bad, torch.bool) for c in checks]).to(torch.int64))
+    if checks:
+        parts.append(check_flags(checks))
     host = (parts[0] if len(parts) == 1 else torch.cat(parts)).tolist()  # the one synchronisation
     for c, bad in zip(checks, host[len(values):]):
         if bad:
             c.fail()
     return host[: len(values)]
+
+
+def check_flags(checks: Sequence[Check]) -> torch.Tensor:
+    """The checks' flags as one (len(checks),) int64 tensor, not read back (1 = failed): stacked as they are (bool:
+    no copy each), then cast once."""
+    return torch.stack([(c.bad if c.bad.dim() == 0 else c.bad.reshape(())).to(torch.bool) for c in checks]).to(torch.int64)
 
 
 def _words(mask: torch.Tensor) -> torch.Tensor:

@@ -85,6 +85,22 @@ def get_backend() -> str:
     return _backend
 
 
+def work_done() -> int:
+    """Comparisons counted so far in this process (the ``auto`` backend's clock)."""
+    return _work_done[0]
+
+
+def add_work(work: int) -> None:
+    """Advance :func:`work_done` by ``work`` comparisons done without calling the kernels' Python (a replayed graph)."""
+    _work_done[0] += int(work)
+
+
+def compile_stage() -> tuple[str, bool, bool]:
+    """What decides between the eager and the compiled kernels, apart from an input's size: the backend and whether
+    this process has passed each compile threshold (part of a captured call's signature, :mod:`._graphs`)."""
+    return _backend, _work_done[0] >= _COMPILE_AFTER_WORK, _work_done[0] >= _COMPILE_AFTER_WORK_FAST
+
+
 # --- kernels (pure tensor functions; compiled on demand) -------------------------------------------
 
 
@@ -174,7 +190,7 @@ def sort_rows(x: torch.Tensor) -> torch.Tensor:
     """``torch.sort(x, dim=-1).values``: on a CPU by numpy (a (256, 738) int64 / float32 block: 2 ms against torch's
     22 / 45 ms, measured on the 2-core machine); elsewhere (and for dtypes numpy lacks) by torch. The same values in
     the same order (ascending; NaN last in both; equal values are interchangeable)."""
-    if x.device.type == "cpu" and x.dtype in _NUMPY_SORTED and x.dim() and x.shape[-1] > 1:
+    if x.device.type == "cpu" and x.dtype in _NUMPY_SORTED and x.dim() and x.shape[-1] > 1 and not _numpy_blocked[0]:
         return torch.from_numpy(np.sort(_host(x), axis=-1))
     return torch.sort(x, dim=-1).values
 

@@ -25,7 +25,8 @@ import torch
 
 from ._checks import (MAX_SAMPLES, MAX_SIZE, check_elements, check_generator, check_int, check_not_meta,
                       check_required, check_same_device, check_size, check_weights, real_tensor)
-from ._inputs import (Check, score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
+from . import _graphs
+from ._inputs import (Check, check_flags, score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
                        finite_flags, pending_index, run_checks, sparse_masks)
 from .exclusions import Exclusions, as_exclusions, check_prepared, csr_from_padded, pending_exclusions, skip_sorted
 from .counting import count_beating, count_beating_checked, count_tied_before, item_keys, sort_rows
@@ -361,9 +362,41 @@ def exact_ranks(
     count_other_positives = check_bool(count_other_positives, "count_other_positives")
     check_finite = check_bool(check_finite, "check_finite")
     check_generator(generator)
-    # the index checks deferred (out-of-range entries ranked as padding meanwhile) and read back with the counting
-    # pass's NaN/inf rows: one synchronisation after the work is queued, not one before it and one after (a mask
-    # still reads its width first)
+    inputs = capture_inputs(scores, positives, exclude) if generator is None and ties != "random" else None
+    if inputs is not None:
+        # an accelerator: the call replayed from a CUDA graph where its shapes repeat (:mod:`._graphs`); its checks
+        # read back once, an invalid input ranked again below for its error
+        def queued(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            ranks, checks = _exact_queued(tensors[0], tensors[1], tensors[2] if len(tensors) > 2 else None, ties,
+                                          count_other_positives, None, check_finite)
+            return ranks, check_flags(checks)
+
+        ranks, flags = _graphs.run("exact_ranks", (ties, count_other_positives, check_finite), queued, inputs)
+        if not any(flags.tolist()):
+            return ranks
+    ranks, checks = _exact_queued(scores, positives, exclude, ties, count_other_positives, generator, check_finite)
+    run_checks(checks)
+    return ranks
+
+
+def capture_inputs(scores: Any, *index: Any) -> tuple[torch.Tensor, ...] | None:
+    """The tensors of a call that can be replayed from a CUDA graph (:mod:`._graphs`), else None: floating (B, n)
+    scores on a device that captures, (B, P) index tensors (not masks: their widths are read back) on the same
+    device; a None index left out."""
+    if not (isinstance(scores, torch.Tensor) and scores.dim() == 2 and scores.is_floating_point()
+            and _graphs.enabled(scores.device)):
+        return None
+    if not all(t is None or (isinstance(t, torch.Tensor) and t.device == scores.device and t.dim() == 2
+                             and t.dtype in (torch.int64, torch.int32)) for t in index):
+        return None
+    return (scores,) + tuple(t for t in index if t is not None)
+
+
+def _exact_queued(scores: Any, positives: Any, exclude: Any, ties: str, count_other_positives: bool,
+                  generator: torch.Generator | None, check_finite: bool) -> tuple[torch.Tensor, list[Check]]:
+    """:func:`exact_ranks`' work queued, its checks not read: the index checks deferred (out-of-range entries ranked
+    as padding meanwhile) to be read back with the counting pass's NaN/inf rows, one synchronisation after the work is
+    queued, not one before it and one after (a mask still reads its width first)."""
     pending: list[Check] = []
     scores, pos, exc = prepare_inputs(scores, positives, exclude, False, pending)
     ranks, finite = exact_ranks_padded_finite(scores, pos, exc, ties, count_other_positives, generator, check_finite,
@@ -371,8 +404,7 @@ def exact_ranks(
     if finite is not None:
         rows = finite
         pending.append(Check(~rows.all(), lambda: check_finite_rows(rows)))
-    run_checks(pending)
-    return ranks
+    return ranks, pending
 
 
 def tied_positives(pos_scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

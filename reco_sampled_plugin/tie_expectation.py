@@ -122,7 +122,7 @@ def expected_metric_values(
         p_none = torch.where(valid, p_none, torch.ones_like(lo))
         out = 1.0 - p_none.min(1).values if lo.shape[1] else torch.zeros_like(t)
     elif kind == "rr":
-        out = _expected_reciprocal_rank(lo, g, j, above, valid, k)
+        out = _expected_reciprocal_rank(lo, g, j, above, valid, k, spec.k)
     elif kind == "auc":
         n_neg = n - t
         expected_above = (lo + hi) / 2 - (above + (j + 1) / 2)  # irrelevant candidates expected above the item
@@ -163,8 +163,10 @@ def expected_dcg(lo: torch.Tensor, hi: torch.Tensor, gain: torch.Tensor, k: int 
 
 
 def _expected_reciprocal_rank(lo: torch.Tensor, g: torch.Tensor, j: torch.Tensor, above: torch.Tensor, valid: torch.Tensor,
-                              k: torch.Tensor) -> torch.Tensor:
-    """E[1 / first relevant position, 0 beyond k]: the first group holding relevant items (above = 0)."""
+                              k: torch.Tensor, cutoff: int | None = None) -> torch.Tensor:
+    """E[1 / first relevant position, 0 beyond k]: the first group holding relevant items (above = 0). ``cutoff``: the
+    metric's k, which bounds the grid of positions summed (k wide: nothing read back); None: the grid as wide as the
+    widest first group inside each user's k (one synchronisation)."""
     first = valid & (above == 0)
     lo1 = torch.where(first, lo, torch.full_like(lo, math.inf)).min(1).values  # (B,), inf without positives
     has = torch.isfinite(lo1)
@@ -175,7 +177,10 @@ def _expected_reciprocal_rank(lo: torch.Tensor, g: torch.Tensor, j: torch.Tensor
     j1 = j.gather(1, pick.unsqueeze(1))[:, 0]
     lo1 = torch.where(has, lo1, torch.ones_like(lo1))
     span = torch.clamp(torch.minimum(g1 - j1, k - lo1), min=-1)  # last offset t to sum (-1: nothing inside k)
-    width = int(span.max()) + 1 if span.numel() else 0  # one synchronisation (the grid's width)
+    if cutoff is not None:  # span <= k - lo1 <= k - 1
+        width = cutoff if span.numel() else 0
+    else:
+        width = int(span.max()) + 1 if span.numel() else 0  # one synchronisation (the grid's width)
     if width <= 0:
         return torch.zeros_like(k)
     tt = torch.arange(width, dtype=torch.float64, device=lo.device).unsqueeze(0)

@@ -33,9 +33,11 @@ import torch
 
 from ._checks import as_tensor, check_generator, check_rank_values, real_tensor, check_sizes, check_weights
 from .metric_names import MetricSpec, parse_metric
-from ._inputs import check_finite_rows
+from . import _graphs
+from ._inputs import Check, check_finite_rows, check_flags, run_checks
 from ._options import check_bool, check_metric_names
-from .ranking import TIE_BOUNDS, check_ties, exact_ranks_padded_finite, prepare_inputs, padded_candidate_counts
+from .ranking import (TIE_BOUNDS, capture_inputs, check_ties, exact_ranks_padded_finite, prepare_inputs,
+                      padded_candidate_counts)
 from .tie_expectation import expected_metric_values, ideal_dcg, undefined_users
 
 if TYPE_CHECKING:
@@ -294,24 +296,84 @@ def per_user_metrics(
         n = _check_cutoffs(specs, int(item_factors.shape[0]))
         ranks, pos, exc = ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, kernel_ties,
                                                        item_bias=item_bias)
-        return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame)
-    scores, pos, exc = prepare_inputs(scores, positives, exclude, False)
+        return _finish(_metrics_from_ranks(specs, ranks, pos, exc, n, relevance), [], as_frame)
+    inputs = (capture_inputs(scores, positives, exclude) if specs and relevance is None and generator is None
+              and ties != "random" else None)
+    if inputs is not None:
+        # an accelerator: the call replayed from a CUDA graph where its shapes repeat (:mod:`._graphs`)
+        def queued(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            values, checks = _metrics_queued(specs, tensors[0], tensors[1], tensors[2] if len(tensors) > 2 else None,
+                                             kernel_ties, None, check_finite)
+            return torch.stack(list(values.values())), check_flags(checks)
+
+        stacked, flags = _graphs.run("per_user_metrics", (tuple(specs), kernel_ties, check_finite), queued, inputs)
+        values = {spec.column: v for spec, v in zip(specs, stacked.unbind(0))}
+        if not as_frame:
+            if not any(flags.tolist()):
+                return values
+        else:  # the flags read with the frame's copy to the host
+            frame = _frame(values, flags)
+            if frame is not None:
+                return frame
+    values, checks = _metrics_queued(specs, scores, positives, exclude, kernel_ties, generator, check_finite, relevance)
+    return _finish(values, checks, as_frame)
+
+
+def _metrics_queued(specs: Sequence[MetricSpec], scores: Any, positives: Any, exclude: Any, kernel_ties: str,
+                    generator: torch.Generator | None, check_finite: bool,
+                    relevance: TensorLike | None = None) -> tuple[dict[str, torch.Tensor], list[Check]]:
+    """:func:`per_user_metrics`' work on scores queued and its checks not read: the index checks deferred (out-of-range
+    entries ranked as padding meanwhile) and the NaN/inf rows of the counting pass, for one read after the work."""
+    pending: list[Check] = []
+    scores, pos, exc = prepare_inputs(scores, positives, exclude, False, pending)
     n = _check_cutoffs(specs, scores.shape[1])
-    # the NaN/inf rows come from the counting pass and are read back with the results (one synchronisation fewer)
     ranks, finite = exact_ranks_padded_finite(scores, pos, exc, kernel_ties, True, generator, check_finite, False)
-    return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance, as_frame, finite)
+    if finite is not None:
+        rows = finite
+        pending.append(Check(~rows.all(), lambda: check_finite_rows(rows)))
+    if relevance is not None:  # validated after the inputs' checks (their errors first)
+        run_checks(pending)
+        pending = []
+    return _metrics_from_ranks(specs, ranks, pos, exc, n, relevance), pending
+
+
+def _finish(values: dict[str, torch.Tensor], checks: list[Check], as_frame: bool) -> "pd.DataFrame | dict[str, torch.Tensor]":
+    """The values as returned, their checks read: with a frame's copy to the host, or at once for a dict."""
+    if not as_frame or not checks:
+        run_checks(checks)
+        return values if not as_frame else _frame(values, None)
+    flags = check_flags(checks)
+    frame = _frame(values, flags)
+    if frame is None:
+        run_checks(checks)  # raises
+    return frame
+
+
+def _frame(values: dict[str, torch.Tensor], flags: torch.Tensor | None) -> "pd.DataFrame | None":
+    """A DataFrame of the per-user ``values`` (one copy to the host, with ``flags`` if given: None where one is set)."""
+    try:
+        import pandas as pd
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError("per_user_metrics(as_frame=True) needs pandas: pip install pandas (from a clone: pip install '.[pandas]')") from exc
+    names = list(values)
+    cols = [values[name].detach().reshape(-1) for name in names]
+    parts = cols + ([flags.to(torch.float64)] if flags is not None else [])
+    if not parts:
+        return pd.DataFrame({})
+    host = torch.cat(parts).cpu().numpy()  # one copy to the host for the frame (and the checks' flags)
+    if flags is not None:
+        if host[len(host) - flags.numel():].any():
+            return None
+        host = host[: len(host) - flags.numel()]
+    if not names:
+        return pd.DataFrame({})
+    return pd.DataFrame(host.reshape(len(names), -1).T, columns=names)
 
 
 def _metrics_from_ranks(specs: Sequence[MetricSpec], ranks: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n: int,
-                        relevance: TensorLike | None, as_frame: bool,
-                        finite: torch.Tensor | None = None) -> "pd.DataFrame | dict[str, torch.Tensor]":
+                        relevance: TensorLike | None) -> dict[str, torch.Tensor]:
     """The per-user values of ``specs`` from padded exact ranks (other positives competing), or from (B, P, 2)
-    tie groups [lo, hi] (``ties="average"``: expectations over the orders of tied items). ``finite``: (B,) bool
-    rows of the scores free of NaN/inf, not read yet: checked with the frame's copy to the host (or before
-    relevance is validated / a dict is returned)."""
-    if finite is not None and (relevance is not None or not as_frame):
-        check_finite_rows(finite)  # the scores' error first
-        finite = None
+    tie groups [lo, hi] (``ties="average"``: expectations over the orders of tied items)."""
     b = pos.shape[0]
     n_cand = padded_candidate_counts(n, pos, exc)
     rel = None
@@ -330,22 +392,7 @@ def _metrics_from_ranks(specs: Sequence[MetricSpec], ranks: torch.Tensor, pos: t
     else:
         sorted_ranks = SortedRanks(ranks, n_cand, rel)
         result = {spec.column: values_from_sorted(spec, sorted_ranks) for spec in specs}
-    if not as_frame:
-        return result
-    try:
-        import pandas as pd
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("per_user_metrics(as_frame=True) needs pandas: pip install pandas (from a clone: pip install '.[pandas]')") from exc
-    names = list(result)
-    cols = [result[name].detach() for name in names] + ([finite.to(torch.float64)] if finite is not None else [])
-    if not cols:
-        return pd.DataFrame({})
-    host = torch.stack(cols, 1).cpu().numpy()  # one copy to the host for the frame (and the finite rows)
-    if finite is not None:
-        if not host[:, -1].all():
-            check_finite_rows(torch.from_numpy(host[:, -1] > 0))
-        host = host[:, :-1]
-    return pd.DataFrame(host, columns=names)
+    return result
 
 
 def mean_metrics(values: "pd.DataFrame | Mapping[str, TensorLike]") -> dict[str, tuple[float, int, int]]:

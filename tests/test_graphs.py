@@ -1,0 +1,256 @@
+"""Calls replayed from captured graphs (``_graphs``): on CUDA real CUDA graphs; on a CPU the same bookkeeping with a
+stand-in graph that replays by running the captured function on the captured inputs (``_graphs._FakeGraph``).
+Oracle: the same calls with capture off (eager), bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from reco_sampled_plugin import _graphs, _inputs, counting, exact_ranks, per_user_metrics
+
+METRICS = ("ndcg@10", "recall@5", "ap@10", "rr@10", "auc", "pr_auc")
+
+
+def _accelerator_paths(monkeypatch):
+    """The torch paths an accelerator runs (numpy's counting, sorts and mask scans are CPU-only: the stand-in graph
+    would refuse their reads to numpy)."""
+    monkeypatch.setattr(counting, "_numpy_blocked", [True])
+    monkeypatch.setattr(counting, "_cpu_chunks", [False])
+    monkeypatch.setattr(_inputs, "_numpy_scan", [False])
+
+
+@pytest.fixture
+def captured(device, monkeypatch):
+    """Capture on ``device`` (a CPU through the stand-in graph, on the accelerators' torch paths), from a clean cache;
+    the backend not eager."""
+    monkeypatch.setattr(_graphs, "_fake", [device.type == "cpu"])
+    monkeypatch.setattr(counting, "_backend", "auto")
+    _accelerator_paths(monkeypatch)
+    _graphs.clear()
+    before = dict(_graphs._stats)
+    yield lambda key: _graphs._stats[key] - before[key]
+    _graphs.clear()
+
+
+def _batch(seed: int, b: int = 12, n: int = 300, p: int = 4, e: int = 20, device="cpu", ties_grid: bool = False):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(b, n, generator=g)
+    if ties_grid:  # few distinct values: ties everywhere
+        scores = (scores * 2).round() / 2
+    order = torch.argsort(torch.rand(b, n, generator=g), 1)
+    pos, exc = order[:, :p].clone(), order[:, p : p + e].clone()
+    pos[::3, -1] = -1  # padding
+    exc[1::2, -2:] = -1
+    return scores.to(device), pos.to(device), exc.to(device)
+
+
+def _eager(fn, *args, **kwargs):
+    """``fn`` with capture off."""
+    saved = _graphs._fake[0]
+    _graphs._fake[0] = False
+    try:
+        if isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda":
+            counting.set_backend("eager")  # turns capture off (the eager kernels count alike)
+        return fn(*args, **kwargs)
+    finally:
+        _graphs._fake[0] = saved
+        counting.set_backend("auto")
+
+
+@pytest.mark.parametrize("ties", ["pessimistic", "optimistic", "average"])
+def test_replayed_calls_equal_eager_bit_for_bit(captured, device, ties):
+    """Five batches of one shape (captured at the second, replayed from the third) and a shorter last batch seen twice:
+    every result equals the eager call's, and the replays happened."""
+    shapes = [12] * 5 + [7, 7]
+    for i, b in enumerate(shapes):
+        s, pos, exc = _batch(i, b=b, device=device, ties_grid=True)
+        want = _eager(exact_ranks, s, pos, exc, ties=ties)
+        assert torch.equal(exact_ranks(s, pos, exc, ties=ties), want)
+        want_m = _eager(per_user_metrics, s, pos, METRICS, exclude=exc, ties=ties, as_frame=False)
+        have_m = per_user_metrics(s, pos, METRICS, exclude=exc, ties=ties, as_frame=False)
+        assert list(have_m) == list(want_m)
+        for k in want_m:
+            assert torch.equal(have_m[k].nan_to_num(-7.0), want_m[k].nan_to_num(-7.0)), k
+    assert captured("captures") == 4  # two calls x two shapes
+    assert captured("replays") == 2 * 4 + 2 * 1  # a capture replays at once: batches 2-5 of 12 users, the second of 7
+
+
+def test_frames_from_replays_equal_eager(captured, device):
+    pytest.importorskip("pandas")
+    for i in range(4):
+        s, pos, exc = _batch(i, device=device)
+        want = _eager(per_user_metrics, s, pos, METRICS, exclude=exc)
+        have = per_user_metrics(s, pos, METRICS, exclude=exc)
+        assert have.equals(want)
+    assert captured("replays") >= 2
+
+
+def test_results_are_the_callers_own(captured, device):
+    """A replay writes the graph's own outputs: what an earlier call returned is not overwritten."""
+    got, want = [], []
+    for i in range(4):
+        s, pos, exc = _batch(i, device=device)
+        got.append(exact_ranks(s, pos, exc))
+        want.append(_eager(exact_ranks, s, pos, exc))
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert captured("replays") >= 2
+
+
+@pytest.mark.parametrize("same_buffer", [True, False], ids=["in_place", "copied"])
+def test_large_scores_read_in_place_or_copied(captured, device, monkeypatch, same_buffer):
+    """Scores above ``_COPY_ELEMENTS`` are read where they are when their address repeats (new values written into
+    the same block each batch, as an evaluation loop's scores often are) and copied otherwise; right either way."""
+    monkeypatch.setattr(_graphs, "_COPY_ELEMENTS", 1000)
+    buf = torch.empty(12, 300, device=device)
+    for i in range(5):
+        s, pos, exc = _batch(i, device=device)
+        if same_buffer:
+            buf.copy_(s)
+            s = buf
+        assert torch.equal(exact_ranks(s, pos, exc), _eager(exact_ranks, s, pos, exc))
+    (key,) = _graphs._graphs
+    entry = _graphs._graphs[key]
+    assert (key[1] is not None) == same_buffer  # the scores' address is part of the signature when read in place
+    assert (entry.buffers[0] is None) == same_buffer
+    assert captured("replays") == 4
+
+
+def test_invalid_batch_after_capture_raises_the_eager_error(captured, device):
+    """A replayed batch's checks are read back: an out-of-range positive, a positive also excluded or a NaN score
+    raises the eager call's error, and a valid batch after it is replayed as before."""
+    for i in range(3):
+        exact_ranks(*_batch(i, device=device))
+        per_user_metrics(*_batch(i, device=device)[:2], METRICS, exclude=_batch(i, device=device)[2], as_frame=False)
+    s, pos, exc = _batch(9, device=device)
+    bad_pos = pos.clone()
+    bad_pos[2, 0] = 300
+    clash = exc.clone()
+    clash[4, 0] = pos[4, 0]
+    nan = s.clone()
+    nan[5, 3] = float("nan")
+    for args in ((s, bad_pos, exc), (s, pos, clash), (nan, pos, exc)):
+        with pytest.raises(ValueError) as eager:
+            _eager(exact_ranks, *args)
+        with pytest.raises(ValueError) as replayed:
+            exact_ranks(*args)
+        assert str(replayed.value) == str(eager.value)
+        with pytest.raises(ValueError) as eager:
+            _eager(per_user_metrics, args[0], args[1], METRICS, exclude=args[2], as_frame=False)
+        with pytest.raises(ValueError) as replayed:
+            per_user_metrics(args[0], args[1], METRICS, exclude=args[2], as_frame=False)
+        assert str(replayed.value) == str(eager.value)
+    replays = captured("replays")
+    assert torch.equal(exact_ranks(s, pos, exc), _eager(exact_ranks, s, pos, exc))
+    assert captured("replays") == replays + 1
+
+
+def test_a_failed_capture_runs_eagerly_from_then_on(captured, device, monkeypatch):
+    def refuse(self, fn, inputs):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(_graphs._FakeGraph, "capture", refuse)
+    monkeypatch.setattr(_graphs._CudaGraph, "capture", refuse)
+    for i in range(4):
+        s, pos, exc = _batch(i, device=device)
+        assert torch.equal(exact_ranks(s, pos, exc), _eager(exact_ranks, s, pos, exc))
+    assert captured("failures") == 1 and captured("replays") == 0
+    assert list(_graphs._graphs.values()) == [None]
+
+
+def test_a_read_back_while_capturing_is_refused_and_runs_eagerly(captured, device, monkeypatch):
+    """The stand-in graph refuses what a capture refuses (here ``tie_expectation``'s reciprocal-rank grid read back its
+    width, as it still does without a cut-off): the call then runs eagerly, right, and nothing is captured; with a
+    cut-off (rr@10) the grid is k wide, nothing read, and the call is captured."""
+    for metrics, captures in ((("rr",), 0), (("rr@10",), 1)):
+        _graphs.clear()
+        before = _graphs._stats["captures"]
+        for i in range(3):
+            s, pos, exc = _batch(i, device=device, ties_grid=True)
+            have = per_user_metrics(s, pos, metrics, exclude=exc, ties="average", as_frame=False)
+            want = _eager(per_user_metrics, s, pos, metrics, exclude=exc, ties="average", as_frame=False)
+            (name,) = want
+            assert torch.equal(have[name].nan_to_num(-7.0), want[name].nan_to_num(-7.0))
+        assert _graphs._stats["captures"] - before == captures
+
+
+def test_captured_calls_are_bounded(captured, device):
+    """At most ``_MAX_GRAPHS`` captured calls (least recently used evicted); signatures seen once hold nothing."""
+    for b in range(3, 3 + _graphs._MAX_GRAPHS + 3):
+        for i in range(2):
+            exact_ranks(*_batch(i, b=b, device=device))
+    assert len(_graphs._graphs) == _graphs._MAX_GRAPHS
+    assert captured("captures") == _graphs._MAX_GRAPHS + 3
+
+
+def test_replays_advance_the_counting_clock(captured, device):
+    """The ``auto`` backend compiles after so many comparisons: a replay (no Python of the kernels) counts its work
+    as the eager call does."""
+    s, pos, exc = _batch(0, device=device)
+    steps = []
+    for _ in range(4):
+        before = counting.work_done()
+        exact_ranks(s, pos, exc)
+        steps.append(counting.work_done() - before)
+    assert captured("replays") == 3 and steps[0] > 0
+    assert steps == [steps[0]] * 4
+
+
+def test_eager_backend_and_other_inputs_are_not_captured(captured, device):
+    """The eager backend turns capture off; masks (their widths are read back), a generator, random ties and relevance
+    are never captured."""
+    s, pos, exc = _batch(0, device=device)
+    counting.set_backend("eager")
+    for _ in range(3):
+        exact_ranks(s, pos, exc)
+    counting.set_backend("auto")
+    mask = torch.zeros(s.shape[0], s.shape[1] + 1, dtype=torch.bool, device=device)
+    mask = mask.scatter_(1, torch.where(pos >= 0, pos, s.shape[1]), True)[:, :-1]  # padding to the dropped column
+    for _ in range(3):
+        exact_ranks(s, mask, exc)
+        exact_ranks(s, pos, exc, ties="random", generator=torch.Generator(device=device).manual_seed(0))
+        per_user_metrics(s, pos, ("ndcg@10",), exclude=exc, relevance=torch.ones_like(s), as_frame=False)
+    assert captured("captures") == 0 and not _graphs._graphs
+
+
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 9), n=st.integers(12, 60), p=st.integers(1, 5), e=st.integers(0, 6),
+       ties=st.sampled_from(["pessimistic", "optimistic", "average"]), grid=st.booleans(), seed=st.integers(0, 99))
+def test_replays_equal_eager_on_any_shape(b, n, p, e, ties, grid, seed):
+    """Any shape, padding and tie pattern on a CPU's stand-in graph: the third call of a shape is replayed and equals
+    eager."""
+    saved = _graphs._fake[0], counting._numpy_blocked[0], counting._cpu_chunks[0], _inputs._numpy_scan[0]
+    _graphs._fake[0], counting._numpy_blocked[0], counting._cpu_chunks[0], _inputs._numpy_scan[0] = True, True, False, False
+    _graphs.clear()
+    try:
+        for i in range(3):
+            s, pos, exc = _batch(seed + i, b=b, n=n, p=p, e=e, ties_grid=grid)
+            exc = exc if e else None
+            want = _eager(exact_ranks, s, pos, exc, ties=ties)
+            assert torch.equal(exact_ranks(s, pos, exc, ties=ties), want)
+        assert _graphs._stats["replays"] > 0
+    finally:
+        _graphs._fake[0], counting._numpy_blocked[0], counting._cpu_chunks[0], _inputs._numpy_scan[0] = saved
+        _graphs.clear()
+
+
+@pytest.mark.parametrize("captured_in", ["inference_mode", "grad_mode"])
+def test_replays_inside_and_outside_inference_mode(captured, device, captured_in):
+    """A graph captured inside ``torch.inference_mode()`` (a Lightning validation loop) replays outside it and the
+    reverse; the results returned outside it are ordinary tensors (usable in place and by autograd); scores that
+    require grad are ranked the same."""
+    calls = []
+    for i in range(5):
+        s, pos, exc = _batch(i, device=device)
+        inside = (i < 2) == (captured_in == "inference_mode")
+        if i == 4:
+            s = s.clone().requires_grad_(True)
+        with torch.inference_mode(inside):
+            calls.append((inside, exact_ranks(s, pos, exc), _eager(exact_ranks, s.detach(), pos, exc)))
+    assert captured("replays") == 4
+    for inside, have, want in calls:
+        assert torch.equal(have, want)
+        if not inside:
+            assert not have.is_inference()
+            have += 1  # an ordinary tensor
