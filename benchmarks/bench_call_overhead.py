@@ -3,7 +3,9 @@
 On a GPU a batch of a few hundred users x 1e5 items is scored in ~0.1 ms, so what a call costs beyond the work
 itself (Python, operator dispatch, kernel launches, host synchronisations) decides the overhead users see. For
 each call this prints the median wall time per batch (synchronised), the aten operators it dispatches, and on
-CUDA the kernels it launches and their summed device time (torch.profiler), for a small and a large batch.
+CUDA the kernels it launches and their summed device time (torch.profiler), for a small and a large batch. On CUDA
+the calls of index inputs are replayed from CUDA graphs after two calls (``_graphs``): their operators are the
+replay's, their kernels the graph's.
 
     python benchmarks/bench_call_overhead.py [--device cuda] [--items 100000] [--batches 256,4096]
 """
@@ -18,7 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from reco_sampled_plugin import exact_ranks, per_user_metrics, sampled_ranks
-from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
 
 
 def cases(b: int, n: int, device: torch.device):
@@ -28,12 +30,14 @@ def cases(b: int, n: int, device: torch.device):
     pos, exc = picks[:, :1].contiguous().to(device), picks[:, 1:].contiguous().to(device)
     dg = torch.Generator(device=device).manual_seed(0)
     metric = SampledRankingMetrics(("ndcg@10", "hit@10"), n_samples=100, estimators=("none", "bv")).to(device)
+    exact = ExactRankingMetrics().to(device)
     return {
         "exact_ranks (1 positive, 55 excluded)": lambda: exact_ranks(scores, pos, exclude=exc),
         "sampled_ranks (m = 100)": lambda: sampled_ranks(scores, pos, 100, exclude=exc, generator=dg),
         "per_user_metrics (ndcg@10, recall@10)": lambda: per_user_metrics(scores, pos, ("ndcg@10", "recall@10"),
                                                                            exclude=exc, as_frame=False),
         "SampledRankingMetrics.update (m = 100)": lambda: metric.update(scores, pos, exclude=exc),
+        "ExactRankingMetrics.update (ndcg@10, recall@10)": lambda: exact.update(scores, pos, exclude=exc),
     }
 
 

@@ -111,10 +111,11 @@ class _CudaGraph:
 
 class _Captured:
     """One captured call: its graph, the tensors it reads (``None`` where the caller's tensor is read in place), the
-    outputs it writes and the counting work one call does."""
+    outputs it writes, the counting work one call does and the notes its function made (:func:`run`)."""
 
-    def __init__(self, graph: Any, buffers: list[torch.Tensor | None], outputs: tuple[torch.Tensor, ...], work: int):
-        self.graph, self.buffers, self.outputs, self.work = graph, buffers, outputs, work
+    def __init__(self, graph: Any, buffers: list[torch.Tensor | None], outputs: tuple[torch.Tensor, ...], work: int,
+                 notes: list):
+        self.graph, self.buffers, self.outputs, self.work, self.notes = graph, buffers, outputs, work, notes
 
 
 def enabled(device: torch.device) -> bool:
@@ -130,10 +131,12 @@ def _form(t: torch.Tensor) -> tuple:
 
 
 def run(name: str, options: Hashable, fn: Callable[..., tuple[torch.Tensor, ...]],
-        tensors: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        tensors: Sequence[torch.Tensor], notes: list | None = None) -> tuple[torch.Tensor, ...]:
     """``fn(*tensors)``, replayed from a captured graph where this signature was seen before (see the module doc);
     the results are the caller's own (copies of the graph's outputs). ``fn`` must queue device work only (no read
-    back, no input-dependent shapes) and depend on nothing but ``tensors`` and ``options``."""
+    back, no input-dependent shapes) and depend on nothing but ``tensors`` and ``options``. ``notes``: a list that
+    ``fn`` fills with what the caller needs besides tensors (e.g. messages; the same for every call of a signature),
+    filled from the captured call's on a replay."""
     if not tensors or not enabled(tensors[0].device):
         return fn(*tensors)
     large = tuple(i for i, t in enumerate(tensors) if t.numel() > _COPY_ELEMENTS)
@@ -144,7 +147,11 @@ def run(name: str, options: Hashable, fn: Callable[..., tuple[torch.Tensor, ...]
             if key in _graphs:
                 _graphs.move_to_end(key)
                 entry = _graphs[key]
-                return fn(*tensors) if entry is None else _replay(entry, tensors)
+                if entry is None:
+                    return fn(*tensors)
+                if notes is not None:
+                    notes[:] = entry.notes
+                return _replay(entry, tensors)
         if _seen.get(base) is None:  # first sight: run as it is, remember where its large inputs were
             if len(_seen) >= _SEEN_LIMIT:
                 _seen.clear()
@@ -152,11 +159,12 @@ def run(name: str, options: Hashable, fn: Callable[..., tuple[torch.Tensor, ...]
             _seen[base] = addresses
             return out
         in_place = _seen.pop(base) == addresses
-        return _capture(name, (base, addresses if in_place else None), fn, tensors, set(large) if in_place else set())
+        return _capture(name, (base, addresses if in_place else None), fn, tensors, set(large) if in_place else set(),
+                        notes)
 
 
 def _capture(name: str, key: Hashable, fn: Callable[..., tuple[torch.Tensor, ...]], tensors: Sequence[torch.Tensor],
-             in_place: set[int]) -> tuple[torch.Tensor, ...]:
+             in_place: set[int], notes: list | None) -> tuple[torch.Tensor, ...]:
     graph = _FakeGraph() if tensors[0].device.type == "cpu" else _CudaGraph()
     before = counting.work_done()
     try:
@@ -175,7 +183,7 @@ def _capture(name: str, key: Hashable, fn: Callable[..., tuple[torch.Tensor, ...
     counted = counting.work_done() - before  # the capture's runs of ``fn``; the replay below counts the call's work
     counting.add_work(-counted)
     work = counted // graph.runs
-    entry = _Captured(graph, buffers, outputs, work)
+    entry = _Captured(graph, buffers, outputs, work, list(notes or ()))
     _stats["captures"] += 1
     _store(key, entry)
     return _replay(entry, tensors)

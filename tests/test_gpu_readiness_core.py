@@ -114,6 +114,28 @@ def test_exact_ranks_of_index_inputs_read_back_once(device):
         rsp.exact_ranks(bad, out_of_range, exc)  # the index check first, though the scores fail too
 
 
+@pytest.mark.parametrize("ties", ["pessimistic", "average"])
+@pytest.mark.parametrize("as_frame", [False, True], ids=["dict", "frame"])
+def test_per_user_metrics_of_index_inputs_read_back_once(device, ties, as_frame):
+    """``per_user_metrics`` with index tensors reads its index checks with the counting pass's NaN/inf rows (and a
+    frame's values) in one synchronisation, also with ``ties="average"`` (RR@k's grid k wide); two or three before; a
+    failing check still raises its own error, the index checks before the scores'."""
+    pytest.importorskip("pandas")
+    scores, pos, exc = _problem(16, 2_000, device)
+    metrics = ["ndcg@10", "rr@10", "auc"]
+    rsp.per_user_metrics(scores, pos, metrics, exc, ties=ties, as_frame=as_frame)
+    _, counter = count_syncs(rsp.per_user_metrics, scores, pos, metrics, exc, ties=ties, as_frame=as_frame)
+    assert counter.count == 1, dict(counter.calls)
+    bad = scores.clone()
+    bad[3, 7] = float("nan")
+    with pytest.raises(ValueError, match=r"^scores: NaN or inf in 1 of 16 rows \(first bad row 3\)"):
+        rsp.per_user_metrics(bad, pos, metrics, exc, ties=ties, as_frame=as_frame)
+    out_of_range = pos.clone()
+    out_of_range[2, 0] = 2_000
+    with pytest.raises(ValueError, match=r"^positives: item indices must lie in 0\.\.1999"):
+        rsp.per_user_metrics(bad, out_of_range, metrics, exc, ties=ties, as_frame=as_frame)
+
+
 @pytest.mark.parametrize("name", CALLS)
 def test_largest_temporary_is_the_score_block_plus_small_terms(name, device, backend):
     for b, n in SIZES:

@@ -51,7 +51,7 @@ def _eager(fn, *args, **kwargs):
     saved = _graphs._fake[0]
     _graphs._fake[0] = False
     try:
-        if isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda":
+        if args and isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda":
             counting.set_backend("eager")  # turns capture off (the eager kernels count alike)
         return fn(*args, **kwargs)
     finally:
@@ -254,3 +254,43 @@ def test_replays_inside_and_outside_inference_mode(captured, device, captured_in
         if not inside:
             assert not have.is_inference()
             have += 1  # an ordinary tensor
+
+
+def test_exact_update_replayed_equals_eager_states(captured, device, monkeypatch):
+    """``ExactRankingMetrics.update`` of index inputs on a device that defers its checks: replayed updates leave the
+    states (sums, count, failed checks) and the values of eager updates, an invalid batch among them refused at
+    compute with the eager update's message."""
+    from reco_sampled_plugin.adapters import torchmetrics as tm
+
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)  # a CPU defers as an accelerator does
+    metrics = ("ndcg@10", "recall@5", "auc", "rr@10")
+    have, want = (tm.ExactRankingMetrics(metrics).to(device) for _ in range(2))
+    batches = [_batch(i, device=device) for i in range(5)]
+    bad = batches[3][1].clone()
+    bad[2, 0] = 300  # out of range: counted as padding, refused at compute
+    batches[3] = (batches[3][0], bad, batches[3][2])
+    for s, pos, exc in batches:
+        have.update(s, pos, exc)
+        _eager(want.update, s, pos, exc)
+    assert captured("replays") == 4
+    for name in ("sums", "count", "failed_checks"):
+        assert torch.equal(getattr(have, name), getattr(want, name)), name
+    with pytest.raises(ValueError) as eager:
+        _eager(want.compute)
+    with pytest.raises(ValueError) as replayed:
+        have.compute()
+    assert str(replayed.value) == str(eager.value) and "first failed at update 4" in str(eager.value)
+    # a new metric whose updates are all replays (captured by another): the messages its checks had come from the capture
+    other, eager_other = (tm.ExactRankingMetrics(metrics).to(device) for _ in range(2))
+    replays = captured("replays")
+    other.update(*batches[3])
+    _eager(eager_other.update, *batches[3])
+    with pytest.raises(ValueError) as replayed:
+        other.compute()
+    assert captured("replays") == replays + 1
+    assert str(replayed.value) == str(pytest.raises(ValueError, eager_other.compute).value)
+    have.reset(), want.reset()
+    for s, pos, exc in batches[:3]:
+        have.update(s, pos, exc)
+        _eager(want.update, s, pos, exc)
+    assert {k: torch.equal(v, want.compute()[k]) for k, v in have.compute().items()} == dict.fromkeys(want.compute(), True)

@@ -78,6 +78,7 @@ import torch
 from torchmetrics import Metric
 
 from reco_sampled_plugin._checks import check_elements, check_int, check_size, real_tensor
+from reco_sampled_plugin import _graphs
 from reco_sampled_plugin._inputs import Check, factor_finite_checks, finite_flags, run_checks, score_tensor
 from reco_sampled_plugin._keyed import (AdaptiveRanks, DeviceChecks, DrawnScores, FactorScores, MatrixScores, RowKeys,
                                         ScorerScores, keyed_adaptive_ranks, keyed_ranks)
@@ -94,7 +95,7 @@ from reco_sampled_plugin.ranking import SampledRanks
 from reco_sampled_plugin.metrics import metric_from_float_ranks as _metric_from_float_ranks  # patched by name in tests
 from reco_sampled_plugin.factor_ranks import (check_factors, factor_ranks_padded, overflow_flag, overflow_rows,
                                               score_limit)
-from reco_sampled_plugin.ranking import (TIE_BOUNDS, complete_at_cap, padded_candidate_counts, exact_ranks_padded,
+from reco_sampled_plugin.ranking import (TIE_BOUNDS, capture_inputs, complete_at_cap, padded_candidate_counts, exact_ranks_padded,
                                          exact_ranks_padded_finite, prepare_index)
 from reco_sampled_plugin.scorer_ranks import (DEFAULT_MAX_PAIRS, Scorer, ScorerCalls, ScoringCost, check_scorer,
                                               check_users, complete_from_scorer, full_ranking_pairs)
@@ -225,6 +226,20 @@ def _check_factors_finite(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor |
     """NaN or inf factors or bias (then scores would be), as flags in ``checks`` (no synchronisation here)."""
     for flag, message in factor_finite_checks(u, v, bias):
         checks.add(flag, message, f"{message.partition(':')[0]}_finite")
+
+
+def _check_slots(named: Sequence[Check], none: torch.Tensor) -> tuple[torch.Tensor, list[tuple[str, str]]]:
+    """The named checks' flags OR-ed per :data:`DEFERRED_CHECKS` entry, a (len(DEFERRED_CHECKS),) bool on the flags'
+    device (``none``, a False there, where no check of an entry ran), nothing read; and each check's (name, message)."""
+    device = none.device
+    flags: list[torch.Tensor | None] = [None] * len(DEFERRED_CHECKS)
+    for c in named:
+        i = _CHECK_SLOT[c.name]
+        bad = _to(c.bad if c.bad.dim() == 0 else c.bad.reshape(()), device)
+        before = flags[i]
+        flags[i] = bad if before is None else before | bad
+    failed = torch.stack([none if f is None else f.to(torch.bool) for f in flags])
+    return failed, [(c.name, c.message or DEFERRED_CHECKS[c.name]) for c in named]
 
 
 def _to(x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -390,20 +405,21 @@ class _MergeChecked(Metric):
             run_checks(now)
         if len(now) == len(checks):
             return
-        state = self.failed_checks
         named = [c for c in checks if c.name in _CHECK_SLOT]
         device = named[0].bad.device  # the inputs' device: the flags are combined there, then moved once
-        flags: list[torch.Tensor | None] = [None] * len(DEFERRED_CHECKS)
-        for c in named:
-            i = _CHECK_SLOT[c.name]
-            bad = _to(c.bad if c.bad.dim() == 0 else c.bad.reshape(()), device)
-            before = flags[i]
-            flags[i] = bad if before is None else before | bad
-            self._note_message(c.name, c.message or DEFERRED_CHECKS[c.name], self._update_number())
         none = self._no_flag.get(device)
         if none is None:  # one False per device, made once
             none = self._no_flag[device] = torch.zeros((), dtype=torch.bool, device=device)
-        failed = _to(torch.stack([none if f is None else f.to(torch.bool) for f in flags]), state.device)  # one copy
+        failed, notes = _check_slots(named, none)
+        self._add_failed(failed, notes)
+
+    def _add_failed(self, failed: torch.Tensor, notes: Sequence[tuple[str, str]]) -> None:
+        """Mark this update in ``failed_checks`` where ``failed`` (a bool per :data:`DEFERRED_CHECKS` entry) is set,
+        and note each check's message (``notes``: (name, message))."""
+        for name, message in notes:
+            self._note_message(name, message, self._update_number())
+        state = self.failed_checks
+        failed = _to(failed, state.device)  # one copy
         self.failed_checks = torch.maximum(state, failed * (_FIRST - self._update_number()))  # three operators
 
     def _note_message(self, name: str, message: str, update: int) -> None:
@@ -608,9 +624,47 @@ class ExactRankingMetrics(_MergeChecked):
         """Add a batch: (B, n) scores, positives and exclusions (bool masks or padded indices); tensors, numpy arrays
         or lists."""
         scores = score_tensor(scores)
+        inputs = capture_inputs(scores, positives, exclude) if keep is None and defers_checks(scores.device) else None
+        if inputs is not None:  # CUDA, index inputs: replayed from a CUDA graph where the batch's shapes repeat
+            self._update_captured(inputs)
+            return
         pending: list[Check] | None = [] if defers_checks(scores.device) else None
         pos, exc = padded_inputs(scores, positives, exclude, pending)
         self._update_padded(scores, pos, exc, keep, pending)
+
+    def _update_captured(self, inputs: tuple[torch.Tensor, ...]) -> None:
+        """:meth:`update` of index inputs on a device that defers its checks, as one call that :mod:`._graphs` replays:
+        the batch's sums, count and failed checks computed from the inputs alone (nothing read, no state touched),
+        then added to the states (five operators)."""
+        notes: list[tuple[str, str]] = []
+
+        def batch(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            scores, exclude = tensors[0], tensors[2] if len(tensors) > 2 else None
+            pending: list[Check] = []
+            pos, exc = padded_inputs(scores, tensors[1], exclude, pending)
+            checks = DeviceChecks(defer=True)
+            ties, cop = self._kernel_ties, self.settings.count_other_positives
+            if self.settings.check_finite is True:
+                ranks, finite = exact_ranks_padded_finite(scores, pos, exc, ties, cop, None, True, False)
+                if finite is not None:
+                    checks.add(~finite.all(), _SCORES_MESSAGE, "scores_finite")
+            else:
+                _check_scores(scores, pos, self.settings.check_finite, checks)
+                ranks = exact_ranks_padded(scores, pos, exc, ties, cop)
+            sums, count = self._rank_sums(ranks, pos, exc, scores.shape[1], None)
+            named = pending + checks.pending()
+            run_checks([c for c in named if c.name not in _CHECK_SLOT])  # none on this path (a read: not captured)
+            named = [c for c in named if c.name in _CHECK_SLOT]
+            failed, noted = _check_slots(named, torch.zeros((), dtype=torch.bool, device=scores.device))
+            notes[:] = noted
+            return sums, count, failed
+
+        options = ("exact_update", self.specs, self._kernel_ties, self.settings.count_other_positives,
+                   self.settings.check_finite)
+        sums, count, failed = _graphs.run("ExactRankingMetrics.update", options, batch, inputs, notes)
+        self._add_failed(failed, notes)
+        self.sums += _to(sums, self.sums.device)
+        self.count += _to(count, self.count.device)
 
     def update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
                       keep: torch.Tensor | None = None) -> None:
@@ -690,7 +744,15 @@ class ExactRankingMetrics(_MergeChecked):
 
     def _add_ranks(self, ranks: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
                    keep: torch.Tensor | None) -> None:
-        """Sums over the valid slots as masked sums over every slot: no boolean indexing, nothing read back.
+        """Add a batch's :meth:`_rank_sums` to the states."""
+        sums, count = self._rank_sums(ranks, pos, exc, n_items, keep)
+        self.sums += _to(sums, self.sums.device)
+        self.count += _to(count, self.count.device)
+
+    def _rank_sums(self, ranks: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
+                   keep: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A batch's (len(metrics), 3) sums (of M(r), of M(r)^2, the relevant items counted) and its count of
+        relevant items, over the valid slots as masked sums over every slot: no boolean indexing, nothing read back.
         ``ranks``: (B, P), or (B, P, 2) tie groups [lo, hi] for ``ties="average"`` (each M(r) is then its mean
         over the group's positions: the expectation over the orders of the tie)."""
         bounds = ranks if ranks.dim() == 3 else None
@@ -718,8 +780,7 @@ class ExactRankingMetrics(_MergeChecked):
         # set per metric); a left-out slot's value (AUC of n = 1 is 0/0) must not reach the sums
         wk = torch.stack(weights)
         v = torch.where(wk > 0, torch.stack(values), 0.0)
-        self.sums += _to(torch.stack([v.sum((1, 2)), (v * v).sum((1, 2)), wk.sum((1, 2))], 1), self.sums.device)
-        self.count += _to(w.sum(), self.count.device)
+        return torch.stack([v.sum((1, 2)), (v * v).sum((1, 2)), wk.sum((1, 2))], 1), w.sum()
 
     def _merge_fields(self) -> dict[str, str]:
         return {"metrics": repr(self.settings.metric_names), "ties": repr(self.settings.ties),
