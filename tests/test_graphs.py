@@ -294,3 +294,44 @@ def test_exact_update_replayed_equals_eager_states(captured, device, monkeypatch
         have.update(s, pos, exc)
         _eager(want.update, s, pos, exc)
     assert {k: torch.equal(v, want.compute()[k]) for k, v in have.compute().items()} == dict.fromkeys(want.compute(), True)
+
+
+def test_a_replayed_call_dispatches_a_few_operators_besides_its_graph(captured, device, monkeypatch):
+    """The CPU proxy of a replay's cost: the operators a replayed call dispatches outside its graph (copies of small
+    inputs, copies of the outputs, the flags read, the states' additions) are at most 10, whatever the call
+    dispatches eagerly (68-304 on an accelerator's path)."""
+    import sys
+    from pathlib import Path
+
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _budgets import OpCounter
+    from reco_sampled_plugin.adapters import torchmetrics as tm
+
+    if device.type == "cpu":  # the stand-in's replay runs the function: its operators are the graph's, not counted
+        replay = _graphs._FakeGraph.replay
+        monkeypatch.setattr(_graphs._FakeGraph, "replay", lambda self: _no_modes(replay, self, _disable_current_modes))
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    metric = tm.ExactRankingMetrics(METRICS).to(device)
+    s, pos, exc = _batch(0, device=device)
+    calls = {"exact_ranks": lambda: exact_ranks(s, pos, exc),
+             "per_user_metrics": lambda: per_user_metrics(s, pos, METRICS, exclude=exc, as_frame=False),
+             "ExactRankingMetrics.update": lambda: metric.update(s, pos, exc)}
+    for name, fn in calls.items():
+        for _ in range(2):
+            fn()
+        replays = captured("replays")
+        with OpCounter() as ops:
+            fn()
+        eager = OpCounter()
+        with eager:
+            _eager(fn) if device.type == "cpu" else None
+        assert captured("replays") == replays + 1, name
+        assert ops.count <= 10, (name, dict(ops.calls))
+        assert device.type != "cpu" or eager.count >= 60, (name, eager.count)
+
+
+def _no_modes(fn, arg, disable):
+    with disable():
+        return fn(arg)
