@@ -4,7 +4,11 @@
 #
 #   OUT=/tmp/gpu bash benchmarks/gpu_check.sh            # python3 = a Python with CUDA torch and the test extras
 #
-# Output: $OUT/env.txt, tests_cuda.txt, input_forms.txt, sampled_draws.txt, lightning_scale.txt, exact_metrics.txt.
+# Output: $OUT/env.txt, tests_cuda.txt, input_forms.txt, sampled_draws.txt, lightning_scale.txt, exact_metrics.txt,
+# call_overhead.txt.
+# RecBole (its evaluator is a peer, four test modules import it) is not on a bare CUDA image: carry its wheel and the
+# few it imports (`pip download --no-deps -d .whl recbole==1.2.1 colorlog==4.7.2 texttable thop`), install them with
+# `pip install --no-deps --target /tmp/site .whl/*.whl` and set EXTRA_PYTHONPATH=/tmp/site.
 set -u
 OUT=${OUT:-/tmp/gpu_check}
 PY=${PY:-python3}
@@ -29,3 +33,5 @@ step lightning_scale "${T_LIGHTNING:-100}" $PY benchmarks/bench_lightning.py --s
 # this project against its peers on the same batches (RecBole's full-sort evaluator, torchmetrics' retrieval metrics;
 # either left out when not installed), as shares of the score matmul
 step exact_metrics "${T_EXACT:-120}" $PY benchmarks/bench_exact_metrics.py --device cuda
+# what each hot call costs beyond its work (operators, kernels, device time; replayed calls after two)
+step call_overhead "${T_OVERHEAD:-45}" $PY benchmarks/bench_call_overhead.py --device cuda --batches 256,1024,4096

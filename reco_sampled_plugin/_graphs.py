@@ -45,7 +45,8 @@ _COPY_ELEMENTS = 1 << 22
 _SEEN_LIMIT = 256  # signatures remembered before the first capture (cleared when full)
 
 _lock = threading.RLock()
-_graphs: "OrderedDict[Hashable, _Captured | None]" = OrderedDict()  # None: capture failed, run eagerly
+_graphs: "OrderedDict[Hashable, _Captured]" = OrderedDict()
+_failed: set[Hashable] = set()  # signatures whose capture failed: run eagerly (cleared when _SEEN_LIMIT are held)
 _seen: dict[Hashable, tuple[int, ...]] = {}  # signature without addresses -> the large inputs' address tuple last seen
 _stats = {"captures": 0, "replays": 0, "failures": 0}
 _fake = [False]  # tests: capture on a CPU with :class:`_FakeGraph` (the same bookkeeping, no CUDA)
@@ -143,12 +144,12 @@ def run(name: str, options: Hashable, fn: Callable[..., tuple[torch.Tensor, ...]
     base = (name, options, counting.compile_stage(), tuple(_form(t) for t in tensors))
     addresses = tuple(tensors[i].data_ptr() for i in large)
     with _lock:
+        if base in _failed:
+            return fn(*tensors)
         for key in ((base, addresses), (base, None)):
             if key in _graphs:
                 _graphs.move_to_end(key)
                 entry = _graphs[key]
-                if entry is None:
-                    return fn(*tensors)
                 if notes is not None:
                     notes[:] = entry.notes
                 return _replay(entry, tensors)
@@ -159,12 +160,14 @@ def run(name: str, options: Hashable, fn: Callable[..., tuple[torch.Tensor, ...]
             _seen[base] = addresses
             return out
         in_place = _seen.pop(base) == addresses
-        return _capture(name, (base, addresses if in_place else None), fn, tensors, set(large) if in_place else set(),
+        return _capture(name, base, addresses if in_place else None, fn, tensors, set(large) if in_place else set(),
                         notes)
 
 
-def _capture(name: str, key: Hashable, fn: Callable[..., tuple[torch.Tensor, ...]], tensors: Sequence[torch.Tensor],
-             in_place: set[int], notes: list | None) -> tuple[torch.Tensor, ...]:
+def _capture(name: str, base: Hashable, addresses: tuple[int, ...] | None, fn: Callable[..., tuple[torch.Tensor, ...]],
+             tensors: Sequence[torch.Tensor], in_place: set[int], notes: list | None) -> tuple[torch.Tensor, ...]:
+    """Capture ``fn`` for signature ``base`` (``addresses``: its large inputs' addresses where they are read in place,
+    else None), then replay it for this call; a failure marks ``base`` as run eagerly."""
     graph = _FakeGraph() if tensors[0].device.type == "cpu" else _CudaGraph()
     before = counting.work_done()
     try:
@@ -178,18 +181,20 @@ def _capture(name: str, key: Hashable, fn: Callable[..., tuple[torch.Tensor, ...
         logger.debug("reco_sampled_plugin: %s not captured in a CUDA graph (%s: %s); running eagerly", name,
                      type(exc).__name__, exc)
         _stats["failures"] += 1
-        _store(key, None)
+        if len(_failed) >= _SEEN_LIMIT:
+            _failed.clear()
+        _failed.add(base)
         return fn(*tensors)
     counted = counting.work_done() - before  # the capture's runs of ``fn``; the replay below counts the call's work
     counting.add_work(-counted)
     work = counted // graph.runs
     entry = _Captured(graph, buffers, outputs, work, list(notes or ()))
     _stats["captures"] += 1
-    _store(key, entry)
+    _store((base, addresses), entry)
     return _replay(entry, tensors)
 
 
-def _store(key: Hashable, entry: _Captured | None) -> None:
+def _store(key: Hashable, entry: _Captured) -> None:
     _graphs[key] = entry
     while len(_graphs) > _MAX_GRAPHS:
         _graphs.popitem(last=False)
@@ -207,7 +212,8 @@ def _replay(entry: _Captured, tensors: Sequence[torch.Tensor]) -> tuple[torch.Te
 
 
 def clear() -> None:
-    """Forget every captured call (frees their memory) and every signature seen."""
+    """Forget every captured call (frees their memory), every signature seen and every failed capture."""
     with _lock:
         _graphs.clear()
         _seen.clear()
+        _failed.clear()

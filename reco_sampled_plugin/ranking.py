@@ -367,14 +367,15 @@ def exact_ranks(
         # an accelerator: the call replayed from a CUDA graph where its shapes repeat (:mod:`._graphs`); its checks
         # read back once, an invalid input ranked again below for its error
         def queued(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            ranks, checks = _exact_queued(tensors[0], tensors[1], tensors[2] if len(tensors) > 2 else None, ties,
-                                          count_other_positives, None, check_finite)
+            ranks, _, _, checks = queued_exact_ranks(tensors[0], tensors[1], tensors[2] if len(tensors) > 2 else None,
+                                                     ties, count_other_positives, None, check_finite)
             return ranks, check_flags(checks)
 
         ranks, flags = _graphs.run("exact_ranks", (ties, count_other_positives, check_finite), queued, inputs)
         if not any(flags.tolist()):
             return ranks
-    ranks, checks = _exact_queued(scores, positives, exclude, ties, count_other_positives, generator, check_finite)
+    ranks, _, _, checks = queued_exact_ranks(scores, positives, exclude, ties, count_other_positives, generator,
+                                             check_finite)
     run_checks(checks)
     return ranks
 
@@ -392,11 +393,13 @@ def capture_inputs(scores: Any, *index: Any) -> tuple[torch.Tensor, ...] | None:
     return (scores,) + tuple(t for t in index if t is not None)
 
 
-def _exact_queued(scores: Any, positives: Any, exclude: Any, ties: str, count_other_positives: bool,
-                  generator: torch.Generator | None, check_finite: bool) -> tuple[torch.Tensor, list[Check]]:
-    """:func:`exact_ranks`' work queued, its checks not read: the index checks deferred (out-of-range entries ranked
-    as padding meanwhile) to be read back with the counting pass's NaN/inf rows, one synchronisation after the work is
-    queued, not one before it and one after (a mask still reads its width first)."""
+def queued_exact_ranks(scores: Any, positives: Any, exclude: Any, ties: str, count_other_positives: bool,
+                       generator: torch.Generator | None, check_finite: bool) \
+        -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[Check]]:
+    """:func:`exact_ranks`' work queued, its checks not read: (ranks, padded positives, padded exclusions, checks).
+    The index checks are deferred (out-of-range entries ranked as padding meanwhile) to be read back with the counting
+    pass's NaN/inf rows: one synchronisation after the work is queued, not one before it and one after (a mask still
+    reads its width first)."""
     pending: list[Check] = []
     scores, pos, exc = prepare_inputs(scores, positives, exclude, False, pending)
     ranks, finite = exact_ranks_padded_finite(scores, pos, exc, ties, count_other_positives, generator, check_finite,
@@ -404,7 +407,7 @@ def _exact_queued(scores: Any, positives: Any, exclude: Any, ties: str, count_ot
     if finite is not None:
         rows = finite
         pending.append(Check(~rows.all(), lambda: check_finite_rows(rows)))
-    return ranks, pending
+    return ranks, pos, exc, pending
 
 
 def tied_positives(pos_scores: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

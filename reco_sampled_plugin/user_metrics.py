@@ -34,10 +34,9 @@ import torch
 from ._checks import as_tensor, check_generator, check_rank_values, real_tensor, check_sizes, check_weights
 from .metric_names import MetricSpec, parse_metric
 from . import _graphs
-from ._inputs import Check, check_finite_rows, check_flags, run_checks
+from ._inputs import Check, check_flags, run_checks, score_tensor
 from ._options import check_bool, check_metric_names
-from .ranking import (TIE_BOUNDS, capture_inputs, check_ties, exact_ranks_padded_finite, prepare_inputs,
-                      padded_candidate_counts)
+from .ranking import TIE_BOUNDS, capture_inputs, check_ties, padded_candidate_counts, queued_exact_ranks
 from .tie_expectation import expected_metric_values, ideal_dcg, undefined_users
 
 if TYPE_CHECKING:
@@ -324,13 +323,10 @@ def _metrics_queued(specs: Sequence[MetricSpec], scores: Any, positives: Any, ex
                     relevance: TensorLike | None = None) -> tuple[dict[str, torch.Tensor], list[Check]]:
     """:func:`per_user_metrics`' work on scores queued and its checks not read: the index checks deferred (out-of-range
     entries ranked as padding meanwhile) and the NaN/inf rows of the counting pass, for one read after the work."""
-    pending: list[Check] = []
-    scores, pos, exc = prepare_inputs(scores, positives, exclude, False, pending)
+    scores = score_tensor(scores)
     n = _check_cutoffs(specs, scores.shape[1])
-    ranks, finite = exact_ranks_padded_finite(scores, pos, exc, kernel_ties, True, generator, check_finite, False)
-    if finite is not None:
-        rows = finite
-        pending.append(Check(~rows.all(), lambda: check_finite_rows(rows)))
+    ranks, pos, exc, pending = queued_exact_ranks(scores, positives, exclude, kernel_ties, True, generator,
+                                                  check_finite)
     if relevance is not None:  # validated after the inputs' checks (their errors first)
         run_checks(pending)
         pending = []
