@@ -642,17 +642,9 @@ class ExactRankingMetrics(_MergeChecked):
             scores, exclude = tensors[0], tensors[2] if len(tensors) > 2 else None
             pending: list[Check] = []
             pos, exc = padded_inputs(scores, tensors[1], exclude, pending)
-            checks = DeviceChecks(defer=True)
-            ties, cop = self._kernel_ties, self.settings.count_other_positives
-            if self.settings.check_finite is True:
-                ranks, finite = exact_ranks_padded_finite(scores, pos, exc, ties, cop, None, True, False)
-                if finite is not None:
-                    checks.add(~finite.all(), _SCORES_MESSAGE, "scores_finite")
-            else:
-                _check_scores(scores, pos, self.settings.check_finite, checks)
-                ranks = exact_ranks_padded(scores, pos, exc, ties, cop)
+            ranks, checks = self._deferred_ranks(scores, pos, exc)
             sums, count = self._rank_sums(ranks, pos, exc, scores.shape[1], None)
-            named = pending + checks.pending()
+            named = pending + checks
             run_checks([c for c in named if c.name not in _CHECK_SLOT])  # none on this path (a read: not captured)
             named = [c for c in named if c.name in _CHECK_SLOT]
             failed, noted = _check_slots(named, torch.zeros((), dtype=torch.bool, device=scores.device))
@@ -681,16 +673,9 @@ class ExactRankingMetrics(_MergeChecked):
         ties = self._kernel_ties
         cop = self.settings.count_other_positives
         if pending is not None:
-            checks = DeviceChecks(defer=True)
-            if self.settings.check_finite is True:  # the counting pass's finite rows, unread
-                ranks, finite = exact_ranks_padded_finite(scores, pos, exc, ties, cop, None, True, False)
-                if finite is not None:
-                    checks.add(~finite.all(), _SCORES_MESSAGE, "scores_finite")
-            else:
-                _check_scores(scores, pos, self.settings.check_finite, checks)
-                ranks = exact_ranks_padded(scores, pos, exc, ties, cop)
+            ranks, checks = self._deferred_ranks(scores, pos, exc)
             self._add_ranks(ranks, pos, exc, scores.shape[1], keep)
-            self._defer_checks(pending + checks.pending())
+            self._defer_checks(pending + checks)
             return
         if self.settings.check_finite is True:  # in the counting pass, which reads every score anyway (free)
             ranks = exact_ranks_padded(scores, pos, exc, ties, cop, check_finite=True)
@@ -698,6 +683,21 @@ class ExactRankingMetrics(_MergeChecked):
             _check_scores(scores, pos, self.settings.check_finite)  # "positives": one read; False: nothing
             ranks = exact_ranks_padded(scores, pos, exc, ties, cop)
         self._add_ranks(ranks, pos, exc, scores.shape[1], keep)
+
+    def _deferred_ranks(self, scores: torch.Tensor, pos: torch.Tensor,
+                        exc: torch.Tensor | None) -> tuple[torch.Tensor, list[Check]]:
+        """A batch's ranks and the scores' checks, unread (a device that defers its checks): the counting pass's finite
+        rows (``check_finite=True``) or ``check_finite``'s own check."""
+        ties, cop = self._kernel_ties, self.settings.count_other_positives
+        checks = DeviceChecks(defer=True)
+        if self.settings.check_finite is True:  # the counting pass's finite rows, unread
+            ranks, finite = exact_ranks_padded_finite(scores, pos, exc, ties, cop, None, True, False)
+            if finite is not None:
+                checks.add(~finite.all(), _SCORES_MESSAGE, "scores_finite")
+        else:
+            _check_scores(scores, pos, self.settings.check_finite, checks)
+            ranks = exact_ranks_padded(scores, pos, exc, ties, cop)
+        return ranks, checks.pending()
 
     def update_factors(self, user_factors: TensorLike, item_factors: TensorLike, positives: TensorLike,
                        exclude: TensorLike | None = None, keep: torch.Tensor | None = None,
