@@ -357,6 +357,9 @@ def exact_ranks(
     Returns:
         (B, P) ranks in the positives' padded layout, 0 in padded slots; int64, or float64 for
         ``ties="average"``.
+
+    On CUDA, with index tensors, a call whose shapes were seen before is replayed from a CUDA graph (one launch; the
+    same results; docs/gpu.md, "Calls replayed from CUDA graphs").
     """
     check_ties(ties)
     count_other_positives = check_bool(count_other_positives, "count_other_positives")

@@ -279,6 +279,9 @@ def per_user_metrics(
         generator: the draws of ``ties="random"``.
         check_finite: raise a ValueError naming the rows with NaN or inf scores (checked inside the
             counting pass; nearly free). Factors are always checked.
+
+    On CUDA, with index tensors, a call whose shapes were seen before is replayed from a CUDA graph (one launch; the
+    same values; docs/gpu.md, "Calls replayed from CUDA graphs").
     """
     specs = _expand(metrics, cumulative)
     as_frame = check_bool(as_frame, "as_frame")

@@ -622,7 +622,7 @@ class ExactRankingMetrics(_MergeChecked):
     def update(self, scores: torch.Tensor, positives: TensorLike, exclude: TensorLike | None = None,
                keep: torch.Tensor | None = None) -> None:
         """Add a batch: (B, n) scores, positives and exclusions (bool masks or padded indices); tensors, numpy arrays
-        or lists."""
+        or lists. On CUDA, index tensors of shapes seen before are added by a replayed CUDA graph (docs/gpu.md)."""
         scores = score_tensor(scores)
         inputs = capture_inputs(scores, positives, exclude) if keep is None and defers_checks(scores.device) else None
         if inputs is not None:  # CUDA, index inputs: replayed from a CUDA graph where the batch's shapes repeat
