@@ -208,7 +208,7 @@ def main():
     sync()
     first = time.perf_counter() - t
     record("reco_sampled_plugin: 10 exact metrics", min(first, timed(lambda: (run_ours(user_f, item_f, train, test, args.batch, buf), sync()), repeats=repeats - 1)), args.users)
-    record("  same, first pass (graphs captured on an accelerator)", first, args.users)
+    record("  same, first pass (captures, compilation included)", first, args.users)
     record("  same, check_finite=False (no NaN/inf check)",
            timed(lambda: (run_ours(user_f, item_f, train, test, args.batch, buf, False), sync()), repeats=repeats), args.users)
     a = run_ours(user_f[: args.batch], item_f, train[: args.batch], test[: args.batch], args.batch, buf)
