@@ -9,16 +9,19 @@ returned as flags and read once after the replay):
 * a call is captured the second time its *signature* is seen (shapes, strides, dtypes, device, the caller's options
   and the counting backend's stage), so one-off shapes never pay for a capture (a warm-up run and the capture: about
   two calls' time), and an evaluation loop's batches (and its shorter last batch, seen again each epoch) replay;
-* inputs: a graph reads the addresses it was captured with. Small inputs (at most ``_COPY_ELEMENTS`` elements, and
-  the scores when their address changes between calls) are copied into buffers of the graph's own before each replay;
-  scores whose address repeats (an evaluation loop writing each batch's scores into the block the allocator freed
-  last time) are read in place, the address part of the signature;
+* inputs: a graph reads the addresses it was captured with. Small inputs (at most ``_COPY_ELEMENTS`` elements) are
+  copied into buffers of the graph's own before each replay; larger ones (the scores) are read in place, their
+  addresses part of the signature: a call is captured when its scores sit where one of its signature's last
+  ``_RECENT`` calls had them (an evaluation loop writing each batch's scores into a block the allocator freed, or
+  alternating between two), and scores at a new address every call are never captured (no copy of a score batch is
+  ever kept);
 * outputs are the graph's own buffers, overwritten by the next replay: :func:`run` returns copies;
 * any error while capturing marks the signature as not capturable (that call and the later ones run ``fn`` as it is;
   a debug log says why); ``RECO_SAMPLED_BACKEND=eager`` (or ``counting.set_backend("eager")``) turns capture off.
 
 Memory: at most ``_MAX_GRAPHS`` captured calls per process (least recently used evicted), each holding its
-temporaries (the same bytes as one eager call's peak) and, for copied scores, one copy of its score batch.
+temporaries (the same bytes as one eager call's peak: a (B, n) boolean on the eager counting path) and copies of its
+small inputs.
 The counting backend's work counter advances on each replay by the work the captured call counted, so a long
 evaluation still reaches the compiled kernels (a new signature: captured again with them).
 """
@@ -40,14 +43,16 @@ logger = logging.getLogger(__name__)
 # captured calls kept per process (each holds its temporaries and copied inputs)
 _MAX_GRAPHS = 4
 # inputs of at most this many elements are copied into the graph's buffers before each replay (a launch each);
-# larger ones are read in place when their address repeats (else copied too)
+# larger ones are read in place (a call whose large inputs sit at new addresses is not captured)
 _COPY_ELEMENTS = 1 << 22
 _SEEN_LIMIT = 256  # signatures remembered before the first capture (cleared when full)
 
 _lock = threading.RLock()
 _graphs: "OrderedDict[Hashable, _Captured]" = OrderedDict()
 _failed: set[Hashable] = set()  # signatures whose capture failed: run eagerly (cleared when _SEEN_LIMIT are held)
-_seen: dict[Hashable, tuple[int, ...]] = {}  # signature without addresses -> the large inputs' address tuple last seen
+# signature without addresses -> the large inputs' addresses of its recent calls (at most _RECENT)
+_seen: dict[Hashable, list[tuple[int, ...]]] = {}
+_RECENT = 4
 _stats = {"captures": 0, "replays": 0, "failures": 0}
 _fake = [False]  # tests: capture on a CPU with :class:`_FakeGraph` (the same bookkeeping, no CUDA)
 
@@ -146,28 +151,28 @@ def run(name: str, options: Hashable, fn: Callable[..., tuple[torch.Tensor, ...]
     with _lock:
         if base in _failed:
             return fn(*tensors)
-        for key in ((base, addresses), (base, None)):
-            if key in _graphs:
-                _graphs.move_to_end(key)
-                entry = _graphs[key]
-                if notes is not None:
-                    notes[:] = entry.notes
-                return _replay(entry, tensors)
-        if _seen.get(base) is None:  # first sight: run as it is, remember where its large inputs were
+        key = (base, addresses)
+        if key in _graphs:
+            _graphs.move_to_end(key)
+            entry = _graphs[key]
+            if notes is not None:
+                notes[:] = entry.notes
+            return _replay(entry, tensors)
+        recent = _seen.get(base, [])
+        if addresses not in recent:  # first sight at these addresses: run as it is, remember them
             if len(_seen) >= _SEEN_LIMIT:
                 _seen.clear()
             out = fn(*tensors)
-            _seen[base] = addresses
+            _seen[base] = (recent + [addresses])[-_RECENT:]
             return out
-        in_place = _seen.pop(base) == addresses
-        return _capture(name, base, addresses if in_place else None, fn, tensors, set(large) if in_place else set(),
-                        notes)
+        recent.remove(addresses)
+        return _capture(name, base, addresses, fn, tensors, set(large), notes)
 
 
-def _capture(name: str, base: Hashable, addresses: tuple[int, ...] | None, fn: Callable[..., tuple[torch.Tensor, ...]],
+def _capture(name: str, base: Hashable, addresses: tuple[int, ...], fn: Callable[..., tuple[torch.Tensor, ...]],
              tensors: Sequence[torch.Tensor], in_place: set[int], notes: list | None) -> tuple[torch.Tensor, ...]:
-    """Capture ``fn`` for signature ``base`` (``addresses``: its large inputs' addresses where they are read in place,
-    else None), then replay it for this call; a failure marks ``base`` as run eagerly."""
+    """Capture ``fn`` for signature ``base`` with its large inputs read in place at ``addresses`` (the inputs
+    ``in_place``; the others copied), then replay it for this call; a failure marks ``base`` as run eagerly."""
     graph = _FakeGraph() if tensors[0].device.type == "cpu" else _CudaGraph()
     before = counting.work_done()
     try:

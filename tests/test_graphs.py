@@ -98,23 +98,24 @@ def test_results_are_the_callers_own(captured, device):
     assert captured("replays") >= 2
 
 
-@pytest.mark.parametrize("same_buffer", [True, False], ids=["in_place", "copied"])
-def test_large_scores_read_in_place_or_copied(captured, device, monkeypatch, same_buffer):
-    """Scores above ``_COPY_ELEMENTS`` are read where they are when their address repeats (new values written into
-    the same block each batch, as an evaluation loop's scores often are) and copied otherwise; right either way."""
+@pytest.mark.parametrize("buffers", [1, 2, 0], ids=["one_block", "two_blocks_in_turn", "new_every_call"])
+def test_large_scores_are_read_in_place(captured, device, monkeypatch, buffers):
+    """Scores above ``_COPY_ELEMENTS`` are read where they are, their address part of the signature: scores written
+    into one block each batch are captured at the second call, two blocks in turn at the third and fourth; scores at a
+    new address every call are never captured (no copy of a score batch is kept). Right every time."""
     monkeypatch.setattr(_graphs, "_COPY_ELEMENTS", 1000)
-    buf = torch.empty(12, 300, device=device)
-    for i in range(5):
+    blocks = [torch.empty(12, 300, device=device) for _ in range(buffers)]
+    kept = []  # every call's own scores alive: new addresses each time
+    for i in range(6):
         s, pos, exc = _batch(i, device=device)
-        if same_buffer:
-            buf.copy_(s)
-            s = buf
+        if blocks:
+            s = blocks[i % buffers].copy_(s)
+        kept.append(s)
         assert torch.equal(exact_ranks(s, pos, exc), _eager(exact_ranks, s, pos, exc))
-    (key,) = _graphs._graphs
-    entry = _graphs._graphs[key]
-    assert (key[1] is not None) == same_buffer  # the scores' address is part of the signature when read in place
-    assert (entry.buffers[0] is None) == same_buffer
-    assert captured("replays") == 4
+    assert captured("captures") == buffers and captured("replays") == {1: 5, 2: 4, 0: 0}[buffers]
+    for (base, addresses), entry in _graphs._graphs.items():
+        assert addresses == (blocks[0].data_ptr(),) or addresses == (blocks[1].data_ptr(),)
+        assert entry.buffers[0] is None and all(b is not None for b in entry.buffers[1:])  # scores in place
 
 
 def test_invalid_batch_after_capture_raises_the_eager_error(captured, device):
