@@ -13,7 +13,8 @@ chosen per call:
 
 * ``auto`` (the default): the eager path until this process has done ``_COMPILE_AFTER_WORK`` comparisons
   (about as many as the eager path does in the seconds one compilation takes; ``_COMPILE_AFTER_WORK_FAST`` for the
-  CPU's numpy path, whose gap to the compiled kernel is small), then compiled kernels for
+  CPU's numpy path, whose gap to the compiled kernel is small; ``_COMPILE_AFTER_WORK_ACCELERATOR`` on an
+  accelerator, whose eager passes cost ~1e-12 s per comparison more than the compiled kernel's), then compiled kernels for
   inputs of at least ``_COMPILE_MIN_WORK``. A first evaluation, or a small data set evaluated a few times
   (ml-100k: 1.6e6 scores per evaluation), never waits for a compiler (it cost 4-9 s, measured in a RecBole
   run, against ~0.05 s of eager counting); a large evaluation loop compiles once it has done that much work.
@@ -50,6 +51,14 @@ _COMPILE_AFTER_WORK = 1 << 32
 # the same where the eager path is the CPU's numpy one (``_numpy_padded``: 1.3-2x the compiled kernel's time, against
 # 20x for the torch loop): a compilation saves ~0.05-0.1 ns per comparison, so it pays for its 4-9 s after ~7e10
 _COMPILE_AFTER_WORK_FAST = 1 << 36
+# the same on an accelerator: its eager loop (one pass per reference over whole rows, replayed from a CUDA graph where
+# shapes repeat, ``_graphs``) reads the scores and writes and reads a (B, n) boolean per reference (~6 bytes per
+# comparison) where the compiled kernel reads the scores once for a group of references (~1 byte per comparison with
+# 5): at ~4e12 bytes/s (an H200) ~1.3e-12 s saved per comparison, against ~10 s per compilation (9.6 s measured there
+# for the counting kernel; 2^32 comparisons, the CPU's bound, are ~10 ms of eager counting there, which put a
+# compilation inside a first evaluation of 20,000 x 100,000 scores: 13.5 s for a pass of ~0.04 s); it pays after ~8e12,
+# and compiling at 2^42 is never slower overall than staying eager by more than about 2x
+_COMPILE_AFTER_WORK_ACCELERATOR = 1 << 42
 _work_done = [0]  # comparisons counted so far in this process (shapes only: no device synchronisation)
 # comparisons per chunk of the torch loop on a CPU (half-precision scores, the random tie policy): chunks of
 # 2^19 / (B P) items (at least 64), 2x faster there than whole rows (1,024 x 100,000 scores, 5 references: the random
@@ -95,10 +104,11 @@ def add_work(work: int) -> None:
     _work_done[0] += int(work)
 
 
-def compile_stage() -> tuple[str, bool, bool]:
+def compile_stage() -> tuple[str, bool, bool, bool]:
     """What decides between the eager and the compiled kernels, apart from an input's size: the backend and whether
     this process has passed each compile threshold (part of a captured call's signature, :mod:`._graphs`)."""
-    return _backend, _work_done[0] >= _COMPILE_AFTER_WORK, _work_done[0] >= _COMPILE_AFTER_WORK_FAST
+    return (_backend, _work_done[0] >= _COMPILE_AFTER_WORK, _work_done[0] >= _COMPILE_AFTER_WORK_FAST,
+            _work_done[0] >= _COMPILE_AFTER_WORK_ACCELERATOR)
 
 
 # --- kernels (pure tensor functions; compiled on demand) -------------------------------------------
@@ -416,16 +426,17 @@ def _eager_rows(inclusive: bool, scores: torch.Tensor, rows: torch.Tensor, ref: 
     return (parts[0] if len(parts) == 1 else torch.cat(parts)).to(torch.int64)
 
 
-def _use_compiled(work: int, n: int, tile: bool = False, fast_eager: bool = False) -> bool:
+def _use_compiled(work: int, n: int, tile: bool = False, fast_eager: bool = False, accelerator: bool = False) -> bool:
     """Compiled kernel or eager path: with the ``auto`` backend, large inputs (any size for a tile of a tiled
     loop) once the process has counted ``_COMPILE_AFTER_WORK`` comparisons (``_COMPILE_AFTER_WORK_FAST`` where the
-    eager path is the numpy one, ``fast_eager``); ``compiled`` / ``eager`` force one path. int32 accumulators need
-    n < 2^31."""
+    eager path is the numpy one, ``fast_eager``; ``_COMPILE_AFTER_WORK_ACCELERATOR`` on an accelerator);
+    ``compiled`` / ``eager`` force one path. int32 accumulators need n < 2^31."""
     _work_done[0] += int(work)
     if _backend == "eager":
         return False
     if _backend == "auto":
-        after = _COMPILE_AFTER_WORK_FAST if fast_eager else _COMPILE_AFTER_WORK
+        after = (_COMPILE_AFTER_WORK_FAST if fast_eager else
+                 _COMPILE_AFTER_WORK_ACCELERATOR if accelerator else _COMPILE_AFTER_WORK)
         wanted = (tile or work >= _COMPILE_MIN_WORK) and _work_done[0] >= after
     else:
         wanted = True
@@ -478,7 +489,7 @@ def _run(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Tenso
     else:
         work = scores.shape[0] * scores.shape[1] * max(ref.shape[1], 1)
         fn_args = (ref, *extra)
-    if _use_compiled(work, scores.shape[1], fast_eager=_numpy_ok(scores)):
+    if _use_compiled(work, scores.shape[1], fast_eager=_numpy_ok(scores), accelerator=scores.device.type != "cpu"):
         fn = _get_compiled(name)
         if fn is not None:
             try:
@@ -496,7 +507,8 @@ def _padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool, finite: bo
     b, n = scores.shape
     p = ref.shape[1]
     family = "ge" if inclusive else "gt"
-    if p and _use_compiled(b * n * p, n, tile, _numpy_ok(scores)) and family not in _compile_failed:
+    compiled = _use_compiled(b * n * p, n, tile, _numpy_ok(scores), scores.device.type != "cpu")
+    if p and compiled and family not in _compile_failed:
         size = math.ceil(p / math.ceil(p / _GROUP))  # balanced groups of at most _GROUP references
         try:
             parts: list[torch.Tensor] = []
@@ -573,7 +585,7 @@ def count_tied_before(scores: torch.Tensor, ref: torch.Tensor, ref_keys: torch.T
     (B, P) int64; compiled in passes of up to ``_GROUP`` references for large inputs, else eager in chunks."""
     b, n = scores.shape
     p = ref.shape[1]
-    if p and _use_compiled(b * n * p, n) and "tb" not in _compile_failed:
+    if p and _use_compiled(b * n * p, n, accelerator=scores.device.type != "cpu") and "tb" not in _compile_failed:
         size = math.ceil(p / math.ceil(p / _GROUP))
         try:
             parts = []

@@ -150,7 +150,7 @@ def test_count_accumulator_is_int32_only_where_a_row_cannot_overflow_it():
 
 def test_auto_backend_compiles_only_large_inputs_once_enough_was_counted(monkeypatch):
     """``auto``: eager until the process has counted ``_COMPILE_AFTER_WORK`` comparisons (``_COMPILE_AFTER_WORK_FAST``
-    where the eager path is numpy's), then compiled for inputs of at least ``_COMPILE_MIN_WORK`` comparisons and for
+    where the eager path is numpy's, ``_COMPILE_AFTER_WORK_ACCELERATOR`` on an accelerator), then compiled for inputs of at least ``_COMPILE_MIN_WORK`` comparisons and for
     any tile of a tiled loop; never where the int32 accumulators could overflow (n >= 2^31 - 1); ``eager`` and
     ``compiled`` force their path; the counter adds every call's work."""
     monkeypatch.setattr(counting, "_work_done", [0])
@@ -164,8 +164,12 @@ def test_auto_backend_compiles_only_large_inputs_once_enough_was_counted(monkeyp
     assert counting._use_compiled(1, 1_000, tile=True)  # a tile of a tiled loop is compiled at any size
     assert not counting._use_compiled(big, 2**31 - 1)  # int32 counts could overflow
     assert not counting._use_compiled(big, 1_000, fast_eager=True)  # numpy's eager path: the later bound
+    assert not counting._use_compiled(big, 1_000, accelerator=True)  # an accelerator's: the latest bound
     counting._work_done[0] = counting._COMPILE_AFTER_WORK_FAST
     assert counting._use_compiled(big, 1_000, fast_eager=True)
+    assert not counting._use_compiled(big, 1_000, accelerator=True)
+    counting._work_done[0] = counting._COMPILE_AFTER_WORK_ACCELERATOR - big
+    assert counting._use_compiled(big, 1_000, accelerator=True)
     monkeypatch.setattr(counting, "_backend", "eager")
     assert not counting._use_compiled(big, 1_000, tile=True)
     monkeypatch.setattr(counting, "_backend", "compiled")
