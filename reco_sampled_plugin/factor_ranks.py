@@ -34,15 +34,17 @@ from __future__ import annotations
 import contextlib
 import math
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
+from . import _graphs
 from ._checks import check_dense, check_int, real_tensor
-from ._inputs import factor_finite_checks
+from ._inputs import Check, check_flags, factor_finite_checks
 from ._options import check_bool
 from .counting import count_beating_tile
-from .ranking import TIE_BOUNDS, check_ties, exact_ranks, exact_ranks_padded, prepare_index, tied_positives
+from .ranking import (TIE_BOUNDS, capture_inputs, check_ties, exact_ranks, exact_ranks_padded, prepare_index,
+                      tied_positives)
 
 if TYPE_CHECKING:
     from ._types import TensorLike
@@ -197,13 +199,14 @@ def _item_norm_on_device(v: torch.Tensor) -> torch.Tensor:
     return norm
 
 
-def overflow_flag(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+def overflow_flag(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, cached: bool = True) -> torch.Tensor:
     """0-d bool on the device, nothing read back: the bound of :func:`factor_ranks_padded`, ``max |u_b| max |v_j| +
     max |bias_j| >= score_limit`` (float64; a row norm that is NaN counts as 0, inf ones overflow: the caller's
     finite checks refuse NaN), for a caller that ranks in tiles (``bounded=True``) and reads the flag later with its
     other checks. The item factors' norm is computed as the read-at-once path's (:func:`_row_norm_max`) and cached per
-    tensor version, on the device."""
-    big = _row_norm_max_nan0(u) * _item_norm_on_device(v)
+    tensor version, on the device (``cached=False``: computed afresh, as a captured CUDA graph must: it would read a
+    cached tensor's memory after the cache had let it go)."""
+    big = _row_norm_max_nan0(u) * (_item_norm_on_device(v) if cached else _row_norm_max_nan0(v))
     if bias is not None and bias.numel():
         big = big + torch.nan_to_num(bias.detach().double()).abs().amax()
     return big >= score_limit(u.dtype)
@@ -241,9 +244,62 @@ def exact_ranks_from_factors(
     Raises:
         ValueError: shapes, dtypes or devices that do not match, NaN or inf factors or biases,
             ``ties="random"``, invalid positives / exclusions (as :func:`~reco_sampled_plugin.ranking.exact_ranks`).
+
+    On CUDA, with index tensors, a call whose shapes were seen before is replayed from a CUDA graph (one launch; the
+    same results; docs/gpu.md, "Calls replayed from CUDA graphs").
     """
+    count_other_positives = check_bool(count_other_positives, "count_other_positives")
+    if tile_elements is None and isinstance(ties, str) and ties in ("pessimistic", "optimistic", "average"):
+        u, v, bias = check_factors(user_factors, item_factors, item_bias)
+        inputs = capture_factor_inputs(u, v, bias, positives, exclude)
+        if inputs is not None:  # CUDA: replayed from a CUDA graph where the shapes repeat (:mod:`._graphs`)
+            def queued(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                ranks, _, _, checks = queued_factor_ranks(*factor_tensors(tensors, bias is not None, exclude is not None),
+                                                          ties, count_other_positives)
+                return ranks, check_flags(checks)
+
+            options = (ties, count_other_positives, bias is not None, exclude is not None)
+            ranks, flags = _graphs.run("exact_ranks_from_factors", options, queued, inputs)
+            if not any(flags.tolist()):
+                return ranks
     return ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, ties, count_other_positives,
                                tile_elements, item_bias)[0]
+
+
+def capture_factor_inputs(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, positives: Any,
+                          exclude: Any) -> tuple[torch.Tensor, ...] | None:
+    """The tensors of a factor call that can be replayed from a CUDA graph (:mod:`._graphs`), else None: validated
+    factors (and bias) on a device that captures, (B, P) / (B, E) index tensors there (not masks); None ones left out
+    (:func:`factor_tensors` puts them back)."""
+    if not _graphs.enabled(u.device) or capture_inputs(u.new_empty(0, 0), positives, exclude) is None:
+        return None
+    return tuple(t for t in (u, v, bias, positives, exclude) if t is not None)
+
+
+def factor_tensors(tensors: Sequence[torch.Tensor], has_bias: bool, has_exclude: bool) \
+        -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """(u, v, bias, positives, exclude) from :func:`capture_factor_inputs`' tuple (None where left out)."""
+    it = iter(tensors)
+    u, v = next(it), next(it)
+    bias = next(it) if has_bias else None
+    pos = next(it)
+    return u, v, bias, pos, next(it) if has_exclude else None
+
+
+def queued_factor_ranks(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, positives: Any, exclude: Any,
+                        ties: str, count_other_positives: bool) \
+        -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[Check]]:
+    """Exact ranks from validated factors with nothing read back: (ranks, padded positives, padded exclusions,
+    checks). The index checks deferred, the factors' NaN/inf flags and the overflow bound as checks (the bound's item
+    norm computed afresh, never from the cache), the tiles ranked as if no score could overflow: a caller reads the
+    checks once and, where any is set, calls the read-at-once path (:func:`ranks_and_index_from_factors`), which
+    raises or ranks the materialized scores."""
+    pending: list[Check] = []
+    pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device, pending=pending)
+    pending += [Check(flag, lambda: None) for flag, _ in factor_finite_checks(u, v, bias)]
+    pending.append(Check(overflow_flag(u, v, bias, cached=False), lambda: None))
+    ranks, _ = factor_ranks_padded(u, v, bias, pos, exc, ties, count_other_positives, bounded=True)
+    return ranks, pos, exc, pending
 
 
 def check_factors(user_factors: Any, item_factors: Any,

@@ -289,13 +289,28 @@ def per_user_metrics(
     kernel_ties = _kernel_ties(ties)
     check_generator(generator)
     if _is_factors(scores):  # factors: (B, d) and (n, d) matrices (a tuple of (n,) tensors is refused)
-        from .factor_ranks import check_factors, ranks_and_index_from_factors
+        from .factor_ranks import (capture_factor_inputs, check_factors, factor_tensors, queued_factor_ranks,
+                                   ranks_and_index_from_factors)
 
         if len(scores) not in (2, 3):
             raise ValueError(f"scores: a tuple is (user_factors, item_factors) or (user_factors, item_factors, "
                              f"item_bias), got {len(scores)} entries")
         user_factors, item_factors, item_bias = check_factors(*scores)
         n = _check_cutoffs(specs, int(item_factors.shape[0]))
+        inputs = (capture_factor_inputs(user_factors, item_factors, item_bias, positives, exclude)
+                  if specs and relevance is None and ties != "random" else None)
+        if inputs is not None:  # CUDA: replayed from a CUDA graph where the shapes repeat (:mod:`._graphs`)
+            has = (item_bias is not None, exclude is not None)
+
+            def queued(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                ranks, pos, exc, checks = queued_factor_ranks(*factor_tensors(tensors, *has), kernel_ties, True)
+                values = _metrics_from_ranks(specs, ranks, pos, exc, n, None)
+                return torch.stack(list(values.values())), check_flags(checks)
+
+            stacked, flags = _graphs.run("per_user_metrics_factors", (tuple(specs), kernel_ties, has), queued, inputs)
+            out = _replayed(specs, stacked, flags, as_frame)
+            if out is not None:
+                return out
         ranks, pos, exc = ranks_and_index_from_factors(user_factors, item_factors, positives, exclude, kernel_ties,
                                                        item_bias=item_bias)
         return _finish(_metrics_from_ranks(specs, ranks, pos, exc, n, relevance), [], as_frame)
@@ -309,16 +324,21 @@ def per_user_metrics(
             return torch.stack(list(values.values())), check_flags(checks)
 
         stacked, flags = _graphs.run("per_user_metrics", (tuple(specs), kernel_ties, check_finite), queued, inputs)
-        values = {spec.column: v for spec, v in zip(specs, stacked.unbind(0))}
-        if not as_frame:
-            if not any(flags.tolist()):
-                return values
-        else:  # the flags read with the frame's copy to the host
-            frame = _frame(values, flags)
-            if frame is not None:
-                return frame
+        out = _replayed(specs, stacked, flags, as_frame)
+        if out is not None:
+            return out
     values, checks = _metrics_queued(specs, scores, positives, exclude, kernel_ties, generator, check_finite, relevance)
     return _finish(values, checks, as_frame)
+
+
+def _replayed(specs: Sequence[MetricSpec], stacked: torch.Tensor, flags: torch.Tensor,
+              as_frame: bool) -> "pd.DataFrame | dict[str, torch.Tensor] | None":
+    """A replayed call's (len(specs), B) values as returned, its checks' ``flags`` read (with a frame's copy to the
+    host); None where a check is set (the caller runs the call eagerly for its error or its other path)."""
+    values = {spec.column: v for spec, v in zip(specs, stacked.unbind(0))}
+    if not as_frame:
+        return None if any(flags.tolist()) else values
+    return _frame(values, flags)
 
 
 def _metrics_queued(specs: Sequence[MetricSpec], scores: Any, positives: Any, exclude: Any, kernel_ties: str,

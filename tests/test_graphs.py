@@ -308,6 +308,7 @@ def test_a_replayed_call_dispatches_a_few_operators_besides_its_graph(captured, 
 
     sys.path.insert(0, str(Path(__file__).parent))
     from _budgets import OpCounter
+    from reco_sampled_plugin import exact_ranks_from_factors
     from reco_sampled_plugin.adapters import torchmetrics as tm
 
     if device.type == "cpu":  # the stand-in's replay runs the function: its operators are the graph's, not counted
@@ -316,9 +317,13 @@ def test_a_replayed_call_dispatches_a_few_operators_besides_its_graph(captured, 
     monkeypatch.setattr(tm, "_READS_ON_CPU", False)
     metric = tm.ExactRankingMetrics(METRICS).to(device)
     s, pos, exc = _batch(0, device=device)
+    u, v, bias = _factors(0, device=device)
     calls = {"exact_ranks": lambda: exact_ranks(s, pos, exc),
              "per_user_metrics": lambda: per_user_metrics(s, pos, METRICS, exclude=exc, as_frame=False),
-             "ExactRankingMetrics.update": lambda: metric.update(s, pos, exc)}
+             "ExactRankingMetrics.update": lambda: metric.update(s, pos, exc),
+             "exact_ranks_from_factors": lambda: exact_ranks_from_factors(u, v, pos, exclude=exc, item_bias=bias),
+             "per_user_metrics of factors": lambda: per_user_metrics((u, v, bias), pos, METRICS, exclude=exc,
+                                                                     as_frame=False)}
     for name, fn in calls.items():
         for _ in range(2):
             fn()
@@ -336,3 +341,63 @@ def test_a_replayed_call_dispatches_a_few_operators_besides_its_graph(captured, 
 def _no_modes(fn, arg, disable):
     with disable():
         return fn(arg)
+
+
+def _factors(seed: int, b: int = 12, n: int = 300, d: int = 5, device="cpu"):
+    """Small integer factors and half-integer biases: every score exact, many ties."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.randint(-2, 3, (b, d), generator=g).float()
+    v = torch.randint(-2, 3, (n, d), generator=g).float()
+    bias = torch.randint(-3, 4, (n,), generator=g).float() / 2
+    return u.to(device), v.to(device), bias.to(device)
+
+
+@pytest.mark.parametrize("ties", ["pessimistic", "average"])
+@pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
+def test_factor_calls_replayed_equal_eager(captured, device, monkeypatch, ties, with_bias):
+    """``per_user_metrics`` and ``exact_ranks_from_factors`` on factors: replayed (the item factors read in place,
+    their norm computed in the graph, never from the cache) equal to eager, dict and frame; a replayed batch with NaN
+    factors raises the eager error; item factors scaled in place past the overflow bound after the capture are ranked
+    as eagerly (the graph's fresh norm flags them, the call runs eagerly on the materialized scores)."""
+    from reco_sampled_plugin import exact_ranks_from_factors, factor_ranks
+
+    monkeypatch.setattr(_graphs, "_COPY_ELEMENTS", 1000)  # the item factors (1,500 numbers) read in place
+    monkeypatch.setattr(factor_ranks, "_item_norm_on_device", None)  # any use of the cache in a capture would fail
+    _, v, bias = _factors(0, device=device)
+    bias = bias if with_bias else None
+    metrics = ("ndcg@10", "recall@5", "auc", "rr@10")
+    for i in range(4):
+        u = _factors(i + 1, device=device)[0]
+        _, pos, exc = _batch(i, device=device)
+        f = (u, v) if bias is None else (u, v, bias)
+        want = _eager(per_user_metrics, f, pos, metrics, exclude=exc, ties=ties, as_frame=False)
+        have = per_user_metrics(f, pos, metrics, exclude=exc, ties=ties, as_frame=False)
+        assert all(torch.equal(have[k].nan_to_num(-7.0), want[k].nan_to_num(-7.0)) for k in want)
+        kw = dict(exclude=exc, ties=ties, item_bias=bias)
+        assert torch.equal(exact_ranks_from_factors(u, v, pos, **kw), _eager(exact_ranks_from_factors, u, v, pos, **kw))
+    assert captured("captures") == 2 and captured("replays") == 6
+    pytest.importorskip("pandas")
+    assert per_user_metrics(f, pos, metrics, exclude=exc, ties=ties).equals(
+        _eager(per_user_metrics, f, pos, metrics, exclude=exc, ties=ties))
+    nan_u = u.clone()
+    nan_u[3, 1] = float("nan")
+    for call in (lambda x: per_user_metrics((x, v) if bias is None else (x, v, bias), pos, metrics, exclude=exc,
+                                            ties=ties, as_frame=False),
+                 lambda x: exact_ranks_from_factors(x, v, pos, exclude=exc, ties=ties, item_bias=bias)):
+        with pytest.raises(ValueError) as eager:
+            _eager(call, nan_u)
+        with pytest.raises(ValueError) as replayed:
+            call(nan_u)
+        assert str(replayed.value) == str(eager.value)
+    v.mul_(1e38)  # in place, the same address: scores overflow float32 (the eager path refuses them)
+    replays = captured("replays")
+    outcomes = []
+    for run in (lambda: exact_ranks_from_factors(u, v, pos, exclude=exc, ties=ties, item_bias=bias),
+                lambda: _eager(exact_ranks_from_factors, u, v, pos, exclude=exc, ties=ties, item_bias=bias)):
+        try:
+            outcomes.append(run())
+        except ValueError as exc_info:
+            outcomes.append(str(exc_info))
+    assert captured("replays") == replays + 1
+    assert type(outcomes[0]) is type(outcomes[1]) is str  # the materialized scores refused, replayed or not
+    assert outcomes[0] == outcomes[1] if isinstance(outcomes[0], str) else torch.equal(outcomes[0], outcomes[1])
