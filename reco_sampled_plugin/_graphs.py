@@ -16,6 +16,8 @@ returned as flags and read once after the replay):
   alternating between two), and scores at a new address every call are never captured (no copy of a score batch is
   ever kept);
 * outputs are the graph's own buffers, overwritten by the next replay: :func:`run` returns copies;
+* ``fn`` must not read a device tensor cached across calls (a replay would read that memory after the cache let it
+  go, and never sees the cache's Python): it computes such values itself (``factor_ranks.overflow_flag(cached=False)``);
 * any error while capturing marks the signature as not capturable (that call and the later ones run ``fn`` as it is;
   a debug log says why); ``RECO_SAMPLED_BACKEND=eager`` (or ``counting.set_backend("eager")``) turns capture off.
 
