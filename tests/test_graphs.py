@@ -50,9 +50,8 @@ def _eager(fn, *args, **kwargs):
     """``fn`` with capture off."""
     saved = _graphs._fake[0]
     _graphs._fake[0] = False
+    counting.set_backend("eager")  # turns capture off on every device (the eager kernels, as auto's below its bounds)
     try:
-        if args and isinstance(args[0], torch.Tensor) and args[0].device.type == "cuda":
-            counting.set_backend("eager")  # turns capture off (the eager kernels count alike)
         return fn(*args, **kwargs)
     finally:
         _graphs._fake[0] = saved
