@@ -19,7 +19,8 @@ returned as flags and read once after the replay):
 * ``fn`` must not read a device tensor cached across calls (a replay would read that memory after the cache let it
   go, and never sees the cache's Python): it computes such values itself (``factor_ranks.overflow_flag(cached=False)``);
 * any error while capturing marks the signature as not capturable (that call and the later ones run ``fn`` as it is;
-  a debug log says why); ``RECO_SAMPLED_BACKEND=eager`` (or ``counting.set_backend("eager")``) turns capture off.
+  a debug log says why); ``RECO_SAMPLED_GRAPHS=off`` turns capture off, as ``RECO_SAMPLED_BACKEND=eager`` (or
+  ``counting.set_backend("eager")``) does with compilation.
 
 Memory: at most ``_MAX_GRAPHS`` captured calls per process (least recently used evicted), each holding its
 temporaries (the same bytes as one eager call's peak: a (B, n) boolean on the eager counting path) and copies of its
@@ -31,6 +32,7 @@ evaluation still reaches the compiled kernels (a new signature: captured again w
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import OrderedDict
 from typing import Any, Callable, Hashable, Sequence
@@ -57,6 +59,8 @@ _seen: dict[Hashable, list[tuple[int, ...]]] = {}
 _RECENT = 4
 _stats = {"captures": 0, "replays": 0, "failures": 0}
 _fake = [False]  # tests: capture on a CPU with :class:`_FakeGraph` (the same bookkeeping, no CUDA)
+# ``RECO_SAMPLED_GRAPHS=off`` (or 0 / false / no) turns capture off, whatever the counting backend
+_switched_on = [os.environ.get("RECO_SAMPLED_GRAPHS", "on").strip().lower() not in ("off", "0", "false", "no")]
 
 
 # what a capture refuses (a read back to the host), as the stand-in graph checks it on a CPU
@@ -128,8 +132,8 @@ class _Captured:
 
 def enabled(device: torch.device) -> bool:
     """Whether calls on ``device`` are captured: CUDA (or a CPU with the tests' fake graph), unless the counting
-    backend is ``"eager"``."""
-    if counting.get_backend() == "eager":
+    backend is ``"eager"`` or ``RECO_SAMPLED_GRAPHS=off``."""
+    if counting.get_backend() == "eager" or not _switched_on[0]:
         return False
     return device.type == "cuda" or (_fake[0] and device.type == "cpu")
 
@@ -196,6 +200,8 @@ def _capture(name: str, base: Hashable, addresses: tuple[int, ...], fn: Callable
     counting.add_work(-counted)
     work = counted // graph.runs
     entry = _Captured(graph, buffers, outputs, work, list(notes or ()))
+    logger.debug("reco_sampled_plugin: %s captured in a CUDA graph (inputs %s)", name,
+                 [tuple(t.shape) for t in tensors])
     _stats["captures"] += 1
     _store((base, addresses), entry)
     return _replay(entry, tensors)

@@ -197,14 +197,18 @@ def test_replays_advance_the_counting_clock(captured, device):
     assert steps == [steps[0]] * 4
 
 
-def test_eager_backend_and_other_inputs_are_not_captured(captured, device):
-    """The eager backend turns capture off; masks (their widths are read back), a generator, random ties and relevance
+def test_eager_backend_and_other_inputs_are_not_captured(captured, device, monkeypatch):
+    """The eager backend and ``RECO_SAMPLED_GRAPHS=off`` turn capture off; masks (their widths are read back), a generator, random ties and relevance
     are never captured."""
     s, pos, exc = _batch(0, device=device)
     counting.set_backend("eager")
     for _ in range(3):
         exact_ranks(s, pos, exc)
     counting.set_backend("auto")
+    monkeypatch.setattr(_graphs, "_switched_on", [False])  # RECO_SAMPLED_GRAPHS=off
+    for _ in range(3):
+        exact_ranks(s, pos, exc)
+    monkeypatch.setattr(_graphs, "_switched_on", [True])
     mask = torch.zeros(s.shape[0], s.shape[1] + 1, dtype=torch.bool, device=device)
     mask = mask.scatter_(1, torch.where(pos >= 0, pos, s.shape[1]), True)[:, :-1]  # padding to the dropped column
     for _ in range(3):
