@@ -363,8 +363,9 @@ def _finish(values: dict[str, torch.Tensor], checks: list[Check], as_frame: bool
         return values if not as_frame else _frame(values, None)
     flags = check_flags(checks)
     frame = _frame(values, flags)
-    if frame is None:
-        run_checks(checks)  # raises
+    if frame is None:  # a check failed: its error
+        run_checks(checks)
+        frame = _frame(values, None)
     return frame
 
 
