@@ -404,3 +404,21 @@ def test_factor_calls_replayed_equal_eager(captured, device, monkeypatch, ties, 
     assert captured("replays") == replays + 1
     assert type(outcomes[0]) is type(outcomes[1]) is str  # the materialized scores refused, replayed or not
     assert outcomes[0] == outcomes[1] if isinstance(outcomes[0], str) else torch.equal(outcomes[0], outcomes[1])
+
+
+@pytest.mark.parametrize("with_keep", [True, False], ids=["keep", "no_keep"])
+def test_exact_update_padded_replayed_equals_eager_states(captured, device, monkeypatch, with_keep):
+    """``ExactRankingMetrics.update_padded`` (the Lightning callback's call: validated padded inputs, a keep mask per
+    batch): replayed updates leave the eager updates' states, each batch's own keep mask applied."""
+    from reco_sampled_plugin.adapters import torchmetrics as tm
+
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    have, want = (tm.ExactRankingMetrics(("ndcg@10", "auc"), ties="average").to(device) for _ in range(2))
+    for i in range(5):
+        s, pos, exc = _batch(i, device=device, ties_grid=True)
+        keep = (torch.arange(12, device=device) % (i + 2) != 0) if with_keep else None
+        have.update_padded(s, pos, exc, keep)
+        _eager(want.update_padded, s, pos, exc, keep)
+    assert captured("replays") == 4
+    for name in ("sums", "count", "failed_checks"):
+        assert torch.equal(getattr(have, name), getattr(want, name)), name

@@ -626,24 +626,30 @@ class ExactRankingMetrics(_MergeChecked):
         scores = score_tensor(scores)
         inputs = capture_inputs(scores, positives, exclude) if keep is None and defers_checks(scores.device) else None
         if inputs is not None:  # CUDA, index inputs: replayed from a CUDA graph where the batch's shapes repeat
-            self._update_captured(inputs)
+            self._update_captured(inputs, exclude is not None)
             return
         pending: list[Check] | None = [] if defers_checks(scores.device) else None
         pos, exc = padded_inputs(scores, positives, exclude, pending)
         self._update_padded(scores, pos, exc, keep, pending)
 
-    def _update_captured(self, inputs: tuple[torch.Tensor, ...]) -> None:
-        """:meth:`update` of index inputs on a device that defers its checks, as one call that :mod:`._graphs` replays:
-        the batch's sums, count and failed checks computed from the inputs alone (nothing read, no state touched),
-        then added to the states (five operators)."""
+    def _update_captured(self, inputs: tuple[torch.Tensor, ...], has_exclude: bool, prepared: bool = False,
+                         has_keep: bool = False) -> None:
+        """:meth:`update` of index inputs (``prepared``: :meth:`update_padded`'s validated padded ones, and a keep mask
+        last where ``has_keep``) on a device that defers its checks, as one call that :mod:`._graphs` replays: the
+        batch's sums, count and failed checks computed from the inputs alone (nothing read, no state touched), then
+        added to the states (five operators)."""
         notes: list[tuple[str, str]] = []
 
         def batch(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            scores, exclude = tensors[0], tensors[2] if len(tensors) > 2 else None
+            scores, exclude = tensors[0], tensors[2] if has_exclude else None
+            keep = _keep_mask(tensors[-1], scores.shape[0], scores.device) if has_keep else None
             pending: list[Check] = []
-            pos, exc = padded_inputs(scores, tensors[1], exclude, pending)
+            if prepared:
+                pos, exc = tensors[1], exclude
+            else:
+                pos, exc = padded_inputs(scores, tensors[1], exclude, pending)
             ranks, checks = self._deferred_ranks(scores, pos, exc)
-            sums, count = self._rank_sums(ranks, pos, exc, scores.shape[1], None)
+            sums, count = self._rank_sums(ranks, pos, exc, scores.shape[1], keep)
             named = pending + checks
             run_checks([c for c in named if c.name not in _CHECK_SLOT])  # none on this path (a read: not captured)
             named = [c for c in named if c.name in _CHECK_SLOT]
@@ -652,7 +658,7 @@ class ExactRankingMetrics(_MergeChecked):
             return sums, count, failed
 
         options = ("exact_update", self.specs, self._kernel_ties, self.settings.count_other_positives,
-                   self.settings.check_finite)
+                   self.settings.check_finite, has_exclude, prepared, has_keep)
         sums, count, failed = _graphs.run("ExactRankingMetrics.update", options, batch, inputs, notes)
         self._add_failed(failed, notes)
         self.sums += _to(sums, self.sums.device)
@@ -662,6 +668,12 @@ class ExactRankingMetrics(_MergeChecked):
                       keep: torch.Tensor | None = None) -> None:
         """:meth:`update` on validated padded index tensors (as from ``_shared.padded_inputs``)."""
         _updated(self)
+        if defers_checks(scores.device) and (keep is None or isinstance(keep, torch.Tensor)):
+            inputs = capture_inputs(scores, pos, exc)
+            if inputs is not None and (keep is None or keep.device == scores.device):
+                self._update_captured(inputs + (() if keep is None else (keep,)), exc is not None, True,
+                                      keep is not None)
+                return
         self._update_padded(scores, pos, exc, keep, [] if defers_checks(scores.device) else None)
 
     def _update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
