@@ -43,7 +43,7 @@ from ._checks import check_dense, check_int, real_tensor
 from ._inputs import Check, check_flags, factor_finite_checks
 from ._options import check_bool
 from .counting import count_beating_tile
-from .ranking import (TIE_BOUNDS, capture_inputs, check_ties, exact_ranks, exact_ranks_padded, prepare_index,
+from .ranking import (TIE_BOUNDS, capturable_index, check_ties, exact_ranks, exact_ranks_padded, prepare_index,
                       tied_positives)
 
 if TYPE_CHECKING:
@@ -271,7 +271,7 @@ def capture_factor_inputs(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor |
     """The tensors of a factor call that can be replayed from a CUDA graph (:mod:`._graphs`), else None: validated
     factors (and bias) on a device that captures, (B, P) / (B, E) index tensors there (not masks); None ones left out
     (:func:`factor_tensors` puts them back)."""
-    if not _graphs.enabled(u.device) or capture_inputs(u.new_empty(0, 0), positives, exclude) is None:
+    if not capturable_index(u.device, positives, exclude):
         return None
     return tuple(t for t in (u, v, bias, positives, exclude) if t is not None)
 

@@ -388,12 +388,17 @@ def capture_inputs(scores: Any, *index: Any) -> tuple[torch.Tensor, ...] | None:
     scores on a device that captures, (B, P) index tensors (not masks: their widths are read back) on the same
     device; a None index left out."""
     if not (isinstance(scores, torch.Tensor) and scores.dim() == 2 and scores.is_floating_point()
-            and _graphs.enabled(scores.device)):
-        return None
-    if not all(t is None or (isinstance(t, torch.Tensor) and t.device == scores.device and t.dim() == 2
-                             and t.dtype in (torch.int64, torch.int32)) for t in index):
+            and capturable_index(scores.device, *index)):
         return None
     return (scores,) + tuple(t for t in index if t is not None)
+
+
+def capturable_index(device: torch.device, *index: Any) -> bool:
+    """Whether calls on ``device`` are captured (:mod:`._graphs`) and each of ``index`` is None or a (B, P) integer
+    tensor there (not a mask: its width is read back)."""
+    return _graphs.enabled(device) and all(
+        t is None or (isinstance(t, torch.Tensor) and t.device == device and t.dim() == 2
+                      and t.dtype in (torch.int64, torch.int32)) for t in index)
 
 
 def queued_exact_ranks(scores: Any, positives: Any, exclude: Any, ties: str, count_other_positives: bool,

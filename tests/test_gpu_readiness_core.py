@@ -120,7 +120,6 @@ def test_per_user_metrics_of_index_inputs_read_back_once(device, ties, as_frame)
     """``per_user_metrics`` with index tensors reads its index checks with the counting pass's NaN/inf rows (and a
     frame's values) in one synchronisation, also with ``ties="average"`` (RR@k's grid k wide); two or three before; a
     failing check still raises its own error, the index checks before the scores'."""
-    pytest.importorskip("pandas")
     scores, pos, exc = _problem(16, 2_000, device)
     metrics = ["ndcg@10", "rr@10", "auc"]
     rsp.per_user_metrics(scores, pos, metrics, exc, ties=ties, as_frame=as_frame)

@@ -77,7 +77,6 @@ def test_replayed_calls_equal_eager_bit_for_bit(captured, device, ties):
 
 
 def test_frames_from_replays_equal_eager(captured, device):
-    pytest.importorskip("pandas")
     for i in range(4):
         s, pos, exc = _batch(i, device=device)
         want = _eager(per_user_metrics, s, pos, METRICS, exclude=exc)
@@ -379,7 +378,6 @@ def test_factor_calls_replayed_equal_eager(captured, device, monkeypatch, ties, 
         kw = dict(exclude=exc, ties=ties, item_bias=bias)
         assert torch.equal(exact_ranks_from_factors(u, v, pos, **kw), _eager(exact_ranks_from_factors, u, v, pos, **kw))
     assert captured("captures") == 2 and captured("replays") == 6
-    pytest.importorskip("pandas")
     assert per_user_metrics(f, pos, metrics, exclude=exc, ties=ties).equals(
         _eager(per_user_metrics, f, pos, metrics, exclude=exc, ties=ties))
     nan_u = u.clone()

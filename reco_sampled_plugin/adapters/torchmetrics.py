@@ -661,8 +661,7 @@ class ExactRankingMetrics(_MergeChecked):
                    self.settings.check_finite, has_exclude, prepared, has_keep)
         sums, count, failed = _graphs.run("ExactRankingMetrics.update", options, batch, inputs, notes)
         self._add_failed(failed, notes)
-        self.sums += _to(sums, self.sums.device)
-        self.count += _to(count, self.count.device)
+        self._add_sums(sums, count)
 
     def update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
                       keep: torch.Tensor | None = None) -> None:
@@ -757,7 +756,9 @@ class ExactRankingMetrics(_MergeChecked):
     def _add_ranks(self, ranks: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, n_items: int,
                    keep: torch.Tensor | None) -> None:
         """Add a batch's :meth:`_rank_sums` to the states."""
-        sums, count = self._rank_sums(ranks, pos, exc, n_items, keep)
+        self._add_sums(*self._rank_sums(ranks, pos, exc, n_items, keep))
+
+    def _add_sums(self, sums: torch.Tensor, count: torch.Tensor) -> None:
         self.sums += _to(sums, self.sums.device)
         self.count += _to(count, self.count.device)
 
