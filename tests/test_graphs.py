@@ -420,3 +420,22 @@ def test_exact_update_padded_replayed_equals_eager_states(captured, device, monk
     assert captured("replays") == 4
     for name in ("sums", "count", "failed_checks"):
         assert torch.equal(getattr(have, name), getattr(want, name)), name
+
+
+def test_the_docs_state_the_capture_settings_the_code_has():
+    """docs/gpu.md ("Calls replayed from CUDA graphs") names the module's bounds and switch as they are."""
+    import math
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "gpu.md").read_text().split())
+    section = text[text.index("## Calls replayed from CUDA graphs"):text.index("## Beyond one machine")]
+    assert f"at most {_graphs._MAX_GRAPHS} captured calls per process" in section
+    assert f"signature's last {_graphs._RECENT} calls" in section
+    assert f"up to 2^{int(math.log2(_graphs._COPY_ELEMENTS))} elements" in section
+    assert "`RECO_SAMPLED_GRAPHS=off`" in section
+    code = "from reco_sampled_plugin import _graphs; print(_graphs._switched_on[0])"
+    env = dict(os.environ, RECO_SAMPLED_GRAPHS="off")
+    assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.strip() == "False"
