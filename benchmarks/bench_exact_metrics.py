@@ -178,6 +178,9 @@ def main():
     ap.add_argument("--backend", choices=("auto", "eager", "compiled"), default="auto",
                     help="the counting backend (auto: eager until a process has counted 2^32 comparisons, 2^36 with "
                          "numpy's CPU path; compiled: torch.compile's kernels, compiled in the warm-up)")
+    ap.add_argument("--profile", type=int, default=0, metavar="BATCHES",
+                    help="after the timings, profile this many (replayed) batches of the ten metrics: the operators "
+                         "and kernels with the most device time, kernels per batch, device busy share of the wall time")
     args = ap.parse_args()
     logging.basicConfig(format="%(name)s: %(message)s")
     logging.getLogger("reco_sampled_plugin._graphs").setLevel(logging.DEBUG)  # why a capture failed, if one does
@@ -253,6 +256,8 @@ def main():
     stats = _graphs._stats
     print(f"(CUDA graphs: {stats['captures']} captured, {stats['replays']} replays, {stats['failures']} failed captures; "
           f"off on a CPU)")
+    if args.profile:
+        profile_batches(user_f, item_f, train, test, args.batch, buf, args.profile, sync)
 
 
 def per_user_means(user_f, item_f, train, test, batch, buf, n_users):
@@ -264,6 +269,33 @@ def per_user_means(user_f, item_f, train, test, batch, buf, n_users):
         vals = per_user_metrics(out, test[sl], PEER_METRICS, exclude=train[sl], as_frame=False)
         sums += torch.stack([v.sum() for v in vals.values()])
     return dict(zip(PEER_METRICS, (sums / n_users).tolist()))
+
+
+def profile_batches(user_f, item_f, train, test, batch, buf, n_batches, sync):
+    """Where a steady-state batch's time goes: torch.profiler over ``n_batches`` batches of ``run_ours`` (already
+    warm, so replayed where graphs are captured). Prints the top entries by self device time (self CPU time on a
+    CPU), the kernels launched per batch and the share of the wall time the device was busy (kernel time summed)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_device = user_f.device.type == "cuda"
+    users = min(n_batches * batch, len(user_f))
+    sl = slice(0, users)
+    run_ours(user_f[sl], item_f, train[sl], test[sl], batch, buf)  # warm (and captured) at this size
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
+    with profile(activities=activities) as prof:
+        t = time.perf_counter()
+        run_ours(user_f[sl], item_f, train[sl], test[sl], batch, buf)
+        sync()
+        wall = time.perf_counter() - t
+    events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    busy = sum(e.self_device_time_total for e in kernels) / 1e6
+    n = -(-users // batch)
+    print(f"# profile: {n} batches of {batch}, wall {wall * 1e3 / n:.3f} ms per batch; {sum(e.count for e in kernels) / n:.0f} "
+          f"kernels per batch, device busy {busy * 1e3 / n:.3f} ms per batch ({busy / wall:.0%} of the wall)")
+    print(events.table(sort_by="self_device_time_total" if on_device else "self_cpu_time_total", row_limit=30,
+                       max_name_column_width=70))
 
 
 def torchmetrics_version() -> str:

@@ -46,11 +46,16 @@ CHUNKS = [1, 40, 1 << 10, 1 << 19]
 
 
 @pytest.mark.parametrize("path, chunk",
-                         [("numpy", c) for c in CHUNKS] + [("torch", c) for c in CHUNKS] + [("whole rows", None)])
+                         [("numpy", c) for c in CHUNKS] + [("torch", c) for c in CHUNKS] + [("whole rows", None)]
+                         + [("torch words", 1 << 10), ("whole rows words", None)])
 def test_eager_counts_equal_brute_force_at_any_chunk_size(path, chunk, eager_backend, monkeypatch):
     """Every eager path: numpy's comparisons counted 8 bytes at a time and the CPU's torch loop at any chunk size (one
     row and one reference per block, part of a block, the whole matrix), and the torch loop of accelerators (whole
-    rows, one reference per pass; the row-indexed count in blocks of B gathered rows: five blocks here)."""
+    rows, one reference per pass; the row-indexed count in blocks of B gathered rows: five blocks here); "words": the
+    torch loop's masks counted by their bytes at any size (:func:`counting._count_columns`: 48 columns, then 5)."""
+    if "words" in path:
+        monkeypatch.setattr(counting, "_WORD_COUNT_MIN", 0)
+        path = path.replace(" words", "")
     monkeypatch.setattr(counting, "_NUMPY_CHUNK_BYTES", chunk or counting._NUMPY_CHUNK_BYTES)
     monkeypatch.setattr(counting, "_EAGER_CPU_CHUNK_ELEMENTS", chunk or counting._EAGER_CPU_CHUNK_ELEMENTS)
     monkeypatch.setattr(counting, "_numpy_blocked", [path != "numpy"])
@@ -116,6 +121,22 @@ def test_numpy_counts_equal_the_torch_loop_across_lane_groups_and_threads(n, eag
             torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("n", [2048, 4085, 4093, 2**14 + 3])
+def test_byte_counts_of_masks_equal_their_sums_and_no_lane_carries(n, monkeypatch):
+    """``_count_columns``: a full mask counts n (at n = 4,085 two groups of exactly 255 words: every byte lane sums
+    to 255, the most it can hold), random masks count their sums with the leftover columns, and a non-contiguous
+    mask (a transposed one) is counted too."""
+    monkeypatch.setattr(counting, "_WORD_COUNT_MIN", 0)  # by bytes at any size
+    g = torch.Generator().manual_seed(n)
+    full = torch.ones(3, n, dtype=torch.bool)
+    assert counting._count_columns(lambda lo, hi: full[:, lo:hi].clone(), 3, n).tolist() == [n] * 3
+    mask = torch.rand(5, n, generator=g) < torch.rand(5, 1, generator=g)
+    got = counting._count_columns(lambda lo, hi: mask[:, lo:hi].clone(), 5, n)
+    assert got.dtype == torch.int32 and got.tolist() == mask.sum(1).tolist()
+    strided = mask.T.contiguous().T  # the same values in column-major order
+    assert counting._count_columns(lambda lo, hi: strided[:, lo:hi], 5, n).tolist() == mask.sum(1).tolist()
+
+
 def test_empty_rows_or_catalogue_count_nothing(eager_backend):
     """No items (n = 0) or no rows: zero counts of the right shape, finite flags for every row (numpy's path needs a
     row of at least one item; the torch loop takes n = 0)."""
@@ -146,6 +167,25 @@ def test_count_accumulator_is_int32_only_where_a_row_cannot_overflow_it():
     huge = torch.empty((1, 2**31), dtype=torch.bool, device="meta")
     assert counting._count_true(small).dtype == torch.int32
     assert counting._count_true(huge).dtype == torch.int64
+
+
+@pytest.mark.parametrize("build", [lambda: counting._multi_kernel(3, True), lambda: counting._multi_kernel(5, False),
+                                   lambda: counting._tied_kernel(2)])
+def test_generated_kernels_have_a_source_file_and_their_own_code(build):
+    """Each generated kernel has its own code object and a source file that ``inspect`` finds: torch.compile before
+    2.13 wraps a function without one in a shared frame, so every kernel shared one compile cache and the ninth ran
+    eagerly past the recompile limit (an H200, torch 2.11); torch's own trace rules must not skip the file."""
+    import inspect
+    import linecache
+
+    from torch._dynamo import trace_rules
+
+    a, b = build(), build()
+    assert a.__code__ is not b.__code__
+    filename = inspect.getsourcefile(a)
+    assert filename is not None and filename.startswith("<reco_sampled_plugin.counting ")
+    assert "def kernel" in "".join(linecache.getlines(filename))
+    assert not trace_rules.check(a)
 
 
 def test_auto_backend_compiles_only_large_inputs_once_enough_was_counted(monkeypatch):

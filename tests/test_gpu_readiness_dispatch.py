@@ -117,3 +117,21 @@ def test_operators_per_call_are_constant_in_size_and_within_budget(name, eager, 
         counts.append(ops.count)
         assert ops.count <= BUDGET[name][eager], (b, n, ops.count, ops.calls.most_common(8))
     assert counts[0] == counts[1], (name, counts)
+
+
+@pytest.mark.parametrize("name", ["exact index", "ExactRankingMetrics.update_padded"])
+def test_masks_counted_by_their_bytes_dispatch_a_constant_count(name, eager, monkeypatch):
+    """From ``counting._WORD_COUNT_MIN`` scores per block the torch loop counts each reference's mask by its bytes
+    (``counting._count_columns``): up to 6 operators more per reference (two dtype views, each with its detach, a
+    shape view and one more sum: one kernel more, the others metadata), 30 for these 5 positives, the same at every
+    size."""
+    monkeypatch.setattr(counting, "_WORD_COUNT_MIN", 0)  # the large blocks' path at these sizes
+    counts = []
+    for b, n in SIZES:
+        fn = _calls(_problem(b, n))[name]
+        fn()
+        with OpCounter() as ops:
+            fn()
+        counts.append(ops.count)
+    assert counts[0] == counts[1], counts
+    assert counts[0] <= BUDGET[name][eager] + (30 if PATHS[eager] == "torch loop" else 0), (counts, ops.calls.most_common(8))

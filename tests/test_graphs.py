@@ -318,11 +318,13 @@ def test_a_replayed_call_dispatches_a_few_operators_besides_its_graph(captured, 
         monkeypatch.setattr(_graphs._FakeGraph, "replay", lambda self: _no_modes(replay, self, _disable_current_modes))
     monkeypatch.setattr(tm, "_READS_ON_CPU", False)
     metric = tm.ExactRankingMetrics(METRICS).to(device)
+    sampled = _sampled(tm, device)
     s, pos, exc = _batch(0, device=device)
     u, v, bias = _factors(0, device=device)
     calls = {"exact_ranks": lambda: exact_ranks(s, pos, exc),
              "per_user_metrics": lambda: per_user_metrics(s, pos, METRICS, exclude=exc, as_frame=False),
              "ExactRankingMetrics.update": lambda: metric.update(s, pos, exc),
+             "SampledRankingMetrics.update": lambda: sampled.update(s, pos, exc),
              "exact_ranks_from_factors": lambda: exact_ranks_from_factors(u, v, pos, exclude=exc, item_bias=bias),
              "per_user_metrics of factors": lambda: per_user_metrics((u, v, bias), pos, METRICS, exclude=exc,
                                                                      as_frame=False)}
@@ -420,6 +422,88 @@ def test_exact_update_padded_replayed_equals_eager_states(captured, device, monk
     assert captured("replays") == 4
     for name in ("sums", "count", "failed_checks"):
         assert torch.equal(getattr(have, name), getattr(want, name)), name
+
+
+SAMPLED_STATES = ("hist", "n_items", "failed_checks")
+
+
+def _sampled(tm, device, design=20, estimators=("none", "bv"), **kwargs):
+    return tm.SampledRankingMetrics(("ndcg@10", "recall@5", "auc"), design, estimators, seed=3, **kwargs).to(device)
+
+
+def test_sampled_update_replayed_equals_eager_states(captured, device, monkeypatch):
+    """``SampledRankingMetrics.update`` (a fixed-m uniform design) of index inputs where checks are deferred: replayed
+    updates leave the eager updates' states (histogram, catalogue, failed checks) bit for bit, with the default ids
+    (a running row counter, outside the graph) and with given ids, a histogram that grows with a later batch's
+    exclusions, and an invalid batch refused at compute with the eager update's message."""
+    from reco_sampled_plugin.adapters import torchmetrics as tm
+
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    have, want = _sampled(tm, device), _sampled(tm, device)
+    batches = [_batch(i, device=device) for i in range(5)] + [_batch(9, e=30, device=device) for _ in range(3)]
+    bad = batches[3][1].clone()
+    bad[2, 0] = 300  # out of range: counted as padding, refused at compute
+    batches[3] = (batches[3][0], bad, batches[3][2])
+    for i, (s, pos, exc) in enumerate(batches):
+        ids = None if i % 2 else torch.arange(100 * i, 100 * i + 12, device=device)
+        have.update(s, pos, exc, ids=ids)
+        _eager(want.update, s, pos, exc, ids=ids)
+    assert captured("replays") == 4 + 2 and have.hist.shape[0] == 34  # batches 2-5, then 2-3 of the wider ones
+    for name in SAMPLED_STATES:
+        assert torch.equal(getattr(have, name), getattr(want, name)), name
+    with pytest.raises(ValueError) as eager:
+        _eager(want.compute)
+    with pytest.raises(ValueError) as replayed:
+        have.compute()
+    assert str(replayed.value) == str(eager.value) and "first failed at update 4" in str(eager.value)
+    have.reset(), want.reset()
+    for s, pos, exc in batches[:3]:
+        have.update(s, pos, exc)
+        _eager(want.update, s, pos, exc)
+    assert have._rows_seen == want._rows_seen == 36
+    assert {k: torch.equal(v, want.compute()[k]) for k, v in have.compute().items()} == dict.fromkeys(want.compute(), True)
+
+
+@pytest.mark.parametrize("with_keep", [True, False], ids=["keep", "no_keep"])
+def test_sampled_update_padded_replayed_equals_eager_states(captured, device, monkeypatch, with_keep):
+    """``SampledRankingMetrics.update_padded`` (the Lightning callback's call: padded inputs, ids and a keep mask per
+    batch): replayed updates leave the eager updates' states."""
+    from reco_sampled_plugin.adapters import torchmetrics as tm
+
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    have, want = _sampled(tm, device, ties="optimistic"), _sampled(tm, device, ties="optimistic")
+    for i in range(5):
+        s, pos, exc = _batch(i, device=device, ties_grid=True)
+        ids = torch.arange(12 * i, 12 * i + 12, device=device)
+        keep = (torch.arange(12, device=device) % (i + 2) != 0) if with_keep else None
+        have.update_padded(s, pos, exc, ids, keep)
+        _eager(want.update_padded, s, pos, exc, ids, keep)
+    assert captured("replays") == 4
+    for name in SAMPLED_STATES:
+        assert torch.equal(getattr(have, name), getattr(want, name)), name
+
+
+def test_sampled_designs_with_host_side_state_are_not_captured(captured, device, monkeypatch):
+    """Adaptive, exact-share, popularity and without-replacement designs keep their eager update
+    (sizes read back or host-side rows): nothing captured, the same states as with capture off."""
+    from reco_sampled_plugin import SamplingDesign
+    from reco_sampled_plugin.adapters import torchmetrics as tm
+
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    designs = {"adaptive": (SamplingDesign(20, adaptive_max=80), {}),
+               "share": (SamplingDesign(20, exact_share=0.5), {}),
+               "popularity": (SamplingDesign(20, popularity=torch.rand(300) + 0.1), {}),
+               "without replacement": (SamplingDesign(20, replacement=False), {})}
+    for name, (design, kwargs) in designs.items():
+        have, want = (_sampled(tm, device, design, ("none",), **kwargs) for _ in range(2))
+        for i in range(3):
+            s, pos, exc = _batch(i, device=device)
+            torch.manual_seed(i)
+            have.update(s, pos, exc)
+            torch.manual_seed(i)
+            _eager(want.update, s, pos, exc)
+        assert captured("captures") == 0, name
+        assert torch.equal(have.hist, want.hist), name
 
 
 def test_the_docs_state_the_capture_settings_the_code_has():

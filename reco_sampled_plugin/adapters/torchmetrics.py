@@ -979,6 +979,10 @@ class SampledRankingMetrics(_MergeChecked):
         negative is drawn or ranked (the same for :meth:`update_factors` and :meth:`update_from_scorer`); no state
         changes."""
         scores = score_tensor(scores)
+        if keep is None and self._captures(scores.device):
+            inputs = capture_inputs(scores, positives, exclude)
+            if inputs is not None and self._update_captured(inputs, exclude is not None, ids):
+                return
         pending: list[Check] | None = [] if defers_checks(scores.device) else None
         pos, exc = padded_inputs(scores, positives, exclude, pending)
         self._update_padded(scores, pos, exc, ids, keep, pending)
@@ -987,7 +991,73 @@ class SampledRankingMetrics(_MergeChecked):
                       ids: TensorLike | None = None, keep: torch.Tensor | None = None) -> None:
         """:meth:`update` on validated padded index tensors."""
         _updated(self)
+        if self._captures(scores.device) and (keep is None or isinstance(keep, torch.Tensor)):
+            inputs = capture_inputs(scores, pos, exc)
+            if inputs is not None and (keep is None or keep.device == scores.device) and self._update_captured(
+                    inputs + (() if keep is None else (keep,)), exc is not None, ids, True, keep is not None):
+                return
         self._update_padded(scores, pos, exc, ids, keep, [] if defers_checks(scores.device) else None)
+
+    def _captures(self, device: torch.device) -> bool:
+        """Whether score batches on ``device`` may be replayed from CUDA graphs (:mod:`._graphs`): a fixed-m uniform
+        design with replacement (adaptive stages, a share, popularity rows and draws without replacement read
+        sizes back or keep host-side rows), where checks are deferred."""
+        d = self._design
+        return self._adaptive is None and self._share is None and d.popularity is None and d.replacement \
+            and defers_checks(device)
+
+    def _update_captured(self, inputs: tuple[torch.Tensor, ...], has_exclude: bool, ids: TensorLike | None,
+                         prepared: bool = False, has_keep: bool = False) -> bool:
+        """:meth:`update` (``prepared``: :meth:`update_padded`) of index inputs as one call that :mod:`._graphs`
+        replays (:meth:`_captures`): the batch's histogram increment (its rows x m + 1 counts) and failed checks
+        computed from the inputs and the instance ids alone (nothing read, no state touched), then added to the
+        states. The host's checks (catalogue size, the histogram's rows) run first; False where they refuse the
+        batch (the eager path then raises as it would), nothing changed."""
+        scores = inputs[0]
+        b, n_items = scores.shape
+        seen = self._n_items_host
+        self._check_n_items(n_items)
+        try:
+            rows = self._check_hist_rows(inputs[1], inputs[2] if has_exclude else None, n_items, None)
+        except ValueError:
+            return False
+        width = self.hist.shape[1]
+        notes: list[tuple[str, str]] = []
+        settings = self.settings
+
+        def batch(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            scores, exclude = tensors[0], tensors[2] if has_exclude else None
+            keep = _keep_mask(tensors[-1], b, scores.device) if has_keep else None
+            pending: list[Check] = []
+            pos, exc = (tensors[1], exclude) if prepared else padded_inputs(scores, tensors[1], exclude, pending)
+            checks = DeviceChecks(defer=True)
+            checks.include(pending)
+            _check_scores(scores, pos, settings.check_finite, checks)
+            keys = RowKeys.of(settings.seed, tensors[2 + has_exclude], scores.device)
+            ranked = self._rank_batch(MatrixScores(scores), pos, exc, n_items, keys, checks, None, keep)
+            n_cand = padded_candidate_counts(n_items, pos, exc, count_other_positives=False)
+            idx, w = self._hist_cells(ranked.ranks, n_cand, pos, keep, None, rows, n_items)
+            increment = torch.zeros(rows * width, dtype=torch.float64, device=scores.device)
+            increment.index_put_((idx,), w.to(torch.float64), accumulate=True)
+            named = checks.pending()
+            run_checks([c for c in named if c.name not in _CHECK_SLOT])  # none on this path (a read: not captured)
+            failed, noted = _check_slots([c for c in named if c.name in _CHECK_SLOT],
+                                         torch.zeros((), dtype=torch.bool, device=scores.device))
+            notes[:] = noted
+            return increment.view(rows, width), failed
+
+        key = self._ids(ids, b, scores.device)
+        options = ("sampled_update", self._design.n_samples, settings.seed, settings.ties, settings.check_finite,
+                   has_exclude, prepared, has_keep, rows, width)
+        increment, failed = _graphs.run("SampledRankingMetrics.update", options, batch,
+                                        inputs[:2 + has_exclude] + (key.to(torch.int64),) + inputs[2 + has_exclude:],
+                                        notes)
+        self._add_failed(failed, notes)
+        if seen != n_items:  # the state's catalogue, set where this process did not set it already
+            self.n_items = torch.full((), n_items, dtype=torch.int64, device=self.n_items.device)
+        self._grow_hist(rows)
+        (self.hist if rows == self.hist.shape[0] else self.hist[:rows]).add_(_to(increment, self.hist.device))
+        return True
 
     def _update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, ids: TensorLike | None,
                        keep: torch.Tensor | None, pending: list[Check] | None = None) -> None:
@@ -1368,15 +1438,25 @@ class SampledRankingMetrics(_MergeChecked):
         """Add the valid slots' (e, r~) to the histogram by an accumulating scatter over every slot (weight 0
         where not valid): no boolean indexing, no data-dependent size, nothing read back. The rows needed are
         known from the shapes: e = excluded items + other positives <= E + P - 1 (and < n_items)."""
+        rows = self._check_hist_rows(pos, exc, n_items, None)  # before the state changes: refused whole
+        self.n_items = torch.full((), n_items, dtype=torch.int64, device=self.n_items.device)
+        if pos.numel() == 0:
+            return
+        idx, w = self._hist_cells(ranks, n_cand, pos, keep, sizes, rows, n_items)
+        self._grow_hist(rows)
+        dev = self.hist.device
+        self.hist.view(-1).index_put_((_to(idx, dev),), _to(w, dev), accumulate=True)
+
+    def _hist_cells(self, ranks: torch.Tensor, n_cand: torch.Tensor, pos: torch.Tensor, keep: torch.Tensor | None,
+                    sizes: torch.Tensor | None, rows: int, n_items: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(flat histogram cell e * width + column, weight: 1 where the slot is valid and kept, else 0) of every
+        (B, P) slot, e = n_items - candidates, for a histogram of ``rows`` rows (cells in range; padded slots at cell
+        0 with weight 0)."""
         valid = pos >= 0
         k = _keep_mask(keep, pos.shape[0], pos.device)
         if k is not None:
             valid = valid & k.unsqueeze(1)
         width = self.hist.shape[1]
-        rows = self._check_hist_rows(pos, exc, n_items, None)  # before the state changes: refused whole
-        self.n_items = torch.full((), n_items, dtype=torch.int64, device=self.n_items.device)
-        if valid.numel() == 0:
-            return
         e = (n_items - n_cand).unsqueeze(1)
         col = ranks - 1
         if sizes is not None:  # stage s = log2(M / m) starts at its column offset
@@ -1386,15 +1466,16 @@ class SampledRankingMetrics(_MergeChecked):
         # in range by construction; clamped for a batch whose deferred checks failed (duplicated or excluded
         # positives can count more removed items than the catalogue holds): its state is refused at compute
         e, col = e.clamp(0, max(rows - 1, 0)), col.clamp(0, width - 1)
-        idx = torch.where(valid, e * width + col, 0).reshape(-1)
-        w = valid.to(self.hist.dtype).reshape(-1)
+        return torch.where(valid, e * width + col, 0).reshape(-1), valid.to(self.hist.dtype).reshape(-1)
+
+    def _grow_hist(self, rows: int) -> None:
+        """The histogram state with at least ``rows`` rows (zeros added) and contiguous."""
         if rows > self.hist.shape[0]:
-            grow = torch.zeros(rows - self.hist.shape[0], width, dtype=self.hist.dtype, device=self.hist.device)
+            grow = torch.zeros(rows - self.hist.shape[0], self.hist.shape[1], dtype=self.hist.dtype,
+                               device=self.hist.device)
             self.hist = torch.cat([self.hist, grow])
         elif not self.hist.is_contiguous():
             self.hist = self.hist.contiguous()
-        dev = self.hist.device
-        self.hist.view(-1).index_put_((_to(idx, dev),), _to(w, dev), accumulate=True)
 
     def _stage_offsets(self, device: torch.device) -> torch.Tensor:
         """Column offset of each adaptive stage (:func:`adaptive_columns`) on ``device``, copied there once."""
