@@ -216,8 +216,8 @@ def _prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.d
         values: list[int] = []
     else:
         values = run_checks(checks, widths)  # every check (and the masks' widths) in one synchronisation
-    if masks:
-        padded = sparse.finish(values)
+    if masks:  # where calls are replayed from graphs, widths in powers of two: a loop's batches repeat shapes
+        padded = sparse.finish([_width_bucket(w) for w in values] if _graphs.enabled(device) else values)
     if pos_mask:
         pos = padded.pop(0) if b and n else torch.full((b, 0), -1, dtype=torch.int64, device=device)
     if exc_mask:
@@ -230,6 +230,14 @@ def _prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.d
         else:
             run_checks([clash])
     return pos, exc
+
+
+def _width_bucket(width: int) -> int:
+    """The padded width of a mask's indices where calls are replayed from CUDA graphs: the next power of two (0 and 1
+    as they are). A batch's width is its row with the most entries, so masks give a new shape, hence a new graph,
+    almost every batch; in powers of two an evaluation's batches share a few (padding slots cost a few comparisons,
+    never a result: they are -1)."""
+    return 1 << (width - 1).bit_length() if width > 1 else width
 
 
 def _exclusions_clash(pos: torch.Tensor, exc: Exclusions) -> Check:

@@ -93,10 +93,11 @@ from reco_sampled_plugin.metric_names import parse_metric
 from reco_sampled_plugin._types import TensorLike
 from reco_sampled_plugin.ranking import SampledRanks
 from reco_sampled_plugin.metrics import metric_from_float_ranks as _metric_from_float_ranks  # patched by name in tests
-from reco_sampled_plugin.factor_ranks import (check_factors, factor_ranks_padded, overflow_flag, overflow_rows,
-                                              score_limit)
-from reco_sampled_plugin.ranking import (TIE_BOUNDS, capture_inputs, complete_at_cap, padded_candidate_counts, exact_ranks_padded,
-                                         exact_ranks_padded_finite, prepare_index)
+from reco_sampled_plugin.factor_ranks import (capture_factor_inputs, check_factors, factor_ranks_padded, factor_tensors,
+                                              overflow_flag, overflow_rows, score_limit)
+from reco_sampled_plugin.ranking import (TIE_BOUNDS, capturable_index, capture_inputs, complete_at_cap,
+                                         padded_candidate_counts, exact_ranks_padded, exact_ranks_padded_finite,
+                                         prepare_index)
 from reco_sampled_plugin.scorer_ranks import (DEFAULT_MAX_PAIRS, Scorer, ScorerCalls, ScoringCost, check_scorer,
                                               check_users, complete_from_scorer, full_ranking_pairs)
 from reco_sampled_plugin._share import ShareRows, keyed_choice
@@ -633,35 +634,53 @@ class ExactRankingMetrics(_MergeChecked):
         self._update_padded(scores, pos, exc, keep, pending)
 
     def _update_captured(self, inputs: tuple[torch.Tensor, ...], has_exclude: bool, prepared: bool = False,
-                         has_keep: bool = False) -> None:
+                         has_keep: bool = False, bias: bool | None = None) -> torch.Tensor | None:
         """:meth:`update` of index inputs (``prepared``: :meth:`update_padded`'s validated padded ones, and a keep mask
         last where ``has_keep``) on a device that defers its checks, as one call that :mod:`._graphs` replays: the
         batch's sums, count and failed checks computed from the inputs alone (nothing read, no state touched), then
-        added to the states (five operators)."""
+        added to the states (five operators). ``bias`` not None: the inputs are factors (u, v[, bias], positives[,
+        exclusions]: :meth:`update_factors`), their NaN/inf flags and overflow bound among the checks (the item
+        norm computed in the graph, never the cached one); returns the positives' scores (None for scores)."""
         notes: list[tuple[str, str]] = []
 
         def batch(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            scores, exclude = tensors[0], tensors[2] if has_exclude else None
-            keep = _keep_mask(tensors[-1], scores.shape[0], scores.device) if has_keep else None
-            pending: list[Check] = []
-            if prepared:
-                pos, exc = tensors[1], exclude
-            else:
-                pos, exc = padded_inputs(scores, tensors[1], exclude, pending)
-            ranks, checks = self._deferred_ranks(scores, pos, exc)
-            sums, count = self._rank_sums(ranks, pos, exc, scores.shape[1], keep)
-            named = pending + checks
+            keep = _keep_mask(tensors[-1], tensors[0].shape[0], tensors[0].device) if has_keep else None
+            ranks, pos, exc, named, n_items, extra = self._captured_ranks(tensors[:len(tensors) - has_keep],
+                                                                          has_exclude, prepared, bias)
+            sums, count = self._rank_sums(ranks, pos, exc, n_items, keep)
             run_checks([c for c in named if c.name not in _CHECK_SLOT])  # none on this path (a read: not captured)
             named = [c for c in named if c.name in _CHECK_SLOT]
-            failed, noted = _check_slots(named, torch.zeros((), dtype=torch.bool, device=scores.device))
+            failed, noted = _check_slots(named, torch.zeros((), dtype=torch.bool, device=tensors[0].device))
             notes[:] = noted
-            return sums, count, failed
+            return (sums, count, failed) + (extra if prepared else ())  # the positives' scores: update_factors_padded
 
         options = ("exact_update", self.specs, self._kernel_ties, self.settings.count_other_positives,
-                   self.settings.check_finite, has_exclude, prepared, has_keep)
-        sums, count, failed = _graphs.run("ExactRankingMetrics.update", options, batch, inputs, notes)
+                   self.settings.check_finite, has_exclude, prepared, has_keep, bias)
+        sums, count, failed, *extra = _graphs.run("ExactRankingMetrics.update", options, batch, inputs, notes)
         self._add_failed(failed, notes)
         self._add_sums(sums, count)
+        return extra[0] if extra else None
+
+    def _captured_ranks(self, tensors: Sequence[torch.Tensor], has_exclude: bool, prepared: bool, bias: bool | None) \
+            -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, list[Check], int, tuple[torch.Tensor, ...]]:
+        """(ranks, padded positives, padded exclusions, the checks unread, n_items, (the positives' scores,) for
+        factors) of a captured batch (:meth:`_update_captured`)."""
+        pending: list[Check] = []
+        if bias is None:
+            scores, exclude = tensors[0], tensors[2] if has_exclude else None
+            pos, exc = (tensors[1], exclude) if prepared else padded_inputs(scores, tensors[1], exclude, pending)
+            ranks, checks = self._deferred_ranks(scores, pos, exc)
+            return ranks, pos, exc, pending + checks, scores.shape[1], ()
+        u, v, b, pos, exc = factor_tensors(tensors, bias, has_exclude)
+        if not prepared:
+            pos, exc = prepare_index(pos, exc, u.shape[0], v.shape[0], u.device, pending=pending)
+        flags = DeviceChecks(defer=True)
+        _check_factors_finite(u, v, b, flags)
+        flags.add(overflow_flag(u, v, b, cached=False), DEFERRED_CHECKS["factors_overflow"], "factors_overflow")
+        ranks, s_pos = factor_ranks_padded(u, v, b, pos, exc, self._kernel_ties, self.settings.count_other_positives,
+                                           bounded=True)
+        assert s_pos is not None  # bounded: the tiles ranked, never materialized scores
+        return ranks, pos, exc, pending + flags.pending(), v.shape[0], (s_pos,)
 
     def update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
                       keep: torch.Tensor | None = None) -> None:
@@ -717,6 +736,12 @@ class ExactRankingMetrics(_MergeChecked):
         cache-sized tiles and never stored (:func:`~reco_sampled_plugin.exact_ranks_from_factors`);
         NaN/inf factors raise."""
         u, v, bias = check_factors(user_factors, item_factors, item_bias)
+        inputs = capture_factor_inputs(u, v, bias, positives, exclude) if keep is None and defers_checks(u.device) \
+            else None
+        if inputs is not None:  # CUDA, index inputs: replayed from a CUDA graph where the batch's shapes repeat
+            _updated(self)
+            self._update_captured(inputs, exclude is not None, bias=bias is not None)
+            return
         pending: list[Check] | None = [] if defers_checks(u.device) else None
         pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device, pending=pending)
         self._update_factors(u, v, bias, pos, exc, keep, pending)
@@ -724,6 +749,12 @@ class ExactRankingMetrics(_MergeChecked):
     def update_factors_padded(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
                               exc: torch.Tensor | None, keep: torch.Tensor | None = None) -> torch.Tensor | None:
         """:meth:`update_factors` on validated inputs; returns the positives' scores (for sampled ranks)."""
+        if defers_checks(u.device) and (keep is None or (isinstance(keep, torch.Tensor) and keep.device == u.device)):
+            inputs = capture_factor_inputs(u, v, bias, pos, exc)
+            if inputs is not None:
+                _updated(self)
+                return self._update_captured(inputs + (() if keep is None else (keep,)), exc is not None, True,
+                                             keep is not None, bias is not None)
         return self._update_factors(u, v, bias, pos, exc, keep, [] if defers_checks(u.device) else None)
 
     def _update_factors(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
@@ -981,7 +1012,7 @@ class SampledRankingMetrics(_MergeChecked):
         scores = score_tensor(scores)
         if keep is None and self._captures(scores.device):
             inputs = capture_inputs(scores, positives, exclude)
-            if inputs is not None and self._update_captured(inputs, exclude is not None, ids):
+            if inputs is not None and self._update_captured(inputs[:1], inputs[1:], ids):
                 return
         pending: list[Check] | None = [] if defers_checks(scores.device) else None
         pos, exc = padded_inputs(scores, positives, exclude, pending)
@@ -991,73 +1022,100 @@ class SampledRankingMetrics(_MergeChecked):
                       ids: TensorLike | None = None, keep: torch.Tensor | None = None) -> None:
         """:meth:`update` on validated padded index tensors."""
         _updated(self)
-        if self._captures(scores.device) and (keep is None or isinstance(keep, torch.Tensor)):
+        if self._captures(scores.device, keep):
             inputs = capture_inputs(scores, pos, exc)
-            if inputs is not None and (keep is None or keep.device == scores.device) and self._update_captured(
-                    inputs + (() if keep is None else (keep,)), exc is not None, ids, True, keep is not None):
+            if inputs is not None and self._update_captured(inputs[:1], inputs[1:], ids, True, keep):
                 return
         self._update_padded(scores, pos, exc, ids, keep, [] if defers_checks(scores.device) else None)
 
-    def _captures(self, device: torch.device) -> bool:
-        """Whether score batches on ``device`` may be replayed from CUDA graphs (:mod:`._graphs`): a fixed-m uniform
+    def _captures(self, device: torch.device, keep: Any = None) -> bool:
+        """Whether batches on ``device`` may be replayed from CUDA graphs (:mod:`._graphs`): a fixed-m uniform
         design with replacement (adaptive stages, a share, popularity rows and draws without replacement read
-        sizes back or keep host-side rows), where checks are deferred."""
+        sizes back or keep host-side rows), where checks are deferred, ``keep`` None or a tensor there."""
         d = self._design
         return self._adaptive is None and self._share is None and d.popularity is None and d.replacement \
-            and defers_checks(device)
+            and defers_checks(device) and (keep is None or (isinstance(keep, torch.Tensor) and keep.device == device))
 
-    def _update_captured(self, inputs: tuple[torch.Tensor, ...], has_exclude: bool, ids: TensorLike | None,
-                         prepared: bool = False, has_keep: bool = False) -> bool:
-        """:meth:`update` (``prepared``: :meth:`update_padded`) of index inputs as one call that :mod:`._graphs`
-        replays (:meth:`_captures`): the batch's histogram increment (its rows x m + 1 counts) and failed checks
-        computed from the inputs and the instance ids alone (nothing read, no state touched), then added to the
-        states. The host's checks (catalogue size, the histogram's rows) run first; False where they refuse the
-        batch (the eager path then raises as it would), nothing changed."""
-        scores = inputs[0]
-        b, n_items = scores.shape
+    def _update_captured(self, source: tuple[torch.Tensor, ...], index: tuple[torch.Tensor, ...], ids: TensorLike | None,
+                         prepared: bool = False, keep: torch.Tensor | None = None,
+                         factors: tuple[bool, bool, bool] | None = None, mark: bool = False) -> bool:
+        """A batch as one call that :mod:`._graphs` replays (:meth:`_captures`): ``source`` the (B, n) scores, or with
+        ``factors`` = (has bias, has the positives' scores, check the factors' finiteness) the factors (u, v[, bias][,
+        positives' scores]); ``index`` the positives[, exclusions] (``prepared``: validated padded ones); ``keep`` a
+        mask on their device. The batch's histogram increment (its rows x columns counts) and failed checks are
+        computed from these and the instance ids alone (nothing read, no state touched), then added to the states.
+        The host's checks (catalogue size, the histogram's rows) run first; False where they refuse the batch (the
+        eager path then raises as it would), nothing changed. ``mark``: count the update (:func:`_updated`: the entry
+        points torchmetrics does not wrap) once those checks pass."""
+        has_exclude = len(index) == 2
+        b, device = index[0].shape[0], index[0].device
+        n_items = source[1].shape[0] if factors else source[0].shape[1]
         seen = self._n_items_host
         self._check_n_items(n_items)
         try:
-            rows = self._check_hist_rows(inputs[1], inputs[2] if has_exclude else None, n_items, None)
+            rows = self._check_hist_rows(index[0], index[1] if has_exclude else None, n_items, None)
         except ValueError:
             return False
-        width = self.hist.shape[1]
+        if mark:
+            _updated(self)
+        width, n_src = self.hist.shape[1], len(source)
         notes: list[tuple[str, str]] = []
-        settings = self.settings
 
         def batch(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            scores, exclude = tensors[0], tensors[2] if has_exclude else None
-            keep = _keep_mask(tensors[-1], b, scores.device) if has_keep else None
-            pending: list[Check] = []
-            pos, exc = (tensors[1], exclude) if prepared else padded_inputs(scores, tensors[1], exclude, pending)
             checks = DeviceChecks(defer=True)
-            checks.include(pending)
-            _check_scores(scores, pos, settings.check_finite, checks)
-            keys = RowKeys.of(settings.seed, tensors[2 + has_exclude], scores.device)
-            ranked = self._rank_batch(MatrixScores(scores), pos, exc, n_items, keys, checks, None, keep)
+            drawn, pos, exc = self._captured_source(tensors[:n_src], tensors[n_src:n_src + 1 + has_exclude], factors,
+                                                    prepared, n_items, checks)
+            keys = RowKeys.of(self.settings.seed, tensors[n_src + 1 + has_exclude], device)
+            kept = _keep_mask(tensors[-1], b, device) if keep is not None else None
+            ranked = self._rank_batch(drawn, pos, exc, n_items, keys, checks, None, kept)
             n_cand = padded_candidate_counts(n_items, pos, exc, count_other_positives=False)
-            idx, w = self._hist_cells(ranked.ranks, n_cand, pos, keep, None, rows, n_items)
-            increment = torch.zeros(rows * width, dtype=torch.float64, device=scores.device)
+            idx, w = self._hist_cells(ranked.ranks, n_cand, pos, kept, None, rows, n_items)
+            increment = torch.zeros(rows * width, dtype=torch.float64, device=device)
             increment.index_put_((idx,), w.to(torch.float64), accumulate=True)
             named = checks.pending()
             run_checks([c for c in named if c.name not in _CHECK_SLOT])  # none on this path (a read: not captured)
             failed, noted = _check_slots([c for c in named if c.name in _CHECK_SLOT],
-                                         torch.zeros((), dtype=torch.bool, device=scores.device))
+                                         torch.zeros((), dtype=torch.bool, device=device))
             notes[:] = noted
             return increment.view(rows, width), failed
 
-        key = self._ids(ids, b, scores.device)
+        key = self._ids(ids, b, device).to(torch.int64)
+        settings = self.settings
         options = ("sampled_update", self._design.n_samples, settings.seed, settings.ties, settings.check_finite,
-                   has_exclude, prepared, has_keep, rows, width)
+                   factors, has_exclude, prepared, keep is not None, rows, width)
         increment, failed = _graphs.run("SampledRankingMetrics.update", options, batch,
-                                        inputs[:2 + has_exclude] + (key.to(torch.int64),) + inputs[2 + has_exclude:],
-                                        notes)
+                                        source + index + (key,) + (() if keep is None else (keep,)), notes)
         self._add_failed(failed, notes)
         if seen != n_items:  # the state's catalogue, set where this process did not set it already
             self.n_items = torch.full((), n_items, dtype=torch.int64, device=self.n_items.device)
         self._grow_hist(rows)
         (self.hist if rows == self.hist.shape[0] else self.hist[:rows]).add_(_to(increment, self.hist.device))
         return True
+
+    def _captured_source(self, source: Sequence[torch.Tensor], index: Sequence[torch.Tensor],
+                         factors: tuple[bool, bool, bool] | None, prepared: bool, n_items: int,
+                         checks: DeviceChecks) -> tuple[DrawnScores, torch.Tensor, torch.Tensor | None]:
+        """(drawn-score source, padded positives, padded exclusions) of a captured batch (:meth:`_update_captured`),
+        the inputs' and the scores' (or factors') checks added to ``checks``, unread."""
+        pending: list[Check] = []
+        exclude = index[1] if len(index) == 2 else None
+        if factors is None:
+            scores = source[0]
+            pos, exc = (index[0], exclude) if prepared else padded_inputs(scores, index[0], exclude, pending)
+            checks.include(pending)
+            _check_scores(scores, pos, self.settings.check_finite, checks)
+            return MatrixScores(scores), pos, exc
+        has_bias, has_pos_scores, finite = factors
+        u, v = source[0], source[1]
+        bias = source[2] if has_bias else None
+        if prepared:
+            pos, exc = index[0], exclude
+        else:
+            pos, exc = prepare_index(index[0], exclude, u.shape[0], n_items, u.device, pending=pending)
+        checks.include(pending)
+        if finite:
+            _check_factors_finite(u, v, bias, checks)
+        return FactorScores(u, v, bias, source[-1] if has_pos_scores else None), pos, exc
 
     def _update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None, ids: TensorLike | None,
                        keep: torch.Tensor | None, pending: list[Check] | None = None) -> None:
@@ -1216,9 +1274,16 @@ class SampledRankingMetrics(_MergeChecked):
         """:meth:`update` for the scores ``user_factors @ item_factors.T (+ item_bias)`` without forming
         them: the keyed negatives (the same items as from scores) are scored by one dot product each."""
         u, v, bias = check_factors(user_factors, item_factors, item_bias)
+        finite = bool(self.settings.check_finite)
+        if keep is None and self._captures(u.device):
+            inputs = capture_factor_inputs(u, v, bias, positives, exclude)
+            source = (u, v) + (() if bias is None else (bias,))
+            if inputs is not None and self._update_captured(source, inputs[len(source):], ids,
+                                                            factors=(bias is not None, False, finite), mark=True):
+                return
         pending: list[Check] | None = [] if defers_checks(u.device) else None
         pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device, pending=pending)
-        self._update_factors(u, v, bias, pos, exc, ids, keep, None, bool(self.settings.check_finite), pending)
+        self._update_factors(u, v, bias, pos, exc, ids, keep, None, finite, pending)
 
     def _add_popularity(self, ranks: torch.Tensor, n_cand: torch.Tensor, stats: Any, pos: torch.Tensor,
                         keep: torch.Tensor | None, exact: torch.Tensor | None = None) -> None:
@@ -1294,6 +1359,13 @@ class SampledRankingMetrics(_MergeChecked):
         """:meth:`update_factors` on validated inputs (``pos_scores``: the positives' dot-product scores
         when already computed, e.g. by :meth:`ExactRankingMetrics.update_factors_padded`; ``check_finite``: also
         refuse NaN or inf factors, in the batch's one validation read)."""
+        if self._captures(u.device, keep) and capturable_index(u.device, pos, exc) and (
+                pos_scores is None or pos_scores.device == u.device):
+            source = (u, v) + tuple(t for t in (bias, pos_scores) if t is not None)
+            index = (pos,) + (() if exc is None else (exc,))
+            if self._update_captured(source, index, ids, True, keep,
+                                     (bias is not None, pos_scores is not None, check_finite), True):
+                return
         self._update_factors(u, v, bias, pos, exc, ids, keep, pos_scores, check_finite,
                              [] if defers_checks(u.device) else None)
 
