@@ -627,6 +627,35 @@ def test_mask_widths_come_in_powers_of_two_where_calls_are_replayed(captured, de
     assert exc.shape[1] > plain_exc.shape[1]  # a width that is no power of two here
 
 
+def test_a_sampled_batch_the_host_refuses_gives_the_eager_error_and_counts(captured, device, monkeypatch):
+    """A batch whose histogram state would be too large (refused from its shapes, before any draw): where updates are
+    captured, the same ValueError as eager (its bad positives' first, else the state's), for scores and factors, no
+    state changed and each update counted once, as eagerly."""
+    from reco_sampled_plugin.adapters import torchmetrics as tm
+
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    scores = torch.rand(2, 100, device=device)
+    u, v = torch.randn(2, 4, device=device), torch.randn(100, 4, device=device)
+    exclude = torch.arange(2, 60, device=device).repeat(2, 1)
+    for bad in (False, True):
+        pos = torch.tensor([[0], [150 if bad else 1]], device=device)
+        calls = {"update": lambda m: m.update(scores, pos, exclude),
+                 "update_factors": lambda m: m.update_factors(u, v, pos, exclude),
+                 "update_factors_padded": lambda m: m.update_factors_padded(u, v, None, pos, exclude)}
+        for name, call in calls.items():
+            have, want = (tm.SampledRankingMetrics(["ndcg@10"], n_samples=2**24).to(device) for _ in range(2))
+            errors = []
+            for metric, run in ((have, call), (want, lambda m: _eager(call, m))):
+                with pytest.raises(ValueError) as err:
+                    run(metric)
+                errors.append(str(err.value))
+            padded = name.endswith("padded")  # validated inputs by contract: the state's error
+            assert errors[0] == errors[1], name
+            assert ("item indices" if bad and not padded else "the histogram state") in errors[0], name
+            assert have._update_count == want._update_count and have.hist.shape[0] == 0, name
+    assert captured("captures") == 0
+
+
 def test_sampled_designs_with_host_side_state_are_not_captured(captured, device, monkeypatch):
     """Adaptive, exact-share, popularity and without-replacement designs keep their eager update
     (sizes read back or host-side rows): nothing captured, the same states as with capture off."""

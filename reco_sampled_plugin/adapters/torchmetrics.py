@@ -1045,8 +1045,11 @@ class SampledRankingMetrics(_MergeChecked):
         mask on their device. The batch's histogram increment (its rows x columns counts) and failed checks are
         computed from these and the instance ids alone (nothing read, no state touched), then added to the states.
         The host's checks (catalogue size, the histogram's rows) run first; False where they refuse the batch (the
-        eager path then raises as it would), nothing changed. ``mark``: count the update (:func:`_updated`: the entry
-        points torchmetrics does not wrap) once those checks pass."""
+        eager path then raises as it would, told not to count the update again), nothing else changed. ``mark``:
+        count the update first (:func:`_updated`: the entry points torchmetrics does not wrap), as their eager path
+        does."""
+        if mark:
+            _updated(self)
         has_exclude = len(index) == 2
         b, device = index[0].shape[0], index[0].device
         n_items = source[1].shape[0] if factors else source[0].shape[1]
@@ -1056,8 +1059,6 @@ class SampledRankingMetrics(_MergeChecked):
             rows = self._check_hist_rows(index[0], index[1] if has_exclude else None, n_items, None)
         except ValueError:
             return False
-        if mark:
-            _updated(self)
         width, n_src = self.hist.shape[1], len(source)
         notes: list[tuple[str, str]] = []
 
@@ -1275,15 +1276,18 @@ class SampledRankingMetrics(_MergeChecked):
         them: the keyed negatives (the same items as from scores) are scored by one dot product each."""
         u, v, bias = check_factors(user_factors, item_factors, item_bias)
         finite = bool(self.settings.check_finite)
+        counted = False
         if keep is None and self._captures(u.device):
             inputs = capture_factor_inputs(u, v, bias, positives, exclude)
             source = (u, v) + (() if bias is None else (bias,))
-            if inputs is not None and self._update_captured(source, inputs[len(source):], ids,
-                                                            factors=(bias is not None, False, finite), mark=True):
-                return
+            if inputs is not None:
+                if self._update_captured(source, inputs[len(source):], ids, factors=(bias is not None, False, finite),
+                                         mark=True):
+                    return
+                counted = True
         pending: list[Check] | None = [] if defers_checks(u.device) else None
         pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device, pending=pending)
-        self._update_factors(u, v, bias, pos, exc, ids, keep, None, finite, pending)
+        self._update_factors(u, v, bias, pos, exc, ids, keep, None, finite, pending, counted)
 
     def _add_popularity(self, ranks: torch.Tensor, n_cand: torch.Tensor, stats: Any, pos: torch.Tensor,
                         keep: torch.Tensor | None, exact: torch.Tensor | None = None) -> None:
@@ -1359,6 +1363,7 @@ class SampledRankingMetrics(_MergeChecked):
         """:meth:`update_factors` on validated inputs (``pos_scores``: the positives' dot-product scores
         when already computed, e.g. by :meth:`ExactRankingMetrics.update_factors_padded`; ``check_finite``: also
         refuse NaN or inf factors, in the batch's one validation read)."""
+        counted = False
         if self._captures(u.device, keep) and capturable_index(u.device, pos, exc) and (
                 pos_scores is None or pos_scores.device == u.device):
             source = (u, v) + tuple(t for t in (bias, pos_scores) if t is not None)
@@ -1366,14 +1371,18 @@ class SampledRankingMetrics(_MergeChecked):
             if self._update_captured(source, index, ids, True, keep,
                                      (bias is not None, pos_scores is not None, check_finite), True):
                 return
+            counted = True
         self._update_factors(u, v, bias, pos, exc, ids, keep, pos_scores, check_finite,
-                             [] if defers_checks(u.device) else None)
+                             [] if defers_checks(u.device) else None, counted)
 
     def _update_factors(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
                         exc: torch.Tensor | None, ids: TensorLike | None, keep: torch.Tensor | None,
-                        pos_scores: torch.Tensor | None, check_finite: bool, pending: list[Check] | None) -> None:
-        """:meth:`update_factors_padded`; ``pending`` as in :meth:`_update_padded`."""
-        _updated(self)
+                        pos_scores: torch.Tensor | None, check_finite: bool, pending: list[Check] | None,
+                        counted: bool = False) -> None:
+        """:meth:`update_factors_padded`; ``pending`` as in :meth:`_update_padded`; ``counted``: the update was counted
+        already (a capture that the host's checks refused)."""
+        if not counted:
+            _updated(self)
         b, n_items = u.shape[0], v.shape[0]
         self._check_n_items(n_items)
         checks = DeviceChecks(defer=pending is not None)
