@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # mypy's view of the lazy names below; tests/test_surface.py 
     from ._estimate import Estimate, explain_flags
     from ._rank_hist import RankHistogram, sampled_rank_histogram
     from ._adaptive_law import AdaptiveCost, adaptive_cost
+    from ._deferred import deferred_checks
     from .adaptive import adaptive_sampled_ranks
     from .consistency import consistency_report
     from .design import AdaptiveDesign, SamplingDesign, popularity_weights
@@ -50,6 +51,7 @@ _SURFACE: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
         ("ScoringCost", "scorer_ranks", "what the scorer loop cost: pairs, calls, seconds, and full ranking's pairs"),
         ("candidate_counts", "ranking", "candidates per row: items minus the excluded ones"),
         ("adaptive_sampled_ranks", "adaptive", "adaptive sampling from scores: positives still first draw again"),
+        ("deferred_checks", "_deferred", "a block whose exact_ranks / per_user_metrics checks are read once, at its end"),
         ("RankHistogram", "_rank_hist", "the histogram of sampled ranks by (n, m): everything an estimator needs"),
         ("sampled_rank_histogram", "_rank_hist", "the histogram of sampled ranks (additive over batches and processes)"),
     )),

@@ -26,6 +26,7 @@ import torch
 from ._checks import (MAX_SAMPLES, MAX_SIZE, check_elements, check_generator, check_int, check_not_meta,
                       check_required, check_same_device, check_size, check_weights, real_tensor)
 from . import _graphs
+from ._deferred import DEFERRABLE, defer_checks, defer_flags
 from ._inputs import (Check, check_flags, score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
                        finite_flags, pending_index, run_checks, sparse_masks)
 from .exclusions import Exclusions, as_exclusions, check_prepared, csr_from_padded, pending_exclusions, skip_sorted
@@ -377,17 +378,20 @@ def exact_ranks(
     if inputs is not None:
         # an accelerator: the call replayed from a CUDA graph where its shapes repeat (:mod:`._graphs`); its checks
         # read back once, an invalid input ranked again below for its error
+        notes: list[tuple[str, str]] = []
+
         def queued(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             ranks, _, _, checks = queued_exact_ranks(tensors[0], tensors[1], tensors[2] if len(tensors) > 2 else None,
                                                      ties, count_other_positives, None, check_finite)
+            notes[:] = [(c.name, c.message) for c in checks]
             return ranks, check_flags(checks)
 
-        ranks, flags = _graphs.run("exact_ranks", (ties, count_other_positives, check_finite), queued, inputs)
-        if not any(flags.tolist()):
+        ranks, flags = _graphs.run("exact_ranks", (ties, count_other_positives, check_finite), queued, inputs, notes)
+        if defer_flags(flags, notes) or not any(flags.tolist()):  # in a deferred_checks block: read at its end
             return ranks
     ranks, _, _, checks = queued_exact_ranks(scores, positives, exclude, ties, count_other_positives, generator,
                                              check_finite)
-    run_checks(checks)
+    defer_checks(checks)
     return ranks
 
 
@@ -422,7 +426,7 @@ def queued_exact_ranks(scores: Any, positives: Any, exclude: Any, ties: str, cou
                                               False)
     if finite is not None:
         rows = finite
-        pending.append(Check(~rows.all(), lambda: check_finite_rows(rows)))
+        pending.append(Check(~rows.all(), lambda: check_finite_rows(rows), "scores_finite", DEFERRABLE["scores_finite"]))
     return ranks, pos, exc, pending
 
 

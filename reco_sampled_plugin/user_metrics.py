@@ -34,6 +34,7 @@ import torch
 from ._checks import as_tensor, check_generator, check_rank_values, real_tensor, check_sizes, check_weights
 from .metric_names import MetricSpec, parse_metric
 from . import _graphs
+from ._deferred import defer_checks, defer_flags
 from ._inputs import Check, check_flags, run_checks, score_tensor
 from ._options import check_bool, check_metric_names
 from .ranking import TIE_BOUNDS, capture_inputs, check_ties, padded_candidate_counts, queued_exact_ranks
@@ -318,26 +319,31 @@ def per_user_metrics(
               and ties != "random" else None)
     if inputs is not None:
         # an accelerator: the call replayed from a CUDA graph where its shapes repeat (:mod:`._graphs`)
+        notes: list[tuple[str, str]] = []
+
         def queued(*tensors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             values, checks = _metrics_queued(specs, tensors[0], tensors[1], tensors[2] if len(tensors) > 2 else None,
                                              kernel_ties, None, check_finite)
+            notes[:] = [(c.name, c.message) for c in checks]
             return torch.stack(list(values.values())), check_flags(checks)
 
-        stacked, flags = _graphs.run("per_user_metrics", (tuple(specs), kernel_ties, check_finite), queued, inputs)
-        out = _replayed(specs, stacked, flags, as_frame)
+        stacked, flags = _graphs.run("per_user_metrics", (tuple(specs), kernel_ties, check_finite), queued, inputs,
+                                     notes)
+        out = _replayed(specs, stacked, flags, as_frame, notes)
         if out is not None:
             return out
     values, checks = _metrics_queued(specs, scores, positives, exclude, kernel_ties, generator, check_finite, relevance)
     return _finish(values, checks, as_frame)
 
 
-def _replayed(specs: Sequence[MetricSpec], stacked: torch.Tensor, flags: torch.Tensor,
-              as_frame: bool) -> "pd.DataFrame | dict[str, torch.Tensor] | None":
+def _replayed(specs: Sequence[MetricSpec], stacked: torch.Tensor, flags: torch.Tensor, as_frame: bool,
+              named: Sequence[tuple[str, str]] = ()) -> "pd.DataFrame | dict[str, torch.Tensor] | None":
     """A replayed call's (len(specs), B) values as returned, its checks' ``flags`` read (with a frame's copy to the
-    host); None where a check is set (the caller runs the call eagerly for its error or its other path)."""
+    host; a dict's kept unread inside a ``deferred_checks`` block, ``named`` their checks); None where a check is set
+    (the caller runs the call eagerly for its error or its other path)."""
     values = {spec.column: v for spec, v in zip(specs, stacked.unbind(0))}
     if not as_frame:
-        return None if any(flags.tolist()) else values
+        return None if not defer_flags(flags, named) and any(flags.tolist()) else values
     return _frame(values, flags)
 
 
@@ -357,10 +363,13 @@ def _metrics_queued(specs: Sequence[MetricSpec], scores: Any, positives: Any, ex
 
 
 def _finish(values: dict[str, torch.Tensor], checks: list[Check], as_frame: bool) -> "pd.DataFrame | dict[str, torch.Tensor]":
-    """The values as returned, their checks read: with a frame's copy to the host, or at once for a dict."""
-    if not as_frame or not checks:
-        run_checks(checks)
-        return values if not as_frame else _frame(values, None)
+    """The values as returned, their checks read: with a frame's copy to the host, or at once for a dict (inside a
+    ``deferred_checks`` block: at its end)."""
+    if not as_frame:
+        defer_checks(checks)
+        return values
+    if not checks:
+        return _frame(values, None)
     flags = check_flags(checks)
     frame = _frame(values, flags)
     if frame is None:  # a check failed: its error

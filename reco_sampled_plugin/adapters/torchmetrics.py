@@ -79,6 +79,7 @@ from torchmetrics import Metric
 
 from reco_sampled_plugin._checks import check_elements, check_int, check_size, real_tensor
 from reco_sampled_plugin import _graphs
+from reco_sampled_plugin._deferred import DEFERRABLE
 from reco_sampled_plugin._inputs import Check, factor_finite_checks, finite_flags, run_checks, score_tensor
 from reco_sampled_plugin._keyed import (AdaptiveRanks, DeviceChecks, DrawnScores, FactorScores, MatrixScores, RowKeys,
                                         ScorerScores, keyed_adaptive_ranks, keyed_ranks)
@@ -150,12 +151,7 @@ _READS_ON_CPU = True
 #: two failed at the same update. The ``failed_checks`` state holds one entry per check (:data:`_FIRST` - the first
 #: update that failed it, 0: never), reduced by max: merged and synced states keep each check's earliest failure.
 DEFERRED_CHECKS: dict[str, str] = {
-    "positives_range": "positives: item indices must lie in 0..n_items - 1 (or -1 for padding)",
-    "positives_duplicates": "positives: a row lists the same item twice",
-    "exclude_range": "exclude: item indices must lie in 0..n_items - 1 (or -1 for padding)",
-    "exclude_duplicates": "exclude: a row lists the same item twice",
-    "exclude_clash": "exclude: a row excludes one of its own positives; a relevant item cannot also be excluded",
-    "scores_finite": "scores: NaN or inf in the score matrix; ranks would be meaningless",
+    **DEFERRABLE,  # the inputs' and the scores' checks, as a deferred_checks block keeps them
     "user_factors_finite": "user_factors: contains NaN or inf; ranks would be meaningless",
     "item_factors_finite": "item_factors: contains NaN or inf; ranks would be meaningless",
     "item_bias_finite": "item_bias: contains NaN or inf; ranks would be meaningless",
