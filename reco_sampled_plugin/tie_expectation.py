@@ -32,14 +32,17 @@ import torch
 
 from .metric_names import MetricSpec
 
-__all__ = ["expected_metric_values", "expected_single_item_values", "expected_dcg", "undefined_users", "ideal_dcg"]
+__all__ = ["HIT_COUNTS", "expected_metric_values", "expected_single_item_values", "expected_dcg", "undefined_users", "ideal_dcg"]
+
+
+HIT_COUNTS = ("precision", "trunc_precision", "recall", "hit")  # the metrics counting hits: undefined where k >= n
 
 
 def undefined_users(kind: str, k: torch.Tensor, t: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """(B,) True where a metric is NaN by recometrics' rules: no relevant item or one candidate; the
     hit-count metrics when k >= n; every metric but NDCG when no irrelevant candidate is left."""
     nan = (t == 0) | (n <= 1)
-    if kind in ("precision", "trunc_precision", "recall", "hit"):
+    if kind in HIT_COUNTS:
         nan = nan | (n <= k)
     if kind != "ndcg":
         nan = nan | (n - t <= 0)

@@ -38,7 +38,7 @@ from ._deferred import defer_checks, defer_flags
 from ._inputs import Check, check_flags, run_checks, score_tensor
 from ._options import check_bool, check_metric_names
 from .ranking import TIE_BOUNDS, capture_inputs, check_ties, padded_candidate_counts, queued_exact_ranks
-from .tie_expectation import expected_metric_values, ideal_dcg, undefined_users
+from .tie_expectation import HIT_COUNTS, expected_metric_values, ideal_dcg, undefined_users
 
 if TYPE_CHECKING:
     from ._types import TensorLike
@@ -74,15 +74,34 @@ class SortedRanks:
         p = r.shape[1]
         self.position = torch.arange(1, p + 1, dtype=torch.float64, device=r.device).expand_as(self.ranks)
         self.gain = None if relevance is None else relevance.to(torch.float64).gather(1, order).masked_fill(~self.valid, 0.0)
+        self._at: dict[int | None, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._undefined: dict[tuple[str, int | None], torch.Tensor] = {}
 
     def cutoff(self, spec: MetricSpec) -> torch.Tensor:
-        return self.n if spec.k is None else torch.full_like(self.n, float(spec.k))
+        return self.at(spec.k)[0]
+
+    def at(self, k: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(cut-off per user (B,), ranks within it (B, P), their count (B,) float64) at ``k`` (None: n), computed
+        once per k and shared by the metrics at that cut-off (ten metrics @10: five operators each saved)."""
+        got = self._at.get(k)
+        if got is None:
+            cut = self.n if k is None else torch.full_like(self.n, float(k))
+            inside = self.ranks <= cut.unsqueeze(1)
+            got = self._at[k] = (cut, inside, inside.sum(1).to(torch.float64))
+        return got
+
+    def undefined(self, kind: str, k: int | None) -> torch.Tensor:
+        """(B,) :func:`undefined_users` of metric ``kind`` at ``k``, computed once per rule and cut-off (the hit
+        counts', NDCG's and the other metrics' rules differ)."""
+        rule = "count" if kind in HIT_COUNTS else "ndcg" if kind == "ndcg" else "other"
+        got = self._undefined.get((rule, k))
+        if got is None:
+            got = self._undefined[(rule, k)] = undefined_users(kind, self.at(k)[0], self.n_pos, self.n)
+        return got
 
 
 def values_from_sorted(spec: MetricSpec, s: SortedRanks) -> torch.Tensor:
-    k = s.cutoff(spec)
-    inside = s.ranks <= k.unsqueeze(1)
-    hits = inside.sum(1).to(torch.float64)
+    k, inside, hits = s.at(spec.k)
     t = s.n_pos
     kind = spec.kind
     if kind == "precision":
@@ -113,7 +132,7 @@ def values_from_sorted(spec: MetricSpec, s: SortedRanks) -> torch.Tensor:
         out = beaten.sum(1) / (t * n_neg)
     else:  # pragma: no cover
         raise ValueError(f"metric: unsupported kind {kind!r}")
-    return torch.where(undefined_users(kind, k, t, s.n), torch.full_like(out, math.nan), out)
+    return out.masked_fill(s.undefined(kind, spec.k), math.nan)
 
 
 def _check_rank_inputs(ranks: Any, n_candidates: Any,

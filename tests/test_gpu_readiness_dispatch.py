@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _budgets import OpCounter  # noqa: E402
 
-from reco_sampled_plugin import _inputs, counting, exact_ranks, sampled_ranks  # noqa: E402
+from reco_sampled_plugin import DEFAULT_METRICS, _inputs, counting, exact_ranks, per_user_metrics, sampled_ranks  # noqa: E402
 from reco_sampled_plugin.adapters._shared import RankingSettings, padded_inputs  # noqa: E402
 from reco_sampled_plugin.adapters import torchmetrics as tm  # noqa: E402
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics  # noqa: E402
@@ -48,6 +48,9 @@ BUDGET = {
     # with an exact share, as on an accelerator (a static capacity of rows ranked in one pass); 64 of the 128 more:
     # the keyed uniform of the share's choice (hash chains)
     "SampledRankingMetrics.update_padded, exact share": (311, 323),
+    # ten metrics: the cut-off's hits and each rule's undefined users computed once per k (306 in the torch loop when
+    # each metric computed its own)
+    "per_user_metrics, ten metrics": (200, 215),
 }
 PATHS = ("numpy", "torch loop")
 
@@ -85,6 +88,7 @@ def _calls(d: dict) -> dict:
         "SampledRankingMetrics.update_padded": lambda: sampled.update_padded(s, pos, exc, d["ids"]),
         "callback batch (mask exclusions)": callback_batch,
         "SampledRankingMetrics.update_padded, exact share": lambda: shared.update_padded(s, pos, exc, d["ids"]),
+        "per_user_metrics, ten metrics": lambda: per_user_metrics(s, pos, DEFAULT_METRICS, exclude=exc, as_frame=False),
     }
 
 
