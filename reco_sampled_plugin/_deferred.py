@@ -51,7 +51,7 @@ class DeferredChecks:
         self.calls = 0
         self._state: dict[torch.device, torch.Tensor] = {}
         self._index: dict[tuple[torch.device, tuple[str, ...]], torch.Tensor] = {}
-        self._messages: dict[str, str] = {}
+        self._messages: dict[str, list[tuple[int, str]]] = {}  # per kind: (first call, message) where it changed
 
     def add(self, flags: torch.Tensor, named: Sequence[tuple[str, str]]) -> None:
         """Keep one call's flags (``flags`` (k,): non-zero where failed; ``named`` the k checks' (kind, message)),
@@ -62,8 +62,10 @@ class DeferredChecks:
         index = self._index.get((device, kinds))
         if index is None:  # copied to the device once per distinct list of kinds
             index = self._index[(device, kinds)] = torch.tensor([_KIND[k] for k in kinds], device=device)
-        for name, message in named:
-            self._messages.setdefault(name, message or DEFERRABLE[name])
+        for name, message in named:  # a message names its call's numbers (e.g. the catalogue's size)
+            told = self._messages.setdefault(name, [])
+            if not told or told[-1][1] != (message or DEFERRABLE[name]):
+                told.append((self.calls, message or DEFERRABLE[name]))
         state = self._state.get(device)
         if state is None:
             state = torch.zeros(len(DEFERRABLE), dtype=torch.int64, device=device)
@@ -80,7 +82,8 @@ class DeferredChecks:
         names = list(DEFERRABLE)
         call, i = failed[0]
         also = "; also failed: " + ", ".join(f"{names[j]!r} (call {c})" for c, j in failed[1:]) if failed[1:] else ""
-        raise ValueError(f"{self._messages.get(names[i], DEFERRABLE[names[i]])} [check {names[i]!r}, first failed at "
+        message = [text for first, text in self._messages.get(names[i], []) if first <= call][-1]
+        raise ValueError(f"{message} [check {names[i]!r}, first failed at "
                          f"call {call} of {self.calls} in this deferred_checks block{also}: a call whose checks fail "
                          "computes on safe stand-ins, so the block's results are meaningless]")
 

@@ -285,6 +285,13 @@ def _tied_smaller(block: torch.Tensor, keys: torch.Tensor, ref: torch.Tensor, re
     return (_cols(block, lo, hi) == ref) & (_cols(keys, lo, hi) < ref_key)
 
 
+def _words_view(mask: torch.Tensor) -> bool:
+    """Whether a bool mask can be read as 64-bit words along its last axis in place: unit stride there, every other
+    stride and the storage offset whole words (``is_contiguous`` ignores size-1 axes: a (1, n) view of an (n, 1)
+    tensor has row stride 1)."""
+    return mask.stride(-1) == 1 and mask.storage_offset() % 8 == 0 and all(st % 8 == 0 for st in mask.stride()[:-1])
+
+
 def _count_columns(mask_of: Callable[[int, int], torch.Tensor], rows: int, n: int) -> torch.Tensor:
     """True entries along the last axis of the (rows, n) bool mask that ``mask_of(lo, hi)`` builds for columns lo:hi,
     int32. From ``_WORD_COUNT_MIN`` elements, the first 8 g k columns (g groups of k <= 255 whole 64-bit words) are
@@ -292,8 +299,8 @@ def _count_columns(mask_of: Callable[[int, int], torch.Tensor], rows: int, n: in
     groups' lanes; the last < 8 (g + 1) columns, where any are left, by :func:`_count_true`. The mask is read once, a
     byte per entry, where ``_count_true``'s int32 sum first casts it (4 bytes written and read again): with the
     compare, 6 bytes per float32 score against 14 (the eager accelerator path's ten metrics spent 3.2 of their 4.2 ms
-    per 1,024 x 100,000 batch in those casts and sums on an H200), for one more kernel (and 5 metadata operators). Smaller masks, a mask that is
-    not contiguous, n < 8: :func:`_count_true`."""
+    per 1,024 x 100,000 batch in those casts and sums on an H200), for one more kernel (and 5 metadata operators).
+    Smaller masks, a mask not readable as words (:func:`_words_view`), n < 8: :func:`_count_true`."""
     words = n // 8
     if rows * n < _WORD_COUNT_MIN or not words or n >= 2**31 - 1:
         return _count_true(mask_of(0, n))
@@ -301,7 +308,7 @@ def _count_columns(mask_of: Callable[[int, int], torch.Tensor], rows: int, n: in
     k = words // groups
     head = 8 * groups * k
     mask = mask_of(0, head)
-    if not mask.is_contiguous():
+    if not _words_view(mask):
         counts = _count_true(mask)
     else:
         lanes = mask.view(torch.int64).view(*mask.shape[:-1], groups, k).sum(-1)  # int64 in, int64 out: no cast

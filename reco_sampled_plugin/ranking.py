@@ -153,7 +153,7 @@ def prepare_inputs(scores: Any, positives: Any, exclude: Any, check_finite: bool
 
 
 def prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.device, *,
-                  pending: list[Check] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  pending: list[Check] | None = None, bucket: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Positives and exclusions of B rows over n items as padded (B, P) / (B, E) int64 indices (-1 padding),
     validated: in range, no positive also excluded (a ValueError naming the argument). Every check is read back
     in one host synchronisation (two when one argument is a mask and the other an index tensor).
@@ -161,8 +161,10 @@ def prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.de
     ``pending`` (a list): the value checks of index tensors (range, duplicates, a positive also excluded) are
     appended to it unread instead (no host synchronisation; out-of-range indices returned as -1 padding, so
     the batch can be computed on safely, and no duplicate or clash check fails on them), for a caller that reads them later (the torchmetrics adapters on an accelerator). A
-    mask still reads its width (a data-dependent shape), and the checks read with it, at once."""
-    return _prepare_index(positives, exclude, b, n, device, [], pending)
+    mask still reads its width (a data-dependent shape), and the checks read with it, at once. ``bucket``: where
+    calls on ``device`` are replayed from CUDA graphs, a mask's indices padded to a power-of-two width
+    (:func:`_width_bucket`: an evaluation loop's batches then repeat their shapes; the Lightning callback's)."""
+    return _prepare_index(positives, exclude, b, n, device, [], pending, bucket)
 
 
 _CLASH_MESSAGE = "exclude: a row excludes one of its own positives; a relevant item cannot also be excluded"
@@ -185,8 +187,8 @@ def _clash_check(pos: torch.Tensor, exc: torch.Tensor, n_items: int | None = Non
     return Check(clash.any(), lambda: _clash_error(clash.any(1)), "exclude_clash", _CLASH_MESSAGE)
 
 
-def _prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.device,
-                   first: list[Check], pending: list[Check] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.device, first: list[Check],
+                   pending: list[Check] | None = None, bucket: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     if isinstance(exclude, Exclusions):  # prepared: the exact paths take its padded form
         exclude = check_prepared(exclude, n, b, device).padded()
     if n == 0:  # an empty catalogue: nothing to rank (an empty (B, 0) mask still gives (B, 0) ranks)
@@ -217,8 +219,8 @@ def _prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.d
         values: list[int] = []
     else:
         values = run_checks(checks, widths)  # every check (and the masks' widths) in one synchronisation
-    if masks:  # where calls are replayed from graphs, widths in powers of two: a loop's batches repeat shapes
-        padded = sparse.finish([_width_bucket(w) for w in values] if _graphs.enabled(device) else values)
+    if masks:
+        padded = sparse.finish([_width_bucket(w) for w in values] if bucket and _graphs.enabled(device) else values)
     if pos_mask:
         pos = padded.pop(0) if b and n else torch.full((b, 0), -1, dtype=torch.int64, device=device)
     if exc_mask:

@@ -135,6 +135,8 @@ def test_byte_counts_of_masks_equal_their_sums_and_no_lane_carries(n, monkeypatc
     assert got.dtype == torch.int32 and got.tolist() == mask.sum(1).tolist()
     strided = mask.T.contiguous().T  # the same values in column-major order
     assert counting._count_columns(lambda lo, hi: strided[:, lo:hi], 5, n).tolist() == mask.sum(1).tolist()
+    one_row = mask[:1].T.contiguous().T  # (1, n) with row stride 1: "contiguous", yet no whole words per row
+    assert counting._count_columns(lambda lo, hi: one_row[:, lo:hi], 1, n).tolist() == mask[:1].sum(1).tolist()
 
 
 def test_empty_rows_or_catalogue_count_nothing(eager_backend):

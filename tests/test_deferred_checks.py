@@ -87,6 +87,17 @@ def test_the_block_raises_the_earliest_failed_check_naming_the_call(accelerator_
             rsp.exact_ranks(s, pos, exc)
 
 
+def test_the_error_has_the_failing_calls_own_message(accelerator_paths):
+    """Calls over catalogues of 50 and then 100 items: an out-of-range positive in the second is reported with its
+    own range (0..99), not the first call's."""
+    small, large = torch.randn(4, 50), torch.randn(4, 100)
+    pos = torch.tensor([[1], [2], [3], [4]])
+    with pytest.raises(ValueError, match=r"^positives: item indices must lie in 0\.\.99 .*at call 2 of 2"):
+        with rsp.deferred_checks():
+            rsp.exact_ranks(small, pos)
+            rsp.exact_ranks(large, torch.tensor([[1], [2], [300], [4]]))
+
+
 @pytest.mark.parametrize("kind", ["duplicates", "clash"])
 def test_duplicates_and_clashes_are_deferred_too(kind, accelerator_paths):
     s, pos, exc = _batches(1)[0]

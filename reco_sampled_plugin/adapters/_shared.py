@@ -296,14 +296,14 @@ def check_ties(ties: str) -> str:
     return ties
 
 
-def padded_inputs(scores: torch.Tensor, positives: Any, exclude: Any,
-                  pending: list | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+def padded_inputs(scores: torch.Tensor, positives: Any, exclude: Any, pending: list | None = None,
+                  bucket: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Positives and exclusions as (B, P) / (B, E) int64 tensors padded with -1, validated once (in range,
-    no duplicates, no positive also excluded); ``pending``: the value checks appended to it unread instead
-    (``ranking.prepare_index``)."""
+    no duplicates, no positive also excluded); ``pending``: the value checks appended to it unread instead;
+    ``bucket``: masks' widths in powers of two where calls are replayed (``ranking.prepare_index``)."""
     check_dense(scores, "scores")
     b, n = scores.shape
-    return prepare_index(positives, exclude, b, n, scores.device, pending=pending)
+    return prepare_index(positives, exclude, b, n, scores.device, pending=pending, bucket=bucket)
 
 
 # -------------------------------------------------------------------------------- histograms

@@ -278,7 +278,7 @@ class _RankingMetricsLogic:
             return
         scores = rb.scores.detach()
         pending: list | None = [] if defers_checks(scores.device) else None  # an accelerator: the index checks unread
-        pos, exc = padded_inputs(scores, rb.positives, rb.exclude, pending)
+        pos, exc = padded_inputs(scores, rb.positives, rb.exclude, pending, bucket=True)  # masks: shapes that repeat
         ids, keep = self._ids_keep(st, scores.shape[0], scores.device, rb.ids)
         if st.exact is not None:
             st.exact.update_padded(scores, pos, exc, keep)
@@ -293,7 +293,8 @@ class _RankingMetricsLogic:
         # inference mode is an inference tensor, with no version counter to key the cached item-factor norm
         u, v, bias = check_factors(fb.user_factors, fb.item_factors, fb.item_bias)
         pending: list | None = [] if defers_checks(u.device) else None  # an accelerator: the index checks unread
-        pos, exc = prepare_index(fb.positives, fb.exclude, u.shape[0], v.shape[0], u.device, pending=pending)
+        pos, exc = prepare_index(fb.positives, fb.exclude, u.shape[0], v.shape[0], u.device, pending=pending,
+                                 bucket=True)
         ids, keep = self._ids_keep(st, u.shape[0], u.device, fb.ids)
         s_pos = None
         if st.exact is not None:  # checks the factors (through its overflow bound)

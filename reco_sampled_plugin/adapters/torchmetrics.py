@@ -1043,13 +1043,14 @@ class SampledRankingMetrics(_MergeChecked):
         The host's checks (catalogue size, the histogram's rows) run first; False where they refuse the batch (the
         eager path then raises as it would, told not to count the update again), nothing else changed. ``mark``:
         count the update first (:func:`_updated`: the entry points torchmetrics does not wrap), as their eager path
-        does."""
+        does. An input refused inside the call (its shapes or dtypes, checked where the eager path checks them before
+        it changes anything) leaves the host's counters as they were (the update uncounted unless ``prepared``)."""
+        saved = (self._n_items_host, self._rows_seen, self._update_count)
         if mark:
             _updated(self)
         has_exclude = len(index) == 2
         b, device = index[0].shape[0], index[0].device
         n_items = source[1].shape[0] if factors else source[0].shape[1]
-        seen = self._n_items_host
         self._check_n_items(n_items)
         try:
             rows = self._check_hist_rows(index[0], index[1] if has_exclude else None, n_items, None)
@@ -1076,15 +1077,20 @@ class SampledRankingMetrics(_MergeChecked):
             notes[:] = noted
             return increment.view(rows, width), failed
 
-        key = self._ids(ids, b, device).to(torch.int64)
         settings = self.settings
         options = ("sampled_update", self._design.n_samples, settings.seed, settings.ties, settings.check_finite,
                    factors, has_exclude, prepared, keep is not None, rows, width)
-        increment, failed = _graphs.run("SampledRankingMetrics.update", options, batch,
-                                        source + index + (key,) + (() if keep is None else (keep,)), notes)
+        try:
+            key = self._ids(ids, b, device).to(torch.int64)
+            increment, failed = _graphs.run("SampledRankingMetrics.update", options, batch,
+                                            source + index + (key,) + (() if keep is None else (keep,)), notes)
+        except Exception:
+            self._n_items_host, self._rows_seen = saved[:2]
+            if mark and not prepared:
+                self._update_count = saved[2]
+            raise
         self._add_failed(failed, notes)
-        if seen != n_items:  # the state's catalogue, set where this process did not set it already
-            self.n_items = torch.full((), n_items, dtype=torch.int64, device=self.n_items.device)
+        self.n_items = torch.full((), n_items, dtype=torch.int64, device=self.n_items.device)  # as eagerly: always
         self._grow_hist(rows)
         (self.hist if rows == self.hist.shape[0] else self.hist[:rows]).add_(_to(increment, self.hist.device))
         return True
