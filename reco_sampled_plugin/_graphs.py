@@ -22,9 +22,11 @@ returned as flags and read once after the replay):
   a debug log says why); ``RECO_SAMPLED_GRAPHS=off`` turns capture off, as ``RECO_SAMPLED_BACKEND=eager`` (or
   ``counting.set_backend("eager")``) does with compilation.
 
-Memory: at most ``_MAX_GRAPHS`` captured calls per process (least recently used evicted), each holding its
-temporaries (the same bytes as one eager call's peak: a (B, n) boolean on the eager counting path) and copies of its
-small inputs.
+Memory: at most ``_MAX_GRAPHS`` captured calls per process, each holding its temporaries (the same bytes as one
+eager call's peak: a (B, n) boolean on the eager counting path) and copies of its small inputs. When they are all
+held, a new signature is captured only in place of the least recently used one, and only where that one went
+unused for ``_STALE`` calls: a loop cycling through more signatures than fit keeps replaying the ones it holds and
+runs the others eagerly, instead of capturing each anew (a capture costs about two calls) and evicting the next.
 The counting backend's work counter advances on each replay by the work the captured call counted, so a long
 evaluation still reaches the compiled kernels (a new signature: captured again with them).
 """
@@ -45,7 +47,9 @@ from . import counting
 logger = logging.getLogger(__name__)
 
 # captured calls kept per process (each holds its temporaries and copied inputs)
-_MAX_GRAPHS = 4
+_MAX_GRAPHS = 8
+# calls (to any captured function) for which a held graph must go unused before a new signature may take its place
+_STALE = 64
 # inputs of at most this many elements are copied into the graph's buffers before each replay (a launch each);
 # larger ones are read in place (a call whose large inputs sit at new addresses is not captured)
 _COPY_ELEMENTS = 1 << 22
@@ -58,6 +62,7 @@ _failed: set[Hashable] = set()  # signatures whose capture failed: run eagerly (
 _seen: dict[Hashable, list[tuple[int, ...]]] = {}
 _RECENT = 4
 _stats = {"captures": 0, "replays": 0, "failures": 0}
+_clock = [0]  # calls through :func:`run` where capture is enabled
 _fake = [False]  # tests: capture on a CPU with :class:`_FakeGraph` (the same bookkeeping, no CUDA)
 # ``RECO_SAMPLED_GRAPHS=off`` (or 0 / false / no) turns capture off, whatever the counting backend
 _switched_on = [os.environ.get("RECO_SAMPLED_GRAPHS", "on").strip().lower() not in ("off", "0", "false", "no")]
@@ -128,6 +133,7 @@ class _Captured:
     def __init__(self, graph: Any, buffers: list[torch.Tensor | None], outputs: tuple[torch.Tensor, ...], work: int,
                  notes: list):
         self.graph, self.buffers, self.outputs, self.work, self.notes = graph, buffers, outputs, work, notes
+        self.used = _clock[0]  # the clock at its last replay
 
 
 def enabled(device: torch.device) -> bool:
@@ -155,6 +161,7 @@ def run(name: str, options: Hashable, fn: Callable[..., tuple[torch.Tensor, ...]
     base = (name, options, counting.compile_stage(), tuple(_form(t) for t in tensors))
     addresses = tuple(tensors[i].data_ptr() for i in large)
     with _lock:
+        _clock[0] += 1
         if base in _failed:
             return fn(*tensors)
         key = (base, addresses)
@@ -165,14 +172,26 @@ def run(name: str, options: Hashable, fn: Callable[..., tuple[torch.Tensor, ...]
                 notes[:] = entry.notes
             return _replay(entry, tensors)
         recent = _seen.get(base, [])
-        if addresses not in recent:  # first sight at these addresses: run as it is, remember them
+        if addresses not in recent or not _room():  # first sight here (or no room): run as it is, remember them
             if len(_seen) >= _SEEN_LIMIT:
                 _seen.clear()
             out = fn(*tensors)
-            _seen[base] = (recent + [addresses])[-_RECENT:]
+            _seen[base] = ([a for a in recent if a != addresses] + [addresses])[-_RECENT:]
             return out
         recent.remove(addresses)
         return _capture(name, base, addresses, fn, tensors, set(large), notes)
+
+
+def _room() -> bool:
+    """Whether a new capture may be held: fewer than ``_MAX_GRAPHS`` are, or the least recently used one went unused
+    for ``_STALE`` calls (then evicted here)."""
+    if len(_graphs) < _MAX_GRAPHS:
+        return True
+    key, oldest = next(iter(_graphs.items()))
+    if _clock[0] - oldest.used <= _STALE:
+        return False
+    del _graphs[key]
+    return True
 
 
 def _capture(name: str, base: Hashable, addresses: tuple[int, ...], fn: Callable[..., tuple[torch.Tensor, ...]],
@@ -209,7 +228,7 @@ def _capture(name: str, base: Hashable, addresses: tuple[int, ...], fn: Callable
 
 def _store(key: Hashable, entry: _Captured) -> None:
     _graphs[key] = entry
-    while len(_graphs) > _MAX_GRAPHS:
+    while len(_graphs) > _MAX_GRAPHS:  # not reached: :func:`_room` made room before the capture
         _graphs.popitem(last=False)
 
 
@@ -220,6 +239,7 @@ def _replay(entry: _Captured, tensors: Sequence[torch.Tensor]) -> tuple[torch.Te
                 buf.copy_(t)
         entry.graph.replay()
     counting.add_work(entry.work)
+    entry.used = _clock[0]
     _stats["replays"] += 1
     return tuple(out.clone() for out in entry.outputs)
 

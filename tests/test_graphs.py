@@ -175,12 +175,31 @@ def test_a_read_back_while_capturing_is_refused_and_runs_eagerly(captured, devic
 
 
 def test_captured_calls_are_bounded(captured, device):
-    """At most ``_MAX_GRAPHS`` captured calls (least recently used evicted); signatures seen once hold nothing."""
+    """At most ``_MAX_GRAPHS`` captured calls; signatures seen once hold nothing; while every held graph is in use, a
+    new signature runs eagerly (no capture evicts one in use), and one held graph unused for ``_STALE`` calls makes
+    room for it."""
     for b in range(3, 3 + _graphs._MAX_GRAPHS + 3):
         for i in range(2):
             exact_ranks(*_batch(i, b=b, device=device))
     assert len(_graphs._graphs) == _graphs._MAX_GRAPHS
-    assert captured("captures") == _graphs._MAX_GRAPHS + 3
+    assert captured("captures") == _graphs._MAX_GRAPHS  # the last 3 were held back: nothing stale to evict
+    for _ in range(_graphs._STALE + 1):  # calls of the last held signatures only: the first held one goes stale
+        exact_ranks(*_batch(0, b=2 + _graphs._MAX_GRAPHS, device=device))
+    late = _batch(0, b=3 + _graphs._MAX_GRAPHS, device=device)
+    exact_ranks(*late)
+    assert captured("captures") == _graphs._MAX_GRAPHS + 1 and len(_graphs._graphs) == _graphs._MAX_GRAPHS
+
+
+def test_a_loop_over_more_signatures_than_fit_keeps_replaying_what_it_holds(captured, device, monkeypatch):
+    """Four signatures in turn with room for two, five rounds: the two held are replayed every round after their
+    capture and the other two run eagerly; none is captured again (a least-recently-used rule would capture every
+    call and replay none)."""
+    monkeypatch.setattr(_graphs, "_MAX_GRAPHS", 2)
+    batches = [_batch(0, b=b, device=device) for b in (3, 4, 5, 6)]
+    for _ in range(5):
+        for batch in batches:
+            assert torch.equal(exact_ranks(*batch), _eager(exact_ranks, *batch))
+    assert (captured("captures"), captured("replays")) == (2, 2 * 4)
 
 
 def test_replays_advance_the_counting_clock(captured, device):
@@ -733,6 +752,7 @@ def test_the_docs_state_the_capture_settings_the_code_has():
     text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "gpu.md").read_text().split())
     section = text[text.index("## Calls replayed from CUDA graphs"):text.index("## Beyond one machine")]
     assert f"at most {_graphs._MAX_GRAPHS} captured calls per process" in section
+    assert f"went unused for {_graphs._STALE} calls" in section
     assert f"signature's last {_graphs._RECENT} calls" in section
     assert f"up to 2^{int(math.log2(_graphs._COPY_ELEMENTS))} elements" in section
     assert "`RECO_SAMPLED_GRAPHS=off`" in section
