@@ -46,6 +46,21 @@ def _batch(seed: int, b: int = 12, n: int = 300, p: int = 4, e: int = 20, device
     return scores.to(device), pos.to(device), exc.to(device)
 
 
+def _same_error(replayed_call, eager_call) -> str:
+    """Both calls raise a ValueError (the second with capture off), with the same message; returns it."""
+    with pytest.raises(ValueError) as eager:
+        _eager(eager_call)
+    with pytest.raises(ValueError) as replayed:
+        replayed_call()
+    assert str(replayed.value) == str(eager.value)
+    return str(eager.value)
+
+
+def _same_states(have, want, names) -> None:
+    for name in names:
+        assert torch.equal(getattr(have, name).nan_to_num(), getattr(want, name).nan_to_num()), name
+
+
 def _eager(fn, *args, **kwargs):
     """``fn`` with capture off."""
     saved = _graphs._fake[0]
@@ -295,13 +310,8 @@ def test_exact_update_replayed_equals_eager_states(captured, device, monkeypatch
         have.update(s, pos, exc)
         _eager(want.update, s, pos, exc)
     assert captured("replays") == 4
-    for name in ("sums", "count", "failed_checks"):
-        assert torch.equal(getattr(have, name), getattr(want, name)), name
-    with pytest.raises(ValueError) as eager:
-        _eager(want.compute)
-    with pytest.raises(ValueError) as replayed:
-        have.compute()
-    assert str(replayed.value) == str(eager.value) and "first failed at update 4" in str(eager.value)
+    _same_states(have, want, ("sums", "count", "failed_checks"))
+    assert "first failed at update 4" in _same_error(have.compute, want.compute)
     # a new metric whose updates are all replays (captured by another): the messages its checks had come from the capture
     other, eager_other = (tm.ExactRankingMetrics(metrics).to(device) for _ in range(2))
     replays = captured("replays")
@@ -443,13 +453,26 @@ def test_exact_update_padded_replayed_equals_eager_states(captured, device, monk
         have.update_padded(s, pos, exc, keep)
         _eager(want.update_padded, s, pos, exc, keep)
     assert captured("replays") == 4
-    for name in ("sums", "count", "failed_checks"):
-        assert torch.equal(getattr(have, name), getattr(want, name)), name
+    _same_states(have, want, ("sums", "count", "failed_checks"))
 
 
 def rsp_exact_ranks_shape(pm: torch.Tensor, device) -> tuple[int, ...]:
     """The shape of ``exact_ranks`` of mask positives (on ``device``, capture on): the widest row's, as on a CPU."""
     return tuple(exact_ranks(torch.randn(pm.shape, device=device), pm).shape)
+
+
+def _factor_batches(k: int, with_bias: bool, device, overflow: bool = False):
+    """``k`` factor batches (u, v, bias or None, positives, exclusions): NaN user factors in the 4th, and with
+    ``overflow`` user factors past float32 scores' bound in the 5th."""
+    for i in range(k):
+        u, v, bias = _factors(i, device=device)
+        if i == 3:
+            u = u.clone()
+            u[4, 1] = float("nan")
+        if i == 4 and overflow:
+            u = u * 1e38  # past the overflow bound of float32 scores
+        _, pos, exc = _batch(i, device=device)
+        yield i, u, v, bias if with_bias else None, pos, exc
 
 
 SAMPLED_STATES = ("hist", "n_items", "failed_checks")
@@ -477,13 +500,8 @@ def test_sampled_update_replayed_equals_eager_states(captured, device, monkeypat
         have.update(s, pos, exc, ids=ids)
         _eager(want.update, s, pos, exc, ids=ids)
     assert captured("replays") == 4 + 2 and have.hist.shape[0] == 34  # batches 2-5, then 2-3 of the wider ones
-    for name in SAMPLED_STATES:
-        assert torch.equal(getattr(have, name), getattr(want, name)), name
-    with pytest.raises(ValueError) as eager:
-        _eager(want.compute)
-    with pytest.raises(ValueError) as replayed:
-        have.compute()
-    assert str(replayed.value) == str(eager.value) and "first failed at update 4" in str(eager.value)
+    _same_states(have, want, SAMPLED_STATES)
+    assert "first failed at update 4" in _same_error(have.compute, want.compute)
     have.reset(), want.reset()
     for s, pos, exc in batches[:3]:
         have.update(s, pos, exc)
@@ -507,8 +525,7 @@ def test_sampled_update_padded_replayed_equals_eager_states(captured, device, mo
         have.update_padded(s, pos, exc, ids, keep)
         _eager(want.update_padded, s, pos, exc, ids, keep)
     assert captured("replays") == 4
-    for name in SAMPLED_STATES:
-        assert torch.equal(getattr(have, name), getattr(want, name)), name
+    _same_states(have, want, SAMPLED_STATES)
 
 
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
@@ -522,13 +539,7 @@ def test_sampled_factor_updates_replayed_equal_eager_states(captured, device, mo
     monkeypatch.setattr(tm, "_READS_ON_CPU", False)
     (have, want), (have_p, want_p) = ((_sampled(tm, device) for _ in range(2)) for _ in range(2))
     exact = tm.ExactRankingMetrics(("ndcg@10",)).to(device)
-    for i in range(5):
-        u, v, bias = _factors(i, device=device)
-        bias = bias if with_bias else None
-        if i == 3:
-            u = u.clone()
-            u[4, 1] = float("nan")
-        _, pos, exc = _batch(i, device=device)
+    for i, u, v, bias, pos, exc in _factor_batches(5, with_bias, device):
         have.update_factors(u, v, pos, exc, item_bias=bias)
         _eager(want.update_factors, u, v, pos, exc, item_bias=bias)
         s_pos = _eager(exact.update_factors_padded, u, v, bias, pos, exc)
@@ -539,13 +550,8 @@ def test_sampled_factor_updates_replayed_equal_eager_states(captured, device, mo
     assert captured("replays") == 2 * 4
     for a, b in ((have, want), (have_p, want_p)):
         assert a._update_count == b._update_count == 5
-        for name in SAMPLED_STATES:
-            assert torch.equal(getattr(a, name), getattr(b, name)), name
-    with pytest.raises(ValueError) as eager:
-        _eager(want.compute)
-    with pytest.raises(ValueError) as replayed:
-        have.compute()
-    assert str(replayed.value) == str(eager.value) and "first failed at update 4" in str(eager.value)
+        _same_states(a, b, SAMPLED_STATES)
+    assert "first failed at update 4" in _same_error(have.compute, want.compute)
 
 
 @pytest.mark.parametrize("with_bias", [True, False], ids=["bias", "no_bias"])
@@ -570,15 +576,7 @@ def test_exact_factor_updates_replayed_equal_eager_states(captured, device, monk
     monkeypatch.setattr(factor_ranks, "_item_norm_on_device", never_in_a_capture)
     (have, want), (have_p, want_p) = ((tm.ExactRankingMetrics(("ndcg@10", "auc"), ties="average").to(device)
                                        for _ in range(2)) for _ in range(2))
-    for i in range(6):
-        u, v, bias = _factors(i, device=device)
-        bias = bias if with_bias else None
-        if i == 3:
-            u = u.clone()
-            u[4, 1] = float("nan")
-        if i == 4:
-            u = u * 1e38  # past the overflow bound of float32 scores
-        _, pos, exc = _batch(i, device=device)
+    for i, u, v, bias, pos, exc in _factor_batches(6, with_bias, device, overflow=True):
         have.update_factors(u, v, pos, exc, item_bias=bias)
         _eager(want.update_factors, u, v, pos, exc, item_bias=bias)
         keep = torch.arange(12, device=device) % (i + 2) != 0
@@ -588,14 +586,9 @@ def test_exact_factor_updates_replayed_equal_eager_states(captured, device, monk
     assert captured("replays") == 2 * 5
     for a, b in ((have, want), (have_p, want_p)):
         assert a._update_count == b._update_count == 6
-        for name in ("sums", "count", "failed_checks"):
-            assert torch.equal(getattr(a, name).nan_to_num(), getattr(b, name).nan_to_num()), name
-        with pytest.raises(ValueError) as eager:
-            _eager(b.compute)
-        with pytest.raises(ValueError) as replayed:
-            a.compute()
-        assert str(replayed.value) == str(eager.value)
-        assert "first failed at update 4" in str(eager.value) and "'factors_overflow' (update 5)" in str(eager.value)
+        _same_states(a, b, ("sums", "count", "failed_checks"))
+        message = _same_error(a.compute, b.compute)
+        assert "first failed at update 4" in message and "'factors_overflow' (update 5)" in message
 
 
 @pytest.mark.parametrize("protocol", ["step", "factors"])
@@ -713,8 +706,7 @@ def test_refused_inputs_leave_the_counters_and_later_states_as_eagerly(captured,
         have.update_factors(u, v, pos, exc)
         _eager(want.update_factors, u, v, pos, exc)
     assert captured("replays") > 0
-    for name in SAMPLED_STATES:
-        assert torch.equal(getattr(have, name), getattr(want, name)), name
+    _same_states(have, want, SAMPLED_STATES)
     assert int(have.n_items) == 300 and (have._rows_seen, have._update_count) == (want._rows_seen, want._update_count)
 
 
