@@ -612,8 +612,9 @@ def test_lightning_callback_replayed_equals_eager(captured, device, monkeypatch,
 
     def epochs() -> list[dict[str, float]]:
         cb = RankingMetricsCallback(settings)
-        trainer = pl.Trainer(callbacks=[cb], accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                             enable_model_summary=False, enable_progress_bar=False, default_root_dir=str(tmp_path))
+        trainer = pl.Trainer(callbacks=[cb], accelerator="gpu" if device.type == "cuda" else "cpu", devices=1,
+                             logger=False, enable_checkpointing=False, enable_model_summary=False,
+                             enable_progress_bar=False, default_root_dir=str(tmp_path))
         model = H.SyntheticModule(protocol=protocol)
         out = []
         for _ in range(3):
