@@ -198,7 +198,7 @@ _WIDTHS_LOCK = threading.Lock()
 #: The normal quantile of a 95% interval, z = 1.96.
 _Z95 = 1.959963984540054
 #: Threads of ``PlanExecution(workers=None)`` (at most the CPUs available and one per design). Measured on the scorer
-#: benchmark's plan (a device run recorded in docs/gpu.md; 3 rounds each): on a 16-core host 1.3-1.8 s at 2 threads,
+#: benchmark's plan (an H100 host's device run, 2026-11-26; 3 rounds each): on its 16 cores 1.3-1.8 s at 2 threads,
 #: 1.6-2.9 s at 1, 2.1-2.5 s at 4, 2.4-3.4 s at 11 (one per design); on the 2-core machine 1.1-1.6 s at 2 and
 #: 1.4-1.5 s at 1. The fits' Python between their numpy kernels holds the GIL, so more threads contend for it.
 DEFAULT_WORKERS = 2
