@@ -26,7 +26,8 @@ import torch
 
 from ._inputs import Check, check_flags, run_checks
 
-__all__ = ["DEFERRABLE", "DeferredChecks", "deferred_checks", "defer_checks", "defer_flags"]
+__all__ = ["DEFERRABLE", "FIRST", "DeferredChecks", "deferred_checks", "defer_checks", "defer_flags", "earliest_failure",
+           "mark_failed", "message_at", "note_message"]
 
 # the check kinds a block keeps (a Check's ``name``), each with the generic text of its error
 DEFERRABLE: dict[str, str] = {
@@ -38,14 +39,48 @@ DEFERRABLE: dict[str, str] = {
     "scores_finite": "scores: NaN or inf in the score matrix; ranks would be meaningless",
 }
 _KIND = {name: i for i, name in enumerate(DEFERRABLE)}
-_FIRST = 1 << 62  # a failed kind's entry: _FIRST - call number (the max over calls: the earliest call)
+# a failed check's mark: FIRST - the number of the call (or update) that failed it; the max over calls (or merged
+# states) keeps the earliest, 0 where none failed. The torchmetrics adapters' ``failed_checks`` state is the same.
+FIRST = 1 << 62
 _active = threading.local()
+
+
+def mark_failed(marks: torch.Tensor, failed: torch.Tensor, number: int) -> torch.Tensor:
+    """``marks`` (kinds,) int64 with the kinds ``failed`` (kinds,) marks as failed by call ``number`` (the earliest
+    failure of each kind kept): three operators, nothing read."""
+    return torch.maximum(marks, failed * (FIRST - number))  # a bool or int64 flag: int64 marks
+
+
+def earliest_failure(marks: Sequence[int], names: Sequence[str], unit: str) -> tuple[int, str, str] | None:
+    """Of read ``marks`` (one per kind in ``names``): (the earliest failing call's number, its kind, the others as
+    "; also failed: 'kind' (<unit> k), ..."), None where none failed; ties in the kinds' order."""
+    failed = sorted((FIRST - v, i) for i, v in enumerate(marks) if v > 0)
+    if not failed:
+        return None
+    number, i = failed[0]
+    also = "; also failed: " + ", ".join(f"{names[j]!r} ({unit} {k})" for k, j in failed[1:]) if failed[1:] else ""
+    return number, names[i], also
+
+
+def note_message(log: dict[str, list[tuple[int, str]]], name: str, message: str, number: int) -> None:
+    """Record check ``name``'s message from call ``number`` on in ``log`` (a new entry only where its text changed:
+    a message names its call's numbers, e.g. the catalogue's size)."""
+    told = log.setdefault(name, [])
+    if not told or told[-1][1] != message:
+        told.append((number, message))
+
+
+def message_at(log: dict[str, list[tuple[int, str]]], name: str, number: int, default: str) -> str:
+    """The message check ``name`` had at call ``number`` in ``log`` (the last recorded at or before it), else
+    ``default``."""
+    told = [message for first, message in log.get(name, []) if first <= number]
+    return told[-1] if told else default
 
 
 class DeferredChecks:
     """What a :func:`deferred_checks` block holds: ``calls`` (the calls that deferred their checks so far), and per
-    device a (kinds,) int64 tensor, ``_FIRST - call`` of the first call that failed each kind (0: none), never read
-    before the block ends."""
+    device a (kinds,) int64 tensor, ``FIRST - call`` of the first call that failed each kind (0: none:
+    :func:`mark_failed`), never read before the block ends."""
 
     def __init__(self) -> None:
         self.calls = 0
@@ -62,29 +97,25 @@ class DeferredChecks:
         index = self._index.get((device, kinds))
         if index is None:  # copied to the device once per distinct list of kinds
             index = self._index[(device, kinds)] = torch.tensor([_KIND[k] for k in kinds], device=device)
-        for name, message in named:  # a message names its call's numbers (e.g. the catalogue's size)
-            told = self._messages.setdefault(name, [])
-            if not told or told[-1][1] != (message or DEFERRABLE[name]):
-                told.append((self.calls, message or DEFERRABLE[name]))
+        for name, message in named:
+            note_message(self._messages, name, message or DEFERRABLE[name], self.calls)
         state = self._state.get(device)
         if state is None:
             state = torch.zeros(len(DEFERRABLE), dtype=torch.int64, device=device)
-        marks = torch.zeros_like(state).scatter_reduce_(0, index, (flags != 0).to(torch.int64) * (_FIRST - self.calls),
-                                                        "amax")
-        self._state[device] = torch.maximum(state, marks)
+        failed = torch.zeros_like(state).scatter_reduce_(0, index, (flags != 0).to(torch.int64), "amax")  # per kind
+        self._state[device] = mark_failed(state, failed, self.calls)
 
     def raise_first(self) -> None:
         """Read the block's flags (one synchronisation per device) and raise the ValueError of the earliest call's
         failed check (the kinds' order within a call), with the others named; nothing where none failed."""
-        failed = sorted((_FIRST - v, i) for state in self._state.values() for i, v in enumerate(state.tolist()) if v)
-        if not failed:
+        reads = [state.tolist() for state in self._state.values()]
+        marks = [max(column) for column in zip(*reads)] if reads else []  # the earliest over devices
+        first = earliest_failure(marks, list(DEFERRABLE), "call")
+        if first is None:
             return
-        names = list(DEFERRABLE)
-        call, i = failed[0]
-        also = "; also failed: " + ", ".join(f"{names[j]!r} (call {c})" for c, j in failed[1:]) if failed[1:] else ""
-        message = [text for first, text in self._messages.get(names[i], []) if first <= call][-1]
-        raise ValueError(f"{message} [check {names[i]!r}, first failed at "
-                         f"call {call} of {self.calls} in this deferred_checks block{also}: a call whose checks fail "
+        call, name, also = first
+        raise ValueError(f"{message_at(self._messages, name, call, DEFERRABLE[name])} [check {name!r}, first failed "
+                         f"at call {call} of {self.calls} in this deferred_checks block{also}: a call whose checks fail "
                          "computes on safe stand-ins, so the block's results are meaningless]")
 
 

@@ -79,7 +79,7 @@ from torchmetrics import Metric
 
 from reco_sampled_plugin._checks import check_elements, check_int, check_size, real_tensor
 from reco_sampled_plugin import _graphs
-from reco_sampled_plugin._deferred import DEFERRABLE
+from reco_sampled_plugin._deferred import DEFERRABLE, earliest_failure, mark_failed, message_at, note_message
 from reco_sampled_plugin._inputs import Check, factor_finite_checks, finite_flags, run_checks, score_tensor
 from reco_sampled_plugin._keyed import (AdaptiveRanks, DeviceChecks, DrawnScores, FactorScores, MatrixScores, RowKeys,
                                         ScorerScores, keyed_adaptive_ranks, keyed_ranks)
@@ -148,7 +148,7 @@ _READS_ON_CPU = True
 #: The validity checks an update keeps on the device where reads are not free (:func:`defers_checks`: an accelerator, or the
 #: CPU with ``_READS_ON_CPU`` False): ``{name: message}``, the message raised at compute for a state that holds a
 #: failed batch (the updating instance's own message, with its numbers, where it has one), in the order reported when
-#: two failed at the same update. The ``failed_checks`` state holds one entry per check (:data:`_FIRST` - the first
+#: two failed at the same update. The ``failed_checks`` state holds one entry per check (:data:`~reco_sampled_plugin._deferred.FIRST` - the first
 #: update that failed it, 0: never), reduced by max: merged and synced states keep each check's earliest failure.
 DEFERRED_CHECKS: dict[str, str] = {
     **DEFERRABLE,  # the inputs' and the scores' checks, as a deferred_checks block keeps them
@@ -161,7 +161,6 @@ DEFERRED_CHECKS: dict[str, str] = {
     "sample_pool": "n_samples: some row has too few irrelevant candidates left to sample from",
 }
 _CHECK_SLOT = {name: i for i, name in enumerate(DEFERRED_CHECKS)}
-_FIRST = 1 << 62  # a failed check's entry: _FIRST - update number (the max over states: the earliest update)
 _SCORES_MESSAGE = DEFERRED_CHECKS["scores_finite"]
 
 
@@ -237,6 +236,16 @@ def _check_slots(named: Sequence[Check], none: torch.Tensor) -> tuple[torch.Tens
         flags[i] = bad if before is None else before | bad
     failed = torch.stack([none if f is None else f.to(torch.bool) for f in flags])
     return failed, [(c.name, c.message or DEFERRED_CHECKS[c.name]) for c in named]
+
+
+def _captured_flags(named: Sequence[Check], device: torch.device, notes: list[tuple[str, str]]) -> torch.Tensor:
+    """Inside a captured update: its checks as :func:`_check_slots`' flags (unread), their (name, message) in
+    ``notes``. A check of another name is read at once (none on the captured paths: the read fails the capture,
+    which then runs eagerly)."""
+    run_checks([c for c in named if c.name not in _CHECK_SLOT])
+    failed, notes[:] = _check_slots([c for c in named if c.name in _CHECK_SLOT],
+                                    torch.zeros((), dtype=torch.bool, device=device))
+    return failed
 
 
 def _to(x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -375,7 +384,7 @@ class _MergeChecked(Metric):
     higher_is_better = True
 
     settings: RankingSettings
-    failed_checks: torch.Tensor  # per DEFERRED_CHECKS entry: _FIRST - the first update that failed it (0: none)
+    failed_checks: torch.Tensor  # per DEFERRED_CHECKS entry: FIRST - the first update that failed it (0: none)
     _in_forward = False  # inside ``forward`` (its reset keeps the host's records)
     _forward_base = 0  # the update count before ``forward``'s batch
     _forward_error: ValueError | None = None  # forward's own batch failed: raised once the state is restored
@@ -416,32 +425,24 @@ class _MergeChecked(Metric):
         for name, message in notes:
             self._note_message(name, message, self._update_number())
         state = self.failed_checks
-        failed = _to(failed, state.device)  # one copy
-        self.failed_checks = torch.maximum(state, failed * (_FIRST - self._update_number()))  # three operators
+        self.failed_checks = mark_failed(state, _to(failed, state.device), self._update_number())  # a copy and three
 
     def _note_message(self, name: str, message: str, update: int) -> None:
         """Record check ``name``'s message from ``update`` on (a new entry only where its text changed)."""
-        kept = self._check_messages.setdefault(name, [])
-        if not kept or kept[-1][1] != message:
-            kept.append((update, message))
+        note_message(self._check_messages, name, message, update)
 
     def _message(self, name: str, update: int) -> str:
         """The message check ``name`` had at ``update`` (the last recorded at or before it; the generic text where
         none was recorded: e.g. a loaded state)."""
-        told = [message for first, message in self._check_messages.get(name, []) if first <= update]
-        return told[-1] if told else DEFERRED_CHECKS[name]
+        return message_at(self._check_messages, name, update, DEFERRED_CHECKS[name])
 
     def _raise_deferred(self) -> None:
         """Raise the ValueError of the earliest failed deferred check (one read of the ``failed_checks`` state),
         naming the check and the first update at which it failed; nothing when none failed."""
-        failed = [(_FIRST - v, i) for i, v in enumerate(self.failed_checks.tolist()) if v > 0]
-        if not failed:
+        first = earliest_failure(self.failed_checks.tolist(), list(DEFERRED_CHECKS), "update")
+        if first is None:
             return
-        failed.sort()
-        names = list(DEFERRED_CHECKS)
-        update, i = failed[0]
-        name = names[i]
-        also = "; also failed: " + ", ".join(f"{names[j]!r} (update {u})" for u, j in failed[1:]) if failed[1:] else ""
+        update, name, also = first
         error = ValueError(f"{self._message(name, update)} [check {name!r}, first failed at "
                          f"update {update}{also}: an update on an accelerator keeps its checks on the device and they "
                          "are read at compute; a state holding a failed batch reports no results until reset()]")
@@ -644,10 +645,7 @@ class ExactRankingMetrics(_MergeChecked):
             ranks, pos, exc, named, n_items, extra = self._captured_ranks(tensors[:len(tensors) - has_keep],
                                                                           has_exclude, prepared, bias)
             sums, count = self._rank_sums(ranks, pos, exc, n_items, keep)
-            run_checks([c for c in named if c.name not in _CHECK_SLOT])  # none on this path (a read: not captured)
-            named = [c for c in named if c.name in _CHECK_SLOT]
-            failed, noted = _check_slots(named, torch.zeros((), dtype=torch.bool, device=tensors[0].device))
-            notes[:] = noted
+            failed = _captured_flags(named, tensors[0].device, notes)
             return (sums, count, failed) + (extra if prepared else ())  # the positives' scores: update_factors_padded
 
         options = ("exact_update", self.specs, self._kernel_ties, self.settings.count_other_positives,
@@ -1070,12 +1068,7 @@ class SampledRankingMetrics(_MergeChecked):
             idx, w = self._hist_cells(ranked.ranks, n_cand, pos, kept, None, rows, n_items)
             increment = torch.zeros(rows * width, dtype=torch.float64, device=device)
             increment.index_put_((idx,), w.to(torch.float64), accumulate=True)
-            named = checks.pending()
-            run_checks([c for c in named if c.name not in _CHECK_SLOT])  # none on this path (a read: not captured)
-            failed, noted = _check_slots([c for c in named if c.name in _CHECK_SLOT],
-                                         torch.zeros((), dtype=torch.bool, device=device))
-            notes[:] = noted
-            return increment.view(rows, width), failed
+            return increment.view(rows, width), _captured_flags(checks.pending(), device, notes)
 
         settings = self.settings
         options = ("sampled_update", self._design.n_samples, settings.seed, settings.ties, settings.check_finite,
