@@ -43,8 +43,8 @@ from ._checks import check_dense, check_int, real_tensor
 from ._inputs import Check, check_flags, factor_finite_checks
 from ._options import check_bool
 from .counting import count_beating_tile
-from .ranking import (TIE_BOUNDS, capturable_index, check_ties, exact_ranks, exact_ranks_padded, prepare_index,
-                      tied_positives)
+from .ranking import (TIE_BOUNDS, capturable_index, check_ties, exact_ranks, exact_ranks_padded, index_rows,
+                      prepare_index, tied_positives)
 
 if TYPE_CHECKING:
     from ._types import TensorLike
@@ -270,7 +270,8 @@ def capture_factor_inputs(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor |
                           exclude: Any) -> tuple[torch.Tensor, ...] | None:
     """The tensors of a factor call that can be replayed from a CUDA graph (:mod:`._graphs`), else None: validated
     factors (and bias) on a device that captures, (B, P) / (B, E) index tensors there (not masks); None ones left out
-    (:func:`factor_tensors` puts them back)."""
+    (:func:`factor_tensors` puts them back); a (B,) index tensor as its (B, 1) view (``ranking.index_rows``)."""
+    positives, exclude = index_rows(positives, u.shape[0]), index_rows(exclude, u.shape[0])
     if not capturable_index(u.device, positives, exclude):
         return None
     return tuple(t for t in (u, v, bias, positives, exclude) if t is not None)

@@ -399,12 +399,22 @@ def exact_ranks(
 
 def capture_inputs(scores: Any, *index: Any) -> tuple[torch.Tensor, ...] | None:
     """The tensors of a call that can be replayed from a CUDA graph (:mod:`._graphs`), else None: floating (B, n)
-    scores on a device that captures, (B, P) index tensors (not masks: their widths are read back) on the same
-    device; a None index left out."""
-    if not (isinstance(scores, torch.Tensor) and scores.dim() == 2 and scores.is_floating_point()
-            and capturable_index(scores.device, *index)):
+    scores on a device that captures, (B, P) index tensors (or (B,): one item per row, as its (B, 1) view; not
+    masks: their widths are read back) on the same device; a None index left out."""
+    if not (isinstance(scores, torch.Tensor) and scores.dim() == 2 and scores.is_floating_point()):
+        return None
+    index = tuple(index_rows(t, scores.shape[0]) for t in index)
+    if not capturable_index(scores.device, *index):
         return None
     return (scores,) + tuple(t for t in index if t is not None)
+
+
+def index_rows(t: Any, b: int) -> Any:
+    """A (b,) integer tensor (one item per row) as its (b, 1) view, as every path reads it (the same ranks, shapes
+    and checks); anything else as it is."""
+    if isinstance(t, torch.Tensor) and t.dim() == 1 and t.shape[0] == b and t.dtype in (torch.int64, torch.int32):
+        return t.unsqueeze(1)
+    return t
 
 
 def capturable_index(device: torch.device, *index: Any) -> bool:

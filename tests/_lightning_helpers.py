@@ -43,6 +43,22 @@ class UserDataset(Dataset):
         return u, self.positives[u], self.exclude[u]
 
 
+class IndexedUserDataset(UserDataset):
+    """:class:`UserDataset` with its exclusions as padded indices (width 41, -1 padding) and, ``one_positive``, each
+    user's first relevant item as a single index (the (B,) form)."""
+
+    def __init__(self, one_positive: bool = False, seed: int = 0) -> None:
+        super().__init__(seed=seed)
+        self.one_positive = one_positive
+
+    def __getitem__(self, i):
+        u, positives, exclude = super().__getitem__(i)
+        row = torch.full((41,), -1, dtype=torch.int64)
+        items = exclude.nonzero()[:, 0]
+        row[: items.numel()] = items
+        return u, positives[0] if self.one_positive else positives, row
+
+
 class SyntheticModule(pl.LightningModule):
     """Fixed factor model; ``validation_step`` returns scores (``protocol='step'``), its factors
     (``'factors'``) or nothing (``'score_fn'``: the callback calls :func:`score_fn`)."""

@@ -91,6 +91,21 @@ def test_replayed_calls_equal_eager_bit_for_bit(captured, device, ties):
     assert captured("replays") == 2 * 4 + 2 * 1  # a capture replays at once: batches 2-5 of 12 users, the second of 7
 
 
+def test_one_positive_per_row_is_replayed_as_its_column(captured, device):
+    """(B,) positives (one item per row) are captured as their (B, 1) view: the same ranks, shapes and metrics as
+    eagerly, replayed from the third call; a (B,) tensor of another length is not captured and raises as eagerly."""
+    for i in range(4):
+        s, pos, exc = _batch(i, device=device, ties_grid=True)
+        one = pos[:, 0].contiguous()
+        assert torch.equal(exact_ranks(s, one, exc), _eager(exact_ranks, s, one, exc))
+        have = per_user_metrics(s, one, METRICS, exclude=exc, as_frame=False)
+        want = _eager(per_user_metrics, s, one, METRICS, exclude=exc, as_frame=False)
+        assert all(torch.equal(have[k].nan_to_num(-7.0), want[k].nan_to_num(-7.0)) for k in want)
+    assert captured("captures") == 2 and captured("replays") == 2 * 3
+    assert exact_ranks(s, one, exc).shape == (12, 1)
+    _same_error(lambda: exact_ranks(s, one[:5], exc), lambda: exact_ranks(s, one[:5], exc))
+
+
 def test_frames_from_replays_equal_eager(captured, device):
     for i in range(4):
         s, pos, exc = _batch(i, device=device)
@@ -375,6 +390,69 @@ def test_a_replayed_call_dispatches_a_few_operators_besides_its_graph(captured, 
         assert device.type != "cpu" or eager.count >= 60, (name, eager.count)
 
 
+@pytest.mark.parametrize("protocol", ["scores", "factors"])
+@pytest.mark.parametrize("one_positive", [False, True])
+def test_the_callback_batch_of_index_inputs_runs_in_its_graphs(captured, device, monkeypatch, protocol, one_positive):
+    """The Lightning callback's batch (``on_validation_batch_end``) of padded index inputs ((B, P) or (B,)
+    positives), with ids and a keep mask (a DistributedSampler's padding), scores or factors: its preparation and
+    checks run inside the two updates' graphs, so outside them it dispatches at most 31 operators (per update its
+    inputs copied into the graph, its outputs copied out, its flags and states added: 10-13; the rows' positions and
+    keep mask: 5), where preparing the inputs once for both updates dispatched 56-63, and reads nothing back; its
+    states equal those of the same batches with capture off."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _budgets import OpCounter, SyncCounter
+    from reco_sampled_plugin.adapters import lightning as lt
+    from reco_sampled_plugin.adapters import torchmetrics as tm
+
+    if device.type == "cpu":  # the stand-in's replay runs the function: its operators are the graph's, not counted
+        replay = _graphs._FakeGraph.replay
+        monkeypatch.setattr(_graphs._FakeGraph, "replay", lambda self: _no_modes(replay, self, _disable_current_modes))
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    monkeypatch.setattr(_graphs, "_COPY_ELEMENTS", 1000)  # the scores and item factors read in place, as at scale
+    s, pos, exc = _batch(0, device=device)
+    u, v, bias = _factors(0, device=device)
+    positives = pos[:, 0] if one_positive else pos
+    inputs = {"scores": s} if protocol == "scores" else {"user_factors": u, "item_factors": v, "item_bias": bias}
+    out = dict(inputs, positives=positives, exclude=exc, ids=torch.arange(12, device=device))
+    sampler = SimpleNamespace(rank=0, num_replicas=1, num_samples=12, total_size=12, drop_last=False,
+                              dataset=range(11))  # 11 users: the last row a padding repeat, dropped
+    trainer = SimpleNamespace(sanity_checking=False)
+    settings = lt.RankingSettings(METRICS, n_samples=20, estimators=("none",))
+    callbacks = [lt.RankingMetricsCallback(settings, progress=False) for _ in range(2)]
+    for cb in callbacks:
+        state = lt._LoaderState(tm.ExactRankingMetrics.from_settings(settings).to(device),
+                                tm.SampledRankingMetrics.from_settings(settings).to(device), sampler)
+        cb._state = lambda *args, state=state: state
+    have, want = callbacks
+
+    def batch(cb) -> None:  # the same 12 rows each time (an epoch's first batch)
+        cb._state().rows = 0
+        cb._batch_end(trainer, None, out, None, "validate", 0)
+
+    for _ in range(2):  # seen, then captured
+        batch(have)
+    replays = captured("replays")
+    with OpCounter() as ops:
+        batch(have)
+    with SyncCounter() as syncs:
+        batch(have)
+    for _ in range(4):
+        _eager(batch, want)
+    assert captured("captures") == 2 and captured("replays") == replays + 4  # both updates, twice
+    assert ops.count <= 31 and syncs.count == 0, (ops.count, dict(ops.calls), dict(syncs.calls))
+    a, b = have._state(), want._state()
+    _same_states(a.exact, b.exact, ("sums", "count", "failed_checks"))
+    _same_states(a.sampled, b.sampled, SAMPLED_STATES)
+    # 4 batches of 11 kept users: 4 slots each, 4 of them padding (or one positive each)
+    assert float(a.exact.count) == 4 * (11 if one_positive else 11 * 4 - 4)
+
+
 def _no_modes(fn, arg, disable):
     with disable():
         return fn(arg)
@@ -591,11 +669,13 @@ def test_exact_factor_updates_replayed_equal_eager_states(captured, device, monk
         assert "first failed at update 4" in message and "'factors_overflow' (update 5)" in message
 
 
+@pytest.mark.parametrize("inputs", ["masks", "index", "one positive"])
 @pytest.mark.parametrize("protocol", ["step", "factors"])
-def test_lightning_callback_replayed_equals_eager(captured, device, monkeypatch, tmp_path, protocol):
+def test_lightning_callback_replayed_equals_eager(captured, device, monkeypatch, tmp_path, protocol, inputs):
     """A real Trainer's validation epochs with the callback (exact and sampled metrics) where checks are deferred:
-    batches replayed from graphs (from the second epoch: each batch's mask-derived shapes recur) give the values of
-    the same epochs with capture off, estimate for estimate."""
+    batches replayed from graphs (masks: each batch's mask-derived widths in powers of two; padded indices, with (B,
+    P) or (B,) positives: their own shapes, prepared inside the graphs) give the values of the same epochs with capture
+    off, estimate for estimate."""
     import sys
     from pathlib import Path
 
@@ -618,13 +698,14 @@ def test_lightning_callback_replayed_equals_eager(captured, device, monkeypatch,
         model = H.SyntheticModule(protocol=protocol)
         out = []
         for _ in range(3):
-            trainer.validate(model, DataLoader(H.UserDataset(), batch_size=8), verbose=False)
+            data = H.UserDataset() if inputs == "masks" else H.IndexedUserDataset(one_positive=inputs == "one positive")
+            trainer.validate(model, DataLoader(data, batch_size=8), verbose=False)
             out.append({k: e.value for k, e in cb.results["validate"].items()})
         return out
 
     replayed = epochs()
-    # per epoch 5 batches (4 of 8 users, 1 of 5) x 2 updates: the masks' widths in powers of two make the 4 full
-    # batches one signature per update, so 4 captures (2 shapes x 2 updates) and every later call replayed
+    # per epoch 5 batches (4 of 8 users, 1 of 5) x 2 updates: the 4 full batches one signature per update (masks:
+    # their widths in powers of two), so 4 captures (2 shapes x 2 updates) and every later call replayed
     assert (captured("captures"), captured("replays"), captured("failures")) == (4, 26, 0)
     assert replayed == _eager(epochs) and len(replayed[0]) == 3 * 3
 

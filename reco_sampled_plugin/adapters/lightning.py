@@ -40,8 +40,8 @@ from reco_sampled_plugin._checks import check_int
 from reco_sampled_plugin._options import check_bool, check_count, check_names
 from reco_sampled_plugin._estimate import Estimate, interval_values
 
-from reco_sampled_plugin.factor_ranks import check_factors
-from reco_sampled_plugin.ranking import prepare_index
+from reco_sampled_plugin.factor_ranks import capture_factor_inputs, check_factors
+from reco_sampled_plugin.ranking import capture_inputs, prepare_index
 from reco_sampled_plugin.scorer_ranks import DEFAULT_MAX_PAIRS, ScoringCost
 
 from ._shared import (FactorBatch, RankingBatch, RankingSettings, ScorerBatch, as_ranking_batch, metric_key,
@@ -277,6 +277,13 @@ class _RankingMetricsLogic:
             self._scorer_batch(st, pl_module, rb, where if self.score_fn is None else "score_fn")
             return
         scores = rb.scores.detach()
+        if capture_inputs(scores, rb.positives, rb.exclude) is not None:  # CUDA, index inputs: all in the graphs
+            ids, keep = self._ids_keep(st, scores.shape[0], scores.device, rb.ids)
+            if st.exact is not None:
+                st.exact.update(scores, rb.positives, rb.exclude, keep)
+            if st.sampled is not None:
+                st.sampled.update(scores, rb.positives, rb.exclude, ids, keep)
+            return
         pending: list | None = [] if defers_checks(scores.device) else None  # an accelerator: the index checks unread
         pos, exc = padded_inputs(scores, rb.positives, rb.exclude, pending, bucket=True)  # masks: shapes that repeat
         ids, keep = self._ids_keep(st, scores.shape[0], scores.device, rb.ids)
@@ -292,6 +299,13 @@ class _RankingMetricsLogic:
         # not detached (the factor kernels run under no_grad): a detached parameter inside Lightning's
         # inference mode is an inference tensor, with no version counter to key the cached item-factor norm
         u, v, bias = check_factors(fb.user_factors, fb.item_factors, fb.item_bias)
+        if capture_factor_inputs(u, v, bias, fb.positives, fb.exclude) is not None:  # CUDA, index inputs: the graphs
+            ids, keep = self._ids_keep(st, u.shape[0], u.device, fb.ids)
+            if st.exact is not None:
+                st.exact.update_factors(u, v, fb.positives, fb.exclude, keep, item_bias=bias)
+            if st.sampled is not None:
+                st.sampled.update_factors(u, v, fb.positives, fb.exclude, ids, keep, item_bias=bias)
+            return
         pending: list | None = [] if defers_checks(u.device) else None  # an accelerator: the index checks unread
         pos, exc = prepare_index(fb.positives, fb.exclude, u.shape[0], v.shape[0], u.device, pending=pending,
                                  bucket=True)

@@ -268,6 +268,12 @@ def _keep_mask(keep: Any, batch: int, device: torch.device) -> torch.Tensor | No
     return k
 
 
+def _keep_on(keep: Any, device: torch.device) -> bool:
+    """Whether a batch on ``device`` may be replayed as far as ``keep`` goes: checks deferred there
+    (:func:`defers_checks`) and ``keep`` None or a tensor on that device (copied into the graph, checked in it)."""
+    return defers_checks(device) and (keep is None or (isinstance(keep, torch.Tensor) and keep.device == device))
+
+
 def _updated(metric: Metric) -> None:
     """What torchmetrics' wrapped ``update`` does before a batch, for the entry points it does not wrap
     (``update_padded``, ``update_factors_padded``): a cached ``compute()`` result is stale now."""
@@ -622,9 +628,10 @@ class ExactRankingMetrics(_MergeChecked):
         """Add a batch: (B, n) scores, positives and exclusions (bool masks or padded indices); tensors, numpy arrays
         or lists. On CUDA, index tensors of shapes seen before are added by a replayed CUDA graph (docs/gpu.md)."""
         scores = score_tensor(scores)
-        inputs = capture_inputs(scores, positives, exclude) if keep is None and defers_checks(scores.device) else None
+        inputs = capture_inputs(scores, positives, exclude) if _keep_on(keep, scores.device) else None
         if inputs is not None:  # CUDA, index inputs: replayed from a CUDA graph where the batch's shapes repeat
-            self._update_captured(inputs, exclude is not None)
+            self._update_captured(inputs + (() if keep is None else (keep,)), exclude is not None,
+                                  has_keep=keep is not None)
             return
         pending: list[Check] | None = [] if defers_checks(scores.device) else None
         pos, exc = padded_inputs(scores, positives, exclude, pending)
@@ -680,12 +687,10 @@ class ExactRankingMetrics(_MergeChecked):
                       keep: torch.Tensor | None = None) -> None:
         """:meth:`update` on validated padded index tensors (as from ``_shared.padded_inputs``)."""
         _updated(self)
-        if defers_checks(scores.device) and (keep is None or isinstance(keep, torch.Tensor)):
-            inputs = capture_inputs(scores, pos, exc)
-            if inputs is not None and (keep is None or keep.device == scores.device):
-                self._update_captured(inputs + (() if keep is None else (keep,)), exc is not None, True,
-                                      keep is not None)
-                return
+        inputs = capture_inputs(scores, pos, exc) if _keep_on(keep, scores.device) else None
+        if inputs is not None:
+            self._update_captured(inputs + (() if keep is None else (keep,)), exc is not None, True, keep is not None)
+            return
         self._update_padded(scores, pos, exc, keep, [] if defers_checks(scores.device) else None)
 
     def _update_padded(self, scores: torch.Tensor, pos: torch.Tensor, exc: torch.Tensor | None,
@@ -730,11 +735,11 @@ class ExactRankingMetrics(_MergeChecked):
         cache-sized tiles and never stored (:func:`~reco_sampled_plugin.exact_ranks_from_factors`);
         NaN/inf factors raise."""
         u, v, bias = check_factors(user_factors, item_factors, item_bias)
-        inputs = capture_factor_inputs(u, v, bias, positives, exclude) if keep is None and defers_checks(u.device) \
-            else None
+        inputs = capture_factor_inputs(u, v, bias, positives, exclude) if _keep_on(keep, u.device) else None
         if inputs is not None:  # CUDA, index inputs: replayed from a CUDA graph where the batch's shapes repeat
             _updated(self)
-            self._update_captured(inputs, exclude is not None, bias=bias is not None)
+            self._update_captured(inputs + (() if keep is None else (keep,)), exclude is not None,
+                                  has_keep=keep is not None, bias=bias is not None)
             return
         pending: list[Check] | None = [] if defers_checks(u.device) else None
         pos, exc = prepare_index(positives, exclude, u.shape[0], v.shape[0], u.device, pending=pending)
@@ -743,12 +748,11 @@ class ExactRankingMetrics(_MergeChecked):
     def update_factors_padded(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
                               exc: torch.Tensor | None, keep: torch.Tensor | None = None) -> torch.Tensor | None:
         """:meth:`update_factors` on validated inputs; returns the positives' scores (for sampled ranks)."""
-        if defers_checks(u.device) and (keep is None or (isinstance(keep, torch.Tensor) and keep.device == u.device)):
-            inputs = capture_factor_inputs(u, v, bias, pos, exc)
-            if inputs is not None:
-                _updated(self)
-                return self._update_captured(inputs + (() if keep is None else (keep,)), exc is not None, True,
-                                             keep is not None, bias is not None)
+        inputs = capture_factor_inputs(u, v, bias, pos, exc) if _keep_on(keep, u.device) else None
+        if inputs is not None:
+            _updated(self)
+            return self._update_captured(inputs + (() if keep is None else (keep,)), exc is not None, True,
+                                         keep is not None, bias is not None)
         return self._update_factors(u, v, bias, pos, exc, keep, [] if defers_checks(u.device) else None)
 
     def _update_factors(self, u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, pos: torch.Tensor,
@@ -1004,9 +1008,9 @@ class SampledRankingMetrics(_MergeChecked):
         negative is drawn or ranked (the same for :meth:`update_factors` and :meth:`update_from_scorer`); no state
         changes."""
         scores = score_tensor(scores)
-        if keep is None and self._captures(scores.device):
+        if self._captures(scores.device, keep):
             inputs = capture_inputs(scores, positives, exclude)
-            if inputs is not None and self._update_captured(inputs[:1], inputs[1:], ids):
+            if inputs is not None and self._update_captured(inputs[:1], inputs[1:], ids, keep=keep):
                 return
         pending: list[Check] | None = [] if defers_checks(scores.device) else None
         pos, exc = padded_inputs(scores, positives, exclude, pending)
@@ -1028,7 +1032,7 @@ class SampledRankingMetrics(_MergeChecked):
         sizes back or keep host-side rows), where checks are deferred, ``keep`` None or a tensor there."""
         d = self._design
         return self._adaptive is None and self._share is None and d.popularity is None and d.replacement \
-            and defers_checks(device) and (keep is None or (isinstance(keep, torch.Tensor) and keep.device == device))
+            and _keep_on(keep, device)
 
     def _update_captured(self, source: tuple[torch.Tensor, ...], index: tuple[torch.Tensor, ...], ids: TensorLike | None,
                          prepared: bool = False, keep: torch.Tensor | None = None,
@@ -1272,12 +1276,12 @@ class SampledRankingMetrics(_MergeChecked):
         u, v, bias = check_factors(user_factors, item_factors, item_bias)
         finite = bool(self.settings.check_finite)
         counted = False
-        if keep is None and self._captures(u.device):
+        if self._captures(u.device, keep):
             inputs = capture_factor_inputs(u, v, bias, positives, exclude)
             source = (u, v) + (() if bias is None else (bias,))
             if inputs is not None:
-                if self._update_captured(source, inputs[len(source):], ids, factors=(bias is not None, False, finite),
-                                         mark=True):
+                if self._update_captured(source, inputs[len(source):], ids, keep=keep,
+                                         factors=(bias is not None, False, finite), mark=True):
                     return
                 counted = True
         pending: list[Check] | None = [] if defers_checks(u.device) else None
