@@ -27,7 +27,8 @@ cold first epoch is reported separately. Overhead = median(callback) / median(pl
    plain and callback runs alternate. Reports median wall time and the added seconds and per cent.
 4. ``--scale`` (alone): the callback at scale, 20,000 users x 100,000 items, d = 64, batch 1,024 (an evaluation
    epoch of 2e9 scores): a Trainer running ``validate()`` without the callback (the step computes and returns
-   the scores) and with it (the same step; or the step handing over its factors). ``--profile`` adds a cProfile
+   the scores) and with it (the same step; or the step handing over its factors; or the step returning its
+   exclusions as a boolean mask, built in the step with or without the callback). ``--profile`` adds a cProfile
    of one warm callback epoch (the functions where its time goes). ``--threads`` sets torch's intra-op threads
    (on a machine shared with other jobs, 1 avoids OpenMP threads waiting for each other's time slices).
 5. ``--ml100k`` (alone): the example's warm validation epoch (MF on ml-100k, 4 batches of 256 users) with the
@@ -78,6 +79,19 @@ class Synthetic(pl.LightningModule):
         (users,) = batch
         p = self.picks[users]
         return {"scores": self.user[users] @ self.item.T, "positives": p[:, 0], "exclude": p[:, 1:], "ids": users}
+
+
+class SyntheticMasks(Synthetic):
+    """The same model, whose step hands the callback its exclusions as a (B, n) boolean mask (built in the step, so
+    the epoch without the callback builds it too): a mask's width is read back per batch."""
+
+    def validation_step(self, batch, batch_idx):
+        (users,) = batch
+        p = self.picks[users]
+        n = self.item.shape[0]
+        mask = torch.zeros(p.shape[0], n + 1, dtype=torch.bool, device=p.device)
+        mask.scatter_(1, torch.where(p[:, 1:] >= 0, p[:, 1:], n), True)
+        return {"scores": self.user[users] @ self.item.T, "positives": p[:, 0], "exclude": mask[:, :n], "ids": users}
 
 
 class SyntheticTiledScoring(Synthetic):
@@ -250,7 +264,9 @@ def scale(args) -> list[dict]:
     tag = f"scale ({users:,} x {args.items:,}, d = 64, batch {batch})"
     rows = [measure(f"{tag}, step returns scores", model, loader, make, args.repeats),
             measure(f"{tag}, step returns factors (vs the step computing the scores)", model, loader, make,
-                    args.repeats, cb_model=factors)]
+                    args.repeats, cb_model=factors),
+            measure(f"{tag}, step returns scores and a mask of exclusions", SyntheticMasks(users, args.items), loader,
+                    make, args.repeats)]
     if args.profile:
         for name, m in (("scores", model), ("factors", factors)):
             print(f"--- profile, one epoch with the callback, step returns {name} (sorted by own time)")

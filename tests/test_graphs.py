@@ -46,11 +46,11 @@ def _batch(seed: int, b: int = 12, n: int = 300, p: int = 4, e: int = 20, device
     return scores.to(device), pos.to(device), exc.to(device)
 
 
-def _same_error(replayed_call, eager_call) -> str:
-    """Both calls raise a ValueError (the second with capture off), with the same message; returns it."""
-    with pytest.raises(ValueError) as eager:
+def _same_error(replayed_call, eager_call, kind: type = ValueError) -> str:
+    """Both calls raise a ``kind`` error (the second with capture off), with the same message; returns it."""
+    with pytest.raises(kind) as eager:
         _eager(eager_call)
-    with pytest.raises(ValueError) as replayed:
+    with pytest.raises(kind) as replayed:
         replayed_call()
     assert str(replayed.value) == str(eager.value)
     return str(eager.value)
@@ -346,8 +346,9 @@ def test_exact_update_replayed_equals_eager_states(captured, device, monkeypatch
 def test_a_replayed_call_dispatches_a_few_operators_besides_its_graph(captured, device, monkeypatch):
     """The CPU proxy of a replay's cost: the operators a replayed call dispatches outside its graph (copies of small
     inputs, copies of the outputs, the flags read, the states' additions) are at most 10 (12 for the updates from
-    factors: the user factors and bias copied too) with the scores and the item factors read in place (as at
-    scale), whatever the call dispatches eagerly (68-304 on an accelerator's path)."""
+    factors: the user factors and bias copied too; 14 with an exact share: its rows and overflow flag copied out and
+    added to their states) with the scores and the item factors read in place (as at scale), whatever the call
+    dispatches eagerly (68-322 on an accelerator's path)."""
     import sys
     from pathlib import Path
 
@@ -355,7 +356,7 @@ def test_a_replayed_call_dispatches_a_few_operators_besides_its_graph(captured, 
 
     sys.path.insert(0, str(Path(__file__).parent))
     from _budgets import OpCounter
-    from reco_sampled_plugin import exact_ranks_from_factors
+    from reco_sampled_plugin import SamplingDesign, exact_ranks_from_factors
     from reco_sampled_plugin.adapters import torchmetrics as tm
 
     if device.type == "cpu":  # the stand-in's replay runs the function: its operators are the graph's, not counted
@@ -365,9 +366,11 @@ def test_a_replayed_call_dispatches_a_few_operators_besides_its_graph(captured, 
     monkeypatch.setattr(_graphs, "_COPY_ELEMENTS", 1000)  # the scores and item factors read in place, as at scale
     metric = tm.ExactRankingMetrics(METRICS).to(device)
     sampled = _sampled(tm, device)
+    shared = _sampled(tm, device, SamplingDesign(20, exact_share=0.3))
     s, pos, exc = _batch(0, device=device)
     u, v, bias = _factors(0, device=device)
     calls = {"exact_ranks": lambda: exact_ranks(s, pos, exc),
+             "SampledRankingMetrics.update, exact share": lambda: shared.update(s, pos, exc),
              "per_user_metrics": lambda: per_user_metrics(s, pos, METRICS, exclude=exc, as_frame=False),
              "ExactRankingMetrics.update": lambda: metric.update(s, pos, exc),
              "SampledRankingMetrics.update": lambda: sampled.update(s, pos, exc),
@@ -377,6 +380,7 @@ def test_a_replayed_call_dispatches_a_few_operators_besides_its_graph(captured, 
              "per_user_metrics of factors": lambda: per_user_metrics((u, v, bias), pos, METRICS, exclude=exc,
                                                                      as_frame=False)}
     for name, fn in calls.items():
+        _graphs.clear()  # room for each call's graph (more calls than _MAX_GRAPHS)
         for _ in range(2):
             fn()
         replays = captured("replays")
@@ -386,7 +390,8 @@ def test_a_replayed_call_dispatches_a_few_operators_besides_its_graph(captured, 
         with eager:
             _eager(fn) if device.type == "cpu" else None
         assert captured("replays") == replays + 1, name
-        assert ops.count <= 10 + 2 * ("update_factors" in name), (name, dict(ops.calls))  # + u and bias copied
+        # + u and bias copied; an exact share's rows and overflow copied out and added to its states
+        assert ops.count <= 10 + 2 * ("update_factors" in name) + 4 * ("share" in name), (name, dict(ops.calls))
         assert device.type != "cpu" or eager.count >= 60, (name, eager.count)
 
 
@@ -792,15 +797,57 @@ def test_refused_inputs_leave_the_counters_and_later_states_as_eagerly(captured,
     assert int(have.n_items) == 300 and (have._rows_seen, have._update_count) == (want._rows_seen, want._update_count)
 
 
+@pytest.mark.parametrize("overflow", [False, True])
+@pytest.mark.parametrize("source", ["scores", "scores, prepared", "factors", "factors, prepared"])
+def test_exact_share_updates_replayed_equal_eager_states(captured, device, monkeypatch, overflow, source):
+    """A fixed-m uniform design with an exact share: each batch's chosen positives ranked exactly in the share's
+    static capacity of rows (``share_capacity_rows``) inside the graph, whose rows and overflow flag join the ``share``
+    and ``share_overflow`` states after the replay: the states (histogram, share rows, overflow, checks) equal those
+    of the same batches with capture off, a keep mask included, and so do the estimates (a capacity of one row
+    overflows: refused at compute, with the eager error)."""
+    from reco_sampled_plugin import SamplingDesign
+    from reco_sampled_plugin.adapters import torchmetrics as tm
+    from reco_sampled_plugin.ranking import prepare_index
+
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    if overflow:
+        monkeypatch.setattr(tm, "share_capacity", lambda rows, slots, share: 1)
+    design = SamplingDesign(20, exact_share=0.3)
+    have, want = (_sampled(tm, device, design, ("none", "bv")) for _ in range(2))
+    keep = torch.ones(12, dtype=torch.bool, device=device)
+    keep[-2:] = False
+    for i in range(5):
+        s, pos, exc = _batch(i % 2, device=device)
+        u, v, bias = _factors(i % 2, device=device)
+        ids = torch.arange(12 * i, 12 * i + 12, device=device)
+        p, e = prepare_index(pos, exc, 12, 300, device, pending=[])
+        call = {"scores": lambda m: m.update(s, pos, exc, ids, keep),
+                "scores, prepared": lambda m: m.update_padded(s, p, e, ids, keep),
+                "factors": lambda m: m.update_factors(u, v, pos, exc, ids, keep, item_bias=bias),
+                "factors, prepared": lambda m: m.update_factors_padded(u, v, bias, p, e, ids, keep)}[source]
+        call(have)
+        _eager(call, want)
+    # one signature: captured at the second batch, replayed from then on
+    assert (captured("captures"), captured("replays"), captured("failures")) == (1, 4, 0)
+    _same_states(have, want, SAMPLED_STATES + ("share", "share_overflow"))
+    assert have.share.shape[0] > 0 and bool((have.share[:, 3] > 0).any())  # exact ranks in the rows
+    if overflow:
+        assert int(have.share_overflow) == 5  # every batch
+        assert "static capacity" in _same_error(have.compute, want.compute, RuntimeError)
+    else:
+        assert int(have.share_overflow) == 0
+        got, ref = have.estimates(), _eager(want.estimates)
+        assert {k: (e.value, e.interval()) for k, e in got.items()} == {k: (e.value, e.interval()) for k, e in ref.items()}
+
+
 def test_sampled_designs_with_host_side_state_are_not_captured(captured, device, monkeypatch):
-    """Adaptive, exact-share, popularity and without-replacement designs keep their eager update
-    (sizes read back or host-side rows): nothing captured, the same states as with capture off."""
+    """Adaptive, popularity and without-replacement designs keep their eager update (sizes read back or host-side
+    rows): nothing captured, the same states as with capture off."""
     from reco_sampled_plugin import SamplingDesign
     from reco_sampled_plugin.adapters import torchmetrics as tm
 
     monkeypatch.setattr(tm, "_READS_ON_CPU", False)
     designs = {"adaptive": (SamplingDesign(20, adaptive_max=80), {}),
-               "share": (SamplingDesign(20, exact_share=0.5), {}),
                "popularity": (SamplingDesign(20, popularity=torch.rand(300) + 0.1), {}),
                "without replacement": (SamplingDesign(20, replacement=False), {})}
     for name, (design, kwargs) in designs.items():

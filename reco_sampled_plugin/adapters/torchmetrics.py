@@ -1028,11 +1028,11 @@ class SampledRankingMetrics(_MergeChecked):
 
     def _captures(self, device: torch.device, keep: Any = None) -> bool:
         """Whether batches on ``device`` may be replayed from CUDA graphs (:mod:`._graphs`): a fixed-m uniform
-        design with replacement (adaptive stages, a share, popularity rows and draws without replacement read
-        sizes back or keep host-side rows), where checks are deferred, ``keep`` None or a tensor there."""
+        design with replacement, an exact share included (its static capacity's rows returned by the graph; adaptive
+        stages, popularity rows and draws without replacement read sizes back or keep host-side rows), where checks
+        are deferred, ``keep`` None or a tensor there."""
         d = self._design
-        return self._adaptive is None and self._share is None and d.popularity is None and d.replacement \
-            and _keep_on(keep, device)
+        return self._adaptive is None and d.popularity is None and d.replacement and _keep_on(keep, device)
 
     def _update_captured(self, source: tuple[torch.Tensor, ...], index: tuple[torch.Tensor, ...], ids: TensorLike | None,
                          prepared: bool = False, keep: torch.Tensor | None = None,
@@ -1067,20 +1067,24 @@ class SampledRankingMetrics(_MergeChecked):
                                                     prepared, n_items, checks)
             keys = RowKeys.of(self.settings.seed, tensors[n_src + 1 + has_exclude], device)
             kept = _keep_mask(tensors[-1], b, device) if keep is not None else None
+            plan = self._share_plan(drawn, pos, keys, kept, checks)  # an exact share: its static capacity's rows
             ranked = self._rank_batch(drawn, pos, exc, n_items, keys, checks, None, kept)
             n_cand = padded_candidate_counts(n_items, pos, exc, count_other_positives=False)
             idx, w = self._hist_cells(ranked.ranks, n_cand, pos, kept, None, rows, n_items)
             increment = torch.zeros(rows * width, dtype=torch.float64, device=device)
             increment.index_put_((idx,), w.to(torch.float64), accumulate=True)
-            return increment.view(rows, width), _captured_flags(checks.pending(), device, notes)
+            shared = self._share_rows(drawn, ranked, plan, pos, exc, n_items)
+            return (increment.view(rows, width), _captured_flags(checks.pending(), device, notes)) \
+                + (() if shared is None else (shared[0], shared[1]))
 
-        settings = self.settings
+        settings, share = self.settings, self._share
         options = ("sampled_update", self._design.n_samples, settings.seed, settings.ties, settings.check_finite,
-                   factors, has_exclude, prepared, keep is not None, rows, width)
+                   factors, has_exclude, prepared, keep is not None, rows, width,
+                   None if share is None else (share.share, share.seed))
         try:
             key = self._ids(ids, b, device).to(torch.int64)
-            increment, failed = _graphs.run("SampledRankingMetrics.update", options, batch,
-                                            source + index + (key,) + (() if keep is None else (keep,)), notes)
+            increment, failed, *shared = _graphs.run("SampledRankingMetrics.update", options, batch,
+                                                     source + index + (key,) + (() if keep is None else (keep,)), notes)
         except Exception:
             self._n_items_host, self._rows_seen = saved[:2]
             if mark and not prepared:
@@ -1090,6 +1094,9 @@ class SampledRankingMetrics(_MergeChecked):
         self.n_items = torch.full((), n_items, dtype=torch.int64, device=self.n_items.device)  # as eagerly: always
         self._grow_hist(rows)
         (self.hist if rows == self.hist.shape[0] else self.hist[:rows]).add_(_to(increment, self.hist.device))
+        if shared:  # the exact share's rows (every slot of the picked rows) and its capacity's overflow flag
+            self.share = torch.cat([self.share, _to(shared[0], self.share.device)])
+            self.share_overflow += _to(shared[1], self.share_overflow.device)
         return True
 
     def _captured_source(self, source: Sequence[torch.Tensor], index: Sequence[torch.Tensor],
