@@ -44,6 +44,91 @@ def test_equal_to_exact_ranks_on_materialized_scores_with_ties(ties, other, back
     assert bool((want[pos >= 0] > 1).any()) and bool((want[pos < 0] == 0).all())
 
 
+@pytest.mark.parametrize("ties", ["pessimistic", "optimistic", "average"])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_tiles_counted_in_threads_equal_the_materialized_scores(ties, threads, monkeypatch):
+    """On a CPU with several torch threads, large calls split their row blocks between threads (``counting.tile_workers``,
+    each tile's matmul and count on one core): ranks identical to exact_ranks(U @ V.T) with a bias, exclusions,
+    padding and rows that leave a short last block, factors that require grad and inference tensors; torch's thread
+    count is 1 inside the workers and restored after, also when two calls overlap or one raises."""
+    import threading
+
+    u, v, pos, exc = _problem(4, b=37, n=1_000)
+    bias = torch.randint(-2, 3, (1_000,)).float()
+    want = exact_ranks(u @ v.T + bias, pos, exc, ties)
+    monkeypatch.setattr(counting, "_THREAD_MIN_WORK", 0)  # these small calls split as large ones do
+    monkeypatch.setattr(counting, "_backend", "eager")
+    seen, saved = [], torch.get_num_threads()
+    tile = counting.count_beating_tile
+
+    def counted(*args, **kwargs):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return tile(*args, **kwargs)
+
+    import reco_sampled_plugin.factor_ranks as fr
+
+    monkeypatch.setattr(fr, "count_beating_tile", counted)
+    torch.set_num_threads(threads)
+    try:
+        assert fr.tile_workers(37, 5, 10**9) == threads
+        got = exact_ranks_from_factors(u, v, pos, exc, ties, item_bias=bias, tile_elements=5 * 128)  # 5-row blocks
+        assert torch.equal(got, want)
+        assert {name.startswith("reco-count") for name, _ in seen} == {True} and {k for _, k in seen} == {1}
+        assert len({name for name, _ in seen}) > 1 and torch.get_num_threads() == threads
+        results = [None, None]
+
+        def call(i: int) -> None:
+            results[i] = exact_ranks_from_factors(u, v, pos, exc, ties, item_bias=bias, tile_elements=5 * 128)
+
+        callers = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+        for c in callers:
+            c.start()
+        for c in callers:
+            c.join()
+        assert all(torch.equal(r, want) for r in results) and torch.get_num_threads() == threads
+        # the caller's grad and inference modes hold in the workers (thread-local in torch): factors that require
+        # grad (a model's parameters), and inference tensors written into inside inference mode (Lightning's)
+        ug, vg = u.clone().requires_grad_(), v.clone().requires_grad_()
+        assert torch.equal(exact_ranks_from_factors(ug, vg, pos, exc, ties, item_bias=bias, tile_elements=640), want)
+        with torch.inference_mode():
+            ui, vi = ug * 1, vg * 1
+            assert torch.equal(exact_ranks_from_factors(ui, vi, pos, exc, ties, item_bias=bias, tile_elements=640),
+                               want)
+        monkeypatch.setattr(fr, "count_beating_tile", lambda *a, **k: 1 / 0)
+        with pytest.raises(ZeroDivisionError):
+            exact_ranks_from_factors(u, v, pos, exc, ties, item_bias=bias, tile_elements=5 * 128)
+        assert torch.get_num_threads() == threads
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_tile_threads_only_where_no_tile_can_compile(monkeypatch):
+    """One loop (torch threading each tile's matmul) below ``_THREAD_MIN_WORK``, with one torch thread, one row
+    block, the torch loop, the compiled backend, or an ``auto`` process that this call could take past the compile
+    bound (a compilation must not start in a worker); else torch's threads."""
+    monkeypatch.setattr(counting, "_backend", "auto")
+    monkeypatch.setattr(counting, "_work_done", [0])
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        big = counting._THREAD_MIN_WORK
+        assert counting.tile_workers(4096, 512, big) == 2
+        assert counting.tile_workers(4096, 512, big - 1) == 1
+        assert counting.tile_workers(512, 512, big) == 1
+        assert counting.tile_workers(4096, 512, counting._COMPILE_AFTER_WORK_FAST) == 1
+        monkeypatch.setattr(counting, "_numpy_blocked", [True])
+        assert counting.tile_workers(4096, 512, big) == 1
+        monkeypatch.setattr(counting, "_numpy_blocked", [False])
+        monkeypatch.setattr(counting, "_backend", "compiled")
+        assert counting.tile_workers(4096, 512, big) == 1
+        monkeypatch.setattr(counting, "_backend", "eager")
+        assert counting.tile_workers(4096, 512, counting._COMPILE_AFTER_WORK_FAST) == 2
+        torch.set_num_threads(1)
+        assert counting.tile_workers(4096, 512, big) == 1
+    finally:
+        torch.set_num_threads(saved)
+
+
 def test_equal_on_random_float64_factors_and_large_tiles():
     u, v, pos, exc = _problem(2, b=300, n=20_000, d=16, integer=False, dtype=torch.float64)
     want = exact_ranks(u @ v.T, pos, exc)

@@ -1073,9 +1073,12 @@ class SampledRankingMetrics(_MergeChecked):
             idx, w = self._hist_cells(ranked.ranks, n_cand, pos, kept, None, rows, n_items)
             increment = torch.zeros(rows * width, dtype=torch.float64, device=device)
             increment.index_put_((idx,), w.to(torch.float64), accumulate=True)
+            out = (increment.view(rows, width), _captured_flags(checks.pending(), device, notes))
             shared = self._share_rows(drawn, ranked, plan, pos, exc, n_items)
-            return (increment.view(rows, width), _captured_flags(checks.pending(), device, notes)) \
-                + (() if shared is None else (shared[0], shared[1]))
+            if shared is None:
+                return out
+            assert shared[1] is not None  # a static capacity (checks deferred): its overflow flag, never read
+            return out + (shared[0], shared[1])
 
         settings, share = self.settings, self._share
         options = ("sampled_update", self._design.n_samples, settings.seed, settings.ties, settings.check_finite,
