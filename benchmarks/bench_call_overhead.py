@@ -19,7 +19,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from reco_sampled_plugin import exact_ranks, per_user_metrics, sampled_ranks
+from reco_sampled_plugin import SamplingDesign, exact_ranks, per_user_metrics, sampled_ranks
 from reco_sampled_plugin.adapters.torchmetrics import ExactRankingMetrics, SampledRankingMetrics
 
 
@@ -30,6 +30,8 @@ def cases(b: int, n: int, device: torch.device):
     pos, exc = picks[:, :1].contiguous().to(device), picks[:, 1:].contiguous().to(device)
     dg = torch.Generator(device=device).manual_seed(0)
     metric = SampledRankingMetrics(("ndcg@10", "hit@10"), n_samples=100, estimators=("none", "bv")).to(device)
+    shared = SampledRankingMetrics(("ndcg@10", "hit@10"), n_samples=SamplingDesign(100, exact_share=0.05),
+                                   estimators=("none", "diff")).to(device)
     exact = ExactRankingMetrics().to(device)
     return {
         "exact_ranks (1 positive, 55 excluded)": lambda: exact_ranks(scores, pos, exclude=exc),
@@ -37,6 +39,7 @@ def cases(b: int, n: int, device: torch.device):
         "per_user_metrics (ndcg@10, recall@10)": lambda: per_user_metrics(scores, pos, ("ndcg@10", "recall@10"),
                                                                            exclude=exc, as_frame=False),
         "SampledRankingMetrics.update (m = 100)": lambda: metric.update(scores, pos, exclude=exc),
+        "SampledRankingMetrics.update (m = 100, exact share 0.05)": lambda: shared.update(scores, pos, exclude=exc),
         "ExactRankingMetrics.update (ndcg@10, recall@10)": lambda: exact.update(scores, pos, exclude=exc),
     }
 

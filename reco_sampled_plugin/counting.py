@@ -441,16 +441,16 @@ def row_ranges(work: Callable[[int, int], None], b: int, rows: int, workers: int
         f.result()
 
 
-def tile_workers(b: int, rows: int, work: int) -> int:
-    """Threads for a CPU loop of score tiles (``factor_ranks``' tiles of ``rows`` rows; ``work`` the call's comparisons
-    in all) counted on numpy's eager path: torch's intra-op threads, each taking whole row blocks with the tiles'
-    matmuls on one thread (:func:`one_torch_thread`), where the work reaches ``_THREAD_MIN_WORK`` and no tile of
-    the call can reach a compiled kernel (whose compilation must not start in a worker, and which threads itself);
-    else 1 (each tile's matmul threaded by torch, its count on one thread: at 2 threads a core idle while it counts).
-    4,096 x 100,000 scores from d = 64 factors, 5 positives, the 2-core machine, best of 3: 0.559 s on one loop
-    against 0.389-0.416 s in two (0.59 -> 0.80-0.84 of the score matmul's time)."""
+def tile_workers(tiles: int, work: int) -> int:
+    """Threads for a CPU loop of ``tiles`` score tiles (``factor_ranks``'; ``work`` the call's comparisons in all)
+    counted on numpy's eager path: torch's intra-op threads, each taking a range of tiles with their matmuls on one
+    thread (:func:`one_torch_thread`), where the work reaches ``_THREAD_MIN_WORK`` and no tile of the call can reach a
+    compiled kernel (whose compilation must not start in a worker, and which threads itself); else 1 (each tile's
+    matmul threaded by torch, its count on one thread: at 2 threads a core idle while it counts). 4,096 x 100,000
+    scores from d = 64 factors, 5 positives, the 2-core machine, best of 3: 0.56-0.67 s on one loop against
+    0.39-0.55 s in two (0.59 -> 0.62-0.84 of the score matmul's time)."""
     threads = torch.get_num_threads()
-    if threads < 2 or work < _THREAD_MIN_WORK or -(-b // rows) < 2 or _numpy_blocked[0]:
+    if threads < 2 or work < _THREAD_MIN_WORK or tiles < 2 or _numpy_blocked[0]:
         return 1
     if _backend == "compiled" or (_backend == "auto" and _work_done[0] + work >= _COMPILE_AFTER_WORK_FAST
                                   and not _dynamo_disabled() and not {"ge", "gt"} <= _compile_failed):

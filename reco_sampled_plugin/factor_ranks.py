@@ -423,43 +423,56 @@ def _tiled_ranks(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, po
     ge = torch.zeros(pos.shape, dtype=torch.int64, device=dev)
     gt = torch.zeros(pos.shape, dtype=torch.int64, device=dev)
     rows, cols = tile_shape(b, n, dev, tile_elements)
-    # one flat buffer per range of rows: each tile is a contiguous (r x w) view of its start. A masked item j of tile
-    # row i lies in column block j // cols at flat offset i * w + j % cols; those of other blocks (and padding) are
-    # sent to the spare element past the largest tile: a fixed-size -inf write per tile, no host sync
+    # one flat buffer per range of tiles: each tile is a contiguous (r x w) view of its start. A masked item j of
+    # tile row i lies in column block j // cols at flat offset i * w + j % cols; those of other blocks (and padding)
+    # are sent to the spare element past the largest tile: a fixed-size -inf write per tile, no host sync
     spare = rows * cols
     block = torch.where(masked >= 0, masked // cols, -1)
     line = torch.arange(rows, device=dev).unsqueeze(1)
     last = (n - 1) // cols
+    n_tiles = -(-b // rows) * (last + 1)
 
-    def tiles(first: int, stop: int) -> None:  # rows first..stop - 1, in blocks of ``rows``
+    def tiles(first: int, stop: int, ge: torch.Tensor, gt: torch.Tensor) -> None:  # tiles first..stop - 1, row-major
         flat = torch.empty(spare + 1, dtype=u.dtype, device=dev)
-        for r0 in range(first, stop, rows):
-            r1 = min(stop, r0 + rows)
-            u_t, ref, blk_t = u[r0:r1], s_pos[r0:r1], block[r0:r1]
-            col = masked[r0:r1] % cols
-            offset = line[: r1 - r0] * cols + col
-            for j, c0 in enumerate(range(0, n, cols)):
-                c1 = min(n, c0 + cols)
-                w = c1 - c0
-                tile = flat[: (r1 - r0) * w].view(r1 - r0, w)
-                if bias is None:
-                    torch.matmul(u_t, v[c0:c1].T, out=tile)
-                else:
-                    torch.addmm(bias[c0:c1], u_t, v[c0:c1].T, out=tile)
-                if j == last and w != cols:  # a narrower last block: its rows are w apart
-                    offset = line[: r1 - r0] * w + col
-                flat.index_fill_(0, torch.where(blk_t == j, offset, spare).view(-1), -math.inf)
-                if need_ge:
-                    ge[r0:r1] += count_beating_tile(tile, ref, inclusive=True)
-                if need_gt:
-                    gt[r0:r1] += count_beating_tile(tile, ref, inclusive=False)
+        for t in range(first, stop):
+            r0, j = divmod(t, last + 1)
+            r0 *= rows
+            r1 = min(b, r0 + rows)
+            c0 = j * cols
+            c1 = min(n, c0 + cols)
+            w = c1 - c0
+            if t == first or j == 0:  # a new row block
+                u_t, ref, blk_t = u[r0:r1], s_pos[r0:r1], block[r0:r1]
+                col = masked[r0:r1] % cols
+                offset = line[: r1 - r0] * cols + col
+            tile = flat[: (r1 - r0) * w].view(r1 - r0, w)
+            if bias is None:
+                torch.matmul(u_t, v[c0:c1].T, out=tile)
+            else:
+                torch.addmm(bias[c0:c1], u_t, v[c0:c1].T, out=tile)
+            if j == last and w != cols:  # a narrower last block: its rows are w apart
+                offset = line[: r1 - r0] * w + col
+            flat.index_fill_(0, torch.where(blk_t == j, offset, spare).view(-1), -math.inf)
+            if need_ge:
+                ge[r0:r1] += count_beating_tile(tile, ref, inclusive=True)
+            if need_gt:
+                gt[r0:r1] += count_beating_tile(tile, ref, inclusive=False)
 
-    workers = tile_workers(b, rows, b * n * pos.shape[1] * (need_ge + need_gt)) if dev.type == "cpu" else 1
-    if workers > 1:  # the row blocks split between threads, each tile's matmul and count on one core
+    workers = tile_workers(n_tiles, b * n * pos.shape[1] * (need_ge + need_gt)) if dev.type == "cpu" else 1
+    if workers > 1:  # ranges of tiles split between threads, each tile's matmul and count on one core, own sums
+        sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def part(first: int, stop: int) -> None:
+            sums[first] = (torch.zeros_like(ge), torch.zeros_like(gt))
+            tiles(first, stop, *sums[first])
+
         with one_torch_thread():
-            row_ranges(tiles, b, rows, workers)
+            row_ranges(part, n_tiles, 1, workers)
+        for first in sorted(sums):
+            ge += sums[first][0]
+            gt += sums[first][1]
     else:
-        tiles(0, b)
+        tiles(0, n_tiles, ge, gt)
     if count_other_positives:  # the other positives, compared on the same dot-product scores
         ge_other, gt_other = other_positive_counts(s_pos, valid)
         ge += ge_other

@@ -47,8 +47,8 @@ def test_equal_to_exact_ranks_on_materialized_scores_with_ties(ties, other, back
 @pytest.mark.parametrize("ties", ["pessimistic", "optimistic", "average"])
 @pytest.mark.parametrize("threads", [2, 3])
 def test_tiles_counted_in_threads_equal_the_materialized_scores(ties, threads, monkeypatch):
-    """On a CPU with several torch threads, large calls split their row blocks between threads (``counting.tile_workers``,
-    each tile's matmul and count on one core): ranks identical to exact_ranks(U @ V.T) with a bias, exclusions,
+    """On a CPU with several torch threads, large calls split their tiles between threads (``counting.tile_workers``,
+    each tile's matmul and count on one core, each range its own sums): ranks identical to exact_ranks(U @ V.T) with a bias, exclusions,
     padding and rows that leave a short last block, factors that require grad and inference tensors; torch's thread
     count is 1 inside the workers and restored after, also when two calls overlap or one raises."""
     import threading
@@ -70,7 +70,7 @@ def test_tiles_counted_in_threads_equal_the_materialized_scores(ties, threads, m
     monkeypatch.setattr(fr, "count_beating_tile", counted)
     torch.set_num_threads(threads)
     try:
-        assert fr.tile_workers(37, 5, 10**9) == threads
+        assert fr.tile_workers(8, 10**9) == threads
         got = exact_ranks_from_factors(u, v, pos, exc, ties, item_bias=bias, tile_elements=5 * 128)  # 5-row blocks
         assert torch.equal(got, want)
         assert {name.startswith("reco-count") for name, _ in seen} == {True} and {k for _, k in seen} == {1}
@@ -103,8 +103,8 @@ def test_tiles_counted_in_threads_equal_the_materialized_scores(ties, threads, m
 
 
 def test_tile_threads_only_where_no_tile_can_compile(monkeypatch):
-    """One loop (torch threading each tile's matmul) below ``_THREAD_MIN_WORK``, with one torch thread, one row
-    block, the torch loop, the compiled backend, or an ``auto`` process that this call could take past the compile
+    """One loop (torch threading each tile's matmul) below ``_THREAD_MIN_WORK``, with one torch thread, one tile,
+    the torch loop, the compiled backend, or an ``auto`` process that this call could take past the compile
     bound (a compilation must not start in a worker); else torch's threads."""
     monkeypatch.setattr(counting, "_backend", "auto")
     monkeypatch.setattr(counting, "_work_done", [0])
@@ -112,19 +112,19 @@ def test_tile_threads_only_where_no_tile_can_compile(monkeypatch):
     torch.set_num_threads(2)
     try:
         big = counting._THREAD_MIN_WORK
-        assert counting.tile_workers(4096, 512, big) == 2
-        assert counting.tile_workers(4096, 512, big - 1) == 1
-        assert counting.tile_workers(512, 512, big) == 1
-        assert counting.tile_workers(4096, 512, counting._COMPILE_AFTER_WORK_FAST) == 1
+        assert counting.tile_workers(200, big) == 2
+        assert counting.tile_workers(200, big - 1) == 1
+        assert counting.tile_workers(1, big) == 1
+        assert counting.tile_workers(200, counting._COMPILE_AFTER_WORK_FAST) == 1
         monkeypatch.setattr(counting, "_numpy_blocked", [True])
-        assert counting.tile_workers(4096, 512, big) == 1
+        assert counting.tile_workers(200, big) == 1
         monkeypatch.setattr(counting, "_numpy_blocked", [False])
         monkeypatch.setattr(counting, "_backend", "compiled")
-        assert counting.tile_workers(4096, 512, big) == 1
+        assert counting.tile_workers(200, big) == 1
         monkeypatch.setattr(counting, "_backend", "eager")
-        assert counting.tile_workers(4096, 512, counting._COMPILE_AFTER_WORK_FAST) == 2
+        assert counting.tile_workers(200, counting._COMPILE_AFTER_WORK_FAST) == 2
         torch.set_num_threads(1)
-        assert counting.tile_workers(4096, 512, big) == 1
+        assert counting.tile_workers(200, big) == 1
     finally:
         torch.set_num_threads(saved)
 
