@@ -13,7 +13,7 @@ other thread changes nothing. The planner's designs run in worker threads under 
 main thread; a plan() run from another thread (a server's worker) runs without it. Nested blocks are counted: the
 outermost sets the limit, its exit (or exception) restores what was there before. The libraries are those loaded
 at the first block (numpy's and scipy.linalg's OpenBLAS: scipy.linalg is imported first); one loaded later keeps its
-threads. torch's own threads are not touched.
+threads. torch's own threads are not touched by it: :func:`one_torch_thread` sets them for the calling thread.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ import functools
 import threading
 from typing import Any, Callable, Iterator, ParamSpec, TypeVar
 
-__all__ = ["one_blas_thread", "blas_single", "SMALL_SYSTEM"]
+import torch
+
+__all__ = ["one_blas_thread", "one_torch_thread", "blas_single", "SMALL_SYSTEM"]
 
 #: linear systems up to this order run on one BLAS thread (correction tables: m + 1); larger ones keep BLAS's threads
 SMALL_SYSTEM = 1024
@@ -79,3 +81,19 @@ def blas_single(fn: Callable[_P, _R]) -> Callable[_P, _R]:
             return fn(*args, **kwargs)
 
     return wrapper
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Torch's intra-op threads set to 1 in this thread for the block, then restored. Thread-local in torch (OpenMP's
+    per-thread setting, MKL's ``mkl_set_num_threads_local``; measured, torch 2.13: a thread set to 1 left another's
+    matmul on two threads), so a pool worker runs its tiles' matmuls on its own core and the caller keeps its own
+    setting; torch's default for threads started meanwhile is 1 until the block ends."""
+    saved = torch.get_num_threads()
+    if saved != 1:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if saved != 1:
+            torch.set_num_threads(saved)

@@ -23,7 +23,6 @@ chosen per call:
 
 from __future__ import annotations
 
-import contextlib
 import linecache
 import logging
 import math
@@ -31,11 +30,12 @@ import os
 import threading
 import warnings
 from functools import partial
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 import torch
 
+from ._blas import one_torch_thread
 from ._inputs import finite_flags
 
 logger = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ _COMPILE_AFTER_WORK_FAST = 1 << 36
 # and compiling at 2^42 is never slower overall than staying eager by more than about 2x
 _COMPILE_AFTER_WORK_ACCELERATOR = 1 << 42
 _work_done = [0]  # comparisons counted so far in this process (shapes only: no device synchronisation)
+_work_lock = threading.Lock()
 # comparisons per chunk of the torch loop on a CPU (half-precision scores, the random tie policy): chunks of
 # 2^19 / (B P) items (at least 64), 2x faster there than whole rows (1,024 x 100,000 scores, 5 references: the random
 # tie policy 1.5-2.0 s against 4-9 s, bfloat16 0.9 against 1.9 s; the 2-core machine, one thread; the same as the
@@ -104,7 +105,8 @@ def work_done() -> int:
 
 def add_work(work: int) -> None:
     """Advance :func:`work_done` by ``work`` comparisons done without calling the kernels' Python (a replayed graph)."""
-    _work_done[0] += int(work)
+    with _work_lock:
+        _work_done[0] += int(work)
 
 
 def compile_stage() -> tuple[str, bool, bool, bool]:
@@ -415,12 +417,13 @@ def _in_threads(work: Callable[[int, int, np.ndarray], None], b: int, rows: int,
 def row_ranges(work: Callable[[int, int], None], b: int, rows: int, workers: int) -> None:
     """Run ``work(first, last)`` over rows 0..b in ``workers`` near-equal ranges of whole blocks of ``rows``, on the
     process's pool of threads (one per core; numpy and torch release the GIL in their loops), or in this thread for
-    one worker; the first error raised in a range is raised here once every range has ended. The workers run in
-    this thread's grad and inference modes (thread-local in torch: a worker would otherwise track gradients through
-    an ``out=`` matmul, or refuse to write into an inference tensor)."""
+    one worker (and inline in a pool worker: a nested split never waits on the pool it runs in); the first error
+    raised in a range is raised here once every range has ended. The workers run in this thread's grad and inference
+    modes (thread-local in torch: a worker would otherwise track gradients through an ``out=`` matmul, or refuse to
+    write into an inference tensor), each on one torch thread (:func:`one_torch_thread`)."""
     blocks = -(-b // rows)
     workers = max(1, min(workers, blocks))
-    if workers == 1:
+    if workers == 1 or getattr(_in_pool, "active", False):  # a worker's own split runs inline: no wait on the pool
         work(0, b)
         return
     if _pool[0] != os.getpid():
@@ -430,8 +433,12 @@ def row_ranges(work: Callable[[int, int], None], b: int, rows: int, workers: int
     grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
 
     def in_modes(first: int, last: int) -> None:
-        with torch.inference_mode(inference), torch.set_grad_enabled(grad):
-            work(first, last)
+        _in_pool.active = True
+        try:
+            with torch.inference_mode(inference), torch.set_grad_enabled(grad), one_torch_thread():
+                work(first, last)
+        finally:
+            _in_pool.active = False
 
     per = -(-blocks // workers) * rows
     futures = [_pool[1].submit(in_modes, lo, min(lo + per, b)) for lo in range(0, b, per)]
@@ -441,16 +448,17 @@ def row_ranges(work: Callable[[int, int], None], b: int, rows: int, workers: int
         f.result()
 
 
-def tile_workers(tiles: int, work: int) -> int:
+def tile_workers(tiles: int, work: int, dtype: torch.dtype = torch.float32) -> int:
     """Threads for a CPU loop of ``tiles`` score tiles (``factor_ranks``'; ``work`` the call's comparisons in all)
-    counted on numpy's eager path: torch's intra-op threads, each taking a range of tiles with their matmuls on one
-    thread (:func:`one_torch_thread`), where the work reaches ``_THREAD_MIN_WORK`` and no tile of the call can reach a
+    of ``dtype`` counted on numpy's eager path (float32 / float64): torch's intra-op threads, each taking a range of
+    tiles with their matmuls on one thread (:func:`row_ranges`), where the work reaches ``_THREAD_MIN_WORK`` and no tile of the call can reach a
     compiled kernel (whose compilation must not start in a worker, and which threads itself); else 1 (each tile's
     matmul threaded by torch, its count on one thread: at 2 threads a core idle while it counts). 4,096 x 100,000
-    scores from d = 64 factors, 5 positives, the 2-core machine, best of 3: 0.56-0.67 s on one loop against
-    0.39-0.55 s in two (0.59 -> 0.62-0.84 of the score matmul's time)."""
+    scores from d = 64 factors, 5 positives, the 2-core machine, six alternating runs, medians: in calls of 256 /
+    1,024 / 4,096 users 0.71 / 0.67 / 0.64 s on one loop against 0.62 / 0.52 / 0.45 s in two."""
     threads = torch.get_num_threads()
-    if threads < 2 or work < _THREAD_MIN_WORK or tiles < 2 or _numpy_blocked[0]:
+    if threads < 2 or work < _THREAD_MIN_WORK or tiles < 2 or _numpy_blocked[0] or \
+            dtype not in (torch.float32, torch.float64):  # half precision: the torch loop, compiled from 2^32
         return 1
     if _backend == "compiled" or (_backend == "auto" and _work_done[0] + work >= _COMPILE_AFTER_WORK_FAST
                                   and not _dynamo_disabled() and not {"ge", "gt"} <= _compile_failed):
@@ -458,26 +466,9 @@ def tile_workers(tiles: int, work: int) -> int:
     return threads
 
 
-_one_thread_lock = threading.Lock()
-_one_thread = [0, 0]  # (callers inside :func:`one_torch_thread`, torch's threads before the first of them)
+_in_pool = threading.local()  # ``active``: this thread is running a range of :func:`row_ranges` for the pool
 
 
-@contextlib.contextmanager
-def one_torch_thread() -> Iterator[None]:
-    """Torch's intra-op threads set to 1 for the block (each of a pool's workers then runs its torch operators on its
-    own core, not one team of threads per worker), restored when the last of the concurrent callers leaves."""
-    with _one_thread_lock:
-        if _one_thread[0] == 0:
-            _one_thread[1] = torch.get_num_threads()
-            torch.set_num_threads(1)
-        _one_thread[0] += 1
-    try:
-        yield
-    finally:
-        with _one_thread_lock:
-            _one_thread[0] -= 1
-            if _one_thread[0] == 0:
-                torch.set_num_threads(_one_thread[1])
 
 
 def _numpy_rows(inclusive: bool, scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -557,7 +548,7 @@ def _use_compiled(work: int, n: int, tile: bool = False, fast_eager: bool = Fals
     loop) once the process has counted ``_COMPILE_AFTER_WORK`` comparisons (``_COMPILE_AFTER_WORK_FAST`` where the
     eager path is the numpy one, ``fast_eager``; ``_COMPILE_AFTER_WORK_ACCELERATOR`` on an accelerator);
     ``compiled`` / ``eager`` force one path. int32 accumulators need n < 2^31."""
-    _work_done[0] += int(work)
+    add_work(work)  # under a lock: tiles are counted from several threads (:func:`tile_workers`)
     if _backend == "eager":
         return False
     if _backend == "auto":

@@ -42,7 +42,7 @@ from . import _graphs
 from ._checks import check_dense, check_int, real_tensor
 from ._inputs import Check, check_flags, factor_finite_checks
 from ._options import check_bool
-from .counting import count_beating_tile, one_torch_thread, row_ranges, tile_workers
+from .counting import count_beating_tile, row_ranges, tile_workers
 from .ranking import (TIE_BOUNDS, capturable_index, check_ties, exact_ranks, exact_ranks_padded, index_rows,
                       prepare_index, tied_positives)
 
@@ -272,7 +272,7 @@ def capture_factor_inputs(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor |
     factors (and bias) on a device that captures, (B, P) / (B, E) index tensors there (not masks); None ones left out
     (:func:`factor_tensors` puts them back); a (B,) index tensor as its (B, 1) view (``ranking.index_rows``)."""
     positives, exclude = index_rows(positives, u.shape[0]), index_rows(exclude, u.shape[0])
-    if not capturable_index(u.device, positives, exclude):
+    if not capturable_index(u.device, positives, exclude, rows=u.shape[0]):
         return None
     return tuple(t for t in (u, v, bias, positives, exclude) if t is not None)
 
@@ -458,7 +458,7 @@ def _tiled_ranks(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, po
             if need_gt:
                 gt[r0:r1] += count_beating_tile(tile, ref, inclusive=False)
 
-    workers = tile_workers(n_tiles, b * n * pos.shape[1] * (need_ge + need_gt)) if dev.type == "cpu" else 1
+    workers = tile_workers(n_tiles, b * n * pos.shape[1] * (need_ge + need_gt), u.dtype) if dev.type == "cpu" else 1
     if workers > 1:  # ranges of tiles split between threads, each tile's matmul and count on one core, own sums
         sums: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
@@ -466,8 +466,7 @@ def _tiled_ranks(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None, po
             sums[first] = (torch.zeros_like(ge), torch.zeros_like(gt))
             tiles(first, stop, *sums[first])
 
-        with one_torch_thread():
-            row_ranges(part, n_tiles, 1, workers)
+        row_ranges(part, n_tiles, 1, workers)
         for first in sorted(sums):
             ge += sums[first][0]
             gt += sums[first][1]

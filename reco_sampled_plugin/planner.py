@@ -112,7 +112,7 @@ import torch
 from scipy import special
 
 from . import registry
-from ._blas import one_blas_thread
+from ._blas import one_blas_thread, one_torch_thread
 from ._checks import (MAX_ELEMENTS, MAX_SAMPLES, ArgumentTypeError, check_elements, check_int, check_rank_values,
                       check_size, check_sizes, renamed)
 from ._options import check_bool, check_positive_float
@@ -975,13 +975,8 @@ def _one_thread() -> Iterator[None]:
 
     The plan runs hundreds of small fits; on a shared 2-core machine their threads oversubscribe the cores and
     spin (measured: 3 s on one thread, 50-60 s on the default two while another process was busy)."""
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with one_blas_thread():  # without threadpoolctl BLAS keeps its threads
-            yield
-    finally:
-        torch.set_num_threads(prev)
+    with one_torch_thread(), one_blas_thread():  # without threadpoolctl BLAS keeps its threads
+        yield
 
 
 @dataclass(frozen=True)

@@ -404,7 +404,7 @@ def capture_inputs(scores: Any, *index: Any) -> tuple[torch.Tensor, ...] | None:
     if not (isinstance(scores, torch.Tensor) and scores.dim() == 2 and scores.is_floating_point()):
         return None
     index = tuple(index_rows(t, scores.shape[0]) for t in index)
-    if not capturable_index(scores.device, *index):
+    if not capturable_index(scores.device, *index, rows=scores.shape[0]):
         return None
     return (scores,) + tuple(t for t in index if t is not None)
 
@@ -417,12 +417,14 @@ def index_rows(t: Any, b: int) -> Any:
     return t
 
 
-def capturable_index(device: torch.device, *index: Any) -> bool:
+def capturable_index(device: torch.device, *index: Any, rows: int | None = None) -> bool:
     """Whether calls on ``device`` are captured (:mod:`._graphs`) and each of ``index`` is None or a (B, P) integer
-    tensor there (not a mask: its width is read back)."""
+    tensor there (not a mask: its width is read back), of ``rows`` rows where given (else the eager path refuses
+    the call before it changes anything)."""
     return _graphs.enabled(device) and all(
         t is None or (isinstance(t, torch.Tensor) and t.device == device and t.dim() == 2
-                      and t.dtype in (torch.int64, torch.int32)) for t in index)
+                      and t.dtype in (torch.int64, torch.int32) and (rows is None or t.shape[0] == rows))
+        for t in index)
 
 
 def queued_exact_ranks(scores: Any, positives: Any, exclude: Any, ties: str, count_other_positives: bool,

@@ -73,8 +73,10 @@ def test_tiles_counted_in_threads_equal_the_materialized_scores(ties, threads, m
         assert fr.tile_workers(8, 10**9) == threads
         got = exact_ranks_from_factors(u, v, pos, exc, ties, item_bias=bias, tile_elements=5 * 128)  # 5-row blocks
         assert torch.equal(got, want)
+        # every tile counted on the pool's threads (which of them takes a range is the pool's choice), with one
+        # torch thread each; the caller's count restored
         assert {name.startswith("reco-count") for name, _ in seen} == {True} and {k for _, k in seen} == {1}
-        assert len({name for name, _ in seen}) > 1 and torch.get_num_threads() == threads
+        assert torch.get_num_threads() == threads
         results = [None, None]
 
         def call(i: int) -> None:
@@ -104,7 +106,7 @@ def test_tiles_counted_in_threads_equal_the_materialized_scores(ties, threads, m
 
 def test_tile_threads_only_where_no_tile_can_compile(monkeypatch):
     """One loop (torch threading each tile's matmul) below ``_THREAD_MIN_WORK``, with one torch thread, one tile,
-    the torch loop, the compiled backend, or an ``auto`` process that this call could take past the compile
+    the torch loop, half-precision factors, the compiled backend, or an ``auto`` process that this call could take past the compile
     bound (a compilation must not start in a worker); else torch's threads."""
     monkeypatch.setattr(counting, "_backend", "auto")
     monkeypatch.setattr(counting, "_work_done", [0])
@@ -123,8 +125,70 @@ def test_tile_threads_only_where_no_tile_can_compile(monkeypatch):
         assert counting.tile_workers(200, big) == 1
         monkeypatch.setattr(counting, "_backend", "eager")
         assert counting.tile_workers(200, counting._COMPILE_AFTER_WORK_FAST) == 2
+        # half precision takes the torch loop, compiled from 2^32 comparisons on (not numpy's 2^36): never split
+        monkeypatch.setattr(counting, "_backend", "auto")
+        assert counting.tile_workers(200, big, torch.float64) == 2
+        assert counting.tile_workers(200, big, torch.bfloat16) == counting.tile_workers(200, big, torch.float16) == 1
         torch.set_num_threads(1)
         assert counting.tile_workers(200, big) == 1
+    finally:
+        torch.set_num_threads(saved)
+
+
+def test_one_torch_thread_is_per_thread_and_nested_splits_run_inline():
+    """``one_torch_thread`` sets and restores the calling thread's own torch threads (thread-local in torch), so two
+    threads whose blocks overlap (A enters, B enters, A leaves, B leaves) each get their count back; a range of
+    ``row_ranges`` that splits again runs that split inline on its worker (waiting on the pool it runs in could
+    take every pool thread), on one torch thread, and every range runs once."""
+    import threading
+
+    from reco_sampled_plugin._blas import one_torch_thread
+
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+        after = {}
+
+        def a() -> None:
+            torch.set_num_threads(2)
+            with one_torch_thread():
+                a_in.set()
+                b_in.wait(10)
+            a_out.set()
+            after["A"] = torch.get_num_threads()
+
+        def b() -> None:
+            torch.set_num_threads(2)
+            a_in.wait(10)
+            with one_torch_thread():
+                b_in.set()
+                a_out.wait(10)
+                after["B inside"] = torch.get_num_threads()
+            after["B"] = torch.get_num_threads()
+
+        threads = [threading.Thread(target=a), threading.Thread(target=b)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert after == {"A": 2, "B inside": 1, "B": 2}
+
+        ran, names = [], set()
+
+        def outer(first: int, last: int) -> None:
+            def inner(lo: int, hi: int) -> None:
+                ran.append((first + lo, first + hi))
+                names.add((threading.current_thread().name, torch.get_num_threads()))
+
+            counting.row_ranges(inner, last - first, 1, 2)
+
+        done = threading.Thread(target=counting.row_ranges, args=(outer, 8, 1, 2))
+        done.start()
+        done.join(30)
+        assert not done.is_alive()  # no wait on the pool from inside it
+        assert sorted(ran) == [(0, 4), (4, 8)] and {k for _, k in names} == {1}
+        assert all(name.startswith("reco-count") for name, _ in names) and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(saved)
 

@@ -458,6 +458,29 @@ def test_the_callback_batch_of_index_inputs_runs_in_its_graphs(captured, device,
     assert float(a.exact.count) == 4 * (11 if one_positive else 11 * 4 - 4)
 
 
+def test_a_callback_batch_of_mismatched_rows_is_refused_before_any_change(captured, device, monkeypatch):
+    """Index positives of another row count than the scores are not taken for capture: the callback's batch raises
+    the prepared path's ValueError before its row counter or either metric's update count moves."""
+    from types import SimpleNamespace
+
+    from reco_sampled_plugin.adapters import lightning as lt
+    from reco_sampled_plugin.adapters import torchmetrics as tm
+
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    s, pos, exc = _batch(0, device=device)
+    settings = lt.RankingSettings(METRICS, n_samples=20, estimators=("none",))
+    cb = lt.RankingMetricsCallback(settings, progress=False)
+    state = lt._LoaderState(tm.ExactRankingMetrics.from_settings(settings).to(device),
+                            tm.SampledRankingMetrics.from_settings(settings).to(device), None)
+    cb._state = lambda *args: state
+    trainer = SimpleNamespace(sanity_checking=False)
+    for bad in ({"positives": pos[:-1], "exclude": exc}, {"positives": pos, "exclude": exc[:-1]}):
+        with pytest.raises(ValueError, match=r"expected shape \(12, P\)"):
+            cb._batch_end(trainer, None, dict(bad, scores=s), None, "validate", 0)
+        assert (state.rows, state.exact._update_count, state.sampled._update_count) == (0, 0, 0)
+    assert captured("captures") == 0
+
+
 def _no_modes(fn, arg, disable):
     with disable():
         return fn(arg)

@@ -1373,7 +1373,7 @@ class SampledRankingMetrics(_MergeChecked):
         when already computed, e.g. by :meth:`ExactRankingMetrics.update_factors_padded`; ``check_finite``: also
         refuse NaN or inf factors, in the batch's one validation read)."""
         counted = False
-        if self._captures(u.device, keep) and capturable_index(u.device, pos, exc) and (
+        if self._captures(u.device, keep) and capturable_index(u.device, pos, exc, rows=u.shape[0]) and (
                 pos_scores is None or pos_scores.device == u.device):
             source = (u, v) + tuple(t for t in (bias, pos_scores) if t is not None)
             index = (pos,) + (() if exc is None else (exc,))
