@@ -4,9 +4,14 @@ Oracle: the same calls with capture off (eager), bit for bit."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the tests' helpers (_budgets, _lightning_helpers)
 
 from reco_sampled_plugin import _graphs, _inputs, counting, exact_ranks, per_user_metrics
 
@@ -349,21 +354,11 @@ def test_a_replayed_call_dispatches_a_few_operators_besides_its_graph(captured, 
     factors: the user factors and bias copied too; 14 with an exact share: its rows and overflow flag copied out and
     added to their states) with the scores and the item factors read in place (as at scale), whatever the call
     dispatches eagerly (68-322 on an accelerator's path)."""
-    import sys
-    from pathlib import Path
-
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from _budgets import OpCounter
     from reco_sampled_plugin import SamplingDesign, exact_ranks_from_factors
     from reco_sampled_plugin.adapters import torchmetrics as tm
 
-    if device.type == "cpu":  # the stand-in's replay runs the function: its operators are the graph's, not counted
-        replay = _graphs._FakeGraph.replay
-        monkeypatch.setattr(_graphs._FakeGraph, "replay", lambda self: _no_modes(replay, self, _disable_current_modes))
-    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
-    monkeypatch.setattr(_graphs, "_COPY_ELEMENTS", 1000)  # the scores and item factors read in place, as at scale
+    _outside_graphs(device, monkeypatch)
     metric = tm.ExactRankingMetrics(METRICS).to(device)
     sampled = _sampled(tm, device)
     shared = _sampled(tm, device, SamplingDesign(20, exact_share=0.3))
@@ -404,22 +399,13 @@ def test_the_callback_batch_of_index_inputs_runs_in_its_graphs(captured, device,
     inputs copied into the graph, its outputs copied out, its flags and states added: 10-13; the rows' positions and
     keep mask: 5), where preparing the inputs once for both updates dispatched 56-63, and reads nothing back; its
     states equal those of the same batches with capture off."""
-    import sys
-    from pathlib import Path
     from types import SimpleNamespace
 
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    sys.path.insert(0, str(Path(__file__).parent))
     from _budgets import OpCounter, SyncCounter
     from reco_sampled_plugin.adapters import lightning as lt
     from reco_sampled_plugin.adapters import torchmetrics as tm
 
-    if device.type == "cpu":  # the stand-in's replay runs the function: its operators are the graph's, not counted
-        replay = _graphs._FakeGraph.replay
-        monkeypatch.setattr(_graphs._FakeGraph, "replay", lambda self: _no_modes(replay, self, _disable_current_modes))
-    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
-    monkeypatch.setattr(_graphs, "_COPY_ELEMENTS", 1000)  # the scores and item factors read in place, as at scale
+    _outside_graphs(device, monkeypatch)
     s, pos, exc = _batch(0, device=device)
     u, v, bias = _factors(0, device=device)
     positives = pos[:, 0] if one_positive else pos
@@ -479,6 +465,21 @@ def test_a_callback_batch_of_mismatched_rows_is_refused_before_any_change(captur
             cb._batch_end(trainer, None, dict(bad, scores=s), None, "validate", 0)
         assert (state.rows, state.exact._update_count, state.sampled._update_count) == (0, 0, 0)
     assert captured("captures") == 0
+
+
+def _outside_graphs(device, monkeypatch) -> None:
+    """Count what a replayed call dispatches outside its graph, as at scale: the stand-in's replay (a CPU) runs with no
+    mode (its operators are the graph's, not counted), the accelerators' path of the adapters (nothing read), the
+    scores and item factors read in place (more than ``_COPY_ELEMENTS``)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from reco_sampled_plugin.adapters import torchmetrics as tm
+
+    if device.type == "cpu":
+        replay = _graphs._FakeGraph.replay
+        monkeypatch.setattr(_graphs._FakeGraph, "replay", lambda self: _no_modes(replay, self, _disable_current_modes))
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)
+    monkeypatch.setattr(_graphs, "_COPY_ELEMENTS", 1000)
 
 
 def _no_modes(fn, arg, disable):
@@ -704,13 +705,9 @@ def test_lightning_callback_replayed_equals_eager(captured, device, monkeypatch,
     batches replayed from graphs (masks: each batch's mask-derived widths in powers of two; padded indices, with (B,
     P) or (B,) positives: their own shapes, prepared inside the graphs) give the values of the same epochs with capture
     off, estimate for estimate."""
-    import sys
-    from pathlib import Path
-
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     import _lightning_helpers as H
     from reco_sampled_plugin.adapters import torchmetrics as tm
     from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
@@ -890,8 +887,6 @@ def test_the_docs_state_the_capture_settings_the_code_has():
     import math
     import os
     import subprocess
-    import sys
-    from pathlib import Path
 
     text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "gpu.md").read_text().split())
     section = text[text.index("## Calls replayed from CUDA graphs"):text.index("## Beyond one machine")]
