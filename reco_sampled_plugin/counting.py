@@ -397,6 +397,7 @@ def _numpy_padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool,
 # unsplit (three alternating pairs, torch's two threads)
 _THREAD_MIN_WORK = 1 << 25
 _pool: list[Any] = [None, None]  # (process id, ThreadPoolExecutor): a forked child builds its own
+_in_pool = threading.local()  # ``active``: this thread is running a range of :func:`row_ranges` for the pool
 
 
 def _in_threads(work: Callable[[int, int, np.ndarray], None], b: int, rows: int, n: int, p: int, size: int,
@@ -464,11 +465,6 @@ def tile_workers(tiles: int, work: int, dtype: torch.dtype = torch.float32) -> i
                                   and not _dynamo_disabled() and not {"ge", "gt"} <= _compile_failed):
         return 1
     return threads
-
-
-_in_pool = threading.local()  # ``active``: this thread is running a range of :func:`row_ranges` for the pool
-
-
 
 
 def _numpy_rows(inclusive: bool, scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
