@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from reco_sampled_plugin.adapters.lightning import RankingMetricsCallback, RankingSettings
 from reco_sampled_plugin.datasets import load_ml100k
+from reco_sampled_plugin.exclusions import prepare_exclusions
 from reco_sampled_plugin.registry import Method, Mle
 
 try:
@@ -37,7 +38,8 @@ class MatrixFactorization(pl.LightningModule):
     """Users and items as d-dimensional vectors; score = <u, v> + item bias; full-softmax training.
 
     ``validation_step`` / ``test_step`` follow the callback's protocol: they return the scores of
-    every item, the held-out item, the training items to exclude and the user ids.
+    every item, the held-out item, the training items to exclude and the user ids. The training items are a padded
+    index table built once (a mask would do the same, but on a GPU its width is read back at every batch).
     """
 
     def __init__(self, train_mask: torch.Tensor, dim: int = 32, lr: float = 0.01, weight_decay: float = 1e-5) -> None:
@@ -49,7 +51,8 @@ class MatrixFactorization(pl.LightningModule):
         self.bias = torch.nn.Parameter(torch.zeros(n_items))
         torch.nn.init.normal_(self.user.weight, std=0.1)
         torch.nn.init.normal_(self.item.weight, std=0.1)
-        self.register_buffer("train_mask", train_mask, persistent=False)
+        # each user's training items ascending, -1 padding: (n_users, most training items of a user)
+        self.register_buffer("train_items", prepare_exclusions(train_mask, n_items).padded(), persistent=False)
 
     def scores(self, users: torch.Tensor) -> torch.Tensor:
         return self.user(users) @ self.item.weight.T + self.bias
@@ -62,7 +65,7 @@ class MatrixFactorization(pl.LightningModule):
 
     def validation_step(self, batch, batch_idx) -> dict[str, torch.Tensor]:
         users, items = batch
-        return {"scores": self.scores(users), "positives": items, "exclude": self.train_mask[users], "ids": users}
+        return {"scores": self.scores(users), "positives": items, "exclude": self.train_items[users], "ids": users}
 
     test_step = validation_step
 
