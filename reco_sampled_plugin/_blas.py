@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, ParamSpec, TypeVar
 
 import torch
 
-__all__ = ["one_blas_thread", "one_torch_thread", "blas_single", "SMALL_SYSTEM"]
+__all__ = ["one_blas_thread", "one_torch_thread", "torch_threads_per_thread", "blas_single", "SMALL_SYSTEM"]
 
 #: linear systems up to this order run on one BLAS thread (correction tables: m + 1); larger ones keep BLAS's threads
 SMALL_SYSTEM = 1024
@@ -83,13 +83,26 @@ def blas_single(fn: Callable[_P, _R]) -> Callable[_P, _R]:
     return wrapper
 
 
+def torch_threads_per_thread() -> bool:
+    """Whether torch's intra-op thread count is set per thread: its OpenMP backend (Linux and Windows wheels). Its
+    native backend (macOS wheels) has one process-wide pool whose size cannot change once parallel work has started
+    (a warning at every call)."""
+    if _TORCH_OPENMP[0] is None:
+        _TORCH_OPENMP[0] = "parallel backend: OpenMP" in torch.__config__.parallel_info()
+    return bool(_TORCH_OPENMP[0])
+
+
+_TORCH_OPENMP: list[bool | None] = [None]
+
+
 @contextlib.contextmanager
 def one_torch_thread() -> Iterator[None]:
-    """Torch's intra-op threads set to 1 in this thread for the block, then restored. Thread-local in torch (OpenMP's
-    per-thread setting, MKL's ``mkl_set_num_threads_local``; measured, torch 2.13: a thread set to 1 left another's
-    matmul on two threads), so a pool worker runs its tiles' matmuls on its own core and the caller keeps its own
-    setting; torch's default for threads started meanwhile is 1 until the block ends."""
-    saved = torch.get_num_threads()
+    """Torch's intra-op threads set to 1 in this thread for the block, then restored, where that setting is the
+    thread's own (:func:`torch_threads_per_thread`; else nothing changes). Thread-local in torch's OpenMP backend
+    (OpenMP's per-thread setting, MKL's ``mkl_set_num_threads_local``; measured, torch 2.13: a thread set to 1 left
+    another's matmul on two threads), so a pool worker runs its tiles' matmuls on its own core and the caller keeps
+    its own setting; torch's default for threads started meanwhile is 1 until the block ends."""
+    saved = torch.get_num_threads() if torch_threads_per_thread() else 1
     if saved != 1:
         torch.set_num_threads(1)
     try:

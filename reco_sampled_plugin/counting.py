@@ -35,7 +35,7 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 import torch
 
-from ._blas import one_torch_thread
+from ._blas import one_torch_thread, torch_threads_per_thread
 from ._inputs import finite_flags
 
 logger = logging.getLogger(__name__)
@@ -452,15 +452,16 @@ def row_ranges(work: Callable[[int, int], None], b: int, rows: int, workers: int
 def tile_workers(tiles: int, work: int, dtype: torch.dtype = torch.float32) -> int:
     """Threads for a CPU loop of ``tiles`` score tiles (``factor_ranks``'; ``work`` the call's comparisons in all)
     of ``dtype`` counted on numpy's eager path (float32 / float64): torch's intra-op threads, each taking a range of
-    tiles with their matmuls on one thread (:func:`row_ranges`), where the work reaches ``_THREAD_MIN_WORK`` and no tile of the call can reach a
+    tiles with their matmuls on one thread (:func:`row_ranges`; torch's OpenMP backend, whose thread count is set per
+    thread), where the work reaches ``_THREAD_MIN_WORK`` and no tile of the call can reach a
     compiled kernel (whose compilation must not start in a worker, and which threads itself); else 1 (each tile's
     matmul threaded by torch, its count on one thread: at 2 threads a core idle while it counts). 4,096 x 100,000
     scores from d = 64 factors, 5 positives, the 2-core machine, six alternating runs, medians: in calls of 256 /
     1,024 / 4,096 users 0.71 / 0.67 / 0.64 s on one loop against 0.62 / 0.52 / 0.45 s in two."""
     threads = torch.get_num_threads()
     if threads < 2 or work < _THREAD_MIN_WORK or tiles < 2 or _numpy_blocked[0] or \
-            dtype not in (torch.float32, torch.float64):  # half precision: the torch loop, compiled from 2^32
-        return 1
+            dtype not in (torch.float32, torch.float64) or not torch_threads_per_thread():
+        return 1  # half precision: the torch loop, compiled from 2^32; a process-wide pool: its matmuls would contend
     if _backend == "compiled" or (_backend == "auto" and _work_done[0] + work >= _COMPILE_AFTER_WORK_FAST
                                   and not _dynamo_disabled() and not {"ge", "gt"} <= _compile_failed):
         return 1

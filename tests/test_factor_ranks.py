@@ -106,7 +106,7 @@ def test_tiles_counted_in_threads_equal_the_materialized_scores(ties, threads, m
 
 def test_tile_threads_only_where_no_tile_can_compile(monkeypatch):
     """One loop (torch threading each tile's matmul) below ``_THREAD_MIN_WORK``, with one torch thread, one tile,
-    the torch loop, half-precision factors, the compiled backend, or an ``auto`` process that this call could take past the compile
+    the torch loop, half-precision factors, torch's native thread pool, the compiled backend, or an ``auto`` process that this call could take past the compile
     bound (a compilation must not start in a worker); else torch's threads."""
     monkeypatch.setattr(counting, "_backend", "auto")
     monkeypatch.setattr(counting, "_work_done", [0])
@@ -129,6 +129,10 @@ def test_tile_threads_only_where_no_tile_can_compile(monkeypatch):
         monkeypatch.setattr(counting, "_backend", "auto")
         assert counting.tile_workers(200, big, torch.float64) == 2
         assert counting.tile_workers(200, big, torch.bfloat16) == counting.tile_workers(200, big, torch.float16) == 1
+        # torch's native backend (one process-wide pool, fixed once parallel work has started): never split
+        monkeypatch.setattr(counting, "torch_threads_per_thread", lambda: False)
+        assert counting.tile_workers(200, big) == 1
+        monkeypatch.setattr(counting, "torch_threads_per_thread", lambda: True)
         torch.set_num_threads(1)
         assert counting.tile_workers(200, big) == 1
     finally:
@@ -137,7 +141,8 @@ def test_tile_threads_only_where_no_tile_can_compile(monkeypatch):
 
 def test_one_torch_thread_is_per_thread_and_nested_splits_run_inline():
     """``one_torch_thread`` sets and restores the calling thread's own torch threads (thread-local in torch), so two
-    threads whose blocks overlap (A enters, B enters, A leaves, B leaves) each get their count back; a range of
+    threads whose blocks overlap (A enters, B enters, A leaves, B leaves) each get their count back (and with torch's
+    native pool, process-wide, it changes nothing); a range of
     ``row_ranges`` that splits again runs that split inline on its worker (waiting on the pool it runs in could
     take every pool thread), on one torch thread, and every range runs once."""
     import threading
@@ -173,6 +178,15 @@ def test_one_torch_thread_is_per_thread_and_nested_splits_run_inline():
         for t in threads:
             t.join(30)
         assert after == {"A": 2, "B inside": 1, "B": 2}
+        from reco_sampled_plugin import _blas
+
+        saved_backend = _blas._TORCH_OPENMP[0]
+        _blas._TORCH_OPENMP[0] = False  # torch's native pool: its size is not the thread's to change
+        try:
+            with one_torch_thread():
+                assert torch.get_num_threads() == 2
+        finally:
+            _blas._TORCH_OPENMP[0] = saved_backend
 
         ran, names = [], set()
 
