@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ._checks import check_not_meta, check_same_device, real_tensor
+from ._pool import row_ranges
 
 __all__ = ["as_padded_index", "check_finite_rows", "check_scores", "factor_finite_checks", "finite_flags", "finite_rows", "mask_to_padded",
            "Check", "check_flags", "run_checks", "pending_index", "finite_check", "sparse_masks", "SparseMasks"]
@@ -147,7 +148,30 @@ _DENSE_SHARE = 0.005
 _DENSE_PROBE_ROWS = 16  # rows whose entries estimate the share (a guess that only decides the speed)
 
 
+# mask bytes from which a scan splits its rows between torch's intra-op threads (numpy releases the GIL): a
+# 1,024 x 100,000 mask (~12 ms on one thread, the 2-core machine) in two halves
+_MASK_THREAD_MIN = 1 << 24
+
+
 def _set_entries(m: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, items) of a (B, n) bool mask's set entries, row-major (:func:`_row_entries`); a large mask's rows in
+    ranges on the package's pool of threads (:func:`._pool.row_ranges`), one per torch intra-op thread, concatenated in order."""
+    b, n = m.shape
+    workers = min(torch.get_num_threads(), b) if b * n >= _MASK_THREAD_MIN else 1
+    if workers < 2:
+        return _row_entries(m)
+    parts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def scan(first: int, last: int) -> None:
+        rows, items = _row_entries(m[first:last])
+        parts[first] = (rows + first, items)
+
+    row_ranges(scan, b, 1, workers)
+    ordered = [parts[k] for k in sorted(parts)]
+    return np.concatenate([r for r, _ in ordered]), np.concatenate([i for _, i in ordered])
+
+
+def _row_entries(m: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """(rows, items) of a (B, n) bool mask's set entries, row-major: its set 64-bit words, then their set bytes; or, for
     a mask whose first rows are denser than ``_DENSE_SHARE``, its bytes directly."""
     b, n = m.shape

@@ -35,7 +35,8 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 import torch
 
-from ._blas import one_torch_thread, torch_threads_per_thread
+from ._blas import torch_threads_per_thread
+from ._pool import row_ranges
 from ._inputs import finite_flags
 
 logger = logging.getLogger(__name__)
@@ -396,8 +397,6 @@ def _numpy_padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool,
 # 5 positives, 200 per 4,096 x 100,000 evaluation) split at 2^23 made its first pass 1.30-1.56 s against 0.94-1.21 s
 # unsplit (three alternating pairs, torch's two threads)
 _THREAD_MIN_WORK = 1 << 25
-_pool: list[Any] = [None, None]  # (process id, ThreadPoolExecutor): a forked child builds its own
-_in_pool = threading.local()  # ``active``: this thread is running a range of :func:`row_ranges` for the pool
 
 
 def _in_threads(work: Callable[[int, int, np.ndarray], None], b: int, rows: int, n: int, p: int, size: int,
@@ -413,40 +412,6 @@ def _in_threads(work: Callable[[int, int, np.ndarray], None], b: int, rows: int,
         work(first, last, flat)
 
     row_ranges(with_buffer, b, rows, workers)
-
-
-def row_ranges(work: Callable[[int, int], None], b: int, rows: int, workers: int) -> None:
-    """Run ``work(first, last)`` over rows 0..b in ``workers`` near-equal ranges of whole blocks of ``rows``, on the
-    process's pool of threads (one per core; numpy and torch release the GIL in their loops), or in this thread for
-    one worker (and inline in a pool worker: a nested split never waits on the pool it runs in); the first error
-    raised in a range is raised here once every range has ended. The workers run in this thread's grad and inference
-    modes (thread-local in torch: a worker would otherwise track gradients through an ``out=`` matmul, or refuse to
-    write into an inference tensor), each on one torch thread (:func:`one_torch_thread`)."""
-    blocks = -(-b // rows)
-    workers = max(1, min(workers, blocks))
-    if workers == 1 or getattr(_in_pool, "active", False):  # a worker's own split runs inline: no wait on the pool
-        work(0, b)
-        return
-    if _pool[0] != os.getpid():
-        from concurrent.futures import ThreadPoolExecutor
-
-        _pool[:] = [os.getpid(), ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="reco-count")]
-    grad, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
-
-    def in_modes(first: int, last: int) -> None:
-        _in_pool.active = True
-        try:
-            with torch.inference_mode(inference), torch.set_grad_enabled(grad), one_torch_thread():
-                work(first, last)
-        finally:
-            _in_pool.active = False
-
-    per = -(-blocks // workers) * rows
-    futures = [_pool[1].submit(in_modes, lo, min(lo + per, b)) for lo in range(0, b, per)]
-    for f in futures:  # every range waited for: none left writing into the caller's tensors
-        f.exception()
-    for f in futures:
-        f.result()
 
 
 def tile_workers(tiles: int, work: int, dtype: torch.dtype = torch.float32) -> int:

@@ -147,6 +147,7 @@ def test_one_torch_thread_is_per_thread_and_nested_splits_run_inline():
     take every pool thread), on one torch thread, and every range runs once."""
     import threading
 
+    from reco_sampled_plugin import _pool
     from reco_sampled_plugin._blas import one_torch_thread
 
     saved = torch.get_num_threads()
@@ -195,9 +196,9 @@ def test_one_torch_thread_is_per_thread_and_nested_splits_run_inline():
                 ran.append((first + lo, first + hi))
                 names.add((threading.current_thread().name, torch.get_num_threads()))
 
-            counting.row_ranges(inner, last - first, 1, 2)
+            _pool.row_ranges(inner, last - first, 1, 2)
 
-        done = threading.Thread(target=counting.row_ranges, args=(outer, 8, 1, 2))
+        done = threading.Thread(target=_pool.row_ranges, args=(outer, 8, 1, 2))
         done.start()
         done.join(30)
         assert not done.is_alive()  # no wait on the pool from inside it

@@ -329,6 +329,33 @@ def test_both_scans_of_masks_agree_on_any_masks(b, n, density, offset, seed):
     assert o1 == bool((masks[0] & masks[1]).any()) and t1 == [int(m.sum()) for m in masks]
 
 
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_large_mask_scanned_in_row_ranges_lists_every_entry_in_order(threads, monkeypatch):
+    """The CPU's numpy scan of a large mask splits its rows between torch's threads (``_inputs._MASK_THREAD_MIN``,
+    here 0): the same entries in the same order as the torch scan, sparse (by words) and dense (by bytes) masks,
+    ranges that leave empty rows, an offset view, and two masks' overlap."""
+    monkeypatch.setattr(_inputs, "_MASK_THREAD_MIN", 0)
+    saved = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(11)
+        for n, density in ((512, 0.002), (512, 0.2), (1000, 0.05)):
+            wide = torch.rand(2, 13, n + 1, generator=g) < density
+            wide[0, 3:6] = False  # empty rows
+            masks = [wide[0, :, 1:], wide[1, :, :n]]  # an offset view and a strided one
+            got = {}
+            for scan in (True, False):
+                monkeypatch.setattr(_inputs, "_numpy_scan", [scan])
+                sm = _inputs.sparse_masks(masks)
+                widths = [int(w) for w in sm.widths]
+                got[scan] = (widths, [int(t) for t in sm.totals], bool(sm.overlap), sm.finish(widths))
+            (w1, t1, o1, p1), (w2, t2, o2, p2) = got[True], got[False]
+            assert (w1, t1, o1) == (w2, t2, o2) and all(torch.equal(x, y) for x, y in zip(p1, p2)), (n, density)
+            assert t1 == [int(m.sum()) for m in masks] and o1 == bool((masks[0] & masks[1]).any())
+    finally:
+        torch.set_num_threads(saved)
+
+
 @pytest.mark.parametrize("scan", ["numpy", "torch"])
 def test_a_one_row_mask_view_is_ranked(scan, monkeypatch):
     """A one-row view into a wider mask (contiguous, but its rows 17 apart, offset by one) is read as words from a
