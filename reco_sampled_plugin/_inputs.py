@@ -155,7 +155,8 @@ _MASK_THREAD_MIN = 1 << 24
 
 def _set_entries(m: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """(rows, items) of a (B, n) bool mask's set entries, row-major (:func:`_row_entries`); a large mask's rows in
-    ranges on the package's pool of threads (:func:`._pool.row_ranges`), one per torch intra-op thread, concatenated in order."""
+    ranges on the package's pool of threads (:func:`._pool.row_ranges`), one per torch intra-op thread, concatenated
+    in order."""
     b, n = m.shape
     workers = min(torch.get_num_threads(), b) if b * n >= _MASK_THREAD_MIN else 1
     if workers < 2:
