@@ -4,8 +4,9 @@ Counting beats sorting: the 1-based rank of a relevant item is 1 + the number of
 score higher, and every metric follows from that. A plain eager ``(S[:, None, :] > t[..., None]).sum()``
 materialises a boolean of B x P x n and runs at a fraction of the score matmul's speed, so large
 inputs go through a ``torch.compile`` kernel that fuses the compare and the sum (no temporaries).
-Otherwise an eager path in bounded chunks: on a CPU, numpy's SIMD comparisons into a cache-sized byte buffer counted
-8 bytes at a time (``_numpy_padded``: 1.3-2x the compiled kernel's time, a few numpy calls per block of rows); on
+Otherwise an eager path in bounded chunks: on a CPU, numpy's SIMD comparisons into a byte buffer counted 8 bytes at a
+time, in blocks of rows (or of item segments) whose scores and bytes fit half a core's L2 (``_numpy_padded``: 1.3-2x
+the compiled kernel's time, a few numpy calls per block); on
 other devices (or bfloat16 / float16 scores) a torch loop, one pass per reference over whole rows on an accelerator
 (a fixed number of operators per call whatever B and n; temporaries: a (B, n) boolean, and ``ties="random"``'s (B, n)
 int64 tie-break keys) and over cache-sized chunks of items on a CPU. All give identical integer counts; the backend is
@@ -331,10 +332,9 @@ def _numpy_ok(scores: torch.Tensor) -> bool:
 _numpy_blocked = [False]  # tests flip it to run the torch loop on a CPU (the reference of the numpy path)
 
 
-def _l2_bytes() -> int | None:
-    """A core's L2 cache in bytes where Linux says (sysfs), else None."""
+def _l2_bytes(base: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
+    """A core's L2 cache in bytes where Linux says (sysfs: ``index*/level`` 2, its ``size`` as "2048K"), else None."""
     try:
-        base = "/sys/devices/system/cpu/cpu0/cache"
         for index in sorted(os.listdir(base)):
             with open(f"{base}/{index}/level") as f:
                 if f.read().strip() != "2":
