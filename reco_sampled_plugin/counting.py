@@ -397,7 +397,7 @@ def _blocks(b: int, n: int, p: int, itemsize: int) -> _Blocks:
     one)."""
     cap = min(_NUMPY_CHUNK_BYTES, b * n)
     fit = _NUMPY_CHUNK_BYTES // max(n, 1) - itemsize  # references whose bytes fit beside a whole row's scores
-    most = min(p, _NUMPY_GROUP, fit if fit >= 1 else _NUMPY_GROUP, max(1, cap // max(n, 1)))
+    most = min(p, _NUMPY_GROUP, fit if fit >= 1 else _NUMPY_GROUP, max(b, 1))  # at most b: bytes within b x n
     group = -(-p // -(-p // most))  # balanced groups of at most ``most``
     per_item = itemsize + group
     segments = max(1, -(-n * per_item // _NUMPY_CHUNK_BYTES))
@@ -407,26 +407,39 @@ def _blocks(b: int, n: int, p: int, itemsize: int) -> _Blocks:
     return _Blocks(rows, segment, group, rows * group * groups * k * 8)
 
 
-def _segments(n: int, segment: int) -> list[tuple[int, int, int, int, int]]:
-    """(first item, last item, lane groups, words per group, bytes per row) of each segment of a row."""
-    out = []
+class _Segment(NamedTuple):
+    """Items ``lo``..``hi`` of a row, their comparison bytes as ``groups`` x ``words`` 64-bit words (:func:`_lanes`;
+    ``width`` bytes in all), whose word sums go to lanes ``at``..``at + groups`` of the row's (:func:`_segments`)."""
+
+    lo: int
+    hi: int
+    groups: int
+    words: int
+    width: int
+    at: int
+
+
+def _segments(n: int, segment: int) -> tuple[list[_Segment], int]:
+    """The segments of a row of n items (``segment`` long, the last one shorter) and their lanes in all."""
+    out, at = [], 0
     for lo in range(0, n, segment):
         hi = min(lo + segment, n)
         groups, k = _lanes(hi - lo)
-        out.append((lo, hi, groups, k, groups * k * 8))
-    return out
+        out.append(_Segment(lo, hi, groups, k, groups * k * 8, at))
+        at += groups
+    return out, at
 
 
-def _buffers(size: int, parts: list[tuple[int, int, int, int, int]]) -> dict[int, np.ndarray]:
+def _buffers(size: int, parts: list[_Segment]) -> dict[int, np.ndarray]:
     """A worker's comparison buffers, one of ``size`` bytes per segment length (at most two), their bytes past the
     segment in each row of ``width`` zero whatever (rows, references) shape they are viewed as: lanes that count
     nothing, written once."""
     out = {}
-    for c0, c1, _, _, width in parts:
-        if c1 - c0 not in out:
+    for part in parts:
+        if part.hi - part.lo not in out:
             flat = torch.empty(size, dtype=torch.uint8).numpy().view(np.bool_)
-            flat[: size // width * width].reshape(-1, width)[:, c1 - c0:] = False
-            out[c1 - c0] = flat
+            flat[: size // part.width * part.width].reshape(-1, part.width)[:, part.hi - part.lo:] = False
+            out[part.hi - part.lo] = flat
     return out
 
 
@@ -434,18 +447,20 @@ def _numpy_padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool,
                   finite: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`_padded`'s eager path on a CPU: the scores in cache-sized blocks (:func:`_blocks`: rows, and segments of
     items where a row does not fit) compared by numpy with each group of references into byte buffers allocated once
-    per worker (:func:`_buffers`), counted 8 bytes at a time (:func:`_lanes`); the NaN/inf flags from each block's
-    min and max while it is in cache (both propagate NaN; numpy's SIMD reductions, 4x its float sum, which is
-    pairwise). Few numpy calls per block, each writing into its place (``out=``): their Python cost holds the GIL,
-    which the threads share. Large inputs split their rows between torch's intra-op threads (numpy releases the GIL
-    in its loops). Counts equal the torch loop's (the same IEEE comparisons: NaN beats nothing, nothing beats a NaN
-    reference)."""
+    per worker (:func:`_buffers`), their 64-bit words summed into lanes (:func:`_lanes`) whose bytes each worker adds
+    up once its rows are done; the NaN/inf flags from each block's min and max while it is in cache (both propagate
+    NaN; numpy's SIMD reductions, 4x its float sum, which is pairwise). Every numpy call of a block writes into its
+    place (``out=``): an allocation per block costs the threads a third of their gain (two threads, 256 x 1,000,000
+    scores). Large inputs split their rows between torch's intra-op threads (numpy releases the GIL in its loops).
+    Memory besides the buffers: the lanes, b x p x ceil(n / 2,040) 8-byte words (p / 1,020 of float32 scores' bytes).
+    Counts equal the torch loop's (the same IEEE comparisons: NaN beats nothing, nothing beats a NaN reference)."""
     b, n = scores.shape
     p = ref.shape[1]
     s, t = _host(scores), _host(ref)
     rows, segment, group, size = _blocks(b, n, p, s.itemsize)
-    parts = _segments(n, segment)
-    counts = np.empty((b, p, len(parts)), dtype=np.int64)
+    parts, total = _segments(n, segment)
+    lanes = np.empty((b, p, total), dtype=np.uint64)
+    counts = np.empty((b, p), dtype=np.int64)
     ends = np.empty((2, b, len(parts)), dtype=s.dtype) if finite else None  # each block's min and max
     compare = np.greater_equal if inclusive else np.greater
 
@@ -453,23 +468,23 @@ def _numpy_padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool,
         bufs = _buffers(size, parts)
         for lo in range(first, last, rows):  # cache-sized blocks; each is one vectorised compare and count per group
             hi = min(lo + rows, last)
-            for j, (c0, c1, groups, k, width) in enumerate(parts):
-                block, flat = s[lo:hi, c0:c1], bufs[c1 - c0]
+            for j, part in enumerate(parts):
+                block, flat, w = s[lo:hi, part.lo:part.hi], bufs[part.hi - part.lo], part.width
                 for g in range(0, p, group):
                     q = min(group, p - g)
-                    cells = flat[: (hi - lo) * q * width].reshape(hi - lo, q, width)
-                    compare(block[:, None, :], t[lo:hi, g:g + q, None], out=cells[..., :c1 - c0])
-                    lanes = cells.view(np.uint64).reshape(hi - lo, q, groups, k).sum(-1, dtype=np.uint64)
-                    np.add.reduce(lanes.view(np.uint8).reshape(hi - lo, q, groups * 8), axis=-1,
-                                  out=counts[lo:hi, g:g + q, j])
+                    cells = flat[: (hi - lo) * q * w].reshape(hi - lo, q, w)
+                    compare(block[:, None, :], t[lo:hi, g:g + q, None], out=cells[..., :part.hi - part.lo])
+                    np.add.reduce(cells.view(np.uint64).reshape(hi - lo, q, part.groups, part.words), axis=-1,
+                                  out=lanes[lo:hi, g:g + q, part.at:part.at + part.groups])
                 if ends is not None:
                     np.minimum.reduce(block, axis=1, out=ends[0, lo:hi, j])
                     np.maximum.reduce(block, axis=1, out=ends[1, lo:hi, j])
+        np.add.reduce(lanes[first:last].view(np.uint8).reshape(last - first, p, total * 8), axis=-1,
+                      out=counts[first:last])
 
     _in_threads(work, b, rows, b * p * n)
-    out = counts[..., 0] if len(parts) == 1 else counts.sum(-1)
     flags = None if ends is None else torch.from_numpy(np.isfinite(ends).all(axis=(0, 2)))
-    return torch.from_numpy(np.ascontiguousarray(out)), flags
+    return torch.from_numpy(counts), flags
 
 
 # comparisons of one call from which the CPU eager path splits its rows between threads (below, one thread). Two
@@ -507,26 +522,29 @@ def tile_workers(tiles: int, work: int, dtype: torch.dtype = torch.float32) -> i
 
 def _numpy_rows(inclusive: bool, scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """:func:`_eager_rows` on a CPU: the positives' rows gathered in cache-sized blocks (:func:`_blocks`), compared
-    with their own reference by numpy and counted 8 bytes at a time (:func:`_lanes`)."""
+    with their own reference by numpy and counted 8 bytes at a time (:func:`_lanes`; as :func:`_numpy_padded`)."""
     n, r = scores.shape[1], ref.shape[0]
     s, idx, t = _host(scores), _host(rows), _host(ref)
     chunk, segment, _, size = _blocks(r, n, 1, s.itemsize)
-    parts = _segments(n, segment)
-    counts = np.empty((r, len(parts)), dtype=np.int64)
+    parts, total = _segments(n, segment)
+    lanes = np.empty((r, total), dtype=np.uint64)
+    counts = np.empty(r, dtype=np.int64)
     compare = np.greater_equal if inclusive else np.greater
 
     def work(first: int, last: int) -> None:
         bufs = _buffers(size, parts)
         for lo in range(first, last, chunk):
             hi = min(lo + chunk, last)
-            for j, (c0, c1, groups, k, width) in enumerate(parts):
-                cells = bufs[c1 - c0][: (hi - lo) * width].reshape(hi - lo, width)
-                compare(s[idx[lo:hi], c0:c1], t[lo:hi, None], out=cells[:, :c1 - c0])
-                lanes = cells.view(np.uint64).reshape(hi - lo, groups, k).sum(-1, dtype=np.uint64)
-                np.add.reduce(lanes.view(np.uint8).reshape(hi - lo, groups * 8), axis=-1, out=counts[lo:hi, j])
+            for part in parts:
+                cells = bufs[part.hi - part.lo][: (hi - lo) * part.width].reshape(hi - lo, part.width)
+                compare(s[idx[lo:hi], part.lo:part.hi], t[lo:hi, None], out=cells[:, :part.hi - part.lo])
+                np.add.reduce(cells.view(np.uint64).reshape(hi - lo, part.groups, part.words), axis=-1,
+                              out=lanes[lo:hi, part.at:part.at + part.groups])
+        np.add.reduce(lanes[first:last].view(np.uint8).reshape(last - first, total * 8), axis=-1,
+                      out=counts[first:last])
 
     _in_threads(work, r, chunk, r * n)
-    return torch.from_numpy(counts[:, 0].copy() if len(parts) == 1 else counts.sum(-1))
+    return torch.from_numpy(counts)
 
 
 def _eager(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:

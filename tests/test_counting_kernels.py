@@ -438,7 +438,10 @@ def test_numpy_blocks_of_any_budget_count_as_brute_force(b, n, p, budget, wide, 
     np.testing.assert_array_equal(got.numpy(), truth.sum(-1))
     np.testing.assert_array_equal(finite.numpy(), np.isfinite(s).all(1))
     rows, segment, group, size = blocks
-    assert 1 <= group <= min(p, counting._NUMPY_GROUP) and -(-p // group) == -(-p // min(p, group))
+    most = min(p, counting._NUMPY_GROUP, b)  # references per numpy call at most: balanced groups of up to that
+    assert 1 <= group <= most and group == -(-p // -(-p // group))
+    if segment < n or n * (s.itemsize + most) <= budget:  # a split row, or a row that fits them all: the fewest calls
+        assert group == -(-p // -(-p // most))
     assert 1 <= rows <= b and (segment == n or (segment % 8 == 0 and segment < n))
     width = math.prod(counting._lanes(segment)) * 8
     assert size == rows * group * width
