@@ -447,18 +447,26 @@ def _buffers(size: int, parts: list[_Segment]) -> dict[int, np.ndarray]:
 
 def _numpy_padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool,
                   finite: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`_padded`'s eager path on a CPU: the scores in cache-sized blocks (:func:`_blocks`: rows, and segments of
-    items where a row does not fit) compared by numpy with each group of references into byte buffers allocated once
-    per worker (:func:`_buffers`), their 64-bit words summed into lanes (:func:`_lanes`) whose bytes each worker adds
-    up once its rows are done; the NaN/inf flags from each block's min and max while it is in cache (both propagate
-    NaN; numpy's SIMD reductions, 4x its float sum, which is pairwise). Every numpy call of a block writes into its
-    place (``out=``): an allocation per block costs the threads a third of their gain (two threads, 256 x 1,000,000
-    scores). Large inputs split their rows between torch's intra-op threads (numpy releases the GIL in its loops).
-    Memory besides the buffers: the lanes, b x p x ceil(n / 2,040) 8-byte words (p / 1,020 of float32 scores' bytes).
-    Counts equal the torch loop's (the same IEEE comparisons: NaN beats nothing, nothing beats a NaN reference)."""
-    b, n = scores.shape
-    p = ref.shape[1]
-    s, t = _host(scores), _host(ref)
+    """:func:`_padded`'s eager path on a CPU (:func:`_numpy_counts` over the rows as they are)."""
+    counts, flags = _numpy_counts(_host(scores), _host(ref), inclusive, finite)
+    return torch.from_numpy(counts), None if flags is None else torch.from_numpy(flags)
+
+
+def _numpy_counts(s: np.ndarray, t: np.ndarray, inclusive: bool, finite: bool,
+                  at: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(b, p) counts of the scores of row ``at[i]`` of ``s`` (row i where ``at`` is None) beating ``t[i]``, and the
+    rows' finite flags. The scores in cache-sized blocks (:func:`_blocks`: rows, and segments of items where a row
+    does not fit) are compared by numpy with each group of references into byte buffers allocated once per worker
+    (:func:`_buffers`; rows picked by ``at`` are gathered into one as well), their 64-bit words summed into lanes
+    (:func:`_lanes`) whose bytes each worker adds up once its rows are done; the NaN/inf flags come from each block's
+    min and max while it is in cache (both propagate NaN; numpy's SIMD reductions, 4x its float sum, which is
+    pairwise). Every numpy call of a block writes into its place (``out=``): an allocation per block costs the threads
+    a third of their gain (two threads, 256 x 1,000,000 scores), and a gathered block that outlives the next one's
+    allocation costs fresh pages. Large inputs split their rows between torch's intra-op threads (numpy releases the
+    GIL in its loops). Memory besides the buffers: the lanes, b x p x ceil(n / 2,040) 8-byte words (p / 1,020 of
+    float32 scores' bytes). Counts equal the torch loop's (the same IEEE comparisons: NaN beats nothing, nothing
+    beats a NaN reference)."""
+    b, p, n = t.shape[0], t.shape[1], s.shape[1]
     rows, segment, group, size = _blocks(b, n, p, s.itemsize)
     parts, total = _segments(n, segment)
     lanes = np.empty((b, p, total), dtype=np.uint64)
@@ -468,10 +476,16 @@ def _numpy_padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool,
 
     def work(first: int, last: int) -> None:
         bufs = _buffers(size, parts)
+        picked = None if at is None else np.empty((rows, segment), dtype=s.dtype)  # rows gathered in place
         for lo in range(first, last, rows):  # cache-sized blocks; each is one vectorised compare and count per group
             hi = min(lo + rows, last)
             for j, part in enumerate(parts):
-                block, flat, w = s[lo:hi, part.lo:part.hi], bufs[part.hi - part.lo], part.width
+                if picked is None or at is None:
+                    block = s[lo:hi, part.lo:part.hi]
+                else:
+                    block = picked[: hi - lo, : part.hi - part.lo]
+                    np.take(s[:, part.lo:part.hi], at[lo:hi], axis=0, out=block, mode="clip")  # in range: no check
+                flat, w = bufs[part.hi - part.lo], part.width
                 for g in range(0, p, group):
                     q = min(group, p - g)
                     cells = flat[: (hi - lo) * q * w].reshape(hi - lo, q, w)
@@ -485,8 +499,7 @@ def _numpy_padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool,
                       out=counts[first:last])
 
     _in_threads(work, b, rows, b * p * n)
-    flags = None if ends is None else torch.from_numpy(np.isfinite(ends).all(axis=(0, 2)))
-    return torch.from_numpy(counts), flags
+    return counts, None if ends is None else np.asarray(np.isfinite(ends).all(axis=(0, 2)))
 
 
 # comparisons of one call from which the CPU eager path splits its rows between threads (below, one thread). Two
@@ -523,30 +536,22 @@ def tile_workers(tiles: int, work: int, dtype: torch.dtype = torch.float32) -> i
 
 
 def _numpy_rows(inclusive: bool, scores: torch.Tensor, rows: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
-    """:func:`_eager_rows` on a CPU: the positives' rows gathered in cache-sized blocks (:func:`_blocks`), compared
-    with their own reference by numpy and counted 8 bytes at a time (:func:`_lanes`; as :func:`_numpy_padded`)."""
-    n, r = scores.shape[1], ref.shape[0]
-    s, idx, t = _host(scores), _host(rows), _host(ref)
-    chunk, segment, _, size = _blocks(r, n, 1, s.itemsize)
-    parts, total = _segments(n, segment)
-    lanes = np.empty((r, total), dtype=np.uint64)
-    counts = np.empty(r, dtype=np.int64)
-    compare = np.greater_equal if inclusive else np.greater
-
-    def work(first: int, last: int) -> None:
-        bufs = _buffers(size, parts)
-        for lo in range(first, last, chunk):
-            hi = min(lo + chunk, last)
-            for part in parts:
-                cells = bufs[part.hi - part.lo][: (hi - lo) * part.width].reshape(hi - lo, part.width)
-                compare(s[idx[lo:hi], part.lo:part.hi], t[lo:hi, None], out=cells[:, :part.hi - part.lo])
-                np.add.reduce(cells.view(np.uint64).reshape(hi - lo, part.groups, part.words), axis=-1,
-                              out=lanes[lo:hi, part.at:part.at + part.groups])
-        np.add.reduce(lanes[first:last].view(np.uint8).reshape(last - first, total * 8), axis=-1,
-                      out=counts[first:last])
-
-    _in_threads(work, r, chunk, r * n)
-    return torch.from_numpy(counts)
+    """:func:`_eager_rows` on a CPU: the references grouped by their row (a row's positives side by side, NaN padding:
+    nothing beats it), so that each row is compared with all of its references while it is in cache
+    (:func:`_numpy_counts` over the rows that have any: one pass of the row per group of up to 8 references, not one
+    per reference)."""
+    idx, t = _host(rows), _host(ref)
+    out = np.zeros(idx.shape[0], dtype=np.int64)
+    if idx.size == 0:
+        return torch.from_numpy(out)
+    order = np.argsort(idx, kind="stable")
+    at, first, per = np.unique(idx[order], return_index=True, return_counts=True)
+    slot = np.arange(idx.size) - np.repeat(first, per)  # each reference's place among its row's
+    padded = np.full((at.size, int(per.max())), np.nan, dtype=t.dtype)
+    padded[np.repeat(np.arange(at.size), per), slot] = t[order]
+    counts, _ = _numpy_counts(_host(scores), padded, inclusive, False, at)
+    out[order] = counts[np.repeat(np.arange(at.size), per), slot]
+    return torch.from_numpy(out)
 
 
 def _eager(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Tensor) -> torch.Tensor:

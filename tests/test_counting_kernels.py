@@ -421,22 +421,28 @@ def test_bspline_design_equals_scipy(df, hi):
 def test_numpy_blocks_of_any_budget_count_as_brute_force(b, n, p, budget, wide, inclusive, seed):
     """The numpy path at any block budget: whole rows or item segments (the last one shorter, its lanes past it zero),
     balanced groups of references, two threads splitting the rows, float32 / float64 with ties, NaN and +-inf: counts
-    and finite flags equal brute force, and the blocks keep :func:`counting._blocks`' bounds."""
+    and finite flags equal brute force (and the row-indexed count, its references grouped by row: none, one, many per
+    row, NaN among them), and the blocks keep :func:`counting._blocks`' bounds."""
     rng = np.random.default_rng(seed)
     s = _scores(rng, b, max(n, 8))[:, :n].astype(np.float64 if wide else np.float32)
     ref = s[np.arange(b)[:, None], rng.integers(0, n, (b, p))]
     old = (counting._NUMPY_CHUNK_BYTES, counting._THREAD_MIN_WORK, torch.get_num_threads())
     counting._NUMPY_CHUNK_BYTES, counting._THREAD_MIN_WORK = budget, 1
     torch.set_num_threads(2)
+    rows = rng.integers(0, b, int(rng.integers(0, 3 * b)))  # one reference per entry, rows repeated, in any order
+    r_ref = s[rows, rng.integers(0, n, rows.size)]
     try:
         blocks = counting._blocks(b, n, p, s.itemsize)
         got, finite = counting._numpy_padded(torch.from_numpy(s), torch.from_numpy(ref), inclusive, True)
+        got_rows = counting._numpy_rows(inclusive, torch.from_numpy(s), torch.from_numpy(rows), torch.from_numpy(r_ref))
     finally:
         counting._NUMPY_CHUNK_BYTES, counting._THREAD_MIN_WORK = old[:2]
         torch.set_num_threads(old[2])
     truth = (s[:, None, :] >= ref[:, :, None]) if inclusive else (s[:, None, :] > ref[:, :, None])
     np.testing.assert_array_equal(got.numpy(), truth.sum(-1))
     np.testing.assert_array_equal(finite.numpy(), np.isfinite(s).all(1))
+    truth_rows = (s[rows] >= r_ref[:, None]) if inclusive else (s[rows] > r_ref[:, None])
+    np.testing.assert_array_equal(got_rows.numpy(), truth_rows.sum(-1))
     rows, segment, group, size = blocks
     most = min(p, counting._NUMPY_GROUP, b)  # references per numpy call at most: balanced groups of up to that
     assert 1 <= group <= most and group == -(-p // -(-p // group))
