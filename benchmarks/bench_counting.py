@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
-import time
 
 import numpy as np
 import torch
+from bench_recbole_floor import _median_ms  # median ms after a warm-up call (this folder: run as a script)
 
 from reco_sampled_plugin import counting
 
@@ -44,16 +43,6 @@ def _plain_torch(s: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.
     out = torch.cat([(s[lo:lo + rows, None, :] > t[lo:lo + rows, :, None]).sum(-1)
                      for lo in range(0, s.shape[0], rows)])
     return out, torch.isfinite(s).all(1)
-
-
-def _median_ms(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def main(argv=None) -> None:
