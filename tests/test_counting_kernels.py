@@ -127,6 +127,62 @@ def test_numpy_counts_equal_the_torch_loop_across_lane_groups_and_threads(n, eag
             torch.set_num_threads(threads)
 
 
+@given(b=st.integers(3, 9), n=st.integers(1, 300), p=st.integers(1, 20), budget=st.integers(1, 1 << 13),
+       wide=st.booleans(), inclusive=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=examples(60), deadline=None)
+def test_numpy_blocks_of_any_budget_count_as_brute_force(b, n, p, budget, wide, inclusive, seed):
+    """The numpy path at any block budget: whole rows or item segments (the last one shorter, its lanes past it zero),
+    balanced groups of references, two threads splitting the rows, float32 / float64 with ties, NaN and +-inf: counts
+    and finite flags equal brute force (and the row-indexed count, its references grouped by row: none, one, many per
+    row, NaN among them), and the blocks keep :func:`counting._blocks`' bounds."""
+    rng = np.random.default_rng(seed)
+    s = _scores(rng, b, max(n, 8))[:, :n].astype(np.float64 if wide else np.float32)
+    ref = s[np.arange(b)[:, None], rng.integers(0, n, (b, p))]
+    old = (counting._NUMPY_CHUNK_BYTES, counting._THREAD_MIN_WORK, torch.get_num_threads())
+    counting._NUMPY_CHUNK_BYTES, counting._THREAD_MIN_WORK = budget, 1
+    torch.set_num_threads(2)
+    rows = rng.integers(0, b, int(rng.integers(0, 3 * b)))  # one reference per entry, rows repeated, in any order
+    r_ref = s[rows, rng.integers(0, n, rows.size)]
+    try:
+        blocks = counting._blocks(b, n, p, s.itemsize)
+        got, finite = counting._numpy_padded(torch.from_numpy(s), torch.from_numpy(ref), inclusive, True)
+        got_rows = counting._numpy_rows(inclusive, torch.from_numpy(s), torch.from_numpy(rows), torch.from_numpy(r_ref))
+    finally:
+        counting._NUMPY_CHUNK_BYTES, counting._THREAD_MIN_WORK = old[:2]
+        torch.set_num_threads(old[2])
+    truth = (s[:, None, :] >= ref[:, :, None]) if inclusive else (s[:, None, :] > ref[:, :, None])
+    np.testing.assert_array_equal(got.numpy(), truth.sum(-1))
+    np.testing.assert_array_equal(finite.numpy(), np.isfinite(s).all(1))
+    truth_rows = (s[rows] >= r_ref[:, None]) if inclusive else (s[rows] > r_ref[:, None])
+    np.testing.assert_array_equal(got_rows.numpy(), truth_rows.sum(-1))
+    rows, segment, group, size = blocks
+    most = min(p, counting._NUMPY_GROUP, b)  # references per numpy call at most: balanced groups of up to that
+    assert 1 <= group <= most and group == -(-p // -(-p // group))
+    if segment < n or n * (s.itemsize + most) <= budget:  # a split row, or a row that fits them all: the fewest calls
+        assert group == -(-p // -(-p // most))
+    assert 1 <= rows <= b and (segment == n or (segment % 8 == 0 and segment < n))
+    width = math.prod(counting._lanes(segment)) * 8
+    assert size == rows * group * width
+    if rows > 1:  # more than one row only where they fit the budget and the bytes stay below the b x n scores
+        assert rows * segment * (s.itemsize + group) <= budget and size <= b * n
+
+
+def test_l2_size_read_from_sysfs(tmp_path):
+    """``_l2_bytes`` finds the level-2 entry among sysfs cache indexes ("2048K" -> 2 MiB; "1M"), and says None where
+    there is no such directory or no level 2."""
+    for index, level, size in (("index0", "1", "48K"), ("index2", "2", "2048K"), ("index3", "3", "480M")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "level").write_text(level + "\n")
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert counting._l2_bytes(str(tmp_path)) == 2 << 20
+    (tmp_path / "index2" / "size").write_text("1M\n")
+    assert counting._l2_bytes(str(tmp_path)) == 1 << 20
+    (tmp_path / "index2" / "level").write_text("4\n")
+    assert counting._l2_bytes(str(tmp_path)) is None
+    assert counting._l2_bytes(str(tmp_path / "missing")) is None
+    assert (1 << 18) <= counting._NUMPY_CHUNK_BYTES <= (1 << 21)
+
+
 @pytest.mark.parametrize("n", [2048, 4085, 4093, 2**14 + 3])
 def test_byte_counts_of_masks_equal_their_sums_and_no_lane_carries(n, monkeypatch):
     """``_count_columns``: a full mask counts n (at n = 4,085 two groups of exactly 255 words: every byte lane sums
@@ -414,58 +470,3 @@ def test_bspline_design_equals_scipy(df, hi):
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
         np.testing.assert_allclose(got.sum(1), 1.0, rtol=0, atol=1e-12)
 
-
-@given(b=st.integers(3, 9), n=st.integers(1, 300), p=st.integers(1, 20), budget=st.integers(1, 1 << 13),
-       wide=st.booleans(), inclusive=st.booleans(), seed=st.integers(0, 2**31 - 1))
-@settings(max_examples=examples(60), deadline=None)
-def test_numpy_blocks_of_any_budget_count_as_brute_force(b, n, p, budget, wide, inclusive, seed):
-    """The numpy path at any block budget: whole rows or item segments (the last one shorter, its lanes past it zero),
-    balanced groups of references, two threads splitting the rows, float32 / float64 with ties, NaN and +-inf: counts
-    and finite flags equal brute force (and the row-indexed count, its references grouped by row: none, one, many per
-    row, NaN among them), and the blocks keep :func:`counting._blocks`' bounds."""
-    rng = np.random.default_rng(seed)
-    s = _scores(rng, b, max(n, 8))[:, :n].astype(np.float64 if wide else np.float32)
-    ref = s[np.arange(b)[:, None], rng.integers(0, n, (b, p))]
-    old = (counting._NUMPY_CHUNK_BYTES, counting._THREAD_MIN_WORK, torch.get_num_threads())
-    counting._NUMPY_CHUNK_BYTES, counting._THREAD_MIN_WORK = budget, 1
-    torch.set_num_threads(2)
-    rows = rng.integers(0, b, int(rng.integers(0, 3 * b)))  # one reference per entry, rows repeated, in any order
-    r_ref = s[rows, rng.integers(0, n, rows.size)]
-    try:
-        blocks = counting._blocks(b, n, p, s.itemsize)
-        got, finite = counting._numpy_padded(torch.from_numpy(s), torch.from_numpy(ref), inclusive, True)
-        got_rows = counting._numpy_rows(inclusive, torch.from_numpy(s), torch.from_numpy(rows), torch.from_numpy(r_ref))
-    finally:
-        counting._NUMPY_CHUNK_BYTES, counting._THREAD_MIN_WORK = old[:2]
-        torch.set_num_threads(old[2])
-    truth = (s[:, None, :] >= ref[:, :, None]) if inclusive else (s[:, None, :] > ref[:, :, None])
-    np.testing.assert_array_equal(got.numpy(), truth.sum(-1))
-    np.testing.assert_array_equal(finite.numpy(), np.isfinite(s).all(1))
-    truth_rows = (s[rows] >= r_ref[:, None]) if inclusive else (s[rows] > r_ref[:, None])
-    np.testing.assert_array_equal(got_rows.numpy(), truth_rows.sum(-1))
-    rows, segment, group, size = blocks
-    most = min(p, counting._NUMPY_GROUP, b)  # references per numpy call at most: balanced groups of up to that
-    assert 1 <= group <= most and group == -(-p // -(-p // group))
-    if segment < n or n * (s.itemsize + most) <= budget:  # a split row, or a row that fits them all: the fewest calls
-        assert group == -(-p // -(-p // most))
-    assert 1 <= rows <= b and (segment == n or (segment % 8 == 0 and segment < n))
-    width = math.prod(counting._lanes(segment)) * 8
-    assert size == rows * group * width
-    if rows > 1:  # more than one row only where they fit the budget and the bytes stay below the b x n scores
-        assert rows * segment * (s.itemsize + group) <= budget and size <= b * n
-
-
-def test_l2_size_read_from_sysfs(tmp_path):
-    """``_l2_bytes`` finds the level-2 entry among sysfs cache indexes ("2048K" -> 2 MiB; "1M"), and says None where
-    there is no such directory or no level 2."""
-    for index, level, size in (("index0", "1", "48K"), ("index2", "2", "2048K"), ("index3", "3", "480M")):
-        (tmp_path / index).mkdir()
-        (tmp_path / index / "level").write_text(level + "\n")
-        (tmp_path / index / "size").write_text(size + "\n")
-    assert counting._l2_bytes(str(tmp_path)) == 2 << 20
-    (tmp_path / "index2" / "size").write_text("1M\n")
-    assert counting._l2_bytes(str(tmp_path)) == 1 << 20
-    (tmp_path / "index2" / "level").write_text("4\n")
-    assert counting._l2_bytes(str(tmp_path)) is None
-    assert counting._l2_bytes(str(tmp_path / "missing")) is None
-    assert (1 << 18) <= counting._NUMPY_CHUNK_BYTES <= (1 << 21)
