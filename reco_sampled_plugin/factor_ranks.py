@@ -42,7 +42,8 @@ from . import _graphs
 from ._checks import check_dense, check_int, real_tensor
 from ._inputs import Check, check_flags, factor_finite_checks
 from ._options import check_bool
-from .counting import count_beating_tile, row_ranges, tile_workers
+from ._pool import row_ranges
+from .counting import count_beating_tile, tile_workers
 from .ranking import (TIE_BOUNDS, capturable_index, check_ties, exact_ranks, exact_ranks_padded, index_rows,
                       prepare_index, tied_positives)
 
