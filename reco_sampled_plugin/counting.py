@@ -357,6 +357,11 @@ def _l2_bytes(base: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
 # 89 ms at 0.5-1 MiB against 123 ms at the former 2 MiB of comparison bytes alone (5 rows of scores: 3.6 MiB in all)
 _NUMPY_CHUNK_BYTES = min(max((_l2_bytes() or 1 << 20) // 2, 1 << 18), 1 << 21)
 _NUMPY_GROUP = 8  # references compared per numpy call at most (balanced groups)
+# rows per block below which the NaN/inf check is two more references compared with the others (:func:`_sentinels`:
+# two numpy calls fewer per block; above, a min and a max per block cost less than the sentinels' compares). Two
+# threads, the 2-core machine, float32, 5 references, three alternating runs: 1,024 x 100,000 (one row per block)
+# 53-57 -> 48-50 ms, 4,096 x 20,000 (4 rows) 44-46 -> 36; 16,384 x 2,000 (47 rows) 35-38 with either; one thread the same
+_SENTINEL_ROWS = 8
 
 
 def _lanes(n: int) -> tuple[int, int]:
@@ -380,15 +385,17 @@ class _Blocks(NamedTuple):
 def _blocks(b: int, n: int, p: int, itemsize: int) -> _Blocks:
     """Blocks whose scores and comparison bytes fit ``_NUMPY_CHUNK_BYTES``, the bytes never more than the b x n
     scores (the temporaries' bound, docs/gpu.md): references in balanced groups of at most ``_NUMPY_GROUP``, fewer
-    where that keeps a whole row in a block (a segment costs numpy calls: their Python holds the GIL, which threads
-    share), else items in balanced segments (multiples of 8: whole 64-bit words); then as many rows as fit (at least
-    one)."""
+    where that keeps a whole row in a block of up to 1.5 x that budget (a segment costs numpy calls: their Python
+    holds the GIL, which threads share; two threads, 1,024 x 100,000 float32 scores with 5 references and the two
+    sentinels, 1.1 MB a row: 58-62 ms in two segments, 47-50 whole), else items in balanced segments (multiples of 8:
+    whole 64-bit words); then as many rows as fit (at least one)."""
     cap = min(_NUMPY_CHUNK_BYTES, b * n)
-    fit = _NUMPY_CHUNK_BYTES // max(n, 1) - itemsize  # references whose bytes fit beside a whole row's scores
+    whole = _NUMPY_CHUNK_BYTES * 3 // 2  # a whole row may take 3/4 of L2: a segment costs numpy calls
+    fit = whole // max(n, 1) - itemsize  # references whose bytes fit beside a whole row's scores
     most = min(p, _NUMPY_GROUP, fit if fit >= 1 else _NUMPY_GROUP, max(b, 1))  # at most b: bytes within b x n
     group = -(-p // -(-p // most))  # balanced groups of at most ``most``
     per_item = itemsize + group
-    segments = max(1, -(-n * per_item // _NUMPY_CHUNK_BYTES))
+    segments = 1 if n * per_item <= whole else -(-n * per_item // _NUMPY_CHUNK_BYTES)
     segment = min(n, -(-(-(-n // segments)) // 8) * 8)
     groups, k = _lanes(segment)
     rows = max(1, min(b, _NUMPY_CHUNK_BYTES // (segment * per_item), cap // (group * groups * k * 8)))
@@ -438,26 +445,43 @@ def _numpy_padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool,
     return torch.from_numpy(counts), None if flags is None else torch.from_numpy(flags)
 
 
+def _sentinels(t: np.ndarray, dtype: np.dtype, inclusive: bool) -> np.ndarray:
+    """``t`` with two references appended whose counts say whether a row of ``dtype`` scores is finite: with ``>``,
+    -inf (beaten by every score but NaN and -inf: n where the row has neither) and the largest finite value (beaten by
+    +inf alone: 0 where the row has none); with ``>=``, the lowest finite value and +inf."""
+    big = np.finfo(dtype).max
+    out = np.empty((t.shape[0], t.shape[1] + 2), dtype=np.result_type(t.dtype, dtype))
+    out[:, :-2] = t
+    out[:, -2:] = (-big, np.inf) if inclusive else (-np.inf, big)
+    return out
+
+
 def _numpy_counts(s: np.ndarray, t: np.ndarray, inclusive: bool, finite: bool,
                   at: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """(b, p) counts of the scores of row ``at[i]`` of ``s`` (row i where ``at`` is None) beating ``t[i]``, and the
     rows' finite flags. The scores in cache-sized blocks (:func:`_blocks`: rows, and segments of items where a row
     does not fit) are compared by numpy with each group of references into byte buffers allocated once per worker
     (:func:`_buffers`; rows picked by ``at`` are gathered into one as well), their 64-bit words summed into lanes
-    (:func:`_lanes`) whose bytes each worker adds up once its rows are done; the NaN/inf flags come from each block's
-    min and max while it is in cache (both propagate NaN; numpy's SIMD reductions, 4x its float sum, which is
-    pairwise). Every numpy call of a block writes into its place (``out=``): an allocation per block costs the threads
-    a third of their gain (two threads, 256 x 1,000,000 scores), and a gathered block that outlives the next one's
-    allocation costs fresh pages. Large inputs split their rows between torch's intra-op threads (numpy releases the
-    GIL in its loops). Memory besides the buffers: the lanes, b x p x ceil(n / 2,040) 8-byte words (p / 1,020 of
-    float32 scores' bytes). Counts equal the torch loop's (the same IEEE comparisons: NaN beats nothing, nothing
-    beats a NaN reference)."""
-    b, p, n = t.shape[0], t.shape[1], s.shape[1]
-    rows, segment, group, size = _blocks(b, n, p, s.itemsize)
+    (:func:`_lanes`) whose bytes each worker adds up once its rows are done. The NaN/inf flags, while the block is in
+    cache: where a block holds fewer than ``_SENTINEL_ROWS`` rows, the counts of two more references compared in the
+    same numpy calls (:func:`_sentinels`: the calls' Python holds the GIL, which threads share, and a block of one
+    row is all calls), else each block's min and max (both propagate NaN; numpy's SIMD reductions). Every numpy call
+    of a block writes into its place (``out=``): an allocation per block costs the threads a third of their gain (two
+    threads, 256 x 1,000,000 scores), and a gathered block that outlives the next one's allocation costs fresh pages.
+    Large inputs split their rows between torch's intra-op threads (numpy releases the GIL in its loops). Memory
+    besides the buffers: the lanes, b x (p + 2) x ceil(n / 2,040) 8-byte words ((p + 2) / 1,020 of float32 scores'
+    bytes). Counts equal the torch loop's (the same IEEE comparisons: NaN beats nothing, nothing beats a NaN
+    reference)."""
+    p, n = t.shape[1], s.shape[1]
+    sentinel = finite and _blocks(t.shape[0], n, p + 2, s.itemsize).rows < _SENTINEL_ROWS
+    if sentinel:
+        t = _sentinels(t, s.dtype, inclusive)
+    b, refs = t.shape
+    rows, segment, group, size = _blocks(b, n, refs, s.itemsize)
     parts, total = _segments(n, segment)
-    lanes = np.empty((b, p, total), dtype=np.uint64)
-    counts = np.empty((b, p), dtype=np.int64)
-    ends = np.empty((2, b, len(parts)), dtype=s.dtype) if finite else None  # each block's min and max
+    lanes = np.empty((b, refs, total), dtype=np.uint64)
+    counts = np.empty((b, refs), dtype=np.int64)
+    ends = np.empty((2, b, len(parts)), dtype=s.dtype) if finite and not sentinel else None  # blocks' min and max
     compare = np.greater_equal if inclusive else np.greater
 
     def work(first: int, last: int) -> None:
@@ -472,8 +496,8 @@ def _numpy_counts(s: np.ndarray, t: np.ndarray, inclusive: bool, finite: bool,
                     block = picked[: hi - lo, : part.hi - part.lo]
                     np.take(s[:, part.lo:part.hi], at[lo:hi], axis=0, out=block, mode="clip")  # in range: no check
                 flat, w = bufs[part.hi - part.lo], part.width
-                for g in range(0, p, group):
-                    q = min(group, p - g)
+                for g in range(0, refs, group):
+                    q = min(group, refs - g)
                     cells = flat[: (hi - lo) * q * w].reshape(hi - lo, q, w)
                     compare(block[:, None, :], t[lo:hi, g:g + q, None], out=cells[..., :part.hi - part.lo])
                     np.add.reduce(cells.view(np.uint64).reshape(hi - lo, q, part.groups, part.words), axis=-1,
@@ -481,11 +505,15 @@ def _numpy_counts(s: np.ndarray, t: np.ndarray, inclusive: bool, finite: bool,
                 if ends is not None:
                     np.minimum.reduce(block, axis=1, out=ends[0, lo:hi, j])
                     np.maximum.reduce(block, axis=1, out=ends[1, lo:hi, j])
-        np.add.reduce(lanes[first:last].view(np.uint8).reshape(last - first, p, total * 8), axis=-1,
+        np.add.reduce(lanes[first:last].view(np.uint8).reshape(last - first, refs, total * 8), axis=-1,
                       out=counts[first:last])
 
-    _in_threads(work, b, rows, b * p * n)
-    return counts, None if ends is None else np.asarray(np.isfinite(ends).all(axis=(0, 2)))
+    _in_threads(work, b, rows, b * refs * n)
+    if not finite:
+        return counts, None
+    if ends is not None:
+        return counts, np.asarray(np.isfinite(ends).all(axis=(0, 2)))
+    return np.ascontiguousarray(counts[:, :p]), (counts[:, p] == n) & (counts[:, p + 1] == 0)
 
 
 # comparisons of one call from which the CPU eager path splits its rows between threads (below, one thread). Two

@@ -128,18 +128,20 @@ def test_numpy_counts_equal_the_torch_loop_across_lane_groups_and_threads(n, eag
 
 
 @given(b=st.integers(3, 9), n=st.integers(1, 300), p=st.integers(1, 20), budget=st.integers(1, 1 << 13),
-       wide=st.booleans(), inclusive=st.booleans(), seed=st.integers(0, 2**31 - 1))
+       wide=st.booleans(), inclusive=st.booleans(), sentinels=st.booleans(), seed=st.integers(0, 2**31 - 1))
 @settings(max_examples=examples(60), deadline=None)
-def test_numpy_blocks_of_any_budget_count_as_brute_force(b, n, p, budget, wide, inclusive, seed):
+def test_numpy_blocks_of_any_budget_count_as_brute_force(b, n, p, budget, wide, inclusive, sentinels, seed):
     """The numpy path at any block budget: whole rows or item segments (the last one shorter, its lanes past it zero),
     balanced groups of references, two threads splitting the rows, float32 / float64 with ties, NaN and +-inf: counts
     and finite flags equal brute force (and the row-indexed count, its references grouped by row: none, one, many per
-    row, NaN among them), and the blocks keep :func:`counting._blocks`' bounds."""
+    row, NaN among them), the finite flags from the two sentinel references or from each block's min and max, and the
+    blocks keep :func:`counting._blocks`' bounds."""
     rng = np.random.default_rng(seed)
     s = _scores(rng, b, max(n, 8))[:, :n].astype(np.float64 if wide else np.float32)
     ref = s[np.arange(b)[:, None], rng.integers(0, n, (b, p))]
-    old = (counting._NUMPY_CHUNK_BYTES, counting._THREAD_MIN_WORK, torch.get_num_threads())
+    old = (counting._NUMPY_CHUNK_BYTES, counting._THREAD_MIN_WORK, counting._SENTINEL_ROWS, torch.get_num_threads())
     counting._NUMPY_CHUNK_BYTES, counting._THREAD_MIN_WORK = budget, 1
+    counting._SENTINEL_ROWS = b + 1 if sentinels else 1  # blocks have 1..b rows: always / never the sentinels
     torch.set_num_threads(2)
     rows = rng.integers(0, b, int(rng.integers(0, 3 * b)))  # one reference per entry, rows repeated, in any order
     r_ref = s[rows, rng.integers(0, n, rows.size)]
@@ -148,8 +150,8 @@ def test_numpy_blocks_of_any_budget_count_as_brute_force(b, n, p, budget, wide, 
         got, finite = counting._numpy_padded(torch.from_numpy(s), torch.from_numpy(ref), inclusive, True)
         got_rows = counting._numpy_rows(inclusive, torch.from_numpy(s), torch.from_numpy(rows), torch.from_numpy(r_ref))
     finally:
-        counting._NUMPY_CHUNK_BYTES, counting._THREAD_MIN_WORK = old[:2]
-        torch.set_num_threads(old[2])
+        counting._NUMPY_CHUNK_BYTES, counting._THREAD_MIN_WORK, counting._SENTINEL_ROWS = old[:3]
+        torch.set_num_threads(old[3])
     truth = (s[:, None, :] >= ref[:, :, None]) if inclusive else (s[:, None, :] > ref[:, :, None])
     np.testing.assert_array_equal(got.numpy(), truth.sum(-1))
     np.testing.assert_array_equal(finite.numpy(), np.isfinite(s).all(1))
@@ -158,9 +160,11 @@ def test_numpy_blocks_of_any_budget_count_as_brute_force(b, n, p, budget, wide, 
     rows, segment, group, size = blocks
     most = min(p, counting._NUMPY_GROUP, b)  # references per numpy call at most: balanced groups of up to that
     assert 1 <= group <= most and group == -(-p // -(-p // group))
-    if segment < n or n * (s.itemsize + most) <= budget:  # a split row, or a row that fits them all: the fewest calls
+    whole = budget * 3 // 2  # a whole row's block may take 1.5 x the budget
+    if segment < n or n * (s.itemsize + most) <= whole:  # a split row, or a row that fits them all: the fewest calls
         assert group == -(-p // -(-p // most))
     assert 1 <= rows <= b and (segment == n or (segment % 8 == 0 and segment < n))
+    assert (segment == n) == (n * (s.itemsize + group) <= whole) or n <= 8  # split where a row cannot fit, only
     width = math.prod(counting._lanes(segment)) * 8
     assert size == rows * group * width
     if rows > 1:  # more than one row only where they fit the budget and the bytes stay below the b x n scores
