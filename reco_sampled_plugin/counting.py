@@ -5,8 +5,8 @@ score higher, and every metric follows from that. A plain eager ``(S[:, None, :]
 materialises a boolean of B x P x n and runs at a fraction of the score matmul's speed, so large
 inputs go through a ``torch.compile`` kernel that fuses the compare and the sum (no temporaries).
 Otherwise an eager path in bounded chunks: on a CPU, numpy's SIMD comparisons into a byte buffer counted 8 bytes at a
-time, in blocks of rows (or of item segments) whose scores and bytes fit half a core's L2 (``_numpy_padded``: 1.1-1.8x
-the compiled kernel's time, a few numpy calls per block); on
+time, in blocks of rows (or of item segments) whose scores and bytes fit half a core's L2 (``_numpy_padded``: 1.1-1.35x
+the compiled kernel's time, two numpy calls per block and group of references); on
 other devices (or bfloat16 / float16 scores) a torch loop, one pass per reference over whole rows on an accelerator
 (a fixed number of operators per call whatever B and n; temporaries: a (B, n) boolean, and ``ties="random"``'s (B, n)
 int64 tie-break keys) and over cache-sized chunks of items on a CPU. All give identical integer counts; the backend is
@@ -53,10 +53,10 @@ _COMPILE_MIN_WORK_ROWS = 1 << 20
 # a CPU core, about what one torch.compile costs, so compiling is never slower overall than staying eager by
 # more than about 2x, and small or one-off evaluations never compile
 _COMPILE_AFTER_WORK = 1 << 32
-# the same where the eager path is the CPU's numpy one (``_numpy_padded``: 1.1-1.8x the compiled kernel's time, against
-# 20x for the torch loop): a compilation saves ~0.02-0.04 ns per comparison on the 2-core Xeon (one / two threads;
-# more with more threads, whose numpy calls share the GIL), so it pays for its ~4 s after 1e11-2e11 comparisons; at 2^36
-# (~7e10, ~12 s of eager counting on one core) a compilation that never pays costs at most ~1.3x staying eager
+# the same where the eager path is the CPU's numpy one (``_numpy_padded``: 1.1-1.35x the compiled kernel's time,
+# against 20x for the torch loop): a compilation saves ~0.02 ns per comparison on the 2-core Xeon (one or two threads;
+# more with more threads, whose numpy calls share the GIL), so it pays for its ~4 s after ~2e11 comparisons; at 2^36
+# (~7e10, ~11 s of eager counting on one core) a compilation that never pays costs at most ~1.4x staying eager
 _COMPILE_AFTER_WORK_FAST = 1 << 36
 # the same on an accelerator: its eager loop (one pass per reference over whole rows, replayed from a CUDA graph where
 # shapes repeat, ``_graphs``) reads the scores and writes and reads a (B, n) boolean per reference (~6 bytes per
