@@ -305,6 +305,27 @@ def test_item_norm_cache_never_serves_a_new_tensor():
         del v
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_norm_max_on_a_cpu_equals_float64_norms(dtype):
+    """The overflow bound's largest row norm (numpy's float64 sums of squares on a CPU) equals torch's float64
+    ``vector_norm`` to rounding: random factors, a transposed (strided) view, entries whose float32 squares would
+    overflow (1e20) or whose float64 norm leaves float32's range (3e38 x 8), NaN and inf rows (NaN, inf)."""
+    from reco_sampled_plugin.factor_ranks import _row_norm_max
+
+    g = torch.Generator().manual_seed(4)
+    cases = [torch.randn(300, 64, generator=g, dtype=dtype), torch.randn(9, 40, generator=g, dtype=dtype).T,
+             torch.full((3, 64), 1e20, dtype=dtype), torch.full((2, 64), 3e38, dtype=dtype),
+             torch.tensor([[1.0, math.nan], [5.0, 0.0]], dtype=dtype), torch.tensor([[math.inf, 0.0], [1.0, 2.0]], dtype=dtype),
+             torch.zeros(4, 0, dtype=dtype)]
+    for x in cases:
+        want = torch.linalg.vector_norm(x.double(), dim=1).amax()
+        got = _row_norm_max(x)
+        assert got.dtype == torch.float64 and got.shape == ()
+        assert torch.allclose(got, want, rtol=1e-12, atol=0.0, equal_nan=True), (x.shape, got, want)
+    assert float(_row_norm_max(torch.full((3, 64), 1e20))) == pytest.approx(8e20, rel=1e-7)  # not inf
+    assert _row_norm_max(torch.tensor([[1e300, 1.0]], dtype=torch.float64)) == math.inf  # squares past float64: inf
+
+
 def test_overflow_rows_and_other_positive_counts():
     """overflow_rows flags exactly the users whose Cauchy-Schwarz bound reaches score_limit (a quarter of the
     dtype's largest value; NaN entries count as 0, inf ones overflow); other_positive_counts counts the row's other
