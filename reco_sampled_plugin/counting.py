@@ -43,7 +43,7 @@ from ._inputs import finite_flags
 logger = logging.getLogger(__name__)
 
 __all__ = ["count_beating", "count_beating_checked", "count_beating_tile", "count_beating_rows", "count_tied_before", "item_keys",
-           "sort_rows", "set_backend", "get_backend"]
+           "numpy_path", "sort_rows", "set_backend", "get_backend"]
 
 # below this many comparisons (B * P * n) the eager path is faster than calling a compiled kernel
 _COMPILE_MIN_WORK = 1 << 24
@@ -332,6 +332,12 @@ def _numpy_ok(scores: torch.Tensor) -> bool:
 
 
 _numpy_blocked = [False]  # tests flip it to run the torch loop on a CPU (the reference of the numpy path)
+
+
+def numpy_path(x: torch.Tensor) -> bool:
+    """Whether the CPU's numpy paths take ``x`` (:func:`_numpy_ok`: float32 / float64 on a CPU; the tests that run
+    the accelerators' torch paths on a CPU block them): for other modules' numpy paths to follow the counting's."""
+    return _numpy_ok(x)
 
 
 def _l2_bytes(base: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:

@@ -44,7 +44,7 @@ from ._checks import check_dense, check_int, real_tensor
 from ._inputs import Check, check_flags, factor_finite_checks
 from ._options import check_bool
 from ._pool import row_ranges
-from .counting import count_beating_tile, tile_workers
+from .counting import count_beating_tile, numpy_path, tile_workers
 from .ranking import (TIE_BOUNDS, capturable_index, check_ties, exact_ranks, exact_ranks_padded, index_rows,
                       prepare_index, tied_positives)
 
@@ -129,11 +129,23 @@ def _row_norm_max(x: torch.Tensor) -> torch.Tensor:
     4.8 ms; what every first evaluation from factors, and each new version of the item factors, paid)."""
     if x.shape[0] == 0:
         return torch.zeros((), dtype=torch.float64, device=x.device)
-    if x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64):
-        a = x.detach().numpy()
-        with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are the answer here (the caller names them)
-            return torch.tensor(math.sqrt(np.einsum("ij,ij->i", a, a, dtype=np.float64).max()), dtype=torch.float64)
+    if numpy_path(x):
+        return torch.tensor(math.sqrt(_squares(x).max()), dtype=torch.float64)
     return torch.linalg.vector_norm(x.detach(), dim=1, dtype=torch.float64).amax()
+
+
+def _squares(x: torch.Tensor, nan_entries_zero: bool = False) -> np.ndarray:
+    """(rows,) float64 sums of squares of a 2-D float32 / float64 CPU ``x``'s rows (numpy's ``einsum``, cast in
+    small buffers, no float64 copy of ``x``): NaN where a row holds NaN (``nan_entries_zero``: those entries count
+    as 0), inf where it holds an infinity or its squares pass float64's range."""
+    a = x.detach().numpy()
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are the answer here (the callers name them)
+        sq = np.einsum("ij,ij->i", a, a, dtype=np.float64)
+        bad = np.flatnonzero(np.isnan(sq)) if nan_entries_zero else ()
+        if len(bad):  # rows holding NaN: their other entries still count
+            rows = np.nan_to_num(a[bad].astype(np.float64), nan=0.0, posinf=np.inf, neginf=-np.inf)
+            sq[bad] = np.einsum("ij,ij->i", rows, rows)
+    return sq
 
 
 def _overflow_bound(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> float:
@@ -174,6 +186,11 @@ def overflow_rows(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     Cauchy-Schwarz bound ``|u_b| max_j |v_j| >= score_limit`` in float64 (NaN entries count as 0, inf ones
     overflow). Per user, for a caller that checks those users' scores exactly rather than refusing the call
     (``evaluate_factors``: their rows get NaN)."""
+    if numpy_path(u) and numpy_path(v):  # on a CPU: no float64 copies of the factors (50 -> ~5 ms for 1,024 users'
+        # and 100,000 items' d = 64 float32 factors, one thread)
+        norm_v = math.sqrt(_squares(v, True).max(initial=0.0))
+        with np.errstate(invalid="ignore"):  # 0 x inf: NaN, not flagged (as in float64 on a device)
+            return torch.from_numpy(np.sqrt(_squares(u, True)) * norm_v >= score_limit(u.dtype))
     norm_u = torch.linalg.vector_norm(torch.nan_to_num(u.double()), dim=1)
     norm_v = torch.linalg.vector_norm(torch.nan_to_num(v.double()), dim=1).max()
     return norm_u * norm_v >= score_limit(u.dtype)

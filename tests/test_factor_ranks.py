@@ -5,7 +5,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from _profiles import examples
 from reco_sampled_plugin import counting, exact_ranks, exact_ranks_from_factors, per_user_metrics
 
 
@@ -324,6 +327,35 @@ def test_row_norm_max_on_a_cpu_equals_float64_norms(dtype):
         assert torch.allclose(got, want, rtol=1e-12, atol=0.0, equal_nan=True), (x.shape, got, want)
     assert float(_row_norm_max(torch.full((3, 64), 1e20))) == pytest.approx(8e20, rel=1e-7)  # not inf
     assert _row_norm_max(torch.tensor([[1e300, 1.0]], dtype=torch.float64)) == math.inf  # squares past float64: inf
+
+
+@given(b=st.integers(0, 6), n=st.integers(1, 7), d=st.integers(0, 5), wide=st.booleans(), seed=st.integers(0, 2**31 - 1))
+@settings(max_examples=examples(40), deadline=None)
+def test_factor_norms_on_numpy_equal_the_torch_path(b, n, d, wide, seed):
+    """The CPU's numpy norms (``overflow_rows``, the bound's ``_row_norm_max``) equal the accelerators' torch path
+    (float64 copies, ``vector_norm``) on factors with NaN, +-inf, huge (squares past float32's range) and tiny
+    entries: the same flags, the same largest norm to rounding."""
+    from reco_sampled_plugin.factor_ranks import _row_norm_max, overflow_rows
+
+    rng = np.random.default_rng(seed)
+    special = np.array([np.nan, np.inf, -np.inf, 1e20, 3e38, 1e-30, 0.0, 1.0, -2.0])
+
+    def factors(rows: int) -> torch.Tensor:
+        x = rng.standard_normal((rows, d)) * 10.0 ** rng.integers(-3, 38, (rows, 1))
+        x = np.where(rng.random((rows, d)) < 0.2, rng.choice(special, (rows, d)), x)
+        with np.errstate(over="ignore"):  # beyond float32: inf
+            return torch.from_numpy(x.astype(np.float64 if wide else np.float32))
+
+    u, v = factors(b), factors(n)
+    got = (overflow_rows(u, v), [_row_norm_max(x) for x in (u, v)])
+    counting._numpy_blocked[0] = True
+    try:
+        want = (overflow_rows(u, v), [_row_norm_max(x) for x in (u, v)])
+    finally:
+        counting._numpy_blocked[0] = False
+    assert got[0].dtype == torch.bool and torch.equal(got[0], want[0])
+    for g_, w_ in zip(got[1], want[1]):
+        assert torch.allclose(g_, w_, rtol=1e-12, atol=0.0, equal_nan=True), (g_, w_)
 
 
 def test_overflow_rows_and_other_positive_counts():
