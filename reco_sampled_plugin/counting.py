@@ -323,21 +323,17 @@ def _count_columns(mask_of: Callable[[int, int], torch.Tensor], rows: int, n: in
     return counts if head == n else counts + _count_true(mask_of(head, n))
 
 
-def _numpy_ok(scores: torch.Tensor) -> bool:
-    """The CPU eager path compares in numpy (SIMD comparisons into a reused byte buffer: about 6x torch's
-    comparison into a bool tensor, measured 6 vs 37 ms for 3.2e7 float32 comparisons): float32 / float64 CPU
-    tensors that numpy can view (bfloat16, float16 and other devices take the torch loop)."""
+def numpy_path(scores: torch.Tensor) -> bool:
+    """Whether the CPU's numpy paths take ``scores`` (the counting's, and other modules' that follow it): float32 /
+    float64 CPU tensors that numpy can view (bfloat16, float16 and other devices take the torch loop), unless the
+    tests block them to run the accelerators' torch paths on a CPU. The CPU eager path compares in numpy (SIMD
+    comparisons into a reused byte buffer: about 6x torch's comparison into a bool tensor, measured 6 vs 37 ms for
+    3.2e7 float32 comparisons)."""
     return (scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64) and scores.shape[-1] > 0
             and not _numpy_blocked[0])
 
 
 _numpy_blocked = [False]  # tests flip it to run the torch loop on a CPU (the reference of the numpy path)
-
-
-def numpy_path(x: torch.Tensor) -> bool:
-    """Whether the CPU's numpy paths take ``x`` (:func:`_numpy_ok`: float32 / float64 on a CPU; the tests that run
-    the accelerators' torch paths on a CPU block them): for other modules' numpy paths to follow the counting's."""
-    return _numpy_ok(x)
 
 
 def _l2_bytes(base: str = "/sys/devices/system/cpu/cpu0/cache") -> int | None:
@@ -589,10 +585,10 @@ def _eager(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Ten
     chunks of items (:func:`_whole_rows`: whole rows on an accelerator, so that the operators dispatched do not grow
     with B or n)."""
     if name.startswith("rows_"):
-        if _numpy_ok(scores) and ref.numel():
+        if numpy_path(scores) and ref.numel():
             return _numpy_rows(name == "rows_ge", scores, extra[0], ref)
         return _eager_rows(name == "rows_ge", scores, extra[0], ref)
-    if name in ("gt", "ge") and _numpy_ok(scores) and ref.numel():
+    if name in ("gt", "ge") and numpy_path(scores) and ref.numel():
         return _numpy_padded(scores, ref, name == "ge", False)[0]
     b, n = scores.shape
     p = ref.shape[1]
@@ -696,7 +692,7 @@ def _run(name: str, scores: torch.Tensor, ref: torch.Tensor, *extra: torch.Tenso
     else:
         work = scores.shape[0] * scores.shape[1] * max(ref.shape[1], 1)
         fn_args = (ref, *extra)
-    if _use_compiled(work, scores.shape[1], fast_eager=_numpy_ok(scores), accelerator=scores.device.type != "cpu"):
+    if _use_compiled(work, scores.shape[1], fast_eager=numpy_path(scores), accelerator=scores.device.type != "cpu"):
         fn = _get_compiled(name)
         if fn is not None:
             try:
@@ -714,7 +710,7 @@ def _padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool, finite: bo
     b, n = scores.shape
     p = ref.shape[1]
     family = "ge" if inclusive else "gt"
-    compiled = _use_compiled(b * n * p, n, tile, _numpy_ok(scores), scores.device.type != "cpu")
+    compiled = _use_compiled(b * n * p, n, tile, numpy_path(scores), scores.device.type != "cpu")
     if p and compiled and family not in _compile_failed:
         size = math.ceil(p / math.ceil(p / _GROUP))  # balanced groups of at most _GROUP references
         try:
@@ -730,7 +726,7 @@ def _padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool, finite: bo
             return counts, (row_sums == 0 if finite else None)
         except Exception as exc:  # compilation unavailable (no compiler...): fall back once
             _compile_failure(family, exc)
-    if p and _numpy_ok(scores):
+    if p and numpy_path(scores):
         return _numpy_padded(scores, ref, inclusive, finite)
     return _eager(family, scores, ref), (finite_flags(scores, dim=1) if finite else None)
 
