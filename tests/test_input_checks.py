@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from _profiles import examples
 
@@ -727,3 +727,60 @@ def test_prepare_index_hands_its_checks_over_unread(case, positives, exclude, na
     good: list = []
     p, e = prepare_index(torch.tensor([[0, 39]]), torch.tensor([[2, -1]]), 1, 40, pos.device, pending=good)
     assert p.tolist() == [[0, 39]] and e.tolist() == [[2, -1]] and not any(bool(c.bad) for c in good)
+
+
+# ------------------------------------------------------------------------------------ the scores' NaN/inf check
+_SPECIAL = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf, "max": None, "-max": None, "tiny": 1e-300}
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(b=st.one_of(st.integers(1, 6), st.integers(64, 70)), n=st.integers(1, 300),
+       dtype=st.sampled_from([torch.float32, torch.float64]),
+       planted=st.lists(st.tuples(st.integers(0, 69), st.integers(0, 299), st.sampled_from(sorted(_SPECIAL))), max_size=6),
+       big_row=st.sampled_from([0, 1, -1]), layout=st.sampled_from(["contiguous", "transposed", "sliced"]),
+       medium=st.booleans(), seed=st.integers(0, 99))
+@example(b=64, n=300, dtype=torch.float32, planted=[], big_row=1, layout="contiguous", medium=True, seed=1)
+def test_finite_flags_on_a_cpu_are_isfinite(b, n, dtype, planted, big_row, layout, medium, seed):
+    """The CPU's check (a matrix-vector product with 2^-k) against ``isfinite`` entry by entry, with both halves of the
+    paths (the accelerators' aminmax run with the host paths cleared): NaN, +-inf, the largest finite values (whole
+    rows of them must not overflow the sum), tiny ones; transposed and sliced views; and float32 products computed in
+    bfloat16 (``set_float32_matmul_precision("medium")``: oneDNN takes 64 rows or more), where the largest finite
+    values round to inf."""
+    from reco_sampled_plugin import _inputs
+
+    big = torch.finfo(dtype).max
+    s = torch.randn(b, n, generator=_gen(seed), dtype=dtype) * 1e3
+    if big_row:
+        s[0] = big * big_row  # a whole row of the largest finite values
+    for r, c, kind in planted:
+        value = {"max": big, "-max": -big}.get(kind, _SPECIAL[kind])
+        s[r % b, c % n] = value
+    if layout == "transposed":
+        s = s.T.contiguous().T
+    elif layout == "sliced":
+        s = torch.cat([s, s], dim=1)[:, :n]
+    want_rows = torch.isfinite(s).all(1)
+    saved = torch.get_float32_matmul_precision(), _inputs._BLAS_CHECK_MIN[0]
+    try:
+        torch.set_float32_matmul_precision("medium" if medium else "highest")
+        _inputs._BLAS_CHECK_MIN[0] = 1  # the product at any size
+        for host in (True, False):
+            _inputs._numpy_scan[0] = host
+            assert torch.equal(_inputs.finite_flags(s, dim=1), want_rows), host
+            assert bool(_inputs.finite_flags(s)) == bool(want_rows.all()), host
+            assert torch.equal(_inputs.finite_rows(s), want_rows), host
+    finally:
+        _inputs._numpy_scan[0], _inputs._BLAS_CHECK_MIN[0] = True, saved[1]
+        torch.set_float32_matmul_precision(saved[0])
+
+
+def test_finite_flags_of_scores_that_require_grad():
+    """Scores with ``requires_grad`` (a model's output in training mode), large enough for the CPU's product path:
+    plain flags, and a NaN is still refused."""
+    from reco_sampled_plugin._inputs import finite_flags
+
+    s = torch.randn(3, 1 << 19, requires_grad=True)
+    rows = finite_flags(s, dim=1)
+    assert rows.tolist() == [True] * 3 and not rows.requires_grad and rows.grad_fn is None
+    with pytest.raises(ValueError, match="NaN or inf"):
+        rsp.sampled_ranks(torch.cat([s, torch.full((3, 1), math.nan)], 1), torch.zeros(3, 1, dtype=L), 5, generator=_gen())
