@@ -43,7 +43,7 @@ from ._inputs import finite_flags
 logger = logging.getLogger(__name__)
 
 __all__ = ["count_beating", "count_beating_checked", "count_beating_tile", "count_beating_rows", "count_tied_before", "item_keys",
-           "numpy_path", "sort_rows", "set_backend", "get_backend"]
+           "host_array", "numpy_path", "sort_rows", "set_backend", "get_backend"]
 
 # below this many comparisons (B * P * n) the eager path is faster than calling a compiled kernel
 _COMPILE_MIN_WORK = 1 << 24
@@ -208,9 +208,10 @@ def _tied_kernel(p: int) -> Callable:
     return _source_kernel(_TIED_TEMPLATE.format(p=p), f"tb{p}", {"torch": torch, "item_keys": item_keys})
 
 
-def _host(x: torch.Tensor) -> np.ndarray:
-    """A CPU tensor's values as a numpy array (a view; no copy, no dispatched operator unless it needs a detach)."""
-    return (x.detach() if x.requires_grad else x).numpy()
+def host_array(x: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's values as a numpy array: a view (no copy, no dispatched operator unless it needs a detach),
+    but of a view with torch's negative bit (``z.conj().imag``), which numpy cannot view: its values, copied."""
+    return (x.detach() if x.requires_grad else x).resolve_neg().numpy()
 
 
 def sort_rows(x: torch.Tensor) -> torch.Tensor:
@@ -218,7 +219,7 @@ def sort_rows(x: torch.Tensor) -> torch.Tensor:
     22 / 45 ms, measured on the 2-core machine); elsewhere (and for dtypes numpy lacks) by torch. The same values in
     the same order (ascending; NaN last in both; equal values are interchangeable)."""
     if x.device.type == "cpu" and x.dtype in _NUMPY_SORTED and x.dim() and x.shape[-1] > 1 and not _numpy_blocked[0]:
-        return torch.from_numpy(np.sort(_host(x), axis=-1))
+        return torch.from_numpy(np.sort(host_array(x), axis=-1))
     return torch.sort(x, dim=-1).values
 
 
@@ -443,7 +444,7 @@ def _buffers(size: int, parts: list[_Segment]) -> dict[int, np.ndarray]:
 def _numpy_padded(scores: torch.Tensor, ref: torch.Tensor, inclusive: bool,
                   finite: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """:func:`_padded`'s eager path on a CPU (:func:`_numpy_counts` over the rows as they are)."""
-    counts, flags = _numpy_counts(_host(scores), _host(ref), inclusive, finite)
+    counts, flags = _numpy_counts(host_array(scores), host_array(ref), inclusive, finite)
     return torch.from_numpy(counts), None if flags is None else torch.from_numpy(flags)
 
 
@@ -557,19 +558,21 @@ def _numpy_rows(inclusive: bool, scores: torch.Tensor, rows: torch.Tensor, ref: 
     of a row and up to w of its references), w in 1..8 the cheapest for the rows' reference counts: a pass costs about
     ``_ROW_PASS`` + w references' comparisons (a row's gather and first read against its compares), so one row with
     many references does not pad every other row to its width."""
-    idx, t = _host(rows), _host(ref)
+    idx, t = host_array(rows), host_array(ref)
     out = np.zeros(idx.shape[0], dtype=np.int64)
     if idx.size == 0:
         return torch.from_numpy(out)
     order = np.argsort(idx, kind="stable")
     at, first, per = np.unique(idx[order], return_index=True, return_counts=True)
+    if at[0] < 0 or at[-1] >= scores.shape[0]:  # the gathers below would clip (torch's indexing raises)
+        raise ValueError(f"rows: row indices must lie in 0..{scores.shape[0] - 1}, got {int(at[0])}..{int(at[-1])}")
     w = min(range(1, _NUMPY_GROUP + 1), key=lambda q: int((-(-per // q) * (_ROW_PASS + q)).sum()))
     units = -(-per // w)  # passes per row
     slot = np.arange(idx.size) - np.repeat(first, per)  # each reference's place among its row's
     unit = np.repeat(np.cumsum(units) - units, per) + slot // w
     padded = np.full((int(units.sum()), w), np.nan, dtype=t.dtype)
     padded[unit, slot % w] = t[order]
-    counts, _ = _numpy_counts(_host(scores), padded, inclusive, False, np.repeat(at, units))
+    counts, _ = _numpy_counts(host_array(scores), padded, inclusive, False, np.repeat(at, units))
     out[order] = counts[unit, slot % w]
     return torch.from_numpy(out)
 

@@ -41,10 +41,10 @@ import torch
 
 from . import _graphs
 from ._checks import check_dense, check_int, real_tensor
-from ._inputs import Check, check_flags, factor_finite_checks
+from ._inputs import Check, check_flags, factor_finite_checks, finite_flags
 from ._options import check_bool
 from ._pool import row_ranges
-from .counting import count_beating_tile, numpy_path, tile_workers
+from .counting import count_beating_tile, host_array, numpy_path, tile_workers
 from .ranking import (TIE_BOUNDS, capturable_index, check_ties, exact_ranks, exact_ranks_padded, index_rows,
                       prepare_index, tied_positives)
 
@@ -138,7 +138,7 @@ def _squares(x: torch.Tensor, nan_entries_zero: bool = False) -> np.ndarray:
     """(rows,) float64 sums of squares of a 2-D float32 / float64 CPU ``x``'s rows (numpy's ``einsum``, cast in
     small buffers, no float64 copy of ``x``): NaN where a row holds NaN (``nan_entries_zero``: those entries count
     as 0), inf where it holds an infinity or its squares pass float64's range."""
-    a = x.detach().numpy()
+    a = host_array(x)
     with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are the answer here (the callers name them)
         sq = np.einsum("ij,ij->i", a, a, dtype=np.float64)
         bad = np.flatnonzero(np.isnan(sq)) if nan_entries_zero else ()
@@ -151,7 +151,9 @@ def _squares(x: torch.Tensor, nan_entries_zero: bool = False) -> np.ndarray:
 def _overflow_bound(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None) -> float:
     """Cauchy-Schwarz bound on every |score|, ``max |u_b| max |v_j| + max |bias_j|`` (float64), read from the
     device in one stacked transfer (the only host synchronisation of the factor path; the item factors' norm
-    is cached per tensor). Raises ValueError naming the first of the factors or bias holding NaN or inf."""
+    is cached per tensor). Raises ValueError naming the first of the factors or bias holding NaN or inf; inf where
+    finite float64 factors' squares pass float64's range (entries past ~1e154: their scores are then ranked
+    materialised, as for any bound past :func:`score_limit`)."""
     global _item_norm
     cache = not v.is_inference()  # inference tensors have no version counter: never cached
     key = (v.data_ptr(), v._version, tuple(v.shape), v.dtype, v.device) if cache else None
@@ -162,8 +164,9 @@ def _overflow_bound(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None)
     if bias is not None:
         parts["item_bias"] = bias.detach().abs().amax().to(torch.float64)
     values = dict(zip(parts, torch.stack(list(parts.values())).tolist()))  # the one read-back
-    for name, value in values.items():
-        if not math.isfinite(value):
+    tensors = {"user_factors": u, "item_factors": v, "item_bias": bias if bias is not None else u}
+    for name, value in values.items():  # an inf norm of finite float64 entries past 1e154: the bound is inf
+        if math.isnan(value) or (math.isinf(value) and not bool(finite_flags(tensors[name]))):
             raise ValueError(f"{name}: contains NaN or inf")
     if cached:
         assert _item_norm is not None  # cached: the entry exists

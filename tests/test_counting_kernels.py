@@ -215,6 +215,37 @@ def test_empty_rows_or_catalogue_count_nothing(eager_backend):
     assert torch.equal(got, torch.zeros(1, dtype=torch.int64))
 
 
+def test_row_indices_outside_the_batch_are_a_value_error(eager_backend):
+    """``count_beating_rows`` with a row past the batch or below 0: a ValueError naming ``rows`` on the numpy path
+    (its gathers would clip: row 7 of 3 counted against the last row); the torch loop's indexing raises too."""
+    scores = torch.tensor([[5.0, 5, 5], [0, 0, 0], [1, 2, 3]])
+    for rows in ([7], [-1], [0, 3]):
+        with pytest.raises(ValueError, match=r"^rows: row indices must lie in 0\.\.2"):
+            counting.count_beating_rows(scores, torch.tensor(rows), torch.full((len(rows),), 0.5))
+    assert counting.count_beating_rows(scores, torch.tensor([2, 0]), torch.tensor([1.5, 0.5])).tolist() == [2, 3]
+
+
+def test_views_with_the_negative_bit_take_the_numpy_paths():
+    """A real view with torch's negative bit (``z.conj().imag``: numpy cannot view it) counts, sorts, ranks and
+    bounds factor scores as its resolved copy does (a RuntimeError in ``numpy()`` before)."""
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(6, 40, dtype=torch.cfloat, generator=g).conj()
+    neg = z.imag
+    plain = neg.resolve_neg()
+    assert neg.is_neg() and counting.numpy_path(neg)
+    ref = plain[:, :3].clone()
+    assert torch.equal(counting.count_beating(neg, ref), counting.count_beating(plain, ref))
+    assert torch.equal(counting.sort_rows(neg), counting.sort_rows(plain))
+    rows = torch.tensor([0, 5, 5])
+    assert torch.equal(counting.count_beating_rows(neg, rows, ref[rows, 0]), counting.count_beating_rows(plain, rows, ref[rows, 0]))
+    u = torch.randn(4, 6, dtype=torch.cfloat, generator=g).conj().imag
+    v = torch.randn(40, 6, dtype=torch.cfloat, generator=g).conj().imag
+    pos = torch.tensor([[0], [1], [2], [3]])
+    import reco_sampled_plugin as rsp
+    assert torch.equal(rsp.exact_ranks_from_factors(u, v, pos), rsp.exact_ranks(u.resolve_neg() @ v.resolve_neg().T, pos))
+    assert torch.equal(rsp.exact_ranks(neg, torch.arange(6).unsqueeze(1)), rsp.exact_ranks(plain, torch.arange(6).unsqueeze(1)))
+
+
 def test_sort_rows_equals_torch_sort():
     """numpy's sort on the CPU (int32/int64/float32/float64) and torch's for other dtypes: torch.sort's values, NaN
     last, any shape (1-D, empty rows)."""

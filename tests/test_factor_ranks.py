@@ -358,6 +358,24 @@ def test_factor_norms_on_numpy_equal_the_torch_path(b, n, d, wide, seed):
         assert torch.allclose(g_, w_, rtol=1e-12, atol=0.0, equal_nan=True), (g_, w_)
 
 
+@pytest.mark.parametrize("numpy_path", [True, False])
+def test_finite_float64_factors_whose_norms_overflow_rank_materialised(numpy_path):
+    """float64 factors past ~1e154 (their squares pass float64's range: an inf norm) whose scores are finite are
+    ranked, from the materialised scores, not refused as holding NaN or inf (an inf entry still is), on both
+    paths of the norms."""
+    u = torch.tensor([[1e200, 0.0], [1.0, 1.0]], dtype=torch.float64)
+    v = torch.tensor([[1e-200, 0.0], [1.0, 2.0], [3.0, 1.0]], dtype=torch.float64)
+    pos = torch.tensor([[0], [2]])
+    counting._numpy_blocked[0] = not numpy_path
+    try:
+        assert exact_ranks_from_factors(u, v, pos).tolist() == exact_ranks(u @ v.T, pos).tolist() == [[3], [1]]
+        u[1, 0] = math.inf
+        with pytest.raises(ValueError, match="^user_factors: contains NaN or inf"):
+            exact_ranks_from_factors(u, v, pos)
+    finally:
+        counting._numpy_blocked[0] = False
+
+
 def test_overflow_rows_and_other_positive_counts():
     """overflow_rows flags exactly the users whose Cauchy-Schwarz bound reaches score_limit (a quarter of the
     dtype's largest value; NaN entries count as 0, inf ones overflow); other_positive_counts counts the row's other
