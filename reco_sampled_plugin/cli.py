@@ -13,6 +13,7 @@ tests/test_cli_surface.py checks it).
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -177,7 +178,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
     if getattr(data, "popularity", False) or args.sampling == "popularity":
         return _estimate_popularity(args, data)
     args.sampling = args.sampling or "binomial"
-    metrics = args.metric or ["recall@10", "ndcg@10"]
+    metrics = args.metric or list(_ESTIMATE_METRICS)
     if args.adaptive_max is not None and args.n_samples is None:
         raise ValueError("--adaptive-max: give --n-samples, the first stage's m of the adaptive sampling")
     # the design of the draws, when --n-samples gives it (adaptive: the file's m column holds each final m)
@@ -260,7 +261,7 @@ def _estimate_popularity(args: argparse.Namespace, data: Any) -> int:
         raise ValueError("--adaptive-max: adaptive sampling draws uniformly; this file holds popularity draws")
     sampled = data.sampled()
     design = sampled.design
-    metrics = args.metric or ["auc", "recall@10", "ndcg@10"]
+    metrics = args.metric or ["auc", *_ESTIMATE_METRICS]  # hh corrects AUC only
     for metric in metrics:
         parse_metric(metric)
     known = registry.names()
@@ -283,16 +284,34 @@ def _estimate_popularity(args: argparse.Namespace, data: Any) -> int:
 
 
 def _method_options(given: list[str] | None) -> dict[str, Any]:
-    """``--option NAME=VALUE`` flags as {name: value} (a value read as YAML: numbers, booleans, strings)."""
-    import yaml
-
+    """``--option NAME=VALUE`` flags as {name: value} (:func:`_option_value`)."""
     out: dict[str, Any] = {}
     for item in given or []:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise ValueError(f"--option: expected NAME=VALUE such as gamma=0.2, got {item!r}")
-        out[name.strip()] = yaml.safe_load(value) if value.strip() else None
+        out[name.strip()] = _option_value(value)
     return out
+
+
+def _option_value(text: str) -> Any:
+    """An ``--option`` value: empty, ``null`` / ``none`` / ``~`` None; ``true`` / ``false`` (any case) booleans; JSON
+    numbers and lists; other numbers Python's ``float`` reads (``.5``, ``1e-3``); anything else the string. Each
+    option's kind checks the value (a string where a number is due is named). The core install has no YAML parser
+    (PyYAML comes with the framework extras)."""
+    t = text.strip()
+    if t.lower() in ("", "null", "none", "~"):
+        return None
+    if t.lower() in ("true", "false"):
+        return t.lower() == "true"
+    try:
+        return json.loads(t)
+    except ValueError:
+        pass
+    try:
+        return float(t)
+    except ValueError:
+        return t
 
 
 def _method_objects(methods: list[str], options: dict[str, Any]) -> list[registry.Method]:
@@ -319,6 +338,10 @@ def _reads_file(method: str, metric: str, sampled: SampledRanks) -> bool:
         entry = registry.get(registry.popularity_auto(metric))
     stats = sampled.popularity_stats
     return not entry.class_counts or (stats is not None and stats.has_profile)
+
+
+#: ``estimate``'s metrics when none is named (popularity rank files: AUC first)
+_ESTIMATE_METRICS = ("recall@10", "ndcg@10")
 
 
 def _default_methods() -> tuple[str, ...]:
@@ -615,10 +638,13 @@ def build_parser() -> argparse.ArgumentParser:
     est.add_argument("file", nargs="?", help="rank file")
     est.add_argument("--n-items", type=int, help="candidates n when the file has no such column")
     est.add_argument("--n-samples", "-m", type=int, help="sampled items m when the file has no such column")
-    est.add_argument("--metric", action="append", help="metric (repeatable; default recall@10 and ndcg@10)")
+    est.add_argument("--metric", action="append",
+                     help=f"metric (repeatable; default {' and '.join(_ESTIMATE_METRICS)}; popularity rank files: "
+                          "auc too)")
     est.add_argument("--method", action="append", metavar="METHOD",
                      help=f"estimator (repeatable; default {', '.join(_default_methods())}, those that take the "
-                          "design); the estimators are listed below")
+                          "design; popularity rank files: every estimator that takes them); the estimators are "
+                          "listed below")
     est.add_argument("--stderr", action="store_true",
                      help="also print the standard error (sampling noise only: not what the sampled data cannot "
                           "identify at the top, which the 95%% interval includes)")

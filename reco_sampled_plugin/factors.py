@@ -342,11 +342,14 @@ class _Ranking:
 
 
 def _sampling_options(n_samples: int | SamplingDesign | None, method: "str | registry.Method | None",
-                      base: list[MetricSpec]) -> tuple[SamplingDesign | None, "registry.Method | None"]:
+                      base: list[MetricSpec], ties: str) -> tuple[SamplingDesign | None, "registry.Method | None"]:
     """(design, method object), or (None, None) without sampling: the method checked against the design and against
-    the metrics it must estimate (hh: AUC only)."""
+    the metrics it must estimate (hh: AUC only). No method: every entry point's default estimator, but none for
+    ``ties="average"`` (fractional sampled ranks, which the estimators refuse)."""
     correction = None if method is None else registry.as_method(method)
     design = _sampling_design(n_samples, correction)
+    if correction is None and design is not None and ties != "average":
+        correction = registry.as_method(registry.DEFAULT_ESTIMATOR)
     if correction is not None:
         entry = registry.get(correction)
         refused = [str(sp_) for sp_ in base if not entry.takes_metric(sp_.kind)]
@@ -720,7 +723,7 @@ def evaluate_factors(
             weights (``method="hh"`` corrects AUC (``metrics=["roc_auc"]``), ``"pl_fit"`` every metric,
             ``"none"`` reports the sampled metrics; docs/popularity.md); ``adaptive_max`` (a test item ranked
             first among its m samples draws m more, m doubling, up to the cap; ``method`` then one that takes
-            adaptive designs, ``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``; with
+            adaptive designs, ``registry.names(adaptive=True)``; with
             ``exact_at_cap=True`` the items still first at the cap keep their exact ranks,
             ``SampledEvaluation.completed_ranks``, read as exact groups by ``auto``, ``mes``, ``gmod``, ``mle``).
             ``exact_share``
@@ -729,9 +732,11 @@ def evaluate_factors(
             (``SampledEvaluation.share_ranks``, ``inclusion``), and ``method="auto"`` (or ``"diff"``) gives the
             design-based estimate (docs/estimators.md); the exact ranks cost nothing extra (every test item is
             ranked exactly here anyway).
-        method: an estimator for corrected estimates next to the exact values: a registered name
-            (``reco_sampled_plugin.registry.names()``: ``"bv"``, ``"cls"``, ``"mle"``...) or its options object
-            (``registry.Bv(gamma=0.2)``); it must support the design (``registry.get(method).supports(design)``).
+        method: the estimator of the corrected estimates next to the exact values (with ``n_samples``; default
+            ``"auto"``, every entry point's, but none with ``ties="average"``, whose fractional sampled ranks the
+            estimators refuse): a registered name (``reco_sampled_plugin.registry.names()``:
+            ``"bv"``, ``"cls"``, ``"mle"``...) or its options object (``registry.Bv(gamma=0.2)``); it must support
+            the design (``registry.get(method).supports(design)``).
 
     Returns:
         The per-user metrics (DataFrame or dict), or a :class:`FactorEvaluation` when ``n_samples`` is given.
@@ -743,7 +748,7 @@ def evaluate_factors(
     rules = _UserRules.checked(min_pos_test, min_items_pool, consider_cold_start, no_train=X_train is None)
     ranking = _Ranking.checked(ties, break_ties_with_noise, seed, batch_size)
     columns = _Columns.checked(metrics, k, cumulative, rename_k, as_df)
-    design, correction = _sampling_options(n_samples, method, columns.base)
+    design, correction = _sampling_options(n_samples, method, columns.base, ranking.ties)
     train, test = _interactions(X_train, X_test, columns.k_pool)
     model = _model(user_factors, item_factors, item_biases, test.shape, device, dtype)
     _check_disjoint(train, test)

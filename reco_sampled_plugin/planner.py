@@ -837,7 +837,7 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
     Fixed m in :data:`DEFAULT_FIXED_M` with m < n - 1; adaptive sampling from m0 = min(100, (n - 1) // 8) with the
     caps of :data:`DEFAULT_ADAPTIVE_CAPS` that are at least 2 m0, up to and including the first cap >= n - 1 (a
     larger one resolves nothing more); adaptive designs only for the methods that take them
-    (``registry.names(adaptive=True)``: ``mle``, ``mes``, ``none``). Last, where the largest cap stays below
+    (``registry.names(adaptive=True)``). Last, where the largest cap stays below
     n - 1 (and n - 1 <= MAX_SAMPLES, the largest m of the exact groups it is read as), that design with
     ``exact_at_cap`` (the positives still first at the cap ranked exactly): without it the flag ``cap_reached``
     widens the interval the user reads to what the top leaves unidentified (on the README's plan, +-28% of NDCG@10

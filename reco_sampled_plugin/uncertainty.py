@@ -97,6 +97,13 @@ def paired_difference(
     Phi(|value| / stderr) (1 when every instance has the same non-zero difference, 0.5 for a zero
     difference). A single instance has no measurable spread: stderr inf, flag ``few_instances``, and both
     probabilities 0.5 (no evidence either way), never certainty. ``details["gamma"]`` is bv's (None for the others).
+
+    Where either model's metric depends on the unresolved top (its ``estimate`` flagged ``top_unresolved``: a
+    cut-off inside the first sampled bin), so does the difference: flag ``top_unresolved``,
+    ``details["identified_difference"]`` = (lo_A - hi_B, hi_A - lo_B) from the two models' 95% intervals (each
+    holds every rank distribution consistent with its data; unpaired, so conservative), which
+    :meth:`~Estimate.interval` covers (its bias-aware ends, as for ``gmod``'s twin gap); both probabilities None
+    where that range holds 0 (the data are consistent with either ordering).
     """
     a = check_rank_values(sampled_ranks_a, "sampled_ranks_a")
     b = check_rank_values(sampled_ranks_b, "sampled_ranks_b")
@@ -119,13 +126,36 @@ def paired_difference(
     else:
         p_a = 0.5 if est.value == 0 else float(est.value > 0)
     obj = registry.as_method(method)
+    flags, shift, identified = est.flags, None, None
+    ends = _unresolved_ends(metric, (a, b), n_items, n_samples, obj)
+    if ends is not None:  # the data cannot say how either model's first sampled bin is shaped
+        flags = flags + ("top_unresolved",) if "top_unresolved" not in flags else flags
+        identified = (ends[0][0] - ends[1][1], ends[0][1] - ends[1][0])
+        shift = (max(est.value - identified[0], 0.0), max(identified[1] - est.value, 0.0))
+        if identified[0] <= 0.0 <= identified[1]:  # either ordering is consistent with the data
+            p_a = math.nan
     details = {
         "metric": str(parse_metric(metric)),
         "method": obj.name,
         "gamma": getattr(obj, "gamma", None),
-        "prob_a_better": p_a,
-        "prob_ordering_holds": max(p_a, 1 - p_a) if not math.isnan(p_a) else 0.5,
-        "flags": est.flags,
+        "prob_a_better": None if math.isnan(p_a) else p_a,
+        "prob_ordering_holds": None if math.isnan(p_a) else max(p_a, 1 - p_a),
+        "flags": flags,
+        **({"identified_difference": identified} if identified is not None else {}),
         **({"unclipped_value": est.details["unclipped_value"]} if "unclipped_value" in est.details else {}),
     }
-    return Estimate(est.value, est.stderr, est.n_instances, details, est.flags, metric_range=est.metric_range)
+    return Estimate(est.value, est.stderr, est.n_instances, details, flags, metric_range=est.metric_range,
+                    twin_gap=shift)
+
+
+def _unresolved_ends(metric: str | MetricSpec, ranks: tuple[torch.Tensor, torch.Tensor], n_items: int | TensorLike,
+                     n_samples: SamplingDesign | int, method: registry.Method) -> list[tuple[float, float]] | None:
+    """Each model's 95% interval (:meth:`Estimate.interval`: the identified one where its top is unresolved) where
+    either model's estimate is flagged ``top_unresolved``, else None (both identified by the data)."""
+    from ._sampled import SampledRanks
+    from .estimators import estimate
+
+    ests = [estimate(metric, SampledRanks.from_arrays(r, n_items, None, n_samples), method) for r in ranks]
+    if not any("top_unresolved" in e.flags for e in ests):
+        return None
+    return [e.interval(0.95) for e in ests]

@@ -215,6 +215,29 @@ def test_estimate_command_rank_file(tmp_path, capsys):
     assert abs(value - truth) < 4 * se  # sampled AUC is unbiased
 
 
+def test_estimate_runs_on_the_core_install_and_reads_option_values(tmp_path, capsys, monkeypatch):
+    """The core install has no YAML parser: ``estimate`` (with and without ``--option``) runs with ``yaml`` not
+    importable, and ``--option`` values read as numbers (``.5``, ``1e-1``, JSON), booleans, None and strings; a
+    string where a number is due is named."""
+    import sys
+
+    from reco_sampled_plugin.cli import _option_value
+
+    monkeypatch.setitem(sys.modules, "yaml", None)  # import yaml: ImportError
+    f = tmp_path / "ranks.csv"
+    f.write_text("rank,n_candidates,n_samples\n" + "\n".join(f"{1 + i % 7},500,50" for i in range(60)) + "\n")
+    assert main(["estimate", str(f), "--metric", "auc", "--no-progress"]) == 0
+    plain = capsys.readouterr().out
+    assert main(["estimate", str(f), "--metric", "ndcg@10", "--method", "bv", "--option", "gamma=.5", "--no-progress"]) == 0
+    half = capsys.readouterr().out
+    assert main(["estimate", str(f), "--metric", "ndcg@10", "--method", "bv", "--option", "gamma=0.5", "--no-progress"]) == 0
+    assert capsys.readouterr().out == half and "auc" in plain
+    assert [_option_value(v) for v in (".5", "1e-1", "3", "[1, 2]", "True", "false", "null", "", " uniform ")] == \
+        [0.5, 0.1, 3, [1, 2], True, False, None, None, "uniform"]
+    assert main(["estimate", str(f), "--method", "bv", "--option", "gamma=high", "--no-progress"]) == 2
+    assert "gamma" in capsys.readouterr().err
+
+
 def test_estimate_command_prints_the_honest_interval(tmp_path, capsys):
     """HR@1 at n = 20,000, m = 100 is unresolved: the printed interval is the estimate's (identified) interval,
     wider than value +- 1.96 stderr and containing the exact value."""

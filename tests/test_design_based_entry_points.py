@@ -295,8 +295,10 @@ def test_popularity_share_static_capacity_overflow_is_refused(monkeypatch):
 
 
 def test_torchmetrics_share_refusals():
-    with pytest.raises(ValueError, match="^n_samples: an active exact share"):
+    with pytest.raises(ValueError, match="^n_samples: an active exact share.* draw with sampled_ranks or"):
         _ = SampledRankingMetrics("ndcg@10", SamplingDesign(M, exact_share=ExactShare(0.2, choice="active")))
+    with pytest.raises(ValueError, match="^n_samples: an active exact share.* draw with adaptive_sampled_ranks or"):
+        _ = SampledRankingMetrics("ndcg@10", SamplingDesign(M, adaptive_max=4 * M, exact_share=ExactShare(0.2, choice="active")))
     w = torch.ones(N_ITEMS, dtype=torch.float64)
     active = SamplingDesign(M, popularity=w, exact_share=ExactShare(0.2, choice="active"))
     for build in (lambda: SampledRankingMetrics("ndcg@10", active), lambda: RankingSettings(n_samples=active)):

@@ -294,9 +294,12 @@ def test_recbole_settings_design():
         with pytest.raises(ValueError, match=match):
             _recbole_settings(metrics=["RankDistRecall"], **extra)
     # (c) an estimator that does not support the design, named with its key
-    with pytest.raises(ValueError, match=r"^rsp_adaptive_max: 'correctedrecall' \(rsp_estimators: bv\) assumes one fixed m"):
+    with pytest.raises(ValueError, match=r"^rsp_adaptive_max: 'correctedrecall' \(rsp_estimators: bv\) assumes one fixed m.*"
+                                         r"the Corrected\* metrics take auto or none \(rsp_estimators\), as do the RankDist\*"):
         _recbole_settings(metrics=["CorrectedRecall"], rsp_m=100, rsp_adaptive_max=800, rsp_estimators=["bv"])
-    with pytest.raises(ValueError, match=r"^rsp_adaptive_max: 'mappedhit' \(rsp_estimators: bound\) assumes one fixed m"):
+    _recbole_settings(metrics=["CorrectedRecall"], rsp_m=100, rsp_adaptive_max=800, rsp_estimators=["auto"])  # taken
+    with pytest.raises(ValueError, match=r"^rsp_adaptive_max: 'mappedhit' \(rsp_estimators: bound\) assumes one fixed m.*"
+                                         r"use the RankDist\* metrics \(mle or mes or gmod or auto\)"):
         _recbole_settings(metrics=["MappedHit"], rsp_m=100, rsp_adaptive_max=800)
     # the choices are the registry's
     with pytest.raises(ValueError, match=r"^rsp_estimators: unknown estimator 'magic'; use some of "

@@ -378,7 +378,8 @@ def test_paired_difference_flags_a_value_outside_its_range():
     assert d.value == -1.0  # the point at the range's nearest end, as estimate()'s
     assert d.metric_range == (-1.0, 1.0) and d.interval() == (-1.0, 1.0)  # clipped, never beyond
     one = rsp.paired_difference("ndcg@10", torch.tensor([1]), torch.tensor([5]), 1000, 10, method="ls")
-    assert one.interval() == (-1.0, 1.0) and set(one.flags) == {"few_instances", "outside_metric_range"}
+    # NDCG@10 with one sampled bin of ~91 ranks: the top is unresolved for both models, and so is their difference
+    assert one.interval() == (-1.0, 1.0) and set(one.flags) == {"few_instances", "outside_metric_range", "top_unresolved"}
 
 
 @FAST

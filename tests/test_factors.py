@@ -359,6 +359,22 @@ def test_sampled_side_with_corrections():
     assert math.isfinite(rec["stderr"]) and rec["stderr"] > 0
 
 
+def test_sampled_evaluation_estimates_with_auto_by_default():
+    """``n_samples`` without ``method``: the estimates of every entry point's default estimator (``auto``), equal to
+    ``method="auto"`` on the same draws; none under ``ties="average"`` (fractional sampled ranks)."""
+    from reco_sampled_plugin.registry import DEFAULT_ESTIMATOR
+
+    x_train, x_test, a, b = _uniform_rows(200, 300, 10, 2, 7)
+    kw = dict(k=10, metrics=["recall", "ndcg"], n_samples=20, seed=3, as_df=False)
+    plain = evaluate_factors(x_train, x_test, a, b, **kw)
+    auto = evaluate_factors(x_train, x_test, a, b, method=DEFAULT_ESTIMATOR, **kw)
+    assert DEFAULT_ESTIMATOR == "auto" and sorted(plain.estimates) == sorted(auto.estimates) == ["NDCG@10", "R@10"]
+    for name, est in plain.estimates.items():
+        assert (est.value, est.stderr, est.flags) == (auto.estimates[name].value, auto.estimates[name].stderr, auto.estimates[name].flags)
+        assert plain.summary[name]["corrected"] == est.value
+    assert evaluate_factors(x_train, x_test, a, b, ties="average", **kw).estimates == {}
+
+
 def test_adaptive_sampling_equals_the_core_on_the_same_draws():
     """evaluate_factors(adaptive_max=) draws exactly what adaptive_sampled_ranks draws from the same scores and
     generator, and its estimates are estimate(adaptive=) of those draws, with the cost next to them."""

@@ -110,21 +110,57 @@ def test_draws_follow_the_law(law):
 
 
 def test_paired_difference(gen):
+    """Recall@50 at n = 2,000, m = 50 (the first sampled bin holds ranks 1..~40: the cut-off is resolved): the
+    paired mean and standard error of the table values, the normal probability of the ordering, no flag."""
     n, m = 2_000, 50
     a = torch.randint(1, 12, (800,), generator=gen)
     b = torch.randint(1, 40, (800,), generator=gen)
-    est = paired_difference("recall@10", a, b, n, m, registry.Bv(gamma=0.1))
-    table = correction_table("recall@10", n, m, registry.Bv(gamma=0.1))
+    est = paired_difference("recall@50", a, b, n, m, registry.Bv(gamma=0.1))
+    table = correction_table("recall@50", n, m, registry.Bv(gamma=0.1))
     va, vb = table[a - 1], table[b - 1]
     d = va - vb
     assert math.isclose(est.value, float(d.mean()), rel_tol=1e-12)
     assert math.isclose(est.stderr, float(d.std() / math.sqrt(800)), rel_tol=1e-12)
-    assert est.value > 0 and est.details["prob_a_better"] > 0.99
+    assert est.value > 0 and est.details["prob_a_better"] > 0.99 and est.flags == ()
     assert est.details["prob_ordering_holds"] == est.details["prob_a_better"]
-    same = paired_difference("recall@10", a, a, n, m)
+    same = paired_difference("recall@50", a, a, n, m)
     assert same.value == 0 and same.stderr == 0 and same.details["prob_a_better"] == 0.5
     with pytest.raises(ValueError, match="sampled_ranks_b"):
-        paired_difference("recall@10", a, b[:10], n, m)
+        paired_difference("recall@50", a, b[:10], n, m)
+
+
+@pytest.mark.parametrize("metric", ["recall@10", "ndcg@10"])
+def test_paired_difference_of_an_unresolved_top_says_so(metric):
+    """Where the cut-off lies inside the first sampled bin (n = 2,000, m = 50: ranks 1..~40 share r~ = 1) the sampled
+    ranks hardly say how each model's top is shaped. Two worlds within the documented shape assumption (30% of the
+    positives in ranks 1..80, one model's as r^-1, the other's uniform, then swapped) have opposite true
+    differences; in each, the difference is flagged ``top_unresolved``, its interval holds the truth and the
+    identified range of the two models' own intervals, no probability of the ordering is given (the range holds
+    0), and the sampling interval alone (value +- 1.96 stderr) misses the truth."""
+    from reco_sampled_plugin.metrics import metric_values
+    from reco_sampled_plugin.simulate import simulate_sampled_ranks
+
+    n, m, users, top = 2_000, 50, 4_000, 80
+    g = torch.Generator().manual_seed(4)
+
+    def exact(steep: bool) -> torch.Tensor:
+        shape = 1.0 / torch.arange(1, top + 1, dtype=torch.float64) if steep else torch.ones(top, dtype=torch.float64)
+        in_top = torch.multinomial(shape, users, replacement=True, generator=g) + 1
+        return torch.where(torch.rand(users, generator=g) < 0.3, in_top, torch.randint(top + 1, n + 1, (users,), generator=g))
+
+    truths = []
+    for steep_a in (True, False):
+        ra, rb = exact(steep_a), exact(not steep_a)
+        truth = float((metric_values(metric, ra.double(), n) - metric_values(metric, rb.double(), n)).mean())
+        sa, sb = (simulate_sampled_ranks(r, n, m, generator=torch.Generator().manual_seed(s)) for r, s in ((ra, 1), (rb, 2)))
+        d = paired_difference(metric, sa, sb, n, m)
+        lo, hi = d.interval(0.95)
+        ident = d.details["identified_difference"]
+        assert "top_unresolved" in d.flags and d.details["prob_a_better"] is None and d.details["prob_ordering_holds"] is None
+        assert lo <= ident[0] < 0.0 < ident[1] <= hi and lo <= truth <= hi, (lo, hi, ident, truth)
+        assert abs(truth - d.value) > 1.96 * d.stderr
+        truths.append(truth)
+    assert truths[0] > 0.05 and truths[1] < -0.05  # the orderings are opposite
 
 
 @pytest.mark.parametrize("bad", [[-1, 1], [1, 52], [1.5, 2.0]])  # 0 marks padding (SampledRanks.from_arrays)

@@ -119,8 +119,9 @@ def main(argv=None) -> dict:
     }
     if rank == 0:
         print(f"{world} process(es), {args.users} users x {args.items} items, device {device}")
-        for k, e in est.items():
-            print(f"  {k:24s} {e.value:.6f} +- {e.stderr:.6f}")
+        for k, e in est.items():  # the 95% interval (widened where the top is unresolved), then the flags
+            lo, hi = e.interval(0.95)
+            print(f"  {k:24s} {e.value:.6f}  95% [{lo:.6f}, {hi:.6f}]  {' '.join(e.flags) or '-'}")
         if args.out:
             with open(args.out, "w") as f:
                 json.dump(out, f, indent=1)

@@ -25,7 +25,7 @@ from reco_sampled_plugin.ranking import DETERMINISTIC_TIES
 #: Every plugin config key with its default (``None``: see docs/recbole.md).
 CONFIG_DEFAULTS: dict[str, Any] = {
     "rsp_m": None,  # simulated sample size m in full mode (uniN: must equal N if given)
-    "rsp_adaptive_max": None,  # adaptive sampling from rsp_m (uniN: N) up to this many samples (RankDist* only)
+    "rsp_adaptive_max": None,  # adaptive sampling from rsp_m (uniN: N) up to this many samples (estimators that take it)
     "rsp_adaptive_top": 1,  # adaptive: a positive draws more while its sampled rank is at most this (1: while first)
     "rsp_exact_at_cap": False,  # full mode, adaptive: rank the positives still within the top at the cap exactly
     "rsp_replacement": True,  # simulated draws with replacement (binomial law) or without (hypergeometric)
@@ -766,11 +766,13 @@ def _check_supported(design: SamplingDesign, names: tuple, chosen: dict[str, str
         if entry.supports(design):
             continue
         if design.adaptive is not None:
-            raise ValueError(
-                f"rsp_adaptive_max: {name!r} (rsp_estimators: {method}) assumes one fixed m per positive; with adaptive "
-                f"sampling use the RankDist* metrics (rsp_estimators: "
-                f"{' or '.join(n for n in registry.recbole_choices('rankdist') if registry.get(n).supports(design))})"
-            )
+            same = [n for n in registry.recbole_choices(family) if registry.get(n).supports(design)
+                    and registry.get(n).takes_metric(_kind(name))]
+            rankdist = [n for n in registry.recbole_choices("rankdist") if registry.get(n).supports(design)]
+            instead = (f"the {_PREFIX[family]}* metrics take {' or '.join(same)} (rsp_estimators), as do " if same
+                       else "use ") + f"the RankDist* metrics ({' or '.join(rankdist)})"
+            raise ValueError(f"rsp_adaptive_max: {name!r} (rsp_estimators: {method}) assumes one fixed m per positive; "
+                             f"with adaptive sampling {instead}")
         raise ValueError(f"rsp_estimators: {method!r} does not support the sampling design ({design.describe()}) of "
                          f"{name!r}; the {_PREFIX[family]}* metrics take one of "
                          f"{tuple(n for n in registry.recbole_choices(family) if registry.get(n).supports(design))}")

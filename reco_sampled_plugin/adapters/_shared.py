@@ -165,8 +165,9 @@ def _sampled_design(n_samples: Any) -> SamplingDesign | None:
     design = as_design(n_samples)  # the one coercion (design.py): m in 1..MAX_SAMPLES, the cap, the law
     if design is None:
         return None
+    draw = "adaptive_sampled_ranks" if design.adaptive is not None else "sampled_ranks"  # sampled_ranks: one stage
     check_share_design(design, "n_samples", "SampledRankingMetrics (nor by RankingMetricsCallback)",
-                       "draw with sampled_ranks or sampled_ranks_from_scorer and estimate(metric, sampled)")
+                       f"draw with {draw} or sampled_ranks_from_scorer and estimate(metric, sampled)")
     if design.law not in ("binomial", "hypergeometric", "popularity"):  # a new law: refused
         raise ValueError(f"n_samples: the keyed draws of SampledRankingMetrics are uniform or by popularity; "
                          f"{design!r} ({design.law} draws) is not supported")

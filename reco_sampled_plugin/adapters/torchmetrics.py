@@ -898,8 +898,8 @@ class SampledRankingMetrics(_MergeChecked):
             built).
             Adaptive designs (``SamplingDesign(m, adaptive_max=cap)``, ``reco_sampled_plugin.adaptive``): a
             relevant item ranked first among its m draws draws m more (keyed per stage) until it is not first or m
-            would exceed the cap; estimators that take them: ``registry.names(adaptive=True)`` (``mle``, ``mes``,
-            ``none``); the state becomes one row per n of sum over stages of (new draws + 1) counts (about
+            would exceed the cap; estimators that take them: ``registry.names(adaptive=True)`` (``auto``, the
+            default, among them); the state becomes one row per n of sum over stages of (new draws + 1) counts (about
             ``adaptive_max`` numbers per distinct n); each estimate's ``details["adaptive"]`` holds the cost.
             With ``exact_at_cap=True`` the relevant items still first at the cap are then ranked exactly among their
             whole candidate list (score batches: the rows at hand; factor batches: the rows' scores in tiles; scorer
