@@ -144,7 +144,8 @@ def as_tensor(x: Any, name: str, dtype: torch.dtype | None = None, device: torch
 
 def check_device(device: Any, name: str = "device") -> torch.device | None:
     """``device`` as a ``torch.device`` (None stays None), raising a ValueError naming ``name`` for what torch
-    cannot parse and for ``meta`` (a device of shapes only: nothing can be computed there)."""
+    cannot parse, for ``meta`` (a device of shapes only: nothing can be computed there) and for an accelerator this
+    process has not (``torch.<type>.is_available()`` False, or an index past its count)."""
     if device is None:
         return None
     if not isinstance(device, (str, torch.device)) or isinstance(device, bool):
@@ -156,6 +157,14 @@ def check_device(device: Any, name: str = "device") -> torch.device | None:
         raise ValueError(f"{name}: not a device ({exc})") from None
     if dev.type == "meta":
         raise ValueError(f"{name}: 'meta' holds shapes only, no values; use a real device (cpu, cuda, ...)")
+    backend = getattr(torch, dev.type, None)  # torch.cuda, torch.xpu, torch.mps, ...: a deep AssertionError later
+    available = getattr(backend, "is_available", None)
+    if dev.type != "cpu" and callable(available) and not available():
+        raise ValueError(f"{name}: {dev.type!r} is not available here (this torch build or machine has none); "
+                         "use 'cpu' or an available device")
+    count = getattr(backend, "device_count", None)
+    if dev.type != "cpu" and dev.index is not None and callable(count) and dev.index >= count():
+        raise ValueError(f"{name}: {str(dev)!r} does not exist ({count()} {dev.type} device(s) here)")
     return dev
 
 

@@ -381,6 +381,21 @@ class ScorerScores(NamedTuple):
         return score_drawn(self.calls, self.users, pos, neg, slots, self.pos_scores)
 
 
+def _check_products(pos_scores: torch.Tensor, neg_scores: torch.Tensor, valid: torch.Tensor,
+                    checks: DeviceChecks | None) -> None:
+    """Refuse dot products of the ranked slots that came out infinite (finite factors past the dtype's range, or inf
+    entries where the factors are not checked): ranked, they were sampled ranks of 1 or m + 1 without a word. Added
+    to ``checks`` under the factor batches' overflow check (read with the batch's others), or read at once."""
+    bad = (torch.isinf(pos_scores) & valid).any() | (torch.isinf(neg_scores) & valid.unsqueeze(-1)).any()
+    message = ("user_factors: the scores could overflow, and the dot products of drawn items did (inf); scale the "
+               "factors or give them in float64")
+    if checks is None:
+        if bool(bad):
+            raise ValueError(message)
+    else:
+        checks.add(bad, message, "factors_overflow")
+
+
 def _take(x: torch.Tensor | None, index: Any) -> torch.Tensor | None:
     return None if x is None else x[index]
 
@@ -432,6 +447,8 @@ def _keyed_chunk(source: DrawnScores, pos: torch.Tensor, exc: torch.Tensor | Non
     valid = pos >= 0 if slots is None else slots & (pos >= 0)
     neg = keyed_negatives(pos, exc, n_items, design, keys, checks)
     pos_scores, neg_scores = source.score(pos, neg, valid)
+    if isinstance(source, FactorScores):
+        _check_products(pos_scores, neg_scores, valid, checks)
     ranked = pos if slots is None else torch.where(valid, pos, -1)
     if design.popularity is None:
         return KeyedRanks(rank_among_drawn(pos_scores, neg_scores, ranked, neg, ties, None), pos_scores, None)

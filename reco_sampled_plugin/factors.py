@@ -20,7 +20,8 @@ NaN rules (a user's row is NaN in every column when any holds):
 * no test item, or fewer test items than ``min_pos_test``;
 * fewer than max(``min_items_pool``, k, 2) candidates (k: the largest cut-off asked for);
 * no training item while ``consider_cold_start=False``;
-* a non-finite score among its candidates, or all its candidates scored equal.
+* a non-finite score among its candidates (NaN or inf factors: a RuntimeWarning says how many users), or all its
+  candidates scored equal.
 
 Per metric: P, TP, R and Hit@k are NaN when the user has k or fewer candidates; every metric but NDCG is NaN when
 all candidates are relevant. Where recometrics (0.1.6) departs from its own documentation we follow the
@@ -514,6 +515,11 @@ def _evaluated_users(train: _CSR, test: _CSR, rules: _UserRules, k_pool: int, fi
     valid = (n_te > 0) & (n_te >= rules.min_pos_test) & (n_cand >= max(rules.min_items_pool, k_pool, 2))
     if not rules.consider_cold_start:
         valid &= n_tr > 0
+    lost = np.flatnonzero(valid & ~finite)
+    if lost.size:  # recometrics' NaN rows, but said: one NaN user reads like a user without test items
+        warnings.warn(f"evaluate_factors: {lost.size:,} user(s) with test items have NaN or inf factors (theirs, or "
+                      f"an item's among their candidates; first: user {int(lost[0])}): their rows are NaN "
+                      "(recometrics' convention) and the means skip them", RuntimeWarning, stacklevel=3)
     return np.flatnonzero(valid & finite)
 
 

@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
-__all__ = ["TopShape", "IdentifiedInterval", "Identification", "identified_interval", "top_sensitive", "resolution"]
+__all__ = ["TopShape", "IdentifiedInterval", "Identification", "identified_interval", "top_kind", "top_sensitive", "resolution"]
 
 # metrics whose per-rank weight falls inside the first sampled bin (1/r, 1/log2(r + 1)): the bin's shape matters
 # for them at every cut-off
@@ -126,6 +126,12 @@ def resolution(hist: RankHistogram) -> np.ndarray:
     return np.where(hist.exact, 1.0, (hist.n_items - 1.0) / (hist.n_samples + 1.0) + 1.0)
 
 
+def top_kind(spec: MetricSpec) -> bool:
+    """Whether the metric's weight changes from rank to rank at the top (AP, RR, NDCG, with or without cut-off), so
+    that it depends on the shape inside a first sampled bin of two or more ranks."""
+    return spec.kind in _TOP_KINDS
+
+
 def top_sensitive(spec: MetricSpec, hist: RankHistogram) -> bool:
     """Whether the metric depends on the shape of P(R) inside the first sampled bin of a group with positives
     at r~ = 1: a cut-off below its resolution b, or a metric whose weight changes inside the bin (AP, RR, NDCG,
@@ -134,7 +140,7 @@ def top_sensitive(spec: MetricSpec, hist: RankHistogram) -> bool:
     if not np.any(occupied):
         return False
     b = resolution(hist)[occupied]
-    if spec.kind in _TOP_KINDS and np.any(b >= 2.0):
+    if top_kind(spec) and np.any(b >= 2.0):
         return True
     return spec.k is not None and bool(np.any(spec.k < b))
 

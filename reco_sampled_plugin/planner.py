@@ -850,7 +850,7 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
     """
     n = check_size(n_items, "n_items", 2)
     out = [SamplingDesign(m) for m in DEFAULT_FIXED_M if m < n - 1]
-    if method in registry.names(adaptive=True):
+    if method in registry.names(adaptive=True) and n > 2:  # n = 2: nothing to sample below full ranking
         m0 = _adaptive_start(n)
         for cap in DEFAULT_ADAPTIVE_CAPS:
             if cap >= 2 * m0 and m0 < n - 1:

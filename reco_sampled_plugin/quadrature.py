@@ -38,6 +38,8 @@ import numpy as np
 from scipy.linalg import eigh_tridiagonal, eigvalsh_tridiagonal
 from scipy.special import gammaln, xlog1py, xlogy
 
+from ._checks import check_elements
+
 __all__ = [
     "gauss_discrete_uniform",
     "gauss_rule",
@@ -74,7 +76,8 @@ def gauss_discrete_uniform(n_points: int, n_nodes: int) -> tuple[np.ndarray, np.
         off = np.sqrt(beta)
         if 4 * big_n < k_nodes * k_nodes:
             # the forward recurrence of Gram polynomials loses accuracy for degree > ~2 sqrt(N):
-            # take the weights from the eigenvectors instead (O(K^2) memory, K small here)
+            # take the weights from the eigenvectors instead (O(K^2) memory, K small here; bounded before)
+            check_elements(k_nodes * k_nodes, "n_samples", f"the eigenvectors of a {k_nodes}-node Gauss rule")
             t, vecs = eigh_tridiagonal(np.full(k_nodes, 0.5), off)
             w = vecs[0] ** 2
             w /= w.sum()

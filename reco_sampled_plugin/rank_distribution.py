@@ -417,6 +417,8 @@ def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa:
     keys = np.asarray(support, dtype=np.int64)
     cols = np.stack([keys // (m_max + 1), keys % (m_max + 1)], axis=1) if len(keys) else np.zeros((0, 2), np.int64)
     G, C = len(n_items), len(edges) - 1
+    check_elements(C * len(cols), "n_samples", f"the likelihood P(r~ | cell) of {C:,} rank cells x {len(cols):,} "
+                   "observed sampled ranks")
     lik = np.zeros((C, len(cols)))
     inside = np.zeros((G, C), dtype=bool)
     pts, wts = cell_points(edges)

@@ -746,7 +746,7 @@ _BUILTIN = (
                   Option("penalty", "nonnegative_float", 1.0, "weight of the coefficients' squared second differences"),
               ), adaptive=True, fits_distribution=True, exact_groups=True, fitter=".rank_distribution:G_FITTER",
               reference="Efron, Biometrika 2016 (g-modelling)"),
-    Estimator("auto", "auto", "the default: gmod where the design resolves the top (adaptive, or K >= b), else mes; "
+    Estimator("auto", "auto", "the default: gmod where the design resolves the top (adaptive, K >= b, or AUC), else mes; "
               "popularity designs: hh for AUC, pl_fit for the others",
               "._auto:estimate_auto", options=_FIT_OPTIONS, adaptive=True, popularity=True, fits_distribution=True,
               exact_groups=True,

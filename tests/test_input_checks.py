@@ -677,6 +677,9 @@ def test_plan_without_designs_names_n_items_not_designs():
         rsp.plan(5, 10, "auc", 0.1, method="bv")
     with pytest.raises(ValueError, match=r"^designs: no candidate design"):  # designs given: named
         rsp.plan(5, 10, "auc", 0.1, method="bv", designs=[])
+    with pytest.raises(ValueError, match=r"^n_items: no default design below full ranking for n_items = 2 with "
+                                         r"method 'auto'"):  # two candidates: an IndexError of the adaptive grid
+        rsp.plan(2, 50, "auc", 0.1)
 
 
 def test_plan_of_a_popularity_pilot_without_designs_names_the_method():

@@ -160,8 +160,14 @@ HUGE_CALLS["every_estimator"] = (
     " rsp.registry.method_class(m)(**({'a': 1.0} if m == 'beta' else {}))).value]"
     " for m in rsp.registry.names(metric='ndcg@10')}"
 )
+# huge m: the 20,013-node Gauss rule's eigenvectors (rank_estimate at m = 20,000: 3 GiB, MemoryError after 20 s
+# before), and a fit's likelihood over every observed r~ of m = 2^20 (66 GiB before)
+HUGE_CALLS["rank_estimate_huge_m"] = ("out = rsp.estimate('ndcg@10', rsp.sampled_rank_histogram(torch.tensor([1, 2, 3]),"
+                                      " 10**6, 20000), 'rank_estimate').value")
+HUGE_CALLS["fit_of_every_rank_of_huge_m"] = ("out = rsp.estimate('ndcg@10', rsp.sampled_rank_histogram("
+                                             "torch.arange(1, 2**20 + 2), 2**40, 2**20), 'mes').value")
 REFUSED = {"metric_curve", "empirical_prior", "uniform_weights", "beta_weights", "callable_weights",
-           "distribution_prior", "hypergeometric_draw"}
+           "distribution_prior", "hypergeometric_draw", "rank_estimate_huge_m", "fit_of_every_rank_of_huge_m"}
 
 
 def _cli_commands(ranks: Path) -> tuple:
@@ -196,7 +202,7 @@ def test_huge_n_under_memory_cap(huge_results, name):
     assert kind != "MemoryError", f"{name}: an allocation grew with n ({out})"
     if name in REFUSED:
         assert kind == "ValueError", (kind, out)
-        assert out.startswith("n_items"), out
+        assert out.startswith("n_samples" if name.endswith("huge_m") else "n_items"), out
         return
     assert kind == "ok", (kind, out)
     values = [v for vs in out.values() for v in vs] if isinstance(out, dict) else np.atleast_1d(out).tolist()
@@ -475,8 +481,13 @@ def test_bad_factor_forms_name_the_argument(bad):
                         "user_factors")
 
 
-@pytest.mark.parametrize("device", ["meta", torch.device("meta"), "no-such-device", 3.5])
+_ABSENT = [d for d in ("cuda", "cuda:0") if not torch.cuda.is_available()] + [f"cuda:{torch.cuda.device_count()}"]
+
+
+@pytest.mark.parametrize("device", ["meta", torch.device("meta"), "no-such-device", 3.5, *_ABSENT])
 def test_device_meta_or_bad_refused(device):
+    """Devices torch cannot parse, ``meta``, and accelerators this machine has not (an AssertionError of torch's deep
+    inside before, on a CPU-only build) are a ValueError naming ``device``."""
     X, u, v = _factor_data()
     _value_error_naming(lambda: rsp.evaluate_factors(None, X, u, v, k=3, device=device), "device")
     _value_error_naming(lambda: metric_curve("ndcg@10", 50, device=device), "device")

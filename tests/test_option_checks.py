@@ -663,7 +663,7 @@ def test_bootstrap_replicates_are_bounded_by_the_memory_rule(monkeypatch):
     import reco_sampled_plugin._checks as checks
 
     ranks = SampledRanks.from_arrays(torch.tensor([1, 2, 3, 5, 1, 2, 11] * 20), 1000, 10)
-    monkeypatch.setattr(checks, "MAX_ELEMENTS", 100)
+    monkeypatch.setattr(checks, "MAX_ELEMENTS", 1000)  # above the fit's likelihood (110 cells x 5 ranks)
     with pytest.raises(ValueError, match=r"^n_bootstrap: the bootstrap's redrawn counts"):
         estimate("ndcg@10", ranks, registry.Mes(n_bootstrap=2000))
     assert MAX_ELEMENTS == 1 << 27

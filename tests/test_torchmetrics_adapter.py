@@ -848,6 +848,28 @@ def _feed_batch(metric, form, batch):
     return metric.update_factors(*args, ids=batch["ids"], item_bias=batch["bias"])
 
 
+@pytest.mark.parametrize("reads_on_cpu", [True, False])
+def test_sampled_factor_updates_refuse_products_that_overflow(reads_on_cpu, monkeypatch):
+    """Finite float32 factors whose dot products overflow (1e20 x 1e20 x 3): ranked, every drawn item and positive
+    scored inf and tied, sampled NDCG and AUC were 0 with zero-width intervals. Refused at once on the CPU, at
+    compute where checks are deferred (the factor batches' overflow check), naming the factors; the same factors in
+    float64 are ranked (their products are finite)."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", reads_on_cpu)
+    u, v, pos = torch.full((4, 3), 1e20), torch.full((30, 3), 1e20), torch.tensor([[0], [5], [9], [29]])
+    metric = SampledRankingMetrics(("ndcg@5", "auc"), n_samples=5, estimators=("none",))
+    message = r"^user_factors: .*overflow"
+    if reads_on_cpu:
+        with pytest.raises(ValueError, match=message):
+            metric.update_factors(u, v, pos)
+    else:
+        metric.update_factors(u, v, pos)
+        with pytest.raises(ValueError, match=message + r".*\[check 'factors_overflow', first failed at update 1"):
+            metric.compute()
+    wide = SampledRankingMetrics(("ndcg@5", "auc"), n_samples=5, estimators=("none",))
+    wide.update_factors(u.double(), v.double(), pos)
+    assert all(math.isfinite(float(x)) for x in wide.compute().values())
+
+
 @pytest.mark.filterwarnings("ignore:The ``compute`` method:UserWarning")  # a merged-into state without an update
 @pytest.mark.parametrize("check,kind", [(c, k) for c, spec in _DEFERRED.items() for k in spec[0]])
 def test_deferred_check_raises_at_compute_naming_the_check_and_update(check, kind, monkeypatch):

@@ -156,8 +156,8 @@ DEFERRED_CHECKS: dict[str, str] = {
     "item_factors_finite": "item_factors: contains NaN or inf; ranks would be meaningless",
     "item_bias_finite": "item_bias: contains NaN or inf; ranks would be meaningless",
     "factors_overflow": "user_factors: |u| |v| (+ |item_bias|) reaches a quarter of the largest value of the "
-                        "factors' dtype, where scores could overflow; this device ranks factors in tiles: scale the "
-                        "factors or give them in float64",
+                        "factors' dtype, where scores could overflow (exact ranks in tiles), or the dot products of "
+                        "drawn items overflowed (sampled ranks): scale the factors or give them in float64",
     "sample_pool": "n_samples: some row has too few irrelevant candidates left to sample from",
 }
 _CHECK_SLOT = {name: i for i, name in enumerate(DEFERRED_CHECKS)}
