@@ -80,7 +80,8 @@ def check_adaptive_histogram(hist: RankHistogram, design: AdaptiveDesign) -> Non
 def adaptive_cost(hist: RankHistogram, design: SamplingDesign | AdaptiveDesign) -> AdaptiveCost:
     """:class:`AdaptiveCost` of a histogram of adaptive ranks (groups keyed by (n, final M)); ``design`` an adaptive
     :class:`SamplingDesign` (or its stages, an :class:`AdaptiveDesign`). A ValueError names ``hist`` (not a
-    RankHistogram, or empty: no cost to report) or ``design``."""
+    RankHistogram, or empty: no cost to report) or ``design``, and one the histogram cannot come from
+    (:func:`check_adaptive_histogram`: it names ``n_samples``) is refused as by ``estimate``."""
     from ._rank_hist import RankHistogram
 
     if not isinstance(hist, RankHistogram):
@@ -92,6 +93,7 @@ def adaptive_cost(hist: RankHistogram, design: SamplingDesign | AdaptiveDesign) 
     design = adaptive
     if hist.total <= 0:
         raise ValueError("hist: empty (no positive counted), so there is no cost to report")
+    check_adaptive_histogram(hist, design)  # sizes that are stages, no positive left first below the cap
     tot = hist.totals
     total = float(tot.sum())
     sizes = np.where(hist.exact, design.cap, hist.n_samples)  # a completed positive drew up to the cap

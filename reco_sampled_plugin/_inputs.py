@@ -285,8 +285,14 @@ def pending_index(
             srt = torch.sort(x, dim=1).values
             dup = (srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)
 
+            looks_like_mask = tuple(x.shape) == (batch, n_items)
+
             def bad_dup() -> None:
-                raise ValueError(f"{name}: {int(dup.any(1).sum())} row(s) list the same item twice")
+                hint = ""
+                if looks_like_mask and bool(((x == 0) | (x == 1)).all()):
+                    hint = (f" (an integer 0/1 matrix of the scores' shape reads as item indices: pass a mask as "
+                            f"bool, {name}.bool())")
+                raise ValueError(f"{name}: {int(dup.any(1).sum())} row(s) list the same item twice{hint}")
 
             checks.append(Check(dup.any(), bad_dup, f"{name}_duplicates", f"{name}: a row lists the same item twice"))
     return x, None, checks

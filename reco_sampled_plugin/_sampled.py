@@ -120,6 +120,9 @@ class SampledRanks:
         if design is None:
             first = m if isinstance(m, int) else int(m.max()) if m.numel() else 1
             design = SamplingDesign(max(first, 1))
+        if isinstance(m, int) and design.adaptive_max is None and m != design.n_samples:
+            raise ValueError(f"n_samples: m = {m} contradicts the design's m = {design.n_samples} ({design.describe()}); "
+                             "give one of them, or the same m")
         if isinstance(m, int) and m == design.n_samples and design.adaptive_max is None:
             m = None  # the design's fixed m
         sizes = None if m is None else torch.as_tensor(m, dtype=torch.int64, device=r.device).expand(r.shape)

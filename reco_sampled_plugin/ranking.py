@@ -363,7 +363,9 @@ def exact_ranks(
             positives included (the ranking every full-list metric uses); False ranks it among the
             irrelevant candidates only, the rank that sampled metrics estimate.
         generator: seeds ``ties="random"``.
-        check_finite: raise on NaN or inf scores (checked in the counting pass over ``scores``).
+        check_finite: raise on NaN or inf scores (checked in the counting pass over ``scores``). ``False`` is the
+            caller's promise: a relevant item scored NaN then gets rank 0, padding's mark (it drops out of the
+            metrics), under every tie policy; a NaN elsewhere beats nothing.
 
     Returns:
         (B, P) ranks in the positives' padded layout, 0 in padded slots; int64, or float64 for
@@ -438,6 +440,8 @@ def queued_exact_ranks(scores: Any, positives: Any, exclude: Any, ties: str, cou
     scores, pos, exc = prepare_inputs(scores, positives, exclude, False, pending)
     ranks, finite = exact_ranks_padded_finite(scores, pos, exc, ties, count_other_positives, generator, check_finite,
                                               False)
+    if not check_finite and pos.numel():  # a relevant item scored NaN: padding's 0 (optimistic ranked it first)
+        ranks = ranks.masked_fill(torch.isnan(scores.gather(1, pos.clamp(min=0))), 0)
     if finite is not None:
         rows = finite
         pending.append(Check(~rows.all(), lambda: check_finite_rows(rows), "scores_finite", DEFERRABLE["scores_finite"]))

@@ -220,6 +220,13 @@ def leave_last_out_split(X: Any, timestamps: Any) -> tuple[Any, Any]:
         ts_m = sp.csr_matrix(timestamps)
         if ts_m.shape != m.shape:
             raise ValueError(f"timestamps: shape {ts_m.shape} differs from X's {m.shape}")
+        stored = ts_m.copy()
+        stored.data = np.ones_like(stored.data)  # explicit zeros are times: the pattern, not the values
+        missing = np.flatnonzero(_entries(stored, coo.row, coo.col) == 0)
+        if missing.size:  # read as time 0 before: the earliest, never the held-out one
+            raise ValueError(f"timestamps: {missing.size:,} of X's stored entries have no entry in the sparse "
+                             f"timestamps (first: user {int(coo.row[missing[0]])}, item {int(coo.col[missing[0]])}); "
+                             "give X's sparsity pattern (an explicit 0 is a time) or a dense array")
         ts = check_real_array(_entries(ts_m, coo.row, coo.col), "timestamps", _TIMES)
     else:
         arr = check_real_array(timestamps, "timestamps", _TIMES)

@@ -34,11 +34,12 @@ if TYPE_CHECKING:
 __all__ = ["paired_difference"]
 
 
-def _check_sampled(sampled_ranks: Any, m: int) -> torch.Tensor:
-    r = check_rank_values(sampled_ranks, "sampled_ranks", whole=True)
+def _check_sampled(sampled_ranks: Any, m: int, name: str) -> torch.Tensor:
+    r = check_rank_values(sampled_ranks, name, whole=True)
     if r.numel() and (bool((r < 1).any()) or bool((r > m + 1).any())):
         bad = r[(r < 1) | (r > m + 1)].reshape(-1)[0].item()
-        raise ValueError(f"sampled_ranks: values must lie in 1..m+1 = 1..{m + 1} (1-based), found {bad}")
+        pad = " (0 pads a SampledRanks' rows: pass the ranks of the instances both models ranked, flattened)" if bad == 0 else ""
+        raise ValueError(f"{name}: values must lie in 1..m+1 = 1..{m + 1} (1-based), found {bad}{pad}")
     return r.to(torch.int64)
 
 
@@ -112,7 +113,7 @@ def paired_difference(
     if a.numel() == 0:
         raise ValueError("sampled_ranks_a: empty, no paired instance to compare")
     corr, m = as_correction(method, n_samples)
-    a, b = _check_sampled(a, m), _check_sampled(b.to(a.device), m)
+    a, b = _check_sampled(a, m, "sampled_ranks_a"), _check_sampled(b.to(a.device), m, "sampled_ranks_b")
     va = _table_values(metric, a, n_items, m, corr)
     vb = _table_values(metric, b, n_items, m, corr)
     est = _spread_measured(Estimate.from_values((va - vb).detach().cpu()))

@@ -122,6 +122,11 @@ def test_cost_report_by_hand():
     assert c.mean_samples == pytest.approx((10 + 20 + 40 + 40 + 40) / 5)
     assert c.max_samples == 40 and c.share_at_cap == pytest.approx(3 / 5) and c.share_first_at_cap == pytest.approx(2 / 5)
     assert c.start == 10 and c.cap == 40
+    # a histogram the design cannot produce is refused, as estimate() refuses it (a cost of m = 32 > cap 16 before)
+    with pytest.raises(ValueError, match=r"^n_samples: size 80 is not a stage"):
+        adaptive_cost(as_histogram(ranks[:3], 1000, torch.tensor([10, 20, 80])), AdaptiveDesign(10, 40))
+    with pytest.raises(ValueError, match=r"^sampled_ranks: positives ranked first among m = 10 samples stopped"):
+        adaptive_cost(as_histogram(ranks[5:], 1000, sizes[5:]), AdaptiveDesign(10, 40))
 
 
 def test_estimate_adaptive_checks_and_cost():

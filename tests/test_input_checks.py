@@ -382,6 +382,43 @@ def test_check_rank_values_keeps_dtype_and_names_the_argument():
         check_rank_values(np.array([True]), "my_ranks")
 
 
+@pytest.mark.parametrize("ties", ["pessimistic", "optimistic", "average", "random"])
+def test_unchecked_nan_positive_is_dropped_under_every_tie_policy(ties):
+    """``check_finite=False``: a relevant item scored NaN gets rank 0 (padding's mark: out of the metrics) whatever
+    the tie policy (optimistic ranked it first, pessimistic 0); the row's other ranks are those with that item's
+    slot as padding."""
+    g = torch.Generator().manual_seed(1)
+    s = torch.randn(2, 6, generator=g)
+    s[0, 1] = math.nan
+    pos = torch.tensor([[1, 2], [0, 4]])
+    got = rsp.exact_ranks(s, pos, check_finite=False, ties=ties, generator=torch.Generator().manual_seed(0))
+    padded = rsp.exact_ranks(s.nan_to_num(-1e9), torch.tensor([[-1, 2], [0, 4]]), ties=ties,
+                             generator=torch.Generator().manual_seed(0))
+    assert got[0, 0] == 0 and torch.equal(got.double(), padded.double())
+
+
+def test_an_integer_mask_is_named_as_one():
+    """A 0/1 integer matrix of the scores' shape (a mask in the wrong dtype) reads as item indices: its duplicates'
+    error says to pass it as bool; index lists with duplicates get the plain error."""
+    s = torch.randn(3, 4)
+    with pytest.raises(ValueError, match=r"^positives: 3 row\(s\) list the same item twice \(an integer 0/1 .*positives\.bool\(\)\)$"):
+        rsp.exact_ranks(s, torch.tensor([[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 1, 1]]))
+    with pytest.raises(ValueError, match=r"^positives: 1 row\(s\) list the same item twice$"):
+        rsp.exact_ranks(s, torch.tensor([[2, 2], [0, 1], [3, -1]]))
+    ranks = rsp.exact_ranks(s, torch.tensor([[1, 0, 0, 1], [0, 1, 0, 0], [0, 0, 1, 1]]).bool())
+    assert ranks.shape == (3, 2) and int((ranks > 0).sum()) == 5  # as a mask: five relevant items
+
+
+def test_from_arrays_refuses_an_m_the_design_contradicts():
+    """``SampledRanks.from_arrays(r, n, 4, SamplingDesign(8))`` kept both (the histogram read m = 4, the design 8);
+    the same m, or either alone, is taken."""
+    with pytest.raises(ValueError, match=r"^n_samples: m = 4 contradicts the design's m = 8"):
+        rsp.SampledRanks.from_arrays(torch.tensor([1, 2]), 100, 4, rsp.SamplingDesign(8))
+    for m, design in ((8, rsp.SamplingDesign(8)), (None, rsp.SamplingDesign(8)), (8, None)):
+        got = rsp.SampledRanks.from_arrays(torch.tensor([1, 2]), 100, m, design)
+        assert got.design.n_samples == 8 and got.sizes() == 8
+
+
 # ---------------------------------------------------------------------------------------------- overflow
 @pytest.mark.parametrize("weights", [torch.tensor([1e300, 1e300], dtype=torch.float64), [1e300, 1e300]])
 @pytest.mark.parametrize("method", ["mes", "bv", "linear"])

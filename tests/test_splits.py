@@ -206,3 +206,10 @@ def test_leave_last_out_split_holds_out_the_latest_item():
         assert (te2 != te).nnz == 0 and (tr2 != tr).nnz == 0
     with pytest.raises(ValueError, match="timestamps"):
         leave_last_out_split(x, np.zeros(3))
+    assert 0.0 in ts.data  # an explicit 0 stored in the sparse timestamps is a time (taken above)
+    holed = ts.tolil()
+    holed[0, x[0].indices[0]] = 0  # the entry removed: X's pattern no longer (read as time 0 before)
+    holed = holed.tocsr()
+    holed.eliminate_zeros()
+    with pytest.raises(ValueError, match=r"^timestamps: \d+ of X's stored entries have no entry in the sparse timestamps"):
+        leave_last_out_split(x, holed)

@@ -169,6 +169,16 @@ def test_sampled_ranks_out_of_range(bad):
         estimate("ndcg@10", SampledRanks.from_arrays(torch.tensor(bad), 1000, 50), "bv")
 
 
+@pytest.mark.parametrize("a, b, error", [
+    ([0, 1], [1, 2], r"^sampled_ranks_a: values must lie in 1\.\.m\+1 = 1\.\.51 \(1-based\), found 0 \(0 pads"),
+    ([1, 2], [1, 52], r"^sampled_ranks_b: values must lie in 1\.\.m\+1 = 1\.\.51 \(1-based\), found 52$"),
+])
+def test_paired_difference_names_the_ranks_out_of_range(a, b, error):
+    """Each argument named (``sampled_ranks`` before, a name neither has); a 0 (a SampledRanks' padding) said so."""
+    with pytest.raises(ValueError, match=error):
+        paired_difference("ndcg@10", torch.tensor(a), torch.tensor(b), 1000, 50)
+
+
 def test_ordering_agreement_on_running_example():
     out = consistency_report(TABLE1, 10_000, 99, ["auc", "recall@10"], ["none", "bv:0.001"], repeats=60, seed=1)
     assert out["repeats"] == 60
