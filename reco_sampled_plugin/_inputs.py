@@ -368,32 +368,30 @@ _BLAS_CHECK_MIN = [1 << 20]
 
 def _finite_blas(scores: torch.Tensor, rows: bool) -> torch.Tensor:
     """:func:`finite_flags` of a CPU (B, n) matrix, per row (``rows``) or in all, from its product with the vector
-    w = 2^-k (k = bit_length(n) + 1, + bit_length(B) for the sum of all rows). A NaN or inf entry makes its sum NaN
-    or inf (IEEE: x w keeps it, inf - inf is NaN); finite entries cannot overflow it (|x| < 2^E gives |sum| <
-    B n 2^(E-k) < 2^(E-1)). One BLAS pass at the memory's speed, threaded as torch's matmuls (1,024 x 100,000
-    float32: 25 against aminmax's 50 ms on one thread, 13 against 26 on two); the same 5 operators. A failing flag
-    is checked again entry by entry (read back: free on a CPU), so the flags are exact whatever the product's
-    precision: a float32 product computed in bfloat16 (``torch.set_float32_matmul_precision("medium")``, oneDNN)
-    rounds the largest finite values to inf; the bound only keeps finite matrices off that second pass."""
-    b, n = scores.shape
+    w = 2^-k (:func:`_weights`). A NaN or inf entry makes its row's sum NaN or inf (IEEE: x w keeps it, inf - inf is
+    NaN); finite entries cannot overflow it (|x| < 2^E gives |sum| < n 2^(E-k) < 2^(E-1)). One BLAS pass at the
+    memory's speed, threaded as torch's matmuls (1,024 x 100,000 float32: 25 against aminmax's 50 ms on one thread,
+    13 against 26 on two); the same 5 operators. A failing flag is checked again entry by entry (read back: free on
+    a CPU), so the flags are exact whatever the product's precision: a float32 product computed in bfloat16
+    (``torch.set_float32_matmul_precision("medium")``, oneDNN) rounds the largest finite values to inf; the bound
+    only keeps finite matrices off that second pass."""
     with torch.no_grad():
-        sums = torch.mv(scores, _weights(n, 0 if rows else b.bit_length(), scores.dtype))
-        if not rows:
-            sums = sums.sum()
-        ok = sums * 0 == 0
-        if not bool(ok if not rows else ok.all()):
+        ok = torch.mv(scores, _weights(scores.shape[1], scores.dtype)) * 0 == 0
+        every = ok.all()
+        if not bool(every):
             if not rows:
                 return torch.isfinite(scores).all()
             bad = (~ok).nonzero().squeeze(1)
             ok[bad] = torch.isfinite(scores[bad]).all(1)
-    return ok
+    return ok if rows else every
 
 
-@functools.lru_cache(maxsize=8)
-def _weights(n: int, extra_bits: int, dtype: torch.dtype) -> torch.Tensor:
-    """The (n,) vector 2^-(bit_length(n) + 1 + extra_bits) of :func:`_finite_blas` (8 kept: at most 8 n values)."""
+@functools.lru_cache(maxsize=2)
+def _weights(n: int, dtype: torch.dtype) -> torch.Tensor:
+    """The (n,) vector 2^-k, k = bit_length(n) + 1, of :func:`_finite_blas` (two kept: float32 and float64 of one
+    catalogue, at most 2 n values)."""
     with torch.inference_mode(False):
-        return torch.full((n,), 2.0 ** -(n.bit_length() + 1 + extra_bits), dtype=dtype)
+        return torch.full((n,), 2.0 ** -(n.bit_length() + 1), dtype=dtype)
 
 
 def factor_finite_checks(u: torch.Tensor, v: torch.Tensor, bias: torch.Tensor | None = None) -> list[tuple[torch.Tensor, str]]:

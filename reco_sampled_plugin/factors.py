@@ -765,6 +765,8 @@ def evaluate_factors(
     per_user = _output({name: results[s.column] for s, name in zip(columns.specs, names)}, names, columns.as_df)
     if design is None:
         return per_user
+    if method is None and not users.size:  # the default estimator has nothing to estimate: NaN rows, no estimate
+        correction = None
     return _sampled_result(per_user, parts, columns.base, design, correction, columns.as_df, model.device)
 
 

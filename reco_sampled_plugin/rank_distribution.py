@@ -77,7 +77,7 @@ from ._rank_hist import (
     pool_by_n,
     pool_exact_groups,
 )
-from ._checks import (MAX_SAMPLES, MAX_SIZE, check_elements, check_rank_values, check_sampled_support, check_sizes,
+from ._checks import (MAX_FIT_ELEMENTS, MAX_SAMPLES, MAX_SIZE, check_elements, check_rank_values, check_sampled_support, check_sizes,
                       check_without_replacement, impossible_rank_message)
 from ._options import check_metric_names
 from . import registry
@@ -418,7 +418,7 @@ def _likelihood(n_items: tuple, n_samples: tuple, law: str, delta: float, kappa:
     cols = np.stack([keys // (m_max + 1), keys % (m_max + 1)], axis=1) if len(keys) else np.zeros((0, 2), np.int64)
     G, C = len(n_items), len(edges) - 1
     check_elements(C * len(cols), "n_samples", f"the likelihood P(r~ | cell) of {C:,} rank cells x {len(cols):,} "
-                   "observed sampled ranks")
+                   "observed sampled ranks", MAX_FIT_ELEMENTS)
     lik = np.zeros((C, len(cols)))
     inside = np.zeros((G, C), dtype=bool)
     pts, wts = cell_points(edges)

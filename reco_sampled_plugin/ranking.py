@@ -441,7 +441,8 @@ def queued_exact_ranks(scores: Any, positives: Any, exclude: Any, ties: str, cou
     ranks, finite = exact_ranks_padded_finite(scores, pos, exc, ties, count_other_positives, generator, check_finite,
                                               False)
     if not check_finite and pos.numel():  # a relevant item scored NaN: padding's 0 (optimistic ranked it first)
-        ranks = ranks.masked_fill(torch.isnan(scores.gather(1, pos.clamp(min=0))), 0)
+        nan = torch.isnan(scores.gather(1, pos.clamp(min=0)))
+        ranks = ranks.masked_fill(nan.unsqueeze(-1) if ranks.dim() == 3 else nan, 0)  # (B, P, 2): tie bounds
     if finite is not None:
         rows = finite
         pending.append(Check(~rows.all(), lambda: check_finite_rows(rows), "scores_finite", DEFERRABLE["scores_finite"]))

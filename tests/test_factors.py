@@ -374,6 +374,11 @@ def test_sampled_evaluation_estimates_with_auto_by_default():
         assert (est.value, est.stderr, est.flags) == (auto.estimates[name].value, auto.estimates[name].stderr, auto.estimates[name].flags)
         assert plain.summary[name]["corrected"] == est.value
     assert evaluate_factors(x_train, x_test, a, b, ties="average", **kw).estimates == {}
+    # no evaluated user (min_pos_test above every user's test items): NaN rows, no estimate; a method asked for: named
+    empty = evaluate_factors(x_train, x_test, a, b, min_pos_test=100, **kw)
+    assert empty.estimates == {} and all(math.isnan(v) for v in empty.metrics["R@10"].tolist())
+    with pytest.raises(ValueError, match=r"^method: no test item could be sampled"):
+        evaluate_factors(x_train, x_test, a, b, min_pos_test=100, method="auto", **kw)
 
 
 def test_adaptive_sampling_equals_the_core_on_the_same_draws():

@@ -397,6 +397,20 @@ def test_unchecked_nan_positive_is_dropped_under_every_tie_policy(ties):
     assert got[0, 0] == 0 and torch.equal(got.double(), padded.double())
 
 
+def test_unchecked_nan_positive_in_per_user_metrics_under_average_ties():
+    """``per_user_metrics(ties="average", check_finite=False)`` ranks by tie bounds ((B, P, 2)): the NaN positive's
+    slot is dropped, the other rows are the checked call's (a broadcast error at 3 rows, or row 1's NDCG set to 0)."""
+    nan = math.nan
+    s = torch.tensor([[nan, .5, .4, .3, .2], [.9, .8, .7, .6, .5], [.9, .8, .7, .6, .5]])
+    pos = torch.tensor([[0, 3], [1, 4], [1, 4]])
+    got = rsp.per_user_metrics(s, pos, ("hit@1", "ndcg@3"), ties="average", check_finite=False, as_frame=False)
+    want = rsp.per_user_metrics(s[1:], pos[1:], ("hit@1", "ndcg@3"), ties="average", as_frame=False)
+    alone = rsp.per_user_metrics(s[:1].nan_to_num(-9.0), torch.tensor([[-1, 3]]), ("hit@1", "ndcg@3"), ties="average",
+                                 as_frame=False)
+    for name in ("Hit@1", "NDCG@3"):
+        assert torch.equal(got[name][1:], want[name]) and torch.equal(got[name][:1], alone[name])
+
+
 def test_an_integer_mask_is_named_as_one():
     """A 0/1 integer matrix of the scores' shape (a mask in the wrong dtype) reads as item indices: its duplicates'
     error says to pass it as bool; index lists with duplicates get the plain error."""
