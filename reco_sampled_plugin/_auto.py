@@ -25,18 +25,17 @@ __all__ = ["auto_method", "auto_choice", "estimate_auto"]
 def auto_method(spec: MetricSpec, hist: RankHistogram, design: AdaptiveDesign | None) -> tuple[str, str]:
     """What ``method="auto"`` runs on ``hist`` (``registry.AUTO_CHOICES``) and why: the ``resolved`` choice for an
     adaptive design or where every group with positives at r~ = 1 has its resolution b = (n - 1)/(m + 1) + 1 at
-    most the metric's cut-off K, or for AUC (no cut-off, a weight linear in the rank); the ``unresolved`` one
-    otherwise (AP, RR, NDCG without cut-off count as resolved only when no positive ranks first). AUC went to
-    ``mes`` once a positive ranked first: 0.75 [0.73, 0.76] for a true 0.996 on 20 users (n = 1,000, m = 100),
-    where ``gmod`` gives 0.996 [0.992, 0.999]. Popularity-sampled ranks never reach here: ``estimate`` runs
+    most the metric's cut-off K; the ``unresolved`` one otherwise (AP, RR, NDCG without cut-off count as resolved
+    only when no positive ranks first). AUC at a fixed m: the ``auc`` choice, the sampled AUC (unbiased; it went to
+    ``mes`` once a positive ranked first: 0.75 [0.73, 0.76] for a true 0.996 on 20 users at n = 1,000, m = 100). Popularity-sampled ranks never reach here: ``estimate`` runs
     ``registry.popularity_auto`` on their SampledRanks (``hh`` for AUC, ``pl_fit`` otherwise)."""
     if design is not None:
         return registry.AUTO_CHOICES["resolved"], "adaptive design"
+    if spec.k is None and not top_kind(spec):  # AUC, linear in the rank
+        return registry.AUTO_CHOICES["auc"], "AUC at a fixed m: the sampled AUC is unbiased"
     occupied = hist.top_counts > 0
     if not np.any(occupied):
         return registry.AUTO_CHOICES["resolved"], "no positive ranked first"
-    if spec.k is None and not top_kind(spec):  # AUC, linear in the rank: the first bin's shape moves it by < b / n
-        return registry.AUTO_CHOICES["resolved"], f"{spec.kind}: no weight that changes inside the first sampled bin"
     b = float(np.max(resolution(hist)[occupied]))
     if spec.k is not None and spec.k >= b:
         return registry.AUTO_CHOICES["resolved"], f"cut-off K = {spec.k} >= resolution b = {b:.3g}"

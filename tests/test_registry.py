@@ -134,6 +134,11 @@ def test_lists_are_views_of_the_registry():
                 assert registry.get(name).family not in ("none", "auto")
             assert all(registry.popularity_auto(kind) in choice for kind in METRIC_KINDS)
             continue
+        if key == "auc":  # AUC at a fixed uniform m: an estimator of AUC under both uniform laws
+            entry = registry.get(choice)
+            assert entry.takes_metric("auc") and entry.supports(SamplingDesign(10))
+            assert entry.supports(SamplingDesign(10, replacement=False))
+            continue
         assert registry.get(choice).adaptive and registry.get(choice).family == "rank_distribution"
         assert registry.get(choice).exact_groups or not registry.get("auto").exact_groups
 
