@@ -10,7 +10,8 @@ the ValueError of the earliest failure, naming the check and the call. A call wh
 safe stand-ins (out-of-range indices ranked as padding; NaN rows as they are): its results, and so the block's, are
 meaningless, which is why the block raises.
 
-Deferred: index tensors' checks of score batches (``exact_ranks``; ``per_user_metrics`` returning a dict). Read at
+Deferred: index tensors' checks of score batches (``exact_ranks``; ``per_user_metrics`` returning a dict;
+``sampled_ranks`` on an accelerator, uniform with replacement, with the draw's pool check). Read at
 once as before: masks (their widths are read first anyway, the checks with them), a DataFrame (copied to the host
 anyway), factors (an overflow bound switches them to another path), ``relevance``, and every other call. Memory: a
 (kinds,) integer tensor per device, whatever the number of calls.
@@ -37,6 +38,7 @@ DEFERRABLE: dict[str, str] = {
     "exclude_duplicates": "exclude: a row lists the same item twice",
     "exclude_clash": "exclude: a row excludes one of its own positives; a relevant item cannot also be excluded",
     "scores_finite": "scores: NaN or inf in the score matrix; ranks would be meaningless",
+    "sample_pool": "n_samples: some row has too few irrelevant candidates left to sample from",
 }
 _KIND = {name: i for i, name in enumerate(DEFERRABLE)}
 # a failed check's mark: FIRST - the number of the call (or update) that failed it; the max over calls (or merged

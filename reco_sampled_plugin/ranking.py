@@ -23,9 +23,10 @@ from typing import Any, Callable, Literal, NamedTuple, Sequence, overload
 
 import torch
 
-from ._checks import (MAX_SAMPLES, MAX_SIZE, check_elements, check_generator, check_int, check_not_meta,
+from ._checks import (MAX_ELEMENTS, MAX_SAMPLES, MAX_SIZE, check_elements, check_generator, check_int, check_not_meta,
                       check_required, check_same_device, check_size, check_weights, real_tensor)
 from . import _graphs
+from ._hash import keyed_uniform
 from ._deferred import DEFERRABLE, defer_checks, defer_flags
 from ._inputs import (Check, check_flags, score_tensor, as_padded_index, check_finite_rows, check_scores, finite_check,
                        finite_flags, pending_index, run_checks, sparse_masks)
@@ -419,11 +420,11 @@ def index_rows(t: Any, b: int) -> Any:
     return t
 
 
-def capturable_index(device: torch.device, *index: Any, rows: int | None = None) -> bool:
-    """Whether calls on ``device`` are captured (:mod:`._graphs`) and each of ``index`` is None or a (B, P) integer
-    tensor there (not a mask: its width is read back), of ``rows`` rows where given (else the eager path refuses
-    the call before it changes anything)."""
-    return _graphs.enabled(device) and all(
+def capturable_index(device: torch.device, *index: Any, rows: int | None = None, capture: bool = True) -> bool:
+    """Whether calls on ``device`` are captured (:mod:`._graphs`; not asked with ``capture=False``) and each of
+    ``index`` is None or a (B, P) integer tensor there (not a mask: its width is read back), of ``rows`` rows where
+    given (else the eager path refuses the call before it changes anything)."""
+    return (not capture or _graphs.enabled(device)) and all(
         t is None or (isinstance(t, torch.Tensor) and t.device == device and t.dim() == 2
                       and t.dtype in (torch.int64, torch.int32) and (rows is None or t.shape[0] == rows))
         for t in index)
@@ -716,6 +717,8 @@ def draw_negatives(pos: torch.Tensor, exc: Exclusions | torch.Tensor | None, n_i
         # the longest exclusion list, read in the same synchronisation: the width of the draw's hole tables
         values.append(exc.counts.max() if exc is not None and b else torch.zeros((), dtype=torch.int64, device=device))
     host = run_checks(checks, values) if b else run_checks(checks) + [1, 0]
+    if popularity is None and replacement and seeded_draws(device):
+        return seeded_negatives(pos, exc, n_items, m, draw_seed(generator, device))
     any_small = small is not None and bool(host[1])
     width = int(host[1]) if popularity is not None else 0
 
@@ -1062,6 +1065,10 @@ def sampled_ranks(
 
     Returns:
         :class:`SampledRanks` (ranks, n_candidates, negatives, and the draw's design).
+
+    On an accelerator, uniform draws with replacement are keyed by one seed drawn from ``generator`` (the same law;
+    :func:`seeded_negatives`), and a call with index inputs whose shapes were seen before is replayed from a CUDA
+    graph (docs/gpu.md, "Calls replayed from CUDA graphs"); the CPU draws from the generator's stream.
     """
     check_ties(ties)
     check_finite = check_bool(check_finite, "check_finite")
@@ -1076,6 +1083,11 @@ def sampled_ranks(
     check_generator(generator)
     scores = score_tensor(scores)
     b, n = scores.shape
+    if negatives is None and popularity is None and replacement and ties != "random" \
+            and (design is None or design.exact_share is None):
+        seeded = _seeded_sampled_ranks(scores, positives, exclude, n_samples, design, ties, check_finite, generator)
+        if seeded is not None:
+            return seeded
     first = [finite_check(scores)] if check_finite else []  # read back with the index checks: one synchronisation
     pos, exc, later = prepare_sampling_index(positives, exclude, b, n, scores.device, first)
     p = pos.shape[1]
@@ -1103,6 +1115,96 @@ def sampled_ranks(
     if design.exact_share is None:
         return out
     return share_from_matrix(out, scores, pos, exc, ties, generator)  # the exact share, ranked from the matrix
+
+
+def seeded_draws(device: torch.device) -> bool:
+    """Whether uniform draws with replacement on ``device`` are keyed by a seed (:func:`draw_seed`,
+    :func:`seeded_negatives`) rather than drawn from the generator's stream: on an accelerator (and on a CPU where
+    the tests' stand-in graph captures), where a call's draws are then a pure function of its inputs and one seed
+    tensor, so a CUDA graph can replay them (:func:`_seeded_sampled_ranks`); with capture on or off, the same draws."""
+    return torch.device(device).type != "cpu" or _graphs._fake[0]
+
+
+def draw_seed(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """The 0-dim int64 seed (0..2^31 - 1) of a seeded draw on ``device``, from ``generator`` (the device's default
+    one when None): drawn on the device, or on the generator's own device and filled in as a kernel argument (no
+    copy from host memory, which would wait for the device)."""
+    if generator is None or generator.device == torch.device(device):
+        return torch.randint(0, 1 << 31, (), device=device, generator=generator)
+    return torch.full((), int(torch.randint(0, 1 << 31, (), generator=generator, device=generator.device)),
+                      dtype=torch.int64, device=device)
+
+
+def seeded_negatives(pos: torch.Tensor, exc: torch.Tensor | Exclusions | None, n_items: int, m: int,
+                     seed: torch.Tensor, first_row: int = 0) -> torch.Tensor:
+    """(B, P, m) items drawn uniformly with replacement among each row's irrelevant candidates (neither a positive
+    nor excluded), keyed: draw k of the positive in slot p of row b is ``keyed_uniform(0, 0, (seed << 32) + b,
+    pos[b, p], k)`` scaled to the row's pool (the law of :func:`_draw_uniform`), mapped to items as
+    :func:`allowed_items` maps them (:func:`allowed_position_to_item` on padded exclusions: the same items, nothing
+    read back). Rows without a positive: item 0. ``first_row``: the batch position of ``pos``' first row. In row
+    blocks of at most ``MAX_ELEMENTS // 8`` draws (the hash's temporaries); nothing here waits for the device (but
+    :meth:`Exclusions.select` of prepared exclusions, in blocks)."""
+    b, p = pos.shape
+    step = max(1, (MAX_ELEMENTS // 8) // max(p * m, 1))
+    if b > step:
+        parts = []
+        for lo in range(0, b, step):
+            rows = slice(lo, lo + step)
+            sub = exc[rows] if isinstance(exc, torch.Tensor) else None if exc is None else \
+                exc.select(torch.arange(lo, min(lo + step, b), device=pos.device))
+            parts.append(seeded_negatives(pos[rows], sub, n_items, m, seed, first_row + lo))
+        return torch.cat(parts)
+    device, valid = pos.device, pos >= 0
+    pool = (n_items - exclusion_counts(exc, b, device) - valid.sum(1)).clamp(min=1).view(b, 1, 1)
+    ids = (seed.to(torch.int64) << 32) + torch.arange(first_row, first_row + b, device=device)
+    u = keyed_uniform(0, 0, ids.view(b, 1, 1), pos.view(b, p, 1), torch.arange(m, device=device).view(1, 1, m))
+    positions = torch.minimum((u * pool.to(torch.float64)).floor().to(torch.int64), pool - 1)
+    if isinstance(exc, torch.Tensor):
+        neg = allowed_position_to_item(positions, forbidden_sorted(pos, exc, n_items), n_items)
+    else:
+        neg = allowed_items(positions, pos, exc, n_items)
+    return torch.where(valid.any(1).view(b, 1, 1), neg.clamp(max=max(n_items - 1, 0)), torch.zeros_like(neg))
+
+
+def _seeded_sampled_ranks(scores: torch.Tensor, positives: Any, exclude: Any, n_samples: Any,
+                          design: SamplingDesign | None, ties: str, check_finite: bool,
+                          generator: torch.Generator | None) -> SampledRanks | None:
+    """:func:`sampled_ranks` of a seeded draw (:func:`seeded_draws`: uniform, with replacement, on an accelerator)
+    from (B, P) or (B,) index positives and exclusions (or none), ties not random: queued in one function of the
+    inputs and the seed (:func:`draw_seed`), replayed from a CUDA graph where its shapes repeat (:mod:`._graphs`),
+    its checks read back once after the work is queued (kept by a ``deferred_checks`` block instead). The same
+    draws as the general path's (:func:`draw_negatives`). None where this does not apply, or where a check failed
+    (the general path then raises its error)."""
+    device, b = scores.device, scores.shape[0]
+    index = tuple(index_rows(t, b) for t in (positives, exclude))
+    if not seeded_draws(device) or index[0] is None or n_samples is None or not scores.numel() \
+            or not capturable_index(device, *index, rows=b, capture=False):
+        return None
+    m = check_int(n_samples, "n_samples", minimum=1, maximum=MAX_SAMPLES)
+    check_elements(b * index[0].shape[1] * m, "n_samples",
+                   "the draw of B x P x m negatives (returned in SampledRanks.negatives)")
+    notes: list[tuple[str, str]] = []
+
+    def queued(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        pending: list[Check] = []
+        s, pos, exc = prepare_inputs(tensors[0], tensors[1], tensors[2] if len(tensors) > 3 else None, False, pending)
+        if check_finite:
+            pending.append(Check(~finite_flags(s), lambda: None, "scores_finite", DEFERRABLE["scores_finite"]))
+        n, valid = s.shape[1], pos >= 0
+        n_cand = padded_candidate_counts(n, pos, exc, count_other_positives=False)
+        pending.append(Check(((n_cand < 2) & valid.any(1)).any(), lambda: None, "sample_pool",  # the pool: n_cand - 1
+                             DEFERRABLE["sample_pool"]))
+        neg = seeded_negatives(pos, exc, n, m, tensors[-1])
+        pos_scores = s.gather(1, pos.clamp(min=0))
+        ranks = rank_among_drawn(pos_scores, s.gather(1, neg.reshape(b, -1)).reshape(neg.shape), pos, neg, ties, None)
+        notes[:] = [(c.name, c.message) for c in pending]
+        return ranks, n_cand, torch.where(valid.unsqueeze(2), neg, torch.full_like(neg, -1)), check_flags(pending)
+
+    inputs = (scores,) + tuple(t for t in index if t is not None) + (draw_seed(generator, device),)
+    ranks, n_cand, neg, flags = _graphs.run("sampled_ranks", (m, ties, check_finite), queued, inputs, notes)
+    if not (defer_flags(flags, notes) or not any(flags.tolist())):
+        return None
+    return SampledRanks(ranks, n_cand, neg, design or SamplingDesign.trusted(m))
 
 
 def popularity_draw_stats(design: SamplingDesign, beat: torch.Tensor, neg: torch.Tensor, pos: torch.Tensor,

@@ -57,7 +57,7 @@ def test_valid_calls_in_a_block_read_nothing_and_equal_calls_outside(accelerator
             assert torch.equal(got_ranks, ranks)
             assert all(torch.equal(got_values[k].nan_to_num(-7), v.nan_to_num(-7)) for k, v in values.items())
     assert block.calls == 2 * len(batches)
-    assert set(block._state) == {torch.device("cpu")} and block._state[torch.device("cpu")].shape == (6,)
+    assert set(block._state) == {torch.device("cpu")} and block._state[torch.device("cpu")].shape == (len(_deferred.DEFERRABLE),)
 
 
 def test_the_block_raises_the_earliest_failed_check_naming_the_call(accelerator_paths):
@@ -169,5 +169,36 @@ def test_replayed_calls_defer_their_flags(accelerator_paths, monkeypatch):
                     (ranks, values), syncs = count_syncs(_calls, s, pos, exc)
                     assert syncs.count == 0, dict(syncs.calls)
         assert _graphs._stats["replays"] - replays == 2 * 5  # batches 2-6 of both calls (captured at the second)
+    finally:
+        _graphs.clear()
+
+
+def test_seeded_sampled_ranks_defer_their_flags(accelerator_paths, monkeypatch):
+    """``sampled_ranks`` on an accelerator (the CPU's stand-in: seeded draws, replayed) keeps its flags in the block:
+    no read per call (one outside), the same ranks as outside; a batch whose row 2 has no item left to draw (every
+    item a positive or excluded) is raised at the block's end with the pool's text and its call number."""
+    monkeypatch.setattr(_graphs, "_fake", [True])
+    monkeypatch.setattr(counting, "_backend", "auto")
+    _graphs.clear()
+    batches = _batches(4, n=30, e=0)
+
+    def call(s, pos, exc):
+        return rsp.sampled_ranks(s, pos, 10, generator=torch.Generator().manual_seed(0)).ranks
+
+    call(*batches[0])  # the hash's constants cached on the device (copied there once per process)
+    outside = [count_syncs(call, *batch) for batch in batches]
+    assert all(syncs.count == 1 for _, syncs in outside), [dict(syncs.calls) for _, syncs in outside]
+    full = torch.arange(30).expand(12, 30).clone()
+    full[:, 3:] = -1
+    full[2] = torch.arange(30)
+    try:
+        with rsp.deferred_checks():
+            for (ranks, _), (s, pos, exc) in zip(outside, batches):
+                got, syncs = count_syncs(call, s, pos, exc)
+                assert syncs.count == 0 and torch.equal(got, ranks)
+        with pytest.raises(ValueError, match=r"^n_samples: some row has too few .*first failed at call 2 of 3"):
+            with rsp.deferred_checks():
+                for positives in (batches[0][1], full, batches[1][1]):
+                    call(batches[0][0], positives, None)
     finally:
         _graphs.clear()

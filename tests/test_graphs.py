@@ -352,10 +352,10 @@ def test_a_replayed_call_dispatches_a_few_operators_besides_its_graph(captured, 
     """The CPU proxy of a replay's cost: the operators a replayed call dispatches outside its graph (copies of small
     inputs, copies of the outputs, the flags read, the states' additions) are at most 10 (12 for the updates from
     factors: the user factors and bias copied too; 14 with an exact share: its rows and overflow flag copied out and
-    added to their states) with the scores and the item factors read in place (as at scale), whatever the call
-    dispatches eagerly (68-322 on an accelerator's path)."""
+    added to their states; ``sampled_ranks``: its seed drawn and copied in) with the scores and the item factors read
+    in place (as at scale), whatever the call dispatches eagerly (68-322 on an accelerator's path)."""
     from _budgets import OpCounter
-    from reco_sampled_plugin import SamplingDesign, exact_ranks_from_factors
+    from reco_sampled_plugin import SamplingDesign, exact_ranks_from_factors, sampled_ranks
     from reco_sampled_plugin.adapters import torchmetrics as tm
 
     _outside_graphs(device, monkeypatch)
@@ -372,6 +372,7 @@ def test_a_replayed_call_dispatches_a_few_operators_besides_its_graph(captured, 
              "ExactRankingMetrics.update_factors": lambda: metric.update_factors(u, v, pos, exc, item_bias=bias),
              "SampledRankingMetrics.update_factors": lambda: sampled.update_factors(u, v, pos, exc, item_bias=bias),
              "exact_ranks_from_factors": lambda: exact_ranks_from_factors(u, v, pos, exclude=exc, item_bias=bias),
+             "sampled_ranks": lambda: sampled_ranks(s, pos, 20, exclude=exc),
              "per_user_metrics of factors": lambda: per_user_metrics((u, v, bias), pos, METRICS, exclude=exc,
                                                                      as_frame=False)}
     for name, fn in calls.items():
@@ -898,3 +899,115 @@ def test_the_docs_state_the_capture_settings_the_code_has():
     code = "from reco_sampled_plugin import _graphs; print(_graphs._switched_on[0])"
     env = dict(os.environ, RECO_SAMPLED_GRAPHS="off")
     assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.strip() == "False"
+
+
+def _sorted_batch(seed: int, b: int = 12, n: int = 300, device="cpu"):
+    """:func:`_batch` with each row's positives ascending and padded at the end (the layout a mask's positives get),
+    and the same rows as (B, n) masks."""
+    s, pos, exc = _batch(seed, b=b, n=n, device=device)
+    pos = torch.where(pos >= 0, pos, n).sort(1).values
+    pos = torch.where(pos < n, pos, -1)
+    wide = torch.zeros((b, n + 1), dtype=torch.bool, device=device)
+    pm = wide.clone().scatter_(1, torch.where(pos >= 0, pos, n), True)[:, :n]
+    em = wide.clone().scatter_(1, torch.where(exc >= 0, exc, n), True)[:, :n]
+    return s, pos, exc, pm, em
+
+
+def _same_sampled(have, want) -> None:
+    assert torch.equal(have.ranks, want.ranks) and torch.equal(have.negatives, want.negatives)
+    assert torch.equal(have.n_candidates, want.n_candidates) and have.design == want.design
+
+
+@pytest.mark.parametrize("ties", ["pessimistic", "optimistic", "average"])
+def test_sampled_ranks_replayed_equal_the_general_path(captured, device, ties):
+    """``sampled_ranks`` of index inputs (uniform, with replacement) on an accelerator is replayed from its graph from
+    the third call of a shape, the seed drawn from the generator copied in: the same ranks, negatives and candidate
+    counts, and the generator left in the same state, as the general path's (masks: prepared, read, then the same
+    seeded draw), and as with capture off; the draws avoid the rows' positives and exclusions, and the ranks count
+    the drawn items that beat each positive (brute force)."""
+    from reco_sampled_plugin import sampled_ranks
+    from reco_sampled_plugin.exclusions import prepare_exclusions
+
+    n = 300
+    for i, b in enumerate([12] * 4 + [7, 7]):
+        s, pos, exc, pm, em = _sorted_batch(i, b=b, n=n, device=device)
+        s = (s * 2).round() / 2  # ties
+        gens = [torch.Generator(device=device).manual_seed(i) for _ in range(4)]
+        have = sampled_ranks(s, pos, 30, exclude=exc, generator=gens[0], ties=ties)
+        _same_sampled(have, sampled_ranks(s, pm, 30, exclude=em, generator=gens[1], ties=ties))
+        _same_sampled(have, sampled_ranks(s, pos, 30, exclude=prepare_exclusions(exc, n), generator=gens[2], ties=ties))
+        assert torch.equal(torch.rand(3, generator=gens[0], device=device), torch.rand(3, generator=gens[1], device=device))
+        _graphs._switched_on[0] = False
+        try:
+            _same_sampled(have, sampled_ranks(s, pos, 30, exclude=exc, generator=gens[3], ties=ties))
+        finally:
+            _graphs._switched_on[0] = True
+        neg, valid = have.negatives, pos >= 0
+        assert bool(((neg >= 0) == valid.unsqueeze(2)).all()) and int(neg.max()) < n
+        forbidden = (neg.unsqueeze(3) == torch.cat([pos, exc], 1).view(b, 1, 1, -1)).any(3)
+        assert not bool((forbidden & (neg >= 0)).any())
+        ps, ns = s.gather(1, pos.clamp(min=0)).unsqueeze(2), s.gather(1, neg.clamp(min=0).view(b, -1)).view(neg.shape)
+        beat = {"pessimistic": (ns >= ps).double(), "optimistic": (ns > ps).double(),
+                "average": (ns > ps).double() + (ns == ps).double() / 2}[ties]
+        assert torch.equal(have.ranks.double(), torch.where(valid, beat.sum(2) + 1, 0.0))
+        assert torch.equal(have.n_candidates, n - (exc >= 0).sum(1) - valid.sum(1) + 1)  # the positive and the rest
+    assert captured("captures") == 2 and captured("replays") == 3 + 1
+
+
+def test_seeded_draws_in_row_blocks_equal_one_block(captured, device, monkeypatch):
+    """Rows drawn in blocks (``MAX_ELEMENTS`` lowered: blocks of 2 rows) are keyed by their place in the batch, so
+    they draw what one block draws, with padded and with prepared exclusions."""
+    from reco_sampled_plugin import ranking, sampled_ranks
+    from reco_sampled_plugin.exclusions import prepare_exclusions
+
+    s, pos, exc, _, _ = _sorted_batch(0, device=device)
+    whole = sampled_ranks(s, pos, 30, exclude=exc, generator=torch.Generator(device=device).manual_seed(3))
+    monkeypatch.setattr(ranking, "MAX_ELEMENTS", 8 * 2 * 4 * 30)
+    for e in (exc, prepare_exclusions(exc, s.shape[1])):
+        _same_sampled(sampled_ranks(s, pos, 30, exclude=e, generator=torch.Generator(device=device).manual_seed(3)),
+                      whole)
+
+
+def test_seeded_draws_are_uniform_over_each_rows_candidates(captured, device):
+    """The law of the seeded draw (uniform with replacement among the row's items neither positive nor excluded):
+    400 rows with item 3 relevant and items 0 and 7 excluded, m = 50 each (20,000 draws over 9 items): a chi-square
+    test of equal frequencies at a fixed seed (p > 0.01), rows independent (their first draws as frequent as the
+    others), and another seed draws other items."""
+    from scipy import stats
+
+    from reco_sampled_plugin import sampled_ranks
+
+    b, n, m = 400, 12, 50
+    s = torch.randn(b, n, generator=torch.Generator().manual_seed(0)).to(device)
+    pos = torch.full((b, 1), 3, device=device)
+    exc = torch.tensor([[0, 7]], device=device).expand(b, 2)
+    neg = sampled_ranks(s, pos, m, exclude=exc, generator=torch.Generator(device=device).manual_seed(1)).negatives
+    counts = torch.bincount(neg.flatten().cpu(), minlength=n)
+    assert counts[[0, 3, 7]].sum() == 0
+    allowed = counts[[i for i in range(n) if i not in (0, 3, 7)]].numpy()
+    assert stats.chisquare(allowed).pvalue > 0.01, allowed
+    first = torch.bincount(neg[:, 0, 0].cpu(), minlength=n)[[i for i in range(n) if i not in (0, 3, 7)]].numpy()
+    assert stats.chisquare(first).pvalue > 0.01, first
+    other = sampled_ranks(s, pos, m, exclude=exc, generator=torch.Generator(device=device).manual_seed(2)).negatives
+    assert (other != neg).double().mean() > 0.8  # 8 in 9 draws differ between independent seeds
+
+
+@pytest.mark.parametrize("bad", ["range", "nan", "pool"])
+def test_a_bad_sampled_batch_after_capture_raises_the_general_error(captured, device, bad):
+    from reco_sampled_plugin import sampled_ranks
+
+    for i in range(3):  # 24 items, 4 positives and up to 19 exclusions per row (of 20 slots): a pool left
+        s, pos, exc, _, _ = _sorted_batch(i, n=24, device=device)
+        exc[:, -1] = -1
+        sampled_ranks(s, pos, 20, exclude=exc)
+    assert captured("replays") == 2
+    s, pos, exc = s.clone(), pos.clone(), exc.clone()
+    if bad == "range":
+        pos[2, 0] = 24
+    elif bad == "nan":
+        s[4, 9] = float("nan")
+    else:  # row 1: every item a positive or excluded, none left to draw
+        pos[1], exc[1] = torch.arange(20, 24, device=device), torch.arange(20, device=device)
+    message = _same_error(lambda: sampled_ranks(s, pos, 20, exclude=exc),
+                          lambda: sampled_ranks(s, pos, 20, exclude=exc))
+    assert message.startswith({"range": "positives:", "nan": "scores: NaN", "pool": "positives: some row"}[bad])

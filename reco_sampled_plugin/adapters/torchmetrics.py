@@ -158,7 +158,6 @@ DEFERRED_CHECKS: dict[str, str] = {
     "factors_overflow": "user_factors: |u| |v| (+ |item_bias|) reaches a quarter of the largest value of the "
                         "factors' dtype, where scores could overflow (exact ranks in tiles), or the dot products of "
                         "drawn items overflowed (sampled ranks): scale the factors or give them in float64",
-    "sample_pool": "n_samples: some row has too few irrelevant candidates left to sample from",
 }
 _CHECK_SLOT = {name: i for i, name in enumerate(DEFERRED_CHECKS)}
 _SCORES_MESSAGE = DEFERRED_CHECKS["scores_finite"]
