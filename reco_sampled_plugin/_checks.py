@@ -374,9 +374,11 @@ def check_sizes(
         shape = _broadcast_shape(t.shape, like.shape)
         if shape is None or (exact and shape != tuple(like.shape)):
             how = "broadcast to" if exact else "broadcast against"
+            row = (f"; one value per row is shape ({like.shape[0]}, 1)" if t.dim() == 1 and like.dim() == 2
+                   and t.shape[0] == like.shape[0] else "")
             raise ValueError(
                 f"{name}: shape {tuple(t.shape)} does not {how} the shape {tuple(like.shape)} of {like_name} "
-                "(give one value, or one per instance)"
+                f"(give one value, or one per instance){row}"
             )
     if one and t.numel() != 1:
         raise ValueError(f"{name}: expected one number, got shape {tuple(t.shape)}")

@@ -442,8 +442,10 @@ def sampled_rank_histogram(sampled_ranks: TensorLike, n_items: TensorLike, n_sam
     r = check_rank_values(sampled_ranks, "sampled_ranks", whole=True, padding=True)
     dev = r.device
     # minimum 0: padded slots may carry 0 (adaptive sizes); the kept positives are checked below
-    n = check_sizes(n_items, "n_items", 0, like=r, like_name="sampled_ranks", device=dev)
-    m = check_sizes(n_samples, "n_samples", 0, like=r, like_name="sampled_ranks", device=dev, maximum=MAX_SAMPLES)
+    # exact: one value per instance or one for all (never more instances than ranks: (B, 1) ranks with (B,) n)
+    n = check_sizes(n_items, "n_items", 0, like=r, like_name="sampled_ranks", exact=True, device=dev)
+    m = check_sizes(n_samples, "n_samples", 0, like=r, like_name="sampled_ranks", exact=True, device=dev,
+                    maximum=MAX_SAMPLES)
     w = None if weights is None else check_weights(weights, "weights", like=r, max_total=MAX_TOTAL_WEIGHT, device=dev)
     tensors = [torch.as_tensor(x, dtype=torch.int64, device=dev) if i else x for i, x in enumerate((r, n, m))]
     tensors = torch.broadcast_tensors(*(tensors if w is None else tensors + [w]))
@@ -484,7 +486,7 @@ def _with_exact_groups(sampled_ranks: TensorLike, n_items: TensorLike, n_samples
     sampled = sampled_rank_histogram(torch.where(done, zero, r), n_items, n_samples, weights)
     if not bool(done.any()):
         return sampled
-    n = check_sizes(n_items, "n_items", 0, like=r, like_name="sampled_ranks", device=r.device)
+    n = check_sizes(n_items, "n_items", 0, like=r, like_name="sampled_ranks", exact=True, device=r.device)
     n = torch.broadcast_to(torch.as_tensor(n, dtype=torch.int64, device=r.device), r.shape)
     if bool((done & (e > n)).any()):
         raise ValueError(f"exact_ranks: {int((done & (e > n)).sum())} value(s) above the positive's n (n_items)")

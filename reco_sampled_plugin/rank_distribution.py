@@ -1285,7 +1285,7 @@ class RankDistribution:
 
         v, _ = moments(probs)
         v1, v2 = moments(self.probs)
-        var = float(np.dot(w, np.maximum(v2 - v1 * v1, 0.0))) / total**2
+        var = float(np.dot(w / total, np.maximum(v2 - v1 * v1, 0.0))) / total  # not total**2: underflows below 1e-154
         return (v * w).sum(-1) / total, var
 
     def twin_gap(self, spec: MetricSpec, budget: float = TWIN_H2) -> tuple[float, float]:

@@ -170,3 +170,17 @@ def test_model_term_is_half_the_gap_to_the_mes_prior():
         assert abs(est.value - truth) < 1.96 * est.stderr
         mes_est = rsp.estimate(metric, sampled, method="mes")
         assert 1.96 * est.stderr < 1.96 * mes_est.stderr  # still narrower than mes's own interval here
+
+
+def test_tiny_weights_give_the_limit_not_an_error():
+    """Frequency weights of any scale a float64 holds: gmod's posterior variance divided the weighted sum by the
+    squared total, which underflows to 0 below ~1e-154 (a ZeroDivisionError at weights of 1e-200); the value at
+    1e-300 equals that at 1e-20 (the scale where the data's pull on the prior has vanished), its stderr inf (fewer
+    than one instance: flagged)."""
+    g = torch.Generator().manual_seed(0)
+    s = rsp.SampledRanks.from_arrays(torch.randint(1, 102, (200,), generator=g), 1000, 100)
+    limit = rsp.estimate("ndcg@10", s, "gmod", weights=torch.full((200,), 1e-20, dtype=torch.float64))
+    for w in (1e-200, 1e-300):
+        e = rsp.estimate("ndcg@10", s, "gmod", weights=torch.full((200,), w, dtype=torch.float64))
+        assert e.value == pytest.approx(limit.value, rel=1e-9) and math.isfinite(e.value)
+        assert "few_instances" in e.flags

@@ -838,3 +838,15 @@ def test_finite_flags_of_scores_that_require_grad():
     assert rows.tolist() == [True] * 3 and not rows.requires_grad and rows.grad_fn is None
     with pytest.raises(ValueError, match="NaN or inf"):
         rsp.sampled_ranks(torch.cat([s, torch.full((3, 1), math.nan)], 1), torch.zeros(3, 1, dtype=L), 5, generator=_gen())
+
+
+def test_per_row_counts_of_column_ranks_are_refused_not_squared():
+    """(B, 1) sampled ranks with (B,) candidate counts: broadcasting made B x B instances of the histogram (40,000
+    from 200 positives); refused with the per-row shape named, and (B, 1) counts give B instances."""
+    r = torch.randint(1, 102, (200, 1), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"^n_items: shape \(200,\) does not broadcast to .*per row is shape \(200, 1\)"):
+        rsp.sampled_rank_histogram(r, torch.full((200,), 1000), 100)
+    with pytest.raises(ValueError, match=r"^n_samples: shape \(200,\) does not broadcast to"):
+        rsp.sampled_rank_histogram(r, 1000, torch.full((200,), 100))
+    assert rsp.sampled_rank_histogram(r, torch.full((200, 1), 1000), 100).total == 200
+    assert rsp.sampled_rank_histogram(r[:, 0], torch.full((200,), 1000), 100).total == 200
