@@ -48,6 +48,7 @@ import dataclasses
 import math
 from typing import Any, Iterable, Mapping
 
+import numpy as np
 import torch
 
 from ._rank_hist import RankHistogram, pool_by_n
@@ -202,9 +203,27 @@ def _refuse_metric(spec: MetricSpec, entry: registry.Estimator, hist: RankHistog
                      f"{_available(spec, design if popularity else None)}")
 
 
-def _fixed(spec: MetricSpec, hist: RankHistogram, law: str, method: registry.Method, draws: Any) -> Estimate:
+def auc_stderr_floor(hist: RankHistogram) -> float:
+    """The least standard error of an AUC estimate from uniform draws with replacement (the binomial law): the AUC
+    is the chance that a drawn irrelevant item scores below the relevant one, and the histogram holds N = sum of m
+    over its positives such draws, K of them below (m + 1 - r~ per positive), so no unbiased estimate of it has a
+    variance below p (1 - p) / N (the Cramer-Rao bound of N Bernoulli draws; positives that differ only add to it).
+    Agresti & Coull's p~ = (K + 2) / (N + 4) over N + 4 keeps it above 0 where every draw fell on one side (every
+    positive at r~ = 1, or at m + 1): there a sample's own spread is 0, and an interval of width 0 would claim
+    what the draws cannot tell (Agresti & Coull, The American Statistician 1998, "Approximate is better than
+    'exact' for interval estimation of binomial proportions")."""
+    below = np.concatenate([np.arange(m, -1, -1, dtype=np.float64) for m in hist.n_samples])  # m + 1 - r~
+    k = float(hist.flat_counts @ below)
+    n = float(hist.totals @ hist.n_samples.astype(np.float64))
+    p = (k + 2.0) / (n + 4.0)
+    return math.sqrt(p * (1.0 - p) / (n + 4.0))
+
+
+def _fixed(spec: MetricSpec, hist: RankHistogram, law: str, method: registry.Method, draws: Any,
+           floor: bool = True) -> Estimate:
     """The estimate of a fixed-m histogram (or an adaptive one read by a likelihood): pooling of n, the
-    identified interval of the unresolved top, the entry's compute, the packaged result."""
+    identified interval of the unresolved top, the entry's compute, the packaged result. ``floor``: an AUC's
+    stderr at least :func:`auc_stderr_floor` under the binomial law (fixed-m draws with replacement)."""
     entry = type(method).entry
     pooled = pool_by_n(hist, method.max_rel_n_spread)
     # popularity estimators read each positive's draws, never the pooled groups: nothing of theirs is pooled
@@ -229,7 +248,12 @@ def _fixed(spec: MetricSpec, hist: RankHistogram, law: str, method: registry.Met
         ident = getattr(res, "identification", None)
     # a mapping's interval is its sampling noise alone: its bias (unknown, the rank distribution's) is flagged
     bias_flag = ["interval_omits_bias"] if entry.family == "mapping" else []
-    return _result(res.value, res.stderr, res.n_instances, res.details,
+    stderr, details = res.stderr, res.details
+    if floor and spec.kind == "auc" and law == "binomial" and draws is None and stderr is not None:
+        least = auc_stderr_floor(hist)
+        if stderr < least:  # the draws' own binomial noise: never an interval narrower than it
+            stderr, details = least, {**details, "stderr_floor": least}
+    return _result(res.value, stderr, res.n_instances, details,
                    _merge_flags(res.flags, pool_flag + bias_flag), bounds, ident)
 
 
@@ -237,7 +261,8 @@ def _adaptive(spec: MetricSpec, hist: RankHistogram, method: registry.Method, de
     """The estimate of adaptive ranks: the likelihood's (which ignores the stopping rule) with the design's
     identified interval and cost (:func:`_with_adaptive`)."""
     check_adaptive_histogram(hist, design)
-    return _with_adaptive(_fixed(spec, hist, "binomial", method, None), hist, design, method.top_shape, spec)
+    return _with_adaptive(_fixed(spec, hist, "binomial", method, None, floor=False), hist, design, method.top_shape,
+                          spec)
 
 
 def estimate(
@@ -258,9 +283,10 @@ def estimate(
             gives the law and any adaptive stages).
         method: a registered estimator's name (``registry.names()``; the module docstring) or its options
             object (``Bv(gamma=0.2)``, ``Mes(n_bootstrap=0)``, ``Gmod(df=8)``, ``Auto(seed=1)``: the classes of
-            :mod:`~reco_sampled_plugin.registry`, each option checked at construction). Default ``auto``: ``gmod``
-            where the design resolves the top, ``mes`` elsewhere, ``hh`` (AUC) / ``pl_fit`` under popularity
-            designs, ``diff`` on a sample with an exact share (``details["auto"]`` says which and why).
+            :mod:`~reco_sampled_plugin.registry`, each option checked at construction). Default ``auto``
+            (``registry.AUTO_CHOICES``): ``gmod`` where the design resolves the top, ``mes`` elsewhere, ``none``
+            (the sampled AUC: unbiased) for AUC at a fixed m, ``hh`` (AUC) / ``pl_fit`` under popularity designs,
+            ``diff`` on a sample with an exact share (``details["auto"]`` says which and why).
         weights: optional per-positive frequency weights (a SampledRanks only): their sum is the number of
             instances that standard errors (and bootstraps) assume, so scale them to it (e.g. 1/|T_u| per
             positive: one per user); a total of at most 1 gives stderr inf, flagged ``few_instances``.

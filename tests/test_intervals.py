@@ -186,3 +186,39 @@ def test_top_unresolved_advice_fits_the_design():
     assert "m = 100 samples" in popular and "adaptive" in popular and "sample adaptively" not in popular
     assert "rank exactly or sample adaptively" in advice(SamplingDesign(100))
     assert advice(SamplingDesign(100)) == advice(None).replace("by m samples", "by m = 100 samples")
+
+
+@pytest.mark.parametrize("at", ["top", "bottom"])
+@pytest.mark.parametrize("method", ["auto", "none", "gmod"])
+def test_an_auc_whose_draws_all_fall_on_one_side_keeps_a_width(at, method):
+    """Every positive at r~ = 1 (or every one at m + 1): the per-positive values are all equal, so their spread is
+    0 and the interval was [1, 1] ([0, 0]). The draws bound the AUC no tighter than N = 2,000 Bernoulli draws all on
+    one side do: Agresti & Coull's interval, from 0.99862 (lower end at the top: Clopper-Pearson's exact 0.99816);
+    the point stays."""
+    r = torch.full((20,), 1 if at == "top" else 101)
+    e = rsp.estimate("auc", rsp.SampledRanks.from_arrays(r, 1000, 100), method)
+    lo, hi = e.interval()
+    p = 2002 / 2004  # (K + 2) / (N + 4)
+    width = 1.959964 * math.sqrt(p * (1 - p) / 2004)
+    assert e.stderr >= math.sqrt(p * (1 - p) / 2004) * (1 - 1e-9)
+    if at == "top":
+        assert e.value == pytest.approx(1.0, abs=1e-6) and hi == 1.0 and lo <= e.value - width + 1e-9
+        if method != "gmod":  # gmod's own stderr (its model part) is wider than the floor here
+            assert lo == pytest.approx(e.value - width, abs=1e-9)
+    else:
+        assert e.value == pytest.approx(0.0, abs=3e-3) and lo == pytest.approx(0.0, abs=3e-3) and hi >= width - 1e-4
+
+
+def test_auc_intervals_cover_near_the_top():
+    """Known truth: 50 positives at exact rank 2 of n = 1,000 (AUC 0.998999), m = 100, 400 draws: most draws put
+    every positive at r~ = 1 or one at 2, whose spread understated the noise (the default interval covered 0.86);
+    with the binomial floor it covers 0.95 or more (0.9575 at this seed; the standard error of a coverage of 0.95
+    over 400 draws is 0.011)."""
+    n, m = 1000, 100
+    r = torch.full((50,), 2)
+    truth = (n - 2) / (n - 1)
+    covered = 0
+    for d in draw_sampled_ranks(r, n, m, "binomial", repeats=400, seed=0):
+        lo, hi = rsp.estimate("auc", rsp.SampledRanks.from_arrays(d, n, m)).interval()
+        covered += lo <= truth <= hi
+    assert covered / 400 >= 0.935
