@@ -16,7 +16,7 @@ __all__ = ["Estimate", "EstimatorOutput", "FLAG_TEXT", "bias_aware_halfwidth", "
 INTERVAL_SUFFIXES = ("_lo", "_hi")
 
 #: Each flag of an :class:`Estimate` in words (the one mapping every output uses: CLI, report, RecBole, Lightning,
-#: torchmetrics), and ``uncorrected``, the label outputs give the plain sampled metric (method ``none``).
+#: torchmetrics); ``uncorrected``: the plain sampled metric (method ``none``), but for AUC at a fixed uniform m.
 #: ``{plan}`` and ``{m}`` are filled in by :func:`explain_flags`.
 FLAG_TEXT: dict[str, str] = {
     "top_unresolved": "top of the ranking not resolved by {m} samples: the 95% interval spans every value the data "

@@ -367,8 +367,7 @@ def estimate_table(rows: Iterable[tuple[str, str, Estimate]], *, stderr: bool = 
     for metric, method, est in rows:
         lo, hi = est.interval(0.95)  # widened where the top is unresolved (docs/estimators.md)
         interval = f"[{lo:.5f}, {hi:.5f}]"
-        # the plain sampled metric is named as such: its interval is the sampled metric's, not the full catalogue's
-        flags = est.flags + (("uncorrected",) if registry.get(method).family == "none" else ())
+        flags = est.flags  # ``uncorrected``: the plain sampled metric (none), its interval the sampled metric's
         # ``auto`` shows what it ran (auto:gmod / auto:mes)
         label = f"{method}:{est.details['auto']['method']}" if "auto" in est.details else method
         table.append([metric, label, f"{est.value:.5f}", interval] + ([f"{est.stderr:.5f}"] if stderr else [])

@@ -346,6 +346,10 @@ def estimate(
 
             draws = popularity_draws(sample, weights)  # type: ignore[arg-type]  # a SampledRanks under popularity
         result = _fixed(spec, hist, law, method, draws)
+    if entry.family == "none" and not (spec.kind == "auc" and adaptive is None and not popularity):
+        # the plain sampled metric: an estimate of the full-catalogue one only for AUC at a fixed uniform m
+        flags = result.flags + ("uncorrected",)
+        result = dataclasses.replace(result, flags=flags, details={**result.details, "flags": flags})
     if auto is not None:
         result = dataclasses.replace(result, details={**result.details, "auto": auto})
     return result

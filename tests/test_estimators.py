@@ -98,3 +98,20 @@ def test_cli_plan_refuses_a_popularity_pilot_file(tmp_path, capsys):
     assert cli.main(["estimate", str(path), "--metric", "ndcg@10"]) == 0
     out = capsys.readouterr().out
     assert "reco-sampled plan" in out and "--pilot" not in out  # the plan it suggests takes no popularity pilot
+
+
+def test_the_plain_sampled_metric_is_flagged_uncorrected_where_it_estimates_nothing():
+    """``none`` is the sampled metric itself: flagged ``uncorrected`` (its interval covers the sampled metric only),
+    but for AUC at a fixed uniform m, where the sampled AUC is unbiased for the full-catalogue one (auto's choice):
+    there no flag, as under ``auto``. AUC under popularity sampling or adaptive sizes is flagged."""
+    s, _ = _uniform()
+    assert "uncorrected" in rsp.estimate("ndcg@10", s, "none").flags
+    assert "uncorrected" not in rsp.estimate("auc", s, "none").flags
+    auto = rsp.estimate("auc", s)
+    assert auto.details["auto"]["method"] == "none" and "uncorrected" not in auto.flags
+    assert "uncorrected" not in rsp.estimate("ndcg@10", s, "mes").flags
+    assert "uncorrected" in rsp.estimate("auc", _popularity(), "none").flags
+    g = torch.Generator().manual_seed(3)
+    adaptive = rsp.adaptive_sampled_ranks(torch.randn(100, 300, generator=g), torch.randint(0, 300, (100,), generator=g),
+                                          SamplingDesign(10, adaptive_max=80), generator=g)
+    assert "uncorrected" in rsp.estimate("auc", adaptive, "none").flags

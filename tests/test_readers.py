@@ -459,7 +459,6 @@ def test_table_refuses_ragged_rows():
 def test_estimate_table_lines_as_before():
     """``reco-sampled estimate``'s table through the shared writer: the lines of the fixed-width f-strings it had."""
     import reco_sampled_plugin as rsp
-    from reco_sampled_plugin import registry
     from reco_sampled_plugin.cli import estimate_table
 
     gen = np.random.default_rng(0)
@@ -472,7 +471,7 @@ def test_estimate_table_lines_as_before():
         expected = [f"{'metric':12}{'method':14}{'estimate':>11}{'95% interval':>22}{se_head}  flags"]
         for metric, method, est in rows:
             lo, hi = est.interval(0.95)
-            flags = est.flags + (("uncorrected",) if registry.get(method).family == "none" else ())
+            flags = est.flags  # ``uncorrected`` set by estimate() (none, but for AUC at a fixed uniform m)
             label = f"{method}:{est.details['auto']['method']}" if "auto" in est.details else method
             se = f"{est.stderr:24.5f}" if stderr else ""
             expected.append(f"{metric:12}{label:14}{est.value:11.5f}{f'[{lo:.5f}, {hi:.5f}]':>22}{se}  {','.join(flags)}")
