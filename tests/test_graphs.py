@@ -901,12 +901,12 @@ def test_the_docs_state_the_capture_settings_the_code_has():
     assert subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True).stdout.strip() == "False"
 
 
-def _sorted_batch(seed: int, b: int = 12, n: int = 300, device="cpu"):
-    """:func:`_batch` with each row's positives ascending and padded at the end (the layout a mask's positives get),
-    and the same rows as (B, n) masks."""
-    s, pos, exc = _batch(seed, b=b, n=n, device=device)
+def _sorted_batch(seed: int, b: int = 12, n: int = 300, device="cpu", **kw):
+    """:func:`_batch` (``kw``: p, e) with each row's positives ascending, padded at the end and as wide as the row
+    with most (the layout a mask's positives get), and the same rows as (B, n) masks."""
+    s, pos, exc = _batch(seed, b=b, n=n, device=device, **kw)
     pos = torch.where(pos >= 0, pos, n).sort(1).values
-    pos = torch.where(pos < n, pos, -1)
+    pos = torch.where(pos < n, pos, -1)[:, :int((pos < n).sum(1).max())]
     wide = torch.zeros((b, n + 1), dtype=torch.bool, device=device)
     pm = wide.clone().scatter_(1, torch.where(pos >= 0, pos, n), True)[:, :n]
     em = wide.clone().scatter_(1, torch.where(exc >= 0, exc, n), True)[:, :n]
@@ -1011,3 +1011,40 @@ def test_a_bad_sampled_batch_after_capture_raises_the_general_error(captured, de
     message = _same_error(lambda: sampled_ranks(s, pos, 20, exclude=exc),
                           lambda: sampled_ranks(s, pos, 20, exclude=exc))
     assert message.startswith({"range": "positives:", "nan": "scores: NaN", "pool": "positives: some row"}[bad])
+
+
+@settings(max_examples=25, deadline=None)
+@given(b=st.integers(1, 9), n=st.integers(8, 60), p=st.integers(1, 5), e=st.integers(0, 6), m=st.integers(1, 40),
+       ties=st.sampled_from(["pessimistic", "optimistic", "average"]), grid=st.booleans(),
+       form=st.sampled_from(["masks", "prepared", "one positive", "int32"]), seed=st.integers(0, 99))
+def test_seeded_sampled_ranks_equal_across_forms_on_any_shape(b, n, p, e, m, ties, grid, form, seed):
+    """Any shape, padding and tie pattern on a CPU's stand-in graph: the replayed index call (third of a shape) gives
+    what the same rows in another form give from the same generator state (masks, prepared exclusions, (B,)
+    positives, int32 indices: the general path or a capture of its own)."""
+    from reco_sampled_plugin import sampled_ranks
+    from reco_sampled_plugin.exclusions import prepare_exclusions
+
+    saved = _graphs._fake[0], counting._numpy_blocked[0], counting._cpu_chunks[0], _inputs._numpy_scan[0]
+    _graphs._fake[0], counting._numpy_blocked[0], counting._cpu_chunks[0], _inputs._numpy_scan[0] = True, True, False, False
+    _graphs.clear()
+    try:
+        for i in range(3):
+            s, pos, exc, pm, em = _sorted_batch(seed + i, b=b, n=max(n, p + e + 4), p=p, e=max(e, 2))
+            if grid:
+                s = (s * 2).round() / 2
+            if form == "one positive":  # (B,) positives: one per row, -1 for a row without one
+                pos = pos[:, :1] if pos.shape[1] else torch.full((b, 1), -1)
+            exc, em = (exc, em) if e else (None, None)
+            gen = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
+            have = sampled_ranks(s, pos, m, exclude=exc, generator=gen(), ties=ties)
+            other = {"masks": lambda: sampled_ranks(s, pm, m, exclude=em, generator=gen(), ties=ties),
+                     "prepared": lambda: sampled_ranks(s, pos, m, exclude=None if exc is None else
+                                                       prepare_exclusions(exc, s.shape[1]), generator=gen(), ties=ties),
+                     "one positive": lambda: sampled_ranks(s, pos[:, 0], m, exclude=exc, generator=gen(), ties=ties),
+                     "int32": lambda: sampled_ranks(s, pos.to(torch.int32), m, exclude=None if exc is None else
+                                                    exc.to(torch.int32), generator=gen(), ties=ties)}[form]()
+            _same_sampled(have, other)
+        assert _graphs._stats["replays"] > 0
+    finally:
+        _graphs._fake[0], counting._numpy_blocked[0], counting._cpu_chunks[0], _inputs._numpy_scan[0] = saved
+        _graphs.clear()
