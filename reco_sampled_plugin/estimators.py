@@ -203,27 +203,42 @@ def _refuse_metric(spec: MetricSpec, entry: registry.Estimator, hist: RankHistog
                      f"{_available(spec, design if popularity else None)}")
 
 
-def auc_stderr_floor(hist: RankHistogram) -> float:
-    """The least standard error of an AUC estimate from uniform draws with replacement (the binomial law): the AUC
-    is the chance that a drawn irrelevant item scores below the relevant one, and the histogram holds N = sum of m
-    over its positives such draws, K of them below (m + 1 - r~ per positive), so no unbiased estimate of it has a
-    variance below p (1 - p) / N (the Cramer-Rao bound of N Bernoulli draws; positives that differ only add to it).
-    Agresti & Coull's p~ = (K + 2) / (N + 4) over N + 4 keeps it above 0 where every draw fell on one side (every
-    positive at r~ = 1, or at m + 1): there a sample's own spread is 0, and an interval of width 0 would claim
-    what the draws cannot tell (Agresti & Coull, The American Statistician 1998, "Approximate is better than
-    'exact' for interval estimation of binomial proportions")."""
-    below = np.concatenate([np.arange(m, -1, -1, dtype=np.float64) for m in hist.n_samples])  # m + 1 - r~
-    k = float(hist.flat_counts @ below)
-    n = float(hist.totals @ hist.n_samples.astype(np.float64))
+def auc_stderr_floor(hist: RankHistogram, law: str = "binomial") -> float:
+    """The least standard error of an AUC estimate from uniform draws (``law``: ``"binomial"``, with replacement, or
+    ``"hypergeometric"``, without): the AUC is the chance that a drawn irrelevant item scores below the relevant
+    one, and the histogram's sampled groups hold N = sum of m over their positives such draws, K of them below
+    (m + 1 - r~ per positive). Of draws all alike (every positive the same AUC p) the sample proportion K / N is
+    the unbiased estimate of least variance, p (1 - p) / N (times the finite-population factor
+    (n - 1 - m) / (n - 2) without replacement); positives whose AUCs differ add their spread to the variance of
+    the mean over positives that the standard errors target. Where every draw fell on one side (every positive at
+    r~ = 1, or at m + 1) the positives' own spread is 0 and an interval of width 0 would claim what the draws
+    cannot tell: p is taken as Agresti & Coull's p~ = (K + 2) / (N + 4) over N + 4 draws (The American
+    Statistician 1998, "Approximate is better than 'exact' for interval estimation of binomial proportions"), the
+    interval still centred on the estimate. Exact groups (ranked, not drawn) add nothing; 0 without draws."""
+    drawn = ~hist.exact
+    if not drawn.any():
+        return 0.0
+    m = hist.n_samples[drawn].astype(np.float64)
+    below = np.concatenate([np.arange(int(mg), -1, -1, dtype=np.float64) for mg in m])  # m + 1 - r~
+    flat = np.concatenate([row for row, keep in zip(hist.counts, drawn) if keep])
+    k = float(flat @ below)
+    totals = hist.totals[drawn]
+    n = float(totals @ m)
+    if n <= 0:
+        return 0.0
     p = (k + 2.0) / (n + 4.0)
-    return math.sqrt(p * (1.0 - p) / (n + 4.0))
+    fpc = 1.0
+    if law == "hypergeometric":  # draws without replacement from the n - 1 irrelevant candidates of each group
+        pool = hist.n_items[drawn].astype(np.float64) - 1.0
+        fpc = float(totals @ (m * np.clip((pool - m) / np.maximum(pool - 1.0, 1.0), 0.0, 1.0))) / n
+    return math.sqrt(p * (1.0 - p) / (n + 4.0) * fpc)
 
 
 def _fixed(spec: MetricSpec, hist: RankHistogram, law: str, method: registry.Method, draws: Any,
            floor: bool = True) -> Estimate:
     """The estimate of a fixed-m histogram (or an adaptive one read by a likelihood): pooling of n, the
     identified interval of the unresolved top, the entry's compute, the packaged result. ``floor``: an AUC's
-    stderr at least :func:`auc_stderr_floor` under the binomial law (fixed-m draws with replacement)."""
+    stderr at least :func:`auc_stderr_floor` (fixed-m uniform draws; not adaptive or popularity designs)."""
     entry = type(method).entry
     pooled = pool_by_n(hist, method.max_rel_n_spread)
     # popularity estimators read each positive's draws, never the pooled groups: nothing of theirs is pooled
@@ -249,8 +264,8 @@ def _fixed(spec: MetricSpec, hist: RankHistogram, law: str, method: registry.Met
     # a mapping's interval is its sampling noise alone: its bias (unknown, the rank distribution's) is flagged
     bias_flag = ["interval_omits_bias"] if entry.family == "mapping" else []
     stderr, details = res.stderr, res.details
-    if floor and spec.kind == "auc" and law == "binomial" and draws is None and stderr is not None:
-        least = auc_stderr_floor(hist)
+    if floor and spec.kind == "auc" and draws is None and stderr is not None:
+        least = auc_stderr_floor(hist, law)
         if stderr < least:  # the draws' own binomial noise: never an interval narrower than it
             stderr, details = least, {**details, "stderr_floor": least}
     return _result(res.value, stderr, res.n_instances, details,
@@ -345,7 +360,7 @@ def estimate(
             from .popularity import popularity_draws
 
             draws = popularity_draws(sample, weights)  # type: ignore[arg-type]  # a SampledRanks under popularity
-        result = _fixed(spec, hist, law, method, draws)
+        result = _fixed(spec, hist, law, method, draws, floor=not popularity)
     if entry.family == "none" and not (spec.kind == "auc" and adaptive is None and not popularity):
         # the plain sampled metric: an estimate of the full-catalogue one only for AUC at a fixed uniform m
         flags = result.flags + ("uncorrected",)

@@ -677,6 +677,8 @@ def draw_negatives(pos: torch.Tensor, exc: Exclusions | torch.Tensor | None, n_i
     b, p = pos.shape
     if p == 0:  # no positive anywhere: nothing to draw, nothing else to check
         run_checks(list(checks))
+        if popularity is None and replacement and seeded_draws(device):
+            draw_seed(generator, device)  # one seed per seeded call whatever P: the generator ends where it would
         return torch.zeros((b, p, m), dtype=torch.int64, device=device)
     exc = as_exclusions(exc, n_items, b)
     valid = pos >= 0
@@ -1126,20 +1128,25 @@ def seeded_draws(device: torch.device) -> bool:
 
 
 def draw_seed(generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
-    """The 0-dim int64 seed (0..2^31 - 1) of a seeded draw on ``device``, from ``generator`` (the device's default
+    """The 0-dim int64 seed (0..2^62 - 1) of a seeded draw on ``device``, from ``generator`` (the device's default
     one when None): drawn on the device, or on the generator's own device and filled in as a kernel argument (no
-    copy from host memory, which would wait for the device)."""
+    copy from host memory, which would wait for the device). Rows are keyed by seed + their place in the batch
+    (:func:`seeded_negatives`): two calls share a row's keys only where their seeds lie within a batch of each
+    other (about B / 2^62 per pair of calls)."""
     if generator is None or generator.device == torch.device(device):
-        return torch.randint(0, 1 << 31, (), device=device, generator=generator)
-    return torch.full((), int(torch.randint(0, 1 << 31, (), generator=generator, device=generator.device)),
+        return torch.randint(0, _SEEDS, (), device=device, generator=generator)
+    return torch.full((), int(torch.randint(0, _SEEDS, (), generator=generator, device=generator.device)),
                       dtype=torch.int64, device=device)
+
+
+_SEEDS = 1 << 62  # seeds of seeded draws: seed + row stays below 2^63 for any batch (MAX_SIZE rows at most)
 
 
 def seeded_negatives(pos: torch.Tensor, exc: torch.Tensor | Exclusions | None, n_items: int, m: int,
                      seed: torch.Tensor, first_row: int = 0) -> torch.Tensor:
     """(B, P, m) items drawn uniformly with replacement among each row's irrelevant candidates (neither a positive
-    nor excluded), keyed: draw k of the positive in slot p of row b is ``keyed_uniform(0, 0, (seed << 32) + b,
-    pos[b, p], k)`` scaled to the row's pool (the law of :func:`_draw_uniform`), mapped to items as
+    nor excluded), keyed: draw k of the positive in slot p of row b is ``keyed_uniform(0, 0, seed + b, pos[b, p],
+    k)`` scaled to the row's pool (the law of :func:`_draw_uniform`), mapped to items as
     :func:`allowed_items` maps them (:func:`allowed_position_to_item` on padded exclusions: the same items, nothing
     read back). Rows without a positive: item 0. ``first_row``: the batch position of ``pos``' first row. In row
     blocks of at most ``MAX_ELEMENTS // 8`` draws (the hash's temporaries); nothing here waits for the device (but
@@ -1156,7 +1163,7 @@ def seeded_negatives(pos: torch.Tensor, exc: torch.Tensor | Exclusions | None, n
         return torch.cat(parts)
     device, valid = pos.device, pos >= 0
     pool = (n_items - exclusion_counts(exc, b, device) - valid.sum(1)).clamp(min=1).view(b, 1, 1)
-    ids = (seed.to(torch.int64) << 32) + torch.arange(first_row, first_row + b, device=device)
+    ids = seed.to(torch.int64) + torch.arange(first_row, first_row + b, device=device)
     u = keyed_uniform(0, 0, ids.view(b, 1, 1), pos.view(b, p, 1), torch.arange(m, device=device).view(1, 1, m))
     positions = torch.minimum((u * pool.to(torch.float64)).floor().to(torch.int64), pool - 1)
     if isinstance(exc, torch.Tensor):
@@ -1180,9 +1187,11 @@ def _seeded_sampled_ranks(scores: torch.Tensor, positives: Any, exclude: Any, n_
     if not seeded_draws(device) or index[0] is None or n_samples is None or not scores.numel() \
             or not capturable_index(device, *index, rows=b, capture=False):
         return None
-    m = check_int(n_samples, "n_samples", minimum=1, maximum=MAX_SAMPLES)
-    check_elements(b * index[0].shape[1] * m, "n_samples",
-                   "the draw of B x P x m negatives (returned in SampledRanks.negatives)")
+    try:  # a bad m: the general path raises, after the inputs' own checks (the same error whichever path)
+        m = check_int(n_samples, "n_samples", minimum=1, maximum=MAX_SAMPLES)
+        check_elements(b * index[0].shape[1] * m, "n_samples", "the draw of B x P x m negatives")
+    except (ValueError, TypeError):
+        return None
     notes: list[tuple[str, str]] = []
 
     def queued(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

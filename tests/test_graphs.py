@@ -970,9 +970,10 @@ def test_seeded_draws_in_row_blocks_equal_one_block(captured, device, monkeypatc
 
 def test_seeded_draws_are_uniform_over_each_rows_candidates(captured, device):
     """The law of the seeded draw (uniform with replacement among the row's items neither positive nor excluded):
-    400 rows with item 3 relevant and items 0 and 7 excluded, m = 50 each (20,000 draws over 9 items): a chi-square
-    test of equal frequencies at a fixed seed (p > 0.01), rows independent (their first draws as frequent as the
-    others), and another seed draws other items."""
+    400 rows with item 3 relevant and items 0 and 7 excluded, m = 50 each (20,000 draws over 9 items), under 20
+    generator seeds: never a forbidden item; each seed's chi-square test of equal frequencies gives a p-value, and
+    those of a uniform law are uniform on [0, 1] (Kolmogorov-Smirnov, p > 0.01), for all draws and for the rows'
+    first draws alone (rows independent); two seeds draw different items (8 in 9 draws differ)."""
     from scipy import stats
 
     from reco_sampled_plugin import sampled_ranks
@@ -981,18 +982,21 @@ def test_seeded_draws_are_uniform_over_each_rows_candidates(captured, device):
     s = torch.randn(b, n, generator=torch.Generator().manual_seed(0)).to(device)
     pos = torch.full((b, 1), 3, device=device)
     exc = torch.tensor([[0, 7]], device=device).expand(b, 2)
-    neg = sampled_ranks(s, pos, m, exclude=exc, generator=torch.Generator(device=device).manual_seed(1)).negatives
-    counts = torch.bincount(neg.flatten().cpu(), minlength=n)
-    assert counts[[0, 3, 7]].sum() == 0
-    allowed = counts[[i for i in range(n) if i not in (0, 3, 7)]].numpy()
-    assert stats.chisquare(allowed).pvalue > 0.01, allowed
-    first = torch.bincount(neg[:, 0, 0].cpu(), minlength=n)[[i for i in range(n) if i not in (0, 3, 7)]].numpy()
-    assert stats.chisquare(first).pvalue > 0.01, first
-    other = sampled_ranks(s, pos, m, exclude=exc, generator=torch.Generator(device=device).manual_seed(2)).negatives
-    assert (other != neg).double().mean() > 0.8  # 8 in 9 draws differ between independent seeds
+    allowed = [i for i in range(n) if i not in (0, 3, 7)]
+    p_all, p_first, draws = [], [], []
+    for seed in range(20):
+        neg = sampled_ranks(s, pos, m, exclude=exc, generator=torch.Generator(device=device).manual_seed(seed)).negatives
+        counts = torch.bincount(neg.flatten().cpu(), minlength=n)
+        assert counts[[0, 3, 7]].sum() == 0
+        p_all.append(stats.chisquare(counts[allowed].numpy()).pvalue)
+        p_first.append(stats.chisquare(torch.bincount(neg[:, 0, 0].cpu(), minlength=n)[allowed].numpy()).pvalue)
+        draws.append(neg)
+    assert stats.kstest(p_all, "uniform").pvalue > 0.01, p_all
+    assert stats.kstest(p_first, "uniform").pvalue > 0.01, p_first
+    assert (draws[0] != draws[1]).double().mean() > 0.8
 
 
-@pytest.mark.parametrize("bad", ["range", "nan", "pool"])
+@pytest.mark.parametrize("bad", ["range", "nan", "pool", "range and m"])
 def test_a_bad_sampled_batch_after_capture_raises_the_general_error(captured, device, bad):
     from reco_sampled_plugin import sampled_ranks
 
@@ -1002,15 +1006,17 @@ def test_a_bad_sampled_batch_after_capture_raises_the_general_error(captured, de
         sampled_ranks(s, pos, 20, exclude=exc)
     assert captured("replays") == 2
     s, pos, exc = s.clone(), pos.clone(), exc.clone()
-    if bad == "range":
+    m = 0 if bad == "range and m" else 20  # two faults: the inputs' error first, as on the general path
+    if bad.startswith("range"):
         pos[2, 0] = 24
     elif bad == "nan":
         s[4, 9] = float("nan")
     else:  # row 1: every item a positive or excluded, none left to draw
         pos[1], exc[1] = torch.arange(20, 24, device=device), torch.arange(20, device=device)
-    message = _same_error(lambda: sampled_ranks(s, pos, 20, exclude=exc),
-                          lambda: sampled_ranks(s, pos, 20, exclude=exc))
-    assert message.startswith({"range": "positives:", "nan": "scores: NaN", "pool": "positives: some row"}[bad])
+    message = _same_error(lambda: sampled_ranks(s, pos, m, exclude=exc),
+                          lambda: sampled_ranks(s, pos, m, exclude=exc))
+    assert message.startswith({"range": "positives:", "nan": "scores: NaN", "pool": "positives: some row",
+                               "range and m": "positives:"}[bad])
 
 
 @settings(max_examples=25, deadline=None)
@@ -1035,7 +1041,9 @@ def test_seeded_sampled_ranks_equal_across_forms_on_any_shape(b, n, p, e, m, tie
             if form == "one positive":  # (B,) positives: one per row, -1 for a row without one
                 pos = pos[:, :1] if pos.shape[1] else torch.full((b, 1), -1)
             exc, em = (exc, em) if e else (None, None)
-            gen = lambda: torch.Generator().manual_seed(seed)  # noqa: E731
+            gens = [torch.Generator().manual_seed(seed) for _ in range(2)]
+            made = iter(gens)
+            gen = lambda: next(made)  # noqa: E731
             have = sampled_ranks(s, pos, m, exclude=exc, generator=gen(), ties=ties)
             other = {"masks": lambda: sampled_ranks(s, pm, m, exclude=em, generator=gen(), ties=ties),
                      "prepared": lambda: sampled_ranks(s, pos, m, exclude=None if exc is None else
@@ -1044,6 +1052,8 @@ def test_seeded_sampled_ranks_equal_across_forms_on_any_shape(b, n, p, e, m, tie
                      "int32": lambda: sampled_ranks(s, pos.to(torch.int32), m, exclude=None if exc is None else
                                                     exc.to(torch.int32), generator=gen(), ties=ties)}[form]()
             _same_sampled(have, other)
+            # one seed per call whatever the form (also without a positive): later draws are the same
+            assert torch.equal(torch.rand(2, generator=gens[0]), torch.rand(2, generator=gens[1]))
         assert _graphs._stats["replays"] > 0
     finally:
         _graphs._fake[0], counting._numpy_blocked[0], counting._cpu_chunks[0], _inputs._numpy_scan[0] = saved

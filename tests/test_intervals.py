@@ -222,3 +222,31 @@ def test_auc_intervals_cover_near_the_top():
         lo, hi = rsp.estimate("auc", rsp.SampledRanks.from_arrays(d, n, m)).interval()
         covered += lo <= truth <= hi
     assert covered / 400 >= 0.935
+
+
+def test_the_auc_floor_counts_only_uniform_draws():
+    """Without replacement the floor carries the finite-population factor (n - 1 - m) / (n - 2): 20 positives at
+    r~ = 1 with m = 100 of n = 300 keep a width, narrower than with replacement; exact groups (ranked, not drawn)
+    add no draws (a histogram of exact groups alone: floor 0); popularity draws get no floor (their estimators
+    weigh draws by 1/q: not N equal Bernoulli draws)."""
+    from reco_sampled_plugin.design import SamplingDesign
+    from reco_sampled_plugin.estimators import auc_stderr_floor
+
+    top = torch.full((20,), 1)
+    without = rsp.estimate("auc", rsp.SampledRanks.from_arrays(top, 300, 100, SamplingDesign(100, replacement=False)))
+    p = 2002 / 2004
+    assert without.stderr == pytest.approx(math.sqrt(p * (1 - p) / 2004 * 199 / 298), rel=1e-9)
+    assert without.interval()[0] < 1.0
+    sampled = rsp.RankHistogram(np.array([1000]), np.array([100]), (np.eye(101)[0] * 20,))
+    mixed = rsp.RankHistogram(np.array([50, 1000]), np.array([49, 100]), (np.eye(50)[0] * 7, np.eye(101)[0] * 20),
+                              exact=np.array([True, False]))
+    assert auc_stderr_floor(mixed) == pytest.approx(auc_stderr_floor(sampled), rel=1e-12)
+    exact_only = rsp.RankHistogram(np.array([50]), np.array([49]), (np.eye(50)[0] * 7,), exact=np.array([True]))
+    assert auc_stderr_floor(exact_only) == 0.0
+    g = torch.Generator().manual_seed(0)
+    w = torch.rand(300, generator=g) + 0.5
+    scores, pos = torch.randn(50, 300, generator=g), torch.randint(0, 300, (50,), generator=g)
+    scores[torch.arange(50), pos] = 10.0  # every positive first: a spread of 0, where a floor would bind
+    pop = rsp.sampled_ranks(scores, pos, SamplingDesign(40, popularity=w), generator=g)
+    assert bool((pop.ranks == 1).all())
+    assert all("stderr_floor" not in rsp.estimate("auc", pop, method).details for method in ("none", "auto"))
