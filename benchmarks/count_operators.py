@@ -2,7 +2,8 @@
 
 Each aten operator is at least one kernel launch on an accelerator; counted on the CPU with ``tests/_budgets.OpCounter``
 (eager backend, one thread, adapters on their accelerator path). ``--path torch`` runs the eager path an accelerator
-runs (numpy blocked: whole rows, masks scanned in torch; the keyed hash in one block, as off the CPU); ``--path
+runs (numpy blocked: whole rows, masks scanned in torch; the keyed hash in one block, as off the CPU; uniform draws
+keyed by a seed); ``--path
 numpy`` the CPU's.
 
     python benchmarks/count_operators.py --path torch --sizes 16x296,128x20000,1024x100000
@@ -20,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import test_gpu_readiness_dispatch as cases  # noqa: E402
 from _budgets import OpCounter  # noqa: E402
 
-from reco_sampled_plugin import _hash, _inputs, counting  # noqa: E402
+from reco_sampled_plugin import _graphs, _hash, _inputs, counting  # noqa: E402
 
 
 def main(argv=None) -> None:
@@ -38,6 +39,7 @@ def main(argv=None) -> None:
             counting._cpu_chunks[0] = False
         if hasattr(_inputs, "_numpy_scan"):
             _inputs._numpy_scan[0] = False
+        _graphs._fake[0] = True  # uniform draws keyed by a seed, as on an accelerator (eager backend: nothing captured)
         _hash._HASH_BLOCK = 1 << 62  # the CPU-only cache blocks of the hash off: an accelerator hashes at once
     print(f"operators per call, {args.path} path, torch {torch.__version__}")
     print("| call | " + " | ".join(f"{b:,} x {n:,}" for b, n in sizes) + " |")
