@@ -22,16 +22,20 @@ if TYPE_CHECKING:
 __all__ = ["auto_method", "auto_choice", "estimate_auto"]
 
 
-def auto_method(spec: MetricSpec, hist: RankHistogram, design: AdaptiveDesign | None) -> tuple[str, str]:
+def auto_method(spec: MetricSpec, hist: RankHistogram, design: AdaptiveDesign | None,
+                fit: bool = False) -> tuple[str, str]:
     """What ``method="auto"`` runs on ``hist`` (``registry.AUTO_CHOICES``) and why: the ``resolved`` choice for an
     adaptive design or where every group with positives at r~ = 1 has its resolution b = (n - 1)/(m + 1) + 1 at
     most the metric's cut-off K; the ``unresolved`` one otherwise (AP, RR, NDCG without cut-off count as resolved
     only when no positive ranks first). AUC at a fixed m: the ``auc`` choice, the sampled AUC (unbiased; it went to
     ``mes`` once a positive ranked first: 0.75 [0.73, 0.76] for a true 0.996 on 20 users at n = 1,000, m = 100). Popularity-sampled ranks never reach here: ``estimate`` runs
-    ``registry.popularity_auto`` on their SampledRanks (``hh`` for AUC, ``pl_fit`` otherwise)."""
+    ``registry.popularity_auto`` on their SampledRanks (``hh`` for AUC, ``pl_fit`` otherwise). ``fit``: a rank
+    distribution is wanted (the difference estimator's model): AUC takes the ``resolved`` choice, a fit."""
     if design is not None:
         return registry.AUTO_CHOICES["resolved"], "adaptive design"
     if spec.k is None and not top_kind(spec):  # AUC, linear in the rank
+        if fit:
+            return registry.AUTO_CHOICES["resolved"], "AUC: a rank distribution's fit for the model"
         return registry.AUTO_CHOICES["auc"], "AUC at a fixed m: the sampled AUC is unbiased"
     occupied = hist.top_counts > 0
     if not np.any(occupied):
@@ -50,8 +54,8 @@ def estimate_auto(spec: MetricSpec, hist: RankHistogram, *, method: str, samplin
     return entry.compute_function()(spec, hist, method=chosen, sampling=sampling, options=options)
 
 
-def auto_choice(spec: MetricSpec, auto: registry.Method, hist: RankHistogram, design: SamplingDesign | None
-            ) -> tuple[registry.Method, dict]:
+def auto_choice(spec: MetricSpec, auto: registry.Method, hist: RankHistogram, design: SamplingDesign | None,
+                fit: bool = False) -> tuple[registry.Method, dict]:
     """What ``auto`` runs on these data (one place): ``registry.popularity_auto`` under a popularity design
     (``hh`` for AUC, ``pl_fit`` otherwise), else :func:`auto_method`; the choice gets auto's options it takes
     (the others are reported in ``details["auto"]["options_unused"]`` and warned about where given)."""
@@ -59,7 +63,7 @@ def auto_choice(spec: MetricSpec, auto: registry.Method, hist: RankHistogram, de
         name = registry.popularity_auto(spec, design)
         why = f"popularity design: {name} is the first of AUTO_CHOICES['popularity'] that estimates {spec.kind}"
     else:
-        name, why = auto_method(spec, hist, None if design is None else design.adaptive)
+        name, why = auto_method(spec, hist, None if design is None else design.adaptive, fit)
     cls = registry.method_class(name)
     takes = cls.entry.option_names + registry.COMMON_OPTIONS
     given = auto.given()

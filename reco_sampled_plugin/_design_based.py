@@ -248,7 +248,7 @@ def model_fit(spec: MetricSpec, hist: Any, fit_options: dict | None = None, desi
     design = hist.design if design is None else design
 
     def make() -> tuple[Any, str, str]:
-        chosen, _ = auto_choice(spec, registry.Auto(**(fit_options or {})), hist, design)
+        chosen, _ = auto_choice(spec, registry.Auto(**(fit_options or {})), hist, design, fit=True)
         method = registry.method_class(chosen.name)(**{**chosen.given(), "n_bootstrap": 0})
         law = "binomial" if design is None or design.adaptive_max is not None else design.law
         return fit_rank_distribution(hist, method, sampling=law), chosen.name, law

@@ -177,6 +177,8 @@ def adaptive_sampled_ranks(
             scores[idx], stage_positives(pos, idx, from_mask), m_cur, exclude=None if exc is None else exc.select(idx),
             generator=generator, ties=ties, check_finite=False,
         ).ranks
+        if more.shape[1] < ranks.shape[1]:  # a mask's stage rows trimmed to their longest: the rest is padding
+            more = torch.nn.functional.pad(more, (0, ranks.shape[1] - more.shape[1]))
         sub_need = need[idx]
         ranks[idx] = torch.where(sub_need, added_ranks(ranks[idx], more), ranks[idx])
         sizes[idx] = torch.where(sub_need, torch.full_like(sizes[idx], 2 * m_cur), sizes[idx])

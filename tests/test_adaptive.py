@@ -378,3 +378,24 @@ def test_threshold_estimates_recover_the_truth_and_checks_refuse_impossible_stop
     with pytest.raises(ValueError, match=r"within the top 3 \(adaptive_top\) among m = \d+ samples stopped below"):
         rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(plain.ranks, n, plain.n_samples, rsp.SamplingDesign(
             50, adaptive_max=800, adaptive_top=3)), "mle")
+
+
+def test_mask_positives_of_ragged_rows_equal_their_index_form():
+    """Mask positives whose rows differ in count: a later stage draws for rows whose longest list is shorter than
+    the batch's (the mask's stage positives are trimmed to it); their ranks are put back in the batch's width (a
+    RuntimeError of mismatched sizes before), the same as the index form's from the same generator state."""
+    g = torch.Generator().manual_seed(0)
+    b, n = 40, 60
+    scores = torch.randn(b, n, generator=g)
+    counts = torch.randint(1, 5, (b,), generator=g)
+    order = torch.argsort(torch.rand(b, n, generator=g), 1)
+    pos = torch.where(torch.arange(4) < counts[:, None], order[:, :4].sort(1).values, -1)
+    pos = torch.where(pos >= 0, pos, n).sort(1).values
+    pos = torch.where(pos < n, pos, -1)
+    mask = torch.zeros(b, n + 1, dtype=torch.bool).scatter_(1, torch.where(pos >= 0, pos, n), True)[:, :n]
+    scores[torch.arange(b), pos[:, 0]] += 3.0  # first positives near the top: their rows go on to later stages
+    design = rsp.SamplingDesign(4, adaptive_max=64)
+    have = rsp.adaptive_sampled_ranks(scores, mask, design, generator=torch.Generator().manual_seed(1))
+    want = rsp.adaptive_sampled_ranks(scores, pos, design, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(have.ranks, want.ranks) and torch.equal(have.n_samples, want.n_samples)
+    assert int(have.n_samples.max()) > 4

@@ -505,3 +505,20 @@ def test_inclusion_bound_holds_on_every_path_and_in_the_inputs_precision():
         ExactShare(np.float32(9e-10))
     with pytest.raises(ValueError, match="^inclusion: "):
         rsp.SampledRanks.from_arrays(r, n, 100, design, share_ranks=e, inclusion=torch.full((200,), 9e-10))
+
+
+def test_auc_with_an_exact_share_is_estimated():
+    """AUC on a sample with an exact share: ``auto`` runs ``diff``, whose model is a rank-distribution fit (gmod),
+    not auto's AUC choice at a fixed m (the sampled AUC, no fit: the model failed, "n_bootstrap: method 'none' does
+    not use it", and the torchmetrics class returned NaN). Its interval holds the users' exact AUC (200 users,
+    n = 500, m = 20, share 0.3)."""
+    import reco_sampled_plugin as rsp
+    from reco_sampled_plugin.design import SamplingDesign
+
+    g = torch.Generator().manual_seed(0)
+    s, pos = torch.randn(200, 500, generator=g), torch.randint(0, 500, (200, 1), generator=g)
+    sample = rsp.sampled_ranks(s, pos, SamplingDesign(20, exact_share=0.3), generator=g)
+    e = rsp.estimate("auc", sample)
+    truth = float(((500 - rsp.exact_ranks(s, pos)) / 499.0).double().mean())
+    lo, hi = e.interval()
+    assert e.details["auto"]["method"] == "diff" and lo <= truth <= hi and hi - lo < 0.05
