@@ -380,22 +380,36 @@ def test_threshold_estimates_recover_the_truth_and_checks_refuse_impossible_stop
             50, adaptive_max=800, adaptive_top=3)), "mle")
 
 
-def test_mask_positives_of_ragged_rows_equal_their_index_form():
+def test_mask_positives_of_ragged_rows_equal_their_index_form(monkeypatch):
     """Mask positives whose rows differ in count: a later stage draws for rows whose longest list is shorter than
     the batch's (the mask's stage positives are trimmed to it); their ranks are put back in the batch's width (a
-    RuntimeError of mismatched sizes before), the same as the index form's from the same generator state."""
+    RuntimeError of mismatched sizes before). Where draws are keyed (an accelerator's seeded draws: the same items
+    whatever the width) they equal the index form's from the same generator state; on the CPU's generator stream
+    the stages' shapes differ, so only what the scores fix is compared (rows of last positives stop at m = 4 with
+    r~ = 5, rows of first positives draw on)."""
+    from reco_sampled_plugin import _graphs, _inputs, counting
+
     g = torch.Generator().manual_seed(0)
     b, n = 40, 60
     scores = torch.randn(b, n, generator=g)
-    counts = torch.randint(1, 5, (b,), generator=g)
+    counts = torch.where(torch.arange(b) % 2 == 0, 4, 2)  # even rows 4 positives, odd rows 2
     order = torch.argsort(torch.rand(b, n, generator=g), 1)
     pos = torch.where(torch.arange(4) < counts[:, None], order[:, :4].sort(1).values, -1)
     pos = torch.where(pos >= 0, pos, n).sort(1).values
     pos = torch.where(pos < n, pos, -1)
     mask = torch.zeros(b, n + 1, dtype=torch.bool).scatter_(1, torch.where(pos >= 0, pos, n), True)[:, :n]
-    scores[torch.arange(b), pos[:, 0]] += 3.0  # first positives near the top: their rows go on to later stages
+    top = torch.where(pos >= 0, pos, pos[:, :1])  # padding: the row's first positive again
+    scores.scatter_(1, top, torch.where(torch.arange(b)[:, None] % 2 == 0, -10.0, 10.0).expand(top.shape).clone())
+    # the odd rows' positives first, the even rows' last: only rows of 2 positives draw again (the mask's stage
+    # positives trimmed to width 2 of the batch's 4)
     design = rsp.SamplingDesign(4, adaptive_max=64)
+    cpu = rsp.adaptive_sampled_ranks(scores, mask, design, generator=torch.Generator().manual_seed(1))
+    assert bool((cpu.ranks[::2] == 5).all()) and bool((cpu.n_samples[::2] == 4).all())
+    assert bool((cpu.n_samples[1::2, :2] > 4).all()) and bool((cpu.ranks[1::2, 2:] == 0).all())
+    monkeypatch.setattr(_graphs, "_fake", [True])  # keyed draws, as on an accelerator
+    monkeypatch.setattr(counting, "_numpy_blocked", [True])
+    monkeypatch.setattr(counting, "_cpu_chunks", [False])
+    monkeypatch.setattr(_inputs, "_numpy_scan", [False])
     have = rsp.adaptive_sampled_ranks(scores, mask, design, generator=torch.Generator().manual_seed(1))
     want = rsp.adaptive_sampled_ranks(scores, pos, design, generator=torch.Generator().manual_seed(1))
     assert torch.equal(have.ranks, want.ranks) and torch.equal(have.n_samples, want.n_samples)
-    assert int(have.n_samples.max()) > 4
