@@ -641,6 +641,11 @@ def draws_for_rows_with_positives(pos: torch.Tensor, exc: torch.Tensor | None, m
 # redraw rounds of sampling without replacement run before the one check for duplicates left (each round
 # redraws only the duplicates, from the items not yet drawn: after two rounds some are left in rare batches)
 _REDRAW_ROUNDS = 2
+# the least share of the total weight a row's drawable items may hold under popularity sampling (float64 cumulative
+# sums place an item of 2^-40 of the total with 12 bits to spare), and the redraw rounds a draw without replacement
+# may take before it gives up (an item it needs lies below the cumulative sum's resolution: it never comes)
+_RESOLUTION = 2.0 ** -40
+_MAX_REDRAWS = 200
 
 
 def _later_duplicates(x: torch.Tensor, fresh: torch.Tensor | None = None) -> torch.Tensor:
@@ -716,6 +721,21 @@ def draw_negatives(pos: torch.Tensor, exc: Exclusions | torch.Tensor | None, n_i
             raise ValueError(f"popularity: {int(short.sum())} row(s) have fewer than {need} irrelevant items with positive weight")
 
         checks.append(Check(short.any(), few_weighted))
+        # a row whose allowed items hold less than 2^-40 of the weight: the draws' float64 cumulative sum cannot
+        # place them (with 1e-17 left, the draws returned the row's positive)
+        forbidden_w = (popularity[pos.clamp(min=0)] * valid).sum(1)
+        if exc is not None:
+            forbidden_w = forbidden_w + exc.row_sums(popularity[exc.items])
+        total_w = popularity.sum()
+        faint = active & ~short & (total_w - forbidden_w < total_w * _RESOLUTION)
+
+        def unresolved() -> None:
+            raise ValueError(f"popularity: in {int(faint.sum())} row(s) the items that may be drawn hold less than "
+                             "2^-40 of the weight (the row's positives and exclusions hold the rest), below what "
+                             "draws from float64 cumulative weights resolve; flatten the weights (a smaller exponent, "
+                             "counts + 1)")
+
+        checks.append(Check(faint.any(), unresolved))
         # the longest exclusion list, read in the same synchronisation: the width of the draw's hole tables
         values.append(exc.counts.max() if exc is not None and b else torch.zeros((), dtype=torch.int64, device=device))
     host = run_checks(checks, values) if b else run_checks(checks) + [1, 0]
@@ -940,7 +960,14 @@ def _draw_popularity(pos: torch.Tensor, exc: Exclusions | None, width: int, n_it
                 dup = _later_duplicates(draws, dup)
             dups[sl] = dup
         out[sl] = draws
+    extra = 0
     while dups is not None and bool(dups.any()):  # one check; rarely true (a round per block per check)
+        extra += 1
+        if extra > _MAX_REDRAWS:
+            raise ValueError(f"popularity: {m} distinct items per positive could not be drawn in {_MAX_REDRAWS} "
+                             "rounds: the items some row still needs hold too little of the weight for float64 "
+                             "cumulative weights to reach; flatten the weights (a smaller exponent, counts + 1) or "
+                             "draw with replacement")
         u_all = _rand((b, p, m), generator, device)
         for sl in blocks:
             hc = holes(sl)

@@ -427,3 +427,29 @@ def test_holed_cdf_finds_the_item_of_a_per_row_cumulative_sum(n, rows, seed):
         ok = torch.nonzero(allowed > 0).view(-1)
         cum = hc.allowed_cdf(ok.view(1, -1).expand(rows, -1).contiguous())[r]
         assert torch.equal(cum, cdf[ok])
+
+
+def test_draws_beyond_float64_resolution_are_refused_and_the_rest_draw_right():
+    """Popularity draws look weights up in a float64 cumulative sum. A row whose drawable items hold less than 2^-40
+    of the weight (its positive all but 1e-17 of it) drew its own positive or an excluded item as a negative, and a
+    draw without replacement that needed an item of 1e-17 of the weight never ended: both are ValueErrors now.
+    Just inside the bound (the drawable items 3 / (2^39 + 3) of the weight), every draw is a drawable item, with
+    replacement and without."""
+    from reco_sampled_plugin.design import SamplingDesign
+
+    heavy = torch.tensor([1.0, 1.0, 1.0, 1e17], dtype=torch.float64)
+    s = torch.randn(1, 4, generator=torch.Generator().manual_seed(0))
+    for pos, exc in (([[3]], None), ([[0]], [[3]])):
+        with pytest.raises(ValueError, match=r"^popularity: in 1 row\(s\) the items that may be drawn hold less than"):
+            rsp.sampled_ranks(s, torch.tensor(pos), SamplingDesign(5, popularity=heavy),
+                              exclude=None if exc is None else torch.tensor(exc))
+    faint = torch.tensor([1e-17, 1.0, 1.0, 1.0], dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"^popularity: 3 distinct items per positive could not be drawn"):
+        rsp.sampled_ranks(s, torch.tensor([[1]]), SamplingDesign(3, popularity=faint, replacement=False))
+    w = torch.tensor([1.0, 1.0, 1.0, 2.0 ** 39], dtype=torch.float64)
+    scores = torch.randn(50, 4, generator=torch.Generator().manual_seed(0))
+    pos = torch.full((50, 1), 3)
+    for replacement, m in ((True, 200), (False, 3)):
+        r = rsp.sampled_ranks(scores, pos, SamplingDesign(m, popularity=w, replacement=replacement),
+                              generator=torch.Generator().manual_seed(1))
+        assert bool(((r.negatives >= 0) & (r.negatives < 3)).all())

@@ -46,12 +46,13 @@ def test_rare_share_matches_the_two_level_closed_form(n, k, log_heavy, draws):
         _oracle(n, k, heavy, float(draws)), abs=1e-12)
 
 
-def _world(w: torch.Tensor, seed: int, users: int = 200, m: int = 20):
-    """Random scores, one positive per user at a known exact rank: the popularity draw, and the exact AUC."""
+def _world(w: torch.Tensor, seed: int, users: int = 200, m: int = 20, positives: int | None = None):
+    """Random scores, one positive per user at a known exact rank (among the first ``positives`` items, default
+    all): the popularity draw, and the exact AUC."""
     n = w.numel()
     g = torch.Generator().manual_seed(seed)
     scores = torch.rand(users, n, generator=g, dtype=torch.float64)
-    pos = torch.randint(0, n, (users, 1), generator=g)
+    pos = torch.randint(0, n if positives is None else positives, (users, 1), generator=g)
     sampled = rsp.sampled_ranks(scores, pos, SamplingDesign(m, popularity=w), generator=g)
     exact = (scores > scores.gather(1, pos)).sum(1).double() + 1.0
     return sampled, float(((n - exact) / (n - 1)).mean())
@@ -114,11 +115,12 @@ def test_rank_files_carry_no_design_weights():
 def test_weights_beyond_float64s_tilt_range_fit_and_are_flagged(weights):
     """Weights spanning more than e^150: pl_fit's tilt v^beta at beta = -2 overflowed (a ValueError 'math domain
     error' from deep inside, auto on NDCG included); now every estimate is finite, its interval inside [0, 1] and
-    holding the exact AUC or flagged (hh: weights_concentrated; pl_fit: top_unresolved)."""
+    holding the exact AUC or flagged (hh: weights_concentrated; pl_fit: top_unresolved). (The heavy item is no
+    user's positive: its row would leave 1e-298 of the weight to draw from, which the draws refuse.)"""
     n = 60
     w = {"one item among 1e-300": torch.tensor([1e-300] * (n - 1) + [1.0], dtype=torch.float64),
          "1e-300..1e300": torch.logspace(-300, 300, n, dtype=torch.float64)}[weights]
-    sampled, truth = _world(w, seed=6, users=40, m=8)
+    sampled, truth = _world(w, seed=6, users=40, m=8, positives=n - 1)
     for metric, method in (("auc", "auto"), ("ndcg@10", "auto")):  # hh, then pl_fit
         est = rsp.estimate(metric, sampled, method=method)
         lo, hi = est.interval()
