@@ -632,12 +632,15 @@ def _popularity_share(spec: MetricSpec, sample: SampledRanks, weights: TensorLik
 def _packaged(spec: MetricSpec, value: float, se: float, total: float, n: np.ndarray, k: int, extra: dict) -> Estimate:
     """The :class:`~reco_sampled_plugin._estimate.Estimate` of the difference estimator: flags ``few_exact`` and
     ``outside_metric_range``, the metric's range, the variance estimator's name."""
-    from ._estimate import Estimate, range_flags
+    from ._estimate import Estimate, in_range
     from .metrics import metric_bounds
 
     bounds = metric_bounds(spec, n)
-    flags = range_flags(value, ("few_exact",) if k < FEW_EXACT else (), bounds)
-    details = {"method": "diff", **extra, "n_exact": k, "variance": VARIANCE, "flags": flags}
+    # a raw value outside the metric's range (a model far off on a small share): the range's nearest end, flagged,
+    # the raw value in details["unclipped_value"], as every estimator's
+    value, flags, details = in_range(value, ("few_exact",) if k < FEW_EXACT else (),
+                                     {"method": "diff", **extra, "n_exact": k, "variance": VARIANCE}, bounds)
+    details["flags"] = flags
     return Estimate(value, se, total, details, flags, None, (float(bounds[0]), float(bounds[1])))
 
 

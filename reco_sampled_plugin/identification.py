@@ -154,6 +154,10 @@ def _checkpoints(m: int) -> np.ndarray:
 
 
 def _wilson(p: np.ndarray, n: float, z: float) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson's interval of proportions ``p`` of ``n`` (weighted) instances; [0, 1] where n is below 1e-150 (its
+    square underflows; the interval tends to [0, 1] as n -> 0 anyway)."""
+    if not n > 1e-150:
+        return np.zeros_like(p, dtype=np.float64), np.ones_like(p, dtype=np.float64)
     denom = 1.0 + z * z / n
     centre = (p + z * z / (2.0 * n)) / denom
     half = z * np.sqrt(p * (1.0 - p) / n + z * z / (4.0 * n * n)) / denom

@@ -522,3 +522,23 @@ def test_auc_with_an_exact_share_is_estimated():
     truth = float(((500 - rsp.exact_ranks(s, pos)) / 499.0).double().mean())
     lo, hi = e.interval()
     assert e.details["auto"]["method"] == "diff" and lo <= truth <= hi and hi - lo < 0.05
+
+
+def test_a_difference_estimate_outside_the_metric_is_moved_into_its_range():
+    """A small share (30 users, share 0.3, positives near the top): the difference estimator's raw AP reaches 1.28
+    (the model's error times the share's weights); the point is the range's end, flagged ``outside_metric_range``,
+    the raw value kept in ``details["unclipped_value"]``, its interval inside [0, 1] and holding the point, as every
+    other estimator's (the point and the interval reached 1.28 before)."""
+    from reco_sampled_plugin.design import SamplingDesign
+
+    g = torch.Generator().manual_seed(147)
+    s = torch.randn(30, 50, generator=g, dtype=torch.float64)
+    pos = torch.randint(0, 50, (30, 1), generator=g)
+    s.scatter_add_(1, pos, torch.full((30, 1), 5.0, dtype=torch.float64))
+    sample = rsp.sampled_ranks(s, pos, SamplingDesign(5, exact_share=0.3), generator=g)
+    for metric in ("ap", "ndcg", "precision@3"):
+        e = rsp.estimate(metric, sample)
+        lo, hi = e.interval()
+        top = 1.0 if metric != "precision@3" else 1 / 3
+        assert e.value == top and e.details["unclipped_value"] > top and "outside_metric_range" in e.flags
+        assert 0.0 <= lo <= e.value <= hi <= top

@@ -184,3 +184,15 @@ def test_tiny_weights_give_the_limit_not_an_error():
         e = rsp.estimate("ndcg@10", s, "gmod", weights=torch.full((200,), w, dtype=torch.float64))
         assert e.value == pytest.approx(limit.value, rel=1e-9) and math.isfinite(e.value)
         assert "few_instances" in e.flags
+
+
+def test_tiny_weights_of_an_unresolved_top_give_the_whole_range():
+    """The identified interval's Wilson bounds of (weighted) proportions at a total weight of 2e-298: its square
+    underflowed (a ZeroDivisionError); fewer than one instance tells nothing, so the interval is the metric's whole
+    range, flagged ``few_instances``."""
+    h = rsp.sampled_rank_histogram(torch.tensor([1] * 100 + [2] * 50 + [3] * 50), 10**6, 2,
+                                   torch.full((200,), 1e-300, dtype=torch.float64))
+    e = rsp.estimate("ap", h)
+    lo, hi = e.interval()
+    assert "few_instances" in e.flags and "top_unresolved" in e.flags
+    assert lo == pytest.approx(1e-6) and hi == 1.0
