@@ -248,7 +248,8 @@ def _fixed(spec: MetricSpec, hist: RankHistogram, law: str, method: registry.Met
         raise ValueError(
             f"metric: cut-off K = {spec.k} is larger than the catalogue (n_items = {int(hist.n_items.min())})"
         )
-    bounds = metric_bounds(spec, hist.n_items)
+    # the metric's range; the plain sampled metric's own over m + 1 candidates (m + 1 > n: draws with replacement)
+    bounds = metric_bounds(spec, hist.n_samples + 1 if entry.family == "none" else hist.n_items)
     if method.top_shape is not None and draws is not None:
         raise ValueError("top_shape: popularity-sampled ranks take the estimator's own top shapes (pl_fit: from uniform "
                          "to 1/r inside each positive's top zone, docs/popularity.md); drop top_shape")

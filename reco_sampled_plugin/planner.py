@@ -914,6 +914,14 @@ def pilot_design(n_items: int, metric: str | MetricSpec, *, n_samples: int | Non
     return SamplingDesign(m, adaptive_max=cap)
 
 
+def _zero_truth_note(truth: float, spec: MetricSpec, n_users: int) -> tuple[str, ...]:
+    """Why every relative error is inf (``Plan.notes``): the simulated users' exact metric is 0."""
+    if truth != 0.0:
+        return ()
+    return (f"the {n_users} simulated users' exact {spec} is 0 (no positive inside its cut-off), so relative errors "
+            "are undefined (inf): forecast for more users (n_users), or a metric with a larger cut-off",)
+
+
 def _pilot_notes(shape: _PilotShape | _DefaultShape | PopularityWorld, spec: MetricSpec, n_max: int) -> tuple[str, ...]:
     """Why a pilot may mislead the forecast (``Plan.notes``): its top is coarser than :func:`pilot_resolution`."""
     need = pilot_resolution(spec)
@@ -1820,7 +1828,8 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         truth=draws.truth, forecasts=tuple(forecasts), recommended=recommended, method=s.method.name,
         repeats=s.repeats, seed=s.seed, seconds=time.perf_counter() - t_start, seconds_per_pair=s.seconds_per_pair,
         seconds_per_pair_source=s.seconds_per_pair_source,
-        notes=_pilot_notes(shape, s.spec, int(s.n_u.max())) if world is None else world.notes(),
+        notes=(_pilot_notes(shape, s.spec, int(s.n_u.max())) if world is None else world.notes())
+        + _zero_truth_note(draws.truth, s.spec, s.n_users),
         target_halfwidth=_interval_target(s, draws), full_rel_width=draws.full_width,
     )
     object.__setattr__(result, "_replicates", _PlanReplicates(tuple(runs), draws.truths.copy(), draws.n_mean,

@@ -226,6 +226,9 @@ def _prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.d
         pos = padded.pop(0) if b and n else torch.full((b, 0), -1, dtype=torch.int64, device=device)
     if exc_mask:
         exc = padded.pop(0) if b and n else torch.full((b, 0), -1, dtype=torch.int64, device=device)
+    if n == 0:  # an empty catalogue: index tensors can only hold padding (checked): nothing to rank, no slot
+        pos = pos[:, :0]
+        exc = None if exc is None else exc[:, :0]
     if exclude is not None and bool(pos_mask) != bool(exc_mask) and pos.numel() and exc.numel():
         # a mask and an index tensor: checked once both are indices (a mask's indices are sorted already)
         clash = _clash_check(pos, exc, n if exc_mask else None)

@@ -115,3 +115,15 @@ def test_the_plain_sampled_metric_is_flagged_uncorrected_where_it_estimates_noth
     adaptive = rsp.adaptive_sampled_ranks(torch.randn(100, 300, generator=g), torch.randint(0, 300, (100,), generator=g),
                                           SamplingDesign(10, adaptive_max=80), generator=g)
     assert "uncorrected" in rsp.estimate("auc", adaptive, "none").flags
+
+
+def test_the_plain_sampled_metric_keeps_its_own_range():
+    """``none`` is the sampled metric over m + 1 candidates: with m + 1 > n (draws with replacement from 2
+    irrelevant items) its AP is the mean of 1/r~ (0.2595 here, brute force), inside [1/(m + 1), 1], not clipped to
+    the full catalogue's [1/n, 1] (0.3333, flagged outside_metric_range before); its interval inside the same."""
+    r = torch.tensor([1, 21, 11, 21, 9])
+    e = rsp.estimate("ap", rsp.SampledRanks.from_arrays(r, 3, 20), "none")
+    assert e.value == pytest.approx(float((1.0 / r.double()).mean()), rel=1e-12)
+    assert "outside_metric_range" not in e.flags and e.metric_range == pytest.approx((1 / 21, 1.0))
+    lo, hi = e.interval()
+    assert 1 / 21 - 1e-12 <= lo <= e.value <= hi <= 1.0

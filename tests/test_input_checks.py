@@ -850,3 +850,11 @@ def test_per_row_counts_of_column_ranks_are_refused_not_squared():
         rsp.sampled_rank_histogram(r, 1000, torch.full((200,), 100))
     assert rsp.sampled_rank_histogram(r, torch.full((200, 1), 1000), 100).total == 200
     assert rsp.sampled_rank_histogram(r[:, 0], torch.full((200,), 1000), 100).total == 200
+
+
+def test_an_empty_catalogue_with_padding_only_exclusions_ranks_nothing():
+    """(B, 0) scores, no positive and exclusions of padding only: (B, 0) ranks, as with (B, 0) exclusions (a
+    RuntimeError of an out-of-bounds gather before: the padding was looked up among no items)."""
+    s, none = torch.zeros(1, 0), torch.zeros(1, 0, dtype=torch.long)
+    for exclude in (torch.tensor([[-1]]), torch.tensor([[-1, -1]]), none):
+        assert rsp.exact_ranks(s, none, exclude).shape == (1, 0)

@@ -78,12 +78,14 @@ def test_every_method_and_metric_keeps_its_intervals_in_range(sample, method):
 @pytest.mark.parametrize("method", registry.names(family=("none", "correction"), fits_distribution=False))
 def test_correction_intervals_in_range_with_per_instance_n(sample_per_instance_n, method):
     """``estimate(...).interval(0.95)`` of a correction table (and its sampling interval) never leave the metric's
-    range: ls with its huge alternating table entries included (then flagged ``outside_metric_range``)."""
+    range: ls with its huge alternating table entries included (then flagged ``outside_metric_range``); ``none``'s
+    range is the sampled metric's own, over m + 1 candidates."""
     ranks, sample = sample_per_instance_n
     n = torch.full_like(ranks, 1000) - torch.arange(ranks.numel()) % 3  # per-instance n
     for metric in METRICS:
         est = rsp.estimate(metric, sample, method)
-        bounds = metric_bounds(parse_metric(metric), n.numpy())
+        counts = np.array([sample.design.n_samples + 1]) if method == "none" else n.numpy()
+        bounds = metric_bounds(parse_metric(metric), counts)
         assert est.metric_range == bounds
         _check(est, bounds)
         raw = est.details.get("unclipped_value", est.value)

@@ -365,3 +365,12 @@ def test_cli_plan_errors(tmp_path):
                               "--target-rel-error", "0.1", "--pilot", str(bad), "--pilot-n-samples", "100"])
     with pytest.raises(ValueError):
         run_plan(args)
+
+
+def test_a_world_whose_exact_metric_is_zero_says_why_errors_are_inf():
+    """Two simulated users of 5,000 items: their exact NDCG@10 is 0, every relative error inf, no design
+    recommended; the plan's notes say why (the CLI prints them), instead of an unexplained inf%."""
+    p = plan(5000, 2, "ndcg@10", 0.05, designs=[SamplingDesign(10)], repeats=2)
+    assert p.truth == 0.0 and math.isinf(p.forecasts[0].rel_error) and p.recommended is None
+    assert any("exact ndcg@10 is 0" in note and "relative errors are undefined" in note for note in p.notes)
+    assert not plan(5000, 400, "ndcg@10", 0.05, designs=[SamplingDesign(10)], repeats=2).notes
