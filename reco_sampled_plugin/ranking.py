@@ -1016,9 +1016,10 @@ def rank_among_drawn(pos_scores: torch.Tensor, neg_scores: torch.Tensor, pos: to
 
 
 def _given_negatives(negatives: Any, n_samples: int | None, scores: torch.Tensor, pos: torch.Tensor,
-                     exc: Exclusions | None, later: list[Check]) -> tuple[torch.Tensor, int]:
+                     exc: Exclusions | None, later: list[Check], replacement: bool = True) -> tuple[torch.Tensor, int]:
     """(B, P, m) int64 pre-drawn negatives of :func:`sampled_ranks` and m, checked (shape, dtype, device, range,
-    none a positive or an excluded item of its row) together with the pending index checks ``later``: one read."""
+    none a positive or an excluded item of its row, distinct per positive where the design draws without
+    ``replacement``) together with the pending index checks ``later``: one read."""
     b, n = scores.shape
     p = pos.shape[1]
     neg = torch.as_tensor(negatives)
@@ -1059,6 +1060,15 @@ def _given_negatives(negatives: Any, n_samples: int | None, scores: torch.Tensor
             )
 
         checks.append(Check(hit.any(), drawn_forbidden))
+    if not replacement and m > 1 and flat.numel():
+        twice = _later_duplicates(neg)
+
+        def repeated() -> None:
+            raise ValueError(f"negatives: {int(twice.any(2).sum())} positive(s) list an item twice among their m = "
+                             f"{m} negatives, but the design draws without replacement (hypergeometric law); give "
+                             "distinct items, or a design with replacement")
+
+        checks.append(Check(twice.any(), repeated))
     run_checks(checks)
     return neg, m
 
@@ -1125,7 +1135,7 @@ def sampled_ranks(
     p = pos.shape[1]
     device = scores.device
     if negatives is not None:
-        neg, m = _given_negatives(negatives, n_samples, scores, pos, exc, later)
+        neg, m = _given_negatives(negatives, n_samples, scores, pos, exc, later, replacement)
     else:
         if n_samples is None:
             check_required(n_samples, "n_samples", "an int m or a SamplingDesign (it may be None only where negatives "

@@ -858,3 +858,19 @@ def test_an_empty_catalogue_with_padding_only_exclusions_ranks_nothing():
     s, none = torch.zeros(1, 0), torch.zeros(1, 0, dtype=torch.long)
     for exclude in (torch.tensor([[-1]]), torch.tensor([[-1, -1]]), none):
         assert rsp.exact_ranks(s, none, exclude).shape == (1, 0)
+
+
+def test_given_negatives_repeating_an_item_under_a_design_without_replacement_are_refused():
+    """Pre-drawn negatives that list an item twice for one positive contradict a design without replacement (its
+    hypergeometric law would be applied to draws that are not): a ValueError; the same negatives under a design
+    with replacement, and distinct ones without, are ranked."""
+    from reco_sampled_plugin.design import SamplingDesign
+
+    s = torch.randn(2, 6, generator=torch.Generator().manual_seed(0))
+    pos = torch.tensor([[1], [2]])
+    twice = torch.tensor([[0, 0, 3], [0, 1, 3]])
+    with pytest.raises(ValueError, match=r"^negatives: 1 positive\(s\) list an item twice .* without replacement"):
+        rsp.sampled_ranks(s, pos, SamplingDesign(3, replacement=False), negatives=twice)
+    assert rsp.sampled_ranks(s, pos, SamplingDesign(3), negatives=twice).ranks.shape == (2, 1)
+    distinct = torch.tensor([[0, 2, 3], [0, 1, 3]])
+    assert rsp.sampled_ranks(s, pos, SamplingDesign(3, replacement=False), negatives=distinct).ranks.shape == (2, 1)
