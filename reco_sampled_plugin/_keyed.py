@@ -38,8 +38,8 @@ from ._popularity import PopularityStats
 from .adaptive import added_ranks, continues
 from .design import AdaptiveDesign, SamplingDesign
 from .factor_ranks import positive_scores
-from .ranking import (allowed_position_to_item, forbidden_sorted, popularity_draw_stats, popularity_inverse_cdf,
-                      rank_among_drawn)
+from .ranking import (POPULARITY_RESOLUTION, allowed_position_to_item, forbidden_sorted, popularity_draw_stats,
+                      popularity_inverse_cdf, rank_among_drawn)
 from .scorer_ranks import ScorerCalls, score_drawn
 
 __all__ = ["RowKeys", "stage_seed", "keyed_negatives", "DrawnScores", "MatrixScores", "FactorScores",
@@ -229,10 +229,20 @@ def _popularity_negatives(pos: torch.Tensor, exc: torch.Tensor | None, n_items: 
     w = design.popularity
     if w.device != pos.device or w.dtype != torch.float64:  # (already there: no conversion, no copy)
         w = w.to(device=pos.device, dtype=torch.float64)
-    neg, totals = popularity_inverse_cdf(w, forbidden_sorted(pos, exc, n_items), n_items,
-                                         keys.uniform(0, pos, design.n_samples))
-    checks.add(((pos >= 0).any(1) & (totals <= 0)).any(), "popularity: some row has no irrelevant item of positive "
-                                                         "weight left to sample from", "sample_pool")
+    forb = forbidden_sorted(pos, exc, n_items)
+    neg, _ = popularity_inverse_cdf(w, forb, n_items, keys.uniform(0, pos, design.n_samples))
+    active = (pos >= 0).any(1)
+    padded = torch.cat([w, w.new_zeros(1)])  # the forbidden lists' padding (n_items) weighs nothing
+    weighted = (padded[forb] > 0).sum(1)
+    none_left = active & ((w > 0).sum() - weighted < 1)
+    checks.add(none_left.any(), "popularity: some row has no irrelevant item of positive weight left to sample from",
+               "sample_pool")
+    # as ``ranking.draw_negatives``: drawable items below 2^-40 of the weight are past the cumulative sum's resolution
+    total = w.sum()
+    checks.add((active & ~none_left & (total - padded[forb].sum(1) < total * POPULARITY_RESOLUTION)).any(),
+               "popularity: in some row the items that may be drawn hold less than 2^-40 of the weight, below what "
+               "draws from float64 cumulative weights resolve; flatten the weights (a smaller exponent, counts + 1)",
+               "sample_pool")
     return neg
 
 

@@ -647,7 +647,7 @@ _REDRAW_ROUNDS = 2
 # the least share of the total weight a row's drawable items may hold under popularity sampling (float64 cumulative
 # sums place an item of 2^-40 of the total with 12 bits to spare), and the redraw rounds a draw without replacement
 # may take before it gives up (an item it needs lies below the cumulative sum's resolution: it never comes)
-_RESOLUTION = 2.0 ** -40
+POPULARITY_RESOLUTION = 2.0 ** -40
 _MAX_REDRAWS = 200
 
 
@@ -730,7 +730,7 @@ def draw_negatives(pos: torch.Tensor, exc: Exclusions | torch.Tensor | None, n_i
         if exc is not None:
             forbidden_w = forbidden_w + exc.row_sums(popularity[exc.items])
         total_w = popularity.sum()
-        faint = active & ~short & (total_w - forbidden_w < total_w * _RESOLUTION)
+        faint = active & ~short & (total_w - forbidden_w < total_w * POPULARITY_RESOLUTION)
 
         def unresolved() -> None:
             raise ValueError(f"popularity: in {int(faint.sum())} row(s) the items that may be drawn hold less than "

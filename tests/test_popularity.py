@@ -453,3 +453,19 @@ def test_draws_beyond_float64_resolution_are_refused_and_the_rest_draw_right():
         r = rsp.sampled_ranks(scores, pos, SamplingDesign(m, popularity=w, replacement=replacement),
                               generator=torch.Generator().manual_seed(1))
         assert bool(((r.negatives >= 0) & (r.negatives < 3)).all())
+
+
+def test_keyed_popularity_draws_refuse_rows_beyond_float64_resolution():
+    """The torchmetrics class's keyed popularity draws check what ``sampled_ranks`` checks: a row whose drawable
+    items hold less than 2^-40 of the weight (its positive the rest) is refused with the batch (read at once on the
+    CPU), and a batch inside the bound is counted."""
+    from reco_sampled_plugin.adapters.torchmetrics import SampledRankingMetrics
+    from reco_sampled_plugin.design import SamplingDesign
+
+    heavy = torch.tensor([1.0, 1.0, 1.0, 1e17], dtype=torch.float64)
+    metric = SampledRankingMetrics(["auc"], SamplingDesign(5, popularity=heavy), estimators=["hh"], seed=7)
+    s = torch.randn(2, 4, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=r"^popularity: in some row the items that may be drawn hold less than 2\^-40"):
+        metric.update(s, torch.tensor([[3], [0]]))
+    metric.update(s, torch.tensor([[1], [0]]))
+    assert float(metric.hist.sum()) == 2.0
