@@ -919,7 +919,7 @@ def _zero_truth_note(truth: float, spec: MetricSpec, n_users: int) -> tuple[str,
     if truth != 0.0:
         return ()
     return (f"the {n_users} simulated users' exact {spec} is 0 (no positive inside its cut-off), so relative errors "
-            "are undefined (inf): forecast for more users (n_users), or a metric with a larger cut-off",)
+            "are undefined (inf): forecast for more users (n_users; --n-users), or a metric with a larger cut-off",)
 
 
 def _pilot_notes(shape: _PilotShape | _DefaultShape | PopularityWorld, spec: MetricSpec, n_max: int) -> tuple[str, ...]:
