@@ -74,21 +74,39 @@ class SparseMasks(NamedTuple):
     """The set entries of one or more (B, n) boolean masks of one shape, from one pass (:func:`sparse_masks`).
 
     widths: per mask, a 0-d int64 tensor, the most True entries in a row (not read back yet).
-    totals: per mask, a 0-d int64 tensor, its True entries in all (not read back yet).
     overlap: a 0-d bool tensor, True when two masks share an entry (two or more masks), else None.
-    finish: ``finish(widths)`` with the widths as Python ints -> the (B, width) int64 padded index tensors.
+    finish: ``finish(widths, size)`` with the widths (and ``size``) as Python ints -> the (B, width) int64 padded
+        index tensors; called through :meth:`padded`.
+    totals: per mask, a 0-d int64 tensor, its True entries in all (not read back yet).
+    size: the accelerators' scan: a 0-d int64 tensor, the 64-bit words non-zero in any mask (not read back yet), the
+        size of its ``nonzero_static`` (no synchronisation of its own); None for the CPU's numpy scan.
     """
 
     widths: list
     overlap: torch.Tensor | None
-    finish: Callable[[list[int]], list[torch.Tensor]]
-    totals: list = []  # per mask, a 0-d int64 tensor, its True entries in all (not read back yet)
+    finish: Callable[[list[int], int | None], list[torch.Tensor]]
+    totals: list = []
+    size: torch.Tensor | None = None
+
+    def reads(self) -> list[torch.Tensor]:
+        """The 0-d tensors :meth:`padded` needs as ints, to be read with a call's checks (:func:`run_checks`)."""
+        return list(self.widths) + ([] if self.size is None else [self.size])
+
+    def padded(self, values: Sequence[int], width: Callable[[int], int] = int) -> list[torch.Tensor]:
+        """The padded index tensors from the values of :meth:`reads` (``width`` maps each read width to the
+        padded one: at least the width read)."""
+        k = len(self.widths)
+        return self.finish([width(w) for w in values[:k]], values[k] if self.size is not None else None)
 
 
 def sparse_masks(masks: list[torch.Tensor]) -> SparseMasks:
-    """Set entries of (B, n) bool masks as padded indices, the masks scanned as 64-bit words (8 items each):
-    one ``nonzero`` over the words non-zero in any mask (one synchronisation, a pass over n / 8 words per mask),
-    then only the few non-zero words are read; the rest is O(B P) work, no per-row loop, no (B, n) temporary."""
+    """Set entries of (B, n) bool masks as padded indices, the masks scanned as 64-bit words (8 items each).
+
+    Before any read: each mask's row counts (a sum over its bytes), the words non-zero in any mask counted, the
+    overlap of two masks as one AND over their words; the caller reads the widths and that count with its checks
+    (one synchronisation for the call), then :meth:`SparseMasks.padded` lists the non-zero words with
+    ``nonzero_static`` of that size (no synchronisation of its own) and reads only those: O(B P) work beyond the
+    passes over the words, no per-row loop, no (B, n) temporary."""
     b, n = masks[0].shape
     device = masks[0].device
     if device.type == "cpu" and _numpy_scan[0]:
@@ -99,22 +117,22 @@ def sparse_masks(masks: list[torch.Tensor]) -> SparseMasks:
         union = words[0] != 0
         for w in words[1:]:
             union |= w != 0
-    rows, cols = union.nonzero(as_tuple=True)  # row-major: rows ascending, words ascending within a row
-    k = rows.numel()
-    got = [w[rows, cols] for w in words]  # (K,) the non-zero words of each mask
-    hits = [g.view(torch.uint8).view(k, 8) != 0 for g in got]  # their bytes, in item order
-    items = (cols.unsqueeze(1) * 8 + torch.arange(8, device=device)).reshape(-1)
-    row8 = rows.unsqueeze(1).expand(k, 8).reshape(-1)
-    counts = [torch.zeros(b, dtype=torch.int64, device=device).index_add_(0, rows, h.sum(1)) for h in hits]
+    counts = [m.sum(1) for m in masks]  # (B,) int64 entries per row
     widths = [c.max() if b else torch.zeros((), dtype=torch.int64, device=device) for c in counts]
     overlap = None
     if len(masks) > 1:
-        both = got[0]
-        for g in got[1:]:
-            both = both & g
+        both = words[0]
+        for w in words[1:]:
+            both = both & w
         overlap = (both != 0).any()
 
-    def finish(ws: list[int]) -> list[torch.Tensor]:
+    def finish(ws: list[int], size: int | None) -> list[torch.Tensor]:
+        assert size is not None
+        rows, cols = torch.nonzero_static(union, size=size).unbind(1)  # row-major: rows, then words ascending
+        k = rows.numel()
+        hits = [w[rows, cols].view(torch.uint8).view(k, 8) != 0 for w in words]  # their bytes, in item order
+        items = (cols.unsqueeze(1) * 8 + torch.arange(8, device=device)).reshape(-1)
+        row8 = rows.unsqueeze(1).expand(k, 8).reshape(-1)
         out = []
         for h, c, width in zip(hits, counts, ws):
             hit = h.reshape(-1)
@@ -126,7 +144,8 @@ def sparse_masks(masks: list[torch.Tensor]) -> SparseMasks:
             out.append(padded[:, :width])
         return out
 
-    return SparseMasks(widths, overlap, finish, [c.sum() for c in counts])
+    size = torch.count_nonzero(union)
+    return SparseMasks(widths, overlap, finish, [c.sum() for c in counts], size)
 
 
 _numpy_scan = [True]  # tests clear it to run the accelerators' scan and finite check (torch) on a CPU
@@ -212,7 +231,7 @@ def _sparse_masks_numpy(masks: list[torch.Tensor]) -> SparseMasks:
         rows, items, _ = entries[0]
         overlap = torch.tensor(any(bool(m.numpy()[rows, items].any()) for m in masks[1:]))
 
-    def finish(ws: list[int]) -> list[torch.Tensor]:
+    def finish(ws: list[int], size: int | None) -> list[torch.Tensor]:
         out = []
         for (rows, items, counts), width in zip(entries, ws):
             padded = np.full((b, width), -1, dtype=np.int64)
@@ -234,9 +253,8 @@ def mask_to_padded(mask: torch.Tensor, width: int | None = None) -> torch.Tensor
     if b == 0 or n == 0:
         return torch.full((b, 0), -1, dtype=torch.int64, device=mask.device)
     sm = sparse_masks([mask])
-    if width is None:
-        width = int(sm.widths[0])
-    return sm.finish([width])[0]
+    values = run_checks([], sm.reads() if width is None else sm.reads()[1:])  # one read: the width, the scan's size
+    return sm.padded(values if width is None else [width, *values])[0]
 
 
 def pending_index(

@@ -178,13 +178,19 @@ def _clash_error(rows: torch.Tensor) -> None:
     )
 
 
-def _clash_check(pos: torch.Tensor, exc: torch.Tensor, n_items: int | None = None) -> Check:
-    """Each positive looked up in its row's sorted exclusions: O(B (P + E)) memory, not a (B, P, E) comparison.
-    ``n_items`` given: ``exc`` is ascending per row with its -1 padding last (a mask's indices, ``sparse_masks``),
-    so the padding becomes n_items (above every item, never a positive) instead of sorting the rows again."""
-    srt = sort_rows(exc) if n_items is None else torch.where(exc >= 0, exc, torch.full_like(exc, n_items))
+def _clash_check(pos: torch.Tensor, exc: torch.Tensor) -> Check:
+    """Each positive looked up in its row's sorted exclusions: O(B (P + E)) memory, not a (B, P, E) comparison."""
+    srt = sort_rows(exc)
     at = torch.searchsorted(srt, pos.contiguous()).clamp(max=srt.shape[1] - 1)
     clash = (srt.gather(1, at) == pos) & (pos >= 0)
+    return Check(clash.any(), lambda: _clash_error(clash.any(1)), "exclude_clash", _CLASH_MESSAGE)
+
+
+def _mask_clash_check(mask: torch.Tensor, idx: torch.Tensor) -> Check:
+    """A (B, n) mask looked up at the other argument's (B, K) indices (padding, and entries out of range, whose own
+    check fails first, looked up as nothing): read with the mask's widths, before any index is listed."""
+    n = mask.shape[1]
+    clash = mask.gather(1, idx.clamp(0, n - 1)) & (idx >= 0) & (idx < n)
     return Check(clash.any(), lambda: _clash_error(clash.any(1)), "exclude_clash", _CLASH_MESSAGE)
 
 
@@ -207,12 +213,16 @@ def _prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.d
         checks += exc_checks
     masks = [t for t, is_mask in ((pos, pos_mask), (exc, exc_mask)) if is_mask and b and n]
     widths: list[torch.Tensor] = []
-    if masks:  # one pass over the masks' words, one nonzero (a synchronisation) for both
+    if masks:  # one pass over the masks' words for both, their widths read with the checks
         sparse = sparse_masks(masks)
-        widths = sparse.widths
+        widths = sparse.reads()
         if sparse.overlap is not None:
             pm, em = pos, exc
             checks.append(Check(sparse.overlap, lambda: _clash_error((pm & em).any(1))))
+        if exclude is not None and bool(pos_mask) != bool(exc_mask):  # a mask and an index tensor: looked up now
+            mask, idx = (exc, pos) if exc_mask else (pos, exc)
+            if idx.numel():
+                checks.append(_mask_clash_check(mask, idx))
     elif exc is not None and not pos_mask and not exc_mask and pos.numel() and exc.numel():
         checks.append(_clash_check(pos, exc))
     if pending is not None and not masks:  # nothing to read now: the checks go to the caller, unread
@@ -221,7 +231,7 @@ def _prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.d
     else:
         values = run_checks(checks, widths)  # every check (and the masks' widths) in one synchronisation
     if masks:
-        padded = sparse.finish([_width_bucket(w) for w in values] if bucket and _graphs.enabled(device) else values)
+        padded = sparse.padded(values, _width_bucket if bucket and _graphs.enabled(device) else int)
     if pos_mask:
         pos = padded.pop(0) if b and n else torch.full((b, 0), -1, dtype=torch.int64, device=device)
     if exc_mask:
@@ -229,13 +239,6 @@ def _prepare_index(positives: Any, exclude: Any, b: int, n: int, device: torch.d
     if n == 0:  # an empty catalogue: index tensors can only hold padding (checked): nothing to rank, no slot
         pos = pos[:, :0]
         exc = None if exc is None else exc[:, :0]
-    if exclude is not None and bool(pos_mask) != bool(exc_mask) and pos.numel() and exc.numel():
-        # a mask and an index tensor: checked once both are indices (a mask's indices are sorted already)
-        clash = _clash_check(pos, exc, n if exc_mask else None)
-        if pending is not None:
-            pending.append(clash)
-        else:
-            run_checks([clash])
     return pos, exc
 
 
@@ -277,8 +280,8 @@ def prepare_sampling_index(positives: Any, exclude: Any, b: int, n: int, device:
         if sparse.overlap is not None:
             pm, em = pos, exc
             checks.append(Check(sparse.overlap, lambda: _clash_error((pm & em).any(1))))
-        values = run_checks(checks, list(sparse.widths) + [sparse.totals[-1]])
-        padded = sparse.finish(values[:len(masks)])
+        values = run_checks(checks, sparse.reads() + [sparse.totals[-1]])
+        padded = sparse.padded(values[:-1])
         pos = padded[0] if pos_mask else pos
         ex = csr_from_padded(padded[-1], padded[-1] >= 0, values[-1], n, sort=False)[0]  # mask rows come sorted
         if not pos_mask and pos.numel() and ex.total:
@@ -288,10 +291,10 @@ def prepare_sampling_index(positives: Any, exclude: Any, b: int, n: int, device:
     widths = []
     if pos_mask:
         sparse = sparse_masks([pos])
-        widths = list(sparse.widths)
+        widths = sparse.reads()
     values = run_checks(checks, widths + ([] if prepared else [exc.total]))
     if pos_mask:
-        pos = sparse.finish(values[:1])[0]
+        pos = sparse.padded(values[:len(widths)])[0]
     ex, later = (exc, []) if prepared else exc.finish(values[-1])
     if pos.numel() and ex.total:
         later.append(_exclusions_clash(pos, ex))

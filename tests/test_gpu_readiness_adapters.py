@@ -28,7 +28,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _budgets import SyncCounter, peak_temporary  # noqa: E402
+from _budgets import SyncCounter, count_syncs, peak_temporary  # noqa: E402
 
 from reco_sampled_plugin import _inputs, _keyed  # noqa: E402
 from reco_sampled_plugin.adapters import _shared  # noqa: E402
@@ -254,6 +254,26 @@ def test_callback_refuses_an_invalid_batch_at_the_epoch_end(protocol, exact, dev
         with pytest.raises(ValueError, match=r"^positives: item indices must lie in 0\.\.499 .*\[check "
                                              r"'positives_range', first failed at update 2:"):
             cb.on_validation_epoch_end(trainer, module)
+
+
+@pytest.mark.parametrize("positives", ["mask", "index"])
+def test_mask_batches_read_once_per_update(device, positives, monkeypatch):
+    """A batch whose exclusions (and positives) are boolean masks reads once per update on an accelerator: the masks'
+    widths (a data-dependent shape) with the batch's checks, one ``tolist``; no ``nonzero`` (the scan's
+    ``nonzero_static`` is sized by a count read with the widths), the same for two B and two n."""
+    monkeypatch.setattr(tm, "_READS_ON_CPU", False)  # the accelerator's path
+    got = []
+    for b, n in SIZES:
+        scores, pos, exc, ids = _data(b, n, device)
+        em = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, exc.clamp(min=0), exc >= 0)
+        pm = torch.zeros_like(scores, dtype=torch.bool).scatter_(1, pos.clamp(min=0), pos >= 0)
+        p = pm if positives == "mask" else pos
+        exact = ExactRankingMetrics(("ndcg@10",)).to(device)
+        sampled = SampledRankingMetrics(("ndcg@10",), n_samples=20, estimators=("none",)).to(device)
+        for update in (lambda: exact.update(scores, p, em), lambda: sampled.update(scores, p, em, ids=ids)):
+            update()
+            got.append(dict(count_syncs(update)[1].calls))
+    assert all(c == {"tolist": 1} for c in got), got
 
 
 def test_scorer_batch_share_reads_its_chosen_rows_only(device):

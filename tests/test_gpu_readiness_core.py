@@ -114,6 +114,28 @@ def test_exact_ranks_of_index_inputs_read_back_once(device):
         rsp.exact_ranks(bad, out_of_range, exc)  # the index check first, though the scores fail too
 
 
+# a call on masks against the same call on index inputs: the reads it adds (the masks' widths, read with the checks
+# before any work: a data-dependent shape; the scan's nonzero_static sized by a count read with them)
+MASK_TWINS = {"exact_masks": ("exact", 1), "per_user_metrics_masks": ("per_user_metrics", 1),
+              "sampled_masks": ("sampled_no_replacement", 0)}
+
+
+@pytest.mark.parametrize("name", sorted(MASK_TWINS))
+def test_masks_read_their_widths_with_the_checks(name, device):
+    """Masks are scanned without a read of their own (no ``nonzero``): their widths and the scan's size are read with
+    the call's checks, so a call on masks reads at most once more than on index inputs (before its work, where the
+    index form reads its checks after), at every size."""
+    twin, extra = MASK_TWINS[name]
+    for b, n in SIZES:
+        calls = _calls(*_problem(b, n, device))
+        got = {}
+        for key in (name, twin):
+            calls[key]()
+            got[key] = count_syncs(calls[key])[1]
+        assert "nonzero" not in got[name].calls, dict(got[name].calls)
+        assert got[name].count == got[twin].count + extra, (b, n, dict(got[name].calls), dict(got[twin].calls))
+
+
 @pytest.mark.parametrize("ties", ["pessimistic", "average"])
 @pytest.mark.parametrize("as_frame", [False, True], ids=["dict", "frame"])
 def test_per_user_metrics_of_index_inputs_read_back_once(device, ties, as_frame):
@@ -301,7 +323,7 @@ def test_mask_and_index_forms_agree_and_mask_conversion_is_exact(scan, monkeypat
                 assert [int(w) for w in sm.widths] == [width, int(other.sum(1).max())]
                 assert [int(t) for t in sm.totals] == [int(mask.sum()), int(other.sum())]
                 assert bool(sm.overlap) == shared
-                padded = sm.finish([int(w) for w in sm.widths])
+                padded = sm.padded([int(v) for v in sm.reads()])
                 assert torch.equal(padded[0], want) and torch.equal(padded[1], mask_to_padded(other))
 
 
@@ -320,7 +342,7 @@ def test_both_scans_of_masks_agree_on_any_masks(b, n, density, offset, seed):
         try:
             sm = _inputs.sparse_masks(masks)
             widths = [int(w) for w in sm.widths]
-            got[scan] = (widths, [int(t) for t in sm.totals], bool(sm.overlap), sm.finish(widths))
+            got[scan] = (widths, [int(t) for t in sm.totals], bool(sm.overlap), sm.padded([int(v) for v in sm.reads()]))
         finally:
             _inputs._numpy_scan[0] = True
     (w1, t1, o1, p1), (w2, t2, o2, p2) = got[True], got[False]
@@ -348,7 +370,7 @@ def test_a_large_mask_scanned_in_row_ranges_lists_every_entry_in_order(threads, 
                 monkeypatch.setattr(_inputs, "_numpy_scan", [scan])
                 sm = _inputs.sparse_masks(masks)
                 widths = [int(w) for w in sm.widths]
-                got[scan] = (widths, [int(t) for t in sm.totals], bool(sm.overlap), sm.finish(widths))
+                got[scan] = (widths, [int(t) for t in sm.totals], bool(sm.overlap), sm.padded([int(v) for v in sm.reads()]))
             (w1, t1, o1, p1), (w2, t2, o2, p2) = got[True], got[False]
             assert (w1, t1, o1) == (w2, t2, o2) and all(torch.equal(x, y) for x, y in zip(p1, p2)), (n, density)
             assert t1 == [int(m.sum()) for m in masks] and o1 == bool((masks[0] & masks[1]).any())
@@ -386,6 +408,10 @@ def test_fused_validation_keeps_the_errors():
         rsp.exact_ranks(s, pm, exclude=em)
     with pytest.raises(ValueError, match="exclude: 1 row"):
         rsp.exact_ranks(s, pm, exclude=torch.tensor([[-1], [0], [4]]))
+    with pytest.raises(ValueError, match=r"exclude: 1 row.*first: row 1\)"):  # index positives in a mask's rows
+        rsp.exact_ranks(s, torch.tensor([[0], [0], [1]]), exclude=em)
+    with pytest.raises(ValueError, match="exclude: item indices must lie in 0..9"):  # the range first, then a clash
+        rsp.exact_ranks(s, pm, exclude=torch.tensor([[-1], [12], [0]]))
     bad = s.clone()
     bad[2, 3] = math.nan
     with pytest.raises(ValueError, match="scores: NaN or inf in 1 of 3 rows"):
