@@ -14,6 +14,7 @@ One helper per kind of argument, used by every public entry point that takes it:
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any, Literal, TypeVar, overload
 
 import numpy as np
@@ -429,6 +430,9 @@ def check_weights(x: Any, name: str, *, like: torch.Tensor | None = None, like_n
             raise ValueError(f"{name}: must be >= 0, got {lo:g}")
         if not math.isfinite(total):
             raise ValueError(f"{name}: the total overflows float64 (largest weight {hi:g}); scale the weights down")
+        if 0 < total < sys.float_info.min:  # subnormal: estimates divide by the total (mes: lambda / total overflows)
+            raise ValueError(f"{name}: the total {total:g} is below float64's smallest normal number "
+                             f"({sys.float_info.min:g}); scale the weights up (their total counts the instances)")
         if max_total is not None and total > max_total:
             raise ValueError(
                 f"{name}: the total {total:g} exceeds {max_total:g}, the most instances standard errors can count "

@@ -24,6 +24,31 @@ if TYPE_CHECKING:
 __all__ = ["SampledRanks", "ranks_of_histogram"]
 
 
+def _check_completed(exact: torch.Tensor, ranks: torch.Tensor, m: Any, design: SamplingDesign) -> None:
+    """Exact ranks given with sampled ones (``SampledRanks.from_arrays``) must be what an ``exact_at_cap`` design
+    completes: positives that reached the cap (m at its largest stage) still within its top (r~ <= t); any other
+    exact rank contradicts the design (an estimate would read it as drawn where it was not). Shapes that differ are
+    left to the histogram's own error."""
+    adaptive = design.adaptive
+    if adaptive is None or not design.exact_at_cap:
+        raise ValueError(f"exact_ranks: only an adaptive design with exact_at_cap completes positives with exact ranks "
+                         f"(those still within its top at the cap), not {design.describe()}; an exact share's ranks "
+                         "go to share_ranks with inclusion")
+    if exact.shape != ranks.shape:
+        return
+    done = exact.to(ranks.device) > 0
+    final = torch.as_tensor(m, dtype=torch.int64, device=ranks.device)
+    below = done & (final != adaptive.cap)
+    if bool(below.any()):
+        raise ValueError(f"exact_ranks: {int(below.sum())} exact rank(s) of positives whose draws stopped below the "
+                         f"cap (n_samples != {adaptive.cap}, the design's largest stage): only positives that reach "
+                         "the cap are completed")
+    out = done & (ranks > adaptive.top)
+    if bool(out.any()):
+        raise ValueError(f"exact_ranks: {int(out.sum())} exact rank(s) of positives outside the top at the cap "
+                         f"(sampled rank > {adaptive.top}): only those still within it are completed")
+
+
 @dataclass(frozen=True, eq=False)
 class SampledRanks:
     """Sampled ranks together with what an estimator needs to read them: the draw's design and sizes.
@@ -90,7 +115,8 @@ class SampledRanks:
                 then holds each positive's final m, checked against the stages at estimation). Popularity designs
                 are refused: their estimators read the draws' weights (use the SampledRanks of the draw).
             exact_ranks: adaptive designs with ``exact_at_cap``: the exact rank R of each positive completed at
-                the cap, 0 elsewhere (:attr:`exact_ranks`).
+                the cap, 0 elsewhere (:attr:`exact_ranks`); refused under any other design, and for a positive
+                below the cap or outside its top there (what the design cannot have completed).
             share_ranks, inclusion: an exact share (:attr:`share_ranks`, :attr:`inclusion`), both or neither.
 
         Raises:
@@ -127,6 +153,8 @@ class SampledRanks:
             m = None  # the design's fixed m
         sizes = None if m is None else torch.as_tensor(m, dtype=torch.int64, device=r.device).expand(r.shape)
         e = None if exact_ranks is None else check_rank_values(exact_ranks, "exact_ranks", whole=True, padding=True)
+        if e is not None:
+            _check_completed(e, r, m, design)
         out = cls(r, torch.as_tensor(n, dtype=torch.int64, device=r.device), None, design, sizes, exact_ranks=e)
         if share_ranks is None and inclusion is None:
             return out

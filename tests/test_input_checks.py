@@ -433,12 +433,49 @@ def test_from_arrays_refuses_an_m_the_design_contradicts():
         assert got.design.n_samples == 8 and got.sizes() == 8
 
 
+def test_from_arrays_refuses_exact_ranks_the_design_cannot_complete():
+    """Exact ranks beside sampled ones are what an ``exact_at_cap`` design completes: positives at its largest stage
+    (400 of m = 100, cap 500) still within its top; under another design, below the cap or outside the top they were
+    taken (as exact groups, or read by the adaptive likelihood as completed), moving the estimate silently."""
+    ranks, n = torch.tensor([2, 3, 101, 1, 2]), 1000
+    sizes = torch.tensor([100, 100, 100, 400, 400])
+    at_cap = rsp.SamplingDesign(100, adaptive_max=500, exact_at_cap=True)
+    for design, m in ((rsp.SamplingDesign(100), 100), (rsp.SamplingDesign(100, adaptive_max=500), sizes),
+                      (rsp.SamplingDesign(100, replacement=False), 100)):
+        with pytest.raises(ValueError, match=r"^exact_ranks: only an adaptive design with exact_at_cap"):
+            rsp.SampledRanks.from_arrays(ranks, n, m, design, exact_ranks=torch.tensor([0, 0, 0, 5, 0]))
+    with pytest.raises(ValueError, match=r"^exact_ranks: 1 exact rank\(s\) of positives whose draws stopped below the "
+                                         r"cap \(n_samples != 400"):
+        rsp.SampledRanks.from_arrays(ranks, n, sizes, at_cap, exact_ranks=torch.tensor([5, 0, 0, 0, 0]))
+    with pytest.raises(ValueError, match=r"^exact_ranks: 1 exact rank\(s\) of positives outside the top at the cap "
+                                         r"\(sampled rank > 1\)"):
+        rsp.SampledRanks.from_arrays(ranks, n, sizes, at_cap, exact_ranks=torch.tensor([0, 0, 0, 5, 7]))
+    top2 = rsp.SamplingDesign(100, adaptive_max=500, adaptive_top=2, exact_at_cap=True)
+    for design, exact in ((at_cap, [0, 0, 0, 5, 0]), (top2, [0, 0, 0, 5, 7])):  # what the design completes
+        got = rsp.SampledRanks.from_arrays(ranks, n, sizes, design, exact_ranks=torch.tensor(exact))
+        assert float(got.histogram().exact_part().totals.sum()) == sum(e > 0 for e in exact)
+
+
 # ---------------------------------------------------------------------------------------------- overflow
 @pytest.mark.parametrize("weights", [torch.tensor([1e300, 1e300], dtype=torch.float64), [1e300, 1e300]])
 @pytest.mark.parametrize("method", ["mes", "bv", "linear"])
 def test_estimate_weights_whose_total_overflows(weights, method):
     with pytest.raises(ValueError, match="weights"):
         rsp.estimate("hit@10", rsp.SampledRanks.from_arrays(torch.tensor([1, 2]), 100, 10), method, weights=weights)
+
+
+@pytest.mark.parametrize("method", ["auto", "mes", "bv", "gmod", "mle", "none"])
+def test_estimate_weights_whose_total_is_subnormal(method):
+    """Weights whose total is below float64's smallest normal number (1e-320 each) are refused naming ``weights``
+    (mes divided its lambda by the total: an overflow, then an error naming ``lam``, an option never given); the
+    same weights scaled up to 1e-300 (a normal total: the instances they count, so a prior's or penalty's weight
+    grows against them) give a finite estimate and interval in the metric's range."""
+    ranks = rsp.SampledRanks.from_arrays(torch.tensor([1, 2, 5, 1, 11, 7]), 100, 10)
+    with pytest.raises(ValueError, match=r"^weights: the total 5.9+\d*e-320 is below float64's smallest normal number"):
+        rsp.estimate("ndcg@10", ranks, method, weights=torch.full((6,), 1e-320, dtype=torch.float64))
+    small = rsp.estimate("ndcg@10", ranks, method, weights=torch.full((6,), 1e-300, dtype=torch.float64))
+    lo, hi = small.interval()
+    assert 0.0 <= lo <= small.value <= hi <= 1.0, (small.value, lo, hi)
 
 
 @pytest.mark.parametrize("weights", [[-1.0, 1.0], [float("nan"), 1.0], [float("inf"), 1.0], torch.tensor([True, False]),
