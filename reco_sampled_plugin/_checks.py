@@ -411,9 +411,12 @@ def check_rank_values(x: Any, name: str, *, whole: bool = False, padding: bool =
 
 
 def check_weights(x: Any, name: str, *, like: torch.Tensor | None = None, like_name: str = "sampled_ranks",
-                  max_total: float | None = None, device: torch.device | None = None) -> torch.Tensor:
+                  max_total: float | None = None, device: torch.device | None = None,
+                  counts: bool = False) -> torch.Tensor:
     """Validate non-negative weights: real numbers (no bools, no complex), finite, >= 0, whose total is finite
-    in float64 (and at most ``max_total``). With ``like`` they must broadcast against its shape.
+    in float64 (and at most ``max_total``). With ``like`` they must broadcast against its shape. ``counts``: the
+    weights count instances (an estimate's ``weights``, whose total it divides by): a positive total must be a normal
+    float64 number (popularity weights and relevance grades are scale-free: any total).
 
     Returns:
         the weights as a float64 tensor (on ``device`` when given).
@@ -430,7 +433,7 @@ def check_weights(x: Any, name: str, *, like: torch.Tensor | None = None, like_n
             raise ValueError(f"{name}: must be >= 0, got {lo:g}")
         if not math.isfinite(total):
             raise ValueError(f"{name}: the total overflows float64 (largest weight {hi:g}); scale the weights down")
-        if 0 < total < sys.float_info.min:  # subnormal: estimates divide by the total (mes: lambda / total overflows)
+        if counts and 0 < total < sys.float_info.min:  # estimates divide by the total (mes: lambda / total overflows)
             raise ValueError(f"{name}: the total {total:g} is below float64's smallest normal number "
                              f"({sys.float_info.min:g}); scale the weights up (their total counts the instances)")
         if max_total is not None and total > max_total:

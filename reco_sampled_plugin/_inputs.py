@@ -17,7 +17,8 @@ from ._checks import check_not_meta, check_same_device, real_tensor
 from ._pool import row_ranges
 
 __all__ = ["as_padded_index", "check_finite_rows", "check_scores", "factor_finite_checks", "finite_flags", "finite_rows", "mask_to_padded",
-           "Check", "check_flags", "run_checks", "pending_index", "finite_check", "sparse_masks", "SparseMasks"]
+           "Check", "check_flags", "run_checks", "pending_index", "finite_check", "sparse_masks", "SparseMasks",
+           "nonzero_sized"]
 
 
 class Check(NamedTuple):
@@ -55,6 +56,23 @@ def check_flags(checks: Sequence[Check]) -> torch.Tensor:
     """The checks' flags as one (len(checks),) int64 tensor, not read back (1 = failed): stacked as they are (bool:
     no copy each), then cast once."""
     return torch.stack([(c.bad if c.bad.dim() == 0 else c.bad.reshape(())).to(torch.bool) for c in checks]).to(torch.int64)
+
+
+_STATIC_NONZERO: dict[str, bool] = {}  # device type -> whether torch.nonzero_static runs there (learnt at first use)
+
+
+def nonzero_sized(x: torch.Tensor, size: int) -> torch.Tensor:
+    """(size, x.dim()) int64 indices of the non-zero entries of ``x``, row-major, their number ``size`` known (read
+    with other values): ``torch.nonzero_static``, which reads nothing back (on CUDA from torch 2.6); where a device
+    has no such kernel (CUDA builds of torch 2.2-2.5: NotImplementedError) a ``nonzero``, one read, the same
+    indices."""
+    kind = x.device.type
+    if _STATIC_NONZERO.get(kind, True):
+        try:
+            return torch.nonzero_static(x, size=size)
+        except NotImplementedError:
+            _STATIC_NONZERO[kind] = False
+    return x.nonzero()
 
 
 def _words(mask: torch.Tensor) -> torch.Tensor:
@@ -128,7 +146,7 @@ def sparse_masks(masks: list[torch.Tensor]) -> SparseMasks:
 
     def finish(ws: list[int], size: int | None) -> list[torch.Tensor]:
         assert size is not None
-        rows, cols = torch.nonzero_static(union, size=size).unbind(1)  # row-major: rows, then words ascending
+        rows, cols = nonzero_sized(union, size).unbind(1)  # row-major: rows, then words ascending
         k = rows.numel()
         hits = [w[rows, cols].view(torch.uint8).view(k, 8) != 0 for w in words]  # their bytes, in item order
         items = (cols.unsqueeze(1) * 8 + torch.arange(8, device=device)).reshape(-1)

@@ -446,7 +446,8 @@ def sampled_rank_histogram(sampled_ranks: TensorLike, n_items: TensorLike, n_sam
     n = check_sizes(n_items, "n_items", 0, like=r, like_name="sampled_ranks", exact=True, device=dev)
     m = check_sizes(n_samples, "n_samples", 0, like=r, like_name="sampled_ranks", exact=True, device=dev,
                     maximum=MAX_SAMPLES)
-    w = None if weights is None else check_weights(weights, "weights", like=r, max_total=MAX_TOTAL_WEIGHT, device=dev)
+    w = None if weights is None else check_weights(weights, "weights", like=r, max_total=MAX_TOTAL_WEIGHT, device=dev,
+                                                    counts=True)
     tensors = [torch.as_tensor(x, dtype=torch.int64, device=dev) if i else x for i, x in enumerate((r, n, m))]
     tensors = torch.broadcast_tensors(*(tensors if w is None else tensors + [w]))
     r = tensors[0].reshape(-1).to(torch.int64)

@@ -135,7 +135,7 @@ def share_weights(sampled: SampledRanks, weights: TensorLike | None) -> np.ndarr
     if weights is None:
         return None
     r = sampled.ranks
-    w = torch.broadcast_to(check_weights(weights, "weights", like=r, device=r.device), r.shape)
+    w = torch.broadcast_to(check_weights(weights, "weights", like=r, device=r.device, counts=True), r.shape)
     return _host(w[r > 0]).astype(np.float64)
 
 

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
-from ._inputs import Check, mask_to_padded, pending_index, run_checks
+from ._inputs import Check, mask_to_padded, nonzero_sized, pending_index, run_checks
 from .counting import sort_rows
 
 if TYPE_CHECKING:
@@ -175,7 +175,7 @@ def csr_from_padded(x: torch.Tensor, valid: torch.Tensor, total: int, n_items: i
     checked here); ``sort``: rows may be unsorted (one flat sort of the T entries, not of B x E). Returns the object
     and, when sorted here, the (T - 1,) flags of an entry equal to the previous one (a duplicate in its row)."""
     b, e = x.shape
-    flat = torch.nonzero_static(valid.reshape(-1), size=total).squeeze(1)  # row-major; the size known: no read back
+    flat = nonzero_sized(valid.reshape(-1), total).squeeze(1)  # row-major; the size known: no read back
     rows = torch.div(flat, max(e, 1), rounding_mode="floor")
     items = x.reshape(-1)[flat]
     counts = torch.zeros(b, dtype=torch.int64, device=x.device).index_add_(0, rows, torch.ones_like(rows))

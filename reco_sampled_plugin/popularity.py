@@ -137,7 +137,7 @@ def popularity_draws(sampled: SampledRanks, weights: TensorLike | None = None) -
                          "drawn, so the count above the positive is not identified; give every candidate a "
                          "weight > 0 (e.g. counts + 1) or exclude such items")
     w = torch.ones_like(ranks, dtype=torch.float64) if weights is None else \
-        torch.broadcast_to(check_weights(weights, "weights", like=ranks, device=ranks.device), ranks.shape)
+        torch.broadcast_to(check_weights(weights, "weights", like=ranks, device=ranks.device, counts=True), ranks.shape)
     n = sampled.candidates()[valid]
 
     def host(t: torch.Tensor) -> np.ndarray:

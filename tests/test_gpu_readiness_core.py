@@ -327,6 +327,32 @@ def test_mask_and_index_forms_agree_and_mask_conversion_is_exact(scan, monkeypat
                 assert torch.equal(padded[0], want) and torch.equal(padded[1], mask_to_padded(other))
 
 
+def test_a_device_without_nonzero_static_lists_the_same_entries(monkeypatch):
+    """Where ``torch.nonzero_static`` has no kernel (CUDA builds of torch 2.2-2.5 raise NotImplementedError) the
+    masks' scan and the exclusions' CSR fall back to ``nonzero`` (remembered per device type): the same ranks and
+    draws as with it."""
+    scores, pos, exc = _problem(8, 300, "cpu")
+    pm, em = _masks(scores, pos, exc)
+    design = rsp.SamplingDesign(20, replacement=False)
+
+    def calls():
+        return (rsp.exact_ranks(scores, pm, exclude=em), rsp.exact_ranks(scores, pos, exclude=em),
+                rsp.sampled_ranks(scores, pos, design, exc, generator=torch.Generator().manual_seed(3)).ranks)
+
+    want = calls()
+    tried = []
+
+    def missing(*args, **kwargs):
+        tried.append(1)
+        raise NotImplementedError("Could not run 'aten::nonzero_static' with arguments from the 'CUDA' backend")
+
+    monkeypatch.setattr(torch, "nonzero_static", missing)
+    monkeypatch.setattr(_inputs, "_STATIC_NONZERO", {})
+    got = calls()
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert len(tried) == 1 and _inputs._STATIC_NONZERO == {"cpu": False}  # tried once, then nonzero
+
+
 @settings(max_examples=60, deadline=None)
 @given(b=hst.integers(1, 9), n=hst.integers(1, 200), density=hst.sampled_from([0.0, 0.01, 0.2, 1.0]),
        offset=hst.integers(0, 3), seed=hst.integers(0, 2**31 - 1))

@@ -478,6 +478,22 @@ def test_estimate_weights_whose_total_is_subnormal(method):
     assert 0.0 <= lo <= small.value <= hi <= 1.0, (small.value, lo, hi)
 
 
+def test_scale_free_weights_of_a_subnormal_total_are_taken():
+    """Only an estimate's ``weights`` count instances: relevance grades and popularity weights are scale-free, so a
+    subnormal total (1e-310 each) gives what grades 1, 2 and weights at scale 1 give."""
+    s = torch.tensor([[3.0, 2.0, 1.0, 0.5]])
+    got = [rsp.per_user_metrics(s, torch.tensor([[1, 0]]), ("ndcg@3",), relevance=torch.tensor([[1.0, 2.0]], dtype=torch.float64) * scale,
+                                as_frame=False)["NDCG@3"] for scale in (1e-310, 1.0)]
+    assert torch.equal(got[0], got[1])
+    draws = []
+    for scale in (1e-310, 1.0):
+        w = torch.tensor([0.0, 1.0, 3.0, 0.0, 4.0], dtype=torch.float64) * scale
+        r = rsp.sampled_ranks(torch.zeros(400, 5), torch.zeros(400, 1, dtype=torch.int64),
+                              rsp.SamplingDesign(1, popularity=w), generator=torch.Generator().manual_seed(0))
+        draws.append(r.negatives)
+    assert torch.equal(draws[0], draws[1])
+
+
 @pytest.mark.parametrize("weights", [[-1.0, 1.0], [float("nan"), 1.0], [float("inf"), 1.0], torch.tensor([True, False]),
                                      [1.0, 1.0, 1.0]])
 def test_bad_weights(weights):
