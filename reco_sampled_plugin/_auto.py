@@ -27,7 +27,8 @@ def auto_method(spec: MetricSpec, hist: RankHistogram, design: AdaptiveDesign | 
     """What ``method="auto"`` runs on ``hist`` (``registry.AUTO_CHOICES``) and why: the ``resolved`` choice for an
     adaptive design or where every group with positives at r~ = 1 has its resolution b = (n - 1)/(m + 1) + 1 at
     most the metric's cut-off K; the ``unresolved`` one otherwise (AP, RR, NDCG without cut-off count as resolved
-    only when no positive ranks first). AUC at a fixed m: the ``auc`` choice, the sampled AUC (unbiased; it went to
+    only when no positive ranks first or every such group's b is below 2: its first bin is rank 1 alone, where
+    ``mes``'s smoothing was all bias and no interval said so: 0.56 [0.56, 0.56] for an NDCG of 1 on 20 users). AUC at a fixed m: the ``auc`` choice, the sampled AUC (unbiased; it went to
     ``mes`` once a positive ranked first: 0.75 [0.73, 0.76] for a true 0.996 on 20 users at n = 1,000, m = 100). Popularity-sampled ranks never reach here: ``estimate`` runs
     ``registry.popularity_auto`` on their SampledRanks (``hh`` for AUC, ``pl_fit`` otherwise). ``fit``: a rank
     distribution is wanted (the difference estimator's model): AUC takes the ``resolved`` choice, a fit."""
@@ -43,6 +44,8 @@ def auto_method(spec: MetricSpec, hist: RankHistogram, design: AdaptiveDesign | 
     b = float(np.max(resolution(hist)[occupied]))
     if spec.k is not None and spec.k >= b:
         return registry.AUTO_CHOICES["resolved"], f"cut-off K = {spec.k} >= resolution b = {b:.3g}"
+    if spec.k is None and b < 2.0:  # the first sampled bin holds rank 1 alone (identification.top_sensitive)
+        return registry.AUTO_CHOICES["resolved"], f"resolution b = {b:.3g} < 2: r~ = 1 is rank 1"
     why = f"cut-off K = {spec.k} < resolution b = {b:.3g}" if spec.k is not None else "no cut-off"
     return registry.AUTO_CHOICES["unresolved"], why
 

@@ -162,16 +162,25 @@ def in_range(value: float, flags: Iterable[str], details: Mapping[str, Any],
     flags = range_flags(float(value), flags, bounds)
     details = dict(details)
     if bounds is not None and not math.isnan(value) and not bounds[0] <= value <= bounds[1]:
-        details["unclipped_value"] = float(value)
+        if _outside(float(value), bounds):  # rounding at an end (a few ulps) moves the point, says nothing
+            details["unclipped_value"] = float(value)
         value = min(max(float(value), float(bounds[0])), float(bounds[1]))
     return float(value), flags, details
+
+
+def _outside(value: float, bounds: tuple[float, float]) -> bool:
+    """Whether ``value`` lies outside ``bounds`` by more than float64 rounding (1e-12 of the range's scale: a
+    precision@3 of 3 items, 1/3, computed as 0.33333333333333337 is on its one-point range, not outside it)."""
+    lo, hi = float(bounds[0]), float(bounds[1])
+    tol = 1e-12 * max(1.0, abs(lo), abs(hi))
+    return not lo - tol <= value <= hi + tol
 
 
 def range_flags(value: float, flags: Iterable[str], bounds: tuple[float, float] | None) -> tuple[str, ...]:
     """``flags`` plus ``outside_metric_range`` where ``value`` lies outside ``bounds`` (the metric's range; an
     unbounded estimator such as ``ls`` can leave it); NaN and None bounds add nothing."""
     flags = tuple(flags)
-    if bounds is None or math.isnan(value) or bounds[0] <= value <= bounds[1] or "outside_metric_range" in flags:
+    if bounds is None or math.isnan(value) or not _outside(value, bounds) or "outside_metric_range" in flags:
         return flags
     return flags + ("outside_metric_range",)
 

@@ -120,8 +120,9 @@ class SampledRanks:
             share_ranks, inclusion: an exact share (:attr:`share_ranks`, :attr:`inclusion`), both or neither.
 
         Raises:
-            ValueError: naming the argument (values are checked as at estimation: whole, in range, shapes that
-                broadcast).
+            ValueError: naming the argument: ranks not whole, sizes out of their range, shapes that do not
+                broadcast, exact ranks the design cannot have completed. A rank outside 1..m + 1 or an n below 2
+                is refused where the ranks are read (``estimate``, ``histogram``), as every sample's is.
         """
         from ._checks import check_rank_values, check_sizes
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -157,6 +158,18 @@ def _cmd_table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _note_unused_defaults(args: argparse.Namespace, data: Any) -> None:
+    """``--n-items`` / ``--n-samples`` are the defaults of a rank file's lines without those columns: where the
+    file's own columns say otherwise, a note on stderr says the flag went unused there (it was ignored silently). An
+    adaptive design's m column holds each positive's final m, which ``--n-samples`` (the first stage's) is not."""
+    given = (("--n-items", args.n_items, data.n_items, "n_candidates"),
+             ("--n-samples", args.n_samples if args.adaptive_max is None else None, data.n_samples, "n_samples"))
+    for flag, value, column, name in given:
+        if value is not None and len(column) and bool((column != value).any()):
+            print(f"reco-sampled: note: {flag} {value:,} is the default of lines without a {name} column; this file's "
+                  f"lines give {int(column.min()):,}..{int(column.max()):,}, read as given", file=sys.stderr)
+
+
 def _cmd_estimate(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -169,6 +182,7 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
         if args.test_rating or args.test_negative or args.scores:
             raise ValueError("estimate: give either a rank FILE or --test-rating/--test-negative/--scores, not both")
         data = read_rank_file(args.file, args.n_items, args.n_samples)
+        _note_unused_defaults(args, data)
     else:
         if not (args.test_rating and args.test_negative and args.scores):
             raise ValueError("estimate: give a rank FILE, or all of --test-rating, --test-negative and --scores")
@@ -708,6 +722,9 @@ def main(argv: list[str] | None = None) -> int:
     except _USER_ERRORS as exc:
         print(f"reco-sampled: error: {_message(exc)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader closed the pipe (``| head``): stop quietly, as command-line tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would raise again
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol, overload, runtime_checkable
 
 import numpy as np
 
-from ._checks import MAX_SAMPLES, MIN_INCLUSION, ArgumentTypeError, check_required, check_size
+from ._checks import MAX_SAMPLES, MIN_INCLUSION, ArgumentTypeError, check_required, check_size, renamed
 from ._options import check_bool
 
 if TYPE_CHECKING:  # torch is imported where weights are checked, not with this module
@@ -238,7 +238,10 @@ class SamplingDesign:
         if self.popularity is not None:
             object.__setattr__(self, "popularity", _check_popularity(self.popularity))
         if self.exact_share is not None:
-            share = self.exact_share if isinstance(self.exact_share, ExactShare) else ExactShare(self.exact_share)
+            try:  # a number s is ExactShare(s): its refusal names the argument given here
+                share = self.exact_share if isinstance(self.exact_share, ExactShare) else ExactShare(self.exact_share)
+            except ValueError as exc:
+                raise type(exc)(renamed(str(exc), {"share": "exact_share"})) from None
             object.__setattr__(self, "exact_share", share)
             if self.exact_at_cap:
                 raise ValueError("exact_share: not with exact_at_cap (the completed positives would be exact "

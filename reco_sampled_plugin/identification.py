@@ -187,18 +187,23 @@ def _shape_rows(edges: np.ndarray, zone_end: int, gamma: float | None) -> np.nda
     if c_zone < 2:
         return np.zeros((0, len(edges) - 1))
     widths = np.diff(edges[: c_zone + 1]).astype(np.float64)
+    rows = np.zeros((c_zone - 1, len(edges) - 1))
+    idx = np.arange(c_zone - 1)
+    # density d_c = P_c / w_c; monotone: d_{c+1} <= d_c; the steepness bound: d_c / ref_c <= d_{c+1} / ref_{c+1},
+    # written as rho_c d_c - d_{c+1} <= 0 with rho_c = ref_{c+1} / ref_c in (0, 1]
     if gamma is None:
-        ref = np.ones(c_zone)
+        rows[idx, idx + 1] = 1.0 / widths[1:]
+        rows[idx, idx] = -1.0 / widths[:-1]
     else:
         # cell c holds ranks edges[c] + 1 .. edges[c + 1]: its sum of r^-gamma in closed form (no array of n ranks)
         ref = power_sums(edges[:c_zone] + 1, edges[1 : c_zone + 1], gamma) / widths
-    rows = np.zeros((c_zone - 1, len(edges) - 1))
-    idx = np.arange(c_zone - 1)
-    # density d_c = P_c / w_c; constraint d_{c+1} / ref_{c+1} <= d_c / ref_c (monotone: ref = 1) or the
-    # reverse for the steepness bound: d_c / ref_c <= d_{c+1} / ref_{c+1}
-    sign = 1.0 if gamma is None else -1.0
-    rows[idx, idx + 1] = sign / (widths[1:] * ref[1:])
-    rows[idx, idx] = -sign / (widths[:-1] * ref[:-1])
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rho = ref[1:] / ref[:-1]
+        # cell means below float64's range (a steep gamma far from the top): the bound there taken as 0 (d_{c+1} >=
+        # 0), weaker than the assumption, so the interval only widens (it was a division by 0, then linprog's error)
+        rho = np.where(np.isfinite(rho), rho, 0.0)
+        rows[idx, idx] = rho / widths[:-1]
+        rows[idx, idx + 1] = -1.0 / widths[1:]
     scale = np.abs(rows).max(axis=1, keepdims=True)
     return rows / scale
 

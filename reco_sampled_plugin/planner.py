@@ -831,7 +831,8 @@ def _adaptive_start(n: int) -> int:
     return min(DEFAULT_ADAPTIVE_START, max(1, (n - 1) // 8))
 
 
-def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> list[SamplingDesign]:
+def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR,
+                    metric: str | MetricSpec = "ndcg@10") -> list[SamplingDesign]:
     """The default grid for catalogues of (at least) ``n_items`` candidates.
 
     Fixed m in :data:`DEFAULT_FIXED_M` with m < n - 1; adaptive sampling from m0 = min(100, (n - 1) // 8) with the
@@ -846,7 +847,8 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
     each cap m0 2^s from max(8 m0, n / 16) up to n / 3 (what a 2% target on HR@10 needs: the positives that may be
     hits ranked exactly). Then, for ``auto`` and
     ``diff``, the largest adaptive design with an active exact share of each of :data:`DEFAULT_SHARES` (``diff``'s
-    interval holds by design; each costs its share of n - 1 pairs per user).
+    interval holds by design; each costs its share of n - 1 pairs per user), its inclusion probabilities set by the
+    spread of ``metric`` (the planned one; ``ExactShare.metric``).
     """
     n = check_size(n_items, "n_items", 2)
     out = [SamplingDesign(m) for m in DEFAULT_FIXED_M if m < n - 1]
@@ -868,7 +870,8 @@ def default_designs(n_items: int, method: str = registry.DEFAULT_ESTIMATOR) -> l
             out += [d for d in (SamplingDesign(m0, adaptive_max=cap, adaptive_top=DEFAULT_ADAPTIVE_TOP,
                                                exact_at_cap=True) for cap in caps) if registry.get(method).supports(d)]
         if registry.get(method).family in ("auto", "design_based") and last.adaptive_max is not None:
-            out += [dataclasses.replace(last, exact_share=ExactShare(s, choice="active")) for s in DEFAULT_SHARES]
+            out += [dataclasses.replace(last, exact_share=ExactShare(s, choice="active", metric=str(metric)))
+                    for s in DEFAULT_SHARES]
     return out
 
 
@@ -914,12 +917,19 @@ def pilot_design(n_items: int, metric: str | MetricSpec, *, n_samples: int | Non
     return SamplingDesign(m, adaptive_max=cap)
 
 
-def _zero_truth_note(truth: float, spec: MetricSpec, n_users: int) -> tuple[str, ...]:
-    """Why every relative error is inf (``Plan.notes``): the simulated users' exact metric is 0."""
-    if truth != 0.0:
+def _zero_truth_note(truth: float, spec: MetricSpec, n_users: int, truths: np.ndarray | None = None) -> tuple[str, ...]:
+    """Why every relative error is inf (``Plan.notes``): the simulated users' exact metric is 0; or why relative
+    widths may be: some simulated sets of users have an exact metric of 0."""
+    if truth == 0.0:
+        return (f"the {n_users} simulated users' exact {spec} is 0 (no positive inside its cut-off), so relative "
+                "errors are undefined (inf): forecast for more users (n_users; --n-users), or a metric with a larger "
+                "cut-off",)
+    zero = 0 if truths is None else int(np.count_nonzero(truths == 0))
+    if truths is None or zero == 0:
         return ()
-    return (f"the {n_users} simulated users' exact {spec} is 0 (no positive inside its cut-off), so relative errors "
-            "are undefined (inf): forecast for more users (n_users; --n-users), or a metric with a larger cut-off",)
+    return (f"{zero} of {len(truths)} simulated sets of {n_users} users have an exact {spec} of 0, whose relative "
+            "interval widths are inf (a median of inf where they are half or more): forecast for more users "
+            "(n_users; --n-users), or a metric with a larger cut-off",)
 
 
 def _pilot_notes(shape: _PilotShape | _DefaultShape | PopularityWorld, spec: MetricSpec, n_max: int) -> tuple[str, ...]:
@@ -1072,7 +1082,7 @@ def _candidate_designs(designs: Any, s: _Settings, world: PopularityWorld | None
     smallest n (with a popularity world: the pilot's own law at the default fixed m first)."""
     n_min, method = s.n_min, s.method.name
     if designs is None:  # the defaults: a refusal is of the caller's method or catalogue, never of ``designs``
-        out = default_designs(n_min, method)
+        out = default_designs(n_min, method, s.spec)
         if world is not None:  # the pilot's own law at the default fixed m, before the uniform grid
             own = world.pilot_design.popularity
             try:
@@ -1136,8 +1146,8 @@ def _draw_exact(shape: _DefaultShape | _PilotShape | PopularityWorld, s: _Settin
     truths = values.mean(dim=1).numpy()  # each set's exact metric
     # full ranking's own interval, value +- z sd / sqrt(U): the users' spread
     sd = values.std(dim=1, correction=1).numpy() if s.n_users > 1 else np.full(s.repeats, math.inf)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        full = 2.0 * _Z95 * sd / math.sqrt(s.n_users) / np.abs(truths)
+    with np.errstate(divide="ignore", invalid="ignore"):  # a set whose metric is 0: no relative width holds it
+        full = np.where(truths != 0, 2.0 * _Z95 * sd / math.sqrt(s.n_users) / np.abs(truths), math.inf)
     return _Draws(exact_np, exact, n_t, truths, float(truths.mean()), float(s.n_u.mean()), float(np.median(full)))
 
 
@@ -1609,17 +1619,18 @@ def _width_count(f: DesignForecast | SamplingDesign, used: int) -> int:
 
 
 def _median_rel_width(width: np.ndarray, truths: np.ndarray) -> float:
-    """The median of the first ``len(truths)`` widths relative to those sets' exact metrics."""
-    return float(np.median(width[: len(truths)] / np.abs(truths)))
+    """The median of the first ``len(truths)`` widths relative to those sets' exact metrics (inf for a set whose
+    metric is 0: no relative width holds it; finite while fewer than half the sets are such)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(truths != 0, width[: len(truths)] / np.abs(truths), math.inf)
+    return float(np.median(rel))
 
 
 def _rel_width(reps: _Replicates, used: int) -> float:
     """The median over replicates of the 95% interval's width relative to each set's exact metric
     (``DesignForecast.rel_width``): the popularity replicates' own intervals, else the first :data:`WIDTH_REPEATS`
-    replicates estimated as the user will (:meth:`_Replicates.widths`); NaN where a set's metric is 0."""
+    replicates estimated as the user will (:meth:`_Replicates.widths`); a set whose metric is 0 counts as inf."""
     truths = reps.draws.truths[:used]
-    if not np.all(truths != 0):
-        return math.nan
     k = _width_count(reps.design, used)
     if reps.design.popularity is None and reps.design.exact_share is None:  # the others' replicates hold theirs
         reps.widths(range(k))
@@ -1680,7 +1691,7 @@ def _forecast_at(f: DesignForecast, run: _DesignRun | None, kept: _PlanReplicate
         return None
     errors = _error_fields(run.est[:used] - truths[:used], truth)
     rel_width = math.nan
-    if errors["rel_error"] <= target and np.all(truths[:used] != 0):
+    if errors["rel_error"] <= target:
         k = _width_count(f, used)
         if not run.has_width[:k].all():  # the point target missed at the plan's own target: no interval estimated
             return None
@@ -1829,7 +1840,7 @@ def _plan(n_items: Any, n_users: Any, metric: str | MetricSpec, target_rel_error
         repeats=s.repeats, seed=s.seed, seconds=time.perf_counter() - t_start, seconds_per_pair=s.seconds_per_pair,
         seconds_per_pair_source=s.seconds_per_pair_source,
         notes=(_pilot_notes(shape, s.spec, int(s.n_u.max())) if world is None else world.notes())
-        + _zero_truth_note(draws.truth, s.spec, s.n_users),
+        + _zero_truth_note(draws.truth, s.spec, s.n_users, draws.truths),
         target_halfwidth=_interval_target(s, draws), full_rel_width=draws.full_width,
     )
     object.__setattr__(result, "_replicates", _PlanReplicates(tuple(runs), draws.truths.copy(), draws.n_mean,

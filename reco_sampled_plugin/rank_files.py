@@ -372,7 +372,7 @@ def _rank_table(data: bytes, n_items: int | None, n_samples: int | None) -> Rank
         return None
     line, after = first
     start = 0
-    if not any(ch.isdigit() for ch in _fields(line)[0]):  # the header: the data start after it
+    if _is_header(_fields(line)[0]):  # the header: the data start after it
         start, first = after, _data_line(text, after)
         if first is None:
             return None
@@ -424,6 +424,18 @@ def _rank_table(data: bytes, n_items: int | None, n_samples: int | None) -> Rank
     return RankFile(r, n, m, s1, s2)
 
 
+def _is_header(field: str) -> bool:
+    """Whether a first line's first field is a header's: no digit in it, and not a number Python reads without one
+    (``nan``, ``inf``: a damaged rank, reported as such, never dropped as a header)."""
+    if any(ch.isdigit() for ch in field):
+        return False
+    try:
+        float(field)
+    except ValueError:
+        return True
+    return False
+
+
 def _rank_file_by_line(path: Path, data: bytes, n_items: int | None, n_samples: int | None) -> RankFile:
     """The line reader of rank files: every format of the module doc, and the first error with its line."""
     ranks: list[int] = []
@@ -435,7 +447,7 @@ def _rank_file_by_line(path: Path, data: bytes, n_items: int | None, n_samples: 
     split = _FIELDS.split
     for number, text in _lines(path, data):
         fields = split(text) if '"' not in text else _fields(text)
-        if first and not any(ch.isdigit() for ch in fields[0]):
+        if first and _is_header(fields[0]):
             first = False
             continue  # a header (a first field without digits); a malformed number is reported below
         first = False
@@ -488,7 +500,7 @@ def _names_share(data: bytes) -> bool:
     if first is None:
         return False
     fields = [f.strip().lower() for f in _fields(first[0])]
-    return not any(ch.isdigit() for ch in fields[0]) and "exact_rank" in fields
+    return _is_header(fields[0]) and "exact_rank" in fields
 
 
 def _share_rank_file(path: Path, data: bytes) -> RankFile:

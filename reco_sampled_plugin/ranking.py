@@ -1025,7 +1025,7 @@ def _given_negatives(negatives: Any, n_samples: int | None, scores: torch.Tensor
     ``replacement``) together with the pending index checks ``later``: one read."""
     b, n = scores.shape
     p = pos.shape[1]
-    neg = torch.as_tensor(negatives)
+    neg = real_tensor(negatives, "negatives", "integer item indices")
     check_same_device(scores=scores, negatives=neg)
     check_not_meta(neg, "negatives")
     if neg.is_floating_point() or neg.dtype == torch.bool:

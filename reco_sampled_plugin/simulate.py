@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ._checks import check_elements, check_generator, check_int, check_rank_values, check_sizes
+from ._checks import MAX_SAMPLES, check_elements, check_generator, check_int, check_rank_values, check_sizes
 from .sampling_laws import check_law
 
 if TYPE_CHECKING:
@@ -58,7 +58,8 @@ def draw_sampled_ranks(
     reps = check_int(repeats, "repeats", minimum=1)
     r_t = check_rank_values(exact_ranks, "exact_ranks", whole=True).detach().cpu()
     n_t = check_sizes(n_items, "n_items", 2, like=r_t, like_name="exact_ranks", device=torch.device("cpu"))
-    m_t = check_sizes(n_samples, "n_samples", 1, like=r_t, like_name="exact_ranks", device=torch.device("cpu"))
+    m_t = check_sizes(n_samples, "n_samples", 1, like=r_t, like_name="exact_ranks", device=torch.device("cpu"),
+                      maximum=MAX_SAMPLES)
     r, n, m = np.broadcast_arrays(*(torch.as_tensor(x, dtype=torch.int64).numpy() for x in (r_t, n_t, m_t)))
     if r.size and (np.any(r < 1) or np.any(r > n)):
         raise ValueError("exact_ranks: values must lie in 1..n_items (1-based)")

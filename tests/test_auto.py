@@ -71,6 +71,30 @@ def test_auto_auc_of_few_users_at_the_top_covers_the_truth(users, p):
     assert est.details["auto"]["method"] == "none" and held >= 19, held
 
 
+@pytest.mark.parametrize("metric", ["ndcg", "mrr", "ap"])
+@pytest.mark.parametrize("n, m, replacement", [(100, 99, False), (100, 10_000, True), (2, 3, True)])
+def test_auto_reads_a_first_bin_of_rank_1_alone_as_resolved(metric, n, m, replacement):
+    """Where every first sampled bin holds rank 1 alone (b = (n - 1)/(m + 1) + 1 < 2: a census without replacement,
+    m far above n, n = 2), r~ = 1 is rank 1: auto runs gmod, whose interval holds the exact metric of 20 draws of 10
+    users in 20 (it ran mes, whose smoothing is all bias there and whose interval said nothing: an NDCG of 1 on 20
+    users all first gave 0.56 [0.56, 0.56], a 10-user MRR held in 0 of 20)."""
+    design = rsp.SamplingDesign(m, replacement=replacement)
+    first = rsp.estimate(metric, rsp.SampledRanks.from_arrays(torch.ones(20, dtype=torch.long), n, m, design))
+    assert first.details["auto"]["method"] == "gmod" and "b = " in first.details["auto"]["reason"]
+    lo, hi = first.interval(0.95)
+    assert first.value == pytest.approx(1.0, abs=1e-9) and lo <= 1.0 <= hi
+    g = torch.Generator().manual_seed(n + m)
+    held = 0
+    for _ in range(20):
+        u = torch.rand(10, generator=g, dtype=torch.float64)
+        exact = torch.clamp((torch.log1p(-u) / np.log(0.5)).long() + 1, max=n)  # geometric(1/2), seeded
+        sampled = simulate_sampled_ranks(exact, n, m, design.law, generator=g)
+        est = rsp.estimate(metric, rsp.SampledRanks.from_arrays(sampled, n, m, design))
+        lo, hi = est.interval(0.95)
+        held += lo <= float(rsp.metric_values(metric, exact, n).double().mean()) <= hi
+    assert held == 20, held
+
+
 def test_auto_runs_gmod_on_adaptive_designs_and_takes_fit_options_only():
     exact = _exact(1)
     sampled = adaptive_sampled_ranks_from_exact(exact, N, rsp.SamplingDesign(100, adaptive_max=3200),

@@ -320,6 +320,8 @@ def test_estimate_command_ncf_files(tmp_path, capsys):
      ("1,100,10,3\n", ":1: expected"), ("", "no ranks found"),
      ("1.5,100,10\n2,100,10\n", ":1: rank '1.5' is not a whole number"),  # not a header: it has digits
      ("2,100,10\ninf,100,10\n", ":2: rank 'inf' is not finite"), ("2,100,10\nnan,100,10\n", ":2: rank 'nan' is not finite"),
+     # a first line of nan or inf is a damaged rank, not a header (it was dropped as one)
+     ("nan,100,10\n2,100,10\n", ":1: rank 'nan' is not finite"), ("-inf\n2\n", ":1: rank '-inf' is not finite"),
      ("1,,10\n", ":1: empty field"), ("1,100,10\n2;100;;10\n", ":2: empty field")],
 )
 def test_estimate_errors_name_the_line(tmp_path, capsys, content, match):
@@ -327,6 +329,41 @@ def test_estimate_errors_name_the_line(tmp_path, capsys, content, match):
     f.write_text(content)
     assert main(["estimate", str(f)]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_estimate_notes_defaults_that_the_file_columns_override(tmp_path, capsys):
+    """``--n-items`` / ``--n-samples`` are the defaults of lines without those columns: where a file's columns say
+    otherwise, a note on stderr says so (they went unused, silently); the same values, a file without the columns, or
+    an adaptive design's final-m column (which ``--n-samples``, the first stage's, does not bound) bring no note."""
+    f = tmp_path / "ranks.csv"
+    f.write_text("1,1000,100\n2,1000,100\n")
+    assert main(["estimate", str(f), "--n-items", "50", "--n-samples", "7", "--method", "none"]) == 0
+    err = capsys.readouterr().err
+    assert ("note: --n-items 50 is the default of lines without a n_candidates column; this file's lines give "
+            "1,000..1,000, read as given") in err and "note: --n-samples 7 is the default" in err
+    for argv, text in (([str(f), "--n-items", "1000", "--n-samples", "100"], "1,1000,100\n2,1000,100\n"),
+                       ([str(tmp_path / "bare.csv"), "--n-items", "50", "--n-samples", "7"], "1\n2\n"),
+                       ([str(tmp_path / "adaptive.csv"), "--n-samples", "100", "--adaptive-max", "400"],
+                        "2,1000,100\n1,1000,400\n")):
+        (tmp_path / argv[0].split("/")[-1]).write_text(text)
+        assert main(["estimate", *argv, "--method", "mle"]) == 0
+        assert "note:" not in capsys.readouterr().err
+
+
+def test_estimate_stops_quietly_on_a_closed_pipe(tmp_path, capfd, monkeypatch):
+    """A reader that closes the pipe early (``reco-sampled estimate f | head -1``): exit 1 without a traceback (a
+    BrokenPipeError traceback was printed)."""
+    import reco_sampled_plugin.cli as cli
+
+    f = tmp_path / "ranks.csv"
+    f.write_text("1,1000,100\n2,1000,100\n")
+
+    def closed(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(cli, "estimate_table", closed)
+    assert main(["estimate", str(f), "--method", "none"]) == 1
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_missing_file_and_help(tmp_path, capsys):

@@ -436,6 +436,26 @@ def test_ls_variance_is_flagged_not_hidden():
         assert 0.0 <= res.value <= 1.0 and "outside_metric_range" not in res.flags
 
 
+def test_a_point_on_its_range_by_rounding_is_not_flagged_outside_it():
+    """A value a few ulps past an end of the metric's range is on it: precision@3 of 3 items (the one-point range
+    1/3, computed as 0.33333333333333337) and a linear NDCG at its least value are not flagged
+    ``outside_metric_range`` (they were), the point moved onto the end; a raw value beyond rounding still is."""
+    from reco_sampled_plugin import SampledRanks, estimate
+    from reco_sampled_plugin._estimate import in_range
+
+    g = torch.Generator().manual_seed(0)
+    e = estimate("precision@3", SampledRanks.from_arrays(torch.randint(1, 22, (200,), generator=g), 3, 20), "gmod")
+    assert e.value == e.metric_range[0] == e.metric_range[1] and "outside_metric_range" not in e.flags
+    e = estimate("ndcg", SampledRanks.from_arrays(torch.full((10,), 101), 100, 100), "linear")
+    assert e.value == e.metric_range[0] and "outside_metric_range" not in e.flags
+    third = 1.0 / 3.0
+    for raw, flagged in ((third + 4e-17, False), (third + 1e-9, True), (-1e-13, False), (-1e-6, True)):
+        bounds = (third, third) if raw > 0 else (0.0, 1.0)
+        value, flags, details = in_range(raw, (), {}, bounds)
+        assert value == min(max(raw, bounds[0]), bounds[1])
+        assert ("outside_metric_range" in flags) == flagged == ("unclipped_value" in details), raw
+
+
 @pytest.mark.parametrize("law", LAWS)
 def test_bv_cholesky_equals_the_stacked_least_squares(law, monkeypatch):
     """eq. 25 from its normal equations (Cholesky, the default) and as the stacked least squares (pivoted QR,

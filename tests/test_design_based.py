@@ -397,6 +397,8 @@ def test_design_and_arrays_are_checked():
     for bad, match in ((0.0, "^share: "), (1.5, "^share: "), (True, "^share: ")):
         with pytest.raises(ValueError, match=match):
             ExactShare(bad)
+        with pytest.raises(ValueError, match="^exact_share: expected a number in"):  # the argument typed there
+            SamplingDesign(10, exact_share=bad)
     with pytest.raises(ValueError, match="^choice: "):
         ExactShare(0.1, choice="greedy")
     with pytest.raises(ValueError, match="^floor: "):

@@ -179,6 +179,31 @@ def test_merge_of_another_catalogue_is_refused_not_misread():
     assert torch.equal(a.hist, before)  # nothing was added
 
 
+@pytest.mark.parametrize("kind", ["exact", "sampled", "popularity", "adaptive", "share"])
+def test_merge_of_a_state_dict_with_non_finite_values_is_refused(kind):
+    """A ``metric_state`` dict is checked for values too: a NaN or inf sum or histogram (every output NaN with no
+    flag, or a later error naming ``counts``) is refused naming the state, nothing added; the metric's own states,
+    every design's, merge."""
+    scores, pos = _data(100, 3)
+    designs = {"sampled": 10, "popularity": rsp.SamplingDesign(10, popularity=torch.rand(100) + 0.1),
+               "adaptive": rsp.SamplingDesign(10, adaptive_max=40),
+               "share": rsp.SamplingDesign(10, exact_share=ExactShare(0.3))}
+    make = (lambda: ExactRankingMetrics(("ndcg@10",))) if kind == "exact" else (
+        lambda: SampledRankingMetrics(("ndcg@10",), designs[kind], estimators=("none",)))
+    a, b = make(), make()
+    for m, seed in ((a, 0), (b, 1)):
+        m.update(scores, pos, **({} if kind == "exact" else {"ids": torch.arange(seed * 100, seed * 100 + 24)}))
+    a.merge_state(dict(b.metric_state))  # finite: taken
+    name = "sums" if kind == "exact" else "hist"
+    before = {k: v.clone() for k, v in a.metric_state.items()}
+    for bad in (math.nan, math.inf):
+        state = dict(b.metric_state)
+        state[name] = state[name].clone().reshape(-1).index_fill(0, torch.tensor([0]), bad).reshape(state[name].shape)
+        with pytest.raises(ValueError, match=rf"^incoming_state: '{name}' holds NaN or inf"):
+            a.merge_state(state)
+        assert all(torch.equal(v, before[k]) for k, v in a.metric_state.items())
+
+
 def test_forward_with_another_catalogue_is_refused():
     a = SampledRankingMetrics(**SAMPLED_BASE)
     s, p = _data(40, 0)

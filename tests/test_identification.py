@@ -240,3 +240,30 @@ def test_an_lp_that_fails_without_presolve_is_solved_again_with_it(monkeypatch):
     assert calls == [{"presolve": False}, None] * 2
     assert got.flags == want.flags  # solved, not relaxed: the same optimum to HiGHS's tolerance (with or without presolve)
     assert (got.lo, got.hi) == pytest.approx((want.lo, want.hi), abs=1e-7)
+
+
+def test_steep_shapes_far_from_the_top_widen_the_interval_without_failing():
+    """The steepness rows as rho_c d_c <= d_{c+1} (rho = the ratio of cell means of r^-gamma): the same rows as
+    before for moderate gammas; where the cell means leave float64's range (gamma 64 at n = 10^6, 300 at n = 1,000:
+    a division by 0, then linprog's error naming A_ub) the bound there is 0, so a steeper gamma's interval still
+    holds the gentler one's."""
+    from reco_sampled_plugin.identification import _shape_rows
+    from reco_sampled_plugin.quadrature import power_sums
+
+    edges = np.array([0, 1, 3, 7, 15, 40, 100, 400])
+    for gamma in (0.5, 1.0, 3.0):
+        widths = np.diff(edges).astype(np.float64)
+        ref = power_sums(edges[:-1] + 1, edges[1:], gamma) / widths
+        old = np.zeros((len(widths) - 1, len(widths)))
+        i = np.arange(len(widths) - 1)
+        old[i, i + 1], old[i, i] = -1.0 / (widths[1:] * ref[1:]), 1.0 / (widths[:-1] * ref[:-1])
+        np.testing.assert_allclose(_shape_rows(edges, 400, gamma), old / np.abs(old).max(1, keepdims=True), rtol=1e-12)
+    g = torch.Generator().manual_seed(0)
+    for n, m, gammas in ((1000, 100, (1.0, 250.0, 300.0, 1e4)), (10**6, 10, (1.0, 32.0, 64.0, 100.0))):
+        ranks = torch.randint(1, m + 2, (50,), generator=g)
+        ranks[:10] = 1
+        ivs = [identified_interval("ndcg@10", ranks, n, m, shape=TopShape(gamma=gam, decay_widths=3.0))
+               for gam in gammas]
+        for gentle, steep in zip(ivs, ivs[1:]):
+            assert steep.lo <= gentle.lo + 1e-9 and gentle.hi <= steep.hi + 1e-9, (n, gentle, steep)
+            assert "identification_failed" not in steep.flags

@@ -927,3 +927,33 @@ def test_given_negatives_repeating_an_item_under_a_design_without_replacement_ar
     assert rsp.sampled_ranks(s, pos, SamplingDesign(3), negatives=twice).ranks.shape == (2, 1)
     distinct = torch.tensor([[0, 2, 3], [0, 1, 3]])
     assert rsp.sampled_ranks(s, pos, SamplingDesign(3, replacement=False), negatives=distinct).ranks.shape == (2, 1)
+
+
+@pytest.mark.parametrize("bad, what", [
+    (np.full((2, 1, 3), 5) + 0.9j, "complex numbers"),  # was taken as 5: the imaginary part dropped
+    ({}, "dict"), ("abc", "str"), (10**30, "int"), ([[1, 2], [3]], "list"),
+    (torch.ones(2, 1, 3, dtype=torch.bool), "booleans"), (np.array([["a", "b", "c"]] * 2), "ndarray of dtype <U1"),
+])
+def test_given_negatives_are_converted_as_every_array_argument(bad, what):
+    """``negatives`` goes through the package's one array conversion: complex numbers, objects, strings, ints beyond
+    int64 and ragged lists are refused naming ``negatives`` (complex ones were truncated to their real part, the rest
+    raised torch's own errors)."""
+    s = torch.randn(2, 10, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=rf"^negatives: expected integer item indices, got {what}"):
+        rsp.sampled_ranks(s, torch.tensor([[0], [1]]), 3, negatives=bad)
+
+
+def test_simulated_draws_refuse_an_m_beyond_the_documented_cap():
+    """``simulate_sampled_ranks`` / ``draw_sampled_ranks`` take m up to MAX_SAMPLES = 2^24, as every sampled path
+    (m = 10^12 gave sampled ranks near 10^10 that no estimate takes)."""
+    from reco_sampled_plugin._checks import MAX_SAMPLES
+    from reco_sampled_plugin.simulate import draw_sampled_ranks
+
+    exact = torch.tensor([1, 50, 100])
+    for bad in (MAX_SAMPLES + 1, 10**12, torch.tensor([5, 5, 10**12])):
+        with pytest.raises(ValueError, match=r"^n_samples: must be <= 16777216"):
+            rsp.simulate_sampled_ranks(exact, 100, bad)
+        with pytest.raises(ValueError, match=r"^n_samples: must be <= 16777216"):
+            draw_sampled_ranks(exact, 100, bad, repeats=2, seed=0)
+    top = rsp.simulate_sampled_ranks(exact, 100, MAX_SAMPLES, generator=torch.Generator().manual_seed(0))
+    assert int(top[0]) == 1 and int(top[2]) == MAX_SAMPLES + 1  # rank 1 and rank n at the cap

@@ -328,6 +328,11 @@ def test_torchmetrics_options_are_checked_at_construction():
         SampledRankingMetrics("hit@10", 10, ("bv", ("mes", {"tol": 1e-6})))
     with pytest.raises(ValueError, match="^estimators: two estimators with the label 'mes_tol-1e-06'"):
         SampledRankingMetrics("hit@10", 10, (registry.Mes(tol=1e-6), registry.Mes(tol=1e-6)))
+    # a metric none of the estimators takes had no output at all (hh: AUC only), silently
+    with pytest.raises(ValueError, match=r"^estimators: none of \('hh',\) estimates ndcg@10 \(its estimators: "):
+        SampledRankingMetrics(("ndcg@10", "auc"), 5, estimators=("hh",))
+    assert sorted(SampledRankingMetrics(("ndcg@10", "auc"), 5, estimators=("hh", "mes")).settings.metric_names) == [
+        "auc", "ndcg@10"]  # each metric taken by one of them
     with pytest.raises(ValueError, match="^check_finite: "):
         ExactRankingMetrics(check_finite=1)
     with pytest.raises(ValueError, match="^count_other_positives: "):

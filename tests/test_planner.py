@@ -374,3 +374,14 @@ def test_a_world_whose_exact_metric_is_zero_says_why_errors_are_inf():
     assert p.truth == 0.0 and math.isinf(p.forecasts[0].rel_error) and p.recommended is None
     assert any("exact ndcg@10 is 0" in note and "relative errors are undefined" in note for note in p.notes)
     assert not plan(5000, 400, "ndcg@10", 0.05, designs=[SamplingDesign(10)], repeats=2).notes
+
+
+def test_sets_of_few_users_whose_metric_is_zero_give_inf_widths_and_say_why():
+    """Five simulated users of 1,000 items: two of three sets have an exact NDCG@10 of 0. Their relative widths are
+    inf, not NaN (a NaN width failed every design that met the point target, with no word why): full ranking's
+    median width is inf, every design meeting the point target has a width (inf), and the notes count the sets."""
+    p = plan(1000, 5, "ndcg@10", 0.2, repeats=3)
+    assert math.isinf(p.full_rel_width) and p.recommended is None
+    met = [f for f in p.forecasts if f.rel_error <= 0.2]
+    assert met and all(math.isinf(f.rel_width) and not f.meets_target for f in met)
+    assert any(note.startswith("2 of 3 simulated sets of 5 users have an exact ndcg@10 of 0") for note in p.notes)

@@ -95,7 +95,13 @@ def test_plan_notes_a_fixed_pilot():
     pilot = SampledRanks(simulate_sampled_ranks(exact, 5000, 100, "binomial", torch.Generator().manual_seed(1)),
                          torch.tensor(5000), design=SamplingDesign(100))
     p = plan(5000, 1000, "hit@10", 0.2, pilot=pilot, designs=[SamplingDesign(200)], repeats=2, seed=0)
-    assert len(p.notes) == 1 and "b = 50.5" in p.notes[0] and "adaptive 100->1600" in p.notes[0]
+    assert "b = 50.5" in p.notes[0] and "adaptive 100->1600" in p.notes[0]
+    # a HR@10 near 0.002 on 1,000 users: one of the two simulated sets has no hit, whose relative width is inf
+    zero = int(np.count_nonzero(p._replicates.truths == 0))
+    assert zero == 1 and p.notes[1:] == (f"{zero} of 2 simulated sets of 1000 users have an exact hit@10 of 0, whose "
+                                         "relative interval widths are inf (a median of inf where they are half or "
+                                         "more): forecast for more users (n_users; --n-users), or a metric with a "
+                                         "larger cut-off",)
 
 
 # ----------------------------------------------------------------------------------------------- screening

@@ -89,6 +89,10 @@ def test_default_grid_shares_and_refusals():
     assert [(d.n_samples, d.adaptive_max, d.exact_share) for d in shares] == [
         (100, 12800, ExactShare(s, choice="active")) for s in DEFAULT_SHARES]
     assert not any(d.exact_share is not None for d in default_designs(50_000, method="mes"))
+    # the active share's spread is the planned metric's (it was NDCG@10's whatever the plan)
+    assert {d.exact_share.metric for d in default_designs(50_000, metric="recall@20") if d.exact_share} == {"recall@20"}
+    planned = plan(5000, 300, "recall@20", 0.1, repeats=3)
+    assert {f.exact_share.metric for f in planned.forecasts if f.exact_share is not None} == {"recall@20"}
     with pytest.raises(ValueError, match="^designs: .*only 'diff'"):
         plan(2000, 100, "hit@10", 0.1, designs=[SamplingDesign(50, exact_share=0.1)], method="gmod")
     popular = SamplingDesign(50, popularity=torch.ones(2000), exact_share=0.1)

@@ -129,6 +129,7 @@ class RankingSettings:
         if design is not None:
             estimators, methods, labels = estimator_methods(self.estimators)
             _check_supported(design, methods, labels)
+            _check_every_metric_estimated(self.metric_names, methods)
             put("estimators", estimators)
         put("methods", methods)
         put("labels", labels)
@@ -140,6 +141,17 @@ class RankingSettings:
         put("count_other_positives", check_bool(self.count_other_positives, "count_other_positives"))
         put("max_n_groups", None if self.max_n_groups is None else check_count(self.max_n_groups, "max_n_groups", 1))
         put("check_finite", _check_finite_option(self.check_finite))
+
+
+def _check_every_metric_estimated(metrics: tuple[str, ...], methods: tuple["registry.Method", ...]) -> None:
+    """A sampled metric that none of the estimators takes would have no output at all (``hh``: AUC only; the
+    pairs an estimator does not take are left out of ``compute()``): refused here, naming what takes it."""
+    for metric in metrics:
+        takes = registry.names(metric=metric)
+        if not any(m.name in takes for m in methods):
+            given = tuple(m.name for m in methods)
+            raise ValueError(f"estimators: none of {given} estimates {metric} (its estimators: {takes}); add one, "
+                             "such as 'auto', or drop the metric")
 
 
 def _metric_names(names: tuple[str, ...]) -> tuple[str, ...]:

@@ -258,6 +258,18 @@ def _index_like(x: Any, name: str, what: str, device: torch.device) -> torch.Ten
     return _to(real_tensor(x, name, what, booleans=True), torch.device(device))
 
 
+def _check_finite_states(state: Mapping[str, Any]) -> None:
+    """A ``metric_state`` dict given to ``merge_state`` holds finite numbers in its floating states (sums, counts,
+    histograms): a NaN or inf one would make every output NaN, silently, or fail later naming another argument."""
+    floats = [(k, v) for k, v in state.items() if isinstance(v, torch.Tensor) and v.is_floating_point() and v.numel()]
+    if not floats:
+        return
+    bad = torch.stack([(~torch.isfinite(v)).any() for _, v in floats]).tolist()
+    for (name, _), nonfinite in zip(floats, bad):
+        if nonfinite:
+            raise ValueError(f"incoming_state: {name!r} holds NaN or inf")
+
+
 def _keep_mask(keep: Any, batch: int, device: torch.device) -> torch.Tensor | None:
     if keep is None:
         return None
@@ -511,6 +523,8 @@ class _MergeChecked(Metric):
                 listing = "; ".join(f"{k}: {mine[k]} here, {theirs.get(k)} in the incoming state" for k in differ)
                 raise ValueError(f"{differ[0]}: cannot merge states of differently configured "
                                  f"{type(self).__name__} ({listing})")
+        if isinstance(incoming_state, Mapping):  # a bare dict: its values checked too (one read; never per batch)
+            _check_finite_states(incoming_state)
         super().merge_state(incoming_state)
         if isinstance(incoming_state, _MergeChecked):  # the other state's own messages of its failed checks
             for name, told in incoming_state._check_messages.items():  # (at an update both record: this one's)
