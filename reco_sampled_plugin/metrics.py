@@ -60,7 +60,8 @@ def metric_values(metric: str | MetricSpec, ranks: TensorLike, n_items: int | Te
         ranks: 1-based ranks (int or float tensor, any shape; fractional ranks from
             ``ties="average"`` are allowed).
         n_items: number of candidates ``n`` (the relevant item included): an int or a tensor
-            broadcastable against ``ranks`` (per-instance candidate counts).
+            broadcastable to the shape of ``ranks`` (per-instance candidate counts; never widening it: the values
+            keep the ranks' shape, whatever the metric).
 
     Raises:
         ValueError: unknown metric, ranks outside 1..n, n < 1 (n < 2 for AUC), or a cut-off
@@ -68,7 +69,7 @@ def metric_values(metric: str | MetricSpec, ranks: TensorLike, n_items: int | Te
     """
     spec = parse_metric(metric)
     r = check_rank_values(ranks, "ranks")
-    n = check_sizes(n_items, "n_items", 2 if spec.kind == "auc" else 1, like=r, device=r.device)
+    n = check_sizes(n_items, "n_items", 2 if spec.kind == "auc" else 1, like=r, device=r.device, exact=True)
     n = torch.as_tensor(n, dtype=torch.float64, device=r.device)
     r = r.to(torch.float64)
     if spec.k is not None and n.numel() and spec.k > float(n.max()):

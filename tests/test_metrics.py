@@ -89,6 +89,12 @@ def test_metric_values_bad_input():
         metric_values("auc", torch.tensor([1]), 1)
     with pytest.raises(ValueError, match="ranks"):
         metric_values("ndcg", torch.tensor([float("nan")]), 10)
+    # candidate counts never widen the ranks' shape (AUC gave (4, 6) values for 6 ranks, NDCG@5 (6,))
+    r, n = torch.tensor([1, 2, 3, 6, 1, 4]), torch.tensor([[9], [9], [9], [10]])
+    for metric in ("ndcg@5", "auc", "ap"):
+        with pytest.raises(ValueError, match=r"^n_items: shape \(4, 1\) does not broadcast to the shape \(6,\)"):
+            metric_values(metric, r, n)
+        assert metric_values(metric, r.view(2, 3), torch.tensor([[9], [10]])).shape == (2, 3)  # per row: taken
 
 
 def test_per_user_metrics_bad_k():
