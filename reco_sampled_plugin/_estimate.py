@@ -169,10 +169,11 @@ def in_range(value: float, flags: Iterable[str], details: Mapping[str, Any],
 
 
 def _outside(value: float, bounds: tuple[float, float]) -> bool:
-    """Whether ``value`` lies outside ``bounds`` by more than float64 rounding (1e-12 of the range's scale: a
-    precision@3 of 3 items, 1/3, computed as 0.33333333333333337 is on its one-point range, not outside it)."""
+    """Whether ``value`` lies outside ``bounds`` by more than float64 rounding (1e-12 of the range's largest end: a
+    precision@3 of 3 items, 1/3, computed as 0.33333333333333337 is on its one-point range, not outside it; a
+    precision@2^40's 9.1e-13 range keeps a tolerance of 9.1e-25)."""
     lo, hi = float(bounds[0]), float(bounds[1])
-    tol = 1e-12 * max(1.0, abs(lo), abs(hi))
+    tol = 1e-12 * max(abs(lo), abs(hi))
     return not lo - tol <= value <= hi + tol
 
 

@@ -708,23 +708,35 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     if argv and argv[0] == "recbole":
         try:
-            return _cmd_recbole(argv[1:])
+            code = _cmd_recbole(argv[1:])
+            sys.stdout.flush()
+            return code
         except _USER_ERRORS as exc:
             print(f"reco-sampled: error: {_message(exc)}", file=sys.stderr)
             return 2
+        except BrokenPipeError:
+            return _closed_pipe()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:
         parser.print_help()
         return 2
     try:
         _check_int_arguments(args)
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a short output waits in the buffer: its write, and a closed pipe's error, come here
+        return code
     except _USER_ERRORS as exc:
         print(f"reco-sampled: error: {_message(exc)}", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # the reader closed the pipe (``| head``): stop quietly, as command-line tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's flush at exit would raise again
-        return 1
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+def _closed_pipe() -> int:
+    """The reader closed the pipe (``| head``): stop quietly, as command-line tools do; stdout points at the null
+    device from here on, so that Python's flush at exit does not raise again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

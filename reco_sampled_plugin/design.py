@@ -398,6 +398,8 @@ def coerce_adaptive(adaptive: SamplingDesign | AdaptiveDesign | tuple[int, int |
     if isinstance(adaptive, SamplingDesign):
         return adaptive.adaptive
     try:
+        if isinstance(adaptive, (str, bytes)):  # '10' would unpack into the pair ('1', '0')
+            raise TypeError
         m, cap = adaptive
     except (TypeError, ValueError):
         raise ValueError(f"adaptive: expected an AdaptiveDesign or (n_samples, adaptive_max), got {adaptive!r}") from None

@@ -449,8 +449,10 @@ def test_a_point_on_its_range_by_rounding_is_not_flagged_outside_it():
     e = estimate("ndcg", SampledRanks.from_arrays(torch.full((10,), 101), 100, 100), "linear")
     assert e.value == e.metric_range[0] and "outside_metric_range" not in e.flags
     third = 1.0 / 3.0
-    for raw, flagged in ((third + 4e-17, False), (third + 1e-9, True), (-1e-13, False), (-1e-6, True)):
-        bounds = (third, third) if raw > 0 else (0.0, 1.0)
+    tiny = 1.0 / 2**40  # precision@2^40: a one-point range of 9.1e-13, its tolerance 9.1e-25, not 1e-12
+    for raw, flagged, bounds in ((third + 4e-17, False, (third, third)), (third + 1e-9, True, (third, third)),
+                                 (-1e-13, False, (0.0, 1.0)), (-1e-6, True, (0.0, 1.0)),
+                                 (tiny * (1 + 1e-15), False, (tiny, tiny)), (1.9e-12, True, (tiny, tiny))):
         value, flags, details = in_range(raw, (), {}, bounds)
         assert value == min(max(raw, bounds[0]), bounds[1])
         assert ("outside_metric_range" in flags) == flagged == ("unclipped_value" in details), raw

@@ -267,3 +267,11 @@ def test_steep_shapes_far_from_the_top_widen_the_interval_without_failing():
         for gentle, steep in zip(ivs, ivs[1:]):
             assert steep.lo <= gentle.lo + 1e-9 and gentle.hi <= steep.hi + 1e-9, (n, gentle, steep)
             assert "identification_failed" not in steep.flags
+
+
+@pytest.mark.parametrize("bad", ["10", b"10", 10, (100,), None.__class__])
+def test_an_adaptive_argument_that_is_no_design_or_pair_is_named(bad):
+    """``adaptive=`` takes an AdaptiveDesign, a SamplingDesign or an (m, adaptive_max) pair: a string ('10' unpacked
+    into ('1', '0'), an error naming n_samples) or anything else is refused naming ``adaptive``."""
+    with pytest.raises(ValueError, match=r"^adaptive: expected an AdaptiveDesign or \(n_samples, adaptive_max\)"):
+        identified_interval("ndcg@10", torch.tensor([1, 2]), 100, 5, adaptive=bad)

@@ -221,6 +221,10 @@ def test_candidate_counts_bad_n_items():
     with pytest.raises(ValueError, match="n_items"):
         rsp.candidate_counts(float("nan"), torch.zeros(1, 1, dtype=L), None)
     assert torch.equal(rsp.candidate_counts(10, torch.tensor([[0, 1]]), torch.tensor([[5, -1]])), torch.tensor([9]))
+    # an empty catalogue with positives names n_items (it spoke of a score matrix's columns); an empty mask is 0
+    with pytest.raises(ValueError, match=r"^n_items: 0 items, so no positive can lie among them"):
+        rsp.candidate_counts(0, torch.tensor([[0], [1]]), None)
+    assert torch.equal(rsp.candidate_counts(0, torch.zeros(2, 0, dtype=torch.bool), None), torch.tensor([0, 0]))
 
 
 @pytest.mark.parametrize("n", [np.array([100.5]), np.array([np.nan]), np.array([True])])

@@ -333,6 +333,10 @@ def test_torchmetrics_options_are_checked_at_construction():
         SampledRankingMetrics(("ndcg@10", "auc"), 5, estimators=("hh",))
     assert sorted(SampledRankingMetrics(("ndcg@10", "auc"), 5, estimators=("hh", "mes")).settings.metric_names) == [
         "auc", "ndcg@10"]  # each metric taken by one of them
+    from reco_sampled_plugin.adapters._shared import RankingSettings
+
+    both = RankingSettings(("auc", "ndcg@10"), 100, ("hh",), exact=True)  # NDCG@10 still reported, exact
+    assert both.labels == ("hh",) and both.exact
     with pytest.raises(ValueError, match="^check_finite: "):
         ExactRankingMetrics(check_finite=1)
     with pytest.raises(ValueError, match="^count_other_positives: "):

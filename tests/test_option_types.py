@@ -308,6 +308,14 @@ def test_scipy_sparse_scores_and_factors_are_named():
             call()
 
 
+def test_plan_names_ragged_catalogue_sizes():
+    """Per-user sizes as a ragged list are refused naming ``n_items`` (numpy's own 'inhomogeneous shape' error)."""
+    from reco_sampled_plugin.planner import plan
+
+    with pytest.raises(ValueError, match="^n_items: expected whole numbers"):
+        plan([[1, 2], [3]], 2, "ndcg@10", 0.2)
+
+
 @pytest.mark.parametrize("bad", [None, "100", True, 10.5])
 def test_none_and_other_non_sizes_are_named(bad):
     ex, sr = torch.tensor([1, 3, 10]), torch.tensor([1, 2, 3, 1])
