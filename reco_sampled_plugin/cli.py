@@ -188,7 +188,8 @@ def _cmd_estimate(args: argparse.Namespace) -> int:
             raise ValueError("estimate: give a rank FILE, or all of --test-rating, --test-negative and --scores")
         if args.n_items is None:
             raise ValueError("--n-items: required with NCF files (the candidates each user's negatives came from)")
-        data = read_ncf(args.test_rating, args.test_negative, args.scores, args.n_items)
+        data = read_ncf(args.test_rating, args.test_negative, args.scores, args.n_items,
+                        distinct=args.sampling == "hypergeometric")
     if getattr(data, "popularity", False) or args.sampling == "popularity":
         return _estimate_popularity(args, data)
     args.sampling = args.sampling or "binomial"

@@ -695,12 +695,14 @@ def _scores_by_line(scores: Path, data: bytes) -> tuple[np.ndarray, np.ndarray, 
     return _sorted_scores(pairs[:, 0], pairs[:, 1], np.fromiter(score.values(), dtype=np.float64, count=len(score)))
 
 
-def read_ncf(test_rating: str | os.PathLike, test_negative: str | os.PathLike, scores: str | os.PathLike, n_items: int, ties: str = "pessimistic") -> RankFile:
+def read_ncf(test_rating: str | os.PathLike, test_negative: str | os.PathLike, scores: str | os.PathLike, n_items: int,
+             ties: str = "pessimistic", distinct: bool = False) -> RankFile:
     """Sampled ranks of NCF-style test files: each held-out item against its listed negatives.
 
     ``n_items`` is the number of candidates per user (n, the held-out item included) that the
     negatives were drawn from. Ties count against the held-out item (``pessimistic``) or for it
-    (``optimistic``). A score file with blanks or tabs between fields is read by ``np.loadtxt`` and looked up
+    (``optimistic``). ``distinct``: the negatives were drawn without replacement, so a line that lists an item
+    twice is refused (its hypergeometric law would be applied to draws that are not). A score file with blanks or tabs between fields is read by ``np.loadtxt`` and looked up
     sorted by (user, item); others (commas or semicolons) and any file that fails a check by the line reader,
     which names the line of the first error.
     """
@@ -735,6 +737,10 @@ def read_ncf(test_rating: str | os.PathLike, test_negative: str | os.PathLike, s
             raise ValueError(f"{test_negative}:{number}: no negatives listed")
         if bool((negs == i).any()):
             raise ValueError(f"{test_negative}:{number}: the held-out item {i} is listed among its own negatives")
+        if distinct and np.unique(negs).size < negs.size:
+            raise ValueError(f"{test_negative}:{number}: an item listed twice among the negatives, which draws without "
+                             "replacement (--sampling hypergeometric) cannot give; drop the option if they were drawn "
+                             "with replacement")
         # the user's scored items: a slice of the pairs sorted by (user, item)
         lo, hi = np.searchsorted(su, u, side="left"), np.searchsorted(su, u, side="right")
         wanted = np.concatenate([np.array([i], dtype=np.int64), negs])

@@ -313,6 +313,13 @@ def test_estimate_command_ncf_files(tmp_path, capsys):
     assert main(["estimate", "--test-rating", str(tmp_path / "x.test.rating"), "--test-negative", str(tmp_path / "x.test.negative"),
                  "--scores", str(tmp_path / "s.txt"), "--n-items", "10", "--metric", "hit@2", "--method", "none"]) == 0
     assert "hit@2" in capsys.readouterr().out
+    # negatives that repeat an item cannot come from draws without replacement: refused there, read with replacement
+    (tmp_path / "twice.negative").write_text("(0,5)\t1\t1\t3\n(1,6)\t1\t2\t3\n")
+    argv = ["estimate", "--test-rating", str(tmp_path / "x.test.rating"), "--test-negative",
+            str(tmp_path / "twice.negative"), "--scores", str(tmp_path / "s.txt"), "--n-items", "10", "--method", "none"]
+    assert main(argv + ["--sampling", "hypergeometric"]) == 2
+    assert "twice.negative:1: an item listed twice among the negatives" in capsys.readouterr().err
+    assert main(argv) == 0 and main(argv + ["--sampling", "binomial"]) == 0
 
 
 @pytest.mark.parametrize(
