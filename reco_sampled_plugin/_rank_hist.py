@@ -770,6 +770,10 @@ def interval_mean_metric(spec: MetricSpec, lo: np.ndarray, hi: np.ndarray, n: fl
     return (metric_integral(spec, hi, n) - metric_integral(spec, lo, n)) / width
 
 
+#: The largest cut-off K whose metrics share the prefix-sum table of :func:`interval_mean_metrics` (8 MiB per metric)
+_PREFIX_MAX_K = 1 << 20
+
+
 @lru_cache(maxsize=64)
 def _cutoff_prefix(specs: tuple[MetricSpec, ...]) -> tuple[np.ndarray, np.ndarray]:
     """For cut-off metrics (M = 0 beyond k, independent of n): M(j + 1) padded with a 0 column and the
@@ -795,7 +799,9 @@ def interval_mean_metrics(specs: Sequence[MetricSpec], lo: np.ndarray, hi: np.nd
     lo = np.asarray(lo, dtype=np.float64)
     hi = np.asarray(hi, dtype=np.float64)
     out = np.empty((len(specs),) + np.broadcast_shapes(lo.shape, np.shape(n)))
-    cut = [i for i, sp in enumerate(specs) if sp.k is not None and sp.kind != "auc"]
+    # the prefix table holds K_max values per metric: cut-offs beyond _PREFIX_MAX_K go one by one (closed forms: a
+    # precision@2^40 tried to allocate 8 TiB)
+    cut = [i for i, sp in enumerate(specs) if sp.k is not None and sp.kind != "auc" and sp.k <= _PREFIX_MAX_K]
     for i in range(len(specs)):
         if i not in cut:
             out[i] = interval_mean_metric(specs[i], lo, hi, n)

@@ -141,6 +141,23 @@ def test_mapping_tables_and_interval_means():
     assert np.abs(many - one).max() < 1e-13
 
 
+@pytest.mark.parametrize("method", ["linear", "mes", "gmod", "bv"])
+def test_a_cut_off_beyond_the_prefix_table_goes_one_by_one(method):
+    """Cut-offs above ``_rank_hist._PREFIX_MAX_K`` are not tabulated over ranks 1..K (precision@2^40 tried to
+    allocate 8 TiB and raised numpy's MemoryError): their closed forms give the one-point range's value."""
+    from reco_sampled_plugin._rank_hist import _PREFIX_MAX_K
+
+    n = 2**40
+    sampled = SampledRanks.from_arrays(torch.tensor([1, 2, 3]), n, 100)
+    est = estimate(f"precision@{n}", sampled, method)
+    assert est.value == pytest.approx(1.0 / n, rel=1e-9) and est.metric_range == (1.0 / n, 1.0 / n)
+    k = _PREFIX_MAX_K + 1  # the first K past the table: the same values as the table's path gives below it
+    edges = np.array([0.0, 1.0, 5.5, 1e3, 5e5, 2e6])
+    below = interval_mean_metrics([parse_metric(f"ndcg@{k - 1}")], edges[:-1], edges[1:], 4e6)
+    above = interval_mean_metrics([parse_metric(f"ndcg@{k}")], edges[:-1], edges[1:], 4e6)
+    assert np.abs(above - below).max() < 1e-6  # one rank more in the cut-off: values equal to ~1/log2(K) / K
+
+
 @pytest.mark.parametrize("method", ["mle", "mes"])
 def test_batched_fits_equal_single_fits(wide, method):
     r, n, _ = wide
