@@ -1029,8 +1029,11 @@ def _check_settings(n_items: Any, n_users: Any, metric: str | MetricSpec, target
                     seed: Any, execution: Any, target_halfwidth: Any = None) -> _Settings:
     """:class:`_Settings` of :func:`plan`'s arguments (a ValueError naming the first bad one)."""
     n_users = check_int(n_users, "n_users", minimum=1, maximum=MAX_ELEMENTS)  # per-user arrays (memory rule)
-    scalar = isinstance(n_items, (int, float, np.number, str, bool)) or (hasattr(n_items, "ndim") and n_items.ndim == 0)
-    if scalar or n_items is None:  # a ragged list is no scalar: check_sizes names it
+    try:
+        scalar = np.ndim(n_items) == 0
+    except ValueError:  # a ragged list (numpy cannot shape it): check_sizes names it
+        scalar = False
+    if scalar:
         n_scalar = check_size(n_items, "n_items", 2)
         n_u = np.full(n_users, n_scalar, dtype=np.int64)
         n_keep: int | np.ndarray = n_scalar

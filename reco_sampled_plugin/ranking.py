@@ -334,13 +334,9 @@ def candidate_counts(n_items: int, positives: torch.Tensor, exclude: torch.Tenso
     count_other_positives = check_bool(count_other_positives, "count_other_positives")
     given = positives if isinstance(positives, torch.Tensor) else real_tensor(positives, "positives", booleans=True)
     rows = given.shape[0] if given.dim() else 1
-    try:
-        pos, exc = prepare_index(positives, exclude, rows, n_items, given.device)
-    except ValueError as exc_info:  # an empty catalogue is this call's n_items, not a score matrix's columns
-        if n_items == 0 and str(exc_info).startswith("scores: has 0 items"):
-            raise ValueError("n_items: 0 items, so no positive can lie among them; give the catalogue's size "
-                             "(at least 1)") from None
-        raise
+    if n_items == 0 and given.dtype != torch.bool and given.numel():  # this call's n_items, not a score matrix's
+        raise ValueError("n_items: 0 items, so no positive can lie among them; give the catalogue's size (at least 1)")
+    pos, exc = prepare_index(positives, exclude, rows, n_items, given.device)
     return padded_candidate_counts(n_items, pos, exc, count_other_positives)
 
 
